@@ -1,0 +1,83 @@
+// Error codes: every error a user or a caller can see carries one of these
+// stable codes, so callers match on `code`, never on wording (the undici /
+// fastify pattern). Add new codes here, grouped by area, and nowhere else.
+
+export const ERROR_CODES = [
+  // config/
+  'LB_ERR_CONFIG_READ',
+  'LB_ERR_CONFIG_YAML',
+  'LB_ERR_CONFIG_INVALID',
+  'LB_ERR_CONFIG_RELOAD_REJECTED',
+  // cli/
+  'LB_ERR_CLI_USAGE',
+  // daemon/
+  'LB_ERR_DAEMON_LOCKED',
+  'LB_ERR_DAEMON_START',
+  'LB_ERR_DAEMON_STOP_TIMEOUT',
+  // control/
+  'LB_ERR_CONTROL_UNREACHABLE',
+  'LB_ERR_CONTROL_PROTOCOL',
+  // state/
+  'LB_ERR_STATE_WRITE',
+  'LB_ERR_STATE_READ',
+  'LB_ERR_STATE_CORRUPT',
+  // net/
+  'LB_ERR_NET_NO_INTERFACE',
+  'LB_ERR_NET_NO_CAPABILITY',
+  'LB_ERR_NET_NETLINK',
+  'LB_ERR_NET_MACVLAN_UNSUPPORTED',
+  'LB_ERR_NET_SOCKET',
+  'LB_ERR_NET_SYSCTL',
+  'LB_ERR_NET_NATIVE_MISSING',
+  'LB_ERR_NET_ARP_CONFLICT',
+  // dhcp/
+  'LB_ERR_DHCP_DECODE',
+  'LB_ERR_DHCP_NAK',
+  'LB_ERR_DHCP_EXPIRED',
+  'LB_ERR_DHCP_DECLINED',
+  // ipam/
+  'LB_ERR_IPAM_NO_POOL',
+  'LB_ERR_IPAM_EXHAUSTED',
+  'LB_ERR_IPAM_NOT_IN_POOL',
+  'LB_ERR_IPAM_CONFLICT',
+  'LB_ERR_IPAM_SHARE',
+  // health/
+  'LB_ERR_HEALTH_PROBE',
+  // forward/
+  'LB_ERR_FORWARD_NFT',
+  'LB_ERR_FORWARD_NFT_MISSING',
+  'LB_ERR_FORWARD_LISTEN',
+  'LB_ERR_FORWARD_NO_BACKEND',
+  // failover/
+  'LB_ERR_VRRP_DECODE',
+  'LB_ERR_VRRP_SOCKET',
+  // metrics/
+  'LB_ERR_METRICS_LISTEN',
+  // preflight/
+  'LB_ERR_PREFLIGHT_FAILED',
+] as const;
+
+export type ErrorCode = (typeof ERROR_CODES)[number];
+
+/** An error with a stable code and, optionally, where it happened. */
+export class LbError extends Error {
+  readonly code: ErrorCode;
+  readonly details: Record<string, unknown> | undefined;
+
+  constructor(code: ErrorCode, message: string, details?: Record<string, unknown>, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = 'LbError';
+    this.code = code;
+    this.details = details;
+  }
+}
+
+export function isLbError(err: unknown, code?: ErrorCode): err is LbError {
+  return err instanceof LbError && (code === undefined || err.code === code);
+}
+
+/** The message of anything thrown, for logs and status lines. */
+export function errorMessage(err: unknown): string {
+  if (err instanceof Error) return err.message;
+  return String(err);
+}

@@ -1,0 +1,195 @@
+// Throwaway lab topologies for privileged tests: a "LAN" namespace holding a
+// bridge, and host namespaces (the agent's node, backends, a DHCP server, a
+// client) each wired to it by a veth pair. Tests only ever address these
+// namespaces (10.99.0.0/24 exists only inside them) and loopback.
+// Every lab is torn down by t.teardown, by process exit, and - if a test
+// process was killed - by the next lab, which removes namespaces whose owning
+// pid is dead (the pid is part of the name).
+import { execFile, spawn, ChildProcess, SpawnOptions, execFileSync } from 'node:child_process';
+import { promisify } from 'node:util';
+import * as fs from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
+
+const execFileP = promisify(execFile);
+const PREFIX = 'lbt';
+let labCounter = 0;
+const liveLabs = new Set<Lab>();
+
+export interface ExecResult { stdout: string; stderr: string; code: number }
+
+export async function run(cmd: string, args: string[], opts: { input?: string; allowFail?: boolean; timeoutMs?: number } = {}): Promise<ExecResult> {
+  try {
+    const p = execFileP(cmd, args, { timeout: opts.timeoutMs ?? 30_000, maxBuffer: 64 << 20 });
+    if (opts.input !== undefined) { p.child.stdin?.end(opts.input); }
+    const { stdout, stderr } = await p;
+    return { stdout, stderr, code: 0 };
+  } catch (e) {
+    const err = e as { stdout?: string; stderr?: string; code?: number | string };
+    const res = { stdout: err.stdout ?? '', stderr: err.stderr ?? '', code: typeof err.code === 'number' ? err.code : 1 };
+    if (opts.allowFail) return res;
+    throw new Error(`${cmd} ${args.join(' ')} failed (${err.code}): ${res.stderr || res.stdout}`);
+  }
+}
+
+/** Remove namespaces left by test processes that no longer exist. */
+export function sweepStaleNamespaces(): void {
+  let names: string[] = [];
+  try {
+    names = execFileSync('ip', ['netns', 'list'], { encoding: 'utf8' }).split('\n').map((l) => l.split(' ')[0]!).filter(Boolean);
+  } catch { return; }
+  for (const n of names) {
+    const m = /^lbt(\d+)x/.exec(n);
+    if (!m) continue;
+    const pid = Number(m[1]);
+    let alive = true;
+    try { process.kill(pid, 0); } catch { alive = false; }
+    if (!alive) { try { execFileSync('ip', ['netns', 'del', n], { stdio: 'ignore' }); } catch { /* gone already */ } }
+  }
+}
+
+export interface HostOptions {
+  /** IPv4 address with prefix on the host's LAN interface (eth0), e.g. 10.99.0.2/24. */
+  address?: string;
+  /** Default gateway, if any. */
+  gateway?: string;
+  /** Extra addresses on eth0. */
+  extraAddresses?: string[];
+}
+
+export class Lab {
+  readonly id: string;
+  readonly lan: string;
+  readonly dir: string;
+  private readonly hosts = new Map<string, string>();
+  private readonly procs = new Set<ChildProcess>();
+  private destroyed = false;
+
+  private constructor(id: string) {
+    this.id = id;
+    this.lan = `${id}-lan`;
+    this.dir = fs.mkdtempSync(path.join(os.tmpdir(), `${id}-`));
+  }
+
+  static async create(): Promise<Lab> {
+    sweepStaleNamespaces();
+    const id = `${PREFIX}${process.pid}x${(labCounter++).toString(36)}`;
+    const lab = new Lab(id);
+    liveLabs.add(lab);
+    await run('ip', ['netns', 'add', lab.lan]);
+    await lab.sh(lab.lan, 'ip link set lo up && ip link add br0 type bridge && ip link set br0 up && sysctl -qw net.ipv6.conf.all.disable_ipv6=1');
+    return lab;
+  }
+
+  /** The namespace name of a host role. */
+  ns(role: string): string {
+    const n = this.hosts.get(role);
+    if (!n) throw new Error(`lab ${this.id} has no host ${role}`);
+    return n;
+  }
+
+  /** Add a host namespace with eth0 bridged onto the LAN. */
+  async addHost(role: string, opts: HostOptions = {}): Promise<string> {
+    if (this.hosts.has(role)) throw new Error(`host ${role} exists`);
+    const ns = `${this.id}-${role}`;
+    const idx = this.hosts.size;
+    const peer = `v${idx}`;
+    await run('ip', ['netns', 'add', ns]);
+    this.hosts.set(role, ns);
+    const cmds = [
+      `ip link add eth0 netns ${ns} type veth peer name ${peer}`,
+      `ip link set ${peer} master br0 up`,
+    ];
+    await this.sh(this.lan, cmds.join(' && '));
+    const hostCmds = ['ip link set lo up', 'ip link set eth0 up', 'sysctl -qw net.ipv6.conf.all.disable_ipv6=1'];
+    if (opts.address) hostCmds.push(`ip addr add ${opts.address} dev eth0`);
+    for (const a of opts.extraAddresses ?? []) hostCmds.push(`ip addr add ${a} dev eth0`);
+    if (opts.gateway) hostCmds.push(`ip route add default via ${opts.gateway}`);
+    await this.sh(ns, hostCmds.join(' && '));
+    return ns;
+  }
+
+  /** Run a shell command inside a namespace. */
+  async sh(ns: string, script: string, opts: { allowFail?: boolean; timeoutMs?: number } = {}): Promise<ExecResult> {
+    return run('ip', ['netns', 'exec', ns, 'sh', '-c', script], opts);
+  }
+
+  /** Run a command inside a namespace. */
+  async exec(ns: string, cmd: string, args: string[], opts: { allowFail?: boolean; timeoutMs?: number; input?: string } = {}): Promise<ExecResult> {
+    return run('ip', ['netns', 'exec', ns, cmd, ...args], opts);
+  }
+
+  /** Start a long-running process in a namespace; killed at teardown. */
+  spawn(ns: string, cmd: string, args: string[], opts: SpawnOptions = {}): ChildProcess {
+    const child = spawn('ip', ['netns', 'exec', ns, cmd, ...args], { stdio: ['ignore', 'pipe', 'pipe'], ...opts });
+    this.procs.add(child);
+    child.on('exit', () => this.procs.delete(child));
+    return child;
+  }
+
+  /** A path inside the lab's scratch directory. */
+  file(name: string): string { return path.join(this.dir, name); }
+
+  async destroy(): Promise<void> {
+    if (this.destroyed) return;
+    this.destroyed = true;
+    liveLabs.delete(this);
+    for (const p of this.procs) {
+      try { p.kill('SIGKILL'); } catch { /* exited */ }
+    }
+    await Promise.all([...this.procs].map((p) => new Promise<void>((resolve) => {
+      if (p.exitCode !== null || p.signalCode !== null) return resolve();
+      const timer = setTimeout(resolve, 2000);
+      p.once('exit', () => { clearTimeout(timer); resolve(); });
+    })));
+    for (const ns of [...this.hosts.values(), this.lan]) {
+      // Kill anything still running in the namespace (daemonised dnsmasq etc.).
+      const pids = await run('ip', ['netns', 'pids', ns], { allowFail: true });
+      for (const pid of pids.stdout.split(/\s+/).filter(Boolean)) {
+        try { process.kill(Number(pid), 'SIGKILL'); } catch { /* gone */ }
+      }
+      await run('ip', ['netns', 'del', ns], { allowFail: true });
+    }
+    fs.rmSync(this.dir, { recursive: true, force: true });
+  }
+
+  destroySync(): void {
+    if (this.destroyed) return;
+    this.destroyed = true;
+    for (const p of this.procs) { try { p.kill('SIGKILL'); } catch { /* exited */ } }
+    for (const ns of [...this.hosts.values(), this.lan]) {
+      try {
+        const pids = execFileSync('ip', ['netns', 'pids', ns], { encoding: 'utf8' });
+        for (const pid of pids.split(/\s+/).filter(Boolean)) { try { process.kill(Number(pid), 'SIGKILL'); } catch { /* gone */ } }
+      } catch { /* ns gone */ }
+      try { execFileSync('ip', ['netns', 'del', ns], { stdio: 'ignore' }); } catch { /* gone */ }
+    }
+    try { fs.rmSync(this.dir, { recursive: true, force: true }); } catch { /* ignore */ }
+  }
+}
+
+process.on('exit', () => { for (const lab of liveLabs) lab.destroySync(); });
+for (const sig of ['SIGINT', 'SIGTERM'] as const) {
+  process.once(sig, () => { for (const lab of liveLabs) lab.destroySync(); process.exit(130); });
+}
+
+/** Create a lab that is destroyed when the test ends, pass or fail. */
+export async function createLab(t: { teardown(fn: () => unknown): void }): Promise<Lab> {
+  const lab = await Lab.create();
+  t.teardown(() => lab.destroy());
+  return lab;
+}
+
+/** Poll until fn returns a truthy value; bounded in time. */
+export async function waitFor<T>(what: string, fn: () => Promise<T | undefined | false | null> | T | undefined | false | null, timeoutMs = 10_000, intervalMs = 50): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  let lastErr: unknown;
+  while (Date.now() < deadline) {
+    try {
+      const v = await fn();
+      if (v) return v as T;
+    } catch (e) { lastErr = e; }
+    await new Promise((r) => setTimeout(r, intervalMs));
+  }
+  throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${lastErr ? `: ${String(lastErr)}` : ''}`);
+}

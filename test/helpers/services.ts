@@ -1,0 +1,99 @@
+// Real peers started inside lab namespaces: backends (our tiny HTTP server)
+// and dnsmasq as the LAN's DHCP server.
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import * as http from 'node:http';
+import { ChildProcess } from 'node:child_process';
+import { Lab, waitFor } from './netns';
+
+const DIST = path.resolve(__dirname, '..', '..');
+
+export function distPath(...p: string[]): string { return path.join(DIST, ...p); }
+
+export interface Backend { proc: ChildProcess; id: string; ns: string; stop(): Promise<void> }
+
+/** Start an HTTP backend answering with its id on the given ports inside ns. */
+export async function startBackend(lab: Lab, ns: string, id: string, ports: number[] = [8080]): Promise<Backend> {
+  const args = [distPath('test', 'helpers', 'backend.js'), '--id', id];
+  for (const p of ports) args.push('--port', String(p));
+  const proc = lab.spawn(ns, process.execPath, args);
+  let out = '';
+  proc.stdout?.on('data', (d: Buffer) => { out += d.toString(); });
+  await waitFor(`backend ${id} to listen`, () => out.includes('listening'), 10_000);
+  return {
+    proc, id, ns,
+    stop: () => new Promise<void>((resolve) => {
+      if (proc.exitCode !== null || proc.signalCode !== null) return resolve();
+      proc.once('exit', () => resolve());
+      proc.kill('SIGKILL');
+    }),
+  };
+}
+
+export interface Dnsmasq { proc: ChildProcess; leaseFile: string; logFile: string; stop(): Promise<void>; leases(): DnsmasqLease[]; log(): string }
+export interface DnsmasqLease { expiry: number; mac: string; ip: string; hostname: string; clientId: string }
+
+export interface DnsmasqOptions {
+  range: string;            // e.g. "10.99.0.100,10.99.0.150"
+  leaseTime?: string;       // e.g. "2m", "1h"
+  noPing?: boolean;         // dnsmasq pings an address before offering it unless told not to
+  interface?: string;
+  extra?: string[];
+  name?: string;
+}
+
+/** Start dnsmasq as a DHCP server only (no DNS) in ns. */
+export async function startDnsmasq(lab: Lab, ns: string, opts: DnsmasqOptions): Promise<Dnsmasq> {
+  const name = opts.name ?? 'dnsmasq';
+  const leaseFile = lab.file(`${name}.leases`);
+  const logFile = lab.file(`${name}.log`);
+  if (!fs.existsSync(leaseFile)) fs.writeFileSync(leaseFile, '');
+  const args = [
+    '--no-daemon', '--conf-file=/dev/null', '--port=0', `--interface=${opts.interface ?? 'eth0'}`, '--bind-interfaces',
+    `--dhcp-range=${opts.range},${opts.leaseTime ?? '1h'}`, `--dhcp-leasefile=${leaseFile}`,
+    '--log-dhcp', `--log-facility=${logFile}`, '--dhcp-authoritative', `--pid-file=${lab.file(`${name}.pid`)}`,
+  ];
+  if (opts.noPing) args.push('--no-ping');
+  args.push(...(opts.extra ?? []));
+  const proc = lab.spawn(ns, 'dnsmasq', args);
+  let err = '';
+  proc.stderr?.on('data', (d: Buffer) => { err += d.toString(); });
+  await waitFor('dnsmasq to start', async () => {
+    if (proc.exitCode !== null) throw new Error(`dnsmasq exited: ${err}`);
+    const r = await lab.sh(ns, 'cat /proc/net/udp', { allowFail: true });
+    return r.stdout.includes(':0043 '); // port 67 bound
+  }, 10_000);
+  const leases = (): DnsmasqLease[] => fs.readFileSync(leaseFile, 'utf8').split('\n').filter(Boolean).map((l) => {
+    const [expiry, mac, ip, hostname, clientId] = l.split(' ');
+    return { expiry: Number(expiry), mac: mac!, ip: ip!, hostname: hostname!, clientId: clientId! };
+  });
+  return {
+    proc, leaseFile, logFile, leases,
+    log: () => (fs.existsSync(logFile) ? fs.readFileSync(logFile, 'utf8') : ''),
+    stop: () => new Promise<void>((resolve) => {
+      if (proc.exitCode !== null || proc.signalCode !== null) return resolve();
+      proc.once('exit', () => resolve());
+      proc.kill('SIGTERM');
+    }),
+  };
+}
+
+/** One HTTP GET from inside ns (via a node one-shot), returning the body or the error. */
+export async function httpGetFrom(lab: Lab, ns: string, url: string, timeoutMs = 3000): Promise<{ ok: boolean; body: string; error?: string }> {
+  const script = `const h=require('http');const r=h.get(${JSON.stringify(url)},{agent:false,timeout:${timeoutMs}},(s)=>{let b='';s.on('data',d=>b+=d);s.on('end',()=>{process.stdout.write(JSON.stringify({ok:true,body:b}))})});r.on('timeout',()=>{r.destroy(new Error('timeout'))});r.on('error',e=>{process.stdout.write(JSON.stringify({ok:false,body:'',error:e.code||e.message}))});`;
+  const res = await lab.exec(ns, process.execPath, ['-e', script], { allowFail: true, timeoutMs: timeoutMs + 5000 });
+  try { return JSON.parse(res.stdout); } catch { return { ok: false, body: '', error: res.stderr || 'no output' }; }
+}
+
+/** HTTP GET from this process (loopback only). */
+export function httpGetLocal(url: string, timeoutMs = 3000): Promise<{ status: number; body: string }> {
+  return new Promise((resolve, reject) => {
+    const req = http.get(url, { timeout: timeoutMs }, (res) => {
+      let b = '';
+      res.on('data', (d: Buffer) => { b += d.toString(); });
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, body: b }));
+    });
+    req.on('timeout', () => req.destroy(new Error('timeout')));
+    req.on('error', reject);
+  });
+}
