@@ -1,0 +1,54 @@
+// Human output for `lb-agent status`: a table of services and, under each,
+// its backends. Pure: a StatusDocument in, text out.
+import type { StatusDocument } from '../daemon/daemon';
+
+function table(rows: string[][], indent = ''): string {
+  const widths: number[] = [];
+  for (const r of rows) r.forEach((c, i) => { widths[i] = Math.max(widths[i] ?? 0, c.length); });
+  return rows.map((r) => indent + r.map((c, i) => (i === r.length - 1 ? c : c.padEnd(widths[i]!))).join('  ')).join('\n');
+}
+
+function ago(ms: number | undefined, now: number): string {
+  if (ms === undefined) return '-';
+  const s = Math.max(0, Math.round((now - ms) / 1000));
+  if (s < 120) return `${s}s`;
+  if (s < 7200) return `${Math.round(s / 60)}m`;
+  return `${Math.round(s / 3600)}h`;
+}
+
+export function formatStatus(doc: StatusDocument, now = Date.now()): string {
+  const lines: string[] = [];
+  lines.push(`lb-agent ${doc.version} (pid ${doc.pid}) on ${doc.node.name}, parent ${doc.node.interface ?? '-'}${doc.node.address ? ` (${doc.node.address})` : ''}`);
+  lines.push(`dataplane: ${doc.dataplane ? `${doc.dataplane.kind} (${doc.dataplane.reason})` : '-'}; failover: ${doc.failover.mode}; config generation ${doc.config.generation} loaded ${doc.config.loadedAt}`);
+  if (doc.config.lastReload && !doc.config.lastReload.ok) lines.push(`last reload REJECTED: ${doc.config.lastReload.message.split('\n').slice(1).join('; ')}`);
+  lines.push(`overall: ${doc.ready ? 'ready' : 'NOT READY'}`);
+  lines.push('');
+  const rows: string[][] = [['SERVICE', 'IPAM', 'VIP', 'INTERFACE', 'MAC', 'PORTS', 'BACKENDS', 'STATE', 'REASON']];
+  for (const s of doc.services) {
+    rows.push([
+      s.key, s.primaryService ? `share:${s.primaryService}` : s.ipam, s.vip ?? '-', s.interface ?? '-', s.mac ?? '-',
+      s.ports.join(','), `${s.healthyBackends}/${s.backends.length} up`, s.state, s.reason ?? '',
+    ]);
+  }
+  lines.push(table(rows));
+  for (const s of doc.services) {
+    const extra: string[] = [];
+    const src = s.source ?? {};
+    if (s.ipam === 'dhcp' && !s.primaryService) {
+      for (const k of ['server', 'renewAt', 'rebindAt', 'expiresAt'] as const) if (src[k] !== undefined) extra.push(`${k} ${String(src[k])}`);
+    }
+    if (s.failover) extra.push(`vrrp ${String(s.failover.state ?? '-')}${s.failover.master ? ` master ${String(s.failover.master)}` : ''}`);
+    if (s.backends.length === 0 && extra.length === 0) continue;
+    lines.push('');
+    lines.push(`${s.key}${extra.length ? `: ${extra.join(', ')}` : ''}`);
+    if (s.backends.length > 0) {
+      const br: string[][] = [['BACKEND', 'STATE', 'SINCE', 'WHY']];
+      for (const b of s.backends) {
+        const why = [b.reason, b.takenOutBy ? `(${b.takenOutBy} check)` : undefined].filter(Boolean).join(' ');
+        br.push([`${b.address}:${b.port}`, b.state, ago(b.since, now), why]);
+      }
+      lines.push(table(br, '  '));
+    }
+  }
+  return `${lines.join('\n')}\n`;
+}

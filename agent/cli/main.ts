@@ -1,0 +1,118 @@
+#!/usr/bin/env node
+// The lb-agent command line (commander): parse, dispatch, print, exit.
+// Exit codes: 0 success, 1 failure at run time (or a failed check),
+// 2 bad usage or an invalid config. No logic beyond parsing and printing.
+import { Command, CommanderError, Option } from 'commander';
+import { DEFAULT_CONFIG_PATH } from '../config/defaults';
+import { loadConfigFile, formatConfigErrors } from '../config/load';
+import { LOG_LEVELS, LogLevel } from '../log';
+import { controlRequest } from '../control/server';
+import { formatStatus } from './format';
+import { VERSION, StatusDocument } from '../daemon/daemon';
+import { errorMessage, isLbError } from '../errors';
+
+export const EXIT = { OK: 0, FAILURE: 1, USAGE: 2 } as const;
+
+function out(s: string): void { process.stdout.write(s); }
+function err(s: string): void { process.stderr.write(s); }
+
+export function buildProgram(): Command {
+  const program = new Command();
+  program
+    .name('lb-agent')
+    .description('Load-balancer data plane for VMs on an L2 network')
+    .version(VERSION, '-V, --version-flag', 'print the version')
+    .showHelpAfterError('(run lb-agent --help for usage)')
+    .exitOverride()
+    .configureOutput({ writeOut: out, writeErr: err });
+
+  const configOpt = (): Option => new Option('-c, --config <path>', 'configuration file').default(DEFAULT_CONFIG_PATH);
+  const logOpt = (): Option => new Option('--log-level <level>', 'log level').choices([...LOG_LEVELS]).default('info');
+
+  program.command('run')
+    .description('run the daemon (systemd starts this)')
+    .addOption(configOpt()).addOption(logOpt())
+    .action(async (opts: { config: string; logLevel: LogLevel }) => {
+      const { runDaemon } = await import('../daemon/main');
+      process.exitCode = await runDaemon({ configPath: opts.config, logLevel: opts.logLevel });
+    });
+
+  program.command('validate')
+    .description('check a configuration file and print every error in it')
+    .addOption(configOpt()).addOption(logOpt())
+    .option('--json', 'print the result as JSON')
+    .action((opts: { config: string; json?: boolean }) => {
+      const res = loadConfigFile(opts.config);
+      if (opts.json) {
+        out(`${JSON.stringify(res.ok ? { ok: true, services: res.config.services.length } : { ok: false, errors: res.errors }, null, 2)}\n`);
+      } else if (res.ok) {
+        out(`${opts.config}: valid (${res.config.services.length} service${res.config.services.length === 1 ? '' : 's'})\n`);
+      } else {
+        err(`${formatConfigErrors(res.errors, opts.config)}\n${opts.config}: ${res.errors.length} error${res.errors.length === 1 ? '' : 's'}\n`);
+      }
+      process.exitCode = res.ok ? EXIT.OK : EXIT.USAGE;
+    });
+
+  program.command('check')
+    .description('preflight: can lb-agent run on this machine with this config? (cloud-init runs this)')
+    .addOption(configOpt()).addOption(logOpt())
+    .option('--json', 'print the result as JSON')
+    .option('--strict', 'warnings fail too')
+    .option('--dhcp-probe', 'also send a DHCP DISCOVER from a throwaway MAC and wait for an OFFER (no lease is taken)')
+    .action(async (opts: { config: string; json?: boolean; strict?: boolean; dhcpProbe?: boolean }) => {
+      const { runCheck } = await import('../preflight/index');
+      process.exitCode = await runCheck({ configPath: opts.config, json: !!opts.json, strict: !!opts.strict, dhcpProbe: !!opts.dhcpProbe, stdout: out });
+    });
+
+  program.command('status')
+    .description('show the running daemon\'s services, VIPs and backends')
+    .addOption(configOpt())
+    .option('-s, --socket <path>', 'control socket (default: control.socket of the config, else /run/lb-agent/agent.sock)')
+    .option('--json', 'print the status as JSON')
+    .action(async (opts: { config: string; socket?: string; json?: boolean }) => {
+      let socket = opts.socket;
+      if (!socket) {
+        const res = loadConfigFile(opts.config);
+        socket = res.ok ? res.config.control.socket : '/run/lb-agent/agent.sock';
+      }
+      const doc = (await controlRequest(socket, 'status')) as StatusDocument;
+      out(opts.json ? `${JSON.stringify(doc, null, 2)}\n` : formatStatus(doc));
+      process.exitCode = EXIT.OK;
+    });
+
+  program.command('version')
+    .description('print the version')
+    .option('--json', 'print as JSON')
+    .action((opts: { json?: boolean }) => {
+      out(opts.json ? `${JSON.stringify({ version: VERSION, node: process.version })}\n` : `lb-agent ${VERSION} (node ${process.version})\n`);
+    });
+
+  return program;
+}
+
+export async function main(argv: string[]): Promise<number> {
+  const program = buildProgram();
+  try {
+    await program.parseAsync(argv);
+    return typeof process.exitCode === 'number' ? process.exitCode : EXIT.OK;
+  } catch (e) {
+    if (e instanceof CommanderError) {
+      // --help and --version exit 0; everything else commander rejects is usage.
+      if (e.code === 'commander.helpDisplayed' || e.code === 'commander.version' || e.code === 'commander.help') return EXIT.OK;
+      return EXIT.USAGE;
+    }
+    if (isLbError(e)) {
+      err(`lb-agent: ${e.message} [${e.code}]\n`);
+      return e.code === 'LB_ERR_CONFIG_INVALID' || e.code === 'LB_ERR_CLI_USAGE' ? EXIT.USAGE : EXIT.FAILURE;
+    }
+    err(`lb-agent: ${errorMessage(e)}\n`);
+    return EXIT.FAILURE;
+  }
+}
+
+if (require.main === module) {
+  main(process.argv).then((code) => { process.exitCode = code; }, (e: unknown) => {
+    process.stderr.write(`lb-agent: ${errorMessage(e)}\n`);
+    process.exitCode = EXIT.FAILURE;
+  });
+}

@@ -1,0 +1,46 @@
+// Every default of the configuration file, in one place. The schema reads
+// them (ajv useDefaults), the docs cite them, nothing else hard-codes them.
+import type { ArpTimings, DhcpTimings, ProxyConfig } from './types';
+
+export const DEFAULT_CONFIG_PATH = '/etc/lb-agent/config.yaml';
+
+export const DEFAULTS = {
+  node: { priority: 100 },
+  failover: { mode: 'none', vrid: 51, advertInterval: 1, preempt: true, preemptDelay: 0 },
+  stateDir: '/var/lib/lb-agent',
+  metrics: { listen: '0.0.0.0:9477' },
+  control: { socket: '/run/lb-agent/agent.sock' },
+  dataplane: 'auto',
+  namespace: 'default',
+  // Harvester's default IPAM mode is pool.
+  ipam: 'pool',
+  protocol: 'TCP',
+  weight: 1,
+  // Harvester cloud provider defaults: TCP, success 1, failure 3, period 5 s, timeout 3 s.
+  healthCheck: { enabled: true, type: 'tcp', successThreshold: 1, failureThreshold: 3, periodSeconds: 5, timeoutSeconds: 3, passiveFailures: 3 },
+  httpCheck: { path: '/', expectStatus: [200, 399] as [number, number] },
+} as const;
+
+// RFC 5227 §1.1 constants, in seconds.
+export const DEFAULT_ARP: ArpTimings = {
+  probeWait: 1, probeNum: 3, probeMin: 1, probeMax: 2, announceWait: 2, announceNum: 2, announceInterval: 2,
+};
+
+// RFC 2131 §4.1 (4 s doubling to 64 s, ±1 s) and §3.1.5 (10 s after DECLINE).
+export const DEFAULT_DHCP: DhcpTimings = {
+  retransmitInitial: 4, retransmitMax: 64, retransmitJitter: 1, declineWait: 10, maxConcurrentStarts: 8, probeOffer: true,
+};
+
+export const DEFAULT_PROXY: ProxyConfig = { algorithm: 'round-robin', idleTimeout: 300, connectTimeout: 3 };
+
+/** Harvester cloud provider annotation keys, mapped onto typed service fields. */
+export const ANNOTATION_PREFIX = 'cloudprovider.harvesterhci.io/';
+export const ANNOTATIONS = {
+  ipam: `${ANNOTATION_PREFIX}ipam`,
+  primaryService: `${ANNOTATION_PREFIX}primary-service`,
+  healthcheckPort: `${ANNOTATION_PREFIX}healthcheck-port`,
+  successThreshold: `${ANNOTATION_PREFIX}healthcheck-success-threshold`,
+  failureThreshold: `${ANNOTATION_PREFIX}healthcheck-failure-threshold`,
+  periodSeconds: `${ANNOTATION_PREFIX}healthcheck-periodseconds`,
+  timeoutSeconds: `${ANNOTATION_PREFIX}healthcheck-timeoutseconds`,
+} as const;

@@ -1,0 +1,463 @@
+// Config loading: YAML text -> schema validation (ajv, defaults from
+// defaults.ts, unknown keys rejected) -> cross-field rules (pools, Harvester
+// annotations, Share IP) -> a deeply frozen Desired. Every error names the
+// field path and the offending value; all errors of a file come at once;
+// nothing is returned from a file that does not validate.
+import * as fs from 'node:fs';
+import * as os from 'node:os';
+import Ajv, { ErrorObject } from 'ajv';
+import { parseDocument, LineCounter, isNode } from 'yaml';
+import { configSchema } from './schema';
+import { ANNOTATIONS, ANNOTATION_PREFIX, DEFAULTS } from './defaults';
+import { parsePools, selectPool, poolContains, poolLookupOrder } from './pools';
+import { parseIPv4 } from '../ipv4';
+import type {
+  Desired, ServiceSpec, PortSpec, BackendSpec, HealthCheckSpec, IpamMode, Pool,
+} from './types';
+
+export interface ConfigError {
+  /** Field path, e.g. services[0].ports[0].port; '' for the whole file. */
+  readonly path: string;
+  readonly message: string;
+  /** 1-based line in the file, when known. */
+  readonly line?: number;
+}
+
+export type LoadResult =
+  | { readonly ok: true; readonly config: Desired }
+  | { readonly ok: false; readonly errors: readonly ConfigError[] };
+
+type Seg = string | number;
+
+function pathText(segs: readonly Seg[]): string {
+  let s = '';
+  for (const seg of segs) {
+    if (typeof seg === 'number') s += `[${seg}]`;
+    else if (/^[A-Za-z_][A-Za-z0-9_]*$/.test(seg)) s += s ? `.${seg}` : seg;
+    else s += `[${JSON.stringify(seg)}]`;
+  }
+  return s;
+}
+
+function show(v: unknown): string {
+  if (v === undefined) return 'nothing';
+  if (v === null) return 'null';
+  if (typeof v === 'string') return JSON.stringify(v);
+  if (typeof v === 'object') return Array.isArray(v) ? 'a list' : 'a mapping';
+  return String(v);
+}
+
+let ajvSingleton: { validate: ReturnType<Ajv['compile']> } | undefined;
+function validator(): ReturnType<Ajv['compile']> {
+  if (!ajvSingleton) {
+    const ajv = new Ajv({ allErrors: true, useDefaults: true, verbose: true, strict: true, allowUnionTypes: true });
+    ajv.addKeyword({ keyword: 'x-what', schemaType: 'string' });
+    ajv.addFormat('lb-ipv4', (v: string) => parseIPv4(v) !== undefined);
+    ajvSingleton = { validate: ajv.compile(configSchema) };
+  }
+  return ajvSingleton.validate;
+}
+
+function instanceSegs(instancePath: string): Seg[] {
+  if (!instancePath) return [];
+  return instancePath.slice(1).split('/').map((p) => {
+    const s = p.replace(/~1/g, '/').replace(/~0/g, '~');
+    return /^\d+$/.test(s) ? Number(s) : s;
+  });
+}
+
+/** Turn ajv's errors into one clear message per problem. */
+function schemaErrors(errors: ErrorObject[]): { segs: Seg[]; message: string }[] {
+  const out: { segs: Seg[]; message: string }[] = [];
+  // anyOf: keep the errors of the branch that matches the value's type, or one summary.
+  const anyOfs = errors.filter((e) => e.keyword === 'anyOf');
+  const suppressed = new Set<ErrorObject>();
+  for (const a of anyOfs) {
+    const branchErrs = errors.filter((e) => e !== a && e.schemaPath.startsWith(`${a.schemaPath}/`)
+      && (e.instancePath === a.instancePath || e.instancePath.startsWith(`${a.instancePath}/`)));
+    const byBranch = new Map<string, ErrorObject[]>();
+    for (const e of branchErrs) {
+      const idx = e.schemaPath.slice(a.schemaPath.length + 1).split('/')[0]!;
+      byBranch.set(idx, [...(byBranch.get(idx) ?? []), e]);
+      suppressed.add(e);
+    }
+    const typed = [...byBranch.values()].find((errs) => !errs.some((e) => e.keyword === 'type' && e.instancePath === a.instancePath));
+    if (typed) { for (const e of typed) suppressed.delete(e); suppressed.add(a); }
+  }
+  for (const e of errors) {
+    if (suppressed.has(e)) continue;
+    const segs = instanceSegs(e.instancePath);
+    const what = (e.parentSchema as Record<string, unknown> | undefined)?.['x-what'] as string | undefined;
+    switch (e.keyword) {
+      case 'additionalProperties': {
+        const key = (e.params as { additionalProperty: string }).additionalProperty;
+        const allowed = Object.keys(((e.parentSchema as { properties?: object }).properties) ?? {});
+        out.push({ segs: [...segs, key], message: `unknown key ${JSON.stringify(key)}${allowed.length ? ` (allowed here: ${allowed.join(', ')})` : ''}` });
+        break;
+      }
+      case 'required':
+        out.push({ segs: [...segs, (e.params as { missingProperty: string }).missingProperty], message: 'is required' });
+        break;
+      case 'enum':
+        out.push({ segs, message: `${show(e.data)} is not one of ${(e.params as { allowedValues: unknown[] }).allowedValues.join(', ')}` });
+        break;
+      case 'propertyNames':
+        out.push({ segs: [...segs, (e.params as { propertyName: string }).propertyName], message: `${JSON.stringify((e.params as { propertyName: string }).propertyName)} is not ${what ?? 'an allowed key'}` });
+        break;
+      case 'format':
+      case 'pattern':
+        if (e.schemaPath.includes('/propertyNames/')) break; // reported by propertyNames
+        out.push({ segs, message: `${show(e.data)} is not ${what ?? (e.keyword === 'format' ? 'well formed' : `a string matching ${(e.params as { pattern: string }).pattern}`)}` });
+        break;
+      default:
+        if (what) out.push({ segs, message: `${show(e.data)} is not ${what}` });
+        else out.push({ segs, message: `${show(e.data)} ${e.message ?? 'is invalid'}` });
+    }
+  }
+  // One message per path and text.
+  const seen = new Set<string>();
+  return out.filter((x) => {
+    const k = `${pathText(x.segs)}\0${x.message}`;
+    if (seen.has(k)) return false;
+    seen.add(k);
+    return true;
+  });
+}
+
+interface RawService {
+  name: string; namespace: string; ipam?: string; primaryService?: string; loadBalancerIP?: string;
+  vrid?: number; priority?: number; annotations?: Record<string, string | number | boolean>;
+  ports: { name?: string; port: number; protocol: 'TCP' | 'UDP'; targetPort?: number }[];
+  backends: (string | { address: string; weight?: number })[];
+  healthCheck: {
+    enabled: boolean; type: 'tcp' | 'http'; port?: number; successThreshold: number; failureThreshold: number;
+    periodSeconds: number; timeoutSeconds: number; passiveFailures: number; http?: { path: string; expectStatus: [number, number] };
+  };
+}
+
+interface RawConfig {
+  node: { name?: string; interface?: string; priority: number };
+  failover: { mode: 'none' | 'vrrp'; vrid: number; advertInterval: number; preempt: boolean; preemptDelay: number; interface?: string };
+  stateDir: string; metrics: { listen: string }; control: { socket: string };
+  dataplane: 'auto' | 'kernel' | 'proxy'; pools: Record<string, string>;
+  arp: Desired['arp']; dhcp: Desired['dhcp']; proxy: Desired['proxy'];
+  services: RawService[];
+}
+
+export function serviceKey(namespace: string, name: string): string {
+  return `${namespace}/${name}`;
+}
+
+/** Parse "host:port" (IPv4 or "[v6]") or "" for the metrics listener. */
+export function parseListen(s: string): { host: string; port: number } | undefined {
+  const m = /^(\[[0-9a-fA-F:]+\]|[^:\s]*):(\d{1,5})$/.exec(s);
+  if (!m) return undefined;
+  const port = Number(m[2]);
+  if (port > 65535) return undefined;
+  const host = m[1]!.startsWith('[') ? m[1]!.slice(1, -1) : (m[1] || '0.0.0.0');
+  if (!m[1]!.startsWith('[') && m[1] !== '' && m[1] !== 'localhost' && parseIPv4(host) === undefined) return undefined;
+  return { host, port };
+}
+
+/** Build typed services and check the cross-field rules. */
+function buildServices(raw: RawConfig, pools: readonly Pool[], err: (segs: Seg[], msg: string) => void): ServiceSpec[] {
+  const keys = new Map<string, number>();
+  const prelim: {
+    idx: number; key: string; raw: RawService; ipam: IpamMode | undefined; ipamGiven: boolean;
+    primary: string | undefined; hc: HealthCheckSpec; ports: PortSpec[]; backends: BackendSpec[];
+  }[] = [];
+
+  raw.services.forEach((s, idx) => {
+    const at = (...segs: Seg[]): Seg[] => ['services', idx, ...segs];
+    const key = serviceKey(s.namespace, s.name);
+    if (keys.has(key)) err(at('name'), `${JSON.stringify(key)} is defined twice (also services[${keys.get(key)}])`);
+    else keys.set(key, idx);
+
+    // Harvester annotations: mapped onto typed fields; both spellings must agree.
+    const ann = s.annotations ?? {};
+    const annStr = (k: string): string | undefined => (ann[k] === undefined ? undefined : String(ann[k]));
+    for (const k of Object.keys(ann)) {
+      if (k.startsWith(ANNOTATION_PREFIX) && !(Object.values(ANNOTATIONS) as string[]).includes(k)) {
+        err(at('annotations', k), `unknown Harvester annotation (known: ${Object.values(ANNOTATIONS).join(', ')})`);
+      }
+    }
+    const agree = <T>(field: Seg[], typed: T | undefined, annKey: string, parsed: T | undefined, shown: string | undefined): T | undefined => {
+      if (shown === undefined) return typed;
+      if (parsed === undefined) return typed;
+      if (typed !== undefined && typed !== parsed) {
+        err(at('annotations', annKey), `${JSON.stringify(shown)} conflicts with ${pathText(at(...field))}: ${show(typed)}`);
+      }
+      return parsed;
+    };
+    const annInt = (annKey: string, min: number, max: number, float = false): number | undefined => {
+      const v = annStr(annKey);
+      if (v === undefined) return undefined;
+      const n = Number(v);
+      if (v.trim() === '' || !Number.isFinite(n) || (!float && !Number.isInteger(n)) || n < min || n > max) {
+        err(at('annotations', annKey), `${JSON.stringify(v)} is not ${float ? 'a number' : 'an integer'} (${min}-${max})`);
+        return undefined;
+      }
+      return n;
+    };
+
+    let ipamAnn: IpamMode | undefined;
+    const ipamAnnRaw = annStr(ANNOTATIONS.ipam);
+    if (ipamAnnRaw !== undefined) {
+      if (ipamAnnRaw === 'dhcp' || ipamAnnRaw === 'pool') ipamAnn = ipamAnnRaw;
+      else err(at('annotations', ANNOTATIONS.ipam), `${JSON.stringify(ipamAnnRaw)} is not one of dhcp, pool`);
+    }
+    const ipamTyped = s.ipam as IpamMode | undefined;
+    const ipam = agree(['ipam'], ipamTyped, ANNOTATIONS.ipam, ipamAnn, ipamAnnRaw);
+
+    const primAnnRaw = annStr(ANNOTATIONS.primaryService);
+    const normPrimary = (p: string | undefined): string | undefined => {
+      if (p === undefined || p === '') return undefined;
+      return p.includes('/') ? p : serviceKey(s.namespace, p);
+    };
+    if (primAnnRaw !== undefined && primAnnRaw !== '' && !/^([a-z0-9]([-a-z0-9]*[a-z0-9])?\/)?[a-z0-9]([-a-z0-9]*[a-z0-9])?$/.test(primAnnRaw)) {
+      err(at('annotations', ANNOTATIONS.primaryService), `${JSON.stringify(primAnnRaw)} is not "namespace/name" or "name" of another service`);
+    }
+    const primary = agree(['primaryService'], normPrimary(s.primaryService), ANNOTATIONS.primaryService, normPrimary(primAnnRaw), primAnnRaw);
+
+    // Ports: targetPort defaults to port; one protocol+port once per service.
+    const ports: PortSpec[] = [];
+    const seenPorts = new Map<string, number>();
+    s.ports.forEach((p, pi) => {
+      const id = `${p.protocol}/${p.port}`;
+      if (seenPorts.has(id)) err(at('ports', pi, 'port'), `${p.protocol} ${p.port} is listed twice (also ports[${seenPorts.get(id)}])`);
+      seenPorts.set(id, pi);
+      ports.push({ name: p.name ?? `${p.protocol.toLowerCase()}-${p.port}`, port: p.port, protocol: p.protocol, targetPort: p.targetPort ?? p.port });
+    });
+
+    // Backends.
+    const backends: BackendSpec[] = [];
+    const seenB = new Map<string, number>();
+    s.backends.forEach((b, bi) => {
+      const address = typeof b === 'string' ? b : b.address;
+      const weight = typeof b === 'string' ? DEFAULTS.weight : (b.weight ?? DEFAULTS.weight);
+      const n = parseIPv4(address);
+      const segs = typeof b === 'string' ? at('backends', bi) : at('backends', bi, 'address');
+      if (n === undefined) { err(segs, `${JSON.stringify(address)} is not an IPv4 address`); return; }
+      if (seenB.has(address)) { err(segs, `${JSON.stringify(address)} is listed twice (also backends[${seenB.get(address)}])`); return; }
+      seenB.set(address, bi);
+      backends.push({ address, addressNum: n, weight });
+    });
+
+    // Health check: typed fields, then annotations (must agree), then defaults.
+    const h = s.healthCheck;
+    const hcPort = agree(['healthCheck', 'port'], h.port, ANNOTATIONS.healthcheckPort, annInt(ANNOTATIONS.healthcheckPort, 1, 65535), annStr(ANNOTATIONS.healthcheckPort));
+    const succ = agree(['healthCheck', 'successThreshold'], rawHc(s, 'successThreshold'), ANNOTATIONS.successThreshold, annInt(ANNOTATIONS.successThreshold, 1, 1000), annStr(ANNOTATIONS.successThreshold));
+    const fail = agree(['healthCheck', 'failureThreshold'], rawHc(s, 'failureThreshold'), ANNOTATIONS.failureThreshold, annInt(ANNOTATIONS.failureThreshold, 1, 1000), annStr(ANNOTATIONS.failureThreshold));
+    const period = agree(['healthCheck', 'periodSeconds'], rawHc(s, 'periodSeconds'), ANNOTATIONS.periodSeconds, annInt(ANNOTATIONS.periodSeconds, 0.1, 3600, true), annStr(ANNOTATIONS.periodSeconds));
+    const timeout = agree(['healthCheck', 'timeoutSeconds'], rawHc(s, 'timeoutSeconds'), ANNOTATIONS.timeoutSeconds, annInt(ANNOTATIONS.timeoutSeconds, 0.01, 3600, true), annStr(ANNOTATIONS.timeoutSeconds));
+    const hc: HealthCheckSpec = {
+      enabled: h.enabled,
+      type: h.type,
+      port: hcPort ?? ports[0]?.targetPort ?? 0,
+      successThreshold: succ ?? DEFAULTS.healthCheck.successThreshold,
+      failureThreshold: fail ?? DEFAULTS.healthCheck.failureThreshold,
+      periodSeconds: period ?? DEFAULTS.healthCheck.periodSeconds,
+      timeoutSeconds: timeout ?? DEFAULTS.healthCheck.timeoutSeconds,
+      http: h.type === 'http' ? { path: h.http?.path ?? DEFAULTS.httpCheck.path, expectStatus: h.http?.expectStatus ?? DEFAULTS.httpCheck.expectStatus } : undefined,
+      passiveFailures: h.passiveFailures,
+    };
+    if (h.http && h.type !== 'http') err(at('healthCheck', 'http'), 'is only valid with healthCheck.type: http');
+    if (hc.http && hc.http.expectStatus[0] > hc.http.expectStatus[1]) {
+      err(at('healthCheck', 'http', 'expectStatus'), `[${hc.http.expectStatus.join(', ')}] is reversed`);
+    }
+
+    prelim.push({ idx, key, raw: s, ipam, ipamGiven: ipamTyped !== undefined || ipamAnn !== undefined, primary, hc, ports, backends });
+  });
+
+  // Share IP rules (Harvester's, made stricter).
+  const byKey = new Map(prelim.map((p) => [p.key, p]));
+  const lbIps = new Map<string, string>();
+  for (const p of prelim) {
+    const at = (...segs: Seg[]): Seg[] => ['services', p.idx, ...segs];
+    if (p.primary !== undefined) {
+      const prim = byKey.get(p.primary);
+      const field = p.raw.primaryService !== undefined ? at('primaryService') : at('annotations', ANNOTATIONS.primaryService);
+      if (p.primary === p.key) err(field, `${JSON.stringify(p.primary)}: a service cannot share its own IP`);
+      else if (!prim) err(field, `${JSON.stringify(p.primary)}: no such service in this file (service ${p.key})`);
+      else if (prim.primary !== undefined) {
+        err(field, `${JSON.stringify(p.primary)} is itself a secondary of ${prim.primary}; ${p.key} must name ${prim.primary} (no chains)`);
+      }
+      if (p.ipamGiven) err(p.raw.ipam !== undefined ? at('ipam') : at('annotations', ANNOTATIONS.ipam), `service ${p.key} shares the IP of ${p.primary}; a secondary takes the primary's IPAM mode and may not set one`);
+      if (p.raw.loadBalancerIP) err(at('loadBalancerIP'), `service ${p.key} shares the IP of ${p.primary}; a secondary may not ask for its own IP`);
+      if (p.raw.vrid !== undefined) err(at('vrid'), `service ${p.key} shares the IP of ${p.primary}; its VIP rides the primary's virtual router`);
+    } else if (p.raw.loadBalancerIP) {
+      const other = lbIps.get(p.raw.loadBalancerIP);
+      if (other) err(at('loadBalancerIP'), `${p.raw.loadBalancerIP} is also asked for by ${other}; use primaryService to share an IP`);
+      lbIps.set(p.raw.loadBalancerIP, p.key);
+    }
+  }
+  // No two services on one VIP with the same protocol and port.
+  const groups = new Map<string, typeof prelim>();
+  for (const p of prelim) {
+    const root = p.primary !== undefined && byKey.has(p.primary) ? p.primary : p.key;
+    groups.set(root, [...(groups.get(root) ?? []), p]);
+  }
+  for (const [root, members] of groups) {
+    if (members.length < 2) continue;
+    const used = new Map<string, string>();
+    for (const m of members) {
+      m.ports.forEach((port, pi) => {
+        const id = `${port.protocol}/${port.port}`;
+        const other = used.get(id);
+        if (other !== undefined && other !== m.key) {
+          err(['services', m.idx, 'ports', pi, 'port'], `${port.protocol} ${port.port} of ${m.key} clashes with ${other}: services sharing the IP of ${root} may not use the same protocol and port`);
+        }
+        used.set(id, m.key);
+      });
+    }
+  }
+
+  // Pool services need a pool, and a requested IP must lie in it.
+  const out: ServiceSpec[] = [];
+  for (const p of prelim) {
+    const prim = p.primary !== undefined ? byKey.get(p.primary) : undefined;
+    const ipam: IpamMode = (prim ? prim.ipam : p.ipam) ?? (DEFAULTS.ipam as IpamMode);
+    const at = (...segs: Seg[]): Seg[] => ['services', p.idx, ...segs];
+    if (p.primary === undefined && ipam === 'pool') {
+      const pool = selectPool(pools, p.raw.namespace);
+      if (!pool) {
+        err(at('ipam'), `service ${p.key} uses pool IPAM but no pool applies to namespace ${p.raw.namespace} (looked for ${poolLookupOrder(p.raw.namespace).join(', ')} under pools)`);
+      } else if (p.raw.loadBalancerIP) {
+        const ip = parseIPv4(p.raw.loadBalancerIP);
+        if (ip !== undefined && !poolContains(pool, ip)) {
+          err(at('loadBalancerIP'), `${p.raw.loadBalancerIP} is not in pool ${pool.key} (${pool.ranges.map((r) => r.text).join(', ')})`);
+        }
+      }
+    }
+    if (p.raw.loadBalancerIP && parseIPv4(p.raw.loadBalancerIP) === undefined) {
+      err(at('loadBalancerIP'), `${JSON.stringify(p.raw.loadBalancerIP)} is not an IPv4 address`);
+    }
+    out.push({
+      key: p.key, name: p.raw.name, namespace: p.raw.namespace, ipam,
+      primaryService: p.primary, loadBalancerIP: p.raw.loadBalancerIP || undefined,
+      vrid: p.raw.vrid, priority: p.raw.priority, ports: p.ports, backends: p.backends, healthCheck: p.hc,
+    });
+  }
+  return out;
+}
+
+// The typed healthCheck fields as the user wrote them (before schema defaults),
+// so that an annotation only conflicts with a value the user actually set.
+const explicitHc = new WeakMap<object, Set<string>>();
+function rawHc<K extends 'successThreshold' | 'failureThreshold' | 'periodSeconds' | 'timeoutSeconds'>(s: RawService, k: K): number | undefined {
+  const set = explicitHc.get(s.healthCheck);
+  return set && set.has(k) ? s.healthCheck[k] : undefined;
+}
+
+function deepFreeze<T>(o: T): T {
+  if (o && typeof o === 'object' && !Object.isFrozen(o)) {
+    Object.freeze(o);
+    for (const v of Object.values(o as object)) deepFreeze(v);
+  }
+  return o;
+}
+
+/** Validate already-parsed data (e.g. from YAML) into a frozen Desired. */
+export function buildConfig(data: unknown, locate: (segs: Seg[]) => number | undefined = () => undefined, hostname = os.hostname()): LoadResult {
+  const errors: ConfigError[] = [];
+  const err = (segs: Seg[], message: string): void => {
+    const line = locate(segs);
+    errors.push(line === undefined ? { path: pathText(segs), message } : { path: pathText(segs), message, line });
+  };
+  if (data === null || data === undefined) data = {};
+  if (typeof data !== 'object' || Array.isArray(data)) {
+    err([], `the file must be a YAML mapping of settings, not ${show(data)}`);
+    return { ok: false, errors };
+  }
+  const work = structuredClone(data) as Record<string, unknown>;
+  // Remember which healthCheck fields were written, before defaults fill them.
+  const services = Array.isArray(work.services) ? work.services : [];
+  for (const s of services) {
+    if (s && typeof s === 'object' && (s as RawService).healthCheck && typeof (s as RawService).healthCheck === 'object') {
+      explicitHc.set((s as RawService).healthCheck, new Set(Object.keys((s as RawService).healthCheck)));
+    }
+  }
+  const validate = validator();
+  if (!validate(work)) {
+    for (const e of schemaErrors(validate.errors ?? [])) err(e.segs, e.message);
+    return { ok: false, errors };
+  }
+  const raw = work as unknown as RawConfig;
+
+  const listen = raw.metrics.listen;
+  if (listen !== '' && !parseListen(listen)) err(['metrics', 'listen'], `${JSON.stringify(listen)} is not host:port (e.g. 0.0.0.0:9477) or "" to turn metrics off`);
+  if (raw.arp.probeMin > raw.arp.probeMax) err(['arp', 'probeMin'], `${raw.arp.probeMin} is larger than arp.probeMax (${raw.arp.probeMax})`);
+  if (raw.dhcp.retransmitInitial > raw.dhcp.retransmitMax) err(['dhcp', 'retransmitInitial'], `${raw.dhcp.retransmitInitial} is larger than dhcp.retransmitMax (${raw.dhcp.retransmitMax})`);
+
+  const { pools, errors: poolErrors } = parsePools(raw.pools);
+  for (const pe of poolErrors) err(['pools', pe.key], pe.message);
+
+  const built = buildServices(raw, pools, err);
+  if (errors.length > 0) return { ok: false, errors };
+
+  const config: Desired = {
+    node: { name: raw.node.name ?? hostname, interface: raw.node.interface, priority: raw.node.priority },
+    failover: {
+      mode: raw.failover.mode, vrid: raw.failover.vrid,
+      // RFC 5798 §5.2.7: the interval travels in centiseconds.
+      advertInterval: Math.round(raw.failover.advertInterval * 100) / 100,
+      preempt: raw.failover.preempt, preemptDelay: raw.failover.preemptDelay, interface: raw.failover.interface,
+    },
+    stateDir: raw.stateDir,
+    metrics: { listen: raw.metrics.listen },
+    control: { socket: raw.control.socket },
+    dataplane: raw.dataplane,
+    pools,
+    arp: raw.arp,
+    dhcp: raw.dhcp,
+    proxy: raw.proxy,
+    services: built,
+  };
+  return { ok: true, config: deepFreeze(config) };
+}
+
+/** Parse YAML text and validate it. `source` names the file in messages. */
+export function parseConfigText(text: string, hostname?: string): LoadResult {
+  const lineCounter = new LineCounter();
+  const doc = parseDocument(text, { lineCounter, uniqueKeys: true, prettyErrors: true });
+  if (doc.errors.length > 0) {
+    return {
+      ok: false,
+      errors: doc.errors.map((e) => {
+        const pos = e.linePos?.[0];
+        const msg = e.message.split('\n')[0]!.replace(/ at line \d+, column \d+:?$/, '');
+        return pos ? { path: '', message: `YAML syntax error at column ${pos.col}: ${msg}`, line: pos.line } : { path: '', message: `YAML syntax error: ${msg}` };
+      }),
+    };
+  }
+  const locate = (segs: Seg[]): number | undefined => {
+    for (let n = segs.length; n >= 0; n--) {
+      const node = doc.getIn(segs.slice(0, n), true);
+      if (isNode(node) && node.range) return lineCounter.linePos(node.range[0]).line;
+    }
+    return undefined;
+  };
+  return buildConfig(doc.toJS({ maxAliasCount: 100 }), locate, hostname);
+}
+
+/** Read and validate a config file. */
+export function loadConfigFile(file: string, hostname?: string): LoadResult {
+  let text: string;
+  try {
+    text = fs.readFileSync(file, 'utf8');
+  } catch (e) {
+    const code = (e as NodeJS.ErrnoException).code;
+    const why = code === 'ENOENT' ? 'no such file' : code === 'EACCES' ? 'permission denied' : (e as Error).message;
+    return { ok: false, errors: [{ path: '', message: `cannot read ${file}: ${why}` }] };
+  }
+  return parseConfigText(text, hostname);
+}
+
+/** One line per error: "file:line: path: message". */
+export function formatConfigErrors(errors: readonly ConfigError[], file?: string): string {
+  return errors.map((e) => {
+    const where = [file, e.line !== undefined ? String(e.line) : undefined].filter(Boolean).join(':');
+    const head = where ? `${where}: ` : '';
+    return `${head}${e.path ? `${e.path}: ` : ''}${e.message}`;
+  }).join('\n');
+}

@@ -1,0 +1,132 @@
+// The JSON schema of config.yaml (the user contract in DESIGN.md). Shape and
+// ranges only; cross-field rules (pools, Share IP, annotations) live in
+// load.ts. `x-what` names what a value must be, for error messages such as
+// "services[0].ports[0].port: 70000 is not a port (1-65535)".
+import { DEFAULTS, DEFAULT_ARP, DEFAULT_DHCP, DEFAULT_PROXY } from './defaults';
+
+type S = Record<string, unknown>;
+
+const port: S = { type: 'integer', minimum: 1, maximum: 65535, 'x-what': 'a port (1-65535)' };
+const ipv4: S = { type: 'string', format: 'lb-ipv4', 'x-what': 'an IPv4 address' };
+const secondsPos = (min: number, max: number): S => ({ type: 'number', minimum: min, maximum: max, 'x-what': `a number of seconds (${min}-${max})` });
+const count = (min: number, max: number): S => ({ type: 'integer', minimum: min, maximum: max, 'x-what': `an integer (${min}-${max})` });
+const obj = (properties: S, extra: S = {}): S => ({ type: 'object', additionalProperties: false, properties, ...extra });
+const dnsLabel: S = { type: 'string', pattern: '^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$', 'x-what': 'a DNS-1123 label (lowercase letters, digits, -; at most 63)' };
+
+const healthCheck = obj({
+  enabled: { type: 'boolean', default: DEFAULTS.healthCheck.enabled },
+  type: { type: 'string', enum: ['tcp', 'http'], default: DEFAULTS.healthCheck.type },
+  port,
+  successThreshold: { ...count(1, 1000), default: DEFAULTS.healthCheck.successThreshold },
+  failureThreshold: { ...count(1, 1000), default: DEFAULTS.healthCheck.failureThreshold },
+  periodSeconds: { ...secondsPos(0.1, 3600), default: DEFAULTS.healthCheck.periodSeconds },
+  timeoutSeconds: { ...secondsPos(0.01, 3600), default: DEFAULTS.healthCheck.timeoutSeconds },
+  passiveFailures: { ...count(0, 1000), default: DEFAULTS.healthCheck.passiveFailures },
+  http: obj({
+    path: { type: 'string', pattern: '^/', default: DEFAULTS.httpCheck.path, 'x-what': 'a path starting with /' },
+    expectStatus: {
+      type: 'array', items: count(100, 599), minItems: 2, maxItems: 2,
+      default: [...DEFAULTS.httpCheck.expectStatus], 'x-what': 'a [low, high] status range',
+    },
+  }),
+});
+
+const service = obj({
+  name: dnsLabel,
+  namespace: { ...dnsLabel, default: DEFAULTS.namespace },
+  ipam: { type: 'string', enum: ['dhcp', 'pool'] },
+  primaryService: { type: 'string', pattern: '^([a-z0-9]([-a-z0-9]*[a-z0-9])?/)?[a-z0-9]([-a-z0-9]*[a-z0-9])?$|^$', 'x-what': '"namespace/name" or "name" of another service' },
+  loadBalancerIP: { anyOf: [ipv4, { type: 'string', maxLength: 0 }], 'x-what': 'an IPv4 address' },
+  vrid: count(1, 255),
+  priority: count(1, 254),
+  annotations: { type: 'object', additionalProperties: { type: ['string', 'number', 'boolean'] }, 'x-what': 'a map of strings' },
+  ports: {
+    type: 'array', minItems: 1, maxItems: 256, 'x-what': 'a non-empty list of ports',
+    items: obj({
+      name: { type: 'string', maxLength: 63 },
+      port,
+      protocol: { type: 'string', enum: ['TCP', 'UDP'], default: DEFAULTS.protocol },
+      targetPort: port,
+    }, { required: ['port'] }),
+  },
+  backends: {
+    type: 'array', maxItems: 4096,
+    items: {
+      anyOf: [ipv4, obj({ address: ipv4, weight: count(1, 256) }, { required: ['address'] })],
+      'x-what': 'an IPv4 address or { address, weight }',
+    },
+    default: [],
+  },
+  healthCheck: { ...healthCheck, default: {} },
+}, { required: ['name', 'ports'] });
+
+export const configSchema: S = obj({
+  node: {
+    ...obj({
+      name: { type: 'string', minLength: 1, maxLength: 253 },
+      interface: { type: 'string', pattern: '^[^/\\s]{1,15}$', 'x-what': 'an interface name (at most 15 characters)' },
+      priority: { ...count(1, 254), default: DEFAULTS.node.priority },
+    }),
+    default: {},
+  },
+  failover: {
+    ...obj({
+      mode: { type: 'string', enum: ['none', 'vrrp'], default: DEFAULTS.failover.mode },
+      vrid: { ...count(1, 255), default: DEFAULTS.failover.vrid },
+      // RFC 5798 §5.2.7: 12-bit centiseconds, so 0.01 .. 40.95 s.
+      advertInterval: { ...secondsPos(0.01, 40.95), default: DEFAULTS.failover.advertInterval },
+      preempt: { type: 'boolean', default: DEFAULTS.failover.preempt },
+      preemptDelay: { ...secondsPos(0, 3600), default: DEFAULTS.failover.preemptDelay },
+      interface: { type: 'string', pattern: '^[^/\\s]{1,15}$', 'x-what': 'an interface name' },
+    }),
+    default: {},
+  },
+  stateDir: { type: 'string', pattern: '^/', default: DEFAULTS.stateDir, 'x-what': 'an absolute path' },
+  metrics: {
+    ...obj({ listen: { type: 'string', default: DEFAULTS.metrics.listen, 'x-what': 'host:port or ""' } }),
+    default: {},
+  },
+  control: {
+    ...obj({ socket: { type: 'string', pattern: '^/', default: DEFAULTS.control.socket, 'x-what': 'an absolute path' } }),
+    default: {},
+  },
+  dataplane: { type: 'string', enum: ['auto', 'kernel', 'proxy'], default: DEFAULTS.dataplane },
+  pools: {
+    type: 'object', default: {},
+    propertyNames: { pattern: '^(cidr|range)-[a-z0-9]([-a-z0-9]*[a-z0-9])?$' },
+    additionalProperties: { type: 'string', 'x-what': 'a comma-separated list' },
+    'x-what': 'a kube-vip pool key (cidr-<namespace|global> or range-<namespace|global>)',
+  },
+  arp: {
+    ...obj({
+      probeWait: { ...secondsPos(0, 60), default: DEFAULT_ARP.probeWait },
+      probeNum: { ...count(0, 20), default: DEFAULT_ARP.probeNum },
+      probeMin: { ...secondsPos(0.001, 60), default: DEFAULT_ARP.probeMin },
+      probeMax: { ...secondsPos(0.001, 60), default: DEFAULT_ARP.probeMax },
+      announceWait: { ...secondsPos(0, 60), default: DEFAULT_ARP.announceWait },
+      announceNum: { ...count(0, 20), default: DEFAULT_ARP.announceNum },
+      announceInterval: { ...secondsPos(0.001, 60), default: DEFAULT_ARP.announceInterval },
+    }),
+    default: {},
+  },
+  dhcp: {
+    ...obj({
+      retransmitInitial: { ...secondsPos(0.01, 64), default: DEFAULT_DHCP.retransmitInitial },
+      retransmitMax: { ...secondsPos(0.01, 600), default: DEFAULT_DHCP.retransmitMax },
+      retransmitJitter: { ...secondsPos(0, 10), default: DEFAULT_DHCP.retransmitJitter },
+      declineWait: { ...secondsPos(0, 600), default: DEFAULT_DHCP.declineWait },
+      maxConcurrentStarts: { ...count(1, 1024), default: DEFAULT_DHCP.maxConcurrentStarts },
+      probeOffer: { type: 'boolean', default: DEFAULT_DHCP.probeOffer },
+    }),
+    default: {},
+  },
+  proxy: {
+    ...obj({
+      algorithm: { type: 'string', enum: ['round-robin', 'least-connections'], default: DEFAULT_PROXY.algorithm },
+      idleTimeout: { ...secondsPos(1, 86400), default: DEFAULT_PROXY.idleTimeout },
+      connectTimeout: { ...secondsPos(0.01, 60), default: DEFAULT_PROXY.connectTimeout },
+    }),
+    default: {},
+  },
+  services: { type: 'array', items: service, default: [], maxItems: 10000 },
+});

@@ -1,0 +1,140 @@
+// The validated, typed configuration ("Desired"): what config/load.ts produces
+// from YAML and every other module consumes. Frozen after load; downstream code
+// never re-checks a string. Addresses are kept both as text (for humans, logs,
+// nft) and as u32 where arithmetic is done.
+
+export type IpamMode = 'dhcp' | 'pool';
+export type Protocol = 'TCP' | 'UDP';
+export type DataplaneMode = 'auto' | 'kernel' | 'proxy';
+export type FailoverMode = 'none' | 'vrrp';
+export type BalanceAlgorithm = 'round-robin' | 'least-connections';
+
+export interface NodeConfig {
+  /** Node name (default: hostname). */
+  readonly name: string;
+  /** Parent NIC; undefined means "the default route's NIC", resolved at run time. */
+  readonly interface: string | undefined;
+  /** VRRP priority 1-254. */
+  readonly priority: number;
+}
+
+export interface FailoverConfig {
+  readonly mode: FailoverMode;
+  readonly vrid: number;
+  /** Seconds (0.01 .. 40.95, RFC 5798 centiseconds). */
+  readonly advertInterval: number;
+  readonly preempt: boolean;
+  /** Seconds a higher-priority backup waits before preempting. */
+  readonly preemptDelay: number;
+  /** Interface VRRP runs on; undefined = the parent. */
+  readonly interface: string | undefined;
+}
+
+export interface PortSpec {
+  readonly name: string;
+  readonly port: number;
+  readonly protocol: Protocol;
+  readonly targetPort: number;
+}
+
+export interface BackendSpec {
+  readonly address: string;
+  readonly addressNum: number;
+  readonly weight: number;
+}
+
+export interface HttpCheckSpec {
+  readonly path: string;
+  /** Inclusive status range accepted as healthy. */
+  readonly expectStatus: readonly [number, number];
+}
+
+export interface HealthCheckSpec {
+  readonly enabled: boolean;
+  readonly type: 'tcp' | 'http';
+  readonly port: number;
+  readonly successThreshold: number;
+  readonly failureThreshold: number;
+  readonly periodSeconds: number;
+  readonly timeoutSeconds: number;
+  readonly http: HttpCheckSpec | undefined;
+  /** Passive checks: consecutive failed connects on the forwarding path that mark a backend down. 0 = off. */
+  readonly passiveFailures: number;
+}
+
+export interface ServiceSpec {
+  /** "namespace/name": the identity used for MACs, client ids, state files and labels. */
+  readonly key: string;
+  readonly name: string;
+  readonly namespace: string;
+  /** The IPAM mode; for a secondary (primaryService set) this is the primary's mode. */
+  readonly ipam: IpamMode;
+  /** "ns/name" of the service whose VIP this one shares; undefined for a primary/standalone. */
+  readonly primaryService: string | undefined;
+  readonly loadBalancerIP: string | undefined;
+  readonly vrid: number | undefined;
+  readonly priority: number | undefined;
+  readonly ports: readonly PortSpec[];
+  readonly backends: readonly BackendSpec[];
+  readonly healthCheck: HealthCheckSpec;
+}
+
+export interface PoolRange {
+  /** Inclusive first and last usable addresses (network/broadcast already excluded for CIDRs). */
+  readonly start: number;
+  readonly end: number;
+  /** As written, for messages: "10.0.0.0/28" or "10.0.0.5-10.0.0.9". */
+  readonly text: string;
+  readonly kind: 'cidr' | 'range';
+}
+
+export interface Pool {
+  /** The kube-vip key: "cidr-default", "range-global", ... */
+  readonly key: string;
+  readonly ranges: readonly PoolRange[];
+}
+
+export interface ArpTimings {
+  /** RFC 5227 §1.1 defaults: PROBE_WAIT 1 s, PROBE_NUM 3, PROBE_MIN 1 s, PROBE_MAX 2 s, ANNOUNCE_WAIT 2 s, ANNOUNCE_NUM 2, ANNOUNCE_INTERVAL 2 s. Seconds. */
+  readonly probeWait: number;
+  readonly probeNum: number;
+  readonly probeMin: number;
+  readonly probeMax: number;
+  readonly announceWait: number;
+  readonly announceNum: number;
+  readonly announceInterval: number;
+}
+
+export interface DhcpTimings {
+  /** RFC 2131 §4.1: first retransmission 4 s, doubling to 64 s, ±1 s jitter. Seconds. */
+  readonly retransmitInitial: number;
+  readonly retransmitMax: number;
+  readonly retransmitJitter: number;
+  /** RFC 2131 §3.1.5: wait after a DHCPDECLINE before starting over (10 s). */
+  readonly declineWait: number;
+  /** Concurrent DHCP services starting at once. */
+  readonly maxConcurrentStarts: number;
+  /** Skip the ARP probe of an offered address (never in production). */
+  readonly probeOffer: boolean;
+}
+
+export interface ProxyConfig {
+  readonly algorithm: BalanceAlgorithm;
+  /** Seconds of inactivity before a proxied connection is closed. */
+  readonly idleTimeout: number;
+  readonly connectTimeout: number;
+}
+
+export interface Desired {
+  readonly node: NodeConfig;
+  readonly failover: FailoverConfig;
+  readonly stateDir: string;
+  readonly metrics: { readonly listen: string };
+  readonly control: { readonly socket: string };
+  readonly dataplane: DataplaneMode;
+  readonly pools: readonly Pool[];
+  readonly arp: ArpTimings;
+  readonly dhcp: DhcpTimings;
+  readonly proxy: ProxyConfig;
+  readonly services: readonly ServiceSpec[];
+}

@@ -1,0 +1,99 @@
+// The control socket: a unix stream socket (mode 0600) under control.socket
+// that `lb-agent status` talks to. Protocol: one JSON request line
+// ({"op":"status"}), one JSON response line, then close. Read-only views of
+// the daemon's state; it never drives it.
+import * as net from 'node:net';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { LbError } from '../errors';
+import type { Logger } from '../log';
+
+export type ControlHandler = (op: string) => unknown;
+
+export class ControlServer {
+  private server: net.Server | undefined;
+  private readonly socketPath: string;
+  private readonly handler: ControlHandler;
+  private readonly log: Logger;
+
+  constructor(opts: { socketPath: string; handler: ControlHandler; log: Logger }) {
+    this.socketPath = opts.socketPath;
+    this.handler = opts.handler;
+    this.log = opts.log;
+  }
+
+  async start(): Promise<void> {
+    fs.mkdirSync(path.dirname(this.socketPath), { recursive: true, mode: 0o755 });
+    // A socket file left by a dead daemon: the lock file already proved no
+    // other daemon runs, so the stale file is ours to replace.
+    try { fs.unlinkSync(this.socketPath); } catch { /* absent */ }
+    const server = net.createServer((sock) => {
+      let buf = '';
+      sock.setEncoding('utf8');
+      sock.setTimeout(5000, () => sock.destroy());
+      sock.on('data', (d: string) => {
+        buf += d;
+        if (buf.length > 65536) { sock.destroy(); return; }
+        const nl = buf.indexOf('\n');
+        if (nl < 0) return;
+        let reply: unknown;
+        try {
+          const req = JSON.parse(buf.slice(0, nl)) as { op?: unknown };
+          if (typeof req.op !== 'string') throw new Error('request has no "op"');
+          reply = { ok: true, data: this.handler(req.op) };
+        } catch (e) {
+          reply = { ok: false, error: (e as Error).message };
+        }
+        sock.end(`${JSON.stringify(reply)}\n`);
+      });
+      sock.on('error', () => { /* client went away */ });
+    });
+    const oldUmask = process.umask(0o177);
+    try {
+      await new Promise<void>((resolve, reject) => {
+        server.once('error', (e) => reject(new LbError('LB_ERR_DAEMON_START', `cannot listen on control socket ${this.socketPath}: ${(e as Error).message}`, undefined, { cause: e })));
+        server.listen(this.socketPath, () => resolve());
+      });
+    } finally {
+      process.umask(oldUmask);
+    }
+    fs.chmodSync(this.socketPath, 0o600);
+    this.server = server;
+    this.log.info({ op: 'listen', socket: this.socketPath }, 'control socket listening');
+  }
+
+  async stop(): Promise<void> {
+    const s = this.server;
+    this.server = undefined;
+    if (!s) return;
+    await new Promise<void>((resolve) => s.close(() => resolve()));
+    try { fs.unlinkSync(this.socketPath); } catch { /* gone */ }
+  }
+}
+
+/** Ask a running daemon; rejects with LB_ERR_CONTROL_UNREACHABLE naming the socket. */
+export function controlRequest(socketPath: string, op: string, timeoutMs = 5000): Promise<unknown> {
+  return new Promise((resolve, reject) => {
+    const sock = net.createConnection(socketPath);
+    let buf = '';
+    const timer = setTimeout(() => { sock.destroy(); reject(new LbError('LB_ERR_CONTROL_UNREACHABLE', `no answer from ${socketPath} within ${timeoutMs} ms`)); }, timeoutMs);
+    sock.setEncoding('utf8');
+    sock.on('connect', () => sock.write(`${JSON.stringify({ op })}\n`));
+    sock.on('data', (d: string) => { buf += d; });
+    sock.on('end', () => {
+      clearTimeout(timer);
+      try {
+        const r = JSON.parse(buf) as { ok: boolean; data?: unknown; error?: string };
+        if (!r.ok) reject(new LbError('LB_ERR_CONTROL_PROTOCOL', `the daemon refused "${op}": ${r.error}`));
+        else resolve(r.data);
+      } catch {
+        reject(new LbError('LB_ERR_CONTROL_PROTOCOL', `unreadable answer from ${socketPath}`));
+      }
+    });
+    sock.on('error', (e: NodeJS.ErrnoException) => {
+      clearTimeout(timer);
+      const hint = e.code === 'ENOENT' || e.code === 'ECONNREFUSED' ? ' (is lb-agent running? `systemctl status lb-agent`)' : e.code === 'EACCES' ? ' (run as root)' : '';
+      reject(new LbError('LB_ERR_CONTROL_UNREACHABLE', `cannot reach the agent at ${socketPath}: ${e.code ?? e.message}${hint}`, undefined, { cause: e }));
+    });
+  });
+}

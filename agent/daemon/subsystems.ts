@@ -1,0 +1,73 @@
+// What the daemon needs from the modules it wires together, as narrow
+// interfaces: the reconciler talks to these, wiring.ts builds the real ones.
+import type { EventEmitter } from 'node:events';
+import type { AddressSource } from '../source';
+import type { BackendSpec, ServiceSpec, PortSpec } from '../config/types';
+
+export interface ParentLink {
+  readonly name: string;
+  readonly index: number;
+  readonly mac: string;
+  /** The node's primary IPv4 address on the parent (VRRP source, status). */
+  readonly address: string | undefined;
+}
+
+export interface BackendHealth {
+  readonly address: string;
+  readonly port: number;
+  readonly state: string;
+  readonly since: number | undefined;
+  readonly reason: string | undefined;
+  readonly takenOutBy: string | undefined;
+  readonly [k: string]: unknown;
+}
+
+export interface HealthLike extends EventEmitter {
+  update(services: readonly ServiceSpec[]): void;
+  start(): void;
+  stop(): void | Promise<void>;
+  healthy(serviceKey: string): readonly BackendSpec[];
+  status(serviceKey: string): readonly BackendHealth[];
+  reportConnectFailure?(serviceKey: string, address: string): void;
+  reportConnectSuccess?(serviceKey: string, address: string): void;
+  // 'change' (serviceKey, address, up)
+}
+
+export interface ForwardService {
+  readonly key: string;
+  readonly name: string;
+  readonly namespace: string;
+  /** The VIP when this node serves it, else undefined (nothing is forwarded). */
+  readonly vip: string | undefined;
+  readonly ports: readonly PortSpec[];
+  readonly healthy: readonly BackendSpec[];
+  readonly backends: readonly BackendSpec[];
+}
+
+export interface DataplaneLike {
+  readonly kind: 'kernel' | 'proxy';
+  readonly reason: string;
+  apply(services: readonly ForwardService[]): Promise<void>;
+  stop(): Promise<void>;
+}
+
+export interface FailoverLike extends EventEmitter {
+  /** Recompute virtual routers for this set of primary services. */
+  update(services: readonly ServiceSpec[], vips: (serviceKey: string) => string | undefined): void;
+  /** Does this node hold the VIP of this (primary) service now? */
+  isMaster(serviceKey: string): boolean;
+  status(serviceKey: string): Record<string, unknown> | undefined;
+  stop(): Promise<void>;
+  // 'change' (serviceKey[]) when mastership changes
+}
+
+export interface Subsystems {
+  readonly parent: ParentLink;
+  createSource(spec: ServiceSpec): AddressSource;
+  /** Remove links/addresses owned by the agent that these services do not want (start-up adoption). */
+  adoptOwned(services: readonly ServiceSpec[]): Promise<{ adopted: string[]; removed: string[] }>;
+  readonly health: HealthLike;
+  readonly dataplane: DataplaneLike;
+  readonly failover: FailoverLike | undefined;
+  close(): Promise<void>;
+}

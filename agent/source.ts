@@ -1,0 +1,50 @@
+// The contract between the reconciler and an address source (DHCP lease,
+// pool claim): the source acquires a VIP for one service, puts it on the LAN
+// (address on an interface, ARP), keeps it, and says when it has or loses it.
+// The reconciler only gates (start/stop) and reads status; it never touches
+// addresses itself.
+import type { EventEmitter } from 'node:events';
+
+export interface Vip {
+  /** Dotted quad. */
+  readonly address: string;
+  readonly prefix: number;
+  /** The interface the address is on (the service's macvlan, or the parent for pool VIPs). */
+  readonly ifname: string;
+  readonly ifindex: number;
+  /** MAC that answers ARP for the VIP. */
+  readonly mac: string;
+}
+
+export type SourceState =
+  | 'idle'        // not started, or stopped
+  | 'acquiring'   // DHCP INIT/SELECTING/REQUESTING/INIT-REBOOT, or pool probing
+  | 'bound'       // VIP held and on the LAN
+  | 'renewing'    // DHCP RENEWING/REBINDING: VIP still held
+  | 'pending'     // cannot acquire now (pool exhausted, no offer); reason says why
+  | 'failed';     // a fault that needs the operator (parent missing, EPERM)
+
+export interface SourceStatus {
+  readonly state: SourceState;
+  readonly reason: string | undefined;
+  readonly vip: Vip | undefined;
+  /** Interface and MAC the source uses (macvlan for DHCP, parent for pool). */
+  readonly ifname: string | undefined;
+  readonly mac: string | undefined;
+  /** Source-specific details for status output: lease times, server, pool, ... */
+  readonly details: Record<string, unknown>;
+}
+
+export interface AddressSource extends EventEmitter {
+  /** Begin acquiring (idempotent). */
+  start(): void;
+  /**
+   * Withdraw the VIP from the LAN and stop. `release` is true only when the
+   * service is removed from the config (DHCPRELEASE, pool claim deleted);
+   * shutdown and failover keep the lease/claim for next time.
+   */
+  stop(opts: { release: boolean }): Promise<void>;
+  status(): SourceStatus;
+  // Events: 'vip' (vip: Vip) when the VIP is up on the LAN; 'lost' (reason: string)
+  // when it was withdrawn; 'status' () on any status change.
+}

@@ -1,0 +1,131 @@
+// Config loading: every bad fixture is rejected with the field path and value
+// it names in its "# expect:" line; good files load into the typed form.
+import t from 'tap';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { loadConfigFile, parseConfigText, formatConfigErrors } from '../../agent/config/load';
+
+const FIX = path.resolve(__dirname, '..', '..', '..', 'test', 'config', 'fixtures');
+const REPO = path.resolve(__dirname, '..', '..', '..');
+
+t.test('every bad fixture is rejected with its expected message', async (t) => {
+  const files = fs.readdirSync(path.join(FIX, 'bad')).filter((f) => f.endsWith('.yaml'));
+  t.ok(files.length >= 20, `at least 20 bad fixtures (have ${files.length})`);
+  for (const f of files) {
+    const file = path.join(FIX, 'bad', f);
+    const expect = /^# expect: (.*)$/m.exec(fs.readFileSync(file, 'utf8'))?.[1];
+    t.ok(expect, `${f} declares its expected error`);
+    const res = loadConfigFile(file);
+    t.equal(res.ok, false, `${f} is rejected`);
+    if (!res.ok) {
+      const text = formatConfigErrors(res.errors, file);
+      t.ok(text.includes(expect!), `${f}: message contains ${JSON.stringify(expect)}; got:\n${text}`);
+      t.ok(res.errors.every((e) => e.line !== undefined), `${f}: every error has a line`);
+    }
+  }
+});
+
+t.test('good fixtures and the shipped examples load', async (t) => {
+  const files = [
+    ...fs.readdirSync(path.join(FIX, 'good')).map((f) => path.join(FIX, 'good', f)),
+    ...fs.readdirSync(path.join(REPO, 'examples')).filter((f) => f.endsWith('.yaml')).map((f) => path.join(REPO, 'examples', f)),
+  ];
+  t.ok(files.length >= 3);
+  for (const file of files) {
+    const res = loadConfigFile(file);
+    t.ok(res.ok, `${file} loads${res.ok ? '' : `: ${formatConfigErrors(res.errors)}`}`);
+  }
+});
+
+t.test('all errors of a file are reported at once', async (t) => {
+  const res = parseConfigText(`
+node: { priority: 0, bogus: 1 }
+dataplane: nope
+services:
+  - name: web
+    ipam: dhcp
+    ports: [{ port: 0 }]
+`);
+  t.equal(res.ok, false);
+  if (!res.ok) {
+    const paths = res.errors.map((e) => e.path).sort();
+    t.same(paths, ['dataplane', 'node.bogus', 'node.priority', 'services[0].ports[0].port']);
+  }
+});
+
+t.test('defaults come from one place and match Harvester', async (t) => {
+  const res = parseConfigText('services:\n  - { name: web, ipam: dhcp, ports: [{ port: 80, targetPort: 8080 }], backends: [10.0.0.1] }\n', 'host-a');
+  t.ok(res.ok);
+  if (!res.ok) return;
+  const c = res.config;
+  t.equal(c.node.name, 'host-a', 'node name defaults to the hostname');
+  t.equal(c.node.priority, 100);
+  t.equal(c.failover.mode, 'none');
+  t.equal(c.dataplane, 'auto');
+  t.equal(c.stateDir, '/var/lib/lb-agent');
+  t.equal(c.metrics.listen, '0.0.0.0:9477');
+  t.equal(c.control.socket, '/run/lb-agent/agent.sock');
+  const s = c.services[0]!;
+  t.equal(s.key, 'default/web');
+  t.equal(s.namespace, 'default');
+  t.same(s.ports[0], { name: 'tcp-80', port: 80, protocol: 'TCP', targetPort: 8080 });
+  t.same(s.backends[0], { address: '10.0.0.1', addressNum: 0x0a000001, weight: 1 });
+  t.match(s.healthCheck, { enabled: true, type: 'tcp', port: 8080, successThreshold: 1, failureThreshold: 3, periodSeconds: 5, timeoutSeconds: 3 });
+  t.ok(Object.isFrozen(c) && Object.isFrozen(c.services[0]) && Object.isFrozen(c.services[0]!.ports[0]), 'deeply frozen');
+});
+
+t.test('ipam defaults to pool, as in Harvester', async (t) => {
+  const res = parseConfigText('pools: { range-global: 10.0.0.10-10.0.0.20 }\nservices:\n  - { name: web, ports: [{ port: 80 }] }\n');
+  t.ok(res.ok);
+  if (res.ok) t.equal(res.config.services[0]!.ipam, 'pool');
+});
+
+t.test('Harvester annotations map onto typed fields', async (t) => {
+  const res = loadConfigFile(path.join(FIX, 'good', 'harvester-annotations.yaml'));
+  t.ok(res.ok);
+  if (!res.ok) return;
+  const [web, admin] = res.config.services;
+  t.equal(web!.ipam, 'pool');
+  t.match(web!.healthCheck, { port: 8080, successThreshold: 2, failureThreshold: 4, periodSeconds: 1, timeoutSeconds: 1 });
+  t.equal(admin!.primaryService, 'default/web', 'a bare primary-service name is in the same namespace');
+  t.equal(admin!.ipam, 'pool', 'a secondary takes the primary\'s IPAM mode');
+});
+
+t.test('annotation equal to the typed field is not a conflict', async (t) => {
+  const res = parseConfigText(`services:
+  - name: web
+    ipam: dhcp
+    annotations: { cloudprovider.harvesterhci.io/ipam: dhcp, cloudprovider.harvesterhci.io/healthcheck-failure-threshold: "3" }
+    healthCheck: { failureThreshold: 3 }
+    ports: [{ port: 80 }]
+`);
+  t.ok(res.ok, res.ok ? '' : formatConfigErrors(res.errors));
+});
+
+t.test('pools parse into usable ranges; CIDR network and broadcast excluded', async (t) => {
+  const res = parseConfigText('pools:\n  cidr-default: 10.0.0.0/30,10.0.1.0/32\n  range-global: 10.0.2.1-10.0.2.3\n');
+  t.ok(res.ok);
+  if (!res.ok) return;
+  const def = res.config.pools.find((p) => p.key === 'cidr-default')!;
+  t.same(def.ranges.map((r) => [r.start, r.end]), [[0x0a000001, 0x0a000002], [0x0a000100, 0x0a000100]]);
+  const g = res.config.pools.find((p) => p.key === 'range-global')!;
+  t.same(g.ranges.map((r) => [r.start, r.end]), [[0x0a000201, 0x0a000203]]);
+});
+
+t.test('advertInterval is rounded to RFC 5798 centiseconds', async (t) => {
+  const res = parseConfigText('failover: { mode: vrrp, advertInterval: 0.123 }\n');
+  t.ok(res.ok);
+  if (res.ok) t.equal(res.config.failover.advertInterval, 0.12);
+});
+
+t.test('a missing file names the path', async (t) => {
+  const res = loadConfigFile('/nonexistent/lb-agent.yaml');
+  t.equal(res.ok, false);
+  if (!res.ok) t.match(res.errors[0]!.message, 'cannot read /nonexistent/lb-agent.yaml: no such file');
+});
+
+t.test('an empty file is a valid config with no services', async (t) => {
+  const res = parseConfigText('');
+  t.ok(res.ok);
+  if (res.ok) t.equal(res.config.services.length, 0);
+});
