@@ -1,0 +1,525 @@
+// Preflight, pure layer: each check is a function of the gathered Facts that
+// returns what it saw and, when it is not a pass, the one thing to do about
+// it. No I/O, no clock: every verdict is replayed from a fixture in
+// test/preflight/fixtures/.
+import { parseCidr, parseIPv4, cidrContains, formatIPv4 } from '../ipv4';
+import type { Facts, MacvlanFacts } from './facts';
+
+export type CheckStatus = 'pass' | 'warn' | 'fail';
+
+export interface CheckResult {
+  /** Stable id: config, state-dir, capabilities, macvlan, interface, pools, arp-sysctls, rp-filter, ip-forward, dataplane, guest-agent, dhcp-probe. */
+  readonly id: string;
+  readonly status: CheckStatus;
+  /** What the check saw. */
+  readonly detail: string;
+  /** What to do; undefined for a pass. */
+  readonly remedy: string | undefined;
+}
+
+const SYSCTL_FILE = '/etc/sysctl.d/90-lb-agent.conf';
+
+/** The sysctl(8) spelling of an interface in net.ipv4.conf.<if>: dots become slashes. */
+export function sysctlIfName(ifname: string): string {
+  return ifname.replace(/\./g, '/');
+}
+
+function pass(id: string, detail: string): CheckResult { return { id, status: 'pass', detail, remedy: undefined }; }
+function warn(id: string, detail: string, remedy: string): CheckResult { return { id, status: 'warn', detail, remedy }; }
+function fail(id: string, detail: string, remedy: string): CheckResult { return { id, status: 'fail', detail, remedy }; }
+
+// --- derived facts ---------------------------------------------------------
+
+/** nftables is there and the kernel accepted the probe table. */
+export function nftUsable(f: Facts): boolean {
+  return f.nft.binary !== undefined && f.nft.probe.status === 'ok';
+}
+
+/** The data path the daemon will pick: auto means kernel when nftables works. */
+export function effectiveDataplane(f: Facts): 'kernel' | 'proxy' {
+  if (f.config.dataplane === 'auto') return nftUsable(f) ? 'kernel' : 'proxy';
+  return f.config.dataplane;
+}
+
+/** Whether macvlans are needed now: DHCP services exist, or we cannot tell. */
+function macvlanNeeded(f: Facts): boolean {
+  return f.config.status !== 'ok' || f.config.dhcpServices.length > 0;
+}
+
+type Family = 'suse' | 'ubuntu' | 'debian' | 'rhel' | 'other';
+export function osFamily(f: Facts): Family {
+  const ids = [f.host.osId, ...f.host.osIdLike].map((s) => s.toLowerCase());
+  if (ids.some((i) => i === 'suse' || i.startsWith('sles') || i.startsWith('opensuse') || i === 'sle-micro')) return 'suse';
+  if (ids.includes('ubuntu')) return 'ubuntu';
+  if (ids.includes('debian')) return 'debian';
+  if (ids.some((i) => ['rhel', 'fedora', 'centos', 'rocky', 'almalinux'].includes(i))) return 'rhel';
+  return 'other';
+}
+
+function installCmd(f: Facts, pkg: string): string {
+  switch (osFamily(f)) {
+    case 'suse': return `zypper in ${pkg}`;
+    case 'ubuntu': case 'debian': return `apt-get install ${pkg}`;
+    case 'rhel': return `dnf install ${pkg}`;
+    default: return `install ${pkg}`;
+  }
+}
+
+function sysctlRemedy(settings: string[]): string {
+  return `sysctl -w ${settings.join(' ')}; persist them in ${SYSCTL_FILE} (one name=value per line)`;
+}
+
+// --- config ----------------------------------------------------------------
+
+export function checkConfig(f: Facts): CheckResult {
+  const c = f.config;
+  if (c.status === 'missing') {
+    return fail('config', `${c.path} does not exist`,
+      `write the configuration to ${c.path} (see examples/cloud-init/user-data.yaml) or pass --config PATH`);
+  }
+  if (c.status === 'invalid') {
+    return fail('config', `${c.path} does not validate: ${c.errors.join('; ')}`,
+      'fix the fields named above; nothing is applied from a file that does not validate');
+  }
+  const parent = c.interface ? `interface ${c.interface}` : 'interface of the default route';
+  return pass('config', `${c.path}: ${c.services} service(s), ${c.dhcpServices.length} by DHCP, ${c.pools.length} pool(s), dataplane ${c.dataplane}, ${parent}`);
+}
+
+export function checkStateDir(f: Facts): CheckResult {
+  const s = f.stateDir;
+  if (s.exists && !s.isDirectory) {
+    return fail('state-dir', `${s.path} exists and is not a directory`, `remove ${s.path} or set stateDir to a directory`);
+  }
+  if (s.exists && s.writable) return pass('state-dir', `${s.path} is writable`);
+  if (s.exists) {
+    return fail('state-dir', `${s.path} is not writable${s.error ? ` (${s.error})` : ''}`,
+      `make ${s.path} writable by the agent (a read-only filesystem?) or set stateDir to a writable directory`);
+  }
+  if (s.ancestor && s.ancestorWritable) return pass('state-dir', `${s.path} does not exist yet; it will be created under ${s.ancestor}`);
+  return fail('state-dir', `${s.path} does not exist and cannot be created${s.ancestor ? `: ${s.ancestor} is not writable` : ''}${s.error ? ` (${s.error})` : ''}`,
+    `create ${s.path} (mkdir -p ${s.path}) or set stateDir to a writable directory`);
+}
+
+// --- capabilities ----------------------------------------------------------
+
+// linux/capability.h
+export const CAP = { NET_BIND_SERVICE: 10, NET_ADMIN: 12, NET_RAW: 13 } as const;
+
+/** Ports below 1024 that the userspace proxy would have to bind. */
+function privilegedProxyPorts(f: Facts): number[] {
+  if (effectiveDataplane(f) !== 'proxy') return [];
+  return [...new Set(f.config.ports.filter((p) => p.port < 1024).map((p) => p.port))].sort((a, b) => a - b);
+}
+
+export function checkCapabilities(f: Facts): CheckResult {
+  const hex = f.caps.effective;
+  if (hex === undefined || !/^[0-9a-fA-F]+$/.test(hex)) {
+    return warn('capabilities', 'cannot read CapEff from /proc/self/status', 'run the check as the user the agent runs as (root, or with CAP_NET_ADMIN and CAP_NET_RAW)');
+  }
+  const eff = BigInt(`0x${hex}`);
+  const has = (bit: number): boolean => ((eff >> BigInt(bit)) & 1n) === 1n;
+  const lowPorts = privilegedProxyPorts(f);
+  const needed: [string, string][] = [
+    ['CAP_NET_ADMIN', 'links, addresses, nftables'],
+    ['CAP_NET_RAW', 'packet sockets for DHCP, ARP and VRRP'],
+  ];
+  if (lowPorts.length > 0) needed.push(['CAP_NET_BIND_SERVICE', `the userspace proxy listens on port ${lowPorts.join(', ')}`]);
+  const missing = needed.filter(([name]) => !has(CAP[name.slice(4) as keyof typeof CAP]));
+  if (missing.length === 0) {
+    return pass('capabilities', `${needed.map(([n]) => n).join(', ')} in the effective set (CapEff ${hex})`);
+  }
+  const names = missing.map(([n]) => n);
+  return fail('capabilities',
+    `missing ${names.join(' and ')} from the effective set (CapEff ${hex}); needed for ${missing.map(([, why]) => why).join('; ')}`,
+    `run lb-agent as root, or grant them in its systemd unit: AmbientCapabilities=${needed.map(([n]) => n).join(' ')}`);
+}
+
+// --- macvlan -----------------------------------------------------------------
+
+type Refusal = 'unsupported' | 'permission' | 'other';
+
+/** What kind of refusal an `ip`/`nft`/`unshare` complaint is. */
+export function classifyRefusal(err: string | undefined): Refusal {
+  if (!err) return 'other';
+  if (/Unknown device type|Operation not supported|not supported/i.test(err)) return 'unsupported';
+  if (/not permitted|Permission denied|EPERM|EACCES/i.test(err)) return 'permission';
+  return 'other';
+}
+
+/** Where the driver comes from, as far as the module files tell. */
+function driverSource(m: MacvlanFacts): string {
+  if (m.builtin) return 'built into the kernel (modules.builtin)';
+  if (m.kernelConfig === 'y') return 'built into the kernel (CONFIG_MACVLAN=y)';
+  if (m.procModules === 'loaded' || m.sysModule) return 'module loaded';
+  if (m.modulesDep) return 'module, loaded on demand';
+  return 'built into the kernel (listed in no module list)';
+}
+
+/** The module files' evidence, one phrase each. */
+function evidence(f: Facts): string {
+  const m = f.macvlan;
+  const rel = f.host.kernelRelease;
+  const parts: string[] = [];
+  parts.push(m.procModules === 'absent' ? 'no /proc/modules' : `/proc/modules: ${m.procModules === 'loaded' ? 'loaded' : 'not loaded'}`);
+  if (!m.modulesDir) parts.push(`no /lib/modules/${rel}`);
+  else {
+    if (m.builtin !== undefined) parts.push(`modules.builtin: ${m.builtin ? 'listed' : 'not listed'}`);
+    if (m.modulesDep !== undefined) parts.push(`modules.dep: ${m.modulesDep ? 'listed' : 'not listed (no macvlan.ko installed)'}`);
+  }
+  if (m.kernelConfig) parts.push(`CONFIG_MACVLAN=${m.kernelConfig}`);
+  if (m.modprobe.status === 'failed') parts.push(`modprobe macvlan: ${(m.modprobe.error ?? '').replace(/^modprobe:\s*/, '')}`);
+  if (m.modprobe.status === 'ok') parts.push('modprobe macvlan: loaded');
+  if (m.packages.installed.length > 0) parts.push(`kernel packages: ${m.packages.installed.map((p) => `${p.name} ${p.version}`).join(', ')}`);
+  return parts.join('; ');
+}
+
+/** Do the module files show the driver cannot be there? */
+function definitelyMissing(m: MacvlanFacts): boolean {
+  if (m.procModules === 'loaded' || m.sysModule || m.builtin || m.kernelConfig === 'y') return false;
+  return m.kernelConfig === 'n' || (m.modulesDir && m.builtin === false && m.modulesDep === false);
+}
+
+function presentByEvidence(m: MacvlanFacts): boolean {
+  return m.procModules === 'loaded' || m.sysModule || m.builtin === true || m.kernelConfig === 'y';
+}
+
+function debArch(arch: string): string {
+  return ({ x64: 'amd64', arm64: 'arm64', ia32: 'i386', arm: 'armhf', ppc64: 'ppc64el', s390x: 's390x' } as Record<string, string>)[arch] ?? arch;
+}
+
+/** Why the driver is missing and the fix, from the distribution's packages and the module files. */
+export function macvlanDiagnosis(f: Facts): { why: string; remedy: string } {
+  const m = f.macvlan;
+  const rel = f.host.kernelRelease;
+  const pkgs = new Map(m.packages.installed.map((p) => [p.name, p.version]));
+  const family = osFamily(f);
+  const noModulesDir = !m.modulesDir;
+
+  if (family === 'suse' || pkgs.has('kernel-default-base') || pkgs.has('kernel-default')) {
+    // Harvester docs / harvester/harvester#6418: SLES minimal cloud images
+    // ship kernel-default-base (base modules only, no macvlan).
+    if (pkgs.has('kernel-default-base') && !pkgs.has('kernel-default')) {
+      return {
+        why: `kernel-default-base ${pkgs.get('kernel-default-base')} is installed: the minimal kernel package, without macvlan`,
+        remedy: 'install kernel-default (zypper in kernel-default) and reboot',
+      };
+    }
+    if (pkgs.has('kernel-default')) {
+      return {
+        why: `kernel-default ${pkgs.get('kernel-default')} is installed but the running kernel ${rel} has no macvlan${noModulesDir ? ` (no /lib/modules/${rel})` : ''}`,
+        remedy: 'reboot into the installed kernel-default',
+      };
+    }
+    return { why: 'no kernel-default package found', remedy: 'install kernel-default (zypper in kernel-default) and reboot' };
+  }
+
+  if (family === 'ubuntu') {
+    if (noModulesDir) {
+      return { why: `the modules of the running kernel ${rel} are not installed (a kernel upgrade without a reboot?)`, remedy: 'reboot into the installed kernel' };
+    }
+    // Ubuntu splits a kernel's modules into linux-modules-<rel> and
+    // linux-modules-extra-<rel> by per-flavour inclusion lists: generic and
+    // aws list drivers/net/macvlan.ko in the base package
+    // (debian.master/control.d/generic.inclusion-list), other flavours (raspi)
+    // leave it to -extra. So: the base package first, then -extra.
+    const base = `linux-modules-${rel}`;
+    const extra = `linux-modules-extra-${rel}`;
+    if (pkgs.size > 0 && !pkgs.has(base) && !pkgs.has(`linux-image-${rel}`)) {
+      return { why: `no package of the running kernel ${rel} is installed`, remedy: `apt-get install ${base} ${extra}, or reboot into an installed kernel` };
+    }
+    if (!pkgs.has(base)) {
+      return { why: `${base} is not installed`, remedy: `apt-get install ${base} (no reboot needed for the running kernel)` };
+    }
+    if (/-kvm$/.test(rel)) {
+      return {
+        why: `the running kernel ${rel} is the -kvm flavour, which has no linux-modules-extra`,
+        remedy: 'install the generic kernel (apt-get install linux-image-virtual) and reboot into it',
+      };
+    }
+    if (!pkgs.has(extra)) {
+      return {
+        why: `${base} has no macvlan and ${extra}, where this flavour leaves it, is not installed`,
+        remedy: `apt-get install ${extra} (no reboot needed for the running kernel)`,
+      };
+    }
+    return { why: `${base} and ${extra} are installed and neither has macvlan`, remedy: `reinstall them (apt-get install --reinstall ${base} ${extra}) or use a kernel with CONFIG_MACVLAN` };
+  }
+
+  if (family === 'debian') {
+    // Debian builds macvlan as a module in every flavour: the cloud flavour's
+    // config (debian/config/config.cloud) leaves drivers/net/Kconfig's
+    // MACVLAN=m alone. A missing driver is a custom kernel or missing files.
+    const arch = debArch(f.host.arch);
+    if (noModulesDir) {
+      return { why: `the modules of the running kernel ${rel} are not installed (a kernel upgrade without a reboot?)`, remedy: 'reboot into the installed kernel' };
+    }
+    if (m.kernelConfig === 'n') {
+      return {
+        why: `the running kernel ${rel} is built without macvlan (CONFIG_MACVLAN is not set)`,
+        remedy: `install a Debian kernel, which builds macvlan as a module (apt-get install linux-image-cloud-${arch} or linux-image-${arch}), and reboot`,
+      };
+    }
+    if (m.modulesDep === false) {
+      return {
+        why: `macvlan.ko is missing from /lib/modules/${rel}`,
+        remedy: `reinstall the running kernel's package (apt-get install --reinstall linux-image-${rel})`,
+      };
+    }
+  }
+
+  if (noModulesDir) {
+    return { why: `no /lib/modules/${rel}: the running kernel's modules are not installed`, remedy: 'install the modules of the running kernel, or reboot into an installed kernel' };
+  }
+  if (m.kernelConfig === 'n') {
+    return { why: `the running kernel ${rel} is built without CONFIG_MACVLAN`, remedy: 'use a kernel built with CONFIG_MACVLAN=m or =y and reboot' };
+  }
+  return { why: 'the kernel has no usable macvlan driver', remedy: 'install a kernel with the macvlan driver (CONFIG_MACVLAN) and reboot' };
+}
+
+export function checkMacvlan(f: Facts): CheckResult {
+  const m = f.macvlan;
+  const id = 'macvlan';
+  if (m.create.status === 'ok') {
+    const how = m.create.parent === 'loopback'
+      ? 'no veth driver for the usual test; the kernel recognised the macvlan type on a loopback parent'
+      : 'created and deleted a macvlan (mode bridge) in a throwaway namespace';
+    return pass(id, `${how}; driver: ${driverSource(m)}`);
+  }
+  const needed = macvlanNeeded(f);
+  const consequence = 'LoadBalancer services with ipam dhcp would stay Pending ("operation not supported")';
+  const kind = m.create.status === 'not-run' ? 'not-run' : classifyRefusal(m.create.error);
+  const untestable = kind === 'not-run' || kind === 'permission';
+
+  if (untestable && !definitelyMissing(m)) {
+    const why = kind === 'not-run' ? `could not test (${m.create.error})` : `could not test: ${m.create.error} (see capabilities)`;
+    if (presentByEvidence(m)) return pass(id, `${why}; driver: ${driverSource(m)}`);
+    return warn(id, `${why}; ${evidence(f)}`,
+      kind === 'not-run' ? 'install util-linux (unshare) and iproute2 (ip) so the preflight can create a test macvlan' : 'run the check as root');
+  }
+  if (m.retry.status === 'ok') {
+    // Loadable, but the kernel did not load it on demand: after a reboot the
+    // agent's first macvlan would fail again.
+    return warn(id, `creating a macvlan failed (${m.create.error}) until modprobe macvlan loaded the module; the kernel did not load it on demand`,
+      'load it at boot: echo macvlan > /etc/modules-load.d/lb-agent.conf');
+  }
+  const { why, remedy } = macvlanDiagnosis(f);
+  const what = m.create.status === 'failed' ? `cannot create a macvlan: ${m.create.error}` : `macvlan driver missing`;
+  const detail = `${what}; ${why}; ${evidence(f)}`;
+  if (!needed) return warn(id, `${detail}; no service uses ipam dhcp now, but one that does would stay Pending`, remedy);
+  return fail(id, `${detail}; ${consequence}`, remedy);
+}
+
+// --- parent interface ----------------------------------------------------------
+
+// linux/if.h
+const IFF_UP = 0x1;
+
+export function checkInterface(f: Facts): CheckResult {
+  const p = f.parent;
+  const id = 'interface';
+  const others = p.available.length > 0 ? p.available.join(', ') : 'none';
+  if (!p.name) {
+    return fail(id, 'node.interface is not set and there is no default route to take it from',
+      `set node.interface in ${f.config.path} to the NIC on the VM network (present: ${others})`);
+  }
+  const from = p.source === 'config' ? 'node.interface' : 'default route';
+  if (!p.exists) {
+    return fail(id, `${p.name} (${from}) does not exist; interfaces present: ${others}`,
+      `set node.interface in ${f.config.path} to one of: ${others}`);
+  }
+  // Administratively down (IFF_UP clear) is one fix; up without carrier
+  // (operstate "down" too, RFC 2863) is another.
+  const adminUp = p.flags !== undefined ? (p.flags & IFF_UP) !== 0 : p.operstate === 'up';
+  if (!adminUp) {
+    return fail(id, `${p.name} (${from}) is down (operstate ${p.operstate ?? '?'})`,
+      `bring it up (ip link set dev ${p.name} up) and fix the VM's network configuration so it comes up at boot`);
+  }
+  if (p.carrier === false || p.operstate === 'lowerlayerdown') {
+    return fail(id, `${p.name} (${from}) has no carrier (operstate ${p.operstate ?? '?'})`,
+      `the NIC has no link: check that the VM's network interface is attached to a VM network in Harvester`);
+  }
+  if (p.operstate !== undefined && p.operstate !== 'up' && p.operstate !== 'unknown') {
+    return fail(id, `${p.name} (${from}) is not operational (operstate ${p.operstate})`,
+      `check the link state of ${p.name} (ip link show ${p.name})`);
+  }
+  if (p.addresses.length === 0) {
+    return fail(id, `${p.name} (${from}) is up but has no IPv4 address`,
+      `configure an IPv4 address on ${p.name} (DHCP or static) before starting lb-agent, or set node.interface to the NIC that has one`);
+  }
+  return pass(id, `${p.name} (${from}): up, carrier, ${p.addresses.join(', ')}`);
+}
+
+/** The parent's subnets as CIDRs. */
+function parentSubnets(f: Facts): { network: number; prefix: number; text: string }[] {
+  return f.parent.addresses.flatMap((a) => {
+    const c = parseCidr(a, true);
+    if (!c) return [];
+    return [{ ...c, text: `${formatIPv4(c.network)}/${c.prefix}` }];
+  });
+}
+
+export function checkPools(f: Facts): CheckResult {
+  const id = 'pools';
+  const pools = f.config.pools;
+  if (f.config.status !== 'ok' || pools.length === 0) return pass(id, f.config.status === 'ok' ? 'no pools configured' : 'not checked: the config did not load');
+  const nets = parentSubnets(f);
+  if (nets.length === 0) {
+    return warn(id, `cannot check ${pools.length} pool(s): ${f.parent.name ?? 'the parent interface'} has no IPv4 subnet`, 'fix the interface check first');
+  }
+  const outside: string[] = [];
+  for (const pool of pools) {
+    for (const r of pool.ranges) {
+      const a = parseIPv4(r.first);
+      const b = parseIPv4(r.last);
+      const inside = a !== undefined && b !== undefined && nets.some((n) => cidrContains(n, a) && cidrContains(n, b));
+      if (!inside) outside.push(`${pool.key}: ${r.text}`);
+    }
+  }
+  const subnets = nets.map((n) => n.text).join(', ');
+  if (outside.length === 0) return pass(id, `every pool range lies in ${f.parent.name}'s subnet ${subnets}`);
+  return warn(id, `pool range(s) outside ${f.parent.name}'s subnet ${subnets}: ${outside.join('; ')}; LAN clients would not ARP for these VIPs on ${f.parent.name}`,
+    `use ranges within ${subnets}, or set node.interface to the NIC on the pools' subnet`);
+}
+
+// --- sysctls -----------------------------------------------------------------
+
+function sysctlNum(f: Facts, name: string): number | undefined {
+  const v = f.sysctls[name];
+  if (v === undefined || !/^-?\d+$/.test(v)) return undefined;
+  return Number(v);
+}
+
+/** The kernel uses max(all, <if>) for arp_ignore, arp_announce and rp_filter (ip-sysctl.rst). */
+function effectiveConf(f: Facts, scope: string, key: string): { value: number | undefined; allWins: boolean } {
+  const all = sysctlNum(f, `net.ipv4.conf.all.${key}`);
+  const dev = sysctlNum(f, `net.ipv4.conf.${scope}.${key}`);
+  if (all === undefined && dev === undefined) return { value: undefined, allWins: false };
+  const value = Math.max(all ?? 0, dev ?? 0);
+  return { value, allWins: (all ?? 0) > (dev ?? 0) };
+}
+
+export function checkArpSysctls(f: Facts): CheckResult {
+  const id = 'arp-sysctls';
+  const parent = f.parent.name;
+  if (!parent || !f.parent.exists) return pass(id, 'not checked: no parent interface');
+  // ARP flux (DESIGN "Networking facts"): with VIPs on the LAN, the kernel
+  // would answer ARP for any local address on any NIC. arp_ignore=1 answers
+  // only for addresses on the receiving NIC; arp_announce=2 sources ARP
+  // requests from the best local address of the outgoing NIC.
+  const scopes: [string, string][] = [[sysctlIfName(parent), parent]];
+  if (macvlanNeeded(f)) scopes.push(['default', 'new macvlans (default)']);
+  const seen: string[] = [];
+  const fixes: string[] = [];
+  for (const [scope, label] of scopes) {
+    const ig = effectiveConf(f, scope, 'arp_ignore');
+    const an = effectiveConf(f, scope, 'arp_announce');
+    if (ig.value === undefined || an.value === undefined) continue;
+    seen.push(`${label}: arp_ignore=${ig.value} arp_announce=${an.value}`);
+    if (ig.value !== 1 && ig.value !== 2) {
+      // Too high in `all` (3..8) wins over any interface value: lower it too.
+      if (ig.allWins) fixes.push('net.ipv4.conf.all.arp_ignore=1');
+      fixes.push(`net.ipv4.conf.${scope}.arp_ignore=1`);
+    }
+    if (an.value !== 2) fixes.push(`net.ipv4.conf.${scope}.arp_announce=2`);
+  }
+  if (seen.length === 0) return warn(id, `cannot read net.ipv4.conf.${sysctlIfName(parent)}.arp_ignore/arp_announce`, 'run the check on the VM itself (with /proc/sys mounted)');
+  const detail = `${seen.join('; ')} (effective = max of all and the interface)`;
+  if (fixes.length === 0) return pass(id, detail);
+  return warn(id, `${detail}; want arp_ignore=1 and arp_announce=2, or the VM answers ARP for VIPs from the wrong MAC (ARP flux)`,
+    sysctlRemedy([...new Set(fixes)]));
+}
+
+export function checkRpFilter(f: Facts): CheckResult {
+  const id = 'rp-filter';
+  if (!macvlanNeeded(f)) return pass(id, 'not relevant: no service takes its VIP on a macvlan');
+  const eff = effectiveConf(f, 'default', 'rp_filter');
+  if (eff.value === undefined) return warn(id, 'cannot read net.ipv4.conf.{all,default}.rp_filter', 'run the check on the VM itself (with /proc/sys mounted)');
+  const detail = `rp_filter for new macvlans = max(all ${f.sysctls['net.ipv4.conf.all.rp_filter'] ?? '?'}, default ${f.sysctls['net.ipv4.conf.default.rp_filter'] ?? '?'}) = ${eff.value}`;
+  // RFC 3704 strict mode: a packet to a macvlan VIP whose reply route leaves
+  // by the parent (same subnet) is dropped. Loose (2) or off (0) is fine.
+  if (eff.value !== 1) return pass(id, `${detail} (${eff.value === 2 ? 'loose' : 'off'})`);
+  return warn(id, `${detail} (strict): traffic to a VIP on a macvlan is dropped when the reply route leaves by the parent`,
+    sysctlRemedy(['net.ipv4.conf.all.rp_filter=2', 'net.ipv4.conf.default.rp_filter=2']));
+}
+
+export function checkIpForward(f: Facts): CheckResult {
+  const id = 'ip-forward';
+  const plane = effectiveDataplane(f);
+  if (plane !== 'kernel') return pass(id, `not needed: the userspace proxy forwards (dataplane ${f.config.dataplane})`);
+  const v = f.sysctls['net.ipv4.ip_forward'];
+  if (v === '1') return pass(id, 'net.ipv4.ip_forward=1 (the kernel data path forwards DNATed connections)');
+  const detail = `net.ipv4.ip_forward=${v ?? '?'}: the kernel data path DNATs VIP connections to backends on other hosts and must forward them`;
+  const remedy = `${sysctlRemedy(['net.ipv4.ip_forward=1'])}, or set dataplane: proxy`;
+  return f.config.dataplane === 'kernel' ? fail(id, detail, remedy) : warn(id, `${detail} (dataplane auto picks the kernel path here)`, remedy);
+}
+
+// --- data path ---------------------------------------------------------------
+
+export function checkDataplane(f: Facts): CheckResult {
+  const id = 'dataplane';
+  const mode = f.config.dataplane;
+  if (mode === 'proxy') return pass(id, 'dataplane proxy: nftables not needed');
+  const probe = f.nft.probe;
+  let problem: string | undefined;
+  let remedy = '';
+  if (!f.nft.binary) {
+    problem = 'nft not found';
+    remedy = `install nftables (${installCmd(f, 'nftables')})`;
+  } else if (probe.status !== 'ok' && classifyRefusal(probe.error) === 'permission') {
+    problem = `could not test nftables: ${probe.error} (see capabilities)`;
+    remedy = 'run the check as root';
+  } else if (probe.status !== 'ok') {
+    problem = `the kernel refused an nftables nat table in a throwaway namespace: ${probe.error ?? probe.status}`;
+    remedy = 'use a kernel with nf_tables and nft_nat (CONFIG_NF_TABLES, CONFIG_NFT_NAT)';
+  }
+  if (!problem) return pass(id, `${f.nft.binary} present; the kernel accepts an nftables nat table (dnat, numgen map, masquerade)${mode === 'auto' ? '; auto will use the kernel data path' : ''}`);
+  if (mode === 'kernel') return fail(id, `dataplane kernel: ${problem}`, `${remedy}, or set dataplane: proxy`);
+  return warn(id, `dataplane auto: ${problem}; the userspace proxy will be used`, `${remedy} for the kernel data path, or set dataplane: proxy to make the choice explicit`);
+}
+
+// --- guest agent ---------------------------------------------------------------
+
+export function checkGuestAgent(f: Facts): CheckResult {
+  const id = 'guest-agent';
+  const g = f.guestAgent;
+  if (g.running) return pass(id, `qemu-guest-agent is running${g.binary ? ` (${g.binary})` : ''}`);
+  const why = 'Harvester reads the VM\'s addresses through it';
+  if (g.binary) return warn(id, `qemu-guest-agent is installed (${g.binary}) but not running; ${why}`, 'systemctl enable --now qemu-guest-agent');
+  return warn(id, `qemu-guest-agent is not installed; ${why}`, `${installCmd(f, 'qemu-guest-agent')} && systemctl enable --now qemu-guest-agent`);
+}
+
+// --- DHCP probe ------------------------------------------------------------------
+
+export function checkDhcpProbe(f: Facts): CheckResult | undefined {
+  const d = f.dhcpProbe;
+  if (!d) return undefined;
+  const id = 'dhcp-probe';
+  const how = `DISCOVER from ${d.mac || 'a throwaway MAC'} on a temporary macvlan of ${d.interface}; no REQUEST sent, no lease taken`;
+  if (d.status === 'offer') return pass(id, `OFFER of ${d.offeredIp} from ${d.serverId ?? 'a server'} in ${d.ms} ms (${how})`);
+  if (d.status === 'error') {
+    return fail(id, `the probe could not run: ${d.error ?? 'unknown error'}`, 'fix the checks above (macvlan, capabilities, interface) and probe again');
+  }
+  const detail = `no offer within ${d.timeoutSeconds} s (${how})`;
+  const remedy = `make sure the VM network of ${d.interface} has a DHCP server with free addresses, or use ipam: pool`;
+  return f.config.status === 'ok' && f.config.dhcpServices.length === 0 ? warn(id, `${detail}; no service uses ipam dhcp now`, remedy) : fail(id, detail, remedy);
+}
+
+/** Every check, in report order. */
+export function runChecks(f: Facts): CheckResult[] {
+  const out = [
+    checkConfig(f),
+    checkStateDir(f),
+    checkCapabilities(f),
+    checkMacvlan(f),
+    checkInterface(f),
+    checkPools(f),
+    checkArpSysctls(f),
+    checkRpFilter(f),
+    checkIpForward(f),
+    checkDataplane(f),
+    checkGuestAgent(f),
+  ];
+  const dhcp = checkDhcpProbe(f);
+  if (dhcp) out.push(dhcp);
+  return out;
+}

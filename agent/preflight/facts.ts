@@ -1,0 +1,535 @@
+// Preflight, I/O layer: gathers everything `lb-agent check` judges into ONE
+// plain, JSON-serialisable Facts object. Nothing here decides pass or fail
+// (checks.ts does, as pure functions of Facts), so every failure can be
+// replayed from a fixture. Gathering is concurrent and every subprocess is
+// bounded by a timeout: the whole preflight must stay under a second.
+//
+// Nothing on the VM changes: the macvlan and nftables probes run in a
+// throwaway network namespace (`unshare --net`) that dies with the probe
+// process. The only exception is `modprobe macvlan`, attempted when a macvlan
+// could not be created and the module is not loaded: loading the driver the
+// agent needs anyway is the point of the diagnosis.
+import { execFile } from 'node:child_process';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import * as zlib from 'node:zlib';
+import { loadConfigFile, formatConfigErrors } from '../config/load';
+import { DEFAULTS } from '../config/defaults';
+import type { DataplaneMode, Desired } from '../config/types';
+import { formatIPv4 } from '../ipv4';
+import { sysctlIfName } from './checks';
+
+export { sysctlIfName };
+
+export const FACTS_SCHEMA = 1;
+
+/** Outcome of something the gatherer tried (a probe, a command). */
+export interface Attempt {
+  status: 'ok' | 'failed' | 'not-run';
+  /** What the machine said when it failed, or why it did not run. */
+  error?: string;
+  ms?: number;
+}
+
+export interface ConfigFacts {
+  path: string;
+  status: 'ok' | 'missing' | 'invalid';
+  /** Loader errors, one line each ("file:line: path: message"). */
+  errors: string[];
+  /** What the checks need from the config; the defaults when it did not load. */
+  interface: string | undefined;
+  dataplane: DataplaneMode;
+  stateDir: string;
+  pools: { key: string; ranges: { text: string; first: string; last: string }[] }[];
+  /** Every service port the data plane will serve ("ns/name"). */
+  ports: { service: string; port: number; protocol: 'TCP' | 'UDP' }[];
+  /** Services that take their VIP by DHCP on a macvlan of their own. */
+  dhcpServices: string[];
+  services: number;
+}
+
+export interface MacvlanFacts {
+  /** The definitive test: create a macvlan (mode bridge) in a throwaway namespace. */
+  create: Attempt & { parent?: 'veth' | 'loopback' };
+  /** /proc/modules: absent on kernels built without module support. */
+  procModules: 'absent' | 'loaded' | 'not-loaded';
+  /** /sys/module/macvlan exists (a loaded module, or a built-in with parameters). */
+  sysModule: boolean;
+  /** /lib/modules/$(uname -r) exists. */
+  modulesDir: boolean;
+  /** Listed in modules.builtin; undefined when the file is unreadable. */
+  builtin: boolean | undefined;
+  /** Listed in modules.dep (the .ko is installed); undefined when unreadable. */
+  modulesDep: boolean | undefined;
+  /** CONFIG_MACVLAN from /boot/config-$(uname -r) or /proc/config.gz. */
+  kernelConfig: 'y' | 'm' | 'n' | undefined;
+  /** `modprobe macvlan`, tried only when creation failed and the module is not loaded. */
+  modprobe: Attempt;
+  /** The create test again, after a successful modprobe. */
+  retry: Attempt;
+  /** Kernel packages installed (gathered only when creation failed). */
+  packages: { manager: 'rpm' | 'dpkg' | 'none'; installed: { name: string; version: string }[] };
+}
+
+export interface ParentFacts {
+  name: string | undefined;
+  source: 'config' | 'default-route' | 'none';
+  exists: boolean;
+  operstate: string | undefined;
+  /** undefined when unreadable (the kernel refuses to read carrier of a down link). */
+  carrier: boolean | undefined;
+  /** IFF_* flags from /sys/class/net/<if>/flags. */
+  flags: number | undefined;
+  /** IPv4 addresses with prefix, "10.0.0.5/24". */
+  addresses: string[];
+  /** Every interface present except lo, to suggest one. */
+  available: string[];
+}
+
+export interface StateDirFacts {
+  path: string;
+  exists: boolean;
+  isDirectory: boolean;
+  writable: boolean;
+  /** When it does not exist: the nearest existing ancestor, and whether it is writable. */
+  ancestor: string | undefined;
+  ancestorWritable: boolean;
+  error: string | undefined;
+}
+
+export interface DhcpProbeFacts {
+  status: 'offer' | 'no-offer' | 'error';
+  interface: string;
+  mac: string;
+  timeoutSeconds: number;
+  ms: number;
+  offeredIp?: string;
+  serverId?: string;
+  error?: string;
+}
+
+export interface Facts {
+  schema: number;
+  /** arch is Node's process.arch (x64, arm64, ...). */
+  host: { kernelRelease: string; arch: string; osId: string; osIdLike: string[]; osName: string; uid: number };
+  config: ConfigFacts;
+  stateDir: StateDirFacts;
+  /** CapEff from /proc/self/status, hex as written there. */
+  caps: { effective: string | undefined };
+  macvlan: MacvlanFacts;
+  parent: ParentFacts;
+  /** sysctl name (sysctl(8) spelling) -> value; absent when unreadable. */
+  sysctls: Record<string, string>;
+  nft: { binary: string | undefined; probe: Attempt };
+  guestAgent: { binary: string | undefined; running: boolean };
+  dhcpProbe?: DhcpProbeFacts;
+}
+
+// ---------------------------------------------------------------------------
+// Pure parsers of what the machine says (unit-tested in facts.test.ts).
+
+/** The default route's interface from /proc/net/route (lowest metric, RTF_UP). */
+export function parseDefaultRoute(text: string): string | undefined {
+  let best: { ifname: string; metric: number } | undefined;
+  for (const line of text.split('\n').slice(1)) {
+    const f = line.trim().split(/\s+/);
+    if (f.length < 8) continue;
+    const [ifname, dest, , flags, , , metric, mask] = f as [string, string, string, string, string, string, string, string];
+    // RTF_UP = 0x0001 (linux/route.h)
+    if (dest !== '00000000' || mask !== '00000000' || (parseInt(flags, 16) & 1) === 0) continue;
+    const m = Number(metric);
+    if (!best || m < best.metric) best = { ifname, metric: m };
+  }
+  return best?.ifname;
+}
+
+/** CapEff from /proc/<pid>/status. */
+export function parseCapEff(status: string): string | undefined {
+  return /^CapEff:\s*([0-9a-fA-F]+)\s*$/m.exec(status)?.[1];
+}
+
+/** /etc/os-release KEY=value (quoted or not). */
+export function parseOsRelease(text: string): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const line of text.split('\n')) {
+    const m = /^([A-Z0-9_]+)=(.*)$/.exec(line.trim());
+    if (!m) continue;
+    let v = m[2]!;
+    if ((v.startsWith('"') && v.endsWith('"')) || (v.startsWith("'") && v.endsWith("'"))) v = v.slice(1, -1);
+    out[m[1]!] = v.replace(/\\(.)/g, '$1');
+  }
+  return out;
+}
+
+/** Is `name` a line of /proc/modules? */
+export function procModulesHas(text: string, name: string): boolean {
+  return text.split('\n').some((l) => l.split(' ', 1)[0] === name);
+}
+
+/** Does modules.builtin / modules.dep list the module? (".ko", ".ko.xz", ".ko.zst", ".ko.gz") */
+export function moduleListHas(text: string, name: string): boolean {
+  const re = new RegExp(`(^|/)${name.replace(/[-_]/g, '[-_]')}\\.ko(\\.[a-z0-9]+)?(:|$)`);
+  return text.split('\n').some((l) => re.test(l.split(/\s/, 1)[0] ?? ''));
+}
+
+/** CONFIG_<sym> from a kernel .config text. */
+export function kernelConfigValue(text: string, sym: string): 'y' | 'm' | 'n' | undefined {
+  for (const line of text.split('\n')) {
+    if (line.startsWith(`CONFIG_${sym}=`)) {
+      const v = line.slice(`CONFIG_${sym}=`.length).trim();
+      return v === 'y' || v === 'm' ? v : 'n';
+    }
+    if (line.trim() === `# CONFIG_${sym} is not set`) return 'n';
+  }
+  return undefined;
+}
+
+/** `rpm -q --qf '%{NAME}\t%{VERSION}-%{RELEASE}\n' a b` (lines of missing packages ignored). */
+export function parseRpmQuery(text: string): { name: string; version: string }[] {
+  return text.split('\n').map((l) => l.split('\t')).filter((f) => f.length === 2 && f[0] && !f[0].includes(' '))
+    .map(([name, version]) => ({ name: name!, version: version!.trim() }));
+}
+
+/** `dpkg-query -W -f '${Package}\t${Version}\t${db:Status-Abbrev}\n' ...`: installed ("ii") only. */
+export function parseDpkgQuery(text: string): { name: string; version: string }[] {
+  return text.split('\n').map((l) => l.split('\t'))
+    .filter((f) => f.length >= 3 && f[2]!.trim().startsWith('ii'))
+    .map(([name, version]) => ({ name: name!, version: version! }));
+}
+
+/** IPv4 addresses of `ip -j -4 addr show dev X`. */
+export function parseIpJsonAddrs(json: string): string[] {
+  try {
+    const links = JSON.parse(json) as { addr_info?: { family?: string; local?: string; prefixlen?: number }[] }[];
+    return links.flatMap((l) => (l.addr_info ?? []).filter((a) => a.family === 'inet' && a.local)
+      .map((a) => `${a.local}/${a.prefixlen ?? 32}`));
+  } catch {
+    return [];
+  }
+}
+
+
+/** What the checks need from a validated config. */
+export function configSummary(path_: string, config: Desired): ConfigFacts {
+  const byKey = new Map(config.services.map((s) => [s.key, s]));
+  return {
+    path: path_,
+    status: 'ok',
+    errors: [],
+    interface: config.node.interface,
+    dataplane: config.dataplane,
+    stateDir: config.stateDir,
+    pools: config.pools.map((p) => ({
+      key: p.key,
+      ranges: p.ranges.map((r) => ({ text: r.text, first: formatIPv4(r.start), last: formatIPv4(r.end) })),
+    })),
+    ports: config.services.flatMap((s) => s.ports.map((p) => ({ service: s.key, port: p.port, protocol: p.protocol }))),
+    // A secondary rides its primary's VIP: only primaries create macvlans.
+    dhcpServices: config.services.filter((s) => s.ipam === 'dhcp' && (s.primaryService === undefined || !byKey.has(s.primaryService)))
+      .map((s) => s.key),
+    services: config.services.length,
+  };
+}
+
+function defaultConfigFacts(path_: string, status: 'missing' | 'invalid', errors: string[]): ConfigFacts {
+  return {
+    path: path_, status, errors,
+    interface: undefined,
+    dataplane: DEFAULTS.dataplane,
+    stateDir: DEFAULTS.stateDir,
+    pools: [], ports: [], dhcpServices: [], services: 0,
+  };
+}
+
+// ---------------------------------------------------------------------------
+// I/O.
+
+interface RunResult { code: number | null; stdout: string; stderr: string; error?: string; ms: number }
+
+const SEARCH_PATH = ['/usr/local/sbin', '/usr/local/bin', '/usr/sbin', '/usr/bin', '/sbin', '/bin'];
+
+/** Where a binary lives (PATH first, then the sbin directories cloud-init's PATH may lack). */
+export function findBinary(name: string, envPath = process.env.PATH ?? ''): string | undefined {
+  const dirs = [...envPath.split(':').filter(Boolean), ...SEARCH_PATH];
+  for (const d of dirs) {
+    const p = path.join(d, name);
+    try { fs.accessSync(p, fs.constants.X_OK); if (fs.statSync(p).isFile()) return p; } catch { /* next */ }
+  }
+  return undefined;
+}
+
+function run(cmd: string, args: string[], opts: { input?: string; timeoutMs?: number } = {}): Promise<RunResult> {
+  const t0 = performance.now();
+  return new Promise((resolve) => {
+    const child = execFile(cmd, args, { timeout: opts.timeoutMs ?? 5000, maxBuffer: 16 << 20, env: { ...process.env, LC_ALL: 'C' } },
+      (err, stdout, stderr) => {
+        const ms = Math.round(performance.now() - t0);
+        if (!err) return resolve({ code: 0, stdout, stderr, ms });
+        const e = err as NodeJS.ErrnoException & { code?: unknown; killed?: boolean };
+        const code = typeof e.code === 'number' ? e.code : null;
+        const why = e.killed ? `timed out after ${opts.timeoutMs ?? 5000} ms` : typeof e.code === 'string' ? `${e.code}: ${e.message}` : undefined;
+        resolve({ code, stdout, stderr, ms, ...(why !== undefined ? { error: why } : {}) });
+      });
+    child.stdin?.on('error', () => { /* the child may exit before reading */ });
+    child.stdin?.end(opts.input ?? '');
+  });
+}
+
+/** The last meaningful line of a command's complaint. */
+function complaint(r: RunResult): string {
+  const lines = `${r.stderr}\n${r.stdout}`.split('\n').map((l) => l.trim()).filter((l) => l && !/^Command failed/.test(l));
+  return lines.join('; ') || r.error || `exit ${r.code}`;
+}
+
+async function readText(p: string): Promise<string | undefined> {
+  try { return await fs.promises.readFile(p, 'utf8'); } catch { return undefined; }
+}
+
+async function exists(p: string): Promise<boolean> {
+  try { await fs.promises.access(p); return true; } catch { return false; }
+}
+
+async function readKernelConfig(release: string): Promise<string | undefined> {
+  const boot = await readText(`/boot/config-${release}`);
+  if (boot !== undefined) return boot;
+  try { return zlib.gunzipSync(await fs.promises.readFile('/proc/config.gz')).toString('utf8'); } catch { return undefined; }
+}
+
+const PROBE_LINK = 'lbchk';
+
+/** Create a veth and a macvlan on it inside a namespace of its own; the namespace dies with `ip`. */
+async function macvlanCreateTest(unshare: string | undefined, ip: string | undefined): Promise<MacvlanFacts['create']> {
+  if (!unshare || !ip) return { status: 'not-run', error: `${!unshare ? 'unshare' : 'ip'} not found` };
+  const batch = [
+    `link add name ${PROBE_LINK}0 type veth peer name ${PROBE_LINK}1`,
+    `link add link ${PROBE_LINK}0 name ${PROBE_LINK}2 type macvlan mode bridge`,
+  ].join('\n');
+  const r = await run(unshare, ['--net', ip, '-batch', '-'], { input: `${batch}\n` });
+  if (r.code === 0) return { status: 'ok', ms: r.ms, parent: 'veth' };
+  const err = complaint(r);
+  // A kernel without veth cannot host the usual test. The kernel still tells
+  // whether it knows the macvlan type: on a loopback parent, a present driver
+  // refuses with EINVAL (macvlan_port_create wants an Ethernet parent), a
+  // missing one with "Unknown device type" / EOPNOTSUPP before that.
+  if (/Command failed -:1\b/.test(r.stderr) && !/not permitted/i.test(err)) {
+    const lo = await run(unshare, ['--net', ip, 'link', 'add', 'link', 'lo', 'name', `${PROBE_LINK}2`, 'type', 'macvlan', 'mode', 'bridge']);
+    const loErr = complaint(lo);
+    if (/Invalid argument/i.test(loErr)) return { status: 'ok', ms: r.ms + lo.ms, parent: 'loopback' };
+    return { status: 'failed', error: loErr, ms: r.ms + lo.ms, parent: 'loopback' };
+  }
+  return { status: 'failed', error: err, ms: r.ms, parent: 'veth' };
+}
+
+/** What the kernel dataplane needs from nftables: a nat table, dnat through a numgen map, masquerade. */
+export const NFT_PROBE_RULESET = `table ip lbchk {
+  chain pre { type nat hook prerouting priority dstnat; policy accept; tcp dport 80 dnat to numgen random mod 2 map { 0 : 192.0.2.1, 1 : 192.0.2.2 }; }
+  chain post { type nat hook postrouting priority srcnat; policy accept; ip daddr 192.0.2.0/24 masquerade; }
+}
+`;
+
+async function nftProbe(unshare: string | undefined, nft: string | undefined): Promise<Attempt> {
+  if (!nft) return { status: 'not-run', error: 'nft not found' };
+  if (!unshare) return { status: 'not-run', error: 'unshare not found' };
+  const r = await run(unshare, ['--net', nft, '-f', '-'], { input: NFT_PROBE_RULESET });
+  return r.code === 0 ? { status: 'ok', ms: r.ms } : { status: 'failed', error: complaint(r), ms: r.ms };
+}
+
+async function kernelPackages(): Promise<MacvlanFacts['packages']> {
+  const rpm = findBinary('rpm');
+  const dpkg = findBinary('dpkg-query');
+  if (dpkg) {
+    const r = await run(dpkg, ['-W', '-f', '${Package}\t${Version}\t${db:Status-Abbrev}\n', 'linux-image-*', 'linux-modules-*']);
+    const installed = parseDpkgQuery(r.stdout);
+    if (installed.length > 0 || !rpm) return { manager: 'dpkg', installed };
+  }
+  if (rpm) {
+    const r = await run(rpm, ['-q', '--qf', '%{NAME}\t%{VERSION}-%{RELEASE}\n', 'kernel-default', 'kernel-default-base', 'kernel-default-extra']);
+    return { manager: 'rpm', installed: parseRpmQuery(r.stdout) };
+  }
+  return { manager: 'none', installed: [] };
+}
+
+async function gatherMacvlan(release: string, unshare: string | undefined, ip: string | undefined): Promise<MacvlanFacts> {
+  const modDir = `/lib/modules/${release}`;
+  const [create, procModules, sysModule, modulesDir, builtinText, depText, configText] = await Promise.all([
+    macvlanCreateTest(unshare, ip),
+    readText('/proc/modules'),
+    exists('/sys/module/macvlan'),
+    exists(modDir),
+    readText(`${modDir}/modules.builtin`),
+    readText(`${modDir}/modules.dep`),
+    readKernelConfig(release),
+  ]);
+  const facts: MacvlanFacts = {
+    create,
+    procModules: procModules === undefined ? 'absent' : procModulesHas(procModules, 'macvlan') ? 'loaded' : 'not-loaded',
+    sysModule,
+    modulesDir,
+    builtin: builtinText === undefined ? undefined : moduleListHas(builtinText, 'macvlan'),
+    modulesDep: depText === undefined ? undefined : moduleListHas(depText, 'macvlan'),
+    kernelConfig: configText === undefined ? undefined : kernelConfigValue(configText, 'MACVLAN'),
+    modprobe: { status: 'not-run' },
+    retry: { status: 'not-run' },
+    packages: { manager: 'none', installed: [] },
+  };
+  if (create.status === 'ok') return facts;
+  // Diagnosis, only on failure: keeps the good path fast. Without the
+  // privilege to create links, modprobe (CAP_SYS_MODULE) would not tell more.
+  const loaded = facts.procModules === 'loaded' || facts.sysModule;
+  const unprivileged = /not permitted|Permission denied/i.test(create.error ?? '');
+  const modprobe = findBinary('modprobe');
+  const skip = loaded ? 'already loaded' : unprivileged ? 'not privileged' : !modprobe ? 'modprobe not found' : undefined;
+  const [mp, packages] = await Promise.all([
+    skip === undefined ? run(modprobe!, ['macvlan']) : Promise.resolve(undefined),
+    kernelPackages(),
+  ]);
+  facts.packages = packages;
+  if (mp) {
+    facts.modprobe = mp.code === 0 ? { status: 'ok', ms: mp.ms } : { status: 'failed', error: complaint(mp), ms: mp.ms };
+    if (mp.code === 0) facts.retry = await macvlanCreateTest(unshare, ip);
+  } else {
+    facts.modprobe = { status: 'not-run', error: skip ?? 'not run' };
+  }
+  return facts;
+}
+
+async function gatherParent(name: string | undefined, source: ParentFacts['source'], ip: string | undefined): Promise<ParentFacts> {
+  let available: string[] = [];
+  try { available = (await fs.promises.readdir('/sys/class/net')).filter((n) => n !== 'lo').sort(); } catch { /* no sysfs */ }
+  const base: ParentFacts = { name, source, exists: false, operstate: undefined, carrier: undefined, flags: undefined, addresses: [], available };
+  if (!name || name.includes('/')) return base;
+  const dir = `/sys/class/net/${name}`;
+  if (!(await exists(dir))) return base;
+  const [operstate, carrier, flags, addrs] = await Promise.all([
+    readText(`${dir}/operstate`),
+    readText(`${dir}/carrier`),
+    readText(`${dir}/flags`),
+    ip ? run(ip, ['-j', '-4', 'addr', 'show', 'dev', name]) : Promise.resolve(undefined),
+  ]);
+  return {
+    ...base,
+    exists: true,
+    operstate: operstate?.trim(),
+    carrier: carrier === undefined ? undefined : carrier.trim() === '1',
+    flags: flags === undefined ? undefined : parseInt(flags.trim(), 16),
+    addresses: addrs ? parseIpJsonAddrs(addrs.stdout) : [],
+  };
+}
+
+async function gatherSysctls(parent: string | undefined): Promise<Record<string, string>> {
+  const names = ['net.ipv4.ip_forward'];
+  for (const scope of ['all', 'default', ...(parent ? [sysctlIfName(parent)] : [])]) {
+    for (const key of ['arp_ignore', 'arp_announce', 'rp_filter']) names.push(`net.ipv4.conf.${scope}.${key}`);
+  }
+  // sysctl(8) spelling to /proc/sys: dots are separators, slashes were dots.
+  const values = await Promise.all(names.map((n) => readText(`/proc/sys/${n.split('.').map((s) => s.replace(/\//g, '.')).join('/')}`)));
+  const out: Record<string, string> = {};
+  names.forEach((n, i) => { if (values[i] !== undefined) out[n] = values[i]!.trim(); });
+  return out;
+}
+
+async function gatherStateDir(dir: string): Promise<StateDirFacts> {
+  const f: StateDirFacts = { path: dir, exists: false, isDirectory: false, writable: false, ancestor: undefined, ancestorWritable: false, error: undefined };
+  try {
+    const st = await fs.promises.stat(dir);
+    f.exists = true;
+    f.isDirectory = st.isDirectory();
+    await fs.promises.access(dir, fs.constants.W_OK | fs.constants.X_OK);
+    f.writable = f.isDirectory;
+    return f;
+  } catch (e) {
+    const err = e as NodeJS.ErrnoException;
+    if (f.exists) { f.error = `${err.code ?? ''} ${err.message}`.trim(); return f; }
+  }
+  // Not there yet: the daemon creates it, so the question is whether it can.
+  let up = path.dirname(path.resolve(dir));
+  for (let i = 0; i < 64; i++) {
+    try {
+      const st = await fs.promises.stat(up);
+      f.ancestor = up;
+      if (!st.isDirectory()) { f.error = `${up} is not a directory`; return f; }
+      try { await fs.promises.access(up, fs.constants.W_OK | fs.constants.X_OK); f.ancestorWritable = true; } catch (e) {
+        f.error = `${(e as NodeJS.ErrnoException).code ?? ''} ${(e as Error).message}`.trim();
+      }
+      return f;
+    } catch { /* keep climbing */ }
+    const next = path.dirname(up);
+    if (next === up) break;
+    up = next;
+  }
+  return f;
+}
+
+async function guestAgentRunning(): Promise<boolean> {
+  let pids: string[];
+  try { pids = (await fs.promises.readdir('/proc')).filter((n) => /^\d+$/.test(n)); } catch { return false; }
+  const comms = await Promise.all(pids.map((p) => readText(`/proc/${p}/comm`)));
+  return comms.some((c) => c?.trim() === 'qemu-ga');
+}
+
+function loadConfigFacts(configPath: string): ConfigFacts {
+  if (!fs.existsSync(configPath)) return defaultConfigFacts(configPath, 'missing', [`${configPath}: no such file`]);
+  const res = loadConfigFile(configPath);
+  if (res.ok) return configSummary(configPath, res.config);
+  return defaultConfigFacts(configPath, 'invalid', formatConfigErrors(res.errors, configPath).split('\n').filter(Boolean));
+}
+
+export interface GatherOptions {
+  configPath: string;
+  /** Run the DHCP probe (sends a DISCOVER on the parent's LAN). */
+  dhcpProbe?: (parent: string) => Promise<DhcpProbeFacts>;
+}
+
+/** Gather every fact the checks judge, concurrently. */
+export async function gatherFacts(opts: GatherOptions): Promise<Facts> {
+  const release = ((await readText('/proc/sys/kernel/osrelease')) ?? '').trim();
+  const unshare = findBinary('unshare');
+  const ip = findBinary('ip');
+  const nft = findBinary('nft');
+
+  const macvlanP = gatherMacvlan(release, unshare, ip);
+  const nftP = nftProbe(unshare, nft);
+  const osP = readText('/etc/os-release').then((t) => parseOsRelease(t ?? ''));
+  const capsP = readText('/proc/self/status').then((t) => (t === undefined ? undefined : parseCapEff(t)));
+  const qgaBin = findBinary('qemu-ga');
+  const qgaP = guestAgentRunning();
+  const routeP = readText('/proc/net/route').then((t) => (t === undefined ? undefined : parseDefaultRoute(t)));
+
+  const config = loadConfigFacts(opts.configPath);
+  const defaultRoute = await routeP;
+  const parentName = config.interface ?? defaultRoute;
+  const source: ParentFacts['source'] = config.interface ? 'config' : defaultRoute ? 'default-route' : 'none';
+
+  const [parent, sysctls, stateDir, macvlan, nftProbeRes, os, caps, qgaRunning] = await Promise.all([
+    gatherParent(parentName, source, ip),
+    gatherSysctls(parentName),
+    gatherStateDir(config.stateDir),
+    macvlanP, nftP, osP, capsP, qgaP,
+  ]);
+
+  const facts: Facts = {
+    schema: FACTS_SCHEMA,
+    host: {
+      kernelRelease: release,
+      arch: process.arch,
+      osId: os.ID ?? '',
+      osIdLike: (os.ID_LIKE ?? '').split(/\s+/).filter(Boolean),
+      osName: os.PRETTY_NAME ?? os.NAME ?? '',
+      uid: process.getuid?.() ?? -1,
+    },
+    config,
+    stateDir,
+    caps: { effective: caps },
+    macvlan,
+    parent,
+    sysctls,
+    nft: { binary: nft, probe: nftProbeRes },
+    guestAgent: { binary: qgaBin, running: qgaRunning },
+  };
+  if (opts.dhcpProbe) {
+    facts.dhcpProbe = parent.exists && parentName
+      ? await opts.dhcpProbe(parentName)
+      : { status: 'error', interface: parentName ?? '', mac: '', timeoutSeconds: 0, ms: 0, error: 'no parent interface to probe on' };
+  }
+  return facts;
+}

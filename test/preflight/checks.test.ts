@@ -1,0 +1,327 @@
+// Preflight checks, replayed from recorded Facts (test/preflight/fixtures):
+// one fixture per way a VM can stop lb-agent, asserting the status a user
+// sees and that the remedy names the fix.
+import t from 'tap';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import type { Facts } from '../../agent/preflight/facts';
+import {
+  runChecks, checkMacvlan, checkCapabilities, checkInterface, checkArpSysctls, checkRpFilter, checkIpForward,
+  checkConfig, checkDataplane, checkPools, checkStateDir, checkGuestAgent, checkDhcpProbe, classifyRefusal,
+  effectiveDataplane, osFamily, type CheckResult,
+} from '../../agent/preflight/checks';
+
+const FIX = path.resolve(__dirname, '..', '..', '..', 'test', 'preflight', 'fixtures');
+
+function fixture(name: string): Facts {
+  return JSON.parse(fs.readFileSync(path.join(FIX, `${name}.json`), 'utf8')) as Facts;
+}
+
+/** A fixture with a change applied (for variants of one machine). */
+function variant(name: string, edit: (f: Facts) => void): Facts {
+  const f = fixture(name);
+  edit(f);
+  return f;
+}
+
+function byId(results: CheckResult[], id: string): CheckResult {
+  const r = results.find((x) => x.id === id);
+  if (!r) throw new Error(`no check ${id}`);
+  return r;
+}
+
+t.test('every fixture parses and yields one result per check, remedies exactly on non-passes', async (t) => {
+  const files = fs.readdirSync(FIX).filter((f) => f.endsWith('.json'));
+  t.ok(files.length >= 15, `fixtures present (${files.length})`);
+  for (const file of files) {
+    const results = runChecks(fixture(file.replace(/\.json$/, '')));
+    const ids = results.map((r) => r.id);
+    t.same(ids.slice(0, 11), ['config', 'state-dir', 'capabilities', 'macvlan', 'interface', 'pools', 'arp-sysctls', 'rp-filter', 'ip-forward', 'dataplane', 'guest-agent'], file);
+    for (const r of results) {
+      t.ok(r.detail.length > 0, `${file} ${r.id} has a detail`);
+      if (r.status === 'pass') t.equal(r.remedy, undefined, `${file} ${r.id}: no remedy on a pass`);
+      else t.ok(r.remedy && r.remedy.length > 0, `${file} ${r.id}: a remedy on ${r.status}`);
+    }
+  }
+});
+
+t.test('a healthy VM passes everything', async (t) => {
+  const results = runChecks(fixture('healthy'));
+  t.same(results.filter((r) => r.status !== 'pass'), []);
+  t.match(byId(results, 'macvlan').detail, /created and deleted a macvlan/);
+  t.match(byId(results, 'macvlan').detail, /module loaded/);
+});
+
+t.test('macvlan: SLES with kernel-default-base fails and names kernel-default', async (t) => {
+  const r = checkMacvlan(fixture('sles-kernel-default-base'));
+  t.equal(r.status, 'fail');
+  t.equal(r.remedy, 'install kernel-default (zypper in kernel-default) and reboot');
+  t.match(r.detail, /Unknown device type/);
+  t.match(r.detail, /kernel-default-base 5\.14\.21/);
+  t.match(r.detail, /Module macvlan not found in directory \/lib\/modules\/5\.14\.21-150500\.55\.19-default/);
+  t.match(r.detail, /modules\.dep: not listed/);
+  t.match(r.detail, /Pending/, 'says what the user would otherwise see');
+});
+
+t.test('macvlan: kernel-default installed but not booted: reboot', async (t) => {
+  const r = checkMacvlan(fixture('sles-kernel-default-not-rebooted'));
+  t.equal(r.status, 'fail');
+  t.match(r.remedy, /^reboot into the installed kernel-default/);
+  t.match(r.detail, /no \/lib\/modules\/5\.14\.21-150500\.55\.19-default/);
+});
+
+t.test('macvlan: a built-in driver is in no module list and passes', async (t) => {
+  const r = checkMacvlan(fixture('builtin-no-modules'));
+  t.equal(r.status, 'pass');
+  t.match(r.detail, /built into the kernel \(listed in no module list\)/);
+  const withConfig = checkMacvlan(variant('builtin-no-modules', (f) => { f.macvlan.kernelConfig = 'y'; }));
+  t.match(withConfig.detail, /CONFIG_MACVLAN=y/);
+  const withBuiltin = checkMacvlan(variant('builtin-no-modules', (f) => { f.macvlan.modulesDir = true; f.macvlan.builtin = true; }));
+  t.match(withBuiltin.detail, /modules\.builtin/);
+});
+
+t.test('macvlan: loadable but not loaded, and not loaded on demand: warn, load at boot', async (t) => {
+  const r = checkMacvlan(fixture('loadable-not-loaded'));
+  t.equal(r.status, 'warn');
+  t.match(r.detail, /until modprobe macvlan loaded the module/);
+  t.match(r.remedy, /\/etc\/modules-load\.d\/lb-agent\.conf/);
+});
+
+t.test('macvlan: Ubuntu without linux-modules-extra names the package for the running kernel', async (t) => {
+  const r = checkMacvlan(fixture('ubuntu-no-modules-extra'));
+  t.equal(r.status, 'fail');
+  t.match(r.remedy, /apt-get install linux-modules-extra-5\.15\.0-91-generic/);
+  const kvm = checkMacvlan(variant('ubuntu-no-modules-extra', (f) => {
+    f.host.kernelRelease = '5.15.0-1050-kvm';
+    for (const p of f.macvlan.packages.installed) p.name = p.name.replace('5.15.0-91-generic', '5.15.0-1050-kvm');
+  }));
+  t.match(kvm.detail, /-kvm flavour/);
+  t.match(kvm.remedy, /linux-image-virtual/);
+  const gone = checkMacvlan(variant('ubuntu-no-modules-extra', (f) => { f.macvlan.modulesDir = false; }));
+  t.match(gone.remedy, /reboot/);
+  // generic and aws ship macvlan.ko in the base linux-modules package: that one first.
+  const noBase = checkMacvlan(variant('ubuntu-no-modules-extra', (f) => {
+    f.macvlan.packages.installed = f.macvlan.packages.installed.filter((p) => !p.name.startsWith('linux-modules-'));
+  }));
+  t.equal(noBase.remedy, 'apt-get install linux-modules-5.15.0-91-generic (no reboot needed for the running kernel)');
+  const both = checkMacvlan(variant('ubuntu-no-modules-extra', (f) => {
+    f.macvlan.packages.installed.push({ name: 'linux-modules-extra-5.15.0-91-generic', version: '5.15.0-91.101' });
+  }));
+  t.match(both.remedy, /--reinstall/);
+});
+
+t.test('macvlan: Debian kernel built without CONFIG_MACVLAN names a Debian kernel for this arch', async (t) => {
+  const r = checkMacvlan(fixture('debian-no-config-macvlan'));
+  t.equal(r.status, 'fail');
+  t.match(r.detail, /CONFIG_MACVLAN is not set/);
+  t.match(r.remedy, /linux-image-cloud-amd64/);
+  const arm = checkMacvlan(variant('debian-no-config-macvlan', (f) => { f.host.arch = 'arm64'; }));
+  t.match(arm.remedy, /linux-image-cloud-arm64/);
+  const missingKo = checkMacvlan(variant('debian-no-config-macvlan', (f) => { f.macvlan.kernelConfig = 'm'; }));
+  t.match(missingKo.remedy, /--reinstall linux-image-6\.1\.0-custom/);
+});
+
+t.test('macvlan: no service by DHCP turns the failure into a warning', async (t) => {
+  const r = checkMacvlan(variant('sles-kernel-default-base', (f) => { f.config.dhcpServices = []; }));
+  t.equal(r.status, 'warn');
+  t.equal(r.remedy, 'install kernel-default (zypper in kernel-default) and reboot');
+});
+
+t.test('macvlan: untestable without privileges falls back to the module files', async (t) => {
+  const f = fixture('no-capabilities');
+  const r = checkMacvlan(f);
+  t.equal(r.status, 'pass', 'CONFIG_MACVLAN=y: present');
+  t.match(r.detail, /could not test: RTNETLINK answers: Operation not permitted/);
+  const unknown = checkMacvlan(variant('no-capabilities', (x) => { delete x.macvlan.kernelConfig; }));
+  t.equal(unknown.status, 'warn');
+  const missing = checkMacvlan(variant('sles-kernel-default-base', (x) => { x.macvlan.create = { status: 'failed', error: 'RTNETLINK answers: Operation not permitted' }; }));
+  t.equal(missing.status, 'fail', 'module files prove it missing even when the test could not run');
+  const noTools = checkMacvlan(variant('healthy', (x) => { x.macvlan.create = { status: 'not-run', error: 'unshare not found' }; x.macvlan.procModules = 'not-loaded'; x.macvlan.sysModule = false; }));
+  t.equal(noTools.status, 'warn');
+  t.match(noTools.remedy, /util-linux/);
+});
+
+t.test('macvlan: loopback fallback when the kernel has no veth', async (t) => {
+  const r = checkMacvlan(variant('builtin-no-modules', (f) => { f.macvlan.create = { status: 'ok', ms: 3, parent: 'loopback' }; }));
+  t.equal(r.status, 'pass');
+  t.match(r.detail, /loopback parent/);
+});
+
+t.test('classifyRefusal', async (t) => {
+  t.equal(classifyRefusal('Error: Unknown device type.'), 'unsupported');
+  t.equal(classifyRefusal('RTNETLINK answers: Operation not supported'), 'unsupported');
+  t.equal(classifyRefusal('RTNETLINK answers: Operation not permitted'), 'permission');
+  t.equal(classifyRefusal('unshare: unshare failed: Operation not permitted'), 'permission');
+  t.equal(classifyRefusal('something else'), 'other');
+  t.equal(classifyRefusal(undefined), 'other');
+});
+
+t.test('capabilities: both network capabilities missing are named', async (t) => {
+  const r = checkCapabilities(fixture('no-capabilities'));
+  t.equal(r.status, 'fail');
+  t.match(r.detail, /missing CAP_NET_ADMIN and CAP_NET_RAW/);
+  t.match(r.remedy, /AmbientCapabilities=CAP_NET_ADMIN CAP_NET_RAW/);
+  t.equal(checkCapabilities(fixture('healthy')).status, 'pass');
+  t.equal(checkCapabilities(variant('healthy', (f) => { delete f.caps.effective; })).status, 'warn');
+});
+
+t.test('capabilities: CAP_NET_BIND_SERVICE only when the proxy serves a port below 1024', async (t) => {
+  const r = checkCapabilities(fixture('proxy-no-bind-service'));
+  t.equal(r.status, 'fail');
+  t.match(r.detail, /CAP_NET_BIND_SERVICE/);
+  t.match(r.detail, /port 80\b/);
+  t.notMatch(r.detail, /5432/);
+  // auto with nftables working: the kernel path forwards, nothing to bind.
+  t.equal(checkCapabilities(variant('proxy-no-bind-service', (f) => { f.config.dataplane = 'auto'; })).status, 'pass');
+  // auto without nftables: the proxy binds.
+  t.equal(checkCapabilities(variant('proxy-no-bind-service', (f) => { f.config.dataplane = 'auto'; f.nft.probe = { status: 'failed', error: 'x' }; })).status, 'fail');
+  // only high ports: nothing to bind below 1024.
+  t.equal(checkCapabilities(variant('proxy-no-bind-service', (f) => { f.config.ports = [{ service: 'a/b', port: 8080, protocol: 'TCP' }]; })).status, 'pass');
+});
+
+t.test('interface: missing NIC lists the ones present', async (t) => {
+  const r = checkInterface(fixture('interface-missing'));
+  t.equal(r.status, 'fail');
+  t.match(r.detail, /ens7 \(node\.interface\) does not exist/);
+  t.match(r.remedy, /enp1s0, enp2s0/);
+  const none = checkInterface(variant('interface-missing', (f) => { f.parent = { ...f.parent, source: 'none' }; delete f.parent.name; }));
+  t.match(none.detail, /no default route/);
+});
+
+t.test('interface: no carrier, administratively down, no address', async (t) => {
+  const r = checkInterface(fixture('no-carrier'));
+  t.equal(r.status, 'fail');
+  t.match(r.detail, /no carrier/);
+  t.match(r.remedy, /attached to a VM network/);
+  const down = checkInterface(variant('no-carrier', (f) => { f.parent.flags = 0x1002; }));
+  t.match(down.detail, /is down/);
+  t.match(down.remedy, /ip link set dev eth0 up/);
+  const noAddr = checkInterface(variant('healthy', (f) => { f.parent.addresses = []; }));
+  t.equal(noAddr.status, 'fail');
+  t.match(noAddr.detail, /no IPv4 address/);
+  const unknownOk = checkInterface(variant('healthy', (f) => { f.parent.operstate = 'unknown'; }));
+  t.equal(unknownOk.status, 'pass', 'operstate unknown with carrier is fine (virtual NICs)');
+});
+
+t.test('sysctls: ARP flux and strict rp_filter warn with the exact sysctls', async (t) => {
+  const f = fixture('bad-sysctls');
+  const arp = checkArpSysctls(f);
+  t.equal(arp.status, 'warn');
+  t.match(arp.remedy, /net\.ipv4\.conf\.eth0\.arp_ignore=1/);
+  t.match(arp.remedy, /net\.ipv4\.conf\.eth0\.arp_announce=2/);
+  t.match(arp.remedy, /net\.ipv4\.conf\.default\.arp_ignore=1/);
+  t.match(arp.remedy, /\/etc\/sysctl\.d\/90-lb-agent\.conf/);
+  const rp = checkRpFilter(f);
+  t.equal(rp.status, 'warn');
+  t.match(rp.detail, /strict/);
+  t.match(rp.remedy, /net\.ipv4\.conf\.all\.rp_filter=2/);
+  // all wins: arp_announce=2 in all fixes every interface (the kernel takes the max).
+  const allWins = checkArpSysctls(variant('bad-sysctls', (x) => {
+    x.sysctls['net.ipv4.conf.all.arp_announce'] = '2';
+    x.sysctls['net.ipv4.conf.all.arp_ignore'] = '1';
+  }));
+  t.equal(allWins.status, 'pass');
+  // arp_ignore=8 in all (never answer) cannot be fixed per interface.
+  const eight = checkArpSysctls(variant('healthy', (x) => { x.sysctls['net.ipv4.conf.all.arp_ignore'] = '8'; }));
+  t.equal(eight.status, 'warn');
+  t.match(eight.remedy, /net\.ipv4\.conf\.all\.arp_ignore=1/);
+  // An interface with a dot in its name is spelled with a slash by sysctl(8).
+  const vlan = checkArpSysctls(variant('bad-sysctls', (x) => {
+    x.parent.name = 'eth0.100';
+    x.sysctls['net.ipv4.conf.eth0/100.arp_ignore'] = '0';
+    x.sysctls['net.ipv4.conf.eth0/100.arp_announce'] = '0';
+  }));
+  t.match(vlan.remedy, /net\.ipv4\.conf\.eth0\/100\.arp_ignore=1/);
+  // rp_filter only matters for macvlan VIPs.
+  t.equal(checkRpFilter(variant('bad-sysctls', (x) => { x.config.dhcpServices = []; })).status, 'pass');
+});
+
+t.test('ip_forward: fail for dataplane kernel, warn for auto, irrelevant for the proxy', async (t) => {
+  const auto = checkIpForward(fixture('bad-sysctls'));
+  t.equal(auto.status, 'warn');
+  t.match(auto.remedy, /net\.ipv4\.ip_forward=1/);
+  t.equal(checkIpForward(variant('bad-sysctls', (f) => { f.config.dataplane = 'kernel'; })).status, 'fail');
+  t.equal(checkIpForward(variant('bad-sysctls', (f) => { f.config.dataplane = 'proxy'; })).status, 'pass');
+  t.equal(checkIpForward(fixture('healthy')).status, 'pass');
+});
+
+t.test('config: invalid file fails with every error, and the other checks run on defaults', async (t) => {
+  const f = fixture('invalid-config');
+  const r = checkConfig(f);
+  t.equal(r.status, 'fail');
+  t.match(r.detail, /services\[0\]\.ports\[0\]\.port: must be <= 65535/);
+  t.match(r.detail, /node\.interfce: unknown key/);
+  const results = runChecks(f);
+  t.equal(byId(results, 'interface').status, 'pass', 'default route NIC still checked');
+  t.equal(byId(results, 'pools').detail, 'not checked: the config did not load');
+  const missing = checkConfig(variant('invalid-config', (x) => { x.config.status = 'missing'; }));
+  t.match(missing.detail, /does not exist/);
+  t.match(missing.remedy, /--config PATH/);
+});
+
+t.test('dataplane: nft missing fails for kernel, warns for auto, passes for proxy', async (t) => {
+  const f = fixture('nft-missing');
+  const r = checkDataplane(f);
+  t.equal(r.status, 'fail');
+  t.match(r.detail, /nft not found/);
+  t.match(r.remedy, /apt-get install nftables/);
+  t.match(r.remedy, /dataplane: proxy/);
+  const auto = checkDataplane(variant('nft-missing', (x) => { x.config.dataplane = 'auto'; }));
+  t.equal(auto.status, 'warn');
+  t.match(auto.detail, /userspace proxy will be used/);
+  t.equal(checkDataplane(variant('nft-missing', (x) => { x.config.dataplane = 'proxy'; })).status, 'pass');
+  const refused = checkDataplane(variant('healthy', (x) => { x.config.dataplane = 'kernel'; x.nft.probe = { status: 'failed', error: 'Error: Could not process rule: No such file or directory' }; }));
+  t.equal(refused.status, 'fail');
+  t.match(refused.detail, /Could not process rule/);
+  t.equal(effectiveDataplane(variant('nft-missing', (x) => { x.config.dataplane = 'auto'; })), 'proxy');
+});
+
+t.test('pools outside the parent subnet warn', async (t) => {
+  const r = checkPools(fixture('pools-outside-subnet'));
+  t.equal(r.status, 'warn');
+  t.match(r.detail, /cidr-default: 10\.99\.0\.96\/28/);
+  t.match(r.detail, /range-global: 10\.99\.0\.200-10\.99\.0\.220/);
+  t.match(r.remedy, /192\.168\.50\.0\/24/);
+  t.equal(checkPools(fixture('healthy')).status, 'pass');
+  // A range straddling the subnet's end is outside.
+  const straddle = checkPools(variant('healthy', (f) => { f.config.pools = [{ key: 'range-global', ranges: [{ text: '10.99.0.250-10.99.1.5', first: '10.99.0.250', last: '10.99.1.5' }] }]; }));
+  t.equal(straddle.status, 'warn');
+});
+
+t.test('state dir: read-only fails, creatable passes', async (t) => {
+  const r = checkStateDir(fixture('state-dir-readonly'));
+  t.equal(r.status, 'fail');
+  t.match(r.detail, /EROFS/);
+  const creatable = checkStateDir(variant('healthy', (f) => { f.stateDir = { path: '/var/lib/lb-agent', exists: false, isDirectory: false, writable: false, ancestor: '/var/lib', ancestorWritable: true, error: undefined }; }));
+  t.equal(creatable.status, 'pass');
+  t.match(creatable.detail, /will be created under \/var\/lib/);
+  const file = checkStateDir(variant('healthy', (f) => { f.stateDir.isDirectory = false; }));
+  t.equal(file.status, 'fail');
+});
+
+t.test('guest agent: missing on SLES names zypper; installed but stopped names systemctl', async (t) => {
+  const r = checkGuestAgent(fixture('sles-no-guest-agent'));
+  t.equal(r.status, 'warn');
+  t.equal(r.remedy, 'zypper in qemu-guest-agent && systemctl enable --now qemu-guest-agent');
+  const stopped = checkGuestAgent(variant('healthy', (f) => { f.guestAgent.running = false; }));
+  t.equal(stopped.remedy, 'systemctl enable --now qemu-guest-agent');
+  t.equal(osFamily(fixture('sles-no-guest-agent')), 'suse');
+  t.equal(osFamily(fixture('ubuntu-no-modules-extra')), 'ubuntu');
+  t.equal(osFamily(fixture('healthy')), 'debian');
+});
+
+t.test('DHCP probe: offer passes, no offer fails when services use DHCP', async (t) => {
+  t.equal(checkDhcpProbe(fixture('healthy')), undefined, 'absent unless asked');
+  const offer = checkDhcpProbe(fixture('dhcp-offer'))!;
+  t.equal(offer.status, 'pass');
+  t.match(offer.detail, /OFFER of 10\.99\.0\.123 from 10\.99\.0\.1 in 14 ms/);
+  t.match(offer.detail, /no lease taken/);
+  const none = checkDhcpProbe(fixture('dhcp-no-offer'))!;
+  t.equal(none.status, 'fail');
+  t.match(none.detail, /no offer within 5 s/);
+  t.equal(checkDhcpProbe(variant('dhcp-no-offer', (f) => { f.config.dhcpServices = []; }))!.status, 'warn');
+  const err = checkDhcpProbe(variant('dhcp-no-offer', (f) => { f.dhcpProbe = { status: 'error', interface: 'eth0', mac: '', timeoutSeconds: 5, ms: 2, error: 'cannot create a macvlan on eth0: Error: Unknown device type.' }; }))!;
+  t.equal(err.status, 'fail');
+  t.match(err.detail, /Unknown device type/);
+  t.equal(runChecks(fixture('dhcp-offer')).at(-1)!.id, 'dhcp-probe');
+});

@@ -1,0 +1,99 @@
+// Preflight fact parsers: what /proc, /sys, /lib/modules, rpm and dpkg say,
+// read exactly (the I/O around them is covered by the privileged tests).
+import t from 'tap';
+import {
+  parseDefaultRoute, parseCapEff, parseOsRelease, procModulesHas, moduleListHas, kernelConfigValue,
+  parseRpmQuery, parseDpkgQuery, parseIpJsonAddrs, sysctlIfName, configSummary, findBinary, NFT_PROBE_RULESET,
+} from '../../agent/preflight/facts';
+import { parseConfigText } from '../../agent/config/load';
+
+t.test('default route from /proc/net/route: lowest metric, up, 0/0 only', async (t) => {
+  const text = [
+    'Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT',
+    'eth1\t00000000\t0101A8C0\t0003\t0\t0\t200\t00000000\t0\t0\t0',
+    'eth0\t00000000\t010200C0\t0003\t0\t0\t100\t00000000\t0\t0\t0',
+    'eth0\t000200C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0',
+    'eth2\t00000000\t010200C0\t0002\t0\t0\t0\t00000000\t0\t0\t0',
+  ].join('\n');
+  t.equal(parseDefaultRoute(text), 'eth0', 'eth2 is not RTF_UP; eth0 beats eth1 on metric');
+  t.equal(parseDefaultRoute(text.split('\n').slice(0, 1).join('\n')), undefined);
+  t.equal(parseDefaultRoute(''), undefined);
+});
+
+t.test('CapEff', async (t) => {
+  t.equal(parseCapEff('Name:\tnode\nCapInh:\t0000000000000000\nCapEff:\t000001fffeffffff\nCapBnd:\t000001ffffffffff\n'), '000001fffeffffff');
+  t.equal(parseCapEff('Name: x\n'), undefined);
+});
+
+t.test('os-release', async (t) => {
+  const o = parseOsRelease('NAME="SLES"\nVERSION_ID="15.5"\nID="sles"\nID_LIKE="suse"\nPRETTY_NAME="SUSE Linux Enterprise Server 15 SP5"\n# comment\n');
+  t.equal(o.ID, 'sles');
+  t.equal(o.ID_LIKE, 'suse');
+  t.equal(o.PRETTY_NAME, 'SUSE Linux Enterprise Server 15 SP5');
+  t.equal(parseOsRelease("ID=ubuntu\nID_LIKE=debian\n").ID_LIKE, 'debian');
+});
+
+t.test('module lists: /proc/modules, modules.builtin, modules.dep (compressed too)', async (t) => {
+  t.ok(procModulesHas('macvlan 36864 0 - Live 0x0000000000000000\nveth 40960 0 - Live 0x0\n', 'macvlan'));
+  t.notOk(procModulesHas('macvtap 1 0 - Live 0\n', 'macvlan'));
+  t.ok(moduleListHas('kernel/drivers/net/veth.ko\nkernel/drivers/net/macvlan.ko\n', 'macvlan'));
+  t.ok(moduleListHas('kernel/drivers/net/macvlan.ko.zst: \nkernel/drivers/net/macvtap.ko.zst: kernel/drivers/net/macvlan.ko.zst kernel/drivers/net/tap.ko.zst\n', 'macvlan'));
+  t.ok(moduleListHas('kernel/drivers/net/macvlan.ko.xz:\n', 'macvlan'));
+  t.notOk(moduleListHas('kernel/drivers/net/macvtap.ko.zst: kernel/drivers/net/macvlan.ko.zst\n', 'macvlan'), 'a dependency of another module is not an entry');
+  t.notOk(moduleListHas('kernel/drivers/net/ipvlan/ipvlan.ko:\n', 'macvlan'));
+});
+
+t.test('kernel config', async (t) => {
+  t.equal(kernelConfigValue('CONFIG_MACVTAP=m\nCONFIG_MACVLAN=m\n', 'MACVLAN'), 'm');
+  t.equal(kernelConfigValue('CONFIG_MACVLAN=y\n', 'MACVLAN'), 'y');
+  t.equal(kernelConfigValue('# CONFIG_MACVLAN is not set\n', 'MACVLAN'), 'n');
+  t.equal(kernelConfigValue('CONFIG_VETH=y\n', 'MACVLAN'), undefined);
+});
+
+t.test('rpm and dpkg queries', async (t) => {
+  t.same(parseRpmQuery('package kernel-default is not installed\nkernel-default-base\t5.14.21-150500.55.19.1\npackage kernel-default-extra is not installed\n'),
+    [{ name: 'kernel-default-base', version: '5.14.21-150500.55.19.1' }]);
+  t.same(parseDpkgQuery('linux-image-5.15.0-91-generic\t5.15.0-91.101\tii \nlinux-modules-extra-5.15.0-88-generic\t5.15.0-88.98\trc \nlinux-image-virtual\t5.15.0.91.88\tii \n'),
+    [{ name: 'linux-image-5.15.0-91-generic', version: '5.15.0-91.101' }, { name: 'linux-image-virtual', version: '5.15.0.91.88' }],
+    'removed packages (rc) are not installed');
+});
+
+t.test('ip -j addr', async (t) => {
+  const json = JSON.stringify([{ ifname: 'eth0', addr_info: [{ family: 'inet', local: '10.99.0.2', prefixlen: 24 }, { family: 'inet', local: '10.99.0.9', prefixlen: 32 }, { family: 'inet6', local: 'fe80::1', prefixlen: 64 }] }]);
+  t.same(parseIpJsonAddrs(json), ['10.99.0.2/24', '10.99.0.9/32']);
+  t.same(parseIpJsonAddrs('not json'), []);
+  t.same(parseIpJsonAddrs('[]'), []);
+});
+
+t.test('sysctl spelling of interface names', async (t) => {
+  t.equal(sysctlIfName('eth0'), 'eth0');
+  t.equal(sysctlIfName('eth0.100'), 'eth0/100');
+});
+
+t.test('config summary: what the checks need, secondaries create no macvlan', async (t) => {
+  const r = parseConfigText(`node: { interface: eth1 }
+dataplane: proxy
+stateDir: /srv/lb
+pools: { cidr-default: 10.99.0.96/28 }
+services:
+  - { name: web, ipam: dhcp, ports: [{ port: 80 }], backends: [10.99.0.11] }
+  - { name: web2, primaryService: default/web, ports: [{ port: 443 }], backends: [10.99.0.11] }
+  - { name: db, ports: [{ port: 5432 }], backends: [10.99.0.12] }
+`, 'h');
+  if (!r.ok) { t.fail(JSON.stringify(r.errors)); return; }
+  const s = configSummary('/etc/x.yaml', r.config);
+  t.equal(s.status, 'ok');
+  t.equal(s.interface, 'eth1');
+  t.equal(s.dataplane, 'proxy');
+  t.equal(s.stateDir, '/srv/lb');
+  t.same(s.pools, [{ key: 'cidr-default', ranges: [{ text: '10.99.0.96/28', first: '10.99.0.97', last: '10.99.0.110' }] }]);
+  t.same(s.ports.map((p) => p.port), [80, 443, 5432]);
+  t.same(s.dhcpServices, ['default/web']);
+  t.equal(s.services, 3);
+});
+
+t.test('findBinary searches PATH, then the sbin directories', async (t) => {
+  t.ok(findBinary('sh', ''), 'sh found without PATH');
+  t.equal(findBinary('no-such-binary-lbchk', '/nonexistent'), undefined);
+  t.match(NFT_PROBE_RULESET, /type nat hook prerouting/);
+});
