@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# One-time set-up on a fresh Debian/Ubuntu VM, as root: the Debian packages
+# the agent, its tests, the demo and the benchmarks use, then `npm ci` (which
+# builds the native addon from source) and the TypeScript build.
+# Idempotent: packages already present are not reinstalled.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" != 0 ]; then
+  echo "setup.sh: run as root (it installs Debian packages; the tests create network namespaces)" >&2
+  exit 1
+fi
+
+node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
+if [ "$node_major" -lt 20 ]; then
+  echo "setup.sh: Node.js >= 20 is required (found: $(node --version 2>/dev/null || echo none)); install nodejs 20 from your distribution" >&2
+  exit 1
+fi
+
+# package -> a file it provides (to skip apt when present)
+declare -A pkgs=(
+  [iproute2]=/usr/sbin/ip
+  [nftables]=/usr/sbin/nft
+  [dnsmasq-base]=/usr/sbin/dnsmasq
+  [kea-dhcp4-server]=/usr/sbin/kea-dhcp4
+  [keepalived]=/usr/sbin/keepalived
+  [libcap2-bin]=/usr/sbin/capsh
+  [iputils-ping]=/usr/bin/ping
+  [tcpdump]=/usr/bin/tcpdump
+  [prometheus]=/usr/bin/prometheus
+  [cloud-init]=/usr/bin/cloud-init
+  [systemd]=/usr/bin/systemd-analyze
+  [haproxy]=/usr/sbin/haproxy
+  [nginx-light]=/usr/sbin/nginx
+  [libnginx-mod-stream]=/usr/lib/nginx/modules/ngx_stream_module.so
+  [wrk]=/usr/bin/wrk
+  [iperf3]=/usr/bin/iperf3
+  [busybox]=/usr/bin/busybox
+  [isc-dhcp-client]=/usr/sbin/dhclient
+  [make]=/usr/bin/make
+  [g++]=/usr/bin/g++
+  [python3]=/usr/bin/python3
+)
+missing=()
+for p in "${!pkgs[@]}"; do
+  [ -e "${pkgs[$p]}" ] || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup.sh: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  # Services some of these packages start on install (nginx, haproxy,
+  # prometheus, keepalived) are not wanted: the tests start their own.
+  printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+  trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+npm ci --no-audit --no-fund
+npm run build

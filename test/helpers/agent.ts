@@ -1,0 +1,94 @@
+// Drive the real agent binary (dist/agent/cli/main.js) inside a lab
+// namespace: write its config, start it, read its JSON logs, ask its control
+// socket, signal it. The control socket and state dir live in the lab's
+// scratch directory, so they vanish with the lab.
+import * as fs from 'node:fs';
+import { ChildProcess } from 'node:child_process';
+import { stringify } from 'yaml';
+import { Lab, waitFor, run } from './netns';
+import { distPath } from './services';
+import { controlRequest } from '../../agent/control/server';
+import type { StatusDocument } from '../../agent/daemon/daemon';
+
+export const AGENT_BIN = distPath('agent', 'cli', 'main.js');
+
+export interface AgentHandle {
+  proc: ChildProcess;
+  ns: string;
+  configPath: string;
+  socket: string;
+  stateDir: string;
+  logs: Record<string, unknown>[];
+  stderr(): string;
+  status(): Promise<StatusDocument>;
+  writeConfig(cfg: Record<string, unknown>): void;
+  signal(sig: NodeJS.Signals): void;
+  /** Resolves with the exit code (or the signal) when the process ends. */
+  exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
+  /** Wait until a log line matches. */
+  waitLog(what: string, pred: (l: Record<string, unknown>) => boolean, timeoutMs?: number): Promise<Record<string, unknown>>;
+}
+
+let counter = 0;
+
+/** Start `lb-agent run` in ns. cfg is the config as an object; control.socket and stateDir are filled in if absent. */
+export async function startAgent(lab: Lab, ns: string, cfg: Record<string, unknown>, opts: { name?: string; waitReady?: boolean; env?: Record<string, string>; logLevel?: string; stateDir?: string } = {}): Promise<AgentHandle> {
+  const name = opts.name ?? `agent${counter++}`;
+  const stateDir = opts.stateDir ?? (cfg.stateDir as string | undefined) ?? lab.file(`${name}-state`);
+  const socket = (cfg.control as { socket?: string } | undefined)?.socket ?? lab.file(`${name}.sock`);
+  const configPath = lab.file(`${name}.yaml`);
+  const full = { ...cfg, stateDir, control: { socket } };
+  fs.writeFileSync(configPath, stringify(full));
+  const proc = lab.spawn(ns, process.execPath, [AGENT_BIN, 'run', '--config', configPath, '--log-level', opts.logLevel ?? 'debug'], { env: { ...process.env, ...(opts.env ?? {}) } });
+  const logs: Record<string, unknown>[] = [];
+  let partial = '';
+  let err = '';
+  proc.stdout?.on('data', (d: Buffer) => {
+    partial += d.toString();
+    let nl: number;
+    while ((nl = partial.indexOf('\n')) >= 0) {
+      const line = partial.slice(0, nl);
+      partial = partial.slice(nl + 1);
+      try { logs.push(JSON.parse(line) as Record<string, unknown>); } catch { logs.push({ raw: line }); }
+    }
+  });
+  proc.stderr?.on('data', (d: Buffer) => { err += d.toString(); });
+  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => {
+    proc.once('exit', (code, signal) => resolve({ code, signal }));
+  });
+  const handle: AgentHandle = {
+    proc, ns, configPath, socket, stateDir, logs,
+    stderr: () => err,
+    status: async () => (await controlRequest(socket, 'status', 3000)) as StatusDocument,
+    writeConfig: (c) => fs.writeFileSync(configPath, stringify({ ...c, stateDir, control: { socket } })),
+    signal: (sig) => { proc.kill(sig); },
+    exited,
+    waitLog: (what, pred, timeoutMs = 15_000) => waitFor(`agent log: ${what}`, () => logs.find(pred), timeoutMs),
+  };
+  if (opts.waitReady !== false) {
+    await waitFor(`agent ${name} to start`, async () => {
+      if (proc.exitCode !== null) throw new Error(`agent exited with ${proc.exitCode}: ${err}\n${logs.map((l) => JSON.stringify(l)).join('\n')}`);
+      return logs.some((l) => l.msg === 'lb-agent started');
+    }, 30_000);
+  }
+  return handle;
+}
+
+/** Run an lb-agent CLI command inside ns (or on the host when ns is undefined). */
+export async function agentCli(lab: Lab | undefined, ns: string | undefined, args: string[], timeoutMs = 20_000): Promise<{ code: number; stdout: string; stderr: string }> {
+  if (lab && ns) return lab.exec(ns, process.execPath, [AGENT_BIN, ...args], { allowFail: true, timeoutMs });
+  return run(process.execPath, [AGENT_BIN, ...args], { allowFail: true, timeoutMs });
+}
+
+/** Wait until the agent's status satisfies pred. */
+export async function waitStatus(agent: AgentHandle, what: string, pred: (s: StatusDocument) => boolean, timeoutMs = 20_000): Promise<StatusDocument> {
+  let last: StatusDocument | undefined;
+  try {
+    return await waitFor(what, async () => {
+      last = await agent.status();
+      return pred(last) ? last : undefined;
+    }, timeoutMs, 100);
+  } catch (e) {
+    throw new Error(`${(e as Error).message}\nlast status: ${JSON.stringify(last?.services, null, 1)}`);
+  }
+}
