@@ -1,0 +1,90 @@
+// Health metrics: the Prometheus series of the health checker, registered on
+// the Registry passed in (never the global one). Labels are bounded: service,
+// namespace, backend ("address:port" of the checked port), result/reason.
+import { Counter, Gauge, Histogram, Registry } from 'prom-client';
+import type { FailureReason } from './state';
+
+export type ProbeOutcome = 'ok' | FailureReason;
+
+export interface BackendLabels {
+  readonly service: string;
+  readonly namespace: string;
+  readonly backend: string;
+}
+
+export class HealthMetrics {
+  readonly up: Gauge<'service' | 'namespace' | 'backend'>;
+  readonly probeDuration: Histogram<'result'>;
+  readonly transitions: Counter<'service' | 'namespace' | 'backend' | 'to'>;
+  readonly lastChange: Gauge<'service' | 'namespace' | 'backend'>;
+  readonly inFlight: Gauge;
+  readonly skipped: Counter<'reason'>;
+
+  constructor(registry: Registry) {
+    const registers = [registry];
+    this.up = new Gauge({
+      name: 'lbagent_health_backend_up',
+      help: 'Whether the backend receives traffic for the service (1) or not (0); unknown counts as 0, unchecked as 1.',
+      labelNames: ['service', 'namespace', 'backend'] as const,
+      registers,
+    });
+    this.probeDuration = new Histogram({
+      name: 'lbagent_health_probe_duration_seconds',
+      help: 'Duration of health probes (connect, or HTTP response headers), by result.',
+      labelNames: ['result'] as const,
+      buckets: [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
+      registers,
+    });
+    this.transitions = new Counter({
+      name: 'lbagent_health_transitions_total',
+      help: 'Health state changes of a backend for a service, by the state entered.',
+      labelNames: ['service', 'namespace', 'backend', 'to'] as const,
+      registers,
+    });
+    this.lastChange = new Gauge({
+      name: 'lbagent_health_last_change_timestamp_seconds',
+      help: 'Wall-clock time of the last health state change of a backend for a service (or when checking began).',
+      labelNames: ['service', 'namespace', 'backend'] as const,
+      registers,
+    });
+    this.inFlight = new Gauge({
+      name: 'lbagent_health_probes_in_flight',
+      help: 'Health probes currently running.',
+      registers,
+    });
+    this.skipped = new Counter({
+      name: 'lbagent_health_probes_skipped_total',
+      help: 'Scheduled probes not run: busy (the previous probe of that backend still running or waiting for a slot) or overrun (the scheduler fell a period behind).',
+      labelNames: ['reason'] as const,
+      registers,
+    });
+  }
+
+  /** A backend entered a service's view: up gauge, timestamp, transitions at 0. */
+  addBackend(l: BackendLabels, up: boolean, wallMs: number): void {
+    this.up.set(l, up ? 1 : 0);
+    this.lastChange.set(l, wallMs / 1000);
+    this.transitions.inc({ ...l, to: 'up' }, 0);
+    this.transitions.inc({ ...l, to: 'down' }, 0);
+  }
+
+  setUp(l: BackendLabels, up: boolean): void {
+    this.up.set(l, up ? 1 : 0);
+  }
+
+  transition(l: BackendLabels, to: 'up' | 'down', wallMs: number): void {
+    this.transitions.inc({ ...l, to });
+    this.lastChange.set(l, wallMs / 1000);
+  }
+
+  removeBackend(l: BackendLabels): void {
+    this.up.remove(l);
+    this.lastChange.remove(l);
+    this.transitions.remove({ ...l, to: 'up' });
+    this.transitions.remove({ ...l, to: 'down' });
+  }
+
+  probe(result: ProbeOutcome, durationMs: number): void {
+    this.probeDuration.observe({ result }, durationMs / 1000);
+  }
+}

@@ -1,0 +1,352 @@
+// Unit tests of the health checker with an injected probe and ManualClock:
+// first probe at once and unknown -> up, thresholds counted in probes, checks
+// disabled, shared targets probed once with per-service thresholds, periods
+// and timeouts, reload keeping state, passive checks, 'change' events, metrics.
+import t from 'tap';
+import { Registry } from 'prom-client';
+import { ManualClock } from '../../agent/clock';
+import { HealthChecker, targetKey } from '../../agent/health/checker';
+import type { Probe, ProbeResult, ProbeTarget } from '../../agent/health/probe';
+import { service, healthCheck } from './spec';
+
+const flush = (): Promise<void> => new Promise((r) => setImmediate(r));
+
+const OK: ProbeResult = { ok: true, durationMs: 1 };
+const REFUSED: ProbeResult = { ok: false, reason: 'refused', detail: 'ECONNREFUSED', durationMs: 1 };
+
+interface Call { address: string; port: number; type: string; timeoutMs: number; at: number }
+
+function setup(opts: { maxInFlight?: number } = {}) {
+  const clock = new ManualClock(0);
+  const registry = new Registry();
+  const results = new Map<string, ProbeResult>();
+  const calls: Call[] = [];
+  const probe: Probe = async (target: ProbeTarget, o) => {
+    calls.push({ address: target.address, port: target.port, type: target.type, timeoutMs: o.timeoutMs, at: clock.now() });
+    return results.get(`${target.address}:${target.port}`) ?? results.get(target.address) ?? OK;
+  };
+  const hc = new HealthChecker({ clock, registry, probe, jitter: 0, random: () => 0.5, maxInFlight: opts.maxInFlight ?? 64 });
+  const changes: [string, string, boolean][] = [];
+  hc.on('change', (s, a, up) => changes.push([s, a, up]));
+  const advance = async (ms: number, stepMs = 10): Promise<void> => {
+    for (let left = ms; left > 0; left -= stepMs) { clock.advance(Math.min(stepMs, left)); await flush(); }
+    await flush();
+  };
+  const addrs = (key: string): string[] => hc.healthy(key).map((b) => b.address);
+  const probesOf = (address: string): Call[] => calls.filter((c) => c.address === address);
+  return { clock, registry, results, calls, hc, changes, advance, addrs, probesOf };
+}
+
+/** A metric sample from the registry's text, by name and label subset. */
+async function sample(registry: Registry, name: string, labels: Record<string, string> = {}): Promise<number | undefined> {
+  const text = await registry.metrics();
+  for (const line of text.split('\n')) {
+    if (!line.startsWith(`${name}{`) && !line.startsWith(`${name} `)) continue;
+    if (Object.entries(labels).every(([k, v]) => line.includes(`${k}="${v}"`))) return Number(line.slice(line.lastIndexOf(' ') + 1));
+  }
+  return undefined;
+}
+
+t.test('backends start unknown (no traffic), are probed at once on start, and go up on the first success', async (t) => {
+  const s = setup();
+  s.hc.update([service({ name: 'web', backends: ['10.0.0.1', '10.0.0.2'], healthCheck: { successThreshold: 3 } })]);
+  t.same(s.addrs('default/web'), [], 'unknown is not healthy');
+  t.same(s.hc.status('default/web').map((b) => b.state), ['unknown', 'unknown']);
+  await s.advance(100);
+  t.equal(s.calls.length, 0, 'no probe before start');
+  s.hc.start();
+  await s.advance(1);
+  t.same(s.calls.map((c) => [c.address, c.port, c.timeoutMs, c.at]), [['10.0.0.1', 8080, 3000, 100], ['10.0.0.2', 8080, 3000, 100]], 'both probed at once, on the health port, with the timeout');
+  t.same(s.addrs('default/web'), ['10.0.0.1', '10.0.0.2'], 'up after the first success despite successThreshold 3');
+  t.same(s.changes, [['default/web', '10.0.0.1', true], ['default/web', '10.0.0.2', true]]);
+  const st = s.hc.status('default/web')[0]!;
+  t.equal(st.state, 'up');
+  t.equal(st.since, s.clock.wallNow());
+  t.equal(st.consecutiveSuccesses, 1);
+  t.equal(st.checked, true);
+  s.hc.stop();
+});
+
+t.test('down after exactly failureThreshold failed probes, up after exactly successThreshold good ones', async (t) => {
+  for (const [succ, fail] of [[1, 3], [2, 2], [3, 1]] as const) {
+    const s = setup();
+    s.hc.update([service({ name: 'web', backends: ['10.0.0.1'], healthCheck: { successThreshold: succ, failureThreshold: fail, periodSeconds: 1 } })]);
+    s.hc.start();
+    await s.advance(1);
+    t.same(s.addrs('default/web'), ['10.0.0.1']);
+    s.results.set('10.0.0.1', REFUSED);
+    const n0 = s.calls.length;
+    let downAfter = -1;
+    s.hc.once('change', () => { downAfter = s.calls.length - n0; });
+    await s.advance(10_000, 50);
+    t.equal(downAfter, fail, `s=${succ} f=${fail}: down after ${fail} failed probes`);
+    const st = s.hc.status('default/web')[0]!;
+    t.equal(st.state, 'down');
+    t.equal(st.reason, 'refused');
+    t.equal(st.takenOutBy, 'active');
+    t.equal(st.lastFailure?.detail, 'ECONNREFUSED');
+    s.results.set('10.0.0.1', OK);
+    const n1 = s.calls.length;
+    let upAfter = -1;
+    s.hc.once('change', () => { upAfter = s.calls.length - n1; });
+    await s.advance(10_000, 50);
+    t.equal(upAfter, succ, `s=${succ} f=${fail}: up after ${succ} good probes`);
+    t.same(s.changes.map((c) => c[2]), [true, false, true]);
+    s.hc.stop();
+  }
+});
+
+t.test('checks disabled: every backend is healthy and nothing is probed', async (t) => {
+  const s = setup();
+  s.hc.update([service({ name: 'web', backends: ['10.0.0.1', '10.0.0.2'], healthCheck: { enabled: false } })]);
+  s.hc.start();
+  await s.advance(20_000, 100);
+  t.equal(s.calls.length, 0);
+  t.same(s.addrs('default/web'), ['10.0.0.1', '10.0.0.2']);
+  t.same(s.hc.status('default/web').map((b) => [b.state, b.checked, b.healthy]), [['up', false, true], ['up', false, true]]);
+  t.notOk(s.hc.reportConnectFailure('default/web', '10.0.0.1'), 'passive reports are ignored');
+  t.equal(await sample(s.registry, 'lbagent_health_backend_up', { backend: '10.0.0.1:8080' }), 1);
+  s.hc.stop();
+});
+
+t.test('a backend shared by services is probed once; each service keeps its own thresholds', async (t) => {
+  const s = setup();
+  s.hc.update([
+    service({ name: 'a', backends: ['10.0.0.1'], healthCheck: { failureThreshold: 1, periodSeconds: 1 } }),
+    service({ name: 'b', namespace: 'other', backends: ['10.0.0.1', '10.0.0.2'], healthCheck: { failureThreshold: 3, periodSeconds: 1 } }),
+  ]);
+  s.hc.start();
+  await s.advance(5000, 50);
+  const shared = s.probesOf('10.0.0.1');
+  t.ok(shared.length >= 5 && shared.length <= 6, `shared backend probed once per period (${shared.length} in 5 s), not once per service`);
+  t.equal(s.hc.schedulerStats().targets, 2);
+  s.results.set('10.0.0.1', REFUSED);
+  const n0 = s.probesOf('10.0.0.1').length;
+  await s.advance(1000, 50);
+  t.equal(s.probesOf('10.0.0.1').length - n0, 1);
+  t.same(s.addrs('default/a'), [], 'a (failureThreshold 1) is down after one failure');
+  t.same(s.addrs('other/b'), ['10.0.0.1', '10.0.0.2'], 'b (failureThreshold 3) still up');
+  await s.advance(2000, 50);
+  t.same(s.addrs('other/b'), ['10.0.0.2'], 'b down after its third failure of the same probe stream');
+  s.hc.stop();
+});
+
+t.test('shared probe: smallest period, largest timeout; each service takes results at its own period and timeout', async (t) => {
+  const s = setup();
+  s.hc.update([
+    service({ name: 'fast', backends: ['10.0.0.1'], healthCheck: { failureThreshold: 2, periodSeconds: 1, timeoutSeconds: 0.5 } }),
+    service({ name: 'slow', backends: ['10.0.0.1'], healthCheck: { failureThreshold: 2, periodSeconds: 3, timeoutSeconds: 2 } }),
+  ]);
+  s.hc.start();
+  await s.advance(1);
+  t.equal(s.calls[0]!.timeoutMs, 2000, 'probe timeout is the largest');
+  // Answers in 1.5 s: a success for "slow" (2 s), a timeout for "fast" (0.5 s).
+  s.results.set('10.0.0.1', { ok: true, durationMs: 1500 });
+  const t0 = s.clock.now();
+  let fastDown = -1;
+  let slowDown = -1;
+  s.hc.on('change', (key, _a, up) => {
+    if (up) return;
+    if (key === 'default/fast') fastDown = s.clock.now() - t0;
+    if (key === 'default/slow') slowDown = s.clock.now() - t0;
+  });
+  await s.advance(8000, 50);
+  t.ok(fastDown > 0 && fastDown <= 3000, `fast down after two 1 s periods (${fastDown} ms)`);
+  t.equal(slowDown, -1, 'slow is fine with 1.5 s answers');
+  t.equal(s.hc.status('default/fast')[0]!.reason, 'timeout');
+  t.match(s.hc.status('default/fast')[0]!.lastFailure?.detail, /over the 500 ms timeout/);
+  s.results.set('10.0.0.1', REFUSED);
+  const t1 = s.clock.now();
+  let slowAt = -1;
+  s.hc.on('change', (key, _a, up) => { if (key === 'default/slow' && !up) slowAt = s.clock.now() - t1; });
+  await s.advance(10_000, 50);
+  t.ok(slowAt >= 3000 && slowAt <= 7000, `slow takes every third probe: down after 2 x 3 s, not 2 x 1 s (${slowAt} ms)`);
+  s.hc.stop();
+});
+
+t.test('reload: unchanged backends keep state and schedule; changed checks start over; removed ones stop', async (t) => {
+  const s = setup();
+  const v1 = [service({ name: 'web', backends: ['10.0.0.1', '10.0.0.2', '10.0.0.3'], healthCheck: { periodSeconds: 1, failureThreshold: 2 } })];
+  s.hc.update(v1);
+  s.hc.start();
+  s.results.set('10.0.0.2', REFUSED);
+  await s.advance(3000, 50);
+  t.same(s.addrs('default/web'), ['10.0.0.1', '10.0.0.3']);
+  const before = s.hc.status('default/web');
+  const n0 = s.calls.length;
+  // Same checks; a weight changes, 10.0.0.3 goes away, 10.0.0.4 comes in.
+  s.hc.update([service({ name: 'web', backends: [{ address: '10.0.0.1', weight: 5 }, '10.0.0.2', '10.0.0.4'], healthCheck: { periodSeconds: 1, failureThreshold: 2 } })]);
+  await s.advance(1);
+  t.same(s.calls.slice(n0).map((c) => c.address), ['10.0.0.4'], 'only the new backend is probed at once');
+  const after = s.hc.status('default/web');
+  t.same(after.map((b) => [b.address, b.state]), [['10.0.0.1', 'up'], ['10.0.0.2', 'down'], ['10.0.0.4', 'up']]);
+  t.equal(after[0]!.since, before[0]!.since, 'state and its time kept');
+  t.equal(after[1]!.consecutiveFailures >= before[1]!.consecutiveFailures, true);
+  t.equal(s.hc.healthy('default/web')[0]!.weight, 5, 'the new weight is served');
+  t.same(s.changes.filter((c) => c[1] === '10.0.0.1'), [['default/web', '10.0.0.1', true]], 'no change event for a kept backend');
+  await s.advance(3000, 50);
+  t.equal(s.probesOf('10.0.0.3').filter((c) => c.at > s.clock.now() - 2500).length, 0, 'removed backend no longer probed');
+  t.equal(await sample(s.registry, 'lbagent_health_backend_up', { backend: '10.0.0.3:8080' }), undefined, 'its series are gone');
+  // The health port changes: a new check, so unknown until probed (at once).
+  const n1 = s.calls.length;
+  s.hc.update([service({ name: 'web', backends: ['10.0.0.1'], healthCheck: { port: 9090, periodSeconds: 1, failureThreshold: 2 } })]);
+  t.same(s.addrs('default/web'), [], 'a changed check starts unknown');
+  t.same(s.changes.slice(-1), [['default/web', '10.0.0.1', false]], 'and says so');
+  await s.advance(1);
+  t.same(s.calls.slice(n1).map((c) => [c.address, c.port]), [['10.0.0.1', 9090]]);
+  t.same(s.addrs('default/web'), ['10.0.0.1']);
+  t.equal(s.hc.schedulerStats().targets, 1, 'old targets removed');
+  // Remove the service.
+  s.hc.update([]);
+  t.same(s.hc.status('default/web'), []);
+  t.equal(s.hc.schedulerStats().keys, 0);
+  s.hc.stop();
+});
+
+t.test('reload: new thresholds apply from the next result without losing the state', async (t) => {
+  const s = setup();
+  s.hc.update([service({ name: 'web', backends: ['10.0.0.1'], healthCheck: { periodSeconds: 1, failureThreshold: 5 } })]);
+  s.hc.start();
+  await s.advance(1);
+  s.results.set('10.0.0.1', REFUSED);
+  await s.advance(2600, 50); // grid: 0, then 1500 (phase 0.5), 2500, 3500 ...
+  t.equal(s.hc.status('default/web')[0]!.consecutiveFailures, 2);
+  s.hc.update([service({ name: 'web', backends: ['10.0.0.1'], healthCheck: { periodSeconds: 1, failureThreshold: 3 } })]);
+  t.equal(s.hc.status('default/web')[0]!.state, 'up');
+  await s.advance(1000, 50);
+  t.equal(s.hc.status('default/web')[0]!.state, 'down', 'third failure, counted across the reload');
+  s.hc.stop();
+});
+
+t.test('a service joining a probed backend gets an answer at once; enabling/disabling checks emits changes', async (t) => {
+  const s = setup();
+  s.hc.update([service({ name: 'a', backends: ['10.0.0.1'], healthCheck: { periodSeconds: 10 } })]);
+  s.hc.start();
+  await s.advance(3000, 50);
+  const n0 = s.calls.length;
+  const sinceA = s.hc.status('default/a')[0]!.since;
+  s.hc.update([
+    service({ name: 'a', backends: ['10.0.0.1'], healthCheck: { periodSeconds: 10 } }),
+    service({ name: 'b', backends: ['10.0.0.1'], healthCheck: { periodSeconds: 10, enabled: false } }),
+  ]);
+  t.same(s.addrs('default/b'), ['10.0.0.1'], 'unchecked: healthy at once');
+  s.hc.update([
+    service({ name: 'a', backends: ['10.0.0.1'], healthCheck: { periodSeconds: 10 } }),
+    service({ name: 'b', backends: ['10.0.0.1'], healthCheck: { periodSeconds: 10 } }),
+  ]);
+  t.same(s.changes.slice(-1), [['default/b', '10.0.0.1', false]], 'enabling checks takes it out until probed');
+  await s.advance(1);
+  t.equal(s.calls.length - n0, 1, 'one probe at once for the new subscriber');
+  t.same(s.addrs('default/b'), ['10.0.0.1']);
+  t.same(s.changes.slice(-1), [['default/b', '10.0.0.1', true]]);
+  t.equal(s.hc.status('default/a')[0]!.since, sinceA, 'a kept its state');
+  t.equal(s.hc.status('default/a')[0]!.state, 'up');
+  s.hc.stop();
+});
+
+t.test('passive: N connect failures take a backend out at once; only the active probe brings it back', async (t) => {
+  const s = setup();
+  s.hc.update([service({ name: 'web', backends: ['10.0.0.1', '10.0.0.2'], healthCheck: { periodSeconds: 5, successThreshold: 2, passiveFailures: 3 } })]);
+  s.hc.start();
+  await s.advance(1);
+  t.ok(s.hc.reportConnectFailure('default/web', '10.0.0.1', 'refused', 'ECONNREFUSED'));
+  s.hc.reportConnectFailure('default/web', '10.0.0.1', 'refused');
+  s.hc.reportConnectSuccess('default/web', '10.0.0.1');
+  s.hc.reportConnectFailure('default/web', '10.0.0.1', 'refused');
+  s.hc.reportConnectFailure('default/web', '10.0.0.1', 'refused');
+  t.same(s.addrs('default/web'), ['10.0.0.1', '10.0.0.2'], 'a success in between resets the count');
+  s.hc.reportConnectFailure('default/web', '10.0.0.1', 'timeout');
+  t.same(s.addrs('default/web'), ['10.0.0.2'], 'down at once on the third consecutive failure');
+  t.same(s.changes.slice(-1), [['default/web', '10.0.0.1', false]]);
+  const st = s.hc.status('default/web')[0]!;
+  t.equal(st.takenOutBy, 'passive');
+  t.equal(st.reason, 'timeout');
+  for (let i = 0; i < 10; i++) s.hc.reportConnectSuccess('default/web', '10.0.0.1');
+  t.same(s.addrs('default/web'), ['10.0.0.2'], 'passive successes do not bring it back');
+  await s.advance(8000, 50); // grid: 0, then 7500 (phase 0.5), 12500
+  t.same(s.addrs('default/web'), ['10.0.0.2'], 'one good probe is not enough with successThreshold 2');
+  t.equal(s.hc.status('default/web')[0]!.consecutiveSuccesses, 1);
+  await s.advance(5000, 50);
+  t.same(s.addrs('default/web'), ['10.0.0.1', '10.0.0.2'], 'back after two good probes');
+  t.equal(s.hc.status('default/web')[0]!.takenOutBy, undefined);
+  t.notOk(s.hc.reportConnectFailure('default/nope', '10.0.0.1'), 'unknown service');
+  t.notOk(s.hc.reportConnectFailure('default/web', '10.9.9.9'), 'unknown backend');
+  s.hc.stop();
+});
+
+t.test('passive checks off with passiveFailures 0', async (t) => {
+  const s = setup();
+  s.hc.update([service({ name: 'web', backends: ['10.0.0.1'], healthCheck: { passiveFailures: 0 } })]);
+  s.hc.start();
+  await s.advance(1);
+  for (let i = 0; i < 50; i++) s.hc.reportConnectFailure('default/web', '10.0.0.1', 'refused');
+  t.same(s.addrs('default/web'), ['10.0.0.1']);
+  s.hc.stop();
+});
+
+t.test('metrics: up gauge, transitions, last change time, probe durations by result', async (t) => {
+  const s = setup();
+  s.hc.update([service({ name: 'web', namespace: 'shop', backends: ['10.0.0.1'], healthCheck: { periodSeconds: 1, failureThreshold: 2 } })]);
+  const labels = { service: 'web', namespace: 'shop', backend: '10.0.0.1:8080' };
+  t.equal(await sample(s.registry, 'lbagent_health_backend_up', labels), 0, 'unknown reads 0');
+  t.equal(await sample(s.registry, 'lbagent_health_transitions_total', { ...labels, to: 'up' }), 0);
+  s.hc.start();
+  await s.advance(1);
+  t.equal(await sample(s.registry, 'lbagent_health_backend_up', labels), 1);
+  t.equal(await sample(s.registry, 'lbagent_health_transitions_total', { ...labels, to: 'up' }), 1);
+  t.equal(await sample(s.registry, 'lbagent_health_last_change_timestamp_seconds', labels), s.clock.wallNow() / 1000);
+  s.results.set('10.0.0.1', REFUSED);
+  await s.advance(3000, 50);
+  t.equal(await sample(s.registry, 'lbagent_health_backend_up', labels), 0);
+  t.equal(await sample(s.registry, 'lbagent_health_transitions_total', { ...labels, to: 'down' }), 1);
+  s.results.set('10.0.0.1', OK);
+  await s.advance(1000, 50);
+  t.equal(await sample(s.registry, 'lbagent_health_transitions_total', { ...labels, to: 'up' }), 2);
+  const okCount = await sample(s.registry, 'lbagent_health_probe_duration_seconds_count', { result: 'ok' });
+  const refusedCount = await sample(s.registry, 'lbagent_health_probe_duration_seconds_count', { result: 'refused' });
+  t.equal((okCount ?? 0) + (refusedCount ?? 0), s.calls.length, 'one observation per probe');
+  t.ok((refusedCount ?? 0) >= 2);
+  t.equal(await sample(s.registry, 'lbagent_health_probes_in_flight'), 0);
+  s.hc.stop();
+});
+
+t.test('stop: no more probes, late results ignored, state kept; a throwing listener does not break probing', async (t) => {
+  const s = setup();
+  let release: (() => void) | undefined;
+  const clock = new ManualClock(0);
+  const registry = new Registry();
+  let calls = 0;
+  const hc = new HealthChecker({
+    clock, registry, jitter: 0,
+    probe: () => { calls++; return new Promise<ProbeResult>((r) => { release = () => r(REFUSED); }); },
+  });
+  hc.update([service({ name: 'web', backends: ['10.0.0.1'], healthCheck: { failureThreshold: 1 } })]);
+  hc.start();
+  clock.advance(1);
+  await flush();
+  t.equal(calls, 1);
+  hc.stop();
+  release!();
+  await flush();
+  t.equal(hc.status('default/web')[0]!.state, 'unknown', 'a result that lands after stop is ignored');
+  clock.advance(60_000);
+  await flush();
+  t.equal(calls, 1);
+  // Listener errors are logged, not thrown into the scheduler.
+  s.hc.on('change', () => { throw new Error('listener bug'); });
+  s.hc.update([service({ name: 'web', backends: ['10.0.0.1'], healthCheck: { periodSeconds: 1 } })]);
+  s.hc.start();
+  await s.advance(3000, 50);
+  t.ok(s.calls.length >= 3, 'probing continues');
+  t.same(s.addrs('default/web'), ['10.0.0.1']);
+  s.hc.stop();
+});
+
+t.test('target keys: same address/port/check share; http path and range are part of the key', async (t) => {
+  const tcp = healthCheck({ port: 80 });
+  const http = healthCheck({ port: 80, type: 'http', http: { path: '/a', expectStatus: [200, 299] } });
+  t.equal(targetKey(tcp, '10.0.0.1'), targetKey(healthCheck({ port: 80, failureThreshold: 9 }), '10.0.0.1'));
+  t.not(targetKey(tcp, '10.0.0.1'), targetKey(http, '10.0.0.1'));
+  t.not(targetKey(http, '10.0.0.1'), targetKey(healthCheck({ port: 80, type: 'http', http: { path: '/b', expectStatus: [200, 299] } }), '10.0.0.1'));
+  t.not(targetKey(tcp, '10.0.0.1'), targetKey(healthCheck({ port: 81 }), '10.0.0.1'));
+});

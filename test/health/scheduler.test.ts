@@ -1,0 +1,297 @@
+// Unit tests of the probe scheduler in simulated time (ManualClock): first run
+// at once, then spread over the period; jitter bounds; one timer for 10,000
+// keys at 1 s without falling behind; periods down to 0.1 s; the in-flight
+// bound keeps the schedule; busy and overrun skips; add/remove/setPeriod.
+import t from 'tap';
+import { ManualClock, type Clock, type TimerHandle } from '../../agent/clock';
+import { ProbeScheduler, type Slot } from '../../agent/health/scheduler';
+
+/** Let resolved probe promises run their continuations. */
+const flush = (): Promise<void> => new Promise((r) => setImmediate(r));
+
+/** A deterministic uniform source (LCG), so failures reproduce. */
+function lcg(seed = 7): () => number {
+  let s = seed;
+  return () => { s = (s * 1103515245 + 12345) % 2 ** 31; return s / 2 ** 31; };
+}
+
+interface RunRec { key: string; slot: Slot; at: number }
+
+/** A harness: probes that finish after `latencyMs` of simulated time. */
+function harness(opts: { maxInFlight?: number; jitter?: number; latencyMs?: number; clock?: Clock & { now(): number } } = {}) {
+  const clock = (opts.clock ?? new ManualClock(0)) as ManualClock;
+  const runs: RunRec[] = [];
+  const pending: { at: number; resolve: () => void }[] = [];
+  let inFlight = 0;
+  let maxSeen = 0;
+  const perKeyInFlight = new Map<string, number>();
+  let overlap = false;
+  const aborted: string[] = [];
+  const sched = new ProbeScheduler({
+    clock,
+    maxInFlight: opts.maxInFlight ?? 64,
+    jitter: opts.jitter ?? 0.05,
+    random: lcg(),
+    run: (key, slot, signal) => {
+      runs.push({ key, slot, at: clock.now() });
+      inFlight++;
+      maxSeen = Math.max(maxSeen, inFlight);
+      const k = (perKeyInFlight.get(key) ?? 0) + 1;
+      if (k > 1) overlap = true;
+      perKeyInFlight.set(key, k);
+      return new Promise<void>((resolve) => {
+        const done = (): void => { inFlight--; perKeyInFlight.set(key, (perKeyInFlight.get(key) ?? 1) - 1); resolve(); };
+        signal.addEventListener('abort', () => aborted.push(key));
+        if (!opts.latencyMs) done();
+        else pending.push({ at: clock.now() + opts.latencyMs, resolve: done });
+      });
+    },
+  });
+  /** Advance simulated time in steps, completing probes whose latency elapsed. */
+  const advance = async (ms: number, stepMs = 1): Promise<void> => {
+    for (let left = ms; left > 0; left -= stepMs) {
+      clock.advance(Math.min(stepMs, left));
+      const now = clock.now();
+      for (let i = 0; i < pending.length;) {
+        if (pending[i]!.at <= now) { pending[i]!.resolve(); pending[i] = pending[pending.length - 1]!; pending.pop(); } else i++;
+      }
+      await flush();
+    }
+  };
+  return { clock, sched, runs, advance, get maxSeen() { return maxSeen; }, get overlap() { return overlap; }, aborted };
+}
+
+const byKey = (runs: RunRec[]): Map<string, RunRec[]> => {
+  const m = new Map<string, RunRec[]>();
+  for (const r of runs) { const l = m.get(r.key) ?? []; l.push(r); m.set(r.key, l); }
+  return m;
+};
+
+t.test('at start every key runs at once, then keys spread evenly over the period', async (t) => {
+  const h = harness({ maxInFlight: 10_000, jitter: 0 });
+  for (let i = 0; i < 1000; i++) h.sched.add(`k${i}`, 1000);
+  t.equal(h.runs.length, 0, 'nothing runs before start');
+  h.sched.start();
+  await h.advance(0 + 1);
+  const first = h.runs.filter((r) => r.at <= 1);
+  t.equal(first.length, 1000, 'all 1000 probed at once');
+  await h.advance(998);
+  const second = h.runs.slice(1000);
+  t.equal(second.length, 0, 'none again within the first period');
+  await h.advance(1001);
+  const spread = h.runs.slice(1000);
+  t.equal(spread.length, 1000, 'each key once in the second period');
+  // Ten buckets of 100 ms: uniform phase gives ~100 each.
+  const buckets = new Array<number>(10).fill(0);
+  for (const r of spread) buckets[Math.min(9, Math.floor((r.slot.base - 1000) / 100))]!++;
+  t.ok(buckets.every((b) => b >= 50 && b <= 150), `spread over the period: ${buckets.join(',')}`);
+  h.sched.stop();
+});
+
+t.test('jitter stays within ±jitter x period around a fixed grid', async (t) => {
+  const h = harness({ jitter: 0.1, maxInFlight: 1000 });
+  for (let i = 0; i < 200; i++) h.sched.add(`k${i}`, 1000);
+  h.sched.start();
+  await h.advance(10_000, 5);
+  h.sched.stop();
+  let checked = 0;
+  let jittered = 0;
+  for (const [key, list] of byKey(h.runs)) {
+    for (let i = 1; i < list.length; i++) {
+      const r = list[i]!;
+      const off = r.slot.due - r.slot.base;
+      if (Math.abs(off) > 100 + 1e-9) t.fail(`${key} run ${i} jitter ${off} ms`);
+      if (Math.abs(off) > 1) jittered++;
+      if (r.at < r.slot.due || r.at > r.slot.due + 5) t.fail(`${key} started at ${r.at}, due ${r.slot.due}`);
+      if (i >= 2 && Math.abs(r.slot.base - list[i - 1]!.slot.base - 1000) > 1e-6) t.fail(`${key}: grid moved`);
+      if (i >= 2) {
+        const gap = r.slot.due - list[i - 1]!.slot.due;
+        if (gap < 800 - 1e-9 || gap > 1200 + 1e-9) t.fail(`${key}: interval ${gap} ms outside [800, 1200]`);
+      }
+      checked++;
+    }
+  }
+  t.ok(checked > 1500, `${checked} runs checked`);
+  t.ok(jittered > checked / 2, 'jitter is actually applied');
+});
+
+t.test('10,000 keys at 1 s on one timer do not fall behind (simulated time)', async (t) => {
+  const h = harness({ maxInFlight: 512, latencyMs: 20 });
+  const realSetTimeout = h.clock.setTimeout.bind(h.clock);
+  let armed = 0;
+  h.clock.setTimeout = (fn: () => void, ms: number): TimerHandle => { armed++; return realSetTimeout(fn, ms); };
+  for (let i = 0; i < 10_000; i++) h.sched.add(`k${i}`, 1000);
+  h.sched.start();
+  await h.advance(10_000, 2);
+  h.sched.stop();
+  const stats = h.sched.stats();
+  const per = byKey(h.runs);
+  t.equal(per.size, 10_000, 'every key ran');
+  let min = Infinity;
+  let max = 0;
+  for (const l of per.values()) { min = Math.min(min, l.length); max = Math.max(max, l.length); }
+  // First run at 0, then grid points 1000 + phase + k*1000 (±50 ms jitter) up to 10 s: 9 to 11 runs each.
+  t.ok(min >= 9 && max <= 11, `runs per key in [${min}, ${max}]`);
+  t.equal(stats.skippedBusy, 0, 'no run skipped for being busy');
+  t.equal(stats.skippedOverrun, 0, 'no grid point missed');
+  t.ok(h.maxSeen <= 512, `in flight never above the bound (${h.maxSeen})`);
+  // After the start burst (10,000 x 20 ms / 512 slots ~ 400 ms), runs start on time.
+  const late = h.runs.filter((r) => r.slot.base >= 1000 && r.at - r.slot.due > 2);
+  t.equal(late.length, 0, `steady-state runs start within one step of due (${late.length} late)`);
+  t.ok(armed < h.runs.length, `timers armed (${armed}) fewer than runs (${h.runs.length}): one timer, not one per key`);
+  t.notOk(h.overlap, 'a key never runs twice at once');
+});
+
+t.test('the start burst beyond maxInFlight waits in order and keeps each key\'s grid', async (t) => {
+  const h = harness({ maxInFlight: 10, latencyMs: 50 });
+  for (let i = 0; i < 100; i++) h.sched.add(`k${i}`, 1000);
+  h.sched.start();
+  await h.advance(3000, 1);
+  h.sched.stop();
+  t.ok(h.maxSeen <= 10);
+  const firsts = [...byKey(h.runs).values()].map((l) => l[0]!);
+  t.equal(firsts.length, 100, 'every key had its first run');
+  const lastFirst = Math.max(...firsts.map((r) => r.at));
+  t.ok(lastFirst >= 450 && lastFirst <= 520, `100 runs x 50 ms / 10 slots: the last first run starts at ${lastFirst} ms`);
+  for (const l of byKey(h.runs).values()) {
+    if (l.length >= 3 && Math.abs(l[2]!.slot.base - l[1]!.slot.base - 1000) > 1e-6) t.fail('grid moved under load');
+  }
+});
+
+t.test('periods down to 0.1 s', async (t) => {
+  const h = harness({ jitter: 0.05 });
+  h.sched.add('fast', 100);
+  h.sched.add('slow', 5000);
+  h.sched.start();
+  await h.advance(10_000, 1);
+  h.sched.stop();
+  const per = byKey(h.runs);
+  const fast = per.get('fast')!;
+  t.ok(fast.length >= 99 && fast.length <= 101, `0.1 s period: ${fast.length} runs in 10 s`);
+  for (let i = 2; i < fast.length; i++) {
+    const gap = fast[i]!.at - fast[i - 1]!.at;
+    if (gap < 89 || gap > 111) t.fail(`interval ${gap}`);
+  }
+  t.ok(per.get('slow')!.length >= 2 && per.get('slow')!.length <= 3);
+});
+
+t.test('a probe slower than the period is never run twice at once: the grid point is skipped', async (t) => {
+  const h = harness({ latencyMs: 2500, jitter: 0 });
+  h.sched.add('slow', 1000);
+  h.sched.start();
+  await h.advance(10_000, 5);
+  h.sched.stop();
+  t.notOk(h.overlap);
+  const st = h.sched.stats();
+  t.ok(st.skippedBusy >= 5, `busy skips counted (${st.skippedBusy})`);
+  t.ok(h.runs.length >= 3 && h.runs.length <= 5, `${h.runs.length} runs of a 2.5 s probe in 10 s`);
+});
+
+t.test('a blocked event loop skips missed grid points instead of replaying them', async (t) => {
+  // A clock whose timers fire late: time jumps, then due timers fire once.
+  let now = 0;
+  const timers: { at: number; fn: () => void; dead: boolean }[] = [];
+  const lazy: Clock = {
+    now: () => now,
+    wallNow: () => now,
+    setTimeout: (fn, ms) => { const x = { at: now + ms, fn, dead: false }; timers.push(x); return x as unknown as TimerHandle; },
+    clearTimeout: (hd) => { (hd as unknown as { dead: boolean }).dead = true; },
+  };
+  const jump = (ms: number): void => {
+    now += ms;
+    for (const x of timers.splice(0)) if (!x.dead) { if (x.at <= now) x.fn(); else timers.push(x); }
+  };
+  const runs: number[] = [];
+  const skips: [string, number][] = [];
+  const s = new ProbeScheduler({ clock: lazy, jitter: 0, random: () => 0, run: async () => { runs.push(now); }, onSkip: (_k, r, n) => skips.push([r, n]) });
+  s.add('a', 100);
+  s.start();
+  jump(0);
+  await flush();
+  t.same(runs, [0]);
+  jump(1000); // the loop was blocked for ten periods
+  await flush();
+  jump(0);
+  await flush();
+  t.same(runs, [0, 1000], 'one run after the stall, not ten');
+  t.ok(s.stats().skippedOverrun >= 8, `overrun skips counted (${s.stats().skippedOverrun})`);
+  t.ok(skips.some(([r]) => r === 'overrun'));
+  jump(100);
+  await flush();
+  t.same(runs, [0, 1000, 1100], 'then back on the period');
+  s.stop();
+});
+
+t.test('add after start runs at once; remove stops runs and aborts the one in flight', async (t) => {
+  const h = harness({ latencyMs: 300 });
+  h.sched.add('a', 1000);
+  h.sched.start();
+  await h.advance(500);
+  h.sched.add('b', 1000);
+  await h.advance(1);
+  t.same(h.runs.map((r) => r.key), ['a', 'b'], 'b runs at once when added');
+  h.sched.remove('b');
+  t.same(h.aborted, ['b'], 'in-flight run of a removed key is aborted');
+  const before = h.runs.filter((r) => r.key === 'b').length;
+  await h.advance(5000, 5);
+  t.equal(h.runs.filter((r) => r.key === 'b').length, before, 'no run after remove');
+  t.ok(h.runs.filter((r) => r.key === 'a').length >= 5);
+  t.equal(h.sched.stats().keys, 1);
+  h.sched.stop();
+});
+
+t.test('setPeriod: the next run is one new period after the last one', async (t) => {
+  const h = harness({ jitter: 0 });
+  h.sched.add('a', 1000);
+  h.sched.start();
+  await h.advance(2100, 5);
+  const last = h.runs[h.runs.length - 1]!.slot.base;
+  const setAt = h.clock.now();
+  h.sched.setPeriod('a', 5000);
+  await h.advance(12_000, 5);
+  let after = h.runs.filter((r) => r.slot.base > last);
+  t.equal(Math.round(after[0]!.slot.base), Math.round(last + 5000), 'longer period: one new period after the last run');
+  t.equal(Math.round(after[1]!.slot.base - after[0]!.slot.base), 5000);
+  const last2 = h.runs[h.runs.length - 1]!.slot.base;
+  const setAt2 = h.clock.now();
+  h.sched.setPeriod('a', 200);
+  await h.advance(2000, 5);
+  after = h.runs.filter((r) => r.slot.base > last2);
+  t.equal(Math.round(after[0]!.slot.base), Math.round(Math.max(last2 + 200, setAt2)), 'shorter period: at once if a new period already passed');
+  for (let i = 1; i < after.length; i++) t.equal(Math.round(after[i]!.slot.base - after[i - 1]!.slot.base), 200);
+  t.ok(after.length >= 9);
+  void setAt;
+  h.sched.stop();
+});
+
+t.test('runSoon runs an idle key now; stop ends runs; start runs every key at once again', async (t) => {
+  const h = harness({ jitter: 0 });
+  h.sched.add('a', 10_000);
+  h.sched.start();
+  await h.advance(1);
+  await h.advance(3000, 10);
+  t.equal(h.runs.length, 1);
+  h.sched.runSoon('a');
+  await h.advance(1);
+  t.equal(h.runs.length, 2, 'runSoon ran it');
+  h.sched.stop();
+  await h.advance(30_000, 100);
+  t.equal(h.runs.length, 2, 'nothing while stopped');
+  h.sched.start();
+  await h.advance(1);
+  t.equal(h.runs.length, 3, 'start probes at once');
+  h.sched.stop();
+});
+
+t.test('a run that throws or rejects does not stop the scheduler', async (t) => {
+  const clock = new ManualClock(0);
+  let n = 0;
+  const s = new ProbeScheduler({ clock, jitter: 0, run: (key) => { n++; if (key === 'x') throw new Error('boom'); return Promise.reject(new Error('nope')); } });
+  s.add('x', 100);
+  s.add('y', 100);
+  s.start();
+  for (let i = 0; i < 100; i++) { clock.advance(10); await flush(); }
+  s.stop();
+  t.ok(n >= 18, `kept running (${n} runs)`);
+  t.equal(s.stats().inFlight, 0);
+});
