@@ -1,0 +1,493 @@
+// RFC 5227 IPv4 address conflict detection: a pure probe state machine
+// (state, event, now) -> (state, actions), and thin drivers over a packet
+// socket: probeAddress (§2.1), announce (§2.3) and ArpDefender (§2.4).
+// Time comes from an injected Clock and randomness from an injected source,
+// so the whole probe runs in microseconds under test.
+import { EventEmitter } from 'node:events';
+import type { Clock, TimerHandle } from '../clock';
+import { realClock } from '../clock';
+import type { ArpTimings } from '../config/types';
+import { LbError } from '../errors';
+import { formatIPv4, parseIPv4, parseMac } from '../ipv4';
+import type { Logger } from '../log';
+import { silentLogger } from '../log';
+import { arpAnnouncement, arpProbe, decodeArp, encodeArp, isArpProbe, type ArpPacket } from './arp';
+import { bpfArp } from './bpf';
+import type { NetMetrics } from './metrics';
+import { ETH_P_ARP, openPacketSocket, type PacketSocket } from './packet';
+
+/** RFC 5227 §1.1 defaults, in seconds, as ArpTimings. */
+export const RFC5227_TIMINGS: ArpTimings = Object.freeze({
+  probeWait: 1,
+  probeNum: 3,
+  probeMin: 1,
+  probeMax: 2,
+  announceWait: 2,
+  announceNum: 2,
+  announceInterval: 2,
+});
+
+/** RFC 5227 §1.1 DEFEND_INTERVAL: 10 s between defences of one address. */
+export const DEFEND_INTERVAL_MS = 10_000;
+
+// ---------------------------------------------------------------------------
+// Pure core
+
+export type ProbePhase = 'idle' | 'waiting' | 'probing' | 'announce-wait' | 'free' | 'conflict';
+
+export interface ProbeState {
+  readonly phase: ProbePhase;
+  /** The candidate address (u32). */
+  readonly ip: number;
+  /** Our hardware address, lower-case. */
+  readonly mac: string;
+  readonly probesSent: number;
+  /** When the pending timer is due (ms on the injected clock), if any. */
+  readonly deadline: number | undefined;
+  readonly conflictingMac: string | undefined;
+}
+
+export type ProbeEvent = { type: 'start' } | { type: 'timer' } | { type: 'arp'; packet: ArpPacket };
+
+export type ProbeAction =
+  | { type: 'send-probe' }
+  | { type: 'arm-timer'; at: number }
+  | { type: 'finished'; conflict: false }
+  | { type: 'finished'; conflict: true; mac: string };
+
+/** Why an event did (or did not) change anything: for logs and tests. */
+export type ProbeReason =
+  | 'started'
+  | 'probe-sent'
+  | 'probe-wait-over'
+  | 'address-free'
+  | 'conflict-sender-ip'
+  | 'conflict-probe'
+  | 'own-frame'
+  | 'unrelated'
+  | 'not-running'
+  | 'early-timer';
+
+export interface ProbeStep {
+  readonly state: ProbeState;
+  readonly actions: readonly ProbeAction[];
+  readonly reason: ProbeReason;
+}
+
+export function initialProbeState(ip: number, mac: string): ProbeState {
+  return { phase: 'idle', ip, mac: mac.toLowerCase(), probesSent: 0, deadline: undefined, conflictingMac: undefined };
+}
+
+function uniform(random: () => number, minMs: number, maxMs: number): number {
+  return minMs + random() * Math.max(0, maxMs - minMs);
+}
+
+/**
+ * Advance the probe. `random` returns [0, 1). Events that do not apply in the
+ * current phase leave the state as it is.
+ */
+export function probeStep(state: ProbeState, event: ProbeEvent, now: number, timings: ArpTimings, random: () => number): ProbeStep {
+  const same = (reason: ProbeReason): ProbeStep => ({ state, actions: [], reason });
+  const running = state.phase === 'waiting' || state.phase === 'probing' || state.phase === 'announce-wait';
+
+  switch (event.type) {
+    case 'start': {
+      if (state.phase !== 'idle') return same('not-running');
+      if (timings.probeNum <= 0) {
+        return { state: { ...state, phase: 'free' }, actions: [{ type: 'finished', conflict: false }], reason: 'address-free' };
+      }
+      // §2.1.1: wait a random time in [0, PROBE_WAIT] so hosts powered on
+      // together do not probe in lockstep.
+      const at = now + uniform(random, 0, timings.probeWait * 1000);
+      return { state: { ...state, phase: 'waiting', deadline: at }, actions: [{ type: 'arm-timer', at }], reason: 'started' };
+    }
+
+    case 'timer': {
+      if (!running) return same('not-running');
+      // Real timers can fire a little before the clock reaches the deadline
+      // (libuv caches loop time): re-arm instead of acting early or stalling.
+      if (state.deadline !== undefined && now < state.deadline) {
+        return { state, actions: [{ type: 'arm-timer', at: state.deadline }], reason: 'early-timer' };
+      }
+      if (state.phase === 'announce-wait') {
+        // §2.1.1: no conflict until ANNOUNCE_WAIT after the last probe.
+        return { state: { ...state, phase: 'free', deadline: undefined }, actions: [{ type: 'finished', conflict: false }], reason: 'address-free' };
+      }
+      const probesSent = state.probesSent + 1;
+      // §2.1.1: PROBE_NUM probes spaced uniformly PROBE_MIN..PROBE_MAX apart,
+      // then ANNOUNCE_WAIT after the last one.
+      const last = probesSent >= timings.probeNum;
+      const at = last
+        ? now + timings.announceWait * 1000
+        : now + uniform(random, timings.probeMin * 1000, timings.probeMax * 1000);
+      return {
+        state: { ...state, phase: last ? 'announce-wait' : 'probing', probesSent, deadline: at },
+        actions: [{ type: 'send-probe' }, { type: 'arm-timer', at }],
+        reason: state.phase === 'waiting' ? 'probe-wait-over' : 'probe-sent',
+      };
+    }
+
+    case 'arp': {
+      if (!running) return same('not-running');
+      const p = event.packet;
+      const from = p.senderMac.toLowerCase();
+      if (from === state.mac) return same('own-frame');
+      // §2.1.1: any ARP packet (request or reply) whose sender IP is the
+      // candidate means another host uses it.
+      let reason: ProbeReason | undefined;
+      if (p.senderIp === state.ip) reason = 'conflict-sender-ip';
+      // §2.1.1: an ARP Probe for the same address from another host means it
+      // is probing for it at the same time: both must back off.
+      else if (isArpProbe(p) && p.targetIp === state.ip) reason = 'conflict-probe';
+      if (!reason) return same('unrelated');
+      return {
+        state: { ...state, phase: 'conflict', deadline: undefined, conflictingMac: from },
+        actions: [{ type: 'finished', conflict: true, mac: from }],
+        reason,
+      };
+    }
+  }
+}
+
+/** Decision of a defender about one received ARP packet (RFC 5227 §2.4). */
+export type DefenseVerdict =
+  | { verdict: 'ignore'; reason: 'own-frame' | 'not-held' | 'probe-for-held' }
+  | { verdict: 'conflict'; ip: number; mac: string; defend: boolean; reason: 'first-in-interval' | 'repeated-within-interval' | 'defence-off' };
+
+/**
+ * §2.4: a packet whose sender IP is an address we hold, from another MAC, is
+ * a conflict. Per option (b) we defend with one announcement unless we
+ * already saw a conflict for that address within DEFEND_INTERVAL; after that
+ * the owner should give the address up, which is its decision, not ours.
+ * A probe (sender IP 0) for a held address is not a conflict: the kernel
+ * answers it and the prober backs off.
+ */
+export function defenseVerdict(
+  held: ReadonlySet<number>,
+  ownMac: string,
+  packet: ArpPacket,
+  lastConflictAt: number | undefined,
+  now: number,
+  opts: { defend: boolean; defendIntervalMs: number },
+): DefenseVerdict {
+  const from = packet.senderMac.toLowerCase();
+  if (from === ownMac.toLowerCase()) return { verdict: 'ignore', reason: 'own-frame' };
+  if (!held.has(packet.senderIp)) {
+    if (isArpProbe(packet) && held.has(packet.targetIp)) return { verdict: 'ignore', reason: 'probe-for-held' };
+    return { verdict: 'ignore', reason: 'not-held' };
+  }
+  if (!opts.defend) return { verdict: 'conflict', ip: packet.senderIp, mac: from, defend: false, reason: 'defence-off' };
+  const repeated = lastConflictAt !== undefined && now - lastConflictAt < opts.defendIntervalMs;
+  return { verdict: 'conflict', ip: packet.senderIp, mac: from, defend: !repeated, reason: repeated ? 'repeated-within-interval' : 'first-in-interval' };
+}
+
+// ---------------------------------------------------------------------------
+// Drivers
+
+function ipNumber(ip: string | number): number {
+  if (typeof ip === 'number') {
+    if (!Number.isInteger(ip) || ip < 0 || ip > 0xffffffff) throw new TypeError(`not an IPv4 address: ${ip}`);
+    return ip;
+  }
+  const n = parseIPv4(ip);
+  if (n === undefined) throw new TypeError(`not an IPv4 address: ${ip}`);
+  return n;
+}
+
+function macString(mac: string): string {
+  if (!parseMac(mac)) throw new TypeError(`not a MAC address: ${mac}`);
+  return mac.toLowerCase();
+}
+
+interface SocketSource {
+  /** Use this socket (not closed at the end). */
+  socket?: PacketSocket;
+  /** Or open an ARP socket on this interface for the duration. */
+  ifindex?: number;
+}
+
+function acquireSocket(src: SocketSource, metrics: NetMetrics | undefined, log: Logger): { socket: PacketSocket; owned: boolean } {
+  if (src.socket) return { socket: src.socket, owned: false };
+  if (src.ifindex === undefined) throw new TypeError('either socket or ifindex is required');
+  return { socket: openPacketSocket({ ifindex: src.ifindex, protocol: ETH_P_ARP, filter: bpfArp(), metrics, log }), owned: true };
+}
+
+/** Decode a frame for an ARP consumer, counting what is dropped. */
+function arpFromFrame(frame: Buffer, metrics: NetMetrics | undefined): ArpPacket | undefined {
+  const r = decodeArp(frame);
+  if (r.ok) return r.packet;
+  // On a shared ETH_P_ALL socket most frames are simply not ARP: not a drop.
+  if (r.reason !== 'not-arp') metrics?.framesDropped.inc({ reason: r.reason });
+  return undefined;
+}
+
+export interface ProbeOptions extends SocketSource {
+  /** Our hardware address: the source of the probes, and never a conflict. */
+  mac: string;
+  ip: string | number;
+  timings: ArpTimings;
+  clock?: Clock;
+  random?: () => number;
+  log?: Logger;
+  metrics?: NetMetrics;
+}
+
+export interface ProbeResult {
+  conflict: boolean;
+  conflictingMac?: string;
+}
+
+/**
+ * RFC 5227 §2.1: probe whether `ip` is in use on the link. Resolves with
+ * the verdict after PROBE_WAIT + probes + ANNOUNCE_WAIT (about 5-7 s with the
+ * defaults), or as soon as a conflict is seen. Rejects with LbError when the
+ * socket cannot be opened or a probe cannot be sent; nothing is left open.
+ */
+export function probeAddress(opts: ProbeOptions): Promise<ProbeResult> {
+  const clock = opts.clock ?? realClock;
+  const random = opts.random ?? Math.random;
+  const mac = macString(opts.mac);
+  const ip = ipNumber(opts.ip);
+  const log = (opts.log ?? silentLogger()).child({ module: 'net/arp-probe', op: 'probe', ip: formatIPv4(ip) });
+  const metrics = opts.metrics;
+
+  return new Promise<ProbeResult>((resolve, reject) => {
+    let sock: { socket: PacketSocket; owned: boolean };
+    try {
+      sock = acquireSocket(opts, metrics, log);
+    } catch (err) {
+      reject(err);
+      return;
+    }
+    let state = initialProbeState(ip, mac);
+    let timer: TimerHandle | undefined;
+    let finished = false;
+
+    const cleanup = (): void => {
+      finished = true;
+      if (timer !== undefined) clock.clearTimeout(timer);
+      timer = undefined;
+      sock.socket.off('frame', onFrame);
+      if (sock.owned) sock.socket.close();
+    };
+
+    const feed = (event: ProbeEvent): void => {
+      if (finished) return;
+      const step = probeStep(state, event, clock.now(), opts.timings, random);
+      state = step.state;
+      for (const action of step.actions) {
+        switch (action.type) {
+          case 'send-probe':
+            try {
+              sock.socket.send(encodeArp(arpProbe(mac, ip)));
+            } catch (err) {
+              cleanup();
+              reject(err);
+              return;
+            }
+            metrics?.arpProbes.inc();
+            log.debug({ probe: state.probesSent }, 'ARP probe sent');
+            break;
+          case 'arm-timer':
+            if (timer !== undefined) clock.clearTimeout(timer);
+            timer = clock.setTimeout(() => { timer = undefined; feed({ type: 'timer' }); }, Math.max(0, Math.ceil(action.at - clock.now())));
+            break;
+          case 'finished':
+            cleanup();
+            if (action.conflict) {
+              metrics?.arpConflicts.inc({ phase: 'probe' });
+              log.warn({ conflictingMac: action.mac, reason: step.reason }, 'address in use by another host');
+              resolve({ conflict: true, conflictingMac: action.mac });
+            } else {
+              log.debug('address is free');
+              resolve({ conflict: false });
+            }
+            return;
+        }
+      }
+    };
+
+    function onFrame(frame: Buffer): void {
+      const packet = arpFromFrame(frame, metrics);
+      if (packet) feed({ type: 'arp', packet });
+    }
+
+    sock.socket.on('frame', onFrame);
+    feed({ type: 'start' });
+  });
+}
+
+export interface AnnounceOptions extends SocketSource {
+  mac: string;
+  ip: string | number;
+  /** How many announcements (RFC 5227 ANNOUNCE_NUM = 2). */
+  count: number;
+  /** Spacing in ms (RFC 5227 ANNOUNCE_INTERVAL = 2000). */
+  intervalMs: number;
+  clock?: Clock;
+  log?: Logger;
+  metrics?: NetMetrics;
+}
+
+/**
+ * RFC 5227 §2.3: a burst of `count` ARP Announcements (gratuitous ARP),
+ * the first at once, so switches and neighbours learn where the address
+ * lives now (a VIP that came up or moved here).
+ */
+export function announce(opts: AnnounceOptions): Promise<void> {
+  const clock = opts.clock ?? realClock;
+  const mac = macString(opts.mac);
+  const ip = ipNumber(opts.ip);
+  const log = (opts.log ?? silentLogger()).child({ module: 'net/arp-probe', op: 'announce', ip: formatIPv4(ip) });
+  const frame = encodeArp(arpAnnouncement(mac, ip));
+  const count = Math.max(0, Math.floor(opts.count));
+
+  return new Promise<void>((resolve, reject) => {
+    if (count === 0) { resolve(); return; }
+    let sock: { socket: PacketSocket; owned: boolean };
+    try {
+      sock = acquireSocket(opts, opts.metrics, log);
+    } catch (err) {
+      reject(err);
+      return;
+    }
+    let sent = 0;
+    const tick = (): void => {
+      try {
+        sock.socket.send(frame);
+      } catch (err) {
+        if (sock.owned) sock.socket.close();
+        reject(err);
+        return;
+      }
+      sent++;
+      opts.metrics?.gratuitousArpsSent.inc();
+      if (sent >= count) {
+        if (sock.owned) sock.socket.close();
+        log.debug({ count }, 'gratuitous ARPs sent');
+        resolve();
+        return;
+      }
+      clock.setTimeout(tick, opts.intervalMs);
+    };
+    tick();
+  });
+}
+
+export interface ArpDefenderOptions extends SocketSource {
+  /** The hardware address our held addresses live at. */
+  mac: string;
+  ips?: Iterable<string | number>;
+  /** Send one announcement per conflict, at most once per DEFEND_INTERVAL (RFC 5227 §2.4 (b)). Default true. */
+  defend?: boolean;
+  defendIntervalMs?: number;
+  clock?: Clock;
+  log?: Logger;
+  metrics?: NetMetrics;
+}
+
+export interface ArpConflict {
+  /** The contested address, dotted. */
+  ip: string;
+  /** The other host's hardware address. */
+  mac: string;
+  /** Whether we answered with an announcement. */
+  defended: boolean;
+  /** A second conflict within DEFEND_INTERVAL: RFC 5227 says stop using the address. */
+  repeated: boolean;
+  packet: ArpPacket;
+}
+
+/**
+ * RFC 5227 §2.4 ongoing conflict detection while addresses are held on an
+ * interface: every ARP packet from another MAC claiming one of them is
+ * reported ('conflict' event, lbagent_net_arp_conflicts_total{phase="defend"},
+ * a warning log). What to do about it (release, DHCPDECLINE, fail over) is the
+ * owner's decision.
+ */
+export class ArpDefender extends EventEmitter {
+  private readonly held = new Set<number>();
+  private readonly lastConflict = new Map<number, number>();
+  private readonly mac: string;
+  private readonly clock: Clock;
+  private readonly log: Logger;
+  private readonly metrics: NetMetrics | undefined;
+  private readonly defend: boolean;
+  private readonly defendIntervalMs: number;
+  private sock: { socket: PacketSocket; owned: boolean } | undefined;
+  private readonly onFrame = (frame: Buffer): void => this.handleFrame(frame);
+
+  constructor(opts: ArpDefenderOptions) {
+    super();
+    this.mac = macString(opts.mac);
+    this.clock = opts.clock ?? realClock;
+    this.metrics = opts.metrics;
+    this.defend = opts.defend ?? true;
+    this.defendIntervalMs = opts.defendIntervalMs ?? DEFEND_INTERVAL_MS;
+    this.log = (opts.log ?? silentLogger()).child({ module: 'net/arp-probe', op: 'defend', mac: this.mac });
+    for (const ip of opts.ips ?? []) this.held.add(ipNumber(ip));
+    this.sock = acquireSocket(opts, this.metrics, this.log);
+    this.sock.socket.on('frame', this.onFrame);
+  }
+
+  add(ip: string | number): void { this.held.add(ipNumber(ip)); }
+
+  remove(ip: string | number): void {
+    const n = ipNumber(ip);
+    this.held.delete(n);
+    this.lastConflict.delete(n);
+  }
+
+  has(ip: string | number): boolean { return this.held.has(ipNumber(ip)); }
+
+  get addresses(): string[] { return [...this.held].map(formatIPv4); }
+
+  close(): void {
+    const s = this.sock;
+    if (!s) return;
+    this.sock = undefined;
+    s.socket.off('frame', this.onFrame);
+    if (s.owned) s.socket.close();
+  }
+
+  private handleFrame(frame: Buffer): void {
+    const packet = arpFromFrame(frame, this.metrics);
+    if (!packet || !this.sock) return;
+    const now = this.clock.now();
+    const v = defenseVerdict(this.held, this.mac, packet, this.lastConflict.get(packet.senderIp), now, {
+      defend: this.defend,
+      defendIntervalMs: this.defendIntervalMs,
+    });
+    if (v.verdict === 'ignore') return;
+    this.lastConflict.set(v.ip, now);
+    this.metrics?.arpConflicts.inc({ phase: 'defend' });
+    let defended = false;
+    if (v.defend) {
+      try {
+        this.sock.socket.send(encodeArp(arpAnnouncement(this.mac, v.ip)));
+        this.metrics?.gratuitousArpsSent.inc();
+        defended = true;
+      } catch (err) {
+        this.log.warn({ err: (err as Error).message }, 'could not send the defending announcement');
+      }
+    }
+    const conflict: ArpConflict = {
+      ip: formatIPv4(v.ip),
+      mac: v.mac,
+      defended,
+      repeated: v.reason === 'repeated-within-interval',
+      packet,
+    };
+    this.log.warn({ ip: conflict.ip, conflictingMac: v.mac, defended, reason: v.reason }, 'ARP conflict on a held address');
+    this.emit('conflict', conflict);
+  }
+}
+
+/** An LbError for callers that treat a probe conflict as a failure. */
+export function arpConflictError(ip: string, mac: string | undefined, ifname?: string): LbError {
+  return new LbError(
+    'LB_ERR_NET_ARP_CONFLICT',
+    `address ${ip} is already in use${mac ? ` by ${mac}` : ''}${ifname ? ` on ${ifname}` : ''} (RFC 5227 probe); pick another address or free it`,
+    { ip, mac, interface: ifname },
+  );
+}

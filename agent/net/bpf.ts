@@ -1,0 +1,120 @@
+// Classic BPF programs for packet sockets (pure): the kernel runs them on
+// every frame of the interface before it is queued to us, so a DHCP or ARP
+// socket wakes only for its own traffic. Offsets are from the start of the
+// Ethernet header (SOCK_RAW). The programs are instruction for instruction
+// what `tcpdump -dd` emits for the same expression (the tests compare them),
+// so they can be checked with a tool every operator has.
+
+/** One instruction: [code, jt, jf, k] as in struct sock_filter. */
+export type BpfInstruction = readonly [number, number, number, number];
+export type BpfProgram = ReadonlyArray<BpfInstruction>;
+
+// Opcodes (linux/filter.h, linux/bpf_common.h).
+export const BPF_LD_H_ABS = 0x28; // A = u16 at [k]
+export const BPF_LD_B_ABS = 0x30; // A = u8 at [k]
+export const BPF_LD_W_ABS = 0x20; // A = u32 at [k]
+export const BPF_LD_H_IND = 0x48; // A = u16 at [X + k]
+export const BPF_LDX_B_MSH = 0xb1; // X = 4 * ([k] & 0xf): the IPv4 header length
+export const BPF_JEQ_K = 0x15;
+export const BPF_JSET_K = 0x45;
+export const BPF_RET_K = 0x06;
+
+/** Accept up to this many bytes: tcpdump's default snap length, i.e. the whole frame. */
+export const BPF_ACCEPT = 0x40000;
+/** BPF_MAXINSNS (linux/bpf_common.h). */
+export const BPF_MAX_INSNS = 4096;
+
+export const ETHERTYPE_IPV4 = 0x0800;
+export const ETHERTYPE_ARP = 0x0806;
+const IPPROTO_UDP = 17;
+
+const ETH_TYPE_OFFSET = 12;
+const IP_PROTO_OFFSET = 14 + 9;
+const IP_FRAG_OFFSET = 14 + 6;
+const IP_HEADER_START = 14;
+
+function checkInt(name: string, v: number, max: number): void {
+  if (!Number.isInteger(v) || v < 0 || v > max) throw new RangeError(`${name} must be an integer 0..${max}, got ${v}`);
+}
+
+/** Accept every frame of the given ethertype. `tcpdump -dd 'ether proto 0x0800'`. */
+export function bpfEtherType(ethertype: number): BpfProgram {
+  checkInt('ethertype', ethertype, 0xffff);
+  return [
+    [BPF_LD_H_ABS, 0, 0, ETH_TYPE_OFFSET],
+    [BPF_JEQ_K, 0, 1, ethertype],
+    [BPF_RET_K, 0, 0, BPF_ACCEPT],
+    [BPF_RET_K, 0, 0, 0],
+  ];
+}
+
+/** ARP frames only. `tcpdump -dd 'arp'`. */
+export function bpfArp(): BpfProgram {
+  return bpfEtherType(ETHERTYPE_ARP);
+}
+
+/** IPv4 with the given protocol (112 = VRRP). `tcpdump -dd 'ip proto 112'`. */
+export function bpfIpProto(proto: number): BpfProgram {
+  checkInt('IP protocol', proto, 0xff);
+  return [
+    [BPF_LD_H_ABS, 0, 0, ETH_TYPE_OFFSET],
+    [BPF_JEQ_K, 0, 3, ETHERTYPE_IPV4],
+    [BPF_LD_B_ABS, 0, 0, IP_PROTO_OFFSET],
+    [BPF_JEQ_K, 0, 1, proto],
+    [BPF_RET_K, 0, 0, BPF_ACCEPT],
+    [BPF_RET_K, 0, 0, 0],
+  ];
+}
+
+/**
+ * IPv4 UDP to the given destination port, first fragments only (a later
+ * fragment has no UDP header to match). `tcpdump -dd 'ip and udp dst port 68'`.
+ */
+export function bpfUdpDstPort(port: number): BpfProgram {
+  checkInt('UDP port', port, 0xffff);
+  return [
+    [BPF_LD_H_ABS, 0, 0, ETH_TYPE_OFFSET],
+    [BPF_JEQ_K, 0, 8, ETHERTYPE_IPV4],
+    [BPF_LD_B_ABS, 0, 0, IP_PROTO_OFFSET],
+    [BPF_JEQ_K, 0, 6, IPPROTO_UDP],
+    [BPF_LD_H_ABS, 0, 0, IP_FRAG_OFFSET],
+    [BPF_JSET_K, 4, 0, 0x1fff],
+    [BPF_LDX_B_MSH, 0, 0, IP_HEADER_START],
+    [BPF_LD_H_IND, 0, 0, IP_HEADER_START + 2],
+    [BPF_JEQ_K, 0, 1, port],
+    [BPF_RET_K, 0, 0, BPF_ACCEPT],
+    [BPF_RET_K, 0, 0, 0],
+  ];
+}
+
+/**
+ * Structural check of a program before it reaches the kernel (which
+ * verifies the semantics itself and answers EINVAL): returns the reason it is
+ * malformed, or undefined when it is well formed.
+ */
+export function bpfProblem(program: BpfProgram): string | undefined {
+  if (!Array.isArray(program) || program.length === 0) return 'program is empty';
+  if (program.length > BPF_MAX_INSNS) return `program has ${program.length} instructions (max ${BPF_MAX_INSNS})`;
+  for (let i = 0; i < program.length; i++) {
+    const insn = program[i];
+    if (!Array.isArray(insn) || insn.length !== 4) return `instruction ${i} is not [code, jt, jf, k]`;
+    const [code, jt, jf, k] = insn;
+    const ok = (v: unknown, max: number): boolean => typeof v === 'number' && Number.isInteger(v) && v >= 0 && v <= max;
+    if (!ok(code, 0xffff) || !ok(jt, 0xff) || !ok(jf, 0xff) || !ok(k, 0xffffffff)) return `instruction ${i} has a field out of range`;
+    // A jump may not leave the program (the kernel rejects it too).
+    if ((code & 0x07) === 0x05) {
+      const reach = code === 0x05 ? k : Math.max(jt, jf); // BPF_JA jumps by k
+      if (i + 1 + reach >= program.length) return `instruction ${i} jumps past the end`;
+    }
+  }
+  const last = program[program.length - 1]!;
+  if ((last[0] & 0x07) !== 0x06) return 'program does not end with a return';
+  return undefined;
+}
+
+/** Render like `tcpdump -dd`, for logs and golden tests. */
+export function formatBpf(program: BpfProgram): string {
+  return program
+    .map(([c, jt, jf, k]) => `{ 0x${c.toString(16)}, ${jt}, ${jf}, 0x${k.toString(16).padStart(8, '0')} },`)
+    .join('\n');
+}

@@ -1,0 +1,66 @@
+// net/ metrics: lbagent_net_* series on the Registry the daemon passes in
+// (never the global one). Getting them twice from one registry returns the
+// same objects, so every net/ driver can ask for them without coordination.
+import { Counter, Gauge, Registry } from 'prom-client';
+
+/** Why a received frame was not used: a bounded label set. */
+export type FrameDropReason =
+  | 'truncated'
+  | 'short'
+  | 'not-arp'
+  | 'bad-hardware-type'
+  | 'bad-protocol-type'
+  | 'bad-address-length'
+  | 'bad-operation';
+
+export interface NetMetrics {
+  /** Links recognised as the agent's (name and MAC prefix) and kept. */
+  readonly linksOwned: Gauge;
+  readonly arpProbes: Counter;
+  /** label phase: 'probe' (RFC 5227 §2.1.1) | 'defend' (§2.4). */
+  readonly arpConflicts: Counter<'phase'>;
+  readonly gratuitousArpsSent: Counter;
+  readonly framesDropped: Counter<'reason'>;
+}
+
+function getOrCreate<T>(registry: Registry, name: string, make: () => T): T {
+  return (registry.getSingleMetric(name) as T | undefined) ?? make();
+}
+
+export function netMetrics(registry: Registry): NetMetrics {
+  const registers = [registry];
+  return {
+    linksOwned: getOrCreate(registry, 'lbagent_net_links_owned', () => new Gauge({
+      name: 'lbagent_net_links_owned',
+      help: 'Network links (macvlans) owned by the agent',
+      registers,
+    })),
+    arpProbes: getOrCreate(registry, 'lbagent_net_arp_probes_total', () => new Counter({
+      name: 'lbagent_net_arp_probes_total',
+      help: 'ARP probes sent (RFC 5227 §2.1.1)',
+      registers,
+    })),
+    arpConflicts: getOrCreate(registry, 'lbagent_net_arp_conflicts_total', () => new Counter<'phase'>({
+      name: 'lbagent_net_arp_conflicts_total',
+      help: 'ARP address conflicts seen, while probing or while holding an address',
+      labelNames: ['phase'],
+      registers,
+    })),
+    gratuitousArpsSent: getOrCreate(registry, 'lbagent_net_gratuitous_arps_sent_total', () => new Counter({
+      name: 'lbagent_net_gratuitous_arps_sent_total',
+      help: 'Gratuitous ARP announcements sent (RFC 5227 §2.3)',
+      registers,
+    })),
+    framesDropped: getOrCreate(registry, 'lbagent_net_frames_dropped_total', () => new Counter<'reason'>({
+      name: 'lbagent_net_frames_dropped_total',
+      help: 'Received frames dropped by net/, by reason',
+      labelNames: ['reason'],
+      registers,
+    })),
+  };
+}
+
+/** For whoever owns links: publish how many the agent holds now. */
+export function setLinksOwned(metrics: NetMetrics | undefined, count: number): void {
+  metrics?.linksOwned.set(count);
+}

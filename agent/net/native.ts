@@ -1,0 +1,138 @@
+// Native boundary: the ONLY file that loads native/build/Release/lbagent_native.node
+// (built from native/ by `npm ci`) and declares its types. The addon is
+// syscalls and file descriptors only; everything above it is TypeScript.
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { LbError } from '../errors';
+
+/** One frame as read by recvmsg(2) on a packet socket. */
+export interface NativeFrame {
+  /** The frame from the Ethernet header on (at most 64 KiB; see `length`). */
+  frame: Buffer;
+  /** tpacket_auxdata.tp_status (TP_STATUS_* bits). */
+  status: number;
+  /** sockaddr_ll.sll_pkttype (PACKET_HOST, PACKET_BROADCAST, ...). */
+  pktType: number;
+  /** The frame's real length; larger than frame.length when truncated. */
+  length: number;
+}
+
+/** A Node-style system error thrown by the addon. */
+export interface NativeSystemError extends Error {
+  code: string;
+  /** Negative errno, as Node reports it (-1 for EPERM). */
+  errno: number;
+  syscall: string;
+  path?: string;
+}
+
+export interface NativePacketHandle {
+  readonly fd: number;
+  send(frame: Buffer): number;
+  attachFilter(program: ReadonlyArray<readonly [number, number, number, number]>): void;
+  addMembership(kind: 'multicast', mac: Buffer): void;
+  addMembership(kind: 'promisc' | 'allmulti'): void;
+  dropMembership(kind: 'multicast', mac: Buffer): void;
+  dropMembership(kind: 'promisc' | 'allmulti'): void;
+  /** Start reading: the callback gets every frame ready at each wake-up. */
+  start(callback: (err: NativeSystemError | null, frames: NativeFrame[]) => void): void;
+  stop(): void;
+  /** Whether the active socket keeps the event loop alive (default true). */
+  setRef(ref: boolean): void;
+  close(): void;
+}
+
+export interface NativeAddon {
+  PacketHandle: new (
+    ifindex: number,
+    protocol: number,
+    filter?: ReadonlyArray<readonly [number, number, number, number]>,
+  ) => NativePacketHandle;
+  sendUnixDatagram(path: string, data: Buffer): number;
+  capabilities(): { effective: bigint; permitted: bigint; inheritable: bigint };
+  ifNameToIndex(name: string): number;
+  ifIndexToName(index: number): string;
+}
+
+/** tp_status bits (linux/if_packet.h). */
+export const TP_STATUS_CSUMNOTREADY = 1 << 3;
+export const TP_STATUS_CSUM_VALID = 1 << 7;
+
+/** sll_pkttype values (linux/if_packet.h). */
+export const PACKET_HOST = 0;
+export const PACKET_BROADCAST = 1;
+export const PACKET_MULTICAST = 2;
+export const PACKET_OTHERHOST = 3;
+export const PACKET_OUTGOING = 4;
+
+/** Where the addon lives: <repo>/native/build/Release, from dist/agent/net or agent/net. */
+export function nativeAddonPath(): string {
+  // Compiled code runs from <repo>/dist/agent/net; ts sources sit at <repo>/agent/net.
+  const candidates = [
+    path.resolve(__dirname, '..', '..', '..', 'native', 'build', 'Release', 'lbagent_native.node'),
+    path.resolve(__dirname, '..', '..', 'native', 'build', 'Release', 'lbagent_native.node'),
+  ];
+  return candidates.find((p) => fs.existsSync(p)) ?? candidates[0]!;
+}
+
+/**
+ * The addon. Node's require cache makes repeated calls cheap, so there is no
+ * module-level cache here.
+ */
+export function loadNative(): NativeAddon {
+  const file = nativeAddonPath();
+  if (!fs.existsSync(file)) {
+    throw new LbError(
+      'LB_ERR_NET_NATIVE_MISSING',
+      `native addon not built: ${file} is missing; run \`npm ci\` in the lb-agent directory (it builds native/ with node-gyp), then \`npm run build\``,
+      { path: file },
+    );
+  }
+  try {
+    // eslint-disable-next-line @typescript-eslint/no-require-imports
+    return require(file) as NativeAddon;
+  } catch (err) {
+    throw new LbError(
+      'LB_ERR_NET_NATIVE_MISSING',
+      `native addon ${file} failed to load (${(err as Error).message}); rebuild it for this Node version with \`npm ci\``,
+      { path: file },
+      { cause: err },
+    );
+  }
+}
+
+/** True when a thrown value is a system error from the addon (or Node). */
+export function isSystemError(err: unknown): err is NativeSystemError {
+  return err instanceof Error && typeof (err as { code?: unknown }).code === 'string' && typeof (err as { syscall?: unknown }).syscall === 'string';
+}
+
+/** sd_notify(3) transport: one datagram to a unix socket ('@name' = abstract). */
+export function sendUnixDatagram(socketPath: string, data: Buffer): number {
+  return loadNative().sendUnixDatagram(socketPath, data);
+}
+
+/** Linux capability numbers we care about (linux/capability.h). */
+export const CAP_NET_BIND_SERVICE = 10;
+export const CAP_NET_ADMIN = 12;
+export const CAP_NET_RAW = 13;
+
+export interface CapabilitySets { effective: bigint; permitted: bigint; inheritable: bigint }
+
+/** The calling thread's capability sets (capget(2)). */
+export function capabilities(): CapabilitySets {
+  return loadNative().capabilities();
+}
+
+/** Whether capability `cap` is in the effective set. */
+export function hasCapability(cap: number, sets: CapabilitySets = capabilities()): boolean {
+  return ((sets.effective >> BigInt(cap)) & 1n) === 1n;
+}
+
+/** if_nametoindex(3); throws a system error (ENODEV) when there is no such interface. */
+export function ifNameToIndex(name: string): number {
+  return loadNative().ifNameToIndex(name);
+}
+
+export function ifIndexToName(index: number): string {
+  return loadNative().ifIndexToName(index);
+}

@@ -1,0 +1,451 @@
+// rtnetlink typed verbs (driver over the `netlink` package): list/get links,
+// create macvlans, set links up/down, delete links, add/remove/list IPv4
+// addresses, and watch link and address changes. It acts on the network
+// namespace of the calling process. Errors are LbErrors naming the interface
+// and, for EPERM, the capability.
+import { EventEmitter } from 'node:events';
+import * as os from 'node:os';
+import { AttrStream, createRtNetlink, FlagsNew, ifla, rt, type RtNetlinkSocket } from 'netlink';
+import { LbError } from '../errors';
+import { broadcastOf, formatIPv4, formatMac, ipv4FromBytes, ipv4ToBytes, parseIPv4, parseMac } from '../ipv4';
+import type { Logger } from '../log';
+import { silentLogger } from '../log';
+import { interfaceNameProblem } from './sysctl';
+
+const AF_INET = 2;
+const DEFAULT_TIMEOUT_MS = 5_000;
+
+/** RFC 2863 ifOperStatus, as the kernel reports IF_OPER_* (linux/if.h). */
+export type OperState = 'unknown' | 'notpresent' | 'down' | 'lowerlayerdown' | 'testing' | 'dormant' | 'up';
+const OPER_STATES: readonly OperState[] = ['unknown', 'notpresent', 'down', 'lowerlayerdown', 'testing', 'dormant', 'up'];
+
+export type MacvlanMode = 'private' | 'vepa' | 'bridge' | 'passthru' | 'source';
+
+export interface LinkInfo {
+  readonly index: number;
+  readonly name: string;
+  /** Lower-case "aa:bb:cc:dd:ee:ff"; '' for links without one (lo has zeros). */
+  readonly mac: string;
+  /** IFLA_INFO_KIND: 'macvlan', 'veth', 'bridge', ...; undefined for physical NICs. */
+  readonly kind?: string;
+  /** IFF_UP: administratively up. */
+  readonly up: boolean;
+  /** IFLA_CARRIER. */
+  readonly carrier: boolean;
+  readonly operState: OperState;
+  /** IFLA_LINK: the lower device (macvlan parent, veth peer). */
+  readonly parentIndex?: number;
+  readonly macvlanMode?: MacvlanMode;
+  readonly mtu?: number;
+}
+
+export interface AddressInfo {
+  readonly index: number;
+  /** Dotted quad. */
+  readonly address: string;
+  readonly prefix: number;
+  readonly label?: string;
+}
+
+export type LinkEvent = { type: 'new' | 'del'; link: LinkInfo };
+export type AddressEvent = { type: 'new' | 'del'; address: AddressInfo };
+
+export interface CreateMacvlanOptions {
+  /** New link name (<= 15 bytes). */
+  name: string;
+  /** Parent link, by name or index. */
+  parent: string | number;
+  mac: string;
+  /** Always explicit (DESIGN.md): bridge lets macvlans on one parent reach each other. */
+  mode: MacvlanMode;
+}
+
+export interface NetlinkOptions {
+  log?: Logger;
+  /** Per-request timeout (default 5 s): a wedged kernel call must not hang a reconcile. */
+  timeoutMs?: number;
+}
+
+// ---------------------------------------------------------------------------
+// Pure helpers (exported for unit tests)
+
+/** The errno name in an error from the netlink package ("Request rejected: EPERM"). */
+export function netlinkErrno(err: unknown): string | undefined {
+  if (!(err instanceof Error)) return undefined;
+  const code = (err as { code?: unknown }).code;
+  if (typeof code === 'string' && /^E[A-Z0-9]+$/.test(code)) return code;
+  const m = /Request rejected: (E[A-Z0-9]+|-?\d+)/.exec(err.message);
+  if (m) return m[1];
+  if (/Timeout has been reached/.test(err.message)) return 'ETIMEDOUT';
+  return undefined;
+}
+
+/**
+ * Map a netlink failure to an LbError. `subject` names the interface(s) the
+ * verb acted on, for the message.
+ */
+export function netlinkError(err: unknown, verb: string, subject: string, extra: { macvlan?: boolean; missing?: string } = {}): LbError {
+  if (err instanceof LbError) return err;
+  const errno = netlinkErrno(err);
+  const details = { verb, subject, errno };
+  const reason = err instanceof Error ? err.message : String(err);
+  switch (errno) {
+    case 'EPERM':
+    case 'EACCES':
+      return new LbError('LB_ERR_NET_NO_CAPABILITY', `${verb} ${subject}: permission denied (${errno}); needs CAP_NET_ADMIN - run lb-agent as root or grant CAP_NET_ADMIN`, { ...details, capability: 'CAP_NET_ADMIN' }, { cause: err });
+    case 'ENODEV':
+      return new LbError('LB_ERR_NET_NO_INTERFACE', `${verb} ${subject}: interface ${extra.missing ?? subject} does not exist (ENODEV)`, { ...details, interface: extra.missing ?? subject }, { cause: err });
+    case 'EOPNOTSUPP':
+      if (extra.macvlan) {
+        return new LbError(
+          'LB_ERR_NET_MACVLAN_UNSUPPORTED',
+          `${verb} ${subject}: the kernel has no macvlan driver (EOPNOTSUPP); install a kernel with macvlan (on SLES: kernel-default instead of kernel-default-base) or load the macvlan module`,
+          details,
+          { cause: err },
+        );
+      }
+      break;
+    case 'EEXIST':
+      return new LbError('LB_ERR_NET_NETLINK', `${verb} ${subject}: already exists (EEXIST)`, details, { cause: err });
+    case 'ETIMEDOUT':
+      return new LbError('LB_ERR_NET_NETLINK', `${verb} ${subject}: no answer from the kernel (timeout)`, details, { cause: err });
+  }
+  return new LbError('LB_ERR_NET_NETLINK', `${verb} ${subject} failed: ${reason}`, details, { cause: err });
+}
+
+function flatten(data: Parameters<AttrStream['emit']>[0]): Buffer {
+  const s = new AttrStream();
+  s.emit(data);
+  return Buffer.concat(s.bufs);
+}
+
+const MACVLAN_MODE_FLAGS: Record<MacvlanMode, ifla.MacvlanMode> = {
+  private: { private: true },
+  vepa: { vepa: true },
+  bridge: { bridge: true },
+  passthru: { passthru: true },
+  source: { source: true },
+};
+
+/** IFLA_LINKINFO for a macvlan in `mode`: { kind: 'macvlan', data: { IFLA_MACVLAN_MODE } }. */
+export function macvlanLinkInfo(mode: MacvlanMode): Buffer {
+  const data = flatten(ifla.formatMacvlan({ mode: ifla.formatMacvlanMode(MACVLAN_MODE_FLAGS[mode]) }));
+  return flatten(ifla.formatInfo({ kind: 'macvlan', data }));
+}
+
+// Netlink attributes are in host byte order (netlink(7)).
+const HOST_LE = os.endianness() === 'LE';
+
+function u32(n: number): Buffer {
+  const b = Buffer.alloc(4);
+  if (HOST_LE) b.writeUInt32LE(n >>> 0);
+  else b.writeUInt32BE(n >>> 0);
+  return b;
+}
+
+function readU32(b: Buffer): number {
+  return HOST_LE ? b.readUInt32LE(0) : b.readUInt32BE(0);
+}
+
+/** A parsed RTM_NEWLINK message as a LinkInfo. */
+export function linkInfoFromMessage(msg: rt.LinkMessage): LinkInfo {
+  const { data, attrs } = msg;
+  const index = data.index ?? 0;
+  let kind: string | undefined;
+  let macvlanMode: MacvlanMode | undefined;
+  if (attrs.linkinfo) {
+    try {
+      const info = ifla.parseInfo(attrs.linkinfo);
+      kind = info.kind;
+      if (kind === 'macvlan' && info.data) {
+        const mv = ifla.parseMacvlan(info.data);
+        if (mv.mode !== undefined) {
+          const flags = ifla.parseMacvlanMode(mv.mode);
+          macvlanMode = (Object.keys(MACVLAN_MODE_FLAGS) as MacvlanMode[]).find((m) => flags[m as keyof ifla.MacvlanMode] === true);
+        }
+      }
+    } catch {
+      // An attribute this package cannot parse: report the link without it.
+    }
+  }
+  let parentIndex: number | undefined;
+  if (attrs.link && attrs.link.length >= 4) {
+    const p = readU32(attrs.link);
+    if (p !== 0 && p !== index) parentIndex = p;
+  }
+  const op = attrs.operstate;
+  return {
+    index,
+    name: attrs.ifname ?? '',
+    mac: attrs.address && attrs.address.length === 6 ? formatMac(attrs.address) : '',
+    ...(kind !== undefined ? { kind } : {}),
+    up: data.flags?.up === true,
+    carrier: attrs.carrier === 1,
+    operState: op !== undefined && op >= 0 && op < OPER_STATES.length ? OPER_STATES[op]! : 'unknown',
+    ...(parentIndex !== undefined ? { parentIndex } : {}),
+    ...(macvlanMode !== undefined ? { macvlanMode } : {}),
+    ...(attrs.mtu !== undefined ? { mtu: attrs.mtu } : {}),
+  };
+}
+
+/** A parsed RTM_NEWADDR message as an AddressInfo; undefined for non-IPv4. */
+export function addressInfoFromMessage(msg: rt.AddressMessage): AddressInfo | undefined {
+  const { data, attrs } = msg;
+  if (data.family !== AF_INET) return undefined;
+  // IFA_LOCAL is the interface's own address; IFA_ADDRESS is the peer on
+  // point-to-point links and equal to it elsewhere.
+  const raw = attrs.local ?? attrs.address;
+  if (!raw || raw.length !== 4) return undefined;
+  return {
+    index: data.index ?? 0,
+    address: formatIPv4(ipv4FromBytes(raw)),
+    prefix: data.prefixlen ?? 32,
+    ...(attrs.label !== undefined ? { label: attrs.label } : {}),
+  };
+}
+
+function checkIp(ip: string): Buffer {
+  const n = parseIPv4(ip);
+  if (n === undefined) throw new TypeError(`not an IPv4 address: ${ip}`);
+  return ipv4ToBytes(n);
+}
+
+function checkPrefix(prefix: number): void {
+  if (!Number.isInteger(prefix) || prefix < 0 || prefix > 32) throw new TypeError(`prefix must be 0..32, got ${prefix}`);
+}
+
+// ---------------------------------------------------------------------------
+// Driver
+
+export class NetlinkClient {
+  private readonly sock: RtNetlinkSocket;
+  private readonly log: Logger;
+  private readonly timeoutMs: number;
+  private closed = false;
+
+  constructor(opts: NetlinkOptions = {}) {
+    this.log = (opts.log ?? silentLogger()).child({ module: 'net/netlink' });
+    this.timeoutMs = opts.timeoutMs ?? DEFAULT_TIMEOUT_MS;
+    try {
+      this.sock = createRtNetlink();
+    } catch (err) {
+      throw netlinkError(err, 'opening', 'an rtnetlink socket');
+    }
+    // Socket-level errors would otherwise be an unhandled 'error' event.
+    this.sock.socket.on('error', (err: Error) => this.log.warn({ op: 'socket', err: err.message }, 'rtnetlink socket error'));
+  }
+
+  close(): void {
+    if (this.closed) return;
+    this.closed = true;
+    this.sock.socket.close();
+  }
+
+  private opts(flags = 0): { timeout: number; flags: number } {
+    if (this.closed) throw new LbError('LB_ERR_NET_NETLINK', 'rtnetlink client is closed');
+    return { timeout: this.timeoutMs, flags };
+  }
+
+  async listLinks(): Promise<LinkInfo[]> {
+    try {
+      const msgs = await this.sock.getLinks(undefined, undefined, this.opts());
+      return msgs.map(linkInfoFromMessage);
+    } catch (err) {
+      throw netlinkError(err, 'listing', 'links');
+    }
+  }
+
+  /** The link, or undefined when there is none by that name or index. */
+  async findLink(nameOrIndex: string | number): Promise<LinkInfo | undefined> {
+    try {
+      const msgs = typeof nameOrIndex === 'number'
+        ? await this.sock.getLink({ index: nameOrIndex }, {}, this.opts())
+        : await this.sock.getLink({}, { ifname: nameOrIndex }, this.opts());
+      return msgs[0] ? linkInfoFromMessage(msgs[0]) : undefined;
+    } catch (err) {
+      if (netlinkErrno(err) === 'ENODEV') return undefined;
+      throw netlinkError(err, 'reading link', describe(nameOrIndex));
+    }
+  }
+
+  /** The link; LB_ERR_NET_NO_INTERFACE naming it when it does not exist. */
+  async getLink(nameOrIndex: string | number): Promise<LinkInfo> {
+    if (typeof nameOrIndex === 'string') {
+      const problem = interfaceNameProblem(nameOrIndex);
+      if (problem) throw new LbError('LB_ERR_NET_NO_INTERFACE', `interface ${JSON.stringify(nameOrIndex)} cannot exist: ${problem}`, { interface: nameOrIndex });
+    }
+    const link = await this.findLink(nameOrIndex);
+    if (!link) throw new LbError('LB_ERR_NET_NO_INTERFACE', `interface ${describe(nameOrIndex)} does not exist`, { interface: nameOrIndex });
+    return link;
+  }
+
+  /**
+   * Create a macvlan (left down; see setLinkUp). Throws LB_ERR_NET_NO_INTERFACE
+   * naming the parent, LB_ERR_NET_MACVLAN_UNSUPPORTED, LB_ERR_NET_NO_CAPABILITY
+   * (CAP_NET_ADMIN), or LB_ERR_NET_NETLINK (e.g. the name exists).
+   */
+  async createMacvlan(opts: CreateMacvlanOptions): Promise<LinkInfo> {
+    const problem = interfaceNameProblem(opts.name);
+    if (problem) throw new TypeError(`macvlan name: ${problem}`);
+    const mac = parseMac(opts.mac);
+    if (!mac) throw new TypeError(`macvlan MAC is not a MAC address: ${opts.mac}`);
+    if (!(opts.mode in MACVLAN_MODE_FLAGS)) throw new TypeError(`unknown macvlan mode ${String(opts.mode)}`);
+    const parent = await this.getLink(opts.parent);
+    const subject = `macvlan ${opts.name} on ${parent.name}`;
+    try {
+      await this.sock.newLink(
+        {},
+        { ifname: opts.name, address: mac, link: u32(parent.index), linkinfo: macvlanLinkInfo(opts.mode) },
+        this.opts(FlagsNew.CREATE | FlagsNew.EXCL),
+      );
+    } catch (err) {
+      throw netlinkError(err, 'creating', subject, { macvlan: true, missing: parent.name });
+    }
+    this.log.info({ op: 'create-macvlan', name: opts.name, parent: parent.name, mac: opts.mac, mode: opts.mode }, 'macvlan created');
+    return this.getLink(opts.name);
+  }
+
+  async setLinkUp(index: number, up: boolean): Promise<void> {
+    try {
+      await this.sock.setLink({ index, change: { up: true }, flags: up ? { up: true } : {} }, {}, this.opts());
+    } catch (err) {
+      throw netlinkError(err, up ? 'bringing up' : 'bringing down', describe(index));
+    }
+  }
+
+  /** Delete a link; false when it was already gone. */
+  async deleteLink(index: number): Promise<boolean> {
+    try {
+      await this.sock.delLink({ index }, {}, this.opts());
+      this.log.info({ op: 'delete-link', index }, 'link deleted');
+      return true;
+    } catch (err) {
+      if (netlinkErrno(err) === 'ENODEV') return false;
+      throw netlinkError(err, 'deleting', describe(index));
+    }
+  }
+
+  /**
+   * Add ip/prefix to a link, idempotently (NLM_F_REPLACE, like `ip addr
+   * replace`). The broadcast address is set for prefixes up to /30.
+   */
+  async addAddress(index: number, ip: string, prefix: number): Promise<void> {
+    const local = checkIp(ip);
+    checkPrefix(prefix);
+    const attrs: rt.AddressAttrs = { local, address: local };
+    if (prefix <= 30) attrs.broadcast = ipv4ToBytes(broadcastOf({ network: parseIPv4(ip)!, prefix }));
+    try {
+      await this.sock.newAddress({ family: AF_INET, prefixlen: prefix, index, scope: 0 }, attrs, this.opts(FlagsNew.CREATE | FlagsNew.REPLACE));
+    } catch (err) {
+      throw netlinkError(err, `adding ${ip}/${prefix} to`, describe(index));
+    }
+    this.log.info({ op: 'add-address', index, address: `${ip}/${prefix}` }, 'address added');
+  }
+
+  /** Remove ip/prefix from a link; false when it was not there. */
+  async removeAddress(index: number, ip: string, prefix: number): Promise<boolean> {
+    const local = checkIp(ip);
+    checkPrefix(prefix);
+    try {
+      await this.sock.delAddress({ family: AF_INET, prefixlen: prefix, index }, { local, address: local }, this.opts());
+    } catch (err) {
+      const errno = netlinkErrno(err);
+      if (errno === 'EADDRNOTAVAIL' || errno === 'ENODEV') return false;
+      throw netlinkError(err, `removing ${ip}/${prefix} from`, describe(index));
+    }
+    this.log.info({ op: 'remove-address', index, address: `${ip}/${prefix}` }, 'address removed');
+    return true;
+  }
+
+  /** IPv4 addresses, of one link or of all. */
+  async listAddresses(index?: number): Promise<AddressInfo[]> {
+    try {
+      const msgs = await this.sock.getAddresses({ family: AF_INET }, undefined, this.opts());
+      return msgs
+        .map(addressInfoFromMessage)
+        .filter((a): a is AddressInfo => a !== undefined && (index === undefined || a.index === index));
+    } catch (err) {
+      throw netlinkError(err, 'listing addresses of', index === undefined ? 'all links' : describe(index));
+    }
+  }
+
+  /** Subscribe to link and IPv4 address changes (RTNLGRP_LINK, RTNLGRP_IPV4_IFADDR). */
+  watch(opts: { ref?: boolean } = {}): NetlinkWatcher {
+    return new NetlinkWatcher(this.log, opts.ref ?? false);
+  }
+}
+
+/** Turn one rtnetlink notification into an event; undefined for other message types. Throws on garbage. */
+export function parseNotification(type: number, data: Buffer): ['link', LinkEvent] | ['address', AddressEvent] | undefined {
+  switch (type) {
+    case rt.MessageType.NEWLINK:
+    case rt.MessageType.DELLINK: {
+      const link = linkInfoFromMessage(rt.parseMessage(type, data) as rt.LinkMessage);
+      return ['link', { type: type === rt.MessageType.NEWLINK ? 'new' : 'del', link }];
+    }
+    case rt.MessageType.NEWADDR:
+    case rt.MessageType.DELADDR: {
+      const address = addressInfoFromMessage(rt.parseMessage(type, data) as rt.AddressMessage);
+      return address ? ['address', { type: type === rt.MessageType.NEWADDR ? 'new' : 'del', address }] : undefined;
+    }
+    default:
+      return undefined;
+  }
+}
+
+function describe(nameOrIndex: string | number): string {
+  return typeof nameOrIndex === 'number' ? `ifindex ${nameOrIndex}` : nameOrIndex;
+}
+
+/**
+ * Link and address change notifications on their own socket. Events:
+ * 'link' (LinkEvent), 'address' (AddressEvent), and 'resync' (reason) when
+ * notifications may have been lost (ENOBUFS: the owner should list again).
+ */
+export class NetlinkWatcher extends EventEmitter {
+  private readonly sock: RtNetlinkSocket;
+  private closed = false;
+
+  constructor(private readonly log: Logger, ref: boolean) {
+    super();
+    try {
+      // A larger receive buffer than the default so a burst of changes (a
+      // parent going down takes every macvlan with it) is not lost to ENOBUFS.
+      this.sock = createRtNetlink({ ref, recvBufferSize: 1 << 20 } as Parameters<typeof createRtNetlink>[0]);
+    } catch (err) {
+      throw netlinkError(err, 'opening', 'an rtnetlink socket');
+    }
+    this.sock.addMembership('LINK');
+    this.sock.addMembership('IPV4_IFADDR');
+    this.sock.socket.on('message', (msgs) => this.onMessages(msgs));
+    this.sock.socket.on('error', (err: Error) => {
+      // ENOBUFS: the kernel dropped notifications because we read too slowly.
+      this.log.warn({ op: 'watch', err: err.message }, 'rtnetlink watch socket error; state must be re-read');
+      this.emit('resync', err.message);
+    });
+  }
+
+  private onMessages(msgs: Array<{ type: number; data: Buffer }>): void {
+    for (const m of msgs) {
+      let event: ['link', LinkEvent] | ['address', AddressEvent] | undefined;
+      try {
+        event = parseNotification(m.type, m.data);
+      } catch (err) {
+        // A notification this package cannot parse: dropped, not thrown.
+        this.log.debug({ op: 'watch', type: m.type, err: (err as Error).message }, 'unparsable rtnetlink notification');
+      }
+      if (event) this.emit(event[0], event[1]);
+    }
+  }
+
+  close(): void {
+    if (this.closed) return;
+    this.closed = true;
+    this.sock.socket.close();
+  }
+}
+
+/** Open an rtnetlink client in the calling process's network namespace. */
+export function openNetlink(opts: NetlinkOptions = {}): NetlinkClient {
+  return new NetlinkClient(opts);
+}

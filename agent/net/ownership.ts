@@ -1,0 +1,71 @@
+// Ownership marks (pure): the link names, MAC addresses and DHCP client
+// identifiers the agent derives from a service key ("namespace/name"), and
+// how it recognises its own links after a restart. Deterministic, so a
+// service keeps its MAC (and so its DHCP lease) across restarts, reboots and
+// moves to another VM.
+import { createHash } from 'node:crypto';
+import { parseMac } from '../ipv4';
+
+/** Every agent-created link is named LINK_PREFIX + 12 hex digits. */
+export const LINK_PREFIX = 'lbv';
+/** Locally administered (bit 1), unicast (bit 0 clear) first octet: IEEE 802 §8.2. */
+export const MAC_PREFIX = '02:';
+/** IFNAMSIZ is 16 including the NUL. */
+export const MAX_IFNAME_LENGTH = 15;
+
+const OWNED_NAME = /^lbv[0-9a-f]{12}$/;
+
+function digest(key: string): Buffer {
+  return createHash('sha256').update(key, 'utf8').digest();
+}
+
+/**
+ * 'lbv' + the first 6 bytes of SHA-256(key) in hex: 15 characters, the most
+ * IFNAMSIZ allows. 48 bits make an accidental collision between services of
+ * one agent negligible.
+ */
+export function linkNameForService(key: string): string {
+  return LINK_PREFIX + digest(key).subarray(0, 6).toString('hex');
+}
+
+/**
+ * '02:' + the first 5 bytes of SHA-256(key): locally administered, so it
+ * never collides with a vendor (OUI) address.
+ */
+export function macForService(key: string): string {
+  const d = digest(key);
+  return MAC_PREFIX + Array.from(d.subarray(0, 5), (b) => b.toString(16).padStart(2, '0')).join(':');
+}
+
+/**
+ * DHCP client identifier (option 61) for a service: type 1 (Ethernet)
+ * followed by the service MAC, RFC 2132 §9.14 - the form dhclient and most
+ * clients send by default. Chosen over RFC 4361's type 255 (IAID + DUID)
+ * because it is already stable (the MAC is derived from the key, not from
+ * the VM), every DHCP server and its operators recognise it, and lease
+ * tables then show the same address in both columns.
+ */
+export function clientIdForService(key: string): Buffer {
+  const mac = parseMac(macForService(key))!;
+  return Buffer.concat([Buffer.from([1]), mac]);
+}
+
+/** What ownership needs to know about a link. */
+export interface LinkMarks {
+  readonly name: string;
+  readonly mac: string;
+}
+
+/**
+ * An agent link: the name is LINK_PREFIX + 12 hex digits AND the MAC is
+ * locally administered with the '02:' prefix. Both, so an operator's own
+ * interface that merely starts with 'lbv' is never touched.
+ */
+export function isOwnedLink(link: LinkMarks): boolean {
+  return OWNED_NAME.test(link.name) && link.mac.toLowerCase().startsWith(MAC_PREFIX);
+}
+
+/** Whether a link name carries the agent prefix (whatever its MAC). */
+export function hasOwnedName(name: string): boolean {
+  return OWNED_NAME.test(name);
+}

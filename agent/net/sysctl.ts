@@ -1,0 +1,129 @@
+// Per-interface IPv4 sysctls (driver over /proc/sys/net/ipv4/conf/<if>/):
+// read and set the ARP-flux and reverse-path knobs DESIGN.md requires on the
+// parent NIC and on each macvlan. Values are small integers; paths are built
+// only from validated interface names and a fixed set of keys.
+import { promises as fsp } from 'node:fs';
+import * as path from 'node:path';
+import { LbError } from '../errors';
+
+export const IF_SYSCTL_KEYS = ['arp_ignore', 'arp_announce', 'rp_filter', 'accept_local', 'arp_accept'] as const;
+export type IfSysctlKey = (typeof IF_SYSCTL_KEYS)[number];
+
+export interface SysctlOptions {
+  /** Root of the sysctl tree; tests point it at a temporary directory. */
+  root?: string;
+}
+
+const DEFAULT_ROOT = '/proc/sys';
+
+/**
+ * The kernel's dev_valid_name(): 1..15 bytes, not "." or "..", no '/',
+ * ':' or whitespace. Also "all" and "default", which are conf directories.
+ * Returns the reason the name is invalid, or undefined.
+ */
+export function interfaceNameProblem(name: string): string | undefined {
+  if (typeof name !== 'string' || name.length === 0) return 'interface name is empty';
+  if (Buffer.byteLength(name) > 15) return `interface name ${JSON.stringify(name)} is longer than 15 bytes`;
+  if (name === '.' || name === '..') return `interface name ${JSON.stringify(name)} is reserved`;
+  if (/[/:\s]/.test(name)) return `interface name ${JSON.stringify(name)} contains '/', ':' or whitespace`;
+  return undefined;
+}
+
+/** /proc/sys/net/ipv4/conf/<ifname>/<key>, after validating both parts. */
+export function ifSysctlPath(ifname: string, key: IfSysctlKey, opts: SysctlOptions = {}): string {
+  const problem = interfaceNameProblem(ifname);
+  if (problem) throw new LbError('LB_ERR_NET_SYSCTL', `cannot address sysctl ${key}: ${problem}`, { interface: ifname, key });
+  if (!(IF_SYSCTL_KEYS as readonly string[]).includes(key)) {
+    throw new LbError('LB_ERR_NET_SYSCTL', `unknown interface sysctl ${JSON.stringify(key)}`, { interface: ifname, key });
+  }
+  return path.join(opts.root ?? DEFAULT_ROOT, 'net', 'ipv4', 'conf', ifname, key);
+}
+
+function sysctlName(ifname: string, key: IfSysctlKey): string {
+  return `net.ipv4.conf.${ifname}.${key}`;
+}
+
+function ioError(err: unknown, action: string, ifname: string, key: IfSysctlKey): LbError {
+  const code = (err as NodeJS.ErrnoException).code;
+  const name = sysctlName(ifname, key);
+  if (code === 'ENOENT') {
+    return new LbError('LB_ERR_NET_NO_INTERFACE', `cannot ${action} ${name}: interface ${ifname} has no IPv4 configuration (does it exist?)`, { interface: ifname, key }, { cause: err });
+  }
+  if (code === 'EACCES' || code === 'EPERM' || code === 'EROFS') {
+    return new LbError(
+      'LB_ERR_NET_NO_CAPABILITY',
+      `cannot ${action} ${name}: permission denied (${code}); needs root with CAP_NET_ADMIN and a writable /proc/sys`,
+      { interface: ifname, key, capability: 'CAP_NET_ADMIN' },
+      { cause: err },
+    );
+  }
+  return new LbError('LB_ERR_NET_SYSCTL', `cannot ${action} ${name}: ${(err as Error).message}`, { interface: ifname, key }, { cause: err });
+}
+
+export async function readIfSysctl(ifname: string, key: IfSysctlKey, opts: SysctlOptions = {}): Promise<number> {
+  const file = ifSysctlPath(ifname, key, opts);
+  let text: string;
+  try {
+    text = await fsp.readFile(file, 'utf8');
+  } catch (err) {
+    throw ioError(err, 'read', ifname, key);
+  }
+  const v = Number(text.trim());
+  if (!Number.isInteger(v)) throw new LbError('LB_ERR_NET_SYSCTL', `${sysctlName(ifname, key)} holds ${JSON.stringify(text.trim())}, not an integer`, { interface: ifname, key });
+  return v;
+}
+
+export async function writeIfSysctl(ifname: string, key: IfSysctlKey, value: number, opts: SysctlOptions = {}): Promise<void> {
+  if (!Number.isInteger(value) || value < 0) throw new RangeError(`sysctl value must be a non-negative integer, got ${value}`);
+  const file = ifSysctlPath(ifname, key, opts);
+  try {
+    // No O_CREAT: a missing interface must fail (ENOENT), not create a file.
+    await fsp.writeFile(file, `${value}\n`, { flag: 'r+' });
+  } catch (err) {
+    throw ioError(err, 'set', ifname, key);
+  }
+}
+
+export type VipRole = 'parent' | 'macvlan';
+
+/**
+ * DESIGN.md "ARP flux": with several addresses on one LAN the kernel answers
+ * ARP for any local address on any NIC. arp_ignore=1 answers only for
+ * addresses on the receiving interface; arp_announce=2 always uses the
+ * outgoing interface's best address as the ARP source. On macvlans,
+ * rp_filter=2 (loose, RFC 3704 §2.4) because replies may route via the parent.
+ */
+export function vipSysctls(role: VipRole): ReadonlyArray<readonly [IfSysctlKey, number]> {
+  const base: Array<readonly [IfSysctlKey, number]> = [['arp_ignore', 1], ['arp_announce', 2]];
+  if (role === 'macvlan') base.push(['rp_filter', 2]);
+  return base;
+}
+
+export interface SysctlChange {
+  key: IfSysctlKey;
+  from: number;
+  to: number;
+}
+
+/**
+ * Apply vipSysctls(role) to an interface. Returns what changed (values
+ * already right are left alone). All or nothing: if a write fails, the ones
+ * already made are restored before the error is thrown.
+ */
+export async function applyVipSysctls(ifname: string, role: VipRole, opts: SysctlOptions = {}): Promise<SysctlChange[]> {
+  const changes: SysctlChange[] = [];
+  try {
+    for (const [key, to] of vipSysctls(role)) {
+      const from = await readIfSysctl(ifname, key, opts);
+      if (from === to) continue;
+      await writeIfSysctl(ifname, key, to, opts);
+      changes.push({ key, from, to });
+    }
+  } catch (err) {
+    for (const c of changes.reverse()) {
+      try { await writeIfSysctl(ifname, c.key, c.from, opts); } catch { /* best effort: the original error is what matters */ }
+    }
+    throw err;
+  }
+  return changes;
+}

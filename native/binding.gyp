@@ -1,0 +1,30 @@
+# Thin N-API addon for lb-agent (see native/src/addon.cc): file descriptors
+# and syscalls only. Built from source by `npm ci` (root package.json runs
+# `node-gyp rebuild --directory=native`). native/ is not a package: the
+# node-addon-api include path is resolved by Node from the repo root's
+# node_modules (resolution walks upward from native/).
+{
+  "targets": [
+    {
+      "target_name": "lbagent_native",
+      "sources": [
+        "src/addon.cc",
+        "src/errors.cc",
+        "src/packet_socket.cc",
+        "src/unix_dgram.cc",
+        "src/system.cc"
+      ],
+      "include_dirs": [
+        "<!(node -p \"require('node-addon-api').include_dir\")"
+      ],
+      "defines": [
+        "NAPI_VERSION=8",
+        "NAPI_CPP_EXCEPTIONS",
+        "NODE_ADDON_API_DISABLE_DEPRECATED"
+      ],
+      "cflags!": ["-fno-exceptions"],
+      "cflags_cc!": ["-fno-exceptions"],
+      "cflags_cc": ["-std=c++17", "-Wall", "-Wextra", "-Wno-unused-parameter"]
+    }
+  ]
+}

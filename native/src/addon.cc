@@ -1,0 +1,12 @@
+// lbagent_native module entry: registers the packet socket class, the unix
+// datagram sender (sd_notify) and small system queries (capabilities, ifindex).
+#include "common.h"
+
+static Napi::Object InitAddon(Napi::Env env, Napi::Object exports) {
+  lbagent::InitPacketSocket(env, exports);
+  lbagent::InitUnixDgram(env, exports);
+  lbagent::InitSystem(env, exports);
+  return exports;
+}
+
+NODE_API_MODULE(lbagent_native, InitAddon)

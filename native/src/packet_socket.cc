@@ -1,0 +1,396 @@
+// PacketHandle: an AF_PACKET/SOCK_RAW socket bound to one interface and one
+// ethertype, with readiness from libuv (uv_poll: no thread, no busy loop).
+// Whole Ethernet frames go in and out; nothing here parses them. The kernel
+// facts we rely on are in packet(7).
+#include "common.h"
+
+#include <arpa/inet.h>
+#include <linux/filter.h>
+#include <linux/if_packet.h>
+#include <net/ethernet.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+namespace lbagent {
+
+namespace {
+
+// Largest frame we accept in one read: a GRO-merged skb can exceed the MTU
+// (up to 64 KiB of payload plus headers). Longer frames are reported as
+// truncated, with their real length, rather than silently cut.
+constexpr size_t kRecvBufferSize = 65536 + 256;
+// Frames handed to JavaScript per readiness callback. The poll is
+// level-triggered, so anything left is read on the next loop iteration; the
+// cap only keeps one busy socket from starving timers and other sockets.
+constexpr int kMaxFramesPerWake = 512;
+
+class PacketHandle : public Napi::ObjectWrap<PacketHandle> {
+ public:
+  static Napi::Function Define(Napi::Env env) {
+    return DefineClass(env, "PacketHandle",
+                       {
+                           InstanceMethod("send", &PacketHandle::Send),
+                           InstanceMethod("attachFilter", &PacketHandle::AttachFilter),
+                           InstanceMethod("addMembership", &PacketHandle::AddMembership),
+                           InstanceMethod("dropMembership", &PacketHandle::DropMembership),
+                           InstanceMethod("start", &PacketHandle::Start),
+                           InstanceMethod("stop", &PacketHandle::Stop),
+                           InstanceMethod("setRef", &PacketHandle::SetRef),
+                           InstanceMethod("close", &PacketHandle::Close),
+                           InstanceAccessor("fd", &PacketHandle::Fd, nullptr),
+                       });
+  }
+
+  // new PacketHandle(ifindex, protocolHostOrder, filter?)
+  explicit PacketHandle(const Napi::CallbackInfo& info) : Napi::ObjectWrap<PacketHandle>(info) {
+    Napi::Env env = info.Env();
+    if (info.Length() < 2 || !info[0].IsNumber() || !info[1].IsNumber()) {
+      throw Napi::TypeError::New(env, "PacketHandle(ifindex, protocol, filter?)");
+    }
+    int64_t ifindex = info[0].As<Napi::Number>().Int64Value();
+    int64_t protocol = info[1].As<Napi::Number>().Int64Value();
+    if (ifindex <= 0 || ifindex > 0x7fffffff) throw Napi::RangeError::New(env, "ifindex must be a positive integer");
+    if (protocol < 0 || protocol > 0xffff) throw Napi::RangeError::New(env, "protocol must be an ethertype (0..0xffff)");
+    ifindex_ = static_cast<int>(ifindex);
+    protocol_ = static_cast<uint16_t>(protocol);
+
+    std::vector<sock_filter> program;
+    bool has_filter = info.Length() > 2 && !info[2].IsUndefined() && !info[2].IsNull();
+    if (has_filter) program = ParseFilter(env, info[2]);
+
+    // packet(7): a socket opened with protocol 0 receives nothing until it is
+    // bound, so the filter is in place before the first frame can be queued
+    // and no frame from another interface or ethertype slips in.
+    int fd = socket(AF_PACKET, SOCK_RAW | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) throw ErrnoError(env, errno, "socket");
+    fd_ = fd;
+    if (has_filter) {
+      sock_fprog fprog{static_cast<unsigned short>(program.size()), program.data()};
+      if (setsockopt(fd_, SOL_SOCKET, SO_ATTACH_FILTER, &fprog, sizeof(fprog)) < 0) FailAndClose(env, "setsockopt");
+    }
+    // PACKET_AUXDATA gives tp_status per frame: TP_STATUS_CSUMNOTREADY marks
+    // frames whose checksum is left to offload (veth, virtio), which callers
+    // must not drop as corrupt.
+    int one = 1;
+    if (setsockopt(fd_, SOL_PACKET, PACKET_AUXDATA, &one, sizeof(one)) < 0) FailAndClose(env, "setsockopt");
+    sockaddr_ll addr{};
+    addr.sll_family = AF_PACKET;
+    addr.sll_protocol = htons(protocol_);
+    addr.sll_ifindex = ifindex_;
+    if (bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) < 0) FailAndClose(env, "bind");
+    // Close with the environment (process exit, worker end) even if the
+    // socket is never closed: no poll callback may run into a dying VM.
+    if (napi_add_env_cleanup_hook(env, &PacketHandle::OnEnvCleanup, this) == napi_ok) cleanup_hook_ = true;
+  }
+
+  ~PacketHandle() override { Release(); }
+
+ private:
+  [[noreturn]] void FailAndClose(Napi::Env env, const char* syscall) {
+    int err = errno;
+    ::close(fd_);
+    fd_ = -1;
+    throw ErrnoError(env, err, syscall);
+  }
+
+  static std::vector<sock_filter> ParseFilter(Napi::Env env, Napi::Value value) {
+    if (!value.IsArray()) throw Napi::TypeError::New(env, "filter must be an array of [code, jt, jf, k]");
+    Napi::Array arr = value.As<Napi::Array>();
+    uint32_t n = arr.Length();
+    if (n == 0 || n > BPF_MAXINSNS) throw Napi::RangeError::New(env, "filter must have 1..4096 instructions");
+    std::vector<sock_filter> program(n);
+    for (uint32_t i = 0; i < n; i++) {
+      Napi::Value insn = arr.Get(i);
+      if (!insn.IsArray() || insn.As<Napi::Array>().Length() != 4) {
+        throw Napi::TypeError::New(env, "filter instruction must be [code, jt, jf, k]");
+      }
+      Napi::Array f = insn.As<Napi::Array>();
+      double code = f.Get(0u).ToNumber().DoubleValue();
+      double jt = f.Get(1u).ToNumber().DoubleValue();
+      double jf = f.Get(2u).ToNumber().DoubleValue();
+      double k = f.Get(3u).ToNumber().DoubleValue();
+      if (!(code >= 0 && code <= 0xffff) || !(jt >= 0 && jt <= 0xff) || !(jf >= 0 && jf <= 0xff) ||
+          !(k >= 0 && k <= 4294967295.0)) {
+        throw Napi::RangeError::New(env, "filter instruction field out of range");
+      }
+      program[i].code = static_cast<uint16_t>(code);
+      program[i].jt = static_cast<uint8_t>(jt);
+      program[i].jf = static_cast<uint8_t>(jf);
+      program[i].k = static_cast<uint32_t>(k);
+    }
+    return program;
+  }
+
+  void CheckOpen(Napi::Env env) {
+    if (fd_ < 0) throw ErrnoError(env, EBADF, "packet socket", "closed");
+  }
+
+  // send(frame: Buffer): number of bytes written.
+  Napi::Value Send(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    CheckOpen(env);
+    if (info.Length() < 1 || !info[0].IsBuffer()) throw Napi::TypeError::New(env, "send(frame: Buffer)");
+    Napi::Buffer<uint8_t> frame = info[0].As<Napi::Buffer<uint8_t>>();
+    if (frame.Length() < ETH_HLEN) throw Napi::RangeError::New(env, "frame shorter than an Ethernet header");
+    sockaddr_ll addr{};
+    addr.sll_family = AF_PACKET;
+    addr.sll_ifindex = ifindex_;
+    // The frame's own ethertype becomes skb->protocol.
+    std::memcpy(&addr.sll_protocol, frame.Data() + 12, 2);
+    addr.sll_halen = ETH_ALEN;
+    std::memcpy(addr.sll_addr, frame.Data(), ETH_ALEN);
+    ssize_t n;
+    do {
+      n = sendto(fd_, frame.Data(), frame.Length(), 0, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    } while (n < 0 && errno == EINTR);
+    if (n < 0) throw ErrnoError(env, errno, "sendto");
+    return Napi::Number::New(env, static_cast<double>(n));
+  }
+
+  // attachFilter(program): replace the socket's classic BPF filter.
+  Napi::Value AttachFilter(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    CheckOpen(env);
+    std::vector<sock_filter> program = ParseFilter(env, info[0]);
+    sock_fprog fprog{static_cast<unsigned short>(program.size()), program.data()};
+    if (setsockopt(fd_, SOL_SOCKET, SO_ATTACH_FILTER, &fprog, sizeof(fprog)) < 0) {
+      throw ErrnoError(env, errno, "setsockopt");
+    }
+    return env.Undefined();
+  }
+
+  Napi::Value Membership(const Napi::CallbackInfo& info, int option) {
+    Napi::Env env = info.Env();
+    CheckOpen(env);
+    if (info.Length() < 1 || !info[0].IsString()) {
+      throw Napi::TypeError::New(env, "membership(kind: 'multicast'|'promisc'|'allmulti', mac?: Buffer)");
+    }
+    std::string kind = info[0].As<Napi::String>().Utf8Value();
+    packet_mreq mreq{};
+    mreq.mr_ifindex = ifindex_;
+    if (kind == "multicast") {
+      if (info.Length() < 2 || !info[1].IsBuffer() || info[1].As<Napi::Buffer<uint8_t>>().Length() != ETH_ALEN) {
+        throw Napi::TypeError::New(env, "multicast membership needs a 6-byte MAC Buffer");
+      }
+      mreq.mr_type = PACKET_MR_MULTICAST;
+      mreq.mr_alen = ETH_ALEN;
+      std::memcpy(mreq.mr_address, info[1].As<Napi::Buffer<uint8_t>>().Data(), ETH_ALEN);
+    } else if (kind == "promisc") {
+      mreq.mr_type = PACKET_MR_PROMISC;
+    } else if (kind == "allmulti") {
+      mreq.mr_type = PACKET_MR_ALLMULTI;
+    } else {
+      throw Napi::TypeError::New(env, "unknown membership kind");
+    }
+    // Memberships belong to the socket: the kernel drops them when it closes,
+    // so a crash never leaves an interface promiscuous.
+    if (setsockopt(fd_, SOL_PACKET, option, &mreq, sizeof(mreq)) < 0) throw ErrnoError(env, errno, "setsockopt");
+    return env.Undefined();
+  }
+  Napi::Value AddMembership(const Napi::CallbackInfo& info) { return Membership(info, PACKET_ADD_MEMBERSHIP); }
+  Napi::Value DropMembership(const Napi::CallbackInfo& info) { return Membership(info, PACKET_DROP_MEMBERSHIP); }
+
+  // start(callback(err, frames)): frames is an array of
+  // { frame: Buffer, status: number (tp_status), pktType: number, length: number }.
+  Napi::Value Start(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    CheckOpen(env);
+    if (info.Length() < 1 || !info[0].IsFunction()) throw Napi::TypeError::New(env, "start(callback)");
+    callback_ = Napi::Persistent(info[0].As<Napi::Function>());
+    if (!context_) context_ = std::make_unique<Napi::AsyncContext>(env, "lbagent:PacketSocket");
+    if (poll_ == nullptr) {
+      uv_loop_t* loop = nullptr;
+      if (napi_get_uv_event_loop(env, &loop) != napi_ok) throw Napi::Error::New(env, "no libuv loop");
+      poll_ = new uv_poll_t;
+      int rc = uv_poll_init(loop, poll_, fd_);
+      if (rc < 0) {
+        delete poll_;
+        poll_ = nullptr;
+        throw ErrnoError(env, -rc, "uv_poll_init");
+      }
+      poll_->data = this;
+      if (!referenced_) uv_unref(reinterpret_cast<uv_handle_t*>(poll_));
+    }
+    int rc = uv_poll_start(poll_, UV_READABLE, &PacketHandle::OnReadable);
+    if (rc < 0) throw ErrnoError(env, -rc, "uv_poll_start");
+    if (!polling_) {
+      polling_ = true;
+      Ref();  // keep the wrapper alive while the kernel may call us back
+    }
+    if (recv_buffer_.empty()) recv_buffer_.resize(kRecvBufferSize);
+    return env.Undefined();
+  }
+
+  Napi::Value Stop(const Napi::CallbackInfo& info) {
+    StopPolling();
+    return info.Env().Undefined();
+  }
+
+  // setRef(bool): whether an active socket keeps the event loop alive.
+  Napi::Value SetRef(const Napi::CallbackInfo& info) {
+    referenced_ = info.Length() > 0 && info[0].ToBoolean().Value();
+    if (poll_ != nullptr) {
+      if (referenced_) uv_ref(reinterpret_cast<uv_handle_t*>(poll_));
+      else uv_unref(reinterpret_cast<uv_handle_t*>(poll_));
+    }
+    return info.Env().Undefined();
+  }
+
+  Napi::Value Close(const Napi::CallbackInfo& info) {
+    StopPolling();
+    Release();
+    callback_.Reset();
+    return info.Env().Undefined();
+  }
+
+  Napi::Value Fd(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), fd_); }
+
+  void StopPolling() {
+    if (poll_ != nullptr) uv_poll_stop(poll_);
+    if (polling_) {
+      polling_ = false;
+      Unref();
+    }
+  }
+
+  static void OnEnvCleanup(void* arg) {
+    auto* self = static_cast<PacketHandle*>(arg);
+    self->cleanup_hook_ = false;  // the hook is being run; it must not be removed
+    self->Release();
+  }
+
+  // Closes the poll handle before the descriptor, as libuv requires.
+  void Release() {
+    if (cleanup_hook_) {
+      napi_remove_env_cleanup_hook(Env(), &PacketHandle::OnEnvCleanup, this);
+      cleanup_hook_ = false;
+    }
+    if (poll_ != nullptr) {
+      uv_poll_stop(poll_);
+      uv_close(reinterpret_cast<uv_handle_t*>(poll_), [](uv_handle_t* h) { delete reinterpret_cast<uv_poll_t*>(h); });
+      poll_ = nullptr;
+    }
+    if (fd_ >= 0) {
+      ::close(fd_);
+      fd_ = -1;
+    }
+  }
+
+  static void OnReadable(uv_poll_t* handle, int status, int events) {
+    try {
+      static_cast<PacketHandle*>(handle->data)->Drain(status);
+    } catch (...) {
+      // Nothing may unwind into libuv. Exceptions from JavaScript are handled
+      // in Drain; what is left means the VM cannot run code now.
+    }
+  }
+
+  // Read every queued frame (up to kMaxFramesPerWake) and hand them to
+  // JavaScript in one call, with the socket error if there was one.
+  void Drain(int status) {
+    Napi::Env env = Env();
+    Napi::HandleScope scope(env);
+    Napi::Array frames = Napi::Array::New(env);
+    uint32_t count = 0;
+    int read_errno = 0;
+    const char* failed_call = nullptr;
+    bool can_read = fd_ >= 0;
+    if (status < 0) {
+      // libuv turns POLLERR into UV_EBADF and stops the handle. The real
+      // cause is the socket's pending error: packet(7) sets ENETDOWN when the
+      // interface goes down, and the socket works again once it is back up,
+      // so clear the error (SO_ERROR), report it and keep polling.
+      int soerr = 0;
+      socklen_t len = sizeof(soerr);
+      if (fd_ >= 0 && getsockopt(fd_, SOL_SOCKET, SO_ERROR, &soerr, &len) == 0 && soerr != 0) {
+        read_errno = soerr;
+        failed_call = "recvmsg";
+        if (polling_ && poll_ != nullptr) uv_poll_start(poll_, UV_READABLE, &PacketHandle::OnReadable);
+      } else {
+        read_errno = -status;
+        failed_call = "uv_poll";
+        can_read = false;
+      }
+    }
+    while (can_read && count < static_cast<uint32_t>(kMaxFramesPerWake) && fd_ >= 0) {
+      sockaddr_ll from{};
+      iovec iov{recv_buffer_.data(), recv_buffer_.size()};
+      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(tpacket_auxdata))];
+      msghdr msg{};
+      msg.msg_name = &from;
+      msg.msg_namelen = sizeof(from);
+      msg.msg_iov = &iov;
+      msg.msg_iovlen = 1;
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof(control);
+      // MSG_TRUNC: packet(7) returns the frame's real length even when the
+      // buffer was shorter.
+      ssize_t n = recvmsg(fd_, &msg, MSG_TRUNC | MSG_DONTWAIT);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+        // e.g. ENETDOWN when the interface goes down: report, keep the socket.
+        if (read_errno == 0) {
+          read_errno = errno;
+          failed_call = "recvmsg";
+        }
+        break;
+      }
+      uint32_t tp_status = 0;
+      for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level == SOL_PACKET && c->cmsg_type == PACKET_AUXDATA &&
+            c->cmsg_len >= CMSG_LEN(sizeof(tpacket_auxdata))) {
+          tpacket_auxdata aux;
+          std::memcpy(&aux, CMSG_DATA(c), sizeof(aux));
+          tp_status = aux.tp_status;
+        }
+      }
+      size_t copied = static_cast<size_t>(n) < recv_buffer_.size() ? static_cast<size_t>(n) : recv_buffer_.size();
+      Napi::Object entry = Napi::Object::New(env);
+      entry.Set("frame", Napi::Buffer<uint8_t>::Copy(env, recv_buffer_.data(), copied));
+      entry.Set("status", Napi::Number::New(env, tp_status));
+      entry.Set("pktType", Napi::Number::New(env, from.sll_pkttype));
+      entry.Set("length", Napi::Number::New(env, static_cast<double>(n)));
+      frames.Set(count++, entry);
+    }
+    if (count == 0 && read_errno == 0) return;
+    if (callback_.IsEmpty()) return;
+    Napi::Value err = env.Null();
+    if (read_errno != 0) err = ErrnoError(env, read_errno, failed_call).Value();
+    try {
+      // MakeCallback (not Call): runs in an async context and drains the
+      // nextTick and microtask queues afterwards, like any libuv callback.
+      callback_.MakeCallback(env.Global(), {err, frames}, *context_);
+    } catch (const Napi::Error& e) {
+      // An exception from the JavaScript side is an uncaught exception of
+      // the process, exactly as with a socket 'data' listener.
+      napi_fatal_exception(env, e.Value());
+    }
+  }
+
+  int fd_ = -1;
+  int ifindex_ = 0;
+  uint16_t protocol_ = 0;
+  uv_poll_t* poll_ = nullptr;
+  bool polling_ = false;
+  bool referenced_ = true;
+  bool cleanup_hook_ = false;
+  Napi::FunctionReference callback_;
+  std::unique_ptr<Napi::AsyncContext> context_;
+  std::vector<uint8_t> recv_buffer_;
+};
+
+}  // namespace
+
+Napi::Object InitPacketSocket(Napi::Env env, Napi::Object exports) {
+  exports.Set("PacketHandle", PacketHandle::Define(env));
+  return exports;
+}
+
+}  // namespace lbagent

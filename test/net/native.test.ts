@@ -1,0 +1,97 @@
+// The native addon boundary: it loads, and its errors look like Node's.
+// (Packet sockets need CAP_NET_RAW: see test/privileged/net-packet.test.ts.)
+import t from 'tap';
+import * as fs from 'node:fs';
+import {
+  CAP_NET_ADMIN,
+  capabilities,
+  hasCapability,
+  ifIndexToName,
+  ifNameToIndex,
+  isSystemError,
+  loadNative,
+  nativeAddonPath,
+  sendUnixDatagram,
+} from '../../agent/net/native';
+
+t.test('the addon is built and loads', async (t) => {
+  t.ok(fs.existsSync(nativeAddonPath()), nativeAddonPath());
+  const n = loadNative();
+  t.type(n.PacketHandle, 'function');
+});
+
+t.test('interface lookups', async (t) => {
+  t.equal(ifNameToIndex('lo'), 1);
+  t.equal(ifIndexToName(1), 'lo');
+  try {
+    ifNameToIndex('nosuchif0');
+    t.fail('should throw');
+  } catch (err) {
+    t.ok(isSystemError(err));
+    t.match(err, { code: 'ENODEV', errno: -19, syscall: 'if_nametoindex', message: /^ENODEV: .*nosuchif0/ });
+  }
+});
+
+t.test('capabilities', async (t) => {
+  const caps = capabilities();
+  t.type(caps.effective, 'bigint');
+  t.type(caps.permitted, 'bigint');
+  t.equal(hasCapability(CAP_NET_ADMIN, { effective: 1n << 12n, permitted: 0n, inheritable: 0n }), true);
+  t.equal(hasCapability(CAP_NET_ADMIN, { effective: 1n << 13n, permitted: 0n, inheritable: 0n }), false);
+  if (process.getuid?.() !== 0) t.equal(caps.effective, 0n, 'an unprivileged user has none');
+});
+
+t.test('sendUnixDatagram: errors name the socket', async (t) => {
+  try {
+    sendUnixDatagram('/nonexistent/lb-agent-notify', Buffer.from('READY=1'));
+    t.fail('should throw');
+  } catch (err) {
+    t.match(err, { code: 'ENOENT', syscall: 'sendto', path: '/nonexistent/lb-agent-notify' });
+  }
+  try {
+    sendUnixDatagram(`@lb-agent-test-${process.pid}-nobody`, Buffer.from('READY=1'));
+    t.fail('should throw');
+  } catch (err) {
+    t.match(err, { code: 'ECONNREFUSED', syscall: 'sendto' });
+  }
+  t.throws(() => sendUnixDatagram('x'.repeat(200), Buffer.alloc(1)), RangeError);
+});
+
+t.test('sendUnixDatagram delivers to path and abstract sockets', async (t) => {
+  // Node has no unix datagram sockets; a tiny python3 receiver stands in for systemd.
+  const { spawn, spawnSync } = await import('node:child_process');
+  if (spawnSync('python3', ['-c', 'pass']).status !== 0) {
+    t.plan(0, 'python3 is not available to receive the datagram');
+    return;
+  }
+  const os = await import('node:os');
+  const path = await import('node:path');
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lbnotify-'));
+  t.teardown(() => fs.rmSync(dir, { recursive: true, force: true }));
+  for (const name of [path.join(dir, 'notify.sock'), `@lb-agent-test-${process.pid}`]) {
+    const bindName = name.startsWith('@') ? '\\0' + name.slice(1) : name;
+    const py = spawn('python3', ['-c', [
+      'import socket',
+      's = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)',
+      `s.bind("${bindName}")`,
+      's.settimeout(10)',
+      'print("ready", flush=True)',
+      'print(s.recv(100).decode(), flush=True)',
+    ].join('\n')], { stdio: ['ignore', 'pipe', 'inherit'] });
+    let out = '';
+    py.stdout.on('data', (d: Buffer) => { out += d.toString(); });
+    const deadline = Date.now() + 10_000;
+    while (!out.includes('ready') && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+    t.equal(sendUnixDatagram(name, Buffer.from('READY=1\nSTATUS=ok')), 17);
+    await new Promise((r) => py.once('exit', r));
+    t.match(out, /READY=1\nSTATUS=ok/, `received on ${name}`);
+  }
+});
+
+t.test('PacketHandle validates its arguments before any syscall', async (t) => {
+  const { PacketHandle } = loadNative();
+  t.throws(() => new PacketHandle(0, 0x0806), RangeError);
+  t.throws(() => new PacketHandle(1, 0x10000), RangeError);
+  t.throws(() => new PacketHandle(1, 0x0806, [[0x06, 0, 0, 2 ** 32]]), RangeError);
+  t.throws(() => new PacketHandle(1, 0x0806, [[0x06, 0, 0]] as unknown as [number, number, number, number][]), TypeError);
+});

@@ -1,0 +1,103 @@
+// rtnetlink verbs, pure parts: error mapping, the IFLA_LINKINFO bytes for a
+// macvlan, and the parsing of link/address messages and notifications. The
+// verbs against the kernel are in test/privileged/net-macvlan.test.ts.
+import t from 'tap';
+import { AttrStream, ifla, rt } from 'netlink';
+import {
+  addressInfoFromMessage,
+  linkInfoFromMessage,
+  macvlanLinkInfo,
+  netlinkErrno,
+  netlinkError,
+  parseNotification,
+} from '../../agent/net/netlink';
+
+t.test('errno from the netlink package errors', async (t) => {
+  t.equal(netlinkErrno(new Error('Request rejected: EPERM')), 'EPERM');
+  t.equal(netlinkErrno(new Error('Request rejected: EOPNOTSUPP')), 'EOPNOTSUPP');
+  t.equal(netlinkErrno(new Error('Timeout has been reached')), 'ETIMEDOUT');
+  t.equal(netlinkErrno(Object.assign(new Error('x'), { code: 'ENOBUFS' })), 'ENOBUFS');
+  t.equal(netlinkErrno('nope'), undefined);
+});
+
+t.test('errors carry stable codes and say what to do', async (t) => {
+  const perm = netlinkError(new Error('Request rejected: EPERM'), 'creating', 'macvlan lbv1 on eth0', { macvlan: true });
+  t.equal(perm.code, 'LB_ERR_NET_NO_CAPABILITY');
+  t.match(perm.message, /CAP_NET_ADMIN/);
+  t.match(perm.message, /lbv1 on eth0/);
+
+  const nodev = netlinkError(new Error('Request rejected: ENODEV'), 'creating', 'macvlan lbv1 on eth9', { missing: 'eth9' });
+  t.equal(nodev.code, 'LB_ERR_NET_NO_INTERFACE');
+  t.match(nodev.message, /interface eth9 does not exist/);
+
+  const unsup = netlinkError(new Error('Request rejected: EOPNOTSUPP'), 'creating', 'macvlan lbv1 on eth0', { macvlan: true });
+  t.equal(unsup.code, 'LB_ERR_NET_MACVLAN_UNSUPPORTED');
+  t.match(unsup.message, /kernel-default/);
+  t.equal(netlinkError(new Error('Request rejected: EOPNOTSUPP'), 'x', 'y').code, 'LB_ERR_NET_NETLINK', 'EOPNOTSUPP elsewhere is generic');
+
+  t.match(netlinkError(new Error('Request rejected: EEXIST'), 'creating', 'lbv1').message, /already exists/);
+  t.equal(netlinkError(new Error('boom'), 'x', 'y').code, 'LB_ERR_NET_NETLINK');
+});
+
+t.test('IFLA_LINKINFO for a bridge-mode macvlan', async (t) => {
+  // struct nlattr { u16 len; u16 type } + payload, 4-byte aligned, host order:
+  // IFLA_INFO_KIND(1) "macvlan\0", IFLA_INFO_DATA(2) { IFLA_MACVLAN_MODE(1) u32 4 = MACVLAN_MODE_BRIDGE }.
+  const expected = Buffer.from('0c000100' + Buffer.from('macvlan\0').toString('hex') + '0c000200' + '08000100' + '04000000', 'hex');
+  t.equal(macvlanLinkInfo('bridge').toString('hex'), expected.toString('hex'));
+  const info = ifla.parseInfo(macvlanLinkInfo('private'));
+  t.equal(info.kind, 'macvlan');
+  t.equal(ifla.parseMacvlan(info.data!).mode, 1, 'MACVLAN_MODE_PRIVATE');
+});
+
+function linkMessageBytes(msg: rt.LinkMessage): Buffer {
+  const s = new AttrStream();
+  rt.formatLinkMessage(msg, s);
+  return Buffer.concat(s.bufs);
+}
+
+t.test('link messages become LinkInfo', async (t) => {
+  const parent = Buffer.alloc(4);
+  parent.writeUInt32LE(3);
+  const bytes = linkMessageBytes({
+    kind: 'link',
+    data: { index: 7, flags: { up: true, broadcast: true } },
+    attrs: {
+      ifname: 'lbv0123456789ab',
+      address: Buffer.from([2, 1, 2, 3, 4, 5]),
+      carrier: 1,
+      operstate: 6,
+      mtu: 1500,
+      link: parent,
+      linkinfo: macvlanLinkInfo('bridge'),
+    },
+  });
+  const link = linkInfoFromMessage(rt.parseMessage(rt.MessageType.NEWLINK, bytes) as rt.LinkMessage);
+  t.same(link, {
+    index: 7, name: 'lbv0123456789ab', mac: '02:01:02:03:04:05', kind: 'macvlan', up: true, carrier: true,
+    operState: 'up', parentIndex: 3, macvlanMode: 'bridge', mtu: 1500,
+  });
+
+  const down = linkInfoFromMessage({ kind: 'link', data: { index: 2, flags: {} }, attrs: { ifname: 'eth0', carrier: 0, operstate: 2 } });
+  t.same(down, { index: 2, name: 'eth0', mac: '', up: false, carrier: false, operState: 'down' });
+
+  const odd = linkInfoFromMessage({ kind: 'link', data: { index: 2 }, attrs: { ifname: 'x', operstate: 99, linkinfo: Buffer.from([1, 2, 3]) } });
+  t.equal(odd.operState, 'unknown', 'unknown operstate values do not throw');
+});
+
+t.test('address messages become AddressInfo (IPv4 only)', async (t) => {
+  const a = addressInfoFromMessage({ kind: 'address', data: { family: 2, prefixlen: 24, index: 7 }, attrs: { local: Buffer.from([10, 99, 0, 50]), address: Buffer.from([10, 99, 0, 50]), label: 'lbv1' } });
+  t.same(a, { index: 7, address: '10.99.0.50', prefix: 24, label: 'lbv1' });
+  t.equal(addressInfoFromMessage({ kind: 'address', data: { family: 10, prefixlen: 64, index: 7 }, attrs: { address: Buffer.alloc(16) } }), undefined);
+});
+
+t.test('notifications: new/del link and address, others ignored', async (t) => {
+  const bytes = linkMessageBytes({ kind: 'link', data: { index: 4, flags: {} }, attrs: { ifname: 'eth1' } });
+  t.same(parseNotification(rt.MessageType.DELLINK, bytes)?.[0], 'link');
+  t.equal((parseNotification(rt.MessageType.DELLINK, bytes)?.[1] as { type: string }).type, 'del');
+  const s = new AttrStream();
+  rt.formatAddressMessage({ kind: 'address', data: { family: 2, prefixlen: 32, index: 4 }, attrs: { local: Buffer.from([10, 0, 0, 1]) } }, s);
+  const ev = parseNotification(rt.MessageType.NEWADDR, Buffer.concat(s.bufs));
+  t.same(ev, ['address', { type: 'new', address: { index: 4, address: '10.0.0.1', prefix: 32 } }]);
+  t.equal(parseNotification(rt.MessageType.NEWROUTE, Buffer.alloc(0)), undefined);
+  t.throws(() => parseNotification(rt.MessageType.NEWLINK, Buffer.from([1, 2])), 'garbage throws here; the watcher catches and drops it');
+});

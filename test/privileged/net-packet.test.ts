@@ -1,0 +1,93 @@
+// Packet sockets (agent/net/packet.ts over the native addon) on the real
+// kernel: a UDP frame whose checksum is left to offload (CHECKSUM_PARTIAL on
+// veth) is delivered and flagged, the BPF filter keeps other ports out,
+// multicast/promiscuous memberships live exactly as long as the socket, and
+// an interface that disappears is reported as an error event.
+import t from 'tap';
+import { createLab, waitFor, type Lab } from '../helpers/netns';
+import { requirePrivileged } from '../helpers/privileged';
+import { linkNameForService, macForService } from '../../agent/net/ownership';
+import { driver, driverStream } from './fixtures/net-driver-run';
+
+function sendUdp(lab: Lab, ns: string, host: string, port: number, payload: string): Promise<unknown> {
+  const script = `const s=require('dgram').createSocket('udp4');s.send(${JSON.stringify(payload)},${port},${JSON.stringify(host)},(e)=>{s.close();if(e)throw e;});`;
+  return lab.exec(ns, process.execPath, ['-e', script]);
+}
+
+if (requirePrivileged(t)) {
+  t.test('a frame with a pending checksum is delivered and flagged; the filter holds', async (t) => {
+    const lab = await createLab(t);
+    const node = await lab.addHost('node', { address: '10.99.0.2/24' });
+    const client = await lab.addHost('client', { address: '10.99.0.3/24' });
+    const cap = await driverStream(lab, node, 'capture-udp', { ifname: 'eth0', port: 5555, durationMs: 20_000 });
+    t.teardown(() => cap.stop());
+
+    await sendUdp(lab, client, '10.99.0.2', 5556, 'filtered-out');
+    await sendUdp(lab, client, '10.99.0.2', 5555, 'hello-lb-agent');
+    const ev = await cap.next('the UDP frame', (e) => e.ev === 'frame');
+    const frame = Buffer.from(ev.hex as string, 'hex');
+    t.ok(frame.includes(Buffer.from('hello-lb-agent')), 'the whole frame, payload included');
+    t.equal(frame.readUInt16BE(12), 0x0800, 'from the Ethernet header on');
+    // UDP from a socket over veth leaves with CHECKSUM_PARTIAL: the checksum
+    // field holds only the pseudo-header sum. Dropping such frames as corrupt
+    // is the bug csumNotReady exists to prevent.
+    t.match(ev.info, { csumNotReady: true, pktType: 0 }, 'TP_STATUS_CSUMNOTREADY reported, PACKET_HOST');
+
+    await sendUdp(lab, client, '10.99.0.2', 5556, 'filtered-out-2');
+    await sendUdp(lab, client, '10.99.0.2', 5555, 'second');
+    await cap.next('the second frame', (e) => e.ev === 'frame' && Buffer.from(e.hex as string, 'hex').includes(Buffer.from('second')));
+    const frames = cap.events.filter((e) => e.ev === 'frame').map((e) => Buffer.from(e.hex as string, 'hex'));
+    t.equal(frames.length, 2, 'only port 5555 reached the socket');
+    t.notOk(frames.some((f) => f.includes(Buffer.from('filtered-out'))), 'the BPF filter kept port 5556 out');
+  });
+
+  t.test('multicast and promiscuous memberships last as long as the socket', async (t) => {
+    const lab = await createLab(t);
+    const node = await lab.addHost('node', { address: '10.99.0.2/24' });
+    const vrrpMac = '01:00:5e:00:00:12';
+    const maddr = async (): Promise<string> => (await lab.exec(node, 'ip', ['maddr', 'show', 'dev', 'eth0'])).stdout;
+    const promiscuity = async (): Promise<number> => Number(/promiscuity (\d+)/.exec((await lab.exec(node, 'ip', ['-d', 'link', 'show', 'eth0'])).stdout)?.[1]);
+    t.notMatch(await maddr(), vrrpMac);
+    t.equal(await promiscuity(), 0);
+
+    const hold = await driverStream(lab, node, 'hold-packet', { ifname: 'eth0', multicast: [vrrpMac], promiscuous: true, durationMs: 20_000 });
+    t.match(await maddr(), vrrpMac, 'VRRP multicast MAC joined');
+    t.equal(await promiscuity(), 1, 'promiscuous while open');
+    await hold.stop();
+    await waitFor('memberships to go with the socket', async () => !(await maddr()).includes(vrrpMac) && (await promiscuity()) === 0, 5_000);
+    t.pass('the kernel dropped them when the socket closed');
+  });
+
+  t.test('an interface going down is an error event; the socket resumes when it is up', async (t) => {
+    const lab = await createLab(t);
+    const node = await lab.addHost('node', { address: '10.99.0.2/24' });
+    const client = await lab.addHost('client', { address: '10.99.0.3/24' });
+    const cap = await driverStream(lab, node, 'capture-udp', { ifname: 'eth0', port: 5555, durationMs: 20_000 });
+    t.teardown(() => cap.stop());
+
+    await lab.exec(node, 'ip', ['link', 'set', 'eth0', 'down']);
+    const down = await cap.next('an error event', (e) => e.ev === 'error');
+    t.match(down, { code: 'LB_ERR_NET_SOCKET', message: /eth0.*went down \(ENETDOWN\)/ });
+    await lab.exec(node, 'ip', ['link', 'set', 'eth0', 'up']);
+    await waitFor('the link to carry traffic again', async () => {
+      await sendUdp(lab, client, '10.99.0.2', 5555, 'after-up');
+      return cap.events.some((e) => e.ev === 'frame');
+    }, 10_000, 200);
+    t.pass('frames flow again on the same socket');
+    t.equal(cap.proc.exitCode, null, 'the process is still running');
+  });
+
+  t.test('an interface that is deleted is reported as gone', async (t) => {
+    const lab = await createLab(t);
+    const node = await lab.addHost('node', { address: '10.99.0.2/24' });
+    const name = linkNameForService('default/gone');
+    const r = await driver(lab, node, 'create-macvlan', { name, parent: 'eth0', mac: macForService('default/gone'), mode: 'bridge', up: true });
+    t.ok(r.ok, JSON.stringify(r.error));
+    const cap = await driverStream(lab, node, 'capture-udp', { ifname: name, port: 5555, durationMs: 20_000 });
+    t.teardown(() => cap.stop());
+    await lab.exec(node, 'ip', ['link', 'del', name]);
+    const ev = await cap.next('an error event', (e) => e.ev === 'error');
+    t.match(ev, { code: 'LB_ERR_NET_NO_INTERFACE', message: /no longer exists/ });
+    t.equal(cap.proc.exitCode, null, 'the process is still running');
+  });
+}
