@@ -51,6 +51,7 @@ export const ERROR_CODES = [
   // failover/
   'LB_ERR_VRRP_DECODE',
   'LB_ERR_VRRP_SOCKET',
+  'LB_ERR_VRRP_INVALID',
   // metrics/
   'LB_ERR_METRICS_LISTEN',
   // preflight/

@@ -1,0 +1,356 @@
+// Driver layer: one VRRPv3 virtual router (one VRID on one interface) on an
+// AF_PACKET socket. It performs what machine.ts decides - sends adverts,
+// arms the one timer, keeps the metrics - and reports the outcome as events
+// ('master', 'backup', 'master-changed'). It never touches an address: the
+// daemon gates the VIP's address source on these events.
+//
+// Why a packet socket and not an IP raw socket (or the raw-socket npm
+// package): RFC 5798 §7.3 wants adverts to leave with the virtual router MAC
+// 00:00:5e:00:01:<VRID> as Ethernet source, which only a frame we build
+// ourselves can carry; and the checksums stay here, in tested TypeScript,
+// not in untested C.
+import { EventEmitter } from 'node:events';
+import type { Registry } from 'prom-client';
+import { LbError, errorMessage } from '../errors';
+import type { Clock, TimerHandle } from '../clock';
+import { realClock } from '../clock';
+import type { Logger } from '../log';
+import { formatIPv4, parseIPv4, parseMac } from '../ipv4';
+import { ETH_P_IP, PACKET_OUTGOING, openPacketSocket, type FrameInfo, type PacketSocket, type PacketSocketOptions } from '../net/packet';
+import {
+  MAX_ADDRESSES,
+  MAX_ADVER_INT_CS,
+  VRRP_MULTICAST_MAC,
+  decodeAdvertisement,
+  encodeAdvertisement,
+  virtualRouterMac,
+  vrrpFilter,
+} from './codec';
+import { type Action, type Machine, type VrrpState, VRRP_STATES, createMachine, masterDownIntervalMs, step } from './machine';
+import { vrrpMetrics, type VrrpMetrics } from './metrics';
+
+export { assignVrids, type VridAssignment, type VridCandidate } from './assign';
+export type { VrrpState } from './machine';
+
+export interface VirtualRouterOptions {
+  /** 1-255. */
+  readonly vrid: number;
+  /** 1-255 (255 only for the owner of the addresses, which we never are). */
+  readonly priority: number;
+  /** Seconds, 0.01-40.95 (centisecond resolution, RFC 5798 §5.2.7). */
+  readonly advertInterval: number;
+  readonly preempt: boolean;
+  /** Seconds a higher-priority Backup tolerates a lower-priority Master (0 = RFC behaviour). */
+  readonly preemptDelay: number;
+  readonly ifindex: number;
+  /** For logs and status. */
+  readonly ifname: string;
+  /** The node's primary IPv4 address on the interface: source of adverts and the tie-breaker. */
+  readonly srcIp: string;
+  /** Ethernet source of adverts; default the virtual router MAC 00:00:5e:00:01:<vrid> (§7.3). */
+  readonly srcMac?: string | undefined;
+  /** The VIPs this router protects, read at every advert (first 255 listed). */
+  readonly vips: () => readonly string[];
+  readonly clock?: Clock | undefined;
+  readonly log: Logger;
+  readonly registry: Registry;
+  /** Opens the socket; default agent/net's openPacketSocket. */
+  readonly openSocket?: ((opts: PacketSocketOptions) => PacketSocket) | undefined;
+}
+
+export interface MasterEvent { readonly vrid: number; readonly master: string }
+export interface BackupEvent { readonly vrid: number; readonly master: string | undefined }
+export interface MasterChangedEvent { readonly vrid: number; readonly master: string | undefined }
+export interface SplitBrainEvent { readonly vrid: number; readonly peer: string; readonly peerPriority: number; readonly resolution: 'kept' | 'yielded' }
+export interface DroppedEvent { readonly vrid: number; readonly reason: string }
+
+export interface VirtualRouterStatus {
+  readonly vrid: number;
+  readonly ifname: string;
+  readonly state: VrrpState;
+  readonly priority: number;
+  /** Address of the current Master, ours when Master; undefined when unknown. */
+  readonly master: string | undefined;
+  readonly masterPriority: number | undefined;
+  /** Seconds, as learnt from the Master (§6.4.2). */
+  readonly masterAdverInterval: number;
+  /** Seconds without adverts after which a Backup takes over. */
+  readonly masterDownInterval: number;
+}
+
+export interface VirtualRouter {
+  on(event: 'master', listener: (e: MasterEvent) => void): this;
+  on(event: 'backup', listener: (e: BackupEvent) => void): this;
+  on(event: 'master-changed', listener: (e: MasterChangedEvent) => void): this;
+  on(event: 'split-brain', listener: (e: SplitBrainEvent) => void): this;
+  /** A received frame refused by the codec (also counted in lbagent_vrrp_dropped_total). */
+  on(event: 'dropped', listener: (e: DroppedEvent) => void): this;
+  on(event: 'stopped', listener: (e: { vrid: number }) => void): this;
+  once(event: 'master', listener: (e: MasterEvent) => void): this;
+  once(event: 'backup', listener: (e: BackupEvent) => void): this;
+  once(event: 'stopped', listener: (e: { vrid: number }) => void): this;
+}
+
+function invalid(message: string, details: Record<string, unknown>): LbError {
+  return new LbError('LB_ERR_VRRP_INVALID', message, details);
+}
+
+export class VirtualRouter extends EventEmitter {
+  readonly vrid: number;
+  readonly ifname: string;
+  private readonly opts: VirtualRouterOptions;
+  private readonly clock: Clock;
+  private readonly log: Logger;
+  private readonly metrics: VrrpMetrics;
+  private readonly srcIpNum: number;
+  private readonly srcMac: Buffer;
+  private readonly vridLabel: string;
+  private machine: Machine;
+  private socket: PacketSocket | undefined;
+  private timer: TimerHandle | undefined;
+  private ipId = 0;
+  private masterLabel: string | undefined;
+  private warnedTooMany = false;
+  private stopped = false;
+
+  constructor(opts: VirtualRouterOptions) {
+    super();
+    const { vrid, priority, advertInterval, preemptDelay } = opts;
+    if (!Number.isInteger(vrid) || vrid < 1 || vrid > 255) throw invalid(`VRRP virtual router id ${vrid} is out of range: use 1-255`, { vrid });
+    if (!Number.isInteger(priority) || priority < 1 || priority > 255) {
+      throw invalid(`VRRP priority ${priority} for VRID ${vrid} is out of range: use 1-254 (0 is reserved for resigning, RFC 5798 §5.2.4)`, { vrid, priority });
+    }
+    const cs = Math.round(advertInterval * 100);
+    if (!Number.isFinite(advertInterval) || cs < 1 || cs > MAX_ADVER_INT_CS) {
+      throw invalid(`VRRP advertisement interval ${advertInterval} s for VRID ${vrid} is out of range: use 0.01-40.95 s`, { vrid, advertInterval });
+    }
+    if (!Number.isFinite(preemptDelay) || preemptDelay < 0) throw invalid(`VRRP preempt delay ${preemptDelay} s for VRID ${vrid} must be >= 0`, { vrid, preemptDelay });
+    const src = parseIPv4(opts.srcIp);
+    if (src === undefined) throw invalid(`VRRP source address "${opts.srcIp}" for VRID ${vrid} on ${opts.ifname} is not an IPv4 address`, { vrid, srcIp: opts.srcIp });
+    let mac = virtualRouterMac(vrid);
+    if (opts.srcMac !== undefined) {
+      const m = parseMac(opts.srcMac);
+      if (!m) throw invalid(`VRRP source MAC "${opts.srcMac}" for VRID ${vrid} is not a MAC address`, { vrid, srcMac: opts.srcMac });
+      mac = m;
+    }
+    this.opts = opts;
+    this.vrid = vrid;
+    this.vridLabel = String(vrid);
+    this.ifname = opts.ifname;
+    this.srcIpNum = src;
+    this.srcMac = mac;
+    this.clock = opts.clock ?? realClock;
+    this.log = opts.log.child({ module: 'failover', vrid, interface: opts.ifname });
+    this.metrics = vrrpMetrics(opts.registry);
+    this.machine = createMachine({
+      priority,
+      advertIntervalCs: cs,
+      preempt: opts.preempt,
+      preemptDelayMs: preemptDelay * 1000,
+      primaryIp: src,
+    });
+    this.setStateGauge('initialize');
+  }
+
+  get state(): VrrpState { return this.machine.state; }
+
+  /** Address of the current Master (ours when Master), undefined when unknown. */
+  get master(): string | undefined {
+    return this.machine.master === undefined ? undefined : formatIPv4(this.machine.master);
+  }
+
+  status(): VirtualRouterStatus {
+    const m = this.machine;
+    return {
+      vrid: this.vrid,
+      ifname: this.ifname,
+      state: m.state,
+      priority: m.config.priority,
+      master: this.master,
+      masterPriority: m.masterPriority,
+      masterAdverInterval: m.masterAdverIntervalCs / 100,
+      masterDownInterval: masterDownIntervalMs(m.config.priority, m.masterAdverIntervalCs) / 1000,
+    };
+  }
+
+  /**
+   * Open the socket and enter Backup (or Master for an owner). Throws the
+   * socket's LbError (LB_ERR_NET_NO_CAPABILITY, LB_ERR_NET_NO_INTERFACE, ...)
+   * with nothing started.
+   */
+  start(): void {
+    if (this.socket || this.stopped) throw new LbError('LB_ERR_VRRP_SOCKET', `VRRP VRID ${this.vrid} on ${this.ifname} was already started`, { vrid: this.vrid });
+    const open = this.opts.openSocket ?? openPacketSocket;
+    const sock = open({
+      ifindex: this.opts.ifindex,
+      protocol: ETH_P_IP,
+      filter: vrrpFilter(this.vrid),
+      // The NIC must pass the 224.0.0.18 group MAC up (RFC 5798 §5.1.1.2).
+      multicast: [Buffer.from(VRRP_MULTICAST_MAC)],
+      log: this.log,
+    });
+    sock.on('frame', (frame: Buffer, info: FrameInfo) => this.onFrame(frame, info));
+    sock.on('error', (err: unknown) => this.log.warn({ op: 'receive', err: errorMessage(err) }, 'VRRP socket error'));
+    this.socket = sock;
+    this.log.info({ op: 'start', priority: this.machine.config.priority, advertInterval: this.machine.config.advertIntervalCs / 100, preempt: this.machine.config.preempt, srcIp: this.opts.srcIp }, 'VRRP virtual router starting');
+    this.run({ kind: 'startup' });
+  }
+
+  /**
+   * Leave the election. As Master, a priority-0 advert goes out first (RFC
+   * 5798 §6.4.3) unless priorityZero is false, so a Backup takes over after
+   * Skew_Time rather than Master_Down_Interval. Idempotent.
+   */
+  stop(opts: { priorityZero?: boolean } = {}): void {
+    if (this.stopped) return;
+    this.stopped = true;
+    this.run({ kind: 'shutdown', priorityZero: opts.priorityZero ?? true });
+    this.disarm();
+    this.socket?.close();
+    this.socket = undefined;
+    this.log.info({ op: 'stop' }, 'VRRP virtual router stopped');
+    this.emit('stopped', { vrid: this.vrid });
+  }
+
+  private onFrame(frame: Buffer, info: FrameInfo): void {
+    if (this.stopped) return;
+    if (info.pktType === PACKET_OUTGOING) return; // our own, seen on the way out
+    const r = decodeAdvertisement(frame);
+    if (!r.ok) {
+      this.metrics.dropped.inc({ reason: r.reason });
+      this.log.debug({ op: 'receive', reason: r.reason, length: frame.length }, 'dropped VRRP packet');
+      this.emit('dropped', { vrid: this.vrid, reason: r.reason });
+      return;
+    }
+    const a = r.frame;
+    // The kernel filter already keeps other VRIDs out; a looped-back copy
+    // of our own advert is not a peer.
+    if (a.vrid !== this.vrid || a.srcIp === this.srcIpNum) return;
+    this.metrics.advertsReceived.inc({ vrid: this.vridLabel });
+    this.run({ kind: 'advert', srcIp: a.srcIp, priority: a.priority, maxAdverIntCs: a.maxAdverIntCs });
+  }
+
+  private run(ev: Parameters<typeof step>[1]): void {
+    const { machine, actions } = step(this.machine, ev, this.clock.now());
+    this.machine = machine;
+    // Perform every action first, then tell listeners: a listener that
+    // stops the router sees it in a consistent state.
+    const events: [string, unknown][] = [];
+    for (const a of actions) this.perform(a, events);
+    for (const [name, payload] of events) this.emit(name, payload);
+  }
+
+  private perform(a: Action, events: [string, unknown][]): void {
+    switch (a.kind) {
+      case 'sendAdvert':
+        this.send(a.priority);
+        return;
+      case 'setTimer':
+        this.arm(a.at);
+        return;
+      case 'clearTimer':
+        this.disarm();
+        return;
+      case 'becomeMaster':
+        this.transitioned('master', { reason: a.reason });
+        events.push(['master', { vrid: this.vrid, master: this.opts.srcIp } satisfies MasterEvent]);
+        return;
+      case 'becomeBackup': {
+        const master = a.master === undefined ? undefined : formatIPv4(a.master);
+        this.transitioned('backup', { reason: a.reason, master });
+        events.push(['backup', { vrid: this.vrid, master } satisfies BackupEvent]);
+        return;
+      }
+      case 'becomeInitialize':
+        this.transitioned('initialize', { reason: 'shutdown' });
+        return;
+      case 'masterChanged': {
+        const master = a.master === undefined ? undefined : formatIPv4(a.master);
+        if (this.masterLabel !== undefined) this.metrics.masterInfo.remove({ vrid: this.vridLabel, master: this.masterLabel });
+        this.masterLabel = master;
+        if (master !== undefined) this.metrics.masterInfo.set({ vrid: this.vridLabel, master }, 1);
+        this.log.info({ op: 'master-changed', master: master ?? null }, master ? `VRRP master is ${master}` : 'VRRP master unknown');
+        events.push(['master-changed', { vrid: this.vrid, master } satisfies MasterChangedEvent]);
+        return;
+      }
+      case 'splitBrain': {
+        const peer = formatIPv4(a.peer);
+        this.metrics.splitBrain.inc({ vrid: this.vridLabel });
+        this.log.warn(
+          { op: 'split-brain', peer, peerPriority: a.peerPriority, priority: this.machine.config.priority, resolution: a.resolution },
+          a.resolution === 'kept'
+            ? `another VRRP master ${peer} (priority ${a.peerPriority}) was heard; keeping master, it yields to our adverts`
+            : `another VRRP master ${peer} (priority ${a.peerPriority}) outranks us; yielding`,
+        );
+        events.push(['split-brain', { vrid: this.vrid, peer, peerPriority: a.peerPriority, resolution: a.resolution } satisfies SplitBrainEvent]);
+        return;
+      }
+    }
+  }
+
+  private transitioned(to: VrrpState, fields: Record<string, unknown>): void {
+    this.metrics.transitions.inc({ vrid: this.vridLabel, to });
+    this.metrics.lastTransition.set({ vrid: this.vridLabel }, this.clock.wallNow() / 1000);
+    this.setStateGauge(to);
+    this.log.info({ op: 'transition', to, ...fields }, `VRRP state ${to}`);
+  }
+
+  private setStateGauge(current: VrrpState): void {
+    for (const s of VRRP_STATES) this.metrics.state.set({ vrid: this.vridLabel, state: s }, s === current ? 1 : 0);
+  }
+
+  private send(priority: number): void {
+    const sock = this.socket;
+    if (!sock) return;
+    const addresses: number[] = [];
+    for (const v of this.opts.vips()) {
+      const n = parseIPv4(v);
+      if (n !== undefined && !addresses.includes(n)) addresses.push(n);
+    }
+    if (addresses.length > MAX_ADDRESSES) {
+      if (!this.warnedTooMany) {
+        this.warnedTooMany = true;
+        this.log.warn({ op: 'send', count: addresses.length }, `VRID ${this.vrid} protects ${addresses.length} VIPs; an advert lists 255, the rest are left out (assignVrids spreads services over VRIDs)`);
+      }
+      addresses.length = MAX_ADDRESSES;
+    }
+    this.ipId = (this.ipId + 1) & 0xffff;
+    const frame = encodeAdvertisement({
+      vrid: this.vrid,
+      priority,
+      maxAdverIntCs: this.machine.config.advertIntervalCs,
+      addresses,
+      srcIp: this.srcIpNum,
+      srcMac: this.srcMac,
+      ipId: this.ipId,
+    });
+    try {
+      sock.send(frame);
+      this.metrics.advertsSent.inc({ vrid: this.vridLabel });
+    } catch (err) {
+      // A failed send (interface down) is not fatal: Backups take over if it
+      // lasts, and the next timer tries again.
+      this.log.warn({ op: 'send', priority, err: errorMessage(err) }, 'sending a VRRP advert failed');
+    }
+  }
+
+  private arm(at: number): void {
+    this.disarm();
+    const fire = (): void => {
+      this.timer = undefined;
+      const now = this.clock.now();
+      // Timers may fire a fraction of a millisecond early: wait out the rest.
+      if (now < at) {
+        this.timer = this.clock.setTimeout(fire, at - now);
+        return;
+      }
+      this.run({ kind: 'timer' });
+    };
+    this.timer = this.clock.setTimeout(fire, Math.max(0, at - this.clock.now()));
+  }
+
+  private disarm(): void {
+    if (this.timer !== undefined) this.clock.clearTimeout(this.timer);
+    this.timer = undefined;
+  }
+}

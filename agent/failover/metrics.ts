@@ -1,0 +1,78 @@
+// failover/ metrics: the lbagent_vrrp_* series on the Registry the daemon
+// passes in (never the global one). Asking twice for one registry returns the
+// same collectors (looked up by name in the registry itself, so no module
+// state), which lets every VirtualRouter of the daemon share them.
+// Labels are bounded: vrid (1-255), state (3), to (3), reason (DROP_REASONS),
+// master (one current address per vrid; the previous one is removed).
+import { Counter, Gauge, Registry } from 'prom-client';
+
+export interface VrrpMetrics {
+  /** 1 for the state the router is in, 0 for the others. */
+  readonly state: Gauge<'vrid' | 'state'>;
+  readonly transitions: Counter<'vrid' | 'to'>;
+  readonly advertsSent: Counter<'vrid'>;
+  readonly advertsReceived: Counter<'vrid'>;
+  readonly dropped: Counter<'reason'>;
+  /** 1 on the label set of the current Master's address. */
+  readonly masterInfo: Gauge<'vrid' | 'master'>;
+  readonly lastTransition: Gauge<'vrid'>;
+  readonly splitBrain: Counter<'vrid'>;
+}
+
+function getOrCreate<T>(registry: Registry, name: string, make: () => T): T {
+  return (registry.getSingleMetric(name) as T | undefined) ?? make();
+}
+
+export function vrrpMetrics(registry: Registry): VrrpMetrics {
+  const registers = [registry];
+  return {
+    state: getOrCreate(registry, 'lbagent_vrrp_state', () => new Gauge<'vrid' | 'state'>({
+      name: 'lbagent_vrrp_state',
+      help: 'VRRP state of each virtual router of this node: 1 on the current state (initialize, backup, master)',
+      labelNames: ['vrid', 'state'],
+      registers,
+    })),
+    transitions: getOrCreate(registry, 'lbagent_vrrp_transitions_total', () => new Counter<'vrid' | 'to'>({
+      name: 'lbagent_vrrp_transitions_total',
+      help: 'VRRP state transitions, by the state entered',
+      labelNames: ['vrid', 'to'],
+      registers,
+    })),
+    advertsSent: getOrCreate(registry, 'lbagent_vrrp_adverts_sent_total', () => new Counter<'vrid'>({
+      name: 'lbagent_vrrp_adverts_sent_total',
+      help: 'VRRP advertisements sent (as Master, and the priority-0 one on shutdown)',
+      labelNames: ['vrid'],
+      registers,
+    })),
+    advertsReceived: getOrCreate(registry, 'lbagent_vrrp_adverts_received_total', () => new Counter<'vrid'>({
+      name: 'lbagent_vrrp_adverts_received_total',
+      help: 'Valid VRRP advertisements received from other routers',
+      labelNames: ['vrid'],
+      registers,
+    })),
+    dropped: getOrCreate(registry, 'lbagent_vrrp_dropped_total', () => new Counter<'reason'>({
+      name: 'lbagent_vrrp_dropped_total',
+      help: 'VRRP packets refused by the RFC 5798 §7.1 receive checks, by reason',
+      labelNames: ['reason'],
+      registers,
+    })),
+    masterInfo: getOrCreate(registry, 'lbagent_vrrp_master_info', () => new Gauge<'vrid' | 'master'>({
+      name: 'lbagent_vrrp_master_info',
+      help: 'The primary address of the current Master of each virtual router, as known by this node (value 1)',
+      labelNames: ['vrid', 'master'],
+      registers,
+    })),
+    lastTransition: getOrCreate(registry, 'lbagent_vrrp_last_transition_timestamp_seconds', () => new Gauge<'vrid'>({
+      name: 'lbagent_vrrp_last_transition_timestamp_seconds',
+      help: 'Wall-clock time of the last VRRP state transition of each virtual router',
+      labelNames: ['vrid'],
+      registers,
+    })),
+    splitBrain: getOrCreate(registry, 'lbagent_vrrp_split_brain_total', () => new Counter<'vrid'>({
+      name: 'lbagent_vrrp_split_brain_total',
+      help: 'Adverts from another Master received while Master (two Masters at once); resolved by keeping Master (the other had lower precedence) or yielding',
+      labelNames: ['vrid'],
+      registers,
+    })),
+  };
+}
