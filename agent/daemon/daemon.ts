@@ -231,7 +231,6 @@ export class Daemon extends EventEmitter {
     const d = diffConfigs(old, next);
     this.config = next;
     this.configLoadedAt = at;
-    this.generation++;
     // Removed: secondaries first (a primary never goes while one shares it),
     // then primaries, releasing their lease or claim.
     const removed = [...d.removed].sort((a, b) => Number(b.primaryService !== undefined) - Number(a.primaryService !== undefined));
@@ -269,6 +268,9 @@ export class Daemon extends EventEmitter {
       this.log.warn({ op: 'reload', sections: d.globals }, 'some changed sections take effect at the next restart');
     }
     this.metrics?.reloads.inc({ result: 'applied' });
+    // Published together, once the new config is applied: a reader never sees
+    // the new generation with the previous reload's verdict.
+    this.generation++;
     this.lastReload = { at, ok: true, message };
     this.notifyStatus();
     return { ok: true, message };

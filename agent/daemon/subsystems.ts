@@ -19,7 +19,6 @@ export interface BackendHealth {
   readonly since: number | undefined;
   readonly reason: string | undefined;
   readonly takenOutBy: string | undefined;
-  readonly [k: string]: unknown;
 }
 
 export interface HealthLike extends EventEmitter {

@@ -1,0 +1,116 @@
+// Wiring: builds the real subsystems behind daemon/subsystems.ts from a
+// validated config - the rtnetlink client, the parent NIC and its sysctls,
+// address sources (DHCP on a macvlan, pool claims on the parent), the health
+// checker, the data path chosen by `dataplane:`, and VRRP when enabled.
+// The one place that knows every module; the modules know none of each other.
+import * as fs from 'node:fs';
+import type { Registry } from 'prom-client';
+import type { Desired, ServiceSpec } from '../config/types';
+import type { Logger } from '../log';
+import type { Clock } from '../clock';
+import type { StateStore } from '../state/store';
+import { LbError } from '../errors';
+import { openNetlink } from '../net/netlink';
+import { applyVipSysctls } from '../net/sysctl';
+import { linkNameForService, macForService } from '../net/ownership';
+import { reconcileOwnedLinks } from '../net/reconcile';
+import { createDhcpSource } from '../dhcp/driver';
+import { PoolManager } from '../ipam/manager';
+import { PoolSource } from '../ipam/pool-source';
+import { HealthChecker } from '../health/checker';
+import { selectDataplane, createDataplane, probeNftables } from '../forward/index';
+import { VrrpGate } from '../failover/gate';
+import { parseIPv4 } from '../ipv4';
+import type { Subsystems, ParentLink, DataplaneLike } from './subsystems';
+
+/** The interface of the IPv4 default route (/proc/net/route), the parent when node.interface is unset. */
+export function defaultRouteInterface(routeTable = '/proc/net/route'): string | undefined {
+  let text: string;
+  try { text = fs.readFileSync(routeTable, 'utf8'); } catch { return undefined; }
+  for (const line of text.split('\n').slice(1)) {
+    const f = line.trim().split(/\s+/);
+    if (f.length >= 8 && f[1] === '00000000' && f[7] === '00000000') return f[0];
+  }
+  return undefined;
+}
+
+export async function buildSubsystems(config: Desired, ctx: { log: Logger; registry: Registry; store: StateStore; clock: Clock }): Promise<Subsystems> {
+  const { registry, store, clock } = ctx;
+  const log = ctx.log;
+  const netlink = openNetlink({ log });
+  try {
+    const parentName = config.node.interface ?? defaultRouteInterface();
+    if (!parentName) {
+      throw new LbError('LB_ERR_NET_NO_INTERFACE', 'no parent interface: node.interface is not set and there is no IPv4 default route to take it from; set node.interface in the config');
+    }
+    const link = await netlink.getLink(parentName);
+    const addrs = await netlink.listAddresses(link.index);
+    const primary = addrs.find((a) => a.prefix < 32) ?? addrs[0];
+    const parent: ParentLink = { name: link.name, index: link.index, mac: link.mac, address: primary?.address };
+    const changes = await applyVipSysctls(parent.name, 'parent');
+    if (changes.length > 0) log.info({ module: 'net', op: 'sysctl', ifname: parent.name, changes }, 'set ARP sysctls on the parent (DESIGN.md: ARP flux)');
+
+    const pools = new PoolManager({ pools: config.pools, store, log, registry, clock });
+    // The node's own addresses are never handed out of a pool.
+    pools.setReserved(addrs.filter((a) => a.prefix < 32).map((a) => parseIPv4(a.address)).filter((n): n is number => n !== undefined));
+    const health = new HealthChecker({ registry, clock, log });
+    const selection = await selectDataplane(config.dataplane, () => probeNftables());
+    log.info({ module: 'forward', op: 'select', kind: selection.kind, reason: selection.reason }, `data path: ${selection.kind} (${selection.reason})`);
+    const dp = createDataplane(selection, {
+      proxy: config.proxy, registry, log, clock,
+      onConnectResult: (key, address, ok) => {
+        if (ok) health.reportConnectSuccess(key, address);
+        else health.reportConnectFailure(key, address, 'refused');
+      },
+    });
+    const dataplane: DataplaneLike = {
+      kind: selection.kind,
+      reason: selection.reason,
+      apply: (services) => dp.apply({ services }),
+      stop: () => dp.stop(),
+    };
+
+    let failover: VrrpGate | undefined;
+    if (config.failover.mode === 'vrrp') {
+      const ifname = config.failover.interface ?? parent.name;
+      const vlink = ifname === parent.name ? link : await netlink.getLink(ifname);
+      const vaddrs = ifname === parent.name ? addrs : await netlink.listAddresses(vlink.index);
+      const src = vaddrs.find((a) => a.prefix < 32)?.address;
+      if (!src) throw new LbError('LB_ERR_NET_NO_INTERFACE', `VRRP interface ${ifname} has no IPv4 address to send advertisements from; give it one or set failover.interface`);
+      failover = new VrrpGate({ config: config.failover, nodePriority: config.node.priority, ifindex: vlink.index, ifname, srcIp: src, log, registry, clock });
+    }
+
+    return {
+      parent,
+      health,
+      dataplane,
+      failover,
+      createSource: (spec: ServiceSpec) => (spec.ipam === 'dhcp'
+        ? createDhcpSource({ service: spec, parent: parent.name, timings: config.dhcp, arp: config.arp, store, netlink, log, registry, clock })
+        : new PoolSource({ service: spec, parentIfname: parent.name, manager: pools, arp: config.arp, netlink, log, registry, clock })),
+      adoptOwned: async (services) => {
+        const wanted = new Map<string, { mac: string; parent: string }>();
+        for (const s of services) {
+          if (s.primaryService === undefined && s.ipam === 'dhcp') wanted.set(linkNameForService(s.key), { mac: macForService(s.key), parent: parent.name });
+        }
+        const res = await reconcileOwnedLinks(netlink, wanted, { log });
+        // Pool VIPs of services no longer configured: their claims go, and
+        // the address an earlier run left on the parent goes with them.
+        const pruned = pools.pruneClaims(services.filter((s) => s.primaryService === undefined && s.ipam === 'pool').map((s) => s.key));
+        const removedAddrs: string[] = [];
+        for (const [svc, claim] of pruned) {
+          if (await netlink.removeAddress(parent.index, claim.address, 32).catch(() => false)) removedAddrs.push(`${claim.address} (${svc})`);
+        }
+        return {
+          adopted: res.adopted.map((l) => l.name),
+          removed: [...res.removed.map((l) => l.name), ...removedAddrs],
+        };
+      },
+      close: async () => { netlink.close(); },
+    };
+  } catch (e) {
+    netlink.close();
+    throw e;
+  }
+}
+

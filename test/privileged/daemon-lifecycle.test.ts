@@ -1,0 +1,129 @@
+// The daemon's life cycle on the real kernel: start, status (table and
+// JSON), /metrics /healthz /readyz, SIGHUP with a broken file (nothing
+// changes) and with a changed file (only the changed service is touched),
+// the single-instance lock, and SIGTERM (exits within 10 s, leaves nothing).
+import t from 'tap';
+import { requirePrivileged } from '../helpers/privileged';
+import { createLab, waitFor } from '../helpers/netns';
+import { startBackend, startDnsmasq, httpGetFrom } from '../helpers/services';
+import { startAgent, agentCli, waitStatus } from '../helpers/agent';
+import * as fs from 'node:fs';
+
+const FAST_ARP = { probeWait: 0.05, probeNum: 2, probeMin: 0.05, probeMax: 0.1, announceWait: 0.05, announceNum: 2, announceInterval: 0.1 };
+
+function config(extraBackend = false): Record<string, unknown> {
+  return {
+    node: { name: 'vm1', interface: 'eth0' },
+    metrics: { listen: '10.99.0.2:9477' },
+    pools: { 'range-global': '10.99.0.200-10.99.0.210' },
+    arp: FAST_ARP,
+    dhcp: { retransmitInitial: 0.5, retransmitMax: 2 },
+    services: [
+      { name: 'web', ipam: 'dhcp', ports: [{ port: 80, targetPort: 8080 }], backends: ['10.99.0.11'],
+        healthCheck: { periodSeconds: 0.5, timeoutSeconds: 0.5 } },
+      { name: 'api', ipam: 'pool', ports: [{ port: 80, targetPort: 8080 }],
+        backends: extraBackend ? ['10.99.0.11', '10.99.0.12'] : ['10.99.0.11'],
+        healthCheck: { periodSeconds: 0.5, timeoutSeconds: 0.5 } },
+    ],
+  };
+}
+
+t.test('daemon life cycle', async (t) => {
+  if (!requirePrivileged(t)) return;
+  const lab = await createLab(t);
+  await lab.addHost('dhcp', { address: '10.99.0.1/24' });
+  const node = await lab.addHost('node', { address: '10.99.0.2/24' });
+  await lab.addHost('b1', { address: '10.99.0.11/24' });
+  await lab.addHost('b2', { address: '10.99.0.12/24' });
+  const client = await lab.addHost('client', { address: '10.99.0.50/24' });
+  await startDnsmasq(lab, lab.ns('dhcp'), { range: '10.99.0.100,10.99.0.150', noPing: true });
+  await startBackend(lab, lab.ns('b1'), 'b1');
+  await startBackend(lab, lab.ns('b2'), 'b2');
+  const before = await lab.sh(node, 'ip -o addr show; ip -o link show');
+
+  const agent = await startAgent(lab, node, config());
+  const ready = await waitStatus(agent, 'both services serving', (s) => s.services.length === 2 && s.services.every((x) => x.ready), 30_000);
+  const web = ready.services.find((s) => s.name === 'web')!;
+  const api = ready.services.find((s) => s.name === 'api')!;
+  t.match(web.vip, /^10\.99\.0\.1\d\d$/, 'web has a DHCP address');
+  t.equal(api.vip, '10.99.0.200', 'api has the lowest pool address');
+
+  t.test('status as a table and as JSON', async (t) => {
+    const table = await agentCli(lab, node, ['status', '--socket', agent.socket]);
+    t.equal(table.code, 0, table.stderr);
+    t.match(table.stdout, /SERVICE\s+IPAM\s+VIP/);
+    t.match(table.stdout, new RegExp(`default/web\\s+dhcp\\s+${web.vip!.replace(/\./g, '\\.')}`));
+    t.match(table.stdout, /default\/api\s+pool\s+10\.99\.0\.200/);
+    t.match(table.stdout, /10\.99\.0\.11:8080\s+up/);
+    const json = await agentCli(lab, node, ['status', '--socket', agent.socket, '--json']);
+    t.equal(json.code, 0);
+    const doc = JSON.parse(json.stdout) as { services: { key: string; vip: string; mac: string; interface: string }[] };
+    t.same(doc.services.map((s) => s.key), ['default/web', 'default/api']);
+    t.match(doc.services[0]!.mac, /^02:/, 'the DHCP service has a locally administered MAC');
+    t.match(doc.services[0]!.interface, /^lbv/, 'on its own macvlan');
+    const noDaemon = await agentCli(lab, node, ['status', '--socket', lab.file('nothing.sock')]);
+    t.equal(noDaemon.code, 1, 'status without a daemon fails');
+    t.match(noDaemon.stderr, /cannot reach the agent at .*nothing\.sock/);
+  });
+
+  t.test('/metrics, /healthz and /readyz answer', async (t) => {
+    const m = await httpGetFrom(lab, client, 'http://10.99.0.2:9477/metrics');
+    t.ok(m.ok);
+    t.match(m.body, /lbagent_health_backend_up\{[^}]*service="web"[^}]*\} 1/);
+    t.match(m.body, /lbagent_service_ready\{service="api",namespace="default"\} 1/);
+    const h = await httpGetFrom(lab, client, 'http://10.99.0.2:9477/healthz');
+    t.equal(h.body, 'ok\n');
+    const r = await httpGetFrom(lab, client, 'http://10.99.0.2:9477/readyz');
+    t.equal(r.body, 'ready\n');
+  });
+
+  t.test('a second run against the same state dir refuses to start', async (t) => {
+    const second = await lab.exec(node, process.execPath, [require.resolve('../../agent/cli/main.js'), 'run', '--config', agent.configPath], { allowFail: true, timeoutMs: 20_000 });
+    t.equal(second.code, 1);
+    t.match(second.stderr, new RegExp(`another lb-agent \\(pid ${agent.proc.pid ?? '\\d+'}|another lb-agent \\(pid \\d+\\) is running`));
+  });
+
+  t.test('SIGHUP with a broken file changes nothing', async (t) => {
+    const before = await agent.status();
+    fs.writeFileSync(agent.configPath, 'services:\n  - name: web\n    ports: [{ port: 70000 }]\n');
+    agent.signal('SIGHUP');
+    const after = await waitStatus(agent, 'the reload to be rejected', (s) => s.config.lastReload?.ok === false, 10_000);
+    t.equal(after.config.generation, before.config.generation, 'running config kept');
+    t.match(after.config.lastReload!.message, /services\[0\]\.ports\[0\]\.port: 70000 is not a port/);
+    t.same(after.services.map((s) => [s.key, s.vip, s.startedAt]), before.services.map((s) => [s.key, s.vip, s.startedAt]));
+    t.equal(agent.proc.exitCode, null, 'still running');
+    const r = await httpGetFrom(lab, client, `http://${api.vip}/`);
+    t.ok(r.ok, 'still forwarding');
+  });
+
+  t.test('SIGHUP with a changed file touches only the changed service', async (t) => {
+    const before = await agent.status();
+    agent.writeConfig(config(true));
+    agent.signal('SIGHUP');
+    const after = await waitStatus(agent, 'the reload to apply', (s) => s.config.generation === before.config.generation + 1, 10_000);
+    t.equal(after.config.lastReload?.ok, true);
+    const b = (s: typeof before, k: string) => s.services.find((x) => x.key === k)!;
+    t.equal(b(after, 'default/web').startedAt, b(before, 'default/web').startedAt, 'web untouched');
+    t.not(b(after, 'default/api').startedAt, b(before, 'default/api').startedAt, 'api restarted');
+    t.equal(b(after, 'default/web').vip, web.vip, 'web keeps its lease');
+    t.equal(b(after, 'default/api').vip, api.vip, 'api keeps its address');
+    await waitStatus(agent, 'api to see its new backend', (s) => b(s, 'default/api').backends.length === 2 && b(s, 'default/api').healthyBackends === 2, 10_000);
+  });
+
+  t.test('SIGTERM stops within 10 s and leaves nothing behind', async (t) => {
+    const t0 = Date.now();
+    agent.signal('SIGTERM');
+    const res = await Promise.race([agent.exited, new Promise<'timeout'>((r) => setTimeout(() => r('timeout'), 12_000))]);
+    t.not(res, 'timeout', 'exited');
+    t.same(res, { code: 0, signal: null }, 'exit code 0');
+    t.comment(`stopped in ${Date.now() - t0} ms`);
+    const after = await lab.sh(node, 'ip -o addr show; ip -o link show');
+    const strip = (s: { stdout: string }): string[] => s.stdout.split('\n').map((l: string) => l.replace(/\s+valid_lft.*$/, '').replace(/\\\s+.*$/, '').trim()).filter(Boolean).map((l: string) => l.replace(/^\d+:\s*/, '').split(' ').slice(0, 4).join(' ')).sort();
+    t.same(strip(after), strip(before), 'no address or link left behind');
+    const nft = await lab.sh(node, 'nft list tables', { allowFail: true });
+    t.notMatch(nft.stdout, /lb_agent/, 'no nftables table left behind');
+    t.notOk(fs.existsSync(agent.socket), 'control socket removed');
+    t.ok(fs.readdirSync(agent.stateDir).some((f) => f.startsWith('dhcp-')), 'the DHCP lease is kept for next time');
+    await waitFor('nothing', () => true);
+  });
+});
