@@ -235,6 +235,18 @@ export class NetlinkClient {
     this.sock.socket.on('error', (err: Error) => this.log.warn({ op: 'socket', err: err.message }, 'rtnetlink socket error'));
   }
 
+  /**
+   * One request at a time: an rtnetlink socket answers one dump at a time
+   * (a second concurrent dump gets EBUSY or interleaved multipart replies),
+   * and DHCP sources, pool sources and reconcile share this client.
+   */
+  private queue: Promise<unknown> = Promise.resolve();
+  private serial<T>(fn: () => Promise<T>): Promise<T> {
+    const run = this.queue.then(fn, fn);
+    this.queue = run.then(() => undefined, () => undefined);
+    return run;
+  }
+
   close(): void {
     if (this.closed) return;
     this.closed = true;
@@ -248,7 +260,7 @@ export class NetlinkClient {
 
   async listLinks(): Promise<LinkInfo[]> {
     try {
-      const msgs = await this.sock.getLinks(undefined, undefined, this.opts());
+      const msgs = await this.serial(() => this.sock.getLinks(undefined, undefined, this.opts()));
       return msgs.map(linkInfoFromMessage);
     } catch (err) {
       throw netlinkError(err, 'listing', 'links');
@@ -259,8 +271,8 @@ export class NetlinkClient {
   async findLink(nameOrIndex: string | number): Promise<LinkInfo | undefined> {
     try {
       const msgs = typeof nameOrIndex === 'number'
-        ? await this.sock.getLink({ index: nameOrIndex }, {}, this.opts())
-        : await this.sock.getLink({}, { ifname: nameOrIndex }, this.opts());
+        ? await this.serial(() => this.sock.getLink({ index: nameOrIndex }, {}, this.opts()))
+        : await this.serial(() => this.sock.getLink({}, { ifname: nameOrIndex }, this.opts()));
       return msgs[0] ? linkInfoFromMessage(msgs[0]) : undefined;
     } catch (err) {
       if (netlinkErrno(err) === 'ENODEV') return undefined;
@@ -293,11 +305,11 @@ export class NetlinkClient {
     const parent = await this.getLink(opts.parent);
     const subject = `macvlan ${opts.name} on ${parent.name}`;
     try {
-      await this.sock.newLink(
+      await this.serial(() => this.sock.newLink(
         {},
         { ifname: opts.name, address: mac, link: u32(parent.index), linkinfo: macvlanLinkInfo(opts.mode) },
         this.opts(FlagsNew.CREATE | FlagsNew.EXCL),
-      );
+      ));
     } catch (err) {
       throw netlinkError(err, 'creating', subject, { macvlan: true, missing: parent.name });
     }
@@ -307,7 +319,7 @@ export class NetlinkClient {
 
   async setLinkUp(index: number, up: boolean): Promise<void> {
     try {
-      await this.sock.setLink({ index, change: { up: true }, flags: up ? { up: true } : {} }, {}, this.opts());
+      await this.serial(() => this.sock.setLink({ index, change: { up: true }, flags: up ? { up: true } : {} }, {}, this.opts()));
     } catch (err) {
       throw netlinkError(err, up ? 'bringing up' : 'bringing down', describe(index));
     }
@@ -316,7 +328,7 @@ export class NetlinkClient {
   /** Delete a link; false when it was already gone. */
   async deleteLink(index: number): Promise<boolean> {
     try {
-      await this.sock.delLink({ index }, {}, this.opts());
+      await this.serial(() => this.sock.delLink({ index }, {}, this.opts()));
       this.log.info({ op: 'delete-link', index }, 'link deleted');
       return true;
     } catch (err) {
@@ -335,7 +347,7 @@ export class NetlinkClient {
     const attrs: rt.AddressAttrs = { local, address: local };
     if (prefix <= 30) attrs.broadcast = ipv4ToBytes(broadcastOf({ network: parseIPv4(ip)!, prefix }));
     try {
-      await this.sock.newAddress({ family: AF_INET, prefixlen: prefix, index, scope: 0 }, attrs, this.opts(FlagsNew.CREATE | FlagsNew.REPLACE));
+      await this.serial(() => this.sock.newAddress({ family: AF_INET, prefixlen: prefix, index, scope: 0 }, attrs, this.opts(FlagsNew.CREATE | FlagsNew.REPLACE)));
     } catch (err) {
       throw netlinkError(err, `adding ${ip}/${prefix} to`, describe(index));
     }
@@ -347,7 +359,7 @@ export class NetlinkClient {
     const local = checkIp(ip);
     checkPrefix(prefix);
     try {
-      await this.sock.delAddress({ family: AF_INET, prefixlen: prefix, index }, { local, address: local }, this.opts());
+      await this.serial(() => this.sock.delAddress({ family: AF_INET, prefixlen: prefix, index }, { local, address: local }, this.opts()));
     } catch (err) {
       const errno = netlinkErrno(err);
       if (errno === 'EADDRNOTAVAIL' || errno === 'ENODEV') return false;
@@ -360,7 +372,7 @@ export class NetlinkClient {
   /** IPv4 addresses, of one link or of all. */
   async listAddresses(index?: number): Promise<AddressInfo[]> {
     try {
-      const msgs = await this.sock.getAddresses({ family: AF_INET }, undefined, this.opts());
+      const msgs = await this.serial(() => this.sock.getAddresses({ family: AF_INET }, undefined, this.opts()));
       return msgs
         .map(addressInfoFromMessage)
         .filter((a): a is AddressInfo => a !== undefined && (index === undefined || a.index === index));
