@@ -1,0 +1,324 @@
+// ipam/ coordination of every pool service of this node: one PoolManager
+// owns the persisted claims, the addresses being probed, the addresses found
+// in conflict on the LAN and the pool metrics, and hands out addresses
+// through the pure allocator. It sends no packets: the pool sources probe,
+// add and announce, then report back (commit or conflict).
+//
+// Allocation decisions are serialized by construction: reserve() is
+// synchronous and records a hold before it returns, so two services probing
+// at the same time never probe (or get) the same address, while their probes
+// (seconds each, RFC 5227 §2.1.1) still run concurrently.
+import { EventEmitter } from 'node:events';
+import type { Registry } from 'prom-client';
+import { Gauge, Counter } from 'prom-client';
+import type { Pool } from '../config/types';
+import type { StateStore } from '../state/store';
+import type { Logger } from '../log';
+import { realClock, type Clock } from '../clock';
+import { formatIPv4, parseIPv4 } from '../ipv4';
+import { allocate, poolContains, poolSize, selectPool, type AllocationResult } from './allocator';
+import { ClaimStore, type PoolClaim } from './claims';
+
+/** RFC 5227 §1.1: MAX_CONFLICTS 10, RATE_LIMIT_INTERVAL 60 s. */
+export const MAX_CONFLICTS = 10;
+export const RATE_LIMIT_INTERVAL_MS = 60_000;
+
+export interface ConflictBackoff {
+  /** How long an address found in conflict is left alone the first time (ms). */
+  readonly initialMs: number;
+  /** Upper bound of the doubling (ms). */
+  readonly maxMs: number;
+}
+export const DEFAULT_CONFLICT_BACKOFF: ConflictBackoff = { initialMs: 60_000, maxMs: 3_600_000 };
+
+export interface ConflictInfo {
+  readonly address: string;
+  readonly pool: string | undefined;
+  /** Conflicts seen for this address since the agent started. */
+  readonly count: number;
+  /** Clock time after which the address may be tried again. */
+  readonly retryAt: number;
+  /** MAC of the host that answered, when known. */
+  readonly mac: string | undefined;
+  readonly service: string;
+}
+
+export interface PoolMetrics {
+  readonly size: Gauge<'pool'>;
+  readonly inUse: Gauge<'pool'>;
+  readonly conflicts: Counter<'pool'>;
+  readonly vipInfo: Gauge<'service' | 'namespace' | 'vip' | 'ipam'>;
+}
+
+/**
+ * The pool metrics of a registry. Registered once per registry: a metric
+ * already there (another PoolManager, or the DHCP sources' vip_info) is
+ * reused, since prom-client refuses a second registration of a name.
+ */
+export function poolMetrics(registry: Registry): PoolMetrics {
+  const get = <T>(name: string, make: () => T): T => (registry.getSingleMetric(name) as T | undefined) ?? make();
+  return {
+    size: get('lbagent_pool_size', () => new Gauge({ name: 'lbagent_pool_size', help: 'Addresses a pool may hand out (network, broadcast and this node\'s own addresses excluded).', labelNames: ['pool'], registers: [registry] })),
+    inUse: get('lbagent_pool_in_use', () => new Gauge({ name: 'lbagent_pool_in_use', help: 'Addresses of a pool claimed by a service or being probed.', labelNames: ['pool'], registers: [registry] })),
+    conflicts: get('lbagent_pool_conflicts_total', () => new Counter({ name: 'lbagent_pool_conflicts_total', help: 'Addresses of a pool found held by another host on the LAN (ARP probe, or defence given up).', labelNames: ['pool'], registers: [registry] })),
+    vipInfo: get('lbagent_service_vip_info', () => new Gauge({ name: 'lbagent_service_vip_info', help: 'The VIP a service holds (1 while held).', labelNames: ['service', 'namespace', 'vip', 'ipam'], registers: [registry] })),
+  };
+}
+
+export interface PoolManagerOptions {
+  pools: readonly Pool[];
+  store: StateStore;
+  log: Logger;
+  registry: Registry;
+  clock?: Clock;
+  conflictBackoff?: ConflictBackoff;
+}
+
+export interface ReserveRequest {
+  readonly service: string;
+  readonly namespace: string;
+  readonly loadBalancerIP?: string | undefined;
+}
+
+interface Hold { address: number; pool: string }
+interface Conflict { count: number; retryAt: number; mac: string | undefined; service: string }
+
+/**
+ * Events: 'changed' () whenever an address may have become available
+ * (a release, a pruned claim, new pools, new reserved set). Waiting sources
+ * retry on it.
+ */
+export class PoolManager extends EventEmitter {
+  private pools: readonly Pool[];
+  private readonly claims: ClaimStore;
+  private readonly log: Logger;
+  private readonly clock: Clock;
+  private readonly backoff: ConflictBackoff;
+  readonly metrics: PoolMetrics;
+  /** Tentative holds: addresses being probed or held in memory, by service. */
+  private readonly holds = new Map<string, Hold>();
+  private readonly conflictMap = new Map<number, Conflict>();
+  private reserved = new Set<number>();
+  /** RFC 5227 §2.1.1 rate limiting: conflicts since the last successful claim. */
+  private conflictRun = 0;
+  private lastAttempt = -Infinity;
+  private readonly sizeLabels = new Set<string>();
+  private queue: Promise<void> = Promise.resolve();
+
+  constructor(opts: PoolManagerOptions) {
+    super();
+    // Every waiting pool source listens for 'changed': one listener per service, not a leak.
+    this.setMaxListeners(0);
+    this.pools = opts.pools;
+    this.log = opts.log.child({ module: 'ipam.manager' });
+    this.claims = new ClaimStore({ store: opts.store, log: opts.log });
+    this.clock = opts.clock ?? realClock;
+    this.backoff = opts.conflictBackoff ?? DEFAULT_CONFLICT_BACKOFF;
+    this.metrics = poolMetrics(opts.registry);
+    this.updateMetrics();
+  }
+
+  /**
+   * Run the pool sources' kernel calls one at a time. An rtnetlink socket
+   * serves one dump at a time (a second concurrent dump gets EBUSY, or
+   * interleaved replies), and the sources share one NetlinkClient; going
+   * one at a time also makes "read the parent's addresses, then reserve"
+   * atomic with respect to the other pool sources.
+   */
+  serialize<T>(fn: () => Promise<T>): Promise<T> {
+    const run = this.queue.then(fn, fn);
+    this.queue = run.then(() => undefined, () => undefined);
+    return run;
+  }
+
+  /** New pools (config reload). Bound services keep their address until their source is restarted. */
+  setPools(pools: readonly Pool[]): void {
+    this.pools = pools;
+    this.updateMetrics();
+    this.emit('changed');
+  }
+
+  currentPools(): readonly Pool[] { return this.pools; }
+
+  /**
+   * Addresses that must never be handed out: the parent interface's own
+   * addresses and the network/broadcast addresses of its subnets (a pool
+   * written as a range knows nothing of the LAN's prefix).
+   */
+  setReserved(addresses: Iterable<number>): void {
+    const next = new Set([...addresses].map((a) => a >>> 0));
+    const same = next.size === this.reserved.size && [...next].every((a) => this.reserved.has(a));
+    if (same) return;
+    this.reserved = next;
+    this.updateMetrics();
+    this.emit('changed');
+  }
+
+  /** The pool that applies to a namespace, or undefined. */
+  poolFor(namespace: string): Pool | undefined {
+    const s = selectPool(this.pools, namespace);
+    return s.ok ? s.pool : undefined;
+  }
+
+  /** The persisted claim of a service (throws LB_ERR_STATE_CORRUPT on a corrupt claims file). */
+  claimOf(service: string): PoolClaim | undefined {
+    return this.claims.get(service);
+  }
+
+  allClaims(): ReadonlyMap<string, PoolClaim> { return this.claims.all(); }
+
+  /**
+   * Choose an address for a service and hold it for that service until
+   * commit(), markConflict() or release(). Synchronous, so concurrent
+   * callers are serialized. Replaces any earlier hold of the same service.
+   */
+  reserve(req: ReserveRequest): AllocationResult {
+    const now = this.clock.now();
+    this.lastAttempt = now;
+    this.holds.delete(req.service);
+    const claim = this.claims.get(req.service);
+    const result = allocate(this.pools, { ...req, claim }, {
+      taken: this.takenBy(req.service),
+      conflicts: new Map([...this.conflictMap].map(([a, c]) => [a, c.retryAt])),
+      reserved: this.reserved,
+      now,
+    });
+    if (result.ok) this.holds.set(req.service, { address: result.addressNum, pool: result.pool });
+    this.updateMetrics();
+    return result;
+  }
+
+  /**
+   * RFC 5227 §2.1.1: after MAX_CONFLICTS conflicts without a success, at most
+   * one new address is tried per RATE_LIMIT_INTERVAL, so a pool overlapping
+   * someone else's addresses does not turn into an ARP storm. Returns how
+   * long to wait before the next reserve() (0 = now).
+   */
+  attemptDelay(): number {
+    if (this.conflictRun < MAX_CONFLICTS) return 0;
+    return Math.max(0, this.lastAttempt + RATE_LIMIT_INTERVAL_MS - this.clock.now());
+  }
+
+  /** The service probed its held address and found it free: persist the claim. Throws LB_ERR_STATE_WRITE (hold kept). */
+  commit(service: string, address: string): PoolClaim {
+    const a = parseIPv4(address);
+    const hold = this.holds.get(service);
+    if (a === undefined || !hold || hold.address !== a) {
+      throw new Error(`commit of ${address} for ${service} without a matching reservation`);
+    }
+    const claim = this.claims.set(service, { address, pool: hold.pool }, this.clock.wallNow());
+    this.conflictRun = 0;
+    this.conflictMap.delete(a); // whoever held it has left
+    this.updateMetrics();
+    return claim;
+  }
+
+  /**
+   * Another host answers for this address (probe conflict, or a defence
+   * given up). The address is left alone until its retry time, doubling with
+   * each conflict; the service's hold on it is dropped so the next reserve()
+   * picks another address. A persisted claim pointing there stays until a
+   * new address is committed: if the pool has nothing else, the service may
+   * get it back after the retry time.
+   */
+  markConflict(service: string, address: string, mac?: string, opts: { counted?: boolean } = {}): ConflictInfo {
+    const a = parseIPv4(address) ?? 0;
+    const now = this.clock.now();
+    const prev = this.conflictMap.get(a);
+    const count = (prev?.count ?? 0) + 1;
+    const wait = Math.min(this.backoff.maxMs, this.backoff.initialMs * 2 ** (count - 1));
+    const c: Conflict = { count, retryAt: now + wait, mac, service };
+    this.conflictMap.set(a, c);
+    this.conflictRun++;
+    const hold = this.holds.get(service);
+    if (hold && hold.address === a) this.holds.delete(service);
+    const pool = this.pools.find((p) => poolContains(p, a))?.key ?? hold?.pool;
+    if (pool && !opts.counted) this.metrics.conflicts.inc({ pool });
+    this.updateMetrics();
+    this.log.warn({ op: 'conflict', service, address, mac, count, retryInMs: wait, pool }, `address ${address} is held by another host on the LAN${mac ? ` (${mac})` : ''}; not using it for ${Math.round(wait / 1000)} s`);
+    return { address, pool, count, retryAt: c.retryAt, mac, service };
+  }
+
+  /**
+   * Count a conflicting ARP seen for a held address that is being defended
+   * (RFC 5227 §2.4), without giving the address up. A later markConflict()
+   * for the same event passes { counted: true }.
+   */
+  noteConflict(address: string): void {
+    const a = parseIPv4(address);
+    const pool = a === undefined ? undefined : this.pools.find((p) => poolContains(p, a))?.key;
+    if (pool) this.metrics.conflicts.inc({ pool });
+  }
+
+  /** Addresses currently held back by a conflict, for status. */
+  conflicts(): ConflictInfo[] {
+    const now = this.clock.now();
+    return [...this.conflictMap].filter(([, c]) => c.retryAt > now).map(([a, c]) => ({
+      address: formatIPv4(a), pool: this.pools.find((p) => poolContains(p, a))?.key, count: c.count, retryAt: c.retryAt, mac: c.mac, service: c.service,
+    }));
+  }
+
+  /**
+   * A service stops using its address. `deleteClaim` (service removed from
+   * the config) also deletes the persisted claim, freeing the address for
+   * others; otherwise the claim stays and nobody else gets the address.
+   */
+  release(service: string, opts: { deleteClaim: boolean }): void {
+    this.holds.delete(service);
+    if (opts.deleteClaim) this.claims.delete(service);
+    this.updateMetrics();
+    this.emit('changed');
+  }
+
+  /**
+   * Delete the claims of services that no longer exist (removed from the
+   * config while the agent was down). Returns the claims deleted, so the
+   * caller can take their addresses off the parent interface.
+   */
+  pruneClaims(liveServices: Iterable<string>): Map<string, PoolClaim> {
+    const live = new Set(liveServices);
+    const gone = new Map<string, PoolClaim>();
+    for (const [svc, claim] of this.claims.all()) {
+      if (live.has(svc)) continue;
+      this.claims.delete(svc);
+      this.holds.delete(svc);
+      gone.set(svc, claim);
+      this.log.info({ op: 'prune', service: svc, address: claim.address }, `released the pool claim of removed service ${svc}`);
+    }
+    if (gone.size > 0) { this.updateMetrics(); this.emit('changed'); }
+    return gone;
+  }
+
+  /** Address -> service of every claim and hold except the given service's. */
+  private takenBy(except: string): Map<number, string> {
+    const taken = new Map<number, string>();
+    for (const [svc, claim] of this.claims.all()) {
+      const a = parseIPv4(claim.address);
+      if (svc !== except && a !== undefined) taken.set(a, svc);
+    }
+    for (const [svc, h] of this.holds) if (svc !== except) taken.set(h.address, svc);
+    return taken;
+  }
+
+  private updateMetrics(): void {
+    let inUse: Map<number, string>;
+    try { inUse = this.takenBy(''); } catch { return; /* corrupt claims: reported by the sources */ }
+    const seen = new Set<string>();
+    for (const pool of this.pools) {
+      seen.add(pool.key);
+      this.sizeLabels.add(pool.key);
+      this.metrics.size.set({ pool: pool.key }, poolSize(pool, this.reserved));
+      let n = 0;
+      for (const a of inUse.keys()) if (poolContains(pool, a) && !this.reserved.has(a)) n++;
+      this.metrics.inUse.set({ pool: pool.key }, n);
+      this.metrics.conflicts.inc({ pool: pool.key }, 0);
+    }
+    for (const key of [...this.sizeLabels]) {
+      if (seen.has(key)) continue;
+      this.metrics.size.remove({ pool: key });
+      this.metrics.inUse.remove({ pool: key });
+      this.sizeLabels.delete(key);
+    }
+  }
+}
+

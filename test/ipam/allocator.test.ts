@@ -1,0 +1,216 @@
+// Unit tests of the pure pool allocator: kube-vip lookup order, lowest free,
+// loadBalancerIP, persisted claims, exhaustion, conflicts, never a network or
+// broadcast address, stability.
+import t from 'tap';
+import type { Pool, PoolRange } from '../../agent/config/types';
+import { allocate, selectPool, poolSize, poolContains, poolLookupOrder, reservedFromInterface, AllocationState } from '../../agent/ipam/allocator';
+import { parseIPv4 } from '../../agent/ipv4';
+
+const ip = (s: string): number => parseIPv4(s)!;
+
+function range(text: string): PoolRange {
+  const [a, b] = text.split('-');
+  return { start: ip(a!), end: ip(b!), text, kind: 'range' };
+}
+/** A CIDR range as a correct loader would produce it (network/broadcast excluded). */
+function cidr(text: string, raw = false): PoolRange {
+  const [net, p] = text.split('/');
+  const prefix = Number(p);
+  const n = ip(net!);
+  const size = 2 ** (32 - prefix);
+  const bcast = n + size - 1;
+  return raw || prefix > 30
+    ? { start: n, end: bcast, text, kind: 'cidr' }
+    : { start: n + 1, end: bcast - 1, text, kind: 'cidr' };
+}
+const pool = (key: string, ...ranges: PoolRange[]): Pool => ({ key, ranges });
+
+function st(over: Partial<AllocationState> = {}): AllocationState {
+  return { taken: new Map(), conflicts: new Map(), now: 1000, ...over };
+}
+
+t.test('pool lookup order is kube-vip\'s: cidr-<ns>, cidr-global, range-<ns>, range-global', async (t) => {
+  t.same(poolLookupOrder('web'), ['cidr-web', 'cidr-global', 'range-web', 'range-global']);
+  const all = [
+    pool('range-global', range('10.0.3.1-10.0.3.9')),
+    pool('range-web', range('10.0.2.1-10.0.2.9')),
+    pool('cidr-global', cidr('10.0.1.0/28')),
+    pool('cidr-web', cidr('10.0.0.0/28')),
+  ];
+  const pick = (pools: Pool[], ns: string) => { const s = selectPool(pools, ns); return s.ok ? s.pool.key : s.reason; };
+  t.equal(pick(all, 'web'), 'cidr-web');
+  t.equal(pick(all.filter((p) => p.key !== 'cidr-web'), 'web'), 'cidr-global');
+  t.equal(pick(all.filter((p) => !p.key.startsWith('cidr')), 'web'), 'range-web');
+  t.equal(pick(all.filter((p) => p.key === 'range-global'), 'web'), 'range-global');
+  t.equal(pick(all, 'other'), 'cidr-global', 'another namespace falls to the global pools');
+  t.equal(pick([all[1]!], 'other'), 'no-pool', 'a namespace pool of someone else does not apply');
+  const none = selectPool([], 'web');
+  t.equal(none.ok, false);
+  if (!none.ok) t.match(none.message, /cidr-web, cidr-global, range-web, range-global/);
+});
+
+t.test('no pool: the reason names the service and the keys looked up', async (t) => {
+  const r = allocate([pool('range-other', range('10.0.0.1-10.0.0.2'))], { service: 'web/a', namespace: 'web' }, st());
+  t.match(r, { ok: false, reason: 'no-pool' });
+  if (!r.ok) t.match(r.message, /web\/a.*range-global/);
+});
+
+t.test('lowest free address of the selected pool', async (t) => {
+  const pools = [pool('range-global', range('10.0.0.10-10.0.0.20'))];
+  t.match(allocate(pools, { service: 'default/a', namespace: 'default' }, st()), { ok: true, address: '10.0.0.10', pool: 'range-global', via: 'lowest-free' });
+  const taken = new Map([[ip('10.0.0.10'), 'default/b'], [ip('10.0.0.11'), 'default/c'], [ip('10.0.0.13'), 'default/d']]);
+  t.match(allocate(pools, { service: 'default/a', namespace: 'default' }, st({ taken })), { ok: true, address: '10.0.0.12' });
+});
+
+t.test('several ranges in one pool: numerically lowest, overlaps merged', async (t) => {
+  const p = pool('range-global', range('10.0.0.200-10.0.0.202'), range('10.0.0.100-10.0.0.101'), range('10.0.0.101-10.0.0.102'));
+  t.equal(poolSize(p), 6);
+  const taken = new Map([[ip('10.0.0.100'), 'x/x'], [ip('10.0.0.101'), 'x/y'], [ip('10.0.0.102'), 'x/z']]);
+  t.match(allocate([p], { service: 'a/a', namespace: 'a' }, st({ taken })), { ok: true, address: '10.0.0.200' });
+});
+
+t.test('loadBalancerIP: honoured when in the pool and free', async (t) => {
+  const pools = [pool('range-global', range('10.0.0.10-10.0.0.20'))];
+  t.match(allocate(pools, { service: 'default/a', namespace: 'default', loadBalancerIP: '10.0.0.15' }, st()),
+    { ok: true, address: '10.0.0.15', via: 'loadBalancerIP' });
+  t.match(allocate(pools, { service: 'default/a', namespace: 'default', loadBalancerIP: '' }, st()),
+    { ok: true, address: '10.0.0.10', via: 'lowest-free' }, 'empty loadBalancerIP means none');
+  // The service's own claim on it does not block it.
+  t.match(allocate(pools, { service: 'default/a', namespace: 'default', loadBalancerIP: '10.0.0.15' },
+    st({ taken: new Map([[ip('10.0.0.15'), 'default/a']]) })), { ok: true, address: '10.0.0.15' });
+});
+
+t.test('loadBalancerIP outside the selected pool: a clear error naming service, IP and pool', async (t) => {
+  const pools = [pool('range-global', range('10.0.0.10-10.0.0.20')), pool('range-web', range('10.0.1.10-10.0.1.20'))];
+  const r = allocate(pools, { service: 'web/site', namespace: 'web', loadBalancerIP: '10.0.0.15' }, st());
+  t.match(r, { ok: false, reason: 'not-in-pool', pool: 'range-web' });
+  if (!r.ok) {
+    t.match(r.message, /web\/site/);
+    t.match(r.message, /10\.0\.0\.15/);
+    t.match(r.message, /range-web \(10\.0\.1\.10-10\.0\.1\.20\)/);
+  }
+  t.match(allocate(pools, { service: 'web/site', namespace: 'web', loadBalancerIP: 'nonsense' }, st()), { ok: false, reason: 'not-in-pool' });
+});
+
+t.test('loadBalancerIP held by another service or in conflict: taken, with the holder', async (t) => {
+  const pools = [pool('range-global', range('10.0.0.10-10.0.0.20'))];
+  const req = { service: 'default/a', namespace: 'default', loadBalancerIP: '10.0.0.15' };
+  const r = allocate(pools, req, st({ taken: new Map([[ip('10.0.0.15'), 'default/b']]) }));
+  t.match(r, { ok: false, reason: 'taken' });
+  if (!r.ok) t.match(r.message, /default\/b/);
+  const c = allocate(pools, req, st({ conflicts: new Map([[ip('10.0.0.15'), 5000]]) }));
+  t.match(c, { ok: false, reason: 'taken', retryAt: 5000 });
+  if (!c.ok) t.match(c.message, /another host on the LAN/);
+  t.match(allocate(pools, req, st({ conflicts: new Map([[ip('10.0.0.15'), 5000]]), now: 5000 })), { ok: true, address: '10.0.0.15' },
+    'after the retry time it is tried again');
+});
+
+t.test('persisted claim: kept when still in the pool and free, else the lowest free', async (t) => {
+  const pools = [pool('range-global', range('10.0.0.10-10.0.0.20'))];
+  const claim = { address: '10.0.0.17', pool: 'range-global' };
+  t.match(allocate(pools, { service: 'default/a', namespace: 'default', claim }, st()), { ok: true, address: '10.0.0.17', via: 'claim' });
+  t.match(allocate(pools, { service: 'default/a', namespace: 'default', claim }, st({ taken: new Map([[ip('10.0.0.17'), 'default/b']]) })),
+    { ok: true, address: '10.0.0.10', via: 'lowest-free' }, 'claim taken meanwhile');
+  t.match(allocate(pools, { service: 'default/a', namespace: 'default', claim }, st({ conflicts: new Map([[ip('10.0.0.17'), 9999]]) })),
+    { ok: true, address: '10.0.0.10' }, 'claim in conflict');
+  t.match(allocate(pools, { service: 'default/a', namespace: 'default', claim: { address: '10.0.0.30', pool: 'range-global' } }, st()),
+    { ok: true, address: '10.0.0.10' }, 'claim no longer in the pool (pool shrank)');
+  t.match(allocate(pools, { service: 'default/a', namespace: 'default', claim: { address: '10.0.0.17', pool: 'range-default' } }, st()),
+    { ok: true, address: '10.0.0.10' }, 'claim from another pool');
+  t.match(allocate(pools, { service: 'default/a', namespace: 'default', claim, loadBalancerIP: '10.0.0.12' }, st()),
+    { ok: true, address: '10.0.0.12', via: 'loadBalancerIP' }, 'loadBalancerIP wins over the claim');
+});
+
+t.test('exhaustion: a reason with counts, and the earliest retry time', async (t) => {
+  const pools = [pool('range-global', range('10.0.0.10-10.0.0.12'))];
+  const taken = new Map([[ip('10.0.0.10'), 'default/b'], [ip('10.0.0.11'), 'default/c']]);
+  const conflicts = new Map([[ip('10.0.0.12'), 7000], [ip('10.0.9.9'), 3000]]);
+  const r = allocate(pools, { service: 'default/a', namespace: 'default' }, st({ taken, conflicts }));
+  t.match(r, { ok: false, reason: 'exhausted', pool: 'range-global', retryAt: 7000 });
+  if (!r.ok) {
+    t.match(r.message, /default\/a/);
+    t.match(r.message, /range-global/);
+    t.match(r.message, /2 held, 1 in conflict/);
+  }
+  const full = allocate(pools, { service: 'default/a', namespace: 'default' }, st({ taken: new Map([...taken, [ip('10.0.0.12'), 'default/d']]) }));
+  t.match(full, { ok: false, reason: 'exhausted', retryAt: undefined });
+});
+
+t.test('conflicts are skipped until their retry time', async (t) => {
+  const pools = [pool('range-global', range('10.0.0.10-10.0.0.20'))];
+  const conflicts = new Map([[ip('10.0.0.10'), 2000], [ip('10.0.0.11'), 3000]]);
+  const req = { service: 'default/a', namespace: 'default' };
+  t.match(allocate(pools, req, st({ conflicts, now: 1000 })), { ok: true, address: '10.0.0.12' });
+  t.match(allocate(pools, req, st({ conflicts, now: 2000 })), { ok: true, address: '10.0.0.10' });
+  t.match(allocate(pools, req, st({ conflicts: new Map([[ip('10.0.0.10'), 9000]]), now: 2500 })), { ok: true, address: '10.0.0.11' });
+});
+
+t.test('network and broadcast addresses are never handed out, even from a loader that left them in', async (t) => {
+  for (const raw of [false, true]) {
+    const p = pool('cidr-global', cidr('10.0.0.0/30', raw));
+    t.equal(poolSize(p), 2, `a /30 has two usable addresses (raw=${raw})`);
+    t.notOk(poolContains(p, ip('10.0.0.0')));
+    t.notOk(poolContains(p, ip('10.0.0.3')));
+    const got: string[] = [];
+    const taken = new Map<number, string>();
+    for (let i = 0; i < 5; i++) {
+      const r = allocate([p], { service: `ns/s${i}`, namespace: 'ns' }, st({ taken }));
+      if (!r.ok) { t.equal(r.reason, 'exhausted'); break; }
+      got.push(r.address);
+      taken.set(r.addressNum, `ns/s${i}`);
+    }
+    t.same(got, ['10.0.0.1', '10.0.0.2']);
+    t.match(allocate([p], { service: 'ns/x', namespace: 'ns', loadBalancerIP: '10.0.0.3' }, st()), { ok: false, reason: 'not-in-pool' });
+    t.match(allocate([p], { service: 'ns/x', namespace: 'ns', loadBalancerIP: '10.0.0.0' }, st()), { ok: false, reason: 'not-in-pool' });
+    t.match(allocate([p], { service: 'ns/x', namespace: 'ns', claim: { address: '10.0.0.0', pool: 'cidr-global' } }, st()), { ok: true, address: '10.0.0.1' });
+  }
+  // /31 and /32 have no network or broadcast address (RFC 3021).
+  t.equal(poolSize(pool('cidr-global', cidr('10.0.0.4/31'))), 2);
+  t.equal(poolSize(pool('cidr-global', cidr('10.0.0.9/32'))), 1);
+  // Reserved addresses (the node's own, its subnet's broadcast) are never handed out either.
+  const r = pool('range-global', range('10.0.0.254-10.0.1.1'));
+  const reserved = new Set([ip('10.0.0.255'), ip('10.0.1.0'), ip('10.0.0.254')]);
+  t.equal(poolSize(r, reserved), 1);
+  t.match(allocate([r], { service: 'a/b', namespace: 'a' }, st({ reserved })), { ok: true, address: '10.0.1.1' });
+  t.match(allocate([r], { service: 'a/b', namespace: 'a', loadBalancerIP: '10.0.0.255' }, st({ reserved })), { ok: false, reason: 'taken' });
+});
+
+t.test('stability: removing a service does not move the others', async (t) => {
+  const pools = [pool('range-global', range('10.0.0.10-10.0.0.20'))];
+  const claims = new Map<string, string>();
+  const taken = () => new Map([...claims].map(([svc, a]) => [ip(a), svc] as [number, string]));
+  const run = (svc: string) => {
+    const prev = claims.get(svc);
+    const r = allocate(pools, { service: svc, namespace: 'default', claim: prev ? { address: prev, pool: 'range-global' } : undefined },
+      st({ taken: new Map([...taken()].filter(([, s]) => s !== svc)) }));
+    if (r.ok) claims.set(svc, r.address);
+    return r;
+  };
+  for (const s of ['default/a', 'default/b', 'default/c']) run(s);
+  t.same([...claims.values()], ['10.0.0.10', '10.0.0.11', '10.0.0.12']);
+  claims.delete('default/a');
+  // Every remaining service re-allocates (e.g. after a restart) and keeps its address.
+  t.match(run('default/c'), { ok: true, address: '10.0.0.12', via: 'claim' });
+  t.match(run('default/b'), { ok: true, address: '10.0.0.11', via: 'claim' });
+  // A new service takes the freed, lowest address.
+  t.match(run('default/d'), { ok: true, address: '10.0.0.10', via: 'lowest-free' });
+});
+
+t.test('a large pool answers quickly: the walk is bounded by the blocked addresses', async (t) => {
+  const p = pool('cidr-global', cidr('10.0.0.0/8'));
+  t.equal(poolSize(p), 2 ** 24 - 2);
+  const taken = new Map<number, string>();
+  for (let i = 1; i <= 1000; i++) taken.set(ip('10.0.0.0') + i, `x/${i}`);
+  t.match(allocate([p], { service: 'a/b', namespace: 'a' }, st({ taken })), { ok: true, address: '10.0.3.233' });
+});
+
+t.test('reservedFromInterface: the node\'s own addresses, its subnets\' network and broadcast, unclaimed /32s', async (t) => {
+  const claimed = new Set([ip('10.99.0.201')]);
+  const r = reservedFromInterface([
+    { address: '10.99.0.2', prefix: 24 },
+    { address: '10.99.0.201', prefix: 32 },
+    { address: '10.99.0.250', prefix: 32 },
+    { address: '192.168.7.1', prefix: 31 },
+  ], claimed);
+  t.same([...r].sort((a, b) => a - b), [ip('10.99.0.0'), ip('10.99.0.2'), ip('10.99.0.250'), ip('10.99.0.255'), ip('192.168.7.1')]);
+});

@@ -1,0 +1,81 @@
+// Unit tests of persisted pool claims on a real temporary StateStore.
+import t from 'tap';
+import * as fs from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import { StateStore } from '../../agent/state/store';
+import { ClaimStore, CLAIMS_FILE } from '../../agent/ipam/claims';
+
+function tmpStore(t: { teardown(fn: () => void): void }): StateStore {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lbclaims-'));
+  t.teardown(() => fs.rmSync(dir, { recursive: true, force: true }));
+  const s = new StateStore(dir);
+  s.ensure();
+  return s;
+}
+const T0 = Date.UTC(2026, 0, 1);
+
+t.test('a claim survives a new ClaimStore (a restart) and is released on delete', async (t) => {
+  const store = tmpStore(t);
+  const a = new ClaimStore({ store });
+  t.equal(a.get('default/web'), undefined);
+  a.set('default/web', { address: '10.0.0.10', pool: 'range-global' }, T0);
+  a.set('web/site', { address: '10.0.1.10', pool: 'range-web' }, T0 + 1000);
+
+  const b = new ClaimStore({ store });
+  t.same(b.get('default/web'), { address: '10.0.0.10', pool: 'range-global', claimedAt: '2026-01-01T00:00:00.000Z' });
+  t.same([...b.all().keys()].sort(), ['default/web', 'web/site']);
+  const doc = JSON.parse(fs.readFileSync(path.join(store.dir, CLAIMS_FILE), 'utf8'));
+  t.equal(doc.version, 1);
+  t.same(doc.claims['web/site'], { address: '10.0.1.10', pool: 'range-web', claimedAt: '2026-01-01T00:00:01.000Z' });
+
+  t.equal(b.delete('default/web'), true);
+  t.equal(b.delete('default/web'), false, 'deleting twice is harmless');
+  t.equal(new ClaimStore({ store }).get('default/web'), undefined, 'the release is on disk');
+  t.ok(new ClaimStore({ store }).get('web/site'), 'other claims untouched');
+  t.same(store.list().filter((f) => f.includes('tmp')), [], 'no temp files left');
+});
+
+t.test('claimedAt is kept while the address stays, renewed when it moves', async (t) => {
+  const store = tmpStore(t);
+  const c = new ClaimStore({ store });
+  c.set('a/b', { address: '10.0.0.10', pool: 'range-global' }, T0);
+  t.equal(c.set('a/b', { address: '10.0.0.10', pool: 'range-global' }, T0 + 5000).claimedAt, '2026-01-01T00:00:00.000Z');
+  t.equal(c.set('a/b', { address: '10.0.0.11', pool: 'range-global' }, T0 + 5000).claimedAt, '2026-01-01T00:00:05.000Z');
+});
+
+t.test('a file that is not JSON is reported, not silently replaced', async (t) => {
+  const store = tmpStore(t);
+  fs.writeFileSync(path.join(store.dir, CLAIMS_FILE), '{"version":1,"claims":{');
+  const c = new ClaimStore({ store });
+  t.throws(() => c.get('a/b'), { code: 'LB_ERR_STATE_CORRUPT' });
+  fs.writeFileSync(path.join(store.dir, CLAIMS_FILE), '[1,2]');
+  t.throws(() => new ClaimStore({ store }).get('a/b'), { code: 'LB_ERR_STATE_CORRUPT', message: /remove it/ });
+});
+
+t.test('malformed entries are dropped, the rest kept', async (t) => {
+  const store = tmpStore(t);
+  fs.writeFileSync(path.join(store.dir, CLAIMS_FILE), JSON.stringify({
+    version: 1,
+    claims: {
+      'a/good': { address: '10.0.0.1', pool: 'range-global', claimedAt: 'x' },
+      'a/bad-ip': { address: '10.0.0.300', pool: 'range-global', claimedAt: 'x' },
+      'a/no-pool': { address: '10.0.0.2', claimedAt: 'x' },
+      'a/null': null,
+    },
+  }));
+  const c = new ClaimStore({ store });
+  t.same([...c.all().keys()], ['a/good']);
+});
+
+t.test('a write error leaves memory unchanged and throws LB_ERR_STATE_WRITE', async (t) => {
+  const store = tmpStore(t);
+  const c = new ClaimStore({ store });
+  c.set('a/b', { address: '10.0.0.1', pool: 'range-global' }, T0);
+  // The state directory vanishing under us (root ignores permission bits, so this is the portable failure).
+  fs.rmSync(store.dir, { recursive: true, force: true });
+  t.throws(() => c.set('a/c', { address: '10.0.0.2', pool: 'range-global' }, T0), { code: 'LB_ERR_STATE_WRITE' });
+  t.equal(c.get('a/c'), undefined);
+  t.throws(() => c.delete('a/b'), { code: 'LB_ERR_STATE_WRITE' });
+  t.ok(c.get('a/b'), 'a failed release keeps the claim in memory');
+});

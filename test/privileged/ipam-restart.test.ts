@@ -1,0 +1,68 @@
+// Privileged: a pool service keeps its address across restarts. After a
+// SIGTERM the agent takes its VIPs off the parent and keeps the claims;
+// after a SIGKILL the VIPs are still on the parent, and the restarted agent
+// adopts them (probe, then keep) instead of failing on them. In both cases
+// each service gets the same address back, whatever order services start in.
+import t from 'tap';
+import { requirePrivileged } from '../helpers/privileged';
+import { createLab } from '../helpers/netns';
+import { addressesOf, ipamLab, ping, readClaims, startPoolDriver } from './fixtures/ipam-harness';
+
+const POOLS = { 'range-global': '10.99.0.200-10.99.0.210' };
+
+if (requirePrivileged(t)) {
+  t.test('SIGTERM: VIPs withdrawn, claims kept, same addresses after the restart', async (t) => {
+    const lab = await createLab(t);
+    const { node, client } = await ipamLab(lab);
+    const stateDir = lab.file('state');
+    const first = startPoolDriver(lab, node, { stateDir, pools: POOLS, services: [{ name: 'a' }, { name: 'b' }, { name: 'c' }] });
+    const before: Record<string, string> = {};
+    for (const s of ['default/a', 'default/b', 'default/c']) before[s] = await first.vip(s);
+    t.same(Object.values(before).sort(), ['10.99.0.200', '10.99.0.201', '10.99.0.202']);
+
+    const exit = await first.kill('SIGTERM');
+    t.equal(exit.code, 0, 'clean exit');
+    t.ok(first.events.some((e) => e.ev === 'stopped'), 'stopped every source');
+    const left = await addressesOf(lab, node);
+    t.same(left.filter((a) => a.endsWith('/32')), [], 'no VIP left on the parent');
+    t.same(Object.fromEntries(Object.entries(readClaims(stateDir) ?? {}).map(([k, c]) => [k, c.address])), before, 'claims kept on disk');
+
+    // A new service that sorts first and starts first must not take anyone's address.
+    const second = startPoolDriver(lab, node, { stateDir, pools: POOLS, services: [{ name: 'aaa-new' }, { name: 'c' }, { name: 'b' }, { name: 'a' }] });
+    for (const s of ['default/c', 'default/b', 'default/a']) t.equal(await second.vip(s), before[s], `${s} got ${before[s]} again`);
+    t.equal(await second.vip('default/aaa-new'), '10.99.0.203', 'the new service took the next free address');
+    const st = await second.statuses();
+    t.equal((st['default/a']!.details as { via: string }).via, 'claim', 'chosen from the persisted claim');
+    t.ok(await ping(lab, client, before['default/a']!), 'serving again');
+    await second.kill('SIGTERM');
+  });
+
+  t.test('SIGKILL: the VIPs stay on the parent; the restarted agent adopts them', async (t) => {
+    const lab = await createLab(t);
+    const { node, client } = await ipamLab(lab);
+    const stateDir = lab.file('state');
+    const first = startPoolDriver(lab, node, { stateDir, pools: POOLS, services: [{ name: 'a' }, { name: 'b' }] });
+    const a = await first.vip('default/a');
+    const b = await first.vip('default/b');
+    const exit = await first.kill('SIGKILL');
+    t.equal(exit.signal, 'SIGKILL');
+    const left = await addressesOf(lab, node);
+    t.ok(left.includes(`${a}/32`) && left.includes(`${b}/32`), 'a killed agent leaves its VIPs on the parent');
+    t.ok(await ping(lab, client, a), 'which still answer meanwhile');
+
+    const second = startPoolDriver(lab, node, { stateDir, pools: POOLS, services: [{ name: 'b' }, { name: 'a' }] });
+    t.equal(await second.vip('default/a'), a, 'same address for a');
+    t.equal(await second.vip('default/b'), b, 'same address for b');
+    const st = await second.statuses();
+    t.match(st['default/a'], { state: 'bound', details: { adopted: true, via: 'claim', conflicts: 0 } }, 'adopted, not a conflict with itself');
+    t.match(st['default/b'], { state: 'bound', details: { adopted: true } });
+    const now = await addressesOf(lab, node);
+    t.equal(now.filter((x) => x === `${a}/32`).length, 1, 'the address is on the parent once');
+    t.notMatch(second.stderr, /"level":"(error|fatal)"/, 'no error logged');
+    t.ok(await ping(lab, client, a), 'serving');
+
+    // And a clean stop after adoption withdraws them as usual.
+    await second.kill('SIGTERM');
+    t.same((await addressesOf(lab, node)).filter((x) => x.endsWith('/32')), [], 'withdrawn on SIGTERM');
+  });
+}
