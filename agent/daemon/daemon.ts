@@ -80,6 +80,10 @@ export class Daemon extends EventEmitter {
 
     const registry = new Registry();
     collectDefaultMetrics({ register: registry, prefix: 'lbagent_process_' });
+    // prom-client's *_total variants of these are gauges, which `promtool check
+    // metrics` rejects ("non-counter metrics should not have _total suffix");
+    // the per-type gauges without the suffix carry the same numbers.
+    for (const n of ['nodejs_active_handles_total', 'nodejs_active_requests_total', 'nodejs_active_resources_total']) registry.removeSingleMetric(`lbagent_process_${n}`);
 
     this.metrics = {
       reloads: new Counter({ name: 'lbagent_config_reloads_total', help: 'Config reloads by result.', labelNames: ['result'], registers: [registry] }),
@@ -229,6 +233,7 @@ export class Daemon extends EventEmitter {
     }
     const next = res.config;
     const d = diffConfigs(old, next);
+    this.subs.reconfigure(next);
     this.config = next;
     this.configLoadedAt = at;
     // Removed: secondaries first (a primary never goes while one shares it),

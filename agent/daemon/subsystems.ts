@@ -68,5 +68,7 @@ export interface Subsystems {
   readonly health: HealthLike;
   readonly dataplane: DataplaneLike;
   readonly failover: FailoverLike | undefined;
+  /** A reload was accepted: settings that apply without a restart (pools) take effect. */
+  reconfigure(config: import('../config/types').Desired): void;
   close(): Promise<void>;
 }

@@ -106,6 +106,7 @@ export async function buildSubsystems(config: Desired, ctx: { log: Logger; regis
           removed: [...res.removed.map((l) => l.name), ...removedAddrs],
         };
       },
+      reconfigure: (next) => { pools.setPools(next.pools); },
       close: async () => { netlink.close(); },
     };
   } catch (e) {
