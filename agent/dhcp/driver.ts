@@ -1,0 +1,529 @@
+// DHCP address source (driver): one service's DHCP client on the wire. Owns
+// the service's macvlan (deterministic name and MAC from net/ownership.ts,
+// bridge mode), an AF_PACKET socket on it, the one timer of the state
+// machine, the saved lease file, and the VIP address on the macvlan. All
+// decisions are client.ts's (pure); this file performs its actions: sends
+// frames, arms the timer, ARP-probes and announces, adds and removes the
+// address, persists the lease, counts metrics, and emits 'vip' / 'lost'.
+//
+// Why a packet socket and not a UDP socket on port 68: the VM's own DHCP
+// client may hold port 68, and every frame must leave with the macvlan's MAC
+// as Ethernet source (a renewal from the parent's MAC is refused by servers).
+// Why not the `dhcp` npm package: its client cannot be bound to an interface
+// and hides the exchange we need to control (xids, INIT-REBOOT, DECLINE).
+import { EventEmitter } from 'node:events';
+import type { Registry } from 'prom-client';
+import { realClock, type Clock, type TimerHandle } from '../clock';
+import type { ArpTimings, DhcpTimings, ServiceSpec } from '../config/types';
+import { LbError, errorMessage } from '../errors';
+import { formatIPv4, parseIPv4 } from '../ipv4';
+import type { Logger } from '../log';
+import { announce as arpAnnounce, probeAddress as arpProbe } from '../net/arp-probe';
+import { netMetrics, type NetMetrics } from '../net/metrics';
+import type { NetlinkClient } from '../net/netlink';
+import { clientIdForService, linkNameForService, macForService } from '../net/ownership';
+import { ETH_P_IP, PACKET_OUTGOING, openPacketSocket, type FrameInfo, type PacketSocket, type PacketSocketOptions } from '../net/packet';
+import { planOwnedLinks } from '../net/reconcile';
+import { applyVipSysctls, type VipRole } from '../net/sysctl';
+import type { AddressSource, SourceState, SourceStatus, Vip } from '../source';
+import type { StateStore } from '../state/store';
+import {
+  initialState, isStalled, step, unbindReason,
+  type ClientAction, type ClientConfig, type ClientContext, type ClientEvent, type ClientState, type DhcpStateName,
+} from './client';
+import {
+  BROADCAST_IP, BROADCAST_MAC, DHCP_CLIENT_FILTER, buildClientMessage, decodeReply, describePacket, encodeDhcp, encodeUdpFrame,
+  type ClientIdentity,
+} from './codec';
+import { fromStored, leaseDetails, leaseFileName, toStored, type Lease } from './lease';
+import { sharedStartLimiter, type ReleaseSlot, type StartLimiter } from './limiter';
+import { dhcpMetrics, removeServiceSeries, setDhcpState, type DhcpMetrics } from './metrics';
+
+/** The VIP goes on the macvlan as a host address: no prefix route that would pull LAN traffic (health checks, proxying) onto the macvlan. */
+export const VIP_PREFIX = 32;
+
+/** The netlink verbs the driver uses (NetlinkClient has them all). */
+export type NetlinkForDhcp = Pick<NetlinkClient, 'findLink' | 'getLink' | 'createMacvlan' | 'setLinkUp' | 'deleteLink' | 'addAddress' | 'removeAddress' | 'listAddresses'>;
+
+/** The packet-level verbs, injectable so another transport can stand in. Defaults: net/. */
+export interface DhcpNetDeps {
+  openPacketSocket(opts: PacketSocketOptions): PacketSocket;
+  probeAddress: typeof arpProbe;
+  announce: typeof arpAnnounce;
+  /** arp_ignore / arp_announce (and rp_filter on macvlans): DESIGN.md "ARP flux". */
+  applySysctls(ifname: string, role: VipRole): Promise<unknown>;
+}
+
+export interface DhcpSourceOptions {
+  service: ServiceSpec;
+  /** Parent NIC name. */
+  parent: string;
+  timings: DhcpTimings;
+  arp: ArpTimings;
+  store: StateStore;
+  netlink: NetlinkForDhcp;
+  log: Logger;
+  registry: Registry;
+  clock?: Clock;
+  random?: () => number;
+  /** Shared by every DHCP service of the agent; default: one per registry. */
+  limiter?: StartLimiter;
+  net?: Partial<DhcpNetDeps>;
+}
+
+const SOURCE_STATE: Record<DhcpStateName, SourceState> = {
+  'STOPPED': 'idle',
+  'INIT': 'acquiring',
+  'SELECTING': 'acquiring',
+  'REQUESTING': 'acquiring',
+  'INIT-REBOOT': 'acquiring',
+  'BOUND': 'bound',
+  'RENEWING': 'renewing',
+  'REBINDING': 'renewing',
+};
+
+export class DhcpSource extends EventEmitter implements AddressSource {
+  readonly key: string;
+  readonly ifname: string;
+  readonly mac: string;
+  private readonly parent: string;
+  private readonly arp: ArpTimings;
+  private readonly store: StateStore;
+  private readonly netlink: NetlinkForDhcp;
+  private readonly log: Logger;
+  private readonly clock: Clock;
+  private readonly ctx: ClientContext;
+  private readonly limiter: StartLimiter;
+  private readonly metrics: DhcpMetrics;
+  private readonly netM: NetMetrics;
+  private readonly deps: DhcpNetDeps;
+  private readonly identity: ClientIdentity;
+  private readonly labels: { service: string; namespace: string };
+  private readonly leaseFile: string;
+
+  private state: ClientState = initialState();
+  private running = false;
+  private failed: string | undefined;
+  private lastReason: string | undefined;
+  private ifindex: number | undefined;
+  private socket: PacketSocket | undefined;
+  private timer: TimerHandle | undefined;
+  private vip: Vip | undefined;
+  private slot: ReleaseSlot | undefined;
+  private abort: AbortController | undefined;
+  private startTask: Promise<void> = Promise.resolve();
+  /** Address changes and link work, strictly in order. */
+  private chain: Promise<void> = Promise.resolve();
+  /** Bumped on stop: late probe verdicts of an earlier run are ignored. */
+  private generation = 0;
+
+  constructor(opts: DhcpSourceOptions) {
+    super();
+    this.key = opts.service.key;
+    this.parent = opts.parent;
+    this.arp = opts.arp;
+    this.store = opts.store;
+    this.netlink = opts.netlink;
+    this.clock = opts.clock ?? realClock;
+    this.ifname = linkNameForService(this.key);
+    this.mac = macForService(this.key);
+    this.labels = { service: opts.service.name, namespace: opts.service.namespace };
+    this.log = opts.log.child({ module: 'dhcp', service: this.key, ifname: this.ifname });
+    this.leaseFile = leaseFileName(this.key);
+    const t = opts.timings;
+    const requestedIp = opts.service.loadBalancerIP ? parseIPv4(opts.service.loadBalancerIP) : undefined;
+    const config: ClientConfig = {
+      requestedIp,
+      probe: t.probeOffer,
+      retransmitInitialMs: t.retransmitInitial * 1000,
+      retransmitMaxMs: t.retransmitMax * 1000,
+      retransmitJitterMs: t.retransmitJitter * 1000,
+      declineWaitMs: t.declineWait * 1000,
+    };
+    const random = opts.random ?? Math.random;
+    this.ctx = { config, random };
+    this.limiter = opts.limiter ?? sharedStartLimiter(opts.registry, { max: t.maxConcurrentStarts, jitterMs: t.retransmitJitter * 1000, clock: this.clock, random });
+    this.metrics = dhcpMetrics(opts.registry);
+    this.netM = netMetrics(opts.registry);
+    this.deps = {
+      openPacketSocket: opts.net?.openPacketSocket ?? openPacketSocket,
+      probeAddress: opts.net?.probeAddress ?? arpProbe,
+      announce: opts.net?.announce ?? arpAnnounce,
+      applySysctls: opts.net?.applySysctls ?? ((ifname: string, role: VipRole) => applyVipSysctls(ifname, role)),
+    };
+    // RFC 2132 §3.14 hostname = the service name; §9.14 client id derived from the key (net/ownership.ts).
+    this.identity = { mac: this.mac, clientId: clientIdForService(this.key), hostname: opts.service.name.slice(0, 63) };
+    setDhcpState(this.metrics, this.labels, 'STOPPED');
+  }
+
+  // --- AddressSource ---------------------------------------------------------
+
+  start(): void {
+    if (this.running) return;
+    this.running = true;
+    this.failed = undefined;
+    this.lastReason = undefined;
+    const abort = new AbortController();
+    this.abort = abort;
+    const gen = this.generation;
+    this.emit('status');
+    this.startTask = this.run(abort.signal, gen).catch(async (err) => {
+      // Nothing half-applied: a start that failed leaves no macvlan or socket behind.
+      this.socket?.close();
+      this.socket = undefined;
+      await this.deleteLink(this.log.child({ op: 'start' }));
+      this.fail(err);
+    });
+  }
+
+  async stop(opts: { release: boolean }): Promise<void> {
+    const log = this.log.child({ op: 'stop' });
+    const wasRunning = this.running;
+    this.running = false;
+    this.abort?.abort();
+    await this.startTask;
+    if (wasRunning && this.state.name !== 'STOPPED') this.dispatch(opts.release ? { type: 'release' } : { type: 'stop' });
+    this.generation++;
+    this.clearTimer();
+    await this.chain;
+    this.socket?.close();
+    this.socket = undefined;
+    this.releaseSlot();
+    // Shutdown, failover and removal all take the macvlan away: no stale MAC on the LAN.
+    await this.deleteLink(log);
+    if (opts.release) {
+      // Removed from the config: nothing of the service may come back on the next start.
+      this.forgetLease();
+      removeServiceSeries(this.metrics, this.labels);
+    } else {
+      setDhcpState(this.metrics, this.labels, 'STOPPED');
+    }
+    this.state = initialState();
+    this.vip = undefined;
+    this.failed = undefined;
+    log.info({ release: opts.release }, opts.release ? 'stopped and released' : 'stopped; lease kept');
+    this.emit('status');
+  }
+
+  status(): SourceStatus {
+    const s = this.state;
+    let state: SourceState = this.failed ? 'failed' : this.running ? SOURCE_STATE[s.name] : 'idle';
+    let reason = this.failed ?? this.lastReason;
+    if (!this.failed && this.running && isStalled(s, this.ctx.config)) {
+      state = 'pending';
+      reason = `no DHCP offer after ${s.attempts} DISCOVERs from ${this.mac} on ${this.ifname} (parent ${this.parent})`;
+    }
+    if (this.running && s.name === 'STOPPED' && !this.failed) state = 'acquiring'; // link setup, or waiting for a start slot
+    const wallOffset = this.clock.wallNow() - this.clock.now();
+    const lease = s.lease ?? s.probing;
+    const details: Record<string, unknown> = {
+      state: s.name,
+      ...(lease ? leaseDetails(lease, wallOffset) : {}),
+      ...(s.probing ? { probing: formatIPv4(s.probing.address) } : {}),
+      ...(s.offer ? { offered: formatIPv4(s.offer.address), offeredBy: formatIPv4(s.offer.serverId) } : {}),
+      ...(s.name === 'INIT-REBOOT' && s.saved ? { requested: formatIPv4(s.saved.address) } : {}),
+      ...(this.ctx.config.requestedIp !== undefined ? { loadBalancerIP: formatIPv4(this.ctx.config.requestedIp) } : {}),
+    };
+    return { state, reason, vip: this.vip, ifname: this.ifname, mac: this.mac, details };
+  }
+
+  // --- start-up ----------------------------------------------------------------
+
+  private async run(signal: AbortSignal, gen: number): Promise<void> {
+    const release = await this.limiter.acquire(signal);
+    if (!release) return;
+    if (signal.aborted || gen !== this.generation) { release(); return; }
+    this.slot = release;
+    const log = this.log.child({ op: 'start' });
+    this.ifindex = await this.ensureLink(log);
+    if (signal.aborted) return;
+    const sock = this.deps.openPacketSocket({
+      ifindex: this.ifindex, protocol: ETH_P_IP, filter: DHCP_CLIENT_FILTER, log: this.log, metrics: this.netM,
+    });
+    this.socket = sock;
+    sock.on('frame', (frame: Buffer, info: FrameInfo) => {
+      // Nothing a frame causes may throw into the socket's native callback.
+      try {
+        this.onFrame(frame, info);
+      } catch (err) {
+        this.log.error({ op: 'recv', err: errorMessage(err), stack: (err as Error).stack }, 'handling a DHCP frame failed');
+      }
+    });
+    sock.on('error', (err: Error) => this.log.warn({ op: 'recv', err: err.message }, 'DHCP packet socket error'));
+    const saved = this.loadLease(log);
+    log.info({ mac: this.mac, parent: this.parent, saved: saved ? formatIPv4(saved.address) : undefined }, 'DHCP client starting');
+    this.dispatch({ type: 'start', saved });
+  }
+
+  /** Create the macvlan, or adopt the one an earlier run left (SIGKILL, crash). Returns its ifindex. */
+  private async ensureLink(log: Logger): Promise<number> {
+    const parent = await this.netlink.getLink(this.parent);
+    let link = await this.netlink.findLink(this.ifname);
+    if (link) {
+      const plan = planOwnedLinks([link, parent], new Map([[this.ifname, { mac: this.mac, parent: parent.index, mode: 'bridge' as const }]]));
+      if (plan.foreign.length > 0) {
+        throw new LbError('LB_ERR_NET_NETLINK', `interface ${this.ifname} exists but is not the agent's (MAC ${link.mac}); remove it so service ${this.key} can use the name`, { interface: this.ifname });
+      }
+      const recreate = plan.recreate[0];
+      if (recreate) {
+        log.info({ reason: recreate.reason }, 'recreating the service macvlan');
+        await this.netlink.deleteLink(link.index);
+        link = undefined;
+      } else {
+        // Adopted: whatever address it carries is from an earlier run and has no lease behind it yet.
+        for (const a of await this.netlink.listAddresses(link.index)) {
+          await this.netlink.removeAddress(link.index, a.address, a.prefix);
+          log.info({ address: `${a.address}/${a.prefix}` }, 'removed an address left on the adopted macvlan');
+        }
+        log.info('adopted the service macvlan');
+      }
+    }
+    if (!link) link = await this.netlink.createMacvlan({ name: this.ifname, parent: parent.index, mac: this.mac, mode: 'bridge' });
+    // DESIGN.md "ARP flux": on the parent too, or the parent answers ARP for the VIP with its own MAC and
+    // unicast replies to a RENEWING client (and every client connection) arrive where this socket cannot see them.
+    await this.deps.applySysctls(parent.name, 'parent');
+    await this.deps.applySysctls(this.ifname, 'macvlan');
+    if (!link.up) await this.netlink.setLinkUp(link.index, true);
+    return link.index;
+  }
+
+  private loadLease(log: Logger): Lease | undefined {
+    let doc: unknown;
+    try {
+      doc = this.store.read<unknown>(this.leaseFile);
+    } catch (err) {
+      log.warn({ err: errorMessage(err), file: this.leaseFile }, 'saved lease unreadable; starting without it');
+      return undefined;
+    }
+    if (doc === undefined) return undefined;
+    const lease = fromStored(doc, this.key, this.mac, this.clock.wallNow() - this.clock.now());
+    if (!lease) log.warn({ file: this.leaseFile }, 'saved lease is not a usable lease of this service; ignoring it');
+    return lease;
+  }
+
+  // --- the machine and its actions ---------------------------------------------
+
+  private dispatch(ev: ClientEvent): void {
+    const before = this.state.name;
+    const r = step(this.ctx, this.state, ev, this.clock.now());
+    this.state = r.state;
+    if (r.reason === 'wrong-xid' || r.reason === 'unexpected-reply' || r.reason === 'wrong-server') {
+      this.log.debug({ op: 'recv', reason: r.reason, state: before }, 'reply ignored');
+    }
+    for (const a of r.actions) this.perform(a);
+    if (r.state.name !== before) {
+      this.log.info({ op: 'state', from: before, to: r.state.name, reason: r.reason }, `DHCP ${before} -> ${r.state.name}`);
+      setDhcpState(this.metrics, this.labels, r.state.name);
+    }
+    // The start slot is for acquiring; once bound, stalled or stopped another service may go.
+    if (this.slot && (r.state.name === 'BOUND' || r.state.name === 'STOPPED' || isStalled(r.state, this.ctx.config))) this.releaseSlot();
+    this.emit('status');
+  }
+
+  private perform(a: ClientAction): void {
+    switch (a.type) {
+      case 'send': return this.send(a);
+      case 'setTimer': {
+        this.clearTimer();
+        const gen = this.generation;
+        this.timer = this.clock.setTimeout(() => {
+          this.timer = undefined;
+          if (gen === this.generation && this.running) this.dispatch({ type: 'timer' });
+        }, a.at - this.clock.now());
+        return;
+      }
+      case 'clearTimer': return this.clearTimer();
+      case 'probe': return this.probe(a.ip);
+      case 'bind': return this.enqueue(() => this.bind(a.lease));
+      case 'unbind': return this.enqueue(() => this.unbind(a));
+      case 'persist': return this.persist(a.lease);
+      case 'forget': return this.forgetLease();
+      case 'note': return this.note(a);
+    }
+  }
+
+  private send(a: Extract<ClientAction, { type: 'send' }>): void {
+    const sock = this.socket;
+    if (!sock) return;
+    const payload = encodeDhcp(buildClientMessage(a.message, this.identity));
+    const broadcast = a.to.kind === 'broadcast';
+    const frame = encodeUdpFrame({
+      srcMac: this.mac,
+      // Unicast to the server's (or relay router's) MAC learned from its ACK; if unknown, the IP alone addresses it.
+      dstMac: broadcast ? BROADCAST_MAC : a.to.mac ?? BROADCAST_MAC,
+      srcIp: a.srcIp,
+      dstIp: broadcast ? BROADCAST_IP : a.to.ip,
+      payload,
+    });
+    try {
+      sock.send(frame);
+      this.log.debug({ op: 'send', kind: a.message.kind, xid: a.message.xid, to: broadcast ? 'broadcast' : formatIPv4(a.to.kind === 'unicast' ? a.to.ip : 0) }, `DHCP${a.message.kind} sent`);
+    } catch (err) {
+      // Not fatal: the retransmission schedule tries again.
+      this.log.warn({ op: 'send', kind: a.message.kind, err: errorMessage(err) }, 'DHCP send failed');
+    }
+  }
+
+  private onFrame(frame: Buffer, info: FrameInfo): void {
+    if (info.pktType === PACKET_OUTGOING) return;
+    const r = decodeReply(frame, info, { xid: this.state.xid, mac: this.mac });
+    if (!r.ok) {
+      this.metrics.dropped.inc({ reason: r.reason });
+      // Replies to other clients are everyday broadcast traffic; real damage is worth a debug line.
+      if (r.reason !== 'wrong-chaddr' && r.reason !== 'wrong-xid') this.log.debug({ op: 'recv', reason: r.reason }, 'dropped a malformed DHCP frame');
+      return;
+    }
+    this.log.debug({ op: 'recv', packet: describePacket(r.value.packet), from: r.value.frame.srcMac }, 'DHCP reply');
+    this.dispatch({ type: 'reply', packet: r.value.packet, serverMac: r.value.frame.srcMac });
+  }
+
+  private probe(ip: number): void {
+    const gen = this.generation;
+    const ifindex = this.ifindex;
+    const verdict = (ev: ClientEvent): void => {
+      if (gen !== this.generation || !this.running) return;
+      if (this.state.probing?.address !== ip) return;
+      this.dispatch(ev);
+    };
+    if (ifindex === undefined) { verdict({ type: 'probe-failed', error: 'no interface' }); return; }
+    this.deps.probeAddress({ ifindex, mac: this.mac, ip, timings: this.arp, clock: this.clock, random: this.ctx.random, log: this.log, metrics: this.netM })
+      .then((res) => {
+        if (res.conflict) {
+          this.lastReason = `offered ${formatIPv4(ip)} is in use by ${res.conflictingMac ?? 'another host'} (ARP probe); declined`;
+          this.log.warn({ op: 'probe', ip: formatIPv4(ip), conflictingMac: res.conflictingMac }, 'offered address in use; declining');
+          verdict({ type: 'probe-conflict', mac: res.conflictingMac });
+        } else {
+          verdict({ type: 'probe-ok' });
+        }
+      })
+      .catch((err) => {
+        this.log.warn({ op: 'probe', ip: formatIPv4(ip), err: errorMessage(err) }, 'ARP probe failed');
+        verdict({ type: 'probe-failed', error: errorMessage(err) });
+      });
+  }
+
+  private async bind(lease: Lease): Promise<void> {
+    const ifindex = this.ifindex;
+    if (ifindex === undefined) return;
+    const address = formatIPv4(lease.address);
+    await this.netlink.addAddress(ifindex, address, VIP_PREFIX);
+    this.vip = { address, prefix: VIP_PREFIX, ifname: this.ifname, ifindex, mac: this.mac };
+    this.lastReason = undefined;
+    this.log.info({ op: 'bind', address, server: formatIPv4(lease.serverId), leaseSeconds: lease.leaseSeconds }, `VIP ${address} bound`);
+    const wanted = this.ctx.config.requestedIp;
+    if (wanted !== undefined && wanted !== lease.address) {
+      this.log.warn({ op: 'bind', loadBalancerIP: formatIPv4(wanted), address }, `loadBalancerIP ${formatIPv4(wanted)} was not granted; bound ${address}`);
+    }
+    // RFC 5227 §2.3: announce the address so neighbours and switches learn where it lives now.
+    this.deps.announce({
+      socket: this.socket, ifindex, mac: this.mac, ip: address, count: this.arp.announceNum, intervalMs: this.arp.announceInterval * 1000,
+      clock: this.clock, log: this.log, metrics: this.netM,
+    }).catch((err) => this.log.warn({ op: 'announce', err: errorMessage(err) }, 'gratuitous ARP failed'));
+    this.emit('vip', this.vip);
+    this.emit('status');
+  }
+
+  private async unbind(a: Extract<ClientAction, { type: 'unbind' }>): Promise<void> {
+    const reason = unbindReason(a, this.clock.wallNow() - this.clock.now());
+    const address = formatIPv4(a.address);
+    this.metrics.leaseExpiry.remove(this.labels);
+    if (this.ifindex !== undefined) {
+      try {
+        await this.netlink.removeAddress(this.ifindex, address, VIP_PREFIX);
+      } catch (err) {
+        this.log.error({ op: 'unbind', address, err: errorMessage(err) }, 'could not remove the VIP');
+      }
+    }
+    this.vip = undefined;
+    if (a.cause !== 'stopped' && a.cause !== 'released') this.lastReason = reason;
+    (a.cause === 'stopped' || a.cause === 'released' ? this.log.info.bind(this.log) : this.log.warn.bind(this.log))({ op: 'unbind', address, cause: a.cause }, reason);
+    this.emit('lost', reason);
+    this.emit('status');
+  }
+
+  private persist(lease: Lease): void {
+    const wallOffset = this.clock.wallNow() - this.clock.now();
+    this.metrics.leaseExpiry.set(this.labels, Number.isFinite(lease.expiresAt) ? (lease.expiresAt + wallOffset) / 1000 : Infinity);
+    try {
+      this.store.write(this.leaseFile, toStored(lease, this.key, this.mac, wallOffset));
+    } catch (err) {
+      // The lease still holds in memory; only a restart would start without it.
+      this.log.error({ op: 'persist', err: errorMessage(err) }, 'could not save the lease');
+    }
+  }
+
+  private forgetLease(): void {
+    try {
+      this.store.remove(this.leaseFile);
+    } catch (err) {
+      this.log.error({ op: 'forget', err: errorMessage(err) }, 'could not remove the saved lease');
+    }
+  }
+
+  private note(a: Extract<ClientAction, { type: 'note' }>): void {
+    const m = this.metrics;
+    switch (a.what) {
+      case 'acquired':
+        if (a.ms !== undefined) m.acquireDuration.observe(this.labels, a.ms / 1000);
+        return;
+      case 'renewed': m.renewals.inc(this.labels); return;
+      case 'rebinding':
+        m.rebinds.inc(this.labels);
+        this.log.warn({ op: 'rebind' }, 'no renewal from the server by T2; asking any server (REBINDING)');
+        return;
+      case 'nak':
+        m.naks.inc(this.labels);
+        this.lastReason = `DHCPNAK${a.detail ? `: ${a.detail}` : ''}`;
+        this.log.warn({ op: 'nak', message: a.detail }, 'DHCPNAK received');
+        return;
+      case 'declined': m.declines.inc(this.labels); return;
+      case 'expired': m.expiries.inc(this.labels); return;
+      case 'request-timeout':
+        this.lastReason = 'no answer to DHCPREQUEST; starting over';
+        return;
+      case 'reboot-timeout':
+        this.log.warn({ op: 'init-reboot' }, 'no server answered INIT-REBOOT; using the saved lease if it is still valid');
+        return;
+      case 'renewing': return;
+    }
+  }
+
+  // --- helpers ------------------------------------------------------------------
+
+  private enqueue(fn: () => Promise<void>): void {
+    this.chain = this.chain.then(fn).catch((err) => this.fail(err));
+  }
+
+  private clearTimer(): void {
+    if (this.timer !== undefined) this.clock.clearTimeout(this.timer);
+    this.timer = undefined;
+  }
+
+  private releaseSlot(): void {
+    const s = this.slot;
+    this.slot = undefined;
+    s?.();
+  }
+
+  private fail(err: unknown): void {
+    this.failed = errorMessage(err);
+    this.log.error({ op: 'fail', err: this.failed, code: (err as LbError).code }, 'DHCP address source failed');
+    this.releaseSlot();
+    this.emit('status');
+  }
+
+  private async deleteLink(log: Logger): Promise<void> {
+    try {
+      const link = this.ifindex !== undefined ? await this.netlink.findLink(this.ifindex) : await this.netlink.findLink(this.ifname);
+      if (link && link.name === this.ifname && link.mac === this.mac) await this.netlink.deleteLink(link.index);
+    } catch (err) {
+      log.error({ err: errorMessage(err) }, 'could not delete the service macvlan');
+    }
+    this.ifindex = undefined;
+  }
+}
+
+/** Construct the DHCP address source of one service. */
+export function createDhcpSource(opts: DhcpSourceOptions): DhcpSource {
+  return new DhcpSource(opts);
+}

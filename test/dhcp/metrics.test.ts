@@ -1,0 +1,42 @@
+// Unit tests of the DHCP metrics: created once per registry (several services
+// share one), one state at 1, per-service series removed with the service.
+import t from 'tap';
+import { Registry } from 'prom-client';
+import { dhcpMetrics, removeServiceSeries, setDhcpState } from '../../agent/dhcp/metrics';
+
+t.test('one set of series per registry, shared by services', async (t) => {
+  const reg = new Registry();
+  const a = dhcpMetrics(reg);
+  const b = dhcpMetrics(reg);
+  t.equal(a.state, b.state, 'the second call finds the first registration');
+  t.equal(a.dropped, b.dropped);
+  const other = dhcpMetrics(new Registry());
+  t.not(other.state, a.state, 'another registry, other series');
+  const names = (await reg.getMetricsAsJSON()).map((m) => m.name).sort();
+  t.same(names, [
+    'lbagent_dhcp_acquire_duration_seconds', 'lbagent_dhcp_declines_total', 'lbagent_dhcp_dropped_packets_total',
+    'lbagent_dhcp_expiries_total', 'lbagent_dhcp_lease_expiry_timestamp_seconds', 'lbagent_dhcp_naks_total',
+    'lbagent_dhcp_rebinds_total', 'lbagent_dhcp_renewals_total', 'lbagent_dhcp_state',
+  ]);
+});
+
+t.test('state gauge and removal', async (t) => {
+  const reg = new Registry();
+  const m = dhcpMetrics(reg);
+  const web = { service: 'web', namespace: 'default' };
+  const db = { service: 'db', namespace: 'default' };
+  setDhcpState(m, web, 'SELECTING');
+  setDhcpState(m, web, 'BOUND');
+  setDhcpState(m, db, 'RENEWING');
+  m.renewals.inc(web);
+  m.dropped.inc({ reason: 'wrong-xid' });
+  let text = await reg.metrics();
+  t.match(text, /lbagent_dhcp_state\{service="web",namespace="default",state="BOUND"\} 1/);
+  t.match(text, /lbagent_dhcp_state\{service="web",namespace="default",state="SELECTING"\} 0/);
+  t.equal(text.split('\n').filter((l) => /^lbagent_dhcp_state\{service="web".*\} 1$/.test(l)).length, 1, 'exactly one state at 1');
+  t.match(text, /lbagent_dhcp_dropped_packets_total\{reason="wrong-xid"\} 1/);
+  removeServiceSeries(m, web);
+  text = await reg.metrics();
+  t.notMatch(text, /service="web"/, 'the removed service leaves no series');
+  t.match(text, /lbagent_dhcp_state\{service="db",namespace="default",state="RENEWING"\} 1/, 'others untouched');
+});

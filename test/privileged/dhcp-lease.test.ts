@@ -1,0 +1,76 @@
+// Privileged: the DHCP address source against a real dnsmasq. A lease is
+// obtained from the service's own macvlan (its MAC and client id in
+// dnsmasq's lease file), the VIP answers pings from another namespace,
+// dnsmasq's default ping check (OFFER ~3 s late) is survived, and removing the
+// service sends DHCPRELEASE and deletes the macvlan.
+import t from 'tap';
+import { requirePrivileged } from '../helpers/privileged';
+import { createLab, waitFor } from '../helpers/netns';
+import { startDnsmasq } from '../helpers/services';
+import { clientIdForService } from '../../agent/net/ownership';
+import { addressesOf, dhcpLab, linkMac, ping, startDriver } from './fixtures/dhcp-harness';
+
+if (requirePrivileged(t)) {
+  t.test('lease from dnsmasq (with its ping check), VIP reachable, release on removal', async (t) => {
+    const lab = await createLab(t);
+    const { server, agent, client } = await dhcpLab(lab);
+    // No noPing: dnsmasq pings an address for ~3 s before offering it; our DISCOVERs are retransmitted meanwhile.
+    const dnsmasq = await startDnsmasq(lab, server, { range: '10.99.0.100,10.99.0.150', leaseTime: '2m' });
+    const d = startDriver(lab, agent, { name: 'web' });
+    const started = Date.now();
+    const vipEv = await d.vip(20_000);
+    const vip = vipEv.vip as { address: string; prefix: number; ifname: string; mac: string };
+    t.comment(`bound ${vip.address} after ${Date.now() - started} ms`);
+    t.equal(vip.ifname, d.ifname);
+    t.equal(vip.mac, d.mac);
+    t.match(vip.address, /^10\.99\.0\.(1[0-4]\d|150)$/, 'an address from the range');
+
+    const sends = d.stderr.split('\n').filter((l) => l.includes('DHCPDISCOVER sent')).length;
+    t.ok(sends >= 2, `DISCOVER retransmitted while dnsmasq pinged (${sends} sent)`);
+
+    // dnsmasq's view: the service's MAC and client id.
+    const lease = await waitFor('dnsmasq lease', () => dnsmasq.leases().find((l) => l.ip === vip.address), 5000);
+    t.equal(lease.mac, d.mac, 'lease under the service MAC');
+    t.equal(lease.clientId, [...clientIdForService('default/web')].map((b) => b.toString(16).padStart(2, '0')).join(':'), 'and client id');
+    t.equal(lease.hostname, 'web', 'hostname option = service name');
+    t.equal(dnsmasq.leases().length, 1);
+
+    // The kernel's view: the VIP on the macvlan, the macvlan has the service MAC.
+    t.same(await addressesOf(lab, agent, d.ifname), [`${vip.address}/32`]);
+    t.equal(await linkMac(lab, agent, d.ifname), d.mac);
+    const mode = await lab.exec(agent, 'ip', ['-d', '-j', 'link', 'show', 'dev', d.ifname]);
+    t.equal((JSON.parse(mode.stdout) as Array<{ linkinfo: { info_data: { mode: string } } }>)[0]!.linkinfo.info_data.mode, 'bridge');
+
+    // Reachable from another namespace (never from the parent: macvlan rule).
+    t.ok(await waitFor('ping of the VIP', () => ping(lab, client, vip.address), 10_000), 'VIP answers pings from the client namespace');
+    const neigh = await lab.exec(client, 'ip', ['-j', 'neigh', 'show', vip.address]);
+    t.equal((JSON.parse(neigh.stdout) as Array<{ lladdr: string }>)[0]?.lladdr, d.mac, 'and ARP resolves it to the service MAC');
+
+    const status = await d.next((e) => e.ev === 'status' && (e.status as { state: string }).state === 'bound', 2000);
+    const details = (status.status as { details: Record<string, unknown> }).details;
+    t.equal(details.state, 'BOUND');
+    t.equal(details.address, vip.address);
+    t.equal(details.server, '10.99.0.2');
+    t.ok(details.renewAt && details.rebindAt && details.expiresAt && details.obtained, 'lease times in status');
+
+    const metrics = await d.metrics();
+    t.match(metrics, /lbagent_dhcp_state\{service="web",namespace="default",state="BOUND"\} 1/);
+    t.match(metrics, /lbagent_dhcp_acquire_duration_seconds_count\{service="web",namespace="default"\} 1/);
+    t.match(metrics, /lbagent_dhcp_lease_expiry_timestamp_seconds\{service="web",namespace="default"\} \d+/);
+
+    // Service removed: DHCPRELEASE, VIP and macvlan gone, lease file gone.
+    const from = d.events.length;
+    d.command('release');
+    await d.next((e) => e.ev === 'stopped', 10_000, from);
+    const lost = await d.next((e) => e.ev === 'lost', 1000, from);
+    t.match(lost.reason as string, /released/);
+    await waitFor('DHCPRELEASE in the dnsmasq log', () => dnsmasq.log().includes(`DHCPRELEASE(eth0) ${vip.address} ${d.mac}`), 5000);
+    t.pass('dnsmasq logged the DHCPRELEASE');
+    t.equal(await addressesOf(lab, agent, d.ifname), undefined, 'macvlan deleted');
+    await waitFor('lease removed from dnsmasq', () => !dnsmasq.leases().some((l) => l.ip === vip.address), 5000);
+    t.pass('dnsmasq dropped the lease');
+    const files = (await lab.sh(agent, `ls ${lab.file('state')}`)).stdout.trim();
+    t.equal(files, '', 'saved lease deleted');
+    t.equal((await d.exited).code, 0);
+  });
+}
