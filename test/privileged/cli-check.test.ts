@@ -1,0 +1,41 @@
+// `lb-agent check` as cloud-init runs it: the real binary, in a lab
+// namespace whose eth0 is the parent. Root passes; without CAP_NET_ADMIN and
+// CAP_NET_RAW it fails and names both.
+import t from 'tap';
+import * as fs from 'node:fs';
+import { stringify } from 'yaml';
+import { requirePrivileged } from '../helpers/privileged';
+import { createLab } from '../helpers/netns';
+import { AGENT_BIN } from '../helpers/agent';
+
+t.test('lb-agent check', async (t) => {
+  if (!requirePrivileged(t)) return;
+  const lab = await createLab(t);
+  const ns = await lab.addHost('node', { address: '10.99.0.2/24' });
+  await lab.sh(ns, 'sysctl -qw net.ipv4.conf.eth0.arp_ignore=1 net.ipv4.conf.eth0.arp_announce=2 net.ipv4.ip_forward=1');
+  const cfg = lab.file('config.yaml');
+  fs.writeFileSync(cfg, stringify({
+    node: { interface: 'eth0' }, stateDir: lab.file('state'), control: { socket: lab.file('a.sock') },
+    dataplane: 'kernel', pools: { 'range-global': '10.99.0.200-10.99.0.210' },
+    services: [{ name: 'web', ipam: 'dhcp', ports: [{ port: 8080 }] }],
+  }));
+
+  const ok = await lab.exec(ns, process.execPath, [AGENT_BIN, 'check', '--config', cfg, '--json'], { allowFail: true, timeoutMs: 30_000 });
+  const doc = JSON.parse(ok.stdout) as { ok: boolean; checks: { id: string; status: string; detail: string; remedy: string | null }[] };
+  const failed = doc.checks.filter((c) => c.status === 'fail');
+  t.equal(ok.code, 0, `exit 0; failed: ${JSON.stringify(failed)}`);
+  t.equal(doc.checks.find((c) => c.id === 'macvlan')?.status, 'pass', 'the macvlan check passes');
+  t.equal(doc.checks.find((c) => c.id === 'capabilities')?.status, 'pass');
+
+  const human = await lab.exec(ns, process.execPath, [AGENT_BIN, 'check', '--config', cfg], { allowFail: true, timeoutMs: 30_000 });
+  t.equal(human.code, 0);
+  t.match(human.stdout, /macvlan/);
+
+  const dropped = await lab.exec(ns, 'capsh', ['--drop=cap_net_admin,cap_net_raw', '--', '-c', `${process.execPath} ${AGENT_BIN} check --config ${cfg}`], { allowFail: true, timeoutMs: 30_000 });
+  t.equal(dropped.code, 1, 'exit 1 without the capabilities');
+  t.match(dropped.stdout, /CAP_NET_ADMIN/);
+  t.match(dropped.stdout, /CAP_NET_RAW/);
+
+  const usage = await lab.exec(ns, process.execPath, [AGENT_BIN, 'check', '--bogus'], { allowFail: true });
+  t.equal(usage.code, 2, 'bad usage is exit 2');
+});
