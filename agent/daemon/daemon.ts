@@ -34,6 +34,9 @@ interface ServiceRuntime {
   source: AddressSource | undefined;
   /** When this runtime was (re)created: a reload that keeps a service keeps this. */
   startedAt: number;
+  /** VRRP gating of the source, one start/stop at a time (gateSource). Never rejects. */
+  gate: Promise<void>;
+  gatePending: boolean;
 }
 
 export class Daemon extends EventEmitter {
@@ -123,7 +126,7 @@ export class Daemon extends EventEmitter {
   }
 
   private addService(spec: ServiceSpec): void {
-    const rt: ServiceRuntime = { spec, source: undefined, startedAt: this.clock.wallNow() };
+    const rt: ServiceRuntime = { spec, source: undefined, startedAt: this.clock.wallNow(), gate: Promise.resolve(), gatePending: false };
     if (spec.primaryService === undefined) {
       const source = this.subs!.createSource(spec);
       source.on('vip', () => { this.scheduleApply(); this.notifyStatus(); });
@@ -138,7 +141,8 @@ export class Daemon extends EventEmitter {
   private startSources(): void {
     for (const rt of this.runtimes.values()) {
       if (!rt.source) continue;
-      if (this.holds(rt.spec.key)) rt.source.start();
+      if (this.subs?.failover) this.gateSource(rt.spec.key);
+      else rt.source.start();
     }
   }
 
@@ -155,18 +159,49 @@ export class Daemon extends EventEmitter {
   }
 
   private onFailoverChange(keys: string[]): void {
-    for (const key of keys) {
-      const rt = this.runtimes.get(key);
-      if (!rt?.source) continue;
-      if (this.holds(key)) {
-        this.log.info({ op: 'failover', service: key }, 'this node is Master: taking the VIP');
-        rt.source.start();
-      } else {
-        this.log.info({ op: 'failover', service: key }, 'this node is Backup: withdrawing the VIP (lease and claim kept)');
-        rt.source.stop({ release: false }).catch((e) => this.log.error({ op: 'failover', service: key, err: errorMessage(e) }, 'withdraw failed'));
-      }
-    }
+    for (const key of keys) this.gateSource(key);
     this.scheduleApply();
+  }
+
+  /**
+   * Start or stop a service's source to match VRRP mastership, one step at a
+   * time per service: a withdrawal must finish before the next start (a
+   * source's stop() is asynchronous, and a start during it races the link
+   * and address it is removing). A step reads holds() when it runs, so a
+   * flap that queues behind a running step collapses into one step.
+   */
+  private gateSource(key: string): void {
+    const rt = this.runtimes.get(key);
+    if (!rt?.source || rt.gatePending) return;
+    rt.gatePending = true;
+    rt.gate = rt.gate.then(async () => {
+      rt.gatePending = false;
+      const source = rt.source;
+      if (!source || this.stopping || this.runtimes.get(key) !== rt) return;
+      const running = source.status().state !== 'idle';
+      if (this.holds(key)) {
+        if (!running) this.log.info({ op: 'failover', service: key }, 'this node is Master: taking the VIP');
+        source.start();
+      } else if (running) {
+        this.log.info({ op: 'failover', service: key }, 'this node is Backup: withdrawing the VIP (lease and claim kept)');
+        await source.stop({ release: false });
+      }
+    }).catch((e) => this.log.error({ op: 'failover', service: key, err: errorMessage(e) }, 'starting or withdrawing the VIP failed'));
+  }
+
+  /**
+   * With VRRP and the kernel data path, a Master's rules for its VIP go in
+   * before the address comes up, so the first client that a gratuitous ARP
+   * sends our way is forwarded, not refused by a node that holds the address
+   * but has no rules yet. The rules are inert until the address is ours (no
+   * packet for it reaches us before). The proxy cannot listen on an address
+   * it does not have, so it waits for the VIP.
+   */
+  private armedVip(spec: ServiceSpec): string | undefined {
+    const f = this.subs?.failover;
+    if (!f?.knownVip || this.subs?.dataplane.kind !== 'kernel') return undefined;
+    const primaryKey = spec.primaryService ?? spec.key;
+    return f.isMaster(primaryKey) ? f.knownVip(primaryKey) : undefined;
   }
 
   /** The VIP a service is served on by this node, if any. */
@@ -182,7 +217,7 @@ export class Daemon extends EventEmitter {
     const subs = this.subs!;
     return [...this.runtimes.values()].map((rt) => ({
       key: rt.spec.key, name: rt.spec.name, namespace: rt.spec.namespace,
-      vip: this.vipOf(rt.spec), ports: rt.spec.ports,
+      vip: this.vipOf(rt.spec) ?? this.armedVip(rt.spec), ports: rt.spec.ports,
       healthy: subs.health.healthy(rt.spec.key), backends: rt.spec.backends,
     }));
   }
@@ -242,12 +277,14 @@ export class Daemon extends EventEmitter {
     for (const s of removed) {
       const rt = this.runtimes.get(s.key);
       this.runtimes.delete(s.key);
+      if (rt) await rt.gate; // a VRRP start/stop in flight finishes first
       if (rt?.source) await rt.source.stop({ release: true }).catch((e) => this.log.error({ op: 'reload', service: s.key, err: errorMessage(e) }, 'release failed'));
     }
     for (const [o, n] of d.changed) {
       const rt = this.runtimes.get(n.key)!;
       const addressChanged = o.ipam !== n.ipam || o.loadBalancerIP !== n.loadBalancerIP || o.primaryService !== n.primaryService || o.vrid !== n.vrid || o.priority !== n.priority;
       if (addressChanged) {
+        await rt.gate;
         if (rt.source) await rt.source.stop({ release: o.loadBalancerIP !== n.loadBalancerIP }).catch(() => undefined);
         this.runtimes.delete(n.key);
         this.addService(n);
@@ -293,9 +330,23 @@ export class Daemon extends EventEmitter {
     await step('control socket', () => this.control?.stop());
     if (this.subs) {
       const subs = this.subs;
-      await step('failover', () => subs.failover?.stop());
-      await step('dataplane', () => subs.dataplane.stop());
-      await Promise.all([...this.runtimes.values()].map((rt) => step(`service ${rt.spec.key}`, () => rt.source?.stop({ release: false }))));
+      const stopSources = async (): Promise<void> => {
+        await Promise.all([...this.runtimes.values()].map((rt) => step(`service ${rt.spec.key}`, async () => {
+          await rt.gate;
+          await rt.source?.stop({ release: false });
+        })));
+      };
+      if (subs.failover) {
+        // Withdraw the VIPs first, then resign with priority 0: the Backup
+        // that takes over after Skew_Time probes each VIP (RFC 5227) and
+        // must find it free, or it would pick another address.
+        await stopSources();
+        await step('failover', () => subs.failover?.stop());
+        await step('dataplane', () => subs.dataplane.stop());
+      } else {
+        await step('dataplane', () => subs.dataplane.stop());
+        await stopSources();
+      }
       await step('health', () => subs.health.stop());
       await step('subsystems', () => subs.close());
     }

@@ -2,7 +2,8 @@
 // interfaces: the reconciler talks to these, wiring.ts builds the real ones.
 import type { EventEmitter } from 'node:events';
 import type { AddressSource } from '../source';
-import type { BackendSpec, ServiceSpec, PortSpec } from '../config/types';
+import type { BackendSpec, ServiceSpec } from '../config/types';
+import type { ForwardService } from '../forward/dataplane';
 
 export interface ParentLink {
   readonly name: string;
@@ -32,16 +33,7 @@ export interface HealthLike extends EventEmitter {
   // 'change' (serviceKey, address, up)
 }
 
-export interface ForwardService {
-  readonly key: string;
-  readonly name: string;
-  readonly namespace: string;
-  /** The VIP when this node serves it, else undefined (nothing is forwarded). */
-  readonly vip: string | undefined;
-  readonly ports: readonly PortSpec[];
-  readonly healthy: readonly BackendSpec[];
-  readonly backends: readonly BackendSpec[];
-}
+export type { ForwardService };
 
 export interface DataplaneLike {
   readonly kind: 'kernel' | 'proxy';
@@ -56,6 +48,8 @@ export interface FailoverLike extends EventEmitter {
   /** Does this node hold the VIP of this (primary) service now? */
   isMaster(serviceKey: string): boolean;
   status(serviceKey: string): Record<string, unknown> | undefined;
+  /** The address the service's VIP has or is about to have, if known (to arm the data path before it comes up). */
+  knownVip?(serviceKey: string): string | undefined;
   stop(): Promise<void>;
   // 'change' (serviceKey[]) when mastership changes
 }

@@ -9,6 +9,7 @@ import { Lab, waitFor, run } from './netns';
 import { distPath } from './services';
 import { controlRequest } from '../../agent/control/server';
 import type { StatusDocument } from '../../agent/daemon/daemon';
+import { onJsonLines } from './jsonlines';
 
 export const AGENT_BIN = distPath('agent', 'cli', 'main.js');
 
@@ -41,17 +42,8 @@ export async function startAgent(lab: Lab, ns: string, cfg: Record<string, unkno
   fs.writeFileSync(configPath, stringify(full));
   const proc = lab.spawn(ns, process.execPath, [AGENT_BIN, 'run', '--config', configPath, '--log-level', opts.logLevel ?? 'debug'], { env: { ...process.env, ...(opts.env ?? {}) } });
   const logs: Record<string, unknown>[] = [];
-  let partial = '';
   let err = '';
-  proc.stdout?.on('data', (d: Buffer) => {
-    partial += d.toString();
-    let nl: number;
-    while ((nl = partial.indexOf('\n')) >= 0) {
-      const line = partial.slice(0, nl);
-      partial = partial.slice(nl + 1);
-      try { logs.push(JSON.parse(line) as Record<string, unknown>); } catch { logs.push({ raw: line }); }
-    }
-  });
+  onJsonLines(proc.stdout!, (o) => logs.push(o), (line) => logs.push({ raw: line }));
   proc.stderr?.on('data', (d: Buffer) => { err += d.toString(); });
   const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => {
     proc.once('exit', (code, signal) => resolve({ code, signal }));
