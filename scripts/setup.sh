@@ -56,5 +56,15 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
+# node-gyp builds native/ against the running Node's headers; point it at the
+# installed ones so it never tries to download them (no network but registries).
+node_inc=$(dirname "$(dirname "$(command -v node)")")/include/node
+if [ -f "$node_inc/node_api.h" ]; then
+  export npm_config_nodedir=${node_inc%/include/node}
+else
+  echo "setup.sh: Node's headers ($node_inc/node_api.h) are missing: install the headers package matching node $(node --version)" >&2
+  exit 1
+fi
+
 npm ci --no-audit --no-fund
 npm run build
