@@ -6,6 +6,7 @@
 #
 #   sudo systemd/install.sh                  install, enable and start
 #   sudo systemd/install.sh --no-start       install and enable, do not start
+#   sudo systemd/install.sh --no-enable      install only (cloud-init enables it after `lb-agent check`)
 #   systemd/install.sh --root DIR --no-start install into a scratch root (packaging, tests)
 #
 # Nothing is downloaded: everything comes from this checkout (node_modules
@@ -20,16 +21,18 @@ while [ $# -gt 0 ]; do
     --root) root=$2; shift 2 ;;
     --no-start) start=0; shift ;;
     --no-enable) enable=0; start=0; shift ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "install.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 root=${root%/}
+node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
+[ "$node_major" -ge 20 ] || { echo "install.sh: lb-agent needs Node.js >= 20 as \`node\` on PATH (found: $(node --version 2>/dev/null || echo none)); install your distribution's nodejs (SLES: nodejs20)" >&2; exit 1; }
 [ -f "$here/dist/agent/cli/main.js" ] || { echo "install.sh: build first: npm ci && npm run build" >&2; exit 1; }
 [ -f "$here/native/build/Release/lbagent_native.node" ] || { echo "install.sh: the native addon is not built: npm ci" >&2; exit 1; }
 
 lib=$root/usr/lib/lb-agent
-install -d -m 0755 "$lib" "$root/usr/bin" "$root/lib/systemd/system" "$root/etc/lb-agent" "$root/usr/share/doc/lb-agent"
+install -d -m 0755 "$lib" "$root/usr/bin" "$root/lib/systemd/system" "$root/usr/lib/sysusers.d" "$root/etc/lb-agent" "$root/usr/share/doc/lb-agent"
 rm -rf "$lib/dist" "$lib/node_modules" "$lib/native"
 cp -a "$here/dist" "$lib/dist"
 rm -rf "$lib/dist/test" "$lib/dist/bench"
@@ -37,11 +40,22 @@ install -d "$lib/native/build/Release"
 install -m 0755 "$here/native/build/Release/lbagent_native.node" "$lib/native/build/Release/"
 install -m 0644 "$here/package.json" "$here/package-lock.json" "$lib/"
 install -m 0644 "$here/README.md" "$lib/"
-# Runtime dependencies only.
-(cd "$here" && npm ls --omit=dev --parseable --all 2>/dev/null | tail -n +2) | while read -r dep; do
-  rel=${dep#"$here/"}
-  install -d "$lib/$(dirname "$rel")"
-  cp -a "$dep" "$lib/$rel"
+# Runtime dependencies only: every package of the lockfile not marked dev,
+# read with node itself (npm is not needed on the VM: Debian ships it apart
+# from nodejs). Each package is copied without its own node_modules; nested
+# runtime packages are lockfile entries of their own.
+deps=$(cd "$here" && node -e '
+  const fs = require("fs");
+  const lock = JSON.parse(fs.readFileSync("package-lock.json", "utf8"));
+  if (!lock.packages) { console.error("install.sh: package-lock.json has no \"packages\" (lockfileVersion >= 2 needed)"); process.exit(1); }
+  for (const [p, m] of Object.entries(lock.packages)) {
+    if (p === "" || m.dev || m.link) continue;
+    if (!fs.existsSync(p)) { if (m.optional) continue; console.error(`install.sh: ${p} is missing: run npm ci`); process.exit(1); }
+    console.log(p);
+  }')
+for rel in $deps; do
+  install -d "$lib/$rel"
+  (cd "$here/$rel" && tar --exclude=./node_modules -cf - .) | tar -xf - -C "$lib/$rel"
 done
 cat > "$root/usr/bin/lb-agent" <<'SH'
 #!/bin/sh
@@ -49,11 +63,16 @@ exec node /usr/lib/lb-agent/dist/agent/cli/main.js "$@"
 SH
 chmod 0755 "$root/usr/bin/lb-agent"
 install -m 0644 "$here/systemd/lb-agent.service" "$root/lib/systemd/system/lb-agent.service"
+# The unit's User=lb-agent, for systemd-sysusers (packages, images) and below.
+install -m 0644 "$here/systemd/lb-agent.sysusers" "$root/usr/lib/sysusers.d/lb-agent.conf"
 [ -e "$root/etc/lb-agent/config.yaml" ] || install -m 0644 "$here/examples/config.yaml" "$root/etc/lb-agent/config.yaml"
 install -m 0644 "$here/examples/config.yaml" "$root/usr/share/doc/lb-agent/config.example.yaml"
 
 if [ "$root" = "" ]; then
-  getent passwd lb-agent >/dev/null || useradd --system --no-create-home --home-dir /var/lib/lb-agent --shell /usr/sbin/nologin lb-agent
+  if ! getent passwd lb-agent >/dev/null; then
+    if command -v systemd-sysusers >/dev/null; then systemd-sysusers /usr/lib/sysusers.d/lb-agent.conf
+    else useradd --system --no-create-home --home-dir /var/lib/lb-agent --shell /usr/sbin/nologin lb-agent; fi
+  fi
   if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
     systemctl daemon-reload
     [ $enable = 1 ] && systemctl enable lb-agent.service

@@ -1,0 +1,209 @@
+// systemd/lb-agent.service and systemd/install.sh: the unit passes
+// `systemd-analyze verify`, carries the hardening issue 9 asks for, each
+// directive with a comment saying why, and its exposure score is recorded;
+// install.sh into a scratch root lays out a tree that runs (the installed
+// CLI validates the installed config, the addon loads) with runtime modules
+// only, and a second install keeps the operator's config.
+import t from 'tap';
+import * as fs from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import { spawnSync, SpawnSyncReturns } from 'node:child_process';
+
+const ROOT = path.resolve(__dirname, '..', '..', '..');
+const UNIT = path.join(ROOT, 'systemd', 'lb-agent.service');
+const INSTALL = path.join(ROOT, 'systemd', 'install.sh');
+const unitText = fs.readFileSync(UNIT, 'utf8');
+
+function sh(cmd: string, args: string[], opts: { env?: NodeJS.ProcessEnv } = {}): SpawnSyncReturns<string> {
+  return spawnSync(cmd, args, { encoding: 'utf8', timeout: 60_000, env: opts.env ?? process.env });
+}
+
+function have(cmd: string): boolean {
+  return sh('sh', ['-c', `command -v ${cmd}`]).status === 0;
+}
+
+/** Skip (or, in CI, fail) when a tool the test drives is missing. */
+function need(t: { fail(m: string): unknown; plan(n: number, c?: string): void }, cmd: string, pkg: string): boolean {
+  if (have(cmd)) return true;
+  if (process.env.LB_AGENT_REQUIRE_PRIVILEGED === '1') t.fail(`${cmd} is not installed (scripts/setup.sh installs ${pkg})`);
+  else t.plan(0, `skip: ${cmd} is not installed (apt-get install ${pkg})`);
+  return false;
+}
+
+/** Every `Key=value` line of a section, in order. */
+function directives(text: string, section: string): { key: string; value: string; line: number }[] {
+  const out: { key: string; value: string; line: number }[] = [];
+  let current = '';
+  text.split('\n').forEach((raw, i) => {
+    const l = raw.trim();
+    const s = /^\[(\w+)\]$/.exec(l);
+    if (s) { current = s[1]!; return; }
+    const d = /^([A-Za-z]+)=(.*)$/.exec(l);
+    if (d && current === section) out.push({ key: d[1]!, value: d[2]!, line: i });
+  });
+  return out;
+}
+
+const built = fs.existsSync(path.join(ROOT, 'dist', 'agent', 'cli', 'main.js')) && fs.existsSync(path.join(ROOT, 'native', 'build', 'Release', 'lbagent_native.node'));
+
+/** systemd/install.sh --root DIR --no-start into a fresh scratch root. */
+function installInto(dir: string): SpawnSyncReturns<string> {
+  return sh('bash', [INSTALL, '--root', dir, '--no-start']);
+}
+
+const scratch = fs.mkdtempSync(path.join(os.tmpdir(), 'lb-agent-root-'));
+t.teardown(() => fs.rmSync(scratch, { recursive: true, force: true }));
+let installed: SpawnSyncReturns<string> | undefined;
+/** One install shared by the tests that only read it. */
+function installedRoot(): string {
+  installed ??= installInto(scratch);
+  if (installed.status !== 0) throw new Error(`install.sh failed (${installed.status}): ${installed.stderr}${installed.stdout}`);
+  return scratch;
+}
+
+/** A copy of the unit whose /usr/bin/lb-agent points into the scratch root (verify wants ExecStart to exist). */
+function scratchUnit(dir: string): string {
+  const p = path.join(dir, 'verify', 'lb-agent.service');
+  fs.mkdirSync(path.dirname(p), { recursive: true });
+  fs.writeFileSync(p, unitText.replaceAll('/usr/bin/lb-agent', path.join(dir, 'usr', 'bin', 'lb-agent')));
+  return p;
+}
+
+t.test('the unit has the service semantics and hardening issue 9 lists', async (t) => {
+  const svc = directives(unitText, 'Service');
+  const all = (k: string): string[] => svc.filter((d) => d.key === k).map((d) => d.value);
+  const one = (k: string): string | undefined => all(k)[0];
+  t.equal(one('Type'), 'notify', 'Type=notify: READY=1 says when it serves');
+  t.match(one('ExecStartPre'), /^\+\/usr\/bin\/lb-agent check --config \/etc\/lb-agent\/config\.yaml$/, 'the preflight runs first, with full privileges ("+")');
+  t.match(one('ExecStart'), /^\/usr\/bin\/lb-agent run --config \/etc\/lb-agent\/config\.yaml$/);
+  t.equal(one('ExecReload'), '/bin/kill -HUP $MAINPID', 'reload is SIGHUP');
+  t.equal(one('Restart'), 'on-failure');
+  t.ok(one('WatchdogSec'), 'a watchdog deadline');
+  t.equal(one('StateDirectory'), 'lb-agent');
+  t.equal(one('RuntimeDirectory'), 'lb-agent');
+  t.equal(one('ConfigurationDirectory'), 'lb-agent');
+  t.equal(one('User'), 'lb-agent', 'a dedicated user, not root');
+  const caps = ['CAP_NET_ADMIN', 'CAP_NET_BIND_SERVICE', 'CAP_NET_RAW'];
+  t.same(one('AmbientCapabilities')?.split(/\s+/).sort(), caps, 'exactly the three network capabilities, ambient');
+  t.same(one('CapabilityBoundingSet')?.split(/\s+/).sort(), caps, 'and nothing else in the bounding set');
+  t.equal(one('NoNewPrivileges'), 'yes');
+  t.equal(one('ProtectSystem'), 'strict');
+  t.equal(one('ProtectHome'), 'yes');
+  t.equal(one('PrivateTmp'), 'yes');
+  t.same(one('RestrictAddressFamilies')?.split(/\s+/).sort(), ['AF_INET', 'AF_INET6', 'AF_NETLINK', 'AF_PACKET', 'AF_UNIX']);
+  t.equal(all('SystemCallFilter')[0], '@system-service');
+  t.notOk(svc.some((d) => d.key === 'ProtectKernelTunables' && d.value === 'yes'), 'not ProtectKernelTunables: the agent writes /proc/sys/net');
+  t.notOk(svc.some((d) => d.key === 'PrivateNetwork' && d.value === 'yes'), 'not PrivateNetwork: the VM network is its job');
+  t.equal(directives(unitText, 'Install').find((d) => d.key === 'WantedBy')?.value, 'multi-user.target');
+});
+
+t.test('every [Service] directive is explained by a comment above it', async (t) => {
+  // A paragraph is a run of lines between blank lines; each directive's
+  // paragraph must have a comment above the directive.
+  const lines = unitText.split('\n');
+  const unexplained: string[] = [];
+  for (const d of directives(unitText, 'Service')) {
+    let commented = false;
+    for (let i = d.line - 1; i >= 0 && lines[i]!.trim() !== '' && !/^\[/.test(lines[i]!.trim()); i--) {
+      if (lines[i]!.trim().startsWith('#')) { commented = true; break; }
+    }
+    if (!commented) unexplained.push(`line ${d.line + 1}: ${d.key}=${d.value}`);
+  }
+  t.same(unexplained, [], 'no directive without a comment in its paragraph');
+  const comments = lines.filter((l) => l.trim().startsWith('#')).join('\n');
+  // The hardening it deliberately leaves out is explained too.
+  for (const omitted of ['ProtectKernelTunables', 'MemoryDenyWriteExecute', 'PrivateNetwork']) {
+    t.match(comments, new RegExp(`Not ${omitted}`), `a comment says why not ${omitted}`);
+  }
+  t.match(comments, /NET_ADMIN[^\n]*\n?[^\n]*NET_RAW[^\n]*\n?[^\n]*NET_BIND_SERVICE/, 'each capability is justified');
+});
+
+t.test('systemd-analyze verify is clean and the exposure is recorded', { skip: !built && 'build first: npm ci && npm run build' }, async (t) => {
+  if (!need(t, 'systemd-analyze', 'systemd')) return;
+  const dir = installedRoot();
+  const unit = scratchUnit(dir);
+  const v = sh('systemd-analyze', ['verify', unit]);
+  t.equal(v.status, 0, `systemd-analyze verify exit status\n${v.stdout}${v.stderr}`);
+  t.equal(`${v.stdout}${v.stderr}`.trim(), '', 'no warnings');
+
+  const s = sh('systemd-analyze', ['security', '--offline=yes', '--no-pager', unit]);
+  const m = /Overall exposure level for lb-agent\.service: ([\d.]+) (\S+)/.exec(s.stdout);
+  if (!m) t.fail(`no exposure level in systemd-analyze security's output:\n${s.stdout.slice(-400)}${s.stderr}`);
+  else {
+    const level = Number(m[1]);
+    t.comment(`systemd-analyze security --offline=yes: exposure ${m[1]} ${m[2]} (${sh('systemd-analyze', ['--version']).stdout.split('\n')[0]})`);
+    // A regression guard, loose across systemd versions (they add checks):
+    // above 4 is "MEDIUM", where a lost directive would take it.
+    t.ok(level <= 4, `exposure ${level} stays at most 4`);
+  }
+});
+
+t.test('install.sh into a scratch root', { skip: !built && 'build first: npm ci && npm run build' }, async (t) => {
+  const dir = installedRoot();
+  const lib = path.join(dir, 'usr', 'lib', 'lb-agent');
+  t.match(installed!.stdout, /lb-agent installed under/);
+
+  t.test('the command, the unit, the user and the config', async (t) => {
+    const wrapper = path.join(dir, 'usr', 'bin', 'lb-agent');
+    t.ok(fs.statSync(wrapper).mode & 0o111, '/usr/bin/lb-agent is executable');
+    t.match(fs.readFileSync(wrapper, 'utf8'), /^#!\/bin\/sh\nexec node \/usr\/lib\/lb-agent\/dist\/agent\/cli\/main\.js "\$@"\n$/, 'it runs the installed CLI');
+    t.equal(fs.readFileSync(path.join(dir, 'lib', 'systemd', 'system', 'lb-agent.service'), 'utf8'), unitText, 'the unit, as in the repository');
+    t.match(fs.readFileSync(path.join(dir, 'usr', 'lib', 'sysusers.d', 'lb-agent.conf'), 'utf8'), /^u lb-agent - /m, 'sysusers.d creates User=lb-agent');
+    t.ok(fs.existsSync(path.join(lib, 'README.md')), 'Documentation= points at an installed file');
+    t.equal(fs.readFileSync(path.join(dir, 'etc', 'lb-agent', 'config.yaml'), 'utf8'), fs.readFileSync(path.join(ROOT, 'examples', 'config.yaml'), 'utf8'), 'the example config');
+    t.ok(fs.existsSync(path.join(dir, 'usr', 'share', 'doc', 'lb-agent', 'config.example.yaml')));
+  });
+
+  t.test('the installed tree runs on its own', async (t) => {
+    const cli = path.join(lib, 'dist', 'agent', 'cli', 'main.js');
+    // Run from elsewhere, so nothing resolves through the repository's node_modules.
+    const env = { PATH: process.env.PATH, HOME: os.tmpdir() };
+    const v = spawnSync(process.execPath, [cli, 'validate', '-c', path.join(dir, 'etc', 'lb-agent', 'config.yaml')], { encoding: 'utf8', cwd: os.tmpdir(), env, timeout: 30_000 });
+    t.equal(v.status, 0, `installed lb-agent validate: ${v.stdout}${v.stderr}`);
+    t.match(v.stdout, /valid/);
+    const ver = spawnSync(process.execPath, [cli, 'version', '--json'], { encoding: 'utf8', cwd: os.tmpdir(), env, timeout: 30_000 });
+    t.equal(ver.status, 0, ver.stderr);
+    const native = path.join(lib, 'dist', 'agent', 'net', 'native.js');
+    const addon = spawnSync(process.execPath, ['-e', `const n=require(${JSON.stringify(native)});n.capabilities();process.stdout.write(n.nativeAddonPath())`], { encoding: 'utf8', cwd: os.tmpdir(), env, timeout: 30_000 });
+    t.equal(addon.status, 0, `the native addon loads from the installed tree: ${addon.stderr}`);
+    t.equal(addon.stdout, path.join(lib, 'native', 'build', 'Release', 'lbagent_native.node'), 'the installed addon, not the repository\'s');
+  });
+
+  t.test('runtime modules only', async (t) => {
+    const pkg = JSON.parse(fs.readFileSync(path.join(ROOT, 'package.json'), 'utf8')) as { dependencies: Record<string, string>; devDependencies: Record<string, string> };
+    for (const dep of Object.keys(pkg.dependencies)) t.ok(fs.existsSync(path.join(lib, 'node_modules', dep, 'package.json')), `${dep} installed`);
+    for (const dep of [...Object.keys(pkg.devDependencies), '@tapjs/core', '@typescript/native-preview']) t.notOk(fs.existsSync(path.join(lib, 'node_modules', dep)), `dev dependency ${dep} not installed`);
+    t.notOk(fs.existsSync(path.join(lib, 'dist', 'test')), 'no compiled tests');
+    t.notOk(fs.existsSync(path.join(lib, 'dist', 'bench')), 'no benchmarks');
+    t.notOk(fs.existsSync(path.join(lib, 'node_modules', 'netlink', 'node_modules', '@types', 'node', 'node')), 'nested packages copied once, not into themselves');
+  });
+
+  t.test('a second install keeps an existing config and refreshes the rest', async (t) => {
+    const cfg = path.join(dir, 'etc', 'lb-agent', 'config.yaml');
+    const mine = '# mine\nservices: []\n';
+    fs.writeFileSync(cfg, mine);
+    fs.writeFileSync(path.join(lib, 'dist', 'agent', 'stale.js'), '');
+    const again = installInto(dir);
+    t.equal(again.status, 0, again.stderr);
+    t.equal(fs.readFileSync(cfg, 'utf8'), mine, '/etc/lb-agent/config.yaml untouched');
+    t.notOk(fs.existsSync(path.join(lib, 'dist', 'agent', 'stale.js')), 'the old build is replaced, not merged');
+  });
+});
+
+t.test('install.sh refuses what it does not know', async (t) => {
+  const bad = sh('bash', [INSTALL, '--frobnicate']);
+  t.equal(bad.status, 2);
+  t.match(bad.stderr, /unknown option --frobnicate/);
+  const help = sh('bash', [INSTALL, '--help']);
+  t.equal(help.status, 0);
+  t.match(help.stdout, /--no-enable/);
+  t.notMatch(help.stdout, /set -euo/, 'help is the header only');
+  // A PATH with what the script needs before its checks, and no node.
+  const bin = path.join(scratch, 'no-node-bin');
+  fs.mkdirSync(bin, { recursive: true });
+  for (const tool of ['dirname', 'sed']) fs.symlinkSync(sh('sh', ['-c', `command -v ${tool}`]).stdout.trim(), path.join(bin, tool));
+  const noNode = sh('/bin/bash', [INSTALL, '--root', path.join(scratch, 'never'), '--no-start'], { env: { PATH: bin } });
+  t.equal(noNode.status, 1);
+  t.match(noNode.stderr, /needs Node\.js >= 20/);
+});
