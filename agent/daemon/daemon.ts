@@ -55,7 +55,7 @@ export class Daemon extends EventEmitter {
   private applyAgain = false;
   private stopping = false;
   private lastReload: { at: number; ok: boolean; message: string } | undefined;
-  private metrics: { reloads: Counter; services: Gauge; ready: Gauge } | undefined;
+  private metrics: { reloads: Counter; services: Gauge; ready: Gauge; vipInfo: Gauge } | undefined;
 
   constructor(opts: DaemonOptions) {
     super();
@@ -82,16 +82,20 @@ export class Daemon extends EventEmitter {
     this.lock.acquire();
 
     const registry = new Registry();
-    collectDefaultMetrics({ register: registry, prefix: 'lbagent_process_' });
+    collectDefaultMetrics({ register: registry, prefix: 'lbagent_' });
     // prom-client's *_total variants of these are gauges, which `promtool check
     // metrics` rejects ("non-counter metrics should not have _total suffix");
     // the per-type gauges without the suffix carry the same numbers.
-    for (const n of ['nodejs_active_handles_total', 'nodejs_active_requests_total', 'nodejs_active_resources_total']) registry.removeSingleMetric(`lbagent_process_${n}`);
+    for (const n of ['nodejs_active_handles_total', 'nodejs_active_requests_total', 'nodejs_active_resources_total']) registry.removeSingleMetric(`lbagent_${n}`);
 
     this.metrics = {
       reloads: new Counter({ name: 'lbagent_config_reloads_total', help: 'Config reloads by result.', labelNames: ['result'], registers: [registry] }),
       services: new Gauge({ name: 'lbagent_services', help: 'Configured services.', registers: [registry], collect: () => { this.metrics!.services.set(this.runtimes.size); } }),
       ready: new Gauge({ name: 'lbagent_service_ready', help: '1 when the service has a VIP and a healthy backend.', labelNames: ['service', 'namespace'], registers: [registry], collect: () => this.collectReady() }),
+      // Every service this node serves, whatever gives its VIP (DHCP, pool,
+      // or a primary's, for Share IP): set at scrape time from status, so a
+      // pool source's own updates of the same series cannot go stale.
+      vipInfo: new Gauge({ name: 'lbagent_service_vip_info', help: 'The VIP a service is served on by this node (1 while served).', labelNames: ['service', 'namespace', 'vip', 'ipam'], registers: [registry], collect: () => this.collectVipInfo() }),
     };
 
     try {
@@ -359,6 +363,15 @@ export class Daemon extends EventEmitter {
     const g = this.metrics!.ready;
     g.reset();
     for (const s of this.serviceStatuses()) g.set({ service: s.name, namespace: s.namespace }, s.ready ? 1 : 0);
+  }
+
+  private collectVipInfo(): void {
+    const g = this.metrics!.vipInfo;
+    g.reset();
+    for (const rt of this.runtimes.values()) {
+      const vip = this.vipOf(rt.spec);
+      if (vip) g.set({ service: rt.spec.name, namespace: rt.spec.namespace, vip, ipam: rt.spec.ipam }, 1);
+    }
   }
 
   readiness(): Readiness {

@@ -37,6 +37,19 @@ export async function runDaemon(opts: { configPath: string; logLevel: LogLevel }
     watchdog = setInterval(() => notify('WATCHDOG=1'), Math.max(50, usec / 2000));
   }
 
+  // Installed before start: a crash half-way through start-up must still
+  // withdraw what was already announced (Daemon.stop undoes partial starts).
+  let crashed: ((e: unknown) => void) | undefined;
+  const onCrash = (e: unknown): void => {
+    log.fatal({ op: 'crash', err: errorMessage(e), stack: (e as Error)?.stack }, 'uncaught exception: withdrawing VIPs and exiting');
+    if (crashed) { crashed(e); return; }
+    void daemon.stop().finally(() => process.exit(1));
+  };
+  process.on('uncaughtException', onCrash);
+  process.on('unhandledRejection', (e) => {
+    log.error({ op: 'crash', err: errorMessage(e) }, 'unhandled promise rejection');
+  });
+
   try {
     await daemon.start();
   } catch (e) {
@@ -73,12 +86,6 @@ export async function runDaemon(opts: { configPath: string; logLevel: LogLevel }
         if (!r.ok) notify?.(`STATUS=reload rejected: ${r.message.split('\n')[1] ?? ''}`);
       });
     });
-    process.on('uncaughtException', (e) => {
-      log.fatal({ op: 'crash', err: errorMessage(e), stack: (e as Error).stack }, 'uncaught exception: withdrawing VIPs and exiting');
-      shutdown('crash', 1);
-    });
-    process.on('unhandledRejection', (e) => {
-      log.error({ op: 'crash', err: errorMessage(e) }, 'unhandled promise rejection');
-    });
+    crashed = () => shutdown('crash', 1);
   });
 }
