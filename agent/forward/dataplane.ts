@@ -1,0 +1,180 @@
+// forward/ layer: the contract between the reconciler and a data path. It
+// owns the ForwardState type (what should be forwarded right now), the
+// Dataplane interface both paths implement (kernel = nftables, proxy =
+// userspace), the stats shape they report, and the choice between them for
+// `dataplane: auto | kernel | proxy`. No I/O here beyond calling the probe it
+// is given.
+import type { BackendSpec, DataplaneMode, PortSpec, Protocol } from '../config/types';
+import { LbError } from '../errors';
+
+export type DataplaneKind = 'kernel' | 'proxy';
+
+/** One service as the data path needs it. */
+export interface ForwardService {
+  /** "namespace/name". */
+  readonly key: string;
+  /** The VIP when this node holds it; undefined = forward nothing for this service (not held, or not yet known). */
+  readonly vip: string | undefined;
+  readonly ports: readonly PortSpec[];
+  /** The backends new connections may go to, with their weights (the health checker's verdict). */
+  readonly healthy: readonly BackendSpec[];
+  /** Every configured backend: counters and draining connections are tracked for all of them. */
+  readonly backends: readonly BackendSpec[];
+}
+
+/** The whole desired forwarding state; every apply() hands over all of it. */
+export interface ForwardState {
+  readonly services: readonly ForwardService[];
+}
+
+/** Counters of one (service, port, backend). */
+export interface FlowStats {
+  /** Service key "namespace/name". */
+  readonly service: string;
+  /** The port's label: its name, else its number. */
+  readonly port: string;
+  readonly protocol: Protocol;
+  readonly backend: string;
+  /** Connections (TCP) or flows (UDP) sent to this backend since the data path started. */
+  readonly connections: number;
+  /** Open connections (proxy only; the kernel path leaves it undefined). */
+  readonly active: number | undefined;
+  readonly bytesToBackend: number;
+  readonly bytesToClient: number;
+  /** Failed connects to this backend (proxy only). */
+  readonly connectFailures: number | undefined;
+}
+
+export interface ServiceForwardStats {
+  readonly key: string;
+  readonly vip: string | undefined;
+  readonly healthy: number;
+  readonly backends: number;
+  /** True when the healthy set is empty: new connections are refused. */
+  readonly noHealthyBackend: boolean;
+}
+
+export interface ForwardStats {
+  readonly kind: DataplaneKind;
+  readonly services: readonly ServiceForwardStats[];
+  readonly flows: readonly FlowStats[];
+  /** Problems a user should see in `lb-agent status` (a port that could not be bound, a skipped conflict...). */
+  readonly problems: readonly string[];
+  /** Path-specific facts (nftables start check, conntrack fill, proxy listeners). */
+  readonly details: Readonly<Record<string, unknown>>;
+}
+
+export interface Dataplane {
+  readonly kind: DataplaneKind;
+  /** Make forwarding match `state`. Serialised: concurrent calls run one after the other. */
+  apply(state: ForwardState): Promise<void>;
+  /** Stop forwarding and remove what this data path installed. */
+  stop(): Promise<void>;
+  stats(): Promise<ForwardStats>;
+}
+
+/** Called on every connect the proxy makes to a backend: the passive health path. */
+export type ConnectResultCallback = (serviceKey: string, backendAddress: string, ok: boolean) => void;
+
+export interface ProbeResult {
+  readonly ok: boolean;
+  readonly reason: string;
+}
+
+export interface DataplaneSelection {
+  readonly kind: DataplaneKind;
+  /** Why: logged at start, shown in status and in lbagent_forward_dataplane_info. */
+  readonly reason: string;
+}
+
+/**
+ * Resolve `dataplane:` from the config. auto takes the kernel path when the
+ * nftables probe passes, the proxy otherwise; an explicit `kernel` that the
+ * probe rejects is an error at start rather than a failure on first apply.
+ */
+export async function selectDataplane(mode: DataplaneMode, probe: () => Promise<ProbeResult>): Promise<DataplaneSelection> {
+  if (mode === 'proxy') return { kind: 'proxy', reason: 'configured: dataplane: proxy' };
+  const res = await probe();
+  if (mode === 'kernel') {
+    if (!res.ok) {
+      throw new LbError('LB_ERR_FORWARD_NFT_MISSING',
+        `dataplane: kernel needs nftables, which this node cannot use: ${res.reason}. Install nftables (and a kernel with nf_tables, nf_nat), or set dataplane: auto or proxy`,
+        { reason: res.reason });
+    }
+    return { kind: 'kernel', reason: 'configured: dataplane: kernel' };
+  }
+  if (res.ok) return { kind: 'kernel', reason: 'auto: nftables probe passed' };
+  return { kind: 'proxy', reason: `auto: nftables unavailable (${res.reason}); using the userspace proxy` };
+}
+
+/** Split "namespace/name" for metric labels. */
+export function serviceLabels(key: string): { service: string; namespace: string } {
+  const slash = key.indexOf('/');
+  return slash < 0 ? { service: key, namespace: 'default' } : { service: key.slice(slash + 1), namespace: key.slice(0, slash) };
+}
+
+/** A port's label: its name when it has one (Kubernetes requires names on multi-port services), else its number. */
+export function portLabel(p: PortSpec): string {
+  return p.name !== '' ? p.name : String(p.port);
+}
+
+/** The identity of one (service, port, backend): counters are kept per flow id. */
+export function flowId(service: string, port: PortSpec, backend: string): string {
+  return `${service}\u0000${port.protocol}/${port.port}\u0000${backend}`;
+}
+
+function cmpAddr(a: BackendSpec, b: BackendSpec): number {
+  return a.addressNum - b.addressNum || (a.address < b.address ? -1 : a.address > b.address ? 1 : 0);
+}
+
+export interface NormalizedPort {
+  readonly spec: PortSpec;
+  /** Index in the service's sorted port list: stable names in nft and in logs. */
+  readonly index: number;
+}
+
+export interface NormalizedService {
+  readonly key: string;
+  readonly vip: string | undefined;
+  /** Ports that this service may forward (conflicting ones removed), sorted by protocol then port. */
+  readonly ports: readonly NormalizedPort[];
+  /** Healthy backends with a positive weight, sorted by address. */
+  readonly healthy: readonly BackendSpec[];
+  /** Every backend (configured or healthy), sorted by address, deduplicated. */
+  readonly all: readonly BackendSpec[];
+}
+
+/**
+ * The one canonical order both data paths use, so that the same state always
+ * renders the same nft text (the start-up comparison relies on it). Two
+ * services claiming the same VIP, protocol and port (config validation
+ * forbids it; this is the last line of defence) keep the first by key; the
+ * others' port is dropped with a problem message.
+ */
+export function normalizeState(state: ForwardState): { services: NormalizedService[]; problems: string[] } {
+  const problems: string[] = [];
+  const claimed = new Map<string, string>();
+  const services = [...state.services].sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0)).map((s) => {
+    const sorted = [...s.ports].sort((a, b) => (a.protocol < b.protocol ? -1 : a.protocol > b.protocol ? 1 : a.port - b.port));
+    const ports: NormalizedPort[] = [];
+    sorted.forEach((spec, index) => {
+      if (s.vip !== undefined) {
+        const k = `${s.vip}|${spec.protocol}|${spec.port}`;
+        const owner = claimed.get(k);
+        if (owner !== undefined && owner !== s.key) {
+          problems.push(`${s.key}: ${spec.protocol} port ${spec.port} on ${s.vip} is already forwarded for ${owner}; not forwarding it`);
+          return;
+        }
+        claimed.set(k, s.key);
+      }
+      ports.push({ spec, index });
+    });
+    const byAddr = new Map<string, BackendSpec>();
+    for (const b of [...s.backends, ...s.healthy]) if (!byAddr.has(b.address)) byAddr.set(b.address, b);
+    const all = [...byAddr.values()].sort(cmpAddr);
+    const seen = new Set<string>();
+    const healthy = s.healthy.filter((b) => b.weight > 0 && !seen.has(b.address) && (seen.add(b.address), true)).sort(cmpAddr);
+    return { key: s.key, vip: s.vip, ports, healthy, all };
+  });
+  return { services, problems };
+}

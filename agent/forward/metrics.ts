@@ -1,0 +1,136 @@
+// forward/ layer: the Prometheus view of a data path. Every value is read at
+// scrape time from the data path's stats() (the kernel path reads nftables
+// counters then; the proxy reads its in-memory tallies), so nothing on the
+// forwarding hot path ever touches prom-client. Registered on the Registry
+// passed in, removed again by unregister() when the data path stops.
+import { Counter, Gauge, Registry } from 'prom-client';
+import type { DataplaneKind, ForwardStats } from './dataplane';
+import { serviceLabels } from './dataplane';
+
+export const FORWARD_METRIC_NAMES = [
+  'lbagent_forward_connections_total',
+  'lbagent_forward_active_connections',
+  'lbagent_forward_bytes_total',
+  'lbagent_forward_connect_failures_total',
+  'lbagent_forward_dataplane_info',
+  'lbagent_forward_no_healthy_backend',
+] as const;
+
+export interface ForwardMetricsOptions {
+  readonly registry: Registry;
+  readonly kind: DataplaneKind;
+  readonly reason: string;
+  readonly stats: () => Promise<ForwardStats>;
+  /** A scrape collects six metrics; one stats() read serves them all within this window (ms). */
+  readonly cacheMs?: number;
+  /** Milliseconds, for the cache window (injected for tests). */
+  readonly now?: () => number;
+}
+
+export class ForwardMetrics {
+  private readonly registry: Registry;
+  private readonly read: () => Promise<ForwardStats>;
+  private readonly cacheMs: number;
+  private readonly now: () => number;
+  private cached: { at: number; p: Promise<ForwardStats> } | undefined;
+  private lastGood: ForwardStats | undefined;
+
+  constructor(opts: ForwardMetricsOptions) {
+    this.registry = opts.registry;
+    this.read = opts.stats;
+    this.cacheMs = opts.cacheMs ?? 250;
+    this.now = opts.now ?? Date.now;
+    const registers = [opts.registry];
+    const self = this;
+
+    new Counter({
+      name: 'lbagent_forward_connections_total',
+      help: 'Connections (TCP) or flows (UDP) forwarded to a backend since the data path started.',
+      labelNames: ['service', 'namespace', 'backend', 'port'] as const,
+      registers,
+      async collect() {
+        const st = await self.snapshot();
+        this.reset();
+        for (const f of st.flows) this.inc({ ...serviceLabels(f.service), backend: f.backend, port: f.port }, f.connections);
+      },
+    });
+    new Gauge({
+      name: 'lbagent_forward_active_connections',
+      help: 'Open proxied connections per backend (userspace proxy only; the kernel path leaves them to conntrack).',
+      labelNames: ['service', 'namespace', 'backend', 'port'] as const,
+      registers,
+      async collect() {
+        const st = await self.snapshot();
+        this.reset();
+        for (const f of st.flows) if (f.active !== undefined) this.set({ ...serviceLabels(f.service), backend: f.backend, port: f.port }, f.active);
+      },
+    });
+    new Counter({
+      name: 'lbagent_forward_bytes_total',
+      help: 'Bytes forwarded per backend; direction="to_backend" is client to backend, "to_client" is backend to client.',
+      labelNames: ['service', 'namespace', 'backend', 'direction'] as const,
+      registers,
+      async collect() {
+        const st = await self.snapshot();
+        this.reset();
+        for (const f of st.flows) {
+          const l = { ...serviceLabels(f.service), backend: f.backend };
+          this.inc({ ...l, direction: 'to_backend' }, f.bytesToBackend);
+          this.inc({ ...l, direction: 'to_client' }, f.bytesToClient);
+        }
+      },
+    });
+    new Counter({
+      name: 'lbagent_forward_connect_failures_total',
+      help: 'Failed connects to a backend (userspace proxy only).',
+      labelNames: ['service', 'namespace', 'backend'] as const,
+      registers,
+      async collect() {
+        const st = await self.snapshot();
+        this.reset();
+        for (const f of st.flows) {
+          if (f.connectFailures === undefined) continue;
+          this.inc({ ...serviceLabels(f.service), backend: f.backend }, f.connectFailures);
+        }
+      },
+    });
+    const info = new Gauge({
+      name: 'lbagent_forward_dataplane_info',
+      help: 'The forwarding data path in use (kind) and why it was chosen (reason); always 1.',
+      labelNames: ['kind', 'reason'] as const,
+      registers,
+    });
+    info.set({ kind: opts.kind, reason: opts.reason }, 1);
+    new Gauge({
+      name: 'lbagent_forward_no_healthy_backend',
+      help: '1 when a service has no healthy backend (new connections are refused), else 0.',
+      labelNames: ['service', 'namespace'] as const,
+      registers,
+      async collect() {
+        const st = await self.snapshot();
+        this.reset();
+        for (const s of st.services) this.set(serviceLabels(s.key), s.noHealthyBackend ? 1 : 0);
+      },
+    });
+  }
+
+  /**
+   * One stats() read per scrape. A failed read (nft briefly unavailable)
+   * serves the last good values rather than failing the whole /metrics page;
+   * before any good read it serves nothing.
+   */
+  private snapshot(): Promise<ForwardStats> {
+    const now = this.now();
+    if (this.cached && now - this.cached.at < this.cacheMs) return this.cached.p;
+    const p = this.read().then(
+      (st) => { this.lastGood = st; return st; },
+      () => this.lastGood ?? { kind: 'proxy' as const, services: [], flows: [], problems: [], details: {} },
+    );
+    this.cached = { at: now, p };
+    return p;
+  }
+
+  unregister(): void {
+    for (const name of FORWARD_METRIC_NAMES) this.registry.removeSingleMetric(name);
+  }
+}

@@ -1,0 +1,663 @@
+// forward/ layer: the kernel data path (`dataplane: kernel`). Three parts:
+// - renderNft(): PURE, desired forwarding state -> the nft script text of the
+//   one table the agent owns (`table ip lb_agent`), plus the map from counter
+//   names back to (service, port, backend);
+// - pure helpers to compare a listed table with a rendered one and to read
+//   counters out of `nft -j` output;
+// - NftDataplane: the thin driver that runs `nft -f -`, checks the table at
+//   start, reads counters for stats and metrics, and removes the table at stop.
+// Plus probeNftables(), which the preflight and `dataplane: auto` use.
+//
+// Packet path for a VIP this node holds (client C, VIP V, backend B):
+//   prerouting (nat, dstnat)  V:port -> numgen slot -> B:targetPort (DNAT);
+//                             a connection's first packet only: conntrack
+//                             pins the choice for the rest of the connection,
+//                             so established connections keep their backend
+//                             when the set changes (drain for free).
+//   forward (filter)          bytes per backend and direction (named counters);
+//   postrouting (nat, srcnat) source C -> V (SNAT to the VIP), see below;
+//   input (filter)            V:port with no healthy backend: TCP reset /
+//                             ICMP port unreachable at once, never a hang.
+// Locally originated connections to a VIP take the output nat hook instead of
+// prerouting (same dispatch map). UDP is per flow (conntrack's notion: client
+// address:port to VIP:port): a flow keeps its backend while packets keep
+// coming within nf_conntrack_udp_timeout, like a draining TCP connection; the
+// agent does not flush the flows of a backend that left the healthy set.
+// Needs net.ipv4.ip_forward=1 (set by the driver) and conntrack (loaded by
+// the kernel with the nat chains; count and limit are reported in stats).
+//
+// Why SNAT to the VIP: backends sit on the same L2 as the client, so without
+// source NAT a backend answers the client directly from its own address, the
+// client drops the reply (it talked to V), and the connection never comes up.
+// Rewriting the source so replies come back through this node is therefore
+// always needed here. SNAT to the VIP rather than `masquerade`: the source
+// stays the VIP whatever interface the route to the backend uses (a DHCP VIP
+// lives on a macvlan, backends are reached through the parent), each VIP gets
+// its own source-port space instead of all services sharing the node
+// address's, a client that is itself a backend (hairpin) works, and
+// masquerade's per-packet source-address lookup and its conntrack flush when
+// the interface address changes are avoided. The client always sees the VIP
+// as the source of replies: conntrack reverses the DNAT on the way back.
+//
+// Why `numgen inc` over `numgen random`: with a slot table of sum(weights)
+// entries laid out in smooth weighted round-robin order, `inc` walks the
+// table, so every window of sum(weights) new connections splits exactly by
+// weight and the sequence interleaves (a a b a c ...) as nginx's does.
+// `random` only converges: with weights 1:2:3 over 300 connections the
+// lightest backend's share has a standard deviation of ~13% of its expected
+// value, too loose for small services. The counter is one atomic per rule;
+// it restarts at slot 0 when the table is rewritten, which only shifts the
+// phase.
+//
+// Why the whole table is rewritten: one file with `table ip lb_agent {}`,
+// `delete table ip lb_agent` and the full definition is one nft transaction,
+// which the kernel commits atomically: packets see the old rule set or the
+// new one, never a mix, and the base chains' hooks are registered throughout
+// (conntrack NAT bindings of established connections survive). Named
+// counters restart at zero with the new table, so the driver reads them just
+// before a rewrite and carries the totals over (the packets of the few
+// milliseconds between that read and the commit are not counted).
+import { execFile } from 'node:child_process';
+import * as fs from 'node:fs/promises';
+import * as path from 'node:path';
+import type { Registry } from 'prom-client';
+import type { PortSpec, Protocol } from '../config/types';
+import { LbError, errorMessage } from '../errors';
+import { silentLogger, type Logger } from '../log';
+import { weightedSlots } from './balancer';
+import {
+  flowId, normalizeState, portLabel,
+  type Dataplane, type FlowStats, type ForwardState, type ForwardStats, type NormalizedService, type ProbeResult,
+} from './dataplane';
+import { ForwardMetrics } from './metrics';
+
+export const NFT_FAMILY = 'ip';
+export const NFT_TABLE = 'lb_agent';
+
+export type NftCounterKind = 'conns' | 'to_backend' | 'to_client';
+
+/** A named counter in the table and what it counts. */
+export interface NftCounterRef {
+  readonly name: string;
+  readonly kind: NftCounterKind;
+  readonly service: string;
+  readonly port: PortSpec;
+  readonly backend: string;
+}
+
+export interface NftPlan {
+  /** The nft script: `nft -f -` applies it as one transaction. */
+  readonly script: string;
+  readonly counters: readonly NftCounterRef[];
+  readonly problems: readonly string[];
+}
+
+export interface RenderOptions {
+  /** Upper bound on the slot table of one service port (weights are scaled down past it). */
+  readonly maxSlots?: number;
+}
+
+const proto = (p: Protocol): string => (p === 'UDP' ? 'udp' : 'tcp');
+
+/** A string safe inside an nft `#` comment (one line, printable). */
+function commentSafe(s: string): string {
+  return s.replace(/[^\x20-\x7e]/g, '?');
+}
+
+function elements(lines: readonly string[]): string[] {
+  if (lines.length === 0) return [];
+  return ['\t\telements = {', ...lines.map((l) => `\t\t\t${l},`), '\t\t}'];
+}
+
+/**
+ * Render the table for a forwarding state. Pure and deterministic: the same
+ * state (in any order) gives the same text, byte for byte. Chain and counter
+ * names are positional (s<service>p<port>b<backend>, in the canonical order
+ * of normalizeState) so that they stay short and valid whatever the service
+ * names are; the returned counter list maps them back.
+ */
+export function renderNft(state: ForwardState, opts: RenderOptions = {}): NftPlan {
+  const { services, problems } = normalizeState(state);
+  const counters: NftCounterRef[] = [];
+  const header: string[] = [];
+  const counterDecls: string[] = [];
+  const vips = new Set<string>();
+  const serviceElems: string[] = [];
+  const refusedElems: string[] = [];
+  const toBackendElems: string[] = [];
+  const toClientElems: string[] = [];
+  const byteKeys = new Set<string>();
+  const chains: string[] = [];
+
+  services.forEach((svc: NormalizedService, si) => {
+    if (svc.vip === undefined || svc.ports.length === 0) return;
+    vips.add(svc.vip);
+    for (const { spec, index: pi } of svc.ports) {
+      const sp = `s${si}p${pi}`;
+      const p = proto(spec.protocol);
+      const key = `${svc.vip} . ${p} . ${spec.port}`;
+      const healthyText = svc.healthy.map((b) => `${b.address}(w${b.weight})`).join(' ') || 'none: refused';
+      header.push(`# ${sp}: ${commentSafe(svc.key)} ${svc.vip} ${spec.protocol}/${spec.port} -> :${spec.targetPort} healthy ${healthyText}`);
+      svc.all.forEach((b, bi) => {
+        const base = `${sp}b${bi}`;
+        for (const kind of ['conns', 'to_backend', 'to_client'] as const) {
+          counterDecls.push(`\tcounter ${base}_${kind} {}`);
+          counters.push({ name: `${base}_${kind}`, kind, service: svc.key, port: spec, backend: b.address });
+        }
+        // Byte counters are keyed on what the forward hook sees: the VIP the
+        // client used (conntrack original), the backend and its port. Two
+        // ports of one VIP on the same backend:targetPort cannot be told
+        // apart there; the first keeps the bytes (the metric has no port label).
+        const bk = `${svc.vip} . ${b.address} . ${p} . ${spec.targetPort}`;
+        if (!byteKeys.has(bk)) {
+          byteKeys.add(bk);
+          toBackendElems.push(`${bk} : "${base}_to_backend"`);
+          toClientElems.push(`${bk} : "${base}_to_client"`);
+        }
+      });
+      if (svc.healthy.length === 0) {
+        refusedElems.push(`${key} : goto refuse_${p}`);
+        continue;
+      }
+      serviceElems.push(`${key} : jump ${sp}`);
+      const backendChain = (address: string): string => `${sp}b${svc.all.findIndex((b) => b.address === address)}`;
+      const slots = weightedSlots(svc.healthy, opts.maxSlots);
+      const distinct = new Set(slots.map((b) => b.address));
+      if (distinct.size === 1) {
+        chains.push(`\tchain ${sp} {`, `\t\tgoto ${backendChain(slots[0]!.address)}`, '\t}');
+      } else {
+        const vm = slots.map((b, i) => `${i} : goto ${backendChain(b.address)}`).join(', ');
+        chains.push(`\tchain ${sp} {`, `\t\tnumgen inc mod ${slots.length} vmap { ${vm} }`, '\t}');
+      }
+      for (const b of svc.healthy) {
+        const name = backendChain(b.address);
+        chains.push(`\tchain ${name} {`, `\t\tcounter name "${name}_conns" meta l4proto ${p} dnat to ${b.address}:${spec.targetPort}`, '\t}');
+      }
+    }
+  });
+
+  const counterType = 'ipv4_addr . ipv4_addr . inet_proto . inet_service : counter';
+  const dispatchType = 'ipv4_addr . inet_proto . inet_service : verdict';
+  const lines = [
+    '# lb-agent forwarding table: generated, rewritten whole on every change.',
+    '# One transaction (create if missing, delete, define): the kernel swaps the rule set atomically.',
+    ...header,
+    `table ${NFT_FAMILY} ${NFT_TABLE} {}`,
+    `delete table ${NFT_FAMILY} ${NFT_TABLE}`,
+    `table ${NFT_FAMILY} ${NFT_TABLE} {`,
+    ...counterDecls,
+    '\tset vips {', '\t\ttype ipv4_addr', ...elements([...vips]), '\t}',
+    '\tmap services {', `\t\ttype ${dispatchType}`, ...elements(serviceElems), '\t}',
+    '\tmap refused {', `\t\ttype ${dispatchType}`, ...elements(refusedElems), '\t}',
+    '\tmap to_backend {', `\t\ttype ${counterType}`, ...elements(toBackendElems), '\t}',
+    '\tmap to_client {', `\t\ttype ${counterType}`, ...elements(toClientElems), '\t}',
+    '\tchain prerouting {',
+    '\t\ttype nat hook prerouting priority dstnat; policy accept;',
+    '\t\tip daddr . meta l4proto . th dport vmap @services',
+    '\t}',
+    '\tchain output {',
+    '\t\ttype nat hook output priority -100; policy accept;',
+    '\t\tip daddr . meta l4proto . th dport vmap @services',
+    '\t}',
+    '\tchain postrouting {',
+    '\t\ttype nat hook postrouting priority srcnat; policy accept;',
+    '\t\tct status dnat ct original ip daddr @vips snat to ct original ip daddr',
+    '\t}',
+    '\tchain forward {',
+    '\t\ttype filter hook forward priority filter; policy accept;',
+    '\t\tct direction original counter name ct original ip daddr . ip daddr . meta l4proto . th dport map @to_backend',
+    '\t\tct direction reply counter name ct original ip daddr . ip saddr . meta l4proto . th sport map @to_client',
+    '\t}',
+    '\tchain input {',
+    '\t\ttype filter hook input priority filter; policy accept;',
+    '\t\tip daddr . meta l4proto . th dport vmap @refused',
+    '\t}',
+    '\tchain refuse_tcp {',
+    '\t\treject with tcp reset',
+    '\t}',
+    '\tchain refuse_udp {',
+    '\t\treject with icmp type port-unreachable',
+    '\t}',
+    ...chains,
+    '}',
+    '',
+  ];
+  return { script: lines.join('\n'), counters, problems };
+}
+
+/** The script that removes the table whether or not it exists (one transaction). */
+export function renderRemoval(): string {
+  return `table ${NFT_FAMILY} ${NFT_TABLE} {}\ndelete table ${NFT_FAMILY} ${NFT_TABLE}\n`;
+}
+
+// ---------------------------------------------------------------------------
+// Pure helpers over `nft -j` output.
+
+export interface CounterValue { readonly packets: number; readonly bytes: number }
+
+function nftObjects(json: string): Record<string, unknown>[] {
+  const doc = JSON.parse(json) as { nftables?: unknown };
+  if (!doc || !Array.isArray(doc.nftables)) throw new Error('not nft JSON: no "nftables" array');
+  return doc.nftables as Record<string, unknown>[];
+}
+
+/** Named counters of our table from `nft -j list counters table ip lb_agent` (or list table). */
+export function parseNftCounters(json: string): Map<string, CounterValue> {
+  const out = new Map<string, CounterValue>();
+  for (const o of nftObjects(json)) {
+    const c = o['counter'] as { name?: unknown; table?: unknown; packets?: unknown; bytes?: unknown } | undefined;
+    if (!c || typeof c.name !== 'string' || c.table !== NFT_TABLE) continue;
+    out.set(c.name, { packets: Number(c.packets) || 0, bytes: Number(c.bytes) || 0 });
+  }
+  return out;
+}
+
+function stripVolatile(v: unknown, parentKey: string): unknown {
+  if (Array.isArray(v)) {
+    const items = v.map((x) => stripVolatile(x, parentKey));
+    // Set elements are listed in the kernel's hash order, which differs
+    // between two otherwise identical tables: compare them as sets.
+    if (parentKey === 'set' || parentKey === 'elem') return items.map((x) => JSON.stringify(x)).sort().map((x) => JSON.parse(x) as unknown);
+    return items;
+  }
+  if (v && typeof v === 'object') {
+    const o: Record<string, unknown> = {};
+    for (const k of Object.keys(v).sort()) {
+      if (k === 'handle') continue;
+      if ((parentKey === 'counter' || parentKey === '') && (k === 'packets' || k === 'bytes')) continue;
+      o[k] = stripVolatile((v as Record<string, unknown>)[k], k);
+    }
+    return o;
+  }
+  return v;
+}
+
+/**
+ * A canonical form of `nft -j list table` output for comparing two tables:
+ * no handles, no counter values, set elements sorted, objects grouped by kind
+ * and name while rules keep their order within a chain.
+ */
+export function canonicalTableJson(json: string): string {
+  const objs = nftObjects(json).filter((o) => !('metainfo' in o));
+  const keyed = objs.map((o, i) => {
+    const kind = Object.keys(o)[0] ?? '';
+    const body = o[kind] as Record<string, unknown>;
+    const name = String(body?.['chain'] ?? body?.['name'] ?? '');
+    return { sortKey: `${kind === 'rule' ? 'zz-rule' : kind}\u0000${name}`, i, v: stripVolatile(o, '') };
+  });
+  keyed.sort((a, b) => (a.sortKey < b.sortKey ? -1 : a.sortKey > b.sortKey ? 1 : a.i - b.i));
+  return JSON.stringify(keyed.map((k) => k.v));
+}
+
+/** Running totals of one (service, port, backend). */
+export interface FlowTotals { conns: number; toBackend: number; toClient: number }
+
+/**
+ * Totals per flow: what was carried over from earlier tables plus what the
+ * live counters of the current table say (connections = packets through the
+ * DNAT rule, i.e. first packets; bytes from the forward-hook counters).
+ */
+export function flowTotals(plan: NftPlan | undefined, live: ReadonlyMap<string, CounterValue>, carry: ReadonlyMap<string, FlowTotals>): Map<string, FlowTotals> {
+  const out = new Map<string, FlowTotals>();
+  for (const [id, t] of carry) out.set(id, { ...t });
+  for (const c of plan?.counters ?? []) {
+    const v = live.get(c.name);
+    if (!v) continue;
+    const id = flowId(c.service, c.port, c.backend);
+    const t = out.get(id) ?? { conns: 0, toBackend: 0, toClient: 0 };
+    if (c.kind === 'conns') t.conns += v.packets;
+    else if (c.kind === 'to_backend') t.toBackend += v.bytes;
+    else t.toClient += v.bytes;
+    out.set(id, t);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Running nft.
+
+export interface ExecResult { stdout: string; stderr: string }
+/** Runs a program with optional stdin; rejects with { code, stderr } like execFile. */
+export type Exec = (file: string, args: readonly string[], input?: string) => Promise<ExecResult>;
+
+export const execProgram: Exec = (file, args, input) => new Promise((resolve, reject) => {
+  const child = execFile(file, [...args], { timeout: 30_000, maxBuffer: 64 << 20 }, (err, stdout, stderr) => {
+    if (err) reject(Object.assign(err, { stdout, stderr }));
+    else resolve({ stdout, stderr });
+  });
+  if (input !== undefined) child.stdin?.end(input);
+  else child.stdin?.end();
+});
+
+function execError(err: unknown): { code: unknown; stderr: string } {
+  const e = err as { code?: unknown; stderr?: unknown; message?: unknown };
+  return { code: e.code, stderr: (typeof e.stderr === 'string' && e.stderr.trim()) || errorMessage(err) };
+}
+
+function isAbsentTable(stderr: string): boolean {
+  return /No such file or directory/.test(stderr);
+}
+
+/**
+ * Can this kernel take our table? Loads a representative table (TCP and UDP
+ * ports, weighted slots, a refused port: every expression the agent uses) in
+ * a throwaway network namespace (`unshare -n`), so nothing on the host
+ * changes and the namespace vanishes with the process; where no namespace may
+ * be created, `nft --check` instead. Never throws.
+ */
+export async function probeNftables(opts: { exec?: Exec } = {}): Promise<ProbeResult> {
+  const exec = opts.exec ?? execProgram;
+  const b = (address: string, n: number, weight: number) => ({ address, addressNum: n, weight });
+  const sample = renderNft({
+    services: [
+      {
+        key: 'probe/a', vip: '192.0.2.10',
+        ports: [{ name: 'tcp', port: 80, protocol: 'TCP', targetPort: 8080 }, { name: 'udp', port: 53, protocol: 'UDP', targetPort: 5353 }],
+        healthy: [b('192.0.2.11', 1, 1), b('192.0.2.12', 2, 2)], backends: [b('192.0.2.11', 1, 1), b('192.0.2.12', 2, 2)],
+      },
+      { key: 'probe/b', vip: '192.0.2.20', ports: [{ name: '', port: 80, protocol: 'TCP', targetPort: 80 }], healthy: [], backends: [b('192.0.2.21', 3, 1)] },
+    ],
+  });
+  try {
+    await exec('nft', ['--version']);
+  } catch (err) {
+    const e = execError(err);
+    if (e.code === 'ENOENT') return { ok: false, reason: 'nft not found (install the nftables package)' };
+    return { ok: false, reason: `nft --version failed: ${e.stderr}` };
+  }
+  let unshareFailure: string;
+  try {
+    await exec('unshare', ['-n', 'nft', '-f', '-'], sample.script);
+    return { ok: true, reason: 'nftables accepted a test table in a throwaway namespace' };
+  } catch (err) {
+    const e = execError(err);
+    const denied = /Operation not permitted|permission denied/i.test(e.stderr);
+    // The kernel itself said no (not unshare): that is the verdict.
+    if (!denied && e.code !== 'ENOENT') {
+      return { ok: false, reason: `the kernel rejected the test table (missing nf_tables/nf_nat/nft_numgen/nft_reject/nft_objref support?): ${firstLine(e.stderr)}` };
+    }
+    unshareFailure = e.code === 'ENOENT' ? 'unshare not found' : firstLine(e.stderr);
+  }
+  // No new namespace allowed (a container without CAP_SYS_ADMIN, no util-linux):
+  // `nft --check` sends the same transaction to the kernel here and has it
+  // aborted instead of committed, so it is validated and nothing changes.
+  try {
+    await exec('nft', ['--check', '-f', '-'], sample.script);
+    return { ok: true, reason: `nftables accepted a test table (checked without committing; no throwaway namespace: ${unshareFailure})` };
+  } catch (err) {
+    const e = execError(err);
+    if (/Operation not permitted|permission denied/i.test(e.stderr)) {
+      return { ok: false, reason: `not permitted (needs root or CAP_NET_ADMIN): ${firstLine(e.stderr)}` };
+    }
+    return { ok: false, reason: `the kernel rejected the test table (missing nf_tables/nf_nat/nft_numgen/nft_reject/nft_objref support?): ${firstLine(e.stderr)}` };
+  }
+}
+
+function firstLine(s: string): string {
+  const lines = s.split('\n').map((l) => l.trim()).filter(Boolean);
+  // nft prints "file:line:col: Error: ..." followed by the offending line; the error line is the useful one.
+  return lines.find((l) => /Error/.test(l)) ?? lines[0] ?? s;
+}
+
+/** The facts forwarding through the kernel depends on. */
+export interface KernelFacts {
+  /** net.ipv4.ip_forward after ensureSysctls ran (1 required). */
+  readonly ipForward: number | undefined;
+  readonly ipForwardChangedByAgent: boolean;
+  /** Interfaces (conf entries) whose send_redirects the agent turned off. */
+  readonly sendRedirectsDisabledOn: readonly string[];
+  readonly conntrackCount: number | undefined;
+  readonly conntrackMax: number | undefined;
+}
+
+async function readNumber(file: string): Promise<number | undefined> {
+  try {
+    const n = Number((await fs.readFile(file, 'utf8')).trim());
+    return Number.isFinite(n) ? n : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+export type StartCheck = 'absent' | 'matched' | 'rewritten' | 'rewritten-unverified';
+
+export interface NftDataplaneOptions {
+  readonly registry?: Registry;
+  readonly log?: Logger;
+  /** Why this path was chosen (selectDataplane's reason), for the info metric. */
+  readonly reason?: string;
+  readonly exec?: Exec;
+  /** Where /proc is (tests). */
+  readonly procRoot?: string;
+}
+
+/**
+ * The kernel data path. Owns `table ip lb_agent` and nothing else in
+ * nftables; other tables (a host firewall, kube-proxy) are never read or
+ * touched, though a host firewall that drops forwarded packets will still
+ * drop ours.
+ */
+export class NftDataplane implements Dataplane {
+  readonly kind = 'kernel' as const;
+  private readonly log: Logger;
+  private readonly exec: Exec;
+  private readonly procRoot: string;
+  private readonly metrics: ForwardMetrics | undefined;
+  private queue: Promise<unknown> = Promise.resolve();
+  private started = false;
+  private stopped = false;
+  private plan: NftPlan | undefined;
+  private state: ForwardState = { services: [] };
+  private carry = new Map<string, FlowTotals>();
+  private startCheck: StartCheck | undefined;
+  private facts: KernelFacts = { ipForward: undefined, ipForwardChangedByAgent: false, sendRedirectsDisabledOn: [], conntrackCount: undefined, conntrackMax: undefined };
+  private lastError: string | undefined;
+
+  constructor(opts: NftDataplaneOptions = {}) {
+    this.log = (opts.log ?? silentLogger()).child({ module: 'forward', dataplane: 'kernel' });
+    this.exec = opts.exec ?? execProgram;
+    this.procRoot = opts.procRoot ?? '/proc';
+    this.metrics = opts.registry
+      ? new ForwardMetrics({ registry: opts.registry, kind: 'kernel', reason: opts.reason ?? 'configured', stats: () => this.stats() })
+      : undefined;
+  }
+
+  apply(state: ForwardState): Promise<void> {
+    const run = this.queue.then(() => this.applyNow(state));
+    this.queue = run.catch(() => undefined);
+    return run;
+  }
+
+  private async applyNow(state: ForwardState): Promise<void> {
+    if (this.stopped) throw new LbError('LB_ERR_FORWARD_NFT', 'the kernel data path was stopped; create a new one');
+    const plan = renderNft(state);
+    for (const p of plan.problems) this.log.warn({ op: 'apply', problem: p }, p);
+    if (!this.started) {
+      await this.ensureSysctls();
+      const check = await this.checkAtStart(plan);
+      this.started = true;
+      this.startCheck = check;
+      if (check === 'matched') {
+        this.log.info({ op: 'start-check', result: check }, 'nftables table lb_agent already matches the desired state; adopted as is');
+        this.plan = plan;
+        this.state = state;
+        return;
+      }
+      this.log.info({ op: 'start-check', result: check }, check === 'absent'
+        ? 'creating nftables table lb_agent'
+        : 'nftables table lb_agent differs from the desired state (changed by hand or by an older agent); rewriting it');
+      await this.write(plan.script);
+      this.plan = plan;
+      this.state = state;
+      return;
+    }
+    if (this.plan && plan.script === this.plan.script) { this.state = state; return; }
+    // Read the old table's counters just before it is replaced; fold them in
+    // only once the new table is committed, so a failed write counts nothing twice.
+    const live = await this.readCounters().catch(() => new Map<string, CounterValue>());
+    await this.write(plan.script);
+    this.carry = keepFlows(flowTotals(this.plan, live, this.carry), state);
+    this.plan = plan;
+    this.state = state;
+    this.log.debug({ op: 'apply', services: state.services.length }, 'nftables table lb_agent rewritten');
+  }
+
+  private async checkAtStart(plan: NftPlan): Promise<StartCheck> {
+    const current = await this.listTable();
+    if (current === undefined) return 'absent';
+    let expected: string | undefined;
+    try {
+      // What the kernel would list for our script, from a throwaway namespace:
+      // the same nft and kernel canonicalise both sides.
+      const r = await this.exec('unshare', ['-n', 'sh', '-c', `nft -f - >/dev/null && nft -j list table ${NFT_FAMILY} ${NFT_TABLE}`], plan.script);
+      expected = r.stdout;
+    } catch (err) {
+      this.log.warn({ op: 'start-check', err: execError(err).stderr }, 'cannot render the expected table in a throwaway namespace; rewriting without comparing');
+      return 'rewritten-unverified';
+    }
+    try {
+      return canonicalTableJson(current) === canonicalTableJson(expected) ? 'matched' : 'rewritten';
+    } catch {
+      return 'rewritten';
+    }
+  }
+
+  private async listTable(): Promise<string | undefined> {
+    try {
+      return (await this.exec('nft', ['-j', 'list', 'table', NFT_FAMILY, NFT_TABLE])).stdout;
+    } catch (err) {
+      const e = execError(err);
+      if (isAbsentTable(e.stderr)) return undefined;
+      throw this.nftError(err, 'list');
+    }
+  }
+
+  private async write(script: string): Promise<void> {
+    try {
+      await this.exec('nft', ['-f', '-'], script);
+      this.lastError = undefined;
+    } catch (err) {
+      const e = this.nftError(err, 'apply');
+      this.lastError = e.message;
+      throw e;
+    }
+  }
+
+  private nftError(err: unknown, what: string): LbError {
+    const e = execError(err);
+    if (e.code === 'ENOENT') {
+      return new LbError('LB_ERR_FORWARD_NFT_MISSING', 'nft not found: install the nftables package or use dataplane: proxy', undefined, { cause: err });
+    }
+    return new LbError('LB_ERR_FORWARD_NFT', `nft ${what} of table ${NFT_FAMILY} ${NFT_TABLE} failed: ${firstLine(e.stderr)}; the previous rule set stays in force`,
+      { stderr: e.stderr }, { cause: err });
+  }
+
+  private async readCounters(): Promise<Map<string, CounterValue>> {
+    const r = await this.exec('nft', ['-j', 'list', 'counters', 'table', NFT_FAMILY, NFT_TABLE]);
+    return parseNftCounters(r.stdout);
+  }
+
+  /**
+   * Sysctls of this network namespace the kernel path needs:
+   * - net.ipv4.ip_forward=1, without which DNAT to another host goes nowhere;
+   * - send_redirects=0 on every interface: client, VIP and backends share one
+   *   L2 segment, so every DNATed packet leaves by the interface it came in
+   *   on and the kernel would send the client an ICMP redirect ("reach the
+   *   backend directly") for it. Useless to the client, and the redirects use
+   *   up the per-host ICMP rate limit, which then delays the port-unreachable
+   *   that refuses UDP when no backend is healthy. The effective value is the
+   *   OR of conf/all and conf/<if>, hence every entry.
+   */
+  private async ensureSysctls(): Promise<void> {
+    const file = path.join(this.procRoot, 'sys/net/ipv4/ip_forward');
+    const before = await readNumber(file);
+    let changed = false;
+    if (before !== 1) {
+      try {
+        await fs.writeFile(file, '1\n');
+        changed = true;
+        this.log.warn({ op: 'sysctl', sysctl: 'net.ipv4.ip_forward', before, after: 1 }, 'enabled net.ipv4.ip_forward: the kernel data path forwards VIP traffic to backends');
+      } catch (err) {
+        throw new LbError('LB_ERR_NET_SYSCTL', `cannot set net.ipv4.ip_forward=1 (${errorMessage(err)}); the kernel data path needs it: set it in /etc/sysctl.d or run the agent as root`,
+          { file }, { cause: err });
+      }
+    }
+    const confDir = path.join(this.procRoot, 'sys/net/ipv4/conf');
+    const redirectsOff: string[] = [];
+    const redirectsFailed: string[] = [];
+    let entries: string[] = [];
+    try { entries = await fs.readdir(confDir); } catch { /* no /proc here: nothing to do */ }
+    for (const name of entries) {
+      const f = path.join(confDir, name, 'send_redirects');
+      if ((await readNumber(f)) !== 1) continue;
+      try { await fs.writeFile(f, '0\n'); redirectsOff.push(name); } catch { redirectsFailed.push(name); }
+    }
+    if (redirectsOff.length > 0) {
+      this.log.info({ op: 'sysctl', sysctl: 'net.ipv4.conf.*.send_redirects', after: 0, interfaces: redirectsOff }, 'disabled ICMP redirects: VIP traffic is forwarded out of the interface it arrived on');
+    }
+    if (redirectsFailed.length > 0) {
+      this.log.warn({ op: 'sysctl', sysctl: 'net.ipv4.conf.*.send_redirects', interfaces: redirectsFailed }, 'could not disable ICMP redirects; clients will receive redirects for VIP traffic');
+    }
+    this.facts = { ...this.facts, ipForward: changed ? 1 : before, ipForwardChangedByAgent: changed, sendRedirectsDisabledOn: redirectsOff };
+  }
+
+  stop(): Promise<void> {
+    const run = this.queue.then(async () => {
+      if (this.stopped) return;
+      this.stopped = true;
+      this.metrics?.unregister();
+      await this.write(renderRemoval());
+      this.log.info({ op: 'stop' }, 'removed nftables table lb_agent');
+    });
+    this.queue = run.catch(() => undefined);
+    return run;
+  }
+
+  async stats(): Promise<ForwardStats> {
+    const plan = this.plan;
+    let live = new Map<string, CounterValue>();
+    const problems = [...(plan?.problems ?? [])];
+    if (plan && !this.stopped) {
+      try {
+        live = await this.readCounters();
+      } catch (err) {
+        problems.push(`cannot read nftables counters: ${firstLine(execError(err).stderr)}`);
+      }
+    }
+    if (this.lastError) problems.push(this.lastError);
+    const totals = flowTotals(plan, live, this.carry);
+    const flows: FlowStats[] = [];
+    for (const s of normalizeState(this.state).services) {
+      for (const { spec } of s.ports) {
+        for (const b of s.all) {
+          const t = totals.get(flowId(s.key, spec, b.address)) ?? { conns: 0, toBackend: 0, toClient: 0 };
+          flows.push({
+            service: s.key, port: portLabel(spec), protocol: spec.protocol, backend: b.address,
+            connections: t.conns, active: undefined, bytesToBackend: t.toBackend, bytesToClient: t.toClient, connectFailures: undefined,
+          });
+        }
+      }
+    }
+    const services = normalizeState(this.state).services.map((s) => ({
+      key: s.key, vip: s.vip, healthy: s.healthy.length, backends: s.all.length, noHealthyBackend: s.healthy.length === 0,
+    }));
+    const nfDir = path.join(this.procRoot, 'sys/net/netfilter');
+    this.facts = { ...this.facts, conntrackCount: await readNumber(path.join(nfDir, 'nf_conntrack_count')), conntrackMax: await readNumber(path.join(nfDir, 'nf_conntrack_max')) };
+    return { kind: 'kernel', services, flows, problems, details: { table: `${NFT_FAMILY} ${NFT_TABLE}`, startCheck: this.startCheck, ...this.facts } };
+  }
+
+  /** The script last applied (for `lb-agent status --verbose` and tests). */
+  get script(): string | undefined {
+    return this.plan?.script;
+  }
+}
+
+/** Carried totals survive only for flows still in the state (a removed backend's series goes away). */
+function keepFlows(totals: Map<string, FlowTotals>, state: ForwardState): Map<string, FlowTotals> {
+  const keep = new Set<string>();
+  for (const s of normalizeState(state).services) {
+    for (const { spec } of s.ports) for (const b of s.all) keep.add(flowId(s.key, spec, b.address));
+  }
+  for (const id of [...totals.keys()]) if (!keep.has(id)) totals.delete(id);
+  return totals;
+}

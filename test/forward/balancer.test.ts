@@ -1,0 +1,118 @@
+// Unit tests of the pure balancer: weights honoured, smooth interleaving,
+// stability when the set changes, least-connections, the nft slot table.
+import t from 'tap';
+import { SmoothWeightedRoundRobin, WeightedLeastConnections, createBalancer, weightedSlots, type Weighted } from '../../agent/forward/balancer';
+
+const set = (...ws: [string, number][]): Weighted[] => ws.map(([address, weight]) => ({ address, weight }));
+
+function countPicks(pick: () => Weighted | undefined, n: number): Map<string, number> {
+  const m = new Map<string, number>();
+  for (let i = 0; i < n; i++) {
+    const p = pick();
+    if (p) m.set(p.address, (m.get(p.address) ?? 0) + 1);
+  }
+  return m;
+}
+
+function within10(t: tap.Test, counts: Map<string, number>, weights: Weighted[], n: number): void {
+  const total = weights.reduce((s, w) => s + w.weight, 0);
+  for (const w of weights) {
+    const expected = (n * w.weight) / total;
+    const got = counts.get(w.address) ?? 0;
+    t.ok(Math.abs(got - expected) <= expected * 0.1, `${w.address}: ${got} picks, expected ${expected.toFixed(1)} (±10%)`);
+  }
+}
+
+t.test('smooth weighted round-robin honours weights over a few hundred picks', async (t) => {
+  const c = set(['10.0.0.1', 1], ['10.0.0.2', 2], ['10.0.0.3', 3]);
+  const rr = new SmoothWeightedRoundRobin();
+  within10(t, countPicks(() => rr.pick(c), 300), c, 300);
+  // Uneven window too (not a multiple of the weight sum).
+  const rr2 = new SmoothWeightedRoundRobin();
+  within10(t, countPicks(() => rr2.pick(c), 301), c, 301);
+});
+
+t.test('smooth interleaving: nginx sequence for {5,1,1}', async (t) => {
+  const c = set(['a', 5], ['b', 1], ['c', 1]);
+  const rr = new SmoothWeightedRoundRobin();
+  const seq = Array.from({ length: 7 }, () => rr.pick(c)!.address).join('');
+  t.equal(seq, 'aabacaa', 'the sequence nginx documents for weights 5,1,1');
+});
+
+t.test('zero or negative weight is never picked; empty set gives undefined', async (t) => {
+  const rr = new SmoothWeightedRoundRobin();
+  const c = set(['a', 0], ['b', 1], ['c', -1]);
+  const counts = countPicks(() => rr.pick(c), 50);
+  t.same([...counts.keys()], ['b']);
+  t.equal(rr.pick([]), undefined);
+  t.equal(rr.pick(set(['a', 0])), undefined);
+});
+
+t.test('exclude skips a candidate (retry after a failed connect)', async (t) => {
+  const rr = new SmoothWeightedRoundRobin();
+  const c = set(['a', 1], ['b', 1]);
+  for (let i = 0; i < 10; i++) t.equal(rr.pick(c, { exclude: 'a' })!.address, 'b');
+  t.equal(rr.pick(set(['a', 1]), { exclude: 'a' }), undefined, 'nothing else to try');
+});
+
+t.test('stable when the set changes: the others keep their turns, a returning backend resumes its share', async (t) => {
+  const rr = new SmoothWeightedRoundRobin();
+  const all = set(['a', 1], ['b', 1], ['c', 1]);
+  const first = Array.from({ length: 4 }, () => rr.pick(all)!.address);
+  t.same(first, ['a', 'b', 'c', 'a']);
+  // b leaves: a and c share, starting from where they were (c is due next,
+  // not a again: nothing restarts from scratch).
+  const without = set(['a', 1], ['c', 1]);
+  const during = Array.from({ length: 200 }, () => rr.pick(without)!.address);
+  t.equal(during[0], 'c');
+  t.notOk(during.includes('b'), 'a removed backend gets nothing');
+  within10(t, countPicks(() => rr.pick(without), 200), without, 200);
+  // b returns: equal shares again over the next window.
+  const back = countPicks(() => rr.pick(all), 300);
+  within10(t, back, all, 300);
+  // Reordering the same set does not disturb the distribution.
+  const reordered = [all[2]!, all[0]!, all[1]!];
+  within10(t, countPicks(() => rr.pick(reordered), 300), all, 300);
+});
+
+t.test('weighted least-connections: fewest active per weight, ties by weighted round-robin', async (t) => {
+  const lc = new WeightedLeastConnections();
+  const c = set(['a', 1], ['b', 2], ['c', 1]);
+  // No connection held (requests one after the other): behaves like weighted round-robin.
+  within10(t, countPicks(() => lc.pick(c, { active: () => 0 }), 400), c, 400);
+  // Held connections: a has 3, b 2 (1 per weight), c 0: c wins.
+  const active = new Map([['a', 3], ['b', 2], ['c', 0]]);
+  t.equal(lc.pick(c, { active: (x) => active.get(x) ?? 0 })!.address, 'c');
+  // a 1/1, b 2/2, c 1/1: all tie at 1 per weight; the tie goes by weights.
+  active.set('a', 1).set('b', 2).set('c', 1);
+  within10(t, countPicks(() => lc.pick(c, { active: (x) => active.get(x) ?? 0 }), 400), c, 400);
+  // Connections accumulate (never closed): the shares still follow the weights.
+  const open = new Map<string, number>();
+  const lc2 = new WeightedLeastConnections();
+  for (let i = 0; i < 400; i++) {
+    const p = lc2.pick(c, { active: (x) => open.get(x) ?? 0 })!;
+    open.set(p.address, (open.get(p.address) ?? 0) + 1);
+  }
+  within10(t, open, c, 400);
+  t.equal(lc.pick(c, { exclude: 'c', active: () => 0 })!.address === 'c', false, 'exclude honoured');
+  t.equal(lc.pick([], {}), undefined);
+});
+
+t.test('createBalancer maps the config algorithm', async (t) => {
+  t.equal(createBalancer('round-robin').algorithm, 'round-robin');
+  t.equal(createBalancer('least-connections').algorithm, 'least-connections');
+});
+
+t.test('weightedSlots: the smooth sequence over sum(weights)/gcd slots', async (t) => {
+  const c = set(['a', 2], ['b', 4], ['c', 6]);
+  const slots = weightedSlots(c).map((x) => x.address);
+  t.equal(slots.length, 6, 'gcd 2 divides the table down to 6 slots');
+  t.same(slots, ['c', 'b', 'a', 'c', 'b', 'c']);
+  t.same(weightedSlots(set(['a', 0])), []);
+  t.same(weightedSlots([]), []);
+  const big = weightedSlots(set(['a', 1000], ['b', 3000]), 100);
+  t.ok(big.length <= 100, `scaled down to ${big.length} slots`);
+  t.equal(big.filter((x) => x.address === 'b').length, 3 * big.filter((x) => x.address === 'a').length, 'ratio kept');
+  const frac = weightedSlots(set(['a', 0.2], ['b', 1]));
+  t.same(frac.map((x) => x.address).sort(), ['a', 'b'], 'a positive fractional weight still gets a slot');
+});

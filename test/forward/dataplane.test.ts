@@ -1,0 +1,51 @@
+// Unit tests of the data-path contract: choosing kernel or proxy, and the
+// canonical state both paths render from.
+import t from 'tap';
+import { parseIPv4 } from '../../agent/ipv4';
+import { isLbError } from '../../agent/errors';
+import type { BackendSpec, PortSpec } from '../../agent/config/types';
+import { normalizeState, portLabel, selectDataplane, serviceLabels } from '../../agent/forward/dataplane';
+
+const ok = async () => ({ ok: true, reason: 'fine' });
+const no = async () => ({ ok: false, reason: 'nft not found (install the nftables package)' });
+
+t.test('selectDataplane', async (t) => {
+  t.same(await selectDataplane('auto', ok), { kind: 'kernel', reason: 'auto: nftables probe passed' });
+  t.same(await selectDataplane('auto', no), {
+    kind: 'proxy', reason: 'auto: nftables unavailable (nft not found (install the nftables package)); using the userspace proxy',
+  });
+  t.same(await selectDataplane('kernel', ok), { kind: 'kernel', reason: 'configured: dataplane: kernel' });
+  let probed = false;
+  t.same(await selectDataplane('proxy', async () => { probed = true; return { ok: true, reason: '' }; }), { kind: 'proxy', reason: 'configured: dataplane: proxy' });
+  t.notOk(probed, 'proxy does not probe');
+  const err = await selectDataplane('kernel', no).catch((e: unknown) => e);
+  t.ok(isLbError(err, 'LB_ERR_FORWARD_NFT_MISSING'), 'explicit kernel without nftables fails at start');
+  t.match((err as Error).message, /nft not found.*dataplane: auto or proxy/);
+});
+
+t.test('labels', async (t) => {
+  t.same(serviceLabels('kube-system/dns'), { service: 'dns', namespace: 'kube-system' });
+  t.same(serviceLabels('solo'), { service: 'solo', namespace: 'default' });
+  t.equal(portLabel({ name: 'http', port: 80, protocol: 'TCP', targetPort: 8080 }), 'http');
+  t.equal(portLabel({ name: '', port: 80, protocol: 'TCP', targetPort: 8080 }), '80');
+});
+
+const b = (address: string, weight = 1): BackendSpec => ({ address, addressNum: parseIPv4(address)!, weight });
+const p = (port: number, protocol: 'TCP' | 'UDP' = 'TCP'): PortSpec => ({ name: '', port, protocol, targetPort: port });
+
+t.test('normalizeState: canonical order, backends merged, weightless healthy dropped, conflicts reported', async (t) => {
+  const { services, problems } = normalizeState({
+    services: [
+      { key: 'z/z', vip: '10.0.0.1', ports: [p(80)], healthy: [], backends: [] },
+      { key: 'a/a', vip: '10.0.0.1', ports: [p(80), p(53, 'UDP'), p(22)], healthy: [b('10.0.0.9'), b('10.0.0.10', 0), b('10.0.0.9')], backends: [b('10.0.0.10'), b('10.0.0.2')] },
+    ],
+  });
+  t.same(services.map((s) => s.key), ['a/a', 'z/z']);
+  t.same(services[0]!.ports.map((x) => `${x.spec.protocol}/${x.spec.port}#${x.index}`), ['TCP/22#0', 'TCP/80#1', 'UDP/53#2']);
+  t.same(services[0]!.healthy.map((x) => x.address), ['10.0.0.9'], 'weight 0 is not healthy; duplicates removed');
+  t.same(services[0]!.all.map((x) => x.address), ['10.0.0.2', '10.0.0.9', '10.0.0.10'], 'numeric address order; healthy-only backends included');
+  t.same(services[1]!.ports, [], 'z/z loses the clashing port');
+  t.same(problems, ['z/z: TCP port 80 on 10.0.0.1 is already forwarded for a/a; not forwarding it']);
+  const notHeld = normalizeState({ services: [{ key: 'a/a', vip: undefined, ports: [p(80)], healthy: [], backends: [] }, { key: 'b/b', vip: undefined, ports: [p(80)], healthy: [], backends: [] }] });
+  t.same(notHeld.problems, [], 'no VIP, no clash');
+});

@@ -1,0 +1,16 @@
+// The forward entry point builds the data path that was selected.
+import t from 'tap';
+import { Registry } from 'prom-client';
+import { createDataplane, selectDataplane } from '../../agent/forward';
+
+t.test('createDataplane builds the selected kind and labels the info metric with the reason', async (t) => {
+  const proxy = { algorithm: 'round-robin' as const, idleTimeout: 60, connectTimeout: 3 };
+  const registry = new Registry();
+  const sel = await selectDataplane('auto', async () => ({ ok: false, reason: 'no nft' }));
+  const dp = createDataplane(sel, { proxy, registry });
+  t.equal(dp.kind, 'proxy');
+  t.match(await registry.metrics(), /lbagent_forward_dataplane_info\{kind="proxy",reason="auto: nftables unavailable \(no nft\); using the userspace proxy"\} 1/);
+  await dp.stop();
+  const k = createDataplane({ kind: 'kernel', reason: 'configured: dataplane: kernel' }, { proxy });
+  t.equal(k.kind, 'kernel', 'constructing the kernel path touches nothing until apply()');
+});

@@ -1,0 +1,181 @@
+// Unit tests of the kernel path's pure parts: the rendered nft text (golden
+// files, byte for byte), the table comparison used at start, counter parsing
+// and the carrying of totals across rewrites, and the probe's verdicts.
+// Loading the text into a real kernel is test/privileged/forward-kernel.test.ts.
+import t from 'tap';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import type { BackendSpec, PortSpec } from '../../agent/config/types';
+import { parseIPv4 } from '../../agent/ipv4';
+import type { ForwardState } from '../../agent/forward/dataplane';
+import {
+  canonicalTableJson, flowTotals, parseNftCounters, probeNftables, renderNft, renderRemoval, type Exec,
+} from '../../agent/forward/nft';
+import { flowId } from '../../agent/forward/dataplane';
+
+// Golden files live in the source tree (tests run from dist/). UPDATE_GOLDEN=1 rewrites them.
+const GOLDEN = path.resolve(__dirname, '..', '..', '..', 'test', 'forward', 'golden');
+
+function golden(t: tap.Test, name: string, actual: string): void {
+  const file = path.join(GOLDEN, name);
+  if (process.env.UPDATE_GOLDEN === '1') fs.writeFileSync(file, actual);
+  t.equal(actual, fs.readFileSync(file, 'utf8'), `matches golden ${name}`);
+}
+
+const b = (address: string, weight = 1): BackendSpec => ({ address, addressNum: parseIPv4(address)!, weight });
+const http: PortSpec = { name: 'http', port: 80, protocol: 'TCP', targetPort: 8080 };
+const dns: PortSpec = { name: 'dns', port: 53, protocol: 'UDP', targetPort: 5353 };
+const tls: PortSpec = { name: '', port: 443, protocol: 'TCP', targetPort: 8443 };
+
+const state: ForwardState = {
+  services: [
+    { key: 'default/web', vip: '10.99.0.50', ports: [http, dns], healthy: [b('10.99.0.12', 2), b('10.99.0.11', 1)], backends: [b('10.99.0.11'), b('10.99.0.12', 2), b('10.99.0.13')] },
+    { key: 'apps/empty', vip: '10.99.0.60', ports: [tls], healthy: [], backends: [b('10.99.0.21')] },
+    { key: 'apps/notheld', vip: undefined, ports: [tls], healthy: [b('10.99.0.21')], backends: [b('10.99.0.21')] },
+  ],
+};
+
+t.test('render: golden text for weighted TCP+UDP, a service with no healthy backend, one not held', async (t) => {
+  const plan = renderNft(state);
+  golden(t, 'basic.nft', plan.script);
+  t.same(plan.problems, []);
+  t.equal(plan.counters.length, 3 * (1 + 3 + 3), 'conns/to_backend/to_client per (port, backend) of the held services');
+});
+
+t.test('render: empty state still defines the table (base chains, empty maps)', async (t) => {
+  golden(t, 'empty.nft', renderNft({ services: [] }).script);
+});
+
+t.test('render: one healthy backend goes straight to its chain (no numgen)', async (t) => {
+  const plan = renderNft({ services: [{ key: 'a/one', vip: '10.99.0.70', ports: [http], healthy: [b('10.99.0.11')], backends: [b('10.99.0.11')] }] });
+  golden(t, 'single.nft', plan.script);
+});
+
+t.test('render is deterministic whatever the input order', async (t) => {
+  const shuffled: ForwardState = {
+    services: [...state.services].reverse().map((s) => ({ ...s, ports: [...s.ports].reverse(), healthy: [...s.healthy].reverse(), backends: [...s.backends].reverse() })),
+  };
+  t.equal(renderNft(shuffled).script, renderNft(state).script);
+});
+
+t.test('render: slot table honours weights; names stay put when health changes', async (t) => {
+  const s = (healthy: BackendSpec[]): ForwardState => ({
+    services: [{ key: 'x/y', vip: '10.99.0.80', ports: [http], healthy, backends: [b('10.99.0.11'), b('10.99.0.12', 3), b('10.99.0.13', 2)] }],
+  });
+  const full = renderNft(s([b('10.99.0.11'), b('10.99.0.12', 3), b('10.99.0.13', 2)])).script;
+  const m = /numgen inc mod (\d+) vmap \{ ([^}]*) \}/.exec(full)!;
+  t.equal(m[1], '6');
+  const slots = m[2]!.split(', ').map((e) => e.split(' goto ')[1]);
+  t.same(['s0p0b0', 's0p0b1', 's0p0b2'].map((c) => slots.filter((x) => x === c).length), [1, 3, 2], 'slots per backend = weight');
+  const less = renderNft(s([b('10.99.0.11'), b('10.99.0.13', 2)])).script;
+  t.match(less, /chain s0p0b2 \{\n\t\tcounter name "s0p0b2_conns" meta l4proto tcp dnat to 10\.99\.0\.13:8080/, 'b2 keeps its name when b1 leaves');
+  t.notMatch(less, /dnat to 10\.99\.0\.12/, 'an unhealthy backend gets no new connections');
+  t.match(less, /10\.99\.0\.80 \. 10\.99\.0\.12 \. tcp \. 8080 : "s0p0b1_to_backend"/, 'but its draining connections are still counted');
+});
+
+t.test('render: a VIP:port claimed twice keeps the first service and reports the other', async (t) => {
+  const plan = renderNft({
+    services: [
+      { key: 'b/second', vip: '10.99.0.50', ports: [http], healthy: [b('10.99.0.12')], backends: [b('10.99.0.12')] },
+      { key: 'a/first', vip: '10.99.0.50', ports: [http, dns], healthy: [b('10.99.0.11')], backends: [b('10.99.0.11')] },
+    ],
+  });
+  t.equal(plan.problems.length, 1);
+  t.match(plan.problems[0], /b\/second: TCP port 80 on 10\.99\.0\.50 is already forwarded for a\/first/);
+  t.equal((plan.script.match(/10\.99\.0\.50 \. tcp \. 80 :/g) ?? []).length, 1);
+});
+
+t.test('render: a service name that is not nft-safe only appears in comments, sanitised', async (t) => {
+  const plan = renderNft({ services: [{ key: 'ns/we\u00efrd"name', vip: '10.99.0.90', ports: [http], healthy: [b('10.99.0.11')], backends: [b('10.99.0.11')] }] });
+  t.match(plan.script, /# s0p0: ns\/we\?rd"name 10\.99\.0\.90/);
+  t.notMatch(plan.script.split('\n').filter((l) => !l.startsWith('#')).join('\n'), /we/);
+});
+
+t.test('renderRemoval deletes whether or not the table exists', async (t) => {
+  t.equal(renderRemoval(), 'table ip lb_agent {}\ndelete table ip lb_agent\n');
+});
+
+// `nft -j list table` output shaped like nft 1.0.6's.
+function listing(opts: { handleBase?: number; packets?: number; elemOrder?: 'ab' | 'ba'; extraRule?: boolean } = {}): string {
+  const h = opts.handleBase ?? 1;
+  const elems = [[{ concat: ['10.99.0.50', 'tcp', 80] }, { jump: { target: 's0p0' } }], [{ concat: ['10.99.0.50', 'udp', 53] }, { jump: { target: 's0p1' } }]];
+  const objs: unknown[] = [
+    { metainfo: { version: '1.0.6', release_name: 'Lester Gooch #5', json_schema_version: 1 } },
+    { table: { family: 'ip', name: 'lb_agent', handle: h } },
+    { counter: { family: 'ip', name: 's0p0b0_conns', table: 'lb_agent', handle: h + 1, packets: opts.packets ?? 0, bytes: (opts.packets ?? 0) * 60 } },
+    { map: { family: 'ip', name: 'services', table: 'lb_agent', type: ['ipv4_addr', 'inet_proto', 'inet_service'], handle: h + 2, map: 'verdict', elem: opts.elemOrder === 'ba' ? [elems[1], elems[0]] : elems } },
+    { chain: { family: 'ip', table: 'lb_agent', name: 'prerouting', handle: h + 3, type: 'nat', hook: 'prerouting', prio: -100, policy: 'accept' } },
+    { rule: { family: 'ip', table: 'lb_agent', chain: 'prerouting', handle: h + 4, expr: [{ vmap: { key: { concat: [{ payload: { protocol: 'ip', field: 'daddr' } }] }, data: '@services' } }] } },
+  ];
+  if (opts.extraRule) objs.push({ rule: { family: 'ip', table: 'lb_agent', chain: 'prerouting', handle: h + 9, expr: [{ drop: null }] } });
+  return JSON.stringify({ nftables: objs });
+}
+
+t.test('canonicalTableJson: equal tables compare equal whatever the handles, counter values and element order', async (t) => {
+  t.equal(canonicalTableJson(listing()), canonicalTableJson(listing({ handleBase: 40, packets: 1234, elemOrder: 'ba' })));
+  t.not(canonicalTableJson(listing()), canonicalTableJson(listing({ extraRule: true })), 'a rule added by hand is a difference');
+  t.throws(() => canonicalTableJson('{"x":1}'), /not nft JSON/);
+});
+
+t.test('parseNftCounters reads named counters of our table only', async (t) => {
+  const json = JSON.stringify({
+    nftables: [
+      { metainfo: {} },
+      { counter: { family: 'ip', name: 's0p0b0_conns', table: 'lb_agent', handle: 3, packets: 7, bytes: 420 } },
+      { counter: { family: 'ip', name: 'other', table: 'filter', handle: 4, packets: 1, bytes: 1 } },
+    ],
+  });
+  t.same([...parseNftCounters(json)], [['s0p0b0_conns', { packets: 7, bytes: 420 }]]);
+});
+
+t.test('flowTotals: live counters plus what earlier tables carried over', async (t) => {
+  const plan = renderNft({ services: [{ key: 'x/y', vip: '10.99.0.80', ports: [http], healthy: [b('10.99.0.11')], backends: [b('10.99.0.11')] }] });
+  const live = new Map([
+    ['s0p0b0_conns', { packets: 5, bytes: 300 }],
+    ['s0p0b0_to_backend', { packets: 20, bytes: 2000 }],
+    ['s0p0b0_to_client', { packets: 30, bytes: 9000 }],
+  ]);
+  const id = flowId('x/y', http, '10.99.0.11');
+  const carry = new Map([[id, { conns: 10, toBackend: 1, toClient: 2 }]]);
+  t.same(flowTotals(plan, live, carry).get(id), { conns: 15, toBackend: 2001, toClient: 9002 }, 'connections are first packets; bytes are bytes');
+  t.same(carry.get(id), { conns: 10, toBackend: 1, toClient: 2 }, 'carry not mutated');
+  t.same(flowTotals(undefined, live, new Map()).size, 0);
+});
+
+function fakeExec(handlers: Record<string, (args: readonly string[]) => { stdout?: string; stderr?: string; code?: string | number }>): Exec {
+  return async (file, args) => {
+    const r = handlers[file]?.(args) ?? {};
+    if (r.code !== undefined) throw Object.assign(new Error(r.stderr ?? 'failed'), { code: r.code, stderr: r.stderr ?? '' });
+    return { stdout: r.stdout ?? '', stderr: r.stderr ?? '' };
+  };
+}
+
+t.test('probeNftables: verdicts and reasons', async (t) => {
+  t.same(await probeNftables({ exec: fakeExec({ nft: () => ({}), unshare: () => ({}) }) }),
+    { ok: true, reason: 'nftables accepted a test table in a throwaway namespace' });
+  const missing = await probeNftables({ exec: fakeExec({ nft: () => ({ code: 'ENOENT' }) }) });
+  t.equal(missing.ok, false);
+  t.match(missing.reason, /nft not found/);
+  const kernel = await probeNftables({
+    exec: fakeExec({ nft: () => ({}), unshare: () => ({ code: 1, stderr: '/dev/stdin:40:3-20: Error: Could not process rule: No such file or directory\n\t\tnumgen inc mod 3\n' }) }),
+  });
+  t.match(kernel.reason, /kernel rejected the test table .*Could not process rule/);
+  // No namespace allowed: falls back to nft --check, which changes nothing.
+  const checks: string[][] = [];
+  const viaCheck = await probeNftables({
+    exec: fakeExec({
+      unshare: () => ({ code: 1, stderr: 'unshare: unshare failed: Operation not permitted' }),
+      nft: (args) => { checks.push([...args]); return {}; },
+    }),
+  });
+  t.equal(viaCheck.ok, true);
+  t.match(viaCheck.reason, /checked without committing; no throwaway namespace: unshare: unshare failed: Operation not permitted/);
+  t.same(checks[1], ['--check', '-f', '-'], 'the fallback only checks');
+  const eperm = await probeNftables({
+    exec: fakeExec({
+      unshare: () => ({ code: 'ENOENT' }),
+      nft: (args) => (args[0] === '--check' ? { code: 1, stderr: 'Error: Could not process rule: Operation not permitted' } : {}),
+    }),
+  });
+  t.same([eperm.ok, /not permitted \(needs root or CAP_NET_ADMIN\)/.test(eperm.reason)], [false, true]);
+});

@@ -1,0 +1,372 @@
+// Tests of the userspace proxy against real sockets on loopback (127.0.0.0/8:
+// every 127.x address is local on Linux, so three "backends" can share one
+// port on three addresses). No namespaces needed; the namespaced end-to-end
+// runs are test/privileged/forward-proxy.test.ts.
+import t from 'tap';
+import * as net from 'node:net';
+import * as dgram from 'node:dgram';
+import { spawn } from 'node:child_process';
+import { Registry } from 'prom-client';
+import type { BackendSpec, PortSpec, ProxyConfig } from '../../agent/config/types';
+import { parseIPv4 } from '../../agent/ipv4';
+import { isLbError } from '../../agent/errors';
+import type { ForwardState } from '../../agent/forward/dataplane';
+import { ProxyDataplane } from '../../agent/forward/proxy';
+
+const cfg = (over: Partial<ProxyConfig> = {}): ProxyConfig => ({ algorithm: 'round-robin', idleTimeout: 60, connectTimeout: 2, ...over });
+const b = (address: string, weight = 1): BackendSpec => ({ address, addressNum: parseIPv4(address)!, weight });
+const tcpPort = (targetPort: number): PortSpec => ({ name: 'p', port: 0, protocol: 'TCP', targetPort });
+
+/** A TCP backend: says its id on connect, then echoes; passes half-close back. */
+async function echoBackends(addresses: string[], t: tap.Test): Promise<number> {
+  let port = 0;
+  for (const host of addresses) {
+    const server = net.createServer({ allowHalfOpen: true }, (s) => {
+      s.on('error', () => undefined);
+      s.write(`${host}\n`);
+      s.pipe(s);
+    });
+    await new Promise<void>((resolve, reject) => {
+      server.once('error', reject);
+      server.listen(port, host, () => resolve());
+    });
+    port = (server.address() as net.AddressInfo).port;
+    t.teardown(() => new Promise<void>((r) => { server.close(() => r()); (server as unknown as { closeAllConnections?: () => void }).closeAllConnections?.(); }));
+  }
+  return port;
+}
+
+/** Connect, read the first line (the backend's id), optionally keep the socket. */
+function hello(port: number, host: string, keep = false): Promise<{ id: string; socket: net.Socket }> {
+  return new Promise((resolve, reject) => {
+    const s = net.connect({ port, host });
+    let buf = '';
+    s.setEncoding('utf8');
+    const onData = (d: string): void => {
+      buf += d;
+      const nl = buf.indexOf('\n');
+      if (nl < 0) return;
+      s.off('data', onData);
+      if (!keep) s.end();
+      resolve({ id: buf.slice(0, nl), socket: s });
+    };
+    s.on('data', onData);
+    s.on('error', reject);
+    s.on('close', () => reject(new Error(`closed before a reply (got ${JSON.stringify(buf)})`)));
+  });
+}
+
+/** What a client sees when it connects: its first line, or the error/close. */
+function attempt(port: number, host: string): Promise<{ ok: boolean; what: string; ms: number }> {
+  const t0 = Date.now();
+  return hello(port, host).then(
+    (r) => ({ ok: true, what: r.id, ms: Date.now() - t0 }),
+    (e: NodeJS.ErrnoException) => ({ ok: false, what: e.code ?? e.message, ms: Date.now() - t0 }),
+  );
+}
+
+async function listenPort(p: ProxyDataplane, vip: string, protocol = 'TCP'): Promise<number> {
+  const st = await p.stats();
+  const l = (st.details['listeners'] as { vip: string; protocol: string; boundPort: number }[]).find((x) => x.vip === vip && x.protocol === protocol);
+  if (!l) throw new Error(`no listener on ${vip}`);
+  return l.boundPort;
+}
+
+function within10(t: tap.Test, counts: Map<string, number>, weights: Record<string, number>, n: number): void {
+  const total = Object.values(weights).reduce((a, c) => a + c, 0);
+  for (const [addr, w] of Object.entries(weights)) {
+    const expected = (n * w) / total;
+    const got = counts.get(addr) ?? 0;
+    t.ok(Math.abs(got - expected) <= expected * 0.1, `${addr}: ${got} of ${n}, expected ${expected.toFixed(1)} ±10%`);
+  }
+}
+
+function svc(vip: string, targetPort: number, healthy: BackendSpec[], backends = healthy, port = tcpPort(targetPort)): ForwardState['services'][number] {
+  return { key: 'default/web', vip, ports: [port], healthy, backends };
+}
+
+// Both relay paths: user buffers (socket onread, the default) and stream 'data' events.
+for (const userBuffers of [true, false]) {
+  const mode = userBuffers ? 'user buffers' : 'streams';
+  t.test(`${mode}: weights honoured over 300 new connections (round-robin and least-connections)`, async (t) => {
+    const addrs = ['127.0.0.1', '127.0.0.2', '127.0.0.3'];
+    const port = await echoBackends(addrs, t);
+    for (const algorithm of ['round-robin', 'least-connections'] as const) {
+      const p = new ProxyDataplane({ userBuffers, config: cfg({ algorithm }) });
+      t.teardown(() => p.stop());
+      const vip = '127.0.0.10';
+      await p.apply({ services: [svc(vip, port, [b(addrs[0]!, 1), b(addrs[1]!, 2), b(addrs[2]!, 3)])] });
+      const lp = await listenPort(p, vip);
+      const counts = new Map<string, number>();
+      // Round-robin: one connection after the other. Least-connections: all
+      // held open, so each pick sees the others' load (a closing connection
+      // still counts for a moment, which would skew a sequential run).
+      const held: net.Socket[] = [];
+      for (let i = 0; i < 300; i++) {
+        const { id, socket } = await hello(lp, vip, algorithm === 'least-connections');
+        if (algorithm === 'least-connections') held.push(socket);
+        counts.set(id, (counts.get(id) ?? 0) + 1);
+      }
+      held.forEach((s) => s.destroy());
+      within10(t, counts, { [addrs[0]!]: 1, [addrs[1]!]: 2, [addrs[2]!]: 3 }, 300);
+      const st = await p.stats();
+      t.equal(st.flows.reduce((s, f) => s + f.connections, 0), 300, `${algorithm}: 300 connections counted`);
+      t.same(st.details['relayed'], userBuffers ? { userBuffers: 300, streams: 0 } : { userBuffers: 0, streams: 300 }, 'the relay path asked for was taken');
+      await p.stop();
+    }
+  });
+
+  t.test(`${mode}: least-connections sends new connections to the backend holding fewest`, async (t) => {
+    const addrs = ['127.0.0.1', '127.0.0.2'];
+    const port = await echoBackends(addrs, t);
+    const p = new ProxyDataplane({ userBuffers, config: cfg({ algorithm: 'least-connections' }) });
+    t.teardown(() => p.stop());
+    const vip = '127.0.0.11';
+    await p.apply({ services: [svc(vip, port, addrs.map((a) => b(a)))] });
+    const lp = await listenPort(p, vip);
+    const held: net.Socket[] = [];
+    t.teardown(() => held.forEach((s) => s.destroy()));
+    // Hold 4 connections: 2 each. Then close both of .1's: the next 2 go to .1.
+    const first = await Promise.all([0, 1, 2, 3].map(() => hello(lp, vip, true)));
+    for (const f of first) held.push(f.socket);
+    const on1 = first.filter((f) => f.id === addrs[0]);
+    t.equal(on1.length, 2, 'spread 2/2');
+    await Promise.all(on1.map((f) => new Promise((r) => { f.socket.once('close', r); f.socket.destroy(); })));
+    await new Promise((r) => setTimeout(r, 50));
+    const next = await Promise.all([0, 1].map(() => hello(lp, vip, true)));
+    for (const n of next) held.push(n.socket);
+    t.same(next.map((n) => n.id), [addrs[0], addrs[0]]);
+    const st = await p.stats();
+    t.same(st.flows.map((f) => [f.backend, f.active]), [[addrs[0], 2], [addrs[1], 2]], 'active connections per backend');
+  });
+
+  t.test(`${mode}: no healthy backend: the client is reset at once`, async (t) => {
+    const p = new ProxyDataplane({ userBuffers, config: cfg() });
+    t.teardown(() => p.stop());
+    const vip = '127.0.0.12';
+    await p.apply({ services: [svc(vip, 1, [], [b('127.0.0.1')])] });
+    const lp = await listenPort(p, vip);
+    const r = await attempt(lp, vip);
+    t.equal(r.ok, false);
+    t.equal(r.what, 'ECONNRESET', 'reset, not a hang or a clean close');
+    t.comment(`reset after ${r.ms} ms`);
+    const st = await p.stats();
+    t.equal(st.services[0]!.noHealthyBackend, true);
+  });
+
+  t.test(`${mode}: a failed connect is retried once on another healthy backend; passive results reported`, async (t) => {
+    const port = await echoBackends(['127.0.0.1'], t);
+    const results: [string, string, boolean][] = [];
+    const p = new ProxyDataplane({ userBuffers, config: cfg(), onConnectResult: (k, a, ok) => results.push([k, a, ok]) });
+    t.teardown(() => p.stop());
+    const vip = '127.0.0.13';
+    // 127.0.0.4 has nothing listening on the port: ECONNREFUSED.
+    await p.apply({ services: [svc(vip, port, [b('127.0.0.1'), b('127.0.0.4')])] });
+    const lp = await listenPort(p, vip);
+    for (let i = 0; i < 6; i++) {
+      const r = await attempt(lp, vip);
+      t.same([r.ok, r.what], [true, '127.0.0.1'], `connection ${i} served despite the dead backend`);
+    }
+    t.ok(results.some(([, a, ok]) => a === '127.0.0.4' && !ok), 'failures reported for the dead backend');
+    t.ok(results.every(([k, a, ok]) => k === 'default/web' && ok === (a === '127.0.0.1')), 'successes reported for the live one');
+    const st = await p.stats();
+    const dead = st.flows.find((f) => f.backend === '127.0.0.4')!;
+    t.equal(dead.connectFailures, 3, 'round-robin sent every other connection there first');
+    t.equal(dead.active, 0, 'failed attempts do not stay active');
+    // Both dead: after one retry the client is reset.
+    await p.apply({ services: [svc(vip, port, [b('127.0.0.4'), b('127.0.0.5')])] });
+    const r = await attempt(lp, vip);
+    t.same([r.ok, r.what], [false, 'ECONNRESET']);
+    const failures = results.filter(([, a, ok]) => !ok && (a === '127.0.0.4' || a === '127.0.0.5')).length;
+    t.equal(failures, 3 + 2, 'the one retry tried the other backend');
+  });
+
+  t.test(`${mode}: connect timeout: a backend that never answers the SYN is given up and the other tried`, async (t) => {
+    const port = await echoBackends(['127.0.0.1'], t);
+    // A listener whose process never accepts: once its accept queue is full the kernel drops SYNs.
+    const stuck = spawn(process.execPath, ['-e',
+      `const s=require('net').createServer();s.listen(${port},'127.0.0.6',1,()=>{process.send('up');setTimeout(()=>Atomics.wait(new Int32Array(new SharedArrayBuffer(4)),0,0,20000),10)})`,
+    ], { stdio: ['ignore', 'ignore', 'inherit', 'ipc'] });
+    t.teardown(() => { stuck.kill('SIGKILL'); });
+    await new Promise((r) => stuck.once('message', r));
+    await new Promise((r) => setTimeout(r, 100));
+    const fillers: net.Socket[] = [];
+    t.teardown(() => fillers.forEach((s) => s.destroy()));
+    for (let i = 0; i < 8; i++) {
+      const s = net.connect(port, '127.0.0.6');
+      s.on('error', () => undefined);
+      fillers.push(s);
+    }
+    await new Promise((r) => setTimeout(r, 300));
+    const results: [string, boolean][] = [];
+    const p = new ProxyDataplane({ userBuffers, config: cfg({ connectTimeout: 0.3 }), onConnectResult: (_k, a, ok) => results.push([a, ok]) });
+    t.teardown(() => p.stop());
+    const vip = '127.0.0.14';
+    await p.apply({ services: [svc(vip, port, [b('127.0.0.6'), b('127.0.0.1')])] });
+    const lp = await listenPort(p, vip);
+    // Round-robin over .1 and .6: one of two connections is sent to .6 first.
+    const r1 = await attempt(lp, vip);
+    const r2 = await attempt(lp, vip);
+    t.same([r1.ok, r1.what, r2.ok, r2.what], [true, '127.0.0.1', true, '127.0.0.1'], 'both served');
+    t.ok(Math.max(r1.ms, r2.ms) >= 250, `one waited for the connect timeout first (${r1.ms} ms, ${r2.ms} ms)`);
+    t.same(results, [['127.0.0.1', true], ['127.0.0.6', false], ['127.0.0.1', true]]);
+  });
+
+  t.test(`${mode}: half-close, large transfers with backpressure, byte counters`, async (t) => {
+    const port = await echoBackends(['127.0.0.1'], t);
+    const p = new ProxyDataplane({ userBuffers, config: cfg() });
+    t.teardown(() => p.stop());
+    const vip = '127.0.0.15';
+    await p.apply({ services: [svc(vip, port, [b('127.0.0.1')])] });
+    const lp = await listenPort(p, vip);
+    const size = 16 << 20;
+    const payload = Buffer.alloc(size);
+    for (let i = 0; i < size; i += 4096) payload[i] = i & 0xff;
+    const received = await new Promise<Buffer>((resolve, reject) => {
+      const s = net.connect({ port: lp, host: vip, allowHalfOpen: true });
+      const parts: Buffer[] = [];
+      let paused = 0;
+      s.on('data', (d: Buffer) => {
+        parts.push(d);
+        // A slow reader now and then: the proxy must hold the backend back, not buffer without bound.
+        if (++paused % 50 === 0) { s.pause(); setTimeout(() => s.resume(), 5); }
+      });
+      s.on('end', () => resolve(Buffer.concat(parts)));
+      s.on('error', reject);
+      s.write(payload);
+      s.end(); // half-close: we are done sending but still read the echo
+    });
+    const hdr = '127.0.0.1\n';
+    t.equal(received.length, hdr.length + size, 'everything echoed back after our FIN');
+    t.ok(received.subarray(hdr.length).equals(payload), 'intact');
+    await new Promise((r) => setTimeout(r, 50));
+    const f = (await p.stats()).flows[0]!;
+    t.equal(f.bytesToBackend, size);
+    t.equal(f.bytesToClient, size + hdr.length);
+    t.equal(f.active, 0);
+  });
+
+  t.test(`${mode}: draining: a backend leaving the healthy set keeps its open connections and gets no new ones`, async (t) => {
+    const addrs = ['127.0.0.1', '127.0.0.2'];
+    const port = await echoBackends(addrs, t);
+    const p = new ProxyDataplane({ userBuffers, config: cfg() });
+    t.teardown(() => p.stop());
+    const vip = '127.0.0.16';
+    const all = addrs.map((a) => b(a));
+    await p.apply({ services: [svc(vip, port, all)] });
+    const lp = await listenPort(p, vip);
+    const held = await hello(lp, vip, true);
+    t.teardown(() => held.socket.destroy());
+    const leaving = held.id;
+    await p.apply({ services: [svc(vip, port, all.filter((x) => x.address !== leaving), all)] });
+    for (let i = 0; i < 10; i++) t.not((await hello(lp, vip)).id, leaving, 'new connection avoids the drained backend');
+    const echoed = await new Promise<string>((resolve) => {
+      held.socket.once('data', (d) => resolve(String(d)));
+      held.socket.write('still here\n');
+    });
+    t.equal(echoed, 'still here\n', 'the open connection still works');
+    await p.apply({ services: [svc(vip, port, all)] });
+    const seen = new Set<string>();
+    for (let i = 0; i < 4; i++) seen.add((await hello(lp, vip)).id);
+    t.ok(seen.has(leaving), 'back in rotation when healthy again');
+  });
+
+  t.test(`${mode}: idle timeout closes a silent connection`, async (t) => {
+    const port = await echoBackends(['127.0.0.1'], t);
+    const p = new ProxyDataplane({ userBuffers, config: cfg({ idleTimeout: 0.3 }) });
+    t.teardown(() => p.stop());
+    const vip = '127.0.0.17';
+    await p.apply({ services: [svc(vip, port, [b('127.0.0.1')])] });
+    const lp = await listenPort(p, vip);
+    const h = await hello(lp, vip, true);
+    const t0 = Date.now();
+    await new Promise((r) => h.socket.once('close', r));
+    const ms = Date.now() - t0;
+    t.ok(ms >= 250 && ms < 3000, `closed after ${ms} ms of silence`);
+  });
+
+  t.test(`${mode}: UDP relay: weighted sessions, replies from the VIP, no healthy backend drops`, async (t) => {
+    const addrs = ['127.0.0.1', '127.0.0.2'];
+    let port = 0;
+    for (const a of addrs) {
+      const s = dgram.createSocket('udp4');
+      s.on('message', (m, r) => s.send(Buffer.concat([Buffer.from(`${a}:`), m]), r.port, r.address));
+      await new Promise<void>((r) => s.bind(port, a, () => r()));
+      port = s.address().port;
+      t.teardown(() => s.close());
+    }
+    const p = new ProxyDataplane({ userBuffers, config: cfg() });
+    t.teardown(() => p.stop());
+    const vip = '127.0.0.18';
+    const udp: PortSpec = { name: 'dns', port: 0, protocol: 'UDP', targetPort: port };
+    await p.apply({ services: [{ key: 'default/dns', vip, ports: [udp], healthy: [b(addrs[0]!, 1), b(addrs[1]!, 2)], backends: [b(addrs[0]!), b(addrs[1]!)] }] });
+    const lp = await listenPort(p, vip, 'UDP');
+    const ask = (c: dgram.Socket, msg: string) => new Promise<{ text: string; from: string }>((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error('no reply')), 2000);
+      c.once('message', (m, r) => { clearTimeout(timer); resolve({ text: String(m), from: `${r.address}:${r.port}` }); });
+      c.send(msg, lp, vip);
+    });
+    const counts = new Map<string, number>();
+    for (let i = 0; i < 60; i++) {
+      const c = dgram.createSocket('udp4');
+      await new Promise<void>((r) => c.bind(0, '127.0.0.1', () => r()));
+      const a = await ask(c, 'q1');
+      const again = await ask(c, 'q2');
+      t.equal(again.text.split(':')[0], a.text.split(':')[0], 'a session sticks to its backend');
+      t.equal(a.from, `${vip}:${lp}`, 'the reply comes from the VIP:port');
+      counts.set(a.text.split(':')[0]!, (counts.get(a.text.split(':')[0]!) ?? 0) + 1);
+      c.close();
+    }
+    within10(t, counts, { [addrs[0]!]: 1, [addrs[1]!]: 2 }, 60);
+    await p.apply({ services: [{ key: 'default/dns', vip, ports: [udp], healthy: [], backends: [b(addrs[0]!)] }] });
+    const c = dgram.createSocket('udp4');
+    await new Promise<void>((r) => c.bind(0, '127.0.0.1', () => r()));
+    await t.rejects(ask(c, 'q'), /no reply/, 'a new client gets nothing when no backend is healthy');
+    // Removed while sessions are open (the socket drains), then back: taken back, not rebound.
+    await p.apply({ services: [] });
+    await p.apply({ services: [{ key: 'default/dns', vip, ports: [udp], healthy: [b(addrs[0]!, 1)], backends: [b(addrs[0]!)] }] });
+    t.equal((await ask(c, 'again')).text, `${addrs[0]}:again`, 'served again after a remove and re-add');
+    c.close();
+  });
+
+  t.test(`${mode}: a port that cannot be bound is reported; the others are applied`, async (t) => {
+    const port = await echoBackends(['127.0.0.1'], t);
+    const squatter = net.createServer();
+    await new Promise<void>((r) => squatter.listen(0, '127.0.0.19', () => r()));
+    t.teardown(() => squatter.close());
+    const taken = (squatter.address() as net.AddressInfo).port;
+    const p = new ProxyDataplane({ userBuffers, config: cfg() });
+    t.teardown(() => p.stop());
+    const err = await p.apply({
+      services: [
+        { key: 'a/ok', vip: '127.0.0.20', ports: [tcpPort(port)], healthy: [b('127.0.0.1')], backends: [b('127.0.0.1')] },
+        { key: 'b/clash', vip: '127.0.0.19', ports: [{ name: '', port: taken, protocol: 'TCP', targetPort: port }], healthy: [b('127.0.0.1')], backends: [b('127.0.0.1')] },
+      ],
+    }).then(() => undefined, (e: unknown) => e);
+    t.ok(isLbError(err, 'LB_ERR_FORWARD_LISTEN'), 'apply reports LB_ERR_FORWARD_LISTEN');
+    t.match((err as Error).message, /b\/clash: cannot listen on 127\.0\.0\.19/);
+    t.equal((await attempt(await listenPort(p, '127.0.0.20'), '127.0.0.20')).what, '127.0.0.1', 'the other service forwards');
+    t.match((await p.stats()).problems.join('\n'), /b\/clash/);
+  });
+
+  t.test(`${mode}: metrics on the registry passed in; stop closes listeners and unregisters`, async (t) => {
+    const port = await echoBackends(['127.0.0.1'], t);
+    const registry = new Registry();
+    const p = new ProxyDataplane({ userBuffers, config: cfg(), registry, reason: 'auto: test' });
+    const vip = '127.0.0.21';
+    await p.apply({ services: [svc(vip, port, [b('127.0.0.1')], [b('127.0.0.1'), b('127.0.0.2')])] });
+    const lp = await listenPort(p, vip);
+    await hello(lp, vip);
+    await new Promise((r) => setTimeout(r, 50));
+    const text = await registry.metrics();
+    t.match(text, /lbagent_forward_connections_total\{service="web",namespace="default",backend="127\.0\.0\.1",port="p"\} 1/);
+    t.match(text, /lbagent_forward_bytes_total\{service="web",namespace="default",backend="127\.0\.0\.1",direction="to_client"\} 10/);
+    t.match(text, /lbagent_forward_active_connections\{service="web",namespace="default",backend="127\.0\.0\.1",port="p"\} 0/);
+    t.match(text, /lbagent_forward_connect_failures_total\{service="web",namespace="default",backend="127\.0\.0\.2"\} 0/);
+    t.match(text, /lbagent_forward_dataplane_info\{kind="proxy",reason="auto: test"\} 1/);
+    t.match(text, /lbagent_forward_no_healthy_backend\{service="web",namespace="default"\} 0/);
+    await p.stop();
+    t.equal((await attempt(lp, vip)).what, 'ECONNREFUSED', 'listener closed');
+    t.notMatch(await registry.metrics(), /lbagent_forward_/);
+  });
+}
