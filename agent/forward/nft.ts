@@ -325,6 +325,10 @@ export const execProgram: Exec = (file, args, input) => new Promise((resolve, re
     if (err) reject(Object.assign(err, { stdout, stderr }));
     else resolve({ stdout, stderr });
   });
+  // A child that exits before reading its input (unshare without
+  // CAP_SYS_ADMIN does) makes the write fail with EPIPE; its exit status and
+  // stderr already say why, so the write error must not crash the agent.
+  child.stdin?.on('error', () => undefined);
   if (input !== undefined) child.stdin?.end(input);
   else child.stdin?.end();
 });

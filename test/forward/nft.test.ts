@@ -179,3 +179,11 @@ t.test('probeNftables: verdicts and reasons', async (t) => {
   });
   t.same([eperm.ok, /not permitted \(needs root or CAP_NET_ADMIN\)/.test(eperm.reason)], [false, true]);
 });
+
+t.test('execProgram: a child that exits without reading its input is a rejection, not a crash', async (t) => {
+  // unshare without CAP_SYS_ADMIN exits at once; writing the script to it then fails with EPIPE.
+  const { execProgram } = await import('../../agent/forward/nft');
+  for (let i = 0; i < 5; i++) {
+    await t.rejects(execProgram('/bin/false', [], 'table ip x {}\n'.repeat(100_000)), { code: 1 });
+  }
+});
