@@ -186,8 +186,10 @@ export class Daemon extends EventEmitter {
       if (this.holds(key)) {
         if (!running) this.log.info({ op: 'failover', service: key }, 'this node is Master: taking the VIP');
         source.start();
-      } else if (running) {
-        this.log.info({ op: 'failover', service: key }, 'this node is Backup: withdrawing the VIP (lease and claim kept)');
+      } else {
+        if (running) this.log.info({ op: 'failover', service: key }, 'this node is Backup: withdrawing the VIP (lease and claim kept)');
+        // Also when idle: the first Backup after a crash removes the service
+        // macvlan an earlier run left (adopted at start) with its VIP.
         await source.stop({ release: false });
       }
     }).catch((e) => this.log.error({ op: 'failover', service: key, err: errorMessage(e) }, 'starting or withdrawing the VIP failed'));
@@ -396,7 +398,9 @@ export class Daemon extends EventEmitter {
       let ready: boolean;
       if (!holds) {
         state = 'backup';
-        reason = `VIP held by the VRRP Master${failover?.master ? ` ${String(failover.master)}` : ''}`;
+        reason = failover?.handoverUntil !== undefined
+          ? `VRRP Master by preemption: taking the VIP once the previous Master has withdrawn it (by ${String(failover.handoverUntil)})`
+          : `VIP held by the VRRP Master${failover?.master ? ` ${String(failover.master)}` : ''}`;
         ready = true;
       } else if (!vip) {
         state = src?.state ?? 'pending';

@@ -101,6 +101,20 @@ export async function buildSubsystems(config: Desired, ctx: { log: Logger; regis
         for (const [svc, claim] of pruned) {
           if (await netlink.removeAddress(parent.index, claim.address, 32).catch(() => false)) removedAddrs.push(`${claim.address} (${svc})`);
         }
+        // With VRRP this node starts as Backup: a pool VIP an earlier run left
+        // on the parent (a crash) would answer ARP for it - and refuse
+        // connections - while another node is Master, and make that Master's
+        // RFC 5227 probe see a conflict. The source puts it back when this
+        // node becomes Master.
+        if (config.failover.mode === 'vrrp') {
+          const onParent = new Set((await netlink.listAddresses(parent.index)).filter((a) => a.prefix === 32).map((a) => a.address));
+          for (const s of services) {
+            const claim = s.primaryService === undefined && s.ipam === 'pool' ? pools.claimOf(s.key) : undefined;
+            if (claim && onParent.has(claim.address) && await netlink.removeAddress(parent.index, claim.address, 32).catch(() => false)) {
+              removedAddrs.push(`${claim.address} (${s.key}, VRRP Backup until elected)`);
+            }
+          }
+        }
         return {
           adopted: res.adopted.map((l) => l.name),
           removed: [...res.removed.map((l) => l.name), ...removedAddrs],

@@ -3,12 +3,27 @@
 // answer to "does this node hold service X now?". Mastership changes become
 // one 'change' event listing the services whose VIP must move; the daemon
 // starts or stops their address sources. Addresses are never touched here.
+//
+// It also decides what a Master's adverts list (see advertisedVips) and keeps
+// per-router counts for `lb-agent status` (the same facts as the
+// lbagent_vrrp_* metrics, which are only readable asynchronously).
 import { EventEmitter } from 'node:events';
 import type { Registry } from 'prom-client';
 import type { FailoverConfig, ServiceSpec } from '../config/types';
-import type { Clock } from '../clock';
+import type { Clock, TimerHandle } from '../clock';
+import { realClock } from '../clock';
 import type { Logger } from '../log';
-import { VirtualRouter, assignVrids, type VirtualRouterStatus } from './driver';
+import { formatIPv4, parseIPv4 } from '../ipv4';
+import { PACKET_OUTGOING, openPacketSocket, type FrameInfo, type PacketSocket, type PacketSocketOptions } from '../net/packet';
+import { decodeAdvertisement } from './codec';
+import { VirtualRouter, assignVrids, type VirtualRouterStatus, type SplitBrainEvent } from './driver';
+
+/**
+ * How long a node that preempted a live Master waits before it takes the
+ * VIP (see VrrpGate.update). The preempted Master withdraws as soon as it
+ * hears our first advert; this covers its event loop and a netlink call.
+ */
+export const PREEMPT_HANDOVER_MS = 200;
 
 export interface VrrpGateOptions {
   readonly config: FailoverConfig;
@@ -19,30 +34,117 @@ export interface VrrpGateOptions {
   readonly log: Logger;
   readonly registry: Registry;
   readonly clock?: Clock;
+  /** Opens each router's socket; default agent/net's openPacketSocket (tests pass an in-memory LAN). */
+  readonly openSocket?: (opts: PacketSocketOptions) => PacketSocket;
+  /** Default PREEMPT_HANDOVER_MS. */
+  readonly preemptHandoverMs?: number;
+}
+
+/** What `lb-agent status` shows of a service's virtual router. */
+export interface GateStatus extends VirtualRouterStatus {
+  readonly preempt: boolean;
+  /** The addresses this node's adverts list for the router (when Master). */
+  readonly advertisedVips: readonly string[];
+  /** The addresses the current (or last) other Master listed, if any. */
+  readonly heardVips: readonly string[];
+  readonly transitions: { readonly master: number; readonly backup: number };
+  /** ISO time of the last Master/Backup transition, undefined before the first. */
+  readonly lastTransition: string | undefined;
+  readonly advertsSent: number;
+  readonly advertsReceived: number;
+  readonly splitBrains: number;
+  readonly lastSplitBrain: (Omit<SplitBrainEvent, 'vrid'> & { readonly at: string }) | undefined;
+  /** Master by preemption, waiting until this ISO time for the preempted Master to withdraw the VIP. */
+  readonly handoverUntil: string | undefined;
+}
+
+/** Per-router facts the gate keeps for status. */
+interface RouterInfo {
+  transitions: { master: number; backup: number };
+  lastTransition: number | undefined;
+  advertsSent: number;
+  advertsReceived: number;
+  splitBrains: number;
+  lastSplitBrain: (Omit<SplitBrainEvent, 'vrid'> & { at: number }) | undefined;
+  /** The address list of the last advert from another router with priority > 0. */
+  heard: readonly number[];
+  /** Priority of the other Master this router last followed (undefined: none known, or it resigned). */
+  otherMasterPriority: number | undefined;
+  /** While Master by preemption: when the VIP may be taken (clock.now() ms). */
+  handoverUntil: number | undefined;
+  handoverTimer: TimerHandle | undefined;
+}
+
+function newInfo(): RouterInfo {
+  return {
+    transitions: { master: 0, backup: 0 }, lastTransition: undefined, advertsSent: 0, advertsReceived: 0, splitBrains: 0,
+    lastSplitBrain: undefined, heard: [], otherMasterPriority: undefined, handoverUntil: undefined, handoverTimer: undefined,
+  };
+}
+
+/**
+ * A packet socket that counts what the router sends and the valid adverts of
+ * other routers it receives, and remembers the addresses they list. The
+ * router reads the same frames through it; nothing is changed or dropped.
+ */
+class CountingSocket extends EventEmitter implements PacketSocket {
+  readonly ifindex: number;
+  constructor(private readonly inner: PacketSocket, private readonly info: RouterInfo, vrid: number, srcIp: number) {
+    super();
+    this.ifindex = inner.ifindex;
+    inner.on('frame', (frame: Buffer, fi: FrameInfo) => {
+      if (fi.pktType !== PACKET_OUTGOING) {
+        // The driver's own checks (RFC 5798 §7.1) decide; this only counts what passes them.
+        const r = decodeAdvertisement(frame);
+        if (r.ok && r.frame.vrid === vrid && r.frame.srcIp !== srcIp) {
+          info.advertsReceived++;
+          if (r.frame.priority > 0) info.heard = r.frame.addresses;
+        }
+      }
+      this.emit('frame', frame, fi);
+    });
+    inner.on('error', (err: unknown) => this.emit('error', err));
+    inner.on('close', () => this.emit('close'));
+  }
+
+  send(frame: Buffer): void {
+    this.inner.send(frame);
+    this.info.advertsSent++;
+  }
+
+  close(): void { this.inner.close(); }
 }
 
 export class VrrpGate extends EventEmitter {
   private readonly opts: VrrpGateOptions;
   private readonly log: Logger;
+  private readonly clock: Clock;
   private readonly routers = new Map<number, VirtualRouter>();
+  private readonly info = new Map<number, RouterInfo>();
   private vridOf = new Map<string, number>();
   private servicesOn = new Map<number, string[]>();
+  private specs = new Map<string, ServiceSpec>();
+  /** The last VIP each service held on this node (survives Backup periods, not restarts). */
+  private readonly lastHeld = new Map<string, string>();
   private vips: (key: string) => string | undefined = () => undefined;
 
   constructor(opts: VrrpGateOptions) {
     super();
     this.opts = opts;
+    this.clock = opts.clock ?? realClock;
     this.log = opts.log.child({ module: 'failover' });
   }
 
   update(services: readonly ServiceSpec[], vips: (serviceKey: string) => string | undefined): void {
     this.vips = vips;
+    this.specs = new Map(services.map((s) => [s.key, s]));
     const a = assignVrids(services, this.opts.config.vrid);
     for (const key of a.overflow) this.log.error({ op: 'assign', service: key }, 'no VRRP virtual router has room for this VIP (255 per VRID); it is not served');
     this.vridOf = new Map(a.vrids);
     const on = new Map<number, string[]>();
     for (const [key, vrid] of a.vrids) on.set(vrid, [...(on.get(vrid) ?? []), key]);
     this.servicesOn = on;
+    for (const key of [...this.lastHeld.keys()]) if (!this.specs.has(key)) this.lastHeld.delete(key);
     // A router's priority: the node's, unless a service pinned to that VRID names its own.
     const priorityOf = (vrid: number): number => {
       const pinned = services.find((s) => a.vrids.get(s.key) === vrid && s.priority !== undefined);
@@ -52,43 +154,154 @@ export class VrrpGate extends EventEmitter {
       if (!on.has(vrid) || router.status().priority !== priorityOf(vrid)) {
         router.removeAllListeners();
         router.stop({ priorityZero: true });
+        const info = this.info.get(vrid);
+        if (info) this.clearHandover(info);
         this.routers.delete(vrid);
+        this.info.delete(vrid);
         this.emit('change', [...(on.get(vrid) ?? [])]);
       }
     }
     for (const vrid of on.keys()) {
       if (this.routers.has(vrid)) continue;
+      const info = newInfo();
+      const srcIpNum = parseIPv4(this.opts.srcIp) ?? 0;
+      const open = this.opts.openSocket ?? openPacketSocket;
       const router = new VirtualRouter({
         vrid, priority: priorityOf(vrid), advertInterval: this.opts.config.advertInterval,
         preempt: this.opts.config.preempt, preemptDelay: this.opts.config.preemptDelay,
         ifindex: this.opts.ifindex, ifname: this.opts.ifname, srcIp: this.opts.srcIp,
-        vips: () => (this.servicesOn.get(vrid) ?? []).map((k) => this.vips(k)).filter((v): v is string => v !== undefined),
+        vips: () => this.advertisedVips(vrid),
+        openSocket: (o) => new CountingSocket(open(o), info, vrid, srcIpNum),
         clock: this.opts.clock, log: this.opts.log, registry: this.opts.registry,
       });
-      const changed = (): void => { this.emit('change', [...(this.servicesOn.get(vrid) ?? [])]); };
-      router.on('master', changed);
-      router.on('backup', changed);
-      router.on('split-brain', (e) => this.log.warn({ op: 'split-brain', ...e }, 'two Masters for one virtual router; resolved by priority, then address'));
+      const emitChange = (): void => { this.emit('change', [...(this.servicesOn.get(vrid) ?? [])]); };
+      const changed = (to: 'master' | 'backup'): void => {
+        info.transitions[to]++;
+        info.lastTransition = this.clock.wallNow();
+        this.clearHandover(info);
+        // Preemption (RFC 5798 §6.4.2: we outrank a live Master and took
+        // over): the preempted Master is still holding the VIP until it hears
+        // our first advert and withdraws. Our address source probes the VIP
+        // (RFC 5227) before claiming it; a probe that still meets the old
+        // holder is a "conflict" that backs off for a minute. So the VIP is
+        // taken a moment later. A takeover from a dead or resigned Master
+        // (nobody holds the VIP) is not delayed.
+        const grace = this.opts.preemptHandoverMs ?? PREEMPT_HANDOVER_MS;
+        const preempted = to === 'master' && this.opts.config.preempt && info.otherMasterPriority !== undefined && info.otherMasterPriority > 0
+          && info.otherMasterPriority < router.status().priority;
+        if (preempted && grace > 0) {
+          info.handoverUntil = this.clock.now() + grace;
+          info.handoverTimer = this.clock.setTimeout(() => {
+            info.handoverTimer = undefined;
+            info.handoverUntil = undefined;
+            emitChange();
+          }, grace);
+          this.log.info({ op: 'handover', vrid, waitMs: grace, services: this.servicesOn.get(vrid) ?? [] }, `preempted a lower-priority Master; taking the VIPs in ${grace} ms, once it has withdrawn them`);
+        }
+        emitChange();
+      };
+      router.on('master', () => changed('master'));
+      router.on('backup', () => changed('backup'));
+      router.on('master-changed', (e) => {
+        // Remember whom we followed and how it ranked, for the preemption check above.
+        if (e.master === undefined) info.otherMasterPriority = undefined;
+        else if (e.master !== this.opts.srcIp) info.otherMasterPriority = router.status().masterPriority;
+      });
+      router.on('split-brain', (e) => {
+        info.splitBrains++;
+        // The driver logs it; 'yielded' is followed by 'backup' and the daemon's withdrawal.
+        info.lastSplitBrain = { peer: e.peer, peerPriority: e.peerPriority, resolution: e.resolution, at: this.clock.wallNow() };
+      });
       this.routers.set(vrid, router);
+      this.info.set(vrid, info);
       router.start();
     }
   }
 
+  /** Does this node hold the service's VIP: Master of its router (and past a preemption handover)? */
   isMaster(serviceKey: string): boolean {
     const vrid = this.vridOf.get(serviceKey);
-    return vrid !== undefined && this.routers.get(vrid)?.state === 'master';
+    return vrid !== undefined && this.routers.get(vrid)?.state === 'master' && this.info.get(vrid)?.handoverUntil === undefined;
   }
 
-  status(serviceKey: string): (VirtualRouterStatus & Record<string, unknown>) | undefined {
+  /**
+   * The address a service's VIP has or is about to have, as far as this node
+   * knows: the one it holds; else its loadBalancerIP; else the one the other
+   * Master of its router listed (only when the router carries this one
+   * service, so the list is unambiguous); else the last one it held here.
+   * undefined for a DHCP service nobody has told us about yet.
+   */
+  knownVip(serviceKey: string): string | undefined {
+    const held = this.vips(serviceKey);
+    if (held !== undefined) {
+      this.lastHeld.set(serviceKey, held);
+      return held;
+    }
+    const spec = this.specs.get(serviceKey);
+    if (spec?.loadBalancerIP !== undefined) return spec.loadBalancerIP;
+    const vrid = this.vridOf.get(serviceKey);
+    const heard = vrid === undefined ? [] : this.info.get(vrid)?.heard ?? [];
+    if (vrid !== undefined && heard.length === 1 && this.servicesOn.get(vrid)?.length === 1) return formatIPv4(heard[0]!);
+    return this.lastHeld.get(serviceKey);
+  }
+
+  /**
+   * What the adverts of a router list (RFC 5798 §5.2.9: "the IPvX addresses
+   * associated with the virtual router"): each of its services' knownVip,
+   * in config order. A Master lists a VIP it is still acquiring (a DHCP
+   * lease, a pool probe) because receivers that check the list - keepalived
+   * drops adverts whose count or addresses differ from its
+   * virtual_ipaddress - would otherwise ignore us for that time and take
+   * over. When no address is known at all (a DHCP service whose lease nobody
+   * has heard of yet) the advert carries count 0. RFC 5798 §5.2.5 says the
+   * minimum is 1; we keep advertising anyway, because falling silent makes
+   * every Backup take over after Master_Down_Interval (a flap per Backup),
+   * and listing an address that is not a VIP (the primary address) would be
+   * a false statement that keepalived drops just the same. keepalived itself
+   * sends count 0 for an instance without virtual_ipaddress.
+   */
+  advertisedVips(vrid: number): string[] {
+    const out: string[] = [];
+    for (const key of this.servicesOn.get(vrid) ?? []) {
+      const v = this.knownVip(key);
+      if (v !== undefined && !out.includes(v)) out.push(v);
+    }
+    return out;
+  }
+
+  status(serviceKey: string): (GateStatus & Record<string, unknown>) | undefined {
     const vrid = this.vridOf.get(serviceKey);
     const r = vrid === undefined ? undefined : this.routers.get(vrid);
-    return r ? { ...r.status() } : undefined;
+    const info = vrid === undefined ? undefined : this.info.get(vrid);
+    if (!r || !info || vrid === undefined) return undefined;
+    const iso = (ms: number | undefined): string | undefined => (ms === undefined ? undefined : new Date(ms).toISOString());
+    return {
+      ...r.status(),
+      preempt: this.opts.config.preempt,
+      advertisedVips: this.advertisedVips(vrid),
+      heardVips: info.heard.map((n) => formatIPv4(n)),
+      transitions: { ...info.transitions },
+      lastTransition: iso(info.lastTransition),
+      advertsSent: info.advertsSent,
+      advertsReceived: info.advertsReceived,
+      splitBrains: info.splitBrains,
+      lastSplitBrain: info.lastSplitBrain ? { ...info.lastSplitBrain, at: iso(info.lastSplitBrain.at)! } : undefined,
+      handoverUntil: info.handoverUntil === undefined ? undefined : iso(info.handoverUntil - this.clock.now() + this.clock.wallNow()),
+    };
+  }
+
+  private clearHandover(info: RouterInfo): void {
+    if (info.handoverTimer !== undefined) this.clock.clearTimeout(info.handoverTimer);
+    info.handoverTimer = undefined;
+    info.handoverUntil = undefined;
   }
 
   async stop(): Promise<void> {
     // Priority 0 (RFC 5798 §6.4.3): a Backup takes over at once instead of
     // waiting out Master_Down_Interval.
     for (const r of this.routers.values()) { r.removeAllListeners(); r.stop({ priorityZero: true }); }
+    for (const info of this.info.values()) this.clearHandover(info);
     this.routers.clear();
+    this.info.clear();
   }
 }

@@ -1,0 +1,267 @@
+// Unit tests of VrrpGate on an in-memory LAN (fake packet sockets handing
+// frames to each other through a ManualClock): which routers exist for which
+// services, who holds a service, what the adverts list (held VIP,
+// loadBalancerIP, the other Master's list, the last held; count 0 only when
+// nothing is known), the preemption handover, the counts status shows, and
+// reconfiguration. The gate through the real agent on the real kernel is
+// test/privileged/vrrp-agent-*.test.ts.
+import t from 'tap';
+import { EventEmitter } from 'node:events';
+import { Registry } from 'prom-client';
+import { ManualClock } from '../../agent/clock';
+import { silentLogger } from '../../agent/log';
+import { formatIPv4 } from '../../agent/ipv4';
+import type { FrameInfo, PacketSocket, PacketSocketOptions } from '../../agent/net/packet';
+import { decodeAdvertisement } from '../../agent/failover/codec';
+import { masterDownIntervalMs, skewTimeMs } from '../../agent/failover/machine';
+import { VrrpGate, PREEMPT_HANDOVER_MS, type VrrpGateOptions } from '../../agent/failover/gate';
+import type { FailoverConfig, ServiceSpec } from '../../agent/config/types';
+
+class FakeLan {
+  readonly sockets = new Set<FakeSocket>();
+  /** Frames sent, with the sender's ifindex (= node id here). */
+  readonly wire: { from: number; frame: Buffer }[] = [];
+  /** Nodes (by ifindex) cut off the LAN. */
+  readonly cut = new Set<number>();
+  constructor(readonly clock: ManualClock) {}
+  open = (opts: PacketSocketOptions): PacketSocket => {
+    const s = new FakeSocket(this, opts);
+    this.sockets.add(s);
+    return s;
+  };
+  deliver(from: FakeSocket, frame: Buffer): void {
+    this.wire.push({ from: from.ifindex, frame });
+    if (this.cut.has(from.ifindex)) return;
+    for (const s of this.sockets) {
+      if (s === from || this.cut.has(s.ifindex)) continue;
+      this.clock.setTimeout(() => s.receive(frame, { csumNotReady: false, pktType: 2 }), 0.2);
+    }
+  }
+  /** Adverts one node sent, decoded. */
+  sent(ifindex: number): { priority: number; addresses: string[] }[] {
+    return this.wire.filter((w) => w.from === ifindex).map((w) => {
+      const r = decodeAdvertisement(w.frame);
+      if (!r.ok) throw new Error(r.reason);
+      return { priority: r.frame.priority, addresses: r.frame.addresses.map(formatIPv4) };
+    });
+  }
+}
+
+class FakeSocket extends EventEmitter implements PacketSocket {
+  readonly ifindex: number;
+  constructor(private readonly lan: FakeLan, readonly opts: PacketSocketOptions) {
+    super();
+    this.ifindex = opts.ifindex;
+  }
+  send(frame: Buffer): void { this.lan.deliver(this, frame); }
+  receive(frame: Buffer, info: FrameInfo): void { this.emit('frame', frame, info); }
+  close(): void { this.lan.sockets.delete(this); }
+}
+
+function svc(name: string, over: Partial<ServiceSpec> = {}): ServiceSpec {
+  return {
+    key: `default/${name}`, name, namespace: 'default', ipam: 'pool', primaryService: undefined, loadBalancerIP: undefined,
+    vrid: undefined, priority: undefined, ports: [], backends: [],
+    healthCheck: { enabled: false, type: 'tcp', port: 80, successThreshold: 1, failureThreshold: 3, periodSeconds: 5, timeoutSeconds: 3, http: undefined, passiveFailures: 0 },
+    ...over,
+  };
+}
+
+const FAILOVER: FailoverConfig = { mode: 'vrrp', vrid: 51, advertInterval: 1, preempt: true, preemptDelay: 0, interface: undefined };
+
+interface Node {
+  gate: VrrpGate;
+  ip: string;
+  /** What the node's sources hold: the daemon's vips callback. */
+  held: Map<string, string>;
+  changes: string[][];
+  registry: Registry;
+}
+
+function world(): { clock: ManualClock; lan: FakeLan; node(n: number, priority: number, services: ServiceSpec[], over?: Partial<VrrpGateOptions>): Node } {
+  const clock = new ManualClock();
+  const lan = new FakeLan(clock);
+  return {
+    clock, lan,
+    node(n, priority, services, over = {}) {
+      const registry = new Registry();
+      const ip = `10.99.0.${n}`;
+      const gate = new VrrpGate({ config: FAILOVER, nodePriority: priority, ifindex: n, ifname: 'eth0', srcIp: ip, log: silentLogger(), registry, clock, openSocket: lan.open, ...over });
+      const held = new Map<string, string>();
+      const changes: string[][] = [];
+      gate.on('change', (keys: string[]) => changes.push(keys));
+      gate.update(services, (k) => held.get(k));
+      return { gate, ip, held, changes, registry };
+    },
+  };
+}
+
+const mdi = (priority: number, cs = 100): number => masterDownIntervalMs(priority, cs);
+
+t.test('one router per VRID: services share the base VRID, a pinned one gets its own', async (t) => {
+  const w = world();
+  const a = w.node(1, 100, [svc('web'), svc('api'), svc('db', { vrid: 60 })]);
+  t.equal(w.lan.sockets.size, 2, 'two routers (VRIDs 51 and 60)');
+  t.equal(a.gate.status('default/web')?.vrid, 51);
+  t.equal(a.gate.status('default/api')?.vrid, 51);
+  t.equal(a.gate.status('default/db')?.vrid, 60);
+  t.equal(a.gate.status('default/nope'), undefined);
+  t.equal(a.gate.isMaster('default/web'), false, 'Backup at start');
+  const sorted = (c: string[][]): string[] => c.map((k) => k.join(',')).sort();
+  t.same(sorted(a.changes), ['default/db', 'default/web,default/api'], "each router's startup Backup is a change");
+  w.clock.advance(mdi(100) + 1);
+  t.equal(a.gate.isMaster('default/web'), true, 'alone: Master after Master_Down_Interval');
+  t.equal(a.gate.isMaster('default/db'), true);
+  t.same(sorted(a.changes.slice(2)), ['default/db', 'default/web,default/api']);
+  await a.gate.stop();
+  t.equal(w.lan.sockets.size, 0, 'stop closes every router');
+  t.equal(a.gate.status('default/web'), undefined);
+});
+
+t.test('what a Master advertises: held VIP, else loadBalancerIP, else the last held; count 0 only when nothing is known', async (t) => {
+  const w = world();
+  const a = w.node(1, 100, [svc('web', { ipam: 'dhcp' }), svc('api', { loadBalancerIP: '10.99.0.200' })]);
+  w.clock.advance(mdi(100) + 1);
+  t.same(w.lan.sent(1).at(-1)?.addresses, ['10.99.0.200'], 'before any source is bound: the loadBalancerIP, not an empty list');
+  a.held.set('default/api', '10.99.0.200');
+  a.held.set('default/web', '10.99.0.107');
+  w.clock.advance(1000);
+  t.same(w.lan.sent(1).at(-1)?.addresses, ['10.99.0.107', '10.99.0.200'], 'held VIPs, in config order');
+  a.held.clear(); // withdrawn (Backup for a while), then Master again
+  w.clock.advance(1000);
+  t.same(w.lan.sent(1).at(-1)?.addresses, ['10.99.0.107', '10.99.0.200'], 'a DHCP VIP not (yet) held again: the last one held here');
+  t.equal(a.gate.knownVip('default/web'), '10.99.0.107');
+
+  const w2 = world();
+  w2.node(1, 100, [svc('web', { ipam: 'dhcp' })]);
+  w2.clock.advance(mdi(100) + 1);
+  const first = w2.lan.sent(1)[0]!;
+  t.same(first.addresses, [], 'a DHCP service nobody knows the address of: count 0 (documented deviation from RFC 5798 §5.2.5)');
+  t.equal(first.priority, 100, 'but the Master still advertises');
+});
+
+t.test('two nodes: the higher priority is Master; the Backup knows it, counts its adverts and learns its VIPs', async (t) => {
+  const w = world();
+  const lo = w.node(1, 100, [svc('web', { ipam: 'dhcp' })]);
+  const hi = w.node(2, 200, [svc('web', { ipam: 'dhcp' })]);
+  hi.held.set('default/web', '10.99.0.107');
+  w.clock.advance(5000);
+  t.equal(hi.gate.isMaster('default/web'), true);
+  t.equal(lo.gate.isMaster('default/web'), false);
+  const s = lo.gate.status('default/web')!;
+  t.equal(s.state, 'backup');
+  t.equal(s.master, '10.99.0.2');
+  t.equal(s.masterPriority, 200);
+  t.same(s.heardVips, ['10.99.0.107'], "the Master's VIP list");
+  t.ok(s.advertsReceived >= 2, `adverts received counted (${s.advertsReceived})`);
+  t.equal(s.advertsSent, 0, 'a Backup sends nothing');
+  t.equal(lo.gate.knownVip('default/web'), '10.99.0.107', "a DHCP VIP the Backup never held: the Master's advertised one");
+  const m = hi.gate.status('default/web')!;
+  t.ok(m.advertsSent >= 2);
+  t.equal(m.transitions.master, 1);
+  t.equal(m.transitions.backup, 1, 'the startup Backup counts');
+  t.equal(m.lastTransition, new Date(w.clock.wallNow() - (5000 - mdi(200))).toISOString(), 'time of the last transition (wall clock)');
+  t.equal(m.preempt, true);
+  t.equal(m.handoverUntil, undefined);
+  // The heard list is used only when it is unambiguous: two services on one VRID with unknown addresses.
+  const w2 = world();
+  const b = w2.node(1, 100, [svc('a', { ipam: 'dhcp' }), svc('b', { ipam: 'dhcp' })]);
+  const c = w2.node(2, 200, [svc('a', { ipam: 'dhcp' }), svc('b', { ipam: 'dhcp' })]);
+  c.held.set('default/a', '10.99.0.101');
+  c.held.set('default/b', '10.99.0.102');
+  w2.clock.advance(5000);
+  t.same(b.gate.status('default/a')?.heardVips, ['10.99.0.101', '10.99.0.102']);
+  t.equal(b.gate.knownVip('default/a'), undefined, 'which of two is ours is not guessed');
+});
+
+t.test('the Master dies: the Backup holds the VIP at once, after Master_Down_Interval (no handover wait)', async (t) => {
+  const w = world();
+  const lo = w.node(1, 100, [svc('api')]);
+  const hi = w.node(2, 200, [svc('api')]);
+  w.clock.advance(5000);
+  lo.changes.length = 0;
+  w.lan.cut.add(2); // silent death
+  w.clock.advance(mdi(100) + 1000);
+  t.equal(lo.gate.isMaster('default/api'), true);
+  t.equal(lo.gate.status('default/api')?.handoverUntil, undefined);
+  t.same(lo.changes, [['default/api']], 'one change, when it became Master');
+  void hi;
+});
+
+t.test('the Master resigns (priority 0): the Backup holds the VIP after Skew_Time, no handover wait', async (t) => {
+  const w = world();
+  const lo = w.node(1, 100, [svc('api')]);
+  const hi = w.node(2, 200, [svc('api')]);
+  w.clock.advance(5000);
+  await hi.gate.stop();
+  t.same(w.lan.sent(2).at(-1)?.priority, 0, 'the stopping Master sent priority 0');
+  w.clock.advance(skewTimeMs(100, 100) + 1);
+  t.equal(lo.gate.isMaster('default/api'), true);
+});
+
+t.test('preemption: the new Master takes the VIP only after the handover wait; the old one lets go at once', async (t) => {
+  const w = world();
+  const api = svc('api', { loadBalancerIP: '10.99.0.200' });
+  const lo = w.node(1, 100, [api]);
+  w.clock.advance(5000);
+  t.equal(lo.gate.isMaster('default/api'), true);
+  const hi = w.node(2, 200, [api]);
+  lo.changes.length = 0;
+  w.clock.advance(mdi(200) + 1);
+  t.equal(hi.gate.status('default/api')?.state, 'master', 'hi preempted');
+  t.equal(lo.gate.isMaster('default/api'), false, 'lo yielded on its first advert');
+  t.same(lo.changes, [['default/api']]);
+  t.equal(hi.gate.isMaster('default/api'), false, 'hi does not hold the VIP yet');
+  t.ok(hi.gate.status('default/api')?.handoverUntil, 'status says until when');
+  const before = hi.changes.length;
+  w.clock.advance(PREEMPT_HANDOVER_MS);
+  t.equal(hi.gate.isMaster('default/api'), true, 'after the handover wait it does');
+  t.same(hi.changes.slice(before), [['default/api']], 'and says so with a change');
+  t.equal(hi.gate.status('default/api')?.handoverUntil, undefined);
+  t.same(w.lan.sent(2)[0], { priority: 200, addresses: ['10.99.0.200'] }, 'its adverts list the VIP from the first one on');
+});
+
+t.test('preempt off: no preemption, no handover wait', async (t) => {
+  const w = world();
+  const off = { config: { ...FAILOVER, preempt: false } };
+  const lo = w.node(1, 100, [svc('api')], off);
+  w.clock.advance(5000);
+  const hi = w.node(2, 200, [svc('api')], off);
+  w.clock.advance(5000);
+  t.equal(lo.gate.isMaster('default/api'), true);
+  t.equal(hi.gate.status('default/api')?.state, 'backup');
+  t.equal(hi.gate.status('default/api')?.preempt, false);
+});
+
+t.test('split brain: the lower priority yields when the partition heals; both count it', async (t) => {
+  const w = world();
+  const lo = w.node(1, 100, [svc('api')]);
+  const hi = w.node(2, 200, [svc('api')]);
+  w.clock.advance(5000);
+  w.lan.cut.add(2);
+  w.clock.advance(5000);
+  t.equal(lo.gate.isMaster('default/api'), true, 'partitioned: lo Master too');
+  w.lan.cut.delete(2);
+  w.clock.advance(1001);
+  t.equal(lo.gate.isMaster('default/api'), false, 'healed: lo yielded');
+  t.equal(hi.gate.isMaster('default/api'), true, 'hi kept it (no handover wait: it never let go)');
+  const s = lo.gate.status('default/api')!;
+  t.equal(s.splitBrains, 1);
+  t.same([s.lastSplitBrain?.peer, s.lastSplitBrain?.peerPriority, s.lastSplitBrain?.resolution], ['10.99.0.2', 200, 'yielded']);
+  const h = hi.gate.status('default/api')!;
+  t.ok(h.splitBrains <= 1, 'hi saw lo at most once before lo yielded');
+});
+
+t.test('update: a priority change replaces the router (priority 0 first); a removed VRID goes; services keep their keys', async (t) => {
+  const w = world();
+  const a = w.node(1, 100, [svc('web'), svc('db', { vrid: 60 })]);
+  w.clock.advance(5000);
+  a.changes.length = 0;
+  a.gate.update([svc('web', { priority: 120 })], () => undefined);
+  t.equal(w.lan.sockets.size, 1, 'VRID 60 gone, VRID 51 replaced');
+  t.ok(w.lan.wire.some((x) => x.from === 1 && decodeAdvertisement(x.frame).ok && (decodeAdvertisement(x.frame) as { frame: { priority: number } }).frame.priority === 0), 'a resigning advert went out');
+  t.equal(a.gate.status('default/web')?.priority, 120);
+  t.equal(a.gate.isMaster('default/web'), false, 'the new router starts as Backup');
+  t.same(a.changes.flat().sort(), ['default/web', 'default/web'], 'web changed (old router gone, new one Backup); db removed quietly');
+  await a.gate.stop();
+});
