@@ -184,7 +184,13 @@ export class Daemon extends EventEmitter {
       if (!source || this.stopping || this.runtimes.get(key) !== rt) return;
       const running = source.status().state !== 'idle';
       if (this.holds(key)) {
-        if (!running) this.log.info({ op: 'failover', service: key }, 'this node is Master: taking the VIP');
+        if (!running) {
+          this.log.info({ op: 'failover', service: key }, 'this node is Master: taking the VIP');
+          // Rules first (armedVip), then the address: a takeover claims the
+          // VIP without an ARP probe, so it could otherwise come up before
+          // the rules and refuse the first clients.
+          if (this.armedVip(rt.spec)) await this.applyNow();
+        }
         source.start();
       } else {
         if (running) this.log.info({ op: 'failover', service: key }, 'this node is Backup: withdrawing the VIP (lease and claim kept)');

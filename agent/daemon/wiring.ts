@@ -15,6 +15,7 @@ import { applyVipSysctls } from '../net/sysctl';
 import { linkNameForService, macForService } from '../net/ownership';
 import { reconcileOwnedLinks } from '../net/reconcile';
 import { createDhcpSource } from '../dhcp/driver';
+import { StartLimiter } from '../dhcp/limiter';
 import { PoolManager } from '../ipam/manager';
 import { PoolSource } from '../ipam/pool-source';
 import { HealthChecker } from '../health/checker';
@@ -54,6 +55,10 @@ export async function buildSubsystems(config: Desired, ctx: { log: Logger; regis
     // The node's own addresses are never handed out of a pool.
     pools.setReserved(addrs.filter((a) => a.prefix < 32).map((a) => parseIPv4(a.address)).filter((n): n is number => n !== undefined));
     const health = new HealthChecker({ registry, clock, log });
+    // Under VRRP a takeover must not wait: the concurrency bound still keeps
+    // many services from storming the server, but starts get no random delay.
+    const vrrp = config.failover.mode === 'vrrp';
+    const dhcpLimiter = new StartLimiter({ max: config.dhcp.maxConcurrentStarts, jitterMs: vrrp ? 0 : config.dhcp.retransmitJitter * 1000, clock });
     const selection = await selectDataplane(config.dataplane, () => probeNftables());
     log.info({ module: 'forward', op: 'select', kind: selection.kind, reason: selection.reason }, `data path: ${selection.kind} (${selection.reason})`);
     const dp = createDataplane(selection, {
@@ -86,8 +91,8 @@ export async function buildSubsystems(config: Desired, ctx: { log: Logger; regis
       dataplane,
       failover,
       createSource: (spec: ServiceSpec) => (spec.ipam === 'dhcp'
-        ? createDhcpSource({ service: spec, parent: parent.name, timings: config.dhcp, arp: config.arp, store, netlink, log, registry, clock })
-        : new PoolSource({ service: spec, parentIfname: parent.name, manager: pools, arp: config.arp, netlink, log, registry, clock })),
+        ? createDhcpSource({ service: spec, parent: parent.name, timings: config.dhcp, arp: config.arp, store, netlink, log, registry, clock, limiter: dhcpLimiter })
+        : new PoolSource({ service: spec, parentIfname: parent.name, manager: pools, arp: config.arp, netlink, log, registry, clock, probe: !vrrp })),
       adoptOwned: async (services) => {
         const wanted = new Map<string, { mac: string; parent: string }>();
         for (const s of services) {

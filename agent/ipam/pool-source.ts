@@ -50,6 +50,14 @@ export interface PoolSourceOptions {
   random?: () => number;
   /** Retry interval after a fault (parent missing, EPERM, state write) in ms. Default 30 s. */
   faultRetryMs?: number;
+  /**
+   * RFC 5227 probe before claiming (default true). Off under VRRP: the
+   * election already decided which node holds the VIP, and probing would
+   * meet the previous Master's stale ARP entries and delay a takeover by
+   * seconds (issue 11: pool VIPs move without a probe, with an immediate
+   * gratuitous ARP burst). The ARP defence while held stays on.
+   */
+  probe?: boolean;
 }
 
 interface LastConflict { address: string; mac: string; at: string; defended: boolean; phase: 'probe' | 'defend' }
@@ -304,15 +312,19 @@ export class PoolSource extends EventEmitter implements AddressSource {
       const adopted = parent.onParent.has(address);
       // An address adopted from a killed run is ours to take off on stop(), even mid-probe.
       if (adopted) this.onParent = address;
-      this.setState('acquiring', `probing ${address} (${result.via}, pool ${result.pool})`);
-      this.log.info({ op: 'probe', address, pool: result.pool, via: result.via, adopted }, `probing ${address} before claiming it`);
+      if (this.opts.probe !== false) {
+        this.setState('acquiring', `probing ${address} (${result.via}, pool ${result.pool})`);
+        this.log.info({ op: 'probe', address, pool: result.pool, via: result.via, adopted }, `probing ${address} before claiming it`);
+      } else {
+        this.log.info({ op: 'claim', address, pool: result.pool, via: result.via, adopted }, `claiming ${address} without a probe: VRRP decided this node holds it`);
+      }
 
       // RFC 5227 §2.1: probe even an address we adopt from a previous run:
       // another host may have taken it while we were down.
-      let probe: { conflict: boolean; conflictingMac?: string };
+      let probe: { conflict: boolean; conflictingMac?: string } = { conflict: false };
       try {
         const socket = this.ensureSocket(parent.link.index);
-        probe = await probeAddress({
+        if (this.opts.probe !== false) probe = await probeAddress({
           socket, mac: parent.link.mac, ip: address, timings: this.opts.arp,
           clock: this.clock, random: this.random, log: this.opts.log, metrics: this.netMetrics,
         });

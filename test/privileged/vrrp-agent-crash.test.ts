@@ -6,9 +6,8 @@
 // - the agent restarts (systemd would): it removes the VIP its earlier run
 //   left, starts as Backup, preempts with its higher priority and serves;
 //   the other node is Backup again; one holder of the VIP on the LAN.
-// What is not right yet is marked todo: the new Master's probe finds the
-// stale VIP and holds the loadBalancerIP back for a minute (pool conflict
-// back-off), so the VIP depends on the zombie until the crashed agent is back.
+// The new Master claims the VIP without an RFC 5227 probe (VRRP decided),
+// so the stale holder does not hold it back.
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
 import { buildVrrpLab, waitMaster, gapReport, logAfter, ClientLoop, POOL_VIP } from './fixtures/vrrp-agent-lab';
@@ -31,7 +30,7 @@ if (requirePrivileged(t)) {
     t.ok(await hasVip(n3), "the crashed agent's VIP is still on its VM");
     const s2 = await n2.service('api');
     t.comment(`n2 as Master after the crash: ${s2.state}${s2.reason ? ` (${s2.reason})` : ''}`);
-    t.equal(s2.state, 'serving', 'the new Master serves the VIP despite the stale holder', { todo: 'pool-source: skip or tolerate the RFC 5227 probe on a VRRP takeover' });
+    t.equal(s2.state, 'serving', 'the new Master serves the VIP despite the stale holder');
 
     const restartAt = Date.now();
     await n3.start();
