@@ -3,7 +3,7 @@
 // no orphan links; a prefixed link the config does not want is removed).
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
-import { createLab, Lab } from '../helpers/netns';
+import { createLab, Lab, waitFor } from '../helpers/netns';
 import { startBackend, startDnsmasq, httpGetFrom, Dnsmasq } from '../helpers/services';
 import { startAgent, waitStatus, agentCli } from '../helpers/agent';
 import { macForService, linkNameForService } from '../../agent/net/ownership';
@@ -117,7 +117,20 @@ t.test('DHCP, pool and Share IP through the agent; SIGKILL recovery', async (t) 
     t.equal(dnsmasq.leases().length, 2, 'no second lease in dnsmasq');
     const addrs = await lab.exec(node, 'ip', ['-4', '-o', 'addr', 'show', 'dev', 'eth0']);
     t.equal((addrs.stdout.match(/10\.99\.0\.20[01]\/32/g) ?? []).length, 2, 'each pool VIP once on the parent');
+  });
+
+  t.test('removing a DHCP service by reload releases its lease and removes its macvlan', async (t) => {
+    const db = (await agent.status()).services.find((x) => x.name === 'db')!;
+    agent.writeConfig({ ...cfg, services: cfg.services.filter((x) => x.name !== 'db') });
+    const gen = (await agent.status()).config.generation;
+    agent.signal('SIGHUP');
+    await waitStatus(agent, 'the reload', (s) => s.config.generation === gen + 1, 10_000);
+    await waitFor('dnsmasq to log the DHCPRELEASE', () => dnsmasq.log().includes(`DHCPRELEASE(eth0) ${db.vip} ${db.mac}`), 10_000);
+    t.pass(`DHCPRELEASE ${db.vip} ${db.mac} in dnsmasq's log`);
+    t.notOk((await links(lab, node)).some((l) => l.name === db.interface), 'its macvlan is gone');
+    t.ok((await links(lab, node)).some((l) => l.name === linkNameForService('default/web')), 'the other service keeps its macvlan');
     agent.signal('SIGTERM');
     t.same(await agent.exited, { code: 0, signal: null });
+    t.notOk(dnsmasq.log().includes(`DHCPRELEASE(eth0) ${by('web').vip}`), 'a SIGTERM releases nothing');
   });
 });
