@@ -59,7 +59,9 @@ if (requirePrivileged(t)) {
       t.ok(g.servedAfterMs !== undefined && g.servedAfterMs < 3000, `served again within 3 s (${g.servedAfterMs ?? '?'} ms)`);
       t.same(g.wrongBodies, [], 'every answer came from a backend');
       t.ok(g.gaps <= 1, `one gap at most, answers on either side (${g.gaps} runs of failures, ${g.gapMs} ms)`);
-      t.ok(g.slowest <= 300 + 200, `no request hung past its deadline (slowest ${g.slowest} ms)`);
+      // The client enforces a 300 ms deadline itself; the slack is for its own
+      // timers on a loaded machine, not for the agent.
+      t.ok(g.slowest <= 300 + 1000, `no request hung past its deadline (slowest ${g.slowest} ms)`);
       t.same(Object.keys(g.errors).filter((e) => e !== 'timeout'), [], 'the gap is silence, not refusals');
       const leases = dhcp.leases();
       t.equal(leases.length, 1, 'still one lease');

@@ -50,7 +50,9 @@ if (requirePrivileged(t)) {
           + `n3 bound it ${bound && withdrawn ? logTime(bound) - logTime(withdrawn) : '?'} ms after that; client: ${g.count} requests, gap ${g.gapMs} ms, errors ${JSON.stringify(g.errors)}`);
         t.same(g.wrongBodies, [], 'every answer came from a backend');
         t.ok(g.gaps <= 1, `one gap at most, answers on either side (${g.gaps} runs of failures, ${g.gapMs} ms)`);
-        t.ok(g.slowest <= 300 + 200, `no request hung past its deadline (slowest ${g.slowest} ms)`);
+        // The client enforces a 300 ms deadline itself; the slack is for its own
+      // timers on a loaded machine, not for the agent.
+      t.ok(g.slowest <= 300 + 1000, `no request hung past its deadline (slowest ${g.slowest} ms)`);
         t.same(Object.keys(g.errors).filter((e) => e !== 'timeout'), [], 'the gap is silence, not refusals');
         t.ok(g.servedAfterMs !== undefined && g.servedAfterMs < 2000, `served again within 2 s (${g.servedAfterMs ?? '?'} ms)`);
         t.equal((await n2.service('api')).state, 'backup');
