@@ -70,6 +70,7 @@ import {
   type Dataplane, type FlowStats, type ForwardState, type ForwardStats, type NormalizedService, type ProbeResult,
 } from './dataplane';
 import { ForwardMetrics } from './metrics';
+import { SerialQueue } from '../serial';
 
 export const NFT_FAMILY = 'ip';
 export const NFT_TABLE = 'lb_agent';
@@ -447,7 +448,7 @@ export class NftDataplane implements Dataplane {
   private readonly exec: Exec;
   private readonly procRoot: string;
   private readonly metrics: ForwardMetrics | undefined;
-  private queue: Promise<unknown> = Promise.resolve();
+  private readonly queue = new SerialQueue();
   private started = false;
   private stopped = false;
   private plan: NftPlan | undefined;
@@ -467,9 +468,7 @@ export class NftDataplane implements Dataplane {
   }
 
   apply(state: ForwardState): Promise<void> {
-    const run = this.queue.then(() => this.applyNow(state));
-    this.queue = run.catch(() => undefined);
-    return run;
+    return this.queue.run(() => this.applyNow(state));
   }
 
   private async applyNow(state: ForwardState): Promise<void> {
@@ -606,15 +605,13 @@ export class NftDataplane implements Dataplane {
   }
 
   stop(): Promise<void> {
-    const run = this.queue.then(async () => {
+    return this.queue.run(async () => {
       if (this.stopped) return;
       this.stopped = true;
       this.metrics?.unregister();
       await this.write(renderRemoval());
       this.log.info({ op: 'stop' }, 'removed nftables table lb_agent');
     });
-    this.queue = run.catch(() => undefined);
-    return run;
   }
 
   async stats(): Promise<ForwardStats> {

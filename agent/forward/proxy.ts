@@ -45,6 +45,7 @@ import {
   type ConnectResultCallback, type Dataplane, type FlowStats, type ForwardState, type ForwardStats,
 } from './dataplane';
 import { ForwardMetrics } from './metrics';
+import { SerialQueue } from '../serial';
 
 export interface ProxyDataplaneOptions {
   readonly config: ProxyConfig;
@@ -171,7 +172,7 @@ export class ProxyDataplane implements Dataplane {
   private readonly draining = new Set<Listener>();
   private state: ForwardState = { services: [] };
   private problems: string[] = [];
-  private queue: Promise<unknown> = Promise.resolve();
+  private readonly queue = new SerialQueue();
   private sweepTimer: TimerHandle | undefined;
   private stopped = false;
 
@@ -190,9 +191,7 @@ export class ProxyDataplane implements Dataplane {
   }
 
   apply(state: ForwardState): Promise<void> {
-    const run = this.queue.then(() => this.applyNow(state));
-    this.queue = run.catch(() => undefined);
-    return run;
+    return this.queue.run(() => this.applyNow(state));
   }
 
   private async applyNow(state: ForwardState): Promise<void> {
@@ -635,7 +634,7 @@ export class ProxyDataplane implements Dataplane {
   // --- lifecycle and stats --------------------------------------------------
 
   stop(): Promise<void> {
-    const run = this.queue.then(async () => {
+    return this.queue.run(async () => {
       if (this.stopped) return;
       this.stopped = true;
       if (this.sweepTimer !== undefined) this.clock.clearTimeout(this.sweepTimer);
@@ -651,8 +650,6 @@ export class ProxyDataplane implements Dataplane {
       await Promise.all(closing);
       this.log.info({ op: 'stop' }, 'proxy stopped');
     });
-    this.queue = run.catch(() => undefined);
-    return run;
   }
 
   async stats(): Promise<ForwardStats> {

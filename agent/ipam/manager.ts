@@ -18,6 +18,7 @@ import { realClock, type Clock } from '../clock';
 import { formatIPv4, parseIPv4 } from '../ipv4';
 import { allocate, poolContains, poolSize, selectPool, type AllocationResult } from './allocator';
 import { ClaimStore, type PoolClaim } from './claims';
+import { SerialQueue } from '../serial';
 
 /** RFC 5227 §1.1: MAX_CONFLICTS 10, RATE_LIMIT_INTERVAL 60 s. */
 export const MAX_CONFLICTS = 10;
@@ -103,7 +104,7 @@ export class PoolManager extends EventEmitter {
   private conflictRun = 0;
   private lastAttempt = -Infinity;
   private readonly sizeLabels = new Set<string>();
-  private queue: Promise<void> = Promise.resolve();
+  private readonly queue = new SerialQueue();
 
   constructor(opts: PoolManagerOptions) {
     super();
@@ -126,9 +127,7 @@ export class PoolManager extends EventEmitter {
    * atomic with respect to the other pool sources.
    */
   serialize<T>(fn: () => Promise<T>): Promise<T> {
-    const run = this.queue.then(fn, fn);
-    this.queue = run.then(() => undefined, () => undefined);
-    return run;
+    return this.queue.run(fn);
   }
 
   /** New pools (config reload). Bound services keep their address until their source is restarted. */

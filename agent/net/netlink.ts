@@ -11,6 +11,7 @@ import { broadcastOf, formatIPv4, formatMac, ipv4FromBytes, ipv4ToBytes, parseIP
 import type { Logger } from '../log';
 import { silentLogger } from '../log';
 import { interfaceNameProblem } from './sysctl';
+import { SerialQueue } from '../serial';
 
 const AF_INET = 2;
 const DEFAULT_TIMEOUT_MS = 5_000;
@@ -240,11 +241,9 @@ export class NetlinkClient {
    * (a second concurrent dump gets EBUSY or interleaved multipart replies),
    * and DHCP sources, pool sources and reconcile share this client.
    */
-  private queue: Promise<unknown> = Promise.resolve();
+  private readonly queue = new SerialQueue();
   private serial<T>(fn: () => Promise<T>): Promise<T> {
-    const run = this.queue.then(fn, fn);
-    this.queue = run.then(() => undefined, () => undefined);
-    return run;
+    return this.queue.run(fn);
   }
 
   close(): void {
