@@ -315,8 +315,12 @@ export class DhcpSource extends EventEmitter implements AddressSource {
       this.log.info({ op: 'state', from: before, to: r.state.name, reason: r.reason }, `DHCP ${before} -> ${r.state.name}`);
       setDhcpState(this.metrics, this.labels, r.state.name);
     }
-    // The start slot is for acquiring; once bound, stalled or stopped another service may go.
-    if (this.slot && (r.state.name === 'BOUND' || r.state.name === 'STOPPED' || isStalled(r.state, this.ctx.config))) this.releaseSlot();
+    // The start slot bounds DHCP traffic to the server; once the ACK is in and
+    // only the ARP probe of the address remains (seconds of waiting at the
+    // RFC 5227 timings, no DHCP traffic), or once bound, stalled or stopped,
+    // another service may go. Holding it through the probe made 50 services
+    // take 5x as long as one.
+    if (this.slot && (r.state.probing !== undefined || r.state.name === 'BOUND' || r.state.name === 'STOPPED' || isStalled(r.state, this.ctx.config))) this.releaseSlot();
     this.emit('status');
   }
 
