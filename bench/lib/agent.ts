@@ -1,0 +1,56 @@
+// The real agent binary under the bench: start `lb-agent run` in a lab
+// namespace (through test/helpers/agent.ts), stop it within a bound, read the
+// wall-clock time of its log lines, and scrape its /metrics from inside the
+// namespace. Nothing here changes how the agent runs; the bench only watches.
+import { startAgent, type AgentHandle } from '../../test/helpers/agent';
+import { httpGetFrom } from '../../test/helpers/services';
+import type { Lab } from '../../test/helpers/netns';
+
+export type { AgentHandle };
+
+/** RFC 5227 timings cut short, for runs where the pool claim is set-up rather than what is measured. */
+export const FAST_ARP = { probeWait: 0.05, probeNum: 2, probeMin: 0.05, probeMax: 0.1, announceWait: 0.05, announceNum: 2, announceInterval: 0.1 };
+
+/** Start the agent; log level info by default (debug would log per packet and tax what is measured). */
+export async function runAgent(lab: Lab, ns: string, cfg: Record<string, unknown>, opts: { name?: string; waitReady?: boolean; logLevel?: string; stateDir?: string } = {}): Promise<AgentHandle> {
+  return startAgent(lab, ns, cfg, { logLevel: 'info', ...opts });
+}
+
+/** SIGTERM, then SIGKILL after `graceMs`: the bench never waits on a stuck agent for long. */
+export async function stopAgent(agent: AgentHandle, graceMs = 15_000): Promise<{ code: number | null; signal: NodeJS.Signals | null; killed: boolean }> {
+  if (agent.proc.exitCode !== null || agent.proc.signalCode !== null) return { code: agent.proc.exitCode, signal: agent.proc.signalCode, killed: false };
+  agent.signal('SIGTERM');
+  const res = await Promise.race([agent.exited, new Promise<'timeout'>((r) => setTimeout(() => r('timeout'), graceMs))]);
+  if (res !== 'timeout') return { ...res, killed: false };
+  agent.signal('SIGKILL');
+  const after = await Promise.race([agent.exited, new Promise<{ code: null; signal: null }>((r) => setTimeout(() => r({ code: null, signal: null }), 3000))]);
+  return { ...after, killed: true };
+}
+
+/** Epoch ms of a pino log line (its ISO `time`); NaN when absent. */
+export function logTime(line: Record<string, unknown> | undefined): number {
+  const t = line?.time;
+  if (typeof t === 'number') return t;
+  if (typeof t === 'string') return Date.parse(t);
+  return NaN;
+}
+
+/** The agent's /metrics text, fetched from inside ns (the endpoint listens on a lab address or the namespace's loopback). */
+export async function scrapeMetrics(lab: Lab, ns: string, listen: string): Promise<string> {
+  const r = await httpGetFrom(lab, ns, `http://${listen}/metrics`, 5000);
+  if (!r.ok) throw new Error(`cannot scrape http://${listen}/metrics in ${ns}: ${r.error ?? 'no answer'}`);
+  return r.body;
+}
+
+/** Sum and count of a histogram over every label set, from Prometheus text. */
+export function histogramTotals(text: string, name: string): { sum: number; count: number } {
+  let sum = 0;
+  let count = 0;
+  for (const line of text.split('\n')) {
+    const m = /^(\S+?)(\{[^}]*\})?\s+(\S+)$/.exec(line.trim());
+    if (!m) continue;
+    if (m[1] === `${name}_sum`) sum += Number(m[3]);
+    else if (m[1] === `${name}_count`) count += Number(m[3]);
+  }
+  return { sum, count };
+}

@@ -1,0 +1,69 @@
+// DHCP exchanges as seen on the wire, for comparing clients on equal terms:
+// tcpdump in the DHCP server's namespace stamps every DISCOVER and ACK, and
+// the time from a client's first DISCOVER to its first ACK (per
+// Client-Ethernet-Address) excludes process start-up and whatever a client
+// does after the ACK (lb-agent's RFC 5227 probe, say). The parser is pure;
+// the capture runs in a lab namespace and stops with the run.
+import type { ChildProcess } from 'node:child_process';
+import type { Lab } from '../../test/helpers/netns';
+import { waitFor } from '../../test/helpers/netns';
+
+export interface WirePacket { at: number; chaddr: string; type: string }
+
+/** Packets from `tcpdump -n -l -tt -vv` text: one per timestamped header, with its chaddr and DHCP message type. */
+export function parseTcpdumpDhcp(text: string): WirePacket[] {
+  const out: WirePacket[] = [];
+  let cur: { at: number; chaddr?: string; type?: string } | undefined;
+  const flush = (): void => {
+    if (cur?.chaddr && cur.type) out.push({ at: cur.at, chaddr: cur.chaddr, type: cur.type });
+  };
+  for (const line of text.split('\n')) {
+    const ts = /^(\d+\.\d+) IP /.exec(line);
+    if (ts) { flush(); cur = { at: Number(ts[1]) * 1000 }; continue; }
+    if (!cur) continue;
+    const mac = /Client-Ethernet-Address ([0-9a-f:]{17})/.exec(line);
+    if (mac) cur.chaddr = mac[1];
+    const type = /DHCP-Message \(53\), length 1: (\w+)/.exec(line);
+    if (type) cur.type = type[1];
+  }
+  flush();
+  return out;
+}
+
+/** First DISCOVER to first ACK, ms, per client MAC that got both. */
+export function exchangeTimes(packets: readonly WirePacket[]): Map<string, number> {
+  const discover = new Map<string, number>();
+  const res = new Map<string, number>();
+  for (const p of packets) {
+    if (p.type === 'Discover' && !discover.has(p.chaddr)) discover.set(p.chaddr, p.at);
+    if (p.type === 'ACK' && discover.has(p.chaddr) && !res.has(p.chaddr)) res.set(p.chaddr, p.at - discover.get(p.chaddr)!);
+  }
+  return res;
+}
+
+export interface WireCapture { stop(): Promise<Map<string, number>> }
+
+export async function startWireCapture(lab: Lab, ns: string, ifname = 'eth0'): Promise<WireCapture> {
+  const proc: ChildProcess = lab.spawn(ns, 'tcpdump', ['-i', ifname, '-n', '-l', '-tt', '-vv', '-s', '1500', 'udp and (port 67 or port 68)']);
+  let out = '';
+  let err = '';
+  proc.stdout?.on('data', (d: Buffer) => { if (out.length < 32 << 20) out += d.toString(); });
+  proc.stderr?.on('data', (d: Buffer) => { err += d.toString(); });
+  await waitFor('tcpdump to listen', () => {
+    if (proc.exitCode !== null) throw new Error(`tcpdump exited: ${err}`);
+    return err.includes('listening on');
+  }, 10_000, 20);
+  return {
+    stop: async () => {
+      // Let the last ACK reach tcpdump's line-buffered output before it goes.
+      await new Promise((r) => setTimeout(r, 200));
+      await new Promise<void>((resolve) => {
+        if (proc.exitCode !== null) return resolve();
+        const timer = setTimeout(() => { proc.kill('SIGKILL'); resolve(); }, 3000);
+        proc.once('exit', () => { clearTimeout(timer); resolve(); });
+        proc.kill('SIGINT');
+      });
+      return exchangeTimes(parseTcpdumpDhcp(out));
+    },
+  };
+}

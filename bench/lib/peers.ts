@@ -1,0 +1,193 @@
+// The peers the bench runs next to lb-agent, inside lab namespaces: nginx as
+// a fast HTTP backend, HAProxy (mode tcp) and nginx stream as the balancers
+// lb-agent is compared with, and iperf3 servers for bulk throughput. Each
+// start waits until the listener is up and returns a handle whose process is
+// killed with the lab. Configs are plain text written to the lab's scratch dir.
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import type { ChildProcess } from 'node:child_process';
+import { Lab, waitFor } from '../../test/helpers/netns';
+import { processTree, startTimeOf } from './procfs';
+
+export interface Peer {
+  name: string;
+  proc: ChildProcess;
+  /** Lines the process printed (stdout and stderr), each with the wall-clock ms it arrived. */
+  lines: { at: number; text: string }[];
+  stop(): Promise<void>;
+}
+
+/** True once something listens on TCP `port` in ns (any address). */
+export async function listening(lab: Lab, ns: string, port: number): Promise<boolean> {
+  const hex = port.toString(16).toUpperCase().padStart(4, '0');
+  const r = await lab.sh(ns, 'cat /proc/net/tcp /proc/net/tcp6', { allowFail: true });
+  return r.stdout.split('\n').some((l) => {
+    const f = l.trim().split(/\s+/);
+    return f[1]?.endsWith(`:${hex}`) === true && f[3] === '0A';
+  });
+}
+
+/** A peer about to start must not find its port taken: the leftover would be measured in its place. */
+async function mustBeFree(lab: Lab, ns: string, port: number, what: string): Promise<void> {
+  if (await listening(lab, ns, port)) throw new Error(`${what}: something already listens on port ${port} in ${ns}`);
+}
+
+export async function waitListening(lab: Lab, ns: string, port: number, what: string, proc?: ChildProcess, timeoutMs = 10_000): Promise<void> {
+  await waitFor(`${what} to listen on ${port}`, async () => {
+    if (proc && proc.exitCode !== null) throw new Error(`${what} exited with ${proc.exitCode}`);
+    return listening(lab, ns, port);
+  }, timeoutMs, 50);
+}
+
+function track(name: string, proc: ChildProcess): Peer {
+  const lines: { at: number; text: string }[] = [];
+  const feed = (stream: NodeJS.ReadableStream | null): void => {
+    let partial = '';
+    stream?.on('data', (d: Buffer) => {
+      partial += d.toString();
+      let nl: number;
+      while ((nl = partial.indexOf('\n')) >= 0) {
+        if (lines.length < 10_000) lines.push({ at: Date.now(), text: partial.slice(0, nl) });
+        partial = partial.slice(nl + 1);
+      }
+    });
+  };
+  feed(proc.stdout);
+  feed(proc.stderr);
+  return {
+    name, proc, lines,
+    stop: async () => {
+      // nginx workers outlive a SIGKILLed master and keep the listener: the
+      // next slot's nginx would then fail to bind while the orphan answered
+      // in its place. SIGTERM lets a master take its workers down; whatever
+      // of the tree is left after 3 s is killed.
+      const tree = processTree(proc.pid).map((pid) => ({ pid, start: startTimeOf(pid) }));
+      if (proc.exitCode === null && proc.signalCode === null) {
+        await new Promise<void>((resolve) => {
+          const timer = setTimeout(resolve, 3000);
+          proc.once('exit', () => { clearTimeout(timer); resolve(); });
+          proc.kill('SIGTERM');
+        });
+      }
+      for (const { pid, start } of tree) {
+        // Only the very process seen before (same pid and start time), never a reused pid.
+        if (start === undefined || startTimeOf(pid) !== start) continue;
+        try { process.kill(pid, 'SIGKILL'); } catch { /* gone */ }
+      }
+    },
+  };
+}
+
+/** nginx answering every HTTP request with a short body: a backend fast enough that the balancer is what is measured. */
+export async function startNginxBackend(lab: Lab, ns: string, id: string, port = 8080): Promise<Peer> {
+  const dir = lab.file(`nginx-${id}`);
+  fs.mkdirSync(dir, { recursive: true });
+  const conf = path.join(dir, 'nginx.conf');
+  fs.writeFileSync(conf, `user root;
+worker_processes 1;
+daemon off;
+pid ${dir}/nginx.pid;
+error_log ${dir}/error.log warn;
+events { worker_connections 8192; multi_accept on; }
+http {
+  access_log off;
+  keepalive_requests 100000000;
+  keepalive_timeout 60s;
+  client_body_temp_path ${dir}/body;
+  proxy_temp_path ${dir}/proxy;
+  server {
+    listen ${port} backlog=4096;
+    location / { default_type text/plain; return 200 "${id}\\n"; }
+  }
+}
+`);
+  const proc = lab.spawn(ns, 'nginx', ['-p', dir, '-e', `${dir}/error.log`, '-c', conf]);
+  await waitListening(lab, ns, port, `nginx backend ${id}`, proc);
+  return track(`nginx-${id}`, proc);
+}
+
+export async function startIperfServer(lab: Lab, ns: string, port = 5201): Promise<Peer> {
+  const proc = lab.spawn(ns, 'iperf3', ['-s', '-p', String(port)]);
+  await waitListening(lab, ns, port, 'iperf3 server', proc);
+  return track('iperf3', proc);
+}
+
+export interface HaproxyOptions {
+  /** undefined: HAProxy's default (one thread per CPU it may run on). */
+  threads?: number;
+  bind: string; // address:port
+  servers: { name: string; address: string }[];
+  /** `check inter .. fall .. rise ..` on every server, and the check timeout. */
+  check?: { interMs: number; fall: number; rise: number; timeoutMs: number };
+  /** Extra frontends: [bind, servers]. */
+  extra?: { name: string; bind: string; servers: { name: string; address: string }[] }[];
+  statsSocket?: string;
+}
+
+export function haproxyConfig(o: HaproxyOptions): string {
+  const server = (s: { name: string; address: string }): string => {
+    const c = o.check;
+    return `  server ${s.name} ${s.address}${c ? ` check inter ${c.interMs} fall ${c.fall} rise ${c.rise}` : ''}`;
+  };
+  const listen = (name: string, bind: string, servers: { name: string; address: string }[]): string =>
+    `listen ${name}\n  bind ${bind}\n  balance roundrobin\n${servers.map(server).join('\n')}\n`;
+  return `global
+${o.threads !== undefined ? `  nbthread ${o.threads}\n` : ''}  maxconn 9000
+${o.statsSocket ? `  stats socket ${o.statsSocket} mode 600 level admin\n` : ''}defaults
+  mode tcp
+  timeout connect 2s
+  timeout client 60s
+  timeout server 60s
+${o.check ? `  timeout check ${o.check.timeoutMs}ms\n` : ''}
+${listen('vip', o.bind, o.servers)}${(o.extra ?? []).map((e) => listen(e.name, e.bind, e.servers)).join('')}`;
+}
+
+/** HAProxy in the foreground (-db): its warnings, server state changes included, arrive on stderr. */
+export async function startHaproxy(lab: Lab, ns: string, name: string, o: HaproxyOptions): Promise<Peer> {
+  const conf = lab.file(`${name}.cfg`);
+  fs.writeFileSync(conf, haproxyConfig(o));
+  const port = Number(o.bind.split(':').pop());
+  await mustBeFree(lab, ns, port, name);
+  const proc = lab.spawn(ns, 'haproxy', ['-db', '-f', conf]);
+  const peer = track(name, proc);
+  try {
+    await waitListening(lab, ns, port, name, proc);
+  } catch (e) {
+    throw new Error(`${(e as Error).message}\n${peer.lines.map((l) => l.text).join('\n')}`);
+  }
+  return peer;
+}
+
+export interface NginxStreamOptions {
+  workers: number | 'auto';
+  frontends: { listen: string; servers: string[] }[];
+}
+
+export async function startNginxStream(lab: Lab, ns: string, name: string, o: NginxStreamOptions): Promise<Peer> {
+  const dir = lab.file(name);
+  fs.mkdirSync(dir, { recursive: true });
+  const conf = path.join(dir, 'nginx.conf');
+  fs.writeFileSync(conf, `load_module /usr/lib/nginx/modules/ngx_stream_module.so;
+user root;
+worker_processes ${o.workers};
+daemon off;
+pid ${dir}/nginx.pid;
+error_log ${dir}/error.log warn;
+events { worker_connections 20000; multi_accept on; }
+stream {
+${o.frontends.map((f, i) => `  upstream u${i} {
+${f.servers.map((s) => `    server ${s};`).join('\n')}
+  }
+  server {
+    listen ${f.listen} backlog=4096;
+    proxy_pass u${i};
+    proxy_connect_timeout 2s;
+  }`).join('\n')}
+}
+`);
+  const port = Number(o.frontends[0]!.listen.split(':').pop());
+  await mustBeFree(lab, ns, port, name);
+  const proc = lab.spawn(ns, 'nginx', ['-p', dir, '-e', `${dir}/error.log`, '-c', conf]);
+  await waitListening(lab, ns, port, name, proc);
+  return track(name, proc);
+}

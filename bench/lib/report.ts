@@ -1,0 +1,341 @@
+// The bench report (pure): the results document every area contributes to,
+// the issue's targets judged against it (shown, never asserted: a missed
+// target is reported as missed), and its rendering as Markdown for
+// bench/results/<date>.md and the README's Performance section.
+import type { ForwardResult, ForwardTarget } from '../forwarding';
+import type { DhcpResult, DhcpSummaryRow } from '../dhcp';
+import type { DetectionResult } from '../detection';
+import type { ControlResult } from '../control';
+import type { ProbeRateResult, PreflightResult, FailoverResult } from '../wrapped';
+import type { Machine } from './procfs';
+import { fmt, fmtRatio, ratio } from './stats';
+
+export interface AreaRun {
+  seconds: number; loadBefore: number[]; loadAfter: number[];
+  /** CPU other processes on the machine used meanwhile, in cores (machine busy time minus the bench's own). */
+  otherCpuCores: number;
+  error?: string;
+}
+
+export interface BenchResults {
+  bench: 'lb-agent';
+  version: string;
+  date: string;
+  startedAt: string;
+  finishedAt: string;
+  options: { rounds: number; quick: boolean; only: string[] };
+  machine: Machine;
+  /** 1-minute load average sampled every 10 s over the whole run. */
+  load: { before: number[]; after: number[]; samples: number[]; mean1m: number; max1m: number; otherCpuCores: number };
+  areas: Record<string, AreaRun>;
+  forward?: ForwardResult;
+  dhcp?: DhcpResult;
+  probes?: ProbeRateResult;
+  detection?: DetectionResult;
+  control?: ControlResult;
+  preflight?: PreflightResult;
+  failover?: FailoverResult;
+  targets: TargetRow[];
+}
+
+export interface TargetRow { area: string; target: string; measured: string; met: boolean | undefined }
+
+function judge(value: number, goal: (v: number) => boolean): boolean | undefined {
+  return Number.isFinite(value) ? goal(value) : undefined;
+}
+
+const dhcpRow = (r: BenchResults, client: string, count: number, ping: boolean): DhcpSummaryRow | undefined =>
+  r.dhcp?.summary.find((s) => s.client === client && s.count === count && s.ping === ping);
+
+/** The issue's targets, each with what was measured and whether it was met (undefined: not measured). */
+export function evaluateTargets(r: BenchResults): TargetRow[] {
+  const rows: TargetRow[] = [];
+  const f = r.forward?.summary;
+  if (f) {
+    const ka = (t: ForwardTarget): number => f[t]?.keepalive.requestsPerSec ?? NaN;
+    const nc = (t: ForwardTarget): number => f[t]?.newConnections.connectionsPerSec ?? NaN;
+    const bulk = (t: ForwardTarget): number => f[t]?.bulkGbps ?? NaN;
+    const add = (target: string, v: number, goal: number): void => {
+      rows.push({ area: 'forward', target, measured: fmtRatio(v), met: judge(v, (x) => x >= goal) });
+    };
+    add('kernel path keep-alive req/s >= 1.4x HAProxy 1 thread', ratio(ka('kernel'), ka('haproxy1')), 1.4);
+    add('kernel path new connections/s >= 1.2x HAProxy 1 thread', ratio(nc('kernel'), nc('haproxy1')), 1.2);
+    add('kernel path bulk throughput >= 0.85x direct', ratio(bulk('kernel'), bulk('direct')), 0.85);
+    add('proxy path keep-alive req/s >= 1.0x HAProxy 1 thread', ratio(ka('proxy'), ka('haproxy1')), 1.0);
+    add('proxy path new connections/s >= 0.7x HAProxy 1 thread', ratio(nc('proxy'), nc('haproxy1')), 0.7);
+  }
+  if (r.dhcp) {
+    const peers = ['udhcpc', 'dhclient'].map((c) => dhcpRow(r, c, 1, false)).filter((x): x is DhcpSummaryRow => x !== undefined);
+    const fastest = (k: 'medianMs' | 'wireMs'): DhcpSummaryRow | undefined => peers.filter((p) => Number.isFinite(p[k])).sort((a, b) => a[k] - b[k])[0];
+    const like = dhcpRow(r, 'lbagent-like', 1, false);
+    const def = dhcpRow(r, 'lbagent', 1, false);
+    const fw = fastest('wireMs');
+    const fs = fastest('medianMs');
+    if (like && fw) {
+      rows.push({ area: 'dhcp', target: `one service: DISCOVER->ACK on the wire no slower than the fastest peer (${fw.client}), like for like, no ping check`, measured: `${fmt(like.wireMs)} ms vs ${fmt(fw.wireMs)} ms`, met: judge(like.wireMs - fw.wireMs, (d) => d <= 0) });
+    }
+    if (like && fs) {
+      rows.push({ area: 'dhcp', target: `one service: process start to bound no slower than the fastest peer (${fs.client}), like for like`, measured: `${fmt(like.medianMs)} ms vs ${fmt(fs.medianMs)} ms`, met: judge(like.medianMs - fs.medianMs, (d) => d <= 0) });
+    }
+    if (def && fs) {
+      rows.push({ area: 'dhcp', target: `one service: process start to bound no slower than the fastest peer (${fs.client}), lb-agent defaults`, measured: `${fmt(def.medianMs)} ms vs ${fmt(fs.medianMs)} ms`, met: judge(def.medianMs - fs.medianMs, (d) => d <= 0) });
+    }
+    for (const [client, what] of [['lbagent', 'defaults'], ['lbagent-like', 'like for like']] as const) {
+      const one = dhcpRow(r, client, 1, false);
+      const many = r.dhcp.summary.find((s) => s.client === client && s.count > 1 && !s.ping);
+      if (one && many) {
+        const v = ratio(many.allMs, one.medianMs);
+        rows.push({ area: 'dhcp', target: `${many.count} services all bound within 2x of one, ${what}`, measured: `${fmtRatio(v)} (${fmt(many.allMs)} ms vs ${fmt(one.medianMs)} ms)`, met: judge(v, (x) => x <= 2) });
+      }
+    }
+  }
+  const p10k = r.probes?.summary.find((s) => s.backends === 10_000);
+  if (p10k) {
+    const ok = p10k.cpuPercentOfOneCore < 50 && p10k.sustainedFraction >= 0.95;
+    rows.push({
+      area: 'health', target: '10,000 backends at a 1 s period under half a core (and the rate sustained)',
+      measured: `${fmt(p10k.cpuPercentOfOneCore, 1)}% of a core, ${fmt(p10k.probesPerSecond)} of ${fmt(p10k.expectedPerSecond)} probes/s`,
+      met: Number.isFinite(p10k.cpuPercentOfOneCore) ? ok : undefined,
+    });
+  }
+  const many = r.control?.summary.many;
+  if (many) {
+    const v = Math.max(many.rssMiB, many.rssAfterReloadsMiB);
+    rows.push({ area: 'control', target: `RSS under 80 MiB with ${many.services} services`, measured: `${fmt(many.rssMiB, 1)} MiB after start, ${fmt(many.rssAfterReloadsMiB, 1)} MiB after ${many.reloads} reloads`, met: judge(v, (x) => x < 80) });
+  }
+  const pf = r.preflight?.summary;
+  if (pf) rows.push({ area: 'preflight', target: '`lb-agent check` under 1 s (fresh process, preflight issue)', measured: `${fmt(pf.freshProcessMedianMs)} ms`, met: judge(pf.freshProcessMedianMs, (x) => x < 1000) });
+  return rows;
+}
+
+const yes = (m: boolean | undefined): string => (m === undefined ? 'not measured' : m ? 'met' : '**not met**');
+
+function table(head: string[], rows: string[][]): string {
+  return [`| ${head.join(' | ')} |`, `| ${head.map(() => '---').join(' | ')} |`, ...rows.map((r) => `| ${r.join(' | ')} |`)].join('\n');
+}
+
+export function machineLine(r: BenchResults): string {
+  const m = r.machine;
+  return `${m.cpus} vCPU (${m.cpuModel}), ${fmt(m.memoryMiB / 1024, 1)} GiB RAM, Linux ${m.kernel}, ${m.os}, Node ${m.node}`;
+}
+
+export function loadLine(r: BenchResults): string {
+  return `other work on the machine used ${fmt(r.load.otherCpuCores, 2)} of its ${r.machine.cpus} CPUs on average during the run (busy time minus the bench's own); load average (1 min, the bench's own load included) ${r.load.before[0]} at the start, ${r.load.after[0]} at the end, mean ${r.load.mean1m}, max ${r.load.max1m}`;
+}
+
+export function forwardTable(r: BenchResults): string | undefined {
+  const f = r.forward?.summary;
+  if (!f) return undefined;
+  const h1 = f.haproxy1;
+  const d = f.direct;
+  const rows = (Object.keys(f) as ForwardTarget[]).map((t) => {
+    const s = f[t]!;
+    return [
+      s.label,
+      fmt(s.keepalive.requestsPerSec), fmtRatio(ratio(s.keepalive.requestsPerSec, h1?.keepalive.requestsPerSec ?? NaN)), fmtRatio(ratio(s.keepalive.requestsPerSec, d?.keepalive.requestsPerSec ?? NaN)),
+      `${fmt(s.keepalive.p50ms, 2)} / ${fmt(s.keepalive.p99ms, 2)}`,
+      fmt(s.newConnections.connectionsPerSec), fmtRatio(ratio(s.newConnections.connectionsPerSec, h1?.newConnections.connectionsPerSec ?? NaN)), fmtRatio(ratio(s.newConnections.connectionsPerSec, d?.newConnections.connectionsPerSec ?? NaN)),
+      fmt(s.bulkGbps, 2), fmtRatio(ratio(s.bulkGbps, d?.bulkGbps ?? NaN)),
+      t === 'direct' ? '-' : fmt(s.rssMiB, 1),
+      String(s.errors),
+    ];
+  });
+  return table(['path', 'keep-alive req/s', 'x HAProxy 1t', 'x direct', 'p50 / p99 ms', 'new conn/s', 'x HAProxy 1t', 'x direct', 'bulk Gbit/s', 'x direct', 'RSS MiB', 'errors'], rows);
+}
+
+export function dhcpTables(r: BenchResults): { one?: string; many?: string } {
+  const d = r.dhcp;
+  if (!d) return {};
+  const ping = (p: boolean): string => (p ? 'on' : 'off');
+  const one = d.summary.filter((s) => s.count === 1);
+  const fastestPeer = (p: boolean): number => Math.min(...one.filter((s) => s.ping === p && (s.client === 'udhcpc' || s.client === 'dhclient')).map((s) => s.medianMs).filter(Number.isFinite));
+  const oneRows = one.map((s) => [
+    s.label, ping(s.ping), fmt(s.medianMs), fmtRatio(ratio(s.medianMs, fastestPeer(s.ping))), fmt(s.wireMs),
+    s.acquireMeanMs !== undefined ? fmt(s.acquireMeanMs) : '-', s.processStartMs !== undefined ? fmt(s.processStartMs) : '-', `${s.runs - s.failures}/${s.runs}`,
+  ]);
+  const many = d.summary.filter((s) => s.count > 1);
+  const manyRows = many.map((s) => {
+    const base = one.find((o) => o.client === s.client && o.ping === s.ping);
+    return [
+      s.label, String(s.count), ping(s.ping), fmt(s.medianMs), fmt(s.allMs), fmtRatio(ratio(s.allMs, base?.medianMs ?? NaN)), fmt(s.wireMs),
+      s.acquireMeanMs !== undefined ? fmt(s.acquireMeanMs) : '-', `${s.runs - s.failures}/${s.runs}`,
+    ];
+  });
+  return {
+    one: oneRows.length ? table(['client', 'dnsmasq ping', 'start -> bound ms', 'x fastest peer', 'DISCOVER -> ACK on the wire ms', 'lb-agent DISCOVER -> bound ms', 'lb-agent spawn -> first DISCOVER ms', 'runs ok'], oneRows) : undefined,
+    many: manyRows.length ? table(['client', 'services', 'dnsmasq ping', 'median start -> bound ms', 'all bound ms', 'x one service', 'wire median ms', 'lb-agent DISCOVER -> bound mean ms', 'runs ok'], manyRows) : undefined,
+  };
+}
+
+export function probesTable(r: BenchResults): string | undefined {
+  const p = r.probes;
+  if (!p || p.summary.length === 0) return undefined;
+  return table(['backends', 'period', 'probes/s (expected)', 'sustained', 'checker CPU, % of a core', 'start lag p99 ms', 'event loop delay p99 ms', 'RSS MiB'],
+    p.summary.map((s) => [fmt(s.backends), `${s.periodSeconds} s`, `${fmt(s.probesPerSecond)} (${fmt(s.expectedPerSecond)})`, `${fmt(s.sustainedFraction * 100, 0)}%`, fmt(s.cpuPercentOfOneCore, 1), fmt(s.startLagP99Ms, 1), fmt(s.eventLoopDelayP99Ms, 1), fmt(s.rssMiB)]));
+}
+
+export function detectionTable(r: BenchResults): string | undefined {
+  const d = r.detection;
+  if (!d) return undefined;
+  return table(['settings', 'lb-agent: death -> out ms', 'HAProxy: death -> out ms', 'x HAProxy', 'lb-agent: restart -> back ms', 'HAProxy: restart -> back ms', 'period x fall ms', 'runs'],
+    d.config.settings.map((set) => {
+      const s = d.summary[set.name];
+      const desc = `${set.name}: period ${set.period} s, timeout ${set.timeout} s, fall ${set.fall}, rise ${set.rise}`;
+      if (!s) return [desc, 'n/a', 'n/a', 'n/a', 'n/a', 'n/a', 'n/a', '0'];
+      return [desc, fmt(s.agentDownMs), fmt(s.haproxyDownMs), fmtRatio(ratio(s.agentDownMs, s.haproxyDownMs)), fmt(s.agentUpMs), fmt(s.haproxyUpMs), fmt(s.worstCaseDownMs), String(s.runs)];
+    }));
+}
+
+export function controlTable(r: BenchResults): string | undefined {
+  const c = r.control?.summary;
+  if (!c) return undefined;
+  const m = c.many;
+  return table(['what', 'value'], [
+    ['`lb-agent run` -> process up (control socket listening)', `${fmt(c.firstVip.pool.startedMs)} ms`],
+    ['`lb-agent run` -> first VIP served, pool (RFC 5227 probe, default timings)', `${fmt(c.firstVip.pool.servedMs)} ms (bound at ${fmt(c.firstVip.pool.boundMs)} ms)`],
+    ['`lb-agent run` -> first VIP served, DHCP (start jitter, DHCP, probe of the offer)', `${fmt(c.firstVip.dhcp.servedMs)} ms (bound at ${fmt(c.firstVip.dhcp.boundMs)} ms)`],
+    [`${m.services} pool services: \`lb-agent run\` -> all ready (short ARP timings)`, `${fmt(m.allReadyMs)} ms`],
+    [`reload, ${m.services} services, one changed: SIGHUP -> applied (log line)`, `${fmt(m.reloadLogMs)} ms (${m.reloadsOk}/${m.reloads} as expected)`],
+    [`reload: SIGHUP -> \`status\` shows generation + 1`, `${fmt(m.reloadStatusMs)} ms`],
+    ['RSS with 1 service', `${fmt(c.rssOneServiceMiB, 1)} MiB`],
+    [`RSS with ${m.services} services: after start / after reloads / peak`, `${fmt(m.rssMiB, 1)} / ${fmt(m.rssAfterReloadsMiB, 1)} / ${fmt(m.peakRssMiB, 1)} MiB`],
+  ]);
+}
+
+/** Numbers of a JSON document, flattened to dotted paths (bounded), for another module's bench output. */
+export function flattenNumbers(doc: unknown, prefix = '', out: [string, number][] = [], depth = 0): [string, number][] {
+  if (out.length >= 60 || depth > 4) return out;
+  if (typeof doc === 'number') { out.push([prefix, doc]); return out; }
+  if (doc && typeof doc === 'object' && !Array.isArray(doc)) {
+    for (const [k, v] of Object.entries(doc as Record<string, unknown>)) {
+      if (k === 'raw' || k === 'samples') continue;
+      flattenNumbers(v, prefix ? `${prefix}.${k}` : k, out, depth + 1);
+    }
+  }
+  return out;
+}
+
+interface FailoverPoint { medianServedMs?: number | null; medianVrrpMs?: number | null; medianBoundMs?: number | null; masterDownIntervalMs?: number | null; runs?: unknown[] }
+
+/** bench/failover.ts's `results[target][advertInterval]` as a table, keepalived as the ratio's base; undefined when its output has another shape. */
+export function failoverTable(r: BenchResults): string | undefined {
+  const doc = (r.failover?.raw ?? []).find((d): d is { results: Record<string, Record<string, FailoverPoint>> } =>
+    typeof d === 'object' && d !== null && typeof (d as { results?: unknown }).results === 'object');
+  if (!doc) return undefined;
+  const rows: string[][] = [];
+  const intervals = [...new Set(Object.values(doc.results).flatMap((byInterval) => Object.keys(byInterval ?? {})))].sort((a, b) => Number(b) - Number(a));
+  const num = (x: number | null | undefined): number => (typeof x === 'number' ? x : NaN);
+  for (const iv of intervals) {
+    const base = num(doc.results.keepalived?.[iv]?.medianServedMs);
+    for (const [target, byInterval] of Object.entries(doc.results)) {
+      const p = byInterval?.[iv];
+      if (!p) continue;
+      rows.push([`${iv} s`, target, fmt(num(p.masterDownIntervalMs), 1), fmt(num(p.medianVrrpMs)), fmt(num(p.medianBoundMs)), fmt(num(p.medianServedMs)), fmtRatio(ratio(num(p.medianServedMs), base)), String(p.runs?.length ?? 'n/a')]);
+    }
+  }
+  if (rows.length === 0) return undefined;
+  return table(['advert interval', 'who', 'Master_Down_Interval ms', 'death -> new Master ms', 'death -> VIP bound ms', 'death -> first answer ms', 'x keepalived', 'runs'], rows);
+}
+
+export function renderResults(r: BenchResults): string {
+  const parts: string[] = [];
+  parts.push(`# lb-agent benchmark, ${r.date}`);
+  parts.push(`Machine: ${machineLine(r)}.  \nLoad: ${loadLine(r)}.  \nRun: \`npm run bench${r.options.quick ? ' -- --quick' : ''}${r.options.only.length ? ` -- --only ${r.options.only.join(',')}` : ''}\`, ${r.options.rounds} round(s), ${r.startedAt} to ${r.finishedAt}; lb-agent ${r.version}.`);
+  parts.push('These machines are small and noisy: read ratios between peers measured in the same run, not absolute numbers. Every number is the median over rounds; peers are interleaved (each round visits every peer, in a rotated order).');
+  parts.push('## Targets (shown, not asserted)');
+  parts.push(r.targets.length ? table(['area', 'target', 'measured', 'result'], r.targets.map((t) => [t.area, t.target, t.measured, yes(t.met)])) : 'No target was measured in this run.');
+  const ft = forwardTable(r);
+  if (ft) {
+    const c = r.forward!.config;
+    parts.push('## Forwarding, 3 backends');
+    parts.push(`${c.wrk}; ${c.iperf3}; backends: ${c.backends}. HAProxy default: ${c.threadsDefaultHaproxy}. RSS is the balancer's after the load (for lb-agent, the whole agent process; the kernel path keeps no per-connection state in it).`);
+    parts.push(ft);
+    if (r.forward!.errors.length) parts.push(`Not measured: ${r.forward!.errors.join('; ')}.`);
+  }
+  const dt = dhcpTables(r);
+  if (dt.one || dt.many) {
+    parts.push('## DHCP, start to bound');
+    parts.push(`dnsmasq 2.90 in another namespace, fresh per run (${r.dhcp!.config.dnsmasq}). Peers on their own macvlans in the node namespace: \`busybox udhcpc -i IF -n -q -f -s /bin/true\`, \`dhclient -1 -d -sf /bin/true -lf FILE -pf FILE IF\`. "start -> bound" is from spawning the process; "on the wire" is the client's first DISCOVER to its ACK, stamped by tcpdump at the server (process start and anything after the ACK excluded). lb-agent's defaults add a random start delay of up to 1 s (RFC 2131 4.4.1) and an RFC 5227 ARP probe of the offered address before binding (about 3-6 s with the RFC's timings); "like the peers" sets \`dhcp.probeOffer: false\` and \`dhcp.retransmitJitter: 0\`.`);
+    if (dt.one) parts.push(dt.one);
+    if (dt.many) parts.push(dt.many);
+    if (r.dhcp!.config.manyPingRounds === 0) parts.push('Many at once with the ping check on was not run (`--dhcp-many-ping` runs it): dnsmasq pings one candidate address at a time and waits up to 3 s for each, so the server, not the client, sets that time.');
+  }
+  const pt = probesTable(r);
+  const dtt = detectionTable(r);
+  if (pt || dtt) {
+    parts.push('## Health checking');
+    if (pt) {
+      parts.push(`Sustained TCP probes against real listeners on loopback in a namespace of their own (\`${r.probes!.config.command}\`, bench/health.ts). CPU is the checker process's own; the listeners run in another process.`);
+      parts.push(pt);
+    }
+    if (dtt) {
+      parts.push('Detection: lb-agent and HAProxy (`check inter/fall/rise`, `timeout check`) check the same two backends at the same time; the backend process is killed (connections refused at once) and later restarted. lb-agent time from its own log line, HAProxy\'s from its "Server ... is DOWN/UP" warning as it arrives.');
+      parts.push(dtt);
+      if (r.detection!.errors.length) parts.push(`Not measured: ${r.detection!.errors.join('; ')}.`);
+    }
+  }
+  const ct = controlTable(r);
+  if (ct) {
+    parts.push('## Control plane');
+    parts.push('The real `lb-agent run`; "served" is a client in another namespace getting its first HTTP 200 through the VIP (it polls every 10 ms). dnsmasq with --no-ping here.');
+    parts.push(ct);
+  }
+  const pf = r.preflight?.summary;
+  if (pf || r.preflight?.error) {
+    parts.push('## Preflight');
+    parts.push(pf
+      ? table(['what', 'ms'], [['`lb-agent check` as a fresh process (median)', fmt(pf.freshProcessMedianMs)], ['the check in a warm process (median)', fmt(pf.inProcessMedianMs)], ['first run in a process (module load, schema compile)', fmt(pf.firstRunMs)]])
+      : `preflight bench failed: ${r.preflight!.error}`);
+  }
+  if (r.failover?.present) {
+    parts.push('## Failover');
+    if (r.failover.error) parts.push(`bench/failover.js failed: ${r.failover.error}`);
+    const ft2 = failoverTable(r);
+    const what = (r.failover.raw ?? []).map((d) => (d as { what?: unknown }).what).find((w) => typeof w === 'string');
+    if (ft2) {
+      parts.push(`From \`${r.failover.command ?? 'bench/failover.js'}\` (bench/failover.ts): the Master VM dies (its bridge port goes down, its process is killed); times are ${typeof what === 'string' ? what : 'from the death to the first answered request'}. keepalived (VRRPv3) holds the same VIP as the peer.`);
+      parts.push(ft2);
+    } else {
+      const nums = (r.failover.raw ?? []).flatMap((d) => flattenNumbers(d));
+      if (nums.length) parts.push(table(['measurement (bench/failover.ts)', 'value'], nums.map(([k, v]) => [k, String(v)])));
+    }
+  }
+  const errs = Object.entries(r.areas).filter(([, a]) => a.error);
+  parts.push('## Areas');
+  parts.push(table(['area', 'seconds', 'other CPU (cores)', 'load before', 'load after', 'error'], Object.entries(r.areas).map(([k, a]) => [k, fmt(a.seconds), fmt(a.otherCpuCores, 2), a.loadBefore.join(' '), a.loadAfter.join(' '), a.error ? a.error.replace(/\|/g, '/').replace(/\n/g, ' ').slice(0, 200) : ''])));
+  if (errs.length) parts.push(`${errs.length} area(s) failed; their numbers are missing above.`);
+  parts.push(`Tools: ${Object.entries(r.machine.tools).map(([k, v]) => `${k}: ${v}`).join('; ')}.`);
+  return `${parts.join('\n\n')}\n`;
+}
+
+export const README_BEGIN = '<!-- bench:begin (generated by `npm run bench -- --readme`; edit bench/lib/report.ts instead) -->';
+export const README_END = '<!-- bench:end -->';
+
+/** The generated part of the README's Performance section. */
+export function renderReadmeSummary(r: BenchResults, resultsFile: string): string {
+  const parts: string[] = [];
+  parts.push(`Latest run: [${resultsFile}](${resultsFile}) (raw numbers beside it as JSON), ${r.date}, on ${machineLine(r)}; ${loadLine(r)}.`);
+  const ft = forwardTable(r);
+  if (ft) parts.push(`Forwarding, 3 backends, ${r.forward!.config.wrk}:\n\n${ft}`);
+  const dt = dhcpTables(r);
+  if (dt.one) parts.push(`DHCP, one service, start to bound:\n\n${dt.one}`);
+  if (dt.many) parts.push(`DHCP, many services at once:\n\n${dt.many}`);
+  const pt = probesTable(r);
+  if (pt) parts.push(`Health probes:\n\n${pt}`);
+  const dtt = detectionTable(r);
+  if (dtt) parts.push(`Health, detection against HAProxy:\n\n${dtt}`);
+  const ct = controlTable(r);
+  if (ct) parts.push(`Control plane:\n\n${ct}`);
+  const fo = failoverTable(r);
+  if (fo) parts.push(`Failover (bench/failover.ts), death of the Master VM to the first answer through the VIP:\n\n${fo}`);
+  parts.push(`Targets (shown, not asserted):\n\n${table(['area', 'target', 'measured', 'result'], r.targets.map((t) => [t.area, t.target, t.measured, yes(t.met)]))}`);
+  return parts.join('\n\n');
+}
+
+/** README text with the generated block replaced (or a Performance section appended at the end when there is none). */
+export function updateReadme(readme: string, block: string): string {
+  const b = readme.indexOf(README_BEGIN);
+  const e = readme.indexOf(README_END);
+  if (b >= 0 && e > b) return `${readme.slice(0, b)}${README_BEGIN}\n\n${block}\n\n${readme.slice(e)}`;
+  return `${readme.replace(/\s*$/, '')}\n\n## Performance\n\n${README_BEGIN}\n\n${block}\n\n${README_END}\n`;
+}

@@ -1,0 +1,200 @@
+// `npm run bench` (as root): builds the testbed of namespaces, runs lb-agent
+// and its peers on the same traffic in the same run, and writes
+// bench/results/<YYYY-MM-DD>.md with the raw numbers beside it as JSON.
+// Orchestration only: each area lives in its own module (forwarding.ts,
+// dhcp.ts, detection.ts, control.ts, wrapped.ts for the standalone benches
+// other modules ship), statistics and rendering in lib/.
+//
+//   npm run bench -- [--only forward,dhcp,health,control,preflight,failover]
+//                    [--rounds N] [--quick] [--out DIR] [--readme] [--dhcp-many-ping]
+//
+// --quick: one round and short measurements (3-4 minutes), to check the
+// harness, not to quote. --readme: also replace the generated block of the
+// README's Performance section. Only lab namespaces and loopback are traffic
+// targets; every lab is torn down, also on Ctrl-C.
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { spawnSync } from 'node:child_process';
+import { benchForward, FORWARD_TARGETS } from './forwarding';
+import { benchDhcp, DHCP_CLIENTS } from './dhcp';
+import { benchDetection, DETECTION_SETTINGS } from './detection';
+import { benchControl } from './control';
+import { benchProbeRate, benchPreflight, benchFailover } from './wrapped';
+import { machineFacts, loadAverage, otherCpuMeter } from './lib/procfs';
+import { evaluateTargets, renderResults, renderReadmeSummary, updateReadme, type BenchResults } from './lib/report';
+import { round } from './lib/stats';
+
+const AREAS = ['forward', 'dhcp', 'health', 'control', 'preflight', 'failover'] as const;
+type Area = (typeof AREAS)[number];
+
+const TOOLS: Record<Area, string[]> = {
+  forward: ['wrk', 'iperf3', 'haproxy', 'nginx', 'conntrack', 'nft'],
+  dhcp: ['dnsmasq', 'busybox', 'dhclient', 'tcpdump'],
+  health: ['haproxy'],
+  control: ['dnsmasq'],
+  preflight: [],
+  failover: [],
+};
+
+interface Args { only: Area[]; rounds: number; quick: boolean; out: string; readme: boolean; dhcpManyPing: boolean }
+
+const REPO = path.resolve(__dirname, '..', '..');
+
+function usage(): string {
+  return `usage: npm run bench -- [--only ${AREAS.join(',')}] [--rounds N] [--quick] [--out DIR] [--readme] [--dhcp-many-ping]\n`;
+}
+
+function parseArgs(argv: string[]): Args {
+  const a: Args = { only: [], rounds: 0, quick: false, out: path.join(REPO, 'bench', 'results'), readme: false, dhcpManyPing: false };
+  for (let i = 0; i < argv.length; i++) {
+    const v = argv[i + 1];
+    switch (argv[i]) {
+      case '--only': {
+        const names = String(v ?? '').split(',').filter(Boolean);
+        const bad = names.filter((n) => !(AREAS as readonly string[]).includes(n));
+        if (bad.length || names.length === 0) throw new Error(`--only: unknown area ${bad.join(',') || '(none)'}; areas are ${AREAS.join(', ')}`);
+        a.only = names as Area[]; i++; break;
+      }
+      case '--rounds': {
+        const n = Number(v);
+        if (!Number.isInteger(n) || n < 1 || n > 20) throw new Error('--rounds: an integer from 1 to 20');
+        a.rounds = n; i++; break;
+      }
+      case '--quick': a.quick = true; break;
+      case '--readme': a.readme = true; break;
+      case '--dhcp-many-ping': a.dhcpManyPing = true; break;
+      case '--out': a.out = path.resolve(String(v)); i++; break;
+      case '--help': case '-h': process.stdout.write(usage()); process.exit(0); break;
+      default: throw new Error(`unknown argument ${argv[i]}\n${usage()}`);
+    }
+  }
+  if (a.rounds === 0) a.rounds = a.quick ? 1 : 3;
+  return a;
+}
+
+function missingTools(area: Area): string[] {
+  return TOOLS[area].filter((t) => spawnSync('sh', ['-c', `command -v ${t}`], { stdio: 'ignore' }).status !== 0);
+}
+
+async function main(): Promise<void> {
+  const args = parseArgs(process.argv.slice(2));
+  if (process.getuid?.() !== 0) {
+    process.stderr.write('bench: needs root (it builds network namespaces); run it as root: sudo npm run bench\n');
+    process.exitCode = 2;
+    return;
+  }
+  const areas = args.only.length ? args.only : [...AREAS];
+  const t0 = Date.now();
+  const log = (area: string) => (msg: string): void => {
+    process.stderr.write(`[bench ${((Date.now() - t0) / 1000).toFixed(0).padStart(4)} s] ${area}: ${msg}\n`);
+  };
+  const version = (JSON.parse(fs.readFileSync(path.join(REPO, 'package.json'), 'utf8')) as { version: string }).version;
+  const startedAt = new Date();
+  const samples: number[] = [loadAverage()[0]];
+  const otherAll = otherCpuMeter();
+  const sampler = setInterval(() => samples.push(loadAverage()[0]), 10_000);
+  sampler.unref();
+  const results: BenchResults = {
+    bench: 'lb-agent', version, date: startedAt.toISOString().slice(0, 10), startedAt: startedAt.toISOString(), finishedAt: '',
+    options: { rounds: args.rounds, quick: args.quick, only: args.only },
+    machine: machineFacts(),
+    load: { before: loadAverage(), after: [], samples, mean1m: NaN, max1m: NaN, otherCpuCores: NaN },
+    areas: {}, targets: [],
+  };
+  log('bench')(`${results.machine.cpus} CPUs, load ${results.load.before.join(' ')}; areas ${areas.join(', ')}; ${args.rounds} round(s)${args.quick ? ', quick' : ''}`);
+
+  const q = args.quick;
+  const R = args.rounds;
+  const runArea = async (area: Area, fn: () => Promise<void>): Promise<void> => {
+    const loadBefore = loadAverage();
+    const other = otherCpuMeter();
+    const s = Date.now();
+    let error: string | undefined;
+    const missing = missingTools(area);
+    if (missing.length) {
+      error = `missing tools: ${missing.join(', ')} (scripts/setup.sh installs them)`;
+    } else {
+      try { await fn(); } catch (e) { error = String((e as Error).stack ?? e).slice(0, 2000); }
+    }
+    results.areas[area] = { seconds: round((Date.now() - s) / 1000, 1), loadBefore, loadAfter: loadAverage(), otherCpuCores: other.stop(), ...(error ? { error } : {}) };
+    log(area)(error ? `FAILED: ${error.split('\n')[0]}` : `done in ${((Date.now() - s) / 1000).toFixed(0)} s`);
+  };
+
+  for (const area of areas) {
+    switch (area) {
+      case 'forward':
+        await runArea(area, async () => {
+          results.forward = await benchForward({ rounds: R, seconds: q ? 2 : 3, warmup: q ? 0 : 1, connections: 50, threads: 1, targets: [...FORWARD_TARGETS], log: log(area) });
+        });
+        break;
+      case 'dhcp':
+        await runArea(area, async () => {
+          results.dhcp = await benchDhcp({
+            rounds: R, counts: [1, 50], clients: [...DHCP_CLIENTS],
+            // --quick leaves lb-agent's defaults out of the 50 (about 40 s alone: 8 starts at a time, each with its ARP probe).
+            manyClients: q ? ['udhcpc', 'dhclient', 'lbagent-like'] : [...DHCP_CLIENTS],
+            ping: [false, true],
+            manyPingRounds: args.dhcpManyPing ? 1 : 0,
+            manyPingClients: ['udhcpc', 'dhclient', 'lbagent-like'],
+            log: log(area),
+          });
+        });
+        break;
+      case 'health':
+        await runArea(area, async () => {
+          results.detection = await benchDetection({ rounds: R, settings: DETECTION_SETTINGS, log: log('health/detection') });
+          results.probes = await benchProbeRate({ rounds: R, backends: [1000, 10_000], period: 1, duration: q ? 3 : 5, warmup: q ? 2 : 3, log: log('health/probes') });
+          if (results.probes.errors.length) throw new Error(results.probes.errors.join('; '));
+        });
+        break;
+      case 'control':
+        await runArea(area, async () => {
+          results.control = await benchControl({ rounds: R, reloads: q ? 3 : 5, services: 100, log: log(area) });
+        });
+        break;
+      case 'preflight':
+        await runArea(area, async () => {
+          results.preflight = await benchPreflight({ runs: q ? 3 : 7, log: log(area) });
+          if (results.preflight.error) throw new Error(results.preflight.error);
+        });
+        break;
+      case 'failover':
+        await runArea(area, async () => {
+          results.failover = await benchFailover({ quick: q, log: log(area) });
+          if (results.failover.error) throw new Error(results.failover.error);
+        });
+        break;
+    }
+  }
+  clearInterval(sampler);
+  samples.push(loadAverage()[0]);
+  results.finishedAt = new Date().toISOString();
+  results.load.after = loadAverage();
+  results.load.mean1m = round(samples.reduce((s, x) => s + x, 0) / samples.length, 2);
+  results.load.max1m = Math.max(...samples);
+  results.load.otherCpuCores = otherAll.stop();
+  results.targets = evaluateTargets(results);
+
+  fs.mkdirSync(args.out, { recursive: true });
+  // A partial or quick run never overwrites the day's full results.
+  const base = `${results.date}${q ? '-quick' : ''}${args.only.length ? `-${args.only.join('-')}` : ''}`;
+  const md = path.join(args.out, `${base}.md`);
+  const json = path.join(args.out, `${base}.json`);
+  fs.writeFileSync(json, `${JSON.stringify(results, null, 2)}\n`);
+  const text = renderResults(results);
+  fs.writeFileSync(md, text);
+  process.stdout.write(text);
+  log('bench')(`wrote ${path.relative(process.cwd(), md)} and ${path.relative(process.cwd(), json)} in ${((Date.now() - t0) / 60_000).toFixed(1)} min`);
+  if (args.readme) {
+    const readme = path.join(REPO, 'README.md');
+    const rel = path.relative(REPO, md);
+    fs.writeFileSync(readme, updateReadme(fs.readFileSync(readme, 'utf8'), renderReadmeSummary(results, rel)));
+    log('bench')(`updated the Performance section of ${readme}`);
+  }
+  if (Object.values(results.areas).some((a) => a.error)) process.exitCode = 1;
+}
+
+main().catch((e: unknown) => {
+  process.stderr.write(`bench: ${String((e as Error).message ?? e)}\n`);
+  process.exitCode = process.exitCode ?? 2;
+});

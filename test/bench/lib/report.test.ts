@@ -1,0 +1,138 @@
+// bench/lib/report.ts: targets are judged honestly (met, not met, or not
+// measured), the Markdown shows every area that ran and never "undefined" or
+// "NaN", and the README's generated block is appended once and then replaced.
+import t from 'tap';
+import { evaluateTargets, renderResults, renderReadmeSummary, updateReadme, README_BEGIN, README_END, type BenchResults } from '../../../bench/lib/report';
+import type { ForwardTargetSummary } from '../../../bench/forwarding';
+
+function fwd(label: string, ka: number, nc: number, bulk: number): ForwardTargetSummary {
+  return { label, keepalive: { requestsPerSec: ka, p50ms: 0.5, p99ms: 2 }, newConnections: { connectionsPerSec: nc, p50ms: 1, p99ms: 5 }, bulkGbps: bulk, rssMiB: 70, peakRssMiB: 72, errors: 0, samples: 3 };
+}
+
+function results(): BenchResults {
+  return {
+    bench: 'lb-agent', version: '0.1.0', date: '2026-11-21', startedAt: 'a', finishedAt: 'b',
+    options: { rounds: 3, quick: false, only: [] },
+    machine: { cpus: 2, cpuModel: 'AMD EPYC', memoryMiB: 24105, kernel: '6.1', os: 'Debian 12', node: 'v20', tools: { wrk: 'wrk 4.1' } },
+    load: { before: [1, 1, 1], after: [2, 2, 2], samples: [1, 2], mean1m: 1.5, max1m: 2, otherCpuCores: 0.1 },
+    areas: { forward: { seconds: 100, loadBefore: [1, 1, 1], loadAfter: [2, 2, 2], otherCpuCores: 0.05 } },
+    forward: {
+      config: { rounds: 3, seconds: 3, warmup: 1, connections: 50, threads: 1, targets: ['direct', 'kernel', 'proxy', 'haproxy1'], wrk: 'wrk', iperf3: 'iperf3', backends: 'nginx', threadsDefaultHaproxy: 'n' },
+      summary: {
+        direct: fwd('direct', 40_000, 8000, 10),
+        kernel: fwd('kernel', 30_000, 5000, 9),
+        proxy: fwd('proxy', 19_000, 1000, 2),
+        haproxy1: fwd('haproxy 1t', 20_000, 2000, 2.5),
+      },
+      raw: [],
+      errors: [],
+    },
+    targets: [],
+  };
+}
+
+t.test('forwarding targets: ratios to HAProxy 1 thread and to direct', async (t) => {
+  const rows = evaluateTargets(results());
+  const by = (s: string) => rows.find((r) => r.target.startsWith(s))!;
+  t.equal(by('kernel path keep-alive').measured, '1.50x');
+  t.equal(by('kernel path keep-alive').met, true);
+  t.equal(by('kernel path new connections').met, true, '2.5x >= 1.2x');
+  t.equal(by('kernel path bulk').met, true, '0.9x >= 0.85x');
+  t.equal(by('proxy path keep-alive').met, false, '0.95x < 1.0x');
+  t.equal(by('proxy path new connections').met, false, '0.5x < 0.7x');
+  t.notOk(rows.some((r) => r.area === 'dhcp'), 'no DHCP run, no DHCP target');
+});
+
+t.test('a missing peer leaves the target not measured, not met', async (t) => {
+  const r = results();
+  delete r.forward!.summary.haproxy1;
+  const rows = evaluateTargets(r);
+  const ka = rows.find((x) => x.target.startsWith('kernel path keep-alive'))!;
+  t.equal(ka.met, undefined);
+  t.equal(ka.measured, 'n/a');
+});
+
+t.test('DHCP, health and memory targets', async (t) => {
+  const r = results();
+  const row = (client: 'udhcpc' | 'dhclient' | 'lbagent' | 'lbagent-like', count: number, medianMs: number, allMs: number, wireMs: number) => ({ label: client, client, count, ping: false, medianMs, allMs, wireMs, runs: 3, failures: 0 });
+  r.dhcp = {
+    config: { rounds: 3, counts: [1, 50], clients: [], ping: [false], manyPingRounds: 0, dnsmasq: 'dnsmasq' },
+    summary: [row('udhcpc', 1, 80, 80, 30), row('dhclient', 1, 30, 30, 2), row('lbagent-like', 1, 600, 600, 5), row('lbagent', 1, 7000, 7000, 10), row('lbagent-like', 50, 900, 1100, 20), row('lbagent', 50, 20_000, 40_000, 20)],
+    raw: [],
+  };
+  r.probes = { config: { rounds: 3, backends: [10_000], period: 1, duration: 5, warmup: 3, command: 'x' }, summary: [{ backends: 10_000, periodSeconds: 1, probesPerSecond: 9990, expectedPerSecond: 10_000, sustainedFraction: 0.999, cpuPercentOfOneCore: 42, listenerCpuPercentOfOneCore: 10, startLagP99Ms: 5, eventLoopDelayP99Ms: 20, rssMiB: 100, skippedBusy: 0, runs: 3 }], raw: [], errors: [] };
+  r.control = {
+    config: { rounds: 3, reloads: 5, services: 100 },
+    summary: { firstVip: { pool: { servedMs: 5000, boundMs: 4900, startedMs: 400 }, dhcp: { servedMs: 6000, boundMs: 5900, startedMs: 400 } }, rssOneServiceMiB: 70, many: { services: 100, allReadyMs: 2000, rssMiB: 79, peakRssMiB: 90, rssAfterReloadsMiB: 85, reloadLogMs: 200, reloadStatusMs: 210, reloadsOk: 5, reloads: 5 } },
+    raw: { firstVip: [], reloads: [] },
+  };
+  const rows = evaluateTargets(r);
+  const find = (s: string) => rows.find((x) => x.target.includes(s))!;
+  t.equal(find('on the wire').met, false, '5 ms vs dhclient 2 ms');
+  t.match(find('on the wire').target, /dhclient/);
+  t.equal(find('start to bound no slower than the fastest peer (dhclient), like').met, false);
+  t.equal(find('within 2x of one, like').met, true, '1100 / 600 < 2');
+  t.equal(find('within 2x of one, defaults').met, false, '40000 / 7000 > 2');
+  t.equal(find('10,000 backends').met, true);
+  t.equal(find('RSS under 80 MiB').met, false, 'the larger of after start and after reloads counts');
+});
+
+t.test('health target needs the rate sustained, not only the CPU', async (t) => {
+  const r = results();
+  r.probes = { config: { rounds: 1, backends: [10_000], period: 1, duration: 5, warmup: 3, command: 'x' }, summary: [{ backends: 10_000, periodSeconds: 1, probesPerSecond: 3600, expectedPerSecond: 10_000, sustainedFraction: 0.36, cpuPercentOfOneCore: 42, listenerCpuPercentOfOneCore: 10, startLagP99Ms: 4000, eventLoopDelayP99Ms: 300, rssMiB: 160, skippedBusy: 20_000, runs: 1 }], raw: [], errors: [] };
+  t.equal(evaluateTargets(r).find((x) => x.area === 'health')!.met, false);
+});
+
+t.test('Markdown: tables for what ran, no undefined or NaN', async (t) => {
+  const r = results();
+  r.targets = evaluateTargets(r);
+  const md = renderResults(r);
+  t.match(md, /^# lb-agent benchmark, 2026-11-21/);
+  t.match(md, /## Forwarding, 3 backends/);
+  t.match(md, /\| kernel \| 30,000 \| 1\.50x \| 0\.75x \|/);
+  t.match(md, /\*\*not met\*\*/);
+  t.notMatch(md, /undefined|NaN/);
+  t.notMatch(md, /## DHCP/, 'areas that did not run are left out');
+  const summary = renderReadmeSummary(r, 'bench/results/2026-11-21.md');
+  t.match(summary, /\[bench\/results\/2026-11-21\.md\]\(bench\/results\/2026-11-21\.md\)/);
+  t.notMatch(summary, /undefined|NaN/);
+});
+
+t.test('README: appended once at the end, then replaced in place', async (t) => {
+  const readme = '# lb-agent\n\nintro\n\n## Design notes\n\ntext\n';
+  const once = updateReadme(readme, 'TABLE 1');
+  t.ok(once.startsWith(readme.trimEnd()), 'everything before is untouched');
+  t.match(once, /## Performance\n\n<!-- bench:begin/);
+  t.ok(once.trimEnd().endsWith(README_END));
+  const prose = once.replace(README_BEGIN, `Hand-written words.\n\n${README_BEGIN}`);
+  const twice = updateReadme(prose, 'TABLE 2');
+  t.notMatch(twice, /TABLE 1/);
+  t.match(twice, /TABLE 2/);
+  t.match(twice, /Hand-written words\./, 'text outside the markers is kept');
+  t.equal(twice.split('## Performance').length, 2, 'one section');
+});
+
+t.test('failover: bench/failover.ts results as a table with keepalived as the base', async (t) => {
+  const r = results();
+  r.failover = {
+    present: true, command: 'node dist/bench/failover.js',
+    raw: [{ bench: 'failover', what: 'ms from death to answer', results: {
+      agent: { '1': { medianServedMs: 2974, medianVrrpMs: 2940, medianBoundMs: 2970, masterDownIntervalMs: 3414.1, runs: [{}, {}, {}] }, '0.1': { medianServedMs: 373, medianVrrpMs: 335, medianBoundMs: 366, masterDownIntervalMs: 341.4, runs: [{}] } },
+      keepalived: { '1': { medianServedMs: 2961, medianVrrpMs: null, medianBoundMs: null, masterDownIntervalMs: 3414.1, runs: [{}, {}, {}] }, '0.1': { medianServedMs: 318, masterDownIntervalMs: 341.4, runs: [{}] } },
+    } }],
+  };
+  const md = renderResults(r);
+  t.match(md, /## Failover/);
+  t.match(md, /\| 1 s \| agent \| 3,414\.1 \| 2,940 \| 2,970 \| 2,974 \| 1\.00x \| 3 \|/);
+  t.match(md, /\| 0\.1 s \| agent \| 341\.4 \| 335 \| 366 \| 373 \| 1\.17x \| 1 \|/);
+  t.match(md, /\| 1 s \| keepalived \| 3,414\.1 \| n\/a \| n\/a \| 2,961 \| 1\.00x \| 3 \|/);
+  t.notMatch(md, /undefined|NaN/);
+});
+
+t.test('failover output of another shape falls back to its numbers', async (t) => {
+  const r = results();
+  r.failover = { present: true, raw: [{ takeoverMs: 120, nested: { a: 1 } }] };
+  const md = renderResults(r);
+  t.match(md, /\| takeoverMs \| 120 \|/);
+  t.match(md, /\| nested\.a \| 1 \|/);
+});
