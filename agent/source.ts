@@ -45,6 +45,12 @@ export interface AddressSource extends EventEmitter {
    */
   stop(opts: { release: boolean }): Promise<void>;
   status(): SourceStatus;
+  /**
+   * Send gratuitous ARPs for the held VIP again, if one is held. After a VRRP
+   * split brain the LAN may have learnt the other Master's MAC for it
+   * (keepalived does the same: garp_lower_prio_repeat).
+   */
+  reannounce?(): void;
   // Events: 'vip' (vip: Vip) when the VIP is up on the LAN; 'lost' (reason: string)
   // when it was withdrawn; 'status' () on any status change.
 }

@@ -107,6 +107,9 @@ export class Daemon extends EventEmitter {
       this.subs = await this.opts.buildSubsystems(config, { log: this.opts.log, registry, store, clock: this.clock });
       this.subs.health.on('change', () => this.scheduleApply());
       this.subs.failover?.on('change', (keys: string[]) => this.onFailoverChange(keys));
+      this.subs.failover?.on('reannounce', (keys: string[]) => {
+        for (const k of keys) if (this.holds(k)) this.runtimes.get(k)?.source?.reannounce?.();
+      });
       const owned = await this.subs.adoptOwned(config.services);
       if (owned.removed.length > 0) this.log.warn({ op: 'adopt', removed: owned.removed }, 'removed links/addresses left by an earlier run that the config does not want');
       if (owned.adopted.length > 0) this.log.info({ op: 'adopt', adopted: owned.adopted }, 'adopted links left by an earlier run');

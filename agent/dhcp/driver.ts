@@ -427,6 +427,15 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     this.emit('status');
   }
 
+  reannounce(): void {
+    const vip = this.vip;
+    if (!vip || !this.socket) return;
+    this.deps.announce({
+      socket: this.socket, ifindex: vip.ifindex, mac: this.mac, ip: vip.address, count: this.arp.announceNum, intervalMs: this.arp.announceInterval * 1000,
+      clock: this.clock, log: this.log, metrics: this.netM,
+    }).catch((err) => this.log.warn({ op: 'announce', err: errorMessage(err) }, 'gratuitous ARP failed'));
+  }
+
   private async unbind(a: Extract<ClientAction, { type: 'unbind' }>): Promise<void> {
     const reason = unbindReason(a, this.clock.wallNow() - this.clock.now());
     const address = formatIPv4(a.address);

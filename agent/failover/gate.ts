@@ -211,6 +211,9 @@ export class VrrpGate extends EventEmitter {
         info.splitBrains++;
         // The driver logs it; 'yielded' is followed by 'backup' and the daemon's withdrawal.
         info.lastSplitBrain = { peer: e.peer, peerPriority: e.peerPriority, resolution: e.resolution, at: this.clock.wallNow() };
+        // We stay Master: the LAN may have learnt the other Master's MAC for
+        // our VIPs while it held them, so tell it again where they live.
+        if (e.resolution === 'kept') this.emit('reannounce', [...(this.servicesOn.get(vrid) ?? [])]);
       });
       this.routers.set(vrid, router);
       this.info.set(vrid, info);

@@ -413,6 +413,14 @@ export class PoolSource extends EventEmitter implements AddressSource {
     await announce({ socket, mac: link.mac, ip: address, count: 1, intervalMs: 0, clock: this.clock, log: this.opts.log, metrics: this.netMetrics });
   }
 
+  reannounce(): void {
+    const vip = this.vip;
+    const socket = this.socket;
+    if (!vip || !socket) return;
+    announce({ socket, mac: vip.mac, ip: vip.address, count: Math.max(1, this.opts.arp.announceNum), intervalMs: this.opts.arp.announceInterval * 1000, clock: this.clock, log: this.opts.log, metrics: this.netMetrics })
+      .catch((err) => this.log.warn({ op: 'announce', address: vip.address, err: errorMessage(err) }, 'could not send a gratuitous ARP'));
+  }
+
   /**
    * ANNOUNCE_NUM - 1 further announcements ANNOUNCE_INTERVAL apart, each
    * sent only while the address is still held by this generation: a
