@@ -24,6 +24,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { Lab, run, waitFor } from '../test/helpers/netns';
 import { startBackend } from '../test/helpers/services';
+import { startNginxBackend } from './lib/peers';
 import { JsonLinesProc } from '../test/privileged/fixtures/forward-lab';
 import type { DriverService } from '../test/privileged/fixtures/forward-driver';
 
@@ -98,33 +99,6 @@ function median(xs: number[]): number {
 }
 
 const round2 = (x: number): number => Math.round(x * 100) / 100;
-
-async function startNginxBackend(lab: Lab, ns: string, id: string): Promise<void> {
-  const dir = lab.file(`nginx-${id}`);
-  fs.mkdirSync(dir, { recursive: true });
-  const conf = path.join(dir, 'nginx.conf');
-  fs.writeFileSync(conf, `
-user root;
-worker_processes 1;
-daemon off;
-pid ${dir}/nginx.pid;
-error_log ${dir}/error.log warn;
-events { worker_connections 8192; multi_accept on; }
-http {
-  access_log off;
-  keepalive_requests 100000000;
-  keepalive_timeout 60s;
-  client_body_temp_path ${dir}/body;
-  proxy_temp_path ${dir}/proxy;
-  server {
-    listen 8080 backlog=4096;
-    location / { default_type text/plain; return 200 "${id}\\n"; }
-  }
-}
-`);
-  lab.spawn(ns, 'nginx', ['-p', dir, '-e', `${dir}/error.log`, '-c', conf]);
-  await waitFor(`nginx backend ${id}`, async () => (await lab.sh(ns, 'cat /proc/net/tcp', { allowFail: true })).stdout.includes(':1F90 00000000:0000 0A'), 10_000);
-}
 
 async function startHaproxy(lab: Lab, ns: string): Promise<number> {
   const conf = lab.file('haproxy.cfg');
