@@ -37,7 +37,20 @@ interface ServiceRuntime {
   /** VRRP gating of the source, one start/stop at a time (gateSource). Never rejects. */
   gate: Promise<void>;
   gatePending: boolean;
+  /**
+   * Crash-only start: the VIP an earlier run left serving (observeHeld),
+   * forwarded from the first moment until the source confirms it ('vip') or
+   * disproves it ('lost', pending, failed).
+   */
+  held: string | undefined;
+  /** The VIP was adopted from an earlier run at start. */
+  adopted: boolean;
+  interruptions: number;
+  lastInterruption: { at: string; reason: string } | undefined;
 }
+
+/** Persisted health verdicts (crash-only start seeds the checker from them). */
+const HEALTH_FILE = 'health.json';
 
 export class Daemon extends EventEmitter {
   private readonly opts: DaemonOptions;
@@ -55,7 +68,9 @@ export class Daemon extends EventEmitter {
   private applyAgain = false;
   private stopping = false;
   private lastReload: { at: number; ok: boolean; message: string } | undefined;
-  private metrics: { reloads: Counter; services: Gauge; ready: Gauge; vipInfo: Gauge } | undefined;
+  private metrics: { reloads: Counter; services: Gauge; ready: Gauge; vipInfo: Gauge; interruptions: Counter } | undefined;
+  private store: StateStore | undefined;
+  private healthSave: NodeJS.Timeout | undefined;
 
   constructor(opts: DaemonOptions) {
     super();
@@ -78,6 +93,7 @@ export class Daemon extends EventEmitter {
 
     const store = new StateStore(config.stateDir);
     store.ensure();
+    this.store = store;
     this.lock = new InstanceLock(config.stateDir);
     this.lock.acquire();
 
@@ -96,6 +112,7 @@ export class Daemon extends EventEmitter {
       // or a primary's, for Share IP): set at scrape time from status, so a
       // pool source's own updates of the same series cannot go stale.
       vipInfo: new Gauge({ name: 'lbagent_service_vip_info', help: 'The VIP a service is served on by this node (1 while served).', labelNames: ['service', 'namespace', 'vip', 'ipam'], registers: [registry], collect: () => this.collectVipInfo() }),
+      interruptions: new Counter({ name: 'lbagent_service_vip_interruptions_total', help: 'Times a served VIP was withdrawn while the service stayed configured, by reason.', labelNames: ['service', 'namespace', 'reason'], registers: [registry] }),
     };
 
     try {
@@ -105,7 +122,7 @@ export class Daemon extends EventEmitter {
         await this.metricsServer.start();
       }
       this.subs = await this.opts.buildSubsystems(config, { log: this.opts.log, registry, store, clock: this.clock });
-      this.subs.health.on('change', () => this.scheduleApply());
+      this.subs.health.on('change', () => { this.scheduleApply(); this.saveHealthSoon(); });
       this.subs.failover?.on('change', (keys: string[]) => this.onFailoverChange(keys));
       this.subs.failover?.on('reannounce', (keys: string[]) => {
         for (const k of keys) if (this.holds(k)) this.runtimes.get(k)?.source?.reannounce?.();
@@ -114,12 +131,21 @@ export class Daemon extends EventEmitter {
       if (owned.removed.length > 0) this.log.warn({ op: 'adopt', removed: owned.removed }, 'removed links/addresses left by an earlier run that the config does not want');
       if (owned.adopted.length > 0) this.log.info({ op: 'adopt', adopted: owned.adopted }, 'adopted links left by an earlier run');
 
-      for (const s of config.services) this.addService(s);
+      // Crash-only start (DESIGN.md "Continuity"): what an earlier run left
+      // serving keeps serving. The VIPs still on the kernel and explained by
+      // a lease or claim, and the health verdicts it reached, make the first
+      // forwarding state - identical to the table the kernel already holds
+      // after a restart, so nothing blinks - and only then do the sources
+      // start, confirming (or disproving) each VIP in the background.
+      const held = await this.subs.observeHeld(config.services);
+      if (held.size > 0) this.log.info({ op: 'adopt', vips: Object.fromEntries(held) }, `serving ${held.size} VIP(s) left by an earlier run while they are confirmed`);
+      this.subs.health.seed?.(this.loadHealth());
+      for (const s of config.services) this.addService(s, held.get(s.key));
       this.subs.health.update(config.services);
       this.subs.health.start();
       this.updateFailover();
-      this.startSources();
       await this.applyNow();
+      this.startSources();
 
       this.control = new ControlServer({ socketPath: config.control.socket, handler: (op) => this.handleControl(op), log: this.log });
       await this.control.start();
@@ -132,13 +158,29 @@ export class Daemon extends EventEmitter {
     this.notifyStatus();
   }
 
-  private addService(spec: ServiceSpec): void {
-    const rt: ServiceRuntime = { spec, source: undefined, startedAt: this.clock.wallNow(), gate: Promise.resolve(), gatePending: false };
+  private addService(spec: ServiceSpec, held?: string): void {
+    const rt: ServiceRuntime = {
+      spec, source: undefined, startedAt: this.clock.wallNow(), gate: Promise.resolve(), gatePending: false,
+      held, adopted: held !== undefined, interruptions: 0, lastInterruption: undefined,
+    };
     if (spec.primaryService === undefined) {
       const source = this.subs!.createSource(spec);
-      source.on('vip', () => { this.scheduleApply(); this.notifyStatus(); });
-      source.on('lost', (reason: string) => { this.log.warn({ op: 'vip-lost', service: spec.key, reason }, 'VIP withdrawn'); this.scheduleApply(); this.notifyStatus(); });
-      source.on('status', () => this.scheduleApply());
+      source.on('vip', () => { rt.held = undefined; this.scheduleApply(); this.notifyStatus(); });
+      source.on('lost', (reason: string) => {
+        this.log.warn({ op: 'vip-lost', service: spec.key, reason }, 'VIP withdrawn');
+        rt.held = undefined;
+        if (!this.stopping && this.runtimes.get(spec.key) === rt && !/^(stopped|released)\b/.test(reason)) this.noteInterruption(rt, reason);
+        this.scheduleApply();
+        this.notifyStatus();
+      });
+      source.on('status', () => {
+        const st = source.status().state;
+        if (rt.held !== undefined && (st === 'pending' || st === 'failed')) {
+          this.noteInterruption(rt, source.status().reason ?? st);
+          rt.held = undefined;
+        }
+        this.scheduleApply();
+      });
       rt.source = source;
     }
     this.runtimes.set(spec.key, rt);
@@ -224,8 +266,54 @@ export class Daemon extends EventEmitter {
     const primaryKey = spec.primaryService ?? spec.key;
     const prt = this.runtimes.get(primaryKey);
     const st = prt?.source?.status();
-    if (!st || (st.state !== 'bound' && st.state !== 'renewing')) return undefined;
-    return st.vip?.address;
+    if (st && (st.state === 'bound' || st.state === 'renewing') && st.vip) return st.vip.address;
+    return prt?.held;
+  }
+
+  /** A served VIP went away while its service stays configured: counted by reason, kept for status. */
+  private noteInterruption(rt: ServiceRuntime, reason: string): void {
+    rt.interruptions++;
+    rt.lastInterruption = { at: new Date(this.clock.wallNow()).toISOString(), reason };
+    this.metrics?.interruptions.inc({ service: rt.spec.name, namespace: rt.spec.namespace, reason: interruptionKind(reason) });
+  }
+
+  /** The health verdicts an earlier run persisted, for HealthLike.seed. */
+  private loadHealth(): Array<[string, string, 'up' | 'down']> {
+    let doc: unknown;
+    try { doc = this.store?.read<unknown>(HEALTH_FILE); } catch (e) {
+      this.log.warn({ op: 'adopt', err: errorMessage(e) }, 'saved health verdicts unreadable; backends start unknown');
+      return [];
+    }
+    const out: Array<[string, string, 'up' | 'down']> = [];
+    if (typeof doc !== 'object' || doc === null) return out;
+    for (const [key, backends] of Object.entries(doc as Record<string, unknown>)) {
+      if (typeof backends !== 'object' || backends === null) continue;
+      for (const [address, state] of Object.entries(backends as Record<string, unknown>)) {
+        if (state === 'up' || state === 'down') out.push([key, address, state]);
+      }
+    }
+    return out;
+  }
+
+  /** Persist health verdicts shortly after a change (bursts coalesce into one atomic write). */
+  private saveHealthSoon(): void {
+    if (this.healthSave || !this.store) return;
+    this.healthSave = setTimeout(() => { this.healthSave = undefined; this.saveHealth(); }, 50);
+    this.healthSave.unref();
+  }
+
+  private saveHealth(): void {
+    const subs = this.subs;
+    if (!subs || !this.store) return;
+    const doc: Record<string, Record<string, string>> = {};
+    for (const rt of this.runtimes.values()) {
+      const states: Record<string, string> = {};
+      for (const b of subs.health.status(rt.spec.key)) if (b.state === 'up' || b.state === 'down') states[b.address] = b.state;
+      if (Object.keys(states).length > 0) doc[rt.spec.key] = states;
+    }
+    try { this.store.write(HEALTH_FILE, doc); } catch (e) {
+      this.log.warn({ op: 'health', err: errorMessage(e) }, 'could not save health verdicts (a restart would start them unknown)');
+    }
   }
 
   private forwardState(): ForwardService[] {
@@ -342,6 +430,7 @@ export class Daemon extends EventEmitter {
       try { await fn(); } catch (e) { this.log.error({ op: 'stop', step: what, err: errorMessage(e) }, `stop: ${what} failed`); }
     };
     if (this.applying) await this.applying.catch(() => undefined);
+    if (this.healthSave) { clearTimeout(this.healthSave); this.healthSave = undefined; this.saveHealth(); }
     await step('control socket', () => this.control?.stop());
     if (this.subs) {
       const subs = this.subs;
@@ -426,6 +515,8 @@ export class Daemon extends EventEmitter {
         key: spec.key, name: spec.name, namespace: spec.namespace, ipam: spec.ipam,
         primaryService: spec.primaryService, vip: vip ?? src?.vip?.address, interface: src?.ifname, mac: src?.mac,
         state, reason, ready, startedAt: rt.startedAt,
+        adopted: this.runtimes.get(primaryKey)?.adopted ?? false, interruptions: this.runtimes.get(primaryKey)?.interruptions ?? 0,
+        lastInterruption: this.runtimes.get(primaryKey)?.lastInterruption,
         ports: spec.ports.map((p) => `${p.port}/${p.protocol}->${p.targetPort}`),
         source: src ? { state: src.state, reason: src.reason, ...src.details } : undefined,
         failover,
@@ -464,6 +555,15 @@ export class Daemon extends EventEmitter {
   }
 }
 
+/** A bounded label for lbagent_service_vip_interruptions_total from a source's reason text. */
+export function interruptionKind(reason: string): string {
+  if (/DHCPNAK/.test(reason)) return 'nak';
+  if (/expired/.test(reason)) return 'lease-expired';
+  if (/moved the lease/.test(reason)) return 'address-changed';
+  if (/conflict|in use|uses /.test(reason)) return 'conflict';
+  return 'other';
+}
+
 export const VERSION: string = (() => {
   try {
     // eslint-disable-next-line @typescript-eslint/no-var-requires
@@ -477,6 +577,11 @@ export interface ServiceStatus {
   key: string; name: string; namespace: string; ipam: string; primaryService: string | undefined;
   vip: string | undefined; interface: string | undefined; mac: string | undefined;
   state: string; reason: string | undefined; ready: boolean; startedAt: number;
+  /** The VIP was adopted from an earlier run at start (crash-only start). */
+  adopted: boolean;
+  /** Times the VIP was withdrawn while the service stayed configured, and the last time and reason. */
+  interruptions: number;
+  lastInterruption: { at: string; reason: string } | undefined;
   ports: string[]; source: Record<string, unknown> | undefined; failover: Record<string, unknown> | undefined;
   healthyBackends: number;
   backends: readonly { address: string; port: number; state: string; since: number | undefined; reason: string | undefined; takenOutBy: string | undefined }[];

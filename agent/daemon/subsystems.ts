@@ -23,6 +23,8 @@ export interface BackendHealth {
 }
 
 export interface HealthLike extends EventEmitter {
+  /** Starting verdicts from an earlier run (crash-only start); before update(). */
+  seed?(states: Iterable<readonly [serviceKey: string, address: string, state: 'up' | 'down']>): void;
   update(services: readonly ServiceSpec[]): void;
   start(): void;
   stop(): void | Promise<void>;
@@ -57,6 +59,14 @@ export interface FailoverLike extends EventEmitter {
 export interface Subsystems {
   readonly parent: ParentLink;
   createSource(spec: ServiceSpec): AddressSource;
+  /**
+   * Crash-only start: the VIPs an earlier run left serving that the
+   * persisted state still explains (a DHCP service's unexpired saved lease
+   * whose address is on its macvlan; a pool claim whose address is on the
+   * parent), by service key. Read-only; empty under VRRP, where this node
+   * starts as Backup.
+   */
+  observeHeld(services: readonly ServiceSpec[]): Promise<Map<string, string>>;
   /** Remove links/addresses owned by the agent that these services do not want (start-up adoption). */
   adoptOwned(services: readonly ServiceSpec[]): Promise<{ adopted: string[]; removed: string[] }>;
   readonly health: HealthLike;

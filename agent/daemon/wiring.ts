@@ -21,7 +21,8 @@ import { PoolSource } from '../ipam/pool-source';
 import { HealthChecker } from '../health/checker';
 import { selectDataplane, createDataplane, probeNftables } from '../forward/index';
 import { VrrpGate } from '../failover/gate';
-import { parseIPv4 } from '../ipv4';
+import { formatIPv4, parseIPv4 } from '../ipv4';
+import { readSavedLease } from '../dhcp/lease';
 import type { Subsystems, ParentLink, DataplaneLike } from './subsystems';
 
 /** The interface of the IPv4 default route (/proc/net/route), the parent when node.interface is unset. */
@@ -90,9 +91,35 @@ export async function buildSubsystems(config: Desired, ctx: { log: Logger; regis
       health,
       dataplane,
       failover,
+      // Under VRRP the election decides who holds a VIP: a takeover serves
+      // the saved lease at once and confirms it, and an offer is not
+      // ARP-probed (the previous Master's stale ARP entries would only delay
+      // it by seconds; the VIP owner still defends the address once held).
       createSource: (spec: ServiceSpec) => (spec.ipam === 'dhcp'
-        ? createDhcpSource({ service: spec, parent: parent.name, timings: config.dhcp, arp: config.arp, store, netlink, log, registry, clock, limiter: dhcpLimiter })
+        ? createDhcpSource({
+          service: spec, parent: parent.name, timings: vrrp ? { ...config.dhcp, probeOffer: false } : config.dhcp, arp: config.arp,
+          store, netlink, log, registry, clock, limiter: dhcpLimiter, resumeSaved: vrrp,
+        })
         : new PoolSource({ service: spec, parentIfname: parent.name, manager: pools, arp: config.arp, netlink, log, registry, clock, probe: !vrrp })),
+      observeHeld: async (services) => {
+        const held = new Map<string, string>();
+        if (vrrp) return held;
+        const all = await netlink.listAddresses();
+        const on = (index: number, address: string): boolean => all.some((a) => a.index === index && a.address === address && a.prefix === 32);
+        const wallOffset = clock.wallNow() - clock.now();
+        for (const s of services) {
+          if (s.primaryService !== undefined) continue;
+          if (s.ipam === 'dhcp') {
+            const { lease } = readSavedLease(store, s.key, macForService(s.key), wallOffset);
+            const link = lease && lease.expiresAt > clock.now() ? await netlink.findLink(linkNameForService(s.key)) : undefined;
+            if (lease && link && link.mac === macForService(s.key) && on(link.index, formatIPv4(lease.address))) held.set(s.key, formatIPv4(lease.address));
+          } else {
+            const claim = pools.claimOf(s.key);
+            if (claim && on(parent.index, claim.address)) held.set(s.key, claim.address);
+          }
+        }
+        return held;
+      },
       adoptOwned: async (services) => {
         const wanted = new Map<string, { mac: string; parent: string }>();
         for (const s of services) {

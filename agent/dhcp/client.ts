@@ -64,7 +64,12 @@ export interface ClientState {
 }
 
 export type ClientEvent =
-  | { readonly type: 'start'; readonly saved?: Lease | undefined }
+  /**
+   * `resume`: serve the saved lease at once and confirm it in the background
+   * (crash-only start: the address never left our macvlan; VRRP takeover: the
+   * election decided who holds it). Only an unexpired saved lease resumes.
+   */
+  | { readonly type: 'start'; readonly saved?: Lease | undefined; readonly resume?: boolean }
   | { readonly type: 'timer' }
   | { readonly type: 'reply'; readonly packet: DhcpPacket; readonly serverMac: string }
   | { readonly type: 'probe-ok' }
@@ -79,7 +84,7 @@ export type Destination = { readonly kind: 'broadcast' } | { readonly kind: 'uni
 
 export type UnbindCause = 'expired' | 'nak' | 'released' | 'stopped' | 'address-changed';
 
-export type Note = 'acquired' | 'renewed' | 'renewing' | 'rebinding' | 'nak' | 'declined' | 'expired' | 'request-timeout' | 'reboot-timeout';
+export type Note = 'acquired' | 'resumed' | 'renewed' | 'renewing' | 'rebinding' | 'nak' | 'declined' | 'expired' | 'request-timeout' | 'reboot-timeout';
 
 export type ClientAction =
   /** Send a message; `srcIp` is the IP source (0 before an address is held, §4.1). */
@@ -101,7 +106,7 @@ export type ClientAction =
 
 /** Why a step did what it did: for logs and tests. */
 export type StepReason =
-  | 'started' | 'already-running' | 'not-running'
+  | 'started' | 'resumed' | 'already-running' | 'not-running'
   | 'early-timer' | 'retransmit' | 'request-timeout' | 'reboot-timeout' | 'init-wait-over'
   | 'renew' | 'rebind' | 'expired'
   | 'offer' | 'ack' | 'nak' | 'renewed' | 'address-changed'
@@ -318,6 +323,18 @@ export function step(ctx: ClientContext, s: ClientState, ev: ClientEvent, now: n
     case 'start': {
       if (s.name !== 'STOPPED') return result(s, actions, 'already-running');
       const saved = ev.saved;
+      if (saved && saved.expiresAt > now && ev.resume) {
+        // Crash-only start (DESIGN.md "Continuity"): the address is served
+        // now, with no ARP probe (RFC 5227 probes an address a host is about
+        // to begin using; this one never stopped being ours), and confirmed
+        // by a REQUEST for it right away: a RENEWING exchange, unicast to
+        // the server with ciaddr (RFC 2131 §4.3.2). Only a NAK or the
+        // lease's own expiry withdraws it.
+        actions.push({ type: 'bind', lease: saved }, { type: 'note', what: 'resumed' });
+        const bound: ClientState = { ...initialState(), name: 'BOUND', lease: saved, hint: saved.address };
+        const next = now >= saved.renewAt ? boundTimers(ctx, bound, now, actions) : enterRenewing(ctx, bound, now, actions);
+        return result(next, actions, 'resumed');
+      }
       if (saved && saved.expiresAt > now) {
         // §3.2 / §4.4.2: a client that remembers an unexpired lease starts in INIT-REBOOT.
         const next: ClientState = {

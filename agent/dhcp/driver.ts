@@ -35,7 +35,7 @@ import {
   BROADCAST_IP, BROADCAST_MAC, DHCP_CLIENT_FILTER, buildClientMessage, decodeReply, describePacket, encodeDhcp, encodeUdpFrame,
   type ClientIdentity,
 } from './codec';
-import { fromStored, leaseDetails, leaseFileName, toStored, type Lease } from './lease';
+import { leaseDetails, leaseFileName, readSavedLease, toStored, type Lease } from './lease';
 import { sharedStartLimiter, type ReleaseSlot, type StartLimiter } from './limiter';
 import { dhcpMetrics, removeServiceSeries, setDhcpState, type DhcpMetrics } from './metrics';
 
@@ -68,6 +68,13 @@ export interface DhcpSourceOptions {
   random?: () => number;
   /** Shared by every DHCP service of the agent; default: one per registry. */
   limiter?: StartLimiter;
+  /**
+   * Serve an unexpired saved lease at once, without a probe, and confirm it
+   * in the background, even when its address is not on the macvlan (VRRP:
+   * the election decided this node holds the VIP). Without it, only an
+   * address found on the adopted macvlan resumes.
+   */
+  resumeSaved?: boolean;
   net?: Partial<DhcpNetDeps>;
 }
 
@@ -100,6 +107,7 @@ export class DhcpSource extends EventEmitter implements AddressSource {
   private readonly identity: ClientIdentity;
   private readonly labels: { service: string; namespace: string };
   private readonly leaseFile: string;
+  private readonly resumeSaved: boolean;
 
   private state: ClientState = initialState();
   private running = false;
@@ -130,6 +138,7 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     this.labels = { service: opts.service.name, namespace: opts.service.namespace };
     this.log = opts.log.child({ module: 'dhcp', service: this.key, ifname: this.ifname });
     this.leaseFile = leaseFileName(this.key);
+    this.resumeSaved = opts.resumeSaved ?? false;
     const t = opts.timings;
     const requestedIp = opts.service.loadBalancerIP ? parseIPv4(opts.service.loadBalancerIP) : undefined;
     const config: ClientConfig = {
@@ -230,15 +239,22 @@ export class DhcpSource extends EventEmitter implements AddressSource {
   // --- start-up ----------------------------------------------------------------
 
   private async run(signal: AbortSignal, gen: number): Promise<void> {
-    const release = await this.limiter.acquire(signal);
-    if (!release) return;
-    if (signal.aborted || gen !== this.generation) { release(); return; }
-    this.slot = release;
     const log = this.log.child({ op: 'start' });
-    this.ifindex = await this.ensureLink(log);
+    const saved = this.loadLease(log);
+    const unexpired = saved !== undefined && saved.expiresAt > this.clock.now() ? saved : undefined;
+    // A lease that resumes sends one unicast REQUEST, no DISCOVER: it needs
+    // no start slot (the slot and its jitter keep a boot from storming the
+    // server) and must not wait behind one while clients use the VIP.
+    if (!unexpired || !this.resumeSaved) {
+      if (!(await this.takeSlot(signal, gen))) return;
+    }
+    const { index, kept } = await this.ensureLink(log, unexpired ? formatIPv4(unexpired.address) : undefined);
+    this.ifindex = index;
     if (signal.aborted) return;
+    const resume = unexpired !== undefined && (kept || this.resumeSaved);
+    if (!resume && !this.slot && !(await this.takeSlot(signal, gen))) return;
     const sock = this.deps.openPacketSocket({
-      ifindex: this.ifindex, protocol: ETH_P_IP, filter: DHCP_CLIENT_FILTER, log: this.log, metrics: this.netM,
+      ifindex: index, protocol: ETH_P_IP, filter: DHCP_CLIENT_FILTER, log: this.log, metrics: this.netM,
     });
     this.socket = sock;
     sock.on('frame', (frame: Buffer, info: FrameInfo) => {
@@ -250,13 +266,27 @@ export class DhcpSource extends EventEmitter implements AddressSource {
       }
     });
     sock.on('error', (err: Error) => this.log.warn({ op: 'recv', err: err.message }, 'DHCP packet socket error'));
-    const saved = this.loadLease(log);
-    log.info({ mac: this.mac, parent: this.parent, saved: saved ? formatIPv4(saved.address) : undefined }, 'DHCP client starting');
-    this.dispatch({ type: 'start', saved });
+    log.info({ mac: this.mac, parent: this.parent, saved: saved ? formatIPv4(saved.address) : undefined, resume, adopted: kept }, 'DHCP client starting');
+    this.dispatch({ type: 'start', saved, resume });
   }
 
-  /** Create the macvlan, or adopt the one an earlier run left (SIGKILL, crash). Returns its ifindex. */
-  private async ensureLink(log: Logger): Promise<number> {
+  /** A start slot from the shared limiter; false when stopped while waiting. */
+  private async takeSlot(signal: AbortSignal, gen: number): Promise<boolean> {
+    const release = await this.limiter.acquire(signal);
+    if (!release) return false;
+    if (signal.aborted || gen !== this.generation) { release(); return false; }
+    this.slot = release;
+    return true;
+  }
+
+  /**
+   * Create the macvlan, or adopt the one an earlier run left (SIGKILL, crash,
+   * planned restart). On an adopted macvlan, `keep` (the saved lease's
+   * address) stays where it is - clients are using it - and `kept` says so;
+   * any other address there has no lease behind it and goes.
+   */
+  private async ensureLink(log: Logger, keep: string | undefined): Promise<{ index: number; kept: boolean }> {
+    let kept = false;
     const parent = await this.netlink.getLink(this.parent);
     let link = await this.netlink.findLink(this.ifname);
     if (link) {
@@ -270,12 +300,12 @@ export class DhcpSource extends EventEmitter implements AddressSource {
         await this.netlink.deleteLink(link.index);
         link = undefined;
       } else {
-        // Adopted: whatever address it carries is from an earlier run and has no lease behind it yet.
         for (const a of await this.netlink.listAddresses(link.index)) {
+          if (a.address === keep && a.prefix === VIP_PREFIX) { kept = true; continue; }
           await this.netlink.removeAddress(link.index, a.address, a.prefix);
-          log.info({ address: `${a.address}/${a.prefix}` }, 'removed an address left on the adopted macvlan');
+          log.info({ address: `${a.address}/${a.prefix}` }, 'removed an address left on the adopted macvlan (no saved lease for it)');
         }
-        log.info('adopted the service macvlan');
+        log.info({ kept: kept ? keep : undefined }, kept ? `adopted the service macvlan with ${keep}: serving it while the lease is confirmed` : 'adopted the service macvlan');
       }
     }
     if (!link) link = await this.netlink.createMacvlan({ name: this.ifname, parent: parent.index, mac: this.mac, mode: 'bridge' });
@@ -284,20 +314,12 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     await this.deps.applySysctls(parent.name, 'parent');
     await this.deps.applySysctls(this.ifname, 'macvlan');
     if (!link.up) await this.netlink.setLinkUp(link.index, true);
-    return link.index;
+    return { index: link.index, kept };
   }
 
   private loadLease(log: Logger): Lease | undefined {
-    let doc: unknown;
-    try {
-      doc = this.store.read<unknown>(this.leaseFile);
-    } catch (err) {
-      log.warn({ err: errorMessage(err), file: this.leaseFile }, 'saved lease unreadable; starting without it');
-      return undefined;
-    }
-    if (doc === undefined) return undefined;
-    const lease = fromStored(doc, this.key, this.mac, this.clock.wallNow() - this.clock.now());
-    if (!lease) log.warn({ file: this.leaseFile }, 'saved lease is not a usable lease of this service; ignoring it');
+    const { lease, problem } = readSavedLease(this.store, this.key, this.mac, this.clock.wallNow() - this.clock.now());
+    if (problem) log.warn({ file: this.leaseFile }, problem);
     return lease;
   }
 
@@ -498,6 +520,9 @@ export class DhcpSource extends EventEmitter implements AddressSource {
         this.log.warn({ op: 'init-reboot' }, 'no server answered INIT-REBOOT; using the saved lease if it is still valid');
         return;
       case 'renewing': return;
+      case 'resumed':
+        this.log.info({ op: 'resume' }, 'serving the saved lease at once; confirming it with the server');
+        return;
     }
   }
 

@@ -166,6 +166,23 @@ export function fromStored(doc: unknown, service: string, mac: string, wallOffse
   };
 }
 
+/**
+ * The saved lease of a service from the state store, on the client's clock.
+ * Never throws: an unreadable or foreign file is no lease, and `problem`
+ * says why for the caller's log.
+ */
+export function readSavedLease(store: { read<T>(name: string): T | undefined }, service: string, mac: string, wallOffset: number): { lease: Lease | undefined; problem: string | undefined } {
+  let doc: unknown;
+  try {
+    doc = store.read<unknown>(leaseFileName(service));
+  } catch (err) {
+    return { lease: undefined, problem: `saved lease unreadable (${err instanceof Error ? err.message : String(err)}); starting without it` };
+  }
+  if (doc === undefined) return { lease: undefined, problem: undefined };
+  const lease = fromStored(doc, service, mac, wallOffset);
+  return { lease, problem: lease ? undefined : 'saved lease is not a usable lease of this service; ignoring it' };
+}
+
 /** Status details of a lease for `lb-agent status` (wall-clock ISO times). */
 export function leaseDetails(lease: Lease, wallOffset: number): Record<string, unknown> {
   const iso = (t: number): string | null => (Number.isFinite(t) ? new Date(t + wallOffset).toISOString() : null);

@@ -138,6 +138,8 @@ export class HealthChecker extends EventEmitter {
   private readonly services = new Map<string, ServiceEntry>();
   private readonly targets = new Map<string, Target>();
   private running = false;
+  /** Verdicts of an earlier run, by service key and address, taken once by the backend's first subscription. */
+  private seeded = new Map<string, 'up' | 'down'>();
 
   constructor(opts: HealthCheckerOptions) {
     super();
@@ -204,6 +206,18 @@ export class HealthChecker extends EventEmitter {
     // Listeners see the finished update.
     for (const sub of changes) this.emitChange(sub, this.subHealthy(sub));
     this.log.debug({ op: 'update', services: this.services.size, targets: this.targets.size }, 'health targets updated');
+  }
+
+  /**
+   * Crash-only start: the verdicts an earlier run reached (persisted by the
+   * daemon) become the starting state of those backends instead of
+   * `unknown`, so a restart neither takes healthy backends out of rotation
+   * until their first probe nor puts dead ones in. Thresholds then apply as
+   * usual: an `up` backend goes down after failureThreshold failures. Call
+   * before the update() that adds the services.
+   */
+  seed(states: Iterable<readonly [serviceKey: string, address: string, state: 'up' | 'down']>): void {
+    for (const [key, address, state] of states) this.seeded.set(`${key}\u0000${address}`, state);
   }
 
   /** Start probing: every target is probed at once, then on its period. */
@@ -308,6 +322,9 @@ export class HealthChecker extends EventEmitter {
       touched.add(target);
     }
     const now = this.clock.wallNow();
+    const seedKey = `${svc.spec.key}\u0000${b.address}`;
+    const seeded = target ? this.seeded.get(seedKey) : undefined;
+    this.seeded.delete(seedKey);
     const sub: Sub = {
       service: svc,
       backend: b,
@@ -317,7 +334,7 @@ export class HealthChecker extends EventEmitter {
       thresholds: thresholdsOf(hc),
       periodMs: hc.periodSeconds * 1000,
       timeoutMs: hc.timeoutSeconds * 1000,
-      health: initialHealth(now),
+      health: seeded ? { ...initialHealth(now), state: seeded } : initialHealth(now),
       lastAcceptedBase: undefined,
       lastProbe: undefined,
     };

@@ -350,6 +350,43 @@ t.test('INIT-REBOOT unanswered: the unexpired saved lease is used after a probe 
   t.equal(sends(r.actions)[0]!.to.kind, 'unicast');
 });
 
+t.test('resume: an unexpired saved lease is served at once, no probe, and confirmed by a REQUEST (crash-only start)', async (t) => {
+  const c = ctx();
+  let r = step(c, initialState(), { type: 'start', saved: savedLease(T0), resume: true }, T0);
+  t.equal(r.reason, 'resumed');
+  t.same(of(r.actions, 'bind').map((b) => b.lease.address), [ADDR], 'bound in the same step: clients keep the VIP');
+  t.same(of(r.actions, 'probe'), [], 'no ARP probe of an address that never left us');
+  t.same(of(r.actions, 'forget'), []);
+  t.equal(r.state.name, 'RENEWING', 'the confirmation is a RENEWING exchange');
+  const [req] = sends(r.actions);
+  t.equal(req!.message.kind, 'REQUEST');
+  t.equal(req!.message.ciaddr, ADDR, 'ciaddr = the address in use (RFC 2131 §4.3.2)');
+  t.same(req!.to, { kind: 'unicast', ip: SERVER, mac: SERVER_MAC }, 'unicast to the server that granted it');
+  t.equal(req!.srcIp, ADDR);
+
+  const ack = step(c, r.state, reply('ACK', r.state.xid), T0 + 20);
+  t.equal(ack.state.name, 'BOUND');
+  t.same(of(ack.actions, 'unbind'), [], 'confirmed: nothing withdrawn');
+  t.same(of(ack.actions, 'bind'), [], 'and not bound twice');
+  t.equal(of(ack.actions, 'persist').length, 1, 'the refreshed lease is saved');
+  t.equal(ack.state.lease!.expiresAt, T0 + 12 * HOUR, 'the lease now runs from the confirming REQUEST');
+
+  const nak = step(c, r.state, reply('NAK', r.state.xid, { message: 'wrong network' }), T0 + 20);
+  t.same(of(nak.actions, 'unbind').map((u) => [u.address, u.cause]), [[ADDR, 'nak']], 'a NAK withdraws the resumed address');
+  t.equal(of(nak.actions, 'forget').length, 1);
+  t.equal(nak.state.name, 'SELECTING', 'and a new lease is sought at once');
+
+  const late = step(c, initialState(), { type: 'start', saved: savedLease(T0, { expiresIn: HOUR }), resume: true }, T0);
+  t.equal(late.state.name, 'REBINDING', 'past T2: the confirmation is broadcast (REBINDING)');
+  t.equal(of(late.actions, 'bind').length, 1);
+
+  const expired = step(c, initialState(), { type: 'start', saved: savedLease(T0, { expiresIn: -1 }), resume: true }, T0);
+  t.equal(expired.state.name, 'SELECTING', 'an expired lease never resumes');
+  t.same(of(expired.actions, 'bind'), []);
+  const plain = step(c, initialState(), { type: 'start', saved: savedLease(T0) }, T0);
+  t.equal(plain.state.name, 'INIT-REBOOT', 'without resume: INIT-REBOOT and a probe, as before');
+});
+
 t.test('ARP conflict: DECLINE, wait declineWait, DISCOVER again', async (t) => {
   const c = ctx();
   let r = step(c, initialState(), { type: 'start' }, T0);
