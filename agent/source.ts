@@ -4,6 +4,7 @@
 // The reconciler only gates (start/stop) and reads status; it never touches
 // addresses itself.
 import type { EventEmitter } from 'node:events';
+import type { ArpTimings, DhcpTimings } from './config/types';
 
 export interface Vip {
   /** Dotted quad. */
@@ -51,6 +52,11 @@ export interface AddressSource extends EventEmitter {
    * (keepalived does the same: garp_lower_prio_repeat).
    */
   reannounce?(): void;
+  /**
+   * New arp: / dhcp: timings from a reload: used from the next exchange,
+   * probe or announcement on; the held VIP is not touched.
+   */
+  reconfigure?(settings: { arp: ArpTimings; dhcp: DhcpTimings }): void;
   // Events: 'vip' (vip: Vip) when the VIP is up on the LAN; 'lost' (reason: string)
   // when it was withdrawn; 'status' () on any status change.
 }

@@ -1,10 +1,8 @@
 // Reload by diff: which services were added, removed, changed or kept, and
-// whether a new config may replace the running one at all (rules that only
-// exist between two versions: IPAM mode is fixed once created, and settings
-// that need a restart). Pure.
+// which top-level sections changed. Pure. Whether a reload may proceed, and
+// the steps it takes, are daemon/reconciler.ts's.
 import { isDeepStrictEqual } from 'node:util';
 import type { Desired, ServiceSpec } from './types';
-import type { ConfigError } from './load';
 
 export interface ConfigDiff {
   readonly added: readonly ServiceSpec[];
@@ -35,19 +33,4 @@ export function diffConfigs(oldC: Desired, newC: Desired): ConfigDiff {
     if (!isDeepStrictEqual(oldC[k], newC[k])) globals.push(k);
   }
   return { added, removed, changed, unchanged, globals };
-}
-
-/** Rules between the running and the new config; empty when the reload may proceed. */
-export function reloadErrors(oldC: Desired, newC: Desired): ConfigError[] {
-  const errors: ConfigError[] = [];
-  newC.services.forEach((s, i) => {
-    const o = oldC.services.find((x) => x.key === s.key);
-    if (o && o.ipam !== s.ipam) {
-      errors.push({ path: `services[${i}].ipam`, message: `service ${s.key} was created with ${o.ipam} IPAM and cannot change to ${s.ipam}; create a new service instead` });
-    }
-  });
-  if (oldC.stateDir !== newC.stateDir) errors.push({ path: 'stateDir', message: `changed from ${oldC.stateDir} to ${newC.stateDir}: this needs a restart, not a reload` });
-  if (oldC.control.socket !== newC.control.socket) errors.push({ path: 'control.socket', message: `changed from ${oldC.control.socket} to ${newC.control.socket}: this needs a restart, not a reload` });
-  if (oldC.node.interface !== newC.node.interface) errors.push({ path: 'node.interface', message: `changed from ${oldC.node.interface ?? '(default route)'} to ${newC.node.interface ?? '(default route)'}: this needs a restart, not a reload` });
-  return errors;
 }

@@ -5,8 +5,8 @@
 // SIGTERM withdraws everything the agent announced without releasing leases.
 import { EventEmitter } from 'node:events';
 import { Registry, Gauge, Counter, collectDefaultMetrics } from 'prom-client';
-import { loadConfigFile, formatConfigErrors, parseListen } from '../config/load';
-import { diffConfigs, reloadErrors } from '../config/diff';
+import { loadConfigFile, formatConfigErrors, parseListen, type ConfigError } from '../config/load';
+import { planReload, describeSummary, type ReloadStep, type ReloadSummary } from './reconciler';
 import type { Desired, ServiceSpec } from '../config/types';
 import { LbError, errorMessage } from '../errors';
 import type { Logger } from '../log';
@@ -70,6 +70,9 @@ export class Daemon extends EventEmitter {
   private lastReload: { at: number; ok: boolean; message: string } | undefined;
   private metrics: { reloads: Counter; services: Gauge; ready: Gauge; vipInfo: Gauge; interruptions: Counter } | undefined;
   private store: StateStore | undefined;
+  private registry: Registry | undefined;
+  private reloading: Promise<ReloadResult> | undefined;
+  private reloadNext: Promise<ReloadResult> | undefined;
   private healthSave: NodeJS.Timeout | undefined;
 
   constructor(opts: DaemonOptions) {
@@ -98,6 +101,7 @@ export class Daemon extends EventEmitter {
     this.lock.acquire();
 
     const registry = new Registry();
+    this.registry = registry;
     collectDefaultMetrics({ register: registry, prefix: 'lbagent_' });
     // prom-client's *_total variants of these are gauges, which `promtool check
     // metrics` rejects ("non-counter metrics should not have _total suffix");
@@ -116,11 +120,7 @@ export class Daemon extends EventEmitter {
     };
 
     try {
-      if (config.metrics.listen !== '') {
-        const l = parseListen(config.metrics.listen)!;
-        this.metricsServer = new MetricsServer({ host: l.host, port: l.port, registry, readiness: () => this.readiness(), log: this.log });
-        await this.metricsServer.start();
-      }
+      if (config.metrics.listen !== '') await this.startMetrics(config.metrics.listen);
       this.subs = await this.opts.buildSubsystems(config, { log: this.opts.log, registry, store, clock: this.clock });
       this.subs.health.on('change', () => { this.scheduleApply(); this.saveHealthSoon(); });
       this.subs.failover?.on('change', (keys: string[]) => this.onFailoverChange(keys));
@@ -348,77 +348,122 @@ export class Daemon extends EventEmitter {
     while (this.applying) await this.applying;
   }
 
-  /** SIGHUP: reload by diff. Returns what happened; never throws. */
-  async reload(): Promise<{ ok: boolean; message: string }> {
+  /**
+   * SIGHUP (or `lb-agent reload`): reload by a pure plan. One reload runs at
+   * a time; requests that arrive meanwhile fold into one more reload of the
+   * newest file, and each caller gets the verdict of the reload that read a
+   * file at least as new as its request. Never throws.
+   */
+  reload(): Promise<ReloadResult> {
+    if (!this.reloading) {
+      this.reloading = this.reloadOnce().catch((e) => this.rejected([{ path: '', message: `internal error: ${errorMessage(e)}` }]))
+        .finally(() => { this.reloading = undefined; });
+      return this.reloading;
+    }
+    if (!this.reloadNext) {
+      this.reloadNext = this.reloading.then(() => { this.reloadNext = undefined; return this.reload(); });
+    }
+    return this.reloadNext;
+  }
+
+  private rejected(errors: readonly ConfigError[]): ReloadResult {
+    const message = `reload rejected, running config kept:\n${formatConfigErrors(errors, this.opts.configPath)}`;
+    this.log.error({ op: 'reload', errors }, message);
+    this.metrics?.reloads.inc({ result: 'rejected' });
+    this.lastReload = { at: this.clock.wallNow(), ok: false, message };
+    return { ok: false, message, errors };
+  }
+
+  private async reloadOnce(): Promise<ReloadResult> {
     const old = this.config;
-    if (!old || !this.subs || this.stopping) return { ok: false, message: 'not running' };
+    const subs = this.subs;
+    if (!old || !subs || this.stopping) return { ok: false, message: 'not running', errors: [] };
     const res = loadConfigFile(this.opts.configPath);
     const at = this.clock.wallNow();
-    if (!res.ok) {
-      const message = `reload rejected, running config kept:\n${formatConfigErrors(res.errors, this.opts.configPath)}`;
-      this.log.error({ op: 'reload', errors: res.errors }, message);
-      this.metrics?.reloads.inc({ result: 'rejected' });
-      this.lastReload = { at, ok: false, message };
-      return { ok: false, message };
-    }
-    const rules = reloadErrors(old, res.config);
-    if (rules.length > 0) {
-      const message = `reload rejected, running config kept:\n${formatConfigErrors(rules, this.opts.configPath)}`;
-      this.log.error({ op: 'reload', errors: rules }, message);
-      this.metrics?.reloads.inc({ result: 'rejected' });
-      this.lastReload = { at, ok: false, message };
-      return { ok: false, message };
-    }
+    if (!res.ok) return this.rejected(res.errors);
     const next = res.config;
-    const d = diffConfigs(old, next);
-    this.subs.reconfigure(next);
+    const plan = planReload({ config: old, dataplane: subs.dataplane.kind }, next);
+    if (!plan.ok) return this.rejected(plan.errors);
     this.config = next;
     this.configLoadedAt = at;
-    // Removed: secondaries first (a primary never goes while one shares it),
-    // then primaries, releasing their lease or claim.
-    const removed = [...d.removed].sort((a, b) => Number(b.primaryService !== undefined) - Number(a.primaryService !== undefined));
-    for (const s of removed) {
-      const rt = this.runtimes.get(s.key);
-      this.runtimes.delete(s.key);
-      if (rt) await rt.gate; // a VRRP start/stop in flight finishes first
-      if (rt?.source) await rt.source.stop({ release: true }).catch((e) => this.log.error({ op: 'reload', service: s.key, err: errorMessage(e) }, 'release failed'));
+    for (const step of plan.steps) {
+      if (this.stopping) break;
+      await this.carryOut(step, next);
     }
-    for (const [o, n] of d.changed) {
-      const rt = this.runtimes.get(n.key)!;
-      const addressChanged = o.ipam !== n.ipam || o.loadBalancerIP !== n.loadBalancerIP || o.primaryService !== n.primaryService || o.vrid !== n.vrid || o.priority !== n.priority;
-      if (addressChanged) {
-        await rt.gate;
-        if (rt.source) await rt.source.stop({ release: o.loadBalancerIP !== n.loadBalancerIP }).catch(() => undefined);
-        this.runtimes.delete(n.key);
-        this.addService(n);
-      } else {
-        rt.spec = n;
-        rt.startedAt = this.clock.wallNow();
-      }
-    }
-    for (const s of d.added) this.addService(s);
     // Keep config order for status.
-    const order = new Map(next.services.map((s, i) => [s.key, i]));
+    const order = new Map(next.services.map((sv, i) => [sv.key, i]));
     const sorted = [...this.runtimes.entries()].sort((a, b) => (order.get(a[0]) ?? 0) - (order.get(b[0]) ?? 0));
     this.runtimes.clear();
     for (const [k, v] of sorted) this.runtimes.set(k, v);
 
-    this.subs.health.update(next.services);
+    subs.health.update(next.services);
     this.updateFailover();
     this.startSources();
     await this.applyNow();
-    const message = `reloaded: ${d.added.length} added, ${d.removed.length} removed, ${d.changed.length} changed, ${d.unchanged.length} unchanged${d.globals.length ? `; changed sections: ${d.globals.join(', ')}` : ''}`;
-    this.log.info({ op: 'reload', added: d.added.map((s) => s.key), removed: d.removed.map((s) => s.key), changed: d.changed.map(([, n]) => n.key), globals: d.globals }, message);
-    if (d.globals.some((g) => !['pools', 'arp', 'dhcp'].includes(g))) {
-      this.log.warn({ op: 'reload', sections: d.globals }, 'some changed sections take effect at the next restart');
-    }
+    const message = describeSummary(plan.summary);
+    const sm = plan.summary;
+    this.log.info({ op: 'reload', added: sm.added, removed: sm.removed, changed: sm.changed, sections: sm.sections, idle: sm.idle }, message);
     this.metrics?.reloads.inc({ result: 'applied' });
     // Published together, once the new config is applied: a reader never sees
     // the new generation with the previous reload's verdict.
     this.generation++;
     this.lastReload = { at, ok: true, message };
     this.notifyStatus();
-    return { ok: true, message };
+    return { ok: true, message, errors: [], summary: plan.summary };
+  }
+
+  /** One step of a reload plan (reconciler.ts). */
+  private async carryOut(step: ReloadStep, next: Desired): Promise<void> {
+    const subs = this.subs!;
+    switch (step.op) {
+      case 'pools':
+        subs.reconfigure(next);
+        return;
+      case 'source-settings':
+        subs.reconfigure(next);
+        for (const rt of this.runtimes.values()) rt.source?.reconfigure?.({ arp: next.arp, dhcp: next.dhcp });
+        return;
+      case 'proxy-settings':
+        subs.dataplane.reconfigure?.(next.proxy);
+        return;
+      case 'metrics-listen':
+        await this.metricsServer?.stop().catch((e) => this.log.error({ op: 'reload', err: errorMessage(e) }, 'stopping the old metrics endpoint failed'));
+        this.metricsServer = undefined;
+        if (step.listen !== '') await this.startMetrics(step.listen);
+        return;
+      case 'remove': {
+        const rt = this.runtimes.get(step.key);
+        this.runtimes.delete(step.key);
+        if (rt) await rt.gate; // a VRRP start/stop in flight finishes first
+        if (rt?.source) await rt.source.stop({ release: true }).catch((e) => this.log.error({ op: 'reload', service: step.key, err: errorMessage(e) }, 'release failed'));
+        return;
+      }
+      case 'restart-source': {
+        const rt = this.runtimes.get(step.key);
+        if (rt) {
+          await rt.gate;
+          if (rt.source) await rt.source.stop({ release: step.release }).catch((e) => this.log.error({ op: 'reload', service: step.key, err: errorMessage(e) }, 'stopping the old address source failed'));
+        }
+        this.runtimes.delete(step.key);
+        this.addService(step.spec);
+        return;
+      }
+      case 'update': {
+        const rt = this.runtimes.get(step.key);
+        if (rt) { rt.spec = step.spec; rt.startedAt = this.clock.wallNow(); }
+        return;
+      }
+      case 'add':
+        this.addService(step.spec);
+        return;
+    }
+  }
+
+  private async startMetrics(listen: string): Promise<void> {
+    const l = parseListen(listen)!;
+    const server = new MetricsServer({ host: l.host, port: l.port, registry: this.registry!, readiness: () => this.readiness(), log: this.log });
+    await server.start();
+    this.metricsServer = server;
   }
 
   /** SIGTERM: withdraw everything announced, keep leases and claims, release the lock. */
@@ -426,6 +471,8 @@ export class Daemon extends EventEmitter {
     if (this.stopping) return;
     this.stopping = true;
     this.opts.notify?.('STOPPING=1');
+    // A reload in flight finishes its current step (each checks `stopping`) before anything is withdrawn.
+    if (this.reloading) await this.reloading.catch(() => undefined);
     const step = async (what: string, fn: () => Promise<unknown> | unknown): Promise<void> => {
       try { await fn(); } catch (e) { this.log.error({ op: 'stop', step: what, err: errorMessage(e) }, `stop: ${what} failed`); }
     };
@@ -572,6 +619,14 @@ export const VERSION: string = (() => {
     return 'unknown';
   }
 })();
+
+export interface ReloadResult {
+  ok: boolean;
+  message: string;
+  /** Why the file was refused (empty when applied). */
+  errors: readonly ConfigError[];
+  summary?: ReloadSummary;
+}
 
 export interface ServiceStatus {
   key: string; name: string; namespace: string; ipam: string; primaryService: string | undefined;

@@ -41,6 +41,8 @@ export interface DataplaneLike {
   readonly kind: 'kernel' | 'proxy';
   readonly reason: string;
   apply(services: readonly ForwardService[]): Promise<void>;
+  /** New proxy: settings (the userspace path; the kernel path has none). */
+  reconfigure?(proxy: import('../config/types').ProxyConfig): void;
   stop(): Promise<void>;
 }
 
@@ -72,7 +74,7 @@ export interface Subsystems {
   readonly health: HealthLike;
   readonly dataplane: DataplaneLike;
   readonly failover: FailoverLike | undefined;
-  /** A reload was accepted: settings that apply without a restart (pools) take effect. */
+  /** A reload was accepted: shared settings that apply without a restart (pools, the DHCP start limiter) take effect. */
   reconfigure(config: import('../config/types').Desired): void;
   close(): Promise<void>;
 }

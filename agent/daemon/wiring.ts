@@ -5,7 +5,8 @@
 // The one place that knows every module; the modules know none of each other.
 import * as fs from 'node:fs';
 import type { Registry } from 'prom-client';
-import type { Desired, ServiceSpec } from '../config/types';
+import type { Desired, ProxyConfig, ServiceSpec } from '../config/types';
+import { ProxyDataplane } from '../forward/proxy';
 import type { Logger } from '../log';
 import type { Clock } from '../clock';
 import type { StateStore } from '../state/store';
@@ -73,6 +74,7 @@ export async function buildSubsystems(config: Desired, ctx: { log: Logger; regis
       kind: selection.kind,
       reason: selection.reason,
       apply: (services) => dp.apply({ services }),
+      ...(dp instanceof ProxyDataplane ? { reconfigure: (proxy: ProxyConfig) => dp.reconfigure(proxy) } : {}),
       stop: () => dp.stop(),
     };
 
@@ -152,7 +154,10 @@ export async function buildSubsystems(config: Desired, ctx: { log: Logger; regis
           removed: [...res.removed.map((l) => l.name), ...removedAddrs],
         };
       },
-      reconfigure: (next) => { pools.setPools(next.pools); },
+      reconfigure: (next) => {
+        pools.setPools(next.pools);
+        dhcpLimiter.reconfigure({ max: next.dhcp.maxConcurrentStarts, jitterMs: vrrp ? 0 : next.dhcp.retransmitJitter * 1000 });
+      },
       close: async () => { netlink.close(); },
     };
   } catch (e) {

@@ -94,12 +94,12 @@ export class DhcpSource extends EventEmitter implements AddressSource {
   readonly ifname: string;
   readonly mac: string;
   private readonly parent: string;
-  private readonly arp: ArpTimings;
+  private arp: ArpTimings;
   private readonly store: StateStore;
   private readonly netlink: NetlinkForDhcp;
   private readonly log: Logger;
   private readonly clock: Clock;
-  private readonly ctx: ClientContext;
+  private ctx: ClientContext;
   private readonly limiter: StartLimiter;
   private readonly metrics: DhcpMetrics;
   private readonly netM: NetMetrics;
@@ -108,6 +108,9 @@ export class DhcpSource extends EventEmitter implements AddressSource {
   private readonly labels: { service: string; namespace: string };
   private readonly leaseFile: string;
   private readonly resumeSaved: boolean;
+  private readonly requestedIp: number | undefined;
+  /** Whether offers are probed: the config's, or false under VRRP (wiring decides, a reload keeps it). */
+  private readonly probeOffer: boolean;
 
   private state: ClientState = initialState();
   private running = false;
@@ -140,17 +143,10 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     this.leaseFile = leaseFileName(this.key);
     this.resumeSaved = opts.resumeSaved ?? false;
     const t = opts.timings;
-    const requestedIp = opts.service.loadBalancerIP ? parseIPv4(opts.service.loadBalancerIP) : undefined;
-    const config: ClientConfig = {
-      requestedIp,
-      probe: t.probeOffer,
-      retransmitInitialMs: t.retransmitInitial * 1000,
-      retransmitMaxMs: t.retransmitMax * 1000,
-      retransmitJitterMs: t.retransmitJitter * 1000,
-      declineWaitMs: t.declineWait * 1000,
-    };
+    this.requestedIp = opts.service.loadBalancerIP ? parseIPv4(opts.service.loadBalancerIP) : undefined;
+    this.probeOffer = t.probeOffer;
     const random = opts.random ?? Math.random;
-    this.ctx = { config, random };
+    this.ctx = { config: this.clientConfig(t), random };
     this.limiter = opts.limiter ?? sharedStartLimiter(opts.registry, { max: t.maxConcurrentStarts, jitterMs: t.retransmitJitter * 1000, clock: this.clock, random });
     this.metrics = dhcpMetrics(opts.registry);
     this.netM = netMetrics(opts.registry);
@@ -165,7 +161,25 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     setDhcpState(this.metrics, this.labels, 'STOPPED');
   }
 
+  private clientConfig(t: DhcpTimings): ClientConfig {
+    return {
+      requestedIp: this.requestedIp,
+      probe: this.probeOffer && t.probeOffer,
+      retransmitInitialMs: t.retransmitInitial * 1000,
+      retransmitMaxMs: t.retransmitMax * 1000,
+      retransmitJitterMs: t.retransmitJitter * 1000,
+      declineWaitMs: t.declineWait * 1000,
+    };
+  }
+
   // --- AddressSource ---------------------------------------------------------
+
+  /** A reload's arp: / dhcp: timings, used from the next exchange and probe on; the lease and the VIP stay. */
+  reconfigure(settings: { arp: ArpTimings; dhcp: DhcpTimings }): void {
+    this.arp = settings.arp;
+    this.ctx = { ...this.ctx, config: this.clientConfig(settings.dhcp) };
+    this.log.info({ op: 'reconfigure' }, 'new DHCP and ARP timings in use from the next exchange');
+  }
 
   start(): void {
     if (this.running) return;

@@ -28,8 +28,8 @@ interface Waiter {
 }
 
 export class StartLimiter {
-  private readonly max: number;
-  private readonly jitterMs: number;
+  private max: number;
+  private jitterMs: number;
   private readonly clock: Clock;
   private readonly random: () => number;
   private readonly queue: Waiter[] = [];
@@ -40,6 +40,13 @@ export class StartLimiter {
     this.jitterMs = Math.max(0, opts.jitterMs);
     this.clock = opts.clock ?? realClock;
     this.random = opts.random ?? Math.random;
+  }
+
+  /** A reload's new bounds: a larger max lets waiting starts go at once; jitter applies to later acquisitions. */
+  reconfigure(opts: { max: number; jitterMs: number }): void {
+    this.max = Math.max(1, Math.floor(opts.max));
+    this.jitterMs = Math.max(0, opts.jitterMs);
+    this.pump();
   }
 
   get active(): number { return this.running; }

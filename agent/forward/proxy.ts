@@ -84,6 +84,7 @@ interface Route {
   readonly port: PortSpec;
   readonly healthy: readonly BackendSpec[];
   readonly balancer: Balancer;
+  readonly algorithm: ProxyConfig['algorithm'];
   readonly tallies: Map<string, Tally>;
   /** Clients refused (TCP reset / UDP dropped) because no backend was healthy or all connects failed. */
   refused: number;
@@ -155,7 +156,7 @@ export class ProxyDataplane implements Dataplane {
   readonly kind = 'proxy' as const;
   private readonly log: Logger;
   private readonly clock: Clock;
-  private readonly cfg: ProxyConfig;
+  private cfg: ProxyConfig;
   private readonly onConnectResult: ConnectResultCallback;
   private readonly udpIdleMs: number;
   private readonly maxUdpSessions: number;
@@ -192,6 +193,15 @@ export class ProxyDataplane implements Dataplane {
 
   apply(state: ForwardState): Promise<void> {
     return this.queue.run(() => this.applyNow(state));
+  }
+
+  /**
+   * A reload's proxy: settings. Timeouts apply to the next connect and idle
+   * sweep; a new algorithm takes over at the next apply (each route builds a
+   * new balancer when its algorithm differs). Open connections are kept.
+   */
+  reconfigure(cfg: ProxyConfig): void {
+    this.cfg = cfg;
   }
 
   private async applyNow(state: ForwardState): Promise<void> {
@@ -244,7 +254,7 @@ export class ProxyDataplane implements Dataplane {
   private routeFor(serviceKey: string, port: PortSpec, healthy: readonly BackendSpec[], previous: Route | undefined): Route {
     const tallies = new Map<string, Tally>();
     for (const b of healthy) tallies.set(b.address, this.tally(serviceKey, port, b.address));
-    const same = previous !== undefined && previous.serviceKey === serviceKey && previous.port.targetPort === port.targetPort;
+    const same = previous !== undefined && previous.serviceKey === serviceKey && previous.port.targetPort === port.targetPort && previous.algorithm === this.cfg.algorithm;
     // Keep the balancer (its round-robin position and stability) and, when
     // nothing changed, the very same array, so the balancer's fast path holds.
     const unchanged = same && sameBackends(previous.healthy, healthy);
@@ -252,6 +262,7 @@ export class ProxyDataplane implements Dataplane {
       serviceKey, port, tallies,
       healthy: unchanged ? previous.healthy : healthy,
       balancer: same ? previous.balancer : createBalancer(this.cfg.algorithm),
+      algorithm: this.cfg.algorithm,
       refused: same ? previous.refused : 0,
     };
   }

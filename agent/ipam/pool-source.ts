@@ -70,7 +70,7 @@ function stateFor(r: Extract<AllocationResult, { ok: false }>): SourceState {
 }
 
 export class PoolSource extends EventEmitter implements AddressSource {
-  private readonly opts: PoolSourceOptions;
+  private opts: PoolSourceOptions;
   private readonly key: string;
   private readonly manager: PoolManager;
   private readonly log: Logger;
@@ -110,6 +110,11 @@ export class PoolSource extends EventEmitter implements AddressSource {
     this.netMetrics = netMetrics(opts.registry);
     this.poolMetrics = opts.manager.metrics;
     this.faultRetryMs = opts.faultRetryMs ?? 30_000;
+  }
+
+  /** A reload's arp: timings, used from the next probe or announcement on; a held VIP stays. */
+  reconfigure(settings: { arp: ArpTimings }): void {
+    this.opts = { ...this.opts, arp: settings.arp };
   }
 
   start(): void {

@@ -1,7 +1,7 @@
-// Reload diff: what changed, and which changes a reload must refuse.
+// Reload diff: what changed (the refusals are the reconciler's: test/daemon/reconciler.test.ts).
 import t from 'tap';
 import { parseConfigText } from '../../agent/config/load';
-import { diffConfigs, reloadErrors } from '../../agent/config/diff';
+import { diffConfigs } from '../../agent/config/diff';
 import type { Desired } from '../../agent/config/types';
 
 function cfg(text: string): Desired {
@@ -36,17 +36,4 @@ t.test('identical configs diff to nothing', async (t) => {
   const d = diffConfigs(cfg(base), cfg(base));
   t.equal(d.added.length + d.removed.length + d.changed.length, 0);
   t.equal(d.unchanged.length, 3);
-});
-
-t.test('changing a service\'s IPAM mode is refused', async (t) => {
-  const next = base.replace('{ name: a, ipam: dhcp', '{ name: a, ipam: pool');
-  const errs = reloadErrors(cfg(base), cfg(next));
-  t.equal(errs.length, 1);
-  t.equal(errs[0]!.path, 'services[0].ipam');
-  t.match(errs[0]!.message, 'service default/a was created with dhcp IPAM and cannot change to pool');
-});
-
-t.test('stateDir and control socket need a restart', async (t) => {
-  const errs = reloadErrors(cfg(base), cfg(`stateDir: /tmp/x\ncontrol: { socket: /tmp/y.sock }\n${base}`));
-  t.same(errs.map((e) => e.path).sort(), ['control.socket', 'stateDir']);
 });

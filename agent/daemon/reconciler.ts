@@ -1,0 +1,165 @@
+// Reload by a pure plan (DESIGN.md "Reload by diff"): from the running and
+// the new desired state, the steps a reload takes, or the reasons it is
+// refused. No I/O: the daemon carries the steps out, one reload at a time.
+//
+// Every section of the file either takes effect at reload or refuses the
+// whole reload with its reason; nothing is reported as applied that was not.
+// What cannot change without a restart (the state directory, the control
+// socket, the parent NIC, the data path kind, VRRP's timing and election)
+// refuses; a section that has no effect in the running mode (proxy settings
+// on the kernel path, failover settings with failover.mode none) is applied
+// as the new config and reported as such.
+import { isDeepStrictEqual } from 'node:util';
+import type { Desired, ServiceSpec } from '../config/types';
+import type { ConfigError } from '../config/load';
+import { diffConfigs } from '../config/diff';
+
+export interface RunningView {
+  readonly config: Desired;
+  /** The data path this process runs (what `dataplane:` resolved to at start). */
+  readonly dataplane: 'kernel' | 'proxy';
+}
+
+export type ReloadStep =
+  /** New pools for the pool manager (before any service that may need them starts). */
+  | { readonly op: 'pools' }
+  /** New arp: / dhcp: timings for every running source and the DHCP start limiter. */
+  | { readonly op: 'source-settings' }
+  /** New proxy: settings for the userspace data path. */
+  | { readonly op: 'proxy-settings' }
+  /** Move the metrics endpoint ("" turns it off). */
+  | { readonly op: 'metrics-listen'; readonly listen: string }
+  /** A service left the config: withdraw its VIP and release its lease or claim. */
+  | { readonly op: 'remove'; readonly key: string; readonly spec: ServiceSpec }
+  /** The service's address changes: the old source stops (releasing when asked) and a new one starts. */
+  | { readonly op: 'restart-source'; readonly key: string; readonly spec: ServiceSpec; readonly release: boolean; readonly why: string }
+  /** Ports, backends or health checks changed: same source, same VIP, new spec. */
+  | { readonly op: 'update'; readonly key: string; readonly spec: ServiceSpec; readonly fields: readonly string[] }
+  | { readonly op: 'add'; readonly spec: ServiceSpec };
+
+export interface ReloadSummary {
+  readonly added: readonly string[];
+  readonly removed: readonly string[];
+  readonly changed: readonly string[];
+  readonly unchanged: number;
+  /** Top-level sections that changed and take effect now. */
+  readonly sections: readonly string[];
+  /** Changed sections that are accepted but have no effect in the running mode, with why. */
+  readonly idle: readonly { readonly section: string; readonly why: string }[];
+}
+
+export type ReloadPlan =
+  | { readonly ok: true; readonly steps: readonly ReloadStep[]; readonly summary: ReloadSummary }
+  | { readonly ok: false; readonly errors: readonly ConfigError[] };
+
+const restartNeeded = (what: string, from: unknown, to: unknown): string =>
+  `changed from ${JSON.stringify(from)} to ${JSON.stringify(to)}: ${what} this needs a restart (systemctl restart lb-agent), not a reload; the running config is kept`;
+
+/** Why a reload may not replace the running config; empty when it may. */
+export function refusals(running: RunningView, next: Desired): ConfigError[] {
+  const old = running.config;
+  const errors: ConfigError[] = [];
+  next.services.forEach((s, i) => {
+    const o = old.services.find((x) => x.key === s.key);
+    if (o && o.ipam !== s.ipam) {
+      errors.push({ path: `services[${i}].ipam`, message: `service ${s.key} was created with ${o.ipam} IPAM and cannot change to ${s.ipam}; create a new service instead` });
+    }
+  });
+  if (old.stateDir !== next.stateDir) errors.push({ path: 'stateDir', message: restartNeeded('the leases, claims and instance lock live there;', old.stateDir, next.stateDir) });
+  if (old.control.socket !== next.control.socket) errors.push({ path: 'control.socket', message: restartNeeded('`lb-agent status` and reload talk to it;', old.control.socket, next.control.socket) });
+  if (old.node.interface !== next.node.interface) errors.push({ path: 'node.interface', message: restartNeeded('every macvlan and pool VIP hangs off it;', old.node.interface ?? '(default route)', next.node.interface ?? '(default route)') });
+  const kind = next.dataplane === 'auto' ? running.dataplane : next.dataplane;
+  if (kind !== running.dataplane) {
+    errors.push({ path: 'dataplane', message: restartNeeded(`the ${running.dataplane} data path is running and would become ${kind};`, old.dataplane, next.dataplane) });
+  }
+  const vrrp = old.failover.mode === 'vrrp' || next.failover.mode === 'vrrp';
+  if (old.failover.mode !== next.failover.mode) {
+    errors.push({ path: 'failover.mode', message: restartNeeded('the VRRP election starts or ends with the process;', old.failover.mode, next.failover.mode) });
+  } else if (vrrp && !isDeepStrictEqual(old.failover, next.failover)) {
+    errors.push({ path: 'failover', message: restartNeeded('VRRP routers keep their timers and election state for the life of the process;', old.failover, next.failover) });
+  }
+  if (vrrp && old.node.priority !== next.node.priority) {
+    errors.push({ path: 'node.priority', message: restartNeeded('the VRRP priority is advertised by the running routers;', old.node.priority, next.node.priority) });
+  }
+  if (vrrp) {
+    next.services.forEach((s, i) => {
+      const o = old.services.find((x) => x.key === s.key);
+      if (o && (o.vrid !== s.vrid || o.priority !== s.priority)) {
+        errors.push({ path: `services[${i}]`, message: `service ${s.key}: vrid or priority ${restartNeeded('its virtual router runs with them;', { vrid: o.vrid, priority: o.priority }, { vrid: s.vrid, priority: s.priority })}` });
+      }
+    });
+  }
+  return errors;
+}
+
+/** What moves a service's VIP: the source must start over. */
+function addressChange(o: ServiceSpec, n: ServiceSpec): string | undefined {
+  if (o.ipam !== n.ipam) return 'ipam';
+  if (o.primaryService !== n.primaryService) return 'primaryService';
+  if (o.loadBalancerIP !== n.loadBalancerIP) return 'loadBalancerIP';
+  return undefined;
+}
+
+function changedFields(o: ServiceSpec, n: ServiceSpec): string[] {
+  const keys = new Set([...Object.keys(o), ...Object.keys(n)]) as Set<keyof ServiceSpec>;
+  return [...keys].filter((k) => !isDeepStrictEqual(o[k], n[k])).sort();
+}
+
+/** The plan of a reload from `running` to `next`. Pure. */
+export function planReload(running: RunningView, next: Desired): ReloadPlan {
+  const errors = refusals(running, next);
+  if (errors.length > 0) return { ok: false, errors };
+  const old = running.config;
+  const d = diffConfigs(old, next);
+  const steps: ReloadStep[] = [];
+  const sections: string[] = [];
+  const idle: { section: string; why: string }[] = [];
+  for (const g of d.globals) {
+    switch (g) {
+      case 'pools': steps.push({ op: 'pools' }); sections.push(g); break;
+      case 'arp':
+      case 'dhcp':
+        if (!steps.some((s) => s.op === 'source-settings')) steps.push({ op: 'source-settings' });
+        sections.push(g);
+        break;
+      case 'proxy':
+        if (running.dataplane === 'proxy') { steps.push({ op: 'proxy-settings' }); sections.push(g); } else idle.push({ section: g, why: 'the kernel data path is running; the proxy settings apply if it ever runs' });
+        break;
+      case 'metrics': steps.push({ op: 'metrics-listen', listen: next.metrics.listen }); sections.push(g); break;
+      case 'failover': idle.push({ section: g, why: 'failover.mode is none' }); break;
+      case 'node':
+        // interface is refused above; name is status only; priority (under none) has nothing to drive.
+        if (old.node.name !== next.node.name) sections.push(g);
+        else idle.push({ section: g, why: 'node.priority matters only with failover.mode vrrp' });
+        break;
+      case 'dataplane': sections.push(g); break; // same kind as running (refused otherwise)
+      default: sections.push(g);
+    }
+  }
+  // Removals: secondaries before their primary (a primary never goes while one shares it).
+  const removed = [...d.removed].sort((a, b) => Number(b.primaryService !== undefined) - Number(a.primaryService !== undefined));
+  for (const s of removed) steps.push({ op: 'remove', key: s.key, spec: s });
+  const changed: string[] = [];
+  for (const [o, n] of d.changed) {
+    changed.push(n.key);
+    const why = addressChange(o, n);
+    if (why) steps.push({ op: 'restart-source', key: n.key, spec: n, release: o.loadBalancerIP !== n.loadBalancerIP, why });
+    else steps.push({ op: 'update', key: n.key, spec: n, fields: changedFields(o, n) });
+  }
+  // Primaries before the secondaries that share their VIP.
+  const added = [...d.added].sort((a, b) => Number(a.primaryService !== undefined) - Number(b.primaryService !== undefined));
+  for (const s of added) steps.push({ op: 'add', spec: s });
+  return {
+    ok: true,
+    steps,
+    summary: { added: d.added.map((s) => s.key), removed: d.removed.map((s) => s.key), changed, unchanged: d.unchanged.length, sections, idle },
+  };
+}
+
+/** The one-line verdict of an applied plan, for logs, status and `lb-agent reload`. */
+export function describeSummary(s: ReloadSummary): string {
+  const parts = [`reloaded: ${s.added.length} added, ${s.removed.length} removed, ${s.changed.length} changed, ${s.unchanged} unchanged`];
+  if (s.sections.length > 0) parts.push(`applied sections: ${s.sections.join(', ')}`);
+  if (s.idle.length > 0) parts.push(`accepted without effect: ${s.idle.map((i) => `${i.section} (${i.why})`).join(', ')}`);
+  return parts.join('; ');
+}

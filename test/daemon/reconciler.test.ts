@@ -1,0 +1,117 @@
+// The reload plan over every kind of change: refusals with their reasons,
+// the steps for services (add, remove, update, restart of the source) and
+// for each top-level section, and their order.
+import t from 'tap';
+import { parseConfigText } from '../../agent/config/load';
+import type { Desired } from '../../agent/config/types';
+import { describeSummary, planReload, type ReloadStep, type RunningView } from '../../agent/daemon/reconciler';
+
+function cfg(text: string): Desired {
+  const r = parseConfigText(text, 'h');
+  if (!r.ok) throw new Error(JSON.stringify(r.errors));
+  return r.config;
+}
+
+const SERVICES = `services:
+  - { name: a, ipam: dhcp, ports: [{ port: 80 }], backends: [10.0.0.1] }
+  - { name: b, ports: [{ port: 80 }], backends: [10.0.0.2] }
+  - { name: b2, primaryService: b, ports: [{ port: 81 }], backends: [10.0.0.2] }
+  - { name: c, ports: [{ port: 80 }], backends: [10.0.0.3] }
+`;
+const base = `pools: { range-global: 10.0.0.10-10.0.0.20 }\n${SERVICES}`;
+const running = (text = base, dataplane: 'kernel' | 'proxy' = 'kernel'): RunningView => ({ config: cfg(text), dataplane });
+const ops = (steps: readonly ReloadStep[]): string[] => steps.map((s) => ('key' in s ? `${s.op} ${s.key}` : 'spec' in s ? `${s.op} ${s.spec.key}` : s.op));
+
+function plan(next: string, r: RunningView = running()) {
+  return planReload(r, cfg(next));
+}
+
+t.test('an identical file plans nothing', async (t) => {
+  const p = plan(base);
+  t.ok(p.ok);
+  if (!p.ok) return;
+  t.same(p.steps, []);
+  t.equal(describeSummary(p.summary), 'reloaded: 0 added, 0 removed, 0 changed, 4 unchanged');
+});
+
+t.test('services: added, removed (secondary before primary), updated in place, address changes restart the source', async (t) => {
+  const next = `pools: { range-global: 10.0.0.10-10.0.0.20 }
+services:
+  - { name: a, ipam: dhcp, ports: [{ port: 80 }, { port: 443 }], backends: [10.0.0.1, 10.0.0.9] }
+  - { name: c, ports: [{ port: 80 }], backends: [10.0.0.3], loadBalancerIP: 10.0.0.15 }
+  - { name: d, ports: [{ port: 80 }], backends: [10.0.0.4] }
+  - { name: d2, primaryService: d, ports: [{ port: 81 }], backends: [10.0.0.4] }
+`;
+  const p = plan(next);
+  t.ok(p.ok);
+  if (!p.ok) return;
+  t.same(ops(p.steps), ['remove default/b2', 'remove default/b', 'update default/a', 'restart-source default/c', 'add default/d', 'add default/d2']);
+  const upd = p.steps.find((s) => s.op === 'update');
+  t.same(upd && 'fields' in upd ? upd.fields : [], ['backends', 'ports'], 'an update names what changed; the VIP stays');
+  const rs = p.steps.find((s) => s.op === 'restart-source');
+  t.match(rs, { why: 'loadBalancerIP', release: true }, 'a new loadBalancerIP releases the old address');
+  t.same(p.summary.added, ['default/d', 'default/d2']);
+  t.same(p.summary.removed, ['default/b', 'default/b2']);
+  t.same(p.summary.changed, ['default/a', 'default/c']);
+});
+
+t.test('a service\'s vrid or priority does not restart its source with failover.mode none', async (t) => {
+  const p = plan(base.replace('{ name: c, ports', '{ name: c, vrid: 60, priority: 200, ports'));
+  t.ok(p.ok);
+  if (!p.ok) return;
+  t.same(ops(p.steps), ['update default/c']);
+});
+
+t.test('each global section takes effect, or is accepted without effect with the reason', async (t) => {
+  const next = `node: { name: renamed, priority: 200 }
+failover: { mode: none, advertInterval: 0.5 }
+metrics: { listen: 127.0.0.1:9555 }
+dataplane: kernel
+pools: { range-global: 10.0.0.30-10.0.0.40 }
+arp: { probeNum: 1 }
+dhcp: { retransmitInitial: 2, maxConcurrentStarts: 4 }
+proxy: { algorithm: least-connections }
+${SERVICES}`;
+  const p = plan(next);
+  t.ok(p.ok);
+  if (!p.ok) return;
+  t.same(ops(p.steps), ['pools', 'source-settings', 'metrics-listen']);
+  t.same([...p.summary.sections].sort(), ['arp', 'dataplane', 'dhcp', 'metrics', 'node', 'pools']);
+  t.same(p.summary.idle.map((i) => i.section).sort(), ['failover', 'proxy']);
+  t.match(describeSummary(p.summary), /accepted without effect: .*failover \(failover.mode is none\)/);
+
+  const onProxy = plan(next.replace('dataplane: kernel', 'dataplane: proxy'), running(base, 'proxy'));
+  t.ok(onProxy.ok);
+  if (onProxy.ok) t.ok(onProxy.steps.some((s) => s.op === 'proxy-settings'), 'on the proxy path the proxy settings apply');
+  const priorityOnly = plan(`node: { priority: 200 }\n${base}`);
+  t.ok(priorityOnly.ok && priorityOnly.summary.idle.some((i) => i.section === 'node'), 'node.priority alone has no effect without VRRP');
+});
+
+t.test('refused with a reason: what needs a restart, and a service\'s IPAM mode', async (t) => {
+  const p = plan(`stateDir: /tmp/x\ncontrol: { socket: /tmp/y.sock }\nnode: { interface: eth9 }\ndataplane: proxy\n${base.replace('{ name: a, ipam: dhcp', '{ name: a, ipam: pool')}`);
+  t.notOk(p.ok);
+  if (p.ok) return;
+  t.same(p.errors.map((e) => e.path).sort(), ['control.socket', 'dataplane', 'node.interface', 'services[0].ipam', 'stateDir']);
+  for (const e of p.errors.filter((x) => x.path !== 'services[0].ipam')) t.match(e.message, /needs a restart \(systemctl restart lb-agent\), not a reload/);
+  t.match(p.errors.find((e) => e.path === 'services[0].ipam')!.message, 'service default/a was created with dhcp IPAM and cannot change to pool');
+  t.ok(plan(`dataplane: auto\n${base}`, running(base, 'kernel')).ok, 'auto that resolves to the running path is fine');
+  t.notOk(plan(`dataplane: kernel\n${base}`, running(base, 'proxy')).ok, 'kernel while the proxy runs is refused');
+});
+
+t.test('with VRRP: failover, priorities and virtual routers need a restart; mode changes too', async (t) => {
+  const vrrp = `failover: { mode: vrrp, vrid: 51 }\n${base}`;
+  const r = running(vrrp);
+  const adv = plan(vrrp.replace('vrid: 51', 'vrid: 51, advertInterval: 0.1'), r);
+  t.notOk(adv.ok);
+  if (!adv.ok) t.same(adv.errors.map((e) => e.path), ['failover']);
+  const prio = plan(`node: { priority: 150 }\n${vrrp}`, r);
+  t.notOk(prio.ok);
+  if (!prio.ok) t.same(prio.errors.map((e) => e.path), ['node.priority']);
+  const svc = plan(vrrp.replace('{ name: c, ports', '{ name: c, vrid: 60, ports'), r);
+  t.notOk(svc.ok);
+  if (!svc.ok) t.same(svc.errors.map((e) => e.path), ['services[3]']);
+  const mode = plan(base, r);
+  t.notOk(mode.ok);
+  if (!mode.ok) t.same(mode.errors.map((e) => e.path), ['failover.mode']);
+  t.ok(plan(vrrp.replace('backends: [10.0.0.3]', 'backends: [10.0.0.7]'), r).ok, 'backends still reload under VRRP');
+});
