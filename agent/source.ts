@@ -42,9 +42,11 @@ export interface AddressSource extends EventEmitter {
   /**
    * Withdraw the VIP from the LAN and stop. `release` is true only when the
    * service is removed from the config (DHCPRELEASE, pool claim deleted);
-   * shutdown and failover keep the lease/claim for next time.
+   * shutdown and failover keep the lease/claim for next time. `keep` (a
+   * planned restart) leaves the VIP on the LAN, and its macvlan, for the
+   * next process to adopt: only this process's sockets and timers go.
    */
-  stop(opts: { release: boolean }): Promise<void>;
+  stop(opts: { release: boolean; keep?: boolean }): Promise<void>;
   status(): SourceStatus;
   /**
    * Send gratuitous ARPs for the held VIP again, if one is held. After a VRRP

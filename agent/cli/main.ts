@@ -32,9 +32,25 @@ export function buildProgram(): Command {
   program.command('run')
     .description('run the daemon (systemd starts this)')
     .addOption(configOpt()).addOption(logOpt())
-    .action(async (opts: { config: string; logLevel: LogLevel }) => {
+    .addOption(new Option('--on-stop <what>', 'on SIGTERM: withdraw VIPs, links and forwarding, or keep them serving for the next process (a restart; `lb-agent withdraw` takes them off)').choices(['withdraw', 'keep']).default('withdraw'))
+    .action(async (opts: { config: string; logLevel: LogLevel; onStop: 'withdraw' | 'keep' }) => {
       const { runDaemon } = await import('../daemon/main');
-      process.exitCode = await runDaemon({ configPath: opts.config, logLevel: opts.logLevel });
+      process.exitCode = await runDaemon({ configPath: opts.config, logLevel: opts.logLevel, onStop: opts.onStop });
+    });
+
+  program.command('withdraw')
+    .description('take every VIP, service link and forwarding rule the agent left off the LAN (no daemon may run); leases and claims are kept')
+    .addOption(configOpt()).addOption(logOpt())
+    .option('--unless-restarting', 'do nothing unless systemd is stopping the unit (ExecStopPost: a restart or a crash recovery keeps serving)')
+    .option('--json', 'print the result as JSON')
+    .action(async (opts: { config: string; logLevel: LogLevel; unlessRestarting?: boolean; json?: boolean }) => {
+      const { withdrawAll } = await import('../daemon/withdraw');
+      const { createLogger } = await import('../log');
+      const r = await withdrawAll({ configPath: opts.config, unlessRestarting: !!opts.unlessRestarting, log: createLogger(opts.json ? 'error' : opts.logLevel, process.stderr) });
+      if (opts.json) out(`${JSON.stringify(r)}\n`);
+      else if (r.kept) out(`kept: ${r.kept}\n`);
+      else out(`withdrew ${r.removed.length} item(s)${r.removed.length ? `: ${r.removed.join(', ')}` : ''}\n${r.problems.map((p) => `problem: ${p}\n`).join('')}`);
+      process.exitCode = r.problems.length > 0 ? EXIT.FAILURE : EXIT.OK;
     });
 
   program.command('validate')

@@ -15,7 +15,8 @@ import { InstanceLock } from './lock';
 import { MetricsServer, Readiness } from '../metrics/server';
 import { ControlServer } from '../control/server';
 import type { AddressSource } from '../source';
-import type { Subsystems, ForwardService } from './subsystems';
+import type { Subsystems, ForwardService, SubsystemContext } from './subsystems';
+import type { ListenerStore } from '../forward/dataplane';
 import type { Clock } from '../clock';
 import { realClock } from '../clock';
 
@@ -24,7 +25,9 @@ export interface DaemonOptions {
   log: Logger;
   clock?: Clock;
   /** Builds the real subsystems (wiring.ts); injected so the life cycle can be tested apart. */
-  buildSubsystems: (config: Desired, ctx: { log: Logger; registry: Registry; store: StateStore; clock: Clock }) => Promise<Subsystems>;
+  buildSubsystems: (config: Desired, ctx: SubsystemContext) => Promise<Subsystems>;
+  /** Listening sockets kept by the service manager across restarts (main.ts passes systemd's fd store). */
+  listenerStore?: ListenerStore & { release(): void };
   /** sd_notify-style hook: READY=1, STATUS=..., STOPPING=1. */
   notify?: (msg: string) => void;
 }
@@ -121,7 +124,7 @@ export class Daemon extends EventEmitter {
 
     try {
       if (config.metrics.listen !== '') await this.startMetrics(config.metrics.listen);
-      this.subs = await this.opts.buildSubsystems(config, { log: this.opts.log, registry, store, clock: this.clock });
+      this.subs = await this.opts.buildSubsystems(config, { log: this.opts.log, registry, store, clock: this.clock, listenerStore: this.opts.listenerStore });
       this.subs.health.on('change', () => { this.scheduleApply(); this.saveHealthSoon(); });
       this.subs.failover?.on('change', (keys: string[]) => this.onFailoverChange(keys));
       this.subs.failover?.on('reannounce', (keys: string[]) => {
@@ -145,6 +148,8 @@ export class Daemon extends EventEmitter {
       this.subs.health.start();
       this.updateFailover();
       await this.applyNow();
+      // Listening sockets an earlier process kept that no service wants now.
+      this.opts.listenerStore?.release();
       this.startSources();
 
       this.control = new ControlServer({ socketPath: config.control.socket, handler: (op) => this.handleControl(op), log: this.log });
@@ -466,8 +471,14 @@ export class Daemon extends EventEmitter {
     this.metricsServer = server;
   }
 
-  /** SIGTERM: withdraw everything announced, keep leases and claims, release the lock. */
-  async stop(): Promise<void> {
+  /**
+   * SIGTERM: withdraw everything announced, keep leases and claims, release
+   * the lock. With `keep` (a planned restart: `lb-agent run --on-stop keep`,
+   * as the unit runs it), the VIPs, macvlans and forwarding stay in place for
+   * the next process and only this process goes; under VRRP a stop always
+   * hands the VIPs over (another node takes them within Skew_Time).
+   */
+  async stop(opts: { keep?: boolean } = {}): Promise<void> {
     if (this.stopping) return;
     this.stopping = true;
     this.opts.notify?.('STOPPING=1');
@@ -477,9 +488,21 @@ export class Daemon extends EventEmitter {
       try { await fn(); } catch (e) { this.log.error({ op: 'stop', step: what, err: errorMessage(e) }, `stop: ${what} failed`); }
     };
     if (this.applying) await this.applying.catch(() => undefined);
-    if (this.healthSave) { clearTimeout(this.healthSave); this.healthSave = undefined; this.saveHealth(); }
+    if (this.healthSave) { clearTimeout(this.healthSave); this.healthSave = undefined; }
+    this.saveHealth();
     await step('control socket', () => this.control?.stop());
-    if (this.subs) {
+    const keep = opts.keep === true && this.subs !== undefined && this.subs.failover === undefined;
+    if (opts.keep && !keep && this.subs?.failover) this.log.info({ op: 'stop' }, 'VRRP: a stop hands the VIPs over to another node (not kept)');
+    if (keep && this.subs) {
+      const subs = this.subs;
+      await Promise.all([...this.runtimes.values()].map((rt) => step(`service ${rt.spec.key}`, async () => {
+        await rt.gate;
+        await rt.source?.stop({ release: false, keep: true });
+      })));
+      await step('health', () => subs.health.stop());
+      await step('dataplane', () => subs.dataplane.stop({ keep: true }));
+      await step('subsystems', () => subs.close());
+    } else if (this.subs) {
       const subs = this.subs;
       const stopSources = async (): Promise<void> => {
         await Promise.all([...this.runtimes.values()].map((rt) => step(`service ${rt.spec.key}`, async () => {
@@ -503,7 +526,7 @@ export class Daemon extends EventEmitter {
     }
     await step('metrics', () => this.metricsServer?.stop());
     this.lock?.release();
-    this.log.info({ op: 'stop' }, 'lb-agent stopped');
+    this.log.info({ op: 'stop', keep }, keep ? 'lb-agent stopped; VIPs, links and forwarding left serving for the next start' : 'lb-agent stopped');
   }
 
   private collectReady(): void {

@@ -1,33 +1,31 @@
 // `lb-agent run`: the process around the Daemon - logger, signals (SIGTERM
-// and SIGINT stop within 10 s, SIGHUP reloads), the systemd notify protocol
+// and SIGINT stop within 10 s - withdrawing, or with --on-stop keep leaving
+// the data path serving for the next process - SIGHUP reloads), the systemd
+// fd store for the proxy's listeners, the systemd notify protocol
 // (READY=1, STATUS=, STOPPING=1, WATCHDOG=1 from the event loop itself, so a
 // blocked loop stops the pings), and a last-chance withdraw on a crash.
-import { createLogger, LogLevel, Logger } from '../log';
+import { createLogger, LogLevel } from '../log';
 import { Daemon } from './daemon';
 import { buildSubsystems } from './wiring';
 import { errorMessage, isLbError } from '../errors';
+import { makeNotifier, parseListenFds, SystemdFdStore } from './systemd';
 
 const STOP_TIMEOUT_MS = 10_000;
 
-/** sd_notify through the native unix datagram send; a no-op outside systemd. */
-export function makeNotifier(log: Logger): ((msg: string) => void) | undefined {
-  const target = process.env.NOTIFY_SOCKET;
-  if (!target) return undefined;
-  // eslint-disable-next-line @typescript-eslint/no-var-requires
-  const { sendUnixDatagram } = require('../net/native') as typeof import('../net/native');
-  return (msg: string) => {
-    try {
-      sendUnixDatagram(target, Buffer.from(msg));
-    } catch (e) {
-      log.warn({ op: 'sd_notify', err: errorMessage(e) }, 'sd_notify failed');
-    }
-  };
-}
+/** What SIGTERM does: withdraw everything (the default), or leave it serving for the next process (the unit: a restart keeps, ExecStopPost withdraws on a real stop). */
+export type OnStop = 'withdraw' | 'keep';
 
-export async function runDaemon(opts: { configPath: string; logLevel: LogLevel }): Promise<number> {
+export async function runDaemon(opts: { configPath: string; logLevel: LogLevel; onStop?: OnStop }): Promise<number> {
   const log = createLogger(opts.logLevel);
   const notify = makeNotifier(log);
-  const daemon = new Daemon({ configPath: opts.configPath, log, buildSubsystems, notify });
+  // Listening sockets the service manager kept for us (a restart or a crash
+  // that Restart= recovered), and the store for ours; only under systemd.
+  const inherited = parseListenFds(process.env, process.pid);
+  for (const k of ['LISTEN_PID', 'LISTEN_FDS', 'LISTEN_FDNAMES']) delete process.env[k];
+  const listenerStore = notify ? new SystemdFdStore(notify, inherited, log.child({ module: 'systemd' })) : undefined;
+  if (inherited.size > 0) log.info({ op: 'fdstore', names: [...inherited.keys()] }, `the service manager handed back ${[...inherited.values()].flat().length} listening socket(s)`);
+  const keepOnStop = opts.onStop === 'keep';
+  const daemon = new Daemon({ configPath: opts.configPath, log, buildSubsystems, notify, ...(listenerStore ? { listenerStore } : {}) });
 
   let watchdog: NodeJS.Timeout | undefined;
   const usec = Number(process.env.WATCHDOG_USEC);
@@ -71,7 +69,7 @@ export async function runDaemon(opts: { configPath: string; logLevel: LogLevel }
         resolve(1);
       }, STOP_TIMEOUT_MS);
       force.unref();
-      daemon.stop().then(() => {
+      daemon.stop({ keep: keepOnStop }).then(() => {
         clearTimeout(force);
         if (watchdog) clearInterval(watchdog);
         resolve(exitCode);

@@ -43,7 +43,8 @@ export interface DataplaneLike {
   apply(services: readonly ForwardService[]): Promise<void>;
   /** New proxy: settings (the userspace path; the kernel path has none). */
   reconfigure?(proxy: import('../config/types').ProxyConfig): void;
-  stop(): Promise<void>;
+  /** `keep`: leave forwarding in place for the next process (a planned restart). */
+  stop(opts?: { keep?: boolean }): Promise<void>;
 }
 
 export interface FailoverLike extends EventEmitter {
@@ -56,6 +57,16 @@ export interface FailoverLike extends EventEmitter {
   knownVip?(serviceKey: string): string | undefined;
   stop(): Promise<void>;
   // 'change' (serviceKey[]) when mastership changes
+}
+
+/** What the daemon hands buildSubsystems. */
+export interface SubsystemContext {
+  readonly log: import('../log').Logger;
+  readonly registry: import('prom-client').Registry;
+  readonly store: import('../state/store').StateStore;
+  readonly clock: import('../clock').Clock;
+  /** Listening sockets that outlive the process (the proxy keeps its listeners there). */
+  readonly listenerStore?: import('../forward/dataplane').ListenerStore | undefined;
 }
 
 export interface Subsystems {

@@ -4,16 +4,12 @@
 // checker, the data path chosen by `dataplane:`, and VRRP when enabled.
 // The one place that knows every module; the modules know none of each other.
 import * as fs from 'node:fs';
-import type { Registry } from 'prom-client';
 import type { Desired, ProxyConfig, ServiceSpec } from '../config/types';
 import { ProxyDataplane } from '../forward/proxy';
-import type { Logger } from '../log';
-import type { Clock } from '../clock';
-import type { StateStore } from '../state/store';
 import { LbError } from '../errors';
 import { openNetlink } from '../net/netlink';
 import { applyVipSysctls } from '../net/sysctl';
-import { linkNameForService, macForService } from '../net/ownership';
+import { OWNED_ADDRESS_PROTO, linkNameForService, macForService } from '../net/ownership';
 import { reconcileOwnedLinks } from '../net/reconcile';
 import { createDhcpSource } from '../dhcp/driver';
 import { StartLimiter } from '../dhcp/limiter';
@@ -24,7 +20,7 @@ import { selectDataplane, createDataplane, probeNftables } from '../forward/inde
 import { VrrpGate } from '../failover/gate';
 import { formatIPv4, parseIPv4 } from '../ipv4';
 import { readSavedLease } from '../dhcp/lease';
-import type { Subsystems, ParentLink, DataplaneLike } from './subsystems';
+import type { Subsystems, ParentLink, DataplaneLike, SubsystemContext } from './subsystems';
 
 /** The interface of the IPv4 default route (/proc/net/route), the parent when node.interface is unset. */
 export function defaultRouteInterface(routeTable = '/proc/net/route'): string | undefined {
@@ -37,7 +33,7 @@ export function defaultRouteInterface(routeTable = '/proc/net/route'): string | 
   return undefined;
 }
 
-export async function buildSubsystems(config: Desired, ctx: { log: Logger; registry: Registry; store: StateStore; clock: Clock }): Promise<Subsystems> {
+export async function buildSubsystems(config: Desired, ctx: SubsystemContext): Promise<Subsystems> {
   const { registry, store, clock } = ctx;
   const log = ctx.log;
   const netlink = openNetlink({ log });
@@ -64,7 +60,7 @@ export async function buildSubsystems(config: Desired, ctx: { log: Logger; regis
     const selection = await selectDataplane(config.dataplane, () => probeNftables());
     log.info({ module: 'forward', op: 'select', kind: selection.kind, reason: selection.reason }, `data path: ${selection.kind} (${selection.reason})`);
     const dp = createDataplane(selection, {
-      proxy: config.proxy, registry, log, clock,
+      proxy: config.proxy, registry, log, clock, listenerStore: ctx.listenerStore,
       onConnectResult: (key, address, ok) => {
         if (ok) health.reportConnectSuccess(key, address);
         else health.reportConnectFailure(key, address, 'refused');
@@ -75,7 +71,7 @@ export async function buildSubsystems(config: Desired, ctx: { log: Logger; regis
       reason: selection.reason,
       apply: (services) => dp.apply({ services }),
       ...(dp instanceof ProxyDataplane ? { reconfigure: (proxy: ProxyConfig) => dp.reconfigure(proxy) } : {}),
-      stop: () => dp.stop(),
+      stop: (o) => dp.stop(o),
     };
 
     let failover: VrrpGate | undefined;
@@ -134,6 +130,15 @@ export async function buildSubsystems(config: Desired, ctx: { log: Logger; regis
         const removedAddrs: string[] = [];
         for (const [svc, claim] of pruned) {
           if (await netlink.removeAddress(parent.index, claim.address, 32).catch(() => false)) removedAddrs.push(`${claim.address} (${svc})`);
+        }
+        // Every address an earlier run added carries the ownership mark: one
+        // on the parent that no wanted claim explains is a leftover (a claim
+        // lost to a crash, a reload that raced), withdrawn now.
+        const wantedClaims = new Set(services.filter((s) => s.primaryService === undefined && s.ipam === 'pool').map((s) => pools.claimOf(s.key)?.address).filter((a): a is string => a !== undefined));
+        for (const a of await netlink.listAddresses(parent.index)) {
+          if (a.proto === OWNED_ADDRESS_PROTO && !wantedClaims.has(a.address) && await netlink.removeAddress(parent.index, a.address, a.prefix).catch(() => false)) {
+            removedAddrs.push(`${a.address}/${a.prefix} (marked as the agent's, no claim wants it)`);
+          }
         }
         // With VRRP this node starts as Backup: a pool VIP an earlier run left
         // on the parent (a crash) would answer ARP for it - and refuse

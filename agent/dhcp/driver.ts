@@ -21,7 +21,7 @@ import type { Logger } from '../log';
 import { announce as arpAnnounce, probeAddress as arpProbe } from '../net/arp-probe';
 import { netMetrics, type NetMetrics } from '../net/metrics';
 import type { NetlinkClient } from '../net/netlink';
-import { clientIdForService, linkNameForService, macForService } from '../net/ownership';
+import { OWNED_ADDRESS_PROTO, clientIdForService, linkNameForService, macForService } from '../net/ownership';
 import { ETH_P_IP, PACKET_OUTGOING, openPacketSocket, type FrameInfo, type PacketSocket, type PacketSocketOptions } from '../net/packet';
 import { planOwnedLinks } from '../net/reconcile';
 import { applyVipSysctls, type VipRole } from '../net/sysctl';
@@ -199,12 +199,29 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     });
   }
 
-  async stop(opts: { release: boolean }): Promise<void> {
+  async stop(opts: { release: boolean; keep?: boolean }): Promise<void> {
     const log = this.log.child({ op: 'stop' });
     const wasRunning = this.running;
     this.running = false;
     this.abort?.abort();
     await this.startTask;
+    if (opts.keep && !opts.release) {
+      // A planned restart: the address stays on the macvlan and the lease on
+      // disk; the next process resumes it (crash-only start) with no gap.
+      this.generation++;
+      this.clearTimer();
+      await this.chain;
+      this.socket?.close();
+      this.socket = undefined;
+      this.releaseSlot();
+      const kept = this.vip?.address;
+      this.state = initialState();
+      this.vip = undefined;
+      this.ifindex = undefined;
+      log.info({ kept }, kept ? `stopped; ${kept} stays on ${this.ifname} for the next process` : 'stopped');
+      this.emit('status');
+      return;
+    }
     if (wasRunning && this.state.name !== 'STOPPED') this.dispatch(opts.release ? { type: 'release' } : { type: 'stop' });
     this.generation++;
     this.clearTimer();
@@ -258,10 +275,10 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     const unexpired = saved !== undefined && saved.expiresAt > this.clock.now() ? saved : undefined;
     // A lease that resumes sends one unicast REQUEST, no DISCOVER: it needs
     // no start slot (the slot and its jitter keep a boot from storming the
-    // server) and must not wait behind one while clients use the VIP.
-    if (!unexpired || !this.resumeSaved) {
-      if (!(await this.takeSlot(signal, gen))) return;
-    }
+    // server) and must not wait behind one while clients use the VIP. So with
+    // an unexpired lease the macvlan is looked at first; only a start that
+    // cannot resume queues for a slot.
+    if (!unexpired && !(await this.takeSlot(signal, gen))) return;
     const { index, kept } = await this.ensureLink(log, unexpired ? formatIPv4(unexpired.address) : undefined);
     this.ifindex = index;
     if (signal.aborted) return;
@@ -446,7 +463,7 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     const ifindex = this.ifindex;
     if (ifindex === undefined) return;
     const address = formatIPv4(lease.address);
-    await this.netlink.addAddress(ifindex, address, VIP_PREFIX);
+    await this.netlink.addAddress(ifindex, address, VIP_PREFIX, { proto: OWNED_ADDRESS_PROTO });
     this.vip = { address, prefix: VIP_PREFIX, ifname: this.ifname, ifindex, mac: this.mac };
     this.lastReason = undefined;
     this.log.info({ op: 'bind', address, server: formatIPv4(lease.serverId), leaseSeconds: lease.leaseSeconds }, `VIP ${address} bound`);

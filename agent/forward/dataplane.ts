@@ -68,9 +68,28 @@ export interface Dataplane {
   readonly kind: DataplaneKind;
   /** Make forwarding match `state`. Serialised: concurrent calls run one after the other. */
   apply(state: ForwardState): Promise<void>;
-  /** Stop forwarding and remove what this data path installed. */
-  stop(): Promise<void>;
+  /**
+   * Stop forwarding and remove what this data path installed; with `keep`
+   * (a planned restart), leave it serving for the next process: the kernel
+   * table stays, and the proxy stops accepting (its listening sockets live on
+   * in the ListenerStore) and lets open connections finish.
+   */
+  stop(opts?: { keep?: boolean }): Promise<void>;
   stats(): Promise<ForwardStats>;
+}
+
+/**
+ * Where listening sockets outlive the process (systemd's file descriptor
+ * store): a planned restart or a crash hands them to the next process, so
+ * connections queue in the kernel's backlog instead of being refused.
+ */
+export interface ListenerStore {
+  /** The listening descriptor an earlier process left for this listener id, taken once. */
+  take(id: string): number | undefined;
+  /** Keep this listening descriptor for the next process. */
+  keep(id: string, fd: number): void;
+  /** The listener is gone for good (service removed, VIP lost): forget its descriptor. */
+  drop(id: string): void;
 }
 
 /** Called on every connect the proxy makes to a backend: the passive health path. */

@@ -5,7 +5,7 @@ import type { Registry } from 'prom-client';
 import type { ProxyConfig } from '../config/types';
 import type { Clock } from '../clock';
 import type { Logger } from '../log';
-import type { ConnectResultCallback, Dataplane, DataplaneSelection } from './dataplane';
+import type { ConnectResultCallback, Dataplane, DataplaneSelection, ListenerStore } from './dataplane';
 import { NftDataplane } from './nft';
 import { ProxyDataplane } from './proxy';
 
@@ -20,6 +20,8 @@ export interface CreateDataplaneOptions {
   readonly clock?: Clock;
   /** The proxy's passive health reports (the kernel path has none). */
   readonly onConnectResult?: ConnectResultCallback;
+  /** Where the proxy keeps its listening sockets across restarts (systemd's fd store). */
+  readonly listenerStore?: ListenerStore | undefined;
 }
 
 /** Build the data path selectDataplane() chose; its reason goes to the info metric. */
@@ -29,6 +31,6 @@ export function createDataplane(selection: DataplaneSelection, opts: CreateDatap
   }
   return new ProxyDataplane({
     config: opts.proxy, registry: opts.registry, log: opts.log, reason: selection.reason,
-    onConnectResult: opts.onConnectResult, clock: opts.clock,
+    onConnectResult: opts.onConnectResult, clock: opts.clock, listenerStore: opts.listenerStore,
   });
 }

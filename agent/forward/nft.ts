@@ -604,11 +604,16 @@ export class NftDataplane implements Dataplane {
     this.facts = { ...this.facts, ipForward: changed ? 1 : before, ipForwardChangedByAgent: changed, sendRedirectsDisabledOn: redirectsOff };
   }
 
-  stop(): Promise<void> {
+  stop(opts: { keep?: boolean } = {}): Promise<void> {
     return this.queue.run(async () => {
       if (this.stopped) return;
       this.stopped = true;
       this.metrics?.unregister();
+      if (opts.keep) {
+        // A planned restart: the table keeps forwarding; the next process adopts it (start check).
+        this.log.info({ op: 'stop', keep: true }, 'nftables table lb_agent left in place for the next process');
+        return;
+      }
       await this.write(renderRemoval());
       this.log.info({ op: 'stop' }, 'removed nftables table lb_agent');
     });

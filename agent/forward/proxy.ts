@@ -42,7 +42,7 @@ import { silentLogger, type Logger } from '../log';
 import { createBalancer, type Balancer } from './balancer';
 import {
   flowId, normalizeState, portLabel,
-  type ConnectResultCallback, type Dataplane, type FlowStats, type ForwardState, type ForwardStats,
+  type ConnectResultCallback, type Dataplane, type ListenerStore, type FlowStats, type ForwardState, type ForwardStats,
 } from './dataplane';
 import { ForwardMetrics } from './metrics';
 import { SerialQueue } from '../serial';
@@ -67,6 +67,10 @@ export interface ProxyDataplaneOptions {
    * 'data' events (default true). See the note on the user-buffer path below.
    */
   readonly userBuffers?: boolean;
+  /** Listening sockets that outlive the process (systemd's fd store); none by default. */
+  readonly listenerStore?: ListenerStore;
+  /** With stop({ keep }): how long open connections may take to finish before the process lets go (default 5 s). */
+  readonly drainTimeoutMs?: number;
 }
 
 /** Counters of one (service, port, backend); plain numbers, bumped on the hot path. */
@@ -162,6 +166,8 @@ export class ProxyDataplane implements Dataplane {
   private readonly maxUdpSessions: number;
   private readonly backlog: number;
   private readonly userBuffers: boolean;
+  private readonly store: ListenerStore | undefined;
+  private readonly drainTimeoutMs: number;
   private readonly freeBuffers: Buffer[] = [];
   /** Connections relayed per path (user buffers vs streams), for stats. */
   private readonly relayed = { userBuffers: 0, streams: 0 };
@@ -186,6 +192,8 @@ export class ProxyDataplane implements Dataplane {
     this.maxUdpSessions = opts.maxUdpSessions ?? 16384;
     this.backlog = opts.backlog ?? 1024;
     this.userBuffers = opts.userBuffers ?? true;
+    this.store = opts.listenerStore;
+    this.drainTimeoutMs = opts.drainTimeoutMs ?? 5000;
     this.metrics = opts.registry
       ? new ForwardMetrics({ registry: opts.registry, kind: 'proxy', reason: opts.reason ?? 'configured', stats: () => this.stats() })
       : undefined;
@@ -287,22 +295,59 @@ export class ProxyDataplane implements Dataplane {
   private openTcp(l: Listener): Promise<void> {
     const server = net.createServer({ allowHalfOpen: true, pauseOnConnect: true, noDelay: true });
     server.on('connection', (client) => this.accept(l, client));
+    const inherited = this.store?.take(l.id);
+    return new Promise((resolve, reject) => {
+      const onError = (err: Error): void => { server.close(); reject(err); };
+      server.once('error', onError);
+      const listening = (): void => {
+        server.off('error', onError);
+        server.on('error', (err) => this.log.error({ op: 'listen', listener: l.id, err: errorMessage(err) }, 'listener error'));
+        const addr = server.address() as net.AddressInfo | null;
+        if (inherited !== undefined && (addr?.address !== l.vip || addr.port !== l.port.port)) {
+          // Not the socket this listener had: let it go and bind afresh.
+          this.log.warn({ op: 'listen', listener: l.id, found: addr }, 'an inherited listening socket is bound elsewhere; binding a new one');
+          server.close();
+          this.store?.drop(l.id);
+          this.openTcpFresh(l, server).then(resolve, reject);
+          return;
+        }
+        this.listened(l, server, inherited !== undefined);
+        resolve();
+      };
+      if (inherited !== undefined) server.listen({ fd: inherited, backlog: this.backlog }, listening);
+      else server.listen({ host: l.vip, port: l.port.port, backlog: this.backlog, exclusive: true }, listening);
+    });
+  }
+
+  private openTcpFresh(l: Listener, old: net.Server): Promise<void> {
+    old.removeAllListeners('connection');
+    const server = net.createServer({ allowHalfOpen: true, pauseOnConnect: true, noDelay: true });
+    server.on('connection', (client) => this.accept(l, client));
     return new Promise((resolve, reject) => {
       const onError = (err: Error): void => { server.close(); reject(err); };
       server.once('error', onError);
       server.listen({ host: l.vip, port: l.port.port, backlog: this.backlog, exclusive: true }, () => {
         server.off('error', onError);
         server.on('error', (err) => this.log.error({ op: 'listen', listener: l.id, err: errorMessage(err) }, 'listener error'));
-        l.tcp = server;
-        l.boundPort = (server.address() as net.AddressInfo).port;
-        this.log.info({ op: 'listen', service: l.route.serviceKey, vip: l.vip, port: l.boundPort, protocol: 'TCP' }, 'proxy listening');
+        this.listened(l, server, false);
         resolve();
       });
     });
   }
 
+  private listened(l: Listener, server: net.Server, inherited: boolean): void {
+    l.tcp = server;
+    l.boundPort = (server.address() as net.AddressInfo).port;
+    // Node keeps the descriptor on its handle; a listener without one (never on Linux) simply is not stored.
+    const fd = (server as unknown as { _handle?: { fd?: number } })._handle?.fd;
+    if (this.store && typeof fd === 'number' && fd >= 0) this.store.keep(l.id, fd);
+    this.log.info({ op: 'listen', service: l.route.serviceKey, vip: l.vip, port: l.boundPort, protocol: 'TCP', inherited },
+      inherited ? 'proxy listening on the socket an earlier process left' : 'proxy listening');
+  }
+
   private closeListener(l: Listener): void {
     this.log.info({ op: 'unlisten', listener: l.id }, 'proxy listener closed; open connections drain');
+    if (l.tcp) this.store?.drop(l.id);
     l.tcp?.close();
     l.tcp = undefined;
     if (l.udp) {
@@ -644,7 +689,7 @@ export class ProxyDataplane implements Dataplane {
 
   // --- lifecycle and stats --------------------------------------------------
 
-  stop(): Promise<void> {
+  stop(opts: { keep?: boolean } = {}): Promise<void> {
     return this.queue.run(async () => {
       if (this.stopped) return;
       this.stopped = true;
@@ -652,14 +697,22 @@ export class ProxyDataplane implements Dataplane {
       this.metrics?.unregister();
       const closing: Promise<void>[] = [];
       for (const l of [...this.listeners.values(), ...this.draining]) {
+        // With keep, the listening socket itself lives on in the store: closing our descriptor only stops accepting.
         if (l.tcp) { const s = l.tcp; closing.push(new Promise((r) => s.close(() => r()))); l.tcp = undefined; }
         for (const s of [...l.sessions.values()]) this.closeSession(l, s);
         this.closeUdp(l);
       }
       this.listeners.clear();
+      if (opts.keep && this.relays.size > 0) {
+        // A planned restart: connections already accepted finish (bounded) instead of being cut.
+        const open = this.relays.size;
+        const deadline = this.clock.now() + this.drainTimeoutMs;
+        while (this.relays.size > 0 && this.clock.now() < deadline) await new Promise((r) => this.clock.setTimeout(() => r(undefined), 20));
+        this.log.info({ op: 'stop', open, unfinished: this.relays.size }, `waited for ${open - this.relays.size} of ${open} open connections to finish`);
+      }
       for (const r of [...this.relays]) { r.client.destroy(); r.upstream?.destroy(); r.accepted.destroy(); }
       await Promise.all(closing);
-      this.log.info({ op: 'stop' }, 'proxy stopped');
+      this.log.info({ op: 'stop', keep: opts.keep === true }, opts.keep ? 'proxy stopped; its listening sockets stay with the service manager' : 'proxy stopped');
     });
   }
 

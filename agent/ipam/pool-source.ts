@@ -24,6 +24,7 @@ import { parseIPv4 } from '../ipv4';
 import type { AddressSource, SourceState, SourceStatus, Vip } from '../source';
 import { announce, probeAddress, ArpDefender, type ArpConflict } from '../net/arp-probe';
 import { netMetrics, type NetMetrics } from '../net/metrics';
+import { OWNED_ADDRESS_PROTO } from '../net/ownership';
 import { bpfArp, ETH_P_ARP, openPacketSocket, type PacketSocket } from '../net/packet';
 import type { NetlinkClient, LinkInfo } from '../net/netlink';
 import { reservedFromInterface, type AllocationResult } from './allocator';
@@ -133,12 +134,26 @@ export class PoolSource extends EventEmitter implements AddressSource {
    * unless `release`. Await it before start() again. Rejects only when the
    * claim could not be deleted (LB_ERR_STATE_WRITE); the VIP is gone anyway.
    */
-  async stop(opts: { release: boolean }): Promise<void> {
+  async stop(opts: { release: boolean; keep?: boolean }): Promise<void> {
     const wasBound = this.vip;
     this.running = false;
     this.gen++;
     this.wake?.();
     this.closeDefender();
+    if (opts.keep && !opts.release) {
+      // A planned restart: the address stays on the parent and the claim on
+      // disk; the next process adopts both (crash-only start).
+      const kept = this.onParent;
+      this.onParent = undefined;
+      this.setVip(undefined);
+      this.closeSocket();
+      this.manager.release(this.key, { deleteClaim: false });
+      this.state = 'idle';
+      this.reason = undefined;
+      this.log.info({ op: 'stop', kept }, kept ? `stopped; ${kept} stays on ${this.opts.parentIfname} for the next process` : 'stopped');
+      this.emit('status');
+      return;
+    }
     const address = this.onParent;
     this.onParent = undefined;
     this.setVip(undefined);
@@ -368,7 +383,7 @@ export class PoolSource extends EventEmitter implements AddressSource {
         this.onParent = address;
         // NetlinkClient.addAddress replaces, so an address left by a killed
         // run is adopted as is; EEXIST from another implementation means the same.
-        await this.manager.serialize(() => this.opts.netlink.addAddress(parent.link.index, address, POOL_VIP_PREFIX));
+        await this.manager.serialize(() => this.opts.netlink.addAddress(parent.link.index, address, POOL_VIP_PREFIX, { proto: OWNED_ADDRESS_PROTO }));
       } catch (err) {
         if (!(isLbError(err) && err.details?.errno === 'EEXIST')) {
           this.onParent = undefined;

@@ -48,7 +48,7 @@ export interface NativeAddon {
     protocol: number,
     filter?: ReadonlyArray<readonly [number, number, number, number]>,
   ) => NativePacketHandle;
-  sendUnixDatagram(path: string, data: Buffer): number;
+  sendUnixDatagram(path: string, data: Buffer, fds?: readonly number[]): number;
   capabilities(): { effective: bigint; permitted: bigint; inheritable: bigint };
   ifNameToIndex(name: string): number;
   ifIndexToName(index: number): string;
@@ -106,9 +106,9 @@ export function isSystemError(err: unknown): err is NativeSystemError {
   return err instanceof Error && typeof (err as { code?: unknown }).code === 'string' && typeof (err as { syscall?: unknown }).syscall === 'string';
 }
 
-/** sd_notify(3) transport: one datagram to a unix socket ('@name' = abstract). */
-export function sendUnixDatagram(socketPath: string, data: Buffer): number {
-  return loadNative().sendUnixDatagram(socketPath, data);
+/** sd_notify(3) transport: one datagram to a unix socket ('@name' = abstract), with descriptors as SCM_RIGHTS if given. */
+export function sendUnixDatagram(socketPath: string, data: Buffer, fds?: readonly number[]): number {
+  return fds && fds.length > 0 ? loadNative().sendUnixDatagram(socketPath, data, fds) : loadNative().sendUnixDatagram(socketPath, data);
 }
 
 /** Linux capability numbers we care about (linux/capability.h). */

@@ -5,7 +5,7 @@
 // and, for EPERM, the capability.
 import { EventEmitter } from 'node:events';
 import * as os from 'node:os';
-import { AttrStream, createRtNetlink, FlagsNew, ifla, rt, type RtNetlinkSocket } from 'netlink';
+import { AttrStream, createRtNetlink, FlagsGet, FlagsNew, ifla, rt, type RtNetlinkSocket } from 'netlink';
 import { LbError } from '../errors';
 import { broadcastOf, formatIPv4, formatMac, ipv4FromBytes, ipv4ToBytes, parseIPv4, parseMac } from '../ipv4';
 import type { Logger } from '../log';
@@ -46,6 +46,28 @@ export interface AddressInfo {
   readonly address: string;
   readonly prefix: number;
   readonly label?: string;
+  /** IFA_PROTO (Linux 6.3+): who added the address; the agent marks its own (net/ownership.ts). */
+  readonly proto?: number;
+}
+
+/** IFA_PROTO: the address's originator, a u8 attribute of RTM_NEWADDR (Linux 6.3). */
+export const IFA_PROTO = 11;
+
+/**
+ * The IFA_PROTO attribute of a raw RTM_NEWADDR payload (ifaddrmsg, then
+ * rtattrs), if present. The netlink package drops attributes it does not
+ * know when parsing, so this one is read here. Pure; never throws.
+ */
+export function addressProto(data: Buffer): number | undefined {
+  let o = 8; // struct ifaddrmsg
+  while (o + 4 <= data.length) {
+    const len = data.readUInt16LE(o);
+    const type = data.readUInt16LE(o + 2) & 0x3fff; // without NLA_F_NESTED / NLA_F_NET_BYTEORDER
+    if (len < 4 || o + len > data.length) return undefined;
+    if (type === IFA_PROTO && len >= 5) return data[o + 4];
+    o += (len + 3) & ~3;
+  }
+  return undefined;
 }
 
 export type LinkEvent = { type: 'new' | 'del'; link: LinkInfo };
@@ -340,11 +362,16 @@ export class NetlinkClient {
    * Add ip/prefix to a link, idempotently (NLM_F_REPLACE, like `ip addr
    * replace`). The broadcast address is set for prefixes up to /30.
    */
-  async addAddress(index: number, ip: string, prefix: number): Promise<void> {
+  async addAddress(index: number, ip: string, prefix: number, opts: { proto?: number } = {}): Promise<void> {
     const local = checkIp(ip);
     checkPrefix(prefix);
     const attrs: rt.AddressAttrs = { local, address: local };
     if (prefix <= 30) attrs.broadcast = ipv4ToBytes(broadcastOf({ network: parseIPv4(ip)!, prefix }));
+    if (opts.proto !== undefined) {
+      // The package's encoder appends __unparsed attributes as given, but
+      // refuses unknown keys it enumerates: hence not enumerable.
+      Object.defineProperty(attrs, '__unparsed', { value: [[IFA_PROTO, Buffer.from([opts.proto & 0xff])]], enumerable: false });
+    }
     try {
       await this.serial(() => this.sock.newAddress({ family: AF_INET, prefixlen: prefix, index, scope: 0 }, attrs, this.opts(FlagsNew.CREATE | FlagsNew.REPLACE)));
     } catch (err) {
@@ -368,13 +395,22 @@ export class NetlinkClient {
     return true;
   }
 
-  /** IPv4 addresses, of one link or of all. */
+  /** IPv4 addresses, of one link or of all, with their IFA_PROTO mark. */
   async listAddresses(index?: number): Promise<AddressInfo[]> {
     try {
-      const msgs = await this.serial(() => this.sock.getAddresses({ family: AF_INET }, undefined, this.opts()));
-      return msgs
-        .map(addressInfoFromMessage)
-        .filter((a): a is AddressInfo => a !== undefined && (index === undefined || a.index === index));
+      const req = new AttrStream();
+      rt.formatAddressMessage({ kind: 'address', data: { family: AF_INET }, attrs: {} }, req);
+      // Raw dump: the package's parser would drop IFA_PROTO (addressProto).
+      const raw = await this.serial(async () => (await this.sock.socket.request(rt.MessageType.GETADDR, req.bufs, this.opts(FlagsGet.DUMP)))[0]);
+      const out: AddressInfo[] = [];
+      for (const m of raw) {
+        if (m.type !== rt.MessageType.NEWADDR) continue;
+        const a = addressInfoFromMessage(rt.parseMessage(m.type, m.data) as rt.AddressMessage);
+        if (!a || (index !== undefined && a.index !== index)) continue;
+        const proto = addressProto(m.data);
+        out.push(proto !== undefined ? { ...a, proto } : a);
+      }
+      return out;
     } catch (err) {
       throw netlinkError(err, 'listing addresses of', index === undefined ? 'all links' : describe(index));
     }

@@ -1,6 +1,6 @@
 // Ownership marks (pure): the link names, MAC addresses and DHCP client
 // identifiers the agent derives from a service key ("namespace/name"), and
-// how it recognises its own links after a restart. Deterministic, so a
+// how it recognises its own links and addresses after a restart. Deterministic, so a
 // service keeps its MAC (and so its DHCP lease) across restarts, reboots and
 // moves to another VM.
 import { createHash } from 'node:crypto';
@@ -10,6 +10,14 @@ import { parseMac } from '../ipv4';
 export const LINK_PREFIX = 'lbv';
 /** Locally administered (bit 1), unicast (bit 0 clear) first octet: IEEE 802 §8.2. */
 export const MAC_PREFIX = '02:';
+/**
+ * IFA_PROTO of every address the agent adds (Linux 6.3+; `ip addr` shows it
+ * as "proto 76" with iproute2 6.3+). The kernel keeps it with the address,
+ * so a restart, `lb-agent withdraw` or a crash-only start finds every VIP
+ * the agent left, claim or not. Values 0-3 are the kernel's own.
+ */
+export const OWNED_ADDRESS_PROTO = 76;
+
 /** IFNAMSIZ is 16 including the NUL. */
 export const MAX_IFNAME_LENGTH = 15;
 

@@ -1,5 +1,7 @@
-// sendUnixDatagram(path, data): one datagram to an AF_UNIX SOCK_DGRAM
-// socket, for sd_notify(3). Node's dgram module has no unix sockets.
+// sendUnixDatagram(path, data[, fds]): one datagram to an AF_UNIX SOCK_DGRAM
+// socket, for sd_notify(3), optionally carrying file descriptors as
+// SCM_RIGHTS (systemd's fd store: FDSTORE=1). Node's dgram module has no
+// unix sockets and no descriptor passing.
 #include "common.h"
 
 #include <sys/socket.h>
@@ -10,6 +12,7 @@
 #include <cstddef>
 #include <cstring>
 #include <string>
+#include <vector>
 
 namespace lbagent {
 
@@ -17,8 +20,21 @@ namespace {
 
 Napi::Value SendUnixDatagram(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  if (info.Length() < 2 || !info[0].IsString() || !info[1].IsBuffer()) {
-    throw Napi::TypeError::New(env, "sendUnixDatagram(path: string, data: Buffer)");
+  if (info.Length() < 2 || !info[0].IsString() || !info[1].IsBuffer() || (info.Length() > 2 && !info[2].IsArray() && !info[2].IsUndefined())) {
+    throw Napi::TypeError::New(env, "sendUnixDatagram(path: string, data: Buffer, fds?: number[])");
+  }
+  std::vector<int> fds;
+  if (info.Length() > 2 && info[2].IsArray()) {
+    Napi::Array arr = info[2].As<Napi::Array>();
+    // SCM_MAX_FD is 253 (net/scm.h); sd_notify callers pass a handful.
+    if (arr.Length() > 253) throw Napi::RangeError::New(env, "at most 253 file descriptors per message");
+    for (uint32_t i = 0; i < arr.Length(); i++) {
+      Napi::Value v = arr.Get(i);
+      if (!v.IsNumber()) throw Napi::TypeError::New(env, "fds must be numbers");
+      int32_t d = v.As<Napi::Number>().Int32Value();
+      if (d < 0) throw Napi::RangeError::New(env, "fds must be >= 0");
+      fds.push_back(d);
+    }
   }
   std::string path = info[0].As<Napi::String>().Utf8Value();
   Napi::Buffer<uint8_t> data = info[1].As<Napi::Buffer<uint8_t>>();
@@ -45,7 +61,26 @@ Napi::Value SendUnixDatagram(const Napi::CallbackInfo& info) {
   do {
     // MSG_DONTWAIT: never block the event loop on a full receiver queue;
     // the caller sees EAGAIN instead.
-    n = sendto(fd, data.Data(), data.Length(), MSG_DONTWAIT | MSG_NOSIGNAL, reinterpret_cast<sockaddr*>(&addr), len);
+    iovec iov{};
+    iov.iov_base = data.Data();
+    iov.iov_len = data.Length();
+    msghdr msg{};
+    msg.msg_name = &addr;
+    msg.msg_namelen = len;
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    std::vector<char> control;
+    if (!fds.empty()) {
+      control.assign(CMSG_SPACE(sizeof(int) * fds.size()), 0);
+      msg.msg_control = control.data();
+      msg.msg_controllen = control.size();
+      cmsghdr* c = CMSG_FIRSTHDR(&msg);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+      std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+    }
+    n = sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
   } while (n < 0 && errno == EINTR);
   int err = errno;
   close(fd);

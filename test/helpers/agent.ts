@@ -33,14 +33,14 @@ export interface AgentHandle {
 let counter = 0;
 
 /** Start `lb-agent run` in ns. cfg is the config as an object; control.socket and stateDir are filled in if absent. */
-export async function startAgent(lab: Lab, ns: string, cfg: Record<string, unknown>, opts: { name?: string; waitReady?: boolean; env?: Record<string, string>; logLevel?: string; stateDir?: string } = {}): Promise<AgentHandle> {
+export async function startAgent(lab: Lab, ns: string, cfg: Record<string, unknown>, opts: { name?: string; waitReady?: boolean; env?: Record<string, string>; logLevel?: string; stateDir?: string; args?: string[] } = {}): Promise<AgentHandle> {
   const name = opts.name ?? `agent${counter++}`;
   const stateDir = opts.stateDir ?? (cfg.stateDir as string | undefined) ?? lab.file(`${name}-state`);
   const socket = (cfg.control as { socket?: string } | undefined)?.socket ?? lab.file(`${name}.sock`);
   const configPath = lab.file(`${name}.yaml`);
   const full = { ...cfg, stateDir, control: { socket } };
   fs.writeFileSync(configPath, stringify(full));
-  const proc = lab.spawn(ns, process.execPath, [AGENT_BIN, 'run', '--config', configPath, '--log-level', opts.logLevel ?? 'debug'], { env: { ...process.env, ...(opts.env ?? {}) } });
+  const proc = lab.spawn(ns, process.execPath, [AGENT_BIN, 'run', '--config', configPath, '--log-level', opts.logLevel ?? 'debug', ...(opts.args ?? [])], { env: { ...process.env, ...(opts.env ?? {}) } });
   const logs: Record<string, unknown>[] = [];
   let err = '';
   onJsonLines(proc.stdout!, (o) => logs.push(o), (line) => logs.push({ raw: line }));

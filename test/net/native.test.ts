@@ -88,6 +88,42 @@ t.test('sendUnixDatagram delivers to path and abstract sockets', async (t) => {
   }
 });
 
+t.test('sendUnixDatagram passes descriptors as SCM_RIGHTS (systemd\'s fd store)', async (t) => {
+  const { spawn, spawnSync } = await import('node:child_process');
+  if (spawnSync('python3', ['-c', 'pass']).status !== 0) {
+    t.plan(0, 'python3 is not available to receive the datagram');
+    return;
+  }
+  const os = await import('node:os');
+  const path = await import('node:path');
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lbnotify-'));
+  t.teardown(() => fs.rmSync(dir, { recursive: true, force: true }));
+  const sock = path.join(dir, 'notify.sock');
+  const file = path.join(dir, 'passed');
+  fs.writeFileSync(file, 'x');
+  const py = spawn('python3', ['-c', [
+    'import socket, os',
+    's = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)',
+    `s.bind("${sock}")`,
+    's.settimeout(10)',
+    'print("ready", flush=True)',
+    'msg, fds, flags, addr = socket.recv_fds(s, 100, 4)',
+    'print(msg.decode().replace("\\n", "|"), [os.fstat(f).st_ino for f in fds], flush=True)',
+  ].join('\n')], { stdio: ['ignore', 'pipe', 'inherit'] });
+  let out = '';
+  py.stdout.on('data', (d: Buffer) => { out += d.toString(); });
+  const deadline = Date.now() + 10_000;
+  while (!out.includes('ready') && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+  const fd = fs.openSync(file, 'r');
+  t.teardown(() => fs.closeSync(fd));
+  t.equal(sendUnixDatagram(sock, Buffer.from('FDSTORE=1\nFDNAME=x'), [fd, fd]), 18);
+  await new Promise((r) => py.once('exit', r));
+  const ino = fs.statSync(file).ino;
+  t.match(out, `FDSTORE=1|FDNAME=x [${ino}, ${ino}]`, 'both descriptors arrive and name the same file');
+  t.throws(() => sendUnixDatagram(sock, Buffer.alloc(1), [-1]), RangeError);
+  t.throws(() => sendUnixDatagram(sock, Buffer.alloc(1), ['3' as unknown as number]), TypeError);
+});
+
 t.test('PacketHandle validates its arguments before any syscall', async (t) => {
   const { PacketHandle } = loadNative();
   t.throws(() => new PacketHandle(0, 0x0806), RangeError);

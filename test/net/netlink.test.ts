@@ -5,6 +5,8 @@ import t from 'tap';
 import { AttrStream, ifla, rt } from 'netlink';
 import {
   addressInfoFromMessage,
+  addressProto,
+  IFA_PROTO,
   linkInfoFromMessage,
   macvlanLinkInfo,
   netlinkErrno,
@@ -100,4 +102,19 @@ t.test('notifications: new/del link and address, others ignored', async (t) => {
   t.same(ev, ['address', { type: 'new', address: { index: 4, address: '10.0.0.1', prefix: 32 } }]);
   t.equal(parseNotification(rt.MessageType.NEWROUTE, Buffer.alloc(0)), undefined);
   t.throws(() => parseNotification(rt.MessageType.NEWLINK, Buffer.from([1, 2])), 'garbage throws here; the watcher catches and drops it');
+});
+
+t.test('addressProto reads IFA_PROTO from a raw RTM_NEWADDR payload', async (t) => {
+  const attr = (type: number, data: Buffer): Buffer => {
+    const len = 4 + data.length;
+    const b = Buffer.alloc((len + 3) & ~3);
+    b.writeUInt16LE(len, 0); b.writeUInt16LE(type, 2); data.copy(b, 4);
+    return b;
+  };
+  const ifaddrmsg = Buffer.from([2, 32, 0, 0, 5, 0, 0, 0]);
+  const msg = Buffer.concat([ifaddrmsg, attr(1, Buffer.from([10, 1, 2, 3])), attr(3, Buffer.from('eth0\0')), attr(IFA_PROTO, Buffer.from([76])), attr(8, Buffer.alloc(4))]);
+  t.equal(addressProto(msg), 76);
+  t.equal(addressProto(Buffer.concat([ifaddrmsg, attr(1, Buffer.from([10, 1, 2, 3]))])), undefined, 'no mark');
+  t.equal(addressProto(Buffer.concat([ifaddrmsg, Buffer.from([200, 0, 11, 0, 76])])), undefined, 'a truncated attribute is no mark, not a throw');
+  t.equal(addressProto(Buffer.alloc(3)), undefined);
 });
