@@ -208,12 +208,7 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     if (opts.keep && !opts.release) {
       // A planned restart: the address stays on the macvlan and the lease on
       // disk; the next process resumes it (crash-only start) with no gap.
-      this.generation++;
-      this.clearTimer();
-      await this.chain;
-      this.socket?.close();
-      this.socket = undefined;
-      this.releaseSlot();
+      await this.quiesce();
       const kept = this.vip?.address;
       this.state = initialState();
       this.vip = undefined;
@@ -223,12 +218,7 @@ export class DhcpSource extends EventEmitter implements AddressSource {
       return;
     }
     if (wasRunning && this.state.name !== 'STOPPED') this.dispatch(opts.release ? { type: 'release' } : { type: 'stop' });
-    this.generation++;
-    this.clearTimer();
-    await this.chain;
-    this.socket?.close();
-    this.socket = undefined;
-    this.releaseSlot();
+    await this.quiesce();
     // Shutdown, failover and removal all take the macvlan away: no stale MAC on the LAN.
     await this.deleteLink(log);
     if (opts.release) {
@@ -243,6 +233,16 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     this.failed = undefined;
     log.info({ release: opts.release }, opts.release ? 'stopped and released' : 'stopped; lease kept');
     this.emit('status');
+  }
+
+  /** No more timers, frames or slot: late verdicts are ignored (generation), queued address work finishes. */
+  private async quiesce(): Promise<void> {
+    this.generation++;
+    this.clearTimer();
+    await this.chain;
+    this.socket?.close();
+    this.socket = undefined;
+    this.releaseSlot();
   }
 
   status(): SourceStatus {
