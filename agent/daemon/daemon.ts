@@ -5,7 +5,7 @@
 // SIGTERM withdraws everything the agent announced without releasing leases.
 import { EventEmitter } from 'node:events';
 import { Registry, Gauge, Counter, collectDefaultMetrics } from 'prom-client';
-import { loadConfigFile, formatConfigErrors, parseListen } from '../config/load';
+import { loadConfigFile, formatConfigErrors, parseListen, ConfigError } from '../config/load';
 import { diffConfigs, reloadErrors } from '../config/diff';
 import type { Desired, ServiceSpec } from '../config/types';
 import { LbError, errorMessage } from '../errors';
@@ -27,6 +27,8 @@ export interface DaemonOptions {
   buildSubsystems: (config: Desired, ctx: { log: Logger; registry: Registry; store: StateStore; clock: Clock }) => Promise<Subsystems>;
   /** sd_notify-style hook: READY=1, STATUS=..., STOPPING=1. */
   notify?: (msg: string) => void;
+  /** How the control socket's "reload" runs (main.ts: one at a time, inside RELOADING=1/READY=1 as SIGHUP); default reload(). */
+  reload?: () => Promise<{ ok: boolean; message: string; errors?: readonly ConfigError[] }>;
 }
 
 interface ServiceRuntime {
@@ -261,7 +263,7 @@ export class Daemon extends EventEmitter {
   }
 
   /** SIGHUP: reload by diff. Returns what happened; never throws. */
-  async reload(): Promise<{ ok: boolean; message: string }> {
+  async reload(): Promise<{ ok: boolean; message: string; errors?: readonly ConfigError[] }> {
     const old = this.config;
     if (!old || !this.subs || this.stopping) return { ok: false, message: 'not running' };
     const res = loadConfigFile(this.opts.configPath);
@@ -271,7 +273,7 @@ export class Daemon extends EventEmitter {
       this.log.error({ op: 'reload', errors: res.errors }, message);
       this.metrics?.reloads.inc({ result: 'rejected' });
       this.lastReload = { at, ok: false, message };
-      return { ok: false, message };
+      return { ok: false, message, errors: res.errors };
     }
     const rules = reloadErrors(old, res.config);
     if (rules.length > 0) {
@@ -279,7 +281,7 @@ export class Daemon extends EventEmitter {
       this.log.error({ op: 'reload', errors: rules }, message);
       this.metrics?.reloads.inc({ result: 'rejected' });
       this.lastReload = { at, ok: false, message };
-      return { ok: false, message };
+      return { ok: false, message, errors: rules };
     }
     const next = res.config;
     const d = diffConfigs(old, next);
@@ -452,7 +454,8 @@ export class Daemon extends EventEmitter {
   private handleControl(op: string): unknown {
     if (op === 'status') return this.statusDocument();
     if (op === 'ping') return 'pong';
-    throw new Error(`unknown op ${JSON.stringify(op)} (known: status, ping)`);
+    if (op === 'reload') return (this.opts.reload ?? (() => this.reload()))();
+    throw new Error(`unknown op ${JSON.stringify(op)} (known: status, ping, reload)`);
   }
 
   private notifyStatus(): void {
@@ -460,7 +463,8 @@ export class Daemon extends EventEmitter {
     const st = this.serviceStatuses();
     const serving = st.filter((s) => s.state === 'serving').length;
     const ready = st.filter((s) => s.ready).length;
-    this.opts.notify(`STATUS=${st.length} services, ${serving} serving, ${ready} ready; dataplane ${this.subs.dataplane.kind}`);
+    const vips = new Set(st.filter((s) => s.state === 'serving' && s.vip).map((s) => s.vip)).size;
+    this.opts.notify(`STATUS=${vips} VIP${vips === 1 ? '' : 's'} served; ${st.length} services, ${serving} serving, ${ready} ready; dataplane ${this.subs.dataplane.kind}`);
   }
 }
 

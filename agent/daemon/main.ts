@@ -1,11 +1,12 @@
 // `lb-agent run`: the process around the Daemon - logger, signals (SIGTERM
-// and SIGINT stop within 10 s, SIGHUP reloads), the systemd notify protocol
+// and SIGINT stop within 10 s, SIGHUP and the control socket reload), the systemd notify protocol
 // (READY=1, STATUS=, STOPPING=1, WATCHDOG=1 from the event loop itself, so a
 // blocked loop stops the pings), and a last-chance withdraw on a crash.
 import { createLogger, LogLevel, Logger } from '../log';
 import { Daemon } from './daemon';
 import { buildSubsystems } from './wiring';
 import { errorMessage, isLbError } from '../errors';
+import { SerialQueue } from '../serial';
 
 const STOP_TIMEOUT_MS = 10_000;
 
@@ -27,7 +28,18 @@ export function makeNotifier(log: Logger): ((msg: string) => void) | undefined {
 export async function runDaemon(opts: { configPath: string; logLevel: LogLevel }): Promise<number> {
   const log = createLogger(opts.logLevel);
   const notify = makeNotifier(log);
-  const daemon = new Daemon({ configPath: opts.configPath, log, buildSubsystems, notify });
+  // SIGHUP and the control socket's "reload" (`lb-agent reload`, the unit's
+  // ExecReload=) run the same reload, one at a time, inside RELOADING=1 and
+  // READY=1 (sd_notify(3)): systemd shows the unit "reloading" meanwhile.
+  const reloads = new SerialQueue();
+  const reload = (): ReturnType<Daemon['reload']> => reloads.run(async () => {
+    notify?.('RELOADING=1');
+    const r = await daemon.reload();
+    notify?.('READY=1');
+    if (!r.ok) notify?.(`STATUS=reload rejected: ${r.message.split('\n')[1] ?? ''}`);
+    return r;
+  });
+  const daemon = new Daemon({ configPath: opts.configPath, log, buildSubsystems, notify, reload });
 
   let watchdog: NodeJS.Timeout | undefined;
   const usec = Number(process.env.WATCHDOG_USEC);
@@ -79,13 +91,7 @@ export async function runDaemon(opts: { configPath: string; logLevel: LogLevel }
     };
     process.on('SIGTERM', () => shutdown('SIGTERM', 0));
     process.on('SIGINT', () => shutdown('SIGINT', 0));
-    process.on('SIGHUP', () => {
-      notify?.('RELOADING=1');
-      void daemon.reload().then((r) => {
-        notify?.('READY=1');
-        if (!r.ok) notify?.(`STATUS=reload rejected: ${r.message.split('\n')[1] ?? ''}`);
-      });
-    });
+    process.on('SIGHUP', () => { void reload(); });
     crashed = () => shutdown('crash', 1);
   });
 }

@@ -73,8 +73,8 @@ t.test('sd_notify: READY, STATUS, WATCHDOG, RELOADING, STOPPING', async (t) => {
   t.test('READY=1 once started, and a STATUS= line', async (t) => {
     await waitFor('READY=1', () => msgs().includes('READY=1'), 10_000);
     t.pass('READY=1 received');
-    const status = await waitFor('STATUS= saying the service is ready', () => msgs().find((m) => /^STATUS=1 services, 1 serving, 1 ready; dataplane \w+$/.test(m)), 15_000);
-    t.match(status, /^STATUS=1 services/, status);
+    const status = await waitFor('STATUS= saying the service is ready', () => msgs().find((m) => /^STATUS=1 VIP served; 1 services, 1 serving, 1 ready; dataplane \w+$/.test(m)), 15_000);
+    t.match(status, /^STATUS=1 VIP served; /, status);
     t.ok(msgs().indexOf('READY=1') >= 0 && got.every((d) => d.msg.length < 4096), 'each datagram is one short message');
   });
 
