@@ -77,7 +77,7 @@ t.test('the unit has the service semantics and hardening issue 9 lists', async (
   t.equal(one('Type'), 'notify', 'Type=notify: READY=1 says when it serves');
   t.match(one('ExecStartPre'), /^\+\/usr\/bin\/lb-agent check --config \/etc\/lb-agent\/config\.yaml$/, 'the preflight runs first, with full privileges ("+")');
   t.match(one('ExecStart'), /^\/usr\/bin\/lb-agent run --config \/etc\/lb-agent\/config\.yaml$/);
-  t.equal(one('ExecReload'), '/bin/kill -HUP $MAINPID', 'reload is SIGHUP');
+  t.equal(one('ExecReload'), '/usr/bin/lb-agent reload --config /etc/lb-agent/config.yaml', 'reload asks the daemon and waits for its verdict (no /bin/kill needed)');
   t.equal(one('Restart'), 'on-failure');
   t.ok(one('WatchdogSec'), 'a watchdog deadline');
   t.equal(one('StateDirectory'), 'lb-agent');
