@@ -153,6 +153,10 @@ t.test('install.sh into a scratch root', { skip: !built && 'build first: npm ci 
     t.ok(fs.existsSync(path.join(lib, 'README.md')), 'Documentation= points at an installed file');
     t.equal(fs.readFileSync(path.join(dir, 'etc', 'lb-agent', 'config.yaml'), 'utf8'), fs.readFileSync(path.join(ROOT, 'examples', 'config.yaml'), 'utf8'), 'the example config');
     t.ok(fs.existsSync(path.join(dir, 'usr', 'share', 'doc', 'lb-agent', 'config.example.yaml')));
+    // A root that boots without running systemd-sysusers still has the user,
+    // and the unit is enabled as `systemctl enable` would (--no-start only).
+    if (process.getuid?.() === 0) t.match(fs.readFileSync(path.join(dir, 'etc', 'passwd'), 'utf8'), /^lb-agent:x:\d+:\d+:[^:]*:\/var\/lib\/lb-agent:\/usr\/sbin\/nologin$/m, 'the lb-agent user exists in the root');
+    t.ok(fs.lstatSync(path.join(dir, 'etc', 'systemd', 'system', 'multi-user.target.wants', 'lb-agent.service')).isSymbolicLink(), 'enabled: wanted by multi-user.target');
   });
 
   t.test('the installed tree runs on its own', async (t) => {
