@@ -77,6 +77,16 @@ export function sweepStaleContainers(): void {
 }
 
 function removeScratch(dir: string): void {
+  // A container whose test process was killed is still running: end it first.
+  // The pids are only trusted while nspawn's command line names this root.
+  try {
+    const [nspawnPid, leaderPid] = fs.readFileSync(path.join(dir, 'pids'), 'utf8').trim().split(' ').map(Number);
+    const cmdline = fs.readFileSync(`/proc/${nspawnPid}/cmdline`, 'utf8');
+    if (cmdline.startsWith('systemd-nspawn\0') && cmdline.includes(`\0${path.join(dir, 'root')}\0`)) {
+      if (leaderPid && readChildren(nspawnPid!).includes(leaderPid)) process.kill(leaderPid, 'SIGKILL');
+      process.kill(nspawnPid!, 'SIGKILL');
+    }
+  } catch { /* no pids file, or nothing left running */ }
   try { execFileSync('umount', ['-l', path.join(dir, 'root')], { stdio: 'ignore' }); } catch { /* not mounted */ }
   try { fs.rmSync(dir, { recursive: true, force: true }); } catch { /* ignore */ }
 }
@@ -139,6 +149,7 @@ export class SystemdContainer {
       const kids = readChildren(nspawn.pid!);
       return kids[0];
     }, 15_000, 50);
+    fs.writeFileSync(path.join(this.dir, 'pids'), `${nspawn.pid} ${this.leaderPid}\n`);
     const settled = await waitFor('the container\'s systemd to settle', async () => {
       if (nspawn.exitCode !== null) throw new Error(`systemd-nspawn exited with ${nspawn.exitCode}: ${this.console()}`);
       const r = await this.exec('systemctl', ['is-system-running'], { allowFail: true, timeoutMs: 5000 });
@@ -234,6 +245,14 @@ export class SystemdContainer {
   /** Signal a process inside (pid as the container sees it). */
   async kill(pid: number, signal: string): Promise<void> {
     await this.sh(`kill -${signal.replace(/^SIG/, '')} ${pid}`);
+  }
+
+  /** Signal the unit's main process (e.g. KILL, to crash it as the kernel's OOM killer would). */
+  async killMain(signal: string, unit = 'lb-agent'): Promise<number> {
+    const pid = await this.mainPid(unit);
+    if (!pid) throw new Error(`${unit} has no main process`);
+    await this.kill(pid, signal);
+    return pid;
   }
 
   /** What the container printed on its console (boot messages), for failures. */
