@@ -146,8 +146,7 @@ export class SystemdContainer {
     const nspawn = this.nspawn;
     this.leaderPid = await waitFor('systemd-nspawn to start the container\'s init', () => {
       if (nspawn.exitCode !== null) throw new Error(`systemd-nspawn exited with ${nspawn.exitCode}: ${this.console()}`);
-      const kids = readChildren(nspawn.pid!);
-      return kids[0];
+      return containerInit(nspawn.pid!);
     }, 15_000, 50);
     fs.writeFileSync(path.join(this.dir, 'pids'), `${nspawn.pid} ${this.leaderPid}\n`);
     const settled = await waitFor('the container\'s systemd to settle', async () => {
@@ -292,6 +291,23 @@ export class SystemdContainer {
     try { this.nspawn?.kill('SIGKILL'); } catch { /* gone */ }
     removeScratch(this.dir);
   }
+}
+
+/**
+ * nspawn's child that is the container's PID 1: in a pid namespace of its
+ * own and already running systemd. nspawn forks helpers first (an outer
+ * child that exits, the inner child before its exec), so the first child
+ * seen is not necessarily the init; entering a dead one fails for good.
+ */
+function containerInit(nspawnPid: number): number | undefined {
+  let ours: string;
+  try { ours = fs.readlinkSync('/proc/self/ns/pid'); } catch { return undefined; }
+  for (const pid of readChildren(nspawnPid)) {
+    try {
+      if (fs.readlinkSync(`/proc/${pid}/ns/pid`) !== ours && fs.readFileSync(`/proc/${pid}/comm`, 'utf8').trim() === 'systemd') return pid;
+    } catch { /* exited meanwhile */ }
+  }
+  return undefined;
 }
 
 function readChildren(pid: number): number[] {

@@ -6,7 +6,8 @@
 // active on READY=1 and STATUS= counts the VIPs served; the daemon runs as
 // lb-agent with exactly its three capabilities; ExecReload= applies a good
 // file and fails visibly on a bad one, serving on; the watchdog replaces a
-// hung agent; stop leaves no address, link or nftables table behind.
+// hung agent; restart and a SIGKILL bring a new agent; stop leaves no
+// address, link or nftables table behind.
 import t from 'tap';
 import { stringify } from 'yaml';
 import { requirePrivileged } from '../helpers/privileged';
@@ -186,6 +187,23 @@ t.test('lb-agent.service under systemd 252 in a lab VM', async (t) => {
     t.match(await vm.journal('lb-agent', { after: cursor }), /Watchdog timeout/, 'the journal says why');
     t.equal(await get(lab, client, VIP1), 'b1', 'api serves again');
     t.equal(await get(lab, client, VIP2), 'b2', 'web serves again');
+  });
+
+  // What the restart tests build on (what a restart keeps is theirs to
+  // assert): systemctl restart and a SIGKILL of the main process each bring
+  // up a new agent that serves.
+  await t.test('systemctl restart, and Restart=on-failure after kill -KILL', async (t) => {
+    const before = Number((await vm.show('lb-agent', 'MainPID')).MainPID);
+    const r = await vm.systemctl('restart', 'lb-agent');
+    t.equal(r.code, 0, r.stderr);
+    const restarted = await vm.waitRunning('lb-agent', 30_000, (p) => p.StatusText.startsWith('2 VIPs served'));
+    t.not(Number(restarted.MainPID), before, `restart: a new main pid (${before} -> ${restarted.MainPID})`);
+    const cursor = await vm.cursor();
+    const killed = await vm.killMain('KILL');
+    const back = await vm.waitRunning('lb-agent', 30_000, (p) => Number(p.MainPID) !== killed && p.StatusText.startsWith('2 VIPs served'));
+    t.not(Number(back.MainPID), killed, `kill -KILL ${killed}: back as ${back.MainPID}`);
+    t.match(await vm.journal('lb-agent', { after: cursor }), /Main process exited, code=killed, status=9\/KILL/);
+    t.equal(await waitFor('traffic after the crash', async () => ((await get(lab, client, VIP1)) === 'b1' ? 'b1' : undefined), 10_000, 200), 'b1', 'api serves');
   });
 
   await t.test('systemctl stop leaves no address, link or nftables table behind', async (t) => {
