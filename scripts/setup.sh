@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-time set-up on a fresh Debian/Ubuntu VM, as root: the Debian packages
 # the agent, its tests, the demo and the benchmarks use, then `npm ci` (which
-# builds the native addon from source) and the TypeScript build.
+# builds the native addon from source), the TypeScript build, and the cached
+# root file system the systemd tests boot (scripts/systemd-root.sh).
 # Idempotent: packages already present are not reinstalled.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,6 +41,8 @@ declare -A pkgs=(
   [make]=/usr/bin/make
   [g++]=/usr/bin/g++
   [python3]=/usr/bin/python3
+  [systemd-container]=/usr/bin/systemd-nspawn
+  [debootstrap]=/usr/sbin/debootstrap
 )
 missing=()
 for p in "${!pkgs[@]}"; do
@@ -68,3 +71,8 @@ fi
 
 npm ci --no-audit --no-fund
 npm run build
+
+# The Debian root that test/privileged/service-systemd.test.ts boots under a
+# real systemd (test/helpers/systemd-container.ts); built here once so tests
+# do not pay for debootstrap (the harness still builds it when missing).
+scripts/systemd-root.sh >/dev/null

@@ -68,7 +68,18 @@ install -m 0644 "$here/systemd/lb-agent.sysusers" "$root/usr/lib/sysusers.d/lb-a
 [ -e "$root/etc/lb-agent/config.yaml" ] || install -m 0644 "$here/examples/config.yaml" "$root/etc/lb-agent/config.yaml"
 install -m 0644 "$here/examples/config.yaml" "$root/usr/share/doc/lb-agent/config.example.yaml"
 
-if [ "$root" = "" ]; then
+if [ "$root" != "" ]; then
+  # A scratch root (an image, a test container) boots without running
+  # systemd-sysusers (its unit only runs after an /usr update), so
+  # User=lb-agent would fail with 217/USER: create the user in it now, and
+  # enable the unit as systemctl does offline.
+  if [ "$(id -u)" = 0 ] && command -v systemd-sysusers >/dev/null; then
+    systemd-sysusers --root="$root" "$root/usr/lib/sysusers.d/lb-agent.conf"
+  else
+    echo "install.sh: not creating the lb-agent user in $root (needs root and systemd-sysusers): run systemd-sysusers --root=$root before booting it" >&2
+  fi
+  if [ $enable = 1 ]; then systemctl --root="$root" enable lb-agent.service; fi
+else
   if ! getent passwd lb-agent >/dev/null; then
     if command -v systemd-sysusers >/dev/null; then systemd-sysusers /usr/lib/sysusers.d/lb-agent.conf
     else useradd --system --no-create-home --home-dir /var/lib/lb-agent --shell /usr/sbin/nologin lb-agent; fi

@@ -4,7 +4,7 @@
 // 2 bad usage or an invalid config. No logic beyond parsing and printing.
 import { Command, CommanderError, Option } from 'commander';
 import { DEFAULT_CONFIG_PATH } from '../config/defaults';
-import { loadConfigFile, formatConfigErrors } from '../config/load';
+import { loadConfigFile, formatConfigErrors, controlSocketOf, ConfigError } from '../config/load';
 import { LOG_LEVELS, LogLevel } from '../log';
 import { controlRequest } from '../control/server';
 import { formatStatus } from './format';
@@ -12,6 +12,7 @@ import { VERSION, StatusDocument } from '../daemon/daemon';
 import { errorMessage, isLbError } from '../errors';
 
 export const EXIT = { OK: 0, FAILURE: 1, USAGE: 2 } as const;
+const RELOAD_TIMEOUT_MS = 60_000;
 
 function out(s: string): void { process.stdout.write(s); }
 function err(s: string): void { process.stderr.write(s); }
@@ -86,14 +87,33 @@ export function buildProgram(): Command {
     .option('-s, --socket <path>', 'control socket (default: control.socket of the config, else /run/lb-agent/agent.sock)')
     .option('--json', 'print the status as JSON')
     .action(async (opts: { config: string; socket?: string; json?: boolean }) => {
-      let socket = opts.socket;
-      if (!socket) {
-        const res = loadConfigFile(opts.config);
-        socket = res.ok ? res.config.control.socket : '/run/lb-agent/agent.sock';
-      }
+      const socket = opts.socket ?? controlSocketOf(opts.config);
       const doc = (await controlRequest(socket, 'status')) as StatusDocument;
       out(opts.json ? `${JSON.stringify(doc, null, 2)}\n` : formatStatus(doc));
       process.exitCode = EXIT.OK;
+    });
+
+  // Issue 19: the reload systemd's ExecReload= runs. Unlike SIGHUP it waits
+  // for the verdict, so `systemctl reload` fails when the file is refused.
+  program.command('reload')
+    .description('make the running daemon reload its config file; exit 0 applied, 2 refused (the running config is kept), 1 no daemon')
+    .addOption(configOpt())
+    .option('-s, --socket <path>', 'control socket (default: control.socket of the config, else /run/lb-agent/agent.sock)')
+    .option('--json', 'print the verdict as JSON')
+    .action(async (opts: { config: string; socket?: string; json?: boolean }) => {
+      const socket = opts.socket ?? controlSocketOf(opts.config);
+      // Bounded: a reload applies a whole config (RFC 5227 probes, leases).
+      const r = (await controlRequest(socket, 'reload', RELOAD_TIMEOUT_MS)) as { ok: boolean; message: string; errors?: ConfigError[] };
+      const code = r.ok ? EXIT.OK : r.errors?.length ? EXIT.USAGE : EXIT.FAILURE;
+      if (opts.json) {
+        const { config } = (await controlRequest(socket, 'status')) as StatusDocument;
+        out(`${JSON.stringify({ ok: r.ok, file: config.path, message: r.message.split('\n')[0], errors: r.errors ?? [] }, null, 2)}\n`);
+      } else if (r.ok) {
+        out(`lb-agent ${r.message}\n`);
+      } else {
+        err(`lb-agent: ${r.message}\n${r.errors?.length ? `${r.errors.length} error${r.errors.length === 1 ? '' : 's'}\n` : ''}`);
+      }
+      process.exitCode = code;
     });
 
   program.command('version')

@@ -461,3 +461,20 @@ export function formatConfigErrors(errors: readonly ConfigError[], file?: string
     return `${head}${e.path ? `${e.path}: ` : ''}${e.message}`;
   }).join('\n');
 }
+
+/**
+ * The control socket a config file names, for the commands that talk to the
+ * running daemon (`status`, `reload`). Read even from a file that does not
+ * validate - a reload of a broken file must still reach the daemon to be
+ * refused - and the default when the file or the key is missing.
+ */
+export function controlSocketOf(file: string): string {
+  const res = loadConfigFile(file);
+  if (res.ok) return res.config.control.socket;
+  try {
+    const raw = parseDocument(fs.readFileSync(file, 'utf8')).toJS({ maxAliasCount: 100 }) as { control?: { socket?: unknown } } | null;
+    const s = raw?.control?.socket;
+    if (typeof s === 'string' && s !== '') return s;
+  } catch { /* unreadable or not YAML: the default */ }
+  return DEFAULTS.control.socket;
+}

@@ -1,13 +1,15 @@
 // The control socket: a unix stream socket (mode 0600) under control.socket
-// that `lb-agent status` talks to. Protocol: one JSON request line
-// ({"op":"status"}), one JSON response line, then close. Read-only views of
-// the daemon's state; it never drives it.
+// that `lb-agent status` and `lb-agent reload` talk to. Protocol: one JSON
+// request line ({"op":"status"}), one JSON response line, then close. Views of
+// the daemon's state, and "reload", which asks for exactly what SIGHUP does
+// and answers with the verdict.
 import * as net from 'node:net';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { LbError } from '../errors';
 import type { Logger } from '../log';
 
+/** The answer to one op; a promise is awaited (reload answers once applied or refused). */
 export type ControlHandler = (op: string) => unknown;
 
 export class ControlServer {
@@ -29,22 +31,29 @@ export class ControlServer {
     try { fs.unlinkSync(this.socketPath); } catch { /* absent */ }
     const server = net.createServer((sock) => {
       let buf = '';
+      let answering = false;
       sock.setEncoding('utf8');
       sock.setTimeout(5000, () => sock.destroy());
       sock.on('data', (d: string) => {
         buf += d;
         if (buf.length > 65536) { sock.destroy(); return; }
         const nl = buf.indexOf('\n');
-        if (nl < 0) return;
-        let reply: unknown;
-        try {
-          const req = JSON.parse(buf.slice(0, nl)) as { op?: unknown };
-          if (typeof req.op !== 'string') throw new Error('request has no "op"');
-          reply = { ok: true, data: this.handler(req.op) };
-        } catch (e) {
-          reply = { ok: false, error: (e as Error).message };
-        }
-        sock.end(`${JSON.stringify(reply)}\n`);
+        if (nl < 0 || answering) return;
+        answering = true;
+        // The 5 s limit is for a client that sends nothing; an op that takes
+        // its time (a reload applies a whole config) is bounded by the client.
+        sock.setTimeout(0);
+        void (async () => {
+          let reply: unknown;
+          try {
+            const req = JSON.parse(buf.slice(0, nl)) as { op?: unknown };
+            if (typeof req.op !== 'string') throw new Error('request has no "op"');
+            reply = { ok: true, data: await this.handler(req.op) };
+          } catch (e) {
+            reply = { ok: false, error: (e as Error).message };
+          }
+          if (!sock.destroyed) sock.end(`${JSON.stringify(reply)}\n`);
+        })();
       });
       sock.on('error', () => { /* client went away */ });
     });

@@ -30,6 +30,8 @@ export interface DaemonOptions {
   listenerStore?: ListenerStore & { release(): void };
   /** sd_notify-style hook: READY=1, STATUS=..., STOPPING=1. */
   notify?: (msg: string) => void;
+  /** How the control socket's "reload" runs (main.ts: inside RELOADING=1/READY=1, as SIGHUP); default reload(). */
+  reload?: () => Promise<ReloadResult>;
 }
 
 interface ServiceRuntime {
@@ -613,7 +615,8 @@ export class Daemon extends EventEmitter {
   private handleControl(op: string): unknown {
     if (op === 'status') return this.statusDocument();
     if (op === 'ping') return 'pong';
-    throw new Error(`unknown op ${JSON.stringify(op)} (known: status, ping)`);
+    if (op === 'reload') return (this.opts.reload ?? (() => this.reload()))();
+    throw new Error(`unknown op ${JSON.stringify(op)} (known: status, ping, reload)`);
   }
 
   private notifyStatus(): void {
@@ -621,7 +624,8 @@ export class Daemon extends EventEmitter {
     const st = this.serviceStatuses();
     const serving = st.filter((s) => s.state === 'serving').length;
     const ready = st.filter((s) => s.ready).length;
-    this.opts.notify(`STATUS=${st.length} services, ${serving} serving, ${ready} ready; dataplane ${this.subs.dataplane.kind}`);
+    const vips = new Set(st.filter((s) => s.state === 'serving' && s.vip).map((s) => s.vip)).size;
+    this.opts.notify(`STATUS=${vips} VIP${vips === 1 ? '' : 's'} served; ${st.length} services, ${serving} serving, ${ready} ready; dataplane ${this.subs.dataplane.kind}`);
   }
 }
 

@@ -1,7 +1,7 @@
 // `lb-agent run`: the process around the Daemon - logger, signals (SIGTERM
 // and SIGINT stop within 10 s - withdrawing, or with --on-stop keep leaving
-// the data path serving for the next process - SIGHUP reloads), the systemd
-// fd store for the proxy's listeners, the systemd notify protocol
+// the data path serving for the next process - SIGHUP and the control socket
+// reload), the systemd fd store for the proxy's listeners, the notify protocol
 // (READY=1, STATUS=, STOPPING=1, WATCHDOG=1 from the event loop itself, so a
 // blocked loop stops the pings), and a last-chance withdraw on a crash.
 import { createLogger, LogLevel } from '../log';
@@ -25,7 +25,19 @@ export async function runDaemon(opts: { configPath: string; logLevel: LogLevel; 
   const listenerStore = notify ? new SystemdFdStore(notify, inherited, log.child({ module: 'systemd' })) : undefined;
   if (inherited.size > 0) log.info({ op: 'fdstore', names: [...inherited.keys()] }, `the service manager handed back ${[...inherited.values()].flat().length} listening socket(s)`);
   const keepOnStop = opts.onStop === 'keep';
-  const daemon = new Daemon({ configPath: opts.configPath, log, buildSubsystems, notify, ...(listenerStore ? { listenerStore } : {}) });
+  // SIGHUP and the control socket's "reload" (`lb-agent reload`, the unit's
+  // ExecReload=) run the same reload inside RELOADING=1 and READY=1
+  // (sd_notify(3)): systemd shows the unit "reloading" meanwhile. The daemon
+  // runs one reload at a time and folds requests that arrive meanwhile into
+  // one more; every RELOADING=1 gets its READY=1 (reload() never throws).
+  const reload = async (): ReturnType<Daemon['reload']> => {
+    notify?.('RELOADING=1');
+    const r = await daemon.reload();
+    notify?.('READY=1');
+    if (!r.ok) notify?.(`STATUS=reload rejected: ${r.message.split('\n')[1] ?? ''}`);
+    return r;
+  };
+  const daemon = new Daemon({ configPath: opts.configPath, log, buildSubsystems, notify, reload, ...(listenerStore ? { listenerStore } : {}) });
 
   let watchdog: NodeJS.Timeout | undefined;
   const usec = Number(process.env.WATCHDOG_USEC);
@@ -77,13 +89,7 @@ export async function runDaemon(opts: { configPath: string; logLevel: LogLevel; 
     };
     process.on('SIGTERM', () => shutdown('SIGTERM', 0));
     process.on('SIGINT', () => shutdown('SIGINT', 0));
-    process.on('SIGHUP', () => {
-      notify?.('RELOADING=1');
-      void daemon.reload().then((r) => {
-        notify?.('READY=1');
-        if (!r.ok) notify?.(`STATUS=reload rejected: ${r.message.split('\n')[1] ?? ''}`);
-      });
-    });
+    process.on('SIGHUP', () => { void reload(); });
     crashed = () => shutdown('crash', 1);
   });
 }

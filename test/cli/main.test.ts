@@ -1,9 +1,12 @@
 // The lb-agent binary's contract: commands, exit codes (0 ok, 1 runtime
 // failure, 2 usage or invalid config) and messages, run as a real process.
-import t from 'tap';
+import t, { Test } from 'tap';
 import * as fs from 'node:fs';
+import * as os from 'node:os';
 import * as path from 'node:path';
 import { agentCli } from '../helpers/agent';
+import { ControlServer } from '../../agent/control/server';
+import { silentLogger } from '../../agent/log';
 
 const REPO = path.resolve(__dirname, '..', '..', '..');
 const FIX = path.join(REPO, 'test', 'config', 'fixtures');
@@ -70,5 +73,66 @@ t.test('version and help', async (t) => {
   t.equal((JSON.parse(j.stdout) as { version: string }).version, pkg.version);
   const h = await agentCli(undefined, undefined, ['--help']);
   t.equal(h.code, 0);
-  for (const c of ['run', 'validate', 'check', 'status', 'version']) t.match(h.stdout, new RegExp(`\\b${c}\\b`));
+  for (const c of ['run', 'validate', 'check', 'status', 'reload', 'version']) t.match(h.stdout, new RegExp(`\\b${c}\\b`));
+});
+
+// `lb-agent reload` against a control socket that answers as the daemon does
+// (Daemon.reload's verdict); the real daemon behind systemd's ExecReload= is
+// test/privileged/service-systemd.test.ts.
+async function fakeDaemon(t: Test, verdict: () => unknown): Promise<{ socket: string; ops: string[] }> {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lbt-reload-'));
+  const socket = path.join(dir, 'agent.sock');
+  const ops: string[] = [];
+  const server = new ControlServer({
+    socketPath: socket, log: silentLogger(),
+    handler: async (op) => {
+      ops.push(op);
+      if (op === 'status') return { config: { path: '/etc/lb-agent/config.yaml' } };
+      if (op !== 'reload') throw new Error(`unknown op ${op}`);
+      await new Promise((r) => setTimeout(r, 50)); // the verdict comes later than the request
+      return verdict();
+    },
+  });
+  await server.start();
+  t.teardown(async () => { await server.stop(); fs.rmSync(dir, { recursive: true, force: true }); });
+  return { socket, ops };
+}
+
+t.test('reload: applied is exit 0 with the summary', async (t) => {
+  const d = await fakeDaemon(t, () => ({ ok: true, message: 'reloaded: 1 added, 0 removed, 0 changed, 1 unchanged' }));
+  const r = await agentCli(undefined, undefined, ['reload', '--socket', d.socket]);
+  t.equal(r.code, 0, r.stderr);
+  t.equal(r.stdout, 'lb-agent reloaded: 1 added, 0 removed, 0 changed, 1 unchanged\n');
+  t.same(d.ops, ['reload']);
+});
+
+t.test('reload: refused is exit 2 with every error, its file, line and field path', async (t) => {
+  const errors = [{ path: 'services[0].ports[0].port', message: '70000 is not a port (1-65535)', line: 5 }, { path: 'dataplane', message: '"ebpf" is not one of auto, kernel, proxy', line: 9 }];
+  const message = 'reload rejected, running config kept:\n/etc/lb-agent/config.yaml:5: services[0].ports[0].port: 70000 is not a port (1-65535)\n/etc/lb-agent/config.yaml:9: dataplane: "ebpf" is not one of auto, kernel, proxy';
+  const d = await fakeDaemon(t, () => ({ ok: false, message, errors }));
+  const r = await agentCli(undefined, undefined, ['reload', '--socket', d.socket]);
+  t.equal(r.code, 2);
+  t.match(r.stderr, '/etc/lb-agent/config.yaml:5: services[0].ports[0].port: 70000 is not a port (1-65535)');
+  t.match(r.stderr, '/etc/lb-agent/config.yaml:9: dataplane: "ebpf" is not one of auto, kernel, proxy');
+  t.match(r.stderr, /running config kept/);
+  t.match(r.stderr, /2 errors/);
+  const j = await agentCli(undefined, undefined, ['reload', '--json', '--socket', d.socket]);
+  t.equal(j.code, 2);
+  t.same(JSON.parse(j.stdout), { ok: false, file: '/etc/lb-agent/config.yaml', message: 'reload rejected, running config kept:', errors });
+});
+
+t.test('reload: no daemon is exit 1 naming the socket', async (t) => {
+  const r = await agentCli(undefined, undefined, ['reload', '--socket', '/nonexistent/agent.sock']);
+  t.equal(r.code, 1);
+  t.match(r.stderr, /cannot reach the agent at \/nonexistent\/agent\.sock: ENOENT/);
+});
+
+t.test('reload finds the socket in the config file, even in one that does not validate', async (t) => {
+  const d = await fakeDaemon(t, () => ({ ok: false, message: 'reload rejected, running config kept:\nx:1: dataplane: bad', errors: [{ path: 'dataplane', message: 'bad', line: 1 }] }));
+  const file = path.join(path.dirname(d.socket), 'config.yaml');
+  // Invalid (dataplane), yet control.socket is readable: the daemon is reached and refuses.
+  fs.writeFileSync(file, `control:\n  socket: ${d.socket}\ndataplane: ebpf\n`);
+  const r = await agentCli(undefined, undefined, ['reload', '-c', file]);
+  t.equal(r.code, 2, r.stderr);
+  t.same(d.ops, ['reload']);
 });

@@ -2,7 +2,8 @@
 // lb-agent.service (Type=notify, WatchdogSec=): the real agent, started with
 // NOTIFY_SOCKET and WATCHDOG_USEC like systemd starts it, sends READY=1 and
 // STATUS=, pings WATCHDOG=1 at half the deadline, stops pinging while its
-// event loop cannot run, sends RELOADING=1/READY=1 around a SIGHUP and
+// event loop cannot run, sends RELOADING=1/READY=1 around a SIGHUP and a
+// reload asked over the control socket (`lb-agent reload`), and
 // STOPPING=1 on SIGTERM. The listener is a unix datagram socket, as
 // systemd's: Node cannot create AF_UNIX SOCK_DGRAM sockets, so a few lines
 // of python3 bind it and print each datagram as a JSON line.
@@ -10,7 +11,7 @@ import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
 import { createLab, waitFor } from '../helpers/netns';
 import { startBackend } from '../helpers/services';
-import { startAgent } from '../helpers/agent';
+import { startAgent, agentCli } from '../helpers/agent';
 
 const FAST_ARP = { probeWait: 0.05, probeNum: 2, probeMin: 0.05, probeMax: 0.1, announceWait: 0.05, announceNum: 2, announceInterval: 0.1 };
 const WATCHDOG_USEC = 400_000;
@@ -73,8 +74,8 @@ t.test('sd_notify: READY, STATUS, WATCHDOG, RELOADING, STOPPING', async (t) => {
   t.test('READY=1 once started, and a STATUS= line', async (t) => {
     await waitFor('READY=1', () => msgs().includes('READY=1'), 10_000);
     t.pass('READY=1 received');
-    const status = await waitFor('STATUS= saying the service is ready', () => msgs().find((m) => /^STATUS=1 services, 1 serving, 1 ready; dataplane \w+$/.test(m)), 15_000);
-    t.match(status, /^STATUS=1 services/, status);
+    const status = await waitFor('STATUS= saying the service is ready', () => msgs().find((m) => /^STATUS=1 VIP served; 1 services, 1 serving, 1 ready; dataplane \w+$/.test(m)), 15_000);
+    t.match(status, /^STATUS=1 VIP served; /, status);
     t.ok(msgs().indexOf('READY=1') >= 0 && got.every((d) => d.msg.length < 4096), 'each datagram is one short message');
   });
 
@@ -117,6 +118,20 @@ t.test('sd_notify: READY, STATUS, WATCHDOG, RELOADING, STOPPING', async (t) => {
       return r >= 0 && after.indexOf('READY=1', r) > r;
     }, 10_000);
     t.pass('RELOADING=1 was followed by READY=1');
+  });
+
+  t.test('lb-agent reload (the control socket): RELOADING=1 then READY=1, as for SIGHUP', async (t) => {
+    const from = got.length;
+    const r = await agentCli(lab, node, ['reload', '--socket', agent.socket]);
+    t.equal(r.code, 0, `lb-agent reload: ${r.stdout}${r.stderr}`);
+    t.match(r.stdout, /^lb-agent reloaded: 0 added, 0 removed, 0 changed, 1 unchanged/);
+    // The verdict is sent after READY=1; the listener may print it a moment later.
+    const after = await waitFor('READY=1 after RELOADING=1', () => {
+      const m = got.slice(from).map((d) => d.msg);
+      const i = m.indexOf('RELOADING=1');
+      return i >= 0 && m.indexOf('READY=1', i) > i ? m : undefined;
+    }, 5000);
+    t.equal(after.filter((m) => m === 'RELOADING=1').length, 1, 'one reload bracket');
   });
 
   t.test('SIGTERM: STOPPING=1, then the agent exits', async (t) => {

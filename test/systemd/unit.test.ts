@@ -77,7 +77,7 @@ t.test('the unit has the service semantics and hardening issue 9 lists', async (
   t.equal(one('Type'), 'notify', 'Type=notify: READY=1 says when it serves');
   t.match(one('ExecStartPre'), /^\+\/usr\/bin\/lb-agent check --config \/etc\/lb-agent\/config\.yaml$/, 'the preflight runs first, with full privileges ("+")');
   t.match(one('ExecStart'), /^\/usr\/bin\/lb-agent run --config \/etc\/lb-agent\/config\.yaml$/);
-  t.equal(one('ExecReload'), '/bin/kill -HUP $MAINPID', 'reload is SIGHUP');
+  t.equal(one('ExecReload'), '/usr/bin/lb-agent reload --config /etc/lb-agent/config.yaml', 'reload asks the daemon and waits for its verdict (no /bin/kill needed)');
   t.equal(one('Restart'), 'on-failure');
   t.ok(one('WatchdogSec'), 'a watchdog deadline');
   t.equal(one('StateDirectory'), 'lb-agent');
@@ -153,6 +153,10 @@ t.test('install.sh into a scratch root', { skip: !built && 'build first: npm ci 
     t.ok(fs.existsSync(path.join(lib, 'README.md')), 'Documentation= points at an installed file');
     t.equal(fs.readFileSync(path.join(dir, 'etc', 'lb-agent', 'config.yaml'), 'utf8'), fs.readFileSync(path.join(ROOT, 'examples', 'config.yaml'), 'utf8'), 'the example config');
     t.ok(fs.existsSync(path.join(dir, 'usr', 'share', 'doc', 'lb-agent', 'config.example.yaml')));
+    // A root that boots without running systemd-sysusers still has the user,
+    // and the unit is enabled as `systemctl enable` would (--no-start only).
+    if (process.getuid?.() === 0) t.match(fs.readFileSync(path.join(dir, 'etc', 'passwd'), 'utf8'), /^lb-agent:x:\d+:\d+:[^:]*:\/var\/lib\/lb-agent:\/usr\/sbin\/nologin$/m, 'the lb-agent user exists in the root');
+    t.ok(fs.lstatSync(path.join(dir, 'etc', 'systemd', 'system', 'multi-user.target.wants', 'lb-agent.service')).isSymbolicLink(), 'enabled: wanted by multi-user.target');
   });
 
   t.test('the installed tree runs on its own', async (t) => {
