@@ -76,7 +76,11 @@ t.test('the unit has the service semantics and hardening issue 9 lists', async (
   const one = (k: string): string | undefined => all(k)[0];
   t.equal(one('Type'), 'notify', 'Type=notify: READY=1 says when it serves');
   t.match(one('ExecStartPre'), /^\+\/usr\/bin\/lb-agent check --config \/etc\/lb-agent\/config\.yaml$/, 'the preflight runs first, with full privileges ("+")');
-  t.match(one('ExecStart'), /^\/usr\/bin\/lb-agent run --config \/etc\/lb-agent\/config\.yaml$/);
+  t.match(one('ExecStart'), /^\/usr\/bin\/lb-agent run --config \/etc\/lb-agent\/config\.yaml --on-stop keep$/, 'a restart keeps the data path serving');
+  t.equal(one('ExecStopPost'), '+/usr/bin/lb-agent withdraw --config /etc/lb-agent/config.yaml --unless-restarting', 'a stop (not a restart) withdraws it, with the privileges the daemon dropped');
+  t.ok(Number(one('FileDescriptorStoreMax')) >= 64, 'the fd store keeps the proxy\'s listeners across a restart');
+  const unitSec = directives(unitText, 'Unit');
+  t.ok(unitSec.some((d) => d.key === 'StartLimitBurst') && unitSec.some((d) => d.key === 'StartLimitIntervalSec'), 'a failing start loop ends');
   t.equal(one('ExecReload'), '/usr/bin/lb-agent reload --config /etc/lb-agent/config.yaml', 'reload asks the daemon and waits for its verdict (no /bin/kill needed)');
   t.equal(one('Restart'), 'on-failure');
   t.ok(one('WatchdogSec'), 'a watchdog deadline');
