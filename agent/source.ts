@@ -59,6 +59,12 @@ export interface AddressSource extends EventEmitter {
    * probe or announcement on; the held VIP is not touched.
    */
   reconfigure?(settings: { arp: ArpTimings; dhcp: DhcpTimings }): void;
+  /**
+   * VRRP Backup: withdraw the VIP like stop({ release: false }) but keep what
+   * a takeover needs ready (a DHCP service's macvlan, down). Sources without
+   * it are simply stopped.
+   */
+  standby?(): Promise<void>;
   // Events: 'vip' (vip: Vip) when the VIP is up on the LAN; 'lost' (reason: string)
   // when it was withdrawn; 'status' () on any status change.
 }

@@ -246,26 +246,27 @@ export class Daemon extends EventEmitter {
         source.start();
       } else {
         if (running) this.log.info({ op: 'failover', service: key }, 'this node is Backup: withdrawing the VIP (lease and claim kept)');
-        // Also when idle: the first Backup after a crash removes the service
-        // macvlan an earlier run left (adopted at start) with its VIP.
-        await source.stop({ release: false });
+        // Also when idle: the first Backup after a crash withdraws the VIP an
+        // earlier run left; a ready Backup keeps the rest (standby).
+        if (source.standby) await source.standby();
+        else await source.stop({ release: false });
       }
     }).catch((e) => this.log.error({ op: 'failover', service: key, err: errorMessage(e) }, 'starting or withdrawing the VIP failed'));
   }
 
   /**
-   * With VRRP and the kernel data path, a Master's rules for its VIP go in
-   * before the address comes up, so the first client that a gratuitous ARP
-   * sends our way is forwarded, not refused by a node that holds the address
-   * but has no rules yet. The rules are inert until the address is ours (no
-   * packet for it reaches us before). The proxy cannot listen on an address
-   * it does not have, so it waits for the VIP.
+   * With VRRP and the kernel data path, a ready Backup keeps the rules for
+   * every VIP it knows of in place (issue 14: "forwarding rules waiting"), so
+   * a takeover is only the address and gratuitous ARPs: the first client a
+   * gratuitous ARP sends our way is forwarded, not refused by a node that
+   * holds the address but has no rules yet. The rules are inert until the
+   * address is ours (no packet for it reaches a Backup). The proxy cannot
+   * listen on an address it does not have, so it waits for the VIP.
    */
   private armedVip(spec: ServiceSpec): string | undefined {
     const f = this.subs?.failover;
     if (!f?.knownVip || this.subs?.dataplane.kind !== 'kernel') return undefined;
-    const primaryKey = spec.primaryService ?? spec.key;
-    return f.isMaster(primaryKey) ? f.knownVip(primaryKey) : undefined;
+    return f.knownVip(spec.primaryService ?? spec.key);
   }
 
   /** The VIP a service is served on by this node, if any. */

@@ -235,6 +235,35 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     this.emit('status');
   }
 
+  /**
+   * VRRP Backup: withdraw the VIP (lease kept, nothing sent) and keep the
+   * service macvlan ready - created, with its MAC, down and without an
+   * address - so a takeover is only: link up, address on, gratuitous ARPs.
+   * A down macvlan sends and answers nothing on the LAN.
+   */
+  async standby(): Promise<void> {
+    const log = this.log.child({ op: 'standby' });
+    const wasRunning = this.running;
+    this.running = false;
+    this.abort?.abort();
+    await this.startTask;
+    if (wasRunning && this.state.name !== 'STOPPED') this.dispatch({ type: 'stop' });
+    await this.quiesce();
+    this.state = initialState();
+    this.vip = undefined;
+    this.failed = undefined;
+    try {
+      await this.ensureLink(log, undefined, false);
+      log.info({ ifname: this.ifname }, 'Backup: service macvlan ready (down, no address); lease kept');
+    } catch (err) {
+      // Not ready is only slower: the takeover creates the link as a cold start does.
+      log.warn({ err: errorMessage(err) }, 'could not keep the service macvlan ready');
+    }
+    this.ifindex = undefined;
+    setDhcpState(this.metrics, this.labels, 'STOPPED');
+    this.emit('status');
+  }
+
   /** No more timers, frames or slot: late verdicts are ignored (generation), queued address work finishes. */
   private async quiesce(): Promise<void> {
     this.generation++;
@@ -316,7 +345,7 @@ export class DhcpSource extends EventEmitter implements AddressSource {
    * address) stays where it is - clients are using it - and `kept` says so;
    * any other address there has no lease behind it and goes.
    */
-  private async ensureLink(log: Logger, keep: string | undefined): Promise<{ index: number; kept: boolean }> {
+  private async ensureLink(log: Logger, keep: string | undefined, up = true): Promise<{ index: number; kept: boolean }> {
     let kept = false;
     const parent = await this.netlink.getLink(this.parent);
     let link = await this.netlink.findLink(this.ifname);
@@ -344,7 +373,7 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     // unicast replies to a RENEWING client (and every client connection) arrive where this socket cannot see them.
     await this.deps.applySysctls(parent.name, 'parent');
     await this.deps.applySysctls(this.ifname, 'macvlan');
-    if (!link.up) await this.netlink.setLinkUp(link.index, true);
+    if (link.up !== up) await this.netlink.setLinkUp(link.index, up);
     return { index: link.index, kept };
   }
 

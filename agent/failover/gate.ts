@@ -229,9 +229,9 @@ export class VrrpGate extends EventEmitter {
 
   /**
    * The address a service's VIP has or is about to have, as far as this node
-   * knows: the one it holds; else its loadBalancerIP; else the one the other
-   * Master of its router listed (only when the router carries this one
-   * service, so the list is unambiguous); else the last one it held here.
+   * knows: the one it holds; else its loadBalancerIP; else the last one it
+   * held here; else the one the other Master of its router lists that no
+   * other service of the router accounts for (when that leaves exactly one).
    * undefined for a DHCP service nobody has told us about yet.
    */
   knownVip(serviceKey: string): string | undefined {
@@ -240,12 +240,24 @@ export class VrrpGate extends EventEmitter {
       this.lastHeld.set(serviceKey, held);
       return held;
     }
-    const spec = this.specs.get(serviceKey);
-    if (spec?.loadBalancerIP !== undefined) return spec.loadBalancerIP;
+    const direct = this.specs.get(serviceKey)?.loadBalancerIP ?? this.lastHeld.get(serviceKey);
+    if (direct !== undefined) return direct;
+    // From the other Master's advert: the addresses it lists, less those the
+    // router's other services are known to have; when exactly one service is
+    // left without an address and exactly one listed address is left, that
+    // is its VIP (a router with one pool service and one DHCP service, say).
     const vrid = this.vridOf.get(serviceKey);
-    const heard = vrid === undefined ? [] : this.info.get(vrid)?.heard ?? [];
-    if (vrid !== undefined && heard.length === 1 && this.servicesOn.get(vrid)?.length === 1) return formatIPv4(heard[0]!);
-    return this.lastHeld.get(serviceKey);
+    if (vrid === undefined) return undefined;
+    const heard = (this.info.get(vrid)?.heard ?? []).map(formatIPv4);
+    const others = (this.servicesOn.get(vrid) ?? []).filter((k) => k !== serviceKey);
+    const unknown = others.filter((k) => this.directVip(k) === undefined);
+    const left = heard.filter((a) => !others.some((k) => this.directVip(k) === a));
+    return unknown.length === 0 && left.length === 1 ? left[0] : undefined;
+  }
+
+  /** What this node knows of a VIP by itself: held, loadBalancerIP, or the last one held here. */
+  private directVip(serviceKey: string): string | undefined {
+    return this.vips(serviceKey) ?? this.specs.get(serviceKey)?.loadBalancerIP ?? this.lastHeld.get(serviceKey);
   }
 
   /**

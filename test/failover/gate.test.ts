@@ -172,6 +172,17 @@ t.test('two nodes: the higher priority is Master; the Backup knows it, counts it
   w2.clock.advance(5000);
   t.same(b.gate.status('default/a')?.heardVips, ['10.99.0.101', '10.99.0.102']);
   t.equal(b.gate.knownVip('default/a'), undefined, 'which of two is ours is not guessed');
+  // One pool service with a known address and one DHCP service on a router:
+  // the address left over in the Master's list is the DHCP service's.
+  const w3 = world();
+  const pool = svc('api', { loadBalancerIP: '10.99.0.200' });
+  const d = w3.node(1, 100, [pool, svc('web', { ipam: 'dhcp' })]);
+  const e = w3.node(2, 200, [pool, svc('web', { ipam: 'dhcp' })]);
+  e.held.set('default/api', '10.99.0.200');
+  e.held.set('default/web', '10.99.0.107');
+  w3.clock.advance(5000);
+  t.equal(d.gate.knownVip('default/web'), '10.99.0.107', 'deduced: the listed address no other service of the router accounts for');
+  t.equal(d.gate.knownVip('default/api'), '10.99.0.200');
 });
 
 t.test('the Master dies: the Backup holds the VIP at once, after Master_Down_Interval (no handover wait)', async (t) => {

@@ -36,8 +36,9 @@ if (requirePrivileged(t)) {
     t.equal(leases0[0]?.mac, mac);
     const clientId = leases0[0]?.clientId;
     for (const n of [n1, n2]) {
-      const links = await lab.sh(n.ns, 'ip -o link show');
-      t.notMatch(links.stdout, /lbv/, `${n.name} (Backup) has no service macvlan on the LAN`);
+      const links = (await lab.sh(n.ns, 'ip -o link show')).stdout.split('\n').filter((l) => / lbv/.test(l));
+      t.ok(links.length === 1 && /state DOWN/.test(links[0]!) && !/[<,]UP[,>]/.test(links[0]!), `${n.name} (Backup) keeps the service macvlan ready but down: silent on the LAN (${links.join(' ')})`);
+      t.notMatch((await lab.sh(n.ns, 'ip -4 -o addr show')).stdout, new RegExp(` lbv\\S+ +inet `), `${n.name}: no address on it`);
       t.equal((await n.service('web')).mac, mac, `${n.name} derives the same MAC`);
     }
 
@@ -83,8 +84,11 @@ if (requirePrivileged(t)) {
       t.comment(`n3 sent: ${sent.join(', ')}`);
       t.ok(n3.logs().some((l) => l.op === 'resume' && logTime(l) >= startedAt), 'n3 served its saved lease at once (the election decided) and confirmed it');
       t.notOk(n3.logs().some((l) => l.op === 'probe' && logTime(l) >= startedAt), 'without an ARP probe of the offer');
-      await waitFor('n2 to withdraw its macvlan', async () => !(await lab.sh(n2.ns, 'ip -o link show')).stdout.includes('lbv'), 5000);
-      t.pass('n2 took its macvlan (and the VIP) off the LAN');
+      await waitFor('n2 to withdraw the VIP and put its macvlan down', async () => {
+        const l = (await lab.sh(n2.ns, 'ip -o link show')).stdout.split('\n').find((x) => / lbv/.test(x));
+        return l !== undefined && !/[<,]UP[,>]/.test(l) && !(await lab.sh(n2.ns, 'ip -4 -o addr show')).stdout.includes(`inet ${vip}/`);
+      }, 5000);
+      t.pass('n2 took the VIP off the LAN; its macvlan stays ready, down');
       t.equal((await n2.service('web')).state, 'backup');
       const leases = dhcp.leases();
       t.equal(leases.length, 1, 'one lease');
