@@ -38,6 +38,8 @@ export function formatStatus(doc: StatusDocument, now = Date.now()): string {
       for (const k of ['server', 'renewAt', 'rebindAt', 'expiresAt'] as const) if (src[k] !== undefined) extra.push(`${k} ${String(src[k])}`);
     }
     if (s.failover) extra.push(`vrrp ${String(s.failover.state ?? '-')}${s.failover.master ? ` master ${String(s.failover.master)}` : ''}`);
+    if (s.adopted && !s.primaryService) extra.push('VIP adopted from the previous run');
+    if (s.lastInterruption) extra.push(`interrupted ${s.interruptions}x, last ${s.lastInterruption.at}: ${s.lastInterruption.reason}`);
     if (s.backends.length === 0 && extra.length === 0) continue;
     lines.push('');
     lines.push(`${s.key}${extra.length ? `: ${extra.join(', ')}` : ''}`);

@@ -1,0 +1,31 @@
+// `lb-agent status` as text: the table, and per service what an operator
+// needs after a restart: whether the VIP was adopted, and the last
+// interruption with its reason.
+import t from 'tap';
+import { formatStatus } from '../../agent/cli/format';
+import type { ServiceStatus, StatusDocument } from '../../agent/daemon/daemon';
+
+const svc = (over: Partial<ServiceStatus>): ServiceStatus => ({
+  key: 'default/web', name: 'web', namespace: 'default', ipam: 'dhcp', primaryService: undefined,
+  vip: '10.99.0.107', interface: 'lbv82b3ade9d00c', mac: '02:82:b3:ad:e9:d0', state: 'serving', reason: undefined, ready: true,
+  startedAt: 0, adopted: false, interruptions: 0, lastInterruption: undefined, ports: ['80/TCP->8080'],
+  source: { server: '10.99.0.1' }, failover: undefined, healthyBackends: 1,
+  backends: [{ address: '10.99.0.11', port: 8080, state: 'up', since: 0, reason: undefined, takenOutBy: undefined }],
+  ...over,
+});
+
+const doc = (services: ServiceStatus[]): StatusDocument => ({
+  version: '0.1.0', pid: 42, node: { name: 'vm1', interface: 'eth0', address: '10.99.0.2', priority: 100 },
+  config: { path: '/etc/lb-agent/config.yaml', loadedAt: '2026-11-23T20:00:00.000Z', generation: 1, lastReload: undefined },
+  dataplane: { kind: 'kernel', reason: 'auto' }, failover: { mode: 'none' }, ready: true, services,
+});
+
+t.test('adoption and interruptions are shown per service', async (t) => {
+  const text = formatStatus(doc([
+    svc({ adopted: true, interruptions: 1, lastInterruption: { at: '2026-11-23T20:01:00.000Z', reason: 'server refused the lease of 10.99.0.107 (DHCPNAK: address not available)' } }),
+    svc({ key: 'default/api', name: 'api', ipam: 'pool', vip: '10.99.0.200', adopted: false }),
+  ]), 0);
+  t.match(text, /default\/web: server 10\.99\.0\.1, VIP adopted from the previous run, interrupted 1x, last 2026-11-23T20:01:00\.000Z: server refused the lease of 10\.99\.0\.107 \(DHCPNAK: address not available\)/);
+  t.notMatch(text, /default\/api:.*adopted/, 'nothing said of a VIP that was not adopted');
+  t.match(text, /default\/web\s+dhcp\s+10\.99\.0\.107/);
+});
