@@ -5,7 +5,8 @@
 // SIGTERM withdraws everything the agent announced without releasing leases.
 import { EventEmitter } from 'node:events';
 import { Registry, Gauge, Counter, collectDefaultMetrics } from 'prom-client';
-import { loadConfigFile, formatConfigErrors, parseListen } from '../config/load';
+import { formatConfigErrors, parseListen } from '../config/load';
+import { loadConfigFileAsync } from '../config/load-async';
 import { diffConfigs, reloadErrors } from '../config/diff';
 import type { Desired, ServiceSpec } from '../config/types';
 import { LbError, errorMessage } from '../errors';
@@ -18,6 +19,7 @@ import type { AddressSource } from '../source';
 import type { Subsystems, ForwardService } from './subsystems';
 import type { Clock } from '../clock';
 import { realClock } from '../clock';
+import { VERSION } from '../version';
 
 export interface DaemonOptions {
   configPath: string;
@@ -67,7 +69,7 @@ export class Daemon extends EventEmitter {
   get currentConfig(): Desired | undefined { return this.config; }
 
   async start(): Promise<void> {
-    const res = loadConfigFile(this.opts.configPath);
+    const res = await loadConfigFileAsync(this.opts.configPath);
     if (!res.ok) {
       throw new LbError('LB_ERR_CONFIG_INVALID', `invalid configuration:\n${formatConfigErrors(res.errors, this.opts.configPath)}`);
     }
@@ -264,7 +266,7 @@ export class Daemon extends EventEmitter {
   async reload(): Promise<{ ok: boolean; message: string }> {
     const old = this.config;
     if (!old || !this.subs || this.stopping) return { ok: false, message: 'not running' };
-    const res = loadConfigFile(this.opts.configPath);
+    const res = await loadConfigFileAsync(this.opts.configPath);
     const at = this.clock.wallNow();
     if (!res.ok) {
       const message = `reload rejected, running config kept:\n${formatConfigErrors(res.errors, this.opts.configPath)}`;
@@ -464,14 +466,7 @@ export class Daemon extends EventEmitter {
   }
 }
 
-export const VERSION: string = (() => {
-  try {
-    // eslint-disable-next-line @typescript-eslint/no-var-requires
-    return (require('../../../package.json') as { version: string }).version;
-  } catch {
-    return 'unknown';
-  }
-})();
+export { VERSION };
 
 export interface ServiceStatus {
   key: string; name: string; namespace: string; ipam: string; primaryService: string | undefined;

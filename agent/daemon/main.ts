@@ -81,7 +81,12 @@ export async function runDaemon(opts: { configPath: string; logLevel: LogLevel }
     process.on('SIGINT', () => shutdown('SIGINT', 0));
     process.on('SIGHUP', () => {
       notify?.('RELOADING=1');
-      void daemon.reload().then((r) => {
+      // Every RELOADING=1 is answered by READY=1, even if the reload throws:
+      // otherwise systemd sees the unit reloading forever (issue 15).
+      void daemon.reload().catch((e: unknown) => {
+        log.error({ op: 'reload', err: errorMessage(e) }, 'reload failed; running config kept');
+        return { ok: false, message: `reload failed:\n${errorMessage(e)}` };
+      }).then((r) => {
         notify?.('READY=1');
         if (!r.ok) notify?.(`STATUS=reload rejected: ${r.message.split('\n')[1] ?? ''}`);
       });

@@ -38,7 +38,8 @@ export async function startAgent(lab: Lab, ns: string, cfg: Record<string, unkno
   const stateDir = opts.stateDir ?? (cfg.stateDir as string | undefined) ?? lab.file(`${name}-state`);
   const socket = (cfg.control as { socket?: string } | undefined)?.socket ?? lab.file(`${name}.sock`);
   const configPath = lab.file(`${name}.yaml`);
-  const full = { ...cfg, stateDir, control: { socket } };
+  // A config must say `services:`; a test that starts an agent without any means none.
+  const full = { services: [], ...cfg, stateDir, control: { socket } };
   fs.writeFileSync(configPath, stringify(full));
   const proc = lab.spawn(ns, process.execPath, [AGENT_BIN, 'run', '--config', configPath, '--log-level', opts.logLevel ?? 'debug'], { env: { ...process.env, ...(opts.env ?? {}) } });
   const logs: Record<string, unknown>[] = [];
@@ -52,7 +53,7 @@ export async function startAgent(lab: Lab, ns: string, cfg: Record<string, unkno
     proc, ns, configPath, socket, stateDir, logs,
     stderr: () => err,
     status: async () => (await controlRequest(socket, 'status', 3000)) as StatusDocument,
-    writeConfig: (c) => fs.writeFileSync(configPath, stringify({ ...c, stateDir, control: { socket } })),
+    writeConfig: (c) => fs.writeFileSync(configPath, stringify({ services: [], ...c, stateDir, control: { socket } })),
     signal: (sig) => { proc.kill(sig); },
     exited,
     waitLog: (what, pred, timeoutMs = 15_000) => waitFor(`agent log: ${what}`, () => logs.find(pred), timeoutMs),
