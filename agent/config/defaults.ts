@@ -31,6 +31,9 @@ export const DEFAULT_DHCP: DhcpTimings = {
   retransmitInitial: 4, retransmitMax: 64, retransmitJitter: 1, declineWait: 10, maxConcurrentStarts: 8, probeOffer: true,
 };
 
+// Issue 15: DHCP answers are checked against the parent's subnets; any server may answer.
+export const DEFAULT_DHCP_GUARD = { allowOtherSubnets: false, servers: [] as string[] } as const;
+
 export const DEFAULT_PROXY: ProxyConfig = { algorithm: 'round-robin', idleTimeout: 300, connectTimeout: 3 };
 
 /** Harvester cloud provider annotation keys, mapped onto typed service fields. */

@@ -145,7 +145,7 @@ interface RawConfig {
   failover: { mode: 'none' | 'vrrp'; vrid: number; advertInterval: number; preempt: boolean; preemptDelay: number; interface?: string };
   stateDir: string; metrics: { listen: string }; control: { socket: string };
   dataplane: 'auto' | 'kernel' | 'proxy'; pools: Record<string, string>;
-  arp: Desired['arp']; dhcp: Desired['dhcp']; proxy: Desired['proxy'];
+  arp: Desired['arp']; dhcp: Omit<Desired['dhcp'], 'servers'> & { servers: string[] }; proxy: Desired['proxy'];
   services: RawService[];
 }
 
@@ -422,7 +422,7 @@ export function buildConfig(data: unknown, locate: (segs: Seg[]) => number | und
     dataplane: raw.dataplane,
     pools,
     arp: raw.arp,
-    dhcp: raw.dhcp,
+    dhcp: { ...raw.dhcp, servers: raw.dhcp.servers.map((a) => parseIPv4(a)!) },
     proxy: raw.proxy,
     services: built,
   };

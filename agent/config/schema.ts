@@ -2,7 +2,7 @@
 // ranges only; cross-field rules (pools, Share IP, annotations) live in
 // load.ts. `x-what` names what a value must be, for error messages such as
 // "services[0].ports[0].port: 70000 is not a port (1-65535)".
-import { DEFAULTS, DEFAULT_ARP, DEFAULT_DHCP, DEFAULT_PROXY } from './defaults';
+import { DEFAULTS, DEFAULT_ARP, DEFAULT_DHCP, DEFAULT_DHCP_GUARD, DEFAULT_PROXY } from './defaults';
 
 type S = Record<string, unknown>;
 
@@ -117,6 +117,8 @@ export const configSchema: S = obj({
       declineWait: { ...secondsPos(0, 600), default: DEFAULT_DHCP.declineWait },
       maxConcurrentStarts: { ...count(1, 1024), default: DEFAULT_DHCP.maxConcurrentStarts },
       probeOffer: { type: 'boolean', default: DEFAULT_DHCP.probeOffer },
+      allowOtherSubnets: { type: 'boolean', default: DEFAULT_DHCP_GUARD.allowOtherSubnets },
+      servers: { type: 'array', items: ipv4, maxItems: 64, uniqueItems: true, default: [...DEFAULT_DHCP_GUARD.servers], 'x-what': 'a list of DHCP server identifiers (IPv4)' },
     }),
     default: {},
   },

@@ -118,6 +118,16 @@ export interface DhcpTimings {
   readonly probeOffer: boolean;
 }
 
+/** What the DHCP driver accepts from servers (dhcp/guard.ts). */
+export interface DhcpGuardConfig {
+  /** Accept a yiaddr outside the parent's subnets (a relay serving another subnet). */
+  readonly allowOtherSubnets: boolean;
+  /** Server identifiers accepted, as u32; empty: any server. */
+  readonly servers: readonly number[];
+}
+
+export type DhcpConfig = DhcpTimings & DhcpGuardConfig;
+
 export interface ProxyConfig {
   readonly algorithm: BalanceAlgorithm;
   /** Seconds of inactivity before a proxied connection is closed. */
@@ -134,7 +144,7 @@ export interface Desired {
   readonly dataplane: DataplaneMode;
   readonly pools: readonly Pool[];
   readonly arp: ArpTimings;
-  readonly dhcp: DhcpTimings;
+  readonly dhcp: DhcpConfig;
   readonly proxy: ProxyConfig;
   readonly services: readonly ServiceSpec[];
 }

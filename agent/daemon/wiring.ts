@@ -91,7 +91,10 @@ export async function buildSubsystems(config: Desired, ctx: { log: Logger; regis
       dataplane,
       failover,
       createSource: (spec: ServiceSpec) => (spec.ipam === 'dhcp'
-        ? createDhcpSource({ service: spec, parent: parent.name, timings: config.dhcp, arp: config.arp, store, netlink, log, registry, clock, limiter: dhcpLimiter })
+        ? createDhcpSource({
+          service: spec, parent: parent.name, timings: config.dhcp, arp: config.arp, store, netlink, log, registry, clock, limiter: dhcpLimiter,
+          guard: { allowOtherSubnets: config.dhcp.allowOtherSubnets, servers: config.dhcp.servers },
+        })
         : new PoolSource({ service: spec, parentIfname: parent.name, manager: pools, arp: config.arp, netlink, log, registry, clock, probe: !vrrp })),
       adoptOwned: async (services) => {
         const wanted = new Map<string, { mac: string; parent: string }>();

@@ -33,10 +33,12 @@ import {
 } from './client';
 import {
   BROADCAST_IP, BROADCAST_MAC, DHCP_CLIENT_FILTER, buildClientMessage, decodeReply, describePacket, encodeDhcp, encodeUdpFrame,
-  type ClientIdentity,
+  type ClientIdentity, type Reply,
 } from './codec';
 import { fromStored, leaseDetails, leaseFileName, toStored, type Lease } from './lease';
 import { sharedStartLimiter, type ReleaseSlot, type StartLimiter } from './limiter';
+import { judgeReply, type GuardPolicy, type GuardReason, type HostView } from './guard';
+import { localAddresses } from '../net/local-addresses';
 import { dhcpMetrics, removeServiceSeries, setDhcpState, type DhcpMetrics } from './metrics';
 
 /** The VIP goes on the macvlan as a host address: no prefix route that would pull LAN traffic (health checks, proxying) onto the macvlan. */
@@ -69,7 +71,14 @@ export interface DhcpSourceOptions {
   /** Shared by every DHCP service of the agent; default: one per registry. */
   limiter?: StartLimiter;
   net?: Partial<DhcpNetDeps>;
+  /** Which servers and addresses are accepted (dhcp.allowOtherSubnets, dhcp.servers); default: any server, parent's subnets only. */
+  guard?: GuardPolicy;
+  /** The VM's addresses when a reply arrives; default: read live (net/local-addresses.ts). */
+  hostView?: () => HostView;
 }
+
+/** A refused reply is logged at warn once per reason per interval; the counter has every one. */
+const GUARD_WARN_INTERVAL_MS = 10_000;
 
 const SOURCE_STATE: Record<DhcpStateName, SourceState> = {
   'STOPPED': 'idle',
@@ -116,6 +125,9 @@ export class DhcpSource extends EventEmitter implements AddressSource {
   private chain: Promise<void> = Promise.resolve();
   /** Bumped on stop: late probe verdicts of an earlier run are ignored. */
   private generation = 0;
+  private readonly guard: GuardPolicy;
+  private readonly hostView: () => HostView;
+  private readonly guardWarned = new Map<GuardReason, number>();
 
   constructor(opts: DhcpSourceOptions) {
     super();
@@ -153,6 +165,8 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     };
     // RFC 2132 §3.14 hostname = the service name; §9.14 client id derived from the key (net/ownership.ts).
     this.identity = { mac: this.mac, clientId: clientIdForService(this.key), hostname: opts.service.name.slice(0, 63) };
+    this.guard = opts.guard ?? { allowOtherSubnets: false, servers: [] };
+    this.hostView = opts.hostView ?? (() => localAddresses(this.parent, this.ifname));
     setDhcpState(this.metrics, this.labels, 'STOPPED');
   }
 
@@ -378,7 +392,23 @@ export class DhcpSource extends EventEmitter implements AddressSource {
       return;
     }
     this.log.debug({ op: 'recv', packet: describePacket(r.value.packet), from: r.value.frame.srcMac }, 'DHCP reply');
+    if (!this.acceptable(r.value)) return;
     this.dispatch({ type: 'reply', packet: r.value.packet, serverMac: r.value.frame.srcMac });
+  }
+
+  /** dhcp/guard.ts: a reply the agent must not act on is dropped and counted before the state machine sees it. */
+  private acceptable(r: Reply): boolean {
+    const { message: m, fields: f } = r.packet;
+    const verdict = judgeReply({
+      kind: f.kind as 'OFFER' | 'ACK' | 'NAK', yiaddr: m.yiaddr, serverId: f.serverId, srcIp: r.frame.srcIp, routers: f.routers, prefix: f.prefix,
+    }, this.hostView(), this.guard);
+    if (verdict === 'ok') return true;
+    this.metrics.dropped.inc({ reason: verdict });
+    const now = this.clock.now();
+    const level = now - (this.guardWarned.get(verdict) ?? -Infinity) >= GUARD_WARN_INTERVAL_MS ? 'warn' : 'debug';
+    if (level === 'warn') this.guardWarned.set(verdict, now);
+    this.log[level]({ op: 'recv', reason: verdict, packet: describePacket(r.packet), from: r.frame.srcMac }, `refused a DHCP ${f.kind} (${verdict}); not used`);
+    return false;
   }
 
   private probe(ip: number): void {

@@ -188,3 +188,15 @@ t.test('loadConfigFile refuses a device, a directory and an oversized file by fs
   fs.symlinkSync(good, path.join(dir, 'link.yaml'));
   t.ok(loadConfigFile(path.join(dir, 'link.yaml')).ok, 'a symlink to a regular file is fine');
 });
+
+t.test('dhcp.servers and dhcp.allowOtherSubnets: typed once, defaults from one place', async (t) => {
+  const def = parseConfigText('services: []\n');
+  t.ok(def.ok);
+  if (def.ok) t.same([def.config.dhcp.allowOtherSubnets, def.config.dhcp.servers], [false, []]);
+  const set = parseConfigText('dhcp: { allowOtherSubnets: true, servers: [10.99.0.1, 10.99.0.3] }\nservices: []\n');
+  t.ok(set.ok);
+  if (set.ok) t.same([set.config.dhcp.allowOtherSubnets, set.config.dhcp.servers], [true, [0x0a630001, 0x0a630003]]);
+  const bad = parseConfigText('dhcp: { servers: [10.99.0.300] }\nservices: []\n');
+  t.equal(bad.ok, false);
+  if (!bad.ok) t.match(formatConfigErrors(bad.errors), 'dhcp.servers[0]: "10.99.0.300" is not an IPv4 address');
+});
