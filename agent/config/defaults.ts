@@ -6,7 +6,7 @@ export const DEFAULT_CONFIG_PATH = '/etc/lb-agent/config.yaml';
 
 export const DEFAULTS = {
   node: { priority: 100 },
-  failover: { mode: 'none', vrid: 51, advertInterval: 1, preempt: true, preemptDelay: 0 },
+  failover: { mode: 'none', vrid: 51, advertInterval: 1, preempt: true, preemptDelay: 0, peers: [] as string[] },
   stateDir: '/var/lib/lb-agent',
   metrics: { listen: '0.0.0.0:9477' },
   control: { socket: '/run/lb-agent/agent.sock' },

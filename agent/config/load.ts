@@ -142,7 +142,7 @@ interface RawService {
 
 interface RawConfig {
   node: { name?: string; interface?: string; priority: number };
-  failover: { mode: 'none' | 'vrrp'; vrid: number; advertInterval: number; preempt: boolean; preemptDelay: number; interface?: string };
+  failover: { mode: 'none' | 'vrrp'; vrid: number; advertInterval: number; preempt: boolean; preemptDelay: number; interface?: string; peers: string[] };
   stateDir: string; metrics: { listen: string }; control: { socket: string };
   dataplane: 'auto' | 'kernel' | 'proxy'; pools: Record<string, string>;
   arp: Desired['arp']; dhcp: Omit<Desired['dhcp'], 'servers'> & { servers: string[] }; proxy: Desired['proxy'];
@@ -415,6 +415,7 @@ export function buildConfig(data: unknown, locate: (segs: Seg[]) => number | und
       // RFC 5798 §5.2.7: the interval travels in centiseconds.
       advertInterval: Math.round(raw.failover.advertInterval * 100) / 100,
       preempt: raw.failover.preempt, preemptDelay: raw.failover.preemptDelay, interface: raw.failover.interface,
+      peers: raw.failover.peers.map((a) => parseIPv4(a)!),
     },
     stateDir: raw.stateDir,
     metrics: { listen: raw.metrics.listen },

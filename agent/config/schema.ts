@@ -78,6 +78,7 @@ export const configSchema: S = obj({
       preempt: { type: 'boolean', default: DEFAULTS.failover.preempt },
       preemptDelay: { ...secondsPos(0, 3600), default: DEFAULTS.failover.preemptDelay },
       interface: { type: 'string', pattern: '^[^/\\s]{1,15}$', 'x-what': 'an interface name' },
+      peers: { type: 'array', items: ipv4, maxItems: 64, uniqueItems: true, default: [...DEFAULTS.failover.peers], 'x-what': 'a list of the other agents\' IPv4 addresses' },
     }),
     default: {},
   },

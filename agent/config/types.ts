@@ -28,6 +28,8 @@ export interface FailoverConfig {
   readonly preemptDelay: number;
   /** Interface VRRP runs on; undefined = the parent. */
   readonly interface: string | undefined;
+  /** The other agents (u32): only their adverts are heard; adverts also go to each unicast. Empty: multicast, anyone heard. */
+  readonly peers: readonly number[];
 }
 
 export interface PortSpec {

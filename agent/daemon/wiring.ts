@@ -82,7 +82,7 @@ export async function buildSubsystems(config: Desired, ctx: { log: Logger; regis
       const vaddrs = ifname === parent.name ? addrs : await netlink.listAddresses(vlink.index);
       const src = vaddrs.find((a) => a.prefix < 32)?.address;
       if (!src) throw new LbError('LB_ERR_NET_NO_INTERFACE', `VRRP interface ${ifname} has no IPv4 address to send advertisements from; give it one or set failover.interface`);
-      failover = new VrrpGate({ config: config.failover, nodePriority: config.node.priority, ifindex: vlink.index, ifname, srcIp: src, log, registry, clock });
+      failover = new VrrpGate({ config: config.failover, nodePriority: config.node.priority, ifindex: vlink.index, ifname, ifMac: vlink.mac, srcIp: src, log, registry, clock });
     }
 
     return {
