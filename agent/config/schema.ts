@@ -128,6 +128,8 @@ export const configSchema: S = obj({
       algorithm: { type: 'string', enum: ['round-robin', 'least-connections'], default: DEFAULT_PROXY.algorithm },
       idleTimeout: { ...secondsPos(1, 86400), default: DEFAULT_PROXY.idleTimeout },
       connectTimeout: { ...secondsPos(0.01, 60), default: DEFAULT_PROXY.connectTimeout },
+      // No default here: unset means "from the descriptor limit", known only at run time.
+      maxConnections: count(1, 10_000_000),
     }),
     default: {},
   },

@@ -135,6 +135,8 @@ export interface ProxyConfig {
   /** Seconds of inactivity before a proxied connection is closed. */
   readonly idleTimeout: number;
   readonly connectTimeout: number;
+  /** Proxied connections at once, all listeners; undefined: derived from the descriptor limit (forward/capacity.ts). */
+  readonly maxConnections?: number | undefined;
 }
 
 export interface Desired {

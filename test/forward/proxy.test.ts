@@ -154,6 +154,35 @@ for (const userBuffers of [true, false]) {
     t.equal(st.services[0]!.noHealthyBackend, true);
   });
 
+  t.test(`${mode}: beyond maxConnections a client gets a clean close; backends are not blamed`, async (t) => {
+    const port = await echoBackends(['127.0.0.1'], t);
+    const results: boolean[] = [];
+    const registry = new Registry();
+    const p = new ProxyDataplane({ userBuffers, config: cfg(), maxConnections: 2, registry, onConnectResult: (_k, _a, ok) => results.push(ok) });
+    t.teardown(() => p.stop());
+    const vip = '127.0.0.19';
+    await p.apply({ services: [svc(vip, port, [b('127.0.0.1')])] });
+    const lp = await listenPort(p, vip);
+    const held = [await hello(lp, vip, true), await hello(lp, vip, true)];
+    const third = await new Promise<{ data: string; how: string; ms: number }>((resolve) => {
+      const t0 = Date.now();
+      const s = net.connect({ port: lp, host: vip });
+      let data = '';
+      s.on('data', (d) => { data += d.toString(); });
+      s.on('error', (e: NodeJS.ErrnoException) => resolve({ data, how: e.code ?? 'error', ms: Date.now() - t0 }));
+      s.on('end', () => { s.end(); resolve({ data, how: 'FIN', ms: Date.now() - t0 }); });
+      s.write('GET / HTTP/1.0\r\n\r\n');
+    });
+    t.same([third.data, third.how], ['', 'FIN'], `the third client: a clean close after ${third.ms} ms, nothing relayed`);
+    t.ok(third.ms < 1000, 'at once');
+    t.same(results, [true, true], 'two successes reported, no failure');
+    t.match(await registry.metrics(), /lbagent_forward_own_limit_refused_total\{op="limit",code="max-connections"\} 1/);
+    for (const h of held) h.socket.destroy();
+    await new Promise((r) => setTimeout(r, 100));
+    const again = await attempt(lp, vip);
+    t.same([again.ok, again.what], [true, '127.0.0.1'], 'served again once below the limit');
+  });
+
   t.test(`${mode}: a failed connect is retried once on another healthy backend; passive results reported`, async (t) => {
     const port = await echoBackends(['127.0.0.1'], t);
     const results: [string, string, boolean][] = [];
