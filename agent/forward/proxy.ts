@@ -56,7 +56,7 @@ import {
 } from './dataplane';
 import { ForwardMetrics } from './metrics';
 import { SerialQueue } from '../serial';
-import { effectiveMaxConnections, localExhaustionCode, readNofile } from './capacity';
+import { REFUSALS_DRAINING_MAX, effectiveMaxConnections, localExhaustionCode, readNofile } from './capacity';
 
 export interface ProxyDataplaneOptions {
   readonly config: ProxyConfig;
@@ -200,6 +200,7 @@ export class ProxyDataplane implements Dataplane {
   private lastExhaustionWarn = -Infinity;
   private backoffMs = 0;
   private backoffUntil = -Infinity;
+  private refusalsDraining = 0;
 
   constructor(opts: ProxyDataplaneOptions) {
     this.log = (opts.log ?? silentLogger()).child({ module: 'forward', dataplane: 'proxy' });
@@ -561,8 +562,15 @@ export class ProxyDataplane implements Dataplane {
    */
   private closeCleanly(sock: net.Socket): void {
     sock.on('error', noop);
+    if (this.refusalsDraining >= REFUSALS_DRAINING_MAX) {
+      // Under a flood, free the descriptor now: still a FIN unless the client already sent bytes.
+      sock.end();
+      sock.destroy();
+      return;
+    }
+    this.refusalsDraining++;
     const timer = this.clock.setTimeout(() => sock.destroy(), 1000);
-    sock.once('close', () => this.clock.clearTimeout(timer));
+    sock.once('close', () => { this.refusalsDraining--; this.clock.clearTimeout(timer); });
     sock.on('end', () => sock.destroy());
     sock.end();
     sock.resume();

@@ -15,14 +15,14 @@ t.test('the soft descriptor limit from /proc/<pid>/limits', async (t) => {
   t.ok((readNofile() ?? 0) > 0, 'this process has one');
 });
 
-t.test('two descriptors per connection after a reserve of a quarter, 64 to 1024', async (t) => {
-  t.equal(reservedDescriptors(256), 64);
-  t.equal(defaultMaxConnections(256), 96);
+t.test('two descriptors per connection after a reserve of a quarter, 128 to 1024', async (t) => {
+  t.equal(reservedDescriptors(256), 128);
+  t.equal(defaultMaxConnections(256), 64);
   t.equal(defaultMaxConnections(1024), 384);
   t.equal(defaultMaxConnections(65536), 32256);
   t.equal(defaultMaxConnections(32), 1, 'never below one');
   t.equal(effectiveMaxConnections(500, 256), 500, 'configured wins');
-  t.equal(effectiveMaxConnections(undefined, 256), 96);
+  t.equal(effectiveMaxConnections(undefined, 256), 64);
 });
 
 t.test('own exhaustion codes', async (t) => {
