@@ -82,3 +82,13 @@ export function errorMessage(err: unknown): string {
   if (err instanceof Error) return err.message;
   return String(err);
 }
+
+/** errnos that say this process (or host) ran out of descriptors or socket buffers: never a peer's fault (issue 15). */
+export const LOCAL_EXHAUSTION_CODES = ['EMFILE', 'ENFILE', 'ENOBUFS'] as const;
+export type LocalExhaustionCode = (typeof LOCAL_EXHAUSTION_CODES)[number];
+
+/** The err's code when it is one of LOCAL_EXHAUSTION_CODES, else undefined. */
+export function localExhaustionCode(err: unknown): LocalExhaustionCode | undefined {
+  const code = (err as { code?: unknown } | undefined)?.code;
+  return (LOCAL_EXHAUSTION_CODES as readonly unknown[]).includes(code) ? code as LocalExhaustionCode : undefined;
+}

@@ -4,7 +4,7 @@
 // The reconciler only gates (start/stop) and reads status; it never touches
 // addresses itself.
 import type { EventEmitter } from 'node:events';
-import type { ArpTimings, DhcpTimings } from './config/types';
+import type { ArpTimings, DhcpConfig } from './config/types';
 
 export interface Vip {
   /** Dotted quad. */
@@ -58,7 +58,7 @@ export interface AddressSource extends EventEmitter {
    * New arp: / dhcp: timings from a reload: used from the next exchange,
    * probe or announcement on; the held VIP is not touched.
    */
-  reconfigure?(settings: { arp: ArpTimings; dhcp: DhcpTimings }): void;
+  reconfigure?(settings: { arp: ArpTimings; dhcp: DhcpConfig }): void;
   /**
    * VRRP Backup: withdraw the VIP like stop({ release: false }) but keep what
    * a takeover needs ready (a DHCP service's macvlan, down). Sources without

@@ -4,11 +4,13 @@
 // 2 bad usage or an invalid config. No logic beyond parsing and printing.
 import { Command, CommanderError, Option } from 'commander';
 import { DEFAULT_CONFIG_PATH } from '../config/defaults';
-import { loadConfigFile, formatConfigErrors, controlSocketOf, ConfigError } from '../config/load';
+import { controlSocketOf, type ConfigError } from '../config/load';
+import { readConfigText } from '../config/read';
 import { LOG_LEVELS, LogLevel } from '../log';
 import { controlRequest } from '../control/server';
 import { formatStatus } from './format';
-import { VERSION, StatusDocument } from '../daemon/daemon';
+import type { StatusDocument } from '../daemon/daemon';
+import { VERSION } from '../version';
 import { errorMessage, isLbError } from '../errors';
 
 export const EXIT = { OK: 0, FAILURE: 1, USAGE: 2 } as const;
@@ -58,8 +60,12 @@ export function buildProgram(): Command {
     .description('check a configuration file and print every error in it')
     .addOption(configOpt()).addOption(logOpt())
     .option('--json', 'print the result as JSON')
-    .action((opts: { config: string; json?: boolean }) => {
-      const res = loadConfigFile(opts.config);
+    .action(async (opts: { config: string; json?: boolean }) => {
+      // Read (fstat-checked) before the parser and schema are even loaded: a
+      // device, FIFO or oversized file is refused in the time node takes to start.
+      const read = readConfigText(opts.config);
+      const { parseConfigText, formatConfigErrors } = await import('../config/load');
+      const res = read.ok ? parseConfigText(read.text) : read;
       if (opts.json) {
         out(`${JSON.stringify(res.ok ? { ok: true, services: res.config.services.length } : { ok: false, errors: res.errors }, null, 2)}\n`);
       } else if (res.ok) {

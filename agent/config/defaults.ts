@@ -6,7 +6,7 @@ export const DEFAULT_CONFIG_PATH = '/etc/lb-agent/config.yaml';
 
 export const DEFAULTS = {
   node: { priority: 100 },
-  failover: { mode: 'none', vrid: 51, advertInterval: 1, preempt: true, preemptDelay: 0 },
+  failover: { mode: 'none', vrid: 51, advertInterval: 1, preempt: true, preemptDelay: 0, peers: [] as string[] },
   stateDir: '/var/lib/lb-agent',
   metrics: { listen: '0.0.0.0:9477' },
   control: { socket: '/run/lb-agent/agent.sock' },
@@ -30,6 +30,9 @@ export const DEFAULT_ARP: ArpTimings = {
 export const DEFAULT_DHCP: DhcpTimings = {
   retransmitInitial: 4, retransmitMax: 64, retransmitJitter: 1, declineWait: 10, maxConcurrentStarts: 8, probeOffer: true,
 };
+
+// Issue 15: DHCP answers are checked against the parent's subnets; any server may answer.
+export const DEFAULT_DHCP_GUARD = { allowOtherSubnets: false, servers: [] as string[] } as const;
 
 export const DEFAULT_PROXY: ProxyConfig = { algorithm: 'round-robin', idleTimeout: 300, connectTimeout: 3 };
 

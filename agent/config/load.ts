@@ -3,14 +3,16 @@
 // annotations, Share IP) -> a deeply frozen Desired. Every error names the
 // field path and the offending value; all errors of a file come at once;
 // nothing is returned from a file that does not validate.
-import * as fs from 'node:fs';
 import * as os from 'node:os';
-import Ajv, { ErrorObject } from 'ajv';
-import { parseDocument, LineCounter, isNode } from 'yaml';
+import type Ajv from 'ajv';
+import type { ErrorObject } from 'ajv';
+import { parseDocument, LineCounter, isNode, visit } from 'yaml';
 import { configSchema } from './schema';
 import { ANNOTATIONS, ANNOTATION_PREFIX, DEFAULTS } from './defaults';
 import { parsePools, selectPool, poolContains, poolLookupOrder } from './pools';
 import { parseIPv4 } from '../ipv4';
+import { errorMessage } from '../errors';
+import { readConfigText } from './read';
 import type {
   Desired, ServiceSpec, PortSpec, BackendSpec, HealthCheckSpec, IpamMode, Pool,
 } from './types';
@@ -50,7 +52,10 @@ function show(v: unknown): string {
 let ajvSingleton: { validate: ReturnType<Ajv['compile']> } | undefined;
 function validator(): ReturnType<Ajv['compile']> {
   if (!ajvSingleton) {
-    const ajv = new Ajv({ allErrors: true, useDefaults: true, verbose: true, strict: true, allowUnionTypes: true });
+    // Loaded on first use: `lb-agent validate` refuses an unreadable file without paying for ajv.
+    // eslint-disable-next-line @typescript-eslint/no-var-requires
+    const AjvClass = (require('ajv') as { default: typeof Ajv }).default;
+    const ajv = new AjvClass({ allErrors: true, useDefaults: true, verbose: true, strict: true, allowUnionTypes: true });
     ajv.addKeyword({ keyword: 'x-what', schemaType: 'string' });
     ajv.addFormat('lb-ipv4', (v: string) => parseIPv4(v) !== undefined);
     ajvSingleton = { validate: ajv.compile(configSchema) };
@@ -137,10 +142,10 @@ interface RawService {
 
 interface RawConfig {
   node: { name?: string; interface?: string; priority: number };
-  failover: { mode: 'none' | 'vrrp'; vrid: number; advertInterval: number; preempt: boolean; preemptDelay: number; interface?: string };
+  failover: { mode: 'none' | 'vrrp'; vrid: number; advertInterval: number; preempt: boolean; preemptDelay: number; interface?: string; peers: string[] };
   stateDir: string; metrics: { listen: string }; control: { socket: string };
   dataplane: 'auto' | 'kernel' | 'proxy'; pools: Record<string, string>;
-  arp: Desired['arp']; dhcp: Desired['dhcp']; proxy: Desired['proxy'];
+  arp: Desired['arp']; dhcp: Omit<Desired['dhcp'], 'servers'> & { servers: string[] }; proxy: Desired['proxy'];
   services: RawService[];
 }
 
@@ -349,7 +354,7 @@ function rawHc<K extends 'successThreshold' | 'failureThreshold' | 'periodSecond
   return set && set.has(k) ? s.healthCheck[k] : undefined;
 }
 
-function deepFreeze<T>(o: T): T {
+export function deepFreeze<T>(o: T): T {
   if (o && typeof o === 'object' && !Object.isFrozen(o)) {
     Object.freeze(o);
     for (const v of Object.values(o as object)) deepFreeze(v);
@@ -364,10 +369,18 @@ export function buildConfig(data: unknown, locate: (segs: Seg[]) => number | und
     const line = locate(segs);
     errors.push(line === undefined ? { path: pathText(segs), message } : { path: pathText(segs), message, line });
   };
-  if (data === null || data === undefined) data = {};
+  // Issue 15: a config tool that truncates the file before writing it must not
+  // make a reload remove every service; "no services" has to be said outright.
+  if (data === null || data === undefined) {
+    err([], 'the file is empty; write `services: []` to run with no services on purpose');
+    return { ok: false, errors };
+  }
   if (typeof data !== 'object' || Array.isArray(data)) {
     err([], `the file must be a YAML mapping of settings, not ${show(data)}`);
     return { ok: false, errors };
+  }
+  if (!Object.prototype.hasOwnProperty.call(data, 'services')) {
+    err(['services'], 'is required: list the services, or write `services: []` to run with none on purpose');
   }
   const work = structuredClone(data) as Record<string, unknown>;
   // Remember which healthCheck fields were written, before defaults fill them.
@@ -402,6 +415,7 @@ export function buildConfig(data: unknown, locate: (segs: Seg[]) => number | und
       // RFC 5798 §5.2.7: the interval travels in centiseconds.
       advertInterval: Math.round(raw.failover.advertInterval * 100) / 100,
       preempt: raw.failover.preempt, preemptDelay: raw.failover.preemptDelay, interface: raw.failover.interface,
+      peers: raw.failover.peers.map((a) => parseIPv4(a)!),
     },
     stateDir: raw.stateDir,
     metrics: { listen: raw.metrics.listen },
@@ -409,7 +423,7 @@ export function buildConfig(data: unknown, locate: (segs: Seg[]) => number | und
     dataplane: raw.dataplane,
     pools,
     arp: raw.arp,
-    dhcp: raw.dhcp,
+    dhcp: { ...raw.dhcp, servers: raw.dhcp.servers.map((a) => parseIPv4(a)!) },
     proxy: raw.proxy,
     services: built,
   };
@@ -437,20 +451,34 @@ export function parseConfigText(text: string, hostname?: string): LoadResult {
     }
     return undefined;
   };
-  return buildConfig(doc.toJS({ maxAliasCount: 100 }), locate, hostname);
+  let data: unknown;
+  try {
+    data = doc.toJS({ maxAliasCount: MAX_ALIAS_COUNT });
+  } catch (e) {
+    // yaml throws (ReferenceError) when aliases expand past maxAliasCount: the
+    // billion-laughs file. An ordinary validation error, at the first alias.
+    return { ok: false, errors: [yamlLimitError(doc, lineCounter, e)] };
+  }
+  return buildConfig(data, locate, hostname);
 }
 
-/** Read and validate a config file. */
+/** yaml's limit on alias expansion (its guard against billion laughs); a real config uses a handful. */
+export const MAX_ALIAS_COUNT = 100;
+
+function yamlLimitError(doc: ReturnType<typeof parseDocument>, lineCounter: LineCounter, e: unknown): ConfigError {
+  let line: number | undefined;
+  visit(doc, { Alias: (_k, node) => { if (node.range) line = lineCounter.linePos(node.range[0]).line; return visit.BREAK; } });
+  const message = /alias/i.test(errorMessage(e))
+    ? `YAML aliases expand too far (more than ${MAX_ALIAS_COUNT} alias uses, as in a "billion laughs" file); write the values out instead`
+    : `YAML could not be turned into settings: ${errorMessage(e)}`;
+  return line === undefined ? { path: '', message } : { path: '', message, line };
+}
+
+/** Read (regular file, at most 4 MiB) and validate a config file, synchronously: the CLI. */
 export function loadConfigFile(file: string, hostname?: string): LoadResult {
-  let text: string;
-  try {
-    text = fs.readFileSync(file, 'utf8');
-  } catch (e) {
-    const code = (e as NodeJS.ErrnoException).code;
-    const why = code === 'ENOENT' ? 'no such file' : code === 'EACCES' ? 'permission denied' : (e as Error).message;
-    return { ok: false, errors: [{ path: '', message: `cannot read ${file}: ${why}` }] };
-  }
-  return parseConfigText(text, hostname);
+  const read = readConfigText(file);
+  if (!read.ok) return read;
+  return parseConfigText(read.text, hostname);
 }
 
 /** One line per error: "file:line: path: message". */
@@ -471,8 +499,10 @@ export function formatConfigErrors(errors: readonly ConfigError[], file?: string
 export function controlSocketOf(file: string): string {
   const res = loadConfigFile(file);
   if (res.ok) return res.config.control.socket;
+  const read = readConfigText(file);
+  if (!read.ok) return DEFAULTS.control.socket;
   try {
-    const raw = parseDocument(fs.readFileSync(file, 'utf8')).toJS({ maxAliasCount: 100 }) as { control?: { socket?: unknown } } | null;
+    const raw = parseDocument(read.text).toJS({ maxAliasCount: 100 }) as { control?: { socket?: unknown } } | null;
     const s = raw?.control?.socket;
     if (typeof s === 'string' && s !== '') return s;
   } catch { /* unreadable or not YAML: the default */ }

@@ -2,7 +2,7 @@
 // ranges only; cross-field rules (pools, Share IP, annotations) live in
 // load.ts. `x-what` names what a value must be, for error messages such as
 // "services[0].ports[0].port: 70000 is not a port (1-65535)".
-import { DEFAULTS, DEFAULT_ARP, DEFAULT_DHCP, DEFAULT_PROXY } from './defaults';
+import { DEFAULTS, DEFAULT_ARP, DEFAULT_DHCP, DEFAULT_DHCP_GUARD, DEFAULT_PROXY } from './defaults';
 
 type S = Record<string, unknown>;
 
@@ -78,6 +78,7 @@ export const configSchema: S = obj({
       preempt: { type: 'boolean', default: DEFAULTS.failover.preempt },
       preemptDelay: { ...secondsPos(0, 3600), default: DEFAULTS.failover.preemptDelay },
       interface: { type: 'string', pattern: '^[^/\\s]{1,15}$', 'x-what': 'an interface name' },
+      peers: { type: 'array', items: ipv4, maxItems: 64, uniqueItems: true, default: [...DEFAULTS.failover.peers], 'x-what': 'a list of the other agents\' IPv4 addresses' },
     }),
     default: {},
   },
@@ -117,6 +118,8 @@ export const configSchema: S = obj({
       declineWait: { ...secondsPos(0, 600), default: DEFAULT_DHCP.declineWait },
       maxConcurrentStarts: { ...count(1, 1024), default: DEFAULT_DHCP.maxConcurrentStarts },
       probeOffer: { type: 'boolean', default: DEFAULT_DHCP.probeOffer },
+      allowOtherSubnets: { type: 'boolean', default: DEFAULT_DHCP_GUARD.allowOtherSubnets },
+      servers: { type: 'array', items: ipv4, maxItems: 64, uniqueItems: true, default: [...DEFAULT_DHCP_GUARD.servers], 'x-what': 'a list of DHCP server identifiers (IPv4)' },
     }),
     default: {},
   },
@@ -125,6 +128,8 @@ export const configSchema: S = obj({
       algorithm: { type: 'string', enum: ['round-robin', 'least-connections'], default: DEFAULT_PROXY.algorithm },
       idleTimeout: { ...secondsPos(1, 86400), default: DEFAULT_PROXY.idleTimeout },
       connectTimeout: { ...secondsPos(0.01, 60), default: DEFAULT_PROXY.connectTimeout },
+      // No default here: unset means "from the descriptor limit", known only at run time.
+      maxConnections: count(1, 10_000_000),
     }),
     default: {},
   },

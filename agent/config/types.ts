@@ -28,6 +28,8 @@ export interface FailoverConfig {
   readonly preemptDelay: number;
   /** Interface VRRP runs on; undefined = the parent. */
   readonly interface: string | undefined;
+  /** The other agents (u32): only their adverts are heard; adverts also go to each unicast. Empty: multicast, anyone heard. */
+  readonly peers: readonly number[];
 }
 
 export interface PortSpec {
@@ -114,15 +116,27 @@ export interface DhcpTimings {
   readonly declineWait: number;
   /** Concurrent DHCP services starting at once. */
   readonly maxConcurrentStarts: number;
-  /** Skip the ARP probe of an offered address (never in production). */
+  /** ARP-probe an offered address before binding it (RFC 5227 §2.1; default true). Under VRRP the wiring turns it off: the election decided. */
   readonly probeOffer: boolean;
 }
+
+/** What the DHCP driver accepts from servers (dhcp/guard.ts). */
+export interface DhcpGuardConfig {
+  /** Accept a yiaddr outside the parent's subnets (a relay serving another subnet). */
+  readonly allowOtherSubnets: boolean;
+  /** Server identifiers accepted, as u32; empty: any server. */
+  readonly servers: readonly number[];
+}
+
+export type DhcpConfig = DhcpTimings & DhcpGuardConfig;
 
 export interface ProxyConfig {
   readonly algorithm: BalanceAlgorithm;
   /** Seconds of inactivity before a proxied connection is closed. */
   readonly idleTimeout: number;
   readonly connectTimeout: number;
+  /** Proxied connections at once, all listeners; undefined: derived from the descriptor limit (forward/capacity.ts). */
+  readonly maxConnections?: number | undefined;
 }
 
 export interface Desired {
@@ -134,7 +148,7 @@ export interface Desired {
   readonly dataplane: DataplaneMode;
   readonly pools: readonly Pool[];
   readonly arp: ArpTimings;
-  readonly dhcp: DhcpTimings;
+  readonly dhcp: DhcpConfig;
   readonly proxy: ProxyConfig;
   readonly services: readonly ServiceSpec[];
 }

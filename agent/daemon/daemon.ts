@@ -5,7 +5,8 @@
 // SIGTERM withdraws everything the agent announced without releasing leases.
 import { EventEmitter } from 'node:events';
 import { Registry, Gauge, Counter, collectDefaultMetrics } from 'prom-client';
-import { loadConfigFile, formatConfigErrors, parseListen, type ConfigError } from '../config/load';
+import { formatConfigErrors, parseListen, type ConfigError } from '../config/load';
+import { loadConfigFileAsync } from '../config/load-async';
 import { planReload, describeSummary, type ReloadStep, type ReloadSummary } from './reconciler';
 import type { Desired, ServiceSpec } from '../config/types';
 import { LbError, errorMessage } from '../errors';
@@ -19,6 +20,7 @@ import type { Subsystems, ForwardService, SubsystemContext } from './subsystems'
 import type { ListenerStore } from '../forward/dataplane';
 import type { Clock } from '../clock';
 import { realClock } from '../clock';
+import { VERSION } from '../version';
 
 export interface DaemonOptions {
   configPath: string;
@@ -90,7 +92,7 @@ export class Daemon extends EventEmitter {
   get currentConfig(): Desired | undefined { return this.config; }
 
   async start(): Promise<void> {
-    const res = loadConfigFile(this.opts.configPath);
+    const res = await loadConfigFileAsync(this.opts.configPath);
     if (!res.ok) {
       throw new LbError('LB_ERR_CONFIG_INVALID', `invalid configuration:\n${formatConfigErrors(res.errors, this.opts.configPath)}`);
     }
@@ -386,7 +388,7 @@ export class Daemon extends EventEmitter {
     const old = this.config;
     const subs = this.subs;
     if (!old || !subs || this.stopping) return { ok: false, message: 'not running', errors: [] };
-    const res = loadConfigFile(this.opts.configPath);
+    const res = await loadConfigFileAsync(this.opts.configPath);
     const at = this.clock.wallNow();
     if (!res.ok) return this.rejected(res.errors);
     const next = res.config;
@@ -639,14 +641,7 @@ export function interruptionKind(reason: string): string {
   return 'other';
 }
 
-export const VERSION: string = (() => {
-  try {
-    // eslint-disable-next-line @typescript-eslint/no-var-requires
-    return (require('../../../package.json') as { version: string }).version;
-  } catch {
-    return 'unknown';
-  }
-})();
+export { VERSION };
 
 export interface ReloadResult {
   ok: boolean;

@@ -81,7 +81,7 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
       const vaddrs = ifname === parent.name ? addrs : await netlink.listAddresses(vlink.index);
       const src = vaddrs.find((a) => a.prefix < 32)?.address;
       if (!src) throw new LbError('LB_ERR_NET_NO_INTERFACE', `VRRP interface ${ifname} has no IPv4 address to send advertisements from; give it one or set failover.interface`);
-      failover = new VrrpGate({ config: config.failover, nodePriority: config.node.priority, ifindex: vlink.index, ifname, srcIp: src, log, registry, clock });
+      failover = new VrrpGate({ config: config.failover, nodePriority: config.node.priority, ifindex: vlink.index, ifname, ifMac: vlink.mac, srcIp: src, log, registry, clock });
     }
 
     return {
@@ -97,6 +97,7 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
         ? createDhcpSource({
           service: spec, parent: parent.name, timings: vrrp ? { ...config.dhcp, probeOffer: false } : config.dhcp, arp: config.arp,
           store, netlink, log, registry, clock, limiter: dhcpLimiter, resumeSaved: vrrp,
+          guard: { allowOtherSubnets: config.dhcp.allowOtherSubnets, servers: config.dhcp.servers },
         })
         : new PoolSource({ service: spec, parentIfname: parent.name, manager: pools, arp: config.arp, netlink, log, registry, clock, probe: !vrrp })),
       observeHeld: async (services) => {

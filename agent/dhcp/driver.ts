@@ -14,7 +14,7 @@
 import { EventEmitter } from 'node:events';
 import type { Registry } from 'prom-client';
 import { realClock, type Clock, type TimerHandle } from '../clock';
-import type { ArpTimings, DhcpTimings, ServiceSpec } from '../config/types';
+import type { ArpTimings, DhcpConfig, DhcpTimings, ServiceSpec } from '../config/types';
 import { LbError, errorMessage } from '../errors';
 import { formatIPv4, parseIPv4 } from '../ipv4';
 import type { Logger } from '../log';
@@ -33,10 +33,12 @@ import {
 } from './client';
 import {
   BROADCAST_IP, BROADCAST_MAC, DHCP_CLIENT_FILTER, buildClientMessage, decodeReply, describePacket, encodeDhcp, encodeUdpFrame,
-  type ClientIdentity,
+  type ClientIdentity, type Reply,
 } from './codec';
 import { leaseDetails, leaseFileName, readSavedLease, toStored, type Lease } from './lease';
 import { sharedStartLimiter, type ReleaseSlot, type StartLimiter } from './limiter';
+import { judgeReply, type GuardPolicy, type GuardReason, type HostView } from './guard';
+import { localAddresses } from '../net/local-addresses';
 import { dhcpMetrics, removeServiceSeries, setDhcpState, type DhcpMetrics } from './metrics';
 
 /** The VIP goes on the macvlan as a host address: no prefix route that would pull LAN traffic (health checks, proxying) onto the macvlan. */
@@ -76,7 +78,14 @@ export interface DhcpSourceOptions {
    */
   resumeSaved?: boolean;
   net?: Partial<DhcpNetDeps>;
+  /** Which servers and addresses are accepted (dhcp.allowOtherSubnets, dhcp.servers); default: any server, parent's subnets only. */
+  guard?: GuardPolicy;
+  /** The VM's addresses when a reply arrives; default: read live (net/local-addresses.ts). */
+  hostView?: () => HostView;
 }
+
+/** A refused reply is logged at warn once per reason per interval; the counter has every one. */
+const GUARD_WARN_INTERVAL_MS = 10_000;
 
 const SOURCE_STATE: Record<DhcpStateName, SourceState> = {
   'STOPPED': 'idle',
@@ -127,6 +136,9 @@ export class DhcpSource extends EventEmitter implements AddressSource {
   private chain: Promise<void> = Promise.resolve();
   /** Bumped on stop: late probe verdicts of an earlier run are ignored. */
   private generation = 0;
+  private guard: GuardPolicy;
+  private readonly hostView: () => HostView;
+  private readonly guardWarned = new Map<GuardReason, number>();
 
   constructor(opts: DhcpSourceOptions) {
     super();
@@ -158,6 +170,8 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     };
     // RFC 2132 §3.14 hostname = the service name; §9.14 client id derived from the key (net/ownership.ts).
     this.identity = { mac: this.mac, clientId: clientIdForService(this.key), hostname: opts.service.name.slice(0, 63) };
+    this.guard = opts.guard ?? { allowOtherSubnets: false, servers: [] };
+    this.hostView = opts.hostView ?? (() => localAddresses(this.parent, this.ifname));
     setDhcpState(this.metrics, this.labels, 'STOPPED');
   }
 
@@ -175,9 +189,10 @@ export class DhcpSource extends EventEmitter implements AddressSource {
   // --- AddressSource ---------------------------------------------------------
 
   /** A reload's arp: / dhcp: timings, used from the next exchange and probe on; the lease and the VIP stay. */
-  reconfigure(settings: { arp: ArpTimings; dhcp: DhcpTimings }): void {
+  reconfigure(settings: { arp: ArpTimings; dhcp: DhcpConfig }): void {
     this.arp = settings.arp;
     this.ctx = { ...this.ctx, config: this.clientConfig(settings.dhcp) };
+    this.guard = { allowOtherSubnets: settings.dhcp.allowOtherSubnets, servers: settings.dhcp.servers };
     this.log.info({ op: 'reconfigure' }, 'new DHCP and ARP timings in use from the next exchange');
   }
 
@@ -460,7 +475,23 @@ export class DhcpSource extends EventEmitter implements AddressSource {
       return;
     }
     this.log.debug({ op: 'recv', packet: describePacket(r.value.packet), from: r.value.frame.srcMac }, 'DHCP reply');
+    if (!this.acceptable(r.value)) return;
     this.dispatch({ type: 'reply', packet: r.value.packet, serverMac: r.value.frame.srcMac });
+  }
+
+  /** dhcp/guard.ts: a reply the agent must not act on is dropped and counted before the state machine sees it. */
+  private acceptable(r: Reply): boolean {
+    const { message: m, fields: f } = r.packet;
+    const verdict = judgeReply({
+      kind: f.kind as 'OFFER' | 'ACK' | 'NAK', yiaddr: m.yiaddr, serverId: f.serverId, srcIp: r.frame.srcIp, routers: f.routers, prefix: f.prefix,
+    }, this.hostView(), this.guard);
+    if (verdict === 'ok') return true;
+    this.metrics.dropped.inc({ reason: verdict });
+    const now = this.clock.now();
+    const level = now - (this.guardWarned.get(verdict) ?? -Infinity) >= GUARD_WARN_INTERVAL_MS ? 'warn' : 'debug';
+    if (level === 'warn') this.guardWarned.set(verdict, now);
+    this.log[level]({ op: 'recv', reason: verdict, packet: describePacket(r.packet), from: r.frame.srcMac }, `refused a DHCP ${f.kind} (${verdict}); not used`);
+    return false;
   }
 
   private probe(ip: number): void {

@@ -28,6 +28,7 @@ import {
 } from './codec';
 import { type Action, type Machine, type VrrpState, VRRP_STATES, createMachine, masterDownIntervalMs, step } from './machine';
 import { vrrpMetrics, type VrrpMetrics } from './metrics';
+import { NOT_A_PEER, acceptsAdvertFrom } from './peers';
 
 export { assignVrids, type VridAssignment, type VridCandidate } from './assign';
 export type { VrrpState } from './machine';
@@ -56,6 +57,10 @@ export interface VirtualRouterOptions {
   readonly registry: Registry;
   /** Opens the socket; default agent/net's openPacketSocket. */
   readonly openSocket?: ((opts: PacketSocketOptions) => PacketSocket) | undefined;
+  /** failover.peers (u32): only their adverts are heard, and each advert also goes to each of them unicast. Empty: multicast only, anyone heard. */
+  readonly peers?: readonly number[] | undefined;
+  /** The MAC of a peer, when resolved (net/arp-resolver.ts); a peer without one gets no unicast copy yet. */
+  readonly peerMac?: ((ip: number) => Uint8Array | undefined) | undefined;
 }
 
 export interface MasterEvent { readonly vrid: number; readonly master: string }
@@ -226,6 +231,12 @@ export class VirtualRouter extends EventEmitter {
     // The kernel filter already keeps other VRIDs out; a looped-back copy
     // of our own advert is not a peer.
     if (a.vrid !== this.vrid || a.srcIp === this.srcIpNum) return;
+    if (!acceptsAdvertFrom(a.srcIp, this.opts.peers ?? [])) {
+      this.metrics.dropped.inc({ reason: NOT_A_PEER });
+      this.log.debug({ op: 'receive', reason: NOT_A_PEER, srcIp: formatIPv4(a.srcIp), priority: a.priority }, 'dropped a VRRP advert from outside failover.peers');
+      this.emit('dropped', { vrid: this.vrid, reason: NOT_A_PEER });
+      return;
+    }
     this.metrics.advertsReceived.inc({ vrid: this.vridLabel });
     this.run({ kind: 'advert', srcIp: a.srcIp, priority: a.priority, maxAdverIntCs: a.maxAdverIntCs });
   }
@@ -314,23 +325,28 @@ export class VirtualRouter extends EventEmitter {
       }
       addresses.length = MAX_ADDRESSES;
     }
+    const advert = {
+      vrid: this.vrid, priority, maxAdverIntCs: this.machine.config.advertIntervalCs, addresses, srcIp: this.srcIpNum, srcMac: this.srcMac,
+    };
+    this.sendFrame(advert, undefined);
+    // keepalived's unicast_peer: the same advert to each peer, for LANs that
+    // filter multicast. Peers whose MAC is not resolved yet get the next one.
+    for (const peer of this.opts.peers ?? []) {
+      const mac = this.opts.peerMac?.(peer);
+      if (mac) this.sendFrame(advert, { dstIp: peer, dstMac: mac });
+    }
+  }
+
+  private sendFrame(advert: Parameters<typeof encodeAdvertisement>[0], to: { dstIp: number; dstMac: Uint8Array } | undefined): void {
     this.ipId = (this.ipId + 1) & 0xffff;
-    const frame = encodeAdvertisement({
-      vrid: this.vrid,
-      priority,
-      maxAdverIntCs: this.machine.config.advertIntervalCs,
-      addresses,
-      srcIp: this.srcIpNum,
-      srcMac: this.srcMac,
-      ipId: this.ipId,
-    });
+    const frame = encodeAdvertisement({ ...advert, ...to, ipId: this.ipId });
     try {
-      sock.send(frame);
+      this.socket!.send(frame);
       this.metrics.advertsSent.inc({ vrid: this.vridLabel });
     } catch (err) {
       // A failed send (interface down) is not fatal: Backups take over if it
       // lasts, and the next timer tries again.
-      this.log.warn({ op: 'send', priority, err: errorMessage(err) }, 'sending a VRRP advert failed');
+      this.log.warn({ op: 'send', priority: advert.priority, to: to ? formatIPv4(to.dstIp) : 'multicast', err: errorMessage(err) }, 'sending a VRRP advert failed');
     }
   }
 

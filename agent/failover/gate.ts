@@ -17,6 +17,8 @@ import { formatIPv4, parseIPv4 } from '../ipv4';
 import { PACKET_OUTGOING, openPacketSocket, type FrameInfo, type PacketSocket, type PacketSocketOptions } from '../net/packet';
 import { decodeAdvertisement } from './codec';
 import { VirtualRouter, assignVrids, type VirtualRouterStatus, type SplitBrainEvent } from './driver';
+import { acceptsAdvertFrom } from './peers';
+import { ArpResolver } from '../net/arp-resolver';
 
 /**
  * How long a node that preempted a live Master waits before it takes the
@@ -38,6 +40,10 @@ export interface VrrpGateOptions {
   readonly openSocket?: (opts: PacketSocketOptions) => PacketSocket;
   /** Default PREEMPT_HANDOVER_MS. */
   readonly preemptHandoverMs?: number;
+  /** The VRRP interface's own MAC: the source of ARP requests for failover.peers. */
+  readonly ifMac?: string;
+  /** Resolves failover.peers' MACs for unicast adverts; default an ArpResolver on the interface (tests pass their own). */
+  readonly peerMac?: (ip: number) => Uint8Array | undefined;
 }
 
 /** What `lb-agent status` shows of a service's virtual router. */
@@ -89,14 +95,14 @@ function newInfo(): RouterInfo {
  */
 class CountingSocket extends EventEmitter implements PacketSocket {
   readonly ifindex: number;
-  constructor(private readonly inner: PacketSocket, private readonly info: RouterInfo, vrid: number, srcIp: number) {
+  constructor(private readonly inner: PacketSocket, private readonly info: RouterInfo, vrid: number, srcIp: number, peers: readonly number[]) {
     super();
     this.ifindex = inner.ifindex;
     inner.on('frame', (frame: Buffer, fi: FrameInfo) => {
       if (fi.pktType !== PACKET_OUTGOING) {
         // The driver's own checks (RFC 5798 §7.1) decide; this only counts what passes them.
         const r = decodeAdvertisement(frame);
-        if (r.ok && r.frame.vrid === vrid && r.frame.srcIp !== srcIp) {
+        if (r.ok && r.frame.vrid === vrid && r.frame.srcIp !== srcIp && acceptsAdvertFrom(r.frame.srcIp, peers)) {
           info.advertsReceived++;
           if (r.frame.priority > 0) info.heard = r.frame.addresses;
         }
@@ -127,12 +133,21 @@ export class VrrpGate extends EventEmitter {
   /** The last VIP each service held on this node (survives Backup periods, not restarts). */
   private readonly lastHeld = new Map<string, string>();
   private vips: (key: string) => string | undefined = () => undefined;
+  private resolver: ArpResolver | undefined;
+  private readonly peerMac: ((ip: number) => Uint8Array | undefined) | undefined;
 
   constructor(opts: VrrpGateOptions) {
     super();
     this.opts = opts;
     this.clock = opts.clock ?? realClock;
     this.log = opts.log.child({ module: 'failover' });
+    const peers = opts.config.peers;
+    if (opts.peerMac) this.peerMac = opts.peerMac;
+    else if (peers.length > 0 && opts.ifMac) {
+      this.resolver = new ArpResolver({ ifindex: opts.ifindex, mac: opts.ifMac, srcIp: parseIPv4(opts.srcIp) ?? 0, targets: peers, log: opts.log, clock: opts.clock });
+      this.peerMac = (ip) => this.resolver?.macOf(ip);
+    }
+    if (peers.length > 0) this.log.info({ op: 'peers', peers: peers.map((p) => formatIPv4(p)) }, 'VRRP adverts heard only from failover.peers, and sent to them unicast as well as multicast');
   }
 
   update(services: readonly ServiceSpec[], vips: (serviceKey: string) => string | undefined): void {
@@ -171,7 +186,8 @@ export class VrrpGate extends EventEmitter {
         preempt: this.opts.config.preempt, preemptDelay: this.opts.config.preemptDelay,
         ifindex: this.opts.ifindex, ifname: this.opts.ifname, srcIp: this.opts.srcIp,
         vips: () => this.advertisedVips(vrid),
-        openSocket: (o) => new CountingSocket(open(o), info, vrid, srcIpNum),
+        openSocket: (o) => new CountingSocket(open(o), info, vrid, srcIpNum, this.opts.config.peers),
+        peers: this.opts.config.peers, peerMac: this.peerMac,
         clock: this.opts.clock, log: this.opts.log, registry: this.opts.registry,
       });
       const emitChange = (): void => { this.emit('change', [...(this.servicesOn.get(vrid) ?? [])]); };
@@ -217,6 +233,7 @@ export class VrrpGate extends EventEmitter {
       });
       this.routers.set(vrid, router);
       this.info.set(vrid, info);
+      this.resolver?.start();
       router.start();
     }
   }
@@ -315,6 +332,8 @@ export class VrrpGate extends EventEmitter {
     // Priority 0 (RFC 5798 §6.4.3): a Backup takes over at once instead of
     // waiting out Master_Down_Interval.
     for (const r of this.routers.values()) { r.removeAllListeners(); r.stop({ priorityZero: true }); }
+    this.resolver?.close();
+    this.resolver = undefined;
     for (const info of this.info.values()) this.clearHandover(info);
     this.routers.clear();
     this.info.clear();

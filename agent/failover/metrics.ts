@@ -2,7 +2,8 @@
 // passes in (never the global one). Asking twice for one registry returns the
 // same collectors (looked up by name in the registry itself, so no module
 // state), which lets every VirtualRouter of the daemon share them.
-// Labels are bounded: vrid (1-255), state (3), to (3), reason (DROP_REASONS),
+// Labels are bounded: vrid (1-255), state (3), to (3), reason (DROP_REASONS and
+// "not-a-peer", peers.ts),
 // master (one current address per vrid; the previous one is removed).
 import { Counter, Gauge, Registry } from 'prom-client';
 
@@ -52,7 +53,7 @@ export function vrrpMetrics(registry: Registry): VrrpMetrics {
     })),
     dropped: getOrCreate(registry, 'lbagent_vrrp_dropped_total', () => new Counter<'reason'>({
       name: 'lbagent_vrrp_dropped_total',
-      help: 'VRRP packets refused by the RFC 5798 §7.1 receive checks, by reason',
+      help: 'VRRP packets refused by the RFC 5798 §7.1 receive checks, or from outside failover.peers (not-a-peer), by reason',
       labelNames: ['reason'],
       registers,
     })),

@@ -62,6 +62,8 @@ export interface ForwardStats {
   readonly problems: readonly string[];
   /** Path-specific facts (nftables start check, conntrack fill, proxy listeners). */
   readonly details: Readonly<Record<string, unknown>>;
+  /** Userspace proxy: clients refused for the agent's own limits, by "op/code" (accept/EMFILE, connect/ENFILE, limit/max-connections). */
+  readonly ownLimits?: Readonly<Record<string, number>>;
 }
 
 export interface Dataplane {

@@ -14,6 +14,7 @@ export const FORWARD_METRIC_NAMES = [
   'lbagent_forward_connect_failures_total',
   'lbagent_forward_dataplane_info',
   'lbagent_forward_no_healthy_backend',
+  'lbagent_forward_own_limit_refused_total',
 ] as const;
 
 export interface ForwardMetricsOptions {
@@ -110,6 +111,20 @@ export class ForwardMetrics {
         const st = await self.snapshot();
         this.reset();
         for (const s of st.services) this.set(serviceLabels(s.key), s.noHealthyBackend ? 1 : 0);
+      },
+    });
+    new Counter({
+      name: 'lbagent_forward_own_limit_refused_total',
+      help: 'Clients the userspace proxy reset for its own limits, never counted against a backend: op="accept"|"connect" with code EMFILE, ENFILE or ENOBUFS, or op="limit" code="max-connections".',
+      labelNames: ['op', 'code'] as const,
+      registers,
+      async collect() {
+        const st = await self.snapshot();
+        this.reset();
+        for (const [k, n] of Object.entries(st.ownLimits ?? {})) {
+          const [op, code] = k.split('/') as [string, string];
+          this.inc({ op, code }, n);
+        }
       },
     });
   }

@@ -26,6 +26,16 @@
 // Draining: a backend that leaves the healthy set gets no new connections or
 // sessions; the ones it has run to their end.
 //
+// Own exhaustion is own fault (issue 15): EMFILE, ENFILE or ENOBUFS on
+// accept or on a backend connect is this process (or host) out of
+// descriptors or buffers, never a backend's failure: no passive-health
+// report, no retry elsewhere, the client is closed, a counter and one warn
+// line per interval say so, and new connections are refused for a backoff
+// (50 ms doubling to 2 s) before accepting resumes. maxConnections (global,
+// default from the descriptor limit, capacity.ts) refuses beyond it the same
+// way, before a descriptor runs out. Those clients get a clean close (FIN),
+// not the RST of "no healthy backend": the service is up, we are full.
+//
 // Hot path: reads land in reusable 16 KiB buffers (socket `onread`, see
 // adopt()) instead of a fresh Buffer per read; no timers touched per chunk
 // (idle timeouts are a coarse sweep over an "active" flag set by the relay,
@@ -46,6 +56,7 @@ import {
 } from './dataplane';
 import { ForwardMetrics } from './metrics';
 import { SerialQueue } from '../serial';
+import { REFUSALS_DRAINING_MAX, effectiveMaxConnections, localExhaustionCode, readNofile } from './capacity';
 
 export interface ProxyDataplaneOptions {
   readonly config: ProxyConfig;
@@ -71,7 +82,14 @@ export interface ProxyDataplaneOptions {
   readonly listenerStore?: ListenerStore;
   /** With stop({ keep }): how long open connections may take to finish before the process lets go (default 5 s). */
   readonly drainTimeoutMs?: number;
+  /** Proxied TCP connections at once, over all listeners; beyond it new clients are reset. Default: capacity.ts from the descriptor limit. */
+  readonly maxConnections?: number;
 }
+
+/** One warn line per this interval about refusals for our own limits; the counters have every one. */
+const EXHAUSTION_WARN_MS = 10_000;
+const BACKOFF_MIN_MS = 50;
+const BACKOFF_MAX_MS = 2000;
 
 /** Counters of one (service, port, backend); plain numbers, bumped on the hot path. */
 class Tally {
@@ -182,6 +200,14 @@ export class ProxyDataplane implements Dataplane {
   private readonly queue = new SerialQueue();
   private sweepTimer: TimerHandle | undefined;
   private stopped = false;
+  readonly maxConnections: number;
+  /** Refusals for our own limits, by "op/code" (accept/EMFILE, connect/ENFILE, limit/max-connections). */
+  private readonly exhaustion = new Map<string, number>();
+  private exhaustionSinceWarn = 0;
+  private lastExhaustionWarn = -Infinity;
+  private backoffMs = 0;
+  private backoffUntil = -Infinity;
+  private refusalsDraining = 0;
 
   constructor(opts: ProxyDataplaneOptions) {
     this.log = (opts.log ?? silentLogger()).child({ module: 'forward', dataplane: 'proxy' });
@@ -194,6 +220,9 @@ export class ProxyDataplane implements Dataplane {
     this.userBuffers = opts.userBuffers ?? true;
     this.store = opts.listenerStore;
     this.drainTimeoutMs = opts.drainTimeoutMs ?? 5000;
+    const nofile = readNofile();
+    this.maxConnections = opts.maxConnections ?? effectiveMaxConnections(opts.config.maxConnections, nofile);
+    this.log.info({ op: 'limits', maxConnections: this.maxConnections, configured: opts.config.maxConnections ?? null, nofile: nofile ?? null }, `proxy holds at most ${this.maxConnections} connections (descriptor limit ${nofile ?? 'unknown'})`);
     this.metrics = opts.registry
       ? new ForwardMetrics({ registry: opts.registry, kind: 'proxy', reason: opts.reason ?? 'configured', stats: () => this.stats() })
       : undefined;
@@ -301,7 +330,7 @@ export class ProxyDataplane implements Dataplane {
       server.once('error', onError);
       const listening = (): void => {
         server.off('error', onError);
-        server.on('error', (err) => this.log.error({ op: 'listen', listener: l.id, err: errorMessage(err) }, 'listener error'));
+        server.on('error', (err) => this.onListenerError(l, err));
         const addr = server.address() as net.AddressInfo | null;
         if (inherited !== undefined && (addr?.address !== l.vip || addr.port !== l.port.port)) {
           // Not the socket this listener had: let it go and bind afresh.
@@ -328,11 +357,18 @@ export class ProxyDataplane implements Dataplane {
       server.once('error', onError);
       server.listen({ host: l.vip, port: l.port.port, backlog: this.backlog, exclusive: true }, () => {
         server.off('error', onError);
-        server.on('error', (err) => this.log.error({ op: 'listen', listener: l.id, err: errorMessage(err) }, 'listener error'));
+        server.on('error', (err) => this.onListenerError(l, err));
         this.listened(l, server, false);
         resolve();
       });
     });
+  }
+
+  private onListenerError(l: Listener, err: Error): void {
+    // libuv has already closed what was pending (its EMFILE reserve-fd trick): those clients saw a close.
+    const code = localExhaustionCode(err);
+    if (code) this.ownLimit('accept', code, l.route.serviceKey);
+    else this.log.error({ op: 'listen', listener: l.id, err: errorMessage(err) }, 'listener error');
   }
 
   private listened(l: Listener, server: net.Server, inherited: boolean): void {
@@ -418,7 +454,8 @@ export class ProxyDataplane implements Dataplane {
   /** onread callback of the client socket: returning false pauses it until the backend drains. */
   private relayToBackend(relay: Relay, n: number, buf: Buffer): boolean {
     relay.seen = true;
-    const up = relay.upstream!;
+    const up = relay.upstream;
+    if (!up) return true; // refused (closeCleanly): what the client still sends is discarded
     const ok = up.write(buf.subarray(0, n));
     if (up.writableLength > 0) relay.fromClientLent = true;
     return ok;
@@ -447,6 +484,13 @@ export class ProxyDataplane implements Dataplane {
       route.refused++;
       accepted.on('error', noop);
       accepted.resetAndDestroy();
+      return;
+    }
+    const full = this.relays.size >= this.maxConnections;
+    if (full || this.clock.now() < this.backoffUntil) {
+      route.refused++;
+      if (full) this.ownLimit('limit', 'max-connections', route.serviceKey);
+      this.closeCleanly(accepted);
       return;
     }
     const relay = new Relay(accepted, route, accepted);
@@ -504,6 +548,7 @@ export class ProxyDataplane implements Dataplane {
     });
     up.once('connect', () => {
       this.clock.clearTimeout(timer);
+      this.backoffMs = 0;
       relay.upstreamConnected = true;
       tally.connections++;
       this.onConnectResult(route.serviceKey, backend.address, true);
@@ -519,6 +564,14 @@ export class ProxyDataplane implements Dataplane {
       relay.tally = undefined;
       relay.fromBackend = undefined;
       if (relay.clientClosed) { this.maybeDone(relay); return; } // aborted by the client: not the backend's fault
+      const own = localExhaustionCode(failure);
+      if (own) {
+        // Our descriptors, not the backend: no report, no retry (it would fail the same way).
+        this.ownLimit('connect', own, route.serviceKey);
+        route.refused++;
+        this.closeCleanly(relay.client);
+        return;
+      }
       tally.connectFailures++;
       this.onConnectResult(route.serviceKey, backend.address, false);
       this.log.debug({ op: 'connect', service: route.serviceKey, backend: backend.address, err: errorMessage(failure), retry: exclude === undefined }, 'backend connect failed');
@@ -556,6 +609,54 @@ export class ProxyDataplane implements Dataplane {
     this.log.debug({ op: 'relay', side, service: relay.route.serviceKey, err: errorMessage(err) }, 'connection error; resetting the other side');
     const other = side === 'client' ? relay.upstream : relay.client;
     if (other && !other.destroyed) other.resetAndDestroy();
+  }
+
+  /**
+   * Refuse a client for our own limits with a clean close: FIN at once, what
+   * it sends is read and discarded (closing with unread bytes would turn the
+   * FIN into a RST), and the socket goes when it closes too or after 1 s.
+   * Unlike "no healthy backend" (a RST, as the kernel path), this is not the
+   * service refusing: the client may retry.
+   */
+  private closeCleanly(sock: net.Socket): void {
+    sock.on('error', noop);
+    if (this.refusalsDraining >= REFUSALS_DRAINING_MAX) {
+      // Under a flood, free the descriptor now: still a FIN unless the client already sent bytes.
+      sock.end();
+      sock.destroy();
+      return;
+    }
+    this.refusalsDraining++;
+    const timer = this.clock.setTimeout(() => sock.destroy(), 1000);
+    sock.once('close', () => { this.refusalsDraining--; this.clock.clearTimeout(timer); });
+    sock.on('end', () => sock.destroy());
+    sock.end();
+    sock.resume();
+  }
+
+  /**
+   * A client refused for our own limits: counted; descriptor exhaustion also
+   * starts (or doubles) the backoff during which new clients are refused at once.
+   */
+  private ownLimit(op: 'accept' | 'connect' | 'limit', code: string, service: string): void {
+    const k = `${op}/${code}`;
+    this.exhaustion.set(k, (this.exhaustion.get(k) ?? 0) + 1);
+    this.exhaustionSinceWarn++;
+    const now = this.clock.now();
+    if (op !== 'limit') {
+      this.backoffMs = Math.min(BACKOFF_MAX_MS, Math.max(BACKOFF_MIN_MS, this.backoffMs * 2));
+      this.backoffUntil = now + this.backoffMs;
+    }
+    if (now - this.lastExhaustionWarn < EXHAUSTION_WARN_MS) return;
+    this.lastExhaustionWarn = now;
+    const refusedSince = this.exhaustionSinceWarn;
+    this.exhaustionSinceWarn = 0;
+    this.log.warn(
+      { op: 'own-limit', what: k, service, refusedSince, open: this.relays.size, maxConnections: this.maxConnections, backoffMs: op === 'limit' ? 0 : this.backoffMs },
+      op === 'limit'
+        ? `proxy at maxConnections (${this.maxConnections}): new clients are reset; raise proxy.maxConnections and the unit's LimitNOFILE`
+        : `proxy out of ${code === 'ENOBUFS' ? 'socket buffers' : 'file descriptors'} (${code} on ${op}): clients reset, backends not blamed; accepting again in ${this.backoffMs} ms (raise LimitNOFILE or lower proxy.maxConnections)`,
+    );
   }
 
   /** The relay ends when the client socket and the backend socket (if any) are both closed. */
@@ -740,7 +841,8 @@ export class ProxyDataplane implements Dataplane {
       services: services.map((s) => ({ key: s.key, vip: s.vip, healthy: s.healthy.length, backends: s.all.length, noHealthyBackend: s.healthy.length === 0 })),
       flows,
       problems: [...this.problems],
-      details: { listeners, openConnections: this.relays.size, algorithm: this.cfg.algorithm, relayed: { ...this.relayed } },
+      details: { listeners, openConnections: this.relays.size, maxConnections: this.maxConnections, algorithm: this.cfg.algorithm, relayed: { ...this.relayed } },
+      ownLimits: Object.fromEntries(this.exhaustion),
     };
   }
 }

@@ -25,7 +25,7 @@ import { EventEmitter } from 'node:events';
 import type { Registry } from 'prom-client';
 import { realClock, type Clock } from '../clock';
 import { silentLogger, type Logger } from '../log';
-import { errorMessage } from '../errors';
+import { errorMessage, localExhaustionCode } from '../errors';
 import type { BackendSpec, HealthCheckSpec, ServiceSpec } from '../config/types';
 import { DEFAULT_HTTP_CHECK, defaultProbe, type Probe, type ProbeResult, type ProbeTarget } from './probe';
 import { ProbeScheduler, type SchedulerStats, type Slot } from './scheduler';
@@ -383,6 +383,13 @@ export class HealthChecker extends EventEmitter {
       this.metrics.inFlight.dec();
     }
     if (signal.aborted || !this.running || this.targets.get(key) !== target) return;
+    // Issue 15: a probe that could not get a socket (EMFILE, ENFILE, ENOBUFS)
+    // says nothing about the backend: no verdict, counted as skipped.
+    if (!r.ok && localExhaustionCode({ code: r.detail })) {
+      this.metrics.skipped.inc({ reason: 'own-exhaustion' });
+      this.log.debug({ op: 'probe', target: key, detail: r.detail }, 'probe skipped: the agent is out of descriptors');
+      return;
+    }
     this.metrics.probe(r.ok ? 'ok' : r.reason, r.durationMs);
     for (const sub of [...target.subs]) this.deliver(sub, r, slot);
     // After delivery, so a listener reading status() sees this result applied.

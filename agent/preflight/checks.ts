@@ -4,11 +4,12 @@
 // test/preflight/fixtures/.
 import { parseCidr, parseIPv4, cidrContains, formatIPv4 } from '../ipv4';
 import type { Facts, MacvlanFacts } from './facts';
+import { defaultMaxConnections, effectiveMaxConnections, reservedDescriptors } from '../forward/capacity';
 
 export type CheckStatus = 'pass' | 'warn' | 'fail';
 
 export interface CheckResult {
-  /** Stable id: config, state-dir, capabilities, macvlan, interface, pools, arp-sysctls, rp-filter, ip-forward, dataplane, guest-agent, dhcp-probe. */
+  /** Stable id: config, state-dir, capabilities, macvlan, interface, pools, arp-sysctls, rp-filter, ip-forward, dataplane, guest-agent, descriptors, dhcp-probe. */
   readonly id: string;
   readonly status: CheckStatus;
   /** What the check saw. */
@@ -477,6 +478,31 @@ export function checkDataplane(f: Facts): CheckResult {
   return warn(id, `dataplane auto: ${problem}; the userspace proxy will be used`, `${remedy} for the kernel data path, or set dataplane: proxy to make the choice explicit`);
 }
 
+/**
+ * The descriptor limit against the proxy's connection limit (issue 15): the
+ * proxy holds two descriptors per connection plus a reserve
+ * (forward/capacity.ts, the rule the daemon uses). Informational on the
+ * kernel data path, where connections never reach the agent.
+ */
+export function checkDescriptors(f: Facts): CheckResult | undefined {
+  if (!f.limits) return undefined;
+  const id = 'descriptors';
+  const nofile = f.limits.nofile;
+  const configured = f.config.maxConnections;
+  const eff = effectiveMaxConnections(configured, nofile);
+  const how = configured === undefined ? 'derived from the limit' : 'proxy.maxConnections';
+  if (nofile === undefined) return pass(id, `descriptor limit: unlimited or unreadable; proxy holds up to ${eff} connections (${how})`);
+  const need = 2 * eff + reservedDescriptors(nofile);
+  const path = effectiveDataplane(f);
+  const detail = `descriptor limit ${nofile}: the proxy holds up to ${eff} connections (${how}), needing about ${need} descriptors`;
+  if (path === 'kernel') return pass(id, `${detail}; the kernel data path is in use, connections do not take the agent's descriptors`);
+  if (need > nofile) {
+    return warn(id, `${detail}, more than the limit: past ${defaultMaxConnections(nofile)} connections the agent runs out of descriptors (it refuses clients, it does not blame backends)`,
+      `raise LimitNOFILE= (systemctl edit lb-agent) to at least ${need}, or lower proxy.maxConnections to ${defaultMaxConnections(nofile)}`);
+  }
+  return pass(id, detail);
+}
+
 // --- guest agent ---------------------------------------------------------------
 
 export function checkGuestAgent(f: Facts): CheckResult {
@@ -519,6 +545,8 @@ export function runChecks(f: Facts): CheckResult[] {
     checkDataplane(f),
     checkGuestAgent(f),
   ];
+  const fds = checkDescriptors(f);
+  if (fds) out.push(fds);
   const dhcp = checkDhcpProbe(f);
   if (dhcp) out.push(dhcp);
   return out;

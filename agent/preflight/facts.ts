@@ -16,6 +16,7 @@ import * as zlib from 'node:zlib';
 import { loadConfigFile, formatConfigErrors } from '../config/load';
 import { DEFAULTS } from '../config/defaults';
 import type { DataplaneMode, Desired } from '../config/types';
+import { readNofile } from '../forward/capacity';
 import { formatIPv4 } from '../ipv4';
 import { sysctlIfName } from './checks';
 
@@ -46,6 +47,8 @@ export interface ConfigFacts {
   /** Services that take their VIP by DHCP on a macvlan of their own. */
   dhcpServices: string[];
   services: number;
+  /** proxy.maxConnections as configured; undefined: derived from the descriptor limit. */
+  maxConnections?: number;
 }
 
 export interface MacvlanFacts {
@@ -123,6 +126,8 @@ export interface Facts {
   nft: { binary: string | undefined; probe: Attempt };
   guestAgent: { binary: string | undefined; running: boolean };
   dhcpProbe?: DhcpProbeFacts;
+  /** RLIMIT_NOFILE of this process (the unit's LimitNOFILE= under systemd); absent in facts from before it was gathered. */
+  limits?: { nofile: number | undefined };
 }
 
 // ---------------------------------------------------------------------------
@@ -228,6 +233,7 @@ export function configSummary(path_: string, config: Desired): ConfigFacts {
     dhcpServices: config.services.filter((s) => s.ipam === 'dhcp' && (s.primaryService === undefined || !byKey.has(s.primaryService)))
       .map((s) => s.key),
     services: config.services.length,
+    ...(config.proxy.maxConnections !== undefined ? { maxConnections: config.proxy.maxConnections } : {}),
   };
 }
 
@@ -525,6 +531,7 @@ export async function gatherFacts(opts: GatherOptions): Promise<Facts> {
     sysctls,
     nft: { binary: nft, probe: nftProbeRes },
     guestAgent: { binary: qgaBin, running: qgaRunning },
+    limits: { nofile: readNofile() },
   };
   if (opts.dhcpProbe) {
     facts.dhcpProbe = parent.exists && parentName

@@ -3,6 +3,7 @@
 import t from 'tap';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
+import * as os from 'node:os';
 import { loadConfigFile, parseConfigText, formatConfigErrors } from '../../agent/config/load';
 
 const FIX = path.resolve(__dirname, '..', '..', '..', 'test', 'config', 'fixtures');
@@ -103,7 +104,7 @@ t.test('annotation equal to the typed field is not a conflict', async (t) => {
 });
 
 t.test('pools parse into usable ranges; CIDR network and broadcast excluded', async (t) => {
-  const res = parseConfigText('pools:\n  cidr-default: 10.0.0.0/30,10.0.1.0/32\n  range-global: 10.0.2.1-10.0.2.3\n');
+  const res = parseConfigText('pools:\n  cidr-default: 10.0.0.0/30,10.0.1.0/32\n  range-global: 10.0.2.1-10.0.2.3\nservices: []\n');
   t.ok(res.ok);
   if (!res.ok) return;
   const def = res.config.pools.find((p) => p.key === 'cidr-default')!;
@@ -113,7 +114,7 @@ t.test('pools parse into usable ranges; CIDR network and broadcast excluded', as
 });
 
 t.test('advertInterval is rounded to RFC 5798 centiseconds', async (t) => {
-  const res = parseConfigText('failover: { mode: vrrp, advertInterval: 0.123 }\n');
+  const res = parseConfigText('failover: { mode: vrrp, advertInterval: 0.123 }\nservices: []\n');
   t.ok(res.ok);
   if (res.ok) t.equal(res.config.failover.advertInterval, 0.12);
 });
@@ -124,8 +125,78 @@ t.test('a missing file names the path', async (t) => {
   if (!res.ok) t.match(res.errors[0]!.message, 'cannot read /nonexistent/lb-agent.yaml: no such file');
 });
 
-t.test('an empty file is a valid config with no services', async (t) => {
-  const res = parseConfigText('');
-  t.ok(res.ok);
-  if (res.ok) t.equal(res.config.services.length, 0);
+t.test('an empty file is invalid: a truncated file must not remove every service', async (t) => {
+  for (const text of ['', '\n', '# only a comment\n', '---\n']) {
+    const res = parseConfigText(text);
+    t.equal(res.ok, false, `${JSON.stringify(text)} is refused`);
+    if (!res.ok) t.match(res.errors[0]!.message, 'the file is empty; write `services: []`');
+  }
+});
+
+t.test('a file without a services key is invalid; services: [] is "no services" on purpose', async (t) => {
+  const res = parseConfigText('node: { priority: 5 }\n');
+  t.equal(res.ok, false);
+  if (!res.ok) {
+    t.equal(res.errors[0]!.path, 'services');
+    t.match(res.errors[0]!.message, 'is required');
+    t.equal(res.errors[0]!.line, 1);
+  }
+  const none = parseConfigText('services: []\n');
+  t.ok(none.ok);
+  if (none.ok) t.equal(none.config.services.length, 0);
+});
+
+const BOMB = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]',
+  ...'bcdefghi'.split('').map((k, i) => `${k}: &${k} [${Array(9).fill(`*${'abcdefghi'[i]}`).join(',')}]`),
+  'services: []', ''].join('\n');
+
+t.test('an alias bomb is an ordinary validation error with a line, not an exception', async (t) => {
+  const started = Date.now();
+  const res = parseConfigText(BOMB);
+  t.equal(res.ok, false);
+  if (!res.ok) {
+    t.equal(res.errors.length, 1);
+    t.match(res.errors[0]!.message, 'YAML aliases expand too far');
+    t.equal(res.errors[0]!.line, 2, 'the line of the first alias');
+  }
+  t.ok(Date.now() - started < 1000, `refused in ${Date.now() - started} ms`);
+});
+
+t.test('a handful of aliases is still fine', async (t) => {
+  const ok = parseConfigText('services:\n  - { name: a, ipam: dhcp, ports: &p [{ port: 80 }] }\n  - { name: b, ipam: dhcp, ports: *p }\n');
+  t.ok(ok.ok, ok.ok ? '' : formatConfigErrors(ok.errors));
+});
+
+t.test('loadConfigFile refuses a device, a directory and an oversized file by fstat', async (t) => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lb-load-'));
+  t.teardown(() => fs.rmSync(dir, { recursive: true, force: true }));
+  fs.symlinkSync('/dev/zero', path.join(dir, 'zero.yaml'));
+  const zero = loadConfigFile(path.join(dir, 'zero.yaml'));
+  t.equal(zero.ok, false);
+  if (!zero.ok) t.match(zero.errors[0]!.message, 'not a regular file');
+  const d = loadConfigFile(dir);
+  t.equal(d.ok, false);
+  if (!d.ok) t.match(d.errors[0]!.message, 'is a directory');
+  const big = path.join(dir, 'big.yaml');
+  fs.writeFileSync(big, 'services: []\n');
+  fs.truncateSync(big, 20_000_000);
+  const b = loadConfigFile(big);
+  t.equal(b.ok, false);
+  if (!b.ok) t.match(b.errors[0]!.message, 'more than the 4194304-byte limit');
+  const good = path.join(dir, 'good.yaml');
+  fs.writeFileSync(good, 'services: []\n');
+  fs.symlinkSync(good, path.join(dir, 'link.yaml'));
+  t.ok(loadConfigFile(path.join(dir, 'link.yaml')).ok, 'a symlink to a regular file is fine');
+});
+
+t.test('dhcp.servers and dhcp.allowOtherSubnets: typed once, defaults from one place', async (t) => {
+  const def = parseConfigText('services: []\n');
+  t.ok(def.ok);
+  if (def.ok) t.same([def.config.dhcp.allowOtherSubnets, def.config.dhcp.servers], [false, []]);
+  const set = parseConfigText('dhcp: { allowOtherSubnets: true, servers: [10.99.0.1, 10.99.0.3] }\nservices: []\n');
+  t.ok(set.ok);
+  if (set.ok) t.same([set.config.dhcp.allowOtherSubnets, set.config.dhcp.servers], [true, [0x0a630001, 0x0a630003]]);
+  const bad = parseConfigText('dhcp: { servers: [10.99.0.300] }\nservices: []\n');
+  t.equal(bad.ok, false);
+  if (!bad.ok) t.match(formatConfigErrors(bad.errors), 'dhcp.servers[0]: "10.99.0.300" is not an IPv4 address');
 });

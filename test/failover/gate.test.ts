@@ -67,7 +67,7 @@ function svc(name: string, over: Partial<ServiceSpec> = {}): ServiceSpec {
   };
 }
 
-const FAILOVER: FailoverConfig = { mode: 'vrrp', vrid: 51, advertInterval: 1, preempt: true, preemptDelay: 0, interface: undefined };
+const FAILOVER: FailoverConfig = { mode: 'vrrp', vrid: 51, advertInterval: 1, preempt: true, preemptDelay: 0, interface: undefined, peers: [] };
 
 interface Node {
   gate: VrrpGate;
@@ -274,5 +274,44 @@ t.test('update: a priority change replaces the router (priority 0 first); a remo
   t.equal(a.gate.status('default/web')?.priority, 120);
   t.equal(a.gate.isMaster('default/web'), false, 'the new router starts as Backup');
   t.same(a.changes.flat().sort(), ['default/web', 'default/web'], 'web changed (old router gone, new one Backup); db removed quietly');
+  await a.gate.stop();
+});
+
+t.test('failover.peers: an advert from outside the list changes nothing and is counted', async (t) => {
+  const w = world();
+  const peers = { config: { ...FAILOVER, peers: [0x0a630001, 0x0a630002] }, peerMac: () => undefined };
+  const a = w.node(1, 100, [svc('web')], peers);
+  w.clock.advance(mdi(100) + 1);
+  t.equal(a.gate.isMaster('default/web'), true, 'a alone: Master');
+  const before = a.changes.length;
+  // Node 66 is not a peer: priority 254, it would win without the list.
+  const evil = w.node(66, 254, [svc('web')]);
+  w.clock.advance(mdi(254) + PREEMPT_HANDOVER_MS + 100);
+  t.equal(evil.gate.isMaster('default/web'), true, 'the intruder thinks itself Master');
+  w.clock.advance(5000);
+  t.equal(a.gate.isMaster('default/web'), true, 'a stays Master');
+  t.equal(a.changes.length, before, 'no change event');
+  t.equal(a.gate.status('default/web')?.advertsReceived, 0, 'not counted as a received advert');
+  t.match(await a.registry.metrics(), /lbagent_vrrp_dropped_total\{reason="not-a-peer"\} [1-9]\d*/);
+  // A listed peer is heard: node 2 at 200 takes over.
+  const b = w.node(2, 200, [svc('web')], peers);
+  w.clock.advance(mdi(200) + 1000);
+  t.equal(b.gate.isMaster('default/web'), true);
+  t.equal(a.gate.isMaster('default/web'), false, 'a yields to a listed peer of higher priority');
+  await Promise.all([a.gate.stop(), b.gate.stop(), evil.gate.stop()]);
+});
+
+t.test('failover.peers: each advert also goes unicast to each peer whose MAC is known', async (t) => {
+  const w = world();
+  const mac = Buffer.from('02aabbccdd02', 'hex');
+  const a = w.node(1, 100, [svc('web')], { config: { ...FAILOVER, peers: [0x0a630002, 0x0a630003] }, peerMac: (ip) => (ip === 0x0a630002 ? mac : undefined) });
+  w.clock.advance(mdi(100) + 1);
+  w.clock.advance(2000);
+  const frames = w.lan.wire.filter((x) => x.from === 1).map((x) => decodeAdvertisement(x.frame)).filter((r) => r.ok).map((r) => (r.ok ? r.frame : undefined)!);
+  const multicast = frames.filter((f) => f.dstIp === 0xe0000012);
+  const unicast = frames.filter((f) => f.dstIp !== 0xe0000012);
+  t.ok(multicast.length >= 3, `multicast adverts: ${multicast.length}`);
+  t.equal(unicast.length, multicast.length, 'one unicast copy per advert, to the one resolved peer');
+  t.ok(unicast.every((f) => f.dstIp === 0x0a630002 && f.dstMac.equals(mac) && f.ttl === 255), 'to 10.99.0.2 at its MAC, TTL 255');
   await a.gate.stop();
 });

@@ -154,6 +154,35 @@ for (const userBuffers of [true, false]) {
     t.equal(st.services[0]!.noHealthyBackend, true);
   });
 
+  t.test(`${mode}: beyond maxConnections a client gets a clean close; backends are not blamed`, async (t) => {
+    const port = await echoBackends(['127.0.0.1'], t);
+    const results: boolean[] = [];
+    const registry = new Registry();
+    const p = new ProxyDataplane({ userBuffers, config: cfg(), maxConnections: 2, registry, onConnectResult: (_k, _a, ok) => results.push(ok) });
+    t.teardown(() => p.stop());
+    const vip = '127.0.0.19';
+    await p.apply({ services: [svc(vip, port, [b('127.0.0.1')])] });
+    const lp = await listenPort(p, vip);
+    const held = [await hello(lp, vip, true), await hello(lp, vip, true)];
+    const third = await new Promise<{ data: string; how: string; ms: number }>((resolve) => {
+      const t0 = Date.now();
+      const s = net.connect({ port: lp, host: vip });
+      let data = '';
+      s.on('data', (d) => { data += d.toString(); });
+      s.on('error', (e: NodeJS.ErrnoException) => resolve({ data, how: e.code ?? 'error', ms: Date.now() - t0 }));
+      s.on('end', () => { s.end(); resolve({ data, how: 'FIN', ms: Date.now() - t0 }); });
+      s.write('GET / HTTP/1.0\r\n\r\n');
+    });
+    t.same([third.data, third.how], ['', 'FIN'], `the third client: a clean close after ${third.ms} ms, nothing relayed`);
+    t.ok(third.ms < 1000, 'at once');
+    t.same(results, [true, true], 'two successes reported, no failure');
+    t.match(await registry.metrics(), /lbagent_forward_own_limit_refused_total\{op="limit",code="max-connections"\} 1/);
+    for (const h of held) h.socket.destroy();
+    await new Promise((r) => setTimeout(r, 100));
+    const again = await attempt(lp, vip);
+    t.same([again.ok, again.what], [true, '127.0.0.1'], 'served again once below the limit');
+  });
+
   t.test(`${mode}: a failed connect is retried once on another healthy backend; passive results reported`, async (t) => {
     const port = await echoBackends(['127.0.0.1'], t);
     const results: [string, string, boolean][] = [];
@@ -370,3 +399,61 @@ for (const userBuffers of [true, false]) {
     t.notMatch(await registry.metrics(), /lbagent_forward_/);
   });
 }
+
+// Own exhaustion (issue 15): the proxy runs in a child under `prlimit
+// --nofile=64` with maxConnections far above what 64 descriptors allow;
+// this process (no such limit) holds the backend and 150 silent clients.
+// The child's connects fail with EMFILE: no passive-health failure may be
+// reported, the clients are closed (never left hanging), and once they are
+// gone it serves again.
+t.test('EMFILE on a backend connect is the proxy\'s own: no failure reported, clients closed, served again after', async (t) => {
+  const port = await echoBackends(['127.0.0.1'], t);
+  const script = `
+    const { ProxyDataplane } = require(${JSON.stringify(require.resolve('../../agent/forward/proxy'))});
+    const results = [];
+    const p = new ProxyDataplane({ config: { algorithm: 'round-robin', idleTimeout: 60, connectTimeout: 2 }, maxConnections: 10000,
+      onConnectResult: (k, a, ok) => results.push(ok) });
+    p.apply({ services: [{ key: 'default/web', vip: '127.0.0.21', ports: [{ name: 'p', port: 0, protocol: 'TCP', targetPort: ${port} }],
+      healthy: [{ address: '127.0.0.1', addressNum: 2130706433, weight: 1 }], backends: [{ address: '127.0.0.1', addressNum: 2130706433, weight: 1 }] }] })
+      .then(() => p.stats()).then((st) => process.stdout.write(JSON.stringify({ port: st.details.listeners[0].boundPort }) + '\\n'));
+    process.stdin.on('data', async () => {
+      const st = await p.stats();
+      process.stdout.write(JSON.stringify({ failures: results.filter((ok) => !ok).length, successes: results.filter((ok) => ok).length, own: st.ownLimits }) + '\\n');
+    });
+  `;
+  const child = spawn('prlimit', ['--nofile=64:64', process.execPath, '-e', script], { stdio: ['pipe', 'pipe', 'inherit'] });
+  t.teardown(() => { child.kill('SIGKILL'); });
+  const lines: Record<string, unknown>[] = [];
+  let buf = '';
+  child.stdout!.on('data', (d: Buffer) => {
+    buf += d.toString();
+    for (let nl = buf.indexOf('\n'); nl >= 0; nl = buf.indexOf('\n')) { lines.push(JSON.parse(buf.slice(0, nl))); buf = buf.slice(nl + 1); }
+  });
+  const next = async (n: number): Promise<Record<string, unknown>> => {
+    for (let i = 0; i < 200 && lines.length < n; i++) await new Promise((r) => setTimeout(r, 50));
+    if (lines.length < n) throw new Error('the proxy child did not answer');
+    return lines[n - 1]!;
+  };
+  const lp = (await next(1)).port as number;
+  // 150 clients connect and say nothing: each one the proxy takes needs two descriptors.
+  const outcomes = await Promise.all(Array.from({ length: 150 }, () => new Promise<string>((resolve) => {
+    const s = net.connect({ port: lp, host: '127.0.0.21' });
+    let data = '';
+    const timer = setTimeout(() => { s.destroy(); resolve('held'); }, 3000);
+    s.on('data', (d) => { data += d.toString(); });
+    s.on('end', () => { clearTimeout(timer); s.destroy(); resolve(data ? 'served' : 'closed'); });
+    s.on('error', (e: NodeJS.ErrnoException) => { clearTimeout(timer); resolve(e.code ?? 'error'); });
+  })));
+  const tally: Record<string, number> = {};
+  for (const o of outcomes) tally[o] = (tally[o] ?? 0) + 1;
+  child.stdin!.write('stats\n');
+  const st = await next(2) as { failures: number; successes: number; own: Record<string, number> | undefined };
+  t.comment(`150 silent clients against 64 descriptors: ${JSON.stringify(tally)}; proxy: ${JSON.stringify(st)}`);
+  t.equal(st.failures, 0, 'no connect failure reported against the backend');
+  t.ok((tally['closed'] ?? 0) + (tally['ECONNRESET'] ?? 0) > 0, 'the clients beyond the descriptors were closed, not left hanging');
+  t.ok((st.own?.['connect/EMFILE'] ?? 0) >= 1, 'the connect EMFILE was counted as the proxy\'s own');
+  // Everyone gone: a new client is served.
+  await new Promise((r) => setTimeout(r, 2500)); // past the longest backoff
+  const again = await attempt(lp, '127.0.0.21');
+  t.same([again.ok, again.what], [true, '127.0.0.1'], 'served again');
+});

@@ -33,14 +33,19 @@ export interface AgentHandle {
 let counter = 0;
 
 /** Start `lb-agent run` in ns. cfg is the config as an object; control.socket and stateDir are filled in if absent. */
-export async function startAgent(lab: Lab, ns: string, cfg: Record<string, unknown>, opts: { name?: string; waitReady?: boolean; env?: Record<string, string>; logLevel?: string; stateDir?: string; args?: string[] } = {}): Promise<AgentHandle> {
+export async function startAgent(lab: Lab, ns: string, cfg: Record<string, unknown>, opts: { name?: string; waitReady?: boolean; env?: Record<string, string>; logLevel?: string; stateDir?: string; args?: string[]; nofile?: number } = {}): Promise<AgentHandle> {
   const name = opts.name ?? `agent${counter++}`;
   const stateDir = opts.stateDir ?? (cfg.stateDir as string | undefined) ?? lab.file(`${name}-state`);
   const socket = (cfg.control as { socket?: string } | undefined)?.socket ?? lab.file(`${name}.sock`);
   const configPath = lab.file(`${name}.yaml`);
-  const full = { ...cfg, stateDir, control: { socket } };
+  // A config must say `services:`; a test that starts an agent without any means none.
+  const full = { services: [], ...cfg, stateDir, control: { socket } };
   fs.writeFileSync(configPath, stringify(full));
-  const proc = lab.spawn(ns, process.execPath, [AGENT_BIN, 'run', '--config', configPath, '--log-level', opts.logLevel ?? 'debug', ...(opts.args ?? [])], { env: { ...process.env, ...(opts.env ?? {}) } });
+  const argv = [AGENT_BIN, 'run', '--config', configPath, '--log-level', opts.logLevel ?? 'debug', ...(opts.args ?? [])];
+  // nofile: the agent runs under that descriptor limit (soft and hard), as under a unit's LimitNOFILE=.
+  const proc = opts.nofile === undefined
+    ? lab.spawn(ns, process.execPath, argv, { env: { ...process.env, ...(opts.env ?? {}) } })
+    : lab.spawn(ns, 'prlimit', [`--nofile=${opts.nofile}:${opts.nofile}`, process.execPath, ...argv], { env: { ...process.env, ...(opts.env ?? {}) } });
   const logs: Record<string, unknown>[] = [];
   let err = '';
   onJsonLines(proc.stdout!, (o) => logs.push(o), (line) => logs.push({ raw: line }));
@@ -52,7 +57,7 @@ export async function startAgent(lab: Lab, ns: string, cfg: Record<string, unkno
     proc, ns, configPath, socket, stateDir, logs,
     stderr: () => err,
     status: async () => (await controlRequest(socket, 'status', 3000)) as StatusDocument,
-    writeConfig: (c) => fs.writeFileSync(configPath, stringify({ ...c, stateDir, control: { socket } })),
+    writeConfig: (c) => fs.writeFileSync(configPath, stringify({ services: [], ...c, stateDir, control: { socket } })),
     signal: (sig) => { proc.kill(sig); },
     exited,
     waitLog: (what, pred, timeoutMs = 15_000) => waitFor(`agent log: ${what}`, () => logs.find(pred), timeoutMs),

@@ -6,7 +6,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import type { Facts } from '../../agent/preflight/facts';
 import {
-  runChecks, checkMacvlan, checkCapabilities, checkInterface, checkArpSysctls, checkRpFilter, checkIpForward,
+  runChecks, checkDescriptors, checkMacvlan, checkCapabilities, checkInterface, checkArpSysctls, checkRpFilter, checkIpForward,
   checkConfig, checkDataplane, checkPools, checkStateDir, checkGuestAgent, checkDhcpProbe, classifyRefusal,
   effectiveDataplane, osFamily, type CheckResult,
 } from '../../agent/preflight/checks';
@@ -324,4 +324,21 @@ t.test('DHCP probe: offer passes, no offer fails when services use DHCP', async 
   t.equal(err.status, 'fail');
   t.match(err.detail, /Unknown device type/);
   t.equal(runChecks(fixture('dhcp-offer')).at(-1)!.id, 'dhcp-probe');
+});
+
+t.test('descriptors: the limit against proxy.maxConnections (the daemon\'s own rule)', async (t) => {
+  const base = fixture('proxy-no-bind-service');
+  const at = (nofile: number | undefined, maxConnections?: number, dataplane: Facts['config']['dataplane'] = 'proxy'): ReturnType<typeof checkDescriptors> =>
+    checkDescriptors({ ...base, limits: { nofile }, config: { ...base.config, dataplane, ...(maxConnections !== undefined ? { maxConnections } : {}) } });
+  t.equal(checkDescriptors(base), undefined, 'facts from before the limit was gathered: no check');
+  t.match(at(256), { status: 'pass', detail: /descriptor limit 256: the proxy holds up to 64 connections \(derived from the limit\)/ });
+  const over = at(256, 1000);
+  t.equal(over?.status, 'warn');
+  t.match(over?.detail, /up to 1000 connections \(proxy.maxConnections\), needing about 2128 descriptors, more than the limit/);
+  t.match(over?.remedy, /raise LimitNOFILE= .* to at least 2128, or lower proxy.maxConnections to 64/);
+  t.match(at(65536, 20000), { status: 'pass' });
+  t.match(at(256, 1000, 'kernel'), { status: 'pass', detail: /kernel data path/ });
+  t.match(at(undefined), { status: 'pass', detail: /unlimited or unreadable/ });
+  const ids = runChecks({ ...base, limits: { nofile: 1024 } }).map((r) => r.id);
+  t.equal(ids.at(-1), 'descriptors', 'reported after the other checks');
 });

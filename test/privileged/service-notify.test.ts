@@ -8,6 +8,7 @@
 // systemd's: Node cannot create AF_UNIX SOCK_DGRAM sockets, so a few lines
 // of python3 bind it and print each datagram as a JSON line.
 import t from 'tap';
+import * as fs from 'node:fs';
 import { requirePrivileged } from '../helpers/privileged';
 import { createLab, waitFor } from '../helpers/netns';
 import { startBackend } from '../helpers/services';
@@ -132,6 +133,26 @@ t.test('sd_notify: READY, STATUS, WATCHDOG, RELOADING, STOPPING', async (t) => {
       return i >= 0 && m.indexOf('READY=1', i) > i ? m : undefined;
     }, 5000);
     t.equal(after.filter((m) => m === 'RELOADING=1').length, 1, 'one reload bracket');
+  });
+
+  t.test('SIGHUP with an alias bomb: rejected, and still RELOADING=1 then READY=1 (issue 15)', async (t) => {
+    const good = fs.readFileSync(agent.configPath);
+    t.teardown(() => fs.writeFileSync(agent.configPath, good));
+    fs.writeFileSync(agent.configPath, ['a: &a [x,x,x,x,x,x,x,x,x]', 'b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]', 'c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]',
+      'd: [*c,*c,*c,*c,*c,*c,*c,*c,*c]', 'services: []', ''].join('\n'));
+    const from = got.length;
+    agent.signal('SIGHUP');
+    await waitFor('READY=1 after RELOADING=1', () => {
+      const after = got.slice(from).map((d) => d.msg);
+      const r = after.indexOf('RELOADING=1');
+      return r >= 0 && after.indexOf('READY=1', r) > r;
+    }, 10_000);
+    t.pass('RELOADING=1 was followed by READY=1');
+    await waitFor('STATUS= reload rejected', () => got.slice(from).some((d) => /^STATUS=reload rejected: .*aliases expand too far/.test(d.msg)), 5000);
+    t.pass('STATUS= says the reload was rejected and why');
+    const st = await agent.status();
+    t.equal(st.config.lastReload?.ok, false);
+    t.equal(st.services.length, 1, 'the running config is kept');
   });
 
   t.test('SIGTERM: STOPPING=1, then the agent exits', async (t) => {

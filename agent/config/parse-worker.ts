@@ -1,0 +1,7 @@
+// Worker-thread entry: parse and validate one config text off the daemon's
+// event loop (load-async.ts starts it). Pure: text in, LoadResult out.
+import { parentPort, workerData } from 'node:worker_threads';
+import { parseConfigText } from './load';
+
+const { text, hostname } = workerData as { text: string; hostname?: string };
+parentPort!.postMessage(parseConfigText(text, hostname));

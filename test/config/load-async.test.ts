@@ -1,0 +1,70 @@
+// The daemon's loader: async read with limits, parse in a worker thread. The
+// event loop keeps its pace while a large file is parsed.
+import t from 'tap';
+import * as fs from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import { loadConfigFileAsync, parseConfigTextOffThread } from '../../agent/config/load-async';
+
+const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lb-load-async-'));
+t.teardown(() => fs.rmSync(dir, { recursive: true, force: true }));
+const f = (name: string): string => path.join(dir, name);
+
+t.test('a good file loads, frozen as the sync loader freezes it', async (t) => {
+  fs.writeFileSync(f('good.yaml'), 'services:\n  - { name: web, ipam: dhcp, ports: [{ port: 80 }], backends: [10.0.0.1] }\n');
+  const r = await loadConfigFileAsync(f('good.yaml'), { hostname: 'h' });
+  t.ok(r.ok);
+  if (!r.ok) return;
+  t.equal(r.config.node.name, 'h');
+  t.equal(r.config.services[0]!.key, 'default/web');
+  t.ok(Object.isFrozen(r.config) && Object.isFrozen(r.config.services[0]!.ports[0]), 'deeply frozen');
+});
+
+t.test('refusals come back as errors, never as exceptions', async (t) => {
+  fs.symlinkSync('/dev/zero', f('zero.yaml'));
+  const zero = await loadConfigFileAsync(f('zero.yaml'));
+  t.equal(zero.ok, false);
+  if (!zero.ok) t.match(zero.errors[0]!.message, 'not a regular file');
+  fs.writeFileSync(f('bomb.yaml'), 'a: &a [x,x,x,x,x,x,x,x,x]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]\nd: [*c,*c,*c,*c,*c,*c,*c,*c,*c]\nservices: []\n');
+  const bomb = await loadConfigFileAsync(f('bomb.yaml'));
+  t.equal(bomb.ok, false);
+  if (!bomb.ok) { t.match(bomb.errors[0]!.message, 'aliases expand too far'); t.equal(bomb.errors[0]!.line, 2); }
+  fs.writeFileSync(f('empty.yaml'), '');
+  const empty = await loadConfigFileAsync(f('empty.yaml'));
+  t.equal(empty.ok, false);
+});
+
+t.test('a parse past the deadline is refused', async (t) => {
+  const text = `services:\n${Array.from({ length: 3000 }, (_, i) => `  - { name: s${i}, ipam: dhcp, ports: [{ port: 80 }] }`).join('\n')}\n`;
+  const r = await parseConfigTextOffThread(text, 'slow.yaml', { deadlineMs: 1 });
+  t.equal(r.ok, false);
+  if (!r.ok) t.match(r.errors[0]!.message, 'parsing took more than');
+});
+
+t.test('the event loop keeps its pace while a large file is parsed', async (t) => {
+  // ~1 MiB of services: seconds of yaml parsing, all of it in the worker.
+  const lines: string[] = ['services:'];
+  let size = 10;
+  for (let i = 0; size < 1024 * 1024; i++) {
+    const l = `  - { name: s${i}, ipam: dhcp, ports: [{ port: 80 }], backends: [10.0.${(i >> 8) & 255}.${i & 255}] }`;
+    lines.push(l);
+    size += l.length + 1;
+  }
+  fs.writeFileSync(f('large.yaml'), `${lines.join('\n')}\n`);
+  let maxLag = 0;
+  let ticks = 0;
+  let last = Date.now();
+  const timer = setInterval(() => {
+    const now = Date.now();
+    maxLag = Math.max(maxLag, now - last - 20);
+    last = now;
+    ticks++;
+  }, 20);
+  const started = Date.now();
+  const r = await loadConfigFileAsync(f('large.yaml'));
+  clearInterval(timer);
+  const took = Date.now() - started;
+  t.equal(r.ok, false, 'over the 10,000-service schema limit, refused after parsing');
+  t.ok(took > 100, `the parse took ${took} ms (long enough to matter)`);
+  t.ok(maxLag < 250, `largest timer lag ${maxLag} ms over ${ticks} ticks while parsing for ${took} ms`);
+});

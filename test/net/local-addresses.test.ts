@@ -1,0 +1,26 @@
+// The VM's addresses as the DHCP guard sees them.
+import t from 'tap';
+import * as os from 'node:os';
+import { localAddresses } from '../../agent/net/local-addresses';
+import { parseIPv4 } from '../../agent/ipv4';
+
+type Ifs = ReturnType<typeof os.networkInterfaces>;
+const a = (address: string, cidr: string, family: 'IPv4' | 'IPv6' = 'IPv4') => ({ address, cidr, family, netmask: '', mac: '00:00:00:00:00:00', internal: false }) as os.NetworkInterfaceInfo;
+
+t.test('parent subnets, every local address except the excluded macvlan', async (t) => {
+  const ifs: Ifs = {
+    lo: [a('127.0.0.1', '127.0.0.1/8'), a('::1', '::1/128', 'IPv6')],
+    eth0: [a('10.99.0.2', '10.99.0.2/24'), a('10.99.0.200', '10.99.0.200/32')],
+    eth1: [a('172.16.5.9', '172.16.5.9/16')],
+    lbv1: [a('10.99.0.101', '10.99.0.101/32')],
+    lbv2: [a('10.99.0.102', '10.99.0.102/32')],
+  };
+  const v = localAddresses('eth0', 'lbv1', ifs);
+  t.same(v.subnets, [{ network: parseIPv4('10.99.0.0'), prefix: 24 }], 'the pool VIP /32 is no subnet');
+  t.same([...v.local].sort(), ['127.0.0.1', '10.99.0.2', '10.99.0.200', '172.16.5.9', '10.99.0.102'].map((s) => parseIPv4(s)!).sort());
+});
+
+t.test('reads this host by default', async (t) => {
+  const v = localAddresses('lo', 'none');
+  t.ok(v.local.includes(parseIPv4('127.0.0.1')!));
+});
