@@ -184,7 +184,7 @@ export function defenseVerdict(
 // ---------------------------------------------------------------------------
 // Drivers
 
-function ipNumber(ip: string | number): number {
+export function ipNumber(ip: string | number): number {
   if (typeof ip === 'number') {
     if (!Number.isInteger(ip) || ip < 0 || ip > 0xffffffff) throw new TypeError(`not an IPv4 address: ${ip}`);
     return ip;
@@ -194,26 +194,26 @@ function ipNumber(ip: string | number): number {
   return n;
 }
 
-function macString(mac: string): string {
+export function macString(mac: string): string {
   if (!parseMac(mac)) throw new TypeError(`not a MAC address: ${mac}`);
   return mac.toLowerCase();
 }
 
-interface SocketSource {
+export interface SocketSource {
   /** Use this socket (not closed at the end). */
   socket?: PacketSocket;
   /** Or open an ARP socket on this interface for the duration. */
   ifindex?: number;
 }
 
-function acquireSocket(src: SocketSource, metrics: NetMetrics | undefined, log: Logger): { socket: PacketSocket; owned: boolean } {
+export function acquireSocket(src: SocketSource, metrics: NetMetrics | undefined, log: Logger): { socket: PacketSocket; owned: boolean } {
   if (src.socket) return { socket: src.socket, owned: false };
   if (src.ifindex === undefined) throw new TypeError('either socket or ifindex is required');
   return { socket: openPacketSocket({ ifindex: src.ifindex, protocol: ETH_P_ARP, filter: bpfArp(), metrics, log }), owned: true };
 }
 
 /** Decode a frame for an ARP consumer, counting what is dropped. */
-function arpFromFrame(frame: Buffer, metrics: NetMetrics | undefined): ArpPacket | undefined {
+export function arpFromFrame(frame: Buffer, metrics: NetMetrics | undefined): ArpPacket | undefined {
   const r = decodeArp(frame);
   if (r.ok) return r.packet;
   // On a shared ETH_P_ALL socket most frames are simply not ARP: not a drop.

@@ -2,7 +2,6 @@
 // in-memory socket with a ManualClock (the real-kernel runs are in
 // test/privileged/net-arp.test.ts).
 import t from 'tap';
-import { EventEmitter } from 'node:events';
 import { Registry } from 'prom-client';
 import { ManualClock } from '../../agent/clock';
 import type { ArpTimings } from '../../agent/config/types';
@@ -23,6 +22,7 @@ import {
 } from '../../agent/net/arp-probe';
 import { netMetrics } from '../../agent/net/metrics';
 import type { PacketSocket } from '../../agent/net/packet';
+import { MemorySocket } from '../helpers/memory-socket';
 
 const ip = (s: string): number => parseIPv4(s)!;
 const OUR_MAC = '02:aa:bb:cc:dd:01';
@@ -137,15 +137,6 @@ t.test('defender verdicts (RFC 5227 §2.4)', async (t) => {
   t.same(defenseVerdict(held, OUR_MAC, reply(OTHER_MAC, CANDIDATE), undefined, 0, { ...o, defend: false }).verdict, 'conflict');
 });
 
-/** An in-memory PacketSocket: records sends, lets the test inject frames. */
-class MemorySocket extends EventEmitter {
-  readonly ifindex = 7;
-  readonly sent: Buffer[] = [];
-  closed = false;
-  send(frame: Buffer): void { this.sent.push(frame); }
-  close(): void { this.closed = true; }
-  inject(p: ArpPacket): void { this.emit('frame', encodeArp(p), { csumNotReady: false, pktType: 0 }); }
-}
 
 t.test('probeAddress driver: free address in simulated time', async (t) => {
   const clock = new ManualClock();
