@@ -9,14 +9,12 @@ import { parseIPv4 } from '../../agent/ipv4';
 import { arpAnnouncement, arpProbe, ARP_OP_REPLY, ARP_OP_REQUEST, decodeArp, encodeArp, type ArpPacket } from '../../agent/net/arp';
 import {
   announce,
-  ArpDefender,
   arpConflictError,
   defenseVerdict,
   initialProbeState,
   probeAddress,
   probeStep,
   RFC5227_TIMINGS,
-  type ArpConflict,
   type ProbeEvent,
   type ProbeState,
 } from '../../agent/net/arp-probe';
@@ -195,33 +193,6 @@ t.test('announce: count announcements, intervalMs apart', async (t) => {
   t.equal(socket.sent.length, 3);
   t.same(socket.sent[0], encodeArp(arpAnnouncement(OUR_MAC, CANDIDATE)));
   t.match(await registry.metrics(), /lbagent_net_gratuitous_arps_sent_total 3/);
-});
-
-t.test('ArpDefender: reports, defends once per interval, ignores the rest', async (t) => {
-  const clock = new ManualClock();
-  const socket = new MemorySocket();
-  const registry = new Registry();
-  const d = new ArpDefender({ socket: socket as unknown as PacketSocket, mac: OUR_MAC, ips: ['10.99.0.50'], clock, metrics: netMetrics(registry) });
-  const seen: ArpConflict[] = [];
-  d.on('conflict', (c: ArpConflict) => seen.push(c));
-  socket.inject(reply(OUR_MAC, CANDIDATE));
-  socket.inject(arpProbe(OTHER_MAC, CANDIDATE));
-  socket.inject(reply(OTHER_MAC, ip('10.99.0.51')));
-  t.equal(seen.length, 0, 'own frames, probes and other addresses are not conflicts');
-  socket.inject(reply(OTHER_MAC, CANDIDATE));
-  clock.advance(1000);
-  socket.inject(reply(OTHER_MAC, CANDIDATE));
-  t.same(seen.map((c) => [c.ip, c.mac, c.defended, c.repeated]), [
-    ['10.99.0.50', OTHER_MAC, true, false],
-    ['10.99.0.50', OTHER_MAC, false, true],
-  ]);
-  t.equal(socket.sent.length, 1, 'one defending announcement');
-  t.match(await registry.metrics(), /lbagent_net_arp_conflicts_total\{phase="defend"\} 2/);
-  d.remove('10.99.0.50');
-  socket.inject(reply(OTHER_MAC, CANDIDATE));
-  t.equal(seen.length, 2, 'released addresses are not defended');
-  d.close();
-  t.equal(socket.listenerCount('frame'), 0);
 });
 
 t.test('arpConflictError names the address and the MAC', async (t) => {
