@@ -13,6 +13,7 @@
 // refresh on and off.
 import t, { type Test } from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
+import { DEFAULT_ARP } from '../../agent/config/defaults';
 import { waitFor } from '../helpers/netns';
 import { neighbourMac } from './fixtures/ipam-harness';
 import {
@@ -25,11 +26,12 @@ import {
  * Master. Returns when (ms after the heal) the client's ARP entry for the VIP
  * pointed at n3, or undefined if not within watchMs.
  */
-async function loserYieldsFirst(t: Test, refreshInterval: number, watchMs: number): Promise<number | undefined> {
+async function loserYieldsFirst(t: Test, refreshInterval: number | undefined, watchMs: number): Promise<number | undefined> {
   const { lab, nodes, client } = await buildVrrpLab(t);
   const n2 = nodes[1]!;
   const n3 = nodes[2]!;
-  const arp = { ...FAST_ARP, refreshInterval };
+  // undefined: the default (DEFAULT_ARP.refreshInterval), as a user gets it.
+  const arp = refreshInterval === undefined ? { ...FAST_ARP } : { ...FAST_ARP, refreshInterval };
   await n3.start({ arp });
   await n3.waitService('serving', 'api', (s) => s.state === 'serving' && s.vip === POOL_VIP);
   await n2.start({ arp });
@@ -58,7 +60,7 @@ async function loserYieldsFirst(t: Test, refreshInterval: number, watchMs: numbe
   t.notOk(logAfter(n3, healAt, (l) => l.op === 'split-brain'), 'n3 never heard n2 as a second Master: no re-announcement on that account');
   const g = gapReport(await loop.stop(), healAt);
   t.same(g.wrongBodies, [], 'every answer came from a backend');
-  t.comment(`refreshInterval ${refreshInterval} s: client's ARP entry at the winner ${reachedAt === undefined ? `not within ${watchMs} ms` : `${reachedAt - healAt} ms`} after the heal; `
+  t.comment(`refreshInterval ${refreshInterval ?? `default (${DEFAULT_ARP.refreshInterval})`} s: client's ARP entry at the winner ${reachedAt === undefined ? `not within ${watchMs} ms` : `${reachedAt - healAt} ms`} after the heal; `
     + `client: ${g.count} requests, errors ${JSON.stringify(g.errors)}`);
   return reachedAt === undefined ? undefined : reachedAt - healAt;
 }
@@ -132,6 +134,11 @@ if (requirePrivileged(t)) {
     const ms = await loserYieldsFirst(t, 2, 6000);
     // A refresh is due at most 2 s after the heal; 0.3 s of slack for the poll and a loaded machine.
     t.ok(ms !== undefined && ms <= 2300, `the client's ARP entry points at the winner ${ms ?? 'never'} ms after the heal`);
+  });
+
+  t.test('the loser yields first: with the default refresh the client reaches the winner within it', async (t) => {
+    const ms = await loserYieldsFirst(t, undefined, DEFAULT_ARP.refreshInterval * 1000 + 3000);
+    t.ok(ms !== undefined && ms <= DEFAULT_ARP.refreshInterval * 1000 + 300, `the client's ARP entry points at the winner ${ms ?? 'never'} ms after the heal (refresh ${DEFAULT_ARP.refreshInterval} s)`);
   });
 
   t.test('the loser yields first: without the refresh the client stays on the loser', async (t) => {
