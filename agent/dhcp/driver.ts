@@ -449,7 +449,7 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     }
     this.owner = owner;
     owner.on('conflict', (c: VipConflict) => {
-      this.lastReason = `${c.mac} claimed ${c.ip}; defended with one gratuitous ARP (RFC 5227 §2.4)`;
+      this.lastReason = `${c.mac} claimed ${c.ip}; ${c.defended ? 'defended with one gratuitous ARP' : 'already defended within the defend interval'} (RFC 5227 §2.4)`;
       this.emit('status');
     });
     owner.on('lost', (c: VipConflict) => {

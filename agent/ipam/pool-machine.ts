@@ -81,8 +81,8 @@ export type PoolEvent =
   | { readonly type: 'added' }
   /** The VipOwner sent the first announcement. */
   | { readonly type: 'held' }
-  /** RFC 5227 §2.4: one conflicting ARP, answered with one announcement. */
-  | { readonly type: 'defended'; readonly mac: string }
+  /** RFC 5227 §2.4: a conflicting ARP the address is kept through; `defended`: answered with one announcement. */
+  | { readonly type: 'conflict'; readonly mac: string; readonly defended: boolean }
   /** RFC 5227 §2.4: a second one within DEFEND_INTERVAL: give the address up. */
   | { readonly type: 'lost'; readonly mac: string }
   /** The action of the current phase failed (parent missing, EPERM, state write). */
@@ -273,16 +273,17 @@ export function poolStep(s: PoolState, ev: PoolEvent, now: number, cfg: PoolMach
       return done({ ...s, phase: 'bound', source: 'bound', reason: undefined, attempts: 0 }, 'bound');
     }
 
-    case 'defended': {
+    case 'conflict': {
       if (s.phase !== 'bound') return ignore();
       const address = s.address!;
+      const how = ev.defended ? 'defended with one gratuitous ARP' : 'already defended within the defend interval';
       actions.push(
         { type: 'note-conflict', address },
-        { type: 'log', log: { level: 'warn', op: 'defend', msg: `${ev.mac} claims ${address}; defended with one gratuitous ARP (RFC 5227 §2.4), keeping the address`, fields: { address, conflictingMac: ev.mac, defended: true } } },
+        { type: 'log', log: { level: 'warn', op: 'defend', msg: `${ev.mac} claims ${address}; ${how} (RFC 5227 §2.4), keeping the address`, fields: { address, conflictingMac: ev.mac, defended: ev.defended } } },
       );
       return done({
-        ...s, conflicts: s.conflicts + 1, defences: s.defences + 1,
-        lastConflict: { address, mac: ev.mac, at: now, defended: true, phase: 'defend' },
+        ...s, conflicts: s.conflicts + 1, defences: s.defences + (ev.defended ? 1 : 0),
+        lastConflict: { address, mac: ev.mac, at: now, defended: ev.defended, phase: 'defend' },
       }, 'defended');
     }
 

@@ -55,6 +55,15 @@ export interface PoolSourceOptions {
   /** Retry interval after a fault (parent missing, EPERM, state write) in ms. Default 30 s. */
   faultRetryMs?: number;
   /**
+   * RFC 5227 §2.4 when another host insists on the held VIP: true (b), give
+   * it up and allocate another; false (c), keep defending it at most once
+   * per DEFEND_INTERVAL. Default: (b), or (c) when `probe` is false (VRRP:
+   * the election, not ARP, decides which node holds the VIP; a peer that
+   * still announces it after a split brain must not make the winner drop
+   * it, leaving it with nobody).
+   */
+  giveUpOnConflict?: boolean;
+  /**
    * RFC 5227 probe before claiming (default true). Off under VRRP: the
    * election already decided which node holds the VIP, and probing would
    * meet the previous Master's stale ARP entries and delay a takeover by
@@ -308,6 +317,7 @@ export class PoolSource extends EventEmitter implements AddressSource {
         socket: this.ensureSocket(link.index), mac: link.mac, ip: address,
         announceNum: this.opts.arp.announceNum, announceIntervalMs: this.opts.arp.announceInterval * 1000,
         refreshMs: (this.opts.arp.refreshInterval ?? DEFAULT_ARP.refreshInterval) * 1000,
+        giveUp: this.opts.giveUpOnConflict ?? this.opts.probe !== false,
         clock: this.clock, log: this.opts.log, metrics: this.netMetrics,
       });
       owner.start();
@@ -316,7 +326,7 @@ export class PoolSource extends EventEmitter implements AddressSource {
       return;
     }
     this.owner = owner;
-    owner.on('conflict', (c: VipConflict) => { if (this.owner === owner) this.feed({ type: 'defended', mac: c.mac }); });
+    owner.on('conflict', (c: VipConflict) => { if (this.owner === owner) this.feed({ type: 'conflict', mac: c.mac, defended: c.defended }); });
     owner.on('lost', (c: VipConflict) => { if (this.owner === owner) this.feed({ type: 'lost', mac: c.mac }); });
     this.feedLater(gen, { type: 'held' });
   }

@@ -32,6 +32,14 @@ export interface VipOwnerConfig {
   readonly refreshMs: number;
   /** RFC 5227 DEFEND_INTERVAL in ms (10 000). */
   readonly defendIntervalMs: number;
+  /**
+   * RFC 5227 §2.4 (b), true: defend once, give the address up on a second
+   * conflict within DEFEND_INTERVAL. (c), false: never give it up, defend at
+   * most once per DEFEND_INTERVAL: for a VIP whose holder an election
+   * decides (VRRP), where another agent's announcement is the election's
+   * business and giving up would leave the VIP with nobody.
+   */
+  readonly giveUp: boolean;
 }
 
 export type VipPhase = 'idle' | 'held' | 'lost';
@@ -48,6 +56,8 @@ export interface VipState {
   readonly nextAnnounceAt: number | undefined;
   /** When the last conflicting ARP packet was seen (§2.4). */
   readonly lastConflictAt: number | undefined;
+  /** When we last defended (§2.4 (c) rate limit). */
+  readonly lastDefendAt: number | undefined;
   readonly conflictingMac: string | undefined;
 }
 
@@ -68,12 +78,14 @@ export type VipAction =
   | { readonly type: 'clear-timer' }
   /** A conflicting ARP packet that we answered with one announcement: the address is kept. */
   | { readonly type: 'defended'; readonly mac: string }
+  /** A conflict not answered: §2.4 (c), a defence already sent within DEFEND_INTERVAL. The address is kept. */
+  | { readonly type: 'conflict'; readonly mac: string }
   /** A second conflict within DEFEND_INTERVAL: the address must not be used any more (§2.4 (b)). */
   | { readonly type: 'lost'; readonly mac: string };
 
 export type VipReason =
   | 'started' | 'not-held' | 'already-held' | 'early-timer' | 'burst' | 'refresh' | 'no-announcement-due'
-  | 'own-frame' | 'unrelated' | 'probe-for-held' | 'defended' | 'lost' | 'reannounced' | 'stopped';
+  | 'own-frame' | 'unrelated' | 'probe-for-held' | 'defended' | 'defence-rate-limited' | 'lost' | 'reannounced' | 'stopped';
 
 export interface VipStep {
   readonly state: VipState;
@@ -82,7 +94,7 @@ export interface VipStep {
 }
 
 export function initialVipState(ip: number, mac: string): VipState {
-  return { phase: 'idle', ip, mac: mac.toLowerCase(), burstLeft: 0, nextAnnounceAt: undefined, lastConflictAt: undefined, conflictingMac: undefined };
+  return { phase: 'idle', ip, mac: mac.toLowerCase(), burstLeft: 0, nextAnnounceAt: undefined, lastConflictAt: undefined, lastDefendAt: undefined, conflictingMac: undefined };
 }
 
 /** After an announcement at `now`: the rest of the burst, else the refresh, else nothing. */
@@ -107,7 +119,7 @@ export function vipStep(state: VipState, event: VipEvent, now: number, cfg: VipO
     case 'start': {
       if (state.phase === 'held') return same('already-held');
       // §2.3: the address is ours now: tell the LAN, ANNOUNCE_NUM times.
-      return { state: burst({ ...state, phase: 'held', lastConflictAt: undefined, conflictingMac: undefined }, now, cfg, 'burst', actions), actions, reason: 'started' };
+      return { state: burst({ ...state, phase: 'held', lastConflictAt: undefined, lastDefendAt: undefined, conflictingMac: undefined }, now, cfg, 'burst', actions), actions, reason: 'started' };
     }
     case 'timer': {
       if (state.phase !== 'held') return same('not-held');
@@ -124,15 +136,22 @@ export function vipStep(state: VipState, event: VipEvent, now: number, cfg: VipO
     }
     case 'arp': {
       if (state.phase !== 'held') return same('not-held');
-      const v = defenseVerdict(new Set([state.ip]), state.mac, event.packet, state.lastConflictAt, now, { defend: true, defendIntervalMs: cfg.defendIntervalMs });
+      // (b) counts conflicts within DEFEND_INTERVAL; (c) counts defences.
+      const since = cfg.giveUp ? state.lastConflictAt : state.lastDefendAt;
+      const v = defenseVerdict(new Set([state.ip]), state.mac, event.packet, since, now, { defend: true, defendIntervalMs: cfg.defendIntervalMs });
       // defenseVerdict's 'not-held' means another address: unrelated to this VIP.
       if (v.verdict === 'ignore') return same(v.reason === 'not-held' ? 'unrelated' : v.reason);
       if (v.defend) {
-        // §2.4 (b): record the conflict and defend with one announcement; the
-        // refresh schedule restarts from it.
+        // §2.4 (b)/(c): record the conflict and defend with one announcement;
+        // the refresh schedule restarts from it.
         actions.push({ type: 'announce', reason: 'defend' }, { type: 'defended', mac: v.mac });
-        const next = schedule({ ...state, lastConflictAt: now, conflictingMac: v.mac, burstLeft: 0 }, now, cfg, actions);
+        const next = schedule({ ...state, lastConflictAt: now, lastDefendAt: now, conflictingMac: v.mac, burstLeft: 0 }, now, cfg, actions);
         return { state: next, actions, reason: 'defended' };
+      }
+      if (!cfg.giveUp) {
+        // §2.4 (c): keep the address; no more than one announcement per DEFEND_INTERVAL.
+        actions.push({ type: 'conflict', mac: v.mac });
+        return { state: { ...state, lastConflictAt: now, conflictingMac: v.mac }, actions, reason: 'defence-rate-limited' };
       }
       // §2.4 (b): a second conflict within DEFEND_INTERVAL: cease using the
       // address. Fighting on would flap every ARP cache on the LAN.
@@ -163,6 +182,8 @@ export interface VipOwnerOptions extends SocketSource {
   /** 0: no refresh. */
   refreshMs: number;
   defendIntervalMs?: number;
+  /** RFC 5227 §2.4 (b) (default true) or (c) (false): see VipOwnerConfig.giveUp. */
+  giveUp?: boolean;
   clock?: Clock;
   log?: Logger;
   metrics?: NetMetrics;
@@ -174,14 +195,15 @@ export interface VipConflict {
   readonly ip: string;
   /** The other host's hardware address. */
   readonly mac: string;
-  /** True: answered with one announcement and kept; false: given up. */
+  /** True: answered with one announcement. On 'conflict' false: not answered (§2.4 (c) rate limit), kept. On 'lost': given up. */
   readonly defended: boolean;
 }
 
 /**
  * Holds one VIP on the wire: start() sends the first announcement at once
  * (and throws if it cannot be sent), the rest follow on the clock. Events:
- * 'conflict' (VipConflict, defended: true) after a defence; 'lost'
+ * 'conflict' (VipConflict) for a conflicting ARP packet the address is kept
+ * through (defended: whether it was answered); 'lost'
  * (VipConflict, defended: false) once the address must be given up: the
  * owner takes it off the interface. close() stops everything.
  */
@@ -208,6 +230,7 @@ export class VipOwner extends EventEmitter {
       announceIntervalMs: opts.announceIntervalMs,
       refreshMs: opts.refreshMs,
       defendIntervalMs: opts.defendIntervalMs ?? DEFEND_INTERVAL_MS,
+      giveUp: opts.giveUp ?? true,
     };
     this.clock = opts.clock ?? realClock;
     this.metrics = opts.metrics;
@@ -277,6 +300,11 @@ export class VipOwner extends EventEmitter {
           this.metrics?.arpConflicts.inc({ phase: 'defend' });
           this.log.warn({ op: 'defend', conflictingMac: a.mac }, `${a.mac} claims ${this.ip}; defended with one gratuitous ARP (RFC 5227 §2.4)`);
           this.emit('conflict', { ip: this.ip, mac: a.mac, defended: true } satisfies VipConflict);
+          break;
+        case 'conflict':
+          this.metrics?.arpConflicts.inc({ phase: 'defend' });
+          this.log.warn({ op: 'defend', conflictingMac: a.mac }, `${a.mac} claims ${this.ip} again; keeping it (RFC 5227 §2.4 (c)), next defence at most one defend interval after the last`);
+          this.emit('conflict', { ip: this.ip, mac: a.mac, defended: false } satisfies VipConflict);
           break;
         case 'lost':
           this.metrics?.arpConflicts.inc({ phase: 'defend' });

@@ -126,10 +126,12 @@ t.test('rate limit (RFC 5227 §2.1.1): pending for the delay; a pool change does
 
 t.test('bound: defend once (counted), give up on the second conflict and allocate another', async (t) => {
   const b = bound();
-  const d = poolStep(b, { type: 'defended', mac: MAC }, 1000, CFG);
+  const d = poolStep(b, { type: 'conflict', mac: MAC, defended: true }, 1000, CFG);
   t.same(types(d.actions), ['note-conflict']);
   t.same([d.state.phase, d.state.conflicts, d.state.defences], ['bound', 1, 1]);
   t.same(d.state.lastConflict, { address: '10.99.0.200', mac: MAC, at: 1000, defended: true, phase: 'defend' });
+  const nd = poolStep(d.state, { type: 'conflict', mac: MAC, defended: false }, 1500, CFG);
+  t.same([nd.state.phase, nd.state.conflicts, nd.state.defences, types(nd.actions)], ['bound', 2, 1, ['note-conflict']], 'an unanswered conflict (RFC 5227 §2.4 (c)) is counted, the address kept');
   const l = poolStep(d.state, { type: 'lost', mac: MAC }, 2000, CFG);
   t.same(l.actions.filter((a) => a.type !== 'log'), [
     { type: 'unhold' },
@@ -185,7 +187,7 @@ t.test('stop: withdraw what is ours, release the hold (and the claim when remove
   t.same(types(poolStep(announcing, { type: 'stop', release: false }, 0, CFG).actions), ['unhold', 'remove-address', 'release']);
 
   // Counters survive a stop and start.
-  const d = poolStep(b, { type: 'defended', mac: MAC }, 0, CFG).state;
+  const d = poolStep(b, { type: 'conflict', mac: MAC, defended: true }, 0, CFG).state;
   const again = run(d, [{ type: 'stop', release: false }, { type: 'start' }]);
   t.same([again.state.phase, again.state.conflicts, again.state.defences], ['allocating', 1, 1]);
 });
@@ -204,12 +206,12 @@ t.test('events that do not apply in a phase change nothing', async (t) => {
   const applies: Record<string, PoolPhase[]> = {
     'rate-limited': ['allocating'], allocation: ['allocating'], timer: ['waiting'], changed: ['waiting'],
     'probe-free': ['probing'], 'probe-conflict': ['probing'], committed: ['committing'], added: ['adding'], held: ['announcing'],
-    defended: ['bound'], lost: ['bound'], fault: ['allocating', 'probing', 'committing', 'adding', 'announcing'],
+    conflict: ['bound'], lost: ['bound'], fault: ['allocating', 'probing', 'committing', 'adding', 'announcing'],
   };
   const events: PoolEvent[] = [
     { type: 'rate-limited', delayMs: 1 }, { type: 'allocation', result: ok('10.99.0.9'), onParent: false }, { type: 'timer' }, { type: 'changed' },
     { type: 'probe-free' }, { type: 'probe-conflict', mac: MAC }, { type: 'committed' }, { type: 'added' }, { type: 'held' },
-    { type: 'defended', mac: MAC }, { type: 'lost', mac: MAC }, { type: 'fault', what: 'x', error: 'y' },
+    { type: 'conflict', mac: MAC, defended: true }, { type: 'lost', mac: MAC }, { type: 'fault', what: 'x', error: 'y' },
   ];
   let checked = 0;
   for (const [phase, s] of Object.entries(phases) as Array<[PoolPhase, PoolState]>) {

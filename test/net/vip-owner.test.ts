@@ -14,7 +14,7 @@ const ip = (s: string): number => parseIPv4(s)!;
 const OUR_MAC = '02:aa:bb:cc:dd:01';
 const OTHER_MAC = '52:54:00:ab:cd:ef';
 const VIP = ip('10.99.0.50');
-const CFG: VipOwnerConfig = { announceNum: 2, announceIntervalMs: 2000, refreshMs: 10_000, defendIntervalMs: 10_000 };
+const CFG: VipOwnerConfig = { announceNum: 2, announceIntervalMs: 2000, refreshMs: 10_000, defendIntervalMs: 10_000, giveUp: true };
 
 function claim(mac: string, senderIp = VIP): ArpPacket {
   return { ethDst: 'ff:ff:ff:ff:ff:ff', ethSrc: mac, op: ARP_OP_REPLY, senderMac: mac, senderIp, targetMac: '00:00:00:00:00:00', targetIp: senderIp };
@@ -72,6 +72,20 @@ t.test('core: RFC 5227 §2.4 (b): defend once, give up on a second conflict with
   t.equal(r.state.phase, 'lost');
   t.equal(vipStep(r.state, { type: 'timer' }, 20_000, CFG).reason, 'not-held', 'nothing announced for a lost address');
   t.equal(vipStep(r.state, { type: 'reannounce' }, 20_000, CFG).reason, 'not-held');
+});
+
+t.test('core: RFC 5227 §2.4 (c) (giveUp false): never give up, defend at most once per DEFEND_INTERVAL', async (t) => {
+  const c = { ...CFG, giveUp: false };
+  let s = held(0, c);
+  const seen: string[] = [];
+  for (const now of [1000, 2000, 5000, 10_999, 11_000, 11_500]) {
+    const r = vipStep(s, { type: 'arp', packet: claim(OTHER_MAC) }, now, c);
+    seen.push(`${now}:${r.reason}:${r.actions.filter((a) => a.type === 'announce').length}`);
+    s = r.state;
+  }
+  t.same(seen, ['1000:defended:1', '2000:defence-rate-limited:0', '5000:defence-rate-limited:0', '10999:defence-rate-limited:0', '11000:defended:1', '11500:defence-rate-limited:0']);
+  t.equal(s.phase, 'held', 'still held');
+  t.same(vipStep(s, { type: 'arp', packet: claim(OTHER_MAC) }, 11_600, c).actions, [{ type: 'conflict', mac: OTHER_MAC }]);
 });
 
 t.test('core: a second conflict after DEFEND_INTERVAL is defended again', async (t) => {
@@ -150,6 +164,23 @@ t.test('driver: defends once, then reports the address lost', async (t) => {
   t.notOk(o.held);
   t.match(await registry.metrics(), /lbagent_net_arp_conflicts_total\{phase="defend"\} 2/);
   t.match(await registry.metrics(), /lbagent_net_vip_announcements_total\{reason="defend"\} 1/);
+});
+
+t.test('driver: giveUp false keeps the address and reports unanswered conflicts', async (t) => {
+  const clock = new ManualClock();
+  const socket = new MemorySocket();
+  const o = new VipOwner({ socket: socket.asSocket, mac: OUR_MAC, ip: VIP, announceNum: 1, announceIntervalMs: 2000, refreshMs: 0, giveUp: false, clock });
+  const seen: VipConflict[] = [];
+  o.on('conflict', (c: VipConflict) => seen.push(c));
+  o.on('lost', () => t.fail('never lost'));
+  o.start();
+  socket.inject(claim(OTHER_MAC));
+  socket.inject(claim(OTHER_MAC));
+  socket.inject(claim(OTHER_MAC));
+  t.same(seen.map((c) => c.defended), [true, false, false]);
+  t.equal(socket.sent.length, 2, 'the start-up announcement and one defence');
+  t.ok(o.held);
+  o.close();
 });
 
 t.test('driver: reannounce sends a new burst; a failed first announcement throws', async (t) => {

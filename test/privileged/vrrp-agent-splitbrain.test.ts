@@ -58,6 +58,8 @@ async function loserYieldsFirst(t: Test, refreshInterval: number | undefined, wa
   await waitMaster([n2, n3], n3, 'api', 5000);
   t.ok(logAfter(n2, healAt, (l) => l.op === 'split-brain' && l.resolution === 'yielded'), 'n2 heard n3 and yielded');
   t.notOk(logAfter(n3, healAt, (l) => l.op === 'split-brain'), 'n3 never heard n2 as a second Master: no re-announcement on that account');
+  t.notOk(logAfter(n3, healAt, (l) => l.op === 'give-up'), 'the winner never gave its VIP up over an ARP conflict (RFC 5227 §2.4 (c) under VRRP)');
+  t.equal((await n3.service('api')).vip, POOL_VIP, 'the winner holds the VIP');
   const g = gapReport(await loop.stop(), healAt);
   t.same(g.wrongBodies, [], 'every answer came from a backend');
   t.comment(`refreshInterval ${refreshInterval ?? `default (${DEFAULT_ARP.refreshInterval})`} s: client's ARP entry at the winner ${reachedAt === undefined ? `not within ${watchMs} ms` : `${reachedAt - healAt} ms`} after the heal; `
