@@ -7,6 +7,7 @@
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
 import { createLab } from '../helpers/netns';
+import { RFC5227_TIMINGS } from '../../agent/net/arp-probe';
 import { addressesOf, ipamLab, ping, readClaims, startPoolDriver } from './fixtures/ipam-harness';
 
 const POOLS = { 'range-global': '10.99.0.200-10.99.0.210' };
@@ -70,5 +71,23 @@ if (requirePrivileged(t)) {
     // And a clean stop after adoption withdraws them as usual.
     await second.kill('SIGTERM');
     t.same((await addressesOf(lab, node)).filter((x) => x.endsWith('/32')), [], 'withdrawn on SIGTERM');
+  });
+
+  t.test('SIGKILL with RFC 5227 timings: the adopted VIP is held at once, not after a 4-7 s probe', async (t) => {
+    const lab = await createLab(t);
+    const { node, client } = await ipamLab(lab);
+    const stateDir = lab.file('state');
+    const first = startPoolDriver(lab, node, { stateDir, pools: POOLS, services: [{ name: 'a' }] });
+    const a = await first.vip('default/a');
+    await first.kill('SIGKILL');
+    const startedAt = Date.now();
+    const second = startPoolDriver(lab, node, { stateDir, pools: POOLS, services: [{ name: 'a' }], arp: RFC5227_TIMINGS });
+    t.equal(await second.vip('default/a', 10_000), a, 'the same address');
+    const ms = Date.now() - startedAt;
+    t.comment(`adopted and announced ${ms} ms after the driver was spawned (an RFC 5227 probe alone takes PROBE_WAIT + 2 x PROBE_MIN..MAX + ANNOUNCE_WAIT = 4-7 s)`);
+    // Node start-up included; a probe could not finish before 4 s.
+    t.ok(ms < 3000, `held within 3 s (${ms} ms)`);
+    t.ok(await ping(lab, client, a), 'serving');
+    await second.kill('SIGTERM');
   });
 }
