@@ -110,7 +110,7 @@ export type PoolAction =
   | { readonly type: 'mark-conflict'; readonly address: string; readonly mac: string | undefined; readonly counted: boolean }
   /** Count a defended conflict (manager.noteConflict). */
   | { readonly type: 'note-conflict'; readonly address: string }
-  /** Close and reopen nothing yet: drop the ARP socket after a fault, so the next attempt opens a fresh one. */
+  /** Drop the ARP socket after a fault, so the next attempt opens a fresh one (the interface may have been recreated). */
   | { readonly type: 'reset-socket' }
   /** The VIP is up on the LAN: tell the daemon. */
   | { readonly type: 'up'; readonly address: string }

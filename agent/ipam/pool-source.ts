@@ -2,7 +2,7 @@
 // pool-machine.ts's (pure); this file performs its actions: reserve in the
 // shared PoolManager, RFC 5227 probe (net/arp-probe), persist the claim, put
 // the address on the parent (netlink), hold it on the wire (net/vip-owner:
-// announce, defend, refresh), and feeds the outcomes back as events. It
+// announce, defend, refresh), and feed the outcomes back as events. It
 // sends no packet itself, and keeps the service's status and metrics.
 //
 // Why /32 on the parent interface: the VIP is added as ADDR/32, not with the
