@@ -1,6 +1,6 @@
 // Every default of the configuration file, in one place. The schema reads
 // them (ajv useDefaults), the docs cite them, nothing else hard-codes them.
-import type { ArpTimings, DhcpTimings, ProxyConfig } from './types';
+import type { ArpConfig, DhcpTimings, ProxyConfig } from './types';
 
 export const DEFAULT_CONFIG_PATH = '/etc/lb-agent/config.yaml';
 
@@ -21,9 +21,10 @@ export const DEFAULTS = {
   httpCheck: { path: '/', expectStatus: [200, 399] as [number, number] },
 } as const;
 
-// RFC 5227 §1.1 constants, in seconds.
-export const DEFAULT_ARP: ArpTimings = {
-  probeWait: 1, probeNum: 3, probeMin: 1, probeMax: 2, announceWait: 2, announceNum: 2, announceInterval: 2,
+// RFC 5227 §1.1 constants, in seconds. refreshInterval: 10 s, README "arp.refreshInterval"
+// says why (RFC 5227 DEFEND_INTERVAL; below every client's ARP timeout).
+export const DEFAULT_ARP: ArpConfig = {
+  probeWait: 1, probeNum: 3, probeMin: 1, probeMax: 2, announceWait: 2, announceNum: 2, announceInterval: 2, refreshInterval: 10,
 };
 
 // RFC 2131 §4.1 (4 s doubling to 64 s, ±1 s) and §3.1.5 (10 s after DECLINE).

@@ -399,6 +399,7 @@ export function buildConfig(data: unknown, locate: (segs: Seg[]) => number | und
 
   const listen = raw.metrics.listen;
   if (listen !== '' && !parseListen(listen)) err(['metrics', 'listen'], `${JSON.stringify(listen)} is not host:port (e.g. 0.0.0.0:9477) or "" to turn metrics off`);
+  if (raw.arp.refreshInterval > 0 && raw.arp.refreshInterval < 0.1) err(['arp', 'refreshInterval'], `${raw.arp.refreshInterval} is below 0.1 s: use 0 to turn the refresh off, or 0.1 or more`);
   if (raw.arp.probeMin > raw.arp.probeMax) err(['arp', 'probeMin'], `${raw.arp.probeMin} is larger than arp.probeMax (${raw.arp.probeMax})`);
   if (raw.dhcp.retransmitInitial > raw.dhcp.retransmitMax) err(['dhcp', 'retransmitInitial'], `${raw.dhcp.retransmitInitial} is larger than dhcp.retransmitMax (${raw.dhcp.retransmitMax})`);
 

@@ -107,6 +107,8 @@ export const configSchema: S = obj({
       announceWait: { ...secondsPos(0, 60), default: DEFAULT_ARP.announceWait },
       announceNum: { ...count(0, 20), default: DEFAULT_ARP.announceNum },
       announceInterval: { ...secondsPos(0.001, 60), default: DEFAULT_ARP.announceInterval },
+      // 0 = off; load.ts refuses 0 < x < 0.1, so a typo cannot flood the LAN.
+      refreshInterval: { ...secondsPos(0, 3600), default: DEFAULT_ARP.refreshInterval },
     }),
     default: {},
   },

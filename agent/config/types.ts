@@ -107,6 +107,17 @@ export interface ArpTimings {
   readonly announceInterval: number;
 }
 
+/** The `arp:` section: the RFC 5227 timings and the refresh of held VIPs. */
+export interface ArpConfig extends ArpTimings {
+  /**
+   * Seconds between gratuitous ARPs for every held VIP (keepalived's
+   * garp_master_refresh); 0 turns the refresh off. Bounds how long a
+   * neighbour that learnt another MAC for a VIP (a VRRP split brain that the
+   * loser resolved by yielding) keeps sending to it.
+   */
+  readonly refreshInterval: number;
+}
+
 export interface DhcpTimings {
   /** RFC 2131 §4.1: first retransmission 4 s, doubling to 64 s, ±1 s jitter. Seconds. */
   readonly retransmitInitial: number;
@@ -147,7 +158,7 @@ export interface Desired {
   readonly control: { readonly socket: string };
   readonly dataplane: DataplaneMode;
   readonly pools: readonly Pool[];
-  readonly arp: ArpTimings;
+  readonly arp: ArpConfig;
   readonly dhcp: DhcpConfig;
   readonly proxy: ProxyConfig;
   readonly services: readonly ServiceSpec[];

@@ -75,6 +75,11 @@ export type ClientEvent =
   | { readonly type: 'probe-ok' }
   | { readonly type: 'probe-conflict'; readonly mac?: string | undefined }
   | { readonly type: 'probe-failed'; readonly error: string }
+  /**
+   * Another host insists on the bound address (RFC 5227 §2.4: a second
+   * conflicting ARP within DEFEND_INTERVAL, reported by net/vip-owner).
+   */
+  | { readonly type: 'conflict'; readonly address: number; readonly mac?: string | undefined }
   /** The service was removed: DHCPRELEASE (RFC 2131 §4.4.6), then stop. */
   | { readonly type: 'release' }
   /** Shutdown or failover: withdraw the VIP, keep the lease, send nothing. */
@@ -82,7 +87,7 @@ export type ClientEvent =
 
 export type Destination = { readonly kind: 'broadcast' } | { readonly kind: 'unicast'; readonly ip: number; readonly mac: string | undefined };
 
-export type UnbindCause = 'expired' | 'nak' | 'released' | 'stopped' | 'address-changed';
+export type UnbindCause = 'expired' | 'nak' | 'released' | 'stopped' | 'address-changed' | 'conflict';
 
 export type Note = 'acquired' | 'resumed' | 'renewed' | 'renewing' | 'rebinding' | 'nak' | 'declined' | 'expired' | 'request-timeout' | 'reboot-timeout';
 
@@ -112,6 +117,7 @@ export type StepReason =
   | 'offer' | 'ack' | 'nak' | 'renewed' | 'address-changed'
   | 'wrong-xid' | 'wrong-server' | 'unexpected-reply' | 'offer-without-server-id' | 'ack-without-lease'
   | 'probe-ok' | 'probe-conflict' | 'probe-failed' | 'no-probe-pending'
+  | 'conflict' | 'not-bound' | 'stale-conflict'
   | 'released' | 'stopped';
 
 export interface StepResult {
@@ -496,6 +502,31 @@ export function step(ctx: ClientContext, s: ClientState, ev: ClientEvent, now: n
       return result(enterInit(ctx, s, now, actions, { hint: s.probing.address, waitUntil: now + cfg.retransmitInitialMs, keepAcquireStart: true }), actions, 'probe-failed');
     }
 
+    case 'conflict': {
+      const held = s.lease;
+      if (!held || (s.name !== 'BOUND' && s.name !== 'RENEWING' && s.name !== 'REBINDING')) return result(s, actions, 'not-bound');
+      // A verdict about an address we no longer hold (moved by a renewal) changes nothing.
+      if (ev.address !== held.address) return result(s, actions, 'stale-conflict');
+      const by = ev.mac ? ` by ${ev.mac}` : '';
+      // RFC 5227 §2.4 (b): cease using the address; RFC 2131 §3.1.5 / §4.4.4:
+      // tell the server with DHCPDECLINE (broadcast, options 50 and 54), so it
+      // marks the address in use instead of handing it out again.
+      actions.push(
+        { type: 'unbind', address: held.address, cause: 'conflict', at: now, ...(ev.mac ? { detail: ev.mac } : {}) },
+        {
+          type: 'send',
+          message: { kind: 'DECLINE', xid: newXid(ctx.random), secs: 0, ciaddr: 0, requestedIp: held.address, serverId: held.serverId, message: `address in use${by}` },
+          to: { kind: 'broadcast' },
+          srcIp: 0,
+        },
+        { type: 'forget' },
+        { type: 'note', what: 'declined', detail: `${formatIPv4(held.address)} in use${by}` },
+      );
+      const declined = [...s.declined.filter((a) => a !== held.address), held.address].slice(-MAX_DECLINED);
+      // §3.1.5: wait declineWait before DISCOVER, as after a probe conflict.
+      return result(enterInit(ctx, { ...s, declined }, now, actions, { hint: undefined, waitUntil: now + cfg.declineWaitMs }), actions, 'conflict');
+    }
+
     case 'release': {
       if (s.name === 'STOPPED') return result(s, actions, 'not-running');
       // Whatever lease the server has committed to us (bound, ACKed and being probed, or saved) is given back.
@@ -532,5 +563,6 @@ export function unbindReason(a: Extract<ClientAction, { type: 'unbind' }>, wallO
     case 'released': return `lease of ${ip} released at ${when} (service removed)`;
     case 'stopped': return `stopped at ${when}; lease of ${ip} kept for the next start`;
     case 'address-changed': return `server moved the lease from ${ip} at ${when}${a.detail ? `: ${a.detail}` : ''}`;
+    case 'conflict': return `${a.detail ?? 'another host'} insisted on ${ip} (second ARP conflict within 10 s, RFC 5227 §2.4) at ${when}; declined it`;
   }
 }

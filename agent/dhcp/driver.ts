@@ -14,17 +14,19 @@
 import { EventEmitter } from 'node:events';
 import type { Registry } from 'prom-client';
 import { realClock, type Clock, type TimerHandle } from '../clock';
-import type { ArpTimings, DhcpConfig, DhcpTimings, ServiceSpec } from '../config/types';
+import { DEFAULT_ARP } from '../config/defaults';
+import type { ArpConfig, ArpTimings, DhcpConfig, DhcpTimings, ServiceSpec } from '../config/types';
 import { LbError, errorMessage } from '../errors';
 import { formatIPv4, parseIPv4 } from '../ipv4';
 import type { Logger } from '../log';
-import { announce as arpAnnounce, probeAddress as arpProbe } from '../net/arp-probe';
+import { probeAddress as arpProbe } from '../net/arp-probe';
 import { netMetrics, type NetMetrics } from '../net/metrics';
 import type { NetlinkClient } from '../net/netlink';
 import { OWNED_ADDRESS_PROTO, clientIdForService, linkNameForService, macForService } from '../net/ownership';
 import { ETH_P_IP, PACKET_OUTGOING, openPacketSocket, type FrameInfo, type PacketSocket, type PacketSocketOptions } from '../net/packet';
 import { planOwnedLinks } from '../net/reconcile';
 import { applyVipSysctls, type VipRole } from '../net/sysctl';
+import { VipOwner, type VipConflict, type VipOwnerOptions } from '../net/vip-owner';
 import type { AddressSource, SourceState, SourceStatus, Vip } from '../source';
 import type { StateStore } from '../state/store';
 import {
@@ -51,7 +53,8 @@ export type NetlinkForDhcp = Pick<NetlinkClient, 'findLink' | 'getLink' | 'creat
 export interface DhcpNetDeps {
   openPacketSocket(opts: PacketSocketOptions): PacketSocket;
   probeAddress: typeof arpProbe;
-  announce: typeof arpAnnounce;
+  /** Announces, defends and refreshes a bound VIP (net/vip-owner.ts). */
+  vipOwner(opts: VipOwnerOptions): VipOwner;
   /** arp_ignore / arp_announce (and rp_filter on macvlans): DESIGN.md "ARP flux". */
   applySysctls(ifname: string, role: VipRole): Promise<unknown>;
 }
@@ -61,7 +64,8 @@ export interface DhcpSourceOptions {
   /** Parent NIC name. */
   parent: string;
   timings: DhcpTimings;
-  arp: ArpTimings;
+  /** RFC 5227 timings; refreshInterval (default DEFAULT_ARP's) for the bound VIP. */
+  arp: ArpTimings & Partial<Pick<ArpConfig, 'refreshInterval'>>;
   store: StateStore;
   netlink: NetlinkForDhcp;
   log: Logger;
@@ -103,7 +107,7 @@ export class DhcpSource extends EventEmitter implements AddressSource {
   readonly ifname: string;
   readonly mac: string;
   private readonly parent: string;
-  private arp: ArpTimings;
+  private arp: ArpTimings & Partial<Pick<ArpConfig, 'refreshInterval'>>;
   private readonly store: StateStore;
   private readonly netlink: NetlinkForDhcp;
   private readonly log: Logger;
@@ -129,6 +133,8 @@ export class DhcpSource extends EventEmitter implements AddressSource {
   private socket: PacketSocket | undefined;
   private timer: TimerHandle | undefined;
   private vip: Vip | undefined;
+  /** Announces, defends and refreshes the bound VIP; gone when unbound. */
+  private owner: VipOwner | undefined;
   private slot: ReleaseSlot | undefined;
   private abort: AbortController | undefined;
   private startTask: Promise<void> = Promise.resolve();
@@ -165,7 +171,7 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     this.deps = {
       openPacketSocket: opts.net?.openPacketSocket ?? openPacketSocket,
       probeAddress: opts.net?.probeAddress ?? arpProbe,
-      announce: opts.net?.announce ?? arpAnnounce,
+      vipOwner: opts.net?.vipOwner ?? ((o: VipOwnerOptions) => new VipOwner(o)),
       applySysctls: opts.net?.applySysctls ?? ((ifname: string, role: VipRole) => applyVipSysctls(ifname, role)),
     };
     // RFC 2132 §3.14 hostname = the service name; §9.14 client id derived from the key (net/ownership.ts).
@@ -279,11 +285,13 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     this.emit('status');
   }
 
-  /** No more timers, frames or slot: late verdicts are ignored (generation), queued address work finishes. */
+  /** No more timers, frames, owner or slot: late verdicts are ignored (generation), queued address work finishes. */
   private async quiesce(): Promise<void> {
     this.generation++;
     this.clearTimer();
     await this.chain;
+    // The VIP's owner (announce, defence, refresh timer) goes with this process: the next one makes its own.
+    this.closeOwner();
     this.socket?.close();
     this.socket = undefined;
     this.releaseSlot();
@@ -531,28 +539,61 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     if (wanted !== undefined && wanted !== lease.address) {
       this.log.warn({ op: 'bind', loadBalancerIP: formatIPv4(wanted), address }, `loadBalancerIP ${formatIPv4(wanted)} was not granted; bound ${address}`);
     }
-    // RFC 5227 §2.3: announce the address so neighbours and switches learn where it lives now.
-    this.deps.announce({
-      socket: this.socket, ifindex, mac: this.mac, ip: address, count: this.arp.announceNum, intervalMs: this.arp.announceInterval * 1000,
-      clock: this.clock, log: this.log, metrics: this.netM,
-    }).catch((err) => this.log.warn({ op: 'announce', err: errorMessage(err) }, 'gratuitous ARP failed'));
+    this.holdOnWire(ifindex, lease.address);
     this.emit('vip', this.vip);
     this.emit('status');
   }
 
+  /**
+   * RFC 5227 §2.3 announce, §2.4 defend and refresh the bound VIP on the
+   * macvlan (net/vip-owner.ts). When another host insists on it, the client
+   * gives it up with DHCPDECLINE (client.ts 'conflict').
+   */
+  private holdOnWire(ifindex: number, ip: number): void {
+    this.closeOwner();
+    const gen = this.generation;
+    let owner: VipOwner;
+    try {
+      owner = this.deps.vipOwner({
+        ifindex, mac: this.mac, ip, announceNum: this.arp.announceNum, announceIntervalMs: this.arp.announceInterval * 1000,
+        refreshMs: (this.arp.refreshInterval ?? DEFAULT_ARP.refreshInterval) * 1000, clock: this.clock, log: this.log, metrics: this.netM,
+      });
+    } catch (err) {
+      this.log.warn({ op: 'announce', err: errorMessage(err) }, 'could not open the ARP socket: the VIP is neither announced nor defended');
+      return;
+    }
+    this.owner = owner;
+    owner.on('conflict', (c: VipConflict) => {
+      this.lastReason = `${c.mac} claimed ${c.ip}; ${c.defended ? 'defended with one gratuitous ARP' : 'already defended within the defend interval'} (RFC 5227 §2.4)`;
+      this.emit('status');
+    });
+    owner.on('lost', (c: VipConflict) => {
+      if (gen !== this.generation || !this.running || this.owner !== owner) return;
+      this.closeOwner();
+      this.dispatch({ type: 'conflict', address: ip, mac: c.mac });
+    });
+    try {
+      owner.start();
+    } catch (err) {
+      this.log.warn({ op: 'announce', err: errorMessage(err) }, 'gratuitous ARP failed');
+    }
+  }
+
+  private closeOwner(): void {
+    this.owner?.close();
+    this.owner = undefined;
+  }
+
   reannounce(): void {
-    const vip = this.vip;
-    if (!vip || !this.socket) return;
-    this.deps.announce({
-      socket: this.socket, ifindex: vip.ifindex, mac: this.mac, ip: vip.address, count: this.arp.announceNum, intervalMs: this.arp.announceInterval * 1000,
-      clock: this.clock, log: this.log, metrics: this.netM,
-    }).catch((err) => this.log.warn({ op: 'announce', err: errorMessage(err) }, 'gratuitous ARP failed'));
+    if (this.vip) this.owner?.reannounce();
   }
 
   private async unbind(a: Extract<ClientAction, { type: 'unbind' }>): Promise<void> {
     const reason = unbindReason(a, this.clock.wallNow() - this.clock.now());
     const address = formatIPv4(a.address);
     this.metrics.leaseExpiry.remove(this.labels);
+    // No announcement, defence or refresh for an address we are giving up.
+    this.closeOwner();
     if (this.ifindex !== undefined) {
       try {
         await this.netlink.removeAddress(this.ifindex, address, VIP_PREFIX);

@@ -1,9 +1,9 @@
 // RFC 5227 IPv4 address conflict detection: a pure probe state machine
-// (state, event, now) -> (state, actions), and thin drivers over a packet
-// socket: probeAddress (§2.1), announce (§2.3) and ArpDefender (§2.4).
+// (state, event, now) -> (state, actions), the §2.4 defence verdict, and thin
+// drivers over a packet socket: probeAddress (§2.1) and a one-off announce
+// (§2.3). Holding an address (burst, defence, refresh) is vip-owner.ts's.
 // Time comes from an injected Clock and randomness from an injected source,
 // so the whole probe runs in microseconds under test.
-import { EventEmitter } from 'node:events';
 import type { Clock, TimerHandle } from '../clock';
 import { realClock } from '../clock';
 import type { ArpTimings } from '../config/types';
@@ -184,7 +184,7 @@ export function defenseVerdict(
 // ---------------------------------------------------------------------------
 // Drivers
 
-function ipNumber(ip: string | number): number {
+export function ipNumber(ip: string | number): number {
   if (typeof ip === 'number') {
     if (!Number.isInteger(ip) || ip < 0 || ip > 0xffffffff) throw new TypeError(`not an IPv4 address: ${ip}`);
     return ip;
@@ -194,26 +194,26 @@ function ipNumber(ip: string | number): number {
   return n;
 }
 
-function macString(mac: string): string {
+export function macString(mac: string): string {
   if (!parseMac(mac)) throw new TypeError(`not a MAC address: ${mac}`);
   return mac.toLowerCase();
 }
 
-interface SocketSource {
+export interface SocketSource {
   /** Use this socket (not closed at the end). */
   socket?: PacketSocket;
   /** Or open an ARP socket on this interface for the duration. */
   ifindex?: number;
 }
 
-function acquireSocket(src: SocketSource, metrics: NetMetrics | undefined, log: Logger): { socket: PacketSocket; owned: boolean } {
+export function acquireSocket(src: SocketSource, metrics: NetMetrics | undefined, log: Logger): { socket: PacketSocket; owned: boolean } {
   if (src.socket) return { socket: src.socket, owned: false };
   if (src.ifindex === undefined) throw new TypeError('either socket or ifindex is required');
   return { socket: openPacketSocket({ ifindex: src.ifindex, protocol: ETH_P_ARP, filter: bpfArp(), metrics, log }), owned: true };
 }
 
 /** Decode a frame for an ARP consumer, counting what is dropped. */
-function arpFromFrame(frame: Buffer, metrics: NetMetrics | undefined): ArpPacket | undefined {
+export function arpFromFrame(frame: Buffer, metrics: NetMetrics | undefined): ArpPacket | undefined {
   const r = decodeArp(frame);
   if (r.ok) return r.packet;
   // On a shared ETH_P_ALL socket most frames are simply not ARP: not a drop.
@@ -372,115 +372,6 @@ export function announce(opts: AnnounceOptions): Promise<void> {
     };
     tick();
   });
-}
-
-export interface ArpDefenderOptions extends SocketSource {
-  /** The hardware address our held addresses live at. */
-  mac: string;
-  ips?: Iterable<string | number>;
-  /** Send one announcement per conflict, at most once per DEFEND_INTERVAL (RFC 5227 §2.4 (b)). Default true. */
-  defend?: boolean;
-  defendIntervalMs?: number;
-  clock?: Clock;
-  log?: Logger;
-  metrics?: NetMetrics;
-}
-
-export interface ArpConflict {
-  /** The contested address, dotted. */
-  ip: string;
-  /** The other host's hardware address. */
-  mac: string;
-  /** Whether we answered with an announcement. */
-  defended: boolean;
-  /** A second conflict within DEFEND_INTERVAL: RFC 5227 says stop using the address. */
-  repeated: boolean;
-  packet: ArpPacket;
-}
-
-/**
- * RFC 5227 §2.4 ongoing conflict detection while addresses are held on an
- * interface: every ARP packet from another MAC claiming one of them is
- * reported ('conflict' event, lbagent_net_arp_conflicts_total{phase="defend"},
- * a warning log). What to do about it (release, DHCPDECLINE, fail over) is the
- * owner's decision.
- */
-export class ArpDefender extends EventEmitter {
-  private readonly held = new Set<number>();
-  private readonly lastConflict = new Map<number, number>();
-  private readonly mac: string;
-  private readonly clock: Clock;
-  private readonly log: Logger;
-  private readonly metrics: NetMetrics | undefined;
-  private readonly defend: boolean;
-  private readonly defendIntervalMs: number;
-  private sock: { socket: PacketSocket; owned: boolean } | undefined;
-  private readonly onFrame = (frame: Buffer): void => this.handleFrame(frame);
-
-  constructor(opts: ArpDefenderOptions) {
-    super();
-    this.mac = macString(opts.mac);
-    this.clock = opts.clock ?? realClock;
-    this.metrics = opts.metrics;
-    this.defend = opts.defend ?? true;
-    this.defendIntervalMs = opts.defendIntervalMs ?? DEFEND_INTERVAL_MS;
-    this.log = (opts.log ?? silentLogger()).child({ module: 'net/arp-probe', op: 'defend', mac: this.mac });
-    for (const ip of opts.ips ?? []) this.held.add(ipNumber(ip));
-    this.sock = acquireSocket(opts, this.metrics, this.log);
-    this.sock.socket.on('frame', this.onFrame);
-  }
-
-  add(ip: string | number): void { this.held.add(ipNumber(ip)); }
-
-  remove(ip: string | number): void {
-    const n = ipNumber(ip);
-    this.held.delete(n);
-    this.lastConflict.delete(n);
-  }
-
-  has(ip: string | number): boolean { return this.held.has(ipNumber(ip)); }
-
-  get addresses(): string[] { return [...this.held].map(formatIPv4); }
-
-  close(): void {
-    const s = this.sock;
-    if (!s) return;
-    this.sock = undefined;
-    s.socket.off('frame', this.onFrame);
-    if (s.owned) s.socket.close();
-  }
-
-  private handleFrame(frame: Buffer): void {
-    const packet = arpFromFrame(frame, this.metrics);
-    if (!packet || !this.sock) return;
-    const now = this.clock.now();
-    const v = defenseVerdict(this.held, this.mac, packet, this.lastConflict.get(packet.senderIp), now, {
-      defend: this.defend,
-      defendIntervalMs: this.defendIntervalMs,
-    });
-    if (v.verdict === 'ignore') return;
-    this.lastConflict.set(v.ip, now);
-    this.metrics?.arpConflicts.inc({ phase: 'defend' });
-    let defended = false;
-    if (v.defend) {
-      try {
-        this.sock.socket.send(encodeArp(arpAnnouncement(this.mac, v.ip)));
-        this.metrics?.gratuitousArpsSent.inc();
-        defended = true;
-      } catch (err) {
-        this.log.warn({ err: (err as Error).message }, 'could not send the defending announcement');
-      }
-    }
-    const conflict: ArpConflict = {
-      ip: formatIPv4(v.ip),
-      mac: v.mac,
-      defended,
-      repeated: v.reason === 'repeated-within-interval',
-      packet,
-    };
-    this.log.warn({ ip: conflict.ip, conflictingMac: v.mac, defended, reason: v.reason }, 'ARP conflict on a held address');
-    this.emit('conflict', conflict);
-  }
 }
 
 /** An LbError for callers that treat a probe conflict as a failure. */

@@ -20,6 +20,8 @@ export interface NetMetrics {
   /** label phase: 'probe' (RFC 5227 §2.1.1) | 'defend' (§2.4). */
   readonly arpConflicts: Counter<'phase'>;
   readonly gratuitousArpsSent: Counter;
+  /** Announcements of held VIPs (net/vip-owner.ts), label reason: burst | defend | refresh | reannounce. */
+  readonly vipAnnouncements: Counter<'reason'>;
   readonly framesDropped: Counter<'reason'>;
 }
 
@@ -49,6 +51,12 @@ export function netMetrics(registry: Registry): NetMetrics {
     gratuitousArpsSent: getOrCreate(registry, 'lbagent_net_gratuitous_arps_sent_total', () => new Counter({
       name: 'lbagent_net_gratuitous_arps_sent_total',
       help: 'Gratuitous ARP announcements sent (RFC 5227 §2.3)',
+      registers,
+    })),
+    vipAnnouncements: getOrCreate(registry, 'lbagent_net_vip_announcements_total', () => new Counter<'reason'>({
+      name: 'lbagent_net_vip_announcements_total',
+      help: 'Gratuitous ARPs for held VIPs, by why they were sent (RFC 5227 §2.3 burst, §2.4 defence, periodic refresh, re-announcement)',
+      labelNames: ['reason'],
       registers,
     })),
     framesDropped: getOrCreate(registry, 'lbagent_net_frames_dropped_total', () => new Counter<'reason'>({

@@ -66,6 +66,7 @@ t.test('defaults come from one place and match Harvester', async (t) => {
   t.equal(c.stateDir, '/var/lib/lb-agent');
   t.equal(c.metrics.listen, '0.0.0.0:9477');
   t.equal(c.control.socket, '/run/lb-agent/agent.sock');
+  t.equal(c.arp.refreshInterval, 10, 'held VIPs are re-announced every 10 s');
   const s = c.services[0]!;
   t.equal(s.key, 'default/web');
   t.equal(s.namespace, 'default');

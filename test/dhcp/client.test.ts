@@ -528,3 +528,56 @@ t.test('random event sequences keep the invariants (bounded, seeded)', async (t)
   }
   t.equal(problems, 0, 'bind/unbind alternate, a lease exactly in BOUND/RENEWING/REBINDING, timers in the future');
 });
+
+t.test('a host that insists on the bound address: unbind, DECLINE, wait declineWait, another lease', async (t) => {
+  const c = ctx();
+  const OTHER = '52:54:00:00:00:99';
+  const { s, now } = acquire(c);
+  t.equal(s.name, 'BOUND');
+  t.equal(step(c, s, { type: 'conflict', address: ip('10.99.0.199'), mac: OTHER }, now + 1).reason, 'stale-conflict', 'a verdict about another address changes nothing');
+  const r = step(c, s, { type: 'conflict', address: ADDR, mac: OTHER }, now + SEC);
+  t.equal(r.reason, 'conflict');
+  const [unbind] = of(r.actions, 'unbind');
+  t.match(unbind, { address: ADDR, cause: 'conflict', at: now + SEC, detail: OTHER }, 'the address is withdrawn first');
+  t.ok(r.actions.indexOf(unbind!) < r.actions.indexOf(sends(r.actions)[0]!), 'before the DECLINE goes out');
+  t.match(unbindReason(unbind!, 0), /52:54:00:00:00:99 insisted on 10\.99\.0\.101 .*declined it/);
+  const [dec] = sends(r.actions);
+  t.equal(dec!.message.kind, 'DECLINE');
+  t.same(dec!.to, { kind: 'broadcast' });
+  t.equal(dec!.srcIp, 0, 'from 0.0.0.0: we no longer hold the address');
+  const w = wire(dec!);
+  t.equal(w.get(50)!.readUInt32BE(0), ADDR, 'option 50: the declined address');
+  t.equal(w.get(54)!.readUInt32BE(0), SERVER, 'option 54: the server that leased it');
+  t.equal(w.get(56)!.toString(), `address in use by ${OTHER}`);
+  t.ok(of(r.actions, 'forget').length === 1, 'the saved lease is forgotten');
+  t.ok(of(r.actions, 'note').some((n) => n.what === 'declined'));
+  t.equal(r.state.name, 'INIT');
+  t.equal(r.state.lease, undefined);
+  t.same(r.state.declined, [ADDR]);
+  t.equal(r.state.timerAt, now + SEC + 10 * SEC, 'RFC 2131 §3.1.5: declineWait before DISCOVER');
+  const d = step(c, r.state, { type: 'timer' }, now + 11 * SEC);
+  t.equal(d.state.name, 'SELECTING');
+  t.notOk(wire(sends(d.actions)[0]!).has(50), 'the declined address is not asked for again');
+  let n = step(c, d.state, reply('OFFER', d.state.xid, { yiaddr: ip('10.99.0.102') }), now + 12 * SEC);
+  n = step(c, n.state, reply('ACK', n.state.xid, { yiaddr: ip('10.99.0.102') }), now + 12 * SEC);
+  n = step(c, n.state, { type: 'probe-ok' }, now + 13 * SEC);
+  t.equal(n.state.name, 'BOUND');
+  t.same(of(n.actions, 'bind').map((b) => b.lease.address), [ip('10.99.0.102')], 'another lease bound');
+
+  // RENEWING and REBINDING hold the address too.
+  const renewing = step(c, s, { type: 'timer' }, s.lease!.renewAt).state;
+  t.equal(renewing.name, 'RENEWING');
+  t.equal(step(c, renewing, { type: 'conflict', address: ADDR }, s.lease!.renewAt + 1).state.name, 'INIT');
+  const rebinding = step(c, renewing, { type: 'timer' }, s.lease!.rebindAt).state;
+  t.equal(rebinding.name, 'REBINDING');
+  const rb = step(c, rebinding, { type: 'conflict', address: ADDR }, s.lease!.rebindAt + 1);
+  t.equal(rb.state.name, 'INIT');
+  t.equal(wire(sends(rb.actions)[0]!).get(56)!.toString(), 'address in use');
+
+  // Nothing is held in any other state: nothing to give up.
+  for (const st of [initialState(), step(c, initialState(), { type: 'start' }, T0).state, r.state]) {
+    const x = step(c, st, { type: 'conflict', address: ADDR, mac: OTHER }, now + 20 * SEC);
+    t.equal(x.reason, 'not-bound', `${st.name}: ignored`);
+    t.same(x.actions, []);
+  }
+});

@@ -2,7 +2,6 @@
 // in-memory socket with a ManualClock (the real-kernel runs are in
 // test/privileged/net-arp.test.ts).
 import t from 'tap';
-import { EventEmitter } from 'node:events';
 import { Registry } from 'prom-client';
 import { ManualClock } from '../../agent/clock';
 import type { ArpTimings } from '../../agent/config/types';
@@ -10,19 +9,18 @@ import { parseIPv4 } from '../../agent/ipv4';
 import { arpAnnouncement, arpProbe, ARP_OP_REPLY, ARP_OP_REQUEST, decodeArp, encodeArp, type ArpPacket } from '../../agent/net/arp';
 import {
   announce,
-  ArpDefender,
   arpConflictError,
   defenseVerdict,
   initialProbeState,
   probeAddress,
   probeStep,
   RFC5227_TIMINGS,
-  type ArpConflict,
   type ProbeEvent,
   type ProbeState,
 } from '../../agent/net/arp-probe';
 import { netMetrics } from '../../agent/net/metrics';
 import type { PacketSocket } from '../../agent/net/packet';
+import { MemorySocket } from '../helpers/memory-socket';
 
 const ip = (s: string): number => parseIPv4(s)!;
 const OUR_MAC = '02:aa:bb:cc:dd:01';
@@ -137,15 +135,6 @@ t.test('defender verdicts (RFC 5227 §2.4)', async (t) => {
   t.same(defenseVerdict(held, OUR_MAC, reply(OTHER_MAC, CANDIDATE), undefined, 0, { ...o, defend: false }).verdict, 'conflict');
 });
 
-/** An in-memory PacketSocket: records sends, lets the test inject frames. */
-class MemorySocket extends EventEmitter {
-  readonly ifindex = 7;
-  readonly sent: Buffer[] = [];
-  closed = false;
-  send(frame: Buffer): void { this.sent.push(frame); }
-  close(): void { this.closed = true; }
-  inject(p: ArpPacket): void { this.emit('frame', encodeArp(p), { csumNotReady: false, pktType: 0 }); }
-}
 
 t.test('probeAddress driver: free address in simulated time', async (t) => {
   const clock = new ManualClock();
@@ -204,33 +193,6 @@ t.test('announce: count announcements, intervalMs apart', async (t) => {
   t.equal(socket.sent.length, 3);
   t.same(socket.sent[0], encodeArp(arpAnnouncement(OUR_MAC, CANDIDATE)));
   t.match(await registry.metrics(), /lbagent_net_gratuitous_arps_sent_total 3/);
-});
-
-t.test('ArpDefender: reports, defends once per interval, ignores the rest', async (t) => {
-  const clock = new ManualClock();
-  const socket = new MemorySocket();
-  const registry = new Registry();
-  const d = new ArpDefender({ socket: socket as unknown as PacketSocket, mac: OUR_MAC, ips: ['10.99.0.50'], clock, metrics: netMetrics(registry) });
-  const seen: ArpConflict[] = [];
-  d.on('conflict', (c: ArpConflict) => seen.push(c));
-  socket.inject(reply(OUR_MAC, CANDIDATE));
-  socket.inject(arpProbe(OTHER_MAC, CANDIDATE));
-  socket.inject(reply(OTHER_MAC, ip('10.99.0.51')));
-  t.equal(seen.length, 0, 'own frames, probes and other addresses are not conflicts');
-  socket.inject(reply(OTHER_MAC, CANDIDATE));
-  clock.advance(1000);
-  socket.inject(reply(OTHER_MAC, CANDIDATE));
-  t.same(seen.map((c) => [c.ip, c.mac, c.defended, c.repeated]), [
-    ['10.99.0.50', OTHER_MAC, true, false],
-    ['10.99.0.50', OTHER_MAC, false, true],
-  ]);
-  t.equal(socket.sent.length, 1, 'one defending announcement');
-  t.match(await registry.metrics(), /lbagent_net_arp_conflicts_total\{phase="defend"\} 2/);
-  d.remove('10.99.0.50');
-  socket.inject(reply(OTHER_MAC, CANDIDATE));
-  t.equal(seen.length, 2, 'released addresses are not defended');
-  d.close();
-  t.equal(socket.listenerCount('frame'), 0);
 });
 
 t.test('arpConflictError names the address and the MAC', async (t) => {

@@ -1,11 +1,13 @@
 // Privileged: a pool service keeps its address across restarts. After a
 // SIGTERM the agent takes its VIPs off the parent and keeps the claims;
 // after a SIGKILL the VIPs are still on the parent, and the restarted agent
-// adopts them (probe, then keep) instead of failing on them. In both cases
+// adopts them: announced and defended at once, not probed again (RFC 5227
+// probes an address a host is about to begin using). In both cases
 // each service gets the same address back, whatever order services start in.
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
 import { createLab } from '../helpers/netns';
+import { RFC5227_TIMINGS } from '../../agent/net/arp-probe';
 import { addressesOf, ipamLab, ping, readClaims, startPoolDriver } from './fixtures/ipam-harness';
 
 const POOLS = { 'range-global': '10.99.0.200-10.99.0.210' };
@@ -50,8 +52,10 @@ if (requirePrivileged(t)) {
     t.ok(left.includes(`${a}/32`) && left.includes(`${b}/32`), 'a killed agent leaves its VIPs on the parent');
     t.ok(await ping(lab, client, a), 'which still answer meanwhile');
 
+    const startedAt = Date.now();
     const second = startPoolDriver(lab, node, { stateDir, pools: POOLS, services: [{ name: 'b' }, { name: 'a' }] });
     t.equal(await second.vip('default/a'), a, 'same address for a');
+    t.comment(`SIGKILL, restart: a adopted ${Date.now() - startedAt} ms after the driver was spawned`);
     t.equal(await second.vip('default/b'), b, 'same address for b');
     const st = await second.statuses();
     t.match(st['default/a'], { state: 'bound', details: { adopted: true, via: 'claim', conflicts: 0 } }, 'adopted, not a conflict with itself');
@@ -59,10 +63,31 @@ if (requirePrivileged(t)) {
     const now = await addressesOf(lab, node);
     t.equal(now.filter((x) => x === `${a}/32`).length, 1, 'the address is on the parent once');
     t.notMatch(second.stderr, /"level":"(error|fatal)"/, 'no error logged');
+    t.match(await second.metrics(), /lbagent_net_arp_probes_total 0\b/, 'no ARP probe for an adopted address');
+    t.match(second.stderr, new RegExp(`"op":"adopt"[^\\n]*"address":"${a.replace(/\./g, '\\.')}"`), 'logged as adopted');
+    t.match(await second.metrics(), /lbagent_net_vip_announcements_total\{reason="burst"\} [1-9]/, 'announced at once');
     t.ok(await ping(lab, client, a), 'serving');
 
     // And a clean stop after adoption withdraws them as usual.
     await second.kill('SIGTERM');
     t.same((await addressesOf(lab, node)).filter((x) => x.endsWith('/32')), [], 'withdrawn on SIGTERM');
+  });
+
+  t.test('SIGKILL with RFC 5227 timings: the adopted VIP is held at once, not after a 4-7 s probe', async (t) => {
+    const lab = await createLab(t);
+    const { node, client } = await ipamLab(lab);
+    const stateDir = lab.file('state');
+    const first = startPoolDriver(lab, node, { stateDir, pools: POOLS, services: [{ name: 'a' }] });
+    const a = await first.vip('default/a');
+    await first.kill('SIGKILL');
+    const startedAt = Date.now();
+    const second = startPoolDriver(lab, node, { stateDir, pools: POOLS, services: [{ name: 'a' }], arp: RFC5227_TIMINGS });
+    t.equal(await second.vip('default/a', 10_000), a, 'the same address');
+    const ms = Date.now() - startedAt;
+    t.comment(`adopted and announced ${ms} ms after the driver was spawned (an RFC 5227 probe alone takes PROBE_WAIT + 2 x PROBE_MIN..MAX + ANNOUNCE_WAIT = 4-7 s)`);
+    // Node start-up included; a probe could not finish before 4 s.
+    t.ok(ms < 3000, `held within 3 s (${ms} ms)`);
+    t.ok(await ping(lab, client, a), 'serving');
+    await second.kill('SIGTERM');
   });
 }

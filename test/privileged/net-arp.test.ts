@@ -1,7 +1,7 @@
 // RFC 5227 on the real kernel, inside lab namespaces: a gratuitous ARP burst
 // teaches a neighbour the VIP's MAC, a probe finds the holder of a taken
-// address (and none for a free one), and the defender reports a host that
-// claims an address we hold.
+// address (and none for a free one), and the VIP owner (net/vip-owner.ts)
+// defends an address we hold against a host that claims it.
 import t from 'tap';
 import type { ArpTimings } from '../../agent/config/types';
 import type { LinkInfo } from '../../agent/net/netlink';
@@ -72,7 +72,7 @@ if (requirePrivileged(t)) {
     t.match(fromParent.result, { conflict: true, conflictingMac: holderMac }, 'probing from the parent finds the holder too');
   });
 
-  t.test('the defender reports another host claiming a held address', async (t) => {
+  t.test('the VIP owner defends a held address against another host claiming it', async (t) => {
     const lab = await createLab(t);
     const node = await lab.addHost('node', { address: '10.99.0.2/24' });
     const rogue = await lab.addHost('rogue', { address: '10.99.0.3/24' });
