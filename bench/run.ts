@@ -2,10 +2,10 @@
 // and its peers on the same traffic in the same run, and writes
 // bench/results/<YYYY-MM-DD>.md with the raw numbers beside it as JSON.
 // Orchestration only: each area lives in its own module (forwarding.ts,
-// dhcp.ts, detection.ts, control.ts, wrapped.ts for the standalone benches
-// other modules ship), statistics and rendering in lib/.
+// dhcp.ts, detection.ts, control.ts, restart.ts, wrapped.ts for the
+// standalone benches other modules ship), statistics and rendering in lib/.
 //
-//   npm run bench -- [--only forward,dhcp,health,control,preflight,failover]
+//   npm run bench -- [--only forward,dhcp,health,control,restart,preflight,failover]
 //                    [--rounds N] [--quick] [--out DIR] [--readme] [--dhcp-many-ping]
 //
 // --quick: one round and short measurements (3-4 minutes), to check the
@@ -19,12 +19,13 @@ import { benchForward, FORWARD_TARGETS } from './forwarding';
 import { benchDhcp, DHCP_CLIENTS } from './dhcp';
 import { benchDetection, DETECTION_SETTINGS } from './detection';
 import { benchControl } from './control';
+import { benchRestart } from './restart';
 import { benchProbeRate, benchPreflight, benchFailover } from './wrapped';
 import { machineFacts, loadAverage, otherCpuMeter } from './lib/procfs';
 import { evaluateTargets, renderResults, renderReadmeSummary, updateReadme, type BenchResults } from './lib/report';
 import { round } from './lib/stats';
 
-const AREAS = ['forward', 'dhcp', 'health', 'control', 'preflight', 'failover'] as const;
+const AREAS = ['forward', 'dhcp', 'health', 'control', 'restart', 'preflight', 'failover'] as const;
 type Area = (typeof AREAS)[number];
 
 const TOOLS: Record<Area, string[]> = {
@@ -32,6 +33,8 @@ const TOOLS: Record<Area, string[]> = {
   dhcp: ['dnsmasq', 'busybox', 'dhclient', 'tcpdump'],
   health: ['haproxy'],
   control: ['dnsmasq'],
+  // The continuity lab runs dnsmasq; the agent runs nft (kernel path) and ip/unshare; HAProxy is the peer.
+  restart: ['haproxy', 'dnsmasq', 'nft', 'ip', 'unshare'],
   preflight: [],
   failover: [],
 };
@@ -150,6 +153,12 @@ async function main(): Promise<void> {
       case 'control':
         await runArea(area, async () => {
           results.control = await benchControl({ rounds: R, reloads: q ? 3 : 5, services: 100, log: log(area) });
+        });
+        break;
+      case 'restart':
+        await runArea(area, async () => {
+          results.restart = await benchRestart({ rounds: R, preMs: q ? 300 : 400, postMs: q ? 500 : 800, log: log(area) });
+          if (results.restart.summary.length === 0) throw new Error(results.restart.errors.join('; ') || 'no event measured');
         });
         break;
       case 'preflight':

@@ -12,7 +12,7 @@ export type { AgentHandle };
 export const FAST_ARP = { probeWait: 0.05, probeNum: 2, probeMin: 0.05, probeMax: 0.1, announceWait: 0.05, announceNum: 2, announceInterval: 0.1 };
 
 /** Start the agent; log level info by default (debug would log per packet and tax what is measured). */
-export async function runAgent(lab: Lab, ns: string, cfg: Record<string, unknown>, opts: { name?: string; waitReady?: boolean; logLevel?: string; stateDir?: string } = {}): Promise<AgentHandle> {
+export async function runAgent(lab: Lab, ns: string, cfg: Record<string, unknown>, opts: { name?: string; waitReady?: boolean; logLevel?: string; stateDir?: string; args?: string[] } = {}): Promise<AgentHandle> {
   return startAgent(lab, ns, cfg, { logLevel: 'info', ...opts });
 }
 

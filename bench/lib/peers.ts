@@ -122,6 +122,10 @@ export interface HaproxyOptions {
   /** Extra frontends: [bind, servers]. */
   extra?: { name: string; bind: string; servers: { name: string; address: string }[] }[];
   statsSocket?: string;
+  /** `expose-fd listeners` on the stats socket: a new process may take the listening sockets over it (`-x`). */
+  exposeListeners?: boolean;
+  /** Master-worker mode (`-W -S <masterSocket>`): SIGUSR2 to the master reloads, the new worker takes the old one's listeners. */
+  masterSocket?: string;
 }
 
 export function haproxyConfig(o: HaproxyOptions): string {
@@ -133,7 +137,7 @@ export function haproxyConfig(o: HaproxyOptions): string {
     `listen ${name}\n  bind ${bind}\n  balance roundrobin\n${servers.map(server).join('\n')}\n`;
   return `global
 ${o.threads !== undefined ? `  nbthread ${o.threads}\n` : ''}  maxconn 9000
-${o.statsSocket ? `  stats socket ${o.statsSocket} mode 600 level admin\n` : ''}defaults
+${o.statsSocket ? `  stats socket ${o.statsSocket} mode 600 level admin${o.exposeListeners ? ' expose-fd listeners' : ''}\n` : ''}defaults
   mode tcp
   timeout connect 2s
   timeout client 60s
@@ -142,13 +146,13 @@ ${o.check ? `  timeout check ${o.check.timeoutMs}ms\n` : ''}
 ${listen('vip', o.bind, o.servers)}${(o.extra ?? []).map((e) => listen(e.name, e.bind, e.servers)).join('')}`;
 }
 
-/** HAProxy in the foreground (-db): its warnings, server state changes included, arrive on stderr. */
+/** HAProxy in the foreground (-db; with masterSocket the master stays in the foreground): its warnings, server state changes included, arrive on stderr. */
 export async function startHaproxy(lab: Lab, ns: string, name: string, o: HaproxyOptions): Promise<Peer> {
   const conf = lab.file(`${name}.cfg`);
   fs.writeFileSync(conf, haproxyConfig(o));
   const port = Number(o.bind.split(':').pop());
   await mustBeFree(lab, ns, port, name);
-  const proc = lab.spawn(ns, 'haproxy', ['-db', '-f', conf]);
+  const proc = lab.spawn(ns, 'haproxy', [...(o.masterSocket ? ['-W', '-S', o.masterSocket] : []), '-db', '-f', conf]);
   const peer = track(name, proc);
   try {
     await waitListening(lab, ns, port, name, proc);

@@ -6,6 +6,7 @@ import type { ForwardResult, ForwardTarget } from '../forwarding';
 import type { DhcpResult, DhcpSummaryRow } from '../dhcp';
 import type { DetectionResult } from '../detection';
 import type { ControlResult } from '../control';
+import { WHO_LABEL, EVENT_LABEL, type RestartResult, type RestartSummaryRow, type RestartEvent, type RestartWho } from '../restart';
 import type { ProbeRateResult, PreflightResult, FailoverResult } from '../wrapped';
 import type { Machine } from './procfs';
 import { fmt, fmtRatio, ratio } from './stats';
@@ -33,6 +34,7 @@ export interface BenchResults {
   probes?: ProbeRateResult;
   detection?: DetectionResult;
   control?: ControlResult;
+  restart?: RestartResult;
   preflight?: PreflightResult;
   failover?: FailoverResult;
   targets: TargetRow[];
@@ -103,8 +105,37 @@ export function evaluateTargets(r: BenchResults): TargetRow[] {
     const v = Math.max(many.rssMiB, many.rssAfterReloadsMiB);
     rows.push({ area: 'control', target: `RSS under 80 MiB with ${many.services} services`, measured: `${fmt(many.rssMiB, 1)} MiB after start, ${fmt(many.rssAfterReloadsMiB, 1)} MiB after ${many.reloads} reloads`, met: judge(v, (x) => x < 80) });
   }
+  rows.push(...restartTargets(r.restart));
   const pf = r.preflight?.summary;
   if (pf) rows.push({ area: 'preflight', target: '`lb-agent check` under 1 s (fresh process, preflight issue)', measured: `${fmt(pf.freshProcessMedianMs)} ms`, met: judge(pf.freshProcessMedianMs, (x) => x < 1000) });
+  return rows;
+}
+
+const restartRow = (r: RestartResult, who: RestartWho, event: RestartEvent): RestartSummaryRow | undefined =>
+  r.summary.find((s) => s.who === who && s.event === event && s.runsOk > 0);
+
+/** Issue 14's restart targets: zero means zero in every round (a sum), the comparison with HAProxy is on medians. */
+export function restartTargets(r: RestartResult | undefined): TargetRow[] {
+  if (!r) return [];
+  const rows: TargetRow[] = [];
+  const zero = (who: RestartWho, events: readonly RestartEvent[], target: string): void => {
+    const found = events.map((e) => restartRow(r, who, e));
+    const seen = found.filter((x): x is RestartSummaryRow => x !== undefined);
+    const total = seen.reduce((s, x) => s + x.totalFailures, 0);
+    const complete = seen.length === events.length;
+    const parts = events.map((e, i) => `${e} ${found[i] ? `${found[i]!.totalFailures} (${found[i]!.runsOk} rounds)` : 'not measured'}`);
+    rows.push({ area: 'restart', target, measured: `${total} failed requests: ${parts.join(', ')}`, met: total > 0 ? false : complete ? true : undefined });
+  };
+  zero('kernel', ['sigkill', 'planned', 'reload-global', 'reload-services'], 'kernel path: 0 failed requests across SIGKILL, planned restart and reload');
+  zero('proxy', ['reload-global', 'reload-services'], 'proxy path: 0 failed requests across a reload');
+  const p = restartRow(r, 'proxy', 'planned');
+  const h = restartRow(r, 'haproxy', 'seamless-reload');
+  rows.push({
+    area: 'restart',
+    target: 'proxy path planned restart no worse than HAProxy seamless reload (outside systemd: expect not met; under systemd see test continuity-systemd)',
+    measured: p && h ? `${fmt(p.failures)} vs ${fmt(h.failures)} failed requests, longest ${fmt(p.longestMs)} ms vs ${fmt(h.longestMs)} ms (medians)` : 'not measured',
+    met: p && h ? judge(p.failures - h.failures, (d) => d <= 0) : undefined,
+  });
   return rows;
 }
 
@@ -202,6 +233,18 @@ export function controlTable(r: BenchResults): string | undefined {
   ]);
 }
 
+export function restartTable(r: BenchResults): string | undefined {
+  const x = r.restart;
+  if (!x || x.summary.length === 0) return undefined;
+  const base = restartRow(x, 'haproxy', 'seamless-reload');
+  return table(['who', 'event', 'failed requests', 'longest request ms', 'longest x HAProxy seamless reload', 'first answer after ms', 'gap ms', 'failed, all rounds', 'rounds ok'],
+    x.summary.map((s) => [
+      WHO_LABEL[s.who], EVENT_LABEL[s.event], fmt(s.failures), fmt(s.longestMs),
+      s.who === 'haproxy' ? '-' : fmtRatio(ratio(s.longestMs, base?.longestMs ?? NaN)),
+      fmt(s.firstAnswerAfterMs), fmt(s.gapMs), fmt(s.totalFailures), `${s.runsOk}/${s.runs}`,
+    ]));
+}
+
 /** Numbers of a JSON document, flattened to dotted paths (bounded), for another module's bench output. */
 export function flattenNumbers(doc: unknown, prefix = '', out: [string, number][] = [], depth = 0): [string, number][] {
   if (out.length >= 60 || depth > 4) return out;
@@ -280,6 +323,15 @@ export function renderResults(r: BenchResults): string {
     parts.push('The real `lb-agent run`; "served" is a client in another namespace getting its first HTTP 200 through the VIP (it polls every 10 ms). dnsmasq with --no-ping here.');
     parts.push(ct);
   }
+  const rt = restartTable(r);
+  if (r.restart) {
+    const c = { ...r.restart!.config, errors: r.restart!.errors };
+    parts.push('## Restart and reload, client loop every 20 ms');
+    parts.push(`A client in another namespace starts an HTTP GET through the VIP (${c.vip}) every ${c.intervalMs} ms, each on a new connection with a ${c.timeoutMs} ms deadline; each event gets the loop's window from ${c.preMs} ms before it until ${c.postMs} ms after the process serves again (status ready, or the new HAProxy worker in place). "first answer after" runs from the event to the end of the first answer that started after it and after the last failure. lb-agent runs as \`lb-agent run --on-stop keep\` (as the systemd unit does), outside systemd. HAProxy: ${c.haproxy}; the same backends and the same VIP, which the bench adds to the node's eth0. Medians over rounds.`);
+    if (rt) parts.push(rt);
+    parts.push('Outside systemd, a proxy-path restart has a gap: the old process closes its listening sockets and the new one binds again. Under the systemd unit the listeners wait in systemd\'s fd store across a restart; test/privileged/continuity-systemd.test.ts shows zero failed new connections there. The kernel path needs no process to forward.');
+    if (c.errors.length) parts.push(`Not measured: ${c.errors.join('; ')}.`);
+  }
   const pf = r.preflight?.summary;
   if (pf || r.preflight?.error) {
     parts.push('## Preflight');
@@ -326,6 +378,8 @@ export function renderReadmeSummary(r: BenchResults, resultsFile: string): strin
   if (dtt) parts.push(`Health, detection against HAProxy:\n\n${dtt}`);
   const ct = controlTable(r);
   if (ct) parts.push(`Control plane:\n\n${ct}`);
+  const rt = restartTable(r);
+  if (rt) parts.push(`Restart and reload, client loop every 20 ms (a new connection per request, ${r.restart!.config.timeoutMs} ms deadline; proxy-path restarts measured outside systemd, where the listeners do not survive the process):\n\n${rt}`);
   const fo = failoverTable(r);
   if (fo) parts.push(`Failover (bench/failover.ts), death of the Master VM to the first answer through the VIP:\n\n${fo}`);
   parts.push(`Targets (shown, not asserted):\n\n${table(['area', 'target', 'measured', 'result'], r.targets.map((t) => [t.area, t.target, t.measured, yes(t.met)]))}`);

@@ -4,6 +4,7 @@
 import t from 'tap';
 import { evaluateTargets, renderResults, renderReadmeSummary, updateReadme, README_BEGIN, README_END, type BenchResults } from '../../../bench/lib/report';
 import type { ForwardTargetSummary } from '../../../bench/forwarding';
+import type { RestartResult, RestartSummaryRow } from '../../../bench/restart';
 
 function fwd(label: string, ka: number, nc: number, bulk: number): ForwardTargetSummary {
   return { label, keepalive: { requestsPerSec: ka, p50ms: 0.5, p99ms: 2 }, newConnections: { connectionsPerSec: nc, p50ms: 1, p99ms: 5 }, bulkGbps: bulk, rssMiB: 70, peakRssMiB: 72, errors: 0, samples: 3 };
@@ -135,4 +136,51 @@ t.test('failover output of another shape falls back to its numbers', async (t) =
   const md = renderResults(r);
   t.match(md, /\| takeoverMs \| 120 \|/);
   t.match(md, /\| nested\.a \| 1 \|/);
+});
+
+function restartResult(rows: Partial<RestartSummaryRow>[]): RestartResult {
+  return {
+    config: { rounds: 3, preMs: 400, postMs: 800, intervalMs: 20, timeoutMs: 500, vip: '10.99.0.200/32', haproxy: 'haproxy -W -S' },
+    summary: rows.map((r) => ({ who: 'kernel', event: 'sigkill', failures: 0, longestMs: 20, firstAnswerAfterMs: 20, gapMs: 0, totalFailures: 0, runs: 3, runsOk: 3, ...r })),
+    raw: [], errors: [],
+  };
+}
+
+const restartRows = (over: Partial<RestartSummaryRow>[] = []): Partial<RestartSummaryRow>[] => [
+  { who: 'kernel', event: 'sigkill' }, { who: 'kernel', event: 'planned' }, { who: 'kernel', event: 'reload-global' }, { who: 'kernel', event: 'reload-services' },
+  { who: 'proxy', event: 'sigkill', failures: 35, totalFailures: 100, gapMs: 900, firstAnswerAfterMs: 910 }, { who: 'proxy', event: 'planned', failures: 55, longestMs: 30, totalFailures: 160 },
+  { who: 'proxy', event: 'reload-global' }, { who: 'proxy', event: 'reload-services' },
+  { who: 'haproxy', event: 'seamless-reload', longestMs: 60 }, { who: 'haproxy', event: 'stop-start', failures: 12, totalFailures: 30 },
+  ...over,
+];
+
+t.test('restart targets: zero failed requests in every round, the planned proxy restart against HAProxy\'s seamless reload', async (t) => {
+  const r = results();
+  r.restart = restartResult(restartRows());
+  const rows = evaluateTargets(r).filter((x) => x.area === 'restart');
+  t.same(rows.map((x) => x.met), [true, true, false]);
+  t.equal(rows[2]!.measured, '55 vs 0 failed requests, longest 30 ms vs 60 ms (medians)');
+  t.match(rows[2]!.target, /outside systemd: expect not met/);
+
+  r.restart = restartResult(restartRows().map((x) => (x.who === 'kernel' && x.event === 'reload-services' ? { ...x, totalFailures: 1 } : x)));
+  const k = evaluateTargets(r).find((x) => x.target.startsWith('kernel path: 0 failed'))!;
+  t.equal(k.met, false, 'one failed request in one round is not met, though the median is 0');
+  t.match(k.measured, /^1 failed requests: .*reload-services 1 \(3 rounds\)/);
+
+  r.restart = restartResult(restartRows().filter((x) => !(x.who === 'proxy' && x.event === 'reload-global')));
+  t.equal(evaluateTargets(r).find((x) => x.target.startsWith('proxy path: 0 failed'))!.met, undefined, 'an event not measured leaves the target not measured');
+});
+
+t.test('restart table: every event with the ratio to HAProxy\'s seamless reload, and the systemd note', async (t) => {
+  const r = results();
+  r.restart = restartResult(restartRows());
+  r.restart.errors = ['round 2 proxy reload-global: reload rejected'];
+  const md = renderResults(r);
+  t.match(md, /## Restart and reload, client loop every 20 ms/);
+  t.match(md, /\| lb-agent, proxy path \| planned restart: SIGTERM \(`--on-stop keep`\), new `lb-agent run` \| 55 \| 30 \| 0\.50x \| 20 \| 0 \| 160 \| 3\/3 \|/);
+  t.match(md, /\| HAProxy, master-worker \| stop \(SIGTERM\) and start \| 12 \| 20 \| - \|/);
+  t.match(md, /fd store/);
+  t.match(md, /Not measured: round 2 proxy reload-global: reload rejected\./);
+  t.notMatch(md, /undefined|NaN/);
+  t.match(renderReadmeSummary(r, 'bench/results/x.md'), /Restart and reload, client loop every 20 ms/);
 });
