@@ -43,6 +43,9 @@ declare -A pkgs=(
   [python3]=/usr/bin/python3
   [systemd-container]=/usr/bin/systemd-nspawn
   [debootstrap]=/usr/sbin/debootstrap
+  [conntrack]=/usr/sbin/conntrack
+  [curl]=/usr/bin/curl
+  [procps]=/usr/sbin/sysctl
 )
 missing=()
 for p in "${!pkgs[@]}"; do

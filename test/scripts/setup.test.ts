@@ -1,0 +1,66 @@
+// scripts/setup.sh installs every program the agent, the demo, the tests and
+// the bench run (issue 16: the bench's forward area failed on a fresh VM
+// because conntrack was missing). The programs are found in the sources -
+// the first argument of spawn/execFile/run and of a lab's spawn/exec, and the
+// bench's per-area tool lists - and each must be in setup.sh's package map,
+// be a program of a package there, or belong to Debian's essential set.
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import t from 'tap';
+
+const ROOT = path.resolve(__dirname, '..', '..', '..');
+
+/** Essential on every Debian/Ubuntu (coreutils, util-linux, bash, libc-bin, dash). */
+const ESSENTIAL = new Set(['sh', 'bash', 'env', 'cat', 'timeout', 'nproc', 'mkfifo', 'mount', 'umount', 'unshare', 'setpriv', 'prlimit', 'getent', 'kill', 'sleep', 'true', 'false']);
+/** Programs that come with a package named in setup.sh under another file. */
+const ALSO = new Map([['promtool', 'prometheus'], ['node', 'nodejs (checked by setup.sh itself)']]);
+/** Run only inside the systemd test container, whose root has them. */
+const IN_CONTAINER = new Set(['systemctl', 'journalctl', 'systemd-sysusers']);
+
+function sources(dir: string): string[] {
+  const out: string[] = [];
+  if (!fs.existsSync(dir)) return out;
+  for (const e of fs.readdirSync(dir, { withFileTypes: true })) {
+    const p = path.join(dir, e.name);
+    if (e.isDirectory()) out.push(...sources(p));
+    else if (e.name.endsWith('.ts')) out.push(p);
+  }
+  return out;
+}
+
+function programsRun(): Map<string, string> {
+  const found = new Map<string, string>();
+  const patterns = [
+    /\b(?:spawn|spawnSync|execFile|execFileSync|execProgram)\(\s*'([a-z0-9_.-]+)'/g,
+    /\brun\(\s*'([a-z0-9_.-]+)',\s*\[/g,
+    /\blab\.(?:spawn|exec)\([^,()]+(?:\([^)]*\))?,\s*'([a-z0-9_.-]+)'/g,
+    /\bexec\(\s*'([a-z0-9_.-]+)',\s*\[/g,
+  ];
+  for (const dir of ['agent', 'bench', 'test', 'lab']) {
+    for (const f of sources(path.join(ROOT, dir))) {
+      const text = fs.readFileSync(f, 'utf8');
+      for (const re of patterns) for (const m of text.matchAll(re)) if (!found.has(m[1]!)) found.set(m[1]!, path.relative(ROOT, f));
+      // bench/run.ts: the tools each area checks for before it runs.
+      if (path.relative(ROOT, f) !== path.join('bench', 'run.ts')) continue;
+      for (const m of text.matchAll(/^\s+[a-z]+: \[((?:'[a-z0-9_.-]+',? ?)*)\],$/gm)) {
+        for (const q of m[1]!.matchAll(/'([a-z0-9_.-]+)'/g)) if (!found.has(q[1]!)) found.set(q[1]!, path.relative(ROOT, f));
+      }
+    }
+  }
+  return found;
+}
+
+function installed(): Set<string> {
+  const text = fs.readFileSync(path.join(ROOT, 'scripts', 'setup.sh'), 'utf8');
+  return new Set([...text.matchAll(/^\s+\[[a-z0-9.+-]+\]=(\S+)$/gm)].map((m) => path.basename(m[1]!)));
+}
+
+t.test('every program the code runs is installed by scripts/setup.sh', async (t) => {
+  const have = installed();
+  t.ok(have.has('conntrack'), 'conntrack (the bench forward area flushes flows with it)');
+  const run = programsRun();
+  t.ok(run.size > 20, `programs found in the sources (${run.size}): the scan works`);
+  for (const must of ['nft', 'dnsmasq', 'haproxy', 'conntrack', 'systemd-nspawn']) t.ok(run.has(must), `the scan sees ${must}`);
+  const missing = [...run].filter(([p]) => !have.has(p) && !ESSENTIAL.has(p) && !ALSO.has(p) && !IN_CONTAINER.has(p));
+  t.same(missing.map(([p, f]) => `${p} (run in ${f})`), [], 'nothing the code runs is left for a fresh VM to lack');
+});
