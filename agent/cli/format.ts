@@ -2,6 +2,9 @@
 // its backends. Pure: a StatusDocument in, text out.
 import type { StatusDocument } from '../daemon/daemon';
 
+/** How many of the status document's events the text shows (newest last). */
+export const STATUS_EVENTS = 10;
+
 function table(rows: string[][], indent = ''): string {
   const widths: number[] = [];
   for (const r of rows) r.forEach((c, i) => { widths[i] = Math.max(widths[i] ?? 0, c.length); });
@@ -51,6 +54,14 @@ export function formatStatus(doc: StatusDocument, now = Date.now()): string {
       }
       lines.push(table(br, '  '));
     }
+  }
+  const events = (doc.events ?? []).slice(-STATUS_EVENTS);
+  if (events.length > 0) {
+    lines.push('');
+    lines.push(`last ${events.length} event${events.length === 1 ? '' : 's'}:`);
+    lines.push(table([['AT', 'EVENT', 'WHAT', 'REASON'], ...events.map((e) => [
+      e.at, e.kind, [e.service, e.address].filter(Boolean).join(' ') || '-', e.reason.split('\n').map((l) => l.trim()).filter(Boolean).join('; '),
+    ])], '  '));
   }
   return `${lines.join('\n')}\n`;
 }

@@ -21,6 +21,7 @@ import type { ListenerStore } from '../forward/dataplane';
 import type { Clock } from '../clock';
 import { realClock } from '../clock';
 import { VERSION } from '../version';
+import { EventRing, type StatusEvent, type StatusEventKind } from './events';
 
 export interface DaemonOptions {
   configPath: string;
@@ -81,6 +82,8 @@ export class Daemon extends EventEmitter {
   private reloading: Promise<ReloadResult> | undefined;
   private reloadNext: Promise<ReloadResult> | undefined;
   private healthSave: NodeJS.Timeout | undefined;
+  /** Issue 19: the last events, for status. */
+  private readonly events = new EventRing();
 
   constructor(opts: DaemonOptions) {
     super();
@@ -129,7 +132,10 @@ export class Daemon extends EventEmitter {
     try {
       if (config.metrics.listen !== '') await this.startMetrics(config.metrics.listen);
       this.subs = await this.opts.buildSubsystems(config, { log: this.opts.log, registry, store, clock: this.clock, listenerStore: this.opts.listenerStore });
-      this.subs.health.on('change', () => { this.scheduleApply(); this.saveHealthSoon(); });
+      this.subs.health.on('change', (key: string, address: string, up: boolean) => {
+        this.noteEvent(up ? 'backend-up' : 'backend-down', { service: key, address, reason: this.backendReason(key, address, up) });
+        this.scheduleApply(); this.saveHealthSoon();
+      });
       this.subs.failover?.on('change', (keys: string[]) => this.onFailoverChange(keys));
       this.subs.failover?.on('reannounce', (keys: string[]) => {
         for (const k of keys) if (this.holds(k)) this.runtimes.get(k)?.source?.reannounce?.();
@@ -174,10 +180,16 @@ export class Daemon extends EventEmitter {
     };
     if (spec.primaryService === undefined) {
       const source = this.subs!.createSource(spec);
-      source.on('vip', () => { rt.held = undefined; this.scheduleApply(); this.notifyStatus(); });
+      source.on('vip', () => {
+        rt.held = undefined;
+        const st = source.status();
+        this.noteEvent('vip-gained', { service: spec.key, address: st.vip?.address, reason: st.reason ?? `${spec.ipam} VIP ${st.state}` });
+        this.scheduleApply(); this.notifyStatus();
+      });
       source.on('lost', (reason: string) => {
         this.log.warn({ op: 'vip-lost', service: spec.key, reason }, 'VIP withdrawn');
         rt.held = undefined;
+        this.noteEvent('vip-lost', { service: spec.key, reason });
         if (!this.stopping && this.runtimes.get(spec.key) === rt && !/^(stopped|released)\b/.test(reason)) this.noteInterruption(rt, reason);
         this.scheduleApply();
         this.notifyStatus();
@@ -217,6 +229,11 @@ export class Daemon extends EventEmitter {
   }
 
   private onFailoverChange(keys: string[]): void {
+    for (const key of keys) {
+      const master = this.holds(key);
+      const f = this.subs?.failover?.status(key);
+      this.noteEvent(master ? 'vrrp-master' : 'vrrp-backup', { service: key, reason: master ? 'this node is VRRP Master' : `VRRP Backup${f?.master ? `, Master ${String(f.master)}` : ''}` });
+    }
     for (const key of keys) this.gateSource(key);
     this.scheduleApply();
   }
@@ -285,6 +302,16 @@ export class Daemon extends EventEmitter {
     rt.interruptions++;
     rt.lastInterruption = { at: new Date(this.clock.wallNow()).toISOString(), reason };
     this.metrics?.interruptions.inc({ service: rt.spec.name, namespace: rt.spec.namespace, reason: interruptionKind(reason) });
+  }
+
+  private noteEvent(kind: StatusEventKind, ev: Omit<StatusEvent, 'at' | 'kind'>): void {
+    this.events.push({ at: new Date(this.clock.wallNow()).toISOString(), kind, ...ev });
+  }
+
+  /** The checker's reason for a backend's new state, for the event history. */
+  private backendReason(key: string, address: string, up: boolean): string {
+    const b = this.subs?.health.status(key).find((x) => x.address === address);
+    return [b?.reason ?? (up ? 'health check passed' : 'health check failed'), b?.takenOutBy ? `(${b.takenOutBy} check)` : undefined].filter(Boolean).join(' ');
   }
 
   /** The health verdicts an earlier run persisted, for HealthLike.seed. */
@@ -381,6 +408,7 @@ export class Daemon extends EventEmitter {
     this.log.error({ op: 'reload', errors }, message);
     this.metrics?.reloads.inc({ result: 'rejected' });
     this.lastReload = { at: this.clock.wallNow(), ok: false, message };
+    this.noteEvent('reload-rejected', { reason: message });
     return { ok: false, message, errors };
   }
 
@@ -418,6 +446,7 @@ export class Daemon extends EventEmitter {
     // the new generation with the previous reload's verdict.
     this.generation++;
     this.lastReload = { at, ok: true, message };
+    this.noteEvent('reload-applied', { reason: message });
     this.notifyStatus();
     return { ok: true, message, errors: [], summary: plan.summary };
   }
@@ -612,6 +641,7 @@ export class Daemon extends EventEmitter {
       failover: { mode: c.failover.mode },
       ready: this.readiness().ready,
       services: this.serviceStatuses(),
+      events: this.events.list(),
     };
   }
 
@@ -642,6 +672,7 @@ export function interruptionKind(reason: string): string {
 }
 
 export { VERSION };
+export type { StatusEvent, StatusEventKind } from './events';
 
 export interface ReloadResult {
   ok: boolean;
@@ -673,4 +704,6 @@ export interface StatusDocument {
   failover: { mode: string };
   ready: boolean;
   services: ServiceStatus[];
+  /** Issue 19: the last events (at most EVENT_HISTORY), oldest first. */
+  events: StatusEvent[];
 }

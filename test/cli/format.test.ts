@@ -17,7 +17,7 @@ const svc = (over: Partial<ServiceStatus>): ServiceStatus => ({
 const doc = (services: ServiceStatus[]): StatusDocument => ({
   version: '0.1.0', pid: 42, node: { name: 'vm1', interface: 'eth0', address: '10.99.0.2', priority: 100 },
   config: { path: '/etc/lb-agent/config.yaml', loadedAt: '2026-11-23T20:00:00.000Z', generation: 1, lastReload: undefined },
-  dataplane: { kind: 'kernel', reason: 'auto' }, failover: { mode: 'none' }, ready: true, services,
+  dataplane: { kind: 'kernel', reason: 'auto' }, failover: { mode: 'none' }, ready: true, services, events: [],
 });
 
 t.test('adoption and interruptions are shown per service', async (t) => {
@@ -28,4 +28,21 @@ t.test('adoption and interruptions are shown per service', async (t) => {
   t.match(text, /default\/web: server 10\.99\.0\.1, VIP adopted from the previous run, interrupted 1x, last 2026-11-23T20:01:00\.000Z: server refused the lease of 10\.99\.0\.107 \(DHCPNAK: address not available\)/);
   t.notMatch(text, /default\/api:.*adopted/, 'nothing said of a VIP that was not adopted');
   t.match(text, /default\/web\s+dhcp\s+10\.99\.0\.107/);
+});
+
+t.test('the last 10 events, newest last, one line each', async (t) => {
+  const d = doc([svc({})]);
+  d.events = Array.from({ length: 12 }, (_, i) => ({ at: `2026-11-23T20:00:${String(i).padStart(2, '0')}.000Z`, kind: 'backend-down' as const, service: 'default/web', address: `10.99.0.${i}`, reason: 'connection refused' }));
+  d.events.push({ at: '2026-11-23T20:01:00.000Z', kind: 'reload-rejected', reason: 'reload rejected, running config kept:\n/etc/lb-agent/config.yaml:3: services[0].ports: required' });
+  const text = formatStatus(d, 0);
+  t.match(text, /last 10 events:/);
+  t.notMatch(text, /10\.99\.0\.2 /, 'the oldest events are left out');
+  t.match(text, /20:00:11\.000Z\s+backend-down\s+default\/web 10\.99\.0\.11\s+connection refused/);
+  t.match(text, /reload-rejected\s+-\s+reload rejected, running config kept:; \/etc\/lb-agent\/config\.yaml:3: services\[0\]\.ports: required\n$/, 'the verdict with its error on one line, last');
+});
+
+t.test('a document without events (an older daemon) still prints', async (t) => {
+  const d = doc([svc({})]) as Partial<StatusDocument>;
+  delete d.events;
+  t.notMatch(formatStatus(d as StatusDocument, 0), /event/);
 });
