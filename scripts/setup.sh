@@ -46,6 +46,7 @@ declare -A pkgs=(
   [conntrack]=/usr/sbin/conntrack
   [curl]=/usr/bin/curl
   [procps]=/usr/sbin/sysctl
+  [tmux]=/usr/bin/tmux
 )
 missing=()
 for p in "${!pkgs[@]}"; do

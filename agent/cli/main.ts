@@ -2,7 +2,7 @@
 // The lb-agent command line (commander): parse, dispatch, print, exit.
 // Exit codes: 0 success, 1 failure at run time (or a failed check),
 // 2 bad usage or an invalid config. No logic beyond parsing and printing.
-import { Command, CommanderError, Option } from 'commander';
+import { Command, CommanderError, InvalidArgumentError, Option } from 'commander';
 import { DEFAULT_CONFIG_PATH } from '../config/defaults';
 import { controlSocketOf, type ConfigError } from '../config/load';
 import { readConfigText } from '../config/read';
@@ -11,10 +11,17 @@ import { controlRequest } from '../control/server';
 import { formatStatus } from './format';
 import type { StatusDocument } from '../daemon/daemon';
 import { VERSION } from '../version';
-import { errorMessage, isLbError } from '../errors';
+import { LbError, errorMessage, isLbError } from '../errors';
 
 export const EXIT = { OK: 0, FAILURE: 1, USAGE: 2 } as const;
 const RELOAD_TIMEOUT_MS = 60_000;
+
+/** --interval: seconds, 0.1 to 3600. */
+function parseInterval(v: string): number {
+  const n = Number(v);
+  if (!/^\d+(\.\d+)?$/.test(v) || !(n >= 0.1 && n <= 3600)) throw new InvalidArgumentError('seconds between 0.1 and 3600, e.g. 2 or 0.5');
+  return n;
+}
 
 function out(s: string): void { process.stdout.write(s); }
 function err(s: string): void { process.stderr.write(s); }
@@ -92,8 +99,19 @@ export function buildProgram(): Command {
     .addOption(configOpt())
     .option('-s, --socket <path>', 'control socket (default: control.socket of the config, else /run/lb-agent/agent.sock)')
     .option('--json', 'print the status as JSON')
-    .action(async (opts: { config: string; socket?: string; json?: boolean }) => {
+    .option('-w, --watch', 'redraw the status in place at an interval until Ctrl-C; an unreachable daemon is shown and asked again')
+    .addOption(new Option('-i, --interval <seconds>', 'with --watch: seconds between redraws').default(2).argParser(parseInterval))
+    .action(async (opts: { config: string; socket?: string; json?: boolean; watch?: boolean; interval: number }) => {
       const socket = opts.socket ?? controlSocketOf(opts.config);
+      if (opts.watch) {
+        if (opts.json) throw new LbError('LB_ERR_CLI_USAGE', '--watch and --json do not go together: --watch redraws a terminal; for a feed, run `lb-agent status --json` in a loop');
+        const { watchStatus } = await import('./watch');
+        const intervalMs = opts.interval * 1000;
+        // Each request is bounded by the interval (at least 1 s), so a hung daemon is shown as such.
+        await watchStatus({ socket, intervalMs, write: out, fetch: async () => (await controlRequest(socket, 'status', Math.max(1000, intervalMs))) as StatusDocument });
+        process.exitCode = EXIT.OK;
+        return;
+      }
       const doc = (await controlRequest(socket, 'status')) as StatusDocument;
       out(opts.json ? `${JSON.stringify(doc, null, 2)}\n` : formatStatus(doc));
       process.exitCode = EXIT.OK;

@@ -136,3 +136,12 @@ t.test('reload finds the socket in the config file, even in one that does not va
   t.equal(r.code, 2, r.stderr);
   t.same(d.ops, ['reload']);
 });
+
+t.test('status --watch: a bad interval and --json are usage errors (exit 2)', async (t) => {
+  const a = await agentCli(undefined, undefined, ['status', '--watch', '--interval', '0', '--socket', '/nonexistent.sock']);
+  t.equal(a.code, 2);
+  t.match(a.stderr, /seconds between 0\.1 and 3600/);
+  const b = await agentCli(undefined, undefined, ['status', '--watch', '--json', '--socket', '/nonexistent.sock']);
+  t.equal(b.code, 2);
+  t.match(b.stderr, /--watch and --json do not go together/);
+});
