@@ -179,6 +179,9 @@ export class Daemon extends EventEmitter {
       held, adopted: held !== undefined, interruptions: 0, lastInterruption: undefined,
     };
     if (spec.primaryService === undefined) {
+      // Every reason at 0 from the start: a panel or alert on increase() sees
+      // the service before its first interruption (Prometheus's "avoid missing metrics").
+      for (const reason of INTERRUPTION_KINDS) this.metrics?.interruptions.inc({ service: spec.name, namespace: spec.namespace, reason }, 0);
       const source = this.subs!.createSource(spec);
       source.on('vip', () => {
         rt.held = undefined;
@@ -473,6 +476,7 @@ export class Daemon extends EventEmitter {
       case 'remove': {
         const rt = this.runtimes.get(step.key);
         this.runtimes.delete(step.key);
+        if (rt) for (const reason of INTERRUPTION_KINDS) this.metrics?.interruptions.remove({ service: rt.spec.name, namespace: rt.spec.namespace, reason });
         if (rt) await rt.gate; // a VRRP start/stop in flight finishes first
         if (rt?.source) await rt.source.stop({ release: true }).catch((e) => this.log.error({ op: 'reload', service: step.key, err: errorMessage(e) }, 'release failed'));
         return;
@@ -662,8 +666,11 @@ export class Daemon extends EventEmitter {
   }
 }
 
+/** The reason label values of lbagent_service_vip_interruptions_total. */
+export const INTERRUPTION_KINDS = ['nak', 'lease-expired', 'address-changed', 'conflict', 'other'] as const;
+
 /** A bounded label for lbagent_service_vip_interruptions_total from a source's reason text. */
-export function interruptionKind(reason: string): string {
+export function interruptionKind(reason: string): (typeof INTERRUPTION_KINDS)[number] {
   if (/DHCPNAK/.test(reason)) return 'nak';
   if (/expired/.test(reason)) return 'lease-expired';
   if (/moved the lease/.test(reason)) return 'address-changed';

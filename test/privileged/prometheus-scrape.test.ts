@@ -6,11 +6,11 @@
 import t from 'tap';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { ChildProcess } from 'node:child_process';
 import { requirePrivileged } from '../helpers/privileged';
 import { createLab, run, waitFor, Lab } from '../helpers/netns';
 import { startBackend, startDnsmasq, httpGetFrom } from '../helpers/services';
 import { startAgent, waitStatus } from '../helpers/agent';
+import { startPrometheus, promQuery } from '../helpers/prometheus';
 
 const ROOT = path.resolve(__dirname, '..', '..', '..');
 const RULES = path.join(ROOT, 'examples', 'prometheus', 'lb-agent.rules.yml');
@@ -46,15 +46,6 @@ async function alerts(lab: Lab, ns: string, base: string): Promise<Alert[]> {
   const r = await httpGetFrom(lab, ns, `${base}/api/v1/alerts`);
   if (!r.ok) throw new Error(`alerts: ${r.error}`);
   return (JSON.parse(r.body) as { data: { alerts: Alert[] } }).data.alerts;
-}
-
-/** Query a Prometheus server's HTTP API from inside ns; the `result` vector. */
-async function promQuery(lab: Lab, ns: string, base: string, query: string): Promise<{ metric: Record<string, string>; value: [number, string] }[]> {
-  const r = await httpGetFrom(lab, ns, `${base}/api/v1/query?query=${encodeURIComponent(query)}`);
-  if (!r.ok) throw new Error(`query ${query}: ${r.error}`);
-  const doc = JSON.parse(r.body) as { status: string; data: { result: { metric: Record<string, string>; value: [number, string] }[] } };
-  if (doc.status !== 'success') throw new Error(`query ${query}: ${r.body}`);
-  return doc.data.result;
 }
 
 t.test('Prometheus and the agent', async (t) => {
@@ -95,32 +86,7 @@ t.test('Prometheus and the agent', async (t) => {
   });
 
   t.test('a real Prometheus server scrapes it and sees a backend die', async (t) => {
-    const dir = lab.file('prom');
-    fs.mkdirSync(dir);
-    const cfg = path.join(dir, 'prometheus.yml');
-    fs.writeFileSync(cfg, [
-      'global:',
-      '  scrape_interval: 1s',
-      '  evaluation_interval: 1s',
-      'rule_files:',
-      `  - ${RULES}`,
-      'scrape_configs:',
-      '  - job_name: lb-agent',
-      '    static_configs:',
-      "      - targets: ['10.99.0.2:9477']",
-      '',
-    ].join('\n'));
-    const base = 'http://10.99.0.60:9090';
-    const prom: ChildProcess = lab.spawn(mon, 'prometheus', [
-      `--config.file=${cfg}`, `--storage.tsdb.path=${path.join(dir, 'data')}`,
-      '--web.listen-address=10.99.0.60:9090', '--log.level=warn',
-    ]);
-    let promErr = '';
-    prom.stderr?.on('data', (d: Buffer) => { promErr += d.toString(); });
-    await waitFor('prometheus to be ready', async () => {
-      if (prom.exitCode !== null) throw new Error(`prometheus exited with ${prom.exitCode}: ${promErr}`);
-      return (await httpGetFrom(lab, mon, `${base}/-/ready`, 1000)).ok;
-    }, 30_000, 250);
+    const { proc: prom, base } = await startPrometheus(lab, mon, { listen: '10.99.0.60:9090', targets: ['10.99.0.2:9477'], rules: RULES });
 
     const up = (v: string) => async () => {
       const res = await promQuery(lab, mon, base, 'lbagent_health_backend_up{service="api",backend=~"10.99.0.12.*"}');
