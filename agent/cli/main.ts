@@ -2,8 +2,8 @@
 // The lb-agent command line (commander): parse, dispatch, print, exit.
 // Exit codes: 0 success, 1 failure at run time (or a failed check),
 // 2 bad usage or an invalid config. No logic beyond parsing and printing.
-import { Command, CommanderError, InvalidArgumentError, Option } from 'commander';
-import { DEFAULT_CONFIG_PATH } from '../config/defaults';
+import { Argument, Command, CommanderError, InvalidArgumentError, Option } from 'commander';
+import { DEFAULT_CONFIG_PATH, DEFAULTS } from '../config/defaults';
 import { controlSocketOf, type ConfigError } from '../config/load';
 import { readConfigText } from '../config/read';
 import { LOG_LEVELS, LogLevel } from '../log';
@@ -14,6 +14,12 @@ import { VERSION } from '../version';
 import { LbError, errorMessage, isLbError } from '../errors';
 
 export const EXIT = { OK: 0, FAILURE: 1, USAGE: 2 } as const;
+/** For the man page: what each exit code means (the header comment's contract). */
+const EXIT_MEANINGS = [
+  [EXIT.OK, 'success (a valid config, a passed check, an applied reload; `status --watch` stopped by Ctrl-C)'],
+  [EXIT.FAILURE, 'failure at run time: the daemon cannot be reached, a check failed, something could not be removed'],
+  [EXIT.USAGE, 'bad usage, or an invalid config (validate, run, a refused reload)'],
+] as const;
 const RELOAD_TIMEOUT_MS = 60_000;
 
 /** --interval: seconds, 0.1 to 3600. */
@@ -138,6 +144,30 @@ export function buildProgram(): Command {
         err(`lb-agent: ${r.message}\n${r.errors?.length ? `${r.errors.length} error${r.errors.length === 1 ? '' : 's'}\n` : ''}`);
       }
       process.exitCode = code;
+    });
+
+  // Issue 19: generated from this very definition, so they cannot drift from it.
+  program.command('completion')
+    .description('print the bash completion script (systemd/install.sh installs it)')
+    .addArgument(new Argument('<shell>', 'the shell').choices(['bash']))
+    .action(async () => {
+      const { bashCompletion } = await import('./docs');
+      out(bashCompletion(program));
+    });
+
+  program.command('man')
+    .description('print the lb-agent(8) man page as roff (systemd/install.sh installs it)')
+    .action(async () => {
+      const { manPage } = await import('./docs');
+      out(manPage(program, {
+        version: VERSION,
+        exit: EXIT_MEANINGS,
+        files: [
+          [DEFAULT_CONFIG_PATH, 'the configuration (-c to use another)'],
+          [DEFAULTS.control.socket, 'the control socket `status` and `reload` use (control.socket in the config)'],
+          [DEFAULTS.stateDir, 'leases, claims and health verdicts kept across restarts (stateDir in the config)'],
+        ],
+      }));
     });
 
   program.command('version')
