@@ -183,16 +183,18 @@ export class Daemon extends EventEmitter {
       // the service before its first interruption (Prometheus's "avoid missing metrics").
       for (const reason of INTERRUPTION_KINDS) this.metrics?.interruptions.inc({ service: spec.name, namespace: spec.namespace, reason }, 0);
       const source = this.subs!.createSource(spec);
+      let lastVip: string | undefined; // for the event when it is lost
       source.on('vip', () => {
         rt.held = undefined;
         const st = source.status();
-        this.noteEvent('vip-gained', { service: spec.key, address: st.vip?.address, reason: st.reason ?? `${spec.ipam} VIP ${st.state}` });
+        lastVip = st.vip?.address;
+        this.noteEvent('vip-gained', { service: spec.key, address: lastVip, reason: st.reason ?? `${spec.ipam} VIP ${st.state}` });
         this.scheduleApply(); this.notifyStatus();
       });
       source.on('lost', (reason: string) => {
         this.log.warn({ op: 'vip-lost', service: spec.key, reason }, 'VIP withdrawn');
         rt.held = undefined;
-        this.noteEvent('vip-lost', { service: spec.key, reason });
+        this.noteEvent('vip-lost', { service: spec.key, address: lastVip, reason });
         if (!this.stopping && this.runtimes.get(spec.key) === rt && !/^(stopped|released)\b/.test(reason)) this.noteInterruption(rt, reason);
         this.scheduleApply();
         this.notifyStatus();
