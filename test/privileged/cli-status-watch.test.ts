@@ -5,22 +5,15 @@
 import * as fs from 'node:fs';
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
-import { createLab, run, waitFor } from '../helpers/netns';
-import { startBackend } from '../helpers/services';
+import { run, waitFor } from '../helpers/netns';
+import { operatorLab, FAST_ARP, FAST_HC, poolService } from './fixtures/operator-lab';
 import { startAgent, waitStatus, AGENT_BIN } from '../helpers/agent';
 
-const FAST_ARP = { probeWait: 0.05, probeNum: 2, probeMin: 0.05, probeMax: 0.1, announceWait: 0.05, announceNum: 2, announceInterval: 0.1 };
-const HC = { periodSeconds: 0.2, timeoutSeconds: 0.2, failureThreshold: 2 };
 const INTERVAL_S = 0.5;
 
 t.test('status --watch in tmux: unreachable, then live; a backend down within one refresh; Ctrl-C exits 0', async (t) => {
   if (!requirePrivileged(t)) return;
-  const lab = await createLab(t);
-  const node = await lab.addHost('node', { address: '10.99.0.2/24' });
-  await lab.addHost('b1', { address: '10.99.0.11/24' });
-  await lab.addHost('b2', { address: '10.99.0.12/24' });
-  await startBackend(lab, lab.ns('b1'), 'b1');
-  const b2 = await startBackend(lab, lab.ns('b2'), 'b2');
+  const { lab, node, b2 } = await operatorLab(t);
   const socket = lab.file('watch.sock');
   const exitFile = lab.file('watch.exit');
 
@@ -40,7 +33,7 @@ t.test('status --watch in tmux: unreachable, then live; a backend down within on
   const agent = await startAgent(lab, node, {
     node: { interface: 'eth0' }, metrics: { listen: '' }, arp: FAST_ARP, control: { socket },
     pools: { 'range-global': '10.99.0.200-10.99.0.201' },
-    services: [{ name: 'web', ipam: 'pool', ports: [{ port: 80, targetPort: 8080 }], backends: ['10.99.0.11', '10.99.0.12'], healthCheck: HC }],
+    services: [poolService('web')],
   });
   await waitStatus(agent, 'web serving with both backends up', (s) => s.services[0]?.ready === true && s.services[0].healthyBackends === 2, 20_000);
   await waitFor('the pane to show both backends up', async () => {
@@ -52,7 +45,7 @@ t.test('status --watch in tmux: unreachable, then live; a backend down within on
   const killedAt = Date.now();
   await b2.stop();
   // One refresh, plus failureThreshold probes of period + timeout each, plus 1 s for process and tmux.
-  const bound = INTERVAL_S * 1000 + HC.failureThreshold * (HC.periodSeconds + HC.timeoutSeconds) * 1000 + 1000;
+  const bound = INTERVAL_S * 1000 + FAST_HC.failureThreshold * (FAST_HC.periodSeconds + FAST_HC.timeoutSeconds) * 1000 + 1000;
   const seen = await waitFor('the pane to show b2 down', async () => {
     const p = await pane();
     return /10\.99\.0\.12:8080\s+down/.test(p) ? p : undefined;

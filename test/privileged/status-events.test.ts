@@ -5,23 +5,16 @@
 import * as fs from 'node:fs';
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
-import { createLab } from '../helpers/netns';
 import { startBackend } from '../helpers/services';
+import { operatorLab, FAST_ARP, poolService } from './fixtures/operator-lab';
 import { startAgent, waitStatus, agentCli } from '../helpers/agent';
 import type { StatusDocument, StatusEvent } from '../../agent/daemon/daemon';
 
-const FAST_ARP = { probeWait: 0.05, probeNum: 2, probeMin: 0.05, probeMax: 0.1, announceWait: 0.05, announceNum: 2, announceInterval: 0.1 };
-const HC = { periodSeconds: 0.2, timeoutSeconds: 0.2, failureThreshold: 2 };
-
 t.test('status events: VRRP, VIPs, backends and reloads, with time and reason', async (t) => {
   if (!requirePrivileged(t)) return;
-  const lab = await createLab(t);
-  const node = await lab.addHost('node', { address: '10.99.0.2/24' });
-  await lab.addHost('b1', { address: '10.99.0.11/24' });
-  await lab.addHost('b2', { address: '10.99.0.12/24' });
-  await startBackend(lab, lab.ns('b1'), 'b1');
-  let b2 = await startBackend(lab, lab.ns('b2'), 'b2');
-  const svc = (name: string) => ({ name, ipam: 'pool', ports: [{ port: 80, targetPort: 8080 }], backends: ['10.99.0.11', '10.99.0.12'], healthCheck: HC });
+  const { lab, node, b2: first } = await operatorLab(t);
+  let b2 = first;
+  const svc = poolService;
   const cfg = {
     node: { interface: 'eth0' }, metrics: { listen: '' }, arp: FAST_ARP,
     pools: { 'range-global': '10.99.0.200-10.99.0.201' },
