@@ -19,6 +19,7 @@ import type { DataplaneMode, Desired } from '../config/types';
 import { readNofile } from '../forward/capacity';
 import { formatIPv4 } from '../ipv4';
 import { sysctlIfName } from './checks';
+import { parseDefaultRoute } from '../net/route';
 
 export { sysctlIfName };
 
@@ -132,21 +133,6 @@ export interface Facts {
 
 // ---------------------------------------------------------------------------
 // Pure parsers of what the machine says (unit-tested in facts.test.ts).
-
-/** The default route's interface from /proc/net/route (lowest metric, RTF_UP). */
-export function parseDefaultRoute(text: string): string | undefined {
-  let best: { ifname: string; metric: number } | undefined;
-  for (const line of text.split('\n').slice(1)) {
-    const f = line.trim().split(/\s+/);
-    if (f.length < 8) continue;
-    const [ifname, dest, , flags, , , metric, mask] = f as [string, string, string, string, string, string, string, string];
-    // RTF_UP = 0x0001 (linux/route.h)
-    if (dest !== '00000000' || mask !== '00000000' || (parseInt(flags, 16) & 1) === 0) continue;
-    const m = Number(metric);
-    if (!best || m < best.metric) best = { ifname, metric: m };
-  }
-  return best?.ifname;
-}
 
 /** CapEff from /proc/<pid>/status. */
 export function parseCapEff(status: string): string | undefined {
