@@ -20,6 +20,7 @@ import { readNofile } from '../forward/capacity';
 import { formatIPv4 } from '../ipv4';
 import { sysctlIfName } from './checks';
 import { parseDefaultRoute } from '../net/route';
+import { IF_SYSCTL_KEYS } from '../net/sysctl';
 
 export { sysctlIfName };
 
@@ -411,7 +412,7 @@ async function gatherParent(name: string | undefined, source: ParentFacts['sourc
 async function gatherSysctls(parent: string | undefined): Promise<Record<string, string>> {
   const names = ['net.ipv4.ip_forward'];
   for (const scope of ['all', 'default', ...(parent ? [sysctlIfName(parent)] : [])]) {
-    for (const key of ['arp_ignore', 'arp_announce', 'rp_filter']) names.push(`net.ipv4.conf.${scope}.${key}`);
+    for (const key of IF_SYSCTL_KEYS) names.push(`net.ipv4.conf.${scope}.${key}`);
   }
   // sysctl(8) spelling to /proc/sys: dots are separators, slashes were dots.
   const values = await Promise.all(names.map((n) => readText(`/proc/sys/${n.split('.').map((s) => s.replace(/\//g, '.')).join('/')}`)));
