@@ -3,6 +3,7 @@
 // RFC 3396 concatenation, the BPF filter run on the same frames, and a
 // bounded, seeded fuzz of the decoders.
 import t from 'tap';
+import { prng } from '../helpers/random';
 import {
   BROADCAST_IP, BROADCAST_MAC, DHCP_CLIENT_FILTER, DROP_REASONS, MessageType, Opt,
   buildClientMessage, decodeDhcp, decodeReply, decodeUdpFrame, describePacket, encodeDhcp, encodeUdpFrame,
@@ -17,18 +18,6 @@ const CLIENT_MAC = '52:54:00:bb:00:02';
 const SERVER_MAC = '52:54:00:aa:00:01';
 const NOT_READY = { csumNotReady: true };
 const READY = { csumNotReady: false };
-
-/** Deterministic PRNG (mulberry32) so a fuzz failure reproduces. */
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let x = a;
-    x = Math.imul(x ^ (x >>> 15), x | 1);
-    x ^= x + Math.imul(x ^ (x >>> 7), x | 61);
-    return ((x ^ (x >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 /** Copy of a golden server frame with tcpdump's full UDP checksum in place of the partial one. */
 function completed(g: golden.GoldenFrame): Buffer {
