@@ -16,7 +16,8 @@ import type { StateStore } from '../state/store';
 import type { Logger } from '../log';
 import { realClock, type Clock } from '../clock';
 import { formatIPv4, parseIPv4 } from '../ipv4';
-import { allocate, poolContains, poolSize, selectPool, type AllocationResult } from './allocator';
+import { allocate, poolSize, type AllocationResult } from './allocator';
+import { poolContains, selectPool } from '../config/pools';
 import { ClaimStore, type PoolClaim } from './claims';
 import { SerialQueue } from '../serial';
 
@@ -155,8 +156,7 @@ export class PoolManager extends EventEmitter {
 
   /** The pool that applies to a namespace, or undefined. */
   poolFor(namespace: string): Pool | undefined {
-    const s = selectPool(this.pools, namespace);
-    return s.ok ? s.pool : undefined;
+    return selectPool(this.pools, namespace);
   }
 
   /** The persisted claim of a service (throws LB_ERR_STATE_CORRUPT on a corrupt claims file). */
