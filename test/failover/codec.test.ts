@@ -13,13 +13,13 @@ import {
   decodeAdvertisement,
   encodeAdvertisement,
   encodeMessage,
-  internetChecksum,
   secondsToCentiseconds,
   virtualRouterMac,
   vrrpFilter,
   type AdvertisementFrame,
   type DecodeResult,
 } from '../../agent/failover/codec';
+import { internetChecksum } from '../../agent/net/inet';
 import { formatIPv4, parseIPv4, parseMac } from '../../agent/ipv4';
 import { isLbError } from '../../agent/errors';
 
