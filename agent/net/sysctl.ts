@@ -1,6 +1,6 @@
-// Per-interface IPv4 sysctls (driver over /proc/sys/net/ipv4/conf/<if>/):
-// read and set the ARP-flux and reverse-path knobs DESIGN.md requires on the
-// parent NIC and on each macvlan. Values are small integers; paths are built
+// Per-interface sysctls (driver over /proc/sys/net/ipv4/conf/<if>/, and
+// ipv6/conf/<if>/disable_ipv6): read and set the ARP-flux and reverse-path
+// knobs DESIGN.md requires on the parent NIC and on each macvlan. Values are small integers; paths are built
 // only from validated interface names and a fixed set of keys.
 import { promises as fsp } from 'node:fs';
 import * as path from 'node:path';
@@ -81,6 +81,24 @@ export async function writeIfSysctl(ifname: string, key: IfSysctlKey, value: num
     await fsp.writeFile(file, `${value}\n`, { flag: 'r+' });
   } catch (err) {
     throw ioError(err, 'set', ifname, key);
+  }
+}
+
+/**
+ * Turn IPv6 off on one interface (net.ipv6.conf.<if>.disable_ipv6=1): a link
+ * that lives for seconds (the preflight's DHCP probe) must not send DAD,
+ * router or MLD traffic from its MAC. False when the kernel has no IPv6 there.
+ */
+export async function disableIpv6(ifname: string, opts: SysctlOptions = {}): Promise<boolean> {
+  const problem = interfaceNameProblem(ifname);
+  if (problem) throw new LbError('LB_ERR_NET_SYSCTL', `cannot address sysctl disable_ipv6: ${problem}`, { interface: ifname, key: 'disable_ipv6' });
+  const file = path.join(opts.root ?? DEFAULT_ROOT, 'net', 'ipv6', 'conf', ifname, 'disable_ipv6');
+  try {
+    await fsp.writeFile(file, '1\n', { flag: 'r+' });
+    return true;
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return false;
+    throw new LbError('LB_ERR_NET_SYSCTL', `cannot set net.ipv6.conf.${ifname}.disable_ipv6: ${(err as Error).message}`, { interface: ifname, key: 'disable_ipv6' }, { cause: err });
   }
 }
 
