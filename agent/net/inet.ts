@@ -6,6 +6,7 @@
 import { ipv4FromBytes } from '../ipv4';
 
 export const ETHERTYPE_IPV4 = 0x0800;
+export const ETHERTYPE_ARP = 0x0806;
 export const IPPROTO_UDP = 17;
 export const ETH_HEADER_LEN = 14;
 /** An IPv4 header without options (IHL 5), which is all we send. */
