@@ -4,16 +4,10 @@
 
 export const ERROR_CODES = [
   // config/
-  'LB_ERR_CONFIG_READ',
-  'LB_ERR_CONFIG_YAML',
   'LB_ERR_CONFIG_INVALID',
-  'LB_ERR_CONFIG_RELOAD_REJECTED',
-  // cli/
-  'LB_ERR_CLI_USAGE',
   // daemon/
   'LB_ERR_DAEMON_LOCKED',
   'LB_ERR_DAEMON_START',
-  'LB_ERR_DAEMON_STOP_TIMEOUT',
   // control/
   'LB_ERR_CONTROL_UNREACHABLE',
   'LB_ERR_CONTROL_PROTOCOL',
@@ -30,32 +24,15 @@ export const ERROR_CODES = [
   'LB_ERR_NET_SYSCTL',
   'LB_ERR_NET_NATIVE_MISSING',
   'LB_ERR_NET_ARP_CONFLICT',
-  // dhcp/
-  'LB_ERR_DHCP_DECODE',
-  'LB_ERR_DHCP_NAK',
-  'LB_ERR_DHCP_EXPIRED',
-  'LB_ERR_DHCP_DECLINED',
-  // ipam/
-  'LB_ERR_IPAM_NO_POOL',
-  'LB_ERR_IPAM_EXHAUSTED',
-  'LB_ERR_IPAM_NOT_IN_POOL',
-  'LB_ERR_IPAM_CONFLICT',
-  'LB_ERR_IPAM_SHARE',
-  // health/
-  'LB_ERR_HEALTH_PROBE',
   // forward/
   'LB_ERR_FORWARD_NFT',
   'LB_ERR_FORWARD_NFT_MISSING',
   'LB_ERR_FORWARD_LISTEN',
-  'LB_ERR_FORWARD_NO_BACKEND',
   // failover/
-  'LB_ERR_VRRP_DECODE',
   'LB_ERR_VRRP_SOCKET',
   'LB_ERR_VRRP_INVALID',
   // metrics/
   'LB_ERR_METRICS_LISTEN',
-  // preflight/
-  'LB_ERR_PREFLIGHT_FAILED',
 ] as const;
 
 export type ErrorCode = (typeof ERROR_CODES)[number];

@@ -1,6 +1,7 @@
 // kube-vip pool syntax (the keys of the kube-system/kubevip ConfigMap) parsed
-// into typed, non-overlapping ranges, and the lookup order that picks a pool
-// for a namespace. Pure.
+// once into typed, non-overlapping ranges of usable addresses, the lookup
+// order that picks a pool for a namespace, and membership. Pure; the one home
+// of pool bounds: config validation and ipam/allocator.ts both use it.
 import { parseCidr, parseIPv4, broadcastOf, formatIPv4 } from '../ipv4';
 import type { Pool, PoolRange } from './types';
 
@@ -74,11 +75,17 @@ export function parsePools(raw: Record<string, string>): { pools: Pool[]; errors
   return { pools, errors };
 }
 
-/** kube-vip's lookup order for a namespace. */
-export function poolLookupOrder(namespace: string): string[] {
+/**
+ * The pool keys consulted for a namespace, in kube-vip's order
+ * (kube-vip-cloud-provider discoverPool): every CIDR key before every range
+ * key, so `cidr-global` shadows `range-<ns>`. Kept as is for compatibility
+ * with the ConfigMaps users already have.
+ */
+export function poolLookupOrder(namespace: string): readonly string[] {
   return [`cidr-${namespace}`, 'cidr-global', `range-${namespace}`, 'range-global'];
 }
 
+/** The pool that applies to a namespace: the first key in lookup order that exists. */
 export function selectPool(pools: readonly Pool[], namespace: string): Pool | undefined {
   for (const key of poolLookupOrder(namespace)) {
     const p = pools.find((x) => x.key === key);
@@ -87,10 +94,12 @@ export function selectPool(pools: readonly Pool[], namespace: string): Pool | un
   return undefined;
 }
 
+/**
+ * Whether the pool may hand out an address. The ranges are usable addresses
+ * already (parsePoolValue drops the network and broadcast addresses of CIDRs
+ * up to /30), so this is a bounds check; nothing downstream re-reads the text.
+ */
 export function poolContains(pool: Pool, ip: number): boolean {
-  return pool.ranges.some((r) => ip >= r.start && ip <= r.end);
-}
-
-export function poolSize(pool: Pool): number {
-  return pool.ranges.reduce((n, r) => n + (r.end - r.start + 1), 0);
+  const a = ip >>> 0;
+  return pool.ranges.some((r) => a >= r.start && a <= r.end);
 }

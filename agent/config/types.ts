@@ -127,7 +127,7 @@ export interface DhcpTimings {
   readonly declineWait: number;
   /** Concurrent DHCP services starting at once. */
   readonly maxConcurrentStarts: number;
-  /** ARP-probe an offered address before binding it (RFC 5227 §2.1; default true). Under VRRP the wiring turns it off: the election decided. */
+  /** ARP-probe the address the server ACKed before binding it, and DECLINE it on a conflict (RFC 2131 §4.4.1, RFC 5227 §2.1; default true). Nothing is probed at OFFER time, whatever the key's name says. Under VRRP the wiring turns it off: the election decided. */
   readonly probeOffer: boolean;
 }
 

@@ -3,12 +3,12 @@
 // address sources (DHCP on a macvlan, pool claims on the parent), the health
 // checker, the data path chosen by `dataplane:`, and VRRP when enabled.
 // The one place that knows every module; the modules know none of each other.
-import * as fs from 'node:fs';
 import type { Desired, ProxyConfig, ServiceSpec } from '../config/types';
 import { ProxyDataplane } from '../forward/proxy';
 import { LbError } from '../errors';
 import { openNetlink } from '../net/netlink';
 import { applyVipSysctls } from '../net/sysctl';
+import { defaultRouteInterface } from '../net/route';
 import { OWNED_ADDRESS_PROTO, linkNameForService, macForService } from '../net/ownership';
 import { reconcileOwnedLinks } from '../net/reconcile';
 import { createDhcpSource } from '../dhcp/driver';
@@ -21,17 +21,6 @@ import { VrrpGate } from '../failover/gate';
 import { formatIPv4, parseIPv4 } from '../ipv4';
 import { readSavedLease } from '../dhcp/lease';
 import type { Subsystems, ParentLink, DataplaneLike, SubsystemContext } from './subsystems';
-
-/** The interface of the IPv4 default route (/proc/net/route), the parent when node.interface is unset. */
-export function defaultRouteInterface(routeTable = '/proc/net/route'): string | undefined {
-  let text: string;
-  try { text = fs.readFileSync(routeTable, 'utf8'); } catch { return undefined; }
-  for (const line of text.split('\n').slice(1)) {
-    const f = line.trim().split(/\s+/);
-    if (f.length >= 8 && f[1] === '00000000' && f[7] === '00000000') return f[0];
-  }
-  return undefined;
-}
 
 export async function buildSubsystems(config: Desired, ctx: SubsystemContext): Promise<Subsystems> {
   const { registry, store, clock } = ctx;

@@ -9,11 +9,12 @@
 // counts as a metric label.
 import { formatIPv4, formatMac } from '../ipv4';
 import { bpfUdpDstPort, type BpfProgram } from '../net/bpf';
+import {
+  ETH_HEADER_LEN, IPPROTO_UDP, IPV4_HEADER_LEN, UDP_HEADER_LEN, decodeIpv4Frame, encodeIpv4Frame, udpChecksum,
+} from '../net/inet';
 
 export const DHCP_SERVER_PORT = 67;
 export const DHCP_CLIENT_PORT = 68;
-export const ETHERTYPE_IPV4 = 0x0800;
-export const IPPROTO_UDP = 17;
 const MAGIC_COOKIE = 0x63825363;
 /** Fixed BOOTP header (RFC 2131 §2, figure 1) up to the options field. */
 const BOOTP_FIXED = 236;
@@ -23,9 +24,6 @@ const BOOTP_FIXED = 236;
  * use (dhclient, udhcpc) pads to 300. So do we.
  */
 export const BOOTP_MIN_LENGTH = 300;
-const ETH_HEADER = 14;
-const IP_HEADER = 20;
-const UDP_HEADER = 8;
 
 export const BROADCAST_MAC = 'ff:ff:ff:ff:ff:ff';
 export const BROADCAST_IP = 0xffffffff;
@@ -156,35 +154,6 @@ export interface UdpFrame {
 }
 
 // ---------------------------------------------------------------------------
-// Checksums (RFC 1071 ones'-complement sum)
-
-function sum16(buf: Uint8Array, start: number, end: number, acc = 0): number {
-  let s = acc;
-  let i = start;
-  for (; i + 1 < end; i += 2) s += (buf[i]! << 8) | buf[i + 1]!;
-  if (i < end) s += buf[i]! << 8;
-  return s;
-}
-
-function fold(s: number): number {
-  let v = s;
-  while (v > 0xffff) v = (v & 0xffff) + Math.floor(v / 0x10000);
-  return v;
-}
-
-/** IPv4 header checksum of buf[start, start+len) with the checksum field as it is. */
-export function ipChecksum(buf: Uint8Array, start = 0, len = IP_HEADER): number {
-  return ~fold(sum16(buf, start, start + len)) & 0xffff;
-}
-
-/** UDP checksum (RFC 768) over the pseudo-header and the UDP segment as it is. */
-export function udpChecksum(srcIp: number, dstIp: number, segment: Uint8Array): number {
-  let s = (srcIp >>> 16) + (srcIp & 0xffff) + (dstIp >>> 16) + (dstIp & 0xffff) + IPPROTO_UDP + segment.length;
-  s = sum16(segment, 0, segment.length, s);
-  return ~fold(s) & 0xffff;
-}
-
-// ---------------------------------------------------------------------------
 // Framing
 
 function macBytes(mac: string): Buffer {
@@ -196,28 +165,17 @@ function macBytes(mac: string): Buffer {
 
 /** Encode an Ethernet II / IPv4 / UDP frame with both checksums filled in. */
 export function encodeUdpFrame(f: Partial<UdpFrame> & Pick<UdpFrame, 'srcMac' | 'dstMac' | 'srcIp' | 'dstIp' | 'payload'>): Buffer {
-  const udpLen = UDP_HEADER + f.payload.length;
-  const ipLen = IP_HEADER + udpLen;
-  const frame = Buffer.alloc(ETH_HEADER + ipLen);
-  macBytes(f.dstMac).copy(frame, 0);
-  macBytes(f.srcMac).copy(frame, 6);
-  frame.writeUInt16BE(ETHERTYPE_IPV4, 12);
-  const ip = ETH_HEADER;
-  frame[ip] = 0x45;
-  frame[ip + 1] = (f.tos ?? 0) & 0xff;
-  frame.writeUInt16BE(ipLen, ip + 2);
-  frame.writeUInt16BE((f.id ?? 0) & 0xffff, ip + 4);
-  frame.writeUInt16BE(0, ip + 6); // no DF: dhclient/udhcpc/dnsmasq leave it clear too
-  frame[ip + 8] = (f.ttl ?? 64) & 0xff;
-  frame[ip + 9] = IPPROTO_UDP;
-  frame.writeUInt32BE(f.srcIp >>> 0, ip + 12);
-  frame.writeUInt32BE(f.dstIp >>> 0, ip + 16);
-  frame.writeUInt16BE(ipChecksum(frame, ip), ip + 10);
-  const udp = ip + IP_HEADER;
+  const udpLen = UDP_HEADER_LEN + f.payload.length;
+  const frame = encodeIpv4Frame({
+    dstMac: macBytes(f.dstMac), srcMac: macBytes(f.srcMac), tos: f.tos ?? 0, id: f.id ?? 0,
+    flags: 0, // no DF: dhclient/udhcpc/dnsmasq leave it clear too
+    ttl: f.ttl ?? 64, protocol: IPPROTO_UDP, srcIp: f.srcIp, dstIp: f.dstIp,
+  }, udpLen);
+  const udp = ETH_HEADER_LEN + IPV4_HEADER_LEN;
   frame.writeUInt16BE(f.srcPort ?? DHCP_CLIENT_PORT, udp);
   frame.writeUInt16BE(f.dstPort ?? DHCP_SERVER_PORT, udp + 2);
   frame.writeUInt16BE(udpLen, udp + 4);
-  f.payload.copy(frame, udp + UDP_HEADER);
+  f.payload.copy(frame, udp + UDP_HEADER_LEN);
   const c = udpChecksum(f.srcIp >>> 0, f.dstIp >>> 0, frame.subarray(udp));
   // RFC 768: a computed checksum of zero is sent as all ones (zero means "none").
   frame.writeUInt16BE(c === 0 ? 0xffff : c, udp + 6);
@@ -232,45 +190,36 @@ export function encodeUdpFrame(f: Partial<UdpFrame> & Pick<UdpFrame, 'srcMac' | 
  */
 export function decodeUdpFrame(frame: Uint8Array, info: FrameInfoLike = { csumNotReady: false }, wantPort = DHCP_CLIENT_PORT): Decoded<UdpFrame> {
   const b = Buffer.from(frame.buffer, frame.byteOffset, frame.byteLength);
-  if (b.length < ETH_HEADER) return { ok: false, reason: 'truncated' };
-  if (b.readUInt16BE(12) !== ETHERTYPE_IPV4) return { ok: false, reason: 'not-ipv4' };
-  if (b.length < ETH_HEADER + IP_HEADER) return { ok: false, reason: 'truncated' };
-  const ip = ETH_HEADER;
-  if (b[ip]! >> 4 !== 4) return { ok: false, reason: 'not-ipv4' };
-  const ihl = (b[ip]! & 0x0f) * 4;
-  if (ihl < IP_HEADER) return { ok: false, reason: 'truncated' };
-  const totalLen = b.readUInt16BE(ip + 2);
-  // Ethernet pads short frames to 60 octets: the IP total length, not the frame, says where the packet ends.
-  if (totalLen < ihl || ETH_HEADER + totalLen > b.length) return { ok: false, reason: 'truncated' };
-  if (ipChecksum(b, ip, ihl) !== 0) return { ok: false, reason: 'bad-ip-checksum' };
-  const fragField = b.readUInt16BE(ip + 6);
-  if ((fragField & 0x3fff) !== 0) return { ok: false, reason: 'fragment' }; // MF set or offset != 0
-  if (b[ip + 9] !== IPPROTO_UDP) return { ok: false, reason: 'not-udp-68' };
-  const udp = ip + ihl;
-  const ipEnd = ETH_HEADER + totalLen;
-  if (ipEnd - udp < UDP_HEADER) return { ok: false, reason: 'truncated' };
+  const d = decodeIpv4Frame(b);
+  if (!d.ok) {
+    return { ok: false, reason: d.reason === 'not-ipv4' || d.reason === 'bad-ip-checksum' ? d.reason : 'truncated' };
+  }
+  const p = d.packet;
+  if ((p.flagsFrag & 0x3fff) !== 0) return { ok: false, reason: 'fragment' }; // MF set or offset != 0
+  if (p.protocol !== IPPROTO_UDP) return { ok: false, reason: 'not-udp-68' };
+  const udp = p.payloadStart;
+  const ipEnd = p.payloadEnd;
+  if (ipEnd - udp < UDP_HEADER_LEN) return { ok: false, reason: 'truncated' };
   const dstPort = b.readUInt16BE(udp + 2);
   if (dstPort !== wantPort) return { ok: false, reason: 'not-udp-68' };
   const udpLen = b.readUInt16BE(udp + 4);
-  if (udpLen < UDP_HEADER || udp + udpLen > ipEnd) return { ok: false, reason: 'bad-udp-length' };
-  const srcIp = b.readUInt32BE(ip + 12);
-  const dstIp = b.readUInt32BE(ip + 16);
+  if (udpLen < UDP_HEADER_LEN || udp + udpLen > ipEnd) return { ok: false, reason: 'bad-udp-length' };
   const csum = b.readUInt16BE(udp + 6);
   if (csum !== 0 && !info.csumNotReady) {
-    if (udpChecksum(srcIp, dstIp, b.subarray(udp, udp + udpLen)) !== 0) return { ok: false, reason: 'bad-udp-checksum' };
+    if (udpChecksum(p.srcIp, p.dstIp, b.subarray(udp, udp + udpLen)) !== 0) return { ok: false, reason: 'bad-udp-checksum' };
   }
   return {
     ok: true,
     value: {
       dstMac: formatMac(b.subarray(0, 6)),
       srcMac: formatMac(b.subarray(6, 12)),
-      srcIp, dstIp,
-      tos: b[ip + 1]!,
-      ttl: b[ip + 8]!,
-      id: b.readUInt16BE(ip + 4),
+      srcIp: p.srcIp, dstIp: p.dstIp,
+      tos: p.tos,
+      ttl: p.ttl,
+      id: p.id,
       srcPort: b.readUInt16BE(udp),
       dstPort,
-      payload: Buffer.from(b.subarray(udp + UDP_HEADER, udp + udpLen)),
+      payload: Buffer.from(b.subarray(udp + UDP_HEADER_LEN, udp + udpLen)),
     },
   };
 }

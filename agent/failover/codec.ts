@@ -6,6 +6,9 @@
 // back as { ok: false, reason }, and the reason becomes a metric label.
 import { LbError } from '../errors';
 import { ipv4FromBytes } from '../ipv4';
+import {
+  ETHERTYPE_IPV4, ETH_HEADER_LEN, IPV4_HEADER_LEN, decodeIpv4Frame, encodeIpv4Frame, internetChecksum, pseudoHeaderSum,
+} from '../net/inet';
 
 /** IP protocol number of VRRP (RFC 5798 §5.1.1.4). */
 export const VRRP_PROTOCOL = 112;
@@ -18,7 +21,6 @@ export const VRRP_TTL = 255;
 export const VRRP_MULTICAST_IP = 0xe0000012;
 /** The Ethernet group address of 224.0.0.18 (RFC 1112 §6.4 mapping). */
 export const VRRP_MULTICAST_MAC: Readonly<Buffer> = Buffer.from([0x01, 0x00, 0x5e, 0x00, 0x00, 0x12]);
-export const ETHERTYPE_IPV4 = 0x0800;
 /** RFC 5798 §5.2.5: Count IPvX Addrs is one octet. */
 export const MAX_ADDRESSES = 255;
 /** RFC 5798 §5.2.7: Max Adver Int is 12 bits of centiseconds. */
@@ -30,8 +32,6 @@ export const MAX_ADVER_INT_CS = 0x0fff;
  */
 export const VRRP_TOS = 0xc0;
 
-export const ETH_HEADER_LEN = 14;
-export const IPV4_HEADER_LEN = 20;
 export const VRRP_HEADER_LEN = 8;
 
 /** Every reason decode gives for refusing a frame; also the `reason` label of lbagent_vrrp_dropped_total. */
@@ -103,32 +103,6 @@ export function virtualRouterMac(vrid: number): Buffer {
   return Buffer.from([0x00, 0x00, 0x5e, 0x00, 0x01, vrid]);
 }
 
-/** Fold carries back into 16 bits (RFC 1071 §2(B)). */
-function fold(s: number): number {
-  let x = s;
-  while (x > 0xffff) x = (x & 0xffff) + Math.floor(x / 0x10000);
-  return x;
-}
-
-/** RFC 1071 one's-complement sum of 16-bit words, folded; not yet complemented. */
-function sum16(buf: Uint8Array, start: number, end: number, acc: number): number {
-  let s = acc;
-  let i = start;
-  for (; i + 1 < end; i += 2) s += (buf[i]! << 8) | buf[i + 1]!;
-  if (i < end) s += buf[i]! << 8; // odd length: pad with a zero octet
-  return fold(s);
-}
-
-/** The Internet checksum (RFC 1071) of buf[start, end), plus an initial partial sum. */
-export function internetChecksum(buf: Uint8Array, start = 0, end = buf.length, initial = 0): number {
-  return ~sum16(buf, start, end, initial) & 0xffff;
-}
-
-/** RFC 5798 §5.2.8: the IPv4 pseudo-header (RFC 768 layout) that VRRPv3 sums first. */
-function pseudoHeaderSum(srcIp: number, dstIp: number, length: number): number {
-  return fold((srcIp >>> 16) + (srcIp & 0xffff) + (dstIp >>> 16) + (dstIp & 0xffff) + VRRP_PROTOCOL + length);
-}
-
 function checkVrid(vrid: number): void {
   if (!Number.isInteger(vrid) || vrid < 1 || vrid > 255) {
     throw new LbError('LB_ERR_VRRP_INVALID', `VRRP virtual router id ${vrid} is out of range: use 1-255 (RFC 5798 §5.2.3)`, { vrid });
@@ -163,7 +137,7 @@ export function encodeMessage(a: Advertisement, srcIp: number, dstIp: number, ve
   // §5.2.6: the 4 reserved bits above Max Adver Int MUST be zero on send.
   b.writeUInt16BE(a.maxAdverIntCs & MAX_ADVER_INT_CS, 4);
   a.addresses.forEach((ip, i) => b.writeUInt32BE(ip >>> 0, VRRP_HEADER_LEN + 4 * i));
-  b.writeUInt16BE(internetChecksum(b, 0, len, pseudoHeaderSum(srcIp >>> 0, dstIp >>> 0, len)), 6);
+  b.writeUInt16BE(internetChecksum(b, 0, len, pseudoHeaderSum(srcIp, dstIp, VRRP_PROTOCOL, len)), 6);
   return b;
 }
 
@@ -171,27 +145,16 @@ export function encodeMessage(a: Advertisement, srcIp: number, dstIp: number, ve
 export function encodeAdvertisement(o: EncodeOptions): Buffer {
   const dstIp = (o.dstIp ?? VRRP_MULTICAST_IP) >>> 0;
   const msg = encodeMessage(o, o.srcIp, dstIp, o.version ?? VRRP_VERSION, o.type ?? VRRP_TYPE_ADVERTISEMENT);
-  const frame = Buffer.alloc(ETH_HEADER_LEN + IPV4_HEADER_LEN + msg.length);
   const dstMac = o.dstMac ?? VRRP_MULTICAST_MAC;
   const srcMac = o.srcMac ?? virtualRouterMac(o.vrid);
   if (dstMac.length !== 6 || srcMac.length !== 6) {
     throw new LbError('LB_ERR_VRRP_INVALID', 'a MAC address has 6 octets', { vrid: o.vrid });
   }
-  frame.set(dstMac, 0);
-  frame.set(srcMac, 6);
-  frame.writeUInt16BE(ETHERTYPE_IPV4, 12);
-  const ip = ETH_HEADER_LEN;
-  frame[ip] = 0x45; // version 4, IHL 5: no options
-  frame[ip + 1] = (o.tos ?? VRRP_TOS) & 0xff;
-  frame.writeUInt16BE(IPV4_HEADER_LEN + msg.length, ip + 2);
-  frame.writeUInt16BE((o.ipId ?? 0) & 0xffff, ip + 4);
-  frame.writeUInt16BE(((o.ipFlags ?? 0) & 0x7) << 13, ip + 6);
-  frame[ip + 8] = (o.ttl ?? VRRP_TTL) & 0xff;
-  frame[ip + 9] = VRRP_PROTOCOL;
-  frame.writeUInt32BE(o.srcIp >>> 0, ip + 12);
-  frame.writeUInt32BE(dstIp, ip + 16);
-  frame.writeUInt16BE(internetChecksum(frame, ip, ip + IPV4_HEADER_LEN), ip + 10);
-  msg.copy(frame, ip + IPV4_HEADER_LEN);
+  const frame = encodeIpv4Frame({
+    dstMac, srcMac, tos: o.tos ?? VRRP_TOS, id: o.ipId ?? 0, flags: o.ipFlags ?? 0,
+    ttl: o.ttl ?? VRRP_TTL, protocol: VRRP_PROTOCOL, srcIp: o.srcIp, dstIp,
+  }, msg.length);
+  msg.copy(frame, ETH_HEADER_LEN + IPV4_HEADER_LEN);
   return frame;
 }
 
@@ -202,38 +165,30 @@ export function encodeAdvertisement(o: EncodeOptions): Buffer {
  */
 export function decodeAdvertisement(frame: Uint8Array): DecodeResult {
   const fail = (reason: DropReason): DecodeResult => ({ ok: false, reason });
-  if (frame.length < ETH_HEADER_LEN) return fail('truncated');
-  if (((frame[12]! << 8) | frame[13]!) !== ETHERTYPE_IPV4) return fail('not-vrrp');
-  const ip = ETH_HEADER_LEN;
-  const avail = frame.length - ip;
-  if (avail < IPV4_HEADER_LEN) return fail('truncated');
-  if (frame[ip]! >> 4 !== 4) return fail('not-vrrp');
-  const ihl = (frame[ip]! & 0x0f) * 4;
-  if (ihl < IPV4_HEADER_LEN) return fail('bad-length');
-  if (avail < ihl) return fail('truncated');
-  if (internetChecksum(frame, ip, ip + ihl) !== 0) return fail('bad-ip-checksum');
-  if (frame[ip + 9] !== VRRP_PROTOCOL) return fail('not-vrrp');
-  const totalLen = (frame[ip + 2]! << 8) | frame[ip + 3]!;
-  if (totalLen < ihl) return fail('bad-length');
-  if (totalLen > avail) return fail('truncated');
-  const flagsFrag = (frame[ip + 6]! << 8) | frame[ip + 7]!;
+  const d = decodeIpv4Frame(frame);
+  if (!d.ok) {
+    return fail(d.reason === 'not-ipv4' ? 'not-vrrp'
+      : d.reason === 'bad-header-length' || d.reason === 'bad-total-length' ? 'bad-length' : d.reason);
+  }
+  const p = d.packet;
+  if (p.protocol !== VRRP_PROTOCOL) return fail('not-vrrp');
+  const flagsFrag = p.flagsFrag;
   // A fragment holds only part of a message; VRRP packets are never
   // fragmented in practice (at most 1028 octets), so none is reassembled.
   if ((flagsFrag & 0x2000) !== 0 || (flagsFrag & 0x1fff) !== 0) return fail('truncated');
   // §7.1: "MUST verify that the IP TTL is 255": a packet that crossed a
   // router did not come from this LAN.
-  if (frame[ip + 8] !== VRRP_TTL) return fail('bad-ttl');
-  const v = ip + ihl;
-  const vlen = totalLen - ihl;
+  if (p.ttl !== VRRP_TTL) return fail('bad-ttl');
+  const v = p.payloadStart;
+  const vlen = p.payloadEnd - p.payloadStart;
   if (vlen < VRRP_HEADER_LEN) return fail('truncated');
   if (frame[v]! >> 4 !== VRRP_VERSION) return fail('bad-version');
   if ((frame[v]! & 0x0f) !== VRRP_TYPE_ADVERTISEMENT) return fail('bad-type');
   const count = frame[v + 3]!;
   // §7.1: the packet must hold exactly the fixed fields and Count addresses.
   if (vlen !== VRRP_HEADER_LEN + 4 * count) return fail('bad-length');
-  const srcIp = ipv4FromBytes(frame, ip + 12);
-  const dstIp = ipv4FromBytes(frame, ip + 16);
-  if (internetChecksum(frame, v, v + vlen, pseudoHeaderSum(srcIp, dstIp, vlen)) !== 0) return fail('bad-checksum');
+  const { srcIp, dstIp } = p;
+  if (internetChecksum(frame, v, v + vlen, pseudoHeaderSum(srcIp, dstIp, VRRP_PROTOCOL, vlen)) !== 0) return fail('bad-checksum');
   const vrid = frame[v + 1]!;
   // VRID 0 is not a virtual router (§5.2.3: 1-255); nothing can match it.
   if (vrid === 0) return fail('not-vrrp');
@@ -244,10 +199,10 @@ export function decodeAdvertisement(frame: Uint8Array): DecodeResult {
     frame: {
       dstMac: Buffer.from(frame.subarray(0, 6)),
       srcMac: Buffer.from(frame.subarray(6, 12)),
-      tos: frame[ip + 1]!,
-      ipId: (frame[ip + 4]! << 8) | frame[ip + 5]!,
+      tos: p.tos,
+      ipId: p.id,
       ipFlags: flagsFrag >> 13,
-      ttl: frame[ip + 8]!,
+      ttl: p.ttl,
       srcIp,
       dstIp,
       vrid,

@@ -1,7 +1,8 @@
-// forward/ layer: the Prometheus view of a data path. Every value is read at
-// scrape time from the data path's stats() (the kernel path reads nftables
-// counters then; the proxy reads its in-memory tallies), so nothing on the
-// forwarding hot path ever touches prom-client. Registered on the Registry
+// forward/ layer: the Prometheus view of a data path. Every value comes from
+// the `stats` callback the data path passes in, which only reads: the proxy
+// hands its in-memory tallies, the kernel path the nftables counters it last
+// read on its own schedule (after each apply and on a timer; a scrape never
+// spawns nft). Nothing on the forwarding hot path ever touches prom-client. Registered on the Registry
 // passed in, removed again by unregister() when the data path stops.
 import { Counter, Gauge, Registry } from 'prom-client';
 import type { DataplaneKind, ForwardStats } from './dataplane';

@@ -71,6 +71,7 @@ import {
 } from './dataplane';
 import { ForwardMetrics } from './metrics';
 import { SerialQueue } from '../serial';
+import { realClock, type Clock, type TimerHandle } from '../clock';
 
 export const NFT_FAMILY = 'ip';
 export const NFT_TABLE = 'lb_agent';
@@ -434,7 +435,13 @@ export interface NftDataplaneOptions {
   readonly exec?: Exec;
   /** Where /proc is (tests). */
   readonly procRoot?: string;
+  /** How often the counters are read for the metrics between applies (ms); a scrape reads only the last read. */
+  readonly countersEveryMs?: number;
+  readonly clock?: Clock;
 }
+
+/** What the metrics show before the first counter read. */
+const NO_STATS: ForwardStats = { kind: 'kernel', services: [], flows: [], problems: [], details: {} };
 
 /**
  * The kernel data path. Owns `table ip lb_agent` and nothing else in
@@ -457,18 +464,45 @@ export class NftDataplane implements Dataplane {
   private startCheck: StartCheck | undefined;
   private facts: KernelFacts = { ipForward: undefined, ipForwardChangedByAgent: false, sendRedirectsDisabledOn: [], conntrackCount: undefined, conntrackMax: undefined };
   private lastError: string | undefined;
+  private readonly clock: Clock;
+  private readonly countersEveryMs: number;
+  /** The counters as last read on the data path's schedule (after each apply, then every countersEveryMs). */
+  private latest: ForwardStats = NO_STATS;
+  private timer: TimerHandle | undefined;
 
   constructor(opts: NftDataplaneOptions = {}) {
     this.log = (opts.log ?? silentLogger()).child({ module: 'forward', dataplane: 'kernel' });
     this.exec = opts.exec ?? execProgram;
     this.procRoot = opts.procRoot ?? '/proc';
+    this.clock = opts.clock ?? realClock;
+    this.countersEveryMs = opts.countersEveryMs ?? 5000;
+    // A scrape only reads: it never spawns nft nor changes what the data path
+    // holds (issue 16); the counters are read after each apply and on a timer.
     this.metrics = opts.registry
-      ? new ForwardMetrics({ registry: opts.registry, kind: 'kernel', reason: opts.reason ?? 'configured', stats: () => this.stats() })
+      ? new ForwardMetrics({ registry: opts.registry, kind: 'kernel', reason: opts.reason ?? 'configured', stats: () => Promise.resolve(this.latest) })
       : undefined;
   }
 
   apply(state: ForwardState): Promise<void> {
-    return this.queue.run(() => this.applyNow(state));
+    return this.queue.run(async () => {
+      await this.applyNow(state);
+      if (this.metrics) await this.refreshCounters();
+    });
+  }
+
+  /** Read the counters for the metrics now rather than at the next tick (e.g. right after a burst of test traffic). */
+  readCountersNow(): Promise<void> {
+    return this.queue.run(() => this.refreshCounters());
+  }
+
+  /** Read the counters for the metrics (in the queue, so never against a half-applied table), then schedule the next read. */
+  private async refreshCounters(): Promise<void> {
+    if (this.timer) this.clock.clearTimeout(this.timer);
+    this.timer = undefined;
+    if (this.stopped) return;
+    try { this.latest = await this.stats(); } catch { /* keep the last read; stats() reports nft failures as problems */ }
+    this.timer = this.clock.setTimeout(() => { void this.queue.run(() => this.refreshCounters()); }, this.countersEveryMs);
+    this.timer.unref?.();
   }
 
   private async applyNow(state: ForwardState): Promise<void> {
@@ -608,6 +642,8 @@ export class NftDataplane implements Dataplane {
     return this.queue.run(async () => {
       if (this.stopped) return;
       this.stopped = true;
+      if (this.timer) this.clock.clearTimeout(this.timer);
+      this.timer = undefined;
       this.metrics?.unregister();
       if (opts.keep) {
         // A planned restart: the table keeps forwarding; the next process adopts it (start check).
@@ -619,6 +655,7 @@ export class NftDataplane implements Dataplane {
     });
   }
 
+  /** A fresh read of the counters (status, and the metrics' schedule); spawns `nft`. */
   async stats(): Promise<ForwardStats> {
     const plan = this.plan;
     let live = new Map<string, CounterValue>();

@@ -5,6 +5,7 @@
 // gets back an address or a reason that is also a status line and a metric
 // label (metallb's allocator style).
 import type { Pool, PoolRange } from '../config/types';
+import { poolContains, poolLookupOrder, selectPool } from '../config/pools';
 import { formatIPv4, parseCidr, parseIPv4, broadcastOf } from '../ipv4';
 
 /** Why no address could be given; stable strings, used as status reasons. */
@@ -12,10 +13,6 @@ export type AllocationFailure = 'exhausted' | 'no-pool' | 'not-in-pool' | 'taken
 
 /** How the address was chosen, for logs and status. */
 export type AllocationVia = 'loadBalancerIP' | 'claim' | 'lowest-free';
-
-export type PoolSelection =
-  | { readonly ok: true; readonly pool: Pool }
-  | { readonly ok: false; readonly reason: 'no-pool'; readonly message: string };
 
 export interface AllocationRequest {
   /** "namespace/name". */
@@ -56,83 +53,16 @@ export type AllocationResult =
     readonly retryAt?: number | undefined;
   };
 
-/**
- * The pool keys consulted for a namespace, in kube-vip's order
- * (kube-vip-cloud-provider discoverPool): every CIDR key before every range
- * key, so `cidr-global` shadows `range-<ns>`. Kept as is for compatibility
- * with the ConfigMaps users already have.
- */
-export function poolLookupOrder(namespace: string): readonly string[] {
-  return [`cidr-${namespace}`, 'cidr-global', `range-${namespace}`, 'range-global'];
-}
-
-/** The pool that applies to a namespace: the first key in lookup order that exists. */
-export function selectPool(pools: readonly Pool[], namespace: string): PoolSelection {
-  const order = poolLookupOrder(namespace);
-  for (const key of order) {
-    const pool = pools.find((p) => p.key === key);
-    if (pool) return { ok: true, pool };
-  }
-  return {
-    ok: false,
-    reason: 'no-pool',
-    message: `no IP pool applies to namespace ${namespace}: none of ${order.join(', ')} is configured under pools`,
-  };
-}
-
-interface Interval { start: number; end: number }
-
-/**
- * The usable addresses of a range as inclusive intervals. The config loader
- * already drops the network and broadcast addresses of CIDRs; this checks
- * again from the CIDR as written, because handing out a broadcast address
- * breaks every host on the subnet that answers to it. /31 and /32 have no
- * network or broadcast address (RFC 3021).
- */
-function usableIntervals(r: PoolRange): Interval[] {
-  let start = r.start >>> 0;
-  let end = r.end >>> 0;
-  if (start > end) return [];
-  if (r.kind === 'cidr') {
-    const c = parseCidr(r.text.trim(), true);
-    if (c && c.prefix <= 30) {
-      const net = c.network;
-      const bcast = broadcastOf(c);
-      if (start < net + 1) start = net + 1;
-      if (end > bcast - 1) end = bcast - 1;
-      if (start > end) return [];
-    }
-  }
-  return [{ start, end }];
-}
-
-/** The usable addresses of a pool, merged, sorted, without overlaps. */
-function poolIntervals(pool: Pool): Interval[] {
-  const all = pool.ranges.flatMap(usableIntervals).sort((a, b) => a.start - b.start);
-  const out: Interval[] = [];
-  for (const iv of all) {
-    const last = out[out.length - 1];
-    if (last && iv.start <= last.end + 1) {
-      if (iv.end > last.end) last.end = iv.end;
-    } else {
-      out.push({ ...iv });
-    }
-  }
-  return out;
-}
-
-/** Whether an address (u32) is one the pool may hand out (network/broadcast of its CIDRs excluded). */
-export function poolContains(pool: Pool, address: number): boolean {
-  const a = address >>> 0;
-  return poolIntervals(pool).some((iv) => a >= iv.start && a <= iv.end);
+/** A pool's ranges in address order (config/pools.ts rejects overlaps, so they are disjoint). */
+function inOrder(pool: Pool): readonly PoolRange[] {
+  return [...pool.ranges].sort((a, b) => a.start - b.start);
 }
 
 /** Number of addresses the pool may hand out, less the reserved ones inside it. */
 export function poolSize(pool: Pool, reserved?: ReadonlySet<number>): number {
-  const ivs = poolIntervals(pool);
-  let n = ivs.reduce((sum, iv) => sum + (iv.end - iv.start + 1), 0);
+  let n = pool.ranges.reduce((sum, r) => sum + (r.end - r.start + 1), 0);
   if (reserved) {
-    for (const a of reserved) if (ivs.some((iv) => a >= iv.start && a <= iv.end)) n--;
+    for (const a of reserved) if (poolContains(pool, a)) n--;
   }
   return n;
 }
@@ -168,9 +98,13 @@ function earliestRetry(pool: Pool, st: AllocationState): number | undefined {
  * holds an address back until its retry time).
  */
 export function allocate(pools: readonly Pool[], req: AllocationRequest, st: AllocationState): AllocationResult {
-  const sel = selectPool(pools, req.namespace);
-  if (!sel.ok) return { ok: false, reason: 'no-pool', message: `service ${req.service}: ${sel.message}` };
-  const pool = sel.pool;
+  const pool = selectPool(pools, req.namespace);
+  if (!pool) {
+    return {
+      ok: false, reason: 'no-pool',
+      message: `service ${req.service}: no IP pool applies to namespace ${req.namespace}: none of ${poolLookupOrder(req.namespace).join(', ')} is configured under pools`,
+    };
+  }
 
   if (req.loadBalancerIP !== undefined && req.loadBalancerIP !== '') {
     const want = parseIPv4(req.loadBalancerIP);
@@ -203,8 +137,8 @@ export function allocate(pools: readonly Pool[], req: AllocationRequest, st: All
   // even in a /8.
   let held = 0;
   let inConflict = 0;
-  for (const iv of poolIntervals(pool)) {
-    for (let a = iv.start; a <= iv.end; a++) {
+  for (const r of inOrder(pool)) {
+    for (let a = r.start; a <= r.end; a++) {
       const b = blocked(a, req, st);
       if (!b) return { ok: true, address: formatIPv4(a), addressNum: a, pool: pool.key, via: 'lowest-free' };
       if (b.why === 'conflict') inConflict++; else held++;

@@ -16,7 +16,8 @@ import type { StateStore } from '../state/store';
 import type { Logger } from '../log';
 import { realClock, type Clock } from '../clock';
 import { formatIPv4, parseIPv4 } from '../ipv4';
-import { allocate, poolContains, poolSize, selectPool, type AllocationResult } from './allocator';
+import { allocate, poolSize, type AllocationResult } from './allocator';
+import { poolContains, selectPool } from '../config/pools';
 import { ClaimStore, type PoolClaim } from './claims';
 import { SerialQueue } from '../serial';
 
@@ -48,12 +49,11 @@ export interface PoolMetrics {
   readonly size: Gauge<'pool'>;
   readonly inUse: Gauge<'pool'>;
   readonly conflicts: Counter<'pool'>;
-  readonly vipInfo: Gauge<'service' | 'namespace' | 'vip' | 'ipam'>;
 }
 
 /**
  * The pool metrics of a registry. Registered once per registry: a metric
- * already there (another PoolManager, or the DHCP sources' vip_info) is
+ * already there (another PoolManager on the same registry) is
  * reused, since prom-client refuses a second registration of a name.
  */
 export function poolMetrics(registry: Registry): PoolMetrics {
@@ -62,7 +62,6 @@ export function poolMetrics(registry: Registry): PoolMetrics {
     size: get('lbagent_pool_size', () => new Gauge({ name: 'lbagent_pool_size', help: 'Addresses a pool may hand out (network, broadcast and this node\'s own addresses excluded).', labelNames: ['pool'], registers: [registry] })),
     inUse: get('lbagent_pool_in_use', () => new Gauge({ name: 'lbagent_pool_in_use', help: 'Addresses of a pool claimed by a service or being probed.', labelNames: ['pool'], registers: [registry] })),
     conflicts: get('lbagent_pool_conflicts_total', () => new Counter({ name: 'lbagent_pool_conflicts_total', help: 'Addresses of a pool found held by another host on the LAN (ARP probe, or defence given up).', labelNames: ['pool'], registers: [registry] })),
-    vipInfo: get('lbagent_service_vip_info', () => new Gauge({ name: 'lbagent_service_vip_info', help: 'The VIP a service holds (1 while held).', labelNames: ['service', 'namespace', 'vip', 'ipam'], registers: [registry] })),
   };
 }
 
@@ -155,8 +154,7 @@ export class PoolManager extends EventEmitter {
 
   /** The pool that applies to a namespace, or undefined. */
   poolFor(namespace: string): Pool | undefined {
-    const s = selectPool(this.pools, namespace);
-    return s.ok ? s.pool : undefined;
+    return selectPool(this.pools, namespace);
   }
 
   /** The persisted claim of a service (throws LB_ERR_STATE_CORRUPT on a corrupt claims file). */

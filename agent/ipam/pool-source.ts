@@ -30,7 +30,7 @@ import { bpfArp, ETH_P_ARP, openPacketSocket, type PacketSocket } from '../net/p
 import type { NetlinkClient, LinkInfo } from '../net/netlink';
 import { VipOwner, type VipConflict } from '../net/vip-owner';
 import { reservedFromInterface } from './allocator';
-import type { PoolManager, PoolMetrics } from './manager';
+import type { PoolManager } from './manager';
 import { initialPoolState, poolStep, type PoolAction, type PoolEvent, type PoolMachineConfig, type PoolState } from './pool-machine';
 
 /** The prefix of every pool VIP on the parent (see the header comment). */
@@ -82,7 +82,6 @@ export class PoolSource extends EventEmitter implements AddressSource {
   private readonly clock: Clock;
   private readonly random: () => number;
   private readonly netMetrics: NetMetrics;
-  private readonly poolMetrics: PoolMetrics;
   private readonly cfg: PoolMachineConfig;
 
   private m: PoolState = initialPoolState();
@@ -107,7 +106,6 @@ export class PoolSource extends EventEmitter implements AddressSource {
     this.random = opts.random ?? Math.random;
     this.log = opts.log.child({ module: 'ipam.pool-source', service: this.key });
     this.netMetrics = netMetrics(opts.registry);
-    this.poolMetrics = opts.manager.metrics;
     this.cfg = { probe: opts.probe !== false, faultRetryMs: opts.faultRetryMs ?? 30_000 };
   }
 
@@ -363,11 +361,9 @@ export class PoolSource extends EventEmitter implements AddressSource {
     try { return this.manager.claimOf(this.key); } catch { return undefined; }
   }
 
+  /** lbagent_service_vip_info has one writer, the daemon's collect over every service's VIP; this only records it. */
   private setVip(vip: Vip | undefined): void {
-    const labels = (v: Vip) => ({ service: this.opts.service.name, namespace: this.opts.service.namespace, vip: v.address, ipam: 'pool' });
-    if (this.vip) this.poolMetrics.vipInfo.remove(labels(this.vip));
     this.vip = vip;
-    if (vip) this.poolMetrics.vipInfo.set(labels(vip), 1);
   }
 
   private closeSocket(): void {

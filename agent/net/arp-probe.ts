@@ -16,17 +16,6 @@ import { bpfArp } from './bpf';
 import type { NetMetrics } from './metrics';
 import { ETH_P_ARP, openPacketSocket, type PacketSocket } from './packet';
 
-/** RFC 5227 §1.1 defaults, in seconds, as ArpTimings. */
-export const RFC5227_TIMINGS: ArpTimings = Object.freeze({
-  probeWait: 1,
-  probeNum: 3,
-  probeMin: 1,
-  probeMax: 2,
-  announceWait: 2,
-  announceNum: 2,
-  announceInterval: 2,
-});
-
 /** RFC 5227 §1.1 DEFEND_INTERVAL: 10 s between defences of one address. */
 export const DEFEND_INTERVAL_MS = 10_000;
 

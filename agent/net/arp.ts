@@ -3,9 +3,8 @@
 // never throws: a malformed frame yields a reason that becomes a metric label.
 import { formatMac, ipv4FromBytes, ipv4ToBytes, parseMac } from '../ipv4';
 import type { FrameDropReason } from './metrics';
+import { ETHERTYPE_ARP, ETHERTYPE_IPV4 } from './inet';
 
-export const ETHERTYPE_ARP = 0x0806;
-export const ETHERTYPE_IPV4 = 0x0800;
 export const ARP_HTYPE_ETHERNET = 1;
 export const ARP_OP_REQUEST = 1;
 export const ARP_OP_REPLY = 2;

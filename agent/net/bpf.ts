@@ -5,6 +5,8 @@
 // what `tcpdump -dd` emits for the same expression (the tests compare them),
 // so they can be checked with a tool every operator has.
 
+import { ETHERTYPE_ARP, ETHERTYPE_IPV4, IPPROTO_UDP } from './inet';
+
 /** One instruction: [code, jt, jf, k] as in struct sock_filter. */
 export type BpfInstruction = readonly [number, number, number, number];
 export type BpfProgram = ReadonlyArray<BpfInstruction>;
@@ -24,9 +26,6 @@ export const BPF_ACCEPT = 0x40000;
 /** BPF_MAXINSNS (linux/bpf_common.h). */
 export const BPF_MAX_INSNS = 4096;
 
-export const ETHERTYPE_IPV4 = 0x0800;
-export const ETHERTYPE_ARP = 0x0806;
-const IPPROTO_UDP = 17;
 
 const ETH_TYPE_OFFSET = 12;
 const IP_PROTO_OFFSET = 14 + 9;

@@ -1,12 +1,12 @@
-// Per-interface IPv4 sysctls (driver over /proc/sys/net/ipv4/conf/<if>/):
-// read and set the ARP-flux and reverse-path knobs DESIGN.md requires on the
-// parent NIC and on each macvlan. Values are small integers; paths are built
+// Per-interface sysctls (driver over /proc/sys/net/ipv4/conf/<if>/, and
+// ipv6/conf/<if>/disable_ipv6): read and set the ARP-flux and reverse-path
+// knobs DESIGN.md requires on the parent NIC and on each macvlan. Values are small integers; paths are built
 // only from validated interface names and a fixed set of keys.
 import { promises as fsp } from 'node:fs';
 import * as path from 'node:path';
 import { LbError } from '../errors';
 
-export const IF_SYSCTL_KEYS = ['arp_ignore', 'arp_announce', 'rp_filter', 'accept_local', 'arp_accept'] as const;
+export const IF_SYSCTL_KEYS = ['arp_ignore', 'arp_announce', 'rp_filter'] as const;
 export type IfSysctlKey = (typeof IF_SYSCTL_KEYS)[number];
 
 export interface SysctlOptions {
@@ -84,19 +84,54 @@ export async function writeIfSysctl(ifname: string, key: IfSysctlKey, value: num
   }
 }
 
+/**
+ * Turn IPv6 off on one interface (net.ipv6.conf.<if>.disable_ipv6=1): a link
+ * that lives for seconds (the preflight's DHCP probe) must not send DAD,
+ * router or MLD traffic from its MAC. False when the kernel has no IPv6 there.
+ */
+export async function disableIpv6(ifname: string, opts: SysctlOptions = {}): Promise<boolean> {
+  const problem = interfaceNameProblem(ifname);
+  if (problem) throw new LbError('LB_ERR_NET_SYSCTL', `cannot address sysctl disable_ipv6: ${problem}`, { interface: ifname, key: 'disable_ipv6' });
+  const file = path.join(opts.root ?? DEFAULT_ROOT, 'net', 'ipv6', 'conf', ifname, 'disable_ipv6');
+  try {
+    await fsp.writeFile(file, '1\n', { flag: 'r+' });
+    return true;
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return false;
+    throw new LbError('LB_ERR_NET_SYSCTL', `cannot set net.ipv6.conf.${ifname}.disable_ipv6: ${(err as Error).message}`, { interface: ifname, key: 'disable_ipv6' }, { cause: err });
+  }
+}
+
 export type VipRole = 'parent' | 'macvlan';
 
 /**
+ * The wanted values, by role: the one table. The daemon writes it
+ * (applyVipSysctls) and the preflight checks against it (preflight/checks.ts).
+ *
  * DESIGN.md "ARP flux": with several addresses on one LAN the kernel answers
  * ARP for any local address on any NIC. arp_ignore=1 answers only for
  * addresses on the receiving interface; arp_announce=2 always uses the
- * outgoing interface's best address as the ARP source. On macvlans,
- * rp_filter=2 (loose, RFC 3704 §2.4) because replies may route via the parent.
+ * outgoing interface's best address as the ARP source. Not arp_ignore=2: it
+ * answers only a sender inside a subnet that also holds the VIP on the
+ * receiving interface (ip-sysctl.rst), and pool VIPs are /32s on the parent,
+ * so a pool outside the parent's subnet (preflight check "pools" only warns)
+ * or a client on another subnet of the same L2 gets no ARP reply at all. On
+ * macvlans, rp_filter=2 (loose, RFC 3704 §2.4) because replies may route via
+ * the parent.
  */
+export const VIP_SYSCTLS: Readonly<Record<VipRole, ReadonlyArray<readonly [IfSysctlKey, number]>>> = Object.freeze({
+  parent: Object.freeze([['arp_ignore', 1], ['arp_announce', 2]] as const),
+  macvlan: Object.freeze([['arp_ignore', 1], ['arp_announce', 2], ['rp_filter', 2]] as const),
+});
+
+/** The wanted sysctls of an interface in that role, in the order they are applied. */
 export function vipSysctls(role: VipRole): ReadonlyArray<readonly [IfSysctlKey, number]> {
-  const base: Array<readonly [IfSysctlKey, number]> = [['arp_ignore', 1], ['arp_announce', 2]];
-  if (role === 'macvlan') base.push(['rp_filter', 2]);
-  return base;
+  return VIP_SYSCTLS[role];
+}
+
+/** The wanted value of one sysctl in that role; undefined when the role leaves it alone. */
+export function wantedSysctl(role: VipRole, key: IfSysctlKey): number | undefined {
+  return VIP_SYSCTLS[role].find(([k]) => k === key)?.[1];
 }
 
 export interface SysctlChange {

@@ -4,6 +4,7 @@
 // test/preflight/fixtures/.
 import { parseCidr, parseIPv4, cidrContains, formatIPv4 } from '../ipv4';
 import type { Facts, MacvlanFacts } from './facts';
+import { wantedSysctl, type VipRole } from '../net/sysctl';
 import { defaultMaxConnections, effectiveMaxConnections, reservedDescriptors } from '../forward/capacity';
 
 export type CheckStatus = 'pass' | 'warn' | 'fail';
@@ -391,42 +392,46 @@ function sysctlNum(f: Facts, name: string): number | undefined {
 }
 
 /** The kernel uses max(all, <if>) for arp_ignore, arp_announce and rp_filter (ip-sysctl.rst). */
-function effectiveConf(f: Facts, scope: string, key: string): { value: number | undefined; allWins: boolean } {
+function effectiveConf(f: Facts, scope: string, key: string): { value: number | undefined } {
   const all = sysctlNum(f, `net.ipv4.conf.all.${key}`);
   const dev = sysctlNum(f, `net.ipv4.conf.${scope}.${key}`);
-  if (all === undefined && dev === undefined) return { value: undefined, allWins: false };
-  const value = Math.max(all ?? 0, dev ?? 0);
-  return { value, allWins: (all ?? 0) > (dev ?? 0) };
+  if (all === undefined && dev === undefined) return { value: undefined };
+  return { value: Math.max(all ?? 0, dev ?? 0) };
 }
 
 export function checkArpSysctls(f: Facts): CheckResult {
   const id = 'arp-sysctls';
   const parent = f.parent.name;
   if (!parent || !f.parent.exists) return pass(id, 'not checked: no parent interface');
-  // ARP flux (DESIGN "Networking facts"): with VIPs on the LAN, the kernel
-  // would answer ARP for any local address on any NIC. arp_ignore=1 answers
-  // only for addresses on the receiving NIC; arp_announce=2 sources ARP
-  // requests from the best local address of the outgoing NIC.
-  const scopes: [string, string][] = [[sysctlIfName(parent), parent]];
-  if (macvlanNeeded(f)) scopes.push(['default', 'new macvlans (default)']);
+  // ARP flux (DESIGN "Networking facts"): the wanted values are the ones the
+  // daemon writes, from net/sysctl.ts; net.ipv4.conf.default is what a new
+  // macvlan starts with.
+  const scopes: [string, string, VipRole][] = [[sysctlIfName(parent), parent, 'parent']];
+  if (macvlanNeeded(f)) scopes.push(['default', 'new macvlans (default)', 'macvlan']);
+  const keys = ['arp_ignore', 'arp_announce'] as const;
   const seen: string[] = [];
   const fixes: string[] = [];
-  for (const [scope, label] of scopes) {
-    const ig = effectiveConf(f, scope, 'arp_ignore');
-    const an = effectiveConf(f, scope, 'arp_announce');
-    if (ig.value === undefined || an.value === undefined) continue;
-    seen.push(`${label}: arp_ignore=${ig.value} arp_announce=${an.value}`);
-    if (ig.value !== 1 && ig.value !== 2) {
-      // Too high in `all` (3..8) wins over any interface value: lower it too.
-      if (ig.allWins) fixes.push('net.ipv4.conf.all.arp_ignore=1');
-      fixes.push(`net.ipv4.conf.${scope}.arp_ignore=1`);
-    }
-    if (an.value !== 2) fixes.push(`net.ipv4.conf.${scope}.arp_announce=2`);
+  const wants = new Set<string>();
+  for (const [scope, label, role] of scopes) {
+    const eff = keys.map((key) => effectiveConf(f, scope, key));
+    if (eff.some((e) => e.value === undefined)) continue;
+    seen.push(`${label}: ${keys.map((key, i) => `${key}=${eff[i]!.value}`).join(' ')}`);
+    keys.forEach((key, i) => {
+      const want = wantedSysctl(role, key);
+      if (want === undefined) return;
+      wants.add(`${key}=${want}`);
+      if (eff[i]!.value === want) return;
+      // The kernel takes max(all, <if>): a value too high in `all` wins over
+      // any interface value, so lower it too.
+      const all = sysctlNum(f, `net.ipv4.conf.all.${key}`);
+      if (all !== undefined && all > want) fixes.push(`net.ipv4.conf.all.${key}=${want}`);
+      fixes.push(`net.ipv4.conf.${scope}.${key}=${want}`);
+    });
   }
   if (seen.length === 0) return warn(id, `cannot read net.ipv4.conf.${sysctlIfName(parent)}.arp_ignore/arp_announce`, 'run the check on the VM itself (with /proc/sys mounted)');
   const detail = `${seen.join('; ')} (effective = max of all and the interface)`;
   if (fixes.length === 0) return pass(id, detail);
-  return warn(id, `${detail}; want arp_ignore=1 and arp_announce=2, or the VM answers ARP for VIPs from the wrong MAC (ARP flux)`,
+  return warn(id, `${detail}; want ${[...wants].join(' and ')} (as the daemon sets them), or the VM answers ARP for VIPs from the wrong MAC (ARP flux) or, with arp_ignore=2, ignores ARP from senders outside the VIP's subnet`,
     sysctlRemedy([...new Set(fixes)]));
 }
 
@@ -440,7 +445,7 @@ export function checkRpFilter(f: Facts): CheckResult {
   // by the parent (same subnet) is dropped. Loose (2) or off (0) is fine.
   if (eff.value !== 1) return pass(id, `${detail} (${eff.value === 2 ? 'loose' : 'off'})`);
   return warn(id, `${detail} (strict): traffic to a VIP on a macvlan is dropped when the reply route leaves by the parent`,
-    sysctlRemedy(['net.ipv4.conf.all.rp_filter=2', 'net.ipv4.conf.default.rp_filter=2']));
+    sysctlRemedy([`net.ipv4.conf.all.rp_filter=${wantedSysctl('macvlan', 'rp_filter')}`, `net.ipv4.conf.default.rp_filter=${wantedSysctl('macvlan', 'rp_filter')}`]));
 }
 
 export function checkIpForward(f: Facts): CheckResult {

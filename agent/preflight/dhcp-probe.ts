@@ -4,16 +4,17 @@
 // macvlan (mode bridge), sent and received on an AF_PACKET socket. Only a
 // DISCOVER is sent, never a REQUEST, so no lease is taken (RFC 2131 §4.3.1: a
 // server commits nothing before a REQUEST). The macvlan is deleted before
-// returning, and one left by a killed probe is removed by the next.
-import { execFile } from 'node:child_process';
+// returning, and one left by a killed probe is removed by the next. Links
+// and sysctls go through net/ (rtnetlink, net/sysctl.ts), as the daemon's do.
 import { randomBytes } from 'node:crypto';
-import * as fs from 'node:fs';
 import { realClock, type Clock, type TimerHandle } from '../clock';
 import { errorMessage } from '../errors';
 import {
   buildClientMessage, decodeReply, encodeDhcp, encodeUdpFrame, BROADCAST_IP, BROADCAST_MAC, DHCP_CLIENT_FILTER,
 } from '../dhcp/codec';
-import { openPacketSocket, interfaceIndex, ETH_P_IP, type PacketSocket, type FrameInfo } from '../net/packet';
+import { openPacketSocket, ETH_P_IP, type PacketSocket, type FrameInfo } from '../net/packet';
+import { openNetlink, type NetlinkClient } from '../net/netlink';
+import { disableIpv6, type SysctlOptions } from '../net/sysctl';
 import { formatIPv4, formatMac } from '../ipv4';
 import type { DhcpProbeFacts } from './facts';
 
@@ -26,29 +27,23 @@ export interface DhcpProbeOptions {
   /** Resend the DISCOVER at these offsets (ms) while waiting (default 1 s and 3 s). */
   retransmitMs?: readonly number[];
   clock?: Clock;
-  /** The `ip` binary. */
-  ip?: string;
+  /** The rtnetlink client (tests); by default one is opened and closed around the probe. */
+  netlink?: NetlinkClient;
+  /** Where the sysctl tree is (tests). */
+  sysctl?: SysctlOptions;
 }
 
-function ipCmd(ip: string, args: string[]): Promise<{ ok: boolean; err: string }> {
-  return new Promise((resolve) => {
-    execFile(ip, args, { timeout: 5000, env: { ...process.env, LC_ALL: 'C' } }, (err, _out, stderr) => {
-      resolve({ ok: !err, err: (stderr || (err ? err.message : '')).trim() });
-    });
-  });
+/** Whether a process is gone (a probe killed mid-way left its link behind). */
+function processGone(pid: number): boolean {
+  try { process.kill(pid, 0); return false; } catch (e) { return (e as NodeJS.ErrnoException).code !== 'EPERM'; }
 }
 
-/** Remove probe links whose process is gone (a probe killed mid-way). */
-async function sweepStale(ip: string): Promise<void> {
-  let names: string[] = [];
-  try { names = await fs.promises.readdir('/sys/class/net'); } catch { return; }
-  for (const n of names) {
-    const m = new RegExp(`^${PROBE_LINK_PREFIX}(\\d+)$`).exec(n);
-    if (!m) continue;
-    const pid = Number(m[1]);
-    let alive = true;
-    try { process.kill(pid, 0); } catch (e) { alive = (e as NodeJS.ErrnoException).code === 'EPERM'; }
-    if (!alive) await ipCmd(ip, ['link', 'del', 'dev', n]);
+/** Remove probe links whose process is gone. */
+async function sweepStale(nl: NetlinkClient): Promise<void> {
+  const pattern = new RegExp(`^${PROBE_LINK_PREFIX}(\\d+)$`);
+  for (const l of await nl.listLinks()) {
+    const m = pattern.exec(l.name);
+    if (m && processGone(Number(m[1]))) await nl.deleteLink(l.index).catch(() => false);
   }
 }
 
@@ -62,7 +57,6 @@ function throwawayMac(): string {
 /** Send a DISCOVER on a temporary macvlan of `parent` and wait for an OFFER. */
 export async function probeDhcp(parent: string, opts: DhcpProbeOptions = {}): Promise<DhcpProbeFacts> {
   const clock = opts.clock ?? realClock;
-  const ip = opts.ip ?? 'ip';
   const timeoutSeconds = opts.timeoutSeconds ?? 5;
   const retransmit = opts.retransmitMs ?? [1000, 3000];
   const mac = throwawayMac();
@@ -71,15 +65,28 @@ export async function probeDhcp(parent: string, opts: DhcpProbeOptions = {}): Pr
   const started = clock.now();
   const elapsed = (): number => Math.round(clock.now() - started);
 
-  await sweepStale(ip);
-  const add = await ipCmd(ip, ['link', 'add', 'link', parent, 'name', link, 'address', mac, 'type', 'macvlan', 'mode', 'bridge']);
-  if (!add.ok) return { ...base, status: 'error', ms: elapsed(), error: `cannot create a macvlan on ${parent}: ${add.err}` };
+  let nl: NetlinkClient;
+  try {
+    nl = opts.netlink ?? openNetlink();
+  } catch (e) {
+    return { ...base, status: 'error', ms: elapsed(), error: `cannot open rtnetlink: ${errorMessage(e)}` };
+  }
+  let index: number | undefined;
   let sock: PacketSocket | undefined;
   try {
+    await sweepStale(nl).catch(() => undefined);
+    try {
+      index = (await nl.createMacvlan({ name: link, parent, mac, mode: 'bridge' })).index;
+    } catch (e) {
+      return { ...base, status: 'error', ms: elapsed(), error: `cannot create a macvlan on ${parent}: ${errorMessage(e)}` };
+    }
     // No IPv6 on the probe link: no DAD, router or MLD chatter from a MAC that exists for a second.
-    try { fs.writeFileSync(`/proc/sys/net/ipv6/conf/${link}/disable_ipv6`, '1'); } catch { /* no IPv6 in this kernel */ }
-    const up = await ipCmd(ip, ['link', 'set', 'dev', link, 'up']);
-    if (!up.ok) return { ...base, status: 'error', ms: elapsed(), error: `cannot bring ${link} up: ${up.err}` };
+    await disableIpv6(link, opts.sysctl).catch(() => false);
+    try {
+      await nl.setLinkUp(index, true);
+    } catch (e) {
+      return { ...base, status: 'error', ms: elapsed(), error: `cannot bring ${link} up: ${errorMessage(e)}` };
+    }
 
     const xid = randomBytes(4).readUInt32BE(0);
     const macBuf = Buffer.from(mac.split(':').map((x) => parseInt(x, 16)));
@@ -90,7 +97,7 @@ export async function probeDhcp(parent: string, opts: DhcpProbeOptions = {}): Pr
     ));
     const frame = encodeUdpFrame({ srcMac: mac, dstMac: BROADCAST_MAC, srcIp: 0, dstIp: BROADCAST_IP, payload: dhcp });
 
-    const s = openPacketSocket({ ifindex: interfaceIndex(link), protocol: ETH_P_IP, filter: DHCP_CLIENT_FILTER });
+    const s = openPacketSocket({ ifindex: index, protocol: ETH_P_IP, filter: DHCP_CLIENT_FILTER });
     sock = s;
     return await new Promise<DhcpProbeFacts>((resolve) => {
       const timers: TimerHandle[] = [];
@@ -122,6 +129,7 @@ export async function probeDhcp(parent: string, opts: DhcpProbeOptions = {}): Pr
     return { ...base, status: 'error', ms: elapsed(), error: errorMessage(e) };
   } finally {
     sock?.close();
-    await ipCmd(ip, ['link', 'del', 'dev', link]);
+    if (index !== undefined) await nl.deleteLink(index).catch(() => false);
+    if (!opts.netlink) nl.close();
   }
 }

@@ -19,6 +19,8 @@ import type { DataplaneMode, Desired } from '../config/types';
 import { readNofile } from '../forward/capacity';
 import { formatIPv4 } from '../ipv4';
 import { sysctlIfName } from './checks';
+import { parseDefaultRoute } from '../net/route';
+import { IF_SYSCTL_KEYS } from '../net/sysctl';
 
 export { sysctlIfName };
 
@@ -132,21 +134,6 @@ export interface Facts {
 
 // ---------------------------------------------------------------------------
 // Pure parsers of what the machine says (unit-tested in facts.test.ts).
-
-/** The default route's interface from /proc/net/route (lowest metric, RTF_UP). */
-export function parseDefaultRoute(text: string): string | undefined {
-  let best: { ifname: string; metric: number } | undefined;
-  for (const line of text.split('\n').slice(1)) {
-    const f = line.trim().split(/\s+/);
-    if (f.length < 8) continue;
-    const [ifname, dest, , flags, , , metric, mask] = f as [string, string, string, string, string, string, string, string];
-    // RTF_UP = 0x0001 (linux/route.h)
-    if (dest !== '00000000' || mask !== '00000000' || (parseInt(flags, 16) & 1) === 0) continue;
-    const m = Number(metric);
-    if (!best || m < best.metric) best = { ifname, metric: m };
-  }
-  return best?.ifname;
-}
 
 /** CapEff from /proc/<pid>/status. */
 export function parseCapEff(status: string): string | undefined {
@@ -425,7 +412,7 @@ async function gatherParent(name: string | undefined, source: ParentFacts['sourc
 async function gatherSysctls(parent: string | undefined): Promise<Record<string, string>> {
   const names = ['net.ipv4.ip_forward'];
   for (const scope of ['all', 'default', ...(parent ? [sysctlIfName(parent)] : [])]) {
-    for (const key of ['arp_ignore', 'arp_announce', 'rp_filter']) names.push(`net.ipv4.conf.${scope}.${key}`);
+    for (const key of IF_SYSCTL_KEYS) names.push(`net.ipv4.conf.${scope}.${key}`);
   }
   // sysctl(8) spelling to /proc/sys: dots are separators, slashes were dots.
   const values = await Promise.all(names.map((n) => readText(`/proc/sys/${n.split('.').map((s) => s.replace(/\//g, '.')).join('/')}`)));

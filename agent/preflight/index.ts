@@ -3,7 +3,7 @@
 // prints the report (report.ts) and returns the exit code; the CLI only
 // parses flags and calls runCheck.
 import { errorMessage } from '../errors';
-import { findBinary, gatherFacts, type Facts, type GatherOptions } from './facts';
+import { gatherFacts, type Facts, type GatherOptions } from './facts';
 import { runChecks, type CheckResult } from './checks';
 import { exitCode, formatHuman, formatJson, EXIT_FAILED } from './report';
 
@@ -39,8 +39,7 @@ export async function runCheck(opts: RunCheckOptions, deps: RunCheckDeps = {}): 
         dhcpProbe: async (parent: string) => {
           // Loaded only when asked: it needs the native addon, the rest of the preflight does not.
           const { probeDhcp } = await import('./dhcp-probe');
-          const ip = findBinary('ip');
-          return probeDhcp(parent, { ...(opts.dhcpTimeoutSeconds !== undefined ? { timeoutSeconds: opts.dhcpTimeoutSeconds } : {}), ...(ip ? { ip } : {}) });
+          return probeDhcp(parent, opts.dhcpTimeoutSeconds !== undefined ? { timeoutSeconds: opts.dhcpTimeoutSeconds } : {});
         },
       } : {}),
     });

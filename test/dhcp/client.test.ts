@@ -1,6 +1,7 @@
 // Unit tests of the pure RFC 2131 client state machine: time is a number we
 // pass in, so a 12-hour lease runs in milliseconds; randomness is seeded.
 import t from 'tap';
+import { prng } from '../helpers/random';
 import {
   initialState, isStalled, retransmitDelay, step, unbindReason,
   type ClientAction, type ClientConfig, type ClientContext, type ClientEvent, type ClientState,
@@ -22,17 +23,6 @@ const RFC: ClientConfig = {
   requestedIp: undefined, probe: true,
   retransmitInitialMs: 4 * SEC, retransmitMaxMs: 64 * SEC, retransmitJitterMs: 1 * SEC, declineWaitMs: 10 * SEC,
 };
-
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let x = a;
-    x = Math.imul(x ^ (x >>> 15), x | 1);
-    x ^= x + Math.imul(x ^ (x >>> 7), x | 61);
-    return ((x ^ (x >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 function ctx(config: Partial<ClientConfig> = {}, seed = 1): ClientContext {
   return { config: { ...RFC, ...config }, random: prng(seed) };

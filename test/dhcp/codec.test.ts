@@ -3,11 +3,13 @@
 // RFC 3396 concatenation, the BPF filter run on the same frames, and a
 // bounded, seeded fuzz of the decoders.
 import t from 'tap';
+import { prng } from '../helpers/random';
 import {
   BROADCAST_IP, BROADCAST_MAC, DHCP_CLIENT_FILTER, DROP_REASONS, MessageType, Opt,
   buildClientMessage, decodeDhcp, decodeReply, decodeUdpFrame, describePacket, encodeDhcp, encodeUdpFrame,
-  ipChecksum, prefixFromMask, udpChecksum, type DhcpOption, type DropReason,
+  prefixFromMask, type DhcpOption, type DropReason,
 } from '../../agent/dhcp/codec';
+import { internetChecksum, udpChecksum } from '../../agent/net/inet';
 import { formatIPv4, parseIPv4 } from '../../agent/ipv4';
 import * as golden from './fixtures/golden';
 
@@ -17,18 +19,6 @@ const CLIENT_MAC = '52:54:00:bb:00:02';
 const SERVER_MAC = '52:54:00:aa:00:01';
 const NOT_READY = { csumNotReady: true };
 const READY = { csumNotReady: false };
-
-/** Deterministic PRNG (mulberry32) so a fuzz failure reproduces. */
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let x = a;
-    x = Math.imul(x ^ (x >>> 15), x | 1);
-    x ^= x + Math.imul(x ^ (x >>> 7), x | 61);
-    return ((x ^ (x >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 /** Copy of a golden server frame with tcpdump's full UDP checksum in place of the partial one. */
 function completed(g: golden.GoldenFrame): Buffer {
@@ -140,7 +130,7 @@ t.test('UDP checksums: partial sums are skipped only when the kernel says so', a
     const seg = Buffer.from(b.subarray(34, 34 + b.readUInt16BE(38)));
     seg.writeUInt16BE(0, 6);
     t.equal(udpChecksum(b.readUInt32BE(26), b.readUInt32BE(30), seg), g.fullChecksum);
-    t.equal(ipChecksum(b, 14), 0, 'IP header checksum verifies');
+    t.equal(internetChecksum(b, 14, 34), 0, 'IP header checksum verifies');
   }
 });
 
@@ -151,7 +141,7 @@ t.test('every drop reason', async (t) => {
     const r = decodeReply(b, info, e);
     return r.ok ? 'ok' : r.reason;
   };
-  const fixIp = (b: Buffer): Buffer => { b.writeUInt16BE(0, 24); b.writeUInt16BE(ipChecksum(b, 14), 24); return b; };
+  const fixIp = (b: Buffer): Buffer => { b.writeUInt16BE(0, 24); b.writeUInt16BE(internetChecksum(b, 14, 34), 24); return b; };
   const seen = new Set<DropReason>();
   const check = (b: Buffer, want: DropReason, what: string, info = READY, e = expect): void => {
     t.equal(reason(b, info, e), want, what);

@@ -2,6 +2,7 @@
 // 2.2.7 (Debian) sent in a lab namespace, every refusal reason, and a
 // bounded fuzz of the decoder (it never throws).
 import t from 'tap';
+import { prng } from '../helpers/random';
 import { execFileSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
@@ -12,13 +13,13 @@ import {
   decodeAdvertisement,
   encodeAdvertisement,
   encodeMessage,
-  internetChecksum,
   secondsToCentiseconds,
   virtualRouterMac,
   vrrpFilter,
   type AdvertisementFrame,
   type DecodeResult,
 } from '../../agent/failover/codec';
+import { internetChecksum } from '../../agent/net/inet';
 import { formatIPv4, parseIPv4, parseMac } from '../../agent/ipv4';
 import { isLbError } from '../../agent/errors';
 
@@ -314,18 +315,6 @@ t.test('tcpdump reads our frames as valid VRRPv3', { skip: tcpdumpMissing() }, a
   t.match(out, /ttl 255, id 77/);
   t.notMatch(out, /bad|wrong|invalid/i, 'no checksum complaint');
 });
-
-/** Small deterministic PRNG (mulberry32) so a failing fuzz case can be replayed. */
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let x = a;
-    x = Math.imul(x ^ (x >>> 15), x | 1);
-    x ^= x + Math.imul(x ^ (x >>> 7), x | 61);
-    return ((x ^ (x >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 t.test('fuzz: decode never throws, refuses with a known reason, and what it accepts re-encodes exactly', async (t) => {
   const rnd = prng(0x5798);

@@ -8,8 +8,11 @@ import * as path from 'node:path';
 import type { BackendSpec, PortSpec } from '../../agent/config/types';
 import { parseIPv4 } from '../../agent/ipv4';
 import type { ForwardState } from '../../agent/forward/dataplane';
+import * as os from 'node:os';
+import { Registry } from 'prom-client';
+import { ManualClock } from '../../agent/clock';
 import {
-  canonicalTableJson, flowTotals, parseNftCounters, probeNftables, renderNft, renderRemoval, type Exec,
+  NftDataplane, canonicalTableJson, flowTotals, parseNftCounters, probeNftables, renderNft, renderRemoval, type Exec,
 } from '../../agent/forward/nft';
 import { flowId } from '../../agent/forward/dataplane';
 
@@ -186,4 +189,46 @@ t.test('execProgram: a child that exits without reading its input is a rejection
   for (let i = 0; i < 5; i++) {
     await t.rejects(execProgram('/bin/false', [], 'table ip x {}\n'.repeat(100_000)), { code: 1 });
   }
+});
+
+t.test('a /metrics scrape spawns no process: counters are read after each apply and on a timer', async (t) => {
+  const proc = fs.mkdtempSync(path.join(os.tmpdir(), 'lb-nft-proc-'));
+  t.teardown(() => fs.rmSync(proc, { recursive: true, force: true }));
+  fs.mkdirSync(path.join(proc, 'sys/net/ipv4'), { recursive: true });
+  fs.writeFileSync(path.join(proc, 'sys/net/ipv4/ip_forward'), '1\n');
+  const one: ForwardState = { services: [{ key: 'default/web', vip: '10.99.0.50', ports: [http], healthy: [b('10.99.0.11')], backends: [b('10.99.0.11')] }] };
+  const calls: string[] = [];
+  let conns = 3;
+  const exec: Exec = async (file, args) => {
+    calls.push(`${file} ${args.join(' ')}`);
+    if (file === 'nft' && args.includes('counters')) {
+      return { stdout: JSON.stringify({ nftables: [{ counter: { family: 'ip', name: 's0p0b0_conns', table: 'lb_agent', packets: conns, bytes: 180 } }] }), stderr: '' };
+    }
+    if (file === 'nft' && args[0] === '-j') throw Object.assign(new Error('absent'), { code: 1, stderr: 'Error: No such file or directory' });
+    return { stdout: '', stderr: '' };
+  };
+  const clock = new ManualClock(0);
+  const registry = new Registry();
+  const dp = new NftDataplane({ registry, exec, procRoot: proc, clock, countersEveryMs: 5000 });
+  t.teardown(() => dp.stop({ keep: true }));
+  await dp.apply(one);
+  const afterApply = calls.length;
+  t.ok(calls.some((c) => c.includes('list counters')), 'the counters are read once the table is applied');
+  const series = /lbagent_forward_connections_total\{service="web",namespace="default",backend="10\.99\.0\.11",port="http"\} (\d+)/;
+  for (let i = 0; i < 3; i++) {
+    const text = await registry.metrics();
+    t.equal(series.exec(text)?.[1], '3', `scrape ${i + 1} shows the last read`);
+  }
+  t.equal(calls.length, afterApply, 'three scrapes spawned nothing');
+  conns = 9;
+  const reads = (): number => calls.filter((c) => c.includes('list counters')).length;
+  const before = reads();
+  clock.advance(4999);
+  await new Promise((r) => setTimeout(r, 20));
+  t.equal(reads(), before, 'no read before the interval');
+  clock.advance(1);
+  await new Promise((r) => setTimeout(r, 20));
+  t.equal(reads(), before + 1, 'the timer read the counters again');
+  await new Promise((r) => setTimeout(r, 300)); // past the metrics' 250 ms cache
+  t.equal(series.exec(await registry.metrics())?.[1], '9');
 });

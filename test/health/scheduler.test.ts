@@ -3,6 +3,7 @@
 // keys at 1 s without falling behind; periods down to 0.1 s; the in-flight
 // bound keeps the schedule; busy and overrun skips; add/remove/setPeriod.
 import t from 'tap';
+import { prng } from '../helpers/random';
 import { ManualClock, type Clock, type TimerHandle } from '../../agent/clock';
 import { ProbeScheduler, type Slot } from '../../agent/health/scheduler';
 
@@ -10,11 +11,6 @@ import { ProbeScheduler, type Slot } from '../../agent/health/scheduler';
 const flush = (): Promise<void> => new Promise((r) => setImmediate(r));
 
 /** A deterministic uniform source (LCG), so failures reproduce. */
-function lcg(seed = 7): () => number {
-  let s = seed;
-  return () => { s = (s * 1103515245 + 12345) % 2 ** 31; return s / 2 ** 31; };
-}
-
 interface RunRec { key: string; slot: Slot; at: number }
 
 /** A harness: probes that finish after `latencyMs` of simulated time. */
@@ -31,7 +27,7 @@ function harness(opts: { maxInFlight?: number; jitter?: number; latencyMs?: numb
     clock,
     maxInFlight: opts.maxInFlight ?? 64,
     jitter: opts.jitter ?? 0.05,
-    random: lcg(),
+    random: prng(7),
     run: (key, slot, signal) => {
       runs.push({ key, slot, at: clock.now() });
       inFlight++;

@@ -1,6 +1,7 @@
 // Unit tests of the pure health state machine: thresholds at several settings,
 // unknown -> up on the first success, bounded flapping, passive checks.
 import t from 'tap';
+import { prng } from '../helpers/random';
 import { initialHealth, isHealthy, step, type BackendHealth, type HealthEvent, type Thresholds } from '../../agent/health/state';
 
 const OK: HealthEvent = { kind: 'probe-ok' };
@@ -97,8 +98,7 @@ t.test('flapping faster than the thresholds never changes state', async (t) => {
 
 t.test('random probe streams: every change ends a full run of its threshold', async (t) => {
   // A deterministic LCG so a failure is reproducible.
-  let seed = 12345;
-  const rnd = (): number => { seed = (seed * 1103515245 + 12345) % 2 ** 31; return seed / 2 ** 31; };
+  const rnd = prng(12345);
   for (const [s, f] of [[1, 1], [1, 3], [2, 2], [3, 1], [3, 4]] as const) {
     for (let trial = 0; trial < 20; trial++) {
       const p = 0.2 + 0.6 * rnd();

@@ -3,8 +3,10 @@
 // broadcast address, stability.
 import t from 'tap';
 import type { Pool, PoolRange } from '../../agent/config/types';
-import { allocate, selectPool, poolSize, poolContains, poolLookupOrder, reservedFromInterface, AllocationState } from '../../agent/ipam/allocator';
-import { parseIPv4 } from '../../agent/ipv4';
+import { parsePools, parsePoolValue, poolContains } from '../../agent/config/pools';
+import { parseConfigText } from '../../agent/config/load';
+import { allocate, poolSize, reservedFromInterface, AllocationState } from '../../agent/ipam/allocator';
+import { formatIPv4, parseIPv4 } from '../../agent/ipv4';
 
 const ip = (s: string): number => parseIPv4(s)!;
 
@@ -12,16 +14,11 @@ function range(text: string): PoolRange {
   const [a, b] = text.split('-');
   return { start: ip(a!), end: ip(b!), text, kind: 'range' };
 }
-/** A CIDR range as a correct loader would produce it (network/broadcast excluded). */
-function cidr(text: string, raw = false): PoolRange {
-  const [net, p] = text.split('/');
-  const prefix = Number(p);
-  const n = ip(net!);
-  const size = 2 ** (32 - prefix);
-  const bcast = n + size - 1;
-  return raw || prefix > 30
-    ? { start: n, end: bcast, text, kind: 'cidr' }
-    : { start: n + 1, end: bcast - 1, text, kind: 'cidr' };
+/** A CIDR range as the config loader produces it: the one parse, network/broadcast excluded. */
+function cidr(text: string): PoolRange {
+  const { ranges, errors } = parsePoolValue('cidr-test', text);
+  if (errors.length > 0 || ranges.length !== 1) throw new Error(`bad CIDR in test: ${text}`);
+  return ranges[0]!;
 }
 const pool = (key: string, ...ranges: PoolRange[]): Pool => ({ key, ranges });
 
@@ -30,23 +27,22 @@ function st(over: Partial<AllocationState> = {}): AllocationState {
 }
 
 t.test('pool lookup order is kube-vip\'s: cidr-<ns>, cidr-global, range-<ns>, range-global', async (t) => {
-  t.same(poolLookupOrder('web'), ['cidr-web', 'cidr-global', 'range-web', 'range-global']);
   const all = [
     pool('range-global', range('10.0.3.1-10.0.3.9')),
     pool('range-web', range('10.0.2.1-10.0.2.9')),
     pool('cidr-global', cidr('10.0.1.0/28')),
     pool('cidr-web', cidr('10.0.0.0/28')),
   ];
-  const pick = (pools: Pool[], ns: string) => { const s = selectPool(pools, ns); return s.ok ? s.pool.key : s.reason; };
+  const pick = (pools: Pool[], ns: string) => { const r = allocate(pools, { service: `${ns}/a`, namespace: ns }, st()); return r.ok ? r.pool : r.reason; };
   t.equal(pick(all, 'web'), 'cidr-web');
   t.equal(pick(all.filter((p) => p.key !== 'cidr-web'), 'web'), 'cidr-global');
   t.equal(pick(all.filter((p) => !p.key.startsWith('cidr')), 'web'), 'range-web');
   t.equal(pick(all.filter((p) => p.key === 'range-global'), 'web'), 'range-global');
   t.equal(pick(all, 'other'), 'cidr-global', 'another namespace falls to the global pools');
   t.equal(pick([all[1]!], 'other'), 'no-pool', 'a namespace pool of someone else does not apply');
-  const none = selectPool([], 'web');
-  t.equal(none.ok, false);
+  const none = allocate([], { service: 'web/a', namespace: 'web' }, st());
   if (!none.ok) t.match(none.message, /cidr-web, cidr-global, range-web, range-global/);
+  else t.fail('no pool expected');
 });
 
 t.test('no pool: the reason names the service and the keys looked up', async (t) => {
@@ -62,11 +58,13 @@ t.test('lowest free address of the selected pool', async (t) => {
   t.match(allocate(pools, { service: 'default/a', namespace: 'default' }, st({ taken })), { ok: true, address: '10.0.0.12' });
 });
 
-t.test('several ranges in one pool: numerically lowest, overlaps merged', async (t) => {
-  const p = pool('range-global', range('10.0.0.200-10.0.0.202'), range('10.0.0.100-10.0.0.101'), range('10.0.0.101-10.0.0.102'));
+t.test('several ranges in one pool: numerically lowest, whatever the order written', async (t) => {
+  const p = pool('range-global', range('10.0.0.200-10.0.0.202'), range('10.0.0.100-10.0.0.102'));
   t.equal(poolSize(p), 6);
   const taken = new Map([[ip('10.0.0.100'), 'x/x'], [ip('10.0.0.101'), 'x/y'], [ip('10.0.0.102'), 'x/z']]);
   t.match(allocate([p], { service: 'a/a', namespace: 'a' }, st({ taken })), { ok: true, address: '10.0.0.200' });
+  // Overlapping ranges never reach the allocator: the loader refuses them.
+  t.match(parsePools({ 'range-global': '10.0.0.100-10.0.0.101,10.0.0.101-10.0.0.102' }).errors, [{ key: 'range-global', message: /overlaps/ }]);
 });
 
 t.test('loadBalancerIP: honoured when in the pool and free', async (t) => {
@@ -145,25 +143,23 @@ t.test('conflicts are skipped until their retry time', async (t) => {
   t.match(allocate(pools, req, st({ conflicts: new Map([[ip('10.0.0.10'), 9000]]), now: 2500 })), { ok: true, address: '10.0.0.11' });
 });
 
-t.test('network and broadcast addresses are never handed out, even from a loader that left them in', async (t) => {
-  for (const raw of [false, true]) {
-    const p = pool('cidr-global', cidr('10.0.0.0/30', raw));
-    t.equal(poolSize(p), 2, `a /30 has two usable addresses (raw=${raw})`);
-    t.notOk(poolContains(p, ip('10.0.0.0')));
-    t.notOk(poolContains(p, ip('10.0.0.3')));
-    const got: string[] = [];
-    const taken = new Map<number, string>();
-    for (let i = 0; i < 5; i++) {
-      const r = allocate([p], { service: `ns/s${i}`, namespace: 'ns' }, st({ taken }));
-      if (!r.ok) { t.equal(r.reason, 'exhausted'); break; }
-      got.push(r.address);
-      taken.set(r.addressNum, `ns/s${i}`);
-    }
-    t.same(got, ['10.0.0.1', '10.0.0.2']);
-    t.match(allocate([p], { service: 'ns/x', namespace: 'ns', loadBalancerIP: '10.0.0.3' }, st()), { ok: false, reason: 'not-in-pool' });
-    t.match(allocate([p], { service: 'ns/x', namespace: 'ns', loadBalancerIP: '10.0.0.0' }, st()), { ok: false, reason: 'not-in-pool' });
-    t.match(allocate([p], { service: 'ns/x', namespace: 'ns', claim: { address: '10.0.0.0', pool: 'cidr-global' } }, st()), { ok: true, address: '10.0.0.1' });
+t.test('network and broadcast addresses are never handed out', async (t) => {
+  const p = pool('cidr-global', cidr('10.0.0.0/30'));
+  t.equal(poolSize(p), 2, 'a /30 has two usable addresses');
+  t.notOk(poolContains(p, ip('10.0.0.0')));
+  t.notOk(poolContains(p, ip('10.0.0.3')));
+  const got: string[] = [];
+  const taken = new Map<number, string>();
+  for (let i = 0; i < 5; i++) {
+    const r = allocate([p], { service: `ns/s${i}`, namespace: 'ns' }, st({ taken }));
+    if (!r.ok) { t.equal(r.reason, 'exhausted'); break; }
+    got.push(r.address);
+    taken.set(r.addressNum, `ns/s${i}`);
   }
+  t.same(got, ['10.0.0.1', '10.0.0.2']);
+  t.match(allocate([p], { service: 'ns/x', namespace: 'ns', loadBalancerIP: '10.0.0.3' }, st()), { ok: false, reason: 'not-in-pool' });
+  t.match(allocate([p], { service: 'ns/x', namespace: 'ns', loadBalancerIP: '10.0.0.0' }, st()), { ok: false, reason: 'not-in-pool' });
+  t.match(allocate([p], { service: 'ns/x', namespace: 'ns', claim: { address: '10.0.0.0', pool: 'cidr-global' } }, st()), { ok: true, address: '10.0.0.1' });
   // /31 and /32 have no network or broadcast address (RFC 3021).
   t.equal(poolSize(pool('cidr-global', cidr('10.0.0.4/31'))), 2);
   t.equal(poolSize(pool('cidr-global', cidr('10.0.0.9/32'))), 1);
@@ -173,6 +169,22 @@ t.test('network and broadcast addresses are never handed out, even from a loader
   t.equal(poolSize(r, reserved), 1);
   t.match(allocate([r], { service: 'a/b', namespace: 'a' }, st({ reserved })), { ok: true, address: '10.0.1.1' });
   t.match(allocate([r], { service: 'a/b', namespace: 'a', loadBalancerIP: '10.0.0.255' }, st({ reserved })), { ok: false, reason: 'taken' });
+});
+
+t.test('config validation and the allocator agree on every address around a pool', async (t) => {
+  // Two copies of the pool bounds once lived in config/pools.ts and here; a
+  // loadBalancerIP the config accepts must be one the allocator hands out, and
+  // one it refuses must be refused here too.
+  for (const text of ['10.0.0.0/30', '10.0.0.8/29', '10.0.0.4/31', '10.0.0.9/32', '10.0.0.20-10.0.0.22']) {
+    const key = text.includes('/') ? 'cidr-global' : 'range-global';
+    const base = parseIPv4(text.split(/[/-]/)[0]!)!;
+    for (let a = base - 2; a <= base + 10; a++) {
+      const addr = formatIPv4(a);
+      const res = parseConfigText(`pools:\n  ${key}: ${text}\nservices:\n  - { name: s, ipam: pool, loadBalancerIP: ${addr}, ports: [{ port: 80, targetPort: 8080 }], backends: [10.1.0.1] }\n`, 'host');
+      const alloc = allocate(parsePools({ [key]: text }).pools, { service: 'default/s', namespace: 'default', loadBalancerIP: addr }, st());
+      t.equal(alloc.ok, res.ok, `${text} ${addr}: config ${res.ok ? 'accepts' : 'refuses'}, allocator ${alloc.ok ? 'hands out' : 'refuses'}`);
+    }
+  }
 });
 
 t.test('stability: removing a service does not move the others', async (t) => {

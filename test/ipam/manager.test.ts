@@ -182,3 +182,14 @@ t.test('a corrupt claims file fails reservations loudly', async (t) => {
   const mgr = make();
   t.throws(() => mgr.reserve({ service: 'default/a', namespace: 'default' }), { code: 'LB_ERR_STATE_CORRUPT' });
 });
+
+t.test('lbagent_service_vip_info is not the pool\'s to write: one writer, the daemon\'s collect', async (t) => {
+  // The pool source used to set it too, and the daemon's collect reset it at
+  // every scrape; now the pool metrics do not register it at all.
+  const { mgr, registry } = setup(t);
+  const r = mgr.reserve({ service: 'default/a', namespace: 'default' });
+  if (r.ok) mgr.commit('default/a', r.address);
+  t.notOk(Object.keys(poolMetrics(registry)).includes('vipInfo'));
+  t.equal(registry.getSingleMetric('lbagent_service_vip_info'), undefined);
+  t.notMatch(await registry.metrics(), /lbagent_service_vip_info/);
+});

@@ -2,6 +2,7 @@
 // in-memory socket with a ManualClock (the real-kernel runs are in
 // test/privileged/net-arp.test.ts).
 import t from 'tap';
+import { DEFAULT_ARP } from '../../agent/config/defaults';
 import { Registry } from 'prom-client';
 import { ManualClock } from '../../agent/clock';
 import type { ArpTimings } from '../../agent/config/types';
@@ -14,7 +15,6 @@ import {
   initialProbeState,
   probeAddress,
   probeStep,
-  RFC5227_TIMINGS,
   type ProbeEvent,
   type ProbeState,
 } from '../../agent/net/arp-probe';
@@ -26,7 +26,7 @@ const ip = (s: string): number => parseIPv4(s)!;
 const OUR_MAC = '02:aa:bb:cc:dd:01';
 const OTHER_MAC = '52:54:00:ab:cd:ef';
 const CANDIDATE = ip('10.99.0.50');
-const T: ArpTimings = RFC5227_TIMINGS;
+const T: ArpTimings = DEFAULT_ARP; // RFC 5227 §1.1, the config's defaults
 
 function run(state: ProbeState, event: ProbeEvent, now: number, random = () => 0.5) {
   return probeStep(state, event, now, T, random);

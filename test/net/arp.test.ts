@@ -2,6 +2,7 @@
 // veth pair between two lab namespaces (52:54:00:12:34:56 = 10.99.0.2,
 // 52:54:00:ab:cd:ef = 10.99.0.3), and fuzzed: decode never throws.
 import t from 'tap';
+import { prng } from '../helpers/random';
 import {
   arpAnnouncement,
   arpProbe,
@@ -105,14 +106,7 @@ t.test('encode rejects malformed arguments', async (t) => {
 });
 
 t.test('fuzz: decode never throws and round-trips what it accepts', async (t) => {
-  // Deterministic PRNG (mulberry32) so a failure is reproducible.
-  let seed = 0x5227;
-  const rnd = (): number => {
-    seed = (seed + 0x6d2b79f5) | 0;
-    let x = Math.imul(seed ^ (seed >>> 15), 1 | seed);
-    x = (x + Math.imul(x ^ (x >>> 7), 61 | x)) ^ x;
-    return ((x ^ (x >>> 14)) >>> 0) / 4294967296;
-  };
+  const rnd = prng(0x5227);
   let accepted = 0;
   for (let i = 0; i < 20_000; i++) {
     let b: Buffer;

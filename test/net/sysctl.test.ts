@@ -40,6 +40,7 @@ t.test('paths stay under net/ipv4/conf/<if>/<key>', async (t) => {
   t.equal(ifSysctlPath('eth0', 'rp_filter', { root: '/tmp/x' }), '/tmp/x/net/ipv4/conf/eth0/rp_filter');
   t.throws(() => ifSysctlPath('../../../etc', 'arp_ignore'), { code: 'LB_ERR_NET_SYSCTL' });
   t.throws(() => ifSysctlPath('eth0', '../forwarding' as 'arp_ignore'), { code: 'LB_ERR_NET_SYSCTL' });
+  t.throws(() => ifSysctlPath('eth0', 'accept_local' as 'arp_ignore'), { code: 'LB_ERR_NET_SYSCTL' }, 'only the keys the table uses');
 });
 
 t.test('read and write', async (t) => {

@@ -5,6 +5,7 @@ import t from 'tap';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import type { Facts } from '../../agent/preflight/facts';
+import { vipSysctls } from '../../agent/net/sysctl';
 import {
   runChecks, checkDescriptors, checkMacvlan, checkCapabilities, checkInterface, checkArpSysctls, checkRpFilter, checkIpForward,
   checkConfig, checkDataplane, checkPools, checkStateDir, checkGuestAgent, checkDhcpProbe, classifyRefusal,
@@ -234,6 +235,26 @@ t.test('sysctls: ARP flux and strict rp_filter warn with the exact sysctls', asy
   t.match(vlan.remedy, /net\.ipv4\.conf\.eth0\/100\.arp_ignore=1/);
   // rp_filter only matters for macvlan VIPs.
   t.equal(checkRpFilter(variant('bad-sysctls', (x) => { x.config.dhcpServices = []; })).status, 'pass');
+});
+
+t.test('ARP sysctls: the preflight wants exactly what the daemon writes (net/sysctl.ts)', async (t) => {
+  // Set every scope to the values applyVipSysctls writes: the check passes.
+  const asDaemon = variant('bad-sysctls', (x) => {
+    for (const k of ['arp_ignore', 'arp_announce', 'rp_filter']) x.sysctls[`net.ipv4.conf.all.${k}`] = '0';
+    for (const [k, v] of vipSysctls('parent')) x.sysctls[`net.ipv4.conf.eth0.${k}`] = String(v);
+    for (const [k, v] of vipSysctls('macvlan')) x.sysctls[`net.ipv4.conf.default.${k}`] = String(v);
+  });
+  t.equal(checkArpSysctls(asDaemon).status, 'pass');
+  t.equal(checkRpFilter(asDaemon).status, 'pass');
+  // arp_ignore=2 ignores ARP from senders outside a subnet holding the VIP
+  // (pool VIPs are /32s); the daemon writes 1 and the preflight used to pass 2.
+  const two = checkArpSysctls(variant('healthy', (x) => { x.sysctls['net.ipv4.conf.eth0.arp_ignore'] = '2'; }));
+  t.equal(two.status, 'warn');
+  t.match(two.remedy, /net\.ipv4\.conf\.eth0\.arp_ignore=1/);
+  t.match(two.detail, /arp_ignore=1/);
+  const allTwo = checkArpSysctls(variant('healthy', (x) => { x.sysctls['net.ipv4.conf.all.arp_ignore'] = '2'; }));
+  t.equal(allTwo.status, 'warn');
+  t.match(allTwo.remedy, /net\.ipv4\.conf\.all\.arp_ignore=1/, 'all=2 outranks the interface: lower it too');
 });
 
 t.test('ip_forward: fail for dataplane kernel, warn for auto, irrelevant for the proxy', async (t) => {

@@ -2,23 +2,10 @@
 // read exactly (the I/O around them is covered by the privileged tests).
 import t from 'tap';
 import {
-  parseDefaultRoute, parseCapEff, parseOsRelease, procModulesHas, moduleListHas, kernelConfigValue,
+  parseCapEff, parseOsRelease, procModulesHas, moduleListHas, kernelConfigValue,
   parseRpmQuery, parseDpkgQuery, parseIpJsonAddrs, sysctlIfName, configSummary, findBinary, NFT_PROBE_RULESET,
 } from '../../agent/preflight/facts';
 import { parseConfigText } from '../../agent/config/load';
-
-t.test('default route from /proc/net/route: lowest metric, up, 0/0 only', async (t) => {
-  const text = [
-    'Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT',
-    'eth1\t00000000\t0101A8C0\t0003\t0\t0\t200\t00000000\t0\t0\t0',
-    'eth0\t00000000\t010200C0\t0003\t0\t0\t100\t00000000\t0\t0\t0',
-    'eth0\t000200C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0',
-    'eth2\t00000000\t010200C0\t0002\t0\t0\t0\t00000000\t0\t0\t0',
-  ].join('\n');
-  t.equal(parseDefaultRoute(text), 'eth0', 'eth2 is not RTF_UP; eth0 beats eth1 on metric');
-  t.equal(parseDefaultRoute(text.split('\n').slice(0, 1).join('\n')), undefined);
-  t.equal(parseDefaultRoute(''), undefined);
-});
 
 t.test('CapEff', async (t) => {
   t.equal(parseCapEff('Name:\tnode\nCapInh:\t0000000000000000\nCapEff:\t000001fffeffffff\nCapBnd:\t000001ffffffffff\n'), '000001fffeffffff');

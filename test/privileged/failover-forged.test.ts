@@ -7,7 +7,8 @@
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
 import { createLab } from '../helpers/netns';
-import { encodeAdvertisement, internetChecksum, type EncodeOptions } from '../../agent/failover/codec';
+import { encodeAdvertisement, type EncodeOptions } from '../../agent/failover/codec';
+import { internetChecksum } from '../../agent/net/inet';
 import { parseIPv4 } from '../../agent/ipv4';
 import { RouterProc, forge } from './fixtures/failover-client';
 

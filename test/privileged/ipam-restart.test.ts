@@ -7,7 +7,7 @@
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
 import { createLab } from '../helpers/netns';
-import { RFC5227_TIMINGS } from '../../agent/net/arp-probe';
+import { DEFAULT_ARP } from '../../agent/config/defaults';
 import { addressesOf, ipamLab, ping, readClaims, startPoolDriver } from './fixtures/ipam-harness';
 
 const POOLS = { 'range-global': '10.99.0.200-10.99.0.210' };
@@ -81,7 +81,7 @@ if (requirePrivileged(t)) {
     const a = await first.vip('default/a');
     await first.kill('SIGKILL');
     const startedAt = Date.now();
-    const second = startPoolDriver(lab, node, { stateDir, pools: POOLS, services: [{ name: 'a' }], arp: RFC5227_TIMINGS });
+    const second = startPoolDriver(lab, node, { stateDir, pools: POOLS, services: [{ name: 'a' }], arp: DEFAULT_ARP });
     t.equal(await second.vip('default/a', 10_000), a, 'the same address');
     const ms = Date.now() - startedAt;
     t.comment(`adopted and announced ${ms} ms after the driver was spawned (an RFC 5227 probe alone takes PROBE_WAIT + 2 x PROBE_MIN..MAX + ANNOUNCE_WAIT = 4-7 s)`);
