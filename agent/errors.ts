@@ -5,6 +5,8 @@
 export const ERROR_CODES = [
   // config/
   'LB_ERR_CONFIG_INVALID',
+  // cli/
+  'LB_ERR_CLI_USAGE',
   // daemon/
   'LB_ERR_DAEMON_LOCKED',
   'LB_ERR_DAEMON_START',

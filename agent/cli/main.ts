@@ -193,7 +193,7 @@ export async function main(argv: string[]): Promise<number> {
     }
     if (isLbError(e)) {
       err(`lb-agent: ${e.message} [${e.code}]\n`);
-      return e.code === 'LB_ERR_CONFIG_INVALID' ? EXIT.USAGE : EXIT.FAILURE;
+      return e.code === 'LB_ERR_CONFIG_INVALID' || e.code === 'LB_ERR_CLI_USAGE' ? EXIT.USAGE : EXIT.FAILURE;
     }
     err(`lb-agent: ${errorMessage(e)}\n`);
     return EXIT.FAILURE;
