@@ -623,7 +623,9 @@ export class Daemon extends EventEmitter {
       }
       return {
         key: spec.key, name: spec.name, namespace: spec.namespace, ipam: spec.ipam,
-        primaryService: spec.primaryService, vip: vip ?? src?.vip?.address, interface: src?.ifname, mac: src?.mac,
+        primaryService: spec.primaryService, vip: vip ?? src?.vip?.address, interface: src?.ifname,
+        // A pool VIP answers ARP with the parent's MAC; an adopted one is served before its source has read the parent.
+        mac: src?.mac ?? (spec.ipam === 'pool' ? subs.parent.mac : undefined),
         state, reason, ready, startedAt: rt.startedAt,
         adopted: this.runtimes.get(primaryKey)?.adopted ?? false, interruptions: this.runtimes.get(primaryKey)?.interruptions ?? 0,
         lastInterruption: this.runtimes.get(primaryKey)?.lastInterruption,
