@@ -267,7 +267,8 @@ export class Daemon extends EventEmitter {
           // the rules and refuse the first clients.
           if (this.armedVip(rt.spec)) await this.applyNow();
         }
-        source.start();
+        const known = this.subs?.failover?.knownVip?.(key);
+        source.start(known === undefined ? {} : { known });
       } else {
         if (running) this.log.info({ op: 'failover', service: key }, 'this node is Backup: withdrawing the VIP (lease and claim kept)');
         // Also when idle: the first Backup after a crash withdraws the VIP an
