@@ -9,6 +9,8 @@
 //   lb-agent (kernel, then proxy path; `run --on-stop keep`, as the unit runs it)
 //     sigkill          SIGKILL, then a new `lb-agent run`
 //     planned          SIGTERM (the data path is kept), then a new `lb-agent run`
+//     replace          a new `lb-agent run --replace` beside the running one: the
+//                      listeners are handed over on the control socket (HAProxy's -x)
 //     reload-global    SIGHUP with other arp timings and pools
 //     reload-services  SIGHUP with one service added and another removed
 //   HAProxy (master-worker: -W -S, stats socket with expose-fd listeners)
@@ -29,9 +31,9 @@ export const VIP = '10.99.0.200';
 export const LOOP = { intervalMs: 20, timeoutMs: 500 } as const;
 
 export type RestartWho = 'kernel' | 'proxy' | 'haproxy';
-export type RestartEvent = 'sigkill' | 'planned' | 'reload-global' | 'reload-services' | 'seamless-reload' | 'stop-start';
+export type RestartEvent = 'sigkill' | 'planned' | 'replace' | 'reload-global' | 'reload-services' | 'seamless-reload' | 'stop-start';
 
-export const AGENT_EVENTS: readonly RestartEvent[] = ['sigkill', 'planned', 'reload-global', 'reload-services'];
+export const AGENT_EVENTS: readonly RestartEvent[] = ['sigkill', 'planned', 'replace', 'reload-global', 'reload-services'];
 export const HAPROXY_EVENTS: readonly RestartEvent[] = ['seamless-reload', 'stop-start'];
 
 export const WHO_LABEL: Record<RestartWho, string> = {
@@ -42,6 +44,7 @@ export const WHO_LABEL: Record<RestartWho, string> = {
 export const EVENT_LABEL: Record<RestartEvent, string> = {
   sigkill: 'SIGKILL, new `lb-agent run`',
   planned: 'planned restart: SIGTERM (`--on-stop keep`), new `lb-agent run`',
+  replace: 'planned restart with hand-over: new `lb-agent run --replace`',
   'reload-global': 'reload (SIGHUP): arp timings and pools changed',
   'reload-services': 'reload (SIGHUP): one service added, one removed',
   'seamless-reload': 'seamless reload: SIGUSR2 to the master, listeners passed on',
@@ -173,7 +176,7 @@ async function agentPhase(cl: ContinuityLab, path: 'kernel' | 'proxy', round: nu
   const stateDir = cl.lab.file(`${name}-state`);
   let globals = 0;
   let side = 0;
-  const start = (): Promise<AgentHandle> => runAgent(cl.lab, cl.node, agentConfig(path, globals, side), { name, stateDir, args: ['--on-stop', 'keep'] });
+  const start = (extra: string[] = []): Promise<AgentHandle> => runAgent(cl.lab, cl.node, agentConfig(path, globals, side), { name, stateDir, args: ['--on-stop', 'keep', ...extra] });
   const ready = (a: AgentHandle, what: string): Promise<unknown> =>
     waitStatus(a, what, (s) => s.services.length === 2 && s.services.every((x) => x.ready) && s.services.find((x) => x.name === 'api')?.vip === VIP, 30_000);
   let agent = await start();
@@ -202,12 +205,20 @@ async function agentPhase(cl: ContinuityLab, path: 'kernel' | 'proxy', round: nu
       agent = await start();
       await ready(agent, 'serving after the restart');
     };
+    const replace = async (): Promise<void> => {
+      const old = agent;
+      agent = await start(['--replace']);
+      const ex = await Promise.race([old.exited, sleep(15_000).then(() => undefined)]);
+      if (ex === undefined) throw new Error('the replaced agent did not exit within 15 s');
+      await ready(agent, 'serving after the hand-over');
+    };
     const steps: Step[] = [];
     for (const event of AGENT_EVENTS) {
       steps.push(await step(event, o, async () => {
         switch (event) {
           case 'sigkill': return restart('SIGKILL');
           case 'planned': return restart('SIGTERM');
+          case 'replace': return replace();
           case 'reload-global': globals++; return reload(/applied sections: .*arp.*pools|applied sections: .*pools.*arp/);
           case 'reload-services': side++; return reload(/1 added, 1 removed/);
           default: throw new Error(`not an agent event: ${event}`);
