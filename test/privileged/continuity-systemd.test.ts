@@ -8,10 +8,10 @@
 // stop` still leaves no address, link or table.
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
-import { waitFor, type Lab } from '../helpers/netns';
-import { bootSystemdContainer, systemdContainerUnavailableReason, type SystemdContainer } from '../helpers/systemd-container';
+import { waitFor, type Lab } from '../../lab/netns';
+import { bootSystemdContainer, systemdContainerUnavailableReason, type SystemdContainer } from '../../lab/systemd-container';
 import type { StatusDocument } from '../../agent/daemon/daemon';
-import { buildContinuityLab, continuityConfig, describeReport, Loops } from './fixtures/continuity-lab';
+import { buildContinuityLab, continuityConfig, describeReport, Loops } from '../../lab/continuity';
 
 const SERVICES = [{ name: 'web', ipam: 'dhcp' as const }, { name: 'api', ipam: 'pool' as const }];
 
