@@ -1,5 +1,5 @@
 // Bench of VRRP failover (not a test; nothing is asserted). One throwaway lab
-// (test/privileged/fixtures/vrrp-agent-lab.ts: namespaces on one bridge,
+// (lab/vrrp.ts: namespaces on one bridge,
 // backends b1 b2, a client) and, for each advert interval and run:
 //   agent       two real agents (n3 priority 200 Master, n2 150 Backup)
 //               serving a pool VIP (loadBalancerIP) with the lab's shortened
@@ -23,12 +23,11 @@
 // (bench/run.ts gives this script 8 minutes). Prints one JSON object on
 // stdout; progress on stderr.
 import * as fs from 'node:fs';
-import { waitFor } from '../test/helpers/netns';
-import { startBackend } from '../test/helpers/services';
-import { startKeepalived } from '../test/privileged/fixtures/failover-client';
-import {
-  buildVrrpLab, bridgePort, gapReport, logAfter, logTime, ClientLoop, POOL_VIP, VRID, type VrrpLab,
-} from '../test/privileged/fixtures/vrrp-agent-lab';
+import { waitFor } from '../lab/netns';
+import { startBackend } from '../lab/services';
+import { startKeepalived } from '../lab/keepalived';
+import { buildVrrpLab, bridgePort, logAfter, logTime, POOL_VIP, VRID, type VrrpLab } from '../lab/vrrp';
+import { gapReport, ClientLoop } from '../lab/client-loop';
 import { masterDownIntervalMs } from '../agent/failover/machine';
 
 const TARGETS = ['agent', 'agent-rfc', 'keepalived'] as const;

@@ -1,6 +1,6 @@
 // Bench of the forwarding data paths (not a test; nothing is asserted). In a
 // throwaway lab (client, node holding the VIP, backends b1..b3, all network
-// namespaces on one bridge; see test/helpers/netns.ts) wrk in the client
+// namespaces on one bridge; see lab/netns.ts) wrk in the client
 // namespace measures, for each target:
 //   direct   wrk -> b1 itself (no balancer; the ceiling of one backend)
 //   kernel   lb-agent's nftables data path      VIP:80
@@ -22,11 +22,11 @@
 // Prints one JSON object on stdout; progress on stderr.
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { Lab, run, waitFor } from '../test/helpers/netns';
-import { startBackend } from '../test/helpers/services';
+import { Lab, run, waitFor } from '../lab/netns';
+import { startBackend } from '../lab/services';
 import { startNginxBackend } from './lib/peers';
-import { JsonLinesProc } from '../test/privileged/fixtures/forward-lab';
-import type { DriverService } from '../test/privileged/fixtures/forward-driver';
+import { JsonLinesProc } from '../lab/forward';
+import type { DriverService } from '../lab/bin/forward-driver';
 
 const VIP = '10.99.0.50';
 const BACKENDS = ['10.99.0.11', '10.99.0.12', '10.99.0.13'];

@@ -1,13 +1,14 @@
 // Bench: how long `lb-agent check` takes without the DHCP probe (the issue
 // asks for under a second). Times runCheck in this process (the first run
 // pays module loading and schema compilation), then whole fresh processes
-// running the preflight, the way cloud-init runs it. Prints JSON; asserts
+// running `lb-agent check --json`, the way cloud-init runs it. Prints JSON; asserts
 // nothing.
 //   node dist/bench/preflight.js [--runs N] [--config PATH]
 import { execFile } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
+import { AGENT_BIN } from '../lab/agent';
 
 const CONFIG = `node: { interface: IFACE }
 stateDir: STATE
@@ -58,12 +59,11 @@ async function main(): Promise<void> {
     }
 
     // A fresh node process per run: what `lb-agent check` costs from cloud-init.
-    const script = path.resolve(__dirname, '..', 'test', 'privileged', 'fixtures', 'preflight-run.js');
     const fresh: number[] = [];
     for (let i = 0; i < runs; i++) {
       const s = performance.now();
       await new Promise<void>((resolve) => {
-        execFile(process.execPath, [script, '--config', config!, '--json'], { timeout: 30_000 }, () => resolve());
+        execFile(process.execPath, [AGENT_BIN, 'check', '--config', config!, '--json'], { timeout: 30_000 }, () => resolve());
       });
       fresh.push(performance.now() - s);
     }

@@ -41,7 +41,7 @@ id=$(date -u +%Y%m%dT%H%M%SZ)-$$
 lib=$releases/$id
 install -d -m 0755 "$releases" "$lib" "$root/usr/bin" "$root/lib/systemd/system" "$root/usr/lib/sysusers.d" "$root/etc/lb-agent" "$root/usr/share/doc/lb-agent"
 cp -a "$here/dist" "$lib/dist"
-rm -rf "$lib/dist/test" "$lib/dist/bench"
+rm -rf "$lib/dist/test" "$lib/dist/bench" "$lib/dist/lab"
 install -d "$lib/native/build/Release"
 install -m 0755 "$here/native/build/Release/lbagent_native.node" "$lib/native/build/Release/"
 install -m 0644 "$here/package.json" "$here/package-lock.json" "$lib/"

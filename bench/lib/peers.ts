@@ -6,7 +6,7 @@
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import type { ChildProcess } from 'node:child_process';
-import { Lab, waitFor } from '../../test/helpers/netns';
+import { Lab, waitFor } from '../../lab/netns';
 import { processTree, startTimeOf } from './procfs';
 
 export interface Peer {

@@ -4,7 +4,7 @@ import t, { Test } from 'tap';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { agentCli } from '../helpers/agent';
+import { agentCli } from '../../lab/agent';
 import { ControlServer } from '../../agent/control/server';
 import { silentLogger } from '../../agent/log';
 

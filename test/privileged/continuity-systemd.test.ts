@@ -10,10 +10,10 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
-import { run, waitFor, type Lab } from '../helpers/netns';
-import { bootSystemdContainer, systemdContainerUnavailableReason, type SystemdContainer } from '../helpers/systemd-container';
+import { run, waitFor, type Lab } from '../../lab/netns';
+import { bootSystemdContainer, systemdContainerUnavailableReason, type SystemdContainer } from '../../lab/systemd-container';
 import type { StatusDocument } from '../../agent/daemon/daemon';
-import { buildContinuityLab, continuityConfig, describeReport, Loops } from './fixtures/continuity-lab';
+import { buildContinuityLab, continuityConfig, describeReport, Loops } from '../../lab/continuity';
 
 const SERVICES = [{ name: 'web', ipam: 'dhcp' as const }, { name: 'api', ipam: 'pool' as const }];
 const REPO = path.resolve(__dirname, '..', '..', '..');

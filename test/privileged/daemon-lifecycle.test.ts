@@ -4,9 +4,9 @@
 // the single-instance lock, and SIGTERM (exits within 10 s, leaves nothing).
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
-import { createLab, waitFor } from '../helpers/netns';
-import { startBackend, startDnsmasq, httpGetFrom } from '../helpers/services';
-import { startAgent, agentCli, waitStatus } from '../helpers/agent';
+import { createLab, waitFor } from '../../lab/netns';
+import { startBackend, startDnsmasq, httpGetFrom } from '../../lab/services';
+import { startAgent, agentCli, waitStatus } from '../../lab/agent';
 import * as fs from 'node:fs';
 
 const FAST_ARP = { probeWait: 0.05, probeNum: 2, probeMin: 0.05, probeMax: 0.1, announceWait: 0.05, announceNum: 2, announceInterval: 0.1 };

@@ -191,6 +191,7 @@ t.test('install.sh into a scratch root', { skip: !built && 'build first: npm ci 
     for (const dep of [...Object.keys(pkg.devDependencies), '@tapjs/core', '@typescript/native-preview']) t.notOk(fs.existsSync(path.join(lib, 'node_modules', dep)), `dev dependency ${dep} not installed`);
     t.notOk(fs.existsSync(path.join(lib, 'dist', 'test')), 'no compiled tests');
     t.notOk(fs.existsSync(path.join(lib, 'dist', 'bench')), 'no benchmarks');
+    t.notOk(fs.existsSync(path.join(lib, 'dist', 'lab')), 'no test lab');
     t.notOk(fs.existsSync(path.join(lib, 'node_modules', 'netlink', 'node_modules', '@types', 'node', 'node')), 'nested packages copied once, not into themselves');
   });
 
