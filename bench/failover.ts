@@ -29,6 +29,7 @@ import { startKeepalived } from '../lab/keepalived';
 import { buildVrrpLab, bridgePort, logAfter, logTime, POOL_VIP, VRID, type VrrpLab } from '../lab/vrrp';
 import { gapReport, ClientLoop } from '../lab/client-loop';
 import { masterDownIntervalMs } from '../agent/failover/machine';
+import { median } from './lib/stats';
 
 const TARGETS = ['agent', 'agent-rfc', 'keepalived'] as const;
 type Target = (typeof TARGETS)[number];
@@ -57,12 +58,6 @@ function log(msg: string): void {
   process.stderr.write(`[bench/failover] ${msg}\n`);
 }
 
-function median(xs: number[]): number | null {
-  const s = xs.filter((x) => Number.isFinite(x)).sort((a, b) => a - b);
-  if (s.length === 0) return null;
-  const m = s.length >> 1;
-  return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
-}
 
 interface Run {
   servedMs: number; vrrpMs: number; boundMs: number; failedRequests: number; wrongAnswers: number;
@@ -138,7 +133,8 @@ async function keepalivedRun(vl: VrrpLab, nss: string[], intervalS: number, runI
   return run;
 }
 
-type Point = { runs: Run[]; medianServedMs: number | null; medianVrrpMs: number | null; medianBoundMs: number | null; masterDownIntervalMs: number };
+/** Medians are NaN when no run measured them (JSON writes null). */
+type Point = { runs: Run[]; medianServedMs: number; medianVrrpMs: number; medianBoundMs: number; masterDownIntervalMs: number };
 
 async function main(): Promise<void> {
   const args = parseArgs(process.argv.slice(2));

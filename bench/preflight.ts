@@ -9,6 +9,8 @@ import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { AGENT_BIN } from '../lab/agent';
+import { defaultRouteInterface } from '../agent/net/route';
+import { max, median, min, round } from './lib/stats';
 
 const CONFIG = `node: { interface: IFACE }
 stateDir: STATE
@@ -20,16 +22,7 @@ services:
 `;
 
 function stats(ms: number[]): { runs: number; minMs: number; medianMs: number; maxMs: number } {
-  const s = [...ms].sort((a, b) => a - b);
-  const r = (x: number): number => Math.round(x * 10) / 10;
-  return { runs: s.length, minMs: r(s[0]!), medianMs: r(s[Math.floor(s.length / 2)]!), maxMs: r(s[s.length - 1]!) };
-}
-
-function defaultInterface(): string {
-  try {
-    const line = fs.readFileSync('/proc/net/route', 'utf8').split('\n').find((l) => /^\S+\s+00000000\s/.test(l));
-    return line?.split(/\s+/)[0] ?? 'eth0';
-  } catch { return 'eth0'; }
+  return { runs: ms.length, minMs: round(min(ms), 1), medianMs: round(median(ms), 1), maxMs: round(max(ms), 1) };
 }
 
 async function main(): Promise<void> {
@@ -44,7 +37,7 @@ async function main(): Promise<void> {
   try {
     if (!config) {
       config = path.join(dir, 'config.yaml');
-      fs.writeFileSync(config, CONFIG.replace('IFACE', defaultInterface()).replace('STATE', path.join(dir, 'state')));
+      fs.writeFileSync(config, CONFIG.replace('IFACE', defaultRouteInterface() ?? 'eth0').replace('STATE', path.join(dir, 'state')));
     }
     const t0 = performance.now();
     const { runCheck } = await import('../agent/preflight');

@@ -192,6 +192,29 @@ export async function createLab(t: { teardown(fn: () => unknown): void }): Promi
   return lab;
 }
 
+/**
+ * True once something listens on TCP `port` in ns, or (udp) has UDP `port`
+ * bound, on any address: read from /proc/net/{tcp,tcp6} or {udp,udp6}, the
+ * local address field and, for TCP, state 0A (LISTEN).
+ */
+export async function listening(lab: Lab, ns: string, port: number, proto: 'tcp' | 'udp' = 'tcp'): Promise<boolean> {
+  const hex = port.toString(16).toUpperCase().padStart(4, '0');
+  const r = await lab.sh(ns, `cat /proc/net/${proto} /proc/net/${proto}6`, { allowFail: true });
+  return r.stdout.split('\n').some((l) => {
+    const f = l.trim().split(/\s+/);
+    return f[1]?.endsWith(`:${hex}`) === true && (proto === 'udp' || f[3] === '0A');
+  });
+}
+
+/** Wait until `what` listens on `port` in ns; fails at once when its process `proc` exits first. */
+export async function waitListening(lab: Lab, ns: string, port: number, what: string, o: { proc?: ChildProcess; timeoutMs?: number; proto?: 'tcp' | 'udp' } = {}): Promise<void> {
+  const r = await waitFor(`${what} to listen on ${o.proto ?? 'tcp'} port ${port}`, async () => {
+    if (o.proc && o.proc.exitCode !== null) return 'exited';
+    return (await listening(lab, ns, port, o.proto)) ? 'listening' : undefined;
+  }, o.timeoutMs ?? 10_000, 50);
+  if (r === 'exited') throw new Error(`${what} exited with ${o.proc!.exitCode} before it listened on port ${port}`);
+}
+
 /** Poll until fn returns a truthy value; bounded in time. */
 export async function waitFor<T>(what: string, fn: () => Promise<T | undefined | false | null> | T | undefined | false | null, timeoutMs = 10_000, intervalMs = 50): Promise<T> {
   const deadline = Date.now() + timeoutMs;

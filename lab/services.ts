@@ -6,7 +6,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import * as http from 'node:http';
 import { ChildProcess } from 'node:child_process';
-import { Lab, waitFor } from './netns';
+import { Lab, waitFor, waitListening } from './netns';
 
 // This file runs as dist/lab/services.js: dist/ is one level up.
 const DIST = path.resolve(__dirname, '..');
@@ -62,11 +62,7 @@ export async function startDnsmasq(lab: Lab, ns: string, opts: DnsmasqOptions): 
   const proc = lab.spawn(ns, 'dnsmasq', args);
   let err = '';
   proc.stderr?.on('data', (d: Buffer) => { err += d.toString(); });
-  await waitFor('dnsmasq to start', async () => {
-    if (proc.exitCode !== null) throw new Error(`dnsmasq exited: ${err}`);
-    const r = await lab.sh(ns, 'cat /proc/net/udp', { allowFail: true });
-    return r.stdout.includes(':0043 '); // port 67 bound
-  }, 10_000);
+  await waitListening(lab, ns, 67, 'dnsmasq', { proc, proto: 'udp' }).catch((e: Error) => { throw new Error(`${e.message}: ${err}`); });
   const leases = (): DnsmasqLease[] => fs.readFileSync(leaseFile, 'utf8').split('\n').filter(Boolean).map((l) => {
     const [expiry, mac, ip, hostname, clientId] = l.split(' ');
     return { expiry: Number(expiry), mac: mac!, ip: ip!, hostname: hostname!, clientId: clientId! };

@@ -143,5 +143,5 @@ t.test('status --watch: a bad interval and --json are usage errors (exit 2)', as
   t.match(a.stderr, /seconds between 0\.1 and 3600/);
   const b = await agentCli(undefined, undefined, ['status', '--watch', '--json', '--socket', '/nonexistent.sock']);
   t.equal(b.code, 2);
-  t.match(b.stderr, /--watch and --json do not go together/);
+  t.match(b.stderr, /--watch and --json do not go together.*\[LB_ERR_CLI_USAGE\]/);
 });
