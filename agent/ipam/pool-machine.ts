@@ -5,13 +5,20 @@
 // persist the claim, put the address on the parent, hold it on the wire
 // (net/vip-owner.ts), and undo each of those. No I/O, no timers, no clock.
 //
-// The order is the contract with crash recovery: the claim is written before
-// the address goes on the parent, so after a crash every VIP /32 on the
-// parent has a claim that names its owner. An address found on the parent at
-// start with a matching claim was left by an earlier run of this agent: it is
-// adopted (announced and defended at once), not probed again, since RFC 5227
-// probes an address a host is about to begin using, and this one never
-// stopped being used.
+// The order is the contract with crash recovery: after a probe, the claim is
+// written before the address goes on the parent, so an address that took
+// seconds to win is never on the LAN without a claim that names its owner.
+// An address found on the parent at start with a matching claim was left by
+// an earlier run of this agent: it is adopted (announced and defended at
+// once), not probed again, since RFC 5227 probes an address a host is about
+// to begin using, and this one never stopped being used.
+//
+// Without a probe (an adoption, a VRRP takeover) the address goes on and out
+// first and the claim is written after the first announcement: the claim
+// write fsyncs twice, 3-35 ms on these disks, and a takeover is measured
+// against keepalived, which writes nothing (issue 14). A crash in that window
+// leaves an address with the agent's mark and no claim, which the next start
+// withdraws (daemon/wiring.ts adoptOwned): crash-safe, just not adopted.
 import type { SourceState } from '../source';
 import type { AllocationResult } from './allocator';
 
@@ -51,6 +58,8 @@ export interface PoolState {
   readonly waitUntil: number | undefined;
   /** waiting: whether a pool change (a claim released, a reload) ends the wait. */
   readonly wakeOnChange: boolean;
+  /** The claim is written once the address is held (no-probe paths), not before. */
+  readonly commitAfterHold: boolean;
   /** Allocation attempts since start or since the last binding. */
   readonly attempts: number;
   readonly conflicts: number;
@@ -133,7 +142,7 @@ export interface PoolStep {
 export function initialPoolState(): PoolState {
   return {
     phase: 'stopped', source: 'idle', reason: undefined, address: undefined, pool: undefined, via: undefined,
-    adopted: false, onParent: undefined, waitUntil: undefined, wakeOnChange: false, attempts: 0,
+    adopted: false, onParent: undefined, waitUntil: undefined, wakeOnChange: false, commitAfterHold: false, attempts: 0,
     conflicts: 0, defences: 0, lastConflict: undefined,
   };
 }
@@ -195,13 +204,13 @@ export function poolStep(s: PoolState, ev: PoolEvent, now: number, cfg: PoolMach
         const until = r.retryAt ?? (source === 'failed' ? now + cfg.faultRetryMs : undefined);
         return done(wait({ ...s, source, reason: r.message, pool: r.pool }, actions, until, true), source === 'failed' ? 'failed' : 'pending');
       }
-      const base: PoolState = { ...s, address: r.address, pool: r.pool, via: r.via, adopted: false, onParent: ev.onParent ? r.address : undefined };
+      const base: PoolState = { ...s, address: r.address, pool: r.pool, via: r.via, adopted: false, commitAfterHold: false, onParent: ev.onParent ? r.address : undefined };
       const fields = { address: r.address, pool: r.pool, via: r.via };
       if (ev.onParent && r.via === 'claim') {
         // Adopted from an earlier run: never left the interface, so not probed again.
         actions.push({ type: 'log', log: { level: 'info', op: 'adopt', msg: `adopting ${r.address}: on the parent with a matching claim (an earlier run's); announcing it without a probe`, fields } });
-        actions.push({ type: 'commit', address: r.address });
-        return done({ ...base, phase: 'committing', adopted: true, source: 'acquiring', reason: `adopting ${r.address} (claim, pool ${r.pool})` }, 'adopting');
+        actions.push({ type: 'add-address', address: r.address });
+        return done({ ...base, phase: 'adding', adopted: true, commitAfterHold: true, onParent: r.address, source: 'acquiring', reason: `adopting ${r.address} (claim, pool ${r.pool})` }, 'adopting');
       }
       if (cfg.probe) {
         actions.push({ type: 'log', log: { level: 'info', op: 'probe', msg: `probing ${r.address} before claiming it`, fields: { ...fields, onParent: ev.onParent } } });
@@ -209,8 +218,8 @@ export function poolStep(s: PoolState, ev: PoolEvent, now: number, cfg: PoolMach
         return done({ ...base, phase: 'probing', source: 'acquiring', reason: `probing ${r.address} (${r.via}, pool ${r.pool})` }, 'probing');
       }
       actions.push({ type: 'log', log: { level: 'info', op: 'claim', msg: `claiming ${r.address} without a probe: VRRP decided this node holds it`, fields } });
-      actions.push({ type: 'commit', address: r.address });
-      return done({ ...base, phase: 'committing', source: 'acquiring', reason: `claiming ${r.address} (${r.via}, pool ${r.pool})` }, 'claiming-without-probe');
+      actions.push({ type: 'add-address', address: r.address });
+      return done({ ...base, phase: 'adding', commitAfterHold: true, onParent: r.address, source: 'acquiring', reason: `claiming ${r.address} (${r.via}, pool ${r.pool})` }, 'claiming-without-probe');
     }
 
     case 'timer': {
@@ -270,7 +279,8 @@ export function poolStep(s: PoolState, ev: PoolEvent, now: number, cfg: PoolMach
         { type: 'up', address },
         { type: 'log', log: { level: 'info', op: 'bound', msg: `holds ${address}/32${s.adopted ? ' (adopted from a previous run)' : ''}`, fields: { address, pool: s.pool, via: s.via, adopted: s.adopted, attempts: s.attempts } } },
       );
-      return done({ ...s, phase: 'bound', source: 'bound', reason: undefined, attempts: 0 }, 'bound');
+      if (s.commitAfterHold) actions.push({ type: 'commit', address });
+      return done({ ...s, phase: 'bound', source: 'bound', reason: undefined, attempts: 0, commitAfterHold: false }, 'bound');
     }
 
     case 'conflict': {
@@ -309,8 +319,14 @@ export function poolStep(s: PoolState, ev: PoolEvent, now: number, cfg: PoolMach
     }
 
     case 'fault': {
-      if (!ACTIVE.has(s.phase)) return ignore();
       const message = `${ev.what}: ${ev.error}`;
+      if (s.phase === 'bound') {
+        // Only the claim written after the first announcement fails here: the
+        // address stays served; what is lost is getting it back after a restart.
+        actions.push({ type: 'log', log: { level: 'error', op: 'fault', msg: `${message}; still serving ${s.address!}, but a restart will not find this claim` } });
+        return done(s, 'fault');
+      }
+      if (!ACTIVE.has(s.phase)) return ignore();
       let next: PoolState = s;
       switch (s.phase) {
         case 'probing':

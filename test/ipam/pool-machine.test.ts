@@ -53,19 +53,30 @@ t.test('start -> allocate -> probe -> commit -> add -> hold -> bound, in that or
 });
 
 t.test('VRRP (probe: false): no probe before the claim', async (t) => {
-  const r = run(initialPoolState(), [{ type: 'start' }, { type: 'allocation', result: ok('10.99.0.200'), onParent: false }], 0, NO_PROBE);
-  t.same([r.state.phase, r.reason, types(r.actions)], ['committing', 'claiming-without-probe', ['commit']]);
+  let r = run(initialPoolState(), [{ type: 'start' }, { type: 'allocation', result: ok('10.99.0.200'), onParent: false }], 0, NO_PROBE);
+  // A takeover puts the address on and out first; the claim's two fsyncs
+  // (3-35 ms here) come after the first gratuitous ARP (issue 14).
+  t.same([r.state.phase, r.reason, types(r.actions)], ['adding', 'claiming-without-probe', ['add-address']]);
+  t.equal(r.state.onParent, '10.99.0.200', 'ours to take off on stop from the moment it is being added');
+  r = run(r.state, [{ type: 'added' }, { type: 'held' }], 0, NO_PROBE);
+  t.same([r.state.phase, types(r.actions)], ['bound', ['up', 'commit']], 'announced, reported up, then the claim is written');
+  t.same(r.actions.find((a) => a.type === 'commit'), { type: 'commit', address: '10.99.0.200' });
+  t.same(types(poolStep(r.state, { type: 'committed' }, 0, NO_PROBE).actions), [], 'the write\'s success changes nothing');
+  // A write that fails leaves the VIP served and says what is at stake.
+  const f = poolStep(r.state, { type: 'fault', what: 'persisting the claim on 10.99.0.200', error: 'EROFS' }, 0, NO_PROBE);
+  t.same([f.state, f.reason], [r.state, 'fault']);
+  t.match(f.actions, [{ type: 'log', log: { level: 'error', msg: /EROFS; still serving 10\.99\.0\.200, but a restart will not find this claim/ } }]);
   t.equal(bound(NO_PROBE).phase, 'bound');
 });
 
 t.test('adoption: on the parent with a matching claim: not probed, announced at once, adopted: true', async (t) => {
   let r = run(initialPoolState(), [{ type: 'start' }, { type: 'allocation', result: ok('10.99.0.200', 'claim'), onParent: true }]);
-  t.same([r.state.phase, r.reason, types(r.actions)], ['committing', 'adopting', ['commit']]);
+  t.same([r.state.phase, r.reason, types(r.actions)], ['adding', 'adopting', ['add-address']], 'the claim already names it: no write before serving');
   t.equal(r.state.adopted, true);
   t.equal(r.state.onParent, '10.99.0.200', 'ours to take off on stop, even before it is held');
   t.ok(r.actions.some((a) => a.type === 'log' && a.log.op === 'adopt'));
-  r = run(r.state, [{ type: 'committed' }, { type: 'added' }, { type: 'held' }]);
-  t.same([r.state.phase, r.state.adopted], ['bound', true]);
+  r = run(r.state, [{ type: 'added' }, { type: 'held' }]);
+  t.same([r.state.phase, r.state.adopted, types(r.actions)], ['bound', true, ['up', 'commit']]);
 
   // On the parent but not from a claim (loadBalancerIP, or another claim): probed like any address.
   const p = run(initialPoolState(), [{ type: 'start' }, { type: 'allocation', result: ok('10.99.0.200', 'loadBalancerIP'), onParent: true }]);
@@ -165,7 +176,9 @@ t.test('faults: each phase undoes its own step, then failed and retried', async 
     t.ok(r.actions.some((a) => a.type === 'log' && a.log.level === 'error'));
     t.same(types(poolStep(r.state, { type: 'timer' }, 30_500, CFG).actions), ['allocate'], `${phase}: retried`);
   }
-  t.equal(poolStep(bound(), { type: 'fault', what: 'x', error: 'y' }, 0, CFG).reason, 'ignored', 'bound has no pending action to fail');
+  const b = bound();
+  const fb = poolStep(b, { type: 'fault', what: 'x', error: 'y' }, 0, CFG);
+  t.same([fb.state, fb.reason, types(fb.actions)], [b, 'fault', []], 'bound: only a late claim write can fail, and the VIP stays');
 });
 
 t.test('stop: withdraw what is ours, release the hold (and the claim when removed)', async (t) => {
@@ -206,7 +219,7 @@ t.test('events that do not apply in a phase change nothing', async (t) => {
   const applies: Record<string, PoolPhase[]> = {
     'rate-limited': ['allocating'], allocation: ['allocating'], timer: ['waiting'], changed: ['waiting'],
     'probe-free': ['probing'], 'probe-conflict': ['probing'], committed: ['committing'], added: ['adding'], held: ['announcing'],
-    conflict: ['bound'], lost: ['bound'], fault: ['allocating', 'probing', 'committing', 'adding', 'announcing'],
+    conflict: ['bound'], lost: ['bound'], fault: ['allocating', 'probing', 'committing', 'adding', 'announcing', 'bound'],
   };
   const events: PoolEvent[] = [
     { type: 'rate-limited', delayMs: 1 }, { type: 'allocation', result: ok('10.99.0.9'), onParent: false }, { type: 'timer' }, { type: 'changed' },
