@@ -111,12 +111,14 @@ async function keepalivedRun(vl: VrrpLab, nss: string[], intervalS: number, runI
   await waitFor('ka2 BACKUP', () => k2.state() === 'BACKUP', 10_000);
   const port = await bridgePort(vl.lab, ns1);
   const m = await measure(vl, async () => {
-    await vl.lab.sh(vl.lab.lan, `ip link set ${port} down`);
-    // keepalived forks (parent and VRRP child): kill every keepalived process of the namespace.
-    const pids = (await vl.lab.sh(vl.lab.lan, `ip netns pids ${ns1}`)).stdout.split(/\s+/).filter(Boolean);
-    for (const p of pids) {
-      try { if (fs.readFileSync(`/proc/${p}/comm`, 'utf8').trim() === 'keepalived') process.kill(Number(p), 'SIGKILL'); } catch { /* gone */ }
-    }
+    // keepalived forks (parent and VRRP child): every keepalived process of
+    // the namespace dies. Found before the death and killed in the same shell
+    // as the port goes down, so that the clock starts as the agent's does
+    // (lab/vrrp.ts die()): finding them after the port went down started
+    // keepalived's clock one spawn late and flattered it by ~10-20 ms.
+    const pids = (await vl.lab.sh(vl.lab.lan, `ip netns pids ${ns1}`)).stdout.split(/\s+/).filter(Boolean)
+      .filter((p) => { try { return fs.readFileSync(`/proc/${p}/comm`, 'utf8').trim() === 'keepalived'; } catch { return false; } });
+    await vl.lab.sh(vl.lab.lan, `ip link set ${port} down && kill -KILL ${pids.join(' ')}`);
     return Date.now();
   }, intervalS);
   await waitFor('ka2 MASTER', () => k2.state() === 'MASTER', 5000);
