@@ -4,7 +4,7 @@ import t from 'tap';
 import { parseIPv4 } from '../../agent/ipv4';
 import { isLbError } from '../../agent/errors';
 import type { BackendSpec, PortSpec } from '../../agent/config/types';
-import { normalizeState, portLabel, selectDataplane, serviceLabels } from '../../agent/forward/dataplane';
+import { dsrUnavailable, normalizeState, portLabel, selectDataplane, serviceLabels } from '../../agent/forward/dataplane';
 
 const ok = async () => ({ ok: true, reason: 'fine' });
 const no = async () => ({ ok: false, reason: 'nft not found (install the nftables package)' });
@@ -21,6 +21,13 @@ t.test('selectDataplane', async (t) => {
   const err = await selectDataplane('kernel', no).catch((e: unknown) => e);
   t.ok(isLbError(err, 'LB_ERR_FORWARD_NFT_MISSING'), 'explicit kernel without nftables fails at start');
   t.match((err as Error).message, /nft not found.*dataplane: auto or proxy/);
+});
+
+t.test('dsrUnavailable: the kernel path and a passed probe, or why not', async (t) => {
+  t.equal(dsrUnavailable('kernel', { ok: true, reason: 'fine' }), undefined);
+  t.match(dsrUnavailable('proxy', { ok: true, reason: 'fine' }), /needs the kernel data path/);
+  t.match(dsrUnavailable('kernel', { ok: false, reason: 'the kernel rejected the test table' }), /this kernel cannot do direct server return: the kernel rejected/);
+  t.match(dsrUnavailable('kernel', undefined), /not probed/);
 });
 
 t.test('labels', async (t) => {
