@@ -140,7 +140,7 @@ export async function selectDataplane(mode: DataplaneMode, probe: () => Promise<
  * Returns why not, or undefined when it can.
  */
 export function dsrUnavailable(kind: DataplaneKind, dsr: ProbeResult | undefined): string | undefined {
-  if (kind !== 'kernel') return 'sourceIP: preserve (direct server return) needs the kernel data path, and the userspace proxy is running';
+  if (kind !== 'kernel') return 'sourceIP: preserve (direct server return) needs the kernel data path, and this node uses the userspace proxy';
   if (!dsr) return 'direct server return was not probed on this node';
   if (!dsr.ok) return `this kernel cannot do direct server return: ${dsr.reason}`;
   return undefined;

@@ -1,7 +1,9 @@
 // forward/ layer: the kernel data path (`dataplane: kernel`). Three parts:
 // - renderNft(): PURE, desired forwarding state -> the nft script text of the
-//   one table the agent owns (`table ip lb_agent`), plus the map from counter
-//   names back to (service, port, backend);
+//   tables the agent owns (`table ip lb_agent`, and `table netdev lb_agent`
+//   for direct server return, rendered by nft-dsr.ts, in the same
+//   transaction), plus the map from counter names back to (service, port,
+//   backend);
 // - pure helpers to compare a listed table with a rendered one and to read
 //   counters out of `nft -j` output;
 // - NftDataplane: the thin driver that runs `nft -f -`, checks the table at

@@ -10,6 +10,8 @@
 // thresholds and moves no flow between the others; a crash-only restart
 // adopts the tables untouched.
 import t from 'tap';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
 import { requirePrivileged } from '../helpers/privileged';
 import { createLab, waitFor } from '../helpers/netns';
 import { distPath, startDnsmasq, httpGetFrom } from '../helpers/services';
@@ -157,6 +159,18 @@ if (requirePrivileged(t)) {
       t.ok(agent.logs.some((l) => l.op === 'start-check' && l.result === 'matched'), `start check: ${JSON.stringify(agent.logs.find((l) => l.op === 'start-check'))}`);
       const a = await cl.request<{ peer: string }>({ cmd: 'ask', host: DSR_DHCP, port: 80, localPort: 35001 });
       t.equal(a.peer, `${CLIENT}:35001`);
+    });
+    await t.test('a node that cannot do DSR refuses to start with a service that asks for it', async (t) => {
+      // No nft on PATH (only ip, which runs the namespace): dataplane auto falls
+      // back to the proxy, which cannot keep the clients' addresses.
+      const bin = lab.file('bin-without-nft');
+      fs.mkdirSync(bin);
+      fs.symlinkSync((await lab.sh(node, 'command -v ip')).stdout.trim(), path.join(bin, 'ip'));
+      const refused = await startAgent(lab, node, { ...cfg, metrics: { listen: '' }, dataplane: 'auto' }, { name: 'nodsr', waitReady: false, env: { PATH: bin } });
+      const exit = await refused.exited;
+      t.equal(exit.code, 1, 'exits with a runtime failure');
+      t.ok(refused.logs.some((l) => l.code === 'LB_ERR_FORWARD_DSR_UNSUPPORTED'), 'with LB_ERR_FORWARD_DSR_UNSUPPORTED');
+      t.match(refused.stderr(), /sourceIP: preserve \(direct server return\) needs the kernel data path.*set sourceIP: snat on them/, `and says why: ${refused.stderr().trim()}`);
     });
     t.comment(`whole test ${Date.now() - t0} ms`);
   });
