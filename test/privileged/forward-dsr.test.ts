@@ -55,6 +55,11 @@ if (requirePrivileged(t)) {
     for (const ns of backendNs.slice(1)) {
       await lab.sh(ns, `ip addr add ${DSR_POOL}/32 dev lo && ip addr add ${DSR_DHCP}/32 dev lo && sysctl -qw net.ipv4.conf.all.arp_ignore=1 net.ipv4.conf.all.arp_announce=2`);
     }
+    // Connection tracking stays whole at both ends although the replies skip
+    // the VM: b2 and the client drop every packet their conntrack calls
+    // invalid (a reply to a connection it never saw open would be one).
+    const strict = 'table ip strict {\n\tchain in {\n\t\ttype filter hook input priority 0; policy accept;\n\t\tct state invalid counter drop\n\t}\n}\n';
+    for (const ns of [backendNs[1]!, client]) await lab.exec(ns, 'nft', ['-f', '-'], { input: strict });
     // b1: lb-agent's `backend:` section does it.
     const b1Agent = await startAgent(lab, backendNs[0]!, {
       node: { interface: 'eth0' }, metrics: { listen: '' }, dataplane: 'proxy', backend: { vips: [DSR_POOL, DSR_DHCP] }, services: [],
@@ -121,6 +126,10 @@ if (requirePrivileged(t)) {
       }
       const ctAfter = (await lab.sh(node, `grep -c 'dst=${DSR_POOL} ' /proc/net/nf_conntrack || true`)).stdout.trim();
       t.same([ctBefore, ctAfter], ['0', '0'], 'no conntrack entry for the DSR VIP on the VM: frames are stolen at ingress');
+      for (const ns of [backendNs[1]!, client]) {
+        const dropped = /counter packets (\d+)/.exec((await lab.exec(ns, 'nft', ['list', 'table', 'ip', 'strict'])).stdout)?.[1];
+        t.equal(dropped, '0', `${ns === client ? 'the client' : 'b2'}: conntrack found no packet invalid`);
+      }
       const metrics = (await httpGetFrom(lab, node, 'http://127.0.0.1:9477/metrics')).body;
       const conns = IDS.map((_, i) => Number(new RegExp(`lbagent_forward_connections_total\\{service="web-dsr",namespace="default",backend="${BACKENDS[i]!.replace(/\./g, '\\.')}",port="tcp-80"\\} (\\d+)`).exec(metrics)?.[1] ?? -1));
       t.ok(conns.every((c) => c >= 0), `connections counted per backend (SYNs): ${conns.join(', ')}`);
