@@ -378,11 +378,12 @@ export class Daemon extends EventEmitter {
     const subs = this.subs!;
     return [...this.runtimes.values()].map((rt) => {
       const sel = this.topologyOf(rt.spec);
-      if (rt.topology === undefined || rt.topology.set !== sel.set || rt.topology.reason !== sel.reason) {
-        // Issue 17: a spill out of the zone (or back) is worth a line in the journal.
-        if (rt.topology !== undefined || sel.set !== 'all') {
-          this.log.info({ op: 'topology', service: rt.spec.key, policy: rt.spec.topology, set: sel.set, reason: sel.reason, zone: this.topology.zone }, sel.detail);
-        }
+      // Issue 17: a spill out of the zone (or back) is worth a line in the
+      // journal; under topology any the set only follows health, which the
+      // health checker already logs.
+      const moved = rt.topology === undefined || rt.topology.set !== sel.set || rt.topology.reason !== sel.reason;
+      if (moved && rt.spec.topology !== 'any' && (rt.topology !== undefined || sel.set !== 'none')) {
+        this.log.info({ op: 'topology', service: rt.spec.key, policy: rt.spec.topology, set: sel.set, reason: sel.reason, zone: this.topology.zone }, sel.detail);
       }
       rt.topology = sel;
       const primaryKey = rt.spec.primaryService ?? rt.spec.key;
