@@ -55,4 +55,10 @@ t.test('normalizeState: canonical order, backends merged, weightless healthy dro
   t.same(problems, ['z/z: TCP port 80 on 10.0.0.1 is already forwarded for a/a; not forwarding it']);
   const notHeld = normalizeState({ services: [{ key: 'a/a', vip: undefined, ports: [p(80)], healthy: [], backends: [] }, { key: 'b/b', vip: undefined, ports: [p(80)], healthy: [], backends: [] }] });
   t.same(notHeld.problems, [], 'no VIP, no clash');
+  // Issue 17: the source mode defaults to snat; the VIP's MAC is compared lower-case.
+  const modes = normalizeState({ services: [
+    { key: 'a/a', vip: '10.0.0.1', ports: [p(80)], healthy: [], backends: [] },
+    { key: 'b/b', vip: '10.0.0.2', ports: [p(80)], healthy: [], backends: [], sourceIP: 'preserve', vipMac: '52:54:00:AB:CD:EF' },
+  ] }).services;
+  t.same(modes.map((s) => [s.sourceIP, s.vipMac]), [['snat', undefined], ['preserve', '52:54:00:ab:cd:ef']]);
 });
