@@ -415,7 +415,8 @@ export class Daemon extends EventEmitter {
       const zoned = config.services.filter((sv) => sv.topology !== 'any').map((sv) => sv.key);
       const fields = { op: 'topology', zone: t.zone, region: t.region, zoneFrom: t.zoneFrom, labelsFile: t.labelsFile, problem: t.problem };
       if (t.zone === undefined && zoned.length > 0) this.log.warn({ ...fields, services: zoned }, `this node's zone is unknown (${t.problem ?? 'no node.zone'}): prefer-zone services use every healthy backend, zone-only services refuse connections`);
-      else this.log.info(fields, t.zone !== undefined ? `node zone ${t.zone} (from ${t.zoneFrom === 'config' ? 'node.zone' : t.labelsFile})` : 'node zone unknown');
+      else if (t.zone !== undefined) this.log.info(fields, `node zone ${t.zone} (from ${t.zoneFrom === 'config' ? 'node.zone' : t.labelsFile})`);
+      else this.log.debug(fields, 'node zone unknown (no service uses a zone policy)');
     }
   }
 
