@@ -13,10 +13,10 @@ import t from 'tap';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { requirePrivileged } from '../helpers/privileged';
-import { createLab, waitFor } from '../helpers/netns';
-import { distPath, startDnsmasq, httpGetFrom } from '../helpers/services';
-import { startAgent, waitStatus } from '../helpers/agent';
-import { JsonLinesProc } from './fixtures/forward-lab';
+import { createLab, waitFor } from '../../lab/netns';
+import { distPath, startDnsmasq, httpGetFrom } from '../../lab/services';
+import { startAgent, waitStatus } from '../../lab/agent';
+import { JsonLinesProc } from '../../lab/forward';
 
 const CLIENT = '10.99.0.3';
 const DSR_POOL = '10.99.0.200';
@@ -43,7 +43,7 @@ if (requirePrivileged(t)) {
     t.comment(`lab ${Date.now() - t0} ms`);
     await startDnsmasq(lab, dhcpNs, { range: '10.99.0.100,10.99.0.150', noPing: true });
     const echo = backendNs.map((ns, i) => {
-      const p = lab.spawn(ns, process.execPath, [distPath('test', 'privileged', 'fixtures', 'peer-echo.js'), '--id', IDS[i]!, '--port', '80']);
+      const p = lab.spawn(ns, process.execPath, [distPath('lab', 'bin', 'peer-echo.js'), '--id', IDS[i]!, '--port', '80']);
       let o = '';
       p.stdout?.on('data', (d: Buffer) => { o += d.toString(); });
       return { p, up: () => o.includes('listening') };
@@ -174,7 +174,9 @@ if (requirePrivileged(t)) {
       // back to the proxy, which cannot keep the clients' addresses.
       const bin = lab.file('bin-without-nft');
       fs.mkdirSync(bin);
-      fs.symlinkSync((await lab.sh(node, 'command -v ip')).stdout.trim(), path.join(bin, 'ip'));
+      const ip = (process.env['PATH'] ?? '/usr/sbin:/usr/bin:/sbin:/bin').split(':').map((d) => path.join(d, 'ip')).find((p) => fs.existsSync(p));
+      if (ip === undefined) throw new Error('ip not found on PATH');
+      fs.symlinkSync(ip, path.join(bin, 'ip'));
       const refused = await startAgent(lab, node, { ...cfg, metrics: { listen: '' }, dataplane: 'auto' }, { name: 'nodsr', waitReady: false, env: { PATH: bin } });
       const exit = await refused.exited;
       t.equal(exit.code, 1, 'exits with a runtime failure');

@@ -9,10 +9,10 @@
 import t from 'tap';
 import * as fs from 'node:fs';
 import { requirePrivileged } from '../helpers/privileged';
-import { createLab, waitFor, type Lab } from '../helpers/netns';
-import { startBackend, httpGetFrom, type Backend } from '../helpers/services';
-import { startAgent, waitStatus, type AgentHandle } from '../helpers/agent';
-import { JsonLinesProc, type Burst } from './fixtures/forward-lab';
+import { createLab, waitFor, type Lab } from '../../lab/netns';
+import { startBackend, httpGetFrom, type Backend } from '../../lab/services';
+import { startAgent, waitStatus, type AgentHandle } from '../../lab/agent';
+import { JsonLinesProc, type Burst } from '../../lab/forward';
 
 const NEAR = '10.99.0.200';
 const ONLY = '10.99.0.201';
