@@ -58,11 +58,18 @@ async function scenario(t: tap.Test, lab: Lab, node: string, client: JsonLinesPr
   const spill = (await agent.status()).services.find((s) => s.name === 'near')!;
   t.same([spill.topology?.set, spill.topology?.reason, spill.ready], ['all', 'zone-unhealthy-spill', true]);
 
-  // zone-only refuses instead of spilling, and says so.
+  // zone-only refuses instead of spilling, and says so. Its health checks run
+  // on their own schedule (not in step with near's), so wait for its own
+  // verdict, within the same thresholds, before asking: only then could it spill.
+  const refusing = await waitFor('zone-only sees zone-a down', async () => {
+    const x = (await agent.status()).services.find((s) => s.name === 'only');
+    return x?.topology?.reason === 'zone-unhealthy-refuse' ? Date.now() : undefined;
+  }, 10_000, 20);
+  t.ok(refusing - died < 3000, `${kind}: zone-only saw zone-a down ${refusing - died} ms after it died`);
   const only = await client.request<{ result: string }>({ cmd: 'connect', host: ONLY, port: 80, timeoutMs: 3000 });
   t.not(only.result, 'answered', `zone-only: refused (${only.result}), not sent to zone-b`);
   const onlySt = (await agent.status()).services.find((s) => s.name === 'only')!;
-  t.same([onlySt.ready, onlySt.topology?.reason], [false, 'zone-unhealthy-refuse']);
+  t.same([onlySt.ready, onlySt.topology?.set, onlySt.topology?.reason], [false, 'none', 'zone-unhealthy-refuse']);
   t.match(onlySt.reason, /zone-only: no healthy backend in zone zone-a: new connections are refused/);
   const metrics = (await httpGetFrom(lab, node, 'http://127.0.0.1:9477/metrics')).body;
   t.match(metrics, /lbagent_service_topology_info\{service="near",namespace="default",policy="prefer-zone",set="all",reason="zone-unhealthy-spill"\} 1/);
