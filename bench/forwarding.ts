@@ -5,14 +5,20 @@
 // connection in the node namespace):
 //   direct     wrk -> b1 itself: no balancer, the limit of one backend
 //   kernel     the real `lb-agent run` with dataplane: kernel (nftables)
+//   dsr        the same with sourceIP: preserve: direct server return (issue
+//              17); the backends hold its VIP on lo, so replies go from them
+//              straight to the client
 //   proxy      the real `lb-agent run` with dataplane: proxy (userspace)
 //   haproxy1   HAProxy mode tcp, nbthread 1
 //   haproxy    HAProxy mode tcp, its default threads (one per CPU)
 //   nginx      nginx stream, one worker
 // Per slot: keep-alive requests/s with p50/p99 (wrk), new connections/s (wrk
-// with `Connection: close`), bulk throughput of one TCP stream (iperf3; the
-// bulk port has b1 only, as iperf3's control and data connections must reach
-// the same server), and the balancer's memory after the load. Rounds visit
+// with `Connection: close`), bulk throughput of one TCP stream each way
+// (iperf3, client -> server and -R server -> client, the replies' direction;
+// the bulk port has b1 only, as iperf3's control and data connections must
+// reach the same server), and the balancer's memory after the load. Also,
+// computed rather than measured, the share of flows the DSR slot table moves
+// when a backend fails, returns, or is added to or removed from the config. Rounds visit
 // every target in a rotated order; the summary is the median per target.
 // Only lab namespaces are addressed.
 import { Lab, run, waitFor } from '../lab/netns';
@@ -22,19 +28,23 @@ import { startNginxBackend, startIperfServer, startHaproxy, startNginxStream, ty
 import { runWrk, runIperf, type WrkResult, type IperfResult } from './lib/load';
 import { treeMemoryMiB } from './lib/procfs';
 import { median, round, rotate } from './lib/stats';
+import { dsrSlotTable, maglevSize, movedFraction } from '../agent/forward/maglev';
 
 const CLIENT = '10.99.0.2';
 const NODE = '10.99.0.10';
 const AGENT_VIP = '10.99.0.50';
 const PEER_VIP = '10.99.0.60';
+/** The DSR service's VIP: on every backend's lo (never the SNAT VIP: a backend would answer its SNATed clients locally). */
+const DSR_VIP = '10.99.0.52';
 const BACKENDS = ['10.99.0.11', '10.99.0.12', '10.99.0.13'];
 
-export const FORWARD_TARGETS = ['direct', 'kernel', 'proxy', 'haproxy1', 'haproxy', 'nginx'] as const;
+export const FORWARD_TARGETS = ['direct', 'kernel', 'dsr', 'proxy', 'haproxy1', 'haproxy', 'nginx'] as const;
 export type ForwardTarget = (typeof FORWARD_TARGETS)[number];
 
 export const FORWARD_LABELS: Record<ForwardTarget, string> = {
   direct: 'direct to one backend (the limit)',
   kernel: 'lb-agent, kernel path (nftables)',
+  dsr: 'lb-agent, kernel path, direct server return',
   proxy: 'lb-agent, proxy path (userspace)',
   haproxy1: 'HAProxy, 1 thread',
   haproxy: 'HAProxy, default threads',
@@ -45,6 +55,8 @@ export const FORWARD_LABELS: Record<ForwardTarget, string> = {
 const ENDPOINT: Record<ForwardTarget, { host: string; http: number; bulk: number }> = {
   direct: { host: BACKENDS[0]!, http: 8080, bulk: 5201 },
   kernel: { host: AGENT_VIP, http: 80, bulk: 5201 },
+  // Direct server return cannot rewrite ports: the VIP serves the backends' own 8080.
+  dsr: { host: DSR_VIP, http: 8080, bulk: 5201 },
   proxy: { host: AGENT_VIP, http: 80, bulk: 5201 },
   haproxy1: { host: PEER_VIP, http: 82, bulk: 5202 },
   haproxy: { host: PEER_VIP, http: 84, bulk: 5204 },
@@ -66,6 +78,8 @@ export interface ForwardOptions {
 export interface ForwardSample {
   round: number; target: ForwardTarget;
   keepalive: WrkResult; close: WrkResult; bulk: IperfResult;
+  /** iperf3 -R: the server sends (replies' direction); absent in results from before issue 17. */
+  bulkReverse?: IperfResult;
   memory: { rssMiB: number; hwmMiB: number; processes: number } | undefined;
 }
 
@@ -74,6 +88,8 @@ export interface ForwardTargetSummary {
   keepalive: { requestsPerSec: number; p50ms: number; p99ms: number };
   newConnections: { connectionsPerSec: number; p50ms: number; p99ms: number };
   bulkGbps: number;
+  /** One stream server -> client (iperf3 -R), the direction of replies. */
+  bulkReverseGbps?: number;
   /** Balancer memory after the load (the agent's whole process for kernel and proxy). */
   rssMiB: number;
   peakRssMiB: number;
@@ -87,18 +103,50 @@ export interface ForwardResult {
   raw: ForwardSample[];
   /** Targets that could not be measured in a round, and why. */
   errors: string[];
+  /** Issue 17: flows the DSR slot table moves, computed (maglev.ts), against the minimum possible. */
+  dsrHashing?: DsrHashingRow[];
 }
 
-function agentConfig(dataplane: 'kernel' | 'proxy'): Record<string, unknown> {
+export interface DsrHashingRow {
+  backends: number; slots: number;
+  /** A backend leaves the healthy set / comes back: moved share, and the minimum (its own share). */
+  healthOut: number; healthOutMinimum: number; healthBack: number;
+  /** A reload adds or removes a configured backend: moved share, and the minimum. */
+  configAdd: number; configAddMinimum: number; configRemove: number; configRemoveMinimum: number;
+}
+
+/** The DSR slot table's disruption for N equal backends (pure; no lab). */
+export function dsrHashing(counts: readonly number[] = [3, 10, 100]): DsrHashingRow[] {
+  return counts.map((n) => {
+    const all = Array.from({ length: n }, (_, i) => ({ address: `10.${i >> 8}.${i & 255}.1`, weight: 1 }));
+    const m = maglevSize(n);
+    const full = dsrSlotTable(all, all, m);
+    const gone = all[0]!;
+    const out = dsrSlotTable(all, all.slice(1), m);
+    const back = dsrSlotTable(all, all, m);
+    const added = [...all, { address: '10.255.255.1', weight: 1 }];
+    return {
+      backends: n, slots: m,
+      healthOut: round(movedFraction(full, out), 4), healthOutMinimum: round(full.filter((b) => b.address === gone.address).length / m, 4),
+      healthBack: round(movedFraction(out, back), 4),
+      configAdd: round(movedFraction(full, dsrSlotTable(added, added, m)), 4), configAddMinimum: round(1 / (n + 1), 4),
+      configRemove: round(movedFraction(full, dsrSlotTable(all.slice(1), all.slice(1), m)), 4), configRemoveMinimum: round(1 / n, 4),
+    };
+  });
+}
+
+function agentConfig(target: 'kernel' | 'dsr' | 'proxy'): Record<string, unknown> {
+  const dsr = target === 'dsr';
+  const preserve = dsr ? { sourceIP: 'preserve' } : {};
   return {
     node: { name: 'bench', interface: 'eth0' },
     metrics: { listen: '' },
-    dataplane,
-    pools: { 'range-global': `${AGENT_VIP}-10.99.0.51` },
+    dataplane: dsr ? 'kernel' : target,
+    pools: { 'range-global': `${AGENT_VIP}-${DSR_VIP}` },
     arp: FAST_ARP,
     services: [
-      { name: 'web', ipam: 'pool', loadBalancerIP: AGENT_VIP, ports: [{ name: 'http', port: 80, targetPort: 8080 }], backends: BACKENDS },
-      { name: 'bulk', primaryService: 'web', ports: [{ name: 'iperf', port: 5201, targetPort: 5201 }], backends: [BACKENDS[0]!], healthCheck: { port: 8080 } },
+      { name: 'web', ipam: 'pool', loadBalancerIP: dsr ? DSR_VIP : AGENT_VIP, ports: [{ name: 'http', port: ENDPOINT[target].http, targetPort: 8080 }], backends: BACKENDS, ...preserve },
+      { name: 'bulk', primaryService: 'web', ports: [{ name: 'iperf', port: 5201, targetPort: 5201 }], backends: [BACKENDS[0]!], healthCheck: { port: 8080 }, ...preserve },
     ],
   };
 }
@@ -115,6 +163,7 @@ async function startTarget(lab: Lab, node: string, target: ForwardTarget, slot: 
     case 'direct':
       return undefined;
     case 'kernel':
+    case 'dsr':
     case 'proxy': {
       const agent: AgentHandle = await runAgent(lab, node, agentConfig(target), { name: `fwd-${target}-${slot}` });
       await waitStatus(agent, `${target} agent serving`, (s) => s.services.length === 2 && s.services.every((x) => x.ready) && s.services[0]!.healthyBackends === BACKENDS.length, 30_000);
@@ -158,6 +207,8 @@ export async function benchForward(o: ForwardOptions): Promise<ForwardResult> {
     for (let i = 0; i < BACKENDS.length; i++) {
       const ns = await lab.addHost(`b${i + 1}`, { address: `${BACKENDS[i]}/24` });
       await lab.sh(ns, tune);
+      // The backend side of direct server return, as the README says for a backend without lb-agent.
+      await lab.sh(ns, `ip addr add ${DSR_VIP}/32 dev lo && sysctl -qw net.ipv4.conf.all.arp_ignore=1 net.ipv4.conf.all.arp_announce=2`);
       await startNginxBackend(lab, ns, `b${i + 1}`);
       if (i === 0) await startIperfServer(lab, ns, 5201);
     }
@@ -180,9 +231,10 @@ export async function benchForward(o: ForwardOptions): Promise<ForwardResult> {
           const keepalive = await wrk(false);
           const close = await wrk(true);
           const bulk = await runIperf(lab, client, ep.host, ep.bulk, o.seconds + 1);
+          const bulkReverse = await runIperf(lab, client, ep.host, ep.bulk, o.seconds + 1, { reverse: true });
           const memory = running ? treeMemoryMiB(running.pid) : undefined;
-          raw.push({ round, target, keepalive, close, bulk, memory });
-          o.log(`round ${round + 1}/${o.rounds} ${target.padEnd(8)} keep-alive ${keepalive.rps.toFixed(0).padStart(6)} req/s (p50 ${keepalive.p50ms.toFixed(2)} ms, p99 ${keepalive.p99ms.toFixed(2)} ms)  new conn ${close.rps.toFixed(0).padStart(6)}/s  bulk ${(bulk.bitsPerSecond / 1e9).toFixed(2)} Gbit/s${bulk.error ? ` (${bulk.error})` : ''}${memory ? `  rss ${memory.rssMiB.toFixed(1)} MiB` : ''}`);
+          raw.push({ round, target, keepalive, close, bulk, bulkReverse, memory });
+          o.log(`round ${round + 1}/${o.rounds} ${target.padEnd(8)} keep-alive ${keepalive.rps.toFixed(0).padStart(6)} req/s (p50 ${keepalive.p50ms.toFixed(2)} ms, p99 ${keepalive.p99ms.toFixed(2)} ms)  new conn ${close.rps.toFixed(0).padStart(6)}/s  bulk ${(bulk.bitsPerSecond / 1e9).toFixed(2)} / replies ${(bulkReverse.bitsPerSecond / 1e9).toFixed(2)} Gbit/s${bulk.error ? ` (${bulk.error})` : ''}${bulkReverse.error ? ` (-R: ${bulkReverse.error})` : ''}${memory ? `  rss ${memory.rssMiB.toFixed(1)} MiB` : ''}`);
         } catch (e) {
           // One target failing (a peer that will not start, say) costs its own numbers only.
           const error = String((e as Error).message ?? e).split('\n')[0]!.slice(0, 300);
@@ -203,9 +255,10 @@ export async function benchForward(o: ForwardOptions): Promise<ForwardResult> {
         keepalive: { requestsPerSec: round(median(s.map((r) => r.keepalive.rps)), 0), p50ms: round(median(s.map((r) => r.keepalive.p50ms)), 3), p99ms: round(median(s.map((r) => r.keepalive.p99ms)), 3) },
         newConnections: { connectionsPerSec: round(median(s.map((r) => r.close.rps)), 0), p50ms: round(median(s.map((r) => r.close.p50ms)), 3), p99ms: round(median(s.map((r) => r.close.p99ms)), 3) },
         bulkGbps: round(median(s.map((r) => r.bulk.bitsPerSecond / 1e9)), 2),
+        bulkReverseGbps: round(median(s.map((r) => (r.bulkReverse?.bitsPerSecond ?? NaN) / 1e9)), 2),
         rssMiB: round(median(s.map((r) => r.memory?.rssMiB ?? NaN)), 1),
         peakRssMiB: round(median(s.map((r) => r.memory?.hwmMiB ?? NaN)), 1),
-        errors: s.reduce((n, r) => n + r.keepalive.socketErrors + r.keepalive.non2xx + r.close.socketErrors + r.close.non2xx + (r.bulk.error ? 1 : 0), 0),
+        errors: s.reduce((n, r) => n + r.keepalive.socketErrors + r.keepalive.non2xx + r.close.socketErrors + r.close.non2xx + (r.bulk.error ? 1 : 0) + (r.bulkReverse?.error ? 1 : 0), 0),
         samples: s.length,
       };
     }
@@ -213,13 +266,14 @@ export async function benchForward(o: ForwardOptions): Promise<ForwardResult> {
       config: {
         rounds: o.rounds, seconds: o.seconds, warmup: o.warmup, connections: o.connections, threads: o.threads, targets: o.targets,
         wrk: `wrk -t${o.threads} -c${o.connections} -d${o.seconds}s --latency (new connections: -H 'Connection: close')`,
-        iperf3: `iperf3 -c HOST -t ${o.seconds + 1} -O 1 (one stream)`,
+        iperf3: `iperf3 -c HOST -t ${o.seconds + 1} -O 1 (one stream; and with -R, server to client)`,
         backends: 'nginx 1 worker each, 3 backends (bulk: iperf3 on b1 only)',
         threadsDefaultHaproxy: 'no nbthread: HAProxy starts one thread per CPU it may run on',
       },
       summary,
       raw,
       errors,
+      dsrHashing: o.targets.includes('dsr') ? dsrHashing() : undefined,
     };
   } finally {
     await lab.destroy();

@@ -70,6 +70,7 @@ function services(ports: number[], period: number): ServiceSpec[] {
     vrid: undefined, priority: undefined,
     ports: [{ name: 'tcp', port: 80, protocol: 'TCP', targetPort: port }],
     backends: [{ address: '127.0.0.1', addressNum: 0x7f000001, weight: 1 }],
+    sourceIP: 'snat', topology: 'any',
     healthCheck: {
       enabled: true, type: 'tcp', port, successThreshold: 1, failureThreshold: 3,
       periodSeconds: period, timeoutSeconds: Math.min(3, period), http: undefined, passiveFailures: 3,

@@ -24,6 +24,14 @@ export function formatStatus(doc: StatusDocument, now = Date.now()): string {
   lines.push(`lb-agent ${doc.version} (pid ${doc.pid}) on ${doc.node.name}, parent ${doc.node.interface ?? '-'}${doc.node.address ? ` (${doc.node.address})` : ''}`);
   lines.push(`dataplane: ${doc.dataplane ? `${doc.dataplane.kind} (${doc.dataplane.reason})` : '-'}; failover: ${doc.failover.mode}; config generation ${doc.config.generation} loaded ${doc.config.loadedAt}`);
   if (doc.config.lastReload && !doc.config.lastReload.ok) lines.push(`last reload REJECTED: ${doc.config.lastReload.message.split('\n').slice(1).join('; ')}`);
+  const n = doc.node;
+  if (n.zone !== undefined || n.labelsProblem !== undefined) {
+    lines.push(`zone: ${n.zone ?? 'unknown'}${n.region ? `, region ${n.region}` : ''}${n.zoneFrom && n.zoneFrom !== 'unknown' ? ` (from ${n.zoneFrom === 'config' ? 'node.zone' : 'the labels file'})` : ''}${n.labelsProblem ? `; ${n.labelsProblem}` : ''}`);
+  }
+  if (doc.backend && (doc.backend.vips.length > 0 || doc.backend.problems.length > 0)) {
+    const sys = Object.entries(doc.backend.sysctls).map(([k, v]) => `all.${k}=${v ?? '?'}`).join(' ');
+    lines.push(`backend of DSR VIPs: ${doc.backend.vips.map((v) => `${v.address} ${v.state === 'on-lo' ? `on ${v.interface}` : 'MISSING'}`).join(', ') || '-'}${sys ? `; ${sys}` : ''}${doc.backend.problems.length ? `; problems: ${doc.backend.problems.join('; ')}` : ''}`);
+  }
   lines.push(`overall: ${doc.ready ? 'ready' : 'NOT READY'}`);
   lines.push('');
   const rows: string[][] = [['SERVICE', 'IPAM', 'VIP', 'INTERFACE', 'MAC', 'PORTS', 'BACKENDS', 'STATE', 'REASON']];
@@ -40,6 +48,8 @@ export function formatStatus(doc: StatusDocument, now = Date.now()): string {
     if (s.ipam === 'dhcp' && !s.primaryService) {
       for (const k of ['server', 'renewAt', 'rebindAt', 'expiresAt'] as const) if (src[k] !== undefined) extra.push(`${k} ${String(src[k])}`);
     }
+    if (s.sourceIP === 'preserve') extra.push('direct server return (client address kept)');
+    if (s.topology && s.topology.policy !== 'any') extra.push(`topology ${s.topology.detail}`);
     if (s.failover) extra.push(`vrrp ${String(s.failover.state ?? '-')}${s.failover.master ? ` master ${String(s.failover.master)}` : ''}`);
     if (s.adopted && !s.primaryService) extra.push('VIP adopted from the previous run');
     if (s.lastInterruption) extra.push(`interrupted ${s.interruptions}x, last ${s.lastInterruption.at}: ${s.lastInterruption.reason}`);

@@ -5,7 +5,9 @@ import type { ArpConfig, DhcpTimings, ProxyConfig } from './types';
 export const DEFAULT_CONFIG_PATH = '/etc/lb-agent/config.yaml';
 
 export const DEFAULTS = {
-  node: { priority: 100 },
+  // labelsFile: where topology.kubernetes.io/zone and /region are read from
+  // when node.zone / node.region are not set (issue 17; README "Zones").
+  node: { priority: 100, labelsFile: '/etc/lb-agent/node-labels' },
   failover: { mode: 'none', vrid: 51, advertInterval: 1, preempt: true, preemptDelay: 0, peers: [] as string[] },
   stateDir: '/var/lib/lb-agent',
   metrics: { listen: '0.0.0.0:9477' },
@@ -16,6 +18,10 @@ export const DEFAULTS = {
   ipam: 'pool',
   protocol: 'TCP',
   weight: 1,
+  // Issue 17: SNAT to the VIP as before unless a service asks to keep the
+  // client's address (direct server return); every backend of every zone.
+  sourceIP: 'snat',
+  topology: 'any',
   // Harvester cloud provider defaults: TCP, success 1, failure 3, period 5 s, timeout 3 s.
   healthCheck: { enabled: true, type: 'tcp', successThreshold: 1, failureThreshold: 3, periodSeconds: 5, timeoutSeconds: 3, passiveFailures: 3 },
   httpCheck: { path: '/', expectStatus: [200, 399] as [number, number] },

@@ -14,7 +14,7 @@ import { parseIPv4 } from '../ipv4';
 import { errorMessage } from '../errors';
 import { readConfigText } from './read';
 import type {
-  Desired, ServiceSpec, PortSpec, BackendSpec, HealthCheckSpec, IpamMode, Pool,
+  Desired, ServiceSpec, PortSpec, BackendSpec, HealthCheckSpec, IpamMode, Pool, SourceIpMode, TopologyPolicy,
 } from './types';
 
 export interface ConfigError {
@@ -133,7 +133,8 @@ interface RawService {
   name: string; namespace: string; ipam?: string; primaryService?: string; loadBalancerIP?: string;
   vrid?: number; priority?: number; annotations?: Record<string, string | number | boolean>;
   ports: { name?: string; port: number; protocol: 'TCP' | 'UDP'; targetPort?: number }[];
-  backends: (string | { address: string; weight?: number })[];
+  backends: (string | { address: string; weight?: number; zone?: string })[];
+  sourceIP: SourceIpMode; topology: TopologyPolicy;
   healthCheck: {
     enabled: boolean; type: 'tcp' | 'http'; port?: number; successThreshold: number; failureThreshold: number;
     periodSeconds: number; timeoutSeconds: number; passiveFailures: number; http?: { path: string; expectStatus: [number, number] };
@@ -141,11 +142,12 @@ interface RawService {
 }
 
 interface RawConfig {
-  node: { name?: string; interface?: string; priority: number };
+  node: { name?: string; interface?: string; priority: number; zone?: string; region?: string; labelsFile: string };
   failover: { mode: 'none' | 'vrrp'; vrid: number; advertInterval: number; preempt: boolean; preemptDelay: number; interface?: string; peers: string[] };
   stateDir: string; metrics: { listen: string }; control: { socket: string };
   dataplane: 'auto' | 'kernel' | 'proxy'; pools: Record<string, string>;
   arp: Desired['arp']; dhcp: Omit<Desired['dhcp'], 'servers'> & { servers: string[] }; proxy: Desired['proxy'];
+  backend: { vips: string[] };
   services: RawService[];
 }
 
@@ -240,13 +242,28 @@ function buildServices(raw: RawConfig, pools: readonly Pool[], err: (segs: Seg[]
     s.backends.forEach((b, bi) => {
       const address = typeof b === 'string' ? b : b.address;
       const weight = typeof b === 'string' ? DEFAULTS.weight : (b.weight ?? DEFAULTS.weight);
+      const zone = typeof b === 'string' ? undefined : b.zone;
       const n = parseIPv4(address);
       const segs = typeof b === 'string' ? at('backends', bi) : at('backends', bi, 'address');
       if (n === undefined) { err(segs, `${JSON.stringify(address)} is not an IPv4 address`); return; }
       if (seenB.has(address)) { err(segs, `${JSON.stringify(address)} is listed twice (also backends[${seenB.get(address)}])`); return; }
       seenB.set(address, bi);
-      backends.push({ address, addressNum: n, weight });
+      backends.push(zone === undefined ? { address, addressNum: n, weight } : { address, addressNum: n, weight, zone });
     });
+
+    // Issue 17, direct server return: the agent only swaps the frame's
+    // destination MAC, so the backend receives the packet exactly as the
+    // client sent it, to VIP:port. It cannot be told to listen elsewhere.
+    if (s.sourceIP === 'preserve') {
+      s.ports.forEach((p, pi) => {
+        if (p.targetPort !== undefined && p.targetPort !== p.port) {
+          err(at('ports', pi, 'targetPort'), `${p.targetPort} differs from port ${p.port}: with sourceIP: preserve (direct server return) the backend receives the client's packet unchanged, to the VIP and port ${p.port}, so targetPort must equal port (remove it, or use sourceIP: snat)`);
+        }
+      });
+      if (raw.dataplane === 'proxy') {
+        err(at('sourceIP'), 'preserve needs the kernel data path (direct server return forwards frames, the userspace proxy opens its own connections): set dataplane: kernel or auto, or sourceIP: snat');
+      }
+    }
 
     // Health check: typed fields, then annotations (must agree), then defaults.
     const h = s.healthCheck;
@@ -341,6 +358,7 @@ function buildServices(raw: RawConfig, pools: readonly Pool[], err: (segs: Seg[]
       key: p.key, name: p.raw.name, namespace: p.raw.namespace, ipam,
       primaryService: p.primary, loadBalancerIP: p.raw.loadBalancerIP || undefined,
       vrid: p.raw.vrid, priority: p.raw.priority, ports: p.ports, backends: p.backends, healthCheck: p.hc,
+      sourceIP: p.raw.sourceIP, topology: p.raw.topology,
     });
   }
   return out;
@@ -407,10 +425,19 @@ export function buildConfig(data: unknown, locate: (segs: Seg[]) => number | und
   for (const pe of poolErrors) err(['pools', pe.key], pe.message);
 
   const built = buildServices(raw, pools, err);
+  // A VM that is a backend of a VIP cannot also be the load balancer that
+  // holds it: the VIP on lo would take the clients' packets for itself.
+  raw.backend.vips.forEach((vip, i) => {
+    const svc = raw.services.find((s) => s.loadBalancerIP === vip);
+    if (svc) err(['backend', 'vips', i], `${vip} is also the loadBalancerIP of service ${serviceKey(svc.namespace, svc.name)} on this node: a VM is either the load balancer holding a VIP or a backend with it on lo, not both`);
+  });
   if (errors.length > 0) return { ok: false, errors };
 
   const config: Desired = {
-    node: { name: raw.node.name ?? hostname, interface: raw.node.interface, priority: raw.node.priority },
+    node: {
+      name: raw.node.name ?? hostname, interface: raw.node.interface, priority: raw.node.priority,
+      zone: raw.node.zone, region: raw.node.region, labelsFile: raw.node.labelsFile,
+    },
     failover: {
       mode: raw.failover.mode, vrid: raw.failover.vrid,
       // RFC 5798 §5.2.7: the interval travels in centiseconds.
@@ -426,6 +453,7 @@ export function buildConfig(data: unknown, locate: (segs: Seg[]) => number | und
     arp: raw.arp,
     dhcp: { ...raw.dhcp, servers: raw.dhcp.servers.map((a) => parseIPv4(a)!) },
     proxy: raw.proxy,
+    backend: { vips: raw.backend.vips },
     services: built,
   };
   return { ok: true, config: deepFreeze(config) };

@@ -11,6 +11,9 @@ const ipv4: S = { type: 'string', format: 'lb-ipv4', 'x-what': 'an IPv4 address'
 const secondsPos = (min: number, max: number): S => ({ type: 'number', minimum: min, maximum: max, 'x-what': `a number of seconds (${min}-${max})` });
 const count = (min: number, max: number): S => ({ type: 'integer', minimum: min, maximum: max, 'x-what': `an integer (${min}-${max})` });
 const obj = (properties: S, extra: S = {}): S => ({ type: 'object', additionalProperties: false, properties, ...extra });
+// A Kubernetes label value (apimachinery validation.IsValidLabelValue): what
+// topology.kubernetes.io/zone and /region hold.
+const labelValue: S = { type: 'string', pattern: '^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$', maxLength: 63, minLength: 1, 'x-what': 'a label value (letters, digits, -, _, .; at most 63)' };
 const dnsLabel: S = { type: 'string', pattern: '^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$', 'x-what': 'a DNS-1123 label (lowercase letters, digits, -; at most 63)' };
 
 const healthCheck = obj({
@@ -52,12 +55,14 @@ const service = obj({
   backends: {
     type: 'array', maxItems: 4096,
     items: {
-      anyOf: [ipv4, obj({ address: ipv4, weight: count(1, 256) }, { required: ['address'] })],
-      'x-what': 'an IPv4 address or { address, weight }',
+      anyOf: [ipv4, obj({ address: ipv4, weight: count(1, 256), zone: labelValue }, { required: ['address'] })],
+      'x-what': 'an IPv4 address or { address, weight, zone }',
     },
     default: [],
   },
   healthCheck: { ...healthCheck, default: {} },
+  sourceIP: { type: 'string', enum: ['snat', 'preserve'], default: DEFAULTS.sourceIP },
+  topology: { type: 'string', enum: ['any', 'prefer-zone', 'zone-only'], default: DEFAULTS.topology },
 }, { required: ['name', 'ports'] });
 
 export const configSchema: S = obj({
@@ -66,6 +71,9 @@ export const configSchema: S = obj({
       name: { type: 'string', minLength: 1, maxLength: 253 },
       interface: { type: 'string', pattern: '^[^/\\s]{1,15}$', 'x-what': 'an interface name (at most 15 characters)' },
       priority: { ...count(1, 254), default: DEFAULTS.node.priority },
+      zone: labelValue,
+      region: labelValue,
+      labelsFile: { type: 'string', pattern: '^/', default: DEFAULTS.node.labelsFile, 'x-what': 'an absolute path' },
     }),
     default: {},
   },
@@ -132,6 +140,12 @@ export const configSchema: S = obj({
       connectTimeout: { ...secondsPos(0.01, 60), default: DEFAULT_PROXY.connectTimeout },
       // No default here: unset means "from the descriptor limit", known only at run time.
       maxConnections: count(1, 10_000_000),
+    }),
+    default: {},
+  },
+  backend: {
+    ...obj({
+      vips: { type: 'array', items: ipv4, maxItems: 1024, uniqueItems: true, default: [], 'x-what': 'a list of the VIPs (IPv4) of the DSR services this VM is a backend of' },
     }),
     default: {},
   },

@@ -8,6 +8,10 @@ export type Protocol = 'TCP' | 'UDP';
 export type DataplaneMode = 'auto' | 'kernel' | 'proxy';
 export type FailoverMode = 'none' | 'vrrp';
 export type BalanceAlgorithm = 'round-robin' | 'least-connections';
+/** Issue 17: snat = replies come back through the agent (source rewritten to the VIP); preserve = direct server return. */
+export type SourceIpMode = 'snat' | 'preserve';
+/** Issue 17: which backends a service's connections may go to, by zone. */
+export type TopologyPolicy = 'any' | 'prefer-zone' | 'zone-only';
 
 export interface NodeConfig {
   /** Node name (default: hostname). */
@@ -16,6 +20,12 @@ export interface NodeConfig {
   readonly interface: string | undefined;
   /** VRRP priority 1-254. */
   readonly priority: number;
+  /** topology.kubernetes.io/zone of this VM as configured; undefined: from labelsFile at run time. */
+  readonly zone: string | undefined;
+  /** topology.kubernetes.io/region as configured; undefined: from labelsFile at run time. */
+  readonly region: string | undefined;
+  /** The node labels file (key=value lines, config/labels.ts) read when zone or region is not set. */
+  readonly labelsFile: string;
 }
 
 export interface FailoverConfig {
@@ -43,6 +53,8 @@ export interface BackendSpec {
   readonly address: string;
   readonly addressNum: number;
   readonly weight: number;
+  /** The backend's topology.kubernetes.io/zone, when configured (topology: prefer-zone | zone-only). */
+  readonly zone?: string | undefined;
 }
 
 export interface HttpCheckSpec {
@@ -79,6 +91,10 @@ export interface ServiceSpec {
   readonly ports: readonly PortSpec[];
   readonly backends: readonly BackendSpec[];
   readonly healthCheck: HealthCheckSpec;
+  /** snat (default) or preserve: direct server return on the kernel path (targetPort = port). */
+  readonly sourceIP: SourceIpMode;
+  /** Zone-aware balancing over the healthy backends (forward/topology.ts). */
+  readonly topology: TopologyPolicy;
 }
 
 export interface PoolRange {
@@ -150,6 +166,16 @@ export interface ProxyConfig {
   readonly maxConnections?: number | undefined;
 }
 
+/**
+ * The `backend:` section: this VM is a backend of direct-server-return
+ * services. The agent puts each VIP on lo as a /32 (ownership-marked) and
+ * sets the ARP sysctls that keep the VM from answering ARP for it.
+ */
+export interface BackendRoleConfig {
+  /** The VIPs of the DSR services this VM serves, dotted quads. */
+  readonly vips: readonly string[];
+}
+
 export interface Desired {
   readonly node: NodeConfig;
   readonly failover: FailoverConfig;
@@ -161,5 +187,6 @@ export interface Desired {
   readonly arp: ArpConfig;
   readonly dhcp: DhcpConfig;
   readonly proxy: ProxyConfig;
+  readonly backend: BackendRoleConfig;
   readonly services: readonly ServiceSpec[];
 }

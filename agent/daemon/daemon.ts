@@ -22,6 +22,11 @@ import type { Clock } from '../clock';
 import { realClock } from '../clock';
 import { VERSION } from '../version';
 import { EventRing, type StatusEvent, type StatusEventKind } from './events';
+import { dsrUnavailable as dsrUnavailableHere } from '../forward/dataplane';
+import { readNodeTopology, type NodeTopology } from '../config/labels';
+import { selectBackends, type TopologySelection } from '../forward/topology';
+import { macForService } from '../net/ownership';
+import type { BackendStatus } from '../net/dsr-backend';
 
 export interface DaemonOptions {
   configPath: string;
@@ -70,7 +75,12 @@ interface ServiceRuntime {
   adopted: boolean;
   interruptions: number;
   lastInterruption: { at: string; reason: string } | undefined;
+  /** The backend set in use at the last apply (issue 17), to log when it moves. */
+  topology: TopologySelection | undefined;
 }
+
+/** Before the labels file is read. */
+const UNKNOWN_TOPOLOGY: NodeTopology = { zone: undefined, region: undefined, zoneFrom: 'unknown', regionFrom: 'unknown', labelsFile: undefined, problem: undefined };
 
 /** Persisted health verdicts (crash-only start seeds the checker from them). */
 const HEALTH_FILE = 'health.json';
@@ -91,7 +101,9 @@ export class Daemon extends EventEmitter {
   private applyAgain = false;
   private stopping = false;
   private lastReload: { at: number; ok: boolean; message: string } | undefined;
-  private metrics: { reloads: Counter; services: Gauge; ready: Gauge; vipInfo: Gauge; interruptions: Counter } | undefined;
+  private metrics: { reloads: Counter; services: Gauge; ready: Gauge; vipInfo: Gauge; interruptions: Counter; topology: Gauge } | undefined;
+  /** This node's zone and region (config, else the labels file), re-read at every reload (issue 17). */
+  private topology: NodeTopology = UNKNOWN_TOPOLOGY;
   private store: StateStore | undefined;
   private registry: Registry | undefined;
   private reloading: Promise<ReloadResult> | undefined;
@@ -148,11 +160,14 @@ export class Daemon extends EventEmitter {
       // pool source's own updates of the same series cannot go stale.
       vipInfo: new Gauge({ name: 'lbagent_service_vip_info', help: 'The VIP a service is served on by this node (1 while served).', labelNames: ['service', 'namespace', 'vip', 'ipam'], registers: [registry], collect: () => this.collectVipInfo() }),
       interruptions: new Counter({ name: 'lbagent_service_vip_interruptions_total', help: 'Times a served VIP was withdrawn while the service stayed configured, by reason.', labelNames: ['service', 'namespace', 'reason'], registers: [registry] }),
+      // Issue 17: which backends each service balances over (set: zone | all | none) and why; set at scrape time.
+      topology: new Gauge({ name: 'lbagent_service_topology_info', help: 'The backend set a service balances over (zone, all or none) under its topology policy, and why (1 for the current one).', labelNames: ['service', 'namespace', 'policy', 'set', 'reason'], registers: [registry], collect: () => this.collectTopology() }),
     };
 
     try {
       if (config.metrics.listen !== '') await this.startMetrics(config.metrics.listen);
       this.subs = await this.opts.buildSubsystems(config, { log: this.opts.log, registry, store, clock: this.clock, listenerStore: this.opts.listenerStore });
+      await this.readTopology(config);
       this.subs.health.on('change', (key: string, address: string, up: boolean) => {
         this.noteEvent(up ? 'backend-up' : 'backend-down', { service: key, address, reason: this.backendReason(key, address, up) });
         this.scheduleApply(); this.saveHealthSoon();
@@ -164,6 +179,7 @@ export class Daemon extends EventEmitter {
       const owned = await this.subs.adoptOwned(config.services);
       if (owned.removed.length > 0) this.log.warn({ op: 'adopt', removed: owned.removed }, 'removed links/addresses left by an earlier run that the config does not want');
       if (owned.adopted.length > 0) this.log.info({ op: 'adopt', adopted: owned.adopted }, 'adopted links left by an earlier run');
+      await this.applyBackendVips(config.backend.vips);
 
       // Crash-only start (DESIGN.md "Continuity"): what an earlier run left
       // serving keeps serving. The VIPs still on the kernel and explained by
@@ -197,7 +213,7 @@ export class Daemon extends EventEmitter {
   private addService(spec: ServiceSpec, held?: string): void {
     const rt: ServiceRuntime = {
       spec, source: undefined, startedAt: this.clock.wallNow(), gate: Promise.resolve(), gatePending: false,
-      held, adopted: held !== undefined, interruptions: 0, lastInterruption: undefined,
+      held, adopted: held !== undefined, interruptions: 0, lastInterruption: undefined, topology: undefined,
     };
     if (spec.primaryService === undefined) {
       // Every reason at 0 from the start: a panel or alert on increase() sees
@@ -382,11 +398,57 @@ export class Daemon extends EventEmitter {
 
   private forwardState(): ForwardService[] {
     const subs = this.subs!;
-    return [...this.runtimes.values()].map((rt) => ({
-      key: rt.spec.key, name: rt.spec.name, namespace: rt.spec.namespace,
-      vip: this.vipOf(rt.spec) ?? this.armedVip(rt.spec), ports: rt.spec.ports,
-      healthy: subs.health.healthy(rt.spec.key), backends: rt.spec.backends,
-    }));
+    return [...this.runtimes.values()].map((rt) => {
+      const sel = this.topologyOf(rt.spec);
+      // Issue 17: a spill out of the zone (or back) is worth a line in the
+      // journal; under topology any the set only follows health, which the
+      // health checker already logs.
+      const moved = rt.topology === undefined || rt.topology.set !== sel.set || rt.topology.reason !== sel.reason;
+      if (moved && rt.spec.topology !== 'any' && (rt.topology !== undefined || sel.set !== 'none')) {
+        this.log.info({ op: 'topology', service: rt.spec.key, policy: rt.spec.topology, set: sel.set, reason: sel.reason, zone: this.topology.zone }, sel.detail);
+      }
+      rt.topology = sel;
+      const primaryKey = rt.spec.primaryService ?? rt.spec.key;
+      return {
+        key: rt.spec.key, name: rt.spec.name, namespace: rt.spec.namespace,
+        vip: this.vipOf(rt.spec) ?? this.armedVip(rt.spec), ports: rt.spec.ports,
+        // Zone-aware balancing happens here, once for both data paths: they
+        // balance (by weight) over the set the policy chose.
+        healthy: sel.backends, backends: rt.spec.backends,
+        sourceIP: rt.spec.sourceIP,
+        // The MAC frames for the VIP carry: a DHCP VIP's macvlan (derived from
+        // the primary's key), else the parent's (pool VIPs live there).
+        vipMac: rt.spec.ipam === 'dhcp' ? macForService(primaryKey) : subs.parent.mac,
+      };
+    });
+  }
+
+  /** The backends a service may send new connections to now, under its topology policy. */
+  private topologyOf(spec: ServiceSpec): TopologySelection {
+    return selectBackends(spec.topology, this.topology.zone, this.subs!.health.healthy(spec.key));
+  }
+
+  /** (Re)read this node's zone and region: at start and at every reload (Harvester re-syncs the labels when a VM moves). */
+  private async readTopology(config: Desired): Promise<void> {
+    const before = this.topology;
+    this.topology = await readNodeTopology(config.node);
+    const t = this.topology;
+    if (t.zone !== before.zone || t.region !== before.region || t.problem !== before.problem) {
+      const zoned = config.services.filter((sv) => sv.topology !== 'any').map((sv) => sv.key);
+      const fields = { op: 'topology', zone: t.zone, region: t.region, zoneFrom: t.zoneFrom, labelsFile: t.labelsFile, problem: t.problem };
+      if (t.zone === undefined && zoned.length > 0) this.log.warn({ ...fields, services: zoned }, `this node's zone is unknown (${t.problem ?? 'no node.zone'}): prefer-zone services use every healthy backend, zone-only services refuse connections`);
+      else if (t.zone !== undefined) this.log.info(fields, `node zone ${t.zone} (from ${t.zoneFrom === 'config' ? 'node.zone' : t.labelsFile})`);
+      else this.log.debug(fields, 'node zone unknown (no service uses a zone policy)');
+    }
+  }
+
+  /** The backend side of DSR: the `backend.vips` on lo. A failure is logged and shown in status, never fatal. */
+  private async applyBackendVips(vips: readonly string[]): Promise<void> {
+    try {
+      await this.subs!.backend.apply(vips);
+    } catch (e) {
+      this.log.error({ op: 'backend', err: errorMessage(e) }, 'backend VIPs for direct server return could not be put in place');
+    }
   }
 
   /** Coalesce bursts of changes into one dataplane transaction at a time. */
@@ -447,7 +509,11 @@ export class Daemon extends EventEmitter {
     const at = this.clock.wallNow();
     if (!res.ok) return this.rejected(res.errors);
     const next = res.config;
-    const plan = planReload({ config: old, dataplane: subs.dataplane.kind }, next);
+    // Direct server return asked for by the new file: can this node do it? (probed once)
+    const dsrUnavailable = next.services.some((s) => s.sourceIP === 'preserve')
+      ? dsrUnavailableHere(subs.dataplane.kind, await subs.dataplane.dsr?.())
+      : undefined;
+    const plan = planReload({ config: old, dataplane: subs.dataplane.kind, dsrUnavailable }, next);
     if (!plan.ok) return this.rejected(plan.errors);
     this.config = next;
     this.configLoadedAt = at;
@@ -464,6 +530,7 @@ export class Daemon extends EventEmitter {
     subs.health.update(next.services);
     this.updateFailover();
     this.startSources();
+    await this.readTopology(next);
     await this.applyNow();
     const message = describeSummary(plan.summary);
     const sm = plan.summary;
@@ -491,6 +558,9 @@ export class Daemon extends EventEmitter {
         return;
       case 'proxy-settings':
         subs.dataplane.reconfigure?.(next.proxy);
+        return;
+      case 'backend-vips':
+        await this.applyBackendVips(next.backend.vips);
         return;
       case 'metrics-listen':
         await this.metricsServer?.stop().catch((e) => this.log.error({ op: 'reload', err: errorMessage(e) }, 'stopping the old metrics endpoint failed'));
@@ -574,6 +644,7 @@ export class Daemon extends EventEmitter {
         await opts.linger;
       }
       await step('dataplane', () => subs.dataplane.stop({ keep: true }));
+      // The backend VIPs on lo stay too: a restart must not refuse a DSR flow.
       await step('subsystems', () => subs.close());
     } else if (this.subs) {
       const subs = this.subs;
@@ -595,6 +666,7 @@ export class Daemon extends EventEmitter {
         await stopSources();
       }
       await step('health', () => subs.health.stop());
+      await step('backend VIPs', () => subs.backend.withdraw());
       await step('subsystems', () => subs.close());
     }
     await step('metrics', () => this.metricsServer?.stop());
@@ -617,6 +689,16 @@ export class Daemon extends EventEmitter {
     }
   }
 
+  private collectTopology(): void {
+    const g = this.metrics!.topology;
+    g.reset();
+    if (!this.subs) return;
+    for (const rt of this.runtimes.values()) {
+      const sel = this.topologyOf(rt.spec);
+      g.set({ service: rt.spec.name, namespace: rt.spec.namespace, policy: rt.spec.topology, set: sel.set, reason: sel.reason }, 1);
+    }
+  }
+
   readiness(): Readiness {
     const notReady = this.serviceStatuses().filter((s) => !s.ready).map((s) => `${s.key}: ${s.reason ?? s.state}`);
     return { ready: notReady.length === 0 && !this.stopping && this.subs !== undefined, notReady };
@@ -631,6 +713,7 @@ export class Daemon extends EventEmitter {
       const src = this.runtimes.get(primaryKey)?.source?.status();
       const backends = subs.health.status(spec.key);
       const healthy = subs.health.healthy(spec.key);
+      const topology = this.topologyOf(spec);
       const failover = subs.failover?.status(primaryKey);
       const holds = this.holds(primaryKey);
       const vip = this.vipOf(spec);
@@ -651,6 +734,8 @@ export class Daemon extends EventEmitter {
         state = 'serving'; reason = 'no backends configured'; ready = false;
       } else if (healthy.length === 0) {
         state = 'serving'; reason = 'no healthy backend: new connections are refused'; ready = false;
+      } else if (topology.set === 'none') {
+        state = 'serving'; reason = topology.detail; ready = false;
       } else {
         state = 'serving'; reason = undefined; ready = true;
       }
@@ -667,6 +752,8 @@ export class Daemon extends EventEmitter {
         failover,
         healthyBackends: healthy.length,
         backends,
+        sourceIP: spec.sourceIP,
+        topology: { policy: spec.topology, zone: this.topology.zone, set: topology.set, reason: topology.reason, detail: topology.detail, inUse: topology.backends.map((b) => b.address) },
       };
     });
   }
@@ -676,12 +763,16 @@ export class Daemon extends EventEmitter {
     return {
       version: VERSION,
       pid: process.pid,
-      node: { name: c.node.name, interface: this.subs?.parent.name, address: this.subs?.parent.address, priority: c.node.priority },
+      node: {
+        name: c.node.name, interface: this.subs?.parent.name, address: this.subs?.parent.address, priority: c.node.priority,
+        zone: this.topology.zone, region: this.topology.region, zoneFrom: this.topology.zoneFrom, labelsProblem: this.topology.problem,
+      },
       config: { path: this.opts.configPath, loadedAt: new Date(this.configLoadedAt).toISOString(), generation: this.generation, lastReload: this.lastReload },
       dataplane: this.subs ? { kind: this.subs.dataplane.kind, reason: this.subs.dataplane.reason } : undefined,
       failover: { mode: c.failover.mode },
       ready: this.readiness().ready,
       services: this.serviceStatuses(),
+      backend: this.subs?.backend.status(),
       events: this.events.list(),
     };
   }
@@ -744,16 +835,26 @@ export interface ServiceStatus {
   ports: string[]; source: Record<string, unknown> | undefined; failover: Record<string, unknown> | undefined;
   healthyBackends: number;
   backends: readonly { address: string; port: number; state: string; since: number | undefined; reason: string | undefined; takenOutBy: string | undefined }[];
+  /** Issue 17: snat, or preserve (direct server return). */
+  sourceIP?: string;
+  /** Issue 17: the backend set in use under the service's topology policy, and why. */
+  topology?: { policy: string; zone: string | undefined; set: string; reason: string; detail: string; inUse: string[] };
 }
 
 export interface StatusDocument {
   version: string; pid: number;
-  node: { name: string; interface: string | undefined; address: string | undefined; priority: number };
+  node: {
+    name: string; interface: string | undefined; address: string | undefined; priority: number;
+    /** Issue 17: topology.kubernetes.io/zone and /region of this node, where the zone came from, and why the labels file did not give it. */
+    zone?: string | undefined; region?: string | undefined; zoneFrom?: string; labelsProblem?: string | undefined;
+  };
   config: { path: string; loadedAt: string; generation: number; lastReload: { at: number; ok: boolean; message: string } | undefined };
   dataplane: { kind: string; reason: string } | undefined;
   failover: { mode: string };
   ready: boolean;
   services: ServiceStatus[];
+  /** Issue 17: the backend side of direct server return (`backend.vips` on lo, ARP sysctls). */
+  backend?: BackendStatus | undefined;
   /** Issue 19: the last events (at most EVENT_HISTORY), oldest first. */
   events: StatusEvent[];
 }

@@ -18,6 +18,8 @@ export interface RunningView {
   readonly config: Desired;
   /** The data path this process runs (what `dataplane:` resolved to at start). */
   readonly dataplane: 'kernel' | 'proxy';
+  /** Why direct server return cannot run here (forward/dataplane.ts dsrUnavailable); undefined when it can or was not asked. */
+  readonly dsrUnavailable?: string | undefined;
 }
 
 export type ReloadStep =
@@ -27,6 +29,8 @@ export type ReloadStep =
   | { readonly op: 'source-settings' }
   /** New proxy: settings for the userspace data path. */
   | { readonly op: 'proxy-settings' }
+  /** New `backend:` VIPs: put the new ones on lo, take the old ones off (net/dsr-backend.ts). */
+  | { readonly op: 'backend-vips' }
   /** Move the metrics endpoint ("" turns it off). */
   | { readonly op: 'metrics-listen'; readonly listen: string }
   /** A service left the config: withdraw its VIP and release its lease or claim. */
@@ -65,6 +69,11 @@ export function refusals(running: RunningView, next: Desired): ConfigError[] {
       errors.push({ path: `services[${i}].ipam`, message: `service ${s.key} was created with ${o.ipam} IPAM and cannot change to ${s.ipam}; create a new service instead` });
     }
   });
+  if (running.dsrUnavailable !== undefined) {
+    next.services.forEach((s, i) => {
+      if (s.sourceIP === 'preserve') errors.push({ path: `services[${i}].sourceIP`, message: `preserve: ${running.dsrUnavailable}; use sourceIP: snat` });
+    });
+  }
   if (old.stateDir !== next.stateDir) errors.push({ path: 'stateDir', message: restartNeeded('the leases, claims and instance lock live there;', old.stateDir, next.stateDir) });
   if (old.control.socket !== next.control.socket) errors.push({ path: 'control.socket', message: restartNeeded('`lb-agent status` and reload talk to it;', old.control.socket, next.control.socket) });
   if (old.node.interface !== next.node.interface) errors.push({ path: 'node.interface', message: restartNeeded('every macvlan and pool VIP hangs off it;', old.node.interface ?? '(default route)', next.node.interface ?? '(default route)') });
@@ -128,10 +137,14 @@ export function planReload(running: RunningView, next: Desired): ReloadPlan {
       case 'metrics': steps.push({ op: 'metrics-listen', listen: next.metrics.listen }); sections.push(g); break;
       case 'failover': idle.push({ section: g, why: 'failover.mode is none' }); break;
       case 'node':
-        // interface is refused above; name is status only; priority (under none) has nothing to drive.
-        if (old.node.name !== next.node.name) sections.push(g);
+        // interface is refused above; name is status only; zone, region and
+        // labelsFile take effect at once (the daemon re-reads the labels at
+        // every reload and re-selects each service's backends); priority
+        // (under none) has nothing to drive.
+        if (old.node.name !== next.node.name || old.node.zone !== next.node.zone || old.node.region !== next.node.region || old.node.labelsFile !== next.node.labelsFile) sections.push(g);
         else idle.push({ section: g, why: 'node.priority matters only with failover.mode vrrp' });
         break;
+      case 'backend': steps.push({ op: 'backend-vips' }); sections.push(g); break;
       case 'dataplane': sections.push(g); break; // same kind as running (refused otherwise)
       default: sections.push(g);
     }

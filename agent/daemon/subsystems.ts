@@ -45,6 +45,16 @@ export interface DataplaneLike {
   reconfigure?(proxy: import('../config/types').ProxyConfig): void;
   /** `keep`: leave forwarding in place for the next process (a planned restart). */
   stop(opts?: { keep?: boolean }): Promise<void>;
+  /** Can this node do direct server return (issue 17)? Probed once, when first asked. */
+  dsr?(): Promise<import('../forward/dataplane').ProbeResult>;
+}
+
+export interface BackendRoleLike {
+  /** Put exactly these VIPs on lo (adopting ours already there) with the ARP sysctls. */
+  apply(vips: readonly string[]): Promise<void>;
+  /** Take our VIPs off lo. */
+  withdraw(): Promise<void>;
+  status(): import('../net/dsr-backend').BackendStatus;
 }
 
 export interface FailoverLike extends EventEmitter {
@@ -84,6 +94,8 @@ export interface Subsystems {
   adoptOwned(services: readonly ServiceSpec[]): Promise<{ adopted: string[]; removed: string[] }>;
   readonly health: HealthLike;
   readonly dataplane: DataplaneLike;
+  /** The backend side of direct server return: `backend.vips` on lo (net/dsr-backend.ts). */
+  readonly backend: BackendRoleLike;
   readonly failover: FailoverLike | undefined;
   /** A reload was accepted: shared settings that apply without a restart (pools, the DHCP start limiter) take effect. */
   reconfigure(config: import('../config/types').Desired): void;

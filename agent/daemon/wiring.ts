@@ -16,10 +16,11 @@ import { StartLimiter } from '../dhcp/limiter';
 import { PoolManager } from '../ipam/manager';
 import { PoolSource } from '../ipam/pool-source';
 import { HealthChecker } from '../health/checker';
-import { selectDataplane, createDataplane, probeNftables } from '../forward/index';
+import { selectDataplane, createDataplane, probeNftables, probeDsr, dsrUnavailable, type ProbeResult } from '../forward/index';
 import { VrrpGate } from '../failover/gate';
 import { formatIPv4, parseIPv4 } from '../ipv4';
 import { readSavedLease } from '../dhcp/lease';
+import { BackendVips } from '../net/dsr-backend';
 import type { Subsystems, ParentLink, DataplaneLike, SubsystemContext } from './subsystems';
 
 export async function buildSubsystems(config: Desired, ctx: SubsystemContext): Promise<Subsystems> {
@@ -48,8 +49,19 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
     const dhcpLimiter = new StartLimiter({ max: config.dhcp.maxConcurrentStarts, jitterMs: vrrp ? 0 : config.dhcp.retransmitJitter * 1000, clock });
     const selection = await selectDataplane(config.dataplane, () => probeNftables());
     log.info({ module: 'forward', op: 'select', kind: selection.kind, reason: selection.reason }, `data path: ${selection.kind} (${selection.reason})`);
+    // Direct server return (issue 17): probed once, when a service first asks
+    // for it; a config that asks on a node that cannot is refused at start.
+    let dsrProbe: Promise<ProbeResult> | undefined;
+    const dsr = (): Promise<ProbeResult> => (dsrProbe ??= probeDsr());
+    if (config.services.some((sv) => sv.sourceIP === 'preserve')) {
+      const why = dsrUnavailable(selection.kind, selection.kind === 'kernel' ? await dsr() : undefined);
+      if (why) {
+        throw new LbError('LB_ERR_FORWARD_DSR_UNSUPPORTED', `${why}; services with sourceIP: preserve cannot be served here: set sourceIP: snat on them, or run on a kernel with nftables netdev support (lb-agent check says what is missing)`);
+      }
+      log.info({ module: 'forward', op: 'select', dsr: 'ok' }, 'direct server return: the kernel passed the probe');
+    }
     const dp = createDataplane(selection, {
-      proxy: config.proxy, registry, log, clock, listenerStore: ctx.listenerStore,
+      proxy: config.proxy, registry, log, clock, listenerStore: ctx.listenerStore, dsrDevice: parent.name,
       onConnectResult: (key, address, ok) => {
         if (ok) health.reportConnectSuccess(key, address);
         else health.reportConnectFailure(key, address, 'refused');
@@ -61,6 +73,7 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
       apply: (services) => dp.apply({ services }),
       ...(dp instanceof ProxyDataplane ? { reconfigure: (proxy: ProxyConfig) => dp.reconfigure(proxy) } : {}),
       stop: (o) => dp.stop(o),
+      dsr: () => (selection.kind === 'kernel' ? dsr() : Promise.resolve({ ok: false, reason: 'the userspace proxy is running' })),
     };
 
     let failover: VrrpGate | undefined;
@@ -78,6 +91,7 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
       health,
       dataplane,
       failover,
+      backend: new BackendVips({ netlink, log }),
       // Under VRRP the election decides who holds a VIP: a takeover serves
       // the saved lease at once and confirms it, and an offer is not
       // ARP-probed (the previous Master's stale ARP entries would only delay

@@ -4,7 +4,7 @@
 // userspace), the stats shape they report, and the choice between them for
 // `dataplane: auto | kernel | proxy`. No I/O here beyond calling the probe it
 // is given.
-import type { BackendSpec, DataplaneMode, PortSpec, Protocol } from '../config/types';
+import type { BackendSpec, DataplaneMode, PortSpec, Protocol, SourceIpMode } from '../config/types';
 import { LbError } from '../errors';
 
 export type DataplaneKind = 'kernel' | 'proxy';
@@ -20,6 +20,10 @@ export interface ForwardService {
   readonly healthy: readonly BackendSpec[];
   /** Every configured backend: counters and draining connections are tracked for all of them. */
   readonly backends: readonly BackendSpec[];
+  /** Issue 17: snat (default) or preserve = direct server return (kernel path only). */
+  readonly sourceIP?: SourceIpMode | undefined;
+  /** The MAC frames for the VIP arrive with: the parent's (pool VIP) or the service macvlan's (DHCP VIP). Needed for preserve. */
+  readonly vipMac?: string | undefined;
 }
 
 /** The whole desired forwarding state; every apply() hands over all of it. */
@@ -128,6 +132,20 @@ export async function selectDataplane(mode: DataplaneMode, probe: () => Promise<
   return { kind: 'proxy', reason: `auto: nftables unavailable (${res.reason}); using the userspace proxy` };
 }
 
+/**
+ * Direct server return (issue 17) needs the kernel path and a kernel that
+ * passed probeDsr. A config with `sourceIP: preserve` on a node that cannot
+ * do it is refused at start (and at reload) rather than served half: the
+ * proxy would hide the clients' addresses the service asked to keep.
+ * Returns why not, or undefined when it can.
+ */
+export function dsrUnavailable(kind: DataplaneKind, dsr: ProbeResult | undefined): string | undefined {
+  if (kind !== 'kernel') return 'sourceIP: preserve (direct server return) needs the kernel data path, and this node uses the userspace proxy';
+  if (!dsr) return 'direct server return was not probed on this node';
+  if (!dsr.ok) return `this kernel cannot do direct server return: ${dsr.reason}`;
+  return undefined;
+}
+
 /** Split "namespace/name" for metric labels. */
 export function serviceLabels(key: string): { service: string; namespace: string } {
   const slash = key.indexOf('/');
@@ -163,6 +181,9 @@ export interface NormalizedService {
   readonly healthy: readonly BackendSpec[];
   /** Every backend (configured or healthy), sorted by address, deduplicated. */
   readonly all: readonly BackendSpec[];
+  readonly sourceIP: SourceIpMode;
+  /** Lower-case MAC of the interface holding the VIP (direct server return). */
+  readonly vipMac: string | undefined;
 }
 
 /**
@@ -195,7 +216,7 @@ export function normalizeState(state: ForwardState): { services: NormalizedServi
     const all = [...byAddr.values()].sort(cmpAddr);
     const seen = new Set<string>();
     const healthy = s.healthy.filter((b) => b.weight > 0 && !seen.has(b.address) && (seen.add(b.address), true)).sort(cmpAddr);
-    return { key: s.key, vip: s.vip, ports, healthy, all };
+    return { key: s.key, vip: s.vip, ports, healthy, all, sourceIP: s.sourceIP ?? 'snat', vipMac: s.vipMac?.toLowerCase() };
   });
   return { services, problems };
 }

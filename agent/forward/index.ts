@@ -10,7 +10,7 @@ import { NftDataplane } from './nft';
 import { ProxyDataplane } from './proxy';
 
 export * from './dataplane';
-export { probeNftables, NftDataplane } from './nft';
+export { probeNftables, probeDsr, NftDataplane } from './nft';
 export { ProxyDataplane } from './proxy';
 
 export interface CreateDataplaneOptions {
@@ -22,12 +22,14 @@ export interface CreateDataplaneOptions {
   readonly onConnectResult?: ConnectResultCallback;
   /** Where the proxy keeps its listening sockets across restarts (systemd's fd store). */
   readonly listenerStore?: ListenerStore | undefined;
+  /** The parent NIC, for direct server return on the kernel path (issue 17). */
+  readonly dsrDevice?: string | undefined;
 }
 
 /** Build the data path selectDataplane() chose; its reason goes to the info metric. */
 export function createDataplane(selection: DataplaneSelection, opts: CreateDataplaneOptions): Dataplane {
   if (selection.kind === 'kernel') {
-    return new NftDataplane({ registry: opts.registry, log: opts.log, reason: selection.reason });
+    return new NftDataplane({ registry: opts.registry, log: opts.log, reason: selection.reason, dsrDevice: opts.dsrDevice });
   }
   return new ProxyDataplane({
     config: opts.proxy, registry: opts.registry, log: opts.log, reason: selection.reason,

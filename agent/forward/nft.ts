@@ -1,7 +1,9 @@
 // forward/ layer: the kernel data path (`dataplane: kernel`). Three parts:
 // - renderNft(): PURE, desired forwarding state -> the nft script text of the
-//   one table the agent owns (`table ip lb_agent`), plus the map from counter
-//   names back to (service, port, backend);
+//   tables the agent owns (`table ip lb_agent`, and `table netdev lb_agent`
+//   for direct server return, rendered by nft-dsr.ts, in the same
+//   transaction), plus the map from counter names back to (service, port,
+//   backend);
 // - pure helpers to compare a listed table with a rendered one and to read
 //   counters out of `nft -j` output;
 // - NftDataplane: the thin driver that runs `nft -f -`, checks the table at
@@ -70,6 +72,7 @@ import {
   type Dataplane, type FlowStats, type ForwardState, type ForwardStats, type NormalizedService, type ProbeResult,
 } from './dataplane';
 import { ForwardMetrics } from './metrics';
+import { DSR_FAMILY, DSR_PROBE_RULESET, DSR_TABLE, dsrRemovalLines, renderDsrPort, renderDsrTable, type DsrPortRender } from './nft-dsr';
 import { SerialQueue } from '../serial';
 import { realClock, type Clock, type TimerHandle } from '../clock';
 
@@ -77,6 +80,7 @@ export const NFT_FAMILY = 'ip';
 export const NFT_TABLE = 'lb_agent';
 
 export type NftCounterKind = 'conns' | 'to_backend' | 'to_client';
+export { DSR_FAMILY, DSR_TABLE };
 
 /** A named counter in the table and what it counts. */
 export interface NftCounterRef {
@@ -97,6 +101,8 @@ export interface NftPlan {
 export interface RenderOptions {
   /** Upper bound on the slot table of one service port (weights are scaled down past it). */
   readonly maxSlots?: number;
+  /** The parent NIC, where direct server return hooks ingress and forwards (nft-dsr.ts); needed for sourceIP: preserve. */
+  readonly dsrDevice?: string | undefined;
 }
 
 const proto = (p: Protocol): string => (p === 'UDP' ? 'udp' : 'tcp');
@@ -130,6 +136,7 @@ export function renderNft(state: ForwardState, opts: RenderOptions = {}): NftPla
   const toClientElems: string[] = [];
   const byteKeys = new Set<string>();
   const chains: string[] = [];
+  const dsrPorts: DsrPortRender[] = [];
 
   services.forEach((svc: NormalizedService, si) => {
     if (svc.vip === undefined || svc.ports.length === 0) return;
@@ -139,6 +146,19 @@ export function renderNft(state: ForwardState, opts: RenderOptions = {}): NftPla
       const p = proto(spec.protocol);
       const key = `${svc.vip} . ${p} . ${spec.port}`;
       const healthyText = svc.healthy.map((b) => `${b.address}(w${b.weight})`).join(' ') || 'none: refused';
+      if (svc.sourceIP === 'preserve') {
+        header.push(`# ${sp}: ${commentSafe(svc.key)} ${svc.vip} ${spec.protocol}/${spec.port} direct server return healthy ${healthyText}`);
+        const r = renderDsrPort(sp, svc, spec, opts.dsrDevice);
+        dsrPorts.push(r);
+        counters.push(...r.counters);
+        if (r.problem) problems.push(r.problem);
+        // The netdev hook steals every frame it forwards; what still reaches
+        // the IP stack for this port (a fragment, a frame in the instant of a
+        // rewrite) is dropped, not answered by this node's own TCP stack with
+        // a reset: the client retransmits. With no healthy backend: refused.
+        refusedElems.push(`${key} : ${r.dispatch !== undefined ? 'drop' : `goto refuse_${p}`}`);
+        continue;
+      }
       header.push(`# ${sp}: ${commentSafe(svc.key)} ${svc.vip} ${spec.protocol}/${spec.port} -> :${spec.targetPort} healthy ${healthyText}`);
       svc.all.forEach((b, bi) => {
         const base = `${sp}b${bi}`;
@@ -222,14 +242,21 @@ export function renderNft(state: ForwardState, opts: RenderOptions = {}): NftPla
     '\t}',
     ...chains,
     '}',
+    ...dsrRemovalLines(),
+    ...renderDsrTable(opts.dsrDevice, dsrPorts),
     '',
   ];
   return { script: lines.join('\n'), counters, problems };
 }
 
-/** The script that removes the table whether or not it exists (one transaction). */
+/** The script that removes both tables whether or not they exist (one transaction). */
 export function renderRemoval(): string {
-  return `table ${NFT_FAMILY} ${NFT_TABLE} {}\ndelete table ${NFT_FAMILY} ${NFT_TABLE}\n`;
+  return [`table ${NFT_FAMILY} ${NFT_TABLE} {}`, `delete table ${NFT_FAMILY} ${NFT_TABLE}`, ...dsrRemovalLines(), ''].join('\n');
+}
+
+/** Does the plan define the netdev table (a DSR port is forwarded)? */
+export function hasDsrTable(plan: NftPlan): boolean {
+  return plan.script.includes(`\ntable ${DSR_FAMILY} ${DSR_TABLE} {\n`);
 }
 
 // ---------------------------------------------------------------------------
@@ -340,6 +367,9 @@ function execError(err: unknown): { code: unknown; stderr: string } {
   return { code: e.code, stderr: (typeof e.stderr === 'string' && e.stderr.trim()) || errorMessage(err) };
 }
 
+/** Between the two tables' listings in the start check's throwaway namespace. */
+const LIST_SEPARATOR = '@@lb-agent@@';
+
 function isAbsentTable(stderr: string): boolean {
   return /No such file or directory/.test(stderr);
 }
@@ -364,6 +394,20 @@ export async function probeNftables(opts: { exec?: Exec } = {}): Promise<ProbeRe
       { key: 'probe/b', vip: '192.0.2.20', ports: [{ name: '', port: 80, protocol: 'TCP', targetPort: 80 }], healthy: [], backends: [b('192.0.2.21', 3, 1)] },
     ],
   });
+  return probeScript(exec, sample.script, 'nf_tables/nf_nat/nft_numgen/nft_reject/nft_objref');
+}
+
+/**
+ * Can this kernel do direct server return (issue 17)? Loads DSR_PROBE_RULESET
+ * - a netdev ingress chain, a MAC-keyed verdict map, a seeded jhash, `fwd ip
+ * to` - the same way as probeNftables. Never throws.
+ */
+export function probeDsr(opts: { exec?: Exec } = {}): Promise<ProbeResult> {
+  return probeScript(opts.exec ?? execProgram, DSR_PROBE_RULESET, 'nf_tables_netdev/netfilter ingress/nft_hash/nft_fwd_netdev (CONFIG_NF_TABLES_NETDEV, CONFIG_NETFILTER_INGRESS, CONFIG_NFT_HASH, CONFIG_NFT_FWD_NETDEV)');
+}
+
+/** Load `script` in a throwaway namespace, or `nft --check` it where none may be made. */
+async function probeScript(exec: Exec, script: string, needs: string): Promise<ProbeResult> {
   try {
     await exec('nft', ['--version']);
   } catch (err) {
@@ -373,14 +417,14 @@ export async function probeNftables(opts: { exec?: Exec } = {}): Promise<ProbeRe
   }
   let unshareFailure: string;
   try {
-    await exec('unshare', ['-n', 'nft', '-f', '-'], sample.script);
+    await exec('unshare', ['-n', 'nft', '-f', '-'], script);
     return { ok: true, reason: 'nftables accepted a test table in a throwaway namespace' };
   } catch (err) {
     const e = execError(err);
     const denied = /Operation not permitted|permission denied/i.test(e.stderr);
     // The kernel itself said no (not unshare): that is the verdict.
     if (!denied && e.code !== 'ENOENT') {
-      return { ok: false, reason: `the kernel rejected the test table (missing nf_tables/nf_nat/nft_numgen/nft_reject/nft_objref support?): ${firstLine(e.stderr)}` };
+      return { ok: false, reason: `the kernel rejected the test table (missing ${needs} support?): ${firstLine(e.stderr)}` };
     }
     unshareFailure = e.code === 'ENOENT' ? 'unshare not found' : firstLine(e.stderr);
   }
@@ -388,14 +432,14 @@ export async function probeNftables(opts: { exec?: Exec } = {}): Promise<ProbeRe
   // `nft --check` sends the same transaction to the kernel here and has it
   // aborted instead of committed, so it is validated and nothing changes.
   try {
-    await exec('nft', ['--check', '-f', '-'], sample.script);
+    await exec('nft', ['--check', '-f', '-'], script);
     return { ok: true, reason: `nftables accepted a test table (checked without committing; no throwaway namespace: ${unshareFailure})` };
   } catch (err) {
     const e = execError(err);
     if (/Operation not permitted|permission denied/i.test(e.stderr)) {
       return { ok: false, reason: `not permitted (needs root or CAP_NET_ADMIN): ${firstLine(e.stderr)}` };
     }
-    return { ok: false, reason: `the kernel rejected the test table (missing nf_tables/nf_nat/nft_numgen/nft_reject/nft_objref support?): ${firstLine(e.stderr)}` };
+    return { ok: false, reason: `the kernel rejected the test table (missing ${needs} support?): ${firstLine(e.stderr)}` };
   }
 }
 
@@ -438,6 +482,8 @@ export interface NftDataplaneOptions {
   /** How often the counters are read for the metrics between applies (ms); a scrape reads only the last read. */
   readonly countersEveryMs?: number;
   readonly clock?: Clock;
+  /** The parent NIC: direct server return hooks its ingress and forwards out of it (issue 17). */
+  readonly dsrDevice?: string | undefined;
 }
 
 /** What the metrics show before the first counter read. */
@@ -466,6 +512,7 @@ export class NftDataplane implements Dataplane {
   private lastError: string | undefined;
   private readonly clock: Clock;
   private readonly countersEveryMs: number;
+  private readonly dsrDevice: string | undefined;
   /** The counters as last read on the data path's schedule (after each apply, then every countersEveryMs). */
   private latest: ForwardStats = NO_STATS;
   private timer: TimerHandle | undefined;
@@ -476,6 +523,7 @@ export class NftDataplane implements Dataplane {
     this.procRoot = opts.procRoot ?? '/proc';
     this.clock = opts.clock ?? realClock;
     this.countersEveryMs = opts.countersEveryMs ?? 5000;
+    this.dsrDevice = opts.dsrDevice;
     // A scrape only reads: it never spawns nft nor changes what the data path
     // holds (issue 16); the counters are read after each apply and on a timer.
     this.metrics = opts.registry
@@ -511,7 +559,7 @@ export class NftDataplane implements Dataplane {
   /** Bring the table to `state`; true when nft was asked to write (or adopt) it, false when it already matched. */
   private async applyNow(state: ForwardState): Promise<boolean> {
     if (this.stopped) throw new LbError('LB_ERR_FORWARD_NFT', 'the kernel data path was stopped; create a new one');
-    const plan = renderNft(state);
+    const plan = renderNft(state, { dsrDevice: this.dsrDevice });
     for (const p of plan.problems) this.log.warn({ op: 'apply', problem: p }, p);
     if (!this.started) {
       await this.ensureSysctls();
@@ -545,28 +593,39 @@ export class NftDataplane implements Dataplane {
   }
 
   private async checkAtStart(plan: NftPlan): Promise<StartCheck> {
-    const current = await this.listTable();
-    if (current === undefined) return 'absent';
-    let expected: string | undefined;
+    const current = await this.listTable(NFT_FAMILY);
+    const currentDsr = await this.listTable(DSR_FAMILY);
+    if (current === undefined && currentDsr === undefined) return 'absent';
+    let expected: string;
+    let expectedDsr: string;
     try {
       // What the kernel would list for our script, from a throwaway namespace:
-      // the same nft and kernel canonicalise both sides.
-      const r = await this.exec('unshare', ['-n', 'sh', '-c', `nft -f - >/dev/null && nft -j list table ${NFT_FAMILY} ${NFT_TABLE}`], plan.script);
-      expected = r.stdout;
+      // the same nft and kernel canonicalise both sides. `fwd ... device`
+      // names the parent NIC, which nft resolves to an index: a veth of that
+      // name stands in for it there.
+      const device = hasDsrTable(plan) ? this.dsrDevice : undefined;
+      const setup = device !== undefined ? 'ip link add "$1" type veth peer name lbchk0 >/dev/null 2>&1; ' : '';
+      const r = await this.exec('unshare', ['-n', 'sh', '-c',
+        `${setup}nft -f - >/dev/null && nft -j list table ${NFT_FAMILY} ${NFT_TABLE} && echo ${LIST_SEPARATOR} && { nft -j list table ${DSR_FAMILY} ${DSR_TABLE} 2>/dev/null || true; }`,
+        'sh', device ?? ''], plan.script);
+      const parts = r.stdout.split(`\n${LIST_SEPARATOR}\n`);
+      expected = parts[0] ?? '';
+      expectedDsr = (parts[1] ?? '').trim();
     } catch (err) {
       this.log.warn({ op: 'start-check', err: execError(err).stderr }, 'cannot render the expected table in a throwaway namespace; rewriting without comparing');
       return 'rewritten-unverified';
     }
     try {
-      return canonicalTableJson(current) === canonicalTableJson(expected) ? 'matched' : 'rewritten';
+      const same = (a: string | undefined, b: string): boolean => (a === undefined ? b === '' : b !== '' && canonicalTableJson(a) === canonicalTableJson(b));
+      return same(current, expected) && same(currentDsr, expectedDsr) ? 'matched' : 'rewritten';
     } catch {
       return 'rewritten';
     }
   }
 
-  private async listTable(): Promise<string | undefined> {
+  private async listTable(family: string): Promise<string | undefined> {
     try {
-      return (await this.exec('nft', ['-j', 'list', 'table', NFT_FAMILY, NFT_TABLE])).stdout;
+      return (await this.exec('nft', ['-j', 'list', 'table', family, NFT_TABLE])).stdout;
     } catch (err) {
       const e = execError(err);
       if (isAbsentTable(e.stderr)) return undefined;
@@ -594,9 +653,15 @@ export class NftDataplane implements Dataplane {
       { stderr: e.stderr }, { cause: err });
   }
 
+  /** The named counters of the table(s) the current plan defines (the netdev table only when it has DSR ports). */
   private async readCounters(): Promise<Map<string, CounterValue>> {
     const r = await this.exec('nft', ['-j', 'list', 'counters', 'table', NFT_FAMILY, NFT_TABLE]);
-    return parseNftCounters(r.stdout);
+    const out = parseNftCounters(r.stdout);
+    if (this.plan && hasDsrTable(this.plan)) {
+      const d = await this.exec('nft', ['-j', 'list', 'counters', 'table', DSR_FAMILY, DSR_TABLE]);
+      for (const [k, v] of parseNftCounters(d.stdout)) out.set(k, v);
+    }
+    return out;
   }
 
   /**

@@ -6,11 +6,13 @@ import { parseCidr, parseIPv4, cidrContains, formatIPv4 } from '../ipv4';
 import type { Facts, MacvlanFacts } from './facts';
 import { wantedSysctl, type VipRole } from '../net/sysctl';
 import { defaultMaxConnections, effectiveMaxConnections, reservedDescriptors } from '../forward/capacity';
+import { BACKEND_SYSCTLS, BACKEND_VIP_INTERFACE } from '../net/dsr-backend';
+import { ZONE_LABEL } from '../config/labels';
 
 export type CheckStatus = 'pass' | 'warn' | 'fail';
 
 export interface CheckResult {
-  /** Stable id: config, state-dir, capabilities, macvlan, interface, pools, arp-sysctls, rp-filter, ip-forward, dataplane, guest-agent, descriptors, dhcp-probe. */
+  /** Stable id: config, state-dir, capabilities, macvlan, interface, pools, arp-sysctls, rp-filter, ip-forward, dataplane, guest-agent, descriptors, dsr, dsr-backend, topology, dhcp-probe. */
   readonly id: string;
   readonly status: CheckStatus;
   /** What the check saw. */
@@ -508,6 +510,102 @@ export function checkDescriptors(f: Facts): CheckResult | undefined {
   return pass(id, detail);
 }
 
+// --- direct server return (issue 17) --------------------------------------------
+
+/**
+ * Can this kernel do direct server return, and does the config need it? The
+ * probe loads the daemon's own DSR table (nft-dsr.ts) in a throwaway
+ * namespace; a refusal is explained by the kernel options it needs.
+ */
+export function checkDsr(f: Facts): CheckResult | undefined {
+  if (!f.dsr) return undefined;
+  const id = 'dsr';
+  const wanted = f.config.dsrServices ?? [];
+  const probe = f.dsr.probe;
+  const missing = Object.entries(f.dsr.kernelConfig).filter(([, v]) => v === 'n').map(([k]) => `CONFIG_${k}`);
+  const services = wanted.length > 0 ? `services ${wanted.join(', ')} use sourceIP: preserve` : 'no service uses sourceIP: preserve';
+  if (probe.status === 'ok') {
+    if (wanted.length > 0 && effectiveDataplane(f) !== 'kernel') {
+      return fail(id, `${services}, but the data path will be the userspace proxy, which cannot keep the clients' addresses`, 'fix the dataplane check (nftables), or set sourceIP: snat on those services');
+    }
+    return pass(id, `the kernel accepts the direct-server-return table (netdev ingress, jhash, fwd); ${services}`);
+  }
+  const why = probe.status === 'not-run' ? `could not test (${probe.error ?? 'not run'})`
+    : `the kernel refused the direct-server-return table in a throwaway namespace: ${probe.error ?? 'failed'}${missing.length > 0 ? ` (kernel config: ${missing.join(', ')} not set)` : ''}`;
+  const remedy = missing.length > 0
+    ? `use a kernel built with ${missing.join(', ')}, or set sourceIP: snat`
+    : 'use a kernel with nftables netdev support (CONFIG_NF_TABLES_NETDEV, CONFIG_NETFILTER_INGRESS, CONFIG_NFT_HASH, CONFIG_NFT_FWD_NETDEV), or set sourceIP: snat';
+  if (wanted.length === 0) return pass(id, `direct server return unavailable here: ${why}; ${services}`);
+  if (classifyRefusal(probe.error) === 'permission') return warn(id, `${why} (see capabilities); ${services}`, 'run the check as root');
+  return fail(id, `${why}; ${services}: the agent refuses to start with them`, remedy);
+}
+
+/**
+ * The backend side of direct server return (`backend.vips`): each VIP must be
+ * on a non-ARPing interface (the agent puts it on lo) and never on one that
+ * answers ARP, and the VM must not answer ARP for it (arp_ignore=1,
+ * arp_announce=2; the daemon sets them at start).
+ */
+export function checkDsrBackend(f: Facts): CheckResult | undefined {
+  const vips = f.config.backendVips ?? [];
+  if (vips.length === 0) return undefined;
+  const id = 'dsr-backend';
+  const addrs = f.addresses ?? [];
+  const arping = vips.flatMap((v) => addrs.filter((a) => a.address === v && !a.noarp).map((a) => `${v} on ${a.interface}`));
+  if (arping.length > 0) {
+    return fail(id, `backend VIP(s) on an interface that answers ARP: ${arping.join(', ')}: this VM would answer ARP for the VIP and take the clients' traffic from the load balancer`,
+      `remove them there (ip addr del VIP/32 dev IFACE); the agent puts backend VIPs on ${BACKEND_VIP_INTERFACE}`);
+  }
+  const onLo = vips.filter((v) => addrs.some((a) => a.address === v && a.noarp));
+  const wrong = BACKEND_SYSCTLS.filter(([key, min]) => (sysctlNum(f, `net.ipv4.conf.all.${key}`) ?? 0) < min);
+  const seen = BACKEND_SYSCTLS.map(([key]) => `all.${key}=${f.sysctls[`net.ipv4.conf.all.${key}`] ?? '?'}`).join(' ');
+  const where = `${onLo.length}/${vips.length} VIP(s) on a non-ARPing interface${onLo.length < vips.length ? ` (the daemon adds the rest to ${BACKEND_VIP_INTERFACE} at start)` : ''}`;
+  if (wrong.length > 0 && onLo.length > 0) {
+    return warn(id, `${where}; ${seen}: with a VIP on ${BACKEND_VIP_INTERFACE} this VM answers ARP for it or announces it`,
+      sysctlRemedy(wrong.map(([key, min]) => `net.ipv4.conf.all.${key}=${min}`)));
+  }
+  return pass(id, `${where}; ${seen}${wrong.length > 0 ? ' (the daemon raises them to arp_ignore=1 arp_announce=2 before adding a VIP)' : ''}`);
+}
+
+/**
+ * Zone-aware balancing (issue 17): is this node's zone known where a policy
+ * needs it, are there backends in it, and are zones written where no policy
+ * reads them (allowed: ignored, noted here).
+ */
+export function checkTopology(f: Facts): CheckResult | undefined {
+  const svcs = f.config.topology ?? [];
+  const zoned = svcs.filter((s) => s.policy !== 'any');
+  const ignored = svcs.filter((s) => s.policy === 'any' && s.zones.length > 0);
+  if (zoned.length === 0 && ignored.length === 0) return undefined;
+  const id = 'topology';
+  const zone = f.node?.zone;
+  const from = f.node?.zoneFrom === 'config' ? 'node.zone' : f.node?.labelsFile ?? 'the labels file';
+  const notes: string[] = [];
+  if (ignored.length > 0) notes.push(`note: ${ignored.map((s) => s.service).join(', ')} give backends a zone but use topology any: the zones are ignored`);
+  if (zoned.length > 0 && zone === undefined) {
+    const only = zoned.filter((s) => s.policy === 'zone-only').map((s) => s.service);
+    const prefer = zoned.filter((s) => s.policy === 'prefer-zone').map((s) => s.service);
+    const detail = `this node's zone is unknown (${f.node?.problem ?? `no node.zone and no ${ZONE_LABEL} label`})`;
+    const remedy = `set node.zone, or write ${ZONE_LABEL}=<zone> to ${f.node?.labelsFile ?? 'node.labelsFile'}`;
+    if (only.length > 0) return fail(id, `${detail}: zone-only service(s) ${only.join(', ')} would refuse every connection${notes.length ? `; ${notes.join('; ')}` : ''}`, remedy);
+    return warn(id, `${detail}: prefer-zone service(s) ${prefer.join(', ')} use every healthy backend${notes.length ? `; ${notes.join('; ')}` : ''}`, remedy);
+  }
+  const empty = zoned.filter((s) => zone !== undefined && !s.zones.includes(zone));
+  if (empty.some((s) => s.policy === 'zone-only')) {
+    const names = empty.filter((s) => s.policy === 'zone-only').map((s) => s.service);
+    return fail(id, `zone ${zone} (from ${from}): zone-only service(s) ${names.join(', ')} have no backend in it and would refuse every connection`,
+      `give those services backends with zone: ${zone}, or use topology: prefer-zone`);
+  }
+  if (empty.length > 0) {
+    return warn(id, `zone ${zone} (from ${from}): prefer-zone service(s) ${empty.map((s) => s.service).join(', ')} have no backend in it and always spill to other zones${notes.length ? `; ${notes.join('; ')}` : ''}`,
+      `give those services backends with zone: ${zone}, or use topology: any`);
+  }
+  if (ignored.length > 0 && zoned.length === 0) {
+    return warn(id, notes.join('; '), 'set topology: prefer-zone or zone-only on those services to use the zones, or remove them');
+  }
+  return pass(id, `zone ${zone} (from ${from}): ${zoned.map((s) => `${s.service} ${s.policy}`).join(', ')}${notes.length ? `; ${notes.join('; ')}` : ''}`);
+}
+
 // --- guest agent ---------------------------------------------------------------
 
 export function checkGuestAgent(f: Facts): CheckResult {
@@ -552,6 +650,7 @@ export function runChecks(f: Facts): CheckResult[] {
   ];
   const fds = checkDescriptors(f);
   if (fds) out.push(fds);
+  for (const c of [checkDsr(f), checkDsrBackend(f), checkTopology(f)]) if (c) out.push(c);
   const dhcp = checkDhcpProbe(f);
   if (dhcp) out.push(dhcp);
   return out;

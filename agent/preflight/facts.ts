@@ -21,6 +21,8 @@ import { formatIPv4 } from '../ipv4';
 import { sysctlIfName } from './checks';
 import { parseDefaultRoute } from '../net/route';
 import { IF_SYSCTL_KEYS } from '../net/sysctl';
+import { DSR_KERNEL_OPTIONS, DSR_PROBE_RULESET } from '../forward/nft-dsr';
+import { readNodeTopology, type NodeTopology } from '../config/labels';
 
 export { sysctlIfName };
 
@@ -51,6 +53,12 @@ export interface ConfigFacts {
   services: number;
   /** proxy.maxConnections as configured; undefined: derived from the descriptor limit. */
   maxConnections?: number;
+  /** Issue 17: services with sourceIP: preserve (direct server return). */
+  dsrServices?: string[];
+  /** Issue 17: `backend.vips`, the DSR VIPs this VM serves as a backend. */
+  backendVips?: string[];
+  /** Issue 17: each service's topology policy and its backends' zones. */
+  topology?: { service: string; policy: string; zones: string[]; unzoned: number }[];
 }
 
 export interface MacvlanFacts {
@@ -130,6 +138,12 @@ export interface Facts {
   dhcpProbe?: DhcpProbeFacts;
   /** RLIMIT_NOFILE of this process (the unit's LimitNOFILE= under systemd); absent in facts from before it was gathered. */
   limits?: { nofile: number | undefined };
+  /** Issue 17: the direct-server-return probe (nft-dsr.ts DSR_PROBE_RULESET in a throwaway namespace) and the kernel options it needs. */
+  dsr?: { probe: Attempt; kernelConfig: Record<string, 'y' | 'm' | 'n' | undefined> };
+  /** Issue 17: this node's zone (node.zone, else the labels file). */
+  node?: NodeTopology;
+  /** Issue 17: every IPv4 address of the VM, with whether its interface answers ARP (for the DSR backend check). */
+  addresses?: { interface: string; address: string; prefix: number; noarp: boolean }[];
 }
 
 // ---------------------------------------------------------------------------
@@ -221,6 +235,13 @@ export function configSummary(path_: string, config: Desired): ConfigFacts {
       .map((s) => s.key),
     services: config.services.length,
     ...(config.proxy.maxConnections !== undefined ? { maxConnections: config.proxy.maxConnections } : {}),
+    dsrServices: config.services.filter((s) => s.sourceIP === 'preserve').map((s) => s.key),
+    backendVips: [...config.backend.vips],
+    topology: config.services.map((s) => ({
+      service: s.key, policy: s.topology,
+      zones: [...new Set(s.backends.map((b) => b.zone).filter((z): z is string => z !== undefined))].sort(),
+      unzoned: s.backends.filter((b) => b.zone === undefined).length,
+    })),
   };
 }
 
@@ -320,12 +341,36 @@ export const NFT_PROBE_RULESET = `table ip lbchk {
 }
 `;
 
-async function nftProbe(unshare: string | undefined, nft: string | undefined): Promise<Attempt> {
+async function nftProbe(unshare: string | undefined, nft: string | undefined, ruleset = NFT_PROBE_RULESET): Promise<Attempt> {
   if (!nft) return { status: 'not-run', error: 'nft not found' };
   if (!unshare) return { status: 'not-run', error: 'unshare not found' };
-  const r = await run(unshare, ['--net', nft, '-f', '-'], { input: NFT_PROBE_RULESET });
+  const r = await run(unshare, ['--net', nft, '-f', '-'], { input: ruleset });
   return r.code === 0 ? { status: 'ok', ms: r.ms } : { status: 'failed', error: complaint(r), ms: r.ms };
 }
+
+/** Issue 17: can the kernel do direct server return (the daemon's own probe text), and its kernel options. */
+async function gatherDsr(release: string, unshare: string | undefined, nft: string | undefined): Promise<NonNullable<Facts['dsr']>> {
+  const [probe, configText] = await Promise.all([nftProbe(unshare, nft, DSR_PROBE_RULESET), readKernelConfig(release)]);
+  const kernelConfig: Record<string, 'y' | 'm' | 'n' | undefined> = {};
+  for (const o of DSR_KERNEL_OPTIONS) kernelConfig[o] = configText === undefined ? undefined : kernelConfigValue(configText, o);
+  return { probe, kernelConfig };
+}
+
+
+/** Every IPv4 address and whether its interface does ARP (`ip -j -4 addr`). */
+export function parseIpJsonAllAddrs(json: string): NonNullable<Facts['addresses']> {
+  try {
+    const links = JSON.parse(json) as { ifname?: string; flags?: string[]; addr_info?: { family?: string; local?: string; prefixlen?: number }[] }[];
+    return links.flatMap((l) => (l.addr_info ?? []).filter((a) => a.family === 'inet' && a.local).map((a) => ({
+      interface: l.ifname ?? '?', address: a.local!, prefix: a.prefixlen ?? 32,
+      // lo carries LOOPBACK and never answers ARP on the LAN; NOARP links neither.
+      noarp: (l.flags ?? []).includes('NOARP') || (l.flags ?? []).includes('LOOPBACK'),
+    })));
+  } catch {
+    return [];
+  }
+}
+
 
 async function kernelPackages(): Promise<MacvlanFacts['packages']> {
   const rpm = findBinary('rpm');
@@ -460,11 +505,15 @@ async function guestAgentRunning(): Promise<boolean> {
   return comms.some((c) => c?.trim() === 'qemu-ga');
 }
 
-function loadConfigFacts(configPath: string): ConfigFacts {
-  if (!fs.existsSync(configPath)) return defaultConfigFacts(configPath, 'missing', [`${configPath}: no such file`]);
+type NodePlace = Pick<Desired['node'], 'zone' | 'region' | 'labelsFile'>;
+
+/** The config's facts, and node.zone / region / labelsFile (the defaults when it does not load). */
+function loadConfigFacts(configPath: string): { facts: ConfigFacts; node: NodePlace } {
+  const noNode: NodePlace = { zone: undefined, region: undefined, labelsFile: DEFAULTS.node.labelsFile };
+  if (!fs.existsSync(configPath)) return { facts: defaultConfigFacts(configPath, 'missing', [`${configPath}: no such file`]), node: noNode };
   const res = loadConfigFile(configPath);
-  if (res.ok) return configSummary(configPath, res.config);
-  return defaultConfigFacts(configPath, 'invalid', formatConfigErrors(res.errors, configPath).split('\n').filter(Boolean));
+  if (res.ok) return { facts: configSummary(configPath, res.config), node: res.config.node };
+  return { facts: defaultConfigFacts(configPath, 'invalid', formatConfigErrors(res.errors, configPath).split('\n').filter(Boolean)), node: noNode };
 }
 
 export interface GatherOptions {
@@ -488,7 +537,10 @@ export async function gatherFacts(opts: GatherOptions): Promise<Facts> {
   const qgaP = guestAgentRunning();
   const routeP = readText('/proc/net/route').then((t) => (t === undefined ? undefined : parseDefaultRoute(t)));
 
-  const config = loadConfigFacts(opts.configPath);
+  const dsrP = gatherDsr(release, unshare, nft);
+  const { facts: config, node: nodePlace } = loadConfigFacts(opts.configPath);
+  const nodeP = readNodeTopology(nodePlace);
+  const addrsP = ip ? run(ip, ['-j', '-4', 'addr', 'show']).then((r) => parseIpJsonAllAddrs(r.stdout)) : Promise.resolve([]);
   const defaultRoute = await routeP;
   const parentName = config.interface ?? defaultRoute;
   const source: ParentFacts['source'] = config.interface ? 'config' : defaultRoute ? 'default-route' : 'none';
@@ -519,6 +571,9 @@ export async function gatherFacts(opts: GatherOptions): Promise<Facts> {
     nft: { binary: nft, probe: nftProbeRes },
     guestAgent: { binary: qgaBin, running: qgaRunning },
     limits: { nofile: readNofile() },
+    dsr: await dsrP,
+    node: await nodeP,
+    addresses: await addrsP,
   };
   if (opts.dhcpProbe) {
     facts.dhcpProbe = parent.exists && parentName

@@ -19,9 +19,14 @@ export async function runWrk(lab: Lab, ns: string, url: string, o: WrkOptions): 
 
 export interface IperfResult { bitsPerSecond: number; retransmits: number; error?: string }
 
-/** One TCP stream for `seconds` (the first second omitted as slow start), received rate. */
-export async function runIperf(lab: Lab, ns: string, host: string, port: number, seconds: number): Promise<IperfResult> {
-  const r = await lab.exec(ns, 'iperf3', ['-c', host, '-p', String(port), '-t', String(seconds), '-O', '1', '-J', '--connect-timeout', '3000'], { timeoutMs: (seconds + 20) * 1000, allowFail: true });
+/**
+ * One TCP stream for `seconds` (the first second omitted as slow start),
+ * received rate. `reverse` (iperf3 -R): the server sends, as a backend's
+ * replies do - the direction direct server return keeps off the balancer.
+ */
+export async function runIperf(lab: Lab, ns: string, host: string, port: number, seconds: number, opts: { reverse?: boolean } = {}): Promise<IperfResult> {
+  const args = ['-c', host, '-p', String(port), '-t', String(seconds), '-O', '1', '-J', '--connect-timeout', '3000', ...(opts.reverse ? ['-R'] : [])];
+  const r = await lab.exec(ns, 'iperf3', args, { timeoutMs: (seconds + 20) * 1000, allowFail: true });
   try {
     const j = JSON.parse(r.stdout) as { error?: string; end?: { sum_received?: { bits_per_second?: number }; sum_sent?: { retransmits?: number } } };
     if (j.error) return { bitsPerSecond: NaN, retransmits: NaN, error: j.error };

@@ -63,6 +63,12 @@ export function evaluateTargets(r: BenchResults): TargetRow[] {
     add('kernel path keep-alive req/s >= 1.4x HAProxy 1 thread', ratio(ka('kernel'), ka('haproxy1')), 1.4);
     add('kernel path new connections/s >= 1.2x HAProxy 1 thread', ratio(nc('kernel'), nc('haproxy1')), 1.2);
     add('kernel path bulk throughput >= 0.85x direct', ratio(bulk('kernel'), bulk('direct')), 0.85);
+    // Issue 17: direct server return; its replies never cross the agent, so bulk is judged on them (iperf3 -R).
+    if (f.dsr) {
+      const rev = (t: ForwardTarget): number => f[t]?.bulkReverseGbps ?? NaN;
+      add('kernel path DSR keep-alive req/s >= 0.85x direct', ratio(ka('dsr'), ka('direct')), 0.85);
+      add('kernel path DSR bulk throughput, replies (server -> client) >= 0.95x direct', ratio(rev('dsr'), rev('direct')), 0.95);
+    }
     add('proxy path keep-alive req/s >= 1.0x HAProxy 1 thread', ratio(ka('proxy'), ka('haproxy1')), 1.0);
     add('proxy path new connections/s >= 0.7x HAProxy 1 thread', ratio(nc('proxy'), nc('haproxy1')), 0.7);
   }
@@ -159,6 +165,8 @@ export function forwardTable(r: BenchResults): string | undefined {
   if (!f) return undefined;
   const h1 = f.haproxy1;
   const d = f.direct;
+  // Results from before issue 17 have no reverse stream: no empty columns for them.
+  const reverse = Object.values(f).some((s) => Number.isFinite(s?.bulkReverseGbps ?? NaN));
   const rows = (Object.keys(f) as ForwardTarget[]).map((t) => {
     const s = f[t]!;
     return [
@@ -167,11 +175,22 @@ export function forwardTable(r: BenchResults): string | undefined {
       `${fmt(s.keepalive.p50ms, 2)} / ${fmt(s.keepalive.p99ms, 2)}`,
       fmt(s.newConnections.connectionsPerSec), fmtRatio(ratio(s.newConnections.connectionsPerSec, h1?.newConnections.connectionsPerSec ?? NaN)), fmtRatio(ratio(s.newConnections.connectionsPerSec, d?.newConnections.connectionsPerSec ?? NaN)),
       fmt(s.bulkGbps, 2), fmtRatio(ratio(s.bulkGbps, d?.bulkGbps ?? NaN)),
+      ...(reverse ? [fmt(s.bulkReverseGbps ?? NaN, 2), fmtRatio(ratio(s.bulkReverseGbps ?? NaN, d?.bulkReverseGbps ?? NaN))] : []),
       t === 'direct' ? '-' : fmt(s.rssMiB, 1),
       String(s.errors),
     ];
   });
-  return table(['path', 'keep-alive req/s', 'x HAProxy 1t', 'x direct', 'p50 / p99 ms', 'new conn/s', 'x HAProxy 1t', 'x direct', 'bulk Gbit/s', 'x direct', 'RSS MiB', 'errors'], rows);
+  return table(['path', 'keep-alive req/s', 'x HAProxy 1t', 'x direct', 'p50 / p99 ms', 'new conn/s', 'x HAProxy 1t', 'x direct', 'bulk Gbit/s', 'x direct',
+    ...(reverse ? ['bulk replies Gbit/s', 'x direct'] : []), 'RSS MiB', 'errors'], rows);
+}
+
+/** Issue 17: the share of flows the DSR slot table moves on each kind of change, against the minimum. */
+export function dsrHashingTable(r: BenchResults): string | undefined {
+  const rows = r.forward?.dsrHashing;
+  if (!rows || rows.length === 0) return undefined;
+  const pct = (x: number): string => `${fmt(x * 100, 1)}%`;
+  return table(['backends', 'slots', 'one fails: moved (minimum)', 'it returns: moved', 'reload adds one: moved (minimum)', 'reload removes one: moved (minimum)'],
+    rows.map((h) => [String(h.backends), fmt(h.slots), `${pct(h.healthOut)} (${pct(h.healthOutMinimum)})`, pct(h.healthBack), `${pct(h.configAdd)} (${pct(h.configAddMinimum)})`, `${pct(h.configRemove)} (${pct(h.configRemoveMinimum)})`]));
 }
 
 export function dhcpTables(r: BenchResults): { one?: string; many?: string } {
@@ -294,6 +313,11 @@ export function renderResults(r: BenchResults): string {
     parts.push(`${c.wrk}; ${c.iperf3}; backends: ${c.backends}. HAProxy default: ${c.threadsDefaultHaproxy}. RSS is the balancer's after the load (for lb-agent, the whole agent process; the kernel path keeps no per-connection state in it).`);
     parts.push(ft);
     if (r.forward!.errors.length) parts.push(`Not measured: ${r.forward!.errors.join('; ')}.`);
+    const dh = dsrHashingTable(r);
+    if (dh) {
+      parts.push('Direct server return keeps no per-flow state (nftables\' netdev hook has no conntrack): flows stay on their backend because the slot table moves as little as it can (agent/forward/maglev.ts). Shares of flows (slots) moved, computed for equal weights:');
+      parts.push(dh);
+    }
   }
   const dt = dhcpTables(r);
   if (dt.one || dt.many) {
@@ -369,6 +393,8 @@ export function renderReadmeSummary(r: BenchResults, resultsFile: string): strin
   parts.push(`Latest run: [${resultsFile}](${resultsFile}) (raw numbers beside it as JSON), ${r.date}, on ${machineLine(r)}; ${loadLine(r)}.`);
   const ft = forwardTable(r);
   if (ft) parts.push(`Forwarding, 3 backends, ${r.forward!.config.wrk}:\n\n${ft}`);
+  const dh = dsrHashingTable(r);
+  if (dh) parts.push(`Direct server return, flows moved by a change of the backend set (computed; the minimum in brackets):\n\n${dh}`);
   const dt = dhcpTables(r);
   if (dt.one) parts.push(`DHCP, one service, start to bound:\n\n${dt.one}`);
   if (dt.many) parts.push(`DHCP, many services at once:\n\n${dt.many}`);

@@ -46,3 +46,20 @@ t.test('a document without events (an older daemon) still prints', async (t) => 
   delete d.events;
   t.notMatch(formatStatus(d as StatusDocument, 0), /event/);
 });
+
+t.test('issue 17: the node\'s zone, the DSR backend side, and per service the source mode and the set in use', async (t) => {
+  const d = doc([
+    svc({ sourceIP: 'preserve', topology: { policy: 'prefer-zone', zone: 'zone-a', set: 'all', reason: 'zone-unhealthy-spill', detail: 'prefer-zone: no healthy backend in zone zone-a; spilling to 1 healthy backend(s) in other zones', inUse: ['10.99.0.11'] } }),
+    svc({ key: 'default/api', name: 'api', topology: { policy: 'any', zone: 'zone-a', set: 'all', reason: 'policy-any', detail: 'topology any', inUse: [] } }),
+  ]);
+  d.node = { ...d.node, zone: 'zone-a', region: 'r1', zoneFrom: 'labels-file', labelsProblem: undefined };
+  d.backend = { vips: [{ address: '10.99.0.250', interface: 'lo', state: 'on-lo', owned: true }], sysctls: { arp_ignore: 1, arp_announce: 2 }, problems: [] };
+  const text = formatStatus(d, 0);
+  t.match(text, /^zone: zone-a, region r1 \(from the labels file\)$/m);
+  t.match(text, /^backend of DSR VIPs: 10\.99\.0\.250 on lo; all\.arp_ignore=1 all\.arp_announce=2$/m);
+  t.match(text, /default\/web: server 10\.99\.0\.1, direct server return \(client address kept\), topology prefer-zone: no healthy backend in zone zone-a; spilling/);
+  t.notMatch(text, /default\/api:.*topology/, 'topology any says nothing');
+  const unknown = doc([svc({})]);
+  unknown.node = { ...unknown.node, zone: undefined, zoneFrom: 'unknown', labelsProblem: '/etc/lb-agent/node-labels does not exist' };
+  t.match(formatStatus(unknown, 0), /^zone: unknown; \/etc\/lb-agent\/node-labels does not exist$/m);
+});

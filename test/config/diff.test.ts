@@ -37,3 +37,7 @@ t.test('identical configs diff to nothing', async (t) => {
   t.equal(d.added.length + d.removed.length + d.changed.length, 0);
   t.equal(d.unchanged.length, 3);
 });
+
+t.test('issue 17: the backend section is a global of its own', async (t) => {
+  t.same(diffConfigs(cfg(base), cfg(`backend: { vips: [10.0.0.99] }\n${base}`)).globals, ['backend']);
+});

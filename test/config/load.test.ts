@@ -201,3 +201,26 @@ t.test('dhcp.servers and dhcp.allowOtherSubnets: typed once, defaults from one p
   t.equal(bad.ok, false);
   if (!bad.ok) t.match(formatConfigErrors(bad.errors), 'dhcp.servers[0]: "10.99.0.300" is not an IPv4 address');
 });
+
+t.test('issue 17: sourceIP, topology, backend zones, node zone/region/labelsFile and backend.vips load typed, with defaults', async (t) => {
+  const res = loadConfigFile(path.join(FIX, 'good', 'zones-dsr.yaml'));
+  t.ok(res.ok);
+  if (!res.ok) return;
+  const c = res.config;
+  t.same([c.node.zone, c.node.region, c.node.labelsFile], ['zone-a', 'region-1', '/etc/lb-agent/node-labels']);
+  t.same(c.backend, { vips: ['10.99.0.250'] });
+  const web = c.services.find((s) => s.name === 'web')!;
+  t.same([web.sourceIP, web.topology], ['preserve', 'prefer-zone']);
+  t.same(web.ports[0]!.targetPort, 80, 'targetPort defaults to port, as DSR needs');
+  t.same(web.backends.map((b) => [b.address, b.weight, b.zone]), [['10.99.0.11', 1, 'zone-a'], ['10.99.0.12', 2, 'zone-b']]);
+  const plain = c.services.find((s) => s.name === 'plain')!;
+  t.same([plain.sourceIP, plain.topology], ['snat', 'any'], 'defaults: snat as today, every zone');
+  const bare = parseConfigText('services: []\n');
+  t.ok(bare.ok && bare.config.node.zone === undefined && bare.config.node.labelsFile === '/etc/lb-agent/node-labels' && bare.config.backend.vips.length === 0, 'zone from the labels file by default; no backend VIPs');
+});
+
+t.test('issue 17: a backend written as a bare address has no zone (not even an undefined key)', async (t) => {
+  const res = parseConfigText('pools: { range-global: 10.0.0.10-10.0.0.20 }\nservices:\n  - { name: web, ports: [{ port: 80 }], backends: [10.0.0.11] }\n');
+  t.ok(res.ok);
+  if (res.ok) t.notOk('zone' in res.config.services[0]!.backends[0]!);
+});

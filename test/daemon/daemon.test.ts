@@ -130,6 +130,8 @@ function fakes(fail: { build?: Error } = {}): Fakes & { build: (config: Desired)
       adoptOwned: async () => { journal.push('adopt owned'); return { adopted: [], removed: [] }; },
       health: f.health,
       dataplane: f.dataplane,
+      // The backend side of DSR (issue 17) is not what these tests are about: no VIPs on lo.
+      backend: { apply: async () => {}, withdraw: async () => {}, status: () => ({ vips: [], sysctls: {}, problems: [] }) },
       failover: undefined,
       reconfigure: () => { journal.push('reconfigure'); },
       close: async () => { journal.push('close'); await f.onClose?.(); },

@@ -115,3 +115,23 @@ t.test('with VRRP: failover, priorities and virtual routers need a restart; mode
   if (!mode.ok) t.same(mode.errors.map((e) => e.path), ['failover.mode']);
   t.ok(plan(vrrp.replace('backends: [10.0.0.3]', 'backends: [10.0.0.7]'), r).ok, 'backends still reload under VRRP');
 });
+
+t.test('issue 17: backend VIPs reload in place; a node zone change applies; DSR is refused where it cannot run', async (t) => {
+  const withVips = plan(`backend: { vips: [10.0.0.99] }\n${base}`);
+  t.ok(withVips.ok);
+  if (withVips.ok) {
+    t.same(ops(withVips.steps), ['backend-vips']);
+    t.same(withVips.summary.sections, ['backend']);
+  }
+  const zone = plan(`node: { zone: zone-b }\n${base}`);
+  t.ok(zone.ok && zone.summary.sections.includes('node') && zone.steps.length === 0, 'a new node.zone is applied (the daemon re-selects at every reload)');
+  const preserve = base.replace('{ name: c, ports: [{ port: 80 }]', '{ name: c, sourceIP: preserve, ports: [{ port: 80 }]');
+  const refused = plan(preserve, { ...running(), dsrUnavailable: 'this kernel cannot do direct server return: no nft_fwd_netdev' });
+  t.notOk(refused.ok);
+  if (!refused.ok) {
+    t.same(refused.errors.map((e) => e.path), ['services[3].sourceIP']);
+    t.match(refused.errors[0]!.message, /preserve: this kernel cannot do direct server return: no nft_fwd_netdev; use sourceIP: snat/);
+  }
+  const fine = plan(preserve);
+  t.ok(fine.ok && fine.steps.some((s) => s.op === 'update' && s.fields.includes('sourceIP')), 'snat -> preserve is an update in place where DSR runs');
+});

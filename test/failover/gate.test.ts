@@ -61,7 +61,7 @@ class FakeSocket extends EventEmitter implements PacketSocket {
 function svc(name: string, over: Partial<ServiceSpec> = {}): ServiceSpec {
   return {
     key: `default/${name}`, name, namespace: 'default', ipam: 'pool', primaryService: undefined, loadBalancerIP: undefined,
-    vrid: undefined, priority: undefined, ports: [], backends: [],
+    vrid: undefined, priority: undefined, ports: [], backends: [], sourceIP: 'snat', topology: 'any',
     healthCheck: { enabled: false, type: 'tcp', port: 80, successThreshold: 1, failureThreshold: 3, periodSeconds: 5, timeoutSeconds: 3, http: undefined, passiveFailures: 0 },
     ...over,
   };

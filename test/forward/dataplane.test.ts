@@ -4,7 +4,7 @@ import t from 'tap';
 import { parseIPv4 } from '../../agent/ipv4';
 import { isLbError } from '../../agent/errors';
 import type { BackendSpec, PortSpec } from '../../agent/config/types';
-import { normalizeState, portLabel, selectDataplane, serviceLabels } from '../../agent/forward/dataplane';
+import { dsrUnavailable, normalizeState, portLabel, selectDataplane, serviceLabels } from '../../agent/forward/dataplane';
 
 const ok = async () => ({ ok: true, reason: 'fine' });
 const no = async () => ({ ok: false, reason: 'nft not found (install the nftables package)' });
@@ -21,6 +21,13 @@ t.test('selectDataplane', async (t) => {
   const err = await selectDataplane('kernel', no).catch((e: unknown) => e);
   t.ok(isLbError(err, 'LB_ERR_FORWARD_NFT_MISSING'), 'explicit kernel without nftables fails at start');
   t.match((err as Error).message, /nft not found.*dataplane: auto or proxy/);
+});
+
+t.test('dsrUnavailable: the kernel path and a passed probe, or why not', async (t) => {
+  t.equal(dsrUnavailable('kernel', { ok: true, reason: 'fine' }), undefined);
+  t.match(dsrUnavailable('proxy', { ok: true, reason: 'fine' }), /needs the kernel data path/);
+  t.match(dsrUnavailable('kernel', { ok: false, reason: 'the kernel rejected the test table' }), /this kernel cannot do direct server return: the kernel rejected/);
+  t.match(dsrUnavailable('kernel', undefined), /not probed/);
 });
 
 t.test('labels', async (t) => {
@@ -48,4 +55,10 @@ t.test('normalizeState: canonical order, backends merged, weightless healthy dro
   t.same(problems, ['z/z: TCP port 80 on 10.0.0.1 is already forwarded for a/a; not forwarding it']);
   const notHeld = normalizeState({ services: [{ key: 'a/a', vip: undefined, ports: [p(80)], healthy: [], backends: [] }, { key: 'b/b', vip: undefined, ports: [p(80)], healthy: [], backends: [] }] });
   t.same(notHeld.problems, [], 'no VIP, no clash');
+  // Issue 17: the source mode defaults to snat; the VIP's MAC is compared lower-case.
+  const modes = normalizeState({ services: [
+    { key: 'a/a', vip: '10.0.0.1', ports: [p(80)], healthy: [], backends: [] },
+    { key: 'b/b', vip: '10.0.0.2', ports: [p(80)], healthy: [], backends: [], sourceIP: 'preserve', vipMac: '52:54:00:AB:CD:EF' },
+  ] }).services;
+  t.same(modes.map((s) => [s.sourceIP, s.vipMac]), [['snat', undefined], ['preserve', '52:54:00:ab:cd:ef']]);
 });

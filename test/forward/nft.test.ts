@@ -3,6 +3,7 @@
 // and the carrying of totals across rewrites, and the probe's verdicts.
 // Loading the text into a real kernel is test/privileged/forward-kernel.test.ts.
 import t from 'tap';
+import { goldenText, sourcePath } from '../helpers/golden';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import type { BackendSpec, PortSpec } from '../../agent/config/types';
@@ -12,17 +13,13 @@ import * as os from 'node:os';
 import { Registry } from 'prom-client';
 import { ManualClock } from '../../agent/clock';
 import {
-  NftDataplane, canonicalTableJson, flowTotals, parseNftCounters, probeNftables, renderNft, renderRemoval, type Exec,
+  NftDataplane, canonicalTableJson, flowTotals, parseNftCounters, probeDsr, probeNftables, renderNft, renderRemoval, type Exec,
 } from '../../agent/forward/nft';
 import { flowId } from '../../agent/forward/dataplane';
 
 // Golden files live in the source tree (tests run from dist/). UPDATE_GOLDEN=1 rewrites them.
-const GOLDEN = path.resolve(__dirname, '..', '..', '..', 'test', 'forward', 'golden');
-
 function golden(t: tap.Test, name: string, actual: string): void {
-  const file = path.join(GOLDEN, name);
-  if (process.env.UPDATE_GOLDEN === '1') fs.writeFileSync(file, actual);
-  t.equal(actual, fs.readFileSync(file, 'utf8'), `matches golden ${name}`);
+  t.equal(actual, goldenText(sourcePath('test', 'forward', 'golden', name), actual), `matches golden ${name}`);
 }
 
 const b = (address: string, weight = 1): BackendSpec => ({ address, addressNum: parseIPv4(address)!, weight });
@@ -95,7 +92,7 @@ t.test('render: a service name that is not nft-safe only appears in comments, sa
 });
 
 t.test('renderRemoval deletes whether or not the table exists', async (t) => {
-  t.equal(renderRemoval(), 'table ip lb_agent {}\ndelete table ip lb_agent\n');
+  t.equal(renderRemoval(), 'table ip lb_agent {}\ndelete table ip lb_agent\ntable netdev lb_agent {}\ndelete table netdev lb_agent\n');
 });
 
 // `nft -j list table` output shaped like nft 1.0.6's.
@@ -181,6 +178,16 @@ t.test('probeNftables: verdicts and reasons', async (t) => {
     }),
   });
   t.same([eperm.ok, /not permitted \(needs root or CAP_NET_ADMIN\)/.test(eperm.reason)], [false, true]);
+});
+
+t.test('probeDsr: loads the DSR probe table the same way, and names the kernel options when refused', async (t) => {
+  const seen: string[] = [];
+  const ok = await probeDsr({ exec: async (file, args, input) => { seen.push(`${file} ${args.join(' ')}`); if (input) seen.push(input); return { stdout: '', stderr: '' }; } });
+  t.same(ok, { ok: true, reason: 'nftables accepted a test table in a throwaway namespace' });
+  t.ok(seen.some((l) => l.includes('hook ingress device "lo"') && l.includes('fwd ip to')), 'the netdev table went to the kernel');
+  const refused = await probeDsr({ exec: fakeExec({ nft: () => ({}), unshare: () => ({ code: 1, stderr: 'Error: Could not process rule: No such file or directory\nfwd ip to 192.0.2.11 device "lo"' }) }) });
+  t.equal(refused.ok, false);
+  t.match(refused.reason, /CONFIG_NFT_FWD_NETDEV.*Could not process rule/);
 });
 
 t.test('execProgram: a child that exits without reading its input is a rejection, not a crash', async (t) => {

@@ -39,5 +39,7 @@ export function service(input: ServiceInput): ServiceSpec {
     ports: [{ name: 'http', port: 80, protocol: 'TCP', targetPort: hc.port }],
     backends: input.backends.map((b) => (typeof b === 'string' ? backend(b) : backend(b.address, b.weight ?? 1))),
     healthCheck: hc,
+    sourceIP: 'snat',
+    topology: 'any',
   };
 }

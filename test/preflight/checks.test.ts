@@ -9,7 +9,7 @@ import { vipSysctls } from '../../agent/net/sysctl';
 import {
   runChecks, checkDescriptors, checkMacvlan, checkCapabilities, checkInterface, checkArpSysctls, checkRpFilter, checkIpForward,
   checkConfig, checkDataplane, checkPools, checkStateDir, checkGuestAgent, checkDhcpProbe, classifyRefusal,
-  effectiveDataplane, osFamily, type CheckResult,
+  effectiveDataplane, osFamily, checkDsr, checkDsrBackend, checkTopology, type CheckResult,
 } from '../../agent/preflight/checks';
 
 const FIX = path.resolve(__dirname, '..', '..', '..', 'test', 'preflight', 'fixtures');
@@ -362,4 +362,83 @@ t.test('descriptors: the limit against proxy.maxConnections (the daemon\'s own r
   t.match(at(undefined), { status: 'pass', detail: /unlimited or unreadable/ });
   const ids = runChecks({ ...base, limits: { nofile: 1024 } }).map((r) => r.id);
   t.equal(ids.at(-1), 'descriptors', 'reported after the other checks');
+});
+
+// --- issue 17: direct server return, its backend side, zones -------------------
+
+const DSR_OK = { probe: { status: 'ok' as const, ms: 12 }, kernelConfig: { NF_TABLES_NETDEV: 'y' as const, NETFILTER_INGRESS: 'y' as const, NFT_HASH: 'y' as const, NFT_FWD_NETDEV: 'y' as const } };
+
+t.test('dsr: only in the report when gathered; a pass says whether a service needs it', async (t) => {
+  t.equal(checkDsr(fixture('healthy')), undefined, 'facts from before issue 17: no dsr check');
+  const r = checkDsr(variant('healthy', (f) => { f.dsr = DSR_OK; f.config.dsrServices = ['default/web']; }))!;
+  t.equal(r.status, 'pass');
+  t.match(r.detail, /accepts the direct-server-return table.*services default\/web use sourceIP: preserve/);
+});
+
+t.test('dsr: a kernel without nft_fwd_netdev fails a config that uses it, and names the option', async (t) => {
+  const noFwd = (f: Facts): void => {
+    f.dsr = { probe: { status: 'failed', error: 'Error: Could not process rule: No such file or directory fwd ip to 192.0.2.11 device "lo"' }, kernelConfig: { ...DSR_OK.kernelConfig, NFT_FWD_NETDEV: 'n' } };
+  };
+  const r = checkDsr(variant('healthy', (f) => { noFwd(f); f.config.dsrServices = ['default/web']; }))!;
+  t.equal(r.status, 'fail');
+  t.match(r.detail, /refused the direct-server-return table.*CONFIG_NFT_FWD_NETDEV not set.*refuses to start/);
+  t.match(r.remedy, /CONFIG_NFT_FWD_NETDEV, or set sourceIP: snat/);
+  const unused = checkDsr(variant('healthy', (f) => { noFwd(f); f.config.dsrServices = []; }))!;
+  t.equal(unused.status, 'pass', 'not used: informational');
+  t.match(unused.detail, /unavailable here.*no service uses sourceIP: preserve/);
+});
+
+t.test('dsr: needed but the data path will be the proxy', async (t) => {
+  const r = checkDsr(variant('nft-missing', (f) => { f.dsr = DSR_OK; f.config.dataplane = 'auto'; f.config.dsrServices = ['default/web']; }))!;
+  t.equal(r.status, 'fail');
+  t.match(r.detail, /userspace proxy/);
+});
+
+t.test('dsr-backend: a VIP on an ARPing interface fails; on lo with the sysctls passes; wrong sysctls warn', async (t) => {
+  t.equal(checkDsrBackend(fixture('healthy')), undefined, 'no backend.vips: no check');
+  const base = (f: Facts): void => {
+    f.config.backendVips = ['10.99.0.250'];
+    f.addresses = [{ interface: 'lo', address: '127.0.0.1', prefix: 8, noarp: true }, { interface: 'eth0', address: '10.99.0.5', prefix: 24, noarp: false }];
+  };
+  const notYet = checkDsrBackend(variant('healthy', (f) => { base(f); f.sysctls['net.ipv4.conf.all.arp_ignore'] = '0'; }))!;
+  t.equal(notYet.status, 'pass', 'before the daemon started: it adds the VIP and raises the sysctls itself');
+  t.match(notYet.detail, /0\/1 VIP\(s\).*the daemon adds the rest to lo/);
+  const onEth = checkDsrBackend(variant('healthy', (f) => { base(f); f.addresses!.push({ interface: 'eth0', address: '10.99.0.250', prefix: 32, noarp: false }); }))!;
+  t.equal(onEth.status, 'fail');
+  t.match(onEth.detail, /10\.99\.0\.250 on eth0.*answer ARP for the VIP/);
+  const good = variant('healthy', (f) => {
+    base(f);
+    f.addresses!.push({ interface: 'lo', address: '10.99.0.250', prefix: 32, noarp: true });
+    f.sysctls['net.ipv4.conf.all.arp_ignore'] = '1';
+    f.sysctls['net.ipv4.conf.all.arp_announce'] = '2';
+  });
+  t.equal(checkDsrBackend(good)!.status, 'pass');
+  const flux = checkDsrBackend(variant('healthy', (f) => {
+    base(f);
+    f.addresses!.push({ interface: 'lo', address: '10.99.0.250', prefix: 32, noarp: true });
+    f.sysctls['net.ipv4.conf.all.arp_ignore'] = '0';
+    f.sysctls['net.ipv4.conf.all.arp_announce'] = '0';
+  }))!;
+  t.equal(flux.status, 'warn');
+  t.match(flux.remedy, /sysctl -w net\.ipv4\.conf\.all\.arp_ignore=1 net\.ipv4\.conf\.all\.arp_announce=2/);
+});
+
+t.test('topology: unknown zone, no backend in the zone, zones that no policy reads', async (t) => {
+  t.equal(checkTopology(fixture('healthy')), undefined, 'no zones anywhere: no check');
+  const svc = (policy: string, zones: string[]) => ({ service: 'default/web', policy, zones, unzoned: 0 });
+  const known = { zone: 'zone-a', region: undefined, zoneFrom: 'labels-file' as const, regionFrom: 'unknown' as const, labelsFile: '/etc/lb-agent/node-labels', problem: undefined };
+  const unknown = { ...known, zone: undefined, zoneFrom: 'unknown' as const, problem: '/etc/lb-agent/node-labels does not exist' };
+  const only = checkTopology(variant('healthy', (f) => { f.config.topology = [svc('zone-only', ['zone-a'])]; f.node = unknown; }))!;
+  t.equal(only.status, 'fail');
+  t.match(only.detail, /zone is unknown \(\/etc\/lb-agent\/node-labels does not exist\).*refuse every connection/);
+  t.match(only.remedy, /topology\.kubernetes\.io\/zone=<zone>/);
+  t.equal(checkTopology(variant('healthy', (f) => { f.config.topology = [svc('prefer-zone', ['zone-a'])]; f.node = unknown; }))!.status, 'warn');
+  t.equal(checkTopology(variant('healthy', (f) => { f.config.topology = [svc('zone-only', ['zone-b'])]; f.node = known; }))!.status, 'fail', 'zone-only with no backend in the zone');
+  t.equal(checkTopology(variant('healthy', (f) => { f.config.topology = [svc('prefer-zone', ['zone-b'])]; f.node = known; }))!.status, 'warn', 'prefer-zone that always spills');
+  const ok = checkTopology(variant('healthy', (f) => { f.config.topology = [svc('prefer-zone', ['zone-a', 'zone-b'])]; f.node = known; }))!;
+  t.equal(ok.status, 'pass');
+  t.match(ok.detail, /zone zone-a \(from \/etc\/lb-agent\/node-labels\): default\/web prefer-zone/);
+  const ignored = checkTopology(variant('healthy', (f) => { f.config.topology = [svc('any', ['zone-a'])]; f.node = known; }))!;
+  t.equal(ignored.status, 'warn');
+  t.match(ignored.detail, /note: default\/web give backends a zone but use topology any: the zones are ignored/);
 });

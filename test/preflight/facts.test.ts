@@ -3,7 +3,7 @@
 import t from 'tap';
 import {
   parseCapEff, parseOsRelease, procModulesHas, moduleListHas, kernelConfigValue,
-  parseRpmQuery, parseDpkgQuery, parseIpJsonAddrs, sysctlIfName, configSummary, findBinary, NFT_PROBE_RULESET,
+  parseRpmQuery, parseDpkgQuery, parseIpJsonAddrs, parseIpJsonAllAddrs, sysctlIfName, configSummary, findBinary, NFT_PROBE_RULESET,
 } from '../../agent/preflight/facts';
 import { parseConfigText } from '../../agent/config/load';
 
@@ -77,6 +77,39 @@ services:
   t.same(s.ports.map((p) => p.port), [80, 443, 5432]);
   t.same(s.dhcpServices, ['default/web']);
   t.equal(s.services, 3);
+});
+
+t.test('issue 17: the summary lists DSR services, backend VIPs and each service\'s zones', async (t) => {
+  const r = parseConfigText(`pools: { range-global: 10.99.0.200-10.99.0.210 }
+backend: { vips: [10.99.0.250] }
+services:
+  - name: web
+    sourceIP: preserve
+    topology: prefer-zone
+    ports: [{ port: 80 }]
+    backends: [{ address: 10.99.0.11, zone: b }, { address: 10.99.0.12, zone: a }, 10.99.0.13]
+  - { name: db, ports: [{ port: 5432 }], backends: [10.99.0.12] }
+`, 'h');
+  if (!r.ok) { t.fail(JSON.stringify(r.errors)); return; }
+  const s = configSummary('/etc/x.yaml', r.config);
+  t.same(s.dsrServices, ['default/web']);
+  t.same(s.backendVips, ['10.99.0.250']);
+  t.same(s.topology, [{ service: 'default/web', policy: 'prefer-zone', zones: ['a', 'b'], unzoned: 1 }, { service: 'default/db', policy: 'any', zones: [], unzoned: 1 }]);
+});
+
+t.test('issue 17: every IPv4 address from `ip -j -4 addr`, and whether its interface answers ARP', async (t) => {
+  const json = JSON.stringify([
+    { ifindex: 1, ifname: 'lo', flags: ['LOOPBACK', 'UP', 'LOWER_UP'], addr_info: [{ family: 'inet', local: '127.0.0.1', prefixlen: 8 }, { family: 'inet', local: '10.99.0.250', prefixlen: 32 }] },
+    { ifindex: 2, ifname: 'eth0', flags: ['BROADCAST', 'MULTICAST', 'UP'], addr_info: [{ family: 'inet', local: '10.99.0.5', prefixlen: 24 }] },
+    { ifindex: 3, ifname: 'tun0', flags: ['POINTOPOINT', 'NOARP', 'UP'], addr_info: [{ family: 'inet', local: '10.8.0.1', prefixlen: 32 }] },
+  ]);
+  t.same(parseIpJsonAllAddrs(json), [
+    { interface: 'lo', address: '127.0.0.1', prefix: 8, noarp: true },
+    { interface: 'lo', address: '10.99.0.250', prefix: 32, noarp: true },
+    { interface: 'eth0', address: '10.99.0.5', prefix: 24, noarp: false },
+    { interface: 'tun0', address: '10.8.0.1', prefix: 32, noarp: true },
+  ]);
+  t.same(parseIpJsonAllAddrs('not json'), []);
 });
 
 t.test('findBinary searches PATH, then the sbin directories', async (t) => {

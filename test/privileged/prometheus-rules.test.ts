@@ -28,7 +28,7 @@ t.test('promtool check rules accepts the rules', async (t) => {
   if (!(await havePromtool(t))) return;
   const r = await run('promtool', ['check', 'rules', RULES], { allowFail: true });
   t.equal(r.code, 0, `${r.stdout}${r.stderr}`);
-  t.match(r.stdout, /SUCCESS: 6 rules found/);
+  t.match(r.stdout, /SUCCESS: 7 rules found/);
 });
 
 t.test('promtool test rules passes', async (t) => {
@@ -43,7 +43,7 @@ t.test('every alert is tested firing and silent, and says what to do', async (t)
   const rules = (parse(fs.readFileSync(RULES, 'utf8')) as RuleFile).groups.flatMap((g) => g.rules);
   const tests = (parse(fs.readFileSync(TESTS, 'utf8')) as TestFile).tests.flatMap((x) => x.alert_rule_test ?? []);
   const names = rules.map((r) => r.alert).filter((n): n is string => n !== undefined);
-  t.same(names.sort(), ['LbAgentBackendDown', 'LbAgentDhcpLeaseExpiringSoon', 'LbAgentDown', 'LbAgentNoHealthyBackend', 'LbAgentPoolNearlyExhausted', 'LbAgentVipMissing']);
+  t.same(names.sort(), ['LbAgentBackendDown', 'LbAgentDhcpLeaseExpiringSoon', 'LbAgentDown', 'LbAgentNoHealthyBackend', 'LbAgentPoolNearlyExhausted', 'LbAgentTrafficLeavesZone', 'LbAgentVipMissing']);
   for (const r of rules) {
     const n = r.alert!;
     t.ok(tests.some((x) => x.alertname === n && x.exp_alerts.length > 0), `${n}: a test where it fires`);

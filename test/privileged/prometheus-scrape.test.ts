@@ -104,7 +104,7 @@ t.test('Prometheus and the agent', async (t) => {
       const rs = (JSON.parse(r.body) as RulesDoc).data.groups.flatMap((g) => g.rules);
       return rs.length > 0 && rs.every((x) => x.health === 'ok' && x.lastEvaluation !== undefined && !x.lastEvaluation.startsWith('0001')) ? rs : undefined;
     }, 10_000, 300);
-    t.same(rules.map((r) => r.name).sort(), ['LbAgentBackendDown', 'LbAgentDhcpLeaseExpiringSoon', 'LbAgentDown', 'LbAgentNoHealthyBackend', 'LbAgentPoolNearlyExhausted', 'LbAgentVipMissing'],
+    t.same(rules.map((r) => r.name).sort(), ['LbAgentBackendDown', 'LbAgentDhcpLeaseExpiringSoon', 'LbAgentDown', 'LbAgentNoHealthyBackend', 'LbAgentPoolNearlyExhausted', 'LbAgentTrafficLeavesZone', 'LbAgentVipMissing'],
       'the server loaded every rule and each evaluates against the live series');
 
     // All healthy: no alert may even be pending (every rule has a `for`, so

@@ -188,3 +188,23 @@ t.test('restart table: every event with the ratio to HAProxy\'s seamless reload,
   t.notMatch(md, /undefined|NaN/);
   t.match(renderReadmeSummary(r, 'bench/results/x.md'), /Restart and reload, client loop every 20 ms/);
 });
+
+t.test('issue 17: DSR targets against direct (keep-alive, and bulk on the replies\' direction), its columns and the hashing table', async (t) => {
+  const r = results();
+  const f = r.forward!.summary;
+  f.direct = { ...fwd('direct', 40_000, 8000, 10), bulkReverseGbps: 20 };
+  f.dsr = { ...fwd('dsr', 36_000, 6000, 8), bulkReverseGbps: 19.5 };
+  f.kernel = { ...fwd('kernel', 30_000, 5000, 9), bulkReverseGbps: 12 };
+  r.forward!.dsrHashing = [{ backends: 3, slots: 1021, healthOut: 0.334, healthOutMinimum: 0.334, healthBack: 0.334, configAdd: 0.2547, configAddMinimum: 0.25, configRemove: 0.3408, configRemoveMinimum: 0.3333 }];
+  const rows = evaluateTargets(r);
+  const by = (s: string) => rows.find((x) => x.target.startsWith(s))!;
+  t.same([by('kernel path DSR keep-alive').measured, by('kernel path DSR keep-alive').met], ['0.90x', true]);
+  t.same([by('kernel path DSR bulk').measured, by('kernel path DSR bulk').met], ['0.97x', true], 'judged on the reverse stream (19.5 / 20)');
+  const md = renderResults({ ...r, targets: rows });
+  t.match(md, /\| bulk Gbit\/s \| x direct \| bulk replies Gbit\/s \| x direct \| RSS MiB \|/);
+  t.match(md, /\| 3 \| 1,021 \| 33\.4% \(33\.4%\) \| 33\.4% \| 25\.5% \(25\.0%\) \| 34\.1% \(33\.3%\) \|/);
+  t.notMatch(md, /NaN|undefined/);
+  const old = results();
+  t.notOk(evaluateTargets(old).some((x) => x.target.includes('DSR')), 'no DSR target when DSR was not measured');
+  t.notMatch(renderResults(old), /bulk replies/, 'no reverse columns for results from before issue 17');
+});

@@ -1,0 +1,179 @@
+// forward/ layer: direct server return on the kernel path (issue 17,
+// `sourceIP: preserve`), PURE rendering of `table netdev lb_agent`, which
+// nft.ts writes in the same `nft -f` transaction as `table ip lb_agent`.
+//
+// Packet path (client C, VIP V on this node, backend B with V on its lo):
+//   netdev ingress of the parent NIC  frame to (MAC of V's interface, V, port)
+//     -> jhash(C address . C port) mod M -> slot -> B (maglev.ts)
+//     -> `fwd ip to B device <parent>`: the kernel's neighbour table puts B's
+//        MAC as destination and the parent's as source, and the frame leaves
+//        by the NIC it came in on, IP header untouched (destination still V,
+//        source still C; only the TTL drops by one, as through any router).
+//   B accepts it (V is local there), answers from V straight to C.
+// Nothing of a DSR flow enters this node's IP stack: the frame is stolen at
+// ingress, before conntrack, so no half-seen connection fills its table and
+// no reply is expected back. The backend's conntrack sees both directions
+// (it is an ordinary local connection there).
+//
+// Why nftables' netdev family and not tc BPF: the kernels here have
+// CONFIG_NFT_FWD_NETDEV and CONFIG_NFT_HASH, so the whole path is a few nft
+// expressions in the table the agent already rewrites atomically, with named
+// counters read like the others; no BPF program to build, load and pin, no
+// native code. What nftables' netdev family lacks is per-flow state, hence
+// the consistent-hash slot table: a flow stays on its backend while the
+// healthy set changes unless that backend itself leaves (maglev.ts).
+//
+// Why the hook is on the parent only: a DHCP VIP lives on a macvlan of the
+// parent, but the parent's ingress hook runs before the macvlan receive
+// handler (__netif_receive_skb_core: tc ingress, netfilter ingress, then
+// rx_handler), so frames for every VIP pass here. The dispatch key includes
+// the destination MAC - the parent's for a pool VIP, the service macvlan's
+// for a DHCP VIP - so a frame the NIC sees for another host's MAC (a
+// flooding switch, a VRRP Backup) is never forwarded.
+//
+// Why `fwd ip to` and not `ether daddr set ... fwd to`: the kernel resolves
+// the backend's MAC in the same neighbour table that the health checks'
+// connects to the backend fill, keeps it fresh (NUD), and follows a backend
+// whose MAC changes; a healthy backend has been resolved by its own health
+// check. A frame for a backend whose entry is not yet resolved waits in the
+// neighbour queue (unres_qlen) for the ARP reply instead of going nowhere.
+//
+// Why the jhash has an explicit seed: without one the kernel draws a random
+// seed for each rule it loads, and every rewrite of the table would send
+// every flow to a different slot. The seed is derived from the service key.
+import type { PortSpec } from '../config/types';
+import type { NormalizedService } from './dataplane';
+import { dsrSlotTable, hash32, maglevSize } from './maglev';
+
+export const DSR_FAMILY = 'netdev';
+export const DSR_TABLE = 'lb_agent';
+/** Before anything else on the device's ingress; nothing else of ours hooks there. */
+export const DSR_PRIORITY = -500;
+
+/** A named counter of the netdev table (nft.ts owns the type; duplicated shape to keep this module pure and import-free). */
+export interface DsrCounterRef {
+  readonly name: string;
+  readonly kind: 'conns' | 'to_backend';
+  readonly service: string;
+  readonly port: PortSpec;
+  readonly backend: string;
+}
+
+export interface DsrPortRender {
+  readonly counterDecls: readonly string[];
+  readonly counters: readonly DsrCounterRef[];
+  /** The dispatch map element, or undefined when nothing is forwarded (no healthy backend, or a problem). */
+  readonly dispatch: string | undefined;
+  readonly chains: readonly string[];
+  readonly problem: string | undefined;
+}
+
+const proto = (p: PortSpec): string => (p.protocol === 'UDP' ? 'udp' : 'tcp');
+
+/** The jhash seed of a service: fixed across rewrites and restarts. */
+export function dsrSeed(serviceKey: string): string {
+  return `0x${hash32(serviceKey, 0x64737221).toString(16).padStart(8, '0')}`;
+}
+
+/** A device name as an nft string (validated interface names never need escaping; refuse anything odd). */
+function deviceString(device: string): string {
+  if (!/^[^"\\\s/]{1,15}$/.test(device)) throw new Error(`not an interface name: ${JSON.stringify(device)}`);
+  return `"${device}"`;
+}
+
+/**
+ * One DSR port of a held service: counters for every configured backend
+ * (SYNs as connections on TCP, bytes towards the backend), the slot chain
+ * and one chain per healthy backend. `sp` is the positional name nft.ts uses.
+ */
+export function renderDsrPort(sp: string, svc: NormalizedService, spec: PortSpec, device: string | undefined): DsrPortRender {
+  const p = proto(spec);
+  const counterDecls: string[] = [];
+  const counters: DsrCounterRef[] = [];
+  svc.all.forEach((b, bi) => {
+    for (const kind of ['conns', 'to_backend'] as const) {
+      counterDecls.push(`\tcounter ${sp}b${bi}_${kind} {}`);
+      counters.push({ name: `${sp}b${bi}_${kind}`, kind, service: svc.key, port: spec, backend: b.address });
+    }
+  });
+  const refuse = (problem: string | undefined): DsrPortRender => ({ counterDecls, counters, dispatch: undefined, chains: [], problem });
+  if (svc.healthy.length === 0) return refuse(undefined);
+  if (device === undefined) return refuse(`${svc.key}: ${spec.protocol} port ${spec.port}: direct server return needs the parent interface, which this data path was not given; refusing connections`);
+  if (svc.vipMac === undefined) return refuse(`${svc.key}: ${spec.protocol} port ${spec.port}: direct server return needs the MAC the VIP ${svc.vip} answers with; refusing connections`);
+  const dev = deviceString(device);
+  const chainOf = (address: string): string => `${sp}b${svc.all.findIndex((b) => b.address === address)}`;
+  const chains: string[] = [];
+  const distinct = new Set(svc.healthy.map((b) => b.address));
+  if (distinct.size === 1) {
+    chains.push(`\tchain ${sp} {`, `\t\tgoto ${chainOf(svc.healthy[0]!.address)}`, '\t}');
+  } else {
+    const slots = dsrSlotTable(svc.all, svc.healthy, maglevSize(svc.all.length));
+    const vm = slots.map((b, i) => `${i} : goto ${chainOf(b.address)}`).join(', ');
+    chains.push(`\tchain ${sp} {`, `\t\tjhash ip saddr . th sport mod ${slots.length} seed ${dsrSeed(svc.key)} vmap { ${vm} }`, '\t}');
+  }
+  for (const b of svc.healthy) {
+    const name = chainOf(b.address);
+    const body = p === 'tcp'
+      // A connection is its SYN (the netdev hook has no conntrack to ask).
+      ? [`\t\ttcp flags & (syn | ack) == syn counter name "${name}_conns"`]
+      : [];
+    chains.push(`\tchain ${name} {`, ...body, `\t\tcounter name "${name}_to_backend" fwd ip to ${b.address} device ${dev}`, '\t}');
+  }
+  return { counterDecls, counters, dispatch: `${svc.vipMac} . ${svc.vip} . ${p} . ${spec.port} : jump ${sp}`, chains, problem: undefined };
+}
+
+/** Create-if-missing and delete: the start of every script, so the table never outlives a config without DSR. */
+export function dsrRemovalLines(): string[] {
+  return [`table ${DSR_FAMILY} ${DSR_TABLE} {}`, `delete table ${DSR_FAMILY} ${DSR_TABLE}`];
+}
+
+/** The netdev table's definition, or nothing when no DSR port is forwarded (no hook on the NIC for nothing). */
+export function renderDsrTable(device: string | undefined, ports: readonly DsrPortRender[]): string[] {
+  const dispatch = ports.map((p) => p.dispatch).filter((d): d is string => d !== undefined);
+  if (dispatch.length === 0 || device === undefined) return [];
+  return [
+    `table ${DSR_FAMILY} ${DSR_TABLE} {`,
+    ...ports.flatMap((p) => p.counterDecls),
+    '\tmap dsr {',
+    '\t\ttype ether_addr . ipv4_addr . inet_proto . inet_service : verdict',
+    '\t\telements = {', ...dispatch.map((l) => `\t\t\t${l},`), '\t\t}',
+    '\t}',
+    '\tchain ingress {',
+    `\t\ttype filter hook ingress device ${deviceString(device)} priority ${DSR_PRIORITY}; policy accept;`,
+    '\t\tether daddr . ip daddr . meta l4proto . th dport vmap @dsr',
+    '\t}',
+    ...ports.flatMap((p) => p.chains),
+    '}',
+  ];
+}
+
+/**
+ * What direct server return needs from the kernel, loaded in a throwaway
+ * namespace (device lo): a netdev ingress chain, a concatenated verdict map
+ * with an ether_addr key, jhash with a seed, tcp flags, named counters and
+ * `fwd ip to`. CONFIG_NF_TABLES_NETDEV, CONFIG_NETFILTER_INGRESS,
+ * CONFIG_NFT_HASH, CONFIG_NFT_FWD_NETDEV. The daemon's probe and the
+ * preflight load this same text.
+ */
+export const DSR_PROBE_RULESET = `table netdev lbchk {
+	counter c {}
+	map dsr {
+		type ether_addr . ipv4_addr . inet_proto . inet_service : verdict
+		elements = { 02:00:00:00:00:01 . 192.0.2.10 . tcp . 80 : jump s }
+	}
+	chain ingress {
+		type filter hook ingress device "lo" priority ${DSR_PRIORITY}; policy accept;
+		ether daddr . ip daddr . meta l4proto . th dport vmap @dsr
+	}
+	chain s {
+		jhash ip saddr . th sport mod 2 seed 0x1 vmap { 0 : goto b, 1 : goto b }
+	}
+	chain b {
+		tcp flags & (syn | ack) == syn counter name "c"
+		fwd ip to 192.0.2.11 device "lo"
+	}
+}
+`;
+
+/** The kernel options DSR_PROBE_RULESET exercises, for diagnosing a refusal (`lb-agent check`). */
+export const DSR_KERNEL_OPTIONS = ['NF_TABLES_NETDEV', 'NETFILTER_INGRESS', 'NFT_HASH', 'NFT_FWD_NETDEV'] as const;
