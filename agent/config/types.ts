@@ -8,6 +8,8 @@ export type Protocol = 'TCP' | 'UDP';
 export type DataplaneMode = 'auto' | 'kernel' | 'proxy';
 export type FailoverMode = 'none' | 'vrrp';
 export type BalanceAlgorithm = 'round-robin' | 'least-connections';
+/** PROXY protocol versions (HAProxy's doc/proxy-protocol.txt): v1 text, v2 binary. */
+export type ProxyProtocolVersion = 'v1' | 'v2';
 
 export interface NodeConfig {
   /** Node name (default: hostname). */
@@ -62,6 +64,11 @@ export interface HealthCheckSpec {
   readonly http: HttpCheckSpec | undefined;
   /** Passive checks: consecutive failed connects on the forwarding path that mark a backend down. 0 = off. */
   readonly passiveFailures: number;
+  /**
+   * The PROXY protocol header each probe sends first (issue 17): the
+   * service's version when `healthCheck.proxyProtocol: true`, else undefined.
+   */
+  readonly proxyProtocol?: ProxyProtocolVersion | undefined;
 }
 
 export interface ServiceSpec {
@@ -79,6 +86,8 @@ export interface ServiceSpec {
   readonly ports: readonly PortSpec[];
   readonly backends: readonly BackendSpec[];
   readonly healthCheck: HealthCheckSpec;
+  /** PROXY protocol header to every backend connection (issue 17; the proxy data path only); undefined: none. */
+  readonly proxyProtocol?: ProxyProtocolVersion | undefined;
 }
 
 export interface PoolRange {
@@ -148,6 +157,8 @@ export interface ProxyConfig {
   readonly connectTimeout: number;
   /** Proxied connections at once, all listeners; undefined: derived from the descriptor limit (forward/capacity.ts). */
   readonly maxConnections?: number | undefined;
+  /** Worker threads that relay (issue 18); undefined: one per CPU (forward/proxy.ts defaultWorkers). */
+  readonly workers?: number | undefined;
 }
 
 export interface Desired {
