@@ -363,7 +363,7 @@ export class Daemon extends EventEmitter {
     return [...this.runtimes.values()].map((rt) => ({
       key: rt.spec.key, name: rt.spec.name, namespace: rt.spec.namespace,
       vip: this.vipOf(rt.spec) ?? this.armedVip(rt.spec), ports: rt.spec.ports,
-      healthy: subs.health.healthy(rt.spec.key), backends: rt.spec.backends,
+      healthy: subs.health.healthy(rt.spec.key), backends: rt.spec.backends, proxyProtocol: rt.spec.proxyProtocol,
     }));
   }
 

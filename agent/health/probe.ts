@@ -2,9 +2,14 @@
 // backend's health-check port with the timeout enforced by our own timer.
 // A probe never throws and never rejects: it resolves to a result with a
 // reason from a fixed set (also a metric label). No state, no scheduling.
+// With `proxyProtocol` a probe sends the PROXY protocol header first, as a
+// backend that requires it on every connection expects (issue 17): v1 a
+// TCP4 line with the probe's own addresses, v2 the LOCAL command
+// (doc/proxy-protocol.txt, 2.1 and 2.2: what a proxy sends for its checks).
 import * as net from 'node:net';
 import * as http from 'node:http';
-import type { HttpCheckSpec } from '../config/types';
+import type { HttpCheckSpec, ProxyProtocolVersion } from '../config/types';
+import { healthCheckHeader } from '../forward/proxy-protocol';
 import type { FailureReason } from './state';
 
 export interface ProbeTarget {
@@ -13,6 +18,8 @@ export interface ProbeTarget {
   readonly type: 'tcp' | 'http';
   /** Required when type is 'http'. */
   readonly http: HttpCheckSpec | undefined;
+  /** Send this PROXY protocol header before anything else. */
+  readonly proxyProtocol?: ProxyProtocolVersion | undefined;
 }
 
 export interface ProbeOptions {
@@ -100,6 +107,7 @@ export const tcpProbe: Probe = (target, opts) => new Promise<ProbeResult>((resol
   if (opts.signal?.aborted) { onAbort(); return; }
   opts.signal?.addEventListener('abort', onAbort, { once: true });
   sock.once('connect', () => {
+    if (target.proxyProtocol !== undefined) sock.write(probeHeader(target.proxyProtocol, sock));
     finish({ ok: true, durationMs: performance.now() - start });
     politeClose(sock);
   });
@@ -115,11 +123,61 @@ export const tcpProbe: Probe = (target, opts) => new Promise<ProbeResult>((resol
   }
 });
 
+/** The header a probe sends on its connected socket: the probe connection's own endpoints. */
+function probeHeader(version: ProxyProtocolVersion, sock: net.Socket): Buffer {
+  return healthCheckHeader(version, {
+    source: sock.localAddress ?? '0.0.0.0', sourcePort: sock.localPort ?? 0,
+    destination: sock.remoteAddress ?? '0.0.0.0', destinationPort: sock.remotePort ?? 0,
+  });
+}
+
 /**
  * One HTTP/1.1 GET of target.http.path; healthy when the status is inside the
  * expected (inclusive) range. The timeout covers connect and response headers.
+ * With a PROXY protocol header the probe connects first, writes the header,
+ * and sends the request on that connection (the v1 line names the probe's
+ * own address, known only once connected).
  */
-export const httpProbe: Probe = (target, opts) => new Promise<ProbeResult>((resolve) => {
+export const httpProbe: Probe = (target, opts) => {
+  if (target.proxyProtocol === undefined) return httpRequest(target, opts, undefined);
+  const version = target.proxyProtocol;
+  const start = performance.now();
+  return new Promise<ProbeResult>((resolve) => {
+    let done = false;
+    const sock = new net.Socket();
+    const fail = (reason: FailureReason, detail: string): void => {
+      if (done) return;
+      done = true;
+      clearTimeout(timer);
+      opts.signal?.removeEventListener('abort', onAbort);
+      sock.destroy();
+      resolve({ ok: false, reason, detail, durationMs: performance.now() - start });
+    };
+    const onAbort = (): void => fail('error', 'aborted');
+    const timer = setTimeout(() => fail('timeout', `no connection within ${opts.timeoutMs} ms`), opts.timeoutMs);
+    if (opts.signal?.aborted) { onAbort(); return; }
+    opts.signal?.addEventListener('abort', onAbort, { once: true });
+    sock.on('error', (err) => fail(reasonOf(err), detailOf(err)));
+    sock.once('connect', () => {
+      if (done) return;
+      done = true;
+      clearTimeout(timer);
+      opts.signal?.removeEventListener('abort', onAbort);
+      sock.removeAllListeners('error');
+      sock.write(probeHeader(version, sock));
+      const left = Math.max(1, opts.timeoutMs - (performance.now() - start));
+      httpRequest(target, { ...opts, timeoutMs: left }, sock).then((r) => resolve({ ...r, durationMs: performance.now() - start }));
+    });
+    try {
+      sock.connect({ host: target.address, port: target.port });
+    } catch (err) {
+      fail('error', detailOf(err));
+    }
+  });
+};
+
+/** The GET itself, on a socket of its own or on `sock` (already connected, header sent). */
+const httpRequest = (target: ProbeTarget, opts: ProbeOptions, sock: net.Socket | undefined): Promise<ProbeResult> => new Promise<ProbeResult>((resolve) => {
   const start = performance.now();
   const spec = target.http ?? DEFAULT_HTTP_CHECK;
   let done = false;
@@ -142,8 +200,9 @@ export const httpProbe: Probe = (target, opts) => new Promise<ProbeResult>((reso
       port: target.port,
       path: spec.path,
       method: 'GET',
-      agent: false,
       headers: { host: `${target.address}:${target.port}`, 'user-agent': 'lb-agent-health', accept: '*/*', connection: 'close' },
+      // No agent: with one (even agent: false) Node opens its own connection and ignores createConnection.
+      ...(sock ? { createConnection: () => sock } : { agent: false }),
     });
   } catch (err) {
     // A bad path or port throws synchronously; a probe reports, never throws.

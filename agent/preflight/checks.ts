@@ -6,6 +6,7 @@ import { parseCidr, parseIPv4, cidrContains, formatIPv4 } from '../ipv4';
 import type { Facts, MacvlanFacts } from './facts';
 import { wantedSysctl, type VipRole } from '../net/sysctl';
 import { defaultMaxConnections, effectiveMaxConnections, reservedDescriptors } from '../forward/capacity';
+import { proxyNeededReason } from '../forward/dataplane';
 
 export type CheckStatus = 'pass' | 'warn' | 'fail';
 
@@ -37,9 +38,9 @@ export function nftUsable(f: Facts): boolean {
   return f.nft.binary !== undefined && f.nft.probe.status === 'ok';
 }
 
-/** The data path the daemon will pick: auto means kernel when nftables works. */
+/** The data path the daemon will pick: auto means kernel when nftables works and no service needs the proxy. */
 export function effectiveDataplane(f: Facts): 'kernel' | 'proxy' {
-  if (f.config.dataplane === 'auto') return nftUsable(f) ? 'kernel' : 'proxy';
+  if (f.config.dataplane === 'auto') return nftUsable(f) && (f.config.proxyOnly ?? []).length === 0 ? 'kernel' : 'proxy';
   return f.config.dataplane;
 }
 
@@ -465,6 +466,8 @@ export function checkDataplane(f: Facts): CheckResult {
   const id = 'dataplane';
   const mode = f.config.dataplane;
   if (mode === 'proxy') return pass(id, 'dataplane proxy: nftables not needed');
+  const needed = proxyNeededReason(f.config.proxyOnly ?? []);
+  if (mode === 'auto' && needed !== undefined) return pass(id, `dataplane auto: ${needed}: the userspace proxy will be used, nftables not needed`);
   const probe = f.nft.probe;
   let problem: string | undefined;
   let remedy = '';

@@ -18,6 +18,7 @@ import { DEFAULTS } from '../config/defaults';
 import type { DataplaneMode, Desired } from '../config/types';
 import { readNofile } from '../forward/capacity';
 import { formatIPv4 } from '../ipv4';
+import { servicesNeedingProxy } from '../forward/dataplane';
 import { sysctlIfName } from './checks';
 import { parseDefaultRoute } from '../net/route';
 import { IF_SYSCTL_KEYS } from '../net/sysctl';
@@ -51,6 +52,8 @@ export interface ConfigFacts {
   services: number;
   /** proxy.maxConnections as configured; undefined: derived from the descriptor limit. */
   maxConnections?: number;
+  /** Services only the proxy path can serve (they ask for the PROXY protocol, issue 17). */
+  proxyOnly?: string[];
 }
 
 export interface MacvlanFacts {
@@ -221,6 +224,7 @@ export function configSummary(path_: string, config: Desired): ConfigFacts {
       .map((s) => s.key),
     services: config.services.length,
     ...(config.proxy.maxConnections !== undefined ? { maxConnections: config.proxy.maxConnections } : {}),
+    ...(servicesNeedingProxy(config.services).length > 0 ? { proxyOnly: servicesNeedingProxy(config.services) } : {}),
   };
 }
 

@@ -201,3 +201,16 @@ t.test('dhcp.servers and dhcp.allowOtherSubnets: typed once, defaults from one p
   t.equal(bad.ok, false);
   if (!bad.ok) t.match(formatConfigErrors(bad.errors), 'dhcp.servers[0]: "10.99.0.300" is not an IPv4 address');
 });
+
+t.test('PROXY protocol and proxy workers are typed (issues 17, 18)', async (t) => {
+  const res = loadConfigFile(path.join(FIX, 'good', 'proxy-protocol.yaml'));
+  if (!res.ok) { t.fail(formatConfigErrors(res.errors)); return; }
+  const [web, mail] = res.config.services;
+  t.equal(web!.proxyProtocol, 'v2');
+  t.equal(web!.healthCheck.proxyProtocol, 'v2', 'the probe sends the service\'s version');
+  t.equal(mail!.proxyProtocol, 'v1');
+  t.equal(mail!.healthCheck.proxyProtocol, undefined, 'probes send no header unless asked');
+  t.equal(res.config.proxy.workers, 2);
+  const plain = parseConfigText('services: [{ name: a, ipam: dhcp, ports: [{ port: 80 }] }]');
+  t.ok(plain.ok && plain.config.services[0]!.proxyProtocol === undefined && plain.config.proxy.workers === undefined, 'off and unset by default');
+});

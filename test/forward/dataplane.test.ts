@@ -4,7 +4,7 @@ import t from 'tap';
 import { parseIPv4 } from '../../agent/ipv4';
 import { isLbError } from '../../agent/errors';
 import type { BackendSpec, PortSpec } from '../../agent/config/types';
-import { normalizeState, portLabel, selectDataplane, serviceLabels } from '../../agent/forward/dataplane';
+import { normalizeState, portLabel, proxyNeededReason, selectDataplane, serviceLabels, servicesNeedingProxy } from '../../agent/forward/dataplane';
 
 const ok = async () => ({ ok: true, reason: 'fine' });
 const no = async () => ({ ok: false, reason: 'nft not found (install the nftables package)' });
@@ -48,4 +48,16 @@ t.test('normalizeState: canonical order, backends merged, weightless healthy dro
   t.same(problems, ['z/z: TCP port 80 on 10.0.0.1 is already forwarded for a/a; not forwarding it']);
   const notHeld = normalizeState({ services: [{ key: 'a/a', vip: undefined, ports: [p(80)], healthy: [], backends: [] }, { key: 'b/b', vip: undefined, ports: [p(80)], healthy: [], backends: [] }] });
   t.same(notHeld.problems, [], 'no VIP, no clash');
+});
+
+t.test('auto runs the proxy when a service asks for the PROXY protocol; kernel and proxy stay as configured', async (t) => {
+  const need = servicesNeedingProxy([{ key: 'a/web', proxyProtocol: 'v2' }, { key: 'a/db' }, { key: 'b/mail', proxyProtocol: 'v1' }]);
+  t.same(need, ['a/web', 'b/mail']);
+  let probed = false;
+  t.same(await selectDataplane('auto', async () => { probed = true; return { ok: true, reason: '' }; }, need), {
+    kind: 'proxy', reason: 'auto: a/web, b/mail ask for the PROXY protocol, which only the userspace proxy sends',
+  });
+  t.notOk(probed, 'no nftables probe: the choice is made');
+  t.same(await selectDataplane('auto', ok, []), { kind: 'kernel', reason: 'auto: nftables probe passed' });
+  t.equal(proxyNeededReason(['a', 'b', 'c', 'd', 'e']), 'a, b, c and 2 more ask for the PROXY protocol, which only the userspace proxy sends');
 });
