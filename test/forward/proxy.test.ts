@@ -468,3 +468,112 @@ t.test('EMFILE on a backend connect is the proxy\'s own: no failure reported, cl
   const again = await attempt(lp, '127.0.0.21');
   t.same([again.ok, again.what], [true, '127.0.0.1'], 'served again');
 });
+
+// --- the fast paths, each checked on its own (issue 18) ------------------------
+
+t.test('fast paths on: two worker threads each accept from a SO_REUSEPORT group of two, through the raw relay', async (t) => {
+  const port = await echoBackends(['127.0.0.1'], t);
+  const p = new ProxyDataplane({ config: cfg(), workers: 2 });
+  t.teardown(() => p.stop());
+  const vip = '127.0.0.30';
+  await p.apply({ services: [svc(vip, port, [b('127.0.0.1')])] });
+  const lp = await listenPort(p, vip);
+  // The kernel hashes each connection's ports to one socket of the group: 60 connections reach both.
+  for (let i = 0; i < 60; i++) t.equal((await hello(lp, vip)).id, '127.0.0.1');
+  const st = await p.stats();
+  const workers = st.details['workers'] as { index: number; thread: boolean; relay: string; accepted: number }[];
+  t.same(workers.map((w) => [w.thread, w.relay]), [[true, 'raw'], [true, 'raw']], 'two worker threads, each on the libuv-handle relay');
+  t.ok(workers.every((w) => w.accepted > 0), `both accepted (${workers.map((w) => w.accepted).join(' + ')})`);
+  t.equal(workers.reduce((n, w) => n + w.accepted, 0), 60);
+  t.same(st.details['relayed'], { raw: 60, streams: 0 }, 'no connection fell back to net streams');
+  const l = (st.details['listeners'] as { sockets: number; reusePort: boolean }[])[0]!;
+  t.same([l.sockets, l.reusePort], [2, true], 'one SO_REUSEPORT socket per worker');
+});
+
+t.test('the raw relay is what this Node offers; a Node without the bindings falls back to streams and says why', async (t) => {
+  const { loadRawBinding } = await import('../../agent/forward/relay-raw');
+  t.type(loadRawBinding(), 'object', 'Node 20 has the tcp_wrap/stream_wrap bindings the fast path needs');
+  const saved = Object.getOwnPropertyDescriptor(process, 'binding')!;
+  Object.defineProperty(process, 'binding', { value: undefined, configurable: true, writable: true });
+  try {
+    t.equal(loadRawBinding(), 'process.binding is not available');
+    const port = await echoBackends(['127.0.0.1'], t);
+    const p = new ProxyDataplane({ config: cfg(), inline: true });
+    await p.apply({ services: [svc('127.0.0.31', port, [b('127.0.0.1')])] });
+    t.equal((await hello(await listenPort(p, '127.0.0.31'), '127.0.0.31')).id, '127.0.0.1', 'still served');
+    const st = await p.stats();
+    t.same(st.details['relayed'], { raw: 0, streams: 1 }, 'through net streams');
+    await p.stop();
+  } finally {
+    Object.defineProperty(process, 'binding', saved);
+  }
+});
+
+/** A ListenerStore in memory that records what the proxy does with it. */
+class MemoryStore {
+  readonly kept: [string, number][] = [];
+  readonly dropped: string[] = [];
+  constructor(private readonly left: Map<string, number[]>) {}
+  take(id: string): number | undefined { return this.left.get(id)?.shift(); }
+  keep(id: string, fd: number): void { this.kept.push([id, fd]); }
+  drop(id: string): void { this.dropped.push(id); }
+}
+
+t.test('listener store: a SO_REUSEPORT group left by an earlier process is served whole, with more or fewer workers', async (t) => {
+  const { listenTcp4, socketInfo } = await import('../../agent/net/native');
+  const port = await echoBackends(['127.0.0.1'], t);
+  const vip = '127.0.0.32';
+  for (const workers of [1, 3]) {
+    const a = listenTcp4(parseIPv4(vip)!, 0, 64, true);
+    const b2 = listenTcp4(parseIPv4(vip)!, a.port, 64, true);
+    const spec = tcpPort(port);
+    const id = `${vip}|TCP|${spec.port}`;
+    const store = new MemoryStore(new Map([[id, [a.fd, b2.fd]]]));
+    const p = new ProxyDataplane({ config: cfg(), workers, listenerStore: store });
+    await p.apply({ services: [svc(vip, port, [b('127.0.0.1')])] });
+    t.equal(await listenPort(p, vip), a.port, `${workers} worker(s): the inherited port`);
+    // Whichever socket of the group the kernel picks, someone accepts: no connection waits.
+    for (let i = 0; i < 30; i++) t.equal((await attempt(a.port, vip)).what, '127.0.0.1');
+    const l = ((await p.stats()).details['listeners'] as { sockets: number }[])[0]!;
+    t.equal(l.sockets, Math.max(2, workers), `${workers} worker(s): both inherited sockets kept${workers > 2 ? ', one added' : ''}`);
+    t.same(store.kept.filter(([k]) => k === id).length, l.sockets, 'every socket of the group is kept in the store');
+    t.ok(socketInfo(a.fd).listening, 'the inherited descriptors are the ones in use');
+    await p.stop({ keep: true });
+    t.same(store.dropped, [], 'a planned stop drops nothing from the store');
+  }
+});
+
+t.test('listener store: an older lb-agent\'s socket without SO_REUSEPORT is shared by every worker', async (t) => {
+  const { listenTcp4 } = await import('../../agent/net/native');
+  const port = await echoBackends(['127.0.0.1'], t);
+  const vip = '127.0.0.33';
+  const old = listenTcp4(parseIPv4(vip)!, 0, 64, false);
+  const id = `${vip}|TCP|0`;
+  const p = new ProxyDataplane({ config: cfg(), workers: 2, listenerStore: new MemoryStore(new Map([[id, [old.fd]]])) });
+  t.teardown(() => p.stop());
+  await p.apply({ services: [svc(vip, port, [b('127.0.0.1')])] });
+  for (let i = 0; i < 20; i++) t.equal((await attempt(old.port, vip)).what, '127.0.0.1');
+  const st = await p.stats();
+  t.same(((st.details['listeners']) as { sockets: number; reusePort: boolean }[]).map((l) => [l.sockets, l.reusePort]), [[1, false]], 'one socket, no group');
+});
+
+t.test('a worker that ends is replaced and serves the same sockets; its connections leave the counts', async (t) => {
+  const port = await echoBackends(['127.0.0.1'], t);
+  const p = new ProxyDataplane({ config: cfg(), workers: 2 });
+  t.teardown(() => p.stop());
+  const vip = '127.0.0.34';
+  await p.apply({ services: [svc(vip, port, [b('127.0.0.1')])] });
+  const lp = await listenPort(p, vip);
+  const held = await Promise.all(Array.from({ length: 8 }, () => hello(lp, vip, true)));
+  t.equal((await p.stats()).details['openConnections'], 8);
+  // As if the thread had died (an out-of-memory worker ends the same way): reach into the proxy for it.
+  const hosts = (p as unknown as { hosts: { worker: import('node:worker_threads').Worker }[] }).hosts;
+  await hosts[0]!.worker.terminate();
+  await new Promise((r) => setTimeout(r, 300));
+  for (let i = 0; i < 30; i++) t.equal((await attempt(lp, vip)).what, '127.0.0.1', `connection ${i} served after the worker ended`);
+  const st = await p.stats();
+  const workers = st.details['workers'] as { alive: boolean; accepted: number }[];
+  t.same(workers.map((w) => w.alive), [true, true], 'replaced');
+  t.ok((st.details['openConnections'] as number) <= 8, 'the dead worker\'s connections no longer count');
+  for (const h of held) h.socket.destroy();
+});
