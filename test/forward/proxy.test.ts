@@ -490,25 +490,6 @@ t.test('fast paths on: two worker threads each accept from a SO_REUSEPORT group 
   t.same([l.sockets, l.reusePort], [2, true], 'one SO_REUSEPORT socket per worker');
 });
 
-t.test('the raw relay is what this Node offers; a Node without the bindings falls back to streams and says why', async (t) => {
-  const { loadRawBinding } = await import('../../agent/forward/relay-raw');
-  t.type(loadRawBinding(), 'object', 'Node 20 has the tcp_wrap/stream_wrap bindings the fast path needs');
-  const saved = Object.getOwnPropertyDescriptor(process, 'binding')!;
-  Object.defineProperty(process, 'binding', { value: undefined, configurable: true, writable: true });
-  try {
-    t.equal(loadRawBinding(), 'process.binding is not available');
-    const port = await echoBackends(['127.0.0.1'], t);
-    const p = new ProxyDataplane({ config: cfg(), inline: true });
-    await p.apply({ services: [svc('127.0.0.31', port, [b('127.0.0.1')])] });
-    t.equal((await hello(await listenPort(p, '127.0.0.31'), '127.0.0.31')).id, '127.0.0.1', 'still served');
-    const st = await p.stats();
-    t.same(st.details['relayed'], { raw: 0, streams: 1 }, 'through net streams');
-    await p.stop();
-  } finally {
-    Object.defineProperty(process, 'binding', saved);
-  }
-});
-
 /** A ListenerStore in memory that records what the proxy does with it. */
 class MemoryStore {
   readonly kept: [string, number][] = [];
