@@ -86,11 +86,24 @@ function politeClose(sock: net.Socket): void {
   sock.end();
 }
 
-/** A full TCP connect to address:port, closed right after with a FIN. */
-export const tcpProbe: Probe = (target, opts) => new Promise<ProbeResult>((resolve) => {
+interface Verdict {
+  /** Resolve with r, unless a verdict was given already. */
+  finish(r: ProbeResult): void;
+  /** Resolve as failed and tear the socket or request down. */
+  fail(reason: FailureReason, detail: string): void;
+  readonly done: boolean;
+  /** Milliseconds since the probe began. */
+  elapsed(): number;
+}
+
+/**
+ * One verdict per probe: the first of an answer, an error, the timeout and
+ * an abort wins; the timer and the abort listener go with it. `teardown`
+ * destroys the probe's socket or request on a failure.
+ */
+function verdict(resolve: (r: ProbeResult) => void, opts: ProbeOptions, timeoutDetail: string, teardown: () => void): Verdict {
   const start = performance.now();
   let done = false;
-  const sock = new net.Socket({ allowHalfOpen: false });
   const finish = (r: ProbeResult): void => {
     if (done) return;
     done = true;
@@ -100,26 +113,33 @@ export const tcpProbe: Probe = (target, opts) => new Promise<ProbeResult>((resol
   };
   const fail = (reason: FailureReason, detail: string): void => {
     finish({ ok: false, reason, detail, durationMs: performance.now() - start });
-    sock.destroy();
+    teardown();
   };
   const onAbort = (): void => fail('error', 'aborted');
-  const timer = setTimeout(() => fail('timeout', `no connection within ${opts.timeoutMs} ms`), opts.timeoutMs);
-  if (opts.signal?.aborted) { onAbort(); return; }
-  opts.signal?.addEventListener('abort', onAbort, { once: true });
+  const timer = setTimeout(() => fail('timeout', timeoutDetail), opts.timeoutMs);
+  if (opts.signal?.aborted) onAbort();
+  else opts.signal?.addEventListener('abort', onAbort, { once: true });
+  return { finish, fail, get done() { return done; }, elapsed: () => performance.now() - start };
+}
+
+/** A full TCP connect to address:port, closed right after with a FIN. */
+export const tcpProbe: Probe = (target, opts) => new Promise<ProbeResult>((resolve) => {
+  const sock = new net.Socket({ allowHalfOpen: false });
+  const v = verdict(resolve, opts, `no connection within ${opts.timeoutMs} ms`, () => sock.destroy());
+  if (v.done) return; // aborted before it began
   sock.once('connect', () => {
     if (target.proxyProtocol !== undefined) sock.write(probeHeader(target.proxyProtocol, sock));
-    finish({ ok: true, durationMs: performance.now() - start });
+    v.finish({ ok: true, durationMs: v.elapsed() });
     politeClose(sock);
   });
   sock.on('error', (err) => {
-    if (done) return;
-    fail(reasonOf(err), detailOf(err));
+    if (!v.done) v.fail(reasonOf(err), detailOf(err));
   });
   try {
     sock.connect({ host: target.address, port: target.port });
   } catch (err) {
     // A bad port or address throws synchronously; a probe reports, never throws.
-    fail('error', detailOf(err));
+    v.fail('error', detailOf(err));
   }
 });
 
@@ -138,61 +158,33 @@ function probeHeader(version: ProxyProtocolVersion, sock: net.Socket): Buffer {
  * and sends the request on that connection (the v1 line names the probe's
  * own address, known only once connected).
  */
-export const httpProbe: Probe = (target, opts) => {
-  if (target.proxyProtocol === undefined) return httpRequest(target, opts, undefined);
+export const httpProbe: Probe = (target, opts) => new Promise<ProbeResult>((resolve) => {
+  let req: http.ClientRequest | undefined;
+  let sock: net.Socket | undefined;
+  const v = verdict(resolve, opts, `no response within ${opts.timeoutMs} ms`, () => { req?.destroy(); sock?.destroy(); });
+  if (v.done) return; // aborted before it began
   const version = target.proxyProtocol;
-  const start = performance.now();
-  return new Promise<ProbeResult>((resolve) => {
-    let done = false;
-    const sock = new net.Socket();
-    const fail = (reason: FailureReason, detail: string): void => {
-      if (done) return;
-      done = true;
-      clearTimeout(timer);
-      opts.signal?.removeEventListener('abort', onAbort);
-      sock.destroy();
-      resolve({ ok: false, reason, detail, durationMs: performance.now() - start });
-    };
-    const onAbort = (): void => fail('error', 'aborted');
-    const timer = setTimeout(() => fail('timeout', `no connection within ${opts.timeoutMs} ms`), opts.timeoutMs);
-    if (opts.signal?.aborted) { onAbort(); return; }
-    opts.signal?.addEventListener('abort', onAbort, { once: true });
-    sock.on('error', (err) => fail(reasonOf(err), detailOf(err)));
-    sock.once('connect', () => {
-      if (done) return;
-      done = true;
-      clearTimeout(timer);
-      opts.signal?.removeEventListener('abort', onAbort);
-      sock.removeAllListeners('error');
-      sock.write(probeHeader(version, sock));
-      const left = Math.max(1, opts.timeoutMs - (performance.now() - start));
-      httpRequest(target, { ...opts, timeoutMs: left }, sock).then((r) => resolve({ ...r, durationMs: performance.now() - start }));
-    });
-    try {
-      sock.connect({ host: target.address, port: target.port });
-    } catch (err) {
-      fail('error', detailOf(err));
-    }
+  if (version === undefined) { req = httpGet(target, v, undefined); return; }
+  const s = new net.Socket();
+  sock = s;
+  s.on('error', (err) => {
+    if (!v.done) v.fail(reasonOf(err), detailOf(err));
   });
-};
+  s.once('connect', () => {
+    if (v.done) return;
+    s.write(probeHeader(version, s));
+    req = httpGet(target, v, s);
+  });
+  try {
+    s.connect({ host: target.address, port: target.port });
+  } catch (err) {
+    v.fail('error', detailOf(err));
+  }
+});
 
-/** The GET itself, on a socket of its own or on `sock` (already connected, header sent). */
-const httpRequest = (target: ProbeTarget, opts: ProbeOptions, sock: net.Socket | undefined): Promise<ProbeResult> => new Promise<ProbeResult>((resolve) => {
-  const start = performance.now();
+/** The GET itself, on a connection of its own or on `sock` (connected, header sent); undefined when it could not start. */
+function httpGet(target: ProbeTarget, v: Verdict, sock: net.Socket | undefined): http.ClientRequest | undefined {
   const spec = target.http ?? DEFAULT_HTTP_CHECK;
-  let done = false;
-  const finish = (r: ProbeResult): void => {
-    if (done) return;
-    done = true;
-    clearTimeout(timer);
-    opts.signal?.removeEventListener('abort', onAbort);
-    resolve(r);
-  };
-  const fail = (reason: FailureReason, detail: string): void => {
-    finish({ ok: false, reason, detail, durationMs: performance.now() - start });
-    req.destroy();
-  };
-  const onAbort = (): void => fail('error', 'aborted');
   let req: http.ClientRequest;
   try {
     req = http.request({
@@ -200,37 +192,35 @@ const httpRequest = (target: ProbeTarget, opts: ProbeOptions, sock: net.Socket |
       port: target.port,
       path: spec.path,
       method: 'GET',
-      headers: { host: `${target.address}:${target.port}`, 'user-agent': 'lb-agent-health', accept: '*/*', connection: 'close' },
       // No agent: with one (even agent: false) Node opens its own connection and ignores createConnection.
       ...(sock ? { createConnection: () => sock } : { agent: false }),
+      headers: { host: `${target.address}:${target.port}`, 'user-agent': 'lb-agent-health', accept: '*/*', connection: 'close' },
     });
   } catch (err) {
     // A bad path or port throws synchronously; a probe reports, never throws.
-    resolve({ ok: false, reason: 'error', detail: detailOf(err), durationMs: performance.now() - start });
-    return;
+    v.fail('error', detailOf(err));
+    return undefined;
   }
-  const timer = setTimeout(() => fail('timeout', `no response within ${opts.timeoutMs} ms`), opts.timeoutMs);
-  if (opts.signal?.aborted) { onAbort(); return; }
-  opts.signal?.addEventListener('abort', onAbort, { once: true });
-  req.on('response', (res) => {
+  const r = req;
+  r.on('response', (res) => {
     const status = res.statusCode ?? 0;
-    const durationMs = performance.now() - start;
+    const durationMs = v.elapsed();
     const [lo, hi] = spec.expectStatus;
-    if (status >= lo && status <= hi) finish({ ok: true, durationMs, detail: `HTTP ${status}` });
-    else finish({ ok: false, reason: 'bad-status', detail: `HTTP ${status}, expected ${lo}-${hi}`, durationMs });
+    if (status >= lo && status <= hi) v.finish({ ok: true, durationMs, detail: `HTTP ${status}` });
+    else v.finish({ ok: false, reason: 'bad-status', detail: `HTTP ${status}, expected ${lo}-${hi}`, durationMs });
     // Drain the body so the socket closes with a FIN, not a RST.
     res.on('error', () => { /* result already known */ });
     res.resume();
-    const t = setTimeout(() => req.destroy(), CLOSE_GRACE_MS);
+    const t = setTimeout(() => r.destroy(), CLOSE_GRACE_MS);
     t.unref();
     res.once('close', () => clearTimeout(t));
   });
-  req.on('error', (err) => {
-    if (done) return;
-    fail(reasonOf(err), detailOf(err));
+  r.on('error', (err) => {
+    if (!v.done) v.fail(reasonOf(err), detailOf(err));
   });
-  req.end();
-});
+  r.end();
+  return r;
+}
 
 /** The default probe: by target type. */
 export const defaultProbe: Probe = (target, opts) => (target.type === 'http' ? httpProbe(target, opts) : tcpProbe(target, opts));

@@ -1,6 +1,6 @@
 // Issue 17 end to end: the real agent (dataplane auto) on the proxy path sends
 // the PROXY protocol header, and a backend that requires it - parsing it
-// strictly, byte for byte against the spec (fixtures/proxy-protocol-backend.ts)
+// strictly, byte for byte against the spec (lab/bin/proxy-protocol-backend.ts)
 // - sees the client's real address and port with v1 and with v2, for TCP and
 // (v2) UDP; health checks send the header when asked (a v1 line naming the
 // probe's own connection with an http check, the v2 LOCAL command with a tcp
@@ -10,10 +10,10 @@ import t from 'tap';
 import * as fs from 'node:fs';
 import { stringify } from 'yaml';
 import { requirePrivileged } from '../helpers/privileged';
-import { createLab, waitFor } from '../helpers/netns';
-import { distPath } from '../helpers/services';
-import { onJsonLines } from '../helpers/jsonlines';
-import { agentCli, startAgent, waitStatus } from '../helpers/agent';
+import { createLab, waitFor } from '../../lab/netns';
+import { distPath } from '../../lab/services';
+import { onJsonLines } from '../../lab/jsonlines';
+import { agentCli, startAgent, waitStatus } from '../../lab/agent';
 
 const VIP = '10.99.0.200';
 const NODE = '10.99.0.2';
@@ -81,7 +81,7 @@ t.test('PROXY protocol v1 and v2: the backend sees the client; checks send the h
   const seen: Seen[] = [];
   for (const [i, address] of BACKENDS.entries()) {
     const ns = await lab.addHost(`b${i + 1}`, { address: `${address}/24` });
-    const p = lab.spawn(ns, process.execPath, [distPath('test', 'privileged', 'fixtures', 'proxy-protocol-backend.js'), '--id', `b${i + 1}`, '--tcp', '8080:1', '--tcp', '8081:2', '--udp', '5353:2']);
+    const p = lab.spawn(ns, process.execPath, [distPath('lab', 'bin', 'proxy-protocol-backend.js'), '--id', `b${i + 1}`, '--tcp', '8080:1', '--tcp', '8081:2', '--udp', '5353:2']);
     let up = false;
     onJsonLines(p.stdout!, (o) => { if (o['event'] === 'listening') up = true; else seen.push(o as unknown as Seen); });
     await waitFor(`backend b${i + 1}`, () => up, 10_000);
