@@ -5,16 +5,22 @@
 // connection in the node namespace):
 //   direct     wrk -> b1 itself: no balancer, the limit of one backend
 //   kernel     the real `lb-agent run` with dataplane: kernel (nftables)
-//   proxy      the real `lb-agent run` with dataplane: proxy (userspace)
+//   proxy      the real `lb-agent run` with dataplane: proxy (userspace),
+//              its default workers (one per CPU; issue 18)
+//   proxy1     the same with proxy.workers: 1
 //   haproxy1   HAProxy mode tcp, nbthread 1
 //   haproxy    HAProxy mode tcp, its default threads (one per CPU)
 //   nginx      nginx stream, one worker
+//   proxy-pp2 / haproxy-pp2   proxy and haproxy with a PROXY protocol v2
+//              header to the backends (issue 17: `proxyProtocol: v2`, HAProxy
+//              `send-proxy-v2`), to nginx backends' `listen 8081 proxy_protocol`
 // Per slot: keep-alive requests/s with p50/p99 (wrk), new connections/s (wrk
 // with `Connection: close`), bulk throughput of one TCP stream (iperf3; the
 // bulk port has b1 only, as iperf3's control and data connections must reach
 // the same server), and the balancer's memory after the load. Rounds visit
 // every target in a rotated order; the summary is the median per target.
 // Only lab namespaces are addressed.
+import * as os from 'node:os';
 import { Lab, run, waitFor } from '../lab/netns';
 import { waitStatus } from '../lab/agent';
 import { runAgent, stopAgent, FAST_ARP, type AgentHandle } from './lib/agent';
@@ -29,16 +35,19 @@ const AGENT_VIP = '10.99.0.50';
 const PEER_VIP = '10.99.0.60';
 const BACKENDS = ['10.99.0.11', '10.99.0.12', '10.99.0.13'];
 
-export const FORWARD_TARGETS = ['direct', 'kernel', 'proxy', 'haproxy1', 'haproxy', 'nginx'] as const;
+export const FORWARD_TARGETS = ['direct', 'kernel', 'proxy', 'proxy1', 'haproxy1', 'haproxy', 'nginx', 'proxy-pp2', 'haproxy-pp2'] as const;
 export type ForwardTarget = (typeof FORWARD_TARGETS)[number];
 
 export const FORWARD_LABELS: Record<ForwardTarget, string> = {
   direct: 'direct to one backend (the limit)',
   kernel: 'lb-agent, kernel path (nftables)',
-  proxy: 'lb-agent, proxy path (userspace)',
+  proxy: 'lb-agent, proxy path (userspace), one worker per CPU',
+  proxy1: 'lb-agent, proxy path, 1 worker',
   haproxy1: 'HAProxy, 1 thread',
   haproxy: 'HAProxy, default threads',
   nginx: 'nginx stream, 1 worker',
+  'proxy-pp2': 'lb-agent, proxy path, one worker per CPU, PROXY v2',
+  'haproxy-pp2': 'HAProxy, default threads, send-proxy-v2',
 };
 
 /** HTTP port and iperf3 port of each target. */
@@ -46,6 +55,9 @@ const ENDPOINT: Record<ForwardTarget, { host: string; http: number; bulk: number
   direct: { host: BACKENDS[0]!, http: 8080, bulk: 5201 },
   kernel: { host: AGENT_VIP, http: 80, bulk: 5201 },
   proxy: { host: AGENT_VIP, http: 80, bulk: 5201 },
+  proxy1: { host: AGENT_VIP, http: 80, bulk: 5201 },
+  'proxy-pp2': { host: AGENT_VIP, http: 80, bulk: 5201 },
+  'haproxy-pp2': { host: PEER_VIP, http: 85, bulk: 5205 },
   haproxy1: { host: PEER_VIP, http: 82, bulk: 5202 },
   haproxy: { host: PEER_VIP, http: 84, bulk: 5204 },
   nginx: { host: PEER_VIP, http: 83, bulk: 5203 },
@@ -82,22 +94,29 @@ export interface ForwardTargetSummary {
 }
 
 export interface ForwardResult {
-  config: Omit<ForwardOptions, 'log'> & { wrk: string; iperf3: string; backends: string; threadsDefaultHaproxy: string };
+  config: Omit<ForwardOptions, 'log'> & { wrk: string; iperf3: string; backends: string; threadsDefaultHaproxy: string; proxyWorkers: number };
   summary: Partial<Record<ForwardTarget, ForwardTargetSummary>>;
   raw: ForwardSample[];
   /** Targets that could not be measured in a round, and why. */
   errors: string[];
 }
 
-function agentConfig(dataplane: 'kernel' | 'proxy'): Record<string, unknown> {
+/** The backends' port that requires a PROXY protocol header (nginx `listen ... proxy_protocol`). */
+const PP_PORT = 8081;
+
+function agentConfig(dataplane: 'kernel' | 'proxy', o: { workers?: number; proxyProtocol?: 'v2' } = {}): Record<string, unknown> {
   return {
     node: { name: 'bench', interface: 'eth0' },
     metrics: { listen: '' },
     dataplane,
+    ...(o.workers !== undefined ? { proxy: { workers: o.workers } } : {}),
     pools: { 'range-global': `${AGENT_VIP}-10.99.0.51` },
     arp: FAST_ARP,
     services: [
-      { name: 'web', ipam: 'pool', loadBalancerIP: AGENT_VIP, ports: [{ name: 'http', port: 80, targetPort: 8080 }], backends: BACKENDS },
+      {
+        name: 'web', ipam: 'pool', loadBalancerIP: AGENT_VIP, ports: [{ name: 'http', port: 80, targetPort: o.proxyProtocol ? PP_PORT : 8080 }], backends: BACKENDS,
+        ...(o.proxyProtocol ? { proxyProtocol: o.proxyProtocol, healthCheck: { proxyProtocol: true } } : {}),
+      },
       { name: 'bulk', primaryService: 'web', ports: [{ name: 'iperf', port: 5201, targetPort: 5201 }], backends: [BACKENDS[0]!], healthCheck: { port: 8080 } },
     ],
   };
@@ -115,8 +134,12 @@ async function startTarget(lab: Lab, node: string, target: ForwardTarget, slot: 
     case 'direct':
       return undefined;
     case 'kernel':
-    case 'proxy': {
-      const agent: AgentHandle = await runAgent(lab, node, agentConfig(target), { name: `fwd-${target}-${slot}` });
+    case 'proxy':
+    case 'proxy1':
+    case 'proxy-pp2': {
+      const cfg = target === 'kernel' ? agentConfig('kernel')
+        : agentConfig('proxy', { workers: target === 'proxy1' ? 1 : undefined, proxyProtocol: target === 'proxy-pp2' ? 'v2' : undefined });
+      const agent: AgentHandle = await runAgent(lab, node, cfg, { name: `fwd-${target}-${slot}` });
       await waitStatus(agent, `${target} agent serving`, (s) => s.services.length === 2 && s.services.every((x) => x.ready) && s.services[0]!.healthyBackends === BACKENDS.length, 30_000);
       return {
         pid: agent.proc.pid,
@@ -129,9 +152,12 @@ async function startTarget(lab: Lab, node: string, target: ForwardTarget, slot: 
     }
     case 'haproxy1':
     case 'haproxy':
+    case 'haproxy-pp2':
       return peer(await startHaproxy(lab, node, `${target}-${slot}`, {
         threads: target === 'haproxy1' ? 1 : undefined,
-        bind: `${ep.host}:${ep.http}`, servers,
+        bind: `${ep.host}:${ep.http}`,
+        servers: target === 'haproxy-pp2' ? servers.map((s) => ({ ...s, address: s.address.replace(/:8080$/, `:${PP_PORT}`) })) : servers,
+        ...(target === 'haproxy-pp2' ? { sendProxy: 'v2' as const } : {}),
         extra: [{ name: 'bulk', bind: `${ep.host}:${ep.bulk}`, servers: bulkServer }],
       }));
     case 'nginx':
@@ -158,7 +184,7 @@ export async function benchForward(o: ForwardOptions): Promise<ForwardResult> {
     for (let i = 0; i < BACKENDS.length; i++) {
       const ns = await lab.addHost(`b${i + 1}`, { address: `${BACKENDS[i]}/24` });
       await lab.sh(ns, tune);
-      await startNginxBackend(lab, ns, `b${i + 1}`);
+      await startNginxBackend(lab, ns, `b${i + 1}`, 8080, PP_PORT);
       if (i === 0) await startIperfServer(lab, ns, 5201);
     }
     o.log(`lab up; targets ${o.targets.join(',')}; ${o.rounds} round(s) of ${o.seconds} s measurements`);
@@ -214,8 +240,9 @@ export async function benchForward(o: ForwardOptions): Promise<ForwardResult> {
         rounds: o.rounds, seconds: o.seconds, warmup: o.warmup, connections: o.connections, threads: o.threads, targets: o.targets,
         wrk: `wrk -t${o.threads} -c${o.connections} -d${o.seconds}s --latency (new connections: -H 'Connection: close')`,
         iperf3: `iperf3 -c HOST -t ${o.seconds + 1} -O 1 (one stream)`,
-        backends: 'nginx 1 worker each, 3 backends (bulk: iperf3 on b1 only)',
+        backends: `nginx 1 worker each, 3 backends (bulk: iperf3 on b1 only; PROXY v2 targets to \`listen ${PP_PORT} proxy_protocol\`)`,
         threadsDefaultHaproxy: 'no nbthread: HAProxy starts one thread per CPU it may run on',
+        proxyWorkers: os.availableParallelism(),
       },
       summary,
       raw,
