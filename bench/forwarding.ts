@@ -8,10 +8,15 @@
 //   dsr        the same with sourceIP: preserve: direct server return (issue
 //              17); the backends hold its VIP on lo, so replies go from them
 //              straight to the client
-//   proxy      the real `lb-agent run` with dataplane: proxy (userspace)
+//   proxy      the real `lb-agent run` with dataplane: proxy (userspace),
+//              its default workers (one per CPU; issue 18)
+//   proxy1     the same with proxy.workers: 1
 //   haproxy1   HAProxy mode tcp, nbthread 1
 //   haproxy    HAProxy mode tcp, its default threads (one per CPU)
 //   nginx      nginx stream, one worker
+//   proxy-pp2 / haproxy-pp2   proxy and haproxy with a PROXY protocol v2
+//              header to the backends (issue 17: `proxyProtocol: v2`, HAProxy
+//              `send-proxy-v2`), to nginx backends' `listen 8081 proxy_protocol`
 // Per slot: keep-alive requests/s with p50/p99 (wrk), new connections/s (wrk
 // with `Connection: close`), bulk throughput of one TCP stream each way
 // (iperf3, client -> server and -R server -> client, the replies' direction;
@@ -21,6 +26,7 @@
 // when a backend fails, returns, or is added to or removed from the config. Rounds visit
 // every target in a rotated order; the summary is the median per target.
 // Only lab namespaces are addressed.
+import * as os from 'node:os';
 import { Lab, run, waitFor } from '../lab/netns';
 import { waitStatus } from '../lab/agent';
 import { runAgent, stopAgent, FAST_ARP, type AgentHandle } from './lib/agent';
@@ -38,17 +44,20 @@ const PEER_VIP = '10.99.0.60';
 const DSR_VIP = '10.99.0.52';
 const BACKENDS = ['10.99.0.11', '10.99.0.12', '10.99.0.13'];
 
-export const FORWARD_TARGETS = ['direct', 'kernel', 'dsr', 'proxy', 'haproxy1', 'haproxy', 'nginx'] as const;
+export const FORWARD_TARGETS = ['direct', 'kernel', 'dsr', 'proxy', 'proxy1', 'haproxy1', 'haproxy', 'nginx', 'proxy-pp2', 'haproxy-pp2'] as const;
 export type ForwardTarget = (typeof FORWARD_TARGETS)[number];
 
 export const FORWARD_LABELS: Record<ForwardTarget, string> = {
   direct: 'direct to one backend (the limit)',
   kernel: 'lb-agent, kernel path (nftables)',
   dsr: 'lb-agent, kernel path, direct server return',
-  proxy: 'lb-agent, proxy path (userspace)',
+  proxy: 'lb-agent, proxy path (userspace), one worker per CPU',
+  proxy1: 'lb-agent, proxy path, 1 worker',
   haproxy1: 'HAProxy, 1 thread',
   haproxy: 'HAProxy, default threads',
   nginx: 'nginx stream, 1 worker',
+  'proxy-pp2': 'lb-agent, proxy path, one worker per CPU, PROXY v2',
+  'haproxy-pp2': 'HAProxy, default threads, send-proxy-v2',
 };
 
 /** HTTP port and iperf3 port of each target. */
@@ -58,6 +67,9 @@ const ENDPOINT: Record<ForwardTarget, { host: string; http: number; bulk: number
   // Direct server return cannot rewrite ports: the VIP serves the backends' own 8080.
   dsr: { host: DSR_VIP, http: 8080, bulk: 5201 },
   proxy: { host: AGENT_VIP, http: 80, bulk: 5201 },
+  proxy1: { host: AGENT_VIP, http: 80, bulk: 5201 },
+  'proxy-pp2': { host: AGENT_VIP, http: 80, bulk: 5201 },
+  'haproxy-pp2': { host: PEER_VIP, http: 85, bulk: 5205 },
   haproxy1: { host: PEER_VIP, http: 82, bulk: 5202 },
   haproxy: { host: PEER_VIP, http: 84, bulk: 5204 },
   nginx: { host: PEER_VIP, http: 83, bulk: 5203 },
@@ -98,7 +110,7 @@ export interface ForwardTargetSummary {
 }
 
 export interface ForwardResult {
-  config: Omit<ForwardOptions, 'log'> & { wrk: string; iperf3: string; backends: string; threadsDefaultHaproxy: string };
+  config: Omit<ForwardOptions, 'log'> & { wrk: string; iperf3: string; backends: string; threadsDefaultHaproxy: string; proxyWorkers: number };
   summary: Partial<Record<ForwardTarget, ForwardTargetSummary>>;
   raw: ForwardSample[];
   /** Targets that could not be measured in a round, and why. */
@@ -135,17 +147,22 @@ export function dsrHashing(counts: readonly number[] = [3, 10, 100]): DsrHashing
   });
 }
 
-function agentConfig(target: 'kernel' | 'dsr' | 'proxy'): Record<string, unknown> {
+/** The backends' port that requires a PROXY protocol header (nginx `listen ... proxy_protocol`). */
+const PP_PORT = 8081;
+
+function agentConfig(target: 'kernel' | 'dsr' | 'proxy' | 'proxy1' | 'proxy-pp2'): Record<string, unknown> {
   const dsr = target === 'dsr';
   const preserve = dsr ? { sourceIP: 'preserve' } : {};
+  const pp = target === 'proxy-pp2' ? { proxyProtocol: 'v2', healthCheck: { proxyProtocol: true } } : {};
   return {
     node: { name: 'bench', interface: 'eth0' },
     metrics: { listen: '' },
-    dataplane: dsr ? 'kernel' : target,
+    dataplane: target === 'kernel' || dsr ? 'kernel' : 'proxy',
+    ...(target === 'proxy1' ? { proxy: { workers: 1 } } : {}),
     pools: { 'range-global': `${AGENT_VIP}-${DSR_VIP}` },
     arp: FAST_ARP,
     services: [
-      { name: 'web', ipam: 'pool', loadBalancerIP: dsr ? DSR_VIP : AGENT_VIP, ports: [{ name: 'http', port: ENDPOINT[target].http, targetPort: 8080 }], backends: BACKENDS, ...preserve },
+      { name: 'web', ipam: 'pool', loadBalancerIP: dsr ? DSR_VIP : AGENT_VIP, ports: [{ name: 'http', port: ENDPOINT[target].http, targetPort: target === 'proxy-pp2' ? PP_PORT : 8080 }], backends: BACKENDS, ...preserve, ...pp },
       { name: 'bulk', primaryService: 'web', ports: [{ name: 'iperf', port: 5201, targetPort: 5201 }], backends: [BACKENDS[0]!], healthCheck: { port: 8080 }, ...preserve },
     ],
   };
@@ -164,7 +181,9 @@ async function startTarget(lab: Lab, node: string, target: ForwardTarget, slot: 
       return undefined;
     case 'kernel':
     case 'dsr':
-    case 'proxy': {
+    case 'proxy':
+    case 'proxy1':
+    case 'proxy-pp2': {
       const agent: AgentHandle = await runAgent(lab, node, agentConfig(target), { name: `fwd-${target}-${slot}` });
       await waitStatus(agent, `${target} agent serving`, (s) => s.services.length === 2 && s.services.every((x) => x.ready) && s.services[0]!.healthyBackends === BACKENDS.length, 30_000);
       return {
@@ -178,9 +197,12 @@ async function startTarget(lab: Lab, node: string, target: ForwardTarget, slot: 
     }
     case 'haproxy1':
     case 'haproxy':
+    case 'haproxy-pp2':
       return peer(await startHaproxy(lab, node, `${target}-${slot}`, {
         threads: target === 'haproxy1' ? 1 : undefined,
-        bind: `${ep.host}:${ep.http}`, servers,
+        bind: `${ep.host}:${ep.http}`,
+        servers: target === 'haproxy-pp2' ? servers.map((s) => ({ ...s, address: s.address.replace(/:8080$/, `:${PP_PORT}`) })) : servers,
+        ...(target === 'haproxy-pp2' ? { sendProxy: 'v2' as const } : {}),
         extra: [{ name: 'bulk', bind: `${ep.host}:${ep.bulk}`, servers: bulkServer }],
       }));
     case 'nginx':
@@ -209,7 +231,7 @@ export async function benchForward(o: ForwardOptions): Promise<ForwardResult> {
       await lab.sh(ns, tune);
       // The backend side of direct server return, as the README says for a backend without lb-agent.
       await lab.sh(ns, `ip addr add ${DSR_VIP}/32 dev lo && sysctl -qw net.ipv4.conf.all.arp_ignore=1 net.ipv4.conf.all.arp_announce=2`);
-      await startNginxBackend(lab, ns, `b${i + 1}`);
+      await startNginxBackend(lab, ns, `b${i + 1}`, 8080, PP_PORT);
       if (i === 0) await startIperfServer(lab, ns, 5201);
     }
     o.log(`lab up; targets ${o.targets.join(',')}; ${o.rounds} round(s) of ${o.seconds} s measurements`);
@@ -267,8 +289,9 @@ export async function benchForward(o: ForwardOptions): Promise<ForwardResult> {
         rounds: o.rounds, seconds: o.seconds, warmup: o.warmup, connections: o.connections, threads: o.threads, targets: o.targets,
         wrk: `wrk -t${o.threads} -c${o.connections} -d${o.seconds}s --latency (new connections: -H 'Connection: close')`,
         iperf3: `iperf3 -c HOST -t ${o.seconds + 1} -O 1 (one stream; and with -R, server to client)`,
-        backends: 'nginx 1 worker each, 3 backends (bulk: iperf3 on b1 only)',
+        backends: `nginx 1 worker each, 3 backends (bulk: iperf3 on b1 only; PROXY v2 targets to \`listen ${PP_PORT} proxy_protocol\`)`,
         threadsDefaultHaproxy: 'no nbthread: HAProxy starts one thread per CPU it may run on',
+        proxyWorkers: os.availableParallelism(),
       },
       summary,
       raw,

@@ -23,7 +23,7 @@ export const DEFAULTS = {
   sourceIP: 'snat',
   topology: 'any',
   // Harvester cloud provider defaults: TCP, success 1, failure 3, period 5 s, timeout 3 s.
-  healthCheck: { enabled: true, type: 'tcp', successThreshold: 1, failureThreshold: 3, periodSeconds: 5, timeoutSeconds: 3, passiveFailures: 3 },
+  healthCheck: { enabled: true, type: 'tcp', successThreshold: 1, failureThreshold: 3, periodSeconds: 5, timeoutSeconds: 3, passiveFailures: 3, proxyProtocol: false },
   httpCheck: { path: '/', expectStatus: [200, 399] as [number, number] },
 } as const;
 

@@ -137,8 +137,9 @@ interface RawService {
   sourceIP: SourceIpMode; topology: TopologyPolicy;
   healthCheck: {
     enabled: boolean; type: 'tcp' | 'http'; port?: number; successThreshold: number; failureThreshold: number;
-    periodSeconds: number; timeoutSeconds: number; passiveFailures: number; http?: { path: string; expectStatus: [number, number] };
+    periodSeconds: number; timeoutSeconds: number; passiveFailures: number; proxyProtocol: boolean; http?: { path: string; expectStatus: [number, number] };
   };
+  proxyProtocol?: 'v1' | 'v2';
 }
 
 interface RawConfig {
@@ -282,14 +283,41 @@ function buildServices(raw: RawConfig, pools: readonly Pool[], err: (segs: Seg[]
       timeoutSeconds: timeout ?? DEFAULTS.healthCheck.timeoutSeconds,
       http: h.type === 'http' ? { path: h.http?.path ?? DEFAULTS.httpCheck.path, expectStatus: h.http?.expectStatus ?? DEFAULTS.httpCheck.expectStatus } : undefined,
       passiveFailures: h.passiveFailures,
+      ...(h.proxyProtocol && s.proxyProtocol !== undefined ? { proxyProtocol: s.proxyProtocol } : {}),
     };
     if (h.http && h.type !== 'http') err(at('healthCheck', 'http'), 'is only valid with healthCheck.type: http');
     if (hc.http && hc.http.expectStatus[0] > hc.http.expectStatus[1]) {
       err(at('healthCheck', 'http', 'expectStatus'), `[${hc.http.expectStatus.join(', ')}] is reversed`);
     }
+    // Issue 17: the PROXY protocol header, on the proxy data path only.
+    const pp = s.proxyProtocol;
+    if (pp !== undefined && raw.dataplane === 'kernel') {
+      err(at('proxyProtocol'), `${pp}: the PROXY protocol header is sent by the userspace proxy only, and dataplane is kernel (nftables forwards packets, it never writes into a connection); set dataplane: proxy or auto (auto then runs the proxy), or remove proxyProtocol`);
+    }
+    if (pp === 'v1') {
+      ports.forEach((p, pi) => {
+        if (p.protocol === 'UDP') err(at('ports', pi, 'protocol'), `UDP port ${p.port} with proxyProtocol v1: PROXY protocol v1 has no UDP (only TCP4/TCP6 lines); use proxyProtocol: v2, which carries UDP, or move the port to a service without it`);
+      });
+    }
+    if (h.proxyProtocol && pp === undefined) {
+      err(at('healthCheck', 'proxyProtocol'), 'true, but the service has no proxyProtocol: set proxyProtocol: v1 or v2 on the service (the probe sends the same version), or remove healthCheck.proxyProtocol');
+    }
 
     prelim.push({ idx, key, raw: s, ipam, ipamGiven: ipamTyped !== undefined || ipamAnn !== undefined, primary, hc, ports, backends });
   });
+
+  // Issue 17: one agent runs one data path. Direct server return needs the
+  // kernel path and the PROXY protocol the proxy; under dataplane: auto a
+  // config asking for both would pick one at start and fail the other
+  // there, so it is refused here, naming both.
+  if (raw.dataplane !== 'kernel' && raw.dataplane !== 'proxy') {
+    const dsr = prelim.find((p) => p.raw.sourceIP === 'preserve');
+    const pp = prelim.find((p) => p.raw.proxyProtocol !== undefined);
+    if (dsr && pp) {
+      const other = dsr === pp ? 'its own sourceIP: preserve' : `services[${dsr.idx}] (${dsr.key}) asks for sourceIP: preserve`;
+      err(['services', pp.idx, 'proxyProtocol'], `${pp.raw.proxyProtocol ?? ''} needs the userspace proxy, but ${other}, which needs the kernel path, and one agent runs one data path; drop one of them (sourceIP: snat, or no proxyProtocol)`);
+    }
+  }
 
   // Share IP rules (Harvester's, made stricter).
   const byKey = new Map(prelim.map((p) => [p.key, p]));
@@ -359,6 +387,7 @@ function buildServices(raw: RawConfig, pools: readonly Pool[], err: (segs: Seg[]
       primaryService: p.primary, loadBalancerIP: p.raw.loadBalancerIP || undefined,
       vrid: p.raw.vrid, priority: p.raw.priority, ports: p.ports, backends: p.backends, healthCheck: p.hc,
       sourceIP: p.raw.sourceIP, topology: p.raw.topology,
+      ...(p.raw.proxyProtocol !== undefined ? { proxyProtocol: p.raw.proxyProtocol } : {}),
     });
   }
   return out;

@@ -25,6 +25,8 @@ const healthCheck = obj({
   periodSeconds: { ...secondsPos(0.1, 3600), default: DEFAULTS.healthCheck.periodSeconds },
   timeoutSeconds: { ...secondsPos(0.01, 3600), default: DEFAULTS.healthCheck.timeoutSeconds },
   passiveFailures: { ...count(0, 1000), default: DEFAULTS.healthCheck.passiveFailures },
+  // Issue 17: probes send the service's PROXY protocol header too (a backend that requires it on every connection).
+  proxyProtocol: { type: 'boolean', default: DEFAULTS.healthCheck.proxyProtocol },
   http: obj({
     path: { type: 'string', pattern: '^/', default: DEFAULTS.httpCheck.path, 'x-what': 'a path starting with /' },
     expectStatus: {
@@ -63,6 +65,8 @@ const service = obj({
   healthCheck: { ...healthCheck, default: {} },
   sourceIP: { type: 'string', enum: ['snat', 'preserve'], default: DEFAULTS.sourceIP },
   topology: { type: 'string', enum: ['any', 'prefer-zone', 'zone-only'], default: DEFAULTS.topology },
+  // Issue 17: off unless set; the proxy data path sends the header (load.ts refuses it on the kernel path).
+  proxyProtocol: { type: 'string', enum: ['v1', 'v2'] },
 }, { required: ['name', 'ports'] });
 
 export const configSchema: S = obj({
@@ -140,6 +144,8 @@ export const configSchema: S = obj({
       connectTimeout: { ...secondsPos(0.01, 60), default: DEFAULT_PROXY.connectTimeout },
       // No default here: unset means "from the descriptor limit", known only at run time.
       maxConnections: count(1, 10_000_000),
+      // No default here either: unset means one per CPU (forward/proxy.ts defaultWorkers), known only at run time.
+      workers: count(1, 256),
     }),
     default: {},
   },

@@ -12,6 +12,8 @@ export type BalanceAlgorithm = 'round-robin' | 'least-connections';
 export type SourceIpMode = 'snat' | 'preserve';
 /** Issue 17: which backends a service's connections may go to, by zone. */
 export type TopologyPolicy = 'any' | 'prefer-zone' | 'zone-only';
+/** PROXY protocol versions (HAProxy's doc/proxy-protocol.txt): v1 text, v2 binary. */
+export type ProxyProtocolVersion = 'v1' | 'v2';
 
 export interface NodeConfig {
   /** Node name (default: hostname). */
@@ -74,6 +76,11 @@ export interface HealthCheckSpec {
   readonly http: HttpCheckSpec | undefined;
   /** Passive checks: consecutive failed connects on the forwarding path that mark a backend down. 0 = off. */
   readonly passiveFailures: number;
+  /**
+   * The PROXY protocol header each probe sends first (issue 17): the
+   * service's version when `healthCheck.proxyProtocol: true`, else undefined.
+   */
+  readonly proxyProtocol?: ProxyProtocolVersion | undefined;
 }
 
 export interface ServiceSpec {
@@ -95,6 +102,8 @@ export interface ServiceSpec {
   readonly sourceIP: SourceIpMode;
   /** Zone-aware balancing over the healthy backends (forward/topology.ts). */
   readonly topology: TopologyPolicy;
+  /** PROXY protocol header to every backend connection (issue 17; the proxy data path only); undefined: none. */
+  readonly proxyProtocol?: ProxyProtocolVersion | undefined;
 }
 
 export interface PoolRange {
@@ -164,6 +173,8 @@ export interface ProxyConfig {
   readonly connectTimeout: number;
   /** Proxied connections at once, all listeners; undefined: derived from the descriptor limit (forward/capacity.ts). */
   readonly maxConnections?: number | undefined;
+  /** Worker threads that relay (issue 18); undefined: one per CPU (forward/proxy.ts defaultWorkers). */
+  readonly workers?: number | undefined;
 }
 
 /**

@@ -415,7 +415,7 @@ export class Daemon extends EventEmitter {
         // Zone-aware balancing happens here, once for both data paths: they
         // balance (by weight) over the set the policy chose.
         healthy: sel.backends, backends: rt.spec.backends,
-        sourceIP: rt.spec.sourceIP,
+        sourceIP: rt.spec.sourceIP, proxyProtocol: rt.spec.proxyProtocol,
         // The MAC frames for the VIP carry: a DHCP VIP's macvlan (derived from
         // the primary's key), else the parent's (pool VIPs live there).
         vipMac: rt.spec.ipam === 'dhcp' ? macForService(primaryKey) : subs.parent.mac,

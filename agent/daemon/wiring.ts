@@ -16,7 +16,7 @@ import { StartLimiter } from '../dhcp/limiter';
 import { PoolManager } from '../ipam/manager';
 import { PoolSource } from '../ipam/pool-source';
 import { HealthChecker } from '../health/checker';
-import { selectDataplane, createDataplane, probeNftables, probeDsr, dsrUnavailable, type ProbeResult } from '../forward/index';
+import { selectDataplane, createDataplane, probeNftables, probeDsr, dsrUnavailable, servicesNeedingProxy, type ProbeResult } from '../forward/index';
 import { VrrpGate } from '../failover/gate';
 import { formatIPv4, parseIPv4 } from '../ipv4';
 import { readSavedLease } from '../dhcp/lease';
@@ -47,7 +47,7 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
     // many services from storming the server, but starts get no random delay.
     const vrrp = config.failover.mode === 'vrrp';
     const dhcpLimiter = new StartLimiter({ max: config.dhcp.maxConcurrentStarts, jitterMs: vrrp ? 0 : config.dhcp.retransmitJitter * 1000, clock });
-    const selection = await selectDataplane(config.dataplane, () => probeNftables());
+    const selection = await selectDataplane(config.dataplane, () => probeNftables(), servicesNeedingProxy(config.services));
     log.info({ module: 'forward', op: 'select', kind: selection.kind, reason: selection.reason }, `data path: ${selection.kind} (${selection.reason})`);
     // Direct server return (issue 17): probed once, when a service first asks
     // for it; a config that asks on a node that cannot is refused at start.

@@ -120,6 +120,37 @@ export class WeightedLeastConnections implements Balancer {
   }
 }
 
+/**
+ * Weighted round-robin with its position kept outside: the proxy's workers
+ * share one counter per listener (an atomic add each pick), so the split over
+ * all of them is exactly by weight, as with one. The sequence is the smooth
+ * one (weightedSlots, the kernel path's table). A retry (an excluded
+ * address) takes the next slot that is not excluded without moving the
+ * position, so a dead backend costs each of its turns one retry and no more:
+ * the next new connection still gets the slot after it.
+ */
+export class SharedPositionRoundRobin implements Balancer {
+  readonly algorithm = 'round-robin' as const;
+  private bound: readonly Weighted[] | undefined;
+  private table: Weighted[] = [];
+
+  constructor(private readonly position: { next(): number; peek(): number }) {}
+
+  pick<T extends Weighted>(candidates: readonly T[], opts?: PickOptions): T | undefined {
+    if (candidates !== this.bound) { this.bound = candidates; this.table = weightedSlots(candidates); }
+    const table = this.table as T[];
+    const n = table.length;
+    if (n === 0) return undefined;
+    const exclude = opts?.exclude;
+    const at = (exclude === undefined ? this.position.next() : this.position.peek()) % n;
+    for (let i = 0; i < n; i++) {
+      const c = table[(at + i) % n]!;
+      if (c.address !== exclude) return c;
+    }
+    return undefined;
+  }
+}
+
 export function createBalancer(algorithm: BalanceAlgorithm): Balancer {
   return algorithm === 'least-connections' ? new WeightedLeastConnections() : new SmoothWeightedRoundRobin();
 }

@@ -4,7 +4,7 @@
 // userspace), the stats shape they report, and the choice between them for
 // `dataplane: auto | kernel | proxy`. No I/O here beyond calling the probe it
 // is given.
-import type { BackendSpec, DataplaneMode, PortSpec, Protocol, SourceIpMode } from '../config/types';
+import type { BackendSpec, DataplaneMode, PortSpec, Protocol, ProxyProtocolVersion, SourceIpMode } from '../config/types';
 import { LbError } from '../errors';
 
 export type DataplaneKind = 'kernel' | 'proxy';
@@ -24,6 +24,8 @@ export interface ForwardService {
   readonly sourceIP?: SourceIpMode | undefined;
   /** The MAC frames for the VIP arrive with: the parent's (pool VIP) or the service macvlan's (DHCP VIP). Needed for preserve. */
   readonly vipMac?: string | undefined;
+  /** PROXY protocol header before the first byte to a backend (the proxy path only; issue 17). */
+  readonly proxyProtocol?: ProxyProtocolVersion | undefined;
 }
 
 /** The whole desired forwarding state; every apply() hands over all of it. */
@@ -113,12 +115,33 @@ export interface DataplaneSelection {
 }
 
 /**
- * Resolve `dataplane:` from the config. auto takes the kernel path when the
- * nftables probe passes, the proxy otherwise; an explicit `kernel` that the
- * probe rejects is an error at start rather than a failure on first apply.
+ * The services only the proxy path can serve as configured: those that ask
+ * for the PROXY protocol header (issue 17; nftables never writes into a
+ * connection). One home for the rule: validation refuses them with
+ * `dataplane: kernel`, `auto` picks the proxy for them, a reload that adds
+ * one to a running kernel path is refused, and `lb-agent check` says so.
  */
-export async function selectDataplane(mode: DataplaneMode, probe: () => Promise<ProbeResult>): Promise<DataplaneSelection> {
+export function servicesNeedingProxy(services: readonly { readonly key: string; readonly proxyProtocol?: ProxyProtocolVersion | undefined }[]): string[] {
+  return services.filter((s) => s.proxyProtocol !== undefined).map((s) => s.key);
+}
+
+/** Why `auto` runs the proxy path for these services (undefined when none needs it). */
+export function proxyNeededReason(keys: readonly string[]): string | undefined {
+  if (keys.length === 0) return undefined;
+  const shown = keys.length > 3 ? `${keys.slice(0, 3).join(', ')} and ${keys.length - 3} more` : keys.join(', ');
+  return `${shown} ${keys.length === 1 ? 'asks' : 'ask'} for the PROXY protocol, which only the userspace proxy sends`;
+}
+
+/**
+ * Resolve `dataplane:` from the config. auto takes the kernel path when the
+ * nftables probe passes and no service needs the proxy (the PROXY protocol),
+ * the proxy otherwise; an explicit `kernel` that the probe rejects is an
+ * error at start rather than a failure on first apply.
+ */
+export async function selectDataplane(mode: DataplaneMode, probe: () => Promise<ProbeResult>, needProxy: readonly string[] = []): Promise<DataplaneSelection> {
   if (mode === 'proxy') return { kind: 'proxy', reason: 'configured: dataplane: proxy' };
+  const needed = proxyNeededReason(needProxy);
+  if (mode === 'auto' && needed !== undefined) return { kind: 'proxy', reason: `auto: ${needed}` };
   const res = await probe();
   if (mode === 'kernel') {
     if (!res.ok) {

@@ -123,7 +123,7 @@ export declare interface HealthChecker {
 
 /** The probe target key: what makes two checks the same probe. */
 export function targetKey(hc: HealthCheckSpec, address: string): string {
-  const base = `${hc.type}|${address}|${hc.port}`;
+  const base = `${hc.type}|${address}|${hc.port}${hc.proxyProtocol !== undefined ? `|proxy-${hc.proxyProtocol}` : ''}`;
   if (hc.type !== 'http') return base;
   const h = hc.http ?? DEFAULT_HTTP_CHECK;
   return `${base}|${h.path}|${h.expectStatus[0]}-${h.expectStatus[1]}`;
@@ -309,7 +309,10 @@ export class HealthChecker extends EventEmitter {
       if (!target) {
         target = {
           key: tkey,
-          spec: { address: b.address, port: hc.port, type: hc.type, http: hc.type === 'http' ? (hc.http ?? DEFAULT_HTTP_CHECK) : undefined },
+          spec: {
+            address: b.address, port: hc.port, type: hc.type, http: hc.type === 'http' ? (hc.http ?? DEFAULT_HTTP_CHECK) : undefined,
+            ...(hc.proxyProtocol !== undefined ? { proxyProtocol: hc.proxyProtocol } : {}),
+          },
           subs: new Set(),
           periodMs: hc.periodSeconds * 1000,
           timeoutMs: hc.timeoutSeconds * 1000,

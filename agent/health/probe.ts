@@ -2,9 +2,14 @@
 // backend's health-check port with the timeout enforced by our own timer.
 // A probe never throws and never rejects: it resolves to a result with a
 // reason from a fixed set (also a metric label). No state, no scheduling.
+// With `proxyProtocol` a probe sends the PROXY protocol header first, as a
+// backend that requires it on every connection expects (issue 17): v1 a
+// TCP4 line with the probe's own addresses, v2 the LOCAL command
+// (doc/proxy-protocol.txt, 2.1 and 2.2: what a proxy sends for its checks).
 import * as net from 'node:net';
 import * as http from 'node:http';
-import type { HttpCheckSpec } from '../config/types';
+import type { HttpCheckSpec, ProxyProtocolVersion } from '../config/types';
+import { healthCheckHeader } from '../forward/proxy-protocol';
 import type { FailureReason } from './state';
 
 export interface ProbeTarget {
@@ -13,6 +18,8 @@ export interface ProbeTarget {
   readonly type: 'tcp' | 'http';
   /** Required when type is 'http'. */
   readonly http: HttpCheckSpec | undefined;
+  /** Send this PROXY protocol header before anything else. */
+  readonly proxyProtocol?: ProxyProtocolVersion | undefined;
 }
 
 export interface ProbeOptions {
@@ -121,6 +128,7 @@ export const tcpProbe: Probe = (target, opts) => new Promise<ProbeResult>((resol
   const v = verdict(resolve, opts, `no connection within ${opts.timeoutMs} ms`, () => sock.destroy());
   if (v.done) return; // aborted before it began
   sock.once('connect', () => {
+    if (target.proxyProtocol !== undefined) sock.write(probeHeader(target.proxyProtocol, sock));
     v.finish({ ok: true, durationMs: v.elapsed() });
     politeClose(sock);
   });
@@ -135,28 +143,63 @@ export const tcpProbe: Probe = (target, opts) => new Promise<ProbeResult>((resol
   }
 });
 
+/** The header a probe sends on its connected socket: the probe connection's own endpoints. */
+function probeHeader(version: ProxyProtocolVersion, sock: net.Socket): Buffer {
+  return healthCheckHeader(version, {
+    source: sock.localAddress ?? '0.0.0.0', sourcePort: sock.localPort ?? 0,
+    destination: sock.remoteAddress ?? '0.0.0.0', destinationPort: sock.remotePort ?? 0,
+  });
+}
+
 /**
  * One HTTP/1.1 GET of target.http.path; healthy when the status is inside the
  * expected (inclusive) range. The timeout covers connect and response headers.
+ * With a PROXY protocol header the probe connects first, writes the header,
+ * and sends the request on that connection (the v1 line names the probe's
+ * own address, known only once connected).
  */
 export const httpProbe: Probe = (target, opts) => new Promise<ProbeResult>((resolve) => {
-  const spec = target.http ?? DEFAULT_HTTP_CHECK;
   let req: http.ClientRequest | undefined;
-  const v = verdict(resolve, opts, `no response within ${opts.timeoutMs} ms`, () => req?.destroy());
+  let sock: net.Socket | undefined;
+  const v = verdict(resolve, opts, `no response within ${opts.timeoutMs} ms`, () => { req?.destroy(); sock?.destroy(); });
   if (v.done) return; // aborted before it began
+  const version = target.proxyProtocol;
+  if (version === undefined) { req = httpGet(target, v, undefined); return; }
+  const s = new net.Socket();
+  sock = s;
+  s.on('error', (err) => {
+    if (!v.done) v.fail(reasonOf(err), detailOf(err));
+  });
+  s.once('connect', () => {
+    if (v.done) return;
+    s.write(probeHeader(version, s));
+    req = httpGet(target, v, s);
+  });
+  try {
+    s.connect({ host: target.address, port: target.port });
+  } catch (err) {
+    v.fail('error', detailOf(err));
+  }
+});
+
+/** The GET itself, on a connection of its own or on `sock` (connected, header sent); undefined when it could not start. */
+function httpGet(target: ProbeTarget, v: Verdict, sock: net.Socket | undefined): http.ClientRequest | undefined {
+  const spec = target.http ?? DEFAULT_HTTP_CHECK;
+  let req: http.ClientRequest;
   try {
     req = http.request({
       host: target.address,
       port: target.port,
       path: spec.path,
       method: 'GET',
-      agent: false,
+      // No agent: with one (even agent: false) Node opens its own connection and ignores createConnection.
+      ...(sock ? { createConnection: () => sock } : { agent: false }),
       headers: { host: `${target.address}:${target.port}`, 'user-agent': 'lb-agent-health', accept: '*/*', connection: 'close' },
     });
   } catch (err) {
     // A bad path or port throws synchronously; a probe reports, never throws.
     v.fail('error', detailOf(err));
-    return;
+    return undefined;
   }
   const r = req;
   r.on('response', (res) => {
@@ -176,7 +219,8 @@ export const httpProbe: Probe = (target, opts) => new Promise<ProbeResult>((reso
     if (!v.done) v.fail(reasonOf(err), detailOf(err));
   });
   r.end();
-});
+  return r;
+}
 
 /** The default probe: by target type. */
 export const defaultProbe: Probe = (target, opts) => (target.type === 'http' ? httpProbe(target, opts) : tcpProbe(target, opts));

@@ -54,6 +54,22 @@ export interface NativeAddon {
   capabilities(): { effective: bigint; permitted: bigint; inheritable: bigint };
   ifNameToIndex(name: string): number;
   ifIndexToName(index: number): string;
+  listenTcp4(address: number, port: number, backlog: number, reusePort: boolean): { fd: number; port: number };
+  socketInfo(fd: number): NativeSocketInfo;
+  dupFd(fd: number): number;
+}
+
+/** What a socket descriptor is (getsockname, SO_TYPE, SO_ACCEPTCONN, SO_REUSEPORT). */
+export interface NativeSocketInfo {
+  /** AF_INET = 2, AF_INET6 = 10, AF_UNIX = 1. */
+  readonly family: number;
+  /** SOCK_STREAM = 1, SOCK_DGRAM = 2. */
+  readonly type: number;
+  /** IPv4 only: the bound address as a host-order u32, and the port. */
+  readonly address?: number;
+  readonly port?: number;
+  readonly listening: boolean;
+  readonly reusePort: boolean;
 }
 
 /** tp_status bits (linux/if_packet.h). */
@@ -147,4 +163,24 @@ export function ifNameToIndex(name: string): number {
 
 export function ifIndexToName(index: number): string {
   return loadNative().ifIndexToName(index);
+}
+
+/**
+ * A listening TCP/IPv4 socket bound to address:port (port 0: any), with
+ * SO_REUSEADDR, and SO_REUSEPORT when asked so that several sockets - one per
+ * proxy worker - share the port and the kernel spreads new connections over
+ * them. Returns the non-blocking, close-on-exec descriptor and the bound port.
+ */
+export function listenTcp4(address: number, port: number, backlog: number, reusePort: boolean): { fd: number; port: number } {
+  return loadNative().listenTcp4(address >>> 0, port, backlog, reusePort);
+}
+
+/** What a descriptor is: checks a listening socket inherited from the service manager before use. */
+export function socketInfo(fd: number): NativeSocketInfo {
+  return loadNative().socketInfo(fd);
+}
+
+/** fcntl(F_DUPFD_CLOEXEC): another descriptor of the same socket, for a worker to own and close. */
+export function dupFd(fd: number): number {
+  return loadNative().dupFd(fd);
 }

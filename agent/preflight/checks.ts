@@ -8,6 +8,7 @@ import { wantedSysctl, type VipRole } from '../net/sysctl';
 import { defaultMaxConnections, effectiveMaxConnections, reservedDescriptors } from '../forward/capacity';
 import { BACKEND_SYSCTLS, BACKEND_VIP_INTERFACE } from '../net/dsr-backend';
 import { ZONE_LABEL } from '../config/labels';
+import { proxyNeededReason } from '../forward/dataplane';
 
 export type CheckStatus = 'pass' | 'warn' | 'fail';
 
@@ -39,9 +40,9 @@ export function nftUsable(f: Facts): boolean {
   return f.nft.binary !== undefined && f.nft.probe.status === 'ok';
 }
 
-/** The data path the daemon will pick: auto means kernel when nftables works. */
+/** The data path the daemon will pick: auto means kernel when nftables works and no service needs the proxy. */
 export function effectiveDataplane(f: Facts): 'kernel' | 'proxy' {
-  if (f.config.dataplane === 'auto') return nftUsable(f) ? 'kernel' : 'proxy';
+  if (f.config.dataplane === 'auto') return nftUsable(f) && (f.config.proxyOnly ?? []).length === 0 ? 'kernel' : 'proxy';
   return f.config.dataplane;
 }
 
@@ -467,6 +468,8 @@ export function checkDataplane(f: Facts): CheckResult {
   const id = 'dataplane';
   const mode = f.config.dataplane;
   if (mode === 'proxy') return pass(id, 'dataplane proxy: nftables not needed');
+  const needed = proxyNeededReason(f.config.proxyOnly ?? []);
+  if (mode === 'auto' && needed !== undefined) return pass(id, `dataplane auto: ${needed}: the userspace proxy will be used, nftables not needed`);
   const probe = f.nft.probe;
   let problem: string | undefined;
   let remedy = '';

@@ -18,6 +18,7 @@ import { DEFAULTS } from '../config/defaults';
 import type { DataplaneMode, Desired } from '../config/types';
 import { readNofile } from '../forward/capacity';
 import { formatIPv4 } from '../ipv4';
+import { servicesNeedingProxy } from '../forward/dataplane';
 import { sysctlIfName } from './checks';
 import { parseDefaultRoute } from '../net/route';
 import { IF_SYSCTL_KEYS } from '../net/sysctl';
@@ -59,6 +60,8 @@ export interface ConfigFacts {
   backendVips?: string[];
   /** Issue 17: each service's topology policy and its backends' zones. */
   topology?: { service: string; policy: string; zones: string[]; unzoned: number }[];
+  /** Services only the proxy path can serve (they ask for the PROXY protocol, issue 17). */
+  proxyOnly?: string[];
 }
 
 export interface MacvlanFacts {
@@ -242,6 +245,7 @@ export function configSummary(path_: string, config: Desired): ConfigFacts {
       zones: [...new Set(s.backends.map((b) => b.zone).filter((z): z is string => z !== undefined))].sort(),
       unzoned: s.backends.filter((b) => b.zone === undefined).length,
     })),
+    ...(servicesNeedingProxy(config.services).length > 0 ? { proxyOnly: servicesNeedingProxy(config.services) } : {}),
   };
 }
 

@@ -74,7 +74,8 @@ events { worker_connections ${connections}; multi_accept on; }
 }
 
 /** nginx answering every HTTP request with a short body: a backend fast enough that the balancer is what is measured. */
-export async function startNginxBackend(lab: Lab, ns: string, id: string, port = 8080): Promise<Peer> {
+/** nginx answering its id on `port`, and on `proxyProtocolPort` (when given) after a required PROXY protocol header (v1 or v2). */
+export async function startNginxBackend(lab: Lab, ns: string, id: string, port = 8080, proxyProtocolPort?: number): Promise<Peer> {
   const dir = lab.file(`nginx-${id}`);
   fs.mkdirSync(dir, { recursive: true });
   const conf = path.join(dir, 'nginx.conf');
@@ -86,7 +87,7 @@ export async function startNginxBackend(lab: Lab, ns: string, id: string, port =
   proxy_temp_path ${dir}/proxy;
   server {
     listen ${port} backlog=4096;
-    location / { default_type text/plain; return 200 "${id}\\n"; }
+${proxyProtocolPort !== undefined ? `    listen ${proxyProtocolPort} proxy_protocol backlog=4096;\n` : ''}    location / { default_type text/plain; return 200 "${id}\\n"; }
   }
 }
 `);
@@ -108,6 +109,8 @@ export interface HaproxyOptions {
   servers: { name: string; address: string }[];
   /** `check inter .. fall .. rise ..` on every server, and the check timeout. */
   check?: { interMs: number; fall: number; rise: number; timeoutMs: number };
+  /** A PROXY protocol header to the main frontend's servers (`send-proxy` / `send-proxy-v2`). */
+  sendProxy?: 'v1' | 'v2';
   /** Extra frontends: [bind, servers]. */
   extra?: { name: string; bind: string; servers: { name: string; address: string }[] }[];
   statsSocket?: string;
@@ -118,12 +121,12 @@ export interface HaproxyOptions {
 }
 
 export function haproxyConfig(o: HaproxyOptions): string {
-  const server = (s: { name: string; address: string }): string => {
+  const server = (s: { name: string; address: string }, pp: string): string => {
     const c = o.check;
-    return `  server ${s.name} ${s.address}${c ? ` check inter ${c.interMs} fall ${c.fall} rise ${c.rise}` : ''}`;
+    return `  server ${s.name} ${s.address}${c ? ` check inter ${c.interMs} fall ${c.fall} rise ${c.rise}` : ''}${pp}`;
   };
-  const listen = (name: string, bind: string, servers: { name: string; address: string }[]): string =>
-    `listen ${name}\n  bind ${bind}\n  balance roundrobin\n${servers.map(server).join('\n')}\n`;
+  const listen = (name: string, bind: string, servers: { name: string; address: string }[], pp = ''): string =>
+    `listen ${name}\n  bind ${bind}\n  balance roundrobin\n${servers.map((s) => server(s, pp)).join('\n')}\n`;
   return `global
 ${o.threads !== undefined ? `  nbthread ${o.threads}\n` : ''}  maxconn 9000
 ${o.statsSocket ? `  stats socket ${o.statsSocket} mode 600 level admin${o.exposeListeners ? ' expose-fd listeners' : ''}\n` : ''}defaults
@@ -132,7 +135,7 @@ ${o.statsSocket ? `  stats socket ${o.statsSocket} mode 600 level admin${o.expos
   timeout client 60s
   timeout server 60s
 ${o.check ? `  timeout check ${o.check.timeoutMs}ms\n` : ''}
-${listen('vip', o.bind, o.servers)}${(o.extra ?? []).map((e) => listen(e.name, e.bind, e.servers)).join('')}`;
+${listen('vip', o.bind, o.servers, o.sendProxy === 'v2' ? ' send-proxy-v2' : o.sendProxy === 'v1' ? ' send-proxy' : '')}${(o.extra ?? []).map((e) => listen(e.name, e.bind, e.servers)).join('')}`;
 }
 
 /** HAProxy in the foreground (-db; with masterSocket the master stays in the foreground): its warnings, server state changes included, arrive on stderr. */

@@ -224,3 +224,16 @@ t.test('issue 17: a backend written as a bare address has no zone (not even an u
   t.ok(res.ok);
   if (res.ok) t.notOk('zone' in res.config.services[0]!.backends[0]!);
 });
+
+t.test('PROXY protocol and proxy workers are typed (issues 17, 18)', async (t) => {
+  const res = loadConfigFile(path.join(FIX, 'good', 'proxy-protocol.yaml'));
+  if (!res.ok) { t.fail(formatConfigErrors(res.errors)); return; }
+  const [web, mail] = res.config.services;
+  t.equal(web!.proxyProtocol, 'v2');
+  t.equal(web!.healthCheck.proxyProtocol, 'v2', 'the probe sends the service\'s version');
+  t.equal(mail!.proxyProtocol, 'v1');
+  t.equal(mail!.healthCheck.proxyProtocol, undefined, 'probes send no header unless asked');
+  t.equal(res.config.proxy.workers, 2);
+  const plain = parseConfigText('services: [{ name: a, ipam: dhcp, ports: [{ port: 80 }] }]');
+  t.ok(plain.ok && plain.config.services[0]!.proxyProtocol === undefined && plain.config.proxy.workers === undefined, 'off and unset by default');
+});

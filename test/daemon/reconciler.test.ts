@@ -135,3 +135,19 @@ t.test('issue 17: backend VIPs reload in place; a node zone change applies; DSR 
   const fine = plan(preserve);
   t.ok(fine.ok && fine.steps.some((s) => s.op === 'update' && s.fields.includes('sourceIP')), 'snat -> preserve is an update in place where DSR runs');
 });
+
+t.test('PROXY protocol on a running kernel path, and proxy.workers, need a restart (issues 17, 18)', async (t) => {
+  const withPp = base.replace('{ name: c, ports: [{ port: 80 }]', '{ name: c, proxyProtocol: v2, ports: [{ port: 80 }]');
+  const p = plan(withPp, running(base, 'kernel'));
+  t.notOk(p.ok, 'auto chose the kernel path at start: a service that asks for PROXY protocol cannot ride it');
+  if (!p.ok) {
+    t.same(p.errors.map((e) => e.path), ['services[3].proxyProtocol']);
+    t.match(p.errors[0]!.message, /default\/c asks for the PROXY protocol, which only the userspace proxy sends.*needs a restart/);
+  }
+  t.ok(plan(withPp, running(base, 'proxy')).ok, 'on the proxy path it is an update like any other');
+  const two = `proxy: { workers: 2 }\n${base}`;
+  const w = plan(`proxy: { workers: 3 }\n${base}`, running(two, 'proxy'));
+  t.notOk(w.ok);
+  if (!w.ok) t.match(w.errors[0]!, { path: 'proxy.workers', message: /changed from 2 to 3: the proxy's worker threads .* needs a restart/ });
+  t.ok(plan(`proxy: { workers: 3 }\n${base}`, running(two, 'kernel')).ok, 'idle on the kernel path');
+});

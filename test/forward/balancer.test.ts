@@ -1,7 +1,7 @@
 // Unit tests of the pure balancer: weights honoured, smooth interleaving,
 // stability when the set changes, least-connections, the nft slot table.
 import t from 'tap';
-import { SmoothWeightedRoundRobin, WeightedLeastConnections, createBalancer, weightedSlots, type Weighted } from '../../agent/forward/balancer';
+import { SharedPositionRoundRobin, SmoothWeightedRoundRobin, WeightedLeastConnections, createBalancer, weightedSlots, type Weighted } from '../../agent/forward/balancer';
 
 const set = (...ws: [string, number][]): Weighted[] => ws.map(([address, weight]) => ({ address, weight }));
 
@@ -115,4 +115,25 @@ t.test('weightedSlots: the smooth sequence over sum(weights)/gcd slots', async (
   t.equal(big.filter((x) => x.address === 'b').length, 3 * big.filter((x) => x.address === 'a').length, 'ratio kept');
   const frac = weightedSlots(set(['a', 0.2], ['b', 1]));
   t.same(frac.map((x) => x.address).sort(), ['a', 'b'], 'a positive fractional weight still gets a slot');
+});
+
+t.test('SharedPositionRoundRobin: several pickers on one position split exactly by weight; a retry does not move it', async (t) => {
+  let pos = 0;
+  const position = { next: () => pos++, peek: () => pos };
+  const ws = set(['a', 1], ['b', 2], ['c', 3]);
+  const pickers = [new SharedPositionRoundRobin(position), new SharedPositionRoundRobin(position)];
+  const counts: Record<string, number> = {};
+  const order: string[] = [];
+  for (let i = 0; i < 60; i++) {
+    const c = pickers[(i * 7) % 2]!.pick(ws)!; // interleaved as workers would be
+    counts[c.address] = (counts[c.address] ?? 0) + 1;
+    order.push(c.address);
+  }
+  t.same(counts, { a: 10, b: 20, c: 30 }, 'exact over every window of 6, whichever picker');
+  t.same(order.slice(0, 6), weightedSlots(ws).map((x) => x.address), 'the smooth sequence, as the kernel path');
+  const before = pos;
+  const retry = pickers[0]!.pick(ws, { exclude: order[60 % 6] });
+  t.not(retry?.address, order[60 % 6], 'the retry avoids the failed backend');
+  t.equal(pos, before, 'and leaves the position for the next new connection');
+  t.equal(pickers[1]!.pick([] as Weighted[]), undefined, 'nothing to pick from');
 });

@@ -4,7 +4,7 @@ import t from 'tap';
 import { parseIPv4 } from '../../agent/ipv4';
 import { isLbError } from '../../agent/errors';
 import type { BackendSpec, PortSpec } from '../../agent/config/types';
-import { dsrUnavailable, normalizeState, portLabel, selectDataplane, serviceLabels } from '../../agent/forward/dataplane';
+import { dsrUnavailable, normalizeState, portLabel, proxyNeededReason, selectDataplane, serviceLabels, servicesNeedingProxy } from '../../agent/forward/dataplane';
 
 const ok = async () => ({ ok: true, reason: 'fine' });
 const no = async () => ({ ok: false, reason: 'nft not found (install the nftables package)' });
@@ -61,4 +61,16 @@ t.test('normalizeState: canonical order, backends merged, weightless healthy dro
     { key: 'b/b', vip: '10.0.0.2', ports: [p(80)], healthy: [], backends: [], sourceIP: 'preserve', vipMac: '52:54:00:AB:CD:EF' },
   ] }).services;
   t.same(modes.map((s) => [s.sourceIP, s.vipMac]), [['snat', undefined], ['preserve', '52:54:00:ab:cd:ef']]);
+});
+
+t.test('auto runs the proxy when a service asks for the PROXY protocol; kernel and proxy stay as configured', async (t) => {
+  const need = servicesNeedingProxy([{ key: 'a/web', proxyProtocol: 'v2' }, { key: 'a/db' }, { key: 'b/mail', proxyProtocol: 'v1' }]);
+  t.same(need, ['a/web', 'b/mail']);
+  let probed = false;
+  t.same(await selectDataplane('auto', async () => { probed = true; return { ok: true, reason: '' }; }, need), {
+    kind: 'proxy', reason: 'auto: a/web, b/mail ask for the PROXY protocol, which only the userspace proxy sends',
+  });
+  t.notOk(probed, 'no nftables probe: the choice is made');
+  t.same(await selectDataplane('auto', ok, []), { kind: 'kernel', reason: 'auto: nftables probe passed' });
+  t.equal(proxyNeededReason(['a', 'b', 'c', 'd', 'e']), 'a, b, c and 2 more ask for the PROXY protocol, which only the userspace proxy sends');
 });

@@ -85,14 +85,18 @@ function svc(vip: string, targetPort: number, healthy: BackendSpec[], backends =
   return { key: 'default/web', vip, ports: [port], healthy, backends };
 }
 
-// Both relay paths: user buffers (socket onread, the default) and stream 'data' events.
-for (const userBuffers of [true, false]) {
-  const mode = userBuffers ? 'user buffers' : 'streams';
+// The fast paths on (two worker threads, the libuv-handle relay: the defaults
+// of a multi-core VM), and the fallback (one engine in this thread, net streams).
+const MODES = [
+  { mode: 'workers, raw relay', opts: { workers: 2, relay: 'raw' }, relayed: 'raw' },
+  { mode: 'inline, streams', opts: { inline: true, relay: 'streams' }, relayed: 'streams' },
+] as const;
+for (const { mode, opts: modeOpts, relayed } of MODES) {
   t.test(`${mode}: weights honoured over 300 new connections (round-robin and least-connections)`, async (t) => {
     const addrs = ['127.0.0.1', '127.0.0.2', '127.0.0.3'];
     const port = await echoBackends(addrs, t);
     for (const algorithm of ['round-robin', 'least-connections'] as const) {
-      const p = new ProxyDataplane({ userBuffers, config: cfg({ algorithm }) });
+      const p = new ProxyDataplane({ ...modeOpts, config: cfg({ algorithm }) });
       t.teardown(() => p.stop());
       const vip = '127.0.0.10';
       await p.apply({ services: [svc(vip, port, [b(addrs[0]!, 1), b(addrs[1]!, 2), b(addrs[2]!, 3)])] });
@@ -111,7 +115,7 @@ for (const userBuffers of [true, false]) {
       within10(t, counts, { [addrs[0]!]: 1, [addrs[1]!]: 2, [addrs[2]!]: 3 }, 300);
       const st = await p.stats();
       t.equal(st.flows.reduce((s, f) => s + f.connections, 0), 300, `${algorithm}: 300 connections counted`);
-      t.same(st.details['relayed'], userBuffers ? { userBuffers: 300, streams: 0 } : { userBuffers: 0, streams: 300 }, 'the relay path asked for was taken');
+      t.same(st.details['relayed'], relayed === 'raw' ? { raw: 300, streams: 0 } : { raw: 0, streams: 300 }, 'the relay path asked for was taken');
       await p.stop();
     }
   });
@@ -119,7 +123,7 @@ for (const userBuffers of [true, false]) {
   t.test(`${mode}: least-connections sends new connections to the backend holding fewest`, async (t) => {
     const addrs = ['127.0.0.1', '127.0.0.2'];
     const port = await echoBackends(addrs, t);
-    const p = new ProxyDataplane({ userBuffers, config: cfg({ algorithm: 'least-connections' }) });
+    const p = new ProxyDataplane({ ...modeOpts, config: cfg({ algorithm: 'least-connections' }) });
     t.teardown(() => p.stop());
     const vip = '127.0.0.11';
     await p.apply({ services: [svc(vip, port, addrs.map((a) => b(a)))] });
@@ -141,7 +145,7 @@ for (const userBuffers of [true, false]) {
   });
 
   t.test(`${mode}: no healthy backend: the client is reset at once`, async (t) => {
-    const p = new ProxyDataplane({ userBuffers, config: cfg() });
+    const p = new ProxyDataplane({ ...modeOpts, config: cfg() });
     t.teardown(() => p.stop());
     const vip = '127.0.0.12';
     await p.apply({ services: [svc(vip, 1, [], [b('127.0.0.1')])] });
@@ -158,7 +162,7 @@ for (const userBuffers of [true, false]) {
     const port = await echoBackends(['127.0.0.1'], t);
     const results: boolean[] = [];
     const registry = new Registry();
-    const p = new ProxyDataplane({ userBuffers, config: cfg(), maxConnections: 2, registry, onConnectResult: (_k, _a, ok) => results.push(ok) });
+    const p = new ProxyDataplane({ ...modeOpts, config: cfg(), maxConnections: 2, registry, onConnectResult: (_k, _a, ok) => results.push(ok) });
     t.teardown(() => p.stop());
     const vip = '127.0.0.19';
     await p.apply({ services: [svc(vip, port, [b('127.0.0.1')])] });
@@ -175,6 +179,7 @@ for (const userBuffers of [true, false]) {
     });
     t.same([third.data, third.how], ['', 'FIN'], `the third client: a clean close after ${third.ms} ms, nothing relayed`);
     t.ok(third.ms < 1000, 'at once');
+    await p.stats(); // a worker's passive-health results reach this thread by the time stats are read
     t.same(results, [true, true], 'two successes reported, no failure');
     t.match(await registry.metrics(), /lbagent_forward_own_limit_refused_total\{op="limit",code="max-connections"\} 1/);
     for (const h of held) h.socket.destroy();
@@ -186,7 +191,7 @@ for (const userBuffers of [true, false]) {
   t.test(`${mode}: a failed connect is retried once on another healthy backend; passive results reported`, async (t) => {
     const port = await echoBackends(['127.0.0.1'], t);
     const results: [string, string, boolean][] = [];
-    const p = new ProxyDataplane({ userBuffers, config: cfg(), onConnectResult: (k, a, ok) => results.push([k, a, ok]) });
+    const p = new ProxyDataplane({ ...modeOpts, config: cfg(), onConnectResult: (k, a, ok) => results.push([k, a, ok]) });
     t.teardown(() => p.stop());
     const vip = '127.0.0.13';
     // 127.0.0.4 has nothing listening on the port: ECONNREFUSED.
@@ -196,6 +201,7 @@ for (const userBuffers of [true, false]) {
       const r = await attempt(lp, vip);
       t.same([r.ok, r.what], [true, '127.0.0.1'], `connection ${i} served despite the dead backend`);
     }
+    await p.stats(); // passive-health results are in by now
     t.ok(results.some(([, a, ok]) => a === '127.0.0.4' && !ok), 'failures reported for the dead backend');
     t.ok(results.every(([k, a, ok]) => k === 'default/web' && ok === (a === '127.0.0.1')), 'successes reported for the live one');
     const st = await p.stats();
@@ -206,6 +212,7 @@ for (const userBuffers of [true, false]) {
     await p.apply({ services: [svc(vip, port, [b('127.0.0.4'), b('127.0.0.5')])] });
     const r = await attempt(lp, vip);
     t.same([r.ok, r.what], [false, 'ECONNRESET']);
+    await p.stats();
     const failures = results.filter(([, a, ok]) => !ok && (a === '127.0.0.4' || a === '127.0.0.5')).length;
     t.equal(failures, 3 + 2, 'the one retry tried the other backend');
   });
@@ -228,7 +235,7 @@ for (const userBuffers of [true, false]) {
     }
     await new Promise((r) => setTimeout(r, 300));
     const results: [string, boolean][] = [];
-    const p = new ProxyDataplane({ userBuffers, config: cfg({ connectTimeout: 0.3 }), onConnectResult: (_k, a, ok) => results.push([a, ok]) });
+    const p = new ProxyDataplane({ ...modeOpts, config: cfg({ connectTimeout: 0.3 }), onConnectResult: (_k, a, ok) => results.push([a, ok]) });
     t.teardown(() => p.stop());
     const vip = '127.0.0.14';
     await p.apply({ services: [svc(vip, port, [b('127.0.0.6'), b('127.0.0.1')])] });
@@ -238,12 +245,13 @@ for (const userBuffers of [true, false]) {
     const r2 = await attempt(lp, vip);
     t.same([r1.ok, r1.what, r2.ok, r2.what], [true, '127.0.0.1', true, '127.0.0.1'], 'both served');
     t.ok(Math.max(r1.ms, r2.ms) >= 250, `one waited for the connect timeout first (${r1.ms} ms, ${r2.ms} ms)`);
+    await p.stats();
     t.same(results, [['127.0.0.1', true], ['127.0.0.6', false], ['127.0.0.1', true]]);
   });
 
   t.test(`${mode}: half-close, large transfers with backpressure, byte counters`, async (t) => {
     const port = await echoBackends(['127.0.0.1'], t);
-    const p = new ProxyDataplane({ userBuffers, config: cfg() });
+    const p = new ProxyDataplane({ ...modeOpts, config: cfg() });
     t.teardown(() => p.stop());
     const vip = '127.0.0.15';
     await p.apply({ services: [svc(vip, port, [b('127.0.0.1')])] });
@@ -278,7 +286,7 @@ for (const userBuffers of [true, false]) {
   t.test(`${mode}: draining: a backend leaving the healthy set keeps its open connections and gets no new ones`, async (t) => {
     const addrs = ['127.0.0.1', '127.0.0.2'];
     const port = await echoBackends(addrs, t);
-    const p = new ProxyDataplane({ userBuffers, config: cfg() });
+    const p = new ProxyDataplane({ ...modeOpts, config: cfg() });
     t.teardown(() => p.stop());
     const vip = '127.0.0.16';
     const all = addrs.map((a) => b(a));
@@ -302,7 +310,7 @@ for (const userBuffers of [true, false]) {
 
   t.test(`${mode}: idle timeout closes a silent connection`, async (t) => {
     const port = await echoBackends(['127.0.0.1'], t);
-    const p = new ProxyDataplane({ userBuffers, config: cfg({ idleTimeout: 0.3 }) });
+    const p = new ProxyDataplane({ ...modeOpts, config: cfg({ idleTimeout: 0.3 }) });
     t.teardown(() => p.stop());
     const vip = '127.0.0.17';
     await p.apply({ services: [svc(vip, port, [b('127.0.0.1')])] });
@@ -324,7 +332,7 @@ for (const userBuffers of [true, false]) {
       port = s.address().port;
       t.teardown(() => s.close());
     }
-    const p = new ProxyDataplane({ userBuffers, config: cfg() });
+    const p = new ProxyDataplane({ ...modeOpts, config: cfg() });
     t.teardown(() => p.stop());
     const vip = '127.0.0.18';
     const udp: PortSpec = { name: 'dns', port: 0, protocol: 'UDP', targetPort: port };
@@ -364,7 +372,7 @@ for (const userBuffers of [true, false]) {
     await new Promise<void>((r) => squatter.listen(0, '127.0.0.19', () => r()));
     t.teardown(() => squatter.close());
     const taken = (squatter.address() as net.AddressInfo).port;
-    const p = new ProxyDataplane({ userBuffers, config: cfg() });
+    const p = new ProxyDataplane({ ...modeOpts, config: cfg() });
     t.teardown(() => p.stop());
     const err = await p.apply({
       services: [
@@ -381,7 +389,7 @@ for (const userBuffers of [true, false]) {
   t.test(`${mode}: metrics on the registry passed in; stop closes listeners and unregisters`, async (t) => {
     const port = await echoBackends(['127.0.0.1'], t);
     const registry = new Registry();
-    const p = new ProxyDataplane({ userBuffers, config: cfg(), registry, reason: 'auto: test' });
+    const p = new ProxyDataplane({ ...modeOpts, config: cfg(), registry, reason: 'auto: test' });
     const vip = '127.0.0.21';
     await p.apply({ services: [svc(vip, port, [b('127.0.0.1')], [b('127.0.0.1'), b('127.0.0.2')])] });
     const lp = await listenPort(p, vip);
@@ -405,13 +413,16 @@ for (const userBuffers of [true, false]) {
 // this process (no such limit) holds the backend and 150 silent clients.
 // The child's connects fail with EMFILE: no passive-health failure may be
 // reported, the clients are closed (never left hanging), and once they are
-// gone it serves again.
+// gone it serves again. One worker: an engine accepts and then connects in
+// one callback, so when the accept takes the last descriptor the connect
+// is what fails; with two, the other worker's accept may hit EMFILE first
+// (libuv then closes the pending clients itself, invisibly).
 t.test('EMFILE on a backend connect is the proxy\'s own: no failure reported, clients closed, served again after', async (t) => {
   const port = await echoBackends(['127.0.0.1'], t);
   const script = `
     const { ProxyDataplane } = require(${JSON.stringify(require.resolve('../../agent/forward/proxy'))});
     const results = [];
-    const p = new ProxyDataplane({ config: { algorithm: 'round-robin', idleTimeout: 60, connectTimeout: 2 }, maxConnections: 10000,
+    const p = new ProxyDataplane({ config: { algorithm: 'round-robin', idleTimeout: 60, connectTimeout: 2 }, maxConnections: 10000, workers: 1,
       onConnectResult: (k, a, ok) => results.push(ok) });
     p.apply({ services: [{ key: 'default/web', vip: '127.0.0.21', ports: [{ name: 'p', port: 0, protocol: 'TCP', targetPort: ${port} }],
       healthy: [{ address: '127.0.0.1', addressNum: 2130706433, weight: 1 }], backends: [{ address: '127.0.0.1', addressNum: 2130706433, weight: 1 }] }] })
@@ -456,4 +467,94 @@ t.test('EMFILE on a backend connect is the proxy\'s own: no failure reported, cl
   await new Promise((r) => setTimeout(r, 2500)); // past the longest backoff
   const again = await attempt(lp, '127.0.0.21');
   t.same([again.ok, again.what], [true, '127.0.0.1'], 'served again');
+});
+
+// --- the fast paths, each checked on its own (issue 18) ------------------------
+
+t.test('fast paths on: two worker threads each accept from a SO_REUSEPORT group of two, through the raw relay', async (t) => {
+  const port = await echoBackends(['127.0.0.1'], t);
+  const p = new ProxyDataplane({ config: cfg(), workers: 2 });
+  t.teardown(() => p.stop());
+  const vip = '127.0.0.30';
+  await p.apply({ services: [svc(vip, port, [b('127.0.0.1')])] });
+  const lp = await listenPort(p, vip);
+  // The kernel hashes each connection's ports to one socket of the group: 60 connections reach both.
+  for (let i = 0; i < 60; i++) t.equal((await hello(lp, vip)).id, '127.0.0.1');
+  const st = await p.stats();
+  const workers = st.details['workers'] as { index: number; thread: boolean; relay: string; accepted: number }[];
+  t.same(workers.map((w) => [w.thread, w.relay]), [[true, 'raw'], [true, 'raw']], 'two worker threads, each on the libuv-handle relay');
+  t.ok(workers.every((w) => w.accepted > 0), `both accepted (${workers.map((w) => w.accepted).join(' + ')})`);
+  t.equal(workers.reduce((n, w) => n + w.accepted, 0), 60);
+  t.same(st.details['relayed'], { raw: 60, streams: 0 }, 'no connection fell back to net streams');
+  const l = (st.details['listeners'] as { sockets: number; reusePort: boolean }[])[0]!;
+  t.same([l.sockets, l.reusePort], [2, true], 'one SO_REUSEPORT socket per worker');
+});
+
+/** A ListenerStore in memory that records what the proxy does with it. */
+class MemoryStore {
+  readonly kept: [string, number][] = [];
+  readonly dropped: string[] = [];
+  constructor(private readonly left: Map<string, number[]>) {}
+  take(id: string): number | undefined { return this.left.get(id)?.shift(); }
+  keep(id: string, fd: number): void { this.kept.push([id, fd]); }
+  drop(id: string): void { this.dropped.push(id); }
+}
+
+t.test('listener store: a SO_REUSEPORT group left by an earlier process is served whole, with more or fewer workers', async (t) => {
+  const { listenTcp4, socketInfo } = await import('../../agent/net/native');
+  const port = await echoBackends(['127.0.0.1'], t);
+  const vip = '127.0.0.32';
+  for (const workers of [1, 3]) {
+    const a = listenTcp4(parseIPv4(vip)!, 0, 64, true);
+    const b2 = listenTcp4(parseIPv4(vip)!, a.port, 64, true);
+    const spec = tcpPort(port);
+    const id = `${vip}|TCP|${spec.port}`;
+    const store = new MemoryStore(new Map([[id, [a.fd, b2.fd]]]));
+    const p = new ProxyDataplane({ config: cfg(), workers, listenerStore: store });
+    await p.apply({ services: [svc(vip, port, [b('127.0.0.1')])] });
+    t.equal(await listenPort(p, vip), a.port, `${workers} worker(s): the inherited port`);
+    // Whichever socket of the group the kernel picks, someone accepts: no connection waits.
+    for (let i = 0; i < 30; i++) t.equal((await attempt(a.port, vip)).what, '127.0.0.1');
+    const l = ((await p.stats()).details['listeners'] as { sockets: number }[])[0]!;
+    t.equal(l.sockets, Math.max(2, workers), `${workers} worker(s): both inherited sockets kept${workers > 2 ? ', one added' : ''}`);
+    t.same(store.kept.filter(([k]) => k === id).length, l.sockets, 'every socket of the group is kept in the store');
+    t.ok(socketInfo(a.fd).listening, 'the inherited descriptors are the ones in use');
+    await p.stop({ keep: true });
+    t.same(store.dropped, [], 'a planned stop drops nothing from the store');
+  }
+});
+
+t.test('listener store: an older lb-agent\'s socket without SO_REUSEPORT is shared by every worker', async (t) => {
+  const { listenTcp4 } = await import('../../agent/net/native');
+  const port = await echoBackends(['127.0.0.1'], t);
+  const vip = '127.0.0.33';
+  const old = listenTcp4(parseIPv4(vip)!, 0, 64, false);
+  const id = `${vip}|TCP|0`;
+  const p = new ProxyDataplane({ config: cfg(), workers: 2, listenerStore: new MemoryStore(new Map([[id, [old.fd]]])) });
+  t.teardown(() => p.stop());
+  await p.apply({ services: [svc(vip, port, [b('127.0.0.1')])] });
+  for (let i = 0; i < 20; i++) t.equal((await attempt(old.port, vip)).what, '127.0.0.1');
+  const st = await p.stats();
+  t.same(((st.details['listeners']) as { sockets: number; reusePort: boolean }[]).map((l) => [l.sockets, l.reusePort]), [[1, false]], 'one socket, no group');
+});
+
+t.test('a worker that ends is replaced and serves the same sockets; its connections leave the counts', async (t) => {
+  const port = await echoBackends(['127.0.0.1'], t);
+  const p = new ProxyDataplane({ config: cfg(), workers: 2 });
+  t.teardown(() => p.stop());
+  const vip = '127.0.0.34';
+  await p.apply({ services: [svc(vip, port, [b('127.0.0.1')])] });
+  const lp = await listenPort(p, vip);
+  const held = await Promise.all(Array.from({ length: 8 }, () => hello(lp, vip, true)));
+  t.equal((await p.stats()).details['openConnections'], 8);
+  // As if the thread had died (an out-of-memory worker ends the same way): reach into the proxy for it.
+  const hosts = (p as unknown as { hosts: { worker: import('node:worker_threads').Worker }[] }).hosts;
+  await hosts[0]!.worker.terminate();
+  await new Promise((r) => setTimeout(r, 300));
+  for (let i = 0; i < 30; i++) t.equal((await attempt(lp, vip)).what, '127.0.0.1', `connection ${i} served after the worker ended`);
+  const st = await p.stats();
+  const workers = st.details['workers'] as { alive: boolean; accepted: number }[];
+  t.same(workers.map((w) => w.alive), [true, true], 'replaced');
+  t.ok((st.details['openConnections'] as number) <= 8, 'the dead worker\'s connections no longer count');
+  for (const h of held) h.socket.destroy();
 });

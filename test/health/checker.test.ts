@@ -349,4 +349,7 @@ t.test('target keys: same address/port/check share; http path and range are part
   t.not(targetKey(tcp, '10.0.0.1'), targetKey(http, '10.0.0.1'));
   t.not(targetKey(http, '10.0.0.1'), targetKey(healthCheck({ port: 80, type: 'http', http: { path: '/b', expectStatus: [200, 299] } }), '10.0.0.1'));
   t.not(targetKey(tcp, '10.0.0.1'), targetKey(healthCheck({ port: 81 }), '10.0.0.1'));
+  // Issue 17: a probe that sends a PROXY header is another probe (a backend may answer it differently).
+  t.not(targetKey(tcp, '10.0.0.1'), targetKey(healthCheck({ port: 80, proxyProtocol: 'v2' }), '10.0.0.1'));
+  t.not(targetKey(healthCheck({ port: 80, proxyProtocol: 'v1' }), '10.0.0.1'), targetKey(healthCheck({ port: 80, proxyProtocol: 'v2' }), '10.0.0.1'));
 });

@@ -7,6 +7,7 @@ import * as net from 'node:net';
 import * as http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { tcpProbe, httpProbe, defaultProbe, reasonOf, type ProbeResult, type ProbeTarget } from '../../agent/health/probe';
+import { parseProxyHeader, type ParsedProxyHeader } from '../../lab/proxy-protocol';
 
 const tcp = (port: number): ProbeTarget => ({ address: '127.0.0.1', port, type: 'tcp', http: undefined });
 const httpT = (port: number, path = '/healthz', expectStatus: [number, number] = [200, 299]): ProbeTarget =>
@@ -155,4 +156,71 @@ t.test('errno -> reason', async (t) => {
   ];
   for (const [code, reason] of table) t.equal(reasonOf(Object.assign(new Error('x'), { code })), reason, String(code));
   t.equal(reasonOf(null), 'error');
+});
+
+/** A backend that requires the PROXY header of `version` (parsed strictly, test/helpers/proxy-protocol.ts) and records it. */
+async function proxyProtocolBackend(t: tap.Test, version: 1 | 2, http = false): Promise<{ port: number; seen: { header?: ParsedProxyHeader; error?: string; peer: string; rest: string }[] }> {
+  const seen: { header?: ParsedProxyHeader; error?: string; peer: string; rest: string }[] = [];
+  const server = net.createServer((sock) => {
+    let buf = Buffer.alloc(0);
+    const peer = `${sock.remoteAddress}:${sock.remotePort}`;
+    sock.on('error', () => undefined);
+    sock.on('data', (d: Buffer) => {
+      buf = Buffer.concat([buf, d]);
+      const r = parseProxyHeader(version, buf);
+      if ('more' in r) return;
+      if ('error' in r) { sock.removeAllListeners('data'); seen.push({ error: r.error, peer, rest: '' }); sock.destroy(); return; }
+      const rest = buf.subarray(r.header.length).toString('latin1');
+      if (http && !rest.includes('\r\n\r\n')) return; // the whole request first
+      sock.removeAllListeners('data');
+      sock.resume();
+      seen.push({ header: r.header, peer, rest });
+      if (http) sock.end('HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok');
+      else sock.end();
+    });
+  });
+  const port = await listen(server);
+  t.teardown(() => server.close());
+  return { port, seen };
+}
+
+t.test('tcp and http probes with PROXY protocol v1: a valid TCP4 line with the probe\'s own endpoints (issue 17)', async (t) => {
+  for (const type of ['tcp', 'http'] as const) {
+    const b = await proxyProtocolBackend(t, 1, type === 'http');
+    const target: ProbeTarget = { ...(type === 'tcp' ? tcp(b.port) : httpT(b.port, '/healthz', [200, 299])), proxyProtocol: 'v1' };
+    const r = await defaultProbe(target, { timeoutMs: 2000 });
+    t.ok(r.ok, `${type} probe ok (${r.ok ? '' : r.detail})`);
+    await new Promise((res) => setTimeout(res, 50));
+    t.equal(b.seen.length, 1);
+    const s = b.seen[0]!;
+    t.notOk(s.error, `${type}: the header parses (${s.error ?? ''})`);
+    t.same([`${s.header?.source}:${s.header?.sourcePort}`, s.header?.destination, s.header?.destinationPort], [s.peer, '127.0.0.1', b.port],
+      `${type}: it names the probe's own connection, as the spec asks of health checks`);
+    if (type === 'http') t.match(s.rest, /^GET \/healthz HTTP\/1\.1\r\n/, 'the request follows the header');
+  }
+});
+
+t.test('tcp and http probes with PROXY protocol v2: the LOCAL command (issue 17)', async (t) => {
+  for (const type of ['tcp', 'http'] as const) {
+    const b = await proxyProtocolBackend(t, 2, type === 'http');
+    const r = await defaultProbe({ ...(type === 'tcp' ? tcp(b.port) : httpT(b.port, '/', [200, 299])), proxyProtocol: 'v2' }, { timeoutMs: 2000 });
+    t.ok(r.ok, `${type} probe ok`);
+    await new Promise((res) => setTimeout(res, 50));
+    t.same(b.seen.map((s) => [s.error, s.header?.command, s.header?.transport, s.header?.length]), [[undefined, 'LOCAL', 'unspec', 16]], `${type}: LOCAL, no addresses`);
+  }
+  // Without the option the same backend sees no header, and refuses the connection.
+  const b = await proxyProtocolBackend(t, 2, true);
+  const plain = await httpProbe(httpT(b.port, '/', [200, 299]), { timeoutMs: 1000 });
+  t.notOk(plain.ok, 'a probe without the header fails against a backend that requires it');
+});
+
+t.test('http probe with PROXY protocol: a refused connect and the timeout are reported as before', async (t) => {
+  const port = await closedPort();
+  const r = await httpProbe({ ...httpT(port), proxyProtocol: 'v2' }, { timeoutMs: 1000 });
+  t.same(r.ok ? 'ok' : r.reason, 'refused');
+  const silent = net.createServer(() => undefined);
+  const sp = await listen(silent);
+  t.teardown(() => silent.close());
+  const slow = await httpProbe({ ...httpT(sp), proxyProtocol: 'v1' }, { timeoutMs: 300 });
+  t.same(slow.ok ? 'ok' : slow.reason, 'timeout', 'connected, header sent, no response: a timeout');
 });

@@ -2,6 +2,8 @@
 // (Packet sockets need CAP_NET_RAW: see test/privileged/net-packet.test.ts.)
 import t from 'tap';
 import * as fs from 'node:fs';
+import * as net from 'node:net';
+import { parseIPv4 } from '../../agent/ipv4';
 import {
   CAP_NET_ADMIN,
   capabilities,
@@ -12,6 +14,9 @@ import {
   loadNative,
   nativeAddonPath,
   sendUnixDatagram,
+  listenTcp4,
+  socketInfo,
+  dupFd,
 } from '../../agent/net/native';
 
 t.test('the addon is built and loads', async (t) => {
@@ -130,6 +135,40 @@ t.test('PacketHandle validates its arguments before any syscall', async (t) => {
   t.throws(() => new PacketHandle(1, 0x10000), RangeError);
   t.throws(() => new PacketHandle(1, 0x0806, [[0x06, 0, 0, 2 ** 32]]), RangeError);
   t.throws(() => new PacketHandle(1, 0x0806, [[0x06, 0, 0]] as unknown as [number, number, number, number][]), TypeError);
+});
+
+t.test('listening sockets for the proxy: a SO_REUSEPORT group, inspected and duplicated', async (t) => {
+  const lo = parseIPv4('127.0.0.1')!;
+  const a = listenTcp4(lo, 0, 16, true);
+  t.teardown(() => { for (const fd of [a.fd]) { try { fs.closeSync(fd); } catch { /* closed */ } } });
+  t.ok(a.port > 0, `bound an ephemeral port (${a.port})`);
+  const b = listenTcp4(lo, a.port, 16, true);
+  t.teardown(() => { try { fs.closeSync(b.fd); } catch { /* closed */ } });
+  t.equal(b.port, a.port, 'a second SO_REUSEPORT socket joins the same port');
+  t.same(socketInfo(a.fd), { family: 2, type: 1, address: lo, port: a.port, listening: true, reusePort: true });
+  try {
+    listenTcp4(lo, a.port, 16, false);
+    t.fail('a socket without SO_REUSEPORT cannot join the group');
+  } catch (err) {
+    t.ok(isSystemError(err));
+    t.match(err, { code: 'EADDRINUSE', errno: -98, syscall: 'bind' });
+  }
+  const d = dupFd(a.fd);
+  t.not(d, a.fd);
+  t.same(socketInfo(d), socketInfo(a.fd), 'the duplicate is the same socket');
+  fs.closeSync(d);
+  t.same(socketInfo(a.fd).listening, true, 'closing the duplicate leaves the socket listening');
+  // The kernel accepts on the group: a connect to the port succeeds.
+  await new Promise<void>((resolve, reject) => {
+    const s = net.connect(a.port, '127.0.0.1', () => { s.destroy(); resolve(); });
+    s.on('error', reject);
+  });
+  const plain = listenTcp4(lo, 0, 16, false);
+  t.teardown(() => { try { fs.closeSync(plain.fd); } catch { /* closed */ } });
+  t.equal(socketInfo(plain.fd).reusePort, false, 'an old-style socket says it has no SO_REUSEPORT');
+  const notSocket = fs.openSync('/dev/null', 'r');
+  t.teardown(() => fs.closeSync(notSocket));
+  t.throws(() => socketInfo(notSocket), { code: 'ENOTSOCK', syscall: 'getsockname' }, 'a non-socket is refused like Node would');
 });
 
 t.test('an install without the built addon (or with a broken one) is LB_ERR_NET_NATIVE_MISSING saying what to run', async (t) => {

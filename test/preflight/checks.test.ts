@@ -297,6 +297,15 @@ t.test('dataplane: nft missing fails for kernel, warns for auto, passes for prox
   t.equal(effectiveDataplane(variant('nft-missing', (x) => { x.config.dataplane = 'auto'; })), 'proxy');
 });
 
+t.test('dataplane auto with a service that asks for the PROXY protocol: the proxy, said plainly (issue 17)', async (t) => {
+  const f = variant('healthy', (x) => { x.config.dataplane = 'auto'; x.config.proxyOnly = ['default/web']; });
+  t.equal(effectiveDataplane(f), 'proxy', 'even where nftables works');
+  const r = checkDataplane(f);
+  t.equal(r.status, 'pass');
+  t.match(r.detail, /dataplane auto: default\/web asks for the PROXY protocol, which only the userspace proxy sends: the userspace proxy will be used/);
+  t.equal(effectiveDataplane(variant('healthy', (x) => { x.config.dataplane = 'auto'; })), 'kernel', 'without one, auto keeps the kernel path');
+});
+
 t.test('pools outside the parent subnet warn', async (t) => {
   const r = checkPools(fixture('pools-outside-subnet'));
   t.equal(r.status, 'warn');

@@ -65,7 +65,7 @@ pools: { cidr-default: 10.99.0.96/28 }
 services:
   - { name: web, ipam: dhcp, ports: [{ port: 80 }], backends: [10.99.0.11] }
   - { name: web2, primaryService: default/web, ports: [{ port: 443 }], backends: [10.99.0.11] }
-  - { name: db, ports: [{ port: 5432 }], backends: [10.99.0.12] }
+  - { name: db, proxyProtocol: v1, ports: [{ port: 5432 }], backends: [10.99.0.12] }
 `, 'h');
   if (!r.ok) { t.fail(JSON.stringify(r.errors)); return; }
   const s = configSummary('/etc/x.yaml', r.config);
@@ -77,6 +77,7 @@ services:
   t.same(s.ports.map((p) => p.port), [80, 443, 5432]);
   t.same(s.dhcpServices, ['default/web']);
   t.equal(s.services, 3);
+  t.same(s.proxyOnly, ['default/db'], 'services only the proxy path can serve (PROXY protocol)');
 });
 
 t.test('issue 17: the summary lists DSR services, backend VIPs and each service\'s zones', async (t) => {

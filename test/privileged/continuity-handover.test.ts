@@ -5,18 +5,22 @@
 // DHCP VIP and a pool VIP sees zero failed requests (a restart without the
 // hand-over failed 36: bench/results/2026-11-23-restart-failover.md). The
 // old process ran with the default --on-stop withdraw: a hand-over keeps the
-// data path whatever the old process was told.
+// data path whatever the old process was told. The proxy runs two workers,
+// so each listener is a SO_REUSEPORT group of two sockets (issue 18): every
+// socket of every group goes over (closing one would reset the connections
+// queued on it), and the new process serves the groups it was handed.
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
 import { startAgent, waitStatus, agentCli } from '../../lab/agent';
 import { buildContinuityLab, continuityConfig, describeReport, Loops } from '../../lab/continuity';
 
+const WORKERS = 2;
 const SERVICES = [{ name: 'web', ipam: 'dhcp' as const }, { name: 'api', ipam: 'pool' as const }];
 
 t.test('proxy path: --replace takes the listeners over, no request fails', async (t) => {
   if (!requirePrivileged(t)) return;
   const cl = await buildContinuityLab(t);
-  const cfg = continuityConfig(SERVICES, { dataplane: 'proxy' });
+  const cfg = continuityConfig(SERVICES, { dataplane: 'proxy', proxy: { workers: WORKERS } });
   const first = await startAgent(cl.lab, cl.node, cfg, { name: 'a' });
   const st1 = await waitStatus(first, 'both services serving', (s) => s.services.every((x) => x.ready), 30_000);
   const vips = Object.fromEntries(st1.services.map((s) => [s.name, s.vip!]));
@@ -39,9 +43,11 @@ t.test('proxy path: --replace takes the listeners over, no request fails', async
   }
   t.same(Object.fromEntries(st2.services.map((s) => [s.name, s.vip])), vips, 'the same VIPs');
   const took = second.logs.find((l) => l.op === 'handover' && typeof l.listeners === 'number');
-  t.equal(took?.listeners, 2, 'the new process took both listening sockets over');
-  t.ok(second.logs.some((l) => l.op === 'listen' && l.inherited === true), 'and listens on them');
-  t.ok(first.logs.some((l) => l.op === 'handover' && l.listeners === 2), 'the old process says what it handed over');
+  t.equal(took?.listeners, SERVICES.length * WORKERS, 'the new process took every socket of both listeners\' groups over');
+  const listens = second.logs.filter((l) => l.op === 'listen' && l.module === 'forward');
+  t.equal(listens.length, SERVICES.length, 'one listener per service');
+  t.ok(listens.every((l) => l.inherited === true && l.sockets === WORKERS && l.reusePort === true), 'each on the whole group it was handed, none bound anew');
+  t.ok(first.logs.some((l) => l.op === 'handover' && l.listeners === SERVICES.length * WORKERS), 'the old process says what it handed over');
   const order = [first.logs.find((l) => /handing over: the successor may start/.test(String(l.msg))), second.logs.find((l) => l.msg === 'lb-agent started')];
   t.ok(order.every(Boolean), 'the old process let go before the new one started');
 

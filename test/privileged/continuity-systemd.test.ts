@@ -111,11 +111,17 @@ for (const dataplane of ['kernel', 'proxy'] as const) {
     const loops2 = await Loops.start(cl, vips, dataplane === 'proxy' ? 5000 : 500);
     t.teardown(() => loops2.stopQuietly());
     await new Promise((r) => setTimeout(r, 500));
+    const killCursor = await vm.cursor();
     const killAt = Date.now();
     await vm.killMain('KILL');
     await restarted(vm, pid3);
     await new Promise((r) => setTimeout(r, 1000));
     const afterKill = await loops2.stop(killAt);
+    if (Object.values(afterKill).some((rep) => rep.failures.length > 0)) {
+      // Where the gap went (Restart=, the preflight, Node's start, the first apply), for whoever reads a failure.
+      const lines = (await vm.journal('lb-agent', { after: killCursor })).split('\n');
+      t.comment(lines.filter((l) => !/"level":(20|10)/.test(l)).slice(0, 40).map((l) => l.slice(0, 220)).join('\n'));
+    }
     for (const [name, rep] of Object.entries(afterKill)) {
       t.ok(rep.count >= 50, `${name}: the loop ran across the SIGKILL (${rep.count})`);
       if (dataplane === 'kernel') {

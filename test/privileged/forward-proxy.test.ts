@@ -5,6 +5,7 @@
 // and stop() closes the listeners.
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
+import { waitFor } from '../../lab/netns';
 import { applyWeb, HTTP_PORT, VIP, type Burst } from '../../lab/forward';
 import { commonScenarios } from './fixtures/forward-scenarios';
 
@@ -20,6 +21,8 @@ if (requirePrivileged(t)) {
       const r = await client.request<Burst>({ cmd: 'burst', ...http, n: 30, concurrency: 2 });
       t.same(r.errors, {}, 'no client saw the dead backend');
       t.equal(r.counts['b3'] ?? 0, 0);
+      // Worker threads hand passive-health results over in batches (a failure at once, successes within 50 ms).
+      await waitFor('30 successes reported', () => driver.events.slice(mark).filter((e) => e['event'] === 'connect' && e['ok'] === true).length >= 30, 5000);
       const reports = driver.events.slice(mark).filter((e) => e['event'] === 'connect');
       t.ok(reports.some((e) => e['backend'] === '10.99.0.13' && e['ok'] === false), 'connect failures to b3 reported (passive health)');
       t.ok(reports.filter((e) => e['ok'] === true).length >= 30, 'successes reported too');

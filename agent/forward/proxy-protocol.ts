@@ -1,0 +1,113 @@
+// forward/ layer: the PROXY protocol header (issue 17), pure encoding, no
+// I/O. The userspace proxy sends it to a backend before the first byte of a
+// relayed connection so the backend sees the client's address and port and
+// the VIP's (HAProxy's `send-proxy` / `send-proxy-v2`); health checks send
+// it only when asked (healthCheck.proxyProtocol).
+//
+// The spec is HAProxy's doc/proxy-protocol.txt (2020/03/05):
+// - v1 (2.1): one US-ASCII line "PROXY TCP4 <src> <dst> <sport> <dport>\r\n",
+//   addresses in canonical dotted decimal, ports in decimal, no leading zeros
+//   (56 bytes at most for TCP4). v1 has no UDP.
+// - v2 (2.2): the 12-byte signature \r\n\r\n\0\r\nQUIT\n, then ver_cmd (0x2 in
+//   the high nibble; command 0x1 PROXY or 0x0 LOCAL), then family/protocol
+//   (0x11 TCP over IPv4, 0x12 UDP over IPv4, 0x00 UNSPEC), then the address
+//   length in network order (12 for IPv4: src, dst, sport, dport, all network
+//   order). 28 bytes for IPv4, 16 for LOCAL. No TLVs are sent.
+// - Health checks (2.1, 2.2): "When a load balancing proxy has to send health
+//   checks to a server, it SHOULD build a valid PROXY line which it will fill
+//   with a getsockname()/getpeername() pair" (v1), and v2 has the LOCAL command
+//   for a connection "established on purpose by the proxy without being
+//   relayed ... when the proxy sends health-checks".
+// Only IPv4 is forwarded by lb-agent; an address that is not dotted-quad
+// IPv4 (an IPv4-mapped "::ffff:a.b.c.d" is unwrapped) is refused by a throw:
+// the callers hand over what the kernel reported for an IPv4 socket.
+import { formatIPv4, parseIPv4 } from '../ipv4';
+import type { ProxyProtocolVersion } from '../config/types';
+
+export type { ProxyProtocolVersion };
+
+/** The connection a header describes: the client (source) and the address it connected to (destination). */
+export interface ProxiedConnection {
+  readonly source: string;
+  readonly sourcePort: number;
+  readonly destination: string;
+  readonly destinationPort: number;
+}
+
+/** The v2 signature (spec 2.2). */
+export const PROXY_V2_SIGNATURE: Buffer = Buffer.from([0x0d, 0x0a, 0x0d, 0x0a, 0x00, 0x0d, 0x0a, 0x51, 0x55, 0x49, 0x54, 0x0a]);
+const V2_VERSION = 0x20;
+const V2_CMD_LOCAL = 0x00;
+const V2_CMD_PROXY = 0x01;
+const V2_TCP4 = 0x11;
+const V2_UDP4 = 0x12;
+const V2_HEADER = 16;
+const V2_IPV4_ADDRESSES = 12;
+
+function ipv4(address: string, what: string): number {
+  const a = address.startsWith('::ffff:') ? address.slice(7) : address;
+  const n = parseIPv4(a);
+  if (n === undefined) throw new TypeError(`PROXY protocol: ${what} ${JSON.stringify(address)} is not an IPv4 address`);
+  return n;
+}
+
+function port(p: number, what: string): number {
+  if (!Number.isInteger(p) || p < 0 || p > 65535) throw new TypeError(`PROXY protocol: ${what} ${p} is not a port`);
+  return p;
+}
+
+/** The v1 line for a TCP connection over IPv4 (spec 2.1). */
+export function proxyHeaderV1(c: ProxiedConnection): string {
+  // Canonical forms: re-render from the parsed numbers, so no leading zeros slip through.
+  const src = formatIPv4(ipv4(c.source, 'source'));
+  const dst = formatIPv4(ipv4(c.destination, 'destination'));
+  return `PROXY TCP4 ${src} ${dst} ${port(c.sourcePort, 'source port')} ${port(c.destinationPort, 'destination port')}\r\n`;
+}
+
+/** The v2 header for a TCP (or, per datagram, UDP) flow over IPv4 (spec 2.2). */
+export function proxyHeaderV2(c: ProxiedConnection, transport: 'tcp' | 'udp' = 'tcp'): Buffer {
+  const b = Buffer.allocUnsafe(V2_HEADER + V2_IPV4_ADDRESSES);
+  writeV2Into(b, 0, ipv4(c.source, 'source'), port(c.sourcePort, 'source port'), ipv4(c.destination, 'destination'), port(c.destinationPort, 'destination port'), transport);
+  return b;
+}
+
+/** Length of a v2 header for IPv4. */
+export const PROXY_V2_IPV4_LENGTH = V2_HEADER + V2_IPV4_ADDRESSES;
+
+/**
+ * Write a v2 IPv4 header at `offset` from numeric addresses (host-order u32):
+ * the proxy's hot path fills a buffer without building strings.
+ */
+export function writeV2Into(b: Buffer, offset: number, src: number, sport: number, dst: number, dport: number, transport: 'tcp' | 'udp'): void {
+  PROXY_V2_SIGNATURE.copy(b, offset);
+  b[offset + 12] = V2_VERSION | V2_CMD_PROXY;
+  b[offset + 13] = transport === 'udp' ? V2_UDP4 : V2_TCP4;
+  b.writeUInt16BE(V2_IPV4_ADDRESSES, offset + 14);
+  b.writeUInt32BE(src >>> 0, offset + 16);
+  b.writeUInt32BE(dst >>> 0, offset + 20);
+  b.writeUInt16BE(sport, offset + 24);
+  b.writeUInt16BE(dport, offset + 26);
+}
+
+/** The v2 LOCAL header (no addresses): what a health check sends (spec 2.2, "LOCAL"). */
+export function proxyHeaderV2Local(): Buffer {
+  const b = Buffer.alloc(V2_HEADER);
+  PROXY_V2_SIGNATURE.copy(b, 0);
+  b[12] = V2_VERSION | V2_CMD_LOCAL;
+  b[13] = 0x00; // AF_UNSPEC, UNSPEC
+  b.writeUInt16BE(0, 14);
+  return b;
+}
+
+/** The header of `version` for a relayed TCP connection. */
+export function proxyHeader(version: ProxyProtocolVersion, c: ProxiedConnection): Buffer {
+  return version === 'v1' ? Buffer.from(proxyHeaderV1(c), 'latin1') : proxyHeaderV2(c, 'tcp');
+}
+
+/**
+ * The header a health check sends: v1 a valid TCP4 line with the probe
+ * connection's own addresses (getsockname/getpeername), v2 LOCAL.
+ */
+export function healthCheckHeader(version: ProxyProtocolVersion, probe: ProxiedConnection): Buffer {
+  return version === 'v1' ? Buffer.from(proxyHeaderV1(probe), 'latin1') : proxyHeaderV2Local();
+}

@@ -1,0 +1,111 @@
+// Listening TCP/IPv4 sockets for the userspace proxy's workers (issue 18):
+// socket(2), setsockopt(2) SO_REUSEADDR and SO_REUSEPORT, bind(2), listen(2)
+// and getsockname(2) - Node 20's net has no reusePort listen option, so the
+// sockets of a SO_REUSEPORT group are made here and handed to each worker's
+// event loop by descriptor. Also the queries that let a descriptor inherited
+// from systemd's fd store be checked before it is used (getsockname,
+// SO_ACCEPTCONN, SO_REUSEPORT, SO_TYPE) and F_DUPFD_CLOEXEC, so every worker
+// owns (and may close) its own descriptor of a shared socket. Syscalls only:
+// the address arrives as a host-order u32 parsed in TypeScript.
+#include "common.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+
+namespace lbagent {
+
+namespace {
+
+int IntArg(const Napi::CallbackInfo& info, size_t i, const char* usage) {
+  if (info.Length() <= i || !info[i].IsNumber()) throw Napi::TypeError::New(info.Env(), usage);
+  return info[i].As<Napi::Number>().Int32Value();
+}
+
+// listenTcp4(address: u32, port, backlog, reusePort) -> { fd, port }
+Napi::Value ListenTcp4(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  const char* usage = "listenTcp4(address: number (u32), port: number, backlog: number, reusePort: boolean)";
+  if (info.Length() < 4 || !info[0].IsNumber() || !info[3].IsBoolean()) throw Napi::TypeError::New(env, usage);
+  uint32_t address = info[0].As<Napi::Number>().Uint32Value();
+  int port = IntArg(info, 1, usage);
+  int backlog = IntArg(info, 2, usage);
+  bool reuse_port = info[3].As<Napi::Boolean>().Value();
+  if (port < 0 || port > 65535) throw Napi::RangeError::New(env, "port must be 0-65535");
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw ErrnoError(env, errno, "socket");
+  auto fail = [&](const char* syscall) {
+    int err = errno;
+    close(fd);
+    return ErrnoError(env, err, syscall);
+  };
+  int on = 1;
+  // libuv sets SO_REUSEADDR on every TCP listener (a restart binds while old
+  // connections sit in TIME_WAIT); ours do the same.
+  if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on) < 0) throw fail("setsockopt");
+  if (reuse_port && setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &on, sizeof on) < 0) throw fail("setsockopt");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(address);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) < 0) throw fail("bind");
+  if (listen(fd, backlog) < 0) throw fail("listen");
+  socklen_t len = sizeof addr;
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) < 0) throw fail("getsockname");
+  Napi::Object out = Napi::Object::New(env);
+  out.Set("fd", Napi::Number::New(env, fd));
+  out.Set("port", Napi::Number::New(env, ntohs(addr.sin_port)));
+  return out;
+}
+
+int IntSockopt(Napi::Env env, int fd, int level, int name) {
+  int v = 0;
+  socklen_t len = sizeof v;
+  if (getsockopt(fd, level, name, &v, &len) < 0) throw ErrnoError(env, errno, "getsockopt");
+  return v;
+}
+
+// socketInfo(fd) -> { family, type, address (u32, IPv4 only), port, listening, reusePort }
+Napi::Value SocketInfo(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  int fd = IntArg(info, 0, "socketInfo(fd: number)");
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) < 0) throw ErrnoError(env, errno, "getsockname");
+  Napi::Object out = Napi::Object::New(env);
+  out.Set("family", Napi::Number::New(env, ss.ss_family));
+  out.Set("type", Napi::Number::New(env, IntSockopt(env, fd, SOL_SOCKET, SO_TYPE)));
+  if (ss.ss_family == AF_INET) {
+    const sockaddr_in* in = reinterpret_cast<const sockaddr_in*>(&ss);
+    out.Set("address", Napi::Number::New(env, ntohl(in->sin_addr.s_addr)));
+    out.Set("port", Napi::Number::New(env, ntohs(in->sin_port)));
+  }
+  out.Set("listening", Napi::Boolean::New(env, IntSockopt(env, fd, SOL_SOCKET, SO_ACCEPTCONN) != 0));
+  out.Set("reusePort", Napi::Boolean::New(env, IntSockopt(env, fd, SOL_SOCKET, SO_REUSEPORT) != 0));
+  return out;
+}
+
+// dupFd(fd) -> a new descriptor of the same socket (close-on-exec).
+Napi::Value DupFd(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  int fd = IntArg(info, 0, "dupFd(fd: number)");
+  int copy = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (copy < 0) throw ErrnoError(env, errno, "fcntl");
+  return Napi::Number::New(env, copy);
+}
+
+}  // namespace
+
+Napi::Object InitListenSocket(Napi::Env env, Napi::Object exports) {
+  exports.Set("listenTcp4", Napi::Function::New(env, ListenTcp4, "listenTcp4"));
+  exports.Set("socketInfo", Napi::Function::New(env, SocketInfo, "socketInfo"));
+  exports.Set("dupFd", Napi::Function::New(env, DupFd, "dupFd"));
+  return exports;
+}
+
+}  // namespace lbagent
