@@ -5,15 +5,24 @@
 // listeners run in a child process so their accept work is not counted.
 // Loopback only: one address (127.0.0.1), one port per backend.
 //
+// Paths (issue 18), each in the same run: `native`, the addon's batch prober
+// (the default; the checker is told not to fall back); `node`, one Node
+// socket per probe (the fallback, and today's path before issue 18); `own`,
+// the native path with a stand-in addon that answers every connect at once
+// without a socket: the checker's own cost per probe (scheduler, thresholds,
+// metrics, the prober's TypeScript side), the kernel's TCP work left out.
+//
 //   node dist/bench/health.js [--backends 1000,10000] [--period 1] [--duration 10]
-//                             [--warmup 3] [--max-in-flight 256]
-// Prints one JSON object per backend count on stdout.
+//                             [--warmup 3] [--max-in-flight 256] [--paths native,node,own]
+// Prints one JSON object per backend count and path on stdout.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { Registry } from 'prom-client';
+import { constants as osConstants } from 'node:os';
 import { HealthChecker } from '../agent/health/checker';
 import type { ServiceSpec } from '../agent/config/types';
+import type { NativeAddon, NativeTcpProbeHandle } from '../agent/net/native';
 
 const LISTENER = `
 const net = require('net');
@@ -32,10 +41,12 @@ process.stdin.on('end', () => process.exit(0));
 process.stdin.resume();
 `;
 
-interface Args { backends: number[]; period: number; duration: number; warmup: number; maxInFlight: number }
+type Path = 'native' | 'node' | 'own';
+const PATHS: readonly Path[] = ['native', 'node', 'own'];
+interface Args { backends: number[]; period: number; duration: number; warmup: number; maxInFlight: number; paths: Path[] }
 
 function parseArgs(argv: string[]): Args {
-  const a: Args = { backends: [1000, 10_000], period: 1, duration: 10, warmup: 3, maxInFlight: 256 };
+  const a: Args = { backends: [1000, 10_000], period: 1, duration: 10, warmup: 3, maxInFlight: 256, paths: ['native', 'node'] };
   for (let i = 0; i < argv.length; i++) {
     const v = argv[i + 1];
     switch (argv[i]) {
@@ -44,6 +55,7 @@ function parseArgs(argv: string[]): Args {
       case '--duration': a.duration = Number(v); i++; break;
       case '--warmup': a.warmup = Number(v); i++; break;
       case '--max-in-flight': a.maxInFlight = Number(v); i++; break;
+      case '--paths': a.paths = String(v).split(',').map((p) => { if (!(PATHS as readonly string[]).includes(p)) throw new Error(`--paths: ${PATHS.join(', ')}, not ${p}`); return p as Path; }); i++; break;
       default: throw new Error(`unknown argument ${argv[i]}`);
     }
   }
@@ -90,9 +102,46 @@ function procCpuSeconds(pid: number | undefined): number | undefined {
 const pct = (sorted: number[], p: number): number => (sorted.length ? sorted[Math.min(sorted.length - 1, Math.floor(p * sorted.length))]! : 0);
 const r2 = (x: number): number => Math.round(x * 100) / 100;
 
-async function runOne(n: number, a: Args): Promise<Record<string, unknown>> {
-  const { ports, child } = await startListeners(n);
-  const hc = new HealthChecker({ registry: new Registry(), maxInFlight: a.maxInFlight });
+/**
+ * For the `own` path: an addon whose TcpProbeHandle opens no socket and
+ * reports every connect as made on the next turn of the event loop, in
+ * batches, as the real one does.
+ */
+function instantAddon(): NativeAddon {
+  class InstantHandle implements NativeTcpProbeHandle {
+    private pending: number[] = [];
+    private armed = false;
+    constructor(private readonly cb: (count: number) => void, private readonly ids: Uint32Array, private readonly errnos: Int32Array) {}
+    connect(ids: Uint32Array, _addrs: Uint32Array, _ports: Uint16Array, count: number, out: Int32Array): void {
+      for (let i = 0; i < count; i++) { this.pending.push(ids[i]!); out[i] = osConstants.errno.EINPROGRESS; }
+      if (!this.armed) { this.armed = true; setImmediate(() => this.report()); }
+    }
+    private report(): void {
+      this.armed = false;
+      const all = this.pending;
+      this.pending = [];
+      for (let k = 0; k < all.length; k += this.ids.length) {
+        const n = Math.min(this.ids.length, all.length - k);
+        for (let i = 0; i < n; i++) { this.ids[i] = all[k + i]!; this.errnos[i] = 0; }
+        this.cb(n);
+      }
+    }
+    cancel(): boolean { return false; }
+    sweep(): number { return 0; }
+    stats(): { connecting: number; closing: number; swept: number } { return { connecting: this.pending.length, closing: 0, swept: 0 }; }
+    close(): void { this.pending = []; }
+  }
+  return { TcpProbeHandle: InstantHandle } as unknown as NativeAddon;
+}
+
+async function runOne(n: number, path: Path, a: Args): Promise<Record<string, unknown>> {
+  const { ports, child } = await startListeners(path === 'own' ? 0 : n);
+  // 'native' must not fall back silently: the checker throws instead.
+  const hc = new HealthChecker({
+    registry: new Registry(), maxInFlight: a.maxInFlight,
+    ...(path === 'own' ? { tcpProbes: 'native', nativeAddon: instantAddon } : { tcpProbes: path }),
+  });
+  if (path === 'own') for (let i = 0; i < n; i++) ports.push(1024 + (i % 60_000));
   let measuring = false;
   let probes = 0;
   const failures: Record<string, number> = {};
@@ -131,6 +180,7 @@ async function runOne(n: number, a: Args): Promise<Record<string, unknown>> {
   durations.sort((x, y) => x - y);
   return {
     backends: n,
+    path: path === 'own' ? 'own' : hc.probePath(),
     periodSeconds: a.period,
     maxInFlight: a.maxInFlight,
     measuredSeconds: r2(wall),
@@ -153,10 +203,12 @@ async function runOne(n: number, a: Args): Promise<Record<string, unknown>> {
 async function main(): Promise<void> {
   const a = parseArgs(process.argv.slice(2));
   for (const n of a.backends) {
-    const res = await runOne(n, a);
-    process.stdout.write(`${JSON.stringify(res)}\n`);
-    // Let TIME_WAIT sockets of the previous run age a little.
-    await new Promise((r) => setTimeout(r, 1000));
+    for (const path of a.paths) {
+      const res = await runOne(n, path, a);
+      process.stdout.write(`${JSON.stringify(res)}\n`);
+      // Let TIME_WAIT sockets of the previous run age a little.
+      await new Promise((r) => setTimeout(r, 1000));
+    }
   }
 }
 

@@ -12,7 +12,8 @@
         "src/errors.cc",
         "src/packet_socket.cc",
         "src/unix_dgram.cc",
-        "src/system.cc"
+        "src/system.cc",
+        "src/tcp_probe.cc"
       ],
       "include_dirs": [
         "<!(node -p \"require('node-addon-api').include_dir\")"

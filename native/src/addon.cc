@@ -1,11 +1,13 @@
 // lbagent_native module entry: registers the packet socket class, the unix
-// datagram sender (sd_notify) and small system queries (capabilities, ifindex).
+// datagram sender (sd_notify), small system queries (capabilities, ifindex)
+// and the batch TCP connect prober of the health checker.
 #include "common.h"
 
 static Napi::Object InitAddon(Napi::Env env, Napi::Object exports) {
   lbagent::InitPacketSocket(env, exports);
   lbagent::InitUnixDgram(env, exports);
   lbagent::InitSystem(env, exports);
+  lbagent::InitTcpProbe(env, exports);
   return exports;
 }
 

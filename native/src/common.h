@@ -17,6 +17,7 @@ Napi::Error ErrnoError(Napi::Env env, int err, const char* syscall, const char* 
 Napi::Object InitPacketSocket(Napi::Env env, Napi::Object exports);
 Napi::Object InitUnixDgram(Napi::Env env, Napi::Object exports);
 Napi::Object InitSystem(Napi::Env env, Napi::Object exports);
+Napi::Object InitTcpProbe(Napi::Env env, Napi::Object exports);
 
 }  // namespace lbagent
 
