@@ -218,6 +218,7 @@ async function runChecker(n: number, path: Exclude<Path, 'haproxy'>, a: Args): P
   eld.disable();
   const acc1 = await listeners.accepted();
   const after = hc.schedulerStats();
+  const prober = hc.proberStats();
   hc.stop();
   await listeners.close();
   lags.sort((x, y) => x - y);
@@ -237,6 +238,10 @@ async function runChecker(n: number, path: Exclude<Path, 'haproxy'>, a: Args): P
     startLagMs: { p50: r2(pct(lags, 0.5)), p99: r2(pct(lags, 0.99)), max: r2(lags[lags.length - 1] ?? 0) },
     probeDurationMs: { p50: r2(pct(durations, 0.5)), p99: r2(pct(durations, 0.99)) },
     skipped: { busy: after.skippedBusy - before.skippedBusy, overrun: after.skippedOverrun - before.skippedOverrun },
+    // Native path, whole run: connect() calls into the addon, and sockets closed
+    // by the grace sweep because the backend had not closed its side in time
+    // (a listener that falls behind shows here first).
+    prober: path === 'native' && prober ? { started: prober.started, batches: prober.batches, sweptWithoutBackendFin: prober.swept } : undefined,
     cpu: { userSeconds: r2(cpu.user / 1e6), systemSeconds: r2(cpu.system / 1e6), percentOfOneCore: r2(((cpu.user + cpu.system) / 1e6 / wall) * 100) },
     listenerCpuPercentOfOneCore: lcpu0 !== undefined && lcpu1 !== undefined ? r2(((lcpu1 - lcpu0) / wall) * 100) : null,
     cpuMicrosPerProbe: probes ? r2((cpu.user + cpu.system) / probes) : null,

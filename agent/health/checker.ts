@@ -41,7 +41,7 @@ import {
   DEFAULT_HTTP_CHECK, defaultProbe, NodeTcpProber,
   type Probe, type ProbeResult, type ProbeTarget, type TcpOutcome, type TcpProber, type TcpTarget,
 } from './probe';
-import { NativeTcpProber } from './native-probe';
+import { NativeTcpProber, type NativeTcpProberStats } from './native-probe';
 import { ProbeScheduler, type Run, type SchedulerStats, type Slot } from './scheduler';
 import { HealthMetrics, type BackendLabels, type ProbePath } from './metrics';
 import {
@@ -375,6 +375,11 @@ export class HealthChecker extends EventEmitter {
     if (!sub || !sub.target) return false;
     this.apply(sub, { kind: 'passive-ok' });
     return true;
+  }
+
+  /** The native prober's counters while it runs (undefined on the Node path or when stopped), for benches. */
+  proberStats(): NativeTcpProberStats | undefined {
+    return this.tcp instanceof NativeTcpProber ? this.tcp.stats() : undefined;
   }
 
   /** Scheduler counters, for benches and status. */

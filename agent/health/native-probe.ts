@@ -110,7 +110,6 @@ export class NativeTcpProber<C> implements TcpProber<C> {
   private state = new Uint8Array(64);
   private gen = new Uint32Array(64);
   private startAt = new Float64Array(64);
-  private timeoutOf = new Float64Array(64);
   private readonly free: number[] = [];
   private nextId = 0;
   private inFlight = 0;
@@ -154,7 +153,6 @@ export class NativeTcpProber<C> implements TcpProber<C> {
     this.ctx[id] = ctx;
     this.state[id] = QUEUED;
     this.startAt[id] = now;
-    this.timeoutOf[id] = timeoutMs;
     this.inFlight++;
     this.started++;
     if (this.qLen === this.qIds.length) this.growQueue();
@@ -213,7 +211,6 @@ export class NativeTcpProber<C> implements TcpProber<C> {
       this.state = grow(this.state, (k) => new Uint8Array(k));
       this.gen = grow(this.gen, (k) => new Uint32Array(k));
       this.startAt = grow(this.startAt, (k) => new Float64Array(k));
-      this.timeoutOf = grow(this.timeoutOf, (k) => new Float64Array(k));
     }
     return id;
   }
