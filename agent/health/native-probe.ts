@@ -44,8 +44,12 @@ const CONNECTING = 2;
 /** Cancelled before its batch went down: skipped and freed by the flush. */
 const DROPPED = 3;
 
-/** Probe deadlines of one timeout value: started in order, so they expire in order (a FIFO). */
-class DeadlineRing {
+/**
+ * Probe deadlines of one timeout value: started in order, so they expire in
+ * order (a FIFO ring of (id, gen, deadline) in typed arrays). Exported for
+ * its unit test.
+ */
+export class DeadlineRing {
   ids = new Int32Array(256);
   gens = new Uint32Array(256);
   at = new Float64Array(256);

@@ -10,7 +10,7 @@ import t from 'tap';
 import * as net from 'node:net';
 import * as path from 'node:path';
 import { spawn } from 'node:child_process';
-import { NativeTcpProber, errnoCode } from '../../agent/health/native-probe';
+import { DeadlineRing, NativeTcpProber, errnoCode } from '../../agent/health/native-probe';
 import { CLOSE_GRACE_MS, type TcpTarget } from '../../agent/health/probe';
 import type { FailureReason } from '../../agent/health/state';
 import { isLbError } from '../../agent/errors';
@@ -146,6 +146,29 @@ t.test('an addon without the prober is refused with LB_ERR_NET_NATIVE_MISSING', 
   let caught: unknown;
   try { new NativeTcpProber({ onOutcome: () => {}, addon: old }); } catch (err) { caught = err; }
   t.ok(isLbError(caught, 'LB_ERR_NET_NATIVE_MISSING'), `refused: ${String(caught)}`);
+});
+
+t.test('the deadline ring is a FIFO across wrap-around and growth', async (t) => {
+  const r = new DeadlineRing();
+  let torn = 0;
+  const drain = (n: number): number[] => {
+    const out: number[] = [];
+    for (let i = 0; i < n; i++) {
+      const id = r.ids[r.head]!;
+      if (r.at[r.head] !== id * 10 || r.gens[r.head] !== id + 1) torn++;
+      out.push(id);
+      r.shift();
+    }
+    return out;
+  };
+  for (let id = 0; id < 200; id++) r.push(id, id + 1, id * 10);
+  t.same(drain(150), [...Array(150).keys()]);
+  // 50 left near the end of 256 slots: the next pushes wrap, then grow.
+  for (let id = 200; id < 600; id++) r.push(id, id + 1, id * 10);
+  t.equal(r.len, 450);
+  t.same(drain(450), Array.from({ length: 450 }, (_, i) => 150 + i), 'every entry once, in order');
+  t.equal(r.len, 0);
+  t.equal(torn, 0, 'each id kept its own generation and deadline');
 });
 
 t.test('errno numbers read as Node\'s codes', async (t) => {
