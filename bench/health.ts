@@ -20,7 +20,7 @@
 // the backend sees an ordinary connection; the kernel work per check differs.
 //
 //   node dist/bench/health.js [--backends 1000,10000] [--period 1] [--duration 10]
-//                             [--warmup 3] [--max-in-flight 256] [--paths native,node,own,haproxy]
+//                             [--warmup 3] [--max-in-flight 1024] [--paths native,node,own,haproxy]
 // Prints one JSON object per backend count and path on stdout.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -62,7 +62,7 @@ const PATHS: readonly Path[] = ['native', 'node', 'own', 'haproxy'];
 interface Args { backends: number[]; period: number; duration: number; warmup: number; maxInFlight: number; paths: Path[] }
 
 function parseArgs(argv: string[]): Args {
-  const a: Args = { backends: [1000, 10_000], period: 1, duration: 10, warmup: 3, maxInFlight: 256, paths: ['native', 'node'] };
+  const a: Args = { backends: [1000, 10_000], period: 1, duration: 10, warmup: 3, maxInFlight: 1024, paths: ['native', 'node'] };
   for (let i = 0; i < argv.length; i++) {
     const v = argv[i + 1];
     switch (argv[i]) {
