@@ -37,8 +37,12 @@ export interface SourceStatus {
 }
 
 export interface AddressSource extends EventEmitter {
-  /** Begin acquiring (idempotent). */
-  start(): void;
+  /**
+   * Begin acquiring (idempotent). `known`: on a VRRP takeover, the address
+   * the previous Master advertised for this VIP (a DHCP source without a
+   * lease of its own serves it at once while a server confirms it).
+   */
+  start(opts?: { known?: string }): void;
   /**
    * Withdraw the VIP from the LAN and stop. `release` is true only when the
    * service is removed from the config (DHCPRELEASE, pool claim deleted);

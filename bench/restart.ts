@@ -2,13 +2,15 @@
 // reload, for lb-agent on each data path and for HAProxy on the same
 // testbed. One client in another namespace starts an HTTP GET through the
 // VIP every 20 ms, each on a new connection with a 500 ms deadline (the
-// continuity tests' loop, test/privileged/fixtures/continuity-lab.ts); each
-// event gets a window of that loop (a little before it, until the process is
-// serving again plus a tail), and the window's failed requests, longest
+// continuity tests' loop, lab/continuity.ts); each event gets a window of
+// that loop (a little before it, until the process is serving again plus a
+// tail), and the window's failed requests, longest
 // request and first answer after the event are the measurements.
 //   lb-agent (kernel, then proxy path; `run --on-stop keep`, as the unit runs it)
 //     sigkill          SIGKILL, then a new `lb-agent run`
 //     planned          SIGTERM (the data path is kept), then a new `lb-agent run`
+//     replace          a new `lb-agent run --replace` beside the running one: the
+//                      listeners are handed over on the control socket (HAProxy's -x)
 //     reload-global    SIGHUP with other arp timings and pools
 //     reload-services  SIGHUP with one service added and another removed
 //   HAProxy (master-worker: -W -S, stats socket with expose-fd listeners)
@@ -17,10 +19,10 @@
 // The VIP is one pool-like /32 on the node's eth0, the same address for
 // both: lb-agent claims it (loadBalancerIP), HAProxy binds it after this
 // bench adds it. The pure half (windows, medians) is exported for tests.
-import { waitFor } from '../test/helpers/netns';
-import { agentCli, waitStatus } from '../test/helpers/agent';
-import { buildContinuityLab, continuityConfig, BACKENDS, BACKEND_IDS, TEST_ARP, POOL, type ContinuityLab } from '../test/privileged/fixtures/continuity-lab';
-import { ClientLoop, gapReport, type ClientResult } from '../test/privileged/fixtures/vrrp-agent-lab';
+import { waitFor } from '../lab/netns';
+import { agentCli, waitStatus } from '../lab/agent';
+import { buildContinuityLab, continuityConfig, BACKENDS, BACKEND_IDS, TEST_ARP, POOL, type ContinuityLab } from '../lab/continuity';
+import { ClientLoop, gapReport, type ClientResult } from '../lab/client-loop';
 import { runAgent, stopAgent, type AgentHandle } from './lib/agent';
 import { startHaproxy, type HaproxyOptions, type Peer } from './lib/peers';
 import { median, round, rotate } from './lib/stats';
@@ -29,9 +31,9 @@ export const VIP = '10.99.0.200';
 export const LOOP = { intervalMs: 20, timeoutMs: 500 } as const;
 
 export type RestartWho = 'kernel' | 'proxy' | 'haproxy';
-export type RestartEvent = 'sigkill' | 'planned' | 'reload-global' | 'reload-services' | 'seamless-reload' | 'stop-start';
+export type RestartEvent = 'sigkill' | 'planned' | 'replace' | 'reload-global' | 'reload-services' | 'seamless-reload' | 'stop-start';
 
-export const AGENT_EVENTS: readonly RestartEvent[] = ['sigkill', 'planned', 'reload-global', 'reload-services'];
+export const AGENT_EVENTS: readonly RestartEvent[] = ['sigkill', 'planned', 'replace', 'reload-global', 'reload-services'];
 export const HAPROXY_EVENTS: readonly RestartEvent[] = ['seamless-reload', 'stop-start'];
 
 export const WHO_LABEL: Record<RestartWho, string> = {
@@ -42,6 +44,7 @@ export const WHO_LABEL: Record<RestartWho, string> = {
 export const EVENT_LABEL: Record<RestartEvent, string> = {
   sigkill: 'SIGKILL, new `lb-agent run`',
   planned: 'planned restart: SIGTERM (`--on-stop keep`), new `lb-agent run`',
+  replace: 'planned restart with hand-over: new `lb-agent run --replace`',
   'reload-global': 'reload (SIGHUP): arp timings and pools changed',
   'reload-services': 'reload (SIGHUP): one service added, one removed',
   'seamless-reload': 'seamless reload: SIGUSR2 to the master, listeners passed on',
@@ -173,7 +176,7 @@ async function agentPhase(cl: ContinuityLab, path: 'kernel' | 'proxy', round: nu
   const stateDir = cl.lab.file(`${name}-state`);
   let globals = 0;
   let side = 0;
-  const start = (): Promise<AgentHandle> => runAgent(cl.lab, cl.node, agentConfig(path, globals, side), { name, stateDir, args: ['--on-stop', 'keep'] });
+  const start = (extra: string[] = []): Promise<AgentHandle> => runAgent(cl.lab, cl.node, agentConfig(path, globals, side), { name, stateDir, args: ['--on-stop', 'keep', ...extra] });
   const ready = (a: AgentHandle, what: string): Promise<unknown> =>
     waitStatus(a, what, (s) => s.services.length === 2 && s.services.every((x) => x.ready) && s.services.find((x) => x.name === 'api')?.vip === VIP, 30_000);
   let agent = await start();
@@ -202,12 +205,20 @@ async function agentPhase(cl: ContinuityLab, path: 'kernel' | 'proxy', round: nu
       agent = await start();
       await ready(agent, 'serving after the restart');
     };
+    const replace = async (): Promise<void> => {
+      const old = agent;
+      agent = await start(['--replace']);
+      const ex = await Promise.race([old.exited, sleep(15_000).then(() => undefined)]);
+      if (ex === undefined) throw new Error('the replaced agent did not exit within 15 s');
+      await ready(agent, 'serving after the hand-over');
+    };
     const steps: Step[] = [];
     for (const event of AGENT_EVENTS) {
       steps.push(await step(event, o, async () => {
         switch (event) {
           case 'sigkill': return restart('SIGKILL');
           case 'planned': return restart('SIGTERM');
+          case 'replace': return replace();
           case 'reload-global': globals++; return reload(/applied sections: .*arp.*pools|applied sections: .*pools.*arp/);
           case 'reload-services': side++; return reload(/1 added, 1 removed/);
           default: throw new Error(`not an agent event: ${event}`);

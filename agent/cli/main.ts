@@ -49,9 +49,10 @@ export function buildProgram(): Command {
     .description('run the daemon (systemd starts this)')
     .addOption(configOpt()).addOption(logOpt())
     .addOption(new Option('--on-stop <what>', 'on SIGTERM: withdraw VIPs, links and forwarding, or keep them serving for the next process (a restart; `lb-agent withdraw` takes them off)').choices(['withdraw', 'keep']).default('withdraw'))
-    .action(async (opts: { config: string; logLevel: LogLevel; onStop: 'withdraw' | 'keep' }) => {
+    .option('--replace', 'take over from the agent running with this config, outside systemd: its listening sockets are handed over on the control socket and it stops leaving the data path serving (no request fails); without one running, start as usual')
+    .action(async (opts: { config: string; logLevel: LogLevel; onStop: 'withdraw' | 'keep'; replace?: boolean }) => {
       const { runDaemon } = await import('../daemon/main');
-      process.exitCode = await runDaemon({ configPath: opts.config, logLevel: opts.logLevel, onStop: opts.onStop });
+      process.exitCode = await runDaemon({ configPath: opts.config, logLevel: opts.logLevel, onStop: opts.onStop, replace: opts.replace === true });
     });
 
   program.command('withdraw')

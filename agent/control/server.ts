@@ -9,8 +9,8 @@ import * as path from 'node:path';
 import { LbError } from '../errors';
 import type { Logger } from '../log';
 
-/** The answer to one op; a promise is awaited (reload answers once applied or refused). */
-export type ControlHandler = (op: string) => unknown;
+/** The answer to one op (the whole request is passed for ops that take arguments); a promise is awaited (reload answers once applied or refused). */
+export type ControlHandler = (op: string, request: Readonly<Record<string, unknown>>) => unknown;
 
 export class ControlServer {
   private server: net.Server | undefined;
@@ -46,9 +46,9 @@ export class ControlServer {
         void (async () => {
           let reply: unknown;
           try {
-            const req = JSON.parse(buf.slice(0, nl)) as { op?: unknown };
-            if (typeof req.op !== 'string') throw new Error('request has no "op"');
-            reply = { ok: true, data: await this.handler(req.op) };
+            const req = JSON.parse(buf.slice(0, nl)) as Record<string, unknown> | null;
+            if (typeof req !== 'object' || req === null || typeof req.op !== 'string') throw new Error('request has no "op"');
+            reply = { ok: true, data: await this.handler(req.op, req) };
           } catch (e) {
             reply = { ok: false, error: (e as Error).message };
           }
@@ -81,13 +81,13 @@ export class ControlServer {
 }
 
 /** Ask a running daemon; rejects with LB_ERR_CONTROL_UNREACHABLE naming the socket. */
-export function controlRequest(socketPath: string, op: string, timeoutMs = 5000): Promise<unknown> {
+export function controlRequest(socketPath: string, op: string, timeoutMs = 5000, args: Readonly<Record<string, unknown>> = {}): Promise<unknown> {
   return new Promise((resolve, reject) => {
     const sock = net.createConnection(socketPath);
     let buf = '';
     const timer = setTimeout(() => { sock.destroy(); reject(new LbError('LB_ERR_CONTROL_UNREACHABLE', `no answer from ${socketPath} within ${timeoutMs} ms`)); }, timeoutMs);
     sock.setEncoding('utf8');
-    sock.on('connect', () => sock.write(`${JSON.stringify({ op })}\n`));
+    sock.on('connect', () => sock.write(`${JSON.stringify({ ...args, op })}\n`));
     sock.on('data', (d: string) => { buf += d; });
     sock.on('end', () => {
       clearTimeout(timer);

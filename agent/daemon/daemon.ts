@@ -35,7 +35,22 @@ export interface DaemonOptions {
   notify?: (msg: string) => void;
   /** How the control socket's "reload" runs (main.ts: inside RELOADING=1/READY=1, as SIGHUP); default reload(). */
   reload?: () => Promise<ReloadResult>;
+  /**
+   * `lb-agent run --replace`: take over from the agent running with this
+   * config (daemon/handover.ts) before the lock is taken; resolves with its
+   * pid, undefined when none runs. The lock then waits for it to let go.
+   */
+  replace?: (config: Desired) => Promise<number | undefined>;
+  /**
+   * The control socket's "handover" (a successor's --replace): send the
+   * listening sockets to `path` and begin a hand-over stop. Absent: refused
+   * (under systemd the fd store keeps them across `systemctl restart`).
+   */
+  onHandover?: (path: string) => { pid: number; listeners: number };
 }
+
+/** How long a successor waits for its predecessor to let go of the instance lock. */
+const REPLACE_LOCK_WAIT_MS = 10_000;
 
 interface ServiceRuntime {
   spec: ServiceSpec;
@@ -82,6 +97,7 @@ export class Daemon extends EventEmitter {
   private reloading: Promise<ReloadResult> | undefined;
   private reloadNext: Promise<ReloadResult> | undefined;
   private healthSave: NodeJS.Timeout | undefined;
+  private predecessor: number | undefined;
   /** Issue 19: the last events, for status. */
   private readonly events = new EventRing();
 
@@ -93,6 +109,9 @@ export class Daemon extends EventEmitter {
   }
 
   get currentConfig(): Desired | undefined { return this.config; }
+
+  /** The agent this one took over from (--replace), to tell to finish once this one serves. */
+  get replaced(): number | undefined { return this.predecessor; }
 
   async start(): Promise<void> {
     const res = await loadConfigFileAsync(this.opts.configPath);
@@ -107,8 +126,10 @@ export class Daemon extends EventEmitter {
     const store = new StateStore(config.stateDir);
     store.ensure();
     this.store = store;
+    this.predecessor = await this.opts.replace?.(config);
     this.lock = new InstanceLock(config.stateDir);
-    this.lock.acquire();
+    if (this.predecessor !== undefined) await this.lock.acquireWithin(REPLACE_LOCK_WAIT_MS);
+    else this.lock.acquire();
 
     const registry = new Registry();
     this.registry = registry;
@@ -162,7 +183,7 @@ export class Daemon extends EventEmitter {
       this.opts.listenerStore?.release();
       this.startSources();
 
-      this.control = new ControlServer({ socketPath: config.control.socket, handler: (op) => this.handleControl(op), log: this.log });
+      this.control = new ControlServer({ socketPath: config.control.socket, handler: (op, req) => this.handleControl(op, req), log: this.log });
       await this.control.start();
     } catch (e) {
       await this.stop().catch(() => undefined);
@@ -267,7 +288,8 @@ export class Daemon extends EventEmitter {
           // the rules and refuse the first clients.
           if (this.armedVip(rt.spec)) await this.applyNow();
         }
-        source.start();
+        const known = this.subs?.failover?.knownVip?.(key);
+        source.start(known === undefined ? {} : { known });
       } else {
         if (running) this.log.info({ op: 'failover', service: key }, 'this node is Backup: withdrawing the VIP (lease and claim kept)');
         // Also when idle: the first Backup after a crash withdraws the VIP an
@@ -518,7 +540,7 @@ export class Daemon extends EventEmitter {
    * the next process and only this process goes; under VRRP a stop always
    * hands the VIPs over (another node takes them within Skew_Time).
    */
-  async stop(opts: { keep?: boolean } = {}): Promise<void> {
+  async stop(opts: { keep?: boolean; linger?: Promise<unknown> } = {}): Promise<void> {
     if (this.stopping) return;
     this.stopping = true;
     this.opts.notify?.('STOPPING=1');
@@ -540,6 +562,17 @@ export class Daemon extends EventEmitter {
         await rt.source?.stop({ release: false, keep: true });
       })));
       await step('health', () => subs.health.stop());
+      if (opts.linger) {
+        // A hand-over (a successor's --replace): the successor may start
+        // now - lock, metrics port and control socket are free, the sources
+        // stopped - while the proxy goes on accepting on the sockets both
+        // processes hold, until the successor serves from them.
+        await step('metrics', () => this.metricsServer?.stop());
+        this.metricsServer = undefined;
+        this.lock?.release();
+        this.log.info({ op: 'stop' }, 'handing over: the successor may start; still accepting until it serves');
+        await opts.linger;
+      }
       await step('dataplane', () => subs.dataplane.stop({ keep: true }));
       await step('subsystems', () => subs.close());
     } else if (this.subs) {
@@ -653,11 +686,17 @@ export class Daemon extends EventEmitter {
     };
   }
 
-  private handleControl(op: string): unknown {
+  private handleControl(op: string, req: Readonly<Record<string, unknown>>): unknown {
     if (op === 'status') return this.statusDocument();
     if (op === 'ping') return 'pong';
     if (op === 'reload') return (this.opts.reload ?? (() => this.reload()))();
-    throw new Error(`unknown op ${JSON.stringify(op)} (known: status, ping, reload)`);
+    if (op === 'handover') {
+      if (!this.opts.onHandover) throw new Error('this agent hands nothing over: it runs under systemd, whose fd store keeps the listening sockets across `systemctl restart`');
+      if (this.stopping) throw new Error('this agent is already stopping');
+      if (typeof req.path !== 'string' || !req.path.startsWith('/')) throw new Error('handover needs "path", the absolute path of the successor\'s unix datagram socket');
+      return this.opts.onHandover(req.path);
+    }
+    throw new Error(`unknown op ${JSON.stringify(op)} (known: status, ping, reload, handover)`);
   }
 
   private notifyStatus(): void {

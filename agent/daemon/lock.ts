@@ -43,6 +43,21 @@ export class InstanceLock {
     throw new LbError('LB_ERR_DAEMON_LOCKED', `could not take lock file ${this.file}`);
   }
 
+  /**
+   * acquire(), waiting up to `ms` for a live owner to let go: a predecessor
+   * that is handing over (`lb-agent run --replace`) releases the lock once
+   * its address sources have stopped, and exits later.
+   */
+  async acquireWithin(ms: number, pollMs = 20): Promise<void> {
+    const deadline = Date.now() + ms;
+    for (;;) {
+      try { this.acquire(); return; } catch (e) {
+        if (!(e instanceof LbError && e.code === 'LB_ERR_DAEMON_LOCKED') || Date.now() >= deadline) throw e;
+      }
+      await new Promise((r) => setTimeout(r, pollMs));
+    }
+  }
+
   release(): void {
     if (!this.held) return;
     this.held = false;

@@ -9,20 +9,26 @@ import { Daemon } from './daemon';
 import { buildSubsystems } from './wiring';
 import { errorMessage, isLbError } from '../errors';
 import { makeNotifier, parseListenFds, SystemdFdStore } from './systemd';
+import { HandoverStore, sendListeners, takeListeners } from './handover';
 
 const STOP_TIMEOUT_MS = 10_000;
+/** How long a process that handed its listeners over keeps accepting if its successor never says it serves. */
+const HANDOVER_LINGER_MS = 8_000;
 
 /** What SIGTERM does: withdraw everything (the default), or leave it serving for the next process (the unit: a restart keeps, ExecStopPost withdraws on a real stop). */
 export type OnStop = 'withdraw' | 'keep';
 
-export async function runDaemon(opts: { configPath: string; logLevel: LogLevel; onStop?: OnStop }): Promise<number> {
+export async function runDaemon(opts: { configPath: string; logLevel: LogLevel; onStop?: OnStop; replace?: boolean }): Promise<number> {
   const log = createLogger(opts.logLevel);
   const notify = makeNotifier(log);
   // Listening sockets the service manager kept for us (a restart or a crash
   // that Restart= recovered), and the store for ours; only under systemd.
   const inherited = parseListenFds(process.env, process.pid);
   for (const k of ['LISTEN_PID', 'LISTEN_FDS', 'LISTEN_FDNAMES']) delete process.env[k];
-  const listenerStore = notify ? new SystemdFdStore(notify, inherited, log.child({ module: 'systemd' })) : undefined;
+  // Outside systemd the proxy's listeners are remembered for a successor's
+  // `lb-agent run --replace` (daemon/handover.ts), as HAProxy's -x.
+  const handover = notify ? undefined : new HandoverStore();
+  const listenerStore = notify ? new SystemdFdStore(notify, inherited, log.child({ module: 'systemd' })) : handover!;
   if (inherited.size > 0) log.info({ op: 'fdstore', names: [...inherited.keys()] }, `the service manager handed back ${[...inherited.values()].flat().length} listening socket(s)`);
   const keepOnStop = opts.onStop === 'keep';
   // SIGHUP and the control socket's "reload" (`lb-agent reload`, the unit's
@@ -37,7 +43,30 @@ export async function runDaemon(opts: { configPath: string; logLevel: LogLevel; 
     if (!r.ok) notify?.(`STATUS=reload rejected: ${r.message.split('\n')[1] ?? ''}`);
     return r;
   };
-  const daemon = new Daemon({ configPath: opts.configPath, log, buildSubsystems, notify, reload, ...(listenerStore ? { listenerStore } : {}) });
+  // A successor asked for the listeners: they are sent, then this process
+  // stops as a planned restart does but keeps accepting (linger) until the
+  // successor serves and sends SIGTERM, or HANDOVER_LINGER_MS pass.
+  let endLinger: (() => void) | undefined;
+  let shutdown: ((why: string, exitCode: number, linger?: Promise<unknown>) => void) | undefined;
+  const onHandover = handover && ((to: string): { pid: number; listeners: number } => {
+    const listeners = sendListeners(to, handover);
+    log.info({ op: 'handover', to, listeners }, `handed ${listeners} listening socket(s) over to a successor`);
+    const linger = new Promise<void>((resolve) => {
+      const timer = setTimeout(() => { log.warn({ op: 'handover' }, `the successor did not say it serves within ${HANDOVER_LINGER_MS} ms; stopping anyway`); resolve(); }, HANDOVER_LINGER_MS);
+      endLinger = () => { clearTimeout(timer); resolve(); };
+    });
+    setImmediate(() => shutdown?.('handover', 0, linger));
+    return { pid: process.pid, listeners };
+  });
+  const daemon = new Daemon({
+    configPath: opts.configPath, log, buildSubsystems, notify, reload, listenerStore,
+    ...(onHandover ? { onHandover } : {}),
+    ...(opts.replace ? {
+      replace: (config) => (handover
+        ? takeListeners({ controlSocket: config.control.socket, stateDir: config.stateDir, store: handover, log })
+        : Promise.reject(new Error('--replace is for an agent outside systemd; under systemd use `systemctl restart lb-agent` (the fd store keeps the listening sockets)'))),
+    } : {}),
+  });
 
   let watchdog: NodeJS.Timeout | undefined;
   const usec = Number(process.env.WATCHDOG_USEC);
@@ -70,26 +99,35 @@ export async function runDaemon(opts: { configPath: string; logLevel: LogLevel; 
     return code === 'LB_ERR_CONFIG_INVALID' ? 2 : 1;
   }
 
+  // Took over from a predecessor (--replace): now that this process serves
+  // from the sockets both hold, the predecessor stops accepting and goes.
+  const predecessor = daemon.replaced;
+  if (predecessor !== undefined) {
+    try { process.kill(predecessor, 'SIGTERM'); } catch (e) { log.warn({ op: 'handover', pid: predecessor, err: errorMessage(e) }, 'could not tell the predecessor to finish'); }
+  }
+
   return new Promise<number>((resolve) => {
     let stopping = false;
-    const shutdown = (why: string, exitCode: number): void => {
-      if (stopping) return;
+    shutdown = (why: string, exitCode: number, linger?: Promise<unknown>): void => {
+      if (stopping) { if (why !== 'handover') endLinger?.(); return; }
       stopping = true;
       log.info({ op: 'stop', why }, 'stopping');
+      const limit = STOP_TIMEOUT_MS + (linger ? HANDOVER_LINGER_MS : 0);
       const force = setTimeout(() => {
-        log.error({ op: 'stop' }, `stop took longer than ${STOP_TIMEOUT_MS} ms; exiting anyway`);
+        log.error({ op: 'stop' }, `stop took longer than ${limit} ms; exiting anyway`);
         resolve(1);
-      }, STOP_TIMEOUT_MS);
+      }, limit);
       force.unref();
-      daemon.stop({ keep: keepOnStop }).then(() => {
+      daemon.stop({ keep: keepOnStop || linger !== undefined, ...(linger ? { linger } : {}) }).then(() => {
         clearTimeout(force);
         if (watchdog) clearInterval(watchdog);
         resolve(exitCode);
       }, () => resolve(1));
     };
-    process.on('SIGTERM', () => shutdown('SIGTERM', 0));
-    process.on('SIGINT', () => shutdown('SIGINT', 0));
+    const stop = shutdown;
+    process.on('SIGTERM', () => stop('SIGTERM', 0));
+    process.on('SIGINT', () => stop('SIGINT', 0));
     process.on('SIGHUP', () => { void reload(); });
-    crashed = () => shutdown('crash', 1);
+    crashed = () => stop('crash', 1);
   });
 }

@@ -55,6 +55,13 @@ export interface ClientState {
   readonly lease: Lease | undefined;
   /** A saved lease not yet confirmed (INIT-REBOOT). */
   readonly saved: Lease | undefined;
+  /**
+   * INIT-REBOOT only: an address already on the LAN that no server has
+   * confirmed to us yet (a VRRP takeover serving the previous Master's
+   * advertised VIP). An ACK makes it a lease; a NAK, another address or
+   * silence takes it off.
+   */
+  readonly provisional: number | undefined;
   /** An address to ask for again in DISCOVER (the last one held), unless declined or NAKed. */
   readonly hint: number | undefined;
   /** Addresses declined since the last binding: never asked for again (a server that does not check would hand them out again). */
@@ -68,8 +75,14 @@ export type ClientEvent =
    * `resume`: serve the saved lease at once and confirm it in the background
    * (crash-only start: the address never left our macvlan; VRRP takeover: the
    * election decided who holds it). Only an unexpired saved lease resumes.
+   * `known` (with `resume`, when no unexpired lease was saved here): the VIP
+   * the previous VRRP Master advertised for this service. Every VM derives
+   * the same client identifier for a service, so the server's lease for it
+   * is this client's lease too: the address is served at once and confirmed
+   * with an INIT-REBOOT REQUEST for it (RFC 2131 §3.2), like a saved lease
+   * whose times we do not know.
    */
-  | { readonly type: 'start'; readonly saved?: Lease | undefined; readonly resume?: boolean }
+  | { readonly type: 'start'; readonly saved?: Lease | undefined; readonly resume?: boolean; readonly known?: number | undefined }
   | { readonly type: 'timer' }
   | { readonly type: 'reply'; readonly packet: DhcpPacket; readonly serverMac: string }
   | { readonly type: 'probe-ok' }
@@ -87,7 +100,7 @@ export type ClientEvent =
 
 export type Destination = { readonly kind: 'broadcast' } | { readonly kind: 'unicast'; readonly ip: number; readonly mac: string | undefined };
 
-export type UnbindCause = 'expired' | 'nak' | 'released' | 'stopped' | 'address-changed' | 'conflict';
+export type UnbindCause = 'expired' | 'nak' | 'released' | 'stopped' | 'address-changed' | 'conflict' | 'unconfirmed';
 
 export type Note = 'acquired' | 'resumed' | 'renewed' | 'renewing' | 'rebinding' | 'nak' | 'declined' | 'expired' | 'request-timeout' | 'reboot-timeout';
 
@@ -101,6 +114,8 @@ export type ClientAction =
   | { readonly type: 'probe'; readonly ip: number }
   /** Put the address on the LAN. */
   | { readonly type: 'bind'; readonly lease: Lease }
+  /** Put an address on the LAN before a server confirmed it (ClientState.provisional); a bind or an unbind follows. */
+  | { readonly type: 'hold'; readonly address: number }
   /** Withdraw the address; `at` is when it happened (for expiry: the expiry time). */
   | { readonly type: 'unbind'; readonly address: number; readonly cause: UnbindCause; readonly at: number; readonly detail?: string }
   | { readonly type: 'persist'; readonly lease: Lease }
@@ -136,7 +151,7 @@ export function initialState(): ClientState {
   return {
     name: 'STOPPED', xid: 0, attempts: 0, exchangeStart: 0, acquireStart: undefined, requestSentAt: undefined,
     nextSendAt: undefined, waitUntil: undefined, offer: undefined, probing: undefined, probingConfirmed: false,
-    lease: undefined, saved: undefined, hint: undefined, declined: [], timerAt: undefined,
+    lease: undefined, saved: undefined, provisional: undefined, hint: undefined, declined: [], timerAt: undefined,
   };
 }
 
@@ -196,7 +211,7 @@ function result(state: ClientState, actions: ClientAction[], reason: StepReason)
 /** INIT: send DISCOVER now (-> SELECTING), or wait until `waitUntil` first. */
 function enterInit(ctx: ClientContext, s: ClientState, now: number, actions: ClientAction[], opts: { hint: number | undefined; waitUntil?: number; keepAcquireStart?: boolean }): ClientState {
   const base: ClientState = {
-    ...s, name: 'INIT', offer: undefined, probing: undefined, probingConfirmed: false, lease: undefined, saved: undefined,
+    ...s, name: 'INIT', offer: undefined, probing: undefined, probingConfirmed: false, lease: undefined, saved: undefined, provisional: undefined,
     hint: opts.hint, nextSendAt: undefined, requestSentAt: undefined, attempts: 0,
     acquireStart: opts.keepAcquireStart ? s.acquireStart ?? now : now,
   };
@@ -240,7 +255,7 @@ function sendRebootRequest(ctx: ClientContext, s: ClientState, now: number, acti
   actions.push({
     type: 'send',
     // §4.4.2 / table 5: INIT-REBOOT: ciaddr 0, option 50 = the saved address, no server id; broadcast.
-    message: { kind: 'REQUEST', xid: s.xid, secs: secsSince(now, s.exchangeStart), ciaddr: 0, requestedIp: s.saved!.address, serverId: undefined },
+    message: { kind: 'REQUEST', xid: s.xid, secs: secsSince(now, s.exchangeStart), ciaddr: 0, requestedIp: (s.saved?.address ?? s.provisional)!, serverId: undefined },
     to: { kind: 'broadcast' },
     srcIp: 0,
   });
@@ -262,22 +277,24 @@ function sendRenewRequest(s: ClientState, now: number, actions: ClientAction[]):
   });
 }
 
-function enterRenewing(ctx: ClientContext, s: ClientState, now: number, actions: ClientAction[]): ClientState {
-  const lease = s.lease!;
-  const next: ClientState = { ...s, name: 'RENEWING', xid: newXid(ctx.random), exchangeStart: now, attempts: 1, requestSentAt: now };
-  sendRenewRequest(next, now, actions);
-  actions.push({ type: 'note', what: 'renewing' });
-  const nextSendAt = renewRetryAt(ctx.config, now, lease.rebindAt);
-  return withTimer({ ...next, nextSendAt }, actions, Math.min(nextSendAt, lease.rebindAt));
+/** RFC 2131 §4.4.5: RENEWING lasts until T2, REBINDING until the lease expires. */
+function renewalEnd(name: 'RENEWING' | 'REBINDING', lease: Lease): number {
+  return name === 'RENEWING' ? lease.rebindAt : lease.expiresAt;
 }
 
-function enterRebinding(ctx: ClientContext, s: ClientState, now: number, actions: ClientAction[]): ClientState {
-  const lease = s.lease!;
-  const next: ClientState = { ...s, name: 'REBINDING', xid: newXid(ctx.random), exchangeStart: now, attempts: 1, requestSentAt: now };
+/** The next REQUEST of a renewal, halfway to the end of its phase (§4.4.5), and the timer for it or for that end. */
+function renewalTimer(cfg: ClientConfig, s: ClientState & { name: 'RENEWING' | 'REBINDING' }, now: number, actions: ClientAction[]): ClientState {
+  const end = renewalEnd(s.name, s.lease!);
+  const nextSendAt = renewRetryAt(cfg, now, end);
+  return withTimer({ ...s, nextSendAt }, actions, Math.min(nextSendAt, end));
+}
+
+/** Enter RENEWING (at T1: unicast to the server) or REBINDING (at T2: broadcast): a new exchange and its first REQUEST. */
+function enterRenewal(ctx: ClientContext, s: ClientState, now: number, actions: ClientAction[], name: 'RENEWING' | 'REBINDING'): ClientState {
+  const next = { ...s, name, xid: newXid(ctx.random), exchangeStart: now, attempts: 1, requestSentAt: now };
   sendRenewRequest(next, now, actions);
-  actions.push({ type: 'note', what: 'rebinding' });
-  const nextSendAt = renewRetryAt(ctx.config, now, lease.expiresAt);
-  return withTimer({ ...next, nextSendAt }, actions, Math.min(nextSendAt, lease.expiresAt));
+  actions.push({ type: 'note', what: name === 'RENEWING' ? 'renewing' : 'rebinding' });
+  return renewalTimer(ctx.config, next, now, actions);
 }
 
 /** BOUND with a fresh lease: bind, persist, count, and arm T1 (or act at once if T1 is already past). */
@@ -285,7 +302,7 @@ function bindLease(ctx: ClientContext, s: ClientState, lease: Lease, now: number
   actions.push({ type: 'bind', lease }, { type: 'persist', lease });
   actions.push(s.acquireStart !== undefined ? { type: 'note', what: 'acquired', ms: now - s.acquireStart } : { type: 'note', what: 'acquired' });
   const bound: ClientState = {
-    ...s, name: 'BOUND', lease, probing: undefined, probingConfirmed: false, offer: undefined, saved: undefined,
+    ...s, name: 'BOUND', lease, probing: undefined, probingConfirmed: false, offer: undefined, saved: undefined, provisional: undefined,
     hint: lease.address, declined: [], nextSendAt: undefined, waitUntil: undefined, acquireStart: undefined, attempts: 0,
   };
   return boundTimers(ctx, bound, now, actions);
@@ -295,8 +312,8 @@ function bindLease(ctx: ClientContext, s: ClientState, lease: Lease, now: number
 function boundTimers(ctx: ClientContext, s: ClientState, now: number, actions: ClientAction[]): ClientState {
   const lease = s.lease!;
   if (now >= lease.expiresAt) return expire(ctx, s, now, actions);
-  if (now >= lease.rebindAt) return enterRebinding(ctx, s, now, actions);
-  if (now >= lease.renewAt) return enterRenewing(ctx, s, now, actions);
+  if (now >= lease.rebindAt) return enterRenewal(ctx, s, now, actions, 'REBINDING');
+  if (now >= lease.renewAt) return enterRenewal(ctx, s, now, actions, 'RENEWING');
   return withTimer(s, actions, lease.renewAt);
 }
 
@@ -338,8 +355,20 @@ export function step(ctx: ClientContext, s: ClientState, ev: ClientEvent, now: n
         // lease's own expiry withdraws it.
         actions.push({ type: 'bind', lease: saved }, { type: 'note', what: 'resumed' });
         const bound: ClientState = { ...initialState(), name: 'BOUND', lease: saved, hint: saved.address };
-        const next = now >= saved.renewAt ? boundTimers(ctx, bound, now, actions) : enterRenewing(ctx, bound, now, actions);
+        const next = now >= saved.renewAt ? boundTimers(ctx, bound, now, actions) : enterRenewal(ctx, bound, now, actions, 'RENEWING');
         return result(next, actions, 'resumed');
+      }
+      if (ev.resume && ev.known !== undefined && !(saved && saved.expiresAt > now)) {
+        // A VRRP takeover with no lease of our own: serve what the previous
+        // Master advertised now (the election decided; no probe, as for a
+        // saved lease) and ask the server to confirm it, INIT-REBOOT style:
+        // the lease is this client identifier's, whichever VM held it.
+        actions.push({ type: 'hold', address: ev.known }, { type: 'note', what: 'resumed', detail: 'the previous VRRP Master\'s VIP, until a server confirms it' });
+        const next: ClientState = {
+          ...initialState(), name: 'INIT-REBOOT', provisional: ev.known, hint: ev.known, xid: newXid(ctx.random),
+          exchangeStart: now, acquireStart: now, requestSentAt: now, attempts: 0,
+        };
+        return result(sendRebootRequest(ctx, next, now, actions), actions, 'resumed');
       }
       if (saved && saved.expiresAt > now) {
         // §3.2 / §4.4.2: a client that remembers an unexpired lease starts in INIT-REBOOT.
@@ -374,8 +403,15 @@ export function step(ctx: ClientContext, s: ClientState, ev: ClientEvent, now: n
         case 'INIT-REBOOT': {
           if (s.probing) return result(s, actions, 'early-timer');
           if (!exhausted(cfg, s.attempts)) return result(sendRebootRequest(ctx, s, now, actions), actions, 'retransmit');
-          const saved = s.saved!;
           actions.push({ type: 'note', what: 'reboot-timeout' });
+          if (s.provisional !== undefined) {
+            // No server confirmed the previous Master's address, and we know no
+            // lease times of our own to keep using it for: off the LAN, and ask
+            // for it again from INIT.
+            actions.push({ type: 'unbind', address: s.provisional, cause: 'unconfirmed', at: now });
+            return result(enterInit(ctx, s, now, actions, { hint: s.provisional, keepAcquireStart: true }), actions, 'reboot-timeout');
+          }
+          const saved = s.saved!;
           if (saved.expiresAt > now) {
             // §3.2 step 4: no answer to INIT-REBOOT: the client MAY use the
             // unexpired saved lease. We do, so a VIP survives a reboot while the
@@ -387,20 +423,13 @@ export function step(ctx: ClientContext, s: ClientState, ev: ClientEvent, now: n
         }
         case 'BOUND':
           return result(boundTimers(ctx, s, now, actions), actions, now >= s.lease!.expiresAt ? 'expired' : now >= s.lease!.rebindAt ? 'rebind' : 'renew');
-        case 'RENEWING': {
-          const lease = s.lease!;
-          if (now >= lease.expiresAt) return result(expire(ctx, s, now, actions), actions, 'expired');
-          if (now >= lease.rebindAt) return result(enterRebinding(ctx, s, now, actions), actions, 'rebind');
-          sendRenewRequest(s, now, actions);
-          const nextSendAt = renewRetryAt(cfg, now, lease.rebindAt);
-          return result(withTimer({ ...s, attempts: s.attempts + 1, nextSendAt }, actions, Math.min(nextSendAt, lease.rebindAt)), actions, 'retransmit');
-        }
+        case 'RENEWING':
         case 'REBINDING': {
           const lease = s.lease!;
           if (now >= lease.expiresAt) return result(expire(ctx, s, now, actions), actions, 'expired');
+          if (s.name === 'RENEWING' && now >= lease.rebindAt) return result(enterRenewal(ctx, s, now, actions, 'REBINDING'), actions, 'rebind');
           sendRenewRequest(s, now, actions);
-          const nextSendAt = renewRetryAt(cfg, now, lease.expiresAt);
-          return result(withTimer({ ...s, attempts: s.attempts + 1, nextSendAt }, actions, Math.min(nextSendAt, lease.expiresAt)), actions, 'retransmit');
+          return result(renewalTimer(cfg, { ...s, name: s.name, attempts: s.attempts + 1 }, now, actions), actions, 'retransmit');
         }
       }
       return result(s, actions, 'not-running');
@@ -440,11 +469,19 @@ export function step(ctx: ClientContext, s: ClientState, ev: ClientEvent, now: n
       if (s.name === 'INIT-REBOOT') {
         if (f.kind === 'NAK') {
           // §3.2 step 3: the saved address is not valid here (any more): forget it and start over.
+          if (s.provisional !== undefined) actions.push({ type: 'unbind', address: s.provisional, cause: 'nak', at: now, ...(f.message ? { detail: f.message } : {}) });
           actions.push({ type: 'note', what: 'nak', detail: f.message }, { type: 'forget' });
           return result(enterInit(ctx, s, now, actions, { hint: undefined, keepAcquireStart: true }), actions, 'nak');
         }
         const lease = leaseFromAck(m.yiaddr, f, serverMac, undefined, s.requestSentAt ?? now);
         if (!lease) return result(s, actions, 'ack-without-lease');
+        if (s.provisional !== undefined) {
+          // The address is already ours on the LAN: confirmed, it is bound
+          // without a probe; a server that moved us takes the old one off first.
+          if (lease.address === s.provisional) return result(bindLease(ctx, s, lease, now, actions), actions, 'ack');
+          actions.push({ type: 'unbind', address: s.provisional, cause: 'address-changed', at: now, detail: `server assigned ${formatIPv4(lease.address)}` });
+          return result(acceptNewLease(ctx, { ...s, provisional: undefined }, lease, now, actions, true), actions, 'address-changed');
+        }
         return result(acceptNewLease(ctx, s, lease, now, actions, true), actions, 'ack');
       }
 
@@ -503,6 +540,13 @@ export function step(ctx: ClientContext, s: ClientState, ev: ClientEvent, now: n
     }
 
     case 'conflict': {
+      if (s.name === 'INIT-REBOOT' && s.provisional !== undefined && ev.address === s.provisional) {
+        // Another host insists on the address we serve unconfirmed: no lease
+        // of ours to decline; give it up and ask the server afresh.
+        actions.push({ type: 'unbind', address: s.provisional, cause: 'conflict', at: now, ...(ev.mac ? { detail: ev.mac } : {}) });
+        const declined = [...s.declined.filter((a) => a !== s.provisional), s.provisional].slice(-MAX_DECLINED);
+        return result(enterInit(ctx, { ...s, declined }, now, actions, { hint: undefined, waitUntil: now + cfg.declineWaitMs }), actions, 'conflict');
+      }
       const held = s.lease;
       if (!held || (s.name !== 'BOUND' && s.name !== 'RENEWING' && s.name !== 'REBINDING')) return result(s, actions, 'not-bound');
       // A verdict about an address we no longer hold (moved by a renewal) changes nothing.
@@ -541,13 +585,15 @@ export function step(ctx: ClientContext, s: ClientState, ev: ClientEvent, now: n
         });
       }
       if (s.lease) actions.push({ type: 'unbind', address: s.lease.address, cause: 'released', at: now });
+      else if (s.provisional !== undefined) actions.push({ type: 'unbind', address: s.provisional, cause: 'released', at: now });
       actions.push({ type: 'forget' });
       return result(withTimer(initialState(), actions, undefined), actions, 'released');
     }
 
     case 'stop': {
       if (s.name === 'STOPPED') return result(s, actions, 'not-running');
-      if (s.lease) actions.push({ type: 'unbind', address: s.lease.address, cause: 'stopped', at: now });
+      const held = s.lease?.address ?? s.provisional;
+      if (held !== undefined) actions.push({ type: 'unbind', address: held, cause: 'stopped', at: now });
       return result(withTimer(initialState(), actions, undefined), actions, 'stopped');
     }
   }
@@ -564,5 +610,6 @@ export function unbindReason(a: Extract<ClientAction, { type: 'unbind' }>, wallO
     case 'stopped': return `stopped at ${when}; lease of ${ip} kept for the next start`;
     case 'address-changed': return `server moved the lease from ${ip} at ${when}${a.detail ? `: ${a.detail}` : ''}`;
     case 'conflict': return `${a.detail ?? 'another host'} insisted on ${ip} (second ARP conflict within 10 s, RFC 5227 §2.4) at ${when}; declined it`;
+    case 'unconfirmed': return `no DHCP server confirmed ${ip} (the previous VRRP Master's VIP) by ${when}; taken off and asked for again`;
   }
 }

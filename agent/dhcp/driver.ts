@@ -39,7 +39,7 @@ import {
 } from './codec';
 import { leaseDetails, leaseFileName, readSavedLease, toStored, type Lease } from './lease';
 import { sharedStartLimiter, type ReleaseSlot, type StartLimiter } from './limiter';
-import { judgeReply, type GuardPolicy, type GuardReason, type HostView } from './guard';
+import { judgeAddress, judgeReply, type GuardPolicy, type GuardReason, type HostView } from './guard';
 import { localAddresses } from '../net/local-addresses';
 import { dhcpMetrics, removeServiceSeries, setDhcpState, type DhcpMetrics } from './metrics';
 
@@ -133,6 +133,8 @@ export class DhcpSource extends EventEmitter implements AddressSource {
   private socket: PacketSocket | undefined;
   private timer: TimerHandle | undefined;
   private vip: Vip | undefined;
+  /** start()'s `known` address, for the run it starts. */
+  private known: string | undefined;
   /** Announces, defends and refreshes the bound VIP; gone when unbound. */
   private owner: VipOwner | undefined;
   private slot: ReleaseSlot | undefined;
@@ -202,8 +204,16 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     this.log.info({ op: 'reconfigure' }, 'new DHCP and ARP timings in use from the next exchange');
   }
 
-  start(): void {
+  /**
+   * `known`: on a VRRP takeover, the VIP the previous Master advertised for
+   * this service. With resumeSaved and no unexpired lease of our own it is
+   * served at once and confirmed with the server (client.ts 'start'), after
+   * the same checks as a server's answer (dhcp/guard.ts): an advert is a
+   * value from the LAN, not a lease.
+   */
+  start(opts: { known?: string } = {}): void {
     if (this.running) return;
+    this.known = opts.known;
     this.running = true;
     this.failed = undefined;
     this.lastReason = undefined;
@@ -325,16 +335,17 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     const log = this.log.child({ op: 'start' });
     const saved = this.loadLease(log);
     const unexpired = saved !== undefined && saved.expiresAt > this.clock.now() ? saved : undefined;
+    const known = unexpired || !this.resumeSaved ? undefined : this.knownAddress(log);
     // A lease that resumes sends one unicast REQUEST, no DISCOVER: it needs
     // no start slot (the slot and its jitter keep a boot from storming the
     // server) and must not wait behind one while clients use the VIP. So with
     // an unexpired lease the macvlan is looked at first; only a start that
     // cannot resume queues for a slot.
-    if (!unexpired && !(await this.takeSlot(signal, gen))) return;
+    if (!unexpired && known === undefined && !(await this.takeSlot(signal, gen))) return;
     const { index, kept } = await this.ensureLink(log, unexpired ? formatIPv4(unexpired.address) : undefined);
     this.ifindex = index;
     if (signal.aborted) return;
-    const resume = unexpired !== undefined && (kept || this.resumeSaved);
+    const resume = (unexpired !== undefined && (kept || this.resumeSaved)) || known !== undefined;
     if (!resume && !this.slot && !(await this.takeSlot(signal, gen))) return;
     const sock = this.deps.openPacketSocket({
       ifindex: index, protocol: ETH_P_IP, filter: DHCP_CLIENT_FILTER, log: this.log, metrics: this.netM,
@@ -349,8 +360,8 @@ export class DhcpSource extends EventEmitter implements AddressSource {
       }
     });
     sock.on('error', (err: Error) => this.log.warn({ op: 'recv', err: err.message }, 'DHCP packet socket error'));
-    log.info({ mac: this.mac, parent: this.parent, saved: saved ? formatIPv4(saved.address) : undefined, resume, adopted: kept }, 'DHCP client starting');
-    this.dispatch({ type: 'start', saved, resume });
+    log.info({ mac: this.mac, parent: this.parent, saved: saved ? formatIPv4(saved.address) : undefined, known: known === undefined ? undefined : formatIPv4(known), resume, adopted: kept }, 'DHCP client starting');
+    this.dispatch({ type: 'start', saved, resume, known });
   }
 
   /** A start slot from the shared limiter; false when stopped while waiting. */
@@ -400,6 +411,18 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     return { index: link.index, kept };
   }
 
+  /** start()'s known address as a number, when the guard would accept it as a server's yiaddr. */
+  private knownAddress(log: Logger): number | undefined {
+    if (this.known === undefined) return undefined;
+    const ip = parseIPv4(this.known);
+    if (ip === undefined) return undefined;
+    const verdict = judgeAddress(ip, this.hostView(), this.guard);
+    if (verdict === 'ok') return ip;
+    this.metrics.dropped.inc({ reason: verdict });
+    log.warn({ known: this.known, reason: verdict }, `the previous VRRP Master's address ${this.known} for this service is refused (${verdict}); asking a DHCP server instead`);
+    return undefined;
+  }
+
   private loadLease(log: Logger): Lease | undefined {
     const { lease, problem } = readSavedLease(this.store, this.key, this.mac, this.clock.wallNow() - this.clock.now());
     if (problem) log.warn({ file: this.leaseFile }, problem);
@@ -444,6 +467,7 @@ export class DhcpSource extends EventEmitter implements AddressSource {
       case 'clearTimer': return this.clearTimer();
       case 'probe': return this.probe(a.ip);
       case 'bind': return this.enqueue(() => this.bind(a.lease));
+      case 'hold': return this.enqueue(() => this.putOn(a.address, 'the previous VRRP Master\'s VIP, confirming it with the DHCP server'));
       case 'unbind': return this.enqueue(() => this.unbind(a));
       case 'persist': return this.persist(a.lease);
       case 'forget': return this.forgetLease();
@@ -528,18 +552,33 @@ export class DhcpSource extends EventEmitter implements AddressSource {
   }
 
   private async bind(lease: Lease): Promise<void> {
-    const ifindex = this.ifindex;
-    if (ifindex === undefined) return;
     const address = formatIPv4(lease.address);
-    await this.netlink.addAddress(ifindex, address, VIP_PREFIX, { proto: OWNED_ADDRESS_PROTO });
-    this.vip = { address, prefix: VIP_PREFIX, ifname: this.ifname, ifindex, mac: this.mac };
-    this.lastReason = undefined;
-    this.log.info({ op: 'bind', address, server: formatIPv4(lease.serverId), leaseSeconds: lease.leaseSeconds }, `VIP ${address} bound`);
     const wanted = this.ctx.config.requestedIp;
     if (wanted !== undefined && wanted !== lease.address) {
       this.log.warn({ op: 'bind', loadBalancerIP: formatIPv4(wanted), address }, `loadBalancerIP ${formatIPv4(wanted)} was not granted; bound ${address}`);
     }
-    this.holdOnWire(ifindex, lease.address);
+    await this.putOn(lease.address, `lease from ${formatIPv4(lease.serverId)} for ${lease.leaseSeconds} s`);
+  }
+
+  /**
+   * The address on the macvlan, announced, defended and refreshed. An address
+   * already held (a provisional one the server has now confirmed) stays as it
+   * is: no second address change, burst or 'vip' event.
+   */
+  private async putOn(ip: number, why: string): Promise<void> {
+    const ifindex = this.ifindex;
+    if (ifindex === undefined) return;
+    const address = formatIPv4(ip);
+    this.lastReason = undefined;
+    if (this.vip?.address === address && this.vip.ifindex === ifindex && this.owner) {
+      this.log.info({ op: 'bind', address, why }, `VIP ${address} confirmed`);
+      this.emit('status');
+      return;
+    }
+    await this.netlink.addAddress(ifindex, address, VIP_PREFIX, { proto: OWNED_ADDRESS_PROTO });
+    this.vip = { address, prefix: VIP_PREFIX, ifname: this.ifname, ifindex, mac: this.mac };
+    this.log.info({ op: 'bind', address, why }, `VIP ${address} bound`);
+    this.holdOnWire(ifindex, ip);
     this.emit('vip', this.vip);
     this.emit('status');
   }

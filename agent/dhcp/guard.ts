@@ -59,20 +59,33 @@ export function judgeReply(r: ReplyFacts, host: HostView, policy: GuardPolicy): 
   // RFC 2131 §4.3.1: the server identifier is the address the server is known by; a NAK carries one too.
   if (policy.servers.length > 0 && (r.serverId === undefined || !policy.servers.includes(r.serverId))) return 'server-not-allowed';
   if (r.kind === 'NAK') return 'ok';
-  const ip = r.yiaddr >>> 0;
+  return judgeAddress(r.yiaddr, host, policy, { servers: [r.serverId, r.srcIp], routers: r.routers, prefix: r.prefix });
+}
+
+/**
+ * Whether this VM may put `ip` on a service macvlan and announce it, whoever
+ * named it (a server's yiaddr; on a VRRP takeover, the previous Master's
+ * advert). `named`: what a server's reply says of itself - its addresses,
+ * the routers, and the prefix (for an address outside the parent's subnets).
+ */
+export function judgeAddress(
+  yiaddr: number, host: HostView, policy: GuardPolicy,
+  named: { readonly servers?: readonly (number | undefined)[]; readonly routers?: readonly number[]; readonly prefix?: number | undefined } = {},
+): 'ok' | GuardReason {
+  const ip = yiaddr >>> 0;
   if (inNet(ip, 0x00000000, 8)) return 'yiaddr-zero';
   if (inNet(ip, 0x7f000000, 8)) return 'yiaddr-loopback';
   if (inNet(ip, 0xe0000000, 4)) return 'yiaddr-multicast';
   if (ip === 0xffffffff) return 'yiaddr-broadcast';
   if (host.local.includes(ip)) return 'yiaddr-local';
-  if (ip === r.serverId || ip === r.srcIp) return 'yiaddr-server';
-  if (r.routers.includes(ip)) return 'yiaddr-router';
+  if (named.servers?.includes(ip)) return 'yiaddr-server';
+  if (named.routers?.includes(ip)) return 'yiaddr-router';
   // Network and broadcast of the parent's subnet that holds it, else (another
   // subnet, allowed) of the subnet the reply names. /31 and /32 have neither (RFC 3021).
   const nets: Cidr[] = host.subnets.filter((c) => cidrContains(c, ip));
   if (nets.length === 0) {
     if (!policy.allowOtherSubnets) return 'yiaddr-off-subnet';
-    if (r.prefix !== undefined) nets.push({ network: (ip & maskOf(r.prefix)) >>> 0, prefix: r.prefix });
+    if (named.prefix !== undefined) nets.push({ network: (ip & maskOf(named.prefix)) >>> 0, prefix: named.prefix });
   }
   for (const c of nets) {
     if (c.prefix > 30) continue;

@@ -72,6 +72,8 @@ export interface NativeAddon {
     filter?: ReadonlyArray<readonly [number, number, number, number]>,
   ) => NativePacketHandle;
   sendUnixDatagram(path: string, data: Buffer, fds?: readonly number[]): number;
+  bindUnixDatagram(path: string): number;
+  recvUnixDatagram(fd: number, maxBytes: number): { data: Buffer; fds: number[] } | null;
   capabilities(): { effective: bigint; permitted: bigint; inheritable: bigint };
   ifNameToIndex(name: string): number;
   ifIndexToName(index: number): string;
@@ -132,6 +134,16 @@ export function isSystemError(err: unknown): err is NativeSystemError {
 /** sd_notify(3) transport: one datagram to a unix socket ('@name' = abstract), with descriptors as SCM_RIGHTS if given. */
 export function sendUnixDatagram(socketPath: string, data: Buffer, fds?: readonly number[]): number {
   return fds && fds.length > 0 ? loadNative().sendUnixDatagram(socketPath, data, fds) : loadNative().sendUnixDatagram(socketPath, data);
+}
+
+/** A non-blocking unix datagram socket bound to a filesystem path (the receiving end of a descriptor hand-over); close it with fs.closeSync. */
+export function bindUnixDatagram(socketPath: string): number {
+  return loadNative().bindUnixDatagram(socketPath);
+}
+
+/** One queued datagram and the descriptors it carried, or null when none is queued. */
+export function recvUnixDatagram(fd: number, maxBytes = 65536): { data: Buffer; fds: number[] } | null {
+  return loadNative().recvUnixDatagram(fd, maxBytes);
 }
 
 /** Linux capability numbers we care about (linux/capability.h). */

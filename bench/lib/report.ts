@@ -127,13 +127,13 @@ export function restartTargets(r: RestartResult | undefined): TargetRow[] {
     const parts = events.map((e, i) => `${e} ${found[i] ? `${found[i]!.totalFailures} (${found[i]!.runsOk} rounds)` : 'not measured'}`);
     rows.push({ area: 'restart', target, measured: `${total} failed requests: ${parts.join(', ')}`, met: total > 0 ? false : complete ? true : undefined });
   };
-  zero('kernel', ['sigkill', 'planned', 'reload-global', 'reload-services'], 'kernel path: 0 failed requests across SIGKILL, planned restart and reload');
-  zero('proxy', ['reload-global', 'reload-services'], 'proxy path: 0 failed requests across a reload');
-  const p = restartRow(r, 'proxy', 'planned');
+  zero('kernel', ['sigkill', 'planned', 'replace', 'reload-global', 'reload-services'], 'kernel path: 0 failed requests across SIGKILL, planned restart and reload');
+  zero('proxy', ['replace', 'reload-global', 'reload-services'], 'proxy path: 0 failed requests across a hand-over restart (--replace) and a reload');
+  const p = restartRow(r, 'proxy', 'replace');
   const h = restartRow(r, 'haproxy', 'seamless-reload');
   rows.push({
     area: 'restart',
-    target: 'proxy path planned restart no worse than HAProxy seamless reload (outside systemd: expect not met; under systemd see test continuity-systemd)',
+    target: 'proxy path planned restart with hand-over (`--replace`) no worse than HAProxy seamless reload (under systemd the fd store does it: test continuity-systemd)',
     measured: p && h ? `${fmt(p.failures)} vs ${fmt(h.failures)} failed requests, longest ${fmt(p.longestMs)} ms vs ${fmt(h.longestMs)} ms (medians)` : 'not measured',
     met: p && h ? judge(p.failures - h.failures, (d) => d <= 0) : undefined,
   });
@@ -347,7 +347,7 @@ export function renderResults(r: BenchResults): string {
     parts.push('## Restart and reload, client loop every 20 ms');
     parts.push(`A client in another namespace starts an HTTP GET through the VIP (${c.vip}) every ${c.intervalMs} ms, each on a new connection with a ${c.timeoutMs} ms deadline; each event gets the loop's window from ${c.preMs} ms before it until ${c.postMs} ms after the process serves again (status ready, or the new HAProxy worker in place). "first answer after" runs from the event to the end of the first answer that started after it and after the last failure. lb-agent runs as \`lb-agent run --on-stop keep\` (as the systemd unit does), outside systemd. HAProxy: ${c.haproxy}; the same backends and the same VIP, which the bench adds to the node's eth0. Medians over rounds.`);
     if (rt) parts.push(rt);
-    parts.push('Outside systemd, a proxy-path restart has a gap: the old process closes its listening sockets and the new one binds again. Under the systemd unit the listeners wait in systemd\'s fd store across a restart; test/privileged/continuity-systemd.test.ts shows zero failed new connections there. The kernel path needs no process to forward.');
+    parts.push('On the proxy path a SIGTERM or SIGKILL followed by a new start has a gap outside systemd: the listening sockets die with the process and the new one binds again. `lb-agent run --replace` closes it as HAProxy\'s seamless reload does: the listeners are handed over on the control socket and the old process accepts until the new one serves. Under the systemd unit the listeners wait in systemd\'s fd store across a restart or a crash; test/privileged/continuity-systemd.test.ts shows zero failed new connections there. The kernel path needs no process to forward.');
     if (c.errors.length) parts.push(`Not measured: ${c.errors.join('; ')}.`);
   }
   const pf = r.preflight?.summary;

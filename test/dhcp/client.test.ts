@@ -377,6 +377,67 @@ t.test('resume: an unexpired saved lease is served at once, no probe, and confir
   t.equal(plain.state.name, 'INIT-REBOOT', 'without resume: INIT-REBOOT and a probe, as before');
 });
 
+t.test('VRRP takeover with no lease of our own: the previous Master\'s VIP is served at once and confirmed by INIT-REBOOT', async (t) => {
+  const c = ctx({ probe: false });
+  const start = (): ReturnType<typeof step> => step(c, initialState(), { type: 'start', resume: true, known: ADDR }, T0);
+  const r = start();
+  t.equal(r.reason, 'resumed');
+  t.same(of(r.actions, 'hold').map((h) => h.address), [ADDR], 'on the LAN in the same step: clients reach the new Master at once');
+  t.same(of(r.actions, 'bind'), [], 'no lease to bind yet');
+  t.same(of(r.actions, 'probe'), [], 'no ARP probe: the election decided');
+  t.equal(r.state.name, 'INIT-REBOOT');
+  t.equal(r.state.provisional, ADDR);
+  const [req] = sends(r.actions);
+  t.equal(req!.message.kind, 'REQUEST');
+  t.equal(req!.message.ciaddr, 0, 'INIT-REBOOT: ciaddr 0 (RFC 2131 table 5)');
+  t.equal(wire(req!).get(50)!.readUInt32BE(0), ADDR, 'option 50 = the advertised address');
+  t.notOk(wire(req!).has(54), 'no server identifier: we do not know which server granted it');
+  t.same(req!.to, { kind: 'broadcast' });
+
+  const ack = step(c, r.state, reply('ACK', r.state.xid), T0 + 20);
+  t.equal(ack.state.name, 'BOUND', 'the server confirms: a lease of our own');
+  t.same(of(ack.actions, 'unbind'), [], 'nothing withdrawn');
+  t.same(of(ack.actions, 'bind').map((b) => b.lease.address), [ADDR]);
+  t.equal(of(ack.actions, 'persist').length, 1, 'and saved, for a crash-only start on this VM');
+  t.equal(ack.state.provisional, undefined);
+
+  const moved = step(c, r.state, reply('ACK', r.state.xid, { yiaddr: ip('10.99.0.120') }), T0 + 20);
+  t.same(of(moved.actions, 'unbind').map((u) => [u.address, u.cause]), [[ADDR, 'address-changed']], 'another address: the advertised one comes off first');
+  t.same(of(moved.actions, 'bind').map((b) => b.lease.address), [ip('10.99.0.120')]);
+
+  const nak = step(c, r.state, reply('NAK', r.state.xid, { message: 'wrong network' }), T0 + 20);
+  t.same(of(nak.actions, 'unbind').map((u) => [u.address, u.cause]), [[ADDR, 'nak']], 'a NAK withdraws it');
+  t.equal(nak.state.name, 'SELECTING', 'and a lease is sought at once');
+
+  // Nobody answers: after the retransmission algorithm the address comes off.
+  let s = r.state;
+  let timeout: ReturnType<typeof step> | undefined;
+  for (let i = 0; i < 20 && s.name === 'INIT-REBOOT'; i++) {
+    timeout = step(c, s, { type: 'timer' }, s.timerAt!);
+    s = timeout.state;
+  }
+  t.equal(s.name, 'SELECTING', 'silence: back to INIT');
+  const [off] = of(timeout!.actions, 'unbind');
+  t.equal(off?.cause, 'unconfirmed', 'an address no server confirmed is not kept');
+  t.match(unbindReason(off!, 0), /no DHCP server confirmed 10\.99\.0\.101/);
+  t.equal(wire(sends(timeout!.actions)[0]!).get(50)!.readUInt32BE(0), ADDR, 'and asked for again');
+
+  const conflict = step(c, r.state, { type: 'conflict', address: ADDR, mac: '52:54:00:00:00:99' }, T0 + 50);
+  t.same(of(conflict.actions, 'unbind').map((u) => [u.address, u.cause]), [[ADDR, 'conflict']], 'a host that insists on it wins: no lease of ours to defend');
+  t.equal(conflict.state.name, 'INIT');
+  t.same(conflict.state.declined, [ADDR], 'and it is not asked for again');
+
+  const stop = step(c, r.state, { type: 'stop' }, T0 + 50);
+  t.same(of(stop.actions, 'unbind').map((u) => [u.address, u.cause]), [[ADDR, 'stopped']], 'a stop (back to Backup) takes it off');
+
+  const own = step(c, initialState(), { type: 'start', saved: savedLease(T0), resume: true, known: ip('10.99.0.77') }, T0);
+  t.same(of(own.actions, 'bind').map((b) => b.lease.address), [ADDR], 'a saved unexpired lease of our own wins over the advert');
+  t.same(of(own.actions, 'hold'), []);
+  const plain = step(c, initialState(), { type: 'start', known: ADDR }, T0);
+  t.same(of(plain.actions, 'hold'), [], 'without resume (not a takeover) the advert is not used');
+  t.equal(plain.state.name, 'SELECTING');
+});
+
 t.test('ARP conflict: DECLINE, wait declineWait, DISCOVER again', async (t) => {
   const c = ctx();
   let r = step(c, initialState(), { type: 'start' }, T0);

@@ -1,7 +1,7 @@
 // The DHCP guard: every rule refuses what it names, with its own reason, and
 // nothing else; a valid offer on the parent's subnet passes.
 import t from 'tap';
-import { judgeReply, GUARD_REASONS, type ReplyFacts, type HostView, type GuardPolicy } from '../../agent/dhcp/guard';
+import { judgeAddress, judgeReply, GUARD_REASONS, type ReplyFacts, type HostView, type GuardPolicy } from '../../agent/dhcp/guard';
 import { parseIPv4, parseCidr } from '../../agent/ipv4';
 
 const ip = (s: string): number => parseIPv4(s)!;
@@ -76,4 +76,17 @@ t.test('dhcp.servers: only listed server identifiers, NAKs included', async (t) 
   t.equal(judgeReply(offer({ kind: 'NAK', yiaddr: 0, serverId: ip('10.99.0.66') }), host, only), 'server-not-allowed', 'a rogue NAK');
   t.equal(judgeReply(offer({ kind: 'NAK', yiaddr: 0 }), host, only), 'ok', 'a NAK carries no address to judge');
   t.equal(judgeReply(offer({ kind: 'NAK', yiaddr: 0 }), host, any), 'ok');
+});
+
+t.test('judgeAddress: an address nobody\'s reply vouches for (a VRRP advert) gets the same rules', async (t) => {
+  t.equal(judgeAddress(ip('10.99.0.101'), host, any), 'ok');
+  const cases: [string, string][] = [
+    ['0.0.0.0', 'yiaddr-zero'], ['127.0.0.1', 'yiaddr-loopback'], ['224.0.0.18', 'yiaddr-multicast'],
+    ['255.255.255.255', 'yiaddr-broadcast'], ['10.99.0.0', 'yiaddr-network'], ['10.99.0.255', 'yiaddr-subnet-broadcast'],
+    ['10.99.0.2', 'yiaddr-local'], ['192.168.77.10', 'yiaddr-off-subnet'],
+  ];
+  for (const [a, reason] of cases) t.equal(judgeAddress(ip(a), host, any), reason, `${a}: ${reason}`);
+  t.equal(judgeAddress(ip('192.168.77.10'), host, { ...any, allowOtherSubnets: true }), 'ok', 'another subnet when allowed');
+  t.equal(judgeReply(offer({ yiaddr: ip('10.99.0.1') }), host, any), 'yiaddr-server', 'a reply still names its own server');
+  t.equal(judgeAddress(ip('10.99.0.1'), host, any), 'ok', 'without a reply there is no server to compare with');
 });

@@ -220,6 +220,8 @@ t.test('a /metrics scrape spawns no process: counters are read after each apply 
     t.equal(series.exec(text)?.[1], '3', `scrape ${i + 1} shows the last read`);
   }
   t.equal(calls.length, afterApply, 'three scrapes spawned nothing');
+  await dp.apply({ services: [...one.services] });
+  t.equal(calls.length, afterApply, 'an apply that leaves the table as it is spawns nothing either (a VRRP takeover waits on it)');
   conns = 9;
   const reads = (): number => calls.filter((c) => c.includes('list counters')).length;
   const before = reads();

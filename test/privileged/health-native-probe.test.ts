@@ -8,8 +8,8 @@
 import t from 'tap';
 import * as path from 'node:path';
 import { requirePrivileged } from '../helpers/privileged';
-import { createLab } from '../helpers/netns';
-import { startBackend } from '../helpers/services';
+import { createLab } from '../../lab/netns';
+import { startBackend } from '../../lab/services';
 
 const DIST = path.resolve(__dirname, '..', '..');
 
