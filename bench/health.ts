@@ -5,22 +5,42 @@
 // listeners run in a child process so their accept work is not counted.
 // Loopback only: one address (127.0.0.1), one port per backend.
 //
+// Paths (issue 18), each in the same run: `native`, the addon's batch prober
+// (the default; the checker is told not to fall back); `node`, one Node
+// socket per probe (the fallback, and the only path before issue 18); `own`,
+// the native path with a stand-in addon that answers every connect at once
+// without a socket: the checker's own cost per probe (scheduler, thresholds,
+// metrics, the prober's TypeScript side), the kernel's TCP work left out;
+// `haproxy`, HAProxy (one thread) checking the same listeners with `check
+// inter <period>`, its CPU from /proc. Every path's rate is also counted by
+// the kernel: TCP ActiveOpens of the namespace (/proc/net/snmp), i.e. SYNs
+// sent, since HAProxy's L4 check never completes a connection the listeners
+// could count (SYN, SYN-ACK, then its RST instead of the ACK: TCP_QUICKACK
+// off and an abortive close). Ours is a full connect closed with a FIN, so
+// the backend sees an ordinary connection; the kernel work per check differs.
+//
 //   node dist/bench/health.js [--backends 1000,10000] [--period 1] [--duration 10]
-//                             [--warmup 3] [--max-in-flight 256]
-// Prints one JSON object per backend count on stdout.
+//                             [--warmup 3] [--max-in-flight 1024] [--paths native,node,own,haproxy]
+// Prints one JSON object per backend count and path on stdout.
 import { spawn, type ChildProcess } from 'node:child_process';
-import { readFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { tmpdir } from 'node:os';
 import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { Registry } from 'prom-client';
+import { constants as osConstants } from 'node:os';
 import { HealthChecker } from '../agent/health/checker';
 import type { ServiceSpec } from '../agent/config/types';
+import type { NativeAddon, NativeTcpProbeHandle } from '../agent/net/native';
 
+// The listeners: prints the ports as one JSON line, then answers each
+// "count" line on stdin with the connections accepted so far.
 const LISTENER = `
 const net = require('net');
 const n = Number(process.argv[1]);
 const ports = [];
-let open = 0;
-const onConn = (s) => { s.on('error', () => {}); s.resume(); };
+let accepted = 0;
+const onConn = (s) => { accepted++; s.on('error', () => {}); s.resume(); };
 function next() {
   if (ports.length === n) { process.stdout.write(JSON.stringify(ports) + '\\n'); return; }
   const srv = net.createServer(onConn);
@@ -28,14 +48,21 @@ function next() {
   srv.listen({ port: 0, host: '127.0.0.1', backlog: 4096 }, () => { ports.push(srv.address().port); next(); });
 }
 next();
+let buf = '';
+process.stdin.on('data', (d) => {
+  buf += d;
+  let nl;
+  while ((nl = buf.indexOf('\\n')) >= 0) { buf = buf.slice(nl + 1); process.stdout.write(JSON.stringify({ accepted }) + '\\n'); }
+});
 process.stdin.on('end', () => process.exit(0));
-process.stdin.resume();
 `;
 
-interface Args { backends: number[]; period: number; duration: number; warmup: number; maxInFlight: number }
+type Path = 'native' | 'node' | 'own' | 'haproxy';
+const PATHS: readonly Path[] = ['native', 'node', 'own', 'haproxy'];
+interface Args { backends: number[]; period: number; duration: number; warmup: number; maxInFlight: number; paths: Path[] }
 
 function parseArgs(argv: string[]): Args {
-  const a: Args = { backends: [1000, 10_000], period: 1, duration: 10, warmup: 3, maxInFlight: 256 };
+  const a: Args = { backends: [1000, 10_000], period: 1, duration: 10, warmup: 3, maxInFlight: 1024, paths: ['native', 'node'] };
   for (let i = 0; i < argv.length; i++) {
     const v = argv[i + 1];
     switch (argv[i]) {
@@ -44,24 +71,49 @@ function parseArgs(argv: string[]): Args {
       case '--duration': a.duration = Number(v); i++; break;
       case '--warmup': a.warmup = Number(v); i++; break;
       case '--max-in-flight': a.maxInFlight = Number(v); i++; break;
+      case '--paths': a.paths = String(v).split(',').map((p) => { if (!(PATHS as readonly string[]).includes(p)) throw new Error(`--paths: ${PATHS.join(', ')}, not ${p}`); return p as Path; }); i++; break;
       default: throw new Error(`unknown argument ${argv[i]}`);
     }
   }
   return a;
 }
 
-async function startListeners(n: number): Promise<{ ports: number[]; child: ChildProcess }> {
+interface Listeners {
+  ports: number[];
+  child: ChildProcess;
+  /** Connections accepted so far, across all listeners. */
+  accepted(): Promise<number>;
+  close(): Promise<void>;
+}
+
+async function startListeners(n: number): Promise<Listeners> {
   const child = spawn(process.execPath, ['-e', LISTENER, String(n)], { stdio: ['pipe', 'pipe', 'inherit'] });
   let buf = '';
-  const ports = await new Promise<number[]>((resolve, reject) => {
-    child.stdout!.on('data', (d: Buffer) => {
-      buf += d.toString();
-      const nl = buf.indexOf('\n');
-      if (nl >= 0) resolve(JSON.parse(buf.slice(0, nl)) as number[]);
-    });
-    child.once('exit', (code) => reject(new Error(`listener exited ${code}`)));
+  const lines: string[] = [];
+  let wake: (() => void) | undefined;
+  child.stdout!.on('data', (d: Buffer) => {
+    buf += d.toString();
+    let nl: number;
+    while ((nl = buf.indexOf('\n')) >= 0) { lines.push(buf.slice(0, nl)); buf = buf.slice(nl + 1); }
+    wake?.();
   });
-  return { ports, child };
+  const exited = new Promise<void>((r) => child.once('exit', () => r()));
+  const nextLine = async (): Promise<string> => {
+    while (lines.length === 0) {
+      if (child.exitCode !== null) throw new Error(`listener exited ${child.exitCode}`);
+      await Promise.race([new Promise<void>((r) => { wake = r; }), exited]);
+    }
+    return lines.shift()!;
+  };
+  const ports = JSON.parse(await nextLine()) as number[];
+  return {
+    ports, child,
+    accepted: async () => {
+      child.stdin!.write('count\n');
+      return (JSON.parse(await nextLine()) as { accepted: number }).accepted;
+    },
+    close: async () => { child.stdin!.end(); await exited; },
+  };
 }
 
 function services(ports: number[], period: number): ServiceSpec[] {
@@ -91,9 +143,47 @@ function procCpuSeconds(pid: number | undefined): number | undefined {
 const pct = (sorted: number[], p: number): number => (sorted.length ? sorted[Math.min(sorted.length - 1, Math.floor(p * sorted.length))]! : 0);
 const r2 = (x: number): number => Math.round(x * 100) / 100;
 
-async function runOne(n: number, a: Args): Promise<Record<string, unknown>> {
-  const { ports, child } = await startListeners(n);
-  const hc = new HealthChecker({ registry: new Registry(), maxInFlight: a.maxInFlight });
+/**
+ * For the `own` path: an addon whose TcpProbeHandle opens no socket and
+ * reports every connect as made on the next turn of the event loop, in
+ * batches, as the real one does.
+ */
+function instantAddon(): NativeAddon {
+  class InstantHandle implements NativeTcpProbeHandle {
+    private pending: number[] = [];
+    private armed = false;
+    constructor(private readonly cb: (count: number) => void, private readonly ids: Uint32Array, private readonly errnos: Int32Array) {}
+    connect(ids: Uint32Array, _addrs: Uint32Array, _ports: Uint16Array, count: number, out: Int32Array): void {
+      for (let i = 0; i < count; i++) { this.pending.push(ids[i]!); out[i] = osConstants.errno.EINPROGRESS; }
+      if (!this.armed) { this.armed = true; setImmediate(() => this.report()); }
+    }
+    private report(): void {
+      this.armed = false;
+      const all = this.pending;
+      this.pending = [];
+      for (let k = 0; k < all.length; k += this.ids.length) {
+        const n = Math.min(this.ids.length, all.length - k);
+        for (let i = 0; i < n; i++) { this.ids[i] = all[k + i]!; this.errnos[i] = 0; }
+        this.cb(n);
+      }
+    }
+    cancel(): boolean { return false; }
+    sweep(): number { return 0; }
+    stats(): { connecting: number; closing: number; swept: number } { return { connecting: this.pending.length, closing: 0, swept: 0 }; }
+    close(): void { this.pending = []; }
+  }
+  return { TcpProbeHandle: InstantHandle } as unknown as NativeAddon;
+}
+
+async function runChecker(n: number, path: Exclude<Path, 'haproxy'>, a: Args): Promise<Record<string, unknown>> {
+  const listeners = await startListeners(path === 'own' ? 0 : n);
+  const { ports, child } = listeners;
+  // 'native' must not fall back silently: the checker throws instead.
+  const hc = new HealthChecker({
+    registry: new Registry(), maxInFlight: a.maxInFlight,
+    ...(path === 'own' ? { tcpProbes: 'native', nativeAddon: instantAddon } : { tcpProbes: path }),
+  });
+  if (path === 'own') for (let i = 0; i < n; i++) ports.push(1024 + (i % 60_000));
   let measuring = false;
   let probes = 0;
   const failures: Record<string, number> = {};
@@ -115,33 +205,44 @@ async function runOne(n: number, a: Args): Promise<Record<string, unknown>> {
   const eld = monitorEventLoopDelay({ resolution: 10 });
   eld.enable();
   measuring = true;
+  const acc0 = await listeners.accepted();
+  const open0 = activeOpens();
   const cpu0 = process.cpuUsage();
   const lcpu0 = procCpuSeconds(child.pid);
   const m0 = performance.now();
   await new Promise((r) => setTimeout(r, a.duration * 1000));
   const cpu = process.cpuUsage(cpu0);
   const lcpu1 = procCpuSeconds(child.pid);
+  const open1 = activeOpens();
   const wall = (performance.now() - m0) / 1000;
   measuring = false;
   eld.disable();
+  const acc1 = await listeners.accepted();
   const after = hc.schedulerStats();
+  const prober = hc.proberStats();
   hc.stop();
-  child.stdin!.end();
-  await new Promise((r) => child.once('exit', r));
+  await listeners.close();
   lags.sort((x, y) => x - y);
   durations.sort((x, y) => x - y);
   return {
     backends: n,
+    path: path === 'own' ? 'own' : hc.probePath(),
     periodSeconds: a.period,
     maxInFlight: a.maxInFlight,
     measuredSeconds: r2(wall),
     probesPerSecond: Math.round(probes / wall),
     expectedPerSecond: Math.round(n / a.period),
+    connectsPerSecond: Math.round((open1 - open0) / wall),
+    acceptedPerSecond: Math.round((acc1 - acc0) / wall),
     healthyAfterWarmup: upAfterWarmup,
     failures,
     startLagMs: { p50: r2(pct(lags, 0.5)), p99: r2(pct(lags, 0.99)), max: r2(lags[lags.length - 1] ?? 0) },
     probeDurationMs: { p50: r2(pct(durations, 0.5)), p99: r2(pct(durations, 0.99)) },
     skipped: { busy: after.skippedBusy - before.skippedBusy, overrun: after.skippedOverrun - before.skippedOverrun },
+    // Native path, whole run: connect() calls into the addon, and sockets closed
+    // by the grace sweep because the backend had not closed its side in time
+    // (a listener that falls behind shows here first).
+    prober: path === 'native' && prober ? { started: prober.started, batches: prober.batches, sweptWithoutBackendFin: prober.swept } : undefined,
     cpu: { userSeconds: r2(cpu.user / 1e6), systemSeconds: r2(cpu.system / 1e6), percentOfOneCore: r2(((cpu.user + cpu.system) / 1e6 / wall) * 100) },
     listenerCpuPercentOfOneCore: lcpu0 !== undefined && lcpu1 !== undefined ? r2(((lcpu1 - lcpu0) / wall) * 100) : null,
     cpuMicrosPerProbe: probes ? r2((cpu.user + cpu.system) / probes) : null,
@@ -151,13 +252,87 @@ async function runOne(n: number, a: Args): Promise<Record<string, unknown>> {
   };
 }
 
+/** TCP connections this namespace opened so far (Tcp ActiveOpens, /proc/net/snmp): SYNs sent. */
+function activeOpens(): number {
+  const lines = readFileSync('/proc/net/snmp', 'utf8').split('\n').filter((l) => l.startsWith('Tcp:'));
+  const names = lines[0]!.split(/\s+/);
+  const values = lines[1]!.split(/\s+/);
+  return Number(values[names.indexOf('ActiveOpens')]);
+}
+
+/** RSS of a process in MiB, from /proc (Linux). */
+function procRssMiB(pid: number | undefined): number | null {
+  if (pid === undefined) return null;
+  try {
+    const m = /VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
+    return m ? Math.round(Number(m[1]) / 1024) : null;
+  } catch { return null; }
+}
+
+/**
+ * HAProxy (one thread) checking every listener, `check inter <period>` with
+ * the checker's own fall/rise/timeout: one backend, one server per listener.
+ * Its rate is what the listeners accept; its CPU is /proc's.
+ */
+async function runHaproxy(n: number, a: Args): Promise<Record<string, unknown>> {
+  const listeners = await startListeners(n);
+  const dir = mkdtempSync(join(tmpdir(), 'lbagent-bench-haproxy-'));
+  const cfg = join(dir, 'haproxy.cfg');
+  const inter = `${Math.round(a.period * 1000)}ms`;
+  writeFileSync(cfg, [
+    'global', '  nbthread 1', '  maxconn 4096',
+    'defaults', '  mode tcp', '  timeout connect 3s', '  timeout client 30s', '  timeout server 30s', `  timeout check ${Math.round(Math.min(3, a.period) * 1000)}ms`,
+    // HAProxy refuses to run without a listener: one on a unix socket nobody uses.
+    'frontend idle', `  bind unix@${join(dir, 'idle.sock')}`, '  default_backend checks',
+    'backend checks', `  default-server check inter ${inter} fall 3 rise 1`,
+    ...listeners.ports.map((p, i) => `  server s${i} 127.0.0.1:${p}`),
+    '',
+  ].join('\n'));
+  const hap = spawn('haproxy', ['-db', '-f', cfg], { stdio: ['ignore', 'ignore', 'pipe'] });
+  let stderr = '';
+  hap.stderr!.on('data', (d: Buffer) => { stderr = (stderr + d.toString()).slice(-2000); });
+  const hapExit = new Promise<void>((r) => hap.once('exit', () => r()));
+  try {
+    await new Promise((r) => setTimeout(r, a.warmup * 1000));
+    if (hap.exitCode !== null) throw new Error(`haproxy exited ${hap.exitCode}: ${stderr}`);
+    const acc0 = await listeners.accepted();
+    const open0 = activeOpens();
+    const c0 = procCpuSeconds(hap.pid);
+    const m0 = performance.now();
+    await new Promise((r) => setTimeout(r, a.duration * 1000));
+    const c1 = procCpuSeconds(hap.pid);
+    const open1 = activeOpens();
+    const wall = (performance.now() - m0) / 1000;
+    const acc1 = await listeners.accepted();
+    const rss = procRssMiB(hap.pid);
+    const checks = open1 - open0;
+    const cpuSec = c0 !== undefined && c1 !== undefined ? c1 - c0 : NaN;
+    return {
+      backends: n, path: 'haproxy', periodSeconds: a.period, measuredSeconds: r2(wall),
+      probesPerSecond: Math.round(checks / wall), expectedPerSecond: Math.round(n / a.period),
+      connectsPerSecond: Math.round(checks / wall), acceptedPerSecond: Math.round((acc1 - acc0) / wall),
+      cpu: { percentOfOneCore: r2((cpuSec / wall) * 100) },
+      cpuMicrosPerProbe: checks ? r2((cpuSec * 1e6) / checks) : null,
+      rssMB: rss,
+    };
+  } finally {
+    hap.kill('SIGTERM');
+    await Promise.race([hapExit, new Promise((r) => setTimeout(r, 3000))]);
+    if (hap.exitCode === null && hap.signalCode === null) hap.kill('SIGKILL');
+    rmSync(dir, { recursive: true, force: true });
+    await listeners.close();
+  }
+}
+
 async function main(): Promise<void> {
   const a = parseArgs(process.argv.slice(2));
   for (const n of a.backends) {
-    const res = await runOne(n, a);
-    process.stdout.write(`${JSON.stringify(res)}\n`);
-    // Let TIME_WAIT sockets of the previous run age a little.
-    await new Promise((r) => setTimeout(r, 1000));
+    for (const path of a.paths) {
+      const res = path === 'haproxy' ? await runHaproxy(n, a) : await runChecker(n, path, a);
+      process.stdout.write(`${JSON.stringify(res)}\n`);
+      // Let TIME_WAIT sockets of the previous run age a little.
+      await new Promise((r) => setTimeout(r, 1000));
+    }
   }
 }
 

@@ -26,59 +26,85 @@ export function parseJsonOutput(stdout: string): unknown[] {
 
 // --- health probes/s ---------------------------------------------------------
 
-export interface ProbeRateOptions { rounds: number; backends: number[]; period: number; duration: number; warmup: number; log: (msg: string) => void }
+/** How the probes run: see bench/health.ts. */
+export type ProbePath = 'native' | 'node' | 'own' | 'haproxy';
+export const PROBE_PATHS: readonly ProbePath[] = ['native', 'node', 'own', 'haproxy'];
+
+/** One backend count and the paths measured at it. */
+export interface ProbeRun { backends: number; paths: ProbePath[] }
+
+export interface ProbeRateOptions { rounds: number; runs: ProbeRun[]; period: number; duration: number; warmup: number; log: (msg: string) => void }
 
 interface HealthLine {
-  backends: number; probesPerSecond: number; expectedPerSecond: number; healthyAfterWarmup: number;
-  cpu: { percentOfOneCore: number }; listenerCpuPercentOfOneCore: number | null; startLagMs: { p50: number; p99: number };
-  eventLoopDelayMs: { p99: number }; rssMB: number; skipped: { busy: number; overrun: number }; failures: Record<string, number>;
+  backends: number; path: ProbePath; probesPerSecond: number; expectedPerSecond: number; connectsPerSecond?: number;
+  cpu: { percentOfOneCore: number }; cpuMicrosPerProbe: number | null; listenerCpuPercentOfOneCore?: number | null;
+  startLagMs?: { p50: number; p99: number }; eventLoopDelayMs?: { p99: number }; rssMB: number | null;
+  skipped?: { busy: number; overrun: number }; failures?: Record<string, number>;
 }
 
 export interface ProbeRateSummary {
-  backends: number; periodSeconds: number; probesPerSecond: number; expectedPerSecond: number; sustainedFraction: number;
-  cpuPercentOfOneCore: number; listenerCpuPercentOfOneCore: number; startLagP99Ms: number; eventLoopDelayP99Ms: number; rssMiB: number; skippedBusy: number; runs: number;
+  backends: number; path: ProbePath; periodSeconds: number; probesPerSecond: number; expectedPerSecond: number; sustainedFraction: number;
+  cpuPercentOfOneCore: number; cpuMicrosPerProbe: number; listenerCpuPercentOfOneCore: number; startLagP99Ms: number; eventLoopDelayP99Ms: number;
+  rssMiB: number; skippedBusy: number; runs: number;
 }
 
 export interface ProbeRateResult { config: Omit<ProbeRateOptions, 'log'> & { command: string }; summary: ProbeRateSummary[]; raw: unknown[]; errors: string[] }
 
+/**
+ * Every (backend count, path) in a process of its own, in a fresh namespace
+ * of its own (so no run inherits another's TIME_WAIT sockets), paths in a
+ * rotated order each round.
+ */
 export async function benchProbeRate(o: ProbeRateOptions): Promise<ProbeRateResult> {
   const script = path.join(DIST_BENCH, 'health.js');
-  const args = ['--backends', o.backends.join(','), '--period', String(o.period), '--duration', String(o.duration), '--warmup', String(o.warmup)];
+  const common = ['--period', String(o.period), '--duration', String(o.duration), '--warmup', String(o.warmup)];
   const raw: HealthLine[] = [];
   const errors: string[] = [];
   const lab = await Lab.create();
+  let k = 0;
   try {
-    const ns = await lab.addHost('probes');
     for (let r = 0; r < o.rounds; r++) {
-      const budget = (o.backends.length * (o.duration + o.warmup + 60) + 30) * 1000;
-      const res = await lab.sh(ns, `ulimit -n 20000 2>/dev/null; exec ${process.execPath} ${script} ${args.join(' ')}`, { allowFail: true, timeoutMs: budget });
-      const lines = parseJsonOutput(res.stdout) as HealthLine[];
-      if (res.code !== 0 || lines.length === 0) errors.push(`round ${r + 1}: exit ${res.code}: ${res.stderr.slice(-300)}`);
-      for (const l of lines) {
-        raw.push(l);
-        o.log(`round ${r + 1}/${o.rounds} ${String(l.backends).padStart(6)} backends: ${l.probesPerSecond} probes/s of ${l.expectedPerSecond}, cpu ${l.cpu.percentOfOneCore}% of a core, start lag p99 ${l.startLagMs.p99} ms`);
+      for (const run of o.runs) {
+        const paths = run.paths.map((_, i) => run.paths[(i + r) % run.paths.length]!);
+        for (const p of paths) {
+          const ns = await lab.addHost(`probes${k++}`);
+          const args = ['--backends', String(run.backends), '--paths', p, ...common];
+          const res = await lab.sh(ns, `ulimit -n 20000 2>/dev/null; exec ${process.execPath} ${script} ${args.join(' ')}`, { allowFail: true, timeoutMs: (o.duration + o.warmup + 60) * 1000 });
+          const lines = parseJsonOutput(res.stdout) as HealthLine[];
+          if (res.code !== 0 || lines.length === 0) errors.push(`round ${r + 1}, ${run.backends} ${p}: exit ${res.code}: ${res.stderr.slice(-300)}`);
+          for (const l of lines) {
+            raw.push(l);
+            o.log(`round ${r + 1}/${o.rounds} ${String(l.backends).padStart(6)} backends, ${l.path.padEnd(7)}: ${l.probesPerSecond} probes/s of ${l.expectedPerSecond}, cpu ${l.cpu.percentOfOneCore}% of a core, ${l.cpuMicrosPerProbe ?? '-'} us/probe${l.startLagMs ? `, start lag p99 ${l.startLagMs.p99} ms` : ''}`);
+          }
+        }
       }
     }
   } finally {
     await lab.destroy();
   }
-  const summary = o.backends.map((n): ProbeRateSummary => {
-    const rs = raw.filter((l) => l.backends === n);
-    const pps = median(rs.map((l) => l.probesPerSecond));
-    return {
-      backends: n, periodSeconds: o.period,
-      probesPerSecond: round(pps, 0), expectedPerSecond: Math.round(n / o.period),
-      sustainedFraction: round(pps / (n / o.period), 3),
-      cpuPercentOfOneCore: round(median(rs.map((l) => l.cpu.percentOfOneCore)), 1),
-      listenerCpuPercentOfOneCore: round(median(rs.map((l) => l.listenerCpuPercentOfOneCore ?? NaN)), 1),
-      startLagP99Ms: round(median(rs.map((l) => l.startLagMs.p99)), 1),
-      eventLoopDelayP99Ms: round(median(rs.map((l) => l.eventLoopDelayMs.p99)), 1),
-      rssMiB: round(median(rs.map((l) => l.rssMB)), 0),
-      skippedBusy: round(median(rs.map((l) => l.skipped.busy)), 0),
-      runs: rs.length,
-    };
-  });
-  return { config: { rounds: o.rounds, backends: o.backends, period: o.period, duration: o.duration, warmup: o.warmup, command: `node dist/bench/health.js ${args.join(' ')}` }, summary, raw, errors };
+  const summary: ProbeRateSummary[] = [];
+  for (const run of o.runs) {
+    for (const p of PROBE_PATHS) {
+      if (!run.paths.includes(p)) continue;
+      const rs = raw.filter((l) => l.backends === run.backends && l.path === p);
+      const pps = median(rs.map((l) => l.probesPerSecond));
+      summary.push({
+        backends: run.backends, path: p, periodSeconds: o.period,
+        probesPerSecond: round(pps, 0), expectedPerSecond: Math.round(run.backends / o.period),
+        sustainedFraction: round(pps / (run.backends / o.period), 3),
+        cpuPercentOfOneCore: round(median(rs.map((l) => l.cpu.percentOfOneCore)), 1),
+        cpuMicrosPerProbe: round(median(rs.map((l) => l.cpuMicrosPerProbe ?? NaN)), 1),
+        listenerCpuPercentOfOneCore: round(median(rs.map((l) => l.listenerCpuPercentOfOneCore ?? NaN)), 1),
+        startLagP99Ms: round(median(rs.map((l) => l.startLagMs?.p99 ?? NaN)), 1),
+        eventLoopDelayP99Ms: round(median(rs.map((l) => l.eventLoopDelayMs?.p99 ?? NaN)), 1),
+        rssMiB: round(median(rs.map((l) => l.rssMB ?? NaN)), 0),
+        skippedBusy: round(median(rs.map((l) => l.skipped?.busy ?? NaN)), 0),
+        runs: rs.length,
+      });
+    }
+  }
+  const command = `node dist/bench/health.js --backends N --paths P ${common.join(' ')}`;
+  return { config: { rounds: o.rounds, runs: o.runs, period: o.period, duration: o.duration, warmup: o.warmup, command }, summary, raw, errors };
 }
 
 // --- preflight -----------------------------------------------------------------

@@ -13,7 +13,8 @@
         "src/packet_socket.cc",
         "src/unix_dgram.cc",
         "src/system.cc",
-        "src/listen_socket.cc"
+        "src/listen_socket.cc",
+        "src/tcp_probe.cc"
       ],
       "include_dirs": [
         "<!(node -p \"require('node-addon-api').include_dir\")"

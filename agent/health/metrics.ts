@@ -1,10 +1,25 @@
 // Health metrics: the Prometheus series of the health checker, registered on
 // the Registry passed in (never the global one). Labels are bounded: service,
-// namespace, backend ("address:port" of the checked port), result/reason.
+// namespace, backend ("address:port" of the checked port), result/reason,
+// probe path and check type.
+// Per probe, only the duration histogram is written, through label children
+// made once; in-flight and per-path counts are read at scrape time from the
+// checker's own counters (issue 18: metric label lookups were part of the
+// per-probe cost at 10,000 probes/s).
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import type { FailureReason } from './state';
 
 export type ProbeOutcome = 'ok' | FailureReason;
+
+/** How a probe ran: the native batch prober, a Node socket, or a probe injected by the caller (tests). */
+export type ProbePath = 'native' | 'node' | 'injected';
+
+/** Counts the checker keeps in plain numbers, read when Prometheus scrapes. */
+export interface HealthCounts {
+  readonly inFlight: () => number;
+  /** Probes started so far, by path and check type. */
+  readonly probes: () => ReadonlyArray<{ readonly path: ProbePath; readonly type: 'tcp' | 'http'; readonly count: number }>;
+}
 
 export interface BackendLabels {
   readonly service: string;
@@ -19,8 +34,12 @@ export class HealthMetrics {
   readonly lastChange: Gauge<'service' | 'namespace' | 'backend'>;
   readonly inFlight: Gauge;
   readonly skipped: Counter<'reason'>;
+  readonly probePath: Gauge<'path'>;
+  readonly probesStarted: Counter<'path' | 'type'>;
+  private readonly durationBy = new Map<ProbeOutcome, { observe(v: number): void }>();
+  private readonly skippedBy = new Map<string, { inc(v?: number): void }>();
 
-  constructor(registry: Registry) {
+  constructor(registry: Registry, counts?: HealthCounts) {
     const registers = [registry];
     this.up = new Gauge({
       name: 'lbagent_health_backend_up',
@@ -51,6 +70,30 @@ export class HealthMetrics {
       name: 'lbagent_health_probes_in_flight',
       help: 'Health probes currently running.',
       registers,
+      ...(counts ? { collect(this: Gauge) { this.set(counts.inFlight()); } } : {}),
+    });
+    this.probePath = new Gauge({
+      name: 'lbagent_health_probe_path_info',
+      help: 'How TCP health probes run (1 on the running path): native, the batch prober of the native addon; node, one Node socket per probe (the fallback when the addon has no prober, logged at start).',
+      labelNames: ['path'] as const,
+      registers,
+    });
+    const reported = new Map<string, number>();
+    this.probesStarted = new Counter({
+      name: 'lbagent_health_probes_total',
+      help: 'Health probes started, by the path they ran on (native, node) and check type (tcp, http).',
+      labelNames: ['path', 'type'] as const,
+      registers,
+      ...(counts ? {
+        collect(this: Counter<'path' | 'type'>) {
+          for (const { path, type, count } of counts.probes()) {
+            const k = `${path}|${type}`;
+            const delta = count - (reported.get(k) ?? 0);
+            if (delta > 0) this.inc({ path, type }, delta);
+            reported.set(k, count);
+          }
+        },
+      } : {}),
     });
     this.skipped = new Counter({
       name: 'lbagent_health_probes_skipped_total',
@@ -85,6 +128,26 @@ export class HealthMetrics {
   }
 
   probe(result: ProbeOutcome, durationMs: number): void {
-    this.probeDuration.observe({ result }, durationMs / 1000);
+    let child = this.durationBy.get(result);
+    if (!child) {
+      child = this.probeDuration.labels(result);
+      this.durationBy.set(result, child);
+    }
+    child.observe(durationMs / 1000);
+  }
+
+  skip(reason: string, count = 1): void {
+    let child = this.skippedBy.get(reason);
+    if (!child) {
+      child = this.skipped.labels(reason);
+      this.skippedBy.set(reason, child);
+    }
+    child.inc(count);
+  }
+
+  /** The path TCP probes take from now on. */
+  setProbePath(path: ProbePath): void {
+    this.probePath.reset();
+    this.probePath.set({ path }, 1);
   }
 }

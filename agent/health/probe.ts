@@ -6,6 +6,10 @@
 // backend that requires it on every connection expects (issue 17): v1 a
 // TCP4 line with the probe's own addresses, v2 the LOCAL command
 // (doc/proxy-protocol.txt, 2.1 and 2.2: what a proxy sends for its checks).
+//
+// Also the TcpProber contract the checker drives TCP probes through, and its
+// Node-socket implementation: the fallback of the native batch prober
+// (native-probe.ts, issue 18) and the path it is measured against.
 import * as net from 'node:net';
 import * as http from 'node:http';
 import type { HttpCheckSpec, ProxyProtocolVersion } from '../config/types';
@@ -41,7 +45,7 @@ export const DEFAULT_HTTP_CHECK: HttpCheckSpec = Object.freeze({ path: '/', expe
  * How long a closed probe socket may wait for the backend's FIN before we
  * drop it. The result is known by then; this only bounds file descriptors.
  */
-const CLOSE_GRACE_MS = 1000;
+export const CLOSE_GRACE_MS = 1000;
 
 /** errno -> reason. Unknown codes are `error` so the label set stays bounded. */
 export function reasonOf(err: unknown): FailureReason {
@@ -224,3 +228,69 @@ function httpGet(target: ProbeTarget, v: Verdict, sock: net.Socket | undefined):
 
 /** The default probe: by target type. */
 export const defaultProbe: Probe = (target, opts) => (target.type === 'http' ? httpProbe(target, opts) : tcpProbe(target, opts));
+
+/** A TCP probe target with its address as a host-order integer (BackendSpec.addressNum). */
+export interface TcpTarget {
+  readonly address: string;
+  readonly addressNum: number;
+  readonly port: number;
+}
+
+/**
+ * A TCP probe's outcome, as arguments rather than an object: at 10,000
+ * probes/s an object per probe is measurable (issue 18). `detail` is the
+ * errno's code ('ECONNREFUSED') or what our timer saw.
+ */
+export type TcpOutcome<C> = (ctx: C, ok: boolean, reason: FailureReason | undefined, detail: string | undefined, durationMs: number) => void;
+
+/** Which implementation runs TCP probes: the addon's batch prober, or one Node socket per probe. */
+export type TcpProbePath = 'native' | 'node';
+
+/** Starts TCP connect probes and reports each outcome once to the callback it was made with. */
+export interface TcpProber<C> {
+  readonly path: TcpProbePath;
+  /**
+   * Starts one probe; its outcome comes later (never from within start()),
+   * unless cancel() comes first. `now` is the caller's clock reading (the
+   * probe's start, for its duration and deadline). Returns a handle.
+   */
+  start(target: TcpTarget, timeoutMs: number, ctx: C, now: number): number;
+  /** Cancels a probe in flight (the handle and the ctx it was started with); no outcome follows. */
+  cancel(handle: number, ctx: C): void;
+  /** Closes every probe in flight, without outcomes. */
+  close(): void;
+}
+
+/** TcpProber on Node sockets: tcpProbe() per probe, cancelled through its AbortSignal. */
+export class NodeTcpProber<C> implements TcpProber<C> {
+  readonly path = 'node' as const;
+  private next = 1;
+  private readonly live = new Map<number, AbortController>();
+
+  constructor(private readonly onOutcome: TcpOutcome<C>) {}
+
+  start(target: TcpTarget, timeoutMs: number, ctx: C): number {
+    const id = this.next++;
+    const ac = new AbortController();
+    this.live.set(id, ac);
+    void tcpProbe({ address: target.address, port: target.port, type: 'tcp', http: undefined }, { timeoutMs, signal: ac.signal }).then((r) => {
+      if (!this.live.delete(id)) return; // cancelled or closed
+      if (r.ok) this.onOutcome(ctx, true, undefined, undefined, r.durationMs);
+      else this.onOutcome(ctx, false, r.reason, r.detail, r.durationMs);
+    });
+    return id;
+  }
+
+  cancel(handle: number): void {
+    const ac = this.live.get(handle);
+    if (!ac) return;
+    this.live.delete(handle);
+    ac.abort();
+  }
+
+  close(): void {
+    const all = [...this.live.values()];
+    this.live.clear();
+    for (const ac of all) ac.abort();
+  }
+}

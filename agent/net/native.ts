@@ -42,7 +42,30 @@ export interface NativePacketHandle {
   close(): void;
 }
 
+/**
+ * TCP connect probes on raw descriptors, readiness through one epoll
+ * descriptor (native/src/tcp_probe.cc). Results are errno numbers, handed
+ * back in batches through the two arrays given to the constructor: the
+ * callback's `count` entries of each are valid until it returns.
+ */
+export interface NativeTcpProbeHandle {
+  /**
+   * Opens and connects `count` sockets (IPv4 as host-order integers). out[i]:
+   * 0 connected at once, EINPROGRESS (result through the callback), or the
+   * errno of socket()/connect()/epoll_ctl() (nothing left open for that id).
+   */
+  connect(ids: Uint32Array, addrs: Uint32Array, ports: Uint16Array, count: number, out: Int32Array): void;
+  /** Closes a probe whose connect has not finished; no result follows. False when there was none. */
+  cancel(id: number): boolean;
+  /** Closes the connected sockets still waiting for the backend's FIN since the previous sweep; returns how many wait now. */
+  sweep(): number;
+  stats(): { connecting: number; closing: number; swept: number };
+  close(): void;
+}
+
 export interface NativeAddon {
+  /** Absent from an addon built before issue 18: the caller falls back to Node sockets. */
+  TcpProbeHandle?: new (onResults: (count: number) => void, resultIds: Uint32Array, resultErrnos: Int32Array) => NativeTcpProbeHandle;
   PacketHandle: new (
     ifindex: number,
     protocol: number,

@@ -7,7 +7,7 @@ import type { DhcpResult, DhcpSummaryRow } from '../dhcp';
 import type { DetectionResult } from '../detection';
 import type { ControlResult } from '../control';
 import { WHO_LABEL, EVENT_LABEL, type RestartResult, type RestartSummaryRow, type RestartEvent, type RestartWho } from '../restart';
-import type { ProbeRateResult, PreflightResult, FailoverResult } from '../wrapped';
+import type { ProbeRateResult, ProbeRateSummary, ProbePath, PreflightResult, FailoverResult } from '../wrapped';
 import type { Machine } from './procfs';
 import { fmt, fmtRatio, ratio } from './stats';
 
@@ -105,13 +105,14 @@ export function evaluateTargets(r: BenchResults): TargetRow[] {
       }
     }
   }
-  const p10k = r.probes?.summary.find((s) => s.backends === 10_000);
+  const p10k = probeRow(r, 10_000, 'native');
   if (p10k) {
-    const ok = p10k.cpuPercentOfOneCore < 50 && p10k.sustainedFraction >= 0.95;
+    const ok = p10k.cpuPercentOfOneCore < 50 && p10k.sustainedFraction >= 0.99;
+    const hap = probeRow(r, 10_000, 'haproxy');
     rows.push({
-      area: 'health', target: '10,000 backends at a 1 s period under half a core (and the rate sustained)',
-      measured: `${fmt(p10k.cpuPercentOfOneCore, 1)}% of a core, ${fmt(p10k.probesPerSecond)} of ${fmt(p10k.expectedPerSecond)} probes/s`,
-      met: Number.isFinite(p10k.cpuPercentOfOneCore) ? ok : undefined,
+      area: 'health', target: '10,000 TCP targets at a 1 s period: >= 99% of the rate sustained, under half a core (native prober)',
+      measured: `${fmt(p10k.cpuPercentOfOneCore, 1)}% of a core, ${fmt(p10k.probesPerSecond)} of ${fmt(p10k.expectedPerSecond)} probes/s (${fmt(p10k.sustainedFraction * 100, 1)}%); ${fmt(p10k.cpuMicrosPerProbe, 1)} us CPU per probe${hap ? `, HAProxy ${fmt(hap.cpuMicrosPerProbe, 1)} us per check` : ''}`,
+      met: Number.isFinite(p10k.cpuPercentOfOneCore) && Number.isFinite(p10k.sustainedFraction) ? ok : undefined,
     });
   }
   const many = r.control?.summary.many;
@@ -225,11 +226,28 @@ export function dhcpTables(r: BenchResults): { one?: string; many?: string } {
   };
 }
 
+function probeRow(r: BenchResults, backends: number, path: ProbePath): ProbeRateSummary | undefined {
+  return r.probes?.summary.find((s) => s.backends === backends && s.path === path);
+}
+
+export const PROBE_PATH_LABEL: Record<ProbePath, string> = {
+  native: 'lb-agent, native batch prober (default)',
+  node: 'lb-agent, a Node socket per probe (fallback)',
+  own: 'lb-agent, own logic only (stand-in addon, no socket)',
+  haproxy: 'HAProxy, 1 thread (L4 check: SYN, SYN-ACK, RST)',
+};
+
 export function probesTable(r: BenchResults): string | undefined {
   const p = r.probes;
   if (!p || p.summary.length === 0) return undefined;
-  return table(['backends', 'period', 'probes/s (expected)', 'sustained', 'checker CPU, % of a core', 'start lag p99 ms', 'event loop delay p99 ms', 'RSS MiB'],
-    p.summary.map((s) => [fmt(s.backends), `${s.periodSeconds} s`, `${fmt(s.probesPerSecond)} (${fmt(s.expectedPerSecond)})`, `${fmt(s.sustainedFraction * 100, 0)}%`, fmt(s.cpuPercentOfOneCore, 1), fmt(s.startLagP99Ms, 1), fmt(s.eventLoopDelayP99Ms, 1), fmt(s.rssMiB)]));
+  return table(['backends', 'period', 'who', 'probes/s (expected)', 'sustained', 'CPU, % of a core', 'CPU us per probe', 'x HAProxy (CPU per probe)', 'start lag p99 ms', 'event loop delay p99 ms', 'RSS MiB'],
+    p.summary.map((s) => {
+      const path = s.path;
+      const hap = probeRow(r, s.backends, 'haproxy');
+      const peer = path !== 'haproxy' && hap ? fmtRatio(ratio(s.cpuMicrosPerProbe, hap.cpuMicrosPerProbe)) : '-';
+      return [fmt(s.backends), `${s.periodSeconds} s`, PROBE_PATH_LABEL[path], `${fmt(s.probesPerSecond)} (${fmt(s.expectedPerSecond)})`, `${fmt(s.sustainedFraction * 100, 0)}%`,
+        fmt(s.cpuPercentOfOneCore, 1), fmt(s.cpuMicrosPerProbe, 1), peer, fmt(s.startLagP99Ms, 1), fmt(s.eventLoopDelayP99Ms, 1), fmt(s.rssMiB)];
+    }));
 }
 
 export function detectionTable(r: BenchResults): string | undefined {
@@ -340,7 +358,7 @@ export function renderResults(r: BenchResults): string {
   if (pt || dtt) {
     parts.push('## Health checking');
     if (pt) {
-      parts.push(`Sustained TCP probes against real listeners on loopback in a namespace of their own (\`${r.probes!.config.command}\`, bench/health.ts). CPU is the checker process's own; the listeners run in another process.`);
+      parts.push(`Sustained TCP probes against real listeners on loopback, each run in a namespace and a process of its own (\`${r.probes!.config.command}\`, bench/health.ts). CPU is the checker's (or HAProxy's) own process; the listeners run in another. "CPU us per probe" is user + system time over probes made, the number least disturbed by other work on the machine. Rates count the kernel's TCP ActiveOpens (SYNs sent) for HAProxy, whose L4 check answers the SYN-ACK with a RST so the listener never sees a connection; lb-agent makes a full connection and closes it with a FIN (no RST at the backend), which is more kernel work per check on both sides.`);
       parts.push(pt);
     }
     if (dtt) {

@@ -1,6 +1,7 @@
 // lbagent_native module entry: registers the packet socket class, the unix
-// datagram sender (sd_notify), small system queries (capabilities, ifindex)
-// and the proxy's listening sockets (SO_REUSEPORT groups).
+// datagram sender (sd_notify), small system queries (capabilities, ifindex),
+// the proxy's listening sockets (SO_REUSEPORT groups), and the batch TCP
+// connect prober of the health checker.
 #include "common.h"
 
 static Napi::Object InitAddon(Napi::Env env, Napi::Object exports) {
@@ -8,6 +9,7 @@ static Napi::Object InitAddon(Napi::Env env, Napi::Object exports) {
   lbagent::InitUnixDgram(env, exports);
   lbagent::InitSystem(env, exports);
   lbagent::InitListenSocket(env, exports);
+  lbagent::InitTcpProbe(env, exports);
   return exports;
 }
 

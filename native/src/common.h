@@ -18,6 +18,7 @@ Napi::Object InitPacketSocket(Napi::Env env, Napi::Object exports);
 Napi::Object InitUnixDgram(Napi::Env env, Napi::Object exports);
 Napi::Object InitSystem(Napi::Env env, Napi::Object exports);
 Napi::Object InitListenSocket(Napi::Env env, Napi::Object exports);
+Napi::Object InitTcpProbe(Napi::Env env, Napi::Object exports);
 
 }  // namespace lbagent
 

@@ -2,12 +2,24 @@
 // first probe at once and unknown -> up, thresholds counted in probes, checks
 // disabled, shared targets probed once with per-service thresholds, periods
 // and timeouts, reload keeping state, passive checks, 'change' events, metrics.
+// Then the checker as the daemon builds it, on loopback: TCP probes run on the
+// native batch prober (a test that fails if they silently fall back to Node
+// sockets), the fallback says so, and probes that find no descriptor
+// (EMFILE, in a child process) blame no backend.
 import t from 'tap';
+import * as net from 'node:net';
+import * as path from 'node:path';
+import { spawn } from 'node:child_process';
+import { Writable } from 'node:stream';
 import { Registry } from 'prom-client';
+import { createLogger } from '../../agent/log';
+import { isLbError } from '../../agent/errors';
+import type { NativeAddon } from '../../agent/net/native';
 import { ManualClock } from '../../agent/clock';
 import { HealthChecker, targetKey } from '../../agent/health/checker';
 import type { Probe, ProbeResult, ProbeTarget } from '../../agent/health/probe';
 import { service, healthCheck } from './spec';
+import { listen } from './loopback';
 
 const flush = (): Promise<void> => new Promise((r) => setImmediate(r));
 
@@ -352,4 +364,152 @@ t.test('target keys: same address/port/check share; http path and range are part
   // Issue 17: a probe that sends a PROXY header is another probe (a backend may answer it differently).
   t.not(targetKey(tcp, '10.0.0.1'), targetKey(healthCheck({ port: 80, proxyProtocol: 'v2' }), '10.0.0.1'));
   t.not(targetKey(healthCheck({ port: 80, proxyProtocol: 'v1' }), '10.0.0.1'), targetKey(healthCheck({ port: 80, proxyProtocol: 'v2' }), '10.0.0.1'));
+});
+
+/** A loopback listener (port 0) that reads and closes as a server would. */
+async function loopbackBackend(t: { teardown(fn: () => unknown): void }): Promise<{ port: number; connections: () => number }> {
+  let n = 0;
+  const server = net.createServer((sock) => { n++; sock.on('error', () => {}); sock.resume(); });
+  const port = await listen(server);
+  t.teardown(() => server.close());
+  return { port, connections: () => n };
+}
+
+/** Log lines (JSON) of a real pino logger. */
+function capturedLog(): { log: ReturnType<typeof createLogger>; lines: Record<string, unknown>[] } {
+  const lines: Record<string, unknown>[] = [];
+  const sink = new Writable({ write(chunk: Buffer, _enc, cb) { for (const l of chunk.toString().split('\n')) if (l) lines.push(JSON.parse(l) as Record<string, unknown>); cb(); } });
+  return { log: createLogger('info', sink), lines };
+}
+
+async function waitUntil(what: string, fn: () => boolean | Promise<boolean>, ms = 5000): Promise<void> {
+  const end = Date.now() + ms;
+  while (!(await fn())) {
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 10));
+  }
+}
+
+t.test('TCP probes run on the native batch prober by default; this fails if they silently fall back to Node sockets', async (t) => {
+  const b = await loopbackBackend(t);
+  const registry = new Registry();
+  const { log, lines } = capturedLog();
+  // As daemon/wiring.ts builds it: no probe, no path chosen.
+  const hc = new HealthChecker({ registry, log });
+  t.teardown(() => hc.stop());
+  hc.update([service({ name: 'web', backends: ['127.0.0.1'], healthCheck: { port: b.port, periodSeconds: 0.1, timeoutSeconds: 1 } })]);
+  hc.start();
+  await waitUntil('web up and probed a few times', () => hc.healthy('default/web').length === 1 && b.connections() >= 3);
+  t.equal(hc.probePath(), 'native', 'the checker says native');
+  t.equal(await sample(registry, 'lbagent_health_probe_path_info', { path: 'native' }), 1, 'and so does /metrics');
+  t.equal(await sample(registry, 'lbagent_health_probe_path_info', { path: 'node' }), undefined);
+  const native = await sample(registry, 'lbagent_health_probes_total', { path: 'native', type: 'tcp' });
+  t.ok((native ?? 0) >= 3, `every probe went through the native prober (${native})`);
+  t.equal(await sample(registry, 'lbagent_health_probes_total', { path: 'node', type: 'tcp' }), undefined, 'none through a Node socket');
+  const start = lines.find((l) => l.op === 'start');
+  t.equal(start?.probePath, 'native', `the start line says so: ${String(start?.msg)}`);
+  t.notOk(lines.some((l) => l.op === 'probe-path'), 'no fallback warning');
+});
+
+t.test('a TCP check that sends a PROXY header goes through a Node socket, beside native probes for the rest', async (t) => {
+  // The batch prober only connects; a backend that requires the header on
+  // every connection (issue 17) must get it from the check too.
+  const received: Buffer[] = [];
+  const server = net.createServer((sock) => { sock.on('error', () => {}); sock.on('data', (d: Buffer) => received.push(d)); });
+  const ppPort = await listen(server);
+  t.teardown(() => server.close());
+  const plain = await loopbackBackend(t);
+  const registry = new Registry();
+  const hc = new HealthChecker({ registry });
+  t.teardown(() => hc.stop());
+  hc.update([
+    service({ name: 'pp', backends: ['127.0.0.1'], healthCheck: { port: ppPort, periodSeconds: 0.1, timeoutSeconds: 1, proxyProtocol: 'v2' } }),
+    service({ name: 'web', backends: ['127.0.0.1'], healthCheck: { port: plain.port, periodSeconds: 0.1, timeoutSeconds: 1 } }),
+  ]);
+  hc.start();
+  await waitUntil('both up, the PROXY header seen', () => hc.healthy('default/pp').length === 1 && hc.healthy('default/web').length === 1 && received.length > 0);
+  t.equal(hc.probePath(), 'native', 'plain TCP checks stay on the native prober');
+  t.ok(((await sample(registry, 'lbagent_health_probes_total', { path: 'node', type: 'tcp' })) ?? 0) >= 1, 'the PROXY check ran on a Node socket');
+  t.ok(((await sample(registry, 'lbagent_health_probes_total', { path: 'native', type: 'tcp' })) ?? 0) >= 1, 'the plain one on the native prober');
+  t.same([...Buffer.concat(received).subarray(0, 12)], [0x0d, 0x0a, 0x0d, 0x0a, 0x00, 0x0d, 0x0a, 0x51, 0x55, 0x49, 0x54, 0x0a], 'the backend got the PROXY v2 signature first');
+});
+
+t.test('without the addon\'s prober: Node sockets, a warn line and the metric say so; tcpProbes native refuses', async (t) => {
+  const b = await loopbackBackend(t);
+  const registry = new Registry();
+  const { log, lines } = capturedLog();
+  const oldAddon = (): NativeAddon => ({}) as NativeAddon;
+  const hc = new HealthChecker({ registry, log, nativeAddon: oldAddon });
+  t.teardown(() => hc.stop());
+  hc.update([service({ name: 'web', backends: ['127.0.0.1'], healthCheck: { port: b.port, periodSeconds: 0.1, timeoutSeconds: 1 } })]);
+  hc.start();
+  await waitUntil('web up', () => hc.healthy('default/web').length === 1);
+  t.equal(hc.probePath(), 'node');
+  t.equal(await sample(registry, 'lbagent_health_probe_path_info', { path: 'node' }), 1);
+  t.ok((await sample(registry, 'lbagent_health_probes_total', { path: 'node', type: 'tcp' }) ?? 0) >= 1, 'probes counted on the node path');
+  const warn = lines.find((l) => l.op === 'probe-path');
+  t.equal(warn?.level, 'warn');
+  t.match(String(warn?.msg), /native TCP prober unavailable .*TcpProbeHandle.*Node socket/);
+  const strict = new HealthChecker({ registry: new Registry(), nativeAddon: oldAddon, tcpProbes: 'native' });
+  let caught: unknown;
+  try { strict.start(); } catch (err) { caught = err; }
+  t.ok(isLbError(caught, 'LB_ERR_NET_NATIVE_MISSING'), 'tcpProbes native: start() throws instead of falling back');
+  t.equal(strict.probePath(), undefined, 'and nothing runs');
+});
+
+t.test('probes that find no descriptor (EMFILE) blame no backend: no verdict, counted as own exhaustion', async (t) => {
+  // A child process: 20 backends with failureThreshold 1 (one failure taken
+  // as a verdict would mark a backend down), every free descriptor but 3
+  // taken, 2 s of probing at 0.1 s.
+  const dist = path.resolve(__dirname, '..', '..');
+  const script = `
+    const fs = require('fs');
+    const net = require('net');
+    const { Registry } = require('prom-client');
+    const { HealthChecker } = require(${JSON.stringify(path.join(dist, 'agent', 'health', 'checker.js'))});
+    const { service } = require(${JSON.stringify(path.join(dist, 'test', 'health', 'spec.js'))});
+    const ports = [];
+    const servers = [];
+    const next = () => {
+      if (ports.length === 20) return run();
+      const srv = net.createServer((s) => { s.on('error', () => {}); s.resume(); });
+      servers.push(srv);
+      srv.listen(0, '127.0.0.1', () => { ports.push(srv.address().port); next(); });
+    };
+    const run = () => {
+      const registry = new Registry();
+      const hc = new HealthChecker({ registry });
+      hc.update(ports.map((port, i) => service({ name: 's' + i, backends: ['127.0.0.1'], healthCheck: { port, periodSeconds: 0.1, timeoutSeconds: 1, failureThreshold: 1 } })));
+      let downs = 0;
+      hc.on('probe', () => { for (let i = 0; i < 20; i++) if (hc.status('default/s' + i)[0].state === 'down') downs++; });
+      const filler = [];
+      for (;;) { try { filler.push(fs.openSync('/dev/null', 'r')); } catch { break; } }
+      for (const fd of filler.splice(0, 3)) fs.closeSync(fd);
+      hc.start();
+      setTimeout(async () => {
+        for (const fd of filler) fs.closeSync(fd);
+        hc.stop();
+        const text = await registry.metrics();
+        const line = text.split('\\n').find((l) => l.startsWith('lbagent_health_probes_skipped_total{reason="own-exhaustion"} '));
+        const skipped = line ? Number(line.split(' ')[1]) : 0;
+        const states = ports.map((_, i) => hc.status('default/s' + i)[0].state);
+        process.stdout.write(JSON.stringify({ skipped, downs, states, path: hc.probePath() }));
+        process.exit(0);
+      }, 2000);
+    };
+    next();
+  `;
+  const child = spawn('prlimit', ['--nofile=256:256', process.execPath, '-e', script], { stdio: ['ignore', 'pipe', 'pipe'], cwd: path.resolve(dist, '..') });
+  let stdout = '';
+  let stderr = '';
+  child.stdout.on('data', (d: Buffer) => { stdout += d.toString(); });
+  child.stderr.on('data', (d: Buffer) => { stderr += d.toString(); });
+  const code = await new Promise<number | null>((r) => child.once('exit', r));
+  t.equal(code, 0, `child exited cleanly ${stderr.slice(-500)}`);
+  const r = JSON.parse(stdout || '{}') as { skipped: number; downs: number; states: string[]; path: string };
+  t.equal(r.path, 'native');
+  t.ok(r.skipped > 0, `${r.skipped} probes skipped for want of a descriptor`);
+  t.equal(r.downs, 0, 'no backend was ever down');
+  t.notOk(r.states.includes('down'), `states at the end: ${[...new Set(r.states)].join(', ')}`);
+  t.ok(r.states.includes('up'), 'the probes that got a descriptor brought backends up');
 });

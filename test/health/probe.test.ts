@@ -5,26 +5,13 @@
 import t from 'tap';
 import * as net from 'node:net';
 import * as http from 'node:http';
-import type { AddressInfo } from 'node:net';
 import { tcpProbe, httpProbe, defaultProbe, reasonOf, type ProbeResult, type ProbeTarget } from '../../agent/health/probe';
 import { parseProxyHeader, type ParsedProxyHeader } from '../../lab/proxy-protocol';
+import { listen, closedPort } from './loopback';
 
 const tcp = (port: number): ProbeTarget => ({ address: '127.0.0.1', port, type: 'tcp', http: undefined });
 const httpT = (port: number, path = '/healthz', expectStatus: [number, number] = [200, 299]): ProbeTarget =>
   ({ address: '127.0.0.1', port, type: 'http', http: { path, expectStatus } });
-
-async function listen(server: net.Server): Promise<number> {
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-  return (server.address() as AddressInfo).port;
-}
-
-/** A port nothing listens on (bound, then closed). */
-async function closedPort(): Promise<number> {
-  const s = net.createServer();
-  const port = await listen(s);
-  await new Promise<void>((r) => s.close(() => r()));
-  return port;
-}
 
 t.test('tcp: a listening port is ok, and the probe closes with a FIN, not a RST', async (t) => {
   const seen: string[] = [];

@@ -5,9 +5,9 @@
 import t from 'tap';
 import { prng } from '../helpers/random';
 import { ManualClock, type Clock, type TimerHandle } from '../../agent/clock';
-import { ProbeScheduler, type Slot } from '../../agent/health/scheduler';
+import { ProbeScheduler, type Run, type Slot } from '../../agent/health/scheduler';
 
-/** Let resolved probe promises run their continuations. */
+/** Let pending completions run. */
 const flush = (): Promise<void> => new Promise((r) => setImmediate(r));
 
 /** A deterministic uniform source (LCG), so failures reproduce. */
@@ -28,20 +28,28 @@ function harness(opts: { maxInFlight?: number; jitter?: number; latencyMs?: numb
     maxInFlight: opts.maxInFlight ?? 64,
     jitter: opts.jitter ?? 0.05,
     random: prng(7),
-    run: (key, slot, signal) => {
-      runs.push({ key, slot, at: clock.now() });
+    run: (run) => {
+      const key = run.key;
+      runs.push({ key, slot: { base: run.base, due: run.due, started: run.started }, at: clock.now() });
       inFlight++;
       maxSeen = Math.max(maxSeen, inFlight);
       const k = (perKeyInFlight.get(key) ?? 0) + 1;
       if (k > 1) overlap = true;
       perKeyInFlight.set(key, k);
-      return new Promise<void>((resolve) => {
-        const done = (): void => { inFlight--; perKeyInFlight.set(key, (perKeyInFlight.get(key) ?? 1) - 1); resolve(); };
-        signal.addEventListener('abort', () => aborted.push(key));
-        if (!opts.latencyMs) done();
-        else pending.push({ at: clock.now() + opts.latencyMs, resolve: done });
-      });
+      let over = false;
+      const done = (): void => {
+        if (over) return;
+        over = true;
+        inFlight--;
+        perKeyInFlight.set(key, (perKeyInFlight.get(key) ?? 1) - 1);
+        run.done();
+      };
+      run.token = done;
+      if (!opts.latencyMs) done();
+      else pending.push({ at: clock.now() + opts.latencyMs, resolve: done });
     },
+    // An abandoned run's slot is free at once: the probe counts as over.
+    onAbort: (run) => { aborted.push(run.key); (run.token as () => void)(); },
   });
   /** Advance simulated time in steps, completing probes whose latency elapsed. */
   const advance = async (ms: number, stepMs = 1): Promise<void> => {
@@ -199,7 +207,7 @@ t.test('a blocked event loop skips missed grid points instead of replaying them'
   };
   const runs: number[] = [];
   const skips: [string, number][] = [];
-  const s = new ProbeScheduler({ clock: lazy, jitter: 0, random: () => 0, run: async () => { runs.push(now); }, onSkip: (_k, r, n) => skips.push([r, n]) });
+  const s = new ProbeScheduler({ clock: lazy, jitter: 0, random: () => 0, run: (run) => { runs.push(now); run.done(); }, onSkip: (_k, r, n) => skips.push([r, n]) });
   s.add('a', 100);
   s.start();
   jump(0);
@@ -279,10 +287,10 @@ t.test('runSoon runs an idle key now; stop ends runs; start runs every key at on
   h.sched.stop();
 });
 
-t.test('a run that throws or rejects does not stop the scheduler', async (t) => {
+t.test('a run that throws, or ends twice, does not stop the scheduler', async (t) => {
   const clock = new ManualClock(0);
   let n = 0;
-  const s = new ProbeScheduler({ clock, jitter: 0, run: (key) => { n++; if (key === 'x') throw new Error('boom'); return Promise.reject(new Error('nope')); } });
+  const s = new ProbeScheduler({ clock, jitter: 0, run: (run) => { n++; if (run.key === 'x') throw new Error('boom'); run.done(); run.done(); } });
   s.add('x', 100);
   s.add('y', 100);
   s.start();
@@ -290,4 +298,67 @@ t.test('a run that throws or rejects does not stop the scheduler', async (t) => 
   s.stop();
   t.ok(n >= 18, `kept running (${n} runs)`);
   t.equal(s.stats().inFlight, 0);
+});
+
+t.test('coalescing: grid runs due within q start together, at most q late; runs wanted at once are not delayed', async (t) => {
+  const clock = new ManualClock(0);
+  const runs: { key: string; due: number; at: number }[] = [];
+  let armed = 0;
+  const realSetTimeout = clock.setTimeout.bind(clock);
+  clock.setTimeout = (fn: () => void, ms: number): TimerHandle => { armed++; return realSetTimeout(fn, ms); };
+  const s = new ProbeScheduler({ clock, jitter: 0.05, random: prng(3), coalesceMs: 10, maxInFlight: 10_000, run: (run) => { runs.push({ key: run.key, due: run.due, at: clock.now() }); run.done(); } });
+  for (let i = 0; i < 1000; i++) s.add(`k${i}`, 1000);
+  s.start();
+  clock.advance(0);
+  t.equal(runs.length, 1000, 'start runs every key at once, not on the next multiple of q');
+  t.ok(runs.every((r) => r.at === 0));
+  const armedAtStart = armed;
+  for (let ms = 0; ms < 5000; ms++) clock.advance(1);
+  const grid = runs.slice(1000);
+  t.ok(grid.length >= 3900, `${grid.length} grid runs (phase in [1 s, 2 s), then every second)`);
+  t.ok(grid.every((r) => r.at >= r.due && r.at - r.due <= 10 + 1e-9), 'each at most q late, never early');
+  t.ok(grid.every((r) => r.at % 10 === 0), 'started on multiples of q');
+  t.ok(armed - armedAtStart <= 5000 / 10 + 5, `about one wake-up per q (${armed - armedAtStart} timers for ${grid.length} runs)`);
+  s.add('late', 1000);
+  clock.advance(0);
+  t.equal(runs[runs.length - 1]!.key, 'late', 'a key added later runs at once too');
+  s.stop();
+});
+
+t.test('runs that end at once, with thousands waiting for a slot, neither recurse nor stall', async (t) => {
+  const clock = new ManualClock(0);
+  let n = 0;
+  const s = new ProbeScheduler({ clock, jitter: 0, maxInFlight: 1, run: (run) => { n++; run.done(); } });
+  for (let i = 0; i < 20_000; i++) s.add(`k${i}`, 60_000);
+  s.start();
+  clock.advance(0);
+  t.equal(n, 20_000, 'every key ran once, through one slot');
+  t.equal(s.stats().inFlight, 0);
+  t.equal(s.stats().waiting, 0);
+  s.stop();
+});
+
+t.test('an abandoned run frees its slot at once; its late done() ends nothing else', async (t) => {
+  const clock = new ManualClock(0);
+  const inFlight: Run[] = [];
+  const s = new ProbeScheduler({ clock, jitter: 0, maxInFlight: 1, run: (run) => { inFlight.push(run); } });
+  s.add('a', 1000);
+  s.add('b', 1000);
+  s.start();
+  clock.advance(0);
+  t.same(inFlight.map((r) => r.key), ['a'], 'one slot: a runs, b waits');
+  const a = inFlight[0]!;
+  s.remove('a');
+  t.ok(a.aborted, 'a is abandoned');
+  t.same(inFlight.map((r) => r.key), ['a', 'b'], 'its slot went to b at once');
+  a.done(); // the runner of a, late
+  t.equal(s.stats().inFlight, 1, 'b still in flight');
+  const b = inFlight[1]!;
+  t.notOk(b.aborted);
+  b.done();
+  t.equal(s.stats().inFlight, 0);
+  clock.advance(2000); // the grid: phase in [1 s, 2 s) after the first run
+  t.equal(inFlight[2]?.key, 'b', 'b runs again on its period');
+  t.equal(inFlight[2], b, 'the same run object, reused once done');
+  s.stop();
 });

@@ -133,6 +133,7 @@ t.test('256 descriptors, maxConnections above what they allow: EMFILE is the age
   t.comment(`health probes skipped for want of a descriptor: ${skipped}`);
   t.equal(o.served + o.fin + o.reset + o.resetAfterData + o.other + o.hung + o.partial, CLIENTS, 'every client accounted for');
   t.notMatch(m.body, /lbagent_forward_connect_failures_total\{[^}]*\} [1-9]/, 'no connect failure counted against a backend');
+  t.match(m.body, /lbagent_health_probe_path_info\{path="native"\} 1/, 'health probes ran on the native batch prober (issue 18)');
   // The agent is still whole: served again once the burst is over.
   const after = await httpGetFrom(lab, client, `http://${VIP}/`);
   t.ok(after.ok && /^b[123]\n$/.test(after.body), `served after the burst (${after.body.trim() || after.error})`);

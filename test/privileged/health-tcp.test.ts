@@ -6,6 +6,7 @@
 // - a backend whose packets are dropped (nft) fails by timeout, in about
 //   timeoutSeconds; one that refuses fails at once; an unreachable route says so;
 // - HTTP checks: status inside / outside the expected range.
+// TCP probes run on the native batch prober, as in the daemon (checked).
 // Timing is only checked loosely (order of magnitude), never tightly.
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
@@ -39,6 +40,8 @@ if (requirePrivileged(t)) {
       healthCheck: { port: 8080, successThreshold: s, failureThreshold: f, periodSeconds: 0.3, timeoutSeconds: 1 },
     })));
     d.send({ cmd: 'start' });
+    const started = await d.waitEvent('started', (e) => e.event === 'started', 5000);
+    t.equal(started.probePath, 'native', 'TCP probes on the native batch prober (issue 18), not Node sockets');
     for (const [s, f] of settings) {
       await d.waitEvent(`${name(s, f)} up`, (e) => e.event === 'change' && e.service === `default/${name(s, f)}` && e.up === true, 5000);
     }

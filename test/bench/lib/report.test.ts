@@ -2,12 +2,25 @@
 // measured), the Markdown shows every area that ran and never "undefined" or
 // "NaN", and the README's generated block is appended once and then replaced.
 import t from 'tap';
-import { evaluateTargets, renderResults, renderReadmeSummary, updateReadme, README_BEGIN, README_END, type BenchResults } from '../../../bench/lib/report';
+import { evaluateTargets, probesTable, renderResults, renderReadmeSummary, updateReadme, README_BEGIN, README_END, type BenchResults } from '../../../bench/lib/report';
 import type { ForwardTargetSummary } from '../../../bench/forwarding';
+import type { ProbeRateResult, ProbeRateSummary } from '../../../bench/wrapped';
 import type { RestartResult, RestartSummaryRow } from '../../../bench/restart';
 
 function fwd(label: string, ka: number, nc: number, bulk: number): ForwardTargetSummary {
   return { label, keepalive: { requestsPerSec: ka, p50ms: 0.5, p99ms: 2 }, newConnections: { connectionsPerSec: nc, p50ms: 1, p99ms: 5 }, bulkGbps: bulk, rssMiB: 70, peakRssMiB: 72, errors: 0, samples: 3 };
+}
+
+/** A probe-rate row: by default the native prober at 10,000 targets, 42% of a core, 99.9% sustained. */
+function probe(over: Partial<ProbeRateSummary>): ProbeRateSummary {
+  return {
+    backends: 10_000, path: 'native', periodSeconds: 1, probesPerSecond: 9990, expectedPerSecond: 10_000, sustainedFraction: 0.999,
+    cpuPercentOfOneCore: 42, cpuMicrosPerProbe: 42, listenerCpuPercentOfOneCore: 10, startLagP99Ms: 5, eventLoopDelayP99Ms: 20, rssMiB: 100, skippedBusy: 0, runs: 3, ...over,
+  };
+}
+
+function probes(summary: ProbeRateSummary[]): ProbeRateResult {
+  return { config: { rounds: 3, runs: [{ backends: 10_000, paths: ['native', 'node', 'own', 'haproxy'] }], period: 1, duration: 5, warmup: 3, command: 'x' }, summary, raw: [], errors: [] };
 }
 
 function results(): BenchResults {
@@ -68,7 +81,7 @@ t.test('DHCP, health and memory targets', async (t) => {
     summary: [row('udhcpc', 1, 80, 80, 30), row('dhclient', 1, 30, 30, 2), row('lbagent-like', 1, 600, 600, 5), row('lbagent', 1, 7000, 7000, 10), row('lbagent-like', 50, 900, 1100, 20), row('lbagent', 50, 20_000, 40_000, 20)],
     raw: [],
   };
-  r.probes = { config: { rounds: 3, backends: [10_000], period: 1, duration: 5, warmup: 3, command: 'x' }, summary: [{ backends: 10_000, periodSeconds: 1, probesPerSecond: 9990, expectedPerSecond: 10_000, sustainedFraction: 0.999, cpuPercentOfOneCore: 42, listenerCpuPercentOfOneCore: 10, startLagP99Ms: 5, eventLoopDelayP99Ms: 20, rssMiB: 100, skippedBusy: 0, runs: 3 }], raw: [], errors: [] };
+  r.probes = probes([probe({}), probe({ path: 'haproxy', cpuMicrosPerProbe: 40 })]);
   r.control = {
     config: { rounds: 3, reloads: 5, services: 100 },
     summary: { firstVip: { pool: { servedMs: 5000, boundMs: 4900, startedMs: 400 }, dhcp: { servedMs: 6000, boundMs: 5900, startedMs: 400 } }, rssOneServiceMiB: 70, many: { services: 100, allReadyMs: 2000, rssMiB: 79, peakRssMiB: 90, rssAfterReloadsMiB: 85, reloadLogMs: 200, reloadStatusMs: 210, reloadsOk: 5, reloads: 5 } },
@@ -81,14 +94,29 @@ t.test('DHCP, health and memory targets', async (t) => {
   t.equal(find('start to bound no slower than the fastest peer (dhclient), like').met, false);
   t.equal(find('within 2x of one, like').met, true, '1100 / 600 < 2');
   t.equal(find('within 2x of one, defaults').met, false, '40000 / 7000 > 2');
-  t.equal(find('10,000 backends').met, true);
+  t.equal(find('10,000 TCP targets').met, true);
   t.equal(find('RSS under 80 MiB').met, false, 'the larger of after start and after reloads counts');
 });
 
-t.test('health target needs the rate sustained, not only the CPU', async (t) => {
+t.test('health target: the native prober at 10,000, >= 99% of the rate and under half a core', async (t) => {
+  const health = (rows: ProbeRateSummary[]) => { const r = results(); r.probes = probes(rows); return evaluateTargets(r).find((x) => x.area === 'health'); };
+  t.equal(health([probe({ probesPerSecond: 3600, sustainedFraction: 0.36 })])!.met, false, 'the CPU alone is not enough');
+  t.equal(health([probe({ probesPerSecond: 9850, sustainedFraction: 0.985 })])!.met, false, '98.5% is not 99%');
+  t.equal(health([probe({ cpuPercentOfOneCore: 50.5 })])!.met, false, 'half a core is the ceiling');
+  const met = health([probe({}), probe({ path: 'node', cpuPercentOfOneCore: 103 }), probe({ path: 'haproxy', cpuMicrosPerProbe: 40 })])!;
+  t.equal(met.met, true);
+  t.match(met.measured, /42(\.0)?% of a core, 9,990 of 10,000 probes\/s \(99\.9%\); 42(\.0)? us CPU per probe, HAProxy 40(\.0)? us per check/);
+  t.equal(health([probe({ path: 'node' })]), undefined, 'only the native path is judged');
+});
+
+t.test('health table: one row per path, CPU per probe against HAProxy', async (t) => {
   const r = results();
-  r.probes = { config: { rounds: 1, backends: [10_000], period: 1, duration: 5, warmup: 3, command: 'x' }, summary: [{ backends: 10_000, periodSeconds: 1, probesPerSecond: 3600, expectedPerSecond: 10_000, sustainedFraction: 0.36, cpuPercentOfOneCore: 42, listenerCpuPercentOfOneCore: 10, startLagP99Ms: 4000, eventLoopDelayP99Ms: 300, rssMiB: 160, skippedBusy: 20_000, runs: 1 }], raw: [], errors: [] };
-  t.equal(evaluateTargets(r).find((x) => x.area === 'health')!.met, false);
+  r.probes = probes([probe({}), probe({ path: 'node', cpuMicrosPerProbe: 160 }), probe({ path: 'own', cpuMicrosPerProbe: 8 }), probe({ path: 'haproxy', cpuMicrosPerProbe: 40, startLagP99Ms: NaN, eventLoopDelayP99Ms: NaN })]);
+  const md = probesTable(r)!;
+  t.match(md, /\| 10,000 \| 1 s \| lb-agent, native batch prober \(default\) \| 9,990 \(10,000\) \| 100% \| 42(\.0)? \| 42(\.0)? \| 1\.05x \|/);
+  t.match(md, /a Node socket per probe \(fallback\) .* \| 4\.00x \|/);
+  t.match(md, /HAProxy, 1 thread .* \| - \|/);
+  t.notMatch(md, /undefined|NaN/);
 });
 
 t.test('Markdown: tables for what ran, no undefined or NaN', async (t) => {

@@ -1,0 +1,442 @@
+// TcpProbeHandle: TCP connect probes on raw descriptors, many at once, for the
+// health checker (issue 18). One epoll descriptor holds every probe socket and
+// libuv watches that one descriptor (uv_poll, as packet_socket.cc does): no
+// thread, no per-socket libuv handle, no JavaScript object per probe.
+// Syscalls only: socket, connect, epoll_ctl, epoll_wait, getsockopt(SO_ERROR),
+// shutdown, recv, close. Which targets, when, the timeout, what an errno means
+// and when a closing socket has waited long enough are TypeScript's
+// (agent/health/native-probe.ts). Results go back as errno numbers, in batches,
+// through two typed arrays the caller lends us at construction.
+//
+// A probe socket's life:
+//   connect(): socket(SOCK_NONBLOCK|SOCK_CLOEXEC) + connect(); registered
+//     edge-triggered for EPOLLOUT|EPOLLIN|EPOLLRDHUP so one registration
+//     serves both the connect and the close (no EPOLL_CTL_MOD);
+//   ready: EPOLLOUT alone is a made connection; with EPOLLERR, SO_ERROR is
+//     the errno; reported with the id, and a failed socket is closed at once;
+//   connected: the id is free again; we send our FIN (shutdown SHUT_WR) and
+//     keep the socket until the backend's FIN, reading and discarding what it
+//     sends, then close(). close() with unread data sends a RST (RFC 2525
+//     §2.17), and so does data arriving after close(); a socket held until
+//     the backend's FIN closes without either, exactly like the Node-socket
+//     probe (agent/health/probe.ts politeClose). SO_LINGER is left unset, as
+//     there: a zero linger would turn every close into a RST (HAProxy's
+//     choice, which avoids TIME_WAIT at the cost of "connection reset" noise
+//     in every backend's log). TIME_WAIT stays on our side, as today.
+//   sweep(): sockets still waiting for a FIN since the previous sweep are
+//     closed; TypeScript calls it on its own timer, so how long a backend may
+//     take to close is its policy, not ours.
+#include "common.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace lbagent {
+
+namespace {
+
+// Largest probe id: ids index a table, so they must be small and dense (the
+// caller hands out the lowest free ones).
+constexpr uint32_t kMaxId = 1u << 22;
+// Reads per readiness of a closing socket. Edge-triggered, so a backend that
+// keeps sending is read again at its next segment; one that flooded us once
+// and stopped is closed by sweep() (with a RST: its data was never wanted).
+constexpr int kMaxReadsPerWake = 16;
+// Rounds of epoll_wait per libuv wake-up, each handed to JavaScript in one
+// call; the cap keeps a busy prober from starving timers and other handles.
+constexpr int kMaxRoundsPerWake = 8;
+
+enum class FdKind : uint8_t { kNone = 0, kConnecting = 1, kClosing = 2 };
+
+struct FdState {
+  FdKind kind = FdKind::kNone;
+  // kConnecting: the probe id. kClosing: which closing list holds it (0/1).
+  uint32_t value = 0;
+};
+
+class TcpProbeHandle : public Napi::ObjectWrap<TcpProbeHandle> {
+ public:
+  static Napi::Function Define(Napi::Env env) {
+    return DefineClass(env, "TcpProbeHandle",
+                       {
+                           InstanceMethod("connect", &TcpProbeHandle::Connect),
+                           InstanceMethod("cancel", &TcpProbeHandle::Cancel),
+                           InstanceMethod("sweep", &TcpProbeHandle::Sweep),
+                           InstanceMethod("stats", &TcpProbeHandle::Stats),
+                           InstanceMethod("close", &TcpProbeHandle::Close),
+                       });
+  }
+
+  // new TcpProbeHandle(callback(count), resultIds: Uint32Array, resultErrnos: Int32Array)
+  explicit TcpProbeHandle(const Napi::CallbackInfo& info) : Napi::ObjectWrap<TcpProbeHandle>(info) {
+    Napi::Env env = info.Env();
+    if (info.Length() < 3 || !info[0].IsFunction() || !info[1].IsTypedArray() || !info[2].IsTypedArray()) {
+      throw Napi::TypeError::New(env, "TcpProbeHandle(callback, resultIds: Uint32Array, resultErrnos: Int32Array)");
+    }
+    Napi::TypedArray ids = info[1].As<Napi::TypedArray>();
+    Napi::TypedArray errs = info[2].As<Napi::TypedArray>();
+    if (ids.TypedArrayType() != napi_uint32_array || errs.TypedArrayType() != napi_int32_array) {
+      throw Napi::TypeError::New(env, "result arrays must be a Uint32Array and an Int32Array");
+    }
+    if (ids.ElementLength() == 0 || ids.ElementLength() != errs.ElementLength() || ids.ElementLength() > 65536) {
+      throw Napi::RangeError::New(env, "result arrays must have the same length, 1..65536");
+    }
+    capacity_ = static_cast<int>(ids.ElementLength());
+    callback_ = Napi::Persistent(info[0].As<Napi::Function>());
+    result_ids_ = Napi::Persistent(info[1].As<Napi::Uint32Array>());
+    result_errnos_ = Napi::Persistent(info[2].As<Napi::Int32Array>());
+    events_.resize(static_cast<size_t>(capacity_));
+    context_ = std::make_unique<Napi::AsyncContext>(env, "lbagent:TcpProbe");
+
+    epfd_ = epoll_create1(EPOLL_CLOEXEC);
+    if (epfd_ < 0) throw ErrnoError(env, errno, "epoll_create1");
+    uv_loop_t* loop = nullptr;
+    if (napi_get_uv_event_loop(env, &loop) != napi_ok) {
+      CloseEpoll();
+      throw Napi::Error::New(env, "no libuv loop");
+    }
+    poll_ = new uv_poll_t;
+    int rc = uv_poll_init(loop, poll_, epfd_);
+    if (rc < 0) {
+      delete poll_;
+      poll_ = nullptr;
+      CloseEpoll();
+      throw ErrnoError(env, -rc, "uv_poll_init");
+    }
+    poll_->data = this;
+    rc = uv_poll_start(poll_, UV_READABLE, &TcpProbeHandle::OnReadable);
+    if (rc < 0) {
+      Release();
+      throw ErrnoError(env, -rc, "uv_poll_start");
+    }
+    // Like a Node socket: the loop stays alive while a probe socket is open,
+    // and only then (see Opened/Closed).
+    uv_unref(reinterpret_cast<uv_handle_t*>(poll_));
+    Ref();  // the poll callback needs the wrapper until close()
+    polling_ = true;
+    if (napi_add_env_cleanup_hook(env, &TcpProbeHandle::OnEnvCleanup, this) == napi_ok) cleanup_hook_ = true;
+  }
+
+  ~TcpProbeHandle() override { Release(); }
+
+ private:
+  void CheckOpen(Napi::Env env) {
+    if (epfd_ < 0) throw ErrnoError(env, EBADF, "tcp probe handle", "closed");
+  }
+
+  // connect(ids: Uint32Array, addrs: Uint32Array, ports: Uint16Array, count, out: Int32Array)
+  // addrs are IPv4 addresses as host-order integers. out[i] is 0 when the
+  // connection was made at once, EINPROGRESS when its result will come through
+  // the callback, or the errno of socket()/connect()/epoll_ctl() (the socket
+  // is then closed and the id free). Arguments are checked before any socket
+  // is opened, so a bad call opens nothing.
+  Napi::Value Connect(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    CheckOpen(env);
+    if (info.Length() < 5 || !info[0].IsTypedArray() || !info[1].IsTypedArray() || !info[2].IsTypedArray() ||
+        !info[3].IsNumber() || !info[4].IsTypedArray()) {
+      throw Napi::TypeError::New(env, "connect(ids: Uint32Array, addrs: Uint32Array, ports: Uint16Array, count, out: Int32Array)");
+    }
+    Napi::TypedArray ta_ids = info[0].As<Napi::TypedArray>();
+    Napi::TypedArray ta_addrs = info[1].As<Napi::TypedArray>();
+    Napi::TypedArray ta_ports = info[2].As<Napi::TypedArray>();
+    Napi::TypedArray ta_out = info[4].As<Napi::TypedArray>();
+    if (ta_ids.TypedArrayType() != napi_uint32_array || ta_addrs.TypedArrayType() != napi_uint32_array ||
+        ta_ports.TypedArrayType() != napi_uint16_array || ta_out.TypedArrayType() != napi_int32_array) {
+      throw Napi::TypeError::New(env, "connect: ids Uint32Array, addrs Uint32Array, ports Uint16Array, out Int32Array");
+    }
+    int64_t count = info[3].As<Napi::Number>().Int64Value();
+    if (count < 0 || static_cast<size_t>(count) > ta_ids.ElementLength() || static_cast<size_t>(count) > ta_addrs.ElementLength() ||
+        static_cast<size_t>(count) > ta_ports.ElementLength() || static_cast<size_t>(count) > ta_out.ElementLength()) {
+      throw Napi::RangeError::New(env, "connect: count beyond an array's length");
+    }
+    const uint32_t* ids = ta_ids.As<Napi::Uint32Array>().Data();
+    const uint32_t* addrs = ta_addrs.As<Napi::Uint32Array>().Data();
+    const uint16_t* ports = ta_ports.As<Napi::Uint16Array>().Data();
+    int32_t* out = ta_out.As<Napi::Int32Array>().Data();
+    for (int64_t i = 0; i < count; i++) {
+      if (ids[i] >= kMaxId) throw Napi::RangeError::New(env, "connect: id out of range");
+      if (ids[i] < by_id_.size() && by_id_[ids[i]] >= 0) throw Napi::RangeError::New(env, "connect: id already in use");
+      if (ports[i] == 0) throw Napi::RangeError::New(env, "connect: port 0");
+    }
+    for (int64_t i = 0; i < count; i++) out[i] = ConnectOne(ids[i], addrs[i], ports[i]);
+    return env.Undefined();
+  }
+
+  int32_t ConnectOne(uint32_t id, uint32_t addr, uint16_t port) {
+    // The same id twice in one batch: the second is refused, the first keeps its socket.
+    if (id < by_id_.size() && by_id_[id] >= 0) return EEXIST;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return errno;  // EMFILE, ENFILE, ENOBUFS: the caller's own exhaustion
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(port);
+    sa.sin_addr.s_addr = htonl(addr);
+    int rc = connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
+    // A non-blocking connect interrupted by a signal goes on asynchronously,
+    // as EINPROGRESS does (connect(2)).
+    bool pending = rc < 0 && (errno == EINPROGRESS || errno == EINTR);
+    if (rc < 0 && !pending) {
+      int err = errno;
+      ::close(fd);
+      return err;
+    }
+    epoll_event ev{};
+    ev.events = EPOLLOUT | EPOLLIN | EPOLLRDHUP | EPOLLET;
+    ev.data.fd = fd;
+    if (epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev) < 0) {
+      int err = errno;
+      ::close(fd);
+      return err;
+    }
+    Opened();
+    if (!pending) {
+      BeginClose(fd);
+      return 0;
+    }
+    SetState(fd, FdKind::kConnecting, id);
+    if (id >= by_id_.size()) by_id_.resize(id + 1, -1);
+    by_id_[id] = fd;
+    return EINPROGRESS;
+  }
+
+  // cancel(id): closes the socket of a probe whose connect has not finished
+  // (the caller's timeout). No result is reported for it. True if there was one.
+  Napi::Value Cancel(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    if (info.Length() < 1 || !info[0].IsNumber()) throw Napi::TypeError::New(env, "cancel(id)");
+    int64_t id = info[0].As<Napi::Number>().Int64Value();
+    if (id < 0 || static_cast<uint64_t>(id) >= by_id_.size() || by_id_[id] < 0) return Napi::Boolean::New(env, false);
+    int fd = by_id_[id];
+    by_id_[id] = -1;
+    CloseFd(fd);
+    return Napi::Boolean::New(env, true);
+  }
+
+  // sweep(): closes every socket that was already waiting for the backend's
+  // FIN at the previous sweep; returns how many are still waiting.
+  Napi::Value Sweep(const Napi::CallbackInfo& info) {
+    int old = cur_ ^ 1;
+    for (int fd : closing_[old]) {
+      if (fd >= 0 && static_cast<size_t>(fd) < state_.size() && state_[fd].kind == FdKind::kClosing &&
+          state_[fd].value == static_cast<uint32_t>(old)) {
+        CloseFd(fd);
+        swept_++;
+      }
+    }
+    closing_[old].clear();
+    cur_ = old;
+    return Napi::Number::New(info.Env(), static_cast<double>(closing_count_));
+  }
+
+  // stats(): { connecting, closing, swept } socket counts, for tests and benches.
+  Napi::Value Stats(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Napi::Object o = Napi::Object::New(env);
+    o.Set("connecting", Napi::Number::New(env, static_cast<double>(open_ - closing_count_)));
+    o.Set("closing", Napi::Number::New(env, static_cast<double>(closing_count_)));
+    o.Set("swept", Napi::Number::New(env, static_cast<double>(swept_)));
+    return o;
+  }
+
+  Napi::Value Close(const Napi::CallbackInfo& info) {
+    Release();
+    callback_.Reset();
+    return info.Env().Undefined();
+  }
+
+  void SetState(int fd, FdKind kind, uint32_t value) {
+    if (static_cast<size_t>(fd) >= state_.size()) state_.resize(static_cast<size_t>(fd) + 64);
+    state_[fd].kind = kind;
+    state_[fd].value = value;
+  }
+
+  // Our FIN now; the socket stays until the backend's FIN or the next-but-one sweep.
+  void BeginClose(int fd) {
+    shutdown(fd, SHUT_WR);
+    SetState(fd, FdKind::kClosing, static_cast<uint32_t>(cur_));
+    closing_[cur_].push_back(fd);
+    closing_count_++;
+  }
+
+  // close() also takes the descriptor out of the epoll set (we never dup it).
+  void CloseFd(int fd) {
+    if (static_cast<size_t>(fd) < state_.size()) {
+      if (state_[fd].kind == FdKind::kClosing) closing_count_--;
+      state_[fd].kind = FdKind::kNone;
+    }
+    ::close(fd);
+    Closed();
+  }
+
+  void Opened() {
+    if (open_++ == 0 && poll_ != nullptr) uv_ref(reinterpret_cast<uv_handle_t*>(poll_));
+  }
+  void Closed() {
+    if (--open_ == 0 && poll_ != nullptr) uv_unref(reinterpret_cast<uv_handle_t*>(poll_));
+  }
+
+  // Read and discard what a closing socket has; close it at the backend's FIN
+  // or on an error (a RST: nothing is left to be polite about).
+  void DrainClosing(int fd) {
+    char buf[4096];
+    for (int i = 0; i < kMaxReadsPerWake; i++) {
+      ssize_t n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+      if (n > 0) continue;
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+      CloseFd(fd);  // 0: the backend's FIN; < 0: reset or another error
+      return;
+    }
+  }
+
+  static void OnEnvCleanup(void* arg) {
+    auto* self = static_cast<TcpProbeHandle*>(arg);
+    self->cleanup_hook_ = false;
+    self->Release();
+  }
+
+  void CloseEpoll() {
+    if (epfd_ >= 0) ::close(epfd_);
+    epfd_ = -1;
+  }
+
+  // Closes every probe socket, the poll handle (before its descriptor, as
+  // libuv requires) and the epoll descriptor.
+  void Release() {
+    if (cleanup_hook_) {
+      napi_remove_env_cleanup_hook(Env(), &TcpProbeHandle::OnEnvCleanup, this);
+      cleanup_hook_ = false;
+    }
+    for (size_t fd = 0; fd < state_.size(); fd++) {
+      if (state_[fd].kind != FdKind::kNone) {
+        state_[fd].kind = FdKind::kNone;
+        ::close(static_cast<int>(fd));
+      }
+    }
+    state_.clear();
+    by_id_.clear();
+    closing_[0].clear();
+    closing_[1].clear();
+    open_ = 0;
+    closing_count_ = 0;
+    if (poll_ != nullptr) {
+      uv_poll_stop(poll_);
+      uv_close(reinterpret_cast<uv_handle_t*>(poll_), [](uv_handle_t* h) { delete reinterpret_cast<uv_poll_t*>(h); });
+      poll_ = nullptr;
+    }
+    CloseEpoll();
+    if (polling_) {
+      polling_ = false;
+      Unref();
+    }
+  }
+
+  static void OnReadable(uv_poll_t* handle, int status, int events) {
+    try {
+      static_cast<TcpProbeHandle*>(handle->data)->Drain();
+    } catch (...) {
+      // Nothing may unwind into libuv; JavaScript exceptions are handled in Drain.
+    }
+  }
+
+  void Drain() {
+    for (int round = 0; round < kMaxRoundsPerWake && epfd_ >= 0; round++) {
+      int n;
+      do {
+        n = epoll_wait(epfd_, events_.data(), capacity_, 0);
+      } while (n < 0 && errno == EINTR);
+      if (n <= 0) return;
+      Napi::Env env = Env();
+      Napi::HandleScope scope(env);
+      uint32_t* ids = result_ids_.Value().Data();
+      int32_t* errs = result_errnos_.Value().Data();
+      int count = 0;
+      for (int i = 0; i < n; i++) {
+        int fd = events_[i].data.fd;
+        if (static_cast<size_t>(fd) >= state_.size()) continue;
+        FdState st = state_[fd];
+        if (st.kind == FdKind::kClosing) {
+          DrainClosing(fd);
+          continue;
+        }
+        if (st.kind != FdKind::kConnecting) continue;
+        uint32_t evs = events_[i].events;
+        int soerr = 0;
+        // A failed connect is EPOLLERR (tcp_poll: sk_err set), its errno in
+        // SO_ERROR; without EPOLLERR/EPOLLHUP, EPOLLOUT is a made connection
+        // and the getsockopt() is saved. Anything else is not the end of
+        // the connect yet.
+        if (evs & (EPOLLERR | EPOLLHUP)) {
+          socklen_t len = sizeof(soerr);
+          if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &len) < 0) soerr = errno;
+          // HUP without an error: the connection was made and already closed
+          // by the backend (a FIN and a reset, say); it was made.
+        } else if (!(evs & EPOLLOUT)) {
+          continue;
+        }
+        uint32_t id = st.value;
+        by_id_[id] = -1;
+        ids[count] = id;
+        errs[count] = soerr;
+        count++;
+        if (soerr != 0) {
+          CloseFd(fd);
+        } else {
+          BeginClose(fd);
+          // Data or the backend's FIN that came with the connect: read now,
+          // the edge for it has been consumed.
+          if (evs & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) DrainClosing(fd);
+        }
+      }
+      if (count > 0 && !callback_.IsEmpty()) {
+        try {
+          // MakeCallback: an async context, and the nextTick and microtask
+          // queues run afterwards, as after any libuv callback.
+          callback_.MakeCallback(env.Global(), {Napi::Number::New(env, count)}, *context_);
+        } catch (const Napi::Error& e) {
+          napi_fatal_exception(env, e.Value());
+        }
+      }
+      if (n < capacity_) return;
+    }
+  }
+
+  int epfd_ = -1;
+  uv_poll_t* poll_ = nullptr;
+  bool polling_ = false;
+  bool cleanup_hook_ = false;
+  int capacity_ = 0;
+  Napi::FunctionReference callback_;
+  Napi::Reference<Napi::Uint32Array> result_ids_;
+  Napi::Reference<Napi::Int32Array> result_errnos_;
+  std::unique_ptr<Napi::AsyncContext> context_;
+  std::vector<epoll_event> events_;
+  // By descriptor: what the socket is doing. By probe id: its descriptor or -1.
+  std::vector<FdState> state_;
+  std::vector<int> by_id_;
+  // Sockets waiting for the backend's FIN, by sweep generation.
+  std::vector<int> closing_[2];
+  int cur_ = 0;
+  int64_t open_ = 0;
+  int64_t closing_count_ = 0;
+  double swept_ = 0;
+};
+
+}  // namespace
+
+Napi::Object InitTcpProbe(Napi::Env env, Napi::Object exports) {
+  exports.Set("TcpProbeHandle", TcpProbeHandle::Define(env));
+  return exports;
+}
+
+}  // namespace lbagent

@@ -1,0 +1,220 @@
+// Tests of the native batch TCP prober (agent/health/native-probe.ts on the
+// addon's TcpProbeHandle) against real listeners on loopback: an open port
+// is ok and closed with a FIN (no RST, even with a banner the probe never
+// reads), a closed port is refused, probes started together go down in one
+// call, a cancelled probe reports nothing, a backend that never closes does
+// not keep our descriptor past the grace, EMFILE under a low descriptor limit
+// (a child process under prlimit) comes back as EMFILE, and the errno table.
+// A connect timeout needs dropped SYNs: test/privileged/health-native-probe.test.ts.
+import t from 'tap';
+import * as net from 'node:net';
+import * as path from 'node:path';
+import { spawn } from 'node:child_process';
+import { DeadlineRing, NativeTcpProber, errnoCode } from '../../agent/health/native-probe';
+import { CLOSE_GRACE_MS, type TcpTarget } from '../../agent/health/probe';
+import type { FailureReason } from '../../agent/health/state';
+import { isLbError } from '../../agent/errors';
+import type { NativeAddon } from '../../agent/net/native';
+import { listen, closedPort } from './loopback';
+
+interface Outcome { ctx: number; ok: boolean; reason: FailureReason | undefined; detail: string | undefined; durationMs: number }
+
+function prober(): { p: NativeTcpProber<number>; outcomes: Outcome[]; wait(n: number, ms?: number): Promise<Outcome[]> } {
+  const outcomes: Outcome[] = [];
+  const p = new NativeTcpProber<number>({ onOutcome: (ctx, ok, reason, detail, durationMs) => outcomes.push({ ctx, ok, reason, detail, durationMs }) });
+  const wait = async (n: number, ms = 5000): Promise<Outcome[]> => {
+    const end = Date.now() + ms;
+    while (outcomes.length < n && Date.now() < end) await new Promise((r) => setTimeout(r, 5));
+    return outcomes;
+  };
+  return { p, outcomes, wait };
+}
+
+const target = (port: number): TcpTarget => ({ address: '127.0.0.1', addressNum: 0x7f000001, port });
+
+const until = async (what: string, fn: () => boolean, ms = 5000): Promise<void> => {
+  const end = Date.now() + ms;
+  while (!fn()) {
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 10));
+  }
+};
+
+t.test('an open port is ok; the socket ends with a FIN, never a RST, and closes at the backend\'s FIN', async (t) => {
+  const seen: string[] = [];
+  const server = net.createServer((sock) => {
+    sock.on('end', () => seen.push('fin'));
+    sock.on('error', (e: NodeJS.ErrnoException) => seen.push(`error ${e.code}`));
+    // A banner the probe never reads, as SSH or SMTP would send: unread data
+    // is what turns a plain close() into a RST (RFC 2525 §2.17).
+    sock.write('220 hello\r\n');
+  });
+  const port = await listen(server);
+  t.teardown(() => server.close());
+  const { p, wait } = prober();
+  t.teardown(() => p.close());
+  for (let i = 0; i < 20; i++) p.start(target(port), 1000, i, performance.timeOrigin + performance.now());
+  const got = await wait(20);
+  t.equal(got.length, 20, 'every probe answered');
+  t.ok(got.every((o) => o.ok && o.reason === undefined), 'each connected');
+  t.same(got.map((o) => o.ctx).sort((a, b) => a - b), [...Array(20).keys()], 'each context back once');
+  t.ok(got.every((o) => o.durationMs >= 0 && o.durationMs < 1000), 'durations within the timeout');
+  await until('20 FINs at the backend', () => seen.filter((s) => s === 'fin').length === 20);
+  await until('our sockets closed after the backend\'s FIN', () => p.stats().closing === 0 && p.stats().connecting === 0);
+  t.same(seen.filter((s) => s.startsWith('error')), [], 'the backend saw no reset');
+  t.equal(p.stats().swept, 0, 'none needed the sweep');
+});
+
+t.test('a closed port is refused at once, as ECONNREFUSED', async (t) => {
+  const port = await closedPort();
+  const { p, wait } = prober();
+  t.teardown(() => p.close());
+  p.start(target(port), 3000, 7, performance.timeOrigin + performance.now());
+  const [o] = await wait(1);
+  t.same(o && [o.ctx, o.ok, o.reason, o.detail], [7, false, 'refused', 'ECONNREFUSED']);
+  t.ok(o!.durationMs < 1000, 'long before the timeout');
+  t.same(p.stats().connecting + p.stats().closing, 0, 'nothing left open');
+});
+
+t.test('probes started in one tick go down in one call', async (t) => {
+  const server = net.createServer((s) => s.resume());
+  const port = await listen(server);
+  t.teardown(() => server.close());
+  const { p, wait } = prober();
+  t.teardown(() => p.close());
+  const now = performance.timeOrigin + performance.now();
+  for (let i = 0; i < 300; i++) p.start(target(port), 2000, i, now);
+  await wait(300);
+  t.equal(p.stats().started, 300);
+  t.equal(p.stats().batches, 1, '300 probes, one connect() call into the addon');
+  // Ids are reused: a second round needs no more than the first.
+  for (let i = 0; i < 300; i++) p.start(target(port), 2000, 1000 + i, performance.timeOrigin + performance.now());
+  const all = await wait(600);
+  t.equal(all.filter((o) => o.ok).length, 600);
+  t.equal(p.stats().batches, 2);
+});
+
+t.test('a probe cancelled before its batch goes down reports nothing and opens nothing', async (t) => {
+  const accepted: net.Socket[] = [];
+  const server = net.createServer((s) => { accepted.push(s); s.resume(); });
+  const port = await listen(server);
+  t.teardown(() => server.close());
+  const { p, outcomes, wait } = prober();
+  t.teardown(() => p.close());
+  const now = performance.timeOrigin + performance.now();
+  const a = p.start(target(port), 1000, 1, now);
+  p.start(target(port), 1000, 2, now);
+  p.cancel(a, 1);
+  p.cancel(a, 99); // another context: ignored
+  await wait(1);
+  await new Promise((r) => setTimeout(r, 100));
+  t.same(outcomes.map((o) => o.ctx), [2], 'only the probe not cancelled answered');
+  t.equal(accepted.length, 1, 'the backend saw one connection');
+  t.equal(p.stats().inFlight, 0);
+});
+
+t.test('a backend that keeps the connection open does not keep our descriptor past the grace', async (t) => {
+  const held: net.Socket[] = [];
+  // allowHalfOpen: our FIN does not make the backend close its side.
+  const server = net.createServer({ allowHalfOpen: true }, (s) => { held.push(s); s.on('error', () => {}); s.resume(); });
+  const port = await listen(server);
+  t.teardown(() => { for (const s of held) s.destroy(); server.close(); });
+  const { p, wait } = prober();
+  t.teardown(() => p.close());
+  for (let i = 0; i < 5; i++) p.start(target(port), 1000, i, performance.timeOrigin + performance.now());
+  t.equal((await wait(5)).filter((o) => o.ok).length, 5);
+  t.equal(p.stats().closing, 5, 'waiting for the backend\'s FIN');
+  await until('the sweep to close them', () => p.stats().closing === 0, CLOSE_GRACE_MS + 2000);
+  t.equal(p.stats().swept, 5, 'closed by the sweep');
+});
+
+t.test('close() ends every probe in flight without outcomes', async (t) => {
+  const server = net.createServer((s) => s.resume());
+  const port = await listen(server);
+  t.teardown(() => server.close());
+  const { p, outcomes } = prober();
+  p.start(target(port), 1000, 1, performance.timeOrigin + performance.now());
+  p.close();
+  await new Promise((r) => setTimeout(r, 100));
+  t.same(outcomes, []);
+  t.throws(() => p.start(target(port), 1000, 2, 0), /after close/);
+  t.same(p.stats().connecting + p.stats().closing, 0);
+});
+
+t.test('an addon without the prober is refused with LB_ERR_NET_NATIVE_MISSING', async (t) => {
+  const old = (): NativeAddon => ({}) as NativeAddon;
+  let caught: unknown;
+  try { new NativeTcpProber({ onOutcome: () => {}, addon: old }); } catch (err) { caught = err; }
+  t.ok(isLbError(caught, 'LB_ERR_NET_NATIVE_MISSING'), `refused: ${String(caught)}`);
+});
+
+t.test('the deadline ring is a FIFO across wrap-around and growth', async (t) => {
+  const r = new DeadlineRing();
+  let torn = 0;
+  const drain = (n: number): number[] => {
+    const out: number[] = [];
+    for (let i = 0; i < n; i++) {
+      const id = r.ids[r.head]!;
+      if (r.at[r.head] !== id * 10 || r.gens[r.head] !== id + 1) torn++;
+      out.push(id);
+      r.shift();
+    }
+    return out;
+  };
+  for (let id = 0; id < 200; id++) r.push(id, id + 1, id * 10);
+  t.same(drain(150), [...Array(150).keys()]);
+  // 50 left near the end of 256 slots: the next pushes wrap, then grow.
+  for (let id = 200; id < 600; id++) r.push(id, id + 1, id * 10);
+  t.equal(r.len, 450);
+  t.same(drain(450), Array.from({ length: 450 }, (_, i) => 150 + i), 'every entry once, in order');
+  t.equal(r.len, 0);
+  t.equal(torn, 0, 'each id kept its own generation and deadline');
+});
+
+t.test('errno numbers read as Node\'s codes', async (t) => {
+  t.equal(errnoCode(111), 'ECONNREFUSED');
+  t.equal(errnoCode(110), 'ETIMEDOUT');
+  t.equal(errnoCode(113), 'EHOSTUNREACH');
+  t.equal(errnoCode(24), 'EMFILE');
+  t.equal(errnoCode(11), 'EAGAIN', 'an alias (EWOULDBLOCK) takes the first name');
+  t.equal(errnoCode(9999), 'errno 9999');
+});
+
+t.test('EMFILE under a low descriptor limit comes back as EMFILE, not as a backend failure', async (t) => {
+  // A child process under prlimit (256 descriptors) that takes every free
+  // descriptor but 10, then starts 100 probes at once to a listener of its
+  // own (each accepted connection costs it a descriptor too).
+  const dist = path.resolve(__dirname, '..', '..');
+  const script = `
+    const fs = require('fs');
+    const net = require('net');
+    const { NativeTcpProber } = require(${JSON.stringify(path.join(dist, 'agent', 'health', 'native-probe.js'))});
+    const server = net.createServer((s) => s.resume());
+    server.listen(0, '127.0.0.1', () => {
+      const port = server.address().port;
+      const out = [];
+      const p = new NativeTcpProber({ onOutcome: (ctx, ok, reason, detail) => {
+        out.push({ ok, reason, detail });
+        if (out.length === 100) { for (const fd of filler) fs.closeSync(fd); process.stdout.write(JSON.stringify(out)); process.exit(0); }
+      } });
+      const filler = [];
+      for (;;) { try { filler.push(fs.openSync('/dev/null', 'r')); } catch { break; } }
+      for (const fd of filler.splice(0, 10)) fs.closeSync(fd);
+      for (let i = 0; i < 100; i++) p.start({ address: '127.0.0.1', addressNum: 0x7f000001, port }, 2000, i, performance.timeOrigin + performance.now());
+    });
+    setTimeout(() => { process.stderr.write('no outcomes in 10 s'); process.exit(2); }, 10000).unref();
+  `;
+  const child = spawn('prlimit', ['--nofile=256:256', process.execPath, '-e', script], { stdio: ['ignore', 'pipe', 'pipe'] });
+  let stdout = '';
+  let stderr = '';
+  child.stdout.on('data', (d: Buffer) => { stdout += d.toString(); });
+  child.stderr.on('data', (d: Buffer) => { stderr += d.toString(); });
+  const code = await new Promise<number | null>((r) => child.once('exit', r));
+  t.equal(code, 0, `child exited cleanly ${stderr}`);
+  const out = JSON.parse(stdout || '[]') as { ok: boolean; reason?: string; detail?: string }[];
+  t.equal(out.length, 100);
+  const emfile = out.filter((o) => !o.ok && o.detail === 'EMFILE');
+  t.ok(emfile.length >= 90, `${emfile.length} probes found no descriptor and said EMFILE`);
+  t.ok(out.some((o) => o.ok), 'the rest connected');
+  t.same(out.filter((o) => !o.ok && o.detail !== 'EMFILE'), [], 'no other failure: nothing was blamed on the backend');
+});
