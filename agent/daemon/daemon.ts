@@ -4,7 +4,7 @@
 // diff (only changed services are touched; a bad file changes nothing);
 // SIGTERM withdraws everything the agent announced without releasing leases.
 import { EventEmitter } from 'node:events';
-import { Registry, Gauge, Counter, collectDefaultMetrics } from 'prom-client';
+import { Registry, Gauge, Counter, processMetrics } from '../metrics/prom';
 import { formatConfigErrors, parseListen, type ConfigError } from '../config/load';
 import { loadConfigFileAsync } from '../config/load-async';
 import { planReload, describeSummary, type ReloadStep, type ReloadSummary } from './reconciler';
@@ -133,7 +133,7 @@ export class Daemon extends EventEmitter {
 
     const registry = new Registry();
     this.registry = registry;
-    collectDefaultMetrics({ register: registry, prefix: 'lbagent_' });
+    processMetrics(registry, 'lbagent_');
     // prom-client's *_total variants of these are gauges, which `promtool check
     // metrics` rejects ("non-counter metrics should not have _total suffix");
     // the per-type gauges without the suffix carry the same numbers.

@@ -1,7 +1,7 @@
 // Health metrics: the Prometheus series of the health checker, registered on
 // the Registry passed in (never the global one). Labels are bounded: service,
 // namespace, backend ("address:port" of the checked port), result/reason.
-import { Counter, Gauge, Histogram, Registry } from 'prom-client';
+import { Counter, Gauge, Histogram, Registry } from '../metrics/prom';
 import type { FailureReason } from './state';
 
 export type ProbeOutcome = 'ok' | FailureReason;
