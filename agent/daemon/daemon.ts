@@ -444,7 +444,7 @@ export class Daemon extends EventEmitter {
   reload(): Promise<ReloadResult> {
     if (!this.reloading) {
       this.reloading = this.reloadOnce().catch((e) => this.rejected([{ path: '', message: `internal error: ${errorMessage(e)}` }]))
-        .finally(() => { this.reloading = undefined; });
+        .finally(() => { this.reloading = undefined; collectReloadGarbage(); });
       return this.reloading;
     }
     if (!this.reloadNext) {
@@ -746,6 +746,19 @@ export class Daemon extends EventEmitter {
     const vips = new Set(st.filter((s) => s.state === 'serving' && s.vip).map((s) => s.vip)).size;
     this.opts.notify(`STATUS=${vips} VIP${vips === 1 ? '' : 's'} served; ${st.length} services, ${serving} serving, ${ready} ready; dataplane ${this.subs.dataplane.kind}`);
   }
+}
+
+/**
+ * After a reload: one full garbage collection, when the unit exposes `gc`
+ * (NODE_OPTIONS=--expose-gc). A reload's garbage - the previous config, the
+ * worker's answer, nft's output - lands in V8's old generation, which V8
+ * collects only once it has grown past its limit: RSS climbed by about
+ * 1 MiB per reload of 100 services (issue 18: flat within 5% across 20
+ * reloads). The collection takes ~5-15 ms; reloads are rare.
+ */
+function collectReloadGarbage(): void {
+  const gc = (globalThis as { gc?: () => void }).gc;
+  if (gc) setImmediate(gc);
 }
 
 /** A service's ports as status shows them: 80/TCP->8080. */
