@@ -29,13 +29,14 @@ const AGENT_VIP = '10.99.0.50';
 const PEER_VIP = '10.99.0.60';
 const BACKENDS = ['10.99.0.11', '10.99.0.12', '10.99.0.13'];
 
-export const FORWARD_TARGETS = ['direct', 'kernel', 'proxy', 'haproxy1', 'haproxy', 'nginx'] as const;
+export const FORWARD_TARGETS = ['direct', 'kernel', 'proxy', 'proxy-v8defaults', 'haproxy1', 'haproxy', 'nginx'] as const;
 export type ForwardTarget = (typeof FORWARD_TARGETS)[number];
 
 export const FORWARD_LABELS: Record<ForwardTarget, string> = {
   direct: 'direct to one backend (the limit)',
   kernel: 'lb-agent, kernel path (nftables)',
   proxy: 'lb-agent, proxy path (userspace)',
+  'proxy-v8defaults': 'lb-agent, proxy path, without the unit\'s V8 flags (what they cost)',
   haproxy1: 'HAProxy, 1 thread',
   haproxy: 'HAProxy, default threads',
   nginx: 'nginx stream, 1 worker',
@@ -46,6 +47,7 @@ const ENDPOINT: Record<ForwardTarget, { host: string; http: number; bulk: number
   direct: { host: BACKENDS[0]!, http: 8080, bulk: 5201 },
   kernel: { host: AGENT_VIP, http: 80, bulk: 5201 },
   proxy: { host: AGENT_VIP, http: 80, bulk: 5201 },
+  'proxy-v8defaults': { host: AGENT_VIP, http: 80, bulk: 5201 },
   haproxy1: { host: PEER_VIP, http: 82, bulk: 5202 },
   haproxy: { host: PEER_VIP, http: 84, bulk: 5204 },
   nginx: { host: PEER_VIP, http: 83, bulk: 5203 },
@@ -115,8 +117,12 @@ async function startTarget(lab: Lab, node: string, target: ForwardTarget, slot: 
     case 'direct':
       return undefined;
     case 'kernel':
-    case 'proxy': {
-      const agent: AgentHandle = await runAgent(lab, node, agentConfig(target), { name: `fwd-${target}-${slot}` });
+    case 'proxy':
+    case 'proxy-v8defaults': {
+      // Every agent runs with the unit's V8 flags (NODE_OPTIONS, issue 18) but
+      // proxy-v8defaults, which shows what they cost the proxy path.
+      const dataplane = target === 'kernel' ? 'kernel' : 'proxy';
+      const agent: AgentHandle = await runAgent(lab, node, agentConfig(dataplane), { name: `fwd-${target}-${slot}`, ...(target === 'proxy-v8defaults' ? { nodeOptions: '' } : {}) });
       await waitStatus(agent, `${target} agent serving`, (s) => s.services.length === 2 && s.services.every((x) => x.ready) && s.services[0]!.healthyBackends === BACKENDS.length, 30_000);
       return {
         pid: agent.proc.pid,
