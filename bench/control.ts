@@ -16,9 +16,9 @@
 // dnsmasq runs with --no-ping here, so the DHCP time is the agent's, not
 // the server's ping check (bench/dhcp.ts measures that).
 import * as fs from 'node:fs';
-import { Lab, waitFor } from '../test/helpers/netns';
-import { startBackend, startDnsmasq } from '../test/helpers/services';
-import { waitStatus } from '../test/helpers/agent';
+import { Lab, waitFor } from '../lab/netns';
+import { startBackend, startDnsmasq } from '../lab/services';
+import { waitStatus } from '../lab/agent';
 import { runAgent, stopAgent, logTime, FAST_ARP, type AgentHandle } from './lib/agent';
 import { startPoller } from './lib/poller';
 import { memoryOf } from './lib/procfs';

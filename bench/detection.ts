@@ -11,9 +11,9 @@
 // "Server vip/b1 is DOWN" warning on stderr (stamped as it arrives). The
 // backend is then restarted and the time until both put it back is kept too.
 // No traffic flows, so lb-agent's passive failure detection plays no part.
-import { Lab, waitFor } from '../test/helpers/netns';
-import { startBackend, type Backend } from '../test/helpers/services';
-import { waitStatus } from '../test/helpers/agent';
+import { Lab, waitFor } from '../lab/netns';
+import { startBackend, type Backend } from '../lab/services';
+import { waitStatus } from '../lab/agent';
 import { runAgent, stopAgent, logTime, FAST_ARP } from './lib/agent';
 import { startHaproxy } from './lib/peers';
 import { median, round } from './lib/stats';

@@ -21,8 +21,8 @@
 import * as fs from 'node:fs';
 import { randomBytes } from 'node:crypto';
 import type { ChildProcess } from 'node:child_process';
-import { Lab, waitFor } from '../test/helpers/netns';
-import { startDnsmasq } from '../test/helpers/services';
+import { Lab, waitFor } from '../lab/netns';
+import { startDnsmasq } from '../lab/services';
 import { runAgent, stopAgent, logTime, scrapeMetrics, histogramTotals } from './lib/agent';
 import { startWireCapture } from './lib/dhcpwire';
 import { median, max, round, rotate } from './lib/stats';

@@ -1,5 +1,5 @@
 // Bench of VRRP failover (not a test; nothing is asserted). One throwaway lab
-// (test/privileged/fixtures/vrrp-agent-lab.ts: namespaces on one bridge,
+// (lab/vrrp.ts: namespaces on one bridge,
 // backends b1 b2, a client) and, for each advert interval and run:
 //   agent       two real agents (n3 priority 200 Master, n2 150 Backup)
 //               serving a pool VIP (loadBalancerIP) with the lab's shortened
@@ -23,13 +23,13 @@
 // (bench/run.ts gives this script 8 minutes). Prints one JSON object on
 // stdout; progress on stderr.
 import * as fs from 'node:fs';
-import { waitFor } from '../test/helpers/netns';
-import { startBackend } from '../test/helpers/services';
-import { startKeepalived } from '../test/privileged/fixtures/failover-client';
-import {
-  buildVrrpLab, bridgePort, gapReport, logAfter, logTime, ClientLoop, POOL_VIP, VRID, type VrrpLab,
-} from '../test/privileged/fixtures/vrrp-agent-lab';
+import { waitFor } from '../lab/netns';
+import { startBackend } from '../lab/services';
+import { startKeepalived } from '../lab/keepalived';
+import { buildVrrpLab, bridgePort, logAfter, logTime, POOL_VIP, VRID, type VrrpLab } from '../lab/vrrp';
+import { gapReport, ClientLoop } from '../lab/client-loop';
 import { masterDownIntervalMs } from '../agent/failover/machine';
+import { median } from './lib/stats';
 
 const TARGETS = ['agent', 'agent-rfc', 'keepalived'] as const;
 type Target = (typeof TARGETS)[number];
@@ -58,12 +58,6 @@ function log(msg: string): void {
   process.stderr.write(`[bench/failover] ${msg}\n`);
 }
 
-function median(xs: number[]): number | null {
-  const s = xs.filter((x) => Number.isFinite(x)).sort((a, b) => a - b);
-  if (s.length === 0) return null;
-  const m = s.length >> 1;
-  return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
-}
 
 interface Run {
   servedMs: number; vrrpMs: number; boundMs: number; failedRequests: number; wrongAnswers: number;
@@ -139,7 +133,8 @@ async function keepalivedRun(vl: VrrpLab, nss: string[], intervalS: number, runI
   return run;
 }
 
-type Point = { runs: Run[]; medianServedMs: number | null; medianVrrpMs: number | null; medianBoundMs: number | null; masterDownIntervalMs: number };
+/** Medians are NaN when no run measured them (JSON writes null). */
+type Point = { runs: Run[]; medianServedMs: number; medianVrrpMs: number; medianBoundMs: number; masterDownIntervalMs: number };
 
 async function main(): Promise<void> {
   const args = parseArgs(process.argv.slice(2));

@@ -1,6 +1,6 @@
 // Bench of the forwarding data paths (not a test; nothing is asserted). In a
 // throwaway lab (client, node holding the VIP, backends b1..b3, all network
-// namespaces on one bridge; see test/helpers/netns.ts) wrk in the client
+// namespaces on one bridge; see lab/netns.ts) wrk in the client
 // namespace measures, for each target:
 //   direct   wrk -> b1 itself (no balancer; the ceiling of one backend)
 //   kernel   lb-agent's nftables data path      VIP:80
@@ -21,12 +21,12 @@
 //        (add proxy-streams to --targets to compare the proxy's two relay paths)
 // Prints one JSON object on stdout; progress on stderr.
 import * as fs from 'node:fs';
-import * as path from 'node:path';
-import { Lab, run, waitFor } from '../test/helpers/netns';
-import { startBackend } from '../test/helpers/services';
-import { startNginxBackend } from './lib/peers';
-import { JsonLinesProc } from '../test/privileged/fixtures/forward-lab';
-import type { DriverService } from '../test/privileged/fixtures/forward-driver';
+import { Lab, run, waitFor } from '../lab/netns';
+import { median, round } from './lib/stats';
+import { startBackend } from '../lab/services';
+import { startHaproxy, startNginxBackend, startNginxStream } from './lib/peers';
+import { JsonLinesProc } from '../lab/forward';
+import type { DriverService } from '../lab/bin/forward-driver';
 
 const VIP = '10.99.0.50';
 const BACKENDS = ['10.99.0.11', '10.99.0.12', '10.99.0.13'];
@@ -91,69 +91,24 @@ export function parseWrk(text: string): WrkResult {
   return { rps, p50ms: p50 ? toMs(p50) : NaN, p99ms: p99 ? toMs(p99) : NaN, requests, socketErrors, non2xx };
 }
 
-function median(xs: number[]): number {
-  const s = xs.filter((x) => Number.isFinite(x)).sort((a, b) => a - b);
-  if (s.length === 0) return NaN;
-  const m = s.length >> 1;
-  return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
+
+
+/** HAProxy (one thread) balancing the backends on the VIP; the pid of the process that forwards. */
+async function haproxyPid(lab: Lab, ns: string): Promise<number> {
+  const p = await startHaproxy(lab, ns, 'haproxy', {
+    threads: 1, bind: `${VIP}:${PORT.haproxy}`, servers: BACKENDS.map((b, i) => ({ name: `b${i + 1}`, address: `${b}:8080` })),
+  });
+  return p.proc.pid!;
 }
 
-const round2 = (x: number): number => Math.round(x * 100) / 100;
-
-async function startHaproxy(lab: Lab, ns: string): Promise<number> {
-  const conf = lab.file('haproxy.cfg');
-  fs.writeFileSync(conf, `
-global
-  nbthread 1
-  maxconn 9000
-defaults
-  mode tcp
-  timeout connect 2s
-  timeout client 60s
-  timeout server 60s
-frontend vip
-  bind ${VIP}:${PORT.haproxy}
-  default_backend web
-backend web
-  balance roundrobin
-${BACKENDS.map((b, i) => `  server b${i + 1} ${b}:8080`).join('\n')}
-`);
-  const p = lab.spawn(ns, 'haproxy', ['-db', '-f', conf]);
-  await waitFor('haproxy', async () => (await lab.sh(ns, 'cat /proc/net/tcp', { allowFail: true })).stdout.includes(`:${PORT.haproxy.toString(16).toUpperCase().padStart(4, '0')} 00000000:0000 0A`), 10_000);
-  return p.pid!;
-}
-
-async function startNginxStream(lab: Lab, ns: string): Promise<number> {
-  const dir = lab.file('nginx-lb');
-  fs.mkdirSync(dir, { recursive: true });
-  const conf = path.join(dir, 'nginx.conf');
-  fs.writeFileSync(conf, `
-load_module /usr/lib/nginx/modules/ngx_stream_module.so;
-user root;
-worker_processes 1;
-daemon off;
-pid ${dir}/nginx.pid;
-error_log ${dir}/error.log warn;
-events { worker_connections 8192; multi_accept on; }
-stream {
-  upstream web {
-${BACKENDS.map((b) => `    server ${b}:8080;`).join('\n')}
-  }
-  server {
-    listen ${VIP}:${PORT.nginx} backlog=4096;
-    proxy_pass web;
-    proxy_connect_timeout 2s;
-  }
-}
-`);
-  const master = lab.spawn(ns, 'nginx', ['-p', dir, '-e', `${dir}/error.log`, '-c', conf]);
-  await waitFor('nginx stream', async () => (await lab.sh(ns, 'cat /proc/net/tcp', { allowFail: true })).stdout.includes(`:${PORT.nginx.toString(16).toUpperCase().padStart(4, '0')} 00000000:0000 0A`), 10_000);
+/** nginx stream (one worker) balancing the backends on the VIP; the pid of its worker, which does the forwarding. */
+async function nginxWorkerPid(lab: Lab, ns: string): Promise<number> {
+  const master = (await startNginxStream(lab, ns, 'nginx-lb', { workers: 1, frontends: [{ listen: `${VIP}:${PORT.nginx}`, servers: BACKENDS.map((b) => `${b}:8080`) }] })).proc;
   // The one worker does the forwarding; the master only supervises.
-  const worker = await waitFor('nginx worker', async () => {
+  return waitFor('nginx worker', async () => {
     const kids = fs.readFileSync(`/proc/${master.pid}/task/${master.pid}/children`, 'utf8').trim().split(/\s+/).filter(Boolean);
     return kids.length > 0 ? Number(kids[0]) : undefined;
   }, 10_000);
-  return worker;
 }
 
 function service(port: number): DriverService {
@@ -199,8 +154,8 @@ async function main(): Promise<void> {
       await proxyStreams.request({ cmd: 'apply', state: { services: [service(PORT['proxy-streams'])] } });
       pids['proxy-streams'] = proxyStreams.proc.pid;
     }
-    if (args.targets.includes('haproxy')) pids.haproxy = await startHaproxy(lab, node);
-    if (args.targets.includes('nginx')) pids.nginx = await startNginxStream(lab, node);
+    if (args.targets.includes('haproxy')) pids.haproxy = await haproxyPid(lab, node);
+    if (args.targets.includes('nginx')) pids.nginx = await nginxWorkerPid(lab, node);
 
     const url = (target: Target): string => `http://${target === 'direct' ? BACKENDS[0] : VIP}:${PORT[target]}/`;
     const wrk = async (target: Target, close: boolean, seconds: number): Promise<WrkResult> => {
@@ -211,7 +166,7 @@ async function main(): Promise<void> {
       const r = await lab.exec(client, 'wrk', [...a, url(target)], { timeoutMs: (seconds + 30) * 1000 });
       const after = pid !== undefined ? cpuTicks(pid) : NaN;
       const res = parseWrk(r.stdout);
-      if (pid !== undefined) res.cpuUsPerRequest = round2(((after - before) * 10_000) / res.requests);
+      if (pid !== undefined) res.cpuUsPerRequest = round(((after - before) * 10_000) / res.requests);
       return res;
     };
 
@@ -252,10 +207,10 @@ async function main(): Promise<void> {
       const ka = pick('keepalive');
       const nc = pick('close');
       const ms = (xs: WrkResult[], k: 'p50ms' | 'p99ms'): number => Math.round(median(xs.map((r) => r[k])) * 1000) / 1000;
-      const cpu = (xs: WrkResult[]): number | null => (pids[target] !== undefined ? round2(median(xs.map((r) => r.cpuUsPerRequest ?? NaN))) : null);
+      const cpu = (xs: WrkResult[]): number | null => (pids[target] !== undefined ? round(median(xs.map((r) => r.cpuUsPerRequest ?? NaN))) : null);
       summary[target] = {
-        keepalive: { requestsPerSec: round2(median(ka.map((r) => r.rps))), p50ms: ms(ka, 'p50ms'), p99ms: ms(ka, 'p99ms'), cpuUsPerRequest: cpu(ka) },
-        newConnections: { connectionsPerSec: round2(median(nc.map((r) => r.rps))), p50ms: ms(nc, 'p50ms'), p99ms: ms(nc, 'p99ms'), cpuUsPerConnection: cpu(nc) },
+        keepalive: { requestsPerSec: round(median(ka.map((r) => r.rps))), p50ms: ms(ka, 'p50ms'), p99ms: ms(ka, 'p99ms'), cpuUsPerRequest: cpu(ka) },
+        newConnections: { connectionsPerSec: round(median(nc.map((r) => r.rps))), p50ms: ms(nc, 'p50ms'), p99ms: ms(nc, 'p99ms'), cpuUsPerConnection: cpu(nc) },
         errors: [...ka, ...nc].reduce((s, r) => s + r.socketErrors + r.non2xx, 0),
       };
     }

@@ -15,8 +15,8 @@
 // the same server), and the balancer's memory after the load. Rounds visit
 // every target in a rotated order; the summary is the median per target.
 // Only lab namespaces are addressed.
-import { Lab, run, waitFor } from '../test/helpers/netns';
-import { waitStatus } from '../test/helpers/agent';
+import { Lab, run, waitFor } from '../lab/netns';
+import { waitStatus } from '../lab/agent';
 import { runAgent, stopAgent, FAST_ARP, type AgentHandle } from './lib/agent';
 import { startNginxBackend, startIperfServer, startHaproxy, startNginxStream, type Peer } from './lib/peers';
 import { runWrk, runIperf, type WrkResult, type IperfResult } from './lib/load';

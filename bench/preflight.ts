@@ -1,13 +1,16 @@
 // Bench: how long `lb-agent check` takes without the DHCP probe (the issue
 // asks for under a second). Times runCheck in this process (the first run
 // pays module loading and schema compilation), then whole fresh processes
-// running the preflight, the way cloud-init runs it. Prints JSON; asserts
+// running `lb-agent check --json`, the way cloud-init runs it. Prints JSON; asserts
 // nothing.
 //   node dist/bench/preflight.js [--runs N] [--config PATH]
 import { execFile } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
+import { AGENT_BIN } from '../lab/agent';
+import { defaultRouteInterface } from '../agent/net/route';
+import { max, median, min, round } from './lib/stats';
 
 const CONFIG = `node: { interface: IFACE }
 stateDir: STATE
@@ -19,16 +22,7 @@ services:
 `;
 
 function stats(ms: number[]): { runs: number; minMs: number; medianMs: number; maxMs: number } {
-  const s = [...ms].sort((a, b) => a - b);
-  const r = (x: number): number => Math.round(x * 10) / 10;
-  return { runs: s.length, minMs: r(s[0]!), medianMs: r(s[Math.floor(s.length / 2)]!), maxMs: r(s[s.length - 1]!) };
-}
-
-function defaultInterface(): string {
-  try {
-    const line = fs.readFileSync('/proc/net/route', 'utf8').split('\n').find((l) => /^\S+\s+00000000\s/.test(l));
-    return line?.split(/\s+/)[0] ?? 'eth0';
-  } catch { return 'eth0'; }
+  return { runs: ms.length, minMs: round(min(ms), 1), medianMs: round(median(ms), 1), maxMs: round(max(ms), 1) };
 }
 
 async function main(): Promise<void> {
@@ -43,7 +37,7 @@ async function main(): Promise<void> {
   try {
     if (!config) {
       config = path.join(dir, 'config.yaml');
-      fs.writeFileSync(config, CONFIG.replace('IFACE', defaultInterface()).replace('STATE', path.join(dir, 'state')));
+      fs.writeFileSync(config, CONFIG.replace('IFACE', defaultRouteInterface() ?? 'eth0').replace('STATE', path.join(dir, 'state')));
     }
     const t0 = performance.now();
     const { runCheck } = await import('../agent/preflight');
@@ -58,12 +52,11 @@ async function main(): Promise<void> {
     }
 
     // A fresh node process per run: what `lb-agent check` costs from cloud-init.
-    const script = path.resolve(__dirname, '..', 'test', 'privileged', 'fixtures', 'preflight-run.js');
     const fresh: number[] = [];
     for (let i = 0; i < runs; i++) {
       const s = performance.now();
       await new Promise<void>((resolve) => {
-        execFile(process.execPath, [script, '--config', config!, '--json'], { timeout: 30_000 }, () => resolve());
+        execFile(process.execPath, [AGENT_BIN, 'check', '--config', config!, '--json'], { timeout: 30_000 }, () => resolve());
       });
       fresh.push(performance.now() - s);
     }

@@ -2,9 +2,9 @@
 // reload, for lb-agent on each data path and for HAProxy on the same
 // testbed. One client in another namespace starts an HTTP GET through the
 // VIP every 20 ms, each on a new connection with a 500 ms deadline (the
-// continuity tests' loop, test/privileged/fixtures/continuity-lab.ts); each
-// event gets a window of that loop (a little before it, until the process is
-// serving again plus a tail), and the window's failed requests, longest
+// continuity tests' loop, lab/continuity.ts); each event gets a window of
+// that loop (a little before it, until the process is serving again plus a
+// tail), and the window's failed requests, longest
 // request and first answer after the event are the measurements.
 //   lb-agent (kernel, then proxy path; `run --on-stop keep`, as the unit runs it)
 //     sigkill          SIGKILL, then a new `lb-agent run`
@@ -19,10 +19,10 @@
 // The VIP is one pool-like /32 on the node's eth0, the same address for
 // both: lb-agent claims it (loadBalancerIP), HAProxy binds it after this
 // bench adds it. The pure half (windows, medians) is exported for tests.
-import { waitFor } from '../test/helpers/netns';
-import { agentCli, waitStatus } from '../test/helpers/agent';
-import { buildContinuityLab, continuityConfig, BACKENDS, BACKEND_IDS, TEST_ARP, POOL, type ContinuityLab } from '../test/privileged/fixtures/continuity-lab';
-import { ClientLoop, gapReport, type ClientResult } from '../test/privileged/fixtures/vrrp-agent-lab';
+import { waitFor } from '../lab/netns';
+import { agentCli, waitStatus } from '../lab/agent';
+import { buildContinuityLab, continuityConfig, BACKENDS, BACKEND_IDS, TEST_ARP, POOL, type ContinuityLab } from '../lab/continuity';
+import { ClientLoop, gapReport, type ClientResult } from '../lab/client-loop';
 import { runAgent, stopAgent, type AgentHandle } from './lib/agent';
 import { startHaproxy, type HaproxyOptions, type Peer } from './lib/peers';
 import { median, round, rotate } from './lib/stats';

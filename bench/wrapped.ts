@@ -5,7 +5,7 @@
 // run `lb-agent check`, failover.js when it exists. Each run is bounded.
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { Lab, run } from '../test/helpers/netns';
+import { Lab, run } from '../lab/netns';
 import { median, round } from './lib/stats';
 
 const DIST_BENCH = __dirname;

@@ -77,6 +77,6 @@ npm ci --no-audit --no-fund
 npm run build
 
 # The Debian root that test/privileged/service-systemd.test.ts boots under a
-# real systemd (test/helpers/systemd-container.ts); built here once so tests
+# real systemd (lab/systemd-container.ts); built here once so tests
 # do not pay for debootstrap (the harness still builds it when missing).
 scripts/systemd-root.sh >/dev/null

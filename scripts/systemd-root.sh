@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Debian bookworm root file system that test/helpers/systemd-container.ts
+# The Debian bookworm root file system that lab/systemd-container.ts
 # boots with systemd-nspawn: a real systemd (PID 1) to run lb-agent.service
 # under, as on a VM. Built once with debootstrap (about 80 s) and kept outside
 # any checkout; every test boots a throwaway overlay of it and never writes

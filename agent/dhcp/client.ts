@@ -277,22 +277,24 @@ function sendRenewRequest(s: ClientState, now: number, actions: ClientAction[]):
   });
 }
 
-function enterRenewing(ctx: ClientContext, s: ClientState, now: number, actions: ClientAction[]): ClientState {
-  const lease = s.lease!;
-  const next: ClientState = { ...s, name: 'RENEWING', xid: newXid(ctx.random), exchangeStart: now, attempts: 1, requestSentAt: now };
-  sendRenewRequest(next, now, actions);
-  actions.push({ type: 'note', what: 'renewing' });
-  const nextSendAt = renewRetryAt(ctx.config, now, lease.rebindAt);
-  return withTimer({ ...next, nextSendAt }, actions, Math.min(nextSendAt, lease.rebindAt));
+/** RFC 2131 §4.4.5: RENEWING lasts until T2, REBINDING until the lease expires. */
+function renewalEnd(name: 'RENEWING' | 'REBINDING', lease: Lease): number {
+  return name === 'RENEWING' ? lease.rebindAt : lease.expiresAt;
 }
 
-function enterRebinding(ctx: ClientContext, s: ClientState, now: number, actions: ClientAction[]): ClientState {
-  const lease = s.lease!;
-  const next: ClientState = { ...s, name: 'REBINDING', xid: newXid(ctx.random), exchangeStart: now, attempts: 1, requestSentAt: now };
+/** The next REQUEST of a renewal, halfway to the end of its phase (§4.4.5), and the timer for it or for that end. */
+function renewalTimer(cfg: ClientConfig, s: ClientState & { name: 'RENEWING' | 'REBINDING' }, now: number, actions: ClientAction[]): ClientState {
+  const end = renewalEnd(s.name, s.lease!);
+  const nextSendAt = renewRetryAt(cfg, now, end);
+  return withTimer({ ...s, nextSendAt }, actions, Math.min(nextSendAt, end));
+}
+
+/** Enter RENEWING (at T1: unicast to the server) or REBINDING (at T2: broadcast): a new exchange and its first REQUEST. */
+function enterRenewal(ctx: ClientContext, s: ClientState, now: number, actions: ClientAction[], name: 'RENEWING' | 'REBINDING'): ClientState {
+  const next = { ...s, name, xid: newXid(ctx.random), exchangeStart: now, attempts: 1, requestSentAt: now };
   sendRenewRequest(next, now, actions);
-  actions.push({ type: 'note', what: 'rebinding' });
-  const nextSendAt = renewRetryAt(ctx.config, now, lease.expiresAt);
-  return withTimer({ ...next, nextSendAt }, actions, Math.min(nextSendAt, lease.expiresAt));
+  actions.push({ type: 'note', what: name === 'RENEWING' ? 'renewing' : 'rebinding' });
+  return renewalTimer(ctx.config, next, now, actions);
 }
 
 /** BOUND with a fresh lease: bind, persist, count, and arm T1 (or act at once if T1 is already past). */
@@ -310,8 +312,8 @@ function bindLease(ctx: ClientContext, s: ClientState, lease: Lease, now: number
 function boundTimers(ctx: ClientContext, s: ClientState, now: number, actions: ClientAction[]): ClientState {
   const lease = s.lease!;
   if (now >= lease.expiresAt) return expire(ctx, s, now, actions);
-  if (now >= lease.rebindAt) return enterRebinding(ctx, s, now, actions);
-  if (now >= lease.renewAt) return enterRenewing(ctx, s, now, actions);
+  if (now >= lease.rebindAt) return enterRenewal(ctx, s, now, actions, 'REBINDING');
+  if (now >= lease.renewAt) return enterRenewal(ctx, s, now, actions, 'RENEWING');
   return withTimer(s, actions, lease.renewAt);
 }
 
@@ -353,7 +355,7 @@ export function step(ctx: ClientContext, s: ClientState, ev: ClientEvent, now: n
         // lease's own expiry withdraws it.
         actions.push({ type: 'bind', lease: saved }, { type: 'note', what: 'resumed' });
         const bound: ClientState = { ...initialState(), name: 'BOUND', lease: saved, hint: saved.address };
-        const next = now >= saved.renewAt ? boundTimers(ctx, bound, now, actions) : enterRenewing(ctx, bound, now, actions);
+        const next = now >= saved.renewAt ? boundTimers(ctx, bound, now, actions) : enterRenewal(ctx, bound, now, actions, 'RENEWING');
         return result(next, actions, 'resumed');
       }
       if (ev.resume && ev.known !== undefined && !(saved && saved.expiresAt > now)) {
@@ -421,20 +423,13 @@ export function step(ctx: ClientContext, s: ClientState, ev: ClientEvent, now: n
         }
         case 'BOUND':
           return result(boundTimers(ctx, s, now, actions), actions, now >= s.lease!.expiresAt ? 'expired' : now >= s.lease!.rebindAt ? 'rebind' : 'renew');
-        case 'RENEWING': {
-          const lease = s.lease!;
-          if (now >= lease.expiresAt) return result(expire(ctx, s, now, actions), actions, 'expired');
-          if (now >= lease.rebindAt) return result(enterRebinding(ctx, s, now, actions), actions, 'rebind');
-          sendRenewRequest(s, now, actions);
-          const nextSendAt = renewRetryAt(cfg, now, lease.rebindAt);
-          return result(withTimer({ ...s, attempts: s.attempts + 1, nextSendAt }, actions, Math.min(nextSendAt, lease.rebindAt)), actions, 'retransmit');
-        }
+        case 'RENEWING':
         case 'REBINDING': {
           const lease = s.lease!;
           if (now >= lease.expiresAt) return result(expire(ctx, s, now, actions), actions, 'expired');
+          if (s.name === 'RENEWING' && now >= lease.rebindAt) return result(enterRenewal(ctx, s, now, actions, 'REBINDING'), actions, 'rebind');
           sendRenewRequest(s, now, actions);
-          const nextSendAt = renewRetryAt(cfg, now, lease.expiresAt);
-          return result(withTimer({ ...s, attempts: s.attempts + 1, nextSendAt }, actions, Math.min(nextSendAt, lease.expiresAt)), actions, 'retransmit');
+          return result(renewalTimer(cfg, { ...s, name: s.name, attempts: s.attempts + 1 }, now, actions), actions, 'retransmit');
         }
       }
       return result(s, actions, 'not-running');

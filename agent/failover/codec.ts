@@ -7,11 +7,10 @@
 import { LbError } from '../errors';
 import { ipv4FromBytes } from '../ipv4';
 import {
-  ETHERTYPE_IPV4, ETH_HEADER_LEN, IPV4_HEADER_LEN, decodeIpv4Frame, encodeIpv4Frame, internetChecksum, pseudoHeaderSum,
+  ETH_HEADER_LEN, IPPROTO_VRRP, IPV4_HEADER_LEN, decodeIpv4Frame, encodeIpv4Frame, internetChecksum, pseudoHeaderSum,
 } from '../net/inet';
+import { bpfIpProtoPayloadByte, type BpfProgram } from '../net/bpf';
 
-/** IP protocol number of VRRP (RFC 5798 §5.1.1.4). */
-export const VRRP_PROTOCOL = 112;
 export const VRRP_VERSION = 3;
 /** The only VRRP packet type (RFC 5798 §5.2.2). */
 export const VRRP_TYPE_ADVERTISEMENT = 1;
@@ -137,7 +136,7 @@ export function encodeMessage(a: Advertisement, srcIp: number, dstIp: number, ve
   // §5.2.6: the 4 reserved bits above Max Adver Int MUST be zero on send.
   b.writeUInt16BE(a.maxAdverIntCs & MAX_ADVER_INT_CS, 4);
   a.addresses.forEach((ip, i) => b.writeUInt32BE(ip >>> 0, VRRP_HEADER_LEN + 4 * i));
-  b.writeUInt16BE(internetChecksum(b, 0, len, pseudoHeaderSum(srcIp, dstIp, VRRP_PROTOCOL, len)), 6);
+  b.writeUInt16BE(internetChecksum(b, 0, len, pseudoHeaderSum(srcIp, dstIp, IPPROTO_VRRP, len)), 6);
   return b;
 }
 
@@ -152,7 +151,7 @@ export function encodeAdvertisement(o: EncodeOptions): Buffer {
   }
   const frame = encodeIpv4Frame({
     dstMac, srcMac, tos: o.tos ?? VRRP_TOS, id: o.ipId ?? 0, flags: o.ipFlags ?? 0,
-    ttl: o.ttl ?? VRRP_TTL, protocol: VRRP_PROTOCOL, srcIp: o.srcIp, dstIp,
+    ttl: o.ttl ?? VRRP_TTL, protocol: IPPROTO_VRRP, srcIp: o.srcIp, dstIp,
   }, msg.length);
   msg.copy(frame, ETH_HEADER_LEN + IPV4_HEADER_LEN);
   return frame;
@@ -171,7 +170,7 @@ export function decodeAdvertisement(frame: Uint8Array): DecodeResult {
       : d.reason === 'bad-header-length' || d.reason === 'bad-total-length' ? 'bad-length' : d.reason);
   }
   const p = d.packet;
-  if (p.protocol !== VRRP_PROTOCOL) return fail('not-vrrp');
+  if (p.protocol !== IPPROTO_VRRP) return fail('not-vrrp');
   const flagsFrag = p.flagsFrag;
   // A fragment holds only part of a message; VRRP packets are never
   // fragmented in practice (at most 1028 octets), so none is reassembled.
@@ -188,7 +187,7 @@ export function decodeAdvertisement(frame: Uint8Array): DecodeResult {
   // §7.1: the packet must hold exactly the fixed fields and Count addresses.
   if (vlen !== VRRP_HEADER_LEN + 4 * count) return fail('bad-length');
   const { srcIp, dstIp } = p;
-  if (internetChecksum(frame, v, v + vlen, pseudoHeaderSum(srcIp, dstIp, VRRP_PROTOCOL, vlen)) !== 0) return fail('bad-checksum');
+  if (internetChecksum(frame, v, v + vlen, pseudoHeaderSum(srcIp, dstIp, IPPROTO_VRRP, vlen)) !== 0) return fail('bad-checksum');
   const vrid = frame[v + 1]!;
   // VRID 0 is not a virtual router (§5.2.3: 1-255); nothing can match it.
   if (vrid === 0) return fail('not-vrrp');
@@ -221,16 +220,6 @@ export function secondsToCentiseconds(seconds: number): number {
   return Math.min(MAX_ADVER_INT_CS, Math.max(1, cs));
 }
 
-// Classic BPF opcodes (linux/filter.h) beyond those agent/net/bpf.ts names.
-const BPF_LD_H_ABS = 0x28;
-const BPF_LD_B_ABS = 0x30;
-const BPF_LD_B_IND = 0x50;
-const BPF_ALU_AND_K = 0x54;
-const BPF_ALU_MUL_K = 0x24;
-const BPF_MISC_TAX = 0x07;
-const BPF_JEQ_K = 0x15;
-const BPF_RET_K = 0x06;
-
 /**
  * The kernel-side filter of one virtual router's socket: IPv4, protocol 112,
  * and this VRID in the VRRP header. Instruction for instruction what
@@ -239,20 +228,8 @@ const BPF_RET_K = 0x06;
  * kernel means several routers on one interface each wake only for their own
  * adverts, and a malformed advert is counted once, by the router it names.
  */
-export function vrrpFilter(vrid: number): ReadonlyArray<readonly [number, number, number, number]> {
+export function vrrpFilter(vrid: number): BpfProgram {
   checkVrid(vrid);
-  return [
-    [BPF_LD_H_ABS, 0, 0, 12],
-    [BPF_JEQ_K, 0, 9, ETHERTYPE_IPV4],
-    [BPF_LD_B_ABS, 0, 0, ETH_HEADER_LEN + 9],
-    [BPF_JEQ_K, 0, 7, VRRP_PROTOCOL],
-    [BPF_LD_B_ABS, 0, 0, ETH_HEADER_LEN],
-    [BPF_ALU_AND_K, 0, 0, 0x0f],
-    [BPF_ALU_MUL_K, 0, 0, 4],
-    [BPF_MISC_TAX, 0, 0, 4], // k is unused by TAX; tcpdump leaves the 4 of the multiply there
-    [BPF_LD_B_IND, 0, 0, ETH_HEADER_LEN + 1],
-    [BPF_JEQ_K, 0, 1, vrid],
-    [BPF_RET_K, 0, 0, 0x40000],
-    [BPF_RET_K, 0, 0, 0],
-  ];
+  // The VRID is byte 1 of the VRRP header (RFC 5798 §5.2).
+  return bpfIpProtoPayloadByte(IPPROTO_VRRP, 1, vrid);
 }

@@ -79,11 +79,24 @@ function politeClose(sock: net.Socket): void {
   sock.end();
 }
 
-/** A full TCP connect to address:port, closed right after with a FIN. */
-export const tcpProbe: Probe = (target, opts) => new Promise<ProbeResult>((resolve) => {
+interface Verdict {
+  /** Resolve with r, unless a verdict was given already. */
+  finish(r: ProbeResult): void;
+  /** Resolve as failed and tear the socket or request down. */
+  fail(reason: FailureReason, detail: string): void;
+  readonly done: boolean;
+  /** Milliseconds since the probe began. */
+  elapsed(): number;
+}
+
+/**
+ * One verdict per probe: the first of an answer, an error, the timeout and
+ * an abort wins; the timer and the abort listener go with it. `teardown`
+ * destroys the probe's socket or request on a failure.
+ */
+function verdict(resolve: (r: ProbeResult) => void, opts: ProbeOptions, timeoutDetail: string, teardown: () => void): Verdict {
   const start = performance.now();
   let done = false;
-  const sock = new net.Socket({ allowHalfOpen: false });
   const finish = (r: ProbeResult): void => {
     if (done) return;
     done = true;
@@ -93,25 +106,32 @@ export const tcpProbe: Probe = (target, opts) => new Promise<ProbeResult>((resol
   };
   const fail = (reason: FailureReason, detail: string): void => {
     finish({ ok: false, reason, detail, durationMs: performance.now() - start });
-    sock.destroy();
+    teardown();
   };
   const onAbort = (): void => fail('error', 'aborted');
-  const timer = setTimeout(() => fail('timeout', `no connection within ${opts.timeoutMs} ms`), opts.timeoutMs);
-  if (opts.signal?.aborted) { onAbort(); return; }
-  opts.signal?.addEventListener('abort', onAbort, { once: true });
+  const timer = setTimeout(() => fail('timeout', timeoutDetail), opts.timeoutMs);
+  if (opts.signal?.aborted) onAbort();
+  else opts.signal?.addEventListener('abort', onAbort, { once: true });
+  return { finish, fail, get done() { return done; }, elapsed: () => performance.now() - start };
+}
+
+/** A full TCP connect to address:port, closed right after with a FIN. */
+export const tcpProbe: Probe = (target, opts) => new Promise<ProbeResult>((resolve) => {
+  const sock = new net.Socket({ allowHalfOpen: false });
+  const v = verdict(resolve, opts, `no connection within ${opts.timeoutMs} ms`, () => sock.destroy());
+  if (v.done) return; // aborted before it began
   sock.once('connect', () => {
-    finish({ ok: true, durationMs: performance.now() - start });
+    v.finish({ ok: true, durationMs: v.elapsed() });
     politeClose(sock);
   });
   sock.on('error', (err) => {
-    if (done) return;
-    fail(reasonOf(err), detailOf(err));
+    if (!v.done) v.fail(reasonOf(err), detailOf(err));
   });
   try {
     sock.connect({ host: target.address, port: target.port });
   } catch (err) {
     // A bad port or address throws synchronously; a probe reports, never throws.
-    fail('error', detailOf(err));
+    v.fail('error', detailOf(err));
   }
 });
 
@@ -120,22 +140,10 @@ export const tcpProbe: Probe = (target, opts) => new Promise<ProbeResult>((resol
  * expected (inclusive) range. The timeout covers connect and response headers.
  */
 export const httpProbe: Probe = (target, opts) => new Promise<ProbeResult>((resolve) => {
-  const start = performance.now();
   const spec = target.http ?? DEFAULT_HTTP_CHECK;
-  let done = false;
-  const finish = (r: ProbeResult): void => {
-    if (done) return;
-    done = true;
-    clearTimeout(timer);
-    opts.signal?.removeEventListener('abort', onAbort);
-    resolve(r);
-  };
-  const fail = (reason: FailureReason, detail: string): void => {
-    finish({ ok: false, reason, detail, durationMs: performance.now() - start });
-    req.destroy();
-  };
-  const onAbort = (): void => fail('error', 'aborted');
-  let req: http.ClientRequest;
+  let req: http.ClientRequest | undefined;
+  const v = verdict(resolve, opts, `no response within ${opts.timeoutMs} ms`, () => req?.destroy());
+  if (v.done) return; // aborted before it began
   try {
     req = http.request({
       host: target.address,
@@ -147,30 +155,27 @@ export const httpProbe: Probe = (target, opts) => new Promise<ProbeResult>((reso
     });
   } catch (err) {
     // A bad path or port throws synchronously; a probe reports, never throws.
-    resolve({ ok: false, reason: 'error', detail: detailOf(err), durationMs: performance.now() - start });
+    v.fail('error', detailOf(err));
     return;
   }
-  const timer = setTimeout(() => fail('timeout', `no response within ${opts.timeoutMs} ms`), opts.timeoutMs);
-  if (opts.signal?.aborted) { onAbort(); return; }
-  opts.signal?.addEventListener('abort', onAbort, { once: true });
-  req.on('response', (res) => {
+  const r = req;
+  r.on('response', (res) => {
     const status = res.statusCode ?? 0;
-    const durationMs = performance.now() - start;
+    const durationMs = v.elapsed();
     const [lo, hi] = spec.expectStatus;
-    if (status >= lo && status <= hi) finish({ ok: true, durationMs, detail: `HTTP ${status}` });
-    else finish({ ok: false, reason: 'bad-status', detail: `HTTP ${status}, expected ${lo}-${hi}`, durationMs });
+    if (status >= lo && status <= hi) v.finish({ ok: true, durationMs, detail: `HTTP ${status}` });
+    else v.finish({ ok: false, reason: 'bad-status', detail: `HTTP ${status}, expected ${lo}-${hi}`, durationMs });
     // Drain the body so the socket closes with a FIN, not a RST.
     res.on('error', () => { /* result already known */ });
     res.resume();
-    const t = setTimeout(() => req.destroy(), CLOSE_GRACE_MS);
+    const t = setTimeout(() => r.destroy(), CLOSE_GRACE_MS);
     t.unref();
     res.once('close', () => clearTimeout(t));
   });
-  req.on('error', (err) => {
-    if (done) return;
-    fail(reasonOf(err), detailOf(err));
+  r.on('error', (err) => {
+    if (!v.done) v.fail(reasonOf(err), detailOf(err));
   });
-  req.end();
+  r.end();
 });
 
 /** The default probe: by target type. */

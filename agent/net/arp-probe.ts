@@ -7,7 +7,6 @@
 import type { Clock, TimerHandle } from '../clock';
 import { realClock } from '../clock';
 import type { ArpTimings } from '../config/types';
-import { LbError } from '../errors';
 import { formatIPv4, parseIPv4, parseMac } from '../ipv4';
 import type { Logger } from '../log';
 import { silentLogger } from '../log';
@@ -361,13 +360,4 @@ export function announce(opts: AnnounceOptions): Promise<void> {
     };
     tick();
   });
-}
-
-/** An LbError for callers that treat a probe conflict as a failure. */
-export function arpConflictError(ip: string, mac: string | undefined, ifname?: string): LbError {
-  return new LbError(
-    'LB_ERR_NET_ARP_CONFLICT',
-    `address ${ip} is already in use${mac ? ` by ${mac}` : ''}${ifname ? ` on ${ifname}` : ''} (RFC 5227 probe); pick another address or free it`,
-    { ip, mac, interface: ifname },
-  );
 }

@@ -16,7 +16,11 @@ export const BPF_LD_H_ABS = 0x28; // A = u16 at [k]
 export const BPF_LD_B_ABS = 0x30; // A = u8 at [k]
 export const BPF_LD_W_ABS = 0x20; // A = u32 at [k]
 export const BPF_LD_H_IND = 0x48; // A = u16 at [X + k]
+export const BPF_LD_B_IND = 0x50; // A = u8 at [X + k]
 export const BPF_LDX_B_MSH = 0xb1; // X = 4 * ([k] & 0xf): the IPv4 header length
+export const BPF_ALU_AND_K = 0x54; // A &= k
+export const BPF_ALU_MUL_K = 0x24; // A *= k
+export const BPF_MISC_TAX = 0x07; // X = A
 export const BPF_JEQ_K = 0x15;
 export const BPF_JSET_K = 0x45;
 export const BPF_RET_K = 0x06;
@@ -60,6 +64,32 @@ export function bpfIpProto(proto: number): BpfProgram {
     [BPF_JEQ_K, 0, 3, ETHERTYPE_IPV4],
     [BPF_LD_B_ABS, 0, 0, IP_PROTO_OFFSET],
     [BPF_JEQ_K, 0, 1, proto],
+    [BPF_RET_K, 0, 0, BPF_ACCEPT],
+    [BPF_RET_K, 0, 0, 0],
+  ];
+}
+
+/**
+ * IPv4 with the given protocol whose payload byte at `offset` (counted from
+ * the end of the IP header, options included) is `value`: the VRRP socket's
+ * VRID filter (failover/codec.ts vrrpFilter).
+ * `tcpdump -dd 'ip proto 112 and ip[1 + (ip[0] & 0xf) * 4] = 51'`.
+ */
+export function bpfIpProtoPayloadByte(proto: number, offset: number, value: number): BpfProgram {
+  checkInt('IP protocol', proto, 0xff);
+  checkInt('payload offset', offset, 0xffff - IP_HEADER_START);
+  checkInt('byte value', value, 0xff);
+  return [
+    [BPF_LD_H_ABS, 0, 0, ETH_TYPE_OFFSET],
+    [BPF_JEQ_K, 0, 9, ETHERTYPE_IPV4],
+    [BPF_LD_B_ABS, 0, 0, IP_PROTO_OFFSET],
+    [BPF_JEQ_K, 0, 7, proto],
+    [BPF_LD_B_ABS, 0, 0, IP_HEADER_START],
+    [BPF_ALU_AND_K, 0, 0, 0x0f],
+    [BPF_ALU_MUL_K, 0, 0, 4],
+    [BPF_MISC_TAX, 0, 0, 4], // k is unused by TAX; tcpdump leaves the 4 of the multiply there
+    [BPF_LD_B_IND, 0, 0, IP_HEADER_START + offset],
+    [BPF_JEQ_K, 0, 1, value],
     [BPF_RET_K, 0, 0, BPF_ACCEPT],
     [BPF_RET_K, 0, 0, 0],
   ];

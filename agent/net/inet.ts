@@ -8,6 +8,8 @@ import { ipv4FromBytes } from '../ipv4';
 export const ETHERTYPE_IPV4 = 0x0800;
 export const ETHERTYPE_ARP = 0x0806;
 export const IPPROTO_UDP = 17;
+/** VRRP (RFC 5798 §5.1.1.4). */
+export const IPPROTO_VRRP = 112;
 export const ETH_HEADER_LEN = 14;
 /** An IPv4 header without options (IHL 5), which is all we send. */
 export const IPV4_HEADER_LEN = 20;

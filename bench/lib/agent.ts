@@ -1,12 +1,12 @@
 // The real agent binary under the bench: start `lb-agent run` in a lab
-// namespace (through test/helpers/agent.ts), stop it within a bound, read the
+// namespace (through lab/agent.ts), stop it within a bound, read the
 // wall-clock time of its log lines, and scrape its /metrics from inside the
 // namespace. Nothing here changes how the agent runs; the bench only watches.
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { startAgent, type AgentHandle } from '../../test/helpers/agent';
-import { httpGetFrom } from '../../test/helpers/services';
-import type { Lab } from '../../test/helpers/netns';
+import { startAgent, type AgentHandle } from '../../lab/agent';
+import { httpGetFrom } from '../../lab/services';
+import type { Lab } from '../../lab/netns';
 
 export type { AgentHandle };
 

@@ -5,8 +5,8 @@
 // does after the ACK (lb-agent's RFC 5227 probe, say). The parser is pure;
 // the capture runs in a lab namespace and stops with the run.
 import type { ChildProcess } from 'node:child_process';
-import type { Lab } from '../../test/helpers/netns';
-import { waitFor } from '../../test/helpers/netns';
+import type { Lab } from '../../lab/netns';
+import { waitFor } from '../../lab/netns';
 
 export interface WirePacket { at: number; chaddr: string; type: string }
 

@@ -3,7 +3,7 @@
 // connection through the balancer) and iperf3 for bulk TCP throughput.
 // Each run is bounded by its duration plus a fixed margin.
 import { parseWrk, type WrkResult } from '../forward';
-import type { Lab } from '../../test/helpers/netns';
+import type { Lab } from '../../lab/netns';
 
 export type { WrkResult };
 

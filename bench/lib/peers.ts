@@ -6,7 +6,7 @@
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import type { ChildProcess } from 'node:child_process';
-import { Lab, waitFor } from '../../test/helpers/netns';
+import { listening, waitListening, type Lab } from '../../lab/netns';
 import { processTree, startTimeOf } from './procfs';
 
 export interface Peer {
@@ -17,27 +17,11 @@ export interface Peer {
   stop(): Promise<void>;
 }
 
-/** True once something listens on TCP `port` in ns (any address). */
-export async function listening(lab: Lab, ns: string, port: number): Promise<boolean> {
-  const hex = port.toString(16).toUpperCase().padStart(4, '0');
-  const r = await lab.sh(ns, 'cat /proc/net/tcp /proc/net/tcp6', { allowFail: true });
-  return r.stdout.split('\n').some((l) => {
-    const f = l.trim().split(/\s+/);
-    return f[1]?.endsWith(`:${hex}`) === true && f[3] === '0A';
-  });
-}
-
 /** A peer about to start must not find its port taken: the leftover would be measured in its place. */
 async function mustBeFree(lab: Lab, ns: string, port: number, what: string): Promise<void> {
   if (await listening(lab, ns, port)) throw new Error(`${what}: something already listens on port ${port} in ${ns}`);
 }
 
-export async function waitListening(lab: Lab, ns: string, port: number, what: string, proc?: ChildProcess, timeoutMs = 10_000): Promise<void> {
-  await waitFor(`${what} to listen on ${port}`, async () => {
-    if (proc && proc.exitCode !== null) throw new Error(`${what} exited with ${proc.exitCode}`);
-    return listening(lab, ns, port);
-  }, timeoutMs, 50);
-}
 
 function track(name: string, proc: ChildProcess): Peer {
   const lines: { at: number; text: string }[] = [];
@@ -78,18 +62,23 @@ function track(name: string, proc: ChildProcess): Peer {
   };
 }
 
+/** The main context every nginx of the bench starts with: in the foreground under the lab, its pid and log files in `dir`. */
+function nginxMain(dir: string, workers: number | 'auto' = 1, connections = 8192): string {
+  return `user root;
+worker_processes ${workers};
+daemon off;
+pid ${dir}/nginx.pid;
+error_log ${dir}/error.log warn;
+events { worker_connections ${connections}; multi_accept on; }
+`;
+}
+
 /** nginx answering every HTTP request with a short body: a backend fast enough that the balancer is what is measured. */
 export async function startNginxBackend(lab: Lab, ns: string, id: string, port = 8080): Promise<Peer> {
   const dir = lab.file(`nginx-${id}`);
   fs.mkdirSync(dir, { recursive: true });
   const conf = path.join(dir, 'nginx.conf');
-  fs.writeFileSync(conf, `user root;
-worker_processes 1;
-daemon off;
-pid ${dir}/nginx.pid;
-error_log ${dir}/error.log warn;
-events { worker_connections 8192; multi_accept on; }
-http {
+  fs.writeFileSync(conf, `${nginxMain(dir)}http {
   access_log off;
   keepalive_requests 100000000;
   keepalive_timeout 60s;
@@ -102,13 +91,13 @@ http {
 }
 `);
   const proc = lab.spawn(ns, 'nginx', ['-p', dir, '-e', `${dir}/error.log`, '-c', conf]);
-  await waitListening(lab, ns, port, `nginx backend ${id}`, proc);
+  await waitListening(lab, ns, port, `nginx backend ${id}`, { proc });
   return track(`nginx-${id}`, proc);
 }
 
 export async function startIperfServer(lab: Lab, ns: string, port = 5201): Promise<Peer> {
   const proc = lab.spawn(ns, 'iperf3', ['-s', '-p', String(port)]);
-  await waitListening(lab, ns, port, 'iperf3 server', proc);
+  await waitListening(lab, ns, port, 'iperf3 server', { proc });
   return track('iperf3', proc);
 }
 
@@ -155,7 +144,7 @@ export async function startHaproxy(lab: Lab, ns: string, name: string, o: Haprox
   const proc = lab.spawn(ns, 'haproxy', [...(o.masterSocket ? ['-W', '-S', o.masterSocket] : []), '-db', '-f', conf]);
   const peer = track(name, proc);
   try {
-    await waitListening(lab, ns, port, name, proc);
+    await waitListening(lab, ns, port, name, { proc });
   } catch (e) {
     throw new Error(`${(e as Error).message}\n${peer.lines.map((l) => l.text).join('\n')}`);
   }
@@ -172,13 +161,7 @@ export async function startNginxStream(lab: Lab, ns: string, name: string, o: Ng
   fs.mkdirSync(dir, { recursive: true });
   const conf = path.join(dir, 'nginx.conf');
   fs.writeFileSync(conf, `load_module /usr/lib/nginx/modules/ngx_stream_module.so;
-user root;
-worker_processes ${o.workers};
-daemon off;
-pid ${dir}/nginx.pid;
-error_log ${dir}/error.log warn;
-events { worker_connections 20000; multi_accept on; }
-stream {
+${nginxMain(dir, o.workers, 20_000)}stream {
 ${o.frontends.map((f, i) => `  upstream u${i} {
 ${f.servers.map((s) => `    server ${s};`).join('\n')}
   }
@@ -192,6 +175,6 @@ ${f.servers.map((s) => `    server ${s};`).join('\n')}
   const port = Number(o.frontends[0]!.listen.split(':').pop());
   await mustBeFree(lab, ns, port, name);
   const proc = lab.spawn(ns, 'nginx', ['-p', dir, '-e', `${dir}/error.log`, '-c', conf]);
-  await waitListening(lab, ns, port, name, proc);
+  await waitListening(lab, ns, port, name, { proc });
   return track(name, proc);
 }

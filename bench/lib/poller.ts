@@ -3,7 +3,7 @@
 // wall-clock ms of the first 200 answer. Started (and ready) before the agent,
 // so its own start-up is not counted. Bounded by its deadline.
 import type { ChildProcess } from 'node:child_process';
-import { Lab, waitFor } from '../../test/helpers/netns';
+import { Lab, waitFor } from '../../lab/netns';
 
 const SCRIPT = `
 const net = require('net');

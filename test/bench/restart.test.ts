@@ -4,7 +4,7 @@
 // leave out the rounds whose event itself went wrong (say a rejected reload).
 import t from 'tap';
 import { measureWindow, summarizeRestart, type EventRun } from '../../bench/restart';
-import type { ClientResult } from '../../test/privileged/fixtures/vrrp-agent-lab';
+import type { ClientResult } from '../../lab/client-loop';
 
 const ok = (at: number, ms = 5, body = 'b1'): ClientResult => ({ t: at, ms, ok: true, body });
 const bad = (at: number, ms = 1, error = 'ECONNREFUSED'): ClientResult => ({ t: at, ms, ok: false, error });

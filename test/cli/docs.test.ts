@@ -9,7 +9,7 @@ import * as path from 'node:path';
 import { spawnSync } from 'node:child_process';
 import type { Command } from 'commander';
 import { buildProgram } from '../../agent/cli/main';
-import { agentCli } from '../helpers/agent';
+import { agentCli } from '../../lab/agent';
 
 /** Every subcommand and its options' flags, straight from commander (help included). */
 function walk(program: Command): { name: string; flags: string[]; choices: string[] }[] {

@@ -4,7 +4,7 @@ import t, { Test } from 'tap';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { agentCli } from '../helpers/agent';
+import { agentCli } from '../../lab/agent';
 import { ControlServer } from '../../agent/control/server';
 import { silentLogger } from '../../agent/log';
 
@@ -143,5 +143,5 @@ t.test('status --watch: a bad interval and --json are usage errors (exit 2)', as
   t.match(a.stderr, /seconds between 0\.1 and 3600/);
   const b = await agentCli(undefined, undefined, ['status', '--watch', '--json', '--socket', '/nonexistent.sock']);
   t.equal(b.code, 2);
-  t.match(b.stderr, /--watch and --json do not go together/);
+  t.match(b.stderr, /--watch and --json do not go together.*\[LB_ERR_CLI_USAGE\]/);
 });

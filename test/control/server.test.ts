@@ -48,3 +48,74 @@ t.test('a client that sends nothing is cut off', async (t) => {
   });
   t.ok(closed >= 4500 && closed < 8000, `closed after ${closed} ms`);
 });
+
+/** Send raw bytes to the socket; the text that comes back before the server closes. */
+async function raw(socket: string, text: string): Promise<string> {
+  const net = await import('node:net');
+  return new Promise((resolve) => {
+    let out = '';
+    const s = net.createConnection(socket, () => s.write(text));
+    s.setEncoding('utf8');
+    s.on('data', (d: string) => { out += d; });
+    s.on('close', () => resolve(out));
+    s.on('error', () => undefined);
+  });
+}
+
+t.test('the socket is 0600, replaces a stale file, and is removed at stop', async (t) => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lbt-control-'));
+  t.teardown(() => fs.rmSync(dir, { recursive: true, force: true }));
+  const socket = path.join(dir, 'run', 'agent.sock');
+  fs.mkdirSync(path.dirname(socket));
+  fs.writeFileSync(socket, 'left by a dead daemon');
+  const server = new ControlServer({ socketPath: socket, handler: () => 'pong', log: silentLogger() });
+  await server.start();
+  t.ok(fs.statSync(socket).isSocket(), 'the stale file was replaced by the socket');
+  t.equal(fs.statSync(socket).mode & 0o777, 0o600, 'only root may ask (status shows backends, reload changes state)');
+  t.equal(await controlRequest(socket, 'ping'), 'pong');
+  await server.stop();
+  t.notOk(fs.existsSync(socket), 'removed at stop');
+  await server.stop();
+});
+
+t.test('malformed requests get an error answer; an oversized one is cut off', async (t) => {
+  const asked: string[] = [];
+  const socket = await serve(t, (op) => { asked.push(op); return 'x'; });
+  t.match(JSON.parse(await raw(socket, 'status\n')), { ok: false, error: /JSON/ }, 'not JSON');
+  t.same(JSON.parse(await raw(socket, '{"cmd":"status"}\n')), { ok: false, error: 'request has no "op"' });
+  t.same(JSON.parse(await raw(socket, '{"op":7}\n')), { ok: false, error: 'request has no "op"' }, 'op must be a string');
+  t.equal(await raw(socket, 'x'.repeat(70_000)), '', 'a request over 64 KiB without a newline: closed, no answer');
+  t.same(asked, [], 'the handler never saw any of them');
+});
+
+t.test('a client is told when no daemon listens, or the answer is unreadable', async (t) => {
+  const net = await import('node:net');
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lbt-control-'));
+  const liar = net.createServer((s) => { s.resume(); s.end('not json\n'); });
+  // Reads (so it sees the client go) but never answers.
+  const quiet = net.createServer((s) => { s.resume(); s.on('error', () => undefined); });
+  t.teardown(async () => {
+    for (const srv of [liar, quiet]) await new Promise((r) => srv.close(r));
+    fs.rmSync(dir, { recursive: true, force: true });
+  });
+  const none = path.join(dir, 'none.sock');
+  await t.rejects(controlRequest(none, 'status'), { code: 'LB_ERR_CONTROL_UNREACHABLE', message: `cannot reach the agent at ${none}: ENOENT (is lb-agent running? \`systemctl status lb-agent\`)` });
+  const liarSock = path.join(dir, 'liar.sock');
+  await new Promise<void>((r) => liar.listen(liarSock, r));
+  await t.rejects(controlRequest(liarSock, 'status'), { code: 'LB_ERR_CONTROL_PROTOCOL', message: `unreadable answer from ${liarSock}` });
+  const muteSock = path.join(dir, 'mute.sock');
+  await new Promise<void>((r) => quiet.listen(muteSock, r));
+  await t.rejects(controlRequest(muteSock, 'status', 300), { code: 'LB_ERR_CONTROL_UNREACHABLE', message: `no answer from ${muteSock} within 300 ms` });
+});
+
+t.test('a socket path that cannot be bound is LB_ERR_DAEMON_START naming it', async (t) => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lbt-control-'));
+  t.teardown(() => fs.rmSync(dir, { recursive: true, force: true }));
+  // A directory with something in it where the socket should go: not a stale socket to replace.
+  const socket = path.join(dir, 'agent.sock');
+  fs.mkdirSync(socket);
+  fs.writeFileSync(path.join(socket, 'keep'), '');
+  const server = new ControlServer({ socketPath: socket, handler: () => 'x', log: silentLogger() });
+  await t.rejects(server.start(), { code: 'LB_ERR_DAEMON_START', message: `cannot listen on control socket ${socket}: listen EADDRINUSE: address already in use ${socket}` });
+  t.ok(fs.existsSync(path.join(socket, 'keep')), 'what was there is left alone');
+});

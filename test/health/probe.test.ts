@@ -6,7 +6,7 @@ import t from 'tap';
 import * as net from 'node:net';
 import * as http from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { tcpProbe, httpProbe, defaultProbe, reasonOf, type ProbeTarget } from '../../agent/health/probe';
+import { tcpProbe, httpProbe, defaultProbe, reasonOf, type ProbeResult, type ProbeTarget } from '../../agent/health/probe';
 
 const tcp = (port: number): ProbeTarget => ({ address: '127.0.0.1', port, type: 'tcp', http: undefined });
 const httpT = (port: number, path = '/healthz', expectStatus: [number, number] = [200, 299]): ProbeTarget =>
@@ -101,6 +101,29 @@ t.test('http: no answer within the timeout is a timeout', async (t) => {
     t.equal(r.reason, 'timeout');
     t.ok(r.durationMs >= 290, `took ${Math.round(r.durationMs)} ms`);
   }
+});
+
+t.test('http: an abort while the backend is silent resolves at once and closes the connection', async (t) => {
+  let backendSaw: Promise<void> | undefined;
+  const connected = new Promise<void>((resolve) => {
+    const server = net.createServer((s) => {
+      // Reads (so it sees the close) but never answers.
+      backendSaw = new Promise((r) => s.on('close', () => r()));
+      s.on('error', () => {});
+      s.resume();
+      resolve();
+    });
+    t.teardown(() => server.close());
+    void listen(server).then((port) => { probe = httpProbe(httpT(port), { timeoutMs: 10_000, signal: ac.signal }); });
+  });
+  const ac = new AbortController();
+  let probe: Promise<ProbeResult> | undefined;
+  await connected;
+  ac.abort();
+  const r = await probe!;
+  t.same(r.ok ? 'ok' : [r.reason, r.detail], ['error', 'aborted']);
+  await backendSaw;
+  t.pass('the backend saw the connection close');
 });
 
 t.test('http: a connection reset before the answer is a reset', async (t) => {

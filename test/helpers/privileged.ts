@@ -1,17 +1,7 @@
 // Gate for privileged tests: they need root (netns, macvlan, raw sockets).
 // When they cannot run they skip with the reason, unless CI asked for them
 // with LB_AGENT_REQUIRE_PRIVILEGED=1, where a skip would hide a gap: fail.
-import { execFileSync } from 'node:child_process';
-
-export function privilegedUnavailableReason(): string | undefined {
-  if (process.getuid?.() !== 0) return 'needs root (network namespaces, macvlan, packet sockets)';
-  try {
-    execFileSync('ip', ['netns', 'list'], { stdio: 'ignore' });
-  } catch {
-    return 'needs iproute2 (`ip netns`)';
-  }
-  return undefined;
-}
+import { labUnavailableReason } from '../../lab/netns';
 
 interface TapLike {
   plan?(n: number, comment?: string): void;
@@ -21,7 +11,7 @@ interface TapLike {
 
 /** Call at the top of a privileged test file; returns false when the file must stop. */
 export function requirePrivileged(t: TapLike & { skip?: unknown }): boolean {
-  const reason = privilegedUnavailableReason();
+  const reason = labUnavailableReason();
   if (!reason) return true;
   if (process.env.LB_AGENT_REQUIRE_PRIVILEGED === '1') {
     t.fail(`privileged test cannot run: ${reason} (LB_AGENT_REQUIRE_PRIVILEGED=1 forbids skipping)`);

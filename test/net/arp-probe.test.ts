@@ -10,7 +10,6 @@ import { parseIPv4 } from '../../agent/ipv4';
 import { arpAnnouncement, arpProbe, ARP_OP_REPLY, ARP_OP_REQUEST, decodeArp, encodeArp, type ArpPacket } from '../../agent/net/arp';
 import {
   announce,
-  arpConflictError,
   defenseVerdict,
   initialProbeState,
   probeAddress,
@@ -193,10 +192,4 @@ t.test('announce: count announcements, intervalMs apart', async (t) => {
   t.equal(socket.sent.length, 3);
   t.same(socket.sent[0], encodeArp(arpAnnouncement(OUR_MAC, CANDIDATE)));
   t.match(await registry.metrics(), /lbagent_net_gratuitous_arps_sent_total 3/);
-});
-
-t.test('arpConflictError names the address and the MAC', async (t) => {
-  const e = arpConflictError('10.99.0.50', OTHER_MAC, 'lbv0123');
-  t.equal(e.code, 'LB_ERR_NET_ARP_CONFLICT');
-  t.match(e.message, /10\.99\.0\.50.*52:54:00:ab:cd:ef.*lbv0123/);
 });

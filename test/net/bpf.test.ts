@@ -1,7 +1,7 @@
 // BPF builders: instruction for instruction what `tcpdump -dd` emits
 // (tcpdump 4.99, captured with `tcpdump -i lo -dd '<expr>'`).
 import t from 'tap';
-import { bpfArp, bpfEtherType, bpfIpProto, bpfProblem, bpfUdpDstPort, formatBpf } from '../../agent/net/bpf';
+import { bpfArp, bpfEtherType, bpfIpProto, bpfIpProtoPayloadByte, bpfProblem, bpfUdpDstPort, formatBpf } from '../../agent/net/bpf';
 
 const TCPDUMP_ARP = `{ 0x28, 0, 0, 0x0000000c },
 { 0x15, 0, 1, 0x00000806 },
@@ -45,6 +45,15 @@ t.test('builders reject out-of-range arguments', async (t) => {
   t.throws(() => bpfUdpDstPort(1.5), RangeError);
   t.throws(() => bpfIpProto(256), RangeError);
   t.throws(() => bpfEtherType(-1), RangeError);
+  t.throws(() => bpfIpProtoPayloadByte(112, 1, 256), RangeError);
+  t.throws(() => bpfIpProtoPayloadByte(112, -1, 51), RangeError);
+});
+
+t.test('a payload byte after an IP header of any length (the VRRP VRID filter)', async (t) => {
+  const p = bpfIpProtoPayloadByte(112, 1, 51);
+  t.equal(bpfProblem(p), undefined, 'well formed');
+  t.same(p[8], [0x50, 0, 0, 15], 'X + 15: the IP header length from byte 0, then byte 1 of the payload');
+  t.same(p[9], [0x15, 0, 1, 51], 'compared with the value');
 });
 
 t.test('bpfProblem: structural checks', async (t) => {

@@ -131,3 +131,30 @@ t.test('PacketHandle validates its arguments before any syscall', async (t) => {
   t.throws(() => new PacketHandle(1, 0x0806, [[0x06, 0, 0, 2 ** 32]]), RangeError);
   t.throws(() => new PacketHandle(1, 0x0806, [[0x06, 0, 0]] as unknown as [number, number, number, number][]), TypeError);
 });
+
+t.test('an install without the built addon (or with a broken one) is LB_ERR_NET_NATIVE_MISSING saying what to run', async (t) => {
+  // A copy of the two compiled files in a tree with no native/build: what a
+  // checkout looks like when `npm ci` did not build the addon.
+  const os = await import('node:os');
+  const path = await import('node:path');
+  const { spawnSync } = await import('node:child_process');
+  const root = fs.mkdtempSync(path.join(os.tmpdir(), 'lbt-native-'));
+  t.teardown(() => fs.rmSync(root, { recursive: true, force: true }));
+  fs.mkdirSync(path.join(root, 'dist', 'agent', 'net'), { recursive: true });
+  fs.copyFileSync(require.resolve('../../agent/net/native'), path.join(root, 'dist', 'agent', 'net', 'native.js'));
+  fs.copyFileSync(require.resolve('../../agent/errors'), path.join(root, 'dist', 'agent', 'errors.js'));
+  const load = (): { code?: string; message?: string; path?: string } => {
+    const r = spawnSync(process.execPath, ['-e', `
+      try { require(${JSON.stringify(path.join(root, 'dist', 'agent', 'net', 'native.js'))}).loadNative(); console.log('{}'); }
+      catch (e) { console.log(JSON.stringify({ code: e.code, message: e.message, path: e.details && e.details.path })); }`], { encoding: 'utf8' });
+    return JSON.parse(r.stdout) as { code?: string; message?: string; path?: string };
+  };
+  const addon = path.join(root, 'native', 'build', 'Release', 'lbagent_native.node');
+  t.same(load(), {
+    code: 'LB_ERR_NET_NATIVE_MISSING', path: addon,
+    message: `native addon not built: ${addon} is missing; run \`npm ci\` in the lb-agent directory (it builds native/ with node-gyp), then \`npm run build\``,
+  }, 'missing');
+  fs.mkdirSync(path.dirname(addon), { recursive: true });
+  fs.writeFileSync(addon, 'not an ELF object');
+  t.match(load(), { code: 'LB_ERR_NET_NATIVE_MISSING', message: /failed to load .*rebuild it for this Node version with `npm ci`/ }, 'not loadable');
+});

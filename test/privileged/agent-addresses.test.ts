@@ -3,9 +3,9 @@
 // no orphan links; a prefixed link the config does not want is removed).
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
-import { createLab, Lab, waitFor } from '../helpers/netns';
-import { startBackend, startDnsmasq, httpGetFrom, Dnsmasq } from '../helpers/services';
-import { startAgent, waitStatus, agentCli } from '../helpers/agent';
+import { createLab, Lab, waitFor } from '../../lab/netns';
+import { startBackend, startDnsmasq, httpGetFrom, Dnsmasq } from '../../lab/services';
+import { startAgent, waitStatus, agentCli } from '../../lab/agent';
 import { macForService, linkNameForService } from '../../agent/net/ownership';
 
 const FAST_ARP = { probeWait: 0.05, probeNum: 2, probeMin: 0.05, probeMax: 0.1, announceWait: 0.05, announceNum: 2, announceInterval: 0.1 };

@@ -5,8 +5,8 @@ import t from 'tap';
 import * as fs from 'node:fs';
 import { stringify } from 'yaml';
 import { requirePrivileged } from '../helpers/privileged';
-import { createLab } from '../helpers/netns';
-import { AGENT_BIN } from '../helpers/agent';
+import { createLab } from '../../lab/netns';
+import { AGENT_BIN } from '../../lab/agent';
 
 t.test('lb-agent check', async (t) => {
   if (!requirePrivileged(t)) return;

@@ -5,9 +5,9 @@
 import * as fs from 'node:fs';
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
-import { run, waitFor } from '../helpers/netns';
+import { run, waitFor } from '../../lab/netns';
 import { operatorLab, FAST_ARP, FAST_HC, poolService } from './fixtures/operator-lab';
-import { startAgent, waitStatus, AGENT_BIN } from '../helpers/agent';
+import { startAgent, waitStatus, AGENT_BIN } from '../../lab/agent';
 
 const INTERVAL_S = 0.5;
 

@@ -7,9 +7,9 @@
 import t from 'tap';
 import * as fs from 'node:fs';
 import { requirePrivileged } from '../helpers/privileged';
-import { createLab, run, waitFor } from '../helpers/netns';
-import { httpGetFrom } from '../helpers/services';
-import { startAgent, waitStatus, AGENT_BIN } from '../helpers/agent';
+import { createLab, run, waitFor } from '../../lab/netns';
+import { httpGetFrom } from '../../lab/services';
+import { startAgent, waitStatus, AGENT_BIN } from '../../lab/agent';
 
 const PERIOD_S = 0.5;
 const BOMB = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]',

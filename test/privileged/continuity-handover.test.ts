@@ -8,8 +8,8 @@
 // data path whatever the old process was told.
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
-import { startAgent, waitStatus, agentCli } from '../helpers/agent';
-import { buildContinuityLab, continuityConfig, describeReport, Loops } from './fixtures/continuity-lab';
+import { startAgent, waitStatus, agentCli } from '../../lab/agent';
+import { buildContinuityLab, continuityConfig, describeReport, Loops } from '../../lab/continuity';
 
 const SERVICES = [{ name: 'web', ipam: 'dhcp' as const }, { name: 'api', ipam: 'pool' as const }];
 

@@ -9,10 +9,10 @@ import * as path from 'node:path';
 import t from 'tap';
 import { stringify } from 'yaml';
 import { requirePrivileged } from '../helpers/privileged';
-import { waitFor } from '../helpers/netns';
-import { httpGetFrom } from '../helpers/services';
-import { startAgent, waitStatus, type AgentHandle } from '../helpers/agent';
-import { buildContinuityLab, continuityConfig, describeReport, Loops, type ServiceDef } from './fixtures/continuity-lab';
+import { waitFor } from '../../lab/netns';
+import { httpGetFrom } from '../../lab/services';
+import { startAgent, waitStatus, type AgentHandle } from '../../lab/agent';
+import { buildContinuityLab, continuityConfig, describeReport, Loops, type ServiceDef } from '../../lab/continuity';
 
 const BASE: ServiceDef[] = [{ name: 'web', ipam: 'dhcp' }, { name: 'api', ipam: 'pool' }];
 

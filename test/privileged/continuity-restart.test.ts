@@ -8,10 +8,10 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
-import { waitFor } from '../helpers/netns';
-import { httpGetFrom } from '../helpers/services';
-import { agentCli, startAgent, waitStatus, type AgentHandle } from '../helpers/agent';
-import { buildContinuityLab, continuityConfig, describeReport, Loops } from './fixtures/continuity-lab';
+import { waitFor } from '../../lab/netns';
+import { httpGetFrom } from '../../lab/services';
+import { agentCli, startAgent, waitStatus, type AgentHandle } from '../../lab/agent';
+import { buildContinuityLab, continuityConfig, describeReport, Loops } from '../../lab/continuity';
 
 const SERVICES = [{ name: 'web', ipam: 'dhcp' as const }, { name: 'api', ipam: 'pool' as const }];
 

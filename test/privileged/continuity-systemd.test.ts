@@ -1,19 +1,22 @@
 // A VIP never blinks under the real unit (issue 14): lb-agent.service in a
 // systemd 252 container that is "the VM" on the continuity lab. A client
 // loop through a DHCP VIP and a pool VIP sees zero failed requests across
-// `systemctl restart` and across a SIGKILL that Restart= recovers, on the
+// `systemctl restart`, an upgrade by systemd/install.sh, and a SIGKILL that Restart= recovers, on the
 // kernel path; on the proxy path, zero failed new connections across a
 // restart (the listeners wait in systemd's fd store) and, after a SIGKILL,
 // failures only among requests that were open when it landed. `systemctl
 // stop` still leaves no address, link or table.
+import * as fs from 'node:fs';
+import * as path from 'node:path';
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
-import { waitFor, type Lab } from '../helpers/netns';
-import { bootSystemdContainer, systemdContainerUnavailableReason, type SystemdContainer } from '../helpers/systemd-container';
+import { run, waitFor, type Lab } from '../../lab/netns';
+import { bootSystemdContainer, systemdContainerUnavailableReason, type SystemdContainer } from '../../lab/systemd-container';
 import type { StatusDocument } from '../../agent/daemon/daemon';
-import { buildContinuityLab, continuityConfig, describeReport, Loops } from './fixtures/continuity-lab';
+import { buildContinuityLab, continuityConfig, describeReport, Loops } from '../../lab/continuity';
 
 const SERVICES = [{ name: 'web', ipam: 'dhcp' as const }, { name: 'api', ipam: 'pool' as const }];
+const REPO = path.resolve(__dirname, '..', '..', '..');
 
 async function status(vm: SystemdContainer): Promise<StatusDocument> {
   const r = await vm.lbAgent('status', '--json');
@@ -82,12 +85,35 @@ for (const dataplane of ['kernel', 'proxy'] as const) {
       t.equal(rep.failures.length, 0, `${name}: no failed request across systemctl restart: ${describeReport(rep)}`);
     }
 
+    // An upgrade as systemd/install.sh does it on the VM: a new release
+    // written beside the running agent and switched in one rename, then
+    // daemon-reload and restart. (Written from the host into the container's
+    // root, which is the same tree; the restart runs inside.)
+    const loopsUp = await Loops.start(cl, vips, dataplane === 'proxy' ? 5000 : 500);
+    t.teardown(() => loopsUp.stopQuietly());
+    await new Promise((r) => setTimeout(r, 500));
+    const upAt = Date.now();
+    const before = fs.readlinkSync(vm.file('/usr/lib/lb-agent'));
+    await run(path.join(REPO, 'systemd', 'install.sh'), ['--root', vm.root, '--no-enable'], { timeoutMs: 120_000 });
+    const release = fs.readlinkSync(vm.file('/usr/lib/lb-agent'));
+    t.not(release, before, 'install.sh switched /usr/lib/lb-agent to a new release');
+    t.equal((await vm.systemctl('daemon-reload')).code, 0);
+    t.equal((await vm.systemctl('restart', 'lb-agent')).code, 0, 'restarted after the install');
+    const pid3 = await restarted(vm, pid2);
+    const maps = (await vm.sh(`cat /proc/${pid3}/maps`)).stdout;
+    t.match(maps, new RegExp(`${path.basename(release)}/native/build/Release/lbagent_native\\.node`), 'the new process runs the new release');
+    await new Promise((r) => setTimeout(r, 1000));
+    for (const [name, rep] of Object.entries(await loopsUp.stop(upAt))) {
+      t.ok(rep.count >= 50, `${name}: the loop ran across the upgrade (${rep.count})`);
+      t.equal(rep.failures.length, 0, `${name}: no failed request across install.sh and restart: ${describeReport(rep)}`);
+    }
+
     const loops2 = await Loops.start(cl, vips, dataplane === 'proxy' ? 5000 : 500);
     t.teardown(() => loops2.stopQuietly());
     await new Promise((r) => setTimeout(r, 500));
     const killAt = Date.now();
     await vm.killMain('KILL');
-    await restarted(vm, pid2);
+    await restarted(vm, pid3);
     await new Promise((r) => setTimeout(r, 1000));
     const afterKill = await loops2.stop(killAt);
     for (const [name, rep] of Object.entries(afterKill)) {

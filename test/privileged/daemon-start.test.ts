@@ -11,8 +11,8 @@ import t from 'tap';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { requirePrivileged } from '../helpers/privileged';
-import { createLab, waitFor } from '../helpers/netns';
-import { startAgent, agentCli } from '../helpers/agent';
+import { createLab, waitFor } from '../../lab/netns';
+import { startAgent, agentCli } from '../../lab/agent';
 import { controlRequest } from '../../agent/control/server';
 import type { StatusDocument } from '../../agent/daemon/daemon';
 

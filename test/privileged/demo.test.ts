@@ -4,11 +4,11 @@ import t from 'tap';
 import { spawn } from 'node:child_process';
 import { execFileSync } from 'node:child_process';
 import { requirePrivileged } from '../helpers/privileged';
-import { distPath } from '../helpers/services';
+import { distPath } from '../../lab/services';
 
 t.test('the demo lab runs and cleans up', async (t) => {
   if (!requirePrivileged(t)) return;
-  const proc = spawn(process.execPath, [distPath('test', 'demo', 'lab.js')], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const proc = spawn(process.execPath, [distPath('lab', 'demo.js')], { stdio: ['ignore', 'pipe', 'pipe'] });
   let out = '';
   proc.stdout.on('data', (d: Buffer) => { out += d.toString(); });
   proc.stderr.on('data', (d: Buffer) => { out += d.toString(); });

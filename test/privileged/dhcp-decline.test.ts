@@ -5,8 +5,8 @@
 // and binds a different address.
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
-import { createLab, waitFor } from '../helpers/netns';
-import { startDnsmasq } from '../helpers/services';
+import { createLab, waitFor } from '../../lab/netns';
+import { startDnsmasq } from '../../lab/services';
 import { addressesOf, dhcpLab, linkMac, startDriver } from './fixtures/dhcp-harness';
 
 if (requirePrivileged(t)) {

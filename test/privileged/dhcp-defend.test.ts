@@ -6,9 +6,9 @@
 // another lease and serves the service there.
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
-import { waitFor } from '../helpers/netns';
-import { startAgent, waitStatus } from '../helpers/agent';
-import { httpGetFrom } from '../helpers/services';
+import { waitFor } from '../../lab/netns';
+import { startAgent, waitStatus } from '../../lab/agent';
+import { httpGetFrom } from '../../lab/services';
 import { ArpCapture, buildVipLab, isAnnouncement, vipAgentConfig } from './fixtures/vip-lab';
 
 if (requirePrivileged(t)) {

@@ -5,7 +5,7 @@
 // reason; Kea is started again and the client gets its address back.
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
-import { createLab, waitFor } from '../helpers/netns';
+import { createLab, waitFor } from '../../lab/netns';
 import { addressesOf, dhcpLab, ping, startDriver, startKea } from './fixtures/dhcp-harness';
 
 if (requirePrivileged(t)) {

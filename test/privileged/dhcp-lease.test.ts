@@ -5,8 +5,8 @@
 // service sends DHCPRELEASE and deletes the macvlan.
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
-import { createLab, waitFor } from '../helpers/netns';
-import { startDnsmasq } from '../helpers/services';
+import { createLab, waitFor } from '../../lab/netns';
+import { startDnsmasq } from '../../lab/services';
 import { clientIdForService } from '../../agent/net/ownership';
 import { addressesOf, dhcpLab, linkMac, ping, startDriver } from './fixtures/dhcp-harness';
 

@@ -4,8 +4,8 @@
 // macvlan, MAC and lease; removing them all releases every lease.
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
-import { createLab, waitFor } from '../helpers/netns';
-import { startDnsmasq } from '../helpers/services';
+import { createLab, waitFor } from '../../lab/netns';
+import { startDnsmasq } from '../../lab/services';
 import { FAST_DHCP, dhcpLab, startDriver } from './fixtures/dhcp-harness';
 
 const N = 50;

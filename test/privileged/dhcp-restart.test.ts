@@ -4,8 +4,8 @@
 // address with INIT-REBOOT, gets it, and dnsmasq still holds one lease.
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
-import { createLab, waitFor } from '../helpers/netns';
-import { startDnsmasq } from '../helpers/services';
+import { createLab, waitFor } from '../../lab/netns';
+import { startDnsmasq } from '../../lab/services';
 import { addressesOf, dhcpLab, linkMac, ping, startDriver } from './fixtures/dhcp-harness';
 
 if (requirePrivileged(t)) {

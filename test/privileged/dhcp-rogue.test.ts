@@ -4,9 +4,9 @@
 // and nothing is bound: no address on the service macvlan, no VIP in status.
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
-import { createLab, waitFor } from '../helpers/netns';
-import { distPath, httpGetFrom } from '../helpers/services';
-import { startAgent } from '../helpers/agent';
+import { createLab, waitFor } from '../../lab/netns';
+import { distPath, httpGetFrom } from '../../lab/services';
+import { startAgent } from '../../lab/agent';
 import { linkNameForService } from '../../agent/net/ownership';
 
 t.test('a rogue server offering the VM\'s own, a multicast and an off-subnet address gets nothing bound', async (t) => {

@@ -11,7 +11,7 @@
 // RFC interval, plus process start-up slack) is asserted.
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
-import { createLab, type Lab } from '../helpers/netns';
+import { createLab, type Lab } from '../../lab/netns';
 import { masterDownIntervalMs, skewTimeMs } from '../../agent/failover/machine';
 import { RouterProc, masters, type RouterOptions } from './fixtures/failover-client';
 

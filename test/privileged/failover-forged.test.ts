@@ -6,7 +6,7 @@
 // path: it does make the Master yield.
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
-import { createLab } from '../helpers/netns';
+import { createLab } from '../../lab/netns';
 import { encodeAdvertisement, type EncodeOptions } from '../../agent/failover/codec';
 import { internetChecksum } from '../../agent/net/inet';
 import { parseIPv4 } from '../../agent/ipv4';

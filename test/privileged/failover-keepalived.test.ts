@@ -6,9 +6,10 @@
 // adverts whose address list differs from its own).
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
-import { createLab, waitFor, type Lab } from '../helpers/netns';
+import { createLab, waitFor, type Lab } from '../../lab/netns';
 import { masterDownIntervalMs } from '../../agent/failover/machine';
-import { RouterProc, startKeepalived, type Keepalived } from './fixtures/failover-client';
+import { RouterProc } from './fixtures/failover-client';
+import { startKeepalived, type Keepalived } from '../../lab/keepalived';
 
 if (requirePrivileged(t)) {
   const INTERVAL = 0.2;

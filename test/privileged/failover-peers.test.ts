@@ -6,7 +6,7 @@
 // preempt again when it comes back.
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
-import { createLab } from '../helpers/netns';
+import { createLab } from '../../lab/netns';
 import { encodeAdvertisement } from '../../agent/failover/codec';
 import { masterDownIntervalMs } from '../../agent/failover/machine';
 import { parseIPv4 } from '../../agent/ipv4';

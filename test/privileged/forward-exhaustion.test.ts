@@ -8,9 +8,9 @@
 // EMFILE itself and still blames no backend, counting and logging it.
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
-import { createLab, type Lab } from '../helpers/netns';
-import { startBackend, httpGetFrom } from '../helpers/services';
-import { startAgent, waitStatus, type AgentHandle } from '../helpers/agent';
+import { createLab, type Lab } from '../../lab/netns';
+import { startBackend, httpGetFrom } from '../../lab/services';
+import { startAgent, waitStatus, type AgentHandle } from '../../lab/agent';
 
 const VIP = '10.99.0.200';
 const CLIENTS = 1000;

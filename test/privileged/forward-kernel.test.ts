@@ -1,14 +1,15 @@
 // Privileged: the kernel data path (nftables) end to end in a lab: client ->
 // VIP on the node -> DNAT/SNAT -> backends b1..b3, with the data path driven
-// inside the node namespace (fixtures/forward-driver.ts). The common
+// inside the node namespace (lab/bin/forward-driver.ts). The common
 // scenarios (weights, removal mid-stream, long-lived connection, refusal) are
-// in fixtures/forward-lab.ts; here also the table's life cycle: adopted when
+// in fixtures/forward-scenarios.ts; here also the table's life cycle: adopted when
 // it matches, rewritten at start when someone altered it, removed at stop.
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
-import { run } from '../helpers/netns';
+import { run } from '../../lab/netns';
 import { probeNftables } from '../../agent/forward/nft';
-import { applyWeb, commonScenarios, startDriver, HTTP_PORT, VIP, type Burst } from './fixtures/forward-lab';
+import { applyWeb, startDriver, HTTP_PORT, VIP, type Burst } from '../../lab/forward';
+import { commonScenarios } from './fixtures/forward-scenarios';
 
 if (requirePrivileged(t)) {
   t.test('probeNftables: the kernel takes our table in a throwaway namespace; the host is untouched', async (t) => {

@@ -1,11 +1,12 @@
 // Privileged: the userspace proxy data path end to end in a lab: client ->
 // VIP:port on the node (the proxy listens there) -> backends b1..b3. The
-// common scenarios are in fixtures/forward-lab.ts; here also the proxy's
+// common scenarios are in fixtures/forward-scenarios.ts; here also the proxy's
 // own duties: a dead backend is retried around and reported (passive health),
 // and stop() closes the listeners.
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
-import { applyWeb, commonScenarios, HTTP_PORT, VIP, type Burst } from './fixtures/forward-lab';
+import { applyWeb, HTTP_PORT, VIP, type Burst } from '../../lab/forward';
+import { commonScenarios } from './fixtures/forward-scenarios';
 
 if (requirePrivileged(t)) {
   t.test('proxy data path', async (t) => {

@@ -5,8 +5,8 @@
 // real driver: connect failures take the backend out, only a probe brings it back.
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
-import { createLab } from '../helpers/netns';
-import { startBackend } from '../helpers/services';
+import { createLab } from '../../lab/netns';
+import { startBackend } from '../../lab/services';
 import { HealthDriver } from './fixtures/health-client';
 
 /** A sample's value from Prometheus text, by name and labels (all must match). */

@@ -9,8 +9,8 @@
 // Timing is only checked loosely (order of magnitude), never tightly.
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
-import { createLab, type Lab } from '../helpers/netns';
-import { startBackend } from '../helpers/services';
+import { createLab, type Lab } from '../../lab/netns';
+import { startBackend } from '../../lab/services';
 import { HealthDriver, type ProbeEvent } from './fixtures/health-client';
 
 if (requirePrivileged(t)) {

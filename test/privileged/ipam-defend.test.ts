@@ -4,7 +4,7 @@
 // address up, mark it in conflict, and move the service to another address.
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
-import { createLab, waitFor } from '../helpers/netns';
+import { createLab, waitFor } from '../../lab/netns';
 import { addressesOf, ipamLab, linkMac, readClaims, startPoolDriver, ServiceStatus } from './fixtures/ipam-harness';
 
 if (requirePrivileged(t)) {

@@ -6,7 +6,7 @@
 // leaves only the extra service pending.
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
-import { createLab, waitFor } from '../helpers/netns';
+import { createLab, waitFor } from '../../lab/netns';
 import { addressesOf, ipamLab, linkMac, neighbourMac, ping, readClaims, startPoolDriver } from './fixtures/ipam-harness';
 
 if (requirePrivileged(t)) {

@@ -6,7 +6,7 @@
 // each service gets the same address back, whatever order services start in.
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
-import { createLab } from '../helpers/netns';
+import { createLab } from '../../lab/netns';
 import { DEFAULT_ARP } from '../../agent/config/defaults';
 import { addressesOf, ipamLab, ping, readClaims, startPoolDriver } from './fixtures/ipam-harness';
 

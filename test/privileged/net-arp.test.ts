@@ -6,7 +6,7 @@ import t from 'tap';
 import type { ArpTimings } from '../../agent/config/types';
 import type { LinkInfo } from '../../agent/net/netlink';
 import { linkNameForService, macForService } from '../../agent/net/ownership';
-import { createLab, waitFor, type Lab } from '../helpers/netns';
+import { createLab, waitFor, type Lab } from '../../lab/netns';
 import { requirePrivileged } from '../helpers/privileged';
 import { driver, driverStream } from './fixtures/net-driver-run';
 

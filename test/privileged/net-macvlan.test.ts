@@ -3,7 +3,7 @@
 // reachable from another namespace, errors naming the interface or the
 // capability, ownership reconcile, and link/address change notifications.
 import t from 'tap';
-import { createLab } from '../helpers/netns';
+import { createLab } from '../../lab/netns';
 import { requirePrivileged } from '../helpers/privileged';
 import type { AddressInfo, LinkInfo } from '../../agent/net/netlink';
 import { linkNameForService, macForService } from '../../agent/net/ownership';

@@ -3,8 +3,8 @@
 // rtnetlink socket serves one dump at a time; the client queues).
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
-import { createLab } from '../helpers/netns';
-import { distPath } from '../helpers/services';
+import { createLab } from '../../lab/netns';
+import { distPath } from '../../lab/services';
 
 t.test('concurrent requests on one client all succeed', async (t) => {
   if (!requirePrivileged(t)) return;

@@ -4,7 +4,7 @@
 // multicast/promiscuous memberships live exactly as long as the socket, and
 // an interface that disappears is reported as an error event.
 import t from 'tap';
-import { createLab, waitFor, type Lab } from '../helpers/netns';
+import { createLab, waitFor, type Lab } from '../../lab/netns';
 import { requirePrivileged } from '../helpers/privileged';
 import { linkNameForService, macForService } from '../../agent/net/ownership';
 import { driver, driverStream } from './fixtures/net-driver-run';

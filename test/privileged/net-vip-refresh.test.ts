@@ -4,7 +4,7 @@
 // pool VIP (from the parent's MAC) alike. Observed with tcpdump on a client.
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
-import { startAgent, waitStatus } from '../helpers/agent';
+import { startAgent, waitStatus } from '../../lab/agent';
 import { ArpCapture, buildVipLab, isAnnouncement, vipAgentConfig } from './fixtures/vip-lab';
 
 const REFRESH_S = 0.5;

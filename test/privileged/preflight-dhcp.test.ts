@@ -5,8 +5,8 @@
 import t from 'tap';
 import * as fs from 'node:fs';
 import { requirePrivileged } from '../helpers/privileged';
-import { createLab, type Lab } from '../helpers/netns';
-import { distPath, startDnsmasq } from '../helpers/services';
+import { createLab, type Lab } from '../../lab/netns';
+import { distPath, startDnsmasq } from '../../lab/services';
 
 const SCRIPT = distPath('test', 'privileged', 'fixtures', 'preflight-run.js');
 

@@ -5,8 +5,8 @@
 import t from 'tap';
 import * as fs from 'node:fs';
 import { requirePrivileged } from '../helpers/privileged';
-import { createLab, run, type Lab } from '../helpers/netns';
-import { distPath } from '../helpers/services';
+import { createLab, run, type Lab } from '../../lab/netns';
+import { distPath } from '../../lab/services';
 
 const SCRIPT = distPath('test', 'privileged', 'fixtures', 'preflight-run.js');
 

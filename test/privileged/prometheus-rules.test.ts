@@ -7,7 +7,7 @@ import t from 'tap';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { parse } from 'yaml';
-import { run } from '../helpers/netns';
+import { run } from '../../lab/netns';
 
 const DIR = path.resolve(__dirname, '..', '..', '..', 'examples', 'prometheus');
 const RULES = path.join(DIR, 'lb-agent.rules.yml');

@@ -7,10 +7,10 @@ import t from 'tap';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { requirePrivileged } from '../helpers/privileged';
-import { createLab, run, waitFor, Lab } from '../helpers/netns';
-import { startBackend, startDnsmasq, httpGetFrom } from '../helpers/services';
-import { startAgent, waitStatus } from '../helpers/agent';
-import { startPrometheus, promQuery } from '../helpers/prometheus';
+import { createLab, run, waitFor, Lab } from '../../lab/netns';
+import { startBackend, startDnsmasq, httpGetFrom } from '../../lab/services';
+import { startAgent, waitStatus } from '../../lab/agent';
+import { startPrometheus, promQuery } from '../../lab/prometheus';
 
 const ROOT = path.resolve(__dirname, '..', '..', '..');
 const RULES = path.join(ROOT, 'examples', 'prometheus', 'lb-agent.rules.yml');

@@ -13,9 +13,9 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { stringify } from 'yaml';
 import { requirePrivileged } from '../helpers/privileged';
-import { createLab, waitFor, Lab } from '../helpers/netns';
-import { startBackend, startDnsmasq, httpGetFrom } from '../helpers/services';
-import { AGENT_BIN } from '../helpers/agent';
+import { createLab, waitFor, Lab } from '../../lab/netns';
+import { startBackend, startDnsmasq, httpGetFrom } from '../../lab/services';
+import { AGENT_BIN } from '../../lab/agent';
 import { controlRequest } from '../../agent/control/server';
 import type { StatusDocument } from '../../agent/daemon/daemon';
 

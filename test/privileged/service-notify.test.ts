@@ -10,9 +10,9 @@
 import t from 'tap';
 import * as fs from 'node:fs';
 import { requirePrivileged } from '../helpers/privileged';
-import { createLab, waitFor } from '../helpers/netns';
-import { startBackend } from '../helpers/services';
-import { startAgent, agentCli } from '../helpers/agent';
+import { createLab, waitFor } from '../../lab/netns';
+import { startBackend } from '../../lab/services';
+import { startAgent, agentCli } from '../../lab/agent';
 
 const FAST_ARP = { probeWait: 0.05, probeNum: 2, probeMin: 0.05, probeMax: 0.1, announceWait: 0.05, announceNum: 2, announceInterval: 0.1 };
 const WATCHDOG_USEC = 400_000;

@@ -1,5 +1,5 @@
 // lb-agent.service under a real systemd: a Debian bookworm container
-// (systemd 252, test/helpers/systemd-container.ts) is "the VM" on a lab
+// (systemd 252, lab/systemd-container.ts) is "the VM" on a lab
 // LAN with two real backends and a client; lb-agent is installed into it by
 // systemd/install.sh and runs from the unit as on a VM. Proven in order:
 // a failing ExecStartPre= preflight blocks the start; Type=notify goes
@@ -11,9 +11,9 @@
 import t from 'tap';
 import { stringify } from 'yaml';
 import { requirePrivileged } from '../helpers/privileged';
-import { createLab, waitFor, Lab } from '../helpers/netns';
-import { startBackend, httpGetFrom } from '../helpers/services';
-import { bootSystemdContainer, systemdContainerUnavailableReason, decodeCapabilities, SystemdContainer } from '../helpers/systemd-container';
+import { createLab, waitFor, Lab } from '../../lab/netns';
+import { startBackend, httpGetFrom } from '../../lab/services';
+import { bootSystemdContainer, systemdContainerUnavailableReason, decodeCapabilities, SystemdContainer } from '../../lab/systemd-container';
 import type { StatusDocument } from '../../agent/daemon/daemon';
 
 const FAST_ARP = { probeWait: 0.05, probeNum: 2, probeMin: 0.05, probeMax: 0.1, announceWait: 0.05, announceNum: 2, announceInterval: 0.1 };

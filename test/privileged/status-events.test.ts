@@ -5,9 +5,9 @@
 import * as fs from 'node:fs';
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
-import { startBackend } from '../helpers/services';
+import { startBackend } from '../../lab/services';
 import { operatorLab, FAST_ARP, poolService } from './fixtures/operator-lab';
-import { startAgent, waitStatus, agentCli } from '../helpers/agent';
+import { startAgent, waitStatus, agentCli } from '../../lab/agent';
 import type { StatusDocument, StatusEvent } from '../../agent/daemon/daemon';
 
 t.test('status events: VRRP, VIPs, backends and reloads, with time and reason', async (t) => {

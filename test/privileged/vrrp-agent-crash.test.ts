@@ -10,7 +10,8 @@
 // so the stale holder does not hold it back.
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
-import { buildVrrpLab, waitMaster, gapReport, logAfter, ClientLoop, POOL_VIP } from './fixtures/vrrp-agent-lab';
+import { buildVrrpLab, waitMaster, logAfter, POOL_VIP, BACKEND_IDS } from '../../lab/vrrp';
+import { gapReport, ClientLoop } from '../../lab/client-loop';
 
 if (requirePrivileged(t)) {
   t.test('the Master agent crashes, its VM lives on, the agent restarts', async (t) => {
@@ -42,7 +43,7 @@ if (requirePrivileged(t)) {
     t.notOk(await hasVip(n2), 'n2 holds no VIP');
     t.notOk(await hasVip(n1), 'n1 holds no VIP');
     await new Promise((r) => setTimeout(r, 500));
-    const g = gapReport(await loop.stop(), crashAt);
+    const g = gapReport(await loop.stop(), crashAt, BACKEND_IDS);
     t.comment(`client from the crash to the restarted agent serving: ${g.count} requests, ${g.gaps} gaps (${g.gapMs} ms), errors ${JSON.stringify(g.errors)}`);
     t.same(g.wrongBodies, [], 'every answer came from a backend');
     t.same(Object.keys(g.errors).filter((e) => e !== 'timeout'), [], 'no refusals');

@@ -11,8 +11,9 @@
 //   from withdraws it without a DHCPRELEASE; still one lease.
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
-import { waitFor } from '../helpers/netns';
-import { buildVrrpLab, waitMaster, gapReport, logAfter, logTime, ClientLoop } from './fixtures/vrrp-agent-lab';
+import { waitFor } from '../../lab/netns';
+import { buildVrrpLab, waitMaster, logAfter, logTime, BACKEND_IDS } from '../../lab/vrrp';
+import { gapReport, ClientLoop } from '../../lab/client-loop';
 
 if (requirePrivileged(t)) {
   t.test('a DHCP VIP keeps its address across failover and back, with one lease and no DHCPRELEASE', async (t) => {
@@ -48,7 +49,7 @@ if (requirePrivileged(t)) {
       const killedAt = await n3.die();
       await loop.waitServed('an answer after the Master died', killedAt, 15_000);
       await new Promise((r) => setTimeout(r, 1000));
-      const g = gapReport(await loop.stop(), killedAt);
+      const g = gapReport(await loop.stop(), killedAt, BACKEND_IDS);
       const master = logAfter(n2, killedAt, (l) => l.op === 'transition' && l.to === 'master');
       const bound = logAfter(n2, killedAt, (l) => l.op === 'bind');
       t.comment(`SIGKILL -> n2 VRRP Master: ${master ? logTime(master) - killedAt : '?'} ms; -> lease bound: ${bound ? logTime(bound) - killedAt : '?'} ms; `

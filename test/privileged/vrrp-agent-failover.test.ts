@@ -14,10 +14,8 @@
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
 import { masterDownIntervalMs } from '../../agent/failover/machine';
-import {
-  buildVrrpLab, waitMaster, vrrpStates, metricValue, gapReport, logAfter, logTime,
-  ClientLoop, POOL_VIP, VRID, BACKENDS,
-} from './fixtures/vrrp-agent-lab';
+import { buildVrrpLab, waitMaster, vrrpStates, metricValue, logAfter, logTime, POOL_VIP, VRID, BACKENDS, BACKEND_IDS } from '../../lab/vrrp';
+import { gapReport, ClientLoop } from '../../lab/client-loop';
 
 if (requirePrivileged(t)) {
   t.test('three agents: one Master per VIP; the Master VM dies and a Backup serves the VIP after a gap', async (t) => {
@@ -68,7 +66,7 @@ if (requirePrivileged(t)) {
       await loop.waitServed('an answer after the Master died', killedAt, 10_000);
       await new Promise((r) => setTimeout(r, 1500));
       const results = await loop.stop();
-      const g = gapReport(results, killedAt);
+      const g = gapReport(results, killedAt, BACKEND_IDS);
       const master = logAfter(n2, killedAt, (l) => l.op === 'transition' && l.to === 'master');
       const mdi = masterDownIntervalMs(150, 10);
       t.comment(`SIGKILL -> n2 VRRP Master: ${master ? logTime(master) - killedAt : '?'} ms (Master_Down_Interval ${mdi.toFixed(1)} ms); `

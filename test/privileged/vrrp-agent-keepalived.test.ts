@@ -12,9 +12,9 @@
 // - keepalived never logs a malformed or mismatching advert from us.
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
-import { waitFor } from '../helpers/netns';
-import { startKeepalived } from './fixtures/failover-client';
-import { buildVrrpLab, waitMaster, logAfter, logTime, metricValue, POOL_VIP, VRID, KEEPALIVED } from './fixtures/vrrp-agent-lab';
+import { waitFor } from '../../lab/netns';
+import { startKeepalived } from '../../lab/keepalived';
+import { buildVrrpLab, waitMaster, logAfter, logTime, metricValue, POOL_VIP, VRID, KEEPALIVED } from '../../lab/vrrp';
 
 if (requirePrivileged(t)) {
   t.test('agents and keepalived on one virtual router elect by priority, both ways', async (t) => {

@@ -9,7 +9,8 @@ import { requirePrivileged } from '../helpers/privileged';
 import { encodeAdvertisement } from '../../agent/failover/codec';
 import { parseIPv4 } from '../../agent/ipv4';
 import { forge } from './fixtures/failover-client';
-import { buildVrrpLab, waitMaster, vrrpStates, metricValue, gapReport, ClientLoop, POOL_VIP, VRID, CLIENT, NODES } from './fixtures/vrrp-agent-lab';
+import { buildVrrpLab, waitMaster, vrrpStates, metricValue, POOL_VIP, VRID, CLIENT, NODES, BACKEND_IDS } from '../../lab/vrrp';
+import { gapReport, ClientLoop } from '../../lab/client-loop';
 
 t.test('three agents with failover.peers where multicast is dropped: elected by unicast, deaf to a non-peer', async (t) => {
   if (!requirePrivileged(t)) return;
@@ -49,7 +50,7 @@ t.test('three agents with failover.peers where multicast is dropped: elected by 
   const killedAt = await n3.die();
   await loop.waitServed('an answer after the Master died', killedAt, 10_000);
   await new Promise((r) => setTimeout(r, 1000));
-  const g = gapReport(await loop.stop(), killedAt);
+  const g = gapReport(await loop.stop(), killedAt, BACKEND_IDS);
   t.comment(`n3 died -> first answer from n2: ${g.servedAfterMs ?? '?'} ms; ${g.count} requests, gap ${g.gapMs} ms, errors ${JSON.stringify(g.errors)}`);
   t.ok(g.servedAfterMs !== undefined && g.servedAfterMs < 2000, 'served again within 2 s');
   t.same((await vrrpStates([n1, n2])).map((s) => [s.name, s.status]), [['n1', 'backup'], ['n2', 'master']], 'n2 took over, n1 follows it');

@@ -9,9 +9,8 @@
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
 import { masterDownIntervalMs } from '../../agent/failover/machine';
-import {
-  buildVrrpLab, waitMaster, gapReport, logAfter, logTime, metricValue, ClientLoop, POOL_VIP, VRID,
-} from './fixtures/vrrp-agent-lab';
+import { buildVrrpLab, waitMaster, logAfter, logTime, metricValue, POOL_VIP, VRID, BACKEND_IDS } from '../../lab/vrrp';
+import { gapReport, ClientLoop } from '../../lab/client-loop';
 
 if (requirePrivileged(t)) {
   for (const preempt of [true, false]) {
@@ -45,7 +44,7 @@ if (requirePrivileged(t)) {
         t.ok(withdrawn && bound && logTime(withdrawn) < logTime(bound), 'before n3 put it on its own (the handover wait, then the RFC 5227 probe)');
         await new Promise((r) => setTimeout(r, 1000));
         // n2 served the VIP until it took the address off: the gap (if any) starts there.
-        const g = gapReport(await loop.stop(), withdrawn ? logTime(withdrawn) : backAt);
+        const g = gapReport(await loop.stop(), withdrawn ? logTime(withdrawn) : backAt, BACKEND_IDS);
         t.comment(`preemption: n2 went Backup ${yielded ? logTime(yielded) - backAt : '?'} ms after n3's agent was started and withdrew the VIP ${withdrawn && yielded ? logTime(withdrawn) - logTime(yielded) : '?'} ms later; `
           + `n3 bound it ${bound && withdrawn ? logTime(bound) - logTime(withdrawn) : '?'} ms after that; client: ${g.count} requests, gap ${g.gapMs} ms, errors ${JSON.stringify(g.errors)}`);
         t.same(g.wrongBodies, [], 'every answer came from a backend');
@@ -60,7 +59,7 @@ if (requirePrivileged(t)) {
         // Several Master_Down_Intervals: it must stay Backup.
         await n3.waitService('Backup following n2', 'api', (s) => s.failover?.state === 'backup' && s.failover.master === n2.ip);
         await new Promise((r) => setTimeout(r, 5 * masterDownIntervalMs(200, 10)));
-        const g = gapReport(await loop.stop(), backAt);
+        const g = gapReport(await loop.stop(), backAt, BACKEND_IDS);
         const s3 = await n3.service('api');
         t.equal((s3.failover as Record<string, unknown>).state, 'backup', 'preempt off: the returning priority 200 stays Backup');
         t.equal((s3.failover as Record<string, unknown>).master, n2.ip, 'and follows n2');

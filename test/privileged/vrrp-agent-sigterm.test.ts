@@ -7,7 +7,8 @@
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
 import { masterDownIntervalMs, skewTimeMs } from '../../agent/failover/machine';
-import { buildVrrpLab, waitMaster, gapReport, logAfter, logTime, ClientLoop, POOL_VIP } from './fixtures/vrrp-agent-lab';
+import { buildVrrpLab, waitMaster, logAfter, logTime, POOL_VIP, BACKEND_IDS } from '../../lab/vrrp';
+import { gapReport, ClientLoop } from '../../lab/client-loop';
 
 if (requirePrivileged(t)) {
   t.test('SIGTERM on the Master: priority 0, a Backup takes over after about Skew_Time', async (t) => {
@@ -36,7 +37,7 @@ if (requirePrivileged(t)) {
     t.ok(withdrawn, 'n3 took the VIP off its interface');
     t.ok(withdrawn && resigned && logTime(withdrawn) <= logTime(resigned), 'before it resigned (so the new Master finds the address free)');
     // Until n3 withdrew the VIP it served it: the gap (if any) starts there.
-    const g = gapReport(results, withdrawn ? logTime(withdrawn) : termAt);
+    const g = gapReport(results, withdrawn ? logTime(withdrawn) : termAt, BACKEND_IDS);
     t.ok(heard, 'a Backup heard the priority-0 advert (Master unknown at once, RFC 5798 §6.4.2)');
     t.equal(master?.reason, 'master-resigned', 'n2 took over because the Master resigned, not because it fell silent');
     const took = master ? logTime(master) - (resigned ? logTime(resigned) : termAt) : undefined;

@@ -14,11 +14,10 @@
 import t, { type Test } from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
 import { DEFAULT_ARP } from '../../agent/config/defaults';
-import { waitFor } from '../helpers/netns';
+import { waitFor } from '../../lab/netns';
 import { neighbourMac } from './fixtures/ipam-harness';
-import {
-  buildVrrpLab, bridgePort, waitMaster, gapReport, logAfter, logTime, metricValue, ClientLoop, FAST_ARP, POOL_VIP, VRID,
-} from './fixtures/vrrp-agent-lab';
+import { buildVrrpLab, bridgePort, waitMaster, logAfter, logTime, metricValue, FAST_ARP, POOL_VIP, VRID, BACKEND_IDS } from '../../lab/vrrp';
+import { gapReport, ClientLoop } from '../../lab/client-loop';
 
 /**
  * n2 and n3 only; n3 (the winner) never hears n2's adverts. Partition n3,
@@ -60,7 +59,7 @@ async function loserYieldsFirst(t: Test, refreshInterval: number | undefined, wa
   t.notOk(logAfter(n3, healAt, (l) => l.op === 'split-brain'), 'n3 never heard n2 as a second Master: no re-announcement on that account');
   t.notOk(logAfter(n3, healAt, (l) => l.op === 'give-up'), 'the winner never gave its VIP up over an ARP conflict (RFC 5227 §2.4 (c) under VRRP)');
   t.equal((await n3.service('api')).vip, POOL_VIP, 'the winner holds the VIP');
-  const g = gapReport(await loop.stop(), healAt);
+  const g = gapReport(await loop.stop(), healAt, BACKEND_IDS);
   t.same(g.wrongBodies, [], 'every answer came from a backend');
   t.comment(`refreshInterval ${refreshInterval ?? `default (${DEFAULT_ARP.refreshInterval})`} s: client's ARP entry at the winner ${reachedAt === undefined ? `not within ${watchMs} ms` : `${reachedAt - healAt} ms`} after the heal; `
     + `client: ${g.count} requests, errors ${JSON.stringify(g.errors)}`);
@@ -110,7 +109,7 @@ if (requirePrivileged(t)) {
     t.equal((await n2.service('api')).state, 'backup');
 
     await new Promise((r) => setTimeout(r, 1000));
-    const g = gapReport(await loop.stop(), healAt);
+    const g = gapReport(await loop.stop(), healAt, BACKEND_IDS);
     const neigh = await lab.sh(client, `ip neigh show ${POOL_VIP}`);
     // Cut off, n3 saw every backend fail its health checks: until they pass
     // again after the heal, n3 (the Master) refuses new connections.

@@ -6,7 +6,8 @@
 // answer through each VIP comes within 0.5 s of the death.
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
-import { buildVrrpLab, waitMaster, gapReport, logTime, ClientLoop, POOL_VIP, BACKEND_IDS } from './fixtures/vrrp-agent-lab';
+import { buildVrrpLab, waitMaster, logTime, POOL_VIP, BACKEND_IDS } from '../../lab/vrrp';
+import { gapReport, ClientLoop } from '../../lab/client-loop';
 import { linkNameForService } from '../../agent/net/ownership';
 
 t.test('default config, 0.1 s adverts: the Master dies, both VIPs answer again within 0.5 s', async (t) => {

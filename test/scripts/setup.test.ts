@@ -1,7 +1,8 @@
 // scripts/setup.sh installs every program the agent, the demo, the tests and
 // the bench run (issue 16: the bench's forward area failed on a fresh VM
 // because conntrack was missing). The programs are found in the sources -
-// the first argument of spawn/execFile/run and of a lab's spawn/exec, and the
+// the first argument of spawn/execFile/run and of a lab's spawn/exec, the
+// commands of the shell scripts a lab runs in a namespace (lab.sh), and the
 // bench's per-area tool lists - and each must be in setup.sh's package map,
 // be a program of a package there, or belong to Debian's essential set.
 import * as fs from 'node:fs';
@@ -11,9 +12,19 @@ import t from 'tap';
 const ROOT = path.resolve(__dirname, '..', '..', '..');
 
 /** Essential on every Debian/Ubuntu (coreutils, util-linux, bash, libc-bin, dash). */
-const ESSENTIAL = new Set(['sh', 'bash', 'env', 'cat', 'timeout', 'nproc', 'mkfifo', 'mount', 'umount', 'unshare', 'setpriv', 'prlimit', 'getent', 'kill', 'sleep', 'true', 'false']);
+const ESSENTIAL = new Set(['sh', 'bash', 'env', 'cat', 'timeout', 'nproc', 'mkfifo', 'mount', 'umount', 'unshare', 'setpriv', 'prlimit', 'getent', 'kill', 'sleep', 'true', 'false',
+  'ls', 'wc', 'sed', 'grep', 'awk', 'head', 'tail', 'echo', 'printf', 'test', 'rm', 'mkdir']);
+/** Shell words that are not programs. */
+const SHELL = new Set(['ulimit', 'for', 'do', 'done', 'if', 'then', 'else', 'fi', 'while', 'in', 'export', 'cd', 'set', 'trap', 'wait', 'read', 'exec']);
 /** Programs that come with a package named in setup.sh under another file. */
-const ALSO = new Map([['promtool', 'prometheus'], ['node', 'nodejs (checked by setup.sh itself)']]);
+const ALSO = new Map([['promtool', 'prometheus'], ['node', 'nodejs (checked by setup.sh itself)'], ['ss', 'iproute2'], ['bridge', 'iproute2']]);
+
+/** The commands of a shell script: the first word of each pipeline stage, list element and $(...). */
+function shellCommands(script: string): string[] {
+  return script.split(/&&|\|\||;|\||\$\(|\n|\bthen\b|\bdo\b|\belse\b/)
+    .map((part) => /^\s*\(?\s*(?:exec\s+)?([a-z][a-z0-9_.-]*)/.exec(part)?.[1])
+    .filter((w): w is string => w !== undefined && !SHELL.has(w));
+}
 /** Run only inside the systemd test container, whose root has them. */
 const IN_CONTAINER = new Set(['systemctl', 'journalctl', 'systemd-sysusers']);
 
@@ -40,6 +51,10 @@ function programsRun(): Map<string, string> {
     for (const f of sources(path.join(ROOT, dir))) {
       const text = fs.readFileSync(f, 'utf8');
       for (const re of patterns) for (const m of text.matchAll(re)) if (!found.has(m[1]!)) found.set(m[1]!, path.relative(ROOT, f));
+      // lab.sh(ns, 'ip link set ... && nft ...'): the script's commands.
+      for (const m of text.matchAll(/\.sh\([^,()]+(?:\([^)]*\))?,\s*(['`])([\s\S]*?)\1/g)) {
+        for (const cmd of shellCommands(m[2]!.replace(/\$\{[^}]*\}/g, 'X'))) if (!found.has(cmd)) found.set(cmd, path.relative(ROOT, f));
+      }
       // bench/run.ts: the tools each area checks for before it runs.
       if (path.relative(ROOT, f) !== path.join('bench', 'run.ts')) continue;
       for (const m of text.matchAll(/^\s+[a-z]+: \[((?:'[a-z0-9_.-]+',? ?)*)\],$/gm)) {
@@ -55,12 +70,18 @@ function installed(): Set<string> {
   return new Set([...text.matchAll(/^\s+\[[a-z0-9.+-]+\]=(\S+)$/gm)].map((m) => path.basename(m[1]!)));
 }
 
+t.test('the commands of a lab shell script', async (t) => {
+  t.same(shellCommands('ip link set lo up && ip link add br0 type bridge; sysctl -qw a=1'), ['ip', 'ip', 'sysctl']);
+  t.same(shellCommands('for l in $(ip -o link show | sed -n p); do ip link del "$l"; done'), ['ip', 'sed', 'ip']);
+  t.same(shellCommands('ulimit -n 64 && exec tcpdump -i eth0'), ['tcpdump']);
+});
+
 t.test('every program the code runs is installed by scripts/setup.sh', async (t) => {
   const have = installed();
   t.ok(have.has('conntrack'), 'conntrack (the bench forward area flushes flows with it)');
   const run = programsRun();
   t.ok(run.size > 20, `programs found in the sources (${run.size}): the scan works`);
-  for (const must of ['nft', 'dnsmasq', 'haproxy', 'conntrack', 'systemd-nspawn']) t.ok(run.has(must), `the scan sees ${must}`);
+  for (const must of ['nft', 'dnsmasq', 'haproxy', 'conntrack', 'systemd-nspawn', 'sysctl', 'ss']) t.ok(run.has(must), `the scan sees ${must}`);
   const missing = [...run].filter(([p]) => !have.has(p) && !ESSENTIAL.has(p) && !ALSO.has(p) && !IN_CONTAINER.has(p));
   t.same(missing.map(([p, f]) => `${p} (run in ${f})`), [], 'nothing the code runs is left for a fresh VM to lack');
 });

@@ -182,7 +182,7 @@ t.test('install.sh into a scratch root', { skip: !built && 'build first: npm ci 
     const native = path.join(lib, 'dist', 'agent', 'net', 'native.js');
     const addon = spawnSync(process.execPath, ['-e', `const n=require(${JSON.stringify(native)});n.capabilities();process.stdout.write(n.nativeAddonPath())`], { encoding: 'utf8', cwd: os.tmpdir(), env, timeout: 30_000 });
     t.equal(addon.status, 0, `the native addon loads from the installed tree: ${addon.stderr}`);
-    t.equal(addon.stdout, path.join(lib, 'native', 'build', 'Release', 'lbagent_native.node'), 'the installed addon, not the repository\'s');
+    t.equal(addon.stdout, fs.realpathSync(path.join(lib, 'native', 'build', 'Release', 'lbagent_native.node')), 'the installed addon (of its release), not the repository\'s');
   });
 
   t.test('runtime modules only', async (t) => {
@@ -191,6 +191,7 @@ t.test('install.sh into a scratch root', { skip: !built && 'build first: npm ci 
     for (const dep of [...Object.keys(pkg.devDependencies), '@tapjs/core', '@typescript/native-preview']) t.notOk(fs.existsSync(path.join(lib, 'node_modules', dep)), `dev dependency ${dep} not installed`);
     t.notOk(fs.existsSync(path.join(lib, 'dist', 'test')), 'no compiled tests');
     t.notOk(fs.existsSync(path.join(lib, 'dist', 'bench')), 'no benchmarks');
+    t.notOk(fs.existsSync(path.join(lib, 'dist', 'lab')), 'no test lab');
     t.notOk(fs.existsSync(path.join(lib, 'node_modules', 'netlink', 'node_modules', '@types', 'node', 'node')), 'nested packages copied once, not into themselves');
   });
 
@@ -199,10 +200,36 @@ t.test('install.sh into a scratch root', { skip: !built && 'build first: npm ci 
     const mine = '# mine\nservices: []\n';
     fs.writeFileSync(cfg, mine);
     fs.writeFileSync(path.join(lib, 'dist', 'agent', 'stale.js'), '');
+    const first = fs.readlinkSync(lib);
     const again = installInto(dir);
     t.equal(again.status, 0, again.stderr);
     t.equal(fs.readFileSync(cfg, 'utf8'), mine, '/etc/lb-agent/config.yaml untouched');
     t.notOk(fs.existsSync(path.join(lib, 'dist', 'agent', 'stale.js')), 'the old build is replaced, not merged');
+    const second = fs.readlinkSync(lib);
+    t.not(second, first, '/usr/lib/lb-agent points at a new release');
+    const releases = path.join(dir, 'usr', 'lib', 'lb-agent-releases');
+    t.ok(fs.existsSync(path.join(dir, 'usr', 'lib', first, 'dist', 'agent', 'stale.js')), 'the previous release stays whole for an agent still running from it');
+    // Node resolves modules through the real path, so a process started
+    // before the switch keeps loading its own release's files.
+    const cached = spawnSync(process.execPath, ['-e', `require(${JSON.stringify(path.join(lib, 'dist', 'agent', 'version.js'))}); process.stdout.write(Object.keys(require.cache).join('\\n'))`], { encoding: 'utf8', timeout: 30_000 });
+    t.match(cached.stdout, new RegExp(`lb-agent-releases/${path.basename(second)}/dist/agent/version\\.js`), 'a module loaded through /usr/lib/lb-agent is cached under its release');
+    const third = installInto(dir);
+    t.equal(third.status, 0, third.stderr);
+    t.same(fs.readdirSync(releases).sort(), [path.basename(second), path.basename(fs.readlinkSync(lib))].sort(), 'a third install keeps the current and the previous release only');
+  });
+
+  t.test('an install over a tree from before releases moves it aside', async (t) => {
+    const legacy = fs.mkdtempSync(path.join(os.tmpdir(), 'lb-install-legacy-'));
+    t.teardown(() => fs.rmSync(legacy, { recursive: true, force: true }));
+    fs.mkdirSync(path.join(legacy, 'usr', 'lib', 'lb-agent', 'dist'), { recursive: true });
+    fs.writeFileSync(path.join(legacy, 'usr', 'lib', 'lb-agent', 'dist', 'old.js'), '');
+    const r = installInto(legacy);
+    t.equal(r.status, 0, r.stderr);
+    const link = path.join(legacy, 'usr', 'lib', 'lb-agent');
+    t.ok(fs.lstatSync(link).isSymbolicLink(), '/usr/lib/lb-agent is now a link');
+    const aside = fs.readdirSync(path.join(legacy, 'usr', 'lib', 'lb-agent-releases')).filter((n) => n.startsWith('legacy-'));
+    t.equal(aside.length, 1, 'the old tree kept as a release');
+    t.ok(fs.existsSync(path.join(legacy, 'usr', 'lib', 'lb-agent-releases', aside[0]!, 'dist', 'old.js')));
   });
 });
 

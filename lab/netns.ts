@@ -1,8 +1,9 @@
-// Throwaway lab topologies for privileged tests: a "LAN" namespace holding a
-// bridge, and host namespaces (the agent's node, backends, a DHCP server, a
-// client) each wired to it by a veth pair. Tests only ever address these
-// namespaces (10.99.0.0/24 exists only inside them) and loopback.
-// Every lab is torn down by t.teardown, by process exit, and - if a test
+// lab/netns.ts owns the throwaway topology the demo, the bench and the
+// privileged tests build: a "LAN" namespace holding a bridge, and host
+// namespaces (the agent's node, backends, a DHCP server, a client) each wired
+// to it by a veth pair. Only these namespaces (10.99.0.0/24 exists only
+// inside them) and loopback are ever addressed.
+// Every lab is torn down by its owner's teardown, by process exit, and - if a
 // process was killed - by the next lab, which removes namespaces whose owning
 // pid is dead (the pid is part of the name).
 import { execFile, spawn, ChildProcess, SpawnOptions, execFileSync } from 'node:child_process';
@@ -15,6 +16,17 @@ const execFileP = promisify(execFile);
 const PREFIX = 'lbt';
 let labCounter = 0;
 const liveLabs = new Set<Lab>();
+
+/** Why a lab cannot be built here (not root, no `ip netns`), or undefined. */
+export function labUnavailableReason(): string | undefined {
+  if (process.getuid?.() !== 0) return 'needs root (network namespaces, macvlan, packet sockets)';
+  try {
+    execFileSync('ip', ['netns', 'list'], { stdio: 'ignore' });
+  } catch {
+    return 'needs iproute2 (`ip netns`)';
+  }
+  return undefined;
+}
 
 export interface ExecResult { stdout: string; stderr: string; code: number }
 
@@ -173,11 +185,34 @@ for (const sig of ['SIGINT', 'SIGTERM'] as const) {
   process.once(sig, () => { for (const lab of liveLabs) lab.destroySync(); process.exit(130); });
 }
 
-/** Create a lab that is destroyed when the test ends, pass or fail. */
+/** Create a lab that is destroyed when its owner (a test, a bench area) tears down, pass or fail. */
 export async function createLab(t: { teardown(fn: () => unknown): void }): Promise<Lab> {
   const lab = await Lab.create();
   t.teardown(() => lab.destroy());
   return lab;
+}
+
+/**
+ * True once something listens on TCP `port` in ns, or (udp) has UDP `port`
+ * bound, on any address: read from /proc/net/{tcp,tcp6} or {udp,udp6}, the
+ * local address field and, for TCP, state 0A (LISTEN).
+ */
+export async function listening(lab: Lab, ns: string, port: number, proto: 'tcp' | 'udp' = 'tcp'): Promise<boolean> {
+  const hex = port.toString(16).toUpperCase().padStart(4, '0');
+  const r = await lab.sh(ns, `cat /proc/net/${proto} /proc/net/${proto}6`, { allowFail: true });
+  return r.stdout.split('\n').some((l) => {
+    const f = l.trim().split(/\s+/);
+    return f[1]?.endsWith(`:${hex}`) === true && (proto === 'udp' || f[3] === '0A');
+  });
+}
+
+/** Wait until `what` listens on `port` in ns; fails at once when its process `proc` exits first. */
+export async function waitListening(lab: Lab, ns: string, port: number, what: string, o: { proc?: ChildProcess; timeoutMs?: number; proto?: 'tcp' | 'udp' } = {}): Promise<void> {
+  const r = await waitFor(`${what} to listen on ${o.proto ?? 'tcp'} port ${port}`, async () => {
+    if (o.proc && o.proc.exitCode !== null) return 'exited';
+    return (await listening(lab, ns, port, o.proto)) ? 'listening' : undefined;
+  }, o.timeoutMs ?? 10_000, 50);
+  if (r === 'exited') throw new Error(`${what} exited with ${o.proc!.exitCode} before it listened on port ${port}`);
 }
 
 /** Poll until fn returns a truthy value; bounded in time. */

@@ -1,5 +1,5 @@
-// Drive the real agent binary (dist/agent/cli/main.js) inside a lab
-// namespace: write its config, start it, read its JSON logs, ask its control
+// lab/agent.ts owns the handle on the real agent binary
+// (dist/agent/cli/main.js) inside a lab namespace: write its config, start it, read its JSON logs, ask its control
 // socket, signal it. The control socket and state dir live in the lab's
 // scratch directory, so they vanish with the lab.
 import * as fs from 'node:fs';
@@ -7,8 +7,8 @@ import { ChildProcess } from 'node:child_process';
 import { stringify } from 'yaml';
 import { Lab, waitFor, run } from './netns';
 import { distPath } from './services';
-import { controlRequest } from '../../agent/control/server';
-import type { StatusDocument } from '../../agent/daemon/daemon';
+import { controlRequest } from '../agent/control/server';
+import type { StatusDocument } from '../agent/daemon/daemon';
 import { onJsonLines } from './jsonlines';
 
 export const AGENT_BIN = distPath('agent', 'cli', 'main.js');

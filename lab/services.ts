@@ -1,20 +1,24 @@
-// Real peers started inside lab namespaces: backends (our tiny HTTP server)
-// and dnsmasq as the LAN's DHCP server.
+// lab/services.ts owns the real peers started inside lab namespaces: HTTP
+// backends (lab/bin/backend.ts), dnsmasq as the LAN's DHCP server, and one-shot
+// HTTP requests from a namespace; and distPath, the one place that knows where
+// the built tree (dist/) is.
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import * as http from 'node:http';
 import { ChildProcess } from 'node:child_process';
-import { Lab, waitFor } from './netns';
+import { Lab, waitFor, waitListening } from './netns';
 
-const DIST = path.resolve(__dirname, '..', '..');
+// This file runs as dist/lab/services.js: dist/ is one level up.
+const DIST = path.resolve(__dirname, '..');
 
+/** A path inside the built tree (dist/), e.g. distPath('agent', 'cli', 'main.js'). */
 export function distPath(...p: string[]): string { return path.join(DIST, ...p); }
 
 export interface Backend { proc: ChildProcess; id: string; ns: string; stop(): Promise<void> }
 
 /** Start an HTTP backend answering with its id on the given ports inside ns. */
 export async function startBackend(lab: Lab, ns: string, id: string, ports: number[] = [8080]): Promise<Backend> {
-  const args = [distPath('test', 'helpers', 'backend.js'), '--id', id];
+  const args = [distPath('lab', 'bin', 'backend.js'), '--id', id];
   for (const p of ports) args.push('--port', String(p));
   const proc = lab.spawn(ns, process.execPath, args);
   let out = '';
@@ -58,11 +62,7 @@ export async function startDnsmasq(lab: Lab, ns: string, opts: DnsmasqOptions): 
   const proc = lab.spawn(ns, 'dnsmasq', args);
   let err = '';
   proc.stderr?.on('data', (d: Buffer) => { err += d.toString(); });
-  await waitFor('dnsmasq to start', async () => {
-    if (proc.exitCode !== null) throw new Error(`dnsmasq exited: ${err}`);
-    const r = await lab.sh(ns, 'cat /proc/net/udp', { allowFail: true });
-    return r.stdout.includes(':0043 '); // port 67 bound
-  }, 10_000);
+  await waitListening(lab, ns, 67, 'dnsmasq', { proc, proto: 'udp' }).catch((e: Error) => { throw new Error(`${e.message}: ${err}`); });
   const leases = (): DnsmasqLease[] => fs.readFileSync(leaseFile, 'utf8').split('\n').filter(Boolean).map((l) => {
     const [expiry, mac, ip, hostname, clientId] = l.split(' ');
     return { expiry: Number(expiry), mac: mac!, ip: ip!, hostname: hostname!, clientId: clientId! };
@@ -83,6 +83,17 @@ export async function httpGetFrom(lab: Lab, ns: string, url: string, timeoutMs =
   const script = `const h=require('http');const r=h.get(${JSON.stringify(url)},{agent:false,timeout:${timeoutMs}},(s)=>{let b='';s.on('data',d=>b+=d);s.on('end',()=>{process.stdout.write(JSON.stringify({ok:true,body:b}))})});r.on('timeout',()=>{r.destroy(new Error('timeout'))});r.on('error',e=>{process.stdout.write(JSON.stringify({ok:false,body:'',error:e.code||e.message}))});`;
   const res = await lab.exec(ns, process.execPath, ['-e', script], { allowFail: true, timeoutMs: timeoutMs + 5000 });
   try { return JSON.parse(res.stdout); } catch { return { ok: false, body: '', error: res.stderr || 'no output' }; }
+}
+
+/**
+ * n HTTP GETs in sequence from inside ns, each on a new connection, from one
+ * node process (a process per request costs more than the requests on a
+ * loaded machine): the body or the error of each.
+ */
+export async function httpGetManyFrom(lab: Lab, ns: string, url: string, n: number, timeoutMs = 3000): Promise<{ ok: boolean; body: string; error?: string }[]> {
+  const script = `const h=require('http');const out=[];const one=()=>new Promise((res)=>{const r=h.get(${JSON.stringify(url)},{agent:false,timeout:${timeoutMs}},(s)=>{let b='';s.on('data',d=>b+=d);s.on('end',()=>res({ok:true,body:b}))});r.on('timeout',()=>{r.destroy(new Error('timeout'))});r.on('error',e=>res({ok:false,body:'',error:e.code||e.message}))});(async()=>{for(let i=0;i<${Math.max(0, Math.min(10_000, n))};i++)out.push(await one());process.stdout.write(JSON.stringify(out))})();`;
+  const res = await lab.exec(ns, process.execPath, ['-e', script], { allowFail: true, timeoutMs: n * timeoutMs + 5000 });
+  try { return JSON.parse(res.stdout); } catch { return [{ ok: false, body: '', error: res.stderr || 'no output' }]; }
 }
 
 /** HTTP GET from this process (loopback only). */

@@ -1,6 +1,6 @@
-// Read newline-delimited JSON from a child's stdout (driver fixtures and the
-// agent print one JSON object per line). Lines that are not JSON go to
-// onOther, or are ignored.
+// lab/jsonlines.ts: read newline-delimited JSON from a child's stdout (the
+// agent, lab/bin programs and test drivers print one JSON object per line).
+// Lines that are not JSON go to onOther, or are ignored.
 import type { Readable } from 'node:stream';
 
 export function onJsonLines(stream: Readable, onObject: (obj: Record<string, unknown>) => void, onOther?: (line: string) => void): void {

@@ -1,6 +1,6 @@
-// A real Prometheus server in a lab namespace (Debian's prometheus package):
-// write its config, start it, wait until ready, and query its HTTP API from
-// inside the namespace. Its data lives in the lab's scratch directory.
+// lab/prometheus.ts: a real Prometheus server in a lab namespace (Debian's
+// prometheus package): write its config, start it, wait until ready, and
+// query its HTTP API from inside the namespace. Its data lives in the lab's scratch directory.
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import type { ChildProcess } from 'node:child_process';

@@ -1,6 +1,7 @@
-// A real TCP backend for tests and benches: an HTTP/1.1 server that answers
-// every request with its own id, so a client can tell which backend served it.
-// Run it inside a namespace: node dist/test/helpers/backend.js --id b1 --port 8080 [--port 8081]
+// lab/bin/backend.ts: a real TCP backend for the demo, tests and benches, an
+// HTTP/1.1 server that answers every request with its own id, so a client can
+// tell which backend served it (lab/services.ts startBackend starts it).
+// Run it inside a namespace: node dist/lab/bin/backend.js --id b1 --port 8080 [--port 8081]
 import * as http from 'node:http';
 
 function main(): void {

@@ -1,13 +1,12 @@
-// The demo: what a new user sees first (`npm run demo`, as root).
+// lab/demo.ts is the demo: what a new user sees first (`npm run demo`, as root).
 // Builds a lab of network namespaces on one bridge - a DHCP server (dnsmasq),
 // three HTTP backends, a client and a VM running lb-agent - then runs the
 // agent with a DHCP service, a pool service and a service sharing the pool
 // VIP, sends traffic, kills a backend to show it leave rotation, prints
 // `lb-agent status` and a few metrics, and removes everything on exit or Ctrl-C.
-import { Lab, waitFor } from '../helpers/netns';
-import { startBackend, startDnsmasq, httpGetFrom } from '../helpers/services';
-import { startAgent, agentCli, AgentHandle } from '../helpers/agent';
-import { privilegedUnavailableReason } from '../helpers/privileged';
+import { Lab, labUnavailableReason, waitFor } from './netns';
+import { startBackend, startDnsmasq, httpGetFrom, httpGetManyFrom } from './services';
+import { startAgent, agentCli, AgentHandle } from './agent';
 
 const C = { bold: '\x1b[1m', dim: '\x1b[2m', green: '\x1b[32m', red: '\x1b[31m', off: '\x1b[0m' };
 const tty = process.stdout.isTTY;
@@ -16,8 +15,7 @@ function info(s: string): void { process.stdout.write(`    ${s}\n`); }
 
 async function tally(lab: Lab, url: string, n: number): Promise<Record<string, number>> {
   const counts: Record<string, number> = {};
-  for (let i = 0; i < n; i++) {
-    const r = await httpGetFrom(lab, lab.ns('client'), url, 2000);
+  for (const r of await httpGetManyFrom(lab, lab.ns('client'), url, n, 2000)) {
     const k = r.ok ? r.body.trim() : `error:${r.error}`;
     counts[k] = (counts[k] ?? 0) + 1;
   }
@@ -25,7 +23,7 @@ async function tally(lab: Lab, url: string, n: number): Promise<Record<string, n
 }
 
 async function main(): Promise<void> {
-  const why = privilegedUnavailableReason();
+  const why = labUnavailableReason();
   if (why) { process.stderr.write(`demo: ${why}; run it as root: sudo npm run demo\n`); process.exit(1); }
   const started = Date.now();
   const lab = await Lab.create();

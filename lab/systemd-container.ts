@@ -1,4 +1,4 @@
-// A real systemd (PID 1, Debian bookworm's 252) booted with systemd-nspawn
+// lab/systemd-container.ts: a real systemd (PID 1, Debian bookworm's 252) booted with systemd-nspawn
 // inside a lab's VM namespace, with lb-agent installed by systemd/install.sh:
 // the unit runs as it runs on a VM (Type=notify, the watchdog, ExecStartPre=+,
 // User=, capabilities, sandboxing, Restart=). Tests drive it through
@@ -20,7 +20,8 @@ import * as path from 'node:path';
 import { stringify } from 'yaml';
 import { Lab, run, waitFor, ExecResult } from './netns';
 
-const REPO = path.resolve(__dirname, '..', '..', '..');
+// This file runs as dist/lab/systemd-container.js: the checkout is two levels up.
+const REPO = path.resolve(__dirname, '..', '..');
 const ROOT_SCRIPT = path.join(REPO, 'scripts', 'systemd-root.sh');
 const SCRATCH_PREFIX = 'lbt-sd-';
 const CONTAINER_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';

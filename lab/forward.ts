@@ -1,0 +1,140 @@
+// lab/forward.ts owns the forwarding lab of the forward-*.test.ts tests and
+// bench/forward.ts: a client, a node holding the VIP as an extra address on
+// its eth0, and three backends b1..b3 (HTTP on 8080 via startBackend,
+// optionally UDP echo on 5353), all on the lab bridge. The data path runs
+// inside the node namespace through lab/bin/forward-driver.js; the client
+// talks through lab/bin/forward-client.js; both speak JSON lines
+// (JsonLinesProc). The scenarios both data paths must pass are tests:
+// test/privileged/fixtures/forward-scenarios.ts.
+import type { ChildProcess } from 'node:child_process';
+import { createLab, waitFor, type Lab } from './netns';
+import { distPath, startBackend, type Backend } from './services';
+import { onJsonLines } from './jsonlines';
+import type { DriverService } from './bin/forward-driver';
+
+export const VIP = '10.99.0.50';
+export const NODE = '10.99.0.10';
+export const CLIENT = '10.99.0.2';
+export const BACKENDS = ['10.99.0.11', '10.99.0.12', '10.99.0.13'] as const;
+export const IDS = ['b1', 'b2', 'b3'] as const;
+export const HTTP_PORT = 80;
+export const UDP_PORT = 53;
+
+/** A child process speaking JSON lines: requests with ids, events kept in order. */
+export class JsonLinesProc {
+  readonly events: Record<string, unknown>[] = [];
+  stderr = '';
+  private nextId = 1;
+  private readonly pending = new Map<number, { resolve: (v: unknown) => void; reject: (e: Error) => void }>();
+
+  private constructor(readonly proc: ChildProcess, readonly name: string) {
+    onJsonLines(proc.stdout!, (msg) => {
+      const id = msg['id'];
+      if (typeof id === 'number' && this.pending.has(id)) {
+        const p = this.pending.get(id)!;
+        this.pending.delete(id);
+        if (msg['ok']) p.resolve(msg['result']);
+        else p.reject(Object.assign(new Error(`${name}: ${JSON.stringify(msg['error'])}`), { detail: msg['error'] }));
+      } else {
+        this.events.push(msg);
+      }
+    });
+    proc.stderr!.on('data', (d: Buffer) => { this.stderr = (this.stderr + d.toString()).slice(-20_000); });
+    proc.on('exit', () => {
+      for (const p of this.pending.values()) p.reject(new Error(`${name} exited: ${this.stderr.slice(-2000)}`));
+      this.pending.clear();
+    });
+  }
+
+  /** Start lab/bin/<script> in ns and wait for its "ready" event. */
+  static async start(lab: Lab, ns: string, script: string, args: string[], name: string): Promise<JsonLinesProc> {
+    const proc = lab.spawn(ns, process.execPath, [distPath('lab', 'bin', script), ...args], { stdio: ['pipe', 'pipe', 'pipe'] });
+    const p = new JsonLinesProc(proc, name);
+    await waitFor(`${name} ready`, () => {
+      if (proc.exitCode !== null) throw new Error(`${name} exited: ${p.stderr}`);
+      return p.events.some((e) => e['event'] === 'ready');
+    }, 10_000);
+    return p;
+  }
+
+  request<T = unknown>(cmd: Record<string, unknown>, timeoutMs = 30_000): Promise<T> {
+    const id = this.nextId++;
+    return new Promise<T>((resolve, reject) => {
+      const timer = setTimeout(() => { this.pending.delete(id); reject(new Error(`${this.name}: ${String(cmd['cmd'])} timed out`)); }, timeoutMs);
+      this.pending.set(id, {
+        resolve: (v) => { clearTimeout(timer); resolve(v as T); },
+        reject: (e) => { clearTimeout(timer); reject(e); },
+      });
+      this.proc.stdin!.write(`${JSON.stringify({ ...cmd, id })}\n`);
+    });
+  }
+
+  /** End the process: closing stdin makes both fixtures exit; SIGKILL if not within 3 s. */
+  async close(): Promise<void> {
+    if (this.proc.exitCode !== null || this.proc.signalCode !== null) return;
+    const exited = new Promise<void>((r) => this.proc.once('exit', () => r()));
+    this.proc.stdin!.end();
+    const timer = setTimeout(() => this.proc.kill('SIGKILL'), 3000);
+    await exited;
+    clearTimeout(timer);
+  }
+}
+
+export interface ForwardLab {
+  lab: Lab;
+  node: string;
+  client: string;
+  backendNs: string[];
+  backends: Backend[];
+}
+
+/** Build the lab; when udp is set, every backend also runs a UDP echo on 5353. */
+export async function buildForwardLab(t: { teardown(fn: () => unknown): void }, opts: { udp?: boolean; backendPorts?: number[] } = {}): Promise<ForwardLab> {
+  const lab = await createLab(t);
+  const client = await lab.addHost('client', { address: `${CLIENT}/24` });
+  const node = await lab.addHost('node', { address: `${NODE}/24`, extraAddresses: [`${VIP}/24`] });
+  const backendNs: string[] = [];
+  const backends: Backend[] = [];
+  for (let i = 0; i < BACKENDS.length; i++) {
+    const ns = await lab.addHost(IDS[i]!, { address: `${BACKENDS[i]}/24` });
+    backendNs.push(ns);
+    backends.push(await startBackend(lab, ns, IDS[i]!, opts.backendPorts ?? [8080]));
+    if (opts.udp) {
+      const p = lab.spawn(ns, process.execPath, [distPath('lab', 'bin', 'udp-echo.js'), '--id', IDS[i]!, '--port', '5353']);
+      let outText = '';
+      p.stdout?.on('data', (d: Buffer) => { outText += d.toString(); });
+      await waitFor(`udp echo ${IDS[i]}`, () => outText.includes('listening'), 10_000);
+    }
+  }
+  return { lab, node, client, backendNs, backends };
+}
+
+export type Weights = Partial<Record<(typeof IDS)[number], number>>;
+
+/** The web service: HTTP 80 -> 8080 (and UDP 53 -> 5353 when udp), healthy set given as {b1: weight, ...}. */
+export function webService(healthy: Weights, opts: { udp?: boolean; vip?: string | null } = {}): DriverService {
+  const all = BACKENDS.map((address) => ({ address }));
+  const ports: DriverService['ports'] = [{ name: 'http', port: HTTP_PORT, protocol: 'TCP', targetPort: 8080 }];
+  if (opts.udp) ports.push({ name: 'dns', port: UDP_PORT, protocol: 'UDP', targetPort: 5353 });
+  return {
+    key: 'default/web',
+    vip: opts.vip === undefined ? VIP : opts.vip,
+    ports,
+    healthy: IDS.flatMap((id, i) => (healthy[id] !== undefined ? [{ address: BACKENDS[i]!, weight: healthy[id]! }] : [])),
+    backends: all,
+  };
+}
+
+export async function applyWeb(driver: JsonLinesProc, healthy: Weights, opts: { udp?: boolean } = {}): Promise<void> {
+  await driver.request({ cmd: 'apply', state: { services: [webService(healthy, opts)] } });
+}
+
+export function startDriver(fl: ForwardLab, kind: 'kernel' | 'proxy', extra: string[] = []): Promise<JsonLinesProc> {
+  return JsonLinesProc.start(fl.lab, fl.node, 'forward-driver.js', ['--kind', kind, ...extra], `driver(${kind})`);
+}
+
+export function startClient(fl: ForwardLab): Promise<JsonLinesProc> {
+  return JsonLinesProc.start(fl.lab, fl.client, 'forward-client.js', [], 'client');
+}
+
+export interface Burst { counts: Record<string, number>; errors: Record<string, number> }

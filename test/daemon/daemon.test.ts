@@ -1,0 +1,415 @@
+// The daemon's life cycle (agent/daemon/daemon.ts) through its injected
+// subsystems, no namespaces: in-memory fakes of the Subsystems interfaces
+// (daemon/subsystems.ts) write what is asked of them to one journal, and the
+// real config loader, state store, lock, control socket and metrics endpoint
+// run in a scratch directory. What a user would notice: the order things
+// come up and go down in, a failed start that leaves nothing running, a
+// reload that does what its plan says and no more, overlapping reloads that
+// fold into one, and a stop that lets a reload in flight finish its step.
+import t from 'tap';
+import * as fs from 'node:fs';
+import * as net from 'node:net';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import { EventEmitter } from 'node:events';
+import { stringify } from 'yaml';
+import { Daemon, type StatusDocument } from '../../agent/daemon/daemon';
+import type { BackendHealth, DataplaneLike, ForwardService, HealthLike, ParentLink, Subsystems } from '../../agent/daemon/subsystems';
+import type { AddressSource, SourceState, SourceStatus, Vip } from '../../agent/source';
+import type { BackendSpec, Desired, ServiceSpec } from '../../agent/config/types';
+import { controlRequest } from '../../agent/control/server';
+import { InstanceLock } from '../../agent/daemon/lock';
+import { silentLogger } from '../../agent/log';
+
+type Journal = string[];
+
+/** A manual gate: a fake's step waits on it until the test opens it. */
+class Gate {
+  private open_: () => void = () => undefined;
+  readonly promise = new Promise<void>((r) => { this.open_ = r; });
+  open(): void { this.open_(); }
+}
+
+class FakeSource extends EventEmitter implements AddressSource {
+  private state: SourceState = 'idle';
+  private vip: Vip | undefined;
+  /** Set by a test: stop() waits on it. */
+  stopGate: Gate | undefined;
+
+  constructor(readonly spec: ServiceSpec, private readonly journal: Journal) { super(); }
+
+  start(): void {
+    this.journal.push(`source ${this.spec.key} start`);
+    if (this.state === 'idle') this.state = 'acquiring';
+  }
+
+  async stop(opts: { release: boolean; keep?: boolean }): Promise<void> {
+    this.journal.push(`source ${this.spec.key} stop${opts.release ? ' release' : ''}${opts.keep ? ' keep' : ''}`);
+    if (this.stopGate) await this.stopGate.promise;
+    this.journal.push(`source ${this.spec.key} stopped`);
+    const had = this.vip;
+    this.state = 'idle';
+    this.vip = undefined;
+    if (had) this.emit('lost', opts.release ? 'released' : 'stopped');
+  }
+
+  /** The VIP is up on the LAN (what a bound lease or a claimed pool address does). */
+  bind(address: string): void {
+    this.state = 'bound';
+    this.vip = { address, prefix: 24, ifname: 'eth0', ifindex: 2, mac: '02:00:00:00:00:01' };
+    this.emit('vip', this.vip);
+    this.emit('status');
+  }
+
+  status(): SourceStatus {
+    return { state: this.state, reason: undefined, vip: this.vip, ifname: 'eth0', mac: '02:00:00:00:00:01', details: {} };
+  }
+}
+
+class FakeHealth extends EventEmitter implements HealthLike {
+  private services: readonly ServiceSpec[] = [];
+  constructor(private readonly journal: Journal) { super(); }
+  update(services: readonly ServiceSpec[]): void {
+    this.services = services;
+    this.journal.push(`health update ${services.map((s) => s.key).join(',')}`);
+  }
+  start(): void { this.journal.push('health start'); }
+  stop(): void { this.journal.push('health stop'); }
+  healthy(key: string): readonly BackendSpec[] { return this.services.find((s) => s.key === key)?.backends ?? []; }
+  status(key: string): readonly BackendHealth[] {
+    return this.healthy(key).map((b) => ({ address: b.address, port: 8080, state: 'up', since: undefined, reason: undefined, takenOutBy: undefined }));
+  }
+}
+
+class FakeDataplane implements DataplaneLike {
+  readonly kind = 'kernel' as const;
+  readonly reason = 'fake';
+  /** Every state applied, newest last. */
+  readonly applied: (readonly ForwardService[])[] = [];
+  /** Called at stop(), to look at the world at that moment. */
+  onStop: (() => void) | undefined;
+  constructor(private readonly journal: Journal) {}
+  async apply(services: readonly ForwardService[]): Promise<void> {
+    this.applied.push(services);
+    this.journal.push(`dataplane apply ${services.map((s) => `${s.key.split('/')[1]}=${s.vip ?? '-'}`).join(',')}`);
+  }
+  async stop(opts: { keep?: boolean } = {}): Promise<void> {
+    this.onStop?.();
+    this.journal.push(`dataplane stop${opts.keep ? ' keep' : ''}`);
+  }
+}
+
+interface Fakes {
+  journal: Journal;
+  sources: Map<string, FakeSource>;
+  health: FakeHealth;
+  dataplane: FakeDataplane;
+  /** Built by the daemon (undefined until buildSubsystems ran). */
+  config: Desired | undefined;
+  /** Awaited by the subsystems' close(), to look at the world at that moment. */
+  onClose?: () => Promise<void>;
+}
+
+function fakes(fail: { build?: Error } = {}): Fakes & { build: (config: Desired) => Promise<Subsystems> } {
+  const journal: Journal = [];
+  const f: Fakes = { journal, sources: new Map(), health: new FakeHealth(journal), dataplane: new FakeDataplane(journal), config: undefined };
+  const parent: ParentLink = { name: 'eth0', index: 2, mac: '02:00:00:00:00:02', address: '10.99.0.2' };
+  const build = async (config: Desired): Promise<Subsystems> => {
+    journal.push('build');
+    f.config = config;
+    if (fail.build) throw fail.build;
+    return {
+      parent,
+      createSource: (spec) => {
+        journal.push(`create source ${spec.key}`);
+        const s = new FakeSource(spec, journal);
+        f.sources.set(spec.key, s);
+        return s;
+      },
+      observeHeld: async () => { journal.push('observe held'); return new Map(); },
+      adoptOwned: async () => { journal.push('adopt owned'); return { adopted: [], removed: [] }; },
+      health: f.health,
+      dataplane: f.dataplane,
+      failover: undefined,
+      reconfigure: () => { journal.push('reconfigure'); },
+      close: async () => { journal.push('close'); await f.onClose?.(); },
+    };
+  };
+  return Object.assign(f, { build });
+}
+
+interface Svc { name: string; ipam?: 'dhcp' | 'pool'; backends?: string[]; loadBalancerIP?: string; primaryService?: string }
+
+function writeConfig(file: string, dir: string, services: Svc[], extra: Record<string, unknown> = {}): void {
+  fs.writeFileSync(file, stringify({
+    node: { name: 'vm1', interface: 'eth0' },
+    stateDir: path.join(dir, 'state'),
+    control: { socket: path.join(dir, 'agent.sock') },
+    metrics: { listen: '' },
+    pools: { 'range-global': '10.99.0.200-10.99.0.210' },
+    ...extra,
+    services: services.map((s) => ({
+      name: s.name,
+      ...(s.primaryService ? { primaryService: s.primaryService } : { ipam: s.ipam ?? 'pool' }),
+      ...(s.loadBalancerIP ? { loadBalancerIP: s.loadBalancerIP } : {}),
+      ports: [{ port: s.primaryService ? 8081 : 80, targetPort: 8080 }],
+      backends: s.backends ?? ['10.99.0.11'],
+    })),
+  }));
+}
+
+interface Harness {
+  dir: string;
+  file: string;
+  socket: string;
+  daemon: Daemon;
+  fk: ReturnType<typeof fakes>;
+  notified: string[];
+  write(services: Svc[], extra?: Record<string, unknown>): void;
+  /** The journal from index `from` on. */
+  since(from: number): string[];
+}
+
+function harness(t: { teardown(fn: () => unknown): void }, services: Svc[], o: { fail?: { build?: Error }; extra?: Record<string, unknown> } = {}): Harness {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lbt-daemon-'));
+  const file = path.join(dir, 'config.yaml');
+  const fk = fakes(o.fail);
+  const notified: string[] = [];
+  const daemon = new Daemon({ configPath: file, log: silentLogger(), buildSubsystems: (c) => fk.build(c), notify: (m) => { if (!m.startsWith('STATUS=')) notified.push(m); } });
+  t.teardown(async () => { await daemon.stop().catch(() => undefined); fs.rmSync(dir, { recursive: true, force: true }); });
+  const h: Harness = {
+    dir, file, socket: path.join(dir, 'agent.sock'), daemon, fk, notified,
+    write: (s, extra) => writeConfig(file, dir, s, { ...o.extra, ...extra }),
+    since: (from) => fk.journal.slice(from),
+  };
+  h.write(services);
+  return h;
+}
+
+/** Let queued applies and events run: until the journal has not grown for 100 ms (at most 5 s). */
+async function settle(h: Harness): Promise<void> {
+  for (let i = 0; i < 50; i++) {
+    const n = h.fk.journal.length;
+    await new Promise((r) => setTimeout(r, 100));
+    if (h.fk.journal.length === n) return;
+  }
+}
+
+async function freePort(): Promise<number> {
+  const s = net.createServer();
+  await new Promise<void>((r) => s.listen(0, '127.0.0.1', r));
+  const port = (s.address() as net.AddressInfo).port;
+  await new Promise((r) => s.close(r));
+  return port;
+}
+
+function portOpen(port: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const c = net.createConnection({ host: '127.0.0.1', port }, () => { c.destroy(); resolve(true); });
+    c.on('error', () => resolve(false));
+  });
+}
+
+const TWO: Svc[] = [{ name: 'web', ipam: 'dhcp' }, { name: 'api', ipam: 'pool' }];
+
+t.test('start: the control socket, then subsystems, the first forwarding state, the sources; READY=1 last', async (t) => {
+  const h = await harness(t, TWO);
+  const socketAt: Record<string, boolean> = {};
+  const start = h.daemon.start();
+  // The control socket answers from the start (issue 18: a restart is part of
+  // every upgrade); status says "starting" until the first reconcile.
+  h.fk.journal.push = function (...items: string[]) {
+    for (const i of items) if (i === 'build' || i === 'source default/web start') socketAt[i] = fs.existsSync(h.socket);
+    return Array.prototype.push.apply(this, items);
+  };
+  await start;
+  t.same(h.fk.journal, [
+    'build', 'adopt owned', 'observe held',
+    'create source default/web', 'create source default/api',
+    'health update default/web,default/api', 'health start',
+    'dataplane apply web=-,api=-',
+    'source default/web start', 'source default/api start',
+  ], 'in order');
+  t.same(socketAt, { build: true, 'source default/web start': true }, 'the control socket was up before the subsystems were built');
+  t.same(h.notified, ['READY=1'], 'READY=1 once everything is up');
+  t.equal(h.fk.config?.stateDir, path.join(h.dir, 'state'), 'the subsystems got the loaded config');
+
+  const doc = await controlRequest(h.socket, 'status') as StatusDocument;
+  t.same(doc.services.map((s) => [s.key, s.state, s.ready]), [['default/web', 'acquiring', false], ['default/api', 'acquiring', false]], 'status answers: no VIP yet');
+
+  const from = h.fk.journal.length;
+  h.fk.sources.get('default/api')!.bind('10.99.0.200');
+  await waitJournal(h, 'dataplane apply web=-,api=10.99.0.200');
+  // The 'vip' and 'status' events may fold into one transaction or make two of the same.
+  t.same([...new Set(h.since(from))], ['dataplane apply web=-,api=10.99.0.200'], "a bound VIP is forwarded at once, the other service's state kept");
+  const after = await controlRequest(h.socket, 'status') as StatusDocument;
+  t.match(after.services[1], { key: 'default/api', vip: '10.99.0.200', state: 'serving', ready: true });
+  t.match(after.events.at(-1), { kind: 'vip-gained', service: 'default/api', address: '10.99.0.200' });
+});
+
+t.test('a failed start undoes what it did: nothing keeps running, the lock and ports are free', async (t) => {
+  await t.test('the control socket cannot be bound (the first step after the lock)', async (t) => {
+    const port = await freePort();
+    const h = harness(t, TWO, { extra: { metrics: { listen: `127.0.0.1:${port}` } } });
+    // Something that is not a stale socket where the socket goes.
+    fs.mkdirSync(h.socket);
+    fs.writeFileSync(path.join(h.socket, 'keep'), '');
+    await t.rejects(h.daemon.start(), { code: 'LB_ERR_DAEMON_START', message: new RegExp(`control socket ${h.socket}`) });
+    t.same(h.fk.journal, [], 'nothing else was asked of anyone');
+    t.equal(await portOpen(port), false, 'the metrics port never opened');
+    t.notOk(fs.existsSync(path.join(h.dir, 'state', 'lb-agent.lock')), 'the lock is released');
+    t.same(h.notified, [], 'never READY=1');
+  });
+
+  await t.test('the subsystems cannot be built', async (t) => {
+    const port = await freePort();
+    const h = harness(t, TWO, { fail: { build: Object.assign(new Error('macvlan: Operation not supported'), { code: 'EOPNOTSUPP' }) }, extra: { metrics: { listen: `127.0.0.1:${port}` } } });
+    await t.rejects(h.daemon.start(), { message: 'macvlan: Operation not supported' });
+    t.same(h.fk.journal, ['build'], 'nothing else was asked of anyone');
+    t.equal(await portOpen(port), false, 'the metrics endpoint that had started is closed');
+    const lock = new InstanceLock(path.join(h.dir, 'state'));
+    lock.acquire();
+    lock.release();
+    t.pass('a next start can take the lock');
+  });
+
+  await t.test('an invalid file starts nothing', async (t) => {
+    const h = harness(t, TWO);
+    fs.writeFileSync(h.file, 'services:\n  - name: web\n    ports: [{ port: 70000 }]\n');
+    await t.rejects(h.daemon.start(), { code: 'LB_ERR_CONFIG_INVALID', message: /services\[0\]\.ports\[0\]\.port/ });
+    t.same(h.fk.journal, []);
+    t.notOk(fs.existsSync(path.join(h.dir, 'state')), 'not even the state directory');
+  });
+});
+
+t.test('a reload carries out its plan: removed, re-sourced, updated in place, added', async (t) => {
+  const h = harness(t, [{ name: 'web', ipam: 'dhcp' }, { name: 'api' }, { name: 'gone' }]);
+  await h.daemon.start();
+  h.fk.sources.get('default/web')!.bind('10.99.0.100');
+  await waitJournal(h, 'dataplane apply web=10.99.0.100,api=-,gone=-');
+  await settle(h);
+  const from = h.fk.journal.length;
+  h.write([
+    { name: 'web', ipam: 'dhcp', backends: ['10.99.0.11', '10.99.0.12'] }, // backends: updated in place
+    { name: 'api', loadBalancerIP: '10.99.0.205' }, // the address changes: a new source
+    { name: 'new' },
+  ]);
+  const r = await h.daemon.reload();
+  t.equal(r.ok, true, r.message);
+  t.same(r.summary && { added: r.summary.added, removed: r.summary.removed, changed: r.summary.changed }, { added: ['default/new'], removed: ['default/gone'], changed: ['default/web', 'default/api'] });
+  t.equal(r.message, 'reloaded: 1 added, 1 removed, 2 changed, 0 unchanged');
+  t.same(h.since(from), [
+    'source default/gone stop release', 'source default/gone stopped',
+    'source default/api stop release', 'source default/api stopped', 'create source default/api',
+    'create source default/new',
+    'health update default/web,default/api,default/new',
+    'source default/web start', 'source default/api start', 'source default/new start',
+    'dataplane apply web=10.99.0.100,api=-,new=-',
+  ], 'the plan, step by step');
+  t.notOk(h.since(from).some((l) => l.startsWith('source default/web stop')), 'web kept its source and its VIP');
+  t.same(h.fk.dataplane.applied.at(-1)!.find((s) => s.key === 'default/web')!.healthy.map((b) => b.address), ['10.99.0.11', '10.99.0.12'], 'web forwards to its new backend');
+  const doc = await controlRequest(h.socket, 'status') as StatusDocument;
+  t.same([doc.config.generation, doc.config.lastReload?.ok], [2, true]);
+  t.same(doc.services.map((s) => s.key), ['default/web', 'default/api', 'default/new'], 'in config order');
+
+  const before = h.fk.journal.length;
+  fs.writeFileSync(h.file, 'services: [ { name: web } ]\nunknown: 1\n');
+  const bad = await h.daemon.reload();
+  t.equal(bad.ok, false);
+  t.match(bad.message, /reload rejected, running config kept/);
+  t.same(h.since(before), [], 'a refused reload asks nothing of anyone');
+  const kept = await controlRequest(h.socket, 'status') as StatusDocument;
+  t.same([kept.config.generation, kept.config.lastReload?.ok, kept.services.length], [2, false, 3]);
+});
+
+t.test('overlapping reloads fold into one more reload of the newest file', async (t) => {
+  const h = harness(t, [{ name: 'web' }, { name: 'gone' }]);
+  await h.daemon.start();
+  const gate = new Gate();
+  h.fk.sources.get('default/gone')!.stopGate = gate;
+  h.write([{ name: 'web' }]);
+  const first = h.daemon.reload();
+  // The first reload is now releasing default/gone. Two more requests arrive, the file changes again.
+  await waitJournal(h, 'source default/gone stop release');
+  h.write([{ name: 'web' }, { name: 'new' }]);
+  const second = h.daemon.reload();
+  const third = h.daemon.reload();
+  t.equal(second, third, 'the requests that arrived during the reload share one promise');
+  gate.open();
+  const [r1, r2, r3] = await Promise.all([first, second, third]);
+  t.match(r1, { ok: true, summary: { removed: ['default/gone'], added: [] } });
+  t.match(r2, { ok: true, summary: { removed: [], added: ['default/new'] } }, 'the folded reload read the newest file');
+  t.equal(r3, r2);
+  t.equal(h.fk.journal.filter((l) => l === 'create source default/new').length, 1, 'one more reload, not two');
+  const doc = await controlRequest(h.socket, 'status') as StatusDocument;
+  t.equal(doc.config.generation, 3, 'two reloads applied (1 + 2)');
+});
+
+t.test('stop: in the reverse order of start, and the lock and socket go', async (t) => {
+  const port = await freePort();
+  const h = harness(t, TWO, { extra: { metrics: { listen: `127.0.0.1:${port}` } } });
+  await h.daemon.start();
+  h.fk.sources.get('default/web')!.bind('10.99.0.100');
+  await waitJournal(h, 'dataplane apply web=10.99.0.100,api=-');
+  await settle(h);
+  t.equal(await portOpen(port), true, 'metrics listening');
+  let socketAtDataplaneStop: boolean | undefined;
+  let metricsAtClose: boolean | undefined;
+  h.fk.dataplane.onStop = () => { socketAtDataplaneStop = fs.existsSync(h.socket); };
+  h.fk.onClose = async () => { metricsAtClose = await portOpen(port); };
+  const from = h.fk.journal.length;
+  await h.daemon.stop();
+  t.same(h.since(from), [
+    'dataplane stop',
+    'source default/web stop', 'source default/web stopped', 'source default/api stop', 'source default/api stopped',
+    'health stop', 'close',
+  ], 'forwarding is withdrawn, then the VIPs (leases kept: no release), then health and the subsystems');
+  t.equal(socketAtDataplaneStop, false, 'the control socket went first');
+  t.equal(metricsAtClose, true, 'the metrics endpoint (started first) was still up when the subsystems closed');
+  t.equal(await portOpen(port), false, 'and is closed at the end');
+  t.notOk(fs.existsSync(path.join(h.dir, 'state', 'lb-agent.lock')), 'the lock is released');
+  t.same(h.notified, ['READY=1', 'STOPPING=1']);
+  const again = h.fk.journal.length;
+  await h.daemon.stop();
+  t.same(h.since(again), [], 'a second stop does nothing');
+});
+
+t.test('stop with keep (a planned restart) leaves the VIPs and forwarding for the next process', async (t) => {
+  const h = harness(t, TWO);
+  await h.daemon.start();
+  const from = h.fk.journal.length;
+  await h.daemon.stop({ keep: true });
+  t.same(h.since(from).sort(), [
+    'close', 'dataplane stop keep', 'health stop',
+    'source default/api stop keep', 'source default/api stopped', 'source default/web stop keep', 'source default/web stopped',
+  ]);
+  t.ok(h.since(from).indexOf('dataplane stop keep') > h.since(from).indexOf('source default/web stopped'), 'the sources let go of their sockets before the data path');
+});
+
+t.test('stop waits for the step of a reload in flight, and the reload goes no further', async (t) => {
+  const h = harness(t, [{ name: 'web' }, { name: 'gone' }]);
+  await h.daemon.start();
+  const gate = new Gate();
+  h.fk.sources.get('default/gone')!.stopGate = gate;
+  h.write([{ name: 'web' }, { name: 'new' }]);
+  const reload = h.daemon.reload();
+  await waitJournal(h, 'source default/gone stop release');
+  const from = h.fk.journal.length;
+  let stopped = false;
+  const stop = h.daemon.stop().then(() => { stopped = true; });
+  await settle(h);
+  t.same(h.since(from), [], 'nothing is withdrawn while the reload is releasing default/gone');
+  t.equal(stopped, false);
+  gate.open();
+  await stop;
+  await reload;
+  const after = h.since(from);
+  t.equal(after[0], 'source default/gone stopped', 'the step in flight finished first');
+  t.ok(after.indexOf('dataplane stop') > 0, 'then the stop withdrew forwarding');
+  t.notOk(h.fk.journal.includes('create source default/new'), "the reload's next step (add default/new) never ran");
+});
+
+async function waitJournal(h: Harness, line: string): Promise<void> {
+  for (let i = 0; i < 1000 && !h.fk.journal.includes(line); i++) await new Promise((r) => setTimeout(r, 10));
+  if (!h.fk.journal.includes(line)) throw new Error(`journal never had ${JSON.stringify(line)}: ${JSON.stringify(h.fk.journal)}`);
+}
