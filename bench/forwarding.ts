@@ -44,7 +44,7 @@ const PEER_VIP = '10.99.0.60';
 const DSR_VIP = '10.99.0.52';
 const BACKENDS = ['10.99.0.11', '10.99.0.12', '10.99.0.13'];
 
-export const FORWARD_TARGETS = ['direct', 'kernel', 'dsr', 'proxy', 'proxy1', 'haproxy1', 'haproxy', 'nginx', 'proxy-pp2', 'haproxy-pp2'] as const;
+export const FORWARD_TARGETS = ['direct', 'kernel', 'dsr', 'proxy', 'proxy1', 'proxy-v8defaults', 'haproxy1', 'haproxy', 'nginx', 'proxy-pp2', 'haproxy-pp2'] as const;
 export type ForwardTarget = (typeof FORWARD_TARGETS)[number];
 
 export const FORWARD_LABELS: Record<ForwardTarget, string> = {
@@ -53,6 +53,7 @@ export const FORWARD_LABELS: Record<ForwardTarget, string> = {
   dsr: 'lb-agent, kernel path, direct server return',
   proxy: 'lb-agent, proxy path (userspace), one worker per CPU',
   proxy1: 'lb-agent, proxy path, 1 worker',
+  'proxy-v8defaults': 'lb-agent, proxy path, one worker per CPU, without the unit\'s V8 flags (what they cost)',
   haproxy1: 'HAProxy, 1 thread',
   haproxy: 'HAProxy, default threads',
   nginx: 'nginx stream, 1 worker',
@@ -70,6 +71,7 @@ const ENDPOINT: Record<ForwardTarget, { host: string; http: number; bulk: number
   proxy1: { host: AGENT_VIP, http: 80, bulk: 5201 },
   'proxy-pp2': { host: AGENT_VIP, http: 80, bulk: 5201 },
   'haproxy-pp2': { host: PEER_VIP, http: 85, bulk: 5205 },
+  'proxy-v8defaults': { host: AGENT_VIP, http: 80, bulk: 5201 },
   haproxy1: { host: PEER_VIP, http: 82, bulk: 5202 },
   haproxy: { host: PEER_VIP, http: 84, bulk: 5204 },
   nginx: { host: PEER_VIP, http: 83, bulk: 5203 },
@@ -150,7 +152,7 @@ export function dsrHashing(counts: readonly number[] = [3, 10, 100]): DsrHashing
 /** The backends' port that requires a PROXY protocol header (nginx `listen ... proxy_protocol`). */
 const PP_PORT = 8081;
 
-function agentConfig(target: 'kernel' | 'dsr' | 'proxy' | 'proxy1' | 'proxy-pp2'): Record<string, unknown> {
+function agentConfig(target: 'kernel' | 'dsr' | 'proxy' | 'proxy1' | 'proxy-pp2' | 'proxy-v8defaults'): Record<string, unknown> {
   const dsr = target === 'dsr';
   const preserve = dsr ? { sourceIP: 'preserve' } : {};
   const pp = target === 'proxy-pp2' ? { proxyProtocol: 'v2', healthCheck: { proxyProtocol: true } } : {};
@@ -183,8 +185,11 @@ async function startTarget(lab: Lab, node: string, target: ForwardTarget, slot: 
     case 'dsr':
     case 'proxy':
     case 'proxy1':
-    case 'proxy-pp2': {
-      const agent: AgentHandle = await runAgent(lab, node, agentConfig(target), { name: `fwd-${target}-${slot}` });
+    case 'proxy-pp2':
+    case 'proxy-v8defaults': {
+      // Every agent runs with the unit's V8 flags (NODE_OPTIONS, issue 18) but
+      // proxy-v8defaults, which shows what they cost the proxy path.
+      const agent: AgentHandle = await runAgent(lab, node, agentConfig(target), { name: `fwd-${target}-${slot}`, ...(target === 'proxy-v8defaults' ? { nodeOptions: '' } : {}) });
       await waitStatus(agent, `${target} agent serving`, (s) => s.services.length === 2 && s.services.every((x) => x.ready) && s.services[0]!.healthyBackends === BACKENDS.length, 30_000);
       return {
         pid: agent.proc.pid,

@@ -33,7 +33,7 @@ export interface AgentHandle {
 let counter = 0;
 
 /** Start `lb-agent run` in ns. cfg is the config as an object; control.socket and stateDir are filled in if absent. */
-export async function startAgent(lab: Lab, ns: string, cfg: Record<string, unknown>, opts: { name?: string; waitReady?: boolean; env?: Record<string, string>; logLevel?: string; stateDir?: string; args?: string[]; nofile?: number } = {}): Promise<AgentHandle> {
+export async function startAgent(lab: Lab, ns: string, cfg: Record<string, unknown>, opts: { name?: string; waitReady?: boolean; env?: Record<string, string>; logLevel?: string; stateDir?: string; args?: string[]; nofile?: number; command?: string[] } = {}): Promise<AgentHandle> {
   const name = opts.name ?? `agent${counter++}`;
   const stateDir = opts.stateDir ?? (cfg.stateDir as string | undefined) ?? lab.file(`${name}-state`);
   const socket = (cfg.control as { socket?: string } | undefined)?.socket ?? lab.file(`${name}.sock`);
@@ -43,9 +43,13 @@ export async function startAgent(lab: Lab, ns: string, cfg: Record<string, unkno
   fs.writeFileSync(configPath, stringify(full));
   const argv = [AGENT_BIN, 'run', '--config', configPath, '--log-level', opts.logLevel ?? 'debug', ...(opts.args ?? [])];
   // nofile: the agent runs under that descriptor limit (soft and hard), as under a unit's LimitNOFILE=.
-  const proc = opts.nofile === undefined
-    ? lab.spawn(ns, process.execPath, argv, { env: { ...process.env, ...(opts.env ?? {}) } })
-    : lab.spawn(ns, 'prlimit', [`--nofile=${opts.nofile}:${opts.nofile}`, process.execPath, ...argv], { env: { ...process.env, ...(opts.env ?? {}) } });
+  // command: run the agent through this command (e.g. `env NODE_OPTIONS=...`; tap puts its own
+  // loader in every child's NODE_OPTIONS, which `env` replaces).
+  const proc = opts.command !== undefined
+    ? lab.spawn(ns, opts.command[0]!, [...opts.command.slice(1), process.execPath, ...argv], { env: { ...process.env, ...(opts.env ?? {}) } })
+    : opts.nofile === undefined
+      ? lab.spawn(ns, process.execPath, argv, { env: { ...process.env, ...(opts.env ?? {}) } })
+      : lab.spawn(ns, 'prlimit', [`--nofile=${opts.nofile}:${opts.nofile}`, process.execPath, ...argv], { env: { ...process.env, ...(opts.env ?? {}) } });
   const logs: Record<string, unknown>[] = [];
   let err = '';
   onJsonLines(proc.stdout!, (o) => logs.push(o), (line) => logs.push({ raw: line }));

@@ -32,7 +32,7 @@ done
 root=${root%/}
 node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
 [ "$node_major" -ge 20 ] || { echo "install.sh: lb-agent needs Node.js >= 20 as \`node\` on PATH (found: $(node --version 2>/dev/null || echo none)); install your distribution's nodejs (SLES: nodejs20)" >&2; exit 1; }
-[ -f "$here/dist/agent/cli/main.js" ] || { echo "install.sh: build first: npm ci && npm run build" >&2; exit 1; }
+[ -f "$here/dist/agent/cli/main.js" ] && [ -f "$here/dist/agent/config/schema-validator.js" ] || { echo "install.sh: build first: npm ci && npm run build" >&2; exit 1; }
 [ -f "$here/native/build/Release/lbagent_native.node" ] || { echo "install.sh: the native addon is not built: npm ci" >&2; exit 1; }
 
 # A release directory of its own; /usr/lib/lb-agent points at it once it is complete.

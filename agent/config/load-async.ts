@@ -4,10 +4,13 @@
 // 4 MiB file on a busy 2-core VM, and in the event loop that would stop
 // health checks, DHCP and VRRP adverts (issue 15). The result is frozen here,
 // as parseConfigText freezes it (structured clone drops the freeze).
+// The first start may parse a small file inline instead (issue 18): nothing
+// runs on the loop yet, and a worker costs a Node environment and a second
+// copy of the yaml package, ~100 ms of the start.
 import * as path from 'node:path';
 import { Worker } from 'node:worker_threads';
 import { readConfigTextAsync } from './read';
-import { deepFreeze, type LoadResult } from './load';
+import { deepFreeze, parseConfigText, type LoadResult } from './load';
 import { errorMessage } from '../errors';
 
 /** A parse that takes longer than this is refused (the file stays unapplied). */
@@ -18,6 +21,16 @@ export const PARSE_HEAP_MB = 512;
 function refused(file: string, why: string): LoadResult {
   return { ok: false, errors: [{ path: '', message: `cannot parse ${file}: ${why}` }] };
 }
+
+/**
+ * The largest file the first start parses inline, on the event loop (about
+ * 250 services; tens of milliseconds). Larger files go to the worker even at
+ * start, for its heap limit and deadline; reloads always do.
+ */
+export const INLINE_PARSE_MAX_BYTES = 64 * 1024;
+
+/** How a file was parsed: on the event loop or in a worker thread. */
+export type ParsedVia = 'inline' | 'worker';
 
 /** Parse config text in a worker thread; never throws. */
 export function parseConfigTextOffThread(text: string, file: string, opts: { hostname?: string; deadlineMs?: number } = {}): Promise<LoadResult> {
@@ -44,9 +57,21 @@ export function parseConfigTextOffThread(text: string, file: string, opts: { hos
   });
 }
 
-/** Read (regular file, at most 4 MiB, async) and validate a config file off the event loop. */
-export async function loadConfigFileAsync(file: string, opts: { hostname?: string; deadlineMs?: number } = {}): Promise<LoadResult> {
+/**
+ * Read (regular file, at most 4 MiB, async) and validate a config file off
+ * the event loop; with `inlineUpTo` (the first start, before anything else
+ * runs on the loop) a file of at most that many bytes is parsed inline.
+ * Never throws.
+ */
+export async function loadConfigFileAsync(file: string, opts: { hostname?: string; deadlineMs?: number; inlineUpTo?: number } = {}): Promise<LoadResult & { via?: ParsedVia }> {
   const read = await readConfigTextAsync(file);
   if (!read.ok) return read;
-  return parseConfigTextOffThread(read.text, file, opts);
+  if (opts.inlineUpTo !== undefined && Buffer.byteLength(read.text) <= opts.inlineUpTo) {
+    try {
+      return { ...parseConfigText(read.text, opts.hostname), via: 'inline' };
+    } catch (e) {
+      return { ...refused(file, errorMessage(e)), via: 'inline' };
+    }
+  }
+  return { ...await parseConfigTextOffThread(read.text, file, opts), via: 'worker' };
 }

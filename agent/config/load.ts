@@ -4,10 +4,8 @@
 // field path and the offending value; all errors of a file come at once;
 // nothing is returned from a file that does not validate.
 import * as os from 'node:os';
-import type Ajv from 'ajv';
 import type { ErrorObject } from 'ajv';
 import { parseDocument, LineCounter, isNode, visit } from 'yaml';
-import { configSchema } from './schema';
 import { ANNOTATIONS, ANNOTATION_PREFIX, DEFAULTS } from './defaults';
 import { parsePools, selectPool, poolContains, poolLookupOrder } from './pools';
 import { parseIPv4 } from '../ipv4';
@@ -49,18 +47,27 @@ function show(v: unknown): string {
   return String(v);
 }
 
-let ajvSingleton: { validate: ReturnType<Ajv['compile']> } | undefined;
-function validator(): ReturnType<Ajv['compile']> {
-  if (!ajvSingleton) {
-    // Loaded on first use: `lb-agent validate` refuses an unreadable file without paying for ajv.
-    // eslint-disable-next-line @typescript-eslint/no-var-requires
-    const AjvClass = (require('ajv') as { default: typeof Ajv }).default;
-    const ajv = new AjvClass({ allErrors: true, useDefaults: true, verbose: true, strict: true, allowUnionTypes: true });
-    ajv.addKeyword({ keyword: 'x-what', schemaType: 'string' });
-    ajv.addFormat('lb-ipv4', (v: string) => parseIPv4(v) !== undefined);
-    ajvSingleton = { validate: ajv.compile(configSchema) };
+/** The schema's validator, generated at build time beside this file (validator-build.ts). */
+export const VALIDATOR_FILE = 'schema-validator.js';
+
+type Validate = ((data: unknown) => boolean) & { errors?: ErrorObject[] | null };
+let validateFn: Validate | undefined;
+/**
+ * The schema's validator, compiled at build time (validator-build.ts writes
+ * schema-validator.js beside this file): no ajv compile at start or in a
+ * reload's worker (issue 18). Loaded on first use, so `lb-agent validate`
+ * refuses an unreadable file without paying for it.
+ */
+function validator(): Validate {
+  if (!validateFn) {
+    try {
+      // eslint-disable-next-line @typescript-eslint/no-var-requires
+      validateFn = require(`./${VALIDATOR_FILE}`) as Validate;
+    } catch (e) {
+      throw new Error(`the compiled config schema (${VALIDATOR_FILE}) is missing or broken: run \`npm run build\` (${errorMessage(e)})`);
+    }
   }
-  return ajvSingleton.validate;
+  return validateFn;
 }
 
 function instanceSegs(instancePath: string): Seg[] {

@@ -6,12 +6,22 @@
 // blocked loop stops the pings), and a last-chance withdraw on a crash.
 import { createLogger, LogLevel } from '../log';
 import { Daemon } from './daemon';
-import { buildSubsystems } from './wiring';
+import type { Subsystems, SubsystemContext } from './subsystems';
+import type { Desired } from '../config/types';
 import { errorMessage, isLbError } from '../errors';
 import { makeNotifier, parseListenFds, SystemdFdStore } from './systemd';
 import { HandoverStore, sendListeners, takeListeners } from './handover';
 
 const STOP_TIMEOUT_MS = 10_000;
+
+/**
+ * wiring.ts and the modules behind it (rtnetlink, address sources, health,
+ * the data path) load once the control socket is up, not before (issue 18).
+ */
+function buildSubsystems(config: Desired, ctx: SubsystemContext): Promise<Subsystems> {
+  // eslint-disable-next-line @typescript-eslint/no-var-requires
+  return (require('./wiring') as typeof import('./wiring')).buildSubsystems(config, ctx);
+}
 /** How long a process that handed its listeners over keeps accepting if its successor never says it serves. */
 const HANDOVER_LINGER_MS = 8_000;
 

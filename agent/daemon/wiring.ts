@@ -4,24 +4,33 @@
 // checker, the data path chosen by `dataplane:`, and VRRP when enabled.
 // The one place that knows every module; the modules know none of each other.
 import type { Desired, ProxyConfig, ServiceSpec } from '../config/types';
-import { ProxyDataplane } from '../forward/proxy';
+import type { ProxyDataplane } from '../forward/proxy';
 import { LbError } from '../errors';
 import { openNetlink } from '../net/netlink';
 import { applyVipSysctls } from '../net/sysctl';
 import { defaultRouteInterface } from '../net/route';
 import { OWNED_ADDRESS_PROTO, linkNameForService, macForService } from '../net/ownership';
 import { reconcileOwnedLinks } from '../net/reconcile';
-import { createDhcpSource } from '../dhcp/driver';
-import { StartLimiter } from '../dhcp/limiter';
+import type { StartLimiter } from '../dhcp/limiter';
+import type { VrrpGate } from '../failover/gate';
 import { PoolManager } from '../ipam/manager';
 import { PoolSource } from '../ipam/pool-source';
 import { HealthChecker } from '../health/checker';
 import { selectDataplane, createDataplane, probeNftables, probeDsr, dsrUnavailable, servicesNeedingProxy, type ProbeResult } from '../forward/index';
-import { VrrpGate } from '../failover/gate';
 import { formatIPv4, parseIPv4 } from '../ipv4';
-import { readSavedLease } from '../dhcp/lease';
 import { BackendVips } from '../net/dsr-backend';
 import type { Subsystems, ParentLink, DataplaneLike, SubsystemContext } from './subsystems';
+
+// DHCP and VRRP load when a config uses them, not before (issue 18: a pool
+// service on the kernel path never loads either); a reload that adds the
+// first DHCP service loads DHCP then. test/privileged/daemon-start.test.ts
+// holds which modules a start loads.
+/* eslint-disable @typescript-eslint/no-var-requires */
+const dhcpDriver = (): typeof import('../dhcp/driver') => require('../dhcp/driver') as typeof import('../dhcp/driver');
+const dhcpLimiter = (): typeof import('../dhcp/limiter') => require('../dhcp/limiter') as typeof import('../dhcp/limiter');
+const dhcpLease = (): typeof import('../dhcp/lease') => require('../dhcp/lease') as typeof import('../dhcp/lease');
+const vrrpGate = (): typeof import('../failover/gate') => require('../failover/gate') as typeof import('../failover/gate');
+/* eslint-enable @typescript-eslint/no-var-requires */
 
 export async function buildSubsystems(config: Desired, ctx: SubsystemContext): Promise<Subsystems> {
   const { registry, store, clock } = ctx;
@@ -46,7 +55,10 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
     // Under VRRP a takeover must not wait: the concurrency bound still keeps
     // many services from storming the server, but starts get no random delay.
     const vrrp = config.failover.mode === 'vrrp';
-    const dhcpLimiter = new StartLimiter({ max: config.dhcp.maxConcurrentStarts, jitterMs: vrrp ? 0 : config.dhcp.retransmitJitter * 1000, clock });
+    // One limiter for every DHCP service of the agent, made with the first.
+    let limiterSettings = { max: config.dhcp.maxConcurrentStarts, jitterMs: vrrp ? 0 : config.dhcp.retransmitJitter * 1000 };
+    let limiter: StartLimiter | undefined;
+    const startLimiter = (): StartLimiter => (limiter ??= new (dhcpLimiter().StartLimiter)({ ...limiterSettings, clock }));
     const selection = await selectDataplane(config.dataplane, () => probeNftables(), servicesNeedingProxy(config.services));
     log.info({ module: 'forward', op: 'select', kind: selection.kind, reason: selection.reason }, `data path: ${selection.kind} (${selection.reason})`);
     // Direct server return (issue 17): probed once, when a service first asks
@@ -71,7 +83,7 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
       kind: selection.kind,
       reason: selection.reason,
       apply: (services) => dp.apply({ services }),
-      ...(dp instanceof ProxyDataplane ? { reconfigure: (proxy: ProxyConfig) => dp.reconfigure(proxy) } : {}),
+      ...(dp.kind === 'proxy' ? { reconfigure: (proxy: ProxyConfig) => (dp as ProxyDataplane).reconfigure(proxy) } : {}),
       stop: (o) => dp.stop(o),
       dsr: () => (selection.kind === 'kernel' ? dsr() : Promise.resolve({ ok: false, reason: 'the userspace proxy is running' })),
     };
@@ -83,7 +95,7 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
       const vaddrs = ifname === parent.name ? addrs : await netlink.listAddresses(vlink.index);
       const src = vaddrs.find((a) => a.prefix < 32)?.address;
       if (!src) throw new LbError('LB_ERR_NET_NO_INTERFACE', `VRRP interface ${ifname} has no IPv4 address to send advertisements from; give it one or set failover.interface`);
-      failover = new VrrpGate({ config: config.failover, nodePriority: config.node.priority, ifindex: vlink.index, ifname, ifMac: vlink.mac, srcIp: src, log, registry, clock });
+      failover = new (vrrpGate().VrrpGate)({ config: config.failover, nodePriority: config.node.priority, ifindex: vlink.index, ifname, ifMac: vlink.mac, srcIp: src, log, registry, clock });
     }
 
     return {
@@ -97,9 +109,9 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
       // ARP-probed (the previous Master's stale ARP entries would only delay
       // it by seconds; the VIP owner still defends the address once held).
       createSource: (spec: ServiceSpec) => (spec.ipam === 'dhcp'
-        ? createDhcpSource({
+        ? dhcpDriver().createDhcpSource({
           service: spec, parent: parent.name, timings: vrrp ? { ...config.dhcp, probeOffer: false } : config.dhcp, arp: config.arp,
-          store, netlink, log, registry, clock, limiter: dhcpLimiter, resumeSaved: vrrp,
+          store, netlink, log, registry, clock, limiter: startLimiter(), resumeSaved: vrrp,
           guard: { allowOtherSubnets: config.dhcp.allowOtherSubnets, servers: config.dhcp.servers },
         })
         : new PoolSource({ service: spec, parentIfname: parent.name, manager: pools, arp: config.arp, netlink, log, registry, clock, probe: !vrrp })),
@@ -112,7 +124,7 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
         for (const s of services) {
           if (s.primaryService !== undefined) continue;
           if (s.ipam === 'dhcp') {
-            const { lease } = readSavedLease(store, s.key, macForService(s.key), wallOffset);
+            const { lease } = dhcpLease().readSavedLease(store, s.key, macForService(s.key), wallOffset);
             const link = lease && lease.expiresAt > clock.now() ? await netlink.findLink(linkNameForService(s.key)) : undefined;
             if (lease && link && link.mac === macForService(s.key) && on(link.index, formatIPv4(lease.address))) held.set(s.key, formatIPv4(lease.address));
           } else {
@@ -165,7 +177,8 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
       },
       reconfigure: (next) => {
         pools.setPools(next.pools);
-        dhcpLimiter.reconfigure({ max: next.dhcp.maxConcurrentStarts, jitterMs: vrrp ? 0 : next.dhcp.retransmitJitter * 1000 });
+        limiterSettings = { max: next.dhcp.maxConcurrentStarts, jitterMs: vrrp ? 0 : next.dhcp.retransmitJitter * 1000 };
+        limiter?.reconfigure(limiterSettings);
       },
       close: async () => { netlink.close(); },
     };

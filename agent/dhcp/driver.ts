@@ -338,10 +338,11 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     const known = unexpired || !this.resumeSaved ? undefined : this.knownAddress(log);
     // A lease that resumes sends one unicast REQUEST, no DISCOVER: it needs
     // no start slot (the slot and its jitter keep a boot from storming the
-    // server) and must not wait behind one while clients use the VIP. So with
-    // an unexpired lease the macvlan is looked at first; only a start that
-    // cannot resume queues for a slot.
-    if (!unexpired && known === undefined && !(await this.takeSlot(signal, gen))) return;
+    // server) and must not wait behind one while clients use the VIP. The
+    // macvlan is set up before the slot is asked for, whatever the start:
+    // the slot bounds DHCP exchanges in flight, not link set-up, which sends
+    // nothing to the server (issue 18: 50 services set up their links while
+    // the first ones exchange, instead of 8 at a time).
     const { index, kept } = await this.ensureLink(log, unexpired ? formatIPv4(unexpired.address) : undefined);
     this.ifindex = index;
     if (signal.aborted) return;

@@ -2,7 +2,7 @@
 // (never the global one). Every DHCP service of an agent shares one registry,
 // and prom-client throws when a name is registered twice, so the series are
 // looked up on the registry first and created only once per registry.
-import { Counter, Gauge, Histogram, type Registry } from 'prom-client';
+import { Counter, Gauge, Histogram, type Registry } from '../metrics/prom';
 import { DHCP_STATES, type DhcpStateName } from './client';
 import type { DropReason } from './codec';
 

@@ -5,7 +5,7 @@
 // Labels are bounded: vrid (1-255), state (3), to (3), reason (DROP_REASONS and
 // "not-a-peer", peers.ts),
 // master (one current address per vrid; the previous one is removed).
-import { Counter, Gauge, Registry } from 'prom-client';
+import { Counter, Gauge, Registry } from '../metrics/prom';
 
 export interface VrrpMetrics {
   /** 1 for the state the router is in, 0 for the others. */

@@ -5,13 +5,26 @@ import type { Registry } from 'prom-client';
 import type { ProxyConfig } from '../config/types';
 import type { Clock } from '../clock';
 import type { Logger } from '../log';
-import type { ConnectResultCallback, Dataplane, DataplaneSelection, ListenerStore } from './dataplane';
-import { NftDataplane } from './nft';
-import { ProxyDataplane } from './proxy';
+import type { ConnectResultCallback, Dataplane, DataplaneSelection, ListenerStore, ProbeResult } from './dataplane';
 
 export * from './dataplane';
-export { probeNftables, probeDsr, NftDataplane } from './nft';
-export { ProxyDataplane } from './proxy';
+
+// The path a config does not use is never loaded (issue 18): nft.ts spawns
+// nft, proxy.ts brings dgram and the connection machinery.
+/* eslint-disable @typescript-eslint/no-var-requires */
+const nft = (): typeof import('./nft') => require('./nft') as typeof import('./nft');
+const proxy = (): typeof import('./proxy') => require('./proxy') as typeof import('./proxy');
+/* eslint-enable @typescript-eslint/no-var-requires */
+
+/** nft.ts's probe (dataplane: auto and kernel ask it; proxy does not). */
+export function probeNftables(): Promise<ProbeResult> {
+  return nft().probeNftables();
+}
+
+/** nft.ts's probe of the netdev family with fwd (direct server return, issue 17). */
+export function probeDsr(): Promise<ProbeResult> {
+  return nft().probeDsr();
+}
 
 export interface CreateDataplaneOptions {
   readonly proxy: ProxyConfig;
@@ -29,9 +42,9 @@ export interface CreateDataplaneOptions {
 /** Build the data path selectDataplane() chose; its reason goes to the info metric. */
 export function createDataplane(selection: DataplaneSelection, opts: CreateDataplaneOptions): Dataplane {
   if (selection.kind === 'kernel') {
-    return new NftDataplane({ registry: opts.registry, log: opts.log, reason: selection.reason, dsrDevice: opts.dsrDevice });
+    return new (nft().NftDataplane)({ registry: opts.registry, log: opts.log, reason: selection.reason, dsrDevice: opts.dsrDevice });
   }
-  return new ProxyDataplane({
+  return new (proxy().ProxyDataplane)({
     config: opts.proxy, registry: opts.registry, log: opts.log, reason: selection.reason,
     onConnectResult: opts.onConnectResult, clock: opts.clock, listenerStore: opts.listenerStore,
   });

@@ -4,7 +4,7 @@
 // read on its own schedule (after each apply and on a timer; a scrape never
 // spawns nft). Nothing on the forwarding hot path ever touches prom-client. Registered on the Registry
 // passed in, removed again by unregister() when the data path stops.
-import { Counter, Gauge, Registry } from 'prom-client';
+import { Counter, Gauge, Registry } from '../metrics/prom';
 import type { DataplaneKind, ForwardStats } from './dataplane';
 import { serviceLabels } from './dataplane';
 

@@ -6,7 +6,7 @@
 // made once; in-flight and per-path counts are read at scrape time from the
 // checker's own counters (issue 18: metric label lookups were part of the
 // per-probe cost at 10,000 probes/s).
-import { Counter, Gauge, Histogram, Registry } from 'prom-client';
+import { Counter, Gauge, Histogram, Registry } from '../metrics/prom';
 import type { FailureReason } from './state';
 
 export type ProbeOutcome = 'ok' | FailureReason;

@@ -10,7 +10,7 @@
 // (seconds each, RFC 5227 §2.1.1) still run concurrently.
 import { EventEmitter } from 'node:events';
 import type { Registry } from 'prom-client';
-import { Gauge, Counter } from 'prom-client';
+import { Gauge, Counter } from '../metrics/prom';
 import type { Pool } from '../config/types';
 import type { StateStore } from '../state/store';
 import type { Logger } from '../log';

@@ -1,7 +1,7 @@
 // net/ metrics: lbagent_net_* series on the Registry the daemon passes in
 // (never the global one). Getting them twice from one registry returns the
 // same objects, so every net/ driver can ask for them without coordination.
-import { Counter, Gauge, Registry } from 'prom-client';
+import { Counter, Gauge, Registry } from '../metrics/prom';
 
 /** Why a received frame was not used: a bounded label set. */
 export type FrameDropReason =

@@ -3,7 +3,6 @@
 // how it recognises its own links and addresses after a restart. Deterministic, so a
 // service keeps its MAC (and so its DHCP lease) across restarts, reboots and
 // moves to another VM.
-import { createHash } from 'node:crypto';
 import { parseMac } from '../ipv4';
 
 /** Every agent-created link is named LINK_PREFIX + 12 hex digits. */
@@ -24,6 +23,10 @@ export const MAX_IFNAME_LENGTH = 15;
 const OWNED_NAME = /^lbv[0-9a-f]{12}$/;
 
 function digest(key: string): Buffer {
+  // node:crypto on first use: only DHCP services need a derived name or MAC,
+  // and loading it costs ~2 MiB of RSS (issue 18).
+  // eslint-disable-next-line @typescript-eslint/no-var-requires
+  const { createHash } = require('node:crypto') as typeof import('node:crypto');
   return createHash('sha256').update(key, 'utf8').digest();
 }
 

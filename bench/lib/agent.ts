@@ -2,6 +2,8 @@
 // namespace (through lab/agent.ts), stop it within a bound, read the
 // wall-clock time of its log lines, and scrape its /metrics from inside the
 // namespace. Nothing here changes how the agent runs; the bench only watches.
+import * as fs from 'node:fs';
+import * as path from 'node:path';
 import { startAgent, type AgentHandle } from '../../lab/agent';
 import { httpGetFrom } from '../../lab/services';
 import type { Lab } from '../../lab/netns';
@@ -11,9 +13,26 @@ export type { AgentHandle };
 /** RFC 5227 timings cut short, for runs where the pool claim is set-up rather than what is measured. */
 export const FAST_ARP = { probeWait: 0.05, probeNum: 2, probeMin: 0.05, probeMax: 0.1, announceWait: 0.05, announceNum: 2, announceInterval: 0.1 };
 
-/** Start the agent; log level info by default (debug would log per packet and tax what is measured). */
-export async function runAgent(lab: Lab, ns: string, cfg: Record<string, unknown>, opts: { name?: string; waitReady?: boolean; logLevel?: string; stateDir?: string; args?: string[] } = {}): Promise<AgentHandle> {
-  return startAgent(lab, ns, cfg, { logLevel: 'info', ...opts });
+const UNIT = path.resolve(__dirname, '..', '..', '..', 'systemd', 'lb-agent.service');
+
+/**
+ * The V8 flags the unit runs the agent with (its `Environment=NODE_OPTIONS=`
+ * line, issue 18), so every bench agent runs as the installed one does.
+ */
+export function unitNodeOptions(unit = UNIT): string {
+  const m = /^Environment="?NODE_OPTIONS=([^"\n]*)"?$/m.exec(fs.readFileSync(unit, 'utf8'));
+  return m ? m[1]!.trim() : '';
+}
+
+/**
+ * Start the agent; log level info by default (debug would log per packet and
+ * tax what is measured). It runs with the unit's NODE_OPTIONS, or with
+ * `nodeOptions` ('' for Node's defaults), and through `env` so that nothing
+ * else in this process's NODE_OPTIONS reaches it.
+ */
+export async function runAgent(lab: Lab, ns: string, cfg: Record<string, unknown>, opts: { name?: string; waitReady?: boolean; logLevel?: string; stateDir?: string; args?: string[]; nodeOptions?: string } = {}): Promise<AgentHandle> {
+  const { nodeOptions, ...rest } = opts;
+  return startAgent(lab, ns, cfg, { logLevel: 'info', ...rest, command: ['env', `NODE_OPTIONS=${nodeOptions ?? unitNodeOptions()}`] });
 }
 
 /** SIGTERM, then SIGKILL after `graceMs`: the bench never waits on a stuck agent for long. */

@@ -4,7 +4,7 @@ import t from 'tap';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { loadConfigFileAsync, parseConfigTextOffThread } from '../../agent/config/load-async';
+import { loadConfigFileAsync, parseConfigTextOffThread, INLINE_PARSE_MAX_BYTES } from '../../agent/config/load-async';
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lb-load-async-'));
 t.teardown(() => fs.rmSync(dir, { recursive: true, force: true }));
@@ -67,4 +67,28 @@ t.test('the event loop keeps its pace while a large file is parsed', async (t) =
   t.equal(r.ok, false, 'over the 10,000-service schema limit, refused after parsing');
   t.ok(took > 100, `the parse took ${took} ms (long enough to matter)`);
   t.ok(maxLag < 250, `largest timer lag ${maxLag} ms over ${ticks} ticks while parsing for ${took} ms`);
+});
+
+t.test('the first start parses a small file inline, a larger one and every reload in a worker', async (t) => {
+  // process 'worker' fires for every Worker created in this process.
+  let workers = 0;
+  const onWorker = (): void => { workers++; };
+  process.on('worker', onWorker);
+  t.teardown(() => { process.off('worker', onWorker); });
+  fs.writeFileSync(f('small.yaml'), 'services:\n  - { name: web, ipam: dhcp, ports: [{ port: 80 }], backends: [10.0.0.1] }\n');
+  const small = await loadConfigFileAsync(f('small.yaml'), { inlineUpTo: INLINE_PARSE_MAX_BYTES });
+  t.ok(small.ok);
+  t.equal(small.via, 'inline');
+  t.equal(workers, 0, 'no worker for a small file at start');
+  if (small.ok) t.ok(Object.isFrozen(small.config.services[0]!.ports[0]), 'deeply frozen, as from the worker');
+  const bad = await loadConfigFileAsync(f('small.yaml'), { inlineUpTo: 10 });
+  t.equal(bad.via, 'worker', 'above the limit: the worker');
+  t.equal(workers, 1);
+  const reload = await loadConfigFileAsync(f('small.yaml'));
+  t.equal(reload.via, 'worker', 'without inlineUpTo (a reload): the worker');
+  t.equal(workers, 2);
+  fs.writeFileSync(f('small-bad.yaml'), 'services:\n  - { name: web, bogus: 1 }\n');
+  const refused = await loadConfigFileAsync(f('small-bad.yaml'), { inlineUpTo: INLINE_PARSE_MAX_BYTES });
+  t.equal(refused.ok, false, 'errors come back inline as they do from the worker');
+  if (!refused.ok) t.ok(refused.errors.some((e) => /unknown key "bogus"/.test(e.message) && e.line === 2));
 });

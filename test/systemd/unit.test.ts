@@ -249,3 +249,16 @@ t.test('install.sh refuses what it does not know', async (t) => {
   t.equal(noNode.status, 1);
   t.match(noNode.stderr, /needs Node\.js >= 20/);
 });
+
+t.test('the V8 flags in NODE_OPTIONS are ones Node accepts there, and take effect (issue 18)', async (t) => {
+  // Node refuses to start at all when NODE_OPTIONS holds a flag it does not
+  // allow there: the unit would never come up.
+  const m = /^Environment="?NODE_OPTIONS=([^"\n]*)"?$/m.exec(unitText);
+  t.ok(m, 'the unit sets NODE_OPTIONS');
+  const r = sh(process.execPath, ['-e', 'process.stdout.write(JSON.stringify({ young: require("v8").getHeapSpaceStatistics().find((s) => s.space_name === "new_space").space_size, gc: typeof gc }))'],
+    { env: { ...process.env, NODE_OPTIONS: m![1]! } });
+  t.equal(r.status, 0, r.stderr);
+  const o = JSON.parse(r.stdout) as { young: number; gc: string };
+  t.ok(o.young <= 2 * 1024 * 1024, `the young generation stays within 2 x 1 MiB (${o.young} bytes)`);
+  t.equal(o.gc, 'function', 'gc is exposed: the daemon collects after each reload (without it, silently not)');
+});

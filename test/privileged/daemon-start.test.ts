@@ -1,0 +1,120 @@
+// What a start costs and what it answers (issue 18), on the real binary:
+// the control socket answers while the start is still under way and says
+// every service is "starting" (a reload asked meanwhile waits for the
+// start); a small config is parsed without a worker thread (a reload still
+// uses one); a pool service on the kernel path loads no DHCP, VRRP or proxy
+// code, none of prom-client's extras, no ajv compiler and no node:crypto,
+// and a reload that adds a DHCP service loads DHCP then and runs it.
+// The start is slowed by an `nft` on PATH whose `--version` (the probe's
+// first call) waits 1.5 s, so "while starting" is a window, not a race.
+import t from 'tap';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { requirePrivileged } from '../helpers/privileged';
+import { createLab, waitFor } from '../../lab/netns';
+import { startAgent, agentCli } from '../../lab/agent';
+import { controlRequest } from '../../agent/control/server';
+import type { StatusDocument } from '../../agent/daemon/daemon';
+
+/**
+ * The agent with the observer preloaded, and nothing else: tap adds its own
+ * loader to every child's NODE_OPTIONS (a worker thread and modules of its
+ * own), which `env` replaces here.
+ */
+function observer(): string[] {
+  return ['env', `NODE_OPTIONS=--require ${path.join(__dirname, 'fixtures', 'start-observer.js')}`];
+}
+
+/** What fixtures/start-observer.ts wrote at the agent's exit. */
+interface Observed { workers: number; origins: string[]; execArgv: string[]; modules: string[]; builtins: string[] }
+
+const FAST_ARP = { probeWait: 0.05, probeNum: 2, probeMin: 0.05, probeMax: 0.1, announceWait: 0.05, announceNum: 2, announceInterval: 0.1 };
+
+function config(withDhcp: boolean): Record<string, unknown> {
+  return {
+    node: { name: 'vm1', interface: 'eth0' },
+    metrics: { listen: '' },
+    pools: { 'range-global': '10.99.0.200-10.99.0.210' },
+    arp: FAST_ARP,
+    services: [
+      { name: 'web', ipam: 'pool', ports: [{ port: 80, targetPort: 8080 }], backends: ['10.99.0.11'] },
+      ...(withDhcp ? [{ name: 'api', ipam: 'dhcp', ports: [{ port: 80, targetPort: 8080 }], backends: ['10.99.0.11'] }] : []),
+    ],
+  };
+}
+
+t.test('start: control socket first, nothing the config does not use', async (t) => {
+  if (!requirePrivileged(t)) return;
+  const lab = await createLab(t);
+  const node = await lab.addHost('node', { address: '10.99.0.2/24' });
+  const bin = lab.file('slow-bin');
+  fs.mkdirSync(bin);
+  const realNft = ['/usr/sbin/nft', '/sbin/nft', '/usr/bin/nft'].find((p) => fs.existsSync(p))!;
+  // Only the probe's first call (`nft --version`) waits: the start, not every apply.
+  fs.writeFileSync(path.join(bin, 'nft'), `#!/bin/sh\n[ "$1" = --version ] && sleep 1.5\nexec ${realNft} "$@"\n`, { mode: 0o755 });
+  const observed = lab.file('observed.json');
+  const agent = await startAgent(lab, node, config(false), {
+    waitReady: false,
+    env: { PATH: `${bin}:${process.env.PATH ?? ''}`, LB_TEST_OBSERVE: observed }, command: observer(),
+  });
+  t.teardown(() => { if (agent.proc.exitCode === null) agent.signal('SIGKILL'); });
+
+  // The socket answers before the start has finished (the nft probe alone takes 1.5 s).
+  const early = await waitFor('control socket', async () => (await controlRequest(agent.socket, 'status', 1000).catch(() => undefined)) as StatusDocument | undefined, 15_000, 20);
+  t.notOk(agent.logs.some((l) => l.msg === 'lb-agent started'), 'answered before "lb-agent started"');
+  t.same(early.services.map((s) => [s.key, s.state, s.ready]), [['default/web', 'starting', false]], 'the service is listed as starting, not ready');
+  t.equal(early.ready, false);
+  t.equal(early.config.generation, 1);
+
+  // A reload asked while starting waits for the start, then applies.
+  agent.writeConfig(config(true));
+  const reload = await agentCli(lab, node, ['reload', '--socket', agent.socket], 30_000);
+  t.equal(reload.code, 0, `reload applied after the start: ${reload.stdout}${reload.stderr}`);
+  const started = agent.logs.findIndex((l) => l.msg === 'lb-agent started');
+  const reloaded = agent.logs.findIndex((l) => l.op === 'reload' && typeof l.msg === 'string' && l.msg.startsWith('reloaded'));
+  t.ok(started >= 0 && reloaded > started, 'the reload ran after the start finished');
+
+  const after = await waitFor('both services', async () => {
+    const s = await agent.status();
+    return s.services.length === 2 && s.services.every((x) => x.state !== 'starting') ? s : undefined;
+  }, 15_000);
+  t.equal(after.config.generation, 2);
+  t.equal(after.services.find((s) => s.key === 'default/web')!.vip, '10.99.0.200', 'the pool service got its VIP');
+  t.equal(after.services.find((s) => s.key === 'default/api')!.ipam, 'dhcp');
+  // Its macvlan, then a start slot after the RFC 2131 start jitter (up to 1 s), then DISCOVERs.
+  const api = await waitFor('the DHCP service discovering', async () => {
+    const x = (await agent.status()).services.find((s) => s.key === 'default/api')!;
+    return /selecting|init|pending/i.test(String(x.source?.state ?? x.state)) ? x : undefined;
+  }, 15_000);
+  t.pass(`the DHCP service added by the reload runs (no server here): ${api.state} ${api.reason ?? ''}`);
+
+  agent.signal('SIGTERM');
+  t.equal((await agent.exited).code, 0);
+  const o = JSON.parse(fs.readFileSync(observed, 'utf8')) as Observed;
+  t.equal(o.workers, 1, `one worker thread: the reload's parse; the start parsed inline (created at: ${o.origins.join('\n')})`);
+  const loaded = (re: RegExp): string[] => o.modules.filter((m) => re.test(m));
+  t.same(loaded(/\/agent\/failover\//), [], 'no VRRP code (failover.mode none)');
+  t.same(loaded(/\/agent\/forward\/proxy\.js$/), [], 'no proxy code on the kernel path');
+  t.same(loaded(/prom-client\/index\.js$|@opentelemetry/), [], 'prom-client\'s index and its exemplars\' @opentelemetry/api unloaded');
+  t.same(loaded(/node_modules\/ajv\/(?!dist\/runtime\/)/), [], 'no ajv compiler (the schema is compiled at build time)');
+  t.ok(loaded(/\/agent\/dhcp\/driver\.js$/).length === 1, 'the DHCP driver was loaded by the reload that added a DHCP service');
+  t.ok(o.builtins.includes('crypto'), 'node:crypto came with the first DHCP service (its MAC is derived from a hash)');
+});
+
+t.test('a pool-only start loads no DHCP code and no node:crypto', async (t) => {
+  if (!requirePrivileged(t)) return;
+  const lab = await createLab(t);
+  const node = await lab.addHost('node', { address: '10.99.0.2/24' });
+  const observed = lab.file('observed.json');
+  const agent = await startAgent(lab, node, config(false), {
+    env: { LB_TEST_OBSERVE: observed }, command: observer(),
+  });
+  t.teardown(() => { if (agent.proc.exitCode === null) agent.signal('SIGKILL'); });
+  await waitFor('VIP', async () => (await agent.status()).services[0]?.vip === '10.99.0.200', 15_000);
+  agent.signal('SIGTERM');
+  t.equal((await agent.exited).code, 0);
+  const o = JSON.parse(fs.readFileSync(observed, 'utf8')) as Observed;
+  t.equal(o.workers, 0, `no worker thread at all (created at: ${o.origins.join('\n')}; execArgv ${o.execArgv.join(' ')})`);
+  t.same(o.modules.filter((m) => /\/agent\/dhcp\//.test(m)), [], 'no DHCP code');
+  t.notOk(o.builtins.includes('crypto'), 'no node:crypto');
+});
