@@ -52,8 +52,13 @@ constexpr uint32_t kMaxId = 1u << 22;
 // and stopped is closed by sweep() (with a RST: its data was never wanted).
 constexpr int kMaxReadsPerWake = 16;
 // Rounds of epoll_wait per libuv wake-up, each handed to JavaScript in one
-// call; the cap keeps a busy prober from starving timers and other handles.
-constexpr int kMaxRoundsPerWake = 8;
+// call. One: each callback frees slots the checker refills at once (new
+// connects, which on a near backend are ready before the next round), so
+// more rounds chained whole periods of probes into one loop iteration; at
+// 10,000 targets with 8 rounds the event loop stalled 1-2.7 s at a time
+// (issue 18, bench/health.ts). libuv calls again on its next iteration while
+// the epoll descriptor stays readable, after timers and other handles.
+constexpr int kMaxRoundsPerWake = 1;
 
 enum class FdKind : uint8_t { kNone = 0, kConnecting = 1, kClosing = 2 };
 
