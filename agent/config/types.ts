@@ -150,7 +150,7 @@ export interface DhcpTimings {
   readonly retransmitJitter: number;
   /** RFC 2131 §3.1.5: wait after a DHCPDECLINE before starting over (10 s). */
   readonly declineWait: number;
-  /** Concurrent DHCP services starting at once. */
+  /** DHCP exchanges (first DISCOVER to ACK) in flight at once; link set-up and the ARP probe of the ACKed address do not count. */
   readonly maxConcurrentStarts: number;
   /** ARP-probe the address the server ACKed before binding it, and DECLINE it on a conflict (RFC 2131 §4.4.1, RFC 5227 §2.1; default true). Nothing is probed at OFFER time, whatever the key's name says. Under VRRP the wiring turns it off: the election decided. */
   readonly probeOffer: boolean;

@@ -2,8 +2,10 @@
 // acquire at once, each after a small random delay, so an agent that starts
 // with 50 services does not send 50 DISCOVERs in the same millisecond
 // (RFC 2131 §4.4.1 asks clients to desynchronise their start). A slot is
-// held from the first DISCOVER until the service is bound, gives up waiting
-// for a server, fails or stops; the driver releases it.
+// held from the first DISCOVER until the ACK (only the ARP probe of the
+// address remains), or until the service gives up waiting for a server,
+// fails or stops; the driver releases it. Link set-up happens before it
+// (issue 18: the slot bounds DHCP exchanges in flight, nothing else).
 import type { Registry } from 'prom-client';
 import { realClock, type Clock, type TimerHandle } from '../clock';
 
