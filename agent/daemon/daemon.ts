@@ -98,6 +98,8 @@ export class Daemon extends EventEmitter {
   private subs: Subsystems | undefined;
   private readonly runtimes = new Map<string, ServiceRuntime>();
   private applying: Promise<void> | undefined;
+  /** The VIPs the last successful apply covered (served or armed): a takeover of one of them need not wait for an apply. */
+  private appliedVips = new Set<string>();
   private applyAgain = false;
   private stopping = false;
   private lastReload: { at: number; ok: boolean; message: string } | undefined;
@@ -325,7 +327,11 @@ export class Daemon extends EventEmitter {
           // Rules first (armedVip), then the address: a takeover claims the
           // VIP without an ARP probe, so it could otherwise come up before
           // the rules and refuse the first clients.
-          if (this.armedVip(rt.spec)) await this.applyNow();
+          // Rules a ready Backup armed are in place already unless an apply
+          // is under way or the last one failed: no wait for a no-op apply
+          // on the takeover's path (issue 14).
+          const armed = this.armedVip(rt.spec);
+          if (armed !== undefined && (this.applying !== undefined || !this.appliedVips.has(armed))) await this.applyNow();
         }
         const known = this.subs?.failover?.knownVip?.(key);
         source.start(known === undefined ? {} : { known });
@@ -484,7 +490,10 @@ export class Daemon extends EventEmitter {
         await new Promise((r) => setImmediate(r));
         if (this.stopping) break;
         try {
-          await this.subs!.dataplane.apply(this.forwardState());
+          const state = this.forwardState();
+          this.appliedVips.clear();
+          await this.subs!.dataplane.apply(state);
+          for (const f of state) if (f.vip !== undefined) this.appliedVips.add(f.vip);
         } catch (e) {
           this.log.error({ op: 'apply', err: errorMessage(e) }, 'dataplane update failed; will retry on the next change');
         }
