@@ -26,6 +26,14 @@ t.test('every bad fixture is rejected with its expected message', async (t) => {
   }
 });
 
+t.test('the README\'s configuration block loads (a key documented under the wrong section fails here)', async (t) => {
+  const readme = fs.readFileSync(path.join(REPO, 'README.md'), 'utf8');
+  const block = /```yaml\n([\s\S]*?)```/.exec(readme.slice(readme.indexOf('## Configuration')))?.[1];
+  t.ok(block, 'the Configuration section has a yaml block');
+  const res = parseConfigText(block ?? '');
+  t.ok(res.ok, `README config block loads${res.ok ? '' : `:\n${formatConfigErrors(res.errors)}`}`);
+});
+
 t.test('good fixtures and the shipped examples load', async (t) => {
   const files = [
     ...fs.readdirSync(path.join(FIX, 'good')).map((f) => path.join(FIX, 'good', f)),
