@@ -351,7 +351,9 @@ export class Daemon extends EventEmitter {
    * a takeover is only the address and gratuitous ARPs: the first client a
    * gratuitous ARP sends our way is forwarded, not refused by a node that
    * holds the address but has no rules yet. The rules are inert until the
-   * address is ours (no packet for it reaches a Backup). The proxy cannot
+   * address is ours: the dispatch matches only a local destination, so a
+   * client that still sends to a Backup after it yielded is not forwarded
+   * into a connection the new Master would reset (forward/nft.ts). The proxy cannot
    * listen on an address it does not have, so it waits for the VIP.
    */
   private armedVip(spec: ServiceSpec): string | undefined {

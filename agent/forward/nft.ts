@@ -15,13 +15,23 @@
 //                             a connection's first packet only: conntrack
 //                             pins the choice for the rest of the connection,
 //                             so established connections keep their backend
-//                             when the set changes (drain for free).
+//                             when the set changes (drain for free). Only
+//                             while V is a local address (`fib daddr type
+//                             local`): a ready VRRP Backup keeps the rules
+//                             armed, and after it yields, clients whose ARP
+//                             entry still names its MAC keep sending to it;
+//                             forwarding those would open connections that
+//                             the new Master cannot know and resets when the
+//                             ARP entry moves. Not forwarded, they wait for
+//                             the new Master (a retransmitted SYN).
 //   forward (filter)          bytes per backend and direction (named counters);
 //   postrouting (nat, srcnat) source C -> V (SNAT to the VIP), see below;
 //   input (filter)            V:port with no healthy backend: TCP reset /
 //                             ICMP port unreachable at once, never a hang.
 // Locally originated connections to a VIP take the output nat hook instead of
-// prerouting (same dispatch map). UDP is per flow (conntrack's notion: client
+// prerouting (same dispatch map, same local-VIP condition: on a Backup a
+// local connection to the VIP goes to the Master; dispatched here, it would
+// leave SNATed to the VIP and its replies would go to the Master). UDP is per flow (conntrack's notion: client
 // address:port to VIP:port): a flow keeps its backend while packets keep
 // coming within nf_conntrack_udp_timeout, like a draining TCP connection; the
 // agent does not flush the flows of a backend that left the healthy set.
@@ -215,11 +225,11 @@ export function renderNft(state: ForwardState, opts: RenderOptions = {}): NftPla
     '\tmap to_client {', `\t\ttype ${counterType}`, ...elements(toClientElems), '\t}',
     '\tchain prerouting {',
     '\t\ttype nat hook prerouting priority dstnat; policy accept;',
-    '\t\tip daddr . meta l4proto . th dport vmap @services',
+    '\t\tfib daddr type local ip daddr . meta l4proto . th dport vmap @services',
     '\t}',
     '\tchain output {',
     '\t\ttype nat hook output priority -100; policy accept;',
-    '\t\tip daddr . meta l4proto . th dport vmap @services',
+    '\t\tfib daddr type local ip daddr . meta l4proto . th dport vmap @services',
     '\t}',
     '\tchain postrouting {',
     '\t\ttype nat hook postrouting priority srcnat; policy accept;',
@@ -394,7 +404,7 @@ export async function probeNftables(opts: { exec?: Exec } = {}): Promise<ProbeRe
       { key: 'probe/b', vip: '192.0.2.20', ports: [{ name: '', port: 80, protocol: 'TCP', targetPort: 80 }], healthy: [], backends: [b('192.0.2.21', 3, 1)] },
     ],
   });
-  return probeScript(exec, sample.script, 'nf_tables/nf_nat/nft_numgen/nft_reject/nft_objref');
+  return probeScript(exec, sample.script, 'nf_tables/nf_nat/nft_numgen/nft_reject/nft_objref/nft_fib (CONFIG_NFT_FIB_IPV4)');
 }
 
 /**

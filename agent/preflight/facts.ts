@@ -338,9 +338,9 @@ async function macvlanCreateTest(unshare: string | undefined, ip: string | undef
   return { status: 'failed', error: err, ms: r.ms, parent: 'veth' };
 }
 
-/** What the kernel dataplane needs from nftables: a nat table, dnat through a numgen map, masquerade. */
+/** What the kernel dataplane needs from nftables: a nat table, a fib lookup (dispatch only to a local VIP), dnat through a numgen map, masquerade. */
 export const NFT_PROBE_RULESET = `table ip lbchk {
-  chain pre { type nat hook prerouting priority dstnat; policy accept; tcp dport 80 dnat to numgen random mod 2 map { 0 : 192.0.2.1, 1 : 192.0.2.2 }; }
+  chain pre { type nat hook prerouting priority dstnat; policy accept; fib daddr type local tcp dport 80 dnat to numgen random mod 2 map { 0 : 192.0.2.1, 1 : 192.0.2.2 }; }
   chain post { type nat hook postrouting priority srcnat; policy accept; ip daddr 192.0.2.0/24 masquerade; }
 }
 `;

@@ -11,6 +11,7 @@ import { requirePrivileged } from '../helpers/privileged';
 import { masterDownIntervalMs } from '../../agent/failover/machine';
 import { buildVrrpLab, waitMaster, logAfter, logTime, metricValue, POOL_VIP, VRID, BACKEND_IDS } from '../../lab/vrrp';
 import { gapReport, ClientLoop } from '../../lab/client-loop';
+import { httpGetFrom } from '../../lab/services';
 
 if (requirePrivileged(t)) {
   for (const preempt of [true, false]) {
@@ -70,6 +71,27 @@ if (requirePrivileged(t)) {
         t.equal(metricValue(await n3.metrics(), `lbagent_vrrp_transitions_total{vrid="${VRID}",to="master"}`) ?? 0, 0, 'n3 never became Master');
         t.equal(g.count - Object.values(g.errors).reduce((a, b) => a + b, 0), g.count, `the client saw no failure at all (${g.count} requests)`);
         t.same(g.wrongBodies, []);
+
+        // n3 is a ready Backup: its rules for the VIP are armed. A client
+        // that still (or wrongly) sends to n3's MAC - as clients do right
+        // after a Master yields, until their ARP entry moves - must not be
+        // forwarded: that connection would be reset when the entry moves.
+        const table = (await lab.exec(n3.ns, 'nft', ['list', 'map', 'ip', 'lb_agent', 'services'])).stdout;
+        t.match(table, POOL_VIP, 'n3 (Backup) has the VIP\'s rules armed');
+        const mac = JSON.parse((await lab.exec(n3.ns, 'ip', ['-j', 'link', 'show', 'eth0'])).stdout)[0].address as string;
+        await lab.exec(client, 'ip', ['neigh', 'replace', POOL_VIP, 'lladdr', mac, 'dev', 'eth0', 'nud', 'permanent']);
+        try {
+          // Not dispatched, the packet is routed (ip_forward) to whoever
+          // answers ARP for the VIP: the Master, which serves it.
+          const r = await httpGetFrom(lab, client, `http://${POOL_VIP}/`, 1000);
+          t.comment(`a request sent to the Backup's MAC: ${r.ok ? `served (${r.body.trim()})` : r.error ?? 'failed'}`);
+        } finally {
+          await lab.exec(client, 'ip', ['neigh', 'del', POOL_VIP, 'dev', 'eth0'], { allowFail: true });
+        }
+        const counters = JSON.parse((await lab.exec(n3.ns, 'nft', ['-j', 'list', 'counters', 'table', 'ip', 'lb_agent'])).stdout) as { nftables: { counter?: { name: string; packets: number } }[] };
+        const dispatched = counters.nftables.filter((o) => o.counter?.name.endsWith('_conns')).reduce((a, o) => a + (o.counter?.packets ?? 0), 0);
+        t.equal(dispatched, 0, 'and nothing was dispatched to a backend by the Backup (its dispatch matches only a local VIP)');
+        t.equal((await httpGetFrom(lab, client, `http://${POOL_VIP}/`, 2000)).ok, true, 'through the Master again once the client\'s entry is gone');
       }
     });
   }
