@@ -98,7 +98,7 @@ export class Daemon extends EventEmitter {
   private subs: Subsystems | undefined;
   private readonly runtimes = new Map<string, ServiceRuntime>();
   private applying: Promise<void> | undefined;
-  /** The VIPs the last successful apply covered (served or armed): a takeover of one of them need not wait for an apply. */
+  /** The VIPs whose rules are in the kernel now (served or armed): a takeover of one of them need not wait for an apply. */
   private appliedVips = new Set<string>();
   private applyAgain = false;
   private stopping = false;
@@ -327,11 +327,13 @@ export class Daemon extends EventEmitter {
           // Rules first (armedVip), then the address: a takeover claims the
           // VIP without an ARP probe, so it could otherwise come up before
           // the rules and refuse the first clients.
-          // Rules a ready Backup armed are in place already unless an apply
-          // is under way or the last one failed: no wait for a no-op apply
-          // on the takeover's path (issue 14).
+          // Rules a ready Backup armed are in place already (appliedVips
+          // says so even while an apply that keeps them is under way): no
+          // wait for the no-op apply this transition scheduled, nor for a
+          // counter read it queues behind (issue 14; that wait cost a
+          // takeover up to ~60 ms).
           const armed = this.armedVip(rt.spec);
-          if (armed !== undefined && (this.applying !== undefined || !this.appliedVips.has(armed))) await this.applyNow();
+          if (armed !== undefined && !this.appliedVips.has(armed)) await this.applyNow();
         }
         const known = this.subs?.failover?.knownVip?.(key);
         source.start(known === undefined ? {} : { known });
@@ -493,9 +495,20 @@ export class Daemon extends EventEmitter {
         if (this.stopping) break;
         try {
           const state = this.forwardState();
-          this.appliedVips.clear();
-          await this.subs!.dataplane.apply(state);
-          for (const f of state) if (f.vip !== undefined) this.appliedVips.add(f.vip);
+          const next = new Set(state.flatMap((f) => (f.vip !== undefined ? [f.vip] : [])));
+          const before = this.appliedVips;
+          // The table is swapped in one transaction: a VIP in both the old
+          // and the new table is covered throughout the apply, one leaving
+          // it may be gone at any moment, one joining it only once it is done.
+          this.appliedVips = new Set([...before].filter((v) => next.has(v)));
+          try {
+            await this.subs!.dataplane.apply(state);
+            this.appliedVips = next;
+          } catch (e) {
+            // A failed transaction is not committed: the old table stands.
+            this.appliedVips = before;
+            throw e;
+          }
         } catch (e) {
           this.log.error({ op: 'apply', err: errorMessage(e) }, 'dataplane update failed; will retry on the next change');
         }

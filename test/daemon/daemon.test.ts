@@ -14,7 +14,7 @@ import * as path from 'node:path';
 import { EventEmitter } from 'node:events';
 import { stringify } from 'yaml';
 import { Daemon, type StatusDocument } from '../../agent/daemon/daemon';
-import type { BackendHealth, DataplaneLike, ForwardService, HealthLike, ParentLink, Subsystems } from '../../agent/daemon/subsystems';
+import type { BackendHealth, DataplaneLike, FailoverLike, ForwardService, HealthLike, ParentLink, Subsystems } from '../../agent/daemon/subsystems';
 import type { AddressSource, SourceState, SourceStatus, Vip } from '../../agent/source';
 import type { BackendSpec, Desired, ServiceSpec } from '../../agent/config/types';
 import { controlRequest } from '../../agent/control/server';
@@ -66,6 +66,22 @@ class FakeSource extends EventEmitter implements AddressSource {
   }
 }
 
+/** VRRP as the daemon sees it: who is Master of which service, and the VIP each is known to have. */
+class FakeFailover extends EventEmitter implements FailoverLike {
+  readonly masterOf = new Set<string>();
+  readonly vips = new Map<string, string>();
+  update(): void {}
+  isMaster(key: string): boolean { return this.masterOf.has(key); }
+  status(key: string): Record<string, unknown> { return { state: this.masterOf.has(key) ? 'master' : 'backup' }; }
+  knownVip(key: string): string | undefined { return this.vips.get(key); }
+  async stop(): Promise<void> {}
+  /** An election's outcome: Master of `key` or not. */
+  set(key: string, master: boolean): void {
+    if (master) this.masterOf.add(key); else this.masterOf.delete(key);
+    this.emit('change', [key]);
+  }
+}
+
 class FakeHealth extends EventEmitter implements HealthLike {
   private services: readonly ServiceSpec[] = [];
   constructor(private readonly journal: Journal) { super(); }
@@ -89,9 +105,12 @@ class FakeDataplane implements DataplaneLike {
   /** Called at stop(), to look at the world at that moment. */
   onStop: (() => void) | undefined;
   constructor(private readonly journal: Journal) {}
+  /** Set by a test: apply() waits on it, after journaling. */
+  applyGate: Gate | undefined;
   async apply(services: readonly ForwardService[]): Promise<void> {
     this.applied.push(services);
     this.journal.push(`dataplane apply ${services.map((s) => `${s.key.split('/')[1]}=${s.vip ?? '-'}`).join(',')}`);
+    if (this.applyGate) await this.applyGate.promise;
   }
   async stop(opts: { keep?: boolean } = {}): Promise<void> {
     this.onStop?.();
@@ -104,15 +123,17 @@ interface Fakes {
   sources: Map<string, FakeSource>;
   health: FakeHealth;
   dataplane: FakeDataplane;
+  /** Only when a test asks for VRRP. */
+  failover: FakeFailover | undefined;
   /** Built by the daemon (undefined until buildSubsystems ran). */
   config: Desired | undefined;
   /** Awaited by the subsystems' close(), to look at the world at that moment. */
   onClose?: () => Promise<void>;
 }
 
-function fakes(fail: { build?: Error } = {}): Fakes & { build: (config: Desired) => Promise<Subsystems> } {
+function fakes(fail: { build?: Error } = {}, o: { vrrp?: boolean } = {}): Fakes & { build: (config: Desired) => Promise<Subsystems> } {
   const journal: Journal = [];
-  const f: Fakes = { journal, sources: new Map(), health: new FakeHealth(journal), dataplane: new FakeDataplane(journal), config: undefined };
+  const f: Fakes = { journal, sources: new Map(), health: new FakeHealth(journal), dataplane: new FakeDataplane(journal), failover: o.vrrp ? new FakeFailover() : undefined, config: undefined };
   const parent: ParentLink = { name: 'eth0', index: 2, mac: '02:00:00:00:00:02', address: '10.99.0.2' };
   const build = async (config: Desired): Promise<Subsystems> => {
     journal.push('build');
@@ -132,7 +153,7 @@ function fakes(fail: { build?: Error } = {}): Fakes & { build: (config: Desired)
       dataplane: f.dataplane,
       // The backend side of DSR (issue 17) is not what these tests are about: no VIPs on lo.
       backend: { apply: async () => {}, withdraw: async () => {}, status: () => ({ vips: [], sysctls: {}, problems: [] }) },
-      failover: undefined,
+      failover: f.failover,
       reconfigure: () => { journal.push('reconfigure'); },
       close: async () => { journal.push('close'); await f.onClose?.(); },
     };
@@ -172,10 +193,10 @@ interface Harness {
   since(from: number): string[];
 }
 
-function harness(t: { teardown(fn: () => unknown): void }, services: Svc[], o: { fail?: { build?: Error }; extra?: Record<string, unknown> } = {}): Harness {
+function harness(t: { teardown(fn: () => unknown): void }, services: Svc[], o: { fail?: { build?: Error }; extra?: Record<string, unknown>; vrrp?: boolean } = {}): Harness {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lbt-daemon-'));
   const file = path.join(dir, 'config.yaml');
-  const fk = fakes(o.fail);
+  const fk = fakes(o.fail, { vrrp: o.vrrp });
   const notified: string[] = [];
   const daemon = new Daemon({ configPath: file, log: silentLogger(), buildSubsystems: (c) => fk.build(c), notify: (m) => { if (!m.startsWith('STATUS=')) notified.push(m); } });
   t.teardown(async () => { await daemon.stop().catch(() => undefined); fs.rmSync(dir, { recursive: true, force: true }); });
@@ -415,3 +436,42 @@ async function waitJournal(h: Harness, line: string): Promise<void> {
   for (let i = 0; i < 1000 && !h.fk.journal.includes(line); i++) await new Promise((r) => setTimeout(r, 10));
   if (!h.fk.journal.includes(line)) throw new Error(`journal never had ${JSON.stringify(line)}: ${JSON.stringify(h.fk.journal)}`);
 }
+
+t.test('VRRP takeover of an armed VIP: the address goes on without waiting for the apply the election scheduled', async (t) => {
+  const h = harness(t, [{ name: 'api', ipam: 'pool', loadBalancerIP: '10.99.0.200' }], { vrrp: true });
+  const fo = h.fk.failover!;
+  fo.vips.set('default/api', '10.99.0.200');
+  await h.daemon.start();
+  await settle(h);
+  const api = h.fk.sources.get('default/api')!;
+  t.equal(api.status().state, 'idle', 'Backup: the source stands by');
+  t.match(h.fk.dataplane.applied.at(-1)?.find((s) => s.key === 'default/api')?.vip, '10.99.0.200', 'and the VIP\'s rules are armed');
+
+  // The election: this node is Master. The daemon schedules an apply (the
+  // same table); a slow one (an nft counter read ahead of it in the data
+  // path's queue) must not hold the address back.
+  h.fk.dataplane.applyGate = new Gate();
+  const from = h.fk.journal.length;
+  fo.set('default/api', true);
+  for (let i = 0; i < 50 && !h.since(from).includes('source default/api start'); i++) await new Promise((r) => setTimeout(r, 10));
+  t.ok(h.since(from).includes('source default/api start'), `the source started while the apply was still under way (${h.since(from).join('; ')})`);
+  h.fk.dataplane.applyGate.open();
+  h.fk.dataplane.applyGate = undefined;
+  await settle(h);
+
+  // Back to Backup, then a VIP the rules do not cover yet (the known
+  // address changed): now the takeover waits for the apply that arms it.
+  fo.set('default/api', false);
+  await settle(h);
+  fo.vips.set('default/api', '10.99.0.201');
+  h.fk.dataplane.applyGate = new Gate();
+  const from2 = h.fk.journal.length;
+  fo.set('default/api', true);
+  await new Promise((r) => setTimeout(r, 200));
+  t.notOk(h.since(from2).includes('source default/api start'), 'an unarmed VIP: no address before its rules');
+  h.fk.dataplane.applyGate.open();
+  h.fk.dataplane.applyGate = undefined;
+  await settle(h);
+  const j = h.since(from2);
+  t.ok(j.indexOf('source default/api start') > j.findIndex((l) => l.startsWith('dataplane apply') && l.includes('api=10.99.0.201')), `rules for 10.99.0.201 first, then the source (${j.join('; ')})`);
+});
