@@ -74,6 +74,9 @@ export interface PoolSourceOptions {
   probe?: boolean;
 }
 
+/** How often a ready Backup re-reads its parent (addresses and reservations can change while it waits). */
+const STANDBY_REFRESH_MS = 10_000;
+
 export class PoolSource extends EventEmitter implements AddressSource {
   private opts: PoolSourceOptions;
   private readonly key: string;
@@ -96,6 +99,9 @@ export class PoolSource extends EventEmitter implements AddressSource {
   /** Address removals under way, for stop() to await. */
   private removals: Promise<void>[] = [];
   private releaseError: unknown;
+  /** A ready Backup's parent, read while standing by; used by the next allocation once. */
+  private ready: { link: LinkInfo; onParent: Set<string> } | undefined;
+  private standbyTimer: TimerHandle | undefined;
 
   constructor(opts: PoolSourceOptions) {
     super();
@@ -115,7 +121,43 @@ export class PoolSource extends EventEmitter implements AddressSource {
   }
 
   start(): void {
+    this.clearStandby();
     this.feed({ type: 'start' });
+  }
+
+  /**
+   * VRRP Backup (issue 14, a ready Backup): withdraw the VIP like
+   * stop({ release: false }), then keep ready what a takeover needs - the
+   * parent link and its addresses read, the ARP socket open - so that
+   * taking over is the address and a gratuitous ARP, with no rtnetlink dump
+   * and no socket set-up between the election and the address. Re-read
+   * every STANDBY_REFRESH_MS while standing by; a takeover uses the copy
+   * once and a fault re-reads, so a stale copy costs one retry, not a VIP.
+   */
+  async standby(): Promise<void> {
+    await this.stop({ release: false });
+    await this.prepare(this.gen);
+  }
+
+  private async prepare(gen: number): Promise<void> {
+    this.clearStandby();
+    try {
+      const p = await this.manager.serialize(() => this.readParent());
+      if (gen !== this.gen || this.m.phase !== 'stopped') return;
+      this.ensureSocket(p.link.index);
+      this.ready = p;
+    } catch (err) {
+      this.ready = undefined;
+      this.log.debug({ op: 'standby', err: errorMessage(err) }, 'could not ready the takeover; a takeover reads the parent itself');
+    }
+    if (gen !== this.gen || this.m.phase !== 'stopped') return;
+    this.standbyTimer = this.clock.setTimeout(() => { this.standbyTimer = undefined; void this.prepare(gen); }, STANDBY_REFRESH_MS);
+    this.standbyTimer.unref?.();
+  }
+
+  private clearStandby(): void {
+    if (this.standbyTimer !== undefined) this.clock.clearTimeout(this.standbyTimer);
+    this.standbyTimer = undefined;
   }
 
   /**
@@ -126,6 +168,8 @@ export class PoolSource extends EventEmitter implements AddressSource {
   async stop(opts: { release: boolean; keep?: boolean }): Promise<void> {
     if (opts.keep && !opts.release) return this.stopKeeping();
     this.gen++;
+    this.clearStandby();
+    this.ready = undefined;
     this.clearWait();
     this.releaseError = undefined;
     const wasRunning = this.m.phase !== 'stopped';
@@ -150,6 +194,8 @@ export class PoolSource extends EventEmitter implements AddressSource {
    */
   private async stopKeeping(): Promise<void> {
     this.gen++;
+    this.clearStandby();
+    this.ready = undefined;
     this.clearWait();
     const kept = this.vip?.address;
     this.owner?.close();
@@ -268,6 +314,17 @@ export class PoolSource extends EventEmitter implements AddressSource {
   private async allocate(gen: number): Promise<void> {
     const delay = this.manager.attemptDelay();
     if (delay > 0) { this.feedLater(gen, { type: 'rate-limited', delayMs: delay }); return; }
+    // A ready Backup read the parent already: reserve now, in this turn
+    // (reserve() is synchronous, so no other service can slip in).
+    const ready = this.ready;
+    this.ready = undefined;
+    if (ready) {
+      this.log.debug({ op: 'takeover', ready: true, parent: ready.link.name }, 'the parent was read while standing by: straight to the address');
+      this.parent = ready.link;
+      const result = this.manager.reserve({ service: this.key, namespace: this.opts.service.namespace, loadBalancerIP: this.opts.service.loadBalancerIP });
+      this.feedLater(gen, { type: 'allocation', result, onParent: result.ok && ready.onParent.has(result.address) });
+      return;
+    }
     try {
       // Read the parent and reserve in one turn of the manager's queue.
       const r = await this.manager.serialize(async () => {

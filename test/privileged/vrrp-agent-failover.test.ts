@@ -72,6 +72,12 @@ if (requirePrivileged(t)) {
       t.comment(`SIGKILL -> n2 VRRP Master: ${master ? logTime(master) - killedAt : '?'} ms (Master_Down_Interval ${mdi.toFixed(1)} ms); `
         + `-> first answer from the VIP: ${g.servedAfterMs ?? '?'} ms; client: ${g.count} requests, gap ${g.gapMs} ms, errors ${JSON.stringify(g.errors)}`);
       t.ok(master, 'n2 logged its transition to Master');
+      // The ready Backup's fast path (issue 14): the parent was read while
+      // standing by, so the takeover went straight to the address.
+      const ready = logAfter(n2, killedAt, (l) => l.op === 'takeover' && l.ready === true);
+      const added = logAfter(n2, killedAt, (l) => l.op === 'add-address');
+      t.ok(ready, 'n2 took over with what it had ready (no rtnetlink reads between the election and the address)');
+      if (master && added) t.comment(`n2: VRRP Master -> address added ${logTime(added) - logTime(master)} ms`);
       t.ok(g.servedAfterMs !== undefined && g.servedAfterMs < 2000, `served again within 2 s (${g.servedAfterMs ?? '?'} ms)`);
       t.same(g.wrongBodies, [], 'every answer came from a backend');
       t.ok(g.slowest <= 300 + 1000, `no request hung past its timeout (slowest ${g.slowest} ms)`); // slack for the client's own timers on a loaded machine
