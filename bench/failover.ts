@@ -9,7 +9,9 @@
 //   keepalived  two keepalived (VRRPv3, priorities 200 and 150) holding the
 //               same VIP, an HTTP server on :80 in each namespace.
 // The Master's "VM" dies: its port on the bridge goes down and its process is
-// SIGKILLed (keepalived's too), as in vrrp-agent-failover.test.ts. A client
+// SIGKILLed (keepalived's too), as in vrrp-agent-failover.test.ts, right
+// after the Master's advert passes its bridge port (seen by tcpdump), so
+// that every peer dies at the same point of its advert cycle. A client
 // starts a request every 10 ms (each on a new connection, 300 ms deadline)
 // and we take the time from the death to the end of the first answered
 // request after it. For the agent the new Master's own log also gives the
@@ -17,7 +19,7 @@
 // Only lab namespaces are addressed.
 //
 //   node dist/bench/failover.js [--intervals 1,0.1,0.01] [--runs 3] [--targets agent,keepalived]
-//        [--budget 420]
+//        [--budget 420] [--trace FILE]
 // Points run in order (targets interleaved per interval and run); once
 // --budget seconds have passed the remaining ones are listed as skipped
 // (bench/run.ts gives this script 8 minutes). Prints one JSON object on
@@ -26,7 +28,7 @@ import * as fs from 'node:fs';
 import { waitFor } from '../lab/netns';
 import { startBackend } from '../lab/services';
 import { startKeepalived } from '../lab/keepalived';
-import { buildVrrpLab, bridgePort, logAfter, logTime, POOL_VIP, VRID, type VrrpLab } from '../lab/vrrp';
+import { afterAdvert, buildVrrpLab, bridgePort, logAfter, logTime, POOL_VIP, VRID, type VrrpLab } from '../lab/vrrp';
 import { gapReport, ClientLoop } from '../lab/client-loop';
 import { masterDownIntervalMs } from '../agent/failover/machine';
 import { median } from './lib/stats';
@@ -37,7 +39,7 @@ type Target = (typeof TARGETS)[number];
 const RFC_ARP = { probeWait: 1, probeNum: 3, probeMin: 1, probeMax: 2, announceWait: 2, announceNum: 2, announceInterval: 2 };
 const KA = [{ role: 'ka1', ip: '10.99.0.41', priority: 200 }, { role: 'ka2', ip: '10.99.0.42', priority: 150 }] as const;
 
-interface Args { intervals: number[]; runs: number; targets: Target[]; budgetS: number }
+interface Args { intervals: number[]; runs: number; targets: Target[]; budgetS: number; trace?: string }
 
 function parseArgs(argv: string[]): Args {
   const a: Args = { intervals: [1, 0.1, 0.01], runs: 3, targets: ['agent', 'keepalived'], budgetS: 420 };
@@ -48,6 +50,7 @@ function parseArgs(argv: string[]): Args {
       case '--runs': a.runs = Math.max(1, Math.min(20, Number(v))); i++; break;
       case '--targets': a.targets = v.split(',').filter((x): x is Target => (TARGETS as readonly string[]).includes(x)); i++; break;
       case '--budget': a.budgetS = Math.max(10, Math.min(3600, Number(v))); i++; break;
+      case '--trace': a.trace = v; i++; break;
       default: throw new Error(`unknown argument ${argv[i]}`);
     }
   }
@@ -65,6 +68,11 @@ interface Run {
   spuriousTakeovers: number;
 }
 
+/** How long a death waits for the Master's next advert: tcpdump's start plus one interval, with slack. */
+function afterAdvertWaitS(intervalS: number): number {
+  return Math.ceil(intervalS * 2 + 1);
+}
+
 /** Client loop, death, first answer after it. */
 async function measure(vl: VrrpLab, kill: () => Promise<number>, intervalS: number): Promise<{ killedAt: number; servedMs: number; failed: number; wrong: number }> {
   const loop = await ClientLoop.start(vl.lab, vl.client, `http://${POOL_VIP}/`, { intervalMs: 10, timeoutMs: 300, maxInFlight: 50, maxMs: 60_000 });
@@ -76,12 +84,14 @@ async function measure(vl: VrrpLab, kill: () => Promise<number>, intervalS: numb
   return { killedAt, servedMs: g.servedAfterMs ?? NaN, failed: g.failures.length, wrong: g.wrongBodies.length };
 }
 
-async function agentRun(vl: VrrpLab, intervalS: number, rfcArp: boolean): Promise<Run> {
+async function agentRun(vl: VrrpLab, intervalS: number, rfcArp: boolean, trace?: string): Promise<Run> {
   const n2 = vl.nodes[1]!;
   const n3 = vl.nodes[2]!;
   // At the unit's log level: debug logs every advert heard (100 lines/s at
   // 0.01 s), which keepalived does not, and the bench reads only info lines.
-  const o = { advertInterval: intervalS, logLevel: 'info', ...(rfcArp ? { arp: RFC_ARP } : {}) };
+  // A trace wants the debug lines (adverts left out of it): its timings are
+  // for reading, not for the table.
+  const o = { advertInterval: intervalS, logLevel: trace ? 'debug' : 'info', ...(rfcArp ? { arp: RFC_ARP } : {}) };
   let spurious = 0;
   await n3.start(o);
   await n3.waitService('Master and serving', 'api', (s) => s.failover?.state === 'master' && s.state === 'serving', 30_000);
@@ -89,8 +99,15 @@ async function agentRun(vl: VrrpLab, intervalS: number, rfcArp: boolean): Promis
   await n2.waitService('Backup', 'api', (s) => s.failover?.state === 'backup' && s.failover.master === n3.ip, 30_000);
   const m = await measure(vl, async () => {
     spurious = ((await n2.service('api')).failover as { transitions: { master: number } }).transitions.master;
-    return n3.die();
+    return n3.die({ afterAdvertS: afterAdvertWaitS(intervalS) });
   }, intervalS);
+  // --trace FILE: the new Master's log lines from the death on, as offsets
+  // from it, appended per run (where the takeover's milliseconds go).
+  if (trace) {
+    const lines = (n2.agent?.logs ?? []).filter((l) => logTime(l) >= m.killedAt - 5 && l.op !== 'advert')
+      .map((l) => `${String(logTime(l) - m.killedAt).padStart(5)} ${String(l.op ?? '')} ${String(l.msg ?? '')}`);
+    fs.appendFileSync(trace, `# advertInterval ${intervalS} s, served after ${m.servedMs} ms\n${lines.join('\n')}\n`);
+  }
   const master = logAfter(n2, m.killedAt, (l) => l.op === 'transition' && l.to === 'master');
   const bound = logAfter(n2, m.killedAt, (l) => l.op === 'bound');
   const run: Run = {
@@ -120,7 +137,7 @@ async function keepalivedRun(vl: VrrpLab, nss: string[], intervalS: number, runI
     // keepalived's clock one spawn late and flattered it by ~10-20 ms.
     const pids = (await vl.lab.sh(vl.lab.lan, `ip netns pids ${ns1}`)).stdout.split(/\s+/).filter(Boolean)
       .filter((p) => { try { return fs.readFileSync(`/proc/${p}/comm`, 'utf8').trim() === 'keepalived'; } catch { return false; } });
-    await vl.lab.sh(vl.lab.lan, `ip link set ${port} down && kill -KILL ${pids.join(' ')}`);
+    await vl.lab.sh(vl.lab.lan, `${afterAdvert(port, KA[0].ip, afterAdvertWaitS(intervalS))}ip link set ${port} down && kill -KILL ${pids.join(' ')}`);
     return Date.now();
   }, intervalS);
   await waitFor('ka2 MASTER', () => k2.state() === 'MASTER', 5000);
@@ -164,7 +181,7 @@ async function main(): Promise<void> {
           try {
             run = target === 'keepalived'
               ? await keepalivedRun(vl, kaNs, interval, `${interval}-${r}`)
-              : await agentRun(vl, interval, target === 'agent-rfc');
+              : await agentRun(vl, interval, target === 'agent-rfc', args.trace);
             log(`  served after ${run.servedMs} ms (VRRP Master ${run.vrrpMs} ms, VIP bound ${run.boundMs} ms, ${run.failedRequests} failed requests, ${run.spuriousTakeovers} spurious takeovers before)`);
           } catch (e) {
             log(`  run failed: ${(e as Error).message.split('\n')[0]}`);
@@ -197,7 +214,7 @@ async function main(): Promise<void> {
   }
   process.stdout.write(`${JSON.stringify({
     bench: 'failover',
-    what: 'ms from the Master VM dying (port down + SIGKILL) to the end of the first answered HTTP request to the VIP; client starts a request every 10 ms, 300 ms deadline each',
+    what: 'ms from the Master VM dying (port down + SIGKILL, right after one of its adverts) to the end of the first answered HTTP request to the VIP; client starts a request every 10 ms, 300 ms deadline each',
     runsPerPoint: args.runs,
     backupPriority: 150,
     wallSeconds: Math.round((Date.now() - started) / 1000),

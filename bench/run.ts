@@ -36,7 +36,8 @@ const TOOLS: Record<Area, string[]> = {
   // The continuity lab runs dnsmasq; the agent runs nft (kernel path) and ip/unshare; HAProxy is the peer.
   restart: ['haproxy', 'dnsmasq', 'nft', 'ip', 'unshare'],
   preflight: [],
-  failover: [],
+  // keepalived is the peer; each death waits for an advert with tcpdump (lab/vrrp.ts afterAdvert).
+  failover: ['keepalived', 'tcpdump', 'ip'],
 };
 
 interface Args { only: Area[]; rounds: number; quick: boolean; out: string; readme: boolean; dhcpManyPing: boolean }
