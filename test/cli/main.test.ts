@@ -19,9 +19,15 @@ t.test('validate accepts the shipped examples', async (t) => {
   }
 });
 
-t.test('validate rejects every bad fixture with exit 2 and the field path', async (t) => {
-  const files = fs.readdirSync(path.join(FIX, 'bad')).filter((f) => f.endsWith('.yaml'));
-  t.ok(files.length >= 20);
+t.test('validate rejects bad fixtures with exit 2 and the field path', async (t) => {
+  // Every fixture's message is checked in-process by test/config/load.test.ts
+  // through loadConfigFile, which is what validate runs (readConfigText, then
+  // parseConfigText). Here the process contract - exit 2, stderr naming the
+  // file, line and message - over every sixth fixture in name order: a node
+  // start each, ~0.4 s of CPU, and 58 of them were a minute of the suite.
+  const all = fs.readdirSync(path.join(FIX, 'bad')).filter((f) => f.endsWith('.yaml')).sort();
+  t.ok(all.length >= 20);
+  const files = all.filter((_, i) => i % 6 === 0);
   // Four at a time: each is a node process start.
   const queue = [...files];
   const worker = async (): Promise<void> => { for (let f = queue.shift(); f; f = queue.shift()) await one(f); };
