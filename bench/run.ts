@@ -7,7 +7,10 @@
 //
 //   npm run bench -- [--only forward,dhcp,health,control,restart,preflight,failover]
 //                    [--rounds N] [--quick] [--out DIR] [--readme] [--dhcp-many-ping]
+//                    [--dhcp-clients udhcpc,dhclient,lbagent,lbagent-like]
 //
+// --dhcp-clients: only these DHCP clients (e.g. `lbagent-like,udhcpc` to
+// look at one row and its peer while working on it; issue 18).
 // --quick: one round and short measurements (3-4 minutes), to check the
 // harness, not to quote. --readme: also replace the generated block of the
 // README's Performance section. Only lab namespaces and loopback are traffic
@@ -16,7 +19,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { spawnSync } from 'node:child_process';
 import { benchForward, FORWARD_TARGETS } from './forwarding';
-import { benchDhcp, DHCP_CLIENTS } from './dhcp';
+import { benchDhcp, DHCP_CLIENTS, type DhcpClient } from './dhcp';
 import { benchDetection, DETECTION_SETTINGS } from './detection';
 import { benchControl } from './control';
 import { benchRestart } from './restart';
@@ -40,16 +43,16 @@ const TOOLS: Record<Area, string[]> = {
   failover: ['keepalived', 'tcpdump', 'ip'],
 };
 
-interface Args { only: Area[]; rounds: number; quick: boolean; out: string; readme: boolean; dhcpManyPing: boolean }
+interface Args { only: Area[]; rounds: number; quick: boolean; out: string; readme: boolean; dhcpManyPing: boolean; dhcpClients: DhcpClient[] }
 
 const REPO = path.resolve(__dirname, '..', '..');
 
 function usage(): string {
-  return `usage: npm run bench -- [--only ${AREAS.join(',')}] [--rounds N] [--quick] [--out DIR] [--readme] [--dhcp-many-ping]\n`;
+  return `usage: npm run bench -- [--only ${AREAS.join(',')}] [--rounds N] [--quick] [--out DIR] [--readme] [--dhcp-many-ping] [--dhcp-clients ${DHCP_CLIENTS.join(',')}]\n`;
 }
 
 function parseArgs(argv: string[]): Args {
-  const a: Args = { only: [], rounds: 0, quick: false, out: path.join(REPO, 'bench', 'results'), readme: false, dhcpManyPing: false };
+  const a: Args = { only: [], rounds: 0, quick: false, out: path.join(REPO, 'bench', 'results'), readme: false, dhcpManyPing: false, dhcpClients: [...DHCP_CLIENTS] };
   for (let i = 0; i < argv.length; i++) {
     const v = argv[i + 1];
     switch (argv[i]) {
@@ -67,6 +70,12 @@ function parseArgs(argv: string[]): Args {
       case '--quick': a.quick = true; break;
       case '--readme': a.readme = true; break;
       case '--dhcp-many-ping': a.dhcpManyPing = true; break;
+      case '--dhcp-clients': {
+        const names = String(v ?? '').split(',').filter(Boolean);
+        const bad = names.filter((n) => !(DHCP_CLIENTS as readonly string[]).includes(n));
+        if (bad.length || names.length === 0) throw new Error(`--dhcp-clients: unknown client ${bad.join(',') || '(none)'}; clients are ${DHCP_CLIENTS.join(', ')}`);
+        a.dhcpClients = names as DhcpClient[]; i++; break;
+      }
       case '--out': a.out = path.resolve(String(v)); i++; break;
       case '--help': case '-h': process.stdout.write(usage()); process.exit(0); break;
       default: throw new Error(`unknown argument ${argv[i]}\n${usage()}`);
@@ -134,13 +143,13 @@ async function main(): Promise<void> {
       case 'dhcp':
         await runArea(area, async () => {
           results.dhcp = await benchDhcp({
-            rounds: R, counts: [1, 50], clients: [...DHCP_CLIENTS],
+            rounds: R, counts: [1, 50], clients: args.dhcpClients,
             // lb-agent's defaults stay in the 50 even with --quick: issue 18's target covers them, and
             // with the ARP probes overlapping across services they take ~12 s, not the ~40 s of 8 at a time.
-            manyClients: [...DHCP_CLIENTS],
+            manyClients: args.dhcpClients,
             ping: [false, true],
             manyPingRounds: args.dhcpManyPing ? 1 : 0,
-            manyPingClients: ['udhcpc', 'dhclient', 'lbagent-like'],
+            manyPingClients: args.dhcpClients.filter((c) => c !== 'lbagent'),
             log: log(area),
           });
         });

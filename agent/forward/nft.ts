@@ -547,7 +547,12 @@ export class NftDataplane implements Dataplane {
       // takeover waits for the apply in flight before it puts the address on
       // (the rules were armed while Backup), and a counter read there cost
       // two `nft` processes, ~40-90 ms of a failover.
-      if (await this.applyNow(state) && this.metrics) await this.refreshCounters();
+      const done = await this.applyNow(state);
+      // A table nft just wrote counts from zero (the old one's totals are in
+      // `carry`): the metrics need no `nft list counters` to know that.
+      // Issue 18: a spawn costs the event loop 5-30 ms, and at start the
+      // applies run back to back while 50 DHCP services bind.
+      if (done && this.metrics) await this.refreshCounters(done === 'written');
     });
   }
 
@@ -557,17 +562,17 @@ export class NftDataplane implements Dataplane {
   }
 
   /** Read the counters for the metrics (in the queue, so never against a half-applied table), then schedule the next read. */
-  private async refreshCounters(): Promise<void> {
+  private async refreshCounters(justWritten = false): Promise<void> {
     if (this.timer) this.clock.clearTimeout(this.timer);
     this.timer = undefined;
     if (this.stopped) return;
-    try { this.latest = await this.stats(); } catch { /* keep the last read; stats() reports nft failures as problems */ }
+    try { this.latest = await this.collect(justWritten); } catch { /* keep the last read; stats() reports nft failures as problems */ }
     this.timer = this.clock.setTimeout(() => { void this.queue.run(() => this.refreshCounters()); }, this.countersEveryMs);
     this.timer.unref?.();
   }
 
-  /** Bring the table to `state`; true when nft was asked to write (or adopt) it, false when it already matched. */
-  private async applyNow(state: ForwardState): Promise<boolean> {
+  /** Bring the table to `state`: 'written' when nft wrote it, 'adopted' when a running table was taken as is, false when it already matched. */
+  private async applyNow(state: ForwardState): Promise<'written' | 'adopted' | false> {
     if (this.stopped) throw new LbError('LB_ERR_FORWARD_NFT', 'the kernel data path was stopped; create a new one');
     const plan = renderNft(state, { dsrDevice: this.dsrDevice });
     for (const p of plan.problems) this.log.warn({ op: 'apply', problem: p }, p);
@@ -580,7 +585,7 @@ export class NftDataplane implements Dataplane {
         this.log.info({ op: 'start-check', result: check }, 'nftables table lb_agent already matches the desired state; adopted as is');
         this.plan = plan;
         this.state = state;
-        return true;
+        return 'adopted';
       }
       this.log.info({ op: 'start-check', result: check }, check === 'absent'
         ? 'creating nftables table lb_agent'
@@ -588,7 +593,7 @@ export class NftDataplane implements Dataplane {
       await this.write(plan.script);
       this.plan = plan;
       this.state = state;
-      return true;
+      return 'written';
     }
     if (this.plan && plan.script === this.plan.script) { this.state = state; return false; }
     // Read the old table's counters just before it is replaced; fold them in
@@ -599,7 +604,7 @@ export class NftDataplane implements Dataplane {
     this.plan = plan;
     this.state = state;
     this.log.debug({ op: 'apply', services: state.services.length }, 'nftables table lb_agent rewritten');
-    return true;
+    return 'written';
   }
 
   private async checkAtStart(plan: NftPlan): Promise<StartCheck> {
@@ -736,11 +741,19 @@ export class NftDataplane implements Dataplane {
   }
 
   /** A fresh read of the counters (status, and the metrics' schedule); spawns `nft`. */
-  async stats(): Promise<ForwardStats> {
+  stats(): Promise<ForwardStats> {
+    return this.collect(false);
+  }
+
+  /**
+   * stats(); with `justWritten` no `nft` is spawned: the table was written a
+   * moment ago, so its own counters are zero and the totals are what `carry` holds.
+   */
+  private async collect(justWritten: boolean): Promise<ForwardStats> {
     const plan = this.plan;
     let live = new Map<string, CounterValue>();
     const problems = [...(plan?.problems ?? [])];
-    if (plan && !this.stopped) {
+    if (plan && !this.stopped && !justWritten) {
       try {
         live = await this.readCounters();
       } catch (err) {

@@ -11,7 +11,7 @@ import { formatIPv4, parseIPv4, parseMac } from '../ipv4';
 import type { Logger } from '../log';
 import { silentLogger } from '../log';
 import { arpAnnouncement, arpProbe, decodeArp, encodeArp, isArpProbe, type ArpPacket } from './arp';
-import { bpfArp } from './bpf';
+import { bpfArp, bpfArpAbout } from './bpf';
 import type { NetMetrics } from './metrics';
 import { ETH_P_ARP, openPacketSocket, type PacketSocket } from './packet';
 
@@ -194,10 +194,12 @@ export interface SocketSource {
   ifindex?: number;
 }
 
-export function acquireSocket(src: SocketSource, metrics: NetMetrics | undefined, log: Logger): { socket: PacketSocket; owned: boolean } {
+/** The caller's socket, or an ARP socket of its own that passes only frames about `about` (bpfArpAbout) when given. */
+export function acquireSocket(src: SocketSource, metrics: NetMetrics | undefined, log: Logger, about?: number): { socket: PacketSocket; owned: boolean } {
   if (src.socket) return { socket: src.socket, owned: false };
   if (src.ifindex === undefined) throw new TypeError('either socket or ifindex is required');
-  return { socket: openPacketSocket({ ifindex: src.ifindex, protocol: ETH_P_ARP, filter: bpfArp(), metrics, log }), owned: true };
+  const filter = about === undefined ? bpfArp() : bpfArpAbout(about);
+  return { socket: openPacketSocket({ ifindex: src.ifindex, protocol: ETH_P_ARP, filter, metrics, log }), owned: true };
 }
 
 /** Decode a frame for an ARP consumer, counting what is dropped. */
@@ -242,7 +244,7 @@ export function probeAddress(opts: ProbeOptions): Promise<ProbeResult> {
   return new Promise<ProbeResult>((resolve, reject) => {
     let sock: { socket: PacketSocket; owned: boolean };
     try {
-      sock = acquireSocket(opts, metrics, log);
+      sock = acquireSocket(opts, metrics, log, ip);
     } catch (err) {
       reject(err);
       return;

@@ -56,6 +56,31 @@ export function bpfArp(): BpfProgram {
   return bpfEtherType(ETHERTYPE_ARP);
 }
 
+/** ARP sender and target protocol addresses in an Ethernet frame (RFC 826, Ethernet/IPv4 sizes). */
+const ARP_SPA_OFFSET = 14 + 14;
+const ARP_TPA_OFFSET = 14 + 24;
+
+/**
+ * ARP frames whose sender or target address is `ip`: what a prober or the
+ * owner of that address acts on (RFC 5227 §2.1.1, §2.4); every other ARP
+ * frame on the LAN stays in the kernel. Issue 18: with one socket per VIP,
+ * each of 50 services otherwise decoded the announcements of all the others.
+ * `tcpdump -dd 'arp and (arp[14:4] = IP or arp[24:4] = IP)'`.
+ */
+export function bpfArpAbout(ip: number): BpfProgram {
+  checkInt('ip', ip, 0xffffffff);
+  return [
+    [BPF_LD_H_ABS, 0, 0, ETH_TYPE_OFFSET],
+    [BPF_JEQ_K, 0, 5, ETHERTYPE_ARP],
+    [BPF_LD_W_ABS, 0, 0, ARP_SPA_OFFSET],
+    [BPF_JEQ_K, 2, 0, ip],
+    [BPF_LD_W_ABS, 0, 0, ARP_TPA_OFFSET],
+    [BPF_JEQ_K, 0, 1, ip],
+    [BPF_RET_K, 0, 0, BPF_ACCEPT],
+    [BPF_RET_K, 0, 0, 0],
+  ];
+}
+
 /** IPv4 with the given protocol (112 = VRRP). `tcpdump -dd 'ip proto 112'`. */
 export function bpfIpProto(proto: number): BpfProgram {
   checkInt('IP protocol', proto, 0xff);

@@ -2,7 +2,14 @@
 // ipv6/conf/<if>/disable_ipv6): read and set the ARP-flux and reverse-path
 // knobs DESIGN.md requires on the parent NIC and on each macvlan. Values are small integers; paths are built
 // only from validated interface names and a fixed set of keys.
-import { promises as fsp } from 'node:fs';
+//
+// Reads and writes are synchronous: a procfs file is kernel memory, never a
+// disk, and these keys take no lock that waits (unlike disable_ipv6, which
+// takes the RTNL and stays asynchronous below). Through the thread pool each
+// read was four round trips, and 50 DHCP services starting at once queued
+// 400 of them before any DISCOVER left (issue 18). The functions stay async
+// for their callers.
+import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { LbError } from '../errors';
 
@@ -64,7 +71,7 @@ export async function readIfSysctl(ifname: string, key: IfSysctlKey, opts: Sysct
   const file = ifSysctlPath(ifname, key, opts);
   let text: string;
   try {
-    text = await fsp.readFile(file, 'utf8');
+    text = fs.readFileSync(file, 'utf8');
   } catch (err) {
     throw ioError(err, 'read', ifname, key);
   }
@@ -78,7 +85,7 @@ export async function writeIfSysctl(ifname: string, key: IfSysctlKey, value: num
   const file = ifSysctlPath(ifname, key, opts);
   try {
     // No O_CREAT: a missing interface must fail (ENOENT), not create a file.
-    await fsp.writeFile(file, `${value}\n`, { flag: 'r+' });
+    fs.writeFileSync(file, `${value}\n`, { flag: 'r+' });
   } catch (err) {
     throw ioError(err, 'set', ifname, key);
   }
@@ -94,7 +101,7 @@ export async function disableIpv6(ifname: string, opts: SysctlOptions = {}): Pro
   if (problem) throw new LbError('LB_ERR_NET_SYSCTL', `cannot address sysctl disable_ipv6: ${problem}`, { interface: ifname, key: 'disable_ipv6' });
   const file = path.join(opts.root ?? DEFAULT_ROOT, 'net', 'ipv6', 'conf', ifname, 'disable_ipv6');
   try {
-    await fsp.writeFile(file, '1\n', { flag: 'r+' });
+    await fs.promises.writeFile(file, '1\n', { flag: 'r+' });
     return true;
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code === 'ENOENT') return false;

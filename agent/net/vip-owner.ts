@@ -236,7 +236,7 @@ export class VipOwner extends EventEmitter {
     this.metrics = opts.metrics;
     this.state = initialVipState(ip, macString(opts.mac));
     this.log = (opts.log ?? silentLogger()).child({ module: 'net/vip-owner', ip: this.ip, mac: this.state.mac });
-    this.sock = acquireSocket(opts, this.metrics, this.log);
+    this.sock = acquireSocket(opts, this.metrics, this.log, ip);
     this.sock.socket.on('frame', this.onFrame);
   }
 

@@ -1,7 +1,7 @@
 // BPF builders: instruction for instruction what `tcpdump -dd` emits
 // (tcpdump 4.99, captured with `tcpdump -i lo -dd '<expr>'`).
 import t from 'tap';
-import { bpfArp, bpfEtherType, bpfIpProto, bpfIpProtoPayloadByte, bpfProblem, bpfUdpDstPort, formatBpf } from '../../agent/net/bpf';
+import { bpfArp, bpfArpAbout, bpfEtherType, bpfIpProto, bpfIpProtoPayloadByte, bpfProblem, bpfUdpDstPort, formatBpf } from '../../agent/net/bpf';
 
 const TCPDUMP_ARP = `{ 0x28, 0, 0, 0x0000000c },
 { 0x15, 0, 1, 0x00000806 },
@@ -31,6 +31,22 @@ const TCPDUMP_ETHER_PROTO_0800 = `{ 0x28, 0, 0, 0x0000000c },
 { 0x15, 0, 1, 0x00000800 },
 { 0x6, 0, 0, 0x00040000 },
 { 0x6, 0, 0, 0x00000000 },`;
+
+// tcpdump -dd 'arp and (arp[14:4] = 0x0a630064 or arp[24:4] = 0x0a630064)': ARP about 10.99.0.100.
+const TCPDUMP_ARP_ABOUT_10_99_0_100 = `{ 0x28, 0, 0, 0x0000000c },
+{ 0x15, 0, 5, 0x00000806 },
+{ 0x20, 0, 0, 0x0000001c },
+{ 0x15, 2, 0, 0x0a630064 },
+{ 0x20, 0, 0, 0x00000026 },
+{ 0x15, 0, 1, 0x0a630064 },
+{ 0x6, 0, 0, 0x00040000 },
+{ 0x6, 0, 0, 0x00000000 },`;
+
+t.test('ARP about one address: sender or target, as tcpdump compiles it (issue 18)', async (t) => {
+  t.equal(formatBpf(bpfArpAbout(0x0a630064)), TCPDUMP_ARP_ABOUT_10_99_0_100);
+  t.equal(bpfProblem(bpfArpAbout(0xffffffff)), undefined);
+  t.throws(() => bpfArpAbout(2 ** 32), RangeError);
+});
 
 t.test('programs equal tcpdump -dd output', async (t) => {
   t.equal(formatBpf(bpfArp()), TCPDUMP_ARP, "'arp'");

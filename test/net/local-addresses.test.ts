@@ -1,7 +1,7 @@
 // The VM's addresses as the DHCP guard sees them.
 import t from 'tap';
 import * as os from 'node:os';
-import { localAddresses } from '../../agent/net/local-addresses';
+import { addressesChanged, currentInterfaces, localAddresses } from '../../agent/net/local-addresses';
 import { parseIPv4 } from '../../agent/ipv4';
 
 type Ifs = ReturnType<typeof os.networkInterfaces>;
@@ -23,4 +23,20 @@ t.test('parent subnets, every local address except the excluded macvlan', async 
 t.test('reads this host by default', async (t) => {
   const v = localAddresses('lo', 'none');
   t.ok(v.local.includes(parseIPv4('127.0.0.1')!));
+});
+
+t.test('the host is read once per event-loop turn, and again after the agent changes an address', async (t) => {
+  let reads = 0;
+  const host = (): Ifs => { reads++; return { eth0: [a('10.99.0.2', '10.99.0.2/24')], lbv1: [a(`10.99.0.${100 + reads}`, `10.99.0.${100 + reads}/32`)] }; };
+  addressesChanged(); // an earlier test may have read the real host in this turn
+  const first = currentInterfaces(host);
+  t.equal(currentInterfaces(host), first, 'the same turn: the same read');
+  t.equal(reads, 1);
+  addressesChanged();
+  const second = currentInterfaces(host);
+  t.equal(reads, 2, 'an address change of our own reads again at once');
+  t.same(localAddresses('eth0', 'none', second).local, [parseIPv4('10.99.0.2'), parseIPv4('10.99.0.102')]);
+  await new Promise((r) => setImmediate(r));
+  currentInterfaces(host);
+  t.equal(reads, 3, 'the next turn reads the host again');
 });

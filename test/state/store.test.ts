@@ -131,3 +131,58 @@ t.test('ensure() refuses a state directory it cannot create', async (t) => {
   t.throws(() => s.ensure(), { code: 'LB_ERR_STATE_WRITE', message: new RegExp(`state directory ${path.join(dir, 'file', 'state')} is not writable`) });
   t.same(new StateStore(path.join(dir, 'missing')).list(), [], 'list() of a missing directory is empty');
 });
+
+t.test('writeAsync: atomic like write(), and writes and removes of one name land in the order asked', async (t) => {
+  const dir = tmpdir(t);
+  const s = new StateStore(dir);
+  s.write('dhcp-default-web.json', { address: '10.99.0.100' });
+  // Asked for back to back without waiting: the last one wins, whatever the thread pool does first.
+  const done = [
+    s.writeAsync('dhcp-default-web.json', { address: '10.99.0.101', padding: 'x'.repeat(1 << 16) }),
+    s.writeAsync('dhcp-default-web.json', { address: '10.99.0.102' }),
+    s.removeAsync('dhcp-default-web.json'),
+    s.writeAsync('dhcp-default-web.json', { address: '10.99.0.103' }),
+    s.writeAsync('dhcp-default-api.json', { address: '10.99.0.110' }),
+  ];
+  await s.settled('dhcp-default-web.json');
+  t.same(s.read('dhcp-default-web.json'), { address: '10.99.0.103' }, 'the last document asked for is the one on disk');
+  await Promise.all(done);
+  t.same(s.read('dhcp-default-api.json'), { address: '10.99.0.110' }, 'another name is written too');
+  t.equal(fs.statSync(path.join(dir, 'dhcp-default-web.json')).mode & 0o777, 0o600, 'the file is 0600');
+  await s.removeAsync('dhcp-default-web.json');
+  await s.removeAsync('dhcp-default-web.json');
+  t.equal(s.read('dhcp-default-web.json'), undefined, 'removed (twice is fine)');
+  t.same(fs.readdirSync(dir), ['dhcp-default-api.json'], 'no temp file left');
+  await t.resolves(s.settled('never-written.json'), 'settled() of a name never written resolves');
+});
+
+t.test('writeAsync: the data is synced before the rename, the directory after it; a failure names the file and leaves nothing', async (t) => {
+  const dir = tmpdir(t);
+  const script = `
+    const fs = require('node:fs');
+    const seen = [];
+    const fsp = fs.promises;
+    const open = fsp.open;
+    fsp.open = async (p, ...rest) => {
+      const fh = await open(p, ...rest);
+      const what = require('node:path').basename(p).includes('.tmp-') ? 'temp' : p === ${JSON.stringify(dir)} ? 'dir' : p;
+      for (const m of ['writeFile', 'sync', 'close']) { const f = fh[m].bind(fh); fh[m] = (...a) => { seen.push(m + '(' + what + ')'); return f(...a); }; }
+      return fh;
+    };
+    const rename = fsp.rename;
+    fsp.rename = (a, b) => { seen.push('rename'); return rename(a, b); };
+    const { StateStore } = require(${JSON.stringify(STORE_JS)});
+    new StateStore(${JSON.stringify(dir)}).writeAsync('health.json', { a: 1 }).then(() => process.stdout.write(JSON.stringify(seen)));`;
+  const r = spawnSync(process.execPath, ['-e', script], { encoding: 'utf8', timeout: 20_000 });
+  t.equal(r.status, 0, r.stderr);
+  t.same(JSON.parse(r.stdout), ['writeFile(temp)', 'sync(temp)', 'close(temp)', 'rename', 'sync(dir)', 'close(dir)'], 'write, fsync the file, rename, fsync the directory');
+
+  const s = new StateStore(dir);
+  fs.mkdirSync(path.join(dir, 'lease.json'));
+  fs.writeFileSync(path.join(dir, 'lease.json', 'x'), '');
+  await t.rejects(s.writeAsync('lease.json', { a: 2 }), { code: 'LB_ERR_STATE_WRITE', message: new RegExp(`cannot write ${path.join(dir, 'lease.json')}`) });
+  t.same(fs.readdirSync(dir).sort(), ['health.json', 'lease.json'], 'the temp file was removed');
+  await s.writeAsync('health.json', { a: 3 });
+  t.same(s.read('health.json'), { a: 3 }, 'a failed write does not stop the next one');
+  t.throws(() => s.writeAsync('../x', {}), { code: 'LB_ERR_STATE_WRITE', message: /invalid state file name/ });
+});
