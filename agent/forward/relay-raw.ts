@@ -467,7 +467,6 @@ interface ListenerOwner {
 function onConnection(this: TcpHandle, err: number, handle: TcpHandle | undefined): void {
   const l = this[OWNER] as ListenerOwner;
   if (err !== 0 || handle === undefined) { l.accepted(errname(err), undefined); return; }
-  handle.setNoDelay(true);
   const r = new RawRelay(handle);
   handle[OWNER] = r;
   l.accepted(undefined, r);
@@ -484,6 +483,12 @@ export function rawRelayPath(): RelayPath | string {
       const h = new B.TCP(B.SERVER);
       let err = h.open(fd);
       if (err !== 0) { h.close(); throw Object.assign(new Error(`${errname(err)}: cannot use listening descriptor ${fd}`), { code: errname(err) }); }
+      // Accepted sockets inherit TCP_NODELAY from the listener (Linux clones the
+      // listener's tcp_sock): one setsockopt per listener instead of one per
+      // connection (issue 18). Set here, not at bind, so that a socket an older
+      // lb-agent left behind gets it too.
+      err = h.setNoDelay(true);
+      if (err !== 0) { h.close(); throw Object.assign(new Error(`${errname(err)}: TCP_NODELAY on listening descriptor ${fd}`), { code: errname(err) }); }
       h[OWNER] = { accepted } satisfies ListenerOwner;
       h.onconnection = onConnection;
       err = h.listen(backlog);

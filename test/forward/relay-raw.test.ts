@@ -7,6 +7,8 @@ import * as net from 'node:net';
 import { loadRawBinding } from '../../agent/forward/relay-raw';
 import { ProxyDataplane } from '../../agent/forward/proxy';
 import { parseIPv4 } from '../../agent/ipv4';
+import { socketInfo, type NativeSocketInfo } from '../../agent/net/native';
+import * as fs from 'node:fs';
 
 const cfg = { algorithm: 'round-robin' as const, idleTimeout: 60, connectTimeout: 2 };
 const backend = (address: string) => ({ address, addressNum: parseIPv4(address)!, weight: 1 });
@@ -141,3 +143,27 @@ for (const version of ['v2', 'v1'] as const) {
     t.same((await p.stats()).details['relayed'], { raw: N + 1, streams: 0 }, 'all on the fast path');
   });
 }
+
+t.test('relayed client sockets have TCP_NODELAY from their listener (no setsockopt per connection)', async (t) => {
+  const server = net.createServer((s) => { s.on('data', () => undefined); s.on('error', () => undefined); });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  t.teardown(() => server.close());
+  const p = new ProxyDataplane({ config: cfg, inline: true, relay: 'raw' });
+  t.teardown(() => p.stop());
+  await p.apply({ services: [{ key: 'default/nd', vip: '127.0.0.44', ports: [{ name: 'p', port: 0, protocol: 'TCP', targetPort: (server.address() as net.AddressInfo).port }], healthy: [backend('127.0.0.1')], backends: [backend('127.0.0.1')] }] });
+  const port = await listenerPort(p);
+  const c = net.connect(port, '127.0.0.44');
+  t.teardown(() => c.destroy());
+  await new Promise((r) => c.once('connect', r));
+  c.write('x');
+  // The engine runs in this process: find its sockets bound to the VIP:port among our descriptors.
+  const vip = parseIPv4('127.0.0.44')!;
+  const mine = (): NativeSocketInfo[] => fs.readdirSync('/proc/self/fd').map(Number).flatMap((fd) => {
+    try { const i = socketInfo(fd); return i.address === vip && i.port === port ? [i] : []; } catch { return []; }
+  });
+  let found: NativeSocketInfo[] = [];
+  for (let i = 0; i < 100 && !found.some((s) => !s.listening); i++) { await new Promise((r) => setTimeout(r, 10)); found = mine(); }
+  const listening = found.filter((s) => s.listening);
+  t.ok(listening.length > 0 && listening.every((s) => s.noDelay === true), 'the listener (each descriptor of it) has TCP_NODELAY');
+  t.same(found.filter((s) => !s.listening).map((s) => s.noDelay), [true], 'and the accepted client socket inherited it');
+});
