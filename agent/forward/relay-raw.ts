@@ -165,7 +165,18 @@ class RawRelay extends Relay {
     req.oncomplete = afterConnect;
     req.address = host;
     req.port = port;
-    const err = u.connect(req, host, port);
+    let err = u.connect(req, host, port);
+    if (err === 0) {
+      // Read from the backend from the start: libuv then registers the socket
+      // once for both the connect (POLLOUT) and reads (POLLIN), where a read
+      // started after the connect costs an EPOLL_CTL_ADD that fails with
+      // EEXIST and a MOD (issue 18). libuv reports the connect before any
+      // read on the socket, so start() has run when the first read comes.
+      this.uBuf ??= getBuffer();
+      u.useUserBuffer(this.uBuf);
+      u.onread = onBackendRead;
+      err = u.readStart();
+    }
     if (err !== 0) {
       // Refused before a packet left (EMFILE, EADDRNOTAVAIL...).
       this.u = undefined;
@@ -201,7 +212,6 @@ class RawRelay extends Relay {
   }
 
   start(proxyHeader: boolean): void {
-    const u = this.u!;
     const c = this.c;
     const cBuf = getBuffer();
     this.cBuf = cBuf;
@@ -215,10 +225,6 @@ class RawRelay extends Relay {
       c.useUserBuffer(cBuf);
     }
     c.onread = onClientRead;
-    this.uBuf = getBuffer();
-    u.useUserBuffer(this.uBuf);
-    u.onread = onBackendRead;
-    u.readStart();
     c.readStart();
   }
 
@@ -392,6 +398,8 @@ class RawRelay extends Relay {
       this.engine.done(this);
       u.close();
       this.c.close();
+      putBuffer(this.uBuf);
+      this.uBuf = undefined;
       return;
     }
     this.close();
