@@ -42,9 +42,9 @@ import type { PortSpec, ProxyConfig } from '../config/types';
 import type { Clock, TimerHandle } from '../clock';
 import { errorMessage, localExhaustionCode } from '../errors';
 import { SharedPositionRoundRobin, WeightedLeastConnections, type Balancer } from './balancer';
-import { PROXY_V2_IPV4_LENGTH, proxyHeaderV1, writeV2Into, type ProxyProtocolVersion } from './proxy-protocol';
+import { PROXY_V1_MAX_LENGTH, PROXY_V2_IPV4_LENGTH, proxyHeaderV1, proxyHeaderV2Template, writeV2Into, writeV2Source, type ProxyProtocolVersion } from './proxy-protocol';
 import {
-  ENGINE_ACCEPTED, ENGINE_RELAYED_RAW, ENGINE_RELAYED_STREAMS, FLOW_BYTES_TO_BACKEND, FLOW_BYTES_TO_CLIENT, FLOW_CONNECTIONS,
+  ENGINE_ACCEPTED, ENGINE_PP_ALONE, ENGINE_PP_WITH_DATA, ENGINE_RELAYED_RAW, ENGINE_RELAYED_STREAMS, FLOW_BYTES_TO_BACKEND, FLOW_BYTES_TO_CLIENT, FLOW_CONNECTIONS,
   FLOW_CONNECT_FAILURES, LISTENER_REFUSED, LISTENER_UDP_SESSIONS, TallyWriter, ownLimitField,
   type OwnLimitKey, type SlotBuffers, type TallyBuffers,
 } from './tallies';
@@ -144,6 +144,8 @@ export interface Route {
   readonly algorithm: ProxyConfig['algorithm'];
   readonly slot: number;
   readonly proxyProtocol: ProxyProtocolVersion | undefined;
+  /** v2: the header's constant part for this VIP:port, built once (per connection only the client is filled in). */
+  readonly ppTemplate: Buffer | undefined;
   /** least-connections' view of a backend's load (over every engine); undefined for round-robin. */
   readonly active: ((address: string) => number) | undefined;
 }
@@ -173,8 +175,12 @@ export abstract class Relay {
   abstract connect(host: string, port: number): void;
   /** Give up the connect in flight (timeout); the path then calls connectDone with the code given. */
   abstract abortConnect(code: string): void;
-  /** Relay both ways, the PROXY header (when given) first to the backend. */
-  abstract start(header: Buffer | string | undefined): void;
+  /**
+   * Relay both ways; with `proxyHeader` the PROXY protocol header goes to the
+   * backend first (the path gets it from engine.writeHeader and reports how
+   * it went out with engine.headerSent).
+   */
+  abstract start(proxyHeader: boolean): void;
   /** The client address as the kernel reports it (for the PROXY header). */
   abstract peer(): { address: string; port: number } | undefined;
   /** RST to the client (no healthy backend, failed connects). */
@@ -316,7 +322,9 @@ export class ProxyEngine {
       serviceKey: spec.serviceKey, port: spec.port, vip: spec.vip, vipNum: parseIPv4(spec.vip) ?? 0,
       healthy: unchanged ? previous.healthy : spec.healthy,
       flows, balancer: same && previous.slot === spec.slot ? previous.balancer : this.balancer(algorithm, spec.slot), algorithm, slot: spec.slot,
-      proxyProtocol: spec.proxyProtocol, active,
+      proxyProtocol: spec.proxyProtocol,
+      ppTemplate: spec.proxyProtocol === 'v2' ? proxyHeaderV2Template(parseIPv4(spec.vip) ?? 0, spec.port.port, 'tcp') : undefined,
+      active,
     };
   }
 
@@ -419,7 +427,7 @@ export class ProxyEngine {
       t.add(b.slot, FLOW_CONNECTIONS, 1);
       this.backoffMs = 0;
       this.report(route.serviceKey, b.address, b.slot, true);
-      r.start(route.proxyProtocol === undefined ? undefined : this.header(r, route));
+      r.start(route.proxyProtocol !== undefined);
       return;
     }
     this.release(r);
@@ -446,18 +454,39 @@ export class ProxyEngine {
     r.reset();
   }
 
-  /** The PROXY protocol header for a relayed connection: the client as the kernel saw it, the VIP:port it reached. */
-  private header(r: Relay, route: Route): Buffer | string | undefined {
+  /**
+   * Write the PROXY protocol header of a relayed connection into `into` at
+   * `at` (at least PROXY_V1_MAX_LENGTH bytes of room): the client as the
+   * kernel saw it, the VIP:port it reached. Returns its length; 0 (no header)
+   * when the client's address is gone (it left while the backend connected).
+   * v2 copies the route's template and fills in the client: no string, no
+   * allocation per connection.
+   */
+  writeHeader(r: Relay, into: Buffer, at: number): number {
+    const route = r.route;
     const peer = r.peer();
-    if (!peer) return undefined;
+    if (!peer) return 0;
     if (route.proxyProtocol === 'v1') {
-      return proxyHeaderV1({ source: peer.address, sourcePort: peer.port, destination: route.vip, destinationPort: route.port.port });
+      return into.write(proxyHeaderV1({ source: peer.address, sourcePort: peer.port, destination: route.vip, destinationPort: route.port.port }), at, 'latin1');
     }
+    const tpl = route.ppTemplate;
     const src = parseIPv4(peer.address.startsWith('::ffff:') ? peer.address.slice(7) : peer.address);
-    if (src === undefined) return undefined;
-    const h = Buffer.allocUnsafe(PROXY_V2_IPV4_LENGTH);
-    writeV2Into(h, 0, src, peer.port, route.vipNum, route.port.port, 'tcp');
-    return h;
+    if (tpl === undefined || src === undefined) return 0;
+    tpl.copy(into, at);
+    writeV2Source(into, at, src, peer.port);
+    return tpl.length;
+  }
+
+  /** The header as a buffer of its own (the streams path), or undefined as writeHeader's 0. */
+  header(r: Relay): Buffer | undefined {
+    const b = Buffer.allocUnsafe(PROXY_V1_MAX_LENGTH);
+    const n = this.writeHeader(r, b, 0);
+    return n === 0 ? undefined : b.subarray(0, n);
+  }
+
+  /** A PROXY header went out: in the same write as the client's first bytes, or alone (the client had sent nothing yet). */
+  headerSent(withData: boolean): void {
+    this.tallies.engineAdd(withData ? ENGINE_PP_WITH_DATA : ENGINE_PP_ALONE, 1);
   }
 
   /** Bytes relayed, as they go (the path calls it per read). */

@@ -74,6 +74,9 @@ export function proxyHeaderV2(c: ProxiedConnection, transport: 'tcp' | 'udp' = '
 /** Length of a v2 header for IPv4. */
 export const PROXY_V2_IPV4_LENGTH = V2_HEADER + V2_IPV4_ADDRESSES;
 
+/** The longest v1 line (spec 2.1: 107 bytes, "PROXY UNKNOWN" with IPv6 addresses); room enough for any header sent here. */
+export const PROXY_V1_MAX_LENGTH = 107;
+
 /**
  * Write a v2 IPv4 header at `offset` from numeric addresses (host-order u32):
  * the proxy's hot path fills a buffer without building strings.
@@ -87,6 +90,24 @@ export function writeV2Into(b: Buffer, offset: number, src: number, sport: numbe
   b.writeUInt32BE(dst >>> 0, offset + 20);
   b.writeUInt16BE(sport, offset + 24);
   b.writeUInt16BE(dport, offset + 26);
+}
+
+/**
+ * The part of a v2 IPv4 header that is the same for every connection to one
+ * VIP:port (signature, version/command, family, length, destination): the
+ * proxy builds it once per route and per connection only copies it and
+ * fills in the client (writeV2Source).
+ */
+export function proxyHeaderV2Template(dst: number, dport: number, transport: 'tcp' | 'udp'): Buffer {
+  const b = Buffer.alloc(PROXY_V2_IPV4_LENGTH);
+  writeV2Into(b, 0, 0, 0, dst, port(dport, 'destination port'), transport);
+  return b;
+}
+
+/** Fill the client's address and port into a v2 IPv4 header at `offset` (a copy of a template). */
+export function writeV2Source(b: Buffer, offset: number, src: number, sport: number): void {
+  b.writeUInt32BE(src >>> 0, offset + 16);
+  b.writeUInt16BE(sport, offset + 24);
 }
 
 /** The v2 LOCAL header (no addresses): what a health check sends (spec 2.2, "LOCAL"). */

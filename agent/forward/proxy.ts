@@ -55,7 +55,7 @@ import { ForwardMetrics } from './metrics';
 import { SerialQueue } from '../serial';
 import { effectiveMaxConnections, readNofile } from './capacity';
 import {
-  ENGINE_ACCEPTED, ENGINE_OPEN, ENGINE_RELAYED_RAW, ENGINE_RELAYED_STREAMS, FLOW_BYTES_TO_BACKEND, FLOW_BYTES_TO_CLIENT,
+  ENGINE_ACCEPTED, ENGINE_OPEN, ENGINE_PP_ALONE, ENGINE_PP_WITH_DATA, ENGINE_RELAYED_RAW, ENGINE_RELAYED_STREAMS, FLOW_BYTES_TO_BACKEND, FLOW_BYTES_TO_CLIENT,
   FLOW_CONNECTIONS, FLOW_CONNECT_FAILURES, LISTENER_REFUSED, LISTENER_UDP_SESSIONS, OWN_LIMIT_KEYS, TallyTable, ownLimitField,
 } from './tallies';
 import type { EngineApply, EngineBackend, EngineListenerSpec, RelayKind } from './proxy-engine';
@@ -493,6 +493,7 @@ export class ProxyDataplane implements Dataplane {
       details: {
         listeners, openConnections: t.open, maxConnections: this.maxConnections, algorithm: this.cfg.algorithm,
         relayed: { raw: t.engineSum(ENGINE_RELAYED_RAW), streams: t.engineSum(ENGINE_RELAYED_STREAMS) },
+        proxyHeaders: { withData: t.engineSum(ENGINE_PP_WITH_DATA), alone: t.engineSum(ENGINE_PP_ALONE) },
         workers: this.hosts.map((h) => ({
           index: h.index, thread: !this.inline, alive: h.alive, relay: h.relay ?? null,
           accepted: t.engineField(h.index, ENGINE_ACCEPTED), open: t.engineField(h.index, ENGINE_OPEN),

@@ -68,10 +68,15 @@ class NetRelay extends Relay {
     this.up.destroy();
   }
 
-  start(header: Buffer | string | undefined): void {
+  start(proxyHeader: boolean): void {
     const up = this.up!;
     const client = this.client;
-    if (header !== undefined) up.write(header);
+    const header = proxyHeader ? this.engine.header(this) : undefined;
+    if (header !== undefined) {
+      // The fallback path does not coalesce it with the client's first bytes (relay-raw.ts does).
+      up.write(header);
+      this.engine.headerSent(false);
+    }
     client.on('data', (chunk: Buffer) => {
       this.seen = true;
       this.engine.bytes(this, chunk.length, 0);

@@ -8,8 +8,7 @@
 // RSS under that load 94 MiB against 50 MiB (far fewer objects for the GC).
 //
 // What it does per connection: accept (libuv, the listener's descriptor),
-// connect the backend (one TCPConnectWrap), write the PROXY header if any,
-// read each side into a 16 KiB buffer of its own (useUserBuffer: no
+// connect the backend (one TCPConnectWrap), read each side into a 16 KiB buffer of its own (useUserBuffer: no
 // allocation per read) and write what was read to the other side. A write
 // that completes at once (the common case) needs nothing more; one that
 // does not keeps its buffer (the next read gets a fresh one) and stops the
@@ -17,6 +16,17 @@
 // direction. A FIN from one side becomes a FIN to the other once what was
 // read before it is written (half-close); both ends done closes both. An
 // error on either side resets both.
+//
+// The PROXY protocol header (issue 17) goes out in the same write as the
+// client's first bytes: it is written into the client's read buffer and the
+// first read lands right behind it, so the backend gets one segment (one
+// send, one packet, one read for it) instead of a header segment and then
+// the request. HAProxy pays that extra segment (send-proxy-v2 cost it 11% of
+// its new connections/s in the 2026-11-24 bench; the separate write cost
+// lb-agent 16%). A client that has sent nothing one loop turn after the
+// backend connected (a server-speaks-first protocol: SMTP, MySQL...) does
+// not hold the backend's greeting back: its header then goes alone. The
+// status counts both (details.proxyHeaders).
 //
 // The price is leaning on bindings Node does not document (process.binding
 // is deprecated, though still served for these modules in Node 20). So the
@@ -36,7 +46,6 @@ interface TcpHandle {
   readStop(): number;
   useUserBuffer(buf: Buffer): void;
   writeBuffer(req: object, buf: Buffer): number;
-  writeLatin1String(req: object, s: string): number;
   shutdown(req: object): number;
   close(cb?: () => void): void;
   reset(cb?: () => void): number;
@@ -66,7 +75,7 @@ const FREE_BUFFERS_MAX = 256;
 const TO_BACKEND = 0;
 const TO_CLIENT = 1;
 
-const HANDLE_METHODS = ['open', 'listen', 'connect', 'readStart', 'readStop', 'useUserBuffer', 'writeBuffer', 'writeLatin1String', 'shutdown', 'close', 'reset', 'setNoDelay', 'getpeername'] as const;
+const HANDLE_METHODS = ['open', 'listen', 'connect', 'readStart', 'readStop', 'useUserBuffer', 'writeBuffer', 'shutdown', 'close', 'reset', 'setNoDelay', 'getpeername'] as const;
 
 /** The bindings, checked: the binding or why it cannot be used. */
 export function loadRawBinding(): RawBinding | string {
@@ -132,6 +141,10 @@ class RawRelay extends Relay {
   uEof = false;
   cShut = false;
   uShut = false;
+  /** The PROXY header's length at the start of cBuf, the client's first read going right behind it; 0 once that read came. */
+  hLen = 0;
+  /** The header went out alone (the client was silent): the first read is written without it. */
+  hSent = false;
   /** Writes in flight to the client / to the backend. */
   toC = 0;
   toU = 0;
@@ -152,7 +165,18 @@ class RawRelay extends Relay {
     req.oncomplete = afterConnect;
     req.address = host;
     req.port = port;
-    const err = u.connect(req, host, port);
+    let err = u.connect(req, host, port);
+    if (err === 0) {
+      // Read from the backend from the start: libuv then registers the socket
+      // once for both the connect (POLLOUT) and reads (POLLIN), where a read
+      // started after the connect costs an EPOLL_CTL_ADD that fails with
+      // EEXIST and a MOD (issue 18). libuv reports the connect before any
+      // read on the socket, so start() has run when the first read comes.
+      this.uBuf ??= getBuffer();
+      u.useUserBuffer(this.uBuf);
+      u.onread = onBackendRead;
+      err = u.readStart();
+    }
     if (err !== 0) {
       // Refused before a packet left (EMFILE, EADDRNOTAVAIL...).
       this.u = undefined;
@@ -187,30 +211,38 @@ class RawRelay extends Relay {
     this.engine.connectDone(this, undefined);
   }
 
-  start(header: Buffer | string | undefined): void {
-    const u = this.u!;
+  start(proxyHeader: boolean): void {
     const c = this.c;
-    if (header !== undefined) {
-      const req = spareWrite ?? newWriteReq();
-      spareWrite = undefined;
-      const err = typeof header === 'string' ? u.writeLatin1String(req, header) : u.writeBuffer(req, header);
-      if (err !== 0) { spareWrite = req; this.fail(); return; }
-      if (B.state[B.kLastWriteWasAsync]) {
-        req['relay'] = this; req['dir'] = TO_BACKEND; req['buffer'] = header; req['full'] = undefined;
-        this.toU++;
-      } else {
-        spareWrite = req;
-      }
+    const cBuf = getBuffer();
+    this.cBuf = cBuf;
+    const hLen = proxyHeader ? this.engine.writeHeader(this, cBuf, 0) : 0;
+    if (hLen > 0) {
+      // The client's first read lands behind the header; read() writes both at once.
+      this.hLen = hLen;
+      c.useUserBuffer(cBuf.subarray(hLen));
+      awaitHeader(this);
+    } else {
+      c.useUserBuffer(cBuf);
     }
-    this.cBuf = getBuffer();
-    c.useUserBuffer(this.cBuf);
     c.onread = onClientRead;
-    this.uBuf = getBuffer();
-    u.useUserBuffer(this.uBuf);
-    u.onread = onBackendRead;
-    u.readStart();
+    c.readStart();
+  }
+
+  /** The client was silent a loop turn after the backend connected: its PROXY header goes alone. */
+  sendHeaderAlone(): void {
+    if (this.closing || this.hLen === 0 || this.hSent) return;
+    this.hSent = true;
+    this.engine.headerSent(false);
+    const header = this.cBuf!.subarray(0, this.hLen);
+    const req = spareWrite ?? newWriteReq();
+    spareWrite = undefined;
+    const err = this.u!.writeBuffer(req, header);
+    if (err !== 0) { spareWrite = req; this.fail(); return; }
+    if (!B.state[B.kLastWriteWasAsync]) { spareWrite = req; return; }
     // With the header still queued the client waits (backpressure), as after any pending write.
-    if (this.toU === 0) c.readStart();
+    req['relay'] = this; req['dir'] = TO_BACKEND; req['buffer'] = header; req['full'] = undefined;
+    this.toU++;
+    this.c.readStop();
   }
 
   /** One read completed on `from`; returns the next buffer to read into when the current one is lent to a write. */
@@ -223,12 +255,21 @@ class RawRelay extends Relay {
       const to = toBackend ? this.u! : this.c;
       const buf = toBackend ? this.cBuf! : this.uBuf!;
       this.engine.bytes(this, toBackend ? nread : 0, toBackend ? 0 : nread);
-      const data = buf.subarray(0, nread);
+      // The client's first read sits behind the PROXY header: both in one write (unless the header went alone).
+      const hLen = toBackend ? this.hLen : 0;
+      let data: Buffer;
+      if (hLen === 0) data = buf.subarray(0, nread);
+      else {
+        this.hLen = 0;
+        if (this.hSent) data = buf.subarray(hLen, hLen + nread);
+        else { this.hSent = true; this.engine.headerSent(true); data = buf.subarray(0, hLen + nread); }
+      }
       const req = spareWrite ?? newWriteReq();
       spareWrite = undefined;
       const err = to.writeBuffer(req, data);
       if (err !== 0) { spareWrite = req; this.fail(); return undefined; }
-      if (!B.state[B.kLastWriteWasAsync]) { spareWrite = req; return undefined; }
+      // After the first read behind the header, the next ones use the whole buffer again.
+      if (!B.state[B.kLastWriteWasAsync]) { spareWrite = req; return hLen === 0 ? undefined : buf; }
       // Not all written: the request keeps the buffer; the reading side waits.
       req['relay'] = this; req['dir'] = dir; req['buffer'] = data; req['full'] = buf;
       from.readStop();
@@ -238,6 +279,8 @@ class RawRelay extends Relay {
     }
     if (nread === 0) return undefined;
     if (nread !== B.UV_EOF) { this.fail(); return undefined; }
+    // A client that ends without a byte: the backend still gets its header, then the FIN.
+    if (dir === TO_BACKEND && this.hLen !== 0) { this.sendHeaderAlone(); this.hLen = 0; if (this.closing) return undefined; }
     if (dir === TO_BACKEND) { this.cEof = true; this.c.readStop(); } else { this.uEof = true; this.u!.readStop(); }
     this.maybeEnd();
     return undefined;
@@ -355,10 +398,37 @@ class RawRelay extends Relay {
       this.engine.done(this);
       u.close();
       this.c.close();
+      putBuffer(this.uBuf);
+      this.uBuf = undefined;
       return;
     }
     this.close();
   }
+}
+
+/**
+ * Relays whose PROXY header waits for the client's first bytes. start() runs
+ * in the poll phase (the connect's completion); the client's descriptor is
+ * polled in the next turn's poll phase, so a header still unsent at the
+ * second check phase (setImmediate) after start goes alone. One immediate per
+ * loop turn for every relay started in it, no timer per connection.
+ */
+let headerWaiting: RawRelay[] = [];
+let headerLast: RawRelay[] = [];
+let headerTurnQueued = false;
+
+function awaitHeader(r: RawRelay): void {
+  headerWaiting.push(r);
+  if (!headerTurnQueued) { headerTurnQueued = true; setImmediate(headerTurn); }
+}
+
+function headerTurn(): void {
+  headerTurnQueued = false;
+  const due = headerLast;
+  headerLast = headerWaiting;
+  headerWaiting = [];
+  for (const r of due) r.sendHeaderAlone();
+  if (headerLast.length > 0) { headerTurnQueued = true; setImmediate(headerTurn); }
 }
 
 function resetOrClose(h: TcpHandle): void {
@@ -405,7 +475,6 @@ interface ListenerOwner {
 function onConnection(this: TcpHandle, err: number, handle: TcpHandle | undefined): void {
   const l = this[OWNER] as ListenerOwner;
   if (err !== 0 || handle === undefined) { l.accepted(errname(err), undefined); return; }
-  handle.setNoDelay(true);
   const r = new RawRelay(handle);
   handle[OWNER] = r;
   l.accepted(undefined, r);
@@ -422,6 +491,12 @@ export function rawRelayPath(): RelayPath | string {
       const h = new B.TCP(B.SERVER);
       let err = h.open(fd);
       if (err !== 0) { h.close(); throw Object.assign(new Error(`${errname(err)}: cannot use listening descriptor ${fd}`), { code: errname(err) }); }
+      // Accepted sockets inherit TCP_NODELAY from the listener (Linux clones the
+      // listener's tcp_sock): one setsockopt per listener instead of one per
+      // connection (issue 18). Set here, not at bind, so that a socket an older
+      // lb-agent left behind gets it too.
+      err = h.setNoDelay(true);
+      if (err !== 0) { h.close(); throw Object.assign(new Error(`${errname(err)}: TCP_NODELAY on listening descriptor ${fd}`), { code: errname(err) }); }
       h[OWNER] = { accepted } satisfies ListenerOwner;
       h.onconnection = onConnection;
       err = h.listen(backlog);

@@ -93,6 +93,8 @@ export interface NativeSocketInfo {
   readonly port?: number;
   readonly listening: boolean;
   readonly reusePort: boolean;
+  /** IPv4 TCP only: TCP_NODELAY (accepted sockets inherit it from their listener). */
+  readonly noDelay?: boolean;
 }
 
 /** tp_status bits (linux/if_packet.h). */

@@ -4,7 +4,7 @@
 // sockets of a SO_REUSEPORT group are made here and handed to each worker's
 // event loop by descriptor. Also the queries that let a descriptor inherited
 // from systemd's fd store be checked before it is used (getsockname,
-// SO_ACCEPTCONN, SO_REUSEPORT, SO_TYPE) and F_DUPFD_CLOEXEC, so every worker
+// SO_ACCEPTCONN, SO_REUSEPORT, SO_TYPE, TCP_NODELAY) and F_DUPFD_CLOEXEC, so every worker
 // owns (and may close) its own descriptor of a shared socket. Syscalls only:
 // the address arrives as a host-order u32 parsed in TypeScript.
 #include "common.h"
@@ -12,6 +12,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -70,7 +71,7 @@ int IntSockopt(Napi::Env env, int fd, int level, int name) {
   return v;
 }
 
-// socketInfo(fd) -> { family, type, address (u32, IPv4 only), port, listening, reusePort }
+// socketInfo(fd) -> { family, type, address (u32, IPv4 only), port, listening, reusePort, noDelay (IPv4 TCP only) }
 Napi::Value SocketInfo(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   int fd = IntArg(info, 0, "socketInfo(fd: number)");
@@ -87,6 +88,9 @@ Napi::Value SocketInfo(const Napi::CallbackInfo& info) {
   }
   out.Set("listening", Napi::Boolean::New(env, IntSockopt(env, fd, SOL_SOCKET, SO_ACCEPTCONN) != 0));
   out.Set("reusePort", Napi::Boolean::New(env, IntSockopt(env, fd, SOL_SOCKET, SO_REUSEPORT) != 0));
+  if (ss.ss_family == AF_INET && IntSockopt(env, fd, SOL_SOCKET, SO_TYPE) == SOCK_STREAM) {
+    out.Set("noDelay", Napi::Boolean::New(env, IntSockopt(env, fd, IPPROTO_TCP, TCP_NODELAY) != 0));
+  }
   return out;
 }
 

@@ -145,7 +145,7 @@ t.test('listening sockets for the proxy: a SO_REUSEPORT group, inspected and dup
   const b = listenTcp4(lo, a.port, 16, true);
   t.teardown(() => { try { fs.closeSync(b.fd); } catch { /* closed */ } });
   t.equal(b.port, a.port, 'a second SO_REUSEPORT socket joins the same port');
-  t.same(socketInfo(a.fd), { family: 2, type: 1, address: lo, port: a.port, listening: true, reusePort: true });
+  t.same(socketInfo(a.fd), { family: 2, type: 1, address: lo, port: a.port, listening: true, reusePort: true, noDelay: false });
   try {
     listenTcp4(lo, a.port, 16, false);
     t.fail('a socket without SO_REUSEPORT cannot join the group');
