@@ -167,6 +167,8 @@ interface Harness {
   daemon: Daemon;
   fk: ReturnType<typeof fakes>;
   notified: string[];
+  /** How often the daemon asked to give freed memory back (DaemonOptions.trimMemory). */
+  trims: { count: number };
   write(services: Svc[], extra?: Record<string, unknown>): void;
   /** The journal from index `from` on. */
   since(from: number): string[];
@@ -177,10 +179,14 @@ function harness(t: { teardown(fn: () => unknown): void }, services: Svc[], o: {
   const file = path.join(dir, 'config.yaml');
   const fk = fakes(o.fail);
   const notified: string[] = [];
-  const daemon = new Daemon({ configPath: file, log: silentLogger(), buildSubsystems: (c) => fk.build(c), notify: (m) => { if (!m.startsWith('STATUS=')) notified.push(m); } });
+  const trims = { count: 0 };
+  const daemon = new Daemon({
+    configPath: file, log: silentLogger(), buildSubsystems: (c) => fk.build(c), notify: (m) => { if (!m.startsWith('STATUS=')) notified.push(m); },
+    trimMemory: () => { trims.count++; },
+  });
   t.teardown(async () => { await daemon.stop().catch(() => undefined); fs.rmSync(dir, { recursive: true, force: true }); });
   const h: Harness = {
-    dir, file, socket: path.join(dir, 'agent.sock'), daemon, fk, notified,
+    dir, file, socket: path.join(dir, 'agent.sock'), daemon, fk, notified, trims,
     write: (s, extra) => writeConfig(file, dir, s, { ...o.extra, ...extra }),
     since: (from) => fk.journal.slice(from),
   };
@@ -322,6 +328,21 @@ t.test('a reload carries out its plan: removed, re-sourced, updated in place, ad
   t.same(h.since(before), [], 'a refused reload asks nothing of anyone');
   const kept = await controlRequest(h.socket, 'status') as StatusDocument;
   t.same([kept.config.generation, kept.config.lastReload?.ok, kept.services.length], [2, false, 3]);
+});
+
+t.test('after the start and after every reload, accepted or refused, freed memory is given back once (issue 18)', async (t) => {
+  const h = harness(t, [{ name: 'web' }]);
+  await h.daemon.start();
+  await new Promise((r) => setImmediate(r));
+  t.equal(h.trims.count, 1, 'after the start');
+  h.write([{ name: 'web' }, { name: 'api' }]);
+  t.equal((await h.daemon.reload()).ok, true);
+  await new Promise((r) => setImmediate(r));
+  t.equal(h.trims.count, 2, 'after an accepted reload');
+  fs.writeFileSync(h.file, 'services: [ { name: web } ]\nunknown: 1\n');
+  t.equal((await h.daemon.reload()).ok, false);
+  await new Promise((r) => setImmediate(r));
+  t.equal(h.trims.count, 3, 'after a refused one: its parse left garbage too');
 });
 
 t.test('overlapping reloads fold into one more reload of the newest file', async (t) => {
