@@ -122,6 +122,8 @@ export class Daemon extends EventEmitter {
   private readonly events = new EventRing();
   /** The first reconcile has run (start() finished); until then status shows services "starting". */
   private started = false;
+  /** Set once the first apply has put every service's VIP in place: the start's work, and its garbage, are done (issue 18). */
+  private startSettled = false;
   /** start() in flight or done: a reload that arrives while starting waits for it. */
   private starting: Promise<void> | undefined;
 
@@ -507,7 +509,25 @@ export class Daemon extends EventEmitter {
           this.log.error({ op: 'apply', err: errorMessage(e) }, 'dataplane update failed; will retry on the next change');
         }
       } while (this.applyAgain && !this.stopping);
-    })().finally(() => { this.applying = undefined; });
+    })().finally(() => { this.applying = undefined; this.settleStart(); });
+  }
+
+  /**
+   * Once, after the first apply that has every service's VIP in place: one
+   * more collection (collectGarbage). The ARP probes or DHCP exchanges and
+   * the applies of a start run after "lb-agent started", and their garbage
+   * (~5 MiB with 100 services) would otherwise stay committed until V8 next
+   * reaches its limit, maybe never (issue 18).
+   */
+  private settleStart(): void {
+    if (this.startSettled || !this.started || this.stopping) return;
+    for (const rt of this.runtimes.values()) {
+      if (!rt.source) continue;
+      const vip = rt.source.status().vip?.address;
+      if (vip === undefined || !this.appliedVips.has(vip)) return;
+    }
+    this.startSettled = true;
+    collectGarbage(this.opts.trimMemory);
   }
 
   private async applyNow(): Promise<void> {

@@ -330,19 +330,27 @@ t.test('a reload carries out its plan: removed, re-sourced, updated in place, ad
   t.same([kept.config.generation, kept.config.lastReload?.ok, kept.services.length], [2, false, 3]);
 });
 
-t.test('after the start and after every reload, accepted or refused, freed memory is given back once (issue 18)', async (t) => {
-  const h = harness(t, [{ name: 'web' }]);
+t.test('freed memory is given back after the start, once every VIP is in place, and after every reload (issue 18)', async (t) => {
+  const h = harness(t, [{ name: 'web' }, { name: 'api' }]);
   await h.daemon.start();
   await new Promise((r) => setImmediate(r));
   t.equal(h.trims.count, 1, 'after the start');
-  h.write([{ name: 'web' }, { name: 'api' }]);
+  h.fk.sources.get('default/web')!.bind('10.99.0.100');
+  await waitJournal(h, 'dataplane apply web=10.99.0.100,api=-');
+  await settle(h);
+  t.equal(h.trims.count, 1, 'not while a service still waits for its VIP');
+  h.fk.sources.get('default/api')!.bind('10.99.0.101');
+  await waitJournal(h, 'dataplane apply web=10.99.0.100,api=10.99.0.101');
+  await settle(h);
+  t.equal(h.trims.count, 2, 'once the apply put every VIP in place: the start has settled');
+  h.write([{ name: 'web' }, { name: 'api' }, { name: 'new' }]);
   t.equal((await h.daemon.reload()).ok, true);
-  await new Promise((r) => setImmediate(r));
-  t.equal(h.trims.count, 2, 'after an accepted reload');
+  await settle(h);
+  t.equal(h.trims.count, 3, 'after an accepted reload, and the start does not settle twice');
   fs.writeFileSync(h.file, 'services: [ { name: web } ]\nunknown: 1\n');
   t.equal((await h.daemon.reload()).ok, false);
   await new Promise((r) => setImmediate(r));
-  t.equal(h.trims.count, 3, 'after a refused one: its parse left garbage too');
+  t.equal(h.trims.count, 4, 'after a refused one: its parse left garbage too');
 });
 
 t.test('overlapping reloads fold into one more reload of the newest file', async (t) => {
