@@ -11,6 +11,7 @@ import type { Desired } from '../config/types';
 import { errorMessage, isLbError } from '../errors';
 import { makeNotifier, parseListenFds, SystemdFdStore } from './systemd';
 import { HandoverStore, sendListeners, takeListeners } from './handover';
+import { mallocTrim } from '../net/native';
 
 const STOP_TIMEOUT_MS = 10_000;
 
@@ -22,6 +23,12 @@ function buildSubsystems(config: Desired, ctx: SubsystemContext): Promise<Subsys
   // eslint-disable-next-line @typescript-eslint/no-var-requires
   return (require('./wiring') as typeof import('./wiring')).buildSubsystems(config, ctx);
 }
+/**
+ * After a reload: what the parse worker and the reload freed stays in glibc's
+ * per-thread malloc arenas (fragmented, so free() cannot return it), ~0.3 MiB
+ * a reload of 100 services; malloc_trim(3) gives it back (issue 18).
+ */
+const trimMemory = (): void => { mallocTrim(); };
 /** How long a process that handed its listeners over keeps accepting if its successor never says it serves. */
 const HANDOVER_LINGER_MS = 8_000;
 
@@ -69,7 +76,7 @@ export async function runDaemon(opts: { configPath: string; logLevel: LogLevel; 
     return { pid: process.pid, listeners };
   });
   const daemon = new Daemon({
-    configPath: opts.configPath, log, buildSubsystems, notify, reload, listenerStore,
+    configPath: opts.configPath, log, buildSubsystems, notify, reload, listenerStore, trimMemory,
     ...(onHandover ? { onHandover } : {}),
     ...(opts.replace ? {
       replace: (config) => (handover

@@ -1,8 +1,11 @@
-// Small system queries: capability sets (capget(2), for preflight) and
-// interface name/index lookups (if_nametoindex(3)).
+// Small system queries: capability sets (capget(2), for preflight),
+// interface name/index lookups (if_nametoindex(3)), and malloc_trim(3)
+// (issue 18: memory freed by short-lived threads stays in their malloc
+// arenas until trimmed).
 #include "common.h"
 
 #include <linux/capability.h>
+#include <malloc.h>
 #include <net/if.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -55,12 +58,24 @@ Napi::Value IfIndexToName(const Napi::CallbackInfo& info) {
   return Napi::String::New(env, name);
 }
 
+// mallocTrim(): malloc_trim(0): glibc returns the free pages of every malloc
+// arena to the kernel (madvise(MADV_DONTNEED) inside each arena, not only at
+// its top). true when some memory was released. The caller decides when.
+Napi::Value MallocTrim(const Napi::CallbackInfo& info) {
+#ifdef __GLIBC__
+  return Napi::Boolean::New(info.Env(), malloc_trim(0) == 1);
+#else
+  return Napi::Boolean::New(info.Env(), false);
+#endif
+}
+
 }  // namespace
 
 Napi::Object InitSystem(Napi::Env env, Napi::Object exports) {
   exports.Set("capabilities", Napi::Function::New(env, Capabilities, "capabilities"));
   exports.Set("ifNameToIndex", Napi::Function::New(env, IfNameToIndex, "ifNameToIndex"));
   exports.Set("ifIndexToName", Napi::Function::New(env, IfIndexToName, "ifIndexToName"));
+  exports.Set("mallocTrim", Napi::Function::New(env, MallocTrim, "mallocTrim"));
   return exports;
 }
 

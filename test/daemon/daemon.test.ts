@@ -188,6 +188,8 @@ interface Harness {
   daemon: Daemon;
   fk: ReturnType<typeof fakes>;
   notified: string[];
+  /** How often the daemon asked to give freed memory back (DaemonOptions.trimMemory). */
+  trims: { count: number };
   write(services: Svc[], extra?: Record<string, unknown>): void;
   /** The journal from index `from` on. */
   since(from: number): string[];
@@ -198,10 +200,14 @@ function harness(t: { teardown(fn: () => unknown): void }, services: Svc[], o: {
   const file = path.join(dir, 'config.yaml');
   const fk = fakes(o.fail, { vrrp: o.vrrp });
   const notified: string[] = [];
-  const daemon = new Daemon({ configPath: file, log: silentLogger(), buildSubsystems: (c) => fk.build(c), notify: (m) => { if (!m.startsWith('STATUS=')) notified.push(m); } });
+  const trims = { count: 0 };
+  const daemon = new Daemon({
+    configPath: file, log: silentLogger(), buildSubsystems: (c) => fk.build(c), notify: (m) => { if (!m.startsWith('STATUS=')) notified.push(m); },
+    trimMemory: () => { trims.count++; },
+  });
   t.teardown(async () => { await daemon.stop().catch(() => undefined); fs.rmSync(dir, { recursive: true, force: true }); });
   const h: Harness = {
-    dir, file, socket: path.join(dir, 'agent.sock'), daemon, fk, notified,
+    dir, file, socket: path.join(dir, 'agent.sock'), daemon, fk, notified, trims,
     write: (s, extra) => writeConfig(file, dir, s, { ...o.extra, ...extra }),
     since: (from) => fk.journal.slice(from),
   };
@@ -343,6 +349,29 @@ t.test('a reload carries out its plan: removed, re-sourced, updated in place, ad
   t.same(h.since(before), [], 'a refused reload asks nothing of anyone');
   const kept = await controlRequest(h.socket, 'status') as StatusDocument;
   t.same([kept.config.generation, kept.config.lastReload?.ok, kept.services.length], [2, false, 3]);
+});
+
+t.test('freed memory is given back after the start, once every VIP is in place, and after every reload (issue 18)', async (t) => {
+  const h = harness(t, [{ name: 'web' }, { name: 'api' }]);
+  await h.daemon.start();
+  await new Promise((r) => setImmediate(r));
+  t.equal(h.trims.count, 1, 'after the start');
+  h.fk.sources.get('default/web')!.bind('10.99.0.100');
+  await waitJournal(h, 'dataplane apply web=10.99.0.100,api=-');
+  await settle(h);
+  t.equal(h.trims.count, 1, 'not while a service still waits for its VIP');
+  h.fk.sources.get('default/api')!.bind('10.99.0.101');
+  await waitJournal(h, 'dataplane apply web=10.99.0.100,api=10.99.0.101');
+  await settle(h);
+  t.equal(h.trims.count, 2, 'once the apply put every VIP in place: the start has settled');
+  h.write([{ name: 'web' }, { name: 'api' }, { name: 'new' }]);
+  t.equal((await h.daemon.reload()).ok, true);
+  await settle(h);
+  t.equal(h.trims.count, 3, 'after an accepted reload, and the start does not settle twice');
+  fs.writeFileSync(h.file, 'services: [ { name: web } ]\nunknown: 1\n');
+  t.equal((await h.daemon.reload()).ok, false);
+  await new Promise((r) => setImmediate(r));
+  t.equal(h.trims.count, 4, 'after a refused one: its parse left garbage too');
 });
 
 t.test('overlapping reloads fold into one more reload of the newest file', async (t) => {

@@ -3,6 +3,8 @@
 import t from 'tap';
 import * as fs from 'node:fs';
 import * as net from 'node:net';
+import * as v8 from 'node:v8';
+import * as vm from 'node:vm';
 import { parseIPv4 } from '../../agent/ipv4';
 import {
   CAP_NET_ADMIN,
@@ -17,6 +19,7 @@ import {
   listenTcp4,
   socketInfo,
   dupFd,
+  mallocTrim,
 } from '../../agent/net/native';
 
 t.test('the addon is built and loads', async (t) => {
@@ -196,4 +199,24 @@ t.test('an install without the built addon (or with a broken one) is LB_ERR_NET_
   fs.mkdirSync(path.dirname(addon), { recursive: true });
   fs.writeFileSync(addon, 'not an ELF object');
   t.match(load(), { code: 'LB_ERR_NET_NATIVE_MISSING', message: /failed to load .*rebuild it for this Node version with `npm ci`/ }, 'not loadable');
+});
+
+t.test('mallocTrim gives the free pages in the middle of the malloc heap back to the kernel (issue 18)', async (t) => {
+  v8.setFlagsFromString('--expose-gc');
+  const gc = vm.runInNewContext('gc') as () => void;
+  const rssKiB = (): number => Number(/^VmRSS:\s+(\d+)/m.exec(fs.readFileSync('/proc/self/status', 'utf8'))![1]);
+  // 32 MiB in 8 KiB blocks from malloc (ArrayBuffer backing stores), every
+  // block touched; the last one stays alive, so free() cannot shrink the
+  // heap from its top and the pages stay resident until trimmed.
+  let blocks: Buffer[] = Array.from({ length: 4096 }, () => Buffer.allocUnsafeSlow(8192).fill(1));
+  const keep = Buffer.allocUnsafeSlow(8192).fill(2);
+  blocks = [];
+  gc();
+  gc();
+  const before = rssKiB();
+  t.equal(mallocTrim(), true, 'something was released');
+  const after = rssKiB();
+  t.ok(before - after > 8 * 1024, `RSS ${before} -> ${after} KiB: more than 8 MiB returned`);
+  t.equal(keep[0], 2);
+  t.equal(blocks.length, 0);
 });
