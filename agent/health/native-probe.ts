@@ -94,7 +94,7 @@ export class DeadlineRing {
  * ACK is delayed up to TCP_DELACK_MAX, 200 ms: a loop stalled longer makes it
  * 'reset'). 'reset': a full handshake, then the RST; the backend accepts a
  * connection that is reset. 'fin': our FIN, the socket kept until the
- * backend's FIN or the sweep; at 10,000 probes/s about 25% more CPU per
+ * backend's FIN or the sweep; at 10,000 probes/s about 20% more CPU per
  * probe than a reset (bench/results, "Health checking").
  */
 export type ProbeClose = 'fin' | 'reset' | 'reset-before-ack';
