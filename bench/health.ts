@@ -6,7 +6,10 @@
 // Loopback only: one address (127.0.0.1), one port per backend.
 //
 // Paths (issue 18), each in the same run: `native`, the addon's batch prober
-// (the default; the checker is told not to fall back); `node`, one Node
+// (the default; the checker is told not to fall back), which closes as
+// HAProxy does (SYN, SYN-ACK, RST); `native-fin`, the same with the FIN close
+// it made before (the before/after of that change); `native-rst`, a RST after
+// the full handshake; `node`, one Node
 // socket per probe (the fallback, and the only path before issue 18); `own`,
 // the native path with a stand-in addon that answers every connect at once
 // without a socket: the checker's own cost per probe (scheduler, thresholds,
@@ -16,11 +19,10 @@
 // the kernel: TCP ActiveOpens of the namespace (/proc/net/snmp), i.e. SYNs
 // sent, since HAProxy's L4 check never completes a connection the listeners
 // could count (SYN, SYN-ACK, then its RST instead of the ACK: TCP_QUICKACK
-// off and an abortive close). Ours is a full connect closed with a FIN, so
-// the backend sees an ordinary connection; the kernel work per check differs.
+// off and an abortive close), and neither does our default.
 //
 //   node dist/bench/health.js [--backends 1000,10000] [--period 1] [--duration 10]
-//                             [--warmup 3] [--max-in-flight 1024] [--paths native,node,own,haproxy]
+//                             [--warmup 3] [--max-in-flight 1024] [--paths native,native-fin,native-rst,node,own,haproxy]
 // Prints one JSON object per backend count and path on stdout.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -57,8 +59,8 @@ process.stdin.on('data', (d) => {
 process.stdin.on('end', () => process.exit(0));
 `;
 
-type Path = 'native' | 'node' | 'own' | 'haproxy';
-const PATHS: readonly Path[] = ['native', 'node', 'own', 'haproxy'];
+type Path = 'native' | 'native-fin' | 'native-rst' | 'node' | 'own' | 'haproxy';
+const PATHS: readonly Path[] = ['native', 'native-fin', 'native-rst', 'node', 'own', 'haproxy'];
 interface Args { backends: number[]; period: number; duration: number; warmup: number; maxInFlight: number; paths: Path[] }
 
 function parseArgs(argv: string[]): Args {
@@ -181,7 +183,10 @@ async function runChecker(n: number, path: Exclude<Path, 'haproxy'>, a: Args): P
   // 'native' must not fall back silently: the checker throws instead.
   const hc = new HealthChecker({
     registry: new Registry(), maxInFlight: a.maxInFlight,
-    ...(path === 'own' ? { tcpProbes: 'native', nativeAddon: instantAddon } : { tcpProbes: path }),
+    ...(path === 'own' ? { tcpProbes: 'native', nativeAddon: instantAddon }
+      : path === 'native-fin' ? { tcpProbes: 'native', tcpClose: 'fin' }
+      : path === 'native-rst' ? { tcpProbes: 'native', tcpClose: 'reset' }
+      : { tcpProbes: path }),
   });
   if (path === 'own') for (let i = 0; i < n; i++) ports.push(1024 + (i % 60_000));
   let measuring = false;
@@ -226,7 +231,7 @@ async function runChecker(n: number, path: Exclude<Path, 'haproxy'>, a: Args): P
   durations.sort((x, y) => x - y);
   return {
     backends: n,
-    path: path === 'own' ? 'own' : hc.probePath(),
+    path: path === 'own' || path.startsWith('native-') ? path : hc.probePath(),
     periodSeconds: a.period,
     maxInFlight: a.maxInFlight,
     measuredSeconds: r2(wall),
@@ -242,7 +247,7 @@ async function runChecker(n: number, path: Exclude<Path, 'haproxy'>, a: Args): P
     // Native path, whole run: connect() calls into the addon, and sockets closed
     // by the grace sweep because the backend had not closed its side in time
     // (a listener that falls behind shows here first).
-    prober: path === 'native' && prober ? { started: prober.started, batches: prober.batches, sweptWithoutBackendFin: prober.swept } : undefined,
+    prober: path.startsWith('native') && prober ? { started: prober.started, batches: prober.batches, sweptWithoutBackendFin: prober.swept } : undefined,
     cpu: { userSeconds: r2(cpu.user / 1e6), systemSeconds: r2(cpu.system / 1e6), percentOfOneCore: r2(((cpu.user + cpu.system) / 1e6 / wall) * 100) },
     listenerCpuPercentOfOneCore: lcpu0 !== undefined && lcpu1 !== undefined ? r2(((lcpu1 - lcpu0) / wall) * 100) : null,
     cpuMicrosPerProbe: probes ? r2((cpu.user + cpu.system) / probes) : null,

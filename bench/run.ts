@@ -159,7 +159,7 @@ async function main(): Promise<void> {
           results.detection = await benchDetection({ rounds: R, settings: DETECTION_SETTINGS, log: log('health/detection') });
           results.probes = await benchProbeRate({
             rounds: R, period: 1, duration: q ? 3 : 5, warmup: q ? 2 : 3, log: log('health/probes'),
-            runs: [{ backends: 1000, paths: ['native', 'node'] }, { backends: 10_000, paths: ['native', 'node', 'own', 'haproxy'] }],
+            runs: [{ backends: 1000, paths: ['native', 'node'] }, { backends: 10_000, paths: ['native', 'native-fin', 'node', 'own', 'haproxy'] }],
           });
           if (results.probes.errors.length) throw new Error(results.probes.errors.join('; '));
         });

@@ -27,8 +27,8 @@ export function parseJsonOutput(stdout: string): unknown[] {
 // --- health probes/s ---------------------------------------------------------
 
 /** How the probes run: see bench/health.ts. */
-export type ProbePath = 'native' | 'node' | 'own' | 'haproxy';
-export const PROBE_PATHS: readonly ProbePath[] = ['native', 'node', 'own', 'haproxy'];
+export type ProbePath = 'native' | 'native-fin' | 'native-rst' | 'node' | 'own' | 'haproxy';
+export const PROBE_PATHS: readonly ProbePath[] = ['native', 'native-fin', 'native-rst', 'node', 'own', 'haproxy'];
 
 /** One backend count and the paths measured at it. */
 export interface ProbeRun { backends: number; paths: ProbePath[] }

@@ -5,16 +5,16 @@
 // SIGTERM withdraws everything the agent announced without releasing leases.
 import { EventEmitter } from 'node:events';
 import { setFlagsFromString } from 'node:v8';
-import { Registry, Gauge, Counter, processMetrics } from '../metrics/prom';
+import type { Registry, Gauge, Counter } from '../metrics/prom';
 import { formatConfigErrors, parseListen, type ConfigError } from '../config/load';
 import { loadConfigFileAsync, INLINE_PARSE_MAX_BYTES } from '../config/load-async';
-import { planReload, describeSummary, type ReloadStep, type ReloadSummary } from './reconciler';
+import type { ReloadStep, ReloadSummary } from './reconciler';
 import type { Desired, ServiceSpec } from '../config/types';
 import { LbError, errorMessage } from '../errors';
 import type { Logger } from '../log';
 import { StateStore } from '../state/store';
 import { InstanceLock } from './lock';
-import { MetricsServer, Readiness } from '../metrics/server';
+import type { MetricsServer, Readiness } from '../metrics/server';
 import { ControlServer } from '../control/server';
 import type { AddressSource } from '../source';
 import type { Subsystems, ForwardService, SubsystemContext } from './subsystems';
@@ -23,10 +23,8 @@ import type { Clock } from '../clock';
 import { realClock } from '../clock';
 import { VERSION } from '../version';
 import { EventRing, type StatusEvent, type StatusEventKind } from './events';
-import { dsrUnavailable as dsrUnavailableHere } from '../forward/dataplane';
-import { readNodeTopology, type NodeTopology } from '../config/labels';
-import { selectBackends, type TopologySelection } from '../forward/topology';
-import { macForService } from '../net/ownership';
+import type { NodeTopology } from '../config/labels';
+import type { TopologySelection } from '../forward/topology';
 import type { BackendStatus } from '../net/dsr-backend';
 
 export interface DaemonOptions {
@@ -83,6 +81,13 @@ interface ServiceRuntime {
   lastInterruption: { at: string; reason: string } | undefined;
   /** The backend set in use at the last apply (issue 17), to log when it moves. */
   topology: TopologySelection | undefined;
+}
+
+let late: typeof import('./late') | undefined;
+/** The modules used only after the control socket is up, loaded on first use (late.ts, issue 18). */
+function lateModules(): typeof import('./late') {
+  // eslint-disable-next-line @typescript-eslint/no-var-requires
+  return (late ??= require('./late') as typeof import('./late'));
 }
 
 /** Before the labels file is read. */
@@ -178,6 +183,7 @@ export class Daemon extends EventEmitter {
       throw e;
     }
 
+    const { Registry, Gauge, Counter, processMetrics } = lateModules();
     const registry = new Registry();
     this.registry = registry;
     processMetrics(registry, 'lbagent_');
@@ -460,20 +466,20 @@ export class Daemon extends EventEmitter {
         sourceIP: rt.spec.sourceIP, proxyProtocol: rt.spec.proxyProtocol,
         // The MAC frames for the VIP carry: a DHCP VIP's macvlan (derived from
         // the primary's key), else the parent's (pool VIPs live there).
-        vipMac: rt.spec.ipam === 'dhcp' ? macForService(primaryKey) : subs.parent.mac,
+        vipMac: rt.spec.ipam === 'dhcp' ? lateModules().macForService(primaryKey) : subs.parent.mac,
       };
     });
   }
 
   /** The backends a service may send new connections to now, under its topology policy. */
   private topologyOf(spec: ServiceSpec): TopologySelection {
-    return selectBackends(spec.topology, this.topology.zone, this.subs!.health.healthy(spec.key));
+    return lateModules().selectBackends(spec.topology, this.topology.zone, this.subs!.health.healthy(spec.key));
   }
 
   /** (Re)read this node's zone and region: at start and at every reload (Harvester re-syncs the labels when a VM moves). */
   private async readTopology(config: Desired): Promise<void> {
     const before = this.topology;
-    this.topology = await readNodeTopology(config.node);
+    this.topology = await lateModules().readNodeTopology(config.node);
     const t = this.topology;
     if (t.zone !== before.zone || t.region !== before.region || t.problem !== before.problem) {
       const zoned = config.services.filter((sv) => sv.topology !== 'any').map((sv) => sv.key);
@@ -588,9 +594,9 @@ export class Daemon extends EventEmitter {
     const next = res.config;
     // Direct server return asked for by the new file: can this node do it? (probed once)
     const dsrUnavailable = next.services.some((s) => s.sourceIP === 'preserve')
-      ? dsrUnavailableHere(subs.dataplane.kind, await subs.dataplane.dsr?.())
+      ? lateModules().dsrUnavailable(subs.dataplane.kind, await subs.dataplane.dsr?.())
       : undefined;
-    const plan = planReload({ config: old, dataplane: subs.dataplane.kind, dsrUnavailable }, next);
+    const plan = lateModules().planReload({ config: old, dataplane: subs.dataplane.kind, dsrUnavailable }, next);
     if (!plan.ok) return this.rejected(plan.errors);
     this.config = next;
     this.configLoadedAt = at;
@@ -609,7 +615,7 @@ export class Daemon extends EventEmitter {
     this.startSources();
     await this.readTopology(next);
     await this.applyNow();
-    const message = describeSummary(plan.summary);
+    const message = lateModules().describeSummary(plan.summary);
     const sm = plan.summary;
     this.log.info({ op: 'reload', added: sm.added, removed: sm.removed, changed: sm.changed, sections: sm.sections, idle: sm.idle }, message);
     this.metrics?.reloads.inc({ result: 'applied' });
@@ -675,7 +681,7 @@ export class Daemon extends EventEmitter {
 
   private async startMetrics(listen: string): Promise<void> {
     const l = parseListen(listen)!;
-    const server = new MetricsServer({ host: l.host, port: l.port, registry: this.registry!, readiness: () => this.readiness(), log: this.log });
+    const server = new (lateModules().MetricsServer)({ host: l.host, port: l.port, registry: this.registry!, readiness: () => this.readiness(), log: this.log });
     await server.start();
     this.metricsServer = server;
   }

@@ -41,7 +41,7 @@ import {
   DEFAULT_HTTP_CHECK, defaultProbe, NodeTcpProber,
   type Probe, type ProbeResult, type ProbeTarget, type TcpOutcome, type TcpProber, type TcpTarget,
 } from './probe';
-import { NativeTcpProber, type NativeTcpProberStats } from './native-probe';
+import { NativeTcpProber, type NativeTcpProberStats, type ProbeClose } from './native-probe';
 import { ProbeScheduler, type Run, type SchedulerStats, type Slot } from './scheduler';
 import { HealthMetrics, type BackendLabels, type ProbePath } from './metrics';
 import {
@@ -63,6 +63,8 @@ export interface HealthCheckerOptions {
   readonly tcpProbes?: 'auto' | 'native' | 'node';
   /** The addon loader for the native prober; injectable for tests. */
   readonly nativeAddon?: () => NativeAddon;
+  /** How the native prober ends a made connection (default 'reset-before-ack', as HAProxy's L4 check); for benches and tests. */
+  readonly tcpClose?: ProbeClose;
   /**
    * Probes running at once at most (default 1024). The rate the checker can
    * sustain is at most maxInFlight / probe latency, and the latency includes
@@ -188,6 +190,7 @@ export class HealthChecker extends EventEmitter {
   /** Fixed coalescing from the options, or undefined: from the shortest period. */
   private readonly coalesceMs: number | undefined;
   private readonly nativeAddon: (() => NativeAddon) | undefined;
+  private readonly tcpClose: ProbeClose | undefined;
   /** Open while running. */
   private tcp: TcpProber<Run<Target>> | undefined;
   private readonly onTcpOutcome: TcpOutcome<Run<Target>> = (run, ok, reason, detail, durationMs) => this.settle(run, ok, reason, detail, durationMs);
@@ -210,6 +213,7 @@ export class HealthChecker extends EventEmitter {
     this.coalesceMs = opts.coalesceMs;
     this.tcpChoice = opts.tcpProbes ?? 'auto';
     this.nativeAddon = opts.nativeAddon;
+    this.tcpClose = opts.tcpClose;
     this.metrics = new HealthMetrics(opts.registry, {
       inFlight: () => this.scheduler.stats().inFlight,
       probes: () => {
@@ -479,7 +483,10 @@ export class HealthChecker extends EventEmitter {
   private openTcpProber(): TcpProber<Run<Target>> {
     if (this.tcpChoice === 'node') return new NodeTcpProber(this.onTcpOutcome);
     try {
-      return new NativeTcpProber<Run<Target>>({ onOutcome: this.onTcpOutcome, clock: this.clock, ...(this.nativeAddon ? { addon: this.nativeAddon } : {}) });
+      return new NativeTcpProber<Run<Target>>({
+        onOutcome: this.onTcpOutcome, clock: this.clock,
+        ...(this.nativeAddon ? { addon: this.nativeAddon } : {}), ...(this.tcpClose ? { close: this.tcpClose } : {}),
+      });
     } catch (err) {
       if (this.tcpChoice === 'native') throw err;
       this.log.warn({ op: 'probe-path', path: 'node', err: errorMessage(err) },

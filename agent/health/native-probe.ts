@@ -85,12 +85,29 @@ export class DeadlineRing {
   }
 }
 
+/**
+ * How a connected probe socket ends (issue 18). 'reset-before-ack', the
+ * default: TCP_QUICKACK off before connect() and SO_LINGER 0 at once, so the
+ * backend sees SYN, our SYN-ACK's answer is a RST, exactly HAProxy's L4
+ * check - the backend's application never accepts a connection (nothing in
+ * its log), no FIN exchange, no TIME_WAIT, no socket kept (the handshake's
+ * ACK is delayed up to TCP_DELACK_MAX, 200 ms: a loop stalled longer makes it
+ * 'reset'). 'reset': a full handshake, then the RST; the backend accepts a
+ * connection that is reset. 'fin': our FIN, the socket kept until the
+ * backend's FIN or the sweep; at 10,000 probes/s about 20% more CPU per
+ * probe than a reset (bench/results, "Health checking").
+ */
+export type ProbeClose = 'fin' | 'reset' | 'reset-before-ack';
+const CLOSE_MODE: Record<ProbeClose, number> = { fin: 0, reset: 1, 'reset-before-ack': 2 };
+
 export interface NativeTcpProberOptions<C> {
   /** Gets each probe's outcome, never from within start(). */
   readonly onOutcome: TcpOutcome<C>;
   readonly clock?: Clock;
   /** The addon; injectable so tests can offer one without the prober. */
   readonly addon?: () => NativeAddon;
+  /** How connected probes end (default 'reset-before-ack', as HAProxy's L4 check). */
+  readonly close?: ProbeClose;
 }
 
 export interface NativeTcpProberStats {
@@ -109,6 +126,8 @@ export class NativeTcpProber<C> implements TcpProber<C> {
   private readonly handle: NativeTcpProbeHandle;
   private readonly clock: Clock;
   private readonly onOutcome: TcpOutcome<C>;
+  /** Only a FIN close leaves sockets for the sweep. */
+  private readonly sweeps: boolean;
   // Per id (ids are dense: the lowest free ones are reused first).
   private ctx: (C | undefined)[] = [];
   private state = new Uint8Array(64);
@@ -148,7 +167,9 @@ export class NativeTcpProber<C> implements TcpProber<C> {
     if (typeof addon.TcpProbeHandle !== 'function') {
       throw new LbError('LB_ERR_NET_NATIVE_MISSING', 'the native addon has no TcpProbeHandle (built before issue 18); rebuild it with `npm ci`', {});
     }
-    this.handle = new addon.TcpProbeHandle((count) => this.onResults(count), this.rIds, this.rErrnos);
+    const close = opts.close ?? 'reset-before-ack';
+    this.sweeps = close === 'fin';
+    this.handle = new addon.TcpProbeHandle((count) => this.onResults(count), this.rIds, this.rErrnos, CLOSE_MODE[close]);
   }
 
   start(target: TcpTarget, timeoutMs: number, ctx: C, now: number): number {
@@ -308,8 +329,10 @@ export class NativeTcpProber<C> implements TcpProber<C> {
     const durationMs = now - this.startAt[id]!;
     this.release(id);
     if (errno === 0) {
-      this.successesSinceSweep++;
-      if (this.sweepTimer === undefined) this.armSweep();
+      if (this.sweeps) {
+        this.successesSinceSweep++;
+        if (this.sweepTimer === undefined) this.armSweep();
+      }
       this.onOutcome(ctx, true, undefined, undefined, durationMs);
     } else {
       this.onOutcome(ctx, false, REASON_BY_ERRNO[errno] ?? 'error', errnoCode(errno), durationMs);

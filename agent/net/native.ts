@@ -65,7 +65,8 @@ export interface NativeTcpProbeHandle {
 
 export interface NativeAddon {
   /** Absent from an addon built before issue 18: the caller falls back to Node sockets. */
-  TcpProbeHandle?: new (onResults: (count: number) => void, resultIds: Uint32Array, resultErrnos: Int32Array) => NativeTcpProbeHandle;
+  /** closeMode: 0 our FIN, then wait for the backend's; 1 a RST (SO_LINGER 0); 2 a RST before the handshake's ACK (TCP_QUICKACK off). */
+  TcpProbeHandle?: new (onResults: (count: number) => void, resultIds: Uint32Array, resultErrnos: Int32Array, closeMode?: number) => NativeTcpProbeHandle;
   PacketHandle: new (
     ifindex: number,
     protocol: number,

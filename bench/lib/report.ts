@@ -237,7 +237,9 @@ function probeRow(r: BenchResults, backends: number, path: ProbePath): ProbeRate
 }
 
 export const PROBE_PATH_LABEL: Record<ProbePath, string> = {
-  native: 'lb-agent, native batch prober (default)',
+  native: 'lb-agent, native batch prober (default: SYN, SYN-ACK, RST)',
+  'native-fin': 'lb-agent, native batch prober, FIN close (before issue 18\'s reset)',
+  'native-rst': 'lb-agent, native batch prober, RST after the full handshake',
   node: 'lb-agent, a Node socket per probe (fallback)',
   own: 'lb-agent, own logic only (stand-in addon, no socket)',
   haproxy: 'HAProxy, 1 thread (L4 check: SYN, SYN-ACK, RST)',
@@ -365,7 +367,7 @@ export function renderResults(r: BenchResults): string {
   if (pt || dtt) {
     parts.push('## Health checking');
     if (pt) {
-      parts.push(`Sustained TCP probes against real listeners on loopback, each run in a namespace and a process of its own (\`${r.probes!.config.command}\`, bench/health.ts). CPU is the checker's (or HAProxy's) own process; the listeners run in another. "CPU us per probe" is user + system time over probes made, the number least disturbed by other work on the machine. Rates count the kernel's TCP ActiveOpens (SYNs sent) for HAProxy, whose L4 check answers the SYN-ACK with a RST so the listener never sees a connection; lb-agent makes a full connection and closes it with a FIN (no RST at the backend), which is more kernel work per check on both sides.`);
+      parts.push(`Sustained TCP probes against real listeners on loopback, each run in a namespace and a process of its own (\`${r.probes!.config.command}\`, bench/health.ts). CPU is the checker's (or HAProxy's) own process; the listeners run in another. "CPU us per probe" is user + system time over probes made, the number least disturbed by other work on the machine. Rates count the kernel's TCP ActiveOpens (SYNs sent) for HAProxy, whose L4 check answers the SYN-ACK with a RST so the listener never sees a connection; lb-agent's default does the same (TCP_QUICKACK off, SO_LINGER 0), and the FIN-close row is the close it made before (a full connection, our FIN, the backend's FIN), more kernel work per check on both sides. On loopback the backend's kernel work runs largely in the checker's process (the sender's softirq) and counts in its CPU.`);
       parts.push(pt);
     }
     if (dtt) {

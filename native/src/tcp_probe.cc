@@ -3,7 +3,7 @@
 // libuv watches that one descriptor (uv_poll, as packet_socket.cc does): no
 // thread, no per-socket libuv handle, no JavaScript object per probe.
 // Syscalls only: socket, connect, epoll_ctl, epoll_wait, getsockopt(SO_ERROR),
-// shutdown, recv, close. Which targets, when, the timeout, what an errno means
+// setsockopt(SO_LINGER, TCP_QUICKACK), shutdown, recv, close. Which targets, when, the timeout, what an errno means
 // and when a closing socket has waited long enough are TypeScript's
 // (agent/health/native-probe.ts). Results go back as errno numbers, in batches,
 // through two typed arrays the caller lends us at construction.
@@ -14,15 +14,20 @@
 //     serves both the connect and the close (no EPOLL_CTL_MOD);
 //   ready: EPOLLOUT alone is a made connection; with EPOLLERR, SO_ERROR is
 //     the errno; reported with the id, and a failed socket is closed at once;
-//   connected: the id is free again; we send our FIN (shutdown SHUT_WR) and
-//     keep the socket until the backend's FIN, reading and discarding what it
-//     sends, then close(). close() with unread data sends a RST (RFC 2525
-//     §2.17), and so does data arriving after close(); a socket held until
-//     the backend's FIN closes without either, exactly like the Node-socket
-//     probe (agent/health/probe.ts politeClose). SO_LINGER is left unset, as
-//     there: a zero linger would turn every close into a RST (HAProxy's
-//     choice, which avoids TIME_WAIT at the cost of "connection reset" noise
-//     in every backend's log). TIME_WAIT stays on our side, as today.
+//   connected, close mode kReset (the default the TypeScript side asks for):
+//     SO_LINGER {1, 0} and close() at once, so the kernel sends a RST: no
+//     FIN exchange, no TIME_WAIT, no socket left to wait on, as HAProxy's L4
+//     check does. With kResetBeforeAck, TCP_QUICKACK is also switched off
+//     before connect(), so the SYN-ACK's ACK is still delayed when the RST
+//     goes (HAProxy's exact sequence: SYN, SYN-ACK, RST; the backend never
+//     accepts a connection). Whether to reset is TypeScript's choice;
+//   connected, close mode kFin: the id is free again; we send our FIN
+//     (shutdown SHUT_WR) and keep the socket until the backend's FIN, reading
+//     and discarding what it sends, then close(). close() with unread data
+//     sends a RST (RFC 2525 §2.17), and so does data arriving after close();
+//     a socket held until the backend's FIN closes without either, exactly
+//     like the Node-socket probe (agent/health/probe.ts politeClose).
+//     TIME_WAIT stays on our side.
 //   sweep(): sockets still waiting for a FIN since the previous sweep are
 //     closed; TypeScript calls it on its own timer, so how long a backend may
 //     take to close is its policy, not ours.
@@ -30,6 +35,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -60,6 +66,9 @@ constexpr int kMaxReadsPerWake = 16;
 // the epoll descriptor stays readable, after timers and other handles.
 constexpr int kMaxRoundsPerWake = 1;
 
+// How a connected probe socket ends (the constructor's fourth argument).
+enum class CloseMode : int { kFin = 0, kReset = 1, kResetBeforeAck = 2 };
+
 enum class FdKind : uint8_t { kNone = 0, kConnecting = 1, kClosing = 2 };
 
 struct FdState {
@@ -81,7 +90,8 @@ class TcpProbeHandle : public Napi::ObjectWrap<TcpProbeHandle> {
                        });
   }
 
-  // new TcpProbeHandle(callback(count), resultIds: Uint32Array, resultErrnos: Int32Array)
+  // new TcpProbeHandle(callback(count), resultIds: Uint32Array, resultErrnos: Int32Array, closeMode = 0)
+  // closeMode: 0 FIN and wait for the backend's FIN, 1 RST, 2 RST before the handshake's ACK.
   explicit TcpProbeHandle(const Napi::CallbackInfo& info) : Napi::ObjectWrap<TcpProbeHandle>(info) {
     Napi::Env env = info.Env();
     if (info.Length() < 3 || !info[0].IsFunction() || !info[1].IsTypedArray() || !info[2].IsTypedArray()) {
@@ -94,6 +104,12 @@ class TcpProbeHandle : public Napi::ObjectWrap<TcpProbeHandle> {
     }
     if (ids.ElementLength() == 0 || ids.ElementLength() != errs.ElementLength() || ids.ElementLength() > 65536) {
       throw Napi::RangeError::New(env, "result arrays must have the same length, 1..65536");
+    }
+    if (info.Length() >= 4 && !info[3].IsUndefined()) {
+      if (!info[3].IsNumber()) throw Napi::TypeError::New(env, "closeMode must be a number");
+      int32_t mode = info[3].As<Napi::Number>().Int32Value();
+      if (mode < 0 || mode > 2) throw Napi::RangeError::New(env, "closeMode must be 0 (FIN), 1 (RST) or 2 (RST before the ACK)");
+      close_mode_ = static_cast<CloseMode>(mode);
     }
     capacity_ = static_cast<int>(ids.ElementLength());
     callback_ = Napi::Persistent(info[0].As<Napi::Function>());
@@ -182,6 +198,16 @@ class TcpProbeHandle : public Napi::ObjectWrap<TcpProbeHandle> {
     if (id < by_id_.size() && by_id_[id] >= 0) return EEXIST;
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) return errno;  // EMFILE, ENFILE, ENOBUFS: the caller's own exhaustion
+    if (close_mode_ == CloseMode::kResetBeforeAck) {
+      // Pingpong mode: the ACK of the SYN-ACK waits for data or the delayed-ACK
+      // timer (tcp_rcv_synsent_state_process), so our RST comes first.
+      int zero = 0;
+      if (setsockopt(fd, IPPROTO_TCP, TCP_QUICKACK, &zero, sizeof(zero)) < 0) {
+        int err = errno;
+        ::close(fd);
+        return err;
+      }
+    }
     sockaddr_in sa{};
     sa.sin_family = AF_INET;
     sa.sin_port = htons(port);
@@ -205,7 +231,7 @@ class TcpProbeHandle : public Napi::ObjectWrap<TcpProbeHandle> {
     }
     Opened();
     if (!pending) {
-      BeginClose(fd);
+      EndConnected(fd, 0);
       return 0;
     }
     SetState(fd, FdKind::kConnecting, id);
@@ -263,6 +289,23 @@ class TcpProbeHandle : public Napi::ObjectWrap<TcpProbeHandle> {
     if (static_cast<size_t>(fd) >= state_.size()) state_.resize(static_cast<size_t>(fd) + 64);
     state_[fd].kind = kind;
     state_[fd].value = value;
+  }
+
+  // A made connection ends: a RST now (kReset*), or our FIN (kFin), the
+  // socket then kept until the backend's FIN; evs are the readiness events
+  // that came with the connect (their edge is consumed).
+  void EndConnected(int fd, uint32_t evs) {
+    if (close_mode_ != CloseMode::kFin) {
+      // SO_LINGER {1, 0}: close() discards the socket with a RST (tcp_close,
+      // tcp_disconnect), no FIN_WAIT or TIME_WAIT. If setsockopt fails the
+      // close is a FIN, which is still a clean end.
+      linger lg{1, 0};
+      setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+      CloseFd(fd);
+      return;
+    }
+    BeginClose(fd);
+    if (evs & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) DrainClosing(fd);
   }
 
   // Our FIN now; the socket stays until the backend's FIN or the next-but-one sweep.
@@ -397,10 +440,9 @@ class TcpProbeHandle : public Napi::ObjectWrap<TcpProbeHandle> {
         if (soerr != 0) {
           CloseFd(fd);
         } else {
-          BeginClose(fd);
-          // Data or the backend's FIN that came with the connect: read now,
-          // the edge for it has been consumed.
-          if (evs & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) DrainClosing(fd);
+          // With a FIN close, data or the backend's FIN that came with the
+          // connect is read now: the edge for it has been consumed.
+          EndConnected(fd, evs);
         }
       }
       if (count > 0 && !callback_.IsEmpty()) {
@@ -421,6 +463,7 @@ class TcpProbeHandle : public Napi::ObjectWrap<TcpProbeHandle> {
   bool polling_ = false;
   bool cleanup_hook_ = false;
   int capacity_ = 0;
+  CloseMode close_mode_ = CloseMode::kFin;
   Napi::FunctionReference callback_;
   Napi::Reference<Napi::Uint32Array> result_ids_;
   Napi::Reference<Napi::Int32Array> result_errnos_;

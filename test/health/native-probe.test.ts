@@ -1,7 +1,9 @@
 // Tests of the native batch TCP prober (agent/health/native-probe.ts on the
 // addon's TcpProbeHandle) against real listeners on loopback: an open port
-// is ok and closed with a FIN (no RST, even with a banner the probe never
-// reads), a closed port is refused, probes started together go down in one
+// is ok; by default the probe ends with a RST before the handshake's ACK (the
+// backend's application sees no connection, nothing is left in TIME_WAIT),
+// with close 'reset' after a full handshake, with close 'fin' with a FIN (no
+// RST, even with a banner the probe never reads); a closed port is refused, probes started together go down in one
 // call, a cancelled probe reports nothing, a backend that never closes does
 // not keep our descriptor past the grace, EMFILE under a low descriptor limit
 // (a child process under prlimit) comes back as EMFILE, and the errno table.
@@ -10,7 +12,8 @@ import t from 'tap';
 import * as net from 'node:net';
 import * as path from 'node:path';
 import { spawn } from 'node:child_process';
-import { DeadlineRing, NativeTcpProber, errnoCode } from '../../agent/health/native-probe';
+import { readFileSync } from 'node:fs';
+import { DeadlineRing, NativeTcpProber, errnoCode, type ProbeClose } from '../../agent/health/native-probe';
 import { CLOSE_GRACE_MS, type TcpTarget } from '../../agent/health/probe';
 import type { FailureReason } from '../../agent/health/state';
 import { isLbError } from '../../agent/errors';
@@ -19,9 +22,12 @@ import { listen, closedPort } from './loopback';
 
 interface Outcome { ctx: number; ok: boolean; reason: FailureReason | undefined; detail: string | undefined; durationMs: number }
 
-function prober(): { p: NativeTcpProber<number>; outcomes: Outcome[]; wait(n: number, ms?: number): Promise<Outcome[]> } {
+function prober(close?: ProbeClose): { p: NativeTcpProber<number>; outcomes: Outcome[]; wait(n: number, ms?: number): Promise<Outcome[]> } {
   const outcomes: Outcome[] = [];
-  const p = new NativeTcpProber<number>({ onOutcome: (ctx, ok, reason, detail, durationMs) => outcomes.push({ ctx, ok, reason, detail, durationMs }) });
+  const p = new NativeTcpProber<number>({
+    onOutcome: (ctx, ok, reason, detail, durationMs) => outcomes.push({ ctx, ok, reason, detail, durationMs }),
+    ...(close ? { close } : {}),
+  });
   const wait = async (n: number, ms = 5000): Promise<Outcome[]> => {
     const end = Date.now() + ms;
     while (outcomes.length < n && Date.now() < end) await new Promise((r) => setTimeout(r, 5));
@@ -32,6 +38,13 @@ function prober(): { p: NativeTcpProber<number>; outcomes: Outcome[]; wait(n: nu
 
 const target = (port: number): TcpTarget => ({ address: '127.0.0.1', addressNum: 0x7f000001, port });
 
+/** TCP states (/proc/net/tcp hex: 01 ESTABLISHED, 06 TIME_WAIT, ...) of loopback sockets whose remote port is `port`: our side of the probes. */
+function ourSockets(port: number): string[] {
+  const rem = `0100007F:${port.toString(16).toUpperCase().padStart(4, '0')}`;
+  return readFileSync('/proc/net/tcp', 'utf8').split('\n').slice(1)
+    .map((l) => l.trim().split(/\s+/)).filter((f) => f[2] === rem).map((f) => f[3]!);
+}
+
 const until = async (what: string, fn: () => boolean, ms = 5000): Promise<void> => {
   const end = Date.now() + ms;
   while (!fn()) {
@@ -40,7 +53,47 @@ const until = async (what: string, fn: () => boolean, ms = 5000): Promise<void> 
   }
 };
 
-t.test('an open port is ok; the socket ends with a FIN, never a RST, and closes at the backend\'s FIN', async (t) => {
+t.test('by default an open port is ok and the probe ends as HAProxy\'s: SYN, SYN-ACK, RST; the backend accepts nothing, nothing in TIME_WAIT', async (t) => {
+  const seen: string[] = [];
+  const server = net.createServer((sock) => { seen.push('accepted'); sock.on('error', () => {}); sock.resume(); });
+  const port = await listen(server);
+  t.teardown(() => server.close());
+  const { p, wait } = prober();
+  t.teardown(() => p.close());
+  for (let i = 0; i < 20; i++) p.start(target(port), 1000, i, performance.timeOrigin + performance.now());
+  const got = await wait(20);
+  t.equal(got.length, 20, 'every probe answered');
+  t.ok(got.every((o) => o.ok && o.reason === undefined), 'each connected');
+  t.same(p.stats().connecting + p.stats().closing, 0, 'no socket kept after the result');
+  t.same(ourSockets(port), [], 'no socket of ours left, none in TIME_WAIT (06)');
+  // Longer than TCP_DELACK_MAX (200 ms): a handshake ACK still held back would have gone by now.
+  await new Promise((r) => setTimeout(r, 300));
+  t.same(seen, [], 'the backend\'s application saw no connection');
+});
+
+t.test('close \'reset\': a full handshake, then a RST; the backend accepts each connection and sees no FIN, nothing in TIME_WAIT', async (t) => {
+  const seen: string[] = [];
+  const server = net.createServer((sock) => {
+    seen.push('accepted');
+    sock.on('end', () => seen.push('fin'));
+    sock.on('error', (e: NodeJS.ErrnoException) => seen.push(`error ${e.code}`));
+    sock.resume();
+  });
+  const port = await listen(server);
+  t.teardown(() => server.close());
+  const { p, wait } = prober('reset');
+  t.teardown(() => p.close());
+  for (let i = 0; i < 20; i++) p.start(target(port), 1000, i, performance.timeOrigin + performance.now());
+  const got = await wait(20);
+  t.ok(got.length === 20 && got.every((o) => o.ok), 'each connected');
+  t.same(p.stats().connecting + p.stats().closing, 0, 'no socket kept after the result');
+  t.same(ourSockets(port), [], 'no socket of ours left, none in TIME_WAIT (06)');
+  await until('20 connections at the backend', () => seen.filter((s) => s === 'accepted').length === 20);
+  await until('each reset', () => seen.filter((s) => s === 'error ECONNRESET').length === 20);
+  t.same(seen.filter((s) => s === 'fin'), [], 'no FIN');
+});
+
+t.test('close \'fin\': an open port is ok; the socket ends with a FIN, never a RST, and closes at the backend\'s FIN', async (t) => {
   const seen: string[] = [];
   const server = net.createServer((sock) => {
     sock.on('end', () => seen.push('fin'));
@@ -51,7 +104,7 @@ t.test('an open port is ok; the socket ends with a FIN, never a RST, and closes 
   });
   const port = await listen(server);
   t.teardown(() => server.close());
-  const { p, wait } = prober();
+  const { p, wait } = prober('fin');
   t.teardown(() => p.close());
   for (let i = 0; i < 20; i++) p.start(target(port), 1000, i, performance.timeOrigin + performance.now());
   const got = await wait(20);
@@ -99,7 +152,8 @@ t.test('a probe cancelled before its batch goes down reports nothing and opens n
   const server = net.createServer((s) => { accepted.push(s); s.resume(); });
   const port = await listen(server);
   t.teardown(() => server.close());
-  const { p, outcomes, wait } = prober();
+  // A FIN close, so the backend accepts (and counts) each connection made.
+  const { p, outcomes, wait } = prober('fin');
   t.teardown(() => p.close());
   const now = performance.timeOrigin + performance.now();
   const a = p.start(target(port), 1000, 1, now);
@@ -119,7 +173,7 @@ t.test('a backend that keeps the connection open does not keep our descriptor pa
   const server = net.createServer({ allowHalfOpen: true }, (s) => { held.push(s); s.on('error', () => {}); s.resume(); });
   const port = await listen(server);
   t.teardown(() => { for (const s of held) s.destroy(); server.close(); });
-  const { p, wait } = prober();
+  const { p, wait } = prober('fin');
   t.teardown(() => p.close());
   for (let i = 0; i < 5; i++) p.start(target(port), 1000, i, performance.timeOrigin + performance.now());
   t.equal((await wait(5)).filter((o) => o.ok).length, 5);

@@ -26,7 +26,7 @@ function observer(): string[] {
 }
 
 /** What fixtures/start-observer.ts wrote at the agent's exit. */
-interface Observed { workers: number; origins: string[]; execArgv: string[]; modules: string[]; builtins: string[] }
+interface Observed { workers: number; origins: string[]; execArgv: string[]; modules: string[]; builtins: string[]; atListen: string[] }
 
 const FAST_ARP = { probeWait: 0.05, probeNum: 2, probeMin: 0.05, probeMax: 0.1, announceWait: 0.05, announceNum: 2, announceInterval: 0.1 };
 
@@ -99,6 +99,12 @@ t.test('start: control socket first, nothing the config does not use', async (t)
   t.same(loaded(/node_modules\/ajv\/(?!dist\/runtime\/)/), [], 'no ajv compiler (the schema is compiled at build time)');
   t.ok(loaded(/\/agent\/dhcp\/driver\.js$/).length === 1, 'the DHCP driver was loaded by the reload that added a DHCP service');
   t.ok(o.builtins.includes('crypto'), 'node:crypto came with the first DHCP service (its MAC is derived from a hash)');
+  // Issue 18: only what the control socket needs loads before it listens.
+  const beforeListen = (re: RegExp): string[] => o.atListen.filter((m) => re.test(m));
+  t.ok(beforeListen(/\/agent\/control\/server\.js$/).length === 1 && beforeListen(/\/node_modules\/yaml\//).length > 0, 'the observer saw the control socket listen, the config parsed');
+  t.same(beforeListen(/\/node_modules\/prom-client\//), [], 'no prom-client before the control socket listens');
+  t.same(beforeListen(/\/agent\/(daemon\/(late|wiring|reconciler)|metrics\/server|forward|health|net\/ownership|config\/labels)(\/|\.js$)/), [],
+    'no reload planner, metrics server, data path, health or topology code before the control socket listens');
 });
 
 t.test('a pool-only start loads no DHCP code and no node:crypto', async (t) => {

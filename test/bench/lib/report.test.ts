@@ -119,7 +119,7 @@ t.test('health table: one row per path, CPU per probe against HAProxy', async (t
   const r = results();
   r.probes = probes([probe({}), probe({ path: 'node', cpuMicrosPerProbe: 160 }), probe({ path: 'own', cpuMicrosPerProbe: 8 }), probe({ path: 'haproxy', cpuMicrosPerProbe: 40, startLagP99Ms: NaN, eventLoopDelayP99Ms: NaN })]);
   const md = probesTable(r)!;
-  t.match(md, /\| 10,000 \| 1 s \| lb-agent, native batch prober \(default\) \| 9,990 \(10,000\) \| 100% \| 42(\.0)? \| 42(\.0)? \| 1\.05x \|/);
+  t.match(md, /\| 10,000 \| 1 s \| lb-agent, native batch prober \(default: SYN, SYN-ACK, RST\) \| 9,990 \(10,000\) \| 100% \| 42(\.0)? \| 42(\.0)? \| 1\.05x \|/);
   t.match(md, /a Node socket per probe \(fallback\) .* \| 4\.00x \|/);
   t.match(md, /HAProxy, 1 thread .* \| - \|/);
   t.notMatch(md, /undefined|NaN/);

@@ -1,0 +1,12 @@
+// What the Daemon uses only once its control socket is up (issue 18): the
+// metric classes (prom-client), the metrics server, the reload planner, the
+// topology selection and the service MACs. daemon.ts loads this on first use
+// (lateModules()), so the modules behind it are not read and compiled
+// before `status` can answer; wiring.ts is loaded the same way by main.ts.
+export { Registry, Gauge, Counter, processMetrics } from '../metrics/prom';
+export { MetricsServer } from '../metrics/server';
+export { planReload, describeSummary } from './reconciler';
+export { dsrUnavailable } from '../forward/dataplane';
+export { readNodeTopology } from '../config/labels';
+export { selectBackends } from '../forward/topology';
+export { macForService } from '../net/ownership';
