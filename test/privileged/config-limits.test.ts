@@ -62,12 +62,21 @@ t.test('SIGHUP with hostile files keeps the running config and the health checks
   const node = await lab.addHost('node', { address: '10.99.0.2/24' });
   const b1 = await lab.addHost('b1', { address: '10.99.0.11/24' });
   const client = await lab.addHost('client', { address: '10.99.0.50/24' });
-  // The backend: a TCP listener that prints the arrival time of every connection (each one a probe).
+  // The backend: a TCP listener, and tcpdump printing the arrival time of
+  // every SYN to it (each one a probe). A connect-only check is SYN,
+  // SYN-ACK, RST (issue 18, as HAProxy's), so the listener itself never
+  // accepts one.
   const listener = lab.spawn(b1, process.execPath, ['-e',
-    "require('net').createServer((s)=>{process.stdout.write(Date.now()+'\\n');s.destroy();}).listen(8080,()=>process.stdout.write('listening\\n'));"]);
+    "require('net').createServer((s)=>s.destroy()).listen(8080,()=>process.stdout.write('listening\\n'));"]);
+  let up = '';
+  listener.stdout!.on('data', (d: Buffer) => { up += d.toString(); });
+  await waitFor('probe listener', () => up.includes('listening'), 10_000);
+  const dump = lab.spawn(b1, 'tcpdump', ['-i', 'eth0', '-l', '-n', '-tt', '--immediate-mode', 'tcp dst port 8080 and tcp[tcpflags] & (tcp-syn|tcp-ack) == tcp-syn']);
   let out = '';
-  listener.stdout!.on('data', (d: Buffer) => { out += d.toString(); });
-  await waitFor('probe listener', () => out.includes('listening'), 10_000);
+  let dumpErr = '';
+  dump.stdout!.on('data', (d: Buffer) => { out += d.toString(); });
+  dump.stderr!.on('data', (d: Buffer) => { dumpErr += d.toString(); });
+  await waitFor('tcpdump to listen', () => dumpErr.includes('listening on'), 10_000);
 
   const cfg = {
     node: { name: 'vm1', interface: 'eth0' },
@@ -109,7 +118,7 @@ t.test('SIGHUP with hostile files keeps the running config and the health checks
   await waitStatus(agent, 'a good reload applies', (s) => s.config.generation === ready.config.generation + 1, 20_000);
   const windowEnd = Date.now();
 
-  const arrivals = out.split('\n').map(Number).filter((n) => n >= windowStart && n <= windowEnd);
+  const arrivals = out.split('\n').map((l) => Math.round(Number(l.split(' ')[0]) * 1000)).filter((n) => n >= windowStart && n <= windowEnd);
   let maxGap = 0;
   for (let i = 1; i < arrivals.length; i++) maxGap = Math.max(maxGap, arrivals[i]! - arrivals[i - 1]!);
   const expected = Math.floor((windowEnd - windowStart) / (PERIOD_S * 1000));
