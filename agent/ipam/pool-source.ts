@@ -26,7 +26,8 @@ import type { AddressSource, SourceStatus, Vip } from '../source';
 import { probeAddress } from '../net/arp-probe';
 import { netMetrics, type NetMetrics } from '../net/metrics';
 import { OWNED_ADDRESS_PROTO } from '../net/ownership';
-import { bpfArp, ETH_P_ARP, openPacketSocket, type PacketSocket } from '../net/packet';
+import { bpfArpAbout } from '../net/bpf';
+import { ETH_P_ARP, openPacketSocket, type PacketSocket } from '../net/packet';
 import type { NetlinkClient, LinkInfo } from '../net/netlink';
 import { VipOwner, type VipConflict } from '../net/vip-owner';
 import { reservedFromInterface } from './allocator';
@@ -93,6 +94,8 @@ export class PoolSource extends EventEmitter implements AddressSource {
   private vip: Vip | undefined;
   private parent: LinkInfo | undefined;
   private socket: PacketSocket | undefined;
+  /** The address the socket's kernel filter passes ARP frames about (it is reopened for another). */
+  private socketAddress: string | undefined;
   private owner: VipOwner | undefined;
   private timer: TimerHandle | undefined;
   private readonly onChanged = (): void => { this.clearWait(); this.feedLater(this.gen, { type: 'changed' }); };
@@ -142,9 +145,12 @@ export class PoolSource extends EventEmitter implements AddressSource {
   private async prepare(gen: number): Promise<void> {
     this.clearStandby();
     try {
-      const p = await this.manager.serialize(() => this.readParent());
+      const { p } = await this.readParentQueued(() => undefined);
       if (gen !== this.gen || this.m.phase !== 'stopped') return;
-      this.ensureSocket(p.link.index);
+      // The address a takeover will most likely claim: its own claim, else
+      // the configured one. Anything else opens its socket when it probes.
+      const likely = this.safeClaim()?.address ?? this.opts.service.loadBalancerIP;
+      if (likely !== undefined) this.ensureSocket(p.link.index, likely);
       this.ready = p;
     } catch (err) {
       this.ready = undefined;
@@ -321,23 +327,23 @@ export class PoolSource extends EventEmitter implements AddressSource {
     if (ready) {
       this.log.debug({ op: 'takeover', ready: true, parent: ready.link.name }, 'the parent was read while standing by: straight to the address');
       this.parent = ready.link;
-      const result = this.manager.reserve({ service: this.key, namespace: this.opts.service.namespace, loadBalancerIP: this.opts.service.loadBalancerIP });
+      const result = this.reserve();
       this.feedLater(gen, { type: 'allocation', result, onParent: result.ok && ready.onParent.has(result.address) });
       return;
     }
     try {
       // Read the parent and reserve in one turn of the manager's queue.
-      const r = await this.manager.serialize(async () => {
-        const p = await this.readParent();
-        if (gen !== this.gen) return undefined;
-        return { p, result: this.manager.reserve({ service: this.key, namespace: this.opts.service.namespace, loadBalancerIP: this.opts.service.loadBalancerIP }) };
-      });
-      if (!r || gen !== this.gen) return; // stop() released any hold
+      const r = await this.readParentQueued(() => (gen === this.gen ? this.reserve() : undefined));
+      if (r.result === undefined || gen !== this.gen) return; // stop() released any hold
       this.parent = r.p.link;
       this.feedLater(gen, { type: 'allocation', result: r.result, onParent: r.result.ok && r.p.onParent.has(r.result.address) });
     } catch (err) {
       this.feedLater(gen, { type: 'fault', what: 'reading the parent interface or the pool claims', error: errorMessage(err) });
     }
+  }
+
+  private reserve(): ReturnType<PoolManager['reserve']> {
+    return this.manager.reserve({ service: this.key, namespace: this.opts.service.namespace, loadBalancerIP: this.opts.service.loadBalancerIP });
   }
 
   private wait(gen: number, until: number | undefined, onChange: boolean): void {
@@ -362,7 +368,7 @@ export class PoolSource extends EventEmitter implements AddressSource {
     try {
       const link = this.parent!;
       const res = await probeAddress({
-        socket: this.ensureSocket(link.index), mac: link.mac, ip: address, timings: this.opts.arp,
+        socket: this.ensureSocket(link.index, address), mac: link.mac, ip: address, timings: this.opts.arp,
         clock: this.clock, random: this.random, log: this.opts.log, metrics: this.netMetrics,
       });
       this.feedLater(gen, res.conflict ? { type: 'probe-conflict', mac: res.conflictingMac } : { type: 'probe-free' });
@@ -395,7 +401,7 @@ export class PoolSource extends EventEmitter implements AddressSource {
     let owner: VipOwner;
     try {
       owner = new VipOwner({
-        socket: this.ensureSocket(link.index), mac: link.mac, ip: address,
+        socket: this.ensureSocket(link.index, address), mac: link.mac, ip: address,
         announceNum: this.opts.arp.announceNum, announceIntervalMs: this.opts.arp.announceInterval * 1000,
         refreshMs: (this.opts.arp.refreshInterval ?? DEFAULT_ARP.refreshInterval) * 1000,
         giveUp: this.opts.giveUpOnConflict ?? this.opts.probe !== false,
@@ -426,13 +432,22 @@ export class PoolSource extends EventEmitter implements AddressSource {
   private closeSocket(): void {
     this.socket?.close();
     this.socket = undefined;
+    this.socketAddress = undefined;
   }
 
-  /** Parent link and the reserved addresses derived from its addresses. */
-  private async readParent(): Promise<{ link: LinkInfo; onParent: Set<string> }> {
-    const link = await this.opts.netlink.getLink(this.opts.parentIfname);
-    const addrs = await this.opts.netlink.listAddresses(link.index);
-    return this.noteParentAddresses(link, addrs);
+  /**
+   * Parent link and the reserved addresses derived from its addresses, read
+   * in one turn of the manager's queue, and `then` in the same turn: a
+   * reserve() there sees the parent's addresses and no other service's
+   * reservation can slip in between.
+   */
+  private async readParentQueued<T>(then: () => T): Promise<{ p: { link: LinkInfo; onParent: Set<string> }; result: T }> {
+    return this.manager.serialize(async () => {
+      const link = await this.opts.netlink.getLink(this.opts.parentIfname);
+      const addrs = await this.opts.netlink.listAddresses(link.index);
+      const p = this.noteParentAddresses(link, addrs);
+      return { p, result: then() };
+    });
   }
 
   private noteParentAddresses(link: LinkInfo, addrs: readonly { address: string; prefix: number }[]): { link: LinkInfo; onParent: Set<string> } {
@@ -445,12 +460,23 @@ export class PoolSource extends EventEmitter implements AddressSource {
     return { link, onParent: new Set(addrs.filter((a) => a.prefix === POOL_VIP_PREFIX).map((a) => a.address)) };
   }
 
-  private ensureSocket(ifindex: number): PacketSocket {
-    if (this.socket && this.socket.ifindex === ifindex) return this.socket;
+  /**
+   * The ARP socket for `address` on the parent. Its kernel filter passes
+   * only frames whose sender or target is that address (RFC 5227 §2.1.1,
+   * §2.4: all a probe or a defence acts on), so a pool service, and a ready
+   * Backup holding the socket while it stands by, does not wake for every
+   * ARP frame on the LAN. Another address (a conflict moved the claim)
+   * opens another socket.
+   */
+  private ensureSocket(ifindex: number, address: string): PacketSocket {
+    if (this.socket && this.socket.ifindex === ifindex && this.socketAddress === address) return this.socket;
     this.closeSocket();
-    const sock = openPacketSocket({ ifindex, protocol: ETH_P_ARP, filter: bpfArp(), metrics: this.netMetrics, log: this.opts.log });
+    const ip = parseIPv4(address);
+    if (ip === undefined) throw new RangeError(`not an IPv4 address: ${address}`);
+    const sock = openPacketSocket({ ifindex, protocol: ETH_P_ARP, filter: bpfArpAbout(ip), metrics: this.netMetrics, log: this.opts.log });
     sock.on('error', (err: LbError) => this.log.warn({ op: 'arp-socket', err: err.message }, 'ARP socket error'));
     this.socket = sock;
+    this.socketAddress = address;
     return sock;
   }
 

@@ -16,6 +16,7 @@ import { requirePrivileged } from '../helpers/privileged';
 import { masterDownIntervalMs } from '../../agent/failover/machine';
 import { buildVrrpLab, waitMaster, vrrpStates, metricValue, logAfter, logTime, POOL_VIP, VRID, BACKENDS, BACKEND_IDS } from '../../lab/vrrp';
 import { gapReport, ClientLoop } from '../../lab/client-loop';
+import { bpfConstantOf, packetSockets } from './fixtures/packet-sockets';
 
 if (requirePrivileged(t)) {
   t.test('three agents: one Master per VIP; the Master VM dies and a Backup serves the VIP after a gap', async (t) => {
@@ -56,6 +57,18 @@ if (requirePrivileged(t)) {
         t.equal(s.healthyBackends, BACKENDS.length, `${n.name}: every backend healthy while Backup`);
         t.ok(s.backends.every((b) => b.state === 'up'), `${n.name}: backends up`);
         t.equal(s.ready, true, `${n.name}: a Backup is ready`);
+      }
+    });
+
+    t.test('a ready Backup\'s ARP socket wakes it only for frames about the VIP', async (t) => {
+      // It stands by with the socket open (a takeover needs no set-up), so an
+      // unfiltered one would decode every ARP frame on the LAN the whole time.
+      for (const n of [n1, n2]) {
+        const arp = (await packetSockets(lab, n.ns, n.agent!.proc.pid!)).filter((s) => s.protocol === 0x0806);
+        t.ok(arp.length >= 1, `${n.name}: holds an ARP socket while standing by (${arp.length})`);
+        for (const s of arp) {
+          t.ok(s.filter?.some(([code, , , k]) => code === 0x15 && k === bpfConstantOf(POOL_VIP)), `${n.name}: its kernel filter compares against ${POOL_VIP}: ${JSON.stringify(s.filter)}`);
+        }
       }
     });
 
