@@ -28,7 +28,7 @@ import * as fs from 'node:fs';
 import { waitFor } from '../lab/netns';
 import { startBackend } from '../lab/services';
 import { startKeepalived } from '../lab/keepalived';
-import { afterAdvert, buildVrrpLab, bridgePort, logAfter, logTime, POOL_VIP, VRID, type VrrpLab } from '../lab/vrrp';
+import { buildVrrpLab, vmDeath, bridgePort, logAfter, logTime, POOL_VIP, VRID, type VrrpLab } from '../lab/vrrp';
 import { gapReport, ClientLoop } from '../lab/client-loop';
 import { masterDownIntervalMs } from '../agent/failover/machine';
 import { median } from './lib/stats';
@@ -136,9 +136,8 @@ async function keepalivedRun(vl: VrrpLab, nss: string[], intervalS: number, runI
     // (lab/vrrp.ts die()): finding them after the port went down started
     // keepalived's clock one spawn late and flattered it by ~10-20 ms.
     const pids = (await vl.lab.sh(vl.lab.lan, `ip netns pids ${ns1}`)).stdout.split(/\s+/).filter(Boolean)
-      .filter((p) => { try { return fs.readFileSync(`/proc/${p}/comm`, 'utf8').trim() === 'keepalived'; } catch { return false; } });
-    await vl.lab.sh(vl.lab.lan, `${afterAdvert(port, KA[0].ip, afterAdvertWaitS(intervalS))}ip link set ${port} down && kill -KILL ${pids.join(' ')}`);
-    return Date.now();
+      .filter((p) => { try { return fs.readFileSync(`/proc/${p}/comm`, 'utf8').trim() === 'keepalived'; } catch { return false; } }).map(Number);
+    return vmDeath(vl.lab, { port, pids, afterAdvertOf: { src: KA[0].ip, waitS: afterAdvertWaitS(intervalS) } });
   }, intervalS);
   await waitFor('ka2 MASTER', () => k2.state() === 'MASTER', 5000);
   // keepalived's notify file lists the BACKUP -> MASTER transitions of ka2.
