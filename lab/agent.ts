@@ -3,6 +3,7 @@
 // socket, signal it. The control socket and state dir live in the lab's
 // scratch directory, so they vanish with the lab.
 import * as fs from 'node:fs';
+import * as path from 'node:path';
 import { ChildProcess } from 'node:child_process';
 import { stringify } from 'yaml';
 import { Lab, waitFor, run } from './netns';
@@ -12,6 +13,18 @@ import type { StatusDocument } from '../agent/daemon/daemon';
 import { onJsonLines } from './jsonlines';
 
 export const AGENT_BIN = distPath('agent', 'cli', 'main.js');
+
+const UNIT = path.resolve(__dirname, '..', '..', 'systemd', 'lb-agent.service');
+
+/**
+ * The V8 flags the unit runs the agent with (its `Environment=NODE_OPTIONS=`
+ * line, issue 18), so that every lab, test and bench agent runs as the
+ * installed one does.
+ */
+export function unitNodeOptions(unit = UNIT): string {
+  const m = /^Environment="?NODE_OPTIONS=([^"\n]*)"?$/m.exec(fs.readFileSync(unit, 'utf8'));
+  return m ? m[1]!.trim() : '';
+}
 
 export interface AgentHandle {
   proc: ChildProcess;
@@ -43,13 +56,14 @@ export async function startAgent(lab: Lab, ns: string, cfg: Record<string, unkno
   fs.writeFileSync(configPath, stringify(full));
   const argv = [AGENT_BIN, 'run', '--config', configPath, '--log-level', opts.logLevel ?? 'debug', ...(opts.args ?? [])];
   // nofile: the agent runs under that descriptor limit (soft and hard), as under a unit's LimitNOFILE=.
-  // command: run the agent through this command (e.g. `env NODE_OPTIONS=...`; tap puts its own
-  // loader in every child's NODE_OPTIONS, which `env` replaces).
+  // command: run the agent through this command (e.g. `env NODE_OPTIONS=...`).
+  // The agent runs with the unit's V8 flags, as installed (opts.env may say otherwise).
+  const env = { ...process.env, NODE_OPTIONS: unitNodeOptions(), ...(opts.env ?? {}) };
   const proc = opts.command !== undefined
-    ? lab.spawn(ns, opts.command[0]!, [...opts.command.slice(1), process.execPath, ...argv], { env: { ...process.env, ...(opts.env ?? {}) } })
+    ? lab.spawn(ns, opts.command[0]!, [...opts.command.slice(1), process.execPath, ...argv], { env })
     : opts.nofile === undefined
-      ? lab.spawn(ns, process.execPath, argv, { env: { ...process.env, ...(opts.env ?? {}) } })
-      : lab.spawn(ns, 'prlimit', [`--nofile=${opts.nofile}:${opts.nofile}`, process.execPath, ...argv], { env: { ...process.env, ...(opts.env ?? {}) } });
+      ? lab.spawn(ns, process.execPath, argv, { env })
+      : lab.spawn(ns, 'prlimit', [`--nofile=${opts.nofile}:${opts.nofile}`, process.execPath, ...argv], { env });
   const logs: Record<string, unknown>[] = [];
   let err = '';
   onJsonLines(proc.stdout!, (o) => logs.push(o), (line) => logs.push({ raw: line }));

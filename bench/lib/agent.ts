@@ -2,9 +2,9 @@
 // namespace (through lab/agent.ts), stop it within a bound, read the
 // wall-clock time of its log lines, and scrape its /metrics from inside the
 // namespace. Nothing here changes how the agent runs; the bench only watches.
-import * as fs from 'node:fs';
-import * as path from 'node:path';
-import { startAgent, type AgentHandle } from '../../lab/agent';
+import { startAgent, unitNodeOptions, type AgentHandle } from '../../lab/agent';
+
+export { unitNodeOptions };
 import { httpGetFrom } from '../../lab/services';
 import type { Lab } from '../../lab/netns';
 
@@ -12,17 +12,6 @@ export type { AgentHandle };
 
 /** RFC 5227 timings cut short, for runs where the pool claim is set-up rather than what is measured. */
 export const FAST_ARP = { probeWait: 0.05, probeNum: 2, probeMin: 0.05, probeMax: 0.1, announceWait: 0.05, announceNum: 2, announceInterval: 0.1 };
-
-const UNIT = path.resolve(__dirname, '..', '..', '..', 'systemd', 'lb-agent.service');
-
-/**
- * The V8 flags the unit runs the agent with (its `Environment=NODE_OPTIONS=`
- * line, issue 18), so every bench agent runs as the installed one does.
- */
-export function unitNodeOptions(unit = UNIT): string {
-  const m = /^Environment="?NODE_OPTIONS=([^"\n]*)"?$/m.exec(fs.readFileSync(unit, 'utf8'));
-  return m ? m[1]!.trim() : '';
-}
 
 /**
  * Start the agent; log level info by default (debug would log per packet and
