@@ -562,7 +562,11 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     if (wanted !== undefined && wanted !== lease.address) {
       this.log.warn({ op: 'bind', loadBalancerIP: formatIPv4(wanted), address }, `loadBalancerIP ${formatIPv4(wanted)} was not granted; bound ${address}`);
     }
-    await this.putOn(lease.address, `lease from ${formatIPv4(lease.serverId)} for ${lease.leaseSeconds} s`);
+    // The lease's write ('persist', queued with this bind) runs while the
+    // address goes on; the VIP is served only once the lease is on disk, so
+    // a crash right after never leaves a served VIP the next start cannot
+    // adopt (crash-only start, issue 14).
+    await this.putOn(lease.address, `lease from ${formatIPv4(lease.serverId)} for ${lease.leaseSeconds} s`, this.store.settled(this.leaseFile));
   }
 
   /**
@@ -570,7 +574,7 @@ export class DhcpSource extends EventEmitter implements AddressSource {
    * already held (a provisional one the server has now confirmed) stays as it
    * is: no second address change, burst or 'vip' event.
    */
-  private async putOn(ip: number, why: string): Promise<void> {
+  private async putOn(ip: number, why: string, saved: Promise<void> = Promise.resolve()): Promise<void> {
     const ifindex = this.ifindex;
     if (ifindex === undefined) return;
     const address = formatIPv4(ip);
@@ -582,6 +586,7 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     }
     await this.netlink.addAddress(ifindex, address, VIP_PREFIX, { proto: OWNED_ADDRESS_PROTO });
     addressesChanged();
+    await saved;
     this.vip = { address, prefix: VIP_PREFIX, ifname: this.ifname, ifindex, mac: this.mac };
     this.log.info({ op: 'bind', address, why }, `VIP ${address} bound`);
     this.holdOnWire(ifindex, ip);
