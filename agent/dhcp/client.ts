@@ -66,6 +66,8 @@ export interface ClientState {
   readonly hint: number | undefined;
   /** Addresses declined since the last binding: never asked for again (a server that does not check would hand them out again). */
   readonly declined: readonly number[];
+  /** DHCPNAKs to our REQUEST for an offer since the last binding: the first ones restart at once, later ones back off (nakDelay). */
+  readonly naks: number;
   /** The one pending timer, if any. */
   readonly timerAt: number | undefined;
 }
@@ -151,7 +153,7 @@ export function initialState(): ClientState {
   return {
     name: 'STOPPED', xid: 0, attempts: 0, exchangeStart: 0, acquireStart: undefined, requestSentAt: undefined,
     nextSendAt: undefined, waitUntil: undefined, offer: undefined, probing: undefined, probingConfirmed: false,
-    lease: undefined, saved: undefined, provisional: undefined, hint: undefined, declined: [], timerAt: undefined,
+    lease: undefined, saved: undefined, provisional: undefined, hint: undefined, declined: [], naks: 0, timerAt: undefined,
   };
 }
 
@@ -166,6 +168,30 @@ function newXid(random: () => number): number {
 export function retransmitDelay(cfg: ClientConfig, attempt: number, random: () => number): number {
   const nominal = Math.min(cfg.retransmitInitialMs * 2 ** Math.max(0, attempt - 1), cfg.retransmitMaxMs);
   return Math.max(0, nominal + (2 * random() - 1) * cfg.retransmitJitterMs);
+}
+
+/** DHCPNAKs of REQUESTs for offers, in a row since the last binding, answered with an immediate DISCOVER (nakDelay). */
+export const NAKS_WITHOUT_WAIT = 2;
+
+/**
+ * How long to wait before the next DISCOVER after the `naks`-th DHCPNAK of a
+ * REQUEST for an offer since the last binding. RFC 2131 §3.1 step 5 and
+ * §4.4.1 restart the configuration process on a NAK, with no wait. The usual
+ * cause is benign (issue 18): a server that keeps no record of its
+ * outstanding offers (dnsmasq picks a free address from a hash of the MAC
+ * and leases it only when the REQUEST comes) offers one address to two
+ * clients starting together and NAKs the later REQUEST, "address in use";
+ * the next DISCOVER gets a free address within a round trip. Waiting a
+ * retransmission interval there put 4 s on 50 services starting at once.
+ * Two in a row happen too: dnsmasq scans on from the taken address to the
+ * next free one, which may be on offer to a third client. A server that NAKs
+ * whatever it offers must still not make us loop, so from the third NAK on
+ * the client backs off retransmitInitial, doubling up to retransmitMax
+ * (dhcpcd's `nakoff` is alike: 0, 1, 2, 4, ... 60 s).
+ */
+export function nakDelay(cfg: ClientConfig, naks: number): number {
+  if (naks <= NAKS_WITHOUT_WAIT) return 0;
+  return Math.min(cfg.retransmitInitialMs * 2 ** (naks - NAKS_WITHOUT_WAIT - 1), cfg.retransmitMaxMs);
 }
 
 /** The retransmission algorithm is exhausted once a message sent at the ceiling went unanswered (§4.4.1). */
@@ -303,7 +329,7 @@ function bindLease(ctx: ClientContext, s: ClientState, lease: Lease, now: number
   actions.push(s.acquireStart !== undefined ? { type: 'note', what: 'acquired', ms: now - s.acquireStart } : { type: 'note', what: 'acquired' });
   const bound: ClientState = {
     ...s, name: 'BOUND', lease, probing: undefined, probingConfirmed: false, offer: undefined, saved: undefined, provisional: undefined,
-    hint: lease.address, declined: [], nextSendAt: undefined, waitUntil: undefined, acquireStart: undefined, attempts: 0,
+    hint: lease.address, declined: [], naks: 0, nextSendAt: undefined, waitUntil: undefined, acquireStart: undefined, attempts: 0,
   };
   return boundTimers(ctx, bound, now, actions);
 }
@@ -458,8 +484,9 @@ export function step(ctx: ClientContext, s: ClientState, ev: ClientEvent, now: n
         if (f.serverId !== undefined && f.serverId !== s.offer!.serverId) return result(s, actions, 'wrong-server');
         if (f.kind === 'NAK') {
           actions.push({ type: 'note', what: 'nak', detail: f.message });
-          // Back off one initial retransmission interval so a server that NAKs what it offered cannot make us loop.
-          return result(enterInit(ctx, s, now, actions, { hint: undefined, waitUntil: now + cfg.retransmitInitialMs, keepAcquireStart: true }), actions, 'nak');
+          // The first NAKs: DISCOVER again at once; later ones back off (nakDelay), so a server that NAKs what it offered cannot make us loop.
+          const naks = s.naks + 1;
+          return result(enterInit(ctx, { ...s, naks }, now, actions, { hint: undefined, waitUntil: now + nakDelay(cfg, naks), keepAcquireStart: true }), actions, 'nak');
         }
         const lease = leaseFromAck(m.yiaddr, f, serverMac, s.offer!.serverId, s.requestSentAt ?? now);
         if (!lease) return result(s, actions, 'ack-without-lease');

@@ -3,7 +3,7 @@
 import t from 'tap';
 import { prng } from '../helpers/random';
 import {
-  initialState, isStalled, retransmitDelay, step, unbindReason,
+  initialState, isStalled, nakDelay, retransmitDelay, step, unbindReason,
   type ClientAction, type ClientConfig, type ClientContext, type ClientEvent, type ClientState,
 } from '../../agent/dhcp/client';
 import { buildClientMessage, decodeDhcp, encodeDhcp, type DhcpOption, type DhcpPacket } from '../../agent/dhcp/codec';
@@ -257,17 +257,55 @@ t.test('replies with another xid, or from another server while REQUESTING, are i
   t.equal(step(c, bound, reply('ACK', bound.xid), T0 + 9 * SEC).reason, 'unexpected-reply', 'a stray ACK while BOUND');
 });
 
-t.test('NAK: in REQUESTING back off and start over; in RENEWING withdraw the VIP', async (t) => {
+t.test('NAK: in REQUESTING start over at once, then back off; in RENEWING withdraw the VIP', async (t) => {
   const c = ctx();
   let r = step(c, initialState(), { type: 'start' }, T0);
   r = step(c, r.state, reply('OFFER', r.state.xid), T0 + 1);
-  r = step(c, r.state, reply('NAK', r.state.xid, { message: 'address taken' }), T0 + 2);
-  t.equal(r.state.name, 'INIT');
-  t.equal(r.state.timerAt, T0 + 2 + 4 * SEC);
-  t.same(sends(r.actions), []);
-  t.same(of(r.actions, 'note'), [{ type: 'note', what: 'nak', detail: 'address taken' }]);
-  r = step(c, r.state, { type: 'timer' }, r.state.timerAt!);
-  t.equal(r.state.name, 'SELECTING');
+  const firstXid = r.state.xid;
+  // Issue 18: dnsmasq offered this address to another client too and leased it to the one that asked first.
+  r = step(c, r.state, reply('NAK', r.state.xid, { message: 'address in use' }), T0 + 2);
+  t.equal(r.reason, 'nak');
+  t.same(of(r.actions, 'note'), [{ type: 'note', what: 'nak', detail: 'address in use' }]);
+  t.equal(r.state.name, 'SELECTING', 'the first NAK: DISCOVER again at once (RFC 2131 §3.1 step 5)');
+  const [again] = sends(r.actions);
+  t.equal(again?.message.kind, 'DISCOVER');
+  t.not(r.state.xid, firstXid, 'a new exchange');
+  t.notOk(wire(again!).has(50), 'not asking for the refused address');
+  t.equal(r.state.timerAt, r.state.nextSendAt, 'the DISCOVER retransmission timer, no wait');
+
+  // The next free address may be on offer to a third client too: a second NAK in a row also restarts at once.
+  let now = T0 + 12;
+  r = step(c, r.state, reply('OFFER', r.state.xid, { yiaddr: ADDR + 1 }), now);
+  r = step(c, r.state, reply('NAK', r.state.xid, { message: 'address in use' }), now + 10);
+  t.equal(r.state.name, 'SELECTING', 'the second NAK in a row: DISCOVER again at once');
+  t.same(sends(r.actions).map((x) => x.message.kind), ['DISCOVER']);
+
+  // A server that NAKs whatever it offers: from the third NAK on, 4 s doubling to 64 s.
+  const waits: number[] = [];
+  now += 10;
+  for (let i = 0; i < 7; i++) {
+    now += 10;
+    r = step(c, r.state, reply('OFFER', r.state.xid), now);
+    t.equal(r.state.name, 'REQUESTING');
+    now += 10;
+    r = step(c, r.state, reply('NAK', r.state.xid), now);
+    t.equal(r.state.name, 'INIT', `NAK ${i + 3}: waiting`);
+    t.same(sends(r.actions), [], 'nothing sent while backing off');
+    waits.push(r.state.timerAt! - now);
+    now = r.state.timerAt!;
+    r = step(c, r.state, { type: 'timer' }, now);
+    t.equal(r.state.name, 'SELECTING');
+  }
+  t.same(waits, [4, 8, 16, 32, 64, 64, 64].map((x) => x * SEC), 'bounded back-off after repeated NAKs');
+  t.same([0, 1, 2, 3, 4, 10].map((n) => nakDelay(RFC, n)), [0, 0, 0, 4 * SEC, 8 * SEC, 64 * SEC]);
+
+  // A binding forgets the NAKs: the next refused offer starts over at once again.
+  now += 10;
+  r = step(c, r.state, reply('OFFER', r.state.xid), now);
+  r = step(c, r.state, reply('ACK', r.state.xid), now + 10);
+  r = step(c, r.state, { type: 'probe-ok' }, now + 20);
+  t.equal(r.state.name, 'BOUND');
+  t.equal(r.state.naks, 0, 'NAKs counted since the last binding only');
 
   const { s } = acquire(c);
   r = step(c, s, { type: 'timer' }, s.lease!.renewAt);

@@ -1,7 +1,10 @@
 // Privileged: 50 DHCP services start together without a storm. One process
 // runs them as the daemon would (one registry, one start limiter); at most
 // maxConcurrentStarts acquire at once; every service ends up with its own
-// macvlan, MAC and lease; removing them all releases every lease.
+// macvlan, MAC and lease; removing them all releases every lease. And two
+// services offered the same address at once (dnsmasq keeps no record of its
+// outstanding offers): the one whose REQUEST is NAKed asks again at once
+// instead of after a retransmission interval (issue 18, client.ts nakDelay).
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
 import { createLab, waitFor } from '../../lab/netns';
@@ -10,6 +13,8 @@ import { FAST_DHCP, dhcpLab, startDriver } from './fixtures/dhcp-harness';
 
 const N = 50;
 const MAX = 8;
+/** Long enough that a client waiting one retransmission interval after a NAK could not bind within the test's wait. */
+const SLOW_RETRANSMIT = 30;
 
 if (requirePrivileged(t)) {
   t.test(`${N} services, at most ${MAX} acquiring at once`, async (t) => {
@@ -40,5 +45,34 @@ if (requirePrivileged(t)) {
     t.pass(`${N} DHCPRELEASEs`);
     const after = JSON.parse((await lab.exec(agent, 'ip', ['-j', 'link', 'show'])).stdout) as Array<{ ifname: string }>;
     t.equal(after.filter((l) => l.ifname.startsWith('lbv')).length, 0, 'every macvlan removed');
+  });
+
+  t.test('two services offered one address at once: the NAKed one asks again at once', async (t) => {
+    const lab = await createLab(t);
+    const { server, agent } = await dhcpLab(lab);
+    // Both ask for .105 (loadBalancerIP); dnsmasq answers one message at a
+    // time and holds each OFFER 1 s (--dhcp-reply-delay), so both DISCOVERs
+    // are in before the first REQUEST and both are offered .105, which is
+    // leased to the first REQUEST and NAKed ("address in use") to the second.
+    const dnsmasq = await startDnsmasq(lab, server, { range: '10.99.0.100,10.99.0.120', leaseTime: '10m', noPing: true, extra: ['--dhcp-reply-delay=1'] });
+    const services = ['nak-a', 'nak-b'].map((name) => ({ name, namespace: 'bulk', loadBalancerIP: '10.99.0.105' }));
+    const d = startDriver(lab, agent, {
+      name: 'unused', services, logLevel: 'info',
+      timings: { ...FAST_DHCP, retransmitInitial: SLOW_RETRANSMIT, retransmitMax: 2 * SLOW_RETRANSMIT, retransmitJitter: 0, probeOffer: false },
+    });
+    // Without the immediate retry the NAKed service would wait 30 s; with it, ~3 s (three held OFFERs).
+    const started = Date.now();
+    await waitFor('both services bound', () => d.events.filter((e) => e.ev === 'vip').length >= 2, 15_000, 50)
+      .catch((e: Error) => { t.comment(dnsmasq.log()); throw e; });
+    t.comment(`both bound in ${Date.now() - started} ms`);
+    const naks = dnsmasq.log().split('\n').filter((l) => /DHCPNAK\(eth0\) 10\.99\.0\.105 .*address in use/.test(l));
+    t.equal(naks.length, 1, `the second REQUEST for .105 was NAKed: ${naks.join(' | ')}`);
+    const vips = d.events.filter((e) => e.ev === 'vip').map((e) => (e.vip as { address: string }).address);
+    t.ok(vips.includes('10.99.0.105'), `one service holds the address both asked for: ${vips.join(', ')}`);
+    t.equal(new Set(vips).size, 2, 'the other another address');
+    const discovers = dnsmasq.log().split('\n').filter((l) => l.includes('DHCPDISCOVER(eth0)'));
+    t.equal(discovers.length, 3, 'three DISCOVERs: one each, and one more after the NAK; no retransmission');
+    d.command('release');
+    await d.next((e) => e.ev === 'stopped', 15_000);
   });
 }
