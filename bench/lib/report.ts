@@ -66,7 +66,8 @@ export function evaluateTargets(r: BenchResults): TargetRow[] {
     // Issue 17: direct server return; its replies never cross the agent, so bulk is judged on them (iperf3 -R).
     if (f.dsr) {
       const rev = (t: ForwardTarget): number => f[t]?.bulkReverseGbps ?? NaN;
-      add('kernel path DSR keep-alive req/s >= 0.85x direct', ratio(ka('dsr'), ka('direct')), 0.85);
+      // Paired with a direct run before each slot where the run has pairs (forwarding.ts).
+      add('kernel path DSR keep-alive req/s >= 0.85x direct', f.dsr.keepalive.xDirect ?? ratio(ka('dsr'), ka('direct')), 0.85);
       add('kernel path DSR bulk throughput, replies (server -> client) >= 0.95x direct', ratio(rev('dsr'), rev('direct')), 0.95);
     }
     // Issue 18: the same number of threads, for one and for all cores.
@@ -186,7 +187,7 @@ export function forwardTable(r: BenchResults): string | undefined {
     const s = f[t]!;
     return [
       s.label,
-      fmt(s.keepalive.requestsPerSec), fmtRatio(ratio(s.keepalive.requestsPerSec, h1?.keepalive.requestsPerSec ?? NaN)), fmtRatio(ratio(s.keepalive.requestsPerSec, d?.keepalive.requestsPerSec ?? NaN)),
+      fmt(s.keepalive.requestsPerSec), fmtRatio(ratio(s.keepalive.requestsPerSec, h1?.keepalive.requestsPerSec ?? NaN)), fmtRatio(s.keepalive.xDirect ?? ratio(s.keepalive.requestsPerSec, d?.keepalive.requestsPerSec ?? NaN)),
       `${fmt(s.keepalive.p50ms, 2)} / ${fmt(s.keepalive.p99ms, 2)}`,
       fmt(s.newConnections.connectionsPerSec), fmtRatio(ratio(s.newConnections.connectionsPerSec, h1?.newConnections.connectionsPerSec ?? NaN)), fmtRatio(ratio(s.newConnections.connectionsPerSec, d?.newConnections.connectionsPerSec ?? NaN)),
       fmt(s.bulkGbps, 2), fmtRatio(ratio(s.bulkGbps, d?.bulkGbps ?? NaN)),
@@ -345,7 +346,7 @@ export function renderResults(r: BenchResults): string {
   if (ft) {
     const c = r.forward!.config;
     parts.push('## Forwarding, 3 backends');
-    parts.push(`${c.wrk}; ${c.iperf3}; backends: ${c.backends}. HAProxy default: ${c.threadsDefaultHaproxy}. RSS is the balancer's after the load (for lb-agent, the whole agent process; the kernel path keeps no per-connection state in it).`);
+    parts.push(`${c.wrk}; ${c.iperf3}; backends: ${c.backends}. HAProxy default: ${c.threadsDefaultHaproxy}.${c.pairing ? ` ${c.pairing[0]!.toUpperCase()}${c.pairing.slice(1)}.` : ''} RSS is the balancer's after the load (for lb-agent, the whole agent process; the kernel path keeps no per-connection state in it).`);
     parts.push(ft);
     if (r.forward!.errors.length) parts.push(`Not measured: ${r.forward!.errors.join('; ')}.`);
     const dh = dsrHashingTable(r);
@@ -427,7 +428,7 @@ export function renderReadmeSummary(r: BenchResults, resultsFile: string): strin
   const parts: string[] = [];
   parts.push(`Latest run: [${resultsFile}](${resultsFile}) (raw numbers beside it as JSON), ${r.date}, on ${machineLine(r)}; ${loadLine(r)}.`);
   const ft = forwardTable(r);
-  if (ft) parts.push(`Forwarding, 3 backends, ${r.forward!.config.wrk}:\n\n${ft}`);
+  if (ft) parts.push(`Forwarding, 3 backends, ${r.forward!.config.wrk}${r.forward!.config.pairing ? ` (${r.forward!.config.pairing})` : ''}:\n\n${ft}`);
   const dh = dsrHashingTable(r);
   if (dh) parts.push(`Direct server return, flows moved by a change of the backend set (computed; the minimum in brackets):\n\n${dh}`);
   const dt = dhcpTables(r);

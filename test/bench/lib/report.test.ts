@@ -245,6 +245,17 @@ t.test('issue 17: DSR targets against direct (keep-alive, and bulk on the replie
   t.match(md, /\| bulk Gbit\/s \| x direct \| bulk replies Gbit\/s \| x direct \| RSS MiB \|/);
   t.match(md, /\| 3 \| 1,021 \| 33\.4% \(33\.4%\) \| 33\.4% \| 25\.5% \(25\.0%\) \| 34\.1% \(33\.3%\) \|/);
   t.notMatch(md, /NaN|undefined/);
+  // Paired with a direct run before each slot: the per-pair median wins over the ratio of medians, in every row's keep-alive column.
+  f.dsr.keepalive.xDirect = 0.86;
+  f.kernel.keepalive.xDirect = 0.7;
+  r.forward!.config.pairing = 'keep-alive x direct: median over rounds of the ratio to direct measured right before';
+  const paired = evaluateTargets(r);
+  t.same([paired.find((x) => x.target.startsWith('kernel path DSR keep-alive'))!.measured, paired.find((x) => x.target.startsWith('kernel path DSR keep-alive'))!.met], ['0.86x', true], 'the paired ratio, not 36,000 / 40,000');
+  const pmd = renderResults({ ...r, targets: paired });
+  t.match(pmd, /\| kernel \| 30,000 \| 1\.50x \| 0\.70x \|/, 'the kernel row\'s keep-alive x direct is its paired ratio too');
+  t.match(pmd, /\| dsr \| 36,000 \| [^|]+ \| 0\.86x \|/);
+  t.match(pmd, /Keep-alive x direct: median over rounds/, 'the text says how the column is computed');
+  t.match(renderReadmeSummary(r, 'bench/results/x.md'), /\(keep-alive x direct: median over rounds/);
   const old = results();
   t.notOk(evaluateTargets(old).some((x) => x.target.includes('DSR')), 'no DSR target when DSR was not measured');
   t.notMatch(renderResults(old), /bulk replies/, 'no reverse columns for results from before issue 17');
