@@ -19,8 +19,13 @@
 //   node dist/bench/forward.js [--rounds 3] [--duration 5] [--warmup 1] [--connections 50]
 //        [--threads 1] [--backend nginx|node] [--targets direct,kernel,proxy,haproxy,nginx]
 //        (add proxy-streams to --targets to compare the proxy's two relay paths)
+//        [--workers N] (proxy threads; default one per CPU)
+//        [--syscalls] (strace -c -f on each forwarding process during each measurement:
+//        syscalls per request by name, to compare the work with HAProxy's; slows the
+//        traced process, so its req/s and cpu are not comparable in such a run)
 // Prints one JSON object on stdout; progress on stderr.
 import * as fs from 'node:fs';
+import { spawn } from 'node:child_process';
 import { Lab, run, waitFor } from '../lab/netns';
 import { median, round } from './lib/stats';
 import { startBackend } from '../lab/services';
@@ -35,10 +40,10 @@ const DEFAULT_TARGETS = ['direct', 'kernel', 'proxy', 'haproxy', 'nginx'] as con
 type Target = (typeof TARGETS)[number];
 const PORT: Record<Target, number> = { direct: 8080, kernel: 80, proxy: 81, haproxy: 82, nginx: 83, 'proxy-streams': 84 };
 
-interface Args { rounds: number; duration: number; warmup: number; connections: number; threads: number; backend: 'nginx' | 'node'; targets: Target[] }
+interface Args { rounds: number; duration: number; warmup: number; connections: number; threads: number; backend: 'nginx' | 'node'; targets: Target[]; workers: number | undefined; syscalls: boolean }
 
 function parseArgs(argv: string[]): Args {
-  const a: Args = { rounds: 3, duration: 5, warmup: 1, connections: 50, threads: 1, backend: 'nginx', targets: [...DEFAULT_TARGETS] };
+  const a: Args = { rounds: 3, duration: 5, warmup: 1, connections: 50, threads: 1, backend: 'nginx', targets: [...DEFAULT_TARGETS], workers: undefined, syscalls: false };
   for (let i = 0; i < argv.length; i++) {
     const v = argv[i + 1] ?? '';
     switch (argv[i]) {
@@ -48,6 +53,8 @@ function parseArgs(argv: string[]): Args {
       case '--connections': a.connections = Math.max(1, Math.min(1000, Number(v))); i++; break;
       case '--threads': a.threads = Math.max(1, Math.min(8, Number(v))); i++; break;
       case '--backend': a.backend = v === 'node' ? 'node' : 'nginx'; i++; break;
+      case '--workers': a.workers = Math.max(1, Math.min(8, Number(v))); i++; break;
+      case '--syscalls': a.syscalls = true; break;
       case '--targets': a.targets = v.split(',').filter((x): x is Target => (TARGETS as readonly string[]).includes(x)); i++; break;
       default: throw new Error(`unknown argument ${argv[i]}`);
     }
@@ -59,7 +66,21 @@ function log(msg: string): void {
   process.stderr.write(`[bench/forward] ${msg}\n`);
 }
 
-export interface WrkResult { rps: number; p50ms: number; p99ms: number; requests: number; socketErrors: number; non2xx: number; cpuUsPerRequest?: number }
+export interface WrkResult { rps: number; p50ms: number; p99ms: number; requests: number; socketErrors: number; non2xx: number; cpuUsPerRequest?: number; syscallsPerRequest?: Record<string, number> }
+
+/** `strace -c` summary: calls per syscall name (the total row left out). */
+export function parseStraceSummary(text: string): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const line of text.split('\n')) {
+    // % time, seconds, usecs/call, calls, [errors], syscall
+    const m = /^\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:(\d+)\s+)?([a-z_0-9]+)\s*$/.exec(line);
+    if (m && m[3] !== 'total') {
+      out[m[3]!] = Number(m[1]);
+      if (m[2] !== undefined) out[`${m[3]!} (errors)`] = Number(m[2]);
+    }
+  }
+  return out;
+}
 
 /** utime+stime of a process and its children threads, in clock ticks (USER_HZ = 100). */
 function cpuTicks(pid: number): number {
@@ -144,7 +165,7 @@ async function main(): Promise<void> {
     const pids: Partial<Record<Target, number>> = {};
     let proxy: JsonLinesProc | undefined;
     if (args.targets.includes('proxy')) {
-      proxy = await JsonLinesProc.start(lab, node, 'forward-driver.js', ['--kind', 'proxy', '--log-level', 'warn'], 'proxy');
+      proxy = await JsonLinesProc.start(lab, node, 'forward-driver.js', ['--kind', 'proxy', '--log-level', 'warn', ...(args.workers !== undefined ? ['--workers', String(args.workers)] : [])], 'proxy');
       await proxy.request({ cmd: 'apply', state: { services: [service(PORT.proxy)] } });
       pids.proxy = proxy.proc.pid;
     }
@@ -163,10 +184,23 @@ async function main(): Promise<void> {
       if (close) a.push('-H', 'Connection: close');
       const pid = pids[target];
       const before = pid !== undefined ? cpuTicks(pid) : NaN;
+      const traceFile = `/tmp/lb-bench-strace-${process.pid}-${target}.txt`;
+      const tracer = args.syscalls && pid !== undefined
+        ? spawn('strace', ['-c', '-f', '-p', String(pid), '-o', traceFile], { stdio: 'ignore' })
+        : undefined;
+      if (tracer) await new Promise((r) => setTimeout(r, 300)); // attached to every thread
       const r = await lab.exec(client, 'wrk', [...a, url(target)], { timeoutMs: (seconds + 30) * 1000 });
       const after = pid !== undefined ? cpuTicks(pid) : NaN;
       const res = parseWrk(r.stdout);
       if (pid !== undefined) res.cpuUsPerRequest = round(((after - before) * 10_000) / res.requests);
+      if (tracer) {
+        const exited = new Promise((r) => tracer.once('exit', r));
+        tracer.kill('SIGINT');
+        await exited;
+        const calls = parseStraceSummary(fs.readFileSync(traceFile, 'utf8'));
+        fs.rmSync(traceFile, { force: true });
+        res.syscallsPerRequest = Object.fromEntries(Object.entries(calls).map(([k, n]) => [k, round(n / res.requests, 2)]));
+      }
       return res;
     };
 
@@ -196,6 +230,7 @@ async function main(): Promise<void> {
             const result = await wrk(target, mode === 'close', args.duration);
             raw.push({ round, target, mode, result });
             log(`round ${round + 1}/${args.rounds} ${target.padEnd(7)} ${mode.padEnd(9)} ${result.rps.toFixed(0).padStart(7)} req/s p50 ${result.p50ms.toFixed(3)} ms p99 ${result.p99ms.toFixed(3)} ms${result.cpuUsPerRequest !== undefined ? ` cpu ${result.cpuUsPerRequest} us/req` : ''}${result.socketErrors || result.non2xx ? ` errors ${result.socketErrors} non2xx ${result.non2xx}` : ''}`);
+            if (result.syscallsPerRequest) log(`  syscalls/req ${Object.entries(result.syscallsPerRequest).filter(([, n]) => n >= 0.01).sort((x, y) => y[1] - x[1]).map(([k, n]) => `${k} ${n}`).join(', ')}`);
           }
         });
       }

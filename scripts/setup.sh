@@ -36,6 +36,7 @@ declare -A pkgs=(
   [libnginx-mod-stream]=/usr/lib/nginx/modules/ngx_stream_module.so
   [wrk]=/usr/bin/wrk
   [iperf3]=/usr/bin/iperf3
+  [strace]=/usr/bin/strace
   [busybox]=/usr/bin/busybox
   [isc-dhcp-client]=/usr/sbin/dhclient
   [make]=/usr/bin/make

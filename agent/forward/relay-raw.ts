@@ -28,6 +28,23 @@
 // not hold the backend's greeting back: its header then goes alone. The
 // status counts both (details.proxyHeaders).
 //
+// Where the rest of the gap to HAProxy is (2026-11-24, bench/forward.ts
+// --syscalls --workers 1, one thread each, load average 11-16 on 2 vCPUs):
+// keep-alive costs both the same 2 reads and 2 writes a request, no
+// epoll_ctl, no EAGAIN; a new connection costs us ~20 syscalls against
+// HAProxy's ~18: 5 epoll_ctl against 3 (libuv's uv_close removes each
+// descriptor from the epoll set before close(2), 2.3% of our CPU on new
+// connections; HAProxy lets close(2) do it) and libuv's getsockopt(SO_ERROR)
+// after the connect, against HAProxy's fcntl and second setsockopt. So the
+// syscalls are not it: perf puts ~21% of our keep-alive CPU in the node
+// binary (libuv and the glue of a JavaScript call per read: MakeCallback,
+// callback scopes, trace/async-hook checks, a typed array per read),
+// JavaScript itself ~2%, the kernel ~66% (TCP, as for HAProxy). UV_USE_IO_URING=1
+// (libuv batches epoll_ctl through io_uring) measured worse: 40 against
+// 27 us/request keep-alive, 221 against 172 us per new connection (medians of
+// 3 rounds, same run). Closing that gap means moving bytes without a
+// JavaScript call per read (a relay in the addon), not trimming this file.
+//
 // The price is leaning on bindings Node does not document (process.binding
 // is deprecated, though still served for these modules in Node 20). So the
 // binding is checked once, shape by shape, when the engine starts; anything
