@@ -1,5 +1,5 @@
-// lab/agent.ts owns the handle on the real agent binary
-// (dist/agent/cli/main.js) inside a lab namespace: write its config, start it, read its JSON logs, ask its control
+// lab/agent.ts owns the handle on the real agent binary - the production
+// bundle, dist/bundle/lb-agent.js (agent/bundle-build.ts) - inside a lab namespace: write its config, start it, read its JSON logs, ask its control
 // socket, signal it. The control socket and state dir live in the lab's
 // scratch directory, so they vanish with the lab.
 import * as fs from 'node:fs';
@@ -12,7 +12,12 @@ import { controlRequest } from '../agent/control/server';
 import type { StatusDocument } from '../agent/daemon/daemon';
 import { onJsonLines } from './jsonlines';
 
-export const AGENT_BIN = distPath('agent', 'cli', 'main.js');
+export const AGENT_BIN = distPath('bundle', 'lb-agent.js');
+/**
+ * The same CLI from tsc's module tree, for a test that observes which of
+ * the agent's modules load (the bundle is one file to require()).
+ */
+export const AGENT_MODULE_TREE_BIN = distPath('agent', 'cli', 'main.js');
 
 const UNIT = path.resolve(__dirname, '..', '..', 'systemd', 'lb-agent.service');
 
@@ -46,7 +51,7 @@ export interface AgentHandle {
 let counter = 0;
 
 /** Start `lb-agent run` in ns. cfg is the config as an object; control.socket and stateDir are filled in if absent. */
-export async function startAgent(lab: Lab, ns: string, cfg: Record<string, unknown>, opts: { name?: string; waitReady?: boolean; env?: Record<string, string>; logLevel?: string; stateDir?: string; args?: string[]; nofile?: number; command?: string[] } = {}): Promise<AgentHandle> {
+export async function startAgent(lab: Lab, ns: string, cfg: Record<string, unknown>, opts: { name?: string; waitReady?: boolean; env?: Record<string, string>; logLevel?: string; stateDir?: string; args?: string[]; nofile?: number; command?: string[]; bin?: string } = {}): Promise<AgentHandle> {
   const name = opts.name ?? `agent${counter++}`;
   const stateDir = opts.stateDir ?? (cfg.stateDir as string | undefined) ?? lab.file(`${name}-state`);
   const socket = (cfg.control as { socket?: string } | undefined)?.socket ?? lab.file(`${name}.sock`);
@@ -54,8 +59,9 @@ export async function startAgent(lab: Lab, ns: string, cfg: Record<string, unkno
   // A config must say `services:`; a test that starts an agent without any means none.
   const full = { services: [], ...cfg, stateDir, control: { socket } };
   fs.writeFileSync(configPath, stringify(full));
-  const argv = [AGENT_BIN, 'run', '--config', configPath, '--log-level', opts.logLevel ?? 'debug', ...(opts.args ?? [])];
+  const argv = [opts.bin ?? AGENT_BIN, 'run', '--config', configPath, '--log-level', opts.logLevel ?? 'debug', ...(opts.args ?? [])];
   // nofile: the agent runs under that descriptor limit (soft and hard), as under a unit's LimitNOFILE=.
+  // bin: the CLI file to run (AGENT_BIN, the bundle, unless a test observes the module tree).
   // command: run the agent through this command (e.g. `env NODE_OPTIONS=...`).
   // The agent runs with the unit's V8 flags, as installed (opts.env may say otherwise).
   const env = { ...process.env, NODE_OPTIONS: unitNodeOptions(), ...(opts.env ?? {}) };

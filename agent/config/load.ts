@@ -62,7 +62,9 @@ function validator(): Validate {
   if (!validateFn) {
     try {
       // eslint-disable-next-line @typescript-eslint/no-var-requires
-      validateFn = require(`./${VALIDATOR_FILE}`) as Validate;
+      // A literal path: the production bundle (agent/bundle-build.ts) takes
+      // the generated file in; VALIDATOR_FILE names the same file.
+      validateFn = require('./schema-validator') as Validate;
     } catch (e) {
       throw new Error(`the compiled config schema (${VALIDATOR_FILE}) is missing or broken: run \`npm run build\` (${errorMessage(e)})`);
     }

@@ -6,7 +6,7 @@ import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
 import { createLab } from '../../lab/netns';
 import { startBackend, startDnsmasq, httpGetFrom } from '../../lab/services';
-import { startAgent, agentCli, waitStatus } from '../../lab/agent';
+import { startAgent, agentCli, waitStatus, AGENT_BIN } from '../../lab/agent';
 import * as fs from 'node:fs';
 
 const FAST_ARP = { probeWait: 0.05, probeNum: 2, probeMin: 0.05, probeMax: 0.1, announceWait: 0.05, announceNum: 2, announceInterval: 0.1 };
@@ -78,7 +78,7 @@ t.test('daemon life cycle', async (t) => {
   });
 
   t.test('a second run against the same state dir refuses to start', async (t) => {
-    const second = await lab.exec(node, process.execPath, [require.resolve('../../agent/cli/main.js'), 'run', '--config', agent.configPath], { allowFail: true, timeoutMs: 20_000 });
+    const second = await lab.exec(node, process.execPath, [AGENT_BIN, 'run', '--config', agent.configPath], { allowFail: true, timeoutMs: 20_000 });
     t.equal(second.code, 1);
     // `ip netns exec` execs the agent: the pid we started is the agent's.
     t.match(second.stderr, `another lb-agent (pid ${agent.proc.pid}) is running`);

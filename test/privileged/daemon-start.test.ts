@@ -5,6 +5,10 @@
 // uses one); a pool service on the kernel path loads no DHCP, VRRP or proxy
 // code, none of prom-client's extras, no ajv compiler and no node:crypto,
 // and a reload that adds a DHCP service loads DHCP then and runs it.
+// Which of the agent's modules load is observed on tsc's module tree
+// (AGENT_MODULE_TREE_BIN); the production bundle (AGENT_BIN, one file) is
+// held to the same laziness by what it can show: no worker, no node:crypto,
+// no file of the module tree, and a reload parsed by its own worker bundle.
 // The start is slowed by an `nft` on PATH whose `--version` (the probe's
 // first call) waits 1.5 s, so "while starting" is a window, not a race.
 import t from 'tap';
@@ -12,7 +16,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { requirePrivileged } from '../helpers/privileged';
 import { createLab, waitFor } from '../../lab/netns';
-import { startAgent, agentCli } from '../../lab/agent';
+import { startAgent, agentCli, AGENT_BIN, AGENT_MODULE_TREE_BIN } from '../../lab/agent';
 import { controlRequest } from '../../agent/control/server';
 import type { StatusDocument } from '../../agent/daemon/daemon';
 
@@ -55,7 +59,7 @@ t.test('start: control socket first, nothing the config does not use', async (t)
   const observed = lab.file('observed.json');
   const agent = await startAgent(lab, node, config(false), {
     waitReady: false,
-    env: { PATH: `${bin}:${process.env.PATH ?? ''}`, LB_TEST_OBSERVE: observed }, command: observer(),
+    env: { PATH: `${bin}:${process.env.PATH ?? ''}`, LB_TEST_OBSERVE: observed }, command: observer(), bin: AGENT_MODULE_TREE_BIN,
   });
   t.teardown(() => { if (agent.proc.exitCode === null) agent.signal('SIGKILL'); });
 
@@ -113,7 +117,7 @@ t.test('a pool-only start loads no DHCP code and no node:crypto', async (t) => {
   const node = await lab.addHost('node', { address: '10.99.0.2/24' });
   const observed = lab.file('observed.json');
   const agent = await startAgent(lab, node, config(false), {
-    env: { LB_TEST_OBSERVE: observed }, command: observer(),
+    env: { LB_TEST_OBSERVE: observed }, command: observer(), bin: AGENT_MODULE_TREE_BIN,
   });
   t.teardown(() => { if (agent.proc.exitCode === null) agent.signal('SIGKILL'); });
   await waitFor('VIP', async () => (await agent.status()).services[0]?.vip === '10.99.0.200', 15_000);
@@ -123,4 +127,27 @@ t.test('a pool-only start loads no DHCP code and no node:crypto', async (t) => {
   t.equal(o.workers, 0, `no worker thread at all (created at: ${o.origins.join('\n')}; execArgv ${o.execArgv.join(' ')})`);
   t.same(o.modules.filter((m) => /\/agent\/dhcp\//.test(m)), [], 'no DHCP code');
   t.notOk(o.builtins.includes('crypto'), 'no node:crypto');
+});
+
+t.test('the production bundle: one file, as lazy as the module tree, its parse worker beside it', async (t) => {
+  if (!requirePrivileged(t)) return;
+  const lab = await createLab(t);
+  const node = await lab.addHost('node', { address: '10.99.0.2/24' });
+  const observed = lab.file('observed.json');
+  const agent = await startAgent(lab, node, config(false), { env: { LB_TEST_OBSERVE: observed }, command: observer() });
+  t.teardown(() => { if (agent.proc.exitCode === null) agent.signal('SIGKILL'); });
+  await waitFor('VIP', async () => (await agent.status()).services[0]?.vip === '10.99.0.200', 15_000);
+  // A reload parses in a worker thread: dist/bundle/parse-worker.js, found beside the bundle.
+  agent.writeConfig({ ...config(false), services: [...(config(false).services as object[]), { name: 'web2', ipam: 'pool', ports: [{ port: 81, targetPort: 8080 }], backends: ['10.99.0.11'] }] });
+  const reload = await agentCli(lab, node, ['reload', '--socket', agent.socket], 30_000);
+  t.equal(reload.code, 0, `the bundle's reload applied: ${reload.stdout}${reload.stderr}`);
+  t.equal((await agent.status()).config.generation, 2);
+  agent.signal('SIGTERM');
+  t.equal((await agent.exited).code, 0);
+  const o = JSON.parse(fs.readFileSync(observed, 'utf8')) as Observed;
+  t.ok(o.modules.includes(AGENT_BIN), `the bundle ran (${AGENT_BIN})`);
+  t.same(o.modules.filter((m) => /\/dist\/(agent|lab)\//.test(m)), [], 'no file of the module tree was loaded: the agent ran from the bundle alone');
+  t.equal(o.workers, 1, `one worker thread, the reload's parse (created at: ${o.origins.join('\n')})`);
+  t.notOk(o.builtins.includes('crypto'), 'no node:crypto: the bundle keeps the lazy require()s of the module tree');
+  t.same(o.atListen.filter((m) => /prom-client/.test(m)), [], 'no prom-client before the control socket listens');
 });

@@ -34,7 +34,7 @@ t.test('install from /opt/lb-agent, without enabling', async (t) => {
   t.match(last, /lb-agent-enable\.sh/, 'the gate is the last runcmd entry: its status is cloud-init\'s');
 });
 
-t.test('the install step runs as written', { skip: !fs.existsSync(path.join(ROOT, 'dist', 'agent', 'cli', 'main.js')) && 'build first' }, async (t) => {
+t.test('the install step runs as written', { skip: !fs.existsSync(path.join(ROOT, 'dist', 'bundle', 'lb-agent.js')) && 'build first' }, async (t) => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lb-agent-ci-'));
   t.teardown(() => fs.rmSync(dir, { recursive: true, force: true }));
   // The step's shell, with /opt/lb-agent pointing at this checkout and the
