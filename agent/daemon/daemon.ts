@@ -111,6 +111,13 @@ export class Daemon extends EventEmitter {
   private applying: Promise<void> | undefined;
   /** The VIPs whose rules are in the kernel now (served or armed): a takeover of one of them need not wait for an apply. */
   private appliedVips = new Set<string>();
+  /**
+   * The services whose rules in the kernel (or listeners in the proxy)
+   * forward to at least one backend: the table last applied had the VIP and
+   * a non-empty healthy set. `ready` waits for it, so status never calls a
+   * service ready while its first connections would still be refused.
+   */
+  private appliedServing = new Set<string>();
   private applyAgain = false;
   private stopping = false;
   private lastReload: { at: number; ok: boolean; message: string } | undefined;
@@ -511,17 +518,22 @@ export class Daemon extends EventEmitter {
         try {
           const state = this.forwardState();
           const next = new Set(state.flatMap((f) => (f.vip !== undefined ? [f.vip] : [])));
+          const nextServing = new Set(state.flatMap((f) => (f.vip !== undefined && f.healthy.length > 0 ? [f.key] : [])));
           const before = this.appliedVips;
+          const beforeServing = this.appliedServing;
           // The table is swapped in one transaction: a VIP in both the old
           // and the new table is covered throughout the apply, one leaving
           // it may be gone at any moment, one joining it only once it is done.
           this.appliedVips = new Set([...before].filter((v) => next.has(v)));
+          this.appliedServing = new Set([...beforeServing].filter((k) => nextServing.has(k)));
           try {
             await this.subs!.dataplane.apply(state);
             this.appliedVips = next;
+            this.appliedServing = nextServing;
           } catch (e) {
             // A failed transaction is not committed: the old table stands.
             this.appliedVips = before;
+            this.appliedServing = beforeServing;
             throw e;
           }
         } catch (e) {
@@ -819,6 +831,8 @@ export class Daemon extends EventEmitter {
         state = 'serving'; reason = 'no healthy backend: new connections are refused'; ready = false;
       } else if (topology.set === 'none') {
         state = 'serving'; reason = topology.detail; ready = false;
+      } else if (!this.appliedServing.has(spec.key)) {
+        state = 'serving'; reason = 'forwarding to the healthy backends is being put in place'; ready = false;
       } else {
         state = 'serving'; reason = undefined; ready = true;
       }

@@ -504,3 +504,19 @@ t.test('VRRP takeover of an armed VIP: the address goes on without waiting for t
   const j = h.since(from2);
   t.ok(j.indexOf('source default/api start') > j.findIndex((l) => l.startsWith('dataplane apply') && l.includes('api=10.99.0.201')), `rules for 10.99.0.201 first, then the source (${j.join('; ')})`);
 });
+
+t.test('status calls a service ready only once the rules that forward it are applied', async (t) => {
+  const h = await harness(t, TWO);
+  await h.daemon.start();
+  h.fk.dataplane.applyGate = new Gate();
+  h.fk.sources.get('default/api')!.bind('10.99.0.200');
+  await waitJournal(h, 'dataplane apply web=-,api=10.99.0.200');
+  const during = await controlRequest(h.socket, 'status') as StatusDocument;
+  t.match(during.services[1], { key: 'default/api', vip: '10.99.0.200', state: 'serving', ready: false, reason: /being put in place/ }, 'the apply is under way: not ready yet');
+  t.equal(during.ready, false, 'nor is the agent');
+  h.fk.dataplane.applyGate.open();
+  h.fk.dataplane.applyGate = undefined;
+  await settle(h);
+  const after = await controlRequest(h.socket, 'status') as StatusDocument;
+  t.match(after.services[1], { key: 'default/api', state: 'serving', ready: true, reason: undefined }, 'applied: ready');
+});
