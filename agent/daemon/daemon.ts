@@ -529,7 +529,10 @@ export class Daemon extends EventEmitter {
           try {
             await this.subs!.dataplane.apply(state);
             this.appliedVips = next;
+            const servingChanged = nextServing.size !== beforeServing.size || [...nextServing].some((k) => !beforeServing.has(k));
             this.appliedServing = nextServing;
+            // Readiness follows the applied table: systemd's STATUS= line says so when it changes.
+            if (servingChanged) this.notifyStatus();
           } catch (e) {
             // A failed transaction is not committed: the old table stands.
             this.appliedVips = before;

@@ -188,6 +188,8 @@ interface Harness {
   daemon: Daemon;
   fk: ReturnType<typeof fakes>;
   notified: string[];
+  /** The STATUS= lines sent to systemd, oldest first. */
+  statuses: string[];
   /** How often the daemon asked to give freed memory back (DaemonOptions.trimMemory). */
   trims: { count: number };
   write(services: Svc[], extra?: Record<string, unknown>): void;
@@ -200,14 +202,15 @@ function harness(t: { teardown(fn: () => unknown): void }, services: Svc[], o: {
   const file = path.join(dir, 'config.yaml');
   const fk = fakes(o.fail, { vrrp: o.vrrp });
   const notified: string[] = [];
+  const statuses: string[] = [];
   const trims = { count: 0 };
   const daemon = new Daemon({
-    configPath: file, log: silentLogger(), buildSubsystems: (c) => fk.build(c), notify: (m) => { if (!m.startsWith('STATUS=')) notified.push(m); },
+    configPath: file, log: silentLogger(), buildSubsystems: (c) => fk.build(c), notify: (m) => { (m.startsWith('STATUS=') ? statuses : notified).push(m); },
     trimMemory: () => { trims.count++; },
   });
   t.teardown(async () => { await daemon.stop().catch(() => undefined); fs.rmSync(dir, { recursive: true, force: true }); });
   const h: Harness = {
-    dir, file, socket: path.join(dir, 'agent.sock'), daemon, fk, notified, trims,
+    dir, file, socket: path.join(dir, 'agent.sock'), daemon, fk, notified, statuses, trims,
     write: (s, extra) => writeConfig(file, dir, s, { ...o.extra, ...extra }),
     since: (from) => fk.journal.slice(from),
   };
@@ -514,9 +517,11 @@ t.test('status calls a service ready only once the rules that forward it are app
   const during = await controlRequest(h.socket, 'status') as StatusDocument;
   t.match(during.services[1], { key: 'default/api', vip: '10.99.0.200', state: 'serving', ready: false, reason: /being put in place/ }, 'the apply is under way: not ready yet');
   t.equal(during.ready, false, 'nor is the agent');
+  t.match(h.statuses.at(-1), /1 VIP served; 2 services, 1 serving, 0 ready;/, 'systemd\'s STATUS= says so');
   h.fk.dataplane.applyGate.open();
   h.fk.dataplane.applyGate = undefined;
   await settle(h);
   const after = await controlRequest(h.socket, 'status') as StatusDocument;
   t.match(after.services[1], { key: 'default/api', state: 'serving', ready: true, reason: undefined }, 'applied: ready');
+  t.match(h.statuses.at(-1), /1 VIP served; 2 services, 1 serving, 1 ready;/, 'and STATUS= follows the applied table');
 });
