@@ -2,9 +2,7 @@
 // namespace (through lab/agent.ts), stop it within a bound, read the
 // wall-clock time of its log lines, and scrape its /metrics from inside the
 // namespace. Nothing here changes how the agent runs; the bench only watches.
-import { startAgent, unitNodeOptions, type AgentHandle } from '../../lab/agent';
-
-export { unitNodeOptions };
+import { startAgent, type AgentHandle } from '../../lab/agent';
 import { httpGetFrom } from '../../lab/services';
 import type { Lab } from '../../lab/netns';
 
@@ -15,13 +13,13 @@ export const FAST_ARP = { probeWait: 0.05, probeNum: 2, probeMin: 0.05, probeMax
 
 /**
  * Start the agent; log level info by default (debug would log per packet and
- * tax what is measured). It runs with the unit's NODE_OPTIONS, or with
- * `nodeOptions` ('' for Node's defaults), and through `env` so that nothing
- * else in this process's NODE_OPTIONS reaches it.
+ * tax what is measured). It runs with the unit's NODE_OPTIONS (startAgent's
+ * default, which replaces this process's), or with `nodeOptions` ('' for
+ * Node's defaults).
  */
 export async function runAgent(lab: Lab, ns: string, cfg: Record<string, unknown>, opts: { name?: string; waitReady?: boolean; logLevel?: string; stateDir?: string; args?: string[]; nodeOptions?: string } = {}): Promise<AgentHandle> {
   const { nodeOptions, ...rest } = opts;
-  return startAgent(lab, ns, cfg, { logLevel: 'info', ...rest, command: ['env', `NODE_OPTIONS=${nodeOptions ?? unitNodeOptions()}`] });
+  return startAgent(lab, ns, cfg, { logLevel: 'info', ...rest, ...(nodeOptions !== undefined ? { env: { NODE_OPTIONS: nodeOptions } } : {}) });
 }
 
 /** SIGTERM, then SIGKILL after `graceMs`: the bench never waits on a stuck agent for long. */
