@@ -114,7 +114,7 @@ t.test('lb-agent.service under systemd 252 in a lab VM', async (t) => {
     const started = journal.indexOf('"msg":"lb-agent started"');
     const active = journal.indexOf('Started lb-agent.service');
     t.ok(started >= 0 && active > started, 'systemd calls it started after the daemon logged "lb-agent started" (and sent READY=1)');
-    const st = await vm.waitRunning('lb-agent', 20_000, (p) => p.StatusText.startsWith('1 VIP served'));
+    const st = await vm.waitRunning('lb-agent', 20_000, (p) => / 1 ready;/.test(p.StatusText));
     t.match(st.StatusText, /^1 VIP served; 1 services, 1 serving, 1 ready; dataplane kernel$/, `StatusText: ${st.StatusText}`);
     t.equal(await waitFor('traffic through the VIP', async () => ((await get(lab, client, VIP1)) === 'b1' ? 'b1' : undefined), 10_000, 200), 'b1', 'a client reaches b1 through the VIP');
   });
@@ -145,7 +145,7 @@ t.test('lb-agent.service under systemd 252 in a lab VM', async (t) => {
     t.equal(doc.config.generation, 2, 'lb-agent status: config generation 2');
     t.same(doc.services.map((s) => s.key), ['default/api', 'default/web']);
     t.equal(await waitFor('traffic through the new VIP', async () => ((await get(lab, client, VIP2)) === 'b2' ? 'b2' : undefined), 10_000, 200), 'b2', 'the added service serves');
-    const st = await vm.waitRunning('lb-agent', 10_000, (p) => p.StatusText.startsWith('2 VIPs served'));
+    const st = await vm.waitRunning('lb-agent', 10_000, (p) => /^2 VIPs served; .* 2 ready;/.test(p.StatusText));
     t.match(st.StatusText, /^2 VIPs served/, `StatusText: ${st.StatusText}`);
   });
 
@@ -180,7 +180,7 @@ t.test('lb-agent.service under systemd 252 in a lab VM', async (t) => {
     const stoppedAt = Date.now();
     await vm.kill(pid1, 'STOP');
     // WatchdogSec=10s, then SIGABRT, RestartSec=2s, a start: well under 40 s.
-    const after = await vm.waitRunning('lb-agent', 40_000, (p) => Number(p.MainPID) !== pid1 && p.StatusText.startsWith('2 VIPs served'));
+    const after = await vm.waitRunning('lb-agent', 40_000, (p) => Number(p.MainPID) !== pid1 && /^2 VIPs served; .* 2 ready;/.test(p.StatusText));
     t.comment(`hung to active again: ${Date.now() - stoppedAt} ms`);
     t.not(Number(after.MainPID), pid1, `a new main pid (${pid1} -> ${after.MainPID})`);
     t.equal(Number(after.NRestarts), Number(before.NRestarts) + 1, 'one restart');
@@ -196,11 +196,11 @@ t.test('lb-agent.service under systemd 252 in a lab VM', async (t) => {
     const before = Number((await vm.show('lb-agent', 'MainPID')).MainPID);
     const r = await vm.systemctl('restart', 'lb-agent');
     t.equal(r.code, 0, r.stderr);
-    const restarted = await vm.waitRunning('lb-agent', 30_000, (p) => p.StatusText.startsWith('2 VIPs served'));
+    const restarted = await vm.waitRunning('lb-agent', 30_000, (p) => /^2 VIPs served; .* 2 ready;/.test(p.StatusText));
     t.not(Number(restarted.MainPID), before, `restart: a new main pid (${before} -> ${restarted.MainPID})`);
     const cursor = await vm.cursor();
     const killed = await vm.killMain('KILL');
-    const back = await vm.waitRunning('lb-agent', 30_000, (p) => Number(p.MainPID) !== killed && p.StatusText.startsWith('2 VIPs served'));
+    const back = await vm.waitRunning('lb-agent', 30_000, (p) => Number(p.MainPID) !== killed && /^2 VIPs served; .* 2 ready;/.test(p.StatusText));
     t.not(Number(back.MainPID), killed, `kill -KILL ${killed}: back as ${back.MainPID}`);
     t.match(await vm.journal('lb-agent', { after: cursor }), /Main process exited, code=killed, status=9\/KILL/);
     t.equal(await waitFor('traffic after the crash', async () => ((await get(lab, client, VIP1)) === 'b1' ? 'b1' : undefined), 10_000, 200), 'b1', 'api serves');
