@@ -242,15 +242,6 @@ export async function benchForward(o: ForwardOptions): Promise<ForwardResult> {
   const errors: string[] = [];
   try {
     const tune = 'sysctl -qw net.ipv4.ip_local_port_range="1024 65535" net.ipv4.tcp_tw_reuse=1 net.core.somaxconn=4096';
-    // The lab's bridge stands for the L2 switch. br_netfilter is built into
-    // this kernel and on in every new namespace, so each bridged IPv4 frame ran
-    // the bridge's netfilter glue (br_nf_pre_routing, _forward_ip,
-    // _post_routing) with no rule behind it: 1.6% of wrk's CPU per request to
-    // direct, 3.8% through DSR, whose requests cross the bridge twice (perf,
-    // issue 17), all charged to the load generator's thread (timed, 4 pairs at
-    // load 7-8: wrk's CPU per request 17.5 -> 16.1 us via DSR, 12.7 -> 11.9 us
-    // direct). A switch runs no iptables; off for every target alike.
-    await lab.sh(lab.lan, 'sysctl -qw net.bridge.bridge-nf-call-iptables=0 net.bridge.bridge-nf-call-ip6tables=0 net.bridge.bridge-nf-call-arptables=0');
     const client = await lab.addHost('client', { address: `${CLIENT}/24` });
     const node = await lab.addHost('node', { address: `${NODE}/24`, extraAddresses: [`${PEER_VIP}/24`] });
     await lab.sh(client, tune);
