@@ -8,6 +8,7 @@ import type { ChildProcess } from 'node:child_process';
 import { waitFor, type Lab } from './netns';
 import { distPath } from './services';
 import { onJsonLines } from './jsonlines';
+import { within } from './within';
 
 export interface ClientResult { t: number; ms: number; ok: boolean; body?: string; error?: string }
 
@@ -43,7 +44,7 @@ export class ClientLoop {
     if (this.proc.exitCode === null && this.proc.signalCode === null) {
       const exited = new Promise<void>((r) => this.proc.once('exit', () => r()));
       this.proc.stdin!.write('stop\n');
-      await Promise.race([exited, new Promise((r) => setTimeout(r, 3000))]);
+      await within(exited, 3000);
       if (this.proc.exitCode === null) this.proc.kill('SIGKILL');
     }
     return this.results;

@@ -7,6 +7,7 @@
 import { Lab, labUnavailableReason, waitFor } from './netns';
 import { startBackend, startDnsmasq, httpGetFrom, httpGetManyFrom } from './services';
 import { startAgent, agentCli, AgentHandle } from './agent';
+import { within } from './within';
 
 const C = { bold: '\x1b[1m', dim: '\x1b[2m', green: '\x1b[32m', red: '\x1b[31m', off: '\x1b[0m' };
 const tty = process.stdout.isTTY;
@@ -30,7 +31,7 @@ async function main(): Promise<void> {
   let agent: AgentHandle | undefined;
   const cleanup = async (): Promise<void> => {
     say('cleaning up: stopping the agent (SIGTERM) and removing every namespace');
-    if (agent && agent.proc.exitCode === null) { agent.signal('SIGTERM'); await Promise.race([agent.exited, new Promise((r) => setTimeout(r, 10_000))]); }
+    if (agent && agent.proc.exitCode === null) { agent.signal('SIGTERM'); await within(agent.exited, 10_000); }
     await lab.destroy();
   };
   process.once('SIGINT', () => { void cleanup().then(() => process.exit(130)); });

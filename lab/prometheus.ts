@@ -5,7 +5,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import type { ChildProcess } from 'node:child_process';
 import { Lab, waitFor } from './netns';
-import { httpGetFrom } from './services';
+import { httpGetFrom, httpGetEachFrom } from './services';
 
 export interface PromServer { proc: ChildProcess; base: string; stderr(): string }
 export type PromVector = { metric: Record<string, string>; value: [number, string] }[];
@@ -43,7 +43,24 @@ export async function startPrometheus(lab: Lab, ns: string, o: { listen: string;
 
 /** Query a Prometheus server's HTTP API from inside ns; the `result` vector. */
 export async function promQuery(lab: Lab, ns: string, base: string, query: string): Promise<PromVector> {
-  const r = await httpGetFrom(lab, ns, `${base}/api/v1/query?query=${encodeURIComponent(query)}`);
+  return queryResult(query, await httpGetFrom(lab, ns, queryUrl(base, query)));
+}
+
+/**
+ * Several queries from one process inside ns (a process per query cost the
+ * Grafana dashboard test ~0.4 s each): each one's `result` vector, or the
+ * error that query met, in order.
+ */
+export async function promQueryEach(lab: Lab, ns: string, base: string, queries: readonly string[]): Promise<(PromVector | Error)[]> {
+  const answers = await httpGetEachFrom(lab, ns, queries.map((q) => queryUrl(base, q)));
+  return answers.map((r, i) => { try { return queryResult(queries[i]!, r); } catch (e) { return e as Error; } });
+}
+
+function queryUrl(base: string, query: string): string {
+  return `${base}/api/v1/query?query=${encodeURIComponent(query)}`;
+}
+
+function queryResult(query: string, r: { ok: boolean; body: string; error?: string }): PromVector {
   if (!r.ok) throw new Error(`query ${query}: ${r.error}`);
   const doc = JSON.parse(r.body) as { status: string; data: { result: PromVector } };
   if (doc.status !== 'success') throw new Error(`query ${query}: ${r.body}`);

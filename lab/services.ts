@@ -85,15 +85,27 @@ export async function httpGetFrom(lab: Lab, ns: string, url: string, timeoutMs =
   try { return JSON.parse(res.stdout); } catch { return { ok: false, body: '', error: res.stderr || 'no output' }; }
 }
 
+/** The node one-shot's `one(url)`: a GET on a new connection, resolving to the body or the error. */
+function getOneScript(timeoutMs: number): string {
+  return `const h=require('http');const one=(u)=>new Promise((res)=>{const r=h.get(u,{agent:false,timeout:${timeoutMs}},(s)=>{let b='';s.on('data',d=>b+=d);s.on('end',()=>res({ok:true,body:b}))});r.on('timeout',()=>{r.destroy(new Error('timeout'))});r.on('error',e=>res({ok:false,body:'',error:e.code||e.message}))});`;
+}
+
 /**
  * n HTTP GETs in sequence from inside ns, each on a new connection, from one
  * node process (a process per request costs more than the requests on a
  * loaded machine): the body or the error of each.
  */
 export async function httpGetManyFrom(lab: Lab, ns: string, url: string, n: number, timeoutMs = 3000): Promise<{ ok: boolean; body: string; error?: string }[]> {
-  const script = `const h=require('http');const out=[];const one=()=>new Promise((res)=>{const r=h.get(${JSON.stringify(url)},{agent:false,timeout:${timeoutMs}},(s)=>{let b='';s.on('data',d=>b+=d);s.on('end',()=>res({ok:true,body:b}))});r.on('timeout',()=>{r.destroy(new Error('timeout'))});r.on('error',e=>res({ok:false,body:'',error:e.code||e.message}))});(async()=>{for(let i=0;i<${Math.max(0, Math.min(10_000, n))};i++)out.push(await one());process.stdout.write(JSON.stringify(out))})();`;
+  const script = `${getOneScript(timeoutMs)}const out=[];(async()=>{for(let i=0;i<${Math.max(0, Math.min(10_000, n))};i++)out.push(await one(${JSON.stringify(url)}));process.stdout.write(JSON.stringify(out))})();`;
   const res = await lab.exec(ns, process.execPath, ['-e', script], { allowFail: true, timeoutMs: n * timeoutMs + 5000 });
   try { return JSON.parse(res.stdout); } catch { return [{ ok: false, body: '', error: res.stderr || 'no output' }]; }
+}
+
+/** A GET of each URL in turn from inside ns, from one node process (as httpGetManyFrom): the body or the error of each, in order. */
+export async function httpGetEachFrom(lab: Lab, ns: string, urls: readonly string[], timeoutMs = 3000): Promise<{ ok: boolean; body: string; error?: string }[]> {
+  const script = `${getOneScript(timeoutMs)}const out=[];(async()=>{for(const u of ${JSON.stringify(urls)})out.push(await one(u));process.stdout.write(JSON.stringify(out))})();`;
+  const res = await lab.exec(ns, process.execPath, ['-e', script], { allowFail: true, timeoutMs: urls.length * timeoutMs + 5000 });
+  try { return JSON.parse(res.stdout); } catch { return urls.map(() => ({ ok: false, body: '', error: res.stderr || 'no output' })); }
 }
 
 /** HTTP GET from this process (loopback only). */

@@ -19,6 +19,7 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { stringify } from 'yaml';
 import { Lab, run, waitFor, ExecResult } from './netns';
+import { within, TIMED_OUT } from './within';
 
 // This file runs as dist/lab/systemd-container.js: the checkout is two levels up.
 const REPO = path.resolve(__dirname, '..', '..');
@@ -273,12 +274,11 @@ export class SystemdContainer {
       const exited = new Promise<void>((resolve) => nspawn.once('exit', () => resolve()));
       // SIGTERM makes nspawn ask the container's systemd for a clean poweroff.
       nspawn.kill('SIGTERM');
-      const clean = await Promise.race([exited.then(() => true), new Promise<boolean>((r) => setTimeout(() => r(false), timeoutMs))]);
-      if (!clean) {
+      if (await within(exited, timeoutMs) === TIMED_OUT) {
         // PID 1 of a pid namespace takes every process in it along.
         if (this.leaderPid) { try { process.kill(this.leaderPid, 'SIGKILL'); } catch { /* gone */ } }
         try { nspawn.kill('SIGKILL'); } catch { /* gone */ }
-        await Promise.race([exited, new Promise((r) => setTimeout(r, 3000))]);
+        await within(exited, 3000);
       }
     }
     this.leaderPid = 0;

@@ -5,6 +5,7 @@
 import { startAgent, type AgentHandle } from '../../lab/agent';
 import { httpGetFrom } from '../../lab/services';
 import type { Lab } from '../../lab/netns';
+import { within, TIMED_OUT } from '../../lab/within';
 
 export type { AgentHandle };
 
@@ -26,11 +27,11 @@ export async function runAgent(lab: Lab, ns: string, cfg: Record<string, unknown
 export async function stopAgent(agent: AgentHandle, graceMs = 15_000): Promise<{ code: number | null; signal: NodeJS.Signals | null; killed: boolean }> {
   if (agent.proc.exitCode !== null || agent.proc.signalCode !== null) return { code: agent.proc.exitCode, signal: agent.proc.signalCode, killed: false };
   agent.signal('SIGTERM');
-  const res = await Promise.race([agent.exited, new Promise<'timeout'>((r) => setTimeout(() => r('timeout'), graceMs))]);
-  if (res !== 'timeout') return { ...res, killed: false };
+  const res = await within(agent.exited, graceMs);
+  if (res !== TIMED_OUT) return { ...res, killed: false };
   agent.signal('SIGKILL');
-  const after = await Promise.race([agent.exited, new Promise<{ code: null; signal: null }>((r) => setTimeout(() => r({ code: null, signal: null }), 3000))]);
-  return { ...after, killed: true };
+  const after = await within(agent.exited, 3000);
+  return { ...(after === TIMED_OUT ? { code: null, signal: null } : after), killed: true };
 }
 
 /** Epoch ms of a pino log line (its ISO `time`); NaN when absent. */

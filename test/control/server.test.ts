@@ -8,6 +8,11 @@ import * as path from 'node:path';
 import { ControlServer, ControlHandler, controlRequest } from '../../agent/control/server';
 import { silentLogger } from '../../agent/log';
 
+// Two subtests wait out 5 s idle limits on their own sockets; nothing is
+// shared between subtests, so they run side by side (the file's wall time
+// was their sum).
+t.jobs = 2;
+
 async function serve(t: { teardown(fn: () => unknown): void }, handler: ControlHandler): Promise<string> {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lbt-control-'));
   const socket = path.join(dir, 'agent.sock');

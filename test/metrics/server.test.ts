@@ -8,6 +8,7 @@ import * as http from 'node:http';
 import { Registry, Counter } from 'prom-client';
 import { MetricsServer, type Readiness } from '../../agent/metrics/server';
 import { silentLogger } from '../../agent/log';
+import { within } from '../../lab/within';
 
 interface Reply { status: number; headers: http.IncomingHttpHeaders; body: string }
 
@@ -104,7 +105,7 @@ t.test('stop() closes the listener and idle keep-alive connections, and may be c
     http.get({ host: '127.0.0.1', port, path: '/healthz', agent }, (res) => { res.resume(); res.on('end', resolve); }).on('error', reject);
   });
   // Without closing it, close() would wait for the server's 5 s keep-alive timeout.
-  const stopped = await Promise.race([server.stop().then(() => 'stopped'), new Promise((r) => setTimeout(() => r('still waiting'), 4000))]);
+  const stopped = await within(server.stop().then(() => 'stopped'), 4000);
   t.equal(stopped, 'stopped', 'stop() does not wait for an idle scraper connection');
   await server.stop();
   agent.destroy();

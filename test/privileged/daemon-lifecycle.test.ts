@@ -7,6 +7,7 @@ import { requirePrivileged } from '../helpers/privileged';
 import { createLab } from '../../lab/netns';
 import { startBackend, startDnsmasq, httpGetFrom } from '../../lab/services';
 import { startAgent, agentCli, waitStatus, AGENT_BIN } from '../../lab/agent';
+import { within, TIMED_OUT } from '../../lab/within';
 import * as fs from 'node:fs';
 
 const FAST_ARP = { probeWait: 0.05, probeNum: 2, probeMin: 0.05, probeMax: 0.1, announceWait: 0.05, announceNum: 2, announceInterval: 0.1 };
@@ -126,8 +127,8 @@ t.test('daemon life cycle', async (t) => {
   t.test('SIGTERM stops within 10 s and leaves nothing behind', async (t) => {
     const t0 = Date.now();
     agent.signal('SIGTERM');
-    const res = await Promise.race([agent.exited, new Promise<'timeout'>((r) => setTimeout(() => r('timeout'), 12_000))]);
-    t.not(res, 'timeout', 'exited');
+    const res = await within(agent.exited, 12_000);
+    t.not(res, TIMED_OUT, 'exited');
     t.same(res, { code: 0, signal: null }, 'exit code 0');
     t.comment(`stopped in ${Date.now() - t0} ms`);
     const after = await lab.sh(node, 'ip -o addr show; ip -o link show');

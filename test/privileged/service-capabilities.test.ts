@@ -16,6 +16,7 @@ import { requirePrivileged } from '../helpers/privileged';
 import { createLab, waitFor, Lab } from '../../lab/netns';
 import { startBackend, startDnsmasq, httpGetFrom } from '../../lab/services';
 import { AGENT_BIN } from '../../lab/agent';
+import { within } from '../../lab/within';
 import { controlRequest } from '../../agent/control/server';
 import type { StatusDocument } from '../../agent/daemon/daemon';
 
@@ -140,7 +141,7 @@ t.test('the agent does its job with only the unit\'s capabilities, as an unprivi
       t.same(denied, [], 'no permission error in a warning or error');
 
       agent.kill('SIGTERM');
-      const code = await Promise.race([agent.exited, new Promise<'timeout'>((r) => setTimeout(() => r('timeout'), 12_000))]);
+      const code = await within(agent.exited, 12_000);
       t.equal(code, 0, 'stops cleanly');
       const left = await lab.sh(node, 'ip -o link show; ip -o addr show eth0; nft list tables', { allowFail: true });
       t.notMatch(left.stdout, /lbv|10\.99\.0\.200|lb_agent/, 'and withdraws what it made');

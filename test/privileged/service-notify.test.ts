@@ -13,6 +13,7 @@ import { requirePrivileged } from '../helpers/privileged';
 import { createLab, waitFor } from '../../lab/netns';
 import { startBackend } from '../../lab/services';
 import { startAgent, agentCli } from '../../lab/agent';
+import { within } from '../../lab/within';
 
 const FAST_ARP = { probeWait: 0.05, probeNum: 2, probeMin: 0.05, probeMax: 0.1, announceWait: 0.05, announceNum: 2, announceInterval: 0.1 };
 const WATCHDOG_USEC = 400_000;
@@ -158,7 +159,7 @@ t.test('sd_notify: READY, STATUS, WATCHDOG, RELOADING, STOPPING', async (t) => {
   t.test('SIGTERM: STOPPING=1, then the agent exits', async (t) => {
     const from = got.length;
     agent.signal('SIGTERM');
-    const res = await Promise.race([agent.exited, new Promise<'timeout'>((r) => setTimeout(() => r('timeout'), 12_000))]);
+    const res = await within(agent.exited, 12_000);
     const exitedAt = Date.now();
     t.same(res, { code: 0, signal: null }, 'exited cleanly');
     // The listener may print the last datagram a moment after the exit.

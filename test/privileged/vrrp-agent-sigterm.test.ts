@@ -9,6 +9,7 @@ import { requirePrivileged } from '../helpers/privileged';
 import { masterDownIntervalMs, skewTimeMs } from '../../agent/failover/machine';
 import { buildVrrpLab, waitMaster, logAfter, logTime, POOL_VIP, BACKEND_IDS } from '../../lab/vrrp';
 import { gapReport, ClientLoop } from '../../lab/client-loop';
+import { within } from '../../lab/within';
 
 if (requirePrivileged(t)) {
   t.test('SIGTERM on the Master: priority 0, a Backup takes over after about Skew_Time', async (t) => {
@@ -23,7 +24,7 @@ if (requirePrivileged(t)) {
     const agent3 = n3.agent!;
     const termAt = Date.now();
     agent3.signal('SIGTERM');
-    const exit = await Promise.race([agent3.exited, new Promise<'timeout'>((r) => setTimeout(() => r('timeout'), 10_000))]);
+    const exit = await within(agent3.exited, 10_000);
     t.same(exit, { code: 0, signal: null }, 'the Master exited 0');
     await waitMaster(nodes, n2);
     await n2.waitService('serving', 'api', (s) => s.state === 'serving' && s.vip === POOL_VIP);
