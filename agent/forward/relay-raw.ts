@@ -67,9 +67,12 @@
 // per connection; the FIN sent at once, the backend's EOF read, cut the
 // failing DELs to 0.1 but made us shut (and TIME_WAIT) nearly every client
 // socket (1.05 shutdown per connection) where, one turn later, 0.7. CPU per
-// new connection: within this shared machine's noise (A/B runs alternating
-// the builds gave proxy/HAProxy CPU ratios spread 1.22-1.47 for each build),
-// so no gain that a run here could show; the lead's quiet run decides.
+// new connection, A/B alternating the builds under load average 10-12 from
+// other work: before 154-168 us (median 160) against HAProxy's 109-116, after
+// 137-194 (median 150) against 103-112 - about 6% less, inside this shared
+// machine's noise; the lead's quiet run decides. What is left is Node's: a
+// JavaScript entry per read and completion (7 per connection), the handle
+// objects, libuv's stale-descriptor DELs - a relay in the addon's territory.
 //
 // The price is leaning on bindings Node does not document (process.binding
 // is deprecated, though still served for these modules in Node 20). So the
