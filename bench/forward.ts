@@ -23,6 +23,10 @@
 //        [--syscalls] (strace -c -f on each forwarding process during each measurement:
 //        syscalls per request by name, to compare the work with HAProxy's; slows the
 //        traced process, so its req/s and cpu are not comparable in such a run)
+//        [--perf DIR] (perf record -g on each forwarding process during each
+//        new-connection measurement, into DIR/<target>-r<round>.data; the proxy
+//        runs with --perf-basic-prof so its JavaScript frames have names:
+//        `perf report -i ...` splits its CPU like HAProxy's; issue 18)
 // Prints one JSON object on stdout; progress on stderr.
 import * as fs from 'node:fs';
 import { spawn } from 'node:child_process';
@@ -40,10 +44,10 @@ const DEFAULT_TARGETS = ['direct', 'kernel', 'proxy', 'haproxy', 'nginx'] as con
 type Target = (typeof TARGETS)[number];
 const PORT: Record<Target, number> = { direct: 8080, kernel: 80, proxy: 81, haproxy: 82, nginx: 83, 'proxy-streams': 84 };
 
-interface Args { rounds: number; duration: number; warmup: number; connections: number; threads: number; backend: 'nginx' | 'node'; targets: Target[]; workers: number | undefined; syscalls: boolean }
+interface Args { rounds: number; duration: number; warmup: number; connections: number; threads: number; backend: 'nginx' | 'node'; targets: Target[]; workers: number | undefined; syscalls: boolean; perf: string | undefined }
 
 function parseArgs(argv: string[]): Args {
-  const a: Args = { rounds: 3, duration: 5, warmup: 1, connections: 50, threads: 1, backend: 'nginx', targets: [...DEFAULT_TARGETS], workers: undefined, syscalls: false };
+  const a: Args = { rounds: 3, duration: 5, warmup: 1, connections: 50, threads: 1, backend: 'nginx', targets: [...DEFAULT_TARGETS], workers: undefined, syscalls: false, perf: undefined };
   for (let i = 0; i < argv.length; i++) {
     const v = argv[i + 1] ?? '';
     switch (argv[i]) {
@@ -55,6 +59,7 @@ function parseArgs(argv: string[]): Args {
       case '--backend': a.backend = v === 'node' ? 'node' : 'nginx'; i++; break;
       case '--workers': a.workers = Math.max(1, Math.min(8, Number(v))); i++; break;
       case '--syscalls': a.syscalls = true; break;
+      case '--perf': a.perf = v; i++; break;
       case '--targets': a.targets = v.split(',').filter((x): x is Target => (TARGETS as readonly string[]).includes(x)); i++; break;
       default: throw new Error(`unknown argument ${argv[i]}`);
     }
@@ -164,6 +169,8 @@ async function main(): Promise<void> {
     // reported too (robust where throughput is not: this machine's other load).
     const pids: Partial<Record<Target, number>> = {};
     let proxy: JsonLinesProc | undefined;
+    // perf names JavaScript frames from /tmp/perf-<pid>.map, which V8 writes with this flag.
+    if (args.perf !== undefined) { fs.mkdirSync(args.perf, { recursive: true }); process.env['NODE_OPTIONS'] = `${process.env['NODE_OPTIONS'] ?? ''} --perf-basic-prof`.trim(); }
     if (args.targets.includes('proxy')) {
       proxy = await JsonLinesProc.start(lab, node, 'forward-driver.js', ['--kind', 'proxy', '--log-level', 'warn', ...(args.workers !== undefined ? ['--workers', String(args.workers)] : [])], 'proxy');
       await proxy.request({ cmd: 'apply', state: { services: [service(PORT.proxy)] } });
@@ -188,11 +195,19 @@ async function main(): Promise<void> {
       const tracer = args.syscalls && pid !== undefined
         ? spawn('strace', ['-c', '-f', '-p', String(pid), '-o', traceFile], { stdio: 'ignore' })
         : undefined;
-      if (tracer) await new Promise((r) => setTimeout(r, 300)); // attached to every thread
+      const perf = args.perf !== undefined && close && pid !== undefined && seconds === args.duration
+        ? spawn('perf', ['record', '-q', '-g', '-p', String(pid), '-o', `${args.perf}/${target}-r${perfRound}.data`], { stdio: 'ignore' })
+        : undefined;
+      if (tracer || perf) await new Promise((r) => setTimeout(r, 300)); // attached to every thread
       const r = await lab.exec(client, 'wrk', [...a, url(target)], { timeoutMs: (seconds + 30) * 1000 });
       const after = pid !== undefined ? cpuTicks(pid) : NaN;
       const res = parseWrk(r.stdout);
       if (pid !== undefined) res.cpuUsPerRequest = round(((after - before) * 10_000) / res.requests);
+      if (perf) {
+        const exited = new Promise((r) => perf.once('exit', r));
+        perf.kill('SIGINT');
+        await exited;
+      }
       if (tracer) {
         const exited = new Promise((r) => tracer.once('exit', r));
         tracer.kill('SIGINT');
@@ -221,7 +236,9 @@ async function main(): Promise<void> {
     };
 
     const raw: { round: number; target: Target; mode: 'keepalive' | 'close'; result: WrkResult }[] = [];
+    let perfRound = 0;
     for (let round = 0; round < args.rounds; round++) {
+      perfRound = round;
       const order = args.targets.map((_, i) => args.targets[(i + round) % args.targets.length]!);
       for (const target of order) {
         await withTarget(target, async () => {

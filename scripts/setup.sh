@@ -37,6 +37,7 @@ declare -A pkgs=(
   [wrk]=/usr/bin/wrk
   [iperf3]=/usr/bin/iperf3
   [strace]=/usr/bin/strace
+  [linux-perf]=/usr/bin/perf
   [busybox]=/usr/bin/busybox
   [isc-dhcp-client]=/usr/sbin/dhclient
   [make]=/usr/bin/make

@@ -14,7 +14,8 @@
 // does not keeps its buffer (the next read gets a fresh one) and stops the
 // reading side until it completes: backpressure, one write in flight per
 // direction. A FIN from one side becomes a FIN to the other once what was
-// read before it is written (half-close); both ends done closes both. An
+// read before it is written (half-close): shutdown(2) from the addon one loop
+// turn later (finTurn below), not uv_shutdown; both ends done closes both. An
 // error on either side resets both.
 //
 // The PROXY protocol header (issue 17) goes out in the same write as the
@@ -45,6 +46,34 @@
 // 3 rounds, same run). Closing that gap means moving bytes without a
 // JavaScript call per read (a relay in the addon), not trimming this file.
 //
+// s24 (2026-11-24, perf record -g with --perf-basic-prof, bench/forward.ts
+// --perf, wrk -c50 `Connection: close`, one thread each, load average 5-7 on
+// 2 vCPUs from other work): 190 us of CPU per new connection against
+// HAProxy's 134 in that run. Split: kernel 137 us against 110 (write 45
+// against sendto 30, of which waking the peer - sock_def_readable, costly
+// interrupt enabling on this paravirtualised guest - is 29 against 16 and
+// grows when the peer sleeps, i.e. at a lower rate; epoll_ctl 7.2 against
+// 2.6; connect 22 against 19), user space 52 us against 23: node and V8's
+// glue 23 (MakeCallback/Function::Call per read or completion, the handle
+// objects Node builds per accept and per connect), libc's side of the
+// syscalls 13, libuv 6, GC 3, our JavaScript 4 (the balancer, tallies and
+// relay logic together). strace: 6.9 epoll_ctl per connection (0.9 failing:
+// libuv's uv_close DELs a descriptor its poll already dropped as stale after
+// EOF) against HAProxy's 3.2, and 0.9 shutdown(2) (each a POLLOUT MOD, a loop
+// turn and a JavaScript completion) against 0.35. What was cut: the FIN by
+// shutdown(2) from the addon (no ShutdownWrap, no epoll_ctl MODs, no
+// completion call), no readStop on EOF (libuv stops reading itself), no
+// address/port on the connect request. Measured: epoll_ctl 6.9 -> 5.3-5.8
+// per connection; the FIN sent at once, the backend's EOF read, cut the
+// failing DELs to 0.1 but made us shut (and TIME_WAIT) nearly every client
+// socket (1.05 shutdown per connection) where, one turn later, 0.7. CPU per
+// new connection, A/B alternating the builds under load average 10-12 from
+// other work: before 154-168 us (median 160) against HAProxy's 109-116, after
+// 137-194 (median 150) against 103-112 - about 6% less, inside this shared
+// machine's noise; the lead's quiet run decides. What is left is Node's: a
+// JavaScript entry per read and completion (7 per connection), the handle
+// objects, libuv's stale-descriptor DELs - a relay in the addon's territory.
+//
 // The price is leaning on bindings Node does not document (process.binding
 // is deprecated, though still served for these modules in Node 20). So the
 // binding is checked once, shape by shape, when the engine starts; anything
@@ -53,6 +82,7 @@
 // when the fast path was expected and not taken.
 import { getSystemErrorName } from 'node:util';
 import { Relay, type PathListener, type RelayPath } from './proxy-engine';
+import { shutdownWriteFn } from '../net/native';
 
 /** A libuv TCP handle as Node's tcp_wrap exposes it (the subset used here). */
 interface TcpHandle {
@@ -68,6 +98,8 @@ interface TcpHandle {
   reset(cb?: () => void): number;
   setNoDelay(on: boolean): number;
   getpeername(out: Record<string, unknown>): number;
+  /** The socket's descriptor (-1 before libuv made one). */
+  readonly fd: number;
   onread: ((arrayBuffer?: ArrayBuffer) => Buffer | undefined) | null;
   onconnection: ((err: number, handle: TcpHandle | undefined) => void) | null;
   [OWNER]?: unknown;
@@ -129,6 +161,8 @@ let B: RawBinding;
 const free: Buffer[] = [];
 /** One buffer every refused client's bytes are read into and dropped. */
 let discardBuffer: Buffer | undefined;
+/** shutdown(2) SHUT_WR from the addon; undefined: libuv's uv_shutdown instead. */
+let shutdownWrite: ((fd: number) => number) | undefined;
 /** A write request kept for writes that complete at once (the native side keeps nothing of those). */
 let spareWrite: Record<string, unknown> | undefined;
 
@@ -180,8 +214,6 @@ class RawRelay extends Relay {
     this.abortCode = undefined;
     const req = new B.TCPConnectWrap();
     req.oncomplete = afterConnect;
-    req.address = host;
-    req.port = port;
     let err = u.connect(req, host, port);
     if (err === 0) {
       // Read from the backend from the start: libuv then registers the socket
@@ -298,7 +330,8 @@ class RawRelay extends Relay {
     if (nread !== B.UV_EOF) { this.fail(); return undefined; }
     // A client that ends without a byte: the backend still gets its header, then the FIN.
     if (dir === TO_BACKEND && this.hLen !== 0) { this.sendHeaderAlone(); this.hLen = 0; if (this.closing) return undefined; }
-    if (dir === TO_BACKEND) { this.cEof = true; this.c.readStop(); } else { this.uEof = true; this.u!.readStop(); }
+    // libuv stopped reading that side itself on EOF (uv__stream_eof): no readStop call.
+    if (dir === TO_BACKEND) this.cEof = true; else this.uEof = true;
     this.maybeEnd();
     return undefined;
   }
@@ -321,11 +354,27 @@ class RawRelay extends Relay {
     const cDone = this.cEof && this.toU === 0;
     const uDone = this.uEof && this.toC === 0;
     if (cDone && uDone) { this.close(); return; }
-    if (cDone && !this.uShut) { this.uShut = true; this.shutdown(this.u!); }
-    if (uDone && !this.cShut) { this.cShut = true; this.shutdown(this.c); }
+    if (cDone && !this.uShut) { this.uShut = true; this.shutdown(TO_BACKEND); }
+    if (uDone && !this.cShut) { this.cShut = true; this.shutdown(TO_CLIENT); }
   }
 
-  private shutdown(h: TcpHandle): void {
+  /** Send a FIN on the side bytes flow to in `dir` (the other side has ended and all it sent is written). */
+  private shutdown(dir: number): void {
+    if (shutdownWrite !== undefined) { awaitShutdown(this, dir); return; }
+    this.uvShutdown(dir === TO_BACKEND ? this.u! : this.c);
+  }
+
+  /** The deferred FIN (see finTurn): unless the relay ended meanwhile, shutdown(2) on the socket. */
+  shutdownNow(dir: number): void {
+    if (this.closing) return;
+    const h = dir === TO_BACKEND ? this.u : this.c;
+    const fd = h === undefined ? -1 : h.fd;
+    if (fd < 0) { this.uvShutdown(h!); return; }
+    // An error is handled as uv_shutdown's completion would be: both reset.
+    if (shutdownWrite!(fd) !== 0) this.fail();
+  }
+
+  private uvShutdown(h: TcpHandle): void {
     const req = new B.ShutdownWrap();
     req['oncomplete'] = afterShutdown;
     req['handle'] = h;
@@ -448,6 +497,41 @@ function headerTurn(): void {
   if (headerLast.length > 0) { headerTurnQueued = true; setImmediate(headerTurn); }
 }
 
+/**
+ * FINs waiting for their turn (issue 18). A side is shut (maybeEnd) only with
+ * no write in flight, so libuv's queue for it is empty and shutdown(2) from
+ * the addon does what uv_shutdown would, without its round trip: POLLOUT
+ * armed and disarmed (two epoll_ctl), a ShutdownWrap and a JavaScript
+ * completion. It goes out at the second check phase after the other side's
+ * end was read - one loop turn later, as uv_shutdown's FIN did - so that a
+ * client which closes as soon as it has its answer (an HTTP client on
+ * `Connection: close`) is usually read to its end first: then both sockets
+ * just close, with no shutdown(2) and no TIME_WAIT socket on our side.
+ */
+let finWaiting: RawRelay[] = [];
+let finWaitingDir: number[] = [];
+let finLast: RawRelay[] = [];
+let finLastDir: number[] = [];
+let finTurnQueued = false;
+
+function awaitShutdown(r: RawRelay, dir: number): void {
+  finWaiting.push(r);
+  finWaitingDir.push(dir);
+  if (!finTurnQueued) { finTurnQueued = true; setImmediate(finTurn); }
+}
+
+function finTurn(): void {
+  finTurnQueued = false;
+  const due = finLast;
+  const dueDir = finLastDir;
+  finLast = finWaiting;
+  finLastDir = finWaitingDir;
+  finWaiting = [];
+  finWaitingDir = [];
+  for (let i = 0; i < due.length; i++) due[i]!.shutdownNow(dueDir[i]!);
+  if (finLast.length > 0) { finTurnQueued = true; setImmediate(finTurn); }
+}
+
 function resetOrClose(h: TcpHandle): void {
   // uv_tcp_close_reset refuses a socket that already sent its FIN; close() then.
   if (h.reset() !== 0) h.close();
@@ -497,11 +581,18 @@ function onConnection(this: TcpHandle, err: number, handle: TcpHandle | undefine
   l.accepted(undefined, r);
 }
 
+/** How this thread's relays send a half-close's FIN: shutdown(2) from the addon, or libuv's uv_shutdown (an addon without it). */
+export function rawShutdownPath(): 'direct' | 'libuv' {
+  return shutdownWrite !== undefined ? 'direct' : 'libuv';
+}
+
 /** The fast path, or why it cannot be had here. */
 export function rawRelayPath(): RelayPath | string {
   const b = loadRawBinding();
   if (typeof b === 'string') return b;
   B = b;
+  // The direct shutdown needs the handle's descriptor; without either, uv_shutdown.
+  shutdownWrite = 'fd' in B.TCP.prototype ? shutdownWriteFn() : undefined;
   return {
     kind: 'raw',
     listen(fd: number, backlog: number, accepted: ListenerOwner['accepted']): PathListener {

@@ -82,6 +82,8 @@ export interface NativeAddon {
   listenTcp4(address: number, port: number, backlog: number, reusePort: boolean): { fd: number; port: number };
   socketInfo(fd: number): NativeSocketInfo;
   dupFd(fd: number): number;
+  /** Absent from an addon built before it (the relay then uses libuv's shutdown). */
+  shutdownWrite?(fd: number): number;
 }
 
 /** What a socket descriptor is (getsockname, SO_TYPE, SO_ACCEPTCONN, SO_REUSEPORT). */
@@ -214,6 +216,20 @@ export function listenTcp4(address: number, port: number, backlog: number, reuse
 /** What a descriptor is: checks a listening socket inherited from the service manager before use. */
 export function socketInfo(fd: number): NativeSocketInfo {
   return loadNative().socketInfo(fd);
+}
+
+/**
+ * shutdown(2) SHUT_WR, for the proxy's fast relay (relay-raw.ts, issue 18):
+ * the function itself (called per connection, so no wrapper), returning 0 or
+ * the negative errno; undefined when the addon is missing or predates it.
+ */
+export function shutdownWriteFn(): ((fd: number) => number) | undefined {
+  try {
+    const f = loadNative().shutdownWrite;
+    return typeof f === 'function' ? f : undefined;
+  } catch {
+    return undefined;
+  }
 }
 
 /** fcntl(F_DUPFD_CLOEXEC): another descriptor of the same socket, for a worker to own and close. */

@@ -6,7 +6,10 @@
 // from systemd's fd store be checked before it is used (getsockname,
 // SO_ACCEPTCONN, SO_REUSEPORT, SO_TYPE, TCP_NODELAY) and F_DUPFD_CLOEXEC, so every worker
 // owns (and may close) its own descriptor of a shared socket. Syscalls only:
-// the address arrives as a host-order u32 parsed in TypeScript.
+// the address arrives as a host-order u32 parsed in TypeScript. And
+// shutdown(2) SHUT_WR for the proxy's fast relay (relay-raw.ts): its FIN
+// without libuv's uv_shutdown round trip (POLLOUT armed, a loop turn, a JS
+// completion), used only when nothing is queued on the socket.
 #include "common.h"
 
 #include <arpa/inet.h>
@@ -103,12 +106,21 @@ Napi::Value DupFd(const Napi::CallbackInfo& info) {
   return Napi::Number::New(env, copy);
 }
 
+// shutdownWrite(fd) -> 0, or the negative errno (as libuv's handle methods
+// return it): the proxy's hot path, so no Error object is built.
+Napi::Value ShutdownWrite(const Napi::CallbackInfo& info) {
+  int fd = IntArg(info, 0, "shutdownWrite(fd: number)");
+  int r = shutdown(fd, SHUT_WR) < 0 ? -errno : 0;
+  return Napi::Number::New(info.Env(), r);
+}
+
 }  // namespace
 
 Napi::Object InitListenSocket(Napi::Env env, Napi::Object exports) {
   exports.Set("listenTcp4", Napi::Function::New(env, ListenTcp4, "listenTcp4"));
   exports.Set("socketInfo", Napi::Function::New(env, SocketInfo, "socketInfo"));
   exports.Set("dupFd", Napi::Function::New(env, DupFd, "dupFd"));
+  exports.Set("shutdownWrite", Napi::Function::New(env, ShutdownWrite, "shutdownWrite"));
   return exports;
 }
 

@@ -4,7 +4,7 @@
 // every relay must have run in proxy.test.ts with this path on.
 import t from 'tap';
 import * as net from 'node:net';
-import { loadRawBinding } from '../../agent/forward/relay-raw';
+import { loadRawBinding, rawShutdownPath } from '../../agent/forward/relay-raw';
 import { ProxyDataplane } from '../../agent/forward/proxy';
 import { parseIPv4 } from '../../agent/ipv4';
 import { socketInfo, type NativeSocketInfo } from '../../agent/net/native';
@@ -68,6 +68,36 @@ t.test('an error on one side resets both: a client that resets, the backend sees
   });
   for (let i = 0; i < 50 && seen.length === 0; i++) await new Promise((r) => setTimeout(r, 20));
   t.same(seen, ['ECONNRESET'], 'the backend got a reset, not a clean end');
+  t.same((await p.stats()).details['relayed'], { raw: 1, streams: 0 });
+});
+
+t.test('half-close both ways through the fast path: each FIN is shutdown(2) from the addon, not a uv_shutdown round trip', async (t) => {
+  // The backend answers only once the client's FIN came through (our shutdown
+  // of the backend side), then ends (our shutdown of the client side); the
+  // client reads the answer and the end while its own side is shut.
+  const server = net.createServer({ allowHalfOpen: true }, (s) => {
+    let got = '';
+    s.on('data', (d) => { got += d; });
+    s.on('end', () => s.end(`got ${got} and your FIN`));
+    s.on('error', () => undefined);
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  t.teardown(() => server.close());
+  const p = new ProxyDataplane({ config: cfg, inline: true, relay: 'raw' });
+  t.teardown(() => p.stop());
+  await p.apply({ services: [{ key: 'default/web', vip: '127.0.0.42', ports: [{ name: 'p', port: 0, protocol: 'TCP', targetPort: (server.address() as net.AddressInfo).port }], healthy: [backend('127.0.0.1')], backends: [backend('127.0.0.1')] }] });
+  const port = await listenerPort(p);
+  const got = await new Promise<string>((resolve, reject) => {
+    const s = net.connect({ port, host: '127.0.0.42', allowHalfOpen: true });
+    let d = '';
+    s.on('data', (x) => { d += x; });
+    s.on('end', () => { s.destroy(); resolve(d); });
+    s.on('error', reject);
+    s.setTimeout(3000, () => { s.destroy(); reject(new Error(`timeout, got ${JSON.stringify(d)}`)); });
+    s.end('ping');
+  });
+  t.equal(got, 'got ping and your FIN');
+  t.equal(rawShutdownPath(), 'direct', 'the relay shuts sockets with the addon\'s shutdownWrite');
   t.same((await p.stats()).details['relayed'], { raw: 1, streams: 0 });
 });
 
