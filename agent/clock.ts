@@ -21,6 +21,25 @@ export const realClock: Clock = {
   clearTimeout: (h) => clearTimeout(h as NodeJS.Timeout),
 };
 
+/**
+ * `new Date(ms).toISOString()`, written from the UTC fields. V8's own
+ * toISOString (and toJSON, and JSON.stringify of a Date) also looks up the
+ * local time zone's display name on every call (its ToDateString computes it
+ * for every format), which pages ~0.9 MiB of ICU's time-zone data and code
+ * of the `node` binary into the agent's RSS for good (issue 18). Every
+ * timestamp the agent writes - log lines, state files, the status
+ * document - goes through here instead.
+ */
+export function isoTime(ms: number): string {
+  const d = new Date(ms);
+  const y = d.getUTCFullYear();
+  // Outside 0000-9999 (never a real timestamp), or invalid: V8's, with its +/-YYYYYY form and its RangeError.
+  if (!(y >= 0 && y <= 9999)) return d.toISOString();
+  const p2 = (n: number): string => (n < 10 ? `0${n}` : `${n}`);
+  const ms3 = d.getUTCMilliseconds();
+  return `${y < 1000 ? `${y}`.padStart(4, '0') : y}-${p2(d.getUTCMonth() + 1)}-${p2(d.getUTCDate())}T${p2(d.getUTCHours())}:${p2(d.getUTCMinutes())}:${p2(d.getUTCSeconds())}.${ms3 < 10 ? `00${ms3}` : ms3 < 100 ? `0${ms3}` : ms3}Z`;
+}
+
 /** A manually advanced clock for tests of drivers. */
 export class ManualClock implements Clock {
   private t: number;

@@ -1,6 +1,7 @@
 // Logging: one pino root logger writing JSON to stdout (journald collects it);
 // modules take a child with { module } and add { op } per operation.
 import pino from 'pino';
+import { isoTime } from './clock';
 
 export type Logger = pino.Logger;
 export const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;
@@ -10,7 +11,8 @@ export function createLogger(level: LogLevel = 'info', destination?: pino.Destin
   const opts: pino.LoggerOptions = {
     level,
     base: { pid: process.pid },
-    timestamp: pino.stdTimeFunctions.isoTime,
+    // pino's isoTime, without V8's Date#toISOString (clock.ts: isoTime; issue 18).
+    timestamp: () => `,"time":"${isoTime(Date.now())}"`,
     formatters: { level: (label) => ({ level: label }) },
   };
   return destination ? pino(opts, destination) : pino(opts, pino.destination({ fd: 1, sync: true }));

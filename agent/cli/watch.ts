@@ -6,6 +6,7 @@
 import type { StatusDocument } from '../daemon/daemon';
 import { formatStatus } from './format';
 import { errorMessage } from '../errors';
+import { isoTime } from '../clock';
 
 export const ANSI = {
   home: '\x1b[H',
@@ -29,7 +30,7 @@ export interface WatchOptions {
 
 /** One screen: a header line with the time and interval, then the status text or why there is none. */
 export function renderWatch(r: { doc: StatusDocument } | { error: string }, o: { socket: string; intervalMs: number; now: number }): string {
-  const head = `every ${o.intervalMs / 1000}s: lb-agent status (${o.socket})    ${new Date(o.now).toISOString()}    Ctrl-C to stop\n\n`;
+  const head = `every ${o.intervalMs / 1000}s: lb-agent status (${o.socket})    ${isoTime(o.now)}    Ctrl-C to stop\n\n`;
   const body = 'doc' in r ? formatStatus(r.doc, o.now) : `daemon unreachable: ${r.error}\nretrying every ${o.intervalMs / 1000}s\n`;
   // \x1b[K after each line clears what a longer earlier line left on it.
   return ANSI.home + (head + body).replace(/\n/g, '\x1b[K\n') + ANSI.clearToEnd;

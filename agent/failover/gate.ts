@@ -11,7 +11,7 @@ import { EventEmitter } from 'node:events';
 import type { Registry } from 'prom-client';
 import type { FailoverConfig, ServiceSpec } from '../config/types';
 import type { Clock, TimerHandle } from '../clock';
-import { realClock } from '../clock';
+import { realClock, isoTime } from '../clock';
 import type { Logger } from '../log';
 import { formatIPv4, parseIPv4 } from '../ipv4';
 import { PACKET_OUTGOING, openPacketSocket, type FrameInfo, type PacketSocket, type PacketSocketOptions } from '../net/packet';
@@ -306,7 +306,7 @@ export class VrrpGate extends EventEmitter {
     const r = vrid === undefined ? undefined : this.routers.get(vrid);
     const info = vrid === undefined ? undefined : this.info.get(vrid);
     if (!r || !info || vrid === undefined) return undefined;
-    const iso = (ms: number | undefined): string | undefined => (ms === undefined ? undefined : new Date(ms).toISOString());
+    const iso = (ms: number | undefined): string | undefined => (ms === undefined ? undefined : isoTime(ms));
     return {
       ...r.status(),
       preempt: this.opts.config.preempt,

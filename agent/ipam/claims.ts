@@ -7,6 +7,7 @@ import type { StateStore } from '../state/store';
 import type { Logger } from '../log';
 import { LbError } from '../errors';
 import { parseIPv4 } from '../ipv4';
+import { isoTime } from '../clock';
 
 export const CLAIMS_FILE = 'pool-claims.json';
 const VERSION = 1;
@@ -96,7 +97,7 @@ export class ClaimStore {
     const claims = this.load();
     const prev = claims.get(service);
     if (prev && prev.address === claim.address && prev.pool === claim.pool) return prev;
-    const next: PoolClaim = { address: claim.address, pool: claim.pool, claimedAt: new Date(wallNow).toISOString() };
+    const next: PoolClaim = { address: claim.address, pool: claim.pool, claimedAt: isoTime(wallNow) };
     const copy = new Map(claims);
     copy.set(service, next);
     this.persist(copy);

@@ -19,7 +19,7 @@ import type { Registry } from 'prom-client';
 import { DEFAULT_ARP } from '../config/defaults';
 import type { ArpConfig, ArpTimings, ServiceSpec } from '../config/types';
 import type { Logger } from '../log';
-import { realClock, type Clock, type TimerHandle } from '../clock';
+import { realClock, isoTime, type Clock, type TimerHandle } from '../clock';
 import { LbError, errorMessage, isLbError } from '../errors';
 import { parseIPv4 } from '../ipv4';
 import type { AddressSource, SourceStatus, Vip } from '../source';
@@ -226,7 +226,7 @@ export class PoolSource extends EventEmitter implements AddressSource {
     };
     if (m.lastConflict) {
       const { at, ...rest } = m.lastConflict;
-      details.lastConflict = { ...rest, at: new Date(at + this.clock.wallNow() - this.clock.now()).toISOString() };
+      details.lastConflict = { ...rest, at: isoTime(at + this.clock.wallNow() - this.clock.now()) };
     }
     const claim = this.safeClaim();
     if (claim) details.claim = { ...claim };
