@@ -385,8 +385,10 @@ export class DhcpSource extends EventEmitter implements AddressSource {
    */
   private async ensureLink(log: Logger, keep: string | undefined, up = true): Promise<{ index: number; kept: boolean }> {
     let kept = false;
-    const parent = await this.netlink.getLink(this.parent);
-    let link = await this.netlink.findLink(this.ifname);
+    // Both at once (net/netlink.ts pipelines single requests): one wait for the
+    // replies instead of two, with 50 services setting up on one event loop.
+    const [parent, found] = await Promise.all([this.netlink.getLink(this.parent), this.netlink.findLink(this.ifname)]);
+    let link = found;
     if (link) {
       const plan = planOwnedLinks([link, parent], new Map([[this.ifname, { mac: this.mac, parent: parent.index, mode: 'bridge' as const }]]));
       if (plan.foreign.length > 0) {
@@ -407,7 +409,8 @@ export class DhcpSource extends EventEmitter implements AddressSource {
         log.info({ kept: kept ? keep : undefined }, kept ? `adopted the service macvlan with ${keep}: serving it while the lease is confirmed` : 'adopted the service macvlan');
       }
     }
-    if (!link) link = await this.netlink.createMacvlan({ name: this.ifname, parent: parent.index, mac: this.mac, mode: 'bridge' });
+    // The parent as just read: createMacvlan asks for it no second time, and takes the new link from the kernel's echo.
+    if (!link) link = await this.netlink.createMacvlan({ name: this.ifname, parent, mac: this.mac, mode: 'bridge' });
     // DESIGN.md "ARP flux": on the parent too, or the parent answers ARP for the VIP with its own MAC and
     // unicast replies to a RENEWING client (and every client connection) arrive where this socket cannot see them.
     await this.deps.applySysctls(parent.name, 'parent');

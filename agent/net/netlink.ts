@@ -3,6 +3,13 @@
 // addresses, and watch link and address changes. It acts on the network
 // namespace of the calling process. Errors are LbErrors naming the interface
 // and, for EPERM, the capability.
+//
+// Two sockets (issue 18): dumps go one at a time through their own socket,
+// single requests are pipelined on the other. The `netlink` package cuts a
+// multipart dump short when another reply arrives between its parts, so only
+// dumps need to wait for each other; 50 DHCP services setting up their links
+// used to queue ~350 single requests behind one another, each waiting a turn
+// of a busy event loop for its reply.
 import { EventEmitter } from 'node:events';
 import * as os from 'node:os';
 import { AttrStream, createRtNetlink, FlagsGet, FlagsNew, ifla, rt, type RtNetlinkSocket } from 'netlink';
@@ -15,6 +22,16 @@ import { SerialQueue } from '../serial';
 
 const AF_INET = 2;
 const DEFAULT_TIMEOUT_MS = 5_000;
+/** NLM_F_ECHO (linux/netlink.h): the kernel sends the new object back (RTM_NEWLINK honours it since Linux 6.1). */
+const NLM_F_ECHO = 0x08;
+/**
+ * Single requests in flight at most. Each reply (and a GET's ACK) waits in
+ * the socket's receive buffer until the event loop reads it; a reply that
+ * does not fit is dropped by the kernel and its request would time out.
+ */
+export const MAX_IN_FLIGHT = 32;
+/** Receive buffer of the request socket: MAX_IN_FLIGHT link replies (~1.5 KiB each, skb overhead included) with room to spare. */
+const REQUEST_RCVBUF = 1 << 20;
 
 /** RFC 2863 ifOperStatus, as the kernel reports IF_OPER_* (linux/if.h). */
 export type OperState = 'unknown' | 'notpresent' | 'down' | 'lowerlayerdown' | 'testing' | 'dormant' | 'up';
@@ -54,20 +71,34 @@ export interface AddressInfo {
 export const IFA_PROTO = 11;
 
 /**
+ * Calls fn(type, start, end) for each rtattr in buf[start, end) (the type
+ * without NLA_F_NESTED / NLA_F_NET_BYTEORDER, the payload's bounds). Returns
+ * false at a malformed attribute (length under 4 or past the end), after
+ * the well-formed ones before it. Pure; never throws.
+ */
+export function forEachAttr(buf: Buffer, start: number, end: number, fn: (type: number, at: number, to: number) => void): boolean {
+  let o = start;
+  while (o + 4 <= end) {
+    // struct nlattr is in host byte order (netlink(7)).
+    const len = HOST_LE ? buf.readUInt16LE(o) : buf.readUInt16BE(o);
+    if (len < 4 || o + len > end) return false;
+    fn((HOST_LE ? buf.readUInt16LE(o + 2) : buf.readUInt16BE(o + 2)) & 0x3fff, o + 4, o + len);
+    o += (len + 3) & ~3;
+  }
+  return true;
+}
+
+/**
  * The IFA_PROTO attribute of a raw RTM_NEWADDR payload (ifaddrmsg, then
  * rtattrs), if present. The netlink package drops attributes it does not
  * know when parsing, so this one is read here. Pure; never throws.
  */
 export function addressProto(data: Buffer): number | undefined {
-  let o = 8; // struct ifaddrmsg
-  while (o + 4 <= data.length) {
-    const len = data.readUInt16LE(o);
-    const type = data.readUInt16LE(o + 2) & 0x3fff; // without NLA_F_NESTED / NLA_F_NET_BYTEORDER
-    if (len < 4 || o + len > data.length) return undefined;
-    if (type === IFA_PROTO && len >= 5) return data[o + 4];
-    o += (len + 3) & ~3;
-  }
-  return undefined;
+  let proto: number | undefined;
+  const ok = forEachAttr(data, 8 /* struct ifaddrmsg */, data.length, (type, at, to) => {
+    if (type === IFA_PROTO && to > at && proto === undefined) proto = data[at];
+  });
+  return ok ? proto : undefined;
 }
 
 export type LinkEvent = { type: 'new' | 'del'; link: LinkInfo };
@@ -76,11 +107,19 @@ export type AddressEvent = { type: 'new' | 'del'; address: AddressInfo };
 export interface CreateMacvlanOptions {
   /** New link name (<= 15 bytes). */
   name: string;
-  /** Parent link, by name or index. */
-  parent: string | number;
+  /** Parent link, by name or index, or as the caller already read it (no second lookup). */
+  parent: string | number | LinkInfo;
   mac: string;
   /** Always explicit (DESIGN.md): bridge lets macvlans on one parent reach each other. */
   mode: MacvlanMode;
+}
+
+/** Requests a client has sent to the kernel since it opened: what tests count instead of timing. */
+export interface NetlinkCounts {
+  /** Single requests (get, create, set, delete, add/remove address). */
+  readonly requests: number;
+  /** Dumps (list links, list addresses). */
+  readonly dumps: number;
 }
 
 export interface NetlinkOptions {
@@ -166,49 +205,108 @@ function u32(n: number): Buffer {
   return b;
 }
 
-function readU32(b: Buffer): number {
-  return HOST_LE ? b.readUInt32LE(0) : b.readUInt32BE(0);
+function readU32(b: Buffer, at = 0): number {
+  return HOST_LE ? b.readUInt32LE(at) : b.readUInt32BE(at);
 }
 
-/** A parsed RTM_NEWLINK message as a LinkInfo. */
-export function linkInfoFromMessage(msg: rt.LinkMessage): LinkInfo {
-  const { data, attrs } = msg;
-  const index = data.index ?? 0;
+// linux/if_link.h, linux/if.h: what LinkInfo holds.
+const IFINFOMSG_LEN = 16; // family u8, pad u8, type u16, index s32, flags u32, change u32
+const IFF_UP = 0x1;
+const IFLA_ADDRESS = 1;
+const IFLA_IFNAME = 3;
+const IFLA_MTU = 4;
+const IFLA_LINK = 5;
+const IFLA_OPERSTATE = 16;
+const IFLA_LINKINFO = 18;
+const IFLA_CARRIER = 33;
+const IFLA_INFO_KIND = 1;
+const IFLA_INFO_DATA = 2;
+const IFLA_MACVLAN_MODE = 1;
+const MACVLAN_MODE_VALUES: Readonly<Record<number, MacvlanMode>> = { 1: 'private', 2: 'vepa', 4: 'bridge', 8: 'passthru', 16: 'source' };
+/** IFLA_EXT_MASK: RTEXT_FILTER_SKIP_STATS (Linux 5.10; older kernels ignore the bit): no counters we would not read. */
+const RTEXT_FILTER_SKIP_STATS = 1 << 3;
+
+/** A NUL-terminated string attribute. */
+function attrString(buf: Buffer, at: number, to: number): string {
+  const nul = buf.indexOf(0, at);
+  return buf.toString('utf8', at, nul >= at && nul < to ? nul : to);
+}
+
+/**
+ * An RTM_NEWLINK / RTM_DELLINK payload (struct ifinfomsg, then rtattrs) as a
+ * LinkInfo. Reads only the attributes a LinkInfo holds: the package's parser
+ * decodes every attribute of a link (statistics, IPv6 settings, ...) into
+ * objects, ~0.25 ms and much garbage per link, which 50 services starting at
+ * once paid on one event loop (issue 18). Unknown or malformed attributes are
+ * skipped; throws only on a payload shorter than ifinfomsg.
+ */
+export function parseLinkPayload(data: Buffer): LinkInfo {
+  if (data.length < IFINFOMSG_LEN) throw new RangeError(`link message of ${data.length} bytes is shorter than struct ifinfomsg`);
+  const index = HOST_LE ? data.readInt32LE(4) : data.readInt32BE(4);
+  const flags = readU32(data, 8);
+  let name = '';
+  let mac = '';
+  let mtu: number | undefined;
+  let parentIndex: number | undefined;
+  let operState: OperState = 'unknown';
+  let carrier = false;
   let kind: string | undefined;
   let macvlanMode: MacvlanMode | undefined;
-  if (attrs.linkinfo) {
-    try {
-      const info = ifla.parseInfo(attrs.linkinfo);
-      kind = info.kind;
-      if (kind === 'macvlan' && info.data) {
-        const mv = ifla.parseMacvlan(info.data);
-        if (mv.mode !== undefined) {
-          const flags = ifla.parseMacvlanMode(mv.mode);
-          macvlanMode = (Object.keys(MACVLAN_MODE_FLAGS) as MacvlanMode[]).find((m) => flags[m as keyof ifla.MacvlanMode] === true);
-        }
-      }
-    } catch {
-      // An attribute this package cannot parse: report the link without it.
+  forEachAttr(data, IFINFOMSG_LEN, data.length, (type, at, to) => {
+    switch (type) {
+      case IFLA_IFNAME: name = attrString(data, at, to); break;
+      case IFLA_ADDRESS: if (to - at === 6) mac = formatMac(data.subarray(at, to)); break;
+      case IFLA_MTU: if (to - at >= 4) mtu = readU32(data, at); break;
+      case IFLA_LINK: if (to - at >= 4) { const p = readU32(data, at); if (p !== 0 && p !== index) parentIndex = p; } break;
+      case IFLA_OPERSTATE: if (to > at && data[at]! < OPER_STATES.length) operState = OPER_STATES[data[at]!]!; break;
+      case IFLA_CARRIER: carrier = to > at && data[at] === 1; break;
+      case IFLA_LINKINFO:
+        forEachAttr(data, at, to, (it, iat, ito) => {
+          if (it === IFLA_INFO_KIND) kind = attrString(data, iat, ito);
+          else if (it === IFLA_INFO_DATA) {
+            forEachAttr(data, iat, ito, (dt, dat, dto) => {
+              if (dt === IFLA_MACVLAN_MODE && dto - dat >= 4) macvlanMode = MACVLAN_MODE_VALUES[readU32(data, dat)];
+            });
+          }
+        });
+        break;
     }
-  }
-  let parentIndex: number | undefined;
-  if (attrs.link && attrs.link.length >= 4) {
-    const p = readU32(attrs.link);
-    if (p !== 0 && p !== index) parentIndex = p;
-  }
-  const op = attrs.operstate;
+  });
+  // IFLA_INFO_DATA means the macvlan mode only on a macvlan.
+  if (kind !== 'macvlan') macvlanMode = undefined;
   return {
     index,
-    name: attrs.ifname ?? '',
-    mac: attrs.address && attrs.address.length === 6 ? formatMac(attrs.address) : '',
+    name,
+    mac,
     ...(kind !== undefined ? { kind } : {}),
-    up: data.flags?.up === true,
-    carrier: attrs.carrier === 1,
-    operState: op !== undefined && op >= 0 && op < OPER_STATES.length ? OPER_STATES[op]! : 'unknown',
+    up: (flags & IFF_UP) !== 0,
+    carrier,
+    operState,
     ...(parentIndex !== undefined ? { parentIndex } : {}),
     ...(macvlanMode !== undefined ? { macvlanMode } : {}),
-    ...(attrs.mtu !== undefined ? { mtu: attrs.mtu } : {}),
+    ...(mtu !== undefined ? { mtu } : {}),
   };
+}
+
+/** The RTM_GETLINK / RTM_NEWLINK request payload (the package's encoder). */
+function linkRequest(data: rt.LinkMessage['data'], attrs: rt.LinkMessage['attrs']): Uint8Array[] {
+  const out = new AttrStream();
+  rt.formatLinkMessage({ kind: 'link', data, attrs }, out);
+  return out.bufs;
+}
+
+/**
+ * The link a create request's reply describes: the RTM_NEWLINK the kernel
+ * echoes (NLM_F_ECHO) for `name`; undefined when the reply is only the ACK
+ * (a kernel before 6.1 ignores the flag), so the caller reads the link back.
+ */
+export function createdLink(msgs: ReadonlyArray<{ type: number; data: Buffer }>, name: string): LinkInfo | undefined {
+  for (const m of msgs) {
+    if (m.type !== rt.MessageType.NEWLINK) continue;
+    const link = parseLinkPayload(m.data);
+    if (link.name === name && link.index > 0) return link;
+  }
+  return undefined;
 }
 
 /** A parsed RTM_NEWADDR message as an AddressInfo; undefined for non-IPv4. */
@@ -241,48 +339,95 @@ function checkPrefix(prefix: number): void {
 // Driver
 
 export class NetlinkClient {
+  /** Single requests, pipelined. */
   private readonly sock: RtNetlinkSocket;
+  /** Dumps, one at a time (dumpQueue). */
+  private readonly dumpSock: RtNetlinkSocket;
   private readonly log: Logger;
   private readonly timeoutMs: number;
   private closed = false;
+  /**
+   * One dump at a time: an rtnetlink socket answers one dump at a time (a
+   * second concurrent dump gets EBUSY), and DHCP sources, pool sources and
+   * reconcile share this client.
+   */
+  private readonly dumpQueue = new SerialQueue();
+  private inFlight = 0;
+  /** Callers waiting for a free request slot (MAX_IN_FLIGHT), first come first served. */
+  private readonly waiting: Array<() => void> = [];
+  private sent = { requests: 0, dumps: 0 };
 
   constructor(opts: NetlinkOptions = {}) {
     this.log = (opts.log ?? silentLogger()).child({ module: 'net/netlink' });
     this.timeoutMs = opts.timeoutMs ?? DEFAULT_TIMEOUT_MS;
+    let sock: RtNetlinkSocket | undefined;
     try {
-      this.sock = createRtNetlink();
+      sock = createRtNetlink({ recvBufferSize: REQUEST_RCVBUF } as Parameters<typeof createRtNetlink>[0]);
+      this.dumpSock = createRtNetlink();
     } catch (err) {
+      sock?.socket.close();
       throw netlinkError(err, 'opening', 'an rtnetlink socket');
     }
+    this.sock = sock;
     // Socket-level errors would otherwise be an unhandled 'error' event.
-    this.sock.socket.on('error', (err: Error) => this.log.warn({ op: 'socket', err: err.message }, 'rtnetlink socket error'));
+    for (const s of [this.sock, this.dumpSock]) {
+      s.socket.on('error', (err: Error) => this.log.warn({ op: 'socket', err: err.message }, 'rtnetlink socket error'));
+    }
   }
 
-  /**
-   * One request at a time: an rtnetlink socket answers one dump at a time
-   * (a second concurrent dump gets EBUSY or interleaved multipart replies),
-   * and DHCP sources, pool sources and reconcile share this client.
-   */
-  private readonly queue = new SerialQueue();
-  private serial<T>(fn: () => Promise<T>): Promise<T> {
-    return this.queue.run(fn);
+  /** Requests sent so far (tests assert round trips per operation with it). */
+  counts(): NetlinkCounts {
+    return { ...this.sent };
+  }
+
+  /** A single request, pipelined with others up to MAX_IN_FLIGHT. */
+  private async single<T>(fn: (sock: RtNetlinkSocket) => Promise<T>): Promise<T> {
+    this.checkOpen(); // before taking a slot
+    if (this.inFlight < MAX_IN_FLIGHT) this.inFlight++;
+    else await new Promise<void>((resolve) => this.waiting.push(resolve)); // the finishing request hands its slot over
+    try {
+      this.sent.requests++;
+      return await fn(this.sock);
+    } finally {
+      const next = this.waiting.shift();
+      if (next) next();
+      else this.inFlight--;
+    }
+  }
+
+  private dump<T>(fn: (sock: RtNetlinkSocket) => Promise<T>): Promise<T> {
+    return this.dumpQueue.run(() => {
+      this.sent.dumps++;
+      return fn(this.dumpSock);
+    });
   }
 
   close(): void {
     if (this.closed) return;
     this.closed = true;
     this.sock.socket.close();
+    this.dumpSock.socket.close();
   }
 
-  private opts(flags = 0): { timeout: number; flags: number } {
+  private checkOpen(): void {
     if (this.closed) throw new LbError('LB_ERR_NET_NETLINK', 'rtnetlink client is closed');
-    return { timeout: this.timeoutMs, flags };
+  }
+
+  /**
+   * localPort 0: the header's nlmsg_pid is left to the kernel, as iproute2
+   * does; otherwise the package asks the socket for its address
+   * (getsockname) on every request.
+   */
+  private opts(flags = 0): { timeout: number; flags: number; localPort: number } {
+    this.checkOpen();
+    return { timeout: this.timeoutMs, flags, localPort: 0 };
   }
 
   async listLinks(): Promise<LinkInfo[]> {
     try {
-      const msgs = await this.serial(() => this.sock.getLinks(undefined, undefined, this.opts()));
-      return msgs.map(linkInfoFromMessage);
+      const req = linkRequest({}, { extMask: u32(RTEXT_FILTER_SKIP_STATS) });
+      const [msgs] = await this.dump((sock) => sock.socket.request(rt.MessageType.GETLINK, req, this.opts(FlagsGet.DUMP)));
+      return msgs.filter((m) => m.type === rt.MessageType.NEWLINK).map((m) => parseLinkPayload(m.data));
     } catch (err) {
       throw netlinkError(err, 'listing', 'links');
     }
@@ -291,10 +436,11 @@ export class NetlinkClient {
   /** The link, or undefined when there is none by that name or index. */
   async findLink(nameOrIndex: string | number): Promise<LinkInfo | undefined> {
     try {
-      const msgs = typeof nameOrIndex === 'number'
-        ? await this.serial(() => this.sock.getLink({ index: nameOrIndex }, {}, this.opts()))
-        : await this.serial(() => this.sock.getLink({}, { ifname: nameOrIndex }, this.opts()));
-      return msgs[0] ? linkInfoFromMessage(msgs[0]) : undefined;
+      const extMask = u32(RTEXT_FILTER_SKIP_STATS);
+      const req = typeof nameOrIndex === 'number' ? linkRequest({ index: nameOrIndex }, { extMask }) : linkRequest({}, { ifname: nameOrIndex, extMask });
+      const [msgs] = await this.single((sock) => sock.socket.request(rt.MessageType.GETLINK, req, this.opts()));
+      const reply = msgs.find((m) => m.type === rt.MessageType.NEWLINK);
+      return reply ? parseLinkPayload(reply.data) : undefined;
     } catch (err) {
       if (netlinkErrno(err) === 'ENODEV') return undefined;
       throw netlinkError(err, 'reading link', describe(nameOrIndex));
@@ -313,9 +459,14 @@ export class NetlinkClient {
   }
 
   /**
-   * Create a macvlan (left down; see setLinkUp). Throws LB_ERR_NET_NO_INTERFACE
-   * naming the parent, LB_ERR_NET_MACVLAN_UNSUPPORTED, LB_ERR_NET_NO_CAPABILITY
-   * (CAP_NET_ADMIN), or LB_ERR_NET_NETLINK (e.g. the name exists).
+   * Create a macvlan (left down; see setLinkUp) and return it as the kernel
+   * made it. Throws LB_ERR_NET_NO_INTERFACE naming the parent,
+   * LB_ERR_NET_MACVLAN_UNSUPPORTED, LB_ERR_NET_NO_CAPABILITY (CAP_NET_ADMIN),
+   * or LB_ERR_NET_NETLINK (e.g. the name exists). One RTM_NEWLINK: the kernel
+   * either creates the link as asked or leaves none. With the parent as a
+   * LinkInfo and a kernel that echoes the new link (NLM_F_ECHO, Linux 6.1+)
+   * that is the only request; otherwise the parent is looked up first and the
+   * link read back after.
    */
   async createMacvlan(opts: CreateMacvlanOptions): Promise<LinkInfo> {
     const problem = interfaceNameProblem(opts.name);
@@ -323,24 +474,23 @@ export class NetlinkClient {
     const mac = parseMac(opts.mac);
     if (!mac) throw new TypeError(`macvlan MAC is not a MAC address: ${opts.mac}`);
     if (!(opts.mode in MACVLAN_MODE_FLAGS)) throw new TypeError(`unknown macvlan mode ${String(opts.mode)}`);
-    const parent = await this.getLink(opts.parent);
+    const parent = typeof opts.parent === 'object' ? opts.parent : await this.getLink(opts.parent);
     const subject = `macvlan ${opts.name} on ${parent.name}`;
+    let echoed: LinkInfo | undefined;
     try {
-      await this.serial(() => this.sock.newLink(
-        {},
-        { ifname: opts.name, address: mac, link: u32(parent.index), linkinfo: macvlanLinkInfo(opts.mode) },
-        this.opts(FlagsNew.CREATE | FlagsNew.EXCL),
-      ));
+      const req = linkRequest({}, { ifname: opts.name, address: mac, link: u32(parent.index), linkinfo: macvlanLinkInfo(opts.mode) });
+      const [msgs] = await this.single((sock) => sock.socket.request(rt.MessageType.NEWLINK, req, this.opts(FlagsNew.CREATE | FlagsNew.EXCL | NLM_F_ECHO)));
+      echoed = createdLink(msgs, opts.name);
     } catch (err) {
       throw netlinkError(err, 'creating', subject, { macvlan: true, missing: parent.name });
     }
     this.log.info({ op: 'create-macvlan', name: opts.name, parent: parent.name, mac: opts.mac, mode: opts.mode }, 'macvlan created');
-    return this.getLink(opts.name);
+    return echoed ?? this.getLink(opts.name);
   }
 
   async setLinkUp(index: number, up: boolean): Promise<void> {
     try {
-      await this.serial(() => this.sock.setLink({ index, change: { up: true }, flags: up ? { up: true } : {} }, {}, this.opts()));
+      await this.single((sock) => sock.setLink({ index, change: { up: true }, flags: up ? { up: true } : {} }, {}, this.opts()));
     } catch (err) {
       throw netlinkError(err, up ? 'bringing up' : 'bringing down', describe(index));
     }
@@ -349,7 +499,7 @@ export class NetlinkClient {
   /** Delete a link; false when it was already gone. */
   async deleteLink(index: number): Promise<boolean> {
     try {
-      await this.serial(() => this.sock.delLink({ index }, {}, this.opts()));
+      await this.single((sock) => sock.delLink({ index }, {}, this.opts()));
       this.log.info({ op: 'delete-link', index }, 'link deleted');
       return true;
     } catch (err) {
@@ -373,7 +523,7 @@ export class NetlinkClient {
       Object.defineProperty(attrs, '__unparsed', { value: [[IFA_PROTO, Buffer.from([opts.proto & 0xff])]], enumerable: false });
     }
     try {
-      await this.serial(() => this.sock.newAddress({ family: AF_INET, prefixlen: prefix, index, scope: 0 }, attrs, this.opts(FlagsNew.CREATE | FlagsNew.REPLACE)));
+      await this.single((sock) => sock.newAddress({ family: AF_INET, prefixlen: prefix, index, scope: 0 }, attrs, this.opts(FlagsNew.CREATE | FlagsNew.REPLACE)));
     } catch (err) {
       throw netlinkError(err, `adding ${ip}/${prefix} to`, describe(index));
     }
@@ -385,7 +535,7 @@ export class NetlinkClient {
     const local = checkIp(ip);
     checkPrefix(prefix);
     try {
-      await this.serial(() => this.sock.delAddress({ family: AF_INET, prefixlen: prefix, index }, { local, address: local }, this.opts()));
+      await this.single((sock) => sock.delAddress({ family: AF_INET, prefixlen: prefix, index }, { local, address: local }, this.opts()));
     } catch (err) {
       const errno = netlinkErrno(err);
       if (errno === 'EADDRNOTAVAIL' || errno === 'ENODEV') return false;
@@ -401,7 +551,7 @@ export class NetlinkClient {
       const req = new AttrStream();
       rt.formatAddressMessage({ kind: 'address', data: { family: AF_INET }, attrs: {} }, req);
       // Raw dump: the package's parser would drop IFA_PROTO (addressProto).
-      const raw = await this.serial(async () => (await this.sock.socket.request(rt.MessageType.GETADDR, req.bufs, this.opts(FlagsGet.DUMP)))[0]);
+      const raw = await this.dump(async (sock) => (await sock.socket.request(rt.MessageType.GETADDR, req.bufs, this.opts(FlagsGet.DUMP)))[0]);
       const out: AddressInfo[] = [];
       for (const m of raw) {
         if (m.type !== rt.MessageType.NEWADDR) continue;
@@ -427,7 +577,7 @@ export function parseNotification(type: number, data: Buffer): ['link', LinkEven
   switch (type) {
     case rt.MessageType.NEWLINK:
     case rt.MessageType.DELLINK: {
-      const link = linkInfoFromMessage(rt.parseMessage(type, data) as rt.LinkMessage);
+      const link = parseLinkPayload(data);
       return ['link', { type: type === rt.MessageType.NEWLINK ? 'new' : 'del', link }];
     }
     case rt.MessageType.NEWADDR:

@@ -1,17 +1,22 @@
 // rtnetlink verbs, pure parts: error mapping, the IFLA_LINKINFO bytes for a
-// macvlan, and the parsing of link/address messages and notifications. The
-// verbs against the kernel are in test/privileged/net-macvlan.test.ts.
+// macvlan, and the parsing of link/address messages and notifications (link
+// payloads encoded by the netlink package, decoded by our scan). The verbs
+// against the kernel are in test/privileged/net-macvlan.test.ts and
+// net-netlink-concurrency.test.ts.
 import t from 'tap';
 import { AttrStream, ifla, rt } from 'netlink';
 import {
   addressInfoFromMessage,
   addressProto,
+  createdLink,
+  forEachAttr,
   IFA_PROTO,
-  linkInfoFromMessage,
   macvlanLinkInfo,
   netlinkErrno,
   netlinkError,
+  parseLinkPayload,
   parseNotification,
+  type MacvlanMode,
 } from '../../agent/net/netlink';
 
 t.test('errno from the netlink package errors', async (t) => {
@@ -71,19 +76,55 @@ t.test('link messages become LinkInfo', async (t) => {
       mtu: 1500,
       link: parent,
       linkinfo: macvlanLinkInfo('bridge'),
+      // Attributes LinkInfo does not hold are skipped, not decoded.
+      txqlen: 1000,
+      ifalias: 'an alias',
     },
   });
-  const link = linkInfoFromMessage(rt.parseMessage(rt.MessageType.NEWLINK, bytes) as rt.LinkMessage);
-  t.same(link, {
+  t.same(parseLinkPayload(bytes), {
     index: 7, name: 'lbv0123456789ab', mac: '02:01:02:03:04:05', kind: 'macvlan', up: true, carrier: true,
     operState: 'up', parentIndex: 3, macvlanMode: 'bridge', mtu: 1500,
   });
 
-  const down = linkInfoFromMessage({ kind: 'link', data: { index: 2, flags: {} }, attrs: { ifname: 'eth0', carrier: 0, operstate: 2 } });
+  const down = parseLinkPayload(linkMessageBytes({ kind: 'link', data: { index: 2, flags: {} }, attrs: { ifname: 'eth0', carrier: 0, operstate: 2 } }));
   t.same(down, { index: 2, name: 'eth0', mac: '', up: false, carrier: false, operState: 'down' });
 
-  const odd = linkInfoFromMessage({ kind: 'link', data: { index: 2 }, attrs: { ifname: 'x', operstate: 99, linkinfo: Buffer.from([1, 2, 3]) } });
+  const odd = parseLinkPayload(linkMessageBytes({ kind: 'link', data: { index: 2 }, attrs: { ifname: 'x', operstate: 99, linkinfo: Buffer.from([1, 2, 3]) } }));
   t.equal(odd.operState, 'unknown', 'unknown operstate values do not throw');
+  t.equal(odd.kind, undefined, 'a malformed IFLA_LINKINFO is skipped');
+
+  const self = Buffer.alloc(4);
+  self.writeUInt32LE(9);
+  const lo = parseLinkPayload(linkMessageBytes({ kind: 'link', data: { index: 9 }, attrs: { ifname: 'lo', address: Buffer.alloc(6), link: self } }));
+  t.equal(lo.parentIndex, undefined, 'IFLA_LINK pointing at the link itself is no parent');
+  t.equal(lo.mac, '00:00:00:00:00:00');
+
+  const veth = parseLinkPayload(linkMessageBytes({ kind: 'link', data: { index: 5 }, attrs: { ifname: 'v', linkinfo: Buffer.from('09000100' + '7665746800000000' + '0c000200' + '08000100' + '04000000', 'hex') } }));
+  t.equal(veth.kind, 'veth');
+  t.equal(veth.macvlanMode, undefined, 'IFLA_INFO_DATA is a macvlan mode only on a macvlan');
+
+  for (const mode of ['private', 'vepa', 'bridge', 'passthru', 'source'] as MacvlanMode[]) {
+    t.equal(parseLinkPayload(linkMessageBytes({ kind: 'link', data: { index: 4 }, attrs: { ifname: 'm', linkinfo: macvlanLinkInfo(mode) } })).macvlanMode, mode, `mode ${mode} round-trips`);
+  }
+
+  const truncated = Buffer.concat([linkMessageBytes({ kind: 'link', data: { index: 3 }, attrs: { ifname: 'eth1' } }), Buffer.from([200, 0, 4, 0])]);
+  t.equal(parseLinkPayload(truncated).name, 'eth1', 'a truncated trailing attribute ends the scan, what came before stands');
+  t.throws(() => parseLinkPayload(Buffer.alloc(15)), /shorter than struct ifinfomsg/);
+});
+
+t.test('forEachAttr walks aligned attributes and stops at a malformed one', async (t) => {
+  const b = Buffer.from('05000100' + 'aa000000' + '06000280' + 'bbcc0000' + '02000300', 'hex');
+  const seen: Array<[number, string]> = [];
+  t.equal(forEachAttr(b, 0, b.length, (type, at, to) => seen.push([type, b.subarray(at, to).toString('hex')])), false, 'the length-2 attribute is malformed');
+  t.same(seen, [[1, 'aa'], [2, 'bbcc']], 'padding skipped, NLA_F_NESTED masked off the type');
+  t.equal(forEachAttr(b, 0, 16, () => undefined), true);
+});
+
+t.test('createdLink: the echoed RTM_NEWLINK, or nothing when only the ACK came back', async (t) => {
+  const echo = { type: rt.MessageType.NEWLINK, data: linkMessageBytes({ kind: 'link', data: { index: 12 }, attrs: { ifname: 'lbvabc', linkinfo: macvlanLinkInfo('bridge') } }) };
+  t.same(createdLink([echo], 'lbvabc'), { index: 12, name: 'lbvabc', mac: '', kind: 'macvlan', up: false, carrier: false, operState: 'unknown', macvlanMode: 'bridge' });
+  t.equal(createdLink([echo], 'lbvother'), undefined, 'another link is not the one created');
+  t.equal(createdLink([], 'lbvabc'), undefined, 'a kernel before 6.1 answers with the ACK alone: read back');
 });
 
 t.test('address messages become AddressInfo (IPv4 only)', async (t) => {

@@ -31,6 +31,12 @@ if (requirePrivileged(t)) {
     const macs = new Set(vips.map((e) => (e.vip as { mac: string }).mac));
     t.equal(addresses.size, N, 'distinct addresses');
     t.equal(macs.size, N, 'distinct MACs');
+    // Round trips to the kernel per service on a fresh start (issue 18): the
+    // parent and the name looked up at once, the macvlan created (the kernel
+    // echoes it: no read-back, the parent not asked again), set up, the VIP
+    // added. No dumps. 7 before; 6 would mean the echo silently fell back.
+    const counts = vips.map((e) => e.netlink as { requests: number; dumps: number });
+    t.same(counts[counts.length - 1], { requests: 5 * N, dumps: 0 }, 'five netlink requests per service, no dump');
     const maxActive = Math.max(0, ...d.events.filter((e) => e.ev === 'limiter').map((e) => e.maxActive as number));
     t.ok(maxActive <= MAX && maxActive >= 2, `concurrent acquisitions bounded: max ${maxActive} of ${MAX}`);
     const links = JSON.parse((await lab.exec(agent, 'ip', ['-j', 'link', 'show'])).stdout) as Array<{ ifname: string }>;
