@@ -20,7 +20,7 @@ import type { AddressSource } from '../source';
 import type { Subsystems, ForwardService, SubsystemContext } from './subsystems';
 import type { ListenerStore } from '../forward/dataplane';
 import type { Clock } from '../clock';
-import { realClock } from '../clock';
+import { realClock, isoTime } from '../clock';
 import { VERSION } from '../version';
 import { EventRing, type StatusEvent, type StatusEventKind } from './events';
 import type { NodeTopology } from '../config/labels';
@@ -398,12 +398,12 @@ export class Daemon extends EventEmitter {
   /** A served VIP went away while its service stays configured: counted by reason, kept for status. */
   private noteInterruption(rt: ServiceRuntime, reason: string): void {
     rt.interruptions++;
-    rt.lastInterruption = { at: new Date(this.clock.wallNow()).toISOString(), reason };
+    rt.lastInterruption = { at: isoTime(this.clock.wallNow()), reason };
     this.metrics?.interruptions.inc({ service: rt.spec.name, namespace: rt.spec.namespace, reason: interruptionKind(reason) });
   }
 
   private noteEvent(kind: StatusEventKind, ev: Omit<StatusEvent, 'at' | 'kind'>): void {
-    this.events.push({ at: new Date(this.clock.wallNow()).toISOString(), kind, ...ev });
+    this.events.push({ at: isoTime(this.clock.wallNow()), kind, ...ev });
   }
 
   /** The checker's reason for a backend's new state, for the event history. */
@@ -879,7 +879,7 @@ export class Daemon extends EventEmitter {
         name: c.node.name, interface: this.subs?.parent.name, address: this.subs?.parent.address, priority: c.node.priority,
         zone: this.topology.zone, region: this.topology.region, zoneFrom: this.topology.zoneFrom, labelsProblem: this.topology.problem,
       },
-      config: { path: this.opts.configPath, loadedAt: new Date(this.configLoadedAt).toISOString(), generation: this.generation, lastReload: this.lastReload },
+      config: { path: this.opts.configPath, loadedAt: isoTime(this.configLoadedAt), generation: this.generation, lastReload: this.lastReload },
       dataplane: this.subs ? { kind: this.subs.dataplane.kind, reason: this.subs.dataplane.reason } : undefined,
       failover: { mode: c.failover.mode },
       ready: this.readiness().ready,

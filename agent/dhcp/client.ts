@@ -9,6 +9,7 @@
 // that is not running. After an ACK in REQUESTING or INIT-REBOOT the client
 // ARP-probes the address before binding (§4.4.1, RFC 5227); the driver
 // reports the verdict as probe-ok / probe-conflict / probe-failed.
+import { isoTime } from '../clock';
 import type { ClientMessageSpec, DhcpPacket } from './codec';
 import { formatIPv4 } from '../ipv4';
 import { leaseFromAck, type Lease } from './lease';
@@ -628,7 +629,7 @@ export function step(ctx: ClientContext, s: ClientState, ev: ClientEvent, now: n
 
 /** Human text for an unbind, with the wall-clock time of `at`: "lease expired at 2026-01-01T12:00:00.000Z". */
 export function unbindReason(a: Extract<ClientAction, { type: 'unbind' }>, wallOffset: number): string {
-  const when = Number.isFinite(a.at) ? new Date(a.at + wallOffset).toISOString() : 'never';
+  const when = Number.isFinite(a.at) ? isoTime(a.at + wallOffset) : 'never';
   const ip = formatIPv4(a.address);
   switch (a.cause) {
     case 'expired': return `lease of ${ip} expired at ${when}`;

@@ -4,6 +4,7 @@
 // milliseconds, converted with the offset between the two at that moment, so
 // a lease survives a restart or a reboot. Parsing a stored lease never throws:
 // a file that does not hold a usable lease is simply no lease.
+import { isoTime } from '../clock';
 import { formatIPv4, parseIPv4 } from '../ipv4';
 import type { DhcpFields } from './codec';
 
@@ -115,7 +116,7 @@ export function toStored(lease: Lease, service: string, mac: string, wallOffset:
     leaseSeconds: lease.leaseSeconds,
     t1Seconds: lease.t1Seconds,
     t2Seconds: lease.t2Seconds,
-    obtained: new Date(lease.obtainedAt + wallOffset).toISOString(),
+    obtained: isoTime(lease.obtainedAt + wallOffset),
     obtainedAtMs: Math.round(lease.obtainedAt + wallOffset),
     renewAtMs: wall(lease.renewAt),
     rebindAtMs: wall(lease.rebindAt),
@@ -185,7 +186,7 @@ export function readSavedLease(store: { read<T>(name: string): T | undefined }, 
 
 /** Status details of a lease for `lb-agent status` (wall-clock ISO times). */
 export function leaseDetails(lease: Lease, wallOffset: number): Record<string, unknown> {
-  const iso = (t: number): string | null => (Number.isFinite(t) ? new Date(t + wallOffset).toISOString() : null);
+  const iso = (t: number): string | null => (Number.isFinite(t) ? isoTime(t + wallOffset) : null);
   return {
     address: formatIPv4(lease.address),
     prefix: lease.prefix ?? null,
