@@ -254,7 +254,11 @@ export class Daemon extends EventEmitter {
     this.log.info({ op: 'start', services: config.services.length, dataplane: this.subs.dataplane.kind, parent: this.subs.parent.name }, 'lb-agent started');
     this.opts.notify?.('READY=1');
     this.notifyStatus();
-    collectGarbage(this.opts.trimMemory);
+    // The start's garbage is collected once every VIP is in place: a
+    // collection now would run in the middle of the sources' first steps (a
+    // compacting gc() and malloc_trim, ~60 ms before 50 DHCP services could
+    // create their links; issue 18). With nothing to wait for, it runs now.
+    this.settleStart();
   }
 
   private addService(spec: ServiceSpec, held?: string): void {
