@@ -47,6 +47,9 @@ export function childEnv(base: NodeJS.ProcessEnv = process.env): NodeJS.ProcessE
   return env;
 }
 
+/** env(1) by its path: a test may give a child a PATH that holds only what it wants found (forward-dsr: `ip`, no nft). */
+const ENV_BIN = ['/usr/bin/env', '/bin/env'].find((p) => fs.existsSync(p)) ?? 'env';
+
 /**
  * cmd and args as a lab starts them: through env(1), which sets the child's
  * NODE_OPTIONS to childEnv's (or unsets it). A cleaned environment alone is
@@ -57,7 +60,7 @@ export function childEnv(base: NodeJS.ProcessEnv = process.env): NodeJS.ProcessE
 export function childCommand(cmd: string, args: readonly string[], base: NodeJS.ProcessEnv = process.env): { cmd: string; args: string[]; env: NodeJS.ProcessEnv } {
   const env = childEnv(base);
   const pin = env.NODE_OPTIONS !== undefined ? [`NODE_OPTIONS=${env.NODE_OPTIONS}`] : ['-u', 'NODE_OPTIONS'];
-  return { cmd: 'env', args: [...pin, cmd, ...args], env };
+  return { cmd: ENV_BIN, args: [...pin, cmd, ...args], env };
 }
 
 export async function run(cmd: string, args: string[], opts: { input?: string; allowFail?: boolean; timeoutMs?: number } = {}): Promise<ExecResult> {
