@@ -34,6 +34,7 @@ import { constants as osConstants } from 'node:os';
 import { HealthChecker } from '../agent/health/checker';
 import type { ServiceSpec } from '../agent/config/types';
 import type { NativeAddon, NativeTcpProbeHandle } from '../agent/net/native';
+import { within } from '../lab/within';
 
 // The listeners: prints the ports as one JSON line, then answers each
 // "count" line on stdin with the connections accepted so far.
@@ -322,7 +323,7 @@ async function runHaproxy(n: number, a: Args): Promise<Record<string, unknown>> 
     };
   } finally {
     hap.kill('SIGTERM');
-    await Promise.race([hapExit, new Promise((r) => setTimeout(r, 3000))]);
+    await within(hapExit, 3000);
     if (hap.exitCode === null && hap.signalCode === null) hap.kill('SIGKILL');
     rmSync(dir, { recursive: true, force: true });
     await listeners.close();

@@ -24,6 +24,7 @@ import { agentCli, waitStatus } from '../lab/agent';
 import { buildContinuityLab, continuityConfig, BACKENDS, BACKEND_IDS, TEST_ARP, POOL, type ContinuityLab } from '../lab/continuity';
 import { ClientLoop, gapReport, type ClientResult } from '../lab/client-loop';
 import { runAgent, stopAgent, type AgentHandle } from './lib/agent';
+import { within, TIMED_OUT } from '../lab/within';
 import { startHaproxy, type HaproxyOptions, type Peer } from './lib/peers';
 import { median, round, rotate } from './lib/stats';
 
@@ -200,16 +201,14 @@ async function agentPhase(cl: ContinuityLab, path: 'kernel' | 'proxy', round: nu
     };
     const restart = async (sig: 'SIGKILL' | 'SIGTERM'): Promise<void> => {
       agent.signal(sig);
-      const ex = await Promise.race([agent.exited, sleep(15_000).then(() => undefined)]);
-      if (ex === undefined) throw new Error(`the agent did not exit within 15 s of ${sig}`);
+      if (await within(agent.exited, 15_000) === TIMED_OUT) throw new Error(`the agent did not exit within 15 s of ${sig}`);
       agent = await start();
       await ready(agent, 'serving after the restart');
     };
     const replace = async (): Promise<void> => {
       const old = agent;
       agent = await start(['--replace']);
-      const ex = await Promise.race([old.exited, sleep(15_000).then(() => undefined)]);
-      if (ex === undefined) throw new Error('the replaced agent did not exit within 15 s');
+      if (await within(old.exited, 15_000) === TIMED_OUT) throw new Error('the replaced agent did not exit within 15 s');
       await ready(agent, 'serving after the hand-over');
     };
     const steps: Step[] = [];
