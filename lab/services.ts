@@ -80,7 +80,7 @@ export async function startDnsmasq(lab: Lab, ns: string, opts: DnsmasqOptions): 
 
 /** One HTTP GET from inside ns (via a node one-shot), returning the body or the error. */
 export async function httpGetFrom(lab: Lab, ns: string, url: string, timeoutMs = 3000): Promise<{ ok: boolean; body: string; error?: string }> {
-  const script = `const h=require('http');const r=h.get(${JSON.stringify(url)},{agent:false,timeout:${timeoutMs}},(s)=>{let b='';s.on('data',d=>b+=d);s.on('end',()=>{process.stdout.write(JSON.stringify({ok:true,body:b}))})});r.on('timeout',()=>{r.destroy(new Error('timeout'))});r.on('error',e=>{process.stdout.write(JSON.stringify({ok:false,body:'',error:e.code||e.message}))});`;
+  const script = `${getOneScript(timeoutMs)}one(${JSON.stringify(url)}).then((r)=>process.stdout.write(JSON.stringify(r)));`;
   const res = await lab.exec(ns, process.execPath, ['-e', script], { allowFail: true, timeoutMs: timeoutMs + 5000 });
   try { return JSON.parse(res.stdout); } catch { return { ok: false, body: '', error: res.stderr || 'no output' }; }
 }
