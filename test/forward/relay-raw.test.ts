@@ -13,6 +13,11 @@ import * as fs from 'node:fs';
 const cfg = { algorithm: 'round-robin' as const, idleTimeout: 60, connectTimeout: 2 };
 const backend = (address: string) => ({ address, addressNum: parseIPv4(address)!, weight: 1 });
 
+/** One service on VIP:0 (the kernel picks the port) with one backend, 127.0.0.1:targetPort. */
+function oneBackend(key: string, vip: string, targetPort: number, extra: { proxyProtocol?: 'v1' | 'v2' } = {}) {
+  return { key, vip, ...extra, ports: [{ name: 'p', port: 0, protocol: 'TCP' as const, targetPort }], healthy: [backend('127.0.0.1')], backends: [backend('127.0.0.1')] };
+}
+
 async function listenerPort(p: ProxyDataplane): Promise<number> {
   return ((await p.stats()).details['listeners'] as { boundPort: number }[])[0]!.boundPort;
 }
@@ -34,7 +39,7 @@ t.test('without them: a reason, and the proxy relays through net streams and say
   const log = { child: () => log, info: () => undefined, debug: () => undefined, error: () => undefined, fatal: () => undefined, warn: (_o: object, m: string) => warnings.push(m), levelVal: 30 };
   const p = new ProxyDataplane({ config: cfg, inline: true, log: log as never });
   t.teardown(() => p.stop());
-  await p.apply({ services: [{ key: 'default/web', vip: '127.0.0.40', ports: [{ name: 'p', port: 0, protocol: 'TCP', targetPort: (server.address() as net.AddressInfo).port }], healthy: [backend('127.0.0.1')], backends: [backend('127.0.0.1')] }] });
+  await p.apply({ services: [oneBackend('default/web', '127.0.0.40', (server.address() as net.AddressInfo).port)] });
   const got = await new Promise<string>((resolve, reject) => {
     void listenerPort(p).then((port) => {
       const s = net.connect(port, '127.0.0.40');
@@ -60,7 +65,7 @@ t.test('an error on one side resets both: a client that resets, the backend sees
   t.teardown(() => server.close());
   const p = new ProxyDataplane({ config: cfg, workers: 1, relay: 'raw' });
   t.teardown(() => p.stop());
-  await p.apply({ services: [{ key: 'default/web', vip: '127.0.0.41', ports: [{ name: 'p', port: 0, protocol: 'TCP', targetPort: (server.address() as net.AddressInfo).port }], healthy: [backend('127.0.0.1')], backends: [backend('127.0.0.1')] }] });
+  await p.apply({ services: [oneBackend('default/web', '127.0.0.41', (server.address() as net.AddressInfo).port)] });
   const port = await listenerPort(p);
   await new Promise<void>((resolve) => {
     const s = net.connect(port, '127.0.0.41');
@@ -85,7 +90,7 @@ t.test('half-close both ways through the fast path: each FIN is shutdown(2) from
   t.teardown(() => server.close());
   const p = new ProxyDataplane({ config: cfg, inline: true, relay: 'raw' });
   t.teardown(() => p.stop());
-  await p.apply({ services: [{ key: 'default/web', vip: '127.0.0.42', ports: [{ name: 'p', port: 0, protocol: 'TCP', targetPort: (server.address() as net.AddressInfo).port }], healthy: [backend('127.0.0.1')], backends: [backend('127.0.0.1')] }] });
+  await p.apply({ services: [oneBackend('default/web', '127.0.0.42', (server.address() as net.AddressInfo).port)] });
   const port = await listenerPort(p);
   const got = await new Promise<string>((resolve, reject) => {
     const s = net.connect({ port, host: '127.0.0.42', allowHalfOpen: true });
@@ -150,8 +155,7 @@ for (const version of ['v2', 'v1'] as const) {
     // before its backend connect completes (a worker thread could outrun the client and send the header alone).
     const p = new ProxyDataplane({ config: cfg, inline: true, relay: 'raw' });
     t.teardown(() => p.stop());
-    const svc = (key: string, vip: string, targetPort: number) => ({ key, vip, proxyProtocol: version, ports: [{ name: 'p', port: 0, protocol: 'TCP' as const, targetPort }], healthy: [backend('127.0.0.1')], backends: [backend('127.0.0.1')] });
-    await p.apply({ services: [svc('default/echo', '127.0.0.42', echo.port), svc('default/greet', '127.0.0.43', greet.port)] });
+    await p.apply({ services: [oneBackend('default/echo', '127.0.0.42', echo.port, { proxyProtocol: version }), oneBackend('default/greet', '127.0.0.43', greet.port, { proxyProtocol: version })] });
     const ports = ((await p.stats()).details['listeners'] as { service: string; boundPort: number }[]).map((l) => l.boundPort);
     const N = 20;
     for (let i = 0; i < N; i++) t.equal(await talk(ports[0]!, '127.0.0.42', `hello ${i}\r\n`), `echo hello ${i}\r\n`, `client-first ${i}: relayed behind the header`);
@@ -180,7 +184,7 @@ t.test('relayed client sockets have TCP_NODELAY from their listener (no setsocko
   t.teardown(() => server.close());
   const p = new ProxyDataplane({ config: cfg, inline: true, relay: 'raw' });
   t.teardown(() => p.stop());
-  await p.apply({ services: [{ key: 'default/nd', vip: '127.0.0.44', ports: [{ name: 'p', port: 0, protocol: 'TCP', targetPort: (server.address() as net.AddressInfo).port }], healthy: [backend('127.0.0.1')], backends: [backend('127.0.0.1')] }] });
+  await p.apply({ services: [oneBackend('default/nd', '127.0.0.44', (server.address() as net.AddressInfo).port)] });
   const port = await listenerPort(p);
   const c = net.connect(port, '127.0.0.44');
   t.teardown(() => c.destroy());
