@@ -228,7 +228,10 @@ const IFLA_CARRIER = 33;
 const IFLA_INFO_KIND = 1;
 const IFLA_INFO_DATA = 2;
 const IFLA_MACVLAN_MODE = 1;
-const MACVLAN_MODE_VALUES: Readonly<Record<number, MacvlanMode>> = { 1: 'private', 2: 'vepa', 4: 'bridge', 8: 'passthru', 16: 'source' };
+/** IFLA_MACVLAN_MODE's values, as the package encodes MACVLAN_MODE_FLAGS (linux/if_link.h: MACVLAN_MODE_*). */
+const MACVLAN_MODE_VALUES: Readonly<Record<number, MacvlanMode>> = Object.fromEntries(
+  (Object.entries(MACVLAN_MODE_FLAGS) as [MacvlanMode, ifla.MacvlanMode][]).map(([mode, flags]) => [ifla.formatMacvlanMode(flags), mode]),
+);
 /** IFLA_EXT_MASK: RTEXT_FILTER_SKIP_STATS (Linux 5.10; older kernels ignore the bit): no counters we would not read. */
 const RTEXT_FILTER_SKIP_STATS = 1 << 3;
 
