@@ -16,7 +16,7 @@
 // its prebuilt binary relative to its own package folder.
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { buildSync } from 'esbuild';
+import { build, type Plugin } from 'esbuild';
 
 /** dist/, from dist/agent (where this file runs). */
 const DIST = path.resolve(__dirname, '..');
@@ -29,9 +29,45 @@ export const BUNDLE_ENTRIES: Readonly<Record<string, string>> = {
   'proxy-worker': 'agent/forward/proxy-worker.js',
 };
 
-export function buildBundles(outDir = BUNDLE_DIR): string[] {
+/**
+ * Modules a dependency require()s at load time but calls only on a path the
+ * agent never takes (issue 18): each is replaced, for that importer only, by
+ * a function that require()s the real one on its first call. pino's
+ * transport (thread-stream, Node's `module` and `url`) serves
+ * `pino({ transport })`, which the agent does not use (agent/log.ts writes
+ * synchronously to fd 1); `assert` in sonic-boom guards one call when a
+ * stream closes. Each was loaded by every start: ~0.5 MiB of built-ins'
+ * sources and code for a kernel-path service. The shape is what the
+ * importer does with the module - it calls it - so the forwarder behaves
+ * the same if the path is ever taken.
+ */
+export const LAZY_CALLS: readonly { importer: RegExp; request: string }[] = [
+  { importer: /node_modules\/pino\/(pino|lib\/tools)\.js$/, request: './lib/transport' },
+  { importer: /node_modules\/pino\/(pino|lib\/tools)\.js$/, request: './transport' },
+  { importer: /node_modules\/sonic-boom\/index\.js$/, request: 'assert' },
+];
+
+const lazyCalls: Plugin = {
+  name: 'lazy-calls',
+  setup(b) {
+    b.onResolve({ filter: /^(\.\/(lib\/)?transport|assert)$/ }, async (args) => {
+      if (args.pluginData === 'real' || !LAZY_CALLS.some((l) => l.request === args.path && l.importer.test(args.importer))) return undefined;
+      const real = await b.resolve(args.path, { kind: args.kind, resolveDir: args.resolveDir, pluginData: 'real' });
+      if (real.errors.length > 0) return { errors: real.errors };
+      // A built-in stays require('assert'); a file is bundled, behind the forwarder.
+      return { path: `${args.path} (lazy, from ${path.relative(b.initialOptions.absWorkingDir ?? '', args.importer)})`, namespace: 'lazy-call', pluginData: { request: real.external ? args.path : real.path, resolveDir: args.resolveDir } };
+    });
+    b.onLoad({ filter: /.*/, namespace: 'lazy-call' }, (args) => {
+      const { request, resolveDir } = args.pluginData as { request: string; resolveDir: string };
+      return { contents: `module.exports = function lazyCall(...a) { return require(${JSON.stringify(request)})(...a); };\n`, loader: 'js', resolveDir };
+    });
+  },
+};
+
+/** Bundle the entries into outDir (esbuild's plugins need its asynchronous API). */
+export async function buildBundles(outDir = BUNDLE_DIR): Promise<string[]> {
   fs.rmSync(outDir, { recursive: true, force: true });
-  const r = buildSync({
+  const r = await build({
     entryPoints: Object.fromEntries(Object.entries(BUNDLE_ENTRIES).map(([name, entry]) => [name, path.join(DIST, entry)])),
     outdir: outDir,
     // Module keys in the output are relative to the checkout: the same bundle from any cwd.
@@ -50,12 +86,15 @@ export function buildBundles(outDir = BUNDLE_DIR): string[] {
     legalComments: 'none',
     logLevel: 'warning',
     metafile: true,
+    plugins: [lazyCalls],
   });
   if (r.errors.length > 0) throw new Error(`esbuild: ${r.errors.map((e) => e.text).join('; ')}`);
   return Object.keys(BUNDLE_ENTRIES).map((n) => path.join(outDir, `${n}.js`));
 }
 
 if (require.main === module) {
-  const files = buildBundles();
-  fs.chmodSync(files[0]!, 0o755);
+  buildBundles().then((files) => { fs.chmodSync(files[0]!, 0o755); }, (e: unknown) => {
+    console.error(e);
+    process.exitCode = 1;
+  });
 }

@@ -10,7 +10,9 @@
 //                      log line, and SIGHUP -> `status` shows generation + 1
 //   memory             VmRSS/VmHWM of the agent with 1 service and with 100,
 //                      and with 100 after each of the reloads (issue 18: flat
-//                      within 5% over 20)
+//                      within 5% over 20); the start's and the last reload's
+//                      figures 3 s after the event, each reload's 300 ms;
+//                      one service's also apart for pool and DHCP runs
 // Metrics stay on (the default endpoint, inside the node's namespace): the
 // memory and start measured are those of the default config.
 // dnsmasq runs with --no-ping here, so the DHCP time is the agent's, not
@@ -51,6 +53,8 @@ export interface ControlResult {
     /** spawn -> control socket listening, median over every first-VIP run (pool and DHCP). */
     socketMs: number;
     rssOneServiceMiB: number;
+    /** The same, pool runs and DHCP runs apart: the target holds for each (issue 18); absent from results before it. */
+    rssOneServiceByIpamMiB?: { pool: number; dhcp: number };
     many: { services: number; allReadyMs: number; rssMiB: number; peakRssMiB: number; rssAfterReloadsMiB: number; reloadLogMs: number; reloadStatusMs: number; reloadsOk: number; reloads: number };
   };
   raw: { firstVip: FirstVipRun[]; reloads: ReloadRun[] };
@@ -137,6 +141,9 @@ export async function benchControl(o: ControlOptions): Promise<ControlResult> {
       }
     }
 
+    const byIpam = (ipam: 'pool' | 'dhcp') => first.filter((r) => r.ipam === ipam).map((r) => r.rssMiB.toFixed(1)).join(', ');
+    o.log(`one service, rss: pool ${byIpam('pool')} MiB; DHCP ${byIpam('dhcp')} MiB`);
+
     // 100 services: start (pool claims with short RFC 5227 timings: the start
     // is set-up here), settle, then reload with one service changed.
     const n = o.services;
@@ -173,6 +180,12 @@ export async function benchControl(o: ControlOptions): Promise<ControlResult> {
         reloads.push(r);
         o.log(`reload ${k + 1}/${o.reloads} (default/s${changed} changed): logged after ${r.logMs} ms, status generation ${generation} after ${r.statusMs} ms, rss ${r.rssMiB} MiB${ok ? '' : ` (unexpected: ${String(line?.msg)})`}`);
       }
+      // The after-reloads figure is sampled as the after-start one is, 3 s
+      // after the event: the ratio compares like with like. The per-reload
+      // series above is read 300 ms after each reload, when V8's background
+      // thread may still be sweeping (its arena held 1-1.4 MiB more at 300 ms
+      // than 2 s later in a smaps trace; issue 18).
+      await new Promise((res) => setTimeout(res, 3000));
       const mem = memoryOf(agent.proc.pid);
       many = {
         services: n, allReadyMs, rssMiB: round(rss, 1), peakRssMiB: round((mem?.hwmKiB ?? NaN) / 1024, 1), rssAfterReloadsMiB: round((mem?.rssKiB ?? NaN) / 1024, 1),
@@ -187,9 +200,10 @@ export async function benchControl(o: ControlOptions): Promise<ControlResult> {
       const rs = first.filter((r) => r.ipam === ipam && !r.error);
       return { servedMs: round(median(rs.map((r) => r.servedMs)), 0), boundMs: round(median(rs.map((r) => r.boundMs)), 0), socketMs: round(median(rs.map((r) => r.socketMs)), 0), startedMs: round(median(rs.map((r) => r.startedMs)), 0) };
     };
+    const rssOf = (ipam: 'pool' | 'dhcp') => round(median(first.filter((r) => r.ipam === ipam).map((r) => r.rssMiB)), 1);
     return {
       config: { rounds: o.rounds, reloads: o.reloads, services: o.services },
-      summary: { firstVip: { pool: fv('pool'), dhcp: fv('dhcp') }, socketMs: round(median(first.map((r) => r.socketMs)), 0), rssOneServiceMiB: round(median(first.map((r) => r.rssMiB)), 1), many },
+      summary: { firstVip: { pool: fv('pool'), dhcp: fv('dhcp') }, socketMs: round(median(first.map((r) => r.socketMs)), 0), rssOneServiceMiB: round(median(first.map((r) => r.rssMiB)), 1), rssOneServiceByIpamMiB: { pool: rssOf('pool'), dhcp: rssOf('dhcp') }, many },
       raw: { firstVip: first, reloads },
     };
   } finally {

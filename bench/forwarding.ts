@@ -31,6 +31,15 @@
 // running yet, direct is measured the same way (same warm-up, duration,
 // connections), and the column is the median of the per-pair ratios, for
 // every target alike. The other "x direct" columns stay ratios of medians.
+// What the PROXY header costs is measured the same way, closer still: the
+// PROXY v2 slots (proxy-pp2, haproxy-pp2) also serve the same backends
+// without the header on a second port of the same process, and each of the
+// slot's keep-alive and new-connection runs is preceded and followed by the
+// same run without the header; the cost is the median over rounds of the
+// ratio to the mean of those two.
+// Between two slots minutes apart this host's speed moved by more than the
+// header costs (HAProxy's send-proxy-v2 row once came out 1.13x its plain
+// one), so a ratio of two slots measured the host, not the header.
 // Only lab namespaces are addressed.
 import * as os from 'node:os';
 import { Lab, run, waitFor } from '../lab/netns';
@@ -50,13 +59,14 @@ const PEER_VIP = '10.99.0.60';
 const DSR_VIP = '10.99.0.52';
 const BACKENDS = ['10.99.0.11', '10.99.0.12', '10.99.0.13'];
 
-export const FORWARD_TARGETS = ['direct', 'kernel', 'dsr', 'proxy', 'proxy1', 'proxy-v8defaults', 'haproxy1', 'haproxy', 'nginx', 'proxy-pp2', 'haproxy-pp2'] as const;
+export const FORWARD_TARGETS = ['direct', 'kernel', 'dsr', 'dsr-nft', 'proxy', 'proxy1', 'proxy-v8defaults', 'haproxy1', 'haproxy', 'nginx', 'proxy-pp2', 'haproxy-pp2'] as const;
 export type ForwardTarget = (typeof FORWARD_TARGETS)[number];
 
 export const FORWARD_LABELS: Record<ForwardTarget, string> = {
   direct: 'direct to one backend (the limit)',
   kernel: 'lb-agent, kernel path (nftables)',
   dsr: 'lb-agent, kernel path, direct server return',
+  'dsr-nft': 'lb-agent, kernel path, direct server return on the nft table alone (LB_AGENT_DSR_ENGINE=nft: what the BPF program saves)',
   proxy: 'lb-agent, proxy path (userspace), one worker per CPU',
   proxy1: 'lb-agent, proxy path, 1 worker',
   'proxy-v8defaults': 'lb-agent, proxy path, one worker per CPU, without the unit\'s V8 flags (what they cost)',
@@ -67,16 +77,17 @@ export const FORWARD_LABELS: Record<ForwardTarget, string> = {
   'haproxy-pp2': 'HAProxy, default threads, send-proxy-v2',
 };
 
-/** HTTP port and iperf3 port of each target. */
-const ENDPOINT: Record<ForwardTarget, { host: string; http: number; bulk: number }> = {
+/** HTTP port and iperf3 port of each target; `plain`: the same process's port without the PROXY header (pp2 targets). */
+const ENDPOINT: Record<ForwardTarget, { host: string; http: number; bulk: number; plain?: number }> = {
   direct: { host: BACKENDS[0]!, http: 8080, bulk: 5201 },
   kernel: { host: AGENT_VIP, http: 80, bulk: 5201 },
   // Direct server return cannot rewrite ports: the VIP serves the backends' own 8080.
   dsr: { host: DSR_VIP, http: 8080, bulk: 5201 },
+  'dsr-nft': { host: DSR_VIP, http: 8080, bulk: 5201 },
   proxy: { host: AGENT_VIP, http: 80, bulk: 5201 },
   proxy1: { host: AGENT_VIP, http: 80, bulk: 5201 },
-  'proxy-pp2': { host: AGENT_VIP, http: 80, bulk: 5201 },
-  'haproxy-pp2': { host: PEER_VIP, http: 85, bulk: 5205 },
+  'proxy-pp2': { host: AGENT_VIP, http: 80, bulk: 5201, plain: 81 },
+  'haproxy-pp2': { host: PEER_VIP, http: 85, bulk: 5205, plain: 86 },
   'proxy-v8defaults': { host: AGENT_VIP, http: 80, bulk: 5201 },
   haproxy1: { host: PEER_VIP, http: 82, bulk: 5202 },
   haproxy: { host: PEER_VIP, http: 84, bulk: 5204 },
@@ -103,6 +114,12 @@ export interface ForwardSample {
   memory: { rssMiB: number; hwmMiB: number; processes: number } | undefined;
   /** Direct's keep-alive, measured right before this target's slot (absent for direct itself and in older results). */
   directKeepalive?: WrkResult;
+  /** The same, right after the slot's own runs, with the target still up and idle (absent before 2026-11-25). */
+  directKeepaliveAfter?: WrkResult;
+  /** DSR: direct's replies (iperf3 -R) right before and right after the slot's own (absent before 2026-11-25). */
+  directBulkReverse?: { before: IperfResult; after: IperfResult };
+  /** PROXY v2 targets: the same process without the header, each run right before the slot's own and (`after`) right after it. */
+  withoutHeader?: { keepalive: WrkResult; close: WrkResult; after: { keepalive: WrkResult; close: WrkResult } };
 }
 
 export interface ForwardTargetSummary {
@@ -110,9 +127,13 @@ export interface ForwardTargetSummary {
   /** xDirect: the median of per-round ratios to the direct measurement paired with each slot. */
   keepalive: { requestsPerSec: number; p50ms: number; p99ms: number; xDirect?: number };
   newConnections: { connectionsPerSec: number; p50ms: number; p99ms: number };
+  /** PROXY v2 targets: median over rounds of the ratio to the same process without the header, run just before. */
+  xWithoutHeader?: { keepalive: number; newConnections: number };
   bulkGbps: number;
   /** One stream server -> client (iperf3 -R), the direction of replies. */
   bulkReverseGbps?: number;
+  /** DSR: the median of per-round ratios of the replies to direct's around the same slot. */
+  bulkReverseXDirect?: number;
   /** Balancer memory after the load (the agent's whole process for kernel and proxy). */
   rssMiB: number;
   peakRssMiB: number;
@@ -121,7 +142,7 @@ export interface ForwardTargetSummary {
 }
 
 export interface ForwardResult {
-  config: Omit<ForwardOptions, 'log'> & { wrk: string; iperf3: string; backends: string; threadsDefaultHaproxy: string; proxyWorkers: number; pairing?: string };
+  config: Omit<ForwardOptions, 'log'> & { wrk: string; iperf3: string; backends: string; threadsDefaultHaproxy: string; proxyWorkers: number; pairing?: string; headerPairing?: string };
   summary: Partial<Record<ForwardTarget, ForwardTargetSummary>>;
   raw: ForwardSample[];
   /** Targets that could not be measured in a round, and why. */
@@ -161,8 +182,8 @@ export function dsrHashing(counts: readonly number[] = [3, 10, 100]): DsrHashing
 /** The backends' port that requires a PROXY protocol header (nginx `listen ... proxy_protocol`). */
 const PP_PORT = 8081;
 
-function agentConfig(target: 'kernel' | 'dsr' | 'proxy' | 'proxy1' | 'proxy-pp2' | 'proxy-v8defaults'): Record<string, unknown> {
-  const dsr = target === 'dsr';
+function agentConfig(target: 'kernel' | 'dsr' | 'dsr-nft' | 'proxy' | 'proxy1' | 'proxy-pp2' | 'proxy-v8defaults'): Record<string, unknown> {
+  const dsr = target === 'dsr' || target === 'dsr-nft';
   const preserve = dsr ? { sourceIP: 'preserve' } : {};
   const pp = target === 'proxy-pp2' ? { proxyProtocol: 'v2', healthCheck: { proxyProtocol: true } } : {};
   return {
@@ -175,6 +196,8 @@ function agentConfig(target: 'kernel' | 'dsr' | 'proxy' | 'proxy1' | 'proxy-pp2'
     services: [
       { name: 'web', ipam: 'pool', loadBalancerIP: dsr ? DSR_VIP : AGENT_VIP, ports: [{ name: 'http', port: ENDPOINT[target].http, targetPort: target === 'proxy-pp2' ? PP_PORT : 8080 }], backends: BACKENDS, ...preserve, ...pp },
       { name: 'bulk', primaryService: 'web', ports: [{ name: 'iperf', port: 5201, targetPort: 5201 }], backends: [BACKENDS[0]!], healthCheck: { port: 8080 }, ...preserve },
+      // The same backends without the header, for the paired cost (see the head comment).
+      ...(target === 'proxy-pp2' ? [{ name: 'plain', primaryService: 'web', ports: [{ name: 'http', port: ENDPOINT[target].plain, targetPort: 8080 }], backends: BACKENDS }] : []),
     ],
   };
 }
@@ -192,14 +215,20 @@ async function startTarget(lab: Lab, node: string, target: ForwardTarget, slot: 
       return undefined;
     case 'kernel':
     case 'dsr':
+    case 'dsr-nft':
     case 'proxy':
     case 'proxy1':
     case 'proxy-pp2':
     case 'proxy-v8defaults': {
-      // Every agent runs with the unit's V8 flags (NODE_OPTIONS, issue 18) but
-      // proxy-v8defaults, which shows what they cost the proxy path.
-      const agent: AgentHandle = await runAgent(lab, node, agentConfig(target), { name: `fwd-${target}-${slot}`, ...(target === 'proxy-v8defaults' ? { nodeOptions: '' } : {}) });
-      await waitStatus(agent, `${target} agent serving`, (s) => s.services.length === 2 && s.services.every((x) => x.ready) && s.services[0]!.healthyBackends === BACKENDS.length, 30_000);
+      // Every agent runs with the unit's environment (V8 flags, malloc
+      // tunable; issue 18) but proxy-v8defaults, which shows what they cost
+      // the proxy path.
+      const agent: AgentHandle = await runAgent(lab, node, agentConfig(target), {
+        name: `fwd-${target}-${slot}`,
+        ...(target === 'proxy-v8defaults' ? { nodeOptions: '' } : {}),
+        ...(target === 'dsr-nft' ? { env: { LB_AGENT_DSR_ENGINE: 'nft' } } : {}),
+      });
+      await waitStatus(agent, `${target} agent serving`, (s) => s.services.length === (target === 'proxy-pp2' ? 3 : 2) && s.services.every((x) => x.ready) && s.services[0]!.healthyBackends === BACKENDS.length, 30_000);
       return {
         pid: agent.proc.pid,
         stop: async () => {
@@ -217,7 +246,10 @@ async function startTarget(lab: Lab, node: string, target: ForwardTarget, slot: 
         bind: `${ep.host}:${ep.http}`,
         servers: target === 'haproxy-pp2' ? servers.map((s) => ({ ...s, address: s.address.replace(/:8080$/, `:${PP_PORT}`) })) : servers,
         ...(target === 'haproxy-pp2' ? { sendProxy: 'v2' as const } : {}),
-        extra: [{ name: 'bulk', bind: `${ep.host}:${ep.bulk}`, servers: bulkServer }],
+        extra: [
+          { name: 'bulk', bind: `${ep.host}:${ep.bulk}`, servers: bulkServer },
+          ...(ep.plain !== undefined ? [{ name: 'plain', bind: `${ep.host}:${ep.plain}`, servers }] : []),
+        ],
       }));
     case 'nginx':
       return peer(await startNginxStream(lab, node, `nginx-lb-${slot}`, {
@@ -230,10 +262,42 @@ async function startTarget(lab: Lab, node: string, target: ForwardTarget, slot: 
   }
 }
 
-/** Keep-alive against the direct run paired with each slot: the median of the per-pair ratios (none without pairs). */
-export function pairedRatio(samples: readonly Pick<ForwardSample, 'keepalive' | 'directKeepalive'>[]): { xDirect?: number } {
-  const ratios = samples.filter((r) => r.directKeepalive && r.directKeepalive.rps > 0).map((r) => r.keepalive.rps / r.directKeepalive!.rps);
+/**
+ * Keep-alive against the direct runs paired with each slot: the median of the
+ * per-round ratios (none without pairs). The reference is the mean of direct
+ * right before and right after the slot's run where both exist (A-B-A: it
+ * cancels a linear drift of the host), direct before alone in older results.
+ */
+export function pairedRatio(samples: readonly Pick<ForwardSample, 'keepalive' | 'directKeepalive' | 'directKeepaliveAfter'>[]): { xDirect?: number } {
+  const ratios = samples.flatMap((r) => {
+    const refs = [r.directKeepalive, r.directKeepaliveAfter].filter((w): w is WrkResult => w !== undefined && w.rps > 0);
+    if (!r.directKeepalive || refs.length !== (r.directKeepaliveAfter ? 2 : 1)) return [];
+    return [r.keepalive.rps / (refs.reduce((n, w) => n + w.rps, 0) / refs.length)];
+  });
   return ratios.length ? { xDirect: round(median(ratios), 3) } : {};
+}
+
+/** DSR's replies against direct's before and after the same slot: the median of per-round ratios to their mean (none without pairs). */
+export function pairedReplies(samples: readonly Pick<ForwardSample, 'bulkReverse' | 'directBulkReverse'>[]): { bulkReverseXDirect?: number } {
+  const ok = (x: IperfResult | undefined): x is IperfResult => x !== undefined && !x.error && x.bitsPerSecond > 0;
+  const ratios = samples.flatMap((r) => (ok(r.bulkReverse) && r.directBulkReverse && ok(r.directBulkReverse.before) && ok(r.directBulkReverse.after)
+    ? [r.bulkReverse.bitsPerSecond / ((r.directBulkReverse.before.bitsPerSecond + r.directBulkReverse.after.bitsPerSecond) / 2)]
+    : []));
+  return ratios.length ? { bulkReverseXDirect: round(median(ratios), 3) } : {};
+}
+
+/** PROXY v2 targets: the median of per-round ratios to the same process without the header (none without pairs). */
+export function headerCost(samples: readonly Pick<ForwardSample, 'keepalive' | 'close' | 'withoutHeader'>[]): { xWithoutHeader?: { keepalive: number; newConnections: number } } {
+  // The reference is the mean of the runs before and after.
+  const reference = (before: WrkResult, after: WrkResult): number => (before.rps + after.rps) / 2;
+  const pairs = samples.filter((r) => r.withoutHeader && r.withoutHeader.keepalive.rps > 0 && r.withoutHeader.close.rps > 0);
+  if (pairs.length === 0) return {};
+  return {
+    xWithoutHeader: {
+      keepalive: round(median(pairs.map((r) => r.keepalive.rps / reference(r.withoutHeader!.keepalive, r.withoutHeader!.after.keepalive))), 3),
+      newConnections: round(median(pairs.map((r) => r.close.rps / reference(r.withoutHeader!.close, r.withoutHeader!.after.close))), 3),
+    },
+  };
 }
 
 export async function benchForward(o: ForwardOptions): Promise<ForwardResult> {
@@ -270,19 +334,39 @@ export async function benchForward(o: ForwardOptions): Promise<ForwardResult> {
         };
         try {
           // The pair's direct half first, before anything of the target runs.
-          const directKeepalive = target !== 'direct' && pairDirect ? await wrkAt(directUrl, false) : undefined;
+          const paired = target !== 'direct' && pairDirect;
+          const directKeepalive = paired ? await wrkAt(directUrl, false) : undefined;
+          // DSR's replies are judged against direct's: iperf3 -R around the slot as well.
+          const directIperf = (): Promise<IperfResult> => runIperf(lab, client, ENDPOINT.direct.host, ENDPOINT.direct.bulk, o.seconds + 1, { reverse: true });
+          const directReverseBefore = paired && (target === 'dsr' || target === 'dsr-nft') ? await directIperf() : undefined;
           running = await startTarget(lab, node, target, slot++);
           // Reachable before measuring: one request must get through.
           await waitFor(`${target} to answer`, async () => (await runWrk(lab, client, url, { seconds: 1, connections: 1, threads: 1, close: false })).requests > 0, 15_000, 200);
           const wrk = (close: boolean): Promise<WrkResult> => wrkAt(url, close);
+          const plainUrl = ep.plain !== undefined ? `http://${ep.host}:${ep.plain}/` : undefined;
+          // Without the header before and after each run with it (A-B-A): the mean of the two cancels a
+          // drift of the host and what a run leaves behind for the next (TIME_WAIT, caches) alike.
+          const plainKeepalive = plainUrl ? await wrkAt(plainUrl, false) : undefined;
           const keepalive = await wrk(false);
+          const plainKeepaliveAfter = plainUrl ? await wrkAt(plainUrl, false) : undefined;
+          const plainClose = plainUrl ? await wrkAt(plainUrl, true) : undefined;
           const close = await wrk(true);
+          const plainCloseAfter = plainUrl ? await wrkAt(plainUrl, true) : undefined;
+          const withoutHeader = plainKeepalive && plainClose && plainKeepaliveAfter && plainCloseAfter
+            ? { keepalive: plainKeepalive, close: plainClose, after: { keepalive: plainKeepaliveAfter, close: plainCloseAfter } }
+            : undefined;
           const bulk = await runIperf(lab, client, ep.host, ep.bulk, o.seconds + 1);
           const bulkReverse = await runIperf(lab, client, ep.host, ep.bulk, o.seconds + 1, { reverse: true });
           const memory = running ? treeMemoryMiB(running.pid) : undefined;
-          raw.push({ round, target, keepalive, close, bulk, bulkReverse, memory, ...(directKeepalive ? { directKeepalive } : {}) });
-          const paired = directKeepalive ? ` (${(keepalive.rps / directKeepalive.rps).toFixed(2)}x direct's ${directKeepalive.rps.toFixed(0)} just before)` : '';
-          o.log(`round ${round + 1}/${o.rounds} ${target.padEnd(8)} keep-alive ${keepalive.rps.toFixed(0).padStart(6)} req/s${paired} (p50 ${keepalive.p50ms.toFixed(2)} ms, p99 ${keepalive.p99ms.toFixed(2)} ms)  new conn ${close.rps.toFixed(0).padStart(6)}/s  bulk ${(bulk.bitsPerSecond / 1e9).toFixed(2)} / replies ${(bulkReverse.bitsPerSecond / 1e9).toFixed(2)} Gbit/s${bulk.error ? ` (${bulk.error})` : ''}${bulkReverse.error ? ` (-R: ${bulkReverse.error})` : ''}${memory ? `  rss ${memory.rssMiB.toFixed(1)} MiB` : ''}`);
+          // The pair's direct half after, with the target up and idle (the direct path does not cross it).
+          const directReverseAfter = directReverseBefore ? await directIperf() : undefined;
+          const directKeepaliveAfter = paired ? await wrkAt(directUrl, false) : undefined;
+          const directBulkReverse = directReverseBefore && directReverseAfter ? { before: directReverseBefore, after: directReverseAfter } : undefined;
+          raw.push({ round, target, keepalive, close, bulk, bulkReverse, memory, ...(directKeepalive ? { directKeepalive } : {}), ...(directKeepaliveAfter ? { directKeepaliveAfter } : {}), ...(directBulkReverse ? { directBulkReverse } : {}), ...(withoutHeader ? { withoutHeader } : {}) });
+          const pairX = pairedRatio([{ keepalive, directKeepalive, directKeepaliveAfter }]).xDirect;
+          const pairedText = (pairX !== undefined ? ` (${pairX.toFixed(2)}x direct's ${directKeepalive!.rps.toFixed(0)}/${directKeepaliveAfter!.rps.toFixed(0)} before/after)` : '')
+            + (withoutHeader ? ` (without the header before/after: ${withoutHeader.keepalive.rps.toFixed(0)}/${withoutHeader.after.keepalive.rps.toFixed(0)} req/s, ${withoutHeader.close.rps.toFixed(0)}/${withoutHeader.after.close.rps.toFixed(0)} conn/s)` : '');
+          o.log(`round ${round + 1}/${o.rounds} ${target.padEnd(8)} keep-alive ${keepalive.rps.toFixed(0).padStart(6)} req/s${pairedText} (p50 ${keepalive.p50ms.toFixed(2)} ms, p99 ${keepalive.p99ms.toFixed(2)} ms)  new conn ${close.rps.toFixed(0).padStart(6)}/s  bulk ${(bulk.bitsPerSecond / 1e9).toFixed(2)} / replies ${(bulkReverse.bitsPerSecond / 1e9).toFixed(2)} Gbit/s${bulk.error ? ` (${bulk.error})` : ''}${bulkReverse.error ? ` (-R: ${bulkReverse.error})` : ''}${memory ? `  rss ${memory.rssMiB.toFixed(1)} MiB` : ''}`);
         } catch (e) {
           // One target failing (a peer that will not start, say) costs its own numbers only.
           const error = String((e as Error).message ?? e).split('\n')[0]!.slice(0, 300);
@@ -305,8 +389,10 @@ export async function benchForward(o: ForwardOptions): Promise<ForwardResult> {
           ...pairedRatio(s),
         },
         newConnections: { connectionsPerSec: round(median(s.map((r) => r.close.rps)), 0), p50ms: round(median(s.map((r) => r.close.p50ms)), 3), p99ms: round(median(s.map((r) => r.close.p99ms)), 3) },
+        ...headerCost(s),
         bulkGbps: round(median(s.map((r) => r.bulk.bitsPerSecond / 1e9)), 2),
         bulkReverseGbps: round(median(s.map((r) => (r.bulkReverse?.bitsPerSecond ?? NaN) / 1e9)), 2),
+        ...pairedReplies(s),
         rssMiB: round(median(s.map((r) => r.memory?.rssMiB ?? NaN)), 1),
         peakRssMiB: round(median(s.map((r) => r.memory?.hwmMiB ?? NaN)), 1),
         errors: s.reduce((n, r) => n + r.keepalive.socketErrors + r.keepalive.non2xx + r.close.socketErrors + r.close.non2xx + (r.bulk.error ? 1 : 0) + (r.bulkReverse?.error ? 1 : 0), 0),
@@ -321,7 +407,8 @@ export async function benchForward(o: ForwardOptions): Promise<ForwardResult> {
         backends: `nginx 1 worker each, 3 backends (bulk: iperf3 on b1 only; PROXY v2 targets to \`listen ${PP_PORT} proxy_protocol\`)`,
         threadsDefaultHaproxy: 'no nbthread: HAProxy starts one thread per CPU it may run on',
         proxyWorkers: os.availableParallelism(),
-        ...(o.targets.includes('direct') ? { pairing: 'keep-alive x direct: median over rounds of the ratio to direct measured the same way right before the target\'s slot; other x direct columns: ratio of medians' } : {}),
+        ...(o.targets.includes('direct') ? { pairing: 'keep-alive x direct: median over rounds of the ratio to the mean of direct measured the same way right before and right after the target\'s runs (DSR replies likewise, iperf3 -R); other x direct columns: ratio of medians' } : {}),
+        ...(o.targets.some((t) => ENDPOINT[t].plain !== undefined) ? { headerPairing: 'PROXY v2 x without: median over rounds of the ratio to the mean of the same run without the header right before and right after it (the same process, on a second port)' } : {}),
       },
       summary,
       raw,

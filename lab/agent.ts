@@ -22,13 +22,14 @@ export const AGENT_MODULE_TREE_BIN = distPath('agent', 'cli', 'main.js');
 const UNIT = path.resolve(__dirname, '..', '..', 'systemd', 'lb-agent.service');
 
 /**
- * The V8 flags the unit runs the agent with (its `Environment=NODE_OPTIONS=`
- * line, issue 18), so that every lab, test and bench agent runs as the
- * installed one does.
+ * The environment the unit runs the agent with (its `Environment=` lines:
+ * V8's flags in NODE_OPTIONS and glibc's malloc tunables, issue 18), so that
+ * every lab, test and bench agent runs as the installed one does.
  */
-export function unitNodeOptions(unit = UNIT): string {
-  const m = /^Environment="?NODE_OPTIONS=([^"\n]*)"?$/m.exec(fs.readFileSync(unit, 'utf8'));
-  return m ? m[1]!.trim() : '';
+export function unitEnvironment(unit = UNIT): Record<string, string> {
+  const env: Record<string, string> = {};
+  for (const m of fs.readFileSync(unit, 'utf8').matchAll(/^Environment="?([A-Z_]+)=([^"\n]*)"?$/gm)) env[m[1]!] = m[2]!.trim();
+  return env;
 }
 
 export interface AgentHandle {
@@ -63,8 +64,8 @@ export async function startAgent(lab: Lab, ns: string, cfg: Record<string, unkno
   // nofile: the agent runs under that descriptor limit (soft and hard), as under a unit's LimitNOFILE=.
   // bin: the CLI file to run (AGENT_BIN, the bundle, unless a test observes the module tree).
   // command: run the agent through this command (e.g. `env NODE_OPTIONS=...`).
-  // The agent runs with the unit's V8 flags, as installed (opts.env may say otherwise).
-  const env = { ...process.env, NODE_OPTIONS: unitNodeOptions(), ...(opts.env ?? {}) };
+  // The agent runs with the unit's environment, as installed (opts.env may say otherwise).
+  const env = { ...process.env, ...unitEnvironment(), ...(opts.env ?? {}) };
   const proc = opts.command !== undefined
     ? lab.spawn(ns, opts.command[0]!, [...opts.command.slice(1), process.execPath, ...argv], { env })
     : opts.nofile === undefined

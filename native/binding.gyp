@@ -14,7 +14,10 @@
         "src/unix_dgram.cc",
         "src/system.cc",
         "src/listen_socket.cc",
-        "src/tcp_probe.cc"
+        "src/tcp_probe.cc",
+        "src/relay.cc",
+        "src/digest.cc",
+        "src/bpf.cc"
       ],
       "include_dirs": [
         "<!(node -p \"require('node-addon-api').include_dir\")"

@@ -19,7 +19,7 @@ const OBSERVER = path.join(__dirname, 'privileged', 'fixtures', 'start-observer.
 t.test('the bundles the build wrote are what the sources bundle to now', async (t) => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lb-bundle-'));
   t.teardown(() => fs.rmSync(dir, { recursive: true, force: true }));
-  const files = buildBundles(dir);
+  const files = await buildBundles(dir);
   t.same(files.map((f) => path.basename(f)).sort(), Object.keys(BUNDLE_ENTRIES).map((n) => `${n}.js`).sort());
   for (const f of files) {
     t.equal(fs.readFileSync(f, 'utf8'), fs.readFileSync(path.join(BUNDLE_DIR, path.basename(f)), 'utf8'), `${path.basename(f)}: dist/bundle is current (npm run build writes it)`);

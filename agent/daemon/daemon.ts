@@ -4,6 +4,7 @@
 // diff (only changed services are touched; a bad file changes nothing);
 // SIGTERM withdraws everything the agent announced without releasing leases.
 import { EventEmitter } from 'node:events';
+import { watchFile, unwatchFile } from 'node:fs';
 import { setFlagsFromString } from 'node:v8';
 import type { Registry, Gauge, Counter } from '../metrics/prom';
 import { formatConfigErrors, parseListen, type ConfigError } from '../config/load';
@@ -91,6 +92,8 @@ function lateModules(): typeof import('./late') {
 }
 
 /** Before the labels file is read. */
+/** How often the labels file is polled for a rewrite (one stat). */
+const LABELS_POLL_MS = 2000;
 const UNKNOWN_TOPOLOGY: NodeTopology = { zone: undefined, region: undefined, zoneFrom: 'unknown', regionFrom: 'unknown', labelsFile: undefined, problem: undefined };
 
 /** Persisted health verdicts (crash-only start seeds the checker from them). */
@@ -124,6 +127,9 @@ export class Daemon extends EventEmitter {
   private metrics: { reloads: Counter; services: Gauge; ready: Gauge; vipInfo: Gauge; interruptions: Counter; topology: Gauge } | undefined;
   /** This node's zone and region (config, else the labels file), re-read at every reload (issue 17). */
   private topology: NodeTopology = UNKNOWN_TOPOLOGY;
+  /** The labels file polled for rewrites (a VM that migrates gets its new zone without a reload). */
+  private labelsWatched: string | undefined;
+  private readonly onLabelsChange = (): void => { void this.labelsRewritten(); };
   private store: StateStore | undefined;
   private registry: Registry | undefined;
   private reloading: Promise<ReloadResult> | undefined;
@@ -487,11 +493,12 @@ export class Daemon extends EventEmitter {
     return lateModules().selectBackends(spec.topology, this.topology.zone, this.subs!.health.healthy(spec.key));
   }
 
-  /** (Re)read this node's zone and region: at start and at every reload (Harvester re-syncs the labels when a VM moves). */
-  private async readTopology(config: Desired): Promise<void> {
+  /** (Re)read this node's zone and region: at start, at every reload and when the labels file is rewritten (Harvester re-syncs the labels when a VM moves). Returns the one it replaced. */
+  private async readTopology(config: Desired): Promise<NodeTopology> {
     const before = this.topology;
     this.topology = await lateModules().readNodeTopology(config.node);
     const t = this.topology;
+    this.watchLabels(t.labelsFile);
     if (t.zone !== before.zone || t.region !== before.region || t.problem !== before.problem) {
       const zoned = config.services.filter((sv) => sv.topology !== 'any').map((sv) => sv.key);
       const fields = { op: 'topology', zone: t.zone, region: t.region, zoneFrom: t.zoneFrom, labelsFile: t.labelsFile, problem: t.problem };
@@ -499,6 +506,32 @@ export class Daemon extends EventEmitter {
       else if (t.zone !== undefined) this.log.info(fields, `node zone ${t.zone} (from ${t.zoneFrom === 'config' ? 'node.zone' : t.labelsFile})`);
       else this.log.debug(fields, 'node zone unknown (no service uses a zone policy)');
     }
+    return before;
+  }
+
+  /**
+   * Poll the labels file the zone comes from (a stat every LABELS_POLL_MS; stat
+   * follows the downward API's symlink swap and sees a file that appears
+   * later), so that a rewrite after a migration takes effect without a reload.
+   */
+  private watchLabels(path: string | undefined): void {
+    if (path === this.labelsWatched) return;
+    if (this.labelsWatched !== undefined) unwatchFile(this.labelsWatched, this.onLabelsChange);
+    this.labelsWatched = path;
+    if (path !== undefined && !this.stopping) watchFile(path, { interval: LABELS_POLL_MS, persistent: false }, this.onLabelsChange);
+  }
+
+  /** The labels file changed: re-read the zone; a new one re-balances every zoned service at once. */
+  private async labelsRewritten(): Promise<void> {
+    // A reload in flight reads the file itself, with its own config.
+    if (this.stopping || this.reloading || !this.config || !this.subs) return;
+    const before = await this.readTopology(this.config);
+    const t = this.topology;
+    if (t.zone === before.zone && t.region === before.region) return;
+    const place = (x: NodeTopology): string => `${x.zone ?? 'unknown'}${x.region ? ` (region ${x.region})` : ''}`;
+    this.noteEvent('zone-changed', { reason: `${place(before)} -> ${place(t)}: ${t.labelsFile} was rewritten${t.problem ? `; ${t.problem}` : ''}` });
+    this.scheduleApply();
+    this.notifyStatus();
   }
 
   /** The backend side of DSR: the `backend.vips` on lo. A failure is logged and shown in status, never fatal. */
@@ -723,6 +756,7 @@ export class Daemon extends EventEmitter {
     };
     if (this.applying) await this.applying.catch(() => undefined);
     if (this.healthSave) { clearTimeout(this.healthSave); this.healthSave = undefined; }
+    this.watchLabels(undefined);
     this.saveHealth();
     await step('control socket', () => this.control?.stop());
     const keep = opts.keep === true && this.subs !== undefined && this.subs.failover === undefined;
@@ -884,7 +918,7 @@ export class Daemon extends EventEmitter {
         zone: this.topology.zone, region: this.topology.region, zoneFrom: this.topology.zoneFrom, labelsProblem: this.topology.problem,
       },
       config: { path: this.opts.configPath, loadedAt: isoTime(this.configLoadedAt), generation: this.generation, lastReload: this.lastReload },
-      dataplane: this.subs ? { kind: this.subs.dataplane.kind, reason: this.subs.dataplane.reason } : undefined,
+      dataplane: this.subs ? { kind: this.subs.dataplane.kind, reason: this.subs.dataplane.reason, ...dsrEngineOf(this.subs.dataplane) } : undefined,
       failover: { mode: c.failover.mode },
       ready: this.readiness().ready,
       services: this.serviceStatuses(),
@@ -945,6 +979,12 @@ function collectGarbage(trim: (() => void) | undefined): void {
 }
 
 /** A service's ports as status shows them: 80/TCP->8080. */
+/** status' dataplane.dsr: the engine serving direct server return, when a DSR port is forwarded. */
+function dsrEngineOf(dp: Subsystems['dataplane']): { dsr?: { engine: 'bpf' | 'nft'; cause: string; reason: string } } {
+  const e = dp.dsrEngine?.();
+  return e ? { dsr: { engine: e.engine, cause: e.cause, reason: e.reason } } : {};
+}
+
 function portsText(spec: ServiceSpec): string[] {
   return spec.ports.map((p) => `${p.port}/${p.protocol}->${p.targetPort}`);
 }
@@ -998,7 +1038,8 @@ export interface StatusDocument {
     zone?: string | undefined; region?: string | undefined; zoneFrom?: string; labelsProblem?: string | undefined;
   };
   config: { path: string; loadedAt: string; generation: number; lastReload: { at: number; ok: boolean; message: string } | undefined };
-  dataplane: { kind: string; reason: string } | undefined;
+  /** dsr: what forwards direct server return now (issue 17), while a DSR port is forwarded. */
+  dataplane: { kind: string; reason: string; dsr?: { engine: 'bpf' | 'nft'; cause: string; reason: string } } | undefined;
   failover: { mode: string };
   ready: boolean;
   services: ServiceStatus[];

@@ -7,14 +7,15 @@ export type StatusEventKind =
   | 'vip-gained' | 'vip-lost'
   | 'backend-up' | 'backend-down'
   | 'vrrp-master' | 'vrrp-backup'
-  | 'reload-applied' | 'reload-rejected';
+  | 'reload-applied' | 'reload-rejected'
+  | 'zone-changed';
 
 /** One entry of `events` in the status document (oldest first). */
 export interface StatusEvent {
   /** ISO 8601 wall time. */
   at: string;
   kind: StatusEventKind;
-  /** The service key (namespace/name), absent for reloads. */
+  /** The service key (namespace/name), absent for reloads and zone changes. */
   service?: string;
   /** The VIP (vip-*) or backend address (backend-*). */
   address?: string;

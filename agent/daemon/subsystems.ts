@@ -47,6 +47,8 @@ export interface DataplaneLike {
   stop(opts?: { keep?: boolean }): Promise<void>;
   /** Can this node do direct server return (issue 17)? Probed once, when first asked. */
   dsr?(): Promise<import('../forward/dataplane').ProbeResult>;
+  /** What forwards DSR frames now - the BPF program or the nft table alone, and why (undefined: no DSR port forwarded); for `lb-agent status`. */
+  dsrEngine?(): import('../forward/nft').DsrEngineState | undefined;
 }
 
 export interface BackendRoleLike {

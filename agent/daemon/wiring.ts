@@ -5,6 +5,7 @@
 // The one place that knows every module; the modules know none of each other.
 import type { Desired, ProxyConfig, ServiceSpec } from '../config/types';
 import type { ProxyDataplane } from '../forward/proxy';
+import type { NftDataplane } from '../forward/nft';
 import { LbError } from '../errors';
 import { openNetlink } from '../net/netlink';
 import { applyVipSysctls } from '../net/sysctl';
@@ -16,7 +17,7 @@ import type { VrrpGate } from '../failover/gate';
 import { PoolManager } from '../ipam/manager';
 import { PoolSource } from '../ipam/pool-source';
 import { HealthChecker } from '../health/checker';
-import { selectDataplane, createDataplane, probeNftables, probeDsr, dsrUnavailable, servicesNeedingProxy, type ProbeResult } from '../forward/index';
+import { selectDataplane, createDataplane, probeNftables, probeDsr, dsrUnavailable, parseDsrEngine, servicesNeedingProxy, type ProbeResult } from '../forward/index';
 import { formatIPv4, parseIPv4 } from '../ipv4';
 import { BackendVips } from '../net/dsr-backend';
 import type { Subsystems, ParentLink, DataplaneLike, SubsystemContext } from './subsystems';
@@ -71,9 +72,18 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
         throw new LbError('LB_ERR_FORWARD_DSR_UNSUPPORTED', `${why}; services with sourceIP: preserve cannot be served here: set sourceIP: snat on them, or run on a kernel with nftables netdev support (lb-agent check says what is missing)`);
       }
       log.info({ module: 'forward', op: 'select', dsr: 'ok' }, 'direct server return: the kernel passed the probe');
+      // The BPF program in front of the table (issue 17): whether it can run
+      // here, said at start; the data path falls back to the table when not.
+      if (parseDsrEngine(process.env['LB_AGENT_DSR_ENGINE']) === 'auto') {
+        // eslint-disable-next-line @typescript-eslint/no-require-imports
+        const why = (require('../net/ebpf-attach') as typeof import('../net/ebpf-attach')).probeDsrBpfHere();
+        if (why === undefined) log.info({ module: 'forward', op: 'select', dsrEngine: 'bpf' }, 'direct server return: the BPF program loads and attaches at tc ingress (tcx); it forwards in front of the nft table');
+        else log.warn({ module: 'forward', op: 'select', dsrEngine: 'nft', reason: why }, `direct server return: the BPF program cannot run here (${why}); the nft table forwards alone (correct, slower). lb-agent check says why`);
+      }
     }
     const dp = createDataplane(selection, {
       proxy: config.proxy, registry, log, clock, listenerStore: ctx.listenerStore, dsrDevice: parent.name,
+      dsrEngine: process.env['LB_AGENT_DSR_ENGINE'],
       onConnectResult: (key, address, ok) => {
         if (ok) health.reportConnectSuccess(key, address);
         else health.reportConnectFailure(key, address, 'refused');
@@ -84,6 +94,7 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
       reason: selection.reason,
       apply: (services) => dp.apply({ services }),
       ...(dp.kind === 'proxy' ? { reconfigure: (proxy: ProxyConfig) => (dp as ProxyDataplane).reconfigure(proxy) } : {}),
+      ...(dp.kind === 'kernel' ? { dsrEngine: () => (dp as NftDataplane).dsr } : {}),
       stop: (o) => dp.stop(o),
       dsr: () => (selection.kind === 'kernel' ? dsr() : Promise.resolve({ ok: false, reason: 'the userspace proxy is running' })),
     };

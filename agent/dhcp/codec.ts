@@ -482,6 +482,20 @@ export interface Reply {
   readonly packet: DhcpPacket;
 }
 
+/**
+ * The client a BOOTP reply in an Ethernet/IPv4/UDP frame is for: its chaddr
+ * (RFC 2131 §2, offset 28, hlen 6) as a lower-case MAC, read in place and
+ * nothing else judged (decodeReply does that for the client it reaches);
+ * undefined when the frame is too short or not an Ethernet BOOTP reply.
+ * net/packet-shared.ts uses it to hand a broadcast reply to its one client.
+ */
+export function replyClientMac(frame: Buffer): string | undefined {
+  if (frame.length < ETH_HEADER_LEN + 20 || frame.readUInt16BE(12) !== 0x0800) return undefined;
+  const bootp = ETH_HEADER_LEN + (frame[ETH_HEADER_LEN]! & 0x0f) * 4 + UDP_HEADER_LEN;
+  if (frame.length < bootp + 34 || frame[bootp] !== 2 || frame[bootp + 1] !== 1 || frame[bootp + 2] !== 6) return undefined;
+  return formatMac(frame.subarray(bootp + 28, bootp + 34));
+}
+
 /** A whole frame, judged as a reply to this client: every reason to drop it, or the decoded reply. */
 export function decodeReply(frame: Uint8Array, info: FrameInfoLike, expect: ReplyExpectation): Decoded<Reply> {
   const f = decodeUdpFrame(frame, info);

@@ -1,6 +1,7 @@
 // DHCP address source (driver): one service's DHCP client on the wire. Owns
 // the service's macvlan (deterministic name and MAC from net/ownership.ts,
-// bridge mode), an AF_PACKET socket on it, the one timer of the state
+// bridge mode), its port on the parent's shared AF_PACKET socket (net/
+// packet-shared.ts: one socket for every service on a parent), the one timer of the state
 // machine, the saved lease file, and the VIP address on the macvlan. All
 // decisions are client.ts's (pure); this file performs its actions: sends
 // frames, arms the timer, ARP-probes and announces, adds and removes the
@@ -23,9 +24,10 @@ import { probeAddress as arpProbe } from '../net/arp-probe';
 import { netMetrics, type NetMetrics } from '../net/metrics';
 import type { NetlinkClient } from '../net/netlink';
 import { OWNED_ADDRESS_PROTO, clientIdForService, linkNameForService, macForService } from '../net/ownership';
-import { ETH_P_IP, PACKET_OUTGOING, openPacketSocket, type FrameInfo, type PacketSocket, type PacketSocketOptions } from '../net/packet';
+import { ETH_P_IP, PACKET_OUTGOING, type FrameInfo, type PacketSocket } from '../net/packet';
+import { PacketSocketGroup, type SharedPortOptions } from '../net/packet-shared';
 import { planOwnedLinks } from '../net/reconcile';
-import { applyVipSysctls, type VipRole } from '../net/sysctl';
+import { applyVipSysctls, disableIpv6, type VipRole } from '../net/sysctl';
 import { VipOwner, type VipConflict, type VipOwnerOptions } from '../net/vip-owner';
 import type { AddressSource, SourceState, SourceStatus, Vip } from '../source';
 import type { StateStore } from '../state/store';
@@ -34,7 +36,7 @@ import {
   type ClientAction, type ClientConfig, type ClientContext, type ClientEvent, type ClientState, type DhcpStateName,
 } from './client';
 import {
-  BROADCAST_IP, BROADCAST_MAC, DHCP_CLIENT_FILTER, buildClientMessage, decodeReply, describePacket, encodeDhcp, encodeUdpFrame,
+  BROADCAST_IP, BROADCAST_MAC, DHCP_CLIENT_FILTER, buildClientMessage, decodeReply, describePacket, encodeDhcp, encodeUdpFrame, replyClientMac,
   type ClientIdentity, type Reply,
 } from './codec';
 import { leaseDetails, leaseFileName, readSavedLease, toStored, type Lease } from './lease';
@@ -49,14 +51,24 @@ export const VIP_PREFIX = 32;
 /** The netlink verbs the driver uses (NetlinkClient has them all). */
 export type NetlinkForDhcp = Pick<NetlinkClient, 'findLink' | 'getLink' | 'createMacvlan' | 'setLinkUp' | 'deleteLink' | 'addAddress' | 'removeAddress' | 'listAddresses'>;
 
+/**
+ * Every DHCP service's frames, on one packet socket per parent NIC (UDP to
+ * port 68; net/packet-shared.ts says why and how each frame finds its one
+ * service). counts() tells a test the sharing is in use.
+ */
+export const dhcpSockets = new PacketSocketGroup({ protocol: ETH_P_IP, filter: DHCP_CLIENT_FILTER, owner: replyClientMac });
+
 /** The packet-level verbs, injectable so another transport can stand in. Defaults: net/. */
 export interface DhcpNetDeps {
-  openPacketSocket(opts: PacketSocketOptions): PacketSocket;
+  /** The service's DHCP frames: a port on its parent's shared socket (dhcpSockets). */
+  dhcpSocket(opts: SharedPortOptions): PacketSocket;
   probeAddress: typeof arpProbe;
   /** Announces, defends and refreshes a bound VIP (net/vip-owner.ts). */
   vipOwner(opts: VipOwnerOptions): VipOwner;
   /** arp_ignore / arp_announce (and rp_filter on macvlans): DESIGN.md "ARP flux". */
   applySysctls(ifname: string, role: VipRole): Promise<unknown>;
+  /** net.ipv6.conf.<macvlan>.disable_ipv6=1 before it goes up; false where the kernel has no IPv6. */
+  disableIpv6?(ifname: string): Promise<boolean>;
 }
 
 export interface DhcpSourceOptions {
@@ -88,6 +100,16 @@ export interface DhcpSourceOptions {
   hostView?: () => HostView;
 }
 
+/**
+ * The steps of an ordinary acquisition, logged at debug: "VIP ... bound" says
+ * at info how it ended (address, server, lease time), and any other step
+ * (NAK, decline, renewal, rebinding, expiry, stop) stays at info. 50 services
+ * starting wrote 150 such lines, ~0.1 ms each on the event loop (issue 18).
+ */
+const ACQUIRING_STEPS: ReadonlySet<string> = new Set([
+  'STOPPED>SELECTING', 'INIT>SELECTING', 'SELECTING>REQUESTING', 'REQUESTING>BOUND', 'STOPPED>INIT-REBOOT', 'INIT-REBOOT>BOUND',
+] satisfies `${DhcpStateName}>${DhcpStateName}`[]);
+
 /** A refused reply is logged at warn once per reason per interval; the counter has every one. */
 const GUARD_WARN_INTERVAL_MS = 10_000;
 
@@ -116,7 +138,7 @@ export class DhcpSource extends EventEmitter implements AddressSource {
   private readonly limiter: StartLimiter;
   private readonly metrics: DhcpMetrics;
   private readonly netM: NetMetrics;
-  private readonly deps: DhcpNetDeps;
+  private readonly deps: Required<DhcpNetDeps>;
   private readonly identity: ClientIdentity;
   private readonly labels: { service: string; namespace: string };
   private readonly leaseFile: string;
@@ -147,6 +169,8 @@ export class DhcpSource extends EventEmitter implements AddressSource {
   private guard: GuardPolicy;
   private readonly hostView: () => HostView;
   private readonly guardWarned = new Map<GuardReason, number>();
+  /** The state the lbagent_dhcp_state gauge shows for this service; undefined: its series are not there. */
+  private shown: DhcpStateName | undefined;
 
   constructor(opts: DhcpSourceOptions) {
     super();
@@ -171,16 +195,17 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     this.metrics = dhcpMetrics(opts.registry);
     this.netM = netMetrics(opts.registry);
     this.deps = {
-      openPacketSocket: opts.net?.openPacketSocket ?? openPacketSocket,
+      dhcpSocket: opts.net?.dhcpSocket ?? ((o: SharedPortOptions) => dhcpSockets.attach(o)),
       probeAddress: opts.net?.probeAddress ?? arpProbe,
       vipOwner: opts.net?.vipOwner ?? ((o: VipOwnerOptions) => new VipOwner(o)),
       applySysctls: opts.net?.applySysctls ?? ((ifname: string, role: VipRole) => applyVipSysctls(ifname, role)),
+      disableIpv6: opts.net?.disableIpv6 ?? ((ifname: string) => disableIpv6(ifname)),
     };
     // RFC 2132 §3.14 hostname = the service name; §9.14 client id derived from the key (net/ownership.ts).
     this.identity = { mac: this.mac, clientId: clientIdForService(this.key), hostname: opts.service.name.slice(0, 63) };
     this.guard = opts.guard ?? { allowOtherSubnets: false, servers: [] };
     this.hostView = opts.hostView ?? (() => localAddresses(this.parent, this.ifname));
-    setDhcpState(this.metrics, this.labels, 'STOPPED');
+    this.showState('STOPPED');
   }
 
   private clientConfig(t: DhcpTimings): ClientConfig {
@@ -257,8 +282,9 @@ export class DhcpSource extends EventEmitter implements AddressSource {
       this.forgetLease();
       await this.store.settled(this.leaseFile);
       removeServiceSeries(this.metrics, this.labels);
+      this.shown = undefined;
     } else {
-      setDhcpState(this.metrics, this.labels, 'STOPPED');
+      this.showState('STOPPED');
     }
     this.state = initialState();
     this.vip = undefined;
@@ -292,7 +318,7 @@ export class DhcpSource extends EventEmitter implements AddressSource {
       log.warn({ err: errorMessage(err) }, 'could not keep the service macvlan ready');
     }
     this.ifindex = undefined;
-    setDhcpState(this.metrics, this.labels, 'STOPPED');
+    this.showState('STOPPED');
     this.emit('status');
   }
 
@@ -346,14 +372,12 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     // the slot bounds DHCP exchanges in flight, not link set-up, which sends
     // nothing to the server (issue 18: 50 services set up their links while
     // the first ones exchange, instead of 8 at a time).
-    const { index, kept } = await this.ensureLink(log, unexpired ? formatIPv4(unexpired.address) : undefined);
+    const { index, kept, parentIndex } = await this.ensureLink(log, unexpired ? formatIPv4(unexpired.address) : undefined);
     this.ifindex = index;
     if (signal.aborted) return;
     const resume = (unexpired !== undefined && (kept || this.resumeSaved)) || known !== undefined;
     if (!resume && !this.slot && !(await this.takeSlot(signal, gen))) return;
-    const sock = this.deps.openPacketSocket({
-      ifindex: index, protocol: ETH_P_IP, filter: DHCP_CLIENT_FILTER, log: this.log, metrics: this.netM,
-    });
+    const sock = this.deps.dhcpSocket({ parentIfindex: parentIndex, ifindex: index, mac: this.mac, log: this.log, metrics: this.netM });
     this.socket = sock;
     sock.on('frame', (frame: Buffer, info: FrameInfo) => {
       // Nothing a frame causes may throw into the socket's native callback.
@@ -383,7 +407,7 @@ export class DhcpSource extends EventEmitter implements AddressSource {
    * address) stays where it is - clients are using it - and `kept` says so;
    * any other address there has no lease behind it and goes.
    */
-  private async ensureLink(log: Logger, keep: string | undefined, up = true): Promise<{ index: number; kept: boolean }> {
+  private async ensureLink(log: Logger, keep: string | undefined, up = true): Promise<{ index: number; kept: boolean; parentIndex: number }> {
     let kept = false;
     // Both at once (net/netlink.ts pipelines single requests): one wait for the
     // replies instead of two, with 50 services setting up on one event loop.
@@ -415,8 +439,15 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     // unicast replies to a RENEWING client (and every client connection) arrive where this socket cannot see them.
     await this.deps.applySysctls(parent.name, 'parent');
     await this.deps.applySysctls(this.ifname, 'macvlan');
+    // The macvlan exists for one IPv4 VIP and its DHCPv4 lease. With IPv6 on,
+    // each one came up with a link-local address and sent DAD, MLD and router
+    // solicitations from the service MAC: a host the LAN's routers learn for
+    // nothing, and with 50 services 50 such starts, each multicast cloned to
+    // every sibling macvlan (bridge mode) and the parent (issue 18). Before
+    // the link goes up, so not one frame of it leaves.
+    if (!link.up) await this.deps.disableIpv6(this.ifname);
     if (link.up !== up) await this.netlink.setLinkUp(link.index, up);
-    return { index: link.index, kept };
+    return { index: link.index, kept, parentIndex: parent.index };
   }
 
   /** start()'s known address as a number, when the guard would accept it as a server's yiaddr. */
@@ -448,8 +479,9 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     }
     for (const a of r.actions) this.perform(a);
     if (r.state.name !== before) {
-      this.log.info({ op: 'state', from: before, to: r.state.name, reason: r.reason }, `DHCP ${before} -> ${r.state.name}`);
-      setDhcpState(this.metrics, this.labels, r.state.name);
+      const to = r.state.name;
+      this.log[ACQUIRING_STEPS.has(`${before}>${to}`) ? 'debug' : 'info']({ op: 'state', from: before, to, reason: r.reason }, `DHCP ${before} -> ${to}`);
+      this.showState(to);
     }
     // The start slot bounds DHCP traffic to the server; once the ACK is in and
     // only the ARP probe of the address remains (seconds of waiting at the
@@ -715,6 +747,12 @@ export class DhcpSource extends EventEmitter implements AddressSource {
   }
 
   // --- helpers ------------------------------------------------------------------
+
+  /** The state gauge to `name`: two series change when it showed a state, all eight are written when it did not. */
+  private showState(name: DhcpStateName): void {
+    setDhcpState(this.metrics, this.labels, name, this.shown);
+    this.shown = name;
+  }
 
   private enqueue(fn: () => Promise<void>): void {
     this.chain = this.chain.then(fn).catch((err) => this.fail(err));

@@ -65,8 +65,16 @@ export function dhcpMetrics(registry: Registry): DhcpMetrics {
   };
 }
 
-/** Set the state gauge: 1 for `current`, 0 for every other state. */
-export function setDhcpState(m: DhcpMetrics, labels: { service: string; namespace: string }, current: DhcpStateName): void {
+/** Set the state gauge: 1 for `current`, 0 for every other state; `previous`: what the gauge showed until now (the caller's record). */
+export function setDhcpState(m: DhcpMetrics, labels: { service: string; namespace: string }, current: DhcpStateName, previous?: DhcpStateName): void {
+  // From a state this function set: only the two series that change (issue 18:
+  // eight labelled sets per step, five steps per service at start).
+  if (previous !== undefined) {
+    if (previous === current) return;
+    m.state.set({ ...labels, state: previous }, 0);
+    m.state.set({ ...labels, state: current }, 1);
+    return;
+  }
   for (const s of DHCP_STATES) m.state.set({ ...labels, state: s }, s === current ? 1 : 0);
 }
 

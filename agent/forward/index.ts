@@ -5,6 +5,7 @@ import type { Registry } from 'prom-client';
 import type { ProxyConfig } from '../config/types';
 import type { Clock } from '../clock';
 import type { Logger } from '../log';
+import { LbError } from '../errors';
 import type { ConnectResultCallback, Dataplane, DataplaneSelection, ListenerStore, ProbeResult } from './dataplane';
 
 export * from './dataplane';
@@ -37,12 +38,21 @@ export interface CreateDataplaneOptions {
   readonly listenerStore?: ListenerStore | undefined;
   /** The parent NIC, for direct server return on the kernel path (issue 17). */
   readonly dsrDevice?: string | undefined;
+  /** LB_AGENT_DSR_ENGINE: auto (the BPF program in front of the nft table, default) or nft (the table alone). */
+  readonly dsrEngine?: string | undefined;
+}
+
+/** LB_AGENT_DSR_ENGINE's value: unset or auto, or nft; anything else is refused at start. */
+export function parseDsrEngine(value: string | undefined): 'auto' | 'nft' {
+  if (value === undefined || value === '' || value === 'auto') return 'auto';
+  if (value === 'nft') return 'nft';
+  throw new LbError('LB_ERR_CONFIG_INVALID', `LB_AGENT_DSR_ENGINE=${JSON.stringify(value)}: expected auto or nft`, { env: 'LB_AGENT_DSR_ENGINE' });
 }
 
 /** Build the data path selectDataplane() chose; its reason goes to the info metric. */
 export function createDataplane(selection: DataplaneSelection, opts: CreateDataplaneOptions): Dataplane {
   if (selection.kind === 'kernel') {
-    return new (nft().NftDataplane)({ registry: opts.registry, log: opts.log, reason: selection.reason, dsrDevice: opts.dsrDevice });
+    return new (nft().NftDataplane)({ registry: opts.registry, log: opts.log, reason: selection.reason, dsrDevice: opts.dsrDevice, dsrEngine: parseDsrEngine(opts.dsrEngine) });
   }
   return new (proxy().ProxyDataplane)({
     config: opts.proxy, registry: opts.registry, log: opts.log, reason: selection.reason,

@@ -16,6 +16,7 @@ export const FORWARD_METRIC_NAMES = [
   'lbagent_forward_dataplane_info',
   'lbagent_forward_no_healthy_backend',
   'lbagent_forward_own_limit_refused_total',
+  'lbagent_forward_dsr_engine_info',
 ] as const;
 
 export interface ForwardMetricsOptions {
@@ -112,6 +113,18 @@ export class ForwardMetrics {
         const st = await self.snapshot();
         this.reset();
         for (const s of st.services) this.set(serviceLabels(s.key), s.noHealthyBackend ? 1 : 0);
+      },
+    });
+    new Gauge({
+      name: 'lbagent_forward_dsr_engine_info',
+      help: 'What forwards direct server return frames (issue 17): engine="bpf" (the tc ingress program in front of the nft table) or "nft" (the table alone), and why (cause="tcx", "forced" by LB_AGENT_DSR_ENGINE=nft, or "fallback" when the program cannot run here); absent while no DSR port is forwarded.',
+      labelNames: ['engine', 'cause'] as const,
+      registers,
+      async collect() {
+        const st = await self.snapshot();
+        this.reset();
+        const d = st.details['dsrEngine'] as { engine?: string; cause?: string } | undefined;
+        if (d?.engine !== undefined && d.cause !== undefined) this.set({ engine: d.engine, cause: d.cause }, 1);
       },
     });
     new Counter({

@@ -67,12 +67,17 @@
 // second bridge pass, which in this one-box lab run on the client's CPU.
 // So the table stays; a BPF path is worth its loader, assembler and probe
 // for the node's own CPU (a third to a quarter of this table's), not for
-// this ratio.
+// this ratio. It now exists (issue 17 follow-up): renderDsrPort also plans
+// each port for net/ebpf-dsr.ts, whose program runs at tc ingress in front
+// of this table with the same match, jhash, slots and counter names; this
+// table forwards what the program passes on, and everything when the
+// program cannot run here or LB_AGENT_DSR_ENGINE=nft.
 //
 // Why the jhash has an explicit seed: without one the kernel draws a random
 // seed for each rule it loads, and every rewrite of the table would send
 // every flow to a different slot. The seed is derived from the service key.
 import type { PortSpec } from '../config/types';
+import type { DsrBpfPort } from '../net/ebpf-dsr';
 import type { NormalizedService } from './dataplane';
 import { dsrSlotTable, hash32, maglevSize } from './maglev';
 
@@ -97,13 +102,19 @@ export interface DsrPortRender {
   readonly dispatch: string | undefined;
   readonly chains: readonly string[];
   readonly problem: string | undefined;
+  /** The same port for the BPF program in front of the table (net/ebpf-dsr.ts), when it is forwarded. */
+  readonly bpf?: DsrBpfPort | undefined;
 }
 
 const proto = (p: PortSpec): string => (p.protocol === 'UDP' ? 'udp' : 'tcp');
 
 /** The jhash seed of a service: fixed across rewrites and restarts. */
 export function dsrSeed(serviceKey: string): string {
-  return `0x${hash32(serviceKey, 0x64737221).toString(16).padStart(8, '0')}`;
+  return `0x${dsrSeedValue(serviceKey).toString(16).padStart(8, '0')}`;
+}
+
+export function dsrSeedValue(serviceKey: string): number {
+  return hash32(serviceKey, 0x64737221);
 }
 
 /** A device name as an nft string (validated interface names never need escaping; refuse anything odd). */
@@ -135,13 +146,23 @@ export function renderDsrPort(sp: string, svc: NormalizedService, spec: PortSpec
   const chainOf = (address: string): string => `${sp}b${svc.all.findIndex((b) => b.address === address)}`;
   const chains: string[] = [];
   const distinct = new Set(svc.healthy.map((b) => b.address));
+  const healthyIndex = new Map(svc.healthy.map((b, i) => [b.address, i]));
+  let bpfSlots: number[];
   if (distinct.size === 1) {
     chains.push(`\tchain ${sp} {`, `\t\tgoto ${chainOf(svc.healthy[0]!.address)}`, '\t}');
+    bpfSlots = [0];
   } else {
     const slots = dsrSlotTable(svc.all, svc.healthy, maglevSize(svc.all.length));
     const vm = slots.map((b, i) => `${i} : goto ${chainOf(b.address)}`).join(', ');
     chains.push(`\tchain ${sp} {`, `\t\tjhash ip saddr . th sport mod ${slots.length} seed ${dsrSeed(svc.key)} vmap { ${vm} }`, '\t}');
+    bpfSlots = slots.map((b) => healthyIndex.get(b.address)!);
   }
+  // The BPF program in front of this table forwards by the same slot table
+  // and hash (net/ebpf-dsr.ts) and counts into the same counter names.
+  const bpf: DsrBpfPort = {
+    mac: svc.vipMac, vip: svc.vip!, protocol: spec.protocol === 'UDP' ? 'UDP' : 'TCP', port: spec.port, seed: dsrSeedValue(svc.key), slots: bpfSlots,
+    backends: svc.healthy.map((b) => ({ address: b.address, conns: `${chainOf(b.address)}_conns`, toBackend: `${chainOf(b.address)}_to_backend` })),
+  };
   for (const b of svc.healthy) {
     const name = chainOf(b.address);
     const body = p === 'tcp'
@@ -150,7 +171,7 @@ export function renderDsrPort(sp: string, svc: NormalizedService, spec: PortSpec
       : [];
     chains.push(`\tchain ${name} {`, ...body, `\t\tcounter name "${name}_to_backend" fwd ip to ${b.address} device ${dev}`, '\t}');
   }
-  return { counterDecls, counters, dispatch: `${svc.vipMac} . ${svc.vip} . ${p} . ${spec.port} : jump ${sp}`, chains, problem: undefined };
+  return { counterDecls, counters, dispatch: `${svc.vipMac} . ${svc.vip} . ${p} . ${spec.port} : jump ${sp}`, chains, problem: undefined, bpf };
 }
 
 /** Create-if-missing and delete: the start of every script, so the table never outlives a config without DSR. */

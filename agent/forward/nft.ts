@@ -84,6 +84,14 @@ import {
 import { ForwardMetrics } from './metrics';
 import { DSR_FAMILY, DSR_PROBE_RULESET, DSR_TABLE, dsrRemovalLines, renderDsrPort, renderDsrTable, type DsrPortRender } from './nft-dsr';
 import { SerialQueue } from '../serial';
+import type { DsrBpfPort } from '../net/ebpf-dsr';
+import type { DsrBpf } from '../net/ebpf-attach';
+
+// The BPF driver loads on demand: when a DSR port is forwarded, and once at
+// the first apply of every kernel-path config, to look for a program an
+// earlier process left (syncBpf).
+// eslint-disable-next-line @typescript-eslint/no-require-imports
+const ebpfAttach = (): typeof import('../net/ebpf-attach') => require('../net/ebpf-attach') as typeof import('../net/ebpf-attach');
 import { realClock, type Clock, type TimerHandle } from '../clock';
 
 export const NFT_FAMILY = 'ip';
@@ -106,6 +114,8 @@ export interface NftPlan {
   readonly script: string;
   readonly counters: readonly NftCounterRef[];
   readonly problems: readonly string[];
+  /** The forwarded DSR ports, for the BPF program in front of the netdev table (empty when none). */
+  readonly dsr: readonly DsrBpfPort[];
 }
 
 export interface RenderOptions {
@@ -256,7 +266,8 @@ export function renderNft(state: ForwardState, opts: RenderOptions = {}): NftPla
     ...renderDsrTable(opts.dsrDevice, dsrPorts),
     '',
   ];
-  return { script: lines.join('\n'), counters, problems };
+  const dsr = opts.dsrDevice === undefined ? [] : dsrPorts.flatMap((p) => (p.dispatch !== undefined && p.bpf !== undefined ? [p.bpf] : []));
+  return { script: lines.join('\n'), counters, problems, dsr };
 }
 
 /** The script that removes both tables whether or not they exist (one transaction). */
@@ -494,6 +505,24 @@ export interface NftDataplaneOptions {
   readonly clock?: Clock;
   /** The parent NIC: direct server return hooks its ingress and forwards out of it (issue 17). */
   readonly dsrDevice?: string | undefined;
+  /**
+   * What forwards DSR frames: 'auto' (default) the BPF program at tc ingress
+   * in front of the nft table, falling back to the table alone when it cannot
+   * be loaded; 'nft' the table alone (LB_AGENT_DSR_ENGINE=nft).
+   */
+  readonly dsrEngine?: DsrEngineChoice;
+  /** The BPF driver (tests); default: net/ebpf-attach.ts's on dsrDevice. */
+  readonly dsrBpf?: () => DsrBpf;
+}
+
+export type DsrEngineChoice = 'auto' | 'nft';
+
+/** Which mechanism serves direct server return now, and why (status details, lbagent_forward_dsr_engine_info). */
+export interface DsrEngineState {
+  readonly engine: 'bpf' | 'nft';
+  /** tcx: the BPF program; forced: LB_AGENT_DSR_ENGINE=nft; fallback: BPF failed here. */
+  readonly cause: 'tcx' | 'forced' | 'fallback';
+  readonly reason: string;
 }
 
 /** What the metrics show before the first counter read. */
@@ -526,6 +555,13 @@ export class NftDataplane implements Dataplane {
   /** The counters as last read on the data path's schedule (after each apply, then every countersEveryMs). */
   private latest: ForwardStats = NO_STATS;
   private timer: TimerHandle | undefined;
+  private readonly dsrEngine: DsrEngineChoice;
+  private readonly makeDsrBpf: (() => DsrBpf) | undefined;
+  private dsrBpf: DsrBpf | undefined;
+  /** undefined while no DSR port is forwarded. */
+  private dsrState: DsrEngineState | undefined;
+  /** Whether the device was checked for a program an earlier process left (first apply). */
+  private dsrChecked = false;
 
   constructor(opts: NftDataplaneOptions = {}) {
     this.log = (opts.log ?? silentLogger()).child({ module: 'forward', dataplane: 'kernel' });
@@ -534,6 +570,9 @@ export class NftDataplane implements Dataplane {
     this.clock = opts.clock ?? realClock;
     this.countersEveryMs = opts.countersEveryMs ?? 5000;
     this.dsrDevice = opts.dsrDevice;
+    this.dsrEngine = opts.dsrEngine ?? 'auto';
+    const device = opts.dsrDevice;
+    this.makeDsrBpf = opts.dsrBpf ?? (device === undefined ? undefined : () => new (ebpfAttach().DsrBpf)({ device }));
     // A scrape only reads: it never spawns nft nor changes what the data path
     // holds (issue 16); the counters are read after each apply and on a timer.
     this.metrics = opts.registry
@@ -585,6 +624,7 @@ export class NftDataplane implements Dataplane {
         this.log.info({ op: 'start-check', result: check }, 'nftables table lb_agent already matches the desired state; adopted as is');
         this.plan = plan;
         this.state = state;
+        this.syncBpf(plan);
         return 'adopted';
       }
       this.log.info({ op: 'start-check', result: check }, check === 'absent'
@@ -593,6 +633,7 @@ export class NftDataplane implements Dataplane {
       await this.write(plan.script);
       this.plan = plan;
       this.state = state;
+      this.syncBpf(plan);
       return 'written';
     }
     if (this.plan && plan.script === this.plan.script) { this.state = state; return false; }
@@ -603,8 +644,62 @@ export class NftDataplane implements Dataplane {
     this.carry = keepFlows(flowTotals(this.plan, live, this.carry), state);
     this.plan = plan;
     this.state = state;
+    this.syncBpf(plan);
     this.log.debug({ op: 'apply', services: state.services.length }, 'nftables table lb_agent rewritten');
     return 'written';
+  }
+
+  /**
+   * Put the BPF program for `plan` in front of the netdev table the plan
+   * just committed (issue 17): a new program and maps swapped in with
+   * BPF_F_REPLACE, so frames see the old program or the new one. When it
+   * cannot be loaded or attached, ours is detached and the table alone
+   * forwards (correct, at about twice the CPU per frame); with no DSR port
+   * forwarded, or engine nft, ours (this process's or an earlier one's) is
+   * detached. Never throws: the nft table serves whatever happens here.
+   */
+  private syncBpf(plan: NftPlan): void {
+    const want = plan.dsr.length > 0 && hasDsrTable(plan);
+    const prev = this.dsrState;
+    const first = !this.dsrChecked;
+    this.dsrChecked = true;
+    // Without DSR nothing BPF is loaded, but the first apply looks for a program an earlier process left.
+    if (!want && !first && !this.dsrBpf) { this.dsrState = undefined; return; }
+    if (want && this.dsrEngine === 'auto' && this.makeDsrBpf) {
+      try {
+        this.dsrBpf ??= this.makeDsrBpf();
+        this.dsrBpf.apply(plan.dsr);
+        this.dsrState = { engine: 'bpf', cause: 'tcx', reason: `BPF program at tc ingress (tcx) of ${this.dsrDevice}, in front of table ${DSR_FAMILY} ${DSR_TABLE}` };
+        if (prev?.engine !== 'bpf') this.log.info({ op: 'dsr-engine', engine: 'bpf', ports: plan.dsr.length }, `direct server return: ${this.dsrState.reason}`);
+        return;
+      } catch (err) {
+        const reason = `the BPF program cannot run here (${errorMessage(err)}); table ${DSR_FAMILY} ${DSR_TABLE} forwards alone (correct, slower)`;
+        this.dsrState = { engine: 'nft', cause: 'fallback', reason };
+        if (prev?.reason !== reason) this.log.warn({ op: 'dsr-engine', engine: 'nft', code: (err as { code?: string }).code, err: errorMessage(err) }, `direct server return: ${reason}`);
+      }
+    } else {
+      this.dsrState = !want ? undefined : { engine: 'nft', cause: 'forced', reason: `LB_AGENT_DSR_ENGINE=${this.dsrEngine}: table ${DSR_FAMILY} ${DSR_TABLE} forwards alone` };
+      if (want && prev?.engine !== 'nft') this.log.info({ op: 'dsr-engine', engine: 'nft' }, `direct server return: ${this.dsrState!.reason}`);
+    }
+    // Looking for a leftover at the first apply of a config without DSR on a
+    // node where bpf(2) is refused is no problem: nothing of ours can be
+    // there that this process could have put there.
+    this.detachBpf(!want && prev === undefined && this.dsrBpf?.active !== true);
+  }
+
+  /** Detach our program (this process's or a leftover of an earlier one); a failure is logged and shown in status unless `quiet`. */
+  private detachBpf(quiet = false): void {
+    try {
+      if (!this.dsrBpf && this.makeDsrBpf) this.dsrBpf = this.makeDsrBpf();
+    } catch { return; /* no bpf(2) here: nothing of ours can be attached */ }
+    try {
+      this.dsrBpf?.detach();
+    } catch (err) {
+      const message = `cannot detach the DSR program from ${this.dsrDevice}: ${errorMessage(err)}`;
+      if (quiet) { this.log.debug({ op: 'dsr-engine', err: errorMessage(err) }, message); return; }
+      this.lastError = message;
+      this.log.error({ op: 'dsr-engine', err: errorMessage(err) }, message);
+    }
   }
 
   private async checkAtStart(plan: NftPlan): Promise<StartCheck> {
@@ -668,13 +763,29 @@ export class NftDataplane implements Dataplane {
       { stderr: e.stderr }, { cause: err });
   }
 
-  /** The named counters of the table(s) the current plan defines (the netdev table only when it has DSR ports). */
+  /**
+   * The named counters of the table(s) the current plan defines (the netdev
+   * table only when it has DSR ports). A plan without counters (no VIP held
+   * yet, or services with no backends) has nothing to read: no `nft` is
+   * spawned. Issue 18: each spawn forks the whole agent (libuv's uv_spawn
+   * uses fork() on Linux, ~5 ms of CPU at 80 MiB), and while 50 DHCP VIPs
+   * bind, every apply used to read the counters of a table that had none.
+   */
   private async readCounters(): Promise<Map<string, CounterValue>> {
+    if (!this.plan || this.plan.counters.length === 0) return new Map();
     const r = await this.exec('nft', ['-j', 'list', 'counters', 'table', NFT_FAMILY, NFT_TABLE]);
     const out = parseNftCounters(r.stdout);
     if (this.plan && hasDsrTable(this.plan)) {
       const d = await this.exec('nft', ['-j', 'list', 'counters', 'table', DSR_FAMILY, DSR_TABLE]);
       for (const [k, v] of parseNftCounters(d.stdout)) out.set(k, v);
+      // The BPF program counts what it forwards under the same names; the
+      // table counts only what the program passed on to it.
+      if (this.dsrBpf?.active) {
+        for (const [k, v] of this.dsrBpf.counters()) {
+          const n = out.get(k);
+          out.set(k, { packets: (n?.packets ?? 0) + v.packets, bytes: (n?.bytes ?? 0) + v.bytes });
+        }
+      }
     }
     return out;
   }
@@ -732,9 +843,13 @@ export class NftDataplane implements Dataplane {
       this.metrics?.unregister();
       if (opts.keep) {
         // A planned restart: the table keeps forwarding; the next process adopts it (start check).
+        this.dsrBpf?.release();
         this.log.info({ op: 'stop', keep: true }, 'nftables table lb_agent left in place for the next process');
         return;
       }
+      // The program and the table go together (the table first would leave
+      // the program forwarding by a plan no process holds any more).
+      if (this.dsrState?.engine === 'bpf' || this.dsrBpf) this.detachBpf();
       await this.write(renderRemoval());
       this.log.info({ op: 'stop' }, 'removed nftables table lb_agent');
     });
@@ -779,7 +894,12 @@ export class NftDataplane implements Dataplane {
     }));
     const nfDir = path.join(this.procRoot, 'sys/net/netfilter');
     this.facts = { ...this.facts, conntrackCount: await readNumber(path.join(nfDir, 'nf_conntrack_count')), conntrackMax: await readNumber(path.join(nfDir, 'nf_conntrack_max')) };
-    return { kind: 'kernel', services, flows, problems, details: { table: `${NFT_FAMILY} ${NFT_TABLE}`, startCheck: this.startCheck, ...this.facts } };
+    return { kind: 'kernel', services, flows, problems, details: { table: `${NFT_FAMILY} ${NFT_TABLE}`, startCheck: this.startCheck, ...this.facts, ...(this.dsrState ? { dsrEngine: this.dsrState } : {}) } };
+  }
+
+  /** Which mechanism serves direct server return now (undefined: no DSR port is forwarded). */
+  get dsr(): DsrEngineState | undefined {
+    return this.dsrState;
   }
 
   /** The script last applied (for `lb-agent status --verbose` and tests). */

@@ -16,8 +16,9 @@
 // retried once on another healthy backend, then the client is reset), the
 // PROXY protocol header goes out first when the service asks for it, and
 // bytes are relayed both ways with backpressure and half-close. How the
-// bytes move is the relay path's business: relay-raw.ts (libuv handles, the
-// fast path) or relay-net.ts (net.Socket streams, the fallback).
+// bytes move is the relay path's business: relay-native.ts (the addon moves
+// them, the default), relay-raw.ts (libuv handles, for an addon built before
+// it) or relay-net.ts (net.Socket streams, the last fallback).
 //
 // Own exhaustion is own fault (issue 15): EMFILE, ENFILE or ENOBUFS on accept
 // or connect is this process out of descriptors or buffers: no passive-health
@@ -44,7 +45,7 @@ import { errorMessage, localExhaustionCode } from '../errors';
 import { SharedPositionRoundRobin, WeightedLeastConnections, type Balancer } from './balancer';
 import { PROXY_V1_MAX_LENGTH, PROXY_V2_IPV4_LENGTH, proxyHeaderV1, proxyHeaderV2Template, writeV2Into, writeV2Source, type ProxyProtocolVersion } from './proxy-protocol';
 import {
-  ENGINE_ACCEPTED, ENGINE_PP_ALONE, ENGINE_PP_WITH_DATA, ENGINE_RELAYED_RAW, ENGINE_RELAYED_STREAMS, FLOW_BYTES_TO_BACKEND, FLOW_BYTES_TO_CLIENT, FLOW_CONNECTIONS,
+  ENGINE_ACCEPTED, ENGINE_PP_ALONE, ENGINE_PP_WITH_DATA, ENGINE_RELAYED_NATIVE, ENGINE_RELAYED_RAW, ENGINE_RELAYED_STREAMS, FLOW_BYTES_TO_BACKEND, FLOW_BYTES_TO_CLIENT, FLOW_CONNECTIONS,
   FLOW_CONNECT_FAILURES, LISTENER_REFUSED, LISTENER_UDP_SESSIONS, TallyWriter, ownLimitField,
   type OwnLimitKey, type SlotBuffers, type TallyBuffers,
 } from './tallies';
@@ -98,7 +99,7 @@ export interface EngineStats {
   readonly listeners: number;
 }
 
-export type RelayKind = 'raw' | 'streams';
+export type RelayKind = 'native' | 'raw' | 'streams';
 
 export interface EngineOptions {
   readonly index: number;
@@ -130,6 +131,12 @@ export interface PathListener {
 export interface RelayPath {
   readonly kind: RelayKind;
   listen(fd: number, backlog: number, accepted: (err: string | undefined, relay: Relay | undefined) => void): PathListener;
+  /**
+   * Paths that count traffic below JavaScript (relay-native.ts) bring each
+   * relay's `seen` flag and bytes up to date here; called on every tick,
+   * before the idle sweep.
+   */
+  refresh?(): void;
 }
 
 /** What a listener forwards to now; replaced (not mutated) on apply, so a connection in flight sees one set. */
@@ -260,7 +267,7 @@ export class ProxyEngine {
     this.backlog = opts.backlog;
     this.udpIdleMs = opts.udpIdleMs;
     this.maxUdpSessions = opts.maxUdpSessions;
-    this.relayedField = opts.relay.kind === 'raw' ? ENGINE_RELAYED_RAW : ENGINE_RELAYED_STREAMS;
+    this.relayedField = opts.relay.kind === 'native' ? ENGINE_RELAYED_NATIVE : opts.relay.kind === 'raw' ? ENGINE_RELAYED_RAW : ENGINE_RELAYED_STREAMS;
   }
 
   /** Make this engine serve exactly these listeners; returns what could not be served. */
@@ -673,6 +680,7 @@ export class ProxyEngine {
   }
 
   private tick(): void {
+    this.path.refresh?.();
     const now = this.clock.now();
     for (const r of this.connecting) {
       if (now >= r.connectDeadline) r.abortConnect('ETIMEDOUT');

@@ -46,16 +46,28 @@ export type FromWorker =
 /** pino's numeric levels. */
 export const LEVELS = { debug: 20, info: 30, warn: 40, error: 50 } as const;
 
-/** The relay path this thread can have: the fast one unless asked otherwise or unavailable (and why). */
+/**
+ * The relay path this thread can have: the fastest unless asked otherwise or
+ * unavailable (and then why): the addon's relay, libuv handles (an addon built
+ * before it), net streams (neither).
+ */
 export function chooseRelay(choice: RelayChoice): { path: RelayPath; fallback: string | undefined } {
   // eslint-disable-next-line @typescript-eslint/no-var-requires
   const { netRelayPath } = require('./relay-net') as typeof import('./relay-net');
   if (choice === 'streams') return { path: netRelayPath, fallback: undefined };
+  let why: string | undefined;
+  if (choice === 'native' || choice === 'auto') {
+    // eslint-disable-next-line @typescript-eslint/no-var-requires
+    const { nativeRelayPath } = require('./relay-native') as typeof import('./relay-native');
+    const native = nativeRelayPath();
+    if (typeof native !== 'string') return { path: native, fallback: undefined };
+    why = native;
+  }
   // eslint-disable-next-line @typescript-eslint/no-var-requires
   const { rawRelayPath } = require('./relay-raw') as typeof import('./relay-raw');
   const raw = rawRelayPath();
-  if (typeof raw === 'string') return { path: netRelayPath, fallback: raw };
-  return { path: raw, fallback: undefined };
+  if (typeof raw === 'string') return { path: netRelayPath, fallback: why === undefined ? raw : `${why}; ${raw}` };
+  return { path: raw, fallback: why };
 }
 
 function main(): void {

@@ -4,8 +4,9 @@
 // the backend, 'data' events relayed with write()/pause()/resume() both ways
 // (backpressure), a FIN passed on as end() (half-close, allowHalfOpen on both
 // sides), an error on one side resetting the other. About twice the CPU per
-// new connection of relay-raw.ts; used when Node's bindings are not what
-// relay-raw.ts expects, or when asked (`relay: 'streams'`).
+// new connection of relay-raw.ts; used when neither the addon's relay
+// (relay-native.ts) nor the Node bindings relay-raw.ts expects are there, or
+// when asked (`relay: 'streams'`).
 import * as net from 'node:net';
 import { Relay, type PathListener, type RelayPath } from './proxy-engine';
 

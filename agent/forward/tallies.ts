@@ -58,7 +58,8 @@ export const ENGINE_RELAYED_STREAMS = 3;
 /** PROXY protocol headers sent in one write with the client's first bytes / alone (the client had sent nothing yet). */
 export const ENGINE_PP_WITH_DATA = 4;
 export const ENGINE_PP_ALONE = 5;
-const ENGINE_OWN_LIMITS = 6;
+export const ENGINE_RELAYED_NATIVE = 6;
+const ENGINE_OWN_LIMITS = 7;
 export const ENGINE_FIELDS = ENGINE_OWN_LIMITS + OWN_LIMIT_KEYS.length;
 
 export function ownLimitField(key: OwnLimitKey): number {

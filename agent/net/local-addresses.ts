@@ -4,7 +4,8 @@
 // start (other services' VIPs, a renumbered parent) count - but at most once
 // per event-loop turn (issue 18: with 50 services and their link-local
 // addresses one read costs ~0.8 ms, and 100 replies arrive at start, many in
-// the same turn). The agent's own address changes drop the read at once.
+// the same turn), and each read is parsed once for every service that asks.
+// The agent's own address changes drop the read at once.
 import * as os from 'node:os';
 import { parseCidr, parseIPv4, type Cidr } from '../ipv4';
 
@@ -36,22 +37,42 @@ export function addressesChanged(): void {
   thisTurn = undefined;
 }
 
-/** Addresses of the VM, `exclude` (a service's own macvlan) left out. */
-export function localAddresses(parent: string, exclude: string, interfaces: Interfaces = currentInterfaces()): LocalAddresses {
-  const subnets: Cidr[] = [];
-  const local: number[] = [];
+/** One read's IPv4 addresses, parsed: by interface, and the parent's subnets by interface. */
+interface ParsedRead {
+  readonly v4: readonly { readonly name: string; readonly n: number }[];
+  readonly subnets: ReadonlyMap<string, readonly Cidr[]>;
+}
+
+/**
+ * Each read parsed once, however many replies ask within its turn (issue
+ * 18: with 50 macvlans, walking every interface's entries and parsing each
+ * address for every reply cost about as much as the read itself).
+ */
+const parsedReads = new WeakMap<Interfaces, ParsedRead>();
+
+function parseRead(interfaces: Interfaces): ParsedRead {
+  let parsed = parsedReads.get(interfaces);
+  if (parsed !== undefined) return parsed;
+  const v4: { name: string; n: number }[] = [];
+  const subnets = new Map<string, Cidr[]>();
   for (const [name, list] of Object.entries(interfaces)) {
     for (const a of list ?? []) {
       if (a.family !== 'IPv4') continue;
-      if (name !== exclude) {
-        const n = parseIPv4(a.address);
-        if (n !== undefined) local.push(n);
-      }
-      if (name === parent && a.cidr) {
-        const c = parseCidr(a.cidr, true);
-        if (c && c.prefix < 32) subnets.push(c);
-      }
+      const n = parseIPv4(a.address);
+      if (n !== undefined) v4.push({ name, n });
+      const c = a.cidr ? parseCidr(a.cidr, true) : undefined;
+      if (c && c.prefix < 32) subnets.set(name, [...(subnets.get(name) ?? []), c]);
     }
   }
-  return { subnets, local };
+  parsed = { v4, subnets };
+  parsedReads.set(interfaces, parsed);
+  return parsed;
+}
+
+/** Addresses of the VM, `exclude` (a service's own macvlan) left out. */
+export function localAddresses(parent: string, exclude: string, interfaces: Interfaces = currentInterfaces()): LocalAddresses {
+  const { v4, subnets } = parseRead(interfaces);
+  const local: number[] = [];
+  for (const a of v4) if (a.name !== exclude) local.push(a.n);
+  return { subnets: subnets.get(parent) ?? [], local };
 }

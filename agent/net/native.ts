@@ -13,6 +13,14 @@ export interface NativeFrame {
   status: number;
   /** sockaddr_ll.sll_pkttype (PACKET_HOST, PACKET_BROADCAST, ...). */
   pktType: number;
+  /**
+   * sockaddr_ll.sll_ifindex: the device the frame was received on. On a
+   * socket bound to a macvlan's parent, a unicast frame for the macvlan's MAC
+   * carries the macvlan's index (the kernel delivers it to the parent's
+   * protocol sockets after macvlan's rx handler moved it); a broadcast the
+   * parent's. Undefined from an addon built before this field.
+   */
+  ifindex?: number;
   /** The frame's real length; larger than frame.length when truncated. */
   length: number;
 }
@@ -28,7 +36,8 @@ export interface NativeSystemError extends Error {
 
 export interface NativePacketHandle {
   readonly fd: number;
-  send(frame: Buffer): number;
+  /** ifindex: leave by this interface instead of the bound one (an addon built before it ignores it). */
+  send(frame: Buffer, ifindex?: number): number;
   attachFilter(program: ReadonlyArray<readonly [number, number, number, number]>): void;
   addMembership(kind: 'multicast', mac: Buffer): void;
   addMembership(kind: 'promisc' | 'allmulti'): void;
@@ -63,7 +72,48 @@ export interface NativeTcpProbeHandle {
   close(): void;
 }
 
+/**
+ * The proxy's byte relay on raw descriptors (native/src/relay.cc, issue 18):
+ * one per proxy engine. Records come back through `events` (5 numbers each:
+ * kind, id, a, b, c; see RELAY_* below), `count` of them per callback;
+ * activity() and close()/reset() write into `activity`.
+ */
+export interface NativeRelayHandle {
+  /** Takes over a listening descriptor (TCP_NODELAY, non-blocking, listen(backlog)); returns the listener id. */
+  listen(fd: number, backlog: number): number;
+  /** Stops accepting on a listener and closes its descriptor. */
+  unlisten(listener: number): void;
+  /** Connects the backend side (IPv4 host order): 0 in progress (a RELAY_CONNECT record follows), else the errno. */
+  connect(id: number, address: number, port: number): number;
+  /** Gives up the backend connect in flight (the client stays, waiting for connect() or an end); false when there was none. */
+  abort(id: number): boolean;
+  /** Relays both ways; the first `headerLength` bytes of `header` go to the backend first. */
+  start(id: number, header?: Buffer, headerLength?: number): void;
+  /** Both sides closed now; the bytes not yet reported land in activity[0] (to backend), activity[1] (to client). */
+  close(id: number): void;
+  /** A RST to the client, the backend side closed; bytes as close(). */
+  reset(id: number): void;
+  /** Our FIN to the client, its bytes dropped until it closes (RELAY_GONE), the backend side closed. */
+  refuse(id: number): void;
+  /** Connections with traffic since the previous call: `count` [id, bytes to backend, bytes to client] triples in activity. */
+  activity(): number;
+  stats(): { connections: number; listeners: number; buffers: number };
+  /** Closes everything (the engine stops; also done when the thread's environment ends). */
+  destroy(): void;
+}
+
+/** Record kinds of NativeRelayHandle's events. */
+export const RELAY_ACCEPT = 1;
+export const RELAY_ACCEPT_ERROR = 2;
+export const RELAY_CONNECT = 3;
+export const RELAY_END = 4;
+export const RELAY_HEADER = 5;
+export const RELAY_GONE = 6;
+export const RELAY_RECORD = 5;
+
 export interface NativeAddon {
+  /** Absent from an addon built before it: the proxy relays through relay-raw.ts. */
+  RelayHandle?: new (onEvents: (count: number) => void, events: Float64Array, activity: Float64Array) => NativeRelayHandle;
   /** Absent from an addon built before issue 18: the caller falls back to Node sockets. */
   /** closeMode: 0 our FIN, then wait for the backend's; 1 a RST (SO_LINGER 0); 2 a RST before the handshake's ACK (TCP_QUICKACK off). */
   TcpProbeHandle?: new (onResults: (count: number) => void, resultIds: Uint32Array, resultErrnos: Int32Array, closeMode?: number) => NativeTcpProbeHandle;
@@ -84,6 +134,40 @@ export interface NativeAddon {
   dupFd(fd: number): number;
   /** Absent from an addon built before it (the relay then uses libuv's shutdown). */
   shutdownWrite?(fd: number): number;
+  /** SHA-256 by the node binary's OpenSSL (native/src/digest.cc); absent from an addon built before it. */
+  sha256?(data: Uint8Array): Buffer;
+  /** bpf(2) (native/src/bpf.cc, issue 17); absent from an addon built before it. */
+  bpfMapCreate?(type: number, keySize: number, valueSize: number, maxEntries: number, name: string): number;
+  bpfMapUpdate?(fd: number, key: Buffer, value: Buffer, flags: number): void;
+  bpfMapLookup?(fd: number, key: Buffer, out: Buffer): boolean;
+  bpfProgLoad?(type: number, insns: Buffer, license: string, name: string, logSize: number): number;
+  bpfProgAttach?(ifindex: number, progFd: number, attachType: number, flags: number, replaceFd: number): void;
+  bpfProgDetach?(ifindex: number, progFd: number, attachType: number): void;
+  bpfProgQuery?(ifindex: number, attachType: number): number[];
+  bpfProgGetFdById?(id: number): number;
+  bpfProgInfo?(fd: number): BpfProgInfo;
+  bpfProgTestRun?(fd: number, data: Buffer, out: Buffer, repeat: number): { retval: number; size: number; durationNs: number };
+}
+
+/** What BPF_OBJ_GET_INFO_BY_FD says about a program. */
+export interface BpfProgInfo {
+  readonly id: number;
+  readonly type: number;
+  readonly name: string;
+  readonly mapIds: readonly number[];
+}
+
+/** The bpf(2) calls of the addon (issue 17), all present; close descriptors with fs.closeSync. */
+export type NativeBpf = Required<Pick<NativeAddon, 'bpfMapCreate' | 'bpfMapUpdate' | 'bpfMapLookup' | 'bpfProgLoad' | 'bpfProgAttach' | 'bpfProgDetach' | 'bpfProgQuery' | 'bpfProgGetFdById' | 'bpfProgInfo' | 'bpfProgTestRun'>>;
+
+/** The addon's bpf(2) wrappers, or why there are none (not built, or built before them). */
+export function nativeBpf(): NativeBpf | string {
+  try {
+    const n = loadNative();
+    return typeof n.bpfProgLoad === 'function' ? (n as NativeBpf) : 'the native addon was built without bpf(2) support (rebuild it: npm ci)';
+  } catch (err) {
+    return (err as Error).message;
+  }
 }
 
 /** What a socket descriptor is (getsockname, SO_TYPE, SO_ACCEPTCONN, SO_REUSEPORT). */
@@ -122,11 +206,20 @@ export function nativeAddonPath(): string {
   return candidates.find((p) => fs.existsSync(p)) ?? candidates[0]!;
 }
 
+/** The addon once loaded: a process loads one .node file once and never unloads it. */
+let loaded: NativeAddon | undefined;
+
 /**
- * The addon. Node's require cache makes repeated calls cheap, so there is no
- * module-level cache here.
+ * The addon, loaded on first use. Kept once loaded: finding the file and
+ * require()'s resolution are stat(2) calls every time (issue 18: ~0.2 ms a
+ * call, paid on every packet socket opened, 100 at a 50-service start). A
+ * failure is not kept: the next call tries again and throws again.
  */
 export function loadNative(): NativeAddon {
+  return (loaded ??= loadNativeFile());
+}
+
+function loadNativeFile(): NativeAddon {
   const file = nativeAddonPath();
   if (!fs.existsSync(file)) {
     throw new LbError(
@@ -224,15 +317,39 @@ export function socketInfo(fd: number): NativeSocketInfo {
  * the negative errno; undefined when the addon is missing or predates it.
  */
 export function shutdownWriteFn(): ((fd: number) => number) | undefined {
+  return optionalFunction('shutdownWrite');
+}
+
+/** An addon function that older builds lack: undefined when the addon is missing or predates it. */
+function optionalFunction<K extends 'shutdownWrite' | 'sha256'>(name: K): NativeAddon[K] | undefined {
   try {
-    const f = loadNative().shutdownWrite;
+    const f = loadNative()[name];
     return typeof f === 'function' ? f : undefined;
   } catch {
     return undefined;
   }
 }
 
+/**
+ * SHA-256 without node:crypto (native/src/digest.cc, issue 18: loading
+ * node:crypto for one hash per DHCP service costs ~0.55 MiB); undefined when
+ * the addon is missing or predates it.
+ */
+export function sha256Fn(): ((data: Uint8Array) => Buffer) | undefined {
+  return optionalFunction('sha256');
+}
+
 /** fcntl(F_DUPFD_CLOEXEC): another descriptor of the same socket, for a worker to own and close. */
 export function dupFd(fd: number): number {
   return loadNative().dupFd(fd);
+}
+
+/** The addon's relay class, or why there is none (not built, or built before it). */
+export function relayHandleClass(): NonNullable<NativeAddon['RelayHandle']> | string {
+  try {
+    const c = loadNative().RelayHandle;
+    return typeof c === 'function' ? c : 'the native addon was built without the relay (rebuild it: npm ci)';
+  } catch (err) {
+    return (err as Error).message;
+  }
 }

@@ -493,7 +493,9 @@ export class NetlinkClient {
     } catch (err) {
       throw netlinkError(err, 'creating', subject, { macvlan: true, missing: parent.name });
     }
-    this.log.info({ op: 'create-macvlan', name: opts.name, parent: parent.name, mac: opts.mac, mode: opts.mode }, 'macvlan created');
+    // debug, like 'address added' below: the callers say at info what the link or address is for
+    // ("VIP ... bound", with its macvlan); 50 DHCP services at start wrote 100 such lines (issue 18).
+    this.log.debug({ op: 'create-macvlan', name: opts.name, parent: parent.name, mac: opts.mac, mode: opts.mode }, 'macvlan created');
     return echoed ?? this.getLink(opts.name);
   }
 
@@ -536,7 +538,7 @@ export class NetlinkClient {
     } catch (err) {
       throw netlinkError(err, `adding ${ip}/${prefix} to`, describe(index));
     }
-    this.log.info({ op: 'add-address', index, address: `${ip}/${prefix}` }, 'address added');
+    this.log.debug({ op: 'add-address', index, address: `${ip}/${prefix}` }, 'address added');
   }
 
   /** Remove ip/prefix from a link; false when it was not there. */

@@ -1,9 +1,12 @@
-// Ownership marks (pure): the link names, MAC addresses and DHCP client
+// Ownership marks: the link names, MAC addresses and DHCP client
 // identifiers the agent derives from a service key ("namespace/name"), and
 // how it recognises its own links and addresses after a restart. Deterministic, so a
 // service keeps its MAC (and so its DHCP lease) across restarts, reboots and
-// moves to another VM.
+// moves to another VM. The hash is SHA-256 by the node binary's own OpenSSL
+// through the addon (issue 18), node:crypto only with an addon built before
+// it: the same bytes either way, so names and MACs never change.
 import { parseMac } from '../ipv4';
+import { sha256Fn } from './native';
 
 /** Every agent-created link is named LINK_PREFIX + 12 hex digits. */
 export const LINK_PREFIX = 'lbv';
@@ -22,12 +25,34 @@ export const MAX_IFNAME_LENGTH = 15;
 
 const OWNED_NAME = /^lbv[0-9a-f]{12}$/;
 
-function digest(key: string): Buffer {
-  // node:crypto on first use: only DHCP services need a derived name or MAC,
-  // and loading it costs ~2 MiB of RSS (issue 18).
+/** Names and MACs by service key: the daemon asks for a DHCP service's MAC on every forwarding-state build (issue 18). */
+const derived = new Map<string, { name: string; mac: string }>();
+/** Bound on the memo: more keys than any config holds; past it, start over. */
+const MAX_DERIVED = 4096;
+
+/**
+ * SHA-256 of `data`. Loading node:crypto for it costs a DHCP service ~0.55
+ * MiB of RSS (issue 18); the addon's sha256 hashes with the same OpenSSL.
+ */
+function sha256(data: Buffer): Buffer {
+  const native = sha256Fn();
+  if (native !== undefined) return native(data);
   // eslint-disable-next-line @typescript-eslint/no-var-requires
   const { createHash } = require('node:crypto') as typeof import('node:crypto');
-  return createHash('sha256').update(key, 'utf8').digest();
+  return createHash('sha256').update(data).digest();
+}
+
+function derive(key: string): { name: string; mac: string } {
+  const known = derived.get(key);
+  if (known !== undefined) return known;
+  const d = sha256(Buffer.from(key, 'utf8'));
+  const made = {
+    name: LINK_PREFIX + d.subarray(0, 6).toString('hex'),
+    mac: MAC_PREFIX + Array.from(d.subarray(0, 5), (b) => b.toString(16).padStart(2, '0')).join(':'),
+  };
+  if (derived.size >= MAX_DERIVED) derived.clear();
+  derived.set(key, made);
+  return made;
 }
 
 /**
@@ -36,7 +61,7 @@ function digest(key: string): Buffer {
  * one agent negligible.
  */
 export function linkNameForService(key: string): string {
-  return LINK_PREFIX + digest(key).subarray(0, 6).toString('hex');
+  return derive(key).name;
 }
 
 /**
@@ -44,8 +69,7 @@ export function linkNameForService(key: string): string {
  * never collides with a vendor (OUI) address.
  */
 export function macForService(key: string): string {
-  const d = digest(key);
-  return MAC_PREFIX + Array.from(d.subarray(0, 5), (b) => b.toString(16).padStart(2, '0')).join(':');
+  return derive(key).mac;
 }
 
 /**

@@ -34,6 +34,8 @@ export interface FrameInfo {
   csumNotReady: boolean;
   /** sll_pkttype: PACKET_HOST 0, BROADCAST 1, MULTICAST 2, OTHERHOST 3, OUTGOING 4. */
   pktType: number;
+  /** sll_ifindex: the interface the frame came in on (a macvlan's, on its parent's socket; packet-shared.ts). */
+  ifindex?: number;
 }
 
 export interface PacketSocketOptions {
@@ -54,8 +56,12 @@ export interface PacketSocketOptions {
 
 export interface PacketSocket extends EventEmitter {
   readonly ifindex: number;
-  /** Send one whole Ethernet frame (destination MAC first). Throws LbError. */
-  send(frame: Buffer): void;
+  /**
+   * Send one whole Ethernet frame (destination MAC first). ifindex: the
+   * interface it leaves by, when not the socket's own (a parent's shared
+   * socket sending a macvlan's frame: packet-shared.ts). Throws LbError.
+   */
+  send(frame: Buffer, ifindex?: number): void;
   /** Idempotent. */
   close(): void;
   // events: 'frame' (frame: Buffer, info: FrameInfo), 'error' (err: LbError), 'close'
@@ -123,14 +129,25 @@ class PacketSocketImpl extends EventEmitter implements PacketSocket {
   readonly ifindex: number;
   private handle: NativePacketHandle | undefined;
   private readonly metrics: NetMetrics | undefined;
-  private readonly log: Logger;
+  private readonly parentLog: Logger | undefined;
+  private childLog: Logger | undefined;
 
   constructor(handle: NativePacketHandle, opts: PacketSocketOptions) {
     super();
     this.ifindex = opts.ifindex;
     this.handle = handle;
     this.metrics = opts.metrics;
-    this.log = (opts.log ?? silentLogger()).child({ module: 'net/packet', ifindex: opts.ifindex });
+    this.parentLog = opts.log;
+  }
+
+  /**
+   * Made on the first line logged (a truncated frame, a read error): a pino
+   * child per socket cost ~70 us at open, 100 sockets when 50 DHCP services
+   * start, for lines most sockets never write (issue 18).
+   */
+  private get log(): Logger {
+    this.childLog ??= (this.parentLog ?? silentLogger()).child({ module: 'net/packet', ifindex: this.ifindex });
+    return this.childLog;
   }
 
   start(ref: boolean): void {
@@ -146,7 +163,7 @@ class PacketSocketImpl extends EventEmitter implements PacketSocket {
         this.log.debug({ op: 'recv', length: f.length }, 'dropped truncated frame');
         continue;
       }
-      this.emit('frame', f.frame, { csumNotReady: (f.status & TP_STATUS_CSUMNOTREADY) !== 0, pktType: f.pktType } satisfies FrameInfo);
+      this.emit('frame', f.frame, { csumNotReady: (f.status & TP_STATUS_CSUMNOTREADY) !== 0, pktType: f.pktType, ifindex: f.ifindex } satisfies FrameInfo);
     }
     if (err && this.handle !== undefined) {
       // Typically ENETDOWN when the interface went down or away. The socket
@@ -158,12 +175,13 @@ class PacketSocketImpl extends EventEmitter implements PacketSocket {
     }
   }
 
-  send(frame: Buffer): void {
+  send(frame: Buffer, ifindex?: number): void {
     if (!this.handle) throw new LbError('LB_ERR_NET_SOCKET', `packet socket on ifindex ${this.ifindex} is closed`, { ifindex: this.ifindex });
     try {
-      this.handle.send(frame);
+      if (ifindex === undefined) this.handle.send(frame);
+      else this.handle.send(frame, ifindex);
     } catch (err) {
-      throw packetSocketError(err, 'sending a frame', this.ifindex);
+      throw packetSocketError(err, 'sending a frame', ifindex ?? this.ifindex);
     }
   }
 

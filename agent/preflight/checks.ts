@@ -531,7 +531,15 @@ export function checkDsr(f: Facts): CheckResult | undefined {
     if (wanted.length > 0 && effectiveDataplane(f) !== 'kernel') {
       return fail(id, `${services}, but the data path will be the userspace proxy, which cannot keep the clients' addresses`, 'fix the dataplane check (nftables), or set sourceIP: snat on those services');
     }
-    return pass(id, `the kernel accepts the direct-server-return table (netdev ingress, jhash, fwd); ${services}`);
+    const table = `the kernel accepts the direct-server-return table (netdev ingress, jhash, fwd); ${services}`;
+    const bpf = f.dsr.bpf;
+    if (bpf === undefined) return pass(id, table);
+    if (bpf.status === 'ok') return pass(id, `${table}; the BPF program in front of it loads and attaches at tc ingress (tcx): DSR runs on it`);
+    const bpfWhy = `the BPF program in front of it cannot run here (${bpf.error ?? bpf.status})${/EPERM|not permitted/i.test(bpf.error ?? '') ? ': it needs CAP_BPF and CAP_NET_ADMIN, and bpf() allowed by the seccomp filter' : ''}; DSR falls back to the table alone (correct, at about twice the CPU per frame)`;
+    if (wanted.length === 0) return pass(id, `${table}; ${bpfWhy}`);
+    return warn(id, `${table}; ${bpfWhy}`, /EPERM|not permitted/i.test(bpf.error ?? '')
+      ? 'run the check as the agent runs (the unit grants CAP_BPF and allows bpf()); a kernel without CONFIG_BPF_SYSCALL or CONFIG_NET_XGRESS (6.6+) cannot run it'
+      : 'a kernel with CONFIG_BPF_SYSCALL and CONFIG_NET_XGRESS (6.6+) runs it; the table alone is correct');
   }
   const why = probe.status === 'not-run' ? `could not test (${probe.error ?? 'not run'})`
     : `the kernel refused the direct-server-return table in a throwaway namespace: ${probe.error ?? 'failed'}${missing.length > 0 ? ` (kernel config: ${missing.join(', ')} not set)` : ''}`;

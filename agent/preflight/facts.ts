@@ -142,7 +142,12 @@ export interface Facts {
   /** RLIMIT_NOFILE of this process (the unit's LimitNOFILE= under systemd); absent in facts from before it was gathered. */
   limits?: { nofile: number | undefined };
   /** Issue 17: the direct-server-return probe (nft-dsr.ts DSR_PROBE_RULESET in a throwaway namespace) and the kernel options it needs. */
-  dsr?: { probe: Attempt; kernelConfig: Record<string, 'y' | 'm' | 'n' | undefined> };
+  dsr?: {
+    probe: Attempt;
+    kernelConfig: Record<string, 'y' | 'm' | 'n' | undefined>;
+    /** The BPF program in front of the table (net/ebpf-attach.ts probeDsrBpfHere): load it, attach it at tcx ingress of lo, detach. Absent in facts from before it. */
+    bpf?: Attempt;
+  };
   /** Issue 17: this node's zone (node.zone, else the labels file). */
   node?: NodeTopology;
   /** Issue 17: every IPv4 address of the VM, with whether its interface answers ARP (for the DSR backend check). */
@@ -357,7 +362,27 @@ async function gatherDsr(release: string, unshare: string | undefined, nft: stri
   const [probe, configText] = await Promise.all([nftProbe(unshare, nft, DSR_PROBE_RULESET), readKernelConfig(release)]);
   const kernelConfig: Record<string, 'y' | 'm' | 'n' | undefined> = {};
   for (const o of DSR_KERNEL_OPTIONS) kernelConfig[o] = configText === undefined ? undefined : kernelConfigValue(configText, o);
-  return { probe, kernelConfig };
+  return { probe, kernelConfig, bpf: bpfProbe() };
+}
+
+/**
+ * The BPF path of direct server return, probed in this process as the
+ * daemon probes it at start: bpf() allowed (CAP_BPF and CAP_NET_ADMIN, or
+ * root; a seccomp filter that refuses bpf shows as EPERM), the verifier takes
+ * the program, tcx attaches it. On lo of this namespace rather than in a new
+ * one: entering a namespace takes a new process, and the probe's program
+ * matches only a TEST-NET VIP behind a locally administered MAC, which lo
+ * never carries, for the two syscalls it is attached.
+ */
+function bpfProbe(): Attempt {
+  const t0 = Date.now();
+  try {
+    // eslint-disable-next-line @typescript-eslint/no-require-imports
+    const why = (require('../net/ebpf-attach') as typeof import('../net/ebpf-attach')).probeDsrBpfHere();
+    return why === undefined ? { status: 'ok', ms: Date.now() - t0 } : { status: 'failed', error: why, ms: Date.now() - t0 };
+  } catch (err) {
+    return { status: 'not-run', error: (err as Error).message };
+  }
 }
 
 

@@ -14,13 +14,15 @@ export const FAST_ARP = { probeWait: 0.05, probeNum: 2, probeMin: 0.05, probeMax
 
 /**
  * Start the agent; log level info by default (debug would log per packet and
- * tax what is measured). It runs with the unit's NODE_OPTIONS (startAgent's
- * default, which replaces this process's), or with `nodeOptions` ('' for
- * Node's defaults).
+ * tax what is measured). It runs with the unit's environment - NODE_OPTIONS
+ * and GLIBC_TUNABLES (startAgent's default, which replaces this process's) -
+ * or, given `nodeOptions`, with those V8 flags and glibc's own malloc
+ * settings ('' for the defaults of both); `env`: more variables on top (LB_AGENT_DSR_ENGINE).
  */
-export async function runAgent(lab: Lab, ns: string, cfg: Record<string, unknown>, opts: { name?: string; waitReady?: boolean; logLevel?: string; stateDir?: string; args?: string[]; nodeOptions?: string } = {}): Promise<AgentHandle> {
-  const { nodeOptions, ...rest } = opts;
-  return startAgent(lab, ns, cfg, { logLevel: 'info', ...rest, ...(nodeOptions !== undefined ? { env: { NODE_OPTIONS: nodeOptions } } : {}) });
+export async function runAgent(lab: Lab, ns: string, cfg: Record<string, unknown>, opts: { name?: string; waitReady?: boolean; logLevel?: string; stateDir?: string; args?: string[]; nodeOptions?: string; env?: Record<string, string> } = {}): Promise<AgentHandle> {
+  const { nodeOptions, env, ...rest } = opts;
+  const merged = { ...(nodeOptions !== undefined ? { NODE_OPTIONS: nodeOptions, GLIBC_TUNABLES: '' } : {}), ...env };
+  return startAgent(lab, ns, cfg, { logLevel: 'info', ...rest, ...(Object.keys(merged).length > 0 ? { env: merged } : {}) });
 }
 
 /** SIGTERM, then SIGKILL after `graceMs`: the bench never waits on a stuck agent for long. */

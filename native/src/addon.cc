@@ -1,7 +1,8 @@
 // lbagent_native module entry: registers the packet socket class, the unix
 // datagram sender (sd_notify), small system queries (capabilities, ifindex),
 // the proxy's listening sockets (SO_REUSEPORT groups), and the batch TCP
-// connect prober of the health checker.
+// connect prober of the health checker, the proxy's byte relay, and bpf(2)
+// for direct server return at tc ingress.
 #include "common.h"
 
 static Napi::Object InitAddon(Napi::Env env, Napi::Object exports) {
@@ -10,6 +11,9 @@ static Napi::Object InitAddon(Napi::Env env, Napi::Object exports) {
   lbagent::InitSystem(env, exports);
   lbagent::InitListenSocket(env, exports);
   lbagent::InitTcpProbe(env, exports);
+  lbagent::InitRelay(env, exports);
+  lbagent::InitDigest(env, exports);
+  lbagent::InitBpf(env, exports);
   return exports;
 }
 

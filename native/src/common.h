@@ -19,6 +19,9 @@ Napi::Object InitUnixDgram(Napi::Env env, Napi::Object exports);
 Napi::Object InitSystem(Napi::Env env, Napi::Object exports);
 Napi::Object InitListenSocket(Napi::Env env, Napi::Object exports);
 Napi::Object InitTcpProbe(Napi::Env env, Napi::Object exports);
+Napi::Object InitRelay(Napi::Env env, Napi::Object exports);
+Napi::Object InitDigest(Napi::Env env, Napi::Object exports);
+Napi::Object InitBpf(Napi::Env env, Napi::Object exports);
 
 }  // namespace lbagent
 

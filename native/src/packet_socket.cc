@@ -3,6 +3,7 @@
 // Whole Ethernet frames go in and out; nothing here parses them. The kernel
 // facts we rely on are in packet(7).
 #include "common.h"
+#include "loop_handles.h"
 
 #include <arpa/inet.h>
 #include <linux/filter.h>
@@ -95,7 +96,7 @@ class PacketHandle : public Napi::ObjectWrap<PacketHandle> {
     if (bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) < 0) FailAndClose(env, "bind");
     // Close with the environment (process exit, worker end) even if the
     // socket is never closed: no poll callback may run into a dying VM.
-    if (napi_add_env_cleanup_hook(env, &PacketHandle::OnEnvCleanup, this) == napi_ok) cleanup_hook_ = true;
+    teardown_.Add(env, this);
   }
 
   ~PacketHandle() override { Release(); }
@@ -140,16 +141,25 @@ class PacketHandle : public Napi::ObjectWrap<PacketHandle> {
     if (fd_ < 0) throw ErrnoError(env, EBADF, "packet socket", "closed");
   }
 
-  // send(frame: Buffer): number of bytes written.
+  // send(frame: Buffer, ifindex?: number): number of bytes written. ifindex:
+  // the interface the frame leaves by, when not the one the socket is bound
+  // to (packet(7): sendto's sockaddr_ll names the device; one socket on a
+  // parent sends each macvlan's frames from that macvlan).
   Napi::Value Send(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     CheckOpen(env);
-    if (info.Length() < 1 || !info[0].IsBuffer()) throw Napi::TypeError::New(env, "send(frame: Buffer)");
+    if (info.Length() < 1 || !info[0].IsBuffer()) throw Napi::TypeError::New(env, "send(frame: Buffer, ifindex?: number)");
+    int out_ifindex = ifindex_;
+    if (info.Length() >= 2 && !info[1].IsUndefined()) {
+      if (!info[1].IsNumber()) throw Napi::TypeError::New(env, "send(frame: Buffer, ifindex?: number)");
+      out_ifindex = info[1].As<Napi::Number>().Int32Value();
+      if (out_ifindex <= 0) throw Napi::RangeError::New(env, "ifindex must be a positive integer");
+    }
     Napi::Buffer<uint8_t> frame = info[0].As<Napi::Buffer<uint8_t>>();
     if (frame.Length() < ETH_HLEN) throw Napi::RangeError::New(env, "frame shorter than an Ethernet header");
     sockaddr_ll addr{};
     addr.sll_family = AF_PACKET;
-    addr.sll_ifindex = ifindex_;
+    addr.sll_ifindex = out_ifindex;
     // The frame's own ethertype becomes skb->protocol.
     std::memcpy(&addr.sll_protocol, frame.Data() + 12, 2);
     addr.sll_halen = ETH_ALEN;
@@ -214,20 +224,15 @@ class PacketHandle : public Napi::ObjectWrap<PacketHandle> {
     callback_ = Napi::Persistent(info[0].As<Napi::Function>());
     if (!context_) context_ = std::make_unique<Napi::AsyncContext>(env, "lbagent:PacketSocket");
     if (poll_ == nullptr) {
-      uv_loop_t* loop = nullptr;
-      if (napi_get_uv_event_loop(env, &loop) != napi_ok) throw Napi::Error::New(env, "no libuv loop");
-      poll_ = new uv_poll_t;
-      int rc = uv_poll_init(loop, poll_, fd_);
-      if (rc < 0) {
-        delete poll_;
-        poll_ = nullptr;
-        throw ErrnoError(env, -rc, "uv_poll_init");
-      }
-      poll_->data = this;
+      int rc = 0;
+      const char* call = nullptr;
+      poll_ = StartReadPoll(env, fd_, this, &PacketHandle::OnReadable, &rc, &call);
+      if (poll_ == nullptr) throw ErrnoError(env, -rc, call);
       if (!referenced_) uv_unref(reinterpret_cast<uv_handle_t*>(poll_));
+    } else {
+      int rc = uv_poll_start(poll_, UV_READABLE, &PacketHandle::OnReadable);
+      if (rc < 0) throw ErrnoError(env, -rc, "uv_poll_start");
     }
-    int rc = uv_poll_start(poll_, UV_READABLE, &PacketHandle::OnReadable);
-    if (rc < 0) throw ErrnoError(env, -rc, "uv_poll_start");
     if (!polling_) {
       polling_ = true;
       Ref();  // keep the wrapper alive while the kernel may call us back
@@ -267,23 +272,12 @@ class PacketHandle : public Napi::ObjectWrap<PacketHandle> {
     }
   }
 
-  static void OnEnvCleanup(void* arg) {
-    auto* self = static_cast<PacketHandle*>(arg);
-    self->cleanup_hook_ = false;  // the hook is being run; it must not be removed
-    self->Release();
-  }
-
   // Closes the poll handle before the descriptor, as libuv requires.
-  void Release() {
-    if (cleanup_hook_) {
-      napi_remove_env_cleanup_hook(Env(), &PacketHandle::OnEnvCleanup, this);
-      cleanup_hook_ = false;
-    }
-    if (poll_ != nullptr) {
-      uv_poll_stop(poll_);
-      uv_close(reinterpret_cast<uv_handle_t*>(poll_), [](uv_handle_t* h) { delete reinterpret_cast<uv_poll_t*>(h); });
-      poll_ = nullptr;
-    }
+  // `hook`: called from the environment's teardown (loop_handles.h).
+  void Release(napi_async_cleanup_hook_handle hook = nullptr) {
+    teardown_.Remove();
+    CloseHandles({reinterpret_cast<uv_handle_t*>(poll_)}, hook);
+    poll_ = nullptr;
     if (fd_ >= 0) {
       ::close(fd_);
       fd_ = -1;
@@ -365,6 +359,9 @@ class PacketHandle : public Napi::ObjectWrap<PacketHandle> {
       entry.Set("frame", Napi::Buffer<uint8_t>::Copy(env, buffer, copied));
       entry.Set("status", Napi::Number::New(env, tp_status));
       entry.Set("pktType", Napi::Number::New(env, from.sll_pkttype));
+      // The interface the frame was received on: on a socket bound to a
+      // macvlan's parent, the macvlan the kernel handed a unicast frame to.
+      entry.Set("ifindex", Napi::Number::New(env, from.sll_ifindex));
       entry.Set("length", Napi::Number::New(env, static_cast<double>(n)));
       frames.Set(count++, entry);
     }
@@ -389,7 +386,8 @@ class PacketHandle : public Napi::ObjectWrap<PacketHandle> {
   uv_poll_t* poll_ = nullptr;
   bool polling_ = false;
   bool referenced_ = true;
-  bool cleanup_hook_ = false;
+  EnvTeardown teardown_;
+  friend class ::lbagent::EnvTeardown;  // runs Release(hook) at the environment's teardown
   Napi::FunctionReference callback_;
   std::unique_ptr<Napi::AsyncContext> context_;
 };

@@ -32,6 +32,7 @@
 //     closed; TypeScript calls it on its own timer, so how long a backend may
 //     take to close is its policy, not ours.
 #include "common.h"
+#include "loop_handles.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -120,31 +121,19 @@ class TcpProbeHandle : public Napi::ObjectWrap<TcpProbeHandle> {
 
     epfd_ = epoll_create1(EPOLL_CLOEXEC);
     if (epfd_ < 0) throw ErrnoError(env, errno, "epoll_create1");
-    uv_loop_t* loop = nullptr;
-    if (napi_get_uv_event_loop(env, &loop) != napi_ok) {
+    int rc = 0;
+    const char* call = nullptr;
+    poll_ = StartReadPoll(env, epfd_, this, &TcpProbeHandle::OnReadable, &rc, &call);
+    if (poll_ == nullptr) {
       CloseEpoll();
-      throw Napi::Error::New(env, "no libuv loop");
-    }
-    poll_ = new uv_poll_t;
-    int rc = uv_poll_init(loop, poll_, epfd_);
-    if (rc < 0) {
-      delete poll_;
-      poll_ = nullptr;
-      CloseEpoll();
-      throw ErrnoError(env, -rc, "uv_poll_init");
-    }
-    poll_->data = this;
-    rc = uv_poll_start(poll_, UV_READABLE, &TcpProbeHandle::OnReadable);
-    if (rc < 0) {
-      Release();
-      throw ErrnoError(env, -rc, "uv_poll_start");
+      throw ErrnoError(env, -rc, call);
     }
     // Like a Node socket: the loop stays alive while a probe socket is open,
     // and only then (see Opened/Closed).
     uv_unref(reinterpret_cast<uv_handle_t*>(poll_));
     Ref();  // the poll callback needs the wrapper until close()
     polling_ = true;
-    if (napi_add_env_cleanup_hook(env, &TcpProbeHandle::OnEnvCleanup, this) == napi_ok) cleanup_hook_ = true;
+    teardown_.Add(env, this);
   }
 
   ~TcpProbeHandle() override { Release(); }
@@ -347,24 +336,16 @@ class TcpProbeHandle : public Napi::ObjectWrap<TcpProbeHandle> {
     }
   }
 
-  static void OnEnvCleanup(void* arg) {
-    auto* self = static_cast<TcpProbeHandle*>(arg);
-    self->cleanup_hook_ = false;
-    self->Release();
-  }
-
   void CloseEpoll() {
     if (epfd_ >= 0) ::close(epfd_);
     epfd_ = -1;
   }
 
   // Closes every probe socket, the poll handle (before its descriptor, as
-  // libuv requires) and the epoll descriptor.
-  void Release() {
-    if (cleanup_hook_) {
-      napi_remove_env_cleanup_hook(Env(), &TcpProbeHandle::OnEnvCleanup, this);
-      cleanup_hook_ = false;
-    }
+  // libuv requires) and the epoll descriptor. `hook`: called from the
+  // environment's teardown, which waits until it is removed (loop_handles.h).
+  void Release(napi_async_cleanup_hook_handle hook = nullptr) {
+    teardown_.Remove();
     for (size_t fd = 0; fd < state_.size(); fd++) {
       if (state_[fd].kind != FdKind::kNone) {
         state_[fd].kind = FdKind::kNone;
@@ -377,11 +358,8 @@ class TcpProbeHandle : public Napi::ObjectWrap<TcpProbeHandle> {
     closing_[1].clear();
     open_ = 0;
     closing_count_ = 0;
-    if (poll_ != nullptr) {
-      uv_poll_stop(poll_);
-      uv_close(reinterpret_cast<uv_handle_t*>(poll_), [](uv_handle_t* h) { delete reinterpret_cast<uv_poll_t*>(h); });
-      poll_ = nullptr;
-    }
+    CloseHandles({reinterpret_cast<uv_handle_t*>(poll_)}, hook);
+    poll_ = nullptr;
     CloseEpoll();
     if (polling_) {
       polling_ = false;
@@ -461,7 +439,8 @@ class TcpProbeHandle : public Napi::ObjectWrap<TcpProbeHandle> {
   int epfd_ = -1;
   uv_poll_t* poll_ = nullptr;
   bool polling_ = false;
-  bool cleanup_hook_ = false;
+  EnvTeardown teardown_;
+  friend class ::lbagent::EnvTeardown;  // runs Release(hook) at the environment's teardown
   int capacity_ = 0;
   CloseMode close_mode_ = CloseMode::kFin;
   Napi::FunctionReference callback_;

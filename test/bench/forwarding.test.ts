@@ -2,10 +2,11 @@
 // paired with each slot is the median of the per-pair ratios (issue 17), not
 // a ratio of medians that one swinging direct round can move.
 import t from 'tap';
-import { pairedRatio } from '../../bench/forwarding';
-import type { WrkResult } from '../../bench/lib/load';
+import { headerCost, pairedRatio, pairedReplies } from '../../bench/forwarding';
+import type { IperfResult, WrkResult } from '../../bench/lib/load';
 
 const wrk = (rps: number): WrkResult => ({ rps } as WrkResult);
+const iperf = (gbps: number, error?: string): IperfResult => ({ bitsPerSecond: gbps * 1e9, ...(error ? { error } : {}) } as IperfResult);
 
 t.test('the median of per-pair ratios follows each pair, whatever direct did in other rounds', async (t) => {
   // Direct swings 95k / 73k / 53k; the target tracks it at 0.8 / 0.9 / 0.85 in its own pairs.
@@ -22,4 +23,52 @@ t.test('no pairs (direct itself, direct not in the run, older results): no paire
   t.same(pairedRatio([{ keepalive: wrk(50_000) }]), {});
   t.same(pairedRatio([]), {});
   t.same(pairedRatio([{ keepalive: wrk(50_000), directKeepalive: wrk(0) }]), {}, 'a direct run that served nothing is no pair');
+});
+
+t.test('with direct measured after the slot too, the reference is the mean of before and after (A-B-A)', async (t) => {
+  // The host speeds up through each slot: direct before alone (50k) would credit the target with the drift.
+  const samples = [
+    { keepalive: wrk(48_000), directKeepalive: wrk(50_000), directKeepaliveAfter: wrk(70_000) },
+    { keepalive: wrk(40_000), directKeepalive: wrk(45_000), directKeepaliveAfter: wrk(55_000) },
+    { keepalive: wrk(52_000), directKeepalive: wrk(60_000), directKeepaliveAfter: wrk(70_000) },
+  ];
+  t.same(pairedRatio(samples), { xDirect: 0.8 }, 'median of 0.8, 0.8, 0.8');
+  t.same(pairedRatio([{ keepalive: wrk(48_000), directKeepalive: wrk(50_000), directKeepaliveAfter: wrk(0) }]), {}, 'an after run that served nothing spoils the pair');
+  t.same(pairedRatio([{ keepalive: wrk(48_000), directKeepaliveAfter: wrk(60_000) }]), {}, 'no pair without the run before');
+});
+
+t.test('DSR replies: the median of per-round ratios to direct\'s iperf3 -R before and after the slot', async (t) => {
+  const samples = [
+    { bulkReverse: iperf(9.5), directBulkReverse: { before: iperf(9), after: iperf(11) } },
+    { bulkReverse: iperf(7.2), directBulkReverse: { before: iperf(8), after: iperf(8) } },
+    { bulkReverse: iperf(12), directBulkReverse: { before: iperf(12), after: iperf(13) } },
+  ];
+  t.same(pairedReplies(samples), { bulkReverseXDirect: 0.95 }, 'per round 0.95, 0.9, 0.96');
+  t.same(pairedReplies([{ bulkReverse: iperf(9) }]), {}, 'older results: no pair');
+  t.same(pairedReplies([{ bulkReverse: iperf(9), directBulkReverse: { before: iperf(9), after: iperf(0, 'connection refused') } }]), {}, 'a failed direct run is no pair');
+  t.same(pairedReplies([{ bulkReverse: iperf(0, 'timeout'), directBulkReverse: { before: iperf(9), after: iperf(9) } }]), {}, 'a failed DSR run is no pair');
+});
+
+t.test('the PROXY header\'s cost is the median of per-round ratios to the same process without it', async (t) => {
+  // The host slows from round to round; each pair is measured back to back (here the same before and after), so the ratio holds at ~0.97.
+  const samples = [
+    { keepalive: wrk(29_100), close: wrk(7_760), withoutHeader: { keepalive: wrk(30_000), close: wrk(8_000), after: { keepalive: wrk(30_000), close: wrk(8_000) } } },
+    { keepalive: wrk(23_040), close: wrk(5_880), withoutHeader: { keepalive: wrk(24_000), close: wrk(6_000), after: { keepalive: wrk(24_000), close: wrk(6_000) } } },
+    { keepalive: wrk(38_800), close: wrk(9_000), withoutHeader: { keepalive: wrk(40_000), close: wrk(9_400), after: { keepalive: wrk(40_000), close: wrk(9_400) } } },
+  ];
+  t.same(headerCost(samples), { xWithoutHeader: { keepalive: 0.97, newConnections: 0.97 } });
+});
+
+t.test('the header\'s reference is the mean of the runs right before and right after it (A-B-A)', async (t) => {
+  // The host speeds up during each slot: the run before alone would make the header look free.
+  const samples = [
+    { keepalive: wrk(30_000), close: wrk(8_000), withoutHeader: { keepalive: wrk(29_000), close: wrk(7_600), after: { keepalive: wrk(33_000), close: wrk(9_000) } } },
+  ];
+  t.same(headerCost(samples), { xWithoutHeader: { keepalive: 0.968, newConnections: 0.964 } });
+});
+
+t.test('no header pairs (a plain target, older results, a pair that served nothing): no header cost', async (t) => {
+  t.same(headerCost([{ keepalive: wrk(50_000), close: wrk(5_000) }]), {});
+  t.same(headerCost([]), {});
+  t.same(headerCost([{ keepalive: wrk(50_000), close: wrk(5_000), withoutHeader: { keepalive: wrk(0), close: wrk(5_000), after: { keepalive: wrk(0), close: wrk(5_000) } } }]), {});
 });

@@ -63,3 +63,12 @@ t.test('issue 17: the node\'s zone, the DSR backend side, and per service the so
   unknown.node = { ...unknown.node, zone: undefined, zoneFrom: 'unknown', labelsProblem: '/etc/lb-agent/node-labels does not exist' };
   t.match(formatStatus(unknown, 0), /^zone: unknown; \/etc\/lb-agent\/node-labels does not exist$/m);
 });
+
+t.test('issue 17: the dataplane line says which engine serves direct server return, and nothing without DSR', async (t) => {
+  const d = doc([svc({})]);
+  t.match(formatStatus(d, 0), /^dataplane: kernel \(auto\); failover/m, 'no DSR port: no engine');
+  d.dataplane = { kind: 'kernel', reason: 'auto', dsr: { engine: 'bpf', cause: 'tcx', reason: 'BPF program at tc ingress (tcx) of eth0' } };
+  t.match(formatStatus(d, 0), /^dataplane: kernel \(auto\), direct server return on the BPF program \(tcx\); failover/m);
+  d.dataplane = { kind: 'kernel', reason: 'auto', dsr: { engine: 'nft', cause: 'fallback', reason: 'the BPF program cannot run here (EPERM)' } };
+  t.match(formatStatus(d, 0), /^dataplane: kernel \(auto\), direct server return on the nft table alone \(fallback\); failover/m);
+});

@@ -5,7 +5,7 @@ import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { performance } from 'node:perf_hooks';
-import { loadConfigFileAsync, parseConfigTextOffThread, INLINE_PARSE_MAX_BYTES } from '../../agent/config/load-async';
+import { loadConfigFileAsync, parseConfigTextOffThread, INLINE_PARSE_MAX_BYTES, RELOAD_INLINE_MAX_BYTES } from '../../agent/config/load-async';
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lb-load-async-'));
 t.teardown(() => fs.rmSync(dir, { recursive: true, force: true }));
@@ -33,6 +33,24 @@ t.test('refusals come back as errors, never as exceptions', async (t) => {
   fs.writeFileSync(f('empty.yaml'), '');
   const empty = await loadConfigFileAsync(f('empty.yaml'));
   t.equal(empty.ok, false);
+});
+
+t.test('the answer comes once the worker\'s thread has ended', async (t) => {
+  // A reload is over when its parse is: the daemon's collection after it
+  // must not find the worker's heap still there (issue 18).
+  const ended: boolean[] = [];
+  const onWorker = (w: import('node:worker_threads').Worker): void => {
+    const i = ended.push(false) - 1;
+    w.once('exit', () => { ended[i] = true; });
+  };
+  process.on('worker', onWorker);
+  t.teardown(() => { process.off('worker', onWorker); });
+  const good = await parseConfigTextOffThread('services: []\n', 'a.yaml');
+  t.equal(good.ok, true);
+  t.same(ended, [true], 'a good parse: the thread had exited');
+  const slow = await parseConfigTextOffThread(`services:\n${Array.from({ length: 3000 }, (_, i) => `  - { name: s${i}, ipam: dhcp, ports: [{ port: 80 }] }`).join('\n')}\n`, 'slow.yaml', { deadlineMs: 1 });
+  t.equal(slow.ok, false);
+  t.same(ended, [true, true], 'a parse stopped at its deadline: the thread had exited');
 });
 
 t.test('a parse past the deadline is refused', async (t) => {
@@ -76,7 +94,7 @@ t.test('the event loop stays free while a large file is parsed', async (t) => {
   t.ok(elu.utilization < 0.5, `the event loop was busy for ${(elu.utilization * 100).toFixed(1)}% of the parse (${took} ms; largest timer lag ${maxLag} ms over ${ticks} ticks)`);
 });
 
-t.test('the first start parses a small file inline, a larger one and every reload in a worker', async (t) => {
+t.test('a small file is parsed inline (64 KiB at start, 16 KiB on a reload), a larger one in a worker', async (t) => {
   // process 'worker' fires for every Worker created in this process.
   let workers = 0;
   const onWorker = (): void => { workers++; };
@@ -92,7 +110,18 @@ t.test('the first start parses a small file inline, a larger one and every reloa
   t.equal(bad.via, 'worker', 'above the limit: the worker');
   t.equal(workers, 1);
   const reload = await loadConfigFileAsync(f('small.yaml'));
-  t.equal(reload.via, 'worker', 'without inlineUpTo (a reload): the worker');
+  t.equal(reload.via, 'inline', 'without inlineUpTo (a reload): a small file inline (issue 18)');
+  t.equal(workers, 1);
+  // Just over the reload's limit (comments count: the limit is on the bytes the loop would parse).
+  const over = fs.readFileSync(f('small.yaml'), 'utf8');
+  fs.writeFileSync(f('over.yaml'), over + '#'.repeat(RELOAD_INLINE_MAX_BYTES + 1 - Buffer.byteLength(over) - 1) + '\n');
+  t.equal(fs.statSync(f('over.yaml')).size, RELOAD_INLINE_MAX_BYTES + 1);
+  const big = await loadConfigFileAsync(f('over.yaml'));
+  t.equal(big.via, 'worker', 'a reload of a file over RELOAD_INLINE_MAX_BYTES: the worker');
+  t.ok(big.ok && Object.isFrozen(big.config.services[0]!.ports[0]));
+  t.equal(workers, 2);
+  fs.writeFileSync(f('at.yaml'), over + '#'.repeat(RELOAD_INLINE_MAX_BYTES - Buffer.byteLength(over) - 1) + '\n');
+  t.equal((await loadConfigFileAsync(f('at.yaml'))).via, 'inline', 'exactly at the limit: inline');
   t.equal(workers, 2);
   fs.writeFileSync(f('small-bad.yaml'), 'services:\n  - { name: web, bogus: 1 }\n');
   const refused = await loadConfigFileAsync(f('small-bad.yaml'), { inlineUpTo: INLINE_PARSE_MAX_BYTES });

@@ -7,7 +7,7 @@ import { prng } from '../helpers/random';
 import {
   BROADCAST_IP, BROADCAST_MAC, DHCP_CLIENT_FILTER, DROP_REASONS, MessageType, Opt,
   buildClientMessage, decodeDhcp, decodeReply, decodeUdpFrame, describePacket, encodeDhcp, encodeUdpFrame,
-  prefixFromMask, type DhcpOption, type DropReason,
+  prefixFromMask, replyClientMac, type DhcpOption, type DropReason,
 } from '../../agent/dhcp/codec';
 import { internetChecksum, udpChecksum } from '../../agent/net/inet';
 import { formatIPv4, parseIPv4 } from '../../agent/ipv4';
@@ -352,4 +352,18 @@ t.test('fuzz: decoders never throw and only return known reasons (bounded, seede
     for (let len = 0; len <= base.length; len++) judge(base.subarray(0, len), NOT_READY);
   }
   t.equal(bad, 0, `${runs} inputs, none threw or returned an unknown reason`);
+});
+
+t.test('replyClientMac: the client a reply is for, read in place; nothing for what is not an Ethernet BOOTP reply', async (t) => {
+  t.equal(replyClientMac(hex(golden.dnsmasqOffer)), CLIENT_MAC, 'dnsmasq OFFER: udhcpc\'s MAC');
+  t.equal(replyClientMac(hex(golden.dnsmasqAck)), CLIENT_MAC, 'dnsmasq ACK');
+  t.equal(replyClientMac(hex(golden.udhcpcDiscover)), undefined, 'a request (op 1) is no reply');
+  const offer = hex(golden.dnsmasqOffer);
+  t.equal(replyClientMac(offer.subarray(0, 14 + 20 + 8 + 33)), undefined, 'cut inside chaddr');
+  const arp = Buffer.from(offer); arp.writeUInt16BE(0x0806, 12);
+  t.equal(replyClientMac(arp), undefined, 'not IPv4');
+  const hlen = Buffer.from(offer); hlen[14 + 20 + 8 + 2] = 16;
+  t.equal(replyClientMac(hlen), undefined, 'not an Ethernet chaddr');
+  const options = Buffer.from(offer); options[14] = 0x46; // IHL 6: chaddr four bytes further on
+  t.notOk(replyClientMac(options) === CLIENT_MAC, 'the IP header length is honoured');
 });

@@ -1,7 +1,7 @@
 // The forward entry point builds the data path that was selected.
 import t from 'tap';
 import { Registry } from 'prom-client';
-import { createDataplane, selectDataplane } from '../../agent/forward';
+import { createDataplane, parseDsrEngine, selectDataplane } from '../../agent/forward';
 
 t.test('createDataplane builds the selected kind and labels the info metric with the reason', async (t) => {
   const proxy = { algorithm: 'round-robin' as const, idleTimeout: 60, connectTimeout: 3 };
@@ -13,4 +13,12 @@ t.test('createDataplane builds the selected kind and labels the info metric with
   await dp.stop();
   const k = createDataplane({ kind: 'kernel', reason: 'configured: dataplane: kernel' }, { proxy });
   t.equal(k.kind, 'kernel', 'constructing the kernel path touches nothing until apply()');
+});
+
+t.test('LB_AGENT_DSR_ENGINE: unset or auto, nft; anything else refused at start', async (t) => {
+  t.equal(parseDsrEngine(undefined), 'auto');
+  t.equal(parseDsrEngine(''), 'auto');
+  t.equal(parseDsrEngine('auto'), 'auto');
+  t.equal(parseDsrEngine('nft'), 'nft');
+  t.throws(() => parseDsrEngine('xdp'), { code: 'LB_ERR_CONFIG_INVALID', message: /LB_AGENT_DSR_ENGINE="xdp": expected auto or nft/ });
 });

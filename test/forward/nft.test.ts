@@ -16,6 +16,7 @@ import {
   NftDataplane, canonicalTableJson, flowTotals, parseNftCounters, probeDsr, probeNftables, renderNft, renderRemoval, type Exec,
 } from '../../agent/forward/nft';
 import { flowId } from '../../agent/forward/dataplane';
+import type { DsrBpf } from '../../agent/net/ebpf-attach';
 
 // Golden files live in the source tree (tests run from dist/). UPDATE_GOLDEN=1 rewrites them.
 function golden(t: tap.Test, name: string, actual: string): void {
@@ -246,4 +247,130 @@ t.test('a /metrics scrape spawns no process: counters are read on a timer; a tab
   t.equal(reads(), before + 1, 'the timer read the counters again');
   await new Promise((r) => setTimeout(r, 300)); // past the metrics' 250 ms cache
   t.equal(series.exec(await registry.metrics())?.[1], '9');
+});
+
+t.test('a table without counters is rewritten without reading any: one nft process per apply while VIPs bind (issue 18)', async (t) => {
+  const proc = fs.mkdtempSync(path.join(os.tmpdir(), 'lb-nft-proc-'));
+  t.teardown(() => fs.rmSync(proc, { recursive: true, force: true }));
+  fs.mkdirSync(path.join(proc, 'sys/net/ipv4'), { recursive: true });
+  fs.writeFileSync(path.join(proc, 'sys/net/ipv4/ip_forward'), '1\n');
+  const calls: string[] = [];
+  const exec: Exec = async (file, args) => {
+    calls.push(`${file} ${args.join(' ')}`);
+    if (file === 'nft' && args.includes('counters')) {
+      return { stdout: JSON.stringify({ nftables: [{ counter: { family: 'ip', name: 's0p0b0_conns', table: 'lb_agent', packets: 4, bytes: 240 } }] }), stderr: '' };
+    }
+    if (file === 'nft' && args[0] === '-j') throw Object.assign(new Error('absent'), { code: 1, stderr: 'Error: No such file or directory' });
+    return { stdout: '', stderr: '' };
+  };
+  const dp = new NftDataplane({ registry: new Registry(), exec, procRoot: proc, clock: new ManualClock(0) });
+  t.teardown(() => dp.stop({ keep: true }));
+  const writes = (): number => calls.filter((c) => c === 'nft -f -').length;
+  const reads = (): number => calls.filter((c) => c.includes('list counters')).length;
+  // DHCP services bound one after the other, none with a backend yet (the bench's case): VIPs, ports, no counters.
+  const bound = (n: number): ForwardState => ({
+    services: Array.from({ length: n }, (_, i) => ({ key: `default/s${i}`, vip: `10.99.0.${100 + i}`, ports: [http], healthy: [], backends: [] })),
+  });
+  await dp.apply(bound(0));
+  for (let n = 1; n <= 5; n++) await dp.apply(bound(n));
+  t.equal(writes(), 6, 'every change written');
+  t.equal(reads(), 0, 'no counter read: no table had a counter');
+  t.same((await dp.stats()).flows, [], 'stats of a table without counters spawn nothing either');
+  t.equal(reads(), 0);
+  // A backend gives the table counters: the next rewrite reads them first and carries them over.
+  const withBackend: ForwardState = { services: [{ key: 'default/s0', vip: '10.99.0.100', ports: [http], healthy: [b('10.99.0.11')], backends: [b('10.99.0.11')] }] };
+  await dp.apply(withBackend);
+  t.equal(reads(), 0, 'the table before it had no counter to read');
+  await dp.apply({ services: [{ ...withBackend.services[0]!, healthy: [] }] });
+  t.equal(reads(), 1, 'the table being replaced had counters: read once before the rewrite');
+  const flow = (await dp.stats()).flows.find((f) => f.backend === '10.99.0.11');
+  t.equal(flow?.connections, 8, 'the old table\'s 4 carried over, plus the live 4');
+});
+
+t.test('direct server return: the BPF program in front of the table, counted with it; a failing program falls back to the table alone', async (t) => {
+  const proc = fs.mkdtempSync(path.join(os.tmpdir(), 'lb-nft-proc-'));
+  t.teardown(() => fs.rmSync(proc, { recursive: true, force: true }));
+  fs.mkdirSync(path.join(proc, 'sys/net/ipv4'), { recursive: true });
+  fs.writeFileSync(path.join(proc, 'sys/net/ipv4/ip_forward'), '1\n');
+  const web = (healthy: BackendSpec[]): ForwardState => ({ services: [{
+    key: 'default/web', vip: '10.99.0.50', ports: [{ name: '', port: 80, protocol: 'TCP', targetPort: 80 }], healthy, backends: [b('10.99.0.11'), b('10.99.0.12')],
+    sourceIP: 'preserve', vipMac: '02:00:00:00:00:50',
+  }] });
+  const exec: Exec = async (file, args) => {
+    if (file === 'nft' && args.includes('counters')) {
+      const family = args[args.indexOf('table') + 1];
+      const counters = family === 'netdev' ? [{ counter: { family: 'netdev', name: 's0p0b0_conns', table: 'lb_agent', packets: 2, bytes: 120 } }] : [];
+      return { stdout: JSON.stringify({ nftables: counters }), stderr: '' };
+    }
+    if (file === 'nft' && args[0] === '-j') throw Object.assign(new Error('absent'), { code: 1, stderr: 'Error: No such file or directory' });
+    return { stdout: '', stderr: '' };
+  };
+  const events: string[] = [];
+  let fail: Error | undefined;
+  let active = false;
+  const fake = {
+    apply: (ports: readonly { slots: readonly number[] }[]) => {
+      events.push(`apply ${ports.length} port(s), ${ports[0]!.slots.length} slots`);
+      if (fail) throw fail;
+      active = true;
+    },
+    detach: () => { events.push('detach'); active = false; },
+    release: () => { events.push('release'); active = false; },
+    get active() { return active; },
+    counters: () => new Map([['s0p0b0_conns', { packets: 40, bytes: 0 }], ['s0p0b0_to_backend', { packets: 90, bytes: 5000 }]]),
+  };
+  const registry = new Registry();
+  const dp = new NftDataplane({ registry, exec, procRoot: proc, clock: new ManualClock(0), dsrDevice: 'eth0', dsrBpf: () => fake as unknown as DsrBpf });
+  await dp.apply(web([b('10.99.0.11'), b('10.99.0.12')]));
+  t.same(events, ['apply 1 port(s), 1021 slots'], 'the program loaded with the table\'s slot table');
+  t.same(dp.dsr, { engine: 'bpf', cause: 'tcx', reason: 'BPF program at tc ingress (tcx) of eth0, in front of table netdev lb_agent' });
+  const st = await dp.stats();
+  const f = st.flows.find((x) => x.backend === '10.99.0.11')!;
+  t.same([f.connections, f.bytesToBackend], [42, 5000], 'program and table counters add up under the same names');
+  t.match(await registry.metrics(), /lbagent_forward_dsr_engine_info\{engine="bpf",cause="tcx"\} 1/);
+
+  fail = Object.assign(new Error('cannot load the DSR program: EPERM'), { code: 'LB_ERR_FORWARD_DSR_BPF' });
+  await dp.apply(web([b('10.99.0.11')]));
+  t.same(events.slice(1), ['apply 1 port(s), 1 slots', 'detach'], 'a failed swap detaches ours: the new table alone serves, never the old program');
+  t.equal(dp.dsr?.engine, 'nft');
+  t.equal(dp.dsr?.cause, 'fallback');
+  t.match(dp.dsr?.reason, /cannot run here \(cannot load the DSR program: EPERM\); table netdev lb_agent forwards alone/);
+  await new Promise((r) => setTimeout(r, 300)); // past the metrics' 250 ms cache
+  t.match(await registry.metrics(), /lbagent_forward_dsr_engine_info\{engine="nft",cause="fallback"\} 1/);
+
+  fail = undefined;
+  await dp.apply({ services: [] });
+  t.equal(dp.dsr, undefined, 'no DSR port: no engine');
+  t.equal(events[events.length - 1], 'detach');
+  await dp.stop({ keep: true });
+  t.equal(events[events.length - 1], 'release', 'a planned restart leaves the attachment for the next process');
+
+  const forced: string[] = [];
+  const dp2 = new NftDataplane({ exec, procRoot: proc, clock: new ManualClock(0), dsrDevice: 'eth0', dsrEngine: 'nft', dsrBpf: () => ({ ...fake, apply: () => forced.push('apply'), detach: () => forced.push('detach') }) as unknown as DsrBpf });
+  await dp2.apply(web([b('10.99.0.11')]));
+  t.same(forced, ['detach'], 'LB_AGENT_DSR_ENGINE=nft: nothing loaded, a leftover program detached');
+  t.same(dp2.dsr?.cause, 'forced');
+  await dp2.stop();
+  t.same(forced, ['detach', 'detach'], 'stop removes the program with the tables');
+});
+
+t.test('no DSR and bpf(2) refused: looking for a leftover program at start is no problem', async (t) => {
+  const proc = fs.mkdtempSync(path.join(os.tmpdir(), 'lb-nft-proc-'));
+  t.teardown(() => fs.rmSync(proc, { recursive: true, force: true }));
+  fs.mkdirSync(path.join(proc, 'sys/net/ipv4'), { recursive: true });
+  fs.writeFileSync(path.join(proc, 'sys/net/ipv4/ip_forward'), '1\n');
+  const exec: Exec = async (file, args) => {
+    if (file === 'nft' && args[0] === '-j' && !args.includes('counters')) throw Object.assign(new Error('absent'), { code: 1, stderr: 'Error: No such file or directory' });
+    return { stdout: JSON.stringify({ nftables: [] }), stderr: '' };
+  };
+  let asked = 0;
+  const refused = { detach: () => { asked++; throw Object.assign(new Error("EPERM: operation not permitted, bpf 'BPF_PROG_QUERY'"), { code: 'EPERM' }); }, release: () => undefined, active: false };
+  const dp = new NftDataplane({ exec, procRoot: proc, clock: new ManualClock(0), dsrDevice: 'eth0', dsrBpf: () => refused as unknown as DsrBpf });
+  await dp.apply({ services: [{ key: 'default/web', vip: '10.99.0.50', ports: [http], healthy: [b('10.99.0.11')], backends: [b('10.99.0.11')] }] });
+  t.equal(asked, 1, 'the first apply looked for a leftover');
+  t.same((await dp.stats()).problems, [], 'and a refusal is not shown as a problem');
+  t.equal(dp.dsr, undefined);
+  await dp.apply({ services: [] });
+  t.equal(asked, 2, 'a later apply without DSR only asks again because this process has a driver');
+  await dp.stop({ keep: true });
 });

@@ -10,8 +10,9 @@ import { ENGINE_OPEN, TallyTable } from '../../agent/forward/tallies';
 import { dupFd, listenTcp4 } from '../../agent/net/native';
 import { parseIPv4 } from '../../agent/ipv4';
 
-t.test('chooseRelay: the fast path unless streams are asked for', async (t) => {
-  t.equal(chooseRelay('auto').path.kind, 'raw');
+t.test('chooseRelay: the fastest path unless another is asked for', async (t) => {
+  t.same([chooseRelay('auto').path.kind, chooseRelay('auto').fallback], ['native', undefined]);
+  t.equal(chooseRelay('native').path.kind, 'native');
   t.equal(chooseRelay('raw').path.kind, 'raw');
   t.same([chooseRelay('streams').path.kind, chooseRelay('streams').fallback], ['streams', undefined]);
 });
@@ -35,7 +36,7 @@ t.test('a worker thread: ready, serves what it is given, stops', async (t) => {
     w.on('message', on);
   });
   w.on('message', (m: FromWorker) => messages.push(m));
-  t.same(await next((m) => m.t === 'ready'), { t: 'ready', relay: 'raw', fallback: undefined });
+  t.same(await next((m) => m.t === 'ready'), { t: 'ready', relay: 'native', fallback: undefined });
   const vip = '127.0.0.60';
   const l = listenTcp4(parseIPv4(vip)!, 0, 64, true);
   const flow = table.slot('flow');

@@ -85,9 +85,11 @@ function svc(vip: string, targetPort: number, healthy: BackendSpec[], backends =
   return { key: 'default/web', vip, ports: [port], healthy, backends };
 }
 
-// The fast paths on (two worker threads, the libuv-handle relay: the defaults
-// of a multi-core VM), and the fallback (one engine in this thread, net streams).
+// The fast paths on (two worker threads, the addon's relay: the defaults of a
+// multi-core VM), the libuv-handle relay (an addon built before the relay),
+// and the last fallback (one engine in this thread, net streams).
 const MODES = [
+  { mode: 'workers, native relay', opts: { workers: 2, relay: 'native' }, relayed: 'native' },
   { mode: 'workers, raw relay', opts: { workers: 2, relay: 'raw' }, relayed: 'raw' },
   { mode: 'inline, streams', opts: { inline: true, relay: 'streams' }, relayed: 'streams' },
 ] as const;
@@ -115,7 +117,7 @@ for (const { mode, opts: modeOpts, relayed } of MODES) {
       within10(t, counts, { [addrs[0]!]: 1, [addrs[1]!]: 2, [addrs[2]!]: 3 }, 300);
       const st = await p.stats();
       t.equal(st.flows.reduce((s, f) => s + f.connections, 0), 300, `${algorithm}: 300 connections counted`);
-      t.same(st.details['relayed'], relayed === 'raw' ? { raw: 300, streams: 0 } : { raw: 0, streams: 300 }, 'the relay path asked for was taken');
+      t.same(st.details['relayed'], { native: 0, raw: 0, streams: 0, [relayed]: 300 }, 'the relay path asked for was taken');
       await p.stop();
     }
   });
@@ -471,7 +473,7 @@ t.test('EMFILE on a backend connect is the proxy\'s own: no failure reported, cl
 
 // --- the fast paths, each checked on its own (issue 18) ------------------------
 
-t.test('fast paths on: two worker threads each accept from a SO_REUSEPORT group of two, through the raw relay', async (t) => {
+t.test('fast paths on by default: two worker threads each accept from a SO_REUSEPORT group of two, through the addon\'s relay', async (t) => {
   const port = await echoBackends(['127.0.0.1'], t);
   const p = new ProxyDataplane({ config: cfg(), workers: 2 });
   t.teardown(() => p.stop());
@@ -482,10 +484,10 @@ t.test('fast paths on: two worker threads each accept from a SO_REUSEPORT group 
   for (let i = 0; i < 60; i++) t.equal((await hello(lp, vip)).id, '127.0.0.1');
   const st = await p.stats();
   const workers = st.details['workers'] as { index: number; thread: boolean; relay: string; accepted: number }[];
-  t.same(workers.map((w) => [w.thread, w.relay]), [[true, 'raw'], [true, 'raw']], 'two worker threads, each on the libuv-handle relay');
+  t.same(workers.map((w) => [w.thread, w.relay]), [[true, 'native'], [true, 'native']], 'two worker threads, each on the addon\'s relay');
   t.ok(workers.every((w) => w.accepted > 0), `both accepted (${workers.map((w) => w.accepted).join(' + ')})`);
   t.equal(workers.reduce((n, w) => n + w.accepted, 0), 60);
-  t.same(st.details['relayed'], { raw: 60, streams: 0 }, 'no connection fell back to net streams');
+  t.same(st.details['relayed'], { native: 60, raw: 0, streams: 0 }, 'no connection fell back to a slower path');
   const l = (st.details['listeners'] as { sockets: number; reusePort: boolean }[])[0]!;
   t.same([l.sockets, l.reusePort], [2, true], 'one SO_REUSEPORT socket per worker');
 });

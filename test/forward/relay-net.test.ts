@@ -40,5 +40,5 @@ t.test('streams: half-close passes through and a client reset resets the backend
   });
   for (let i = 0; i < 50 && seen.length === 0; i++) await new Promise((r) => setTimeout(r, 20));
   t.same(seen, ['ECONNRESET'], 'a client reset resets the backend');
-  t.same((await p.stats()).details['relayed'], { raw: 0, streams: 2 });
+  t.same((await p.stats()).details['relayed'], { native: 0, raw: 0, streams: 2 });
 });

@@ -40,3 +40,21 @@ t.test('the host is read once per event-loop turn, and again after the agent cha
   currentInterfaces(host);
   t.equal(reads, 3, 'the next turn reads the host again');
 });
+
+t.test('one read is parsed once, however many services ask in its turn (issue 18)', async (t) => {
+  const ifs: Ifs = { eth0: [a('10.99.0.2', '10.99.0.2/24')], lbv1: [a('10.99.0.101', '10.99.0.101/32')], lbv2: [a('10.99.0.102', '10.99.0.102/32')] };
+  let parsed = 0;
+  // Count the entries walked: a getter on the family, which every parse reads for each entry.
+  for (const list of Object.values(ifs)) {
+    for (const e of list ?? []) {
+      const family = e.family;
+      Object.defineProperty(e, 'family', { get: () => { parsed++; return family; } });
+    }
+  }
+  const one = localAddresses('eth0', 'lbv1', ifs);
+  const two = localAddresses('eth0', 'lbv2', ifs);
+  t.same(one.local, [parseIPv4('10.99.0.2'), parseIPv4('10.99.0.102')]);
+  t.same(two.local, [parseIPv4('10.99.0.2'), parseIPv4('10.99.0.101')]);
+  t.same(two.subnets, [{ network: parseIPv4('10.99.0.0'), prefix: 24 }]);
+  t.equal(parsed, 3, 'three entries walked once, not once per service');
+});

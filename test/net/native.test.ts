@@ -2,6 +2,7 @@
 // (Packet sockets need CAP_NET_RAW: see test/privileged/net-packet.test.ts.)
 import t from 'tap';
 import * as fs from 'node:fs';
+import { createHash, randomBytes } from 'node:crypto';
 import * as net from 'node:net';
 import * as v8 from 'node:v8';
 import * as vm from 'node:vm';
@@ -21,7 +22,9 @@ import {
   dupFd,
   mallocTrim,
   shutdownWriteFn,
+  sha256Fn,
 } from '../../agent/net/native';
+import { endWorkersHolding } from './worker-end';
 
 t.test('the addon is built and loads', async (t) => {
   t.ok(fs.existsSync(nativeAddonPath()), nativeAddonPath());
@@ -231,6 +234,16 @@ t.test('an install without the built addon (or with a broken one) is LB_ERR_NET_
   fs.mkdirSync(path.dirname(addon), { recursive: true });
   fs.writeFileSync(addon, 'not an ELF object');
   t.match(load(), { code: 'LB_ERR_NET_NATIVE_MISSING', message: /failed to load .*rebuild it for this Node version with `npm ci`/ }, 'not loadable');
+  // Loaded once, kept (issue 18: finding the file cost stat calls on every
+  // socket opened): the addon stays in use when its file goes away
+  // afterwards (an upgrade replacing the tree under a running agent).
+  fs.copyFileSync(nativeAddonPath(), addon);
+  const r = spawnSync(process.execPath, ['-e', `
+    const n = require(${JSON.stringify(path.join(root, 'dist', 'agent', 'net', 'native.js'))});
+    const first = n.loadNative();
+    require('node:fs').rmSync(${JSON.stringify(addon)});
+    console.log(JSON.stringify({ same: n.loadNative() === first, lo: n.ifNameToIndex('lo') }));`], { encoding: 'utf8' });
+  t.same(JSON.parse(r.stdout || '{}'), { same: true, lo: 1 }, `loaded once and kept ${r.stderr}`);
 });
 
 t.test('mallocTrim gives the free pages in the middle of the malloc heap back to the kernel (issue 18)', async (t) => {
@@ -251,4 +264,64 @@ t.test('mallocTrim gives the free pages in the middle of the malloc heap back to
   t.ok(before - after > 8 * 1024, `RSS ${before} -> ${after} KiB: more than 8 MiB returned`);
   t.equal(keep[0], 2);
   t.equal(blocks.length, 0);
+});
+
+t.test('RelayHandle (the proxy relay, issue 18): arguments checked, stale ids ignored, a destroyed handle says EBADF', async (t) => {
+  const C = loadNative().RelayHandle;
+  if (C === undefined) { t.fail('the addon has no RelayHandle'); return; }
+  t.throws(() => new C(() => undefined, new Float64Array(4), new Float64Array(48)), /at least 16 records/);
+  t.throws(() => new (C as unknown as new (...a: unknown[]) => unknown)(() => undefined, new Int32Array(80), new Float64Array(48)), TypeError);
+  const events = new Float64Array(80);
+  const activity = new Float64Array(48);
+  const h = new C(() => undefined, events, activity);
+  t.teardown(() => h.destroy());
+  // Ids carry their slot's generation: one no connection has (or had) changes nothing.
+  t.doesNotThrow(() => { h.close(12345); h.reset(7); h.refuse(0); });
+  t.equal(h.abort(99), false);
+  t.throws(() => h.start(4194304 + 1), /no connected relay/);
+  t.equal(h.activity(), 0);
+  t.same(h.stats(), { connections: 0, listeners: 0, buffers: 0 });
+  const l = listenTcp4(parseIPv4('127.0.0.1')!, 0, 16, false);
+  const lid = h.listen(l.fd, 16);
+  t.same(h.stats(), { connections: 0, listeners: 1, buffers: 0 });
+  h.unlisten(lid);
+  t.throws(() => socketInfo(l.fd), { code: 'EBADF' }, 'unlisten closed the descriptor');
+  h.destroy();
+  t.throws(() => h.listen(0, 1), { code: 'EBADF', syscall: 'relay handle' });
+});
+
+t.test('a worker thread that ends with a TCP prober or a relay open takes them down without a crash (loop_handles.h)', async (t) => {
+  const srv = net.createServer((c) => c.on('data', () => undefined));
+  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r));
+  t.teardown(() => srv.close());
+  const port = (srv.address() as net.AddressInfo).port;
+  // Probes connected to a listener that never closes: their sockets and the poll are open at the end.
+  const probing = endWorkersHolding(`
+    const h = new addon.TcpProbeHandle(() => {}, new Uint32Array(16), new Int32Array(16), 0);
+    const out = new Int32Array(3);
+    h.connect(Uint32Array.of(1, 2, 3), Uint32Array.of(0x7f000001, 0x7f000001, 0x7f000001), Uint16Array.of(${port}, ${port}, ${port}), 3, out);
+    if (![...out].every((e) => e === 0 || e === 115)) throw new Error('connect: ' + out.join(','));`);
+  t.same([probing.signal, probing.status, probing.out], [null, 0, 'all ended'], 'TcpProbeHandle (SIGSEGV before: a plain cleanup hook)');
+  const relaying = endWorkersHolding(`
+    const h = new addon.RelayHandle(() => {}, new Float64Array(16 * 5), new Float64Array(16 * 3));
+    const l = addon.listenTcp4(0x7f000001, 0, 16, false);
+    h.listen(l.fd, 16);`);
+  t.same([relaying.signal, relaying.status, relaying.out], [null, 0, 'all ended'], 'RelayHandle');
+});
+
+t.test('sha256 (the node binary\'s OpenSSL, issue 18) hashes as node:crypto does, at any length and offset', async (t) => {
+  const sha256 = sha256Fn();
+  if (sha256 === undefined) return t.fail('the addon has no sha256: rebuild it (npx node-gyp rebuild --directory=native)');
+  t.equal(sha256(Buffer.alloc(0)).toString('hex'), 'e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855', 'empty input (FIPS 180-4 test vector)');
+  t.equal(sha256(Buffer.from('abc')).toString('hex'), 'ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad', '"abc" (FIPS 180-4 test vector)');
+  const big = randomBytes(70_000);
+  for (const len of [1, 55, 56, 63, 64, 65, 1000, 70_000]) {
+    const slice = big.subarray(big.length - len);
+    t.same(sha256(slice), createHash('sha256').update(slice).digest(), `${len} bytes`);
+  }
+  const inner = big.subarray(17, 17 + 200);
+  t.same(sha256(new Uint8Array(inner.buffer, inner.byteOffset, inner.length)), createHash('sha256').update(inner).digest(), 'a view at an offset hashes its own bytes');
+  t.equal(sha256(Buffer.from('x')).length, 32);
+  t.throws(() => (sha256 as unknown as (x: unknown) => Buffer)('a string'), /sha256\(data: Uint8Array\)/, 'not bytes: a TypeError');
+  t.throws(() => sha256(new Int32Array(4) as unknown as Uint8Array), /sha256\(data: Uint8Array\)/, 'another typed array: a TypeError, not its bytes read as if they were');
 });

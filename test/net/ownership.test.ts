@@ -56,3 +56,19 @@ t.test('isOwnedLink needs the name pattern AND the MAC prefix', async (t) => {
   t.ok(hasOwnedName(name));
   t.notOk(hasOwnedName('lbv'));
 });
+
+t.test('names and MACs are pinned: an upgrade never changes them (a DHCP lease and the links a restart adopts hang on them)', async (t) => {
+  // Known outputs, fixed when the hash moved from node:crypto to the addon's
+  // OpenSSL (issue 18). Never edit these to make the test pass.
+  const pinned: Array<[string, string, string]> = [
+    ['default/web', 'lbv82b3ade9d00c', '02:82:b3:ad:e9:d0'],
+    ['kube-system/dns', 'lbvbfd0be7125e4', '02:bf:d0:be:71:25'],
+    ['ns/svc-1999', 'lbv41ec0deeca6b', '02:41:ec:0d:ee:ca'],
+    ['été/ünïcode', 'lbv8036e3b0a55e', '02:80:36:e3:b0:a5'],
+  ];
+  for (const [key, name, mac] of pinned) {
+    t.equal(linkNameForService(key), name, `${key}: link name`);
+    t.equal(macForService(key), mac, `${key}: MAC`);
+    t.equal(clientIdForService(key).toString('hex'), '01' + mac.replaceAll(':', ''), `${key}: client id`);
+  }
+});

@@ -397,6 +397,21 @@ t.test('dsr: a kernel without nft_fwd_netdev fails a config that uses it, and na
   t.match(unused.detail, /unavailable here.*no service uses sourceIP: preserve/);
 });
 
+t.test('dsr: the BPF program in front of the table: said when it runs, a warning with the fallback when it cannot', async (t) => {
+  const withBpf = (bpf: { status: 'ok' | 'failed' | 'not-run'; error?: string }, services: string[]): ReturnType<typeof checkDsr> =>
+    checkDsr(variant('healthy', (f) => { f.dsr = { ...DSR_OK, bpf }; f.config.dsrServices = services; }));
+  const ok = withBpf({ status: 'ok' }, ['default/web'])!;
+  t.equal(ok.status, 'pass');
+  t.match(ok.detail, /BPF program in front of it loads and attaches at tc ingress \(tcx\): DSR runs on it/);
+  const denied = withBpf({ status: 'failed', error: "EPERM: operation not permitted, bpf 'BPF_MAP_CREATE'" }, ['default/web'])!;
+  t.equal(denied.status, 'warn', 'a service would run on the slower table');
+  t.match(denied.detail, /cannot run here \(EPERM.*needs CAP_BPF and CAP_NET_ADMIN.*DSR falls back to the table alone/);
+  t.match(denied.remedy, /unit grants CAP_BPF/);
+  const old = withBpf({ status: 'failed', error: "EINVAL: invalid argument, bpf 'BPF_PROG_ATTACH'" }, ['default/web'])!;
+  t.match(old.remedy, /CONFIG_NET_XGRESS \(6\.6\+\)/);
+  t.equal(withBpf({ status: 'failed', error: 'x' }, [])!.status, 'pass', 'no service needs it: informational');
+});
+
 t.test('dsr: needed but the data path will be the proxy', async (t) => {
   const r = checkDsr(variant('nft-missing', (f) => { f.dsr = DSR_OK; f.config.dataplane = 'auto'; f.config.dsrServices = ['default/web']; }))!;
   t.equal(r.status, 'fail');

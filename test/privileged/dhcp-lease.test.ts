@@ -7,7 +7,7 @@ import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
 import { createLab, waitFor } from '../../lab/netns';
 import { startDnsmasq } from '../../lab/services';
-import { clientIdForService } from '../../agent/net/ownership';
+import { clientIdForService, macForService } from '../../agent/net/ownership';
 import { addressesOf, dhcpLab, linkMac, ping, startDriver } from './fixtures/dhcp-harness';
 
 if (requirePrivileged(t)) {
@@ -16,6 +16,16 @@ if (requirePrivileged(t)) {
     const { server, agent, client } = await dhcpLab(lab);
     // No noPing: dnsmasq pings an address for ~3 s before offering it; our DISCOVERs are retransmitted meanwhile.
     const dnsmasq = await startDnsmasq(lab, server, { range: '10.99.0.100,10.99.0.150', leaseTime: '2m' });
+    // The lab turns IPv6 off in its namespaces; a VM has it on, so new links in the agent's get it here too.
+    await lab.sh(agent, 'sysctl -qw net.ipv6.conf.default.disable_ipv6=0');
+    // Every IPv6 frame from the service MAC that reaches the server, from before the macvlan exists.
+    const v6 = lab.spawn(server, 'tcpdump', ['-i', 'eth0', '-nn', '-l', '-e', '--immediate-mode', `ether src ${macForService('default/web')} and ip6`], { stdio: ['ignore', 'pipe', 'pipe'] });
+    t.teardown(() => { v6.kill('SIGKILL'); });
+    let v6Frames = '';
+    v6.stdout!.on('data', (b: Buffer) => { v6Frames += b.toString(); });
+    let v6Err = '';
+    v6.stderr!.on('data', (b: Buffer) => { v6Err += b.toString(); });
+    await waitFor('tcpdump listening', () => v6Err.includes('listening on'), 5000);
     const d = startDriver(lab, agent, { name: 'web' });
     const started = Date.now();
     const vipEv = await d.vip(20_000);
@@ -40,6 +50,11 @@ if (requirePrivileged(t)) {
     t.equal(await linkMac(lab, agent, d.ifname), d.mac);
     const mode = await lab.exec(agent, 'ip', ['-d', '-j', 'link', 'show', 'dev', d.ifname]);
     t.equal((JSON.parse(mode.stdout) as Array<{ linkinfo: { info_data: { mode: string } } }>)[0]!.linkinfo.info_data.mode, 'bridge');
+    // IPv4 only: no link-local address, and not one IPv6 frame (DAD, MLD, router solicitation) from the
+    // service MAC in the ~3 s since the link went up (dnsmasq's ping check): the kernel sends MLD at once.
+    t.equal((await lab.exec(agent, 'cat', [`/proc/sys/net/ipv6/conf/${d.ifname}/disable_ipv6`])).stdout.trim(), '1', 'IPv6 off on the service macvlan');
+    t.same(JSON.parse((await lab.exec(agent, 'ip', ['-j', '-6', 'addr', 'show', 'dev', d.ifname])).stdout), [], 'no IPv6 address on it');
+    t.equal(v6Frames, '', 'no IPv6 frame from the service MAC reached the LAN');
 
     // Reachable from another namespace (never from the parent: macvlan rule).
     t.ok(await waitFor('ping of the VIP', () => ping(lab, client, vip.address), 10_000), 'VIP answers pings from the client namespace');

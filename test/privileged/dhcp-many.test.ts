@@ -37,6 +37,12 @@ if (requirePrivileged(t)) {
     // added. No dumps. 7 before; 6 would mean the echo silently fell back.
     const counts = vips.map((e) => e.netlink as { requests: number; dumps: number });
     t.same(counts[counts.length - 1], { requests: 5 * N, dumps: 0 }, 'five netlink requests per service, no dump');
+    // One DHCP packet socket on the parent for all of them (net/packet-shared.ts),
+    // and every reply reached its service through it: if the sharing silently
+    // fell back to a socket per service, opened would be N.
+    const sockets = vips[vips.length - 1]!.dhcpSockets as { opened: number; attached: number; delivered: number };
+    t.same([sockets.opened, sockets.attached], [1, N], `one shared DHCP socket, ${N} ports`);
+    t.ok(sockets.delivered >= 2 * N, `every OFFER and ACK delivered through it (${sockets.delivered})`);
     const maxActive = Math.max(0, ...d.events.filter((e) => e.ev === 'limiter').map((e) => e.maxActive as number));
     t.ok(maxActive <= MAX && maxActive >= 2, `concurrent acquisitions bounded: max ${maxActive} of ${MAX}`);
     const links = JSON.parse((await lab.exec(agent, 'ip', ['-j', 'link', 'show'])).stdout) as Array<{ ifname: string }>;

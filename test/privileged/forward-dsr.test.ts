@@ -8,12 +8,17 @@
 // the VIP in snat mode; 1,000 connections spread by weight with nothing in
 // the VM's conntrack; a backend's death takes it out within the health
 // thresholds and moves no flow between the others; a crash-only restart
-// adopts the tables untouched.
+// adopts the tables untouched. The BPF program at tc ingress (net/ebpf-dsr.ts)
+// serves all of it: the test fails if the nft table forwards instead. Then
+// the engines: held connections keep their backend when the agent comes back
+// with the table alone (LB_AGENT_DSR_ENGINE=nft: same hash, same slots) and
+// back; a planned restart and a reload keep a 20 ms client loop served with
+// exactly one program attached; removing the DSR services detaches it.
 import t from 'tap';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { requirePrivileged } from '../helpers/privileged';
-import { createLab, waitFor } from '../../lab/netns';
+import { createLab, waitFor, type Lab } from '../../lab/netns';
 import { distPath, startDnsmasq, httpGetFrom } from '../../lab/services';
 import { startAgent, waitStatus } from '../../lab/agent';
 import { JsonLinesProc } from '../../lab/forward';
@@ -30,6 +35,36 @@ const FAST_ARP = { probeWait: 0.05, probeNum: 1, probeMin: 0.05, probeMax: 0.1, 
 const HC = { periodSeconds: 0.2, timeoutSeconds: 0.2, failureThreshold: 2 };
 
 interface Burst { counts: Record<string, number>; errors: Record<string, number>; peerIsClient: number }
+
+/** Our DSR programs attached at tcx ingress of the node's eth0 (by the addon's bpf(2) calls, inside the namespace). */
+async function attached(lab: Lab, ns: string): Promise<number[]> {
+  const script = `const a = require(${JSON.stringify(distPath('agent', 'net', 'ebpf-attach.js'))}); const n = require(${JSON.stringify(distPath('agent', 'net', 'native.js'))});
+process.stdout.write(JSON.stringify(a.attachedDsrPrograms(n.nativeBpf(), n.ifNameToIndex('eth0'))));`;
+  return JSON.parse((await lab.exec(ns, process.execPath, ['-e', script])).stdout) as number[];
+}
+
+/** Packets the nft netdev table's SYN counters counted (what reached the table instead of the program). */
+async function nftDsrSyns(lab: Lab, ns: string): Promise<number> {
+  const out = (await lab.exec(ns, 'nft', ['list', 'counters', 'table', 'netdev', 'lb_agent'], { allowFail: true })).stdout;
+  let sum = 0;
+  for (const m of out.matchAll(/counter (\S+_conns) \{\s*packets (\d+)/g)) sum += Number(m[2]);
+  return sum;
+}
+
+/** Fire one connection every 20 ms at vip:80 until stopped; the failures by code. */
+function clientLoop(cl: JsonLinesProc, vip: string): { stop(): Promise<{ count: number; failures: Record<string, number> }> } {
+  let count = 0;
+  const failures: Record<string, number> = {};
+  const inflight: Promise<unknown>[] = [];
+  const timer = setInterval(() => {
+    count++;
+    inflight.push(cl.request({ cmd: 'ask', host: vip, port: 80 }, 10_000).catch((e: unknown) => {
+      const code = String((e as { code?: string }).code ?? (e as Error).message);
+      failures[code] = (failures[code] ?? 0) + 1;
+    }));
+  }, 20);
+  return { async stop() { clearInterval(timer); await Promise.all(inflight); return { count, failures }; } };
+}
 
 if (requirePrivileged(t)) {
   t.test('direct server return', async (t) => {
@@ -109,6 +144,7 @@ if (requirePrivileged(t)) {
       const dhcp = st.services.find((x) => x.name === 'dhcp-dsr')!;
       t.match(dhcp.interface, /^lbv/, `the DHCP VIP lives on its macvlan ${dhcp.interface}`);
       t.equal(dhcp.sourceIP, 'preserve');
+      t.match(st.dataplane, { kind: 'kernel', dsr: { engine: 'bpf', cause: 'tcx' } }, 'status says the BPF program serves DSR');
     });
 
     await t.test('1,000 connections spread over the healthy backends by weight; none enters the VM\'s conntrack', async (t) => {
@@ -130,10 +166,22 @@ if (requirePrivileged(t)) {
         const dropped = /counter packets (\d+)/.exec((await lab.exec(ns, 'nft', ['list', 'table', 'ip', 'strict'])).stdout)?.[1];
         t.equal(dropped, '0', `${ns === client ? 'the client' : 'b2'}: conntrack found no packet invalid`);
       }
-      const metrics = (await httpGetFrom(lab, node, 'http://127.0.0.1:9477/metrics')).body;
-      const conns = IDS.map((_, i) => Number(new RegExp(`lbagent_forward_connections_total\\{service="web-dsr",namespace="default",backend="${BACKENDS[i]!.replace(/\./g, '\\.')}",port="tcp-80"\\} (\\d+)`).exec(metrics)?.[1] ?? -1));
+      // The kernel path reads its counters after each apply and every 5 s; wait for a read after the burst.
+      let metrics = '';
+      let conns: number[] = [];
+      const read = async (): Promise<boolean> => {
+        metrics = (await httpGetFrom(lab, node, 'http://127.0.0.1:9477/metrics')).body;
+        conns = IDS.map((_, i) => Number(new RegExp(`lbagent_forward_connections_total\\{service="web-dsr",namespace="default",backend="${BACKENDS[i]!.replace(/\./g, '\\.')}",port="tcp-80"\\} (\\d+)`).exec(metrics)?.[1] ?? -1));
+        return conns.reduce((a, b) => a + b, 0) >= n;
+      };
+      await waitFor('the counters read after the burst', read, 8000).catch(() => undefined);
       t.ok(conns.every((c) => c >= 0), `connections counted per backend (SYNs): ${conns.join(', ')}`);
       t.match(metrics, /lbagent_service_topology_info\{service="web-dsr",namespace="default",policy="any",set="all",reason="policy-any"\} 1/);
+      // The BPF program forwarded them, not the table behind it.
+      t.match(metrics, /lbagent_forward_dsr_engine_info\{engine="bpf",cause="tcx"\} 1/, 'DSR runs on the BPF program');
+      t.ok(conns.reduce((a, b) => a + b, 0) >= n, `the program counted the SYNs (${conns.join(' + ')} >= ${n})`);
+      t.equal(await nftDsrSyns(lab, node), 0, 'the nft table behind it saw no SYN');
+      t.equal((await attached(lab, node)).length, 1, 'one program of ours at tcx ingress of eth0');
     });
 
     await t.test('a backend\'s death takes it out within the health thresholds; flows on the others stay put', async (t) => {
@@ -168,6 +216,66 @@ if (requirePrivileged(t)) {
       t.ok(agent.logs.some((l) => l.op === 'start-check' && l.result === 'matched'), `start check: ${JSON.stringify(agent.logs.find((l) => l.op === 'start-check'))}`);
       const a = await cl.request<{ peer: string }>({ cmd: 'ask', host: DSR_DHCP, port: 80, localPort: 35001 });
       t.equal(a.peer, `${CLIENT}:35001`);
+      t.equal((await attached(lab, node)).length, 1, 'the earlier program replaced: one attached');
+      t.ok(agent.logs.some((l) => l.op === 'dsr-engine' && l.engine === 'bpf'), 'and the new process serves DSR with its own');
+    });
+
+    await t.test('held connections keep their backend when the table alone serves (same hash, same slots), and back', async (t) => {
+      const held = await cl.request<{ backends: string[] }>({ cmd: 'holdOpen', host: DSR_POOL, port: 80, n: 30, fromPort: 36000 });
+      t.ok(new Set(held.backends).size >= 2, `30 connections over ${[...new Set(held.backends)].join(',')}`);
+      for (const engine of ['nft', 'auto'] as const) {
+        agent.signal('SIGKILL');
+        await agent.exited;
+        agent = await startAgent(lab, node, cfg, { name: 'node', stateDir: agent.stateDir, env: { LB_AGENT_DSR_ENGINE: engine } });
+        await agent.waitLog(`DSR engine ${engine}`, (l) => l.op === 'dsr-engine');
+        t.equal((await attached(lab, node)).length, engine === 'nft' ? 0 : 1, engine === 'nft' ? 'LB_AGENT_DSR_ENGINE=nft: the program detached' : 'auto: the program back');
+        const again = await cl.request<{ backends: string[] }>({ cmd: 'holdAsk' });
+        t.same(again.backends, held.backends, `engine ${engine}: every connection answered by the same backend`);
+      }
+      const metrics = (await httpGetFrom(lab, node, 'http://127.0.0.1:9477/metrics')).body;
+      t.match(metrics, /lbagent_forward_dsr_engine_info\{engine="bpf",cause="tcx"\} 1/);
+      await cl.request({ cmd: 'holdClose' });
+    });
+
+    await t.test('a planned restart and a reload keep a 20 ms loop served, with exactly one program attached', async (t) => {
+      const loop = clientLoop(cl, DSR_POOL);
+      await new Promise((r) => setTimeout(r, 300));
+      // The unit's restart: SIGTERM with --on-stop keep leaves table and program serving for the next process.
+      agent.signal('SIGKILL');
+      await agent.exited;
+      agent = await startAgent(lab, node, cfg, { name: 'node', stateDir: agent.stateDir, args: ['--on-stop', 'keep'] });
+      agent.signal('SIGTERM');
+      t.equal((await agent.exited).code, 0, 'SIGTERM with --on-stop keep ends cleanly');
+      t.equal((await attached(lab, node)).length, 1, 'the program stays attached between the two processes');
+      agent = await startAgent(lab, node, cfg, { name: 'node', stateDir: agent.stateDir });
+      await waitStatus(agent, 'serving again', (s) => s.services.every((x) => x.ready && x.healthyBackends === 2), 30_000);
+      const beforeReload = await attached(lab, node);
+      t.equal(beforeReload.length, 1, 'after the restart: one program');
+      // A reload that changes the plan (b1's weight): a new program swapped in for the old.
+      const reweighted = { ...cfg, services: cfg.services.map((sv) => ({ ...sv, backends: sv.backends.map((b) => (b.address === BACKENDS[0] ? { ...b, weight: 3 } : b)) })) };
+      const swaps = agent.logs.filter((l) => l.op === 'apply').length;
+      agent.writeConfig(reweighted);
+      agent.signal('SIGHUP');
+      await agent.waitLog('the reload applied', (l) => l.op === 'apply' && agent.logs.filter((x) => x.op === 'apply').length > swaps, 15_000);
+      await new Promise((r) => setTimeout(r, 300));
+      const r = await loop.stop();
+      t.ok(r.count >= 20, `the loop ran (${r.count} connections)`);
+      t.same(r.failures, {}, `no connection failed across the restart and the reload (${r.count})`);
+      const afterReload = await attached(lab, node);
+      t.equal(afterReload.length, 1, 'after the reload: one program');
+      t.not(afterReload[0], beforeReload[0], 'a new program for the new plan replaced the old one');
+    });
+
+    await t.test('removing the DSR services detaches the program with the netdev table', async (t) => {
+      const onlySnat = { ...cfg, services: cfg.services.filter((sv) => (sv as { sourceIP?: string }).sourceIP !== 'preserve') };
+      agent.writeConfig(onlySnat);
+      agent.signal('SIGHUP');
+      await waitStatus(agent, 'one service left', (s) => s.services.length === 1, 15_000);
+      await waitFor('the program detached', async () => (await attached(lab, node)).length === 0, 5000);
+      const tables = (await lab.exec(node, 'nft', ['list', 'tables'])).stdout;
+      t.notMatch(tables, /netdev lb_agent/, 'and the netdev table gone');
+      const s = await cl.request<{ peer: string }>({ cmd: 'ask', host: SNAT_POOL, port: 8000 });
+      t.match(s.peer, /^10\.99\.0\.201:/, 'the snat service still serves');
     });
     await t.test('a node that cannot do DSR refuses to start with a service that asks for it', async (t) => {
       // No nft on PATH (only ip, which runs the namespace): dataplane auto falls

@@ -28,6 +28,13 @@ if (requirePrivileged(t)) {
       t.ok(reports.filter((e) => e['ok'] === true).length >= 30, 'successes reported too');
     });
 
+    await t.test('every connection went through the addon\'s relay (issue 18), in each worker', async (t) => {
+      const st = await driver.request<{ details: { relayed: Record<string, number>; workers: { relay: string }[] } }>({ cmd: 'stats' });
+      t.ok(st.details.workers.length > 0 && st.details.workers.every((w) => w.relay === 'native'), `workers on ${st.details.workers.map((w) => w.relay).join(', ')}`);
+      t.ok(st.details.relayed['native']! > 0, `${st.details.relayed['native']} relayed natively`);
+      t.same([st.details.relayed['raw'], st.details.relayed['streams']], [0, 0], 'none on a slower path');
+    });
+
     await t.test('stop closes the listeners', async (t) => {
       await driver.request({ cmd: 'stop' });
       const r = await client.request<{ result: string }>({ cmd: 'connect', ...http, timeoutMs: 3000 });

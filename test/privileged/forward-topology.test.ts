@@ -4,8 +4,10 @@
 // the Kubernetes downward API writes one. A prefer-zone service keeps every
 // connection in zone-a while a backend there is healthy, moves to zone-b
 // when both die (within the health thresholds) and comes back when one
-// revives; a zone-only service refuses instead of spilling. The same
-// scenario runs on the kernel path and on the userspace proxy.
+// revives; a zone-only service refuses instead of spilling; a rewrite of
+// the labels file (the VM migrated) moves both to the new zone without a
+// reload. The same scenario runs on the kernel path and on the userspace
+// proxy.
 import t from 'tap';
 import * as fs from 'node:fs';
 import { requirePrivileged } from '../helpers/privileged';
@@ -20,6 +22,12 @@ const BACKENDS = [['b1', '10.99.0.11', 'zone-a'], ['b2', '10.99.0.12', 'zone-a']
 const FAST_ARP = { probeWait: 0.05, probeNum: 1, probeMin: 0.05, probeMax: 0.1, announceWait: 0.05, announceNum: 1, announceInterval: 0.1 };
 /** Down after failureThreshold x (period + timeout) = 0.8 s at most; up after one success. */
 const HC = { periodSeconds: 0.2, timeoutSeconds: 0.2, failureThreshold: 2 };
+
+/** The labels file as the downward API writes it, replaced in one rename. */
+function writeLabels(file: string, zone: string): void {
+  fs.writeFileSync(`${file}.tmp`, `kubernetes.io/hostname="worker-1"\ntopology.kubernetes.io/region="region-1"\ntopology.kubernetes.io/zone="${zone}"\n`);
+  fs.renameSync(`${file}.tmp`, file);
+}
 
 async function scenario(t: tap.Test, lab: Lab, node: string, client: JsonLinesProc, backends: Backend[], kind: 'kernel' | 'proxy', labelsFile: string): Promise<void> {
   const service = (name: string, loadBalancerIP: string, topology: string) => ({
@@ -84,6 +92,21 @@ async function scenario(t: tap.Test, lab: Lab, node: string, client: JsonLinesPr
   r = await burst(ONLY, 10);
   t.same(r, { counts: { b1: 10 }, errors: {} }, 'zone-only serves again');
   backends[1] = await startBackend(lab, lab.ns('b2'), 'b2');
+
+  // The VM migrates to a zone-b host: whatever syncs the labels rewrites the
+  // file (a rename, as the downward API swaps its files). No reload: the agent
+  // notices the rewrite by itself and balances in zone-b.
+  const moved = Date.now();
+  t.teardown(() => writeLabels(labelsFile, 'zone-a'));
+  writeLabels(labelsFile, 'zone-b');
+  const inB = await waitStatus(agent, 'the node in zone-b', (s) => s.node.zone === 'zone-b', 10_000);
+  t.ok(Date.now() - moved < 6000, `${kind}: the rewritten labels file took effect ${Date.now() - moved} ms later (polled every 2 s), without a reload`);
+  t.match(inB.events?.filter((e) => e.kind === 'zone-changed').map((e) => e.reason), [/^zone-a \(region region-1\) -> zone-b \(region region-1\): .*node-labels was rewritten$/]);
+  await waitFor('prefer-zone on zone-b', async () => (await burst(NEAR, 1)).counts['b3'] === 1, 5000, 20);
+  r = await burst(NEAR);
+  t.same(r, { counts: { b3: 30 }, errors: {} }, 'prefer-zone: every connection in the new zone, zone-b, though zone-a is healthy');
+  r = await burst(ONLY, 10);
+  t.same(r, { counts: { b3: 10 }, errors: {} }, 'zone-only: zone-b only');
   agent.signal('SIGTERM');
   await agent.exited;
 }
@@ -101,7 +124,7 @@ if (requirePrivileged(t)) {
     }
     // As the downward API writes metadata.labels (harvester-node-driver.md: Harvester syncs these to the guest node).
     const labelsFile = lab.file('node-labels');
-    fs.writeFileSync(labelsFile, 'kubernetes.io/hostname="worker-1"\ntopology.kubernetes.io/region="region-1"\ntopology.kubernetes.io/zone="zone-a"\n');
+    writeLabels(labelsFile, 'zone-a');
     const client = await JsonLinesProc.start(lab, clientNs, 'forward-client.js', [], 'client');
     t.teardown(() => client.close());
     for (const kind of ['kernel', 'proxy'] as const) {

@@ -1,13 +1,16 @@
 // Packet sockets (agent/net/packet.ts over the native addon) on the real
 // kernel: a UDP frame whose checksum is left to offload (CHECKSUM_PARTIAL on
 // veth) is delivered and flagged, the BPF filter keeps other ports out,
-// multicast/promiscuous memberships live exactly as long as the socket, and
-// an interface that disappears is reported as an error event.
+// multicast/promiscuous memberships live exactly as long as the socket, an
+// interface that disappears is reported as an error event, and a port of a
+// parent's shared socket (packet-shared.ts) sends out of its own macvlan.
 import t from 'tap';
 import { createLab, waitFor, type Lab } from '../../lab/netns';
 import { requirePrivileged } from '../helpers/privileged';
 import { linkNameForService, macForService } from '../../agent/net/ownership';
 import { driver, driverStream } from './fixtures/net-driver-run';
+import { distPath } from '../../lab/services';
+import { endWorkersHolding } from '../net/worker-end';
 
 function sendUdp(lab: Lab, ns: string, host: string, port: number, payload: string): Promise<unknown> {
   const script = `const s=require('dgram').createSocket('udp4');s.send(${JSON.stringify(payload)},${port},${JSON.stringify(host)},(e)=>{s.close();if(e)throw e;});`;
@@ -75,6 +78,44 @@ if (requirePrivileged(t)) {
     }, 10_000, 200);
     t.pass('frames flow again on the same socket');
     t.equal(cap.proc.exitCode, null, 'the process is still running');
+  });
+
+  t.test('a port of the parent\'s shared socket sends out of its macvlan', async (t) => {
+    const lab = await createLab(t);
+    const node = await lab.addHost('node', { address: '10.99.0.2/24' });
+    const name = linkNameForService('default/shared');
+    const mac = macForService('default/shared');
+    const r = await driver(lab, node, 'create-macvlan', { name, parent: 'eth0', mac, mode: 'bridge', up: true });
+    t.ok(r.ok, JSON.stringify(r.error));
+    // One process: a port on eth0's shared socket for the macvlan, and an
+    // ETH_P_ALL socket on the macvlan itself that sees the frames leaving it
+    // (PACKET_OUTGOING). A frame sent out of the parent never passes there.
+    // (Receiving through the shared socket: dhcp-many, 50 services.)
+    const script = `
+      const { dhcpSockets } = require(${JSON.stringify(distPath('agent', 'dhcp', 'driver.js'))});
+      const { openPacketSocket, interfaceIndex, ETH_P_ALL, PACKET_OUTGOING } = require(${JSON.stringify(distPath('agent', 'net', 'packet.js'))});
+      const { encodeUdpFrame, BROADCAST_MAC, BROADCAST_IP } = require(${JSON.stringify(distPath('agent', 'dhcp', 'codec.js'))});
+      const ix = interfaceIndex(${JSON.stringify(name)});
+      const seen = [];
+      const tap = openPacketSocket({ ifindex: ix, protocol: ETH_P_ALL, ref: false });
+      tap.on('frame', (f, info) => { if (info.pktType === PACKET_OUTGOING && f.includes(Buffer.from('from-the-port'))) seen.push('left ' + f.subarray(6, 12).toString('hex')); });
+      const port = dhcpSockets.attach({ parentIfindex: interfaceIndex('eth0'), ifindex: ix, mac: ${JSON.stringify(mac)} });
+      port.send(encodeUdpFrame({ srcMac: ${JSON.stringify(mac)}, dstMac: BROADCAST_MAC, srcIp: 0, dstIp: BROADCAST_IP, payload: Buffer.from('from-the-port') }));
+      setTimeout(() => {
+        process.stdout.write(JSON.stringify({ seen, counts: dhcpSockets.counts() }));
+        port.close(); tap.close();
+      }, 300);`;
+    const out = JSON.parse((await lab.exec(node, process.execPath, ['-e', script])).stdout) as { seen: string[]; counts: { opened: number; attached: number } };
+    t.same(out.seen, [`left ${mac.replace(/:/g, '')}`], 'the frame left from the macvlan, with its MAC as source');
+    t.match(out.counts, { opened: 1, attached: 1 }, 'through the shared socket');
+  });
+
+  t.test('a worker thread that ends while its packet socket reads takes it down without a crash (loop_handles.h)', async (t) => {
+    // Loopback of this namespace: nothing is sent, the socket only has to be open and polled.
+    const r = endWorkersHolding(`
+      const h = new addon.PacketHandle(addon.ifNameToIndex('lo'), 0x0800);
+      h.start(() => {});`);
+    t.same([r.signal, r.status, r.out], [null, 0, 'all ended'], 'SIGSEGV before: a plain cleanup hook');
   });
 
   t.test('an interface that is deleted is reported as gone', async (t) => {

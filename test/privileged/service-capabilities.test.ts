@@ -73,7 +73,7 @@ function runUnprivileged(lab: Lab, ns: string, name: string, cfg: Record<string,
 t.test('the agent does its job with only the unit\'s capabilities, as an unprivileged user', async (t) => {
   if (!requirePrivileged(t)) return;
   const caps = unitCapabilities();
-  t.same([...caps].sort(), ['net_admin', 'net_bind_service', 'net_raw'], 'the unit grants NET_ADMIN, NET_RAW, NET_BIND_SERVICE');
+  t.same([...caps].sort(), ['bpf', 'net_admin', 'net_bind_service', 'net_raw'], 'the unit grants NET_ADMIN, NET_RAW, NET_BIND_SERVICE, BPF');
   const lab = await createLab(t);
   // The lab's scratch dir is 0700 root; the unprivileged agent must reach its config.
   fs.chmodSync(lab.dir, 0o755);
@@ -100,21 +100,24 @@ t.test('the agent does its job with only the unit\'s capabilities, as an unprivi
         services: [
           { name: 'web', ipam: 'dhcp', ports: [{ port: 80, targetPort: 8080 }], backends: ['10.99.0.11'], healthCheck: HC },
           { name: 'api', ipam: 'pool', ports: [{ port: 80, targetPort: 8080 }], backends: ['10.99.0.11'], healthCheck: HC },
+          // The kernel path's direct server return: its BPF program needs CAP_BPF (issue 17).
+          ...(dataplane === 'auto' ? [{ name: 'dsr', ipam: 'pool', loadBalancerIP: '10.99.0.205', sourceIP: 'preserve', ports: [{ port: 8080 }], backends: ['10.99.0.11'], healthCheck: HC }] : []),
         ],
       });
+      const count = dataplane === 'auto' ? 3 : 2;
       let last: StatusDocument | undefined;
       try {
         last = await Promise.race([
-          waitFor('both services ready', async () => {
+          waitFor('every service ready', async () => {
             const s = (await controlRequest(agent.socket, 'status', 2000)) as StatusDocument;
             last = s;
-            return s.services.length === 2 && s.services.every((x) => x.ready) ? s : undefined;
+            return s.services.length === count && s.services.every((x) => x.ready) ? s : undefined;
           }, 30_000, 200),
           agent.exited.then((code) => { throw new Error(`the agent exited with ${code}`); }),
         ]);
       } catch (e) {
         const why = `${(e as Error).message}\nstderr: ${agent.stderr()}\nlogs: ${agent.logs.filter((l) => (l.level as number) >= 40).map((l) => JSON.stringify(l)).join('\n')}\nstatus: ${JSON.stringify(last?.services)}`;
-        t.fail(`serves both services: ${why}`);
+        t.fail(`serves every service: ${why}`);
         agent.kill('SIGKILL');
         return;
       }
@@ -123,7 +126,11 @@ t.test('the agent does its job with only the unit\'s capabilities, as an unprivi
       const pid = last.pid;
       const st = fs.readFileSync(`/proc/${pid}/status`, 'utf8');
       t.match(st, new RegExp(`^Uid:\\s+${NOBODY}\\s+${NOBODY}\\s+${NOBODY}\\s+${NOBODY}$`, 'm'), 'running as an unprivileged uid');
-      t.match(st, /^CapEff:\s+0000000000003400$/m, 'effective capabilities: exactly NET_BIND_SERVICE, NET_ADMIN, NET_RAW');
+      t.match(st, /^CapEff:\s+0000008000003400$/m, 'effective capabilities: exactly NET_BIND_SERVICE, NET_ADMIN, NET_RAW, BPF');
+      if (dataplane === 'auto') {
+        const engine = agent.logs.find((l) => l.op === 'dsr-engine');
+        t.equal(engine?.engine, 'bpf', `direct server return runs on the BPF program with these capabilities: ${JSON.stringify(engine)}`);
+      }
       const web = last.services.find((s) => s.name === 'web')!;
       const api = last.services.find((s) => s.name === 'api')!;
       t.match(web.interface, /^lbv/, 'DHCP VIP on its own macvlan');

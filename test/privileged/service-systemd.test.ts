@@ -4,7 +4,7 @@
 // systemd/install.sh and runs from the unit as on a VM. Proven in order:
 // a failing ExecStartPre= preflight blocks the start; Type=notify goes
 // active on READY=1 and STATUS= counts the VIPs served; the daemon runs as
-// lb-agent with exactly its three capabilities; ExecReload= applies a good
+// lb-agent with exactly its four capabilities; ExecReload= applies a good
 // file and fails visibly on a bad one, serving on; the watchdog replaces a
 // hung agent; restart and a SIGKILL bring a new agent; stop leaves no
 // address, link or nftables table behind.
@@ -20,7 +20,7 @@ const FAST_ARP = { probeWait: 0.05, probeNum: 2, probeMin: 0.05, probeMax: 0.1, 
 const HC = { periodSeconds: 0.3, timeoutSeconds: 0.3 };
 const VIP1 = '10.99.0.200';
 const VIP2 = '10.99.0.201';
-const UNIT_CAPS = ['CAP_NET_ADMIN', 'CAP_NET_BIND_SERVICE', 'CAP_NET_RAW'];
+const UNIT_CAPS = ['CAP_BPF', 'CAP_NET_ADMIN', 'CAP_NET_BIND_SERVICE', 'CAP_NET_RAW'];
 
 const api = { name: 'api', ipam: 'pool', loadBalancerIP: VIP1, ports: [{ name: 'http', port: 80, targetPort: 8080 }], backends: ['10.99.0.11'], healthCheck: HC };
 const web = { name: 'web', ipam: 'pool', loadBalancerIP: VIP2, ports: [{ name: 'http', port: 80, targetPort: 8080 }], backends: ['10.99.0.12'], healthCheck: HC };
@@ -119,7 +119,7 @@ t.test('lb-agent.service under systemd 252 in a lab VM', async (t) => {
     t.equal(await waitFor('traffic through the VIP', async () => ((await get(lab, client, VIP1)) === 'b1' ? 'b1' : undefined), 10_000, 200), 'b1', 'a client reaches b1 through the VIP');
   });
 
-  await t.test('runs as lb-agent with exactly CAP_NET_ADMIN CAP_NET_RAW CAP_NET_BIND_SERVICE', async (t) => {
+  await t.test('runs as lb-agent with exactly CAP_NET_ADMIN CAP_NET_RAW CAP_NET_BIND_SERVICE CAP_BPF', async (t) => {
     const status = (await vm.exec('cat', [`/proc/${pid1}/status`])).stdout;
     const field = (k: string): string => new RegExp(`^${k}:\\s*(.*)$`, 'm').exec(status)?.[1]?.trim() ?? '';
     const pw = (await vm.exec('getent', ['passwd', 'lb-agent'])).stdout.split(':');

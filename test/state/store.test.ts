@@ -156,26 +156,42 @@ t.test('writeAsync: atomic like write(), and writes and removes of one name land
   await t.resolves(s.settled('never-written.json'), 'settled() of a name never written resolves');
 });
 
+/**
+ * A script for a child process: node:fs wrapped so that `seen` records the
+ * store's file operations in order ('writeFile(temp)', 'sync(dir)',
+ * 'renamed <name>' once a rename is done, ...), StateStore loaded, then `body`.
+ */
+function tracedStoreScript(dir: string, body: string): string {
+  return `
+    const fs = require('node:fs');
+    const path = require('node:path');
+    const seen = [];
+    const what = new Map();
+    const openSync = fs.openSync;
+    fs.openSync = (p, ...rest) => {
+      const fd = openSync(p, ...rest);
+      what.set(fd, path.basename(p).includes('.tmp-') ? 'temp' : p === ${JSON.stringify(dir)} ? 'dir' : p);
+      return fd;
+    };
+    const writeFileSync = fs.writeFileSync;
+    fs.writeFileSync = (f, ...rest) => { if (typeof f === 'number') seen.push('writeFile(' + what.get(f) + ')'); return writeFileSync(f, ...rest); };
+    const fsync = fs.fsync;
+    fs.fsync = (fd, cb) => { seen.push('sync(' + what.get(fd) + ')'); return fsync(fd, cb); };
+    const closeSync = fs.closeSync;
+    fs.closeSync = (fd) => { seen.push('close(' + what.get(fd) + ')'); return closeSync(fd); };
+    const renameSync = fs.renameSync;
+    fs.renameSync = (a, b) => { renameSync(a, b); seen.push('renamed ' + path.basename(b)); };
+    const { StateStore } = require(${JSON.stringify(STORE_JS)});
+    ${body}`;
+}
+
 t.test('writeAsync: the data is synced before the rename, the directory after it; a failure names the file and leaves nothing', async (t) => {
   const dir = tmpdir(t);
-  const script = `
-    const fs = require('node:fs');
-    const seen = [];
-    const fsp = fs.promises;
-    const open = fsp.open;
-    fsp.open = async (p, ...rest) => {
-      const fh = await open(p, ...rest);
-      const what = require('node:path').basename(p).includes('.tmp-') ? 'temp' : p === ${JSON.stringify(dir)} ? 'dir' : p;
-      for (const m of ['writeFile', 'sync', 'close']) { const f = fh[m].bind(fh); fh[m] = (...a) => { seen.push(m + '(' + what + ')'); return f(...a); }; }
-      return fh;
-    };
-    const rename = fsp.rename;
-    fsp.rename = (a, b) => { seen.push('rename'); return rename(a, b); };
-    const { StateStore } = require(${JSON.stringify(STORE_JS)});
-    new StateStore(${JSON.stringify(dir)}).writeAsync('health.json', { a: 1 }).then(() => process.stdout.write(JSON.stringify(seen)));`;
+  const script = tracedStoreScript(dir, `
+    new StateStore(${JSON.stringify(dir)}).writeAsync('health.json', { a: 1 }).then(() => process.stdout.write(JSON.stringify(seen)));`);
   const r = spawnSync(process.execPath, ['-e', script], { encoding: 'utf8', timeout: 20_000 });
   t.equal(r.status, 0, r.stderr);
-  t.same(JSON.parse(r.stdout), ['writeFile(temp)', 'sync(temp)', 'close(temp)', 'rename', 'sync(dir)', 'close(dir)'], 'write, fsync the file, rename, fsync the directory');
+  t.same(JSON.parse(r.stdout), ['writeFile(temp)', 'sync(temp)', 'close(temp)', 'renamed health.json', 'sync(dir)', 'close(dir)'], 'write, fsync the file, rename, fsync the directory');
 
   const s = new StateStore(dir);
   fs.mkdirSync(path.join(dir, 'lease.json'));
@@ -185,4 +201,28 @@ t.test('writeAsync: the data is synced before the rename, the directory after it
   await s.writeAsync('health.json', { a: 3 });
   t.same(s.read('health.json'), { a: 3 }, 'a failed write does not stop the next one');
   t.throws(() => s.writeAsync('../x', {}), { code: 'LB_ERR_STATE_WRITE', message: /invalid state file name/ });
+});
+
+t.test('writeAsync: writes that finish together share one directory fsync, and each resolves only after a sync begun after its rename', async (t) => {
+  const dir = tmpdir(t);
+  const script = tracedStoreScript(dir, `
+    const s = new StateStore(${JSON.stringify(dir)});
+    const names = Array.from({ length: 20 }, (_, i) => 'dhcp-default-s' + i + '.json');
+    Promise.all(names.map((n, i) => s.writeAsync(n, { address: '10.99.0.' + (100 + i) }).then(() => seen.push('done ' + n))))
+      .then(() => process.stdout.write(JSON.stringify({ seen, counts: s.syncCounts() })));`);
+  const r = spawnSync(process.execPath, ['-e', script], { encoding: 'utf8', timeout: 20_000 });
+  t.equal(r.status, 0, r.stderr);
+  const { seen, counts } = JSON.parse(r.stdout) as { seen: string[]; counts: { fileSyncs: number; dirSyncs: number } };
+  t.equal(counts.fileSyncs, 20, 'every temp file synced');
+  t.equal(seen.filter((e) => e === 'sync(dir)').length, counts.dirSyncs, 'syncCounts counts the directory syncs');
+  t.ok(counts.dirSyncs >= 1 && counts.dirSyncs < 20, `20 writes at once, ${counts.dirSyncs} directory syncs (one per write before)`);
+  for (let i = 0; i < 20; i++) {
+    const n = `dhcp-default-s${i}.json`;
+    const renamed = seen.indexOf(`renamed ${n}`);
+    const done = seen.indexOf(`done ${n}`);
+    t.ok(renamed >= 0 && seen.slice(renamed, done).includes('sync(dir)'), `${n}: a directory sync begins between its rename and its resolve`);
+  }
+  const s = new StateStore(dir);
+  t.same(s.read('dhcp-default-s7.json'), { address: '10.99.0.107' }, 'the files are there');
+  t.same(fs.readdirSync(dir).filter((f) => f.includes('.tmp-')), [], 'no temp file left');
 });

@@ -88,8 +88,8 @@ t.test('the unit has the service semantics and hardening issue 9 lists', async (
   t.equal(one('RuntimeDirectory'), 'lb-agent');
   t.equal(one('ConfigurationDirectory'), 'lb-agent');
   t.equal(one('User'), 'lb-agent', 'a dedicated user, not root');
-  const caps = ['CAP_NET_ADMIN', 'CAP_NET_BIND_SERVICE', 'CAP_NET_RAW'];
-  t.same(one('AmbientCapabilities')?.split(/\s+/).sort(), caps, 'exactly the three network capabilities, ambient');
+  const caps = ['CAP_BPF', 'CAP_NET_ADMIN', 'CAP_NET_BIND_SERVICE', 'CAP_NET_RAW'];
+  t.same(one('AmbientCapabilities')?.split(/\s+/).sort(), caps, 'exactly the three network capabilities and BPF (DSR at tc ingress), ambient');
   t.same(one('CapabilityBoundingSet')?.split(/\s+/).sort(), caps, 'and nothing else in the bounding set');
   t.equal(one('NoNewPrivileges'), 'yes');
   t.equal(one('ProtectSystem'), 'strict');
@@ -97,6 +97,7 @@ t.test('the unit has the service semantics and hardening issue 9 lists', async (
   t.equal(one('PrivateTmp'), 'yes');
   t.same(one('RestrictAddressFamilies')?.split(/\s+/).sort(), ['AF_INET', 'AF_INET6', 'AF_NETLINK', 'AF_PACKET', 'AF_UNIX']);
   t.equal(all('SystemCallFilter')[0], '@system-service');
+  t.same(all('SystemCallFilter').slice(1), ['~@privileged @resources', 'bpf'], 'privileged calls denied, then bpf(2) allowed back (DSR\'s program, issue 17)');
   t.notOk(svc.some((d) => d.key === 'ProtectKernelTunables' && d.value === 'yes'), 'not ProtectKernelTunables: the agent writes /proc/sys/net');
   t.notOk(svc.some((d) => d.key === 'PrivateNetwork' && d.value === 'yes'), 'not PrivateNetwork: the VM network is its job');
   t.equal(directives(unitText, 'Install').find((d) => d.key === 'WantedBy')?.value, 'multi-user.target');
@@ -120,7 +121,7 @@ t.test('every [Service] directive is explained by a comment above it', async (t)
   for (const omitted of ['ProtectKernelTunables', 'MemoryDenyWriteExecute', 'PrivateNetwork']) {
     t.match(comments, new RegExp(`Not ${omitted}`), `a comment says why not ${omitted}`);
   }
-  t.match(comments, /NET_ADMIN[^\n]*\n?[^\n]*NET_RAW[^\n]*\n?[^\n]*NET_BIND_SERVICE/, 'each capability is justified');
+  t.match(comments, /NET_ADMIN[^\n]*\n?[^\n]*NET_RAW[^\n]*\n?[^\n]*NET_BIND_SERVICE[^\n]*\n?[^\n]*BPF \(direct server return/, 'each capability is justified');
 });
 
 t.test('systemd-analyze verify is clean and the exposure is recorded', { skip: !built && 'build first: npm ci && npm run build' }, async (t) => {
@@ -261,4 +262,17 @@ t.test('the V8 flags in NODE_OPTIONS are ones Node accepts there, and take effec
   const o = JSON.parse(r.stdout) as { young: number; gc: string };
   t.ok(o.young <= 2 * 1024 * 1024, `the young generation stays within 2 x 1 MiB (${o.young} bytes)`);
   t.equal(o.gc, 'function', 'gc is exposed: the daemon collects after each reload (without it, silently not)');
+});
+
+t.test('the malloc tunable in GLIBC_TUNABLES is one glibc knows, at the value meant (issue 18)', async (t) => {
+  // glibc ignores a tunable it does not know, or a value out of range,
+  // without a word: ask the dynamic loader this process runs under (from
+  // its own mappings) what it makes of the unit's line.
+  const m = /^Environment="?GLIBC_TUNABLES=([^"\n]*)"?$/m.exec(unitText);
+  t.ok(m, 'the unit sets GLIBC_TUNABLES');
+  const loader = /\s(\/\S*\/ld-linux[^/\s]*\.so\.\d+)$/m.exec(fs.readFileSync('/proc/self/maps', 'utf8'))?.[1];
+  t.ok(loader, 'this process\'s dynamic loader is in its mappings');
+  const r = sh(loader!, ['--list-tunables'], { env: { GLIBC_TUNABLES: m![1]! } });
+  t.equal(r.status, 0, r.stderr);
+  t.match(r.stdout, /^glibc\.malloc\.trim_threshold: 0x20000 /m, 'trim_threshold is 128 KiB, fixed (no dynamic raise)');
 });

@@ -64,6 +64,22 @@ t.test('forwarding targets: ratios to HAProxy 1 thread and to direct', async (t)
   t.notOk(rows.some((r) => r.area === 'dhcp'), 'no DHCP run, no DHCP target');
 });
 
+t.test('PROXY v2 cost: the pair inside the slot where there is one, two slots\' medians for older results', async (t) => {
+  const r = results();
+  r.forward!.summary.proxy = fwd('proxy', 30_000, 8_000, 2);
+  // Measured minutes after the plain slot on a slower host: the slots' medians would say 0.80x.
+  r.forward!.summary['proxy-pp2'] = { ...fwd('proxy pp2', 24_000, 6_400, 2), xWithoutHeader: { keepalive: 0.97, newConnections: 0.93 } };
+  r.forward!.summary['haproxy-pp2'] = { ...fwd('haproxy pp2', 24_000, 6_400, 2), xWithoutHeader: { keepalive: 0.99, newConnections: 0.9 } };
+  r.forward!.config.headerPairing = 'PROXY v2 x without: paired';
+  const by = (prefix: string): { measured: string; met: boolean | undefined } => evaluateTargets(r).find((x) => x.target.startsWith(prefix))!;
+  t.has(by('proxy path with PROXY v2: keep-alive'), { measured: '0.97x', met: true }, 'the paired ratio, not 24,000 / 30,000');
+  t.has(by('proxy path with PROXY v2: new connections'), { measured: '0.93x', met: false });
+  const md = renderResults(r);
+  t.match(md, /PROXY v2 x without: paired\. proxy pp2: keep-alive 0\.97x, new connections 0\.93x; haproxy pp2: keep-alive 0\.99x, new connections 0\.90x\./, 'both balancers\' header cost, side by side');
+  delete r.forward!.summary['proxy-pp2']!.xWithoutHeader;
+  t.has(by('proxy path with PROXY v2: keep-alive'), { measured: '0.80x', met: false }, 'older results: the two slots\' medians');
+});
+
 t.test('a missing peer leaves the target not measured, not met', async (t) => {
   const r = results();
   delete r.forward!.summary.haproxy1;
@@ -251,6 +267,11 @@ t.test('issue 17: DSR targets against direct (keep-alive, and bulk on the replie
   r.forward!.config.pairing = 'keep-alive x direct: median over rounds of the ratio to direct measured right before';
   const paired = evaluateTargets(r);
   t.same([paired.find((x) => x.target.startsWith('kernel path DSR keep-alive'))!.measured, paired.find((x) => x.target.startsWith('kernel path DSR keep-alive'))!.met], ['0.86x', true], 'the paired ratio, not 36,000 / 40,000');
+  f.dsr.bulkReverseXDirect = 0.93;
+  const pairedReplies = evaluateTargets(r).find((x) => x.target.startsWith('kernel path DSR bulk'))!;
+  t.same([pairedReplies.measured, pairedReplies.met], ['0.93x', false], 'the replies\' paired ratio, not 19.5 / 20');
+  t.match(renderResults({ ...r, targets: evaluateTargets(r) }), /\| dsr \| 36,000 \|[^\n]*\| 19\.50 \| 0\.93x \|/, 'and in the table\'s replies column');
+  delete f.dsr.bulkReverseXDirect;
   const pmd = renderResults({ ...r, targets: paired });
   t.match(pmd, /\| kernel \| 30,000 \| 1\.50x \| 0\.70x \|/, 'the kernel row\'s keep-alive x direct is its paired ratio too');
   t.match(pmd, /\| dsr \| 36,000 \| [^|]+ \| 0\.86x \|/);

@@ -1,0 +1,211 @@
+// The thin driver of the DSR program at tc ingress (issue 17): creates its
+// maps, loads it (ebpf-dsr.ts builds it), attaches it with tcx to the parent
+// NIC's ingress, swaps it atomically for the next plan (BPF_F_REPLACE), reads
+// its counters, and detaches it. It owns exactly the tcx attachments named
+// DSR_PROG_NAME on its device: a program another tool attached there is
+// never touched.
+//
+// Lifetime: a tcx attachment made without a link descriptor stays until it
+// is detached (it holds the program, the program holds its maps), like the
+// nft table: a restart or a crash does not stop forwarding, and the next
+// process finds ours by name (BPF_PROG_QUERY, then each id's name) and
+// replaces it in one step.
+import * as fs from 'node:fs';
+import { LbError, errorMessage } from '../errors';
+import {
+  BPF_F_REPLACE, BPF_MAP_TYPE_ARRAY, BPF_PROG_TYPE_SCHED_CLS, BPF_TCX_INGRESS, COUNTER_VALUE_SIZE, DSR_PROG_NAME, SLOT_VALUE_SIZE,
+  dsrMaps, dsrProgram, type DsrBpfPort,
+} from './ebpf-dsr';
+import { ifNameToIndex, nativeBpf, type NativeBpf } from './native';
+
+/** Packets and bytes of one nft counter name, as the program counted them. */
+export interface BpfCounter { readonly packets: number; readonly bytes: number }
+
+interface Loaded {
+  readonly prog: number;
+  readonly slots: number;
+  readonly counters: number;
+  readonly names: readonly { readonly conns: string; readonly toBackend: string }[];
+}
+
+const VERIFIER_LOG = 1 << 20;
+
+function closeFd(fd: number | undefined): void {
+  if (fd === undefined) return;
+  try { fs.closeSync(fd); } catch { /* already closed */ }
+}
+
+function key(k: number): Buffer {
+  const b = Buffer.alloc(4);
+  b.writeUInt32LE(k);
+  return b;
+}
+
+/** Create both maps, fill the slots, load the program; nothing left open on failure. */
+function load(bpf: NativeBpf, ports: readonly DsrBpfPort[]): Loaded {
+  const maps = dsrMaps(ports);
+  let slots: number | undefined;
+  let counters: number | undefined;
+  try {
+    slots = bpf.bpfMapCreate(BPF_MAP_TYPE_ARRAY, 4, SLOT_VALUE_SIZE, maps.slots.length, 'lb_dsr_slots');
+    counters = bpf.bpfMapCreate(BPF_MAP_TYPE_ARRAY, 4, COUNTER_VALUE_SIZE, Math.max(1, maps.counters.length), 'lb_dsr_counters');
+    maps.slots.forEach((v, k) => bpf.bpfMapUpdate(slots!, key(k), v, 0));
+    const insns = dsrProgram(ports, { slots, counters });
+    const prog = bpf.bpfProgLoad(BPF_PROG_TYPE_SCHED_CLS, insns, 'GPL', DSR_PROG_NAME, VERIFIER_LOG);
+    return { prog, slots, counters, names: maps.counters };
+  } catch (err) {
+    closeFd(slots);
+    closeFd(counters);
+    const log = (err as { log?: unknown }).log;
+    throw new LbError('LB_ERR_FORWARD_DSR_BPF', `cannot load the DSR program: ${errorMessage(err)}${typeof log === 'string' && log !== '' ? `; verifier: ${log.trim().split('\n').slice(-3).join(' | ')}` : ''}`,
+      undefined, { cause: err });
+  }
+}
+
+function closeLoaded(l: Loaded | undefined): void {
+  if (!l) return;
+  closeFd(l.prog);
+  closeFd(l.slots);
+  closeFd(l.counters);
+}
+
+/** The ids of our programs attached at tcx ingress of `ifindex` (recognised by name). */
+export function attachedDsrPrograms(bpf: NativeBpf, ifindex: number): number[] {
+  const ours: number[] = [];
+  for (const id of bpf.bpfProgQuery(ifindex, BPF_TCX_INGRESS)) {
+    let fd: number | undefined;
+    try {
+      fd = bpf.bpfProgGetFdById(id);
+      if (bpf.bpfProgInfo(fd).name === DSR_PROG_NAME) ours.push(id);
+    } catch { /* gone meanwhile */ } finally { closeFd(fd); }
+  }
+  return ours;
+}
+
+export interface DsrBpfOptions {
+  readonly device: string;
+  /** The addon's bpf(2) calls (tests may pass their own); default: the addon's. */
+  readonly bpf?: NativeBpf;
+}
+
+/** Our DSR program on one device. Not re-entrant: the data path calls it from its serial queue. */
+export class DsrBpf {
+  readonly device: string;
+  private readonly bpf: NativeBpf;
+  private current: Loaded | undefined;
+
+  constructor(opts: DsrBpfOptions) {
+    this.device = opts.device;
+    const bpf = opts.bpf ?? nativeBpf();
+    if (typeof bpf === 'string') throw new LbError('LB_ERR_FORWARD_DSR_BPF', bpf);
+    this.bpf = bpf;
+  }
+
+  private ifindex(): number {
+    return ifNameToIndex(this.device);
+  }
+
+  /** Whether a program of ours is attached to the device now (ours or an earlier process's). */
+  attached(): number[] {
+    return attachedDsrPrograms(this.bpf, this.ifindex());
+  }
+
+  /**
+   * Load the program for `ports` and put it in place of ours (this process's
+   * or an earlier one's) in one step; the first one is appended. Throws with
+   * nothing changed when the new one cannot be loaded or attached.
+   */
+  apply(ports: readonly DsrBpfPort[]): void {
+    const ifindex = this.ifindex();
+    const next = load(this.bpf, ports);
+    try {
+      const old = this.attached();
+      let replaceFd: number | undefined;
+      try {
+        if (old.length > 0) replaceFd = this.bpf.bpfProgGetFdById(old[0]!);
+        this.bpf.bpfProgAttach(ifindex, next.prog, BPF_TCX_INGRESS, replaceFd !== undefined ? BPF_F_REPLACE : 0, replaceFd ?? 0);
+      } finally {
+        closeFd(replaceFd);
+      }
+      // More than one of ours (not expected: two agents on one device) would forward twice over: keep the new one only.
+      for (const id of old.slice(1)) this.detachId(ifindex, id);
+    } catch (err) {
+      closeLoaded(next);
+      throw new LbError('LB_ERR_FORWARD_DSR_BPF', `cannot attach the DSR program at tcx ingress of ${this.device}: ${errorMessage(err)}`, undefined, { cause: err });
+    }
+    closeLoaded(this.current);
+    this.current = next;
+  }
+
+  private detachId(ifindex: number, id: number): void {
+    let fd: number | undefined;
+    try {
+      fd = this.bpf.bpfProgGetFdById(id);
+      this.bpf.bpfProgDetach(ifindex, fd, BPF_TCX_INGRESS);
+    } catch (err) {
+      if ((err as { code?: string }).code !== 'ENOENT') throw err;
+    } finally {
+      closeFd(fd);
+    }
+  }
+
+  /** Detach every program of ours from the device (this process's and any earlier one's). */
+  detach(): void {
+    let ifindex: number;
+    try { ifindex = this.ifindex(); } catch { closeLoaded(this.current); this.current = undefined; return; /* the device is gone, and with it the attachment */ }
+    for (const id of this.attached()) this.detachId(ifindex, id);
+    closeLoaded(this.current);
+    this.current = undefined;
+  }
+
+  /** Let go of the descriptors and leave the attachment in place (a planned restart: the next process replaces it). */
+  release(): void {
+    closeLoaded(this.current);
+    this.current = undefined;
+  }
+
+  /** Whether this process's program is the one in place. */
+  get active(): boolean {
+    return this.current !== undefined;
+  }
+
+  /** The program's counters by nft counter name: `<chain>_conns` (packets = SYNs) and `<chain>_to_backend`. */
+  counters(): Map<string, BpfCounter> {
+    const out = new Map<string, BpfCounter>();
+    const l = this.current;
+    if (!l) return out;
+    const v = Buffer.alloc(COUNTER_VALUE_SIZE);
+    l.names.forEach((n, k) => {
+      if (!this.bpf.bpfMapLookup(l.counters, key(k), v)) return;
+      out.set(n.conns, { packets: Number(v.readBigUInt64LE(0)), bytes: 0 });
+      out.set(n.toBackend, { packets: Number(v.readBigUInt64LE(8)), bytes: Number(v.readBigUInt64LE(16)) });
+    });
+    return out;
+  }
+}
+
+/**
+ * Can this node run the DSR program? Loads a one-port program and attaches
+ * it at tcx ingress of a veth in a throwaway network namespace (the probe
+ * runs in a child: `unshare -n` needs a new process). Returns why not, or
+ * undefined. Used by the start-up probe and `lb-agent check`.
+ */
+export function probeDsrBpfHere(bpf: NativeBpf | string = nativeBpf(), device = 'lo'): string | undefined {
+  if (typeof bpf === 'string') return bpf;
+  const ports: DsrBpfPort[] = [{
+    mac: '02:00:00:00:00:01', vip: '192.0.2.10', protocol: 'TCP', port: 80, seed: 1, slots: [0],
+    backends: [{ address: '192.0.2.11', conns: 'c', toBackend: 't' }],
+  }];
+  let loaded: Loaded | undefined;
+  try {
+    loaded = load(bpf, ports);
+    const ifindex = ifNameToIndex(device);
+    bpf.bpfProgAttach(ifindex, loaded.prog, BPF_TCX_INGRESS, 0, 0);
+    bpf.bpfProgDetach(ifindex, loaded.prog, BPF_TCX_INGRESS);
+    return undefined;
+  } catch (err) {
+    return errorMessage(err);
+  } finally {
+    closeLoaded(loaded);
+  }
+}

@@ -1,0 +1,103 @@
+// Privileged: the DSR program against the real kernel (issue 17). The
+// verifier accepts it; for 300 client ports it picks the backend that nft's
+// jhash and the maglev slot table pick (BPF_PROG_TEST_RUN, counters read back
+// after each frame), and nft's jhash is the model's (real connections in a
+// throwaway namespace); frames for another port, MAC or a fragment pass
+// (TCX_NEXT); tcx attach, replace by a later process, detach, with a foreign
+// program on the same hook left alone; the probe passes here. ~1 s.
+import t from 'tap';
+import { execFile } from 'node:child_process';
+import * as fs from 'node:fs';
+import { requirePrivileged } from '../helpers/privileged';
+import { distPath } from '../../lab/services';
+import { BPF_MAP_TYPE_ARRAY, BPF_PROG_TYPE_SCHED_CLS, COUNTER_VALUE_SIZE, DSR_PROG_NAME, SLOT_VALUE_SIZE, TCX_NEXT, TC_ACT_REDIRECT, dsrMaps, dsrProgram, nftJhashSlot, type DsrBpfPort } from '../../agent/net/ebpf-dsr';
+import { DsrBpf } from '../../agent/net/ebpf-attach';
+import { nativeBpf } from '../../agent/net/native';
+
+const CLIENT = 0x0a000003;
+const PLAN: DsrBpfPort = {
+  mac: '02:00:00:00:00:01', vip: '10.0.0.100', protocol: 'TCP', port: 80, seed: 0x5eed5eed,
+  // An uneven table so that a wrong hash shows: 1021 slots, backend i holds runs of i + 1.
+  slots: Array.from({ length: 1021 }, (_, i) => [0, 1, 1, 2, 2, 2][i % 6]!),
+  backends: ['10.0.0.11', '10.0.0.12', '10.0.0.13'].map((address, i) => ({ address, conns: `b${i}_conns`, toBackend: `b${i}_to_backend` })),
+};
+
+function frame(o: { sport: number; dport?: number; flags?: number; mac?: number; frag?: number }): Buffer {
+  const f = Buffer.alloc(14 + 20 + 20);
+  Buffer.from([2, 0, 0, 0, 0, o.mac ?? 1]).copy(f, 0);
+  Buffer.from([2, 0, 0, 0, 0, 9]).copy(f, 6);
+  f.writeUInt16BE(0x0800, 12);
+  f[14] = 0x45;
+  f.writeUInt16BE(40, 16);
+  f.writeUInt16BE(o.frag ?? 0, 20);
+  f[22] = 64;
+  f[23] = 6;
+  f.writeUInt32BE(CLIENT, 26);
+  Buffer.from([10, 0, 0, 100]).copy(f, 30);
+  f.writeUInt16BE(o.sport, 34);
+  f.writeUInt16BE(o.dport ?? 80, 36);
+  f[47] = o.flags ?? 0x02;
+  return f;
+}
+
+if (requirePrivileged(t)) {
+  t.test('the program picks what nft picks, counts per backend, and passes what is not its own', async (t) => {
+    const bpf = nativeBpf();
+    if (typeof bpf === 'string') throw new Error(bpf);
+    const maps = dsrMaps([PLAN]);
+    const slots = bpf.bpfMapCreate(BPF_MAP_TYPE_ARRAY, 4, SLOT_VALUE_SIZE, maps.slots.length, 'test_slots');
+    const counters = bpf.bpfMapCreate(BPF_MAP_TYPE_ARRAY, 4, COUNTER_VALUE_SIZE, maps.counters.length, 'test_counters');
+    const fds = [slots, counters];
+    t.teardown(() => { for (const fd of fds) fs.closeSync(fd); });
+    const key = (k: number): Buffer => { const b = Buffer.alloc(4); b.writeUInt32LE(k); return b; };
+    maps.slots.forEach((v, k) => bpf.bpfMapUpdate(slots, key(k), v, 0));
+    const prog = bpf.bpfProgLoad(BPF_PROG_TYPE_SCHED_CLS, dsrProgram([PLAN], { slots, counters }), 'GPL', DSR_PROG_NAME, 1 << 20);
+    fds.push(prog);
+    t.equal(bpf.bpfProgInfo(prog).name, DSR_PROG_NAME, 'the verifier accepted it, under our name');
+    const value = Buffer.alloc(COUNTER_VALUE_SIZE);
+    const read = (): bigint[][] => PLAN.backends.map((_, i) => {
+      bpf.bpfMapLookup(counters, key(i), value);
+      return [value.readBigUInt64LE(0), value.readBigUInt64LE(8), value.readBigUInt64LE(16)];
+    });
+    const out = Buffer.alloc(256);
+    let wrong = 0;
+    let verdicts = 0;
+    for (let sport = 40000; sport < 40300; sport++) {
+      const before = read();
+      const r = bpf.bpfProgTestRun(prog, frame({ sport }), out, 1);
+      if (r.retval === TC_ACT_REDIRECT) verdicts++;
+      const after = read();
+      const moved = after.findIndex((c, i) => c[1]! > before[i]![1]!);
+      if (moved !== PLAN.slots[nftJhashSlot(CLIENT, sport, PLAN.seed, 1021)]) wrong++;
+    }
+    t.equal(verdicts, 300, 'every frame for the VIP port redirected');
+    t.equal(wrong, 0, 'every frame counted on the backend nft\'s jhash and the slot table name');
+    const total = read();
+    t.same(total.reduce((a, c) => a + c[0]!, 0n), 300n, 'SYNs counted as connections');
+    t.same(total.reduce((a, c) => a + c[2]!, 0n), 300n * 40n, 'bytes from the IP header on (40 a frame, as nft counts at netdev ingress)');
+    bpf.bpfProgTestRun(prog, frame({ sport: 40000, flags: 0x10 }), out, 1);
+    t.same(read().reduce((a, c) => a + c[0]!, 0n), 300n, 'an ACK is not a connection');
+    for (const [what, f] of [['another port', frame({ sport: 1, dport: 81 })], ['another MAC', frame({ sport: 1, mac: 2 })], ['a fragment', frame({ sport: 1, frag: 0x2000 })], ['a runt (no ports)', frame({ sport: 1 }).subarray(0, 36)]] as const) {
+      t.equal(bpf.bpfProgTestRun(prog, Buffer.from(f), out, 1).retval | 0, TCX_NEXT, `${what}: no verdict (TCX_NEXT): on to later tc programs, nft and the stack`);
+    }
+  });
+
+  t.test('nft\'s jhash is the model\'s; tcx attach, replace, detach; a foreign program is left alone; the probe passes', async (t) => {
+    const r = await new Promise<{ stdout: string; stderr: string }>((resolve, reject) => {
+      execFile('unshare', ['-n', process.execPath, distPath('test', 'privileged', 'fixtures', 'ebpf-netns.js')], { timeout: 20_000 }, (err, stdout, stderr) => (err ? reject(Object.assign(err, { stderr })) : resolve({ stdout, stderr })));
+    });
+    const seen = JSON.parse(r.stdout) as Record<string, unknown>;
+    t.equal(seen['nftMatches'], seen['nftPorts'], `nft's jhash equals the model for all ${String(seen['nftPorts'])} source ports`);
+    t.same([seen['first'], seen['second'], seen['replaced']], [1, 1, true], 'the second apply replaced the first program: one of ours');
+    t.equal(seen['totalAttached'], 2, 'ours and the foreign one');
+    t.equal(seen['afterLater'], 1, 'a later process replaced ours, still one');
+    t.same([seen['afterDetach'], seen['foreignLeft']], [0, 1], 'detach took ours only');
+    t.equal(seen['probe'], 'ok');
+  });
+
+  t.test('a plan the program cannot be built from is an LB_ERR_FORWARD_DSR_BPF, with nothing attached', async (t) => {
+    const d = new DsrBpf({ device: 'lo' });
+    t.throws(() => d.apply([{ ...PLAN, mac: 'zz' }]), { code: 'LB_ERR_FORWARD_DSR_BPF' });
+    t.notOk(d.active);
+  });
+}
