@@ -47,7 +47,7 @@ import { waitStatus } from '../lab/agent';
 import { runAgent, stopAgent, FAST_ARP, type AgentHandle } from './lib/agent';
 import { startNginxBackend, startIperfServer, startHaproxy, startNginxStream, type Peer } from './lib/peers';
 import { runWrk, runIperf, type WrkResult, type IperfResult } from './lib/load';
-import { treeMemoryMiB } from './lib/procfs';
+import { selfTreeTicks, treeCpuSeconds, treeMemoryMiB } from './lib/procfs';
 import { median, round, rotate } from './lib/stats';
 import { dsrSlotTable, maglevSize, movedFraction } from '../agent/forward/maglev';
 
@@ -59,7 +59,7 @@ const PEER_VIP = '10.99.0.60';
 const DSR_VIP = '10.99.0.52';
 const BACKENDS = ['10.99.0.11', '10.99.0.12', '10.99.0.13'];
 
-export const FORWARD_TARGETS = ['direct', 'kernel', 'dsr', 'dsr-nft', 'proxy', 'proxy1', 'proxy-v8defaults', 'haproxy1', 'haproxy', 'nginx', 'proxy-pp2', 'haproxy-pp2'] as const;
+export const FORWARD_TARGETS = ['direct', 'kernel', 'dsr', 'dsr-nft', 'dsr1', 'proxy', 'proxy1', 'proxy-v8defaults', 'haproxy1', 'haproxy', 'nginx', 'proxy-pp2', 'haproxy-pp2'] as const;
 export type ForwardTarget = (typeof FORWARD_TARGETS)[number];
 
 export const FORWARD_LABELS: Record<ForwardTarget, string> = {
@@ -67,6 +67,7 @@ export const FORWARD_LABELS: Record<ForwardTarget, string> = {
   kernel: 'lb-agent, kernel path (nftables)',
   dsr: 'lb-agent, kernel path, direct server return',
   'dsr-nft': 'lb-agent, kernel path, direct server return on the nft table alone (LB_AGENT_DSR_ENGINE=nft: what the BPF program saves)',
+  dsr1: 'lb-agent, kernel path, direct server return to b1 alone, the backend direct uses (what forwarding costs, without the spread over three nginx)',
   proxy: 'lb-agent, proxy path (userspace), one worker per CPU',
   proxy1: 'lb-agent, proxy path, 1 worker',
   'proxy-v8defaults': 'lb-agent, proxy path, one worker per CPU, without the unit\'s V8 flags (what they cost)',
@@ -84,6 +85,7 @@ const ENDPOINT: Record<ForwardTarget, { host: string; http: number; bulk: number
   // Direct server return cannot rewrite ports: the VIP serves the backends' own 8080.
   dsr: { host: DSR_VIP, http: 8080, bulk: 5201 },
   'dsr-nft': { host: DSR_VIP, http: 8080, bulk: 5201 },
+  dsr1: { host: DSR_VIP, http: 8080, bulk: 5201 },
   proxy: { host: AGENT_VIP, http: 80, bulk: 5201 },
   proxy1: { host: AGENT_VIP, http: 80, bulk: 5201 },
   'proxy-pp2': { host: AGENT_VIP, http: 80, bulk: 5201, plain: 81 },
@@ -106,16 +108,27 @@ export interface ForwardOptions {
   log: (msg: string) => void;
 }
 
+/**
+ * A keep-alive run with the CPU the lab spent per request (µs): wrk (a reaped
+ * child of the bench), the nginx backends, and the balancer's processes when
+ * it is on the path. The kernel paths forward in softirq, which this kernel
+ * charges to the task it interrupts (no IRQ_TIME_ACCOUNTING): wrk's and
+ * nginx's sends, so their CPU includes it. Other work on the machine is
+ * outside this count, unlike /proc/stat's busy time, which at 0.4-1 core of
+ * other load here (s27) moved more than the paths differ.
+ */
+export type MeasuredWrk = WrkResult & { labCpuUsPerRequest?: number };
+
 export interface ForwardSample {
   round: number; target: ForwardTarget;
-  keepalive: WrkResult; close: WrkResult; bulk: IperfResult;
+  keepalive: MeasuredWrk; close: WrkResult; bulk: IperfResult;
   /** iperf3 -R: the server sends (replies' direction); absent in results from before issue 17. */
   bulkReverse?: IperfResult;
   memory: { rssMiB: number; hwmMiB: number; processes: number } | undefined;
   /** Direct's keep-alive, measured right before this target's slot (absent for direct itself and in older results). */
-  directKeepalive?: WrkResult;
+  directKeepalive?: MeasuredWrk;
   /** The same, right after the slot's own runs, with the target still up and idle (absent before 2026-11-25). */
-  directKeepaliveAfter?: WrkResult;
+  directKeepaliveAfter?: MeasuredWrk;
   /** DSR: direct's replies (iperf3 -R) right before and right after the slot's own (absent before 2026-11-25). */
   directBulkReverse?: { before: IperfResult; after: IperfResult };
   /** PROXY v2 targets: the same process without the header, each run right before the slot's own and (`after`) right after it. */
@@ -125,7 +138,11 @@ export interface ForwardSample {
 export interface ForwardTargetSummary {
   label: string;
   /** xDirect: the median of per-round ratios to the direct measurement paired with each slot. */
-  keepalive: { requestsPerSec: number; p50ms: number; p99ms: number; xDirect?: number };
+  keepalive: {
+    requestsPerSec: number; p50ms: number; p99ms: number; xDirect?: number;
+    /** Median lab CPU per request (µs; see MeasuredWrk), and the median over rounds of its excess over direct's paired runs (their mean). */
+    cpuUsPerRequest?: number; cpuOverDirectUs?: number;
+  };
   newConnections: { connectionsPerSec: number; p50ms: number; p99ms: number };
   /** PROXY v2 targets: median over rounds of the ratio to the same process without the header, run just before. */
   xWithoutHeader?: { keepalive: number; newConnections: number };
@@ -182,8 +199,21 @@ export function dsrHashing(counts: readonly number[] = [3, 10, 100]): DsrHashing
 /** The backends' port that requires a PROXY protocol header (nginx `listen ... proxy_protocol`). */
 const PP_PORT = 8081;
 
-function agentConfig(target: 'kernel' | 'dsr' | 'dsr-nft' | 'proxy' | 'proxy1' | 'proxy-pp2' | 'proxy-v8defaults'): Record<string, unknown> {
-  const dsr = target === 'dsr' || target === 'dsr-nft';
+/**
+ * The HTTP service's backends: all three, but for dsr1. Direct is wrk to b1's
+ * one nginx; through a balancer the same 50 connections spread over three
+ * nginx processes, which on this 2-core host cost more wakeups and context
+ * switches per request than the forwarding itself (s27: DSR to the three,
+ * lab CPU +8 us/request over direct; DSR to b1 alone, +0.1). dsr1 keeps the
+ * server side as direct has it, so its "x direct" is what forwarding costs;
+ * dsr stays the number issue 17's target is judged on.
+ */
+function webBackends(target: ForwardTarget): string[] {
+  return target === 'dsr1' ? [BACKENDS[0]!] : BACKENDS;
+}
+
+function agentConfig(target: 'kernel' | 'dsr' | 'dsr-nft' | 'dsr1' | 'proxy' | 'proxy1' | 'proxy-pp2' | 'proxy-v8defaults'): Record<string, unknown> {
+  const dsr = target === 'dsr' || target === 'dsr-nft' || target === 'dsr1';
   const preserve = dsr ? { sourceIP: 'preserve' } : {};
   const pp = target === 'proxy-pp2' ? { proxyProtocol: 'v2', healthCheck: { proxyProtocol: true } } : {};
   return {
@@ -194,7 +224,7 @@ function agentConfig(target: 'kernel' | 'dsr' | 'dsr-nft' | 'proxy' | 'proxy1' |
     pools: { 'range-global': `${AGENT_VIP}-${DSR_VIP}` },
     arp: FAST_ARP,
     services: [
-      { name: 'web', ipam: 'pool', loadBalancerIP: dsr ? DSR_VIP : AGENT_VIP, ports: [{ name: 'http', port: ENDPOINT[target].http, targetPort: target === 'proxy-pp2' ? PP_PORT : 8080 }], backends: BACKENDS, ...preserve, ...pp },
+      { name: 'web', ipam: 'pool', loadBalancerIP: dsr ? DSR_VIP : AGENT_VIP, ports: [{ name: 'http', port: ENDPOINT[target].http, targetPort: target === 'proxy-pp2' ? PP_PORT : 8080 }], backends: webBackends(target), ...preserve, ...pp },
       { name: 'bulk', primaryService: 'web', ports: [{ name: 'iperf', port: 5201, targetPort: 5201 }], backends: [BACKENDS[0]!], healthCheck: { port: 8080 }, ...preserve },
       // The same backends without the header, for the paired cost (see the head comment).
       ...(target === 'proxy-pp2' ? [{ name: 'plain', primaryService: 'web', ports: [{ name: 'http', port: ENDPOINT[target].plain, targetPort: 8080 }], backends: BACKENDS }] : []),
@@ -216,6 +246,7 @@ async function startTarget(lab: Lab, node: string, target: ForwardTarget, slot: 
     case 'kernel':
     case 'dsr':
     case 'dsr-nft':
+    case 'dsr1':
     case 'proxy':
     case 'proxy1':
     case 'proxy-pp2':
@@ -228,7 +259,7 @@ async function startTarget(lab: Lab, node: string, target: ForwardTarget, slot: 
         ...(target === 'proxy-v8defaults' ? { nodeOptions: '' } : {}),
         ...(target === 'dsr-nft' ? { env: { LB_AGENT_DSR_ENGINE: 'nft' } } : {}),
       });
-      await waitStatus(agent, `${target} agent serving`, (s) => s.services.length === (target === 'proxy-pp2' ? 3 : 2) && s.services.every((x) => x.ready) && s.services[0]!.healthyBackends === BACKENDS.length, 30_000);
+      await waitStatus(agent, `${target} agent serving`, (s) => s.services.length === (target === 'proxy-pp2' ? 3 : 2) && s.services.every((x) => x.ready) && s.services[0]!.healthyBackends === webBackends(target).length, 30_000);
       return {
         pid: agent.proc.pid,
         stop: async () => {
@@ -277,6 +308,17 @@ export function pairedRatio(samples: readonly Pick<ForwardSample, 'keepalive' | 
   return ratios.length ? { xDirect: round(median(ratios), 3) } : {};
 }
 
+/** Keep-alive lab CPU per request: the median, and the median over rounds of the excess over direct's runs before and after the slot. */
+export function pairedCpu(samples: readonly Pick<ForwardSample, 'keepalive' | 'directKeepalive' | 'directKeepaliveAfter'>[]): { cpuUsPerRequest?: number; cpuOverDirectUs?: number } {
+  const ok = (x: number | undefined): x is number => x !== undefined && Number.isFinite(x);
+  const own = samples.map((r) => r.keepalive.labCpuUsPerRequest).filter(ok);
+  const over = samples.flatMap((r) => {
+    const [t, b, a] = [r.keepalive.labCpuUsPerRequest, r.directKeepalive?.labCpuUsPerRequest, r.directKeepaliveAfter?.labCpuUsPerRequest];
+    return ok(t) && ok(b) && ok(a) ? [t - (b + a) / 2] : [];
+  });
+  return { ...(own.length ? { cpuUsPerRequest: round(median(own), 2) } : {}), ...(over.length ? { cpuOverDirectUs: round(median(over), 2) } : {}) };
+}
+
 /** DSR's replies against direct's before and after the same slot: the median of per-round ratios to their mean (none without pairs). */
 export function pairedReplies(samples: readonly Pick<ForwardSample, 'bulkReverse' | 'directBulkReverse'>[]): { bulkReverseXDirect?: number } {
   const ok = (x: IperfResult | undefined): x is IperfResult => x !== undefined && !x.error && x.bitsPerSecond > 0;
@@ -310,12 +352,13 @@ export async function benchForward(o: ForwardOptions): Promise<ForwardResult> {
     const node = await lab.addHost('node', { address: `${NODE}/24`, extraAddresses: [`${PEER_VIP}/24`] });
     await lab.sh(client, tune);
     await lab.sh(node, tune);
+    const nginxPids: (number | undefined)[] = [];
     for (let i = 0; i < BACKENDS.length; i++) {
       const ns = await lab.addHost(`b${i + 1}`, { address: `${BACKENDS[i]}/24` });
       await lab.sh(ns, tune);
       // The backend side of direct server return, as the README says for a backend without lb-agent.
       await lab.sh(ns, `ip addr add ${DSR_VIP}/32 dev lo && sysctl -qw net.ipv4.conf.all.arp_ignore=1 net.ipv4.conf.all.arp_announce=2`);
-      await startNginxBackend(lab, ns, `b${i + 1}`, 8080, PP_PORT);
+      nginxPids.push((await startNginxBackend(lab, ns, `b${i + 1}`, 8080, PP_PORT)).proc.pid);
       if (i === 0) await startIperfServer(lab, ns, 5201);
     }
     o.log(`lab up; targets ${o.targets.join(',')}; ${o.rounds} round(s) of ${o.seconds} s measurements`);
@@ -328,9 +371,15 @@ export async function benchForward(o: ForwardOptions): Promise<ForwardResult> {
         const ep = ENDPOINT[target];
         const url = `http://${ep.host}:${ep.http}/`;
         let running: Running | undefined;
-        const wrkAt = async (u: string, close: boolean): Promise<WrkResult> => {
+        // Keep-alive runs also take the lab's CPU per request; `via`: the balancer's process when the run crosses it.
+        const wrkAt = async (u: string, close: boolean, via?: Running): Promise<MeasuredWrk> => {
           if (o.warmup > 0) await runWrk(lab, client, u, { seconds: o.warmup, connections: o.connections, threads: o.threads, close });
-          return runWrk(lab, client, u, { seconds: o.seconds, connections: o.connections, threads: o.threads, close });
+          const labCpu = (): number => selfTreeTicks() / 100 + nginxPids.reduce<number>((n, p) => n + treeCpuSeconds(p), 0) + (via ? treeCpuSeconds(via.pid) : 0);
+          const c0 = close ? 0 : labCpu();
+          const w = await runWrk(lab, client, u, { seconds: o.seconds, connections: o.connections, threads: o.threads, close });
+          if (close || !(w.requests > 0)) return w;
+          // (`round` is the loop's counter here.)
+          return { ...w, labCpuUsPerRequest: Math.round(((labCpu() - c0) * 1e8) / w.requests) / 100 };
         };
         try {
           // The pair's direct half first, before anything of the target runs.
@@ -338,11 +387,11 @@ export async function benchForward(o: ForwardOptions): Promise<ForwardResult> {
           const directKeepalive = paired ? await wrkAt(directUrl, false) : undefined;
           // DSR's replies are judged against direct's: iperf3 -R around the slot as well.
           const directIperf = (): Promise<IperfResult> => runIperf(lab, client, ENDPOINT.direct.host, ENDPOINT.direct.bulk, o.seconds + 1, { reverse: true });
-          const directReverseBefore = paired && (target === 'dsr' || target === 'dsr-nft') ? await directIperf() : undefined;
+          const directReverseBefore = paired && (target === 'dsr' || target === 'dsr-nft' || target === 'dsr1') ? await directIperf() : undefined;
           running = await startTarget(lab, node, target, slot++);
           // Reachable before measuring: one request must get through.
           await waitFor(`${target} to answer`, async () => (await runWrk(lab, client, url, { seconds: 1, connections: 1, threads: 1, close: false })).requests > 0, 15_000, 200);
-          const wrk = (close: boolean): Promise<WrkResult> => wrkAt(url, close);
+          const wrk = (close: boolean): Promise<MeasuredWrk> => wrkAt(url, close, running);
           const plainUrl = ep.plain !== undefined ? `http://${ep.host}:${ep.plain}/` : undefined;
           // Without the header before and after each run with it (A-B-A): the mean of the two cancels a
           // drift of the host and what a run leaves behind for the next (TIME_WAIT, caches) alike.
@@ -366,7 +415,8 @@ export async function benchForward(o: ForwardOptions): Promise<ForwardResult> {
           const pairX = pairedRatio([{ keepalive, directKeepalive, directKeepaliveAfter }]).xDirect;
           const pairedText = (pairX !== undefined ? ` (${pairX.toFixed(2)}x direct's ${directKeepalive!.rps.toFixed(0)}/${directKeepaliveAfter!.rps.toFixed(0)} before/after)` : '')
             + (withoutHeader ? ` (without the header before/after: ${withoutHeader.keepalive.rps.toFixed(0)}/${withoutHeader.after.keepalive.rps.toFixed(0)} req/s, ${withoutHeader.close.rps.toFixed(0)}/${withoutHeader.after.close.rps.toFixed(0)} conn/s)` : '');
-          o.log(`round ${round + 1}/${o.rounds} ${target.padEnd(8)} keep-alive ${keepalive.rps.toFixed(0).padStart(6)} req/s${pairedText} (p50 ${keepalive.p50ms.toFixed(2)} ms, p99 ${keepalive.p99ms.toFixed(2)} ms)  new conn ${close.rps.toFixed(0).padStart(6)}/s  bulk ${(bulk.bitsPerSecond / 1e9).toFixed(2)} / replies ${(bulkReverse.bitsPerSecond / 1e9).toFixed(2)} Gbit/s${bulk.error ? ` (${bulk.error})` : ''}${bulkReverse.error ? ` (-R: ${bulkReverse.error})` : ''}${memory ? `  rss ${memory.rssMiB.toFixed(1)} MiB` : ''}`);
+          const cpuText = keepalive.labCpuUsPerRequest !== undefined ? `, lab CPU ${keepalive.labCpuUsPerRequest.toFixed(1)} µs/req${directKeepalive?.labCpuUsPerRequest !== undefined && directKeepaliveAfter?.labCpuUsPerRequest !== undefined ? ` (direct ${directKeepalive.labCpuUsPerRequest.toFixed(1)}/${directKeepaliveAfter.labCpuUsPerRequest.toFixed(1)})` : ''}` : '';
+          o.log(`round ${round + 1}/${o.rounds} ${target.padEnd(8)} keep-alive ${keepalive.rps.toFixed(0).padStart(6)} req/s${pairedText}${cpuText} (p50 ${keepalive.p50ms.toFixed(2)} ms, p99 ${keepalive.p99ms.toFixed(2)} ms)  new conn ${close.rps.toFixed(0).padStart(6)}/s  bulk ${(bulk.bitsPerSecond / 1e9).toFixed(2)} / replies ${(bulkReverse.bitsPerSecond / 1e9).toFixed(2)} Gbit/s${bulk.error ? ` (${bulk.error})` : ''}${bulkReverse.error ? ` (-R: ${bulkReverse.error})` : ''}${memory ? `  rss ${memory.rssMiB.toFixed(1)} MiB` : ''}`);
         } catch (e) {
           // One target failing (a peer that will not start, say) costs its own numbers only.
           const error = String((e as Error).message ?? e).split('\n')[0]!.slice(0, 300);
@@ -387,6 +437,7 @@ export async function benchForward(o: ForwardOptions): Promise<ForwardResult> {
         keepalive: {
           requestsPerSec: round(median(s.map((r) => r.keepalive.rps)), 0), p50ms: round(median(s.map((r) => r.keepalive.p50ms)), 3), p99ms: round(median(s.map((r) => r.keepalive.p99ms)), 3),
           ...pairedRatio(s),
+          ...pairedCpu(s),
         },
         newConnections: { connectionsPerSec: round(median(s.map((r) => r.close.rps)), 0), p50ms: round(median(s.map((r) => r.close.p50ms)), 3), p99ms: round(median(s.map((r) => r.close.p99ms)), 3) },
         ...headerCost(s),

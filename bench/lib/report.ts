@@ -185,12 +185,15 @@ export function forwardTable(r: BenchResults): string | undefined {
   const d = f.direct;
   // Results from before issue 17 have no reverse stream: no empty columns for them.
   const reverse = Object.values(f).some((s) => Number.isFinite(s?.bulkReverseGbps ?? NaN));
+  // Results from before s27 have no lab CPU per request: no empty column for them.
+  const cpu = Object.values(f).some((s) => s?.keepalive.cpuUsPerRequest !== undefined);
   const rows = (Object.keys(f) as ForwardTarget[]).map((t) => {
     const s = f[t]!;
     return [
       s.label,
       fmt(s.keepalive.requestsPerSec), fmtRatio(ratio(s.keepalive.requestsPerSec, h1?.keepalive.requestsPerSec ?? NaN)), fmtRatio(s.keepalive.xDirect ?? ratio(s.keepalive.requestsPerSec, d?.keepalive.requestsPerSec ?? NaN)),
       `${fmt(s.keepalive.p50ms, 2)} / ${fmt(s.keepalive.p99ms, 2)}`,
+      ...(cpu ? [`${fmt(s.keepalive.cpuUsPerRequest ?? NaN, 1)}${s.keepalive.cpuOverDirectUs !== undefined ? ` (${s.keepalive.cpuOverDirectUs >= 0 ? '+' : ''}${fmt(s.keepalive.cpuOverDirectUs, 1)})` : ''}`] : []),
       fmt(s.newConnections.connectionsPerSec), fmtRatio(ratio(s.newConnections.connectionsPerSec, h1?.newConnections.connectionsPerSec ?? NaN)), fmtRatio(ratio(s.newConnections.connectionsPerSec, d?.newConnections.connectionsPerSec ?? NaN)),
       fmt(s.bulkGbps, 2), fmtRatio(ratio(s.bulkGbps, d?.bulkGbps ?? NaN)),
       ...(reverse ? [fmt(s.bulkReverseGbps ?? NaN, 2), fmtRatio(s.bulkReverseXDirect ?? ratio(s.bulkReverseGbps ?? NaN, d?.bulkReverseGbps ?? NaN))] : []),
@@ -198,7 +201,7 @@ export function forwardTable(r: BenchResults): string | undefined {
       String(s.errors),
     ];
   });
-  return table(['path', 'keep-alive req/s', 'x HAProxy 1t', 'x direct', 'p50 / p99 ms', 'new conn/s', 'x HAProxy 1t', 'x direct', 'bulk Gbit/s', 'x direct',
+  return table(['path', 'keep-alive req/s', 'x HAProxy 1t', 'x direct', 'p50 / p99 ms', ...(cpu ? ['lab CPU µs/req (over direct)'] : []), 'new conn/s', 'x HAProxy 1t', 'x direct', 'bulk Gbit/s', 'x direct',
     ...(reverse ? ['bulk replies Gbit/s', 'x direct'] : []), 'RSS MiB', 'errors'], rows);
 }
 

@@ -2,7 +2,7 @@
 // paired with each slot is the median of the per-pair ratios (issue 17), not
 // a ratio of medians that one swinging direct round can move.
 import t from 'tap';
-import { headerCost, pairedRatio, pairedReplies } from '../../bench/forwarding';
+import { headerCost, pairedCpu, pairedRatio, pairedReplies } from '../../bench/forwarding';
 import type { IperfResult, WrkResult } from '../../bench/lib/load';
 
 const wrk = (rps: number): WrkResult => ({ rps } as WrkResult);
@@ -71,4 +71,18 @@ t.test('no header pairs (a plain target, older results, a pair that served nothi
   t.same(headerCost([{ keepalive: wrk(50_000), close: wrk(5_000) }]), {});
   t.same(headerCost([]), {});
   t.same(headerCost([{ keepalive: wrk(50_000), close: wrk(5_000), withoutHeader: { keepalive: wrk(0), close: wrk(5_000), after: { keepalive: wrk(0), close: wrk(5_000) } } }]), {});
+});
+
+t.test('lab CPU per request: the median, and the median excess over direct\'s runs before and after the slot', async (t) => {
+  const cpu = (us: number | undefined): WrkResult & { labCpuUsPerRequest?: number } => ({ rps: 1, ...(us !== undefined ? { labCpuUsPerRequest: us } : {}) } as WrkResult);
+  // The host's contention inflates every run of a round alike (direct 25 / 31 / 28): the excess stays near 4.
+  const samples = [
+    { keepalive: cpu(29), directKeepalive: cpu(24), directKeepaliveAfter: cpu(26) },
+    { keepalive: cpu(35.5), directKeepalive: cpu(30), directKeepaliveAfter: cpu(32) },
+    { keepalive: cpu(31), directKeepalive: cpu(27), directKeepaliveAfter: cpu(29) },
+  ];
+  t.same(pairedCpu(samples), { cpuUsPerRequest: 31, cpuOverDirectUs: 4 }, 'excess per round 4, 4.5, 3');
+  t.same(pairedCpu([{ keepalive: cpu(20) }]), { cpuUsPerRequest: 20 }, 'direct itself: its own CPU, no excess');
+  t.same(pairedCpu([{ keepalive: cpu(30), directKeepalive: cpu(25) }]), { cpuUsPerRequest: 30 }, 'no excess without the run after');
+  t.same(pairedCpu([{ keepalive: cpu(undefined), directKeepalive: cpu(25), directKeepaliveAfter: cpu(25) }]), {}, 'older results, or a run that served nothing: nothing');
 });

@@ -281,3 +281,15 @@ t.test('issue 17: DSR targets against direct (keep-alive, and bulk on the replie
   t.notOk(evaluateTargets(old).some((x) => x.target.includes('DSR')), 'no DSR target when DSR was not measured');
   t.notMatch(renderResults(old), /bulk replies/, 'no reverse columns for results from before issue 17');
 });
+
+t.test('forward table: a lab CPU column when the results have one, with the excess over direct, and none for older results', async (t) => {
+  const r = results();
+  t.notMatch(renderResults(r), /lab CPU/, 'older results: no empty column');
+  r.forward!.summary.direct = { ...fwd('direct', 40_000, 8000, 10), keepalive: { requestsPerSec: 40_000, p50ms: 0.5, p99ms: 2, cpuUsPerRequest: 24.2 } };
+  r.forward!.summary.dsr = { ...fwd('dsr', 36_000, 7000, 9), keepalive: { requestsPerSec: 36_000, p50ms: 0.5, p99ms: 2, xDirect: 0.9, cpuUsPerRequest: 30.1, cpuOverDirectUs: 6.65 } };
+  const md = renderResults(r);
+  t.match(md, /\| p50 \/ p99 ms \| lab CPU µs\/req \(over direct\) \| new conn\/s \|/);
+  t.match(md, /\| direct \| 40,000 \| 2\.00x \| 1\.00x \| 0\.50 \/ 2\.00 \| 24\.2 \| 8,000 \|/);
+  t.match(md, /\| dsr \| 36,000 \| 1\.80x \| 0\.90x \| 0\.50 \/ 2\.00 \| 30\.1 \(\+6\.7\) \| 7,000 \|/);
+  t.notMatch(md, /undefined|NaN/);
+});
