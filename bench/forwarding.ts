@@ -378,7 +378,6 @@ export async function benchForward(o: ForwardOptions): Promise<ForwardResult> {
           const c0 = close ? 0 : labCpu();
           const w = await runWrk(lab, client, u, { seconds: o.seconds, connections: o.connections, threads: o.threads, close });
           if (close || !(w.requests > 0)) return w;
-          // (`round` is the loop's counter here.)
           return { ...w, labCpuUsPerRequest: Math.round(((labCpu() - c0) * 1e8) / w.requests) / 100 };
         };
         try {
