@@ -2,7 +2,9 @@
 // no daemon running - what `systemctl stop lb-agent` runs after the daemon
 // exited (ExecStopPost=, with --unless-restarting), since the daemon itself
 // leaves the data path serving on SIGTERM under the unit (a restart must not
-// blink). Removes the nftables table, every link the agent owns (name and
+// blink). Removes the DSR program in front of the netdev table (first: the
+// daemon relies on never finding one without the table, forward/nft.ts),
+// the nftables tables, every link the agent owns (name and
 // MAC prefix) and every address it marked (IFA_PROTO) or claimed; keeps
 // leases and claims on disk, so the next start asks for the same addresses.
 import { execFileSync } from 'node:child_process';
@@ -53,6 +55,25 @@ export function restartPending(listJobs: () => string, cgroup: string | undefine
   return stopJobPending(jobs, unit) ? {} : { keep: `no stop of ${unit} is under way (a restart, or a crash that Restart= recovers): the data path is left serving for the next start` };
 }
 
+/**
+ * Detach our DSR programs (net/ebpf-attach.ts) from every device that has
+ * one, before the table behind them goes. Without bpf(2) here (no addon
+ * support, EPERM) nothing of ours can be attached: nothing to report.
+ */
+function detachDsrPrograms(devices: readonly string[]): { device: string; error?: string }[] {
+  // eslint-disable-next-line @typescript-eslint/no-require-imports
+  const { DsrBpf } = require('../net/ebpf-attach') as typeof import('../net/ebpf-attach');
+  const out: { device: string; error?: string }[] = [];
+  for (const device of devices) {
+    let bpf: InstanceType<typeof DsrBpf>;
+    let found: number;
+    try { bpf = new DsrBpf({ device }); found = bpf.attached().length; } catch { continue; }
+    if (found === 0) continue;
+    try { bpf.detach(); out.push({ device }); } catch (e) { out.push({ device, error: errorMessage(e) }); }
+  }
+  return out;
+}
+
 export async function withdrawAll(opts: WithdrawOptions): Promise<WithdrawResult> {
   const log = opts.log.child({ module: 'withdraw' });
   if (opts.unlessRestarting) {
@@ -80,13 +101,18 @@ export async function withdrawAll(opts: WithdrawOptions): Promise<WithdrawResult
   const netlink = openNetlink({ log });
   try {
     const exec = opts.exec ?? execProgram;
+    const links = await netlink.listLinks();
+    for (const d of detachDsrPrograms(links.filter((l) => !isOwnedLink(l)).map((l) => l.name))) {
+      if (d.error !== undefined) problems.push(`DSR program on ${d.device}: ${d.error}`);
+      else removed.push(`DSR program on ${d.device}`);
+    }
     try {
       await exec('nft', ['-f', '-'], renderRemoval());
       removed.push('nftables table ip lb_agent');
     } catch (e) {
       problems.push(`nftables table: ${errorMessage(e)}`);
     }
-    for (const link of await netlink.listLinks()) {
+    for (const link of links) {
       if (!isOwnedLink(link)) continue;
       try { await netlink.deleteLink(link.index); removed.push(`link ${link.name}`); } catch (e) { problems.push(`link ${link.name}: ${errorMessage(e)}`); }
     }

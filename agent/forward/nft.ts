@@ -87,9 +87,12 @@ import { SerialQueue } from '../serial';
 import type { DsrBpfPort } from '../net/ebpf-dsr';
 import type { DsrBpf } from '../net/ebpf-attach';
 
-// The BPF driver loads on demand: when a DSR port is forwarded, and once at
-// the first apply of every kernel-path config, to look for a program an
-// earlier process left (syncBpf).
+// The BPF driver loads on demand: when a DSR port is forwarded, and at the
+// first apply when an earlier process left our netdev table, to look for the
+// program it may have left in front of it (syncBpf). Ours is always detached
+// before that table goes (detachBeforeTableGoes, stop, `lb-agent withdraw`),
+// so with no table there is no program of ours to find, and a start without
+// DSR never loads the driver (issue 18).
 // eslint-disable-next-line @typescript-eslint/no-require-imports
 const ebpfAttach = (): typeof import('../net/ebpf-attach') => require('../net/ebpf-attach') as typeof import('../net/ebpf-attach');
 import { realClock, type Clock, type TimerHandle } from '../clock';
@@ -562,6 +565,8 @@ export class NftDataplane implements Dataplane {
   private dsrState: DsrEngineState | undefined;
   /** Whether the device was checked for a program an earlier process left (first apply). */
   private dsrChecked = false;
+  /** Whether our netdev table was there at start (checkAtStart): only then can an earlier process's program be. */
+  private dsrTableAtStart = false;
 
   constructor(opts: NftDataplaneOptions = {}) {
     this.log = (opts.log ?? silentLogger()).child({ module: 'forward', dataplane: 'kernel' });
@@ -630,6 +635,7 @@ export class NftDataplane implements Dataplane {
       this.log.info({ op: 'start-check', result: check }, check === 'absent'
         ? 'creating nftables table lb_agent'
         : 'nftables table lb_agent differs from the desired state (changed by hand or by an older agent); rewriting it');
+      this.detachBeforeTableGoes(plan);
       await this.write(plan.script);
       this.plan = plan;
       this.state = state;
@@ -640,6 +646,7 @@ export class NftDataplane implements Dataplane {
     // Read the old table's counters just before it is replaced; fold them in
     // only once the new table is committed, so a failed write counts nothing twice.
     const live = await this.readCounters().catch(() => new Map<string, CounterValue>());
+    this.detachBeforeTableGoes(plan);
     await this.write(plan.script);
     this.carry = keepFlows(flowTotals(this.plan, live, this.carry), state);
     this.plan = plan;
@@ -663,8 +670,10 @@ export class NftDataplane implements Dataplane {
     const prev = this.dsrState;
     const first = !this.dsrChecked;
     this.dsrChecked = true;
-    // Without DSR nothing BPF is loaded, but the first apply looks for a program an earlier process left.
-    if (!want && !first && !this.dsrBpf) { this.dsrState = undefined; return; }
+    // Without DSR nothing BPF is loaded, but the first apply looks for a
+    // program an earlier process left - only when it left our netdev table,
+    // which outlives the program (the header above).
+    if (!want && !this.dsrBpf && !(first && this.dsrTableAtStart)) { this.dsrState = undefined; return; }
     if (want && this.dsrEngine === 'auto' && this.makeDsrBpf) {
       try {
         this.dsrBpf ??= this.makeDsrBpf();
@@ -687,6 +696,18 @@ export class NftDataplane implements Dataplane {
     this.detachBpf(!want && prev === undefined && this.dsrBpf?.active !== true);
   }
 
+  /**
+   * Before a write that removes our netdev table: detach the program in
+   * front of it first (this process's, or at the first apply an earlier
+   * one's), so a crash between the two never leaves a program without its
+   * table - the invariant that lets a start without the table skip the
+   * driver. The syncBpf after the write then finds nothing attached.
+   */
+  private detachBeforeTableGoes(plan: NftPlan): void {
+    if (hasDsrTable(plan)) return;
+    if (this.dsrBpf?.active || (!this.dsrChecked && this.dsrTableAtStart)) this.detachBpf(!this.dsrBpf?.active);
+  }
+
   /** Detach our program (this process's or a leftover of an earlier one); a failure is logged and shown in status unless `quiet`. */
   private detachBpf(quiet = false): void {
     try {
@@ -705,6 +726,7 @@ export class NftDataplane implements Dataplane {
   private async checkAtStart(plan: NftPlan): Promise<StartCheck> {
     const current = await this.listTable(NFT_FAMILY);
     const currentDsr = await this.listTable(DSR_FAMILY);
+    this.dsrTableAtStart = currentDsr !== undefined;
     if (current === undefined && currentDsr === undefined) return 'absent';
     let expected: string;
     let expectedDsr: string;

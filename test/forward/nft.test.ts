@@ -354,23 +354,44 @@ t.test('direct server return: the BPF program in front of the table, counted wit
   t.same(forced, ['detach', 'detach'], 'stop removes the program with the tables');
 });
 
-t.test('no DSR and bpf(2) refused: looking for a leftover program at start is no problem', async (t) => {
+t.test('no DSR: the driver loads at start only when an earlier process left our netdev table; bpf(2) refused there is no problem', async (t) => {
   const proc = fs.mkdtempSync(path.join(os.tmpdir(), 'lb-nft-proc-'));
   t.teardown(() => fs.rmSync(proc, { recursive: true, force: true }));
   fs.mkdirSync(path.join(proc, 'sys/net/ipv4'), { recursive: true });
   fs.writeFileSync(path.join(proc, 'sys/net/ipv4/ip_forward'), '1\n');
-  const exec: Exec = async (file, args) => {
-    if (file === 'nft' && args[0] === '-j' && !args.includes('counters')) throw Object.assign(new Error('absent'), { code: 1, stderr: 'Error: No such file or directory' });
-    return { stdout: JSON.stringify({ nftables: [] }), stderr: '' };
+  const web: ForwardState = { services: [{ key: 'default/web', vip: '10.99.0.50', ports: [http], healthy: [b('10.99.0.11')], backends: [b('10.99.0.11')] }] };
+  const start = async (netdevLeft: boolean): Promise<{ made: number; asked: number; dp: NftDataplane; order: string[] }> => {
+    const order: string[] = [];
+    const exec: Exec = async (file, args, input) => {
+      if (file === 'nft' && args[0] === '-j' && !args.includes('counters')) {
+        if (netdevLeft && args.includes('netdev')) return { stdout: JSON.stringify({ nftables: [{ table: { family: 'netdev', name: 'lb_agent' } }] }), stderr: '' };
+        throw Object.assign(new Error('absent'), { code: 1, stderr: 'Error: No such file or directory' });
+      }
+      if (file === 'nft' && args[0] === '-f' && input?.includes('delete table netdev lb_agent')) order.push('write');
+      return { stdout: JSON.stringify({ nftables: [] }), stderr: '' };
+    };
+    const r = { made: 0, asked: 0, dp: undefined as unknown as NftDataplane, order };
+    const refused = { detach: () => { r.asked++; order.push('detach'); throw Object.assign(new Error("EPERM: operation not permitted, bpf 'BPF_PROG_QUERY'"), { code: 'EPERM' }); }, release: () => undefined, active: false };
+    r.dp = new NftDataplane({ exec, procRoot: proc, clock: new ManualClock(0), dsrDevice: 'eth0', dsrBpf: () => { r.made++; return refused as unknown as DsrBpf; } });
+    await r.dp.apply(web);
+    return r;
   };
-  let asked = 0;
-  const refused = { detach: () => { asked++; throw Object.assign(new Error("EPERM: operation not permitted, bpf 'BPF_PROG_QUERY'"), { code: 'EPERM' }); }, release: () => undefined, active: false };
-  const dp = new NftDataplane({ exec, procRoot: proc, clock: new ManualClock(0), dsrDevice: 'eth0', dsrBpf: () => refused as unknown as DsrBpf });
-  await dp.apply({ services: [{ key: 'default/web', vip: '10.99.0.50', ports: [http], healthy: [b('10.99.0.11')], backends: [b('10.99.0.11')] }] });
-  t.equal(asked, 1, 'the first apply looked for a leftover');
-  t.same((await dp.stats()).problems, [], 'and a refusal is not shown as a problem');
-  t.equal(dp.dsr, undefined);
-  await dp.apply({ services: [] });
-  t.equal(asked, 2, 'a later apply without DSR only asks again because this process has a driver');
-  await dp.stop({ keep: true });
+
+  const clean = await start(false);
+  t.equal(clean.made, 0, 'no netdev table at start: the BPF driver is not even loaded');
+  t.equal(clean.dp.dsr, undefined);
+  await clean.dp.apply({ services: [] });
+  t.equal(clean.made, 0, 'nor by a later apply without DSR');
+  await clean.dp.stop();
+  t.equal(clean.made, 0, 'nor by a stop');
+
+  const left = await start(true);
+  t.ok(left.made === 1 && left.asked >= 1, 'our netdev table left at start: the first apply looks for the program in front of it');
+  t.equal(left.order[0], 'detach', 'and detaches it before the write that removes the table');
+  t.same((await left.dp.stats()).problems, [], 'a refusal is not shown as a problem');
+  t.equal(left.dp.dsr, undefined);
+  const asked = left.asked;
+  await left.dp.apply({ services: [] });
+  t.equal(left.asked, asked + 1, 'a later apply without DSR only asks again because this process has a driver');
+  await left.dp.stop({ keep: true });
 });
