@@ -14,13 +14,13 @@
 // with the table alone (LB_AGENT_DSR_ENGINE=nft: same hash, same slots) and
 // back; a planned restart and a reload keep a 20 ms client loop served with
 // exactly one program attached; removing the DSR services detaches it.
-import t from 'tap';
+import t, { type Test } from 'tap';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { requirePrivileged } from '../helpers/privileged';
 import { createLab, waitFor, type Lab } from '../../lab/netns';
 import { distPath, startDnsmasq, httpGetFrom } from '../../lab/services';
-import { startAgent, waitStatus } from '../../lab/agent';
+import { startAgent, waitStatus, agentCli } from '../../lab/agent';
 import { JsonLinesProc } from '../../lab/forward';
 
 const CLIENT = '10.99.0.3';
@@ -237,16 +237,21 @@ if (requirePrivileged(t)) {
       await cl.request({ cmd: 'holdClose' });
     });
 
-    await t.test('a planned restart and a reload keep a 20 ms loop served, with exactly one program attached', async (t) => {
-      const loop = clientLoop(cl, DSR_POOL);
-      await new Promise((r) => setTimeout(r, 300));
-      // The unit's restart: SIGTERM with --on-stop keep leaves table and program serving for the next process.
+    /** The unit's stop of a restart: a process started with --on-stop keep gets SIGTERM and leaves the program serving. */
+    const stopKeeping = async (t: Test): Promise<void> => {
       agent.signal('SIGKILL');
       await agent.exited;
       agent = await startAgent(lab, node, cfg, { name: 'node', stateDir: agent.stateDir, args: ['--on-stop', 'keep'] });
       agent.signal('SIGTERM');
       t.equal((await agent.exited).code, 0, 'SIGTERM with --on-stop keep ends cleanly');
-      t.equal((await attached(lab, node)).length, 1, 'the program stays attached between the two processes');
+      t.equal((await attached(lab, node)).length, 1, 'the program stays attached after the process');
+    };
+
+    await t.test('a planned restart and a reload keep a 20 ms loop served, with exactly one program attached', async (t) => {
+      const loop = clientLoop(cl, DSR_POOL);
+      await new Promise((r) => setTimeout(r, 300));
+      // The unit's restart: SIGTERM with --on-stop keep leaves table and program serving for the next process.
+      await stopKeeping(t);
       agent = await startAgent(lab, node, cfg, { name: 'node', stateDir: agent.stateDir });
       await waitStatus(agent, 'serving again', (s) => s.services.every((x) => x.ready && x.healthyBackends === 2), 30_000);
       const beforeReload = await attached(lab, node);
@@ -264,6 +269,20 @@ if (requirePrivileged(t)) {
       const afterReload = await attached(lab, node);
       t.equal(afterReload.length, 1, 'after the reload: one program');
       t.not(afterReload[0], beforeReload[0], 'a new program for the new plan replaced the old one');
+    });
+
+    await t.test('`lb-agent withdraw` after a stop that kept serving takes the program off before the table', async (t) => {
+      // The unit's real stop: SIGTERM under --on-stop keep, then ExecStopPost= runs withdraw.
+      await stopKeeping(t);
+      const w = await agentCli(lab, node, ['withdraw', '--config', agent.configPath, '--json']);
+      t.equal(w.code, 0, `withdraw succeeds: ${w.stderr.trim()}`);
+      const removed = (JSON.parse(w.stdout) as { removed: string[] }).removed;
+      t.ok(removed.includes('DSR program on eth0'), `it says it removed the program (${removed.join(', ')})`);
+      t.same(await attached(lab, node), [], 'no program of ours is left attached');
+      t.notMatch((await lab.exec(node, 'nft', ['list', 'tables'])).stdout, /lb_agent/, 'and no table of ours');
+      agent = await startAgent(lab, node, cfg, { name: 'node', stateDir: agent.stateDir });
+      await waitStatus(agent, 'serving again', (s) => s.services.every((x) => x.ready && x.healthyBackends === 2), 30_000);
+      t.equal((await attached(lab, node)).length, 1, 'a fresh start attaches it again');
     });
 
     await t.test('removing the DSR services detaches the program with the netdev table', async (t) => {
