@@ -31,6 +31,8 @@ function buildSubsystems(config: Desired, ctx: SubsystemContext): Promise<Subsys
 const trimMemory = (): void => { mallocTrim(); };
 /** How long a process that handed its listeners over keeps accepting if its successor never says it serves. */
 const HANDOVER_LINGER_MS = 8_000;
+/** How long a stopped process may take to end by itself before it exits anyway (and logs what held it). */
+const EXIT_GRACE_MS = 2_000;
 
 /** What SIGTERM does: withdraw everything (the default), or leave it serving for the next process (the unit: a restart keeps, ExecStopPost withdraws on a real stop). */
 export type OnStop = 'withdraw' | 'keep';
@@ -106,6 +108,24 @@ export async function runDaemon(opts: { configPath: string; logLevel: LogLevel; 
     log.error({ op: 'crash', err: errorMessage(e) }, 'unhandled promise rejection');
   });
 
+  // Signals are ours from before the start: without a listener SIGTERM,
+  // SIGINT and SIGHUP keep their default action, and a stop or reload sent
+  // while the agent starts (systemd's stop, a quick restart) killed it on the
+  // spot - nothing withdrawn, nothing kept cleanly. Until the start is done a
+  // stop is remembered and carried out right after it (a start that fails
+  // cleans up after itself), and reloads fold into one.
+  let pendingStop: { why: string; exitCode: number } | undefined;
+  let pendingReload = false;
+  const stopOn = (why: string, exitCode: number): void => {
+    if (shutdown) { shutdown(why, exitCode); return; }
+    if (pendingStop) return;
+    pendingStop = { why, exitCode };
+    log.info({ op: 'stop', why }, 'stop asked for during the start: stopping as soon as the start is done');
+  };
+  process.on('SIGTERM', () => stopOn('SIGTERM', 0));
+  process.on('SIGINT', () => stopOn('SIGINT', 0));
+  process.on('SIGHUP', () => { if (shutdown) void reload(); else pendingReload = true; });
+
   try {
     await daemon.start();
   } catch (e) {
@@ -129,22 +149,31 @@ export async function runDaemon(opts: { configPath: string; logLevel: LogLevel; 
       if (stopping) { if (why !== 'handover') endLinger?.(); return; }
       stopping = true;
       log.info({ op: 'stop', why }, 'stopping');
+      const done = (code: number): void => {
+        // The stop is over (or gave up): the process should end by itself. If a
+        // handle still holds the event loop, say which and end anyway, so a
+        // stop never turns into systemd's SIGKILL after TimeoutStopSec.
+        setTimeout(() => {
+          log.error({ op: 'stop', resources: process.getActiveResourcesInfo() }, `still running ${EXIT_GRACE_MS} ms after the stop; exiting`);
+          process.exit(code);
+        }, EXIT_GRACE_MS).unref();
+        resolve(code);
+      };
       const limit = STOP_TIMEOUT_MS + (linger ? HANDOVER_LINGER_MS : 0);
       const force = setTimeout(() => {
         log.error({ op: 'stop' }, `stop took longer than ${limit} ms; exiting anyway`);
-        resolve(1);
+        done(1);
       }, limit);
       force.unref();
       daemon.stop({ keep: keepOnStop || linger !== undefined, ...(linger ? { linger } : {}) }).then(() => {
         clearTimeout(force);
         if (watchdog) clearInterval(watchdog);
-        resolve(exitCode);
-      }, () => resolve(1));
+        done(exitCode);
+      }, () => done(1));
     };
     const stop = shutdown;
-    process.on('SIGTERM', () => stop('SIGTERM', 0));
-    process.on('SIGINT', () => stop('SIGINT', 0));
-    process.on('SIGHUP', () => { void reload(); });
     crashed = () => stop('crash', 1);
+    if (pendingStop) stop(pendingStop.why, pendingStop.exitCode);
+    else if (pendingReload) void reload();
   });
 }

@@ -4,13 +4,18 @@
 // the single-instance lock, and SIGTERM (exits within 10 s, leaves nothing).
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
-import { createLab } from '../../lab/netns';
+import { createLab, waitFor } from '../../lab/netns';
 import { startBackend, startDnsmasq, httpGetFrom } from '../../lab/services';
 import { startAgent, agentCli, waitStatus, AGENT_BIN } from '../../lab/agent';
 import { within, TIMED_OUT } from '../../lab/within';
 import * as fs from 'node:fs';
 
 const FAST_ARP = { probeWait: 0.05, probeNum: 2, probeMin: 0.05, probeMax: 0.1, announceWait: 0.05, announceNum: 2, announceInterval: 0.1 };
+
+/** `ip -o addr show; ip -o link show` reduced to what must not change: each address or link, without lifetimes and counters. */
+function strip(s: { stdout: string }): string[] {
+  return s.stdout.split('\n').map((l: string) => l.replace(/\s+valid_lft.*$/, '').replace(/\\\s+.*$/, '').trim()).filter(Boolean).map((l: string) => l.replace(/^\d+:\s*/, '').split(' ').slice(0, 4).join(' ')).sort();
+}
 
 function config(extraBackend = false): Record<string, unknown> {
   return {
@@ -132,11 +137,27 @@ t.test('daemon life cycle', async (t) => {
     t.same(res, { code: 0, signal: null }, 'exit code 0');
     t.comment(`stopped in ${Date.now() - t0} ms`);
     const after = await lab.sh(node, 'ip -o addr show; ip -o link show');
-    const strip = (s: { stdout: string }): string[] => s.stdout.split('\n').map((l: string) => l.replace(/\s+valid_lft.*$/, '').replace(/\\\s+.*$/, '').trim()).filter(Boolean).map((l: string) => l.replace(/^\d+:\s*/, '').split(' ').slice(0, 4).join(' ')).sort();
     t.same(strip(after), strip(before), 'no address or link left behind');
     const nft = await lab.sh(node, 'nft list tables', { allowFail: true });
     t.notMatch(nft.stdout, /lb_agent/, 'no nftables table left behind');
     t.notOk(fs.existsSync(agent.socket), 'control socket removed');
     t.ok(fs.readdirSync(agent.stateDir).some((f) => f.startsWith('dhcp-')), 'the DHCP lease is kept for next time');
+  });
+
+  t.test('SIGTERM in the middle of the start: stops once started, exit 0, leaves nothing', async (t) => {
+    // The control socket is up before the subsystems load (the start goes on
+    // for a few hundred ms after it): a stop sent then used to meet SIGTERM's
+    // default action and kill the agent on the spot.
+    const early = await startAgent(lab, node, config(), { name: 'early', waitReady: false });
+    await waitFor('the control socket', () => fs.existsSync(early.socket) || early.proc.exitCode !== null, 15_000, 2);
+    const startedBefore = early.logs.some((l) => l.msg === 'lb-agent started');
+    early.signal('SIGTERM');
+    const res = await within(early.exited, 15_000);
+    t.same(res, { code: 0, signal: null }, 'exit code 0, not killed by the signal');
+    if (!startedBefore) t.ok(early.logs.some((l) => l.op === 'stop' && /during the start/.test(String(l.msg))), 'the stop waited for the start');
+    else t.comment('the start was already done when SIGTERM was sent');
+    const after = await lab.sh(node, 'ip -o addr show; ip -o link show');
+    t.same(strip(after), strip(before), 'no address or link left behind');
+    t.notMatch((await lab.sh(node, 'nft list tables', { allowFail: true })).stdout, /lb_agent/, 'no nftables table left behind');
   });
 });
