@@ -212,8 +212,13 @@ function webBackends(target: ForwardTarget): string[] {
   return target === 'dsr1' ? [BACKENDS[0]!] : BACKENDS;
 }
 
+/** The targets that run the agent with direct server return (sourceIP: preserve). */
+function isDsr(target: ForwardTarget): boolean {
+  return target === 'dsr' || target === 'dsr-nft' || target === 'dsr1';
+}
+
 function agentConfig(target: 'kernel' | 'dsr' | 'dsr-nft' | 'dsr1' | 'proxy' | 'proxy1' | 'proxy-pp2' | 'proxy-v8defaults'): Record<string, unknown> {
-  const dsr = target === 'dsr' || target === 'dsr-nft' || target === 'dsr1';
+  const dsr = isDsr(target);
   const preserve = dsr ? { sourceIP: 'preserve' } : {};
   const pp = target === 'proxy-pp2' ? { proxyProtocol: 'v2', healthCheck: { proxyProtocol: true } } : {};
   return {
@@ -386,7 +391,7 @@ export async function benchForward(o: ForwardOptions): Promise<ForwardResult> {
           const directKeepalive = paired ? await wrkAt(directUrl, false) : undefined;
           // DSR's replies are judged against direct's: iperf3 -R around the slot as well.
           const directIperf = (): Promise<IperfResult> => runIperf(lab, client, ENDPOINT.direct.host, ENDPOINT.direct.bulk, o.seconds + 1, { reverse: true });
-          const directReverseBefore = paired && (target === 'dsr' || target === 'dsr-nft' || target === 'dsr1') ? await directIperf() : undefined;
+          const directReverseBefore = paired && isDsr(target) ? await directIperf() : undefined;
           running = await startTarget(lab, node, target, slot++);
           // Reachable before measuring: one request must get through.
           await waitFor(`${target} to answer`, async () => (await runWrk(lab, client, url, { seconds: 1, connections: 1, threads: 1, close: false })).requests > 0, 15_000, 200);

@@ -48,6 +48,7 @@ declare -A pkgs=(
   [conntrack]=/usr/sbin/conntrack
   [curl]=/usr/bin/curl
   [procps]=/usr/sbin/sysctl
+  [util-linux]=/usr/bin/unshare
   [tmux]=/usr/bin/tmux
 )
 missing=()
