@@ -1,0 +1,92 @@
+// Privileged, through the real agent: connections opened through the VRRP
+// Master with direct server return (sourceIP: preserve) outlive the
+// Master's death. Two agent "VMs" (n1 priority 100, n2 200) serve one pool
+// VIP in DSR to three peer-echo backends that hold the VIP on lo. The
+// client opens 30 long-lived connections through n2, n2 dies (its bridge
+// port down and its agent SIGKILLed in one breath, lab/vrrp.ts vmDeath),
+// n1 takes the VIP over, and every one of the 30 connections is answered
+// again by the backend it started on: both nodes hash a flow onto the same
+// seeded slot table (agent/forward/maglev.ts), so the new Master sends the
+// flow where the old one did, and the backend's socket is still there. New
+// connections through n1 are served with the client's own address. The
+// README's VRRP notes ("What a failover does to connections already open")
+// rest on this test; the SNAT path does not keep them (round-robin pick, no
+// conntrack sync).
+import t from 'tap';
+import { requirePrivileged } from '../helpers/privileged';
+import { createLab, waitFor } from '../../lab/netns';
+import { distPath } from '../../lab/services';
+import { startAgent, waitStatus, type AgentHandle } from '../../lab/agent';
+import { JsonLinesProc } from '../../lab/forward';
+import { bridgePort, vmDeath, FAST_ARP, VRID } from '../../lab/vrrp';
+
+const VIP = '10.99.0.200';
+const CLIENT = '10.99.0.50';
+const NODES = [{ name: 'n1', ip: '10.99.0.2', priority: 100 }, { name: 'n2', ip: '10.99.0.3', priority: 200 }] as const;
+const BACKENDS = ['10.99.0.11', '10.99.0.12', '10.99.0.13'] as const;
+const IDS = ['b1', 'b2', 'b3'] as const;
+const HC = { periodSeconds: 0.2, timeoutSeconds: 0.2, failureThreshold: 2 };
+
+interface Burst { counts: Record<string, number>; errors: Record<string, number>; peerIsClient: number }
+
+if (requirePrivileged(t)) {
+  t.test('DSR connections outlive the VRRP Master', async (t) => {
+    const lab = await createLab(t);
+    const nodeNs: string[] = [];
+    for (const n of NODES) nodeNs.push(await lab.addHost(n.name, { address: `${n.ip}/24` }));
+    const backendNs: string[] = [];
+    for (let i = 0; i < BACKENDS.length; i++) backendNs.push(await lab.addHost(IDS[i]!, { address: `${BACKENDS[i]}/24` }));
+    const client = await lab.addHost('client', { address: `${CLIENT}/24` });
+    const echo = backendNs.map((ns, i) => {
+      const p = lab.spawn(ns, process.execPath, [distPath('lab', 'bin', 'peer-echo.js'), '--id', IDS[i]!, '--port', '80']);
+      let o = '';
+      p.stdout?.on('data', (d: Buffer) => { o += d.toString(); });
+      return () => o.includes('listening');
+    });
+    await waitFor('echo backends', () => echo.every((up) => up()), 10_000);
+    // The backend side, as the README tells an operator; backends drop what
+    // their conntrack calls invalid, so a flow sent to a backend that never
+    // saw it open fails instead of passing unnoticed.
+    const strict = 'table ip strict {\n\tchain in {\n\t\ttype filter hook input priority 0; policy accept;\n\t\tct state invalid counter drop\n\t}\n}\n';
+    for (const ns of backendNs) {
+      await lab.sh(ns, `ip addr add ${VIP}/32 dev lo && sysctl -qw net.ipv4.conf.all.arp_ignore=1 net.ipv4.conf.all.arp_announce=2`);
+      await lab.exec(ns, 'nft', ['-f', '-'], { input: strict });
+    }
+
+    const config = (n: typeof NODES[number]): Record<string, unknown> => ({
+      node: { name: n.name, interface: 'eth0', priority: n.priority },
+      failover: { mode: 'vrrp', vrid: VRID, advertInterval: 0.1, preempt: true, preemptDelay: 0 },
+      metrics: { listen: '' }, dataplane: 'kernel', arp: FAST_ARP,
+      pools: { 'range-global': '10.99.0.200-10.99.0.209' },
+      services: [{ name: 'web', ipam: 'pool', loadBalancerIP: VIP, sourceIP: 'preserve', ports: [{ port: 80 }], healthCheck: HC, backends: [...BACKENDS] }],
+    });
+    const agents: AgentHandle[] = [];
+    for (let i = 0; i < NODES.length; i++) agents.push(await startAgent(lab, nodeNs[i]!, config(NODES[i]!), { name: NODES[i]!.name }));
+    const [a1, a2] = agents as [AgentHandle, AgentHandle];
+    const web = (d: Awaited<ReturnType<AgentHandle['status']>>) => d.services.find((s) => s.name === 'web');
+    await waitStatus(a2, 'n2: Master, serving, three backends up', (d) => web(d)?.failover?.state === 'master' && web(d)?.state === 'serving' && web(d)?.healthyBackends === 3, 15_000);
+    await waitStatus(a1, 'n1: Backup, three backends up', (d) => web(d)?.failover?.state === 'backup' && web(d)?.healthyBackends === 3, 15_000);
+
+    const cl = await JsonLinesProc.start(lab, client, 'peer-client.js', [], 'peer-client');
+    t.teardown(() => cl.close());
+    const held = await cl.request<{ backends: string[] }>({ cmd: 'holdOpen', host: VIP, port: 80, n: 30, fromPort: 41000 });
+    t.ok(new Set(held.backends).size === 3, `30 connections through n2 on all three backends (${held.backends.join(',')})`);
+
+    const port = await bridgePort(lab, nodeNs[1]!);
+    const diedAt = await vmDeath(lab, { port, pids: [a2.proc.pid ?? 0] });
+    await a2.exited;
+    await waitStatus(a1, 'n1: Master and serving after n2 died', (d) => web(d)?.failover?.state === 'master' && web(d)?.state === 'serving', 10_000);
+    t.comment(`n1 serves ${Date.now() - diedAt} ms after n2 died`);
+
+    // The client learns n1's MAC from its gratuitous ARP; until then a request
+    // goes to the dead port and is retransmitted, which holdAsk waits out.
+    const again = await cl.request<{ backends: string[] }>({ cmd: 'holdAsk' }, 20_000);
+    t.same(again.backends, held.backends, 'every connection opened through n2 is answered by its backend through n1');
+
+    const fresh = await cl.request<Burst>({ cmd: 'burst', host: VIP, port: 80, n: 150, fromPort: 42000, concurrency: 8 }, 60_000);
+    t.same(fresh.errors, {}, 'new connections through n1: none fails');
+    t.equal(fresh.peerIsClient, 150, 'and each backend sees the client\'s own address and port');
+    t.equal(Object.keys(fresh.counts).length, 3, `spread over the three backends (${JSON.stringify(fresh.counts)})`);
+    await cl.request({ cmd: 'holdClose' });
+  });
+}
