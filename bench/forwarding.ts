@@ -58,7 +58,7 @@ import { waitStatus } from '../lab/agent';
 import { runAgent, stopAgent, FAST_ARP, type AgentHandle } from './lib/agent';
 import { startNginxBackend, startIperfServer, startHaproxy, startNginxStream, type Peer } from './lib/peers';
 import { runWrk, runIperf, wrkSpreadScript, type WrkResult, type IperfResult } from './lib/load';
-import { selfTreeTicks, treeCpuSeconds, treeMemoryMiB } from './lib/procfs';
+import { selfTreeTicks, tcpPassiveOpens, treeContextSwitches, treeCpuSeconds, treeMemoryMiB } from './lib/procfs';
 import { median, round, rotate } from './lib/stats';
 import { dsrSlotTable, maglevSize, movedFraction } from '../agent/forward/maglev';
 
@@ -134,7 +134,13 @@ export interface ForwardOptions {
  * outside this count, unlike /proc/stat's busy time, which at 0.4-1 core of
  * other load here (s27) moved more than the paths differ.
  */
-export type MeasuredWrk = WrkResult & { labCpuUsPerRequest?: number };
+export type MeasuredWrk = WrkResult & {
+  labCpuUsPerRequest?: number;
+  /** TCP connections each backend (b1, b2, b3) accepted during the run: how a balancer's hash spread them (the health checks' add one or two). */
+  acceptedPerBackend?: number[];
+  /** Context switches of the three nginx per request: how many requests a wake-up serves (fewer is more per wake-up). */
+  backendSwitchesPerRequest?: number;
+};
 
 export interface ForwardSample {
   round: number; target: ForwardTarget;
@@ -430,10 +436,16 @@ export async function benchForward(o: ForwardOptions): Promise<ForwardResult> {
           const w0 = { connections: shape.connections, threads: shape.threads, close, ...(scripts.has(as) ? { script: scripts.get(as)! } : {}) };
           if (o.warmup > 0) await runWrk(lab, client, u, { seconds: o.warmup, ...w0 });
           const labCpu = (): number => selfTreeTicks() / 100 + nginxPids.reduce<number>((n, p) => n + treeCpuSeconds(p), 0) + (via ? treeCpuSeconds(via.pid) : 0);
+          // Read outside the CPU window (no process: /proc of each nginx master).
+          const accepted = (): number[] => nginxPids.map((p) => tcpPassiveOpens(p));
+          const switches = (): number => nginxPids.reduce<number>((n, p) => n + treeContextSwitches(p), 0);
+          const a0 = close ? [] : accepted();
+          const s0 = close ? 0 : switches();
           const c0 = close ? 0 : labCpu();
           const w = await runWrk(lab, client, u, { seconds: o.seconds, ...w0 });
           if (close || !(w.requests > 0)) return w;
-          return { ...w, labCpuUsPerRequest: Math.round(((labCpu() - c0) * 1e8) / w.requests) / 100 };
+          const labCpuUsPerRequest = Math.round(((labCpu() - c0) * 1e8) / w.requests) / 100;
+          return { ...w, labCpuUsPerRequest, acceptedPerBackend: accepted().map((n, i) => n - a0[i]!), backendSwitchesPerRequest: Math.round(((switches() - s0) / w.requests) * 1000) / 1000 };
         };
         try {
           // The pair's reference half first (direct, or direct3), before anything of the target runs.
@@ -473,7 +485,9 @@ export async function benchForward(o: ForwardOptions): Promise<ForwardResult> {
           const pairX = pairedRatio([{ keepalive, directKeepalive, directKeepaliveAfter }]).xDirect;
           const pairedText = (pairX !== undefined ? ` (${pairX.toFixed(2)}x ${ref}'s ${directKeepalive!.rps.toFixed(0)}/${directKeepaliveAfter!.rps.toFixed(0)} before/after)` : '')
             + (withoutHeader ? ` (without the header before/after: ${withoutHeader.keepalive.rps.toFixed(0)}/${withoutHeader.after.keepalive.rps.toFixed(0)} req/s, ${withoutHeader.close.rps.toFixed(0)}/${withoutHeader.after.close.rps.toFixed(0)} conn/s)` : '');
-          const cpuText = keepalive.labCpuUsPerRequest !== undefined ? `, lab CPU ${keepalive.labCpuUsPerRequest.toFixed(1)} µs/req${directKeepalive?.labCpuUsPerRequest !== undefined && directKeepaliveAfter?.labCpuUsPerRequest !== undefined ? ` (direct ${directKeepalive.labCpuUsPerRequest.toFixed(1)}/${directKeepaliveAfter.labCpuUsPerRequest.toFixed(1)})` : ''}` : '';
+          const spreadText = (keepalive.acceptedPerBackend && spread ? `, connections per backend ${keepalive.acceptedPerBackend.join('/')}` : '')
+            + (keepalive.backendSwitchesPerRequest !== undefined ? `, nginx switches/req ${keepalive.backendSwitchesPerRequest.toFixed(3)}${directKeepalive?.backendSwitchesPerRequest !== undefined && directKeepaliveAfter?.backendSwitchesPerRequest !== undefined ? ` (${ref} ${directKeepalive.backendSwitchesPerRequest.toFixed(3)}/${directKeepaliveAfter.backendSwitchesPerRequest.toFixed(3)})` : ''}` : '');
+          const cpuText = spreadText + (keepalive.labCpuUsPerRequest !== undefined ? `, lab CPU ${keepalive.labCpuUsPerRequest.toFixed(1)} µs/req${directKeepalive?.labCpuUsPerRequest !== undefined && directKeepaliveAfter?.labCpuUsPerRequest !== undefined ? ` (${ref} ${directKeepalive.labCpuUsPerRequest.toFixed(1)}/${directKeepaliveAfter.labCpuUsPerRequest.toFixed(1)})` : ''}` : '');
           o.log(`round ${round + 1}/${o.rounds} ${target.padEnd(8)} keep-alive ${keepalive.rps.toFixed(0).padStart(6)} req/s${pairedText}${cpuText} (p50 ${keepalive.p50ms.toFixed(2)} ms, p99 ${keepalive.p99ms.toFixed(2)} ms)  new conn ${close.rps.toFixed(0).padStart(6)}/s  ${bulkReverse ? `bulk ${(bulk.bitsPerSecond / 1e9).toFixed(2)} / replies ${(bulkReverse.bitsPerSecond / 1e9).toFixed(2)} Gbit/s${bulk.error ? ` (${bulk.error})` : ''}${bulkReverse.error ? ` (-R: ${bulkReverse.error})` : ''}` : 'no bulk'}${memory ? `  rss ${memory.rssMiB.toFixed(1)} MiB` : ''}`);
         } catch (e) {
           // One target failing (a peer that will not start, say) costs its own numbers only.

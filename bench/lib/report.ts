@@ -205,7 +205,7 @@ export function forwardTable(r: BenchResults): string | undefined {
       fmt(s.newConnections.connectionsPerSec), fmtRatio(ratio(s.newConnections.connectionsPerSec, h1?.newConnections.connectionsPerSec ?? NaN)), fmtRatio(ratio(s.newConnections.connectionsPerSec, base?.newConnections.connectionsPerSec ?? NaN)),
       fmt(s.bulkGbps, 2), fmtRatio(ratio(s.bulkGbps, base?.bulkGbps ?? NaN)),
       ...(reverse ? [fmt(s.bulkReverseGbps ?? NaN, 2), fmtRatio(s.bulkReverseXDirect ?? ratio(s.bulkReverseGbps ?? NaN, base?.bulkReverseGbps ?? NaN))] : []),
-      t === 'direct' ? '-' : fmt(s.rssMiB, 1),
+      t === 'direct' || t === 'direct3' ? '-' : fmt(s.rssMiB, 1),
       String(s.errors),
     ];
   });
