@@ -136,7 +136,7 @@ export interface ForwardOptions {
  */
 export type MeasuredWrk = WrkResult & {
   labCpuUsPerRequest?: number;
-  /** TCP connections each backend (b1, b2, b3) accepted during the run: how a balancer's hash spread them (the health checks' add one or two). */
+  /** TCP connections each backend (b1, b2, b3) accepted during the run: how a balancer spread them (wrk's check that the URL connects adds one, on the backend that answers it; the agent's health checks reset before a connection is accepted). */
   acceptedPerBackend?: number[];
   /** Context switches of the three nginx per request: how many requests a wake-up serves (fewer is more per wake-up). */
   backendSwitchesPerRequest?: number;
@@ -430,7 +430,7 @@ export async function benchForward(o: ForwardOptions): Promise<ForwardResult> {
         const url = urlOf(target);
         let running: Running | undefined;
         // Keep-alive runs also take the lab's CPU per request; `via`: the balancer's process when the run crosses it.
-        // `as`: the target whose client shape the run takes (its own URL's target unless a pp2 plain port).
+        // `as`: the target whose client (wrk threads, connections, script) the run uses.
         const wrkAt = async (u: string, close: boolean, as: ForwardTarget, via?: Running): Promise<MeasuredWrk> => {
           const shape = clientShape(as, o);
           const w0 = { connections: shape.connections, threads: shape.threads, close, ...(scripts.has(as) ? { script: scripts.get(as)! } : {}) };
