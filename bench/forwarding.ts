@@ -17,6 +17,14 @@
 //   proxy-pp2 / haproxy-pp2   proxy and haproxy with a PROXY protocol v2
 //              header to the backends (issue 17: `proxyProtocol: v2`, HAProxy
 //              `send-proxy-v2`), to nginx backends' `listen 8081 proxy_protocol`
+//   direct3 / dsr3 / kernel3   the like-for-like rows of issue 17: the
+//              same three backends and the same client on both sides. wrk
+//              runs one thread per backend (-t3, the connections rounded up
+//              to a multiple: -c51); direct3 sends each thread to its own
+//              backend (wrk's setup(): thread.addr), dsr3 and kernel3 send
+//              all three to the VIP through the same script. Their "x direct"
+//              is paired with direct3, not direct (see below); bulk is not
+//              run for them (the bulk port has b1 only, as in dsr and kernel)
 // Per slot: keep-alive requests/s with p50/p99 (wrk), new connections/s (wrk
 // with `Connection: close`), bulk throughput of one TCP stream each way
 // (iperf3, client -> server and -R server -> client, the replies' direction;
@@ -25,6 +33,8 @@
 // computed rather than measured, the share of flows the DSR slot table moves
 // when a backend fails, returns, or is added to or removed from the config. Rounds visit
 // every target in a rotated order; the summary is the median per target.
+// direct3 itself is paired with direct (the spread's own cost, client shape
+// included), dsr3 and kernel3 with direct3.
 // The direct path swings from round to round on this shared machine (one
 // nginx worker; 95k/73k/53k req/s in one run), so keep-alive "x direct" is
 // paired (issue 17): right before each target's slot, with nothing of it
@@ -41,13 +51,14 @@
 // header costs (HAProxy's send-proxy-v2 row once came out 1.13x its plain
 // one), so a ratio of two slots measured the host, not the header.
 // Only lab namespaces are addressed.
+import * as fs from 'node:fs';
 import * as os from 'node:os';
 import { Lab, run, waitFor } from '../lab/netns';
 import { waitStatus } from '../lab/agent';
 import { runAgent, stopAgent, FAST_ARP, type AgentHandle } from './lib/agent';
 import { startNginxBackend, startIperfServer, startHaproxy, startNginxStream, type Peer } from './lib/peers';
-import { runWrk, runIperf, type WrkResult, type IperfResult } from './lib/load';
-import { selfTreeTicks, treeCpuSeconds, treeMemoryMiB } from './lib/procfs';
+import { runWrk, runIperf, wrkSpreadScript, type WrkResult, type IperfResult } from './lib/load';
+import { selfTreeTicks, tcpPassiveOpens, treeContextSwitches, treeCpuSeconds, treeMemoryMiB } from './lib/procfs';
 import { median, round, rotate } from './lib/stats';
 import { dsrSlotTable, maglevSize, movedFraction } from '../agent/forward/maglev';
 
@@ -59,7 +70,7 @@ const PEER_VIP = '10.99.0.60';
 const DSR_VIP = '10.99.0.52';
 const BACKENDS = ['10.99.0.11', '10.99.0.12', '10.99.0.13'];
 
-export const FORWARD_TARGETS = ['direct', 'kernel', 'dsr', 'dsr-nft', 'dsr1', 'proxy', 'proxy1', 'proxy-v8defaults', 'haproxy1', 'haproxy', 'nginx', 'proxy-pp2', 'haproxy-pp2'] as const;
+export const FORWARD_TARGETS = ['direct', 'kernel', 'dsr', 'dsr-nft', 'dsr1', 'direct3', 'dsr3', 'kernel3', 'proxy', 'proxy1', 'proxy-v8defaults', 'haproxy1', 'haproxy', 'nginx', 'proxy-pp2', 'haproxy-pp2'] as const;
 export type ForwardTarget = (typeof FORWARD_TARGETS)[number];
 
 export const FORWARD_LABELS: Record<ForwardTarget, string> = {
@@ -68,6 +79,9 @@ export const FORWARD_LABELS: Record<ForwardTarget, string> = {
   dsr: 'lb-agent, kernel path, direct server return',
   'dsr-nft': 'lb-agent, kernel path, direct server return on the nft table alone (LB_AGENT_DSR_ENGINE=nft: what the BPF program saves)',
   dsr1: 'lb-agent, kernel path, direct server return to b1 alone, the backend direct uses (what forwarding costs, without the spread over three nginx)',
+  direct3: 'direct to the three backends, one client thread to each (no balancer; x direct: against direct, a different client)',
+  dsr3: 'lb-agent, kernel path, direct server return, the client of direct3 to the VIP (its x direct columns and CPU over: against direct3, like for like)',
+  kernel3: 'lb-agent, kernel path (nftables), the client of direct3 to the VIP (its x direct columns and CPU over: against direct3, like for like)',
   proxy: 'lb-agent, proxy path (userspace), one worker per CPU',
   proxy1: 'lb-agent, proxy path, 1 worker',
   'proxy-v8defaults': 'lb-agent, proxy path, one worker per CPU, without the unit\'s V8 flags (what they cost)',
@@ -86,6 +100,9 @@ const ENDPOINT: Record<ForwardTarget, { host: string; http: number; bulk: number
   dsr: { host: DSR_VIP, http: 8080, bulk: 5201 },
   'dsr-nft': { host: DSR_VIP, http: 8080, bulk: 5201 },
   dsr1: { host: DSR_VIP, http: 8080, bulk: 5201 },
+  direct3: { host: BACKENDS[0]!, http: 8080, bulk: 5201 },
+  dsr3: { host: DSR_VIP, http: 8080, bulk: 5201 },
+  kernel3: { host: AGENT_VIP, http: 80, bulk: 5201 },
   proxy: { host: AGENT_VIP, http: 80, bulk: 5201 },
   proxy1: { host: AGENT_VIP, http: 80, bulk: 5201 },
   'proxy-pp2': { host: AGENT_VIP, http: 80, bulk: 5201, plain: 81 },
@@ -117,7 +134,13 @@ export interface ForwardOptions {
  * outside this count, unlike /proc/stat's busy time, which at 0.4-1 core of
  * other load here (s27) moved more than the paths differ.
  */
-export type MeasuredWrk = WrkResult & { labCpuUsPerRequest?: number };
+export type MeasuredWrk = WrkResult & {
+  labCpuUsPerRequest?: number;
+  /** TCP connections each backend (b1, b2, b3) accepted during the run: how a balancer spread them (wrk's check that the URL connects adds one, on the backend that answers it; the agent's health checks reset before a connection is accepted). */
+  acceptedPerBackend?: number[];
+  /** Context switches of the three nginx per request: how many requests a wake-up serves (fewer is more per wake-up). */
+  backendSwitchesPerRequest?: number;
+};
 
 export interface ForwardSample {
   round: number; target: ForwardTarget;
@@ -125,6 +148,8 @@ export interface ForwardSample {
   /** iperf3 -R: the server sends (replies' direction); absent in results from before issue 17. */
   bulkReverse?: IperfResult;
   memory: { rssMiB: number; hwmMiB: number; processes: number } | undefined;
+  /** The target the direct* fields were measured on: direct3 for dsr3 and kernel3; absent: direct. */
+  pairedWith?: ForwardTarget;
   /** Direct's keep-alive, measured right before this target's slot (absent for direct itself and in older results). */
   directKeepalive?: MeasuredWrk;
   /** The same, right after the slot's own runs, with the target still up and idle (absent before 2026-11-25). */
@@ -137,6 +162,8 @@ export interface ForwardSample {
 
 export interface ForwardTargetSummary {
   label: string;
+  /** What keep-alive "x direct" and CPU over direct are measured against when not direct (dsr3, kernel3: direct3). */
+  pairedWith?: ForwardTarget;
   /** xDirect: the median of per-round ratios to the direct measurement paired with each slot. */
   keepalive: {
     requestsPerSec: number; p50ms: number; p99ms: number; xDirect?: number;
@@ -214,17 +241,33 @@ function webBackends(target: ForwardTarget): string[] {
 
 /** The targets that run the agent with direct server return (sourceIP: preserve). */
 function isDsr(target: ForwardTarget): boolean {
-  return target === 'dsr' || target === 'dsr-nft' || target === 'dsr1';
+  return target === 'dsr' || target === 'dsr-nft' || target === 'dsr1' || target === 'dsr3';
 }
 
-function agentConfig(target: 'kernel' | 'dsr' | 'dsr-nft' | 'dsr1' | 'proxy' | 'proxy1' | 'proxy-pp2' | 'proxy-v8defaults'): Record<string, unknown> {
+/** The like-for-like targets: wrk with one thread per backend (see the head comment). */
+const SPREAD: readonly ForwardTarget[] = ['direct3', 'dsr3', 'kernel3'];
+
+/** The run a target's keep-alive is paired with: direct, or direct3 for the targets direct3 is the like-for-like reference of. */
+export function referenceOf(target: ForwardTarget): ForwardTarget | undefined {
+  if (target === 'direct') return undefined;
+  return target === 'dsr3' || target === 'kernel3' ? 'direct3' : 'direct';
+}
+
+/** wrk's threads and connections for a target, and the addresses its threads connect to (the spread targets only). */
+export function clientShape(target: ForwardTarget, o: Pick<ForwardOptions, 'threads' | 'connections'>): { threads: number; connections: number; addresses?: string[] } {
+  if (!SPREAD.includes(target)) return { threads: o.threads, connections: o.connections };
+  const threads = BACKENDS.length;
+  return { threads, connections: Math.ceil(o.connections / threads) * threads, addresses: target === 'direct3' ? BACKENDS : [ENDPOINT[target].host] };
+}
+
+function agentConfig(target: 'kernel' | 'kernel3' | 'dsr' | 'dsr-nft' | 'dsr1' | 'dsr3' | 'proxy' | 'proxy1' | 'proxy-pp2' | 'proxy-v8defaults'): Record<string, unknown> {
   const dsr = isDsr(target);
   const preserve = dsr ? { sourceIP: 'preserve' } : {};
   const pp = target === 'proxy-pp2' ? { proxyProtocol: 'v2', healthCheck: { proxyProtocol: true } } : {};
   return {
     node: { name: 'bench', interface: 'eth0' },
     metrics: { listen: '' },
-    dataplane: target === 'kernel' || dsr ? 'kernel' : 'proxy',
+    dataplane: target === 'kernel' || target === 'kernel3' || dsr ? 'kernel' : 'proxy',
     ...(target === 'proxy1' ? { proxy: { workers: 1 } } : {}),
     pools: { 'range-global': `${AGENT_VIP}-${DSR_VIP}` },
     arp: FAST_ARP,
@@ -247,11 +290,14 @@ async function startTarget(lab: Lab, node: string, target: ForwardTarget, slot: 
   const peer = (p: Peer): Running => ({ pid: p.proc.pid, stop: () => p.stop() });
   switch (target) {
     case 'direct':
+    case 'direct3':
       return undefined;
     case 'kernel':
+    case 'kernel3':
     case 'dsr':
     case 'dsr-nft':
     case 'dsr1':
+    case 'dsr3':
     case 'proxy':
     case 'proxy1':
     case 'proxy-pp2':
@@ -369,58 +415,80 @@ export async function benchForward(o: ForwardOptions): Promise<ForwardResult> {
     o.log(`lab up; targets ${o.targets.join(',')}; ${o.rounds} round(s) of ${o.seconds} s measurements`);
 
     let slot = 0;
-    const pairDirect = o.targets.includes('direct');
-    const directUrl = `http://${ENDPOINT.direct.host}:${ENDPOINT.direct.http}/`;
+    // The spread targets' wrk scripts, one file per client shape.
+    const scripts = new Map<ForwardTarget, string>();
+    for (const t of o.targets) {
+      const addresses = clientShape(t, o).addresses;
+      if (!addresses) continue;
+      scripts.set(t, lab.file(`wrk-${t}.lua`));
+      fs.writeFileSync(scripts.get(t)!, wrkSpreadScript(addresses, ENDPOINT[t].http));
+    }
+    const urlOf = (t: ForwardTarget): string => `http://${ENDPOINT[t].host}:${ENDPOINT[t].http}/`;
     for (let round = 0; round < o.rounds; round++) {
       for (const target of rotate(o.targets, round)) {
         const ep = ENDPOINT[target];
-        const url = `http://${ep.host}:${ep.http}/`;
+        const url = urlOf(target);
         let running: Running | undefined;
         // Keep-alive runs also take the lab's CPU per request; `via`: the balancer's process when the run crosses it.
-        const wrkAt = async (u: string, close: boolean, via?: Running): Promise<MeasuredWrk> => {
-          if (o.warmup > 0) await runWrk(lab, client, u, { seconds: o.warmup, connections: o.connections, threads: o.threads, close });
+        // `as`: the target whose client (wrk threads, connections, script) the run uses.
+        const wrkAt = async (u: string, close: boolean, as: ForwardTarget, via?: Running): Promise<MeasuredWrk> => {
+          const shape = clientShape(as, o);
+          const w0 = { connections: shape.connections, threads: shape.threads, close, ...(scripts.has(as) ? { script: scripts.get(as)! } : {}) };
+          if (o.warmup > 0) await runWrk(lab, client, u, { seconds: o.warmup, ...w0 });
           const labCpu = (): number => selfTreeTicks() / 100 + nginxPids.reduce<number>((n, p) => n + treeCpuSeconds(p), 0) + (via ? treeCpuSeconds(via.pid) : 0);
+          // Read outside the CPU window (no process: /proc of each nginx master).
+          const accepted = (): number[] => nginxPids.map((p) => tcpPassiveOpens(p));
+          const switches = (): number => nginxPids.reduce<number>((n, p) => n + treeContextSwitches(p), 0);
+          const a0 = close ? [] : accepted();
+          const s0 = close ? 0 : switches();
           const c0 = close ? 0 : labCpu();
-          const w = await runWrk(lab, client, u, { seconds: o.seconds, connections: o.connections, threads: o.threads, close });
+          const w = await runWrk(lab, client, u, { seconds: o.seconds, ...w0 });
           if (close || !(w.requests > 0)) return w;
-          return { ...w, labCpuUsPerRequest: Math.round(((labCpu() - c0) * 1e8) / w.requests) / 100 };
+          const labCpuUsPerRequest = Math.round(((labCpu() - c0) * 1e8) / w.requests) / 100;
+          return { ...w, labCpuUsPerRequest, acceptedPerBackend: accepted().map((n, i) => n - a0[i]!), backendSwitchesPerRequest: Math.round(((switches() - s0) / w.requests) * 1000) / 1000 };
         };
         try {
-          // The pair's direct half first, before anything of the target runs.
-          const paired = target !== 'direct' && pairDirect;
-          const directKeepalive = paired ? await wrkAt(directUrl, false) : undefined;
+          // The pair's reference half first (direct, or direct3), before anything of the target runs.
+          const ref = referenceOf(target);
+          const paired = ref !== undefined && o.targets.includes(ref);
+          const directKeepalive = paired ? await wrkAt(urlOf(ref), false, ref) : undefined;
+          // The spread targets skip bulk: its port has b1 only, so it would repeat dsr's and kernel's.
+          const spread = SPREAD.includes(target);
           // DSR's replies are judged against direct's: iperf3 -R around the slot as well.
           const directIperf = (): Promise<IperfResult> => runIperf(lab, client, ENDPOINT.direct.host, ENDPOINT.direct.bulk, o.seconds + 1, { reverse: true });
-          const directReverseBefore = paired && isDsr(target) ? await directIperf() : undefined;
+          const directReverseBefore = paired && isDsr(target) && !spread ? await directIperf() : undefined;
           running = await startTarget(lab, node, target, slot++);
           // Reachable before measuring: one request must get through.
           await waitFor(`${target} to answer`, async () => (await runWrk(lab, client, url, { seconds: 1, connections: 1, threads: 1, close: false })).requests > 0, 15_000, 200);
-          const wrk = (close: boolean): Promise<MeasuredWrk> => wrkAt(url, close, running);
+          const wrk = (close: boolean): Promise<MeasuredWrk> => wrkAt(url, close, target, running);
           const plainUrl = ep.plain !== undefined ? `http://${ep.host}:${ep.plain}/` : undefined;
           // Without the header before and after each run with it (A-B-A): the mean of the two cancels a
           // drift of the host and what a run leaves behind for the next (TIME_WAIT, caches) alike.
-          const plainKeepalive = plainUrl ? await wrkAt(plainUrl, false) : undefined;
+          const plainKeepalive = plainUrl ? await wrkAt(plainUrl, false, target) : undefined;
           const keepalive = await wrk(false);
-          const plainKeepaliveAfter = plainUrl ? await wrkAt(plainUrl, false) : undefined;
-          const plainClose = plainUrl ? await wrkAt(plainUrl, true) : undefined;
+          const plainKeepaliveAfter = plainUrl ? await wrkAt(plainUrl, false, target) : undefined;
+          const plainClose = plainUrl ? await wrkAt(plainUrl, true, target) : undefined;
           const close = await wrk(true);
-          const plainCloseAfter = plainUrl ? await wrkAt(plainUrl, true) : undefined;
+          const plainCloseAfter = plainUrl ? await wrkAt(plainUrl, true, target) : undefined;
           const withoutHeader = plainKeepalive && plainClose && plainKeepaliveAfter && plainCloseAfter
             ? { keepalive: plainKeepalive, close: plainClose, after: { keepalive: plainKeepaliveAfter, close: plainCloseAfter } }
             : undefined;
-          const bulk = await runIperf(lab, client, ep.host, ep.bulk, o.seconds + 1);
-          const bulkReverse = await runIperf(lab, client, ep.host, ep.bulk, o.seconds + 1, { reverse: true });
+          const notRun: IperfResult = { bitsPerSecond: NaN, retransmits: NaN };
+          const bulk = spread ? notRun : await runIperf(lab, client, ep.host, ep.bulk, o.seconds + 1);
+          const bulkReverse = spread ? undefined : await runIperf(lab, client, ep.host, ep.bulk, o.seconds + 1, { reverse: true });
           const memory = running ? treeMemoryMiB(running.pid) : undefined;
           // The pair's direct half after, with the target up and idle (the direct path does not cross it).
           const directReverseAfter = directReverseBefore ? await directIperf() : undefined;
-          const directKeepaliveAfter = paired ? await wrkAt(directUrl, false) : undefined;
+          const directKeepaliveAfter = paired ? await wrkAt(urlOf(ref), false, ref) : undefined;
           const directBulkReverse = directReverseBefore && directReverseAfter ? { before: directReverseBefore, after: directReverseAfter } : undefined;
-          raw.push({ round, target, keepalive, close, bulk, bulkReverse, memory, ...(directKeepalive ? { directKeepalive } : {}), ...(directKeepaliveAfter ? { directKeepaliveAfter } : {}), ...(directBulkReverse ? { directBulkReverse } : {}), ...(withoutHeader ? { withoutHeader } : {}) });
+          raw.push({ round, target, ...(ref !== undefined && ref !== 'direct' && paired ? { pairedWith: ref } : {}), keepalive, close, bulk, bulkReverse, memory, ...(directKeepalive ? { directKeepalive } : {}), ...(directKeepaliveAfter ? { directKeepaliveAfter } : {}), ...(directBulkReverse ? { directBulkReverse } : {}), ...(withoutHeader ? { withoutHeader } : {}) });
           const pairX = pairedRatio([{ keepalive, directKeepalive, directKeepaliveAfter }]).xDirect;
-          const pairedText = (pairX !== undefined ? ` (${pairX.toFixed(2)}x direct's ${directKeepalive!.rps.toFixed(0)}/${directKeepaliveAfter!.rps.toFixed(0)} before/after)` : '')
+          const pairedText = (pairX !== undefined ? ` (${pairX.toFixed(2)}x ${ref}'s ${directKeepalive!.rps.toFixed(0)}/${directKeepaliveAfter!.rps.toFixed(0)} before/after)` : '')
             + (withoutHeader ? ` (without the header before/after: ${withoutHeader.keepalive.rps.toFixed(0)}/${withoutHeader.after.keepalive.rps.toFixed(0)} req/s, ${withoutHeader.close.rps.toFixed(0)}/${withoutHeader.after.close.rps.toFixed(0)} conn/s)` : '');
-          const cpuText = keepalive.labCpuUsPerRequest !== undefined ? `, lab CPU ${keepalive.labCpuUsPerRequest.toFixed(1)} µs/req${directKeepalive?.labCpuUsPerRequest !== undefined && directKeepaliveAfter?.labCpuUsPerRequest !== undefined ? ` (direct ${directKeepalive.labCpuUsPerRequest.toFixed(1)}/${directKeepaliveAfter.labCpuUsPerRequest.toFixed(1)})` : ''}` : '';
-          o.log(`round ${round + 1}/${o.rounds} ${target.padEnd(8)} keep-alive ${keepalive.rps.toFixed(0).padStart(6)} req/s${pairedText}${cpuText} (p50 ${keepalive.p50ms.toFixed(2)} ms, p99 ${keepalive.p99ms.toFixed(2)} ms)  new conn ${close.rps.toFixed(0).padStart(6)}/s  bulk ${(bulk.bitsPerSecond / 1e9).toFixed(2)} / replies ${(bulkReverse.bitsPerSecond / 1e9).toFixed(2)} Gbit/s${bulk.error ? ` (${bulk.error})` : ''}${bulkReverse.error ? ` (-R: ${bulkReverse.error})` : ''}${memory ? `  rss ${memory.rssMiB.toFixed(1)} MiB` : ''}`);
+          const spreadText = (keepalive.acceptedPerBackend && spread ? `, connections per backend ${keepalive.acceptedPerBackend.join('/')}` : '')
+            + (keepalive.backendSwitchesPerRequest !== undefined ? `, nginx switches/req ${keepalive.backendSwitchesPerRequest.toFixed(3)}${directKeepalive?.backendSwitchesPerRequest !== undefined && directKeepaliveAfter?.backendSwitchesPerRequest !== undefined ? ` (${ref} ${directKeepalive.backendSwitchesPerRequest.toFixed(3)}/${directKeepaliveAfter.backendSwitchesPerRequest.toFixed(3)})` : ''}` : '');
+          const cpuText = spreadText + (keepalive.labCpuUsPerRequest !== undefined ? `, lab CPU ${keepalive.labCpuUsPerRequest.toFixed(1)} µs/req${directKeepalive?.labCpuUsPerRequest !== undefined && directKeepaliveAfter?.labCpuUsPerRequest !== undefined ? ` (${ref} ${directKeepalive.labCpuUsPerRequest.toFixed(1)}/${directKeepaliveAfter.labCpuUsPerRequest.toFixed(1)})` : ''}` : '');
+          o.log(`round ${round + 1}/${o.rounds} ${target.padEnd(8)} keep-alive ${keepalive.rps.toFixed(0).padStart(6)} req/s${pairedText}${cpuText} (p50 ${keepalive.p50ms.toFixed(2)} ms, p99 ${keepalive.p99ms.toFixed(2)} ms)  new conn ${close.rps.toFixed(0).padStart(6)}/s  ${bulkReverse ? `bulk ${(bulk.bitsPerSecond / 1e9).toFixed(2)} / replies ${(bulkReverse.bitsPerSecond / 1e9).toFixed(2)} Gbit/s${bulk.error ? ` (${bulk.error})` : ''}${bulkReverse.error ? ` (-R: ${bulkReverse.error})` : ''}` : 'no bulk'}${memory ? `  rss ${memory.rssMiB.toFixed(1)} MiB` : ''}`);
         } catch (e) {
           // One target failing (a peer that will not start, say) costs its own numbers only.
           const error = String((e as Error).message ?? e).split('\n')[0]!.slice(0, 300);
@@ -436,8 +504,10 @@ export async function benchForward(o: ForwardOptions): Promise<ForwardResult> {
     for (const target of o.targets) {
       const s = raw.filter((r) => r.target === target);
       if (s.length === 0) continue;
+      const ref = referenceOf(target);
       summary[target] = {
         label: FORWARD_LABELS[target],
+        ...(ref !== undefined && ref !== 'direct' ? { pairedWith: ref } : {}),
         keepalive: {
           requestsPerSec: round(median(s.map((r) => r.keepalive.rps)), 0), p50ms: round(median(s.map((r) => r.keepalive.p50ms)), 3), p99ms: round(median(s.map((r) => r.keepalive.p99ms)), 3),
           ...pairedRatio(s),
@@ -454,15 +524,17 @@ export async function benchForward(o: ForwardOptions): Promise<ForwardResult> {
         samples: s.length,
       };
     }
+    const spreadShape = clientShape('direct3', o);
+    const spreadIn = o.targets.filter((t) => SPREAD.includes(t));
     return {
       config: {
         rounds: o.rounds, seconds: o.seconds, warmup: o.warmup, connections: o.connections, threads: o.threads, targets: o.targets,
-        wrk: `wrk -t${o.threads} -c${o.connections} -d${o.seconds}s --latency (new connections: -H 'Connection: close')`,
+        wrk: `wrk -t${o.threads} -c${o.connections} -d${o.seconds}s --latency (new connections: -H 'Connection: close')${spreadIn.length ? `; ${spreadIn.join(', ')}: wrk -t${spreadShape.threads} -c${spreadShape.connections} with a setup() that sends each thread to one address (direct3: b1, b2, b3; the others: all to the VIP), no bulk` : ''}`,
         iperf3: `iperf3 -c HOST -t ${o.seconds + 1} -O 1 (one stream; and with -R, server to client)`,
         backends: `nginx 1 worker each, 3 backends (bulk: iperf3 on b1 only; PROXY v2 targets to \`listen ${PP_PORT} proxy_protocol\`)`,
         threadsDefaultHaproxy: 'no nbthread: HAProxy starts one thread per CPU it may run on',
         proxyWorkers: os.availableParallelism(),
-        ...(o.targets.includes('direct') ? { pairing: 'keep-alive x direct: median over rounds of the ratio to the mean of direct measured the same way right before and right after the target\'s runs (DSR replies likewise, iperf3 -R); other x direct columns: ratio of medians' } : {}),
+        ...(o.targets.includes('direct') || o.targets.includes('direct3') ? { pairing: `keep-alive x direct: median over rounds of the ratio to the mean of direct measured the same way right before and right after the target's runs (DSR replies likewise, iperf3 -R)${o.targets.includes('direct3') && spreadIn.length > 1 ? '; dsr3 and kernel3 are paired the same way with direct3, the same client on the same three backends' : ''}; other x direct columns: ratio of medians` } : {}),
         ...(o.targets.some((t) => ENDPOINT[t].plain !== undefined) ? { headerPairing: 'PROXY v2 x without: median over rounds of the ratio to the mean of the same run without the header right before and right after it (the same process, on a second port)' } : {}),
       },
       summary,

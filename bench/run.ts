@@ -8,9 +8,13 @@
 //   npm run bench -- [--only forward,dhcp,health,control,restart,preflight,failover]
 //                    [--rounds N] [--quick] [--out DIR] [--readme] [--dhcp-many-ping]
 //                    [--dhcp-clients udhcpc,dhclient,lbagent,lbagent-like]
+//                    [--forward-targets direct,dsr,direct3,dsr3,...]
 //
 // --dhcp-clients: only these DHCP clients (e.g. `lbagent-like,udhcpc` to
 // look at one row and its peer while working on it; issue 18).
+// --forward-targets: only these forwarding rows (e.g. `direct3,dsr3` for
+// issue 17's like-for-like ratio); a row's paired reference (direct, or
+// direct3) must be listed too for its "x direct".
 // --quick: one round and short measurements (3-4 minutes), to check the
 // harness, not to quote. --readme: also replace the generated block of the
 // README's Performance section. Only lab namespaces and loopback are traffic
@@ -18,7 +22,7 @@
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { spawnSync } from 'node:child_process';
-import { benchForward, FORWARD_TARGETS } from './forwarding';
+import { benchForward, FORWARD_TARGETS, type ForwardTarget } from './forwarding';
 import { benchDhcp, DHCP_CLIENTS, type DhcpClient } from './dhcp';
 import { benchDetection, DETECTION_SETTINGS } from './detection';
 import { benchControl } from './control';
@@ -43,16 +47,16 @@ const TOOLS: Record<Area, string[]> = {
   failover: ['keepalived', 'tcpdump', 'ip'],
 };
 
-interface Args { only: Area[]; rounds: number; quick: boolean; out: string; readme: boolean; dhcpManyPing: boolean; dhcpClients: DhcpClient[] }
+interface Args { only: Area[]; rounds: number; quick: boolean; out: string; readme: boolean; dhcpManyPing: boolean; dhcpClients: DhcpClient[]; forwardTargets: ForwardTarget[] }
 
 const REPO = path.resolve(__dirname, '..', '..');
 
 function usage(): string {
-  return `usage: npm run bench -- [--only ${AREAS.join(',')}] [--rounds N] [--quick] [--out DIR] [--readme] [--dhcp-many-ping] [--dhcp-clients ${DHCP_CLIENTS.join(',')}]\n`;
+  return `usage: npm run bench -- [--only ${AREAS.join(',')}] [--rounds N] [--quick] [--out DIR] [--readme] [--dhcp-many-ping] [--dhcp-clients ${DHCP_CLIENTS.join(',')}] [--forward-targets ${FORWARD_TARGETS.join(',')}]\n`;
 }
 
 function parseArgs(argv: string[]): Args {
-  const a: Args = { only: [], rounds: 0, quick: false, out: path.join(REPO, 'bench', 'results'), readme: false, dhcpManyPing: false, dhcpClients: [...DHCP_CLIENTS] };
+  const a: Args = { only: [], rounds: 0, quick: false, out: path.join(REPO, 'bench', 'results'), readme: false, dhcpManyPing: false, dhcpClients: [...DHCP_CLIENTS], forwardTargets: [...FORWARD_TARGETS] };
   for (let i = 0; i < argv.length; i++) {
     const v = argv[i + 1];
     switch (argv[i]) {
@@ -75,6 +79,13 @@ function parseArgs(argv: string[]): Args {
         const bad = names.filter((n) => !(DHCP_CLIENTS as readonly string[]).includes(n));
         if (bad.length || names.length === 0) throw new Error(`--dhcp-clients: unknown client ${bad.join(',') || '(none)'}; clients are ${DHCP_CLIENTS.join(', ')}`);
         a.dhcpClients = names as DhcpClient[]; i++; break;
+      }
+      case '--forward-targets': {
+        const names = String(v ?? '').split(',').filter(Boolean);
+        const bad = names.filter((n) => !(FORWARD_TARGETS as readonly string[]).includes(n));
+        if (bad.length || names.length === 0) throw new Error(`--forward-targets: unknown target ${bad.join(',') || '(none)'}; targets are ${FORWARD_TARGETS.join(', ')}`);
+        // In the table's order, whatever the order given.
+        a.forwardTargets = FORWARD_TARGETS.filter((t) => names.includes(t)); i++; break;
       }
       case '--out': a.out = path.resolve(String(v)); i++; break;
       case '--help': case '-h': process.stdout.write(usage()); process.exit(0); break;
@@ -109,7 +120,7 @@ async function main(): Promise<void> {
   sampler.unref();
   const results: BenchResults = {
     bench: 'lb-agent', version, date: startedAt.toISOString().slice(0, 10), startedAt: startedAt.toISOString(), finishedAt: '',
-    options: { rounds: args.rounds, quick: args.quick, only: args.only },
+    options: { rounds: args.rounds, quick: args.quick, only: args.only, ...(args.forwardTargets.length < FORWARD_TARGETS.length ? { forwardTargets: args.forwardTargets } : {}) },
     machine: machineFacts(),
     load: { before: loadAverage(), after: [], samples, mean1m: NaN, max1m: NaN, otherCpuCores: NaN },
     areas: {}, targets: [],
@@ -137,7 +148,7 @@ async function main(): Promise<void> {
     switch (area) {
       case 'forward':
         await runArea(area, async () => {
-          results.forward = await benchForward({ rounds: R, seconds: q ? 2 : 3, warmup: q ? 0 : 1, connections: 50, threads: 1, targets: [...FORWARD_TARGETS], log: log(area) });
+          results.forward = await benchForward({ rounds: R, seconds: q ? 2 : 3, warmup: q ? 0 : 1, connections: 50, threads: 1, targets: args.forwardTargets, log: log(area) });
         });
         break;
       case 'dhcp':

@@ -7,14 +7,38 @@ import type { Lab } from '../../lab/netns';
 
 export type { WrkResult };
 
-export interface WrkOptions { seconds: number; connections: number; threads: number; close: boolean }
+/** `script`: a wrk Lua file (-s), e.g. wrkSpreadScript's. */
+export interface WrkOptions { seconds: number; connections: number; threads: number; close: boolean; script?: string }
 
 export async function runWrk(lab: Lab, ns: string, url: string, o: WrkOptions): Promise<WrkResult> {
-  const args = [`-t${o.threads}`, `-c${o.connections}`, `-d${o.seconds}s`, '--latency', '--timeout', '5s'];
+  const args = [`-t${o.threads}`, `-c${o.connections}`, `-d${o.seconds}s`, '--latency', '--timeout', '5s', ...(o.script ? ['-s', o.script] : [])];
   if (o.close) args.push('-H', 'Connection: close');
   const r = await lab.exec(ns, 'wrk', [...args, url], { timeoutMs: (o.seconds + 30) * 1000, allowFail: true });
   if (r.code !== 0) return { rps: NaN, p50ms: NaN, p99ms: NaN, requests: 0, socketErrors: 0, non2xx: 0 };
   return parseWrk(r.stdout);
+}
+
+/**
+ * A wrk script that sends each thread's connections to its own address,
+ * the addresses in turn (thread 1 to the first, ...): a client that spreads
+ * its load over several servers itself, without a balancer. wrk connects
+ * every connection of a thread to `thread.addr`, which setup() may set
+ * (wrk.lookup); the request (its Host header included) stays the URL's.
+ * Only setup() is defined, so wrk keeps its static request and never enters
+ * Lua per request or response: the same hot loop as without a script.
+ */
+export function wrkSpreadScript(addresses: readonly string[], port: number): string {
+  if (addresses.length === 0) throw new Error('wrkSpreadScript: no address');
+  return [
+    `local addrs = { ${addresses.map((a) => JSON.stringify(a)).join(', ')} }`,
+    'local n = 0',
+    'function setup(thread)',
+    '  local a = addrs[(n % #addrs) + 1]',
+    '  n = n + 1',
+    `  thread.addr = wrk.lookup(a, "${port}")[1]`,
+    'end',
+    '',
+  ].join('\n');
 }
 
 export interface IperfResult { bitsPerSecond: number; retransmits: number; error?: string }

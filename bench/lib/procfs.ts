@@ -17,6 +17,19 @@ export function memoryOf(pid: number | undefined): Memory | undefined {
   } catch { return undefined; }
 }
 
+/**
+ * TCP connections accepted so far in the network namespace of a process
+ * (/proc/PID/net/snmp, Tcp PassiveOpens: a per-namespace counter); NaN when
+ * the process is gone.
+ */
+export function tcpPassiveOpens(pid: number | undefined): number {
+  if (pid === undefined) return NaN;
+  try {
+    const [names, values] = fs.readFileSync(`/proc/${pid}/net/snmp`, 'utf8').split('\n').filter((l) => l.startsWith('Tcp:')).map((l) => l.trim().split(/\s+/));
+    return Number(values?.[names?.indexOf('PassiveOpens') ?? -1] ?? NaN);
+  } catch { return NaN; }
+}
+
 /** The parent pid of every live process. */
 function parents(): Map<number, number> {
   const m = new Map<number, number>();
@@ -75,6 +88,16 @@ export function cpuSecondsOf(pid: number | undefined): number {
 /** Summed CPU seconds of a process tree. */
 export function treeCpuSeconds(pid: number | undefined): number {
   return processTree(pid).reduce((s, p) => s + (cpuSecondsOf(p) || 0), 0);
+}
+
+/** Context switches (voluntary and not) of a process tree so far: an nginx that sleeps in epoll_wait switches once per wake-up. */
+export function treeContextSwitches(pid: number | undefined): number {
+  return processTree(pid).reduce((n, p) => {
+    try {
+      const st = fs.readFileSync(`/proc/${p}/status`, 'utf8');
+      return n + Number(/^voluntary_ctxt_switches:\s+(\d+)/m.exec(st)?.[1] ?? 0) + Number(/^nonvoluntary_ctxt_switches:\s+(\d+)/m.exec(st)?.[1] ?? 0);
+    } catch { return n; }
+  }, 0);
 }
 
 export function loadAverage(): [number, number, number] {

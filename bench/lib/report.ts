@@ -24,7 +24,8 @@ export interface BenchResults {
   date: string;
   startedAt: string;
   finishedAt: string;
-  options: { rounds: number; quick: boolean; only: string[] };
+  /** forwardTargets: present when --forward-targets ran only some of the forwarding rows. */
+  options: { rounds: number; quick: boolean; only: string[]; forwardTargets?: string[] };
   machine: Machine;
   /** 1-minute load average sampled every 10 s over the whole run. */
   load: { before: number[]; after: number[]; samples: number[]; mean1m: number; max1m: number; otherCpuCores: number };
@@ -69,6 +70,11 @@ export function evaluateTargets(r: BenchResults): TargetRow[] {
       // Paired with direct runs around each slot where the run has pairs (forwarding.ts).
       add('kernel path DSR keep-alive req/s >= 0.85x direct', f.dsr.keepalive.xDirect ?? ratio(ka('dsr'), ka('direct')), 0.85);
       add('kernel path DSR bulk throughput, replies (server -> client) >= 0.95x direct', f.dsr.bulkReverseXDirect ?? ratio(rev('dsr'), rev('direct')), 0.95);
+    }
+    // Issue 17, like for like: the line above compares three nginx behind the VIP with one nginx
+    // direct; this one keeps the backends and the client the same on both sides (forwarding.ts).
+    if (f.dsr3) {
+      add('kernel path DSR keep-alive req/s >= 0.85x direct to the same three backends (dsr3 vs direct3: the same wrk, one thread per backend, to the VIP or each to its own backend; paired A-B-A)', f.dsr3.keepalive.xDirect ?? NaN, 0.85);
     }
     // Issue 18: the same number of threads, for one and for all cores.
     add('proxy path, 1 worker: keep-alive req/s >= 1.0x HAProxy 1 thread', ratio(ka('proxy1'), ka('haproxy1')), 1.0);
@@ -189,15 +195,17 @@ export function forwardTable(r: BenchResults): string | undefined {
   const cpu = Object.values(f).some((s) => s?.keepalive.cpuUsPerRequest !== undefined);
   const rows = (Object.keys(f) as ForwardTarget[]).map((t) => {
     const s = f[t]!;
+    // "x direct" is against the row's like-for-like reference where it has one (dsr3: direct3).
+    const base = s.pairedWith ? f[s.pairedWith] : d;
     return [
       s.label,
-      fmt(s.keepalive.requestsPerSec), fmtRatio(ratio(s.keepalive.requestsPerSec, h1?.keepalive.requestsPerSec ?? NaN)), fmtRatio(s.keepalive.xDirect ?? ratio(s.keepalive.requestsPerSec, d?.keepalive.requestsPerSec ?? NaN)),
+      fmt(s.keepalive.requestsPerSec), fmtRatio(ratio(s.keepalive.requestsPerSec, h1?.keepalive.requestsPerSec ?? NaN)), fmtRatio(s.keepalive.xDirect ?? ratio(s.keepalive.requestsPerSec, base?.keepalive.requestsPerSec ?? NaN)),
       `${fmt(s.keepalive.p50ms, 2)} / ${fmt(s.keepalive.p99ms, 2)}`,
       ...(cpu ? [`${fmt(s.keepalive.cpuUsPerRequest ?? NaN, 1)}${s.keepalive.cpuOverDirectUs !== undefined ? ` (${s.keepalive.cpuOverDirectUs >= 0 ? '+' : ''}${fmt(s.keepalive.cpuOverDirectUs, 1)})` : ''}`] : []),
-      fmt(s.newConnections.connectionsPerSec), fmtRatio(ratio(s.newConnections.connectionsPerSec, h1?.newConnections.connectionsPerSec ?? NaN)), fmtRatio(ratio(s.newConnections.connectionsPerSec, d?.newConnections.connectionsPerSec ?? NaN)),
-      fmt(s.bulkGbps, 2), fmtRatio(ratio(s.bulkGbps, d?.bulkGbps ?? NaN)),
-      ...(reverse ? [fmt(s.bulkReverseGbps ?? NaN, 2), fmtRatio(s.bulkReverseXDirect ?? ratio(s.bulkReverseGbps ?? NaN, d?.bulkReverseGbps ?? NaN))] : []),
-      t === 'direct' ? '-' : fmt(s.rssMiB, 1),
+      fmt(s.newConnections.connectionsPerSec), fmtRatio(ratio(s.newConnections.connectionsPerSec, h1?.newConnections.connectionsPerSec ?? NaN)), fmtRatio(ratio(s.newConnections.connectionsPerSec, base?.newConnections.connectionsPerSec ?? NaN)),
+      fmt(s.bulkGbps, 2), fmtRatio(ratio(s.bulkGbps, base?.bulkGbps ?? NaN)),
+      ...(reverse ? [fmt(s.bulkReverseGbps ?? NaN, 2), fmtRatio(s.bulkReverseXDirect ?? ratio(s.bulkReverseGbps ?? NaN, base?.bulkReverseGbps ?? NaN))] : []),
+      t === 'direct' || t === 'direct3' ? '-' : fmt(s.rssMiB, 1),
       String(s.errors),
     ];
   });
@@ -352,10 +360,16 @@ export function failoverTable(r: BenchResults): string | undefined {
   return table(['advert interval', 'who', 'Master_Down_Interval ms', 'death -> new Master ms', 'death -> VIP bound ms', 'death -> first answer ms', 'x keepalived', 'runs'], rows);
 }
 
+/** The command line a run was started with, as far as it changes what was measured. */
+function runFlags(o: BenchResults['options']): string {
+  const flags = [...(o.quick ? ['--quick'] : []), ...(o.only.length ? [`--only ${o.only.join(',')}`] : []), ...(o.forwardTargets ? [`--forward-targets ${o.forwardTargets.join(',')}`] : [])];
+  return flags.length ? ` -- ${flags.join(' ')}` : '';
+}
+
 export function renderResults(r: BenchResults): string {
   const parts: string[] = [];
   parts.push(`# lb-agent benchmark, ${r.date}`);
-  parts.push(`Machine: ${machineLine(r)}.  \nLoad: ${loadLine(r)}.  \nRun: \`npm run bench${r.options.quick ? ' -- --quick' : ''}${r.options.only.length ? ` -- --only ${r.options.only.join(',')}` : ''}\`, ${r.options.rounds} round(s), ${r.startedAt} to ${r.finishedAt}; lb-agent ${r.version}.`);
+  parts.push(`Machine: ${machineLine(r)}.  \nLoad: ${loadLine(r)}.  \nRun: \`npm run bench${runFlags(r.options)}\`, ${r.options.rounds} round(s), ${r.startedAt} to ${r.finishedAt}; lb-agent ${r.version}.`);
   parts.push('These machines are small and noisy: read ratios between peers measured in the same run, not absolute numbers. Every number is the median over rounds; peers are interleaved (each round visits every peer, in a rotated order).');
   parts.push('## Targets (shown, not asserted)');
   parts.push(r.targets.length ? table(['area', 'target', 'measured', 'result'], r.targets.map((t) => [t.area, t.target, t.measured, yes(t.met)])) : 'No target was measured in this run.');

@@ -2,7 +2,7 @@
 // paired with each slot is the median of the per-pair ratios (issue 17), not
 // a ratio of medians that one swinging direct round can move.
 import t from 'tap';
-import { headerCost, pairedCpu, pairedRatio, pairedReplies } from '../../bench/forwarding';
+import { clientShape, headerCost, pairedCpu, pairedRatio, pairedReplies, referenceOf } from '../../bench/forwarding';
 import type { IperfResult, WrkResult } from '../../bench/lib/load';
 
 const wrk = (rps: number): WrkResult => ({ rps } as WrkResult);
@@ -85,4 +85,18 @@ t.test('lab CPU per request: the median, and the median excess over direct\'s ru
   t.same(pairedCpu([{ keepalive: cpu(20) }]), { cpuUsPerRequest: 20 }, 'direct itself: its own CPU, no excess');
   t.same(pairedCpu([{ keepalive: cpu(30), directKeepalive: cpu(25) }]), { cpuUsPerRequest: 30 }, 'no excess without the run after');
   t.same(pairedCpu([{ keepalive: cpu(undefined), directKeepalive: cpu(25), directKeepaliveAfter: cpu(25) }]), {}, 'older results, or a run that served nothing: nothing');
+});
+
+t.test('issue 17, like for like: dsr3 and kernel3 are paired with direct3, and all three share one client shape', async (t) => {
+  t.equal(referenceOf('dsr'), 'direct', 'the existing rows keep direct as their reference');
+  t.equal(referenceOf('dsr1'), 'direct');
+  t.equal(referenceOf('direct3'), 'direct', 'direct3 itself is measured against direct');
+  t.equal(referenceOf('dsr3'), 'direct3');
+  t.equal(referenceOf('kernel3'), 'direct3');
+  t.equal(referenceOf('direct'), undefined);
+  const o = { threads: 1, connections: 50 };
+  t.same(clientShape('dsr', o), { threads: 1, connections: 50 }, 'the existing rows keep wrk -t1 -c50');
+  t.same(clientShape('direct3', o), { threads: 3, connections: 51, addresses: ['10.99.0.11', '10.99.0.12', '10.99.0.13'] }, 'one thread per backend, 17 connections each');
+  t.same(clientShape('dsr3', o), { threads: 3, connections: 51, addresses: ['10.99.0.52'] }, 'the same wrk, every thread to the DSR VIP');
+  t.same(clientShape('kernel3', o), { threads: 3, connections: 51, addresses: ['10.99.0.50'] });
 });

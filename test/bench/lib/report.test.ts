@@ -293,3 +293,27 @@ t.test('forward table: a lab CPU column when the results have one, with the exce
   t.match(md, /\| dsr \| 36,000 \| 1\.80x \| 0\.90x \| 0\.50 \/ 2\.00 \| 30\.1 \(\+6\.7\) \| 7,000 \|/);
   t.notMatch(md, /undefined|NaN/);
 });
+
+t.test('issue 17, like for like: dsr3 is judged against direct3 on a line of its own; the line against direct stays', async (t) => {
+  const r = results();
+  const f = r.forward!.summary;
+  f.direct = fwd('direct', 50_000, 15_000, 12);
+  f.dsr = { ...fwd('dsr', 40_000, 14_000, 12), keepalive: { requestsPerSec: 40_000, p50ms: 0.5, p99ms: 2, xDirect: 0.78 } };
+  // direct3 is faster than direct (three wrk threads, three nginx); dsr3's pair is direct3.
+  f.direct3 = { ...fwd('direct3', 80_000, 20_000, NaN), keepalive: { requestsPerSec: 80_000, p50ms: 0.4, p99ms: 1.5, xDirect: 1.4 } };
+  f.dsr3 = { ...fwd('dsr3', 70_000, 17_000, NaN), pairedWith: 'direct3', keepalive: { requestsPerSec: 70_000, p50ms: 0.5, p99ms: 3, xDirect: 0.88 } };
+  const rows = evaluateTargets(r);
+  const existing = rows.find((x) => x.target === 'kernel path DSR keep-alive req/s >= 0.85x direct')!;
+  t.same([existing.measured, existing.met], ['0.78x', false], 'the line against direct to one backend is unchanged');
+  const like = rows.find((x) => x.target.startsWith('kernel path DSR keep-alive req/s >= 0.85x direct to the same three backends'))!;
+  t.same([like.measured, like.met], ['0.88x', true], 'dsr3\'s paired ratio to direct3');
+  t.match(like.target, /dsr3 vs direct3/, 'the line names both rows');
+  const md = renderResults({ ...r, targets: rows });
+  // new connections 17,000 / 20,000: against direct3 too, not direct's 15,000 (which would say 1.13x).
+  t.match(md, /\| dsr3 \| 70,000 \| [^|]+ \| 0\.88x \| [^|]+ \| 17,000 \| [^|]+ \| 0\.85x \| n\/a \| n\/a \|/, 'every x direct column of dsr3 is against direct3');
+  delete f.dsr3.keepalive.xDirect;
+  t.same(evaluateTargets(r).find((x) => x.target.includes('dsr3 vs direct3'))!.met, undefined, 'without pairs (direct3 not run): not measured, never a ratio to direct');
+  t.match(renderResults(r), /\| dsr3 \| 70,000 \| [^|]+ \| 0\.88x \|/, 'the table falls back to the ratio of medians to direct3 (70,000 / 80,000)');
+  delete f.dsr3;
+  t.notOk(evaluateTargets(r).some((x) => x.target.includes('dsr3')), 'no like-for-like line when dsr3 did not run');
+});
