@@ -58,9 +58,9 @@ export interface DaemonOptions {
    */
   trimMemory?: () => void;
   /**
-   * The start's and each reload's collection, when the addon offers V8's
-   * low-memory one (main.ts: lowMemoryNotification; issue 18); false: not
-   * available, and the daemon runs gc() instead.
+   * The start's collection, when the addon offers V8's low-memory one
+   * (main.ts: lowMemoryNotification; issue 18); false: not available, and
+   * the daemon runs gc() instead. Reloads run gc() (collectGarbage).
    */
   collectAll?: () => boolean;
 }
@@ -621,7 +621,9 @@ export class Daemon extends EventEmitter {
   reload(): Promise<ReloadResult> {
     if (!this.reloading) {
       this.reloading = this.reloadOnce().catch((e) => this.rejected([{ path: '', message: `internal error: ${errorMessage(e)}` }]))
-        .finally(() => { this.reloading = undefined; collectGarbage(this.opts.collectAll, this.opts.trimMemory); });
+        // gc(), not collectAll: V8's low-memory collection of 100 services
+        // takes 150-300 ms (gc() 35-130), a block on the event loop after every reload.
+        .finally(() => { this.reloading = undefined; collectGarbage(undefined, this.opts.trimMemory); });
       return this.reloading;
     }
     if (!this.reloadNext) {
@@ -971,14 +973,15 @@ export class Daemon extends EventEmitter {
  * for this one collection (V8 reads it when the collection picks the pages to compact), so the
  * collections V8 runs by itself - under proxy load - do not pay for it. It
  * takes a few milliseconds on this heap; starts and reloads are rare.
- * `collectAll` (V8's LowMemoryNotification through the addon), when there,
- * runs instead of gc(): the same compacting collection, flagged to reduce
+ * `collectAll` (V8's LowMemoryNotification through the addon; the start's
+ * collection only), when there, runs instead of gc(): the same compacting collection, flagged to reduce
  * the footprint, so V8 also uncommits the young generation's idle semi-space
  * and frees its pool of emptied pages now; after a plain gc() it did so only
  * when its allocation-rate estimate happened to be low, and the one-service
  * RSS 3 s after the start read 55.0 or 56.0 MiB from run to run (pool 54.96-
  * 55.98 -> 54.81-54.93, DHCP 55.51-56.46 -> 55.33-55.44, 5 alternating runs
- * each). It takes ~15 ms more than gc() (two collections instead of one).
+ * each). It takes ~17 ms more than gc() for one service, but 150-300 ms
+ * against gc()'s 35-130 for 100 services, so reloads keep gc().
  */
 function collectGarbage(collectAll: (() => boolean) | undefined, trim: (() => void) | undefined): void {
   const gc = (globalThis as { gc?: () => void }).gc;
