@@ -11,7 +11,7 @@ import type { Desired } from '../config/types';
 import { errorMessage, isLbError } from '../errors';
 import { makeNotifier, parseListenFds, SystemdFdStore } from './systemd';
 import { HandoverStore, sendListeners, takeListeners } from './handover';
-import { mallocTrim } from '../net/native';
+import { mallocTrim, lowMemoryNotification } from '../net/native';
 
 const STOP_TIMEOUT_MS = 10_000;
 
@@ -78,7 +78,7 @@ export async function runDaemon(opts: { configPath: string; logLevel: LogLevel; 
     return { pid: process.pid, listeners };
   });
   const daemon = new Daemon({
-    configPath: opts.configPath, log, buildSubsystems, notify, reload, listenerStore, trimMemory,
+    configPath: opts.configPath, log, buildSubsystems, notify, reload, listenerStore, trimMemory, collectAll: lowMemoryNotification,
     ...(onHandover ? { onHandover } : {}),
     ...(opts.replace ? {
       replace: (config) => (handover

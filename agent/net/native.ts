@@ -129,6 +129,8 @@ export interface NativeAddon {
   ifNameToIndex(name: string): number;
   ifIndexToName(index: number): string;
   mallocTrim(): boolean;
+  /** Absent from an addon built before it: the daemon then collects with gc() alone. */
+  lowMemoryNotification?(): void;
   listenTcp4(address: number, port: number, backlog: number, reusePort: boolean): { fd: number; port: number };
   socketInfo(fd: number): NativeSocketInfo;
   dupFd(fd: number): number;
@@ -294,6 +296,20 @@ export function ifIndexToName(index: number): string {
  */
 export function mallocTrim(): boolean {
   return loadNative().mallocTrim();
+}
+
+/**
+ * V8's low-memory collection (v8::Isolate::LowMemoryNotification): full
+ * collections that also shrink the young generation and free V8's pool of
+ * emptied pages, which a plain gc() leaves resident or not depending on V8's
+ * allocation-rate heuristics (issue 18: the one-service RSS read 55.0 or
+ * 56.0 MiB run to run). false when the addon predates it (nothing was done).
+ */
+export function lowMemoryNotification(): boolean {
+  const n = loadNative();
+  if (n.lowMemoryNotification === undefined) return false;
+  n.lowMemoryNotification();
+  return true;
 }
 
 /**
