@@ -256,10 +256,16 @@ if (requirePrivileged(t)) {
       await waitStatus(agent, 'serving again', (s) => s.services.every((x) => x.ready && x.healthyBackends === 2), 30_000);
       const beforeReload = await attached(lab, node);
       t.equal(beforeReload.length, 1, 'after the restart: one program');
-      // A reload that changes the plan (b1's weight): a new program swapped in for the old.
-      const reweighted = { ...cfg, services: cfg.services.map((sv) => ({ ...sv, backends: sv.backends.map((b) => (b.address === BACKENDS[0] ? { ...b, weight: 3 } : b)) })) };
+      // A reload that changes the plan: a new program swapped in for the old.
+      // The change is a second port on web-dsr, which leaves port 80's slot
+      // table as it is. A change of weights would move a share of the slots
+      // by design (maglev, no per-flow state: the bench's table of moved
+      // flows), and a connection of the loop in flight on a moved slot at
+      // that instant is reset by its new backend (seen in CI: 1 of 233);
+      // what this checks is that the swap itself loses nothing.
+      const replanned = { ...cfg, services: cfg.services.map((sv) => (sv.name === 'web-dsr' ? { ...sv, ports: [...sv.ports, { port: 8081 }] } : sv)) };
       const swaps = agent.logs.filter((l) => l.op === 'apply').length;
-      agent.writeConfig(reweighted);
+      agent.writeConfig(replanned);
       agent.signal('SIGHUP');
       await agent.waitLog('the reload applied', (l) => l.op === 'apply' && agent.logs.filter((x) => x.op === 'apply').length > swaps, 15_000);
       await new Promise((r) => setTimeout(r, 300));
