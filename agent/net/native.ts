@@ -303,12 +303,13 @@ export function mallocTrim(): boolean {
  * collections that also shrink the young generation and free V8's pool of
  * emptied pages, which a plain gc() leaves resident or not depending on V8's
  * allocation-rate heuristics (issue 18: the one-service RSS read 55.0 or
- * 56.0 MiB run to run). false when the addon predates it (nothing was done).
+ * 56.0 MiB run to run). false when the addon is missing or predates it
+ * (nothing was done).
  */
 export function lowMemoryNotification(): boolean {
-  const n = loadNative();
-  if (n.lowMemoryNotification === undefined) return false;
-  n.lowMemoryNotification();
+  const f = optionalFunction('lowMemoryNotification');
+  if (f === undefined) return false;
+  f();
   return true;
 }
 
@@ -337,7 +338,7 @@ export function shutdownWriteFn(): ((fd: number) => number) | undefined {
 }
 
 /** An addon function that older builds lack: undefined when the addon is missing or predates it. */
-function optionalFunction<K extends 'shutdownWrite' | 'sha256'>(name: K): NativeAddon[K] | undefined {
+function optionalFunction<K extends 'shutdownWrite' | 'sha256' | 'lowMemoryNotification'>(name: K): NativeAddon[K] | undefined {
   try {
     const f = loadNative()[name];
     return typeof f === 'function' ? f : undefined;
