@@ -20,6 +20,31 @@ export const IDS = ['b1', 'b2', 'b3'] as const;
 export const HTTP_PORT = 80;
 export const UDP_PORT = 53;
 
+/**
+ * lab/bin/peer-echo.js (a backend that answers who it saw) in each namespace,
+ * namespaces[i] with ids[i], on `port`; resolves once every one listens.
+ */
+export async function startPeerEchoes(lab: Lab, namespaces: readonly string[], ids: readonly string[], port = 80): Promise<ChildProcess[]> {
+  const echoes = namespaces.map((ns, i) => {
+    const p = lab.spawn(ns, process.execPath, [distPath('lab', 'bin', 'peer-echo.js'), '--id', ids[i]!, '--port', String(port)]);
+    let out = '';
+    p.stdout?.on('data', (d: Buffer) => { out += d.toString(); });
+    return { p, up: () => out.includes('listening') };
+  });
+  await waitFor('echo backends', () => echoes.every((e) => e.up()), 10_000);
+  return echoes.map((e) => e.p);
+}
+
+/**
+ * An input chain in `ns` (table ip strict) that drops, and counts, what its
+ * conntrack calls invalid: a reply to a connection it never saw open, or a
+ * flow sent to a backend that never saw it start, fails instead of passing
+ * unnoticed.
+ */
+export async function dropInvalid(lab: Lab, ns: string): Promise<void> {
+  await lab.exec(ns, 'nft', ['-f', '-'], { input: 'table ip strict {\n\tchain in {\n\t\ttype filter hook input priority 0; policy accept;\n\t\tct state invalid counter drop\n\t}\n}\n' });
+}
+
 /** A child process speaking JSON lines: requests with ids, events kept in order. */
 export class JsonLinesProc {
   readonly events: Record<string, unknown>[] = [];

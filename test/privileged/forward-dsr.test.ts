@@ -21,7 +21,7 @@ import { requirePrivileged } from '../helpers/privileged';
 import { createLab, waitFor, type Lab } from '../../lab/netns';
 import { distPath, startDnsmasq, httpGetFrom } from '../../lab/services';
 import { startAgent, waitStatus, agentCli } from '../../lab/agent';
-import { JsonLinesProc } from '../../lab/forward';
+import { JsonLinesProc, startPeerEchoes, dropInvalid } from '../../lab/forward';
 
 const CLIENT = '10.99.0.3';
 const DSR_POOL = '10.99.0.200';
@@ -77,13 +77,7 @@ if (requirePrivileged(t)) {
     for (let i = 0; i < BACKENDS.length; i++) backendNs.push(await lab.addHost(IDS[i]!, { address: `${BACKENDS[i]}/24` }));
     t.comment(`lab ${Date.now() - t0} ms`);
     await startDnsmasq(lab, dhcpNs, { range: '10.99.0.100,10.99.0.150', noPing: true });
-    const echo = backendNs.map((ns, i) => {
-      const p = lab.spawn(ns, process.execPath, [distPath('lab', 'bin', 'peer-echo.js'), '--id', IDS[i]!, '--port', '80']);
-      let o = '';
-      p.stdout?.on('data', (d: Buffer) => { o += d.toString(); });
-      return { p, up: () => o.includes('listening') };
-    });
-    await waitFor('echo backends', () => echo.every((e) => e.up()), 10_000);
+    const echo = await startPeerEchoes(lab, backendNs, IDS);
     t.comment(`backends ${Date.now() - t0} ms`);
 
     // b2, b3: the backend side by hand, as the README tells an operator without lb-agent there.
@@ -93,8 +87,7 @@ if (requirePrivileged(t)) {
     // Connection tracking stays whole at both ends although the replies skip
     // the VM: b2 and the client drop every packet their conntrack calls
     // invalid (a reply to a connection it never saw open would be one).
-    const strict = 'table ip strict {\n\tchain in {\n\t\ttype filter hook input priority 0; policy accept;\n\t\tct state invalid counter drop\n\t}\n}\n';
-    for (const ns of [backendNs[1]!, client]) await lab.exec(ns, 'nft', ['-f', '-'], { input: strict });
+    for (const ns of [backendNs[1]!, client]) await dropInvalid(lab, ns);
     // b1: lb-agent's `backend:` section does it.
     const b1Agent = await startAgent(lab, backendNs[0]!, {
       node: { interface: 'eth0' }, metrics: { listen: '' }, dataplane: 'proxy', backend: { vips: [DSR_POOL, DSR_DHCP] }, services: [],
@@ -188,7 +181,7 @@ if (requirePrivileged(t)) {
       const held = await cl.request<{ backends: string[] }>({ cmd: 'holdOpen', host: DSR_POOL, port: 80, n: 40, fromPort: 33000 });
       t.ok(new Set(held.backends).size === 3, `40 long-lived connections on all three (${held.backends.join(',')})`);
       const died = Date.now();
-      echo[2]!.p.kill('SIGKILL');
+      echo[2]!.kill('SIGKILL');
       await waitStatus(agent, 'b3 down', (s) => s.services.find((x) => x.name === 'web-dsr')!.healthyBackends === 2, 10_000);
       const down = Date.now() - died;
       // Out of the data path once the table without it is committed (status says down a moment before).

@@ -14,17 +14,13 @@
 // conntrack sync).
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
-import { createLab, waitFor } from '../../lab/netns';
-import { distPath } from '../../lab/services';
+import { createLab } from '../../lab/netns';
 import { startAgent, waitStatus, type AgentHandle } from '../../lab/agent';
-import { JsonLinesProc } from '../../lab/forward';
-import { bridgePort, vmDeath, FAST_ARP, VRID } from '../../lab/vrrp';
+import { JsonLinesProc, startPeerEchoes, dropInvalid, BACKENDS, IDS } from '../../lab/forward';
+import { bridgePort, vmDeath, FAST_ARP, VRID, CLIENT } from '../../lab/vrrp';
 
 const VIP = '10.99.0.200';
-const CLIENT = '10.99.0.50';
 const NODES = [{ name: 'n1', ip: '10.99.0.2', priority: 100 }, { name: 'n2', ip: '10.99.0.3', priority: 200 }] as const;
-const BACKENDS = ['10.99.0.11', '10.99.0.12', '10.99.0.13'] as const;
-const IDS = ['b1', 'b2', 'b3'] as const;
 const HC = { periodSeconds: 0.2, timeoutSeconds: 0.2, failureThreshold: 2 };
 
 interface Burst { counts: Record<string, number>; errors: Record<string, number>; peerIsClient: number }
@@ -37,20 +33,13 @@ if (requirePrivileged(t)) {
     const backendNs: string[] = [];
     for (let i = 0; i < BACKENDS.length; i++) backendNs.push(await lab.addHost(IDS[i]!, { address: `${BACKENDS[i]}/24` }));
     const client = await lab.addHost('client', { address: `${CLIENT}/24` });
-    const echo = backendNs.map((ns, i) => {
-      const p = lab.spawn(ns, process.execPath, [distPath('lab', 'bin', 'peer-echo.js'), '--id', IDS[i]!, '--port', '80']);
-      let o = '';
-      p.stdout?.on('data', (d: Buffer) => { o += d.toString(); });
-      return () => o.includes('listening');
-    });
-    await waitFor('echo backends', () => echo.every((up) => up()), 10_000);
+    await startPeerEchoes(lab, backendNs, IDS);
     // The backend side, as the README tells an operator; backends drop what
     // their conntrack calls invalid, so a flow sent to a backend that never
     // saw it open fails instead of passing unnoticed.
-    const strict = 'table ip strict {\n\tchain in {\n\t\ttype filter hook input priority 0; policy accept;\n\t\tct state invalid counter drop\n\t}\n}\n';
     for (const ns of backendNs) {
       await lab.sh(ns, `ip addr add ${VIP}/32 dev lo && sysctl -qw net.ipv4.conf.all.arp_ignore=1 net.ipv4.conf.all.arp_announce=2`);
-      await lab.exec(ns, 'nft', ['-f', '-'], { input: strict });
+      await dropInvalid(lab, ns);
     }
 
     const config = (n: typeof NODES[number]): Record<string, unknown> => ({
