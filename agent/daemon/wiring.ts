@@ -60,7 +60,11 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
     let limiterSettings = { max: config.dhcp.maxConcurrentStarts, jitterMs: vrrp ? 0 : config.dhcp.retransmitJitter * 1000 };
     let limiter: StartLimiter | undefined;
     const startLimiter = (): StartLimiter => (limiter ??= new (dhcpLimiter().StartLimiter)({ ...limiterSettings, clock }));
-    const selection = await selectDataplane(config.dataplane, () => probeNftables(), servicesNeedingProxy(config.services));
+    // With VRRP every peer must place a connection where the others would, so
+    // one that moves to a new Master mid-flow reaches the backend it started
+    // on (forward/nft.ts, "Why a hash with VRRP"); the probe loads that too.
+    const placement = vrrp ? 'flow-hash' : 'round-robin';
+    const selection = await selectDataplane(config.dataplane, () => probeNftables(placement), servicesNeedingProxy(config.services));
     log.info({ module: 'forward', op: 'select', kind: selection.kind, reason: selection.reason }, `data path: ${selection.kind} (${selection.reason})`);
     // Direct server return (issue 17): probed once, when a service first asks
     // for it; a config that asks on a node that cannot is refused at start.
@@ -84,6 +88,7 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
     const dp = createDataplane(selection, {
       proxy: config.proxy, registry, log, clock, listenerStore: ctx.listenerStore, dsrDevice: parent.name,
       dsrEngine: process.env['LB_AGENT_DSR_ENGINE'],
+      placement,
       onConnectResult: (key, address, ok) => {
         if (ok) health.reportConnectSuccess(key, address);
         else health.reportConnectFailure(key, address, 'refused');

@@ -7,6 +7,7 @@ import type { Clock } from '../clock';
 import type { Logger } from '../log';
 import { LbError } from '../errors';
 import type { ConnectResultCallback, Dataplane, DataplaneSelection, ListenerStore, ProbeResult } from './dataplane';
+import type { Placement } from './nft';
 
 export * from './dataplane';
 
@@ -18,8 +19,8 @@ const proxy = (): typeof import('./proxy') => require('./proxy') as typeof impor
 /* eslint-enable @typescript-eslint/no-var-requires */
 
 /** nft.ts's probe (dataplane: auto and kernel ask it; proxy does not). */
-export function probeNftables(): Promise<ProbeResult> {
-  return nft().probeNftables();
+export function probeNftables(placement?: Placement): Promise<ProbeResult> {
+  return nft().probeNftables({ placement });
 }
 
 /** nft.ts's probe of the netdev family with fwd (direct server return, issue 17). */
@@ -40,6 +41,8 @@ export interface CreateDataplaneOptions {
   readonly dsrDevice?: string | undefined;
   /** LB_AGENT_DSR_ENGINE: auto (the BPF program in front of the nft table, default) or nft (the table alone). */
   readonly dsrEngine?: string | undefined;
+  /** The kernel path's placement of new SNAT connections (forward/nft.ts Placement). */
+  readonly placement?: Placement;
 }
 
 /** LB_AGENT_DSR_ENGINE's value: unset or auto, or nft; anything else is refused at start. */
@@ -52,7 +55,7 @@ export function parseDsrEngine(value: string | undefined): 'auto' | 'nft' {
 /** Build the data path selectDataplane() chose; its reason goes to the info metric. */
 export function createDataplane(selection: DataplaneSelection, opts: CreateDataplaneOptions): Dataplane {
   if (selection.kind === 'kernel') {
-    return new (nft().NftDataplane)({ registry: opts.registry, log: opts.log, reason: selection.reason, dsrDevice: opts.dsrDevice, dsrEngine: parseDsrEngine(opts.dsrEngine) });
+    return new (nft().NftDataplane)({ registry: opts.registry, log: opts.log, reason: selection.reason, dsrDevice: opts.dsrDevice, dsrEngine: parseDsrEngine(opts.dsrEngine), placement: opts.placement });
   }
   return new (proxy().ProxyDataplane)({
     config: opts.proxy, registry: opts.registry, log: opts.log, reason: selection.reason,

@@ -11,7 +11,8 @@
 // Plus probeNftables(), which the preflight and `dataplane: auto` use.
 //
 // Packet path for a VIP this node holds (client C, VIP V, backend B):
-//   prerouting (nat, dstnat)  V:port -> numgen slot -> B:targetPort (DNAT);
+//   prerouting (nat, dstnat)  V:port -> slot (numgen, or jhash with VRRP)
+//                             -> B:targetPort (DNAT);
 //                             a connection's first packet only: conntrack
 //                             pins the choice for the rest of the connection,
 //                             so established connections keep their backend
@@ -61,6 +62,20 @@
 // it restarts at slot 0 when the table is rewritten, which only shifts the
 // phase.
 //
+// Why a hash with VRRP (placement 'flow-hash'): peers do not share
+// conntrack, so when a Master dies the new one meets the packets of
+// connections it never saw open. Conntrack picks them up mid-flow
+// (nf_conntrack_tcp_loose, on by default) and they take the nat hook like a
+// first packet: with `numgen inc` each would go to whichever backend is next
+// on this node's counter, which resets it. `jhash ip saddr . th sport` onto
+// the seeded maglev table of direct server return (maglev.ts, nft-dsr.ts
+// dsrSeed) is a function of the flow, the config and the healthy set alone,
+// so every peer sends a flow where the old Master did; the source NAT to the
+// VIP keeps the client's port unless another flow holds it, and the backend
+// sees the same connection go on. The cost is the exact split: a hash
+// spreads by weight only on average, as `random` does (above). Without VRRP
+// there is no one to agree with, and round-robin stays.
+//
 // Why the whole table is rewritten: one file with `table ip lb_agent {}`,
 // `delete table ip lb_agent` and the full definition is one nft transaction,
 // which the kernel commits atomically: packets see the old rule set or the
@@ -82,7 +97,8 @@ import {
   type Dataplane, type FlowStats, type ForwardState, type ForwardStats, type NormalizedService, type ProbeResult,
 } from './dataplane';
 import { ForwardMetrics } from './metrics';
-import { DSR_FAMILY, DSR_PROBE_RULESET, DSR_TABLE, dsrRemovalLines, renderDsrPort, renderDsrTable, type DsrPortRender } from './nft-dsr';
+import { DSR_FAMILY, DSR_PROBE_RULESET, DSR_TABLE, dsrRemovalLines, dsrSeed, renderDsrPort, renderDsrTable, type DsrPortRender } from './nft-dsr';
+import { dsrSlotTable, maglevSize } from './maglev';
 import { SerialQueue } from '../serial';
 import type { DsrBpfPort } from '../net/ebpf-dsr';
 import type { DsrBpf } from '../net/ebpf-attach';
@@ -121,9 +137,19 @@ export interface NftPlan {
   readonly dsr: readonly DsrBpfPort[];
 }
 
+/**
+ * How the SNAT path places a new connection on a backend (see "Why `numgen
+ * inc`" and "Why a hash with VRRP" at the top): 'round-robin' walks the
+ * weighted slot table, 'flow-hash' hashes the client's address and port onto
+ * the seeded maglev table direct server return uses.
+ */
+export type Placement = 'round-robin' | 'flow-hash';
+
 export interface RenderOptions {
   /** Upper bound on the slot table of one service port (weights are scaled down past it). */
   readonly maxSlots?: number;
+  /** The SNAT path's placement (default 'round-robin'); direct server return always hashes. */
+  readonly placement?: Placement;
   /** The parent NIC, where direct server return hooks ingress and forwards (nft-dsr.ts); needed for sourceIP: preserve. */
   readonly dsrDevice?: string | undefined;
 }
@@ -206,13 +232,15 @@ export function renderNft(state: ForwardState, opts: RenderOptions = {}): NftPla
       }
       serviceElems.push(`${key} : jump ${sp}`);
       const backendChain = (address: string): string => `${sp}b${svc.all.findIndex((b) => b.address === address)}`;
-      const slots = weightedSlots(svc.healthy, opts.maxSlots);
+      const hashed = opts.placement === 'flow-hash';
+      const slots = hashed ? dsrSlotTable(svc.all, svc.healthy, maglevSize(svc.all.length)) : weightedSlots(svc.healthy, opts.maxSlots);
       const distinct = new Set(slots.map((b) => b.address));
       if (distinct.size === 1) {
         chains.push(`\tchain ${sp} {`, `\t\tgoto ${backendChain(slots[0]!.address)}`, '\t}');
       } else {
         const vm = slots.map((b, i) => `${i} : goto ${backendChain(b.address)}`).join(', ');
-        chains.push(`\tchain ${sp} {`, `\t\tnumgen inc mod ${slots.length} vmap { ${vm} }`, '\t}');
+        const pick = hashed ? `jhash ip saddr . th sport mod ${slots.length} seed ${dsrSeed(svc.key)}` : `numgen inc mod ${slots.length}`;
+        chains.push(`\tchain ${sp} {`, `\t\t${pick} vmap { ${vm} }`, '\t}');
       }
       for (const b of svc.healthy) {
         const name = backendChain(b.address);
@@ -405,7 +433,7 @@ function isAbsentTable(stderr: string): boolean {
  * changes and the namespace vanishes with the process; where no namespace may
  * be created, `nft --check` instead. Never throws.
  */
-export async function probeNftables(opts: { exec?: Exec } = {}): Promise<ProbeResult> {
+export async function probeNftables(opts: { exec?: Exec; placement?: Placement } = {}): Promise<ProbeResult> {
   const exec = opts.exec ?? execProgram;
   const b = (address: string, n: number, weight: number) => ({ address, addressNum: n, weight });
   const sample = renderNft({
@@ -417,8 +445,9 @@ export async function probeNftables(opts: { exec?: Exec } = {}): Promise<ProbeRe
       },
       { key: 'probe/b', vip: '192.0.2.20', ports: [{ name: '', port: 80, protocol: 'TCP', targetPort: 80 }], healthy: [], backends: [b('192.0.2.21', 3, 1)] },
     ],
-  });
-  return probeScript(exec, sample.script, 'nf_tables/nf_nat/nft_numgen/nft_reject/nft_objref/nft_fib (CONFIG_NFT_FIB_IPV4)');
+  }, { placement: opts.placement });
+  const hash = opts.placement === 'flow-hash' ? '/nft_hash (CONFIG_NFT_HASH: with VRRP connections are placed by a hash)' : '';
+  return probeScript(exec, sample.script, `nf_tables/nf_nat/nft_numgen/nft_reject/nft_objref/nft_fib (CONFIG_NFT_FIB_IPV4)${hash}`);
 }
 
 /**
@@ -516,6 +545,8 @@ export interface NftDataplaneOptions {
   readonly dsrEngine?: DsrEngineChoice;
   /** The BPF driver (tests); default: net/ebpf-attach.ts's on dsrDevice. */
   readonly dsrBpf?: () => DsrBpf;
+  /** How the SNAT path places new connections (default 'round-robin'; the daemon hashes with VRRP). */
+  readonly placement?: Placement;
 }
 
 export type DsrEngineChoice = 'auto' | 'nft';
@@ -555,6 +586,7 @@ export class NftDataplane implements Dataplane {
   private readonly clock: Clock;
   private readonly countersEveryMs: number;
   private readonly dsrDevice: string | undefined;
+  private readonly placement: Placement;
   /** The counters as last read on the data path's schedule (after each apply, then every countersEveryMs). */
   private latest: ForwardStats = NO_STATS;
   private timer: TimerHandle | undefined;
@@ -575,6 +607,7 @@ export class NftDataplane implements Dataplane {
     this.clock = opts.clock ?? realClock;
     this.countersEveryMs = opts.countersEveryMs ?? 5000;
     this.dsrDevice = opts.dsrDevice;
+    this.placement = opts.placement ?? 'round-robin';
     this.dsrEngine = opts.dsrEngine ?? 'auto';
     const device = opts.dsrDevice;
     this.makeDsrBpf = opts.dsrBpf ?? (device === undefined ? undefined : () => new (ebpfAttach().DsrBpf)({ device }));
@@ -618,7 +651,7 @@ export class NftDataplane implements Dataplane {
   /** Bring the table to `state`: 'written' when nft wrote it, 'adopted' when a running table was taken as is, false when it already matched. */
   private async applyNow(state: ForwardState): Promise<'written' | 'adopted' | false> {
     if (this.stopped) throw new LbError('LB_ERR_FORWARD_NFT', 'the kernel data path was stopped; create a new one');
-    const plan = renderNft(state, { dsrDevice: this.dsrDevice });
+    const plan = renderNft(state, { dsrDevice: this.dsrDevice, placement: this.placement });
     for (const p of plan.problems) this.log.warn({ op: 'apply', problem: p }, p);
     if (!this.started) {
       await this.ensureSysctls();

@@ -481,9 +481,9 @@ export function checkDataplane(f: Facts): CheckResult {
     remedy = 'run the check as root';
   } else if (probe.status !== 'ok') {
     problem = `the kernel refused an nftables nat table in a throwaway namespace: ${probe.error ?? probe.status}`;
-    remedy = 'use a kernel with nf_tables and nft_nat (CONFIG_NF_TABLES, CONFIG_NFT_NAT)';
+    remedy = `use a kernel with nf_tables and nft_nat (CONFIG_NF_TABLES, CONFIG_NFT_NAT${f.config.vrrp ? ', and CONFIG_NFT_HASH: with VRRP connections are placed by a hash' : ''})`;
   }
-  if (!problem) return pass(id, `${f.nft.binary} present; the kernel accepts an nftables nat table (dnat, numgen map, masquerade)${mode === 'auto' ? '; auto will use the kernel data path' : ''}`);
+  if (!problem) return pass(id, `${f.nft.binary} present; the kernel accepts an nftables nat table (dnat, numgen map${f.config.vrrp ? ', jhash map (VRRP)' : ''}, masquerade)${mode === 'auto' ? '; auto will use the kernel data path' : ''}`);
   if (mode === 'kernel') return fail(id, `dataplane kernel: ${problem}`, `${remedy}, or set dataplane: proxy`);
   return warn(id, `dataplane auto: ${problem}; the userspace proxy will be used`, `${remedy} for the kernel data path, or set dataplane: proxy to make the choice explicit`);
 }

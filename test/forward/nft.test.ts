@@ -16,6 +16,8 @@ import {
   NftDataplane, canonicalTableJson, flowTotals, parseNftCounters, probeDsr, probeNftables, renderNft, renderRemoval, type Exec,
 } from '../../agent/forward/nft';
 import { flowId } from '../../agent/forward/dataplane';
+import { dsrSeed } from '../../agent/forward/nft-dsr';
+import { dsrSlotTable } from '../../agent/forward/maglev';
 import type { DsrBpf } from '../../agent/net/ebpf-attach';
 
 // Golden files live in the source tree (tests run from dist/). UPDATE_GOLDEN=1 rewrites them.
@@ -72,6 +74,28 @@ t.test('render: slot table honours weights; names stay put when health changes',
   t.match(less, /chain s0p0b2 \{\n\t\tcounter name "s0p0b2_conns" meta l4proto tcp dnat to 10\.99\.0\.13:8080/, 'b2 keeps its name when b1 leaves');
   t.notMatch(less, /dnat to 10\.99\.0\.12/, 'an unhealthy backend gets no new connections');
   t.match(less, /10\.99\.0\.80 \. 10\.99\.0\.12 \. tcp \. 8080 : "s0p0b1_to_backend"/, 'but its draining connections are still counted');
+});
+
+t.test('render: with VRRP (flow-hash) the SNAT pick is the seeded jhash onto the maglev table DSR uses', async (t) => {
+  const all = [b('10.99.0.11'), b('10.99.0.12', 3), b('10.99.0.13', 2)];
+  const s = (healthy: BackendSpec[]): ForwardState => ({ services: [{ key: 'x/y', vip: '10.99.0.80', ports: [http, dns], healthy, backends: all }] });
+  const text = renderNft(s(all), { placement: 'flow-hash' }).script;
+  t.notMatch(text, /numgen/, 'no round-robin counter');
+  const m = /chain s0p0 \{\n\t\tjhash ip saddr \. th sport mod (\d+) seed (0x[0-9a-f]{8}) vmap \{ ([^}]*) \}/.exec(text)!;
+  t.ok(m, 'TCP port: jhash of the client address and port');
+  t.match(text, /chain s0p1 \{\n\t\tjhash ip saddr \. th sport mod \d+ seed /, 'UDP port too');
+  t.equal(m[2], dsrSeed('x/y'), 'the seed is the service key\'s, so every peer has the same');
+  const slots = m[3]!.split(', ').map((e) => e.split(' goto ')[1]);
+  t.equal(Number(m[1]), slots.length);
+  t.same(slots, dsrSlotTable(all, all).map((x) => `s0p0b${all.indexOf(x)}`), 'slot i goes where the DSR table sends it');
+  const share = ['s0p0b0', 's0p0b1', 's0p0b2'].map((c) => slots.filter((x) => x === c).length / slots.length);
+  t.ok(Math.abs(share[0]! - 1 / 6) < 0.01 && Math.abs(share[1]! - 3 / 6) < 0.01 && Math.abs(share[2]! - 2 / 6) < 0.01, `slots follow the weights 1:3:2 (${share.map((x) => x.toFixed(3)).join(' ')})`);
+  // A backend leaving moves only its own slots: the flows of the others keep their place.
+  const less = /chain s0p0 \{\n\t\tjhash [^{]*vmap \{ ([^}]*) \}/.exec(renderNft(s([all[1]!, all[2]!]), { placement: 'flow-hash' }).script)!;
+  const after = less[1]!.split(', ').map((e) => e.split(' goto ')[1]);
+  t.equal(slots.filter((x, i) => x !== 's0p0b0' && after[i] !== x).length, 0, 'no slot of b1 or b2 moves when b0 leaves');
+  t.equal(renderNft(s(all), { placement: 'round-robin' }).script, renderNft(s(all)).script, 'round-robin is the default');
+  t.match(renderNft({ services: [{ key: 'a/one', vip: '10.99.0.70', ports: [http], healthy: [b('10.99.0.11')], backends: [b('10.99.0.11')] }] }, { placement: 'flow-hash' }).script, /chain s0p0 \{\n\t\tgoto s0p0b0\n/, 'one healthy backend: straight to it');
 });
 
 t.test('render: a VIP:port claimed twice keeps the first service and reports the other', async (t) => {

@@ -297,6 +297,16 @@ t.test('dataplane: nft missing fails for kernel, warns for auto, passes for prox
   t.equal(effectiveDataplane(variant('nft-missing', (x) => { x.config.dataplane = 'auto'; })), 'proxy');
 });
 
+t.test('dataplane with VRRP: the probe also takes the jhash placement, and a refusal names CONFIG_NFT_HASH', async (t) => {
+  const ok = checkDataplane(variant('healthy', (x) => { x.config.dataplane = 'kernel'; x.config.vrrp = true; }));
+  t.equal(ok.status, 'pass');
+  t.match(ok.detail, /jhash map \(VRRP\)/);
+  const refused = checkDataplane(variant('healthy', (x) => { x.config.dataplane = 'kernel'; x.config.vrrp = true; x.nft.probe = { status: 'failed', error: 'Error: Could not process rule: No such file or directory' }; }));
+  t.equal(refused.status, 'fail');
+  t.match(refused.remedy, /CONFIG_NFT_HASH/);
+  t.notMatch(checkDataplane(variant('healthy', (x) => { x.config.dataplane = 'kernel'; })).detail, /jhash/, 'without VRRP no hash is asked of the kernel');
+});
+
 t.test('dataplane auto with a service that asks for the PROXY protocol: the proxy, said plainly (issue 17)', async (t) => {
   const f = variant('healthy', (x) => { x.config.dataplane = 'auto'; x.config.proxyOnly = ['default/web']; });
   t.equal(effectiveDataplane(f), 'proxy', 'even where nftables works');

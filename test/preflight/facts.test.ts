@@ -3,7 +3,7 @@
 import t from 'tap';
 import {
   parseCapEff, parseOsRelease, procModulesHas, moduleListHas, kernelConfigValue,
-  parseRpmQuery, parseDpkgQuery, parseIpJsonAddrs, parseIpJsonAllAddrs, sysctlIfName, configSummary, findBinary, NFT_PROBE_RULESET,
+  parseRpmQuery, parseDpkgQuery, parseIpJsonAddrs, parseIpJsonAllAddrs, sysctlIfName, configSummary, findBinary, NFT_PROBE_RULESET, nftProbeRuleset,
 } from '../../agent/preflight/facts';
 import { parseConfigText } from '../../agent/config/load';
 
@@ -117,4 +117,10 @@ t.test('findBinary searches PATH, then the sbin directories', async (t) => {
   t.ok(findBinary('sh', ''), 'sh found without PATH');
   t.equal(findBinary('no-such-binary-lbchk', '/nonexistent'), undefined);
   t.match(NFT_PROBE_RULESET, /type nat hook prerouting/);
+});
+
+t.test('the dataplane probe ruleset asks for jhash only with VRRP', async (t) => {
+  t.notMatch(nftProbeRuleset(false), /jhash/);
+  t.equal(nftProbeRuleset(false), NFT_PROBE_RULESET);
+  t.match(nftProbeRuleset(true), /dnat to jhash ip saddr \. tcp sport mod 2 seed 0x1 map/);
 });
