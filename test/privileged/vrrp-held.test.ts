@@ -1,17 +1,27 @@
 // Privileged, through the real agent: connections opened through the VRRP
-// Master with direct server return (sourceIP: preserve) outlive the
-// Master's death. Two agent "VMs" (n1 priority 100, n2 200) serve one pool
-// VIP in DSR to three peer-echo backends that hold the VIP on lo. The
-// client opens 30 long-lived connections through n2, n2 dies (its bridge
-// port down and its agent SIGKILLed in one breath, lab/vrrp.ts vmDeath),
-// n1 takes the VIP over, and every one of the 30 connections is answered
-// again by the backend it started on: both nodes hash a flow onto the same
-// seeded slot table (agent/forward/maglev.ts), so the new Master sends the
-// flow where the old one did, and the backend's socket is still there. New
-// connections through n1 are served with the client's own address. The
-// README's VRRP notes ("What a failover does to connections already open")
-// rest on this test; the SNAT path does not keep them (round-robin pick, no
-// conntrack sync).
+// Master outlive the Master's death, on both kernel paths. Two agent "VMs"
+// (n1 priority 100, n2 200) serve one pool VIP to three peer-echo backends.
+// The client opens 30 long-lived connections through n2, n2 dies (its bridge
+// port down and its agent SIGKILLed in one breath, lab/vrrp.ts vmDeath), n1
+// takes the VIP over, and every one of the 30 connections, asked one at a
+// time in a random order, is answered again by the backend it started on.
+// - Direct server return (sourceIP: preserve; the backends hold the VIP on
+//   lo): both nodes hash a flow onto the same seeded slot table
+//   (agent/forward/maglev.ts), so the new Master sends it where the old one
+//   did, and the backend's socket is still there.
+// - SNAT (the default): with VRRP the kernel path places a new connection by
+//   the same seeded hash instead of round-robin (forward/nft.ts, "Why a hash
+//   with VRRP"); n1's conntrack picks the flow up mid-way, its nat hook sends
+//   it to the same backend, and the source NAT to the VIP keeps the client's
+//   port, so the backend sees the same connection. With round-robin placement
+//   n1 hands the shuffled flows to whichever backend is next and most are
+//   reset (checked by hand: the wiring forced to round-robin fails the held
+//   assertion).
+// The backends drop what their conntrack calls invalid, so a flow sent to a
+// backend that never saw it open fails instead of passing unnoticed. New
+// connections through n1 are served: with DSR each backend sees the client's
+// own address, with SNAT the VIP. The README's VRRP notes ("What a failover
+// does to connections already open") rest on this test.
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
 import { createLab } from '../../lab/netns';
@@ -25,8 +35,9 @@ const HC = { periodSeconds: 0.2, timeoutSeconds: 0.2, failureThreshold: 2 };
 
 interface Burst { counts: Record<string, number>; errors: Record<string, number>; peerIsClient: number }
 
-if (requirePrivileged(t)) {
-  t.test('DSR connections outlive the VRRP Master', async (t) => {
+function heldAcrossFailover(sourceIP: 'preserve' | 'snat', fromPort: number): void {
+  const dsr = sourceIP === 'preserve';
+  t.test(`${dsr ? 'DSR' : 'SNAT'} connections outlive the VRRP Master`, async (t) => {
     const lab = await createLab(t);
     const nodeNs: string[] = [];
     for (const n of NODES) nodeNs.push(await lab.addHost(n.name, { address: `${n.ip}/24` }));
@@ -34,11 +45,9 @@ if (requirePrivileged(t)) {
     for (let i = 0; i < BACKENDS.length; i++) backendNs.push(await lab.addHost(IDS[i]!, { address: `${BACKENDS[i]}/24` }));
     const client = await lab.addHost('client', { address: `${CLIENT}/24` });
     await startPeerEchoes(lab, backendNs, IDS);
-    // The backend side, as the README tells an operator; backends drop what
-    // their conntrack calls invalid, so a flow sent to a backend that never
-    // saw it open fails instead of passing unnoticed.
     for (const ns of backendNs) {
-      await lab.sh(ns, `ip addr add ${VIP}/32 dev lo && sysctl -qw net.ipv4.conf.all.arp_ignore=1 net.ipv4.conf.all.arp_announce=2`);
+      // The backend side of DSR, as the README tells an operator.
+      if (dsr) await lab.sh(ns, `ip addr add ${VIP}/32 dev lo && sysctl -qw net.ipv4.conf.all.arp_ignore=1 net.ipv4.conf.all.arp_announce=2`);
       await dropInvalid(lab, ns);
     }
 
@@ -47,7 +56,7 @@ if (requirePrivileged(t)) {
       failover: { mode: 'vrrp', vrid: VRID, advertInterval: 0.1, preempt: true, preemptDelay: 0 },
       metrics: { listen: '' }, dataplane: 'kernel', arp: FAST_ARP,
       pools: { 'range-global': '10.99.0.200-10.99.0.209' },
-      services: [{ name: 'web', ipam: 'pool', loadBalancerIP: VIP, sourceIP: 'preserve', ports: [{ port: 80 }], healthCheck: HC, backends: [...BACKENDS] }],
+      services: [{ name: 'web', ipam: 'pool', loadBalancerIP: VIP, sourceIP, ports: [{ port: 80 }], healthCheck: HC, backends: [...BACKENDS] }],
     });
     const agents: AgentHandle[] = [];
     for (let i = 0; i < NODES.length; i++) agents.push(await startAgent(lab, nodeNs[i]!, config(NODES[i]!), { name: NODES[i]!.name }));
@@ -58,7 +67,7 @@ if (requirePrivileged(t)) {
 
     const cl = await JsonLinesProc.start(lab, client, 'peer-client.js', [], 'peer-client');
     t.teardown(() => cl.close());
-    const held = await cl.request<{ backends: string[] }>({ cmd: 'holdOpen', host: VIP, port: 80, n: 30, fromPort: 41000 });
+    const held = await cl.request<{ backends: string[] }>({ cmd: 'holdOpen', host: VIP, port: 80, n: 30, fromPort });
     t.ok(new Set(held.backends).size === 3, `30 connections through n2 on all three backends (${held.backends.join(',')})`);
 
     const port = await bridgePort(lab, nodeNs[1]!);
@@ -68,14 +77,19 @@ if (requirePrivileged(t)) {
     t.comment(`n1 serves ${Date.now() - diedAt} ms after n2 died`);
 
     // The client learns n1's MAC from its gratuitous ARP; until then a request
-    // goes to the dead port and is retransmitted, which holdAsk waits out.
-    const again = await cl.request<{ backends: string[] }>({ cmd: 'holdAsk' }, 20_000);
-    t.same(again.backends, held.backends, 'every connection opened through n2 is answered by its backend through n1');
+    // goes to the dead port and is retransmitted, which the first ask waits out.
+    const again = await cl.request<{ backends: string[]; order: number[] }>({ cmd: 'holdAsk', order: 'shuffled' }, 60_000);
+    t.same(again.backends, held.backends, `every connection opened through n2 is answered by its backend through n1 (asked in the order ${again.order.join(',')})`);
 
-    const fresh = await cl.request<Burst>({ cmd: 'burst', host: VIP, port: 80, n: 150, fromPort: 42000, concurrency: 8 }, 60_000);
+    const fresh = await cl.request<Burst>({ cmd: 'burst', host: VIP, port: 80, n: 150, fromPort: fromPort + 1000, concurrency: 8 }, 60_000);
     t.same(fresh.errors, {}, 'new connections through n1: none fails');
-    t.equal(fresh.peerIsClient, 150, 'and each backend sees the client\'s own address and port');
+    t.equal(fresh.peerIsClient, dsr ? 150 : 0, dsr ? "and each backend sees the client's own address and port" : 'and each backend sees the VIP (source NAT)');
     t.equal(Object.keys(fresh.counts).length, 3, `spread over the three backends (${JSON.stringify(fresh.counts)})`);
     await cl.request({ cmd: 'holdClose' });
   });
+}
+
+if (requirePrivileged(t)) {
+  heldAcrossFailover('preserve', 41000);
+  heldAcrossFailover('snat', 43000);
 }
