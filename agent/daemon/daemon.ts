@@ -926,7 +926,11 @@ export class Daemon extends EventEmitter {
         zone: this.topology.zone, region: this.topology.region, zoneFrom: this.topology.zoneFrom, labelsProblem: this.topology.problem,
       },
       config: { path: this.opts.configPath, loadedAt: isoTime(this.configLoadedAt), generation: this.generation, lastReload: this.lastReload },
-      dataplane: this.subs ? { kind: this.subs.dataplane.kind, reason: this.subs.dataplane.reason, ...dsrEngineOf(this.subs.dataplane) } : undefined,
+      dataplane: this.subs ? {
+        kind: this.subs.dataplane.kind, reason: this.subs.dataplane.reason,
+        ...(this.subs.dataplane.placement ? { placement: this.subs.dataplane.placement } : {}),
+        ...dsrEngineOf(this.subs.dataplane),
+      } : undefined,
       failover: { mode: c.failover.mode },
       ready: this.readiness().ready,
       services: this.serviceStatuses(),
@@ -1056,7 +1060,12 @@ export interface StatusDocument {
   };
   config: { path: string; loadedAt: string; generation: number; lastReload: { at: number; ok: boolean; message: string } | undefined };
   /** dsr: what forwards direct server return now (issue 17), while a DSR port is forwarded. */
-  dataplane: { kind: string; reason: string; dsr?: { engine: 'bpf' | 'nft'; cause: string; reason: string } } | undefined;
+  dataplane: {
+    kind: string; reason: string;
+    /** Kernel path: how new SNAT connections are placed (round-robin, or flow-hash with VRRP). */
+    placement?: 'round-robin' | 'flow-hash';
+    dsr?: { engine: 'bpf' | 'nft'; cause: string; reason: string };
+  } | undefined;
   failover: { mode: string };
   ready: boolean;
   services: ServiceStatus[];

@@ -49,6 +49,8 @@ export interface DataplaneLike {
   dsr?(): Promise<import('../forward/dataplane').ProbeResult>;
   /** What forwards DSR frames now - the BPF program or the nft table alone, and why (undefined: no DSR port forwarded); for `lb-agent status`. */
   dsrEngine?(): import('../forward/nft').DsrEngineState | undefined;
+  /** The kernel path's placement of new SNAT connections (forward/nft.ts Placement); for `lb-agent status`. */
+  readonly placement?: import('../forward/nft').Placement;
 }
 
 export interface BackendRoleLike {

@@ -99,7 +99,7 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
       reason: selection.reason,
       apply: (services) => dp.apply({ services }),
       ...(dp.kind === 'proxy' ? { reconfigure: (proxy: ProxyConfig) => (dp as ProxyDataplane).reconfigure(proxy) } : {}),
-      ...(dp.kind === 'kernel' ? { dsrEngine: () => (dp as NftDataplane).dsr } : {}),
+      ...(dp.kind === 'kernel' ? { dsrEngine: () => (dp as NftDataplane).dsr, placement } : {}),
       stop: (o) => dp.stop(o),
       dsr: () => (selection.kind === 'kernel' ? dsr() : Promise.resolve({ ok: false, reason: 'the userspace proxy is running' })),
     };

@@ -72,3 +72,11 @@ t.test('issue 17: the dataplane line says which engine serves direct server retu
   d.dataplane = { kind: 'kernel', reason: 'auto', dsr: { engine: 'nft', cause: 'fallback', reason: 'the BPF program cannot run here (EPERM)' } };
   t.match(formatStatus(d, 0), /^dataplane: kernel \(auto\), direct server return on the nft table alone \(fallback\); failover/m);
 });
+
+t.test('the dataplane line says when new connections are placed by flow hash (VRRP), and nothing for round-robin', async (t) => {
+  const d = doc([svc({})]);
+  d.dataplane = { kind: 'kernel', reason: 'auto', placement: 'round-robin' };
+  t.match(formatStatus(d, 0), /^dataplane: kernel \(auto\); failover/m);
+  d.dataplane = { kind: 'kernel', reason: 'auto', placement: 'flow-hash' };
+  t.match(formatStatus(d, 0), /^dataplane: kernel \(auto\), new connections placed by flow hash \(they outlive a VRRP failover\); failover/m);
+});

@@ -122,6 +122,7 @@ t.test('the agent does its job with only the unit\'s capabilities, as an unprivi
         return;
       }
       t.equal(last.dataplane?.kind, expected, `data path ${expected}`);
+      if (expected === 'kernel') t.equal(last.dataplane?.placement, 'round-robin', 'without VRRP the kernel path places by round-robin');
       t.comment(`data path reason: ${last.dataplane?.reason}`);
       const pid = last.pid;
       const st = fs.readFileSync(`/proc/${pid}/status`, 'utf8');

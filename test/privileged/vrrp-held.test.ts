@@ -64,6 +64,7 @@ function heldAcrossFailover(sourceIP: 'preserve' | 'snat', fromPort: number): vo
     const web = (d: Awaited<ReturnType<AgentHandle['status']>>) => d.services.find((s) => s.name === 'web');
     await waitStatus(a2, 'n2: Master, serving, three backends up', (d) => web(d)?.failover?.state === 'master' && web(d)?.state === 'serving' && web(d)?.healthyBackends === 3, 15_000);
     await waitStatus(a1, 'n1: Backup, three backends up', (d) => web(d)?.failover?.state === 'backup' && web(d)?.healthyBackends === 3, 15_000);
+    t.equal((await a1.status()).dataplane?.placement, 'flow-hash', 'status: with VRRP the kernel path places by flow hash');
 
     const cl = await JsonLinesProc.start(lab, client, 'peer-client.js', [], 'peer-client');
     t.teardown(() => cl.close());
