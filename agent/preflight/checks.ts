@@ -13,7 +13,7 @@ import { proxyNeededReason } from '../forward/dataplane';
 export type CheckStatus = 'pass' | 'warn' | 'fail';
 
 export interface CheckResult {
-  /** Stable id: config, state-dir, capabilities, macvlan, interface, pools, arp-sysctls, rp-filter, ip-forward, dataplane, guest-agent, descriptors, dsr, dsr-backend, topology, dhcp-probe. */
+  /** Stable id: config, state-dir, capabilities, macvlan, interface, pools, arp-sysctls, rp-filter, ip-forward, dataplane, guest-agent, descriptors, dsr, dsr-backend, topology, conntrack-pickup, dhcp-probe. */
   readonly id: string;
   readonly status: CheckStatus;
   /** What the check saw. */
@@ -462,6 +462,23 @@ export function checkIpForward(f: Facts): CheckResult {
   return f.config.dataplane === 'kernel' ? fail(id, detail, remedy) : warn(id, `${detail} (dataplane auto picks the kernel path here)`, remedy);
 }
 
+/**
+ * With VRRP on the kernel path, a connection outlives a failover only if the
+ * new Master's conntrack picks it up mid-flow (forward/nft.ts, "Why a hash
+ * with VRRP"): nf_conntrack_tcp_loose=0, a hardening some hosts apply, turns
+ * that off, and every connection open at a failover is reset. Said, not
+ * changed: it is the host's policy. Undefined when not relevant.
+ */
+export function checkConntrackPickup(f: Facts): CheckResult | undefined {
+  const id = 'conntrack-pickup';
+  if (!f.config.vrrp || effectiveDataplane(f) !== 'kernel') return undefined;
+  const v = f.sysctls['net.netfilter.nf_conntrack_tcp_loose'];
+  if (v === undefined) return pass(id, 'conntrack is not loaded yet; its default, nf_conntrack_tcp_loose=1, lets a new VRRP Master pick up connections opened through the old one');
+  if (v !== '0') return pass(id, `net.netfilter.nf_conntrack_tcp_loose=${v}: a new VRRP Master picks up connections opened through the old one, so they outlive a failover`);
+  return warn(id, 'net.netfilter.nf_conntrack_tcp_loose=0: a new VRRP Master cannot pick up connections opened through the old one; every connection open at a failover is reset',
+    `${sysctlRemedy(['net.netfilter.nf_conntrack_tcp_loose=1'])}, if the host's policy allows it`);
+}
+
 // --- data path ---------------------------------------------------------------
 
 export function checkDataplane(f: Facts): CheckResult {
@@ -661,7 +678,7 @@ export function runChecks(f: Facts): CheckResult[] {
   ];
   const fds = checkDescriptors(f);
   if (fds) out.push(fds);
-  for (const c of [checkDsr(f), checkDsrBackend(f), checkTopology(f)]) if (c) out.push(c);
+  for (const c of [checkDsr(f), checkDsrBackend(f), checkTopology(f), checkConntrackPickup(f)]) if (c) out.push(c);
   const dhcp = checkDhcpProbe(f);
   if (dhcp) out.push(dhcp);
   return out;

@@ -493,7 +493,8 @@ async function gatherParent(name: string | undefined, source: ParentFacts['sourc
 }
 
 async function gatherSysctls(parent: string | undefined): Promise<Record<string, string>> {
-  const names = ['net.ipv4.ip_forward'];
+  // nf_conntrack_tcp_loose exists once conntrack is loaded (the kernel path's nat table loads it).
+  const names = ['net.ipv4.ip_forward', 'net.netfilter.nf_conntrack_tcp_loose'];
   for (const scope of ['all', 'default', ...(parent ? [sysctlIfName(parent)] : [])]) {
     for (const key of IF_SYSCTL_KEYS) names.push(`net.ipv4.conf.${scope}.${key}`);
   }

@@ -9,7 +9,7 @@ import { vipSysctls } from '../../agent/net/sysctl';
 import {
   runChecks, checkDescriptors, checkMacvlan, checkCapabilities, checkInterface, checkArpSysctls, checkRpFilter, checkIpForward,
   checkConfig, checkDataplane, checkPools, checkStateDir, checkGuestAgent, checkDhcpProbe, classifyRefusal,
-  effectiveDataplane, osFamily, checkDsr, checkDsrBackend, checkTopology, type CheckResult,
+  effectiveDataplane, osFamily, checkDsr, checkDsrBackend, checkTopology, checkConntrackPickup, type CheckResult,
 } from '../../agent/preflight/checks';
 
 const FIX = path.resolve(__dirname, '..', '..', '..', 'test', 'preflight', 'fixtures');
@@ -305,6 +305,22 @@ t.test('dataplane with VRRP: the probe also takes the jhash placement, and a ref
   t.equal(refused.status, 'fail');
   t.match(refused.remedy, /CONFIG_NFT_HASH/);
   t.notMatch(checkDataplane(variant('healthy', (x) => { x.config.dataplane = 'kernel'; })).detail, /jhash/, 'without VRRP no hash is asked of the kernel');
+});
+
+t.test('conntrack-pickup: with VRRP on the kernel path, nf_conntrack_tcp_loose=0 is said, since open connections would not outlive a failover', async (t) => {
+  const vrrp = (loose: string | undefined, dataplane: 'kernel' | 'proxy' = 'kernel') => variant('healthy', (x) => {
+    x.config.dataplane = dataplane; x.config.vrrp = true;
+    if (loose === undefined) delete x.sysctls['net.netfilter.nf_conntrack_tcp_loose']; else x.sysctls['net.netfilter.nf_conntrack_tcp_loose'] = loose;
+  });
+  const off = checkConntrackPickup(vrrp('0'))!;
+  t.equal(off.status, 'warn');
+  t.match(off.detail, /nf_conntrack_tcp_loose=0: .*every connection open at a failover is reset/);
+  t.match(off.remedy, /sysctl -w net\.netfilter\.nf_conntrack_tcp_loose=1/);
+  t.equal(checkConntrackPickup(vrrp('1'))!.status, 'pass');
+  t.match(checkConntrackPickup(vrrp(undefined))!.detail, /not loaded yet/);
+  t.equal(checkConntrackPickup(vrrp('0', 'proxy')), undefined, 'the proxy path: not relevant');
+  t.equal(checkConntrackPickup(variant('healthy', (x) => { x.config.dataplane = 'kernel'; x.sysctls['net.netfilter.nf_conntrack_tcp_loose'] = '0'; })), undefined, 'without VRRP: not relevant');
+  t.ok(runChecks(vrrp('0')).some((c) => c.id === 'conntrack-pickup' && c.status === 'warn'), 'runChecks includes it');
 });
 
 t.test('dataplane auto with a service that asks for the PROXY protocol: the proxy, said plainly (issue 17)', async (t) => {
