@@ -1063,7 +1063,7 @@ export interface StatusDocument {
   dataplane: {
     kind: string; reason: string;
     /** Kernel path: how new SNAT connections are placed (round-robin, or flow-hash with VRRP). */
-    placement?: 'round-robin' | 'flow-hash';
+    placement?: import('../forward/dataplane').Placement;
     dsr?: { engine: 'bpf' | 'nft'; cause: string; reason: string };
   } | undefined;
   failover: { mode: string };

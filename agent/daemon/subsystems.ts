@@ -50,7 +50,7 @@ export interface DataplaneLike {
   /** What forwards DSR frames now - the BPF program or the nft table alone, and why (undefined: no DSR port forwarded); for `lb-agent status`. */
   dsrEngine?(): import('../forward/nft').DsrEngineState | undefined;
   /** The kernel path's placement of new SNAT connections (forward/nft.ts Placement); for `lb-agent status`. */
-  readonly placement?: import('../forward/nft').Placement;
+  readonly placement?: import('../forward/dataplane').Placement;
 }
 
 export interface BackendRoleLike {

@@ -17,7 +17,7 @@ import type { VrrpGate } from '../failover/gate';
 import { PoolManager } from '../ipam/manager';
 import { PoolSource } from '../ipam/pool-source';
 import { HealthChecker } from '../health/checker';
-import { selectDataplane, createDataplane, probeNftables, probeDsr, dsrUnavailable, parseDsrEngine, servicesNeedingProxy, type ProbeResult } from '../forward/index';
+import { selectDataplane, createDataplane, probeNftables, probeDsr, dsrUnavailable, parseDsrEngine, servicesNeedingProxy, placementFor, type ProbeResult } from '../forward/index';
 import { formatIPv4, parseIPv4 } from '../ipv4';
 import { BackendVips } from '../net/dsr-backend';
 import type { Subsystems, ParentLink, DataplaneLike, SubsystemContext } from './subsystems';
@@ -60,10 +60,8 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
     let limiterSettings = { max: config.dhcp.maxConcurrentStarts, jitterMs: vrrp ? 0 : config.dhcp.retransmitJitter * 1000 };
     let limiter: StartLimiter | undefined;
     const startLimiter = (): StartLimiter => (limiter ??= new (dhcpLimiter().StartLimiter)({ ...limiterSettings, clock }));
-    // With VRRP every peer must place a connection where the others would, so
-    // one that moves to a new Master mid-flow reaches the backend it started
-    // on (forward/nft.ts, "Why a hash with VRRP"); the probe loads that too.
-    const placement = vrrp ? 'flow-hash' : 'round-robin';
+    // How new connections are placed (forward/dataplane.ts placementFor); the probe loads that too.
+    const placement = placementFor(config.failover.mode);
     const selection = await selectDataplane(config.dataplane, () => probeNftables(placement), servicesNeedingProxy(config.services));
     log.info({ module: 'forward', op: 'select', kind: selection.kind, reason: selection.reason }, `data path: ${selection.kind} (${selection.reason})`);
     // Direct server return (issue 17): probed once, when a service first asks

@@ -108,6 +108,25 @@ export interface ProbeResult {
   readonly reason: string;
 }
 
+/**
+ * How the kernel path's SNAT places a new connection on a backend
+ * (forward/nft.ts, "Why `numgen inc`" and "Why a hash with VRRP"):
+ * 'round-robin' walks the weighted slot table, 'flow-hash' hashes the
+ * client's address and port onto the seeded maglev table direct server
+ * return uses.
+ */
+export type Placement = 'round-robin' | 'flow-hash';
+
+/**
+ * With VRRP every peer must place a connection where the others would, so
+ * that one moving to a new Master mid-flow reaches the backend it started on;
+ * without it, round-robin's exact split. One home for the rule: the daemon
+ * renders and probes by it, `lb-agent check` probes and says it.
+ */
+export function placementFor(failoverMode: string): Placement {
+  return failoverMode === 'vrrp' ? 'flow-hash' : 'round-robin';
+}
+
 export interface DataplaneSelection {
   readonly kind: DataplaneKind;
   /** Why: logged at start, shown in status and in lbagent_forward_dataplane_info. */

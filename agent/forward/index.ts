@@ -6,8 +6,7 @@ import type { ProxyConfig } from '../config/types';
 import type { Clock } from '../clock';
 import type { Logger } from '../log';
 import { LbError } from '../errors';
-import type { ConnectResultCallback, Dataplane, DataplaneSelection, ListenerStore, ProbeResult } from './dataplane';
-import type { Placement } from './nft';
+import type { ConnectResultCallback, Dataplane, DataplaneSelection, ListenerStore, Placement, ProbeResult } from './dataplane';
 
 export * from './dataplane';
 

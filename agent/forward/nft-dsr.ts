@@ -76,10 +76,10 @@
 // Why the jhash has an explicit seed: without one the kernel draws a random
 // seed for each rule it loads, and every rewrite of the table would send
 // every flow to a different slot. The seed is derived from the service key.
-import type { PortSpec } from '../config/types';
+import type { BackendSpec, PortSpec } from '../config/types';
 import type { DsrBpfPort } from '../net/ebpf-dsr';
 import type { NormalizedService } from './dataplane';
-import { dsrSlotTable, hash32, maglevSize } from './maglev';
+import { dsrSlotTable, hash32 } from './maglev';
 
 export const DSR_FAMILY = 'netdev';
 export const DSR_TABLE = 'lb_agent';
@@ -117,6 +117,20 @@ export function dsrSeedValue(serviceKey: string): number {
   return hash32(serviceKey, 0x64737221);
 }
 
+/**
+ * The slot table a flow hash indexes: maglev over every configured backend,
+ * the healthy ones filling it (maglev.ts). Direct server return always uses
+ * it; the SNAT path does with VRRP (nft.ts, "Why a hash with VRRP").
+ */
+export function flowHashSlots(svc: NormalizedService): BackendSpec[] {
+  return dsrSlotTable(svc.all, svc.healthy);
+}
+
+/** nft's pick of a slot: the seeded jhash of the client's address and port, mod the table's size. */
+export function flowHashPick(serviceKey: string, slots: number): string {
+  return `jhash ip saddr . th sport mod ${slots} seed ${dsrSeed(serviceKey)}`;
+}
+
 /** A device name as an nft string (validated interface names never need escaping; refuse anything odd). */
 function deviceString(device: string): string {
   if (!/^[^"\\\s/]{1,15}$/.test(device)) throw new Error(`not an interface name: ${JSON.stringify(device)}`);
@@ -152,9 +166,9 @@ export function renderDsrPort(sp: string, svc: NormalizedService, spec: PortSpec
     chains.push(`\tchain ${sp} {`, `\t\tgoto ${chainOf(svc.healthy[0]!.address)}`, '\t}');
     bpfSlots = [0];
   } else {
-    const slots = dsrSlotTable(svc.all, svc.healthy, maglevSize(svc.all.length));
+    const slots = flowHashSlots(svc);
     const vm = slots.map((b, i) => `${i} : goto ${chainOf(b.address)}`).join(', ');
-    chains.push(`\tchain ${sp} {`, `\t\tjhash ip saddr . th sport mod ${slots.length} seed ${dsrSeed(svc.key)} vmap { ${vm} }`, '\t}');
+    chains.push(`\tchain ${sp} {`, `\t\t${flowHashPick(svc.key, slots.length)} vmap { ${vm} }`, '\t}');
     bpfSlots = slots.map((b) => healthyIndex.get(b.address)!);
   }
   // The BPF program in front of this table forwards by the same slot table

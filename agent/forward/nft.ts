@@ -94,11 +94,10 @@ import { silentLogger, type Logger } from '../log';
 import { weightedSlots } from './balancer';
 import {
   flowId, normalizeState, portLabel,
-  type Dataplane, type FlowStats, type ForwardState, type ForwardStats, type NormalizedService, type ProbeResult,
+  type Dataplane, type FlowStats, type ForwardState, type ForwardStats, type NormalizedService, type Placement, type ProbeResult,
 } from './dataplane';
 import { ForwardMetrics } from './metrics';
-import { DSR_FAMILY, DSR_PROBE_RULESET, DSR_TABLE, dsrRemovalLines, dsrSeed, renderDsrPort, renderDsrTable, type DsrPortRender } from './nft-dsr';
-import { dsrSlotTable, maglevSize } from './maglev';
+import { DSR_FAMILY, DSR_PROBE_RULESET, DSR_TABLE, dsrRemovalLines, flowHashPick, flowHashSlots, renderDsrPort, renderDsrTable, type DsrPortRender } from './nft-dsr';
 import { SerialQueue } from '../serial';
 import type { DsrBpfPort } from '../net/ebpf-dsr';
 import type { DsrBpf } from '../net/ebpf-attach';
@@ -136,14 +135,6 @@ export interface NftPlan {
   /** The forwarded DSR ports, for the BPF program in front of the netdev table (empty when none). */
   readonly dsr: readonly DsrBpfPort[];
 }
-
-/**
- * How the SNAT path places a new connection on a backend (see "Why `numgen
- * inc`" and "Why a hash with VRRP" at the top): 'round-robin' walks the
- * weighted slot table, 'flow-hash' hashes the client's address and port onto
- * the seeded maglev table direct server return uses.
- */
-export type Placement = 'round-robin' | 'flow-hash';
 
 export interface RenderOptions {
   /** Upper bound on the slot table of one service port (weights are scaled down past it). */
@@ -233,13 +224,13 @@ export function renderNft(state: ForwardState, opts: RenderOptions = {}): NftPla
       serviceElems.push(`${key} : jump ${sp}`);
       const backendChain = (address: string): string => `${sp}b${svc.all.findIndex((b) => b.address === address)}`;
       const hashed = opts.placement === 'flow-hash';
-      const slots = hashed ? dsrSlotTable(svc.all, svc.healthy, maglevSize(svc.all.length)) : weightedSlots(svc.healthy, opts.maxSlots);
+      const slots = hashed ? flowHashSlots(svc) : weightedSlots(svc.healthy, opts.maxSlots);
       const distinct = new Set(slots.map((b) => b.address));
       if (distinct.size === 1) {
         chains.push(`\tchain ${sp} {`, `\t\tgoto ${backendChain(slots[0]!.address)}`, '\t}');
       } else {
         const vm = slots.map((b, i) => `${i} : goto ${backendChain(b.address)}`).join(', ');
-        const pick = hashed ? `jhash ip saddr . th sport mod ${slots.length} seed ${dsrSeed(svc.key)}` : `numgen inc mod ${slots.length}`;
+        const pick = hashed ? flowHashPick(svc.key, slots.length) : `numgen inc mod ${slots.length}`;
         chains.push(`\tchain ${sp} {`, `\t\t${pick} vmap { ${vm} }`, '\t}');
       }
       for (const b of svc.healthy) {

@@ -471,7 +471,7 @@ export function checkIpForward(f: Facts): CheckResult {
  */
 export function checkConntrackPickup(f: Facts): CheckResult | undefined {
   const id = 'conntrack-pickup';
-  if (!f.config.vrrp || effectiveDataplane(f) !== 'kernel') return undefined;
+  if (f.config.placement !== 'flow-hash' || effectiveDataplane(f) !== 'kernel') return undefined;
   const v = f.sysctls['net.netfilter.nf_conntrack_tcp_loose'];
   if (v === undefined) return pass(id, 'conntrack is not loaded yet; its default, nf_conntrack_tcp_loose=1, lets a new VRRP Master pick up connections opened through the old one');
   if (v !== '0') return pass(id, `net.netfilter.nf_conntrack_tcp_loose=${v}: a new VRRP Master picks up connections opened through the old one, so they outlive a failover`);
@@ -498,9 +498,9 @@ export function checkDataplane(f: Facts): CheckResult {
     remedy = 'run the check as root';
   } else if (probe.status !== 'ok') {
     problem = `the kernel refused an nftables nat table in a throwaway namespace: ${probe.error ?? probe.status}`;
-    remedy = `use a kernel with nf_tables and nft_nat (CONFIG_NF_TABLES, CONFIG_NFT_NAT${f.config.vrrp ? ', and CONFIG_NFT_HASH: with VRRP connections are placed by a hash' : ''})`;
+    remedy = `use a kernel with nf_tables and nft_nat (CONFIG_NF_TABLES, CONFIG_NFT_NAT${f.config.placement === 'flow-hash' ? ', and CONFIG_NFT_HASH: with VRRP connections are placed by a hash' : ''})`;
   }
-  if (!problem) return pass(id, `${f.nft.binary} present; the kernel accepts an nftables nat table (dnat, numgen map${f.config.vrrp ? ', jhash map (VRRP)' : ''}, masquerade)${mode === 'auto' ? '; auto will use the kernel data path' : ''}`);
+  if (!problem) return pass(id, `${f.nft.binary} present; the kernel accepts an nftables nat table (dnat, numgen map${f.config.placement === 'flow-hash' ? ', jhash map (VRRP)' : ''}, masquerade)${mode === 'auto' ? '; auto will use the kernel data path' : ''}`);
   if (mode === 'kernel') return fail(id, `dataplane kernel: ${problem}`, `${remedy}, or set dataplane: proxy`);
   return warn(id, `dataplane auto: ${problem}; the userspace proxy will be used`, `${remedy} for the kernel data path, or set dataplane: proxy to make the choice explicit`);
 }

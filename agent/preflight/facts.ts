@@ -18,7 +18,7 @@ import { DEFAULTS } from '../config/defaults';
 import type { DataplaneMode, Desired } from '../config/types';
 import { readNofile } from '../forward/capacity';
 import { formatIPv4 } from '../ipv4';
-import { servicesNeedingProxy } from '../forward/dataplane';
+import { placementFor, servicesNeedingProxy, type Placement } from '../forward/dataplane';
 import { sysctlIfName } from './checks';
 import { parseDefaultRoute } from '../net/route';
 import { IF_SYSCTL_KEYS } from '../net/sysctl';
@@ -56,8 +56,8 @@ export interface ConfigFacts {
   maxConnections?: number;
   /** Issue 17: services with sourceIP: preserve (direct server return). */
   dsrServices?: string[];
-  /** failover.mode is vrrp: the kernel path places connections by a seeded jhash (forward/nft.ts Placement). */
-  vrrp?: boolean;
+  /** How the kernel path places new connections (flow-hash with VRRP: forward/dataplane.ts placementFor). */
+  placement?: Placement;
   /** Issue 17: `backend.vips`, the DSR VIPs this VM serves as a backend. */
   backendVips?: string[];
   /** Issue 17: each service's topology policy and its backends' zones. */
@@ -246,7 +246,7 @@ export function configSummary(path_: string, config: Desired): ConfigFacts {
     services: config.services.length,
     ...(config.proxy.maxConnections !== undefined ? { maxConnections: config.proxy.maxConnections } : {}),
     dsrServices: config.services.filter((s) => s.sourceIP === 'preserve').map((s) => s.key),
-    vrrp: config.failover.mode === 'vrrp',
+    placement: placementFor(config.failover.mode),
     backendVips: [...config.backend.vips],
     topology: config.services.map((s) => ({
       service: s.key, policy: s.topology,
@@ -347,11 +347,11 @@ async function macvlanCreateTest(unshare: string | undefined, ip: string | undef
 }
 
 /** What the kernel dataplane needs from nftables: a nat table, a fib lookup (dispatch only to a local VIP), dnat through a numgen map, masquerade. */
-export const NFT_PROBE_RULESET = nftProbeRuleset(false);
+export const NFT_PROBE_RULESET = nftProbeRuleset('round-robin');
 
-/** The nat table the dataplane check loads; with VRRP the kernel path also hashes (CONFIG_NFT_HASH). */
-export function nftProbeRuleset(vrrp: boolean): string {
-  const hashed = vrrp ? ' fib daddr type local tcp dport 81 dnat to jhash ip saddr . tcp sport mod 2 seed 0x1 map { 0 : 192.0.2.1, 1 : 192.0.2.2 };' : '';
+/** The nat table the dataplane check loads; placed by flow hash (VRRP), the kernel path also hashes (CONFIG_NFT_HASH). */
+export function nftProbeRuleset(placement: Placement): string {
+  const hashed = placement === 'flow-hash' ? ' fib daddr type local tcp dport 81 dnat to jhash ip saddr . tcp sport mod 2 seed 0x1 map { 0 : 192.0.2.1, 1 : 192.0.2.2 };' : '';
   return `table ip lbchk {
   chain pre { type nat hook prerouting priority dstnat; policy accept; fib daddr type local tcp dport 80 dnat to numgen random mod 2 map { 0 : 192.0.2.1, 1 : 192.0.2.2 };${hashed} }
   chain post { type nat hook postrouting priority srcnat; policy accept; ip daddr 192.0.2.0/24 masquerade; }
@@ -570,7 +570,7 @@ export async function gatherFacts(opts: GatherOptions): Promise<Facts> {
 
   const macvlanP = gatherMacvlan(release, unshare, ip);
   const { facts: config, node: nodePlace } = loadConfigFacts(opts.configPath);
-  const nftP = nftProbe(unshare, nft, nftProbeRuleset(config.vrrp === true));
+  const nftP = nftProbe(unshare, nft, nftProbeRuleset(config.placement ?? 'round-robin'));
   const osP = readText('/etc/os-release').then((t) => parseOsRelease(t ?? ''));
   const capsP = readText('/proc/self/status').then((t) => (t === undefined ? undefined : parseCapEff(t)));
   const qgaBin = findBinary('qemu-ga');

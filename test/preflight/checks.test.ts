@@ -298,10 +298,10 @@ t.test('dataplane: nft missing fails for kernel, warns for auto, passes for prox
 });
 
 t.test('dataplane with VRRP: the probe also takes the jhash placement, and a refusal names CONFIG_NFT_HASH', async (t) => {
-  const ok = checkDataplane(variant('healthy', (x) => { x.config.dataplane = 'kernel'; x.config.vrrp = true; }));
+  const ok = checkDataplane(variant('healthy', (x) => { x.config.dataplane = 'kernel'; x.config.placement = 'flow-hash'; }));
   t.equal(ok.status, 'pass');
   t.match(ok.detail, /jhash map \(VRRP\)/);
-  const refused = checkDataplane(variant('healthy', (x) => { x.config.dataplane = 'kernel'; x.config.vrrp = true; x.nft.probe = { status: 'failed', error: 'Error: Could not process rule: No such file or directory' }; }));
+  const refused = checkDataplane(variant('healthy', (x) => { x.config.dataplane = 'kernel'; x.config.placement = 'flow-hash'; x.nft.probe = { status: 'failed', error: 'Error: Could not process rule: No such file or directory' }; }));
   t.equal(refused.status, 'fail');
   t.match(refused.remedy, /CONFIG_NFT_HASH/);
   t.notMatch(checkDataplane(variant('healthy', (x) => { x.config.dataplane = 'kernel'; })).detail, /jhash/, 'without VRRP no hash is asked of the kernel');
@@ -309,7 +309,7 @@ t.test('dataplane with VRRP: the probe also takes the jhash placement, and a ref
 
 t.test('conntrack-pickup: with VRRP on the kernel path, nf_conntrack_tcp_loose=0 is said, since open connections would not outlive a failover', async (t) => {
   const vrrp = (loose: string | undefined, dataplane: 'kernel' | 'proxy' = 'kernel') => variant('healthy', (x) => {
-    x.config.dataplane = dataplane; x.config.vrrp = true;
+    x.config.dataplane = dataplane; x.config.placement = 'flow-hash';
     if (loose === undefined) delete x.sysctls['net.netfilter.nf_conntrack_tcp_loose']; else x.sysctls['net.netfilter.nf_conntrack_tcp_loose'] = loose;
   });
   const off = checkConntrackPickup(vrrp('0'))!;

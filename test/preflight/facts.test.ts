@@ -120,7 +120,7 @@ t.test('findBinary searches PATH, then the sbin directories', async (t) => {
 });
 
 t.test('the dataplane probe ruleset asks for jhash only with VRRP', async (t) => {
-  t.notMatch(nftProbeRuleset(false), /jhash/);
-  t.equal(nftProbeRuleset(false), NFT_PROBE_RULESET);
-  t.match(nftProbeRuleset(true), /dnat to jhash ip saddr \. tcp sport mod 2 seed 0x1 map/);
+  t.notMatch(nftProbeRuleset('round-robin'), /jhash/);
+  t.equal(nftProbeRuleset('round-robin'), NFT_PROBE_RULESET);
+  t.match(nftProbeRuleset('flow-hash'), /dnat to jhash ip saddr \. tcp sport mod 2 seed 0x1 map/);
 });
