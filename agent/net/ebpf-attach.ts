@@ -9,11 +9,15 @@
 // is detached (it holds the program, the program holds its maps), like the
 // nft table: a restart or a crash does not stop forwarding, and the next
 // process finds ours by name (BPF_PROG_QUERY, then each id's name) and
-// replaces it in one step.
+// replaces it in one step. The flow map (per-flow state) is the one map that
+// outlives a plan: every program this process loads uses the same one, and a
+// later process adopts it from the program it replaces (by its id, name and
+// layout), so neither a reload nor a restart forgets where a flow went.
 import * as fs from 'node:fs';
 import { LbError, errorMessage } from '../errors';
 import {
-  BPF_F_REPLACE, BPF_MAP_TYPE_ARRAY, BPF_PROG_TYPE_SCHED_CLS, BPF_TCX_INGRESS, COUNTER_VALUE_SIZE, DSR_PROG_NAME, SLOT_VALUE_SIZE,
+  BACKEND_KEY_SIZE, BPF_F_REPLACE, BPF_MAP_TYPE_ARRAY, BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_LRU_HASH, BPF_PROG_TYPE_SCHED_CLS, BPF_TCX_INGRESS,
+  COUNTER_VALUE_SIZE, DSR_FLOW_ENTRIES, DSR_FLOW_MAP_NAME, DSR_PROG_NAME, FLOW_KEY_SIZE, FLOW_VALUE_SIZE, SLOT_VALUE_SIZE,
   dsrMaps, dsrProgram, type DsrBpfPort,
 } from './ebpf-dsr';
 import { ifNameToIndex, nativeBpf, type NativeBpf } from './native';
@@ -25,6 +29,7 @@ interface Loaded {
   readonly prog: number;
   readonly slots: number;
   readonly counters: number;
+  readonly backends: number;
   readonly names: readonly { readonly conns: string; readonly toBackend: string }[];
 }
 
@@ -41,21 +46,56 @@ function key(k: number): Buffer {
   return b;
 }
 
-/** Create both maps, fill the slots, load the program; nothing left open on failure. */
-function load(bpf: NativeBpf, ports: readonly DsrBpfPort[]): Loaded {
+/** A new, empty flow map (ebpf-dsr.ts: per-flow state). */
+function createFlowMap(bpf: NativeBpf): number {
+  try {
+    return bpf.bpfMapCreate(BPF_MAP_TYPE_LRU_HASH, FLOW_KEY_SIZE, FLOW_VALUE_SIZE, DSR_FLOW_ENTRIES, DSR_FLOW_MAP_NAME);
+  } catch (err) {
+    throw new LbError('LB_ERR_FORWARD_DSR_BPF', `cannot create the DSR flow map (an LRU hash of ${DSR_FLOW_ENTRIES} entries): ${errorMessage(err)}`, undefined, { cause: err });
+  }
+}
+
+/**
+ * The flow map behind the program of ours attached now (an earlier
+ * process's), if it has the layout this build uses: a restart keeps the
+ * flows it placed. Undefined when there is none to adopt.
+ */
+function adoptFlowMap(bpf: NativeBpf, progIds: readonly number[]): number | undefined {
+  for (const id of progIds) {
+    let prog: number | undefined;
+    try {
+      prog = bpf.bpfProgGetFdById(id);
+      for (const mapId of bpf.bpfProgInfo(prog).mapIds) {
+        const fd = bpf.bpfMapGetFdById(mapId);
+        const m = bpf.bpfMapInfo(fd);
+        if (m.name === DSR_FLOW_MAP_NAME && m.type === BPF_MAP_TYPE_LRU_HASH && m.keySize === FLOW_KEY_SIZE && m.valueSize === FLOW_VALUE_SIZE
+          && m.maxEntries === DSR_FLOW_ENTRIES) return fd;
+        closeFd(fd);
+      }
+    } catch { /* gone meanwhile: nothing to adopt */ } finally { closeFd(prog); }
+  }
+  return undefined;
+}
+
+/** Create the plan's maps, fill them, load the program on `flows`; nothing left open on failure. */
+function load(bpf: NativeBpf, ports: readonly DsrBpfPort[], flows: number): Loaded {
   const maps = dsrMaps(ports);
   let slots: number | undefined;
   let counters: number | undefined;
+  let backends: number | undefined;
   try {
     slots = bpf.bpfMapCreate(BPF_MAP_TYPE_ARRAY, 4, SLOT_VALUE_SIZE, maps.slots.length, 'lb_dsr_slots');
     counters = bpf.bpfMapCreate(BPF_MAP_TYPE_ARRAY, 4, COUNTER_VALUE_SIZE, Math.max(1, maps.counters.length), 'lb_dsr_counters');
+    backends = bpf.bpfMapCreate(BPF_MAP_TYPE_HASH, BACKEND_KEY_SIZE, SLOT_VALUE_SIZE, Math.max(1, maps.backends.length), 'lb_dsr_backends');
     maps.slots.forEach((v, k) => bpf.bpfMapUpdate(slots!, key(k), v, 0));
-    const insns = dsrProgram(ports, { slots, counters });
+    for (const b of maps.backends) bpf.bpfMapUpdate(backends, b.key, b.value, 0);
+    const insns = dsrProgram(ports, { slots, counters, flows, backends });
     const prog = bpf.bpfProgLoad(BPF_PROG_TYPE_SCHED_CLS, insns, 'GPL', DSR_PROG_NAME, VERIFIER_LOG);
-    return { prog, slots, counters, names: maps.counters };
+    return { prog, slots, counters, backends, names: maps.counters };
   } catch (err) {
     closeFd(slots);
     closeFd(counters);
+    closeFd(backends);
     const log = (err as { log?: unknown }).log;
     throw new LbError('LB_ERR_FORWARD_DSR_BPF', `cannot load the DSR program: ${errorMessage(err)}${typeof log === 'string' && log !== '' ? `; verifier: ${log.trim().split('\n').slice(-3).join(' | ')}` : ''}`,
       undefined, { cause: err });
@@ -67,6 +107,7 @@ function closeLoaded(l: Loaded | undefined): void {
   closeFd(l.prog);
   closeFd(l.slots);
   closeFd(l.counters);
+  closeFd(l.backends);
 }
 
 /** The ids of our programs attached at tcx ingress of `ifindex` (recognised by name). */
@@ -93,6 +134,8 @@ export class DsrBpf {
   readonly device: string;
   private readonly bpf: NativeBpf;
   private current: Loaded | undefined;
+  /** The flow map every program of this process uses (adopted from an earlier process's, or new). */
+  private flows: number | undefined;
 
   constructor(opts: DsrBpfOptions) {
     this.device = opts.device;
@@ -117,9 +160,18 @@ export class DsrBpf {
    */
   apply(ports: readonly DsrBpfPort[]): void {
     const ifindex = this.ifindex();
-    const next = load(this.bpf, ports);
+    const old = this.attached();
+    let flows = this.flows;
+    const fresh = flows === undefined;
+    if (flows === undefined) flows = adoptFlowMap(this.bpf, old) ?? createFlowMap(this.bpf);
+    let next: Loaded;
     try {
-      const old = this.attached();
+      next = load(this.bpf, ports, flows);
+    } catch (err) {
+      if (fresh) closeFd(flows);
+      throw err;
+    }
+    try {
       let replaceFd: number | undefined;
       try {
         if (old.length > 0) replaceFd = this.bpf.bpfProgGetFdById(old[0]!);
@@ -131,10 +183,12 @@ export class DsrBpf {
       for (const id of old.slice(1)) this.detachId(ifindex, id);
     } catch (err) {
       closeLoaded(next);
+      if (fresh) closeFd(flows);
       throw new LbError('LB_ERR_FORWARD_DSR_BPF', `cannot attach the DSR program at tcx ingress of ${this.device}: ${errorMessage(err)}`, undefined, { cause: err });
     }
     closeLoaded(this.current);
     this.current = next;
+    this.flows = flows;
   }
 
   private detachId(ifindex: number, id: number): void {
@@ -152,16 +206,17 @@ export class DsrBpf {
   /** Detach every program of ours from the device (this process's and any earlier one's). */
   detach(): void {
     let ifindex: number;
-    try { ifindex = this.ifindex(); } catch { closeLoaded(this.current); this.current = undefined; return; /* the device is gone, and with it the attachment */ }
+    try { ifindex = this.ifindex(); } catch { this.release(); return; /* the device is gone, and with it the attachment */ }
     for (const id of this.attached()) this.detachId(ifindex, id);
-    closeLoaded(this.current);
-    this.current = undefined;
+    this.release();
   }
 
   /** Let go of the descriptors and leave the attachment in place (a planned restart: the next process replaces it). */
   release(): void {
     closeLoaded(this.current);
     this.current = undefined;
+    closeFd(this.flows);
+    this.flows = undefined;
   }
 
   /** Whether this process's program is the one in place. */
@@ -197,8 +252,10 @@ export function probeDsrBpfHere(bpf: NativeBpf | string = nativeBpf(), device = 
     backends: [{ address: '192.0.2.11', conns: 'c', toBackend: 't' }],
   }];
   let loaded: Loaded | undefined;
+  let flows: number | undefined;
   try {
-    loaded = load(bpf, ports);
+    flows = createFlowMap(bpf);
+    loaded = load(bpf, ports, flows);
     const ifindex = ifNameToIndex(device);
     bpf.bpfProgAttach(ifindex, loaded.prog, BPF_TCX_INGRESS, 0, 0);
     bpf.bpfProgDetach(ifindex, loaded.prog, BPF_TCX_INGRESS);
@@ -207,5 +264,6 @@ export function probeDsrBpfHere(bpf: NativeBpf | string = nativeBpf(), device = 
     return errorMessage(err);
   } finally {
     closeLoaded(loaded);
+    closeFd(flows);
   }
 }

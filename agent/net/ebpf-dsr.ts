@@ -34,15 +34,36 @@
 //            { u32 backend address (network order), u32 counter index }
 //   counters one entry per (port, healthy backend):
 //            { u64 SYNs (TCP connections), u64 packets, u64 bytes (from the IP header, as nft counts at netdev ingress) }
+// and, for TCP, the flows the program has placed (per-flow state), so that a
+// change of the backend set moves no open connection whose backend is still
+// healthy (the hash alone moves some of them: the maglev table's extra
+// disruption, and every flow a new backend's slots take over):
+//   flows    BPF_MAP_TYPE_LRU_HASH, { u32 client address, u32 VIP, u16
+//            client port, u16 VIP port } (as the wire has them) ->
+//            { u32 backend address, u32 0 }; it outlives every program
+//            swap (the driver hands the same map to each plan), the kernel
+//            evicts the least recently used entry when it is full
+//   backends BPF_MAP_TYPE_HASH, { u32 the port's first slot key, u32 backend
+//            address } -> the slot entry of that backend ({ address, counter
+//            index }): which backends of a port are healthy now, per plan
+// A TCP frame that opens a connection (SYN without ACK) takes the hash's
+// pick, which is recorded; any other TCP frame goes where its flow was
+// placed if that backend is still among the port's healthy ones, else to the
+// hash's pick, which is recorded. So new connections follow the current
+// weights, open ones stay, and one whose backend left moves as before. UDP
+// has no opening frame to re-place a flow on, so it stays with the hash.
 import { ipv4ToBytes, parseIPv4, parseMac } from '../ipv4';
 import { EbpfAsm } from './ebpf';
 
+export const BPF_MAP_TYPE_HASH = 1;
 export const BPF_MAP_TYPE_ARRAY = 2;
+export const BPF_MAP_TYPE_LRU_HASH = 9;
 export const BPF_PROG_TYPE_SCHED_CLS = 3;
 /** enum bpf_attach_type (kernel 6.6+; newer than this build host's uapi headers). */
 export const BPF_TCX_INGRESS = 46;
 export const BPF_F_REPLACE = 1 << 2;
 export const BPF_FUNC_MAP_LOOKUP_ELEM = 1;
+export const BPF_FUNC_MAP_UPDATE_ELEM = 2;
 export const BPF_FUNC_REDIRECT_NEIGH = 152;
 export const TC_ACT_OK = 0;
 /**
@@ -59,6 +80,20 @@ export const TC_ACT_REDIRECT = 7;
 export const DSR_PROG_NAME = 'lb_agent_dsr';
 export const SLOT_VALUE_SIZE = 8;
 export const COUNTER_VALUE_SIZE = 24;
+export const FLOW_KEY_SIZE = 12;
+export const FLOW_VALUE_SIZE = 8;
+export const BACKEND_KEY_SIZE = 8;
+/**
+ * Entries of the flow map: open TCP connections through the node's DSR VIPs
+ * it remembers. The kernel preallocates an LRU map: 88 bytes an entry,
+ * 5.5 MiB of kernel memory (its memlock; charged to the agent's cgroup, not its RSS).
+ * When more connections are open, the least recently used lose their entry
+ * and go by the hash again, which only moves them if the backend set changed
+ * since they were placed.
+ */
+export const DSR_FLOW_ENTRIES = 65536;
+/** The flow map's name: how a later process finds it behind an earlier process's program. */
+export const DSR_FLOW_MAP_NAME = 'lb_dsr_flows';
 /** The kernel's JHASH_INITVAL (include/linux/jhash.h). */
 const JHASH_INITVAL = 0xdeadbeef;
 /** nft hashes `ip saddr . th sport` as 8 bytes: the port is padded to a 4-byte register. */
@@ -87,6 +122,8 @@ export interface DsrMaps {
   readonly counters: readonly { readonly conns: string; readonly toBackend: string }[];
   /** The first slot key of each port. */
   readonly bases: readonly number[];
+  /** Backend map entries: (port's first slot key, backend address) -> its slot entry. */
+  readonly backends: readonly { readonly key: Buffer; readonly value: Buffer }[];
 }
 
 const rol = (x: number, k: number): number => ((x << k) | (x >>> (32 - k))) >>> 0;
@@ -133,10 +170,20 @@ export function dsrMaps(ports: readonly DsrBpfPort[]): DsrMaps {
   const slots: Buffer[] = [];
   const counters: { conns: string; toBackend: string }[] = [];
   const bases: number[] = [];
+  const backends: { key: Buffer; value: Buffer }[] = [];
   for (const p of ports) {
     if (p.slots.length === 0) throw new Error(`${p.vip} ${p.protocol}/${p.port}: an empty slot table is not forwarded`);
     const first = counters.length;
-    for (const b of p.backends) counters.push({ conns: b.conns, toBackend: b.toBackend });
+    p.backends.forEach((b, i) => {
+      counters.push({ conns: b.conns, toBackend: b.toBackend });
+      const key = Buffer.alloc(BACKEND_KEY_SIZE);
+      key.writeUInt32LE(slots.length, 0);
+      ipBytes(b.address).copy(key, 4);
+      const value = Buffer.alloc(SLOT_VALUE_SIZE);
+      ipBytes(b.address).copy(value, 0);
+      value.writeUInt32LE(first + i, 4);
+      backends.push({ key, value });
+    });
     bases.push(slots.length);
     for (const i of p.slots) {
       const b = p.backends[i];
@@ -147,7 +194,7 @@ export function dsrMaps(ports: readonly DsrBpfPort[]): DsrMaps {
       slots.push(v);
     }
   }
-  return { slots, counters, bases };
+  return { slots, counters, bases, backends };
 }
 
 // struct __sk_buff offsets (include/uapi/linux/bpf.h).
@@ -176,12 +223,26 @@ function le16(bytes: Buffer, off = 0): number {
   return bytes.readUInt16LE(off);
 }
 
+/** The descriptors of the maps a program refers to. */
+export interface DsrProgramMaps {
+  readonly slots: number;
+  readonly counters: number;
+  readonly flows: number;
+  readonly backends: number;
+}
+
+// Stack: the flow key at fp-40 (12 bytes), a flow value at fp-48, a backend
+// key at fp-56; the redirect's struct at fp-24, map keys at fp-4 / fp-8.
+const FP_FLOW_KEY = -40;
+const FP_FLOW_VALUE = -48;
+const FP_BACKEND_KEY = -56;
+
 /**
  * The program for these ports, given the maps' descriptors. Registers:
  * r6 = ctx, r7 = frame start, r8/r9 = per-port slot count and first key
  * (then the slot entry), r1-r5 scratch (clobbered by helper calls).
  */
-export function dsrProgram(ports: readonly DsrBpfPort[], fds: { readonly slots: number; readonly counters: number }): Buffer {
+export function dsrProgram(ports: readonly DsrBpfPort[], fds: DsrProgramMaps): Buffer {
   const { bases } = dsrMaps(ports);
   const a = new EbpfAsm();
   a.mov64r(6, 1)
@@ -230,8 +291,33 @@ export function dsrProgram(ports: readonly DsrBpfPort[], fds: { readonly slots: 
     .ldMapFd(1, fds.slots).mov64r(2, 10).alu64('add', 2, -4)
     .call(BPF_FUNC_MAP_LOOKUP_ELEM)
     .jmp('jeq', 0, 0, 'pass') // cannot happen (key < entries); the verifier wants the check
+    .mov64r(8, 0);
+  // Per-flow state, TCP only: r8 = the hash's slot entry, r9 = the port's first key.
+  a.ldx('b', 1, 7, IP_PROTO).jmp('jne', 1, 6, 'count')
+    .mov64r(2, 7).alu64('add', 2, TCP_FLAGS + 1).ldx('w', 3, 6, SKB_DATA_END)
+    .jmpr('jgt', 2, 3, 'count')
+    .ldx('w', 1, 7, IP_SADDR).stx('w', 10, FP_FLOW_KEY, 1)
+    .ldx('w', 1, 7, IP_DADDR).stx('w', 10, FP_FLOW_KEY + 4, 1)
+    .ldx('w', 1, 7, L4_SPORT).stx('w', 10, FP_FLOW_KEY + 8, 1)
+    .ldx('b', 1, 7, TCP_FLAGS).alu64('and', 1, 0x12).jmp('jeq', 1, 0x02, 'record') // opens a connection: the hash places it
+    .ldMapFd(1, fds.flows).mov64r(2, 10).alu64('add', 2, FP_FLOW_KEY)
+    .call(BPF_FUNC_MAP_LOOKUP_ELEM)
+    .jmp('jeq', 0, 0, 'record') // not placed yet (or evicted): the hash places it
+    .ldx('w', 1, 0, 0).ldx('w', 2, 8, 0)
+    .jmpr('jeq', 1, 2, 'count') // placed where the hash points now
+    .stx('w', 10, FP_BACKEND_KEY, 9).stx('w', 10, FP_BACKEND_KEY + 4, 1)
+    .ldMapFd(1, fds.backends).mov64r(2, 10).alu64('add', 2, FP_BACKEND_KEY)
+    .call(BPF_FUNC_MAP_LOOKUP_ELEM)
+    .jmp('jeq', 0, 0, 'record') // its backend left the healthy set: the hash places it again
     .mov64r(8, 0)
-    // Counters: packets and bytes always, SYNs (a SYN without ACK) on TCP.
+    .ja('count')
+    .label('record')
+    .ldx('w', 1, 8, 0).stx('w', 10, FP_FLOW_VALUE, 1).st('w', 10, FP_FLOW_VALUE + 4, 0)
+    .ldMapFd(1, fds.flows).mov64r(2, 10).alu64('add', 2, FP_FLOW_KEY)
+    .mov64r(3, 10).alu64('add', 3, FP_FLOW_VALUE).mov64(4, 0)
+    .call(BPF_FUNC_MAP_UPDATE_ELEM); // full: the kernel evicts the least recently used; a failure only leaves the flow to the hash
+  // Counters: packets and bytes always, SYNs (a SYN without ACK) on TCP.
+  a.label('count')
     .ldx('w', 2, 8, 4).stx('w', 10, -8, 2)
     .ldMapFd(1, fds.counters).mov64r(2, 10).alu64('add', 2, -8)
     .call(BPF_FUNC_MAP_LOOKUP_ELEM)

@@ -149,6 +149,18 @@ export interface NativeAddon {
   bpfProgGetFdById?(id: number): number;
   bpfProgInfo?(fd: number): BpfProgInfo;
   bpfProgTestRun?(fd: number, data: Buffer, out: Buffer, repeat: number): { retval: number; size: number; durationNs: number };
+  bpfMapGetFdById?(id: number): number;
+  bpfMapInfo?(fd: number): BpfMapInfo;
+}
+
+/** What BPF_OBJ_GET_INFO_BY_FD says about a map. */
+export interface BpfMapInfo {
+  readonly id: number;
+  readonly type: number;
+  readonly keySize: number;
+  readonly valueSize: number;
+  readonly maxEntries: number;
+  readonly name: string;
 }
 
 /** What BPF_OBJ_GET_INFO_BY_FD says about a program. */
@@ -160,13 +172,15 @@ export interface BpfProgInfo {
 }
 
 /** The bpf(2) calls of the addon (issue 17), all present; close descriptors with fs.closeSync. */
-export type NativeBpf = Required<Pick<NativeAddon, 'bpfMapCreate' | 'bpfMapUpdate' | 'bpfMapLookup' | 'bpfProgLoad' | 'bpfProgAttach' | 'bpfProgDetach' | 'bpfProgQuery' | 'bpfProgGetFdById' | 'bpfProgInfo' | 'bpfProgTestRun'>>;
+export type NativeBpf = Required<Pick<NativeAddon, 'bpfMapCreate' | 'bpfMapUpdate' | 'bpfMapLookup' | 'bpfProgLoad' | 'bpfProgAttach' | 'bpfProgDetach' | 'bpfProgQuery' | 'bpfProgGetFdById' | 'bpfProgInfo' | 'bpfProgTestRun' | 'bpfMapGetFdById' | 'bpfMapInfo'>>;
 
 /** The addon's bpf(2) wrappers, or why there are none (not built, or built before them). */
 export function nativeBpf(): NativeBpf | string {
   try {
     const n = loadNative();
-    return typeof n.bpfProgLoad === 'function' ? (n as NativeBpf) : 'the native addon was built without bpf(2) support (rebuild it: npm ci)';
+    if (typeof n.bpfProgLoad !== 'function') return 'the native addon was built without bpf(2) support (rebuild it: npm ci)';
+    if (typeof n.bpfMapInfo !== 'function') return 'the native addon predates the DSR flow map\'s calls (rebuild it: npm ci)';
+    return n as NativeBpf;
   } catch (err) {
     return (err as Error).message;
   }

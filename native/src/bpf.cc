@@ -175,14 +175,30 @@ Napi::Value ProgQuery(const Napi::CallbackInfo& info) {
   return out;
 }
 
-// bpfProgGetFdById(id) -> fd
-Napi::Value ProgGetFdById(const Napi::CallbackInfo& info) {
+// A descriptor for a program's or a map's id (prog_id and map_id share one
+// union member of bpf_attr).
+Napi::Value FdById(const Napi::CallbackInfo& info, int cmd, const char* usage, const char* cmd_name) {
   union bpf_attr a;
   std::memset(&a, 0, sizeof a);
-  a.prog_id = U32(info, 0, "bpfProgGetFdById(id)");
-  long fd = SysBpf(BPF_PROG_GET_FD_BY_ID, &a);
-  if (fd < 0) throw ErrnoError(info.Env(), errno, "bpf", "BPF_PROG_GET_FD_BY_ID");
+  a.prog_id = U32(info, 0, usage);
+  long fd = SysBpf(cmd, &a);
+  if (fd < 0) throw ErrnoError(info.Env(), errno, "bpf", cmd_name);
   return Napi::Number::New(info.Env(), static_cast<double>(fd));
+}
+
+// BPF_OBJ_GET_INFO_BY_FD into `out` (a bpf_prog_info or bpf_map_info).
+void ObjInfo(Napi::Env env, uint32_t fd, void* out, uint32_t len) {
+  union bpf_attr a;
+  std::memset(&a, 0, sizeof a);
+  a.info.bpf_fd = fd;
+  a.info.info_len = len;
+  a.info.info = Ptr(out);
+  if (SysBpf(BPF_OBJ_GET_INFO_BY_FD, &a) < 0) throw ErrnoError(env, errno, "bpf", "BPF_OBJ_GET_INFO_BY_FD");
+}
+
+// bpfProgGetFdById(id) -> fd
+Napi::Value ProgGetFdById(const Napi::CallbackInfo& info) {
+  return FdById(info, BPF_PROG_GET_FD_BY_ID, "bpfProgGetFdById(id)", "BPF_PROG_GET_FD_BY_ID");
 }
 
 // bpfProgInfo(fd) -> { id, type, name, mapIds }
@@ -194,12 +210,7 @@ Napi::Value ProgInfo(const Napi::CallbackInfo& info) {
   std::memset(&pi, 0, sizeof pi);
   pi.nr_map_ids = 16;
   pi.map_ids = Ptr(map_ids);
-  union bpf_attr a;
-  std::memset(&a, 0, sizeof a);
-  a.info.bpf_fd = fd;
-  a.info.info_len = sizeof pi;
-  a.info.info = Ptr(&pi);
-  if (SysBpf(BPF_OBJ_GET_INFO_BY_FD, &a) < 0) throw ErrnoError(env, errno, "bpf", "BPF_OBJ_GET_INFO_BY_FD");
+  ObjInfo(env, fd, &pi, sizeof pi);
   Napi::Object out = Napi::Object::New(env);
   out.Set("id", Napi::Number::New(env, pi.id));
   out.Set("type", Napi::Number::New(env, pi.type));
@@ -210,6 +221,30 @@ Napi::Value ProgInfo(const Napi::CallbackInfo& info) {
   Napi::Array maps = Napi::Array::New(env, n);
   for (uint32_t i = 0; i < n; i++) maps.Set(i, Napi::Number::New(env, map_ids[i]));
   out.Set("mapIds", maps);
+  return out;
+}
+
+// bpfMapGetFdById(id) -> fd
+Napi::Value MapGetFdById(const Napi::CallbackInfo& info) {
+  return FdById(info, BPF_MAP_GET_FD_BY_ID, "bpfMapGetFdById(id)", "BPF_MAP_GET_FD_BY_ID");
+}
+
+// bpfMapInfo(fd) -> { id, type, keySize, valueSize, maxEntries, name }
+Napi::Value MapInfo(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  uint32_t fd = U32(info, 0, "bpfMapInfo(fd)");
+  struct bpf_map_info mi;
+  std::memset(&mi, 0, sizeof mi);
+  ObjInfo(env, fd, &mi, sizeof mi);
+  Napi::Object out = Napi::Object::New(env);
+  out.Set("id", Napi::Number::New(env, mi.id));
+  out.Set("type", Napi::Number::New(env, mi.type));
+  out.Set("keySize", Napi::Number::New(env, mi.key_size));
+  out.Set("valueSize", Napi::Number::New(env, mi.value_size));
+  out.Set("maxEntries", Napi::Number::New(env, mi.max_entries));
+  char name[BPF_OBJ_NAME_LEN + 1] = {};
+  std::memcpy(name, mi.name, BPF_OBJ_NAME_LEN);
+  out.Set("name", Napi::String::New(env, name));
   return out;
 }
 
@@ -250,6 +285,8 @@ Napi::Object InitBpf(Napi::Env env, Napi::Object exports) {
   exports.Set("bpfProgQuery", Napi::Function::New(env, ProgQuery, "bpfProgQuery"));
   exports.Set("bpfProgGetFdById", Napi::Function::New(env, ProgGetFdById, "bpfProgGetFdById"));
   exports.Set("bpfProgInfo", Napi::Function::New(env, ProgInfo, "bpfProgInfo"));
+  exports.Set("bpfMapGetFdById", Napi::Function::New(env, MapGetFdById, "bpfMapGetFdById"));
+  exports.Set("bpfMapInfo", Napi::Function::New(env, MapInfo, "bpfMapInfo"));
   exports.Set("bpfProgTestRun", Napi::Function::New(env, ProgTestRun, "bpfProgTestRun"));
   return exports;
 }

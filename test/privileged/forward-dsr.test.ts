@@ -13,7 +13,9 @@
 // the engines: held connections keep their backend when the agent comes back
 // with the table alone (LB_AGENT_DSR_ENGINE=nft: same hash, same slots) and
 // back; a planned restart and a reload keep a 20 ms client loop served with
-// exactly one program attached; removing the DSR services detaches it.
+// exactly one program attached; a reload that changes the weights moves no
+// open connection (the program's per-flow state); removing the DSR services
+// detaches it.
 import t, { type Test } from 'tap';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
@@ -250,13 +252,17 @@ if (requirePrivileged(t)) {
       const beforeReload = await attached(lab, node);
       t.equal(beforeReload.length, 1, 'after the restart: one program');
       // A reload that changes the plan: a new program swapped in for the old.
-      // The change is a second port on web-dsr, which leaves port 80's slot
-      // table as it is. A change of weights would move a share of the slots
-      // by design (maglev, no per-flow state: the bench's table of moved
-      // flows), and a connection of the loop in flight on a moved slot at
-      // that instant is reset by its new backend (seen in CI: 1 of 233);
-      // what this checks is that the swap itself loses nothing.
-      const replanned = { ...cfg, services: cfg.services.map((sv) => (sv.name === 'web-dsr' ? { ...sv, ports: [...sv.ports, { port: 8081 }] } : sv)) };
+      // The change is a second port on web-dsr and new weights on port 80's
+      // backends, which move a share of its slots: a connection of the loop
+      // in flight on a moved slot at that instant keeps its backend through
+      // the program's per-flow state (before it, its new backend reset it:
+      // seen in CI, 1 of 233).
+      const replanned = {
+        ...cfg,
+        services: cfg.services.map((sv) => (sv.name === 'web-dsr'
+          ? { ...sv, ports: [...sv.ports, { port: 8081 }], backends: sv.backends.map((b, i) => ({ ...b, weight: i === 0 ? 3 : b.weight })) }
+          : sv)),
+      };
       const swaps = agent.logs.filter((l) => l.op === 'apply').length;
       agent.writeConfig(replanned);
       agent.signal('SIGHUP');
@@ -268,6 +274,33 @@ if (requirePrivileged(t)) {
       const afterReload = await attached(lab, node);
       t.equal(afterReload.length, 1, 'after the reload: one program');
       t.not(afterReload[0], beforeReload[0], 'a new program for the new plan replaced the old one');
+    });
+
+    await t.test('a reload that changes the weights moves no open connection: each flow stays where the program placed it', async (t) => {
+      // b3 is dead (above), b1 and b2 serve, weights 3:1 since the reload
+      // above. New weights 1:3: the new slot table gives two thirds of b1's
+      // slots to b2, so about 30 of the ~45 connections on b1 would move to
+      // b2 (and be reset there) if the program followed the hash alone
+      // (checked: with the flow lookup disabled this fails).
+      // Client ports above the namespace's ephemeral range (32768-60999), so
+      // that the 20 ms loop's leftovers in TIME_WAIT cannot hold one.
+      const held = await cl.request<{ backends: string[] }>({ cmd: 'holdOpen', host: DSR_POOL, port: 80, n: 60, fromPort: 61000 });
+      t.same([...new Set(held.backends)].sort(), ['b1', 'b2'], `60 open connections on b1 and b2 (${held.backends.filter((b) => b === 'b1').length} on b1)`);
+      const reweighted = {
+        ...cfg,
+        services: cfg.services.map((sv) => (sv.name === 'web-dsr' ? { ...sv, backends: sv.backends.map((b, i) => ({ ...b, weight: i === 0 ? 1 : 3 })) } : sv)),
+      };
+      const swaps = agent.logs.filter((l) => l.op === 'apply').length;
+      agent.writeConfig(reweighted);
+      agent.signal('SIGHUP');
+      await agent.waitLog('the reload applied', (l) => l.op === 'apply' && agent.logs.filter((x) => x.op === 'apply').length > swaps, 15_000);
+      const again = await cl.request<{ backends: string[] }>({ cmd: 'holdAsk', order: 'shuffled' });
+      t.same(again.backends, held.backends, 'every open connection answered again by its own backend');
+      const after = await cl.request<Burst>({ cmd: 'burst', host: DSR_POOL, port: 80, n: 300, fromPort: 62000, concurrency: 8 }, 60_000);
+      t.same(after.errors, {}, 'no new connection fails');
+      const [b1, b2] = [after.counts['b1'] ?? 0, after.counts['b2'] ?? 0];
+      t.ok(b2 > 2 * b1 && b1 > 0, `new connections follow the new weights, 1:3 (b1 ${b1}, b2 ${b2})`);
+      await cl.request({ cmd: 'holdClose' });
     });
 
     await t.test('`lb-agent withdraw` after a stop that kept serving takes the program off before the table', async (t) => {

@@ -3,14 +3,20 @@
 // jhash and the maglev slot table pick (BPF_PROG_TEST_RUN, counters read back
 // after each frame), and nft's jhash is the model's (real connections in a
 // throwaway namespace); frames for another port, MAC or a fragment pass
-// (TCX_NEXT); tcx attach, replace by a later process, detach, with a foreign
-// program on the same hook left alone; the probe passes here. ~1 s.
-import t from 'tap';
+// (TCX_NEXT); per-flow state keeps an open flow on its backend across a new
+// plan while that backend is healthy; tcx attach, replace by a later process
+// (which adopts the flow map), detach, with a foreign program on the same
+// hook left alone; the probe passes here. ~1 s.
+import t, { type Test } from 'tap';
 import { execFile } from 'node:child_process';
 import * as fs from 'node:fs';
 import { requirePrivileged } from '../helpers/privileged';
 import { distPath } from '../../lab/services';
-import { BPF_MAP_TYPE_ARRAY, BPF_PROG_TYPE_SCHED_CLS, COUNTER_VALUE_SIZE, DSR_PROG_NAME, SLOT_VALUE_SIZE, TCX_NEXT, TC_ACT_REDIRECT, dsrMaps, dsrProgram, nftJhashSlot, type DsrBpfPort } from '../../agent/net/ebpf-dsr';
+import {
+  BACKEND_KEY_SIZE, BPF_MAP_TYPE_ARRAY, BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_LRU_HASH, BPF_PROG_TYPE_SCHED_CLS, COUNTER_VALUE_SIZE, DSR_PROG_NAME,
+  FLOW_KEY_SIZE, FLOW_VALUE_SIZE, SLOT_VALUE_SIZE, TCX_NEXT, TC_ACT_REDIRECT, dsrMaps, dsrProgram, nftJhashSlot, type DsrBpfPort,
+} from '../../agent/net/ebpf-dsr';
+import type { NativeBpf } from '../../agent/net/native';
 import { DsrBpf } from '../../agent/net/ebpf-attach';
 import { nativeBpf } from '../../agent/net/native';
 
@@ -40,19 +46,49 @@ function frame(o: { sport: number; dport?: number; flags?: number; mac?: number;
   return f;
 }
 
+const key = (k: number): Buffer => { const b = Buffer.alloc(4); b.writeUInt32LE(k); return b; };
+
+/** Load the program for `plan` on the flow map `flows`, its other maps filled; every descriptor into `fds`. */
+function loadPlan(bpf: NativeBpf, plan: DsrBpfPort, flows: number, fds: number[]): { prog: number; counters: number } {
+  const maps = dsrMaps([plan]);
+  const slots = bpf.bpfMapCreate(BPF_MAP_TYPE_ARRAY, 4, SLOT_VALUE_SIZE, maps.slots.length, 'test_slots');
+  fds.push(slots);
+  const counters = bpf.bpfMapCreate(BPF_MAP_TYPE_ARRAY, 4, COUNTER_VALUE_SIZE, maps.counters.length, 'test_counters');
+  fds.push(counters);
+  const backends = bpf.bpfMapCreate(BPF_MAP_TYPE_HASH, BACKEND_KEY_SIZE, SLOT_VALUE_SIZE, maps.backends.length, 'test_backends');
+  fds.push(backends);
+  maps.slots.forEach((v, k) => bpf.bpfMapUpdate(slots, key(k), v, 0));
+  for (const b of maps.backends) bpf.bpfMapUpdate(backends, b.key, b.value, 0);
+  const prog = bpf.bpfProgLoad(BPF_PROG_TYPE_SCHED_CLS, dsrProgram([plan], { slots, counters, flows, backends }), 'GPL', DSR_PROG_NAME, 1 << 20);
+  fds.push(prog);
+  return { prog, counters };
+}
+
+/** Run one frame through `prog`; the address of the backend whose packet counter moved (undefined: none). */
+function placed(bpf: NativeBpf, plan: DsrBpfPort, l: { prog: number; counters: number }, f: Buffer): string | undefined {
+  const value = Buffer.alloc(COUNTER_VALUE_SIZE);
+  const packets = (): bigint[] => plan.backends.map((_, i) => { bpf.bpfMapLookup(l.counters, key(i), value); return value.readBigUInt64LE(8); });
+  const before = packets();
+  bpf.bpfProgTestRun(l.prog, f, Buffer.alloc(256), 1);
+  const after = packets();
+  return plan.backends[after.findIndex((c, i) => c > before[i]!)]?.address;
+}
+
+/** The addon's bpf calls, a flow map, and the list of descriptors the test's teardown closes. */
+function setup(t: Test): { bpf: NativeBpf; fds: number[]; flows: number } {
+  const bpf = nativeBpf();
+  if (typeof bpf === 'string') throw new Error(bpf);
+  const fds: number[] = [];
+  t.teardown(() => { for (const fd of fds) fs.closeSync(fd); });
+  const flows = bpf.bpfMapCreate(BPF_MAP_TYPE_LRU_HASH, FLOW_KEY_SIZE, FLOW_VALUE_SIZE, 4096, 'test_flows');
+  fds.push(flows);
+  return { bpf, fds, flows };
+}
+
 if (requirePrivileged(t)) {
   t.test('the program picks what nft picks, counts per backend, and passes what is not its own', async (t) => {
-    const bpf = nativeBpf();
-    if (typeof bpf === 'string') throw new Error(bpf);
-    const maps = dsrMaps([PLAN]);
-    const slots = bpf.bpfMapCreate(BPF_MAP_TYPE_ARRAY, 4, SLOT_VALUE_SIZE, maps.slots.length, 'test_slots');
-    const counters = bpf.bpfMapCreate(BPF_MAP_TYPE_ARRAY, 4, COUNTER_VALUE_SIZE, maps.counters.length, 'test_counters');
-    const fds = [slots, counters];
-    t.teardown(() => { for (const fd of fds) fs.closeSync(fd); });
-    const key = (k: number): Buffer => { const b = Buffer.alloc(4); b.writeUInt32LE(k); return b; };
-    maps.slots.forEach((v, k) => bpf.bpfMapUpdate(slots, key(k), v, 0));
-    const prog = bpf.bpfProgLoad(BPF_PROG_TYPE_SCHED_CLS, dsrProgram([PLAN], { slots, counters }), 'GPL', DSR_PROG_NAME, 1 << 20);
-    fds.push(prog);
+    const { bpf, fds, flows } = setup(t);
+    const { prog, counters } = loadPlan(bpf, PLAN, flows, fds);
     t.equal(bpf.bpfProgInfo(prog).name, DSR_PROG_NAME, 'the verifier accepted it, under our name');
     const value = Buffer.alloc(COUNTER_VALUE_SIZE);
     const read = (): bigint[][] => PLAN.backends.map((_, i) => {
@@ -82,6 +118,44 @@ if (requirePrivileged(t)) {
     }
   });
 
+  t.test('per-flow state: an open connection keeps its backend across a new plan while that backend is healthy; a SYN and a departed backend re-place', async (t) => {
+    const { bpf, fds, flows } = setup(t);
+    const backend = (address: string, i: number): DsrBpfPort['backends'][number] => ({ address, conns: `b${i}_conns`, toBackend: `b${i}_to_backend` });
+    // A reload adds a fourth backend (a new table), then one removes the second.
+    const added: DsrBpfPort = { ...PLAN, slots: Array.from({ length: 1021 }, (_, i) => [3, 0, 1, 2, 3][i % 5]!), backends: ['10.0.0.11', '10.0.0.12', '10.0.0.13', '10.0.0.14'].map(backend) };
+    const removed: DsrBpfPort = { ...PLAN, slots: Array.from({ length: 1021 }, (_, i) => [0, 1, 2][i % 3]!), backends: ['10.0.0.11', '10.0.0.13', '10.0.0.14'].map(backend) };
+    const hashed = (plan: DsrBpfPort, sport: number): string => plan.backends[plan.slots[nftJhashSlot(CLIENT, sport, plan.seed, 1021)]!]!.address;
+    const first = loadPlan(bpf, PLAN, flows, fds);
+    const opened = new Map<number, string>();
+    for (let sport = 41000; sport < 41200; sport++) opened.set(sport, placed(bpf, PLAN, first, frame({ sport }))!);
+    t.ok([...opened].every(([sport, b]) => b === hashed(PLAN, sport)), 'the SYNs go where the hash points');
+
+    const second = loadPlan(bpf, added, flows, fds);
+    let moved = 0;
+    let stayed = 0;
+    for (const [sport, b] of opened) {
+      if (hashed(added, sport) !== b) moved++;
+      if (placed(bpf, added, second, frame({ sport, flags: 0x10 })) === b) stayed++;
+    }
+    t.ok(moved > 100, `the new table alone would move ${moved} of 200 open flows`);
+    t.equal(stayed, 200, 'every open flow (an ACK) stays on its backend under the new plan');
+    t.equal(placed(bpf, added, second, frame({ sport: 41999, flags: 0x10 })), hashed(added, 41999), 'a flow never seen (mid-stream, e.g. after a failover) goes by the hash');
+    let reopened = 0;
+    for (let sport = 41000; sport < 41020; sport++) if (placed(bpf, added, second, frame({ sport })) === hashed(added, sport)) reopened++;
+    t.equal(reopened, 20, 'a SYN (a new connection on a port reused) is placed by the hash of the new plan');
+
+    const third = loadPlan(bpf, removed, flows, fds);
+    let left = 0;
+    let wrong = 0;
+    for (const [sport, b] of opened) {
+      if (sport < 41020) continue; // re-placed above
+      const now = placed(bpf, removed, third, frame({ sport, flags: 0x10 }));
+      if (b === '10.0.0.12') { left++; if (now !== hashed(removed, sport)) wrong++; } else if (now !== b) wrong++;
+    }
+    t.ok(left > 20, `${left} open flows were on the backend that left`);
+    t.equal(wrong, 0, 'the flows on the departed backend go by the hash; every other flow stays');
+  });
+
   t.test('nft\'s jhash is the model\'s; tcx attach, replace, detach; a foreign program is left alone; the probe passes', async (t) => {
     const r = await new Promise<{ stdout: string; stderr: string }>((resolve, reject) => {
       execFile('unshare', ['-n', process.execPath, distPath('test', 'privileged', 'fixtures', 'ebpf-netns.js')], { timeout: 20_000 }, (err, stdout, stderr) => (err ? reject(Object.assign(err, { stderr })) : resolve({ stdout, stderr })));
@@ -91,6 +165,8 @@ if (requirePrivileged(t)) {
     t.same([seen['first'], seen['second'], seen['replaced']], [1, 1, true], 'the second apply replaced the first program: one of ours');
     t.equal(seen['totalAttached'], 2, 'ours and the foreign one');
     t.equal(seen['afterLater'], 1, 'a later process replaced ours, still one');
+    t.same([seen['flowMapFound'], seen['flowMapKeptAcrossApply'], seen['flowMapAdoptedByLater']], [true, true, true],
+      'one flow map: the second plan\'s program uses the first one\'s, and a later process adopts it');
     t.same([seen['afterDetach'], seen['foreignLeft']], [0, 1], 'detach took ours only');
     t.equal(seen['probe'], 'ok');
   });
