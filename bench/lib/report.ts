@@ -384,7 +384,7 @@ export function renderResults(r: BenchResults): string {
     if (r.forward!.errors.length) parts.push(`Not measured: ${r.forward!.errors.join('; ')}.`);
     const dh = dsrHashingTable(r);
     if (dh) {
-      parts.push('Direct server return keeps no per-flow state (nftables\' netdev hook has no conntrack): flows stay on their backend because the slot table moves as little as it can (agent/forward/maglev.ts). Shares of flows (slots) moved, computed for equal weights:');
+      parts.push('Direct server return places a flow by a slot table that moves as little as it can (agent/forward/maglev.ts). These are the shares of flows (slots) the table moves, computed for equal weights: what new connections see, and every connection on the nft engine (netdev has no conntrack); the BPF program\'s per-flow state keeps an open TCP connection on its backend while that backend stays healthy, so of open connections only a failed or removed backend\'s move.');
       parts.push(dh);
     }
   }
@@ -463,7 +463,7 @@ export function renderReadmeSummary(r: BenchResults, resultsFile: string): strin
   const ft = forwardTable(r);
   if (ft) parts.push(`Forwarding, 3 backends, ${r.forward!.config.wrk}${r.forward!.config.pairing ? ` (${r.forward!.config.pairing})` : ''}:\n\n${ft}`);
   const dh = dsrHashingTable(r);
-  if (dh) parts.push(`Direct server return, flows moved by a change of the backend set (computed; the minimum in brackets):\n\n${dh}`);
+  if (dh) parts.push(`Direct server return, flows the slot table moves by a change of the backend set (computed; the minimum in brackets; open TCP connections stay on a healthy backend through the BPF program's per-flow state):\n\n${dh}`);
   const dt = dhcpTables(r);
   if (dt.one) parts.push(`DHCP, one service, start to bound:\n\n${dt.one}`);
   if (dt.many) parts.push(`DHCP, many services at once:\n\n${dt.many}`);
