@@ -46,6 +46,18 @@ export async function dropInvalid(lab: Lab, ns: string): Promise<void> {
 }
 
 /** A child process speaking JSON lines: requests with ids, events kept in order. */
+/** Our DSR programs attached at tcx ingress of `device` in `ns` (by the addon's bpf(2) calls, as root inside the namespace). */
+export async function dsrProgramsIn(lab: Lab, ns: string, device = 'eth0'): Promise<number[]> {
+  const script = `const a = require(${JSON.stringify(distPath('agent', 'net', 'ebpf-attach.js'))}); const n = require(${JSON.stringify(distPath('agent', 'net', 'native.js'))});
+process.stdout.write(JSON.stringify(a.attachedDsrPrograms(n.nativeBpf(), n.ifNameToIndex(${JSON.stringify(device)}))));`;
+  return JSON.parse((await lab.exec(ns, process.execPath, ['-e', script])).stdout) as number[];
+}
+
+/** A DSR backend set up by hand, as the README tells an operator without lb-agent there: the VIPs on lo, ARP kept quiet. */
+export async function dsrBackendByHand(lab: Lab, ns: string, vips: readonly string[]): Promise<void> {
+  await lab.sh(ns, `${vips.map((v) => `ip addr add ${v}/32 dev lo`).join(' && ')} && sysctl -qw net.ipv4.conf.all.arp_ignore=1 net.ipv4.conf.all.arp_announce=2`);
+}
+
 export class JsonLinesProc {
   readonly events: Record<string, unknown>[] = [];
   stderr = '';

@@ -34,7 +34,7 @@ export interface CreateDataplaneOptions {
   readonly clock?: Clock;
   /** The proxy's passive health reports (the kernel path has none). */
   readonly onConnectResult?: ConnectResultCallback;
-  /** Where the proxy keeps its listening sockets across restarts (systemd's fd store). */
+  /** Where the proxy keeps its listening sockets, and the DSR program its descriptors, across restarts (systemd's fd store). */
   readonly listenerStore?: ListenerStore | undefined;
   /** The parent NIC, for direct server return on the kernel path (issue 17). */
   readonly dsrDevice?: string | undefined;
@@ -54,7 +54,8 @@ export function parseDsrEngine(value: string | undefined): 'auto' | 'nft' {
 /** Build the data path selectDataplane() chose; its reason goes to the info metric. */
 export function createDataplane(selection: DataplaneSelection, opts: CreateDataplaneOptions): Dataplane {
   if (selection.kind === 'kernel') {
-    return new (nft().NftDataplane)({ registry: opts.registry, log: opts.log, reason: selection.reason, dsrDevice: opts.dsrDevice, dsrEngine: parseDsrEngine(opts.dsrEngine), placement: opts.placement });
+    return new (nft().NftDataplane)({ registry: opts.registry, log: opts.log, reason: selection.reason, dsrDevice: opts.dsrDevice, dsrEngine: parseDsrEngine(opts.dsrEngine), placement: opts.placement,
+      dsrStore: opts.listenerStore });
   }
   return new (proxy().ProxyDataplane)({
     config: opts.proxy, registry: opts.registry, log: opts.log, reason: selection.reason,

@@ -100,7 +100,7 @@ import { ForwardMetrics } from './metrics';
 import { DSR_FAMILY, DSR_PROBE_RULESET, DSR_TABLE, dsrRemovalLines, flowHashPick, flowHashSlots, renderDsrPort, renderDsrTable, type DsrPortRender } from './nft-dsr';
 import { SerialQueue } from '../serial';
 import type { DsrBpfPort } from '../net/ebpf-dsr';
-import type { DsrBpf } from '../net/ebpf-attach';
+import type { DsrBpf, DsrFdStore } from '../net/ebpf-attach';
 
 // The BPF driver loads on demand: when a DSR port is forwarded, and at the
 // first apply when an earlier process left our netdev table, to look for the
@@ -536,6 +536,8 @@ export interface NftDataplaneOptions {
   readonly dsrEngine?: DsrEngineChoice;
   /** The BPF driver (tests); default: net/ebpf-attach.ts's on dsrDevice. */
   readonly dsrBpf?: () => DsrBpf;
+  /** Where the DSR program's descriptors outlive the process (systemd's fd store): a restart without CAP_SYS_ADMIN replaces the program through it. */
+  readonly dsrStore?: DsrFdStore | undefined;
   /** How the SNAT path places new connections (default 'round-robin'; the daemon hashes with VRRP). */
   readonly placement?: Placement;
 }
@@ -601,7 +603,8 @@ export class NftDataplane implements Dataplane {
     this.placement = opts.placement ?? 'round-robin';
     this.dsrEngine = opts.dsrEngine ?? 'auto';
     const device = opts.dsrDevice;
-    this.makeDsrBpf = opts.dsrBpf ?? (device === undefined ? undefined : () => new (ebpfAttach().DsrBpf)({ device }));
+    const store = opts.dsrStore;
+    this.makeDsrBpf = opts.dsrBpf ?? (device === undefined ? undefined : () => new (ebpfAttach().DsrBpf)({ device, store }));
     // A scrape only reads: it never spawns nft nor changes what the data path
     // holds (issue 16); the counters are read after each apply and on a timer.
     this.metrics = opts.registry
@@ -701,7 +704,11 @@ export class NftDataplane implements Dataplane {
     if (want && this.dsrEngine === 'auto' && this.makeDsrBpf) {
       try {
         this.dsrBpf ??= this.makeDsrBpf();
-        this.dsrBpf.apply(plan.dsr);
+        const applied = this.dsrBpf.apply(plan.dsr);
+        if (applied.replaced === 'none' && applied.unreadable > 0) {
+          this.log.warn({ op: 'dsr-engine', unreadable: applied.unreadable },
+            `direct server return: ${applied.unreadable} program(s) at tcx ingress of ${this.dsrDevice} that this process may not open by id (no CAP_SYS_ADMIN) and none handed back by the service manager's fd store: one an earlier process left may still forward in front of ours until \`lb-agent withdraw\` (as root) removes it`);
+        }
         this.dsrState = { engine: 'bpf', cause: 'tcx', reason: `BPF program at tc ingress (tcx) of ${this.dsrDevice}, in front of table ${DSR_FAMILY} ${DSR_TABLE}` };
         if (prev?.engine !== 'bpf') this.log.info({ op: 'dsr-engine', engine: 'bpf', ports: plan.dsr.length }, `direct server return: ${this.dsrState.reason}`);
         return;

@@ -20,7 +20,7 @@ import {
   COUNTER_VALUE_SIZE, DSR_FLOW_ENTRIES, DSR_FLOW_MAP_NAME, DSR_PROG_NAME, FLOW_KEY_SIZE, FLOW_VALUE_SIZE, SLOT_VALUE_SIZE,
   dsrMaps, dsrProgram, type DsrBpfPort,
 } from './ebpf-dsr';
-import { ifNameToIndex, nativeBpf, type NativeBpf } from './native';
+import { ifNameToIndex, nativeBpf, type BpfMapInfo, type NativeBpf } from './native';
 
 /** Packets and bytes of one nft counter name, as the program counted them. */
 export interface BpfCounter { readonly packets: number; readonly bytes: number }
@@ -55,6 +55,12 @@ function createFlowMap(bpf: NativeBpf): number {
   }
 }
 
+/** Whether a map is a flow map of this build's layout. */
+function isFlowMap(m: BpfMapInfo): boolean {
+  return m.name === DSR_FLOW_MAP_NAME && m.type === BPF_MAP_TYPE_LRU_HASH && m.keySize === FLOW_KEY_SIZE && m.valueSize === FLOW_VALUE_SIZE
+    && m.maxEntries === DSR_FLOW_ENTRIES;
+}
+
 /**
  * The flow map behind the program of ours attached now (an earlier
  * process's), if it has the layout this build uses: a restart keeps the
@@ -67,9 +73,7 @@ function adoptFlowMap(bpf: NativeBpf, progIds: readonly number[]): number | unde
       prog = bpf.bpfProgGetFdById(id);
       for (const mapId of bpf.bpfProgInfo(prog).mapIds) {
         const fd = bpf.bpfMapGetFdById(mapId);
-        const m = bpf.bpfMapInfo(fd);
-        if (m.name === DSR_FLOW_MAP_NAME && m.type === BPF_MAP_TYPE_LRU_HASH && m.keySize === FLOW_KEY_SIZE && m.valueSize === FLOW_VALUE_SIZE
-          && m.maxEntries === DSR_FLOW_ENTRIES) return fd;
+        if (isFlowMap(bpf.bpfMapInfo(fd))) return fd;
         closeFd(fd);
       }
     } catch { /* gone meanwhile: nothing to adopt */ } finally { closeFd(prog); }
@@ -110,38 +114,104 @@ function closeLoaded(l: Loaded | undefined): void {
   closeFd(l.backends);
 }
 
-/** The ids of our programs attached at tcx ingress of `ifindex` (recognised by name). */
-export function attachedDsrPrograms(bpf: NativeBpf, ifindex: number): number[] {
+/**
+ * The programs attached at tcx ingress of `ifindex`: the ids of ours
+ * (recognised by name), and how many this process may not open by id
+ * (BPF_PROG_GET_FD_BY_ID needs CAP_SYS_ADMIN, which the unit does not grant:
+ * there the daemon knows its programs by the descriptors it holds or was
+ * handed, not by id).
+ */
+export function dsrProgramsAt(bpf: NativeBpf, ifindex: number): { ours: number[]; unreadable: number } {
   const ours: number[] = [];
+  let unreadable = 0;
   for (const id of bpf.bpfProgQuery(ifindex, BPF_TCX_INGRESS)) {
     let fd: number | undefined;
     try {
       fd = bpf.bpfProgGetFdById(id);
       if (bpf.bpfProgInfo(fd).name === DSR_PROG_NAME) ours.push(id);
-    } catch { /* gone meanwhile */ } finally { closeFd(fd); }
+    } catch (err) {
+      if ((err as { code?: string }).code === 'EPERM') unreadable++; // else gone meanwhile
+    } finally { closeFd(fd); }
   }
-  return ours;
+  return { ours, unreadable };
+}
+
+/** The ids of our programs attached at tcx ingress of `ifindex` (recognised by name; needs CAP_SYS_ADMIN, see dsrProgramsAt). */
+export function attachedDsrPrograms(bpf: NativeBpf, ifindex: number): number[] {
+  return dsrProgramsAt(bpf, ifindex).ours;
+}
+
+/**
+ * Where the program and the flow map are kept across a restart: systemd's
+ * file descriptor store under the unit (forward/dataplane.ts ListenerStore;
+ * the same store keeps the proxy's listening sockets). Without CAP_SYS_ADMIN
+ * a new process cannot open an earlier process's program by id, so the
+ * descriptors handed back are how it finds the one to replace.
+ */
+export interface DsrFdStore {
+  take(id: string): number | undefined;
+  keep(id: string, fd: number): void;
+  drop(id: string): void;
 }
 
 export interface DsrBpfOptions {
   readonly device: string;
   /** The addon's bpf(2) calls (tests may pass their own); default: the addon's. */
   readonly bpf?: NativeBpf;
+  /** Keeps the program's and the flow map's descriptors for the next process (systemd's fd store). */
+  readonly store?: DsrFdStore | undefined;
 }
+
+/** What an apply replaced, and how many programs at the hook this process could not open by id. */
+export interface DsrApplied {
+  /** this process's program, one the store handed back, one of ours found by id, or none (attached as the first). */
+  readonly replaced: 'own' | 'handed-over' | 'by-id' | 'none';
+  readonly unreadable: number;
+}
+
+/** The store's ids for a device's program and flow map. */
+export const dsrStoreIds = (device: string): { prog: string; flows: string } => ({ prog: `dsr-prog-${device}`, flows: `dsr-flows-${device}` });
 
 /** Our DSR program on one device. Not re-entrant: the data path calls it from its serial queue. */
 export class DsrBpf {
   readonly device: string;
   private readonly bpf: NativeBpf;
+  private readonly store: DsrFdStore | undefined;
+  private readonly ids: { prog: string; flows: string };
   private current: Loaded | undefined;
   /** The flow map every program of this process uses (adopted from an earlier process's, or new). */
   private flows: number | undefined;
+  /** An earlier process's program, handed back by the store, until this process replaces or detaches it. */
+  private inheritedProg: number | undefined;
+  private tookStore = false;
 
   constructor(opts: DsrBpfOptions) {
     this.device = opts.device;
     const bpf = opts.bpf ?? nativeBpf();
     if (typeof bpf === 'string') throw new LbError('LB_ERR_FORWARD_DSR_BPF', bpf);
     this.bpf = bpf;
+    this.store = opts.store;
+    this.ids = dsrStoreIds(opts.device);
+  }
+
+  /** Once: what the store handed back, if it is ours (the program by name, the flow map by name and layout). */
+  private takeFromStore(): void {
+    if (this.tookStore || !this.store) return;
+    this.tookStore = true;
+    const prog = this.store.take(this.ids.prog);
+    if (prog !== undefined) {
+      let ok = false;
+      try { ok = this.bpf.bpfProgInfo(prog).name === DSR_PROG_NAME; } catch { /* not a program */ }
+      if (ok) this.inheritedProg = prog;
+      else { closeFd(prog); this.store.drop(this.ids.prog); }
+    }
+    const flows = this.store.take(this.ids.flows);
+    if (flows !== undefined) {
+      let ok = false;
+      try { ok = isFlowMap(this.bpf.bpfMapInfo(flows)); } catch { /* not a map */ }
+      if (ok && this.flows === undefined) this.flows = flows;
+      else { closeFd(flows); this.store.drop(this.ids.flows); }
+    }
   }
 
   private ifindex(): number {
@@ -158,12 +228,13 @@ export class DsrBpf {
    * or an earlier one's) in one step; the first one is appended. Throws with
    * nothing changed when the new one cannot be loaded or attached.
    */
-  apply(ports: readonly DsrBpfPort[]): void {
+  apply(ports: readonly DsrBpfPort[]): DsrApplied {
     const ifindex = this.ifindex();
-    const old = this.attached();
+    this.takeFromStore();
+    const seen = dsrProgramsAt(this.bpf, ifindex);
     let flows = this.flows;
     const fresh = flows === undefined;
-    if (flows === undefined) flows = adoptFlowMap(this.bpf, old) ?? createFlowMap(this.bpf);
+    if (flows === undefined) flows = adoptFlowMap(this.bpf, seen.ours) ?? createFlowMap(this.bpf);
     let next: Loaded;
     try {
       next = load(this.bpf, ports, flows);
@@ -171,24 +242,52 @@ export class DsrBpf {
       if (fresh) closeFd(flows);
       throw err;
     }
+    let replaced: DsrApplied['replaced'] = 'none';
     try {
-      let replaceFd: number | undefined;
+      // The one to replace: this process's program, else the one an earlier
+      // process handed over, else the first of ours found by id.
+      let byId: number | undefined;
       try {
-        if (old.length > 0) replaceFd = this.bpf.bpfProgGetFdById(old[0]!);
-        this.bpf.bpfProgAttach(ifindex, next.prog, BPF_TCX_INGRESS, replaceFd !== undefined ? BPF_F_REPLACE : 0, replaceFd ?? 0);
+        let replaceFd = this.current?.prog ?? this.inheritedProg;
+        replaced = this.current ? 'own' : this.inheritedProg !== undefined ? 'handed-over' : 'none';
+        if (replaceFd === undefined && seen.ours.length > 0) { replaceFd = byId = this.bpf.bpfProgGetFdById(seen.ours[0]!); replaced = 'by-id'; }
+        let replacedId: number | undefined;
+        if (replaceFd !== undefined) {
+          try {
+            replacedId = this.bpf.bpfProgInfo(replaceFd).id;
+            this.bpf.bpfProgAttach(ifindex, next.prog, BPF_TCX_INGRESS, BPF_F_REPLACE, replaceFd);
+          } catch (err) {
+            // Detached meanwhile (e.g. `lb-agent withdraw` by hand): attach as the first one.
+            if ((err as { code?: string }).code !== 'ENOENT') throw err;
+            replacedId = undefined;
+            replaced = 'none';
+            this.bpf.bpfProgAttach(ifindex, next.prog, BPF_TCX_INGRESS, 0, 0);
+          }
+        } else {
+          this.bpf.bpfProgAttach(ifindex, next.prog, BPF_TCX_INGRESS, 0, 0);
+        }
+        // More than one of ours (not expected: two agents on one device) would forward twice over: keep the new one only.
+        for (const id of seen.ours) if (id !== replacedId) this.detachId(ifindex, id);
       } finally {
-        closeFd(replaceFd);
+        closeFd(byId);
       }
-      // More than one of ours (not expected: two agents on one device) would forward twice over: keep the new one only.
-      for (const id of old.slice(1)) this.detachId(ifindex, id);
     } catch (err) {
       closeLoaded(next);
       if (fresh) closeFd(flows);
       throw new LbError('LB_ERR_FORWARD_DSR_BPF', `cannot attach the DSR program at tcx ingress of ${this.device}: ${errorMessage(err)}`, undefined, { cause: err });
     }
     closeLoaded(this.current);
+    closeFd(this.inheritedProg);
+    this.inheritedProg = undefined;
     this.current = next;
     this.flows = flows;
+    if (this.store) {
+      // The store holds copies: drop the replaced program's, keep the new one's (and the flow map, once).
+      this.store.drop(this.ids.prog);
+      this.store.keep(this.ids.prog, next.prog);
+      if (fresh) this.store.keep(this.ids.flows, flows);
+    }
+    return { replaced, unreadable: seen.unreadable };
   }
 
   private detachId(ifindex: number, id: number): void {
@@ -203,18 +302,38 @@ export class DsrBpf {
     }
   }
 
-  /** Detach every program of ours from the device (this process's and any earlier one's). */
+  /** Detach every program of ours from the device (this process's, one handed over, and any found by id). */
   detach(): void {
     let ifindex: number;
-    try { ifindex = this.ifindex(); } catch { this.release(); return; /* the device is gone, and with it the attachment */ }
-    for (const id of this.attached()) this.detachId(ifindex, id);
-    this.release();
+    try { ifindex = this.ifindex(); } catch { this.forget(); return; /* the device is gone, and with it the attachment */ }
+    this.takeFromStore();
+    for (const fd of [this.current?.prog, this.inheritedProg]) {
+      if (fd === undefined) continue;
+      try {
+        this.bpf.bpfProgDetach(ifindex, fd, BPF_TCX_INGRESS);
+      } catch (err) {
+        if ((err as { code?: string }).code !== 'ENOENT') throw err;
+      }
+    }
+    for (const id of dsrProgramsAt(this.bpf, ifindex).ours) this.detachId(ifindex, id);
+    this.forget();
   }
 
-  /** Let go of the descriptors and leave the attachment in place (a planned restart: the next process replaces it). */
+  /** Detached for good: nothing for a next process to take over. */
+  private forget(): void {
+    this.release();
+    if (this.store) {
+      this.store.drop(this.ids.prog);
+      this.store.drop(this.ids.flows);
+    }
+  }
+
+  /** Let go of the descriptors and leave the attachment in place (a planned restart: the next process replaces it; the store keeps its copies). */
   release(): void {
     closeLoaded(this.current);
     this.current = undefined;
+    closeFd(this.inheritedProg);
+    this.inheritedProg = undefined;
     closeFd(this.flows);
     this.flows = undefined;
   }

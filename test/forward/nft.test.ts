@@ -337,6 +337,7 @@ t.test('direct server return: the BPF program in front of the table, counted wit
       events.push(`apply ${ports.length} port(s), ${ports[0]!.slots.length} slots`);
       if (fail) throw fail;
       active = true;
+      return { replaced: 'own', unreadable: 0 };
     },
     detach: () => { events.push('detach'); active = false; },
     release: () => { events.push('release'); active = false; },

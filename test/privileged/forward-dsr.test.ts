@@ -21,9 +21,9 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { requirePrivileged } from '../helpers/privileged';
 import { createLab, waitFor, type Lab } from '../../lab/netns';
-import { distPath, startDnsmasq, httpGetFrom } from '../../lab/services';
+import { startDnsmasq, httpGetFrom } from '../../lab/services';
 import { startAgent, waitStatus, agentCli } from '../../lab/agent';
-import { JsonLinesProc, startPeerEchoes, dropInvalid } from '../../lab/forward';
+import { JsonLinesProc, startPeerEchoes, dropInvalid, dsrProgramsIn, dsrBackendByHand } from '../../lab/forward';
 
 const CLIENT = '10.99.0.3';
 const DSR_POOL = '10.99.0.200';
@@ -38,12 +38,8 @@ const HC = { periodSeconds: 0.2, timeoutSeconds: 0.2, failureThreshold: 2 };
 
 interface Burst { counts: Record<string, number>; errors: Record<string, number>; peerIsClient: number }
 
-/** Our DSR programs attached at tcx ingress of the node's eth0 (by the addon's bpf(2) calls, inside the namespace). */
-async function attached(lab: Lab, ns: string): Promise<number[]> {
-  const script = `const a = require(${JSON.stringify(distPath('agent', 'net', 'ebpf-attach.js'))}); const n = require(${JSON.stringify(distPath('agent', 'net', 'native.js'))});
-process.stdout.write(JSON.stringify(a.attachedDsrPrograms(n.nativeBpf(), n.ifNameToIndex('eth0'))));`;
-  return JSON.parse((await lab.exec(ns, process.execPath, ['-e', script])).stdout) as number[];
-}
+/** Our DSR programs attached at tcx ingress of the node's eth0. */
+const attached = (lab: Lab, ns: string): Promise<number[]> => dsrProgramsIn(lab, ns, 'eth0');
 
 /** Packets the nft netdev table's SYN counters counted (what reached the table instead of the program). */
 async function nftDsrSyns(lab: Lab, ns: string): Promise<number> {
@@ -83,9 +79,7 @@ if (requirePrivileged(t)) {
     t.comment(`backends ${Date.now() - t0} ms`);
 
     // b2, b3: the backend side by hand, as the README tells an operator without lb-agent there.
-    for (const ns of backendNs.slice(1)) {
-      await lab.sh(ns, `ip addr add ${DSR_POOL}/32 dev lo && ip addr add ${DSR_DHCP}/32 dev lo && sysctl -qw net.ipv4.conf.all.arp_ignore=1 net.ipv4.conf.all.arp_announce=2`);
-    }
+    for (const ns of backendNs.slice(1)) await dsrBackendByHand(lab, ns, [DSR_POOL, DSR_DHCP]);
     // Connection tracking stays whole at both ends although the replies skip
     // the VM: b2 and the client drop every packet their conntrack calls
     // invalid (a reply to a connection it never saw open would be one).

@@ -169,6 +169,10 @@ if (requirePrivileged(t)) {
       'one flow map: the second plan\'s program uses the first one\'s, and a later process adopts it');
     t.same([seen['afterDetach'], seen['foreignLeft']], [0, 1], 'detach took ours only');
     t.equal(seen['probe'], 'ok');
+    t.same(seen['unitApplies'], ['none', 'own', 'own'], 'with the unit\'s capabilities (no program opens by id): each later apply replaces the process\'s own program');
+    t.equal(seen['unitAttachedAfterApplies'], 1, 'so one program after three applies, not three');
+    t.same(seen['unitLater'], { replaced: 'none', unreadable: 1 }, 'a later process without the fd store attaches beside it, and knows there is one it cannot open (the daemon warns)');
+    t.equal(seen['unitDetachedOwn'], 1, 'detach takes off its own program by its descriptor; the earlier one is left for withdraw (as root)');
   });
 
   t.test('a plan the program cannot be built from is an LB_ERR_FORWARD_DSR_BPF, with nothing attached', async (t) => {

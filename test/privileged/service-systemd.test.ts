@@ -6,13 +6,16 @@
 // active on READY=1 and STATUS= counts the VIPs served; the daemon runs as
 // lb-agent with exactly its four capabilities; ExecReload= applies a good
 // file and fails visibly on a bad one, serving on; the watchdog replaces a
-// hung agent; restart and a SIGKILL bring a new agent; stop leaves no
-// address, link or nftables table behind.
+// hung agent; restart and a SIGKILL bring a new agent; direct server
+// return's program is replaced, never doubled, across reloads, a restart and
+// a crash (the fd store carries it: the unit grants no CAP_SYS_ADMIN); stop
+// leaves no address, link, nftables table or program behind.
 import t from 'tap';
 import { stringify } from 'yaml';
 import { requirePrivileged } from '../helpers/privileged';
 import { createLab, waitFor, Lab } from '../../lab/netns';
 import { startBackend, httpGetFrom } from '../../lab/services';
+import { dsrBackendByHand, dsrProgramsIn } from '../../lab/forward';
 import { bootSystemdContainer, systemdContainerUnavailableReason, decodeCapabilities, SystemdContainer } from '../../lab/systemd-container';
 import type { StatusDocument } from '../../agent/daemon/daemon';
 
@@ -20,6 +23,7 @@ const FAST_ARP = { probeWait: 0.05, probeNum: 2, probeMin: 0.05, probeMax: 0.1, 
 const HC = { periodSeconds: 0.3, timeoutSeconds: 0.3 };
 const VIP1 = '10.99.0.200';
 const VIP2 = '10.99.0.201';
+const VIP3 = '10.99.0.202';
 const UNIT_CAPS = ['CAP_BPF', 'CAP_NET_ADMIN', 'CAP_NET_BIND_SERVICE', 'CAP_NET_RAW'];
 
 const api = { name: 'api', ipam: 'pool', loadBalancerIP: VIP1, ports: [{ name: 'http', port: 80, targetPort: 8080 }], backends: ['10.99.0.11'], healthCheck: HC };
@@ -206,6 +210,44 @@ t.test('lb-agent.service under systemd 252 in a lab VM', async (t) => {
     t.equal(await waitFor('traffic after the crash', async () => ((await get(lab, client, VIP1)) === 'b1' ? 'b1' : undefined), 10_000, 200), 'b1', 'api serves');
   });
 
+  await t.test('direct server return under the unit: reloads, a restart and a crash leave one program, serving the current plan', async (t) => {
+    // The unit grants no CAP_SYS_ADMIN, so the agent cannot open a program by
+    // id: it replaces its own by the descriptor it holds, and after a restart
+    // or a crash the one the fd store handed back.
+    for (const b of ['b1', 'b2']) await dsrBackendByHand(lab, lab.ns(b), [VIP3]);
+    // The steps above used 4 of the unit's 5 starts in 120 s (StartLimitBurst=); this step adds two.
+    await vm.systemctl('reset-failed', 'lb-agent');
+    const dsr = (backends: string[]): Record<string, unknown> => ({
+      name: 'dsr', ipam: 'pool', loadBalancerIP: VIP3, sourceIP: 'preserve', ports: [{ name: 'http', port: 8080 }], backends, healthCheck: HC,
+    });
+    /** Who answers 10 requests through the DSR VIP. */
+    const answers = async (): Promise<string[]> => { const seen = new Set<string>(); for (let i = 0; i < 10; i++) seen.add(await get(lab, client, `${VIP3}:8080`)); return [...seen].sort(); };
+    const reloadTo = async (backends: string[], what: string): Promise<void> => {
+      vm.writeConfig(config([api, web, dsr(backends)]));
+      const r = await vm.systemctl('reload', 'lb-agent');
+      t.equal(r.code, 0, `reload (${what}): ${r.stderr}`);
+      await vm.waitRunning('lb-agent', 20_000, (p) => /^3 VIPs served; .* 3 ready;/.test(p.StatusText));
+    };
+    await reloadTo(['10.99.0.11', '10.99.0.12'], 'the DSR service added');
+    t.same(await waitFor('both backends through the DSR VIP', async () => { const a = await answers(); return a.length === 2 ? a : undefined; }, 10_000, 200), ['b1', 'b2'], 'b1 and b2 answer through the DSR VIP');
+    t.equal((await dsrProgramsIn(lab, vmNs)).length, 1, 'one program at tcx ingress of eth0');
+    t.match(await vm.journal('lb-agent'), /"op":"dsr-engine","engine":"bpf"/, 'the BPF program serves (not the nft table alone)');
+    await reloadTo(['10.99.0.12'], 'b1 out');
+    t.same(await answers(), ['b2'], 'after a reload that takes b1 out, only b2 answers: the new plan\'s program replaced the old one');
+    t.equal((await dsrProgramsIn(lab, vmNs)).length, 1, 'still one program');
+    const r = await vm.systemctl('restart', 'lb-agent');
+    t.equal(r.code, 0, r.stderr);
+    await vm.waitRunning('lb-agent', 30_000, (p) => /^3 VIPs served; .* 3 ready;/.test(p.StatusText));
+    t.equal((await dsrProgramsIn(lab, vmNs)).length, 1, 'after systemctl restart: one program (the fd store handed the old one back to be replaced)');
+    await reloadTo(['10.99.0.11'], 'b1 back, b2 out');
+    t.same(await answers(), ['b1'], 'and the restarted agent\'s plan is the one serving');
+    const killed = await vm.killMain('KILL');
+    await vm.waitRunning('lb-agent', 30_000, (p) => Number(p.MainPID) !== killed && /^3 VIPs served; .* 3 ready;/.test(p.StatusText));
+    t.equal((await dsrProgramsIn(lab, vmNs)).length, 1, 'after kill -KILL and Restart=: one program');
+    t.same(await answers(), ['b1'], 'serving the same plan');
+    t.notMatch(await vm.journal('lb-agent'), /may not open by id/, 'the agent never had to attach beside a program it could not identify');
+  });
+
   await t.test('systemctl stop leaves no address, link or nftables table behind', async (t) => {
     const during = await netState(lab, vmNs);
     t.ok(during.addrs.some((a) => a.includes(VIP1)) && during.tables.length > baseline.tables.length, `serving: ${during.addrs.join(', ')}; ${during.tables.join(', ')}`);
@@ -213,5 +255,6 @@ t.test('lb-agent.service under systemd 252 in a lab VM', async (t) => {
     t.equal(r.code, 0, r.stderr);
     t.equal((await vm.show('lb-agent', 'ActiveState')).ActiveState, 'inactive');
     t.same(await netState(lab, vmNs), baseline, 'addresses, links and tables as before the first start');
+    t.same(await dsrProgramsIn(lab, vmNs), [], 'and no DSR program (ExecStopPost\'s withdraw, as root, took it off)');
   });
 });
