@@ -68,9 +68,9 @@ t.test('issue 17: the dataplane line says which engine serves direct server retu
   const d = doc([svc({})]);
   t.match(formatStatus(d, 0), /^dataplane: kernel \(auto\); failover/m, 'no DSR port: no engine');
   d.dataplane = { kind: 'kernel', reason: 'auto', dsr: { engine: 'bpf', cause: 'tcx', reason: 'BPF program at tc ingress (tcx) of eth0' } };
-  t.match(formatStatus(d, 0), /^dataplane: kernel \(auto\), direct server return on the BPF program \(tcx\); failover/m);
+  t.match(formatStatus(d, 0), /^dataplane: kernel \(auto\), direct server return on the BPF program \(tcx; open connections keep their backend\); failover/m);
   d.dataplane = { kind: 'kernel', reason: 'auto', dsr: { engine: 'nft', cause: 'fallback', reason: 'the BPF program cannot run here (EPERM)' } };
-  t.match(formatStatus(d, 0), /^dataplane: kernel \(auto\), direct server return on the nft table alone \(fallback\); failover/m);
+  t.match(formatStatus(d, 0), /^dataplane: kernel \(auto\), direct server return on the nft table alone \(fallback; by hash alone: a change of backends moves some open connections\); failover/m);
 });
 
 t.test('the dataplane line says when new connections are placed by flow hash (VRRP), and nothing for round-robin', async (t) => {
