@@ -3,6 +3,7 @@
 // and the carrying of totals across rewrites, and the probe's verdicts.
 // Loading the text into a real kernel is test/privileged/forward-kernel.test.ts.
 import t from 'tap';
+import { createLogger } from '../../agent/log';
 import { goldenText, sourcePath } from '../helpers/golden';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
@@ -377,6 +378,16 @@ t.test('direct server return: the BPF program in front of the table, counted wit
   t.same(dp2.dsr?.cause, 'forced');
   await dp2.stop();
   t.same(forced, ['detach', 'detach'], 'stop removes the program with the tables');
+
+  // Without CAP_SYS_ADMIN and nothing handed back by the fd store, programs at the hook cannot be told apart: said.
+  const lines: string[] = [];
+  const dp3 = new NftDataplane({
+    exec, procRoot: proc, clock: new ManualClock(0), dsrDevice: 'eth0', log: createLogger('info', { write: (line: string) => { lines.push(line); } }),
+    dsrBpf: () => ({ ...fake, apply: () => ({ replaced: 'none', unreadable: 1 }) }) as unknown as DsrBpf,
+  });
+  await dp3.apply(web([b('10.99.0.11')]));
+  t.ok(lines.some((l) => l.includes('"op":"dsr-engine"') && l.includes('"unreadable":1') && l.includes('may not open by id')), 'a program it may not open and none handed back: the log warns');
+  await dp3.stop({ keep: true });
 });
 
 t.test('no DSR: the driver loads at start only when an earlier process left our netdev table; bpf(2) refused there is no problem', async (t) => {
