@@ -46,12 +46,17 @@ function key(k: number): Buffer {
   return b;
 }
 
-/** A new, empty flow map (ebpf-dsr.ts: per-flow state). */
-function createFlowMap(bpf: NativeBpf): number {
+/**
+ * A new, empty flow map (ebpf-dsr.ts: per-flow state). The kernel
+ * preallocates an LRU map: 18-51 ms for the full size here (once per
+ * process, at its first DSR apply); the probe asks for a small one, which
+ * shows the same thing (that the kernel and the capabilities allow it).
+ */
+function createFlowMap(bpf: NativeBpf, entries = DSR_FLOW_ENTRIES): number {
   try {
-    return bpf.bpfMapCreate(BPF_MAP_TYPE_LRU_HASH, FLOW_KEY_SIZE, FLOW_VALUE_SIZE, DSR_FLOW_ENTRIES, DSR_FLOW_MAP_NAME);
+    return bpf.bpfMapCreate(BPF_MAP_TYPE_LRU_HASH, FLOW_KEY_SIZE, FLOW_VALUE_SIZE, entries, DSR_FLOW_MAP_NAME);
   } catch (err) {
-    throw new LbError('LB_ERR_FORWARD_DSR_BPF', `cannot create the DSR flow map (an LRU hash of ${DSR_FLOW_ENTRIES} entries): ${errorMessage(err)}`, undefined, { cause: err });
+    throw new LbError('LB_ERR_FORWARD_DSR_BPF', `cannot create the DSR flow map (an LRU hash of ${entries} entries): ${errorMessage(err)}`, undefined, { cause: err });
   }
 }
 
@@ -373,7 +378,7 @@ export function probeDsrBpfHere(bpf: NativeBpf | string = nativeBpf(), device = 
   let loaded: Loaded | undefined;
   let flows: number | undefined;
   try {
-    flows = createFlowMap(bpf);
+    flows = createFlowMap(bpf, 16);
     loaded = load(bpf, ports, flows);
     const ifindex = ifNameToIndex(device);
     bpf.bpfProgAttach(ifindex, loaded.prog, BPF_TCX_INGRESS, 0, 0);
