@@ -12,8 +12,9 @@
 // as it does from dist/agent/net. Module bodies stay lazy: esbuild wraps
 // each CommonJS module in a function run on its first require(), so what
 // daemon.ts and wiring.ts load on first use still runs only then.
-// Not bundled: the addon (a .node file) and `netlink`, whose loader finds
-// its prebuilt binary relative to its own package folder.
+// Not bundled: the addon (a .node file). `netlink` is bundled without its
+// raw socket layer, which loads the package's own prebuilt .node file: the
+// addon's netlink socket stands in for it (NETLINK_RAW below).
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { build, type Plugin } from 'esbuild';
@@ -64,6 +65,26 @@ const lazyCalls: Plugin = {
   },
 };
 
+/**
+ * The `netlink` package's raw socket layer (`dist/raw.js`, which dlopens the
+ * package's prebuilt addon when it loads) is replaced, for its framing layer
+ * `dist/netlink.js`, by agent/net/netlink-socket.ts: the same class on our
+ * addon (issue 18: a second .node file cost ~0.25 MiB of RSS). agent/net/
+ * netlink.ts hands that class to the framing layer itself; this keeps the
+ * package's own loader out of the bundle.
+ */
+export const NETLINK_RAW = { importer: /node_modules\/netlink\/dist\/netlink\.js$/, request: './raw', replacement: 'agent/net/netlink-socket.js' };
+
+const netlinkRaw: Plugin = {
+  name: 'netlink-raw',
+  setup(b) {
+    b.onResolve({ filter: /^\.\/raw$/ }, (args) => {
+      if (!NETLINK_RAW.importer.test(args.importer)) return undefined;
+      return { path: path.join(DIST, NETLINK_RAW.replacement) };
+    });
+  },
+};
+
 /** Bundle the entries into outDir (esbuild's plugins need its asynchronous API). */
 export async function buildBundles(outDir = BUNDLE_DIR): Promise<string[]> {
   fs.rmSync(outDir, { recursive: true, force: true });
@@ -76,7 +97,7 @@ export async function buildBundles(outDir = BUNDLE_DIR): Promise<string[]> {
     platform: 'node',
     target: 'node20',
     format: 'cjs',
-    external: ['*.node', 'netlink'],
+    external: ['*.node'],
     // tsc's source maps are not bundled (Node reads none without
     // --enable-source-maps); identifiers are kept, so stack traces in the
     // journal still name functions.
@@ -86,7 +107,7 @@ export async function buildBundles(outDir = BUNDLE_DIR): Promise<string[]> {
     legalComments: 'none',
     logLevel: 'warning',
     metafile: true,
-    plugins: [lazyCalls],
+    plugins: [lazyCalls, netlinkRaw],
   });
   if (r.errors.length > 0) throw new Error(`esbuild: ${r.errors.map((e) => e.text).join('; ')}`);
   return Object.keys(BUNDLE_ENTRIES).map((n) => path.join(outDir, `${n}.js`));

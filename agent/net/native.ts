@@ -4,6 +4,7 @@
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { LbError } from '../errors';
+import type { NativeNetlinkHandle } from './netlink-socket';
 
 /** One frame as read by recvmsg(2) on a packet socket. */
 export interface NativeFrame {
@@ -117,6 +118,8 @@ export interface NativeAddon {
   /** Absent from an addon built before issue 18: the caller falls back to Node sockets. */
   /** closeMode: 0 our FIN, then wait for the backend's; 1 a RST (SO_LINGER 0); 2 a RST before the handshake's ACK (TCP_QUICKACK off). */
   TcpProbeHandle?: new (onResults: (count: number) => void, resultIds: Uint32Array, resultErrnos: Int32Array, closeMode?: number) => NativeTcpProbeHandle;
+  /** Absent from an addon built before it (issue 18): agent/net/netlink-socket.ts says to rebuild. */
+  NetlinkHandle?: new (protocol: number) => NativeNetlinkHandle;
   PacketHandle: new (
     ifindex: number,
     protocol: number,

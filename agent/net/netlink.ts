@@ -14,9 +14,12 @@ import { EventEmitter } from 'node:events';
 import * as os from 'node:os';
 // The package's parts this file uses, not its index: that also loads its
 // nl80211, WireGuard and generic-netlink code (~0.5 MiB of RSS; issue 18).
-import { FlagsGet, FlagsNew } from 'netlink/dist/constants';
+// Its sockets are the addon's (./netlink-socket), not its own .node file.
+import { FlagsGet, FlagsNew, Protocol } from 'netlink/dist/constants';
 import { AttrStream } from 'netlink/dist/structs';
-import { createRtNetlink, type RtNetlinkSocket } from 'netlink/dist/rt/rt';
+import { NetlinkSocket } from 'netlink/dist/netlink';
+import type { RawNetlinkSocket as PackageRawSocket } from 'netlink/dist/raw';
+import { RtNetlinkSocket } from 'netlink/dist/rt/rt';
 import * as rt from 'netlink/dist/rt/structs';
 import * as ifla from 'netlink/dist/rt/ifla';
 import { LbError } from '../errors';
@@ -25,6 +28,7 @@ import type { Logger } from '../log';
 import { silentLogger } from '../log';
 import { interfaceNameProblem } from './sysctl';
 import { SerialQueue } from '../serial';
+import { RawNetlinkSocket } from './netlink-socket';
 
 const AF_INET = 2;
 const DEFAULT_TIMEOUT_MS = 5_000;
@@ -371,8 +375,8 @@ export class NetlinkClient {
     this.timeoutMs = opts.timeoutMs ?? DEFAULT_TIMEOUT_MS;
     let sock: RtNetlinkSocket | undefined;
     try {
-      sock = createRtNetlink({ recvBufferSize: REQUEST_RCVBUF } as Parameters<typeof createRtNetlink>[0]);
-      this.dumpSock = createRtNetlink();
+      sock = openRtNetlink({ recvBufferSize: REQUEST_RCVBUF });
+      this.dumpSock = openRtNetlink({});
     } catch (err) {
       sock?.socket.close();
       throw netlinkError(err, 'opening', 'an rtnetlink socket');
@@ -619,7 +623,7 @@ export class NetlinkWatcher extends EventEmitter {
     try {
       // A larger receive buffer than the default so a burst of changes (a
       // parent going down takes every macvlan with it) is not lost to ENOBUFS.
-      this.sock = createRtNetlink({ ref, recvBufferSize: 1 << 20 } as Parameters<typeof createRtNetlink>[0]);
+      this.sock = openRtNetlink({ ref, recvBufferSize: 1 << 20 });
     } catch (err) {
       throw netlinkError(err, 'opening', 'an rtnetlink socket');
     }
@@ -651,6 +655,17 @@ export class NetlinkWatcher extends EventEmitter {
     this.closed = true;
     this.sock.socket.close();
   }
+}
+
+/**
+ * The package's rtnetlink socket (its framing and codecs) on the addon's
+ * netlink socket: what its createRtNetlink builds on its own .node file.
+ * ref: keep the event loop alive while idle (by default only while a
+ * request is in flight).
+ */
+function openRtNetlink(opts: { ref?: boolean; recvBufferSize?: number }): RtNetlinkSocket {
+  const raw = new RawNetlinkSocket(Protocol.ROUTE, opts.recvBufferSize !== undefined ? { recvBufferSize: opts.recvBufferSize } : {});
+  return new RtNetlinkSocket(new NetlinkSocket(raw as unknown as PackageRawSocket, { ref: opts.ref ?? false }));
 }
 
 /** Open an rtnetlink client in the calling process's network namespace. */

@@ -7,6 +7,9 @@
 
 #include <napi.h>
 
+#include <cstddef>
+#include <cstdint>
+
 namespace lbagent {
 
 // An Error shaped like Node's own system errors: message
@@ -14,6 +17,30 @@ namespace lbagent {
 // code ('EPERM'), errno (negative, as libuv and Node report it), syscall.
 Napi::Error ErrnoError(Napi::Env env, int err, const char* syscall, const char* detail = nullptr);
 
+// Largest datagram read in one call: a GRO-merged skb on a packet socket can
+// exceed the MTU (up to 64 KiB of payload plus headers); a netlink dump part
+// is at most 32 KiB. Longer ones are reported as truncated, with their real
+// length, rather than silently cut.
+constexpr size_t kSharedRecvBufferSize = 65536 + 256;
+// The calling thread's receive buffer (packet_socket.cc), shared by every
+// socket of that thread: a reader copies each datagram out before returning.
+uint8_t* SharedRecvBuffer();
+
+// Readers of a uv_poll (packet_socket.cc, netlink_socket.cc). A poll
+// callback's status < 0: libuv turns POLLERR into UV_EBADF and stops the
+// handle; the real cause is the socket's pending error (SO_ERROR: ENETDOWN on a
+// packet socket whose interface went down, ENOBUFS on a netlink socket that
+// overran), which this reads and clears into *read_errno ("recvmsg"). True:
+// the socket works on and the caller restarts its poll; false: the poll
+// itself failed (*read_errno from status, "uv_poll") and nothing is read.
+bool TakePollError(int fd, int status, int* read_errno, const char** failed_call);
+// Hands what a wake-up read (`items`) and the error if any to `callback`,
+// by MakeCallback (an async context; the nextTick and microtask queues run
+// after it, as after any libuv callback). An exception from JavaScript is
+// the process's uncaught exception, as from a socket's 'data' listener.
+void DeliverReads(Napi::Env env, Napi::FunctionReference& callback, Napi::AsyncContext& context, int read_errno, const char* failed_call, Napi::Value items);
+
+Napi::Object InitNetlinkSocket(Napi::Env env, Napi::Object exports);
 Napi::Object InitPacketSocket(Napi::Env env, Napi::Object exports);
 Napi::Object InitUnixDgram(Napi::Env env, Napi::Object exports);
 Napi::Object InitSystem(Napi::Env env, Napi::Object exports);

@@ -3,7 +3,7 @@
 // Whole Ethernet frames go in and out; nothing here parses them. The kernel
 // facts we rely on are in packet(7).
 #include "common.h"
-#include "loop_handles.h"
+#include "polled_socket.h"
 
 #include <arpa/inet.h>
 #include <linux/filter.h>
@@ -20,28 +20,53 @@
 
 namespace lbagent {
 
+// The receive buffer, one per thread for every packet and netlink socket:
+// each reader reads and copies every datagram out before it returns, on the
+// thread that runs the socket's loop, so sockets never share it at the same
+// time. One 64 KiB buffer per socket was 6.4 MiB of RSS for 100 pool VIPs
+// (issue 18).
+uint8_t* SharedRecvBuffer() {
+  thread_local std::vector<uint8_t> buffer(kSharedRecvBufferSize);
+  return buffer.data();
+}
+
+bool TakePollError(int fd, int status, int* read_errno, const char** failed_call) {
+  int soerr = 0;
+  socklen_t len = sizeof(soerr);
+  if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &len) == 0 && soerr != 0) {
+    *read_errno = soerr;
+    *failed_call = "recvmsg";
+    return true;
+  }
+  *read_errno = -status;
+  *failed_call = "uv_poll";
+  return false;
+}
+
+void DeliverReads(Napi::Env env, Napi::FunctionReference& callback, Napi::AsyncContext& context, int read_errno, const char* failed_call, Napi::Value items) {
+  Napi::Value err = env.Null();
+  if (read_errno != 0) err = ErrnoError(env, read_errno, failed_call).Value();
+  try {
+    callback.MakeCallback(env.Global(), {err, items}, context);
+  } catch (const Napi::Error& e) {
+    napi_fatal_exception(env, e.Value());
+  }
+}
+
 namespace {
 
-// Largest frame we accept in one read: a GRO-merged skb can exceed the MTU
-// (up to 64 KiB of payload plus headers). Longer frames are reported as
-// truncated, with their real length, rather than silently cut.
-constexpr size_t kRecvBufferSize = 65536 + 256;
 // Frames handed to JavaScript per readiness callback. The poll is
 // level-triggered, so anything left is read on the next loop iteration; the
 // cap only keeps one busy socket from starving timers and other sockets.
 constexpr int kMaxFramesPerWake = 512;
+constexpr size_t kRecvBufferSize = kSharedRecvBufferSize;
 
-// The receive buffer, one per thread for every socket: Drain reads and
-// copies each frame out before it returns, on the thread that runs the
-// socket's loop, so sockets never share it at the same time. One 64 KiB
-// buffer per socket was 6.4 MiB of RSS for 100 pool VIPs (issue 18).
-uint8_t* RecvBuffer() {
-  thread_local std::vector<uint8_t> buffer(kRecvBufferSize);
-  return buffer.data();
-}
+uint8_t* RecvBuffer() { return SharedRecvBuffer(); }
 
-class PacketHandle : public Napi::ObjectWrap<PacketHandle> {
+class PacketHandle : public PolledSocket<PacketHandle> {
  public:
+  static constexpr const char* kName = "packet socket";
+
   static Napi::Function Define(Napi::Env env) {
     return DefineClass(env, "PacketHandle",
                        {
@@ -49,16 +74,16 @@ class PacketHandle : public Napi::ObjectWrap<PacketHandle> {
                            InstanceMethod("attachFilter", &PacketHandle::AttachFilter),
                            InstanceMethod("addMembership", &PacketHandle::AddMembership),
                            InstanceMethod("dropMembership", &PacketHandle::DropMembership),
-                           InstanceMethod("start", &PacketHandle::Start),
+                           InstanceMethod("start", &PacketHandle::JsStart),
                            InstanceMethod("stop", &PacketHandle::Stop),
-                           InstanceMethod("setRef", &PacketHandle::SetRef),
-                           InstanceMethod("close", &PacketHandle::Close),
+                           InstanceMethod("setRef", &PacketHandle::JsSetRef),
+                           InstanceMethod("close", &PacketHandle::JsClose),
                            InstanceAccessor("fd", &PacketHandle::Fd, nullptr),
                        });
   }
 
   // new PacketHandle(ifindex, protocolHostOrder, filter?)
-  explicit PacketHandle(const Napi::CallbackInfo& info) : Napi::ObjectWrap<PacketHandle>(info) {
+  explicit PacketHandle(const Napi::CallbackInfo& info) : PolledSocket<PacketHandle>(info) {
     Napi::Env env = info.Env();
     if (info.Length() < 2 || !info[0].IsNumber() || !info[1].IsNumber()) {
       throw Napi::TypeError::New(env, "PacketHandle(ifindex, protocol, filter?)");
@@ -94,12 +119,8 @@ class PacketHandle : public Napi::ObjectWrap<PacketHandle> {
     addr.sll_protocol = htons(protocol_);
     addr.sll_ifindex = ifindex_;
     if (bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) < 0) FailAndClose(env, "bind");
-    // Close with the environment (process exit, worker end) even if the
-    // socket is never closed: no poll callback may run into a dying VM.
-    teardown_.Add(env, this);
+    WatchTeardown(env);
   }
-
-  ~PacketHandle() override { Release(); }
 
  private:
   [[noreturn]] void FailAndClose(Napi::Env env, const char* syscall) {
@@ -137,9 +158,6 @@ class PacketHandle : public Napi::ObjectWrap<PacketHandle> {
     return program;
   }
 
-  void CheckOpen(Napi::Env env) {
-    if (fd_ < 0) throw ErrnoError(env, EBADF, "packet socket", "closed");
-  }
 
   // send(frame: Buffer, ifindex?: number): number of bytes written. ifindex:
   // the interface the frame leaves by, when not the one the socket is bound
@@ -215,83 +233,18 @@ class PacketHandle : public Napi::ObjectWrap<PacketHandle> {
   Napi::Value AddMembership(const Napi::CallbackInfo& info) { return Membership(info, PACKET_ADD_MEMBERSHIP); }
   Napi::Value DropMembership(const Napi::CallbackInfo& info) { return Membership(info, PACKET_DROP_MEMBERSHIP); }
 
-  // start(callback(err, frames)): frames is an array of
+
+  // start(callback(err, frames)) (PolledSocket): frames is an array of
   // { frame: Buffer, status: number (tp_status), pktType: number, length: number }.
-  Napi::Value Start(const Napi::CallbackInfo& info) {
-    Napi::Env env = info.Env();
-    CheckOpen(env);
-    if (info.Length() < 1 || !info[0].IsFunction()) throw Napi::TypeError::New(env, "start(callback)");
-    callback_ = Napi::Persistent(info[0].As<Napi::Function>());
-    if (!context_) context_ = std::make_unique<Napi::AsyncContext>(env, "lbagent:PacketSocket");
-    if (poll_ == nullptr) {
-      int rc = 0;
-      const char* call = nullptr;
-      poll_ = StartReadPoll(env, fd_, this, &PacketHandle::OnReadable, &rc, &call);
-      if (poll_ == nullptr) throw ErrnoError(env, -rc, call);
-      if (!referenced_) uv_unref(reinterpret_cast<uv_handle_t*>(poll_));
-    } else {
-      int rc = uv_poll_start(poll_, UV_READABLE, &PacketHandle::OnReadable);
-      if (rc < 0) throw ErrnoError(env, -rc, "uv_poll_start");
-    }
-    if (!polling_) {
-      polling_ = true;
-      Ref();  // keep the wrapper alive while the kernel may call us back
-    }
-    return env.Undefined();
-  }
 
   Napi::Value Stop(const Napi::CallbackInfo& info) {
     StopPolling();
     return info.Env().Undefined();
   }
 
-  // setRef(bool): whether an active socket keeps the event loop alive.
-  Napi::Value SetRef(const Napi::CallbackInfo& info) {
-    referenced_ = info.Length() > 0 && info[0].ToBoolean().Value();
-    if (poll_ != nullptr) {
-      if (referenced_) uv_ref(reinterpret_cast<uv_handle_t*>(poll_));
-      else uv_unref(reinterpret_cast<uv_handle_t*>(poll_));
-    }
-    return info.Env().Undefined();
-  }
-
-  Napi::Value Close(const Napi::CallbackInfo& info) {
-    StopPolling();
-    Release();
-    callback_.Reset();
-    return info.Env().Undefined();
-  }
-
   Napi::Value Fd(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), fd_); }
 
-  void StopPolling() {
-    if (poll_ != nullptr) uv_poll_stop(poll_);
-    if (polling_) {
-      polling_ = false;
-      Unref();
-    }
-  }
-
-  // Closes the poll handle before the descriptor, as libuv requires.
-  // `hook`: called from the environment's teardown (loop_handles.h).
-  void Release(napi_async_cleanup_hook_handle hook = nullptr) {
-    teardown_.Remove();
-    CloseHandles({reinterpret_cast<uv_handle_t*>(poll_)}, hook);
-    poll_ = nullptr;
-    if (fd_ >= 0) {
-      ::close(fd_);
-      fd_ = -1;
-    }
-  }
-
-  static void OnReadable(uv_poll_t* handle, int status, int events) {
-    try {
-      static_cast<PacketHandle*>(handle->data)->Drain(status);
-    } catch (...) {
-      // Nothing may unwind into libuv. Exceptions from JavaScript are handled
-      // in Drain; what is left means the VM cannot run code now.
-    }
-  }
+  friend class PolledSocket<PacketHandle>;  // calls Drain
 
   // Read every queued frame (up to kMaxFramesPerWake) and hand them to
   // JavaScript in one call, with the socket error if there was one.
@@ -303,23 +256,7 @@ class PacketHandle : public Napi::ObjectWrap<PacketHandle> {
     int read_errno = 0;
     const char* failed_call = nullptr;
     bool can_read = fd_ >= 0;
-    if (status < 0) {
-      // libuv turns POLLERR into UV_EBADF and stops the handle. The real
-      // cause is the socket's pending error: packet(7) sets ENETDOWN when the
-      // interface goes down, and the socket works again once it is back up,
-      // so clear the error (SO_ERROR), report it and keep polling.
-      int soerr = 0;
-      socklen_t len = sizeof(soerr);
-      if (fd_ >= 0 && getsockopt(fd_, SOL_SOCKET, SO_ERROR, &soerr, &len) == 0 && soerr != 0) {
-        read_errno = soerr;
-        failed_call = "recvmsg";
-        if (polling_ && poll_ != nullptr) uv_poll_start(poll_, UV_READABLE, &PacketHandle::OnReadable);
-      } else {
-        read_errno = -status;
-        failed_call = "uv_poll";
-        can_read = false;
-      }
-    }
+    if (status < 0) can_read = PollError(status, &read_errno, &failed_call);
     while (can_read && count < static_cast<uint32_t>(kMaxFramesPerWake) && fd_ >= 0) {
       sockaddr_ll from{};
       uint8_t* buffer = RecvBuffer();
@@ -366,30 +303,11 @@ class PacketHandle : public Napi::ObjectWrap<PacketHandle> {
       frames.Set(count++, entry);
     }
     if (count == 0 && read_errno == 0) return;
-    if (callback_.IsEmpty()) return;
-    Napi::Value err = env.Null();
-    if (read_errno != 0) err = ErrnoError(env, read_errno, failed_call).Value();
-    try {
-      // MakeCallback (not Call): runs in an async context and drains the
-      // nextTick and microtask queues afterwards, like any libuv callback.
-      callback_.MakeCallback(env.Global(), {err, frames}, *context_);
-    } catch (const Napi::Error& e) {
-      // An exception from the JavaScript side is an uncaught exception of
-      // the process, exactly as with a socket 'data' listener.
-      napi_fatal_exception(env, e.Value());
-    }
+    Deliver(env, read_errno, failed_call, frames);
   }
 
-  int fd_ = -1;
   int ifindex_ = 0;
   uint16_t protocol_ = 0;
-  uv_poll_t* poll_ = nullptr;
-  bool polling_ = false;
-  bool referenced_ = true;
-  EnvTeardown teardown_;
-  friend class ::lbagent::EnvTeardown;  // runs Release(hook) at the environment's teardown
-  Napi::FunctionReference callback_;
-  std::unique_ptr<Napi::AsyncContext> context_;
 };
 
 }  // namespace

@@ -10,7 +10,8 @@
 // (AGENT_MODULE_TREE_BIN); the production bundle (AGENT_BIN, one file) is
 // held to the same laziness by what it can show: no worker, no node:crypto,
 // no file of the module tree, none of the built-ins behind pino's transport
-// and sonic-boom's assert, and a reload of a larger file parsed by its own
+// and sonic-boom's assert, one native addon (ours: the `netlink` package's
+// own is not loaded), and a reload of a larger file parsed by its own
 // worker bundle.
 // The start is slowed by an `nft` on PATH whose `--version` (the probe's
 // first call) waits 1.5 s, so "while starting" is a window, not a race.
@@ -34,7 +35,7 @@ function observer(): string[] {
 }
 
 /** What fixtures/start-observer.ts wrote at the agent's exit. */
-interface Observed { workers: number; origins: string[]; execArgv: string[]; modules: string[]; builtins: string[]; atListen: string[] }
+interface Observed { workers: number; origins: string[]; execArgv: string[]; modules: string[]; builtins: string[]; atListen: string[]; addons: string[] }
 
 const FAST_ARP = { probeWait: 0.05, probeNum: 2, probeMin: 0.05, probeMax: 0.1, announceWait: 0.05, announceNum: 2, announceInterval: 0.1 };
 
@@ -170,4 +171,8 @@ t.test('the production bundle: one file, as lazy as the module tree, its parse w
   // agent/bundle-build.ts LAZY_CALLS: pino's transport (thread-stream, Node's module loader API) and sonic-boom's assert load only if called.
   t.same(o.builtins.filter((b) => b === 'assert' || b === 'module' || b === 'internal/modules/esm/loader'), [], 'no assert, no `module`: pino\'s transport and sonic-boom\'s assert were not loaded');
   t.same(o.atListen.filter((m) => /prom-client/.test(m)), [], 'no prom-client before the control socket listens');
+  // Issue 18: rtnetlink runs on the addon's netlink socket; the `netlink`
+  // package's own prebuilt addon (~0.25 MiB of RSS) is never loaded.
+  t.same(o.addons.map((f) => path.basename(f)), ['lbagent_native.node'], `one native addon mapped, ours (${o.addons.join(', ')})`);
+  t.same(o.modules.filter((m) => /node_modules\/(netlink|node-gyp-build)\//.test(m)), [], 'no file of the netlink package loaded from node_modules: its JavaScript is bundled, its raw layer replaced');
 });
