@@ -637,7 +637,7 @@ export class Daemon extends EventEmitter {
    * services exchange for ~250 ms like the peers), a VIP that binds waits
    * for the others, or for START_APPLY_BATCH_MS after the first change that
    * waits, whichever comes first. Each table write is an `nft` run: a fork
-   * of the agent (8-40 ms of its event loop, measured at start) and the
+   * of the agent (8-43 ms of its event loop, measured at start) and the
    * child's CPU, on the same 2 cores as the exchanges still under way; 50
    * binds made 2 such writes before the last bind and one after it, now
    * one after it. Nothing waits once every VIP of the start is in the table
