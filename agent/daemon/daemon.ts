@@ -649,7 +649,10 @@ export class Daemon extends EventEmitter {
     if (!this.started || this.startSettled || this.subs?.failover !== undefined) return 0;
     let acquiring = false;
     for (const rt of this.runtimes.values()) {
-      if (rt.source?.status().state === 'acquiring') { acquiring = true; break; }
+      const st = rt.source?.status();
+      // Bound but not yet on the interface (a DHCP ACK whose address and lease are being put in place) counts as acquiring:
+      // a write there forked the agent between the last ACK and the last bind.
+      if (st !== undefined && (st.state === 'acquiring' || (st.state === 'bound' && st.vip === undefined))) { acquiring = true; break; }
     }
     if (!acquiring) return 0;
     const now = this.clock.now();
