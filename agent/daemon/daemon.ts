@@ -63,6 +63,8 @@ export interface DaemonOptions {
    * the daemon runs gc() instead. Reloads run gc() (collectGarbage).
    */
   collectAll?: () => boolean;
+  /** During a start, the longest a change waits for sources still acquiring (startBatchWait); default START_APPLY_BATCH_MS. */
+  startApplyBatchMs?: number;
 }
 
 /** How long a successor waits for its predecessor to let go of the instance lock. */
@@ -102,6 +104,12 @@ function lateModules(): typeof import('./late') {
 const LABELS_POLL_MS = 2000;
 const UNKNOWN_TOPOLOGY: NodeTopology = { zone: undefined, region: undefined, zoneFrom: 'unknown', regionFrom: 'unknown', labelsFile: undefined, problem: undefined };
 
+/**
+ * During a start, the longest a change waits for the table while address
+ * sources are still acquiring (Daemon.startBatchWait; issue 18).
+ */
+export const START_APPLY_BATCH_MS = 500;
+
 /** Persisted health verdicts (crash-only start seeds the checker from them). */
 const HEALTH_FILE = 'health.json';
 
@@ -128,6 +136,11 @@ export class Daemon extends EventEmitter {
    */
   private appliedServing = new Set<string>();
   private applyAgain = false;
+  /** The next apply runs now, not batched (applyNow: the first apply, reloads, takeovers). */
+  private applyForced = false;
+  /** Since when a change has waited for the start's batch (startBatchWait); the timer that ends the wait. */
+  private batchSince: number | undefined;
+  private batchTimer: NodeJS.Timeout | undefined;
   private stopping = false;
   private lastReload: { at: number; ok: boolean; message: string } | undefined;
   private metrics: { reloads: Counter; services: Gauge; ready: Gauge; vipInfo: Gauge; interruptions: Counter; topology: Gauge } | undefined;
@@ -300,10 +313,13 @@ export class Daemon extends EventEmitter {
         this.notifyStatus();
       });
       source.on('status', () => {
-        const st = source.status().state;
-        if (rt.held !== undefined && (st === 'pending' || st === 'failed')) {
-          this.noteInterruption(rt, source.status().reason ?? st);
-          rt.held = undefined;
+        // Every step of every source emits 'status': read it only when a held VIP could be lost by it.
+        if (rt.held !== undefined) {
+          const st = source.status();
+          if (st.state === 'pending' || st.state === 'failed') {
+            this.noteInterruption(rt, st.reason ?? st.state);
+            rt.held = undefined;
+          }
         }
         this.scheduleApply();
       });
@@ -558,6 +574,14 @@ export class Daemon extends EventEmitter {
         this.applyAgain = false;
         await new Promise((r) => setImmediate(r));
         if (this.stopping) break;
+        const wait = this.applyForced ? 0 : this.startBatchWait();
+        if (wait > 0) {
+          this.batchTimer ??= setTimeout(() => { this.batchTimer = undefined; this.scheduleApply(); }, wait);
+          break;
+        }
+        this.applyForced = false;
+        this.batchSince = undefined;
+        if (this.batchTimer) { clearTimeout(this.batchTimer); this.batchTimer = undefined; }
         try {
           const state = this.forwardState();
           const next = new Set(state.flatMap((f) => (f.vip !== undefined ? [f.vip] : [])));
@@ -607,7 +631,37 @@ export class Daemon extends EventEmitter {
     collectGarbage(this.opts.collectAll, this.opts.trimMemory);
   }
 
+  /**
+   * Issue 18: how long the next apply should wait, in ms (0: apply now).
+   * During the start, while any address source is still acquiring (50 DHCP
+   * services exchange for ~250 ms like the peers), a VIP that binds waits
+   * for the others, or for START_APPLY_BATCH_MS after the first change that
+   * waits, whichever comes first. Each table write is an `nft` run: a fork
+   * of the agent (8-43 ms of its event loop, measured at start) and the
+   * child's CPU, on the same 2 cores as the exchanges still under way; 50
+   * binds made 2 such writes before the last bind and one after it, now
+   * one after it. Nothing waits once every VIP of the start is in the table
+   * (startSettled), for applyNow (the first apply, reloads, takeovers), nor
+   * under VRRP, where sources start on an election and a takeover's rules
+   * must not wait for another service.
+   */
+  private startBatchWait(): number {
+    if (!this.started || this.startSettled || this.subs?.failover !== undefined) return 0;
+    let acquiring = false;
+    for (const rt of this.runtimes.values()) {
+      const st = rt.source?.status();
+      // Bound but not yet on the interface (a DHCP ACK whose address and lease are being put in place) counts as acquiring:
+      // a write there forked the agent between the last ACK and the last bind.
+      if (st !== undefined && (st.state === 'acquiring' || (st.state === 'bound' && st.vip === undefined))) { acquiring = true; break; }
+    }
+    if (!acquiring) return 0;
+    const now = this.clock.now();
+    this.batchSince ??= now;
+    return Math.max(0, this.batchSince + (this.opts.startApplyBatchMs ?? START_APPLY_BATCH_MS) - now);
+  }
+
   private async applyNow(): Promise<void> {
+    this.applyForced = true;
     this.scheduleApply();
     while (this.applying) await this.applying;
   }
@@ -764,6 +818,7 @@ export class Daemon extends EventEmitter {
     };
     if (this.applying) await this.applying.catch(() => undefined);
     if (this.healthSave) { clearTimeout(this.healthSave); this.healthSave = undefined; }
+    if (this.batchTimer) { clearTimeout(this.batchTimer); this.batchTimer = undefined; }
     this.watchLabels(undefined);
     this.saveHealth();
     await step('control socket', () => this.control?.stop());

@@ -345,16 +345,16 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     }
     if (this.running && s.name === 'STOPPED' && !this.failed) state = 'acquiring'; // link setup, or waiting for a start slot
     const wallOffset = this.clock.wallNow() - this.clock.now();
-    const lease = s.lease ?? s.probing;
-    const details: Record<string, unknown> = {
-      state: s.name,
-      ...(lease ? leaseDetails(lease, wallOffset) : {}),
-      ...(s.probing ? { probing: formatIPv4(s.probing.address) } : {}),
-      ...(s.offer ? { offered: formatIPv4(s.offer.address), offeredBy: formatIPv4(s.offer.serverId) } : {}),
-      ...(s.name === 'INIT-REBOOT' && s.saved ? { requested: formatIPv4(s.saved.address) } : {}),
-      ...(this.ctx.config.requestedIp !== undefined ? { loadBalancerIP: formatIPv4(this.ctx.config.requestedIp) } : {}),
+    const requestedIp = this.ctx.config.requestedIp;
+    // The details (lease times as ISO strings, addresses as text) are built
+    // when read, i.e. by the status API: the daemon reads status() for its
+    // state and VIP on every step and every apply (issue 18: ~800 calls by
+    // the last bind of a 50-service start, 2 MB of garbage). `s` is the
+    // state of this call: client.ts never mutates a state, it returns a new one.
+    return {
+      state, reason, vip: this.vip, ifname: this.ifname, mac: this.mac,
+      get details(): Record<string, unknown> { return dhcpDetails(s, wallOffset, requestedIp); },
     };
-    return { state, reason, vip: this.vip, ifname: this.ifname, mac: this.mac, details };
   }
 
   // --- start-up ----------------------------------------------------------------
@@ -785,6 +785,19 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     }
     this.ifindex = undefined;
   }
+}
+
+/** status()'s details of one client state: the lease (or the address being probed), the offer, the address asked for. */
+function dhcpDetails(s: ClientState, wallOffset: number, requestedIp: number | undefined): Record<string, unknown> {
+  const lease = s.lease ?? s.probing;
+  return {
+    state: s.name,
+    ...(lease ? leaseDetails(lease, wallOffset) : {}),
+    ...(s.probing ? { probing: formatIPv4(s.probing.address) } : {}),
+    ...(s.offer ? { offered: formatIPv4(s.offer.address), offeredBy: formatIPv4(s.offer.serverId) } : {}),
+    ...(s.name === 'INIT-REBOOT' && s.saved ? { requested: formatIPv4(s.saved.address) } : {}),
+    ...(requestedIp !== undefined ? { loadBalancerIP: formatIPv4(requestedIp) } : {}),
+  };
 }
 
 /** Construct the DHCP address source of one service. */

@@ -197,7 +197,7 @@ interface Harness {
   since(from: number): string[];
 }
 
-function harness(t: { teardown(fn: () => unknown): void }, services: Svc[], o: { fail?: { build?: Error }; extra?: Record<string, unknown>; vrrp?: boolean } = {}): Harness {
+function harness(t: { teardown(fn: () => unknown): void }, services: Svc[], o: { fail?: { build?: Error }; extra?: Record<string, unknown>; vrrp?: boolean; startApplyBatchMs?: number } = {}): Harness {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lbt-daemon-'));
   const file = path.join(dir, 'config.yaml');
   const fk = fakes(o.fail, { vrrp: o.vrrp });
@@ -207,6 +207,7 @@ function harness(t: { teardown(fn: () => unknown): void }, services: Svc[], o: {
   const daemon = new Daemon({
     configPath: file, log: silentLogger(), buildSubsystems: (c) => fk.build(c), notify: (m) => { (m.startsWith('STATUS=') ? statuses : notified).push(m); },
     trimMemory: () => { trims.count++; },
+    ...(o.startApplyBatchMs !== undefined ? { startApplyBatchMs: o.startApplyBatchMs } : {}),
   });
   t.teardown(async () => { await daemon.stop().catch(() => undefined); fs.rmSync(dir, { recursive: true, force: true }); });
   const h: Harness = {
@@ -375,6 +376,32 @@ t.test('freed memory is given back once every VIP is in place, not while the sou
   t.equal((await h.daemon.reload()).ok, false);
   await new Promise((r) => setImmediate(r));
   t.equal(h.trims.count, 3, 'after a refused one: its parse left garbage too');
+});
+
+t.test('during the start, VIPs bound while other sources still acquire are written in one apply (issue 18)', async (t) => {
+  const h = harness(t, [{ name: 'a' }, { name: 'b' }, { name: 'c' }], { startApplyBatchMs: 60_000 });
+  await h.daemon.start();
+  await settle(h);
+  const from = h.fk.dataplane.applied.length;
+  h.fk.sources.get('default/a')!.bind('10.99.0.100');
+  h.fk.sources.get('default/b')!.bind('10.99.0.101');
+  await settle(h);
+  t.equal(h.fk.dataplane.applied.length, from, 'a and b bound, c still acquiring: no table write yet');
+  h.fk.sources.get('default/c')!.bind('10.99.0.102');
+  await waitJournal(h, 'dataplane apply a=10.99.0.100,b=10.99.0.101,c=10.99.0.102');
+  await settle(h);
+  t.same(h.since(0).filter((l) => l.startsWith('dataplane apply')).slice(-(h.fk.dataplane.applied.length - from)).map((l) => l === 'dataplane apply a=10.99.0.100,b=10.99.0.101,c=10.99.0.102'),
+    Array(h.fk.dataplane.applied.length - from).fill(true), 'the last bind writes all three at once: no table with only a or b');
+  t.equal(h.trims.count, 1, 'and the start settles');
+});
+
+t.test('the start\'s batch waits at most startApplyBatchMs for a source that does not bind', async (t) => {
+  const h = harness(t, [{ name: 'a' }, { name: 'b' }], { startApplyBatchMs: 200 });
+  await h.daemon.start();
+  await settle(h);
+  h.fk.sources.get('default/a')!.bind('10.99.0.100');
+  await waitJournal(h, 'dataplane apply a=10.99.0.100,b=-');
+  t.pass('a is written while b still acquires');
 });
 
 t.test('with no VIP to wait for, the start settles at once', async (t) => {
