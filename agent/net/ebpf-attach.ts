@@ -40,6 +40,9 @@ function closeFd(fd: number | undefined): void {
   try { fs.closeSync(fd); } catch { /* already closed */ }
 }
 
+/** A bpf(2) call failed because the program or attachment is no longer there. */
+const isGone = (err: unknown): boolean => (err as { code?: string }).code === 'ENOENT';
+
 function key(k: number): Buffer {
   const b = Buffer.alloc(4);
   b.writeUInt32LE(k);
@@ -262,15 +265,13 @@ export class DsrBpf {
             replacedId = this.bpf.bpfProgInfo(replaceFd).id;
             this.bpf.bpfProgAttach(ifindex, next.prog, BPF_TCX_INGRESS, BPF_F_REPLACE, replaceFd);
           } catch (err) {
-            // Detached meanwhile (e.g. `lb-agent withdraw` by hand): attach as the first one.
-            if ((err as { code?: string }).code !== 'ENOENT') throw err;
+            // Detached meanwhile (e.g. `lb-agent withdraw` by hand): attach as the first one, below.
+            if (!isGone(err)) throw err;
             replacedId = undefined;
             replaced = 'none';
-            this.bpf.bpfProgAttach(ifindex, next.prog, BPF_TCX_INGRESS, 0, 0);
           }
-        } else {
-          this.bpf.bpfProgAttach(ifindex, next.prog, BPF_TCX_INGRESS, 0, 0);
         }
+        if (replaced === 'none') this.bpf.bpfProgAttach(ifindex, next.prog, BPF_TCX_INGRESS, 0, 0);
         // More than one of ours (not expected: two agents on one device) would forward twice over: keep the new one only.
         for (const id of seen.ours) if (id !== replacedId) this.detachId(ifindex, id);
       } finally {
@@ -295,13 +296,22 @@ export class DsrBpf {
     return { replaced, unreadable: seen.unreadable };
   }
 
+  /** Detach the program behind `fd`; one already gone is no error. */
+  private detachFd(ifindex: number, fd: number): void {
+    try {
+      this.bpf.bpfProgDetach(ifindex, fd, BPF_TCX_INGRESS);
+    } catch (err) {
+      if (!isGone(err)) throw err;
+    }
+  }
+
   private detachId(ifindex: number, id: number): void {
     let fd: number | undefined;
     try {
       fd = this.bpf.bpfProgGetFdById(id);
-      this.bpf.bpfProgDetach(ifindex, fd, BPF_TCX_INGRESS);
+      this.detachFd(ifindex, fd);
     } catch (err) {
-      if ((err as { code?: string }).code !== 'ENOENT') throw err;
+      if (!isGone(err)) throw err;
     } finally {
       closeFd(fd);
     }
@@ -312,14 +322,7 @@ export class DsrBpf {
     let ifindex: number;
     try { ifindex = this.ifindex(); } catch { this.forget(); return; /* the device is gone, and with it the attachment */ }
     this.takeFromStore();
-    for (const fd of [this.current?.prog, this.inheritedProg]) {
-      if (fd === undefined) continue;
-      try {
-        this.bpf.bpfProgDetach(ifindex, fd, BPF_TCX_INGRESS);
-      } catch (err) {
-        if ((err as { code?: string }).code !== 'ENOENT') throw err;
-      }
-    }
+    for (const fd of [this.current?.prog, this.inheritedProg]) if (fd !== undefined) this.detachFd(ifindex, fd);
     for (const id of dsrProgramsAt(this.bpf, ifindex).ours) this.detachId(ifindex, id);
     this.forget();
   }

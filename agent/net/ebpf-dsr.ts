@@ -174,23 +174,24 @@ export function dsrMaps(ports: readonly DsrBpfPort[]): DsrMaps {
   for (const p of ports) {
     if (p.slots.length === 0) throw new Error(`${p.vip} ${p.protocol}/${p.port}: an empty slot table is not forwarded`);
     const first = counters.length;
-    p.backends.forEach((b, i) => {
+    // One slot entry per backend ({ address, counter index }): the value of
+    // each of its slots and of its entry in the backend map.
+    const entries = p.backends.map((b, i) => {
       counters.push({ conns: b.conns, toBackend: b.toBackend });
+      const address = ipBytes(b.address);
       const key = Buffer.alloc(BACKEND_KEY_SIZE);
       key.writeUInt32LE(slots.length, 0);
-      ipBytes(b.address).copy(key, 4);
+      address.copy(key, 4);
       const value = Buffer.alloc(SLOT_VALUE_SIZE);
-      ipBytes(b.address).copy(value, 0);
+      address.copy(value, 0);
       value.writeUInt32LE(first + i, 4);
       backends.push({ key, value });
+      return value;
     });
     bases.push(slots.length);
     for (const i of p.slots) {
-      const b = p.backends[i];
-      if (b === undefined) throw new Error(`${p.vip} ${p.protocol}/${p.port}: slot names backend ${i} of ${p.backends.length}`);
-      const v = Buffer.alloc(SLOT_VALUE_SIZE);
-      ipBytes(b.address).copy(v, 0);
-      v.writeUInt32LE(first + i, 4);
+      const v = entries[i];
+      if (v === undefined) throw new Error(`${p.vip} ${p.protocol}/${p.port}: slot names backend ${i} of ${p.backends.length}`);
       slots.push(v);
     }
   }

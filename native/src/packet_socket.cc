@@ -59,9 +59,6 @@ namespace {
 // level-triggered, so anything left is read on the next loop iteration; the
 // cap only keeps one busy socket from starving timers and other sockets.
 constexpr int kMaxFramesPerWake = 512;
-constexpr size_t kRecvBufferSize = kSharedRecvBufferSize;
-
-uint8_t* RecvBuffer() { return SharedRecvBuffer(); }
 
 class PacketHandle : public PolledSocket<PacketHandle> {
  public:
@@ -259,8 +256,8 @@ class PacketHandle : public PolledSocket<PacketHandle> {
     if (status < 0) can_read = PollError(status, &read_errno, &failed_call);
     while (can_read && count < static_cast<uint32_t>(kMaxFramesPerWake) && fd_ >= 0) {
       sockaddr_ll from{};
-      uint8_t* buffer = RecvBuffer();
-      iovec iov{buffer, kRecvBufferSize};
+      uint8_t* buffer = SharedRecvBuffer();
+      iovec iov{buffer, kSharedRecvBufferSize};
       alignas(cmsghdr) char control[CMSG_SPACE(sizeof(tpacket_auxdata))];
       msghdr msg{};
       msg.msg_name = &from;
@@ -291,7 +288,7 @@ class PacketHandle : public PolledSocket<PacketHandle> {
           tp_status = aux.tp_status;
         }
       }
-      size_t copied = static_cast<size_t>(n) < kRecvBufferSize ? static_cast<size_t>(n) : kRecvBufferSize;
+      size_t copied = static_cast<size_t>(n) < kSharedRecvBufferSize ? static_cast<size_t>(n) : kSharedRecvBufferSize;
       Napi::Object entry = Napi::Object::New(env);
       entry.Set("frame", Napi::Buffer<uint8_t>::Copy(env, buffer, copied));
       entry.Set("status", Napi::Number::New(env, tp_status));
