@@ -9,9 +9,9 @@
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import t from 'tap';
-import { requirePrivileged } from '../helpers/privileged';
+import { requireSystemdContainer } from '../helpers/privileged';
 import { run, waitFor, type Lab } from '../../lab/netns';
-import { bootSystemdContainer, systemdContainerUnavailableReason, type SystemdContainer } from '../../lab/systemd-container';
+import { bootSystemdContainer, type SystemdContainer } from '../../lab/systemd-container';
 import type { StatusDocument } from '../../agent/daemon/daemon';
 import { buildContinuityLab, continuityConfig, describeReport, Loops } from '../../lab/continuity';
 
@@ -49,9 +49,7 @@ async function netState(lab: Lab, ns: string): Promise<{ links: string[]; vips: 
 
 for (const dataplane of ['kernel', 'proxy'] as const) {
   t.test(`${dataplane} path: systemctl restart and a SIGKILL that Restart= recovers`, async (t) => {
-    if (!requirePrivileged(t)) return;
-    const reason = systemdContainerUnavailableReason();
-    if (reason) { t.fail(`cannot boot a systemd container: ${reason}`); return; }
+    if (!requireSystemdContainer(t)) return;
     const cl = await buildContinuityLab(t);
     const cfg = { ...continuityConfig(SERVICES), dataplane };
     delete (cfg as Record<string, unknown>).stateDir;

@@ -12,11 +12,11 @@
 // leaves no address, link, nftables table or program behind.
 import t from 'tap';
 import { stringify } from 'yaml';
-import { requirePrivileged } from '../helpers/privileged';
+import { requireSystemdContainer } from '../helpers/privileged';
 import { createLab, waitFor, Lab } from '../../lab/netns';
 import { startBackend, httpGetFrom } from '../../lab/services';
 import { dsrBackendByHand, dsrProgramsIn } from '../../lab/forward';
-import { bootSystemdContainer, systemdContainerUnavailableReason, decodeCapabilities, SystemdContainer } from '../../lab/systemd-container';
+import { bootSystemdContainer, decodeCapabilities, SystemdContainer } from '../../lab/systemd-container';
 import type { StatusDocument } from '../../agent/daemon/daemon';
 
 const FAST_ARP = { probeWait: 0.05, probeNum: 2, probeMin: 0.05, probeMax: 0.1, announceWait: 0.05, announceNum: 2, announceInterval: 0.1 };
@@ -59,13 +59,7 @@ async function agentStatus(vm: SystemdContainer): Promise<StatusDocument> {
 }
 
 t.test('lb-agent.service under systemd 252 in a lab VM', async (t) => {
-  if (!requirePrivileged(t)) return;
-  const reason = systemdContainerUnavailableReason();
-  if (reason) {
-    if (process.env.LB_AGENT_REQUIRE_PRIVILEGED === '1') { t.fail(`cannot boot a systemd container: ${reason} (LB_AGENT_REQUIRE_PRIVILEGED=1 forbids skipping)`); return; }
-    t.plan(0, `skip: ${reason}`);
-    return;
-  }
+  if (!requireSystemdContainer(t)) return;
   const lab = await createLab(t);
   const vmNs = await lab.addHost('vm', { address: '10.99.0.2/24' });
   await lab.addHost('b1', { address: '10.99.0.11/24' });
