@@ -42,6 +42,22 @@ if (requirePrivileged(t)) {
     t.match(neigh.stdout, new RegExp(`lladdr ${mac}`), 'the client reached the VIP at the macvlan MAC');
   });
 
+  t.test('removing an address forgets what the neighbour table learnt of it', async (t) => {
+    // A VRRP Backup that forwarded for the VIP during a hand-over learnt its
+    // then holder's MAC; once it has held and given up the VIP itself, that
+    // entry would send clients' packets back to a node that may no longer
+    // hold it either (test/privileged/vrrp-systemd.test.ts).
+    const lab = await createLab(t);
+    const node = await lab.addHost('node', { address: '10.99.0.2/24' });
+    await lab.sh(node, 'ip neigh replace 10.99.0.60 lladdr 02:00:00:00:00:60 dev eth0 nud stale && ip addr add 10.99.0.60/32 dev eth0');
+    t.match((await lab.sh(node, 'ip neigh show 10.99.0.60 dev eth0')).stdout, /02:00:00:00:00:60/, 'the entry is there while the address is held');
+    const r = await driver<boolean>(lab, node, 'remove-address', { name: 'eth0', address: '10.99.0.60', prefix: 32 });
+    t.ok(r.ok && r.result === true, `removed (${JSON.stringify(r.error)})`);
+    t.equal((await lab.sh(node, 'ip neigh show 10.99.0.60 dev eth0')).stdout.trim(), '', 'and its neighbour entry with it');
+    const again = await driver<boolean>(lab, node, 'remove-address', { name: 'eth0', address: '10.99.0.60', prefix: 32 });
+    t.ok(again.ok && again.result === false, 'removing it again: not there, no error');
+  });
+
   t.test('errors name the interface and the capability', async (t) => {
     const lab = await createLab(t);
     const node = await lab.addHost('node', { address: '10.99.0.2/24' });
