@@ -42,7 +42,7 @@ import {
 import { leaseDetails, leaseFileName, readSavedLease, toStored, type Lease } from './lease';
 import { sharedStartLimiter, type ReleaseSlot, type StartLimiter } from './limiter';
 import { judgeAddress, judgeReply, type GuardPolicy, type GuardReason, type HostView } from './guard';
-import { addressesChanged, localAddresses } from '../net/local-addresses';
+import { addressAdded, addressRemoved, addressesChanged, localAddresses } from '../net/local-addresses';
 import { dhcpMetrics, removeServiceSeries, setDhcpState, type DhcpMetrics } from './metrics';
 
 /** The VIP goes on the macvlan as a host address: no prefix route that would pull LAN traffic (health checks, proxying) onto the macvlan. */
@@ -620,7 +620,7 @@ export class DhcpSource extends EventEmitter implements AddressSource {
       return;
     }
     await this.netlink.addAddress(ifindex, address, VIP_PREFIX, { proto: OWNED_ADDRESS_PROTO });
-    addressesChanged();
+    addressAdded(this.ifname, ip);
     await saved;
     this.vip = { address, prefix: VIP_PREFIX, ifname: this.ifname, ifindex, mac: this.mac };
     this.log.info({ op: 'bind', address, why }, `VIP ${address} bound`);
@@ -682,7 +682,7 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     if (this.ifindex !== undefined) {
       try {
         await this.netlink.removeAddress(this.ifindex, address, VIP_PREFIX);
-        addressesChanged();
+        addressRemoved(this.ifname, a.address);
       } catch (err) {
         this.log.error({ op: 'unbind', address, err: errorMessage(err) }, 'could not remove the VIP');
       }
