@@ -30,6 +30,7 @@ import { bpfArpAbout } from '../net/bpf';
 import { ETH_P_ARP, openPacketSocket, type PacketSocket } from '../net/packet';
 import type { NetlinkClient, LinkInfo } from '../net/netlink';
 import { VipOwner, type VipConflict } from '../net/vip-owner';
+import { addressesChanged } from '../net/local-addresses';
 import { reservedFromInterface } from './allocator';
 import type { PoolManager } from './manager';
 import { initialPoolState, poolStep, type PoolAction, type PoolEvent, type PoolMachineConfig, type PoolState } from './pool-machine';
@@ -383,6 +384,8 @@ export class PoolSource extends EventEmitter implements AddressSource {
       // NetlinkClient.addAddress replaces, so an address left by a killed
       // run is adopted as is; EEXIST from another implementation means the same.
       await this.manager.serialize(() => this.opts.netlink.addAddress(link.index, address, POOL_VIP_PREFIX, { proto: OWNED_ADDRESS_PROTO }));
+      // A DHCP reply from now on must see it (dhcp/guard.ts 'yiaddr-local').
+      addressesChanged();
     } catch (err) {
       if (!(isLbError(err) && err.details?.errno === 'EEXIST')) {
         this.feedLater(gen, { type: 'fault', what: `adding ${address}/${POOL_VIP_PREFIX} to ${this.opts.parentIfname}`, error: errorMessage(err) });

@@ -21,6 +21,7 @@ import { errorMessage } from '../errors';
 import { OWNED_ADDRESS_PROTO } from './ownership';
 import { readIfSysctl, writeIfSysctl, type IfSysctlKey, type SysctlOptions } from './sysctl';
 import type { AddressInfo, NetlinkClient } from './netlink';
+import { addressesChanged } from './local-addresses';
 
 /** Where a backend keeps the VIPs it serves: loopback never answers ARP on the LAN. */
 export const BACKEND_VIP_INTERFACE = 'lo';
@@ -121,6 +122,7 @@ export class BackendVips {
     for (const v of plan.add) {
       try {
         await nl.addAddress(lo.index, v, 32, { proto: OWNED_ADDRESS_PROTO });
+        addressesChanged(); // a local address for the DHCP guard (net/local-addresses.ts)
         added.add(v);
         this.log.info({ vip: v }, 'backend VIP added to lo for direct server return');
       } catch (e) {
