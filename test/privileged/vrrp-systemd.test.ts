@@ -13,7 +13,7 @@ import t from 'tap';
 import { requireSystemdContainer } from '../helpers/privileged';
 import { createLab, waitFor, Lab } from '../../lab/netns';
 import { startBackend, httpGetFrom } from '../../lab/services';
-import { ClientLoop, gapReport } from '../../lab/client-loop';
+import { ClientLoop, gapReport, type GapReport } from '../../lab/client-loop';
 import { bootSystemdContainer, SystemdContainer } from '../../lab/systemd-container';
 import type { StatusDocument } from '../../agent/daemon/daemon';
 
@@ -92,6 +92,26 @@ t.test('VRRP between two lb-agent.service units under systemd 252', async (t) =>
   const [vm1, vm2] = vms as [SystemdContainer, SystemdContainer];
   const running = [true, true];
 
+  /**
+   * A client loop through the VIP every 20 ms around `event` (which returns
+   * the time it counts from): 400 ms before it, until VMS[master] is the one
+   * Master, and 800 ms after that.
+   */
+  async function loopAround(master: number, event: () => Promise<number>): Promise<GapReport> {
+    const loop = await ClientLoop.start(lab, client, `http://${VIP}/`, { intervalMs: 20, timeoutMs: 300, maxMs: 30_000 });
+    let at: number;
+    try {
+      await new Promise((r) => setTimeout(r, 400));
+      at = await event();
+      await waitMaster(vms, master, running);
+      await new Promise((r) => setTimeout(r, 800));
+    } catch (e) {
+      await loop.stop();
+      throw e;
+    }
+    return gapReport(await loop.stop(), at, BODIES);
+  }
+
   await t.test('both units start; the higher priority is Master and serves the VIP, the other is Backup', async (t) => {
     for (const vm of vms) {
       const r = await vm.systemctl('start', 'lb-agent');
@@ -113,16 +133,15 @@ t.test('VRRP between two lb-agent.service units under systemd 252', async (t) =>
   });
 
   await t.test('systemctl stop on the Master: priority 0, vm2 takes over at once, vm1 leaves no VIP', async (t) => {
-    const loop = await ClientLoop.start(lab, client, `http://${VIP}/`, { intervalMs: 20, timeoutMs: 300, maxMs: 30_000 });
-    await new Promise((r) => setTimeout(r, 400));
-    const cursor = await vm2.cursor();
-    const stopAt = Date.now();
-    const r = await vm1.systemctl('stop', 'lb-agent');
-    t.equal(r.code, 0, `systemctl stop: ${r.stderr.trim()}`);
-    running[0] = false;
-    await waitMaster(vms, 1, running);
-    await new Promise((r) => setTimeout(r, 800));
-    const g = gapReport(await loop.stop(), stopAt, BODIES);
+    let cursor = '';
+    const g = await loopAround(1, async () => {
+      cursor = await vm2.cursor();
+      const stopAt = Date.now();
+      const r = await vm1.systemctl('stop', 'lb-agent');
+      t.equal(r.code, 0, `systemctl stop: ${r.stderr.trim()}`);
+      running[0] = false;
+      return stopAt;
+    });
     const journal = await vm2.journal('lb-agent', { after: cursor, output: 'cat' });
     t.match(journal, /"to":"master"[^\n]*"reason":"master-resigned"|"reason":"master-resigned"[^\n]*"to":"master"/, 'vm2 became Master because vm1 resigned (priority 0), not because it fell silent');
     t.comment(`stop -> served by vm2: ${g.servedAfterMs ?? '?'} ms; ${g.count} requests, ${g.failures.length} failed (${JSON.stringify(g.errors)}), gap ${g.gapMs} ms`);
@@ -135,15 +154,13 @@ t.test('VRRP between two lb-agent.service units under systemd 252', async (t) =>
   });
 
   await t.test('systemctl start on vm1: it preempts, vm2 gives the VIP back', async (t) => {
-    const loop = await ClientLoop.start(lab, client, `http://${VIP}/`, { intervalMs: 20, timeoutMs: 300, maxMs: 30_000 });
-    await new Promise((r) => setTimeout(r, 400));
-    const startAt = Date.now();
-    const r = await vm1.systemctl('start', 'lb-agent');
-    t.equal(r.code, 0, `systemctl start: ${r.stderr.trim()}`);
-    running[0] = true;
-    await waitMaster(vms, 0, running);
-    await new Promise((r) => setTimeout(r, 800));
-    const g = gapReport(await loop.stop(), startAt, BODIES);
+    const g = await loopAround(0, async () => {
+      const startAt = Date.now();
+      const r = await vm1.systemctl('start', 'lb-agent');
+      t.equal(r.code, 0, `systemctl start: ${r.stderr.trim()}`);
+      running[0] = true;
+      return startAt;
+    });
     t.comment(`start -> vm1 Master again; ${g.count} requests, ${g.failures.length} failed (${JSON.stringify(g.errors)}), gap ${g.gapMs} ms`);
     t.ok(await holdsVip(lab, ns[0]!), 'vm1 holds the VIP');
     t.notOk(await holdsVip(lab, ns[1]!), 'vm2 took its copy off');
@@ -153,15 +170,13 @@ t.test('VRRP between two lb-agent.service units under systemd 252', async (t) =>
   });
 
   await t.test('SIGKILL of the Master: systemd restarts it, one node answers for the VIP afterwards', async (t) => {
-    const loop = await ClientLoop.start(lab, client, `http://${VIP}/`, { intervalMs: 20, timeoutMs: 300, maxMs: 30_000 });
-    await new Promise((r) => setTimeout(r, 400));
-    const before = Number((await vm1.show('lb-agent', 'NRestarts')).NRestarts);
-    const old = await vm1.killMain('KILL');
-    const killAt = Date.now();
-    await vm1.waitRunning('lb-agent', 30_000, (p) => Number(p.MainPID) !== old && Number(p.NRestarts) === before + 1);
-    await waitMaster(vms, 0, running);
-    await new Promise((r) => setTimeout(r, 800));
-    const g = gapReport(await loop.stop(), killAt, BODIES);
+    const g = await loopAround(0, async () => {
+      const before = Number((await vm1.show('lb-agent', 'NRestarts')).NRestarts);
+      const old = await vm1.killMain('KILL');
+      const killAt = Date.now();
+      await vm1.waitRunning('lb-agent', 30_000, (p) => Number(p.MainPID) !== old && Number(p.NRestarts) === before + 1);
+      return killAt;
+    });
     t.comment(`SIGKILL -> restarted and Master again; ${g.count} requests, ${g.failures.length} failed (${JSON.stringify(g.errors)}), gap ${g.gapMs} ms, served again ${g.servedAfterMs ?? '?'} ms after the kill`);
     t.ok(await holdsVip(lab, ns[0]!), 'vm1 holds the VIP');
     t.notOk(await holdsVip(lab, ns[1]!), 'vm2 does not: no duplicate address after the crash');
