@@ -24,6 +24,7 @@ import type { Clock } from '../clock';
 import { realClock, isoTime } from '../clock';
 import { VERSION } from '../version';
 import { EventRing, type StatusEvent, type StatusEventKind } from './events';
+import { START_HOLD_MAX_MS } from './tiering';
 import type { NodeTopology } from '../config/labels';
 import type { TopologySelection } from '../forward/topology';
 import type { BackendStatus } from '../net/dsr-backend';
@@ -65,6 +66,14 @@ export interface DaemonOptions {
   collectAll?: () => boolean;
   /** During a start, the longest a change waits for sources still acquiring (startBatchWait); default START_APPLY_BATCH_MS. */
   startApplyBatchMs?: number;
+  /**
+   * Called as the start begins: holds V8's optimizing compiler off for the
+   * start's burst and returns what releases it (main.ts: tiering.ts
+   * holdOptimizer; issue 18), or undefined. Released once the start has
+   * settled, START_HOLD_MAX_MS after "lb-agent started" at the latest, or
+   * on stop.
+   */
+  holdOptimizer?: () => (() => void) | undefined;
 }
 
 /** How long a successor waits for its predecessor to let go of the instance lock. */
@@ -163,6 +172,9 @@ export class Daemon extends EventEmitter {
   private startSettled = false;
   /** start() in flight or done: a reload that arrives while starting waits for it. */
   private starting: Promise<void> | undefined;
+  /** Releases the optimizing compiler held for the start (opts.holdOptimizer); undefined once released. */
+  private releaseOptimizer: (() => void) | undefined;
+  private releaseOptimizerTimer: NodeJS.Timeout | undefined;
 
   constructor(opts: DaemonOptions) {
     super();
@@ -178,11 +190,13 @@ export class Daemon extends EventEmitter {
 
   /** Start once; a second call gets the same promise. */
   start(): Promise<void> {
-    this.starting ??= this.startOnce();
+    // A start that fails before its own clean-up (an invalid config, the lock) gives the compiler back too.
+    this.starting ??= this.startOnce().catch((e: unknown) => { this.optimizerBack('stop'); throw e; });
     return this.starting;
   }
 
   private async startOnce(): Promise<void> {
+    this.releaseOptimizer = this.opts.holdOptimizer?.();
     // Nothing runs on the loop yet: a small file is parsed inline, without
     // the worker a reload uses (issue 18: ~100 ms of the start).
     const res = await loadConfigFileAsync(this.opts.configPath, { inlineUpTo: INLINE_PARSE_MAX_BYTES });
@@ -277,6 +291,10 @@ export class Daemon extends EventEmitter {
     }
     this.started = true;
     this.log.info({ op: 'start', services: config.services.length, dataplane: this.subs.dataplane.kind, parent: this.subs.parent.name }, 'lb-agent started');
+    if (this.releaseOptimizer) {
+      this.releaseOptimizerTimer = setTimeout(() => this.optimizerBack('time'), START_HOLD_MAX_MS);
+      this.releaseOptimizerTimer.unref();
+    }
     this.opts.notify?.('READY=1');
     this.notifyStatus();
     // The start's garbage is collected once every VIP is in place: a
@@ -628,7 +646,18 @@ export class Daemon extends EventEmitter {
       if (vip === undefined || !this.appliedVips.has(vip)) return;
     }
     this.startSettled = true;
+    this.optimizerBack('settled');
     collectGarbage(this.opts.collectAll, this.opts.trimMemory);
+  }
+
+  /** TurboFan back on (opts.holdOptimizer), once: the start settled, START_HOLD_MAX_MS passed, or a stop. */
+  private optimizerBack(why: 'settled' | 'time' | 'stop'): void {
+    const release = this.releaseOptimizer;
+    if (!release) return;
+    this.releaseOptimizer = undefined;
+    if (this.releaseOptimizerTimer) { clearTimeout(this.releaseOptimizerTimer); this.releaseOptimizerTimer = undefined; }
+    release();
+    this.log.debug({ op: 'start', why }, 'optimizing compiler back on');
   }
 
   /**
@@ -811,6 +840,7 @@ export class Daemon extends EventEmitter {
     if (this.stopping) return;
     this.stopping = true;
     this.opts.notify?.('STOPPING=1');
+    this.optimizerBack('stop');
     // A reload in flight finishes its current step (each checks `stopping`) before anything is withdrawn.
     if (this.reloading) await this.reloading.catch(() => undefined);
     const step = async (what: string, fn: () => Promise<unknown> | unknown): Promise<void> => {

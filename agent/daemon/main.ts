@@ -12,6 +12,7 @@ import { errorMessage, isLbError } from '../errors';
 import { makeNotifier, parseListenFds, SystemdFdStore } from './systemd';
 import { HandoverStore, sendListeners, takeListeners } from './handover';
 import { mallocTrim, lowMemoryNotification } from '../net/native';
+import { holdOptimizer } from './tiering';
 
 const STOP_TIMEOUT_MS = 10_000;
 
@@ -78,7 +79,7 @@ export async function runDaemon(opts: { configPath: string; logLevel: LogLevel; 
     return { pid: process.pid, listeners };
   });
   const daemon = new Daemon({
-    configPath: opts.configPath, log, buildSubsystems, notify, reload, listenerStore, trimMemory, collectAll: lowMemoryNotification,
+    configPath: opts.configPath, log, buildSubsystems, notify, reload, listenerStore, trimMemory, collectAll: lowMemoryNotification, holdOptimizer,
     ...(onHandover ? { onHandover } : {}),
     ...(opts.replace ? {
       replace: (config) => (handover

@@ -14,6 +14,7 @@ import * as path from 'node:path';
 import { EventEmitter } from 'node:events';
 import { stringify } from 'yaml';
 import { Daemon, type StatusDocument } from '../../agent/daemon/daemon';
+import { START_HOLD_MAX_MS } from '../../agent/daemon/tiering';
 import type { BackendHealth, DataplaneLike, FailoverLike, ForwardService, HealthLike, ParentLink, Subsystems } from '../../agent/daemon/subsystems';
 import type { AddressSource, SourceState, SourceStatus, Vip } from '../../agent/source';
 import type { BackendSpec, Desired, ServiceSpec } from '../../agent/config/types';
@@ -192,12 +193,15 @@ interface Harness {
   statuses: string[];
   /** How often the daemon asked to give freed memory back (DaemonOptions.trimMemory). */
   trims: { count: number };
+  /** The optimizer hold's steps (DaemonOptions.holdOptimizer): 'hold', then 'release' at most once. */
+  optimizer: string[];
   write(services: Svc[], extra?: Record<string, unknown>): void;
   /** The journal from index `from` on. */
   since(from: number): string[];
 }
 
 function harness(t: { teardown(fn: () => unknown): void }, services: Svc[], o: { fail?: { build?: Error }; extra?: Record<string, unknown>; vrrp?: boolean; startApplyBatchMs?: number } = {}): Harness {
+  const optimizer: string[] = [];
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lbt-daemon-'));
   const file = path.join(dir, 'config.yaml');
   const fk = fakes(o.fail, { vrrp: o.vrrp });
@@ -207,11 +211,12 @@ function harness(t: { teardown(fn: () => unknown): void }, services: Svc[], o: {
   const daemon = new Daemon({
     configPath: file, log: silentLogger(), buildSubsystems: (c) => fk.build(c), notify: (m) => { (m.startsWith('STATUS=') ? statuses : notified).push(m); },
     trimMemory: () => { trims.count++; },
+    holdOptimizer: () => { optimizer.push('hold'); return () => { optimizer.push('release'); }; },
     ...(o.startApplyBatchMs !== undefined ? { startApplyBatchMs: o.startApplyBatchMs } : {}),
   });
   t.teardown(async () => { await daemon.stop().catch(() => undefined); fs.rmSync(dir, { recursive: true, force: true }); });
   const h: Harness = {
-    dir, file, socket: path.join(dir, 'agent.sock'), daemon, fk, notified, statuses, trims,
+    dir, file, socket: path.join(dir, 'agent.sock'), daemon, fk, notified, statuses, trims, optimizer,
     write: (s, extra) => writeConfig(file, dir, s, { ...o.extra, ...extra }),
     since: (from) => fk.journal.slice(from),
   };
@@ -409,6 +414,47 @@ t.test('with no VIP to wait for, the start settles at once', async (t) => {
   await h.daemon.start();
   await settle(h);
   t.equal(h.trims.count, 1, 'collected right after the start');
+  t.same(h.optimizer, ['hold', 'release'], 'and the optimizing compiler is back on');
+});
+
+t.test('the optimizing compiler held for the start comes back when the start settles, after START_HOLD_MAX_MS at the latest, or on a stop (issue 18)', async (t) => {
+  t.test('settled', async (t) => {
+    const h = harness(t, [{ name: 'web' }]);
+    await h.daemon.start();
+    t.same(h.optimizer, ['hold'], 'held through the start: the source has not bound yet');
+    h.fk.sources.get('default/web')!.bind('10.99.0.100');
+    await waitJournal(h, 'dataplane apply web=10.99.0.100');
+    await settle(h);
+    t.same(h.optimizer, ['hold', 'release'], 'released once the VIP is in the table');
+    h.write([{ name: 'web' }, { name: 'new' }]);
+    t.equal((await h.daemon.reload()).ok, true);
+    await settle(h);
+    t.same(h.optimizer, ['hold', 'release'], 'a reload holds nothing');
+  });
+  t.test('time', async (t) => {
+    const h = harness(t, [{ name: 'web' }]);
+    const t0 = Date.now();
+    await h.daemon.start();
+    const started = Date.now();
+    while (h.optimizer.length < 2 && Date.now() - t0 < START_HOLD_MAX_MS + 3000) await new Promise((r) => setTimeout(r, 20));
+    t.same(h.optimizer, ['hold', 'release'], 'released with the VIP still not bound');
+    t.ok(Date.now() - started >= START_HOLD_MAX_MS - 20, `not before START_HOLD_MAX_MS after "started" (${Date.now() - started} ms)`);
+  });
+  t.test('stop', async (t) => {
+    const h = harness(t, [{ name: 'web' }]);
+    await h.daemon.start();
+    await h.daemon.stop();
+    t.same(h.optimizer, ['hold', 'release'], 'a stop releases it');
+  });
+  t.test('a start that fails', async (t) => {
+    const h = harness(t, [{ name: 'web' }], { fail: { build: new Error('no netlink') } });
+    await t.rejects(h.daemon.start());
+    t.same(h.optimizer, ['hold', 'release'], 'released by the failed start\'s stop');
+    const bad = harness(t, [{ name: 'web' }]);
+    fs.writeFileSync(bad.file, 'services: [ { name: web } ]\nunknown: 1\n');
+    await t.rejects(bad.daemon.start(), /invalid configuration/);
+    t.same(bad.optimizer, ['hold', 'release'], 'and by a start refused before it took anything (an invalid config)');
+  });
 });
 
 t.test('overlapping reloads fold into one more reload of the newest file', async (t) => {
