@@ -5,7 +5,7 @@
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { ChildProcess } from 'node:child_process';
-import { stringify } from 'yaml';
+import { stringify } from './yaml';
 import { Lab, waitFor, run } from './netns';
 import { distPath } from './services';
 import { controlRequest } from '../agent/control/server';

@@ -17,7 +17,7 @@ import { spawn, ChildProcess, execFileSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { stringify } from 'yaml';
+import { stringify } from './yaml';
 import { Lab, run, waitFor, ExecResult } from './netns';
 import { within, TIMED_OUT } from './within';
 

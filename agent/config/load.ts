@@ -5,7 +5,7 @@
 // nothing is returned from a file that does not validate.
 import * as os from 'node:os';
 import type { ErrorObject } from 'ajv';
-import { parseDocument, LineCounter, isNode, visit } from 'yaml';
+import { parseYaml } from './yaml';
 import { ANNOTATIONS, ANNOTATION_PREFIX, DEFAULTS } from './defaults';
 import { parsePools, selectPool, poolContains, poolLookupOrder } from './pools';
 import { parseIPv4 } from '../ipv4';
@@ -499,47 +499,17 @@ export function buildConfig(data: unknown, locate: (segs: Seg[]) => number | und
 
 /** Parse YAML text and validate it. `source` names the file in messages. */
 export function parseConfigText(text: string, hostname?: string): LoadResult {
-  const lineCounter = new LineCounter();
-  const doc = parseDocument(text, { lineCounter, uniqueKeys: true, prettyErrors: true });
-  if (doc.errors.length > 0) {
-    return {
-      ok: false,
-      errors: doc.errors.map((e) => {
-        const pos = e.linePos?.[0];
-        const msg = e.message.split('\n')[0]!.replace(/ at line \d+, column \d+:?$/, '');
-        return pos ? { path: '', message: `YAML syntax error at column ${pos.col}: ${msg}`, line: pos.line } : { path: '', message: `YAML syntax error: ${msg}` };
-      }),
-    };
+  const y = parseYaml(text);
+  if (!y.ok) {
+    // An alias bomb is refused before anything expands it: an ordinary error, at the first alias.
+    if (y.message.startsWith('YAML aliases expand too far')) return { ok: false, errors: [y.line !== undefined ? { path: '', message: y.message, line: y.line } : { path: '', message: y.message }] };
+    const message = y.column !== undefined ? `YAML syntax error at column ${y.column}: ${y.message}` : `YAML syntax error: ${y.message}`;
+    return { ok: false, errors: [y.line !== undefined ? { path: '', message, line: y.line } : { path: '', message }] };
   }
-  const locate = (segs: Seg[]): number | undefined => {
-    for (let n = segs.length; n >= 0; n--) {
-      const node = doc.getIn(segs.slice(0, n), true);
-      if (isNode(node) && node.range) return lineCounter.linePos(node.range[0]).line;
-    }
-    return undefined;
-  };
-  let data: unknown;
-  try {
-    data = doc.toJS({ maxAliasCount: MAX_ALIAS_COUNT });
-  } catch (e) {
-    // yaml throws (ReferenceError) when aliases expand past maxAliasCount: the
-    // billion-laughs file. An ordinary validation error, at the first alias.
-    return { ok: false, errors: [yamlLimitError(doc, lineCounter, e)] };
-  }
-  return buildConfig(data, locate, hostname);
+  return buildConfig(y.data, (segs) => y.locate(segs), hostname);
 }
 
-/** yaml's limit on alias expansion (its guard against billion laughs); a real config uses a handful. */
-export const MAX_ALIAS_COUNT = 100;
-
-function yamlLimitError(doc: ReturnType<typeof parseDocument>, lineCounter: LineCounter, e: unknown): ConfigError {
-  let line: number | undefined;
-  visit(doc, { Alias: (_k, node) => { if (node.range) line = lineCounter.linePos(node.range[0]).line; return visit.BREAK; } });
-  const message = /alias/i.test(errorMessage(e))
-    ? `YAML aliases expand too far (more than ${MAX_ALIAS_COUNT} alias uses, as in a "billion laughs" file); write the values out instead`
-    : `YAML could not be turned into settings: ${errorMessage(e)}`;
-  return line === undefined ? { path: '', message } : { path: '', message, line };
-}
+export { MAX_ALIAS_COUNT } from './yaml';
 
 /** Read (regular file, at most 4 MiB) and validate a config file, synchronously: the CLI. */
 export function loadConfigFile(file: string, hostname?: string): LoadResult {
@@ -568,10 +538,8 @@ export function controlSocketOf(file: string): string {
   if (res.ok) return res.config.control.socket;
   const read = readConfigText(file);
   if (!read.ok) return DEFAULTS.control.socket;
-  try {
-    const raw = parseDocument(read.text).toJS({ maxAliasCount: 100 }) as { control?: { socket?: unknown } } | null;
-    const s = raw?.control?.socket;
-    if (typeof s === 'string' && s !== '') return s;
-  } catch { /* unreadable or not YAML: the default */ }
-  return DEFAULTS.control.socket;
+  // Not YAML, or an alias bomb: the default.
+  const y = parseYaml(read.text);
+  const s = y.ok ? (y.data as { control?: { socket?: unknown } } | null)?.control?.socket : undefined;
+  return typeof s === 'string' && s !== '' ? s : DEFAULTS.control.socket;
 }

@@ -12,7 +12,7 @@ import * as net from 'node:net';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { EventEmitter } from 'node:events';
-import { stringify } from 'yaml';
+import { stringify } from '../../lab/yaml';
 import { Daemon, type StatusDocument } from '../../agent/daemon/daemon';
 import { START_HOLD_MAX_MS } from '../../agent/daemon/tiering';
 import type { BackendHealth, DataplaneLike, FailoverLike, ForwardService, HealthLike, ParentLink, Subsystems } from '../../agent/daemon/subsystems';

@@ -7,7 +7,7 @@ import { execFileSync, spawnSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { parse } from 'yaml';
+import { load as parse } from 'js-yaml';
 import { parseConfigText } from '../../agent/config/load';
 import { checkArpSysctls, checkRpFilter, checkIpForward } from '../../agent/preflight/checks';
 import type { Facts } from '../../agent/preflight/facts';

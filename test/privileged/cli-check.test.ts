@@ -3,7 +3,7 @@
 // CAP_NET_RAW it fails and names both.
 import t from 'tap';
 import * as fs from 'node:fs';
-import { stringify } from 'yaml';
+import { stringify } from '../../lab/yaml';
 import { requirePrivileged } from '../helpers/privileged';
 import { createLab } from '../../lab/netns';
 import { AGENT_BIN } from '../../lab/agent';

@@ -7,7 +7,7 @@
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import t from 'tap';
-import { stringify } from 'yaml';
+import { stringify } from '../../lab/yaml';
 import { requirePrivileged } from '../helpers/privileged';
 import { waitFor } from '../../lab/netns';
 import { httpGetFrom } from '../../lab/services';

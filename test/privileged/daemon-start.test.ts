@@ -113,7 +113,7 @@ t.test('start: control socket first, nothing the config does not use', async (t)
   t.notOk(o.builtins.includes('crypto'), 'no node:crypto, not even for a DHCP service (its MAC is hashed by the addon)');
   // Issue 18: only what the control socket needs loads before it listens.
   const beforeListen = (re: RegExp): string[] => o.atListen.filter((m) => re.test(m));
-  t.ok(beforeListen(/\/agent\/control\/server\.js$/).length === 1 && beforeListen(/\/node_modules\/yaml\//).length > 0, 'the observer saw the control socket listen, the config parsed');
+  t.ok(beforeListen(/\/agent\/control\/server\.js$/).length === 1 && beforeListen(/\/node_modules\/js-yaml\//).length > 0, 'the observer saw the control socket listen, the config parsed');
   t.same(beforeListen(/\/node_modules\/prom-client\//), [], 'no prom-client before the control socket listens');
   t.same(beforeListen(/\/agent\/(daemon\/(late|wiring|reconciler)|metrics\/server|forward|health|net\/ownership|config\/labels)(\/|\.js$)/), [],
     'no reload planner, metrics server, data path, health or topology code before the control socket listens');

@@ -8,7 +8,7 @@
 // kernel path. About 15 s.
 import t from 'tap';
 import * as fs from 'node:fs';
-import { stringify } from 'yaml';
+import { stringify } from '../../lab/yaml';
 import { requirePrivileged } from '../helpers/privileged';
 import { createLab, waitFor } from '../../lab/netns';
 import { distPath } from '../../lab/services';

@@ -6,7 +6,7 @@
 import t from 'tap';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { parse } from 'yaml';
+import { load as parse } from 'js-yaml';
 import { run } from '../../lab/netns';
 
 const DIR = path.resolve(__dirname, '..', '..', '..', 'examples', 'prometheus');

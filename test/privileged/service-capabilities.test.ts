@@ -11,7 +11,7 @@
 import t from 'tap';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { stringify } from 'yaml';
+import { stringify } from '../../lab/yaml';
 import { requirePrivileged } from '../helpers/privileged';
 import { createLab, waitFor, Lab } from '../../lab/netns';
 import { startBackend, startDnsmasq, httpGetFrom } from '../../lab/services';

@@ -11,7 +11,7 @@
 // a crash (the fd store carries it: the unit grants no CAP_SYS_ADMIN); stop
 // leaves no address, link, nftables table or program behind.
 import t from 'tap';
-import { stringify } from 'yaml';
+import { stringify } from '../../lab/yaml';
 import { requireSystemdContainer } from '../helpers/privileged';
 import { createLab, waitFor, Lab } from '../../lab/netns';
 import { startBackend, httpGetFrom } from '../../lab/services';

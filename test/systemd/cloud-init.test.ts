@@ -9,7 +9,7 @@ import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { spawnSync } from 'node:child_process';
-import { parse } from 'yaml';
+import { load as parse } from 'js-yaml';
 
 const ROOT = path.resolve(__dirname, '..', '..', '..');
 const FILE = path.join(ROOT, 'examples', 'cloud-init', 'user-data.yaml');
