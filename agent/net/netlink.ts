@@ -366,6 +366,8 @@ export class NetlinkClient {
    */
   private readonly dumpQueue = new SerialQueue();
   private inFlight = 0;
+  /** findLink's reads in flight, by index or `name:<name>` (cleared by every link change this client makes). */
+  private readonly linkReads = new Map<string | number, Promise<LinkInfo | undefined>>();
   /** Callers waiting for a free request slot (MAX_IN_FLIGHT), first come first served. */
   private readonly waiting: Array<() => void> = [];
   private sent = { requests: 0, dumps: 0 };
@@ -446,8 +448,27 @@ export class NetlinkClient {
     }
   }
 
-  /** The link, or undefined when there is none by that name or index. */
+  /**
+   * The link, or undefined when there is none by that name or index.
+   * Concurrent reads of the same link share one request (issue 18: 50 DHCP
+   * services starting read the parent 50 times in one turn of the loop);
+   * a read asked for after a change made through this client (create,
+   * up/down, delete) is never answered by one sent before it.
+   */
   async findLink(nameOrIndex: string | number): Promise<LinkInfo | undefined> {
+    const key = typeof nameOrIndex === 'number' ? nameOrIndex : `name:${nameOrIndex}`;
+    let read = this.linkReads.get(key);
+    if (!read) {
+      const r = this.readLink(nameOrIndex);
+      read = r;
+      this.linkReads.set(key, r);
+      const done = (): void => { if (this.linkReads.get(key) === r) this.linkReads.delete(key); };
+      r.then(done, done);
+    }
+    return read; // LinkInfo is read-only: the readers share one
+  }
+
+  private async readLink(nameOrIndex: string | number): Promise<LinkInfo | undefined> {
     try {
       const extMask = u32(RTEXT_FILTER_SKIP_STATS);
       const req = typeof nameOrIndex === 'number' ? linkRequest({ index: nameOrIndex }, { extMask }) : linkRequest({}, { ifname: nameOrIndex, extMask });
@@ -490,6 +511,7 @@ export class NetlinkClient {
     const parent = typeof opts.parent === 'object' ? opts.parent : await this.getLink(opts.parent);
     const subject = `macvlan ${opts.name} on ${parent.name}`;
     let echoed: LinkInfo | undefined;
+    this.linkReads.clear();
     try {
       const req = linkRequest({}, { ifname: opts.name, address: mac, link: u32(parent.index), linkinfo: macvlanLinkInfo(opts.mode) });
       const [msgs] = await this.single((sock) => sock.socket.request(rt.MessageType.NEWLINK, req, this.opts(FlagsNew.CREATE | FlagsNew.EXCL | NLM_F_ECHO)));
@@ -504,6 +526,7 @@ export class NetlinkClient {
   }
 
   async setLinkUp(index: number, up: boolean): Promise<void> {
+    this.linkReads.clear();
     try {
       await this.single((sock) => sock.setLink({ index, change: { up: true }, flags: up ? { up: true } : {} }, {}, this.opts()));
     } catch (err) {
@@ -513,6 +536,7 @@ export class NetlinkClient {
 
   /** Delete a link; false when it was already gone. */
   async deleteLink(index: number): Promise<boolean> {
+    this.linkReads.clear();
     try {
       await this.single((sock) => sock.delLink({ index }, {}, this.opts()));
       this.log.info({ op: 'delete-link', index }, 'link deleted');

@@ -58,6 +58,17 @@ if (requirePrivileged(t)) {
     t.ok(again.ok && again.result === false, 'removing it again: not there, no error');
   });
 
+  t.test('concurrent reads of one link share a request, and a read after a change is sent anew (issue 18)', async (t) => {
+    const lab = await createLab(t);
+    const node = await lab.addHost('node', { address: '10.99.0.2/24' });
+    const r = await driver<{ concurrent: number; same: boolean; missed: boolean; after: boolean }>(lab, node, 'shared-reads', {
+      parent: 'eth0', name: linkNameForService('default/reads'), mac: macForService('default/reads'),
+    });
+    t.ok(r.ok, JSON.stringify(r.error));
+    t.same(r.result, { concurrent: 1, same: true, missed: true, after: true },
+      '10 reads of eth0 at once: 1 request, one answer; a read of the macvlan sent before its create says absent, one asked for after it finds it');
+  });
+
   t.test('errors name the interface and the capability', async (t) => {
     const lab = await createLab(t);
     const node = await lab.addHost('node', { address: '10.99.0.2/24' });
