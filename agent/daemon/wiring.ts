@@ -8,7 +8,7 @@ import type { ProxyDataplane } from '../forward/proxy';
 import type { NftDataplane } from '../forward/nft';
 import { LbError } from '../errors';
 import { openNetlink } from '../net/netlink';
-import { applyVipSysctls } from '../net/sysctl';
+import { ParentSysctls } from '../net/sysctl';
 import { defaultRouteInterface } from '../net/route';
 import { OWNED_ADDRESS_PROTO, linkNameForService, macForService } from '../net/ownership';
 import { reconcileOwnedLinks } from '../net/reconcile';
@@ -46,7 +46,8 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
     const addrs = await netlink.listAddresses(link.index);
     const primary = addrs.find((a) => a.prefix < 32) ?? addrs[0];
     const parent: ParentLink = { name: link.name, index: link.index, mac: link.mac, address: primary?.address };
-    const changes = await applyVipSysctls(parent.name, 'parent');
+    const parentSysctls = new ParentSysctls();
+    const changes = await parentSysctls.apply(parent.name);
     if (changes.length > 0) log.info({ module: 'net', op: 'sysctl', ifname: parent.name, changes }, 'set ARP sysctls on the parent (DESIGN.md: ARP flux)');
 
     const pools = new PoolManager({ pools: config.pools, store, log, registry, clock });
@@ -125,7 +126,7 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
       createSource: (spec: ServiceSpec) => (spec.ipam === 'dhcp'
         ? dhcpDriver().createDhcpSource({
           service: spec, parent: parent.name, timings: vrrp ? { ...config.dhcp, probeOffer: false } : config.dhcp, arp: config.arp,
-          store, netlink, log, registry, clock, limiter: startLimiter(), resumeSaved: vrrp,
+          store, netlink, log, registry, clock, limiter: startLimiter(), parentSysctls, resumeSaved: vrrp,
           guard: { allowOtherSubnets: config.dhcp.allowOtherSubnets, servers: config.dhcp.servers },
         })
         : new PoolSource({ service: spec, parentIfname: parent.name, manager: pools, arp: config.arp, netlink, log, registry, clock, probe: !vrrp })),

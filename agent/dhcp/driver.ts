@@ -27,7 +27,7 @@ import { OWNED_ADDRESS_PROTO, clientIdForService, linkNameForService, macForServ
 import { ETH_P_IP, PACKET_OUTGOING, type FrameInfo, type PacketSocket } from '../net/packet';
 import { PacketSocketGroup, type SharedPortOptions } from '../net/packet-shared';
 import { planOwnedLinks } from '../net/reconcile';
-import { applyVipSysctls, disableIpv6, type VipRole } from '../net/sysctl';
+import { ParentSysctls, applyVipSysctls, disableIpv6, type VipRole } from '../net/sysctl';
 import { VipOwner, type VipConflict, type VipOwnerOptions } from '../net/vip-owner';
 import type { AddressSource, SourceState, SourceStatus, Vip } from '../source';
 import type { StateStore } from '../state/store';
@@ -66,7 +66,8 @@ export interface DhcpNetDeps {
   /** Announces, defends and refreshes a bound VIP (net/vip-owner.ts). */
   vipOwner(opts: VipOwnerOptions): VipOwner;
   /** arp_ignore / arp_announce (and rp_filter on macvlans): DESIGN.md "ARP flux". */
-  applySysctls(ifname: string, role: VipRole): Promise<unknown>;
+  /** `fresh`: a link this start just created (write the values, read nothing first). */
+  applySysctls(ifname: string, role: VipRole, fresh?: boolean): Promise<unknown>;
   /** net.ipv6.conf.<macvlan>.disable_ipv6=1 before it goes up; false where the kernel has no IPv6. */
   disableIpv6?(ifname: string): Promise<boolean>;
 }
@@ -86,6 +87,8 @@ export interface DhcpSourceOptions {
   random?: () => number;
   /** Shared by every DHCP service of the agent; default: one per registry. */
   limiter?: StartLimiter;
+  /** The parent's ARP sysctls, shared by the daemon's start and every DHCP service; default: this source's own. */
+  parentSysctls?: ParentSysctls;
   /**
    * Serve an unexpired saved lease at once, without a probe, and confirm it
    * in the background, even when its address is not on the macvlan (VRRP:
@@ -194,11 +197,14 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     this.limiter = opts.limiter ?? sharedStartLimiter(opts.registry, { max: t.maxConcurrentStarts, jitterMs: t.retransmitJitter * 1000, clock: this.clock, random });
     this.metrics = dhcpMetrics(opts.registry);
     this.netM = netMetrics(opts.registry);
+    const parentSysctls = opts.parentSysctls ?? new ParentSysctls();
     this.deps = {
       dhcpSocket: opts.net?.dhcpSocket ?? ((o: SharedPortOptions) => dhcpSockets.attach(o)),
       probeAddress: opts.net?.probeAddress ?? arpProbe,
       vipOwner: opts.net?.vipOwner ?? ((o: VipOwnerOptions) => new VipOwner(o)),
-      applySysctls: opts.net?.applySysctls ?? ((ifname: string, role: VipRole) => applyVipSysctls(ifname, role)),
+      applySysctls: opts.net?.applySysctls ?? ((ifname: string, role: VipRole, fresh?: boolean) => (role === 'parent'
+        ? parentSysctls.apply(ifname)
+        : applyVipSysctls(ifname, role, { fresh }))),
       disableIpv6: opts.net?.disableIpv6 ?? ((ifname: string) => disableIpv6(ifname)),
     };
     // RFC 2132 §3.14 hostname = the service name; §9.14 client id derived from the key (net/ownership.ts).
@@ -434,11 +440,12 @@ export class DhcpSource extends EventEmitter implements AddressSource {
       }
     }
     // The parent as just read: createMacvlan asks for it no second time, and takes the new link from the kernel's echo.
+    const created = !link;
     if (!link) link = await this.netlink.createMacvlan({ name: this.ifname, parent, mac: this.mac, mode: 'bridge' });
     // DESIGN.md "ARP flux": on the parent too, or the parent answers ARP for the VIP with its own MAC and
     // unicast replies to a RENEWING client (and every client connection) arrive where this socket cannot see them.
     await this.deps.applySysctls(parent.name, 'parent');
-    await this.deps.applySysctls(this.ifname, 'macvlan');
+    await this.deps.applySysctls(this.ifname, 'macvlan', created);
     // The macvlan exists for one IPv4 VIP and its DHCPv4 lease. With IPv6 on,
     // each one came up with a link-local address and sent DAD, MLD and router
     // solicitations from the service MAC: a host the LAN's routers learn for

@@ -11,6 +11,7 @@
 // for their callers.
 import * as fs from 'node:fs';
 import * as path from 'node:path';
+import { performance } from 'node:perf_hooks';
 import { LbError } from '../errors';
 
 export const IF_SYSCTL_KEYS = ['arp_ignore', 'arp_announce', 'rp_filter'] as const;
@@ -152,7 +153,15 @@ export interface SysctlChange {
  * already right are left alone). All or nothing: if a write fails, the ones
  * already made are restored before the error is thrown.
  */
-export async function applyVipSysctls(ifname: string, role: VipRole, opts: SysctlOptions = {}): Promise<SysctlChange[]> {
+export async function applyVipSysctls(ifname: string, role: VipRole, opts: SysctlOptions & { fresh?: boolean } = {}): Promise<SysctlChange[]> {
+  if (opts.fresh) {
+    // A link this process has just created holds the kernel's defaults
+    // (conf/default) and is deleted if its start fails: the wanted values
+    // are written without reading them first, and nothing is restored
+    // (issue 18: 150 of the 400 procfs reads and writes of 50 DHCP starts).
+    for (const [key, to] of vipSysctls(role)) await writeIfSysctl(ifname, key, to, opts);
+    return [];
+  }
   const changes: SysctlChange[] = [];
   try {
     for (const [key, to] of vipSysctls(role)) {
@@ -168,4 +177,30 @@ export async function applyVipSysctls(ifname: string, role: VipRole, opts: Sysct
     throw err;
   }
   return changes;
+}
+
+/** How long a parent's sysctls, once applied, count as applied for ParentSysctls. */
+export const PARENT_RECHECK_MS = 1_000;
+
+/**
+ * applyVipSysctls(parent, 'parent'), skipped when this instance applied them
+ * within PARENT_RECHECK_MS (issue 18: 50 DHCP services starting read the
+ * parent's two values 50 times within ~60 ms, right after the daemon set
+ * them). One per daemon, shared by its start and its DHCP services. A value
+ * changed by another program meanwhile is put right by the next service
+ * start after that, and the preflight reports it.
+ */
+export class ParentSysctls {
+  private readonly applied = new Map<string, number>();
+
+  constructor(private readonly opts: SysctlOptions & { now?: () => number } = {}) {}
+
+  async apply(ifname: string): Promise<SysctlChange[]> {
+    const now = this.opts.now ? this.opts.now() : performance.now();
+    const at = this.applied.get(ifname);
+    if (at !== undefined && now - at >= 0 && now - at < PARENT_RECHECK_MS) return [];
+    const changes = await applyVipSysctls(ifname, 'parent', this.opts);
+    this.applied.set(ifname, now);
+    return changes;
+  }
 }

@@ -8,6 +8,8 @@ import * as path from 'node:path';
 import { isLbError } from '../../agent/errors';
 import {
   applyVipSysctls,
+  PARENT_RECHECK_MS,
+  ParentSysctls,
   ifSysctlPath,
   interfaceNameProblem,
   readIfSysctl,
@@ -84,4 +86,38 @@ t.test('garbage in a sysctl file is an error, not NaN', async (t) => {
   const root = fakeRoot(t, { eth0: {} });
   fs.writeFileSync(path.join(root, 'net/ipv4/conf/eth0/arp_ignore'), 'banana\n');
   await t.rejects(readIfSysctl('eth0', 'arp_ignore', { root }), { code: 'LB_ERR_NET_SYSCTL' });
+});
+
+t.test('a link just created: the values are written without being read first, and nothing is reported (issue 18)', async (t) => {
+  const root = fakeRoot(t, { lbv1: { arp_ignore: 0, arp_announce: 0, rp_filter: 1 } });
+  // What a read would refuse ("not an integer"): a fresh apply never reads it.
+  fs.writeFileSync(path.join(root, 'net/ipv4/conf/lbv1/arp_ignore'), 'x\n');
+  t.same(await applyVipSysctls('lbv1', 'macvlan', { root, fresh: true }), []);
+  t.same([await readIfSysctl('lbv1', 'arp_ignore', { root }), await readIfSysctl('lbv1', 'arp_announce', { root }), await readIfSysctl('lbv1', 'rp_filter', { root })], [1, 2, 2]);
+  fs.writeFileSync(path.join(root, 'net/ipv4/conf/lbv1/arp_ignore'), 'x\n');
+  await t.rejects(applyVipSysctls('lbv1', 'macvlan', { root }), { code: 'LB_ERR_NET_SYSCTL' }, 'without fresh the value is read (and this one refused)');
+  await t.rejects(applyVipSysctls('gone0', 'macvlan', { root, fresh: true }), { code: 'LB_ERR_NET_NO_INTERFACE' }, 'a missing link still fails');
+});
+
+t.test('the parent: applied at most once per PARENT_RECHECK_MS (issue 18)', async (t) => {
+  const root = fakeRoot(t, { par0: { arp_ignore: 0, arp_announce: 0, rp_filter: 1 } });
+  let now = 10_000;
+  const parent = new ParentSysctls({ root, now: () => now });
+  t.same(await parent.apply('par0'), [{ key: 'arp_ignore', from: 0, to: 1 }, { key: 'arp_announce', from: 0, to: 2 }]);
+  await writeIfSysctl('par0', 'arp_ignore', 0, { root });
+  now = 10_000 + PARENT_RECHECK_MS - 1;
+  t.same(await parent.apply('par0'), [], 'within the window: not read again');
+  t.equal(await readIfSysctl('par0', 'arp_ignore', { root }), 0);
+  t.same(await new ParentSysctls({ root, now: () => now }).apply('par0'), [{ key: 'arp_ignore', from: 0, to: 1 }], 'another instance keeps its own window');
+  await writeIfSysctl('par0', 'arp_ignore', 0, { root });
+  now = 10_000 + PARENT_RECHECK_MS;
+  t.same(await parent.apply('par0'), [{ key: 'arp_ignore', from: 0, to: 1 }], 'after it: read and put right');
+  await writeIfSysctl('par0', 'arp_ignore', 0, { root });
+  now = 5_000;
+  t.same(await parent.apply('par0'), [{ key: 'arp_ignore', from: 0, to: 1 }], 'a clock that went back: applied');
+  const real = new ParentSysctls({ root });
+  await writeIfSysctl('par0', 'arp_ignore', 0, { root });
+  t.same(await real.apply('par0'), [{ key: 'arp_ignore', from: 0, to: 1 }], 'the default clock (performance.now)');
+  await writeIfSysctl('par0', 'arp_ignore', 0, { root });
+  t.same(await real.apply('par0'), [], 'the default clock: within the window');
 });
