@@ -346,9 +346,11 @@ for (const { mode, opts: modeOpts, relayed } of MODES) {
       c.send(msg, lp, vip);
     });
     const counts = new Map<string, number>();
+    const used = new Set<number>();
     for (let i = 0; i < 60; i++) {
       const c = dgram.createSocket('udp4');
       await new Promise<void>((r) => c.bind(0, '127.0.0.1', () => r()));
+      used.add(c.address().port);
       const a = await ask(c, 'q1');
       const again = await ask(c, 'q2');
       t.equal(again.text.split(':')[0], a.text.split(':')[0], 'a session sticks to its backend');
@@ -358,8 +360,18 @@ for (const { mode, opts: modeOpts, relayed } of MODES) {
     }
     within10(t, counts, { [addrs[0]!]: 1, [addrs[1]!]: 2 }, 60);
     await p.apply({ services: [{ key: 'default/dns', vip, ports: [udp], healthy: [], backends: [b(addrs[0]!)] }] });
-    const c = dgram.createSocket('udp4');
-    await new Promise<void>((r) => c.bind(0, '127.0.0.1', () => r()));
+    // A new client: not on a port one of the 60 above had, whose session (still
+    // open, on a backend now unhealthy) would answer it (CI saw that reuse once).
+    const taken: dgram.Socket[] = [];
+    let c = dgram.createSocket('udp4');
+    for (let i = 0; ; i++) {
+      await new Promise<void>((r) => c.bind(0, '127.0.0.1', () => r()));
+      if (!used.has(c.address().port) || i === 20) break;
+      taken.push(c); // kept bound while the next one binds: another port
+      c = dgram.createSocket('udp4');
+    }
+    for (const s of taken) s.close();
+    t.notOk(used.has(c.address().port), 'the new client is on a port no earlier session had');
     await t.rejects(ask(c, 'q'), /no reply/, 'a new client gets nothing when no backend is healthy');
     // Removed while sessions are open (the socket drains), then back: taken back, not rebound.
     await p.apply({ services: [] });
