@@ -502,7 +502,7 @@ export function parseConfigText(text: string, hostname?: string): LoadResult {
   const y = parseYaml(text);
   if (!y.ok) {
     // An alias bomb is refused before anything expands it: an ordinary error, at the first alias.
-    if (y.message.startsWith('YAML aliases expand too far')) return { ok: false, errors: [y.line !== undefined ? { path: '', message: y.message, line: y.line } : { path: '', message: y.message }] };
+    if (y.kind === 'aliases') return { ok: false, errors: [y.line !== undefined ? { path: '', message: y.message, line: y.line } : { path: '', message: y.message }] };
     const message = y.column !== undefined ? `YAML syntax error at column ${y.column}: ${y.message}` : `YAML syntax error: ${y.message}`;
     return { ok: false, errors: [y.line !== undefined ? { path: '', message, line: y.line } : { path: '', message }] };
   }

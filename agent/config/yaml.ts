@@ -21,7 +21,8 @@ export const MAX_ALIAS_COUNT = 100;
 
 export type YamlResult =
   | { ok: true; data: unknown; locate(segs: readonly Seg[]): number | undefined }
-  | { ok: false; message: string; line?: number; column?: number };
+  /** `aliases`: refused as an alias bomb (the message is a whole sentence); `syntax`: js-yaml's error. */
+  | { ok: false; kind: 'syntax' | 'aliases'; message: string; line?: number; column?: number };
 
 /** One node as the parse listener saw it. */
 interface Frame {
@@ -126,9 +127,9 @@ export function parseYaml(text: string): YamlResult {
       const mark = e.mark as { line?: number; column?: number } | undefined;
       const line = typeof mark?.line === 'number' ? mark.line + 1 : undefined;
       const column = typeof mark?.column === 'number' ? mark.column + 1 : undefined;
-      return { ok: false, message: e.reason || e.message.split('\n')[0]!, ...(line !== undefined ? { line } : {}), ...(column !== undefined ? { column } : {}) };
+      return { ok: false, kind: 'syntax', message: e.reason || e.message.split('\n')[0]!, ...(line !== undefined ? { line } : {}), ...(column !== undefined ? { column } : {}) };
     }
-    return { ok: false, message: e instanceof Error ? e.message : String(e) };
+    return { ok: false, kind: 'syntax', message: e instanceof Error ? e.message : String(e) };
   }
   const starts = [0];
   for (let i = text.indexOf('\n'); i !== -1; i = text.indexOf('\n', i + 1)) starts.push(i + 1);
@@ -143,7 +144,7 @@ export function parseYaml(text: string): YamlResult {
     walk(root);
     if (expandedAliases(root, defined, new Map(), MAX_ALIAS_COUNT) > MAX_ALIAS_COUNT) {
       const first = aliases.reduce((a, b) => (b.start < a.start ? b : a));
-      return { ok: false, message: `YAML aliases expand too far (more than ${MAX_ALIAS_COUNT} alias uses, as in a "billion laughs" file); write the values out instead`, line: lineOf(starts, first.start) };
+      return { ok: false, kind: 'aliases', message: `YAML aliases expand too far (more than ${MAX_ALIAS_COUNT} alias uses, as in a "billion laughs" file); write the values out instead`, line: lineOf(starts, first.start) };
     }
   }
 

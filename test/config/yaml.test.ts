@@ -49,7 +49,7 @@ t.test('aliases: counted as expanded, refused past the limit at the first alias,
   const use = (n: number): string => `a: &a [x]\nb: [${Array(n).fill('*a').join(', ')}]\n`;
   t.ok(parseYaml(use(MAX_ALIAS_COUNT)).ok, `${MAX_ALIAS_COUNT} uses are fine`);
   const over = parseYaml(use(MAX_ALIAS_COUNT + 1));
-  t.match(over, { ok: false, message: /aliases expand too far/, line: 2 });
+  t.match(over, { ok: false, kind: 'aliases', message: /aliases expand too far/, line: 2 });
   // 27 aliases in the text, 9 + 81 + 729 in the expansion.
   const nested = parseYaml('a: &a [x,x,x,x,x,x,x,x,x]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]\nd: [*c,*c,*c,*c,*c,*c,*c,*c,*c]\n');
   t.match(nested, { ok: false, message: /aliases expand too far/, line: 2 });
@@ -64,7 +64,7 @@ t.test('aliases: counted as expanded, refused past the limit at the first alias,
 t.test('core schema and the errors js-yaml gives', async (t) => {
   t.same(ok('a: &m { x: 1 }\nb: { <<: *m }\nwhen: 2001-12-14\nn: 0x10\nnull: ~\n').data, { a: { x: 1 }, b: { '<<': { x: 1 } }, when: '2001-12-14', n: 16, null: null },
     'no merge keys, no timestamps; hex integers and ~ as YAML 1.2 core');
-  t.match(parseYaml('a: 1\nb: 2\na: 3\n'), { ok: false, message: 'duplicated mapping key', line: 3, column: 1 });
+  t.match(parseYaml('a: 1\nb: 2\na: 3\n'), { ok: false, kind: 'syntax', message: 'duplicated mapping key', line: 3, column: 1 });
   t.match(parseYaml('services:\n  - [a\n'), { ok: false, line: 3 });
   t.match(parseYaml('a:\n\t- b\n'), { ok: false, line: 2, message: /tab/ });
   t.equal(ok('').data, undefined);
