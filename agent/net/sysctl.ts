@@ -192,15 +192,26 @@ export const PARENT_RECHECK_MS = 1_000;
  */
 export class ParentSysctls {
   private readonly applied = new Map<string, number>();
+  /** An apply under way: callers meanwhile wait for it instead of reading the values again. */
+  private readonly applying = new Map<string, Promise<SysctlChange[]>>();
 
   constructor(private readonly opts: SysctlOptions & { now?: () => number } = {}) {}
 
+  /** What this call changed: [] when the values were applied within the window, or by a call still under way (its failure is theirs too). */
   async apply(ifname: string): Promise<SysctlChange[]> {
+    const pending = this.applying.get(ifname);
+    if (pending) return pending.then(() => []);
     const now = this.opts.now ? this.opts.now() : performance.now();
     const at = this.applied.get(ifname);
     if (at !== undefined && now - at >= 0 && now - at < PARENT_RECHECK_MS) return [];
-    const changes = await applyVipSysctls(ifname, 'parent', this.opts);
-    this.applied.set(ifname, now);
-    return changes;
+    const p = applyVipSysctls(ifname, 'parent', this.opts);
+    this.applying.set(ifname, p);
+    try {
+      const changes = await p;
+      this.applied.set(ifname, now);
+      return changes;
+    } finally {
+      this.applying.delete(ifname);
+    }
   }
 }

@@ -120,4 +120,13 @@ t.test('the parent: applied at most once per PARENT_RECHECK_MS (issue 18)', asyn
   t.same(await real.apply('par0'), [{ key: 'arp_ignore', from: 0, to: 1 }], 'the default clock (performance.now)');
   await writeIfSysctl('par0', 'arp_ignore', 0, { root });
   t.same(await real.apply('par0'), [], 'the default clock: within the window');
+  // 50 services starting past the window at once: one apply, the others wait for it.
+  now = 20_000;
+  await writeIfSysctl('par0', 'arp_ignore', 0, { root });
+  t.same(await Promise.all([parent.apply('par0'), parent.apply('par0'), parent.apply('par0')]),
+    [[{ key: 'arp_ignore', from: 0, to: 1 }], [], []], 'concurrent calls: the first applies and reports, the rest share it');
+  fs.rmSync(path.join(root, 'net/ipv4/conf/par0'), { recursive: true });
+  now = 40_000;
+  const failed = await Promise.allSettled([parent.apply('par0'), parent.apply('par0')]);
+  t.same(failed.map((r) => r.status), ['rejected', 'rejected'], 'a failed apply fails the callers that waited for it');
 });
