@@ -502,8 +502,8 @@ export function parseConfigText(text: string, hostname?: string): LoadResult {
   const y = parseYaml(text);
   if (!y.ok) {
     // An alias bomb is refused before anything expands it: an ordinary error, at the first alias.
-    if (y.kind === 'aliases') return { ok: false, errors: [y.line !== undefined ? { path: '', message: y.message, line: y.line } : { path: '', message: y.message }] };
-    const message = y.column !== undefined ? `YAML syntax error at column ${y.column}: ${y.message}` : `YAML syntax error: ${y.message}`;
+    const message = y.kind === 'aliases' ? y.message
+      : y.column !== undefined ? `YAML syntax error at column ${y.column}: ${y.message}` : `YAML syntax error: ${y.message}`;
     return { ok: false, errors: [y.line !== undefined ? { path: '', message, line: y.line } : { path: '', message }] };
   }
   return buildConfig(y.data, (segs) => y.locate(segs), hostname);
