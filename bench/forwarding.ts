@@ -50,6 +50,14 @@
 // Between two slots minutes apart this host's speed moved by more than the
 // header costs (HAProxy's send-proxy-v2 row once came out 1.13x its plain
 // one), so a ratio of two slots measured the host, not the header.
+// Issue 18's proxy lines (proxy1 against haproxy1, proxy against haproxy)
+// are judged the same way: the peer is started beside the target in the
+// target's slot (idle while the target runs: no health checks, no timers),
+// and each of the target's keep-alive and new-connection runs is preceded
+// and followed by the peer's same run; the line is the median over rounds of
+// the ratio to the mean of those two. Measured ~40 s apart in their own
+// slots, either of the two read ~36k or ~27-30k req/s by the lab's state
+// alone, so the ratio of medians moved 0.79-1.16x on the same code.
 // Only lab namespaces are addressed.
 import * as fs from 'node:fs';
 import * as os from 'node:os';
@@ -158,6 +166,14 @@ export interface ForwardSample {
   directBulkReverse?: { before: IperfResult; after: IperfResult };
   /** PROXY v2 targets: the same process without the header, each run right before the slot's own and (`after`) right after it. */
   withoutHeader?: { keepalive: WrkResult; close: WrkResult; after: { keepalive: WrkResult; close: WrkResult } };
+  /** The peer its target line judges it against (peerOf), up beside it in the same slot: each of the peer's runs right before and right after the target's own (absent before 2026-11-28's second run). */
+  peerRuns?: PeerRuns;
+}
+
+export interface PeerRuns {
+  peer: ForwardTarget;
+  keepalive: { before: MeasuredWrk; after: MeasuredWrk };
+  close: { before: WrkResult; after: WrkResult };
 }
 
 export interface ForwardTargetSummary {
@@ -173,6 +189,8 @@ export interface ForwardTargetSummary {
   newConnections: { connectionsPerSec: number; p50ms: number; p99ms: number };
   /** PROXY v2 targets: median over rounds of the ratio to the same process without the header, run just before. */
   xWithoutHeader?: { keepalive: number; newConnections: number };
+  /** Targets with a peer (peerOf): the median over rounds of the ratio to the mean of the peer's runs right before and right after, and each round's ratio. */
+  xPeer?: { peer: ForwardTarget; keepalive: number; newConnections: number; rounds: { keepalive: number[]; newConnections: number[] } };
   bulkGbps: number;
   /** One stream server -> client (iperf3 -R), the direction of replies. */
   bulkReverseGbps?: number;
@@ -186,7 +204,7 @@ export interface ForwardTargetSummary {
 }
 
 export interface ForwardResult {
-  config: Omit<ForwardOptions, 'log'> & { wrk: string; iperf3: string; backends: string; threadsDefaultHaproxy: string; proxyWorkers: number; pairing?: string; headerPairing?: string };
+  config: Omit<ForwardOptions, 'log'> & { wrk: string; iperf3: string; backends: string; threadsDefaultHaproxy: string; proxyWorkers: number; pairing?: string; headerPairing?: string; peerPairing?: string };
   summary: Partial<Record<ForwardTarget, ForwardTargetSummary>>;
   raw: ForwardSample[];
   /** Targets that could not be measured in a round, and why. */
@@ -251,6 +269,13 @@ const SPREAD: readonly ForwardTarget[] = ['direct3', 'dsr3', 'kernel3'];
 export function referenceOf(target: ForwardTarget): ForwardTarget | undefined {
   if (target === 'direct') return undefined;
   return target === 'dsr3' || target === 'kernel3' ? 'direct3' : 'direct';
+}
+
+/** The peer a target's line judges it against (report.ts), measured in the target's slot (see the head comment); undefined: none. */
+export function peerOf(target: ForwardTarget): ForwardTarget | undefined {
+  if (target === 'proxy1') return 'haproxy1';
+  if (target === 'proxy') return 'haproxy';
+  return undefined;
 }
 
 /** wrk's threads and connections for a target, and the addresses its threads connect to (the spread targets only). */
@@ -393,6 +418,17 @@ export function headerCost(samples: readonly Pick<ForwardSample, 'keepalive' | '
   };
 }
 
+/** Targets with a peer: the median over rounds of the ratio to the mean of the peer's runs before and after the target's (A-B-A); none without pairs. */
+export function peerRatio(samples: readonly Pick<ForwardSample, 'keepalive' | 'close' | 'peerRuns'>[]): { xPeer?: ForwardTargetSummary['xPeer'] } {
+  const pairs = samples.filter((r): r is typeof r & { peerRuns: PeerRuns } => r.peerRuns !== undefined
+    && [r.peerRuns.keepalive.before, r.peerRuns.keepalive.after, r.peerRuns.close.before, r.peerRuns.close.after].every((w) => w.rps > 0));
+  if (pairs.length === 0) return {};
+  const of = (x: WrkResult, p: { before: WrkResult; after: WrkResult }): number => round(x.rps / ((p.before.rps + p.after.rps) / 2), 3);
+  const keepalive = pairs.map((r) => of(r.keepalive, r.peerRuns.keepalive));
+  const newConnections = pairs.map((r) => of(r.close, r.peerRuns.close));
+  return { xPeer: { peer: pairs[0]!.peerRuns.peer, keepalive: round(median(keepalive), 3), newConnections: round(median(newConnections), 3), rounds: { keepalive, newConnections } } };
+}
+
 export async function benchForward(o: ForwardOptions): Promise<ForwardResult> {
   const lab = await Lab.create();
   const raw: ForwardSample[] = [];
@@ -429,6 +465,7 @@ export async function benchForward(o: ForwardOptions): Promise<ForwardResult> {
         const ep = ENDPOINT[target];
         const url = urlOf(target);
         let running: Running | undefined;
+        let peerRunning: Running | undefined;
         // Keep-alive runs also take the lab's CPU per request; `via`: the balancer's process when the run crosses it.
         // `as`: the target whose client (wrk threads, connections, script) the run uses.
         const wrkAt = async (u: string, close: boolean, as: ForwardTarget, via?: Running): Promise<MeasuredWrk> => {
@@ -457,19 +494,36 @@ export async function benchForward(o: ForwardOptions): Promise<ForwardResult> {
           // DSR's replies are judged against direct's: iperf3 -R around the slot as well.
           const directIperf = (): Promise<IperfResult> => runIperf(lab, client, ENDPOINT.direct.host, ENDPOINT.direct.bulk, o.seconds + 1, { reverse: true });
           const directReverseBefore = paired && isDsr(target) && !spread ? await directIperf() : undefined;
+          // The peer its line judges it against, up beside it (see the head comment).
+          const peer = peerOf(target);
+          if (peer !== undefined && o.targets.includes(peer)) {
+            peerRunning = await startTarget(lab, node, peer, slot++);
+            await waitFor(`${peer} to answer`, async () => (await runWrk(lab, client, urlOf(peer), { seconds: 1, connections: 1, threads: 1, close: false })).requests > 0, 15_000, 200);
+          }
           running = await startTarget(lab, node, target, slot++);
           // Reachable before measuring: one request must get through.
           await waitFor(`${target} to answer`, async () => (await runWrk(lab, client, url, { seconds: 1, connections: 1, threads: 1, close: false })).requests > 0, 15_000, 200);
+          const peerWrk = (close: boolean): Promise<MeasuredWrk | undefined> => (peer !== undefined && peerRunning ? wrkAt(urlOf(peer), close, peer, peerRunning) : Promise.resolve(undefined));
           const wrk = (close: boolean): Promise<MeasuredWrk> => wrkAt(url, close, target, running);
           const plainUrl = ep.plain !== undefined ? `http://${ep.host}:${ep.plain}/` : undefined;
           // Without the header before and after each run with it (A-B-A): the mean of the two cancels a
           // drift of the host and what a run leaves behind for the next (TIME_WAIT, caches) alike.
           const plainKeepalive = plainUrl ? await wrkAt(plainUrl, false, target) : undefined;
+          const peerKeepalive = await peerWrk(false);
           const keepalive = await wrk(false);
+          const peerKeepaliveAfter = await peerWrk(false);
           const plainKeepaliveAfter = plainUrl ? await wrkAt(plainUrl, false, target) : undefined;
           const plainClose = plainUrl ? await wrkAt(plainUrl, true, target) : undefined;
+          const peerClose = await peerWrk(true);
           const close = await wrk(true);
+          const peerCloseAfter = await peerWrk(true);
           const plainCloseAfter = plainUrl ? await wrkAt(plainUrl, true, target) : undefined;
+          const peerRuns: PeerRuns | undefined = peer !== undefined && peerKeepalive && peerKeepaliveAfter && peerClose && peerCloseAfter
+            ? { peer, keepalive: { before: peerKeepalive, after: peerKeepaliveAfter }, close: { before: peerClose, after: peerCloseAfter } }
+            : undefined;
+          // The peer's part is done: nothing of it stays up through the bulk runs.
+          await peerRunning?.stop();
+          peerRunning = undefined;
           const withoutHeader = plainKeepalive && plainClose && plainKeepaliveAfter && plainCloseAfter
             ? { keepalive: plainKeepalive, close: plainClose, after: { keepalive: plainKeepaliveAfter, close: plainCloseAfter } }
             : undefined;
@@ -481,10 +535,12 @@ export async function benchForward(o: ForwardOptions): Promise<ForwardResult> {
           const directReverseAfter = directReverseBefore ? await directIperf() : undefined;
           const directKeepaliveAfter = paired ? await wrkAt(urlOf(ref), false, ref) : undefined;
           const directBulkReverse = directReverseBefore && directReverseAfter ? { before: directReverseBefore, after: directReverseAfter } : undefined;
-          raw.push({ round, target, ...(ref !== undefined && ref !== 'direct' && paired ? { pairedWith: ref } : {}), keepalive, close, bulk, bulkReverse, memory, ...(directKeepalive ? { directKeepalive } : {}), ...(directKeepaliveAfter ? { directKeepaliveAfter } : {}), ...(directBulkReverse ? { directBulkReverse } : {}), ...(withoutHeader ? { withoutHeader } : {}) });
+          raw.push({ round, target, ...(ref !== undefined && ref !== 'direct' && paired ? { pairedWith: ref } : {}), keepalive, close, bulk, bulkReverse, memory, ...(directKeepalive ? { directKeepalive } : {}), ...(directKeepaliveAfter ? { directKeepaliveAfter } : {}), ...(directBulkReverse ? { directBulkReverse } : {}), ...(withoutHeader ? { withoutHeader } : {}), ...(peerRuns ? { peerRuns } : {}) });
+          const peerX = peerRuns ? peerRatio([{ keepalive, close, peerRuns }]).xPeer : undefined;
           const pairX = pairedRatio([{ keepalive, directKeepalive, directKeepaliveAfter }]).xDirect;
           const pairedText = (pairX !== undefined ? ` (${pairX.toFixed(2)}x ${ref}'s ${directKeepalive!.rps.toFixed(0)}/${directKeepaliveAfter!.rps.toFixed(0)} before/after)` : '')
-            + (withoutHeader ? ` (without the header before/after: ${withoutHeader.keepalive.rps.toFixed(0)}/${withoutHeader.after.keepalive.rps.toFixed(0)} req/s, ${withoutHeader.close.rps.toFixed(0)}/${withoutHeader.after.close.rps.toFixed(0)} conn/s)` : '');
+            + (withoutHeader ? ` (without the header before/after: ${withoutHeader.keepalive.rps.toFixed(0)}/${withoutHeader.after.keepalive.rps.toFixed(0)} req/s, ${withoutHeader.close.rps.toFixed(0)}/${withoutHeader.after.close.rps.toFixed(0)} conn/s)` : '')
+            + (peerRuns ? ` (${peerRuns.peer} before/after: ${peerRuns.keepalive.before.rps.toFixed(0)}/${peerRuns.keepalive.after.rps.toFixed(0)} req/s, ${peerRuns.close.before.rps.toFixed(0)}/${peerRuns.close.after.rps.toFixed(0)} conn/s${peerX ? `; x ${peerX.keepalive.toFixed(2)} / ${peerX.newConnections.toFixed(2)}` : ''})` : '');
           const spreadText = (keepalive.acceptedPerBackend && spread ? `, connections per backend ${keepalive.acceptedPerBackend.join('/')}` : '')
             + (keepalive.backendSwitchesPerRequest !== undefined ? `, nginx switches/req ${keepalive.backendSwitchesPerRequest.toFixed(3)}${directKeepalive?.backendSwitchesPerRequest !== undefined && directKeepaliveAfter?.backendSwitchesPerRequest !== undefined ? ` (${ref} ${directKeepalive.backendSwitchesPerRequest.toFixed(3)}/${directKeepaliveAfter.backendSwitchesPerRequest.toFixed(3)})` : ''}` : '');
           const cpuText = spreadText + (keepalive.labCpuUsPerRequest !== undefined ? `, lab CPU ${keepalive.labCpuUsPerRequest.toFixed(1)} µs/req${directKeepalive?.labCpuUsPerRequest !== undefined && directKeepaliveAfter?.labCpuUsPerRequest !== undefined ? ` (${ref} ${directKeepalive.labCpuUsPerRequest.toFixed(1)}/${directKeepaliveAfter.labCpuUsPerRequest.toFixed(1)})` : ''}` : '');
@@ -496,6 +552,7 @@ export async function benchForward(o: ForwardOptions): Promise<ForwardResult> {
           o.log(`round ${round + 1}/${o.rounds} ${target}: FAILED: ${error}`);
         } finally {
           await running?.stop().catch(() => undefined);
+          await peerRunning?.stop().catch(() => undefined);
         }
       }
     }
@@ -515,6 +572,7 @@ export async function benchForward(o: ForwardOptions): Promise<ForwardResult> {
         },
         newConnections: { connectionsPerSec: round(median(s.map((r) => r.close.rps)), 0), p50ms: round(median(s.map((r) => r.close.p50ms)), 3), p99ms: round(median(s.map((r) => r.close.p99ms)), 3) },
         ...headerCost(s),
+        ...peerRatio(s),
         bulkGbps: round(median(s.map((r) => r.bulk.bitsPerSecond / 1e9)), 2),
         bulkReverseGbps: round(median(s.map((r) => (r.bulkReverse?.bitsPerSecond ?? NaN) / 1e9)), 2),
         ...pairedReplies(s),
@@ -535,6 +593,7 @@ export async function benchForward(o: ForwardOptions): Promise<ForwardResult> {
         threadsDefaultHaproxy: 'no nbthread: HAProxy starts one thread per CPU it may run on',
         proxyWorkers: os.availableParallelism(),
         ...(o.targets.includes('direct') || o.targets.includes('direct3') ? { pairing: `keep-alive x direct: median over rounds of the ratio to the mean of direct measured the same way right before and right after the target's runs (DSR replies likewise, iperf3 -R)${o.targets.includes('direct3') && spreadIn.length > 1 ? '; dsr3 and kernel3 are paired the same way with direct3, the same client on the same three backends' : ''}; other x direct columns: ratio of medians` } : {}),
+        ...(o.targets.some((t) => { const p = peerOf(t); return p !== undefined && o.targets.includes(p); }) ? { peerPairing: 'proxy x HAProxy (the target lines): median over rounds of the ratio to the mean of the same run of the HAProxy with as many threads right before and right after it, the HAProxy up beside lb-agent in its slot; the table\'s x HAProxy 1t columns stay ratios of medians' } : {}),
         ...(o.targets.some((t) => ENDPOINT[t].plain !== undefined) ? { headerPairing: 'PROXY v2 x without: median over rounds of the ratio to the mean of the same run without the header right before and right after it (the same process, on a second port)' } : {}),
       },
       summary,

@@ -76,11 +76,22 @@ export function evaluateTargets(r: BenchResults): TargetRow[] {
     if (f.dsr3) {
       add('kernel path DSR keep-alive req/s >= 0.85x direct to the same three backends (dsr3 vs direct3: the same wrk, one thread per backend, to the VIP or each to its own backend; paired A-B-A)', f.dsr3.keepalive.xDirect ?? NaN, 0.85);
     }
-    // Issue 18: the same number of threads, for one and for all cores.
-    add('proxy path, 1 worker: keep-alive req/s >= 1.0x HAProxy 1 thread', ratio(ka('proxy1'), ka('haproxy1')), 1.0);
-    add('proxy path, 1 worker: new connections/s >= 0.8x HAProxy 1 thread', ratio(nc('proxy1'), nc('haproxy1')), 0.8);
-    add('proxy path, one worker per CPU: keep-alive req/s >= 1.0x HAProxy default threads', ratio(ka('proxy'), ka('haproxy')), 1.0);
-    add('proxy path, one worker per CPU: new connections/s >= 0.8x HAProxy default threads', ratio(nc('proxy'), nc('haproxy')), 0.8);
+    // Issue 18: the same number of threads, for one and for all cores. Paired with the peer inside
+    // the target's slot where the run has pairs (forwarding.ts); older results: two slots' medians.
+    const against = (t: 'proxy1' | 'proxy', peer: 'haproxy1' | 'haproxy', what: 'keepalive' | 'newConnections', target: string, goal: number): void => {
+      const medians = what === 'keepalive' ? ratio(ka(t), ka(peer)) : ratio(nc(t), nc(peer));
+      const x = f[t]?.xPeer;
+      if (!x || x.peer !== peer) {
+        add(target, medians, goal);
+        return;
+      }
+      const v = x[what];
+      rows.push({ area: 'forward', target, measured: `${fmtRatio(v)} paired (rounds ${x.rounds[what].map((r) => fmtRatio(r)).join(' / ')}; ratio of medians ${fmtRatio(medians)})`, met: judge(v, (y) => y >= goal) });
+    };
+    against('proxy1', 'haproxy1', 'keepalive', 'proxy path, 1 worker: keep-alive req/s >= 1.0x HAProxy 1 thread', 1.0);
+    against('proxy1', 'haproxy1', 'newConnections', 'proxy path, 1 worker: new connections/s >= 0.8x HAProxy 1 thread', 0.8);
+    against('proxy', 'haproxy', 'keepalive', 'proxy path, one worker per CPU: keep-alive req/s >= 1.0x HAProxy default threads', 1.0);
+    against('proxy', 'haproxy', 'newConnections', 'proxy path, one worker per CPU: new connections/s >= 0.8x HAProxy default threads', 0.8);
     const rss = f.proxy?.rssMiB ?? NaN;
     rows.push({ area: 'forward', target: `proxy path RSS under load < 100 MiB with ${r.forward!.config.proxyWorkers} workers (issue 18 names two)`, measured: Number.isFinite(rss) ? `${rss} MiB` : 'not measured', met: judge(rss, (x) => x < 100) });
     // Issue 17: PROXY protocol v2 costs the proxy path under 5%.
@@ -211,6 +222,18 @@ export function forwardTable(r: BenchResults): string | undefined {
   });
   return table(['path', 'keep-alive req/s', 'x HAProxy 1t', 'x direct', 'p50 / p99 ms', ...(cpu ? ['lab CPU µs/req (over direct)'] : []), 'new conn/s', 'x HAProxy 1t', 'x direct', 'bulk Gbit/s', 'x direct',
     ...(reverse ? ['bulk replies Gbit/s', 'x direct'] : []), 'RSS MiB', 'errors'], rows);
+}
+
+/** Issue 18: the proxy rows against the HAProxy measured beside them in their own slots (forwarding.ts). */
+export function peerPairingLine(r: BenchResults): string | undefined {
+  const f = r.forward?.summary;
+  const c = r.forward?.config;
+  if (!f || !c?.peerPairing) return undefined;
+  const who = (Object.keys(f) as ForwardTarget[]).filter((t) => f[t]?.xPeer).map((t) => {
+    const x = f[t]!.xPeer!;
+    return `${f[t]!.label} x ${f[x.peer]?.label ?? x.peer}: keep-alive ${fmtRatio(x.keepalive)} (rounds ${x.rounds.keepalive.map((v) => fmtRatio(v)).join(' / ')}), new connections ${fmtRatio(x.newConnections)} (rounds ${x.rounds.newConnections.map((v) => fmtRatio(v)).join(' / ')})`;
+  });
+  return who.length ? `${c.peerPairing[0]!.toUpperCase()}${c.peerPairing.slice(1)}. ${who.join('; ')}.` : undefined;
 }
 
 /** Issue 17: what the PROXY v2 header costs each balancer, paired inside its own slot (forwarding.ts). */
@@ -379,6 +402,8 @@ export function renderResults(r: BenchResults): string {
     parts.push('## Forwarding, 3 backends');
     parts.push(`${c.wrk}; ${c.iperf3}; backends: ${c.backends}. HAProxy default: ${c.threadsDefaultHaproxy}.${c.pairing ? ` ${c.pairing[0]!.toUpperCase()}${c.pairing.slice(1)}.` : ''} RSS is the balancer's after the load (for lb-agent, the whole agent process; the kernel path keeps no per-connection state in it).`);
     parts.push(ft);
+    const pp = peerPairingLine(r);
+    if (pp) parts.push(pp);
     const hc = headerCostLine(r);
     if (hc) parts.push(hc);
     if (r.forward!.errors.length) parts.push(`Not measured: ${r.forward!.errors.join('; ')}.`);
@@ -462,6 +487,8 @@ export function renderReadmeSummary(r: BenchResults, resultsFile: string): strin
   parts.push(`Latest run: [${resultsFile}](${resultsFile}) (raw numbers beside it as JSON), ${r.date}, on ${machineLine(r)}; ${loadLine(r)}.`);
   const ft = forwardTable(r);
   if (ft) parts.push(`Forwarding, 3 backends, ${r.forward!.config.wrk}${r.forward!.config.pairing ? ` (${r.forward!.config.pairing})` : ''}:\n\n${ft}`);
+  const pp = peerPairingLine(r);
+  if (ft && pp) parts.push(pp);
   const dh = dsrHashingTable(r);
   if (dh) parts.push(`Direct server return, flows the slot table moves by a change of the backend set (computed; the minimum in brackets; open TCP connections stay on a healthy backend through the BPF program's per-flow state):\n\n${dh}`);
   const dt = dhcpTables(r);

@@ -2,7 +2,7 @@
 // paired with each slot is the median of the per-pair ratios (issue 17), not
 // a ratio of medians that one swinging direct round can move.
 import t from 'tap';
-import { clientShape, headerCost, pairedCpu, pairedRatio, pairedReplies, referenceOf } from '../../bench/forwarding';
+import { clientShape, headerCost, pairedCpu, pairedRatio, pairedReplies, peerOf, peerRatio, referenceOf } from '../../bench/forwarding';
 import type { IperfResult, WrkResult } from '../../bench/lib/load';
 
 const wrk = (rps: number): WrkResult => ({ rps } as WrkResult);
@@ -99,4 +99,24 @@ t.test('issue 17, like for like: dsr3 and kernel3 are paired with direct3, and a
   t.same(clientShape('direct3', o), { threads: 3, connections: 51, addresses: ['10.99.0.11', '10.99.0.12', '10.99.0.13'] }, 'one thread per backend, 17 connections each');
   t.same(clientShape('dsr3', o), { threads: 3, connections: 51, addresses: ['10.99.0.52'] }, 'the same wrk, every thread to the DSR VIP');
   t.same(clientShape('kernel3', o), { threads: 3, connections: 51, addresses: ['10.99.0.50'] });
+});
+
+t.test('issue 18: the proxy rows are judged against the HAProxy measured beside them, A-B-A in their own slot', async (t) => {
+  t.equal(peerOf('proxy1'), 'haproxy1', 'one worker against one thread');
+  t.equal(peerOf('proxy'), 'haproxy', 'one worker per CPU against HAProxy\'s default threads');
+  t.equal(peerOf('kernel'), undefined, 'no other row starts a peer');
+  t.equal(peerOf('haproxy1'), undefined);
+  // The lab's two states: the slots' medians would read 30,000 / 36,000 = 0.83x; each pair reads ~1.03x.
+  const ab = (ka: number, before: number, after: number, nc: number, cBefore: number, cAfter: number) => ({
+    keepalive: wrk(ka), close: wrk(nc),
+    peerRuns: { peer: 'haproxy1' as const, keepalive: { before: wrk(before), after: wrk(after) }, close: { before: wrk(cBefore), after: wrk(cAfter) } },
+  });
+  const samples = [ab(37_080, 35_000, 37_000, 7_000, 7_200, 6_800), ab(28_840, 27_000, 29_000, 5_400, 5_800, 6_200), ab(30_000, 31_000, 29_000, 6_300, 7_000, 7_000)];
+  t.same(peerRatio(samples), { xPeer: { peer: 'haproxy1', keepalive: 1.03, newConnections: 0.9, rounds: { keepalive: [1.03, 1.03, 1], newConnections: [1, 0.9, 0.9] } } },
+    'keep-alive per round 1.03, 1.03, 1.0; new connections 1.0, 0.9, 0.9');
+  // The host speeds up through the slot: the run before alone would credit the target with the drift.
+  t.same(peerRatio([ab(33_000, 30_000, 36_000, 6_000, 5_000, 7_000)]).xPeer?.rounds, { keepalive: [1], newConnections: [1] }, 'the reference is the mean of before and after');
+  t.same(peerRatio([{ keepalive: wrk(30_000), close: wrk(6_000) }]), {}, 'older results: no pair');
+  t.same(peerRatio([]), {});
+  t.same(peerRatio([ab(30_000, 30_000, 0, 6_000, 6_000, 6_000)]), {}, 'a peer run that served nothing spoils the pair');
 });

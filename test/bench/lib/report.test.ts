@@ -80,6 +80,27 @@ t.test('PROXY v2 cost: the pair inside the slot where there is one, two slots\' 
   t.has(by('proxy path with PROXY v2: keep-alive'), { measured: '0.80x', met: false }, 'older results: the two slots\' medians');
 });
 
+t.test('issue 18: the proxy lines take the ratio paired inside the slot where there is one, two slots\' medians for older results', async (t) => {
+  const r = results();
+  // Slots minutes apart: the medians say 0.95x and 0.50x; the pairs beside each slot say otherwise.
+  r.forward!.summary.proxy1 = { ...fwd('proxy 1 worker', 19_000, 1000, 2), xPeer: { peer: 'haproxy1', keepalive: 1.02, newConnections: 0.85, rounds: { keepalive: [1.02, 0.98, 1.05], newConnections: [0.85, 0.82, 0.9] } } };
+  r.forward!.summary.proxy = { ...fwd('proxy', 19_000, 1000, 2), xPeer: { peer: 'haproxy', keepalive: 0.97, newConnections: 0.79, rounds: { keepalive: [0.97], newConnections: [0.79] } } };
+  r.forward!.config.peerPairing = 'proxy x HAProxy: paired';
+  const by = (prefix: string): { measured: string; met: boolean | undefined } => evaluateTargets(r).find((x) => x.target.startsWith(prefix))!;
+  t.same(by('proxy path, 1 worker: keep-alive'), { area: 'forward', target: 'proxy path, 1 worker: keep-alive req/s >= 1.0x HAProxy 1 thread', measured: '1.02x paired (rounds 1.02x / 0.98x / 1.05x; ratio of medians 0.95x)', met: true });
+  t.has(by('proxy path, 1 worker: new connections'), { measured: '0.85x paired (rounds 0.85x / 0.82x / 0.90x; ratio of medians 0.50x)', met: true });
+  t.has(by('proxy path, one worker per CPU: keep-alive'), { measured: '0.97x paired (rounds 0.97x; ratio of medians 1.06x)', met: false }, 'a pair below the line is not met, whatever the medians say');
+  t.has(by('proxy path, one worker per CPU: new connections'), { met: false }, '0.79x < 0.8x');
+  const md = renderResults(r);
+  t.match(md, /Proxy x HAProxy: paired\. proxy x haproxy: keep-alive 0\.97x \(rounds 0\.97x\), new connections 0\.79x \(rounds 0\.79x\); proxy 1 worker x haproxy 1t: keep-alive 1\.02x/, 'the pairs and their rounds under the table');
+  t.match(renderReadmeSummary(r, 'bench/results/x.md'), /Proxy x HAProxy: paired\./, 'and in the README block');
+  // A pair against another peer than the line's is not the line's.
+  r.forward!.summary.proxy1!.xPeer!.peer = 'haproxy';
+  t.has(by('proxy path, 1 worker: keep-alive'), { measured: '0.95x', met: false }, 'the slots\' medians');
+  delete r.forward!.summary.proxy!.xPeer;
+  t.has(by('proxy path, one worker per CPU: keep-alive'), { measured: '1.06x', met: true }, 'older results: the two slots\' medians');
+});
+
 t.test('a missing peer leaves the target not measured, not met', async (t) => {
   const r = results();
   delete r.forward!.summary.haproxy1;
