@@ -212,7 +212,10 @@ async function main(): Promise<void> {
 
   fs.mkdirSync(args.out, { recursive: true });
   // A partial or quick run never overwrites the day's full results.
-  const base = `${results.date}${q ? '-quick' : ''}${args.only.length ? `-${args.only.join('-')}` : ''}`;
+  // Nor does a second run of the same kind on the same day overwrite the first: it is <base>-2, -3...
+  const stem = `${results.date}${q ? '-quick' : ''}${args.only.length ? `-${args.only.join('-')}` : ''}`;
+  let base = stem;
+  for (let n = 2; fs.existsSync(path.join(args.out, `${base}.md`)) || fs.existsSync(path.join(args.out, `${base}.json`)); n++) base = `${stem}-${n}`;
   const md = path.join(args.out, `${base}.md`);
   const json = path.join(args.out, `${base}.json`);
   fs.writeFileSync(json, `${JSON.stringify(results, null, 2)}\n`);
