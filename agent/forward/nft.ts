@@ -34,8 +34,11 @@
 // local connection to the VIP goes to the Master; dispatched here, it would
 // leave SNATed to the VIP and its replies would go to the Master). UDP is per flow (conntrack's notion: client
 // address:port to VIP:port): a flow keeps its backend while packets keep
-// coming within nf_conntrack_udp_timeout, like a draining TCP connection; the
-// agent does not flush the flows of a backend that left the healthy set.
+// coming within nf_conntrack_udp_timeout, but not once that backend left the
+// port's healthy set (or the port went): after the commit the agent deletes
+// those conntrack entries (net/conntrack.ts), and the flow's next datagram is
+// placed again. A UDP flow has no end a client would wait for, so "draining"
+// it would blackhole a steady sender behind a dead backend for good.
 // Needs net.ipv4.ip_forward=1 (set by the driver) and conntrack (loaded by
 // the kernel with the nat chains; count and limit are reported in stats).
 //
@@ -101,6 +104,7 @@ import { DSR_FAMILY, DSR_PROBE_RULESET, DSR_TABLE, dsrRemovalLines, flowHashPick
 import { SerialQueue } from '../serial';
 import type { DsrBpfPort } from '../net/ebpf-dsr';
 import type { DsrBpf, DsrFdStore } from '../net/ebpf-attach';
+import type { ConntrackClient, UdpFlowRule } from '../net/conntrack';
 
 // The BPF driver loads on demand: when a DSR port is forwarded, and at the
 // first apply when an earlier process left our netdev table, to look for the
@@ -110,6 +114,8 @@ import type { DsrBpf, DsrFdStore } from '../net/ebpf-attach';
 // DSR never loads the driver (issue 18).
 // eslint-disable-next-line @typescript-eslint/no-require-imports
 const ebpfAttach = (): typeof import('../net/ebpf-attach') => require('../net/ebpf-attach') as typeof import('../net/ebpf-attach');
+// Loaded at the first change of a UDP port's healthy set (issue 18: what a config does not use is not loaded).
+const conntrackModule = (): typeof import('../net/conntrack') => require('../net/conntrack') as typeof import('../net/conntrack');
 import { realClock, type Clock, type TimerHandle } from '../clock';
 
 export const NFT_FAMILY = 'ip';
@@ -540,6 +546,8 @@ export interface NftDataplaneOptions {
   readonly dsrStore?: DsrFdStore | undefined;
   /** How the SNAT path places new connections (default 'round-robin'; the daemon hashes with VRRP). */
   readonly placement?: Placement;
+  /** ctnetlink, to end the UDP flows of a backend a port no longer sends to (tests); default: net/conntrack.ts's. */
+  readonly conntrack?: () => ConntrackClient;
 }
 
 export type DsrEngineChoice = 'auto' | 'nft';
@@ -550,6 +558,40 @@ export interface DsrEngineState {
   /** tcx: the BPF program; forced: LB_AGENT_DSR_ENGINE=nft; fallback: BPF failed here. */
   readonly cause: 'tcx' | 'forced' | 'fallback';
   readonly reason: string;
+}
+
+const UDP_FLOWS_ERROR = 'cannot end the UDP flows of a backend that left a port (they stay on it while their clients keep sending)';
+
+/**
+ * The UDP flows to end after the table goes from `prev` to `next` (undefined:
+ * unknown, at start): for each SNAT UDP VIP:port whose set of backends
+ * (address:targetPort) lost a member, was empty (a flow seen then was not
+ * translated and would stay so), or that is no longer forwarded, the set its
+ * flows may still use. Ports whose set only grew or stayed are left out, so
+ * most applies touch no conntrack at all. Direct server return is never in
+ * conntrack (the netdev family forwards before it).
+ */
+export function udpFlowSweep(prev: ForwardState | undefined, next: ForwardState): UdpFlowRule[] {
+  const sets = (state: ForwardState): Map<string, { vip: string; port: number; allowed: Set<string> }> => {
+    const out = new Map<string, { vip: string; port: number; allowed: Set<string> }>();
+    for (const s of normalizeState(state).services) {
+      if (s.vip === undefined || s.sourceIP !== 'snat') continue;
+      for (const p of s.ports) {
+        if (p.spec.protocol !== 'UDP') continue;
+        out.set(`${s.vip}:${p.spec.port}`, { vip: s.vip, port: p.spec.port, allowed: new Set(s.healthy.map((b) => `${b.address}:${p.spec.targetPort}`)) });
+      }
+    }
+    return out;
+  };
+  const after = sets(next);
+  if (prev === undefined) return [...after.values()];
+  const rules: UdpFlowRule[] = [];
+  for (const [key, before] of sets(prev)) {
+    const now = after.get(key);
+    if (!now) rules.push({ vip: before.vip, port: before.port, allowed: new Set() });
+    else if ((before.allowed.size === 0 && now.allowed.size > 0) || [...before.allowed].some((b) => !now.allowed.has(b))) rules.push(now);
+  }
+  return rules;
 }
 
 /** What the metrics show before the first counter read. */
@@ -592,6 +634,10 @@ export class NftDataplane implements Dataplane {
   private dsrChecked = false;
   /** Whether our netdev table was there at start (checkAtStart): only then can an earlier process's program be. */
   private dsrTableAtStart = false;
+  private readonly makeConntrack: () => ConntrackClient;
+  private conntrack: ConntrackClient | undefined;
+  /** The last sweep's failure, until one works (status). */
+  private udpFlowsError: string | undefined;
 
   constructor(opts: NftDataplaneOptions = {}) {
     this.log = (opts.log ?? silentLogger()).child({ module: 'forward', dataplane: 'kernel' });
@@ -605,6 +651,7 @@ export class NftDataplane implements Dataplane {
     const device = opts.dsrDevice;
     const store = opts.dsrStore;
     this.makeDsrBpf = opts.dsrBpf ?? (device === undefined ? undefined : () => new (ebpfAttach().DsrBpf)({ device, store }));
+    this.makeConntrack = opts.conntrack ?? (() => new (conntrackModule().Conntrack)());
     // A scrape only reads: it never spawns nft nor changes what the data path
     // holds (issue 16); the counters are read after each apply and on a timer.
     this.metrics = opts.registry
@@ -667,6 +714,8 @@ export class NftDataplane implements Dataplane {
       this.plan = plan;
       this.state = state;
       this.syncBpf(plan);
+      // What an earlier process's table sent where is unknown: every UDP port is checked once.
+      await this.endStaleUdpFlows(udpFlowSweep(undefined, state));
       return 'written';
     }
     if (this.plan && plan.script === this.plan.script) { this.state = state; return false; }
@@ -676,11 +725,33 @@ export class NftDataplane implements Dataplane {
     this.detachBeforeTableGoes(plan);
     await this.write(plan.script);
     this.carry = keepFlows(flowTotals(this.plan, live, this.carry), state);
+    const sweep = udpFlowSweep(this.state, state);
     this.plan = plan;
     this.state = state;
     this.syncBpf(plan);
+    // After the commit, so a packet of an ended flow meets the new table.
+    await this.endStaleUdpFlows(sweep);
     this.log.debug({ op: 'apply', services: state.services.length }, 'nftables table lb_agent rewritten');
     return 'written';
+  }
+
+  /**
+   * End the UDP flows conntrack still sends to a backend the port no longer
+   * sends to (net/conntrack.ts says why). Never throws: the table is
+   * committed whatever happens here; a failure is logged and shown in status.
+   */
+  private async endStaleUdpFlows(rules: readonly UdpFlowRule[]): Promise<void> {
+    if (rules.length === 0) return;
+    try {
+      this.conntrack ??= this.makeConntrack();
+      const r = await this.conntrack.endUdpFlows(rules);
+      this.udpFlowsError = undefined;
+      if (r.ended > 0) this.log.info({ op: 'udp-flows', ended: r.ended, ports: rules.map((x) => `${x.vip}:${x.port}`) }, `ended ${r.ended} UDP flow(s) to backends their port no longer sends to; their next datagram is placed again`);
+    } catch (err) {
+      // Its own slot: a later table write succeeding says nothing of the flows still pinned.
+      this.udpFlowsError = `${UDP_FLOWS_ERROR}: ${errorMessage(err)}`;
+      this.log.warn({ op: 'udp-flows', err: errorMessage(err) }, this.udpFlowsError);
+    }
   }
 
   /**
@@ -904,6 +975,10 @@ export class NftDataplane implements Dataplane {
       // the program forwarding by a plan no process holds any more).
       if (this.dsrState?.engine === 'bpf' || this.dsrBpf) this.detachBpf();
       await this.write(renderRemoval());
+      // Conntrack keeps translating an open UDP flow while any nat chain is
+      // left in the namespace (another table's): none outlives ours.
+      await this.endStaleUdpFlows(udpFlowSweep(this.state, { services: [] }));
+      this.conntrack?.close();
       this.log.info({ op: 'stop' }, 'removed nftables table lb_agent');
     });
   }
@@ -929,6 +1004,7 @@ export class NftDataplane implements Dataplane {
       }
     }
     if (this.lastError) problems.push(this.lastError);
+    if (this.udpFlowsError) problems.push(this.udpFlowsError);
     const totals = flowTotals(plan, live, this.carry);
     const flows: FlowStats[] = [];
     for (const s of normalizeState(this.state).services) {

@@ -35,7 +35,9 @@
 // UDP: the engine that is told to serve a UDP port binds it itself (dgram has
 // no descriptor adoption); the first datagram of a client address:port opens
 // a session (a connected socket to a picked backend); replies go back from
-// the VIP:port; sessions end after udpIdleTimeout without traffic. With PROXY
+// the VIP:port; sessions end after udpIdleTimeout without traffic, and at
+// once when their backend leaves the port's healthy set or the port goes
+// (endLeftSessions). With PROXY
 // protocol v2 every datagram to the backend carries the header (UDP has no
 // stream to put it in front of; v1 has no UDP and is refused at validate).
 import * as dgram from 'node:dgram';
@@ -213,12 +215,13 @@ interface EngineListener {
   tcp: PathListener[];
   udp: dgram.Socket | undefined;
   readonly sessions: Map<string, UdpSession>;
-  draining: boolean;
 }
 
 interface UdpSession {
   readonly socket: dgram.Socket;
   readonly slot: number;
+  /** The backend's "address:targetPort": the session ends when its port no longer sends there. */
+  readonly backend: string;
   readonly clientAddress: string;
   readonly clientPort: number;
   readonly key: string;
@@ -242,7 +245,6 @@ export class ProxyEngine {
   private readonly udpIdleMs: number;
   private readonly maxUdpSessions: number;
   private readonly listeners = new Map<string, EngineListener>();
-  private readonly drainingUdp = new Set<EngineListener>();
   readonly relays = new Set<Relay>();
   private readonly connecting = new Set<Relay>();
   /** Refused clients whose clean close is under way, with their deadline. */
@@ -282,18 +284,15 @@ export class ProxyEngine {
     }
     const failures: string[] = [];
     for (const spec of a.listeners) {
-      const existing = this.listeners.get(spec.id) ?? [...this.drainingUdp].find((d) => d.id === spec.id);
+      const existing = this.listeners.get(spec.id);
       if (existing) {
-        // A UDP listener still draining is taken back into service rather than rebound.
-        this.drainingUdp.delete(existing);
-        existing.draining = false;
         existing.spec = spec;
         existing.route = this.routeFor(spec, existing.route);
-        this.listeners.set(spec.id, existing);
+        this.endLeftSessions(existing);
         if (spec.fds) for (const fd of spec.fds) this.openTcp(existing, fd, failures);
         continue;
       }
-      const l: EngineListener = { id: spec.id, spec, route: this.routeFor(spec, undefined), tcp: [], udp: undefined, sessions: new Map(), draining: false };
+      const l: EngineListener = { id: spec.id, spec, route: this.routeFor(spec, undefined), tcp: [], udp: undefined, sessions: new Map() };
       if (spec.port.protocol === 'UDP') {
         if (!spec.udp) continue;
         try {
@@ -355,12 +354,10 @@ export class ProxyEngine {
     for (const t of l.tcp) t.close();
     l.tcp = [];
     if (l.udp) {
-      // A UDP "listener" cannot drain without its socket (replies need it): it
-      // keeps serving its sessions and drops new clients until they idle out.
+      // A UDP port that goes sends nowhere: its sessions end with it (endLeftSessions says why).
       l.route = { ...l.route, healthy: [] };
-      l.draining = true;
-      this.drainingUdp.add(l);
-      if (l.sessions.size === 0) this.closeUdp(l);
+      this.endLeftSessions(l);
+      this.closeUdp(l);
     }
   }
 
@@ -603,7 +600,7 @@ export class ProxyEngine {
         header = Buffer.allocUnsafe(PROXY_V2_IPV4_LENGTH);
         writeV2Into(header, 0, parseIPv4(rinfo.address) ?? 0, rinfo.port, route.vipNum, route.port.port, 'udp');
       }
-      const session: UdpSession = { socket, slot: backend.slot, clientAddress: rinfo.address, clientPort: rinfo.port, key, header, ready: false, queue: [], seen: true, idleTicks: 0 };
+      const session: UdpSession = { socket, slot: backend.slot, backend: `${backend.address}:${route.port.targetPort}`, clientAddress: rinfo.address, clientPort: rinfo.port, key, header, ready: false, queue: [], seen: true, idleTicks: 0 };
       s = session;
       l.sessions.set(key, session);
       this.tallies.set(route.slot, LISTENER_UDP_SESSIONS, l.sessions.size);
@@ -646,11 +643,29 @@ export class ProxyEngine {
     this.tallies.set(l.route.slot, LISTENER_UDP_SESSIONS, l.sessions.size);
     this.tallies.activeAdd(s.slot, -1);
     try { s.socket.close(); } catch { /* already closed */ }
-    if (l.draining && l.sessions.size === 0) this.closeUdp(l);
+  }
+
+  /**
+   * End the sessions whose backend the listener's route no longer sends to
+   * (it left the healthy set, or the config): a UDP session has no end a
+   * client would wait for, so kept on a dead backend it would blackhole a
+   * steady sender for good (the kernel path deletes the same flows from
+   * conntrack, forward/nft.ts). The client's next datagram opens a session on
+   * a healthy backend.
+   */
+  private endLeftSessions(l: EngineListener): void {
+    if (l.sessions.size === 0) return;
+    const sends = new Set(l.route.healthy.map((b) => `${b.address}:${l.route.port.targetPort}`));
+    let ended = 0;
+    for (const s of [...l.sessions.values()]) {
+      if (sends.has(s.backend)) continue;
+      this.closeSession(l, s);
+      ended++;
+    }
+    if (ended > 0) this.log.info({ op: 'udp-sessions', service: l.route.serviceKey, port: l.route.port.port, ended }, `ended ${ended} UDP session(s) to backends the port no longer sends to; their next datagram is placed again`);
   }
 
   private closeUdp(l: EngineListener): void {
-    this.drainingUdp.delete(l);
     try { l.udp?.close(); } catch { /* already closed */ }
     l.udp = undefined;
   }
@@ -675,7 +690,6 @@ export class ProxyEngine {
   private udpSessions(): number {
     let n = 0;
     for (const l of this.listeners.values()) n += l.sessions.size;
-    for (const l of this.drainingUdp) n += l.sessions.size;
     return n;
   }
 
@@ -704,7 +718,7 @@ export class ProxyEngine {
       this.log.debug({ op: 'idle', service: r.route.serviceKey }, 'closing idle connection');
       r.destroy();
     }
-    for (const l of [...this.listeners.values(), ...this.drainingUdp]) {
+    for (const l of this.listeners.values()) {
       for (const s of l.sessions.values()) {
         if (s.seen) { s.seen = false; s.idleTicks = 0; continue; }
         if (++s.idleTicks * every >= this.udpIdleMs) this.closeSession(l, s);
@@ -727,7 +741,7 @@ export class ProxyEngine {
     if (this.stopped) return { open: 0, unfinished: 0 };
     this.stopped = true;
     if (this.tickTimer !== undefined) this.clock.clearTimeout(this.tickTimer);
-    for (const l of [...this.listeners.values(), ...this.drainingUdp]) {
+    for (const l of this.listeners.values()) {
       for (const t of l.tcp) t.close();
       l.tcp = [];
       for (const s of [...l.sessions.values()]) this.closeSession(l, s);

@@ -14,8 +14,9 @@ import * as os from 'node:os';
 import { Registry } from 'prom-client';
 import { ManualClock } from '../../agent/clock';
 import {
-  NftDataplane, canonicalTableJson, flowTotals, parseNftCounters, probeDsr, probeNftables, renderNft, renderRemoval, type Exec,
+  NftDataplane, canonicalTableJson, flowTotals, parseNftCounters, probeDsr, probeNftables, renderNft, renderRemoval, udpFlowSweep, type Exec,
 } from '../../agent/forward/nft';
+import type { ConntrackClient, UdpFlowRule } from '../../agent/net/conntrack';
 import { flowId } from '../../agent/forward/dataplane';
 import { dsrSeed } from '../../agent/forward/nft-dsr';
 import { dsrSlotTable } from '../../agent/forward/maglev';
@@ -430,4 +431,75 @@ t.test('no DSR: the driver loads at start only when an earlier process left our 
   await left.dp.apply({ services: [] });
   t.equal(left.asked, asked + 1, 'a later apply without DSR only asks again because this process has a driver');
   await left.dp.stop({ keep: true });
+});
+
+t.test('UDP flows: the ports whose backends lost a member (or that went) are swept, nothing else', async (t) => {
+  const web = (healthy: readonly BackendSpec[], more: Partial<ForwardState['services'][number]> = {}): ForwardState => ({ services: [{
+    key: 'default/web', vip: '10.99.0.50', ports: [http, dns], healthy, backends: [b('10.99.0.11'), b('10.99.0.12'), b('10.99.0.13')], ...more,
+  }] });
+  const rule = (r: UdpFlowRule | undefined): { key: string; allowed: string[] } | undefined => (r ? { key: `${r.vip}:${r.port}`, allowed: [...r.allowed].sort() } : undefined);
+  const all = web([b('10.99.0.11'), b('10.99.0.12'), b('10.99.0.13')]);
+  t.same(udpFlowSweep(undefined, all).map(rule), [{ key: '10.99.0.50:53', allowed: ['10.99.0.11:5353', '10.99.0.12:5353', '10.99.0.13:5353'] }],
+    'at start every UDP port (an earlier process\'s flows are unknown)');
+  t.same(udpFlowSweep(all, all), [], 'nothing changed: no sweep');
+  t.same(udpFlowSweep(web([b('10.99.0.11')]), all), [], 'backends only added: no sweep');
+  t.same(udpFlowSweep(web([]), web([b('10.99.0.11')])).map(rule), [{ key: '10.99.0.50:53', allowed: ['10.99.0.11:5353'] }],
+    'back from none healthy: a flow seen meanwhile had no DNAT and would keep skipping it');
+  t.same(udpFlowSweep(all, web([b('10.99.0.11', 3), b('10.99.0.12'), b('10.99.0.13')])), [], 'a weight change moves no open flow');
+  t.same(udpFlowSweep(all, web([b('10.99.0.11'), b('10.99.0.13')])).map(rule), [{ key: '10.99.0.50:53', allowed: ['10.99.0.11:5353', '10.99.0.13:5353'] }], 'one left: the rest may keep their flows');
+  t.same(udpFlowSweep(all, web([])).map(rule), [{ key: '10.99.0.50:53', allowed: [] }], 'none healthy: every flow ends (the next datagram is refused)');
+  t.same(udpFlowSweep(all, web([b('10.99.0.11')], { ports: [http, { ...dns, targetPort: 5354 }] })).map(rule), [{ key: '10.99.0.50:53', allowed: ['10.99.0.11:5354'] }], 'a new targetPort: flows to the old one end');
+  t.same(udpFlowSweep(all, web(all.services[0]!.healthy, { ports: [http] })).map(rule), [{ key: '10.99.0.50:53', allowed: [] }], 'the UDP port went from the config');
+  t.same(udpFlowSweep(all, { services: [] }).map(rule), [{ key: '10.99.0.50:53', allowed: [] }], 'the service went');
+  t.same(udpFlowSweep(all, web(all.services[0]!.healthy, { vip: undefined })).map(rule), [{ key: '10.99.0.50:53', allowed: [] }], 'the VIP left this node');
+  t.same(udpFlowSweep(web(all.services[0]!.healthy, { sourceIP: 'preserve', vipMac: '02:00:00:00:00:50' }), web([], { sourceIP: 'preserve', vipMac: '02:00:00:00:00:50' })), [],
+    'direct server return never goes through conntrack');
+  t.same(udpFlowSweep({ services: [{ ...all.services[0]!, ports: [http] }] }, { services: [{ ...all.services[0]!, ports: [http], healthy: [] }] }), [], 'TCP is never swept: its connections end and drain');
+});
+
+t.test('UDP flows: swept after the commit; a sweep that fails is a problem in status, never a failed apply', async (t) => {
+  const proc = fs.mkdtempSync(path.join(os.tmpdir(), 'lb-nft-proc-'));
+  t.teardown(() => fs.rmSync(proc, { recursive: true, force: true }));
+  fs.mkdirSync(path.join(proc, 'sys/net/ipv4'), { recursive: true });
+  fs.writeFileSync(path.join(proc, 'sys/net/ipv4/ip_forward'), '1\n');
+  const order: string[] = [];
+  const exec: Exec = async (file, args) => {
+    if (file === 'nft' && args[0] === '-j') throw Object.assign(new Error('absent'), { code: 1, stderr: 'Error: No such file or directory' });
+    if (file === 'nft' && args[0] === '-f') order.push('write');
+    return { stdout: JSON.stringify({ nftables: [] }), stderr: '' };
+  };
+  let fail = false;
+  const swept: string[][] = [];
+  const conntrack: ConntrackClient = {
+    endUdpFlows: async (rules) => {
+      order.push('sweep');
+      swept.push(rules.map((r) => `${r.vip}:${r.port}=${[...r.allowed].sort().join(',')}`));
+      if (fail) throw new Error('ctnetlink: EPERM');
+      return { ended: 2, gone: 0 };
+    },
+    close: () => order.push('close'),
+  };
+  let made = 0;
+  const dp = new NftDataplane({ exec, procRoot: proc, clock: new ManualClock(0), conntrack: () => { made++; return conntrack; } });
+  const web = (healthy: BackendSpec[]): ForwardState => ({ services: [{ key: 'default/web', vip: '10.99.0.50', ports: [http, dns], healthy, backends: [b('10.99.0.11'), b('10.99.0.12')] }] });
+  await dp.apply({ services: [] });
+  t.equal(made, 0, 'a table without a UDP port never opens ctnetlink (nor loads its module)');
+  await dp.apply(web([b('10.99.0.11'), b('10.99.0.12')]));
+  t.same(swept, [], 'a port that only gained backends: nothing swept');
+  await dp.apply(web([b('10.99.0.12')]));
+  t.same(swept, [['10.99.0.50:53=10.99.0.12:5353']], 'b1 left: its flows are swept, b2 may keep its own');
+  t.same(order.slice(-2), ['write', 'sweep'], 'after the commit: a flow\'s next datagram meets the new table');
+  fail = true;
+  await dp.apply(web([]));
+  t.match((await dp.stats()).problems.join('\n'), /cannot end the UDP flows .*EPERM/, 'the failure is shown in status');
+  fail = false;
+  const other = { key: 'default/other', vip: '10.99.0.51', ports: [http], healthy: [b('10.99.0.11')], backends: [b('10.99.0.11')] };
+  await dp.apply({ services: [...web([]).services, other] });
+  t.match((await dp.stats()).problems.join('\n'), /cannot end the UDP flows/, 'a later write that sweeps nothing does not hide it');
+  await dp.apply(web([b('10.99.0.11')]));
+  t.notMatch((await dp.stats()).problems.join('\n'), /cannot end the UDP flows/, 'and cleared by the next sweep that works');
+  await dp.stop();
+  t.same(swept.at(-1), ['10.99.0.50:53='], 'stopping (the table removed) ends every UDP flow it forwarded');
+  t.equal(order.at(-1), 'close');
+  t.equal(made, 1, 'one client for the life of the data path');
 });

@@ -1,0 +1,103 @@
+// agent/net/conntrack.ts, the pure parts: the ctnetlink messages byte for
+// byte (linux/netfilter/nfnetlink_conntrack.h), the decoding of dump entries
+// (nested flags, extra attributes, truncation, IPv6), and which entries a
+// sweep ends. The kernel's side is test/privileged/forward-kernel.test.ts
+// (a flow moved off a backend that left, through real conntrack).
+import t from 'tap';
+import { CT_DELETE, CT_GET, IPPROTO_UDP, decodeEntry, encodeDelete, encodeDump, staleUdpFlows, type CtEntry } from '../../agent/net/conntrack';
+
+const CT_NEW = 0x100;
+const entry = (o: Partial<CtEntry['orig']> = {}, r: Partial<CtEntry['reply']> = {}): CtEntry => ({
+  orig: { src: '10.99.0.2', dst: '10.99.0.50', proto: IPPROTO_UDP, sport: 40000, dport: 53, ...o },
+  reply: { src: '10.99.0.11', dst: '10.99.0.10', proto: IPPROTO_UDP, sport: 5353, dport: 40000, ...r },
+});
+
+t.test('message types: subsystem CTNETLINK (1) in the high byte', async (t) => {
+  t.equal(CT_GET, 0x0101);
+  t.equal(CT_DELETE, 0x0102);
+});
+
+t.test('a dump asks for the IPv4 table: nfgenmsg AF_INET, version 0, res_id 0', async (t) => {
+  t.same([...encodeDump()], [2, 0, 0, 0]);
+});
+
+t.test('a filtered dump asks the kernel (CTA_FILTER, Linux 5.9) for one VIP:port\'s UDP entries only, byte for byte', async (t) => {
+  t.equal(encodeDump({ dst: '10.99.0.50', dport: 53 }).toString('hex'), [
+    '02000000',
+    '2400', '0180', // CTA_TUPLE_ORIG, nested
+    '0c00', '0180', '0800', '0200', '0a630032', // CTA_TUPLE_IP { CTA_IP_V4_DST 10.99.0.50 }
+    '1400', '0280', '0500', '0100', '11000000', '0600', '0300', '00350000', // CTA_TUPLE_PROTO { NUM 17, DST_PORT 53 }
+    '1400', '1980', // CTA_FILTER (25), nested
+    '0800', '0100', '2a000000', // ORIG_FLAGS: IP_DST | PROTO_NUM | PROTO_DST_PORT (host order)
+    '0800', '0200', '00000000', // REPLY_FLAGS: none
+  ].join(''));
+  t.throws(() => encodeDump({ dst: 'x', dport: 53 }), { code: 'LB_ERR_NET_CONNTRACK' });
+});
+
+t.test('a delete names the entry by its original tuple, byte for byte', async (t) => {
+  const hex = encodeDelete(entry()).toString('hex');
+  t.equal(hex, [
+    '02000000', // nfgenmsg
+    '3400', '0180', // CTA_TUPLE_ORIG, nested, 52 bytes
+    '1400', '0180', // CTA_TUPLE_IP, nested, 20
+    '0800', '0100', '0a630002', // CTA_IP_V4_SRC 10.99.0.2
+    '0800', '0200', '0a630032', // CTA_IP_V4_DST 10.99.0.50
+    '1c00', '0280', // CTA_TUPLE_PROTO, nested, 28
+    '0500', '0100', '11000000', // CTA_PROTO_NUM 17, padded
+    '0600', '0200', '9c400000', // CTA_PROTO_SRC_PORT 40000 (big-endian), padded
+    '0600', '0300', '00350000', // CTA_PROTO_DST_PORT 53
+  ].join(''));
+  const zoned = encodeDelete({ ...entry(), zone: 7 });
+  t.equal(zoned.subarray(-8).toString('hex'), '0600120000070000', 'CTA_ZONE (18) when the entry is not in the default zone');
+  t.throws(() => encodeDelete(entry({ src: 'fe80::1' })), { code: 'LB_ERR_NET_CONNTRACK' });
+});
+
+/** A dump entry as the kernel sends it: both tuples, then attributes the decoder skips. */
+function dumpEntry(e: CtEntry, family = 2): Buffer {
+  const reply = encodeDelete({ orig: e.reply, reply: e.orig }).subarray(4);
+  reply.writeUInt16LE(0x8002, 2); // CTA_TUPLE_REPLY, nested
+  const status = Buffer.from('0800030000000188', 'hex'); // CTA_STATUS
+  const timeout = Buffer.from('080007000000001e', 'hex'); // CTA_TIMEOUT
+  const m = Buffer.concat([encodeDelete(e), reply, status, timeout]);
+  m[0] = family;
+  return m;
+}
+
+t.test('a dump entry decodes to both tuples; other attributes are skipped', async (t) => {
+  t.same(decodeEntry(CT_NEW, dumpEntry(entry())), entry());
+  t.equal(decodeEntry(CT_NEW, dumpEntry(entry(), 10)), undefined, 'IPv6 entries are not ours');
+  t.equal(decodeEntry(0x0103, dumpEntry(entry())), undefined, 'another message type');
+  t.equal(decodeEntry(CT_NEW, Buffer.from([2, 0])), undefined, 'shorter than nfgenmsg');
+});
+
+t.test('a malformed entry decodes to nothing and never throws', async (t) => {
+  const good = dumpEntry(entry());
+  for (let cut = 0; cut < good.length; cut++) {
+    const d = decodeEntry(CT_NEW, good.subarray(0, cut));
+    // Cut inside the reply tuple or earlier, an entry cannot be whole.
+    if (cut < 4 + 52 + 52) t.equal(d, undefined, `cut at ${cut}`);
+  }
+  let seed = 1;
+  const rand = (): number => { seed = (seed * 1103515245 + 12345) & 0x7fffffff; return seed; };
+  for (let i = 0; i < 2000; i++) {
+    const b = Buffer.from(good);
+    for (let k = 0; k < 4; k++) b[4 + (rand() % (b.length - 4))] = rand() & 0xff;
+    decodeEntry(CT_NEW, b);
+  }
+  t.pass('2,000 corrupted entries decoded without a throw');
+});
+
+t.test('a sweep ends the UDP flows of its VIP:port answered by anything outside the allowed backends', async (t) => {
+  const rules = [{ vip: '10.99.0.50', port: 53, allowed: new Set(['10.99.0.12:5353']) }, { vip: '10.99.0.60', port: 514, allowed: new Set<string>() }];
+  const gone = entry();
+  const kept = entry({ sport: 40001 }, { src: '10.99.0.12', dport: 40001 });
+  const oldPort = entry({ sport: 40002 }, { src: '10.99.0.12', sport: 5354, dport: 40002 });
+  const otherVip = entry({ dst: '10.99.0.70' });
+  const otherPort = entry({ dport: 54 });
+  const tcp = entry({ proto: 6 }, { proto: 6 });
+  const untranslated = entry({ sport: 40003 }, { src: '10.99.0.50', sport: 53, dport: 40003 });
+  const removedPort = entry({ dst: '10.99.0.60', dport: 514 }, { src: '10.99.0.12', sport: 514 });
+  t.same(staleUdpFlows([gone, kept, oldPort, otherVip, otherPort, tcp, untranslated, removedPort], rules), [gone, oldPort, untranslated, removedPort],
+    'the backend that left, the old targetPort, a flow seen without DNAT, the port that went; not the backend kept, other VIPs, ports or TCP');
+  t.same(staleUdpFlows([gone], []), [], 'no rule, nothing ended');
+});
