@@ -3,7 +3,7 @@
 // it. No I/O, no clock: every verdict is replayed from a fixture in
 // test/preflight/fixtures/.
 import { parseCidr, parseIPv4, cidrContains, formatIPv4 } from '../ipv4';
-import type { Facts, MacvlanFacts } from './facts';
+import { udpSnatPorts, type Facts, type MacvlanFacts } from './facts';
 import { wantedSysctl, type VipRole } from '../net/sysctl';
 import { defaultMaxConnections, effectiveMaxConnections, reservedDescriptors } from '../forward/capacity';
 import { BACKEND_SYSCTLS, BACKEND_VIP_INTERFACE } from '../net/dsr-backend';
@@ -13,7 +13,7 @@ import { proxyNeededReason } from '../forward/dataplane';
 export type CheckStatus = 'pass' | 'warn' | 'fail';
 
 export interface CheckResult {
-  /** Stable id: config, state-dir, capabilities, macvlan, interface, pools, arp-sysctls, rp-filter, ip-forward, dataplane, guest-agent, descriptors, dsr, dsr-backend, topology, conntrack-pickup, dhcp-probe. */
+  /** Stable id: config, state-dir, capabilities, macvlan, interface, pools, arp-sysctls, rp-filter, ip-forward, dataplane, guest-agent, descriptors, dsr, dsr-backend, topology, conntrack-pickup, udp-flows, dhcp-probe. */
   readonly id: string;
   readonly status: CheckStatus;
   /** What the check saw. */
@@ -479,6 +479,23 @@ export function checkConntrackPickup(f: Facts): CheckResult | undefined {
     `${sysctlRemedy(['net.netfilter.nf_conntrack_tcp_loose=1'])}, if the host's policy allows it`);
 }
 
+/**
+ * The kernel path ends the UDP flows of a backend that leaves a port's
+ * healthy set by deleting their conntrack entries through ctnetlink
+ * (forward/nft.ts): without it a client that keeps sending from one port
+ * stays on that backend. Undefined when not relevant (no UDP port the kernel
+ * path NATs, or the proxy path).
+ */
+export function checkUdpFlows(f: Facts): CheckResult | undefined {
+  const id = 'udp-flows';
+  const a = f.conntrackNetlink;
+  if (!a || a.status === 'not-run' || effectiveDataplane(f) !== 'kernel') return undefined;
+  const ports = udpSnatPorts(f.config);
+  if (a.status === 'ok') return pass(id, `ctnetlink answers: a UDP flow whose backend leaves its port's healthy set is placed again at its next datagram (${ports.join(', ')})`);
+  return warn(id, `ctnetlink does not answer here (${a.error ?? 'no reason given'}): a client that keeps sending to ${ports.join(', ')} from one port stays on a backend that left the healthy set until it pauses for nf_conntrack_udp_timeout_stream (120 s)`,
+    'load nf_conntrack_netlink (CONFIG_NF_CT_NETLINK) and run lb-agent with CAP_NET_ADMIN, or set dataplane: proxy');
+}
+
 // --- data path ---------------------------------------------------------------
 
 export function checkDataplane(f: Facts): CheckResult {
@@ -678,7 +695,7 @@ export function runChecks(f: Facts): CheckResult[] {
   ];
   const fds = checkDescriptors(f);
   if (fds) out.push(fds);
-  for (const c of [checkDsr(f), checkDsrBackend(f), checkTopology(f), checkConntrackPickup(f)]) if (c) out.push(c);
+  for (const c of [checkDsr(f), checkDsrBackend(f), checkTopology(f), checkConntrackPickup(f), checkUdpFlows(f)]) if (c) out.push(c);
   const dhcp = checkDhcpProbe(f);
   if (dhcp) out.push(dhcp);
   return out;

@@ -154,6 +154,8 @@ export interface Facts {
   node?: NodeTopology;
   /** Issue 17: every IPv4 address of the VM, with whether its interface answers ARP (for the DSR backend check). */
   addresses?: { interface: string; address: string; prefix: number; noarp: boolean }[];
+  /** ctnetlink answering (net/conntrack.ts probeConntrackNetlink): the kernel path ends the UDP flows of a backend that left through it. Gathered only for a config with a UDP port the kernel path may NAT. */
+  conntrackNetlink?: Attempt;
 }
 
 // ---------------------------------------------------------------------------
@@ -561,6 +563,18 @@ export interface GatherOptions {
   dhcpProbe?: (parent: string) => Promise<DhcpProbeFacts>;
 }
 
+/** The config's UDP ports the kernel path would NAT (not direct server return): "ns/name port/UDP". */
+export function udpSnatPorts(config: ConfigFacts): string[] {
+  const dsr = new Set(config.dsrServices ?? []);
+  return config.ports.filter((p) => p.protocol === 'UDP' && !dsr.has(p.service)).map((p) => `${p.service} ${p.port}/UDP`);
+}
+
+async function gatherConntrackNetlink(): Promise<Attempt> {
+  const t0 = Date.now();
+  const why = await (require('../net/conntrack') as typeof import('../net/conntrack')).probeConntrackNetlink();
+  return why === undefined ? { status: 'ok', ms: Date.now() - t0 } : { status: 'failed', error: why, ms: Date.now() - t0 };
+}
+
 /** Gather every fact the checks judge, concurrently. */
 export async function gatherFacts(opts: GatherOptions): Promise<Facts> {
   const release = ((await readText('/proc/sys/kernel/osrelease')) ?? '').trim();
@@ -578,6 +592,7 @@ export async function gatherFacts(opts: GatherOptions): Promise<Facts> {
   const routeP = readText('/proc/net/route').then((t) => (t === undefined ? undefined : parseDefaultRoute(t)));
 
   const dsrP = gatherDsr(release, unshare, nft);
+  const ctP = config.dataplane !== 'proxy' && udpSnatPorts(config).length > 0 ? gatherConntrackNetlink() : Promise.resolve(undefined);
   const nodeP = readNodeTopology(nodePlace);
   const addrsP = ip ? run(ip, ['-j', '-4', 'addr', 'show']).then((r) => parseIpJsonAllAddrs(r.stdout)) : Promise.resolve([]);
   const defaultRoute = await routeP;
@@ -614,6 +629,8 @@ export async function gatherFacts(opts: GatherOptions): Promise<Facts> {
     node: await nodeP,
     addresses: await addrsP,
   };
+  const ct = await ctP;
+  if (ct) facts.conntrackNetlink = ct;
   if (opts.dhcpProbe) {
     facts.dhcpProbe = parent.exists && parentName
       ? await opts.dhcpProbe(parentName)

@@ -4,12 +4,12 @@
 import t from 'tap';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import type { Facts } from '../../agent/preflight/facts';
+import { udpSnatPorts, type Facts } from '../../agent/preflight/facts';
 import { vipSysctls } from '../../agent/net/sysctl';
 import {
   runChecks, checkDescriptors, checkMacvlan, checkCapabilities, checkInterface, checkArpSysctls, checkRpFilter, checkIpForward,
   checkConfig, checkDataplane, checkPools, checkStateDir, checkGuestAgent, checkDhcpProbe, classifyRefusal,
-  effectiveDataplane, osFamily, checkDsr, checkDsrBackend, checkTopology, checkConntrackPickup, type CheckResult,
+  effectiveDataplane, osFamily, checkDsr, checkDsrBackend, checkTopology, checkConntrackPickup, checkUdpFlows, type CheckResult,
 } from '../../agent/preflight/checks';
 
 const FIX = path.resolve(__dirname, '..', '..', '..', 'test', 'preflight', 'fixtures');
@@ -305,6 +305,27 @@ t.test('dataplane with VRRP: the probe also takes the jhash placement, and a ref
   t.equal(refused.status, 'fail');
   t.match(refused.remedy, /CONFIG_NFT_HASH/);
   t.notMatch(checkDataplane(variant('healthy', (x) => { x.config.dataplane = 'kernel'; })).detail, /jhash/, 'without VRRP no hash is asked of the kernel');
+});
+
+t.test('udp-flows: on the kernel path with a UDP port, ctnetlink must answer, or flows stay on a backend that left', async (t) => {
+  const udp = (ct: Facts['conntrackNetlink'], dataplane: 'kernel' | 'proxy' | 'auto' = 'kernel', dsr = false) => variant('healthy', (x) => {
+    x.config.dataplane = dataplane;
+    x.config.ports = [{ service: 'default/dns', port: 53, protocol: 'UDP' }, { service: 'default/web', port: 80, protocol: 'TCP' }];
+    if (dsr) x.config.dsrServices = ['default/dns'];
+    if (ct) x.conntrackNetlink = ct; else delete x.conntrackNetlink;
+  });
+  const ok = checkUdpFlows(udp({ status: 'ok', ms: 1 }))!;
+  t.equal(ok.status, 'pass');
+  t.match(ok.detail, /default\/dns 53\/UDP/);
+  const no = checkUdpFlows(udp({ status: 'failed', error: 'Request rejected: EOPNOTSUPP' }))!;
+  t.equal(no.status, 'warn', 'said, not failed: everything else forwards');
+  t.match(no.detail, /EOPNOTSUPP.*default\/dns 53\/UDP.*stays on a backend that left/);
+  t.match(no.remedy, /nf_conntrack_netlink .*dataplane: proxy/);
+  t.equal(checkUdpFlows(udp(undefined)), undefined, 'not gathered (no UDP port the kernel path NATs): not relevant');
+  t.equal(checkUdpFlows(udp({ status: 'failed', error: 'x' }, 'proxy')), undefined, 'the proxy path ends its sessions itself');
+  t.same(udpSnatPorts(udp(undefined, 'kernel', true).config), [], 'a DSR service\'s UDP port never goes through conntrack');
+  t.same(udpSnatPorts(udp(undefined).config), ['default/dns 53/UDP']);
+  t.ok(runChecks(udp({ status: 'failed', error: 'EPERM' })).some((c) => c.id === 'udp-flows' && c.status === 'warn'), 'runChecks includes it');
 });
 
 t.test('conntrack-pickup: with VRRP on the kernel path, nf_conntrack_tcp_loose=0 is said, since open connections would not outlive a failover', async (t) => {

@@ -17,7 +17,7 @@ t.test('lb-agent check', async (t) => {
   fs.writeFileSync(cfg, stringify({
     node: { interface: 'eth0' }, stateDir: lab.file('state'), control: { socket: lab.file('a.sock') },
     dataplane: 'kernel', pools: { 'range-global': '10.99.0.200-10.99.0.210' },
-    services: [{ name: 'web', ipam: 'dhcp', ports: [{ port: 8080 }] }],
+    services: [{ name: 'web', ipam: 'dhcp', ports: [{ name: 'http', port: 8080 }, { name: 'dns', port: 53, protocol: 'UDP' }] }],
   }));
 
   const ok = await lab.exec(ns, process.execPath, [AGENT_BIN, 'check', '--config', cfg, '--json'], { allowFail: true, timeoutMs: 30_000 });
@@ -26,6 +26,7 @@ t.test('lb-agent check', async (t) => {
   t.equal(ok.code, 0, `exit 0; failed: ${JSON.stringify(failed)}`);
   t.equal(doc.checks.find((c) => c.id === 'macvlan')?.status, 'pass', 'the macvlan check passes');
   t.equal(doc.checks.find((c) => c.id === 'capabilities')?.status, 'pass');
+  t.match(doc.checks.find((c) => c.id === 'udp-flows'), { status: 'pass', detail: /ctnetlink answers.*default\/web 53\/UDP/ }, 'a UDP port on the kernel path: ctnetlink answers in this namespace');
 
   const human = await lab.exec(ns, process.execPath, [AGENT_BIN, 'check', '--config', cfg], { allowFail: true, timeoutMs: 30_000 });
   t.equal(human.code, 0);
@@ -35,6 +36,7 @@ t.test('lb-agent check', async (t) => {
   t.equal(dropped.code, 1, 'exit 1 without the capabilities');
   t.match(dropped.stdout, /CAP_NET_ADMIN/);
   t.match(dropped.stdout, /CAP_NET_RAW/);
+  t.match(dropped.stdout, /udp-flows.*ctnetlink does not answer here \(Request rejected: EPERM\)/, 'and ctnetlink, which needs CAP_NET_ADMIN, is said not to answer');
 
   const usage = await lab.exec(ns, process.execPath, [AGENT_BIN, 'check', '--bogus'], { allowFail: true });
   t.equal(usage.code, 2, 'bad usage is exit 2');
