@@ -116,6 +116,12 @@ t.test('SIGHUP with hostile files keeps the running config and the health checks
   agent.writeConfig(cfg);
   agent.signal('SIGHUP');
   await waitStatus(agent, 'a good reload applies', (s) => s.config.generation === ready.config.generation + 1, 20_000);
+  // The reloads take ~2 s since the YAML parser change: a window of 4 periods
+  // let the probes' phase and 5% jitter alone take one of four (CI saw 3 of 4).
+  // At least 8 periods; on time, every gap is at most a period plus its 5%
+  // jitter and some scheduling: the window holds at least window / 1.1 periods' probes.
+  const minWindowMs = 8 * PERIOD_S * 1000;
+  if (Date.now() - windowStart < minWindowMs) await new Promise((r) => setTimeout(r, minWindowMs - (Date.now() - windowStart)));
   const windowEnd = Date.now();
 
   const arrivals = out.split('\n').map((l) => Math.round(Number(l.split(' ')[0]) * 1000)).filter((n) => n >= windowStart && n <= windowEnd);
@@ -123,6 +129,7 @@ t.test('SIGHUP with hostile files keeps the running config and the health checks
   for (let i = 1; i < arrivals.length; i++) maxGap = Math.max(maxGap, arrivals[i]! - arrivals[i - 1]!);
   const expected = Math.floor((windowEnd - windowStart) / (PERIOD_S * 1000));
   t.comment(`${arrivals.length} probes in ${windowEnd - windowStart} ms (about ${expected} expected), largest gap ${maxGap} ms`);
-  t.ok(arrivals.length >= expected * 0.8, `probes kept coming: ${arrivals.length} of about ${expected}`);
+  const least = Math.floor((windowEnd - windowStart) / (PERIOD_S * 1000 * 1.1));
+  t.ok(arrivals.length >= least, `probes kept coming: ${arrivals.length} of about ${expected} (at least ${least} on time)`);
   t.ok(maxGap <= 2 * PERIOD_S * 1000, `no probe more than one period late: largest gap ${maxGap} ms (period ${PERIOD_S * 1000} ms)`);
 });
