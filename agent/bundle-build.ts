@@ -3,7 +3,10 @@
 // into dist/bundle/, one file each, so that `lb-agent` reads and compiles one
 // file instead of resolving, reading and wrapping ~130 modules before its
 // control socket listens (issue 18: ~100 ms of CPU of every start).
-//   lb-agent.js      the CLI and the daemon (agent/cli/main.ts)
+//   lb-agent.js      the bin (agent/cli/start.ts): compiles cli.js with V8's
+//                    code cache (agent/cli/code-cache.ts); built after the
+//                    others, with cli.js's SHA-256 written into it
+//   cli.js           the CLI and the daemon (agent/cli/main.ts)
 //   parse-worker.js  the reload's config parser (agent/config/load-async.ts
 //                    starts it by path, beside the file that starts it)
 //   proxy-worker.js  a proxy thread (agent/forward/proxy.ts, likewise)
@@ -15,6 +18,7 @@
 // Not bundled: the addon (a .node file). `netlink` is bundled without its
 // raw socket layer, which loads the package's own prebuilt .node file: the
 // addon's netlink socket stands in for it (NETLINK_RAW below).
+import * as crypto from 'node:crypto';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { build, type Plugin } from 'esbuild';
@@ -23,9 +27,10 @@ import { build, type Plugin } from 'esbuild';
 const DIST = path.resolve(__dirname, '..');
 export const BUNDLE_DIR = path.join(DIST, 'bundle');
 
-/** Bundle name -> its entry in dist/. */
+/** Bundle name -> its entry in dist/ (the bin, lb-agent, is built last: BIN_ENTRY). */
 export const BUNDLE_ENTRIES: Readonly<Record<string, string>> = {
-  'lb-agent': 'agent/cli/main.js',
+  'lb-agent': 'agent/cli/start.js',
+  cli: 'agent/cli/main.js',
   'parse-worker': 'agent/config/parse-worker.js',
   'proxy-worker': 'agent/forward/proxy-worker.js',
 };
@@ -85,11 +90,23 @@ const netlinkRaw: Plugin = {
   },
 };
 
+/** The bin's bundle name: built after the others, it carries cli.js's hash (start.ts LB_CLI_SHA256). */
+const BIN = 'lb-agent';
+
 /** Bundle the entries into outDir (esbuild's plugins need its asynchronous API). */
 export async function buildBundles(outDir = BUNDLE_DIR): Promise<string[]> {
   fs.rmSync(outDir, { recursive: true, force: true });
+  const entries = (names: string[]): Record<string, string> => Object.fromEntries(names.map((n) => [n, path.join(DIST, BUNDLE_ENTRIES[n]!)]));
+  await bundle(entries(Object.keys(BUNDLE_ENTRIES).filter((n) => n !== BIN)), outDir, {});
+  const cliSha = crypto.createHash('sha256').update(fs.readFileSync(path.join(outDir, 'cli.js'))).digest('hex');
+  await bundle(entries([BIN]), outDir, { LB_CLI_SHA256: JSON.stringify(cliSha) });
+  return Object.keys(BUNDLE_ENTRIES).map((n) => path.join(outDir, `${n}.js`));
+}
+
+async function bundle(entryPoints: Record<string, string>, outDir: string, define: Record<string, string>): Promise<void> {
   const r = await build({
-    entryPoints: Object.fromEntries(Object.entries(BUNDLE_ENTRIES).map(([name, entry]) => [name, path.join(DIST, entry)])),
+    entryPoints,
+    define,
     outdir: outDir,
     // Module keys in the output are relative to the checkout: the same bundle from any cwd.
     absWorkingDir: path.resolve(DIST, '..'),
@@ -110,7 +127,6 @@ export async function buildBundles(outDir = BUNDLE_DIR): Promise<string[]> {
     plugins: [lazyCalls, netlinkRaw],
   });
   if (r.errors.length > 0) throw new Error(`esbuild: ${r.errors.map((e) => e.text).join('; ')}`);
-  return Object.keys(BUNDLE_ENTRIES).map((n) => path.join(outDir, `${n}.js`));
 }
 
 if (require.main === module) {

@@ -28,6 +28,7 @@ import { START_HOLD_MAX_MS } from './tiering';
 import type { NodeTopology } from '../config/labels';
 import type { TopologySelection } from '../forward/topology';
 import type { BackendStatus } from '../net/dsr-backend';
+import type { CodeCacheHandle } from '../cli/code-cache';
 
 export interface DaemonOptions {
   configPath: string;
@@ -74,6 +75,13 @@ export interface DaemonOptions {
    * on stop.
    */
   holdOptimizer?: () => (() => void) | undefined;
+  /**
+   * V8's code cache of this start (agent/cli/start.ts, issue 18): its state
+   * goes in the "lb-agent started" line, and when the start did not take a
+   * cache, one is written once the start has settled (with every function
+   * the start compiled), for the next start.
+   */
+  codeCache?: Pick<CodeCacheHandle, 'state' | 'reason' | 'save'> | undefined;
 }
 
 /** How long a successor waits for its predecessor to let go of the instance lock. */
@@ -290,7 +298,8 @@ export class Daemon extends EventEmitter {
       throw e;
     }
     this.started = true;
-    this.log.info({ op: 'start', services: config.services.length, dataplane: this.subs.dataplane.kind, parent: this.subs.parent.name }, 'lb-agent started');
+    const cc = this.opts.codeCache;
+    this.log.info({ op: 'start', services: config.services.length, dataplane: this.subs.dataplane.kind, parent: this.subs.parent.name, codeCache: cc?.state, ...(cc?.reason !== undefined ? { codeCacheReason: cc.reason } : {}) }, 'lb-agent started');
     if (this.releaseOptimizer) {
       this.releaseOptimizerTimer = setTimeout(() => this.optimizerBack('time'), START_HOLD_MAX_MS);
       this.releaseOptimizerTimer.unref();
@@ -647,6 +656,8 @@ export class Daemon extends EventEmitter {
     }
     this.startSettled = true;
     this.optimizerBack('settled');
+    // Before the collection: the cache holds what the start compiled, and its serialization's garbage goes with the start's.
+    this.saveCodeCache();
     collectGarbage(this.opts.collectAll, this.opts.trimMemory);
   }
 
@@ -901,6 +912,19 @@ export class Daemon extends EventEmitter {
     await step('metrics', () => this.metricsServer?.stop());
     this.lock?.release();
     this.log.info({ op: 'stop', keep }, keep ? 'lb-agent stopped; VIPs, links and forwarding left serving for the next start' : 'lb-agent stopped');
+    // A start that never settled (a VIP never came) has not written it yet; after the lock, off the next start's path.
+    this.saveCodeCache();
+  }
+
+  /**
+   * Write V8's code cache for the next start (opts.codeCache), once, with
+   * the optimizing compiler back on: V8 refuses a cache made under other
+   * flags than the reader's, and holdOptimizer changes one.
+   */
+  private saveCodeCache(): void {
+    const saved = this.opts.codeCache?.save();
+    if (saved && 'written' in saved) this.log.info({ op: 'code-cache', bytes: saved.written }, `V8 code cache written for the next start (${Math.round(saved.written / 1024)} KiB)`);
+    else if (saved && 'error' in saved) this.log.warn({ op: 'code-cache', err: saved.error }, 'could not write the V8 code cache: the next start compiles from source');
   }
 
   private collectReady(): void {

@@ -13,6 +13,7 @@ import { makeNotifier, parseListenFds, SystemdFdStore } from './systemd';
 import { HandoverStore, sendListeners, takeListeners } from './handover';
 import { mallocTrim, lowMemoryNotification } from '../net/native';
 import { holdOptimizer } from './tiering';
+import { codeCacheHandle } from '../cli/code-cache';
 
 const STOP_TIMEOUT_MS = 10_000;
 
@@ -80,6 +81,7 @@ export async function runDaemon(opts: { configPath: string; logLevel: LogLevel; 
   });
   const daemon = new Daemon({
     configPath: opts.configPath, log, buildSubsystems, notify, reload, listenerStore, trimMemory, collectAll: lowMemoryNotification, holdOptimizer,
+    codeCache: codeCacheHandle(),
     ...(onHandover ? { onHandover } : {}),
     ...(opts.replace ? {
       replace: (config) => (handover

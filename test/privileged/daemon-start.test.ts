@@ -176,3 +176,40 @@ t.test('the production bundle: one file, as lazy as the module tree, its parse w
   t.same(o.addons.map((f) => path.basename(f)), ['lbagent_native.node'], `one native addon mapped, ours (${o.addons.join(', ')})`);
   t.same(o.modules.filter((m) => /node_modules\/(netlink|node-gyp-build)\//.test(m)), [], 'no file of the netlink package loaded from node_modules: its JavaScript is bundled, its raw layer replaced');
 });
+
+t.test('the production bundle: a start takes the code cache the start before it wrote', async (t) => {
+  if (!requirePrivileged(t)) return;
+  const lab = await createLab(t);
+  const node = await lab.addHost('node', { address: '10.99.0.2/24' });
+  const cc = lab.file('code-cache');
+  const run = async (name: string): Promise<Record<string, unknown>[]> => {
+    const agent = await startAgent(lab, node, config(false), { name, env: { LB_AGENT_CODE_CACHE: cc } });
+    t.teardown(() => { if (agent.proc.exitCode === null) agent.signal('SIGKILL'); });
+    await waitFor('VIP', async () => (await agent.status()).services[0]?.vip === '10.99.0.200', 15_000);
+    agent.signal('SIGTERM');
+    t.equal((await agent.exited).code, 0);
+    return agent.logs;
+  };
+  const started = (logs: Record<string, unknown>[]): Record<string, unknown> | undefined => logs.find((l) => l.msg === 'lb-agent started');
+  const written = (logs: Record<string, unknown>[]): Record<string, unknown> | undefined => logs.find((l) => l.op === 'code-cache');
+
+  const first = await run('cc1');
+  t.equal(started(first)?.codeCache, 'absent', 'the first start had no cache to take');
+  t.ok(Number(written(first)?.bytes) > 100_000, `it wrote one once settled (${String(written(first)?.bytes)} bytes)`);
+  const files = fs.readdirSync(cc);
+  t.match(files, [/^run-[0-9a-f]{12}-[0-9a-f]{8}\.v8cache$/], 'one file, for the daemon\'s role');
+
+  // The fast path's own test: a start that compiled from source again would say so here.
+  const second = await run('cc2');
+  t.equal(started(second)?.codeCache, 'accepted', 'the second start took it');
+  t.equal(written(second), undefined, 'and wrote nothing');
+
+  // A cache V8 refuses (not its data) costs a compile from source, then is replaced.
+  const file = path.join(cc, files[0]!);
+  const buf = fs.readFileSync(file);
+  fs.writeFileSync(file, Buffer.concat([buf.subarray(0, buf.indexOf(10) + 1), Buffer.alloc(4096, 0x5a)]));
+  const third = await run('cc3');
+  t.equal(started(third)?.codeCache, 'rejected', 'a refused cache is said to be refused');
+  t.ok(Number(written(third)?.bytes) > 100_000, 'and written again');
+  t.equal(started(await run('cc4'))?.codeCache, 'accepted', 'which the next start takes');
+});

@@ -192,10 +192,17 @@ t.test('lb-agent.service under systemd 252 in a lab VM', async (t) => {
   // up a new agent that serves.
   await t.test('systemctl restart, and Restart=on-failure after kill -KILL', async (t) => {
     const before = Number((await vm.show('lb-agent', 'MainPID')).MainPID);
+    const atRestart = await vm.cursor();
     const r = await vm.systemctl('restart', 'lb-agent');
     t.equal(r.code, 0, r.stderr);
     const restarted = await vm.waitRunning('lb-agent', 30_000, (p) => /^2 VIPs served; .* 2 ready;/.test(p.StatusText));
     t.not(Number(restarted.MainPID), before, `restart: a new main pid (${before} -> ${restarted.MainPID})`);
+    // Issue 18: the unit's CacheDirectory= holds V8's code cache, which an earlier start wrote and this one took.
+    t.match(await vm.journal('lb-agent', { after: atRestart }), /"msg":"lb-agent started"/);
+    t.match(await vm.journal('lb-agent', { after: atRestart }), /"codeCache":"accepted"/, 'the restarted agent took the code cache');
+    const cacheDir = (await vm.sh('stat -c "%U %a" /var/cache/lb-agent && ls /var/cache/lb-agent')).stdout;
+    t.match(cacheDir, /^lb-agent 700\n/, 'in /var/cache/lb-agent, the agent\'s own and private');
+    t.match(cacheDir, /^run-[0-9a-f]{12}-[0-9a-f]{8}\.v8cache$/m, `the daemon's cache file is there (${cacheDir.trim().replace(/\n/g, ', ')})`);
     const cursor = await vm.cursor();
     const killed = await vm.killMain('KILL');
     const back = await vm.waitRunning('lb-agent', 30_000, (p) => Number(p.MainPID) !== killed && /^2 VIPs served; .* 2 ready;/.test(p.StatusText));
