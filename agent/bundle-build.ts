@@ -27,7 +27,7 @@ import { build, type Plugin } from 'esbuild';
 const DIST = path.resolve(__dirname, '..');
 export const BUNDLE_DIR = path.join(DIST, 'bundle');
 
-/** Bundle name -> its entry in dist/ (the bin, lb-agent, is built last: BIN_ENTRY). */
+/** Bundle name -> its entry in dist/ (the bin, lb-agent, is built last: BIN). */
 export const BUNDLE_ENTRIES: Readonly<Record<string, string>> = {
   'lb-agent': 'agent/cli/start.js',
   cli: 'agent/cli/main.js',

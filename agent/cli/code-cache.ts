@@ -29,7 +29,7 @@ export type CodeCacheState =
   | 'absent' // no cache for this key yet (or one for another key: written again)
   | 'off'; // no usable directory (reason says why)
 
-export interface CodeCacheDir { dir: string } 
+export interface CodeCacheDir { dir: string }
 export interface CodeCacheOff { off: string }
 
 /**
@@ -158,10 +158,11 @@ export function readCodeCache(dir: string, t: CacheTerms, euid: number): CacheRe
 export function writeCodeCache(dir: string, t: CacheTerms, data: Buffer): { bytes: number } | { error: string } {
   const file = path.join(dir, cacheFileName(t));
   const tmp = `${file}.${process.pid}.tmp`;
+  const header = cacheHeader(t);
   try {
     const fd = fs.openSync(tmp, fs.constants.O_WRONLY | fs.constants.O_CREAT | fs.constants.O_EXCL | fs.constants.O_NOFOLLOW, 0o600);
     try {
-      fs.writeSync(fd, cacheHeader(t));
+      fs.writeSync(fd, header);
       fs.writeSync(fd, data);
     } finally {
       fs.closeSync(fd);
@@ -174,19 +175,17 @@ export function writeCodeCache(dir: string, t: CacheTerms, data: Buffer): { byte
   try {
     for (const n of staleCacheFiles(fs.readdirSync(dir), t)) fs.rmSync(path.join(dir, n), { force: true });
   } catch { /* another build's leftovers stay until the next write */ }
-  return { bytes: cacheHeader(t).length + data.length };
+  return { bytes: header.length + data.length };
 }
 
 /** What start.ts leaves on `process` (under CODE_CACHE_KEY) for the daemon: the start's state, and the write. */
 export interface CodeCacheHandle {
   state: CodeCacheState;
   reason?: string | undefined;
-  /** The cache file, when a directory is in use. */
-  file?: string | undefined;
   /**
    * Write the cache now, with what V8 has compiled by now, unless the start
-   * took it (accepted) or it is off or already written; the bin also calls
-   * it as the process exits. Never throws.
+   * took it (accepted) or it is off or already written; for commands other
+   * than the daemon the bin calls it as the process exits. Never throws.
    */
   save(): { written: number } | { skipped: string } | { error: string };
 }

@@ -11,7 +11,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import * as vm from 'node:vm';
 import {
-  CODE_CACHE_KEY, cacheDirFrom, cacheFileName, readCodeCache, writeCodeCache,
+  CODE_CACHE_KEY, cacheDirFrom, readCodeCache, writeCodeCache,
   type CacheTerms, type CodeCacheHandle, type CodeCacheState,
 } from './code-cache';
 
@@ -48,7 +48,6 @@ const { script, state, reason, usable } = compile();
 let saved = false;
 const handle: CodeCacheHandle = {
   state, reason,
-  file: 'dir' in where ? path.join(where.dir, cacheFileName(terms)) : undefined,
   save() {
     if (!('dir' in where) || !usable) return { skipped: 'off' };
     if (handle.state === 'accepted') return { skipped: 'accepted' };
