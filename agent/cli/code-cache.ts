@@ -19,7 +19,7 @@ import * as path from 'node:path';
 /** Where the unit's CacheDirectory=lb-agent points; the default for root outside systemd too. */
 export const DEFAULT_CACHE_DIR = '/var/cache/lb-agent';
 const MAGIC = 'LBCC1';
-/** A header longer than this is not ours. */
+/** A header longer than this is not ours (headerProblem: such terms get no cache at all). */
 const HEADER_MAX = 2048;
 
 /** The start's use of the cache, for the daemon's start line and the tests. */
@@ -85,6 +85,16 @@ export function cacheHeader(t: CacheTerms): Buffer {
   return Buffer.from(`${MAGIC} ${JSON.stringify([t.bundleSha256, t.node, t.arch, t.role, t.flags])}\n`, 'utf8');
 }
 
+/**
+ * Why terms cannot have a cache, or undefined: a header over HEADER_MAX (the
+ * flags in execArgv and NODE_OPTIONS run to ~2 KiB). Such a process would
+ * otherwise write a cache at every start that no start can read.
+ */
+export function headerProblem(t: CacheTerms): string | undefined {
+  const n = cacheHeader(t).length;
+  return n > HEADER_MAX ? `the cache key (Node's flags in execArgv and NODE_OPTIONS) runs to ${n} bytes, over the ${HEADER_MAX} a cache file's header may hold` : undefined;
+}
+
 /** The V8 data in a cache file, if its header is exactly ours; undefined for anything else. */
 export function cachePayload(file: Buffer, t: CacheTerms): Buffer | undefined {
   const want = cacheHeader(t);
@@ -119,6 +129,8 @@ export interface CacheHit { state: 'found'; data: Buffer }
  * Never throws: a cache that cannot be used is a slower start, not a failure.
  */
 export function readCodeCache(dir: string, t: CacheTerms, euid: number): CacheRead | CacheHit {
+  const tooLong = headerProblem(t);
+  if (tooLong !== undefined) return { state: 'off', reason: tooLong };
   try {
     try {
       fs.mkdirSync(dir, { mode: 0o700 });
@@ -158,6 +170,8 @@ export function readCodeCache(dir: string, t: CacheTerms, euid: number): CacheRe
 export function writeCodeCache(dir: string, t: CacheTerms, data: Buffer): { bytes: number } | { error: string } {
   const file = path.join(dir, cacheFileName(t));
   const tmp = `${file}.${process.pid}.tmp`;
+  const tooLong = headerProblem(t);
+  if (tooLong !== undefined) return { error: tooLong };
   const header = cacheHeader(t);
   try {
     const fd = fs.openSync(tmp, fs.constants.O_WRONLY | fs.constants.O_CREAT | fs.constants.O_EXCL | fs.constants.O_NOFOLLOW, 0o600);

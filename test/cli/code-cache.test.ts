@@ -8,7 +8,7 @@ import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import {
-  DEFAULT_CACHE_DIR, cacheDirFrom, cacheFileName, cacheHeader, cachePayload, notOurs, readCodeCache, staleCacheFiles, writeCodeCache,
+  DEFAULT_CACHE_DIR, cacheDirFrom, cacheFileName, cacheHeader, cachePayload, headerProblem, notOurs, readCodeCache, staleCacheFiles, writeCodeCache,
   type CacheTerms,
 } from '../../agent/cli/code-cache';
 
@@ -122,4 +122,14 @@ t.test('a write that fails leaves nothing behind and says why', async (t) => {
   const w = writeCodeCache(dir, terms(), Buffer.from('x'));
   t.match(w, { error: /ENOENT/ });
   t.notOk(fs.existsSync(dir));
+});
+
+t.test('flags too long for a header: no cache, said why, and nothing written at every start', async (t) => {
+  const dir = tmpdir(t);
+  const long = terms({ flags: `|${'--require=/opt/hooks/x.js '.repeat(90)}` });
+  t.equal(headerProblem(terms()), undefined, 'ordinary flags fit');
+  t.match(headerProblem(long), /runs to \d+ bytes, over the 2048/);
+  t.match(readCodeCache(dir, long, euid), { state: 'off', reason: /over the 2048 a cache file's header may hold/ }, 'off with a reason, not a silent absent');
+  t.match(writeCodeCache(dir, long, Buffer.from('v8 data')), { error: /over the 2048/ });
+  t.same(fs.readdirSync(dir), [], 'no file: such a cache could never be read back');
 });
