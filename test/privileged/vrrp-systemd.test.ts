@@ -57,6 +57,25 @@ async function holdsVip(lab: Lab, ns: string): Promise<boolean> {
   return (await lab.sh(ns, 'ip -o -4 addr show dev eth0')).stdout.includes(` ${VIP}/`);
 }
 
+/**
+ * When `vm` last took the VIP after `since` (ms since the epoch), from its
+ * agent's own log lines in the journal: its VRRP transition to Master, and
+ * "holds <VIP>/32", logged right after its gratuitous ARP.
+ */
+async function takeoverWindow(vm: SystemdContainer, since: number): Promise<{ masterAt: number; holdsAt: number } | undefined> {
+  let masterAt: number | undefined;
+  let holdsAt: number | undefined;
+  for (const line of (await vm.journal('lb-agent', { output: 'cat', lines: 400 })).split('\n')) {
+    let o: { time?: string | number; msg?: string; op?: string };
+    try { o = JSON.parse(line) as typeof o; } catch { continue; }
+    const at = typeof o.time === 'number' ? o.time : Date.parse(String(o.time));
+    if (!(at >= since)) continue;
+    if (o.op === 'transition' && o.msg === 'VRRP state master') { masterAt = at; holdsAt = undefined; }
+    if (masterAt !== undefined && holdsAt === undefined && o.op === 'bound' && o.msg?.startsWith(`holds ${VIP}/32`)) holdsAt = at;
+  }
+  return masterAt !== undefined && holdsAt !== undefined ? { masterAt, holdsAt } : undefined;
+}
+
 /** Wait until `master` reports Master and serves the VIP, and every other running unit is Backup naming it. */
 async function waitMaster(vms: SystemdContainer[], master: number, running: boolean[], timeoutMs = 20_000): Promise<void> {
   let last: unknown[] = [];
@@ -170,10 +189,11 @@ t.test('VRRP between two lb-agent.service units under systemd 252', async (t) =>
   });
 
   await t.test('SIGKILL of the Master: systemd restarts it, one node answers for the VIP afterwards', async (t) => {
+    let killAt = 0;
     const g = await loopAround(0, async () => {
       const before = Number((await vm1.show('lb-agent', 'NRestarts')).NRestarts);
       const old = await vm1.killMain('KILL');
-      const killAt = Date.now();
+      killAt = Date.now();
       await vm1.waitRunning('lb-agent', 30_000, (p) => Number(p.MainPID) !== old && Number(p.NRestarts) === before + 1);
       return killAt;
     });
@@ -186,7 +206,19 @@ t.test('VRRP between two lb-agent.service units under systemd 252', async (t) =>
     // failed requests in ~200 ms: vm2, giving the VIP up, still had vm1's MAC
     // for it from the earlier hand-back and forwarded to vm1, which (having
     // removed its predecessor's VIP, not yet holding its own) forwarded back.
-    t.equal(g.failures.length, 0, `no failed request (${JSON.stringify(g.errors)})`);
+    // What may fail, and only that (README "What still ends a connection"): a
+    // request in flight when vm2 takes the VIP after vm1 fell silent. Its
+    // answer, sent by the backend after vm2's gratuitous ARP, goes to vm2,
+    // which has no conntrack entry for the flow in that direction (vm1 opened
+    // it) and resets it; the client times out. Seen in 4 of 14 runs beside a
+    // busy loop on one core (the backend answered ~10 ms after the request),
+    // 0 of 8 on a quiet machine (tcpdump at the client, b1 and both VMs).
+    const takeover = await takeoverWindow(vm2, killAt);
+    const inFlight = (f: { t: number; ms: number; error?: string }): boolean =>
+      takeover !== undefined && f.error === 'timeout' && f.t <= takeover.holdsAt && f.t + f.ms >= takeover.masterAt;
+    t.comment(`vm2 took over ${takeover ? `${takeover.masterAt - killAt}-${takeover.holdsAt - killAt} ms after the kill` : '(not found in its journal)'}; failed requests at ${JSON.stringify(g.failures.map((f) => [f.t - killAt, f.ms, f.error]))}`);
+    t.same(g.failures.filter((f) => !inFlight(f)).map((f) => [f.t - killAt, f.ms, f.error]), [], `no failed request but one in flight at vm2's takeover (${JSON.stringify(g.errors)})`);
+    t.ok(g.failures.length <= 1, `at most the one request in flight at the takeover (${g.failures.length})`);
     t.ok(g.servedAfterMs !== undefined && g.servedAfterMs < 5000, `served again within 5 s of the kill (${g.servedAfterMs ?? '?'} ms)`);
     const after = await httpGetFrom(lab, client, `http://${VIP}/`, 2000);
     t.ok(after.ok && BODIES.includes(after.body.trim()), 'served at the end');
