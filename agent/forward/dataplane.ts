@@ -51,6 +51,14 @@ export interface FlowStats {
   readonly connectFailures: number | undefined;
 }
 
+export interface UdpFlowsEnded {
+  /** Service key "namespace/name". */
+  readonly service: string;
+  /** The port's label: its name, else its number. */
+  readonly port: string;
+  readonly ended: number;
+}
+
 export interface ServiceForwardStats {
   readonly key: string;
   readonly vip: string | undefined;
@@ -68,6 +76,13 @@ export interface ForwardStats {
   readonly problems: readonly string[];
   /** Path-specific facts (nftables start check, conntrack fill, proxy listeners). */
   readonly details: Readonly<Record<string, unknown>>;
+  /**
+   * UDP flows (kernel path: conntrack entries; proxy: sessions) ended because
+   * their backend left the port's healthy set or the config, so that their
+   * next datagram is placed again; by service and port, for the ports still
+   * configured.
+   */
+  readonly udpFlowsEnded?: readonly UdpFlowsEnded[];
   /** Userspace proxy: clients refused for the agent's own limits, by "op/code" (accept/EMFILE, connect/ENFILE, limit/max-connections). */
   readonly ownLimits?: Readonly<Record<string, number>>;
 }

@@ -17,6 +17,7 @@ export const FORWARD_METRIC_NAMES = [
   'lbagent_forward_no_healthy_backend',
   'lbagent_forward_own_limit_refused_total',
   'lbagent_forward_dsr_engine_info',
+  'lbagent_forward_udp_flows_ended_total',
 ] as const;
 
 export interface ForwardMetricsOptions {
@@ -55,6 +56,17 @@ export class ForwardMetrics {
         const st = await self.snapshot();
         this.reset();
         for (const f of st.flows) this.inc({ ...serviceLabels(f.service), backend: f.backend, port: f.port }, f.connections);
+      },
+    });
+    new Counter({
+      name: 'lbagent_forward_udp_flows_ended_total',
+      help: 'UDP flows (kernel path: conntrack entries; proxy: sessions) ended because their backend left the port\'s healthy set or the config, so that their next datagram is placed again. A port\'s series goes with the port.',
+      labelNames: ['service', 'namespace', 'port'] as const,
+      registers,
+      async collect() {
+        const st = await self.snapshot();
+        this.reset();
+        for (const u of st.udpFlowsEnded ?? []) this.inc({ ...serviceLabels(u.service), port: u.port }, u.ended);
       },
     });
     new Gauge({

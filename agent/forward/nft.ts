@@ -97,7 +97,7 @@ import { silentLogger, type Logger } from '../log';
 import { weightedSlots } from './balancer';
 import {
   flowId, normalizeState, portLabel,
-  type Dataplane, type FlowStats, type ForwardState, type ForwardStats, type NormalizedService, type Placement, type ProbeResult,
+  type Dataplane, type FlowStats, type ForwardState, type ForwardStats, type NormalizedService, type Placement, type ProbeResult, type UdpFlowsEnded,
 } from './dataplane';
 import { ForwardMetrics } from './metrics';
 import { DSR_FAMILY, DSR_PROBE_RULESET, DSR_TABLE, dsrRemovalLines, flowHashPick, flowHashSlots, renderDsrPort, renderDsrTable, type DsrPortRender } from './nft-dsr';
@@ -560,7 +560,18 @@ export interface DsrEngineState {
   readonly reason: string;
 }
 
+/** The key of a (service, port label) pair in the ended-flow tallies. */
+function udpEndedKey(service: string, port: string): string {
+  return `${service}\u0000${port}`;
+}
+
 const UDP_FLOWS_ERROR = 'cannot end the UDP flows of a backend that left a port (they stay on it while their clients keep sending)';
+
+/** A sweep's rule, with the service and port label its ended flows are counted under. */
+export interface UdpFlowSweepRule extends UdpFlowRule {
+  readonly service: string;
+  readonly portLabel: string;
+}
 
 /**
  * The UDP flows to end after the table goes from `prev` to `next` (undefined:
@@ -571,24 +582,24 @@ const UDP_FLOWS_ERROR = 'cannot end the UDP flows of a backend that left a port 
  * most applies touch no conntrack at all. Direct server return is never in
  * conntrack (the netdev family forwards before it).
  */
-export function udpFlowSweep(prev: ForwardState | undefined, next: ForwardState): UdpFlowRule[] {
-  const sets = (state: ForwardState): Map<string, { vip: string; port: number; allowed: Set<string> }> => {
-    const out = new Map<string, { vip: string; port: number; allowed: Set<string> }>();
+export function udpFlowSweep(prev: ForwardState | undefined, next: ForwardState): UdpFlowSweepRule[] {
+  const sets = (state: ForwardState): Map<string, UdpFlowSweepRule> => {
+    const out = new Map<string, UdpFlowSweepRule>();
     for (const s of normalizeState(state).services) {
       if (s.vip === undefined || s.sourceIP !== 'snat') continue;
       for (const p of s.ports) {
         if (p.spec.protocol !== 'UDP') continue;
-        out.set(`${s.vip}:${p.spec.port}`, { vip: s.vip, port: p.spec.port, allowed: new Set(s.healthy.map((b) => `${b.address}:${p.spec.targetPort}`)) });
+        out.set(`${s.vip}:${p.spec.port}`, { vip: s.vip, port: p.spec.port, allowed: new Set(s.healthy.map((b) => `${b.address}:${p.spec.targetPort}`)), service: s.key, portLabel: portLabel(p.spec) });
       }
     }
     return out;
   };
   const after = sets(next);
   if (prev === undefined) return [...after.values()];
-  const rules: UdpFlowRule[] = [];
+  const rules: UdpFlowSweepRule[] = [];
   for (const [key, before] of sets(prev)) {
     const now = after.get(key);
-    if (!now) rules.push({ vip: before.vip, port: before.port, allowed: new Set() });
+    if (!now) rules.push({ ...before, allowed: new Set() });
     else if ((before.allowed.size === 0 && now.allowed.size > 0) || [...before.allowed].some((b) => !now.allowed.has(b))) rules.push(now);
   }
   return rules;
@@ -638,6 +649,8 @@ export class NftDataplane implements Dataplane {
   private conntrack: ConntrackClient | undefined;
   /** The last sweep's failure, until one works (status). */
   private udpFlowsError: string | undefined;
+  /** UDP flows ended because their backend left the port, by service and port label (udpEndedKey); a port's count goes with the port. */
+  private readonly udpEnded = new Map<string, number>();
 
   constructor(opts: NftDataplaneOptions = {}) {
     this.log = (opts.log ?? silentLogger()).child({ module: 'forward', dataplane: 'kernel' });
@@ -740,12 +753,18 @@ export class NftDataplane implements Dataplane {
    * sends to (net/conntrack.ts says why). Never throws: the table is
    * committed whatever happens here; a failure is logged and shown in status.
    */
-  private async endStaleUdpFlows(rules: readonly UdpFlowRule[]): Promise<void> {
+  private async endStaleUdpFlows(rules: readonly UdpFlowSweepRule[]): Promise<void> {
     if (rules.length === 0) return;
     try {
       this.conntrack ??= this.makeConntrack();
       const r = await this.conntrack.endUdpFlows(rules);
       this.udpFlowsError = undefined;
+      for (const rule of rules) {
+        const n = r.byPort.get(`${rule.vip}:${rule.port}`) ?? 0;
+        if (n === 0) continue;
+        const k = udpEndedKey(rule.service, rule.portLabel);
+        this.udpEnded.set(k, (this.udpEnded.get(k) ?? 0) + n);
+      }
       if (r.ended > 0) this.log.info({ op: 'udp-flows', ended: r.ended, ports: rules.map((x) => `${x.vip}:${x.port}`) }, `ended ${r.ended} UDP flow(s) to backends their port no longer sends to; their next datagram is placed again`);
     } catch (err) {
       // Its own slot: a later table write succeeding says nothing of the flows still pinned.
@@ -1021,9 +1040,19 @@ export class NftDataplane implements Dataplane {
     const services = normalizeState(this.state).services.map((s) => ({
       key: s.key, vip: s.vip, healthy: s.healthy.length, backends: s.all.length, noHealthyBackend: s.healthy.length === 0,
     }));
+    const udpFlowsEnded: UdpFlowsEnded[] = [];
+    const udpPorts = new Set<string>();
+    for (const s of normalizeState(this.state).services) {
+      for (const { spec } of s.ports) if (spec.protocol === 'UDP') udpPorts.add(udpEndedKey(s.key, portLabel(spec)));
+    }
+    for (const [k, ended] of this.udpEnded) {
+      if (!udpPorts.has(k)) { this.udpEnded.delete(k); continue; }
+      const [service, port] = k.split('\u0000') as [string, string];
+      udpFlowsEnded.push({ service, port, ended });
+    }
     const nfDir = path.join(this.procRoot, 'sys/net/netfilter');
     this.facts = { ...this.facts, conntrackCount: await readNumber(path.join(nfDir, 'nf_conntrack_count')), conntrackMax: await readNumber(path.join(nfDir, 'nf_conntrack_max')) };
-    return { kind: 'kernel', services, flows, problems, details: { table: `${NFT_FAMILY} ${NFT_TABLE}`, startCheck: this.startCheck, ...this.facts, ...(this.dsrState ? { dsrEngine: this.dsrState } : {}) } };
+    return { kind: 'kernel', services, flows, problems, udpFlowsEnded, details: { table: `${NFT_FAMILY} ${NFT_TABLE}`, startCheck: this.startCheck, ...this.facts, ...(this.dsrState ? { dsrEngine: this.dsrState } : {}) } };
   }
 
   /** Which mechanism serves direct server return now (undefined: no DSR port is forwarded). */

@@ -48,7 +48,7 @@ import { SharedPositionRoundRobin, WeightedLeastConnections, type Balancer } fro
 import { PROXY_V1_MAX_LENGTH, PROXY_V2_IPV4_LENGTH, proxyHeaderV1, proxyHeaderV2Template, writeV2Into, writeV2Source, type ProxyProtocolVersion } from './proxy-protocol';
 import {
   ENGINE_ACCEPTED, ENGINE_PP_ALONE, ENGINE_PP_WITH_DATA, ENGINE_RELAYED_NATIVE, ENGINE_RELAYED_RAW, ENGINE_RELAYED_STREAMS, FLOW_BYTES_TO_BACKEND, FLOW_BYTES_TO_CLIENT, FLOW_CONNECTIONS,
-  FLOW_CONNECT_FAILURES, LISTENER_REFUSED, LISTENER_UDP_SESSIONS, TallyWriter, ownLimitField,
+  FLOW_CONNECT_FAILURES, LISTENER_REFUSED, LISTENER_UDP_ENDED, LISTENER_UDP_SESSIONS, TallyWriter, ownLimitField,
   type OwnLimitKey, type SlotBuffers, type TallyBuffers,
 } from './tallies';
 import { REFUSALS_DRAINING_MAX } from './capacity';
@@ -662,6 +662,7 @@ export class ProxyEngine {
       this.closeSession(l, s);
       ended++;
     }
+    if (ended > 0) this.tallies.add(l.route.slot, LISTENER_UDP_ENDED, ended);
     if (ended > 0) this.log.info({ op: 'udp-sessions', service: l.route.serviceKey, port: l.route.port.port, ended }, `ended ${ended} UDP session(s) to backends the port no longer sends to; their next datagram is placed again`);
   }
 

@@ -49,14 +49,14 @@ import { silentLogger, type Logger } from '../log';
 import { parseIPv4 } from '../ipv4';
 import {
   flowId, normalizeState, portLabel,
-  type ConnectResultCallback, type Dataplane, type ListenerStore, type FlowStats, type ForwardState, type ForwardStats,
+  type ConnectResultCallback, type Dataplane, type ListenerStore, type FlowStats, type ForwardState, type ForwardStats, type UdpFlowsEnded,
 } from './dataplane';
 import { ForwardMetrics } from './metrics';
 import { SerialQueue } from '../serial';
 import { effectiveMaxConnections, readNofile } from './capacity';
 import {
   ENGINE_ACCEPTED, ENGINE_OPEN, ENGINE_PP_ALONE, ENGINE_PP_WITH_DATA, ENGINE_RELAYED_NATIVE, ENGINE_RELAYED_RAW, ENGINE_RELAYED_STREAMS, FLOW_BYTES_TO_BACKEND, FLOW_BYTES_TO_CLIENT,
-  FLOW_CONNECTIONS, FLOW_CONNECT_FAILURES, LISTENER_REFUSED, LISTENER_UDP_SESSIONS, OWN_LIMIT_KEYS, TallyTable, ownLimitField,
+  FLOW_CONNECTIONS, FLOW_CONNECT_FAILURES, LISTENER_REFUSED, LISTENER_UDP_ENDED, LISTENER_UDP_SESSIONS, OWN_LIMIT_KEYS, TallyTable, ownLimitField,
 } from './tallies';
 import type { EngineApply, EngineBackend, EngineListenerSpec, RelayKind } from './proxy-engine';
 import { LEVELS, type FromWorker, type RelayChoice, type ToWorker, type WorkerStart } from './proxy-worker';
@@ -466,6 +466,7 @@ export class ProxyDataplane implements Dataplane {
       }
     }
     const listeners = [];
+    const udpFlowsEnded: UdpFlowsEnded[] = [];
     for (const s of services) {
       if (s.vip === undefined) continue;
       for (const { spec } of s.ports) {
@@ -474,6 +475,10 @@ export class ProxyDataplane implements Dataplane {
         const boundPort = spec.protocol === 'TCP' ? g?.boundPort : this.udpBound.get(id);
         if (boundPort === undefined) continue;
         const slot = t.slotOf(`listener\u0000${id}`);
+        if (spec.protocol === 'UDP' && slot !== undefined) {
+          const ended = t.sum(slot, LISTENER_UDP_ENDED);
+          if (ended > 0) udpFlowsEnded.push({ service: s.key, port: portLabel(spec), ended });
+        }
         listeners.push({
           service: s.key, vip: s.vip, port: spec.port, boundPort, protocol: spec.protocol,
           healthy: s.healthy.length, refused: slot === undefined ? 0 : t.sum(slot, LISTENER_REFUSED),
@@ -502,6 +507,7 @@ export class ProxyDataplane implements Dataplane {
         })),
       },
       ownLimits,
+      udpFlowsEnded,
     };
   }
 }

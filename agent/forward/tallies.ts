@@ -40,6 +40,8 @@ export const FLOW_CONNECT_FAILURES = 3;
 export const LISTENER_REFUSED = 0;
 /** A gauge: UDP sessions open on the listener (only the engine serving UDP writes it). */
 export const LISTENER_UDP_SESSIONS = 1;
+/** A counter: UDP sessions ended because their backend left the route (endLeftSessions). */
+export const LISTENER_UDP_ENDED = 2;
 export const SLOT_FIELDS = 4;
 
 /** Refusals for the proxy's own limits, by "op/code" (issue 15); a fixed set, so each has an engine field. */

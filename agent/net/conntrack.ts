@@ -202,8 +202,11 @@ export function staleUdpFlows(entries: Iterable<CtEntry>, rules: readonly UdpFlo
   return out;
 }
 
-/** What ending flows did: entries deleted, and those already gone when their turn came. */
-export interface EndedFlows { readonly ended: number; readonly gone: number }
+/**
+ * What ending flows did: entries deleted, and those already gone when their
+ * turn came; `byPort`, the deleted ones by the rule's "vip:port".
+ */
+export interface EndedFlows { readonly ended: number; readonly gone: number; readonly byPort: ReadonlyMap<string, number> }
 
 export interface ConntrackClient {
   endUdpFlows(rules: readonly UdpFlowRule[]): Promise<EndedFlows>;
@@ -223,7 +226,7 @@ export class Conntrack implements ConntrackClient {
   }
 
   async endUdpFlows(rules: readonly UdpFlowRule[]): Promise<EndedFlows> {
-    if (rules.length === 0 || this.closed) return { ended: 0, gone: 0 };
+    if (rules.length === 0 || this.closed) return { ended: 0, gone: 0, byPort: new Map() };
     const sock = new NetlinkSocket(new RawNetlinkSocket(NETLINK_NETFILTER) as unknown as PackageRawSocket, { ref: false });
     try {
       const dump = async (payload: Buffer): Promise<CtEntry[]> => {
@@ -245,11 +248,14 @@ export class Conntrack implements ConntrackClient {
       const stale = staleUdpFlows(entries, rules);
       let ended = 0;
       let gone = 0;
+      const byPort = new Map<string, number>();
       for (let i = 0; i < stale.length; i += MAX_IN_FLIGHT) {
         await Promise.all(stale.slice(i, i + MAX_IN_FLIGHT).map(async (e) => {
           try {
             await sock.request(CT_DELETE, encodeDelete(e), { timeout: this.timeoutMs, localPort: 0 });
             ended++;
+            const at = `${e.orig.dst}:${e.orig.dport}`;
+            byPort.set(at, (byPort.get(at) ?? 0) + 1);
           } catch (err) {
             // Expired or deleted since the dump: what was wanted.
             if (/ENOENT/.test(errorMessage(err))) { gone++; return; }
@@ -257,7 +263,7 @@ export class Conntrack implements ConntrackClient {
           }
         }));
       }
-      return { ended, gone };
+      return { ended, gone, byPort };
     } finally {
       sock.close();
     }

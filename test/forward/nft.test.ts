@@ -475,7 +475,7 @@ t.test('UDP flows: swept after the commit; a sweep that fails is a problem in st
       order.push('sweep');
       swept.push(rules.map((r) => `${r.vip}:${r.port}=${[...r.allowed].sort().join(',')}`));
       if (fail) throw new Error('ctnetlink: EPERM');
-      return { ended: 2, gone: 0 };
+      return { ended: 2, gone: 0, byPort: new Map(rules.map((r) => [`${r.vip}:${r.port}`, 2])) };
     },
     close: () => order.push('close'),
   };
@@ -489,6 +489,7 @@ t.test('UDP flows: swept after the commit; a sweep that fails is a problem in st
   await dp.apply(web([b('10.99.0.12')]));
   t.same(swept, [['10.99.0.50:53=10.99.0.12:5353']], 'b1 left: its flows are swept, b2 may keep its own');
   t.same(order.slice(-2), ['write', 'sweep'], 'after the commit: a flow\'s next datagram meets the new table');
+  t.same((await dp.stats()).udpFlowsEnded, [{ service: 'default/web', port: 'dns', ended: 2 }], 'the ended flows are counted under their service and port');
   fail = true;
   await dp.apply(web([]));
   t.match((await dp.stats()).problems.join('\n'), /cannot end the UDP flows .*EPERM/, 'the failure is shown in status');
@@ -498,6 +499,9 @@ t.test('UDP flows: swept after the commit; a sweep that fails is a problem in st
   t.match((await dp.stats()).problems.join('\n'), /cannot end the UDP flows/, 'a later write that sweeps nothing does not hide it');
   await dp.apply(web([b('10.99.0.11')]));
   t.notMatch((await dp.stats()).problems.join('\n'), /cannot end the UDP flows/, 'and cleared by the next sweep that works');
+  t.same((await dp.stats()).udpFlowsEnded, [{ service: 'default/web', port: 'dns', ended: 4 }], 'a failed sweep counts nothing; the next one adds its own');
+  await dp.apply({ services: [{ ...web([b('10.99.0.11')]).services[0]!, ports: [http] }] });
+  t.same((await dp.stats()).udpFlowsEnded, [], 'the port went: its count goes with it');
   await dp.stop();
   t.same(swept.at(-1), ['10.99.0.50:53='], 'stopping (the table removed) ends every UDP flow it forwarded');
   t.equal(order.at(-1), 'close');
