@@ -168,10 +168,10 @@ export function readCodeCache(dir: string, t: CacheTerms, euid: number): CacheRe
  * remove other builds' files. Returns the bytes written, or why not.
  */
 export function writeCodeCache(dir: string, t: CacheTerms, data: Buffer): { bytes: number } | { error: string } {
-  const file = path.join(dir, cacheFileName(t));
-  const tmp = `${file}.${process.pid}.tmp`;
   const tooLong = headerProblem(t);
   if (tooLong !== undefined) return { error: tooLong };
+  const file = path.join(dir, cacheFileName(t));
+  const tmp = `${file}.${process.pid}.tmp`;
   const header = cacheHeader(t);
   try {
     const fd = fs.openSync(tmp, fs.constants.O_WRONLY | fs.constants.O_CREAT | fs.constants.O_EXCL | fs.constants.O_NOFOLLOW, 0o600);

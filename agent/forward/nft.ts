@@ -759,8 +759,9 @@ export class NftDataplane implements Dataplane {
       this.conntrack ??= this.makeConntrack();
       const r = await this.conntrack.endUdpFlows(rules);
       this.udpFlowsError = undefined;
+      const { udpFlowKey } = conntrackModule();
       for (const rule of rules) {
-        const n = r.byPort.get(`${rule.vip}:${rule.port}`) ?? 0;
+        const n = r.byPort.get(udpFlowKey(rule.vip, rule.port)) ?? 0;
         if (n === 0) continue;
         const k = udpEndedKey(rule.service, rule.portLabel);
         this.udpEnded.set(k, (this.udpEnded.get(k) ?? 0) + n);
@@ -1026,8 +1027,11 @@ export class NftDataplane implements Dataplane {
     if (this.udpFlowsError) problems.push(this.udpFlowsError);
     const totals = flowTotals(plan, live, this.carry);
     const flows: FlowStats[] = [];
-    for (const s of normalizeState(this.state).services) {
+    const normal = normalizeState(this.state).services;
+    const udpPorts = new Set<string>();
+    for (const s of normal) {
       for (const { spec } of s.ports) {
+        if (spec.protocol === 'UDP') udpPorts.add(udpEndedKey(s.key, portLabel(spec)));
         for (const b of s.all) {
           const t = totals.get(flowId(s.key, spec, b.address)) ?? { conns: 0, toBackend: 0, toClient: 0 };
           flows.push({
@@ -1037,14 +1041,10 @@ export class NftDataplane implements Dataplane {
         }
       }
     }
-    const services = normalizeState(this.state).services.map((s) => ({
+    const services = normal.map((s) => ({
       key: s.key, vip: s.vip, healthy: s.healthy.length, backends: s.all.length, noHealthyBackend: s.healthy.length === 0,
     }));
     const udpFlowsEnded: UdpFlowsEnded[] = [];
-    const udpPorts = new Set<string>();
-    for (const s of normalizeState(this.state).services) {
-      for (const { spec } of s.ports) if (spec.protocol === 'UDP') udpPorts.add(udpEndedKey(s.key, portLabel(spec)));
-    }
     for (const [k, ended] of this.udpEnded) {
       if (!udpPorts.has(k)) { this.udpEnded.delete(k); continue; }
       const [service, port] = k.split('\u0000') as [string, string];

@@ -662,8 +662,9 @@ export class ProxyEngine {
       this.closeSession(l, s);
       ended++;
     }
-    if (ended > 0) this.tallies.add(l.route.slot, LISTENER_UDP_ENDED, ended);
-    if (ended > 0) this.log.info({ op: 'udp-sessions', service: l.route.serviceKey, port: l.route.port.port, ended }, `ended ${ended} UDP session(s) to backends the port no longer sends to; their next datagram is placed again`);
+    if (ended === 0) return;
+    this.tallies.add(l.route.slot, LISTENER_UDP_ENDED, ended);
+    this.log.info({ op: 'udp-sessions', service: l.route.serviceKey, port: l.route.port.port, ended }, `ended ${ended} UDP session(s) to backends the port no longer sends to; their next datagram is placed again`);
   }
 
   private closeUdp(l: EngineListener): void {

@@ -191,12 +191,17 @@ export function decodeEntry(type: number, data: Buffer): CtEntry | undefined {
  * (the reply from the VIP itself): a flow conntrack saw while the port had
  * no DNAT would keep skipping it once backends exist (kubernetes#48370).
  */
+/** A UDP VIP:port as staleUdpFlows matches entries to rules and EndedFlows.byPort counts them. */
+export function udpFlowKey(vip: string, port: number): string {
+  return `${vip}:${port}`;
+}
+
 export function staleUdpFlows(entries: Iterable<CtEntry>, rules: readonly UdpFlowRule[]): CtEntry[] {
-  const byDst = new Map(rules.map((r) => [`${r.vip}:${r.port}`, r]));
+  const byDst = new Map(rules.map((r) => [udpFlowKey(r.vip, r.port), r]));
   const out: CtEntry[] = [];
   for (const e of entries) {
     if (e.orig.proto !== IPPROTO_UDP) continue;
-    const r = byDst.get(`${e.orig.dst}:${e.orig.dport}`);
+    const r = byDst.get(udpFlowKey(e.orig.dst, e.orig.dport));
     if (r && !r.allowed.has(`${e.reply.src}:${e.reply.sport}`)) out.push(e);
   }
   return out;
@@ -204,7 +209,7 @@ export function staleUdpFlows(entries: Iterable<CtEntry>, rules: readonly UdpFlo
 
 /**
  * What ending flows did: entries deleted, and those already gone when their
- * turn came; `byPort`, the deleted ones by the rule's "vip:port".
+ * turn came; `byPort`, the deleted ones by their rule's udpFlowKey.
  */
 export interface EndedFlows { readonly ended: number; readonly gone: number; readonly byPort: ReadonlyMap<string, number> }
 
@@ -254,7 +259,7 @@ export class Conntrack implements ConntrackClient {
           try {
             await sock.request(CT_DELETE, encodeDelete(e), { timeout: this.timeoutMs, localPort: 0 });
             ended++;
-            const at = `${e.orig.dst}:${e.orig.dport}`;
+            const at = udpFlowKey(e.orig.dst, e.orig.dport);
             byPort.set(at, (byPort.get(at) ?? 0) + 1);
           } catch (err) {
             // Expired or deleted since the dump: what was wanted.
