@@ -27,7 +27,7 @@ import { OWNED_ADDRESS_PROTO, clientIdForService, linkNameForService, macForServ
 import { ETH_P_IP, PACKET_OUTGOING, type FrameInfo, type PacketSocket } from '../net/packet';
 import { PacketSocketGroup, type SharedPortOptions } from '../net/packet-shared';
 import { planOwnedLinks } from '../net/reconcile';
-import { ParentSysctls, applyVipSysctls, disableIpv6, type VipRole } from '../net/sysctl';
+import { ParentSysctls, applyVipSysctls, disableIpv6, vipSysctls, type VipRole } from '../net/sysctl';
 import { VipOwner, type VipConflict, type VipOwnerOptions } from '../net/vip-owner';
 import type { AddressSource, SourceState, SourceStatus, Vip } from '../source';
 import type { StateStore } from '../state/store';
@@ -49,7 +49,7 @@ import { dhcpMetrics, removeServiceSeries, setDhcpState, type DhcpMetrics } from
 export const VIP_PREFIX = 32;
 
 /** The netlink verbs the driver uses (NetlinkClient has them all). */
-export type NetlinkForDhcp = Pick<NetlinkClient, 'findLink' | 'getLink' | 'createMacvlan' | 'setLinkUp' | 'deleteLink' | 'addAddress' | 'removeAddress' | 'listAddresses'>;
+export type NetlinkForDhcp = Pick<NetlinkClient, 'findLink' | 'getLink' | 'createMacvlan' | 'setLink' | 'deleteLink' | 'addAddress' | 'removeAddress' | 'listAddresses'>;
 
 /**
  * Every DHCP service's frames, on one packet socket per parent NIC (UDP to
@@ -65,9 +65,12 @@ export interface DhcpNetDeps {
   probeAddress: typeof arpProbe;
   /** Announces, defends and refreshes a bound VIP (net/vip-owner.ts). */
   vipOwner(opts: VipOwnerOptions): VipOwner;
-  /** arp_ignore / arp_announce (and rp_filter on macvlans): DESIGN.md "ARP flux". */
-  /** `fresh`: a link this start just created (write the values, read nothing first). */
-  applySysctls(ifname: string, role: VipRole, fresh?: boolean): Promise<unknown>;
+  /**
+   * arp_ignore / arp_announce (and rp_filter on macvlans): DESIGN.md "ARP
+   * flux". For the parent and an adopted macvlan; a macvlan this start
+   * created gets them through netlink (NetlinkClient.setLink).
+   */
+  applySysctls(ifname: string, role: VipRole): Promise<unknown>;
   /** net.ipv6.conf.<macvlan>.disable_ipv6=1 before it goes up; false where the kernel has no IPv6. */
   disableIpv6?(ifname: string): Promise<boolean>;
 }
@@ -202,9 +205,7 @@ export class DhcpSource extends EventEmitter implements AddressSource {
       dhcpSocket: opts.net?.dhcpSocket ?? ((o: SharedPortOptions) => dhcpSockets.attach(o)),
       probeAddress: opts.net?.probeAddress ?? arpProbe,
       vipOwner: opts.net?.vipOwner ?? ((o: VipOwnerOptions) => new VipOwner(o)),
-      applySysctls: opts.net?.applySysctls ?? ((ifname: string, role: VipRole, fresh?: boolean) => (role === 'parent'
-        ? parentSysctls.apply(ifname)
-        : applyVipSysctls(ifname, role, { fresh }))),
+      applySysctls: opts.net?.applySysctls ?? ((ifname: string, role: VipRole) => (role === 'parent' ? parentSysctls.apply(ifname) : applyVipSysctls(ifname, role))),
       disableIpv6: opts.net?.disableIpv6 ?? ((ifname: string) => disableIpv6(ifname)),
     };
     // RFC 2132 §3.14 hostname = the service name; §9.14 client id derived from the key (net/ownership.ts).
@@ -445,7 +446,10 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     // DESIGN.md "ARP flux": on the parent too, or the parent answers ARP for the VIP with its own MAC and
     // unicast replies to a RENEWING client (and every client connection) arrive where this socket cannot see them.
     await this.deps.applySysctls(parent.name, 'parent');
-    await this.deps.applySysctls(this.ifname, 'macvlan', created);
+    // An adopted link's values are read and put right (and reported); a link
+    // just created holds the kernel's defaults and gets the wanted values on
+    // the request that brings it up (issue 18: no procfs writes).
+    if (!created) await this.deps.applySysctls(this.ifname, 'macvlan');
     // The macvlan exists for one IPv4 VIP and its DHCPv4 lease. With IPv6 on,
     // each one came up with a link-local address and sent DAD, MLD and router
     // solicitations from the service MAC: a host the LAN's routers learn for
@@ -453,7 +457,9 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     // every sibling macvlan (bridge mode) and the parent (issue 18). Before
     // the link goes up, so not one frame of it leaves.
     if (!link.up) await this.deps.disableIpv6(this.ifname);
-    if (link.up !== up) await this.netlink.setLinkUp(link.index, up);
+    if (created || link.up !== up) {
+      await this.netlink.setLink(link.index, { ...(link.up !== up ? { up } : {}), ...(created ? { inetConf: vipSysctls('macvlan') } : {}) });
+    }
     return { index: link.index, kept, parentIndex: parent.index };
   }
 

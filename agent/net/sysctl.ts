@@ -17,6 +17,13 @@ import { LbError } from '../errors';
 export const IF_SYSCTL_KEYS = ['arp_ignore', 'arp_announce', 'rp_filter'] as const;
 export type IfSysctlKey = (typeof IF_SYSCTL_KEYS)[number];
 
+/**
+ * The same knobs as rtnetlink knows them (linux/ip.h IPV4_DEVCONF_*): the
+ * attribute types of IFLA_INET_CONF, which sets them on a link through
+ * netlink (NetlinkClient.setLink) instead of its procfs files.
+ */
+export const IPV4_DEVCONF_ID: Readonly<Record<IfSysctlKey, number>> = Object.freeze({ rp_filter: 8, arp_announce: 18, arp_ignore: 19 });
+
 export interface SysctlOptions {
   /** Root of the sysctl tree; tests point it at a temporary directory. */
   root?: string;
@@ -153,15 +160,7 @@ export interface SysctlChange {
  * already right are left alone). All or nothing: if a write fails, the ones
  * already made are restored before the error is thrown.
  */
-export async function applyVipSysctls(ifname: string, role: VipRole, opts: SysctlOptions & { fresh?: boolean } = {}): Promise<SysctlChange[]> {
-  if (opts.fresh) {
-    // A link this process has just created holds the kernel's defaults
-    // (conf/default) and is deleted if its start fails: the wanted values
-    // are written without reading them first, and nothing is restored
-    // (issue 18: 150 of the 400 procfs reads and writes of 50 DHCP starts).
-    for (const [key, to] of vipSysctls(role)) await writeIfSysctl(ifname, key, to, opts);
-    return [];
-  }
+export async function applyVipSysctls(ifname: string, role: VipRole, opts: SysctlOptions = {}): Promise<SysctlChange[]> {
   const changes: SysctlChange[] = [];
   try {
     for (const [key, to] of vipSysctls(role)) {

@@ -11,6 +11,7 @@ import {
   createdLink,
   forEachAttr,
   IFA_PROTO,
+  inetConfSpec,
   macvlanLinkInfo,
   netlinkErrno,
   netlinkError,
@@ -61,6 +62,23 @@ function linkMessageBytes(msg: rt.LinkMessage): Buffer {
   rt.formatLinkMessage(msg, s);
   return Buffer.concat(s.bufs);
 }
+
+t.test("IFLA_AF_SPEC's AF_INET entry: IFLA_INET_CONF with one u32 per IPV4_DEVCONF id", async (t) => {
+  const b = inetConfSpec([['arp_ignore', 1], ['arp_announce', 2], ['rp_filter', 2]]);
+  // linux/ip.h: IPV4_DEVCONF_RP_FILTER 8, ARP_ANNOUNCE 18, ARP_IGNORE 19; IFLA_INET_CONF 1, nested.
+  const attrs: Array<[number, number]> = [];
+  t.equal(b.readUInt16LE(0), b.length, 'one attribute spans the entry');
+  t.equal(b.readUInt16LE(2), 1 | 0x8000, 'IFLA_INET_CONF, NLA_F_NESTED');
+  forEachAttr(b, 4, b.length, (type, at, to) => { t.equal(to - at, 4, 'u32 value'); attrs.push([type, b.readUInt32LE(at)]); });
+  t.same(attrs, [[19, 1], [18, 2], [8, 2]]);
+  // As NetlinkClient.setLink sends it: the package puts it under IFLA_AF_SPEC, keyed AF_INET, unchanged.
+  const msg = rt.parseLinkMessage(linkMessageBytes({ kind: 'link', data: { index: 7 }, attrs: { afSpec: new Map([[2, b]]) } }));
+  t.same([...(msg.attrs.afSpec?.keys() ?? [])], [2], 'under AF_INET');
+  t.equal(msg.attrs.afSpec?.get(2)?.toString('hex'), b.toString('hex'));
+  t.throws(() => inetConfSpec([['rp_filter', -1]]), RangeError);
+  t.throws(() => inetConfSpec([['rp_filter', 1.5]]), RangeError);
+  t.equal(inetConfSpec([]).length, 4, 'an empty IFLA_INET_CONF');
+});
 
 t.test('link messages become LinkInfo', async (t) => {
   const parent = Buffer.alloc(4);

@@ -88,17 +88,6 @@ t.test('garbage in a sysctl file is an error, not NaN', async (t) => {
   await t.rejects(readIfSysctl('eth0', 'arp_ignore', { root }), { code: 'LB_ERR_NET_SYSCTL' });
 });
 
-t.test('a link just created: the values are written without being read first, and nothing is reported (issue 18)', async (t) => {
-  const root = fakeRoot(t, { lbv1: { arp_ignore: 0, arp_announce: 0, rp_filter: 1 } });
-  // What a read would refuse ("not an integer"): a fresh apply never reads it.
-  fs.writeFileSync(path.join(root, 'net/ipv4/conf/lbv1/arp_ignore'), 'x\n');
-  t.same(await applyVipSysctls('lbv1', 'macvlan', { root, fresh: true }), []);
-  t.same([await readIfSysctl('lbv1', 'arp_ignore', { root }), await readIfSysctl('lbv1', 'arp_announce', { root }), await readIfSysctl('lbv1', 'rp_filter', { root })], [1, 2, 2]);
-  fs.writeFileSync(path.join(root, 'net/ipv4/conf/lbv1/arp_ignore'), 'x\n');
-  await t.rejects(applyVipSysctls('lbv1', 'macvlan', { root }), { code: 'LB_ERR_NET_SYSCTL' }, 'without fresh the value is read (and this one refused)');
-  await t.rejects(applyVipSysctls('gone0', 'macvlan', { root, fresh: true }), { code: 'LB_ERR_NET_NO_INTERFACE' }, 'a missing link still fails');
-});
-
 t.test('the parent: applied at most once per PARENT_RECHECK_MS (issue 18)', async (t) => {
   const root = fakeRoot(t, { par0: { arp_ignore: 0, arp_announce: 0, rp_filter: 1 } });
   let now = 10_000;

@@ -53,6 +53,9 @@ if (requirePrivileged(t)) {
     // IPv4 only: no link-local address, and not one IPv6 frame (DAD, MLD, router solicitation) from the
     // service MAC in the ~3 s since the link went up (dnsmasq's ping check): the kernel sends MLD at once.
     t.equal((await lab.exec(agent, 'cat', [`/proc/sys/net/ipv6/conf/${d.ifname}/disable_ipv6`])).stdout.trim(), '1', 'IPv6 off on the service macvlan');
+    // DESIGN.md "ARP flux", set through netlink on the request that brought the new link up (the namespace's defaults are 0 0 0).
+    const conf = await lab.sh(agent, ['arp_ignore', 'arp_announce', 'rp_filter'].map((k) => `cat /proc/sys/net/ipv4/conf/${d.ifname}/${k}`).join('; '));
+    t.same(conf.stdout.split('\n').filter(Boolean), ['1', '2', '2'], 'arp_ignore, arp_announce, rp_filter on the service macvlan');
     t.same(JSON.parse((await lab.exec(agent, 'ip', ['-j', '-6', 'addr', 'show', 'dev', d.ifname])).stdout), [], 'no IPv6 address on it');
     t.equal(v6Frames, '', 'no IPv6 frame from the service MAC reached the LAN');
 

@@ -42,6 +42,21 @@ if (requirePrivileged(t)) {
     t.match(neigh.stdout, new RegExp(`lladdr ${mac}`), 'the client reached the VIP at the macvlan MAC');
   });
 
+  t.test('IPv4 settings through netlink: on the request that brings a new link up, or alone on a link left down', async (t) => {
+    const lab = await createLab(t);
+    const node = await lab.addHost('node', { address: '10.99.0.2/24' });
+    const conf = async (name: string): Promise<string[]> => (await lab.sh(node, ['arp_ignore', 'arp_announce', 'rp_filter'].map((k) => `cat /proc/sys/net/ipv4/conf/${name}/${k}`).join('; '))).stdout.split('\n').filter(Boolean);
+    for (const up of [true, false]) {
+      const key = `default/conf-${up ? 'up' : 'down'}`;
+      const name = linkNameForService(key);
+      const r = await driver<{ link: LinkInfo }>(lab, node, 'create-macvlan', { name, parent: 'eth0', mac: macForService(key), up, inetConf: true });
+      t.ok(r.ok, JSON.stringify(r.error));
+      t.equal(r.result?.link.up, up, up ? 'brought up by the same request' : 'still down');
+      // The namespace's defaults are 0 0 0 (test/privileged/dhcp-lease.test.ts reads a DHCP service's macvlan the same way).
+      t.same(await conf(name), ['1', '2', '2'], `arp_ignore, arp_announce, rp_filter set (${up ? 'with' : 'without'} the link going up)`);
+    }
+  });
+
   t.test('removing an address forgets what the neighbour table learnt of it', async (t) => {
     // A VRRP Backup that forwarded for the VIP during a hand-over learnt its
     // then holder's MAC; once it has held and given up the VIP itself, that

@@ -40,6 +40,10 @@ if (requirePrivileged(t)) {
       const links = (await lab.sh(n.ns, 'ip -o link show')).stdout.split('\n').filter((l) => / lbv/.test(l));
       t.ok(links.length === 1 && /state DOWN/.test(links[0]!) && !/[<,]UP[,>]/.test(links[0]!), `${n.name} (Backup) keeps the service macvlan ready but down: silent on the LAN (${links.join(' ')})`);
       t.notMatch((await lab.sh(n.ns, 'ip -4 -o addr show')).stdout, new RegExp(` lbv\\S+ +inet `), `${n.name}: no address on it`);
+      // Set through netlink without bringing it up: ready for a takeover that only brings it up (DESIGN.md "ARP flux").
+      const ifname = /^\d+: (lbv[^:@]+)/.exec(links[0]!)?.[1];
+      const conf = await lab.sh(n.ns, ['arp_ignore', 'arp_announce', 'rp_filter'].map((k) => `cat /proc/sys/net/ipv4/conf/${ifname}/${k}`).join('; '));
+      t.same(conf.stdout.split('\n').filter(Boolean), ['1', '2', '2'], `${n.name}: arp_ignore, arp_announce, rp_filter on the ready macvlan`);
       t.equal((await n.service('web')).mac, mac, `${n.name} derives the same MAC`);
     }
 
