@@ -43,7 +43,7 @@ import { leaseDetails, leaseFileName, readSavedLease, toStored, type Lease } fro
 import { sharedStartLimiter, type ReleaseSlot, type StartLimiter } from './limiter';
 import { judgeAddress, judgeReply, type GuardPolicy, type GuardReason, type HostView } from './guard';
 import { addressAdded, addressRemoved, addressesChanged, localAddresses } from '../net/local-addresses';
-import { dhcpMetrics, removeServiceSeries, setDhcpState, type DhcpMetrics } from './metrics';
+import { dhcpMetrics, removeServiceSeries, type DhcpMetrics } from './metrics';
 
 /** The VIP goes on the macvlan as a host address: no prefix route that would pull LAN traffic (health checks, proxying) onto the macvlan. */
 export const VIP_PREFIX = 32;
@@ -175,8 +175,6 @@ export class DhcpSource extends EventEmitter implements AddressSource {
   private guard: GuardPolicy;
   private readonly hostView: () => HostView;
   private readonly guardWarned = new Map<GuardReason, number>();
-  /** The state the lbagent_dhcp_state gauge shows for this service; undefined: its series are not there. */
-  private shown: DhcpStateName | undefined;
 
   constructor(opts: DhcpSourceOptions) {
     super();
@@ -289,7 +287,6 @@ export class DhcpSource extends EventEmitter implements AddressSource {
       this.forgetLease();
       await this.store.settled(this.leaseFile);
       removeServiceSeries(this.metrics, this.labels);
-      this.shown = undefined;
     } else {
       this.showState('STOPPED');
     }
@@ -763,8 +760,7 @@ export class DhcpSource extends EventEmitter implements AddressSource {
 
   /** The state gauge to `name`: two series change when it showed a state, all eight are written when it did not. */
   private showState(name: DhcpStateName): void {
-    setDhcpState(this.metrics, this.labels, name, this.shown);
-    this.shown = name;
+    this.metrics.states.show(this.labels, name);
   }
 
   private enqueue(fn: () => Promise<void>): void {
