@@ -207,6 +207,38 @@ export function staleUdpFlows(entries: Iterable<CtEntry>, rules: readonly UdpFlo
   return out;
 }
 
+/** One entry's identity in the kernel's table: its original tuple and zone (what CT_DELETE names). */
+function entryKey(e: CtEntry): string {
+  const o = e.orig;
+  return `${e.zone ?? 0}|${o.proto}|${o.src}:${o.sport}>${o.dst}:${o.dport}`;
+}
+
+/**
+ * The UDP entries the sweep judges, read through `dump` (one ctnetlink
+ * dump of the payload given): one filtered dump per rule's VIP:port, or,
+ * when the kernel refuses the filter, the whole table once (staleUdpFlows
+ * matches it anyway). Each entry once: a kernel that ignores CTA_FILTER
+ * answers every filtered dump with the whole table, and an entry seen twice
+ * would be deleted twice (the second an ENOENT counted as gone). Throws
+ * LB_ERR_NET_CONNTRACK when even the unfiltered dump fails.
+ */
+export async function readUdpEntries(dump: (payload: Buffer) => Promise<CtEntry[]>, rules: readonly UdpFlowRule[]): Promise<{ entries: CtEntry[]; filtered: boolean }> {
+  let entries: CtEntry[] = [];
+  let filtered = true;
+  try {
+    for (const r of rules) entries.push(...await dump(encodeDump({ dst: r.vip, dport: r.port })));
+  } catch {
+    filtered = false;
+    try {
+      entries = await dump(encodeDump());
+    } catch (err) {
+      throw new LbError('LB_ERR_NET_CONNTRACK', `cannot read the conntrack table (ctnetlink dump): ${errorMessage(err)}`, undefined, { cause: err });
+    }
+  }
+  const seen = new Set<string>();
+  return { entries: entries.filter((e) => { const k = entryKey(e); if (seen.has(k)) return false; seen.add(k); return true; }), filtered };
+}
+
 /**
  * What ending flows did: entries deleted, and those already gone when their
  * turn came; `byPort`, the deleted ones by their rule's udpFlowKey.
@@ -238,18 +270,7 @@ export class Conntrack implements ConntrackClient {
         const [msgs] = await sock.request(CT_GET, payload, { flags: FlagsGet.DUMP, timeout: this.timeoutMs, localPort: 0 });
         return (msgs as NetlinkMessage[]).flatMap((m) => { const e = decodeEntry(m.type, m.data); return e ? [e] : []; });
       };
-      let entries: CtEntry[] = [];
-      try {
-        // One filtered dump per port: the kernel walks its table, only that port's UDP entries come up.
-        for (const r of rules) entries.push(...await dump(encodeDump({ dst: r.vip, dport: r.port })));
-      } catch {
-        // A kernel that refuses the filter: the whole table once, matched here.
-        try {
-          entries = await dump(encodeDump());
-        } catch (err) {
-          throw new LbError('LB_ERR_NET_CONNTRACK', `cannot read the conntrack table (ctnetlink dump): ${errorMessage(err)}`, undefined, { cause: err });
-        }
-      }
+      const { entries } = await readUdpEntries(dump, rules);
       const stale = staleUdpFlows(entries, rules);
       let ended = 0;
       let gone = 0;

@@ -4,7 +4,7 @@
 // sweep ends. The kernel's side is test/privileged/forward-kernel.test.ts
 // (a flow moved off a backend that left, through real conntrack).
 import t from 'tap';
-import { CT_DELETE, CT_GET, IPPROTO_UDP, decodeEntry, encodeDelete, encodeDump, staleUdpFlows, type CtEntry } from '../../agent/net/conntrack';
+import { CT_DELETE, CT_GET, IPPROTO_UDP, decodeEntry, encodeDelete, encodeDump, readUdpEntries, staleUdpFlows, type CtEntry } from '../../agent/net/conntrack';
 
 const CT_NEW = 0x100;
 const entry = (o: Partial<CtEntry['orig']> = {}, r: Partial<CtEntry['reply']> = {}): CtEntry => ({
@@ -100,4 +100,53 @@ t.test('a sweep ends the UDP flows of its VIP:port answered by anything outside 
   t.same(staleUdpFlows([gone, kept, oldPort, otherVip, otherPort, tcp, untranslated, removedPort], rules), [gone, oldPort, untranslated, removedPort],
     'the backend that left, the old targetPort, a flow seen without DNAT, the port that went; not the backend kept, other VIPs, ports or TCP');
   t.same(staleUdpFlows([gone], []), [], 'no rule, nothing ended');
+});
+
+t.test('reading the entries: one filtered dump per VIP:port, the whole table once when the kernel refuses the filter', async (t) => {
+  const rules = [
+    { vip: '10.99.0.50', port: 53, allowed: new Set(['10.99.0.11:5353']) },
+    { vip: '10.99.0.51', port: 123, allowed: new Set(['10.99.0.12:123']) },
+  ];
+  const table = [
+    entry(),
+    entry({ dst: '10.99.0.51', dport: 123 }, { src: '10.99.0.13', sport: 123 }),
+    entry({ proto: 6, dport: 80 }), // TCP: never a UDP sweep's
+  ];
+  const UNFILTERED = encodeDump().toString('hex');
+  // A kernel with CTA_FILTER (5.9+): each dump answers with its VIP:port's UDP entries.
+  const asked: string[] = [];
+  const filtering = async (p: Buffer): Promise<CtEntry[]> => {
+    asked.push(p.toString('hex'));
+    if (p.toString('hex') === UNFILTERED) return table;
+    return table.filter((e) => e.orig.proto === IPPROTO_UDP && p.toString('hex') === encodeDump({ dst: e.orig.dst, dport: e.orig.dport }).toString('hex'));
+  };
+  let r = await readUdpEntries(filtering, rules);
+  t.ok(r.filtered);
+  t.same(asked, rules.map((x) => encodeDump({ dst: x.vip, dport: x.port }).toString('hex')), 'one filtered dump per rule, no whole-table dump');
+  t.same(r.entries, table.slice(0, 2));
+
+  // A kernel that refuses CTA_FILTER (EINVAL / EOPNOTSUPP): the whole table, once; the sweep still finds its entries.
+  asked.length = 0;
+  const refusing = async (p: Buffer): Promise<CtEntry[]> => {
+    asked.push(p.toString('hex'));
+    if (p.toString('hex') !== UNFILTERED) throw new Error('Request rejected: EINVAL');
+    return table;
+  };
+  r = await readUdpEntries(refusing, rules);
+  t.notOk(r.filtered, 'fell back to the unfiltered dump');
+  t.equal(asked.filter((h) => h === UNFILTERED).length, 1, 'the whole table once');
+  t.same(r.entries, table);
+  t.same(staleUdpFlows(r.entries, rules), [table[1]], 'and the stale flow is found in it');
+
+  // A kernel that ignores CTA_FILTER answers each filtered dump with the whole table: every entry once.
+  r = await readUdpEntries(async () => table, rules);
+  t.ok(r.filtered);
+  t.equal(r.entries.length, table.length, 'no entry twice, so none is deleted twice');
+  t.same(staleUdpFlows(r.entries, rules), [table[1]]);
+  // The same tuple in another zone is another entry.
+  r = await readUdpEntries(async () => [entry(), { ...entry(), zone: 7 }], rules);
+  t.equal(r.entries.length, 2);
+
+  // Nothing answers: the sweep's error names the dump.
+  await t.rejects(readUdpEntries(async () => { throw new Error('Request rejected: EPERM'); }, rules), { code: 'LB_ERR_NET_CONNTRACK', message: /cannot read the conntrack table \(ctnetlink dump\): .*EPERM/ });
 });
