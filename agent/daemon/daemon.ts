@@ -268,6 +268,7 @@ export class Daemon extends EventEmitter {
         this.scheduleApply(); this.saveHealthSoon();
       });
       this.subs.failover?.on('change', (keys: string[]) => this.onFailoverChange(keys));
+      this.subs.failover?.on('hand-back', () => this.scheduleApply());
       this.subs.failover?.on('reannounce', (keys: string[]) => {
         for (const k of keys) if (this.holds(k)) this.runtimes.get(k)?.source?.reannounce?.();
       });
@@ -533,6 +534,7 @@ export class Daemon extends EventEmitter {
         // The MAC frames for the VIP carry: a DHCP VIP's macvlan (derived from
         // the primary's key), else the parent's (pool VIPs live there).
         vipMac: rt.spec.ipam === 'dhcp' ? lateModules().macForService(primaryKey) : subs.parent.mac,
+        handBack: subs.failover?.handBack?.(primaryKey),
       };
     });
   }

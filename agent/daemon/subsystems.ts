@@ -69,8 +69,10 @@ export interface FailoverLike extends EventEmitter {
   status(serviceKey: string): Record<string, unknown> | undefined;
   /** The address the service's VIP has or is about to have, if known (to arm the data path before it comes up). */
   knownVip?(serviceKey: string): string | undefined;
+  /** After this node took the service's VIP over: the previous Master's address, for a few seconds (forward/nft.ts "Hand-back"). */
+  handBack?(serviceKey: string): string | undefined;
   stop(): Promise<void>;
-  // 'change' (serviceKey[]) when mastership changes
+  // 'change' (serviceKey[]) when mastership changes; 'hand-back' (serviceKey[]) when a hand-back ends
 }
 
 /** What the daemon hands buildSubsystems. */

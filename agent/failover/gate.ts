@@ -27,6 +27,15 @@ import { ArpResolver } from '../net/arp-resolver';
  */
 export const PREEMPT_HANDOVER_MS = 200;
 
+/**
+ * After a takeover, how long the data path hands a backend's answers to
+ * connections this node never saw back to the previous Master (forward/nft.ts
+ * "Hand-back"). An answer in flight at the takeover arrives within a round
+ * trip; the client's next packet moves the connection here (pick-up). A few
+ * seconds also cover a backend that retransmits into the takeover.
+ */
+export const HAND_BACK_MS = 5_000;
+
 export interface VrrpGateOptions {
   readonly config: FailoverConfig;
   readonly nodePriority: number;
@@ -40,6 +49,8 @@ export interface VrrpGateOptions {
   readonly openSocket?: (opts: PacketSocketOptions) => PacketSocket;
   /** Default PREEMPT_HANDOVER_MS. */
   readonly preemptHandoverMs?: number;
+  /** Default HAND_BACK_MS. */
+  readonly handBackMs?: number;
   /** The VRRP interface's own MAC: the source of ARP requests for failover.peers. */
   readonly ifMac?: string;
   /** Resolves failover.peers' MACs for unicast adverts; default an ArpResolver on the interface (tests pass their own). */
@@ -79,12 +90,18 @@ interface RouterInfo {
   /** While Master by preemption: when the VIP may be taken (clock.now() ms). */
   handoverUntil: number | undefined;
   handoverTimer: TimerHandle | undefined;
+  /** The other Master this router last followed (its address), whoever it was. */
+  otherMaster: string | undefined;
+  /** After a takeover from otherMaster: hand back to it until (clock.now() ms) (HAND_BACK_MS). */
+  handBack: { readonly to: string; readonly until: number } | undefined;
+  handBackTimer: TimerHandle | undefined;
 }
 
 function newInfo(): RouterInfo {
   return {
     transitions: { master: 0, backup: 0 }, lastTransition: undefined, advertsSent: 0, advertsReceived: 0, splitBrains: 0,
     lastSplitBrain: undefined, heard: [], otherMasterPriority: undefined, handoverUntil: undefined, handoverTimer: undefined,
+    otherMaster: undefined, handBack: undefined, handBackTimer: undefined,
   };
 }
 
@@ -170,7 +187,7 @@ export class VrrpGate extends EventEmitter {
         router.removeAllListeners();
         router.stop({ priorityZero: true });
         const info = this.info.get(vrid);
-        if (info) this.clearHandover(info);
+        if (info) { this.clearHandover(info); this.clearHandBack(info); }
         this.routers.delete(vrid);
         this.info.delete(vrid);
         this.emit('change', [...(on.get(vrid) ?? [])]);
@@ -195,6 +212,17 @@ export class VrrpGate extends EventEmitter {
         info.transitions[to]++;
         info.lastTransition = this.clock.wallNow();
         this.clearHandover(info);
+        this.clearHandBack(info);
+        if (to === 'master' && info.otherMaster !== undefined) {
+          // A takeover: what the other Master's connections get answered with meanwhile goes back to it.
+          const handBackMs = this.opts.handBackMs ?? HAND_BACK_MS;
+          info.handBack = { to: info.otherMaster, until: this.clock.now() + handBackMs };
+          info.handBackTimer = this.clock.setTimeout(() => {
+            info.handBackTimer = undefined;
+            info.handBack = undefined;
+            this.emit('hand-back', [...(this.servicesOn.get(vrid) ?? [])]);
+          }, handBackMs);
+        }
         // Preemption (RFC 5798 §6.4.2: we outrank a live Master and took
         // over): the preempted Master is still holding the VIP until it hears
         // our first advert and withdraws. Our address source probes the VIP
@@ -221,7 +249,12 @@ export class VrrpGate extends EventEmitter {
       router.on('master-changed', (e) => {
         // Remember whom we followed and how it ranked, for the preemption check above.
         if (e.master === undefined) info.otherMasterPriority = undefined;
-        else if (e.master !== this.opts.srcIp) info.otherMasterPriority = router.status().masterPriority;
+        else if (e.master !== this.opts.srcIp) {
+          info.otherMasterPriority = router.status().masterPriority;
+          info.otherMaster = e.master;
+        }
+        // A Backup's hand-back (handBack) follows the Master it follows.
+        if (router.state === 'backup') this.emit('hand-back', [...(this.servicesOn.get(vrid) ?? [])]);
       });
       router.on('split-brain', (e) => {
         info.splitBrains++;
@@ -322,6 +355,33 @@ export class VrrpGate extends EventEmitter {
     };
   }
 
+  /**
+   * Where the data path hands back a backend's answers to connections this
+   * node never saw (forward/nft.ts "Hand-back"): as a Backup, to the Master
+   * it follows - the rule is armed with the rest, so it is in place the
+   * instant a takeover moves the VIP here; after a takeover, to the
+   * previous Master for HAND_BACK_MS. undefined otherwise.
+   */
+  handBack(serviceKey: string): string | undefined {
+    const vrid = this.vridOf.get(serviceKey);
+    if (vrid === undefined) return undefined;
+    const router = this.routers.get(vrid);
+    const info = this.info.get(vrid);
+    if (!router || !info) return undefined;
+    if (router.state === 'backup') {
+      const m = router.status().master;
+      return m !== undefined && m !== this.opts.srcIp ? m : undefined;
+    }
+    const hb = info.handBack;
+    return router.state === 'master' && hb !== undefined && this.clock.now() < hb.until ? hb.to : undefined;
+  }
+
+  private clearHandBack(info: RouterInfo): void {
+    if (info.handBackTimer !== undefined) this.clock.clearTimeout(info.handBackTimer);
+    info.handBackTimer = undefined;
+    info.handBack = undefined;
+  }
+
   private clearHandover(info: RouterInfo): void {
     if (info.handoverTimer !== undefined) this.clock.clearTimeout(info.handoverTimer);
     info.handoverTimer = undefined;
@@ -334,7 +394,7 @@ export class VrrpGate extends EventEmitter {
     for (const r of this.routers.values()) { r.removeAllListeners(); r.stop({ priorityZero: true }); }
     this.resolver?.close();
     this.resolver = undefined;
-    for (const info of this.info.values()) this.clearHandover(info);
+    for (const info of this.info.values()) { this.clearHandover(info); this.clearHandBack(info); }
     this.routers.clear();
     this.info.clear();
   }

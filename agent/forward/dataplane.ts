@@ -26,6 +26,14 @@ export interface ForwardService {
   readonly vipMac?: string | undefined;
   /** PROXY protocol header before the first byte to a backend (the proxy path only; issue 17). */
   readonly proxyProtocol?: ProxyProtocolVersion | undefined;
+  /**
+   * VRRP takeover (the kernel path's SNAT ports): the previous Master's
+   * address, for a few seconds after this node took the VIP over. A
+   * backend's answer to a connection that node opened, in flight at the
+   * takeover, is handed back to it instead of being refused here (nft.ts
+   * "Hand-back").
+   */
+  readonly handBack?: string | undefined;
 }
 
 /** The whole desired forwarding state; every apply() hands over all of it. */
@@ -83,6 +91,13 @@ export interface ForwardStats {
    * configured.
    */
   readonly udpFlowsEnded?: readonly UdpFlowsEnded[];
+  /**
+   * Kernel path, VRRP: packets handed back to the previous Master (a
+   * backend's answer to a connection this node never saw; nft.ts
+   * "Hand-back"), by service, since the data path started; a service's
+   * count goes with the service.
+   */
+  readonly handedBack?: readonly { readonly service: string; readonly packets: number }[];
   /** Userspace proxy: clients refused for the agent's own limits, by "op/code" (accept/EMFILE, connect/ENFILE, limit/max-connections). */
   readonly ownLimits?: Readonly<Record<string, number>>;
 }
@@ -241,6 +256,7 @@ export interface NormalizedService {
   readonly sourceIP: SourceIpMode;
   /** Lower-case MAC of the interface holding the VIP (direct server return). */
   readonly vipMac: string | undefined;
+  readonly handBack: string | undefined;
 }
 
 /**
@@ -273,7 +289,7 @@ export function normalizeState(state: ForwardState): { services: NormalizedServi
     const all = [...byAddr.values()].sort(cmpAddr);
     const seen = new Set<string>();
     const healthy = s.healthy.filter((b) => b.weight > 0 && !seen.has(b.address) && (seen.add(b.address), true)).sort(cmpAddr);
-    return { key: s.key, vip: s.vip, ports, healthy, all, sourceIP: s.sourceIP ?? 'snat', vipMac: s.vipMac?.toLowerCase() };
+    return { key: s.key, vip: s.vip, ports, healthy, all, sourceIP: s.sourceIP ?? 'snat', vipMac: s.vipMac?.toLowerCase(), handBack: s.handBack };
   });
   return { services, problems };
 }

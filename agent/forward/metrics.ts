@@ -18,6 +18,7 @@ export const FORWARD_METRIC_NAMES = [
   'lbagent_forward_own_limit_refused_total',
   'lbagent_forward_dsr_engine_info',
   'lbagent_forward_udp_flows_ended_total',
+  'lbagent_forward_handed_back_packets_total',
 ] as const;
 
 export interface ForwardMetricsOptions {
@@ -67,6 +68,17 @@ export class ForwardMetrics {
         const st = await self.snapshot();
         this.reset();
         for (const u of st.udpFlowsEnded ?? []) this.inc({ ...serviceLabels(u.service), port: u.port }, u.ended);
+      },
+    });
+    new Counter({
+      name: 'lbagent_forward_handed_back_packets_total',
+      help: 'Kernel path under VRRP: packets of connections this node never saw (a backend\'s answer in flight when the VIP moved here) handed back to the previous Master, which holds their conntrack entry.',
+      labelNames: ['service', 'namespace'] as const,
+      registers,
+      async collect() {
+        const st = await self.snapshot();
+        this.reset();
+        for (const h of st.handedBack ?? []) this.inc(serviceLabels(h.service), h.packets);
       },
     });
     new Gauge({

@@ -140,7 +140,12 @@ export interface NftPlan {
   readonly problems: readonly string[];
   /** The forwarded DSR ports, for the BPF program in front of the netdev table (empty when none). */
   readonly dsr: readonly DsrBpfPort[];
+  /** The hand-back counters (VRRP takeover), one per service handing back (empty when none). */
+  readonly handBack: readonly HandBackCounter[];
 }
+
+/** A service's hand-back counter: packets handed back to the previous Master `to`. */
+export interface HandBackCounter { readonly name: string; readonly service: string; readonly to: string }
 
 export interface RenderOptions {
   /** Upper bound on the slot table of one service port (weights are scaled down past it). */
@@ -152,6 +157,49 @@ export interface RenderOptions {
 }
 
 const proto = (p: Protocol): string => (p === 'UDP' ? 'udp' : 'tcp');
+
+// Hand-back (VRRP takeover, SNAT path). Peers share no conntrack: a
+// connection the previous Master opened is picked up here from the
+// client's next packet (the flow hash sends it to the same backend, SNAT to
+// the VIP keeps its tuple), but a backend's answer already on its way when
+// the VIP moved reaches this node first, finds no entry, and the kernel
+// answers it with a reset: the backend drops the connection. For a few
+// seconds after a takeover, such a packet (TCP from a backend's target
+// port to the VIP that conntrack here sees as new or invalid) is sent on
+// to the previous Master (`dup to` its address, then dropped here), whose
+// conntrack still maps it to the client when only its agent died or it
+// handed over alive. Only a packet that came straight from the backend is
+// handed on: its TTL is still an initial one (64 Linux, 128 Windows, 255).
+// A handed-on copy leaves with one less, and one the previous Master sends
+// on again (it forwards the VIP's traffic, or hands it back to its own
+// Master) arrives with less still, so it is never handed on twice: no
+// bounce between two nodes that both lack the flow. (A per-segment set did
+// that job first, keyed by addresses, ports and sequence number; a pure ACK
+// and the data after it share a sequence number, and the data was dropped
+// as a copy - vrrp-agent-splitbrain caught it, where a loser forwarding for
+// stale ARP entries hands every backend packet back.) A backend with
+// another initial TTL, or behind a router, gets no hand-back: the answer is
+// refused as before. A node that is gone loses the answer, as before.
+const HAND_BACK_TTLS = '{ 64, 128, 255 }';
+
+/** The hand-back rules of one service (its TCP target ports), or undefined when it has none. */
+function renderHandBack(prefix: string, svc: NormalizedService, device: string | undefined): { rule: string; chain: string[]; counter: HandBackCounter } | undefined {
+  if (svc.handBack === undefined || svc.vip === undefined || svc.sourceIP !== 'snat' || device === undefined || svc.all.length === 0) return undefined;
+  const tcp = svc.ports.filter((p) => p.spec.protocol === 'TCP');
+  if (tcp.length === 0) return undefined;
+  const targetPorts = [...new Set(tcp.map((p) => p.spec.targetPort))].sort((a, b) => a - b);
+  const name = `${prefix}_handed_back`;
+  const chain = `hand_back_${prefix}`;
+  return {
+    counter: { name, service: svc.key, to: svc.handBack },
+    rule: `\t\tip daddr ${svc.vip} ip saddr { ${svc.all.map((b) => b.address).join(', ')} } tcp sport { ${targetPorts.join(', ')} } ip ttl ${HAND_BACK_TTLS} ct state new,invalid goto ${chain}`,
+    chain: [
+      `\tchain ${chain} {`,
+      `\t\tcounter name "${name}" dup to ${svc.handBack} device "${device}" drop`,
+      '\t}',
+    ],
+  };
+}
 
 /** A string safe inside an nft `#` comment (one line, printable). */
 function commentSafe(s: string): string {
@@ -183,6 +231,9 @@ export function renderNft(state: ForwardState, opts: RenderOptions = {}): NftPla
   const byteKeys = new Set<string>();
   const chains: string[] = [];
   const dsrPorts: DsrPortRender[] = [];
+  const handBack: string[] = [];
+  const handBackChains: string[] = [];
+  const handBackCounters: HandBackCounter[] = [];
 
   services.forEach((svc: NormalizedService, si) => {
     if (svc.vip === undefined || svc.ports.length === 0) return;
@@ -244,6 +295,14 @@ export function renderNft(state: ForwardState, opts: RenderOptions = {}): NftPla
         chains.push(`\tchain ${name} {`, `\t\tcounter name "${name}_conns" meta l4proto ${p} dnat to ${b.address}:${spec.targetPort}`, '\t}');
       }
     }
+    const hb = renderHandBack(`s${si}`, svc, opts.dsrDevice);
+    if (hb) {
+      counterDecls.push(`\tcounter ${hb.counter.name} {}`);
+      handBackCounters.push(hb.counter);
+      handBack.push(hb.rule);
+      handBackChains.push(...hb.chain);
+      header.push(`# s${si}: ${commentSafe(svc.key)} ${svc.vip} hands back to ${svc.handBack} what a backend answers to connections this node never saw (VRRP takeover)`);
+    }
   });
 
   const counterType = 'ipv4_addr . ipv4_addr . inet_proto . inet_service : counter';
@@ -289,13 +348,20 @@ export function renderNft(state: ForwardState, opts: RenderOptions = {}): NftPla
     '\t\treject with icmp type port-unreachable',
     '\t}',
     ...chains,
+    ...(handBack.length === 0 ? [] : [
+      '\tchain hand_back {',
+      '\t\ttype filter hook prerouting priority mangle; policy accept;',
+      ...handBack,
+      '\t}',
+      ...handBackChains,
+    ]),
     '}',
     ...dsrRemovalLines(),
     ...renderDsrTable(opts.dsrDevice, dsrPorts),
     '',
   ];
   const dsr = opts.dsrDevice === undefined ? [] : dsrPorts.flatMap((p) => (p.dispatch !== undefined && p.bpf !== undefined ? [p.bpf] : []));
-  return { script: lines.join('\n'), counters, problems, dsr };
+  return { script: lines.join('\n'), counters, problems, dsr, handBack: handBackCounters };
 }
 
 /** The script that removes both tables whether or not they exist (one transaction). */
@@ -365,6 +431,21 @@ export function canonicalTableJson(json: string): string {
   });
   keyed.sort((a, b) => (a.sortKey < b.sortKey ? -1 : a.sortKey > b.sortKey ? 1 : a.i - b.i));
   return JSON.stringify(keyed.map((k) => k.v));
+}
+
+/**
+ * Packets handed back per service (nft.ts "Hand-back"): what earlier tables
+ * counted (`carry`) plus the live counters of `plan`'s rules; services no
+ * longer in `state` are dropped (a removed service's count goes with it).
+ */
+export function handedBackTotals(plan: NftPlan | undefined, live: ReadonlyMap<string, CounterValue>, carry: ReadonlyMap<string, number>, state: ForwardState | undefined): Map<string, number> {
+  const keep = new Set((state?.services ?? []).map((s) => s.key));
+  const out = new Map([...carry].filter(([k]) => keep.has(k)));
+  for (const c of plan?.handBack ?? []) {
+    const v = live.get(c.name);
+    if (v && keep.has(c.service)) out.set(c.service, (out.get(c.service) ?? 0) + v.packets);
+  }
+  return out;
 }
 
 /** Running totals of one (service, port, backend). */
@@ -626,6 +707,8 @@ export class NftDataplane implements Dataplane {
   private plan: NftPlan | undefined;
   private state: ForwardState = { services: [] };
   private carry = new Map<string, FlowTotals>();
+  /** Packets handed back per service by earlier tables (handedBackTotals). */
+  private handedBack = new Map<string, number>();
   private startCheck: StartCheck | undefined;
   private facts: KernelFacts = { ipForward: undefined, ipForwardChangedByAgent: false, sendRedirectsDisabledOn: [], conntrackCount: undefined, conntrackMax: undefined };
   private lastError: string | undefined;
@@ -738,6 +821,7 @@ export class NftDataplane implements Dataplane {
     this.detachBeforeTableGoes(plan);
     await this.write(plan.script);
     this.carry = keepFlows(flowTotals(this.plan, live, this.carry), state);
+    this.handedBack = handedBackTotals(this.plan, live, this.handedBack, state);
     const sweep = udpFlowSweep(this.state, state);
     this.plan = plan;
     this.state = state;
@@ -857,7 +941,8 @@ export class NftDataplane implements Dataplane {
       // the same nft and kernel canonicalise both sides. `fwd ... device`
       // names the parent NIC, which nft resolves to an index: a veth of that
       // name stands in for it there.
-      const device = hasDsrTable(plan) ? this.dsrDevice : undefined;
+      // (Hand-back rules' `dup ... device` name it too.)
+      const device = hasDsrTable(plan) || plan.handBack.length > 0 ? this.dsrDevice : undefined;
       const setup = device !== undefined ? 'ip link add "$1" type veth peer name lbchk0 >/dev/null 2>&1; ' : '';
       const r = await this.exec('unshare', ['-n', 'sh', '-c',
         `${setup}nft -f - >/dev/null && nft -j list table ${NFT_FAMILY} ${NFT_TABLE} && echo ${LIST_SEPARATOR} && { nft -j list table ${DSR_FAMILY} ${DSR_TABLE} 2>/dev/null || true; }`,
@@ -916,7 +1001,7 @@ export class NftDataplane implements Dataplane {
    * bind, every apply used to read the counters of a table that had none.
    */
   private async readCounters(): Promise<Map<string, CounterValue>> {
-    if (!this.plan || this.plan.counters.length === 0) return new Map();
+    if (!this.plan || (this.plan.counters.length === 0 && this.plan.handBack.length === 0)) return new Map();
     const r = await this.exec('nft', ['-j', 'list', 'counters', 'table', NFT_FAMILY, NFT_TABLE]);
     const out = parseNftCounters(r.stdout);
     if (this.plan && hasDsrTable(this.plan)) {
@@ -1026,6 +1111,7 @@ export class NftDataplane implements Dataplane {
     if (this.lastError) problems.push(this.lastError);
     if (this.udpFlowsError) problems.push(this.udpFlowsError);
     const totals = flowTotals(plan, live, this.carry);
+    const handedBack = [...handedBackTotals(plan, live, this.handedBack, this.state)].map(([service, packets]) => ({ service, packets }));
     const flows: FlowStats[] = [];
     const normal = normalizeState(this.state).services;
     const udpPorts = new Set<string>();
@@ -1052,7 +1138,7 @@ export class NftDataplane implements Dataplane {
     }
     const nfDir = path.join(this.procRoot, 'sys/net/netfilter');
     this.facts = { ...this.facts, conntrackCount: await readNumber(path.join(nfDir, 'nf_conntrack_count')), conntrackMax: await readNumber(path.join(nfDir, 'nf_conntrack_max')) };
-    return { kind: 'kernel', services, flows, problems, udpFlowsEnded, details: { table: `${NFT_FAMILY} ${NFT_TABLE}`, startCheck: this.startCheck, ...this.facts, ...(this.dsrState ? { dsrEngine: this.dsrState } : {}) } };
+    return { kind: 'kernel', services, flows, problems, udpFlowsEnded, handedBack, details: { table: `${NFT_FAMILY} ${NFT_TABLE}`, startCheck: this.startCheck, ...this.facts, ...(this.dsrState ? { dsrEngine: this.dsrState } : {}) } };
   }
 
   /** Which mechanism serves direct server return now (undefined: no DSR port is forwarded). */

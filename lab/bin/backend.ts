@@ -1,6 +1,7 @@
 // lab/bin/backend.ts: a real TCP backend for the demo, tests and benches, an
 // HTTP/1.1 server that answers every request with its own id, so a client can
-// tell which backend served it (lab/services.ts startBackend starts it).
+// tell which backend served it (lab/services.ts startBackend starts it);
+// /slow/<ms> answers after that long, /bulk/<n> with n bytes.
 // Run it inside a namespace: node dist/lab/bin/backend.js --id b1 --port 8080 [--port 8081]
 import * as http from 'node:http';
 
@@ -20,6 +21,15 @@ function main(): void {
   let listening = 0;
   for (const port of ports) {
     const server = http.createServer((req, res) => {
+      if (req.url?.startsWith('/slow/')) {
+        // An answer that takes this long (ms, at most 30 s): one in flight while the test moves the VIP.
+        const ms = Math.min(Number(req.url.slice(6)) || 0, 30_000);
+        setTimeout(() => {
+          res.writeHead(200, { 'content-type': 'text/plain', 'content-length': body.length, 'x-backend': id });
+          res.end(body);
+        }, ms);
+        return;
+      }
       if (req.url?.startsWith('/bulk/')) {
         const n = Math.min(Number(req.url.slice(6)) || 0, 1 << 30);
         res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': n, 'x-backend': id });

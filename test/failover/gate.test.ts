@@ -14,7 +14,7 @@ import { formatIPv4 } from '../../agent/ipv4';
 import type { FrameInfo, PacketSocket, PacketSocketOptions } from '../../agent/net/packet';
 import { decodeAdvertisement } from '../../agent/failover/codec';
 import { masterDownIntervalMs, skewTimeMs } from '../../agent/failover/machine';
-import { VrrpGate, PREEMPT_HANDOVER_MS, type VrrpGateOptions } from '../../agent/failover/gate';
+import { VrrpGate, HAND_BACK_MS, PREEMPT_HANDOVER_MS, type VrrpGateOptions } from '../../agent/failover/gate';
 import type { FailoverConfig, ServiceSpec } from '../../agent/config/types';
 
 class FakeLan {
@@ -314,4 +314,46 @@ t.test('failover.peers: each advert also goes unicast to each peer whose MAC is 
   t.equal(unicast.length, multicast.length, 'one unicast copy per advert, to the one resolved peer');
   t.ok(unicast.every((f) => f.dstIp === 0x0a630002 && f.dstMac.equals(mac) && f.ttl === 255), 'to 10.99.0.2 at its MAC, TTL 255');
   await a.gate.stop();
+});
+
+t.test('hand-back: a Backup aims at the Master it follows; after a takeover, at the previous Master for HAND_BACK_MS', async (t) => {
+  const w = world();
+  const api = svc('api', { loadBalancerIP: '10.99.0.200' });
+  const hi = w.node(2, 200, [api]);
+  w.clock.advance(5000);
+  t.equal(hi.gate.isMaster('default/api'), true);
+  t.equal(hi.gate.handBack('default/api'), undefined, 'a Master that took over from nobody hands back to nobody');
+  const lo = w.node(1, 100, [api]);
+  const handBackEvents: string[][] = [];
+  lo.gate.on('hand-back', (keys: string[]) => handBackEvents.push(keys));
+  w.clock.advance(3000);
+  t.equal(lo.gate.status('default/api')?.state, 'backup');
+  t.equal(lo.gate.handBack('default/api'), hi.ip, 'the Backup: the Master it follows (armed before any takeover)');
+  t.same(handBackEvents, [['default/api']], 'said once, when it learnt the Master');
+  t.equal(lo.gate.handBack('default/nope'), undefined);
+
+  // The Master dies (cut off, no priority 0): the Backup takes over and hands back to it.
+  w.lan.cut.add(2);
+  let tookOverAt: number | undefined;
+  lo.gate.on('change', () => { tookOverAt ??= w.clock.now(); });
+  w.clock.advance(mdi(100) + 1);
+  t.equal(lo.gate.isMaster('default/api'), true, 'took over');
+  t.equal(lo.gate.handBack('default/api'), hi.ip, 'hands back to the previous Master');
+  const before = handBackEvents.length;
+  w.clock.advance(tookOverAt! + HAND_BACK_MS - 10 - w.clock.now());
+  t.equal(lo.gate.handBack('default/api'), hi.ip, 'still, just before the window closes');
+  w.clock.advance(20);
+  t.equal(lo.gate.handBack('default/api'), undefined, 'not after it');
+  t.same(handBackEvents.slice(before), [['default/api']], 'and the end is an event (the daemon applies a table without it)');
+
+  // Another Backup again (the old Master back, preempting): aimed at it; a stop clears everything.
+  w.lan.cut.delete(2);
+  w.clock.advance(3000);
+  t.equal(lo.gate.status('default/api')?.state, 'backup', 'preempted back');
+  t.equal(lo.gate.handBack('default/api'), hi.ip);
+  t.equal(hi.gate.isMaster('default/api'), true);
+  t.equal(hi.gate.handBack('default/api'), undefined, 'the returning Master never followed it: nothing to hand back to');
+  await lo.gate.stop();
+  t.equal(lo.gate.handBack('default/api'), undefined);
+  await hi.gate.stop();
 });

@@ -12,6 +12,7 @@ const stats = (conns: number): ForwardStats => ({
   flows: [{ service: 'shop/web', port: 'http', protocol: 'TCP', backend: '10.0.0.11', connections: conns, active: undefined, bytesToBackend: 100, bytesToClient: 2000, connectFailures: undefined }],
   problems: [],
   udpFlowsEnded: [{ service: 'shop/web', port: 'dns', ended: 4 }],
+  handedBack: [{ service: 'shop/web', packets: 2 }],
   details: {},
 });
 
@@ -28,6 +29,7 @@ t.test('scrape reads stats once and exports every metric', async (t) => {
   t.match(text, /lbagent_forward_dataplane_info\{kind="kernel",reason="auto: nftables probe passed"\} 1/);
   t.match(text, /lbagent_forward_no_healthy_backend\{service="web",namespace="shop"\} 1/);
   t.match(text, /lbagent_forward_udp_flows_ended_total\{service="web",namespace="shop",port="dns"\} 4/);
+  t.match(text, /lbagent_forward_handed_back_packets_total\{service="web",namespace="shop"\} 2/);
   t.notMatch(text, /lbagent_forward_active_connections\{/, 'no active gauge values from the kernel path');
   t.notMatch(text, /lbagent_forward_connect_failures_total\{/, 'nor connect failures');
   now += 1000;

@@ -14,7 +14,7 @@ import * as os from 'node:os';
 import { Registry } from 'prom-client';
 import { ManualClock } from '../../agent/clock';
 import {
-  NftDataplane, canonicalTableJson, flowTotals, parseNftCounters, probeDsr, probeNftables, renderNft, renderRemoval, udpFlowSweep, type Exec,
+  NftDataplane, canonicalTableJson, flowTotals, handedBackTotals, parseNftCounters, probeDsr, probeNftables, renderNft, renderRemoval, udpFlowSweep, type Exec,
 } from '../../agent/forward/nft';
 import type { ConntrackClient, UdpFlowRule } from '../../agent/net/conntrack';
 import { flowId } from '../../agent/forward/dataplane';
@@ -54,6 +54,24 @@ t.test('render: empty state still defines the table (base chains, empty maps)', 
 t.test('render: one healthy backend goes straight to its chain (no numgen)', async (t) => {
   const plan = renderNft({ services: [{ key: 'a/one', vip: '10.99.0.70', ports: [http], healthy: [b('10.99.0.11')], backends: [b('10.99.0.11')] }] });
   golden(t, 'single.nft', plan.script);
+});
+
+t.test("render: hand-back (VRRP takeover) for a service's TCP target ports, golden; none without a device, for DSR or UDP only", async (t) => {
+  const hb: ForwardState = {
+    services: [
+      { ...state.services[0]!, handBack: '10.99.0.4' },
+      { key: 'apps/dns', vip: '10.99.0.61', ports: [dns], healthy: [b('10.99.0.21')], backends: [b('10.99.0.21')], handBack: '10.99.0.4' },
+      { key: 'apps/dsr', vip: '10.99.0.62', ports: [http], healthy: [b('10.99.0.21')], backends: [b('10.99.0.21')], sourceIP: 'preserve', vipMac: '02:00:00:00:00:62', handBack: '10.99.0.4' },
+    ],
+  };
+  const plan = renderNft(hb, { dsrDevice: 'eth0' });
+  golden(t, 'hand-back.nft', plan.script);
+  t.same(plan.handBack, [{ name: 's2_handed_back', service: 'default/web', to: '10.99.0.4' }], 'one counter, for the SNAT service with TCP ports');
+  t.equal(plan.counters.length, renderNft({ services: [hb.services[0]!, hb.services[1]!] }, { dsrDevice: 'eth0' }).counters.length + renderNft({ services: [hb.services[2]!] }, { dsrDevice: 'eth0' }).counters.length, 'the flow counters are untouched by it');
+  t.match(plan.script, /ip daddr 10\.99\.0\.50 ip saddr \{ 10\.99\.0\.11, 10\.99\.0\.12, 10\.99\.0\.13 \} tcp sport \{ 8080 \} ip ttl \{ 64, 128, 255 \} ct state new,invalid goto hand_back_s2/, 'every configured backend, the TCP target port only, straight from it (an initial TTL)');
+  t.match(plan.script, /counter name "s2_handed_back" dup to 10\.99\.0\.4 device "eth0" drop/);
+  t.notMatch(renderNft(hb).script, /hand_back/, 'no device to send it out of: no hand-back');
+  t.notMatch(renderNft({ services: [{ ...state.services[0]!, handBack: undefined }] }, { dsrDevice: 'eth0' }).script, /hand_back/, 'none when not asked for: the table is as before');
 });
 
 t.test('render is deterministic whatever the input order', async (t) => {
@@ -167,6 +185,19 @@ t.test('flowTotals: live counters plus what earlier tables carried over', async 
   t.same(flowTotals(plan, live, carry).get(id), { conns: 15, toBackend: 2001, toClient: 9002 }, 'connections are first packets; bytes are bytes');
   t.same(carry.get(id), { conns: 10, toBackend: 1, toClient: 2 }, 'carry not mutated');
   t.same(flowTotals(undefined, live, new Map()).size, 0);
+});
+
+t.test('handedBackTotals: per service, live plus carried, flow counters apart; a removed service\'s count goes', async (t) => {
+  const svc = { key: 'x/y', vip: '10.99.0.80', ports: [http], healthy: [b('10.99.0.11')], backends: [b('10.99.0.11')] };
+  const state: ForwardState = { services: [{ ...svc, handBack: '10.99.0.4' }] };
+  const plan = renderNft(state, { dsrDevice: 'eth0' });
+  const live = new Map([['s0_handed_back', { packets: 3, bytes: 180 }], ['s0p0b0_conns', { packets: 9, bytes: 0 }]]);
+  t.same([...handedBackTotals(plan, live, new Map([['x/y', 2]]), state)], [['x/y', 5]]);
+  t.same(flowTotals(plan, live, new Map()).get(flowId('x/y', http, '10.99.0.11'))?.conns, 9, 'the flow totals do not count it');
+  // The window closed (a table without the rule): the count stays with the service.
+  const later = renderNft({ services: [svc] }, { dsrDevice: 'eth0' });
+  t.same([...handedBackTotals(later, new Map(), new Map([['x/y', 5]]), { services: [svc] })], [['x/y', 5]]);
+  t.same([...handedBackTotals(later, new Map(), new Map([['x/y', 5]]), { services: [] })], [], 'gone with the service');
 });
 
 function fakeExec(handlers: Record<string, (args: readonly string[]) => { stdout?: string; stderr?: string; code?: string | number }>): Exec {

@@ -202,23 +202,21 @@ t.test('VRRP between two lb-agent.service units under systemd 252', async (t) =>
     t.notOk(await holdsVip(lab, ns[1]!), 'vm2 does not: no duplicate address after the crash');
     t.same(g.wrongBodies, [], 'every answer came from a backend');
     // The dead agent's kernel state serves until the Backup takes over, the
-    // Backup until the restarted vm1 preempts. The hand-back once cost 8-10
-    // failed requests in ~200 ms: vm2, giving the VIP up, still had vm1's MAC
-    // for it from the earlier hand-back and forwarded to vm1, which (having
-    // removed its predecessor's VIP, not yet holding its own) forwarded back.
-    // What may fail, and only that (README "What still ends a connection"): a
-    // request in flight when vm2 takes the VIP after vm1 fell silent. Its
-    // answer, sent by the backend after vm2's gratuitous ARP, goes to vm2,
-    // which has no conntrack entry for the flow in that direction (vm1 opened
-    // it) and resets it; the client times out. Seen in 4 of 14 runs beside a
-    // busy loop on one core (the backend answered ~10 ms after the request),
-    // 0 of 8 on a quiet machine (tcpdump at the client, b1 and both VMs).
+    // Backup until the restarted vm1 preempts. The VIP's return to vm1 once
+    // cost 8-10 failed requests in ~200 ms: vm2, giving the VIP up, still had
+    // vm1's MAC for it from the earlier return and forwarded to vm1, which
+    // (having removed its predecessor's VIP, not yet holding its own)
+    // forwarded back. A request in flight when vm2 took the VIP after vm1 fell
+    // silent failed in 4 of 14 runs beside a busy loop on one core (0 of 8
+    // quiet; tcpdump at the client, b1 and both VMs): its answer, sent by the
+    // backend after vm2's gratuitous ARP, went to vm2, which had no conntrack
+    // entry for the flow (vm1 opened it) and reset it. vm2 now hands such an
+    // answer back to vm1, whose kernel still maps it to the client
+    // (forward/nft.ts "Hand-back"; vrrp-hand-back.test.ts makes one on
+    // purpose): no request may fail.
     const takeover = await takeoverWindow(vm2, killAt);
-    const inFlight = (f: { t: number; ms: number; error?: string }): boolean =>
-      takeover !== undefined && f.error === 'timeout' && f.t <= takeover.holdsAt && f.t + f.ms >= takeover.masterAt;
     t.comment(`vm2 took over ${takeover ? `${takeover.masterAt - killAt}-${takeover.holdsAt - killAt} ms after the kill` : '(not found in its journal)'}; failed requests at ${JSON.stringify(g.failures.map((f) => [f.t - killAt, f.ms, f.error]))}`);
-    t.same(g.failures.filter((f) => !inFlight(f)).map((f) => [f.t - killAt, f.ms, f.error]), [], `no failed request but one in flight at vm2's takeover (${JSON.stringify(g.errors)})`);
-    t.ok(g.failures.length <= 1, `at most the one request in flight at the takeover (${g.failures.length})`);
+    t.same(g.failures.map((f) => [f.t - killAt, f.ms, f.error]), [], `no failed request (${JSON.stringify(g.errors)})`);
     t.ok(g.servedAfterMs !== undefined && g.servedAfterMs < 5000, `served again within 5 s of the kill (${g.servedAfterMs ?? '?'} ms)`);
     const after = await httpGetFrom(lab, client, `http://${VIP}/`, 2000);
     t.ok(after.ok && BODIES.includes(after.body.trim()), 'served at the end');

@@ -1,0 +1,57 @@
+// Privileged, through the real agent (kernel data path, SNAT): an answer in
+// flight when the VIP moves. A client's request went through the Master to a
+// backend that takes a second to answer; meanwhile the Master's agent is
+// SIGKILLed (its VM lives on: the kernel keeps the VIP, the rules and the
+// connection's conntrack entry) and a Backup takes the VIP over. The
+// backend's answer, addressed to the VIP, now reaches the new Master, which
+// never saw the connection: without the hand-back its kernel answered it with
+// a reset and the client got nothing (the in-flight loss the vrrp-systemd
+// test measured). With it the new Master hands the answer back to the
+// previous Master (forward/nft.ts "Hand-back"), whose conntrack maps it to
+// the client. Also: the rule is armed on a Backup (aimed at the Master it
+// follows), counts what it handed back (table and /metrics), and is gone
+// HAND_BACK_MS after the takeover.
+import t from 'tap';
+import { requirePrivileged } from '../helpers/privileged';
+import { waitFor } from '../../lab/netns';
+import { httpGetFrom } from '../../lab/services';
+import { buildVrrpLab, metricValue, waitMaster, POOL_VIP, BACKENDS } from '../../lab/vrrp';
+import { HAND_BACK_MS } from '../../agent/failover/gate';
+
+if (requirePrivileged(t)) {
+  t.test('a backend answer in flight at a takeover reaches the client through the previous Master', async (t) => {
+    const { lab, nodes, client } = await buildVrrpLab(t);
+    const [, n2, n3] = nodes as [typeof nodes[0], typeof nodes[0], typeof nodes[0]];
+    await Promise.all([n2, n3].map((n) => n.start()));
+    await waitMaster([n2, n3], n3);
+    await n3.waitService('serving', 'api', (s) => s.state === 'serving' && s.vip === POOL_VIP && (s.backends ?? []).every((b) => b.state === 'up'));
+    const table = async (ns: string): Promise<string> => (await lab.sh(ns, 'nft list table ip lb_agent')).stdout;
+    await waitFor("n2's hand-back armed, aimed at n3", async () => /dup to 10\.99\.0\.4 device "eth0"/.test(await table(n2.ns)), 5000);
+    t.match(await table(n2.ns), new RegExp(`ip daddr ${POOL_VIP.replace(/\./g, '\\.')} ip saddr \\{ ${BACKENDS.join(', ').replace(/\./g, '\\.')} \\} tcp sport 8080 ip ttl \\{ 64, 128, 255 \\} ct state (new,invalid|invalid,new) goto hand_back_s0`), 'for the backends\' target port to the VIP, straight from them, connections n2 never saw');
+    // n3 may have preempted n2 at start (then it hands back to n2 for a while): that window closes first.
+    await waitFor("the Master's own hand-back, if any, over", async () => !/hand_back/.test(await table(n3.ns)), HAND_BACK_MS + 5000);
+
+    // The request goes through n3 now; the backend answers in 1.5 s.
+    const answer = httpGetFrom(lab, client, `http://${POOL_VIP}/slow/1500`, 8000);
+    await new Promise((r) => setTimeout(r, 300));
+    const killedAt = Date.now();
+    n3.agent!.signal('SIGKILL');
+    await n3.agent!.exited;
+    await n2.waitService('VRRP Master', 'api', (s) => s.failover?.state === 'master', 5000);
+    const tookOverMs = Date.now() - killedAt;
+    t.ok(tookOverMs < 1200, `n2 took the VIP over (${tookOverMs} ms after the kill) before the backend answered`);
+    const r = await answer;
+    t.ok(r.ok, `the client got the answer (${r.ok ? r.body.trim() : r.error})`);
+    t.match(r.body, /^b[12]\n$/, 'from a backend');
+    const handed = /counter s0_handed_back \{\s*packets (\d+)/.exec(await table(n2.ns));
+    t.ok(Number(handed?.[1]) >= 1, `n2 handed ${handed?.[1]} packet(s) back to n3`);
+
+    // The window closes: the rule goes with the next table.
+    await waitFor('the hand-back rule gone after HAND_BACK_MS', async () => !/hand_back/.test(await table(n2.ns)), HAND_BACK_MS + 5000);
+    t.pass(`gone within ${HAND_BACK_MS} ms + an apply`);
+    // And in the metrics, after the table that ended it (the count stays with the service).
+    const sample = 'lbagent_forward_handed_back_packets_total{service="api",namespace="default"}';
+    const counted = await waitFor('the handed-back packets in /metrics', async () => { const v = metricValue(await n2.metrics(), sample); return v !== undefined && v >= 1 ? v : undefined; }, 5000);
+    t.ok(counted >= Number(handed?.[1]), `${sample} ${counted}`);
+  });
+}
