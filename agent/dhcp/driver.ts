@@ -49,7 +49,7 @@ import { dhcpMetrics, removeServiceSeries, type DhcpMetrics } from './metrics';
 export const VIP_PREFIX = 32;
 
 /** The netlink verbs the driver uses (NetlinkClient has them all). */
-export type NetlinkForDhcp = Pick<NetlinkClient, 'findLink' | 'getLink' | 'createMacvlan' | 'setLink' | 'deleteLink' | 'addAddress' | 'removeAddress' | 'listAddresses'>;
+export type NetlinkForDhcp = Pick<NetlinkClient, 'findLink' | 'getLink' | 'createMacvlan' | 'setLink' | 'deleteLink' | 'addAddress' | 'removeAddress' | 'listAddresses' | 'forgetNeighbour'>;
 
 /**
  * Every DHCP service's frames, on one packet socket per parent NIC (UDP to
@@ -174,6 +174,8 @@ export class DhcpSource extends EventEmitter implements AddressSource {
   private generation = 0;
   private guard: GuardPolicy;
   private readonly hostView: () => HostView;
+  /** The parent NIC's index, from the last link set-up (the VIP's neighbour entry there is forgotten when it goes). */
+  private parentIndex: number | undefined;
   private readonly guardWarned = new Map<GuardReason, number>();
 
   constructor(opts: DhcpSourceOptions) {
@@ -457,6 +459,7 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     if (created || link.up !== up) {
       await this.netlink.setLink(link.index, { ...(link.up !== up ? { up } : {}), ...(created ? { inetConf: vipSysctls('macvlan') } : {}) });
     }
+    this.parentIndex = parent.index;
     return { index: link.index, kept, parentIndex: parent.index };
   }
 
@@ -689,6 +692,19 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     this.metrics.leaseExpiry.remove(this.labels);
     // No announcement, defence or refresh for an address we are giving up.
     this.closeOwner();
+    // removeAddress forgets what the macvlan's neighbour table learnt of the
+    // VIP. This node forwards the VIP's traffic out of the parent once it no
+    // longer holds it (a VRRP Backup that clients still reach), and an entry
+    // the parent learnt before (the holder of that time) would send it there,
+    // maybe back and forth until the TTL runs out (the loop vrrp-systemd once
+    // measured for pool VIPs, which live on the parent). First, while the VIP
+    // is still local and the entry unused: deleted after, it raced the
+    // kernel's own resolution for forwarded packets (README, "Restarts").
+    if (this.parentIndex !== undefined) {
+      await this.netlink.forgetNeighbour(this.parentIndex, address).catch((err: unknown) => {
+        this.log.warn({ op: 'unbind', address, err: errorMessage(err) }, 'could not forget the parent\'s neighbour entry of the VIP');
+      });
+    }
     if (this.ifindex !== undefined) {
       try {
         await this.netlink.removeAddress(this.ifindex, address, VIP_PREFIX);

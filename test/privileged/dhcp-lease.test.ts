@@ -2,7 +2,8 @@
 // obtained from the service's own macvlan (its MAC and client id in
 // dnsmasq's lease file), the VIP answers pings from another namespace,
 // dnsmasq's default ping check (OFFER ~3 s late) is survived, and removing the
-// service sends DHCPRELEASE and deletes the macvlan.
+// service sends DHCPRELEASE, deletes the macvlan and forgets the parent's
+// neighbour entry of the VIP.
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
 import { createLab, waitFor } from '../../lab/netns';
@@ -77,11 +78,16 @@ if (requirePrivileged(t)) {
     t.match(metrics, /lbagent_dhcp_lease_expiry_timestamp_seconds\{service="web",namespace="default"\} \d+/);
 
     // Service removed: DHCPRELEASE, VIP and macvlan gone, lease file gone.
+    // What the parent could have learnt of the VIP while this node forwarded
+    // for its holder of that time (VRRP): a stale MAC it would forward the
+    // VIP's traffic to once the VIP is gone from here.
+    await lab.sh(agent, `ip neigh replace ${vip.address} lladdr 02:00:00:00:00:61 dev eth0 nud stale`);
     const from = d.events.length;
     d.command('release');
     await d.next((e) => e.ev === 'stopped', 10_000, from);
     const lost = await d.next((e) => e.ev === 'lost', 1000, from);
     t.match(lost.reason as string, /released/);
+    t.equal((await lab.sh(agent, `ip neigh show ${vip.address} dev eth0`)).stdout.trim(), '', "the parent's neighbour entry of the VIP went with it");
     await waitFor('DHCPRELEASE in the dnsmasq log', () => dnsmasq.log().includes(`DHCPRELEASE(eth0) ${vip.address} ${d.mac}`), 5000);
     t.pass('dnsmasq logged the DHCPRELEASE');
     t.equal(await addressesOf(lab, agent, d.ifname), undefined, 'macvlan deleted');
