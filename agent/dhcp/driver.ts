@@ -774,7 +774,7 @@ export class DhcpSource extends EventEmitter implements AddressSource {
 
   // --- helpers ------------------------------------------------------------------
 
-  /** The state gauge to `name`: two series change when it showed a state, all eight are written when it did not. */
+  /** The state lbagent_dhcp_state shows for this service from its next scrape on (DhcpStates). */
   private showState(name: DhcpStateName): void {
     this.metrics.states.show(this.labels, name);
   }

@@ -114,7 +114,7 @@ export function dhcpMetrics(registry: Registry): DhcpMetrics {
 }
 
 /** Set the state gauge: 1 for `current`, 0 for every other state; `previous`: what the gauge showed until now (the caller's record). */
-export function setDhcpState(gauge: Gauge<'service' | 'namespace' | 'state'>, labels: { service: string; namespace: string }, current: DhcpStateName, previous?: DhcpStateName): void {
+function setDhcpState(gauge: Gauge<'service' | 'namespace' | 'state'>, labels: { service: string; namespace: string }, current: DhcpStateName, previous?: DhcpStateName): void {
   // From a state this function set: only the two series that change.
   if (previous !== undefined) {
     if (previous === current) return;

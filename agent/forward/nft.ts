@@ -152,7 +152,7 @@ export interface RenderOptions {
   readonly maxSlots?: number;
   /** The SNAT path's placement (default 'round-robin'); direct server return always hashes. */
   readonly placement?: Placement;
-  /** The parent NIC, where direct server return hooks ingress and forwards (nft-dsr.ts); needed for sourceIP: preserve. */
+  /** The parent NIC, where direct server return hooks ingress and forwards (nft-dsr.ts) and hand-back copies leave; needed for sourceIP: preserve and for hand-back. */
   readonly dsrDevice?: string | undefined;
 }
 

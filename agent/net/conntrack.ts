@@ -185,17 +185,17 @@ export function decodeEntry(type: number, data: Buffer): CtEntry | undefined {
   return { orig, reply, ...(z?.length === 2 && z.readUInt16BE(0) !== 0 ? { zone: z.readUInt16BE(0) } : {}) };
 }
 
+/** A UDP VIP:port as staleUdpFlows matches entries to rules and EndedFlows.byPort counts them. */
+export function udpFlowKey(vip: string, port: number): string {
+  return `${vip}:${port}`;
+}
+
 /**
  * The entries the rules end: UDP to a rule's VIP:port answered by anything
  * outside the rule's allowed backends. That includes an untranslated entry
  * (the reply from the VIP itself): a flow conntrack saw while the port had
  * no DNAT would keep skipping it once backends exist (kubernetes#48370).
  */
-/** A UDP VIP:port as staleUdpFlows matches entries to rules and EndedFlows.byPort counts them. */
-export function udpFlowKey(vip: string, port: number): string {
-  return `${vip}:${port}`;
-}
-
 export function staleUdpFlows(entries: Iterable<CtEntry>, rules: readonly UdpFlowRule[]): CtEntry[] {
   const byDst = new Map(rules.map((r) => [udpFlowKey(r.vip, r.port), r]));
   const out: CtEntry[] = [];
