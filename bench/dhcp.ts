@@ -53,6 +53,14 @@ export interface DhcpOptions {
    */
   manyPingRounds: number;
   manyPingClients?: DhcpClient[];
+  /**
+   * Issue 18's like-for-like target is judged pair by pair: lb-agent like the
+   * peers, one service and then the many, ping off, measured in the same
+   * round. Each round gives one pair; up to this many pairs in all, the rest
+   * run back to back after the rounds (one service and the many, the order
+   * alternating), so the verdict rests on more than the rounds' three.
+   */
+  likePairs?: number;
   log: (msg: string) => void;
 }
 
@@ -74,6 +82,8 @@ export interface DhcpRun {
   acquireMeanMs?: number;
   processStartMs?: number;
   error?: string;
+  /** A run of the extra like-for-like pairs (DhcpOptions.likePairs): in the paired ratio, not in the tables. */
+  extra?: boolean;
 }
 
 export interface DhcpSummaryRow {
@@ -227,39 +237,46 @@ export async function benchDhcp(o: DhcpOptions): Promise<DhcpResult> {
     const server = await lab.addHost('dhcp', { address: `${SERVER}/24` });
     const node = await lab.addHost('node', { address: `${NODE}/24` });
     let seq = 0;
+    const measure = async (round: number, client: DhcpClient, count: number, ping: boolean, extra: boolean): Promise<void> => {
+      const tag = `${(seq++).toString(36)}`;
+      const dns = await startDnsmasq(lab, server, { range: RANGE, leaseTime: '1h', noPing: !ping, name: `dnsmasq-${tag}` });
+      const wire = await startWireCapture(lab, server);
+      let res: ClientResult;
+      let wireMs: number[] = [];
+      try {
+        if (client === 'udhcpc') res = await runUdhcpc(lab, node, count, tag);
+        else if (client === 'dhclient') res = await runDhclient(lab, node, count, tag);
+        else res = await runLbAgent(lab, node, count, tag, client === 'lbagent-like');
+      } catch (e) {
+        res = { boundMs: [], allMs: NaN, bound: 0, error: String((e as Error).message ?? e).slice(0, 500) };
+      } finally {
+        wireMs = [...(await wire.stop()).values()];
+        await dns.stop();
+      }
+      const run: DhcpRun = { round, client, count, ping, ...res, wireMs, ...(extra ? { extra } : {}) };
+      raw.push(run);
+      o.log(`${extra ? `like-for-like pair ${round + 1}/${o.likePairs}` : `round ${round + 1}/${o.rounds}`} ${String(count).padStart(2)} x ${client.padEnd(12)} ping ${ping ? 'on ' : 'off'}  median ${median(res.boundMs).toFixed(0).padStart(5)} ms  all ${res.allMs.toFixed(0).padStart(5)} ms  wire ${median(wireMs).toFixed(0).padStart(5)} ms  ${res.bound}/${count} bound${res.acquireMeanMs !== undefined ? `  DISCOVER->bound ${res.acquireMeanMs.toFixed(0)} ms` : ''}${res.error ? `  error: ${res.error.slice(0, 160)}` : ''}`);
+    };
     for (let round = 0; round < o.rounds; round++) {
       for (const count of o.counts) {
         for (const ping of o.ping) {
           if (ping && count > 1 && round >= o.manyPingRounds) continue;
           const clients = count === 1 ? o.clients : ping ? (o.manyPingClients ?? o.manyClients ?? o.clients) : (o.manyClients ?? o.clients);
-          for (const client of rotate(clients, round)) {
-            const tag = `${(seq++).toString(36)}`;
-            const dns = await startDnsmasq(lab, server, { range: RANGE, leaseTime: '1h', noPing: !ping, name: `dnsmasq-${tag}` });
-            const wire = await startWireCapture(lab, server);
-            let res: ClientResult;
-            let wireMs: number[] = [];
-            try {
-              if (client === 'udhcpc') res = await runUdhcpc(lab, node, count, tag);
-              else if (client === 'dhclient') res = await runDhclient(lab, node, count, tag);
-              else res = await runLbAgent(lab, node, count, tag, client === 'lbagent-like');
-            } catch (e) {
-              res = { boundMs: [], allMs: NaN, bound: 0, error: String((e as Error).message ?? e).slice(0, 500) };
-            } finally {
-              wireMs = [...(await wire.stop()).values()];
-              await dns.stop();
-            }
-            const run: DhcpRun = { round, client, count, ping, ...res, wireMs };
-            raw.push(run);
-            o.log(`round ${round + 1}/${o.rounds} ${String(count).padStart(2)} x ${client.padEnd(12)} ping ${ping ? 'on ' : 'off'}  median ${median(res.boundMs).toFixed(0).padStart(5)} ms  all ${res.allMs.toFixed(0).padStart(5)} ms  wire ${median(wireMs).toFixed(0).padStart(5)} ms  ${res.bound}/${count} bound${res.acquireMeanMs !== undefined ? `  DISCOVER->bound ${res.acquireMeanMs.toFixed(0)} ms` : ''}${res.error ? `  error: ${res.error.slice(0, 160)}` : ''}`);
-          }
+          for (const client of rotate(clients, round)) await measure(round, client, count, ping, false);
         }
+      }
+    }
+    const many = o.counts.find((c) => c > 1);
+    if (many !== undefined && o.counts.includes(1) && o.ping.includes(false) && o.clients.includes('lbagent-like') && (o.manyClients ?? o.clients).includes('lbagent-like')) {
+      for (let round = o.rounds; round < (o.likePairs ?? 0); round++) {
+        for (const count of round % 2 ? [many, 1] : [1, many]) await measure(round, 'lbagent-like', count, false, true);
       }
     }
     const summary: DhcpSummaryRow[] = [];
     for (const count of o.counts) {
       for (const ping of o.ping) {
         for (const client of o.clients) {
-          const rs = raw.filter((r) => r.client === client && r.count === count && r.ping === ping);
+          const rs = raw.filter((r) => !r.extra && r.client === client && r.count === count && r.ping === ping);
           if (rs.length === 0) continue;
           const ok = rs.filter((r) => r.bound === count);
           const opt = (xs: (number | undefined)[]): number | undefined => (xs.some((x) => x !== undefined) ? round(median(xs.map((x) => x ?? NaN)), 0) : undefined);
@@ -275,7 +292,7 @@ export async function benchDhcp(o: DhcpOptions): Promise<DhcpResult> {
         }
       }
     }
-    return { config: { rounds: o.rounds, counts: o.counts, clients: o.clients, manyClients: o.manyClients, ping: o.ping, manyPingRounds: o.manyPingRounds, manyPingClients: o.manyPingClients, dnsmasq: `dnsmasq --dhcp-range=${RANGE},1h --dhcp-authoritative [--no-ping], fresh per run` }, summary, raw };
+    return { config: { rounds: o.rounds, likePairs: o.likePairs, counts: o.counts, clients: o.clients, manyClients: o.manyClients, ping: o.ping, manyPingRounds: o.manyPingRounds, manyPingClients: o.manyPingClients, dnsmasq: `dnsmasq --dhcp-range=${RANGE},1h --dhcp-authoritative [--no-ping], fresh per run` }, summary, raw };
   } finally {
     await lab.destroy();
   }

@@ -3,13 +3,13 @@
 // target is reported as missed), and its rendering as Markdown for
 // bench/results/<date>.md and the README's Performance section.
 import type { ForwardResult, ForwardTarget } from '../forwarding';
-import type { DhcpResult, DhcpSummaryRow } from '../dhcp';
+import type { DhcpClient, DhcpResult, DhcpRun, DhcpSummaryRow } from '../dhcp';
 import type { DetectionResult } from '../detection';
 import type { ControlResult } from '../control';
 import { WHO_LABEL, EVENT_LABEL, type RestartResult, type RestartSummaryRow, type RestartEvent, type RestartWho } from '../restart';
 import type { ProbeRateResult, ProbeRateSummary, ProbePath, PreflightResult, FailoverResult } from '../wrapped';
 import type { Machine } from './procfs';
-import { fmt, fmtRatio, ratio } from './stats';
+import { fmt, fmtRatio, median, ratio } from './stats';
 
 export interface AreaRun {
   seconds: number; loadBefore: number[]; loadAfter: number[];
@@ -120,8 +120,16 @@ export function evaluateTargets(r: BenchResults): TargetRow[] {
       const one = dhcpRow(r, client, 1, false);
       const many = r.dhcp.summary.find((s) => s.client === client && s.count > 1 && !s.ping);
       if (one && many) {
-        const v = ratio(many.allMs, one.medianMs);
-        rows.push({ area: 'dhcp', target: `${many.count} services all bound within 1.5x of one, ${what} (issue 18)`, measured: `${fmtRatio(v)} (${fmt(many.allMs)} ms vs ${fmt(one.medianMs)} ms)`, met: judge(v, (x) => x <= 1.5) });
+        // Judged pair by pair (one service and the many of the same round, or
+        // of an extra pair run back to back): the machine's drift moves both
+        // runs of a pair together. The ratio of the medians is shown beside it.
+        const pairs = dhcpPairRatios(r.dhcp.raw, client, many.count);
+        const medians = ratio(many.allMs, one.medianMs);
+        const v = pairs.length > 0 ? median(pairs) : medians;
+        const measured = pairs.length > 0
+          ? `${fmtRatio(v)} paired, ${pairs.length} pairs (${pairs.map((x) => fmtRatio(x)).join(' / ')}); ratio of medians ${fmtRatio(medians)} (${fmt(many.allMs)} ms vs ${fmt(one.medianMs)} ms)`
+          : `${fmtRatio(v)} (${fmt(many.allMs)} ms vs ${fmt(one.medianMs)} ms)`;
+        rows.push({ area: 'dhcp', target: `${many.count} services all bound within 1.5x of one, ${what} (issue 18)`, measured, met: judge(v, (x) => x <= 1.5) });
       }
     }
   }
@@ -279,6 +287,22 @@ export function dhcpTables(r: BenchResults): { one?: string; many?: string } {
     one: oneRows.length ? table(['client', 'dnsmasq ping', 'start -> bound ms', 'x fastest peer', 'DISCOVER -> ACK on the wire ms', 'lb-agent DISCOVER -> bound ms', 'lb-agent spawn -> first DISCOVER ms', 'runs ok'], oneRows) : undefined,
     many: manyRows.length ? table(['client', 'services', 'dnsmasq ping', 'median start -> bound ms', 'all bound ms', 'x one service', 'wire median ms', 'lb-agent DISCOVER -> bound mean ms', 'runs ok'], manyRows) : undefined,
   };
+}
+
+/**
+ * Per round (the rounds' and the extra like-for-like pairs'), ping off: the
+ * time until all `many` services were bound over the one service's time to
+ * bound, for the rounds in which both runs bound everything; in round order.
+ */
+export function dhcpPairRatios(raw: readonly DhcpRun[], client: DhcpClient, many: number): number[] {
+  const ok = (count: number) => (r: DhcpRun): boolean => r.client === client && r.count === count && !r.ping && r.bound === count && Number.isFinite(r.allMs);
+  const ones = new Map(raw.filter(ok(1)).map((r) => [r.round, r.allMs]));
+  const out: number[] = [];
+  for (const r of raw.filter(ok(many)).sort((a, b) => a.round - b.round)) {
+    const one = ones.get(r.round);
+    if (one !== undefined && one > 0) out.push(r.allMs / one);
+  }
+  return out;
 }
 
 function probeRow(r: BenchResults, backends: number, path: ProbePath): ProbeRateSummary | undefined {

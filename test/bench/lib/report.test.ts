@@ -2,8 +2,9 @@
 // measured), the Markdown shows every area that ran and never "undefined" or
 // "NaN", and the README's generated block is appended once and then replaced.
 import t from 'tap';
-import { evaluateTargets, probesTable, renderResults, renderReadmeSummary, updateReadme, README_BEGIN, README_END, type BenchResults } from '../../../bench/lib/report';
+import { dhcpPairRatios, evaluateTargets, probesTable, renderResults, renderReadmeSummary, updateReadme, README_BEGIN, README_END, type BenchResults } from '../../../bench/lib/report';
 import type { ForwardTargetSummary } from '../../../bench/forwarding';
+import type { DhcpRun } from '../../../bench/dhcp';
 import type { ProbeRateResult, ProbeRateSummary } from '../../../bench/wrapped';
 import type { RestartResult, RestartSummaryRow } from '../../../bench/restart';
 
@@ -139,6 +140,36 @@ t.test('DHCP, health and memory targets', async (t) => {
   t.match(find('RSS flat').measured, /1\.06x after 20 reloads/);
   r.control.summary.many.reloads = 5;
   t.equal(evaluateTargets(r).find((x) => x.target.includes('RSS flat'))!.met, undefined, 'fewer than 20 reloads judge nothing');
+});
+
+t.test('DHCP 50 within 1.5x of one: judged pair by pair, extra pairs included', async (t) => {
+  const r = results();
+  const row = (client: 'lbagent' | 'lbagent-like', count: number, medianMs: number, allMs: number) => ({ label: client, client, count, ping: false, medianMs, allMs, wireMs: 5, runs: 3, failures: 0 });
+  const run = (round: number, client: 'lbagent' | 'lbagent-like', count: number, allMs: number, extra = false): DhcpRun =>
+    ({ round, client, count, ping: false, boundMs: [allMs], allMs, bound: count, wireMs: [5], ...(extra ? { extra } : {}) });
+  // The rounds' medians: 450 / 300 = 1.5x (met). The pairs: 1.7, 1.4, 1.6, 1.55, 1.45 -> median 1.55 (not met).
+  const raw = [
+    run(0, 'lbagent-like', 1, 250), run(0, 'lbagent-like', 50, 425),
+    run(1, 'lbagent-like', 1, 300), run(1, 'lbagent-like', 50, 420),
+    run(2, 'lbagent-like', 1, 350), run(2, 'lbagent-like', 50, 560),
+    run(3, 'lbagent-like', 1, 200, true), run(3, 'lbagent-like', 50, 310, true),
+    run(4, 'lbagent-like', 50, 435, true), run(4, 'lbagent-like', 1, 300, true),
+    // A pair whose many-run did not bind everything, and a one-run without its many: no ratio.
+    run(5, 'lbagent-like', 1, 300, true), { ...run(5, 'lbagent-like', 50, NaN, true), bound: 49 },
+    run(6, 'lbagent-like', 1, 100, true),
+  ];
+  t.same(dhcpPairRatios(raw, 'lbagent-like', 50).map((x) => Math.round(x * 100) / 100), [1.7, 1.4, 1.6, 1.55, 1.45]);
+  t.same(dhcpPairRatios(raw, 'lbagent', 50), [], 'another client\'s runs are not paired');
+  r.dhcp = {
+    config: { rounds: 3, likePairs: 7, counts: [1, 50], clients: [], ping: [false], manyPingRounds: 0, dnsmasq: 'dnsmasq' },
+    summary: [row('lbagent-like', 1, 300, 300), row('lbagent-like', 50, 400, 450)],
+    raw,
+  };
+  const like = evaluateTargets(r).find((x) => x.target.includes('within 1.5x of one, like'))!;
+  t.equal(like.met, false, 'the median pair, 1.55x, not the ratio of medians, 1.5x');
+  t.match(like.measured, /^1\.55x paired, 5 pairs \(1\.70x \/ 1\.40x \/ 1\.60x \/ 1\.55x \/ 1\.45x\); ratio of medians 1\.50x \(450 ms vs 300 ms\)$/);
+  r.dhcp.raw = [];
+  t.equal(evaluateTargets(r).find((x) => x.target.includes('within 1.5x of one, like'))!.met, true, 'no raw runs (older results): the ratio of medians');
 });
 
 t.test('health target: the native prober at 10,000, >= 99% of the rate and under half a core', async (t) => {
