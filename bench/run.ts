@@ -162,7 +162,8 @@ async function main(): Promise<void> {
             manyPingRounds: args.dhcpManyPing ? 1 : 0,
             manyPingClients: args.dhcpClients.filter((c) => c !== 'lbagent'),
             // Issue 18's like-for-like line, judged pair by pair: 9 pairs in a
-            // full run (its rounds' and 6 more, ~5 s each), as many as rounds with --quick.
+            // full run (its rounds' and 6 more, ~3.5 s each: 22 s in the 2026-11-29-3 run),
+            // as many as rounds with --quick.
             likePairs: q ? R : Math.max(R, 9),
             log: log(area),
           });
