@@ -167,12 +167,16 @@ function tracedStoreScript(dir: string, body: string): string {
     const path = require('node:path');
     const seen = [];
     const what = new Map();
+    const name = (p) => path.basename(p).includes('.tmp-') ? 'temp' : p === ${JSON.stringify(dir)} ? 'dir' : p;
     const openSync = fs.openSync;
     fs.openSync = (p, ...rest) => {
       const fd = openSync(p, ...rest);
-      what.set(fd, path.basename(p).includes('.tmp-') ? 'temp' : p === ${JSON.stringify(dir)} ? 'dir' : p);
+      what.set(fd, name(p));
       return fd;
     };
+    // The temp file is opened in the thread pool (fs.open with a callback).
+    const open = fs.open;
+    fs.open = (p, flags, mode, cb) => open(p, flags, mode, (err, fd) => { if (!err) what.set(fd, name(p)); cb(err, fd); });
     const writeFileSync = fs.writeFileSync;
     fs.writeFileSync = (f, ...rest) => { if (typeof f === 'number') seen.push('writeFile(' + what.get(f) + ')'); return writeFileSync(f, ...rest); };
     const fsync = fs.fsync;
@@ -181,6 +185,8 @@ function tracedStoreScript(dir: string, body: string): string {
     fs.closeSync = (fd) => { seen.push('close(' + what.get(fd) + ')'); return closeSync(fd); };
     const renameSync = fs.renameSync;
     fs.renameSync = (a, b) => { renameSync(a, b); seen.push('renamed ' + path.basename(b)); };
+    const rename = fs.rename;
+    fs.rename = (a, b, cb) => rename(a, b, (err) => { if (!err) seen.push('renamed ' + path.basename(b)); cb(err); });
     const { StateStore } = require(${JSON.stringify(STORE_JS)});
     ${body}`;
 }
