@@ -17,7 +17,7 @@ import { StateStore } from '../state/store';
 import { InstanceLock } from './lock';
 import type { MetricsServer, Readiness } from '../metrics/server';
 import { ControlServer } from '../control/server';
-import type { AddressSource } from '../source';
+import type { AddressSource, SourceStatus } from '../source';
 import type { Subsystems, ForwardService, SubsystemContext } from './subsystems';
 import type { ListenerStore } from '../forward/dataplane';
 import type { Clock } from '../clock';
@@ -127,6 +127,17 @@ const UNKNOWN_TOPOLOGY: NodeTopology = { zone: undefined, region: undefined, zon
  */
 export const START_APPLY_BATCH_MS = 500;
 
+/**
+ * Whether a service's address source is still acquiring for the start's
+ * batch: acquiring, or bound but not yet on the interface (a DHCP ACK whose
+ * address and lease are being put in place; a write there forked the agent
+ * between the last ACK and the last bind).
+ */
+function acquiringNow(rt: ServiceRuntime): boolean {
+  const st = rt.source?.status();
+  return st !== undefined && (st.state === 'acquiring' || (st.state === 'bound' && st.vip === undefined));
+}
+
 /** Persisted health verdicts (crash-only start seeds the checker from them). */
 const HEALTH_FILE = 'health.json';
 
@@ -155,6 +166,10 @@ export class Daemon extends EventEmitter {
   private applyAgain = false;
   /** The next apply runs now, not batched (applyNow: the first apply, reloads, takeovers). */
   private applyForced = false;
+  /** A STATUS= line asked for by notifyStatusSoon, not yet sent. */
+  private statusNotice: NodeJS.Immediate | undefined;
+  /** The runtime startBatchWait last found acquiring: asked first next time. */
+  private lastAcquiring: ServiceRuntime | undefined;
   /** Since when a change has waited for the start's batch (startBatchWait); the timer that ends the wait. */
   private batchSince: number | undefined;
   private batchTimer: NodeJS.Timeout | undefined;
@@ -330,7 +345,7 @@ export class Daemon extends EventEmitter {
         const st = source.status();
         lastVip = st.vip?.address;
         this.noteEvent('vip-gained', { service: spec.key, address: lastVip, reason: st.reason ?? `${spec.ipam} VIP ${st.state}` });
-        this.scheduleApply(); this.notifyStatus();
+        this.scheduleApply(); this.notifyStatusSoon();
       });
       source.on('lost', (reason: string) => {
         this.log.warn({ op: 'vip-lost', service: spec.key, reason }, 'VIP withdrawn');
@@ -338,7 +353,7 @@ export class Daemon extends EventEmitter {
         this.noteEvent('vip-lost', { service: spec.key, address: lastVip, reason });
         if (!this.stopping && this.runtimes.get(spec.key) === rt && !/^(stopped|released)\b/.test(reason)) this.noteInterruption(rt, reason);
         this.scheduleApply();
-        this.notifyStatus();
+        this.notifyStatusSoon();
       });
       source.on('status', () => {
         // Every step of every source emits 'status': read it only when a held VIP could be lost by it.
@@ -689,14 +704,15 @@ export class Daemon extends EventEmitter {
    */
   private startBatchWait(): number {
     if (!this.started || this.startSettled || this.subs?.failover !== undefined) return 0;
-    let acquiring = false;
-    for (const rt of this.runtimes.values()) {
-      const st = rt.source?.status();
-      // Bound but not yet on the interface (a DHCP ACK whose address and lease are being put in place) counts as acquiring:
-      // a write there forked the agent between the last ACK and the last bind.
-      if (st !== undefined && (st.state === 'acquiring' || (st.state === 'bound' && st.vip === undefined))) { acquiring = true; break; }
+    // The runtime found acquiring last time is asked first: it usually still
+    // is, and a scan from the start would walk the services already bound at
+    // every change (issue 18: 50 services, ~1,000 status() calls a start).
+    const still = this.lastAcquiring !== undefined && this.runtimes.get(this.lastAcquiring.spec.key) === this.lastAcquiring && acquiringNow(this.lastAcquiring);
+    if (!still) {
+      this.lastAcquiring = undefined;
+      for (const rt of this.runtimes.values()) if (acquiringNow(rt)) { this.lastAcquiring = rt; break; }
     }
-    if (!acquiring) return 0;
+    if (this.lastAcquiring === undefined) return 0;
     const now = this.clock.now();
     this.batchSince ??= now;
     return Math.max(0, this.batchSince + (this.opts.startApplyBatchMs ?? START_APPLY_BATCH_MS) - now);
@@ -965,37 +981,7 @@ export class Daemon extends EventEmitter {
     return [...this.runtimes.values()].map((rt) => {
       const spec = rt.spec;
       const primaryKey = spec.primaryService ?? spec.key;
-      const src = this.runtimes.get(primaryKey)?.source?.status();
-      const backends = subs.health.status(spec.key);
-      const healthy = subs.health.healthy(spec.key);
-      const topology = this.topologyOf(spec);
-      const failover = subs.failover?.status(primaryKey);
-      const holds = this.holds(primaryKey);
-      const vip = this.vipOf(spec);
-      let state: string;
-      let reason: string | undefined;
-      let ready: boolean;
-      if (!holds) {
-        state = 'backup';
-        reason = failover?.handoverUntil !== undefined
-          ? `VRRP Master by preemption: taking the VIP once the previous Master has withdrawn it (by ${String(failover.handoverUntil)})`
-          : `VIP held by the VRRP Master${failover?.master ? ` ${String(failover.master)}` : ''}`;
-        ready = true;
-      } else if (!vip) {
-        state = src?.state ?? 'pending';
-        reason = src?.reason ?? (spec.primaryService ? `waiting for the VIP of ${spec.primaryService}` : 'no VIP yet');
-        ready = false;
-      } else if (spec.backends.length === 0) {
-        state = 'serving'; reason = 'no backends configured'; ready = false;
-      } else if (healthy.length === 0) {
-        state = 'serving'; reason = 'no healthy backend: new connections are refused'; ready = false;
-      } else if (topology.set === 'none') {
-        state = 'serving'; reason = topology.detail; ready = false;
-      } else if (!this.appliedServing.has(spec.key)) {
-        state = 'serving'; reason = 'forwarding to the healthy backends is being put in place'; ready = false;
-      } else {
-        state = 'serving'; reason = undefined; ready = true;
-      }
+      const { src, failover, topology, healthy, vip, state, reason, ready } = this.serviceState(rt, subs);
       return {
         key: spec.key, name: spec.name, namespace: spec.namespace, ipam: spec.ipam,
         primaryService: spec.primaryService, vip: vip ?? src?.vip?.address, interface: src?.ifname,
@@ -1008,11 +994,51 @@ export class Daemon extends EventEmitter {
         source: src ? { state: src.state, reason: src.reason, ...src.details } : undefined,
         failover,
         healthyBackends: healthy.length,
-        backends,
+        backends: subs.health.status(spec.key),
         sourceIP: spec.sourceIP,
         topology: { policy: spec.topology, zone: this.topology.zone, set: topology.set, reason: topology.reason, detail: topology.detail, inUse: topology.backends.map((b) => b.address) },
       };
     });
+  }
+
+  /** A started service's state, reason and readiness, and what they were decided from: serviceStatuses and notifyStatus. */
+  private serviceState(rt: ServiceRuntime, subs: Subsystems): {
+    src: SourceStatus | undefined; failover: ReturnType<NonNullable<Subsystems['failover']>['status']> | undefined; topology: TopologySelection;
+    healthy: ReturnType<Subsystems['health']['healthy']>; vip: string | undefined; state: string; reason: string | undefined; ready: boolean;
+  } {
+    const spec = rt.spec;
+    const primaryKey = spec.primaryService ?? spec.key;
+    const src = this.runtimes.get(primaryKey)?.source?.status();
+    const healthy = subs.health.healthy(spec.key);
+    const topology = this.topologyOf(spec);
+    const failover = subs.failover?.status(primaryKey);
+    const holds = this.holds(primaryKey);
+    const vip = this.vipOf(spec);
+    let state: string;
+    let reason: string | undefined;
+    let ready: boolean;
+    if (!holds) {
+      state = 'backup';
+      reason = failover?.handoverUntil !== undefined
+        ? `VRRP Master by preemption: taking the VIP once the previous Master has withdrawn it (by ${String(failover.handoverUntil)})`
+        : `VIP held by the VRRP Master${failover?.master ? ` ${String(failover.master)}` : ''}`;
+      ready = true;
+    } else if (!vip) {
+      state = src?.state ?? 'pending';
+      reason = src?.reason ?? (spec.primaryService ? `waiting for the VIP of ${spec.primaryService}` : 'no VIP yet');
+      ready = false;
+    } else if (spec.backends.length === 0) {
+      state = 'serving'; reason = 'no backends configured'; ready = false;
+    } else if (healthy.length === 0) {
+      state = 'serving'; reason = 'no healthy backend: new connections are refused'; ready = false;
+    } else if (topology.set === 'none') {
+      state = 'serving'; reason = topology.detail; ready = false;
+    } else if (!this.appliedServing.has(spec.key)) {
+      state = 'serving'; reason = 'forwarding to the healthy backends is being put in place'; ready = false;
+    } else {
+      state = 'serving'; reason = undefined; ready = true;
+    }
+    return { src, failover, topology, healthy, vip, state, reason, ready };
   }
 
   /** Before the first reconcile: every configured service, "starting", nothing claimed yet. */
@@ -1064,13 +1090,37 @@ export class Daemon extends EventEmitter {
     throw new Error(`unknown op ${JSON.stringify(op)} (known: status, ping, reload, handover)`);
   }
 
+  /**
+   * notifyStatus() once the events of this turn of the loop are handled: a
+   * source's VIP gained or lost. Each line reads every service's status, and
+   * 50 DHCP services binding in one start sent 50 of them (issue 18).
+   */
+  private notifyStatusSoon(): void {
+    if (!this.opts.notify || this.statusNotice !== undefined) return;
+    this.statusNotice = setImmediate(() => { this.statusNotice = undefined; this.notifyStatus(); });
+  }
+
   private notifyStatus(): void {
-    if (!this.opts.notify || !this.subs) return;
-    const st = this.serviceStatuses();
-    const serving = st.filter((s) => s.state === 'serving').length;
-    const ready = st.filter((s) => s.ready).length;
-    const vips = new Set(st.filter((s) => s.state === 'serving' && s.vip).map((s) => s.vip)).size;
-    this.opts.notify(`STATUS=${vips} VIP${vips === 1 ? '' : 's'} served; ${st.length} services, ${serving} serving, ${ready} ready; dataplane ${this.subs.dataplane.kind}`);
+    if (this.statusNotice !== undefined) { clearImmediate(this.statusNotice); this.statusNotice = undefined; }
+    const subs = this.subs;
+    if (!this.opts.notify || !subs) return;
+    // The counts only: not serviceStatuses(), which builds every service's
+    // whole document (its source's details, its backends) for each line.
+    let services = 0, serving = 0, ready = 0;
+    const vips = new Set<string>();
+    if (!this.started) services = this.config?.services.length ?? 0;
+    else {
+      for (const rt of this.runtimes.values()) {
+        const st = this.serviceState(rt, subs);
+        services++;
+        if (st.ready) ready++;
+        if (st.state !== 'serving') continue;
+        serving++;
+        const vip = st.vip ?? st.src?.vip?.address;
+        if (vip) vips.add(vip);
+      }
+    }
+    this.opts.notify(`STATUS=${vips.size} VIP${vips.size === 1 ? '' : 's'} served; ${services} services, ${serving} serving, ${ready} ready; dataplane ${subs.dataplane.kind}`);
   }
 }
 

@@ -400,6 +400,20 @@ t.test('during the start, VIPs bound while other sources still acquire are writt
   t.equal(h.trims.count, 1, 'and the start settles');
 });
 
+t.test('VIPs bound in one turn of the loop make one STATUS= line, with all of them (issue 18)', async (t) => {
+  const names = Array.from({ length: 20 }, (_, i) => `s${i}`);
+  const h = harness(t, names.map((name) => ({ name })), { startApplyBatchMs: 60_000 });
+  await h.daemon.start();
+  await settle(h);
+  const from = h.statuses.length;
+  names.forEach((n, i) => h.fk.sources.get(`default/${n}`)!.bind(`10.99.0.${100 + i}`));
+  t.equal(h.statuses.length, from, 'none sent while the turn\'s events are handled');
+  await new Promise((r) => setImmediate(r));
+  // One line per bind read every service's status each time: 20 lines here, 50 x 50 statuses for a 50-service start.
+  t.equal(h.statuses.length, from + 1, 'one line for the 20 binds');
+  t.match(h.statuses.at(-1), /^STATUS=20 VIPs served; 20 services, 20 serving, \d+ ready;/, 'counting all 20');
+});
+
 t.test('the start\'s batch waits at most startApplyBatchMs for a source that does not bind', async (t) => {
   const h = harness(t, [{ name: 'a' }, { name: 'b' }], { startApplyBatchMs: 200 });
   await h.daemon.start();
