@@ -105,6 +105,7 @@ import { SerialQueue } from '../serial';
 import type { DsrBpfPort } from '../net/ebpf-dsr';
 import type { DsrBpf, DsrFdStore } from '../net/ebpf-attach';
 import type { ConntrackClient, UdpFlowRule } from '../net/conntrack';
+import { hasOwnedName } from '../net/ownership';
 
 // The BPF driver loads on demand: when a DSR port is forwarded, and at the
 // first apply when an earlier process left our netdev table, to look for the
@@ -1028,7 +1029,12 @@ export class NftDataplane implements Dataplane {
    *   backend directly") for it. Useless to the client, and the redirects use
    *   up the per-host ICMP rate limit, which then delays the port-unreachable
    *   that refuses UDP when no backend is healthy. The effective value is the
-   *   OR of conf/all and conf/<if>, hence every entry.
+   *   OR of conf/all and conf/<if>, hence every entry - but the agent's own
+   *   service macvlans: they carry one /32 VIP each and no route, so no
+   *   packet is ever forwarded out of one, and a redirect needs the packet
+   *   to leave by the interface it came in on. (Issue 18: a start that has
+   *   made 50 of them already read and wrote 100 procfs files here, through
+   *   the thread pool, in front of the first apply.)
    */
   private async ensureSysctls(): Promise<void> {
     const file = path.join(this.procRoot, 'sys/net/ipv4/ip_forward');
@@ -1050,6 +1056,7 @@ export class NftDataplane implements Dataplane {
     let entries: string[] = [];
     try { entries = await fs.readdir(confDir); } catch { /* no /proc here: nothing to do */ }
     for (const name of entries) {
+      if (hasOwnedName(name)) continue;
       const f = path.join(confDir, name, 'send_redirects');
       if ((await readNumber(f)) !== 1) continue;
       try { await fs.writeFile(f, '0\n'); redirectsOff.push(name); } catch { redirectsFailed.push(name); }

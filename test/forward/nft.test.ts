@@ -13,6 +13,7 @@ import type { ForwardState } from '../../agent/forward/dataplane';
 import * as os from 'node:os';
 import { Registry } from 'prom-client';
 import { ManualClock } from '../../agent/clock';
+import { linkNameForService } from '../../agent/net/ownership';
 import {
   NftDataplane, canonicalTableJson, flowTotals, handedBackTotals, parseNftCounters, probeDsr, probeNftables, renderNft, renderRemoval, udpFlowSweep, type Exec,
 } from '../../agent/forward/nft';
@@ -254,6 +255,29 @@ t.test('execProgram: a child that exits without reading its input is a rejection
   for (let i = 0; i < 5; i++) {
     await t.rejects(execProgram('/bin/false', [], 'table ip x {}\n'.repeat(100_000)), { code: 1 });
   }
+});
+
+t.test('ICMP redirects go off on every interface but the agent\'s own service macvlans, which forward nothing out (issue 18)', async (t) => {
+  const proc = fs.mkdtempSync(path.join(os.tmpdir(), 'lb-nft-proc-'));
+  t.teardown(() => fs.rmSync(proc, { recursive: true, force: true }));
+  fs.mkdirSync(path.join(proc, 'sys/net/ipv4'), { recursive: true });
+  fs.writeFileSync(path.join(proc, 'sys/net/ipv4/ip_forward'), '1\n');
+  const svc = linkNameForService('default/web');
+  for (const name of ['all', 'default', 'eth0', svc, 'lbvnotours']) {
+    fs.mkdirSync(path.join(proc, 'sys/net/ipv4/conf', name), { recursive: true });
+    fs.writeFileSync(path.join(proc, 'sys/net/ipv4/conf', name, 'send_redirects'), '1\n');
+  }
+  const exec: Exec = async (file, args) => {
+    if (file === 'nft' && args[0] === '-j') throw Object.assign(new Error('absent'), { code: 1, stderr: 'Error: No such file or directory' });
+    return { stdout: '', stderr: '' };
+  };
+  const dp = new NftDataplane({ registry: new Registry(), exec, procRoot: proc, clock: new ManualClock(0) });
+  t.teardown(() => dp.stop({ keep: true }));
+  await dp.apply({ services: [] });
+  const value = (name: string): string => fs.readFileSync(path.join(proc, 'sys/net/ipv4/conf', name, 'send_redirects'), 'utf8').trim();
+  t.same(['all', 'default', 'eth0', 'lbvnotours'].map(value), ['0', '0', '0', '0'], 'off where the kernel may forward a packet back out');
+  t.equal(value(svc), '1', `${svc}, a service macvlan, not read or written`);
+  t.same([...((await dp.stats()).details.sendRedirectsDisabledOn as string[])].sort(), ['all', 'default', 'eth0', 'lbvnotours'], 'and status says where');
 });
 
 t.test('a /metrics scrape spawns no process: counters are read on a timer; a table just written counts from zero without a read', async (t) => {
