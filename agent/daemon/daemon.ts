@@ -706,7 +706,7 @@ export class Daemon extends EventEmitter {
     if (!this.started || this.startSettled || this.subs?.failover !== undefined) return 0;
     // The runtime found acquiring last time is asked first: it usually still
     // is, and a scan from the start would walk the services already bound at
-    // every change (issue 18: 50 services, ~1,000 status() calls a start).
+    // every change: n x n status() calls over a start of n services (issue 18).
     const still = this.lastAcquiring !== undefined && this.runtimes.get(this.lastAcquiring.spec.key) === this.lastAcquiring && acquiringNow(this.lastAcquiring);
     if (!still) {
       this.lastAcquiring = undefined;

@@ -1032,9 +1032,10 @@ export class NftDataplane implements Dataplane {
    *   OR of conf/all and conf/<if>, hence every entry - but the agent's own
    *   service macvlans: they carry one /32 VIP each and no route, so no
    *   packet is ever forwarded out of one, and a redirect needs the packet
-   *   to leave by the interface it came in on. (Issue 18: a start that has
-   *   made 50 of them already read and wrote 100 procfs files here, through
-   *   the thread pool, in front of the first apply.)
+   *   to leave by the interface it came in on. (Issue 18: a start that
+   *   finds 50 of them in place - a planned restart keeps them - read and
+   *   wrote 100 procfs files here, through the thread pool, in front of its
+   *   first apply.)
    */
   private async ensureSysctls(): Promise<void> {
     const file = path.join(this.procRoot, 'sys/net/ipv4/ip_forward');
