@@ -10,7 +10,7 @@ import type { Registry, Gauge, Counter } from '../metrics/prom';
 import { formatConfigErrors, parseListen, type ConfigError } from '../config/load';
 import { loadConfigFileAsync, INLINE_PARSE_MAX_BYTES } from '../config/load-async';
 import type { ReloadStep, ReloadSummary } from './reconciler';
-import type { Desired, ServiceSpec } from '../config/types';
+import type { BackendSpec, Desired, ServiceSpec } from '../config/types';
 import { LbError, errorMessage } from '../errors';
 import type { Logger } from '../log';
 import { StateStore } from '../state/store';
@@ -86,6 +86,20 @@ export interface DaemonOptions {
 
 /** How long a successor waits for its predecessor to let go of the instance lock. */
 const REPLACE_LOCK_WAIT_MS = 10_000;
+
+/** Daemon.serviceState: how a started service stands, and the readings that decided it. */
+interface ServiceState {
+  /** The address source's status (the primary's, for a Share IP service). */
+  src: SourceStatus | undefined;
+  failover: Record<string, unknown> | undefined;
+  topology: TopologySelection;
+  healthy: readonly BackendSpec[];
+  /** The VIP served (vipOf). */
+  vip: string | undefined;
+  state: string;
+  reason: string | undefined;
+  ready: boolean;
+}
 
 interface ServiceRuntime {
   spec: ServiceSpec;
@@ -1002,10 +1016,7 @@ export class Daemon extends EventEmitter {
   }
 
   /** A started service's state, reason and readiness, and what they were decided from: serviceStatuses and notifyStatus. */
-  private serviceState(rt: ServiceRuntime, subs: Subsystems): {
-    src: SourceStatus | undefined; failover: ReturnType<NonNullable<Subsystems['failover']>['status']> | undefined; topology: TopologySelection;
-    healthy: ReturnType<Subsystems['health']['healthy']>; vip: string | undefined; state: string; reason: string | undefined; ready: boolean;
-  } {
+  private serviceState(rt: ServiceRuntime, subs: Subsystems): ServiceState {
     const spec = rt.spec;
     const primaryKey = spec.primaryService ?? spec.key;
     const src = this.runtimes.get(primaryKey)?.source?.status();
