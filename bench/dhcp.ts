@@ -240,7 +240,7 @@ export async function benchDhcp(o: DhcpOptions): Promise<DhcpResult> {
     const measure = async (round: number, client: DhcpClient, count: number, ping: boolean, extra: boolean): Promise<void> => {
       const tag = `${(seq++).toString(36)}`;
       const dns = await startDnsmasq(lab, server, { range: RANGE, leaseTime: '1h', noPing: !ping, name: `dnsmasq-${tag}` });
-      const wire = await startWireCapture(lab, server);
+      const wire = await startWireCapture(lab, server, lab.file(`wire-${tag}.pcap`));
       let res: ClientResult;
       let wireMs: number[] = [];
       try {
