@@ -26,6 +26,7 @@ import { startDnsmasq } from '../lab/services';
 import { runAgent, stopAgent, logTime, scrapeMetrics, histogramTotals } from './lib/agent';
 import { startWireCapture } from './lib/dhcpwire';
 import { median, max, round, rotate } from './lib/stats';
+import { threadsCpuMs } from './lib/procfs';
 
 export const DHCP_CLIENTS = ['udhcpc', 'dhclient', 'lbagent', 'lbagent-like'] as const;
 export type DhcpClient = (typeof DHCP_CLIENTS)[number];
@@ -81,6 +82,15 @@ export interface DhcpRun {
    */
   acquireMeanMs?: number;
   processStartMs?: number;
+  /**
+   * CPU time (ms, on a CPU per the scheduler) over the run: lb-agent's process from its spawn
+   * to its last bind; dnsmasq's from before the clients started to the end
+   * of the run. Both share the machine's two cores with the clients: what
+   * the server spends is CPU a client start waits for here and would not on
+   * a LAN.
+   */
+  agentCpuMs?: number;
+  serverCpuMs?: number;
   error?: string;
   /** A run of the extra like-for-like pairs (DhcpOptions.likePairs): in the paired ratio, not in the tables. */
   extra?: boolean;
@@ -96,6 +106,9 @@ export interface DhcpSummaryRow {
   wireMs: number;
   acquireMeanMs?: number;
   processStartMs?: number;
+  /** Medians over rounds of DhcpRun.agentCpuMs and serverCpuMs. */
+  agentCpuMs?: number;
+  serverCpuMs?: number;
   runs: number; failures: number;
 }
 
@@ -207,6 +220,8 @@ async function runLbAgent(lab: Lab, node: string, n: number, tag: string, like: 
       if (agent.proc.exitCode !== null) return true;
       return new Set(binds().map((l) => l.service)).size >= n || undefined;
     }, TIMEOUT_MS, 20).catch(() => undefined);
+    // Before the scrape below, which is CPU of the agent's too.
+    const agentCpuMs = threadsCpuMs(agent.proc.pid);
     const first = new Map<string, number>();
     for (const l of binds()) if (!first.has(l.service as string)) first.set(l.service as string, logTime(l));
     const boundMs = names.map((name) => (first.get(`default/${name}`) ?? NaN) - t0);
@@ -222,6 +237,7 @@ async function runLbAgent(lab: Lab, node: string, n: number, tag: string, like: 
       allMs: bound === n ? max(boundMs) : NaN,
       acquireMeanMs,
       processStartMs: starting ? logTime(starting) - t0 : undefined,
+      agentCpuMs: Number.isFinite(agentCpuMs) ? agentCpuMs : undefined,
       error: bound === n ? undefined : `${bound}/${n} bound; ${agent.logs.filter((l) => l.level === 'fatal' || l.level === 'error').map((l) => String(l.msg)).join('; ').slice(0, 400)} ${agent.stderr().slice(-300)}`,
     };
   } finally {
@@ -243,6 +259,8 @@ export async function benchDhcp(o: DhcpOptions): Promise<DhcpResult> {
       const wire = await startWireCapture(lab, server, lab.file(`wire-${tag}.pcap`));
       let res: ClientResult;
       let wireMs: number[] = [];
+      let serverCpuMs: number | undefined;
+      const server0 = threadsCpuMs(dns.proc.pid);
       try {
         if (client === 'udhcpc') res = await runUdhcpc(lab, node, count, tag);
         else if (client === 'dhclient') res = await runDhclient(lab, node, count, tag);
@@ -250,10 +268,12 @@ export async function benchDhcp(o: DhcpOptions): Promise<DhcpResult> {
       } catch (e) {
         res = { boundMs: [], allMs: NaN, bound: 0, error: String((e as Error).message ?? e).slice(0, 500) };
       } finally {
+        const server1 = threadsCpuMs(dns.proc.pid);
+        if (Number.isFinite(server1 - server0)) serverCpuMs = server1 - server0;
         wireMs = [...(await wire.stop()).values()];
         await dns.stop();
       }
-      const run: DhcpRun = { round, client, count, ping, ...res, wireMs, ...(extra ? { extra } : {}) };
+      const run: DhcpRun = { round, client, count, ping, ...res, wireMs, ...(serverCpuMs !== undefined ? { serverCpuMs } : {}), ...(extra ? { extra } : {}) };
       raw.push(run);
       o.log(`${extra ? `like-for-like pair ${round + 1}/${o.likePairs}` : `round ${round + 1}/${o.rounds}`} ${String(count).padStart(2)} x ${client.padEnd(12)} ping ${ping ? 'on ' : 'off'}  median ${median(res.boundMs).toFixed(0).padStart(5)} ms  all ${res.allMs.toFixed(0).padStart(5)} ms  wire ${median(wireMs).toFixed(0).padStart(5)} ms  ${res.bound}/${count} bound${res.acquireMeanMs !== undefined ? `  DISCOVER->bound ${res.acquireMeanMs.toFixed(0)} ms` : ''}${res.error ? `  error: ${res.error.slice(0, 160)}` : ''}`);
     };
@@ -287,6 +307,8 @@ export async function benchDhcp(o: DhcpOptions): Promise<DhcpResult> {
             wireMs: round(median(ok.map((r) => median(r.wireMs))), 0),
             acquireMeanMs: opt(ok.map((r) => r.acquireMeanMs)),
             processStartMs: opt(ok.map((r) => r.processStartMs)),
+            agentCpuMs: opt(ok.map((r) => r.agentCpuMs)),
+            serverCpuMs: opt(ok.map((r) => r.serverCpuMs)),
             runs: rs.length, failures: rs.length - ok.length,
           });
         }

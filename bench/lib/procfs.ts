@@ -85,6 +85,23 @@ export function cpuSecondsOf(pid: number | undefined): number {
   } catch { return NaN; }
 }
 
+/**
+ * CPU time of a process's live threads, ms, at the scheduler's nanosecond
+ * resolution (/proc/<pid>/task/<tid>/schedstat: time on a CPU), where
+ * /proc/<pid>/stat counts 10 ms ticks. Threads that have exited are not in
+ * it. NaN when the process is gone.
+ */
+export function threadsCpuMs(pid: number | undefined): number {
+  if (pid === undefined) return NaN;
+  try {
+    let ns = 0;
+    for (const tid of fs.readdirSync(`/proc/${pid}/task`)) {
+      try { ns += Number(fs.readFileSync(`/proc/${pid}/task/${tid}/schedstat`, 'utf8').split(' ')[0]); } catch { /* the thread ended */ }
+    }
+    return ns / 1e6;
+  } catch { return NaN; }
+}
+
 /** Summed CPU seconds of a process tree. */
 export function treeCpuSeconds(pid: number | undefined): number {
   return processTree(pid).reduce((s, p) => s + (cpuSecondsOf(p) || 0), 0);

@@ -273,19 +273,21 @@ export function dhcpTables(r: BenchResults): { one?: string; many?: string } {
   const fastestPeer = (p: boolean): number => Math.min(...one.filter((s) => s.ping === p && (s.client === 'udhcpc' || s.client === 'dhclient')).map((s) => s.medianMs).filter(Number.isFinite));
   const oneRows = one.map((s) => [
     s.label, ping(s.ping), fmt(s.medianMs), fmtRatio(ratio(s.medianMs, fastestPeer(s.ping))), fmt(s.wireMs),
-    s.acquireMeanMs !== undefined ? fmt(s.acquireMeanMs) : '-', s.processStartMs !== undefined ? fmt(s.processStartMs) : '-', `${s.runs - s.failures}/${s.runs}`,
+    s.acquireMeanMs !== undefined ? fmt(s.acquireMeanMs) : '-', s.processStartMs !== undefined ? fmt(s.processStartMs) : '-',
+    s.agentCpuMs !== undefined ? fmt(s.agentCpuMs) : '-', s.serverCpuMs !== undefined ? fmt(s.serverCpuMs) : '-', `${s.runs - s.failures}/${s.runs}`,
   ]);
   const many = d.summary.filter((s) => s.count > 1);
   const manyRows = many.map((s) => {
     const base = one.find((o) => o.client === s.client && o.ping === s.ping);
     return [
       s.label, String(s.count), ping(s.ping), fmt(s.medianMs), fmt(s.allMs), fmtRatio(ratio(s.allMs, base?.medianMs ?? NaN)), fmt(s.wireMs),
-      s.acquireMeanMs !== undefined ? fmt(s.acquireMeanMs) : '-', `${s.runs - s.failures}/${s.runs}`,
+      s.acquireMeanMs !== undefined ? fmt(s.acquireMeanMs) : '-',
+      s.agentCpuMs !== undefined ? fmt(s.agentCpuMs) : '-', s.serverCpuMs !== undefined ? fmt(s.serverCpuMs) : '-', `${s.runs - s.failures}/${s.runs}`,
     ];
   });
   return {
-    one: oneRows.length ? table(['client', 'dnsmasq ping', 'start -> bound ms', 'x fastest peer', 'DISCOVER -> ACK on the wire ms', 'lb-agent DISCOVER -> bound ms', 'lb-agent spawn -> first DISCOVER ms', 'runs ok'], oneRows) : undefined,
-    many: manyRows.length ? table(['client', 'services', 'dnsmasq ping', 'median start -> bound ms', 'all bound ms', 'x one service', 'wire median ms', 'lb-agent DISCOVER -> bound mean ms', 'runs ok'], manyRows) : undefined,
+    one: oneRows.length ? table(['client', 'dnsmasq ping', 'start -> bound ms', 'x fastest peer', 'DISCOVER -> ACK on the wire ms', 'lb-agent DISCOVER -> bound ms', 'lb-agent spawn -> first DISCOVER ms', 'lb-agent CPU ms', 'dnsmasq CPU ms', 'runs ok'], oneRows) : undefined,
+    many: manyRows.length ? table(['client', 'services', 'dnsmasq ping', 'median start -> bound ms', 'all bound ms', 'x one service', 'wire median ms', 'lb-agent DISCOVER -> bound mean ms', 'lb-agent CPU ms', 'dnsmasq CPU ms', 'runs ok'], manyRows) : undefined,
   };
 }
 
@@ -440,7 +442,7 @@ export function renderResults(r: BenchResults): string {
   const dt = dhcpTables(r);
   if (dt.one || dt.many) {
     parts.push('## DHCP, start to bound');
-    parts.push(`dnsmasq 2.90 in another namespace, fresh per run (${r.dhcp!.config.dnsmasq}). Peers on their own macvlans in the node namespace: \`busybox udhcpc -i IF -n -q -f -s /bin/true\`, \`dhclient -1 -d -sf /bin/true -lf FILE -pf FILE IF\`. "start -> bound" is from spawning the process; "on the wire" is the client's first DISCOVER to its ACK, stamped by tcpdump at the server (process start and anything after the ACK excluded). lb-agent's defaults add a random start delay of up to 1 s (RFC 2131 4.4.1) and an RFC 5227 ARP probe of the offered address before binding (about 3-6 s with the RFC's timings); "like the peers" sets \`dhcp.probeOffer: false\` and \`dhcp.retransmitJitter: 0\`.`);
+    parts.push(`dnsmasq 2.90 in another namespace, fresh per run (${r.dhcp!.config.dnsmasq}). Peers on their own macvlans in the node namespace: \`busybox udhcpc -i IF -n -q -f -s /bin/true\`, \`dhclient -1 -d -sf /bin/true -lf FILE -pf FILE IF\`. "start -> bound" is from spawning the process; "on the wire" is the client's first DISCOVER to its ACK, stamped by tcpdump at the server (process start and anything after the ACK excluded). lb-agent's defaults add a random start delay of up to 1 s (RFC 2131 4.4.1) and an RFC 5227 ARP probe of the offered address before binding (about 3-6 s with the RFC's timings); "like the peers" sets \`dhcp.probeOffer: false\` and \`dhcp.retransmitJitter: 0\`. "CPU ms" is time on a CPU over the run (the threads' /proc schedstat; medians): lb-agent's process from its spawn to its last bind, dnsmasq's from before the clients start to the end of the run; the server shares this machine's two cores with the clients it answers, which on a LAN it would not.`);
     if (dt.one) parts.push(dt.one);
     if (dt.many) parts.push(dt.many);
     if (r.dhcp!.config.manyPingRounds === 0) parts.push('Many at once with the ping check on was not run (`--dhcp-many-ping` runs it): dnsmasq pings one candidate address at a time and waits up to 3 s for each, so the server, not the client, sets that time.');

@@ -369,3 +369,20 @@ t.test('issue 17, like for like: dsr3 is judged against direct3 on a line of its
   delete f.dsr3;
   t.notOk(evaluateTargets(r).some((x) => x.target.includes('dsr3')), 'no like-for-like line when dsr3 did not run');
 });
+
+t.test('DHCP tables: the agent\'s and the server\'s CPU over the run, "-" where not measured', async (t) => {
+  const r = results();
+  const row = (client: 'udhcpc' | 'lbagent-like', count: number, medianMs: number, allMs: number, cpu: { agentCpuMs?: number; serverCpuMs?: number }) => ({ label: client, client, count, ping: false, medianMs, allMs, wireMs: 5, runs: 3, failures: 0, ...cpu });
+  r.dhcp = {
+    config: { rounds: 3, counts: [1, 50], clients: [], ping: [false], manyPingRounds: 0, dnsmasq: 'dnsmasq' },
+    summary: [row('udhcpc', 1, 80, 80, { serverCpuMs: 2 }), row('lbagent-like', 1, 300, 300, { agentCpuMs: 190, serverCpuMs: 3 }), row('lbagent-like', 50, 400, 450, { agentCpuMs: 320, serverCpuMs: 61 }), row('udhcpc', 50, 200, 3000, {})],
+    raw: [],
+  };
+  const md = renderResults(r);
+  t.match(md, /\| lb-agent spawn -> first DISCOVER ms \| lb-agent CPU ms \| dnsmasq CPU ms \| runs ok \|/);
+  t.match(md, /\| lbagent-like \| off \| 300 \| [^|]+ \| 5 \| - \| - \| 190 \| 3 \| 3\/3 \|/, 'one service: both CPUs');
+  t.match(md, /\| udhcpc \| off \| 80 \| [^|]+ \| 5 \| - \| - \| - \| 2 \| 3\/3 \|/, 'a peer: the server\'s only');
+  t.match(md, /\| lbagent-like \| 50 \| off \| 400 \| 450 \| 1\.50x \| 5 \| - \| 320 \| 61 \| 3\/3 \|/, '50 services');
+  t.match(md, /\| udhcpc \| 50 \| off \| 200 \| 3,000 \| [^|]+ \| 5 \| - \| - \| - \| 3\/3 \|/, 'nothing measured: dashes');
+  t.notMatch(md, /undefined|NaN/);
+});

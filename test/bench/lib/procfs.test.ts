@@ -1,0 +1,20 @@
+// bench/lib/procfs.ts threadsCpuMs against this process: the scheduler's
+// time on a CPU, finer than /proc/<pid>/stat's 10 ms ticks.
+import t from 'tap';
+import { threadsCpuMs } from '../../../bench/lib/procfs';
+
+t.test('threadsCpuMs: this process\'s CPU time grows with work, at sub-tick resolution', async (t) => {
+  const before = threadsCpuMs(process.pid);
+  t.ok(Number.isFinite(before) && before > 0, `read: ${before} ms`);
+  const until = process.hrtime.bigint() + 30_000_000n; // 30 ms of work on this thread
+  let x = 0;
+  while (process.hrtime.bigint() < until) x++;
+  const after = threadsCpuMs(process.pid);
+  t.ok(after - before >= 25, `grew by ${(after - before).toFixed(1)} ms over 30 ms of busy work (${x} turns)`);
+  t.not(after % 10, 0, 'not a multiple of a 10 ms tick');
+});
+
+t.test('threadsCpuMs: no process, NaN', async (t) => {
+  t.ok(Number.isNaN(threadsCpuMs(undefined)));
+  t.ok(Number.isNaN(threadsCpuMs(2 ** 22 + 1)), 'a pid above pid_max');
+});
