@@ -83,9 +83,10 @@ export interface DhcpRun {
   acquireMeanMs?: number;
   processStartMs?: number;
   /**
-   * CPU time (ms, on a CPU per the scheduler) over the run: lb-agent's process from its spawn
-   * to its last bind; dnsmasq's from before the clients started to the end
-   * of the run. Both share the machine's two cores with the clients: what
+   * CPU time (ms, on a CPU per the scheduler) over the run: lb-agent's
+   * process from its spawn until the bench has seen its last bind (the
+   * logs are polled every 20 ms); dnsmasq's from before the clients
+   * started to the end of the run. Both share the machine's two cores with the clients: what
    * the server spends is CPU a client start waits for here and would not on
    * a LAN.
    */

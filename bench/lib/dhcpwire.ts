@@ -22,7 +22,7 @@ const execFileP = promisify(execFile);
 
 export interface WirePacket { at: number; chaddr: string; type: string }
 
-/** Packets from `tcpdump -n -l -tt -vv` text: one per timestamped header, with its chaddr and DHCP message type. */
+/** Packets from `tcpdump -n -tt -vv` text (here, of `-r` a capture file): one per timestamped header, with its chaddr and DHCP message type. */
 export function parseTcpdumpDhcp(text: string): WirePacket[] {
   const out: WirePacket[] = [];
   let cur: { at: number; chaddr?: string; type?: string } | undefined;
