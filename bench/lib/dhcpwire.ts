@@ -12,13 +12,10 @@
 // capturing (`-vv -l`, ~25 lines a DHCP packet, one write each, read by the
 // bench process) ran on the same two cores as the clients it timed, and
 // cost more with 50 clients than with one.
-import { execFile, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import * as fs from 'node:fs';
-import { promisify } from 'node:util';
 import type { Lab } from '../../lab/netns';
-import { waitFor } from '../../lab/netns';
-
-const execFileP = promisify(execFile);
+import { run, waitFor } from '../../lab/netns';
 
 export interface WirePacket { at: number; chaddr: string; type: string }
 
@@ -79,7 +76,7 @@ export async function startWireCapture(lab: Lab, ns: string, file: string, ifnam
         proc.kill('SIGINT');
       });
       try {
-        const { stdout } = await execFileP('tcpdump', ['-r', file, '-n', '-tt', '-vv'], { maxBuffer: 64 << 20, timeout: 30_000 });
+        const { stdout } = await run('tcpdump', ['-r', file, '-n', '-tt', '-vv'], { timeoutMs: 30_000 });
         return exchangeTimes(parseTcpdumpDhcp(stdout));
       } finally {
         fs.rmSync(file, { force: true });
