@@ -271,18 +271,18 @@ export function dhcpTables(r: BenchResults): { one?: string; many?: string } {
   const ping = (p: boolean): string => (p ? 'on' : 'off');
   const one = d.summary.filter((s) => s.count === 1);
   const fastestPeer = (p: boolean): number => Math.min(...one.filter((s) => s.ping === p && (s.client === 'udhcpc' || s.client === 'dhclient')).map((s) => s.medianMs).filter(Number.isFinite));
+  /** A column only some clients have (lb-agent's own readings, a CPU not measured): '-' where absent. */
+  const orDash = (x: number | undefined): string => (x !== undefined ? fmt(x) : '-');
   const oneRows = one.map((s) => [
     s.label, ping(s.ping), fmt(s.medianMs), fmtRatio(ratio(s.medianMs, fastestPeer(s.ping))), fmt(s.wireMs),
-    s.acquireMeanMs !== undefined ? fmt(s.acquireMeanMs) : '-', s.processStartMs !== undefined ? fmt(s.processStartMs) : '-',
-    s.agentCpuMs !== undefined ? fmt(s.agentCpuMs) : '-', s.serverCpuMs !== undefined ? fmt(s.serverCpuMs) : '-', `${s.runs - s.failures}/${s.runs}`,
+    orDash(s.acquireMeanMs), orDash(s.processStartMs), orDash(s.agentCpuMs), orDash(s.serverCpuMs), `${s.runs - s.failures}/${s.runs}`,
   ]);
   const many = d.summary.filter((s) => s.count > 1);
   const manyRows = many.map((s) => {
     const base = one.find((o) => o.client === s.client && o.ping === s.ping);
     return [
       s.label, String(s.count), ping(s.ping), fmt(s.medianMs), fmt(s.allMs), fmtRatio(ratio(s.allMs, base?.medianMs ?? NaN)), fmt(s.wireMs),
-      s.acquireMeanMs !== undefined ? fmt(s.acquireMeanMs) : '-',
-      s.agentCpuMs !== undefined ? fmt(s.agentCpuMs) : '-', s.serverCpuMs !== undefined ? fmt(s.serverCpuMs) : '-', `${s.runs - s.failures}/${s.runs}`,
+      orDash(s.acquireMeanMs), orDash(s.agentCpuMs), orDash(s.serverCpuMs), `${s.runs - s.failures}/${s.runs}`,
     ];
   });
   return {
