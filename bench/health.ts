@@ -172,7 +172,8 @@ function instantAddon(): NativeAddon {
     }
     cancel(): boolean { return false; }
     sweep(): number { return 0; }
-    stats(): { connecting: number; closing: number; swept: number } { return { connecting: this.pending.length, closing: 0, swept: 0 }; }
+    trim(): number { return 0; }
+    stats(): ReturnType<NativeTcpProbeHandle['stats']> { return { connecting: this.pending.length, closing: 0, swept: 0, idle: 0, reused: 0, trimmed: 0 }; }
     close(): void { this.pending = []; }
   }
   return { TcpProbeHandle: InstantHandle } as unknown as NativeAddon;
@@ -247,8 +248,9 @@ async function runChecker(n: number, path: Exclude<Path, 'haproxy'>, a: Args): P
     skipped: { busy: after.skippedBusy - before.skippedBusy, overrun: after.skippedOverrun - before.skippedOverrun },
     // Native path, whole run: connect() calls into the addon, and sockets closed
     // by the grace sweep because the backend had not closed its side in time
-    // (a listener that falls behind shows here first).
-    prober: path.startsWith('native') && prober ? { started: prober.started, batches: prober.batches, sweptWithoutBackendFin: prober.swept } : undefined,
+    // (a listener that falls behind shows here first); in the reset modes, probes
+    // that took a kept socket instead of a new one, and the sockets kept at the end.
+    prober: path.startsWith('native') && prober ? { started: prober.started, batches: prober.batches, sweptWithoutBackendFin: prober.swept, reusedSockets: prober.reused, keptSockets: prober.idle } : undefined,
     cpu: { userSeconds: r2(cpu.user / 1e6), systemSeconds: r2(cpu.system / 1e6), percentOfOneCore: r2(((cpu.user + cpu.system) / 1e6 / wall) * 100) },
     listenerCpuPercentOfOneCore: lcpu0 !== undefined && lcpu1 !== undefined ? r2(((lcpu1 - lcpu0) / wall) * 100) : null,
     cpuMicrosPerProbe: probes ? r2((cpu.user + cpu.system) / probes) : null,

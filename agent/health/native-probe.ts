@@ -87,7 +87,8 @@ export class DeadlineRing {
 
 /**
  * How a connected probe socket ends (issue 18). 'reset-before-ack', the
- * default: TCP_QUICKACK off before connect() and SO_LINGER 0 at once, so the
+ * default: TCP_QUICKACK off before connect() and a disconnect at once (what
+ * close() with SO_LINGER 0 does; the socket is kept, see TRIM_MS), so the
  * backend sees SYN, our SYN-ACK's answer is a RST, exactly HAProxy's L4
  * check - the backend's application never accepts a connection (nothing in
  * its log), no FIN exchange, no TIME_WAIT, no socket kept (the handshake's
@@ -119,7 +120,22 @@ export interface NativeTcpProberStats {
   readonly connecting: number;
   readonly closing: number;
   readonly swept: number;
+  /**
+   * Reset modes: sockets kept disconnected for the next probe to the same
+   * address, probes that took one instead of a new socket, and kept sockets
+   * closed by the trim after TRIM_MS unused.
+   */
+  readonly idle: number;
+  readonly reused: number;
+  readonly trimmed: number;
 }
+
+/**
+ * A kept probe socket no probe took for between TRIM_MS and twice that is
+ * closed: a target's socket comes back every period (1-60 s here, 10 s by
+ * default), so a removed target's sockets are gone within a minute or two.
+ */
+export const TRIM_MS = 60_000;
 
 export class NativeTcpProber<C> implements TcpProber<C> {
   readonly path = 'native' as const;
@@ -155,6 +171,9 @@ export class NativeTcpProber<C> implements TcpProber<C> {
   // Closing sockets.
   private sweepTimer: TimerHandle | undefined;
   private successesSinceSweep = 0;
+  // Kept sockets (reset modes).
+  private trimTimer: TimerHandle | undefined;
+  private readonly onTrimFn = (): void => this.onTrim();
   private started = 0;
   private batches = 0;
   private closed = false;
@@ -212,8 +231,10 @@ export class NativeTcpProber<C> implements TcpProber<C> {
     this.handle.close();
     if (this.timer !== undefined) this.clock.clearTimeout(this.timer);
     if (this.sweepTimer !== undefined) this.clock.clearTimeout(this.sweepTimer);
+    if (this.trimTimer !== undefined) this.clock.clearTimeout(this.trimTimer);
     this.timer = undefined;
     this.sweepTimer = undefined;
+    this.trimTimer = undefined;
     this.rings.clear();
     this.ctx = [];
     this.state.fill(FREE);
@@ -222,7 +243,7 @@ export class NativeTcpProber<C> implements TcpProber<C> {
   }
 
   stats(): NativeTcpProberStats {
-    const s = this.closed ? { connecting: 0, closing: 0, swept: 0 } : this.handle.stats();
+    const s = this.closed ? { connecting: 0, closing: 0, swept: 0, idle: 0, reused: 0, trimmed: 0 } : this.handle.stats();
     return { started: this.started, batches: this.batches, inFlight: this.inFlight, ...s };
   }
 
@@ -258,6 +279,8 @@ export class NativeTcpProber<C> implements TcpProber<C> {
     this.gen[id] = (this.gen[id]! + 1) >>> 0;
     this.free.push(id);
     this.inFlight--;
+    // In a reset mode each ending (made, failed, timed out) may keep a socket.
+    if (this.trimTimer === undefined && !this.sweeps && !this.closed) this.armTrim();
   }
 
   /** One connect() call for every probe started since the last flush. */
@@ -406,6 +429,18 @@ export class NativeTcpProber<C> implements TcpProber<C> {
     }
     // Outcomes may have armed the timer for probes they started.
     if (next < this.timerAt) this.arm(next);
+  }
+
+  private armTrim(): void {
+    const t = this.clock.setTimeout(this.onTrimFn, TRIM_MS);
+    t.unref?.();
+    this.trimTimer = t;
+  }
+
+  private onTrim(): void {
+    this.trimTimer = undefined;
+    if (this.closed) return;
+    if (this.handle.trim() > 0) this.armTrim();
   }
 
   /** Connected sockets wait between CLOSE_GRACE_MS / 2 and CLOSE_GRACE_MS for the backend's FIN. */

@@ -69,7 +69,14 @@ export interface NativeTcpProbeHandle {
   cancel(id: number): boolean;
   /** Closes the connected sockets still waiting for the backend's FIN since the previous sweep; returns how many wait now. */
   sweep(): number;
-  stats(): { connecting: number; closing: number; swept: number };
+  /**
+   * Reset modes keep a probe's socket, disconnected, for the next probe to the
+   * same address: closes the ones no probe took since the previous trim;
+   * returns how many are kept now.
+   */
+  trim(): number;
+  /** Socket counts: connecting, closing (FIN mode), swept; kept (idle), reused and trimmed in reset modes. */
+  stats(): { connecting: number; closing: number; swept: number; idle: number; reused: number; trimmed: number };
   close(): void;
 }
 

@@ -12,8 +12,9 @@ import t from 'tap';
 import * as net from 'node:net';
 import * as path from 'node:path';
 import { spawn } from 'node:child_process';
-import { readFileSync } from 'node:fs';
-import { DeadlineRing, NativeTcpProber, errnoCode, type ProbeClose } from '../../agent/health/native-probe';
+import { readFileSync, readdirSync, readlinkSync } from 'node:fs';
+import { DeadlineRing, NativeTcpProber, TRIM_MS, errnoCode, type ProbeClose } from '../../agent/health/native-probe';
+import { realClock, type TimerHandle } from '../../agent/clock';
 import { CLOSE_GRACE_MS, type TcpTarget } from '../../agent/health/probe';
 import type { FailureReason } from '../../agent/health/state';
 import { isLbError } from '../../agent/errors';
@@ -116,6 +117,69 @@ t.test('close \'fin\': an open port is ok; the socket ends with a FIN, never a R
   await until('our sockets closed after the backend\'s FIN', () => p.stats().closing === 0 && p.stats().connecting === 0);
   t.same(seen.filter((s) => s.startsWith('error')), [], 'the backend saw no reset');
   t.equal(p.stats().swept, 0, 'none needed the sweep');
+});
+
+/** Descriptors of this process that are sockets. */
+function socketFds(): number {
+  let n = 0;
+  for (const fd of readdirSync('/proc/self/fd')) {
+    try { if (readlinkSync(`/proc/self/fd/${fd}`).startsWith('socket:')) n++; } catch { /* closed meanwhile */ }
+  }
+  return n;
+}
+
+t.test('reset modes keep a probe\'s socket for the next probe to the same address: one socket for ten probes in a row, another address its own, a refused socket works again, the trim closes unused ones', async (t) => {
+  const accepted: string[] = [];
+  const a = net.createServer((sock) => { accepted.push('a'); sock.destroy(); });
+  const b = net.createServer((sock) => { accepted.push('b'); sock.destroy(); });
+  const portA = await listen(a);
+  await new Promise<void>((r) => b.listen(0, '127.0.0.2', r));
+  const portB = (b.address() as net.AddressInfo).port;
+  const refused = await closedPort();
+  t.teardown(() => { a.close(); b.close(); });
+  // The real clock, but the trim's timer is the test's to fire.
+  let trim: (() => void) | undefined;
+  const trimHandle: TimerHandle = {};
+  const clock = { ...realClock, setTimeout: (fn: () => void, ms: number) => {
+    if (ms === TRIM_MS) { trim = fn; return trimHandle; }
+    return realClock.setTimeout(fn, ms);
+  }, clearTimeout: (h: TimerHandle) => { if (h !== trimHandle) realClock.clearTimeout(h); } };
+  const outcomes: Outcome[] = [];
+  const p = new NativeTcpProber<number>({ clock, onOutcome: (ctx, ok, reason, detail, durationMs) => outcomes.push({ ctx, ok, reason, detail, durationMs }) });
+  t.teardown(() => p.close());
+  const probe = async (tg: TcpTarget): Promise<Outcome> => {
+    const n = outcomes.length;
+    p.start(tg, 1000, n, realClock.now());
+    await until('the outcome', () => outcomes.length > n);
+    return outcomes[n]!;
+  };
+  const fds0 = socketFds();
+  for (let i = 0; i < 10; i++) t.ok((await probe(target(portA))).ok, `probe ${i + 1} connected`);
+  t.equal(p.stats().reused, 9, 'nine of ten probes took the first one\'s socket');
+  t.equal(p.stats().idle, 1, 'one socket kept');
+  t.equal(socketFds() - fds0, 1, 'one descriptor more in the process, not ten');
+  const r = await probe(target(refused));
+  t.equal(r.detail, 'ECONNREFUSED', 'a closed port on the same address is refused through the kept socket');
+  t.equal(p.stats().reused, 10);
+  t.ok((await probe(target(portA))).ok, 'the socket whose connect was refused connects again');
+  t.equal(p.stats().reused, 11);
+  t.ok((await probe({ address: '127.0.0.2', addressNum: 0x7f000002, port: portB })).ok, 'another address');
+  t.equal(p.stats().reused, 11, 'another address does not take the first address\'s socket');
+  t.equal(p.stats().idle, 2, 'each address keeps its own');
+  t.same(ourSockets(portA), [], 'nothing of ours in /proc/net/tcp: a kept socket is disconnected, no port held, no TIME_WAIT');
+  await new Promise((res) => setTimeout(res, 300));
+  t.same(accepted, [], 'the backends\' applications saw no connection: still SYN, SYN-ACK, RST');
+  t.ok(trim, 'the trim is armed');
+  trim!();
+  t.equal(p.stats().idle, 2, 'the first trim keeps the sockets kept since the start');
+  t.ok((await probe(target(portA))).ok);
+  trim!();
+  t.equal(p.stats().idle, 1, 'the second closes the one no probe took since the first');
+  t.equal(p.stats().trimmed, 1);
+  t.equal(socketFds() - fds0, 1, 'and its descriptor');
+  trim!();
+  t.equal(p.stats().idle, 0, 'then the other');
+  t.equal(socketFds() - fds0, 0, 'no descriptor left');
 });
 
 t.test('a closed port is refused at once, as ECONNREFUSED', async (t) => {
