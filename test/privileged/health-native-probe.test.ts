@@ -3,10 +3,12 @@
 // show: SYNs that vanish (nft drop) end as a timeout, by our deadline and
 // cancel, with the socket closed and nothing reported twice; a route marked
 // unreachable fails at once with EHOSTUNREACH; and the same backend, once its
-// packets flow, answers ok. The prober runs in a small script in the node
-// namespace and prints its outcomes as JSON. About 5 s.
+// packets flow, answers ok; a timed-out probe's socket, kept disconnected,
+// connects the next probe to that backend. The prober runs in a small script
+// in the node namespace and prints its outcomes as JSON. About 8 s.
 import t from 'tap';
 import * as path from 'node:path';
+import { writeFileSync } from 'node:fs';
 import { requirePrivileged } from '../helpers/privileged';
 import { createLab } from '../../lab/netns';
 import { startBackend } from '../../lab/services';
@@ -67,5 +69,59 @@ if (requirePrivileged(t)) {
     await lab.sh(b1, 'nft delete table inet lbtnp');
     const flowing = await run([{ addressNum: ip('10.99.0.11'), port: 8080, timeoutMs: 700 }]);
     t.same(flowing.out.map((o) => [o.ok, o.reason]), [[true, undefined]], 'the same backend answers once its packets flow');
+  });
+
+  t.test('a socket kept after its probe timed out (SYN unanswered) connects the next probe once the backend answers', async (t) => {
+    const lab = await createLab(t);
+    const node = await lab.addHost('node', { address: '10.99.0.2/24' });
+    const b1 = await lab.addHost('b1', { address: '10.99.0.11/24' });
+    const backend = await startBackend(lab, b1, 'b1', [8080]);
+    t.teardown(() => backend.stop());
+    await lab.sh(b1, "nft add table inet lbtnp && nft add chain inet lbtnp in '{ type filter hook input priority 0; }' && nft add rule inet lbtnp in tcp dport 8080 drop");
+    const gate = lab.file('gate');
+    // One prober, two probes to the same backend: the first while its SYNs
+    // are dropped, the second after the test lifts the drop (the gate file).
+    const code = `
+      const fs = require('node:fs');
+      const { NativeTcpProber } = require(${JSON.stringify(path.join(DIST, 'agent', 'health', 'native-probe.js'))});
+      const out = [];
+      const target = { address: '', addressNum: ${ip('10.99.0.11')}, port: 8080 };
+      const p = new NativeTcpProber({ onOutcome: (ctx, ok, reason) => {
+        out.push({ ctx, ok, reason, stats: p.stats() });
+        if (ctx === 0) {
+          process.stdout.write('first\\n');
+          const wait = setInterval(() => {
+            if (!fs.existsSync(${JSON.stringify(gate)})) return;
+            clearInterval(wait);
+            p.start(target, 2000, 1, performance.timeOrigin + performance.now());
+          }, 20);
+        } else {
+          process.stdout.write(JSON.stringify(out) + '\\n');
+          p.close();
+        }
+      } });
+      p.start(target, 500, 0, performance.timeOrigin + performance.now());
+    `;
+    const child = lab.spawn(node, process.execPath, ['-e', code]);
+    t.teardown(() => { child.kill('SIGKILL'); });
+    let stdout = '';
+    let stderr = '';
+    child.stdout!.on('data', (d: Buffer) => { stdout += d.toString(); });
+    child.stderr!.on('data', (d: Buffer) => { stderr += d.toString(); });
+    const until = async (what: string, fn: () => boolean, ms: number): Promise<void> => {
+      const end = Date.now() + ms;
+      while (!fn()) {
+        if (Date.now() > end) throw new Error(`timed out waiting for ${what}; stdout: ${stdout}; stderr: ${stderr.slice(0, 2000)}`);
+        await new Promise((r) => setTimeout(r, 20));
+      }
+    };
+    await until('the first probe\'s timeout', () => stdout.includes('first'), 5000);
+    await lab.sh(b1, 'nft delete table inet lbtnp');
+    writeFileSync(gate, '');
+    await until('the second probe', () => stdout.trim().split('\n').length >= 2, 5000);
+    const out = JSON.parse(stdout.trim().split('\n')[1]!) as { ctx: number; ok: boolean; reason?: string; stats: { idle: number; reused: number } }[];
+    t.same(out.map((o) => [o.ctx, o.ok, o.reason ?? null]), [[0, false, 'timeout'], [1, true, null]], 'a timeout, then ok');
+    t.equal(out[0]!.stats.idle, 1, 'the timed-out probe\'s socket was kept, disconnected');
+    t.equal(out[1]!.stats.reused, 1, 'and the next probe to the backend connected it');
   });
 }
