@@ -10,7 +10,7 @@ import t from 'tap';
 import * as path from 'node:path';
 import { writeFileSync } from 'node:fs';
 import { requirePrivileged } from '../helpers/privileged';
-import { createLab } from '../../lab/netns';
+import { createLab, type Lab } from '../../lab/netns';
 import { startBackend } from '../../lab/services';
 
 const DIST = path.resolve(__dirname, '..', '..');
@@ -38,13 +38,19 @@ interface Outcome { ctx: number; ok: boolean; reason?: string; detail?: string; 
 if (requirePrivileged(t)) {
   const ip = (a: string): number => a.split('.').reduce((n, o) => n * 256 + Number(o), 0);
 
-  t.test('dropped SYNs time out by our deadline; an unreachable route fails at once; packets flowing again are ok', async (t) => {
+  /** A node namespace and a backend (b1, 10.99.0.11:8080) whose input drops the SYNs to 8080 until `nft delete table inet lbtnp`. */
+  const droppingLab = async (t: { teardown(fn: () => unknown): void }): Promise<{ lab: Lab; node: string; b1: string }> => {
     const lab = await createLab(t);
     const node = await lab.addHost('node', { address: '10.99.0.2/24' });
     const b1 = await lab.addHost('b1', { address: '10.99.0.11/24' });
     const backend = await startBackend(lab, b1, 'b1', [8080]);
     t.teardown(() => backend.stop());
     await lab.sh(b1, "nft add table inet lbtnp && nft add chain inet lbtnp in '{ type filter hook input priority 0; }' && nft add rule inet lbtnp in tcp dport 8080 drop");
+    return { lab, node, b1 };
+  };
+
+  t.test('dropped SYNs time out by our deadline; an unreachable route fails at once; packets flowing again are ok', async (t) => {
+    const { lab, node, b1 } = await droppingLab(t);
     await lab.sh(node, 'ip route add unreachable 10.98.0.0/24');
     const run = async (targets: Parameters<typeof script>[0]): Promise<{ out: Outcome[]; stats: { connecting: number; inFlight: number } }> => {
       const r = await lab.exec(node, process.execPath, ['-e', script(targets)], { timeoutMs: 20_000 });
@@ -72,12 +78,7 @@ if (requirePrivileged(t)) {
   });
 
   t.test('a socket kept after its probe timed out (SYN unanswered) connects the next probe once the backend answers', async (t) => {
-    const lab = await createLab(t);
-    const node = await lab.addHost('node', { address: '10.99.0.2/24' });
-    const b1 = await lab.addHost('b1', { address: '10.99.0.11/24' });
-    const backend = await startBackend(lab, b1, 'b1', [8080]);
-    t.teardown(() => backend.stop());
-    await lab.sh(b1, "nft add table inet lbtnp && nft add chain inet lbtnp in '{ type filter hook input priority 0; }' && nft add rule inet lbtnp in tcp dport 8080 drop");
+    const { lab, node, b1 } = await droppingLab(t);
     const gate = lab.file('gate');
     // One prober, two probes to the same backend: the first while its SYNs
     // are dropped, the second after the test lifts the drop (the gate file).
