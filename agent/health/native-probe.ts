@@ -91,7 +91,7 @@ export class DeadlineRing {
  * close() with SO_LINGER 0 does; the socket is kept, see TRIM_MS), so the
  * backend sees SYN, our SYN-ACK's answer is a RST, exactly HAProxy's L4
  * check - the backend's application never accepts a connection (nothing in
- * its log), no FIN exchange, no TIME_WAIT, no socket kept (the handshake's
+ * its log), no FIN exchange, no TIME_WAIT, no socket left waiting (the handshake's
  * ACK is delayed up to TCP_DELACK_MAX, 200 ms: a loop stalled longer makes it
  * 'reset'). 'reset': a full handshake, then the RST; the backend accepts a
  * connection that is reset. 'fin': our FIN, the socket kept until the
@@ -132,8 +132,9 @@ export interface NativeTcpProberStats {
 
 /**
  * A kept probe socket no probe took for between TRIM_MS and twice that is
- * closed: a target's socket comes back every period (1-60 s here, 10 s by
- * default), so a removed target's sockets are gone within a minute or two.
+ * closed: a target's probe comes back every period (5 s by default; with a
+ * period longer than TRIM_MS each probe may open a new socket, as before),
+ * so a removed target's sockets are gone within one to two minutes.
  */
 export const TRIM_MS = 60_000;
 
