@@ -10,7 +10,7 @@ import t from 'tap';
 import * as path from 'node:path';
 import { writeFileSync } from 'node:fs';
 import { requirePrivileged } from '../helpers/privileged';
-import { createLab, type Lab } from '../../lab/netns';
+import { createLab, waitFor, type Lab } from '../../lab/netns';
 import { startBackend } from '../../lab/services';
 
 const DIST = path.resolve(__dirname, '..', '..');
@@ -109,17 +109,15 @@ if (requirePrivileged(t)) {
     let stderr = '';
     child.stdout!.on('data', (d: Buffer) => { stdout += d.toString(); });
     child.stderr!.on('data', (d: Buffer) => { stderr += d.toString(); });
-    const until = async (what: string, fn: () => boolean, ms: number): Promise<void> => {
-      const end = Date.now() + ms;
-      while (!fn()) {
-        if (Date.now() > end) throw new Error(`timed out waiting for ${what}; stdout: ${stdout}; stderr: ${stderr.slice(0, 2000)}`);
-        await new Promise((r) => setTimeout(r, 20));
-      }
+    // waitFor reports the last error on a timeout: the script's output.
+    const ready = (done: boolean): true => {
+      if (done) return true;
+      throw new Error(`stdout: ${stdout}; stderr: ${stderr.slice(0, 2000)}`);
     };
-    await until('the first probe\'s timeout', () => stdout.includes('first'), 5000);
+    await waitFor('the first probe\'s timeout', () => ready(stdout.includes('first')), 5000, 20);
     await lab.sh(b1, 'nft delete table inet lbtnp');
     writeFileSync(gate, '');
-    await until('the second probe', () => stdout.trim().split('\n').length >= 2, 5000);
+    await waitFor('the second probe', () => ready(stdout.trim().split('\n').length >= 2), 5000, 20);
     const out = JSON.parse(stdout.trim().split('\n')[1]!) as { ctx: number; ok: boolean; reason?: string; stats: { idle: number; reused: number } }[];
     t.same(out.map((o) => [o.ctx, o.ok, o.reason ?? null]), [[0, false, 'timeout'], [1, true, null]], 'a timeout, then ok');
     t.equal(out[0]!.stats.idle, 1, 'the timed-out probe\'s socket was kept, disconnected');
