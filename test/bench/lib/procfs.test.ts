@@ -6,9 +6,17 @@ import { threadsCpuMs } from '../../../bench/lib/procfs';
 t.test('threadsCpuMs: this process\'s CPU time grows with work, at sub-tick resolution', async (t) => {
   const before = threadsCpuMs(process.pid);
   t.ok(Number.isFinite(before) && before > 0, `read: ${before} ms`);
-  const until = process.hrtime.bigint() + 30_000_000n; // 30 ms of work on this thread
+  // 30 ms of work by the kernel's own account (getrusage), not 30 ms of wall
+  // clock: under a parallel test run the thread may wait for a core (a
+  // wall-clock loop read 19.8 ms in CI). Bounded at 5 s of wall clock.
+  const cpu0 = process.cpuUsage();
+  const deadline = Date.now() + 5000;
   let x = 0;
-  while (process.hrtime.bigint() < until) x++;
+  for (;;) {
+    const used = process.cpuUsage(cpu0);
+    if (used.user + used.system >= 30_000 || Date.now() > deadline) break;
+    for (let i = 0; i < 1000; i++) x++;
+  }
   const after = threadsCpuMs(process.pid);
   t.ok(after - before >= 25, `grew by ${(after - before).toFixed(1)} ms over 30 ms of busy work (${x} turns)`);
   t.not(after % 10, 0, 'not a multiple of a 10 ms tick');
