@@ -199,8 +199,12 @@ function refresh(): void {
   }
 }
 
-/** Relays open in this thread's addon relay (tests: nothing left behind). */
-export function nativeRelayStats(): { connections: number; listeners: number; buffers: number } | undefined {
+/**
+ * This thread's addon relay: what it holds open (tests: nothing left behind),
+ * the libuv wake-ups it handled and the reads of its epoll after a wake-up's
+ * first that found something (relay.cc Drain).
+ */
+export function nativeRelayStats(): { connections: number; listeners: number; buffers: number; wakes: number; extraPasses: number } | undefined {
   return H?.stats();
 }
 

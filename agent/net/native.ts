@@ -105,7 +105,7 @@ export interface NativeRelayHandle {
   refuse(id: number): void;
   /** Connections with traffic since the previous call: `count` [id, bytes to backend, bytes to client] triples in activity. */
   activity(): number;
-  stats(): { connections: number; listeners: number; buffers: number };
+  stats(): { connections: number; listeners: number; buffers: number; wakes: number; extraPasses: number };
   /** Closes everything (the engine stops; also done when the thread's environment ends). */
   destroy(): void;
 }
