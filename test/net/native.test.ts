@@ -299,10 +299,10 @@ t.test('RelayHandle (the proxy relay, issue 18): arguments checked, stale ids ig
   t.equal(h.abort(99), false);
   t.throws(() => h.start(4194304 + 1), /no connected relay/);
   t.equal(h.activity(), 0);
-  t.same(h.stats(), { connections: 0, listeners: 0, buffers: 0 });
+  t.same(h.stats(), { connections: 0, listeners: 0, buffers: 0, wakes: 0, extraPasses: 0 });
   const l = listenTcp4(parseIPv4('127.0.0.1')!, 0, 16, false);
   const lid = h.listen(l.fd, 16);
-  t.same(h.stats(), { connections: 0, listeners: 1, buffers: 0 });
+  t.same(h.stats(), { connections: 0, listeners: 1, buffers: 0, wakes: 0, extraPasses: 0 });
   h.unlisten(lid);
   t.throws(() => socketInfo(l.fd), { code: 'EBADF' }, 'unlisten closed the descriptor');
   h.destroy();
