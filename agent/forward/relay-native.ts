@@ -204,7 +204,7 @@ function refresh(): void {
  * the libuv wake-ups it handled and the reads of its epoll after a wake-up's
  * first that found something (relay.cc Drain).
  */
-export function nativeRelayStats(): { connections: number; listeners: number; buffers: number; wakes: number; extraPasses: number } | undefined {
+export function nativeRelayStats(): ReturnType<NativeRelayHandle['stats']> | undefined {
   return H?.stats();
 }
 

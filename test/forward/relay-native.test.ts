@@ -171,8 +171,7 @@ t.test('1,000 connections leave no descriptor, connection or buffer behind', asy
   }));
   t.equal(ok, N, 'every connection relayed its bytes');
   for (let i = 0; i < 50 && (nativeRelayStats()?.connections ?? 0) > 0; i++) await sleep(20);
-  const held = nativeRelayStats();
-  t.same(held && { connections: held.connections, listeners: held.listeners, buffers: held.buffers }, { connections: 0, listeners: 1, buffers: 0 }, 'the addon holds only the listener');
+  t.has(nativeRelayStats(), { connections: 0, listeners: 1, buffers: 0 }, 'the addon holds only the listener');
   for (let i = 0; i < 50 && fds() > before; i++) await sleep(20);
   t.ok(fds() <= before, `no more descriptors open than before (${fds()}, ${before} before)`);
   const st = await p.stats();
