@@ -18,7 +18,8 @@
         "src/tcp_probe.cc",
         "src/relay.cc",
         "src/digest.cc",
-        "src/bpf.cc"
+        "src/bpf.cc",
+        "src/background.cc"
       ],
       "include_dirs": [
         "<!(node -p \"require('node-addon-api').include_dir\")"

@@ -161,6 +161,26 @@ export interface NativeAddon {
   bpfProgTestRun?(fd: number, data: Buffer, out: Buffer, repeat: number): { retval: number; size: number; durationNs: number };
   bpfMapGetFdById?(id: number): number;
   bpfMapInfo?(fd: number): BpfMapInfo;
+  /** RTM_DELLINK from a background thread (native/src/background.cc); absent from an addon built before it. */
+  deleteLink?(ifindex: number): Promise<void>;
+  backgroundStats?(): BackgroundStats;
+}
+
+/**
+ * What the addon's background threads have done (native/src/background.cc):
+ * packet socket closes and link deletions, whose syscalls wait for RCU grace
+ * periods (7-15 ms each) and so run off the event loop's thread.
+ */
+export interface BackgroundStats {
+  readonly closes: number;
+  readonly deletions: number;
+  readonly threadsStarted: number;
+  /** Jobs run on the caller's thread because no thread could be started. */
+  readonly inline: number;
+  /** Threads alive now (0 when idle: they end with the queue). */
+  readonly threads: number;
+  readonly queued: number;
+  readonly peakThreads: number;
 }
 
 /** What BPF_OBJ_GET_INFO_BY_FD says about a map. */
@@ -362,7 +382,7 @@ export function shutdownWriteFn(): ((fd: number) => number) | undefined {
 }
 
 /** An addon function that older builds lack: undefined when the addon is missing or predates it. */
-function optionalFunction<K extends 'shutdownWrite' | 'sha256' | 'lowMemoryNotification'>(name: K): NativeAddon[K] | undefined {
+function optionalFunction<K extends 'shutdownWrite' | 'sha256' | 'lowMemoryNotification' | 'deleteLink' | 'backgroundStats'>(name: K): NativeAddon[K] | undefined {
   try {
     const f = loadNative()[name];
     return typeof f === 'function' ? f : undefined;
@@ -378,6 +398,22 @@ function optionalFunction<K extends 'shutdownWrite' | 'sha256' | 'lowMemoryNotif
  */
 export function sha256Fn(): ((data: Uint8Array) => Buffer) | undefined {
   return optionalFunction('sha256');
+}
+
+/**
+ * Delete a link from a background thread (its own netlink socket, one
+ * RTM_DELLINK, the kernel's answer): the kernel's wait for RCU grace periods
+ * (~15 ms a link here) happens off the event loop, and several deletions
+ * wait together. Rejects with the errno error (code ENODEV: no such link).
+ * Undefined when the addon is missing or predates it.
+ */
+export function deleteLinkFn(): ((ifindex: number) => Promise<void>) | undefined {
+  return optionalFunction('deleteLink');
+}
+
+/** What the addon's background threads have done; undefined when the addon is missing or predates them. */
+export function backgroundStats(): BackgroundStats | undefined {
+  return optionalFunction('backgroundStats')?.();
 }
 
 /** fcntl(F_DUPFD_CLOEXEC): another descriptor of the same socket, for a worker to own and close. */

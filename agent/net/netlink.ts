@@ -29,6 +29,7 @@ import { silentLogger } from '../log';
 import { IPV4_DEVCONF_ID, interfaceNameProblem, type IfSysctlKey } from './sysctl';
 import { SerialQueue } from '../serial';
 import { RawNetlinkSocket } from './netlink-socket';
+import { deleteLinkFn } from './native';
 
 const AF_INET = 2;
 const DEFAULT_TIMEOUT_MS = 5_000;
@@ -577,11 +578,25 @@ export class NetlinkClient {
     }
   }
 
-  /** Delete a link; false when it was already gone. */
+  /**
+   * Delete a link; false when it was already gone. The kernel answers an
+   * RTM_DELLINK only after RCU grace periods (~15 ms a link here): the
+   * addon sends it from a background thread (deleteLinkFn), so the event
+   * loop runs on meanwhile and the deletions of a stop or a reload wait
+   * together (stopping 100 DHCP services: 99 deletions, 2.2 s of the main
+   * thread in sendmsg before). Counted as a request like the others.
+   */
   async deleteLink(index: number): Promise<boolean> {
+    this.checkOpen();
     this.linkReads.clear();
+    const inBackground = deleteLinkFn();
     try {
-      await this.single((sock) => sock.delLink({ index }, {}, this.opts()));
+      if (inBackground) {
+        this.sent.requests++;
+        await inBackground(index);
+      } else {
+        await this.single((sock) => sock.delLink({ index }, {}, this.opts()));
+      }
       this.log.info({ op: 'delete-link', index }, 'link deleted');
       return true;
     } catch (err) {

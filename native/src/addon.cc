@@ -2,7 +2,8 @@
 // datagram sender (sd_notify), small system queries (capabilities, ifindex),
 // the proxy's listening sockets (SO_REUSEPORT groups), and the batch TCP
 // connect prober of the health checker, the proxy's byte relay, and bpf(2)
-// for direct server return at tc ingress.
+// for direct server return at tc ingress, and the kernel calls that wait
+// (packet socket close, link deletion) on background threads.
 #include "common.h"
 
 static Napi::Object InitAddon(Napi::Env env, Napi::Object exports) {
@@ -15,6 +16,7 @@ static Napi::Object InitAddon(Napi::Env env, Napi::Object exports) {
   lbagent::InitRelay(env, exports);
   lbagent::InitDigest(env, exports);
   lbagent::InitBpf(env, exports);
+  lbagent::InitBackground(env, exports);
   return exports;
 }
 

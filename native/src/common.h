@@ -49,6 +49,12 @@ Napi::Object InitTcpProbe(Napi::Env env, Napi::Object exports);
 Napi::Object InitRelay(Napi::Env env, Napi::Object exports);
 Napi::Object InitDigest(Napi::Env env, Napi::Object exports);
 Napi::Object InitBpf(Napi::Env env, Napi::Object exports);
+Napi::Object InitBackground(Napi::Env env, Napi::Object exports);
+
+// Closes fd on a background thread (background.cc): for descriptors whose
+// close(2) waits in the kernel (a packet socket's waits for an RCU grace
+// period). The descriptor stays open, and its number taken, until then.
+void CloseInBackground(int fd);
 
 }  // namespace lbagent
 

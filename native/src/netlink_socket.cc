@@ -33,6 +33,8 @@ constexpr int kMaxDatagramsPerWake = 64;
 class NetlinkHandle : public PolledSocket<NetlinkHandle> {
  public:
   static constexpr const char* kName = "netlink socket";
+  // netlink_release() defers its frees to RCU callbacks: close(2) returns at once.
+  static constexpr bool kCloseInBackground = false;
 
   static Napi::Function Define(Napi::Env env) {
     return DefineClass(env, "NetlinkHandle",

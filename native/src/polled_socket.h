@@ -117,7 +117,9 @@ class PolledSocket : public Napi::ObjectWrap<T> {
     CloseHandles({reinterpret_cast<uv_handle_t*>(poll_)}, hook);
     poll_ = nullptr;
     if (fd_ >= 0) {
-      ::close(fd_);
+      // The poll is closed: libuv watches the descriptor no more.
+      if (T::kCloseInBackground) CloseInBackground(fd_);
+      else ::close(fd_);
       fd_ = -1;
     }
   }
