@@ -91,8 +91,20 @@ export interface ProxyDataplaneOptions {
   readonly relay?: RelayChoice;
 }
 
-/** How often the main thread drains the workers' passive-health rings (a failure wakes it at once). */
+/** How often the main thread drains the workers' passive-health rings while they report (a failure wakes it at once). */
 const REPORT_DRAIN_MS = 50;
+/**
+ * How far apart the drains grow while the rings stay empty (doubling from
+ * REPORT_DRAIN_MS): an idle agent's main thread woke 20 times a second for
+ * them. A ring holds REPORT_RING (16,384) results, 0.5 s of 32k connections
+ * a second on one worker, and a full ring sends its results by message.
+ */
+const REPORT_DRAIN_IDLE_MS = 500;
+
+/** The delay before the next drain of the passive-health rings: REPORT_DRAIN_MS after one that found results, else twice the last, up to REPORT_DRAIN_IDLE_MS. */
+export function nextReportDrainMs(lastMs: number, drained: number): number {
+  return drained > 0 ? REPORT_DRAIN_MS : Math.min(Math.max(lastMs, REPORT_DRAIN_MS) * 2, REPORT_DRAIN_IDLE_MS);
+}
 /** Worker replacements allowed per minute before the proxy gives a dead worker's sockets to the others. */
 const RESPAWNS_PER_MINUTE = 5;
 /** How long a worker may take to answer an apply or a stop before it is counted as failed. */
@@ -173,10 +185,7 @@ export class ProxyDataplane implements Dataplane {
       `proxy holds at most ${this.maxConnections} connections (descriptor limit ${nofile ?? 'unknown'}) over ${this.inline ? 'the main thread' : `${this.workers} worker thread(s)`}`);
     for (let i = 0; i < this.workers; i++) this.hosts.push(this.newHost(i));
     this.started = this.waitReady();
-    if (!this.inline) {
-      this.drainTimer = setInterval(() => this.drainReports(), REPORT_DRAIN_MS);
-      this.drainTimer.unref();
-    }
+    if (!this.inline) this.scheduleDrain(REPORT_DRAIN_MS);
     this.metrics = opts.registry
       ? new ForwardMetrics({ registry: opts.registry, kind: 'proxy', reason: opts.reason ?? 'configured', stats: () => this.stats() })
       : undefined;
@@ -188,15 +197,27 @@ export class ProxyDataplane implements Dataplane {
     return new WorkerHost(index, this.engineStart(index), this.log, onConnect, () => this.drainReports(index), (code) => this.workerExited(index, code));
   }
 
-  /** Passive-health results the workers left in their rings, in order, to onConnectResult. */
-  private drainReports(only?: number): void {
+  /** Passive-health results the workers left in their rings, in order, to onConnectResult; how many. */
+  private drainReports(only?: number): number {
+    let drained = 0;
     for (let e = 0; e < this.workers; e++) {
       if (only !== undefined && e !== only) continue;
       this.tallies.drain(e, (key, ok) => {
+        drained++;
         const [service, , backend] = key.split('\u0000') as [string, string, string];
         this.onConnectResult(service, backend, ok);
       });
     }
+    return drained;
+  }
+
+  private scheduleDrain(delayMs: number): void {
+    this.drainTimer = setTimeout(() => {
+      this.drainTimer = undefined;
+      if (this.stopped) return;
+      this.scheduleDrain(nextReportDrainMs(delayMs, this.drainReports()));
+    }, delayMs);
+    this.drainTimer.unref();
   }
 
   /** The engine options an inline host needs (the same as a worker's start). */
@@ -433,7 +454,7 @@ export class ProxyDataplane implements Dataplane {
       this.stopped = true;
       this.metrics?.unregister();
       await this.started.catch(() => undefined);
-      if (this.drainTimer !== undefined) clearInterval(this.drainTimer);
+      if (this.drainTimer !== undefined) clearTimeout(this.drainTimer);
       const results = await Promise.all(this.hosts.map((h) => (h.alive ? h.stop(opts.keep === true, this.drainTimeoutMs).catch(() => ({ open: 0, unfinished: 0 })) : { open: 0, unfinished: 0 })));
       this.drainReports();
       await Promise.all(this.hosts.map((h) => h.terminate()));

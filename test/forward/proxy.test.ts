@@ -11,7 +11,7 @@ import type { BackendSpec, PortSpec, ProxyConfig } from '../../agent/config/type
 import { parseIPv4 } from '../../agent/ipv4';
 import { isLbError } from '../../agent/errors';
 import type { ForwardState } from '../../agent/forward/dataplane';
-import { ProxyDataplane } from '../../agent/forward/proxy';
+import { ProxyDataplane, nextReportDrainMs } from '../../agent/forward/proxy';
 
 const cfg = (over: Partial<ProxyConfig> = {}): ProxyConfig => ({ algorithm: 'round-robin', idleTimeout: 60, connectTimeout: 2, ...over });
 const b = (address: string, weight = 1): BackendSpec => ({ address, addressNum: parseIPv4(address)!, weight });
@@ -435,6 +435,13 @@ for (const { mode, opts: modeOpts, relayed } of MODES) {
 // one callback, so when the accept takes the last descriptor the connect
 // is what fails; with two, the other worker's accept may hit EMFILE first
 // (libuv then closes the pending clients itself, invisibly).
+t.test('the passive-health rings are drained every 50 ms while they report, backing off to 500 ms while they stay empty', async (t) => {
+  const delays: number[] = [];
+  let d = 50;
+  for (const drained of [0, 0, 0, 0, 0, 3, 0, 1, 1]) delays.push(d = nextReportDrainMs(d, drained));
+  t.same(delays, [100, 200, 400, 500, 500, 50, 100, 50, 50]);
+});
+
 t.test('EMFILE on a backend connect is the proxy\'s own: no failure reported, clients closed, served again after', async (t) => {
   const port = await echoBackends(['127.0.0.1'], t);
   const script = `
