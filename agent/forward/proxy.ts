@@ -197,17 +197,22 @@ export class ProxyDataplane implements Dataplane {
     return new WorkerHost(index, this.engineStart(index), this.log, onConnect, () => this.drainReports(index), (code) => this.workerExited(index, code));
   }
 
-  /** Passive-health results the workers left in their rings, in order, to onConnectResult; how many. */
-  private drainReports(only?: number): number {
+  /**
+   * Passive-health results the workers left in their rings, each ring in
+   * order, to onConnectResult; how many. `last`: the worker whose failure
+   * woke this thread (or that ended), drained after the others, so what they
+   * reported before the failure counts before it (a success left in another
+   * ring for up to REPORT_DRAIN_IDLE_MS must not count after a later failure).
+   */
+  private drainReports(last?: number): number {
     let drained = 0;
-    for (let e = 0; e < this.workers; e++) {
-      if (only !== undefined && e !== only) continue;
-      this.tallies.drain(e, (key, ok) => {
-        drained++;
-        const [service, , backend] = key.split('\u0000') as [string, string, string];
-        this.onConnectResult(service, backend, ok);
-      });
-    }
+    const take = (e: number): void => this.tallies.drain(e, (key, ok) => {
+      drained++;
+      const [service, , backend] = key.split('\u0000') as [string, string, string];
+      this.onConnectResult(service, backend, ok);
+    });
+    for (let e = 0; e < this.workers; e++) if (e !== last) take(e);
+    if (last !== undefined && last < this.workers) take(last);
     return drained;
   }
 
