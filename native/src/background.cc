@@ -209,7 +209,7 @@ Napi::Value DeleteLink(const Napi::CallbackInfo& info) {
   return promise;
 }
 
-// backgroundStats(): what the pool has done, for tests and `status`.
+// backgroundStats(): what the pool has done (test/privileged/net-background.test.ts).
 Napi::Value Stats(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   Napi::Object out = Napi::Object::New(env);
