@@ -10,7 +10,7 @@ import type { Registry, Gauge, Counter } from '../metrics/prom';
 import { formatConfigErrors, parseListen, type ConfigError } from '../config/load';
 import { loadConfigFileAsync, INLINE_PARSE_MAX_BYTES } from '../config/load-async';
 import type { ReloadStep, ReloadSummary } from './reconciler';
-import type { BackendSpec, Desired, ServiceSpec } from '../config/types';
+import type { BackendSpec, Desired, PortSpec, ServiceSpec } from '../config/types';
 import { LbError, errorMessage } from '../errors';
 import type { Logger } from '../log';
 import { StateStore } from '../state/store';
@@ -355,10 +355,15 @@ export class Daemon extends EventEmitter {
       const source = this.subs!.createSource(spec);
       let lastVip: string | undefined; // for the event when it is lost
       source.on('vip', () => {
+        const adopted = rt.held;
         rt.held = undefined;
         const st = source.status();
         lastVip = st.vip?.address;
         this.noteEvent('vip-gained', { service: spec.key, address: lastVip, reason: st.reason ?? `${spec.ipam} VIP ${st.state}` });
+        // What the kernel recorded of this address while it was elsewhere
+        // goes (forward/dataplane.ts vipArrived); not for a VIP an earlier
+        // run left on this node, which never was elsewhere.
+        if (lastVip !== undefined && lastVip !== adopted) void this.subs?.dataplane.vipArrived?.(lastVip, this.portsOf(spec.key));
         this.scheduleApply(); this.notifyStatusSoon();
       });
       source.on('lost', (reason: string) => {
@@ -383,6 +388,11 @@ export class Daemon extends EventEmitter {
       rt.source = source;
     }
     this.runtimes.set(spec.key, rt);
+  }
+
+  /** The ports of a primary service and of every service sharing its VIP. */
+  private portsOf(primaryKey: string): PortSpec[] {
+    return [...this.runtimes.values()].filter((r) => (r.spec.primaryService ?? r.spec.key) === primaryKey).flatMap((r) => r.spec.ports);
   }
 
   /** Start sources this node should hold (all, or the VRRP Master's). */

@@ -45,6 +45,8 @@ export interface DataplaneLike {
   reconfigure?(proxy: import('../config/types').ProxyConfig): void;
   /** `keep`: leave forwarding in place for the next process (a planned restart). */
   stop(opts?: { keep?: boolean }): Promise<void>;
+  /** A VIP came onto this node, serving these ports: the kernel path forgets its untranslated conntrack entries (forward/dataplane.ts). Never throws. */
+  vipArrived?(vip: string, ports: readonly import('../config/types').PortSpec[]): Promise<void>;
   /** Can this node do direct server return (issue 17)? Probed once, when first asked. */
   dsr?(): Promise<import('../forward/dataplane').ProbeResult>;
   /** What forwards DSR frames now - the BPF program or the nft table alone, and why (undefined: no DSR port forwarded); for `lb-agent status`. */

@@ -3,7 +3,7 @@
 // address sources (DHCP on a macvlan, pool claims on the parent), the health
 // checker, the data path chosen by `dataplane:`, and VRRP when enabled.
 // The one place that knows every module; the modules know none of each other.
-import type { Desired, ProxyConfig, ServiceSpec } from '../config/types';
+import type { Desired, PortSpec, ProxyConfig, ServiceSpec } from '../config/types';
 import type { ProxyDataplane } from '../forward/proxy';
 import type { NftDataplane } from '../forward/nft';
 import { LbError } from '../errors';
@@ -98,7 +98,7 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
       reason: selection.reason,
       apply: (services) => dp.apply({ services }),
       ...(dp.kind === 'proxy' ? { reconfigure: (proxy: ProxyConfig) => (dp as ProxyDataplane).reconfigure(proxy) } : {}),
-      ...(dp.kind === 'kernel' ? { dsrEngine: () => (dp as NftDataplane).dsr, placement } : {}),
+      ...(dp.kind === 'kernel' ? { dsrEngine: () => (dp as NftDataplane).dsr, placement, vipArrived: (vip: string, ports: readonly PortSpec[]) => (dp as NftDataplane).vipArrived(vip, ports) } : {}),
       stop: (o) => dp.stop(o),
       dsr: () => (selection.kind === 'kernel' ? dsr() : Promise.resolve({ ok: false, reason: 'the userspace proxy is running' })),
     };

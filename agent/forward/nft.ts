@@ -23,8 +23,11 @@
 //                             entry still names its MAC keep sending to it;
 //                             forwarding those would open connections that
 //                             the new Master cannot know and resets when the
-//                             ARP entry moves. Not forwarded, they wait for
-//                             the new Master (a retransmitted SYN).
+//                             ARP entry moves. Not dispatched, they are routed
+//                             on unchanged to the new Master (or wait for a
+//                             retransmitted SYN); conntrack keeps such a flow
+//                             untranslated, and the agent deletes those
+//                             entries when V comes back (vipArrived).
 //   forward (filter)          bytes per backend and direction (named counters);
 //   postrouting (nat, srcnat) source C -> V (SNAT to the VIP), see below;
 //   input (filter)            V:port with no healthy backend: TCP reset /
@@ -733,6 +736,10 @@ export class NftDataplane implements Dataplane {
   private conntrack: ConntrackClient | undefined;
   /** The last sweep's failure, until one works (status). */
   private udpFlowsError: string | undefined;
+  /** The last vipArrived's failure, until one works (status). */
+  private forwardedFlowsError: string | undefined;
+  /** Untranslated entries ended by vipArrived since start (status). */
+  private forwardedFlowsEnded = 0;
   /** UDP flows ended because their backend left the port, by service and port label (udpEndedKey); a port's count goes with the port. */
   private readonly udpEnded = new Map<string, number>();
 
@@ -856,6 +863,33 @@ export class NftDataplane implements Dataplane {
       // Its own slot: a later table write succeeding says nothing of the flows still pinned.
       this.udpFlowsError = `${UDP_FLOWS_ERROR}: ${errorMessage(err)}`;
       this.log.warn({ op: 'udp-flows', err: errorMessage(err) }, this.udpFlowsError);
+    }
+  }
+
+  /**
+   * A VIP has come onto this node: end the untranslated conntrack entries to
+   * its ports (net/conntrack.ts untranslatedFlows says why), which a client
+   * reusing a source port would otherwise ride into a reset. Outside the
+   * apply queue: a takeover must not wait behind a table write. Never
+   * throws; a failure is logged and shown in status until one works.
+   */
+  async vipArrived(vip: string, ports: readonly { readonly protocol: Protocol; readonly port: number }[]): Promise<void> {
+    if (this.stopped || ports.length === 0) return;
+    const { IPPROTO_TCP, IPPROTO_UDP } = conntrackModule();
+    const wanted = [...new Map(ports.map((p) => [`${p.protocol}/${p.port}`, { vip, proto: p.protocol === 'UDP' ? IPPROTO_UDP : IPPROTO_TCP, port: p.port }])).values()];
+    const startedAt = this.clock.now();
+    try {
+      this.conntrack ??= this.makeConntrack();
+      const r = await this.conntrack.endUntranslatedFlows(wanted);
+      this.forwardedFlowsError = undefined;
+      this.forwardedFlowsEnded += r.ended;
+      if (r.ended > 0) {
+        this.log.info({ op: 'stale-flows', vip, ended: r.ended, ms: this.clock.now() - startedAt },
+          `${vip} came onto this node: ended ${r.ended} untranslated conntrack entr${r.ended === 1 ? 'y' : 'ies'} of flows it routed on while the VIP was elsewhere (a client reusing their source port would be reset)`);
+      }
+    } catch (err) {
+      this.forwardedFlowsError = `cannot end the untranslated conntrack entries to ${vip} (a client reusing their source port is reset until they expire): ${errorMessage(err)}`;
+      this.log.warn({ op: 'stale-flows', vip, err: errorMessage(err) }, this.forwardedFlowsError);
     }
   }
 
@@ -1118,6 +1152,7 @@ export class NftDataplane implements Dataplane {
     }
     if (this.lastError) problems.push(this.lastError);
     if (this.udpFlowsError) problems.push(this.udpFlowsError);
+    if (this.forwardedFlowsError) problems.push(this.forwardedFlowsError);
     const totals = flowTotals(plan, live, this.carry);
     const handedBack = [...handedBackTotals(plan, live, this.handedBack, this.state)].map(([service, packets]) => ({ service, packets }));
     const flows: FlowStats[] = [];
@@ -1146,7 +1181,7 @@ export class NftDataplane implements Dataplane {
     }
     const nfDir = path.join(this.procRoot, 'sys/net/netfilter');
     this.facts = { ...this.facts, conntrackCount: await readNumber(path.join(nfDir, 'nf_conntrack_count')), conntrackMax: await readNumber(path.join(nfDir, 'nf_conntrack_max')) };
-    return { kind: 'kernel', services, flows, problems, udpFlowsEnded, handedBack, details: { table: `${NFT_FAMILY} ${NFT_TABLE}`, startCheck: this.startCheck, ...this.facts, ...(this.dsrState ? { dsrEngine: this.dsrState } : {}) } };
+    return { kind: 'kernel', services, flows, problems, udpFlowsEnded, handedBack, details: { table: `${NFT_FAMILY} ${NFT_TABLE}`, startCheck: this.startCheck, ...this.facts, untranslatedFlowsEnded: this.forwardedFlowsEnded, ...(this.dsrState ? { dsrEngine: this.dsrState } : {}) } };
   }
 
   /** Which mechanism serves direct server return now (undefined: no DSR port is forwarded). */

@@ -2,7 +2,8 @@
 // messages the kernel path needs - a dump of the IPv4 conntrack table and
 // the deletion of one entry by its original tuple - and a driver that ends
 // the UDP flows a forwarded VIP:port no longer sends to a backend of its
-// healthy set. Framing (sequence numbers, multipart dumps, ACKs) is the
+// healthy set, and the untranslated flows to a VIP that has just come onto
+// this node (untranslatedFlows says why). Framing (sequence numbers, multipart dumps, ACKs) is the
 // `netlink` package's, on the addon's socket (./netlink-socket), as for
 // rtnetlink in ./netlink.ts.
 //
@@ -43,6 +44,7 @@ const CTA_ZONE = 18;
 const CTA_FILTER = 25;
 const CTA_FILTER_ORIG_FLAGS = 1;
 const CTA_FILTER_REPLY_FLAGS = 2;
+const CTA_FILTER_FLAG_IP_SRC = 1 << 0;
 const CTA_FILTER_FLAG_IP_DST = 1 << 1;
 const CTA_FILTER_FLAG_PROTO_NUM = 1 << 3;
 const CTA_FILTER_FLAG_PROTO_DST_PORT = 1 << 5;
@@ -55,6 +57,7 @@ const CTA_PROTO_SRC_PORT = 2;
 const CTA_PROTO_DST_PORT = 3;
 const NLA_F_NESTED = 0x8000;
 const NLA_TYPE_MASK = 0x3fff;
+export const IPPROTO_TCP = 6;
 export const IPPROTO_UDP = 17;
 
 /** One direction of a conntrack entry. */
@@ -115,14 +118,22 @@ function tupleAttr(type: number, t: CtTuple): Buffer {
   ]);
 }
 
+/** A filtered dump: the entries whose original tuple goes to dst:dport over proto (default UDP); with untranslated, only those whose reply still comes from dst (no DNAT was applied). */
+export interface DumpFilter {
+  readonly dst: string;
+  readonly dport: number;
+  readonly proto?: number;
+  readonly untranslated?: boolean;
+}
+
 /**
  * The payload of a dump of the IPv4 table (CT_GET with NLM_F_DUMP); with
- * `only`, the kernel (5.9+, CTA_FILTER) returns just the UDP entries to that
- * VIP:port, so a table of many TCP connections is walked in C, not sent up
- * and decoded. A kernel before the filter returns everything (the caller
- * matches anyway).
+ * `only`, the kernel (5.9+, CTA_FILTER) returns just the entries to that
+ * VIP:port (and, untranslated, only those answered from the VIP itself), so
+ * a table of many connections is walked in C, not sent up and decoded. A
+ * kernel before the filter returns everything (the caller matches anyway).
  */
-export function encodeDump(only?: { dst: string; dport: number }): Buffer {
+export function encodeDump(only?: DumpFilter): Buffer {
   if (!only) return nfgenmsg();
   const dst = parseIPv4(only.dst);
   if (dst === undefined) throw new LbError('LB_ERR_NET_CONNTRACK', `conntrack dump filter ${only.dst}: not an IPv4 address`);
@@ -131,11 +142,12 @@ export function encodeDump(only?: { dst: string; dport: number }): Buffer {
     nfgenmsg(),
     nested(CTA_TUPLE_ORIG, [
       nested(CTA_TUPLE_IP, [attr(CTA_IP_V4_DST, ipv4ToBytes(dst))]),
-      nested(CTA_TUPLE_PROTO, [attr(CTA_PROTO_NUM, u8(IPPROTO_UDP)), attr(CTA_PROTO_DST_PORT, be16(only.dport))]),
+      nested(CTA_TUPLE_PROTO, [attr(CTA_PROTO_NUM, u8(only.proto ?? IPPROTO_UDP)), attr(CTA_PROTO_DST_PORT, be16(only.dport))]),
     ]),
+    ...(only.untranslated ? [nested(CTA_TUPLE_REPLY, [nested(CTA_TUPLE_IP, [attr(CTA_IP_V4_SRC, ipv4ToBytes(dst))])])] : []),
     nested(CTA_FILTER, [
       attr(CTA_FILTER_ORIG_FLAGS, u32(CTA_FILTER_FLAG_IP_DST | CTA_FILTER_FLAG_PROTO_NUM | CTA_FILTER_FLAG_PROTO_DST_PORT)),
-      attr(CTA_FILTER_REPLY_FLAGS, u32(0)),
+      attr(CTA_FILTER_REPLY_FLAGS, u32(only.untranslated ? CTA_FILTER_FLAG_IP_SRC : 0)),
     ]),
   ]);
 }
@@ -207,6 +219,35 @@ export function staleUdpFlows(entries: Iterable<CtEntry>, rules: readonly UdpFlo
   return out;
 }
 
+/** A forwarded VIP port (SNAT path) whose untranslated entries end when the VIP comes onto this node. */
+export interface ForwardedPort {
+  readonly vip: string;
+  readonly proto: number;
+  readonly port: number;
+}
+
+/**
+ * The entries that would shadow new connections to a VIP that has just come
+ * onto this node: to one of its forwarded ports, answered from the VIP
+ * itself (not translated). conntrack makes one when this node routes a
+ * client's packets on to the node that held the VIP (its ARP entry still
+ * named us after the VIP moved): the nat hook dispatches only a local VIP,
+ * so the flow is recorded without DNAT and, never seeing the answer, kept in
+ * SYN_SENT for 120 s (a UDP flow as long as the client keeps sending). Once
+ * the VIP is ours, a client reusing that source port matches the old entry:
+ * no DNAT (NAT is decided on a flow's first packet), delivered to our own
+ * stack, and reset. A translated entry (the reply from a backend) is a
+ * connection we forward and is left alone.
+ */
+export function untranslatedFlows(entries: Iterable<CtEntry>, ports: readonly ForwardedPort[]): CtEntry[] {
+  const want = new Set(ports.map((p) => `${p.vip}|${p.proto}|${p.port}`));
+  const out: CtEntry[] = [];
+  for (const e of entries) {
+    if (e.reply.src === e.orig.dst && want.has(`${e.orig.dst}|${e.orig.proto}|${e.orig.dport}`)) out.push(e);
+  }
+  return out;
+}
+
 /** One entry's identity in the kernel's table: its original tuple and zone (what CT_DELETE names). */
 function entryKey(e: CtEntry): string {
   const o = e.orig;
@@ -214,19 +255,19 @@ function entryKey(e: CtEntry): string {
 }
 
 /**
- * The UDP entries the sweep judges, read through `dump` (one ctnetlink
- * dump of the payload given): one filtered dump per rule's VIP:port, or,
- * when the kernel refuses the filter, the whole table once (staleUdpFlows
- * matches it anyway). Each entry once: a kernel that ignores CTA_FILTER
- * answers every filtered dump with the whole table, and an entry seen twice
- * would be deleted twice (the second an ENOENT counted as gone). Throws
- * LB_ERR_NET_CONNTRACK when even the unfiltered dump fails.
+ * The entries the filters ask for, read through `dump` (one ctnetlink dump
+ * of the payload given): one filtered dump per filter, or, when the kernel
+ * refuses the filter, the whole table once (the callers match anyway).
+ * Each entry once: a kernel that ignores CTA_FILTER answers every filtered
+ * dump with the whole table, and an entry seen twice would be deleted twice
+ * (the second an ENOENT counted as gone). Throws LB_ERR_NET_CONNTRACK when
+ * even the unfiltered dump fails.
  */
-export async function readUdpEntries(dump: (payload: Buffer) => Promise<CtEntry[]>, rules: readonly UdpFlowRule[]): Promise<{ entries: CtEntry[]; filtered: boolean }> {
+export async function readEntries(dump: (payload: Buffer) => Promise<CtEntry[]>, filters: readonly DumpFilter[]): Promise<{ entries: CtEntry[]; filtered: boolean }> {
   let entries: CtEntry[] = [];
   let filtered = true;
   try {
-    for (const r of rules) entries.push(...await dump(encodeDump({ dst: r.vip, dport: r.port })));
+    for (const f of filters) entries.push(...await dump(encodeDump(f)));
   } catch {
     filtered = false;
     try {
@@ -239,6 +280,11 @@ export async function readUdpEntries(dump: (payload: Buffer) => Promise<CtEntry[
   return { entries: entries.filter((e) => { const k = entryKey(e); if (seen.has(k)) return false; seen.add(k); return true; }), filtered };
 }
 
+/** The UDP entries the sweep judges (readEntries): one filtered dump per rule's VIP:port. */
+export function readUdpEntries(dump: (payload: Buffer) => Promise<CtEntry[]>, rules: readonly UdpFlowRule[]): Promise<{ entries: CtEntry[]; filtered: boolean }> {
+  return readEntries(dump, rules.map((r) => ({ dst: r.vip, dport: r.port })));
+}
+
 /**
  * What ending flows did: entries deleted, and those already gone when their
  * turn came; `byPort`, the deleted ones by their rule's udpFlowKey.
@@ -247,8 +293,12 @@ export interface EndedFlows { readonly ended: number; readonly gone: number; rea
 
 export interface ConntrackClient {
   endUdpFlows(rules: readonly UdpFlowRule[]): Promise<EndedFlows>;
+  /** End the untranslated entries to these ports (untranslatedFlows): a VIP has come onto this node. */
+  endUntranslatedFlows(ports: readonly ForwardedPort[]): Promise<EndedFlows>;
   close(): void;
 }
+
+const NOTHING_ENDED: EndedFlows = { ended: 0, gone: 0, byPort: new Map() };
 
 /** Deletions in flight at most: each ACK waits in the socket's receive buffer until the event loop reads it. */
 const MAX_IN_FLIGHT = 32;
@@ -262,16 +312,27 @@ export class Conntrack implements ConntrackClient {
     this.timeoutMs = opts.timeoutMs ?? 5000;
   }
 
-  async endUdpFlows(rules: readonly UdpFlowRule[]): Promise<EndedFlows> {
-    if (rules.length === 0 || this.closed) return { ended: 0, gone: 0, byPort: new Map() };
+  endUdpFlows(rules: readonly UdpFlowRule[]): Promise<EndedFlows> {
+    if (rules.length === 0) return Promise.resolve(NOTHING_ENDED);
+    return this.end((dump) => readUdpEntries(dump, rules).then(({ entries }) => staleUdpFlows(entries, rules)));
+  }
+
+  endUntranslatedFlows(ports: readonly ForwardedPort[]): Promise<EndedFlows> {
+    if (ports.length === 0) return Promise.resolve(NOTHING_ENDED);
+    const filters = ports.map((p) => ({ dst: p.vip, dport: p.port, proto: p.proto, untranslated: true }));
+    return this.end((dump) => readEntries(dump, filters).then(({ entries }) => untranslatedFlows(entries, ports)));
+  }
+
+  /** Dump what `select` reads and delete what it returns, on one socket opened for the call. */
+  private async end(select: (dump: (payload: Buffer) => Promise<CtEntry[]>) => Promise<CtEntry[]>): Promise<EndedFlows> {
+    if (this.closed) return NOTHING_ENDED;
     const sock = new NetlinkSocket(new RawNetlinkSocket(NETLINK_NETFILTER) as unknown as PackageRawSocket, { ref: false });
     try {
       const dump = async (payload: Buffer): Promise<CtEntry[]> => {
         const [msgs] = await sock.request(CT_GET, payload, { flags: FlagsGet.DUMP, timeout: this.timeoutMs, localPort: 0 });
         return (msgs as NetlinkMessage[]).flatMap((m) => { const e = decodeEntry(m.type, m.data); return e ? [e] : []; });
       };
-      const { entries } = await readUdpEntries(dump, rules);
-      const stale = staleUdpFlows(entries, rules);
+      const stale = await select(dump);
       let ended = 0;
       let gone = 0;
       const byPort = new Map<string, number>();
@@ -285,7 +346,7 @@ export class Conntrack implements ConntrackClient {
           } catch (err) {
             // Expired or deleted since the dump: what was wanted.
             if (/ENOENT/.test(errorMessage(err))) { gone++; return; }
-            throw new LbError('LB_ERR_NET_CONNTRACK', `cannot delete the conntrack entry ${e.orig.src}:${e.orig.sport} -> ${e.orig.dst}:${e.orig.dport}/UDP (ctnetlink): ${errorMessage(err)}`, undefined, { cause: err });
+            throw new LbError('LB_ERR_NET_CONNTRACK', `cannot delete the conntrack entry ${e.orig.src}:${e.orig.sport} -> ${e.orig.dst}:${e.orig.dport}/${e.orig.proto === IPPROTO_UDP ? 'UDP' : e.orig.proto === IPPROTO_TCP ? 'TCP' : e.orig.proto} (ctnetlink): ${errorMessage(err)}`, undefined, { cause: err });
           }
         }));
       }

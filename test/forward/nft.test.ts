@@ -532,6 +532,7 @@ t.test('UDP flows: swept after the commit; a sweep that fails is a problem in st
       if (fail) throw new Error('ctnetlink: EPERM');
       return { ended: 2, gone: 0, byPort: new Map(rules.map((r) => [`${r.vip}:${r.port}`, 2])) };
     },
+    endUntranslatedFlows: async () => { throw new Error('not in this test'); },
     close: () => order.push('close'),
   };
   let made = 0;
@@ -561,4 +562,43 @@ t.test('UDP flows: swept after the commit; a sweep that fails is a problem in st
   t.same(swept.at(-1), ['10.99.0.50:53='], 'stopping (the table removed) ends every UDP flow it forwarded');
   t.equal(order.at(-1), 'close');
   t.equal(made, 1, 'one client for the life of the data path');
+});
+
+t.test('a VIP that came onto this node: its untranslated flows end, outside the apply queue; a failure is a problem in status', async (t) => {
+  const proc = fs.mkdtempSync(path.join(os.tmpdir(), 'lb-nft-proc-'));
+  t.teardown(() => fs.rmSync(proc, { recursive: true, force: true }));
+  fs.mkdirSync(path.join(proc, 'sys/net/ipv4'), { recursive: true });
+  fs.writeFileSync(path.join(proc, 'sys/net/ipv4/ip_forward'), '1\n');
+  const exec: Exec = async (file, args) => {
+    if (file === 'nft' && args[0] === '-j') throw Object.assign(new Error('absent'), { code: 1, stderr: 'Error: No such file or directory' });
+    return { stdout: JSON.stringify({ nftables: [] }), stderr: '' };
+  };
+  let fail = false;
+  const asked: string[][] = [];
+  const conntrack: ConntrackClient = {
+    endUdpFlows: async () => ({ ended: 0, gone: 0, byPort: new Map() }),
+    endUntranslatedFlows: async (ports) => {
+      asked.push(ports.map((p) => `${p.vip}:${p.proto}/${p.port}`));
+      if (fail) throw new Error('ctnetlink: EPERM');
+      return { ended: 1, gone: 0, byPort: new Map() };
+    },
+    close: () => undefined,
+  };
+  const dp = new NftDataplane({ exec, procRoot: proc, clock: new ManualClock(0), conntrack: () => conntrack });
+  await dp.apply({ services: [] });
+  await dp.vipArrived('10.99.0.50', []);
+  t.same(asked, [], 'no port: ctnetlink is not asked');
+  await dp.vipArrived('10.99.0.50', [http, dns, { ...http, name: 'again' }]);
+  t.same(asked, [['10.99.0.50:6/80', '10.99.0.50:17/53']], 'each protocol and port once, TCP and UDP');
+  t.equal((await dp.stats()).details['untranslatedFlowsEnded'], 1, 'counted in status');
+  fail = true;
+  await dp.vipArrived('10.99.0.50', [http]);
+  t.match((await dp.stats()).problems.join('\n'), /cannot end the untranslated conntrack entries to 10\.99\.0\.50 .*EPERM/, 'the failure is shown in status, not thrown');
+  fail = false;
+  await dp.vipArrived('10.99.0.50', [http]);
+  t.notMatch((await dp.stats()).problems.join('\n'), /untranslated/, 'and cleared by the next one that works');
+  t.equal((await dp.stats()).details['untranslatedFlowsEnded'], 2);
+  await dp.stop();
+  await dp.vipArrived('10.99.0.50', [http]);
+  t.equal(asked.length, 3, 'nothing after stop');
 });

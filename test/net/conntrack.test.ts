@@ -4,7 +4,7 @@
 // sweep ends. The kernel's side is test/privileged/forward-kernel.test.ts
 // (a flow moved off a backend that left, through real conntrack).
 import t from 'tap';
-import { CT_DELETE, CT_GET, IPPROTO_UDP, decodeEntry, encodeDelete, encodeDump, readUdpEntries, staleUdpFlows, type CtEntry } from '../../agent/net/conntrack';
+import { CT_DELETE, CT_GET, IPPROTO_TCP, IPPROTO_UDP, decodeEntry, encodeDelete, encodeDump, readEntries, readUdpEntries, staleUdpFlows, untranslatedFlows, type CtEntry } from '../../agent/net/conntrack';
 
 const CT_NEW = 0x100;
 const entry = (o: Partial<CtEntry['orig']> = {}, r: Partial<CtEntry['reply']> = {}): CtEntry => ({
@@ -32,6 +32,47 @@ t.test('a filtered dump asks the kernel (CTA_FILTER, Linux 5.9) for one VIP:port
     '0800', '0200', '00000000', // REPLY_FLAGS: none
   ].join(''));
   t.throws(() => encodeDump({ dst: 'x', dport: 53 }), { code: 'LB_ERR_NET_CONNTRACK' });
+});
+
+t.test('an untranslated dump also asks that the reply come from the VIP itself (no DNAT), byte for byte', async (t) => {
+  t.equal(encodeDump({ dst: '10.99.0.200', dport: 80, proto: IPPROTO_TCP, untranslated: true }).toString('hex'), [
+    '02000000',
+    '2400', '0180', // CTA_TUPLE_ORIG, nested
+    '0c00', '0180', '0800', '0200', '0a6300c8', // CTA_TUPLE_IP { CTA_IP_V4_DST 10.99.0.200 }
+    '1400', '0280', '0500', '0100', '06000000', '0600', '0300', '00500000', // CTA_TUPLE_PROTO { NUM 6, DST_PORT 80 }
+    '1000', '0280', // CTA_TUPLE_REPLY, nested
+    '0c00', '0180', '0800', '0100', '0a6300c8', // CTA_TUPLE_IP { CTA_IP_V4_SRC 10.99.0.200 }
+    '1400', '1980', // CTA_FILTER
+    '0800', '0100', '2a000000', // ORIG_FLAGS: IP_DST | PROTO_NUM | PROTO_DST_PORT
+    '0800', '0200', '01000000', // REPLY_FLAGS: IP_SRC
+  ].join(''));
+});
+
+t.test('untranslated flows: to a forwarded VIP port, answered from the VIP itself', async (t) => {
+  const vip = '10.99.0.200';
+  const tcp = (o: Partial<CtEntry['orig']> = {}, r: Partial<CtEntry['reply']> = {}): CtEntry => entry(
+    { src: '10.99.0.50', dst: vip, proto: IPPROTO_TCP, sport: 47311, dport: 80, ...o },
+    { src: vip, dst: '10.99.0.50', proto: IPPROTO_TCP, sport: 80, dport: 47311, ...r },
+  );
+  const ports = [{ vip, proto: IPPROTO_TCP, port: 80 }, { vip, proto: IPPROTO_UDP, port: 53 }];
+  const forwarded = tcp();
+  const translated = tcp({ sport: 47312 }, { src: '10.99.0.11', dst: vip, sport: 8080, dport: 47312 });
+  const otherPort = tcp({ dport: 22 }, { sport: 22 }); // not a forwarded port (ssh to the VIP): left alone
+  const otherVip = tcp({ dst: '10.99.0.201' }, { src: '10.99.0.201' });
+  const udp = entry({ src: '10.99.0.50', dst: vip, dport: 53 }, { src: vip, sport: 53, dst: '10.99.0.50' });
+  const udpOnTcpPort = entry({ src: '10.99.0.50', dst: vip, dport: 80 }, { src: vip, sport: 80, dst: '10.99.0.50' });
+  t.same(untranslatedFlows([forwarded, translated, otherPort, otherVip, udp, udpOnTcpPort], ports), [forwarded, udp],
+    'the TCP and the UDP flow seen without DNAT; not a translated one, another port, another VIP, or another protocol on the port');
+  t.same(untranslatedFlows([forwarded], []), [], 'no port, nothing');
+});
+
+t.test('reading entries with several filters: one dump each, every entry once', async (t) => {
+  const asked: string[] = [];
+  const filters = [{ dst: '10.99.0.200', dport: 80, proto: IPPROTO_TCP, untranslated: true }, { dst: '10.99.0.200', dport: 53, untranslated: true }];
+  const e1 = entry({ dst: '10.99.0.200', proto: IPPROTO_TCP, dport: 80 });
+  const r = await readEntries(async (p) => { asked.push(p.toString('hex')); return [e1]; }, filters);
+  t.same(asked, filters.map((f) => encodeDump(f).toString('hex')));
+  t.same(r.entries, [e1], 'the same entry from two dumps once');
 });
 
 t.test('a delete names the entry by its original tuple, byte for byte', async (t) => {
