@@ -796,9 +796,17 @@ export class Daemon extends EventEmitter {
     if (!plan.ok) return this.rejected(plan.errors);
     this.config = next;
     this.configLoadedAt = at;
-    for (const step of plan.steps) {
-      if (this.stopping) break;
-      await this.carryOut(step, next);
+    const steps = plan.steps;
+    for (let i = 0; i < steps.length && !this.stopping;) {
+      let j = i + 1;
+      if (steps[i]!.op === 'remove') while (j < steps.length && steps[j]!.op === 'remove') j++;
+      // Removals together: each stops a source of its own (its link, lease
+      // or claim) and waits on the kernel (a link deletion, ~15 ms); one
+      // after another, 50 took 1.6 s. Each takes its service out of the
+      // runtimes before its first await, in plan order, so a secondary is
+      // gone before its primary's source stops.
+      await Promise.all(steps.slice(i, j).map((step) => this.carryOut(step, next)));
+      i = j;
     }
     // Keep config order for status.
     const order = new Map(next.services.map((sv, i) => [sv.key, i]));

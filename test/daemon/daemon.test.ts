@@ -17,7 +17,7 @@ import { Daemon, type StatusDocument } from '../../agent/daemon/daemon';
 import { START_HOLD_MAX_MS } from '../../agent/daemon/tiering';
 import type { BackendHealth, DataplaneLike, FailoverLike, ForwardService, HealthLike, ParentLink, Subsystems } from '../../agent/daemon/subsystems';
 import type { AddressSource, SourceState, SourceStatus, Vip } from '../../agent/source';
-import type { BackendSpec, Desired, ServiceSpec } from '../../agent/config/types';
+import type { BackendSpec, Desired, PortSpec, ServiceSpec } from '../../agent/config/types';
 import { controlRequest } from '../../agent/control/server';
 import { InstanceLock } from '../../agent/daemon/lock';
 import { silentLogger } from '../../agent/log';
@@ -117,6 +117,11 @@ class FakeDataplane implements DataplaneLike {
     this.onStop?.();
     this.journal.push(`dataplane stop${opts.keep ? ' keep' : ''}`);
   }
+  /** Every vipArrived(vip, ports), as "vip port/proto,..." (not in the journal: most tests do not care). */
+  readonly arrived: string[] = [];
+  async vipArrived(vip: string, ports: readonly PortSpec[]): Promise<void> {
+    this.arrived.push(`${vip} ${ports.map((p) => `${p.port}/${p.protocol}`).join(',')}`);
+  }
 }
 
 interface Fakes {
@@ -130,11 +135,13 @@ interface Fakes {
   config: Desired | undefined;
   /** Awaited by the subsystems' close(), to look at the world at that moment. */
   onClose?: () => Promise<void>;
+  /** What observeHeld reports: VIPs an earlier run left on the kernel, by service. */
+  held: Map<string, string>;
 }
 
 function fakes(fail: { build?: Error } = {}, o: { vrrp?: boolean } = {}): Fakes & { build: (config: Desired) => Promise<Subsystems> } {
   const journal: Journal = [];
-  const f: Fakes = { journal, sources: new Map(), health: new FakeHealth(journal), dataplane: new FakeDataplane(journal), failover: o.vrrp ? new FakeFailover() : undefined, config: undefined };
+  const f: Fakes = { journal, sources: new Map(), health: new FakeHealth(journal), dataplane: new FakeDataplane(journal), failover: o.vrrp ? new FakeFailover() : undefined, config: undefined, held: new Map() };
   const parent: ParentLink = { name: 'eth0', index: 2, mac: '02:00:00:00:00:02', address: '10.99.0.2' };
   const build = async (config: Desired): Promise<Subsystems> => {
     journal.push('build');
@@ -148,7 +155,7 @@ function fakes(fail: { build?: Error } = {}, o: { vrrp?: boolean } = {}): Fakes 
         f.sources.set(spec.key, s);
         return s;
       },
-      observeHeld: async () => { journal.push('observe held'); return new Map(); },
+      observeHeld: async () => { journal.push('observe held'); return new Map(f.held); },
       adoptOwned: async () => { journal.push('adopt owned'); return { adopted: [], removed: [] }; },
       health: f.health,
       dataplane: f.dataplane,
@@ -533,6 +540,47 @@ t.test('stop with keep (a planned restart) leaves the VIPs and forwarding for th
     'source default/api stop keep', 'source default/api stopped', 'source default/web stop keep', 'source default/web stopped',
   ]);
   t.ok(h.since(from).indexOf('dataplane stop keep') > h.since(from).indexOf('source default/web stopped'), 'the sources let go of their sockets before the data path');
+});
+
+t.test('a reload removes its services together, and adds only after every removal is done', async (t) => {
+  const h = harness(t, [{ name: 'web' }, { name: 'a' }, { name: 'b' }, { name: 'c' }]);
+  await h.daemon.start();
+  await settle(h);
+  const gates = ['a', 'b', 'c'].map((n) => { const g = new Gate(); h.fk.sources.get(`default/${n}`)!.stopGate = g; return g; });
+  const from = h.fk.journal.length;
+  h.write([{ name: 'web' }, { name: 'new' }]);
+  const reload = h.daemon.reload();
+  // Were they one after another, the first release would hold the rest (and the teardown's stop) for good.
+  const opened = setTimeout(() => { for (const g of gates) g.open(); }, 5000);
+  t.teardown(() => clearTimeout(opened));
+  for (const n of ['a', 'b', 'c']) await waitJournal(h, `source default/${n} stop release`);
+  t.notOk(h.since(from).some((l) => l.endsWith(' stopped')), 'all three releases under way at once, none finished');
+  gates[1]!.open();
+  gates[0]!.open();
+  await waitJournal(h, 'source default/a stopped');
+  await settle(h);
+  t.notOk(h.fk.journal.includes('create source default/new'), 'the add waits for the last removal');
+  gates[2]!.open();
+  const r = await reload;
+  t.equal(r.ok, true, r.message);
+  const after = h.since(from);
+  t.ok(after.indexOf('create source default/new') > after.indexOf('source default/c stopped'), 'then the add');
+  t.equal(r.message, 'reloaded: 1 added, 3 removed, 0 changed, 1 unchanged');
+});
+
+t.test('a VIP that comes onto this node: the data path is told, with the ports of every service on it; not for a VIP an earlier run left here', async (t) => {
+  const h = harness(t, [{ name: 'web', ipam: 'dhcp' }, { name: 'api', loadBalancerIP: '10.99.0.205' }, { name: 'admin', primaryService: 'api' }, { name: 'kept', loadBalancerIP: '10.99.0.206' }]);
+  h.fk.held.set('default/kept', '10.99.0.206');
+  await h.daemon.start();
+  h.fk.sources.get('default/web')!.bind('10.99.0.100');
+  h.fk.sources.get('default/api')!.bind('10.99.0.205');
+  h.fk.sources.get('default/kept')!.bind('10.99.0.206');
+  t.same(h.fk.dataplane.arrived, ['10.99.0.100 80/TCP', '10.99.0.205 80/TCP,8081/TCP'],
+    'web\'s lease and api\'s claim with its secondary\'s port; not kept, confirmed where the last run left it');
+  // Lost and back (a VRRP Backup and Master again): it arrives again.
+  await h.fk.sources.get('default/kept')!.stop({ release: false });
+  h.fk.sources.get('default/kept')!.bind('10.99.0.206');
+  t.same(h.fk.dataplane.arrived.at(-1), '10.99.0.206 80/TCP', 'kept, once it had gone and came back');
 });
 
 t.test('stop waits for the step of a reload in flight, and the reload goes no further', async (t) => {
