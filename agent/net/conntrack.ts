@@ -3,9 +3,9 @@
 // the deletion of one entry by its original tuple - and a driver that ends
 // the UDP flows a forwarded VIP:port no longer sends to a backend of its
 // healthy set, and the untranslated flows to a VIP that has just come onto
-// this node (untranslatedFlows says why). Framing (sequence numbers, multipart dumps, ACKs) is the
-// `netlink` package's, on the addon's socket (./netlink-socket), as for
-// rtnetlink in ./netlink.ts.
+// this node (untranslatedFlows says why). Framing (sequence numbers,
+// multipart dumps, ACKs) is the `netlink` package's, on the addon's socket
+// (./netlink-socket), as for rtnetlink in ./netlink.ts.
 //
 // Why (the kernel path, agent/forward/nft.ts): conntrack keeps a UDP flow's
 // NAT binding while packets keep coming (nf_conntrack_udp_timeout_stream,
