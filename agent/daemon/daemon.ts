@@ -361,9 +361,10 @@ export class Daemon extends EventEmitter {
         lastVip = st.vip?.address;
         this.noteEvent('vip-gained', { service: spec.key, address: lastVip, reason: st.reason ?? `${spec.ipam} VIP ${st.state}` });
         // What the kernel recorded of this address while it was elsewhere
-        // goes (forward/dataplane.ts vipArrived); not for a VIP an earlier
-        // run left on this node, which never was elsewhere.
-        if (lastVip !== undefined && lastVip !== adopted) void this.subs?.dataplane.vipArrived?.(lastVip, this.portsOf(spec.key));
+        // goes (forward/dataplane.ts vipArrived). Only VRRP moves a VIP
+        // between nodes; not for a VIP an earlier run left on this node,
+        // which never was elsewhere.
+        if (this.subs?.failover && lastVip !== undefined && lastVip !== adopted) void this.subs.dataplane.vipArrived?.(lastVip, this.portsOf(spec.key));
         this.scheduleApply(); this.notifyStatusSoon();
       });
       source.on('lost', (reason: string) => {

@@ -107,7 +107,7 @@ import { DSR_FAMILY, DSR_PROBE_RULESET, DSR_TABLE, dsrRemovalLines, flowHashPick
 import { SerialQueue } from '../serial';
 import type { DsrBpfPort } from '../net/ebpf-dsr';
 import type { DsrBpf, DsrFdStore } from '../net/ebpf-attach';
-import type { ConntrackClient, UdpFlowRule } from '../net/conntrack';
+import type { ConntrackClient, ForwardedPort, UdpFlowRule } from '../net/conntrack';
 import { hasOwnedName } from '../net/ownership';
 
 // The BPF driver loads on demand: when a DSR port is forwarded, and at the
@@ -690,6 +690,16 @@ export function udpFlowSweep(prev: ForwardState | undefined, next: ForwardState)
   return rules;
 }
 
+/** How long vipArrived waits for more VIPs to arrive before it sweeps (ms). */
+export const ARRIVALS_BATCH_MS = 20;
+
+/** VIPs that came onto the node together, swept by one vipArrived. */
+interface ArrivalBatch {
+  readonly ports: Map<string, ForwardedPort>;
+  readonly vips: Set<string>;
+  done: Promise<void>;
+}
+
 /** What the metrics show before the first counter read. */
 const NO_STATS: ForwardStats = { kind: 'kernel', services: [], flows: [], problems: [], details: {} };
 
@@ -740,6 +750,8 @@ export class NftDataplane implements Dataplane {
   private forwardedFlowsError: string | undefined;
   /** Untranslated entries ended by vipArrived since start (status). */
   private forwardedFlowsEnded = 0;
+  /** VIPs arrived whose sweep has not started (vipArrived). */
+  private arrivals: ArrivalBatch | undefined;
   /** UDP flows ended because their backend left the port, by service and port label (udpEndedKey); a port's count goes with the port. */
   private readonly udpEnded = new Map<string, number>();
 
@@ -869,27 +881,52 @@ export class NftDataplane implements Dataplane {
   /**
    * A VIP has come onto this node: end the untranslated conntrack entries to
    * its ports (net/conntrack.ts untranslatedFlows says why), which a client
-   * reusing a source port would otherwise ride into a reset. Outside the
-   * apply queue: a takeover must not wait behind a table write. Never
-   * throws; a failure is logged and shown in status until one works.
+   * reusing a source port would otherwise ride into a reset. VIPs that
+   * arrive within ARRIVALS_BATCH_MS of the first share one sweep (a
+   * takeover brings every VIP of a virtual router; each dump walks
+   * conntrack's whole hash table, ~7 ms of kernel time here); the promise
+   * settles when their sweep is done. Outside the apply queue: a takeover
+   * must not wait behind a table write. Never throws; a failure is logged
+   * and shown in status until one works.
    */
-  async vipArrived(vip: string, ports: readonly { readonly protocol: Protocol; readonly port: number }[]): Promise<void> {
-    if (this.stopped || ports.length === 0) return;
+  vipArrived(vip: string, ports: readonly { readonly protocol: Protocol; readonly port: number }[]): Promise<void> {
+    if (this.stopped || ports.length === 0) return Promise.resolve();
     const { IPPROTO_TCP, IPPROTO_UDP } = conntrackModule();
-    const wanted = [...new Map(ports.map((p) => [`${p.protocol}/${p.port}`, { vip, proto: p.protocol === 'UDP' ? IPPROTO_UDP : IPPROTO_TCP, port: p.port }])).values()];
+    let batch = this.arrivals;
+    if (!batch) {
+      const b: ArrivalBatch = { ports: new Map(), vips: new Set(), done: Promise.resolve() };
+      b.done = new Promise<void>((resolve) => {
+        this.clock.setTimeout(() => {
+          if (this.arrivals === b) this.arrivals = undefined;
+          void this.endUntranslated([...b.vips], [...b.ports.values()]).then(resolve);
+        }, ARRIVALS_BATCH_MS);
+      });
+      this.arrivals = batch = b;
+    }
+    batch.vips.add(vip);
+    for (const p of ports) {
+      const proto = p.protocol === 'UDP' ? IPPROTO_UDP : IPPROTO_TCP;
+      batch.ports.set(`${vip}|${proto}|${p.port}`, { vip, proto, port: p.port });
+    }
+    return batch.done;
+  }
+
+  private async endUntranslated(vips: readonly string[], ports: readonly ForwardedPort[]): Promise<void> {
+    if (this.stopped) return;
     const startedAt = this.clock.now();
+    const what = vips.join(', ');
     try {
       this.conntrack ??= this.makeConntrack();
-      const r = await this.conntrack.endUntranslatedFlows(wanted);
+      const r = await this.conntrack.endUntranslatedFlows(ports);
       this.forwardedFlowsError = undefined;
       this.forwardedFlowsEnded += r.ended;
       if (r.ended > 0) {
-        this.log.info({ op: 'stale-flows', vip, ended: r.ended, ms: this.clock.now() - startedAt },
-          `${vip} came onto this node: ended ${r.ended} untranslated conntrack entr${r.ended === 1 ? 'y' : 'ies'} of flows it routed on while the VIP was elsewhere (a client reusing their source port would be reset)`);
+        this.log.info({ op: 'stale-flows', vips, ended: r.ended, ms: this.clock.now() - startedAt },
+          `${what} came onto this node: ended ${r.ended} untranslated conntrack entr${r.ended === 1 ? 'y' : 'ies'} of flows it routed on while the VIP was elsewhere (a client reusing their source port would be reset)`);
       }
     } catch (err) {
-      this.forwardedFlowsError = `cannot end the untranslated conntrack entries to ${vip} (a client reusing their source port is reset until they expire): ${errorMessage(err)}`;
-      this.log.warn({ op: 'stale-flows', vip, err: errorMessage(err) }, this.forwardedFlowsError);
+      this.forwardedFlowsError = `cannot end the untranslated conntrack entries to ${what} (a client reusing their source port is reset until they expire): ${errorMessage(err)}`;
+      this.log.warn({ op: 'stale-flows', vips, err: errorMessage(err) }, this.forwardedFlowsError);
     }
   }
 

@@ -118,9 +118,13 @@ function tupleAttr(type: number, t: CtTuple): Buffer {
   ]);
 }
 
-/** A filtered dump: the entries whose original tuple goes to dst:dport over proto (default UDP); with untranslated, only those whose reply still comes from dst (no DNAT was applied). */
+/**
+ * A filtered dump: the entries whose original tuple goes to dport over proto
+ * (default UDP), at dst when given; with untranslated (and dst), only those
+ * whose reply still comes from dst (no DNAT was applied).
+ */
 export interface DumpFilter {
-  readonly dst: string;
+  readonly dst?: string;
   readonly dport: number;
   readonly proto?: number;
   readonly untranslated?: boolean;
@@ -135,19 +139,20 @@ export interface DumpFilter {
  */
 export function encodeDump(only?: DumpFilter): Buffer {
   if (!only) return nfgenmsg();
-  const dst = parseIPv4(only.dst);
-  if (dst === undefined) throw new LbError('LB_ERR_NET_CONNTRACK', `conntrack dump filter ${only.dst}: not an IPv4 address`);
+  const dst = only.dst === undefined ? undefined : parseIPv4(only.dst);
+  if (only.dst !== undefined && dst === undefined) throw new LbError('LB_ERR_NET_CONNTRACK', `conntrack dump filter ${only.dst}: not an IPv4 address`);
   const u32 = (v: number): Buffer => { const b = Buffer.alloc(4); b.writeUInt32LE(v >>> 0, 0); return b; };
+  const reply = only.untranslated === true && dst !== undefined;
   return Buffer.concat([
     nfgenmsg(),
     nested(CTA_TUPLE_ORIG, [
-      nested(CTA_TUPLE_IP, [attr(CTA_IP_V4_DST, ipv4ToBytes(dst))]),
+      ...(dst !== undefined ? [nested(CTA_TUPLE_IP, [attr(CTA_IP_V4_DST, ipv4ToBytes(dst))])] : []),
       nested(CTA_TUPLE_PROTO, [attr(CTA_PROTO_NUM, u8(only.proto ?? IPPROTO_UDP)), attr(CTA_PROTO_DST_PORT, be16(only.dport))]),
     ]),
-    ...(only.untranslated ? [nested(CTA_TUPLE_REPLY, [nested(CTA_TUPLE_IP, [attr(CTA_IP_V4_SRC, ipv4ToBytes(dst))])])] : []),
+    ...(reply ? [nested(CTA_TUPLE_REPLY, [nested(CTA_TUPLE_IP, [attr(CTA_IP_V4_SRC, ipv4ToBytes(dst))])])] : []),
     nested(CTA_FILTER, [
-      attr(CTA_FILTER_ORIG_FLAGS, u32(CTA_FILTER_FLAG_IP_DST | CTA_FILTER_FLAG_PROTO_NUM | CTA_FILTER_FLAG_PROTO_DST_PORT)),
-      attr(CTA_FILTER_REPLY_FLAGS, u32(only.untranslated ? CTA_FILTER_FLAG_IP_SRC : 0)),
+      attr(CTA_FILTER_ORIG_FLAGS, u32((dst !== undefined ? CTA_FILTER_FLAG_IP_DST : 0) | CTA_FILTER_FLAG_PROTO_NUM | CTA_FILTER_FLAG_PROTO_DST_PORT)),
+      attr(CTA_FILTER_REPLY_FLAGS, u32(reply ? CTA_FILTER_FLAG_IP_SRC : 0)),
     ]),
   ]);
 }
@@ -248,6 +253,27 @@ export function untranslatedFlows(entries: Iterable<CtEntry>, ports: readonly Fo
   return out;
 }
 
+/**
+ * The dumps that find untranslatedFlows(ports): one per protocol and port,
+ * because each dump walks conntrack's whole hash table in the kernel (~7 ms
+ * here with 262,144 buckets, whatever the filter) and a takeover brings
+ * every VIP of a virtual router at once, mostly on the same ports. A port
+ * of one VIP is asked for just its untranslated entries; a port several
+ * VIPs share, for every entry to the port (matched here).
+ */
+export function untranslatedDumps(ports: readonly ForwardedPort[]): DumpFilter[] {
+  const vipsOf = new Map<string, { proto: number; port: number; vips: Set<string> }>();
+  for (const p of ports) {
+    const k = `${p.proto}/${p.port}`;
+    const g = vipsOf.get(k) ?? { proto: p.proto, port: p.port, vips: new Set<string>() };
+    g.vips.add(p.vip);
+    vipsOf.set(k, g);
+  }
+  return [...vipsOf.values()].map((g) => (g.vips.size === 1
+    ? { dst: [...g.vips][0]!, dport: g.port, proto: g.proto, untranslated: true }
+    : { dport: g.port, proto: g.proto }));
+}
+
 /** One entry's identity in the kernel's table: its original tuple and zone (what CT_DELETE names). */
 function entryKey(e: CtEntry): string {
   const o = e.orig;
@@ -319,8 +345,7 @@ export class Conntrack implements ConntrackClient {
 
   endUntranslatedFlows(ports: readonly ForwardedPort[]): Promise<EndedFlows> {
     if (ports.length === 0) return Promise.resolve(NOTHING_ENDED);
-    const filters = ports.map((p) => ({ dst: p.vip, dport: p.port, proto: p.proto, untranslated: true }));
-    return this.end((dump) => readEntries(dump, filters).then(({ entries }) => untranslatedFlows(entries, ports)));
+    return this.end((dump) => readEntries(dump, untranslatedDumps(ports)).then(({ entries }) => untranslatedFlows(entries, ports)));
   }
 
   /** Dump what `select` reads and delete what it returns, on one socket opened for the call. */

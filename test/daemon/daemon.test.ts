@@ -568,9 +568,11 @@ t.test('a reload removes its services together, and adds only after every remova
   t.equal(r.message, 'reloaded: 1 added, 3 removed, 0 changed, 1 unchanged');
 });
 
-t.test('a VIP that comes onto this node: the data path is told, with the ports of every service on it; not for a VIP an earlier run left here', async (t) => {
-  const h = harness(t, [{ name: 'web', ipam: 'dhcp' }, { name: 'api', loadBalancerIP: '10.99.0.205' }, { name: 'admin', primaryService: 'api' }, { name: 'kept', loadBalancerIP: '10.99.0.206' }]);
+t.test('a VIP that comes onto this node under VRRP: the data path is told, with the ports of every service on it; not for a VIP an earlier run left here, nor without VRRP', async (t) => {
+  const h = harness(t, [{ name: 'web', ipam: 'dhcp' }, { name: 'api', loadBalancerIP: '10.99.0.205' }, { name: 'admin', primaryService: 'api' }, { name: 'kept', loadBalancerIP: '10.99.0.206' }], { vrrp: true });
+  const fo = h.fk.failover!;
   h.fk.held.set('default/kept', '10.99.0.206');
+  for (const k of ['default/web', 'default/api', 'default/kept']) fo.masterOf.add(k);
   await h.daemon.start();
   h.fk.sources.get('default/web')!.bind('10.99.0.100');
   h.fk.sources.get('default/api')!.bind('10.99.0.205');
@@ -581,6 +583,11 @@ t.test('a VIP that comes onto this node: the data path is told, with the ports o
   await h.fk.sources.get('default/kept')!.stop({ release: false });
   h.fk.sources.get('default/kept')!.bind('10.99.0.206');
   t.same(h.fk.dataplane.arrived.at(-1), '10.99.0.206 80/TCP', 'kept, once it had gone and came back');
+
+  const plain = harness(t, [{ name: 'web', ipam: 'dhcp' }]);
+  await plain.daemon.start();
+  plain.fk.sources.get('default/web')!.bind('10.99.0.100');
+  t.same(plain.fk.dataplane.arrived, [], 'without VRRP a VIP never was on another node: no sweep (each walks the conntrack table)');
 });
 
 t.test('stop waits for the step of a reload in flight, and the reload goes no further', async (t) => {

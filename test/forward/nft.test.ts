@@ -15,7 +15,7 @@ import { Registry } from 'prom-client';
 import { ManualClock } from '../../agent/clock';
 import { linkNameForService } from '../../agent/net/ownership';
 import {
-  NftDataplane, canonicalTableJson, flowTotals, handedBackTotals, parseNftCounters, probeDsr, probeNftables, renderNft, renderRemoval, udpFlowSweep, type Exec,
+  ARRIVALS_BATCH_MS, NftDataplane, canonicalTableJson, flowTotals, handedBackTotals, parseNftCounters, probeDsr, probeNftables, renderNft, renderRemoval, udpFlowSweep, type Exec,
 } from '../../agent/forward/nft';
 import type { ConntrackClient, UdpFlowRule } from '../../agent/net/conntrack';
 import { flowId } from '../../agent/forward/dataplane';
@@ -564,7 +564,7 @@ t.test('UDP flows: swept after the commit; a sweep that fails is a problem in st
   t.equal(made, 1, 'one client for the life of the data path');
 });
 
-t.test('a VIP that came onto this node: its untranslated flows end, outside the apply queue; a failure is a problem in status', async (t) => {
+t.test('VIPs that came onto this node: their untranslated flows end in one sweep per batch, outside the apply queue; a failure is a problem in status', async (t) => {
   const proc = fs.mkdtempSync(path.join(os.tmpdir(), 'lb-nft-proc-'));
   t.teardown(() => fs.rmSync(proc, { recursive: true, force: true }));
   fs.mkdirSync(path.join(proc, 'sys/net/ipv4'), { recursive: true });
@@ -584,21 +584,34 @@ t.test('a VIP that came onto this node: its untranslated flows end, outside the 
     },
     close: () => undefined,
   };
-  const dp = new NftDataplane({ exec, procRoot: proc, clock: new ManualClock(0), conntrack: () => conntrack });
+  const clock = new ManualClock(0);
+  const dp = new NftDataplane({ exec, procRoot: proc, clock, conntrack: () => conntrack });
   await dp.apply({ services: [] });
-  await dp.vipArrived('10.99.0.50', []);
+  const arrive = async (...calls: [string, PortSpec[]][]): Promise<void> => {
+    const done = calls.map(([vip, ports]) => dp.vipArrived(vip, ports));
+    clock.advance(ARRIVALS_BATCH_MS);
+    await Promise.all(done);
+  };
+  await arrive(['10.99.0.50', []]);
   t.same(asked, [], 'no port: ctnetlink is not asked');
-  await dp.vipArrived('10.99.0.50', [http, dns, { ...http, name: 'again' }]);
-  t.same(asked, [['10.99.0.50:6/80', '10.99.0.50:17/53']], 'each protocol and port once, TCP and UDP');
+  await arrive(['10.99.0.50', [http, dns, { ...http, name: 'again' }]], ['10.99.0.51', [http]]);
+  t.same(asked, [['10.99.0.50:6/80', '10.99.0.50:17/53', '10.99.0.51:6/80']], 'two VIPs arriving together: one sweep, each VIP, protocol and port once');
   t.equal((await dp.stats()).details['untranslatedFlowsEnded'], 1, 'counted in status');
+  const early = dp.vipArrived('10.99.0.52', [http]);
+  clock.advance(ARRIVALS_BATCH_MS - 1);
+  await new Promise((r) => setImmediate(r));
+  t.equal(asked.length, 1, `not before ARRIVALS_BATCH_MS (${ARRIVALS_BATCH_MS} ms)`);
+  clock.advance(1);
+  await early;
+  t.equal(asked.length, 2);
   fail = true;
-  await dp.vipArrived('10.99.0.50', [http]);
+  await arrive(['10.99.0.50', [http]]);
   t.match((await dp.stats()).problems.join('\n'), /cannot end the untranslated conntrack entries to 10\.99\.0\.50 .*EPERM/, 'the failure is shown in status, not thrown');
   fail = false;
-  await dp.vipArrived('10.99.0.50', [http]);
+  await arrive(['10.99.0.50', [http]]);
   t.notMatch((await dp.stats()).problems.join('\n'), /untranslated/, 'and cleared by the next one that works');
-  t.equal((await dp.stats()).details['untranslatedFlowsEnded'], 2);
+  t.equal((await dp.stats()).details['untranslatedFlowsEnded'], 3);
   await dp.stop();
-  await dp.vipArrived('10.99.0.50', [http]);
-  t.equal(asked.length, 3, 'nothing after stop');
+  await arrive(['10.99.0.50', [http]]);
+  t.equal(asked.length, 4, 'nothing after stop');
 });

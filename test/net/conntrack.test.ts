@@ -4,7 +4,7 @@
 // sweep ends. The kernel's side is test/privileged/forward-kernel.test.ts
 // (a flow moved off a backend that left, through real conntrack).
 import t from 'tap';
-import { CT_DELETE, CT_GET, IPPROTO_TCP, IPPROTO_UDP, decodeEntry, encodeDelete, encodeDump, readEntries, readUdpEntries, staleUdpFlows, untranslatedFlows, type CtEntry } from '../../agent/net/conntrack';
+import { CT_DELETE, CT_GET, IPPROTO_TCP, IPPROTO_UDP, decodeEntry, encodeDelete, encodeDump, readEntries, readUdpEntries, staleUdpFlows, untranslatedDumps, untranslatedFlows, type CtEntry } from '../../agent/net/conntrack';
 
 const CT_NEW = 0x100;
 const entry = (o: Partial<CtEntry['orig']> = {}, r: Partial<CtEntry['reply']> = {}): CtEntry => ({
@@ -64,6 +64,26 @@ t.test('untranslated flows: to a forwarded VIP port, answered from the VIP itsel
   t.same(untranslatedFlows([forwarded, translated, otherPort, otherVip, udp, udpOnTcpPort], ports), [forwarded, udp],
     'the TCP and the UDP flow seen without DNAT; not a translated one, another port, another VIP, or another protocol on the port');
   t.same(untranslatedFlows([forwarded], []), [], 'no port, nothing');
+});
+
+t.test('untranslated dumps: one per protocol and port; a port of one VIP filtered to its untranslated entries, a shared port to the port', async (t) => {
+  t.same(untranslatedDumps([
+    { vip: '10.99.0.200', proto: IPPROTO_TCP, port: 80 },
+    { vip: '10.99.0.201', proto: IPPROTO_TCP, port: 80 },
+    { vip: '10.99.0.200', proto: IPPROTO_UDP, port: 53 },
+    { vip: '10.99.0.200', proto: IPPROTO_TCP, port: 80 },
+  ]), [
+    { dport: 80, proto: IPPROTO_TCP },
+    { dst: '10.99.0.200', dport: 53, proto: IPPROTO_UDP, untranslated: true },
+  ]);
+  t.equal(encodeDump({ dport: 80, proto: IPPROTO_TCP }).toString('hex'), [
+    '02000000',
+    '1800', '0180', // CTA_TUPLE_ORIG: no CTA_TUPLE_IP
+    '1400', '0280', '0500', '0100', '06000000', '0600', '0300', '00500000', // CTA_TUPLE_PROTO { NUM 6, DST_PORT 80 }
+    '1400', '1980',
+    '0800', '0100', '28000000', // ORIG_FLAGS: PROTO_NUM | PROTO_DST_PORT
+    '0800', '0200', '00000000',
+  ].join(''), 'no address: the port on every address, byte for byte');
 });
 
 t.test('reading entries with several filters: one dump each, every entry once', async (t) => {
