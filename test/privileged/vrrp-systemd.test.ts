@@ -116,7 +116,7 @@ t.test('VRRP between two lb-agent.service units under systemd 252', async (t) =>
    * the time it counts from): 400 ms before it, until VMS[master] is the one
    * Master, and 800 ms after that.
    */
-  async function loopAround(master: number, event: () => Promise<number>): Promise<GapReport> {
+  async function loopAround(master: number, event: () => Promise<number>): Promise<GapReport & { at: number }> {
     const loop = await ClientLoop.start(lab, client, `http://${VIP}/`, { intervalMs: 20, timeoutMs: 300, maxMs: 30_000 });
     let at: number;
     try {
@@ -128,7 +128,7 @@ t.test('VRRP between two lb-agent.service units under systemd 252', async (t) =>
       await loop.stop();
       throw e;
     }
-    return gapReport(await loop.stop(), at, BODIES);
+    return { ...gapReport(await loop.stop(), at, BODIES), at };
   }
 
   await t.test('both units start; the higher priority is Master and serves the VIP, the other is Backup', async (t) => {
@@ -166,7 +166,8 @@ t.test('VRRP between two lb-agent.service units under systemd 252', async (t) =>
     t.comment(`stop -> served by vm2: ${g.servedAfterMs ?? '?'} ms; ${g.count} requests, ${g.failures.length} failed (${JSON.stringify(g.errors)}), gap ${g.gapMs} ms`);
     t.ok(g.servedAfterMs !== undefined && g.servedAfterMs < 3000, `served again within 3 s of the stop (${g.servedAfterMs ?? '?'} ms)`);
     t.same(g.wrongBodies, [], 'every answer came from a backend');
-    t.equal(g.failures.length, 0, 'no failed request');
+    // [ms after the event, ms taken, error] of each: a failure in CI says when and how.
+    t.same(g.failures.map((f) => [f.t - g.at, f.ms, f.error]), [], 'no failed request');
     t.notOk(await holdsVip(lab, ns[0]!), 'vm1 left no VIP behind');
     t.ok(await holdsVip(lab, ns[1]!), 'vm2 holds the VIP');
     t.equal((await vm1.show('lb-agent', 'ActiveState')).ActiveState, 'inactive', 'vm1\'s unit is stopped, not failed');
@@ -184,7 +185,9 @@ t.test('VRRP between two lb-agent.service units under systemd 252', async (t) =>
     t.ok(await holdsVip(lab, ns[0]!), 'vm1 holds the VIP');
     t.notOk(await holdsVip(lab, ns[1]!), 'vm2 took its copy off');
     t.same(g.wrongBodies, [], 'every answer came from a backend');
-    t.equal(g.failures.length, 0, 'no failed request');
+    // Once 1 failed here in CI: a reset for a client port vm1 had routed on
+    // to vm2 while Backup (vrrp-forwarded-flows.test.ts).
+    t.same(g.failures.map((f) => [f.t - g.at, f.ms, f.error]), [], 'no failed request');
     t.ok(g.servedAfterMs !== undefined, 'served after the preemption');
   });
 
