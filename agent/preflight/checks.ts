@@ -13,7 +13,7 @@ import { proxyNeededReason } from '../forward/dataplane';
 export type CheckStatus = 'pass' | 'warn' | 'fail';
 
 export interface CheckResult {
-  /** Stable id: config, state-dir, capabilities, macvlan, interface, pools, arp-sysctls, rp-filter, ip-forward, dataplane, guest-agent, descriptors, dsr, dsr-backend, topology, conntrack-pickup, udp-flows, dhcp-probe. */
+  /** Stable id: config, state-dir, capabilities, macvlan, interface, pools, arp-sysctls, rp-filter, ip-forward, dataplane, guest-agent, descriptors, dsr, dsr-backend, topology, conntrack-pickup, udp-flows, stale-flows, dhcp-probe. */
   readonly id: string;
   readonly status: CheckStatus;
   /** What the check saw. */
@@ -489,10 +489,26 @@ export function checkConntrackPickup(f: Facts): CheckResult | undefined {
 export function checkUdpFlows(f: Facts): CheckResult | undefined {
   const id = 'udp-flows';
   const a = f.conntrackNetlink;
-  if (!a || a.status === 'not-run' || effectiveDataplane(f) !== 'kernel') return undefined;
   const ports = udpSnatPorts(f.config);
+  if (!a || a.status === 'not-run' || effectiveDataplane(f) !== 'kernel' || ports.length === 0) return undefined;
   if (a.status === 'ok') return pass(id, `ctnetlink answers: a UDP flow whose backend leaves its port's healthy set is placed again at its next datagram (${ports.join(', ')})`);
   return warn(id, `ctnetlink does not answer here (${a.error ?? 'no reason given'}): a client that keeps sending to ${ports.join(', ')} from one port stays on a backend that left the healthy set until it pauses for nf_conntrack_udp_timeout_stream (120 s)`,
+    'load nf_conntrack_netlink (CONFIG_NF_CT_NETLINK) and run lb-agent with CAP_NET_ADMIN, or set dataplane: proxy');
+}
+
+/**
+ * With VRRP on the kernel path, a node that takes a VIP (back) deletes the
+ * untranslated conntrack entries of flows it routed on to the old holder
+ * (net/conntrack.ts untranslatedFlows) through ctnetlink: without it a
+ * client that reuses such a source port within 120 s of the failback is
+ * reset. Undefined when not relevant (no VRRP, or the proxy path).
+ */
+export function checkStaleFlows(f: Facts): CheckResult | undefined {
+  const id = 'stale-flows';
+  const a = f.conntrackNetlink;
+  if (!a || a.status === 'not-run' || f.config.placement !== 'flow-hash' || effectiveDataplane(f) !== 'kernel') return undefined;
+  if (a.status === 'ok') return pass(id, 'ctnetlink answers: a node that takes a VIP over ends the untranslated flows it routed on while the VIP was elsewhere');
+  return warn(id, `ctnetlink does not answer here (${a.error ?? 'no reason given'}): after a failback, a client that reuses a source port the node routed on while Backup is reset, for up to 120 s`,
     'load nf_conntrack_netlink (CONFIG_NF_CT_NETLINK) and run lb-agent with CAP_NET_ADMIN, or set dataplane: proxy');
 }
 
@@ -695,7 +711,7 @@ export function runChecks(f: Facts): CheckResult[] {
   ];
   const fds = checkDescriptors(f);
   if (fds) out.push(fds);
-  for (const c of [checkDsr(f), checkDsrBackend(f), checkTopology(f), checkConntrackPickup(f), checkUdpFlows(f)]) if (c) out.push(c);
+  for (const c of [checkDsr(f), checkDsrBackend(f), checkTopology(f), checkConntrackPickup(f), checkUdpFlows(f), checkStaleFlows(f)]) if (c) out.push(c);
   const dhcp = checkDhcpProbe(f);
   if (dhcp) out.push(dhcp);
   return out;

@@ -592,7 +592,8 @@ export async function gatherFacts(opts: GatherOptions): Promise<Facts> {
   const routeP = readText('/proc/net/route').then((t) => (t === undefined ? undefined : parseDefaultRoute(t)));
 
   const dsrP = gatherDsr(release, unshare, nft);
-  const ctP = config.dataplane !== 'proxy' && udpSnatPorts(config).length > 0 ? gatherConntrackNetlink() : Promise.resolve(undefined);
+  // ctnetlink: the UDP sweep (a UDP port the kernel path NATs) and, with VRRP, the untranslated flows a takeover ends.
+  const ctP = config.dataplane !== 'proxy' && (udpSnatPorts(config).length > 0 || config.placement === 'flow-hash') ? gatherConntrackNetlink() : Promise.resolve(undefined);
   const nodeP = readNodeTopology(nodePlace);
   const addrsP = ip ? run(ip, ['-j', '-4', 'addr', 'show']).then((r) => parseIpJsonAllAddrs(r.stdout)) : Promise.resolve([]);
   const defaultRoute = await routeP;

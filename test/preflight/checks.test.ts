@@ -9,7 +9,7 @@ import { vipSysctls } from '../../agent/net/sysctl';
 import {
   runChecks, checkDescriptors, checkMacvlan, checkCapabilities, checkInterface, checkArpSysctls, checkRpFilter, checkIpForward,
   checkConfig, checkDataplane, checkPools, checkStateDir, checkGuestAgent, checkDhcpProbe, classifyRefusal,
-  effectiveDataplane, osFamily, checkDsr, checkDsrBackend, checkTopology, checkConntrackPickup, checkUdpFlows, type CheckResult,
+  effectiveDataplane, osFamily, checkDsr, checkDsrBackend, checkTopology, checkConntrackPickup, checkUdpFlows, checkStaleFlows, type CheckResult,
 } from '../../agent/preflight/checks';
 
 const FIX = path.resolve(__dirname, '..', '..', '..', 'test', 'preflight', 'fixtures');
@@ -326,6 +326,26 @@ t.test('udp-flows: on the kernel path with a UDP port, ctnetlink must answer, or
   t.same(udpSnatPorts(udp(undefined, 'kernel', true).config), [], 'a DSR service\'s UDP port never goes through conntrack');
   t.same(udpSnatPorts(udp(undefined).config), ['default/dns 53/UDP']);
   t.ok(runChecks(udp({ status: 'failed', error: 'EPERM' })).some((c) => c.id === 'udp-flows' && c.status === 'warn'), 'runChecks includes it');
+});
+
+t.test('stale-flows: with VRRP on the kernel path, ctnetlink must answer, or a failback resets clients reusing a port the node routed on', async (t) => {
+  const vrrp = (ct: Facts['conntrackNetlink'], o: { dataplane?: 'kernel' | 'proxy'; vrrp?: boolean } = {}) => variant('healthy', (x) => {
+    x.config.dataplane = o.dataplane ?? 'kernel';
+    if (o.vrrp !== false) x.config.placement = 'flow-hash';
+    if (ct) x.conntrackNetlink = ct; else delete x.conntrackNetlink;
+  });
+  const ok = checkStaleFlows(vrrp({ status: 'ok', ms: 1 }))!;
+  t.equal(ok.status, 'pass');
+  t.match(ok.detail, /ctnetlink answers: a node that takes a VIP over ends the untranslated flows/);
+  const no = checkStaleFlows(vrrp({ status: 'failed', error: 'Request rejected: EPERM' }))!;
+  t.equal(no.status, 'warn', 'said, not failed: everything else forwards');
+  t.match(no.detail, /EPERM.*after a failback, a client that reuses a source port .* is reset, for up to 120 s/);
+  t.match(no.remedy, /nf_conntrack_netlink .*dataplane: proxy/);
+  t.equal(checkStaleFlows(vrrp({ status: 'failed', error: 'x' }, { vrrp: false })), undefined, 'without VRRP: not relevant');
+  t.equal(checkStaleFlows(vrrp({ status: 'failed', error: 'x' }, { dataplane: 'proxy' })), undefined, 'the proxy path NATs nothing');
+  t.equal(checkStaleFlows(vrrp(undefined)), undefined, 'not gathered: not relevant');
+  t.equal(checkUdpFlows(vrrp({ status: 'ok', ms: 1 })), undefined, 'gathered for VRRP alone: udp-flows, with no UDP port, says nothing');
+  t.ok(runChecks(vrrp({ status: 'failed', error: 'EPERM' })).some((c) => c.id === 'stale-flows' && c.status === 'warn'), 'runChecks includes it');
 });
 
 t.test('conntrack-pickup: with VRRP on the kernel path, nf_conntrack_tcp_loose=0 is said, since open connections would not outlive a failover', async (t) => {

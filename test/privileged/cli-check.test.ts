@@ -38,6 +38,19 @@ t.test('lb-agent check', async (t) => {
   t.match(dropped.stdout, /CAP_NET_RAW/);
   t.match(dropped.stdout, /udp-flows.*ctnetlink does not answer here \(Request rejected: EPERM\)/, 'and ctnetlink, which needs CAP_NET_ADMIN, is said not to answer');
 
+  // VRRP on the kernel path, TCP only: ctnetlink is asked for the flows a failback ends (stale-flows), not for UDP.
+  const vrrpCfg = lab.file('vrrp.yaml');
+  fs.writeFileSync(vrrpCfg, stringify({
+    node: { interface: 'eth0' }, stateDir: lab.file('state-vrrp'), control: { socket: lab.file('v.sock') },
+    dataplane: 'kernel', failover: { mode: 'vrrp', vrid: 51 }, pools: { 'range-global': '10.99.0.200-10.99.0.210' },
+    services: [{ name: 'api', ipam: 'pool', loadBalancerIP: '10.99.0.200', ports: [{ name: 'http', port: 80 }] }],
+  }));
+  const vrrp = JSON.parse((await lab.exec(ns, process.execPath, [AGENT_BIN, 'check', '--config', vrrpCfg, '--json'], { allowFail: true, timeoutMs: 30_000 })).stdout) as typeof doc;
+  t.match(vrrp.checks.find((c) => c.id === 'stale-flows'), { status: 'pass', detail: /ctnetlink answers/ }, 'VRRP on the kernel path: ctnetlink answers for the failback sweep');
+  t.notOk(vrrp.checks.some((c) => c.id === 'udp-flows'), 'no UDP port: no udp-flows line');
+  const vrrpDropped = await lab.exec(ns, 'capsh', ['--drop=cap_net_admin,cap_net_raw', '--', '-c', `${process.execPath} ${AGENT_BIN} check --config ${vrrpCfg}`], { allowFail: true, timeoutMs: 30_000 });
+  t.match(vrrpDropped.stdout, /stale-flows.*ctnetlink does not answer here \(Request rejected: EPERM\)/, 'and without CAP_NET_ADMIN it is said not to answer');
+
   const usage = await lab.exec(ns, process.execPath, [AGENT_BIN, 'check', '--bogus'], { allowFail: true });
   t.equal(usage.code, 2, 'bad usage is exit 2');
 });
