@@ -115,11 +115,12 @@ export interface Dataplane {
   stop(opts?: { keep?: boolean }): Promise<void>;
   stats(): Promise<ForwardStats>;
   /**
-   * A VIP has just come onto this node (a VRRP takeover, a claim, a lease)
-   * and these are the ports its services forward: forget what the kernel
-   * recorded of them while the VIP was elsewhere (kernel path: the
-   * untranslated conntrack entries of flows this node routed on to the old
-   * holder; net/conntrack.ts untranslatedFlows). Never throws.
+   * A VIP has just come onto this node under VRRP (the daemon asks only
+   * then: without VRRP a VIP is never on another node) and these are the
+   * ports its services forward: forget what the kernel recorded of them
+   * while the VIP was elsewhere (kernel path: the untranslated conntrack
+   * entries of flows this node routed on to the old holder;
+   * net/conntrack.ts untranslatedFlows). Never throws.
    */
   vipArrived?(vip: string, ports: readonly { readonly protocol: Protocol; readonly port: number }[]): Promise<void>;
 }

@@ -693,11 +693,10 @@ export function udpFlowSweep(prev: ForwardState | undefined, next: ForwardState)
 /** How long vipArrived waits for more VIPs to arrive before it sweeps (ms). */
 export const ARRIVALS_BATCH_MS = 20;
 
-/** VIPs that came onto the node together, swept by one vipArrived. */
+/** VIPs that came onto the node together (their ports, each once), swept by one vipArrived. */
 interface ArrivalBatch {
   readonly ports: Map<string, ForwardedPort>;
-  readonly vips: Set<string>;
-  done: Promise<void>;
+  readonly done: Promise<void>;
 }
 
 /** What the metrics show before the first counter read. */
@@ -894,16 +893,15 @@ export class NftDataplane implements Dataplane {
     const { IPPROTO_TCP, IPPROTO_UDP } = conntrackModule();
     let batch = this.arrivals;
     if (!batch) {
-      const b: ArrivalBatch = { ports: new Map(), vips: new Set(), done: Promise.resolve() };
-      b.done = new Promise<void>((resolve) => {
+      const arriving = new Map<string, ForwardedPort>();
+      const done = new Promise<void>((resolve) => {
         this.clock.setTimeout(() => {
-          if (this.arrivals === b) this.arrivals = undefined;
-          void this.endUntranslated([...b.vips], [...b.ports.values()]).then(resolve);
+          if (this.arrivals?.ports === arriving) this.arrivals = undefined;
+          void this.endUntranslated([...arriving.values()]).then(resolve);
         }, ARRIVALS_BATCH_MS);
       });
-      this.arrivals = batch = b;
+      this.arrivals = batch = { ports: arriving, done };
     }
-    batch.vips.add(vip);
     for (const p of ports) {
       const proto = p.protocol === 'UDP' ? IPPROTO_UDP : IPPROTO_TCP;
       batch.ports.set(`${vip}|${proto}|${p.port}`, { vip, proto, port: p.port });
@@ -911,9 +909,10 @@ export class NftDataplane implements Dataplane {
     return batch.done;
   }
 
-  private async endUntranslated(vips: readonly string[], ports: readonly ForwardedPort[]): Promise<void> {
+  private async endUntranslated(ports: readonly ForwardedPort[]): Promise<void> {
     if (this.stopped) return;
     const startedAt = this.clock.now();
+    const vips = [...new Set(ports.map((p) => p.vip))];
     const what = vips.join(', ');
     try {
       this.conntrack ??= this.makeConntrack();

@@ -479,6 +479,9 @@ export function checkConntrackPickup(f: Facts): CheckResult | undefined {
     `${sysctlRemedy(['net.netfilter.nf_conntrack_tcp_loose=1'])}, if the host's policy allows it`);
 }
 
+/** What makes ctnetlink answer (udp-flows, stale-flows). */
+const CTNETLINK_REMEDY = 'load nf_conntrack_netlink (CONFIG_NF_CT_NETLINK) and run lb-agent with CAP_NET_ADMIN, or set dataplane: proxy';
+
 /**
  * The kernel path ends the UDP flows of a backend that leaves a port's
  * healthy set by deleting their conntrack entries through ctnetlink
@@ -493,7 +496,7 @@ export function checkUdpFlows(f: Facts): CheckResult | undefined {
   if (!a || a.status === 'not-run' || effectiveDataplane(f) !== 'kernel' || ports.length === 0) return undefined;
   if (a.status === 'ok') return pass(id, `ctnetlink answers: a UDP flow whose backend leaves its port's healthy set is placed again at its next datagram (${ports.join(', ')})`);
   return warn(id, `ctnetlink does not answer here (${a.error ?? 'no reason given'}): a client that keeps sending to ${ports.join(', ')} from one port stays on a backend that left the healthy set until it pauses for nf_conntrack_udp_timeout_stream (120 s)`,
-    'load nf_conntrack_netlink (CONFIG_NF_CT_NETLINK) and run lb-agent with CAP_NET_ADMIN, or set dataplane: proxy');
+    CTNETLINK_REMEDY);
 }
 
 /**
@@ -509,7 +512,7 @@ export function checkStaleFlows(f: Facts): CheckResult | undefined {
   if (!a || a.status === 'not-run' || f.config.placement !== 'flow-hash' || effectiveDataplane(f) !== 'kernel') return undefined;
   if (a.status === 'ok') return pass(id, 'ctnetlink answers: a node that takes a VIP over ends the untranslated flows it routed on while the VIP was elsewhere');
   return warn(id, `ctnetlink does not answer here (${a.error ?? 'no reason given'}): after a failback, a client that reuses a source port the node routed on while Backup is reset, for up to 120 s`,
-    'load nf_conntrack_netlink (CONFIG_NF_CT_NETLINK) and run lb-agent with CAP_NET_ADMIN, or set dataplane: proxy');
+    CTNETLINK_REMEDY);
 }
 
 // --- data path ---------------------------------------------------------------
