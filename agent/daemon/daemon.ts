@@ -62,9 +62,15 @@ export interface DaemonOptions {
   /**
    * The start's collection, when the addon offers V8's low-memory one
    * (main.ts: lowMemoryNotification; issue 18); false: not available, and
-   * the daemon runs gc() instead. Reloads run gc() (collectGarbage).
+   * the daemon runs gc() instead.
    */
   collectAll?: () => boolean;
+  /**
+   * Each reload's collection, when the addon offers V8's memory-pressure one
+   * (main.ts: collectUnderPressure; issue 18); false: not available, and
+   * the daemon runs gc() instead.
+   */
+  collectAfterReload?: () => boolean;
   /** During a start, the longest a change waits for sources still acquiring (startBatchWait); default START_APPLY_BATCH_MS. */
   startApplyBatchMs?: number;
   /**
@@ -758,9 +764,10 @@ export class Daemon extends EventEmitter {
   reload(): Promise<ReloadResult> {
     if (!this.reloading) {
       this.reloading = this.reloadOnce().catch((e) => this.rejected([{ path: '', message: `internal error: ${errorMessage(e)}` }]))
-        // gc(), not collectAll: V8's low-memory collection of 100 services
-        // takes 150-300 ms (gc() 35-130), a block on the event loop after every reload.
-        .finally(() => { this.reloading = undefined; collectGarbage(undefined, this.opts.trimMemory); });
+        // Not collectAll: V8's low-memory collection repeats itself and
+        // clears the compilation cache (100 services: 50-113 ms against
+        // 22-52 for the pressure one), a block on the event loop after every reload.
+        .finally(() => { this.reloading = undefined; collectGarbage(this.opts.collectAfterReload, this.opts.trimMemory); });
       return this.reloading;
     }
     if (!this.reloadNext) {
@@ -1175,8 +1182,14 @@ export class Daemon extends EventEmitter {
  * when its allocation-rate estimate happened to be low, and the one-service
  * RSS 3 s after the start read 55.0 or 56.0 MiB from run to run (pool 54.96-
  * 55.98 -> 54.81-54.93, DHCP 55.51-56.46 -> 55.33-55.44, 5 alternating runs
- * each). It takes ~17 ms more than gc() for one service, but 150-300 ms
- * against gc()'s 35-130 for 100 services, so reloads keep gc().
+ * each). It takes ~17 ms more than gc() for one service, but 50-300 ms
+ * against gc()'s 20-130 for 100 services. A reload runs `collectAfterReload`
+ * instead (V8's answer to critical memory pressure through the addon): one
+ * collection that also returns the young generation, at gc()'s cost. After
+ * gc() each reload of 100 services had left that ~1 MiB committed again
+ * (scratch driver, 20 reloads, RSS 3 s after the start and after the last:
+ * 58.9 -> 61.9 MiB with gc(), 59.3 -> 59.8 with it; 20-50 ms and 22-52 ms
+ * a collection).
  */
 function collectGarbage(collectAll: (() => boolean) | undefined, trim: (() => void) | undefined): void {
   const gc = (globalThis as { gc?: () => void }).gc;

@@ -11,7 +11,7 @@ import type { Desired } from '../config/types';
 import { errorMessage, isLbError } from '../errors';
 import { makeNotifier, parseListenFds, SystemdFdStore } from './systemd';
 import { HandoverStore, sendListeners, takeListeners } from './handover';
-import { mallocTrim, lowMemoryNotification } from '../net/native';
+import { mallocTrim, lowMemoryNotification, collectUnderPressure } from '../net/native';
 import { holdOptimizer } from './tiering';
 import { codeCacheHandle } from '../cli/code-cache';
 
@@ -80,7 +80,7 @@ export async function runDaemon(opts: { configPath: string; logLevel: LogLevel; 
     return { pid: process.pid, listeners };
   });
   const daemon = new Daemon({
-    configPath: opts.configPath, log, buildSubsystems, notify, reload, listenerStore, trimMemory, collectAll: lowMemoryNotification, holdOptimizer,
+    configPath: opts.configPath, log, buildSubsystems, notify, reload, listenerStore, trimMemory, collectAll: lowMemoryNotification, collectAfterReload: collectUnderPressure, holdOptimizer,
     codeCache: codeCacheHandle(),
     ...(onHandover ? { onHandover } : {}),
     ...(opts.replace ? {

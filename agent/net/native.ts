@@ -141,6 +141,7 @@ export interface NativeAddon {
   mallocTrim(): boolean;
   /** Absent from an addon built before it: the daemon then collects with gc() alone. */
   lowMemoryNotification?(): void;
+  collectUnderPressure?(): void;
   listenTcp4(address: number, port: number, backlog: number, reusePort: boolean): { fd: number; port: number };
   socketInfo(fd: number): NativeSocketInfo;
   dupFd(fd: number): number;
@@ -358,6 +359,24 @@ export function lowMemoryNotification(): boolean {
 }
 
 /**
+ * V8's answer to critical memory pressure (v8::Isolate::
+ * MemoryPressureNotification): one full collection flagged to reduce the
+ * footprint, which shrinks the young generation and uncommits its idle
+ * semi-space as lowMemoryNotification does, without its repeated
+ * collections and cleared compilation cache: about gc()'s cost. Issue 18:
+ * after gc() each reload of 100 services left ~1 MiB of young generation
+ * committed that the start's collection had returned (RSS 1.05x over 20
+ * reloads; with this, 1.01x). false when the addon is missing or predates
+ * it (nothing was done).
+ */
+export function collectUnderPressure(): boolean {
+  const f = optionalFunction('collectUnderPressure');
+  if (f === undefined) return false;
+  f();
+  return true;
+}
+
+/**
  * A listening TCP/IPv4 socket bound to address:port (port 0: any), with
  * SO_REUSEADDR, and SO_REUSEPORT when asked so that several sockets - one per
  * proxy worker - share the port and the kernel spreads new connections over
@@ -382,7 +401,7 @@ export function shutdownWriteFn(): ((fd: number) => number) | undefined {
 }
 
 /** An addon function that older builds lack: undefined when the addon is missing or predates it. */
-function optionalFunction<K extends 'shutdownWrite' | 'sha256' | 'lowMemoryNotification' | 'deleteLink' | 'backgroundStats'>(name: K): NativeAddon[K] | undefined {
+function optionalFunction<K extends 'shutdownWrite' | 'sha256' | 'lowMemoryNotification' | 'collectUnderPressure' | 'deleteLink' | 'backgroundStats'>(name: K): NativeAddon[K] | undefined {
   try {
     const f = loadNative()[name];
     return typeof f === 'function' ? f : undefined;
