@@ -764,9 +764,7 @@ export class Daemon extends EventEmitter {
   reload(): Promise<ReloadResult> {
     if (!this.reloading) {
       this.reloading = this.reloadOnce().catch((e) => this.rejected([{ path: '', message: `internal error: ${errorMessage(e)}` }]))
-        // Not collectAll: V8's low-memory collection repeats itself and
-        // clears the compilation cache (100 services: 50-113 ms against
-        // 22-52 for the pressure one), a block on the event loop after every reload.
+        // The pressure collection, not collectAll (collectGarbage says why).
         .finally(() => { this.reloading = undefined; collectGarbage(this.opts.collectAfterReload, this.opts.trimMemory); });
       return this.reloading;
     }
@@ -1182,8 +1180,9 @@ export class Daemon extends EventEmitter {
  * when its allocation-rate estimate happened to be low, and the one-service
  * RSS 3 s after the start read 55.0 or 56.0 MiB from run to run (pool 54.96-
  * 55.98 -> 54.81-54.93, DHCP 55.51-56.46 -> 55.33-55.44, 5 alternating runs
- * each). It takes ~17 ms more than gc() for one service, but 50-300 ms
- * against gc()'s 20-130 for 100 services. A reload runs `collectAfterReload`
+ * each). It repeats its collection and clears the compilation cache: ~17 ms
+ * more than gc() for one service, but 50-300 ms against gc()'s 20-130 for
+ * 100 services, a block on the event loop. A reload runs `collectAfterReload`
  * instead (V8's answer to critical memory pressure through the addon): one
  * collection that also returns the young generation, at gc()'s cost. After
  * gc() each reload of 100 services had left that ~1 MiB committed again

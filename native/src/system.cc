@@ -90,9 +90,8 @@ Napi::Value LowMemoryNotification(const Napi::CallbackInfo& info) {
 // left to free), then the level back to none. Like LowMemoryNotification it
 // shrinks the young generation and uncommits its idle semi-space; unlike it,
 // it does not repeat the collection until nothing more is freed nor clear
-// the compilation cache, so it costs about what gc() does (issue 18: 100
-// services, 22-52 ms against gc()'s 20-50 and LowMemoryNotification's
-// 50-113). The caller decides when.
+// the compilation cache, so it costs about what gc() does (issue 18; the
+// measurements: agent/daemon/daemon.ts collectGarbage). The caller decides when.
 Napi::Value CollectUnderPressure(const Napi::CallbackInfo& info) {
   v8::Isolate* isolate = v8::Isolate::GetCurrent();
   if (isolate != nullptr) {
