@@ -734,12 +734,16 @@ class RelayHandle : public Napi::ObjectWrap<RelayHandle> {
           // Out of descriptors: accept and drop what is pending (a close the client sees), as libuv does.
           ::close(reserve_);
           reserve_ = -1;
-          for (int k = 0; k < kAcceptsPerWake; k++) {
-            int dropped = accept4(lfd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-            if (dropped < 0) break;
-            ::close(dropped);
+          int dropped = 0;
+          for (; dropped < kAcceptsPerWake; dropped++) {
+            int dfd = accept4(lfd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+            if (dfd < 0) break;
+            ::close(dfd);
           }
           reserve_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
+          // accept4 takes a descriptor before it looks at the queue: at the limit it fails with
+          // EMFILE even when nobody is waiting. Nobody refused, nothing to report.
+          if (dropped == 0) return;
         }
         Emit(kAcceptErr, 0, static_cast<double>(lid), err, 0);
         return;
