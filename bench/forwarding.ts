@@ -58,6 +58,11 @@
 // the ratio to the mean of those two. Measured ~40 s apart in their own
 // slots, either of the two read ~36k or ~27-30k req/s by the lab's state
 // alone, so the ratio of medians moved 0.79-1.16x on the same code.
+// A slot can chain more pairs (ForwardOptions.peerPairs): peer, target,
+// peer, target, peer..., each target run judged against the peer runs on
+// either side of it. With one pair a slot, three rounds gave three ratios
+// whose spread (0.97-1.18x in one run) was wider than what the line asks
+// to tell apart; the full run takes three a slot, nine a line.
 // Only lab namespaces are addressed.
 import * as fs from 'node:fs';
 import * as os from 'node:os';
@@ -130,6 +135,8 @@ export interface ForwardOptions {
   connections: number;
   threads: number;
   targets: ForwardTarget[];
+  /** Peer pairs a slot for the targets with a peer (peerOf), chained A-B-A-B-A (default 1). */
+  peerPairs?: number;
   log: (msg: string) => void;
 }
 
@@ -174,6 +181,12 @@ export interface PeerRuns {
   peer: ForwardTarget;
   keepalive: { before: MeasuredWrk; after: MeasuredWrk };
   close: { before: WrkResult; after: WrkResult };
+  /**
+   * The slot's further pairs (ForwardOptions.peerPairs), chained: each
+   * `target` run comes after the previous pair's `after` (its before) and is
+   * followed by its own `after`. Absent with one pair a slot and before 2026-11-30's third run.
+   */
+  more?: { keepalive: { target: MeasuredWrk; after: MeasuredWrk }[]; close: { target: WrkResult; after: WrkResult }[] };
 }
 
 export interface ForwardTargetSummary {
@@ -189,7 +202,7 @@ export interface ForwardTargetSummary {
   newConnections: { connectionsPerSec: number; p50ms: number; p99ms: number };
   /** PROXY v2 targets: median over rounds of the ratio to the same process without the header, run just before. */
   xWithoutHeader?: { keepalive: number; newConnections: number };
-  /** Targets with a peer (peerOf): the median over rounds of the ratio to the mean of the peer's runs right before and right after, and each round's ratio. */
+  /** Targets with a peer (peerOf): the median over pairs of the ratio to the mean of the peer's runs right before and right after, and each pair's ratio (`rounds`: in round order, a slot's pairs together). */
   xPeer?: { peer: ForwardTarget; keepalive: number; newConnections: number; rounds: { keepalive: number[]; newConnections: number[] } };
   bulkGbps: number;
   /** One stream server -> client (iperf3 -R), the direction of replies. */
@@ -418,15 +431,29 @@ export function headerCost(samples: readonly Pick<ForwardSample, 'keepalive' | '
   };
 }
 
-/** Targets with a peer: the median over rounds of the ratio to the mean of the peer's runs before and after the target's (A-B-A); none without pairs. */
+/**
+ * Targets with a peer: the median over pairs of the ratio to the mean of the
+ * peer's runs before and after the target's (A-B-A, a slot's further pairs
+ * chained on: PeerRuns.more); none without pairs. A peer run that served
+ * nothing spoils its slot.
+ */
 export function peerRatio(samples: readonly Pick<ForwardSample, 'keepalive' | 'close' | 'peerRuns'>[]): { xPeer?: ForwardTargetSummary['xPeer'] } {
-  const pairs = samples.filter((r): r is typeof r & { peerRuns: PeerRuns } => r.peerRuns !== undefined
-    && [r.peerRuns.keepalive.before, r.peerRuns.keepalive.after, r.peerRuns.close.before, r.peerRuns.close.after].every((w) => w.rps > 0));
-  if (pairs.length === 0) return {};
-  const of = (x: WrkResult, p: { before: WrkResult; after: WrkResult }): number => round(x.rps / ((p.before.rps + p.after.rps) / 2), 3);
-  const keepalive = pairs.map((r) => of(r.keepalive, r.peerRuns.keepalive));
-  const newConnections = pairs.map((r) => of(r.close, r.peerRuns.close));
-  return { xPeer: { peer: pairs[0]!.peerRuns.peer, keepalive: round(median(keepalive), 3), newConnections: round(median(newConnections), 3), rounds: { keepalive, newConnections } } };
+  type Triple = { before: WrkResult; target: WrkResult; after: WrkResult };
+  const chain = (first: Triple, more: readonly { target: WrkResult; after: WrkResult }[] | undefined): Triple[] => {
+    const out = [first];
+    for (const m of more ?? []) out.push({ before: out[out.length - 1]!.after, target: m.target, after: m.after });
+    return out;
+  };
+  const slots = samples.filter((r): r is typeof r & { peerRuns: PeerRuns } => r.peerRuns !== undefined).map((r) => ({
+    peer: r.peerRuns.peer,
+    keepalive: chain({ ...r.peerRuns.keepalive, target: r.keepalive }, r.peerRuns.more?.keepalive),
+    close: chain({ ...r.peerRuns.close, target: r.close }, r.peerRuns.more?.close),
+  })).filter((s) => [...s.keepalive, ...s.close].every((p) => p.before.rps > 0 && p.after.rps > 0));
+  if (slots.length === 0) return {};
+  const of = (p: Triple): number => round(p.target.rps / ((p.before.rps + p.after.rps) / 2), 3);
+  const keepalive = slots.flatMap((s) => s.keepalive.map(of));
+  const newConnections = slots.flatMap((s) => s.close.map(of));
+  return { xPeer: { peer: slots[0]!.peer, keepalive: round(median(keepalive), 3), newConnections: round(median(newConnections), 3), rounds: { keepalive, newConnections } } };
 }
 
 export async function benchForward(o: ForwardOptions): Promise<ForwardResult> {
@@ -512,14 +539,20 @@ export async function benchForward(o: ForwardOptions): Promise<ForwardResult> {
           const peerKeepalive = await peerWrk(false);
           const keepalive = await wrk(false);
           const peerKeepaliveAfter = await peerWrk(false);
+          // The slot's further pairs, chained on the last peer run (see the head comment).
+          const extraPairs = peer !== undefined && peerRunning ? Math.max(0, (o.peerPairs ?? 1) - 1) : 0;
+          const moreKeepalive: { target: MeasuredWrk; after: MeasuredWrk }[] = [];
+          for (let i = 0; i < extraPairs; i++) moreKeepalive.push({ target: await wrk(false), after: (await peerWrk(false))! });
           const plainKeepaliveAfter = plainUrl ? await wrkAt(plainUrl, false, target) : undefined;
           const plainClose = plainUrl ? await wrkAt(plainUrl, true, target) : undefined;
           const peerClose = await peerWrk(true);
           const close = await wrk(true);
           const peerCloseAfter = await peerWrk(true);
+          const moreClose: { target: WrkResult; after: WrkResult }[] = [];
+          for (let i = 0; i < extraPairs; i++) moreClose.push({ target: await wrk(true), after: (await peerWrk(true))! });
           const plainCloseAfter = plainUrl ? await wrkAt(plainUrl, true, target) : undefined;
           const peerRuns: PeerRuns | undefined = peer !== undefined && peerKeepalive && peerKeepaliveAfter && peerClose && peerCloseAfter
-            ? { peer, keepalive: { before: peerKeepalive, after: peerKeepaliveAfter }, close: { before: peerClose, after: peerCloseAfter } }
+            ? { peer, keepalive: { before: peerKeepalive, after: peerKeepaliveAfter }, close: { before: peerClose, after: peerCloseAfter }, ...(extraPairs > 0 ? { more: { keepalive: moreKeepalive, close: moreClose } } : {}) }
             : undefined;
           // The peer's part is done: nothing of it stays up through the bulk runs.
           await peerRunning?.stop();
@@ -540,7 +573,7 @@ export async function benchForward(o: ForwardOptions): Promise<ForwardResult> {
           const pairX = pairedRatio([{ keepalive, directKeepalive, directKeepaliveAfter }]).xDirect;
           const pairedText = (pairX !== undefined ? ` (${pairX.toFixed(2)}x ${ref}'s ${directKeepalive!.rps.toFixed(0)}/${directKeepaliveAfter!.rps.toFixed(0)} before/after)` : '')
             + (withoutHeader ? ` (without the header before/after: ${withoutHeader.keepalive.rps.toFixed(0)}/${withoutHeader.after.keepalive.rps.toFixed(0)} req/s, ${withoutHeader.close.rps.toFixed(0)}/${withoutHeader.after.close.rps.toFixed(0)} conn/s)` : '')
-            + (peerRuns ? ` (${peerRuns.peer} before/after: ${peerRuns.keepalive.before.rps.toFixed(0)}/${peerRuns.keepalive.after.rps.toFixed(0)} req/s, ${peerRuns.close.before.rps.toFixed(0)}/${peerRuns.close.after.rps.toFixed(0)} conn/s${peerX ? `; x ${peerX.keepalive.toFixed(2)} / ${peerX.newConnections.toFixed(2)}` : ''})` : '');
+            + (peerRuns ? ` (${peerRuns.peer} before/after: ${peerRuns.keepalive.before.rps.toFixed(0)}/${peerRuns.keepalive.after.rps.toFixed(0)} req/s, ${peerRuns.close.before.rps.toFixed(0)}/${peerRuns.close.after.rps.toFixed(0)} conn/s${peerX ? `; x ${peerX.rounds.keepalive.map((v) => v.toFixed(2)).join(', ')} / ${peerX.rounds.newConnections.map((v) => v.toFixed(2)).join(', ')}` : ''})` : '');
           const spreadText = (keepalive.acceptedPerBackend && spread ? `, connections per backend ${keepalive.acceptedPerBackend.join('/')}` : '')
             + (keepalive.backendSwitchesPerRequest !== undefined ? `, nginx switches/req ${keepalive.backendSwitchesPerRequest.toFixed(3)}${directKeepalive?.backendSwitchesPerRequest !== undefined && directKeepaliveAfter?.backendSwitchesPerRequest !== undefined ? ` (${ref} ${directKeepalive.backendSwitchesPerRequest.toFixed(3)}/${directKeepaliveAfter.backendSwitchesPerRequest.toFixed(3)})` : ''}` : '');
           const cpuText = spreadText + (keepalive.labCpuUsPerRequest !== undefined ? `, lab CPU ${keepalive.labCpuUsPerRequest.toFixed(1)} µs/req${directKeepalive?.labCpuUsPerRequest !== undefined && directKeepaliveAfter?.labCpuUsPerRequest !== undefined ? ` (${ref} ${directKeepalive.labCpuUsPerRequest.toFixed(1)}/${directKeepaliveAfter.labCpuUsPerRequest.toFixed(1)})` : ''}` : '');
@@ -586,14 +619,14 @@ export async function benchForward(o: ForwardOptions): Promise<ForwardResult> {
     const spreadIn = o.targets.filter((t) => SPREAD.includes(t));
     return {
       config: {
-        rounds: o.rounds, seconds: o.seconds, warmup: o.warmup, connections: o.connections, threads: o.threads, targets: o.targets,
+        rounds: o.rounds, seconds: o.seconds, warmup: o.warmup, connections: o.connections, threads: o.threads, targets: o.targets, ...(o.peerPairs !== undefined && o.peerPairs > 1 ? { peerPairs: o.peerPairs } : {}),
         wrk: `wrk -t${o.threads} -c${o.connections} -d${o.seconds}s --latency (new connections: -H 'Connection: close')${spreadIn.length ? `; ${spreadIn.join(', ')}: wrk -t${spreadShape.threads} -c${spreadShape.connections} with a setup() that sends each thread to one address (direct3: b1, b2, b3; the others: all to the VIP), no bulk` : ''}`,
         iperf3: `iperf3 -c HOST -t ${o.seconds + 1} -O 1 (one stream; and with -R, server to client)`,
         backends: `nginx 1 worker each, 3 backends (bulk: iperf3 on b1 only; PROXY v2 targets to \`listen ${PP_PORT} proxy_protocol\`)`,
         threadsDefaultHaproxy: 'no nbthread: HAProxy starts one thread per CPU it may run on',
         proxyWorkers: os.availableParallelism(),
         ...(o.targets.includes('direct') || o.targets.includes('direct3') ? { pairing: `keep-alive x direct: median over rounds of the ratio to the mean of direct measured the same way right before and right after the target's runs (DSR replies likewise, iperf3 -R)${o.targets.includes('direct3') && spreadIn.length > 1 ? '; dsr3 and kernel3 are paired the same way with direct3, the same client on the same three backends' : ''}; other x direct columns: ratio of medians` } : {}),
-        ...(o.targets.some((t) => { const p = peerOf(t); return p !== undefined && o.targets.includes(p); }) ? { peerPairing: 'proxy x HAProxy (the target lines): median over rounds of the ratio to the mean of the same run of the HAProxy with as many threads right before and right after it, the HAProxy up beside lb-agent in its slot; the table\'s x HAProxy 1t columns stay ratios of medians' } : {}),
+        ...(o.targets.some((t) => { const p = peerOf(t); return p !== undefined && o.targets.includes(p); }) ? { peerPairing: `proxy x HAProxy (the target lines): median over pairs of the ratio to the mean of the same run of the HAProxy with as many threads right before and right after it, the HAProxy up beside lb-agent in its slot${(o.peerPairs ?? 1) > 1 ? `, ${o.peerPairs} pairs a slot chained (HAProxy, lb-agent, HAProxy, lb-agent, ... HAProxy)` : ''}; the table's x HAProxy 1t columns stay ratios of medians` } : {}),
         ...(o.targets.some((t) => ENDPOINT[t].plain !== undefined) ? { headerPairing: 'PROXY v2 x without: median over rounds of the ratio to the mean of the same run without the header right before and right after it (the same process, on a second port)' } : {}),
       },
       summary,

@@ -86,7 +86,7 @@ export function evaluateTargets(r: BenchResults): TargetRow[] {
         return;
       }
       const v = x[what];
-      rows.push({ area: 'forward', target, measured: `${fmtRatio(v)} paired (rounds ${x.rounds[what].map((r) => fmtRatio(r)).join(' / ')}; ratio of medians ${fmtRatio(medians)})`, met: judge(v, (y) => y >= goal) });
+      rows.push({ area: 'forward', target, measured: `${fmtRatio(v)} paired (${pairsText(x.rounds[what], r.forward!.config.rounds)}; ratio of medians ${fmtRatio(medians)})`, met: judge(v, (y) => y >= goal) });
     };
     against('proxy1', 'haproxy1', 'keepalive', 'proxy path, 1 worker: keep-alive req/s >= 1.0x HAProxy 1 thread', 1.0);
     against('proxy1', 'haproxy1', 'newConnections', 'proxy path, 1 worker: new connections/s >= 0.8x HAProxy 1 thread', 0.8);
@@ -232,6 +232,12 @@ export function forwardTable(r: BenchResults): string | undefined {
     ...(reverse ? ['bulk replies Gbit/s', 'x direct'] : []), 'RSS MiB', 'errors'], rows);
 }
 
+/** A line's per-pair ratios: "rounds ..." with one pair a round (results before chained pairs), else "N pairs ...". */
+function pairsText(pairs: readonly number[], rounds: number): string {
+  const list = pairs.map((v) => fmtRatio(v)).join(' / ');
+  return pairs.length <= rounds ? `rounds ${list}` : `${pairs.length} pairs ${list}`;
+}
+
 /** Issue 18: the proxy rows against the HAProxy measured beside them in their own slots (forwarding.ts). */
 export function peerPairingLine(r: BenchResults): string | undefined {
   const f = r.forward?.summary;
@@ -239,7 +245,7 @@ export function peerPairingLine(r: BenchResults): string | undefined {
   if (!f || !c?.peerPairing) return undefined;
   const who = (Object.keys(f) as ForwardTarget[]).filter((t) => f[t]?.xPeer).map((t) => {
     const x = f[t]!.xPeer!;
-    return `${f[t]!.label} x ${f[x.peer]?.label ?? x.peer}: keep-alive ${fmtRatio(x.keepalive)} (rounds ${x.rounds.keepalive.map((v) => fmtRatio(v)).join(' / ')}), new connections ${fmtRatio(x.newConnections)} (rounds ${x.rounds.newConnections.map((v) => fmtRatio(v)).join(' / ')})`;
+    return `${f[t]!.label} x ${f[x.peer]?.label ?? x.peer}: keep-alive ${fmtRatio(x.keepalive)} (${pairsText(x.rounds.keepalive, c.rounds)}), new connections ${fmtRatio(x.newConnections)} (${pairsText(x.rounds.newConnections, c.rounds)})`;
   });
   return who.length ? `${c.peerPairing[0]!.toUpperCase()}${c.peerPairing.slice(1)}. ${who.join('; ')}.` : undefined;
 }

@@ -120,3 +120,25 @@ t.test('issue 18: the proxy rows are judged against the HAProxy measured beside 
   t.same(peerRatio([]), {});
   t.same(peerRatio([ab(30_000, 30_000, 0, 6_000, 6_000, 6_000)]), {}, 'a peer run that served nothing spoils the pair');
 });
+
+t.test('issue 18: a slot\'s further pairs chain on its last peer run, every pair in the median', async (t) => {
+  // Peer 30k, target 33k, peer 36k, target 36k, peer 36k, target 30k, peer 24k: pairs 1.0, 1.0, 1.0;
+  // another slot of one pair at 0.9: the median over all four pairs is 1.0.
+  const chained = {
+    keepalive: wrk(33_000), close: wrk(6_000),
+    peerRuns: {
+      peer: 'haproxy' as const,
+      keepalive: { before: wrk(30_000), after: wrk(36_000) },
+      close: { before: wrk(6_000), after: wrk(6_000) },
+      more: {
+        keepalive: [{ target: wrk(36_000), after: wrk(36_000) }, { target: wrk(30_000), after: wrk(24_000) }],
+        close: [{ target: wrk(5_400), after: wrk(6_000) }, { target: wrk(6_600), after: wrk(6_000) }],
+      },
+    },
+  };
+  const single = { keepalive: wrk(27_000), close: wrk(6_000), peerRuns: { peer: 'haproxy' as const, keepalive: { before: wrk(30_000), after: wrk(30_000) }, close: { before: wrk(6_000), after: wrk(6_000) } } };
+  t.same(peerRatio([chained, single]), { xPeer: { peer: 'haproxy', keepalive: 1, newConnections: 1, rounds: { keepalive: [1, 1, 1, 0.9], newConnections: [1, 0.9, 1.1, 1] } } },
+    'each target run against the peer runs on either side of it');
+  const spoiled = { ...chained, peerRuns: { ...chained.peerRuns, more: { ...chained.peerRuns.more, close: [{ target: wrk(5_400), after: wrk(0) }] } } };
+  t.same(peerRatio([spoiled, single]).xPeer?.rounds, { keepalive: [0.9], newConnections: [1] }, 'a chained peer run that served nothing spoils its slot');
+});
