@@ -86,7 +86,7 @@ export function evaluateTargets(r: BenchResults): TargetRow[] {
         return;
       }
       const v = x[what];
-      rows.push({ area: 'forward', target, measured: `${fmtRatio(v)} paired (${pairsText(x.rounds[what], r.forward!.config.rounds)}; ratio of medians ${fmtRatio(medians)})`, met: judge(v, (y) => y >= goal) });
+      rows.push({ area: 'forward', target, measured: `${fmtRatio(v)} paired (${pairsText(x.rounds[what], r.forward!.config)}; ratio of medians ${fmtRatio(medians)})`, met: judge(v, (y) => y >= goal) });
     };
     against('proxy1', 'haproxy1', 'keepalive', 'proxy path, 1 worker: keep-alive req/s >= 1.0x HAProxy 1 thread', 1.0);
     against('proxy1', 'haproxy1', 'newConnections', 'proxy path, 1 worker: new connections/s >= 0.8x HAProxy 1 thread', 0.8);
@@ -232,10 +232,10 @@ export function forwardTable(r: BenchResults): string | undefined {
     ...(reverse ? ['bulk replies Gbit/s', 'x direct'] : []), 'RSS MiB', 'errors'], rows);
 }
 
-/** A line's per-pair ratios: "rounds ..." with one pair a round (results before chained pairs), else "N pairs ...". */
-function pairsText(pairs: readonly number[], rounds: number): string {
+/** A line's per-pair ratios: "rounds ..." with one pair a slot (and in results from before chained pairs), else "N pairs ...". */
+function pairsText(pairs: readonly number[], config: { peerPairs?: number }): string {
   const list = pairs.map((v) => fmtRatio(v)).join(' / ');
-  return pairs.length <= rounds ? `rounds ${list}` : `${pairs.length} pairs ${list}`;
+  return (config.peerPairs ?? 1) > 1 ? `${pairs.length} pairs ${list}` : `rounds ${list}`;
 }
 
 /** Issue 18: the proxy rows against the HAProxy measured beside them in their own slots (forwarding.ts). */
@@ -245,7 +245,7 @@ export function peerPairingLine(r: BenchResults): string | undefined {
   if (!f || !c?.peerPairing) return undefined;
   const who = (Object.keys(f) as ForwardTarget[]).filter((t) => f[t]?.xPeer).map((t) => {
     const x = f[t]!.xPeer!;
-    return `${f[t]!.label} x ${f[x.peer]?.label ?? x.peer}: keep-alive ${fmtRatio(x.keepalive)} (${pairsText(x.rounds.keepalive, c.rounds)}), new connections ${fmtRatio(x.newConnections)} (${pairsText(x.rounds.newConnections, c.rounds)})`;
+    return `${f[t]!.label} x ${f[x.peer]?.label ?? x.peer}: keep-alive ${fmtRatio(x.keepalive)} (${pairsText(x.rounds.keepalive, c)}), new connections ${fmtRatio(x.newConnections)} (${pairsText(x.rounds.newConnections, c)})`;
   });
   return who.length ? `${c.peerPairing[0]!.toUpperCase()}${c.peerPairing.slice(1)}. ${who.join('; ')}.` : undefined;
 }

@@ -96,6 +96,7 @@ t.test('issue 18: the proxy lines take the ratio paired inside the slot where th
   t.match(md, /Proxy x HAProxy: paired\. proxy x haproxy: keep-alive 0\.97x \(rounds 0\.97x\), new connections 0\.79x \(rounds 0\.79x\); proxy 1 worker x haproxy 1t: keep-alive 1\.02x/, 'the pairs and their rounds under the table');
   t.match(renderReadmeSummary(r, 'bench/results/x.md'), /Proxy x HAProxy: paired\./, 'and in the README block');
   // Chained pairs (three a slot over three rounds): the line says how many.
+  r.forward!.config.peerPairs = 3;
   r.forward!.summary.proxy!.xPeer = { peer: 'haproxy', keepalive: 1.01, newConnections: 0.9, rounds: { keepalive: [1.01, 0.99, 1.04, 1.0, 1.02, 0.98, 1.05, 1.01, 0.97], newConnections: [0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9] } };
   t.has(by('proxy path, one worker per CPU: keep-alive'), { measured: '1.01x paired (9 pairs 1.01x / 0.99x / 1.04x / 1.00x / 1.02x / 0.98x / 1.05x / 1.01x / 0.97x; ratio of medians 1.06x)', met: true });
   t.match(renderResults(r), /proxy x haproxy: keep-alive 1\.01x \(9 pairs 1\.01x \/ 0\.99x/);
