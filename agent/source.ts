@@ -4,7 +4,7 @@
 // The reconciler only gates (start/stop) and reads status; it never touches
 // addresses itself.
 import type { EventEmitter } from 'node:events';
-import type { ArpTimings, DhcpConfig } from './config/types';
+import type { ArpConfig, DhcpConfig } from './config/types';
 
 export interface Vip {
   /** Dotted quad. */
@@ -36,6 +36,16 @@ export interface SourceStatus {
   readonly details: Record<string, unknown>;
 }
 
+/**
+ * Why a held VIP was withdrawn: the second argument of 'lost', and the
+ * reason label of lbagent_service_vip_interruptions_total. 'stopped' and
+ * 'released' are the agent's own doing (a stop, a removal, VRRP Backup).
+ */
+export type LostCause = 'nak' | 'lease-expired' | 'address-changed' | 'conflict' | 'stopped' | 'released' | 'other';
+
+/** What the kernel no longer holds of a held VIP (daemon/drift-plan.ts finds it). */
+export type SourceDamage = 'address' | 'link' | 'link-down';
+
 export interface AddressSource extends EventEmitter {
   /**
    * Begin acquiring (idempotent). `known`: on a VRRP takeover, the address
@@ -62,13 +72,22 @@ export interface AddressSource extends EventEmitter {
    * New arp: / dhcp: timings from a reload: used from the next exchange,
    * probe or announcement on; the held VIP is not touched.
    */
-  reconfigure?(settings: { arp: ArpTimings; dhcp: DhcpConfig }): void;
+  reconfigure?(settings: { arp: ArpConfig; dhcp: DhcpConfig }): void;
+  /**
+   * The kernel lost what this source put there while it holds its VIP
+   * (someone deleted the address, the service macvlan, or set it down):
+   * put it back as it was - same link name and MAC, same address - and
+   * announce the VIP again. Resolves with what was done, undefined when
+   * there was nothing to do (not holding a VIP, or already in place).
+   * Never rejects: a failure is logged and the next check tries again.
+   */
+  repair?(damage: SourceDamage): Promise<string | undefined>;
   /**
    * VRRP Backup: withdraw the VIP like stop({ release: false }) but keep what
    * a takeover needs ready (a DHCP service's macvlan, down). Sources without
    * it are simply stopped.
    */
   standby?(): Promise<void>;
-  // Events: 'vip' (vip: Vip) when the VIP is up on the LAN; 'lost' (reason: string)
-  // when it was withdrawn; 'status' () on any status change.
+  // Events: 'vip' (vip: Vip) when the VIP is up on the LAN; 'lost' (reason: string,
+  // cause: LostCause) when it was withdrawn; 'status' () on any status change.
 }

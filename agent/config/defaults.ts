@@ -12,6 +12,8 @@ export const DEFAULTS = {
   stateDir: '/var/lib/lb-agent',
   metrics: { listen: '0.0.0.0:9477' },
   control: { socket: '/run/lb-agent/agent.sock' },
+  // Notifications repair drift at once; the resync is the safety net for a lost one (Calico Felix refreshes every 90 s).
+  reconcile: { resyncInterval: 30 },
   dataplane: 'auto',
   namespace: 'default',
   // Harvester's default IPAM mode is pool.
@@ -54,3 +56,8 @@ export const ANNOTATIONS = {
   periodSeconds: `${ANNOTATION_PREFIX}healthcheck-periodseconds`,
   timeoutSeconds: `${ANNOTATION_PREFIX}healthcheck-timeoutseconds`,
 } as const;
+
+/** A VIP owner's announcement timings (net/vip-owner.ts) from the arp: section, in ms. */
+export function ownerTimings(arp: { readonly announceNum: number; readonly announceInterval: number; readonly refreshInterval?: number | undefined }): { announceNum: number; announceIntervalMs: number; refreshMs: number } {
+  return { announceNum: arp.announceNum, announceIntervalMs: arp.announceInterval * 1000, refreshMs: (arp.refreshInterval ?? DEFAULT_ARP.refreshInterval) * 1000 };
+}

@@ -154,7 +154,7 @@ interface RawService {
 interface RawConfig {
   node: { name?: string; interface?: string; priority: number; zone?: string; region?: string; labelsFile: string };
   failover: { mode: 'none' | 'vrrp'; vrid: number; advertInterval: number; preempt: boolean; preemptDelay: number; interface?: string; peers: string[] };
-  stateDir: string; metrics: { listen: string }; control: { socket: string };
+  stateDir: string; metrics: { listen: string }; control: { socket: string }; reconcile: { resyncInterval: number };
   dataplane: 'auto' | 'kernel' | 'proxy'; pools: Record<string, string>;
   arp: Desired['arp']; dhcp: Omit<Desired['dhcp'], 'servers'> & { servers: string[] }; proxy: Desired['proxy'];
   backend: { vips: string[] };
@@ -486,6 +486,7 @@ export function buildConfig(data: unknown, locate: (segs: Seg[]) => number | und
     stateDir: raw.stateDir,
     metrics: { listen: raw.metrics.listen },
     control: { socket: raw.control.socket },
+    reconcile: { resyncInterval: raw.reconcile.resyncInterval },
     dataplane: raw.dataplane,
     pools,
     arp: raw.arp,

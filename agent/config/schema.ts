@@ -103,6 +103,10 @@ export const configSchema: S = obj({
     ...obj({ socket: { type: 'string', pattern: '^/', default: DEFAULTS.control.socket, 'x-what': 'an absolute path' } }),
     default: {},
   },
+  reconcile: {
+    ...obj({ resyncInterval: { ...secondsPos(1, 3600), default: DEFAULTS.reconcile.resyncInterval } }),
+    default: {},
+  },
   dataplane: { type: 'string', enum: ['auto', 'kernel', 'proxy'], default: DEFAULTS.dataplane },
   pools: {
     type: 'object', default: {},

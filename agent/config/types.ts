@@ -193,6 +193,12 @@ export interface Desired {
   readonly stateDir: string;
   readonly metrics: { readonly listen: string };
   readonly control: { readonly socket: string };
+  /**
+   * How the agent keeps the kernel holding its VIPs, links, tables and
+   * sysctls: notifications trigger a check at once; every resyncInterval
+   * seconds the whole kernel state is read again.
+   */
+  readonly reconcile: { readonly resyncInterval: number };
   readonly dataplane: DataplaneMode;
   readonly pools: readonly Pool[];
   readonly arp: ArpConfig;

@@ -17,7 +17,7 @@ import { StateStore } from '../state/store';
 import { InstanceLock } from './lock';
 import type { MetricsServer, Readiness } from '../metrics/server';
 import { ControlServer } from '../control/server';
-import type { AddressSource, SourceStatus } from '../source';
+import type { AddressSource, LostCause, SourceDamage, SourceStatus } from '../source';
 import type { Subsystems, ForwardService, SubsystemContext } from './subsystems';
 import type { ListenerStore } from '../forward/dataplane';
 import type { Clock } from '../clock';
@@ -29,6 +29,8 @@ import type { NodeTopology } from '../config/labels';
 import type { TopologySelection } from '../forward/topology';
 import type { BackendStatus } from '../net/dsr-backend';
 import type { CodeCacheHandle } from '../cli/code-cache';
+import type { DriftGuard, DriftStatus } from './drift';
+import type { HeldVip } from './drift-plan';
 
 export interface DaemonOptions {
   configPath: string;
@@ -172,6 +174,10 @@ export class Daemon extends EventEmitter {
   private metricsServer: MetricsServer | undefined;
   private control: ControlServer | undefined;
   private subs: Subsystems | undefined;
+  /** Keeps the kernel true to what the agent holds (daemon/drift.ts); from the end of the start. */
+  private drift: DriftGuard | undefined;
+  /** The parent's address as last observed, once it changed after the start. */
+  private parentAddress: string | undefined;
   private readonly runtimes = new Map<string, ServiceRuntime>();
   private applying: Promise<void> | undefined;
   /** The VIPs whose rules are in the kernel now (served or armed): a takeover of one of them need not wait for an apply. */
@@ -329,6 +335,7 @@ export class Daemon extends EventEmitter {
       // Listening sockets an earlier process kept that no service wants now.
       this.opts.listenerStore?.release();
       this.startSources();
+      await this.watchKernel();
     } catch (e) {
       await this.stop().catch(() => undefined);
       throw e;
@@ -349,6 +356,64 @@ export class Daemon extends EventEmitter {
     this.settleStart();
   }
 
+  /**
+   * From here on, what someone else changes of the VIPs, links, tables and
+   * sysctls the agent holds is put back (daemon/drift.ts). A watch that
+   * cannot be opened is logged: the agent serves without it.
+   */
+  private async watchKernel(): Promise<void> {
+    const guard = this.subs?.watchKernel?.({
+      held: () => this.heldVips(),
+      repairSource: (key, damage) => this.repairSource(key, damage),
+      onRepair: (ev) => {
+        const fight = ev.fight ? ` (${ev.fight.repairs} repairs in ${ev.fight.windowSeconds} s: another program keeps undoing it)` : '';
+        this.noteEvent(ev.done !== undefined ? 'drift-repaired' : 'drift-backoff', { service: ev.service, reason: ev.done !== undefined ? `${ev.found}; ${ev.done}${fight}` : `${ev.found}; repair waits${fight}` });
+        this.notifyStatusSoon();
+      },
+      onParentAddress: (address) => {
+        this.noteEvent('parent-address', { address, reason: `${this.subs?.parent.name ?? 'the parent'} now has ${address ?? 'no IPv4 address'}` });
+        this.parentAddress = address;
+        this.notifyStatusSoon();
+      },
+      resyncMs: () => (this.config?.reconcile.resyncInterval ?? 30) * 1000,
+    });
+    if (!guard) return;
+    try {
+      await guard.start();
+      this.drift = guard;
+    } catch (e) {
+      guard.stop();
+      this.log.error({ op: 'watch', err: errorMessage(e) }, 'cannot watch the kernel: changes made by others to the VIPs, links and tables are not repaired until a restart');
+    }
+  }
+
+  /** The VIPs this node holds now, as their sources report them (the drift guard's view of what must be in the kernel). */
+  private heldVips(): HeldVip[] {
+    const out: HeldVip[] = [];
+    for (const rt of this.runtimes.values()) {
+      if (!rt.source || !this.holds(rt.spec.key)) continue;
+      const st = rt.source.status();
+      if ((st.state !== 'bound' && st.state !== 'renewing') || !st.vip) continue;
+      const v = st.vip;
+      const { linkNameForService, macForService } = lateModules();
+      out.push({
+        key: rt.spec.key, address: v.address, prefix: v.prefix, ifindex: v.ifindex, ifname: v.ifname,
+        link: rt.spec.ipam === 'dhcp' ? { name: linkNameForService(rt.spec.key), mac: macForService(rt.spec.key) } : undefined,
+      });
+    }
+    return out;
+  }
+
+  /** A source's repair, in line with its VRRP start/stop steps (gateSource). */
+  private repairSource(key: string, damage: SourceDamage): Promise<string | undefined> {
+    const rt = this.runtimes.get(key);
+    if (!rt?.source?.repair) return Promise.resolve(undefined);
+    const source = rt.source;
+    const done = rt.gate.then(() => (this.runtimes.get(key) === rt && !this.stopping ? source.repair!(damage) : undefined));
+    rt.gate = done.then(() => undefined, () => undefined);
+    return done;
+  }
+
   private addService(spec: ServiceSpec, held?: string): void {
     const rt: ServiceRuntime = {
       spec, source: undefined, startedAt: this.clock.wallNow(), gate: Promise.resolve(), gatePending: false,
@@ -358,7 +423,7 @@ export class Daemon extends EventEmitter {
       // Every reason at 0 from the start: a panel or alert on increase() sees
       // the service before its first interruption (Prometheus's "avoid missing metrics").
       for (const reason of INTERRUPTION_KINDS) this.metrics?.interruptions.inc({ service: spec.name, namespace: spec.namespace, reason }, 0);
-      const source = this.subs!.createSource(spec);
+      const source = this.subs!.createSource(spec, this.config!);
       let lastVip: string | undefined; // for the event when it is lost
       source.on('vip', () => {
         const adopted = rt.held;
@@ -373,11 +438,11 @@ export class Daemon extends EventEmitter {
         if (this.subs?.failover && lastVip !== undefined && lastVip !== adopted) void this.subs.dataplane.vipArrived?.(lastVip, this.portsOf(spec.key));
         this.scheduleApply(); this.notifyStatusSoon();
       });
-      source.on('lost', (reason: string) => {
-        this.log.warn({ op: 'vip-lost', service: spec.key, reason }, 'VIP withdrawn');
+      source.on('lost', (reason: string, cause: LostCause = 'other') => {
+        this.log.warn({ op: 'vip-lost', service: spec.key, reason, cause }, 'VIP withdrawn');
         rt.held = undefined;
         this.noteEvent('vip-lost', { service: spec.key, address: lastVip, reason });
-        if (!this.stopping && this.runtimes.get(spec.key) === rt && !/^(stopped|released)\b/.test(reason)) this.noteInterruption(rt, reason);
+        if (!this.stopping && this.runtimes.get(spec.key) === rt && cause !== 'stopped' && cause !== 'released') this.noteInterruption(rt, reason, cause);
         this.scheduleApply();
         this.notifyStatusSoon();
       });
@@ -386,7 +451,7 @@ export class Daemon extends EventEmitter {
         if (rt.held !== undefined) {
           const st = source.status();
           if (st.state === 'pending' || st.state === 'failed') {
-            this.noteInterruption(rt, st.reason ?? st.state);
+            this.noteInterruption(rt, st.reason ?? st.state, 'other');
             rt.held = undefined;
           }
         }
@@ -502,10 +567,10 @@ export class Daemon extends EventEmitter {
   }
 
   /** A served VIP went away while its service stays configured: counted by reason, kept for status. */
-  private noteInterruption(rt: ServiceRuntime, reason: string): void {
+  private noteInterruption(rt: ServiceRuntime, reason: string, cause: LostCause): void {
     rt.interruptions++;
     rt.lastInterruption = { at: isoTime(this.clock.wallNow()), reason };
-    this.metrics?.interruptions.inc({ service: rt.spec.name, namespace: rt.spec.namespace, reason: interruptionKind(reason) });
+    this.metrics?.interruptions.inc({ service: rt.spec.name, namespace: rt.spec.namespace, reason: interruptionKind(cause) });
   }
 
   private noteEvent(kind: StatusEventKind, ev: Omit<StatusEvent, 'at' | 'kind'>): void {
@@ -907,6 +972,7 @@ export class Daemon extends EventEmitter {
     if (this.stopping) return;
     this.stopping = true;
     this.opts.notify?.('STOPPING=1');
+    this.drift?.stop();
     this.optimizerBack('stop');
     // A reload in flight finishes its current step (each checks `stopping`) before anything is withdrawn.
     if (this.reloading) await this.reloading.catch(() => undefined);
@@ -1052,6 +1118,7 @@ export class Daemon extends EventEmitter {
     let state: string;
     let reason: string | undefined;
     let ready: boolean;
+    let damage: string | undefined;
     if (!holds) {
       state = 'backup';
       reason = failover?.handoverUntil !== undefined
@@ -1062,6 +1129,9 @@ export class Daemon extends EventEmitter {
       state = src?.state ?? 'pending';
       reason = src?.reason ?? (spec.primaryService ? `waiting for the VIP of ${spec.primaryService}` : 'no VIP yet');
       ready = false;
+    } else if ((damage = this.drift?.damage(primaryKey)) !== undefined) {
+      // Serving means the kernel holds it: address, link and rules.
+      state = 'repairing'; reason = damage; ready = false;
     } else if (spec.backends.length === 0) {
       state = 'serving'; reason = 'no backends configured'; ready = false;
     } else if (healthy.length === 0) {
@@ -1094,7 +1164,7 @@ export class Daemon extends EventEmitter {
       version: VERSION,
       pid: process.pid,
       node: {
-        name: c.node.name, interface: this.subs?.parent.name, address: this.subs?.parent.address, priority: c.node.priority,
+        name: c.node.name, interface: this.subs?.parent.name, address: this.parentAddress ?? this.subs?.parent.address, priority: c.node.priority,
         zone: this.topology.zone, region: this.topology.region, zoneFrom: this.topology.zoneFrom, labelsProblem: this.topology.problem,
       },
       config: { path: this.opts.configPath, loadedAt: isoTime(this.configLoadedAt), generation: this.generation, lastReload: this.lastReload },
@@ -1108,6 +1178,7 @@ export class Daemon extends EventEmitter {
       services: this.serviceStatuses(),
       backend: this.subs?.backend.status(),
       events: this.events.list(),
+      drift: this.drift?.status(),
     };
   }
 
@@ -1216,13 +1287,9 @@ function portsText(spec: ServiceSpec): string[] {
 /** The reason label values of lbagent_service_vip_interruptions_total. */
 export const INTERRUPTION_KINDS = ['nak', 'lease-expired', 'address-changed', 'conflict', 'other'] as const;
 
-/** A bounded label for lbagent_service_vip_interruptions_total from a source's reason text. */
-export function interruptionKind(reason: string): (typeof INTERRUPTION_KINDS)[number] {
-  if (/DHCPNAK/.test(reason)) return 'nak';
-  if (/expired/.test(reason)) return 'lease-expired';
-  if (/moved the lease/.test(reason)) return 'address-changed';
-  if (/conflict|in use|uses /.test(reason)) return 'conflict';
-  return 'other';
+/** The label of lbagent_service_vip_interruptions_total for why a source gave its VIP up. */
+export function interruptionKind(cause: LostCause): (typeof INTERRUPTION_KINDS)[number] {
+  return (INTERRUPTION_KINDS as readonly string[]).includes(cause) ? cause as (typeof INTERRUPTION_KINDS)[number] : 'other';
 }
 
 export { VERSION };
@@ -1274,6 +1341,8 @@ export interface StatusDocument {
   services: ServiceStatus[];
   /** Issue 17: the backend side of direct server return (`backend.vips` on lo, ARP sysctls). */
   backend?: BackendStatus | undefined;
-  /** Issue 19: the last events (at most EVENT_HISTORY), oldest first. */
+  /** The last events (at most EVENT_HISTORY), oldest first. */
   events: StatusEvent[];
+  /** What others changed in the kernel and the agent put back; fights it backs off from. */
+  drift?: DriftStatus | undefined;
 }

@@ -8,7 +8,9 @@ export type StatusEventKind =
   | 'backend-up' | 'backend-down'
   | 'vrrp-master' | 'vrrp-backup'
   | 'reload-applied' | 'reload-rejected'
-  | 'zone-changed';
+  | 'zone-changed'
+  | 'drift-repaired' | 'drift-backoff'
+  | 'parent-address';
 
 /** One entry of `events` in the status document (oldest first). */
 export interface StatusEvent {

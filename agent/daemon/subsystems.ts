@@ -77,6 +77,9 @@ export interface FailoverLike extends EventEmitter {
   // 'change' (serviceKey[]) when mastership changes; 'hand-back' (serviceKey[]) when a hand-back ends
 }
 
+/** What the drift guard needs from the daemon: the held VIPs, the sources' repairs, and where to report. */
+export type KernelWatchHooks = Pick<import('./drift').DriftGuardOptions, 'held' | 'repairSource' | 'onRepair' | 'onParentAddress' | 'resyncMs'>;
+
 /** What the daemon hands buildSubsystems. */
 export interface SubsystemContext {
   readonly log: import('../log').Logger;
@@ -89,7 +92,13 @@ export interface SubsystemContext {
 
 export interface Subsystems {
   readonly parent: ParentLink;
-  createSource(spec: ServiceSpec): AddressSource;
+  /** The address source of a service, with the timings and guard of `now`, the config in force (a reload's for the services it adds). */
+  createSource(spec: ServiceSpec, now: import('../config/types').Desired): AddressSource;
+  /**
+   * Watch the kernel for changes to what the agent put there and repair them
+   * (daemon/drift.ts); the daemon starts and stops it. Absent: no watch.
+   */
+  watchKernel?(hooks: KernelWatchHooks): import('./drift').DriftGuard;
   /**
    * Crash-only start: the VIPs an earlier run left serving that the
    * persisted state still explains (a DHCP service's unexpired saved lease

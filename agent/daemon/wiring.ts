@@ -31,6 +31,8 @@ const dhcpDriver = (): typeof import('../dhcp/driver') => require('../dhcp/drive
 const dhcpLimiter = (): typeof import('../dhcp/limiter') => require('../dhcp/limiter') as typeof import('../dhcp/limiter');
 const dhcpLease = (): typeof import('../dhcp/lease') => require('../dhcp/lease') as typeof import('../dhcp/lease');
 const vrrpGate = (): typeof import('../failover/gate') => require('../failover/gate') as typeof import('../failover/gate');
+const driftModule = (): typeof import('./drift') => require('./drift') as typeof import('./drift');
+const nftWatchModule = (): typeof import('../net/nft-watch') => require('../net/nft-watch') as typeof import('../net/nft-watch');
 /* eslint-enable @typescript-eslint/no-var-requires */
 
 export async function buildSubsystems(config: Desired, ctx: SubsystemContext): Promise<Subsystems> {
@@ -123,13 +125,21 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
       // the saved lease at once and confirms it, and an offer is not
       // ARP-probed (the previous Master's stale ARP entries would only delay
       // it by seconds; the VIP owner still defends the address once held).
-      createSource: (spec: ServiceSpec) => (spec.ipam === 'dhcp'
+      // `now` is the config in force when the service is created (a reload's
+      // new one for a service it adds): timings and the DHCP allow-list
+      // come from it, never from the config read at start.
+      createSource: (spec: ServiceSpec, now: Desired) => (spec.ipam === 'dhcp'
         ? dhcpDriver().createDhcpSource({
-          service: spec, parent: parent.name, timings: vrrp ? { ...config.dhcp, probeOffer: false } : config.dhcp, arp: config.arp,
+          service: spec, parent: parent.name, timings: vrrp ? { ...now.dhcp, probeOffer: false } : now.dhcp, arp: now.arp,
           store, netlink, log, registry, clock, limiter: startLimiter(), parentSysctls, resumeSaved: vrrp,
-          guard: { allowOtherSubnets: config.dhcp.allowOtherSubnets, servers: config.dhcp.servers },
+          guard: { allowOtherSubnets: now.dhcp.allowOtherSubnets, servers: now.dhcp.servers },
         })
-        : new PoolSource({ service: spec, parentIfname: parent.name, manager: pools, arp: config.arp, netlink, log, registry, clock, probe: !vrrp })),
+        : new PoolSource({ service: spec, parentIfname: parent.name, manager: pools, arp: now.arp, netlink, log, registry, clock, probe: !vrrp })),
+      watchKernel: (hooks) => new (driftModule().DriftGuard)({
+        ...hooks, netlink, log, registry, clock,
+        parent: { name: parent.name, index: parent.index },
+        ...(dp.kind === 'kernel' ? { tables: dp as NftDataplane, nftWatch: () => new (nftWatchModule().NftWatcher)({ log }) } : {}),
+      }),
       observeHeld: async (services) => {
         const held = new Map<string, string>();
         if (vrrp) return held;

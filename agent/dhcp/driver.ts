@@ -15,7 +15,7 @@
 import { EventEmitter } from 'node:events';
 import type { Registry } from 'prom-client';
 import { realClock, type Clock, type TimerHandle } from '../clock';
-import { DEFAULT_ARP } from '../config/defaults';
+import { ownerTimings } from '../config/defaults';
 import type { ArpConfig, ArpTimings, DhcpConfig, DhcpTimings, ServiceSpec } from '../config/types';
 import { LbError, errorMessage } from '../errors';
 import { formatIPv4, parseIPv4 } from '../ipv4';
@@ -29,11 +29,11 @@ import { PacketSocketGroup, type SharedPortOptions } from '../net/packet-shared'
 import { planOwnedLinks } from '../net/reconcile';
 import { ParentSysctls, applyVipSysctls, disableIpv6, vipSysctls, type VipRole } from '../net/sysctl';
 import { VipOwner, type VipConflict, type VipOwnerOptions } from '../net/vip-owner';
-import type { AddressSource, SourceState, SourceStatus, Vip } from '../source';
+import type { AddressSource, LostCause, SourceDamage, SourceState, SourceStatus, Vip } from '../source';
 import type { StateStore } from '../state/store';
 import {
   initialState, isStalled, step, unbindReason,
-  type ClientAction, type ClientConfig, type ClientContext, type ClientEvent, type ClientState, type DhcpStateName,
+  type ClientAction, type ClientConfig, type UnbindCause, type ClientContext, type ClientEvent, type ClientState, type DhcpStateName,
 } from './client';
 import {
   BROADCAST_IP, BROADCAST_MAC, DHCP_CLIENT_FILTER, buildClientMessage, decodeReply, describePacket, encodeDhcp, encodeUdpFrame, replyClientMac,
@@ -149,6 +149,8 @@ export class DhcpSource extends EventEmitter implements AddressSource {
   private readonly labels: { service: string; namespace: string };
   private readonly leaseFile: string;
   private readonly resumeSaved: boolean;
+  /** The next start resumes an unexpired saved lease at once (a repair of a deleted macvlan). */
+  private resumeNext = false;
   private readonly requestedIp: number | undefined;
   /** Whether offers are probed: the config's, or false under VRRP (wiring decides, a reload keeps it). */
   private readonly probeOffer: boolean;
@@ -229,8 +231,9 @@ export class DhcpSource extends EventEmitter implements AddressSource {
   // --- AddressSource ---------------------------------------------------------
 
   /** A reload's arp: / dhcp: timings, used from the next exchange and probe on; the lease and the VIP stay. */
-  reconfigure(settings: { arp: ArpTimings; dhcp: DhcpConfig }): void {
+  reconfigure(settings: { arp: ArpTimings & Partial<Pick<ArpConfig, 'refreshInterval'>>; dhcp: DhcpConfig }): void {
     this.arp = settings.arp;
+    this.owner?.retime(ownerTimings(settings.arp));
     this.ctx = { ...this.ctx, config: this.clientConfig(settings.dhcp) };
     this.guard = { allowOtherSubnets: settings.dhcp.allowOtherSubnets, servers: settings.dhcp.servers };
     this.log.info({ op: 'reconfigure' }, 'new DHCP and ARP timings in use from the next exchange');
@@ -381,7 +384,8 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     const { index, kept, parentIndex } = await this.ensureLink(log, unexpired ? formatIPv4(unexpired.address) : undefined);
     this.ifindex = index;
     if (signal.aborted) return;
-    const resume = (unexpired !== undefined && (kept || this.resumeSaved)) || known !== undefined;
+    const resume = (unexpired !== undefined && (kept || this.resumeSaved || this.resumeNext)) || known !== undefined;
+    this.resumeNext = false;
     if (!resume && !this.slot && !(await this.takeSlot(signal, gen))) return;
     const sock = this.deps.dhcpSocket({ parentIfindex: parentIndex, ifindex: index, mac: this.mac, log: this.log, metrics: this.netM });
     this.socket = sock;
@@ -653,8 +657,7 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     let owner: VipOwner;
     try {
       owner = this.deps.vipOwner({
-        ifindex, mac: this.mac, ip, announceNum: this.arp.announceNum, announceIntervalMs: this.arp.announceInterval * 1000,
-        refreshMs: (this.arp.refreshInterval ?? DEFAULT_ARP.refreshInterval) * 1000, clock: this.clock, log: this.log, metrics: this.netM,
+        ifindex, mac: this.mac, ip, ...ownerTimings(this.arp), clock: this.clock, log: this.log, metrics: this.netM,
       });
     } catch (err) {
       this.log.warn({ op: 'announce', err: errorMessage(err) }, 'could not open the ARP socket: the VIP is neither announced nor defended');
@@ -684,6 +687,59 @@ export class DhcpSource extends EventEmitter implements AddressSource {
 
   reannounce(): void {
     if (this.vip) this.owner?.reannounce();
+  }
+
+  /**
+   * Put back what the kernel lost of the bound VIP: the address on the
+   * macvlan, the macvlan up, or the macvlan itself. A deleted macvlan takes
+   * its address and this client's socket port with it: the client starts
+   * over on a new one - same name, same MAC - and resumes its saved lease at
+   * once, confirming it with the server (INIT-REBOOT), as after a restart.
+   */
+  async repair(damage: SourceDamage): Promise<string | undefined> {
+    const vip = this.vip;
+    // No owner: an unbind is under way (it closes the owner first).
+    if (!this.running || !vip || !this.owner) return undefined;
+    if (damage !== 'link') {
+      // In the address work's queue: after a bind or unbind in flight, never beside it.
+      let out: string | undefined;
+      this.enqueue(async () => { out = await this.repairInPlace(damage, vip); });
+      await this.chain;
+      return out;
+    }
+    try {
+      await this.stop({ release: false, keep: true });
+      this.resumeNext = true;
+      this.start();
+      return `recreating ${this.ifname} (MAC ${this.mac}) and resuming the lease on ${vip.address}`;
+    } catch (err) {
+      this.log.warn({ op: 'repair', damage, err: errorMessage(err) }, `could not repair ${this.ifname}`);
+      return undefined;
+    }
+  }
+
+  private async repairInPlace(damage: SourceDamage, vip: Vip): Promise<string | undefined> {
+    if (!this.running || this.vip !== vip || !this.owner) return undefined;
+    try {
+      const done: string[] = [];
+      if (damage === 'link-down') {
+        await this.netlink.setLink(vip.ifindex, { up: true });
+        done.push(`set ${vip.ifname} up`);
+      }
+      const on = (await this.netlink.listAddresses(vip.ifindex)).some((a) => a.address === vip.address && a.prefix === vip.prefix);
+      if (!on) {
+        await this.netlink.addAddress(vip.ifindex, vip.address, vip.prefix, { proto: OWNED_ADDRESS_PROTO });
+        addressesChanged();
+        done.push(`added ${vip.address}/${vip.prefix} to ${vip.ifname} again`);
+      }
+      // stop() ran meanwhile: it removes the macvlan, address and all.
+      if (!this.running || this.vip !== vip) return undefined;
+      this.owner?.reannounce();
+      return done.length > 0 ? `${done.join(', ')} and announced it` : undefined;
+    } catch (err) {
+      this.log.warn({ op: 'repair', damage, err: errorMessage(err) }, `could not repair ${this.ifname}`);
+      return undefined;
+    }
   }
 
   private async unbind(a: Extract<ClientAction, { type: 'unbind' }>): Promise<void> {
@@ -716,7 +772,7 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     this.vip = undefined;
     if (a.cause !== 'stopped' && a.cause !== 'released') this.lastReason = reason;
     (a.cause === 'stopped' || a.cause === 'released' ? this.log.info.bind(this.log) : this.log.warn.bind(this.log))({ op: 'unbind', address, cause: a.cause }, reason);
-    this.emit('lost', reason);
+    this.emit('lost', reason, LOST_CAUSE[a.cause]);
     this.emit('status');
   }
 
@@ -843,3 +899,9 @@ function dhcpDetails(s: ClientState, wallOffset: number, requestedIp: number | u
 export function createDhcpSource(opts: DhcpSourceOptions): DhcpSource {
   return new DhcpSource(opts);
 }
+
+/** Why the client gave a VIP up, as the daemon counts interruptions. */
+const LOST_CAUSE: Readonly<Record<UnbindCause, LostCause>> = {
+  expired: 'lease-expired', nak: 'nak', 'address-changed': 'address-changed', conflict: 'conflict',
+  released: 'released', stopped: 'stopped', unconfirmed: 'other',
+};

@@ -480,14 +480,19 @@ export function flowTotals(plan: NftPlan | undefined, live: ReadonlyMap<string, 
 // Running nft.
 
 export interface ExecResult { stdout: string; stderr: string }
-/** Runs a program with optional stdin; rejects with { code, stderr } like execFile. */
-export type Exec = (file: string, args: readonly string[], input?: string) => Promise<ExecResult>;
+/**
+ * Runs a program with optional stdin; rejects with { code, stderr } like
+ * execFile. `onSpawn` learns the child's pid before it runs: the drift
+ * watch tells the agent's own commits from others' by it.
+ */
+export type Exec = (file: string, args: readonly string[], input?: string, hooks?: { onSpawn?(pid: number): void }) => Promise<ExecResult>;
 
-export const execProgram: Exec = (file, args, input) => new Promise((resolve, reject) => {
+export const execProgram: Exec = (file, args, input, hooks) => new Promise((resolve, reject) => {
   const child = execFile(file, [...args], { timeout: 30_000, maxBuffer: 64 << 20 }, (err, stdout, stderr) => {
     if (err) reject(Object.assign(err, { stdout, stderr }));
     else resolve({ stdout, stderr });
   });
+  if (child.pid !== undefined) hooks?.onSpawn?.(child.pid);
   // A child that exits before reading its input (unshare without
   // CAP_SYS_ADMIN does) makes the write fail with EPIPE; its exit status and
   // stderr already say why, so the write error must not crash the agent.
@@ -753,6 +758,10 @@ export class NftDataplane implements Dataplane {
   private arrivals: ArrivalBatch | undefined;
   /** UDP flows ended because their backend left the port, by service and port label (udpEndedKey); a port's count goes with the port. */
   private readonly udpEnded = new Map<string, number>();
+  /** The pids of this process's recent `nft -f` runs, with when each started: their commits are ours. */
+  private readonly writers = new Map<number, number>();
+  /** The next apply rewrites the tables even when the plan is unchanged (repair). */
+  private forceWrite = false;
 
   constructor(opts: NftDataplaneOptions = {}) {
     this.log = (opts.log ?? silentLogger()).child({ module: 'forward', dataplane: 'kernel' });
@@ -787,6 +796,58 @@ export class NftDataplane implements Dataplane {
       // applies run back to back while 50 DHCP services bind.
       if (done && this.metrics) await this.refreshCounters(done === 'written');
     });
+  }
+
+  /**
+   * Someone else changed a table the agent owns (or may have: notifications
+   * were lost): write the current state again, whole, in one transaction.
+   * Resolves true when the tables were written, false when there was
+   * nothing to repair (not started, or stopped). Rejects when nft fails.
+   */
+  repair(): Promise<boolean> {
+    return this.queue.run(async () => {
+      if (!this.started || this.stopped) return false;
+      this.forceWrite = true;
+      const done = await this.applyNow(this.state);
+      if (done && this.metrics) await this.refreshCounters(done === 'written');
+      return done === 'written';
+    });
+  }
+
+  /** Was the nftables commit by this pid one of this process's writes? */
+  ownsCommit(pid: number | undefined): boolean {
+    if (pid === undefined) return false;
+    if (pid === process.pid) return true;
+    return this.writers.has(pid);
+  }
+
+  private noteWriter(pid: number): void {
+    const now = this.clock.now();
+    // A commit's notifications arrive within moments of its process; a pid
+    // is forgotten after a minute, before the kernel could hand it out again.
+    for (const [p, at] of this.writers) if (now - at > 60_000) this.writers.delete(p);
+    this.writers.set(pid, now);
+  }
+
+  /** The tables this data path owns now, as "family name" (the nftables watch's keys). */
+  ownedTables(): string[] {
+    if (!this.started || this.stopped || !this.plan) return [];
+    return [`${NFT_FAMILY} ${NFT_TABLE}`, ...(hasDsrTable(this.plan) ? [`${DSR_FAMILY} ${DSR_TABLE}`] : [])];
+  }
+
+  /**
+   * net.ipv4.ip_forward as the kernel path needs it (1): read, and put back
+   * when someone turned it off. Returns the value found when it was
+   * changed, undefined when it was right (or the path is not running).
+   */
+  async keepForwarding(): Promise<number | undefined> {
+    if (!this.started || this.stopped) return undefined;
+    const file = path.join(this.procRoot, 'sys/net/ipv4/ip_forward');
+    const now = await readNumber(file);
+    if (now === 1 || now === undefined) return undefined;
+    await fs.writeFile(file, '1\n');
+    this.facts = { ...this.facts, ipForward: 1, ipForwardChangedByAgent: true };
+    return now;
   }
 
   /** Read the counters for the metrics now rather than at the next tick (e.g. right after a burst of test traffic). */
@@ -833,12 +894,13 @@ export class NftDataplane implements Dataplane {
       await this.endStaleUdpFlows(udpFlowSweep(undefined, state));
       return 'written';
     }
-    if (this.plan && plan.script === this.plan.script) { this.state = state; return false; }
+    if (!this.forceWrite && this.plan && plan.script === this.plan.script) { this.state = state; return false; }
     // Read the old table's counters just before it is replaced; fold them in
     // only once the new table is committed, so a failed write counts nothing twice.
     const live = await this.readCounters().catch(() => new Map<string, CounterValue>());
     this.detachBeforeTableGoes(plan);
     await this.write(plan.script);
+    this.forceWrite = false;
     this.carry = keepFlows(flowTotals(this.plan, live, this.carry), state);
     this.handedBack = handedBackTotals(this.plan, live, this.handedBack, state);
     const sweep = udpFlowSweep(this.state, state);
@@ -1045,7 +1107,7 @@ export class NftDataplane implements Dataplane {
 
   private async write(script: string): Promise<void> {
     try {
-      await this.exec('nft', ['-f', '-'], script);
+      await this.exec('nft', ['-f', '-'], script, { onSpawn: (pid) => this.noteWriter(pid) });
       this.lastError = undefined;
     } catch (err) {
       const e = this.nftError(err, 'apply');

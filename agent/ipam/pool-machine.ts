@@ -124,7 +124,7 @@ export type PoolAction =
   /** The VIP is up on the LAN: tell the daemon. */
   | { readonly type: 'up'; readonly address: string }
   /** The VIP was withdrawn: tell the daemon why. */
-  | { readonly type: 'down'; readonly reason: string }
+  | { readonly type: 'down'; readonly reason: string; readonly cause: 'stopped' | 'released' | 'conflict' }
   | { readonly type: 'log'; readonly log: PoolLog };
 
 export type PoolReason =
@@ -181,7 +181,7 @@ export function poolStep(s: PoolState, ev: PoolEvent, now: number, cfg: PoolMach
       if (s.phase === 'bound' || s.phase === 'announcing') actions.push({ type: 'unhold' });
       if (s.onParent !== undefined) actions.push({ type: 'remove-address', address: s.onParent });
       actions.push({ type: 'release', deleteClaim: ev.release });
-      if (s.phase === 'bound') actions.push({ type: 'down', reason: ev.release ? 'released' : 'stopped' });
+      if (s.phase === 'bound') actions.push({ type: 'down', reason: ev.release ? 'released' : 'stopped', cause: ev.release ? 'released' : 'stopped' });
       return done({ ...initialPoolState(), conflicts: s.conflicts, defences: s.defences, lastConflict: s.lastConflict }, 'stopped');
     }
 
@@ -308,7 +308,7 @@ export function poolStep(s: PoolState, ev: PoolEvent, now: number, cfg: PoolMach
         { type: 'unhold' },
         { type: 'note-conflict', address },
         { type: 'mark-conflict', address, mac: ev.mac, counted: true },
-        { type: 'down', reason: `address conflict: ${ev.mac} uses ${address}` },
+        { type: 'down', reason: `address conflict: ${ev.mac} uses ${address}`, cause: 'conflict' },
       );
       if (s.onParent !== undefined) actions.push({ type: 'remove-address', address: s.onParent });
       const next: PoolState = {

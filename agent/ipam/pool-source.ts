@@ -16,13 +16,13 @@
 // addresses configured on the receiving interface), which is all a VIP needs.
 import { EventEmitter } from 'node:events';
 import type { Registry } from 'prom-client';
-import { DEFAULT_ARP } from '../config/defaults';
+import { ownerTimings } from '../config/defaults';
 import type { ArpConfig, ArpTimings, ServiceSpec } from '../config/types';
 import type { Logger } from '../log';
 import { realClock, isoTime, type Clock, type TimerHandle } from '../clock';
 import { LbError, errorMessage, isLbError } from '../errors';
 import { parseIPv4 } from '../ipv4';
-import type { AddressSource, SourceStatus, Vip } from '../source';
+import type { AddressSource, SourceDamage, SourceStatus, Vip } from '../source';
 import { probeAddress } from '../net/arp-probe';
 import { netMetrics, type NetMetrics } from '../net/metrics';
 import { OWNED_ADDRESS_PROTO } from '../net/ownership';
@@ -120,8 +120,9 @@ export class PoolSource extends EventEmitter implements AddressSource {
   }
 
   /** A reload's arp: timings, used from the next probe or announcement on; a held VIP stays. */
-  reconfigure(settings: { arp: ArpTimings }): void {
+  reconfigure(settings: { arp: ArpTimings & Partial<Pick<ArpConfig, 'refreshInterval'>> }): void {
     this.opts = { ...this.opts, arp: settings.arp };
+    this.owner?.retime(ownerTimings(settings.arp));
   }
 
   start(): void {
@@ -241,6 +242,31 @@ export class PoolSource extends EventEmitter implements AddressSource {
     };
   }
 
+  /**
+   * The address of the held VIP left the parent (someone else removed it):
+   * add it again, with the ownership mark, and announce it again. Pool VIPs
+   * live on the parent, which the agent does not own: 'link' and
+   * 'link-down' are not this source's to repair.
+   */
+  async repair(damage: SourceDamage): Promise<string | undefined> {
+    const vip = this.vip;
+    if (damage !== 'address' || this.m.phase !== 'bound' || !vip) return undefined;
+    const gen = this.gen;
+    try {
+      await this.manager.serialize(() => this.opts.netlink.addAddress(vip.ifindex, vip.address, POOL_VIP_PREFIX, { proto: OWNED_ADDRESS_PROTO }));
+      addressesChanged();
+    } catch (err) {
+      if (!(isLbError(err) && err.details?.errno === 'EEXIST')) {
+        this.log.warn({ op: 'repair', address: vip.address, err: errorMessage(err) }, `could not add ${vip.address} to ${vip.ifname} again`);
+        return undefined;
+      }
+    }
+    // stop() ran meanwhile: the address goes again with it.
+    if (gen !== this.gen || this.vip !== vip) { await this.removeQuietly(vip.ifindex, vip.address); return undefined; }
+    this.owner?.reannounce();
+    return `added ${vip.address}/${POOL_VIP_PREFIX} to ${vip.ifname} again and announced it`;
+  }
+
   /** A full burst of gratuitous ARPs again (VRRP split brain), through the VIP's owner. */
   reannounce(): void {
     if (this.m.phase === 'bound') this.owner?.reannounce();
@@ -310,7 +336,7 @@ export class PoolSource extends EventEmitter implements AddressSource {
       }
       case 'down':
         this.setVip(undefined);
-        this.emit('lost', a.reason);
+        this.emit('lost', a.reason, a.cause);
         return;
       case 'log':
         this.log[a.log.level]({ op: a.log.op, ...a.log.fields }, a.log.msg);
@@ -405,8 +431,7 @@ export class PoolSource extends EventEmitter implements AddressSource {
     try {
       owner = new VipOwner({
         socket: this.ensureSocket(link.index, address), mac: link.mac, ip: address,
-        announceNum: this.opts.arp.announceNum, announceIntervalMs: this.opts.arp.announceInterval * 1000,
-        refreshMs: (this.opts.arp.refreshInterval ?? DEFAULT_ARP.refreshInterval) * 1000,
+        ...ownerTimings(this.opts.arp),
         giveUp: this.opts.giveUpOnConflict ?? this.opts.probe !== false,
         clock: this.clock, log: this.opts.log, metrics: this.netMetrics,
       });

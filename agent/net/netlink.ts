@@ -731,7 +731,8 @@ function describe(nameOrIndex: string | number): string {
 
 /**
  * Link and address change notifications on their own socket. Events:
- * 'link' (LinkEvent), 'address' (AddressEvent), and 'resync' (reason) when
+ * 'link' (LinkEvent), 'address' (AddressEvent), 'netconf' () when an
+ * interface's forwarding or rp_filter changed, and 'resync' (reason) when
  * notifications may have been lost (ENOBUFS: the owner should list again).
  */
 export class NetlinkWatcher extends EventEmitter {
@@ -749,6 +750,9 @@ export class NetlinkWatcher extends EventEmitter {
     }
     this.sock.addMembership('LINK');
     this.sock.addMembership('IPV4_IFADDR');
+    // Forwarding and rp_filter changes (net.ipv4.ip_forward among them) are
+    // announced here; arp_ignore and arp_announce are not, and are polled.
+    this.sock.addMembership('IPV4_NETCONF');
     this.sock.socket.on('message', (msgs) => this.onMessages(msgs));
     this.sock.socket.on('error', (err: Error) => {
       // ENOBUFS: the kernel dropped notifications because we read too slowly.
@@ -767,6 +771,7 @@ export class NetlinkWatcher extends EventEmitter {
         this.log.debug({ op: 'watch', type: m.type, err: (err as Error).message }, 'unparsable rtnetlink notification');
       }
       if (event) this.emit(event[0], event[1]);
+      else if (m.type === rt.MessageType.NEWNETCONF) this.emit('netconf');
     }
   }
 

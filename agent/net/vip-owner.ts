@@ -67,6 +67,8 @@ export type VipEvent =
   | { readonly type: 'arp'; readonly packet: ArpPacket }
   /** Announce again at once, with a full burst (after a VRRP split brain). */
   | { readonly type: 'reannounce' }
+  /** The timings changed (a reload): the refresh runs at the new interval from now. */
+  | { readonly type: 'retime' }
   | { readonly type: 'stop' };
 
 /** Why an announcement goes out: also the label of lbagent_net_vip_announcements_total. */
@@ -85,7 +87,7 @@ export type VipAction =
 
 export type VipReason =
   | 'started' | 'not-held' | 'already-held' | 'early-timer' | 'burst' | 'refresh' | 'no-announcement-due'
-  | 'own-frame' | 'unrelated' | 'probe-for-held' | 'defended' | 'defence-rate-limited' | 'lost' | 'reannounced' | 'stopped';
+  | 'own-frame' | 'unrelated' | 'probe-for-held' | 'defended' | 'defence-rate-limited' | 'lost' | 'reannounced' | 'retimed' | 'stopped';
 
 export interface VipStep {
   readonly state: VipState;
@@ -162,6 +164,11 @@ export function vipStep(state: VipState, event: VipEvent, now: number, cfg: VipO
       if (state.phase !== 'held') return same('not-held');
       return { state: burst(state, now, cfg, 'reannounce', actions), actions, reason: 'reannounced' };
     }
+    case 'retime': {
+      // A burst under way finishes first; its last announcement schedules the new refresh.
+      if (state.phase !== 'held' || state.burstLeft > 0) return same('not-held');
+      return { state: schedule(state, now, cfg, actions), actions, reason: 'retimed' };
+    }
     case 'stop': {
       if (state.phase === 'idle') return same('not-held');
       actions.push({ type: 'clear-timer' });
@@ -209,7 +216,7 @@ export interface VipConflict {
  */
 export class VipOwner extends EventEmitter {
   readonly ip: string;
-  private readonly cfg: VipOwnerConfig;
+  private cfg: VipOwnerConfig;
   private readonly clock: Clock;
   private readonly log: Logger;
   private readonly metrics: NetMetrics | undefined;
@@ -245,6 +252,12 @@ export class VipOwner extends EventEmitter {
   /** Announce the address (RFC 5227 §2.3) and defend it from now on. Throws when the first announcement cannot be sent. */
   start(): void {
     this.feed({ type: 'start' }, true);
+  }
+
+  /** New announcement timings (a reload): the refresh follows the new interval from now on. */
+  retime(t: { announceNum: number; announceIntervalMs: number; refreshMs: number }): void {
+    this.cfg = { ...this.cfg, ...t };
+    this.feed({ type: 'retime' });
   }
 
   /** A full burst again now (VRRP split brain: the LAN may point at the other Master). */

@@ -674,3 +674,10 @@ t.test('status calls a service ready only once the rules that forward it are app
   t.match(after.services[1], { key: 'default/api', state: 'serving', ready: true, reason: undefined }, 'applied: ready');
   t.match(h.statuses.at(-1), /1 VIP served; 2 services, 1 serving, 1 ready;/, 'and STATUS= follows the applied table');
 });
+
+t.test('the interruption label comes from the source\'s cause, not from its wording', async (t) => {
+  const { interruptionKind, INTERRUPTION_KINDS } = await import('../../agent/daemon/daemon');
+  for (const k of INTERRUPTION_KINDS) t.equal(interruptionKind(k === 'other' ? 'other' : k), k);
+  t.equal(interruptionKind('stopped'), 'other', 'the agent\'s own withdrawals are not interruptions (never counted), and have no label of their own');
+  t.equal(interruptionKind('released'), 'other');
+});

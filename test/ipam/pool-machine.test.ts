@@ -148,7 +148,7 @@ t.test('bound: defend once (counted), give up on the second conflict and allocat
     { type: 'unhold' },
     { type: 'note-conflict', address: '10.99.0.200' },
     { type: 'mark-conflict', address: '10.99.0.200', mac: MAC, counted: true },
-    { type: 'down', reason: `address conflict: ${MAC} uses 10.99.0.200` },
+    { type: 'down', reason: `address conflict: ${MAC} uses 10.99.0.200`, cause: 'conflict' },
     { type: 'remove-address', address: '10.99.0.200' },
     { type: 'allocate' },
   ], 'stop announcing, count once, keep it away, tell the daemon, take it off, find another');
@@ -184,11 +184,11 @@ t.test('faults: each phase undoes its own step, then failed and retried', async 
 t.test('stop: withdraw what is ours, release the hold (and the claim when removed)', async (t) => {
   const b = bound();
   const r = poolStep(b, { type: 'stop', release: false }, 0, CFG);
-  t.same(r.actions, [{ type: 'unhold' }, { type: 'remove-address', address: '10.99.0.200' }, { type: 'release', deleteClaim: false }, { type: 'down', reason: 'stopped' }]);
+  t.same(r.actions, [{ type: 'unhold' }, { type: 'remove-address', address: '10.99.0.200' }, { type: 'release', deleteClaim: false }, { type: 'down', reason: 'stopped', cause: 'stopped' }]);
   t.same([r.state.phase, r.state.source, r.state.address], ['stopped', 'idle', undefined]);
   t.equal(r.state.conflicts, 0);
   const rel = poolStep(b, { type: 'stop', release: true }, 0, CFG);
-  t.same(rel.actions.slice(-2), [{ type: 'release', deleteClaim: true }, { type: 'down', reason: 'released' }]);
+  t.same(rel.actions.slice(-2), [{ type: 'release', deleteClaim: true }, { type: 'down', reason: 'released', cause: 'released' }]);
   t.equal(poolStep(r.state, { type: 'stop', release: false }, 0, CFG).reason, 'not-running');
 
   // Mid-acquisition: nothing was up, so nothing is reported lost.

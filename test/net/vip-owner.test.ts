@@ -205,3 +205,16 @@ t.test('driver: reannounce sends a new burst; a failed first announcement throws
   t.equal(bad.sent.length, 0, 'no timer left behind');
   o2.close();
 });
+
+t.test('retime: a reload\'s refresh interval holds from now on; a burst under way finishes first', async (t) => {
+  const ip = parseIPv4('10.99.0.200')!;
+  let s = vipStep(initialVipState(ip, '02:00:00:00:00:01'), { type: 'start' }, 0, CFG).state;
+  t.equal(s.burstLeft, 1);
+  t.equal(vipStep(s, { type: 'retime' }, 100, { ...CFG, refreshMs: 1000 }).reason, 'not-held', 'in a burst: no change');
+  s = vipStep(s, { type: 'timer' }, 2000, CFG).state;
+  t.equal(s.nextAnnounceAt, 12_000, 'the old refresh: 10 s after the burst');
+  const r = vipStep(s, { type: 'retime' }, 3000, { ...CFG, refreshMs: 1000 });
+  t.equal(r.reason, 'retimed');
+  t.same(r.actions, [{ type: 'arm-timer', at: 4000 }], 'the next refresh 1 s from now');
+  t.same(vipStep(s, { type: 'retime' }, 3000, { ...CFG, refreshMs: 0 }).actions, [{ type: 'clear-timer' }], 'refresh turned off');
+});

@@ -1,0 +1,429 @@
+// The drift guard (driver): keeps the kernel holding what the agent put
+// there while others change it. It observes - rtnetlink link and address
+// notifications, nftables commit notifications, the sysctls the agent set,
+// and a periodic full re-read as the safety net for a lost notification -
+// runs the pure comparison of daemon/drift-plan.ts over the held VIPs and
+// that snapshot, and has each difference repaired by its owner: the address
+// source for its address and macvlan, the data path for its tables, the
+// sysctl table for the values. Every repair is logged, counted and reported;
+// a subject repaired too often backs off (FightTracker).
+//
+// It touches only what the agent owns: the VIPs its sources hold, its
+// 02: macvlans, its tables, the sysctls it sets.
+import type { Registry } from 'prom-client';
+import { Counter, Gauge } from '../metrics/prom';
+import { realClock, type Clock, type TimerHandle } from '../clock';
+import { errorMessage } from '../errors';
+import type { Logger } from '../log';
+import type { AddressInfo, LinkInfo, NetlinkClient, NetlinkWatcher } from '../net/netlink';
+import type { NftCommit, NftWatcher } from '../net/nft-watch';
+import { OWNED_ADDRESS_PROTO } from '../net/ownership';
+import { applyVipSysctls, readIfSysctl, vipSysctls, type VipRole } from '../net/sysctl';
+import type { SourceDamage } from '../source';
+import {
+  DEFAULT_FIGHT, DRIFT_KINDS, FightTracker, driftSubject, planDrift,
+  type Drift, type DriftKind, type FightConfig, type HeldVip, type KernelSnapshot, type ObservedLink,
+} from './drift-plan';
+
+/** The data path's part: its tables (kernel path only). */
+export interface TableOwner {
+  /** "family name" of every table the path owns now. */
+  ownedTables(): string[];
+  /** Was the commit of this pid the path's own write? */
+  ownsCommit(pid: number | undefined): boolean;
+  /** Write the tables again, whole; true when written. */
+  repair(): Promise<boolean>;
+  /** net.ipv4.ip_forward back to 1 if someone turned it off: the value found, or undefined when right. */
+  keepForwarding(): Promise<number | undefined>;
+}
+
+export interface DriftGuardOptions {
+  readonly netlink: Pick<NetlinkClient, 'listLinks' | 'listAddresses' | 'watch'>;
+  /** Opens the nftables watch (kernel path); undefined: no tables to keep. */
+  readonly nftWatch?: (() => NftWatcher) | undefined;
+  readonly tables?: TableOwner | undefined;
+  /** The parent NIC: its sysctls are kept and its own address followed. */
+  readonly parent: { readonly name: string; readonly index: number };
+  /** The VIPs held now (read at every check: never a copy). */
+  held(): HeldVip[];
+  /** Has the service's source put back what it lost; what it did, or undefined when nothing was done. */
+  repairSource(key: string, damage: SourceDamage): Promise<string | undefined>;
+  /** A repair, or a back-off, happened: for the status events. */
+  onRepair?(ev: DriftEvent): void;
+  /** The parent's own IPv4 address changed (undefined: it has none now). */
+  onParentAddress?(address: string | undefined): void;
+  readonly log: Logger;
+  readonly registry?: Registry | undefined;
+  readonly clock?: Clock;
+  /** The full re-read's period (ms), read at every period: a reload changes it. */
+  resyncMs(): number;
+  /** How often the parent's and the forwarding sysctls are read (ms); macvlans' at every resync. */
+  readonly sysctlPollMs?: number;
+  /** Notifications settle this long before a check (ms): a change the agent makes itself lands first. */
+  readonly settleMs?: number;
+  readonly fight?: FightConfig;
+}
+
+export interface DriftEvent {
+  readonly kind: DriftKind;
+  readonly subject: string;
+  /** The service, for drift of a VIP. */
+  readonly service?: string | undefined;
+  readonly found: string;
+  /** What was done; undefined while backing off. */
+  readonly done?: string | undefined;
+  /** Set while the subject is fought over: the repairs in the window. */
+  readonly fight?: { readonly repairs: number; readonly windowSeconds: number } | undefined;
+}
+
+export interface DriftStatus {
+  readonly repairs: Readonly<Record<DriftKind, number>>;
+  /** Subjects another program keeps undoing, e.g. "table ip lb_agent: 12 repairs in 60 s". */
+  readonly fights: readonly string[];
+  /** Drift found and not yet repaired (backing off, or the repair failed). */
+  readonly outstanding: readonly string[];
+  readonly lastResync: number | undefined;
+}
+
+/** The ip_forward sysctl's subject (the data path keeps it). */
+const FORWARDING = 'net.ipv4.ip_forward';
+
+export class DriftGuard {
+  private readonly opts: DriftGuardOptions;
+  private readonly clock: Clock;
+  private readonly log: Logger;
+  private readonly fights: FightTracker;
+  private readonly links = new Map<string, ObservedLink>();
+  private readonly linkNames = new Map<number, string>();
+  private readonly addresses = new Map<number, Set<string>>();
+  /** Owned tables others changed since they were last written, with what they did. */
+  private readonly tablesChanged = new Map<string, string>();
+  private watch: NetlinkWatcher | undefined;
+  private nft: NftWatcher | undefined;
+  private timers: { resync?: TimerHandle; poll?: TimerHandle } = {};
+  private checkTimer: TimerHandle | undefined;
+  private checkAt = Infinity;
+  private checking: Promise<void> | undefined;
+  private checkAgain = false;
+  private stopped = false;
+  private parentAddress: string | undefined;
+  private lastResync: number | undefined;
+  private readonly counts = Object.fromEntries(DRIFT_KINDS.map((k) => [k, 0])) as Record<DriftKind, number>;
+  /** The drift of the last check not repaired (backing off, failed), by subject. */
+  private outstanding = new Map<string, Drift>();
+  private readonly metrics: { repairs: Counter; fights: Gauge } | undefined;
+
+  constructor(opts: DriftGuardOptions) {
+    this.opts = opts;
+    this.clock = opts.clock ?? realClock;
+    this.log = opts.log.child({ module: 'drift' });
+    this.fights = new FightTracker(opts.fight ?? DEFAULT_FIGHT);
+    if (opts.registry) {
+      const repairs = new Counter({ name: 'lbagent_drift_repairs_total', help: 'Things someone else changed in the kernel that the agent put back, by kind.', labelNames: ['kind'], registers: [opts.registry] });
+      for (const k of DRIFT_KINDS) repairs.inc({ kind: k }, 0);
+      const fights = new Gauge({
+        name: 'lbagent_drift_fights', help: 'Subjects another program keeps undoing (more repairs within a minute than the agent makes at once), by kind; the agent backs off on them.',
+        labelNames: ['kind'], registers: [opts.registry],
+        collect: () => {
+          fights.reset();
+          const now = this.clock.now();
+          const by = new Map<string, number>(DRIFT_KINDS.map((k) => [k, 0]));
+          for (const f of this.fights.fights(now)) { const k = f.subject.split(' ')[0]!; by.set(k, (by.get(k) ?? 0) + 1); }
+          for (const [k, n] of by) fights.set({ kind: k }, n);
+        },
+      });
+      this.metrics = { repairs, fights };
+    }
+  }
+
+  /** Read the kernel once, subscribe to its changes, and start the timers. */
+  async start(): Promise<void> {
+    this.watch = this.opts.netlink.watch();
+    this.watch.on('link', (e: { type: 'new' | 'del'; link: LinkInfo }) => this.onLink(e.type, e.link));
+    this.watch.on('address', (e: { type: 'new' | 'del'; address: AddressInfo }) => this.onAddress(e.type, e.address));
+    this.watch.on('netconf', () => this.requestCheck(0));
+    this.watch.on('resync', () => { void this.resync('rtnetlink notifications were lost'); });
+    if (this.opts.nftWatch && this.opts.tables) {
+      try {
+        this.nft = this.opts.nftWatch();
+        this.nft.on('commit', (c: NftCommit) => this.onCommit(c));
+        this.nft.on('resync', (why: string) => this.tablesMayHaveChanged(why));
+      } catch (err) {
+        this.log.warn({ op: 'watch', err: errorMessage(err) }, 'cannot watch nftables for changes to the agent\'s tables; they are checked at every resync only');
+      }
+    }
+    await this.readAll();
+    this.parentAddress = this.primaryOf(this.opts.parent.index);
+    const every = (slot: 'resync' | 'poll', ms: () => number, fn: () => void): void => {
+      const arm = (): void => {
+        this.timers[slot] = this.clock.setTimeout(() => { if (!this.stopped) { fn(); arm(); } }, ms());
+        this.timers[slot]!.unref?.();
+      };
+      arm();
+    };
+    every('resync', () => this.opts.resyncMs(), () => { void this.resync('periodic resync'); });
+    every('poll', () => this.opts.sysctlPollMs ?? 1000, () => this.requestCheck(0, false));
+  }
+
+  stop(): void {
+    this.stopped = true;
+    for (const t of Object.values(this.timers)) if (t) this.clock.clearTimeout(t);
+    this.timers = {};
+    if (this.checkTimer) this.clock.clearTimeout(this.checkTimer);
+    this.checkTimer = undefined;
+    this.watch?.close();
+    this.nft?.close();
+  }
+
+  /** For status: repairs so far, fights, what is still wrong. */
+  status(): DriftStatus {
+    const now = this.clock.now();
+    return {
+      repairs: { ...this.counts },
+      fights: this.fights.fights(now).map((f) => `${f.subject}: ${f.repairs} repairs in ${f.windowSeconds} s; repairs wait, doubling, while it goes on`),
+      outstanding: [...this.outstanding.values()].map((d) => d.found),
+      lastResync: this.lastResync,
+    };
+  }
+
+  /** What the last check found wrong with this service's VIP and is not yet repaired, or with the tables every VIP needs. */
+  damage(key: string): string | undefined {
+    for (const d of this.outstanding.values()) {
+      if (d.kind === 'table') return d.found;
+      if ('key' in d && d.key === key) return d.found;
+    }
+    return undefined;
+  }
+
+  // --- observing ----------------------------------------------------------
+
+  private async readAll(): Promise<void> {
+    const [links, addrs] = await Promise.all([this.opts.netlink.listLinks(), this.opts.netlink.listAddresses()]);
+    this.links.clear();
+    this.linkNames.clear();
+    this.addresses.clear();
+    for (const l of links) this.noteLink(l);
+    for (const a of addrs) this.addressSet(a.index).add(`${a.address}/${a.prefix}`);
+    this.lastResync = this.clock.wallNow();
+  }
+
+  private noteLink(l: LinkInfo): void {
+    const before = this.linkNames.get(l.index);
+    if (before !== undefined && before !== l.name) this.links.delete(before);
+    this.links.set(l.name, { index: l.index, name: l.name, mac: l.mac, up: l.up });
+    this.linkNames.set(l.index, l.name);
+  }
+
+  private addressSet(index: number): Set<string> {
+    let s = this.addresses.get(index);
+    if (!s) this.addresses.set(index, s = new Set());
+    return s;
+  }
+
+  private onLink(type: 'new' | 'del', l: LinkInfo): void {
+    if (type === 'new') this.noteLink(l);
+    else {
+      const name = this.linkNames.get(l.index) ?? l.name;
+      if (this.links.get(name)?.index === l.index) this.links.delete(name);
+      this.linkNames.delete(l.index);
+      this.addresses.delete(l.index);
+    }
+    this.requestCheck();
+  }
+
+  private onAddress(type: 'new' | 'del', a: AddressInfo): void {
+    const cidr = `${a.address}/${a.prefix}`;
+    if (type === 'new') this.addressSet(a.index).add(cidr);
+    else this.addresses.get(a.index)?.delete(cidr);
+    if (a.index === this.opts.parent.index && a.proto !== OWNED_ADDRESS_PROTO) this.followParent();
+    this.requestCheck();
+  }
+
+  private onCommit(c: NftCommit): void {
+    const tables = this.opts.tables;
+    if (!tables || tables.ownsCommit(c.pid)) return;
+    for (const t of tables.ownedTables()) {
+      const what = c.tables.get(t);
+      if (!what) continue;
+      const ops = summarise(what);
+      this.tablesChanged.set(t, `${ops} by ${c.proc ?? 'another process'}${c.pid !== undefined ? ` (pid ${c.pid})` : ''}`);
+    }
+    if (this.tablesChanged.size > 0) this.requestCheck();
+  }
+
+  private tablesMayHaveChanged(why: string): void {
+    for (const t of this.opts.tables?.ownedTables() ?? []) if (!this.tablesChanged.has(t)) this.tablesChanged.set(t, `${why}; written again to be sure`);
+    this.requestCheck();
+  }
+
+  private async resync(why: string): Promise<void> {
+    if (this.stopped) return;
+    try {
+      await this.readAll();
+      this.followParent();
+      const nft = this.nft;
+      if (nft && nft.lastGen !== undefined) {
+        const gen = await nft.generation();
+        // A commit the watch did not hear of: it may have been to our tables.
+        if (gen !== undefined && gen !== nft.lastGen) this.tablesMayHaveChanged(`the ruleset is at generation ${gen}, notifications stopped at ${nft.lastGen}`);
+      }
+    } catch (err) {
+      this.log.warn({ op: 'resync', why, err: errorMessage(err) }, 'could not read the kernel\'s links and addresses');
+      return;
+    }
+    this.requestCheck(0, true);
+  }
+
+  /** The parent's own address: its first IPv4 address that is not a VIP (a /32 marked as the agent's). */
+  private primaryOf(index: number): string | undefined {
+    const set = this.addresses.get(index);
+    if (!set) return undefined;
+    for (const cidr of set) if (!cidr.endsWith('/32')) return cidr.slice(0, cidr.indexOf('/'));
+    return undefined;
+  }
+
+  private followParent(): void {
+    const now = this.primaryOf(this.opts.parent.index);
+    if (now === this.parentAddress) return;
+    const before = this.parentAddress;
+    this.parentAddress = now;
+    this.log.info({ op: 'parent-address', from: before, to: now }, `the address of ${this.opts.parent.name} changed: ${before ?? 'none'} -> ${now ?? 'none'}`);
+    this.opts.onParentAddress?.(now);
+  }
+
+  // --- checking and repairing -----------------------------------------------
+
+  /** A check in `delayMs` (default: once notifications settle); `full` also reads every macvlan's sysctls. */
+  private requestCheck(delayMs = this.opts.settleMs ?? 30, full = false): void {
+    if (this.stopped) return;
+    if (full) this.fullNext = true;
+    const at = this.clock.now() + delayMs;
+    if (this.checkTimer && at >= this.checkAt) return;
+    if (this.checkTimer) this.clock.clearTimeout(this.checkTimer);
+    this.checkAt = at;
+    this.checkTimer = this.clock.setTimeout(() => {
+      this.checkTimer = undefined;
+      this.checkAt = Infinity;
+      this.runCheck();
+    }, delayMs);
+    this.checkTimer.unref?.();
+  }
+
+  private fullNext = true;
+
+  private runCheck(): void {
+    if (this.checking) { this.checkAgain = true; return; }
+    this.checking = this.check().catch((err) => this.log.error({ op: 'check', err: errorMessage(err) }, 'drift check failed'))
+      .finally(() => {
+        this.checking = undefined;
+        if (this.checkAgain && !this.stopped) { this.checkAgain = false; this.runCheck(); }
+      });
+  }
+
+  /** One comparison of the held VIPs, tables and sysctls with the kernel, and the repairs it calls for. */
+  async check(): Promise<void> {
+    if (this.stopped) return;
+    const full = this.fullNext;
+    this.fullNext = false;
+    const held = this.opts.held();
+    const snapshot: KernelSnapshot = {
+      links: this.links, addresses: this.addresses, tablesChanged: this.tablesChanged,
+      sysctls: await this.readSysctls(held, full),
+    };
+    const drifts = planDrift(held, snapshot);
+    const forwarding = await this.opts.tables?.keepForwarding().catch((err: unknown) => {
+      this.log.warn({ op: 'sysctl', err: errorMessage(err) }, `cannot set ${FORWARDING}=1`);
+      return undefined;
+    });
+    if (forwarding !== undefined) this.repaired({ kind: 'forwarding', subject: FORWARDING, found: `${FORWARDING} is ${forwarding}, the kernel path needs 1` }, `set ${FORWARDING}=1`);
+    const still = new Map<string, Drift>();
+    let wake = Infinity;
+    for (const d of drifts) {
+      if (this.stopped) return;
+      const subject = driftSubject(d);
+      const now = this.clock.now();
+      const wait = this.fights.delay(subject, now);
+      if (wait > 0) {
+        still.set(subject, d);
+        wake = Math.min(wake, wait);
+        if (!this.outstanding.has(subject)) this.report(d, undefined);
+        continue;
+      }
+      const done = await this.repair(d);
+      if (done === undefined) { still.set(subject, d); continue; }
+      this.repaired(d, done);
+    }
+    this.outstanding = still;
+    // Backing off: check again when the first wait is over.
+    if (wake < Infinity) this.requestCheck(wake);
+    // A repair that did not take (nft failed, the source was busy) is tried again at the next poll.
+  }
+
+  private async repair(d: Drift): Promise<string | undefined> {
+    try {
+      switch (d.kind) {
+        case 'table': {
+          const written = await this.opts.tables?.repair();
+          if (!written) return undefined;
+          // One write puts back every table the path owns.
+          this.tablesChanged.clear();
+          return 'wrote the tables again in one transaction';
+        }
+        case 'sysctl': {
+          const changes = await applyVipSysctls(d.ifname, d.role);
+          return changes.length > 0 ? changes.map((c) => `set net.ipv4.conf.${d.ifname}.${c.key}=${c.to}`).join(', ') : `${d.subject} was right again`;
+        }
+        case 'forwarding':
+          return (await this.opts.tables?.keepForwarding()) !== undefined ? `set ${FORWARDING}=1` : undefined;
+        default:
+          return await this.opts.repairSource(d.key, d.kind);
+      }
+    } catch (err) {
+      this.log.warn({ op: 'repair', kind: d.kind, subject: d.subject, err: errorMessage(err) }, `could not repair: ${d.found}`);
+      return undefined;
+    }
+  }
+
+  private repaired(d: Drift, done: string): void {
+    const now = this.clock.now();
+    const subject = driftSubject(d);
+    this.fights.record(subject, now);
+    this.counts[d.kind]++;
+    this.metrics?.repairs.inc({ kind: d.kind });
+    this.report(d, done);
+  }
+
+  private report(d: Drift, done: string | undefined): void {
+    const fight = this.fights.fights(this.clock.now()).find((f) => f.subject === driftSubject(d));
+    const service = 'key' in d ? d.key : undefined;
+    const fields = { op: 'repair', kind: d.kind, subject: d.subject, service, found: d.found, done, ...(fight ? { fight: `${fight.repairs} repairs in ${fight.windowSeconds} s` } : {}) };
+    if (done !== undefined) this.log.warn(fields, `drift repaired: ${d.found}; ${done}`);
+    else this.log.warn(fields, `drift: ${d.found}; another program keeps undoing this, so the repair waits (${fight?.repairs ?? 0} repairs in ${fight?.windowSeconds ?? 60} s)`);
+    this.opts.onRepair?.({ kind: d.kind, subject: d.subject, service, found: d.found, done, fight });
+  }
+
+  /** The sysctls the agent set: the parent's every poll, each held macvlan's on a full check. */
+  private async readSysctls(held: readonly HeldVip[], full: boolean): Promise<KernelSnapshot['sysctls']> {
+    const ifs: Array<[string, VipRole]> = [[this.opts.parent.name, 'parent']];
+    if (full) for (const v of held) if (v.link) ifs.push([v.link.name, 'macvlan']);
+    const out: Array<KernelSnapshot['sysctls'][number]> = [];
+    for (const [ifname, role] of ifs) {
+      for (const [key, want] of vipSysctls(role)) {
+        const got = await readIfSysctl(ifname, key).catch(() => undefined);
+        out.push({ ifname, key, role, want, got });
+      }
+    }
+    return out;
+  }
+}
+
+/** "deleted", or "deleted 2 chains, added 1 rule": what a commit did to one table. */
+function summarise(ops: readonly { kind: string; op: 'new' | 'del' }[]): string {
+  if (ops.some((o) => o.kind === 'table' && o.op === 'del')) return 'deleted';
+  const counts = new Map<string, number>();
+  for (const o of ops) {
+    const k = `${o.op === 'del' ? 'deleted' : 'added'} ${o.kind}`;
+    counts.set(k, (counts.get(k) ?? 0) + 1);
+  }
+  return [...counts].map(([k, n]) => { const [verb, kind] = k.split(' '); return `${verb} ${n} ${kind}${n === 1 ? '' : 's'}`; }).join(', ');
+}

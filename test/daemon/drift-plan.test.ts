@@ -1,0 +1,104 @@
+// The drift comparison (agent/daemon/drift-plan.ts) over every kind of
+// drift, from kernel snapshots, with no kernel; and the back-off that keeps
+// the agent from fighting another program.
+import t from 'tap';
+import { FightTracker, planDrift, driftSubject, type HeldVip, type KernelSnapshot, type ObservedLink } from '../../agent/daemon/drift-plan';
+
+const POOL: HeldVip = { key: 'default/api', address: '10.99.0.200', prefix: 32, ifindex: 2, ifname: 'eth0' };
+const DHCP: HeldVip = { key: 'default/web', address: '10.99.0.107', prefix: 32, ifindex: 9, ifname: 'lbv82b3ade9d00c', link: { name: 'lbv82b3ade9d00c', mac: '02:82:B3:AD:E9:D0' } };
+const ETH0: ObservedLink = { index: 2, name: 'eth0', mac: 'ba:56:7b:7e:49:2e', up: true };
+const MACVLAN: ObservedLink = { index: 9, name: 'lbv82b3ade9d00c', mac: '02:82:b3:ad:e9:d0', up: true };
+
+function snapshot(over: Partial<KernelSnapshot> = {}): KernelSnapshot {
+  return {
+    links: new Map([[ETH0.name, ETH0], [MACVLAN.name, MACVLAN]]),
+    addresses: new Map([[2, new Set(['10.99.0.2/24', '10.99.0.200/32'])], [9, new Set(['10.99.0.107/32'])]]),
+    tablesChanged: new Map(),
+    sysctls: [
+      { ifname: 'eth0', key: 'arp_ignore', role: 'parent', want: 1, got: 1 },
+      { ifname: 'eth0', key: 'arp_announce', role: 'parent', want: 2, got: 2 },
+    ],
+    ...over,
+  };
+}
+
+t.test('a kernel that holds everything: no drift', async (t) => {
+  t.same(planDrift([POOL, DHCP], snapshot()), []);
+  t.same(planDrift([], snapshot({ links: new Map(), addresses: new Map() })), [], 'nothing held, nothing owed');
+});
+
+t.test('a pool VIP\'s address removed from the parent', async (t) => {
+  const d = planDrift([POOL, DHCP], snapshot({ addresses: new Map([[2, new Set(['10.99.0.2/24'])], [9, new Set(['10.99.0.107/32'])]]) }));
+  t.same(d.map((x) => [x.kind, driftSubject(x)]), [['address', 'address 10.99.0.200/32']]);
+  t.match(d[0]!.found, /VIP 10.99.0.200\/32 of default\/api was removed from eth0/);
+});
+
+t.test('a DHCP VIP\'s address removed from its macvlan', async (t) => {
+  const d = planDrift([DHCP], snapshot({ addresses: new Map([[9, new Set()]]) }));
+  t.same(d.map((x) => x.kind), ['address']);
+  t.equal((d[0] as { key: string }).key, 'default/web');
+});
+
+t.test('the DHCP macvlan deleted: one link drift, not an address one too', async (t) => {
+  const d = planDrift([DHCP], snapshot({ links: new Map([[ETH0.name, ETH0]]), addresses: new Map([[2, new Set(['10.99.0.2/24'])]]) }));
+  t.same(d.map((x) => x.kind), ['link']);
+  t.match(d[0]!.found, /lbv82b3ade9d00c of default\/web was deleted/);
+});
+
+t.test('the DHCP macvlan replaced by a link of another MAC, or made again by someone else', async (t) => {
+  const other = { ...MACVLAN, mac: '02:00:00:00:00:01' };
+  t.match(planDrift([DHCP], snapshot({ links: new Map([[other.name, other]]) }))[0]!.found, /has MAC 02:00:00:00:00:01.*replaced/);
+  const remade = { ...MACVLAN, index: 12 };
+  const d = planDrift([DHCP], snapshot({ links: new Map([[remade.name, remade]]) }));
+  t.same(d.map((x) => x.kind), ['link']);
+  t.match(d[0]!.found, /ifindex 9 -> 12/);
+});
+
+t.test('the DHCP macvlan set down', async (t) => {
+  const down = { ...MACVLAN, up: false };
+  t.same(planDrift([DHCP], snapshot({ links: new Map([[down.name, down]]) })).map((x) => x.kind), ['link-down']);
+});
+
+t.test('the parent down or gone is not the agent\'s to repair: only the pool VIP\'s address counts', async (t) => {
+  const d = planDrift([POOL], snapshot({ links: new Map([[ETH0.name, { ...ETH0, up: false }]]) }));
+  t.same(d, [], 'parent down, address still there');
+});
+
+t.test('a table another program changed', async (t) => {
+  const d = planDrift([], snapshot({ tablesChanged: new Map([['ip lb_agent', 'deleted by nft (pid 7)']]) }));
+  t.same(d, [{ kind: 'table', subject: 'ip lb_agent', found: 'table ip lb_agent: deleted by nft (pid 7)' }]);
+});
+
+t.test('sysctls: one drift an interface, naming every wrong value; unreadable ones are not drift', async (t) => {
+  const d = planDrift([], snapshot({
+    sysctls: [
+      { ifname: 'eth0', key: 'arp_ignore', role: 'parent', want: 1, got: 0 },
+      { ifname: 'eth0', key: 'arp_announce', role: 'parent', want: 2, got: 0 },
+      { ifname: 'lbv82b3ade9d00c', key: 'rp_filter', role: 'macvlan', want: 2, got: undefined },
+    ],
+  }));
+  t.equal(d.length, 1);
+  t.same(d[0], {
+    kind: 'sysctl', subject: 'net.ipv4.conf.eth0', ifname: 'eth0', role: 'parent',
+    found: 'net.ipv4.conf.eth0.arp_ignore is 0, the agent needs 1; net.ipv4.conf.eth0.arp_announce is 0, the agent needs 2 (ARP flux)',
+  });
+});
+
+t.test('the fight tracker: repairs are free up to the threshold, then wait, doubling, capped; the window forgets', async (t) => {
+  const f = new FightTracker({ windowMs: 60_000, threshold: 3, baseDelayMs: 1000, maxDelayMs: 4000 });
+  let now = 0;
+  for (let i = 0; i < 3; i++) { t.equal(f.delay('table x', now), 0, `repair ${i + 1} at once`); f.record('table x', now); now += 100; }
+  t.same(f.fights(now), [], 'three repairs: not yet a fight');
+  t.equal(f.delay('table x', now), 1000 - 100, 'the fourth waits for the base delay after the last repair');
+  f.record('table x', now);
+  t.same(f.fights(now), [{ subject: 'table x', repairs: 4, windowSeconds: 60 }], 'four: a fight');
+  t.equal(f.delay('table x', now), 2000, 'then twice as long');
+  f.record('table x', now += 2000);
+  t.equal(f.delay('table x', now), 4000);
+  f.record('table x', now += 4000);
+  t.equal(f.delay('table x', now), 4000, 'capped');
+  t.equal(f.delay('address y', now), 0, 'another subject is not held back');
+  now += 61_000;
+  t.equal(f.delay('table x', now), 0, 'a minute without repairs: free again');
+  t.same(f.fights(now), []);
+});
