@@ -55,13 +55,10 @@ export type OwnLimitKey = (typeof OWN_LIMIT_KEYS)[number];
 /** Per-engine fields. */
 export const ENGINE_OPEN = 0;
 export const ENGINE_ACCEPTED = 1;
-export const ENGINE_RELAYED_RAW = 2;
-export const ENGINE_RELAYED_STREAMS = 3;
 /** PROXY protocol headers sent in one write with the client's first bytes / alone (the client had sent nothing yet). */
-export const ENGINE_PP_WITH_DATA = 4;
-export const ENGINE_PP_ALONE = 5;
-export const ENGINE_RELAYED_NATIVE = 6;
-const ENGINE_OWN_LIMITS = 7;
+export const ENGINE_PP_WITH_DATA = 2;
+export const ENGINE_PP_ALONE = 3;
+const ENGINE_OWN_LIMITS = 4;
 export const ENGINE_FIELDS = ENGINE_OWN_LIMITS + OWN_LIMIT_KEYS.length;
 
 export function ownLimitField(key: OwnLimitKey): number {

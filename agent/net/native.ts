@@ -120,7 +120,7 @@ export const RELAY_GONE = 6;
 export const RELAY_RECORD = 5;
 
 export interface NativeAddon {
-  /** Absent from an addon built before it: the proxy relays through relay-raw.ts. */
+  /** Absent from an addon built without it: the proxy refuses to start (forward/proxy.ts). */
   RelayHandle?: new (onEvents: (count: number) => void, events: Float64Array, activity: Float64Array) => NativeRelayHandle;
   /** Absent from an addon built before issue 18: the caller falls back to Node sockets. */
   /** closeMode: 0 our FIN, then wait for the backend's; 1 a RST (SO_LINGER 0); 2 a RST before the handshake's ACK (TCP_QUICKACK off). */
@@ -145,8 +145,6 @@ export interface NativeAddon {
   listenTcp4(address: number, port: number, backlog: number, reusePort: boolean): { fd: number; port: number };
   socketInfo(fd: number): NativeSocketInfo;
   dupFd(fd: number): number;
-  /** Absent from an addon built before it (the relay then uses libuv's shutdown). */
-  shutdownWrite?(fd: number): number;
   /** SHA-256 by the node binary's OpenSSL (native/src/digest.cc); absent from an addon built before it. */
   sha256?(data: Uint8Array): Buffer;
   /** bpf(2) (native/src/bpf.cc, issue 17); absent from an addon built before it. */
@@ -391,17 +389,8 @@ export function socketInfo(fd: number): NativeSocketInfo {
   return loadNative().socketInfo(fd);
 }
 
-/**
- * shutdown(2) SHUT_WR, for the proxy's fast relay (relay-raw.ts, issue 18):
- * the function itself (called per connection, so no wrapper), returning 0 or
- * the negative errno; undefined when the addon is missing or predates it.
- */
-export function shutdownWriteFn(): ((fd: number) => number) | undefined {
-  return optionalFunction('shutdownWrite');
-}
-
 /** An addon function that older builds lack: undefined when the addon is missing or predates it. */
-function optionalFunction<K extends 'shutdownWrite' | 'sha256' | 'lowMemoryNotification' | 'collectUnderPressure' | 'deleteLink' | 'backgroundStats'>(name: K): NativeAddon[K] | undefined {
+function optionalFunction<K extends 'sha256' | 'lowMemoryNotification' | 'collectUnderPressure' | 'deleteLink' | 'backgroundStats'>(name: K): NativeAddon[K] | undefined {
   try {
     const f = loadNative()[name];
     return typeof f === 'function' ? f : undefined;
