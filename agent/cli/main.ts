@@ -142,7 +142,7 @@ export function buildProgram(closedPipeHandler?: () => void): Command {
       process.exitCode = EXIT.OK;
     });
 
-  // Issue 19: the reload systemd's ExecReload= runs. Unlike SIGHUP it waits
+  // The reload systemd's ExecReload= runs. Unlike SIGHUP it waits
   // for the verdict, so `systemctl reload` fails when the file is refused.
   program.command('reload')
     .description('make the running daemon reload its config file; exit 0 applied, 2 refused (the running config is kept), 1 no daemon')
@@ -165,7 +165,7 @@ export function buildProgram(closedPipeHandler?: () => void): Command {
       process.exitCode = code;
     });
 
-  // Issue 19: generated from this very definition, so they cannot drift from it.
+  // Generated from this very definition, so they cannot drift from it.
   program.command('completion')
     .description('print the bash completion script (systemd/install.sh installs it)')
     .addArgument(new Argument('<shell>', 'the shell').choices(['bash']))

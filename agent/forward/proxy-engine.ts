@@ -19,7 +19,7 @@
 // bytes move is the relay path's business: relay-native.ts, where the addon
 // moves them (tests may hand an engine another RelayPath).
 //
-// Own exhaustion is own fault (issue 15): EMFILE, ENFILE or ENOBUFS on accept
+// Own exhaustion is own fault: EMFILE, ENFILE or ENOBUFS on accept
 // or connect is this process out of descriptors or buffers: no passive-health
 // report, no retry, the client is closed cleanly, the refusal counted, one
 // warn line per interval, and new clients are refused for a back-off (50 ms

@@ -4,7 +4,7 @@
 // reports, per-connection timeouts, the PROXY protocol). It owns the
 // listening sockets on VIP:port, the file descriptor store they live in
 // across restarts, the shared counters and the metrics; the relaying itself
-// runs in engines (proxy-engine.ts), one per worker thread (issue 18).
+// runs in engines (proxy-engine.ts), one per worker thread.
 //
 // Workers. `proxy.workers` (default: one per CPU) worker threads each run an
 // engine on an event loop of its own; the main thread keeps control, health
@@ -615,7 +615,7 @@ class WorkerHost implements EngineHost {
     this.worker = new Worker(path.join(__dirname, 'proxy-worker.js'), {
       workerData: start,
       name: `lb-proxy-${index}`,
-      // Bounded heaps (issue 18: RSS under load): the young generation is where
+      // Bounded heaps (RSS under load): the young generation is where
       // a relay's short-lived objects die; 8 MiB keeps scavenges cheap and the
       // memory flat. A worker that outgrows the old generation ends, and is replaced.
       resourceLimits: { maxYoungGenerationSizeMb: 8, maxOldGenerationSizeMb: 256 },

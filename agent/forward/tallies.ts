@@ -1,5 +1,5 @@
 // forward/ layer: the userspace proxy's counters, in memory shared by its
-// engines (one per worker thread, issue 18) and the main thread. Each engine
+// engines (one per worker thread) and the main thread. Each engine
 // is the only writer of its own region - plain stores on the hot path, no
 // locks, no messages - and the main thread reads every region when stats or
 // a scrape ask, so a scrape never waits on a worker. The one exception is
@@ -44,7 +44,7 @@ export const LISTENER_UDP_SESSIONS = 1;
 export const LISTENER_UDP_ENDED = 2;
 export const SLOT_FIELDS = 4;
 
-/** Refusals for the proxy's own limits, by "op/code" (issue 15); a fixed set, so each has an engine field. */
+/** Refusals for the proxy's own limits, by "op/code"; a fixed set, so each has an engine field. */
 export const OWN_LIMIT_KEYS = [
   'accept/EMFILE', 'accept/ENFILE', 'accept/ENOBUFS',
   'connect/EMFILE', 'connect/ENFILE', 'connect/ENOBUFS',

@@ -22,7 +22,7 @@
 // `unknown`, i.e. out of rotation until its first good probe, which is run at
 // once.
 //
-// Probe paths (issue 18): TCP probes go through a TcpProber - by default the
+// Probe paths: TCP probes go through a TcpProber - by default the
 // native addon's batch prober (raw non-blocking connects, one epoll, results
 // in batches), falling back to one Node socket per probe when the addon has
 // none; the path is logged at start and exported as
@@ -73,7 +73,7 @@ export interface HealthCheckerOptions {
    * any stall of the event loop and every timeout: 10,000 targets at 1 s with
    * 25 ms stalls need 250 slots, and each dead target with a 3 s timeout
    * holds 3 more. A slot costs one descriptor while its connect is pending
-   * (issue 18; 256 throttled 10,000 targets on a busy machine).
+   * (256 throttled 10,000 targets on a busy machine).
    */
   readonly maxInFlight?: number;
   /** Scheduling jitter as a fraction of the period (default 0.05). */
@@ -130,7 +130,7 @@ export interface ProbeReport {
 /**
  * One shared probe target. It is its own TcpTarget (address, addressNum,
  * port): a probe reads the fields it needs here, with no further object to
- * load (issue 18: at 10,000 targets every object a probe touches is a cache
+ * load (at 10,000 targets every object a probe touches is a cache
  * miss).
  */
 interface Target extends TcpTarget {
@@ -495,7 +495,7 @@ export class HealthChecker extends EventEmitter {
   private runProbe(run: Run<Target>): void {
     const target = run.data;
     const type = target.type;
-    // A TCP check that sends a PROXY header first (issue 17) writes bytes:
+    // A TCP check that sends a PROXY header first writes bytes:
     // the batch prober only connects, so those go through a Node socket.
     if (this.probe === undefined && type === 'tcp' && this.tcp && target.spec.proxyProtocol === undefined) {
       this.started[this.tcp.path].tcp++;
@@ -531,7 +531,7 @@ export class HealthChecker extends EventEmitter {
       // A target that went away took its run with it (scheduler.remove aborts).
       if (run.aborted || !this.running) return;
       const target = run.data;
-      // Issue 15: a probe that could not get a socket (EMFILE, ENFILE, ENOBUFS)
+      // A probe that could not get a socket (EMFILE, ENFILE, ENOBUFS)
       // says nothing about the backend: no verdict, counted as skipped.
       if (!ok && localExhaustionCode({ code: detail })) {
         this.metrics.skip('own-exhaustion');

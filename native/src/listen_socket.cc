@@ -1,4 +1,4 @@
-// Listening TCP/IPv4 sockets for the userspace proxy's workers (issue 18):
+// Listening TCP/IPv4 sockets for the userspace proxy's workers:
 // socket(2), setsockopt(2) SO_REUSEADDR and SO_REUSEPORT, bind(2), listen(2)
 // and getsockname(2) - Node 20's net has no reusePort listen option, so the
 // sockets of a SO_REUSEPORT group are made here and handed to each worker's

@@ -1,4 +1,4 @@
-// RelayHandle: the proxy's byte relay on raw descriptors (issue 18). One per
+// RelayHandle: the proxy's byte relay on raw descriptors. One per
 // proxy engine (one per worker thread). One epoll descriptor holds the
 // listeners and both sockets of every relayed connection; libuv watches that
 // one descriptor (uv_poll, as tcp_probe.cc does), so no libuv handle, no
