@@ -2,7 +2,7 @@
 // schema build): bundles the production entry points of dist/ with esbuild
 // into dist/bundle/, one file each, so that `lb-agent` reads and compiles one
 // file instead of resolving, reading and wrapping ~130 modules before its
-// control socket listens (issue 18: ~100 ms of CPU of every start).
+// control socket listens (~100 ms of CPU of every start).
 //   lb-agent.js      the bin (agent/cli/start.ts): compiles cli.js with V8's
 //                    code cache (agent/cli/code-cache.ts); built after the
 //                    others, with cli.js's SHA-256 written into it
@@ -37,7 +37,7 @@ export const BUNDLE_ENTRIES: Readonly<Record<string, string>> = {
 
 /**
  * Modules a dependency require()s at load time but calls only on a path the
- * agent never takes (issue 18): each is replaced, for that importer only, by
+ * agent never takes: each is replaced, for that importer only, by
  * a function that require()s the real one on its first call. pino's
  * transport (thread-stream, Node's `module` and `url`) serves
  * `pino({ transport })`, which the agent does not use (agent/log.ts writes
@@ -74,7 +74,7 @@ const lazyCalls: Plugin = {
  * The `netlink` package's raw socket layer (`dist/raw.js`, which dlopens the
  * package's prebuilt addon when it loads) is replaced, for its framing layer
  * `dist/netlink.js`, by agent/net/netlink-socket.ts: the same class on our
- * addon (issue 18: a second .node file cost ~0.25 MiB of RSS). agent/net/
+ * addon (a second .node file cost ~0.25 MiB of RSS). agent/net/
  * netlink.ts hands that class to the framing layer itself; this keeps the
  * package's own loader out of the bundle.
  */

@@ -26,7 +26,7 @@ export const realClock: Clock = {
  * toISOString (and toJSON, and JSON.stringify of a Date) also looks up the
  * local time zone's display name on every call (its ToDateString computes it
  * for every format), which pages ~0.9 MiB of ICU's time-zone data and code
- * of the `node` binary into the agent's RSS for good (issue 18). Every
+ * of the `node` binary into the agent's RSS for good. Every
  * timestamp the agent writes - log lines, state files, the status
  * document - goes through here instead.
  */

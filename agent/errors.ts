@@ -64,7 +64,7 @@ export function errorMessage(err: unknown): string {
   return String(err);
 }
 
-/** errnos that say this process (or host) ran out of descriptors or socket buffers: never a peer's fault (issue 15). */
+/** errnos that say this process (or host) ran out of descriptors or socket buffers: never a peer's fault. */
 export const LOCAL_EXHAUSTION_CODES = ['EMFILE', 'ENFILE', 'ENOBUFS'] as const;
 export type LocalExhaustionCode = (typeof LOCAL_EXHAUSTION_CODES)[number];
 

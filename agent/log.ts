@@ -11,7 +11,7 @@ export function createLogger(level: LogLevel = 'info', destination?: pino.Destin
   const opts: pino.LoggerOptions = {
     level,
     base: { pid: process.pid },
-    // pino's isoTime, without V8's Date#toISOString (clock.ts: isoTime; issue 18).
+    // pino's isoTime, without V8's Date#toISOString (clock.ts: isoTime).
     timestamp: () => `,"time":"${isoTime(Date.now())}"`,
     formatters: { level: (label) => ({ level: label }) },
   };

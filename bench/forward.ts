@@ -7,10 +7,6 @@
 //   proxy    lb-agent's userspace proxy          VIP:81
 //   haproxy  HAProxy, mode tcp, nbthread 1       VIP:82
 //   nginx    nginx stream, worker_processes 1    VIP:83
-//   proxy-streams (only when asked) the proxy relaying with stream 'data'
-//            events instead of user buffers      VIP:84
-//   proxy-raw (only when asked) the proxy on relay-raw.ts (libuv handles)
-//            instead of the addon's relay         VIP:85
 // keep-alive requests/s with p50/p99 latency, and new connections/s (wrk
 // with `Connection: close`: every request is a new TCP connection through the
 // balancer). Rounds are interleaved (each round visits every target, the
@@ -20,7 +16,6 @@
 //
 //   node dist/bench/forward.js [--rounds 3] [--duration 5] [--warmup 1] [--connections 50]
 //        [--threads 1] [--backend nginx|node] [--targets direct,kernel,proxy,haproxy,nginx]
-//        (add proxy-raw / proxy-streams to --targets to compare the proxy's relay paths)
 //        [--workers N] (proxy threads; default one per CPU)
 //        [--syscalls] (strace -c -f on each forwarding process during each measurement:
 //        syscalls per request by name, to compare the work with HAProxy's; slows the
@@ -41,10 +36,10 @@ import type { DriverService } from '../lab/bin/forward-driver';
 
 const VIP = '10.99.0.50';
 const BACKENDS = ['10.99.0.11', '10.99.0.12', '10.99.0.13'];
-const TARGETS = ['direct', 'kernel', 'proxy', 'haproxy', 'nginx', 'proxy-streams', 'proxy-raw'] as const;
+const TARGETS = ['direct', 'kernel', 'proxy', 'haproxy', 'nginx'] as const;
 const DEFAULT_TARGETS = ['direct', 'kernel', 'proxy', 'haproxy', 'nginx'] as const;
 type Target = (typeof TARGETS)[number];
-const PORT: Record<Target, number> = { direct: 8080, kernel: 80, proxy: 81, haproxy: 82, nginx: 83, 'proxy-streams': 84, 'proxy-raw': 85 };
+const PORT: Record<Target, number> = { direct: 8080, kernel: 80, proxy: 81, haproxy: 82, nginx: 83 };
 
 interface Args { rounds: number; duration: number; warmup: number; connections: number; threads: number; backend: 'nginx' | 'node'; targets: Target[]; workers: number | undefined; syscalls: boolean; perf: string | undefined }
 
@@ -178,14 +173,6 @@ async function main(): Promise<void> {
       await proxy.request({ cmd: 'apply', state: { services: [service(PORT.proxy)] } });
       pids.proxy = proxy.proc.pid;
     }
-    const others: JsonLinesProc[] = [];
-    for (const [target, relay] of [['proxy-streams', 'streams'], ['proxy-raw', 'raw']] as const) {
-      if (!args.targets.includes(target)) continue;
-      const p = await JsonLinesProc.start(lab, node, 'forward-driver.js', ['--kind', 'proxy', '--log-level', 'warn', '--relay', relay, ...(args.workers !== undefined ? ['--workers', String(args.workers)] : [])], target);
-      others.push(p);
-      await p.request({ cmd: 'apply', state: { services: [service(PORT[target])] } });
-      pids[target] = p.proc.pid;
-    }
     if (args.targets.includes('haproxy')) pids.haproxy = await haproxyPid(lab, node);
     if (args.targets.includes('nginx')) pids.nginx = await nginxWorkerPid(lab, node);
 
@@ -281,7 +268,6 @@ async function main(): Promise<void> {
       raw,
     }, null, 2)}\n`);
     if (proxy) await proxy.close();
-    for (const p of others) await p.close();
   } finally {
     await lab.destroy();
   }

@@ -31,7 +31,9 @@ import { tmpdir } from 'node:os';
 import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { Registry } from 'prom-client';
 import { constants as osConstants } from 'node:os';
-import { HealthChecker } from '../agent/health/checker';
+import { HealthChecker, type TcpProberFactory } from '../agent/health/checker';
+import { NativeTcpProber, type ProbeClose } from '../agent/health/native-probe';
+import { NodeTcpProber } from '../agent/health/probe';
 import type { ServiceSpec } from '../agent/config/types';
 import type { NativeAddon, NativeTcpProbeHandle } from '../agent/net/native';
 import { within } from '../lab/within';
@@ -182,14 +184,15 @@ function instantAddon(): NativeAddon {
 async function runChecker(n: number, path: Exclude<Path, 'haproxy'>, a: Args): Promise<Record<string, unknown>> {
   const listeners = await startListeners(path === 'own' ? 0 : n);
   const { ports, child } = listeners;
-  // 'native' must not fall back silently: the checker throws instead.
-  const hc = new HealthChecker({
-    registry: new Registry(), maxInFlight: a.maxInFlight,
-    ...(path === 'own' ? { tcpProbes: 'native', nativeAddon: instantAddon }
-      : path === 'native-fin' ? { tcpProbes: 'native', tcpClose: 'fin' }
-      : path === 'native-rst' ? { tcpProbes: 'native', tcpClose: 'reset' }
-      : { tcpProbes: path }),
-  });
+  // Each path is injected as the checker's TCP prober: a native one that cannot start throws, never falls back silently.
+  const native = (close: ProbeClose | undefined, addon?: () => NativeAddon): TcpProberFactory => (onOutcome, clock) =>
+    new NativeTcpProber({ onOutcome, clock, ...(close ? { close } : {}), ...(addon ? { addon } : {}) });
+  const tcpProber: TcpProberFactory = path === 'own' ? native(undefined, instantAddon)
+    : path === 'native-fin' ? native('fin')
+    : path === 'native-rst' ? native('reset')
+    : path === 'node' ? (onOutcome) => new NodeTcpProber(onOutcome)
+    : native(undefined);
+  const hc = new HealthChecker({ registry: new Registry(), maxInFlight: a.maxInFlight, tcpProber });
   if (path === 'own') for (let i = 0; i < n; i++) ports.push(1024 + (i % 60_000));
   let measuring = false;
   let probes = 0;

@@ -23,7 +23,7 @@ const UNIT = path.resolve(__dirname, '..', '..', 'systemd', 'lb-agent.service');
 
 /**
  * The environment the unit runs the agent with (its `Environment=` lines:
- * V8's flags in NODE_OPTIONS and glibc's malloc tunables, issue 18), so that
+ * V8's flags in NODE_OPTIONS and glibc's malloc tunables), so that
  * every lab, test and bench agent runs as the installed one does.
  */
 export function unitEnvironment(unit = UNIT): Record<string, string> {

@@ -129,7 +129,7 @@ export class Lab {
     // _post_routing) with no rule behind it, and drops a datagram shorter than
     // its total length, which a switch forwards. In the forward lab that was
     // 1.6% of the load generator's CPU per request direct and 3.8% through DSR,
-    // whose requests cross the bridge twice (issue 17). nft's bridge family,
+    // whose requests cross the bridge twice. nft's bridge family,
     // which tests use to filter the LAN, does not depend on them.
     await lab.sh(lab.lan, 'ip link set lo up && ip link add br0 type bridge && ip link set br0 up && sysctl -qw net.ipv6.conf.all.disable_ipv6=1'
       + ' net.bridge.bridge-nf-call-iptables=0 net.bridge.bridge-nf-call-ip6tables=0 net.bridge.bridge-nf-call-arptables=0');

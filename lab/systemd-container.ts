@@ -29,7 +29,7 @@ const CONTAINER_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:
 const live = new Set<SystemdContainer>();
 let counter = 0;
 
-// CAP_BPF: the unit hands it to the agent (direct server return's program, issue 17), and nspawn's own default set lacks it; a VM's systemd has it.
+// CAP_BPF: the unit hands it to the agent (direct server return's program), and nspawn's own default set lacks it; a VM's systemd has it.
 export const DEFAULT_CONTAINER_CAPABILITIES = ['CAP_NET_ADMIN', 'CAP_NET_RAW', 'CAP_BPF'];
 
 export interface ContainerOptions {

@@ -1,4 +1,4 @@
-// V8's code cache for the CLI bundle (issue 18: process start to control
+// V8's code cache for the CLI bundle (process start to control
 // socket under 250 ms). Node 20 compiles dist/bundle/cli.js (1.1 MB) from
 // source at every start, and then each function the start runs on its first
 // call: ~30 ms of CPU before the control socket listens, of a start that is

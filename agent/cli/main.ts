@@ -32,7 +32,24 @@ function parseInterval(v: string): number {
 function out(s: string): void { process.stdout.write(s); }
 function err(s: string): void { process.stderr.write(s); }
 
-export function buildProgram(): Command {
+/**
+ * A reader that closed our stdout (`lb-agent status --json | head -1`) has
+ * all it wants: the command is done, and exits 0 without a word, as `head`
+ * expects of what feeds it. Any other error on stdout is reported on stderr.
+ * Returns what takes the handler off (the daemon's stdout is its log's).
+ */
+export function exitQuietlyOnClosedPipe(stdout: NodeJS.WriteStream = process.stdout): () => void {
+  const onError = (e: NodeJS.ErrnoException): void => {
+    if (e.code === 'EPIPE') process.exit(EXIT.OK);
+    err(`lb-agent: cannot write the output: ${errorMessage(e)}\n`);
+    process.exit(EXIT.FAILURE);
+  };
+  stdout.on('error', onError);
+  return () => stdout.off('error', onError);
+}
+
+/** closedPipeHandler: what takes exitQuietlyOnClosedPipe's handler off; `run` calls it. */
+export function buildProgram(closedPipeHandler?: () => void): Command {
   const program = new Command();
   program
     .name('lb-agent')
@@ -51,6 +68,7 @@ export function buildProgram(): Command {
     .addOption(new Option('--on-stop <what>', 'on SIGTERM: withdraw VIPs, links and forwarding, or keep them serving for the next process (a restart; `lb-agent withdraw` takes them off)').choices(['withdraw', 'keep']).default('withdraw'))
     .option('--replace', 'take over from the agent running with this config, outside systemd: its listening sockets are handed over on the control socket and it stops leaving the data path serving (no request fails); without one running, start as usual')
     .action(async (opts: { config: string; logLevel: LogLevel; onStop: 'withdraw' | 'keep'; replace?: boolean }) => {
+      closedPipeHandler?.();
       const { runDaemon } = await import('../daemon/main');
       process.exitCode = await runDaemon({ configPath: opts.config, logLevel: opts.logLevel, onStop: opts.onStop, replace: opts.replace === true });
     });
@@ -124,7 +142,7 @@ export function buildProgram(): Command {
       process.exitCode = EXIT.OK;
     });
 
-  // Issue 19: the reload systemd's ExecReload= runs. Unlike SIGHUP it waits
+  // The reload systemd's ExecReload= runs. Unlike SIGHUP it waits
   // for the verdict, so `systemctl reload` fails when the file is refused.
   program.command('reload')
     .description('make the running daemon reload its config file; exit 0 applied, 2 refused (the running config is kept), 1 no daemon')
@@ -147,7 +165,7 @@ export function buildProgram(): Command {
       process.exitCode = code;
     });
 
-  // Issue 19: generated from this very definition, so they cannot drift from it.
+  // Generated from this very definition, so they cannot drift from it.
   program.command('completion')
     .description('print the bash completion script (systemd/install.sh installs it)')
     .addArgument(new Argument('<shell>', 'the shell').choices(['bash']))
@@ -181,8 +199,8 @@ export function buildProgram(): Command {
   return program;
 }
 
-export async function main(argv: string[]): Promise<number> {
-  const program = buildProgram();
+export async function main(argv: string[], closedPipeHandler?: () => void): Promise<number> {
+  const program = buildProgram(closedPipeHandler);
   try {
     await program.parseAsync(argv);
     return typeof process.exitCode === 'number' ? process.exitCode : EXIT.OK;
@@ -202,7 +220,7 @@ export async function main(argv: string[]): Promise<number> {
 }
 
 if (require.main === module) {
-  main(process.argv).then((code) => { process.exitCode = code; }, (e: unknown) => {
+  main(process.argv, exitQuietlyOnClosedPipe()).then((code) => { process.exitCode = code; }, (e: unknown) => {
     process.stderr.write(`lb-agent: ${errorMessage(e)}\n`);
     process.exitCode = EXIT.FAILURE;
   });

@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// The `lb-agent` bin (dist/bundle/lb-agent.js, issue 18): compiles the CLI
+// The `lb-agent` bin (dist/bundle/lb-agent.js): compiles the CLI
 // bundle beside it (cli.js) with V8's code cache from the last start under
 // the same terms (code-cache.ts), runs it as that file's CommonJS module
 // would run, and writes the cache when there was none to take: the daemon

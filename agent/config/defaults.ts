@@ -6,7 +6,7 @@ export const DEFAULT_CONFIG_PATH = '/etc/lb-agent/config.yaml';
 
 export const DEFAULTS = {
   // labelsFile: where topology.kubernetes.io/zone and /region are read from
-  // when node.zone / node.region are not set (issue 17; README "Zones").
+  // when node.zone / node.region are not set (README "Zones").
   node: { priority: 100, labelsFile: '/etc/lb-agent/node-labels' },
   failover: { mode: 'none', vrid: 51, advertInterval: 1, preempt: true, preemptDelay: 0, peers: [] as string[] },
   stateDir: '/var/lib/lb-agent',
@@ -20,7 +20,7 @@ export const DEFAULTS = {
   ipam: 'pool',
   protocol: 'TCP',
   weight: 1,
-  // Issue 17: SNAT to the VIP as before unless a service asks to keep the
+  // SNAT to the VIP as before unless a service asks to keep the
   // client's address (direct server return); every backend of every zone.
   sourceIP: 'snat',
   topology: 'any',
@@ -40,7 +40,7 @@ export const DEFAULT_DHCP: DhcpTimings = {
   retransmitInitial: 4, retransmitMax: 64, retransmitJitter: 1, declineWait: 10, maxConcurrentStarts: 8, probeOffer: true,
 };
 
-// Issue 15: DHCP answers are checked against the parent's subnets; any server may answer.
+// DHCP answers are checked against the parent's subnets; any server may answer.
 export const DEFAULT_DHCP_GUARD = { allowOtherSubnets: false, servers: [] as string[] } as const;
 
 export const DEFAULT_PROXY: ProxyConfig = { algorithm: 'round-robin', idleTimeout: 300, connectTimeout: 3 };

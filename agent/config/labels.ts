@@ -1,5 +1,5 @@
-// config/ layer: the node labels file and the node's zone and region
-// (issue 17). There is no Kubernetes API inside the VM, so the labels that
+// config/ layer: the node labels file and the node's zone and region.
+// There is no Kubernetes API inside the VM, so the labels that
 // Harvester syncs to the guest node (topology.kubernetes.io/zone and
 // /region, harvester-node-driver.md "Topology spread constraints") reach the
 // agent as a file: one `key=value` per line, as the Kubernetes downward API

@@ -3,9 +3,9 @@
 // deadline. Parsing is CPU-bound: js-yaml takes ~1 s for a dense 2 MiB
 // file on a busy 2-core VM (the yaml package it replaced, ~14 s for 4 MiB),
 // and in the event loop that would stop
-// health checks, DHCP and VRRP adverts (issue 15). The result is frozen here,
+// health checks, DHCP and VRRP adverts. The result is frozen here,
 // as parseConfigText freezes it (structured clone drops the freeze).
-// A small file is parsed inline instead (issue 18): at the first start
+// A small file is parsed inline instead: at the first start
 // (nothing runs on the loop yet) up to 64 KiB, and on a reload up to 16 KiB
 // (100 services), where the parse blocks the loop for tens of milliseconds.
 // A worker costs a Node environment and a second copy of the YAML parser:
@@ -33,15 +33,12 @@ function refused(file: string, why: string): LoadResult {
 export const INLINE_PARSE_MAX_BYTES = 64 * 1024;
 
 /**
- * The largest file a reload parses inline, on the event loop (issue 18):
- * 100 services of the bench's config are ~10 KiB and block the loop for
- * 33-43 ms (minimum-median of 20 reloads in the daemon on a shared 2-core
- * VM; 50-75 ms while other processes kept both cores busy); health checks,
- * DHCP and VRRP timers are in seconds, the proxy runs in its own threads.
- * Larger files keep issue 15's worker: its heap limit and deadline, and a
- * loop that stays free.
- * The worker's thread left ~2 MiB of RSS behind from the first reload on
- * (its malloc arena, the binary's pages its bootstrap touched).
+ * The largest file a reload parses inline, on the event loop:
+ * 100 services are ~10 KiB and block the loop for tens of milliseconds,
+ * while health checks, DHCP and VRRP timers are in seconds and the proxy
+ * runs in its own threads; and a worker's thread leaves about 2 MiB of RSS
+ * behind (its malloc arena, the pages its bootstrap touched). Larger files
+ * keep the worker: its heap limit and deadline, and a loop that stays free.
  */
 export const RELOAD_INLINE_MAX_BYTES = 16 * 1024;
 
@@ -60,7 +57,7 @@ export function parseConfigTextOffThread(text: string, file: string, opts: { hos
     // The answer is handed on once the worker's thread has ended, not when
     // its message arrives: the daemon's collection and malloc_trim after a
     // reload then find the thread's heap gone, and a reload is over when it
-    // says so (issue 18: RSS sampled 300 ms after a reload on a busy machine
+    // says so (RSS sampled 300 ms after a reload on a busy machine
     // still held the worker's isolate, +28 MiB). terminate() resolves after
     // the thread has joined; it is immediate if the thread has exited.
     const finish = (r: LoadResult): void => {

@@ -55,7 +55,7 @@ let validateFn: Validate | undefined;
 /**
  * The schema's validator, compiled at build time (validator-build.ts writes
  * schema-validator.js beside this file): no ajv compile at start or in a
- * reload's worker (issue 18). Loaded on first use, so `lb-agent validate`
+ * reload's worker. Loaded on first use, so `lb-agent validate`
  * refuses an unreadable file without paying for it.
  */
 function validator(): Validate {
@@ -261,7 +261,7 @@ function buildServices(raw: RawConfig, pools: readonly Pool[], err: (segs: Seg[]
       backends.push(zone === undefined ? { address, addressNum: n, weight } : { address, addressNum: n, weight, zone });
     });
 
-    // Issue 17, direct server return: the agent only swaps the frame's
+    // Direct server return: the agent only swaps the frame's
     // destination MAC, so the backend receives the packet exactly as the
     // client sent it, to VIP:port. It cannot be told to listen elsewhere.
     if (s.sourceIP === 'preserve') {
@@ -298,7 +298,7 @@ function buildServices(raw: RawConfig, pools: readonly Pool[], err: (segs: Seg[]
     if (hc.http && hc.http.expectStatus[0] > hc.http.expectStatus[1]) {
       err(at('healthCheck', 'http', 'expectStatus'), `[${hc.http.expectStatus.join(', ')}] is reversed`);
     }
-    // Issue 17: the PROXY protocol header, on the proxy data path only.
+    // The PROXY protocol header, on the proxy data path only.
     const pp = s.proxyProtocol;
     if (pp !== undefined && raw.dataplane === 'kernel') {
       err(at('proxyProtocol'), `${pp}: the PROXY protocol header is sent by the userspace proxy only, and dataplane is kernel (nftables forwards packets, it never writes into a connection); set dataplane: proxy or auto (auto then runs the proxy), or remove proxyProtocol`);
@@ -315,7 +315,7 @@ function buildServices(raw: RawConfig, pools: readonly Pool[], err: (segs: Seg[]
     prelim.push({ idx, key, raw: s, ipam, ipamGiven: ipamTyped !== undefined || ipamAnn !== undefined, primary, hc, ports, backends });
   });
 
-  // Issue 17: one agent runs one data path. Direct server return needs the
+  // One agent runs one data path. Direct server return needs the
   // kernel path and the PROXY protocol the proxy; under dataplane: auto a
   // config asking for both would pick one at start and fail the other
   // there, so it is refused here, naming both.
@@ -425,7 +425,7 @@ export function buildConfig(data: unknown, locate: (segs: Seg[]) => number | und
     const line = locate(segs);
     errors.push(line === undefined ? { path: pathText(segs), message } : { path: pathText(segs), message, line });
   };
-  // Issue 15: a config tool that truncates the file before writing it must not
+  // A config tool that truncates the file before writing it must not
   // make a reload remove every service; "no services" has to be said outright.
   if (data === null || data === undefined) {
     err([], 'the file is empty; write `services: []` to run with no services on purpose');

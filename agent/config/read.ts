@@ -2,7 +2,7 @@
 // Only a regular file (a symlink to one is fine) of at most MAX_CONFIG_BYTES,
 // checked with fstat on the opened descriptor before a byte is read, so
 // `ln -s /dev/zero config.yaml`, a FIFO or a 20 MB file is refused at once
-// (issue 15: /dev/zero grew the agent to 2 GB, a 20 MB file blocked the loop
+// (/dev/zero grew the agent to 2 GB, a 20 MB file blocked the loop
 // for 14.5 s). The descriptor is opened O_NONBLOCK so a FIFO cannot hang the
 // open itself. The async variant is what the daemon uses: no read blocks the
 // event loop.

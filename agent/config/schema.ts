@@ -25,7 +25,7 @@ const healthCheck = obj({
   periodSeconds: { ...secondsPos(0.1, 3600), default: DEFAULTS.healthCheck.periodSeconds },
   timeoutSeconds: { ...secondsPos(0.01, 3600), default: DEFAULTS.healthCheck.timeoutSeconds },
   passiveFailures: { ...count(0, 1000), default: DEFAULTS.healthCheck.passiveFailures },
-  // Issue 17: probes send the service's PROXY protocol header too (a backend that requires it on every connection).
+  // Probes send the service's PROXY protocol header too (a backend that requires it on every connection).
   proxyProtocol: { type: 'boolean', default: DEFAULTS.healthCheck.proxyProtocol },
   http: obj({
     path: { type: 'string', pattern: '^/', default: DEFAULTS.httpCheck.path, 'x-what': 'a path starting with /' },
@@ -65,7 +65,7 @@ const service = obj({
   healthCheck: { ...healthCheck, default: {} },
   sourceIP: { type: 'string', enum: ['snat', 'preserve'], default: DEFAULTS.sourceIP },
   topology: { type: 'string', enum: ['any', 'prefer-zone', 'zone-only'], default: DEFAULTS.topology },
-  // Issue 17: off unless set; the proxy data path sends the header (load.ts refuses it on the kernel path).
+  // Off unless set; the proxy data path sends the header (load.ts refuses it on the kernel path).
   proxyProtocol: { type: 'string', enum: ['v1', 'v2'] },
 }, { required: ['name', 'ports'] });
 

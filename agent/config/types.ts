@@ -8,9 +8,9 @@ export type Protocol = 'TCP' | 'UDP';
 export type DataplaneMode = 'auto' | 'kernel' | 'proxy';
 export type FailoverMode = 'none' | 'vrrp';
 export type BalanceAlgorithm = 'round-robin' | 'least-connections';
-/** Issue 17: snat = replies come back through the agent (source rewritten to the VIP); preserve = direct server return. */
+/** snat: replies come back through the agent (source rewritten to the VIP); preserve: direct server return. */
 export type SourceIpMode = 'snat' | 'preserve';
-/** Issue 17: which backends a service's connections may go to, by zone. */
+/** Which backends a service's connections may go to, by zone. */
 export type TopologyPolicy = 'any' | 'prefer-zone' | 'zone-only';
 /** PROXY protocol versions (HAProxy's doc/proxy-protocol.txt): v1 text, v2 binary. */
 export type ProxyProtocolVersion = 'v1' | 'v2';
@@ -77,7 +77,7 @@ export interface HealthCheckSpec {
   /** Passive checks: consecutive failed connects on the forwarding path that mark a backend down. 0 = off. */
   readonly passiveFailures: number;
   /**
-   * The PROXY protocol header each probe sends first (issue 17): the
+   * The PROXY protocol header each probe sends first: the
    * service's version when `healthCheck.proxyProtocol: true`, else undefined.
    */
   readonly proxyProtocol?: ProxyProtocolVersion | undefined;
@@ -102,7 +102,7 @@ export interface ServiceSpec {
   readonly sourceIP: SourceIpMode;
   /** Zone-aware balancing over the healthy backends (forward/topology.ts). */
   readonly topology: TopologyPolicy;
-  /** PROXY protocol header to every backend connection (issue 17; the proxy data path only); undefined: none. */
+  /** PROXY protocol header to every backend connection (the proxy data path only); undefined: none. */
   readonly proxyProtocol?: ProxyProtocolVersion | undefined;
 }
 
@@ -173,7 +173,7 @@ export interface ProxyConfig {
   readonly connectTimeout: number;
   /** Proxied connections at once, all listeners; undefined: derived from the descriptor limit (forward/capacity.ts). */
   readonly maxConnections?: number | undefined;
-  /** Worker threads that relay (issue 18); undefined: one per CPU (forward/proxy.ts defaultWorkers). */
+  /** Worker threads that relay; undefined: one per CPU (forward/proxy.ts defaultWorkers). */
   readonly workers?: number | undefined;
 }
 

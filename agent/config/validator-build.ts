@@ -1,6 +1,6 @@
 // Build time only (`npm run build` runs this file after tsc): compiles the
 // config schema (schema.ts) with ajv into plain JavaScript, written beside
-// this file as schema-validator.js, which load.ts requires. Issue 18: at run
+// this file as schema-validator.js, which load.ts requires. At run
 // time ajv's compile cost ~60 ms to load and ~100-170 ms of CPU to compile on
 // every start and every reload worker (ajv's "standalone validation code");
 // the generated module needs only a few of ajv's small runtime helpers.

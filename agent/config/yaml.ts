@@ -6,7 +6,7 @@
 // the data: where each node starts, which nodes are aliases, and which key
 // each mapping value belongs to.
 //
-// Why js-yaml, not the yaml package (issue 18): a start parses the config
+// Why js-yaml, not the yaml package: a start parses the config
 // on a cold JIT, and the yaml package's generator-based lexer ran 35-80 ms
 // for 50 services (5 KiB) against 9-12 ms for one, the largest single part
 // of what 50 DHCP services cost a start over one; js-yaml takes 8-10 ms

@@ -178,7 +178,7 @@ export const NAKS_WITHOUT_WAIT = 2;
  * How long to wait before the next DISCOVER after the `naks`-th DHCPNAK of a
  * REQUEST for an offer since the last binding. RFC 2131 §3.1 step 5 and
  * §4.4.1 restart the configuration process on a NAK, with no wait. The usual
- * cause is benign (issue 18): a server that keeps no record of its
+ * cause is benign: a server that keeps no record of its
  * outstanding offers (dnsmasq picks a free address from a hash of the MAC
  * and leases it only when the REQUEST comes) offers one address to two
  * clients starting together and NAKs the later REQUEST, "address in use";

@@ -4,7 +4,7 @@
 // also the metric label of the drop. No I/O: the host's addresses come in as
 // a HostView (net/local-addresses.ts gathers them).
 //
-// Issue 15: a rogue server handed the agent the VM's own address; the agent
+// A rogue server handed the agent the VM's own address; the agent
 // bound it on the macvlan and its gratuitous ARPs poisoned the LAN's
 // neighbour tables for the VM's IP. The ARP probe of the offer cannot catch
 // that: the parent never hears probes from its own macvlan.

@@ -5,7 +5,7 @@
 // held from the first DISCOVER until the ACK (only the ARP probe of the
 // address remains), or until the service gives up waiting for a server,
 // fails or stops; the driver releases it. Link set-up happens before it
-// (issue 18: the slot bounds DHCP exchanges in flight, nothing else).
+// (the slot bounds DHCP exchanges in flight, nothing else).
 import type { Registry } from 'prom-client';
 import { realClock, type Clock, type TimerHandle } from '../clock';
 

@@ -26,7 +26,7 @@ export interface DhcpMetrics {
 /**
  * The clients' current states, written into lbagent_dhcp_state when the
  * registry is read (the gauge's collect), not at each step: a step records
- * a name. Issue 18: 50 services starting set 8 labelled series each at
+ * a name. 50 services starting set 8 labelled series each at
  * construction and 2 more per step, ~800 prom-client label hashes (~8 ms)
  * on the event loop of a 50-service start, for a gauge read every 15 s.
  */

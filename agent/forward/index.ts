@@ -10,7 +10,7 @@ import type { ConnectResultCallback, Dataplane, DataplaneSelection, ListenerStor
 
 export * from './dataplane';
 
-// The path a config does not use is never loaded (issue 18): nft.ts spawns
+// The path a config does not use is never loaded: nft.ts spawns
 // nft, proxy.ts brings dgram and the connection machinery.
 /* eslint-disable @typescript-eslint/no-var-requires */
 const nft = (): typeof import('./nft') => require('./nft') as typeof import('./nft');
@@ -22,7 +22,7 @@ export function probeNftables(placement?: Placement): Promise<ProbeResult> {
   return nft().probeNftables({ placement });
 }
 
-/** nft.ts's probe of the netdev family with fwd (direct server return, issue 17). */
+/** nft.ts's probe of the netdev family with fwd (direct server return). */
 export function probeDsr(): Promise<ProbeResult> {
   return nft().probeDsr();
 }
@@ -36,7 +36,7 @@ export interface CreateDataplaneOptions {
   readonly onConnectResult?: ConnectResultCallback;
   /** Where the proxy keeps its listening sockets, and the DSR program its descriptors, across restarts (systemd's fd store). */
   readonly listenerStore?: ListenerStore | undefined;
-  /** The parent NIC, for direct server return on the kernel path (issue 17). */
+  /** The parent NIC, for direct server return on the kernel path. */
   readonly dsrDevice?: string | undefined;
   /** LB_AGENT_DSR_ENGINE: auto (the BPF program in front of the nft table, default) or nft (the table alone). */
   readonly dsrEngine?: string | undefined;

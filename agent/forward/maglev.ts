@@ -1,5 +1,5 @@
-// forward/ layer: the consistent-hash slot table of direct server return
-// (issue 17), PURE. The kernel hashes each packet's client address and port
+// forward/ layer: the consistent-hash slot table of direct server return,
+// PURE. The kernel hashes each packet's client address and port
 // into one of M slots (`jhash ip saddr . th sport mod M`, nft-dsr.ts) and
 // sends it to the slot's backend. There is no per-flow state on that path
 // (nftables' netdev family has no conntrack), so "a flow stays on its

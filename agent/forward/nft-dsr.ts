@@ -1,5 +1,5 @@
-// forward/ layer: direct server return on the kernel path (issue 17,
-// `sourceIP: preserve`), PURE rendering of `table netdev lb_agent`, which
+// forward/ layer: direct server return on the kernel path (`sourceIP:
+// preserve`), PURE rendering of `table netdev lb_agent`, which
 // nft.ts writes in the same `nft -f` transaction as `table ip lb_agent`.
 //
 // Packet path (client C, VIP V on this node, backend B with V on its lo):
@@ -15,11 +15,10 @@
 // no reply is expected back. The backend's conntrack sees both directions
 // (it is an ordinary local connection there).
 //
-// Why nftables' netdev family and not tc BPF: the kernels here have
-// CONFIG_NFT_FWD_NETDEV and CONFIG_NFT_HASH, so the whole path is a few nft
-// expressions in the table the agent already rewrites atomically, with named
-// counters read like the others; no BPF program to build, load and pin, no
-// native code. What nftables' netdev family lacks is per-flow state, hence
+// Why nftables' netdev family underneath: kernels with CONFIG_NFT_FWD_NETDEV
+// and CONFIG_NFT_HASH run the whole path as a few nft expressions in the
+// table the agent already rewrites atomically, with named counters read like
+// the others, where a BPF program cannot be loaded. What nftables' netdev family lacks is per-flow state, hence
 // the consistent-hash slot table: a flow stays on its backend while the
 // healthy set changes unless that backend itself leaves (maglev.ts).
 //
@@ -38,40 +37,15 @@
 // check. A frame for a backend whose entry is not yet resolved waits in the
 // neighbour queue (unres_qlen) for the ARP reply instead of going nowhere.
 //
-// Where a DSR request's time goes (issue 17; perf record -a -g, wrk -c50
-// keep-alive in bench/forwarding.ts's lab, 2 vCPU): one packet per request
-// crosses this node (the request, its ACK piggybacked; 117,818 packets for
-// 117,513 requests). The load generator's thread, the bottleneck there,
-// spent ~27 us per request through DSR against ~19 us direct, because every
-// hop of a veth lab runs inline in the sender's softirq. Of the ~8 us more:
-// this table ~2 us (nft_do_chain's interpreter 2.8% of the thread, the slot
-// and dispatch lookups 2.2%, jhash 0.5%, both named counters 0.3%),
-// `fwd ip to`'s neighbour step ~0.5 us (1.8%), the rest the topology: the
-// node's veth both ways and the second pass of the lab bridge. So counting
-// only SYNs would save 0.3%, and `ether daddr set ... fwd to` at most the
-// 1.8% of the neighbour step, for a MAC the agent would then have to track
-// itself: both left as they are. No conntrack runs here (nf_conntrack is
-// absent from the profile).
-//
-// What a BPF data path would save (issue 17, branch s24-dsr, 911be1d: a
-// prototype of the same forward as raw BPF instructions - hash of the
-// client's address and port, one array-map lookup, MAC rewrite, a counter -
-// in the same lab, three perf profiles per variant, CPU of the functions
-// direct never runs, per request): this table ~1,000 ns; tc cls_bpf with
-// bpf_redirect ~470 ns; XDP generic with XDP_TX ~275 ns; native XDP on the
-// veth ~1,000 ns (the skb -> xdp_buff copy of TCP's cloned skbs and the skb
-// rebuilt on the peer, which also needs NAPI there). Going from 0.78x to
-// 0.85x direct on keep-alive needs ~2.2 us less per request on the load
-// generator's thread; the best mechanism gives 0.5-0.75 us of it (an
-// estimated 0.80-0.83x). The rest is the node's veth both ways and the
-// second bridge pass, which in this one-box lab run on the client's CPU.
-// So the table stays; a BPF path is worth its loader, assembler and probe
-// for the node's own CPU (a third to a quarter of this table's), not for
-// this ratio. It now exists (issue 17 follow-up): renderDsrPort also plans
-// each port for net/ebpf-dsr.ts, whose program runs at tc ingress in front
-// of this table with the same match, jhash, slots and counter names; this
-// table forwards what the program passes on, and everything when the
-// program cannot run here or LB_AGENT_DSR_ENGINE=nft.
+// What this table costs: one packet per request crosses the node, and the
+// table plus `fwd ip to`'s neighbour step are a few percent of the CPU a DSR
+// request takes there; counting only SYNs, or rewriting the MAC ourselves,
+// would save too little to be worth state the agent would have to track.
+// For the node's own CPU, net/ebpf-dsr.ts's program at tc ingress (a third
+// to a quarter of this table's cost) runs in front of this table with the
+// same match, jhash, slots and counter names (renderDsrPort plans each port
+// for both); this table forwards what the program passes on, and everything
+// when the program cannot run here or LB_AGENT_DSR_ENGINE=nft.
 //
 // Why the jhash has an explicit seed: without one the kernel draws a random
 // seed for each rule it loads, and every rewrite of the table would send

@@ -16,11 +16,10 @@
 // retried once on another healthy backend, then the client is reset), the
 // PROXY protocol header goes out first when the service asks for it, and
 // bytes are relayed both ways with backpressure and half-close. How the
-// bytes move is the relay path's business: relay-native.ts (the addon moves
-// them, the default), relay-raw.ts (libuv handles, for an addon built before
-// it) or relay-net.ts (net.Socket streams, the last fallback).
+// bytes move is the relay path's business: relay-native.ts, where the addon
+// moves them (tests may hand an engine another RelayPath).
 //
-// Own exhaustion is own fault (issue 15): EMFILE, ENFILE or ENOBUFS on accept
+// Own exhaustion is own fault: EMFILE, ENFILE or ENOBUFS on accept
 // or connect is this process out of descriptors or buffers: no passive-health
 // report, no retry, the client is closed cleanly, the refusal counted, one
 // warn line per interval, and new clients are refused for a back-off (50 ms
@@ -47,7 +46,7 @@ import { errorMessage, localExhaustionCode } from '../errors';
 import { SharedPositionRoundRobin, WeightedLeastConnections, type Balancer } from './balancer';
 import { PROXY_V1_MAX_LENGTH, PROXY_V2_IPV4_LENGTH, proxyHeaderV1, proxyHeaderV2Template, writeV2Into, writeV2Source, type ProxyProtocolVersion } from './proxy-protocol';
 import {
-  ENGINE_ACCEPTED, ENGINE_PP_ALONE, ENGINE_PP_WITH_DATA, ENGINE_RELAYED_NATIVE, ENGINE_RELAYED_RAW, ENGINE_RELAYED_STREAMS, FLOW_BYTES_TO_BACKEND, FLOW_BYTES_TO_CLIENT, FLOW_CONNECTIONS,
+  ENGINE_ACCEPTED, ENGINE_PP_ALONE, ENGINE_PP_WITH_DATA, FLOW_BYTES_TO_BACKEND, FLOW_BYTES_TO_CLIENT, FLOW_CONNECTIONS,
   FLOW_CONNECT_FAILURES, LISTENER_REFUSED, LISTENER_UDP_ENDED, LISTENER_UDP_SESSIONS, TallyWriter, ownLimitField,
   type OwnLimitKey, type SlotBuffers, type TallyBuffers,
 } from './tallies';
@@ -101,8 +100,6 @@ export interface EngineStats {
   readonly listeners: number;
 }
 
-export type RelayKind = 'native' | 'raw' | 'streams';
-
 export interface EngineOptions {
   readonly index: number;
   readonly buffers: TallyBuffers;
@@ -111,7 +108,7 @@ export interface EngineOptions {
   readonly clock: Clock;
   /** Passive health: every backend connect (and UDP port unreachable), with the flow's slot. */
   readonly onConnectResult: (serviceKey: string, backend: string, slot: number, ok: boolean) => void;
-  /** How TCP bytes move: the libuv-handle fast path, or net streams. */
+  /** How TCP bytes move: the addon's relay (relay-native.ts nativeRelayPath). */
   readonly relay: RelayPath;
   /** Proxied TCP connections at once over every engine (exact: an atomic counter). */
   readonly maxConnections: number;
@@ -131,7 +128,6 @@ export interface PathListener {
  * error code of a failed accept).
  */
 export interface RelayPath {
-  readonly kind: RelayKind;
   listen(fd: number, backlog: number, accepted: (err: string | undefined, relay: Relay | undefined) => void): PathListener;
   /**
    * Paths that count traffic below JavaScript (relay-native.ts) bring each
@@ -256,7 +252,6 @@ export class ProxyEngine {
   private lastExhaustionWarn = -Infinity;
   private backoffMs = 0;
   private backoffUntil = -Infinity;
-  private readonly relayedField: number;
 
   constructor(opts: EngineOptions) {
     this.tallies = new TallyWriter(opts.buffers, opts.index);
@@ -269,7 +264,6 @@ export class ProxyEngine {
     this.backlog = opts.backlog;
     this.udpIdleMs = opts.udpIdleMs;
     this.maxUdpSessions = opts.maxUdpSessions;
-    this.relayedField = opts.relay.kind === 'native' ? ENGINE_RELAYED_NATIVE : opts.relay.kind === 'raw' ? ENGINE_RELAYED_RAW : ENGINE_RELAYED_STREAMS;
   }
 
   /** Make this engine serve exactly these listeners; returns what could not be served. */
@@ -393,7 +387,6 @@ export class ProxyEngine {
       return;
     }
     t.engineAdd(ENGINE_ACCEPTED, 1);
-    t.engineAdd(this.relayedField, 1);
     this.relays.add(relay);
     this.connect(relay);
   }

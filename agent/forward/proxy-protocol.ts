@@ -1,4 +1,4 @@
-// forward/ layer: the PROXY protocol header (issue 17), pure encoding, no
+// forward/ layer: the PROXY protocol header, pure encoding, no
 // I/O. The userspace proxy sends it to a backend before the first byte of a
 // relayed connection so the backend sees the client's address and port and
 // the VIP's (HAProxy's `send-proxy` / `send-proxy-v2`); health checks send

@@ -1,4 +1,4 @@
-// forward/ layer: the entry of one proxy worker thread (issue 18). It runs a
+// forward/ layer: the entry of one proxy worker thread. It runs a
 // ProxyEngine on this thread's event loop and speaks to the main thread
 // (proxy.ts) by message: apply / reconfigure / stop in; applied, stopped,
 // passive-health results (batched), log records out. Counters go straight
@@ -7,18 +7,16 @@
 import { parentPort, workerData } from 'node:worker_threads';
 import type { ProxyConfig } from '../config/types';
 import { realClock } from '../clock';
-import { errorMessage } from '../errors';
-import { ProxyEngine, type EngineApply, type EngineLog, type RelayKind, type RelayPath } from './proxy-engine';
+import { LbError, errorMessage } from '../errors';
+import { ProxyEngine, type EngineApply, type EngineLog, type RelayPath } from './proxy-engine';
+import { nativeRelayPath } from './relay-native';
 import type { TallyBuffers } from './tallies';
-
-export type RelayChoice = RelayKind | 'auto';
 
 /** What the main thread hands a worker at start. */
 export interface WorkerStart {
   readonly index: number;
   readonly buffers: TallyBuffers;
   readonly config: ProxyConfig;
-  readonly relay: RelayChoice;
   readonly maxConnections: number;
   readonly backlog: number;
   readonly udpIdleMs: number;
@@ -33,7 +31,7 @@ export type ToWorker =
   | { readonly t: 'stop'; readonly seq: number; readonly keep: boolean; readonly drainMs: number };
 
 export type FromWorker =
-  | { readonly t: 'ready'; readonly relay: RelayKind; readonly fallback: string | undefined }
+  | { readonly t: 'ready' }
   | { readonly t: 'applied'; readonly seq: number; readonly failures: string[]; readonly generation: number; readonly udpPorts: Record<string, number> }
   | { readonly t: 'stopped'; readonly seq: number; readonly open: number; readonly unfinished: number }
   /** Passive health the ring had no room for, in order: service, backend, ok, ... (after what the ring holds). */
@@ -47,27 +45,13 @@ export type FromWorker =
 export const LEVELS = { debug: 20, info: 30, warn: 40, error: 50 } as const;
 
 /**
- * The relay path this thread can have: the fastest unless asked otherwise or
- * unavailable (and then why): the addon's relay, libuv handles (an addon built
- * before it), net streams (neither).
+ * This thread's relay path: the addon's. An addon without it is a broken
+ * install (the addon ships with the agent), refused with how to fix it.
  */
-export function chooseRelay(choice: RelayChoice): { path: RelayPath; fallback: string | undefined } {
-  // eslint-disable-next-line @typescript-eslint/no-var-requires
-  const { netRelayPath } = require('./relay-net') as typeof import('./relay-net');
-  if (choice === 'streams') return { path: netRelayPath, fallback: undefined };
-  let why: string | undefined;
-  if (choice === 'native' || choice === 'auto') {
-    // eslint-disable-next-line @typescript-eslint/no-var-requires
-    const { nativeRelayPath } = require('./relay-native') as typeof import('./relay-native');
-    const native = nativeRelayPath();
-    if (typeof native !== 'string') return { path: native, fallback: undefined };
-    why = native;
-  }
-  // eslint-disable-next-line @typescript-eslint/no-var-requires
-  const { rawRelayPath } = require('./relay-raw') as typeof import('./relay-raw');
-  const raw = rawRelayPath();
-  if (typeof raw === 'string') return { path: netRelayPath, fallback: why === undefined ? raw : `${why}; ${raw}` };
-  return { path: raw, fallback: why };
+export function relayPath(): RelayPath {
+  const path = nativeRelayPath();
+  if (typeof path === 'string') throw new LbError('LB_ERR_NET_NATIVE_MISSING', `the proxy cannot relay: ${path}`, {});
+  return path;
 }
 
 function main(): void {
@@ -79,9 +63,8 @@ function main(): void {
     if (LEVELS[level] >= start.logLevel) post({ t: 'log', level, obj, msg });
   };
   const log: EngineLog = { debug: logAt('debug'), info: logAt('info'), warn: logAt('warn'), error: logAt('error') };
-  const { path, fallback } = chooseRelay(start.relay);
   const engine = new ProxyEngine({
-    index: start.index, buffers: start.buffers, config: start.config, log, clock: realClock, relay: path,
+    index: start.index, buffers: start.buffers, config: start.config, log, clock: realClock, relay: relayPath(),
     maxConnections: start.maxConnections, backlog: start.backlog, udpIdleMs: start.udpIdleMs, maxUdpSessions: start.maxUdpSessions,
     // Passive health through the shared ring (tallies.ts), no message per
     // connect; a failure wakes the main thread at once (it may take a backend
@@ -116,7 +99,7 @@ function main(): void {
         break;
     }
   });
-  post({ t: 'ready', relay: path.kind, fallback });
+  post({ t: 'ready' });
 }
 
 if (workerData && (workerData as Partial<WorkerStart>).buffers) main();

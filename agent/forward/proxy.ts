@@ -4,7 +4,7 @@
 // reports, per-connection timeouts, the PROXY protocol). It owns the
 // listening sockets on VIP:port, the file descriptor store they live in
 // across restarts, the shared counters and the metrics; the relaying itself
-// runs in engines (proxy-engine.ts), one per worker thread (issue 18).
+// runs in engines (proxy-engine.ts), one per worker thread.
 //
 // Workers. `proxy.workers` (default: one per CPU) worker threads each run an
 // engine on an event loop of its own; the main thread keeps control, health
@@ -55,11 +55,11 @@ import { ForwardMetrics } from './metrics';
 import { SerialQueue } from '../serial';
 import { effectiveMaxConnections, readNofile } from './capacity';
 import {
-  ENGINE_ACCEPTED, ENGINE_OPEN, ENGINE_PP_ALONE, ENGINE_PP_WITH_DATA, ENGINE_RELAYED_NATIVE, ENGINE_RELAYED_RAW, ENGINE_RELAYED_STREAMS, FLOW_BYTES_TO_BACKEND, FLOW_BYTES_TO_CLIENT,
+  ENGINE_ACCEPTED, ENGINE_OPEN, ENGINE_PP_ALONE, ENGINE_PP_WITH_DATA, FLOW_BYTES_TO_BACKEND, FLOW_BYTES_TO_CLIENT,
   FLOW_CONNECTIONS, FLOW_CONNECT_FAILURES, LISTENER_REFUSED, LISTENER_UDP_ENDED, LISTENER_UDP_SESSIONS, OWN_LIMIT_KEYS, TallyTable, ownLimitField,
 } from './tallies';
-import type { EngineApply, EngineBackend, EngineListenerSpec, RelayKind } from './proxy-engine';
-import { LEVELS, type FromWorker, type RelayChoice, type ToWorker, type WorkerStart } from './proxy-worker';
+import type { EngineApply, EngineBackend, EngineListenerSpec } from './proxy-engine';
+import { LEVELS, type FromWorker, type ToWorker, type WorkerStart } from './proxy-worker';
 import type { ProxyProtocolVersion } from './proxy-protocol';
 
 export interface ProxyDataplaneOptions {
@@ -85,10 +85,8 @@ export interface ProxyDataplaneOptions {
   readonly maxConnections?: number;
   /** Worker threads; default config.workers, else one per CPU. */
   readonly workers?: number;
-  /** Run the one engine in this thread instead of worker threads (tests of the fallback; `workers` is then 1). */
+  /** Run the one engine in this thread instead of worker threads (`workers` is then 1); tests use it to share their event loop with the engine. */
   readonly inline?: boolean;
-  /** How TCP bytes move: 'auto' (the addon's relay, else libuv handles, else streams), 'native', 'raw' or 'streams'. */
-  readonly relay?: RelayChoice;
 }
 
 /** How often the main thread drains the workers' passive-health rings while they report (a failure wakes it at once). */
@@ -126,8 +124,6 @@ interface Group {
 /** Where the relaying runs: an engine in this thread or in a worker. */
 interface EngineHost {
   readonly index: number;
-  relay: RelayKind | undefined;
-  fallback: string | undefined;
   alive: boolean;
   apply(a: EngineApply): Promise<{ failures: string[]; generation: number; udpPorts: Record<string, number> }>;
   reconfigure(cfg: ProxyConfig): void;
@@ -163,7 +159,6 @@ export class ProxyDataplane implements Dataplane {
   readonly maxConnections: number;
   readonly workers: number;
   readonly inline: boolean;
-  private readonly relayChoice: RelayChoice;
 
   constructor(opts: ProxyDataplaneOptions) {
     this.log = (opts.log ?? silentLogger()).child({ module: 'forward', dataplane: 'proxy' });
@@ -177,7 +172,9 @@ export class ProxyDataplane implements Dataplane {
     this.drainTimeoutMs = opts.drainTimeoutMs ?? 5000;
     this.inline = opts.inline === true;
     this.workers = this.inline ? 1 : Math.max(1, opts.workers ?? opts.config.workers ?? defaultWorkers());
-    this.relayChoice = opts.relay ?? 'auto';
+    // The addon relays; an install without it serves nothing, so it is refused here, before any worker starts.
+    const relay = native().relayHandleClass();
+    if (typeof relay === 'string') throw new LbError('LB_ERR_NET_NATIVE_MISSING', `the userspace proxy cannot relay: ${relay}`, {});
     const nofile = readNofile();
     this.maxConnections = opts.maxConnections ?? effectiveMaxConnections(opts.config.maxConnections, nofile);
     this.tallies = new TallyTable(this.workers);
@@ -228,7 +225,7 @@ export class ProxyDataplane implements Dataplane {
   /** The engine options an inline host needs (the same as a worker's start). */
   engineStart(index: number): WorkerStart {
     return {
-      index, buffers: this.tallies.buffers(), config: this.cfg, relay: this.relayChoice, maxConnections: this.maxConnections,
+      index, buffers: this.tallies.buffers(), config: this.cfg, maxConnections: this.maxConnections,
       backlog: this.backlog, udpIdleMs: this.udpIdleMs, maxUdpSessions: this.maxUdpSessions, logLevel: logLevelOf(this.log),
     };
   }
@@ -238,12 +235,6 @@ export class ProxyDataplane implements Dataplane {
 
   private async waitReady(): Promise<void> {
     await Promise.all(this.hosts.map((h) => (h instanceof WorkerHost ? h.ready : Promise.resolve())));
-    const fallbacks = this.hosts.filter((h) => h.fallback !== undefined);
-    if (fallbacks.length > 0) {
-      const h = fallbacks[0]!;
-      const through = h.relay === 'raw' ? 'libuv handles (relay-raw.ts), at about 1.3x the CPU per request' : 'net streams, at about twice the CPU per connection';
-      this.log.warn({ op: 'relay', reason: h.fallback, relay: h.relay }, `a faster relay path is not available (${h.fallback}); relaying through ${through}`);
-    }
   }
 
   apply(state: ForwardState): Promise<void> {
@@ -525,10 +516,9 @@ export class ProxyDataplane implements Dataplane {
       problems: [...this.problems],
       details: {
         listeners, openConnections: t.open, maxConnections: this.maxConnections, algorithm: this.cfg.algorithm,
-        relayed: { native: t.engineSum(ENGINE_RELAYED_NATIVE), raw: t.engineSum(ENGINE_RELAYED_RAW), streams: t.engineSum(ENGINE_RELAYED_STREAMS) },
         proxyHeaders: { withData: t.engineSum(ENGINE_PP_WITH_DATA), alone: t.engineSum(ENGINE_PP_ALONE) },
         workers: this.hosts.map((h) => ({
-          index: h.index, thread: !this.inline, alive: h.alive, relay: h.relay ?? null,
+          index: h.index, thread: !this.inline, alive: h.alive,
           accepted: t.engineField(h.index, ENGINE_ACCEPTED), open: t.engineField(h.index, ENGINE_OPEN),
         })),
       },
@@ -569,8 +559,6 @@ const dupFd = (fd: number): number => native().dupFd(fd);
 
 /** The engine in this thread (`inline`): direct calls. */
 class InlineHost implements EngineHost {
-  relay: RelayKind | undefined;
-  fallback: string | undefined;
   alive = true;
   private readonly engine: import('./proxy-engine').ProxyEngine;
 
@@ -578,13 +566,10 @@ class InlineHost implements EngineHost {
     // eslint-disable-next-line @typescript-eslint/no-var-requires
     const { ProxyEngine } = require('./proxy-engine') as typeof import('./proxy-engine');
     // eslint-disable-next-line @typescript-eslint/no-var-requires
-    const { chooseRelay } = require('./proxy-worker') as typeof import('./proxy-worker');
+    const { relayPath } = require('./proxy-worker') as typeof import('./proxy-worker');
     const start = owner.engineStart(index);
-    const { path: relayPath, fallback } = chooseRelay(start.relay);
-    this.relay = relayPath.kind;
-    this.fallback = fallback;
     this.engine = new ProxyEngine({
-      index, buffers: start.buffers, config: start.config, log: owner.engineLog, clock: owner.engineClock, relay: relayPath,
+      index, buffers: start.buffers, config: start.config, log: owner.engineLog, clock: owner.engineClock, relay: relayPath(),
       maxConnections: start.maxConnections, backlog: start.backlog, udpIdleMs: start.udpIdleMs, maxUdpSessions: start.maxUdpSessions,
       onConnectResult: (service, backend, _slot, ok) => onConnect(service, backend, ok),
     });
@@ -611,8 +596,6 @@ class InlineHost implements EngineHost {
 
 /** An engine in a worker thread: messages, with replies matched by sequence number. */
 class WorkerHost implements EngineHost {
-  relay: RelayKind | undefined;
-  fallback: string | undefined;
   alive = true;
   readonly ready: Promise<void>;
   private readonly worker: Worker;
@@ -632,7 +615,7 @@ class WorkerHost implements EngineHost {
     this.worker = new Worker(path.join(__dirname, 'proxy-worker.js'), {
       workerData: start,
       name: `lb-proxy-${index}`,
-      // Bounded heaps (issue 18: RSS under load): the young generation is where
+      // Bounded heaps (RSS under load): the young generation is where
       // a relay's short-lived objects die; 8 MiB keeps scavenges cheap and the
       // memory flat. A worker that outgrows the old generation ends, and is replaced.
       resourceLimits: { maxYoungGenerationSizeMb: 8, maxOldGenerationSizeMb: 256 },
@@ -641,8 +624,6 @@ class WorkerHost implements EngineHost {
     this.ready = new Promise((resolve, reject) => {
       const onReady = (m: FromWorker): void => {
         if (m.t !== 'ready') return;
-        this.relay = m.relay;
-        this.fallback = m.fallback;
         this.worker.off('message', onReady);
         resolve();
       };

@@ -1,5 +1,5 @@
-// forward/ layer: the proxy's relay in the addon (issue 18). The bytes move in
-// C (native/src/relay.cc): accept4, the backend's connect, recv/send each way
+// forward/ layer: the proxy's relay, in the addon. The bytes move in C
+// (native/src/relay.cc): accept4, the backend's connect, recv/send each way
 // with backpressure and half-close, on the worker thread's own libuv loop
 // through one epoll descriptor. This file is the TypeScript half: every
 // decision stays in the engine (proxy-engine.ts) - backend choice, draining,
@@ -9,22 +9,11 @@
 //
 // JavaScript is entered once per libuv wake-up with what needs a decision
 // (accepted clients, connect results, ends, PROXY header outcomes), not per
-// read or per write. Bytes and the idle sweep's `seen` flag come from one
-// activity() call per engine tick (every 100 ms while connections are open)
-// and at each connection's end: the flows' byte counters in status/metrics
-// move in 100 ms steps and at ends, where the other paths add them per read.
-//
-// Measured (bench/forward.ts --workers 1 --targets proxy,proxy-raw,haproxy,
-// medians, one thread each, alternating rounds in one run; load average 5-7
-// on 2 vCPUs from other work): 3 rounds, keep-alive 20.6 us of CPU per
-// request (relay-raw.ts 27.1, HAProxy 22.2), 36,082 req/s = 1.08x HAProxy;
-// new connections 99.8 us per connection (relay-raw.ts 134.3, HAProxy
-// 105.0), 8,485/s = 1.10x. An earlier 2-round run, load average ~3: 20.7 /
-// 35.0 / 21.2 us per request, 122 / 187 / 117 us per connection, 1.09x and
-// 0.76x HAProxy's rates. The lead's quiet run decides. Syscalls (--syscalls,
-// same targets): keep-alive 2 recvfrom + 2 sendto a request, as HAProxy; a new
-// connection ~18.6 (2 epoll_ctl: one ADD per socket, against HAProxy's 3.1
-// and relay-raw's 5.0; no getsockopt after the connect; 0.12 shutdown).
+// read or per write: a JavaScript call per read cost more CPU per request
+// than HAProxy spends (bench/results/ has the runs). Bytes and the idle
+// sweep's `seen` flag come from one activity() call per engine tick (every
+// 100 ms while connections are open) and at each connection's end, so the
+// flows' byte counters in status and metrics move in 100 ms steps and at ends.
 //
 // Accepted clients go to TypeScript 8 at a time within a wake-up (each holds
 // a descriptor until the engine decides): a burst of 1,000 under a
@@ -208,7 +197,7 @@ export function nativeRelayStats(): ReturnType<NativeRelayHandle['stats']> | und
   return H?.stats();
 }
 
-/** The relay in the addon, or why it cannot be had (an addon built before it). */
+/** The relay in the addon, or why it cannot be had (an addon built without it). */
 export function nativeRelayPath(): RelayPath | string {
   if (H === undefined) {
     const C = relayHandleClass();
@@ -219,7 +208,6 @@ export function nativeRelayPath(): RelayPath | string {
   }
   const h = H;
   return {
-    kind: 'native',
     refresh,
     listen(fd: number, backlog: number, accepted: Accepted): PathListener {
       let lid: number;

@@ -1,5 +1,5 @@
 // forward/ layer: the userspace proxy's counters, in memory shared by its
-// engines (one per worker thread, issue 18) and the main thread. Each engine
+// engines (one per worker thread) and the main thread. Each engine
 // is the only writer of its own region - plain stores on the hot path, no
 // locks, no messages - and the main thread reads every region when stats or
 // a scrape ask, so a scrape never waits on a worker. The one exception is
@@ -44,7 +44,7 @@ export const LISTENER_UDP_SESSIONS = 1;
 export const LISTENER_UDP_ENDED = 2;
 export const SLOT_FIELDS = 4;
 
-/** Refusals for the proxy's own limits, by "op/code" (issue 15); a fixed set, so each has an engine field. */
+/** Refusals for the proxy's own limits, by "op/code"; a fixed set, so each has an engine field. */
 export const OWN_LIMIT_KEYS = [
   'accept/EMFILE', 'accept/ENFILE', 'accept/ENOBUFS',
   'connect/EMFILE', 'connect/ENFILE', 'connect/ENOBUFS',
@@ -55,13 +55,10 @@ export type OwnLimitKey = (typeof OWN_LIMIT_KEYS)[number];
 /** Per-engine fields. */
 export const ENGINE_OPEN = 0;
 export const ENGINE_ACCEPTED = 1;
-export const ENGINE_RELAYED_RAW = 2;
-export const ENGINE_RELAYED_STREAMS = 3;
 /** PROXY protocol headers sent in one write with the client's first bytes / alone (the client had sent nothing yet). */
-export const ENGINE_PP_WITH_DATA = 4;
-export const ENGINE_PP_ALONE = 5;
-export const ENGINE_RELAYED_NATIVE = 6;
-const ENGINE_OWN_LIMITS = 7;
+export const ENGINE_PP_WITH_DATA = 2;
+export const ENGINE_PP_ALONE = 3;
+const ENGINE_OWN_LIMITS = 4;
 export const ENGINE_FIELDS = ENGINE_OWN_LIMITS + OWN_LIMIT_KEYS.length;
 
 export function ownLimitField(key: OwnLimitKey): number {

@@ -1,4 +1,4 @@
-// forward/ layer: zone-aware balancing (issue 17), PURE. From a service's
+// forward/ layer: zone-aware balancing, PURE. From a service's
 // topology policy, this node's zone and the backends the health checker
 // calls healthy, the set new connections may go to and the reason. The
 // daemon applies it where it builds each service's forwarding state, so both

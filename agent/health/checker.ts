@@ -22,7 +22,7 @@
 // `unknown`, i.e. out of rotation until its first good probe, which is run at
 // once.
 //
-// Probe paths (issue 18): TCP probes go through a TcpProber - by default the
+// Probe paths: TCP probes go through a TcpProber - by default the
 // native addon's batch prober (raw non-blocking connects, one epoll, results
 // in batches), falling back to one Node socket per probe when the addon has
 // none; the path is logged at start and exported as
@@ -41,13 +41,16 @@ import {
   DEFAULT_HTTP_CHECK, defaultProbe, NodeTcpProber,
   type Probe, type ProbeResult, type ProbeTarget, type TcpOutcome, type TcpProber, type TcpTarget,
 } from './probe';
-import { NativeTcpProber, type NativeTcpProberStats, type ProbeClose } from './native-probe';
+import { NativeTcpProber, type NativeTcpProberStats } from './native-probe';
 import { ProbeScheduler, type Run, type SchedulerStats, type Slot } from './scheduler';
 import { HealthMetrics, type BackendLabels, type ProbePath } from './metrics';
 import {
   initialHealth, isHealthy, step,
   type BackendHealth, type CheckPath, type FailureReason, type FailureRecord, type HealthEvent, type HealthState, type Thresholds,
 } from './state';
+
+/** Makes a TCP prober whose outcomes go to onOutcome (HealthCheckerOptions.tcpProber). */
+export type TcpProberFactory = <C>(onOutcome: TcpOutcome<C>, clock: Clock) => TcpProber<C>;
 
 export interface HealthCheckerOptions {
   readonly registry: Registry;
@@ -56,22 +59,21 @@ export interface HealthCheckerOptions {
   /** The probe for every check; by default TCP checks go through the TCP prober and HTTP checks through httpProbe. Injectable for unit tests. */
   readonly probe?: Probe;
   /**
-   * How TCP probes run: 'auto' (default) the native batch prober, or Node
-   * sockets when the addon has none (a warn line says why); 'native' throws
-   * at start() instead of falling back; 'node' always Node sockets.
+   * Makes the TCP prober in place of the default (the addon's batch prober,
+   * or one Node socket per probe when the addon has none, with a warn line
+   * saying why). The daemon never sets it: tests and benches pick a path or a
+   * close mode here, and a factory that throws makes start() throw.
    */
-  readonly tcpProbes?: 'auto' | 'native' | 'node';
-  /** The addon loader for the native prober; injectable for tests. */
+  readonly tcpProber?: TcpProberFactory;
+  /** The addon loader for the default native prober; injectable for tests. */
   readonly nativeAddon?: () => NativeAddon;
-  /** How the native prober ends a made connection (default 'reset-before-ack', as HAProxy's L4 check); for benches and tests. */
-  readonly tcpClose?: ProbeClose;
   /**
    * Probes running at once at most (default 1024). The rate the checker can
    * sustain is at most maxInFlight / probe latency, and the latency includes
    * any stall of the event loop and every timeout: 10,000 targets at 1 s with
    * 25 ms stalls need 250 slots, and each dead target with a 3 s timeout
    * holds 3 more. A slot costs one descriptor while its connect is pending
-   * (issue 18; 256 throttled 10,000 targets on a busy machine).
+   * (256 throttled 10,000 targets on a busy machine).
    */
   readonly maxInFlight?: number;
   /** Scheduling jitter as a fraction of the period (default 0.05). */
@@ -128,7 +130,7 @@ export interface ProbeReport {
 /**
  * One shared probe target. It is its own TcpTarget (address, addressNum,
  * port): a probe reads the fields it needs here, with no further object to
- * load (issue 18: at 10,000 targets every object a probe touches is a cache
+ * load (at 10,000 targets every object a probe touches is a cache
  * miss).
  */
 interface Target extends TcpTarget {
@@ -186,11 +188,10 @@ export class HealthChecker extends EventEmitter {
   private readonly log: Logger;
   /** The injected probe, when there is one: it then runs every check. */
   private readonly probe: Probe | undefined;
-  private readonly tcpChoice: 'auto' | 'native' | 'node';
+  private readonly tcpProber: TcpProberFactory | undefined;
   /** Fixed coalescing from the options, or undefined: from the shortest period. */
   private readonly coalesceMs: number | undefined;
   private readonly nativeAddon: (() => NativeAddon) | undefined;
-  private readonly tcpClose: ProbeClose | undefined;
   /** Open while running. */
   private tcp: TcpProber<Run<Target>> | undefined;
   private readonly onTcpOutcome: TcpOutcome<Run<Target>> = (run, ok, reason, detail, durationMs) => this.settle(run, ok, reason, detail, durationMs);
@@ -211,9 +212,8 @@ export class HealthChecker extends EventEmitter {
     this.log = (opts.log ?? silentLogger()).child({ module: 'health' });
     this.probe = opts.probe;
     this.coalesceMs = opts.coalesceMs;
-    this.tcpChoice = opts.tcpProbes ?? 'auto';
+    this.tcpProber = opts.tcpProber;
     this.nativeAddon = opts.nativeAddon;
-    this.tcpClose = opts.tcpClose;
     this.metrics = new HealthMetrics(opts.registry, {
       inFlight: () => this.scheduler.stats().inFlight,
       probes: () => {
@@ -306,7 +306,7 @@ export class HealthChecker extends EventEmitter {
 
   /**
    * Start probing: every target is probed at once, then on its period. Opens
-   * the TCP prober; with tcpProbes 'native', throws when the addon has none.
+   * the TCP prober; throws when an injected tcpProber factory throws.
    */
   start(): void {
     if (this.running) return;
@@ -481,14 +481,10 @@ export class HealthChecker extends EventEmitter {
   }
 
   private openTcpProber(): TcpProber<Run<Target>> {
-    if (this.tcpChoice === 'node') return new NodeTcpProber(this.onTcpOutcome);
+    if (this.tcpProber) return this.tcpProber(this.onTcpOutcome, this.clock);
     try {
-      return new NativeTcpProber<Run<Target>>({
-        onOutcome: this.onTcpOutcome, clock: this.clock,
-        ...(this.nativeAddon ? { addon: this.nativeAddon } : {}), ...(this.tcpClose ? { close: this.tcpClose } : {}),
-      });
+      return new NativeTcpProber<Run<Target>>({ onOutcome: this.onTcpOutcome, clock: this.clock, ...(this.nativeAddon ? { addon: this.nativeAddon } : {}) });
     } catch (err) {
-      if (this.tcpChoice === 'native') throw err;
       this.log.warn({ op: 'probe-path', path: 'node', err: errorMessage(err) },
         `native TCP prober unavailable (${errorMessage(err)}): TCP health probes use one Node socket each, at several times the CPU per probe`);
       return new NodeTcpProber(this.onTcpOutcome);
@@ -499,7 +495,7 @@ export class HealthChecker extends EventEmitter {
   private runProbe(run: Run<Target>): void {
     const target = run.data;
     const type = target.type;
-    // A TCP check that sends a PROXY header first (issue 17) writes bytes:
+    // A TCP check that sends a PROXY header first writes bytes:
     // the batch prober only connects, so those go through a Node socket.
     if (this.probe === undefined && type === 'tcp' && this.tcp && target.spec.proxyProtocol === undefined) {
       this.started[this.tcp.path].tcp++;
@@ -535,7 +531,7 @@ export class HealthChecker extends EventEmitter {
       // A target that went away took its run with it (scheduler.remove aborts).
       if (run.aborted || !this.running) return;
       const target = run.data;
-      // Issue 15: a probe that could not get a socket (EMFILE, ENFILE, ENOBUFS)
+      // A probe that could not get a socket (EMFILE, ENFILE, ENOBUFS)
       // says nothing about the backend: no verdict, counted as skipped.
       if (!ok && localExhaustionCode({ code: detail })) {
         this.metrics.skip('own-exhaustion');

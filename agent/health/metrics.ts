@@ -4,7 +4,7 @@
 // probe path and check type.
 // Per probe, only the duration histogram is written, through label children
 // made once; in-flight and per-path counts are read at scrape time from the
-// checker's own counters (issue 18: metric label lookups were part of the
+// checker's own counters (metric label lookups were part of the
 // per-probe cost at 10,000 probes/s).
 import { Counter, Gauge, Histogram, Registry } from '../metrics/prom';
 import type { FailureReason } from './state';

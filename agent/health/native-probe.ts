@@ -1,4 +1,4 @@
-// Native batch TCP prober (driver, issue 18): TCP connect probes through the
+// Native batch TCP prober (driver): TCP connect probes through the
 // addon's TcpProbeHandle (native/src/tcp_probe.cc) - raw non-blocking sockets,
 // one epoll descriptor, results in batches - with every policy kept here:
 // probes started in one tick go down in one call (flushed from a microtask),
@@ -86,7 +86,7 @@ export class DeadlineRing {
 }
 
 /**
- * How a connected probe socket ends (issue 18). 'reset-before-ack', the
+ * How a connected probe socket ends. 'reset-before-ack', the
  * default: TCP_QUICKACK off before connect() and a disconnect at once (what
  * close() with SO_LINGER 0 does; the socket is kept, see TRIM_MS), so the
  * backend sees SYN, our SYN-ACK's answer is a RST, exactly HAProxy's L4
@@ -185,7 +185,7 @@ export class NativeTcpProber<C> implements TcpProber<C> {
     this.onOutcome = opts.onOutcome;
     const addon = (opts.addon ?? loadNative)();
     if (typeof addon.TcpProbeHandle !== 'function') {
-      throw new LbError('LB_ERR_NET_NATIVE_MISSING', 'the native addon has no TcpProbeHandle (built before issue 18); rebuild it with `npm ci`', {});
+      throw new LbError('LB_ERR_NET_NATIVE_MISSING', 'the native addon was built without TcpProbeHandle; rebuild it with `npm ci`', {});
     }
     const close = opts.close ?? 'reset-before-ack';
     this.sweeps = close === 'fin';

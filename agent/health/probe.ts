@@ -3,13 +3,13 @@
 // A probe never throws and never rejects: it resolves to a result with a
 // reason from a fixed set (also a metric label). No state, no scheduling.
 // With `proxyProtocol` a probe sends the PROXY protocol header first, as a
-// backend that requires it on every connection expects (issue 17): v1 a
+// backend that requires it on every connection expects: v1 a
 // TCP4 line with the probe's own addresses, v2 the LOCAL command
 // (doc/proxy-protocol.txt, 2.1 and 2.2: what a proxy sends for its checks).
 //
 // Also the TcpProber contract the checker drives TCP probes through, and its
 // Node-socket implementation: the fallback of the native batch prober
-// (native-probe.ts, issue 18) and the path it is measured against.
+// (native-probe.ts) and the path it is measured against.
 import * as net from 'node:net';
 import * as http from 'node:http';
 import type { HttpCheckSpec, ProxyProtocolVersion } from '../config/types';
@@ -238,7 +238,7 @@ export interface TcpTarget {
 
 /**
  * A TCP probe's outcome, as arguments rather than an object: at 10,000
- * probes/s an object per probe is measurable (issue 18). `detail` is the
+ * probes/s an object per probe is measurable. `detail` is the
  * errno's code ('ECONNREFUSED') or what our timer saw.
  */
 export type TcpOutcome<C> = (ctx: C, ok: boolean, reason: FailureReason | undefined, detail: string | undefined, durationMs: number) => void;

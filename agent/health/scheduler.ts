@@ -5,7 +5,7 @@
 // Knows nothing about sockets or health: it calls `run(run)` and the runner
 // calls `run.done()` when it is over.
 //
-// Cost per run (issue 18: at 10,000 probes/s the scheduler was a large part
+// Cost per run (at 10,000 probes/s the scheduler was a large part
 // of the checker's own cost): the heap lives in typed arrays (due, grid point,
 // key index, generation), so a sift touches contiguous numbers, not objects;
 // a run is one object per key, reused once its runner called done(); no

@@ -92,7 +92,7 @@ export function isHealthy(h: BackendHealth): boolean {
 
 /**
  * A BackendHealth with every field spelled out: a literal of one shape, which
- * V8 builds far faster than an object spread (issue 18: the spread was a
+ * V8 builds far faster than an object spread (the spread was a
  * visible part of the per-probe cost).
  */
 function health(

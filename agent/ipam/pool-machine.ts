@@ -16,7 +16,7 @@
 // Without a probe (an adoption, a VRRP takeover) the address goes on and out
 // first and the claim is written after the first announcement: the claim
 // write fsyncs twice, 3-35 ms on these disks, and a takeover is measured
-// against keepalived, which writes nothing (issue 14). A crash in that window
+// against keepalived, which writes nothing. A crash in that window
 // leaves an address with the agent's mark and no claim, which the next start
 // withdraws (daemon/wiring.ts adoptOwned): crash-safe, just not adopted.
 import type { SourceState } from '../source';

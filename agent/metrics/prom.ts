@@ -2,7 +2,7 @@
 // index also loads its Pushgateway (http, https, zlib), its cluster
 // aggregator and, for the process-CPU default metric's exemplars,
 // @opentelemetry/api - 88 modules, ~100 ms of every start and about 12 MiB
-// of RSS for nothing the agent uses (issue 18). Every module takes the metric
+// of RSS for nothing the agent uses. Every module takes the metric
 // classes from here; the types stay prom-client's own (the classes are the
 // same objects the index exports).
 // test/metrics/prom.test.ts holds processMetrics() against prom-client's own

@@ -63,7 +63,7 @@ const ARP_TPA_OFFSET = 14 + 24;
 /**
  * ARP frames whose sender or target address is `ip`: what a prober or the
  * owner of that address acts on (RFC 5227 §2.1.1, §2.4); every other ARP
- * frame on the LAN stays in the kernel. Issue 18: with one socket per VIP,
+ * frame on the LAN stays in the kernel. With one socket per VIP,
  * each of 50 services otherwise decoded the announcements of all the others.
  * `tcpdump -dd 'arp and (arp[14:4] = IP or arp[24:4] = IP)'`.
  */

@@ -1,4 +1,4 @@
-// net/ layer: the backend side of direct server return (issue 17), for an
+// net/ layer: the backend side of direct server return, for an
 // lb-agent that runs on a backend VM (`backend: { vips: [...] }`). With DSR
 // the load balancer hands the client's frame to the backend unchanged -
 // destination still the VIP - so the backend must accept packets for the VIP

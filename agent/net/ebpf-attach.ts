@@ -1,4 +1,4 @@
-// The thin driver of the DSR program at tc ingress (issue 17): creates its
+// The thin driver of the DSR program at tc ingress: creates its
 // maps, loads it (ebpf-dsr.ts builds it), attaches it with tcx to the parent
 // NIC's ingress, swaps it atomically for the next plan (BPF_F_REPLACE), reads
 // its counters, and detaches it. It owns exactly the tcx attachments named

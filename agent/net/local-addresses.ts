@@ -3,7 +3,7 @@
 // DHCP guard's HostView. Read when a reply arrives, so addresses added since
 // start (other services' VIPs, a renumbered parent) count - but one read
 // serves every reply for HOST_READ_MAX_AGE_MS, and the agent's own address
-// changes are written into it rather than dropping it (issue 18: with 50
+// changes are written into it rather than dropping it (with 50
 // macvlans one read costs 0.3-0.8 ms of the event loop; each of 50 binds
 // dropped the read, so a 50-service start read the host 20-22 times, 16-21
 // ms, in the window where the next exchanges wait on the loop).
@@ -25,7 +25,7 @@ type Interfaces = ReturnType<typeof os.networkInterfaces>;
  * address another program adds is seen by the replies that arrive this long
  * after it at the latest; the agent's own changes are seen at once
  * (addressAdded, addressRemoved, addressesChanged). The guard's addresses
- * (the VM's own, issue 15) live for hours, not milliseconds.
+ * (the VM's own) live for hours, not milliseconds.
  */
 export const HOST_READ_MAX_AGE_MS = 100;
 
@@ -76,8 +76,8 @@ export interface ParsedRead {
 }
 
 /**
- * A read parsed once, however many replies ask while it is in use (issue 18:
- * with 50 macvlans, walking every interface's entries and parsing each
+ * A read parsed once, however many replies ask while it is in use (with 50
+ * macvlans, walking every interface's entries and parsing each
  * address for every reply cost about as much as the read itself).
  */
 export function parseRead(interfaces: Interfaces): ParsedRead {

@@ -81,7 +81,7 @@ export interface NativeTcpProbeHandle {
 }
 
 /**
- * The proxy's byte relay on raw descriptors (native/src/relay.cc, issue 18):
+ * The proxy's byte relay on raw descriptors (native/src/relay.cc):
  * one per proxy engine. Records come back through `events` (5 numbers each:
  * kind, id, a, b, c; see RELAY_* below), `count` of them per callback;
  * activity() and close()/reset() write into `activity`.
@@ -120,12 +120,12 @@ export const RELAY_GONE = 6;
 export const RELAY_RECORD = 5;
 
 export interface NativeAddon {
-  /** Absent from an addon built before it: the proxy relays through relay-raw.ts. */
+  /** Absent from an addon built without it: the proxy refuses to start (forward/proxy.ts). */
   RelayHandle?: new (onEvents: (count: number) => void, events: Float64Array, activity: Float64Array) => NativeRelayHandle;
-  /** Absent from an addon built before issue 18: the caller falls back to Node sockets. */
+  /** Absent from an addon built without it: the health checker falls back to Node sockets. */
   /** closeMode: 0 our FIN, then wait for the backend's; 1 a RST (SO_LINGER 0); 2 a RST before the handshake's ACK (TCP_QUICKACK off). */
   TcpProbeHandle?: new (onResults: (count: number) => void, resultIds: Uint32Array, resultErrnos: Int32Array, closeMode?: number) => NativeTcpProbeHandle;
-  /** Absent from an addon built before it (issue 18): agent/net/netlink-socket.ts says to rebuild. */
+  /** Absent from an addon built before it: agent/net/netlink-socket.ts says to rebuild. */
   NetlinkHandle?: new (protocol: number) => NativeNetlinkHandle;
   PacketHandle: new (
     ifindex: number,
@@ -145,11 +145,9 @@ export interface NativeAddon {
   listenTcp4(address: number, port: number, backlog: number, reusePort: boolean): { fd: number; port: number };
   socketInfo(fd: number): NativeSocketInfo;
   dupFd(fd: number): number;
-  /** Absent from an addon built before it (the relay then uses libuv's shutdown). */
-  shutdownWrite?(fd: number): number;
   /** SHA-256 by the node binary's OpenSSL (native/src/digest.cc); absent from an addon built before it. */
   sha256?(data: Uint8Array): Buffer;
-  /** bpf(2) (native/src/bpf.cc, issue 17); absent from an addon built before it. */
+  /** bpf(2) (native/src/bpf.cc); absent from an addon built before it. */
   bpfMapCreate?(type: number, keySize: number, valueSize: number, maxEntries: number, name: string): number;
   bpfMapUpdate?(fd: number, key: Buffer, value: Buffer, flags: number): void;
   bpfMapLookup?(fd: number, key: Buffer, out: Buffer): boolean;
@@ -202,7 +200,7 @@ export interface BpfProgInfo {
   readonly mapIds: readonly number[];
 }
 
-/** The bpf(2) calls of the addon (issue 17), all present; close descriptors with fs.closeSync. */
+/** The bpf(2) calls of the addon, all present; close descriptors with fs.closeSync. */
 export type NativeBpf = Required<Pick<NativeAddon, 'bpfMapCreate' | 'bpfMapUpdate' | 'bpfMapLookup' | 'bpfProgLoad' | 'bpfProgAttach' | 'bpfProgDetach' | 'bpfProgQuery' | 'bpfProgGetFdById' | 'bpfProgInfo' | 'bpfProgTestRun' | 'bpfMapGetFdById' | 'bpfMapInfo'>>;
 
 /** The addon's bpf(2) wrappers, or why there are none (not built, or built before them). */
@@ -258,7 +256,7 @@ let loaded: NativeAddon | undefined;
 
 /**
  * The addon, loaded on first use. Kept once loaded: finding the file and
- * require()'s resolution are stat(2) calls every time (issue 18: ~0.2 ms a
+ * require()'s resolution are stat(2) calls every time (~0.2 ms a
  * call, paid on every packet socket opened, 100 at a 50-service start). A
  * failure is not kept: the next call tries again and throws again.
  */
@@ -337,7 +335,7 @@ export function ifIndexToName(index: number): string {
 /**
  * malloc_trim(3): hand the free pages of every malloc arena back to the
  * kernel; true when some were. glibc keeps what a thread freed in that
- * thread's arena, so each reload's parse worker left ~0.3 MiB behind (issue 18).
+ * thread's arena, so each reload's parse worker left ~0.3 MiB behind.
  */
 export function mallocTrim(): boolean {
   return loadNative().mallocTrim();
@@ -347,7 +345,7 @@ export function mallocTrim(): boolean {
  * V8's low-memory collection (v8::Isolate::LowMemoryNotification): full
  * collections that also shrink the young generation and free V8's pool of
  * emptied pages, which a plain gc() leaves resident or not depending on V8's
- * allocation-rate heuristics (issue 18: the one-service RSS read 55.0 or
+ * allocation-rate heuristics (the one-service RSS read 55.0 or
  * 56.0 MiB run to run). false when the addon is missing or predates it
  * (nothing was done).
  */
@@ -363,11 +361,10 @@ export function lowMemoryNotification(): boolean {
  * MemoryPressureNotification): one full collection flagged to reduce the
  * footprint, which shrinks the young generation and uncommits its idle
  * semi-space as lowMemoryNotification does, without its repeated
- * collections and cleared compilation cache: about gc()'s cost. Issue 18:
- * after gc() each reload of 100 services left ~1 MiB of young generation
- * committed that the start's collection had returned (RSS 1.05x over 20
- * reloads; with this, 1.01x). false when the addon is missing or predates
- * it (nothing was done).
+ * collections and cleared compilation cache: about gc()'s cost. After gc()
+ * alone, each reload left the young generation's memory committed that the
+ * start's collection had returned. false when the addon is missing or
+ * predates it (nothing was done).
  */
 export function collectUnderPressure(): boolean {
   const f = optionalFunction('collectUnderPressure');
@@ -391,17 +388,8 @@ export function socketInfo(fd: number): NativeSocketInfo {
   return loadNative().socketInfo(fd);
 }
 
-/**
- * shutdown(2) SHUT_WR, for the proxy's fast relay (relay-raw.ts, issue 18):
- * the function itself (called per connection, so no wrapper), returning 0 or
- * the negative errno; undefined when the addon is missing or predates it.
- */
-export function shutdownWriteFn(): ((fd: number) => number) | undefined {
-  return optionalFunction('shutdownWrite');
-}
-
 /** An addon function that older builds lack: undefined when the addon is missing or predates it. */
-function optionalFunction<K extends 'shutdownWrite' | 'sha256' | 'lowMemoryNotification' | 'collectUnderPressure' | 'deleteLink' | 'backgroundStats'>(name: K): NativeAddon[K] | undefined {
+function optionalFunction<K extends 'sha256' | 'lowMemoryNotification' | 'collectUnderPressure' | 'deleteLink' | 'backgroundStats'>(name: K): NativeAddon[K] | undefined {
   try {
     const f = loadNative()[name];
     return typeof f === 'function' ? f : undefined;
@@ -411,8 +399,8 @@ function optionalFunction<K extends 'shutdownWrite' | 'sha256' | 'lowMemoryNotif
 }
 
 /**
- * SHA-256 without node:crypto (native/src/digest.cc, issue 18: loading
- * node:crypto for one hash per DHCP service costs ~0.55 MiB); undefined when
+ * SHA-256 without node:crypto (native/src/digest.cc: loading node:crypto
+ * for one hash per DHCP service costs ~0.55 MiB of RSS); undefined when
  * the addon is missing or predates it.
  */
 export function sha256Fn(): ((data: Uint8Array) => Buffer) | undefined {

@@ -1,7 +1,7 @@
 // Raw netlink socket layer: the `netlink` package's RawNetlinkSocket (the
 // layer its framing, NetlinkSocket, sits on) over our addon's NetlinkHandle
 // (native/src/netlink_socket.cc) instead of the package's own .node file.
-// Issue 18: that second addon cost every agent ~0.25 MiB of RSS for one
+// That second addon cost every agent ~0.25 MiB of RSS for one
 // socket class. The package's framing (sequence numbers, multipart dumps,
 // ACKs and errors) and its rtnetlink codecs are used unchanged above this.
 //

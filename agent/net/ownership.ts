@@ -3,7 +3,7 @@
 // how it recognises its own links and addresses after a restart. Deterministic, so a
 // service keeps its MAC (and so its DHCP lease) across restarts, reboots and
 // moves to another VM. The hash is SHA-256 by the node binary's own OpenSSL
-// through the addon (issue 18), node:crypto only with an addon built before
+// through the addon, node:crypto only with an addon built before
 // it: the same bytes either way, so names and MACs never change.
 import { parseMac } from '../ipv4';
 import { sha256Fn } from './native';
@@ -25,14 +25,14 @@ export const MAX_IFNAME_LENGTH = 15;
 
 const OWNED_NAME = /^lbv[0-9a-f]{12}$/;
 
-/** Names and MACs by service key: the daemon asks for a DHCP service's MAC on every forwarding-state build (issue 18). */
+/** Names and MACs by service key: the daemon asks for a DHCP service's MAC on every forwarding-state build. */
 const derived = new Map<string, { name: string; mac: string }>();
 /** Bound on the memo: more keys than any config holds; past it, start over. */
 const MAX_DERIVED = 4096;
 
 /**
  * SHA-256 of `data`. Loading node:crypto for it costs a DHCP service ~0.55
- * MiB of RSS (issue 18); the addon's sha256 hashes with the same OpenSSL.
+ * MiB of RSS; the addon's sha256 hashes with the same OpenSSL.
  */
 function sha256(data: Buffer): Buffer {
   const native = sha256Fn();

@@ -11,7 +11,7 @@
 // sll_ifindex. A broadcast comes up once with the parent's index (the copies
 // macvlan makes for each macvlan are not the parent's); its owner is found
 // in the frame itself (DHCP: chaddr).
-// Why (issue 18): 50 DHCP services opened 50 sockets (socket, BPF JIT, epoll
+// Why: 50 DHCP services opened 50 sockets (socket, BPF JIT, epoll
 // registration, ~0.2-0.6 ms each). A port's frames are sent through the
 // shared socket with the port's ifindex in sendto's address, so they leave
 // from the macvlan, as before (DESIGN.md: every DHCP frame leaves from the

@@ -143,7 +143,7 @@ class PacketSocketImpl extends EventEmitter implements PacketSocket {
   /**
    * Made on the first line logged (a truncated frame, a read error): a pino
    * child per socket cost ~70 us at open, 100 sockets when 50 DHCP services
-   * start, for lines most sockets never write (issue 18).
+   * start, for lines most sockets never write.
    */
   private get log(): Logger {
     this.childLog ??= (this.parentLog ?? silentLogger()).child({ module: 'net/packet', ifindex: this.ifindex });

@@ -542,7 +542,7 @@ export function checkDataplane(f: Facts): CheckResult {
 }
 
 /**
- * The descriptor limit against the proxy's connection limit (issue 15): the
+ * The descriptor limit against the proxy's connection limit: the
  * proxy holds two descriptors per connection plus a reserve
  * (forward/capacity.ts, the rule the daemon uses). Informational on the
  * kernel data path, where connections never reach the agent.
@@ -566,7 +566,7 @@ export function checkDescriptors(f: Facts): CheckResult | undefined {
   return pass(id, detail);
 }
 
-// --- direct server return (issue 17) --------------------------------------------
+// --- direct server return --------------------------------------------
 
 /**
  * Can this kernel do direct server return, and does the config need it? The
@@ -632,7 +632,7 @@ export function checkDsrBackend(f: Facts): CheckResult | undefined {
 }
 
 /**
- * Zone-aware balancing (issue 17): is this node's zone known where a policy
+ * Zone-aware balancing: is this node's zone known where a policy
  * needs it, are there backends in it, and are zones written where no policy
  * reads them (allowed: ignored, noted here).
  */

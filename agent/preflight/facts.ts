@@ -54,15 +54,15 @@ export interface ConfigFacts {
   services: number;
   /** proxy.maxConnections as configured; undefined: derived from the descriptor limit. */
   maxConnections?: number;
-  /** Issue 17: services with sourceIP: preserve (direct server return). */
+  /** Services with sourceIP: preserve (direct server return). */
   dsrServices?: string[];
   /** How the kernel path places new connections (flow-hash with VRRP: forward/dataplane.ts placementFor). */
   placement?: Placement;
-  /** Issue 17: `backend.vips`, the DSR VIPs this VM serves as a backend. */
+  /** `backend.vips`: the DSR VIPs this VM serves as a backend. */
   backendVips?: string[];
-  /** Issue 17: each service's topology policy and its backends' zones. */
+  /** Each service's topology policy and its backends' zones. */
   topology?: { service: string; policy: string; zones: string[]; unzoned: number }[];
-  /** Services only the proxy path can serve (they ask for the PROXY protocol, issue 17). */
+  /** Services only the proxy path can serve (they ask for the PROXY protocol). */
   proxyOnly?: string[];
 }
 
@@ -143,16 +143,16 @@ export interface Facts {
   dhcpProbe?: DhcpProbeFacts;
   /** RLIMIT_NOFILE of this process (the unit's LimitNOFILE= under systemd); absent in facts from before it was gathered. */
   limits?: { nofile: number | undefined };
-  /** Issue 17: the direct-server-return probe (nft-dsr.ts DSR_PROBE_RULESET in a throwaway namespace) and the kernel options it needs. */
+  /** The direct-server-return probe (nft-dsr.ts DSR_PROBE_RULESET in a throwaway namespace) and the kernel options it needs. */
   dsr?: {
     probe: Attempt;
     kernelConfig: Record<string, 'y' | 'm' | 'n' | undefined>;
     /** The BPF program in front of the table (net/ebpf-attach.ts probeDsrBpfHere): load it, attach it at tcx ingress of lo, detach. Absent in facts from before it. */
     bpf?: Attempt;
   };
-  /** Issue 17: this node's zone (node.zone, else the labels file). */
+  /** This node's zone (node.zone, else the labels file). */
   node?: NodeTopology;
-  /** Issue 17: every IPv4 address of the VM, with whether its interface answers ARP (for the DSR backend check). */
+  /** Every IPv4 address of the VM, with whether its interface answers ARP (for the DSR backend check). */
   addresses?: { interface: string; address: string; prefix: number; noarp: boolean }[];
   /** ctnetlink answering (net/conntrack.ts probeConntrackNetlink): the kernel path ends the UDP flows of a backend that left through it. Gathered only for a config with a UDP port the kernel path may NAT. */
   conntrackNetlink?: Attempt;
@@ -368,7 +368,7 @@ async function nftProbe(unshare: string | undefined, nft: string | undefined, ru
   return r.code === 0 ? { status: 'ok', ms: r.ms } : { status: 'failed', error: complaint(r), ms: r.ms };
 }
 
-/** Issue 17: can the kernel do direct server return (the daemon's own probe text), and its kernel options. */
+/** Can the kernel do direct server return (the daemon's own probe text), and its kernel options. */
 async function gatherDsr(release: string, unshare: string | undefined, nft: string | undefined): Promise<NonNullable<Facts['dsr']>> {
   const [probe, configText] = await Promise.all([nftProbe(unshare, nft, DSR_PROBE_RULESET), readKernelConfig(release)]);
   const kernelConfig: Record<string, 'y' | 'm' | 'n' | undefined> = {};

@@ -2,8 +2,8 @@
 // atomically - temp file in the same directory, fsync, rename, fsync the
 // directory - so a crash leaves either the old or the new file, never half.
 // writeAsync/removeAsync do the same off the event loop (what waits on the
-// disk runs in libuv's thread pool; issue 18: 50 DHCP leases saved at start
-// blocked the loop ~3 ms each), in order per file name, and the renames
+// disk runs in libuv's thread pool: a synchronous save blocks the loop for
+// milliseconds, once per DHCP lease at start), in order per file name, and the renames
 // done by the time a directory fsync starts share it.
 import * as fs from 'node:fs';
 import * as path from 'node:path';
@@ -88,7 +88,7 @@ export class StateStore {
    * one plain callback request: the fsyncs, and the temp file's creation and
    * rename, which wait for the filesystem's journal while the other services'
    * fsyncs commit it (ext4: 0.2-0.4 ms each with 50 leases saved at once; on
-   * the event loop that was ~7% of a 50-service start, issue 18). The write
+   * the event loop that was ~7% of a 50-service start). The write
    * and close of a small file are page-cache work, done in place. Through
    * fs.promises each step was a round trip and a FileHandle, ~1 ms of the
    * loop per lease.
@@ -121,8 +121,8 @@ export class StateStore {
    * sync, started on the next turn, serves all the renames finished before it
    * starts (a rename after its start waits for the next). 50 DHCP leases
    * saved at start were 50 directory syncs in the thread pool, each a journal
-   * commit, each delaying a VIP that is served only once its lease is on disk
-   * (issue 18). Durability is the same: a write resolves only after a
+   * commit, each delaying a VIP that is served only once its lease is on disk.
+   * Durability is the same: a write resolves only after a
    * directory sync that began after its rename.
    */
   private syncDir(): Promise<void> {

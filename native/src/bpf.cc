@@ -1,4 +1,4 @@
-// bpf(2) wrappers (issue 17: direct server return at tc ingress): map create,
+// bpf(2) wrappers (direct server return at tc ingress): map create,
 // update and lookup, program load, tcx attach/detach/query, program ids to
 // descriptors and names, test runs. Syscalls and descriptors only: the program's
 // instructions are built in TypeScript (agent/net/ebpf.ts), keys and values

@@ -2,7 +2,7 @@
 // exports to addons (SHA256(3), one shot). A primitive like a syscall: bytes
 // in, 32 bytes out, no policy. agent/net/ownership.ts derives link names,
 // MACs and DHCP client ids from it without loading node:crypto, which costs
-// a DHCP service ~0.55 MiB of RSS for one hash per service (issue 18).
+// a DHCP service ~0.55 MiB of RSS for one hash per service.
 #include "common.h"
 
 #include <openssl/sha.h>

@@ -1,4 +1,4 @@
-// Listening TCP/IPv4 sockets for the userspace proxy's workers (issue 18):
+// Listening TCP/IPv4 sockets for the userspace proxy's workers:
 // socket(2), setsockopt(2) SO_REUSEADDR and SO_REUSEPORT, bind(2), listen(2)
 // and getsockname(2) - Node 20's net has no reusePort listen option, so the
 // sockets of a SO_REUSEPORT group are made here and handed to each worker's
@@ -106,21 +106,12 @@ Napi::Value DupFd(const Napi::CallbackInfo& info) {
   return Napi::Number::New(env, copy);
 }
 
-// shutdownWrite(fd) -> 0, or the negative errno (as libuv's handle methods
-// return it): the proxy's hot path, so no Error object is built.
-Napi::Value ShutdownWrite(const Napi::CallbackInfo& info) {
-  int fd = IntArg(info, 0, "shutdownWrite(fd: number)");
-  int r = shutdown(fd, SHUT_WR) < 0 ? -errno : 0;
-  return Napi::Number::New(info.Env(), r);
-}
-
 }  // namespace
 
 Napi::Object InitListenSocket(Napi::Env env, Napi::Object exports) {
   exports.Set("listenTcp4", Napi::Function::New(env, ListenTcp4, "listenTcp4"));
   exports.Set("socketInfo", Napi::Function::New(env, SocketInfo, "socketInfo"));
   exports.Set("dupFd", Napi::Function::New(env, DupFd, "dupFd"));
-  exports.Set("shutdownWrite", Napi::Function::New(env, ShutdownWrite, "shutdownWrite"));
   return exports;
 }
 

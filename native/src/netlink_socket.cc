@@ -1,7 +1,7 @@
 // NetlinkHandle: an AF_NETLINK/SOCK_RAW socket with readiness from libuv
 // (uv_poll), the raw layer under the `netlink` package's framing and rtnetlink
 // codecs (agent/net/netlink-socket.ts adapts it to the package's
-// RawNetlinkSocket). Issue 18: the package's own prebuilt addon was a second
+// RawNetlinkSocket). The package's own prebuilt addon was a second
 // .node file mapped into every agent (~0.25 MiB of RSS: its pages, relocations
 // and symbol lookups against node's exports) for one socket class. Datagrams go
 // in and out whole; nothing here parses them (netlink(7)).

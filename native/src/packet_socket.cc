@@ -23,8 +23,7 @@ namespace lbagent {
 // The receive buffer, one per thread for every packet and netlink socket:
 // each reader reads and copies every datagram out before it returns, on the
 // thread that runs the socket's loop, so sockets never share it at the same
-// time. One 64 KiB buffer per socket was 6.4 MiB of RSS for 100 pool VIPs
-// (issue 18).
+// time. One 64 KiB buffer per socket was 6.4 MiB of RSS for 100 pool VIPs.
 uint8_t* SharedRecvBuffer() {
   thread_local std::vector<uint8_t> buffer(kSharedRecvBufferSize);
   return buffer.data();

@@ -1,4 +1,4 @@
-// RelayHandle: the proxy's byte relay on raw descriptors (issue 18). One per
+// RelayHandle: the proxy's byte relay on raw descriptors. One per
 // proxy engine (one per worker thread). One epoll descriptor holds the
 // listeners and both sockets of every relayed connection; libuv watches that
 // one descriptor (uv_poll, as tcp_probe.cc does), so no libuv handle, no
@@ -33,8 +33,8 @@
 // Half-close: EOF from one side, once all of it is written on, becomes
 // shutdown(SHUT_WR) on the other side one loop turn later (a client that
 // closes as soon as it has its answer is then usually read to its end first
-// and both sockets just close, with no TIME_WAIT on our side; the same
-// deferral relay-raw.ts measured); both done closes both. An error on either
+// and both sockets just close, with no TIME_WAIT on our side); both done
+// closes both. An error on either
 // side resets both (SO_LINGER 0).
 #include "common.h"
 #include "loop_handles.h"

@@ -1,7 +1,7 @@
 // Small system queries: capability sets (capget(2), for preflight),
 // interface name/index lookups (if_nametoindex(3)), malloc_trim(3)
-// (issue 18: memory freed by short-lived threads stays in their malloc
-// arenas until trimmed), and V8's low-memory notification (issue 18: the one
+// (memory freed by short-lived threads stays in their malloc
+// arenas until trimmed), and V8's low-memory notification (the one
 // call that makes V8 hand back its pooled pages; no N-API equivalent).
 #include "common.h"
 
@@ -90,7 +90,7 @@ Napi::Value LowMemoryNotification(const Napi::CallbackInfo& info) {
 // left to free), then the level back to none. Like LowMemoryNotification it
 // shrinks the young generation and uncommits its idle semi-space; unlike it,
 // it does not repeat the collection until nothing more is freed nor clear
-// the compilation cache, so it costs about what gc() does (issue 18; the
+// the compilation cache, so it costs about what gc() does (the
 // measurements: agent/daemon/daemon.ts collectGarbage). The caller decides when.
 Napi::Value CollectUnderPressure(const Napi::CallbackInfo& info) {
   v8::Isolate* isolate = v8::Isolate::GetCurrent();

@@ -1,5 +1,5 @@
 // TcpProbeHandle: TCP connect probes on raw descriptors, many at once, for the
-// health checker (issue 18). One epoll descriptor holds every probe socket and
+// health checker. One epoll descriptor holds every probe socket and
 // libuv watches that one descriptor (uv_poll, as packet_socket.cc does): no
 // thread, no per-socket libuv handle, no JavaScript object per probe.
 // Syscalls only: socket, connect, epoll_ctl, epoll_wait, getsockopt(SO_ERROR),
@@ -28,7 +28,7 @@
 //     (kIdle; a failed or cancelled connect is disconnected and kept the
 //     same way). socket(), epoll_ctl(ADD), close() and the allocation and
 //     freeing of the socket are saved: a probe on loopback 27 -> 17 us of
-//     CPU (issue 18). Only probes to the same address share a socket: after
+//     CPU. Only probes to the same address share a socket: after
 //     a disconnect the kernel continues the initial sequence number from the
 //     old one (write_seq + max_window + 2, not a fresh secure_tcp_seq()),
 //     so whoever saw a socket's SYN could predict its next; a backend only
@@ -82,7 +82,7 @@ constexpr int kMaxReadsPerWake = 16;
 // connects, which on a near backend are ready before the next round), so
 // more rounds chained whole periods of probes into one loop iteration; at
 // 10,000 targets with 8 rounds the event loop stalled 1-2.7 s at a time
-// (issue 18, bench/health.ts). libuv calls again on its next iteration while
+// (bench/health.ts). libuv calls again on its next iteration while
 // the epoll descriptor stays readable, after timers and other handles.
 constexpr int kMaxRoundsPerWake = 1;
 // Disconnected sockets kept for reuse, in all: each is a TCP socket, a file

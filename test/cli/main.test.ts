@@ -4,7 +4,8 @@ import t, { Test } from 'tap';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { agentCli } from '../../lab/agent';
+import { spawn } from 'node:child_process';
+import { AGENT_BIN, agentCli } from '../../lab/agent';
 import { ControlServer } from '../../agent/control/server';
 import { silentLogger } from '../../agent/log';
 
@@ -150,4 +151,47 @@ t.test('status --watch: a bad interval and --json are usage errors (exit 2)', as
   const b = await agentCli(undefined, undefined, ['status', '--watch', '--json', '--socket', '/nonexistent.sock']);
   t.equal(b.code, 2);
   t.match(b.stderr, /--watch and --json do not go together.*\[LB_ERR_CLI_USAGE\]/);
+});
+
+/**
+ * Runs the real bin with its stdout piped to a reader that takes `lines`
+ * lines (0: none) and then closes its end, as `| head -n lines` does.
+ */
+function intoClosingReader(args: string[], lines: number): Promise<{ code: number | null; signal: string | null; stderr: string; read: string }> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, [AGENT_BIN, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+    let stderr = '';
+    let read = '';
+    child.stderr.on('data', (d) => { stderr += d; });
+    child.stdout.on('error', () => undefined);
+    if (lines === 0) child.stdout.destroy();
+    else {
+      child.stdout.on('data', (d) => {
+        read += d;
+        if (read.split('\n').length > lines) { read = read.split('\n').slice(0, lines).join('\n'); child.stdout.destroy(); }
+      });
+    }
+    const timer = setTimeout(() => { child.kill('SIGKILL'); reject(new Error(`${args.join(' ')} did not end; stderr: ${stderr}`)); }, 20_000);
+    child.on('error', reject);
+    child.on('close', (code, signal) => { clearTimeout(timer); resolve({ code, signal, stderr, read }); });
+  });
+}
+
+t.test('a reader that closes the pipe early: the command ends quietly with 0 (`status --json | head -1`)', async (t) => {
+  // A status far larger than a pipe's buffer (64 KiB): the CLI is still writing when the reader goes.
+  const services = Array.from({ length: 4000 }, (_, i) => ({ key: `default/svc-${i}`, vip: `10.0.${i >> 8}.${i & 255}`, backends: ['10.99.0.11', '10.99.0.12'] }));
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lbt-epipe-'));
+  const socket = path.join(dir, 'agent.sock');
+  const server = new ControlServer({ socketPath: socket, log: silentLogger(), handler: async () => ({ config: { path: '/etc/lb-agent/config.yaml' }, services }) });
+  await server.start();
+  t.teardown(async () => { await server.stop(); fs.rmSync(dir, { recursive: true, force: true }); });
+  const r = await intoClosingReader(['status', '--json', '--socket', socket], 1);
+  t.equal(r.read, '{', 'the reader got its line');
+  t.same([r.code, r.signal], [0, null], 'exit 0');
+  t.equal(r.stderr, '', 'nothing on stderr: no EPIPE, no stack trace');
+  // A reader gone before the first byte; and commands that print the generated pages.
+  for (const args of [['man'], ['completion', 'bash'], ['--help'], ['version', '--json']]) {
+    const g = await intoClosingReader(args, 0);
+    t.same([g.code, g.signal, g.stderr], [0, null, ''], `${args.join(' ')} into a closed pipe: exit 0, stderr empty`);
+  }
 });

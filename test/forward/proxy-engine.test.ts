@@ -8,7 +8,7 @@ import { realClock } from '../../agent/clock';
 import { listenTcp4 } from '../../agent/net/native';
 import { parseIPv4 } from '../../agent/ipv4';
 import { ProxyEngine, type EngineListenerSpec } from '../../agent/forward/proxy-engine';
-import { rawRelayPath } from '../../agent/forward/relay-raw';
+import { nativeRelayPath } from '../../agent/forward/relay-native';
 import { TallyTable, FLOW_CONNECTIONS } from '../../agent/forward/tallies';
 
 const quiet = { debug: () => undefined, info: () => undefined, warn: () => undefined, error: () => undefined };
@@ -18,7 +18,7 @@ async function setup(t: tap.Test, vip: string): Promise<{ engine: ProxyEngine; t
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
   t.teardown(() => { server.close(); (server as unknown as { closeAllConnections?: () => void }).closeAllConnections?.(); });
   const table = new TallyTable(1);
-  const path = rawRelayPath();
+  const path = nativeRelayPath();
   if (typeof path === 'string') throw new Error(path);
   const engine = new ProxyEngine({
     index: 0, buffers: table.buffers(), config: { algorithm: 'round-robin', idleTimeout: 60, connectTimeout: 2 }, log: quiet, clock: realClock,

@@ -1,21 +1,14 @@
 // The worker thread entry (proxy-worker.ts) spoken to as the main thread does:
-// it says which relay path it runs, serves the descriptors an apply hands it,
-// and answers a stop. Also chooseRelay, the one place that picks the path.
+// it says it is ready, serves the descriptors an apply hands it, and answers
+// a stop.
 import t from 'tap';
 import * as net from 'node:net';
 import * as path from 'node:path';
 import { Worker } from 'node:worker_threads';
-import { chooseRelay, type FromWorker, type WorkerStart } from '../../agent/forward/proxy-worker';
+import { type FromWorker, type WorkerStart } from '../../agent/forward/proxy-worker';
 import { ENGINE_OPEN, TallyTable } from '../../agent/forward/tallies';
 import { dupFd, listenTcp4 } from '../../agent/net/native';
 import { parseIPv4 } from '../../agent/ipv4';
-
-t.test('chooseRelay: the fastest path unless another is asked for', async (t) => {
-  t.same([chooseRelay('auto').path.kind, chooseRelay('auto').fallback], ['native', undefined]);
-  t.equal(chooseRelay('native').path.kind, 'native');
-  t.equal(chooseRelay('raw').path.kind, 'raw');
-  t.same([chooseRelay('streams').path.kind, chooseRelay('streams').fallback], ['streams', undefined]);
-});
 
 t.test('a worker thread: ready, serves what it is given, stops', async (t) => {
   const server = net.createServer((s) => s.end('from backend\n'));
@@ -23,7 +16,7 @@ t.test('a worker thread: ready, serves what it is given, stops', async (t) => {
   t.teardown(() => server.close());
   const table = new TallyTable(1);
   const start: WorkerStart = {
-    index: 0, buffers: table.buffers(), config: { algorithm: 'round-robin', idleTimeout: 60, connectTimeout: 2 }, relay: 'auto',
+    index: 0, buffers: table.buffers(), config: { algorithm: 'round-robin', idleTimeout: 60, connectTimeout: 2 },
     maxConnections: 100, backlog: 64, udpIdleMs: 30_000, maxUdpSessions: 16, logLevel: 30,
   };
   const w = new Worker(path.resolve(__dirname, '../../agent/forward/proxy-worker.js'), { workerData: start });
@@ -36,7 +29,7 @@ t.test('a worker thread: ready, serves what it is given, stops', async (t) => {
     w.on('message', on);
   });
   w.on('message', (m: FromWorker) => messages.push(m));
-  t.same(await next((m) => m.t === 'ready'), { t: 'ready', relay: 'native', fallback: undefined });
+  t.same(await next((m) => m.t === 'ready'), { t: 'ready' });
   const vip = '127.0.0.60';
   const l = listenTcp4(parseIPv4(vip)!, 0, 64, true);
   const flow = table.slot('flow');

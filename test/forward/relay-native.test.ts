@@ -1,9 +1,8 @@
-// The relay in the addon (relay-native.ts, native/src/relay.cc): the default
-// when the addon has it, relay-raw.ts when it does not (and the proxy says so);
-// half-close both ways, a reset on either side resets the other, backpressure
+// The relay in the addon (relay-native.ts, native/src/relay.cc): the proxy's
+// one relay path, refused with a fix when the addon lacks it; half-close both ways, a reset on either side resets the other, backpressure
 // against a slow reader without buffering in the proxy, the PROXY header, and
 // nothing left open (descriptors, buffers) after 1,000 connections. The
-// behaviours every relay must have run in proxy.test.ts with this path on.
+// data path's other behaviours run in proxy.test.ts.
 import t from 'tap';
 import * as net from 'node:net';
 import * as fs from 'node:fs';
@@ -11,7 +10,8 @@ import { createHash } from 'node:crypto';
 import { ProxyDataplane } from '../../agent/forward/proxy';
 import { nativeRelayStats } from '../../agent/forward/relay-native';
 import { parseIPv4 } from '../../agent/ipv4';
-import { loadNative } from '../../agent/net/native';
+import { loadNative, socketInfo, type NativeSocketInfo } from '../../agent/net/native';
+import { isLbError } from '../../agent/errors';
 import { halfCloseBothWays, proxyHeaderTest } from '../../lab/relay-checks';
 
 const cfg = { algorithm: 'round-robin' as const, idleTimeout: 60, connectTimeout: 2 };
@@ -49,24 +49,16 @@ function readAll(port: number, host: string): Promise<string> {
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
 // First in this file: the addon's relay is not created in this thread yet, so
-// hiding the class shows what an addon built before it gets.
-t.test('an addon without the relay: the proxy relays through relay-raw.ts and says why', async (t) => {
+// hiding the class shows what an install whose addon lacks it gets.
+t.test('an addon without the relay: the proxy refuses to start and says how to fix it', async (t) => {
   const addon = loadNative() as { RelayHandle?: unknown };
   const saved = addon.RelayHandle;
   addon.RelayHandle = undefined;
   t.teardown(() => { addon.RelayHandle = saved; });
-  const warnings: string[] = [];
-  const log = { child: () => log, info: () => undefined, debug: () => undefined, error: () => undefined, fatal: () => undefined, warn: (_o: object, m: string) => warnings.push(m), levelVal: 30 };
-  const port = await serve(t, (s) => s.end('hello\n'));
-  const p = new ProxyDataplane({ config: cfg, inline: true, log: log as never });
-  t.teardown(() => p.stop());
-  await p.apply({ services: [oneBackend('default/web', '127.0.0.50', port)] });
-  const lp = ((await p.stats()).details['listeners'] as { boundPort: number }[])[0]!.boundPort;
-  t.equal(await readAll(lp, '127.0.0.50'), 'hello\n');
-  const st = await p.stats();
-  t.same(st.details['relayed'], { native: 0, raw: 1, streams: 0 }, 'through libuv handles');
-  t.same((st.details['workers'] as { relay: string }[]).map((w) => w.relay), ['raw']);
-  t.match(warnings.join('\n'), /a faster relay path is not available \(the native addon was built without the relay.*\); relaying through libuv handles/);
+  let caught: unknown;
+  try { new ProxyDataplane({ config: cfg, inline: true }); } catch (err) { caught = err; }
+  t.ok(isLbError(caught, 'LB_ERR_NET_NATIVE_MISSING'), 'refused with a stable code');
+  t.match((caught as Error).message, /the userspace proxy cannot relay: the native addon was built without the relay \(rebuild it: npm ci\)/);
 });
 
 t.test('by default a worker thread relays in the addon', async (t) => {
@@ -76,8 +68,7 @@ t.test('by default a worker thread relays in the addon', async (t) => {
   // Bytes are counted at each connection's end (and every 100 ms): wait for the last one's.
   let st = await p.stats();
   for (let i = 0; i < 50 && st.details['openConnections'] !== 0; i++) { await sleep(20); st = await p.stats(); }
-  t.same((st.details['workers'] as { relay: string }[]).map((w) => w.relay), ['native'], 'the worker is on the addon\'s relay');
-  t.same(st.details['relayed'], { native: 5, raw: 0, streams: 0 }, 'and every connection went through it');
+  t.same((st.details['workers'] as { thread: boolean; accepted: number }[]).map((w) => [w.thread, w.accepted]), [[true, 5]], 'the worker thread relayed every connection');
   t.equal(st.flows.reduce((n, f) => n + f.bytesToClient, 0), 30, 'bytes counted at each end');
 });
 
@@ -85,7 +76,6 @@ t.test('half-close both ways: each FIN passes once what came before it is writte
   const p = new ProxyDataplane({ config: cfg, inline: true });
   t.teardown(() => p.stop());
   t.equal(await halfCloseBothWays(t, p, '127.0.0.52'), 'got ping and your FIN');
-  t.same((await p.stats()).details['relayed'], { native: 1, raw: 0, streams: 0 });
 });
 
 t.test('a reset on either side resets the other', async (t) => {
@@ -175,7 +165,6 @@ t.test('1,000 connections leave no descriptor, connection or buffer behind', asy
   for (let i = 0; i < 50 && fds() > before; i++) await sleep(20);
   t.ok(fds() <= before, `no more descriptors open than before (${fds()}, ${before} before)`);
   const st = await p.stats();
-  t.same(st.details['relayed'], { native: N + 1, raw: 0, streams: 0 });
   t.equal(st.details['openConnections'], 0);
   t.equal(st.flows.reduce((n, f) => n + f.connections, 0), N + 1);
 });
@@ -266,4 +255,23 @@ t.test('a worker thread that ends frees what its relay held: descriptors of open
   t.ok(fds() <= before, `back to the descriptors open before the worker started (${fds()}, ${before} before)`);
 });
 
-for (const version of ['v2', 'v1'] as const) proxyHeaderTest(t, 'native', version);
+for (const version of ['v2', 'v1'] as const) proxyHeaderTest(t, version);
+
+t.test('relayed client sockets have TCP_NODELAY from their listener (no setsockopt per connection)', async (t) => {
+  const port = await serve(t, (s) => s.on('data', () => undefined));
+  const { port: lp } = await proxyTo(t, '127.0.0.44', port);
+  const c = net.connect(lp, '127.0.0.44');
+  t.teardown(() => c.destroy());
+  await new Promise((r) => c.once('connect', r));
+  c.write('x');
+  // The engine runs in this process: find its sockets bound to the VIP:port among our descriptors.
+  const vip = parseIPv4('127.0.0.44')!;
+  const mine = (): NativeSocketInfo[] => fs.readdirSync('/proc/self/fd').map(Number).flatMap((fd) => {
+    try { const i = socketInfo(fd); return i.address === vip && i.port === lp ? [i] : []; } catch { return []; }
+  });
+  let found: NativeSocketInfo[] = [];
+  for (let i = 0; i < 100 && !found.some((s) => !s.listening); i++) { await sleep(10); found = mine(); }
+  const listening = found.filter((s) => s.listening);
+  t.ok(listening.length > 0 && listening.every((s) => s.noDelay === true), 'the listener (each descriptor of it) has TCP_NODELAY');
+  t.same(found.filter((s) => !s.listening).map((s) => s.noDelay), [true], 'and the accepted client socket inherited it');
+});

@@ -17,6 +17,7 @@ import { isLbError } from '../../agent/errors';
 import type { NativeAddon } from '../../agent/net/native';
 import { ManualClock } from '../../agent/clock';
 import { HealthChecker, targetKey } from '../../agent/health/checker';
+import { NativeTcpProber } from '../../agent/health/native-probe';
 import type { Probe, ProbeResult, ProbeTarget } from '../../agent/health/probe';
 import { service, healthCheck } from './spec';
 import { listen } from './loopback';
@@ -435,7 +436,7 @@ t.test('a TCP check that sends a PROXY header goes through a Node socket, beside
   t.same([...Buffer.concat(received).subarray(0, 12)], [0x0d, 0x0a, 0x0d, 0x0a, 0x00, 0x0d, 0x0a, 0x51, 0x55, 0x49, 0x54, 0x0a], 'the backend got the PROXY v2 signature first');
 });
 
-t.test('without the addon\'s prober: Node sockets, a warn line and the metric say so; tcpProbes native refuses', async (t) => {
+t.test('without the addon\'s prober: Node sockets, a warn line and the metric say so; an injected native prober refuses', async (t) => {
   const b = await loopbackBackend(t);
   const registry = new Registry();
   const { log, lines } = capturedLog();
@@ -451,10 +452,10 @@ t.test('without the addon\'s prober: Node sockets, a warn line and the metric sa
   const warn = lines.find((l) => l.op === 'probe-path');
   t.equal(warn?.level, 'warn');
   t.match(String(warn?.msg), /native TCP prober unavailable .*TcpProbeHandle.*Node socket/);
-  const strict = new HealthChecker({ registry: new Registry(), nativeAddon: oldAddon, tcpProbes: 'native' });
+  const strict = new HealthChecker({ registry: new Registry(), tcpProber: (onOutcome, clock) => new NativeTcpProber({ onOutcome, clock, addon: oldAddon }) });
   let caught: unknown;
   try { strict.start(); } catch (err) { caught = err; }
-  t.ok(isLbError(caught, 'LB_ERR_NET_NATIVE_MISSING'), 'tcpProbes native: start() throws instead of falling back');
+  t.ok(isLbError(caught, 'LB_ERR_NET_NATIVE_MISSING'), 'an injected native prober: start() throws instead of falling back');
   t.equal(strict.probePath(), undefined, 'and nothing runs');
 });
 

@@ -23,7 +23,6 @@ import {
   mallocTrim,
   lowMemoryNotification,
   collectUnderPressure,
-  shutdownWriteFn,
   sha256Fn,
 } from '../../agent/net/native';
 import { endWorkersHolding } from './worker-end';
@@ -178,37 +177,6 @@ t.test('listening sockets for the proxy: a SO_REUSEPORT group, inspected and dup
   const notSocket = fs.openSync('/dev/null', 'r');
   t.teardown(() => fs.closeSync(notSocket));
   t.throws(() => socketInfo(notSocket), { code: 'ENOTSOCK', syscall: 'getsockname' }, 'a non-socket is refused like Node would');
-});
-
-t.test('shutdownWrite sends a FIN and keeps the socket readable; errors come back as negative errno', async (t) => {
-  const shutdownWrite = shutdownWriteFn();
-  if (shutdownWrite === undefined) { t.fail('the built addon has shutdownWrite (the proxy relay uses it)'); return; }
-  const server = net.createServer({ allowHalfOpen: true });
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-  t.teardown(() => server.close());
-  const accepted = new Promise<net.Socket>((r) => server.once('connection', r));
-  const client = net.connect((server.address() as net.AddressInfo).port, '127.0.0.1');
-  await new Promise((r) => client.once('connect', r));
-  const peer = await accepted;
-  t.teardown(() => { client.destroy(); peer.destroy(); });
-  // The descriptor under the client's handle: shut its write side from the addon.
-  const fd = (client as unknown as { _handle: { fd: number } })._handle.fd;
-  t.ok(fd > 2, `the client socket has a descriptor (${fd})`);
-  const got: Buffer[] = [];
-  peer.on('data', (d: Buffer) => got.push(d));
-  const ended = new Promise((r) => peer.once('end', r));
-  client.write('before the FIN');
-  await new Promise((r) => setTimeout(r, 20));
-  t.equal(shutdownWrite(fd), 0);
-  await ended;
-  t.equal(Buffer.concat(got).toString(), 'before the FIN', 'the peer read what came before, then its end');
-  // Half-close: the other direction still works.
-  const back = new Promise<Buffer>((r) => client.once('data', r));
-  peer.end('after it');
-  t.equal((await back).toString(), 'after it');
-  const notSocket = fs.openSync('/dev/null', 'r');
-  t.teardown(() => fs.closeSync(notSocket));
-  t.equal(shutdownWrite(notSocket), -88, 'a non-socket: -ENOTSOCK, nothing thrown (the relay path handles it)');
 });
 
 t.test('an install without the built addon (or with a broken one) is LB_ERR_NET_NATIVE_MISSING saying what to run', async (t) => {
