@@ -308,6 +308,7 @@ export function configMarkdown(entries: readonly ReferenceEntry[]): string {
     const top = e.path.split(/[.[]/)[0]!;
     if (top !== section) {
       section = top;
+      if (out[out.length - 1] !== '') out.push('');
       out.push(`## \`${top}\``, '');
       const topEntry = entries.find((x) => x.path === top);
       if (topEntry?.help) out.push(topEntry.help, '');
