@@ -6,7 +6,7 @@
 // standalone benches other modules ship), statistics and rendering in lib/.
 //
 //   npm run bench -- [--only forward,dhcp,health,control,restart,preflight,failover]
-//                    [--rounds N] [--quick] [--out DIR] [--readme] [--dhcp-many-ping]
+//                    [--rounds N] [--quick] [--out DIR] [--docs] [--dhcp-many-ping]
 //                    [--dhcp-clients udhcpc,dhclient,lbagent,lbagent-like]
 //                    [--forward-targets direct,dsr,direct3,dsr3,...]
 //
@@ -16,8 +16,9 @@
 // issue 17's like-for-like ratio); a row's paired reference (direct, or
 // direct3) must be listed too for its "x direct".
 // --quick: one round and short measurements (3-4 minutes), to check the
-// harness, not to quote. --readme: also replace the generated block of the
-// README's Performance section. Only lab namespaces and loopback are traffic
+// harness, not to quote. --docs: also replace the generated summary in
+// docs/benchmarks.md with this run's (`npm run docs` does the same from the
+// latest full run committed in bench/results/). Only lab namespaces and loopback are traffic
 // targets; every lab is torn down, also on Ctrl-C.
 import * as fs from 'node:fs';
 import * as path from 'node:path';
@@ -29,7 +30,7 @@ import { benchControl } from './control';
 import { benchRestart } from './restart';
 import { benchProbeRate, benchPreflight, benchFailover } from './wrapped';
 import { machineFacts, loadAverage, otherCpuMeter } from './lib/procfs';
-import { evaluateTargets, renderResults, renderReadmeSummary, updateReadme, type BenchResults } from './lib/report';
+import { evaluateTargets, renderResults, renderBenchSummary, updateBenchPage, BENCH_PAGE, type BenchResults } from './lib/report';
 import { round } from './lib/stats';
 
 const AREAS = ['forward', 'dhcp', 'health', 'control', 'restart', 'preflight', 'failover'] as const;
@@ -47,16 +48,16 @@ const TOOLS: Record<Area, string[]> = {
   failover: ['keepalived', 'tcpdump', 'ip'],
 };
 
-interface Args { only: Area[]; rounds: number; quick: boolean; out: string; readme: boolean; dhcpManyPing: boolean; dhcpClients: DhcpClient[]; forwardTargets: ForwardTarget[] }
+interface Args { only: Area[]; rounds: number; quick: boolean; out: string; docs: boolean; dhcpManyPing: boolean; dhcpClients: DhcpClient[]; forwardTargets: ForwardTarget[] }
 
 const REPO = path.resolve(__dirname, '..', '..');
 
 function usage(): string {
-  return `usage: npm run bench -- [--only ${AREAS.join(',')}] [--rounds N] [--quick] [--out DIR] [--readme] [--dhcp-many-ping] [--dhcp-clients ${DHCP_CLIENTS.join(',')}] [--forward-targets ${FORWARD_TARGETS.join(',')}]\n`;
+  return `usage: npm run bench -- [--only ${AREAS.join(',')}] [--rounds N] [--quick] [--out DIR] [--docs] [--dhcp-many-ping] [--dhcp-clients ${DHCP_CLIENTS.join(',')}] [--forward-targets ${FORWARD_TARGETS.join(',')}]\n`;
 }
 
 function parseArgs(argv: string[]): Args {
-  const a: Args = { only: [], rounds: 0, quick: false, out: path.join(REPO, 'bench', 'results'), readme: false, dhcpManyPing: false, dhcpClients: [...DHCP_CLIENTS], forwardTargets: [...FORWARD_TARGETS] };
+  const a: Args = { only: [], rounds: 0, quick: false, out: path.join(REPO, 'bench', 'results'), docs: false, dhcpManyPing: false, dhcpClients: [...DHCP_CLIENTS], forwardTargets: [...FORWARD_TARGETS] };
   for (let i = 0; i < argv.length; i++) {
     const v = argv[i + 1];
     switch (argv[i]) {
@@ -72,7 +73,7 @@ function parseArgs(argv: string[]): Args {
         a.rounds = n; i++; break;
       }
       case '--quick': a.quick = true; break;
-      case '--readme': a.readme = true; break;
+      case '--docs': a.docs = true; break;
       case '--dhcp-many-ping': a.dhcpManyPing = true; break;
       case '--dhcp-clients': {
         const names = String(v ?? '').split(',').filter(Boolean);
@@ -228,11 +229,11 @@ async function main(): Promise<void> {
   fs.writeFileSync(md, text);
   process.stdout.write(text);
   log('bench')(`wrote ${path.relative(process.cwd(), md)} and ${path.relative(process.cwd(), json)} in ${((Date.now() - t0) / 60_000).toFixed(1)} min`);
-  if (args.readme) {
-    const readme = path.join(REPO, 'README.md');
+  if (args.docs) {
+    const page = path.join(REPO, BENCH_PAGE);
     const rel = path.relative(REPO, md);
-    fs.writeFileSync(readme, updateReadme(fs.readFileSync(readme, 'utf8'), renderReadmeSummary(results, rel)));
-    log('bench')(`updated the Performance section of ${readme}`);
+    fs.writeFileSync(page, updateBenchPage(fs.readFileSync(page, 'utf8'), renderBenchSummary(results, rel)));
+    log('bench')(`updated the summary of ${page}`);
   }
   if (Object.values(results.areas).some((a) => a.error)) process.exitCode = 1;
 }

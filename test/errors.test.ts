@@ -6,7 +6,7 @@
 import t from 'tap';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { ERROR_CODES } from '../agent/errors';
+import { ERROR_CODES, ERROR_HELP } from '../agent/errors';
 
 const ROOT = path.resolve(__dirname, '..', '..');
 
@@ -54,4 +54,9 @@ t.test('a test expects each code', async (t) => {
     const by = [...text].filter(([, s]) => s.includes(code)).map(([f]) => path.relative(ROOT, f));
     t.ok(by.length > 0, `${code} is expected by ${by.length > 0 ? by.join(', ') : 'no test'}`);
   }
+});
+
+t.test('every code has a cause and a fix (docs/troubleshooting.md is made of them)', async (t) => {
+  t.same(Object.keys(ERROR_HELP).sort(), [...ERROR_CODES].sort(), 'one entry per code, none for a code that is gone');
+  for (const code of ERROR_CODES) t.ok(ERROR_HELP[code].cause.length > 15 && ERROR_HELP[code].fix.length > 15, code);
 });

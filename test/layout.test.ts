@@ -1,4 +1,4 @@
-// The README's "Layout" section matches the tree (issue 16): every top-level
+// The "Layout" section of docs/design.md matches the tree: every top-level
 // folder and every agent/ subfolder is named there as `name/`, and every
 // folder named there exists. Folders git ignores (node_modules/, dist/, ...)
 // are not part of the tree.
@@ -8,7 +8,7 @@ import * as path from 'node:path';
 
 const ROOT = path.resolve(__dirname, '..', '..');
 
-/** The text of the README section headed `## Layout`, up to the next `## `. */
+/** The text of the section headed `## Layout`, up to the next `## `. */
 function layoutSection(readme: string): string | undefined {
   const m = /^## Layout\n([\s\S]*?)(?=^## |(?![\s\S]))/m.exec(readme);
   return m?.[1];
@@ -32,10 +32,10 @@ function dirs(dir: string, ignored: Set<string>): string[] {
     .sort();
 }
 
-/** What is wrong between a README and a tree's folders: missing from the README, or named but absent. */
+/** What is wrong between a page and a tree's folders: missing from the page, or named but absent. */
 function mismatches(readme: string, top: string[], agentDirs: string[], exists: (p: string) => boolean): string[] {
   const section = layoutSection(readme);
-  if (section === undefined) return ['the README has no "## Layout" section'];
+  if (section === undefined) return ['the page has no "## Layout" section'];
   const named = namedFolders(section);
   const out: string[] = [];
   for (const d of top) if (!named.has(d)) out.push(`${d}/ is not in the Layout section`);
@@ -52,17 +52,17 @@ t.test('the checker sees a missing folder, an absent one, and a missing section'
     'agent/dhcp/ is not in the Layout section',
     'gone/ is named in the Layout section but is not in the tree',
   ]);
-  t.same(mismatches('# x\n## Other\n', [], [], () => true), ['the README has no "## Layout" section']);
+  t.same(mismatches('# x\n## Other\n', [], [], () => true), ['the page has no "## Layout" section']);
   t.same(mismatches('## Layout\n`a/` `a/b/`\n', ['a'], [], () => true), [], 'the last section of a file is read too');
 });
 
-t.test("the README's Layout section names every folder of the tree, and only those", async (t) => {
+t.test("docs/design.md's Layout section names every folder of the tree, and only those", async (t) => {
   const ignored = ignoredNames();
   t.ok(ignored.has('node_modules') && ignored.has('dist'), `ignored names read from .gitignore (${[...ignored].join(', ')})`);
   const top = dirs(ROOT, ignored);
   const agentDirs = dirs(path.join(ROOT, 'agent'), ignored);
   t.ok(top.includes('agent') && top.includes('lab') && agentDirs.includes('daemon'), `the tree was read (${top.join(', ')}; agent/: ${agentDirs.join(', ')})`);
-  const readme = fs.readFileSync(path.join(ROOT, 'README.md'), 'utf8');
+  const readme = fs.readFileSync(path.join(ROOT, 'docs', 'design.md'), 'utf8');
   const exists = (p: string): boolean => fs.existsSync(path.join(ROOT, p)) && fs.statSync(path.join(ROOT, p)).isDirectory();
   t.same(mismatches(readme, top, agentDirs, exists), []);
 });

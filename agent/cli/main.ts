@@ -175,8 +175,14 @@ export function buildProgram(closedPipeHandler?: () => void): Command {
     });
 
   program.command('man')
-    .description('print the lb-agent(8) man page as roff (systemd/install.sh installs it)')
-    .action(async () => {
+    .description('print a man page as roff: lb-agent(8), or with "config" lb-agent.yaml(5) (systemd/install.sh installs both)')
+    .addArgument(new Argument('[page]', 'the page: lb-agent (section 8, the default) or config (lb-agent.yaml, section 5)').choices(['lb-agent', 'config']).default('lb-agent'))
+    .action(async (page: string) => {
+      if (page === 'config') {
+        const { configManPage } = await import('./pages');
+        out(configManPage(VERSION));
+        return;
+      }
       const { manPage } = await import('./docs');
       out(manPage(program, {
         version: VERSION,

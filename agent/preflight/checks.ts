@@ -457,9 +457,12 @@ export function checkIpForward(f: Facts): CheckResult {
   if (plane !== 'kernel') return pass(id, `not needed: the userspace proxy forwards (dataplane ${f.config.dataplane})`);
   const v = f.sysctls['net.ipv4.ip_forward'];
   if (v === '1') return pass(id, 'net.ipv4.ip_forward=1 (the kernel data path forwards DNATed connections)');
-  const detail = `net.ipv4.ip_forward=${v ?? '?'}: the kernel data path DNATs VIP connections to backends on other hosts and must forward them`;
-  const remedy = `${sysctlRemedy(['net.ipv4.ip_forward=1'])}, or set dataplane: proxy`;
-  return f.config.dataplane === 'kernel' ? fail(id, detail, remedy) : warn(id, `${detail} (dataplane auto picks the kernel path here)`, remedy);
+  // The daemon writes ip_forward=1 itself when the kernel path starts
+  // (forward/nft.ts ensureSysctls), on this path only: a warning about what
+  // it will change, never a failure that stops the unit from starting.
+  const why = f.config.dataplane === 'kernel' ? 'dataplane kernel' : 'dataplane auto picks the kernel path here';
+  return warn(id, `net.ipv4.ip_forward=${v ?? '?'} (${why}): the agent sets it to 1 when the kernel data path starts, because that path forwards VIP connections to backends on other hosts`,
+    `nothing, if the agent may turn forwarding on; to have it from boot, ${sysctlRemedy(['net.ipv4.ip_forward=1'])}; or set dataplane: proxy, which does not forward`);
 }
 
 /**

@@ -80,7 +80,7 @@ t.test('lb-agent(8): every command and option, in well-formed roff', async (t) =
   t.notOk(/\\(?![-e&"fF])/.test(man.replace(/\\f[BIR]/g, '')), 'only known escapes');
   const text = man.replace(/\\-/g, '-').replace(/\\f[BIR]/g, '');
   for (const c of walk(buildProgram())) {
-    t.ok(lines.includes(`.SS "lb-agent ${c.name} ${c.name === 'help' ? '[command]' : c.name === 'completion' ? '[options] <shell>' : '[options]'}"`), `a section for ${c.name}`);
+    t.ok(lines.includes(`.SS "lb-agent ${c.name} ${c.name === 'help' ? '[command]' : c.name === 'completion' ? '[options] <shell>' : c.name === 'man' ? '[options] [page]' : '[options]'}"`), `a section for ${c.name}`);
     const start = text.indexOf(`.SS "lb-agent ${c.name} `);
     const next = text.indexOf('\n.SS ', start);
     const sect = text.slice(start, next === -1 ? text.indexOf('\n.SH OPTIONS') : next);

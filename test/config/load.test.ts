@@ -28,10 +28,32 @@ t.test('every bad fixture is rejected with its expected message', async (t) => {
 
 t.test('the README\'s configuration block loads (a key documented under the wrong section fails here)', async (t) => {
   const readme = fs.readFileSync(path.join(REPO, 'README.md'), 'utf8');
-  const block = /```yaml\n([\s\S]*?)```/.exec(readme.slice(readme.indexOf('## Configuration')))?.[1];
-  t.ok(block, 'the Configuration section has a yaml block');
+  const block = /```yaml\n([\s\S]*?)```/.exec(readme.slice(readme.indexOf('## A first configuration')))?.[1];
+  t.ok(block, 'the "A first configuration" section has a yaml block');
   const res = parseConfigText(block ?? '');
   t.ok(res.ok, `README config block loads${res.ok ? '' : `:\n${formatConfigErrors(res.errors)}`}`);
+  if (res.ok) {
+    t.same(res.config.services.map((s) => s.ipam).sort(), ['dhcp', 'pool'], 'one DHCP and one pool service');
+    const lines = block!.trim().split('\n').length;
+    t.ok(lines <= 25, `about 20 lines (${lines})`);
+  }
+});
+
+t.test('every yaml block in docs/ loads, but those marked as partial', async (t) => {
+  const dir = path.join(REPO, 'docs');
+  let partial = 0;
+  let loaded = 0;
+  for (const f of fs.readdirSync(dir).filter((n) => n.endsWith('.md'))) {
+    const text = fs.readFileSync(path.join(dir, f), 'utf8');
+    for (const m of text.matchAll(/(<!-- not a complete config -->\n)?```yaml\n([\s\S]*?)```/g)) {
+      if (m[1]) { partial++; continue; }
+      const res = parseConfigText(m[2]!);
+      loaded++;
+      t.ok(res.ok, `docs/${f}: block at offset ${m.index} loads${res.ok ? '' : `:\n${formatConfigErrors(res.errors)}`}`);
+    }
+  }
+  t.ok(loaded >= 3, `${loaded} blocks loaded`);
+  t.ok(partial <= 3, `few blocks marked partial (${partial})`);
 });
 
 t.test('good fixtures and the shipped examples load', async (t) => {

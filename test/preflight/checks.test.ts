@@ -257,11 +257,18 @@ t.test('ARP sysctls: the preflight wants exactly what the daemon writes (net/sys
   t.match(allTwo.remedy, /net\.ipv4\.conf\.all\.arp_ignore=1/, 'all=2 outranks the interface: lower it too');
 });
 
-t.test('ip_forward: fail for dataplane kernel, warn for auto, irrelevant for the proxy', async (t) => {
+t.test('ip_forward=0 warns on the kernel path (the daemon sets it at start), irrelevant for the proxy', async (t) => {
   const auto = checkIpForward(fixture('bad-sysctls'));
   t.equal(auto.status, 'warn');
+  t.match(auto.detail, /the agent sets it to 1 when the kernel data path starts/);
+  t.match(auto.detail, /dataplane auto picks the kernel path/);
   t.match(auto.remedy, /net\.ipv4\.ip_forward=1/);
-  t.equal(checkIpForward(variant('bad-sysctls', (f) => { f.config.dataplane = 'kernel'; })).status, 'fail');
+  t.match(auto.remedy, /dataplane: proxy/);
+  // Never a failure: the unit's ExecStartPre must not refuse what the daemon fixes itself.
+  const kernel = checkIpForward(variant('bad-sysctls', (f) => { f.config.dataplane = 'kernel'; }));
+  t.equal(kernel.status, 'warn');
+  t.match(kernel.detail, /dataplane kernel\)/);
+  t.match(kernel.detail, /the agent sets it to 1/);
   t.equal(checkIpForward(variant('bad-sysctls', (f) => { f.config.dataplane = 'proxy'; })).status, 'pass');
   t.equal(checkIpForward(fixture('healthy')).status, 'pass');
 });

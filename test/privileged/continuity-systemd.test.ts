@@ -53,7 +53,7 @@ for (const dataplane of ['kernel', 'proxy'] as const) {
     const cl = await buildContinuityLab(t);
     const cfg = { ...continuityConfig(SERVICES), dataplane };
     delete (cfg as Record<string, unknown>).stateDir;
-    // As an operator would after `lb-agent check` (the kernel path forwards; the preflight refuses ip_forward=0).
+    // As an operator would after `lb-agent check` (the kernel path forwards; the check warns on ip_forward=0, and the daemon would set it).
     await cl.lab.sh(cl.node, 'sysctl -qw net.ipv4.ip_forward=1');
     const vm = await bootSystemdContainer(t, cl.lab, { ns: cl.node, config: cfg });
     t.equal((await vm.systemctl('start', 'lb-agent')).code, 0, 'started');

@@ -3,7 +3,7 @@
 // VIP and a DHCP VIP (on its macvlan) in sourceIP: preserve and a pool VIP in
 // snat, three peer-echo backends that report who they saw. Backend b1 gets
 // its VIPs from the agent's `backend:` section (a second `lb-agent run`
-// there); b2 and b3 are set up by hand exactly as the README says. Then:
+// there); b2 and b3 are set up by hand exactly as docs/datapaths.md says. Then:
 // the backends see the client's address and port through both DSR VIPs and
 // the VIP in snat mode; 1,000 connections spread by weight with nothing in
 // the VM's conntrack; a backend's death takes it out within the health
@@ -78,7 +78,7 @@ if (requirePrivileged(t)) {
     const echo = await startPeerEchoes(lab, backendNs, IDS);
     t.comment(`backends ${Date.now() - t0} ms`);
 
-    // b2, b3: the backend side by hand, as the README tells an operator without lb-agent there.
+    // b2, b3: the backend side by hand, as docs/datapaths.md tells an operator without lb-agent there.
     for (const ns of backendNs.slice(1)) await dsrBackendByHand(lab, ns, [DSR_POOL, DSR_DHCP]);
     // Connection tracking stays whole at both ends although the replies skip
     // the VM: b2 and the client drop every packet their conntrack calls

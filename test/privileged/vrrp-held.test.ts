@@ -20,8 +20,8 @@
 // The backends drop what their conntrack calls invalid, so a flow sent to a
 // backend that never saw it open fails instead of passing unnoticed. New
 // connections through n1 are served: with DSR each backend sees the client's
-// own address, with SNAT the VIP. The README's VRRP notes ("What a failover
-// does to connections already open") rest on this test.
+// own address, with SNAT the VIP. docs/failover.md ("Connections across a
+// failover") rests on this test.
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
 import { createLab } from '../../lab/netns';
@@ -46,7 +46,7 @@ function heldAcrossFailover(sourceIP: 'preserve' | 'snat', fromPort: number): vo
     const client = await lab.addHost('client', { address: `${CLIENT}/24` });
     await startPeerEchoes(lab, backendNs, IDS);
     for (const ns of backendNs) {
-      // The backend side of DSR, as the README tells an operator.
+      // The backend side of DSR, as docs/datapaths.md tells an operator.
       if (dsr) await lab.sh(ns, `ip addr add ${VIP}/32 dev lo && sysctl -qw net.ipv4.conf.all.arp_ignore=1 net.ipv4.conf.all.arp_announce=2`);
       await dropInvalid(lab, ns);
     }

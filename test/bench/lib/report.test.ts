@@ -1,8 +1,8 @@
 // bench/lib/report.ts: targets are judged honestly (met, not met, or not
 // measured), the Markdown shows every area that ran and never "undefined" or
-// "NaN", and the README's generated block is appended once and then replaced.
+// "NaN", and the generated block of docs/benchmarks.md is appended once and then replaced.
 import t from 'tap';
-import { dhcpPairRatios, evaluateTargets, probesTable, renderResults, renderReadmeSummary, updateReadme, README_BEGIN, README_END, type BenchResults } from '../../../bench/lib/report';
+import { dhcpPairRatios, evaluateTargets, probesTable, renderResults, renderBenchSummary, updateBenchPage, latestFullRun, BENCH_BEGIN, BENCH_END, type BenchResults } from '../../../bench/lib/report';
 import type { ForwardTargetSummary } from '../../../bench/forwarding';
 import type { DhcpRun } from '../../../bench/dhcp';
 import type { ProbeRateResult, ProbeRateSummary } from '../../../bench/wrapped';
@@ -60,7 +60,7 @@ t.test('forwarding targets: ratios to HAProxy 1 thread and to direct', async (t)
   t.equal(by('proxy path, one worker per CPU: keep-alive').measured, '1.06x', 'against HAProxy with its default threads');
   t.equal(by('proxy path, one worker per CPU: keep-alive').met, true);
   t.equal(by('proxy path, one worker per CPU: new connections').met, true, '0.83x >= 0.8x');
-  t.same(by('proxy path RSS'), { area: 'forward', target: 'proxy path RSS under load < 100 MiB with 2 workers (issue 18 names two)', measured: '70 MiB', met: true });
+  t.same(by('proxy path RSS'), { area: 'forward', target: 'proxy path RSS under load < 100 MiB with 2 workers (the target names two)', measured: '70 MiB', met: true });
   t.equal(by('proxy path with PROXY v2: keep-alive').met, undefined, 'no PROXY v2 run: not measured');
   t.notOk(rows.some((r) => r.area === 'dhcp'), 'no DHCP run, no DHCP target');
 });
@@ -94,7 +94,7 @@ t.test('issue 18: the proxy lines take the ratio paired inside the slot where th
   t.has(by('proxy path, one worker per CPU: new connections'), { met: false }, '0.79x < 0.8x');
   const md = renderResults(r);
   t.match(md, /Proxy x HAProxy: paired\. proxy x haproxy: keep-alive 0\.97x \(rounds 0\.97x\), new connections 0\.79x \(rounds 0\.79x\); proxy 1 worker x haproxy 1t: keep-alive 1\.02x/, 'the pairs and their rounds under the table');
-  t.match(renderReadmeSummary(r, 'bench/results/x.md'), /Proxy x HAProxy: paired\./, 'and in the README block');
+  t.match(renderBenchSummary(r, 'bench/results/x.md'), /Proxy x HAProxy: paired\./, 'and in the docs block');
   // Chained pairs (three a slot over three rounds): the line says how many.
   r.forward!.config.peerPairs = 3;
   r.forward!.summary.proxy!.xPeer = { peer: 'haproxy', keepalive: 1.01, newConnections: 0.9, rounds: { keepalive: [1.01, 0.99, 1.04, 1.0, 1.02, 0.98, 1.05, 1.01, 0.97], newConnections: [0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9] } };
@@ -208,23 +208,30 @@ t.test('Markdown: tables for what ran, no undefined or NaN', async (t) => {
   t.match(md, /\*\*not met\*\*/);
   t.notMatch(md, /undefined|NaN/);
   t.notMatch(md, /## DHCP/, 'areas that did not run are left out');
-  const summary = renderReadmeSummary(r, 'bench/results/2026-11-21.md');
-  t.match(summary, /\[bench\/results\/2026-11-21\.md\]\(bench\/results\/2026-11-21\.md\)/);
+  const summary = renderBenchSummary(r, 'bench/results/2026-11-21.md');
+  t.match(summary, /\[bench\/results\/2026-11-21\.md\]\(\.\.\/bench\/results\/2026-11-21\.md\)/, 'linked from docs/, one folder down');
   t.notMatch(summary, /undefined|NaN/);
 });
 
-t.test('README: appended once at the end, then replaced in place', async (t) => {
-  const readme = '# lb-agent\n\nintro\n\n## Design notes\n\ntext\n';
-  const once = updateReadme(readme, 'TABLE 1');
-  t.ok(once.startsWith(readme.trimEnd()), 'everything before is untouched');
-  t.match(once, /## Performance\n\n<!-- bench:begin/);
-  t.ok(once.trimEnd().endsWith(README_END));
-  const prose = once.replace(README_BEGIN, `Hand-written words.\n\n${README_BEGIN}`);
-  const twice = updateReadme(prose, 'TABLE 2');
+t.test('docs/benchmarks.md: appended once at the end, then replaced in place', async (t) => {
+  const page = '# Benchmarks\n\nintro\n\n## How to read them\n\ntext\n';
+  const once = updateBenchPage(page, 'TABLE 1');
+  t.ok(once.startsWith(page.trimEnd()), 'everything before is untouched');
+  t.match(once, /## Latest results\n\n<!-- bench:begin/);
+  t.ok(once.trimEnd().endsWith(BENCH_END));
+  const prose = once.replace(BENCH_BEGIN, `Hand-written words.\n\n${BENCH_BEGIN}`);
+  const twice = updateBenchPage(prose, 'TABLE 2');
   t.notMatch(twice, /TABLE 1/);
   t.match(twice, /TABLE 2/);
   t.match(twice, /Hand-written words\./, 'text outside the markers is kept');
-  t.equal(twice.split('## Performance').length, 2, 'one section');
+  t.equal(twice.split('## Latest results').length, 2, 'one section');
+});
+
+t.test('the latest full run: by date, then the day\'s run number; quick and single-area runs are not one', async (t) => {
+  t.equal(latestFullRun(['2026-11-30.json', '2026-11-30-3.json', '2026-11-30-2.json', '2026-11-29-8.json', '2026-11-30-3.md']), '2026-11-30-3.json');
+  t.equal(latestFullRun(['2026-11-29-10.json', '2026-11-29-9.json']), '2026-11-29-10.json', 'run 10 after run 9');
+  t.equal(latestFullRun(['2026-11-24.json', '2026-12-01-quick.json', '2026-12-01-restart-failover.json', '2026-11-25-dsr3-1.json']), '2026-11-24.json');
+  t.equal(latestFullRun(['notes.txt']), undefined);
 });
 
 t.test('failover: bench/failover.ts results as a table with keepalived as the base', async (t) => {
@@ -300,7 +307,7 @@ t.test('restart table: every event with the ratio to HAProxy\'s seamless reload,
   t.match(md, /fd store/);
   t.match(md, /Not measured: round 2 proxy reload-global: reload rejected\./);
   t.notMatch(md, /undefined|NaN/);
-  t.match(renderReadmeSummary(r, 'bench/results/x.md'), /Restart and reload, client loop every 20 ms/);
+  t.match(renderBenchSummary(r, 'bench/results/x.md'), /Restart and reload, client loop every 20 ms/);
 });
 
 t.test('issue 17: DSR targets against direct (keep-alive, and bulk on the replies\' direction), its columns and the hashing table', async (t) => {
@@ -333,7 +340,7 @@ t.test('issue 17: DSR targets against direct (keep-alive, and bulk on the replie
   t.match(pmd, /\| kernel \| 30,000 \| 1\.50x \| 0\.70x \|/, 'the kernel row\'s keep-alive x direct is its paired ratio too');
   t.match(pmd, /\| dsr \| 36,000 \| [^|]+ \| 0\.86x \|/);
   t.match(pmd, /Keep-alive x direct: median over rounds/, 'the text says how the column is computed');
-  t.match(renderReadmeSummary(r, 'bench/results/x.md'), /\(keep-alive x direct: median over rounds/);
+  t.match(renderBenchSummary(r, 'bench/results/x.md'), /\(keep-alive x direct: median over rounds/);
   const old = results();
   t.notOk(evaluateTargets(old).some((x) => x.target.includes('DSR')), 'no DSR target when DSR was not measured');
   t.notMatch(renderResults(old), /bulk replies/, 'no reverse columns for results from before issue 17');

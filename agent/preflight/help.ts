@@ -1,0 +1,123 @@
+// Preflight, reference layer: every finding `lb-agent check` can report, by
+// its stable id, with what it looks at, why it warns or fails and the fix.
+// docs/troubleshooting.md is generated from this table; a check id without
+// an entry does not compile (CheckId) and fails test/preflight/help.test.ts.
+export const CHECK_IDS = [
+  'config', 'state-dir', 'capabilities', 'macvlan', 'interface', 'pools', 'arp-sysctls', 'rp-filter', 'ip-forward',
+  'dataplane', 'guest-agent', 'descriptors', 'dsr', 'dsr-backend', 'topology', 'conntrack-pickup', 'udp-flows',
+  'stale-flows', 'dhcp-probe', 'preflight',
+] as const;
+
+export type CheckId = (typeof CHECK_IDS)[number];
+
+export interface CheckHelp {
+  /** What the check looks at, and when it runs. */
+  readonly what: string;
+  /** Why it warns or fails. */
+  readonly cause: string;
+  /** What to do (the finding's own remedy line names the exact command for this VM). */
+  readonly fix: string;
+}
+
+export const CHECK_HELP: Readonly<Record<CheckId, CheckHelp>> = {
+  config: {
+    what: 'The configuration file exists and validates (the same loader the daemon uses).',
+    cause: 'Fails when the file is missing or invalid; every error is listed with its path.',
+    fix: 'Fix the errors (`lb-agent validate -c FILE` prints them with line numbers). The other checks still run on the defaults.',
+  },
+  'state-dir': {
+    what: '`stateDir` is a directory the agent can write, or can be created.',
+    cause: 'Fails when it is a file, read-only, or its parent cannot be written.',
+    fix: 'Create it writable by the agent\'s user, or set `stateDir` elsewhere. Under the shipped unit, `StateDirectory=lb-agent` creates `/var/lib/lb-agent`.',
+  },
+  capabilities: {
+    what: 'CAP_NET_ADMIN and CAP_NET_RAW (and CAP_NET_BIND_SERVICE for proxy ports below 1024) in the effective set.',
+    cause: 'Fails when the check runs as a user without them: it then cannot probe what the daemon will do.',
+    fix: 'Run `lb-agent check` as root (the unit runs it as `ExecStartPre=+`, as root).',
+  },
+  macvlan: {
+    what: 'Creates and deletes a macvlan in a throwaway network namespace: the definitive test (a built-in driver shows in neither `lsmod` nor `/proc/modules`). Only DHCP services need macvlans.',
+    cause: 'Fails when a DHCP service exists and the kernel cannot create one; warns when none does yet. The finding says why: a minimal kernel package without the driver (SLES `kernel-default-base`, Ubuntu without `linux-modules-extra`), modules of the running kernel not installed after an upgrade, a kernel built without CONFIG_MACVLAN.',
+    fix: 'Do what the finding\'s remedy says: for example `zypper in kernel-default` and reboot (SLES), `apt-get install linux-modules-extra-$(uname -r)` (Ubuntu), or reboot into the installed kernel. Then run `lb-agent check` again. Pool services work without macvlans.',
+  },
+  interface: {
+    what: 'The parent NIC (`node.interface`, or the default route\'s NIC) exists, is up, has carrier and an IPv4 address.',
+    cause: 'Fails when it is missing, down, without carrier or without an address, or when there is no default route to take it from.',
+    fix: 'Set `node.interface` to the NIC on the VIPs\' LAN (`ip -br addr` lists them), and bring it up.',
+  },
+  pools: {
+    what: 'Every pool range lies in a subnet of the parent NIC.',
+    cause: 'Warns for a range outside every subnet: clients on the LAN would not ARP for such VIPs on this NIC.',
+    fix: 'Use ranges of the parent\'s subnet, or put the VIPs on the NIC of their subnet (`node.interface`).',
+  },
+  'arp-sysctls': {
+    what: '`arp_ignore=1` and `arp_announce=2` on the parent and for new macvlans (ARP flux: with several addresses on one LAN, Linux answers ARP on any NIC by default).',
+    cause: 'Warns when the effective value (the larger of `all` and the interface\'s) is another.',
+    fix: 'Nothing is needed for the agent\'s own interfaces: the daemon writes these values. To persist them, write the lines the remedy prints to `/etc/sysctl.d/90-lb-agent.conf`.',
+  },
+  'rp-filter': {
+    what: 'Reverse path filtering for new macvlans (DHCP services).',
+    cause: 'Warns on strict mode (1): traffic to a VIP on a macvlan whose reply route leaves by the parent is dropped.',
+    fix: 'Set `rp_filter` to 2 (loose) for `all` and `default`, as the remedy prints.',
+  },
+  'ip-forward': {
+    what: '`net.ipv4.ip_forward` when the kernel data path will run (`dataplane: kernel`, or `auto` where nftables works). The proxy path does not need it.',
+    cause: 'Warns when it is 0: the kernel path forwards connections to backends on other hosts. The daemon sets it to 1 itself when the kernel data path starts (and logs `enabled net.ipv4.ip_forward`), so the warning says what will change on this VM, not that the agent cannot run. With `dataplane: proxy` the daemon never sets it.',
+    fix: 'Nothing, if the agent may turn forwarding on. To have it on from boot, or to keep it off, write `net.ipv4.ip_forward=1` to `/etc/sysctl.d/90-lb-agent.conf`, or set `dataplane: proxy`.',
+  },
+  dataplane: {
+    what: 'Whether the kernel data path can run: `nft` installed and the kernel accepting a throwaway nat table like the agent\'s (with `jhash` under VRRP).',
+    cause: 'Fails with `dataplane: kernel` when it cannot; warns with `auto`, which then runs the userspace proxy.',
+    fix: 'Install nftables, or use a kernel with nf_tables and nft_nat; or set `dataplane: proxy`.',
+  },
+  'guest-agent': {
+    what: 'qemu-guest-agent is installed and running (Harvester reads the VM\'s addresses through it).',
+    cause: 'Warns when it is missing or stopped.',
+    fix: 'Install it and `systemctl enable --now qemu-guest-agent`.',
+  },
+  descriptors: {
+    what: 'The descriptor limit against `proxy.maxConnections` on the proxy path (each connection takes two).',
+    cause: 'Warns when the configured maximum is more than the limit allows: past it the agent refuses clients.',
+    fix: 'Raise `LimitNOFILE=` (the unit sets 65536) or lower `proxy.maxConnections`.',
+  },
+  dsr: {
+    what: 'With a `sourceIP: preserve` service: the kernel accepts the direct-server-return table (netdev ingress, `fwd`, `jhash`) and whether the BPF program in front of it loads and attaches (tcx).',
+    cause: 'Fails when the table is refused (the agent would refuse to start with those services) or the data path will be the proxy; warns when only the BPF program cannot run (the table forwards alone, slower).',
+    fix: 'A kernel with CONFIG_NF_TABLES_NETDEV, CONFIG_NETFILTER_INGRESS, CONFIG_NFT_FWD_NETDEV, CONFIG_NFT_HASH (and 6.6+ with CONFIG_NET_XGRESS for the program); or `sourceIP: snat` on those services.',
+  },
+  'dsr-backend': {
+    what: 'With `backend.vips`: each VIP is on `lo`, and `arp_ignore`/`arp_announce` keep this VM from answering ARP for it.',
+    cause: 'Fails when a backend VIP sits on an interface that answers ARP (this VM would take the clients\' traffic from the load balancer); warns on sysctls that let it announce the VIP.',
+    fix: 'Remove the VIP from that interface; let the agent put it on `lo` (it raises the sysctls first).',
+  },
+  topology: {
+    what: 'With zoned backends or `topology` set: this node\'s zone is known and has backends.',
+    cause: 'Fails when a `zone-only` service would refuse every connection (zone unknown, or no backend in it); warns when `prefer-zone` always spills, or zones are set on `topology: any` services.',
+    fix: 'Set `node.zone`, or write `topology.kubernetes.io/zone="<zone>"` to `node.labelsFile`; give backends their `zone`.',
+  },
+  'conntrack-pickup': {
+    what: 'With VRRP on the kernel path: `net.netfilter.nf_conntrack_tcp_loose`, which lets a new Master pick up connections mid-flow.',
+    cause: 'Warns when it is 0: every connection open at a failover is reset.',
+    fix: 'Set `net.netfilter.nf_conntrack_tcp_loose=1` if the host\'s policy allows; the agent leaves it to the host.',
+  },
+  'udp-flows': {
+    what: 'With a UDP port on the kernel path: whether ctnetlink answers, so that UDP flows of a backend that left are ended.',
+    cause: 'Warns when it does not: a client sending from one port stays on a backend that left until it pauses for 120 s.',
+    fix: 'Load `nf_conntrack_netlink` (`modprobe nf_conntrack_netlink`, and list it in `/etc/modules-load.d/`).',
+  },
+  'stale-flows': {
+    what: 'With VRRP on the kernel path: whether ctnetlink answers, so that a node taking a VIP back ends the flows it routed on meanwhile.',
+    cause: 'Warns when it does not: after a failback, a client reusing a source port may be reset for up to 120 s.',
+    fix: 'Load `nf_conntrack_netlink`, as for `udp-flows`.',
+  },
+  'dhcp-probe': {
+    what: 'With `lb-agent check --dhcp-probe`: a DHCPDISCOVER from a throwaway macvlan, to see whether a server offers an address.',
+    cause: 'Fails when no offer comes, or the probe could not run (see the macvlan, capabilities and interface findings).',
+    fix: 'Make sure the VM network has a DHCP server with free addresses, or use `ipam: pool`.',
+  },
+  preflight: {
+    what: 'The preflight itself.',
+    cause: 'Fails when gathering the facts threw an error: a bug in `lb-agent check`.',
+    fix: 'Report it with the command\'s output; the other findings are missing from that run.',
+  },
+};
