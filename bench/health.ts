@@ -33,7 +33,7 @@ import { Registry } from 'prom-client';
 import { constants as osConstants } from 'node:os';
 import { HealthChecker } from '../agent/health/checker';
 import type { ServiceSpec } from '../agent/config/types';
-import type { NativeAddon, NativeTcpProbeHandle } from '../agent/net/native';
+import type { NativeAddon, NativeTcpProbeHandle } from '../agent/native/native';
 import { within } from '../lab/within';
 
 // The listeners: prints the ports as one JSON line, then answers each

@@ -8,8 +8,8 @@ import { LbError } from '../errors';
 import { ipv4FromBytes } from '../ipv4';
 import {
   ETH_HEADER_LEN, IPPROTO_VRRP, IPV4_HEADER_LEN, decodeIpv4Frame, encodeIpv4Frame, internetChecksum, pseudoHeaderSum,
-} from '../net/inet';
-import { bpfIpProtoPayloadByte, type BpfProgram } from '../net/bpf';
+} from '../net/packet/inet';
+import { bpfIpProtoPayloadByte, type BpfProgram } from '../net/packet/bpf';
 
 export const VRRP_VERSION = 3;
 /** The only VRRP packet type (RFC 5798 §5.2.2). */

@@ -39,7 +39,7 @@ import { parseIPv4 } from '../ipv4';
 import {
   RELAY_ACCEPT, RELAY_ACCEPT_ERROR, RELAY_CONNECT, RELAY_END, RELAY_GONE, RELAY_HEADER, RELAY_RECORD,
   relayHandleClass, type NativeRelayHandle,
-} from '../net/native';
+} from '../native/native';
 
 /** Records per callback the addon may hand over before it calls again. */
 const EVENT_RECORDS = 1024;

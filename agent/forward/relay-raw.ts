@@ -89,7 +89,7 @@
 // when the fast path was expected and not taken.
 import { getSystemErrorName } from 'node:util';
 import { Relay, type PathListener, type RelayPath } from './proxy-engine';
-import { shutdownWriteFn } from '../net/native';
+import { shutdownWriteFn } from '../native/native';
 
 /** A libuv TCP handle as Node's tcp_wrap exposes it (the subset used here). */
 interface TcpHandle {

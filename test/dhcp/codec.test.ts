@@ -9,7 +9,7 @@ import {
   buildClientMessage, decodeDhcp, decodeReply, decodeUdpFrame, describePacket, encodeDhcp, encodeUdpFrame,
   prefixFromMask, replyClientMac, type DhcpOption, type DropReason,
 } from '../../agent/dhcp/codec';
-import { internetChecksum, udpChecksum } from '../../agent/net/inet';
+import { internetChecksum, udpChecksum } from '../../agent/net/packet/inet';
 import { formatIPv4, parseIPv4 } from '../../agent/ipv4';
 import * as golden from './fixtures/golden';
 

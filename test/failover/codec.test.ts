@@ -19,7 +19,7 @@ import {
   type AdvertisementFrame,
   type DecodeResult,
 } from '../../agent/failover/codec';
-import { internetChecksum } from '../../agent/net/inet';
+import { internetChecksum } from '../../agent/net/packet/inet';
 import { formatIPv4, parseIPv4, parseMac } from '../../agent/ipv4';
 import { isLbError } from '../../agent/errors';
 

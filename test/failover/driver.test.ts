@@ -10,7 +10,7 @@ import { ManualClock } from '../../agent/clock';
 import { silentLogger } from '../../agent/log';
 import { formatIPv4, parseIPv4 } from '../../agent/ipv4';
 import { isLbError } from '../../agent/errors';
-import type { FrameInfo, PacketSocket, PacketSocketOptions } from '../../agent/net/packet';
+import type { FrameInfo, PacketSocket, PacketSocketOptions } from '../../agent/net/packet/packet';
 import { decodeAdvertisement, encodeAdvertisement, vrrpFilter, type AdvertisementFrame } from '../../agent/failover/codec';
 import { VirtualRouter, assignVrids, type VirtualRouterOptions } from '../../agent/failover/driver';
 

@@ -11,7 +11,7 @@ import { Registry } from 'prom-client';
 import { ManualClock } from '../../agent/clock';
 import { silentLogger } from '../../agent/log';
 import { formatIPv4 } from '../../agent/ipv4';
-import type { FrameInfo, PacketSocket, PacketSocketOptions } from '../../agent/net/packet';
+import type { FrameInfo, PacketSocket, PacketSocketOptions } from '../../agent/net/packet/packet';
 import { decodeAdvertisement } from '../../agent/failover/codec';
 import { masterDownIntervalMs, skewTimeMs } from '../../agent/failover/machine';
 import { VrrpGate, HAND_BACK_MS, PREEMPT_HANDOVER_MS, type VrrpGateOptions } from '../../agent/failover/gate';

@@ -7,7 +7,7 @@ import * as path from 'node:path';
 import { Worker } from 'node:worker_threads';
 import { chooseRelay, type FromWorker, type WorkerStart } from '../../agent/forward/proxy-worker';
 import { ENGINE_OPEN, TallyTable } from '../../agent/forward/tallies';
-import { dupFd, listenTcp4 } from '../../agent/net/native';
+import { dupFd, listenTcp4 } from '../../agent/native/native';
 import { parseIPv4 } from '../../agent/ipv4';
 
 t.test('chooseRelay: the fastest path unless another is asked for', async (t) => {

@@ -11,7 +11,7 @@ import { createHash } from 'node:crypto';
 import { ProxyDataplane } from '../../agent/forward/proxy';
 import { nativeRelayStats } from '../../agent/forward/relay-native';
 import { parseIPv4 } from '../../agent/ipv4';
-import { loadNative } from '../../agent/net/native';
+import { loadNative } from '../../agent/native/native';
 import { halfCloseBothWays, proxyHeaderTest } from '../../lab/relay-checks';
 
 const cfg = { algorithm: 'round-robin' as const, idleTimeout: 60, connectTimeout: 2 };

@@ -7,7 +7,7 @@ import * as net from 'node:net';
 import { loadRawBinding, rawShutdownPath } from '../../agent/forward/relay-raw';
 import { ProxyDataplane } from '../../agent/forward/proxy';
 import { parseIPv4 } from '../../agent/ipv4';
-import { socketInfo, type NativeSocketInfo } from '../../agent/net/native';
+import { socketInfo, type NativeSocketInfo } from '../../agent/native/native';
 import { halfCloseBothWays, proxyHeaderTest } from '../../lab/relay-checks';
 import * as fs from 'node:fs';
 
