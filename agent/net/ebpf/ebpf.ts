@@ -1,4 +1,4 @@
-// eBPF instruction builder (pure; issue 17): what agent/net/bpf.ts is for
+// eBPF instruction builder (pure; issue 17): what agent/net/packet/bpf.ts is for
 // classic BPF, for the extended instruction set the kernel's verifier and JIT
 // take (Documentation/bpf/standardization/instruction-set.rst). There is no
 // clang on the machines lb-agent targets, and the programs are small and

@@ -1,4 +1,4 @@
-// agent/net/conntrack.ts, the pure parts: the ctnetlink messages byte for
+// agent/net/conntrack/conntrack.ts, the pure parts: the ctnetlink messages byte for
 // byte (linux/netfilter/nfnetlink_conntrack.h), the decoding of dump entries
 // (nested flags, extra attributes, truncation, IPv6), and which entries a
 // sweep ends. The kernel's side is test/privileged/forward-kernel.test.ts

@@ -1,4 +1,4 @@
-// The backend side of direct server return (net/dsr-backend.ts): the plan
+// The backend side of direct server return (net/host/dsr-backend.ts): the plan
 // over lo's addresses (add ours, adopt what is there, remove only marked
 // leftovers, never the operator's), and the driver against an in-memory
 // netlink and a temporary sysctl tree: sysctls before any VIP, raised and

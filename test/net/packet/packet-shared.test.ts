@@ -1,4 +1,4 @@
-// Shared packet sockets (net/packet-shared.ts) over an in-memory socket: one
+// Shared packet sockets (net/packet/packet-shared.ts) over an in-memory socket: one
 // socket per parent, opened with the first port and closed with the last; a
 // frame reaches exactly one port - by the ifindex the kernel reported, or, for
 // one received on the parent itself, by its owner's MAC - and sends go
