@@ -7,7 +7,7 @@
 // Decoding never throws: a frame from the LAN is either accepted or dropped
 // with one of a small fixed set of reasons (DropReason), which the driver
 // counts as a metric label.
-import { formatIPv4, formatMac } from '../ipv4';
+import { formatIPv4, formatMac } from '../address';
 import { bpfUdpDstPort, type BpfProgram } from '../net/packet/bpf';
 import {
   ETH_HEADER_LEN, IPPROTO_UDP, IPV4_HEADER_LEN, UDP_HEADER_LEN, decodeIpv4Frame, encodeIpv4Frame, udpChecksum,

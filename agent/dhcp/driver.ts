@@ -18,7 +18,7 @@ import { realClock, type Clock, type TimerHandle } from '../clock';
 import { DEFAULT_ARP } from '../config/defaults';
 import type { ArpConfig, ArpTimings, DhcpConfig, DhcpTimings, ServiceSpec } from '../config/types';
 import { LbError, errorMessage } from '../errors';
-import { formatIPv4, parseIPv4 } from '../ipv4';
+import { formatIPv4, parseIPv4 } from '../address';
 import type { Logger } from '../log';
 import { probeAddress as arpProbe } from '../net/neighbour/arp-probe';
 import { netMetrics, type NetMetrics } from '../net/metrics';

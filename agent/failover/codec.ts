@@ -5,7 +5,7 @@
 // state machine. Decode never throws: a malformed frame from the LAN comes
 // back as { ok: false, reason }, and the reason becomes a metric label.
 import { LbError } from '../errors';
-import { ipv4FromBytes } from '../ipv4';
+import { ipv4FromBytes } from '../address';
 import {
   ETH_HEADER_LEN, IPPROTO_VRRP, IPV4_HEADER_LEN, decodeIpv4Frame, encodeIpv4Frame, internetChecksum, pseudoHeaderSum,
 } from '../net/packet/inet';

@@ -13,7 +13,7 @@ import type { FailoverConfig, ServiceSpec } from '../config/types';
 import type { Clock, TimerHandle } from '../clock';
 import { realClock, isoTime } from '../clock';
 import type { Logger } from '../log';
-import { formatIPv4, parseIPv4 } from '../ipv4';
+import { formatIPv4, parseIPv4 } from '../address';
 import { PACKET_OUTGOING, openPacketSocket, type FrameInfo, type PacketSocket, type PacketSocketOptions } from '../net/packet/packet';
 import { decodeAdvertisement } from './codec';
 import { VirtualRouter, assignVrids, type VirtualRouterStatus, type SplitBrainEvent } from './driver';

@@ -46,7 +46,7 @@ import type { PortSpec, ProxyConfig } from '../config/types';
 import { realClock, type Clock } from '../clock';
 import { LbError, errorMessage } from '../errors';
 import { silentLogger, type Logger } from '../log';
-import { parseIPv4 } from '../ipv4';
+import { parseIPv4 } from '../address';
 import {
   flowId, normalizeState, portLabel,
   type ConnectResultCallback, type Dataplane, type ListenerStore, type FlowStats, type ForwardState, type ForwardStats, type UdpFlowsEnded,

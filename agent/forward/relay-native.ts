@@ -35,7 +35,7 @@
 // parse, choose, time anything out, or decide what an errno means.
 import { getSystemErrorName } from 'node:util';
 import { Relay, type PathListener, type RelayPath } from './proxy-engine';
-import { parseIPv4 } from '../ipv4';
+import { parseIPv4 } from '../address';
 import {
   RELAY_ACCEPT, RELAY_ACCEPT_ERROR, RELAY_CONNECT, RELAY_END, RELAY_GONE, RELAY_HEADER, RELAY_RECORD,
   relayHandleClass, type NativeRelayHandle,

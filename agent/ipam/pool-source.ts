@@ -21,7 +21,7 @@ import type { ArpConfig, ArpTimings, ServiceSpec } from '../config/types';
 import type { Logger } from '../log';
 import { realClock, isoTime, type Clock, type TimerHandle } from '../clock';
 import { LbError, errorMessage, isLbError } from '../errors';
-import { parseIPv4 } from '../ipv4';
+import { parseIPv4 } from '../address';
 import type { AddressSource, SourceStatus, Vip } from '../source';
 import { probeAddress } from '../net/neighbour/arp-probe';
 import { netMetrics, type NetMetrics } from '../net/metrics';

@@ -2,7 +2,7 @@
 // returns what it saw and, when it is not a pass, the one thing to do about
 // it. No I/O, no clock: every verdict is replayed from a fixture in
 // test/preflight/fixtures/.
-import { parseCidr, parseIPv4, cidrContains, formatIPv4 } from '../ipv4';
+import { parseCidr, parseIPv4, cidrContains, formatIPv4 } from '../address';
 import { udpSnatPorts, type Facts, type MacvlanFacts } from './facts';
 import { wantedSysctl, type VipRole } from '../net/sysctl/sysctl';
 import { defaultMaxConnections, effectiveMaxConnections, reservedDescriptors } from '../forward/capacity';

@@ -15,7 +15,7 @@ import {
 import { openPacketSocket, ETH_P_IP, type PacketSocket, type FrameInfo } from '../net/packet/packet';
 import { openNetlink, type NetlinkClient } from '../net/netlink/netlink';
 import { disableIpv6, type SysctlOptions } from '../net/sysctl/sysctl';
-import { formatIPv4, formatMac } from '../ipv4';
+import { formatIPv4, formatMac } from '../address';
 import type { DhcpProbeFacts } from './facts';
 
 /** Link name prefix of the probe's temporary macvlan: "lbchk<pid>". */

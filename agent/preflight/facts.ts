@@ -17,7 +17,7 @@ import { loadConfigFile, formatConfigErrors } from '../config/load';
 import { DEFAULTS } from '../config/defaults';
 import type { DataplaneMode, Desired } from '../config/types';
 import { readNofile } from '../forward/capacity';
-import { formatIPv4 } from '../ipv4';
+import { formatIPv4 } from '../address';
 import { placementFor, servicesNeedingProxy, type Placement } from '../forward/dataplane';
 import { sysctlIfName } from './checks';
 import { parseDefaultRoute } from '../net/host/route';

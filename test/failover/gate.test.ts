@@ -10,7 +10,7 @@ import { EventEmitter } from 'node:events';
 import { Registry } from 'prom-client';
 import { ManualClock } from '../../agent/clock';
 import { silentLogger } from '../../agent/log';
-import { formatIPv4 } from '../../agent/ipv4';
+import { formatIPv4 } from '../../agent/address';
 import type { FrameInfo, PacketSocket, PacketSocketOptions } from '../../agent/net/packet/packet';
 import { decodeAdvertisement } from '../../agent/failover/codec';
 import { masterDownIntervalMs, skewTimeMs } from '../../agent/failover/machine';

@@ -8,7 +8,7 @@ import { goldenText, sourcePath } from '../helpers/golden';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import type { BackendSpec, PortSpec } from '../../agent/config/types';
-import { parseIPv4 } from '../../agent/ipv4';
+import { parseIPv4 } from '../../agent/address';
 import type { ForwardState } from '../../agent/forward/dataplane';
 import * as os from 'node:os';
 import { Registry } from 'prom-client';

@@ -6,7 +6,7 @@ import t from 'tap';
 import * as net from 'node:net';
 import { realClock } from '../../agent/clock';
 import { listenTcp4 } from '../../agent/native/native';
-import { parseIPv4 } from '../../agent/ipv4';
+import { parseIPv4 } from '../../agent/address';
 import { ProxyEngine, type EngineListenerSpec } from '../../agent/forward/proxy-engine';
 import { rawRelayPath } from '../../agent/forward/relay-raw';
 import { TallyTable, FLOW_CONNECTIONS } from '../../agent/forward/tallies';

@@ -8,7 +8,7 @@ import { Worker } from 'node:worker_threads';
 import { chooseRelay, type FromWorker, type WorkerStart } from '../../agent/forward/proxy-worker';
 import { ENGINE_OPEN, TallyTable } from '../../agent/forward/tallies';
 import { dupFd, listenTcp4 } from '../../agent/native/native';
-import { parseIPv4 } from '../../agent/ipv4';
+import { parseIPv4 } from '../../agent/address';
 
 t.test('chooseRelay: the fastest path unless another is asked for', async (t) => {
   t.same([chooseRelay('auto').path.kind, chooseRelay('auto').fallback], ['native', undefined]);

@@ -8,7 +8,7 @@ import * as dgram from 'node:dgram';
 import { spawn } from 'node:child_process';
 import { Registry } from 'prom-client';
 import type { BackendSpec, PortSpec, ProxyConfig } from '../../agent/config/types';
-import { parseIPv4 } from '../../agent/ipv4';
+import { parseIPv4 } from '../../agent/address';
 import { isLbError } from '../../agent/errors';
 import type { ForwardState } from '../../agent/forward/dataplane';
 import { ProxyDataplane, nextReportDrainMs } from '../../agent/forward/proxy';

@@ -10,7 +10,7 @@ import * as fs from 'node:fs';
 import { createHash } from 'node:crypto';
 import { ProxyDataplane } from '../../agent/forward/proxy';
 import { nativeRelayStats } from '../../agent/forward/relay-native';
-import { parseIPv4 } from '../../agent/ipv4';
+import { parseIPv4 } from '../../agent/address';
 import { loadNative } from '../../agent/native/native';
 import { halfCloseBothWays, proxyHeaderTest } from '../../lab/relay-checks';
 

@@ -6,7 +6,7 @@ import t from 'tap';
 import * as net from 'node:net';
 import { loadRawBinding, rawShutdownPath } from '../../agent/forward/relay-raw';
 import { ProxyDataplane } from '../../agent/forward/proxy';
-import { parseIPv4 } from '../../agent/ipv4';
+import { parseIPv4 } from '../../agent/address';
 import { socketInfo, type NativeSocketInfo } from '../../agent/native/native';
 import { halfCloseBothWays, proxyHeaderTest } from '../../lab/relay-checks';
 import * as fs from 'node:fs';

@@ -6,7 +6,7 @@ import { createHash, randomBytes } from 'node:crypto';
 import * as net from 'node:net';
 import * as v8 from 'node:v8';
 import * as vm from 'node:vm';
-import { parseIPv4 } from '../../agent/ipv4';
+import { parseIPv4 } from '../../agent/address';
 import {
   CAP_NET_ADMIN,
   capabilities,

@@ -20,7 +20,7 @@ import { FlagsGet } from 'netlink/dist/constants';
 import { NetlinkSocket } from 'netlink/dist/netlink';
 import type { RawNetlinkSocket as PackageRawSocket } from 'netlink/dist/raw';
 import type { NetlinkMessage } from 'netlink/dist/structs';
-import { formatIPv4, ipv4FromBytes, ipv4ToBytes, parseIPv4 } from '../../ipv4';
+import { formatIPv4, ipv4FromBytes, ipv4ToBytes, parseIPv4 } from '../../address';
 import { LbError, errorMessage } from '../../errors';
 import { RawNetlinkSocket } from '../netlink/netlink-socket';
 

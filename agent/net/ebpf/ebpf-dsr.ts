@@ -52,7 +52,7 @@
 // hash's pick, which is recorded. So new connections follow the current
 // weights, open ones stay, and one whose backend left moves as before. UDP
 // has no opening frame to re-place a flow on, so it stays with the hash.
-import { ipv4ToBytes, parseIPv4, parseMac } from '../../ipv4';
+import { ipv4ToBytes, parseIPv4, parseMac } from '../../address';
 import { EbpfAsm } from './ebpf';
 
 export const BPF_MAP_TYPE_HASH = 1;

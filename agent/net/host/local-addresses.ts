@@ -9,7 +9,7 @@
 // ms, in the window where the next exchanges wait on the loop).
 import * as os from 'node:os';
 import { performance } from 'node:perf_hooks';
-import { parseCidr, parseIPv4, type Cidr } from '../../ipv4';
+import { parseCidr, parseIPv4, type Cidr } from '../../address';
 
 export interface LocalAddresses {
   /** The parent NIC's subnets (addresses with prefix < 32). */

@@ -7,7 +7,7 @@
 import type { Clock, TimerHandle } from '../../clock';
 import { realClock } from '../../clock';
 import type { ArpTimings } from '../../config/types';
-import { formatIPv4, parseIPv4, parseMac } from '../../ipv4';
+import { formatIPv4, parseIPv4, parseMac } from '../../address';
 import type { Logger } from '../../log';
 import { silentLogger } from '../../log';
 import { arpAnnouncement, arpProbe, decodeArp, encodeArp, isArpProbe, type ArpPacket } from './arp';

@@ -7,7 +7,7 @@
 // packet socket.
 import type { Clock, TimerHandle } from '../../clock';
 import { realClock } from '../../clock';
-import { formatIPv4, parseMac } from '../../ipv4';
+import { formatIPv4, parseMac } from '../../address';
 import type { Logger } from '../../log';
 import { ARP_OP_REQUEST, BROADCAST_MAC, ZERO_MAC, decodeArp, encodeArp } from './arp';
 import { bpfArp } from '../packet/bpf';

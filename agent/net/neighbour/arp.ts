@@ -1,7 +1,7 @@
 // ARP codec (pure): Ethernet II + ARP for IPv4 over Ethernet (RFC 826),
 // and the RFC 5227 probe/announcement frames built from it. No I/O. Decoding
 // never throws: a malformed frame yields a reason that becomes a metric label.
-import { formatMac, ipv4FromBytes, ipv4ToBytes, parseMac } from '../../ipv4';
+import { formatMac, ipv4FromBytes, ipv4ToBytes, parseMac } from '../../address';
 import type { FrameDropReason } from '../metrics';
 import { ETHERTYPE_ARP, ETHERTYPE_IPV4 } from '../packet/inet';
 

@@ -9,7 +9,7 @@
 import { EventEmitter } from 'node:events';
 import type { Clock, TimerHandle } from '../../clock';
 import { realClock } from '../../clock';
-import { formatIPv4 } from '../../ipv4';
+import { formatIPv4 } from '../../address';
 import type { Logger } from '../../log';
 import { silentLogger } from '../../log';
 import { arpAnnouncement, encodeArp, type ArpPacket } from './arp';

@@ -23,7 +23,7 @@ import { RtNetlinkSocket } from 'netlink/dist/rt/rt';
 import * as rt from 'netlink/dist/rt/structs';
 import * as ifla from 'netlink/dist/rt/ifla';
 import { LbError, errorMessage } from '../../errors';
-import { broadcastOf, formatIPv4, formatMac, ipv4FromBytes, ipv4ToBytes, parseIPv4, parseMac } from '../../ipv4';
+import { broadcastOf, formatIPv4, formatMac, ipv4FromBytes, ipv4ToBytes, parseIPv4, parseMac } from '../../address';
 import type { Logger } from '../../log';
 import { silentLogger } from '../../log';
 import { IPV4_DEVCONF_ID, interfaceNameProblem, type IfSysctlKey } from '../sysctl/sysctl';

@@ -5,7 +5,7 @@
 // moves to another VM. The hash is SHA-256 by the node binary's own OpenSSL
 // through the addon (issue 18), node:crypto only with an addon built before
 // it: the same bytes either way, so names and MACs never change.
-import { parseMac } from '../../ipv4';
+import { parseMac } from '../../address';
 import { sha256Fn } from '../../native/native';
 
 /** Every agent-created link is named LINK_PREFIX + 12 hex digits. */

@@ -3,7 +3,7 @@
 // packet-socket codecs (dhcp/codec.ts, failover/codec.ts) wrap around their
 // payloads and read back. The one home of these bytes; codecs own only what
 // follows the IPv4 header.
-import { ipv4FromBytes } from '../../ipv4';
+import { ipv4FromBytes } from '../../address';
 
 export const ETHERTYPE_IPV4 = 0x0800;
 export const ETHERTYPE_ARP = 0x0806;

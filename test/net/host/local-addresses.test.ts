@@ -2,7 +2,7 @@
 import t from 'tap';
 import * as os from 'node:os';
 import { HOST_READ_MAX_AGE_MS, addressAdded, addressRemoved, addressesChanged, currentHost, localAddresses, parseRead } from '../../../agent/net/host/local-addresses';
-import { parseIPv4 } from '../../../agent/ipv4';
+import { parseIPv4 } from '../../../agent/address';
 
 type Ifs = ReturnType<typeof os.networkInterfaces>;
 const a = (address: string, cidr: string, family: 'IPv4' | 'IPv6' = 'IPv4') => ({ address, cidr, family, netmask: '', mac: '00:00:00:00:00:00', internal: false }) as os.NetworkInterfaceInfo;

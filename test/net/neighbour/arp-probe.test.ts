@@ -6,7 +6,7 @@ import { DEFAULT_ARP } from '../../../agent/config/defaults';
 import { Registry } from 'prom-client';
 import { ManualClock } from '../../../agent/clock';
 import type { ArpTimings } from '../../../agent/config/types';
-import { parseIPv4 } from '../../../agent/ipv4';
+import { parseIPv4 } from '../../../agent/address';
 import { arpAnnouncement, arpProbe, ARP_OP_REPLY, ARP_OP_REQUEST, decodeArp, encodeArp, type ArpPacket } from '../../../agent/net/neighbour/arp';
 import {
   announce,

@@ -5,7 +5,7 @@ import t from 'tap';
 import { EventEmitter } from 'node:events';
 import { ManualClock } from '../../../agent/clock';
 import { silentLogger } from '../../../agent/log';
-import { parseIPv4 } from '../../../agent/ipv4';
+import { parseIPv4 } from '../../../agent/address';
 import { ARP_OP_REPLY, ARP_OP_REQUEST, decodeArp, encodeArp, arpAnnouncement } from '../../../agent/net/neighbour/arp';
 import { ArpResolver } from '../../../agent/net/neighbour/arp-resolver';
 import type { PacketSocket, PacketSocketOptions } from '../../../agent/net/packet/packet';

@@ -13,7 +13,7 @@ import {
   isArpProbe,
   type ArpPacket,
 } from '../../../agent/net/neighbour/arp';
-import { parseIPv4 } from '../../../agent/ipv4';
+import { parseIPv4 } from '../../../agent/address';
 
 function hex(s: string): Buffer {
   return Buffer.from(s.replace(/\s+/g, ''), 'hex');

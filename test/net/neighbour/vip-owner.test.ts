@@ -3,7 +3,7 @@
 import t from 'tap';
 import { Registry } from 'prom-client';
 import { ManualClock } from '../../../agent/clock';
-import { parseIPv4 } from '../../../agent/ipv4';
+import { parseIPv4 } from '../../../agent/address';
 import { arpAnnouncement, arpProbe, ARP_OP_REPLY, decodeArp, encodeArp, type ArpPacket } from '../../../agent/net/neighbour/arp';
 import { netMetrics } from '../../../agent/net/metrics';
 import type { PacketSocket } from '../../../agent/net/packet/packet';

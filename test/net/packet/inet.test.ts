@@ -5,7 +5,7 @@ import t from 'tap';
 import {
   decodeIpv4Frame, encodeIpv4Frame, internetChecksum, pseudoHeaderSum, udpChecksum, IPPROTO_UDP,
 } from '../../../agent/net/packet/inet';
-import { parseIPv4 } from '../../../agent/ipv4';
+import { parseIPv4 } from '../../../agent/address';
 
 const ip = (s: string): number => parseIPv4(s)!;
 
