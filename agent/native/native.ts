@@ -4,7 +4,6 @@
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { LbError } from '../errors';
-import type { NativeNetlinkHandle } from '../net/netlink/netlink-socket';
 
 /** One frame as read by recvmsg(2) on a packet socket. */
 export interface NativeFrame {
@@ -118,6 +117,18 @@ export const RELAY_END = 4;
 export const RELAY_HEADER = 5;
 export const RELAY_GONE = 6;
 export const RELAY_RECORD = 5;
+
+/** The socket class of the addon (native/src/netlink_socket.cc). */
+export interface NativeNetlinkHandle {
+  send(data: Buffer | readonly Buffer[], port?: number, groups?: number): number;
+  address(): { port: number; groups: number };
+  addMembership(group: number): void;
+  dropMembership(group: number): void;
+  setRecvBufferSize(bytes: number): void;
+  start(callback: (err: NativeSystemError | null, datagrams: Buffer[]) => void): void;
+  setRef(ref: boolean): void;
+  close(): void;
+}
 
 export interface NativeAddon {
   /** Absent from an addon built before it: the proxy relays through relay-raw.ts. */

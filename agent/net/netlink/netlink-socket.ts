@@ -9,23 +9,11 @@
 // own `./raw` to this file, so its loader (node-gyp-build and the prebuilt
 // binary) is never run; agent/net/netlink.ts constructs this class directly.
 import { EventEmitter } from 'node:events';
-import { loadNative, type NativeSystemError } from '../../native/native';
+import { loadNative, type NativeNetlinkHandle } from '../../native/native';
 
 /** The options of the package's RawNetlinkSocket that the agent passes. */
 export interface RawNetlinkSocketOptions {
   recvBufferSize?: number;
-}
-
-/** The socket class of the addon (native/src/netlink_socket.cc). */
-export interface NativeNetlinkHandle {
-  send(data: Buffer | readonly Buffer[], port?: number, groups?: number): number;
-  address(): { port: number; groups: number };
-  addMembership(group: number): void;
-  dropMembership(group: number): void;
-  setRecvBufferSize(bytes: number): void;
-  start(callback: (err: NativeSystemError | null, datagrams: Buffer[]) => void): void;
-  setRef(ref: boolean): void;
-  close(): void;
 }
 
 /**
