@@ -78,7 +78,7 @@ const lazyCalls: Plugin = {
  * netlink.ts hands that class to the framing layer itself; this keeps the
  * package's own loader out of the bundle.
  */
-export const NETLINK_RAW = { importer: /node_modules\/netlink\/dist\/netlink\.js$/, request: './raw', replacement: 'agent/net/netlink-socket.js' };
+export const NETLINK_RAW = { importer: /node_modules\/netlink\/dist\/netlink\.js$/, request: './raw', replacement: 'agent/net/netlink/netlink-socket.js' };
 
 const netlinkRaw: Plugin = {
   name: 'netlink-raw',

@@ -35,7 +35,7 @@ import { HealthChecker, type TcpProberFactory } from '../agent/health/checker';
 import { NativeTcpProber, type ProbeClose } from '../agent/health/native-probe';
 import { NodeTcpProber } from '../agent/health/probe';
 import type { ServiceSpec } from '../agent/config/types';
-import type { NativeAddon, NativeTcpProbeHandle } from '../agent/net/native';
+import type { NativeAddon, NativeTcpProbeHandle } from '../agent/native/native';
 import { within } from '../lab/within';
 
 // The listeners: prints the ports as one JSON line, then answers each

@@ -9,7 +9,7 @@ import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { AGENT_BIN } from '../lab/agent';
-import { defaultRouteInterface } from '../agent/net/route';
+import { defaultRouteInterface } from '../agent/net/host/route';
 import { max, median, min, round } from './lib/stats';
 
 const CONFIG = `node: { interface: IFACE }

@@ -48,7 +48,7 @@ export async function dropInvalid(lab: Lab, ns: string): Promise<void> {
 /** A child process speaking JSON lines: requests with ids, events kept in order. */
 /** Our DSR programs attached at tcx ingress of `device` in `ns` (by the addon's bpf(2) calls, as root inside the namespace). */
 export async function dsrProgramsIn(lab: Lab, ns: string, device = 'eth0'): Promise<number[]> {
-  const script = `const a = require(${JSON.stringify(distPath('agent', 'net', 'ebpf-attach.js'))}); const n = require(${JSON.stringify(distPath('agent', 'net', 'native.js'))});
+  const script = `const a = require(${JSON.stringify(distPath('agent', 'net', 'ebpf', 'ebpf-attach.js'))}); const n = require(${JSON.stringify(distPath('agent', 'native', 'native.js'))});
 process.stdout.write(JSON.stringify(a.attachedDsrPrograms(n.nativeBpf(), n.ifNameToIndex(${JSON.stringify(device)}))));`;
   return JSON.parse((await lab.exec(ns, process.execPath, ['-e', script])).stdout) as number[];
 }

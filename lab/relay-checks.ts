@@ -2,7 +2,7 @@
 // half-close both ways, and how the PROXY protocol header goes out.
 import * as net from 'node:net';
 import { ProxyDataplane } from '../agent/forward/proxy';
-import { parseIPv4 } from '../agent/ipv4';
+import { parseIPv4 } from '../agent/address';
 
 const cfg = { algorithm: 'round-robin' as const, idleTimeout: 60, connectTimeout: 2 };
 const backend = (address: string) => ({ address, addressNum: parseIPv4(address)!, weight: 1 });

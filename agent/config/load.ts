@@ -8,7 +8,7 @@ import type { ErrorObject } from 'ajv';
 import { parseYaml } from './yaml';
 import { ANNOTATIONS, ANNOTATION_PREFIX, DEFAULTS } from './defaults';
 import { parsePools, selectPool, poolContains, poolLookupOrder } from './pools';
-import { parseIPv4 } from '../ipv4';
+import { parseIPv4 } from '../address';
 import { errorMessage } from '../errors';
 import { readConfigText } from './read';
 import type {

@@ -2,7 +2,7 @@
 // once into typed, non-overlapping ranges of usable addresses, the lookup
 // order that picks a pool for a namespace, and membership. Pure; the one home
 // of pool bounds: config validation and ipam/allocator.ts both use it.
-import { parseCidr, parseIPv4, broadcastOf, formatIPv4 } from '../ipv4';
+import { parseCidr, parseIPv4, broadcastOf, formatIPv4 } from '../address';
 import type { Pool, PoolRange } from './types';
 
 export interface PoolError { key: string; message: string }

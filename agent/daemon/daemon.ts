@@ -27,7 +27,7 @@ import { EventRing, type StatusEvent, type StatusEventKind } from './events';
 import { START_HOLD_MAX_MS } from './tiering';
 import type { NodeTopology } from '../config/labels';
 import type { TopologySelection } from '../forward/topology';
-import type { BackendStatus } from '../net/dsr-backend';
+import type { BackendStatus } from '../net/host/dsr-backend';
 import type { CodeCacheHandle } from '../cli/code-cache';
 import type { DriftGuard, DriftStatus } from './drift';
 import type { HeldVip } from './drift-plan';

@@ -6,7 +6,7 @@
 // Level-triggered (controller-runtime's reconcilers, Calico Felix's
 // refresh): every notification and every resync runs the same comparison,
 // so a lost notification costs one resync period, never a wrong state.
-import type { IfSysctlKey, VipRole } from '../net/sysctl';
+import type { IfSysctlKey, VipRole } from '../net/sysctl/sysctl';
 import type { SourceDamage } from '../source';
 
 /** A VIP this node holds now, as its address source reports it. */

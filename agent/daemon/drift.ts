@@ -15,10 +15,10 @@ import { Counter, Gauge } from '../metrics/prom';
 import { realClock, type Clock, type TimerHandle } from '../clock';
 import { errorMessage } from '../errors';
 import type { Logger } from '../log';
-import type { AddressInfo, LinkInfo, NetlinkClient, NetlinkWatcher } from '../net/netlink';
-import type { NftCommit, NftWatcher } from '../net/nft-watch';
-import { OWNED_ADDRESS_PROTO } from '../net/ownership';
-import { applyVipSysctls, readIfSysctl, vipSysctls, type VipRole } from '../net/sysctl';
+import type { AddressInfo, LinkInfo, NetlinkClient, NetlinkWatcher } from '../net/netlink/netlink';
+import type { NftCommit, NftWatcher } from '../net/netlink/nft-watch';
+import { OWNED_ADDRESS_PROTO } from '../net/ownership/ownership';
+import { applyVipSysctls, readIfSysctl, vipSysctls, type VipRole } from '../net/sysctl/sysctl';
 import type { SourceDamage } from '../source';
 import {
   DEFAULT_FIGHT, DRIFT_KINDS, FightTracker, driftSubject, planDrift,

@@ -18,7 +18,7 @@ import type { ListenerStore } from '../forward/dataplane';
 import type { Logger } from '../log';
 import { LbError, errorMessage, isLbError } from '../errors';
 import { controlRequest } from '../control/server';
-import { bindUnixDatagram, recvUnixDatagram, sendUnixDatagram } from '../net/native';
+import { bindUnixDatagram, recvUnixDatagram, sendUnixDatagram } from '../native/native';
 
 /** SCM_MAX_FD (include/net/scm.h). */
 const MAX_FDS_PER_DATAGRAM = 253;

@@ -9,4 +9,4 @@ export { planReload, describeSummary } from './reconciler';
 export { dsrUnavailable } from '../forward/dataplane';
 export { readNodeTopology } from '../config/labels';
 export { selectBackends } from '../forward/topology';
-export { linkNameForService, macForService } from '../net/ownership';
+export { linkNameForService, macForService } from '../net/ownership/ownership';

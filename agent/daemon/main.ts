@@ -11,7 +11,7 @@ import type { Desired } from '../config/types';
 import { errorMessage, isLbError } from '../errors';
 import { makeNotifier, parseListenFds, SystemdFdStore } from './systemd';
 import { HandoverStore, sendListeners, takeListeners } from './handover';
-import { mallocTrim, lowMemoryNotification, collectUnderPressure } from '../net/native';
+import { mallocTrim, lowMemoryNotification, collectUnderPressure } from '../native/native';
 import { holdOptimizer } from './tiering';
 import { codeCacheHandle } from '../cli/code-cache';
 

@@ -60,7 +60,7 @@ export interface BackendRoleLike {
   apply(vips: readonly string[]): Promise<void>;
   /** Take our VIPs off lo. */
   withdraw(): Promise<void>;
-  status(): import('../net/dsr-backend').BackendStatus;
+  status(): import('../net/host/dsr-backend').BackendStatus;
 }
 
 export interface FailoverLike extends EventEmitter {

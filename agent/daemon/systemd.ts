@@ -15,7 +15,7 @@ export function makeNotifier(log: Logger, env: NodeJS.ProcessEnv = process.env):
   const target = env.NOTIFY_SOCKET;
   if (!target) return undefined;
   // eslint-disable-next-line @typescript-eslint/no-var-requires
-  const { sendUnixDatagram } = require('../net/native') as typeof import('../net/native');
+  const { sendUnixDatagram } = require('../native/native') as typeof import('../native/native');
   return (msg: string, fds?: readonly number[]) => {
     try {
       sendUnixDatagram(target, Buffer.from(msg), fds);

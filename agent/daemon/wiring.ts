@@ -7,19 +7,19 @@ import type { Desired, PortSpec, ProxyConfig, ServiceSpec } from '../config/type
 import type { ProxyDataplane } from '../forward/proxy';
 import type { NftDataplane } from '../forward/nft';
 import { LbError } from '../errors';
-import { openNetlink } from '../net/netlink';
-import { ParentSysctls } from '../net/sysctl';
-import { defaultRouteInterface } from '../net/route';
-import { OWNED_ADDRESS_PROTO, linkNameForService, macForService } from '../net/ownership';
-import { reconcileOwnedLinks } from '../net/reconcile';
+import { openNetlink } from '../net/netlink/netlink';
+import { ParentSysctls } from '../net/sysctl/sysctl';
+import { defaultRouteInterface } from '../net/host/route';
+import { OWNED_ADDRESS_PROTO, linkNameForService, macForService } from '../net/ownership/ownership';
+import { reconcileOwnedLinks } from '../net/ownership/reconcile';
 import type { StartLimiter } from '../dhcp/limiter';
 import type { VrrpGate } from '../failover/gate';
 import { PoolManager } from '../ipam/manager';
 import { PoolSource } from '../ipam/pool-source';
 import { HealthChecker } from '../health/checker';
 import { selectDataplane, createDataplane, probeNftables, probeDsr, dsrUnavailable, parseDsrEngine, servicesNeedingProxy, placementFor, type ProbeResult } from '../forward/index';
-import { formatIPv4, parseIPv4 } from '../ipv4';
-import { BackendVips } from '../net/dsr-backend';
+import { formatIPv4, parseIPv4 } from '../address';
+import { BackendVips } from '../net/host/dsr-backend';
 import type { Subsystems, ParentLink, DataplaneLike, SubsystemContext } from './subsystems';
 
 // DHCP and VRRP load when a config uses them, not before (issue 18: a pool
@@ -32,7 +32,7 @@ const dhcpLimiter = (): typeof import('../dhcp/limiter') => require('../dhcp/lim
 const dhcpLease = (): typeof import('../dhcp/lease') => require('../dhcp/lease') as typeof import('../dhcp/lease');
 const vrrpGate = (): typeof import('../failover/gate') => require('../failover/gate') as typeof import('../failover/gate');
 const driftModule = (): typeof import('./drift') => require('./drift') as typeof import('./drift');
-const nftWatchModule = (): typeof import('../net/nft-watch') => require('../net/nft-watch') as typeof import('../net/nft-watch');
+const nftWatchModule = (): typeof import('../net/netlink/nft-watch') => require('../net/netlink/nft-watch') as typeof import('../net/netlink/nft-watch');
 /* eslint-enable @typescript-eslint/no-var-requires */
 
 export async function buildSubsystems(config: Desired, ctx: SubsystemContext): Promise<Subsystems> {
@@ -81,7 +81,7 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
       // here, said at start; the data path falls back to the table when not.
       if (parseDsrEngine(process.env['LB_AGENT_DSR_ENGINE']) === 'auto') {
         // eslint-disable-next-line @typescript-eslint/no-require-imports
-        const why = (require('../net/ebpf-attach') as typeof import('../net/ebpf-attach')).probeDsrBpfHere();
+        const why = (require('../net/ebpf/ebpf-attach') as typeof import('../net/ebpf/ebpf-attach')).probeDsrBpfHere();
         if (why === undefined) log.info({ module: 'forward', op: 'select', dsrEngine: 'bpf' }, 'direct server return: the BPF program loads and attaches at tc ingress (tcx); it forwards in front of the nft table');
         else log.warn({ module: 'forward', op: 'select', dsrEngine: 'nft', reason: why }, `direct server return: the BPF program cannot run here (${why}); the nft table forwards alone (correct, slower). lb-agent check says why`);
       }

@@ -13,8 +13,8 @@ import { loadConfigFile } from '../config/load';
 import { DEFAULTS } from '../config/defaults';
 import { errorMessage } from '../errors';
 import type { Logger } from '../log';
-import { openNetlink } from '../net/netlink';
-import { OWNED_ADDRESS_PROTO, isOwnedLink } from '../net/ownership';
+import { openNetlink } from '../net/netlink/netlink';
+import { OWNED_ADDRESS_PROTO, isOwnedLink } from '../net/ownership/ownership';
 import { execProgram, renderRemoval, type Exec } from '../forward/nft';
 import { CLAIMS_FILE } from '../ipam/claims';
 import { StateStore } from '../state/store';
@@ -62,7 +62,7 @@ export function restartPending(listJobs: () => string, cgroup: string | undefine
  */
 function detachDsrPrograms(devices: readonly string[]): { device: string; error?: string }[] {
   // eslint-disable-next-line @typescript-eslint/no-require-imports
-  const { DsrBpf } = require('../net/ebpf-attach') as typeof import('../net/ebpf-attach');
+  const { DsrBpf } = require('../net/ebpf/ebpf-attach') as typeof import('../net/ebpf/ebpf-attach');
   const out: { device: string; error?: string }[] = [];
   for (const device of devices) {
     let bpf: InstanceType<typeof DsrBpf>;

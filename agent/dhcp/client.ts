@@ -11,7 +11,7 @@
 // reports the verdict as probe-ok / probe-conflict / probe-failed.
 import { isoTime } from '../clock';
 import type { ClientMessageSpec, DhcpPacket } from './codec';
-import { formatIPv4 } from '../ipv4';
+import { formatIPv4 } from '../address';
 import { leaseFromAck, type Lease } from './lease';
 
 export type DhcpStateName = 'INIT' | 'SELECTING' | 'REQUESTING' | 'BOUND' | 'RENEWING' | 'REBINDING' | 'INIT-REBOOT' | 'STOPPED';

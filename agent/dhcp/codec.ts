@@ -7,11 +7,11 @@
 // Decoding never throws: a frame from the LAN is either accepted or dropped
 // with one of a small fixed set of reasons (DropReason), which the driver
 // counts as a metric label.
-import { formatIPv4, formatMac } from '../ipv4';
-import { bpfUdpDstPort, type BpfProgram } from '../net/bpf';
+import { formatIPv4, formatMac } from '../address';
+import { bpfUdpDstPort, type BpfProgram } from '../net/packet/bpf';
 import {
   ETH_HEADER_LEN, IPPROTO_UDP, IPV4_HEADER_LEN, UDP_HEADER_LEN, decodeIpv4Frame, encodeIpv4Frame, udpChecksum,
-} from '../net/inet';
+} from '../net/packet/inet';
 
 export const DHCP_SERVER_PORT = 67;
 export const DHCP_CLIENT_PORT = 68;

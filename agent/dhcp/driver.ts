@@ -18,17 +18,17 @@ import { realClock, type Clock, type TimerHandle } from '../clock';
 import { ownerTimings } from '../config/defaults';
 import type { ArpConfig, ArpTimings, DhcpConfig, DhcpTimings, ServiceSpec } from '../config/types';
 import { LbError, errorMessage } from '../errors';
-import { formatIPv4, parseIPv4 } from '../ipv4';
+import { formatIPv4, parseIPv4 } from '../address';
 import type { Logger } from '../log';
-import { probeAddress as arpProbe } from '../net/arp-probe';
+import { probeAddress as arpProbe } from '../net/neighbour/arp-probe';
 import { netMetrics, type NetMetrics } from '../net/metrics';
-import type { NetlinkClient } from '../net/netlink';
-import { OWNED_ADDRESS_PROTO, clientIdForService, linkNameForService, macForService } from '../net/ownership';
-import { ETH_P_IP, PACKET_OUTGOING, type FrameInfo, type PacketSocket } from '../net/packet';
-import { PacketSocketGroup, type SharedPortOptions } from '../net/packet-shared';
-import { planOwnedLinks } from '../net/reconcile';
-import { ParentSysctls, applyVipSysctls, disableIpv6, vipSysctls, type VipRole } from '../net/sysctl';
-import { VipOwner, type VipConflict, type VipOwnerOptions } from '../net/vip-owner';
+import type { NetlinkClient } from '../net/netlink/netlink';
+import { OWNED_ADDRESS_PROTO, clientIdForService, linkNameForService, macForService } from '../net/ownership/ownership';
+import { ETH_P_IP, PACKET_OUTGOING, type FrameInfo, type PacketSocket } from '../net/packet/packet';
+import { PacketSocketGroup, type SharedPortOptions } from '../net/packet/packet-shared';
+import { planOwnedLinks } from '../net/ownership/reconcile';
+import { ParentSysctls, applyVipSysctls, disableIpv6, vipSysctls, type VipRole } from '../net/sysctl/sysctl';
+import { VipOwner, type VipConflict, type VipOwnerOptions } from '../net/neighbour/vip-owner';
 import type { AddressSource, LostCause, SourceDamage, SourceState, SourceStatus, Vip } from '../source';
 import type { StateStore } from '../state/store';
 import {
@@ -42,7 +42,7 @@ import {
 import { leaseDetails, leaseFileName, readSavedLease, toStored, type Lease } from './lease';
 import { sharedStartLimiter, type ReleaseSlot, type StartLimiter } from './limiter';
 import { judgeAddress, judgeReply, type GuardPolicy, type GuardReason, type HostView } from './guard';
-import { addressAdded, addressRemoved, addressesChanged, localAddresses } from '../net/local-addresses';
+import { addressAdded, addressRemoved, addressesChanged, localAddresses } from '../net/host/local-addresses';
 import { dhcpMetrics, removeServiceSeries, type DhcpMetrics } from './metrics';
 
 /** The VIP goes on the macvlan as a host address: no prefix route that would pull LAN traffic (health checks, proxying) onto the macvlan. */

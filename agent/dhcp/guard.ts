@@ -8,7 +8,7 @@
 // bound it on the macvlan and its gratuitous ARPs poisoned the LAN's
 // neighbour tables for the VM's IP. The ARP probe of the offer cannot catch
 // that: the parent never hears probes from its own macvlan.
-import { broadcastOf, cidrContains, maskOf, type Cidr } from '../ipv4';
+import { broadcastOf, cidrContains, maskOf, type Cidr } from '../address';
 
 export const GUARD_REASONS = [
   'server-not-allowed',     // server identifier not in dhcp.servers

@@ -5,7 +5,7 @@
 // a lease survives a restart or a reboot. Parsing a stored lease never throws:
 // a file that does not hold a usable lease is simply no lease.
 import { isoTime } from '../clock';
-import { formatIPv4, parseIPv4 } from '../ipv4';
+import { formatIPv4, parseIPv4 } from '../address';
 import type { DhcpFields } from './codec';
 
 /** RFC 2131 §3.3: 0xffffffff seconds means an infinite lease. */

@@ -5,11 +5,11 @@
 // state machine. Decode never throws: a malformed frame from the LAN comes
 // back as { ok: false, reason }, and the reason becomes a metric label.
 import { LbError } from '../errors';
-import { ipv4FromBytes } from '../ipv4';
+import { ipv4FromBytes } from '../address';
 import {
   ETH_HEADER_LEN, IPPROTO_VRRP, IPV4_HEADER_LEN, decodeIpv4Frame, encodeIpv4Frame, internetChecksum, pseudoHeaderSum,
-} from '../net/inet';
-import { bpfIpProtoPayloadByte, type BpfProgram } from '../net/bpf';
+} from '../net/packet/inet';
+import { bpfIpProtoPayloadByte, type BpfProgram } from '../net/packet/bpf';
 
 export const VRRP_VERSION = 3;
 /** The only VRRP packet type (RFC 5798 §5.2.2). */

@@ -15,8 +15,8 @@ import { LbError, errorMessage } from '../errors';
 import type { Clock, TimerHandle } from '../clock';
 import { realClock } from '../clock';
 import type { Logger } from '../log';
-import { formatIPv4, parseIPv4, parseMac } from '../ipv4';
-import { ETH_P_IP, PACKET_OUTGOING, openPacketSocket, type FrameInfo, type PacketSocket, type PacketSocketOptions } from '../net/packet';
+import { formatIPv4, parseIPv4, parseMac } from '../address';
+import { ETH_P_IP, PACKET_OUTGOING, openPacketSocket, type FrameInfo, type PacketSocket, type PacketSocketOptions } from '../net/packet/packet';
 import {
   MAX_ADDRESSES,
   MAX_ADVER_INT_CS,

@@ -13,12 +13,12 @@ import type { FailoverConfig, ServiceSpec } from '../config/types';
 import type { Clock, TimerHandle } from '../clock';
 import { realClock, isoTime } from '../clock';
 import type { Logger } from '../log';
-import { formatIPv4, parseIPv4 } from '../ipv4';
-import { PACKET_OUTGOING, openPacketSocket, type FrameInfo, type PacketSocket, type PacketSocketOptions } from '../net/packet';
+import { formatIPv4, parseIPv4 } from '../address';
+import { PACKET_OUTGOING, openPacketSocket, type FrameInfo, type PacketSocket, type PacketSocketOptions } from '../net/packet/packet';
 import { decodeAdvertisement } from './codec';
 import { VirtualRouter, assignVrids, type VirtualRouterStatus, type SplitBrainEvent } from './driver';
 import { acceptsAdvertFrom } from './peers';
-import { ArpResolver } from '../net/arp-resolver';
+import { ArpResolver } from '../net/neighbour/arp-resolver';
 
 /**
  * How long a node that preempted a live Master waits before it takes the

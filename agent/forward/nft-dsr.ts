@@ -51,7 +51,7 @@
 // seed for each rule it loads, and every rewrite of the table would send
 // every flow to a different slot. The seed is derived from the service key.
 import type { BackendSpec, PortSpec } from '../config/types';
-import type { DsrBpfPort } from '../net/ebpf-dsr';
+import type { DsrBpfPort } from '../net/ebpf/ebpf-dsr';
 import type { NormalizedService } from './dataplane';
 import { dsrSlotTable, hash32 } from './maglev';
 

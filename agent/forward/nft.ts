@@ -105,10 +105,10 @@ import {
 import { ForwardMetrics } from './metrics';
 import { DSR_FAMILY, DSR_PROBE_RULESET, DSR_TABLE, dsrRemovalLines, flowHashPick, flowHashSlots, renderDsrPort, renderDsrTable, type DsrPortRender } from './nft-dsr';
 import { SerialQueue } from '../serial';
-import type { DsrBpfPort } from '../net/ebpf-dsr';
-import type { DsrBpf, DsrFdStore } from '../net/ebpf-attach';
-import type { ConntrackClient, ForwardedPort, UdpFlowRule } from '../net/conntrack';
-import { hasOwnedName } from '../net/ownership';
+import type { DsrBpfPort } from '../net/ebpf/ebpf-dsr';
+import type { DsrBpf, DsrFdStore } from '../net/ebpf/ebpf-attach';
+import type { ConntrackClient, ForwardedPort, UdpFlowRule } from '../net/conntrack/conntrack';
+import { hasOwnedName } from '../net/ownership/ownership';
 
 // The BPF driver loads on demand: when a DSR port is forwarded, and at the
 // first apply when an earlier process left our netdev table, to look for the
@@ -117,9 +117,9 @@ import { hasOwnedName } from '../net/ownership';
 // so with no table there is no program of ours to find, and a start without
 // DSR never loads the driver (issue 18).
 // eslint-disable-next-line @typescript-eslint/no-require-imports
-const ebpfAttach = (): typeof import('../net/ebpf-attach') => require('../net/ebpf-attach') as typeof import('../net/ebpf-attach');
+const ebpfAttach = (): typeof import('../net/ebpf/ebpf-attach') => require('../net/ebpf/ebpf-attach') as typeof import('../net/ebpf/ebpf-attach');
 // Loaded at the first change of a UDP port's healthy set (issue 18: what a config does not use is not loaded).
-const conntrackModule = (): typeof import('../net/conntrack') => require('../net/conntrack') as typeof import('../net/conntrack');
+const conntrackModule = (): typeof import('../net/conntrack/conntrack') => require('../net/conntrack/conntrack') as typeof import('../net/conntrack/conntrack');
 import { realClock, type Clock, type TimerHandle } from '../clock';
 
 export const NFT_FAMILY = 'ip';

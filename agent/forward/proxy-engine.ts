@@ -51,7 +51,7 @@ import {
   type OwnLimitKey, type SlotBuffers, type TallyBuffers,
 } from './tallies';
 import { REFUSALS_DRAINING_MAX } from './capacity';
-import { parseIPv4 } from '../ipv4';
+import { parseIPv4 } from '../address';
 
 /** The part of a logger an engine uses; in a worker it forwards to the main thread's logger. */
 export interface EngineLog {

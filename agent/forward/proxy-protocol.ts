@@ -21,7 +21,7 @@
 // Only IPv4 is forwarded by lb-agent; an address that is not dotted-quad
 // IPv4 (an IPv4-mapped "::ffff:a.b.c.d" is unwrapped) is refused by a throw:
 // the callers hand over what the kernel reported for an IPv4 socket.
-import { formatIPv4, parseIPv4 } from '../ipv4';
+import { formatIPv4, parseIPv4 } from '../address';
 import type { ProxyProtocolVersion } from '../config/types';
 
 export type { ProxyProtocolVersion };

@@ -46,7 +46,7 @@ import type { PortSpec, ProxyConfig } from '../config/types';
 import { realClock, type Clock } from '../clock';
 import { LbError, errorMessage } from '../errors';
 import { silentLogger, type Logger } from '../log';
-import { parseIPv4 } from '../ipv4';
+import { parseIPv4 } from '../address';
 import {
   flowId, normalizeState, portLabel,
   type ConnectResultCallback, type Dataplane, type ListenerStore, type FlowStats, type ForwardState, type ForwardStats, type UdpFlowsEnded,
@@ -549,12 +549,12 @@ function logLevelOf(log: Logger): number {
 }
 
 // The addon is loaded on first use: `lb-agent validate` and the kernel path never need it here.
-function native(): typeof import('../net/native') {
+function native(): typeof import('../native/native') {
   // eslint-disable-next-line @typescript-eslint/no-var-requires
-  return require('../net/native') as typeof import('../net/native');
+  return require('../native/native') as typeof import('../native/native');
 }
 const listenTcp4 = (a: number, p: number, backlog: number, reuse: boolean): { fd: number; port: number } => native().listenTcp4(a, p, backlog, reuse);
-const socketInfo = (fd: number): import('../net/native').NativeSocketInfo => native().socketInfo(fd);
+const socketInfo = (fd: number): import('../native/native').NativeSocketInfo => native().socketInfo(fd);
 const dupFd = (fd: number): number => native().dupFd(fd);
 
 /** The engine in this thread (`inline`): direct calls. */

@@ -24,11 +24,11 @@
 // parse, choose, time anything out, or decide what an errno means.
 import { getSystemErrorName } from 'node:util';
 import { Relay, type PathListener, type RelayPath } from './proxy-engine';
-import { parseIPv4 } from '../ipv4';
+import { parseIPv4 } from '../address';
 import {
   RELAY_ACCEPT, RELAY_ACCEPT_ERROR, RELAY_CONNECT, RELAY_END, RELAY_GONE, RELAY_HEADER, RELAY_RECORD,
   relayHandleClass, type NativeRelayHandle,
-} from '../net/native';
+} from '../native/native';
 
 /** Records per callback the addon may hand over before it calls again. */
 const EVENT_RECORDS = 1024;

@@ -36,7 +36,7 @@ import { realClock, type Clock } from '../clock';
 import { silentLogger, type Logger } from '../log';
 import { errorMessage, localExhaustionCode } from '../errors';
 import type { BackendSpec, HealthCheckSpec, ServiceSpec } from '../config/types';
-import type { NativeAddon } from '../net/native';
+import type { NativeAddon } from '../native/native';
 import {
   DEFAULT_HTTP_CHECK, defaultProbe, NodeTcpProber,
   type Probe, type ProbeResult, type ProbeTarget, type TcpOutcome, type TcpProber, type TcpTarget,

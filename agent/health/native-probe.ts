@@ -13,7 +13,7 @@
 import { constants as osConstants } from 'node:os';
 import { realClock, type Clock, type TimerHandle } from '../clock';
 import { LbError } from '../errors';
-import { loadNative, type NativeAddon, type NativeTcpProbeHandle } from '../net/native';
+import { loadNative, type NativeAddon, type NativeTcpProbeHandle } from '../native/native';
 import { CLOSE_GRACE_MS, reasonOf, type TcpOutcome, type TcpProber, type TcpTarget } from './probe';
 import type { FailureReason } from './state';
 

@@ -6,7 +6,7 @@
 // label (metallb's allocator style).
 import type { Pool, PoolRange } from '../config/types';
 import { poolContains, poolLookupOrder, selectPool } from '../config/pools';
-import { formatIPv4, parseCidr, parseIPv4, broadcastOf } from '../ipv4';
+import { formatIPv4, parseCidr, parseIPv4, broadcastOf } from '../address';
 
 /** Why no address could be given; stable strings, used as status reasons. */
 export type AllocationFailure = 'exhausted' | 'no-pool' | 'not-in-pool' | 'taken';

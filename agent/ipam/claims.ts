@@ -6,7 +6,7 @@
 import type { StateStore } from '../state/store';
 import type { Logger } from '../log';
 import { LbError } from '../errors';
-import { parseIPv4 } from '../ipv4';
+import { parseIPv4 } from '../address';
 import { isoTime } from '../clock';
 
 export const CLAIMS_FILE = 'pool-claims.json';

@@ -15,7 +15,7 @@ import type { Pool } from '../config/types';
 import type { StateStore } from '../state/store';
 import type { Logger } from '../log';
 import { realClock, type Clock } from '../clock';
-import { formatIPv4, parseIPv4 } from '../ipv4';
+import { formatIPv4, parseIPv4 } from '../address';
 import { allocate, poolSize, type AllocationResult } from './allocator';
 import { poolContains, selectPool } from '../config/pools';
 import { ClaimStore, type PoolClaim } from './claims';

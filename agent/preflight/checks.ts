@@ -2,11 +2,11 @@
 // returns what it saw and, when it is not a pass, the one thing to do about
 // it. No I/O, no clock: every verdict is replayed from a fixture in
 // test/preflight/fixtures/.
-import { parseCidr, parseIPv4, cidrContains, formatIPv4 } from '../ipv4';
+import { parseCidr, parseIPv4, cidrContains, formatIPv4 } from '../address';
 import { udpSnatPorts, type Facts, type MacvlanFacts } from './facts';
-import { wantedSysctl, type VipRole } from '../net/sysctl';
+import { wantedSysctl, type VipRole } from '../net/sysctl/sysctl';
 import { defaultMaxConnections, effectiveMaxConnections, reservedDescriptors } from '../forward/capacity';
-import { BACKEND_SYSCTLS, BACKEND_VIP_INTERFACE } from '../net/dsr-backend';
+import { BACKEND_SYSCTLS, BACKEND_VIP_INTERFACE } from '../net/host/dsr-backend';
 import { ZONE_LABEL } from '../config/labels';
 import { proxyNeededReason } from '../forward/dataplane';
 

@@ -12,10 +12,10 @@ import { errorMessage } from '../errors';
 import {
   buildClientMessage, decodeReply, encodeDhcp, encodeUdpFrame, BROADCAST_IP, BROADCAST_MAC, DHCP_CLIENT_FILTER,
 } from '../dhcp/codec';
-import { openPacketSocket, ETH_P_IP, type PacketSocket, type FrameInfo } from '../net/packet';
-import { openNetlink, type NetlinkClient } from '../net/netlink';
-import { disableIpv6, type SysctlOptions } from '../net/sysctl';
-import { formatIPv4, formatMac } from '../ipv4';
+import { openPacketSocket, ETH_P_IP, type PacketSocket, type FrameInfo } from '../net/packet/packet';
+import { openNetlink, type NetlinkClient } from '../net/netlink/netlink';
+import { disableIpv6, type SysctlOptions } from '../net/sysctl/sysctl';
+import { formatIPv4, formatMac } from '../address';
 import type { DhcpProbeFacts } from './facts';
 
 /** Link name prefix of the probe's temporary macvlan: "lbchk<pid>". */

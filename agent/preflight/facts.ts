@@ -17,11 +17,11 @@ import { loadConfigFile, formatConfigErrors } from '../config/load';
 import { DEFAULTS } from '../config/defaults';
 import type { DataplaneMode, Desired } from '../config/types';
 import { readNofile } from '../forward/capacity';
-import { formatIPv4 } from '../ipv4';
+import { formatIPv4 } from '../address';
 import { placementFor, servicesNeedingProxy, type Placement } from '../forward/dataplane';
 import { sysctlIfName } from './checks';
-import { parseDefaultRoute } from '../net/route';
-import { IF_SYSCTL_KEYS } from '../net/sysctl';
+import { parseDefaultRoute } from '../net/host/route';
+import { IF_SYSCTL_KEYS } from '../net/sysctl/sysctl';
 import { DSR_KERNEL_OPTIONS, DSR_PROBE_RULESET } from '../forward/nft-dsr';
 import { readNodeTopology, type NodeTopology } from '../config/labels';
 
@@ -389,7 +389,7 @@ function bpfProbe(): Attempt {
   const t0 = Date.now();
   try {
     // eslint-disable-next-line @typescript-eslint/no-require-imports
-    const why = (require('../net/ebpf-attach') as typeof import('../net/ebpf-attach')).probeDsrBpfHere();
+    const why = (require('../net/ebpf/ebpf-attach') as typeof import('../net/ebpf/ebpf-attach')).probeDsrBpfHere();
     return why === undefined ? { status: 'ok', ms: Date.now() - t0 } : { status: 'failed', error: why, ms: Date.now() - t0 };
   } catch (err) {
     return { status: 'not-run', error: (err as Error).message };
@@ -571,7 +571,7 @@ export function udpSnatPorts(config: ConfigFacts): string[] {
 
 async function gatherConntrackNetlink(): Promise<Attempt> {
   const t0 = Date.now();
-  const why = await (require('../net/conntrack') as typeof import('../net/conntrack')).probeConntrackNetlink();
+  const why = await (require('../net/conntrack/conntrack') as typeof import('../net/conntrack/conntrack')).probeConntrackNetlink();
   return why === undefined ? { status: 'ok', ms: Date.now() - t0 } : { status: 'failed', error: why, ms: Date.now() - t0 };
 }
 

@@ -1,7 +1,7 @@
 // kube-vip pool syntax and lookup order.
 import t from 'tap';
 import { parsePools, selectPool, poolLookupOrder, poolContains } from '../../agent/config/pools';
-import { parseIPv4 } from '../../agent/ipv4';
+import { parseIPv4 } from '../../agent/address';
 
 t.test('lookup order is kube-vip\'s', async (t) => {
   t.same(poolLookupOrder('prod'), ['cidr-prod', 'cidr-global', 'range-prod', 'range-global']);

@@ -8,7 +8,7 @@ import {
 } from '../../agent/dhcp/client';
 import { buildClientMessage, decodeDhcp, encodeDhcp, type DhcpOption, type DhcpPacket } from '../../agent/dhcp/codec';
 import type { Lease } from '../../agent/dhcp/lease';
-import { formatIPv4, parseIPv4 } from '../../agent/ipv4';
+import { formatIPv4, parseIPv4 } from '../../agent/address';
 
 const ip = (s: string): number => parseIPv4(s)!;
 const SEC = 1000;

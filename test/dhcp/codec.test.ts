@@ -9,8 +9,8 @@ import {
   buildClientMessage, decodeDhcp, decodeReply, decodeUdpFrame, describePacket, encodeDhcp, encodeUdpFrame,
   prefixFromMask, replyClientMac, type DhcpOption, type DropReason,
 } from '../../agent/dhcp/codec';
-import { internetChecksum, udpChecksum } from '../../agent/net/inet';
-import { formatIPv4, parseIPv4 } from '../../agent/ipv4';
+import { internetChecksum, udpChecksum } from '../../agent/net/packet/inet';
+import { formatIPv4, parseIPv4 } from '../../agent/address';
 import * as golden from './fixtures/golden';
 
 const hex = (g: golden.GoldenFrame): Buffer => Buffer.from(g.hex, 'hex');

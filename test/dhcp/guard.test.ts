@@ -2,7 +2,7 @@
 // nothing else; a valid offer on the parent's subnet passes.
 import t from 'tap';
 import { judgeAddress, judgeReply, GUARD_REASONS, type ReplyFacts, type HostView, type GuardPolicy } from '../../agent/dhcp/guard';
-import { parseIPv4, parseCidr } from '../../agent/ipv4';
+import { parseIPv4, parseCidr } from '../../agent/address';
 
 const ip = (s: string): number => parseIPv4(s)!;
 const host: HostView = {

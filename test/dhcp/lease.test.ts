@@ -4,7 +4,7 @@
 import t from 'tap';
 import { decodeDhcp, encodeDhcp, type DhcpOption } from '../../agent/dhcp/codec';
 import { INFINITE_LEASE, fromStored, leaseDetails, leaseFileName, leaseFromAck, leaseTimes, toStored, type Lease } from '../../agent/dhcp/lease';
-import { parseIPv4 } from '../../agent/ipv4';
+import { parseIPv4 } from '../../agent/address';
 
 const ip = (s: string): number => parseIPv4(s)!;
 

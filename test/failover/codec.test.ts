@@ -19,8 +19,8 @@ import {
   type AdvertisementFrame,
   type DecodeResult,
 } from '../../agent/failover/codec';
-import { internetChecksum } from '../../agent/net/inet';
-import { formatIPv4, parseIPv4, parseMac } from '../../agent/ipv4';
+import { internetChecksum } from '../../agent/net/packet/inet';
+import { formatIPv4, parseIPv4, parseMac } from '../../agent/address';
 import { isLbError } from '../../agent/errors';
 
 const ip = (s: string): number => parseIPv4(s)!;

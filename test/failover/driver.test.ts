@@ -8,9 +8,9 @@ import { EventEmitter } from 'node:events';
 import { Registry } from 'prom-client';
 import { ManualClock } from '../../agent/clock';
 import { silentLogger } from '../../agent/log';
-import { formatIPv4, parseIPv4 } from '../../agent/ipv4';
+import { formatIPv4, parseIPv4 } from '../../agent/address';
 import { isLbError } from '../../agent/errors';
-import type { FrameInfo, PacketSocket, PacketSocketOptions } from '../../agent/net/packet';
+import type { FrameInfo, PacketSocket, PacketSocketOptions } from '../../agent/net/packet/packet';
 import { decodeAdvertisement, encodeAdvertisement, vrrpFilter, type AdvertisementFrame } from '../../agent/failover/codec';
 import { VirtualRouter, assignVrids, type VirtualRouterOptions } from '../../agent/failover/driver';
 

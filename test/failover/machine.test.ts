@@ -12,7 +12,7 @@ import {
   type MachineConfig,
   type MachineEvent,
 } from '../../agent/failover/machine';
-import { parseIPv4 } from '../../agent/ipv4';
+import { parseIPv4 } from '../../agent/address';
 
 const ip = (s: string): number => parseIPv4(s)!;
 const ME = ip('10.99.0.10');

@@ -1,7 +1,7 @@
 // Unit tests of the data-path contract: choosing kernel or proxy, and the
 // canonical state both paths render from.
 import t from 'tap';
-import { parseIPv4 } from '../../agent/ipv4';
+import { parseIPv4 } from '../../agent/address';
 import { isLbError } from '../../agent/errors';
 import type { BackendSpec, PortSpec } from '../../agent/config/types';
 import { dsrUnavailable, normalizeState, portLabel, proxyNeededReason, selectDataplane, serviceLabels, servicesNeedingProxy } from '../../agent/forward/dataplane';

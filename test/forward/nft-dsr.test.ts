@@ -7,7 +7,7 @@
 import t from 'tap';
 import { goldenText, sourcePath } from '../helpers/golden';
 import type { BackendSpec, PortSpec } from '../../agent/config/types';
-import { parseIPv4 } from '../../agent/ipv4';
+import { parseIPv4 } from '../../agent/address';
 import type { ForwardState } from '../../agent/forward/dataplane';
 import { hasDsrTable, renderNft } from '../../agent/forward/nft';
 import { DSR_KERNEL_OPTIONS, DSR_PROBE_RULESET, dsrSeed } from '../../agent/forward/nft-dsr';

@@ -8,20 +8,20 @@ import { goldenText, sourcePath } from '../helpers/golden';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import type { BackendSpec, PortSpec } from '../../agent/config/types';
-import { parseIPv4 } from '../../agent/ipv4';
+import { parseIPv4 } from '../../agent/address';
 import type { ForwardState } from '../../agent/forward/dataplane';
 import * as os from 'node:os';
 import { Registry } from 'prom-client';
 import { ManualClock } from '../../agent/clock';
-import { linkNameForService } from '../../agent/net/ownership';
+import { linkNameForService } from '../../agent/net/ownership/ownership';
 import {
   ARRIVALS_BATCH_MS, NftDataplane, canonicalTableJson, flowTotals, handedBackTotals, parseNftCounters, probeDsr, probeNftables, renderNft, renderRemoval, udpFlowSweep, type Exec,
 } from '../../agent/forward/nft';
-import type { ConntrackClient, UdpFlowRule } from '../../agent/net/conntrack';
+import type { ConntrackClient, UdpFlowRule } from '../../agent/net/conntrack/conntrack';
 import { flowId } from '../../agent/forward/dataplane';
 import { dsrSeed } from '../../agent/forward/nft-dsr';
 import { dsrSlotTable } from '../../agent/forward/maglev';
-import type { DsrBpf } from '../../agent/net/ebpf-attach';
+import type { DsrBpf } from '../../agent/net/ebpf/ebpf-attach';
 
 // Golden files live in the source tree (tests run from dist/). UPDATE_GOLDEN=1 rewrites them.
 function golden(t: tap.Test, name: string, actual: string): void {

@@ -5,8 +5,8 @@
 import t from 'tap';
 import * as net from 'node:net';
 import { realClock } from '../../agent/clock';
-import { listenTcp4 } from '../../agent/net/native';
-import { parseIPv4 } from '../../agent/ipv4';
+import { listenTcp4 } from '../../agent/native/native';
+import { parseIPv4 } from '../../agent/address';
 import { ProxyEngine, type EngineListenerSpec } from '../../agent/forward/proxy-engine';
 import { nativeRelayPath } from '../../agent/forward/relay-native';
 import { TallyTable, FLOW_CONNECTIONS } from '../../agent/forward/tallies';

@@ -7,8 +7,8 @@ import * as path from 'node:path';
 import { Worker } from 'node:worker_threads';
 import { type FromWorker, type WorkerStart } from '../../agent/forward/proxy-worker';
 import { ENGINE_OPEN, TallyTable } from '../../agent/forward/tallies';
-import { dupFd, listenTcp4 } from '../../agent/net/native';
-import { parseIPv4 } from '../../agent/ipv4';
+import { dupFd, listenTcp4 } from '../../agent/native/native';
+import { parseIPv4 } from '../../agent/address';
 
 t.test('a worker thread: ready, serves what it is given, stops', async (t) => {
   const server = net.createServer((s) => s.end('from backend\n'));

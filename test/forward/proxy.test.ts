@@ -8,7 +8,7 @@ import * as dgram from 'node:dgram';
 import { spawn } from 'node:child_process';
 import { Registry } from 'prom-client';
 import type { BackendSpec, PortSpec, ProxyConfig } from '../../agent/config/types';
-import { parseIPv4 } from '../../agent/ipv4';
+import { parseIPv4 } from '../../agent/address';
 import { isLbError } from '../../agent/errors';
 import type { ForwardState } from '../../agent/forward/dataplane';
 import { ProxyDataplane, nextReportDrainMs } from '../../agent/forward/proxy';
@@ -552,7 +552,7 @@ class MemoryStore {
 }
 
 t.test('listener store: a SO_REUSEPORT group left by an earlier process is served whole, with more or fewer workers', async (t) => {
-  const { listenTcp4, socketInfo } = await import('../../agent/net/native');
+  const { listenTcp4, socketInfo } = await import('../../agent/native/native');
   const port = await echoBackends(['127.0.0.1'], t);
   const vip = '127.0.0.32';
   for (const workers of [1, 3]) {
@@ -576,7 +576,7 @@ t.test('listener store: a SO_REUSEPORT group left by an earlier process is serve
 });
 
 t.test('listener store: an older lb-agent\'s socket without SO_REUSEPORT is shared by every worker', async (t) => {
-  const { listenTcp4 } = await import('../../agent/net/native');
+  const { listenTcp4 } = await import('../../agent/native/native');
   const port = await echoBackends(['127.0.0.1'], t);
   const vip = '127.0.0.33';
   const old = listenTcp4(parseIPv4(vip)!, 0, 64, false);

@@ -9,8 +9,8 @@ import * as fs from 'node:fs';
 import { createHash } from 'node:crypto';
 import { ProxyDataplane } from '../../agent/forward/proxy';
 import { nativeRelayStats } from '../../agent/forward/relay-native';
-import { parseIPv4 } from '../../agent/ipv4';
-import { loadNative, socketInfo, type NativeSocketInfo } from '../../agent/net/native';
+import { parseIPv4 } from '../../agent/address';
+import { loadNative, socketInfo, type NativeSocketInfo } from '../../agent/native/native';
 import { isLbError } from '../../agent/errors';
 import { halfCloseBothWays, proxyHeaderTest } from '../../lab/relay-checks';
 

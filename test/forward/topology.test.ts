@@ -3,7 +3,7 @@
 // and the node's zone, and the reason status and metrics show.
 import t from 'tap';
 import type { BackendSpec, TopologyPolicy } from '../../agent/config/types';
-import { parseIPv4 } from '../../agent/ipv4';
+import { parseIPv4 } from '../../agent/address';
 import { TOPOLOGY_REASONS, selectBackends } from '../../agent/forward/topology';
 
 const b = (address: string, zone?: string, weight = 1): BackendSpec => ({ address, addressNum: parseIPv4(address)!, weight, ...(zone ? { zone } : {}) });

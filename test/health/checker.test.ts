@@ -14,7 +14,7 @@ import { Writable } from 'node:stream';
 import { Registry } from 'prom-client';
 import { createLogger } from '../../agent/log';
 import { isLbError } from '../../agent/errors';
-import type { NativeAddon } from '../../agent/net/native';
+import type { NativeAddon } from '../../agent/native/native';
 import { ManualClock } from '../../agent/clock';
 import { HealthChecker, targetKey } from '../../agent/health/checker';
 import { NativeTcpProber } from '../../agent/health/native-probe';

@@ -18,7 +18,7 @@ import { realClock, type TimerHandle } from '../../agent/clock';
 import { CLOSE_GRACE_MS, type TcpTarget } from '../../agent/health/probe';
 import type { FailureReason } from '../../agent/health/state';
 import { isLbError } from '../../agent/errors';
-import type { NativeAddon } from '../../agent/net/native';
+import type { NativeAddon } from '../../agent/native/native';
 import { listen, closedPort } from './loopback';
 
 interface Outcome { ctx: number; ok: boolean; reason: FailureReason | undefined; detail: string | undefined; durationMs: number }

@@ -2,7 +2,7 @@
 // Harvester's health-check defaults, for the health checker's tests and the
 // privileged driver. Not a test file itself.
 import type { BackendSpec, HealthCheckSpec, ServiceSpec } from '../../agent/config/types';
-import { parseIPv4 } from '../../agent/ipv4';
+import { parseIPv4 } from '../../agent/address';
 
 export interface ServiceInput {
   name: string;

@@ -1,8 +1,8 @@
 // An in-memory PacketSocket for unit tests of net/ drivers: records what is
 // sent, lets the test inject ARP frames, and can be told to fail sends.
 import { EventEmitter } from 'node:events';
-import { encodeArp, type ArpPacket } from '../../agent/net/arp';
-import type { PacketSocket } from '../../agent/net/packet';
+import { encodeArp, type ArpPacket } from '../../agent/net/neighbour/arp';
+import type { PacketSocket } from '../../agent/net/packet/packet';
 
 export class MemorySocket extends EventEmitter {
   readonly ifindex = 7;

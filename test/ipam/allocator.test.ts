@@ -6,7 +6,7 @@ import type { Pool, PoolRange } from '../../agent/config/types';
 import { parsePools, parsePoolValue, poolContains } from '../../agent/config/pools';
 import { parseConfigText } from '../../agent/config/load';
 import { allocate, poolSize, reservedFromInterface, AllocationState } from '../../agent/ipam/allocator';
-import { formatIPv4, parseIPv4 } from '../../agent/ipv4';
+import { formatIPv4, parseIPv4 } from '../../agent/address';
 
 const ip = (s: string): number => parseIPv4(s)!;
 

@@ -11,7 +11,7 @@ import type { Pool } from '../../agent/config/types';
 import { StateStore } from '../../agent/state/store';
 import { ManualClock } from '../../agent/clock';
 import { silentLogger } from '../../agent/log';
-import { parseIPv4 } from '../../agent/ipv4';
+import { parseIPv4 } from '../../agent/address';
 import { PoolManager, MAX_CONFLICTS, RATE_LIMIT_INTERVAL_MS, poolMetrics } from '../../agent/ipam/manager';
 
 const ip = (s: string): number => parseIPv4(s)!;

@@ -5,7 +5,7 @@ import t from 'tap';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { udpSnatPorts, type Facts } from '../../agent/preflight/facts';
-import { vipSysctls } from '../../agent/net/sysctl';
+import { vipSysctls } from '../../agent/net/sysctl/sysctl';
 import {
   runChecks, checkDescriptors, checkMacvlan, checkCapabilities, checkInterface, checkArpSysctls, checkRpFilter, checkIpForward,
   checkConfig, checkDataplane, checkPools, checkStateDir, checkGuestAgent, checkDhcpProbe, classifyRefusal,

@@ -6,7 +6,7 @@ import t from 'tap';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import type { NetlinkClient, LinkInfo, CreateMacvlanOptions } from '../../agent/net/netlink';
+import type { NetlinkClient, LinkInfo, CreateMacvlanOptions } from '../../agent/net/netlink/netlink';
 import { probeDhcp, PROBE_LINK_PREFIX } from '../../agent/preflight/dhcp-probe';
 
 function fakeNetlink(links: { name: string; index: number }[], fail: { create?: boolean; up?: boolean }) {

@@ -6,7 +6,7 @@ import { requirePrivileged } from '../helpers/privileged';
 import { createLab, Lab, waitFor } from '../../lab/netns';
 import { startBackend, startDnsmasq, httpGetFrom, Dnsmasq } from '../../lab/services';
 import { startAgent, waitStatus, agentCli } from '../../lab/agent';
-import { macForService, linkNameForService } from '../../agent/net/ownership';
+import { macForService, linkNameForService } from '../../agent/net/ownership/ownership';
 
 const FAST_ARP = { probeWait: 0.05, probeNum: 2, probeMin: 0.05, probeMax: 0.1, announceWait: 0.05, announceNum: 2, announceInterval: 0.1 };
 const HC = { periodSeconds: 0.5, timeoutSeconds: 0.5 };

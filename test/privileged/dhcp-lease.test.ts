@@ -8,7 +8,7 @@ import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
 import { createLab, waitFor } from '../../lab/netns';
 import { startDnsmasq } from '../../lab/services';
-import { clientIdForService, macForService } from '../../agent/net/ownership';
+import { clientIdForService, macForService } from '../../agent/net/ownership/ownership';
 import { addressesOf, dhcpLab, linkMac, ping, startDriver } from './fixtures/dhcp-harness';
 
 if (requirePrivileged(t)) {

@@ -7,7 +7,7 @@ import { requirePrivileged } from '../helpers/privileged';
 import { createLab, waitFor } from '../../lab/netns';
 import { distPath, httpGetFrom } from '../../lab/services';
 import { startAgent } from '../../lab/agent';
-import { linkNameForService } from '../../agent/net/ownership';
+import { linkNameForService } from '../../agent/net/ownership/ownership';
 
 t.test('a rogue server offering the VM\'s own, a multicast and an off-subnet address gets nothing bound', async (t) => {
   if (!requirePrivileged(t)) return;

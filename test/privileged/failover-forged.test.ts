@@ -8,8 +8,8 @@ import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
 import { createLab } from '../../lab/netns';
 import { encodeAdvertisement, type EncodeOptions } from '../../agent/failover/codec';
-import { internetChecksum } from '../../agent/net/inet';
-import { parseIPv4 } from '../../agent/ipv4';
+import { internetChecksum } from '../../agent/net/packet/inet';
+import { parseIPv4 } from '../../agent/address';
 import { RouterProc, forge } from './fixtures/failover-client';
 
 if (requirePrivileged(t)) {

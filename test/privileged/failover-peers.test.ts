@@ -9,7 +9,7 @@ import { requirePrivileged } from '../helpers/privileged';
 import { createLab } from '../../lab/netns';
 import { encodeAdvertisement } from '../../agent/failover/codec';
 import { masterDownIntervalMs } from '../../agent/failover/machine';
-import { parseIPv4 } from '../../agent/ipv4';
+import { parseIPv4 } from '../../agent/address';
 import { RouterProc, forge, masters } from './fixtures/failover-client';
 
 const INTERVAL = 0.2;

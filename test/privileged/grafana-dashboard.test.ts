@@ -15,7 +15,7 @@ import { startAgent, waitStatus, agentCli } from '../../lab/agent';
 import { startPrometheus, promQueryEach, type PromVector } from '../../lab/prometheus';
 import { forge } from './fixtures/failover-client';
 import { encodeAdvertisement } from '../../agent/failover/codec';
-import { parseIPv4 } from '../../agent/ipv4';
+import { parseIPv4 } from '../../agent/address';
 
 const ROOT = path.resolve(__dirname, '..', '..', '..');
 const DASHBOARD = path.join(ROOT, 'examples', 'grafana', 'lb-agent.json');

@@ -4,8 +4,8 @@
 // defends an address we hold against a host that claims it.
 import t from 'tap';
 import type { ArpTimings } from '../../agent/config/types';
-import type { LinkInfo } from '../../agent/net/netlink';
-import { linkNameForService, macForService } from '../../agent/net/ownership';
+import type { LinkInfo } from '../../agent/net/netlink/netlink';
+import { linkNameForService, macForService } from '../../agent/net/ownership/ownership';
 import { createLab, waitFor, type Lab } from '../../lab/netns';
 import { requirePrivileged } from '../helpers/privileged';
 import { driver, driverStream } from './fixtures/net-driver-run';

@@ -7,7 +7,7 @@
 import t from 'tap';
 import { createLab } from '../../lab/netns';
 import { requirePrivileged } from '../helpers/privileged';
-import type { BackgroundStats } from '../../agent/net/native';
+import type { BackgroundStats } from '../../agent/native/native';
 import { driver } from './fixtures/net-driver-run';
 
 interface Teardown {

@@ -15,10 +15,10 @@ import { distPath } from '../../lab/services';
 import {
   BACKEND_KEY_SIZE, BPF_MAP_TYPE_ARRAY, BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_LRU_HASH, BPF_PROG_TYPE_SCHED_CLS, COUNTER_VALUE_SIZE, DSR_PROG_NAME,
   FLOW_KEY_SIZE, FLOW_VALUE_SIZE, SLOT_VALUE_SIZE, TCX_NEXT, TC_ACT_REDIRECT, dsrMaps, dsrProgram, nftJhashSlot, type DsrBpfPort,
-} from '../../agent/net/ebpf-dsr';
-import type { NativeBpf } from '../../agent/net/native';
-import { DsrBpf } from '../../agent/net/ebpf-attach';
-import { nativeBpf } from '../../agent/net/native';
+} from '../../agent/net/ebpf/ebpf-dsr';
+import type { NativeBpf } from '../../agent/native/native';
+import { DsrBpf } from '../../agent/net/ebpf/ebpf-attach';
+import { nativeBpf } from '../../agent/native/native';
 
 const CLIENT = 0x0a000003;
 const PLAN: DsrBpfPort = {

@@ -5,9 +5,9 @@
 import t from 'tap';
 import { createLab } from '../../lab/netns';
 import { requirePrivileged } from '../helpers/privileged';
-import type { AddressInfo, LinkInfo } from '../../agent/net/netlink';
-import { linkNameForService, macForService } from '../../agent/net/ownership';
-import type { ReconcileResult } from '../../agent/net/reconcile';
+import type { AddressInfo, LinkInfo } from '../../agent/net/netlink/netlink';
+import { linkNameForService, macForService } from '../../agent/net/ownership/ownership';
+import type { ReconcileResult } from '../../agent/net/ownership/reconcile';
 import { driver, driverStream } from './fixtures/net-driver-run';
 
 if (requirePrivileged(t)) {

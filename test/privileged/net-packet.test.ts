@@ -7,10 +7,10 @@
 import t from 'tap';
 import { createLab, waitFor, type Lab } from '../../lab/netns';
 import { requirePrivileged } from '../helpers/privileged';
-import { linkNameForService, macForService } from '../../agent/net/ownership';
+import { linkNameForService, macForService } from '../../agent/net/ownership/ownership';
 import { driver, driverStream } from './fixtures/net-driver-run';
 import { distPath } from '../../lab/services';
-import { endWorkersHolding } from '../net/worker-end';
+import { endWorkersHolding } from '../helpers/worker-end';
 
 function sendUdp(lab: Lab, ns: string, host: string, port: number, payload: string): Promise<unknown> {
   const script = `const s=require('dgram').createSocket('udp4');s.send(${JSON.stringify(payload)},${port},${JSON.stringify(host)},(e)=>{s.close();if(e)throw e;});`;

@@ -7,7 +7,7 @@
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
 import { encodeAdvertisement } from '../../agent/failover/codec';
-import { parseIPv4 } from '../../agent/ipv4';
+import { parseIPv4 } from '../../agent/address';
 import { forge } from './fixtures/failover-client';
 import { buildVrrpLab, waitMaster, vrrpStates, metricValue, POOL_VIP, VRID, CLIENT, NODES, BACKEND_IDS } from '../../lab/vrrp';
 import { gapReport, ClientLoop } from '../../lab/client-loop';

@@ -8,7 +8,7 @@ import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
 import { buildVrrpLab, waitMaster, logTime, POOL_VIP, BACKEND_IDS } from '../../lab/vrrp';
 import { gapReport, ClientLoop } from '../../lab/client-loop';
-import { linkNameForService } from '../../agent/net/ownership';
+import { linkNameForService } from '../../agent/net/ownership/ownership';
 
 t.test('default config, 0.1 s adverts: the Master dies, both VIPs answer again within 0.5 s', async (t) => {
   if (!requirePrivileged(t)) return;

@@ -194,7 +194,7 @@ t.test('install.sh into a scratch root', { skip: !built && 'build first: npm ci 
     t.match(v.stdout, /valid/);
     const ver = spawnSync(process.execPath, [cli, 'version', '--json'], { encoding: 'utf8', cwd: os.tmpdir(), env, timeout: 30_000 });
     t.equal(ver.status, 0, ver.stderr);
-    const native = path.join(lib, 'dist', 'agent', 'net', 'native.js');
+    const native = path.join(lib, 'dist', 'agent', 'native', 'native.js');
     const addon = spawnSync(process.execPath, ['-e', `const n=require(${JSON.stringify(native)});n.capabilities();process.stdout.write(n.nativeAddonPath())`], { encoding: 'utf8', cwd: os.tmpdir(), env, timeout: 30_000 });
     t.equal(addon.status, 0, `the native addon loads from the installed tree: ${addon.stderr}`);
     t.equal(addon.stdout, fs.realpathSync(path.join(lib, 'native', 'build', 'Release', 'lbagent_native.node')), 'the installed addon (of its release), not the repository\'s');

@@ -1,0 +1,799 @@
+// rtnetlink typed verbs (driver over the `netlink` package): list/get links,
+// create macvlans, set links up/down, delete links, add/remove/list IPv4
+// addresses, and watch link and address changes. It acts on the network
+// namespace of the calling process. Errors are LbErrors naming the interface
+// and, for EPERM, the capability.
+//
+// Two sockets (issue 18): dumps go one at a time through their own socket,
+// single requests are pipelined on the other. The `netlink` package cuts a
+// multipart dump short when another reply arrives between its parts, so only
+// dumps need to wait for each other; 50 DHCP services setting up their links
+// used to queue ~350 single requests behind one another, each waiting a turn
+// of a busy event loop for its reply.
+import { EventEmitter } from 'node:events';
+import * as os from 'node:os';
+// The package's parts this file uses, not its index: that also loads its
+// nl80211, WireGuard and generic-netlink code (~0.5 MiB of RSS; issue 18).
+// Its sockets are the addon's (./netlink-socket), not its own .node file.
+import { FlagsGet, FlagsNew, Protocol } from 'netlink/dist/constants';
+import { AttrStream } from 'netlink/dist/structs';
+import { NetlinkSocket } from 'netlink/dist/netlink';
+import type { RawNetlinkSocket as PackageRawSocket } from 'netlink/dist/raw';
+import { RtNetlinkSocket } from 'netlink/dist/rt/rt';
+import * as rt from 'netlink/dist/rt/structs';
+import * as ifla from 'netlink/dist/rt/ifla';
+import { LbError, errorMessage } from '../../errors';
+import { broadcastOf, formatIPv4, formatMac, ipv4FromBytes, ipv4ToBytes, parseIPv4, parseMac } from '../../address';
+import type { Logger } from '../../log';
+import { silentLogger } from '../../log';
+import { IPV4_DEVCONF_ID, interfaceNameProblem, type IfSysctlKey } from '../sysctl/sysctl';
+import { SerialQueue } from '../../serial';
+import { RawNetlinkSocket } from './netlink-socket';
+import { deleteLinkFn } from '../../native/native';
+
+const AF_INET = 2;
+const DEFAULT_TIMEOUT_MS = 5_000;
+/** NLM_F_ECHO (linux/netlink.h): the kernel sends the new object back (RTM_NEWLINK honours it since Linux 6.1). */
+const NLM_F_ECHO = 0x08;
+/**
+ * Single requests in flight at most. Each reply (and a GET's ACK) waits in
+ * the socket's receive buffer until the event loop reads it; a reply that
+ * does not fit is dropped by the kernel and its request would time out.
+ */
+export const MAX_IN_FLIGHT = 32;
+/** Receive buffer of the request socket: MAX_IN_FLIGHT link replies (~1.5 KiB each, skb overhead included) with room to spare. */
+const REQUEST_RCVBUF = 1 << 20;
+
+/** RFC 2863 ifOperStatus, as the kernel reports IF_OPER_* (linux/if.h). */
+export type OperState = 'unknown' | 'notpresent' | 'down' | 'lowerlayerdown' | 'testing' | 'dormant' | 'up';
+const OPER_STATES: readonly OperState[] = ['unknown', 'notpresent', 'down', 'lowerlayerdown', 'testing', 'dormant', 'up'];
+
+export type MacvlanMode = 'private' | 'vepa' | 'bridge' | 'passthru' | 'source';
+
+export interface LinkInfo {
+  readonly index: number;
+  readonly name: string;
+  /** Lower-case "aa:bb:cc:dd:ee:ff"; '' for links without one (lo has zeros). */
+  readonly mac: string;
+  /** IFLA_INFO_KIND: 'macvlan', 'veth', 'bridge', ...; undefined for physical NICs. */
+  readonly kind?: string;
+  /** IFF_UP: administratively up. */
+  readonly up: boolean;
+  /** IFLA_CARRIER. */
+  readonly carrier: boolean;
+  readonly operState: OperState;
+  /** IFLA_LINK: the lower device (macvlan parent, veth peer). */
+  readonly parentIndex?: number;
+  readonly macvlanMode?: MacvlanMode;
+  readonly mtu?: number;
+}
+
+export interface AddressInfo {
+  readonly index: number;
+  /** Dotted quad. */
+  readonly address: string;
+  readonly prefix: number;
+  readonly label?: string;
+  /** IFA_PROTO (Linux 6.3+): who added the address; the agent marks its own (net/ownership.ts). */
+  readonly proto?: number;
+}
+
+/** IFA_PROTO: the address's originator, a u8 attribute of RTM_NEWADDR (Linux 6.3). */
+export const IFA_PROTO = 11;
+
+/**
+ * Calls fn(type, start, end) for each rtattr in buf[start, end) (the type
+ * without NLA_F_NESTED / NLA_F_NET_BYTEORDER, the payload's bounds). Returns
+ * false at a malformed attribute (length under 4 or past the end), after
+ * the well-formed ones before it. Pure; never throws.
+ */
+export function forEachAttr(buf: Buffer, start: number, end: number, fn: (type: number, at: number, to: number) => void): boolean {
+  let o = start;
+  while (o + 4 <= end) {
+    // struct nlattr is in host byte order (netlink(7)).
+    const len = HOST_LE ? buf.readUInt16LE(o) : buf.readUInt16BE(o);
+    if (len < 4 || o + len > end) return false;
+    fn((HOST_LE ? buf.readUInt16LE(o + 2) : buf.readUInt16BE(o + 2)) & 0x3fff, o + 4, o + len);
+    o += (len + 3) & ~3;
+  }
+  return true;
+}
+
+/**
+ * The IFA_PROTO attribute of a raw RTM_NEWADDR payload (ifaddrmsg, then
+ * rtattrs), if present. The netlink package drops attributes it does not
+ * know when parsing, so this one is read here. Pure; never throws.
+ */
+export function addressProto(data: Buffer): number | undefined {
+  let proto: number | undefined;
+  const ok = forEachAttr(data, 8 /* struct ifaddrmsg */, data.length, (type, at, to) => {
+    if (type === IFA_PROTO && to > at && proto === undefined) proto = data[at];
+  });
+  return ok ? proto : undefined;
+}
+
+export type LinkEvent = { type: 'new' | 'del'; link: LinkInfo };
+export type AddressEvent = { type: 'new' | 'del'; address: AddressInfo };
+
+export interface CreateMacvlanOptions {
+  /** New link name (<= 15 bytes). */
+  name: string;
+  /** Parent link, by name or index, or as the caller already read it (no second lookup). */
+  parent: string | number | LinkInfo;
+  mac: string;
+  /** Always explicit (DESIGN.md): bridge lets macvlans on one parent reach each other. */
+  mode: MacvlanMode;
+}
+
+/** Requests a client has sent to the kernel since it opened: what tests count instead of timing. */
+export interface NetlinkCounts {
+  /** Single requests (get, create, set, delete, add/remove address). */
+  readonly requests: number;
+  /** Dumps (list links, list addresses). */
+  readonly dumps: number;
+}
+
+export interface NetlinkOptions {
+  log?: Logger;
+  /** Per-request timeout (default 5 s): a wedged kernel call must not hang a reconcile. */
+  timeoutMs?: number;
+}
+
+// ---------------------------------------------------------------------------
+// Pure helpers (exported for unit tests)
+
+/** The errno name in an error from the netlink package ("Request rejected: EPERM"). */
+export function netlinkErrno(err: unknown): string | undefined {
+  if (!(err instanceof Error)) return undefined;
+  const code = (err as { code?: unknown }).code;
+  if (typeof code === 'string' && /^E[A-Z0-9]+$/.test(code)) return code;
+  const m = /Request rejected: (E[A-Z0-9]+|-?\d+)/.exec(err.message);
+  if (m) return m[1];
+  if (/Timeout has been reached/.test(err.message)) return 'ETIMEDOUT';
+  return undefined;
+}
+
+/**
+ * Map a netlink failure to an LbError. `subject` names the interface(s) the
+ * verb acted on, for the message.
+ */
+export function netlinkError(err: unknown, verb: string, subject: string, extra: { macvlan?: boolean; missing?: string } = {}): LbError {
+  if (err instanceof LbError) return err;
+  const errno = netlinkErrno(err);
+  const details = { verb, subject, errno };
+  const reason = err instanceof Error ? err.message : String(err);
+  switch (errno) {
+    case 'EPERM':
+    case 'EACCES':
+      return new LbError('LB_ERR_NET_NO_CAPABILITY', `${verb} ${subject}: permission denied (${errno}); needs CAP_NET_ADMIN - run lb-agent as root or grant CAP_NET_ADMIN`, { ...details, capability: 'CAP_NET_ADMIN' }, { cause: err });
+    case 'ENODEV':
+      return new LbError('LB_ERR_NET_NO_INTERFACE', `${verb} ${subject}: interface ${extra.missing ?? subject} does not exist (ENODEV)`, { ...details, interface: extra.missing ?? subject }, { cause: err });
+    case 'EOPNOTSUPP':
+      if (extra.macvlan) {
+        return new LbError(
+          'LB_ERR_NET_MACVLAN_UNSUPPORTED',
+          `${verb} ${subject}: the kernel has no macvlan driver (EOPNOTSUPP); install a kernel with macvlan (on SLES: kernel-default instead of kernel-default-base) or load the macvlan module`,
+          details,
+          { cause: err },
+        );
+      }
+      break;
+    case 'EEXIST':
+      return new LbError('LB_ERR_NET_NETLINK', `${verb} ${subject}: already exists (EEXIST)`, details, { cause: err });
+    case 'ETIMEDOUT':
+      return new LbError('LB_ERR_NET_NETLINK', `${verb} ${subject}: no answer from the kernel (timeout)`, details, { cause: err });
+  }
+  return new LbError('LB_ERR_NET_NETLINK', `${verb} ${subject} failed: ${reason}`, details, { cause: err });
+}
+
+function flatten(data: Parameters<AttrStream['emit']>[0]): Buffer {
+  const s = new AttrStream();
+  s.emit(data);
+  return Buffer.concat(s.bufs);
+}
+
+const MACVLAN_MODE_FLAGS: Record<MacvlanMode, ifla.MacvlanMode> = {
+  private: { private: true },
+  vepa: { vepa: true },
+  bridge: { bridge: true },
+  passthru: { passthru: true },
+  source: { source: true },
+};
+
+/** IFLA_LINKINFO for a macvlan in `mode`: { kind: 'macvlan', data: { IFLA_MACVLAN_MODE } }. */
+export function macvlanLinkInfo(mode: MacvlanMode): Buffer {
+  const data = flatten(ifla.formatMacvlan({ mode: ifla.formatMacvlanMode(MACVLAN_MODE_FLAGS[mode]) }));
+  return flatten(ifla.formatInfo({ kind: 'macvlan', data }));
+}
+
+// Netlink attributes are in host byte order (netlink(7)).
+const HOST_LE = os.endianness() === 'LE';
+
+function u32(n: number): Buffer {
+  const b = Buffer.alloc(4);
+  if (HOST_LE) b.writeUInt32LE(n >>> 0);
+  else b.writeUInt32BE(n >>> 0);
+  return b;
+}
+
+const NLA_HDRLEN = 4;
+const NLA_F_NESTED = 0x8000;
+/** linux/if_link.h: the one attribute of IFLA_AF_SPEC's AF_INET entry. */
+const IFLA_INET_CONF = 1;
+
+/**
+ * IFLA_AF_SPEC's AF_INET entry that sets these IPv4 settings of a link:
+ * IFLA_INET_CONF holding one u32 attribute per setting, typed by its
+ * IPV4_DEVCONF_* id (net/ipv4/devinet.c: inet_validate_link_af refuses an
+ * unknown id or a short value, so the request fails rather than half-applies).
+ */
+export function inetConfSpec(conf: ReadonlyArray<readonly [IfSysctlKey, number]>): Buffer {
+  const body = Buffer.alloc(NLA_HDRLEN + conf.length * (NLA_HDRLEN + 4));
+  const put16 = (v: number, at: number): void => { if (HOST_LE) body.writeUInt16LE(v, at); else body.writeUInt16BE(v, at); };
+  put16(body.length, 0);
+  put16(IFLA_INET_CONF | NLA_F_NESTED, 2);
+  conf.forEach(([key, value], i) => {
+    if (!Number.isInteger(value) || value < 0 || value > 0xffffffff) throw new RangeError(`${key} must be a u32, got ${value}`);
+    const at = NLA_HDRLEN + i * (NLA_HDRLEN + 4);
+    put16(NLA_HDRLEN + 4, at);
+    put16(IPV4_DEVCONF_ID[key], at + 2);
+    u32(value).copy(body, at + NLA_HDRLEN);
+  });
+  return body;
+}
+
+function readU32(b: Buffer, at = 0): number {
+  return HOST_LE ? b.readUInt32LE(at) : b.readUInt32BE(at);
+}
+
+// linux/if_link.h, linux/if.h: what LinkInfo holds.
+const IFINFOMSG_LEN = 16; // family u8, pad u8, type u16, index s32, flags u32, change u32
+const IFF_UP = 0x1;
+const IFLA_ADDRESS = 1;
+const IFLA_IFNAME = 3;
+const IFLA_MTU = 4;
+const IFLA_LINK = 5;
+const IFLA_OPERSTATE = 16;
+const IFLA_LINKINFO = 18;
+const IFLA_CARRIER = 33;
+const IFLA_INFO_KIND = 1;
+const IFLA_INFO_DATA = 2;
+const IFLA_MACVLAN_MODE = 1;
+/** IFLA_MACVLAN_MODE's values, as the package encodes MACVLAN_MODE_FLAGS (linux/if_link.h: MACVLAN_MODE_*). */
+const MACVLAN_MODE_VALUES: Readonly<Record<number, MacvlanMode>> = Object.fromEntries(
+  (Object.entries(MACVLAN_MODE_FLAGS) as [MacvlanMode, ifla.MacvlanMode][]).map(([mode, flags]) => [ifla.formatMacvlanMode(flags), mode]),
+);
+/** IFLA_EXT_MASK: RTEXT_FILTER_SKIP_STATS (Linux 5.10; older kernels ignore the bit): no counters we would not read. */
+const RTEXT_FILTER_SKIP_STATS = 1 << 3;
+
+/** A NUL-terminated string attribute. */
+function attrString(buf: Buffer, at: number, to: number): string {
+  const nul = buf.indexOf(0, at);
+  return buf.toString('utf8', at, nul >= at && nul < to ? nul : to);
+}
+
+/**
+ * An RTM_NEWLINK / RTM_DELLINK payload (struct ifinfomsg, then rtattrs) as a
+ * LinkInfo. Reads only the attributes a LinkInfo holds: the package's parser
+ * decodes every attribute of a link (statistics, IPv6 settings, ...) into
+ * objects, ~0.25 ms and much garbage per link, which 50 services starting at
+ * once paid on one event loop (issue 18). Unknown or malformed attributes are
+ * skipped; throws only on a payload shorter than ifinfomsg.
+ */
+export function parseLinkPayload(data: Buffer): LinkInfo {
+  if (data.length < IFINFOMSG_LEN) throw new RangeError(`link message of ${data.length} bytes is shorter than struct ifinfomsg`);
+  const index = HOST_LE ? data.readInt32LE(4) : data.readInt32BE(4);
+  const flags = readU32(data, 8);
+  let name = '';
+  let mac = '';
+  let mtu: number | undefined;
+  let parentIndex: number | undefined;
+  let operState: OperState = 'unknown';
+  let carrier = false;
+  let kind: string | undefined;
+  let macvlanMode: MacvlanMode | undefined;
+  forEachAttr(data, IFINFOMSG_LEN, data.length, (type, at, to) => {
+    switch (type) {
+      case IFLA_IFNAME: name = attrString(data, at, to); break;
+      case IFLA_ADDRESS: if (to - at === 6) mac = formatMac(data.subarray(at, to)); break;
+      case IFLA_MTU: if (to - at >= 4) mtu = readU32(data, at); break;
+      case IFLA_LINK: if (to - at >= 4) { const p = readU32(data, at); if (p !== 0 && p !== index) parentIndex = p; } break;
+      case IFLA_OPERSTATE: if (to > at && data[at]! < OPER_STATES.length) operState = OPER_STATES[data[at]!]!; break;
+      case IFLA_CARRIER: carrier = to > at && data[at] === 1; break;
+      case IFLA_LINKINFO:
+        forEachAttr(data, at, to, (it, iat, ito) => {
+          if (it === IFLA_INFO_KIND) kind = attrString(data, iat, ito);
+          else if (it === IFLA_INFO_DATA) {
+            forEachAttr(data, iat, ito, (dt, dat, dto) => {
+              if (dt === IFLA_MACVLAN_MODE && dto - dat >= 4) macvlanMode = MACVLAN_MODE_VALUES[readU32(data, dat)];
+            });
+          }
+        });
+        break;
+    }
+  });
+  // IFLA_INFO_DATA means the macvlan mode only on a macvlan.
+  if (kind !== 'macvlan') macvlanMode = undefined;
+  return {
+    index,
+    name,
+    mac,
+    ...(kind !== undefined ? { kind } : {}),
+    up: (flags & IFF_UP) !== 0,
+    carrier,
+    operState,
+    ...(parentIndex !== undefined ? { parentIndex } : {}),
+    ...(macvlanMode !== undefined ? { macvlanMode } : {}),
+    ...(mtu !== undefined ? { mtu } : {}),
+  };
+}
+
+/** The RTM_GETLINK / RTM_NEWLINK request payload (the package's encoder). */
+function linkRequest(data: rt.LinkMessage['data'], attrs: rt.LinkMessage['attrs']): Uint8Array[] {
+  const out = new AttrStream();
+  rt.formatLinkMessage({ kind: 'link', data, attrs }, out);
+  return out.bufs;
+}
+
+/**
+ * The link a create request's reply describes: the RTM_NEWLINK the kernel
+ * echoes (NLM_F_ECHO) for `name`; undefined when the reply is only the ACK
+ * (a kernel before 6.1 ignores the flag), so the caller reads the link back.
+ */
+export function createdLink(msgs: ReadonlyArray<{ type: number; data: Buffer }>, name: string): LinkInfo | undefined {
+  for (const m of msgs) {
+    if (m.type !== rt.MessageType.NEWLINK) continue;
+    const link = parseLinkPayload(m.data);
+    if (link.name === name && link.index > 0) return link;
+  }
+  return undefined;
+}
+
+/** A parsed RTM_NEWADDR message as an AddressInfo; undefined for non-IPv4. */
+export function addressInfoFromMessage(msg: rt.AddressMessage): AddressInfo | undefined {
+  const { data, attrs } = msg;
+  if (data.family !== AF_INET) return undefined;
+  // IFA_LOCAL is the interface's own address; IFA_ADDRESS is the peer on
+  // point-to-point links and equal to it elsewhere.
+  const raw = attrs.local ?? attrs.address;
+  if (!raw || raw.length !== 4) return undefined;
+  return {
+    index: data.index ?? 0,
+    address: formatIPv4(ipv4FromBytes(raw)),
+    prefix: data.prefixlen ?? 32,
+    ...(attrs.label !== undefined ? { label: attrs.label } : {}),
+  };
+}
+
+function checkIp(ip: string): Buffer {
+  const n = parseIPv4(ip);
+  if (n === undefined) throw new TypeError(`not an IPv4 address: ${ip}`);
+  return ipv4ToBytes(n);
+}
+
+function checkPrefix(prefix: number): void {
+  if (!Number.isInteger(prefix) || prefix < 0 || prefix > 32) throw new TypeError(`prefix must be 0..32, got ${prefix}`);
+}
+
+// ---------------------------------------------------------------------------
+// Driver
+
+export class NetlinkClient {
+  /** Single requests, pipelined. */
+  private readonly sock: RtNetlinkSocket;
+  /** Dumps, one at a time (dumpQueue). */
+  private readonly dumpSock: RtNetlinkSocket;
+  private readonly log: Logger;
+  private readonly timeoutMs: number;
+  private closed = false;
+  /**
+   * One dump at a time: an rtnetlink socket answers one dump at a time (a
+   * second concurrent dump gets EBUSY), and DHCP sources, pool sources and
+   * reconcile share this client.
+   */
+  private readonly dumpQueue = new SerialQueue();
+  private inFlight = 0;
+  /** findLink's reads in flight, by index or `name:<name>` (cleared by every link change this client makes). */
+  private readonly linkReads = new Map<string | number, Promise<LinkInfo | undefined>>();
+  /** Callers waiting for a free request slot (MAX_IN_FLIGHT), first come first served. */
+  private readonly waiting: Array<() => void> = [];
+  private sent = { requests: 0, dumps: 0 };
+
+  constructor(opts: NetlinkOptions = {}) {
+    this.log = (opts.log ?? silentLogger()).child({ module: 'net/netlink' });
+    this.timeoutMs = opts.timeoutMs ?? DEFAULT_TIMEOUT_MS;
+    let sock: RtNetlinkSocket | undefined;
+    try {
+      sock = openRtNetlink({ recvBufferSize: REQUEST_RCVBUF });
+      this.dumpSock = openRtNetlink({});
+    } catch (err) {
+      sock?.socket.close();
+      throw netlinkError(err, 'opening', 'an rtnetlink socket');
+    }
+    this.sock = sock;
+    // Socket-level errors would otherwise be an unhandled 'error' event.
+    for (const s of [this.sock, this.dumpSock]) {
+      s.socket.on('error', (err: Error) => this.log.warn({ op: 'socket', err: err.message }, 'rtnetlink socket error'));
+    }
+  }
+
+  /** Requests sent so far (tests assert round trips per operation with it). */
+  counts(): NetlinkCounts {
+    return { ...this.sent };
+  }
+
+  /** A single request, pipelined with others up to MAX_IN_FLIGHT. */
+  private async single<T>(fn: (sock: RtNetlinkSocket) => Promise<T>): Promise<T> {
+    this.checkOpen(); // before taking a slot
+    if (this.inFlight < MAX_IN_FLIGHT) this.inFlight++;
+    else await new Promise<void>((resolve) => this.waiting.push(resolve)); // the finishing request hands its slot over
+    try {
+      this.sent.requests++;
+      return await fn(this.sock);
+    } finally {
+      const next = this.waiting.shift();
+      if (next) next();
+      else this.inFlight--;
+    }
+  }
+
+  private dump<T>(fn: (sock: RtNetlinkSocket) => Promise<T>): Promise<T> {
+    return this.dumpQueue.run(() => {
+      this.sent.dumps++;
+      return fn(this.dumpSock);
+    });
+  }
+
+  close(): void {
+    if (this.closed) return;
+    this.closed = true;
+    this.sock.socket.close();
+    this.dumpSock.socket.close();
+  }
+
+  private checkOpen(): void {
+    if (this.closed) throw new LbError('LB_ERR_NET_NETLINK', 'rtnetlink client is closed');
+  }
+
+  /**
+   * localPort 0: the header's nlmsg_pid is left to the kernel, as iproute2
+   * does; otherwise the package asks the socket for its address
+   * (getsockname) on every request.
+   */
+  private opts(flags = 0): { timeout: number; flags: number; localPort: number } {
+    this.checkOpen();
+    return { timeout: this.timeoutMs, flags, localPort: 0 };
+  }
+
+  async listLinks(): Promise<LinkInfo[]> {
+    try {
+      const req = linkRequest({}, { extMask: u32(RTEXT_FILTER_SKIP_STATS) });
+      const [msgs] = await this.dump((sock) => sock.socket.request(rt.MessageType.GETLINK, req, this.opts(FlagsGet.DUMP)));
+      return msgs.filter((m) => m.type === rt.MessageType.NEWLINK).map((m) => parseLinkPayload(m.data));
+    } catch (err) {
+      throw netlinkError(err, 'listing', 'links');
+    }
+  }
+
+  /**
+   * The link, or undefined when there is none by that name or index.
+   * Concurrent reads of the same link share one request (issue 18: 50 DHCP
+   * services starting read the parent 50 times in one turn of the loop);
+   * a read asked for after a change made through this client (create,
+   * up/down, delete) is never answered by one sent before it.
+   */
+  async findLink(nameOrIndex: string | number): Promise<LinkInfo | undefined> {
+    const key = typeof nameOrIndex === 'number' ? nameOrIndex : `name:${nameOrIndex}`;
+    let read = this.linkReads.get(key);
+    if (!read) {
+      const r = this.readLink(nameOrIndex);
+      read = r;
+      this.linkReads.set(key, r);
+      const done = (): void => { if (this.linkReads.get(key) === r) this.linkReads.delete(key); };
+      r.then(done, done);
+    }
+    return read; // LinkInfo is read-only: the readers share one
+  }
+
+  private async readLink(nameOrIndex: string | number): Promise<LinkInfo | undefined> {
+    try {
+      const extMask = u32(RTEXT_FILTER_SKIP_STATS);
+      const req = typeof nameOrIndex === 'number' ? linkRequest({ index: nameOrIndex }, { extMask }) : linkRequest({}, { ifname: nameOrIndex, extMask });
+      const [msgs] = await this.single((sock) => sock.socket.request(rt.MessageType.GETLINK, req, this.opts()));
+      const reply = msgs.find((m) => m.type === rt.MessageType.NEWLINK);
+      return reply ? parseLinkPayload(reply.data) : undefined;
+    } catch (err) {
+      if (netlinkErrno(err) === 'ENODEV') return undefined;
+      throw netlinkError(err, 'reading link', describe(nameOrIndex));
+    }
+  }
+
+  /** The link; LB_ERR_NET_NO_INTERFACE naming it when it does not exist. */
+  async getLink(nameOrIndex: string | number): Promise<LinkInfo> {
+    if (typeof nameOrIndex === 'string') {
+      const problem = interfaceNameProblem(nameOrIndex);
+      if (problem) throw new LbError('LB_ERR_NET_NO_INTERFACE', `interface ${JSON.stringify(nameOrIndex)} cannot exist: ${problem}`, { interface: nameOrIndex });
+    }
+    const link = await this.findLink(nameOrIndex);
+    if (!link) throw new LbError('LB_ERR_NET_NO_INTERFACE', `interface ${describe(nameOrIndex)} does not exist`, { interface: nameOrIndex });
+    return link;
+  }
+
+  /**
+   * Create a macvlan (left down; see setLinkUp) and return it as the kernel
+   * made it. Throws LB_ERR_NET_NO_INTERFACE naming the parent,
+   * LB_ERR_NET_MACVLAN_UNSUPPORTED, LB_ERR_NET_NO_CAPABILITY (CAP_NET_ADMIN),
+   * or LB_ERR_NET_NETLINK (e.g. the name exists). One RTM_NEWLINK: the kernel
+   * either creates the link as asked or leaves none. With the parent as a
+   * LinkInfo and a kernel that echoes the new link (NLM_F_ECHO, Linux 6.1+)
+   * that is the only request; otherwise the parent is looked up first and the
+   * link read back after.
+   */
+  async createMacvlan(opts: CreateMacvlanOptions): Promise<LinkInfo> {
+    const problem = interfaceNameProblem(opts.name);
+    if (problem) throw new TypeError(`macvlan name: ${problem}`);
+    const mac = parseMac(opts.mac);
+    if (!mac) throw new TypeError(`macvlan MAC is not a MAC address: ${opts.mac}`);
+    if (!(opts.mode in MACVLAN_MODE_FLAGS)) throw new TypeError(`unknown macvlan mode ${String(opts.mode)}`);
+    const parent = typeof opts.parent === 'object' ? opts.parent : await this.getLink(opts.parent);
+    const subject = `macvlan ${opts.name} on ${parent.name}`;
+    let echoed: LinkInfo | undefined;
+    this.linkReads.clear();
+    try {
+      const req = linkRequest({}, { ifname: opts.name, address: mac, link: u32(parent.index), linkinfo: macvlanLinkInfo(opts.mode) });
+      const [msgs] = await this.single((sock) => sock.socket.request(rt.MessageType.NEWLINK, req, this.opts(FlagsNew.CREATE | FlagsNew.EXCL | NLM_F_ECHO)));
+      echoed = createdLink(msgs, opts.name);
+    } catch (err) {
+      throw netlinkError(err, 'creating', subject, { macvlan: true, missing: parent.name });
+    }
+    // debug, like 'address added' below: the callers say at info what the link or address is for
+    // ("VIP ... bound", with its macvlan); 50 DHCP services at start wrote 100 such lines (issue 18).
+    this.log.debug({ op: 'create-macvlan', name: opts.name, parent: parent.name, mac: opts.mac, mode: opts.mode }, 'macvlan created');
+    return echoed ?? this.getLink(opts.name);
+  }
+
+  async setLinkUp(index: number, up: boolean): Promise<void> {
+    await this.setLink(index, { up });
+  }
+
+  /**
+   * One RTM_NEWLINK on an existing link: up or down (`up`; absent leaves it
+   * as it is) and IPv4 settings (`inetConf`, what sysctl.ts writes under
+   * /proc/sys/net/ipv4/conf/<link>/), which the kernel applies together
+   * under one lock or refuses together. Issue 18: a new service macvlan's
+   * three procfs writes cost 50 DHCP services ~20 ms of a start's event
+   * loop; here they ride on the request that brings the link up.
+   */
+  async setLink(index: number, change: { up?: boolean; inetConf?: ReadonlyArray<readonly [IfSysctlKey, number]> }): Promise<void> {
+    this.linkReads.clear();
+    const attrs: ifla.LinkAttrs = {};
+    if (change.inetConf !== undefined && change.inetConf.length > 0) attrs.afSpec = new Map([[AF_INET, inetConfSpec(change.inetConf)]]);
+    const flagChange: { up?: true } = change.up === undefined ? {} : { up: true };
+    const flags: { up?: true } = change.up === true ? { up: true } : {};
+    try {
+      await this.single((sock) => sock.setLink({ index, change: flagChange, flags }, attrs, this.opts()));
+    } catch (err) {
+      const verb = change.up === undefined ? 'setting IPv4 options of' : change.up ? 'bringing up' : 'bringing down';
+      throw netlinkError(err, verb, describe(index));
+    }
+  }
+
+  /**
+   * Delete a link; false when it was already gone. The kernel answers an
+   * RTM_DELLINK only after RCU grace periods (~15 ms a link here): the
+   * addon sends it from a background thread (deleteLinkFn), so the event
+   * loop runs on meanwhile and the deletions of a stop or a reload wait
+   * together (stopping 100 DHCP services: 99 deletions, 2.2 s of the main
+   * thread in sendmsg before). Counted as a request like the others.
+   */
+  async deleteLink(index: number): Promise<boolean> {
+    this.checkOpen();
+    this.linkReads.clear();
+    const inBackground = deleteLinkFn();
+    try {
+      if (inBackground) {
+        this.sent.requests++;
+        await inBackground(index);
+      } else {
+        await this.single((sock) => sock.delLink({ index }, {}, this.opts()));
+      }
+      this.log.info({ op: 'delete-link', index }, 'link deleted');
+      return true;
+    } catch (err) {
+      if (netlinkErrno(err) === 'ENODEV') return false;
+      throw netlinkError(err, 'deleting', describe(index));
+    }
+  }
+
+  /**
+   * Add ip/prefix to a link, idempotently (NLM_F_REPLACE, like `ip addr
+   * replace`). The broadcast address is set for prefixes up to /30.
+   */
+  async addAddress(index: number, ip: string, prefix: number, opts: { proto?: number } = {}): Promise<void> {
+    const local = checkIp(ip);
+    checkPrefix(prefix);
+    const attrs: rt.AddressAttrs = { local, address: local };
+    if (prefix <= 30) attrs.broadcast = ipv4ToBytes(broadcastOf({ network: parseIPv4(ip)!, prefix }));
+    if (opts.proto !== undefined) {
+      // The package's encoder appends __unparsed attributes as given, but
+      // refuses unknown keys it enumerates: hence not enumerable.
+      Object.defineProperty(attrs, '__unparsed', { value: [[IFA_PROTO, Buffer.from([opts.proto & 0xff])]], enumerable: false });
+    }
+    try {
+      await this.single((sock) => sock.newAddress({ family: AF_INET, prefixlen: prefix, index, scope: 0 }, attrs, this.opts(FlagsNew.CREATE | FlagsNew.REPLACE)));
+    } catch (err) {
+      throw netlinkError(err, `adding ${ip}/${prefix} to`, describe(index));
+    }
+    this.log.debug({ op: 'add-address', index, address: `${ip}/${prefix}` }, 'address added');
+  }
+
+  /**
+   * Remove ip/prefix from a link; false when it was not there.
+   *
+   * First, what the neighbour table learnt of the address before we held it
+   * is forgotten. A VRRP Backup forwarding for the VIP during a hand-over
+   * learns its holder of that time; a node that forwards (ip_forward=1) and
+   * has just given the address up would send to that node at once, and if
+   * it holds the address no longer either, the two forward to each other
+   * until the TTL runs out: clients time out through a whole hand-over
+   * (test/privileged/vrrp-systemd.test.ts: a Master crashed and back by
+   * Restart=, 8-10 failed requests of a 20 ms loop). Forgotten, the address
+   * is resolved afresh and packets wait in the ARP queue for whoever holds
+   * it next. Before the removal, not after: while the address is ours no
+   * packet is forwarded to it, so no entry is resolving with packets queued
+   * (deleting one of those fails them with ICMP host unreachable).
+   */
+  async removeAddress(index: number, ip: string, prefix: number): Promise<boolean> {
+    const local = checkIp(ip);
+    checkPrefix(prefix);
+    await this.forgetNeighbour(index, ip).catch((err: unknown) => this.log.warn({ op: 'forget-neighbour', index, address: ip, err: errorMessage(err) }, 'could not forget the neighbour entry of an address being removed'));
+    try {
+      await this.single((sock) => sock.delAddress({ family: AF_INET, prefixlen: prefix, index }, { local, address: local }, this.opts()));
+    } catch (err) {
+      const errno = netlinkErrno(err);
+      if (errno === 'EADDRNOTAVAIL' || errno === 'ENODEV') return false;
+      throw netlinkError(err, `removing ${ip}/${prefix} from`, describe(index));
+    }
+    this.log.info({ op: 'remove-address', index, address: `${ip}/${prefix}` }, 'address removed');
+    return true;
+  }
+
+  /**
+   * Delete the learnt neighbour (ARP) entry of ip on a link, like `ip neigh
+   * del`; false when there was none to delete. An entry still resolving
+   * (incomplete: packets wait on it, and a deletion fails them) and one set
+   * by hand (permanent, noarp) are left alone.
+   */
+  async forgetNeighbour(index: number, ip: string): Promise<boolean> {
+    const dst = checkIp(ip);
+    try {
+      const [found] = await this.single((sock) => sock.getNeighbor({ family: AF_INET, ifindex: index }, { dst }, this.opts()));
+      const state = found?.data.state;
+      if (!state || state.incomplete || state.permanent || state.noarp) return false;
+      await this.single((sock) => sock.delNeighbor({ family: AF_INET, ifindex: index }, { dst }, this.opts()));
+    } catch (err) {
+      const errno = netlinkErrno(err);
+      if (errno === 'ENOENT' || errno === 'ENODEV') return false;
+      throw netlinkError(err, `forgetting the neighbour ${ip} of`, describe(index));
+    }
+    this.log.debug({ op: 'forget-neighbour', index, address: ip }, 'neighbour entry deleted');
+    return true;
+  }
+
+  /** IPv4 addresses, of one link or of all, with their IFA_PROTO mark. */
+  async listAddresses(index?: number): Promise<AddressInfo[]> {
+    try {
+      const req = new AttrStream();
+      rt.formatAddressMessage({ kind: 'address', data: { family: AF_INET }, attrs: {} }, req);
+      // Raw dump: the package's parser would drop IFA_PROTO (addressProto).
+      const raw = await this.dump(async (sock) => (await sock.socket.request(rt.MessageType.GETADDR, req.bufs, this.opts(FlagsGet.DUMP)))[0]);
+      const out: AddressInfo[] = [];
+      for (const m of raw) {
+        if (m.type !== rt.MessageType.NEWADDR) continue;
+        const a = addressInfoFromMessage(rt.parseMessage(m.type, m.data) as rt.AddressMessage);
+        if (!a || (index !== undefined && a.index !== index)) continue;
+        const proto = addressProto(m.data);
+        out.push(proto !== undefined ? { ...a, proto } : a);
+      }
+      return out;
+    } catch (err) {
+      throw netlinkError(err, 'listing addresses of', index === undefined ? 'all links' : describe(index));
+    }
+  }
+
+  /** Subscribe to link and IPv4 address changes (RTNLGRP_LINK, RTNLGRP_IPV4_IFADDR). */
+  watch(opts: { ref?: boolean } = {}): NetlinkWatcher {
+    return new NetlinkWatcher(this.log, opts.ref ?? false);
+  }
+}
+
+/** Turn one rtnetlink notification into an event; undefined for other message types. Throws on garbage. */
+export function parseNotification(type: number, data: Buffer): ['link', LinkEvent] | ['address', AddressEvent] | undefined {
+  switch (type) {
+    case rt.MessageType.NEWLINK:
+    case rt.MessageType.DELLINK: {
+      const link = parseLinkPayload(data);
+      return ['link', { type: type === rt.MessageType.NEWLINK ? 'new' : 'del', link }];
+    }
+    case rt.MessageType.NEWADDR:
+    case rt.MessageType.DELADDR: {
+      const address = addressInfoFromMessage(rt.parseMessage(type, data) as rt.AddressMessage);
+      return address ? ['address', { type: type === rt.MessageType.NEWADDR ? 'new' : 'del', address }] : undefined;
+    }
+    default:
+      return undefined;
+  }
+}
+
+function describe(nameOrIndex: string | number): string {
+  return typeof nameOrIndex === 'number' ? `ifindex ${nameOrIndex}` : nameOrIndex;
+}
+
+/**
+ * Link and address change notifications on their own socket. Events:
+ * 'link' (LinkEvent), 'address' (AddressEvent), 'netconf' () when an
+ * interface's forwarding or rp_filter changed, and 'resync' (reason) when
+ * notifications may have been lost (ENOBUFS: the owner should list again).
+ */
+export class NetlinkWatcher extends EventEmitter {
+  private readonly sock: RtNetlinkSocket;
+  private closed = false;
+
+  constructor(private readonly log: Logger, ref: boolean) {
+    super();
+    try {
+      // A larger receive buffer than the default so a burst of changes (a
+      // parent going down takes every macvlan with it) is not lost to ENOBUFS.
+      this.sock = openRtNetlink({ ref, recvBufferSize: 1 << 20 });
+    } catch (err) {
+      throw netlinkError(err, 'opening', 'an rtnetlink socket');
+    }
+    this.sock.addMembership('LINK');
+    this.sock.addMembership('IPV4_IFADDR');
+    // Forwarding and rp_filter changes (net.ipv4.ip_forward among them) are
+    // announced here; arp_ignore and arp_announce are not, and are polled.
+    this.sock.addMembership('IPV4_NETCONF');
+    this.sock.socket.on('message', (msgs) => this.onMessages(msgs));
+    this.sock.socket.on('error', (err: Error) => {
+      // ENOBUFS: the kernel dropped notifications because we read too slowly.
+      this.log.warn({ op: 'watch', err: err.message }, 'rtnetlink watch socket error; state must be re-read');
+      this.emit('resync', err.message);
+    });
+  }
+
+  private onMessages(msgs: Array<{ type: number; data: Buffer }>): void {
+    for (const m of msgs) {
+      let event: ['link', LinkEvent] | ['address', AddressEvent] | undefined;
+      try {
+        event = parseNotification(m.type, m.data);
+      } catch (err) {
+        // A notification this package cannot parse: dropped, not thrown.
+        this.log.debug({ op: 'watch', type: m.type, err: (err as Error).message }, 'unparsable rtnetlink notification');
+      }
+      if (event) this.emit(event[0], event[1]);
+      else if (m.type === rt.MessageType.NEWNETCONF) this.emit('netconf');
+    }
+  }
+
+  close(): void {
+    if (this.closed) return;
+    this.closed = true;
+    this.sock.socket.close();
+  }
+}
+
+/**
+ * The package's rtnetlink socket (its framing and codecs) on the addon's
+ * netlink socket: what its createRtNetlink builds on its own .node file.
+ * ref: keep the event loop alive while idle (by default only while a
+ * request is in flight).
+ */
+function openRtNetlink(opts: { ref?: boolean; recvBufferSize?: number }): RtNetlinkSocket {
+  const raw = new RawNetlinkSocket(Protocol.ROUTE, opts.recvBufferSize !== undefined ? { recvBufferSize: opts.recvBufferSize } : {});
+  return new RtNetlinkSocket(new NetlinkSocket(raw as unknown as PackageRawSocket, { ref: opts.ref ?? false }));
+}
+
+/** Open an rtnetlink client in the calling process's network namespace. */
+export function openNetlink(opts: NetlinkOptions = {}): NetlinkClient {
+  return new NetlinkClient(opts);
+}
