@@ -5,12 +5,11 @@
 // SIGTERM withdraws everything the agent announced without releasing leases.
 import { EventEmitter } from 'node:events';
 import { watchFile, unwatchFile } from 'node:fs';
-import { setFlagsFromString } from 'node:v8';
-import type { Registry, Gauge, Counter } from '../metrics/prom';
+import type { Registry } from '../metrics/prom';
 import { formatConfigErrors, parseListen, type ConfigError } from '../config/load';
 import { loadConfigFileAsync, INLINE_PARSE_MAX_BYTES } from '../config/load-async';
-import type { ReloadStep, ReloadSummary } from './reconciler';
-import type { BackendSpec, Desired, PortSpec, ServiceSpec } from '../config/types';
+import type { ReloadStep } from './reconciler';
+import type { Desired, PortSpec, ServiceSpec } from '../config/types';
 import { LbError, errorMessage } from '../errors';
 import type { Logger } from '../log';
 import { StateStore } from '../state/store';
@@ -24,12 +23,13 @@ import type { Clock } from '../clock';
 import { realClock, isoTime } from '../clock';
 import { VERSION } from '../version';
 import { EventRing, type StatusEvent, type StatusEventKind } from './events';
-import { START_HOLD_MAX_MS } from './tiering';
 import type { NodeTopology } from '../config/labels';
 import type { TopologySelection } from '../forward/topology';
-import type { BackendStatus } from '../net/host/dsr-backend';
 import type { CodeCacheHandle } from '../cli/code-cache';
-import type { DriftGuard, DriftStatus } from './drift';
+import type { DriftGuard } from './drift';
+import { HealthStore, type HealthDocument } from './health-store';
+import { RuntimeTuning } from './tuning';
+import { dsrEngineOf, portsText, serviceVerdict, startingStatus, type ReloadResult, type ServiceStatus, type StatusDocument, type Verdict } from './status';
 import type { HeldVip } from './drift-plan';
 
 export interface DaemonOptions {
@@ -58,18 +58,18 @@ export interface DaemonOptions {
   onHandover?: (path: string) => { pid: number; listeners: number };
   /**
    * After each reload's garbage collection: give freed native memory back to
-   * the kernel (main.ts: malloc_trim(3) through the addon; issue 18).
+   * the kernel (main.ts: malloc_trim(3) through the addon).
    */
   trimMemory?: () => void;
   /**
    * The start's collection, when the addon offers V8's low-memory one
-   * (main.ts: lowMemoryNotification; issue 18); false: not available, and
+   * (main.ts: lowMemoryNotification); false: not available, and
    * the daemon runs gc() instead.
    */
   collectAll?: () => boolean;
   /**
    * Each reload's collection, when the addon offers V8's memory-pressure one
-   * (main.ts: collectUnderPressure; issue 18); false: not available, and
+   * (main.ts: collectUnderPressure); false: not available, and
    * the daemon runs gc() instead.
    */
   collectAfterReload?: () => boolean;
@@ -78,13 +78,13 @@ export interface DaemonOptions {
   /**
    * Called as the start begins: holds V8's optimizing compiler off for the
    * start's burst and returns what releases it (main.ts: tiering.ts
-   * holdOptimizer; issue 18), or undefined. Released once the start has
+   * holdOptimizer), or undefined. Released once the start has
    * settled, START_HOLD_MAX_MS after "lb-agent started" at the latest, or
    * on stop.
    */
   holdOptimizer?: () => (() => void) | undefined;
   /**
-   * V8's code cache of this start (agent/cli/start.ts, issue 18): its state
+   * V8's code cache of this start (agent/cli/start.ts): its state
    * goes in the "lb-agent started" line, and when the start did not take a
    * cache, one is written once the start has settled (with every function
    * the start compiled), for the next start.
@@ -94,20 +94,6 @@ export interface DaemonOptions {
 
 /** How long a successor waits for its predecessor to let go of the instance lock. */
 const REPLACE_LOCK_WAIT_MS = 10_000;
-
-/** Daemon.serviceState: how a started service stands, and the readings that decided it. */
-interface ServiceState {
-  /** The address source's status (the primary's, for a Share IP service). */
-  src: SourceStatus | undefined;
-  failover: Record<string, unknown> | undefined;
-  topology: TopologySelection;
-  healthy: readonly BackendSpec[];
-  /** The VIP served (vipOf). */
-  vip: string | undefined;
-  state: string;
-  reason: string | undefined;
-  ready: boolean;
-}
 
 interface ServiceRuntime {
   spec: ServiceSpec;
@@ -127,12 +113,12 @@ interface ServiceRuntime {
   adopted: boolean;
   interruptions: number;
   lastInterruption: { at: string; reason: string } | undefined;
-  /** The backend set in use at the last apply (issue 17), to log when it moves. */
+  /** The backend set in use at the last apply, to log when it moves. */
   topology: TopologySelection | undefined;
 }
 
 let late: typeof import('./late') | undefined;
-/** The modules used only after the control socket is up, loaded on first use (late.ts, issue 18). */
+/** The modules used only after the control socket is up, loaded on first use (late.ts). */
 function lateModules(): typeof import('./late') {
   // eslint-disable-next-line @typescript-eslint/no-var-requires
   return (late ??= require('./late') as typeof import('./late'));
@@ -145,7 +131,7 @@ const UNKNOWN_TOPOLOGY: NodeTopology = { zone: undefined, region: undefined, zon
 
 /**
  * During a start, the longest a change waits for the table while address
- * sources are still acquiring (Daemon.startBatchWait; issue 18).
+ * sources are still acquiring (Daemon.startBatchWait).
  */
 export const START_APPLY_BATCH_MS = 500;
 
@@ -159,9 +145,6 @@ function acquiringNow(rt: ServiceRuntime): boolean {
   const st = rt.source?.status();
   return st !== undefined && (st.state === 'acquiring' || (st.state === 'bound' && st.vip === undefined));
 }
-
-/** Persisted health verdicts (crash-only start seeds the checker from them). */
-const HEALTH_FILE = 'health.json';
 
 export class Daemon extends EventEmitter {
   private readonly opts: DaemonOptions;
@@ -201,35 +184,34 @@ export class Daemon extends EventEmitter {
   private batchTimer: NodeJS.Timeout | undefined;
   private stopping = false;
   private lastReload: { at: number; ok: boolean; message: string } | undefined;
-  private metrics: { reloads: Counter; services: Gauge; ready: Gauge; vipInfo: Gauge; interruptions: Counter; topology: Gauge } | undefined;
-  /** This node's zone and region (config, else the labels file), re-read at every reload (issue 17). */
+  private metrics: import('./metrics').DaemonMetrics | undefined;
+  /** This node's zone and region (config, else the labels file), re-read at every reload. */
   private topology: NodeTopology = UNKNOWN_TOPOLOGY;
   /** The labels file polled for rewrites (a VM that migrates gets its new zone without a reload). */
   private labelsWatched: string | undefined;
   private readonly onLabelsChange = (): void => { void this.labelsRewritten(); };
-  private store: StateStore | undefined;
   private registry: Registry | undefined;
   private reloading: Promise<ReloadResult> | undefined;
   private reloadNext: Promise<ReloadResult> | undefined;
-  private healthSave: NodeJS.Timeout | undefined;
+  private health: HealthStore | undefined;
+  private readonly tuning: RuntimeTuning;
   private predecessor: number | undefined;
-  /** Issue 19: the last events, for status. */
+  /** the last events, for status. */
   private readonly events = new EventRing();
   /** The first reconcile has run (start() finished); until then status shows services "starting". */
   private started = false;
-  /** Set once the first apply has put every service's VIP in place: the start's work, and its garbage, are done (issue 18). */
+  /** Set once the first apply has put every service's VIP in place: the start's work, and its garbage, are done. */
   private startSettled = false;
   /** start() in flight or done: a reload that arrives while starting waits for it. */
   private starting: Promise<void> | undefined;
   /** Releases the optimizing compiler held for the start (opts.holdOptimizer); undefined once released. */
-  private releaseOptimizer: (() => void) | undefined;
-  private releaseOptimizerTimer: NodeJS.Timeout | undefined;
 
   constructor(opts: DaemonOptions) {
     super();
     this.opts = opts;
     this.log = opts.log.child({ module: 'daemon' });
     this.clock = opts.clock ?? realClock;
+    this.tuning = new RuntimeTuning(opts, this.log);
   }
 
   get currentConfig(): Desired | undefined { return this.config; }
@@ -240,14 +222,14 @@ export class Daemon extends EventEmitter {
   /** Start once; a second call gets the same promise. */
   start(): Promise<void> {
     // A start that fails before its own clean-up (an invalid config, the lock) gives the compiler back too.
-    this.starting ??= this.startOnce().catch((e: unknown) => { this.optimizerBack('stop'); throw e; });
+    this.starting ??= this.startOnce().catch((e: unknown) => { this.tuning.stopping(); throw e; });
     return this.starting;
   }
 
   private async startOnce(): Promise<void> {
-    this.releaseOptimizer = this.opts.holdOptimizer?.();
+    this.tuning.begin();
     // Nothing runs on the loop yet: a small file is parsed inline, without
-    // the worker a reload uses (issue 18: ~100 ms of the start).
+    // the worker a reload uses (starting a worker costs the start more than the parse).
     const res = await loadConfigFileAsync(this.opts.configPath, { inlineUpTo: INLINE_PARSE_MAX_BYTES });
     if (!res.ok) {
       throw new LbError('LB_ERR_CONFIG_INVALID', `invalid configuration:\n${formatConfigErrors(res.errors, this.opts.configPath)}`);
@@ -259,14 +241,14 @@ export class Daemon extends EventEmitter {
 
     const store = new StateStore(config.stateDir);
     store.ensure();
-    this.store = store;
+
     this.predecessor = await this.opts.replace?.(config);
     this.lock = new InstanceLock(config.stateDir);
     if (this.predecessor !== undefined) await this.lock.acquireWithin(REPLACE_LOCK_WAIT_MS);
     else this.lock.acquire();
 
-    // The control socket answers from here on (issue 18: a restart is part of
-    // every upgrade): `status` shows every service "starting" until the
+    // The control socket answers from here on (a restart is part of every
+    // upgrade): `status` shows every service "starting" until the
     // first reconcile has run, a reload waits for the start, a hand-over is
     // refused. After the lock: the socket path may be a running agent's.
     this.control = new ControlServer({ socketPath: config.control.socket, handler: (op, req) => this.handleControl(op, req), log: this.log });
@@ -278,7 +260,7 @@ export class Daemon extends EventEmitter {
       throw e;
     }
 
-    const { Registry, Gauge, Counter, processMetrics } = lateModules();
+    const { Registry, processMetrics } = lateModules();
     const registry = new Registry();
     this.registry = registry;
     processMetrics(registry, 'lbagent_');
@@ -287,18 +269,18 @@ export class Daemon extends EventEmitter {
     // the per-type gauges without the suffix carry the same numbers.
     for (const n of ['nodejs_active_handles_total', 'nodejs_active_requests_total', 'nodejs_active_resources_total']) registry.removeSingleMetric(`lbagent_${n}`);
 
-    this.metrics = {
-      reloads: new Counter({ name: 'lbagent_config_reloads_total', help: 'Config reloads by result.', labelNames: ['result'], registers: [registry] }),
-      services: new Gauge({ name: 'lbagent_services', help: 'Configured services.', registers: [registry], collect: () => { this.metrics!.services.set(this.runtimes.size); } }),
-      ready: new Gauge({ name: 'lbagent_service_ready', help: '1 when the service has a VIP and a healthy backend.', labelNames: ['service', 'namespace'], registers: [registry], collect: () => this.collectReady() }),
-      // Every service this node serves, whatever gives its VIP (DHCP, pool,
-      // or a primary's, for Share IP): set at scrape time from status, so a
-      // pool source's own updates of the same series cannot go stale.
-      vipInfo: new Gauge({ name: 'lbagent_service_vip_info', help: 'The VIP a service is served on by this node (1 while served).', labelNames: ['service', 'namespace', 'vip', 'ipam'], registers: [registry], collect: () => this.collectVipInfo() }),
-      interruptions: new Counter({ name: 'lbagent_service_vip_interruptions_total', help: 'Times a served VIP was withdrawn while the service stayed configured, by reason.', labelNames: ['service', 'namespace', 'reason'], registers: [registry] }),
-      // Issue 17: which backends each service balances over (set: zone | all | none) and why; set at scrape time.
-      topology: new Gauge({ name: 'lbagent_service_topology_info', help: 'The backend set a service balances over (zone, all or none) under its topology policy, and why (1 for the current one).', labelNames: ['service', 'namespace', 'policy', 'set', 'reason'], registers: [registry], collect: () => this.collectTopology() }),
-    };
+    this.metrics = new (lateModules().DaemonMetrics)(registry, {
+      serviceCount: () => this.runtimes.size,
+      readiness: () => this.serviceStatuses(),
+      vips: () => [...this.runtimes.values()].flatMap((rt) => {
+        const vip = this.vipOf(rt.spec);
+        return vip ? [{ name: rt.spec.name, namespace: rt.spec.namespace, vip, ipam: rt.spec.ipam }] : [];
+      }),
+      topology: () => (this.subs ? [...this.runtimes.values()].map((rt) => {
+        const sel = this.topologyOf(rt.spec);
+        return { name: rt.spec.name, namespace: rt.spec.namespace, policy: rt.spec.topology, set: sel.set, reason: sel.reason };
+      }) : []),
+    });
 
     try {
       if (config.metrics.listen !== '') await this.startMetrics(config.metrics.listen);
@@ -306,7 +288,7 @@ export class Daemon extends EventEmitter {
       await this.readTopology(config);
       this.subs.health.on('change', (key: string, address: string, up: boolean) => {
         this.noteEvent(up ? 'backend-up' : 'backend-down', { service: key, address, reason: this.backendReason(key, address, up) });
-        this.scheduleApply(); this.saveHealthSoon();
+        this.scheduleApply(); this.health?.saveSoon();
       });
       this.subs.failover?.on('change', (keys: string[]) => this.onFailoverChange(keys));
       this.subs.failover?.on('hand-back', () => this.scheduleApply());
@@ -326,7 +308,8 @@ export class Daemon extends EventEmitter {
       // start, confirming (or disproving) each VIP in the background.
       const held = await this.subs.observeHeld(config.services);
       if (held.size > 0) this.log.info({ op: 'adopt', vips: Object.fromEntries(held) }, `serving ${held.size} VIP(s) left by an earlier run while they are confirmed`);
-      this.subs.health.seed?.(this.loadHealth());
+      this.health = new HealthStore(store, () => this.healthDocument(), this.log);
+      this.subs.health.seed?.(this.health.load());
       for (const s of config.services) this.addService(s, held.get(s.key));
       this.subs.health.update(config.services);
       this.subs.health.start();
@@ -343,16 +326,13 @@ export class Daemon extends EventEmitter {
     this.started = true;
     const cc = this.opts.codeCache;
     this.log.info({ op: 'start', services: config.services.length, dataplane: this.subs.dataplane.kind, parent: this.subs.parent.name, codeCache: cc?.state, ...(cc?.reason !== undefined ? { codeCacheReason: cc.reason } : {}) }, 'lb-agent started');
-    if (this.releaseOptimizer) {
-      this.releaseOptimizerTimer = setTimeout(() => this.optimizerBack('time'), START_HOLD_MAX_MS);
-      this.releaseOptimizerTimer.unref();
-    }
+    this.tuning.started();
     this.opts.notify?.('READY=1');
     this.notifyStatus();
     // The start's garbage is collected once every VIP is in place: a
     // collection now would run in the middle of the sources' first steps (a
     // compacting gc() and malloc_trim, ~60 ms before 50 DHCP services could
-    // create their links; issue 18). With nothing to wait for, it runs now.
+    // create their links). With nothing to wait for, it runs now.
     this.settleStart();
   }
 
@@ -422,7 +402,7 @@ export class Daemon extends EventEmitter {
     if (spec.primaryService === undefined) {
       // Every reason at 0 from the start: a panel or alert on increase() sees
       // the service before its first interruption (Prometheus's "avoid missing metrics").
-      for (const reason of INTERRUPTION_KINDS) this.metrics?.interruptions.inc({ service: spec.name, namespace: spec.namespace, reason }, 0);
+      this.metrics?.serviceAdded(spec.name, spec.namespace);
       const source = this.subs!.createSource(spec, this.config!);
       let lastVip: string | undefined; // for the event when it is lost
       source.on('vip', () => {
@@ -523,8 +503,7 @@ export class Daemon extends EventEmitter {
           // Rules a ready Backup armed are in place already (appliedVips
           // says so even while an apply that keeps them is under way): no
           // wait for the no-op apply this transition scheduled, nor for a
-          // counter read it queues behind (issue 14; that wait cost a
-          // takeover up to ~60 ms).
+          // counter read it queues behind (tens of ms of a takeover).
           const armed = this.armedVip(rt.spec);
           if (armed !== undefined && !this.appliedVips.has(armed)) await this.applyNow();
         }
@@ -542,7 +521,7 @@ export class Daemon extends EventEmitter {
 
   /**
    * With VRRP and the kernel data path, a ready Backup keeps the rules for
-   * every VIP it knows of in place (issue 14: "forwarding rules waiting"), so
+   * every VIP it knows of in place (forwarding rules waiting), so
    * a takeover is only the address and gratuitous ARPs: the first client a
    * gratuitous ARP sends our way is forwarded, not refused by a node that
    * holds the address but has no rules yet. The rules are inert until the
@@ -570,7 +549,7 @@ export class Daemon extends EventEmitter {
   private noteInterruption(rt: ServiceRuntime, reason: string, cause: LostCause): void {
     rt.interruptions++;
     rt.lastInterruption = { at: isoTime(this.clock.wallNow()), reason };
-    this.metrics?.interruptions.inc({ service: rt.spec.name, namespace: rt.spec.namespace, reason: interruptionKind(cause) });
+    this.metrics?.interrupted(rt.spec.name, rt.spec.namespace, cause);
   }
 
   private noteEvent(kind: StatusEventKind, ev: Omit<StatusEvent, 'at' | 'kind'>): void {
@@ -583,50 +562,24 @@ export class Daemon extends EventEmitter {
     return [b?.reason ?? (up ? 'health check passed' : 'health check failed'), b?.takenOutBy ? `(${b.takenOutBy} check)` : undefined].filter(Boolean).join(' ');
   }
 
-  /** The health verdicts an earlier run persisted, for HealthLike.seed. */
-  private loadHealth(): Array<[string, string, 'up' | 'down']> {
-    let doc: unknown;
-    try { doc = this.store?.read<unknown>(HEALTH_FILE); } catch (e) {
-      this.log.warn({ op: 'adopt', err: errorMessage(e) }, 'saved health verdicts unreadable; backends start unknown');
-      return [];
-    }
-    const out: Array<[string, string, 'up' | 'down']> = [];
-    if (typeof doc !== 'object' || doc === null) return out;
-    for (const [key, backends] of Object.entries(doc as Record<string, unknown>)) {
-      if (typeof backends !== 'object' || backends === null) continue;
-      for (const [address, state] of Object.entries(backends as Record<string, unknown>)) {
-        if (state === 'up' || state === 'down') out.push([key, address, state]);
-      }
-    }
-    return out;
-  }
 
-  /** Persist health verdicts shortly after a change (bursts coalesce into one atomic write). */
-  private saveHealthSoon(): void {
-    if (this.healthSave || !this.store) return;
-    this.healthSave = setTimeout(() => { this.healthSave = undefined; this.saveHealth(); }, 50);
-    this.healthSave.unref();
-  }
 
-  private saveHealth(): void {
-    const subs = this.subs;
-    if (!subs || !this.store) return;
-    const doc: Record<string, Record<string, string>> = {};
+  /** Every backend's up/down verdict now, for the health store. */
+  private healthDocument(): HealthDocument {
+    const doc: HealthDocument = {};
     for (const rt of this.runtimes.values()) {
-      const states: Record<string, string> = {};
-      for (const b of subs.health.status(rt.spec.key)) if (b.state === 'up' || b.state === 'down') states[b.address] = b.state;
+      const states: Record<string, 'up' | 'down'> = {};
+      for (const b of this.subs?.health.status(rt.spec.key) ?? []) if (b.state === 'up' || b.state === 'down') states[b.address] = b.state;
       if (Object.keys(states).length > 0) doc[rt.spec.key] = states;
     }
-    try { this.store.write(HEALTH_FILE, doc); } catch (e) {
-      this.log.warn({ op: 'health', err: errorMessage(e) }, 'could not save health verdicts (a restart would start them unknown)');
-    }
+    return doc;
   }
 
   private forwardState(): ForwardService[] {
     const subs = this.subs!;
     return [...this.runtimes.values()].map((rt) => {
       const sel = this.topologyOf(rt.spec);
-      // Issue 17: a spill out of the zone (or back) is worth a line in the
+      // a spill out of the zone (or back) is worth a line in the
       // journal; under topology any the set only follows health, which the
       // health checker already logs.
       const moved = rt.topology === undefined || rt.topology.set !== sel.set || rt.topology.reason !== sel.reason;
@@ -757,8 +710,8 @@ export class Daemon extends EventEmitter {
    * Once, after the first apply that has every service's VIP in place: one
    * more collection (collectGarbage). The ARP probes or DHCP exchanges and
    * the applies of a start run after "lb-agent started", and their garbage
-   * (~5 MiB with 100 services) would otherwise stay committed until V8 next
-   * reaches its limit, maybe never (issue 18).
+   * would otherwise stay committed until V8 next reaches its limit, maybe
+   * never.
    */
   private settleStart(): void {
     if (this.startSettled || !this.started || this.stopping) return;
@@ -768,41 +721,28 @@ export class Daemon extends EventEmitter {
       if (vip === undefined || !this.appliedVips.has(vip)) return;
     }
     this.startSettled = true;
-    this.optimizerBack('settled');
-    // Before the collection: the cache holds what the start compiled, and its serialization's garbage goes with the start's.
-    this.saveCodeCache();
-    collectGarbage(this.opts.collectAll, this.opts.trimMemory);
+    this.tuning.settled();
   }
 
-  /** TurboFan back on (opts.holdOptimizer), once: the start settled, START_HOLD_MAX_MS passed, or a stop. */
-  private optimizerBack(why: 'settled' | 'time' | 'stop'): void {
-    const release = this.releaseOptimizer;
-    if (!release) return;
-    this.releaseOptimizer = undefined;
-    if (this.releaseOptimizerTimer) { clearTimeout(this.releaseOptimizerTimer); this.releaseOptimizerTimer = undefined; }
-    release();
-    this.log.debug({ op: 'start', why }, 'optimizing compiler back on');
-  }
 
   /**
-   * Issue 18: how long the next apply should wait, in ms (0: apply now).
-   * During the start, while any address source is still acquiring (50 DHCP
-   * services exchange for ~250 ms like the peers), a VIP that binds waits
-   * for the others, or for START_APPLY_BATCH_MS after the first change that
-   * waits, whichever comes first. Each table write is an `nft` run: a fork
-   * of the agent (8-43 ms of its event loop, measured at start) and the
-   * child's CPU, on the same 2 cores as the exchanges still under way; 50
-   * binds made 2 such writes before the last bind and one after it, now
-   * one after it. Nothing waits once every VIP of the start is in the table
-   * (startSettled), for applyNow (the first apply, reloads, takeovers), nor
-   * under VRRP, where sources start on an election and a takeover's rules
-   * must not wait for another service.
+   * How long the next apply should wait, in ms (0: apply now).
+   * During the start, while any address source is still acquiring, a VIP
+   * that binds waits for the others, or for START_APPLY_BATCH_MS after the
+   * first change that waits, whichever comes first: each table write is an
+   * `nft` run, a fork of the agent and the child's CPU on the cores the
+   * exchanges still under way need, so a start of many services writes the
+   * table once after the last bind rather than once per bind. Nothing waits
+   * once every VIP of the start is in the table (startSettled), for
+   * applyNow (the first apply, reloads, takeovers), nor under VRRP, where
+   * sources start on an election and a takeover's rules must not wait for
+   * another service.
    */
   private startBatchWait(): number {
     if (!this.started || this.startSettled || this.subs?.failover !== undefined) return 0;
     // The runtime found acquiring last time is asked first: it usually still
     // is, and a scan from the start would walk the services already bound at
-    // every change: n x n status() calls over a start of n services (issue 18).
+    // every change: n x n status() calls over a start of n services.
     const still = this.lastAcquiring !== undefined && this.runtimes.get(this.lastAcquiring.spec.key) === this.lastAcquiring && acquiringNow(this.lastAcquiring);
     if (!still) {
       this.lastAcquiring = undefined;
@@ -829,8 +769,7 @@ export class Daemon extends EventEmitter {
   reload(): Promise<ReloadResult> {
     if (!this.reloading) {
       this.reloading = this.reloadOnce().catch((e) => this.rejected([{ path: '', message: `internal error: ${errorMessage(e)}` }]))
-        // The pressure collection, not collectAll (collectGarbage says why).
-        .finally(() => { this.reloading = undefined; collectGarbage(this.opts.collectAfterReload, this.opts.trimMemory); });
+        .finally(() => { this.reloading = undefined; this.tuning.afterReload(); });
       return this.reloading;
     }
     if (!this.reloadNext) {
@@ -842,7 +781,7 @@ export class Daemon extends EventEmitter {
   private rejected(errors: readonly ConfigError[]): ReloadResult {
     const message = `reload rejected, running config kept:\n${formatConfigErrors(errors, this.opts.configPath)}`;
     this.log.error({ op: 'reload', errors }, message);
-    this.metrics?.reloads.inc({ result: 'rejected' });
+    this.metrics?.reload('rejected');
     this.lastReload = { at: this.clock.wallNow(), ok: false, message };
     this.noteEvent('reload-rejected', { reason: message });
     return { ok: false, message, errors };
@@ -893,7 +832,7 @@ export class Daemon extends EventEmitter {
     const message = lateModules().describeSummary(plan.summary);
     const sm = plan.summary;
     this.log.info({ op: 'reload', added: sm.added, removed: sm.removed, changed: sm.changed, sections: sm.sections, idle: sm.idle }, message);
-    this.metrics?.reloads.inc({ result: 'applied' });
+    this.metrics?.reload('applied');
     // Published together, once the new config is applied: a reader never sees
     // the new generation with the previous reload's verdict.
     this.generation++;
@@ -928,7 +867,7 @@ export class Daemon extends EventEmitter {
       case 'remove': {
         const rt = this.runtimes.get(step.key);
         this.runtimes.delete(step.key);
-        if (rt) for (const reason of INTERRUPTION_KINDS) this.metrics?.interruptions.remove({ service: rt.spec.name, namespace: rt.spec.namespace, reason });
+        if (rt) this.metrics?.serviceRemoved(rt.spec.name, rt.spec.namespace);
         if (rt) await rt.gate; // a VRRP start/stop in flight finishes first
         if (rt?.source) await rt.source.stop({ release: true }).catch((e) => this.log.error({ op: 'reload', service: step.key, err: errorMessage(e) }, 'release failed'));
         return;
@@ -973,17 +912,17 @@ export class Daemon extends EventEmitter {
     this.stopping = true;
     this.opts.notify?.('STOPPING=1');
     this.drift?.stop();
-    this.optimizerBack('stop');
+    this.tuning.stopping();
     // A reload in flight finishes its current step (each checks `stopping`) before anything is withdrawn.
     if (this.reloading) await this.reloading.catch(() => undefined);
     const step = async (what: string, fn: () => Promise<unknown> | unknown): Promise<void> => {
       try { await fn(); } catch (e) { this.log.error({ op: 'stop', step: what, err: errorMessage(e) }, `stop: ${what} failed`); }
     };
     if (this.applying) await this.applying.catch(() => undefined);
-    if (this.healthSave) { clearTimeout(this.healthSave); this.healthSave = undefined; }
+
     if (this.batchTimer) { clearTimeout(this.batchTimer); this.batchTimer = undefined; }
     this.watchLabels(undefined);
-    this.saveHealth();
+    this.health?.save();
     await step('control socket', () => this.control?.stop());
     const keep = opts.keep === true && this.subs !== undefined && this.subs.failover === undefined;
     if (opts.keep && !keep && this.subs?.failover) this.log.info({ op: 'stop' }, 'VRRP: a stop hands the VIPs over to another node (not kept)');
@@ -1035,44 +974,9 @@ export class Daemon extends EventEmitter {
     this.lock?.release();
     this.log.info({ op: 'stop', keep }, keep ? 'lb-agent stopped; VIPs, links and forwarding left serving for the next start' : 'lb-agent stopped');
     // A start that never settled (a VIP never came) has not written it yet; after the lock, off the next start's path.
-    this.saveCodeCache();
+    this.tuning.saveCodeCache();
   }
 
-  /**
-   * Write V8's code cache for the next start (opts.codeCache), once, with
-   * the optimizing compiler back on: V8 refuses a cache made under other
-   * flags than the reader's, and holdOptimizer changes one.
-   */
-  private saveCodeCache(): void {
-    const saved = this.opts.codeCache?.save();
-    if (saved && 'written' in saved) this.log.info({ op: 'code-cache', bytes: saved.written }, `V8 code cache written for the next start (${Math.round(saved.written / 1024)} KiB)`);
-    else if (saved && 'error' in saved) this.log.warn({ op: 'code-cache', err: saved.error }, 'could not write the V8 code cache: the next start compiles from source');
-  }
-
-  private collectReady(): void {
-    const g = this.metrics!.ready;
-    g.reset();
-    for (const s of this.serviceStatuses()) g.set({ service: s.name, namespace: s.namespace }, s.ready ? 1 : 0);
-  }
-
-  private collectVipInfo(): void {
-    const g = this.metrics!.vipInfo;
-    g.reset();
-    for (const rt of this.runtimes.values()) {
-      const vip = this.vipOf(rt.spec);
-      if (vip) g.set({ service: rt.spec.name, namespace: rt.spec.namespace, vip, ipam: rt.spec.ipam }, 1);
-    }
-  }
-
-  private collectTopology(): void {
-    const g = this.metrics!.topology;
-    g.reset();
-    if (!this.subs) return;
-    for (const rt of this.runtimes.values()) {
-      const sel = this.topologyOf(rt.spec);
-      g.set({ service: rt.spec.name, namespace: rt.spec.namespace, policy: rt.spec.topology, set: sel.set, reason: sel.reason }, 1);
-    }
-  }
 
   readiness(): Readiness {
     const notReady = this.serviceStatuses().filter((s) => !s.ready).map((s) => `${s.key}: ${s.reason ?? s.state}`);
@@ -1085,7 +989,7 @@ export class Daemon extends EventEmitter {
     return [...this.runtimes.values()].map((rt) => {
       const spec = rt.spec;
       const primaryKey = spec.primaryService ?? spec.key;
-      const { src, failover, topology, healthy, vip, state, reason, ready } = this.serviceState(rt, subs);
+      const { src, failover, topology, healthyCount, vip, state, reason, ready } = this.serviceState(rt, subs);
       return {
         key: spec.key, name: spec.name, namespace: spec.namespace, ipam: spec.ipam,
         primaryService: spec.primaryService, vip: vip ?? src?.vip?.address, interface: src?.ifname,
@@ -1097,7 +1001,7 @@ export class Daemon extends EventEmitter {
         ports: portsText(spec),
         source: src ? { state: src.state, reason: src.reason, ...src.details } : undefined,
         failover,
-        healthyBackends: healthy.length,
+        healthyBackends: healthyCount,
         backends: subs.health.status(spec.key),
         sourceIP: spec.sourceIP,
         topology: { policy: spec.topology, zone: this.topology.zone, set: topology.set, reason: topology.reason, detail: topology.detail, inUse: topology.backends.map((b) => b.address) },
@@ -1105,57 +1009,26 @@ export class Daemon extends EventEmitter {
     });
   }
 
-  /** A started service's state, reason and readiness, and what they were decided from: serviceStatuses and notifyStatus. */
-  private serviceState(rt: ServiceRuntime, subs: Subsystems): ServiceState {
+  /** A started service's verdict (status.ts serviceVerdict), and what it was decided from: serviceStatuses and notifyStatus. */
+  private serviceState(rt: ServiceRuntime, subs: Subsystems): Verdict & { src: SourceStatus | undefined; failover: Record<string, unknown> | undefined; topology: TopologySelection; healthyCount: number; vip: string | undefined } {
     const spec = rt.spec;
     const primaryKey = spec.primaryService ?? spec.key;
     const src = this.runtimes.get(primaryKey)?.source?.status();
-    const healthy = subs.health.healthy(spec.key);
     const topology = this.topologyOf(spec);
     const failover = subs.failover?.status(primaryKey);
-    const holds = this.holds(primaryKey);
     const vip = this.vipOf(spec);
-    let state: string;
-    let reason: string | undefined;
-    let ready: boolean;
-    let damage: string | undefined;
-    if (!holds) {
-      state = 'backup';
-      reason = failover?.handoverUntil !== undefined
-        ? `VRRP Master by preemption: taking the VIP once the previous Master has withdrawn it (by ${String(failover.handoverUntil)})`
-        : `VIP held by the VRRP Master${failover?.master ? ` ${String(failover.master)}` : ''}`;
-      ready = true;
-    } else if (!vip) {
-      state = src?.state ?? 'pending';
-      reason = src?.reason ?? (spec.primaryService ? `waiting for the VIP of ${spec.primaryService}` : 'no VIP yet');
-      ready = false;
-    } else if ((damage = this.drift?.damage(primaryKey)) !== undefined) {
-      // Serving means the kernel holds it: address, link and rules.
-      state = 'repairing'; reason = damage; ready = false;
-    } else if (spec.backends.length === 0) {
-      state = 'serving'; reason = 'no backends configured'; ready = false;
-    } else if (healthy.length === 0) {
-      state = 'serving'; reason = 'no healthy backend: new connections are refused'; ready = false;
-    } else if (topology.set === 'none') {
-      state = 'serving'; reason = topology.detail; ready = false;
-    } else if (!this.appliedServing.has(spec.key)) {
-      state = 'serving'; reason = 'forwarding to the healthy backends is being put in place'; ready = false;
-    } else {
-      state = 'serving'; reason = undefined; ready = true;
-    }
-    return { src, failover, topology, healthy, vip, state, reason, ready };
+    const healthyCount = subs.health.healthy(spec.key).length;
+    const verdict = serviceVerdict({
+      spec, holds: this.holds(primaryKey), failover, vip, src, healthyCount, topology,
+      applied: this.appliedServing.has(spec.key), damage: this.drift?.damage(primaryKey),
+    });
+    return { ...verdict, src, failover, topology, healthyCount, vip };
   }
 
   /** Before the first reconcile: every configured service, "starting", nothing claimed yet. */
   private startingStatuses(): ServiceStatus[] {
     const reason = this.stopping ? 'the agent stopped while starting' : 'the agent is starting: address sources, health checks and forwarding are being set up';
-    return (this.config?.services ?? []).map((spec) => ({
-      key: spec.key, name: spec.name, namespace: spec.namespace, ipam: spec.ipam, primaryService: spec.primaryService,
-      vip: undefined, interface: undefined, mac: undefined, state: 'starting', reason, ready: false, startedAt: this.configLoadedAt,
-      adopted: false, interruptions: 0, lastInterruption: undefined,
-      ports: portsText(spec),
-      source: undefined, failover: undefined, healthyBackends: 0, backends: [],
-    }));
+    return (this.config?.services ?? []).map((spec) => startingStatus(spec, reason, this.configLoadedAt));
   }
 
   statusDocument(): StatusDocument {
@@ -1198,8 +1071,8 @@ export class Daemon extends EventEmitter {
 
   /**
    * notifyStatus() once the events of this turn of the loop are handled: a
-   * source's VIP gained or lost. Each line reads every service's status, and
-   * 50 DHCP services binding in one start sent 50 of them (issue 18).
+   * source's VIP gained or lost. Each line reads every service's status:
+   * many services binding in one turn send one line, not one each.
    */
   private notifyStatusSoon(): void {
     if (!this.opts.notify || this.statusNotice !== undefined) return;
@@ -1230,119 +1103,7 @@ export class Daemon extends EventEmitter {
   }
 }
 
-/**
- * After the start and after each reload: one full, compacting garbage
- * collection when the unit exposes `gc` (NODE_OPTIONS=--expose-gc), then
- * `trim` (main.ts: malloc_trim(3)). Issue 18. A reload's garbage - the
- * previous config, the parse worker's answer, nft's output - lands in V8's
- * old generation (the young one is 1 MiB under the unit's flags), which V8
- * collects only once it has grown past its limit. A plain full collection
- * frees the objects but not the pages they were scattered over: the old
- * generation's committed size crept from 16 to 26 MiB over 20 reloads of
- * 100 services while the live objects stayed at ~15 MiB. Compacting moves
- * the survivors together and returns the emptied pages; the flag is on only
- * for this one collection (V8 reads it when the collection picks the pages to compact), so the
- * collections V8 runs by itself - under proxy load - do not pay for it. It
- * takes a few milliseconds on this heap; starts and reloads are rare.
- * `collectAll` (V8's LowMemoryNotification through the addon; the start's
- * collection only), when there, runs instead of gc(): the same compacting collection, flagged to reduce
- * the footprint, so V8 also uncommits the young generation's idle semi-space
- * and frees its pool of emptied pages now; after a plain gc() it did so only
- * when its allocation-rate estimate happened to be low, and the one-service
- * RSS 3 s after the start read 55.0 or 56.0 MiB from run to run (pool 54.96-
- * 55.98 -> 54.81-54.93, DHCP 55.51-56.46 -> 55.33-55.44, 5 alternating runs
- * each). It repeats its collection and clears the compilation cache: ~17 ms
- * more than gc() for one service, but 50-300 ms against gc()'s 20-130 for
- * 100 services, a block on the event loop. A reload runs `collectAfterReload`
- * instead (V8's answer to critical memory pressure through the addon): one
- * collection that also returns the young generation, at gc()'s cost. After
- * gc() each reload of 100 services had left that ~1 MiB committed again
- * (scratch driver, 20 reloads, RSS 3 s after the start and after the last:
- * 58.9 -> 61.9 MiB with gc(), 59.3 -> 59.8 with it; 20-50 ms and 22-52 ms
- * a collection).
- */
-function collectGarbage(collectAll: (() => boolean) | undefined, trim: (() => void) | undefined): void {
-  const gc = (globalThis as { gc?: () => void }).gc;
-  if (!gc && !trim) return;
-  setImmediate(() => {
-    if (gc) {
-      setFlagsFromString('--compact-on-every-full-gc');
-      try { if (collectAll?.() !== true) gc(); } finally { setFlagsFromString('--no-compact-on-every-full-gc'); }
-    }
-    trim?.();
-  });
-}
-
-/** A service's ports as status shows them: 80/TCP->8080. */
-/** status' dataplane.dsr: the engine serving direct server return, when a DSR port is forwarded. */
-function dsrEngineOf(dp: Subsystems['dataplane']): { dsr?: { engine: 'bpf' | 'nft'; cause: string; reason: string } } {
-  const e = dp.dsrEngine?.();
-  return e ? { dsr: { engine: e.engine, cause: e.cause, reason: e.reason } } : {};
-}
-
-function portsText(spec: ServiceSpec): string[] {
-  return spec.ports.map((p) => `${p.port}/${p.protocol}->${p.targetPort}`);
-}
-
-/** The reason label values of lbagent_service_vip_interruptions_total. */
-export const INTERRUPTION_KINDS = ['nak', 'lease-expired', 'address-changed', 'conflict', 'other'] as const;
-
-/** The label of lbagent_service_vip_interruptions_total for why a source gave its VIP up. */
-export function interruptionKind(cause: LostCause): (typeof INTERRUPTION_KINDS)[number] {
-  return (INTERRUPTION_KINDS as readonly string[]).includes(cause) ? cause as (typeof INTERRUPTION_KINDS)[number] : 'other';
-}
-
 export { VERSION };
 export type { StatusEvent, StatusEventKind } from './events';
-
-export interface ReloadResult {
-  ok: boolean;
-  message: string;
-  /** Why the file was refused (empty when applied). */
-  errors: readonly ConfigError[];
-  summary?: ReloadSummary;
-}
-
-export interface ServiceStatus {
-  key: string; name: string; namespace: string; ipam: string; primaryService: string | undefined;
-  vip: string | undefined; interface: string | undefined; mac: string | undefined;
-  state: string; reason: string | undefined; ready: boolean; startedAt: number;
-  /** The VIP was adopted from an earlier run at start (crash-only start). */
-  adopted: boolean;
-  /** Times the VIP was withdrawn while the service stayed configured, and the last time and reason. */
-  interruptions: number;
-  lastInterruption: { at: string; reason: string } | undefined;
-  ports: string[]; source: Record<string, unknown> | undefined; failover: Record<string, unknown> | undefined;
-  healthyBackends: number;
-  backends: readonly { address: string; port: number; state: string; since: number | undefined; reason: string | undefined; takenOutBy: string | undefined }[];
-  /** Issue 17: snat, or preserve (direct server return). */
-  sourceIP?: string;
-  /** Issue 17: the backend set in use under the service's topology policy, and why. */
-  topology?: { policy: string; zone: string | undefined; set: string; reason: string; detail: string; inUse: string[] };
-}
-
-export interface StatusDocument {
-  version: string; pid: number;
-  node: {
-    name: string; interface: string | undefined; address: string | undefined; priority: number;
-    /** Issue 17: topology.kubernetes.io/zone and /region of this node, where the zone came from, and why the labels file did not give it. */
-    zone?: string | undefined; region?: string | undefined; zoneFrom?: string; labelsProblem?: string | undefined;
-  };
-  config: { path: string; loadedAt: string; generation: number; lastReload: { at: number; ok: boolean; message: string } | undefined };
-  /** dsr: what forwards direct server return now (issue 17), while a DSR port is forwarded. */
-  dataplane: {
-    kind: string; reason: string;
-    /** Kernel path: how new SNAT connections are placed (round-robin, or flow-hash with VRRP). */
-    placement?: import('../forward/dataplane').Placement;
-    dsr?: { engine: 'bpf' | 'nft'; cause: string; reason: string };
-  } | undefined;
-  failover: { mode: string };
-  ready: boolean;
-  services: ServiceStatus[];
-  /** Issue 17: the backend side of direct server return (`backend.vips` on lo, ARP sysctls). */
-  backend?: BackendStatus | undefined;
-  /** The last events (at most EVENT_HISTORY), oldest first. */
-  events: StatusEvent[];
-  /** What others changed in the kernel and the agent put back; fights it backs off from. */
-  drift?: DriftStatus | undefined;
-}
+export type { ReloadResult, ServiceStatus, StatusDocument } from './status';
+export { INTERRUPTION_KINDS, interruptionKind } from './status';

@@ -1,4 +1,4 @@
-// What the Daemon uses only once its control socket is up (issue 18): the
+// What the Daemon uses only once its control socket is up: the
 // metric classes (prom-client), the metrics server, the reload planner, the
 // topology selection and the service MACs. daemon.ts loads this on first use
 // (lateModules()), so the modules behind it are not read and compiled
@@ -10,3 +10,4 @@ export { dsrUnavailable } from '../forward/dataplane';
 export { readNodeTopology } from '../config/labels';
 export { selectBackends } from '../forward/topology';
 export { linkNameForService, macForService } from '../net/ownership/ownership';
+export { DaemonMetrics } from './metrics';

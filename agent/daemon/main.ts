@@ -19,7 +19,7 @@ const STOP_TIMEOUT_MS = 10_000;
 
 /**
  * wiring.ts and the modules behind it (rtnetlink, address sources, health,
- * the data path) load once the control socket is up, not before (issue 18).
+ * the data path) load once the control socket is up, not before.
  */
 function buildSubsystems(config: Desired, ctx: SubsystemContext): Promise<Subsystems> {
   // eslint-disable-next-line @typescript-eslint/no-var-requires
@@ -28,7 +28,7 @@ function buildSubsystems(config: Desired, ctx: SubsystemContext): Promise<Subsys
 /**
  * After a reload: what the parse worker and the reload freed stays in glibc's
  * per-thread malloc arenas (fragmented, so free() cannot return it), ~0.3 MiB
- * a reload of 100 services; malloc_trim(3) gives it back (issue 18).
+ * a reload of 100 services; malloc_trim(3) gives it back.
  */
 const trimMemory = (): void => { mallocTrim(); };
 /** How long a process that handed its listeners over keeps accepting if its successor never says it serves. */

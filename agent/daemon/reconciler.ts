@@ -82,13 +82,13 @@ export function refusals(running: RunningView, next: Desired): ConfigError[] {
   if (kind !== running.dataplane) {
     errors.push({ path: 'dataplane', message: restartNeeded(`the ${running.dataplane} data path is running and would become ${kind};`, old.dataplane, next.dataplane) });
   }
-  // Issue 17: a service asking for the PROXY protocol needs the proxy path, which `auto` picks only at start.
+  // a service asking for the PROXY protocol needs the proxy path, which `auto` picks only at start.
   const needed = running.dataplane === 'kernel' && kind === 'kernel' ? servicesNeedingProxy(next.services) : [];
   if (needed.length > 0) {
     const i = next.services.findIndex((s) => s.key === needed[0]);
     errors.push({ path: `services[${i}].proxyProtocol`, message: `${proxyNeededReason(needed)}, and the kernel data path is running (dataplane auto chose it at start); it needs a restart (systemctl restart lb-agent) to run the proxy path, not a reload; the running config is kept` });
   }
-  // Issue 18: the worker threads and their listening sockets are set up at start.
+  // the worker threads and their listening sockets are set up at start.
   if (running.dataplane === 'proxy' && old.proxy.workers !== next.proxy.workers) {
     errors.push({ path: 'proxy.workers', message: restartNeeded('the proxy\'s worker threads and their listening sockets are made at start;', old.proxy.workers ?? 'one per CPU', next.proxy.workers ?? 'one per CPU') });
   }

@@ -47,7 +47,7 @@ export interface DataplaneLike {
   stop(opts?: { keep?: boolean }): Promise<void>;
   /** A VIP came onto this node, serving these ports: the kernel path forgets its untranslated conntrack entries (forward/dataplane.ts). Never throws. */
   vipArrived?(vip: string, ports: readonly import('../config/types').PortSpec[]): Promise<void>;
-  /** Can this node do direct server return (issue 17)? Probed once, when first asked. */
+  /** Can this node do direct server return? Probed once, when first asked. */
   dsr?(): Promise<import('../forward/dataplane').ProbeResult>;
   /** What forwards DSR frames now - the BPF program or the nft table alone, and why (undefined: no DSR port forwarded); for `lb-agent status`. */
   dsrEngine?(): import('../forward/nft').DsrEngineState | undefined;

@@ -1,5 +1,5 @@
 // V8's optimizing compiler (TurboFan) held off while the daemon starts
-// (issue 18). A start is a burst that runs once: config parse, 50 macvlans,
+//. A start is a burst that runs once: config parse, 50 macvlans,
 // 50 DHCP exchanges and binds in ~300 ms. TurboFan compiled the functions
 // that burst made hot on V8's one background thread (the unit's
 // --v8-pool-size=1), 190 ms more CPU there for 50 DHCP services than for

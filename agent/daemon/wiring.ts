@@ -22,8 +22,8 @@ import { formatIPv4, parseIPv4 } from '../address';
 import { BackendVips } from '../net/host/dsr-backend';
 import type { Subsystems, ParentLink, DataplaneLike, SubsystemContext } from './subsystems';
 
-// DHCP and VRRP load when a config uses them, not before (issue 18: a pool
-// service on the kernel path never loads either); a reload that adds the
+// DHCP and VRRP load when a config uses them, not before (a pool service on
+// the kernel path never loads either); a reload that adds the
 // first DHCP service loads DHCP then. test/privileged/daemon-start.test.ts
 // holds which modules a start loads.
 /* eslint-disable @typescript-eslint/no-var-requires */
@@ -67,7 +67,7 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
     const placement = placementFor(config.failover.mode);
     const selection = await selectDataplane(config.dataplane, () => probeNftables(placement), servicesNeedingProxy(config.services));
     log.info({ module: 'forward', op: 'select', kind: selection.kind, reason: selection.reason }, `data path: ${selection.kind} (${selection.reason})`);
-    // Direct server return (issue 17): probed once, when a service first asks
+    // Direct server return: probed once, when a service first asks
     // for it; a config that asks on a node that cannot is refused at start.
     let dsrProbe: Promise<ProbeResult> | undefined;
     const dsr = (): Promise<ProbeResult> => (dsrProbe ??= probeDsr());
@@ -77,7 +77,7 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
         throw new LbError('LB_ERR_FORWARD_DSR_UNSUPPORTED', `${why}; services with sourceIP: preserve cannot be served here: set sourceIP: snat on them, or run on a kernel with nftables netdev support (lb-agent check says what is missing)`);
       }
       log.info({ module: 'forward', op: 'select', dsr: 'ok' }, 'direct server return: the kernel passed the probe');
-      // The BPF program in front of the table (issue 17): whether it can run
+      // The BPF program in front of the table: whether it can run
       // here, said at start; the data path falls back to the table when not.
       if (parseDsrEngine(process.env['LB_AGENT_DSR_ENGINE']) === 'auto') {
         // eslint-disable-next-line @typescript-eslint/no-require-imports

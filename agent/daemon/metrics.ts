@@ -1,0 +1,61 @@
+// The daemon's own series: configured services, readiness, the VIP each
+// service is served on, interruptions by cause, the backend set under the
+// topology policy, reloads by result. The gauges are set at scrape time
+// from the daemon's view, so no series can go stale; the counters are
+// counted where things happen. Loaded once the control socket is up
+// (late.ts), with prom-client.
+import { Counter, Gauge, type Registry } from '../metrics/prom';
+import { INTERRUPTION_KINDS, interruptionKind } from './status';
+import type { LostCause } from '../source';
+
+/** What the gauges read at each scrape. */
+export interface DaemonMetricsView {
+  serviceCount(): number;
+  /** Every configured service's readiness. */
+  readiness(): Iterable<{ readonly name: string; readonly namespace: string; readonly ready: boolean }>;
+  /** Every service this node serves, whatever gives its VIP (DHCP, pool, or a primary's, for Share IP). */
+  vips(): Iterable<{ readonly name: string; readonly namespace: string; readonly vip: string; readonly ipam: string }>;
+  /** The backend set each service balances over, and why. */
+  topology(): Iterable<{ readonly name: string; readonly namespace: string; readonly policy: string; readonly set: string; readonly reason: string }>;
+}
+
+export class DaemonMetrics {
+  private readonly reloads: Counter;
+  private readonly interruptions: Counter;
+
+  constructor(registry: Registry, view: DaemonMetricsView) {
+    this.reloads = new Counter({ name: 'lbagent_config_reloads_total', help: 'Config reloads by result.', labelNames: ['result'], registers: [registry] });
+    this.interruptions = new Counter({ name: 'lbagent_service_vip_interruptions_total', help: 'Times a served VIP was withdrawn while the service stayed configured, by reason.', labelNames: ['service', 'namespace', 'reason'], registers: [registry] });
+    const services: Gauge = new Gauge({ name: 'lbagent_services', help: 'Configured services.', registers: [registry], collect: () => { services.set(view.serviceCount()); } });
+    const ready: Gauge = new Gauge({
+      name: 'lbagent_service_ready', help: '1 when the service has a VIP and a healthy backend.', labelNames: ['service', 'namespace'], registers: [registry],
+      collect: () => { ready.reset(); for (const s of view.readiness()) ready.set({ service: s.name, namespace: s.namespace }, s.ready ? 1 : 0); },
+    });
+    const vipInfo: Gauge = new Gauge({
+      name: 'lbagent_service_vip_info', help: 'The VIP a service is served on by this node (1 while served).', labelNames: ['service', 'namespace', 'vip', 'ipam'], registers: [registry],
+      collect: () => { vipInfo.reset(); for (const v of view.vips()) vipInfo.set({ service: v.name, namespace: v.namespace, vip: v.vip, ipam: v.ipam }, 1); },
+    });
+    const topology: Gauge = new Gauge({
+      name: 'lbagent_service_topology_info', help: 'The backend set a service balances over (zone, all or none) under its topology policy, and why (1 for the current one).',
+      labelNames: ['service', 'namespace', 'policy', 'set', 'reason'], registers: [registry],
+      collect: () => { topology.reset(); for (const x of view.topology()) topology.set({ service: x.name, namespace: x.namespace, policy: x.policy, set: x.set, reason: x.reason }, 1); },
+    });
+  }
+
+  reload(result: 'applied' | 'rejected'): void {
+    this.reloads.inc({ result });
+  }
+
+  /** A service joined: every interruption reason at 0, so increase() sees it before its first (Prometheus' "avoid missing metrics"). */
+  serviceAdded(name: string, namespace: string): void {
+    for (const reason of INTERRUPTION_KINDS) this.interruptions.inc({ service: name, namespace, reason }, 0);
+  }
+
+  serviceRemoved(name: string, namespace: string): void {
+    for (const reason of INTERRUPTION_KINDS) this.interruptions.remove({ service: name, namespace, reason });
+  }
+
+  interrupted(name: string, namespace: string, cause: LostCause): void {
+    this.interruptions.inc({ service: name, namespace, reason: interruptionKind(cause) });
+  }
+}

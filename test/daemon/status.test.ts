@@ -1,0 +1,37 @@
+// A service's state, reason and readiness (agent/daemon/status.ts
+// serviceVerdict) from what was observed: each branch, in the order a user
+// would want them told apart.
+import t from 'tap';
+import { serviceVerdict, startingStatus, portsText, type VerdictInput } from '../../agent/daemon/status';
+import type { ServiceSpec } from '../../agent/config/types';
+
+const spec = {
+  key: 'default/web', name: 'web', namespace: 'default', ipam: 'pool', primaryService: undefined,
+  ports: [{ name: 'http', port: 80, protocol: 'TCP', targetPort: 8080 }],
+  backends: [{ address: '10.99.0.11', weight: 1 }],
+} as unknown as ServiceSpec;
+const base: VerdictInput = {
+  spec, holds: true, failover: undefined, vip: '10.99.0.200', src: undefined, healthyCount: 1,
+  topology: { set: 'all', reason: 'any', detail: '', backends: [] } as unknown as VerdictInput['topology'], applied: true, damage: undefined,
+};
+
+t.test('each verdict', async (t) => {
+  t.same(serviceVerdict(base), { state: 'serving', reason: undefined, ready: true });
+  t.same(serviceVerdict({ ...base, holds: false, failover: { master: '10.99.0.3' } }), { state: 'backup', ready: true, reason: 'VIP held by the VRRP Master 10.99.0.3' });
+  t.match(serviceVerdict({ ...base, holds: false, failover: { handoverUntil: 'soon' } }).reason, /by preemption/);
+  t.same(serviceVerdict({ ...base, vip: undefined, src: { state: 'acquiring', reason: 'DISCOVER sent', vip: undefined, ifname: undefined, mac: undefined, details: {} } }), { state: 'acquiring', ready: false, reason: 'DISCOVER sent' });
+  t.same(serviceVerdict({ ...base, vip: undefined }), { state: 'pending', ready: false, reason: 'no VIP yet' });
+  t.same(serviceVerdict({ ...base, damage: 'table ip lb_agent: deleted by nft (pid 7)' }), { state: 'repairing', ready: false, reason: 'table ip lb_agent: deleted by nft (pid 7)' }, 'not serving while the kernel lacks it');
+  t.same(serviceVerdict({ ...base, spec: { ...spec, backends: [] } as ServiceSpec }), { state: 'serving', ready: false, reason: 'no backends configured' });
+  t.same(serviceVerdict({ ...base, healthyCount: 0 }), { state: 'serving', ready: false, reason: 'no healthy backend: new connections are refused' });
+  t.same(serviceVerdict({ ...base, topology: { ...base.topology, set: 'none', detail: 'no backend in zone a' } }), { state: 'serving', ready: false, reason: 'no backend in zone a' });
+  t.same(serviceVerdict({ ...base, applied: false }), { state: 'serving', ready: false, reason: 'forwarding to the healthy backends is being put in place' });
+});
+
+t.test('before the first reconcile, and the ports as status shows them', async (t) => {
+  const s = startingStatus(spec, 'the agent is starting', 5);
+  t.equal(s.state, 'starting');
+  t.equal(s.ready, false);
+  t.equal(s.startedAt, 5);
+  t.same(portsText(spec), ['80/TCP->8080']);
+});
