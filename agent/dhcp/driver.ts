@@ -752,10 +752,10 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     // VIP. This node forwards the VIP's traffic out of the parent once it no
     // longer holds it (a VRRP Backup that clients still reach), and an entry
     // the parent learnt before (the holder of that time) would send it there,
-    // maybe back and forth until the TTL runs out (the loop vrrp-systemd once
-    // measured for pool VIPs, which live on the parent). First, while the VIP
-    // is still local and the entry unused: deleted after, it raced the
-    // kernel's own resolution for forwarded packets (README, "Restarts").
+    // maybe back and forth until the TTL runs out (pool VIPs, which live on
+    // the parent, likewise). First, while the VIP is still local and the
+    // entry unused: deleted after, it races the kernel's own resolution for
+    // forwarded packets (docs/failover.md, "Connections across a failover").
     if (this.parentIndex !== undefined) {
       await this.netlink.forgetNeighbour(this.parentIndex, address).catch((err: unknown) => {
         this.log.warn({ op: 'unbind', address, err: errorMessage(err) }, 'could not forget the parent\'s neighbour entry of the VIP');
