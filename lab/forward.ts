@@ -53,7 +53,7 @@ process.stdout.write(JSON.stringify(a.attachedDsrPrograms(n.nativeBpf(), n.ifNam
   return JSON.parse((await lab.exec(ns, process.execPath, ['-e', script])).stdout) as number[];
 }
 
-/** A DSR backend set up by hand, as the README tells an operator without lb-agent there: the VIPs on lo, ARP kept quiet. */
+/** A DSR backend set up by hand, as docs/datapaths.md "Direct server return" tells an operator without lb-agent there: the VIPs on lo, ARP kept quiet. */
 export async function dsrBackendByHand(lab: Lab, ns: string, vips: readonly string[]): Promise<void> {
   await lab.sh(ns, `${vips.map((v) => `ip addr add ${v}/32 dev lo`).join(' && ')} && sysctl -qw net.ipv4.conf.all.arp_ignore=1 net.ipv4.conf.all.arp_announce=2`);
 }

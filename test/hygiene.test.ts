@@ -33,7 +33,9 @@ const PATTERNS: readonly { kind: string; re: RegExp; keep?: (m: string) => boole
   // 7 to 40 hex digits with at least one digit and one letter, not part of a
   // longer word, a hex constant (0x...), a MAC or IPv6 address, a path or a name.
   { kind: 'commit hash', re: /(?<![\w:./#-])[0-9a-f]{7,40}(?![\w:./-])/g, keep: (m) => /\d/.test(m) && /[a-f]/.test(m) },
-  { kind: 'dated diary', re: /\b20\d{2}-[01]\d-[0-3]\d\b/g },
+  // A run's results in bench/results/ are named by its date: a path there
+  // (a link to the latest run) names a file, it is not a diary.
+  { kind: 'dated diary', re: /(?<!\bbench\/results\/(?:[\w.-]+\/)*)\b20\d{2}-[01]\d-[0-3]\d\b/g },
 ];
 
 /** The history in one piece of prose (a comment's text, a Markdown line). */
@@ -130,6 +132,9 @@ t.test('the matcher: history is found, references and numbers that are not histo
     ['the first pass over the list, a second pass to sort', []],
     ['nft handle 1234567, the 1,000,000th packet', []],
     ['bench/results/ keeps every run', []],
+    ['[bench/results/2026-11-30-3.md](../bench/results/2026-11-30-3.md)', []],
+    ['bench/results/ has the run of 2026-11-30', ['dated diary']],
+    ['notes/2026-11-30.md', ['dated diary']],
   ];
   for (const [text, kinds] of cases) t.same(historyIn(text).map((f) => f.kind), kinds, text);
 });

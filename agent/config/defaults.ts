@@ -6,7 +6,7 @@ export const DEFAULT_CONFIG_PATH = '/etc/lb-agent/config.yaml';
 
 export const DEFAULTS = {
   // labelsFile: where topology.kubernetes.io/zone and /region are read from
-  // when node.zone / node.region are not set (README "Zones").
+  // when node.zone / node.region are not set (docs/datapaths.md "Zones").
   node: { priority: 100, labelsFile: '/etc/lb-agent/node-labels' },
   failover: { mode: 'none', vrid: 51, advertInterval: 1, preempt: true, preemptDelay: 0, peers: [] as string[] },
   stateDir: '/var/lib/lb-agent',
@@ -29,8 +29,8 @@ export const DEFAULTS = {
   httpCheck: { path: '/', expectStatus: [200, 399] as [number, number] },
 } as const;
 
-// RFC 5227 §1.1 constants, in seconds. refreshInterval: 10 s, README "arp.refreshInterval"
-// says why (RFC 5227 DEFEND_INTERVAL; below every client's ARP timeout).
+// RFC 5227 §1.1 constants, in seconds. refreshInterval: 10 s, docs/configuration.md
+// "arp.refreshInterval" says why (RFC 5227 DEFEND_INTERVAL; below every client's ARP timeout).
 export const DEFAULT_ARP: ArpConfig = {
   probeWait: 1, probeNum: 3, probeMin: 1, probeMax: 2, announceWait: 2, announceNum: 2, announceInterval: 2, refreshInterval: 10,
 };

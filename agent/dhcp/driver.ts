@@ -109,8 +109,8 @@ export interface DhcpSourceOptions {
 /**
  * The steps of an ordinary acquisition, logged at debug: "VIP ... bound" says
  * at info how it ended (address, server, lease time), and any other step
- * (NAK, decline, renewal, rebinding, expiry, stop) stays at info. 50 services
- * starting wrote 150 such lines, ~0.1 ms each on the event loop (issue 18).
+ * (NAK, decline, renewal, rebinding, expiry, stop) stays at info. Each
+ * service's start would otherwise write three lines on the event loop.
  */
 const ACQUIRING_STEPS: ReadonlySet<string> = new Set([
   'STOPPED>SELECTING', 'INIT>SELECTING', 'SELECTING>REQUESTING', 'REQUESTING>BOUND', 'STOPPED>INIT-REBOOT', 'INIT-REBOOT>BOUND',
@@ -357,9 +357,9 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     const requestedIp = this.ctx.config.requestedIp;
     // The details (lease times as ISO strings, addresses as text) are built
     // when read, i.e. by the status API: the daemon reads status() for its
-    // state and VIP on every step and every apply (issue 18: ~800 calls by
-    // the last bind of a 50-service start, 2 MB of garbage). `s` is the
-    // state of this call: client.ts never mutates a state, it returns a new one.
+    // state and VIP on every step and every apply, and building them there
+    // would be garbage nobody reads. `s` is the state of this call:
+    // client.ts never mutates a state, it returns a new one.
     return {
       state, reason, vip: this.vip, ifname: this.ifname, mac: this.mac,
       get details(): Record<string, unknown> { return dhcpDetails(s, wallOffset, requestedIp); },
@@ -379,8 +379,8 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     // server) and must not wait behind one while clients use the VIP. The
     // macvlan is set up before the slot is asked for, whatever the start:
     // the slot bounds DHCP exchanges in flight, not link set-up, which sends
-    // nothing to the server (issue 18: 50 services set up their links while
-    // the first ones exchange, instead of 8 at a time).
+    // nothing to the server, so every service sets up its link while the
+    // first ones exchange rather than a slot's worth at a time.
     const { index, kept, parentIndex } = await this.ensureLink(log, unexpired ? formatIPv4(unexpired.address) : undefined);
     this.ifindex = index;
     if (signal.aborted) return;
@@ -451,13 +451,13 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     await this.deps.applySysctls(parent.name, 'parent');
     // An adopted link's values are read and put right (and reported); a link
     // just created holds the kernel's defaults and gets the wanted values on
-    // the request that brings it up (issue 18: no procfs writes).
+    // the request that brings it up (no procfs writes).
     if (!created) await this.deps.applySysctls(this.ifname, 'macvlan');
     // The macvlan exists for one IPv4 VIP and its DHCPv4 lease. With IPv6 on,
     // each one came up with a link-local address and sent DAD, MLD and router
     // solicitations from the service MAC: a host the LAN's routers learn for
-    // nothing, and with 50 services 50 such starts, each multicast cloned to
-    // every sibling macvlan (bridge mode) and the parent (issue 18). Before
+    // nothing, once per service, each multicast cloned to every sibling
+    // macvlan (bridge mode) and the parent. Before
     // the link goes up, so not one frame of it leaves.
     if (!link.up) await this.deps.disableIpv6(this.ifname);
     if (created || link.up !== up) {
@@ -617,7 +617,7 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     // The lease's write ('persist', queued with this bind) runs while the
     // address goes on; the VIP is served only once the lease is on disk, so
     // a crash right after never leaves a served VIP the next start cannot
-    // adopt (crash-only start, issue 14).
+    // adopt (crash-only start).
     await this.putOn(lease.address, `lease from ${formatIPv4(lease.serverId)} for ${lease.leaseSeconds} s`, this.store.settled(this.leaseFile));
   }
 
@@ -752,10 +752,10 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     // VIP. This node forwards the VIP's traffic out of the parent once it no
     // longer holds it (a VRRP Backup that clients still reach), and an entry
     // the parent learnt before (the holder of that time) would send it there,
-    // maybe back and forth until the TTL runs out (the loop vrrp-systemd once
-    // measured for pool VIPs, which live on the parent). First, while the VIP
-    // is still local and the entry unused: deleted after, it raced the
-    // kernel's own resolution for forwarded packets (README, "Restarts").
+    // maybe back and forth until the TTL runs out (pool VIPs, which live on
+    // the parent, likewise). First, while the VIP is still local and the
+    // entry unused: deleted after, it races the kernel's own resolution for
+    // forwarded packets (docs/failover.md, "Connections across a failover").
     if (this.parentIndex !== undefined) {
       await this.netlink.forgetNeighbour(this.parentIndex, address).catch((err: unknown) => {
         this.log.warn({ op: 'unbind', address, err: errorMessage(err) }, 'could not forget the parent\'s neighbour entry of the VIP');
@@ -777,8 +777,8 @@ export class DhcpSource extends EventEmitter implements AddressSource {
   }
 
   /**
-   * Save the lease off the event loop (issue 18: the synchronous write and
-   * its two fsyncs cost ~3 ms of the loop per service, 50 at start). The
+   * Save the lease off the event loop: a synchronous write and its two
+   * fsyncs would block the loop once per service at start. The
    * store keeps this file's writes and removes in order; quiesce() and the
    * next start wait for them, so a restart never reads a stale file.
    */
@@ -872,10 +872,10 @@ export class DhcpSource extends EventEmitter implements AddressSource {
  * Resolves in the check phase after the event loop's next poll for I/O: the
  * frames and replies already waiting are handled first. A bind (address on,
  * lease saved, VIP announced: netlink round trips, an ARP socket, log lines)
- * waits for it, so that with 50 services starting, the other services'
- * OFFERs and ACKs are answered before the binds of the ones already ACKed
- * (issue 18: OFFER -> REQUEST reached 19-28 ms while the loop ran the
- * previous wave's binds, and each limiter wave waits on those exchanges).
+ * waits for it, so that with many services starting, the other services'
+ * OFFERs and ACKs are answered before the binds of the ones already ACKed:
+ * each limiter wave waits on those exchanges, and an OFFER left behind the
+ * previous wave's binds delays the whole wave.
  * Alone, the bind waits two turns of an idle loop.
  */
 function afterNextPoll(): Promise<void> {

@@ -5,7 +5,7 @@
 // With peers, only the listed addresses are other routers; adverts from any
 // other source are dropped and counted (reason "not-a-peer"). This is a
 // source-address check, not authentication: a host that can spoof a peer's
-// address on the LAN still can (see README, "What VRRP trusts").
+// address on the LAN still can (see docs/failover.md, "What VRRP trusts").
 
 /** The drop reason label for adverts from outside failover.peers. */
 export const NOT_A_PEER = 'not-a-peer';

@@ -20,11 +20,11 @@ export interface ForwardService {
   readonly healthy: readonly BackendSpec[];
   /** Every configured backend: counters and draining connections are tracked for all of them. */
   readonly backends: readonly BackendSpec[];
-  /** Issue 17: snat (default) or preserve = direct server return (kernel path only). */
+  /** snat (default) or preserve = direct server return (kernel path only). */
   readonly sourceIP?: SourceIpMode | undefined;
   /** The MAC frames for the VIP arrive with: the parent's (pool VIP) or the service macvlan's (DHCP VIP). Needed for preserve. */
   readonly vipMac?: string | undefined;
-  /** PROXY protocol header before the first byte to a backend (the proxy path only; issue 17). */
+  /** PROXY protocol header before the first byte to a backend (the proxy path only). */
   readonly proxyProtocol?: ProxyProtocolVersion | undefined;
   /**
    * VRRP takeover (the kernel path's SNAT ports): the previous Master's
@@ -174,8 +174,7 @@ export interface DataplaneSelection {
 
 /**
  * The services only the proxy path can serve as configured: those that ask
- * for the PROXY protocol header (issue 17; nftables never writes into a
- * connection). One home for the rule: validation refuses them with
+ * for the PROXY protocol header (nftables never writes into a connection). One home for the rule: validation refuses them with
  * `dataplane: kernel`, `auto` picks the proxy for them, a reload that adds
  * one to a running kernel path is refused, and `lb-agent check` says so.
  */
@@ -214,7 +213,7 @@ export async function selectDataplane(mode: DataplaneMode, probe: () => Promise<
 }
 
 /**
- * Direct server return (issue 17) needs the kernel path and a kernel that
+ * Direct server return needs the kernel path and a kernel that
  * passed probeDsr. A config with `sourceIP: preserve` on a node that cannot
  * do it is refused at start (and at reload) rather than served half: the
  * proxy would hide the clients' addresses the service asked to keep.

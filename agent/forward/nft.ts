@@ -115,10 +115,10 @@ import { hasOwnedName } from '../net/ownership/ownership';
 // program it may have left in front of it (syncBpf). Ours is always detached
 // before that table goes (detachBeforeTableGoes, stop, `lb-agent withdraw`),
 // so with no table there is no program of ours to find, and a start without
-// DSR never loads the driver (issue 18).
+// DSR never loads the driver.
 // eslint-disable-next-line @typescript-eslint/no-require-imports
 const ebpfAttach = (): typeof import('../net/ebpf/ebpf-attach') => require('../net/ebpf/ebpf-attach') as typeof import('../net/ebpf/ebpf-attach');
-// Loaded at the first change of a UDP port's healthy set (issue 18: what a config does not use is not loaded).
+// Loaded at the first change of a UDP port's healthy set: what a config does not use is not loaded.
 const conntrackModule = (): typeof import('../net/conntrack/conntrack') => require('../net/conntrack/conntrack') as typeof import('../net/conntrack/conntrack');
 import { realClock, type Clock, type TimerHandle } from '../clock';
 
@@ -538,7 +538,7 @@ export async function probeNftables(opts: { exec?: Exec; placement?: Placement }
 }
 
 /**
- * Can this kernel do direct server return (issue 17)? Loads DSR_PROBE_RULESET
+ * Can this kernel do direct server return? Loads DSR_PROBE_RULESET
  * - a netdev ingress chain, a MAC-keyed verdict map, a seeded jhash, `fwd ip
  * to` - the same way as probeNftables. Never throws.
  */
@@ -622,7 +622,7 @@ export interface NftDataplaneOptions {
   /** How often the counters are read for the metrics between applies (ms); a scrape reads only the last read. */
   readonly countersEveryMs?: number;
   readonly clock?: Clock;
-  /** The parent NIC: direct server return hooks its ingress and forwards out of it (issue 17). */
+  /** The parent NIC: direct server return hooks its ingress and forwards out of it. */
   readonly dsrDevice?: string | undefined;
   /**
    * What forwards DSR frames: 'auto' (default) the BPF program at tc ingress
@@ -777,7 +777,7 @@ export class NftDataplane implements Dataplane {
     this.makeDsrBpf = opts.dsrBpf ?? (device === undefined ? undefined : () => new (ebpfAttach().DsrBpf)({ device, store }));
     this.makeConntrack = opts.conntrack ?? (() => new (conntrackModule().Conntrack)());
     // A scrape only reads: it never spawns nft nor changes what the data path
-    // holds (issue 16); the counters are read after each apply and on a timer.
+    // holds; the counters are read after each apply and on a timer.
     this.metrics = opts.registry
       ? new ForwardMetrics({ registry: opts.registry, kind: 'kernel', reason: opts.reason ?? 'configured', stats: () => Promise.resolve(this.latest) })
       : undefined;
@@ -787,13 +787,13 @@ export class NftDataplane implements Dataplane {
     return this.queue.run(async () => {
       // An apply that leaves the table as it is spawns nothing: a VRRP
       // takeover waits for the apply in flight before it puts the address on
-      // (the rules were armed while Backup), and a counter read there cost
-      // two `nft` processes, ~40-90 ms of a failover.
+      // (the rules were armed while Backup), and a counter read there would
+      // put two `nft` processes in the path of a failover.
       const done = await this.applyNow(state);
       // A table nft just wrote counts from zero (the old one's totals are in
       // `carry`): the metrics need no `nft list counters` to know that.
-      // Issue 18: a spawn costs the event loop 5-30 ms, and at start the
-      // applies run back to back while 50 DHCP services bind.
+      // A spawn stalls the event loop, and at start the applies run back to
+      // back while every DHCP service binds.
       if (done && this.metrics) await this.refreshCounters(done === 'written');
     });
   }
@@ -993,7 +993,7 @@ export class NftDataplane implements Dataplane {
 
   /**
    * Put the BPF program for `plan` in front of the netdev table the plan
-   * just committed (issue 17): a new program and maps swapped in with
+   * just committed: a new program and maps swapped in with
    * BPF_F_REPLACE, so frames see the old program or the new one. When it
    * cannot be loaded or attached, ours is detached and the table alone
    * forwards (correct, at about twice the CPU per frame); with no DSR port
@@ -1129,9 +1129,9 @@ export class NftDataplane implements Dataplane {
    * The named counters of the table(s) the current plan defines (the netdev
    * table only when it has DSR ports). A plan without counters (no VIP held
    * yet, or services with no backends) has nothing to read: no `nft` is
-   * spawned. Issue 18: each spawn forks the whole agent (libuv's uv_spawn
-   * uses fork() on Linux, ~5 ms of CPU at 80 MiB), and while 50 DHCP VIPs
-   * bind, every apply used to read the counters of a table that had none.
+   * spawned: each spawn forks the whole agent (libuv's uv_spawn uses fork()
+   * on Linux), and while the DHCP VIPs bind, applies come back to back on
+   * tables that have no counters yet.
    */
   private async readCounters(): Promise<Map<string, CounterValue>> {
     if (!this.plan || (this.plan.counters.length === 0 && this.plan.handBack.length === 0)) return new Map();
@@ -1164,10 +1164,9 @@ export class NftDataplane implements Dataplane {
    *   OR of conf/all and conf/<if>, hence every entry - but the agent's own
    *   service macvlans: they carry one /32 VIP each and no route, so no
    *   packet is ever forwarded out of one, and a redirect needs the packet
-   *   to leave by the interface it came in on. (Issue 18: a start that
-   *   finds 50 of them in place - a planned restart keeps them - read and
-   *   wrote 100 procfs files here, through the thread pool, in front of its
-   *   first apply.)
+   *   to leave by the interface it came in on. Skipping them keeps a start
+   *   that finds them in place (a planned restart keeps them) from reading
+   *   and writing two procfs files per service in front of its first apply.
    */
   private async ensureSysctls(): Promise<void> {
     const file = path.join(this.procRoot, 'sys/net/ipv4/ip_forward');

@@ -70,8 +70,8 @@ export interface PoolSourceOptions {
    * RFC 5227 probe before claiming (default true). Off under VRRP: the
    * election already decided which node holds the VIP, and probing would
    * meet the previous Master's stale ARP entries and delay a takeover by
-   * seconds (issue 11: pool VIPs move without a probe, with an immediate
-   * gratuitous ARP burst). The ARP defence while held stays on.
+   * seconds (pool VIPs move without a probe, with an immediate gratuitous
+   * ARP burst). The ARP defence while held stays on.
    */
   probe?: boolean;
 }
@@ -131,7 +131,7 @@ export class PoolSource extends EventEmitter implements AddressSource {
   }
 
   /**
-   * VRRP Backup (issue 14, a ready Backup): withdraw the VIP like
+   * A ready VRRP Backup: withdraw the VIP like
    * stop({ release: false }), then keep ready what a takeover needs - the
    * parent link and its addresses read, the ARP socket open - so that
    * taking over is the address and a gratuitous ARP, with no rtnetlink dump

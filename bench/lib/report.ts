@@ -523,7 +523,7 @@ const PAGE_TO_ROOT = '../';
  */
 export function renderBenchSummary(r: BenchResults, resultsFile: string): string {
   const parts: string[] = [];
-  parts.push(`Latest run: [${resultsFile}](${PAGE_TO_ROOT}${resultsFile}) (raw numbers beside it as JSON), ${r.date}, on ${machineLine(r)}; ${loadLine(r)}.`);
+  parts.push(`Latest run: [${resultsFile}](${PAGE_TO_ROOT}${resultsFile}) (raw numbers beside it as JSON), on ${machineLine(r)}; ${loadLine(r)}.`);
   const ft = forwardTable(r);
   if (ft) parts.push(`Forwarding, 3 backends, ${r.forward!.config.wrk}${r.forward!.config.pairing ? ` (${r.forward!.config.pairing})` : ''}:\n\n${ft}`);
   const pp = peerPairingLine(r);

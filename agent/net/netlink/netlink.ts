@@ -4,16 +4,16 @@
 // namespace of the calling process. Errors are LbErrors naming the interface
 // and, for EPERM, the capability.
 //
-// Two sockets (issue 18): dumps go one at a time through their own socket,
-// single requests are pipelined on the other. The `netlink` package cuts a
+// Two sockets: dumps go one at a time through their own socket, single
+// requests are pipelined on the other. The `netlink` package cuts a
 // multipart dump short when another reply arrives between its parts, so only
-// dumps need to wait for each other; 50 DHCP services setting up their links
-// used to queue ~350 single requests behind one another, each waiting a turn
-// of a busy event loop for its reply.
+// dumps need to wait for each other; serialising single requests too would
+// make each of the many a DHCP start sends wait a turn of a busy event loop
+// for the reply to the one before it.
 import { EventEmitter } from 'node:events';
 import * as os from 'node:os';
 // The package's parts this file uses, not its index: that also loads its
-// nl80211, WireGuard and generic-netlink code (~0.5 MiB of RSS; issue 18).
+// nl80211, WireGuard and generic-netlink code, resident for nothing.
 // Its sockets are the addon's (./netlink-socket), not its own .node file.
 import { FlagsGet, FlagsNew, Protocol } from 'netlink/dist/constants';
 import { AttrStream } from 'netlink/dist/structs';
@@ -276,8 +276,8 @@ function attrString(buf: Buffer, at: number, to: number): string {
  * An RTM_NEWLINK / RTM_DELLINK payload (struct ifinfomsg, then rtattrs) as a
  * LinkInfo. Reads only the attributes a LinkInfo holds: the package's parser
  * decodes every attribute of a link (statistics, IPv6 settings, ...) into
- * objects, ~0.25 ms and much garbage per link, which 50 services starting at
- * once paid on one event loop (issue 18). Unknown or malformed attributes are
+ * objects, CPU and garbage per link that services starting at once would pay
+ * on one event loop. Unknown or malformed attributes are
  * skipped; throws only on a payload shorter than ifinfomsg.
  */
 export function parseLinkPayload(data: Buffer): LinkInfo {
@@ -477,8 +477,8 @@ export class NetlinkClient {
 
   /**
    * The link, or undefined when there is none by that name or index.
-   * Concurrent reads of the same link share one request (issue 18: 50 DHCP
-   * services starting read the parent 50 times in one turn of the loop);
+   * Concurrent reads of the same link share one request (DHCP services
+   * starting together all read the parent in one turn of the loop);
    * a read asked for after a change made through this client (create,
    * up/down, delete) is never answered by one sent before it.
    */
@@ -547,7 +547,7 @@ export class NetlinkClient {
       throw netlinkError(err, 'creating', subject, { macvlan: true, missing: parent.name });
     }
     // debug, like 'address added' below: the callers say at info what the link or address is for
-    // ("VIP ... bound", with its macvlan); 50 DHCP services at start wrote 100 such lines (issue 18).
+    // ("VIP ... bound", with its macvlan), so a start writes one line per service, not three.
     this.log.debug({ op: 'create-macvlan', name: opts.name, parent: parent.name, mac: opts.mac, mode: opts.mode }, 'macvlan created');
     return echoed ?? this.getLink(opts.name);
   }
@@ -560,9 +560,9 @@ export class NetlinkClient {
    * One RTM_NEWLINK on an existing link: up or down (`up`; absent leaves it
    * as it is) and IPv4 settings (`inetConf`, what sysctl.ts writes under
    * /proc/sys/net/ipv4/conf/<link>/), which the kernel applies together
-   * under one lock or refuses together. Issue 18: a new service macvlan's
-   * three procfs writes cost 50 DHCP services ~20 ms of a start's event
-   * loop; here they ride on the request that brings the link up.
+   * under one lock or refuses together. A new service macvlan's three
+   * procfs writes ride on the request that brings the link up, instead of
+   * going through the thread pool in front of a start's event loop.
    */
   async setLink(index: number, change: { up?: boolean; inetConf?: ReadonlyArray<readonly [IfSysctlKey, number]> }): Promise<void> {
     this.linkReads.clear();

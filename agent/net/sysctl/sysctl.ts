@@ -6,9 +6,9 @@
 // Reads and writes are synchronous: a procfs file is kernel memory, never a
 // disk, and these keys take no lock that waits (unlike disable_ipv6, which
 // takes the RTNL and stays asynchronous below). Through the thread pool each
-// read was four round trips, and 50 DHCP services starting at once queued
-// 400 of them before any DISCOVER left (issue 18). The functions stay async
-// for their callers.
+// read is four round trips, and DHCP services starting at once would queue
+// them in front of their first DISCOVER. The functions stay async for their
+// callers.
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { performance } from 'node:perf_hooks';
@@ -183,9 +183,9 @@ export const PARENT_RECHECK_MS = 1_000;
 
 /**
  * applyVipSysctls(parent, 'parent'), skipped when this instance applied them
- * within PARENT_RECHECK_MS (issue 18: 50 DHCP services starting read the
- * parent's two values 50 times within ~60 ms, right after the daemon set
- * them). One per daemon, shared by its start and its DHCP services. A value
+ * within PARENT_RECHECK_MS: DHCP services starting together would otherwise
+ * each read the parent's values again, right after the daemon set them. One
+ * per daemon, shared by its start and its DHCP services. A value
  * changed by another program meanwhile is put right by the next service
  * start after that, and the preflight reports it.
  */
