@@ -60,7 +60,6 @@ import {
 } from './tallies';
 import type { EngineApply, EngineBackend, EngineListenerSpec, RelayKind } from './proxy-engine';
 import { LEVELS, type FromWorker, type RelayChoice, type ToWorker, type WorkerStart } from './proxy-worker';
-import type { ProxyProtocolVersion } from './proxy-protocol';
 
 export interface ProxyDataplaneOptions {
   readonly config: ProxyConfig;
@@ -271,7 +270,7 @@ export class ProxyDataplane implements Dataplane {
     const slotKeys = new Set<string>();
     for (const s of services) {
       if (s.vip === undefined) continue;
-      const pp = (state.services.find((x) => x.key === s.key)?.proxyProtocol) as ProxyProtocolVersion | undefined;
+      const pp = state.services.find((x) => x.key === s.key)?.proxyProtocol;
       for (const { spec } of s.ports) {
         const id = listenerId(s.vip, spec);
         const flows: Record<string, number> = {};

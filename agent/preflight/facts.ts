@@ -503,7 +503,7 @@ async function gatherSysctls(parent: string | undefined): Promise<Record<string,
   // sysctl(8) spelling to /proc/sys: dots are separators, slashes were dots.
   const values = await Promise.all(names.map((n) => readText(`/proc/sys/${n.split('.').map((s) => s.replace(/\//g, '.')).join('/')}`)));
   const out: Record<string, string> = {};
-  names.forEach((n, i) => { if (values[i] !== undefined) out[n] = values[i]!.trim(); });
+  names.forEach((n, i) => { if (values[i] !== undefined) out[n] = values[i].trim(); });
   return out;
 }
 

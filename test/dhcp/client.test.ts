@@ -6,7 +6,7 @@ import {
   initialState, isStalled, nakDelay, retransmitDelay, step, unbindReason,
   type ClientAction, type ClientConfig, type ClientContext, type ClientEvent, type ClientState,
 } from '../../agent/dhcp/client';
-import { buildClientMessage, decodeDhcp, encodeDhcp, type DhcpOption, type DhcpPacket } from '../../agent/dhcp/codec';
+import { buildClientMessage, decodeDhcp, encodeDhcp, type DhcpOption } from '../../agent/dhcp/codec';
 import type { Lease } from '../../agent/dhcp/lease';
 import { formatIPv4, parseIPv4 } from '../../agent/ipv4';
 
@@ -41,7 +41,7 @@ function reply(kind: 'OFFER' | 'ACK' | 'NAK', xid: number, o: { yiaddr?: number;
   if (o.message) options.push({ code: 56, data: Buffer.from(o.message) });
   const d = decodeDhcp(encodeDhcp({ op: 2, xid, chaddr: MAC, yiaddr: kind === 'NAK' ? 0 : o.yiaddr ?? ADDR, options }));
   if (!d.ok) throw new Error(d.reason);
-  return { type: 'reply', packet: d.value as DhcpPacket, serverMac: SERVER_MAC };
+  return { type: 'reply', packet: d.value, serverMac: SERVER_MAC };
 }
 
 type Send = Extract<ClientAction, { type: 'send' }>;
