@@ -61,7 +61,6 @@ let validateFn: Validate | undefined;
 function validator(): Validate {
   if (!validateFn) {
     try {
-      // eslint-disable-next-line @typescript-eslint/no-var-requires
       // A literal path: the production bundle (agent/bundle-build.ts) takes
       // the generated file in; VALIDATOR_FILE names the same file.
       validateFn = require('./schema-validator') as Validate;

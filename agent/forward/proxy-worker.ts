@@ -52,18 +52,15 @@ export const LEVELS = { debug: 20, info: 30, warn: 40, error: 50 } as const;
  * before it), net streams (neither).
  */
 export function chooseRelay(choice: RelayChoice): { path: RelayPath; fallback: string | undefined } {
-  // eslint-disable-next-line @typescript-eslint/no-var-requires
   const { netRelayPath } = require('./relay-net') as typeof import('./relay-net');
   if (choice === 'streams') return { path: netRelayPath, fallback: undefined };
   let why: string | undefined;
   if (choice === 'native' || choice === 'auto') {
-    // eslint-disable-next-line @typescript-eslint/no-var-requires
     const { nativeRelayPath } = require('./relay-native') as typeof import('./relay-native');
     const native = nativeRelayPath();
     if (typeof native !== 'string') return { path: native, fallback: undefined };
     why = native;
   }
-  // eslint-disable-next-line @typescript-eslint/no-var-requires
   const { rawRelayPath } = require('./relay-raw') as typeof import('./relay-raw');
   const raw = rawRelayPath();
   if (typeof raw === 'string') return { path: netRelayPath, fallback: why === undefined ? raw : `${why}; ${raw}` };

@@ -559,7 +559,6 @@ function logLevelOf(log: Logger): number {
 
 // The addon is loaded on first use: `lb-agent validate` and the kernel path never need it here.
 function native(): typeof import('../net/native') {
-  // eslint-disable-next-line @typescript-eslint/no-var-requires
   return require('../net/native') as typeof import('../net/native');
 }
 const listenTcp4 = (a: number, p: number, backlog: number, reuse: boolean): { fd: number; port: number } => native().listenTcp4(a, p, backlog, reuse);
@@ -574,9 +573,7 @@ class InlineHost implements EngineHost {
   private readonly engine: import('./proxy-engine').ProxyEngine;
 
   constructor(readonly index: number, owner: ProxyDataplane, onConnect: (s: string, b: string, ok: boolean) => void) {
-    // eslint-disable-next-line @typescript-eslint/no-var-requires
     const { ProxyEngine } = require('./proxy-engine') as typeof import('./proxy-engine');
-    // eslint-disable-next-line @typescript-eslint/no-var-requires
     const { chooseRelay } = require('./proxy-worker') as typeof import('./proxy-worker');
     const start = owner.engineStart(index);
     const { path: relayPath, fallback } = chooseRelay(start.relay);

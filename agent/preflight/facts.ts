@@ -388,7 +388,6 @@ async function gatherDsr(release: string, unshare: string | undefined, nft: stri
 function bpfProbe(): Attempt {
   const t0 = Date.now();
   try {
-    // eslint-disable-next-line @typescript-eslint/no-require-imports
     const why = (require('../net/ebpf-attach') as typeof import('../net/ebpf-attach')).probeDsrBpfHere();
     return why === undefined ? { status: 'ok', ms: Date.now() - t0 } : { status: 'failed', error: why, ms: Date.now() - t0 };
   } catch (err) {
