@@ -459,7 +459,7 @@ export class ProxyDataplane implements Dataplane {
       this.metrics?.unregister();
       await this.started.catch(() => undefined);
       if (this.drainTimer !== undefined) clearTimeout(this.drainTimer);
-      const results = await Promise.all(this.hosts.map((h) => (h.alive ? h.stop(opts.keep === true, this.drainTimeoutMs).catch(() => ({ open: 0, unfinished: 0 })) : { open: 0, unfinished: 0 })));
+      const results = await Promise.all(this.hosts.map((h) => (h.alive ? h.stop(opts.keep === true, this.drainTimeoutMs).catch(() => ({ open: 0, unfinished: 0 })) : Promise.resolve({ open: 0, unfinished: 0 }))));
       this.drainReports();
       await Promise.all(this.hosts.map((h) => h.terminate()));
       // With keep, the listening sockets live on in the store: closing our descriptors only stops accepting.
