@@ -474,7 +474,7 @@ t.test('EMFILE on a backend connect is the proxy\'s own: no failure reported, cl
   let buf = '';
   child.stdout.on('data', (d: Buffer) => {
     buf += d.toString();
-    for (let nl = buf.indexOf('\n'); nl >= 0; nl = buf.indexOf('\n')) { lines.push(JSON.parse(buf.slice(0, nl))); buf = buf.slice(nl + 1); }
+    for (let nl = buf.indexOf('\n'); nl >= 0; nl = buf.indexOf('\n')) { lines.push(JSON.parse(buf.slice(0, nl)) as Record<string, unknown>); buf = buf.slice(nl + 1); }
   });
   const next = async (n: number): Promise<Record<string, unknown>> => {
     for (let i = 0; i < 200 && lines.length < n; i++) await new Promise((r) => setTimeout(r, 50));
