@@ -380,7 +380,7 @@ t.test('INIT-REBOOT unanswered: the unexpired saved lease is used after a probe 
 
 t.test('resume: an unexpired saved lease is served at once, no probe, and confirmed by a REQUEST (crash-only start)', async (t) => {
   const c = ctx();
-  let r = step(c, initialState(), { type: 'start', saved: savedLease(T0), resume: true }, T0);
+  const r = step(c, initialState(), { type: 'start', saved: savedLease(T0), resume: true }, T0);
   t.equal(r.reason, 'resumed');
   t.same(of(r.actions, 'bind').map((b) => b.lease.address), [ADDR], 'bound in the same step: clients keep the VIP');
   t.same(of(r.actions, 'probe'), [], 'no ARP probe of an address that never left us');

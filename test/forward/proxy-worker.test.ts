@@ -53,7 +53,7 @@ t.test('a worker thread: ready, serves what it is given, stops', async (t) => {
   const got = await new Promise<string>((resolve, reject) => {
     const s = net.connect(l.port, vip);
     let d = '';
-    s.on('data', (x) => { d += x; });
+    s.on('data', (x) => { d += x.toString(); });
     s.on('end', () => resolve(d));
     s.on('error', reject);
   });

@@ -15,7 +15,7 @@ t.test('streams: half-close passes through and a client reset resets the backend
   const server = net.createServer({ allowHalfOpen: true }, (s) => {
     s.on('error', (e: NodeJS.ErrnoException) => seen.push(e.code ?? 'error'));
     let got = '';
-    s.on('data', (d) => { got += d; });
+    s.on('data', (d) => { got += d.toString(); });
     s.on('end', () => { seen.push('fin'); s.end(`echo:${got}`); });
   });
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
@@ -27,7 +27,7 @@ t.test('streams: half-close passes through and a client reset resets the backend
   const answer = await new Promise<string>((resolve, reject) => {
     const s = net.connect({ port, host: '127.0.0.42', allowHalfOpen: true });
     let d = '';
-    s.on('data', (x) => { d += x; });
+    s.on('data', (x) => { d += x.toString(); });
     s.on('end', () => resolve(d));
     s.on('error', reject);
     s.end('ping');

@@ -45,7 +45,7 @@ t.test('without them: a reason, and the proxy relays through net streams and say
     void listenerPort(p).then((port) => {
       const s = net.connect(port, '127.0.0.40');
       let d = '';
-      s.on('data', (x) => { d += x; });
+      s.on('data', (x) => { d += x.toString(); });
       s.on('end', () => resolve(d));
       s.on('error', reject);
     });
