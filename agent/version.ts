@@ -2,7 +2,6 @@
 // from the daemon so the CLI can print it without loading the daemon.
 export const VERSION: string = (() => {
   try {
-    // eslint-disable-next-line @typescript-eslint/no-var-requires
     return (require('../../package.json') as { version: string }).version;
   } catch {
     return 'unknown';

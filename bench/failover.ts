@@ -202,7 +202,7 @@ async function main(): Promise<void> {
     for (const interval of args.intervals) {
       const rs = runs.get(`${target} ${interval}`);
       if (!rs) continue;
-      results[target]![String(interval)] = {
+      results[target][String(interval)] = {
         runs: rs,
         medianServedMs: median(rs.map((x) => x.servedMs)),
         medianVrrpMs: median(rs.map((x) => x.vrrpMs)),

@@ -96,7 +96,7 @@ async function startListeners(n: number): Promise<Listeners> {
   let buf = '';
   const lines: string[] = [];
   let wake: (() => void) | undefined;
-  child.stdout!.on('data', (d: Buffer) => {
+  child.stdout.on('data', (d: Buffer) => {
     buf += d.toString();
     let nl: number;
     while ((nl = buf.indexOf('\n')) >= 0) { lines.push(buf.slice(0, nl)); buf = buf.slice(nl + 1); }
@@ -114,10 +114,10 @@ async function startListeners(n: number): Promise<Listeners> {
   return {
     ports, child,
     accepted: async () => {
-      child.stdin!.write('count\n');
+      child.stdin.write('count\n');
       return (JSON.parse(await nextLine()) as { accepted: number }).accepted;
     },
-    close: async () => { child.stdin!.end(); await exited; },
+    close: async () => { child.stdin.end(); await exited; },
   };
 }
 
@@ -301,7 +301,7 @@ async function runHaproxy(n: number, a: Args): Promise<Record<string, unknown>> 
   ].join('\n'));
   const hap = spawn('haproxy', ['-db', '-f', cfg], { stdio: ['ignore', 'ignore', 'pipe'] });
   let stderr = '';
-  hap.stderr!.on('data', (d: Buffer) => { stderr = (stderr + d.toString()).slice(-2000); });
+  hap.stderr.on('data', (d: Buffer) => { stderr = (stderr + d.toString()).slice(-2000); });
   const hapExit = new Promise<void>((r) => hap.once('exit', () => r()));
   try {
     await new Promise((r) => setTimeout(r, a.warmup * 1000));

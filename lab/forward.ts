@@ -157,7 +157,7 @@ export function webService(healthy: Weights, opts: { udp?: boolean; vip?: string
     key: 'default/web',
     vip: opts.vip === undefined ? VIP : opts.vip,
     ports,
-    healthy: IDS.flatMap((id, i) => (healthy[id] !== undefined ? [{ address: BACKENDS[i]!, weight: healthy[id]! }] : [])),
+    healthy: IDS.flatMap((id, i) => (healthy[id] !== undefined ? [{ address: BACKENDS[i]!, weight: healthy[id] }] : [])),
     backends: all,
   };
 }

@@ -266,7 +266,7 @@ export async function waitFor<T>(what: string, fn: () => Promise<T | undefined |
   while (Date.now() < deadline) {
     try {
       const v = await fn();
-      if (v) return v as T;
+      if (v) return v;
     } catch (e) { lastErr = e; }
     await new Promise((r) => setTimeout(r, intervalMs));
   }

@@ -42,7 +42,7 @@ function talk(port: number, host: string, send: string | undefined): Promise<str
     const s = net.connect(port, host);
     let d = '';
     if (send !== undefined) s.write(send);
-    s.on('data', (x) => { d += x; if (send === undefined && d.endsWith('\r\n')) s.end(); });
+    s.on('data', (x) => { d += x.toString(); if (send === undefined && d.endsWith('\r\n')) s.end(); });
     s.on('end', () => { s.destroy(); resolve(d); });
     s.on('error', reject);
     s.setTimeout(3000, () => { s.destroy(); reject(new Error(`timeout, got ${JSON.stringify(d)}`)); });
@@ -96,7 +96,7 @@ export function proxyHeaderTest(t: tap.Test, version: 'v1' | 'v2'): void {
 export async function halfCloseBothWays(t: tap.Test, p: ProxyDataplane, vip: string): Promise<string> {
   const server = net.createServer({ allowHalfOpen: true }, (s) => {
     let got = '';
-    s.on('data', (d) => { got += d; });
+    s.on('data', (d) => { got += d.toString(); });
     s.on('end', () => s.end(`got ${got} and your FIN`));
     s.on('error', () => undefined);
   });
@@ -107,7 +107,7 @@ export async function halfCloseBothWays(t: tap.Test, p: ProxyDataplane, vip: str
   return new Promise<string>((resolve, reject) => {
     const s = net.connect({ port, host: vip, allowHalfOpen: true });
     let d = '';
-    s.on('data', (x) => { d += x; });
+    s.on('data', (x) => { d += x.toString(); });
     s.on('end', () => { s.destroy(); resolve(d); });
     s.on('error', reject);
     s.setTimeout(3000, () => { s.destroy(); reject(new Error(`timeout, got ${JSON.stringify(d)}`)); });

@@ -82,7 +82,7 @@ export async function startDnsmasq(lab: Lab, ns: string, opts: DnsmasqOptions): 
 export async function httpGetFrom(lab: Lab, ns: string, url: string, timeoutMs = 3000): Promise<{ ok: boolean; body: string; error?: string }> {
   const script = `${getOneScript(timeoutMs)}one(${JSON.stringify(url)}).then((r)=>process.stdout.write(JSON.stringify(r)));`;
   const res = await lab.exec(ns, process.execPath, ['-e', script], { allowFail: true, timeoutMs: timeoutMs + 5000 });
-  try { return JSON.parse(res.stdout); } catch { return { ok: false, body: '', error: res.stderr || 'no output' }; }
+  try { return JSON.parse(res.stdout) as { ok: boolean; body: string; error?: string }; } catch { return { ok: false, body: '', error: res.stderr || 'no output' }; }
 }
 
 /** The node one-shot's `one(url)`: a GET on a new connection, resolving to the body or the error. */
@@ -98,14 +98,14 @@ function getOneScript(timeoutMs: number): string {
 export async function httpGetManyFrom(lab: Lab, ns: string, url: string, n: number, timeoutMs = 3000): Promise<{ ok: boolean; body: string; error?: string }[]> {
   const script = `${getOneScript(timeoutMs)}const out=[];(async()=>{for(let i=0;i<${Math.max(0, Math.min(10_000, n))};i++)out.push(await one(${JSON.stringify(url)}));process.stdout.write(JSON.stringify(out))})();`;
   const res = await lab.exec(ns, process.execPath, ['-e', script], { allowFail: true, timeoutMs: n * timeoutMs + 5000 });
-  try { return JSON.parse(res.stdout); } catch { return [{ ok: false, body: '', error: res.stderr || 'no output' }]; }
+  try { return JSON.parse(res.stdout) as { ok: boolean; body: string; error?: string }[]; } catch { return [{ ok: false, body: '', error: res.stderr || 'no output' }]; }
 }
 
 /** A GET of each URL in turn from inside ns, from one node process (as httpGetManyFrom): the body or the error of each, in order. */
 export async function httpGetEachFrom(lab: Lab, ns: string, urls: readonly string[], timeoutMs = 3000): Promise<{ ok: boolean; body: string; error?: string }[]> {
   const script = `${getOneScript(timeoutMs)}const out=[];(async()=>{for(const u of ${JSON.stringify(urls)})out.push(await one(u));process.stdout.write(JSON.stringify(out))})();`;
   const res = await lab.exec(ns, process.execPath, ['-e', script], { allowFail: true, timeoutMs: urls.length * timeoutMs + 5000 });
-  try { return JSON.parse(res.stdout); } catch { return urls.map(() => ({ ok: false, body: '', error: res.stderr || 'no output' })); }
+  try { return JSON.parse(res.stdout) as { ok: boolean; body: string; error?: string }[]; } catch { return urls.map(() => ({ ok: false, body: '', error: res.stderr || 'no output' })); }
 }
 
 /** HTTP GET from this process (loopback only). */

@@ -61,7 +61,6 @@ let validateFn: Validate | undefined;
 function validator(): Validate {
   if (!validateFn) {
     try {
-      // eslint-disable-next-line @typescript-eslint/no-var-requires
       // A literal path: the production bundle (agent/bundle-build.ts) takes
       // the generated file in; VALIDATOR_FILE names the same file.
       validateFn = require('./schema-validator') as Validate;
@@ -101,7 +100,7 @@ function schemaErrors(errors: ErrorObject[]): { segs: Seg[]; message: string }[]
   for (const e of errors) {
     if (suppressed.has(e)) continue;
     const segs = instanceSegs(e.instancePath);
-    const what = (e.parentSchema as Record<string, unknown> | undefined)?.['x-what'] as string | undefined;
+    const what = e.parentSchema?.['x-what'] as string | undefined;
     switch (e.keyword) {
       case 'additionalProperties': {
         const key = (e.params as { additionalProperty: string }).additionalProperty;
@@ -375,7 +374,7 @@ function buildServices(raw: RawConfig, pools: readonly Pool[], err: (segs: Seg[]
   const out: ServiceSpec[] = [];
   for (const p of prelim) {
     const prim = p.primary !== undefined ? byKey.get(p.primary) : undefined;
-    const ipam: IpamMode = (prim ? prim.ipam : p.ipam) ?? (DEFAULTS.ipam as IpamMode);
+    const ipam: IpamMode = (prim ? prim.ipam : p.ipam) ?? DEFAULTS.ipam;
     const at = (...segs: Seg[]): Seg[] => ['services', p.idx, ...segs];
     if (p.primary === undefined && ipam === 'pool') {
       const pool = selectPool(pools, p.raw.namespace);

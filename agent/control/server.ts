@@ -60,7 +60,7 @@ export class ControlServer {
     const oldUmask = process.umask(0o177);
     try {
       await new Promise<void>((resolve, reject) => {
-        server.once('error', (e) => reject(new LbError('LB_ERR_DAEMON_START', `cannot listen on control socket ${this.socketPath}: ${(e as Error).message}`, undefined, { cause: e })));
+        server.once('error', (e) => reject(new LbError('LB_ERR_DAEMON_START', `cannot listen on control socket ${this.socketPath}: ${e.message}`, undefined, { cause: e })));
         server.listen(this.socketPath, () => resolve());
       });
     } finally {

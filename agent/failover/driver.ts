@@ -83,24 +83,21 @@ export interface VirtualRouterStatus {
   readonly masterDownInterval: number;
 }
 
-export interface VirtualRouter {
-  on(event: 'master', listener: (e: MasterEvent) => void): this;
-  on(event: 'backup', listener: (e: BackupEvent) => void): this;
-  on(event: 'master-changed', listener: (e: MasterChangedEvent) => void): this;
-  on(event: 'split-brain', listener: (e: SplitBrainEvent) => void): this;
+export interface VirtualRouterEvents {
+  master: [e: MasterEvent];
+  backup: [e: BackupEvent];
+  'master-changed': [e: MasterChangedEvent];
+  'split-brain': [e: SplitBrainEvent];
   /** A received frame refused by the codec (also counted in lbagent_vrrp_dropped_total). */
-  on(event: 'dropped', listener: (e: DroppedEvent) => void): this;
-  on(event: 'stopped', listener: (e: { vrid: number }) => void): this;
-  once(event: 'master', listener: (e: MasterEvent) => void): this;
-  once(event: 'backup', listener: (e: BackupEvent) => void): this;
-  once(event: 'stopped', listener: (e: { vrid: number }) => void): this;
+  dropped: [e: DroppedEvent];
+  stopped: [e: { vrid: number }];
 }
 
 function invalid(message: string, details: Record<string, unknown>): LbError {
   return new LbError('LB_ERR_VRRP_INVALID', message, details);
 }
 
-export class VirtualRouter extends EventEmitter {
+export class VirtualRouter extends EventEmitter<VirtualRouterEvents> {
   readonly vrid: number;
   readonly ifname: string;
   private readonly opts: VirtualRouterOptions;
@@ -246,12 +243,12 @@ export class VirtualRouter extends EventEmitter {
     this.machine = machine;
     // Perform every action first, then tell listeners: a listener that
     // stops the router sees it in a consistent state.
-    const events: [string, unknown][] = [];
+    const events: (() => void)[] = [];
     for (const a of actions) this.perform(a, events);
-    for (const [name, payload] of events) this.emit(name, payload);
+    for (const emit of events) emit();
   }
 
-  private perform(a: Action, events: [string, unknown][]): void {
+  private perform(a: Action, events: (() => void)[]): void {
     switch (a.kind) {
       case 'sendAdvert':
         this.send(a.priority);
@@ -264,12 +261,12 @@ export class VirtualRouter extends EventEmitter {
         return;
       case 'becomeMaster':
         this.transitioned('master', { reason: a.reason });
-        events.push(['master', { vrid: this.vrid, master: this.opts.srcIp } satisfies MasterEvent]);
+        events.push(() => this.emit('master', { vrid: this.vrid, master: this.opts.srcIp } satisfies MasterEvent));
         return;
       case 'becomeBackup': {
         const master = a.master === undefined ? undefined : formatIPv4(a.master);
         this.transitioned('backup', { reason: a.reason, master });
-        events.push(['backup', { vrid: this.vrid, master } satisfies BackupEvent]);
+        events.push(() => this.emit('backup', { vrid: this.vrid, master } satisfies BackupEvent));
         return;
       }
       case 'becomeInitialize':
@@ -281,7 +278,7 @@ export class VirtualRouter extends EventEmitter {
         this.masterLabel = master;
         if (master !== undefined) this.metrics.masterInfo.set({ vrid: this.vridLabel, master }, 1);
         this.log.info({ op: 'master-changed', master: master ?? null }, master ? `VRRP master is ${master}` : 'VRRP master unknown');
-        events.push(['master-changed', { vrid: this.vrid, master } satisfies MasterChangedEvent]);
+        events.push(() => this.emit('master-changed', { vrid: this.vrid, master } satisfies MasterChangedEvent));
         return;
       }
       case 'splitBrain': {
@@ -293,7 +290,7 @@ export class VirtualRouter extends EventEmitter {
             ? `another VRRP master ${peer} (priority ${a.peerPriority}) was heard; keeping master, it yields to our adverts`
             : `another VRRP master ${peer} (priority ${a.peerPriority}) outranks us; yielding`,
         );
-        events.push(['split-brain', { vrid: this.vrid, peer, peerPriority: a.peerPriority, resolution: a.resolution } satisfies SplitBrainEvent]);
+        events.push(() => this.emit('split-brain', { vrid: this.vrid, peer, peerPriority: a.peerPriority, resolution: a.resolution } satisfies SplitBrainEvent));
         return;
       }
     }

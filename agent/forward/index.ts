@@ -12,10 +12,8 @@ export * from './dataplane';
 
 // The path a config does not use is never loaded: nft.ts spawns
 // nft, proxy.ts brings dgram and the connection machinery.
-/* eslint-disable @typescript-eslint/no-var-requires */
 const nft = (): typeof import('./nft') => require('./nft') as typeof import('./nft');
 const proxy = (): typeof import('./proxy') => require('./proxy') as typeof import('./proxy');
-/* eslint-enable @typescript-eslint/no-var-requires */
 
 /** nft.ts's probe (dataplane: auto and kernel ask it; proxy does not). */
 export function probeNftables(placement?: Placement): Promise<ProbeResult> {

@@ -46,7 +46,7 @@ export class ForwardMetrics {
     this.cacheMs = opts.cacheMs ?? 250;
     this.now = opts.now ?? Date.now;
     const registers = [opts.registry];
-    const self = this;
+    const snapshot = (): Promise<ForwardStats> => this.snapshot();
 
     new Counter({
       name: 'lbagent_forward_connections_total',
@@ -54,7 +54,7 @@ export class ForwardMetrics {
       labelNames: ['service', 'namespace', 'backend', 'port'] as const,
       registers,
       async collect() {
-        const st = await self.snapshot();
+        const st = await snapshot();
         this.reset();
         for (const f of st.flows) this.inc({ ...serviceLabels(f.service), backend: f.backend, port: f.port }, f.connections);
       },
@@ -65,7 +65,7 @@ export class ForwardMetrics {
       labelNames: ['service', 'namespace', 'port'] as const,
       registers,
       async collect() {
-        const st = await self.snapshot();
+        const st = await snapshot();
         this.reset();
         for (const u of st.udpFlowsEnded ?? []) this.inc({ ...serviceLabels(u.service), port: u.port }, u.ended);
       },
@@ -76,7 +76,7 @@ export class ForwardMetrics {
       labelNames: ['service', 'namespace'] as const,
       registers,
       async collect() {
-        const st = await self.snapshot();
+        const st = await snapshot();
         this.reset();
         for (const h of st.handedBack ?? []) this.inc(serviceLabels(h.service), h.packets);
       },
@@ -87,7 +87,7 @@ export class ForwardMetrics {
       labelNames: ['service', 'namespace', 'backend', 'port'] as const,
       registers,
       async collect() {
-        const st = await self.snapshot();
+        const st = await snapshot();
         this.reset();
         for (const f of st.flows) if (f.active !== undefined) this.set({ ...serviceLabels(f.service), backend: f.backend, port: f.port }, f.active);
       },
@@ -98,7 +98,7 @@ export class ForwardMetrics {
       labelNames: ['service', 'namespace', 'backend', 'direction'] as const,
       registers,
       async collect() {
-        const st = await self.snapshot();
+        const st = await snapshot();
         this.reset();
         for (const f of st.flows) {
           const l = { ...serviceLabels(f.service), backend: f.backend };
@@ -113,7 +113,7 @@ export class ForwardMetrics {
       labelNames: ['service', 'namespace', 'backend'] as const,
       registers,
       async collect() {
-        const st = await self.snapshot();
+        const st = await snapshot();
         this.reset();
         for (const f of st.flows) {
           if (f.connectFailures === undefined) continue;
@@ -134,7 +134,7 @@ export class ForwardMetrics {
       labelNames: ['service', 'namespace'] as const,
       registers,
       async collect() {
-        const st = await self.snapshot();
+        const st = await snapshot();
         this.reset();
         for (const s of st.services) this.set(serviceLabels(s.key), s.noHealthyBackend ? 1 : 0);
       },
@@ -145,7 +145,7 @@ export class ForwardMetrics {
       labelNames: ['engine', 'cause'] as const,
       registers,
       async collect() {
-        const st = await self.snapshot();
+        const st = await snapshot();
         this.reset();
         const d = st.details['dsrEngine'] as { engine?: string; cause?: string } | undefined;
         if (d?.engine !== undefined && d.cause !== undefined) this.set({ engine: d.engine, cause: d.cause }, 1);
@@ -157,7 +157,7 @@ export class ForwardMetrics {
       labelNames: ['op', 'code'] as const,
       registers,
       async collect() {
-        const st = await self.snapshot();
+        const st = await snapshot();
         this.reset();
         for (const [k, n] of Object.entries(st.ownLimits ?? {})) {
           const [op, code] = k.split('/') as [string, string];

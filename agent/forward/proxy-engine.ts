@@ -40,6 +40,7 @@
 // protocol v2 every datagram to the backend carries the header (UDP has no
 // stream to put it in front of; v1 has no UDP and is refused at validate).
 import * as dgram from 'node:dgram';
+import { closeSync } from 'node:fs';
 import type { PortSpec, ProxyConfig } from '../config/types';
 import type { Clock, TimerHandle } from '../clock';
 import { errorMessage, localExhaustionCode } from '../errors';
@@ -339,7 +340,7 @@ export class ProxyEngine {
     try {
       l.tcp.push(this.path.listen(fd, this.backlog, (err, relay) => this.accepted(l, err, relay)));
     } catch (err) {
-      try { require('node:fs').closeSync(fd); } catch { /* not ours any more */ }
+      try { closeSync(fd); } catch { /* not ours any more */ }
       failures.push(`${l.spec.serviceKey}: cannot serve ${l.spec.vip}:${l.spec.port.port}/TCP on descriptor ${fd}: ${errorMessage(err)}`);
     }
   }

@@ -93,9 +93,13 @@ function main(): void {
         engine.reconfigure(m.config);
         break;
       case 'stop':
-        engine.stop({ keep: m.keep, drainMs: m.drainMs }).then((r) => {
-          post({ t: 'stopped', seq: m.seq, open: r.open, unfinished: r.unfinished });
-        });
+        engine.stop({ keep: m.keep, drainMs: m.drainMs }).then(
+          (r) => post({ t: 'stopped', seq: m.seq, open: r.open, unfinished: r.unfinished }),
+          (err: unknown) => {
+            log.error({ op: 'stop', err: errorMessage(err) }, `proxy worker stop failed: ${errorMessage(err)}`);
+            post({ t: 'stopped', seq: m.seq, open: 0, unfinished: 0 });
+          },
+        );
         break;
     }
   });

@@ -60,7 +60,6 @@ import {
 } from './tallies';
 import type { EngineApply, EngineBackend, EngineListenerSpec } from './proxy-engine';
 import { LEVELS, type FromWorker, type ToWorker, type WorkerStart } from './proxy-worker';
-import type { ProxyProtocolVersion } from './proxy-protocol';
 
 export interface ProxyDataplaneOptions {
   readonly config: ProxyConfig;
@@ -262,7 +261,7 @@ export class ProxyDataplane implements Dataplane {
     const slotKeys = new Set<string>();
     for (const s of services) {
       if (s.vip === undefined) continue;
-      const pp = (state.services.find((x) => x.key === s.key)?.proxyProtocol) as ProxyProtocolVersion | undefined;
+      const pp = state.services.find((x) => x.key === s.key)?.proxyProtocol;
       for (const { spec } of s.ports) {
         const id = listenerId(s.vip, spec);
         const flows: Record<string, number> = {};
@@ -451,7 +450,7 @@ export class ProxyDataplane implements Dataplane {
       this.metrics?.unregister();
       await this.started.catch(() => undefined);
       if (this.drainTimer !== undefined) clearTimeout(this.drainTimer);
-      const results = await Promise.all(this.hosts.map((h) => (h.alive ? h.stop(opts.keep === true, this.drainTimeoutMs).catch(() => ({ open: 0, unfinished: 0 })) : { open: 0, unfinished: 0 })));
+      const results = await Promise.all(this.hosts.map((h) => (h.alive ? h.stop(opts.keep === true, this.drainTimeoutMs).catch(() => ({ open: 0, unfinished: 0 })) : Promise.resolve({ open: 0, unfinished: 0 }))));
       this.drainReports();
       await Promise.all(this.hosts.map((h) => h.terminate()));
       // With keep, the listening sockets live on in the store: closing our descriptors only stops accepting.
@@ -550,7 +549,6 @@ function logLevelOf(log: Logger): number {
 
 // The addon is loaded on first use: `lb-agent validate` and the kernel path never need it here.
 function native(): typeof import('../native/native') {
-  // eslint-disable-next-line @typescript-eslint/no-var-requires
   return require('../native/native') as typeof import('../native/native');
 }
 const listenTcp4 = (a: number, p: number, backlog: number, reuse: boolean): { fd: number; port: number } => native().listenTcp4(a, p, backlog, reuse);
@@ -563,9 +561,7 @@ class InlineHost implements EngineHost {
   private readonly engine: import('./proxy-engine').ProxyEngine;
 
   constructor(readonly index: number, owner: ProxyDataplane, onConnect: (s: string, b: string, ok: boolean) => void) {
-    // eslint-disable-next-line @typescript-eslint/no-var-requires
     const { ProxyEngine } = require('./proxy-engine') as typeof import('./proxy-engine');
-    // eslint-disable-next-line @typescript-eslint/no-var-requires
     const { relayPath } = require('./proxy-worker') as typeof import('./proxy-worker');
     const start = owner.engineStart(index);
     this.engine = new ProxyEngine({

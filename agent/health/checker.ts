@@ -164,15 +164,9 @@ interface ServiceEntry {
   readonly subs: Map<string, Sub>;
 }
 
-export declare interface HealthChecker {
-  on(event: 'change', listener: (serviceKey: string, address: string, up: boolean) => void): this;
-  on(event: 'probe', listener: (report: ProbeReport, result: ProbeResult) => void): this;
-  once(event: 'change', listener: (serviceKey: string, address: string, up: boolean) => void): this;
-  once(event: 'probe', listener: (report: ProbeReport, result: ProbeResult) => void): this;
-  off(event: 'change', listener: (serviceKey: string, address: string, up: boolean) => void): this;
-  off(event: 'probe', listener: (report: ProbeReport, result: ProbeResult) => void): this;
-  emit(event: 'change', serviceKey: string, address: string, up: boolean): boolean;
-  emit(event: 'probe', report: ProbeReport, result: ProbeResult): boolean;
+export interface HealthCheckerEvents {
+  change: [serviceKey: string, address: string, up: boolean];
+  probe: [report: ProbeReport, result: ProbeResult];
 }
 
 /** The probe target key: what makes two checks the same probe. */
@@ -183,7 +177,7 @@ export function targetKey(hc: HealthCheckSpec, address: string): string {
   return `${base}|${h.path}|${h.expectStatus[0]}-${h.expectStatus[1]}`;
 }
 
-export class HealthChecker extends EventEmitter {
+export class HealthChecker extends EventEmitter<HealthCheckerEvents> {
   private readonly clock: Clock;
   private readonly log: Logger;
   /** The injected probe, when there is one: it then runs every check. */

@@ -314,7 +314,6 @@ export class NativeTcpProber<C> implements TcpProber<C> {
     }
     // Outcomes may start new probes (into the queue being read): take what is
     // needed first, report after.
-    let now: number | undefined;
     let settled: number[] | undefined;
     for (let i = 0; i < n; i++) {
       const id = this.qIds[i]!;
@@ -326,7 +325,7 @@ export class NativeTcpProber<C> implements TcpProber<C> {
       }
     }
     if (!settled) return;
-    now = this.clock.now();
+    const now = this.clock.now();
     const detail = thrown === undefined ? undefined : String((thrown as { code?: unknown }).code ?? (thrown as Error).message ?? thrown);
     for (let k = 0; k < settled.length; k += 2) {
       const id = settled[k]!;

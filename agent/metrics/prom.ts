@@ -9,12 +9,10 @@
 // collectDefaultMetrics(), so an upgrade that adds or renames one fails there.
 import type * as Prom from 'prom-client';
 
-/* eslint-disable @typescript-eslint/no-var-requires */
 export const Registry = require('prom-client/lib/registry') as typeof Prom.Registry;
 export const Counter = require('prom-client/lib/counter') as typeof Prom.Counter;
 export const Gauge = require('prom-client/lib/gauge') as typeof Prom.Gauge;
 export const Histogram = require('prom-client/lib/histogram') as typeof Prom.Histogram;
-/* eslint-enable @typescript-eslint/no-var-requires */
 export type Registry = Prom.Registry;
 export type Counter<T extends string = string> = Prom.Counter<T>;
 export type Gauge<T extends string = string> = Prom.Gauge<T>;
@@ -42,7 +40,6 @@ export function processMetrics(registry: Prom.Registry, prefix: string): void {
   // stall shows in them as the lateness of the timer that spanned it.
   const config = { prefix, eventLoopMonitoringPrecision: 100 };
   for (const name of DEFAULT_METRICS) {
-    // eslint-disable-next-line @typescript-eslint/no-var-requires
     (require(`prom-client/lib/metrics/${name}`) as DefaultMetric)(registry, config);
   }
   let last = process.cpuUsage();

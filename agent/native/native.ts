@@ -285,7 +285,6 @@ function loadNativeFile(): NativeAddon {
     );
   }
   try {
-    // eslint-disable-next-line @typescript-eslint/no-require-imports
     return require(file) as NativeAddon;
   } catch (err) {
     throw new LbError(

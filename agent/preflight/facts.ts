@@ -388,7 +388,6 @@ async function gatherDsr(release: string, unshare: string | undefined, nft: stri
 function bpfProbe(): Attempt {
   const t0 = Date.now();
   try {
-    // eslint-disable-next-line @typescript-eslint/no-require-imports
     const why = (require('../net/ebpf/ebpf-attach') as typeof import('../net/ebpf/ebpf-attach')).probeDsrBpfHere();
     return why === undefined ? { status: 'ok', ms: Date.now() - t0 } : { status: 'failed', error: why, ms: Date.now() - t0 };
   } catch (err) {
@@ -503,7 +502,7 @@ async function gatherSysctls(parent: string | undefined): Promise<Record<string,
   // sysctl(8) spelling to /proc/sys: dots are separators, slashes were dots.
   const values = await Promise.all(names.map((n) => readText(`/proc/sys/${n.split('.').map((s) => s.replace(/\//g, '.')).join('/')}`)));
   const out: Record<string, string> = {};
-  names.forEach((n, i) => { if (values[i] !== undefined) out[n] = values[i]!.trim(); });
+  names.forEach((n, i) => { if (values[i] !== undefined) out[n] = values[i].trim(); });
   return out;
 }
 

@@ -172,7 +172,7 @@ export function restartTargets(r: RestartResult | undefined): TargetRow[] {
     const seen = found.filter((x): x is RestartSummaryRow => x !== undefined);
     const total = seen.reduce((s, x) => s + x.totalFailures, 0);
     const complete = seen.length === events.length;
-    const parts = events.map((e, i) => `${e} ${found[i] ? `${found[i]!.totalFailures} (${found[i]!.runsOk} rounds)` : 'not measured'}`);
+    const parts = events.map((e, i) => `${e} ${found[i] ? `${found[i].totalFailures} (${found[i].runsOk} rounds)` : 'not measured'}`);
     rows.push({ area: 'restart', target, measured: `${total} failed requests: ${parts.join(', ')}`, met: total > 0 ? false : complete ? true : undefined });
   };
   zero('kernel', ['sigkill', 'planned', 'replace', 'reload-global', 'reload-services'], 'kernel path: 0 failed requests across SIGKILL, planned restart and reload');
@@ -475,7 +475,7 @@ export function renderResults(r: BenchResults): string {
   }
   const rt = restartTable(r);
   if (r.restart) {
-    const c = { ...r.restart!.config, errors: r.restart!.errors };
+    const c = { ...r.restart.config, errors: r.restart.errors };
     parts.push('## Restart and reload, client loop every 20 ms');
     parts.push(`A client in another namespace starts an HTTP GET through the VIP (${c.vip}) every ${c.intervalMs} ms, each on a new connection with a ${c.timeoutMs} ms deadline; each event gets the loop's window from ${c.preMs} ms before it until ${c.postMs} ms after the process serves again (status ready, or the new HAProxy worker in place). "first answer after" runs from the event to the end of the first answer that started after it and after the last failure. lb-agent runs as \`lb-agent run --on-stop keep\` (as the systemd unit does), outside systemd. HAProxy: ${c.haproxy}; the same backends and the same VIP, which the bench adds to the node's eth0. Medians over rounds.`);
     if (rt) parts.push(rt);

@@ -3,6 +3,7 @@ import t from 'tap';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
+import { spawn } from 'node:child_process';
 import { readConfigText, readConfigTextAsync, refuseStat, MAX_CONFIG_BYTES } from '../../agent/config/read';
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lb-read-'));
@@ -43,7 +44,7 @@ for (const [name, read] of [['sync', async (p: string) => readConfigText(p)], ['
 t.test('a FIFO is refused without waiting for a writer', async (t) => {
   const fifo = f('fifo.yaml');
   const r = await new Promise<{ code: number | null }>((resolve) => {
-    const p = require('node:child_process').spawn('mkfifo', [fifo]);
+    const p = spawn('mkfifo', [fifo]);
     p.on('exit', (code: number | null) => resolve({ code }));
     p.on('error', () => resolve({ code: -1 }));
   });

@@ -258,7 +258,7 @@ function portOpen(port: number): Promise<boolean> {
 const TWO: Svc[] = [{ name: 'web', ipam: 'dhcp' }, { name: 'api', ipam: 'pool' }];
 
 t.test('start: the control socket, then subsystems, the first forwarding state, the sources; READY=1 last', async (t) => {
-  const h = await harness(t, TWO);
+  const h = harness(t, TWO);
   const socketAt: Record<string, boolean> = {};
   const start = h.daemon.start();
   // The control socket answers from the start (issue 18: a restart is part of
@@ -658,7 +658,7 @@ t.test('VRRP takeover of an armed VIP: the address goes on without waiting for t
 });
 
 t.test('status calls a service ready only once the rules that forward it are applied', async (t) => {
-  const h = await harness(t, TWO);
+  const h = harness(t, TWO);
   await h.daemon.start();
   h.fk.dataplane.applyGate = new Gate();
   h.fk.sources.get('default/api')!.bind('10.99.0.200');

@@ -29,7 +29,7 @@ async function holder(t: { teardown(fn: () => unknown): void }, dir: string): Pr
   const child = spawn(process.execPath, ['-e', script], { stdio: ['ignore', 'pipe', 'inherit'] });
   t.teardown(() => { child.kill('SIGKILL'); });
   await new Promise<void>((resolve, reject) => {
-    child.stdout!.once('data', () => resolve());
+    child.stdout.once('data', () => resolve());
     child.once('exit', (code) => reject(new Error(`holder exited ${code}`)));
   });
   return child;

@@ -6,7 +6,7 @@ import {
   initialState, isStalled, nakDelay, retransmitDelay, step, unbindReason,
   type ClientAction, type ClientConfig, type ClientContext, type ClientEvent, type ClientState,
 } from '../../agent/dhcp/client';
-import { buildClientMessage, decodeDhcp, encodeDhcp, type DhcpOption, type DhcpPacket } from '../../agent/dhcp/codec';
+import { buildClientMessage, decodeDhcp, encodeDhcp, type DhcpOption } from '../../agent/dhcp/codec';
 import type { Lease } from '../../agent/dhcp/lease';
 import { formatIPv4, parseIPv4 } from '../../agent/address';
 
@@ -41,7 +41,7 @@ function reply(kind: 'OFFER' | 'ACK' | 'NAK', xid: number, o: { yiaddr?: number;
   if (o.message) options.push({ code: 56, data: Buffer.from(o.message) });
   const d = decodeDhcp(encodeDhcp({ op: 2, xid, chaddr: MAC, yiaddr: kind === 'NAK' ? 0 : o.yiaddr ?? ADDR, options }));
   if (!d.ok) throw new Error(d.reason);
-  return { type: 'reply', packet: d.value as DhcpPacket, serverMac: SERVER_MAC };
+  return { type: 'reply', packet: d.value, serverMac: SERVER_MAC };
 }
 
 type Send = Extract<ClientAction, { type: 'send' }>;
@@ -380,7 +380,7 @@ t.test('INIT-REBOOT unanswered: the unexpired saved lease is used after a probe 
 
 t.test('resume: an unexpired saved lease is served at once, no probe, and confirmed by a REQUEST (crash-only start)', async (t) => {
   const c = ctx();
-  let r = step(c, initialState(), { type: 'start', saved: savedLease(T0), resume: true }, T0);
+  const r = step(c, initialState(), { type: 'start', saved: savedLease(T0), resume: true }, T0);
   t.equal(r.reason, 'resumed');
   t.same(of(r.actions, 'bind').map((b) => b.lease.address), [ADDR], 'bound in the same step: clients keep the VIP');
   t.same(of(r.actions, 'probe'), [], 'no ARP probe of an address that never left us');

@@ -159,7 +159,7 @@ t.test('every drop reason', async (t) => {
   check(hex(golden.udhcpcDiscover), 'not-udp-68', 'a client request (to port 67)');
   { const b = Buffer.from(good); b.writeUInt16BE(400, 38); check(b, 'bad-udp-length', 'UDP length beyond IP'); }
   { const b = Buffer.from(good); b.writeUInt16BE(4, 38); check(b, 'bad-udp-length', 'UDP length below its header'); }
-  { const b = Buffer.from(good); b[100] ^= 1; check(b, 'bad-udp-checksum', 'payload changed, checksum not'); }
+  { const b = Buffer.from(good); b[100]! ^= 1; check(b, 'bad-udp-checksum', 'payload changed, checksum not'); }
   { const b = Buffer.from(hex(golden.dnsmasqOffer)); b[42 + 236] = 0; check(b, 'bad-cookie', 'cookie damaged', NOT_READY); }
   { const b = Buffer.from(hex(golden.dnsmasqOffer)); b[42 + 244] = 200; check(b, 'bad-option', 'server id length runs past the field', NOT_READY); }
   { const b = Buffer.from(hex(golden.dnsmasqOffer)); b[42 + 240] = 60; check(b, 'no-message-type', 'option 53 renamed to 60', NOT_READY); }
@@ -345,7 +345,7 @@ t.test('fuzz: decoders never throw and only return known reasons (bounded, seede
       for (let f = 0; f < flips; f++) {
         // bias half the flips into the options, where parsers break
         const pos = rnd() < 0.5 ? 42 + 240 + Math.floor(rnd() * (b.length - 282)) : Math.floor(rnd() * b.length);
-        b[pos] ^= 1 << Math.floor(rnd() * 8);
+        b[pos]! ^= 1 << Math.floor(rnd() * 8);
       }
       judge(b, NOT_READY);
     }

@@ -3,7 +3,7 @@
 // do not hold a usable lease.
 import t from 'tap';
 import { decodeDhcp, encodeDhcp, type DhcpOption } from '../../agent/dhcp/codec';
-import { INFINITE_LEASE, fromStored, leaseDetails, leaseFileName, leaseFromAck, leaseTimes, toStored, type Lease } from '../../agent/dhcp/lease';
+import { INFINITE_LEASE, fromStored, leaseDetails, leaseFileName, leaseFromAck, leaseTimes, toStored, type Lease, type StoredLease } from '../../agent/dhcp/lease';
 import { parseIPv4 } from '../../agent/address';
 
 const ip = (s: string): number => parseIPv4(s)!;
@@ -49,7 +49,7 @@ const MAC = '02:aa:bb:cc:dd:ee';
 
 t.test('stored form survives a restart with another monotonic clock', async (t) => {
   const wallA = Date.UTC(2026, 0, 1) - 1000; // process A: now()=1000 is 2026-01-01T00:00:00Z
-  const doc = JSON.parse(JSON.stringify(toStored(lease, KEY, MAC, wallA)));
+  const doc = JSON.parse(JSON.stringify(toStored(lease, KEY, MAC, wallA))) as StoredLease;
   t.equal(doc.obtained, '2026-01-01T00:00:00.000Z');
   t.equal(doc.address, '10.99.0.101');
   t.equal(doc.expiresAtMs, Date.UTC(2026, 0, 1) + 600_000);
@@ -60,13 +60,13 @@ t.test('stored form survives a restart with another monotonic clock', async (t) 
   t.same(back.routers, lease.routers);
   t.equal(back.serverMac, lease.serverMac);
   const inf = { ...lease, leaseSeconds: INFINITE_LEASE, renewAt: Infinity, rebindAt: Infinity, expiresAt: Infinity };
-  const infDoc = JSON.parse(JSON.stringify(toStored(inf, KEY, MAC, 0)));
+  const infDoc = JSON.parse(JSON.stringify(toStored(inf, KEY, MAC, 0))) as StoredLease;
   t.equal(infDoc.expiresAtMs, null);
   t.equal(fromStored(infDoc, KEY, MAC, 0)!.expiresAt, Infinity);
 });
 
 t.test('files that are not a usable lease of this service are no lease', async (t) => {
-  const good = JSON.parse(JSON.stringify(toStored(lease, KEY, MAC, 0)));
+  const good = JSON.parse(JSON.stringify(toStored(lease, KEY, MAC, 0))) as StoredLease;
   t.ok(fromStored(good, KEY, MAC, 0));
   const bad: unknown[] = [
     null, 42, 'x', [], {},
@@ -81,7 +81,7 @@ t.test('files that are not a usable lease of this service are no lease', async (
     { ...good, routers: ['x'] },
     { ...good, serverMac: 'nope' },
     { ...good, prefix: 33 },
-    { ...good, renewAtMs: good.expiresAtMs + 1 },
+    { ...good, renewAtMs: good.expiresAtMs! + 1 },
   ];
   for (const b of bad) t.equal(fromStored(b, KEY, MAC, 0), undefined, JSON.stringify(b)?.slice(0, 80));
 });

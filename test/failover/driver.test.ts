@@ -209,7 +209,7 @@ t.test('malformed adverts are dropped and counted by reason, and change nothing'
   // Other VRIDs (the kernel filter keeps them out anyway) and our own frames are ignored, not dropped.
   h.lan.deliver(undefined, forge({ vrid: 52 }));
   h.lan.deliver(undefined, encodeAdvertisement({ vrid: 51, priority: 250, maxAdverIntCs: 100, addresses: [], srcIp: parseIPv4('10.99.0.10')! }));
-  const sock = [...h.lan.sockets][0]! as FakeSocket;
+  const sock = [...h.lan.sockets][0]!;
   sock.receive(forge({}), { csumNotReady: false, pktType: 4 });
   h.clock.advance(1);
   t.equal(router.state, 'master');

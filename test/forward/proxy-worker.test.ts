@@ -4,6 +4,7 @@
 import t from 'tap';
 import * as net from 'node:net';
 import * as path from 'node:path';
+import { closeSync } from 'node:fs';
 import { Worker } from 'node:worker_threads';
 import { type FromWorker, type WorkerStart } from '../../agent/forward/proxy-worker';
 import { ENGINE_OPEN, TallyTable } from '../../agent/forward/tallies';
@@ -45,7 +46,7 @@ t.test('a worker thread: ready, serves what it is given, stops', async (t) => {
   const got = await new Promise<string>((resolve, reject) => {
     const s = net.connect(l.port, vip);
     let d = '';
-    s.on('data', (x) => { d += x; });
+    s.on('data', (x) => { d += x.toString(); });
     s.on('end', () => resolve(d));
     s.on('error', reject);
   });
@@ -58,5 +59,5 @@ t.test('a worker thread: ready, serves what it is given, stops', async (t) => {
   t.equal(table.engineField(0, ENGINE_OPEN), 0, 'the relay ended when both sides had');
   w.postMessage({ t: 'stop', seq: 2, keep: false, drainMs: 0 });
   t.same(await next((m) => m.t === 'stopped'), { t: 'stopped', seq: 2, open: 0, unfinished: 0 });
-  require('node:fs').closeSync(l.fd);
+  closeSync(l.fd);
 });

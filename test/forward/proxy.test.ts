@@ -470,9 +470,9 @@ t.test('EMFILE on a backend connect is the proxy\'s own: no failure reported, cl
   t.teardown(() => { child.kill('SIGKILL'); });
   const lines: Record<string, unknown>[] = [];
   let buf = '';
-  child.stdout!.on('data', (d: Buffer) => {
+  child.stdout.on('data', (d: Buffer) => {
     buf += d.toString();
-    for (let nl = buf.indexOf('\n'); nl >= 0; nl = buf.indexOf('\n')) { lines.push(JSON.parse(buf.slice(0, nl))); buf = buf.slice(nl + 1); }
+    for (let nl = buf.indexOf('\n'); nl >= 0; nl = buf.indexOf('\n')) { lines.push(JSON.parse(buf.slice(0, nl)) as Record<string, unknown>); buf = buf.slice(nl + 1); }
   });
   const next = async (n: number): Promise<Record<string, unknown>> => {
     for (let i = 0; i < 200 && lines.length < n; i++) await new Promise((r) => setTimeout(r, 50));
@@ -492,7 +492,7 @@ t.test('EMFILE on a backend connect is the proxy\'s own: no failure reported, cl
   const tally: Record<string, number> = {};
   for (const o of outcomes) tally[o] = (tally[o] ?? 0) + 1;
   type Stats = { failures: number; successes: number; own: Record<string, number> | undefined; held: number };
-  child.stdin!.write('stats\n');
+  child.stdin.write('stats\n');
   const st = await next(2) as Stats;
   t.comment(`150 silent clients against 64 descriptors: ${JSON.stringify(tally)}; proxy: ${JSON.stringify(st)}`);
   t.equal(st.failures, 0, 'no connect failure reported against the backend');
@@ -503,10 +503,10 @@ t.test('EMFILE on a backend connect is the proxy\'s own: no failure reported, cl
   t.ok(own(st.own, 'accept/') + own(st.own, 'connect/') >= 1, 'the flood\'s exhaustion was counted as the proxy\'s own');
   // One descriptor left: the next client is accepted on it and its backend connect meets EMFILE.
   await new Promise((r) => setTimeout(r, 2500)); // everyone gone, past the longest backoff
-  child.stdin!.write('fill\n');
+  child.stdin.write('fill\n');
   const filled = await next(3) as Stats;
   const one = await attempt(lp, '127.0.0.21');
-  child.stdin!.write('stats\n');
+  child.stdin.write('stats\n');
   const after = await next(4) as Stats;
   t.comment(`one descriptor left (${filled.held} held): ${JSON.stringify(one)}; proxy: ${JSON.stringify(after)}`);
   t.equal(one.ok, false, 'the client on the last descriptor was not served');
@@ -514,7 +514,7 @@ t.test('EMFILE on a backend connect is the proxy\'s own: no failure reported, cl
   t.equal(own(after.own, 'accept/') - own(filled.own, 'accept/'), 0, 'its accept was not refused');
   t.equal(after.failures, 0, 'still no connect failure reported against the backend');
   // Descriptors back: a new client is served.
-  child.stdin!.write('release\n');
+  child.stdin.write('release\n');
   await next(5);
   await new Promise((r) => setTimeout(r, 2500)); // past the longest backoff
   const again = await attempt(lp, '127.0.0.21');

@@ -40,7 +40,7 @@ function readAll(port: number, host: string): Promise<string> {
   return new Promise<string>((resolve, reject) => {
     const s = net.connect(port, host);
     let d = '';
-    s.on('data', (x) => { d += x; });
+    s.on('data', (x) => { d += x.toString(); });
     s.on('end', () => resolve(d));
     s.on('error', reject);
   });
@@ -140,7 +140,7 @@ t.test('1,000 connections leave no descriptor, connection or buffer behind', asy
   const one = (i: number): Promise<string> => new Promise((resolve, reject) => {
     const s = net.connect(lp, '127.0.0.55');
     let d = '';
-    s.on('data', (x) => { d += x; });
+    s.on('data', (x) => { d += x.toString(); });
     s.on('end', () => { s.destroy(); resolve(d); });
     s.on('error', reject);
     s.write(`c${i}`);

@@ -23,7 +23,7 @@ import { listen, closedPort } from './loopback';
 
 interface Outcome { ctx: number; ok: boolean; reason: FailureReason | undefined; detail: string | undefined; durationMs: number }
 
-function prober(close?: ProbeClose): { p: NativeTcpProber<number>; outcomes: Outcome[]; wait(n: number, ms?: number): Promise<Outcome[]> } {
+function prober(close?: ProbeClose): { p: NativeTcpProber<number>; outcomes: Outcome[]; wait: (n: number, ms?: number) => Promise<Outcome[]> } {
   const outcomes: Outcome[] = [];
   const p = new NativeTcpProber<number>({
     onOutcome: (ctx, ok, reason, detail, durationMs) => outcomes.push({ ctx, ok, reason, detail, durationMs }),

@@ -15,5 +15,5 @@ export class MemorySocket extends EventEmitter {
   }
   close(): void { this.closed = true; }
   inject(p: ArpPacket): void { this.emit('frame', encodeArp(p), { csumNotReady: false, pktType: 0 }); }
-  get asSocket(): PacketSocket { return this as unknown as PacketSocket; }
+  get asSocket(): PacketSocket { return this; }
 }

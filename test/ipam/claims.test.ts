@@ -25,7 +25,7 @@ t.test('a claim survives a new ClaimStore (a restart) and is released on delete'
   const b = new ClaimStore({ store });
   t.same(b.get('default/web'), { address: '10.0.0.10', pool: 'range-global', claimedAt: '2026-01-01T00:00:00.000Z' });
   t.same([...b.all().keys()].sort(), ['default/web', 'web/site']);
-  const doc = JSON.parse(fs.readFileSync(path.join(store.dir, CLAIMS_FILE), 'utf8'));
+  const doc = JSON.parse(fs.readFileSync(path.join(store.dir, CLAIMS_FILE), 'utf8')) as { version: number; claims: Record<string, unknown> };
   t.equal(doc.version, 1);
   t.same(doc.claims['web/site'], { address: '10.0.1.10', pool: 'range-web', claimedAt: '2026-01-01T00:00:01.000Z' });
 

@@ -57,7 +57,7 @@ t.test('reloads that change every global section, and add and remove other servi
   t.ok(agent.logs.some((l) => l.op === 'reconfigure' && l.module === 'dhcp'), 'the DHCP source took the new timings');
 
   const more = [...BASE, { name: 'extra-pool', ipam: 'pool' as const, port: 8081 }, { name: 'extra-dhcp', ipam: 'dhcp' as const, port: 8082 }];
-  const r2 = await reload(agent, { ...everySection, services: (continuityConfig(more).services as unknown[]) });
+  const r2 = await reload(agent, { ...everySection, services: continuityConfig(more).services });
   t.ok(r2.ok, r2.message);
   await waitStatus(agent, 'the added services serving', (s) => s.services.length === 4 && s.services.every((x) => x.ready), 20_000);
   const r3 = await reload(agent, everySection);

@@ -154,7 +154,7 @@ t.test('the production bundle: one file, as lazy as the module tree, its parse w
   agent.writeConfig(grown);
   const small = await agentCli(lab, node, ['reload', '--socket', agent.socket], 30_000);
   t.equal(small.code, 0, `the bundle's reload of a small file applied: ${small.stdout}${small.stderr}`);
-  agent.writeConfig({ ...grown, services: (grown.services as object[]).slice(0, 1) });
+  agent.writeConfig({ ...grown, services: grown.services.slice(0, 1) });
   fs.appendFileSync(agent.configPath, `${'# padding: a file the size of a large config\n'.repeat(Math.ceil(RELOAD_INLINE_MAX_BYTES / 40))}`);
   t.ok(fs.statSync(agent.configPath).size > RELOAD_INLINE_MAX_BYTES, 'the second reload\'s file is over the inline limit');
   const large = await agentCli(lab, node, ['reload', '--socket', agent.socket], 30_000);

@@ -36,7 +36,7 @@ if (requirePrivileged(t)) {
     t.ok(r2 < rb, 'RENEWING, then REBINDING');
     t.same(await addressesOf(lab, agent, d.ifname), [`${vip}/32`], 'the VIP is kept while rebinding');
     const lost = await d.next((e) => e.ev === 'lost', 5_000, rb, 'the VIP withdrawn');
-    t.match(lost.reason as string, new RegExp(`^lease of ${vip.replace(/\./g, '\\.')} expired at \\d{4}-\\d\\d-\\d\\dT`), `reason: ${String(lost.reason)}`);
+    t.match(lost.reason, new RegExp(`^lease of ${vip.replace(/\./g, '\\.')} expired at \\d{4}-\\d\\d-\\d\\dT`), `reason: ${String(lost.reason)}`);
     t.same(await addressesOf(lab, agent, d.ifname), [], 'no address on the macvlan after expiry');
     const m = await d.metrics();
     t.match(m, /lbagent_dhcp_expiries_total\{service="web",namespace="default"\} 1/);

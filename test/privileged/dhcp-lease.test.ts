@@ -86,7 +86,7 @@ if (requirePrivileged(t)) {
     d.command('release');
     await d.next((e) => e.ev === 'stopped', 10_000, from);
     const lost = await d.next((e) => e.ev === 'lost', 1000, from);
-    t.match(lost.reason as string, /released/);
+    t.match(lost.reason, /released/);
     t.equal((await lab.sh(agent, `ip neigh show ${vip.address} dev eth0`)).stdout.trim(), '', "the parent's neighbour entry of the VIP went with it");
     await waitFor('DHCPRELEASE in the dnsmasq log', () => dnsmasq.log().includes(`DHCPRELEASE(eth0) ${vip.address} ${d.mac}`), 5000);
     t.pass('dnsmasq logged the DHCPRELEASE');

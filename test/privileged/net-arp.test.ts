@@ -86,6 +86,6 @@ if (requirePrivileged(t)) {
     t.ok(r.ok, JSON.stringify(r.error));
     const c = await defender.next('a conflict', (e) => e.ev === 'conflict');
     t.match(c, { ip: '10.99.0.62', mac: rogueMac, defended: true });
-    t.match(c.metrics as string, /lbagent_net_arp_conflicts_total\{phase="defend"\} 1/);
+    t.match(c.metrics, /lbagent_net_arp_conflicts_total\{phase="defend"\} 1/);
   });
 }

@@ -158,7 +158,7 @@ if (requirePrivileged(t)) {
 
   t.test('nft\'s jhash is the model\'s; tcx attach, replace, detach; a foreign program is left alone; the probe passes', async (t) => {
     const r = await new Promise<{ stdout: string; stderr: string }>((resolve, reject) => {
-      execFile('unshare', ['-n', process.execPath, distPath('test', 'privileged', 'fixtures', 'ebpf-netns.js')], { timeout: 20_000 }, (err, stdout, stderr) => (err ? reject(Object.assign(err, { stderr })) : resolve({ stdout, stderr })));
+      execFile('unshare', ['-n', process.execPath, distPath('test', 'privileged', 'fixtures', 'ebpf-netns.js')], { timeout: 20_000 }, (err, stdout, stderr) => (err ? reject(Object.assign(err as Error, { stderr })) : resolve({ stdout, stderr })));
     });
     const seen = JSON.parse(r.stdout) as Record<string, unknown>;
     t.equal(seen['nftMatches'], seen['nftPorts'], `nft's jhash equals the model for all ${String(seen['nftPorts'])} source ports`);

@@ -112,7 +112,7 @@ t.test('lb-agent.service under systemd 252 in a lab VM', async (t) => {
     const started = journal.indexOf('"msg":"lb-agent started"');
     const active = journal.indexOf('Started lb-agent.service');
     t.ok(started >= 0 && active > started, 'systemd calls it started after the daemon logged "lb-agent started" (and sent READY=1)');
-    const st = await vm.waitRunning('lb-agent', 20_000, (p) => / 1 ready;/.test(p.StatusText));
+    const st = await vm.waitRunning('lb-agent', 20_000, (p) => / 1 ready;/.test(p.StatusText ?? ''));
     t.match(st.StatusText, /^1 VIP served; 1 services, 1 serving, 1 ready; dataplane kernel$/, `StatusText: ${st.StatusText}`);
     t.equal(await waitFor('traffic through the VIP', async () => ((await get(lab, client, VIP1)) === 'b1' ? 'b1' : undefined), 10_000, 200), 'b1', 'a client reaches b1 through the VIP');
   });
@@ -143,7 +143,7 @@ t.test('lb-agent.service under systemd 252 in a lab VM', async (t) => {
     t.equal(doc.config.generation, 2, 'lb-agent status: config generation 2');
     t.same(doc.services.map((s) => s.key), ['default/api', 'default/web']);
     t.equal(await waitFor('traffic through the new VIP', async () => ((await get(lab, client, VIP2)) === 'b2' ? 'b2' : undefined), 10_000, 200), 'b2', 'the added service serves');
-    const st = await vm.waitRunning('lb-agent', 10_000, (p) => /^2 VIPs served; .* 2 ready;/.test(p.StatusText));
+    const st = await vm.waitRunning('lb-agent', 10_000, (p) => /^2 VIPs served; .* 2 ready;/.test(p.StatusText ?? ''));
     t.match(st.StatusText, /^2 VIPs served/, `StatusText: ${st.StatusText}`);
   });
 
@@ -178,7 +178,7 @@ t.test('lb-agent.service under systemd 252 in a lab VM', async (t) => {
     const stoppedAt = Date.now();
     await vm.kill(pid1, 'STOP');
     // WatchdogSec=10s, then SIGABRT, RestartSec=2s, a start: well under 40 s.
-    const after = await vm.waitRunning('lb-agent', 40_000, (p) => Number(p.MainPID) !== pid1 && /^2 VIPs served; .* 2 ready;/.test(p.StatusText));
+    const after = await vm.waitRunning('lb-agent', 40_000, (p) => Number(p.MainPID) !== pid1 && /^2 VIPs served; .* 2 ready;/.test(p.StatusText ?? ''));
     t.comment(`hung to active again: ${Date.now() - stoppedAt} ms`);
     t.not(Number(after.MainPID), pid1, `a new main pid (${pid1} -> ${after.MainPID})`);
     t.equal(Number(after.NRestarts), Number(before.NRestarts) + 1, 'one restart');
@@ -195,7 +195,7 @@ t.test('lb-agent.service under systemd 252 in a lab VM', async (t) => {
     const atRestart = await vm.cursor();
     const r = await vm.systemctl('restart', 'lb-agent');
     t.equal(r.code, 0, r.stderr);
-    const restarted = await vm.waitRunning('lb-agent', 30_000, (p) => /^2 VIPs served; .* 2 ready;/.test(p.StatusText));
+    const restarted = await vm.waitRunning('lb-agent', 30_000, (p) => /^2 VIPs served; .* 2 ready;/.test(p.StatusText ?? ''));
     t.not(Number(restarted.MainPID), before, `restart: a new main pid (${before} -> ${restarted.MainPID})`);
     // Issue 18: the unit's CacheDirectory= holds V8's code cache, which an earlier start wrote and this one took.
     t.match(await vm.journal('lb-agent', { after: atRestart }), /"msg":"lb-agent started"/);
@@ -205,7 +205,7 @@ t.test('lb-agent.service under systemd 252 in a lab VM', async (t) => {
     t.match(cacheDir, /^run-[0-9a-f]{12}-[0-9a-f]{8}\.v8cache$/m, `the daemon's cache file is there (${cacheDir.trim().replace(/\n/g, ', ')})`);
     const cursor = await vm.cursor();
     const killed = await vm.killMain('KILL');
-    const back = await vm.waitRunning('lb-agent', 30_000, (p) => Number(p.MainPID) !== killed && /^2 VIPs served; .* 2 ready;/.test(p.StatusText));
+    const back = await vm.waitRunning('lb-agent', 30_000, (p) => Number(p.MainPID) !== killed && /^2 VIPs served; .* 2 ready;/.test(p.StatusText ?? ''));
     t.not(Number(back.MainPID), killed, `kill -KILL ${killed}: back as ${back.MainPID}`);
     t.match(await vm.journal('lb-agent', { after: cursor }), /Main process exited, code=killed, status=9\/KILL/);
     t.equal(await waitFor('traffic after the crash', async () => ((await get(lab, client, VIP1)) === 'b1' ? 'b1' : undefined), 10_000, 200), 'b1', 'api serves');
@@ -227,7 +227,7 @@ t.test('lb-agent.service under systemd 252 in a lab VM', async (t) => {
       vm.writeConfig(config([api, web, dsr(backends)]));
       const r = await vm.systemctl('reload', 'lb-agent');
       t.equal(r.code, 0, `reload (${what}): ${r.stderr}`);
-      await vm.waitRunning('lb-agent', 20_000, (p) => /^3 VIPs served; .* 3 ready;/.test(p.StatusText));
+      await vm.waitRunning('lb-agent', 20_000, (p) => /^3 VIPs served; .* 3 ready;/.test(p.StatusText ?? ''));
     };
     await reloadTo(['10.99.0.11', '10.99.0.12'], 'the DSR service added');
     t.same(await waitFor('both backends through the DSR VIP', async () => { const a = await answers(); return a.length === 2 ? a : undefined; }, 10_000, 200), ['b1', 'b2'], 'b1 and b2 answer through the DSR VIP');
@@ -238,12 +238,12 @@ t.test('lb-agent.service under systemd 252 in a lab VM', async (t) => {
     t.equal((await dsrProgramsIn(lab, vmNs)).length, 1, 'still one program');
     const r = await vm.systemctl('restart', 'lb-agent');
     t.equal(r.code, 0, r.stderr);
-    await vm.waitRunning('lb-agent', 30_000, (p) => /^3 VIPs served; .* 3 ready;/.test(p.StatusText));
+    await vm.waitRunning('lb-agent', 30_000, (p) => /^3 VIPs served; .* 3 ready;/.test(p.StatusText ?? ''));
     t.equal((await dsrProgramsIn(lab, vmNs)).length, 1, 'after systemctl restart: one program (the fd store handed the old one back to be replaced)');
     await reloadTo(['10.99.0.11'], 'b1 back, b2 out');
     t.same(await answers(), ['b1'], 'and the restarted agent\'s plan is the one serving');
     const killed = await vm.killMain('KILL');
-    await vm.waitRunning('lb-agent', 30_000, (p) => Number(p.MainPID) !== killed && /^3 VIPs served; .* 3 ready;/.test(p.StatusText));
+    await vm.waitRunning('lb-agent', 30_000, (p) => Number(p.MainPID) !== killed && /^3 VIPs served; .* 3 ready;/.test(p.StatusText ?? ''));
     t.equal((await dsrProgramsIn(lab, vmNs)).length, 1, 'after kill -KILL and Restart=: one program');
     t.same(await answers(), ['b1'], 'serving the same plan');
     t.notMatch(await vm.journal('lb-agent'), /may not open by id/, 'the agent never had to attach beside a program it could not identify');

@@ -78,7 +78,7 @@ if (requirePrivileged(t)) {
         // forwarded: that connection would be reset when the entry moves.
         const table = (await lab.exec(n3.ns, 'nft', ['list', 'map', 'ip', 'lb_agent', 'services'])).stdout;
         t.match(table, POOL_VIP, 'n3 (Backup) has the VIP\'s rules armed');
-        const mac = JSON.parse((await lab.exec(n3.ns, 'ip', ['-j', 'link', 'show', 'eth0'])).stdout)[0].address as string;
+        const mac = (JSON.parse((await lab.exec(n3.ns, 'ip', ['-j', 'link', 'show', 'eth0'])).stdout) as { address: string }[])[0]!.address;
         await lab.exec(client, 'ip', ['neigh', 'replace', POOL_VIP, 'lladdr', mac, 'dev', 'eth0', 'nud', 'permanent']);
         try {
           // Not dispatched, the packet is routed (ip_forward) to whoever

@@ -49,7 +49,7 @@ async function status(vm: SystemdContainer): Promise<StatusDocument | undefined>
 async function vrrp(vm: SystemdContainer): Promise<{ state?: string; master?: string } | undefined> {
   const s = await status(vm);
   const api = s?.services.find((x) => x.name === 'api');
-  return api?.failover as { state?: string; master?: string } | undefined;
+  return api?.failover;
 }
 
 /** Whether the VIP is on the VM namespace's eth0, as the host sees it. */

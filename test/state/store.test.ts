@@ -105,10 +105,10 @@ t.test('a corrupt file, an unreadable one and a bad name are errors that name th
   const dir = tmpdir(t);
   const s = new StateStore(dir);
   fs.writeFileSync(path.join(dir, 'claims.json'), '{"address": "10.99.0.2');
-  t.throws(() => s.read('claims.json'), { code: 'LB_ERR_STATE_CORRUPT', message: new RegExp(`state file ${path.join(dir, 'claims.json')} is not valid JSON; remove it`) });
+  t.throws(() => s.read<unknown>('claims.json'), { code: 'LB_ERR_STATE_CORRUPT', message: new RegExp(`state file ${path.join(dir, 'claims.json')} is not valid JSON; remove it`) });
   fs.mkdirSync(path.join(dir, 'lease.json'));
-  t.throws(() => s.read('lease.json'), { code: 'LB_ERR_STATE_READ', message: new RegExp(`cannot read ${path.join(dir, 'lease.json')}: .*EISDIR`) });
-  t.throws(() => s.read('../etc/passwd'), { code: 'LB_ERR_STATE_WRITE', message: /invalid state file name "\.\.\/etc\/passwd"/ });
+  t.throws(() => s.read<unknown>('lease.json'), { code: 'LB_ERR_STATE_READ', message: new RegExp(`cannot read ${path.join(dir, 'lease.json')}: .*EISDIR`) });
+  t.throws(() => s.read<unknown>('../etc/passwd'), { code: 'LB_ERR_STATE_WRITE', message: /invalid state file name "\.\.\/etc\/passwd"/ });
   t.throws(() => s.write('a/b', {}), { code: 'LB_ERR_STATE_WRITE', message: /invalid state file name/ });
 });
 

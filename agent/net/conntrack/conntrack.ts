@@ -19,7 +19,6 @@
 import { FlagsGet } from 'netlink/dist/constants';
 import { NetlinkSocket } from 'netlink/dist/netlink';
 import type { RawNetlinkSocket as PackageRawSocket } from 'netlink/dist/raw';
-import type { NetlinkMessage } from 'netlink/dist/structs';
 import { formatIPv4, ipv4FromBytes, ipv4ToBytes, parseIPv4 } from '../../address';
 import { LbError, errorMessage } from '../../errors';
 import { RawNetlinkSocket } from '../netlink/netlink-socket';
@@ -355,7 +354,7 @@ export class Conntrack implements ConntrackClient {
     try {
       const dump = async (payload: Buffer): Promise<CtEntry[]> => {
         const [msgs] = await sock.request(CT_GET, payload, { flags: FlagsGet.DUMP, timeout: this.timeoutMs, localPort: 0 });
-        return (msgs as NetlinkMessage[]).flatMap((m) => { const e = decodeEntry(m.type, m.data); return e ? [e] : []; });
+        return msgs.flatMap((m) => { const e = decodeEntry(m.type, m.data); return e ? [e] : []; });
       };
       const stale = await select(dump);
       let ended = 0;

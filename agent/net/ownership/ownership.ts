@@ -37,7 +37,6 @@ const MAX_DERIVED = 4096;
 function sha256(data: Buffer): Buffer {
   const native = sha256Fn();
   if (native !== undefined) return native(data);
-  // eslint-disable-next-line @typescript-eslint/no-var-requires
   const { createHash } = require('node:crypto') as typeof import('node:crypto');
   return createHash('sha256').update(data).digest();
 }

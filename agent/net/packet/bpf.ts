@@ -147,11 +147,12 @@ export function bpfUdpDstPort(port: number): BpfProgram {
  * malformed, or undefined when it is well formed.
  */
 export function bpfProblem(program: BpfProgram): string | undefined {
-  if (!Array.isArray(program) || program.length === 0) return 'program is empty';
+  const isArray = (v: unknown): v is readonly unknown[] => Array.isArray(v);
+  if (!isArray(program) || program.length === 0) return 'program is empty';
   if (program.length > BPF_MAX_INSNS) return `program has ${program.length} instructions (max ${BPF_MAX_INSNS})`;
   for (let i = 0; i < program.length; i++) {
     const insn = program[i];
-    if (!Array.isArray(insn) || insn.length !== 4) return `instruction ${i} is not [code, jt, jf, k]`;
+    if (!isArray(insn) || insn.length !== 4) return `instruction ${i} is not [code, jt, jf, k]`;
     const [code, jt, jf, k] = insn;
     const ok = (v: unknown, max: number): boolean => typeof v === 'number' && Number.isInteger(v) && v >= 0 && v <= max;
     if (!ok(code, 0xffff) || !ok(jt, 0xff) || !ok(jf, 0xff) || !ok(k, 0xffffffff)) return `instruction ${i} has a field out of range`;

@@ -18,7 +18,6 @@ import {
   type ProbeState,
 } from '../../../agent/net/neighbour/arp-probe';
 import { netMetrics } from '../../../agent/net/metrics';
-import type { PacketSocket } from '../../../agent/net/packet/packet';
 import { MemorySocket } from '../../helpers/memory-socket';
 
 const ip = (s: string): number => parseIPv4(s)!;
@@ -140,7 +139,7 @@ t.test('probeAddress driver: free address in simulated time', async (t) => {
   const socket = new MemorySocket();
   const registry = new Registry();
   const metrics = netMetrics(registry);
-  const p = probeAddress({ socket: socket as unknown as PacketSocket, mac: OUR_MAC, ip: '10.99.0.50', timings: T, clock, random: () => 0.5, metrics });
+  const p = probeAddress({ socket, mac: OUR_MAC, ip: '10.99.0.50', timings: T, clock, random: () => 0.5, metrics });
   clock.advance(10_000);
   t.same(await p, { conflict: false });
   t.equal(socket.sent.length, 3);
@@ -156,7 +155,7 @@ t.test('probeAddress driver: conflict reported with the MAC', async (t) => {
   const socket = new MemorySocket();
   const registry = new Registry();
   const metrics = netMetrics(registry);
-  const p = probeAddress({ socket: socket as unknown as PacketSocket, mac: OUR_MAC, ip: CANDIDATE, timings: T, clock, random: () => 0.5, metrics });
+  const p = probeAddress({ socket, mac: OUR_MAC, ip: CANDIDATE, timings: T, clock, random: () => 0.5, metrics });
   clock.advance(600);
   socket.emit('frame', Buffer.from('garbage'), { csumNotReady: false, pktType: 0 });
   socket.inject(reply(OTHER_MAC, CANDIDATE));
@@ -172,7 +171,7 @@ t.test('probeAddress driver: a send failure rejects', async (t) => {
   const socket = new MemorySocket();
   socket.send = () => { throw new Error('ENETDOWN'); };
   const clock = new ManualClock();
-  const p = probeAddress({ socket: socket as unknown as PacketSocket, mac: OUR_MAC, ip: CANDIDATE, timings: T, clock, random: () => 0 });
+  const p = probeAddress({ socket, mac: OUR_MAC, ip: CANDIDATE, timings: T, clock, random: () => 0 });
   clock.advance(1);
   await t.rejects(p, /ENETDOWN/);
 });
@@ -181,7 +180,7 @@ t.test('announce: count announcements, intervalMs apart', async (t) => {
   const clock = new ManualClock();
   const socket = new MemorySocket();
   const registry = new Registry();
-  const p = announce({ socket: socket as unknown as PacketSocket, mac: OUR_MAC, ip: '10.99.0.50', count: 3, intervalMs: 2000, clock, metrics: netMetrics(registry) });
+  const p = announce({ socket, mac: OUR_MAC, ip: '10.99.0.50', count: 3, intervalMs: 2000, clock, metrics: netMetrics(registry) });
   t.equal(socket.sent.length, 1, 'first at once');
   clock.advance(1999);
   t.equal(socket.sent.length, 1);

@@ -6,7 +6,6 @@ import { ManualClock } from '../../../agent/clock';
 import { parseIPv4 } from '../../../agent/address';
 import { arpAnnouncement, arpProbe, ARP_OP_REPLY, decodeArp, encodeArp, type ArpPacket } from '../../../agent/net/neighbour/arp';
 import { netMetrics } from '../../../agent/net/metrics';
-import type { PacketSocket } from '../../../agent/net/packet/packet';
 import { MemorySocket } from '../../helpers/memory-socket';
 import { initialVipState, vipStep, VipOwner, type VipConflict, type VipOwnerConfig, type VipState } from '../../../agent/net/neighbour/vip-owner';
 
@@ -119,7 +118,7 @@ t.test('driver: burst and refresh on the clock, metrics by reason', async (t) =>
   const clock = new ManualClock();
   const socket = new MemorySocket();
   const registry = new Registry();
-  const o = new VipOwner({ socket: socket as unknown as PacketSocket, mac: OUR_MAC, ip: '10.99.0.50', announceNum: 2, announceIntervalMs: 2000, refreshMs: 10_000, clock, metrics: netMetrics(registry) });
+  const o = new VipOwner({ socket, mac: OUR_MAC, ip: '10.99.0.50', announceNum: 2, announceIntervalMs: 2000, refreshMs: 10_000, clock, metrics: netMetrics(registry) });
   o.start();
   t.equal(socket.sent.length, 1, 'first announcement at once');
   t.same(socket.sent[0], encodeArp(arpAnnouncement(OUR_MAC, VIP)));
@@ -145,7 +144,7 @@ t.test('driver: defends once, then reports the address lost', async (t) => {
   const clock = new ManualClock();
   const socket = new MemorySocket();
   const registry = new Registry();
-  const o = new VipOwner({ socket: socket as unknown as PacketSocket, mac: OUR_MAC, ip: VIP, announceNum: 1, announceIntervalMs: 2000, refreshMs: 0, clock, metrics: netMetrics(registry) });
+  const o = new VipOwner({ socket, mac: OUR_MAC, ip: VIP, announceNum: 1, announceIntervalMs: 2000, refreshMs: 0, clock, metrics: netMetrics(registry) });
   const conflicts: VipConflict[] = [];
   const lost: VipConflict[] = [];
   o.on('conflict', (c: VipConflict) => conflicts.push(c));
@@ -186,7 +185,7 @@ t.test('driver: giveUp false keeps the address and reports unanswered conflicts'
 t.test('driver: reannounce sends a new burst; a failed first announcement throws', async (t) => {
   const clock = new ManualClock();
   const socket = new MemorySocket();
-  const o = new VipOwner({ socket: socket as unknown as PacketSocket, mac: OUR_MAC, ip: VIP, announceNum: 3, announceIntervalMs: 100, refreshMs: 0, clock });
+  const o = new VipOwner({ socket, mac: OUR_MAC, ip: VIP, announceNum: 3, announceIntervalMs: 100, refreshMs: 0, clock });
   o.start();
   clock.advance(1000);
   t.equal(socket.sent.length, 3);
@@ -197,7 +196,7 @@ t.test('driver: reannounce sends a new burst; a failed first announcement throws
 
   const bad = new MemorySocket();
   bad.failSends = true;
-  const o2 = new VipOwner({ socket: bad as unknown as PacketSocket, mac: OUR_MAC, ip: VIP, announceNum: 2, announceIntervalMs: 100, refreshMs: 1000, clock });
+  const o2 = new VipOwner({ socket: bad, mac: OUR_MAC, ip: VIP, announceNum: 2, announceIntervalMs: 100, refreshMs: 1000, clock });
   t.throws(() => o2.start(), /ENETDOWN/);
   t.notOk(o2.held, 'not held when it could not be announced');
   bad.failSends = false;
