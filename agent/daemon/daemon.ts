@@ -120,7 +120,7 @@ interface ServiceRuntime {
 let late: typeof import('./late') | undefined;
 /** The modules used only after the control socket is up, loaded on first use (late.ts). */
 function lateModules(): typeof import('./late') {
-  // eslint-disable-next-line @typescript-eslint/no-var-requires
+   
   return (late ??= require('./late') as typeof import('./late'));
 }
 
@@ -915,7 +915,7 @@ export class Daemon extends EventEmitter {
     this.tuning.stopping();
     // A reload in flight finishes its current step (each checks `stopping`) before anything is withdrawn.
     if (this.reloading) await this.reloading.catch(() => undefined);
-    const step = async (what: string, fn: () => Promise<unknown> | unknown): Promise<void> => {
+    const step = async (what: string, fn: () => unknown): Promise<void> => {
       try { await fn(); } catch (e) { this.log.error({ op: 'stop', step: what, err: errorMessage(e) }, `stop: ${what} failed`); }
     };
     if (this.applying) await this.applying.catch(() => undefined);

@@ -157,7 +157,7 @@ export class DriftGuard {
     const every = (slot: 'resync' | 'poll', ms: () => number, fn: () => void): void => {
       const arm = (): void => {
         this.timers[slot] = this.clock.setTimeout(() => { if (!this.stopped) { fn(); arm(); } }, ms());
-        this.timers[slot]!.unref?.();
+        this.timers[slot].unref?.();
       };
       arm();
     };

@@ -52,7 +52,7 @@ export function parseHandoverMessage(data: Buffer, fds: number): HandoverMessage
   if (!Number.isInteger(m.pid) || (m.pid as number) <= 0) return 'pid is not a process id';
   if (typeof m.end !== 'boolean') return 'end is not a boolean';
   if (m.ids.length !== fds) return `${m.ids.length} ids for ${fds} descriptors`;
-  return { ids: m.ids as string[], pid: m.pid as number, end: m.end };
+  return { ids: m.ids, pid: m.pid as number, end: m.end };
 }
 
 /**

@@ -22,7 +22,7 @@ const STOP_TIMEOUT_MS = 10_000;
  * the data path) load once the control socket is up, not before.
  */
 function buildSubsystems(config: Desired, ctx: SubsystemContext): Promise<Subsystems> {
-  // eslint-disable-next-line @typescript-eslint/no-var-requires
+   
   return (require('./wiring') as typeof import('./wiring')).buildSubsystems(config, ctx);
 }
 /**

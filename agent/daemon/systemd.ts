@@ -14,7 +14,7 @@ export type Notify = (msg: string, fds?: readonly number[]) => void;
 export function makeNotifier(log: Logger, env: NodeJS.ProcessEnv = process.env): Notify | undefined {
   const target = env.NOTIFY_SOCKET;
   if (!target) return undefined;
-  // eslint-disable-next-line @typescript-eslint/no-var-requires
+   
   const { sendUnixDatagram } = require('../native/native') as typeof import('../native/native');
   return (msg: string, fds?: readonly number[]) => {
     try {
@@ -47,7 +47,7 @@ export function parseListenFds(env: NodeJS.ProcessEnv, pid: number): Map<string,
 
 /** FDNAME= may not hold ':' or control characters (sd_pid_notify_with_fds(3)); listener ids never do, this keeps it so. */
 export function fdName(id: string): string {
-  return `lb-${id}`.replace(/[:\x00-\x1f\x7f]/g, '_').slice(0, 255);
+  return [...`lb-${id}`].map((c) => { const n = c.charCodeAt(0); return c === ':' || n < 0x20 || n === 0x7f ? '_' : c; }).join('').slice(0, 255);
 }
 
 /**

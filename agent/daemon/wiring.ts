@@ -26,14 +26,14 @@ import type { Subsystems, ParentLink, DataplaneLike, SubsystemContext } from './
 // the kernel path never loads either); a reload that adds the
 // first DHCP service loads DHCP then. test/privileged/daemon-start.test.ts
 // holds which modules a start loads.
-/* eslint-disable @typescript-eslint/no-var-requires */
+ 
 const dhcpDriver = (): typeof import('../dhcp/driver') => require('../dhcp/driver') as typeof import('../dhcp/driver');
 const dhcpLimiter = (): typeof import('../dhcp/limiter') => require('../dhcp/limiter') as typeof import('../dhcp/limiter');
 const dhcpLease = (): typeof import('../dhcp/lease') => require('../dhcp/lease') as typeof import('../dhcp/lease');
 const vrrpGate = (): typeof import('../failover/gate') => require('../failover/gate') as typeof import('../failover/gate');
 const driftModule = (): typeof import('./drift') => require('./drift') as typeof import('./drift');
 const nftWatchModule = (): typeof import('../net/netlink/nft-watch') => require('../net/netlink/nft-watch') as typeof import('../net/netlink/nft-watch');
-/* eslint-enable @typescript-eslint/no-var-requires */
+ 
 
 export async function buildSubsystems(config: Desired, ctx: SubsystemContext): Promise<Subsystems> {
   const { registry, store, clock } = ctx;
@@ -80,7 +80,7 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
       // The BPF program in front of the table: whether it can run
       // here, said at start; the data path falls back to the table when not.
       if (parseDsrEngine(process.env['LB_AGENT_DSR_ENGINE']) === 'auto') {
-        // eslint-disable-next-line @typescript-eslint/no-require-imports
+         
         const why = (require('../net/ebpf/ebpf-attach') as typeof import('../net/ebpf/ebpf-attach')).probeDsrBpfHere();
         if (why === undefined) log.info({ module: 'forward', op: 'select', dsrEngine: 'bpf' }, 'direct server return: the BPF program loads and attaches at tc ingress (tcx); it forwards in front of the nft table');
         else log.warn({ module: 'forward', op: 'select', dsrEngine: 'nft', reason: why }, `direct server return: the BPF program cannot run here (${why}); the nft table forwards alone (correct, slower). lb-agent check says why`);

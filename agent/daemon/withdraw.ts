@@ -61,7 +61,7 @@ export function restartPending(listJobs: () => string, cgroup: string | undefine
  * support, EPERM) nothing of ours can be attached: nothing to report.
  */
 function detachDsrPrograms(devices: readonly string[]): { device: string; error?: string }[] {
-  // eslint-disable-next-line @typescript-eslint/no-require-imports
+   
   const { DsrBpf } = require('../net/ebpf/ebpf-attach') as typeof import('../net/ebpf/ebpf-attach');
   const out: { device: string; error?: string }[] = [];
   for (const device of devices) {

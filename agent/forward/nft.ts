@@ -116,7 +116,7 @@ import { hasOwnedName } from '../net/ownership/ownership';
 // before that table goes (detachBeforeTableGoes, stop, `lb-agent withdraw`),
 // so with no table there is no program of ours to find, and a start without
 // DSR never loads the driver.
-// eslint-disable-next-line @typescript-eslint/no-require-imports
+ 
 const ebpfAttach = (): typeof import('../net/ebpf/ebpf-attach') => require('../net/ebpf/ebpf-attach') as typeof import('../net/ebpf/ebpf-attach');
 // Loaded at the first change of a UDP port's healthy set: what a config does not use is not loaded.
 const conntrackModule = (): typeof import('../net/conntrack/conntrack') => require('../net/conntrack/conntrack') as typeof import('../net/conntrack/conntrack');
@@ -489,7 +489,7 @@ export type Exec = (file: string, args: readonly string[], input?: string, hooks
 
 export const execProgram: Exec = (file, args, input, hooks) => new Promise((resolve, reject) => {
   const child = execFile(file, [...args], { timeout: 30_000, maxBuffer: 64 << 20 }, (err, stdout, stderr) => {
-    if (err) reject(Object.assign(err, { stdout, stderr }));
+    if (err) reject(Object.assign(new Error(err.message, { cause: err }), err, { stdout, stderr }));
     else resolve({ stdout, stderr });
   });
   if (child.pid !== undefined) hooks?.onSpawn?.(child.pid);

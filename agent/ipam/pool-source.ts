@@ -192,7 +192,7 @@ export class PoolSource extends EventEmitter implements AddressSource {
     // the caller's to report (LB_ERR_STATE_WRITE), not to be hidden.
     const err = this.releaseError;
     this.releaseError = undefined;
-    if (err !== undefined) throw err;
+    if (err !== undefined) throw err instanceof Error ? err : new Error(String(err));
   }
 
   /**

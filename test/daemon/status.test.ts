@@ -22,7 +22,7 @@ t.test('each verdict', async (t) => {
   t.same(serviceVerdict({ ...base, vip: undefined, src: { state: 'acquiring', reason: 'DISCOVER sent', vip: undefined, ifname: undefined, mac: undefined, details: {} } }), { state: 'acquiring', ready: false, reason: 'DISCOVER sent' });
   t.same(serviceVerdict({ ...base, vip: undefined }), { state: 'pending', ready: false, reason: 'no VIP yet' });
   t.same(serviceVerdict({ ...base, damage: 'table ip lb_agent: deleted by nft (pid 7)' }), { state: 'repairing', ready: false, reason: 'table ip lb_agent: deleted by nft (pid 7)' }, 'not serving while the kernel lacks it');
-  t.same(serviceVerdict({ ...base, spec: { ...spec, backends: [] } as ServiceSpec }), { state: 'serving', ready: false, reason: 'no backends configured' });
+  t.same(serviceVerdict({ ...base, spec: { ...spec, backends: [] } }), { state: 'serving', ready: false, reason: 'no backends configured' });
   t.same(serviceVerdict({ ...base, healthyCount: 0 }), { state: 'serving', ready: false, reason: 'no healthy backend: new connections are refused' });
   t.same(serviceVerdict({ ...base, topology: { ...base.topology, set: 'none', detail: 'no backend in zone a' } }), { state: 'serving', ready: false, reason: 'no backend in zone a' });
   t.same(serviceVerdict({ ...base, applied: false }), { state: 'serving', ready: false, reason: 'forwarding to the healthy backends is being put in place' });

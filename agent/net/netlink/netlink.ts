@@ -32,6 +32,12 @@ import { RawNetlinkSocket } from './netlink-socket';
 import { deleteLinkFn } from '../../native/native';
 
 const AF_INET = 2;
+/** rtnetlink message types (linux/rtnetlink.h) as the plain numbers the framing hands over. */
+const RTM_NEWLINK: number = rt.MessageType.NEWLINK;
+const RTM_DELLINK: number = rt.MessageType.DELLINK;
+const RTM_NEWADDR: number = rt.MessageType.NEWADDR;
+const RTM_DELADDR: number = rt.MessageType.DELADDR;
+const RTM_NEWNETCONF: number = rt.MessageType.NEWNETCONF;
 const DEFAULT_TIMEOUT_MS = 5_000;
 /** NLM_F_ECHO (linux/netlink.h): the kernel sends the new object back (RTM_NEWLINK honours it since Linux 6.1). */
 const NLM_F_ECHO = 0x08;
@@ -342,7 +348,7 @@ function linkRequest(data: rt.LinkMessage['data'], attrs: rt.LinkMessage['attrs'
  */
 export function createdLink(msgs: ReadonlyArray<{ type: number; data: Buffer }>, name: string): LinkInfo | undefined {
   for (const m of msgs) {
-    if (m.type !== rt.MessageType.NEWLINK) continue;
+    if (m.type !== RTM_NEWLINK) continue;
     const link = parseLinkPayload(m.data);
     if (link.name === name && link.index > 0) return link;
   }
@@ -469,7 +475,7 @@ export class NetlinkClient {
     try {
       const req = linkRequest({}, { extMask: u32(RTEXT_FILTER_SKIP_STATS) });
       const [msgs] = await this.dump((sock) => sock.socket.request(rt.MessageType.GETLINK, req, this.opts(FlagsGet.DUMP)));
-      return msgs.filter((m) => m.type === rt.MessageType.NEWLINK).map((m) => parseLinkPayload(m.data));
+      return msgs.filter((m) => m.type === RTM_NEWLINK).map((m) => parseLinkPayload(m.data));
     } catch (err) {
       throw netlinkError(err, 'listing', 'links');
     }
@@ -500,7 +506,7 @@ export class NetlinkClient {
       const extMask = u32(RTEXT_FILTER_SKIP_STATS);
       const req = typeof nameOrIndex === 'number' ? linkRequest({ index: nameOrIndex }, { extMask }) : linkRequest({}, { ifname: nameOrIndex, extMask });
       const [msgs] = await this.single((sock) => sock.socket.request(rt.MessageType.GETLINK, req, this.opts()));
-      const reply = msgs.find((m) => m.type === rt.MessageType.NEWLINK);
+      const reply = msgs.find((m) => m.type === RTM_NEWLINK);
       return reply ? parseLinkPayload(reply.data) : undefined;
     } catch (err) {
       if (netlinkErrno(err) === 'ENODEV') return undefined;
@@ -541,7 +547,7 @@ export class NetlinkClient {
     this.linkReads.clear();
     try {
       const req = linkRequest({}, { ifname: opts.name, address: mac, link: u32(parent.index), linkinfo: macvlanLinkInfo(opts.mode) });
-      const [msgs] = await this.single((sock) => sock.socket.request(rt.MessageType.NEWLINK, req, this.opts(FlagsNew.CREATE | FlagsNew.EXCL | NLM_F_ECHO)));
+      const [msgs] = await this.single((sock) => sock.socket.request(RTM_NEWLINK, req, this.opts(FlagsNew.CREATE | FlagsNew.EXCL | NLM_F_ECHO)));
       echoed = createdLink(msgs, opts.name);
     } catch (err) {
       throw netlinkError(err, 'creating', subject, { macvlan: true, missing: parent.name });
@@ -689,7 +695,7 @@ export class NetlinkClient {
       const raw = await this.dump(async (sock) => (await sock.socket.request(rt.MessageType.GETADDR, req.bufs, this.opts(FlagsGet.DUMP)))[0]);
       const out: AddressInfo[] = [];
       for (const m of raw) {
-        if (m.type !== rt.MessageType.NEWADDR) continue;
+        if (m.type !== RTM_NEWADDR) continue;
         const a = addressInfoFromMessage(rt.parseMessage(m.type, m.data) as rt.AddressMessage);
         if (!a || (index !== undefined && a.index !== index)) continue;
         const proto = addressProto(m.data);
@@ -710,15 +716,15 @@ export class NetlinkClient {
 /** Turn one rtnetlink notification into an event; undefined for other message types. Throws on garbage. */
 export function parseNotification(type: number, data: Buffer): ['link', LinkEvent] | ['address', AddressEvent] | undefined {
   switch (type) {
-    case rt.MessageType.NEWLINK:
-    case rt.MessageType.DELLINK: {
+    case RTM_NEWLINK:
+    case RTM_DELLINK: {
       const link = parseLinkPayload(data);
-      return ['link', { type: type === rt.MessageType.NEWLINK ? 'new' : 'del', link }];
+      return ['link', { type: type === RTM_NEWLINK ? 'new' : 'del', link }];
     }
-    case rt.MessageType.NEWADDR:
-    case rt.MessageType.DELADDR: {
+    case RTM_NEWADDR:
+    case RTM_DELADDR: {
       const address = addressInfoFromMessage(rt.parseMessage(type, data) as rt.AddressMessage);
-      return address ? ['address', { type: type === rt.MessageType.NEWADDR ? 'new' : 'del', address }] : undefined;
+      return address ? ['address', { type: type === RTM_NEWADDR ? 'new' : 'del', address }] : undefined;
     }
     default:
       return undefined;
@@ -771,7 +777,7 @@ export class NetlinkWatcher extends EventEmitter {
         this.log.debug({ op: 'watch', type: m.type, err: (err as Error).message }, 'unparsable rtnetlink notification');
       }
       if (event) this.emit(event[0], event[1]);
-      else if (m.type === rt.MessageType.NEWNETCONF) this.emit('netconf');
+      else if (m.type === RTM_NEWNETCONF) this.emit('netconf');
     }
   }
 
