@@ -156,3 +156,42 @@ function cpuTicks(pid: number): number {
   // utime, stime, and the children's (the nft runs) once waited for.
   return Number(f[11]) + Number(f[12]) + Number(f[13]) + Number(f[14]);
 }
+
+t.test('the proxy path: a VIP whose address or macvlan is taken away is listened on again once repaired', async (t) => {
+  if (!requirePrivileged(t)) return;
+  const cl = await buildContinuityLab(t);
+  const agent = await startAgent(cl.lab, cl.node, continuityConfig([{ name: 'web', ipam: 'dhcp' }, { name: 'api', ipam: 'pool' }], { dataplane: 'proxy' }), { name: 'a' });
+  t.teardown(() => { agent.signal('SIGKILL'); });
+  const st = await waitStatus(agent, 'both services ready', (s) => s.services.length === 2 && s.services.every((x) => x.ready), 30_000);
+  t.equal(st.dataplane?.kind, 'proxy');
+  const web = st.services.find((s) => s.name === 'web')!;
+  const api = st.services.find((s) => s.name === 'api')!;
+  const link = web.interface!;
+  const loops = await Promise.all([web.vip!, api.vip!].map((vip) => ClientLoop.start(cl.lab, cl.client, `http://${vip}/`, { intervalMs: 20, timeoutMs: 500, maxMs: 120_000, maxCount: 6000 })));
+  t.teardown(async () => { for (const l of loops) await l.stop().catch(() => undefined); });
+  const damages: Array<[string, string, RegExp]> = [
+    ['ip addr del of the pool VIP', `ip addr del ${api.vip}/32 dev eth0`, new RegExp(`VIP ${api.vip}/32 of default/api was removed`)],
+    ['ip addr del of the DHCP VIP', `ip addr del ${web.vip}/32 dev ${link}`, new RegExp(`VIP ${web.vip}/32 of default/web was removed`)],
+    ['ip link del of the DHCP macvlan', `ip link del ${link}`, new RegExp(`${link} of default/web was deleted`)],
+  ];
+  const marks: Array<[string, number]> = [];
+  for (const [what, cmd, expect] of damages) {
+    const at = Date.now();
+    marks.push([what, at]);
+    await cl.lab.sh(cl.node, cmd);
+    const ev = await repaired(agent, at, expect);
+    t.pass(`${what}: ${ev.reason}`);
+    await serving(cl, web.vip!);
+    await serving(cl, api.vip!);
+  }
+  const end = Date.now();
+  const results = await Promise.all(loops.map((l) => l.stop()));
+  for (const [i, r] of results.entries()) {
+    for (const [j, [what, at]] of marks.entries()) {
+      const until = marks[j + 1]?.[1] ?? end;
+      const gap = longestGap(r.filter((x) => x.t >= at && x.t < until));
+      t.ok(gap < 3000, `${i === 0 ? 'DHCP' : 'pool'} VIP, proxy path, ${what}: longest failing stretch ${gap} ms`);
+    }
+  }
+  t.ok((await agent.status()).services.every((s) => s.ready), 'both ready again');
+});
