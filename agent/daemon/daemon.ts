@@ -353,6 +353,9 @@ export class Daemon extends EventEmitter {
       onParentAddress: (address) => {
         this.noteEvent('parent-address', { address, reason: `${this.subs?.parent.name ?? 'the parent'} now has ${address ?? 'no IPv4 address'}` });
         this.parentAddress = address;
+        // VRRP on the parent sends from the parent's address (failover.interface on another NIC keeps its own).
+        const vrrpIf = this.config?.failover.interface;
+        if (address !== undefined && (vrrpIf === undefined || vrrpIf === this.subs?.parent.name)) this.subs?.failover?.setSourceAddress?.(address);
         this.notifyStatusSoon();
       },
       resyncMs: () => (this.config?.reconcile.resyncInterval ?? 30) * 1000,

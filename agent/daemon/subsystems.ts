@@ -74,6 +74,8 @@ export interface FailoverLike extends EventEmitter {
   /** After this node took the service's VIP over: the previous Master's address, for a few seconds (forward/nft.ts "Hand-back"). */
   handBack?(serviceKey: string): string | undefined;
   stop(): Promise<void>;
+  /** The VRRP interface's own address changed: adverts are sent from it from now on. */
+  setSourceAddress?(address: string): void;
   // 'change' (serviceKey[]) when mastership changes; 'hand-back' (serviceKey[]) when a hand-back ends
 }
 

@@ -104,7 +104,9 @@ export class VirtualRouter extends EventEmitter<VirtualRouterEvents> {
   private readonly clock: Clock;
   private readonly log: Logger;
   private readonly metrics: VrrpMetrics;
-  private readonly srcIpNum: number;
+  private srcIpNum: number;
+  /** The source address adverts carry (the interface's primary IPv4 address); setSource() follows a change. */
+  private srcIp: string;
   private readonly srcMac: Buffer;
   private readonly vridLabel: string;
   private machine: Machine;
@@ -140,6 +142,7 @@ export class VirtualRouter extends EventEmitter<VirtualRouterEvents> {
     this.vridLabel = String(vrid);
     this.ifname = opts.ifname;
     this.srcIpNum = src;
+    this.srcIp = opts.srcIp;
     this.srcMac = mac;
     this.clock = opts.clock ?? realClock;
     this.log = opts.log.child({ module: 'failover', vrid, interface: opts.ifname });
@@ -152,6 +155,23 @@ export class VirtualRouter extends EventEmitter<VirtualRouterEvents> {
       primaryIp: src,
     });
     this.setStateGauge('initialize');
+  }
+
+  /**
+   * The interface's address changed: adverts carry the new one from the next
+   * on (RFC 5798 §5.1.1.1: the primary IPv4 address of the interface), and
+   * our own adverts are told from others' by it. An equal-priority tie is
+   * broken by the new address, as it would be after a restart.
+   */
+  setSource(address: string): void {
+    const n = parseIPv4(address);
+    if (n === undefined || address === this.srcIp) return;
+    this.log.info({ op: 'source', from: this.srcIp, to: address }, `VRRP adverts now sent from ${address}`);
+    const was = this.srcIpNum;
+    this.srcIp = address;
+    this.srcIpNum = n;
+    const m = this.machine;
+    this.machine = { ...m, config: { ...m.config, primaryIp: n }, master: m.master === was ? n : m.master };
   }
 
   get state(): VrrpState { return this.machine.state; }
@@ -194,7 +214,7 @@ export class VirtualRouter extends EventEmitter<VirtualRouterEvents> {
     sock.on('frame', (frame: Buffer, info: FrameInfo) => this.onFrame(frame, info));
     sock.on('error', (err: unknown) => this.log.warn({ op: 'receive', err: errorMessage(err) }, 'VRRP socket error'));
     this.socket = sock;
-    this.log.info({ op: 'start', priority: this.machine.config.priority, advertInterval: this.machine.config.advertIntervalCs / 100, preempt: this.machine.config.preempt, srcIp: this.opts.srcIp }, 'VRRP virtual router starting');
+    this.log.info({ op: 'start', priority: this.machine.config.priority, advertInterval: this.machine.config.advertIntervalCs / 100, preempt: this.machine.config.preempt, srcIp: this.srcIp }, 'VRRP virtual router starting');
     this.run({ kind: 'startup' });
   }
 
@@ -261,7 +281,7 @@ export class VirtualRouter extends EventEmitter<VirtualRouterEvents> {
         return;
       case 'becomeMaster':
         this.transitioned('master', { reason: a.reason });
-        events.push(() => this.emit('master', { vrid: this.vrid, master: this.opts.srcIp } satisfies MasterEvent));
+        events.push(() => this.emit('master', { vrid: this.vrid, master: this.srcIp } satisfies MasterEvent));
         return;
       case 'becomeBackup': {
         const master = a.master === undefined ? undefined : formatIPv4(a.master);

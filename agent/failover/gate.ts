@@ -112,14 +112,14 @@ function newInfo(): RouterInfo {
  */
 class CountingSocket extends EventEmitter implements PacketSocket {
   readonly ifindex: number;
-  constructor(private readonly inner: PacketSocket, private readonly info: RouterInfo, vrid: number, srcIp: number, peers: readonly number[]) {
+  constructor(private readonly inner: PacketSocket, private readonly info: RouterInfo, vrid: number, srcIp: () => number, peers: readonly number[]) {
     super();
     this.ifindex = inner.ifindex;
     inner.on('frame', (frame: Buffer, fi: FrameInfo) => {
       if (fi.pktType !== PACKET_OUTGOING) {
         // The driver's own checks (RFC 5798 §7.1) decide; this only counts what passes them.
         const r = decodeAdvertisement(frame);
-        if (r.ok && r.frame.vrid === vrid && r.frame.srcIp !== srcIp && acceptsAdvertFrom(r.frame.srcIp, peers)) {
+        if (r.ok && r.frame.vrid === vrid && r.frame.srcIp !== srcIp() && acceptsAdvertFrom(r.frame.srcIp, peers)) {
           info.advertsReceived++;
           if (r.frame.priority > 0) info.heard = r.frame.addresses;
         }
@@ -151,20 +151,40 @@ export class VrrpGate extends EventEmitter {
   private readonly lastHeld = new Map<string, string>();
   private vips: (key: string) => string | undefined = () => undefined;
   private resolver: ArpResolver | undefined;
+  /** The address adverts are sent from; follows the interface (setSourceAddress). */
+  private srcIp: string;
   private readonly peerMac: ((ip: number) => Uint8Array | undefined) | undefined;
 
   constructor(opts: VrrpGateOptions) {
     super();
     this.opts = opts;
+    this.srcIp = opts.srcIp;
     this.clock = opts.clock ?? realClock;
     this.log = opts.log.child({ module: 'failover' });
     const peers = opts.config.peers;
     if (opts.peerMac) this.peerMac = opts.peerMac;
     else if (peers.length > 0 && opts.ifMac) {
-      this.resolver = new ArpResolver({ ifindex: opts.ifindex, mac: opts.ifMac, srcIp: parseIPv4(opts.srcIp) ?? 0, targets: peers, log: opts.log, clock: opts.clock });
+      this.resolver = this.newResolver();
       this.peerMac = (ip) => this.resolver?.macOf(ip);
     }
     if (peers.length > 0) this.log.info({ op: 'peers', peers: peers.map((p) => formatIPv4(p)) }, 'VRRP adverts heard only from failover.peers, and sent to them unicast as well as multicast');
+  }
+
+  private newResolver(): ArpResolver | undefined {
+    const peers = this.opts.config.peers;
+    if (peers.length === 0 || !this.opts.ifMac) return undefined;
+    return new ArpResolver({ ifindex: this.opts.ifindex, mac: this.opts.ifMac, srcIp: parseIPv4(this.srcIp) ?? 0, targets: peers, log: this.opts.log, clock: this.opts.clock });
+  }
+
+  /** The VRRP interface's own address changed: every router sends from it from now on, and peers are resolved from it. */
+  setSourceAddress(address: string): void {
+    if (address === this.srcIp || parseIPv4(address) === undefined) return;
+    this.srcIp = address;
+    for (const r of this.routers.values()) r.setSource(address);
+    if (this.resolver) {
+      this.resolver.close();
+      this.resolver = this.newResolver();
+    }
   }
 
   update(services: readonly ServiceSpec[], vips: (serviceKey: string) => string | undefined): void {
@@ -196,14 +216,13 @@ export class VrrpGate extends EventEmitter {
     for (const vrid of on.keys()) {
       if (this.routers.has(vrid)) continue;
       const info = newInfo();
-      const srcIpNum = parseIPv4(this.opts.srcIp) ?? 0;
       const open = this.opts.openSocket ?? openPacketSocket;
       const router = new VirtualRouter({
         vrid, priority: priorityOf(vrid), advertInterval: this.opts.config.advertInterval,
         preempt: this.opts.config.preempt, preemptDelay: this.opts.config.preemptDelay,
-        ifindex: this.opts.ifindex, ifname: this.opts.ifname, srcIp: this.opts.srcIp,
+        ifindex: this.opts.ifindex, ifname: this.opts.ifname, srcIp: this.srcIp,
         vips: () => this.advertisedVips(vrid),
-        openSocket: (o) => new CountingSocket(open(o), info, vrid, srcIpNum, this.opts.config.peers),
+        openSocket: (o) => new CountingSocket(open(o), info, vrid, () => parseIPv4(this.srcIp) ?? 0, this.opts.config.peers),
         peers: this.opts.config.peers, peerMac: this.peerMac,
         clock: this.opts.clock, log: this.opts.log, registry: this.opts.registry,
       });
@@ -249,7 +268,7 @@ export class VrrpGate extends EventEmitter {
       router.on('master-changed', (e) => {
         // Remember whom we followed and how it ranked, for the preemption check above.
         if (e.master === undefined) info.otherMasterPriority = undefined;
-        else if (e.master !== this.opts.srcIp) {
+        else if (e.master !== this.srcIp) {
           info.otherMasterPriority = router.status().masterPriority;
           info.otherMaster = e.master;
         }
@@ -370,7 +389,7 @@ export class VrrpGate extends EventEmitter {
     if (!router || !info) return undefined;
     if (router.state === 'backup') {
       const m = router.status().master;
-      return m !== undefined && m !== this.opts.srcIp ? m : undefined;
+      return m !== undefined && m !== this.srcIp ? m : undefined;
     }
     const hb = info.handBack;
     return router.state === 'master' && hb !== undefined && this.clock.now() < hb.until ? hb.to : undefined;

@@ -326,3 +326,23 @@ t.test('a socket that cannot open: start throws, nothing started', async (t) => 
   t.same(events, [], 'no timer, no event');
   t.equal(await metric(h.registry, 'lbagent_vrrp_state', { vrid: '51', state: 'initialize' }), 1);
 });
+
+t.test('the interface\'s address changes: adverts carry the new one, and the Master stays Master', async (t) => {
+  const h = harness();
+  const { router, events } = h.make({ srcIp: '10.99.0.10', priority: 100 });
+  router.start();
+  h.clock.advance(3610);
+  t.equal(router.state, 'master');
+  const before = events.length;
+  router.setSource('10.99.0.14');
+  h.clock.advance(1000);
+  const f = decoded(h.lan.wire.at(-1)!);
+  t.equal(formatIPv4(f.srcIp), '10.99.0.14', 'the next advert is sent from the new address');
+  t.equal(router.state, 'master');
+  t.equal(router.master, '10.99.0.14', 'status names this node by its new address');
+  router.setSource('not an address');
+  h.clock.advance(1000);
+  t.equal(formatIPv4(decoded(h.lan.wire.at(-1)!).srcIp), '10.99.0.14', 'a value that is no address changes nothing');
+  t.same(events.slice(before).filter(([e]) => e === 'backup' || e === 'master'), [], 'no transition');
+  router.stop();
+});

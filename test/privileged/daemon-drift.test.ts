@@ -86,7 +86,8 @@ t.test('every kind of damage to what the agent holds is repaired without a resta
   const end = Date.now();
   const results = await Promise.all(loops.map((l) => l.stop()));
   for (const [i, r] of results.entries()) {
-    t.ok(r.length > 100, 'the loop ran');
+    // Each request waits for its answer or its 500 ms deadline before the next: a loaded machine runs fewer.
+    t.ok(r.length >= 30, `the loop ran (${r.length} requests)`);
     // Per damage: the requests started between it and the next one.
     const per = marks.map(([what, at], j) => {
       const until = marks[j + 1]?.[1] ?? end;

@@ -93,7 +93,7 @@ if (requirePrivileged(t)) {
     // (Receiving through the shared socket: dhcp-many, 50 services.)
     const script = `
       const { dhcpSockets } = require(${JSON.stringify(distPath('agent', 'dhcp', 'driver.js'))});
-      const { openPacketSocket, interfaceIndex, ETH_P_ALL, PACKET_OUTGOING } = require(${JSON.stringify(distPath('agent', 'net', 'packet.js'))});
+      const { openPacketSocket, interfaceIndex, ETH_P_ALL, PACKET_OUTGOING } = require(${JSON.stringify(distPath('agent', 'net', 'packet', 'packet.js'))});
       const { encodeUdpFrame, BROADCAST_MAC, BROADCAST_IP } = require(${JSON.stringify(distPath('agent', 'dhcp', 'codec.js'))});
       const ix = interfaceIndex(${JSON.stringify(name)});
       const seen = [];

@@ -22,7 +22,7 @@ export interface ArpPacket {
   /** ARP_OP_REQUEST (1) or ARP_OP_REPLY (2). */
   readonly op: number;
   readonly senderMac: string;
-  /** IPv4 as an unsigned 32-bit number (see agent/ipv4.ts). */
+  /** IPv4 as an unsigned 32-bit number (see agent/address.ts). */
   readonly senderIp: number;
   readonly targetMac: string;
   readonly targetIp: number;
