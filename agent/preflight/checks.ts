@@ -9,11 +9,13 @@ import { defaultMaxConnections, effectiveMaxConnections, reservedDescriptors } f
 import { BACKEND_SYSCTLS, BACKEND_VIP_INTERFACE } from '../net/host/dsr-backend';
 import { ZONE_LABEL } from '../config/labels';
 import { proxyNeededReason } from '../forward/dataplane';
+import { NFT_FAMILY, NFT_TABLE } from '../forward/nft';
+import { DSR_FAMILY, DSR_TABLE } from '../forward/nft-dsr';
 
 export type CheckStatus = 'pass' | 'warn' | 'fail';
 
 export interface CheckResult {
-  /** Stable id: config, state-dir, capabilities, macvlan, interface, pools, arp-sysctls, rp-filter, ip-forward, dataplane, guest-agent, descriptors, dsr, dsr-backend, topology, conntrack-pickup, udp-flows, stale-flows, dhcp-probe. */
+  /** Stable id: config, state-dir, capabilities, macvlan, interface, pools, arp-sysctls, rp-filter, ip-forward, dataplane, guest-agent, descriptors, dsr, dsr-backend, topology, conntrack-pickup, udp-flows, stale-flows, firewall, drift-fight, dhcp-probe. */
   readonly id: string;
   readonly status: CheckStatus;
   /** What the check saw. */
@@ -673,6 +675,232 @@ export function checkTopology(f: Facts): CheckResult | undefined {
   return pass(id, `zone ${zone} (from ${from}): ${zoned.map((s) => `${s.service} ${s.policy}`).join(', ')}${notes.length ? `; ${notes.join('; ')}` : ''}`);
 }
 
+// --- other programs on the packet path -----------------------------------------
+
+/** A base chain of the ruleset, as `nft -j list ruleset` lists it. */
+interface NftChain { family: string; table: string; name: string; type?: string; hook?: string; prio?: number; policy?: string; dev?: string | string[] }
+interface NftRule { family: string; table: string; chain: string; handle?: number; expr?: Record<string, unknown>[] }
+
+/** The tables the agent writes itself (forward/nft.ts, forward/nft-dsr.ts): the drift guard keeps them, this check does not judge them. */
+const OWN_TABLES = new Set([`${NFT_FAMILY} ${NFT_TABLE}`, `${DSR_FAMILY} ${DSR_TABLE}`]);
+
+/** NF_IP_PRI_NAT_DST: the kernel path's DNAT runs at prerouting priority dstnat. */
+const PRIORITY_DSTNAT = -100;
+
+/** Statements that do not decide whether a rule applies (every other non-verdict expression is taken as a condition). */
+const NEUTRAL = new Set(['counter', 'log', 'mangle', 'notrack']);
+
+/** Nesting the reading follows through jump and goto (the kernel stops at 16). */
+const MAX_JUMPS = 16;
+
+type RuleVerdict =
+  | { kind: 'accept' | 'return' | 'none' | 'other' }
+  | { kind: 'drop'; what: string }
+  | { kind: 'jump' | 'goto'; target: string };
+
+/** A rule's conditions and its verdict: the first verdict statement, or 'none' when it only counts or logs. */
+function readRule(expr: readonly Record<string, unknown>[]): { conditions: Record<string, unknown>[]; verdict: RuleVerdict } {
+  const conditions: Record<string, unknown>[] = [];
+  for (const e of expr) {
+    const key = Object.keys(e)[0] ?? '';
+    const v = e[key] as Record<string, unknown> | null;
+    if (key === 'accept' || key === 'return') return { conditions, verdict: { kind: key } };
+    if (key === 'drop') return { conditions, verdict: { kind: 'drop', what: 'drop' } };
+    if (key === 'reject') return { conditions, verdict: { kind: 'drop', what: `reject${v && typeof v.type === 'string' ? ` with ${v.type}${typeof v.expr === 'string' ? ` ${v.expr}` : ''}` : ''}` } };
+    if ((key === 'jump' || key === 'goto') && v && typeof v.target === 'string') return { conditions, verdict: { kind: key, target: v.target } };
+    if (key === 'xt' && v?.type === 'target') {
+      return { conditions, verdict: v.name === 'REJECT' || v.name === 'DROP' ? { kind: 'drop', what: String(v.name) } : { kind: 'other' } };
+    }
+    if (key === 'queue' || key === 'vmap') return { conditions: [...conditions, e], verdict: { kind: 'other' } };
+    if (key === 'continue' || NEUTRAL.has(key)) continue;
+    conditions.push(e);
+  }
+  return { conditions, verdict: { kind: 'none' } };
+}
+
+/** Where a chain sits: whether conntrack already marks DNATed packets there, and whether the destination is still the VIP. */
+interface HookPlace { hook: string; prio: number; family: string }
+
+/** `ct status dnat` is set for a connection's first packet only once the nat hook has run: after dstnat in prerouting, and in forward. */
+function dnatMarked(p: HookPlace): boolean {
+  return p.family !== 'netdev' && (p.hook === 'forward' || (p.hook === 'prerouting' && p.prio > PRIORITY_DSTNAT));
+}
+
+/** Before DNAT (ingress, prerouting up to dstnat) both directions are addressed to the VIP: client to VIP, and the backend's reply to the VIP it was SNATed to. */
+function seesVipAddress(p: HookPlace): boolean {
+  return p.hook === 'ingress' || (p.hook === 'prerouting' && p.prio <= PRIORITY_DSTNAT);
+}
+
+/** [first, last] of each IPv4 value of an nft match's right side (address, prefix, range, anonymous set); others are skipped. */
+function addressSpans(right: unknown): [number, number][] {
+  if (typeof right === 'string') {
+    const a = parseIPv4(right);
+    return a === undefined ? [] : [[a, a]];
+  }
+  if (right === null || typeof right !== 'object') return [];
+  const r = right as { prefix?: { addr?: unknown; len?: unknown }; range?: unknown; set?: unknown };
+  if (r.prefix && typeof r.prefix.addr === 'string' && typeof r.prefix.len === 'number') {
+    const a = parseIPv4(r.prefix.addr);
+    if (a === undefined) return [];
+    const size = 2 ** (32 - r.prefix.len);
+    const first = Math.floor(a / size) * size;
+    return [[first, first + size - 1]];
+  }
+  if (Array.isArray(r.range) && r.range.length === 2) {
+    const [a, b] = [addressSpans(r.range[0])[0], addressSpans(r.range[1])[0]];
+    return a && b ? [[a[0], b[1]]] : [];
+  }
+  if (Array.isArray(r.set)) return r.set.flatMap((x) => addressSpans(x));
+  return [];
+}
+
+/** Does this accept rule let the VIP traffic through before a drop further down? */
+function opensVipTraffic(p: HookPlace, conditions: readonly Record<string, unknown>[], vipRanges: readonly [number, number][]): boolean {
+  return conditions.every((c) => {
+    const m = c.match as { op?: string; left?: Record<string, { key?: string; protocol?: string; field?: string }>; right?: unknown } | undefined;
+    if (!m || (m.op !== '==' && m.op !== 'in')) return false;
+    // ct status dnat: every connection the kernel path DNATed, both directions (firewalld's own forward chain has it).
+    if (m.left?.ct?.key === 'status' && dnatMarked(p)) {
+      return m.right === 'dnat' || (Array.isArray((m.right as { set?: unknown })?.set) && ((m.right as { set: unknown[] }).set).includes('dnat'));
+    }
+    // ip daddr covering the configured pools, where the packets still carry the VIP.
+    if (m.left?.payload?.protocol === 'ip' && m.left.payload.field === 'daddr' && seesVipAddress(p)) {
+      const spans = addressSpans(m.right);
+      return spans.length > 0 && vipRanges.every(([a, b]) => spans.some(([x, y]) => x <= a && b <= y));
+    }
+    return false;
+  });
+}
+
+interface ChainDrop { chain: NftChain; what: string; opening: 'ct-dnat' | 'daddr' }
+
+/**
+ * Would this base chain drop the VIP traffic? Read in order as the kernel
+ * runs it, following unconditional jumps and gotos: the first rule without a
+ * condition that accepts or drops decides, else the policy. A conditional
+ * rule is passed over (`ct state invalid drop` drops no packet of a working
+ * connection), except an accept of exactly the VIP traffic (`ct status
+ * dnat`, or `ip daddr` over the pools before DNAT), which ends the reading.
+ */
+function chainDropsVipTraffic(chain: NftChain, rules: ReadonlyMap<string, NftRule[]>, vipRanges: readonly [number, number][]): ChainDrop | undefined {
+  const place: HookPlace = { hook: chain.hook ?? '', prio: chain.prio ?? 0, family: chain.family };
+  const opening = dnatMarked(place) ? 'ct-dnat' : 'daddr';
+  type Outcome = { kind: 'accept' | 'other' } | { kind: 'drop'; what: string } | undefined;
+  const walk = (name: string, depth: number): Outcome => {
+    for (const rule of rules.get(name) ?? []) {
+      const { conditions, verdict } = readRule(rule.expr ?? []);
+      if (conditions.length > 0) {
+        if (verdict.kind === 'accept' && opensVipTraffic(place, conditions, vipRanges)) return { kind: 'accept' };
+        continue;
+      }
+      switch (verdict.kind) {
+        case 'accept': case 'other': return { kind: verdict.kind };
+        case 'return': return undefined;
+        case 'drop': return { kind: 'drop', what: `${verdict.what} with no condition (rule handle ${rule.handle ?? '?'}${name === chain.name ? '' : ` in chain ${name}`})` };
+        case 'jump': {
+          const r = depth < MAX_JUMPS ? walk(verdict.target, depth + 1) : { kind: 'other' as const };
+          if (r) return r;
+          break;
+        }
+        case 'goto': return depth < MAX_JUMPS ? walk(verdict.target, depth + 1) : { kind: 'other' };
+        case 'none': break;
+      }
+    }
+    return undefined;
+  };
+  const r = walk(chain.name, 0) ?? (chain.policy === 'drop' ? { kind: 'drop' as const, what: 'policy drop' } : undefined);
+  return r?.kind === 'drop' ? { chain, what: r.what, opening } : undefined;
+}
+
+/** Base chains of other tables that VIP traffic passes on the kernel path, and every table's rules by chain, from `nft -j list ruleset`. */
+function vipPathChains(nftables: readonly unknown[], parent: string | undefined): { chains: NftChain[]; tables: Map<string, Map<string, NftRule[]>> } {
+  const chains: NftChain[] = [];
+  const tables = new Map<string, Map<string, NftRule[]>>();
+  for (const o of nftables) {
+    const { chain: c, rule } = (o ?? {}) as { chain?: NftChain; rule?: NftRule };
+    if (rule && typeof rule.chain === 'string') {
+      const t = tables.get(`${rule.family} ${rule.table}`) ?? new Map<string, NftRule[]>();
+      tables.set(`${rule.family} ${rule.table}`, t.set(rule.chain, [...(t.get(rule.chain) ?? []), rule]));
+    }
+    if (!c || c.hook === undefined || OWN_TABLES.has(`${c.family} ${c.table}`)) continue;
+    // Only the hooks the kernel path's packets take: DNAT in prerouting,
+    // then forward, both directions. A DNATed connection never reaches
+    // input (what does, a VIP port without a healthy backend, the agent
+    // refuses itself), so a firewall that closes input is no finding here.
+    const ip = (c.family === 'ip' || c.family === 'inet') && (c.hook === 'prerouting' || c.hook === 'forward');
+    // Ingress on the parent sees every frame of the VIPs. nft 1.0.6 does not
+    // list a netdev chain's device in JSON: a chain without one counts.
+    const devs = c.dev === undefined ? undefined : Array.isArray(c.dev) ? c.dev : [c.dev];
+    const ingress = (c.family === 'netdev' || c.family === 'inet') && c.hook === 'ingress' && (devs === undefined || (parent !== undefined && devs.includes(parent)));
+    if (ip || ingress) chains.push(c);
+  }
+  return { chains, tables };
+}
+
+function describeChain(c: NftChain): string {
+  const dev = c.dev === undefined ? '' : ` on ${Array.isArray(c.dev) ? c.dev.join(', ') : c.dev}`;
+  return `table ${c.family} ${c.table}, chain ${c.name} (hook ${c.hook}${dev}, priority ${c.prio ?? 0})`;
+}
+
+/** The pools' ranges as numbers (the VIPs known before the agent runs; DHCP VIPs come from the LAN's server). */
+function poolSpans(f: Facts): [number, number][] {
+  return f.config.pools.flatMap((p) => p.ranges.flatMap((r) => {
+    const a = parseIPv4(r.first);
+    const b = parseIPv4(r.last);
+    return a === undefined || b === undefined ? [] : [[a, b] as [number, number]];
+  }));
+}
+
+/**
+ * Another table on the kernel path's hooks that would drop the VIP traffic:
+ * netfilter runs every base chain of a hook, and a drop in any one is final,
+ * whatever the agent's own table accepts, at whatever priority. So a
+ * firewall's forward chain with policy drop (a hardened nftables.conf,
+ * Docker's FORWARD, ufw's default) stops every connection the agent DNATs.
+ * Undefined in facts from before the ruleset was read.
+ */
+export function checkFirewall(f: Facts): CheckResult | undefined {
+  const rs = f.ruleset;
+  if (!rs) return undefined;
+  const id = 'firewall';
+  if (effectiveDataplane(f) !== 'kernel') return pass(id, 'not checked: the data path is the userspace proxy (the check reads the hooks the kernel path forwards through)');
+  if (rs.status === 'not-run') return pass(id, `not checked: ${rs.error ?? 'the ruleset was not read'}`);
+  if (rs.status === 'failed' || !rs.nftables) {
+    if (classifyRefusal(rs.error) === 'permission') return warn(id, `could not read the ruleset: ${rs.error} (see capabilities)`, 'run the check as root');
+    return warn(id, `could not read the ruleset (nft -j list ruleset): ${rs.error ?? 'no ruleset'}`, 'run nft -j list ruleset to see why; other tables on the forward path are not checked meanwhile');
+  }
+  const { chains, tables } = vipPathChains(rs.nftables, f.parent.name);
+  const pools = poolSpans(f);
+  const drops = chains.flatMap((c) => chainDropsVipTraffic(c, tables.get(`${c.family} ${c.table}`) ?? new Map(), pools) ?? []);
+  if (drops.length === 0) {
+    return pass(id, chains.length === 0
+      ? 'no other table hooks prerouting, forward or the parent\'s ingress'
+      : `${chains.length} base chain(s) of other tables on prerouting, forward or the parent's ingress; none drops the VIP traffic`);
+  }
+  const vips = pools.length > 0 ? f.config.pools.flatMap((p) => p.ranges.map((r) => (r.first === r.last ? r.first : `${r.first}-${r.last}`))).join(', ') : '<the VIPs>';
+  const fixes = drops.map(({ chain: c, opening }) => `nft insert rule ${c.family} ${c.table} ${c.name} ${opening === 'ct-dnat' ? 'ct status dnat accept' : `ip daddr { ${vips} } accept`}`);
+  return warn(id, `another table would drop the VIP traffic the kernel path forwards: ${drops.map((d) => `${describeChain(d.chain)}: ${d.what}`).join('; ')}`,
+    `accept the VIP traffic ahead of the drop, through the program that owns the table (it may write the table again): ${fixes.join('; ')}; or remove the drop`);
+}
+
+/**
+ * The running daemon's drift guard: another program that keeps undoing
+ * what the agent wrote (a loop flushing the ruleset, a configuration
+ * manager removing addresses) makes the guard back off, and status names
+ * the fight. Asked only of a daemon that answers on the control socket.
+ */
+export function checkDriftFight(f: Facts): CheckResult | undefined {
+  const d = f.daemon;
+  if (!d) return undefined;
+  const id = 'drift-fight';
+  if (d.status !== 'ok') return pass(id, `not checked: ${d.error ?? 'no daemon answered'}`);
+  const who = `the daemon${d.pid !== undefined ? ` (pid ${d.pid})` : ''} on ${d.socket}`;
+  if (!d.drift) return pass(id, `${who} answers; its drift guard is not running`);
+  if (d.drift.fights.length === 0) return pass(id, `${who} answers: no fight (${d.drift.repairs} repair(s) since it started)`);
+  return warn(id, `another program keeps undoing the agent's work, and ${who} backs off: ${d.drift.fights.join('; ')}`,
+    'find that program and stop it, or have it leave the agent\'s tables, VIPs and 02: macvlans alone: the drift-repaired and drift-backoff events of lb-agent status say what was undone and, for a table, by which process (pid); journalctl -u lb-agent -g drift lists every repair');
+}
+
 // --- guest agent ---------------------------------------------------------------
 
 export function checkGuestAgent(f: Facts): CheckResult {
@@ -717,7 +945,7 @@ export function runChecks(f: Facts): CheckResult[] {
   ];
   const fds = checkDescriptors(f);
   if (fds) out.push(fds);
-  for (const c of [checkDsr(f), checkDsrBackend(f), checkTopology(f), checkConntrackPickup(f), checkUdpFlows(f), checkStaleFlows(f)]) if (c) out.push(c);
+  for (const c of [checkDsr(f), checkDsrBackend(f), checkTopology(f), checkConntrackPickup(f), checkUdpFlows(f), checkStaleFlows(f), checkFirewall(f), checkDriftFight(f)]) if (c) out.push(c);
   const dhcp = checkDhcpProbe(f);
   if (dhcp) out.push(dhcp);
   return out;

@@ -13,7 +13,7 @@ import { execFile } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import * as zlib from 'node:zlib';
-import { loadConfigFile, formatConfigErrors } from '../config/load';
+import { loadConfigFile, formatConfigErrors, controlSocketOf } from '../config/load';
 import { DEFAULTS } from '../config/defaults';
 import type { DataplaneMode, Desired } from '../config/types';
 import { readNofile } from '../forward/capacity';
@@ -24,6 +24,9 @@ import { parseDefaultRoute } from '../net/host/route';
 import { IF_SYSCTL_KEYS } from '../net/sysctl/sysctl';
 import { DSR_KERNEL_OPTIONS, DSR_PROBE_RULESET } from '../forward/nft-dsr';
 import { readNodeTopology, type NodeTopology } from '../config/labels';
+import { controlRequest } from '../control/server';
+import type { DriftStatus } from '../daemon/drift';
+import { errorMessage } from '../errors';
 
 export { sysctlIfName };
 
@@ -156,6 +159,17 @@ export interface Facts {
   addresses?: { interface: string; address: string; prefix: number; noarp: boolean }[];
   /** ctnetlink answering (net/conntrack.ts probeConntrackNetlink): the kernel path ends the UDP flows of a backend that left through it. Gathered only for a config with a UDP port the kernel path may NAT. */
   conntrackNetlink?: Attempt;
+  /** `nft -j list ruleset`, read once where the kernel path may run: the document's `nftables` array, or why it was not read. Absent in facts from before it. */
+  ruleset?: Attempt & { nftables?: unknown[] };
+  /** The daemon running with this config, asked for its status on the control socket: what its drift guard reports, or why none answered. Absent in facts from before it. */
+  daemon?: DaemonFacts;
+}
+
+export interface DaemonFacts extends Attempt {
+  socket: string;
+  pid?: number;
+  /** The drift guard's part of the status; absent while the daemon runs none. */
+  drift?: { repairs: number; fights: string[] };
 }
 
 // ---------------------------------------------------------------------------
@@ -226,6 +240,15 @@ export function parseIpJsonAddrs(json: string): string[] {
   }
 }
 
+/** The `nftables` array of `nft -j list ruleset`; undefined when the text is not such a document. */
+export function parseNftRuleset(json: string): unknown[] | undefined {
+  try {
+    const doc = JSON.parse(json) as { nftables?: unknown } | null;
+    return Array.isArray(doc?.nftables) ? doc.nftables : undefined;
+  } catch {
+    return undefined;
+  }
+}
 
 /** What the checks need from a validated config. */
 export function configSummary(path_: string, config: Desired): ConfigFacts {
@@ -547,13 +570,51 @@ async function guestAgentRunning(): Promise<boolean> {
 
 type NodePlace = Pick<Desired['node'], 'zone' | 'region' | 'labelsFile'>;
 
-/** The config's facts, and node.zone / region / labelsFile (the defaults when it does not load). */
-function loadConfigFacts(configPath: string): { facts: ConfigFacts; node: NodePlace } {
+/** The config's facts, node.zone / region / labelsFile and the control socket (the defaults when it does not load). */
+function loadConfigFacts(configPath: string): { facts: ConfigFacts; node: NodePlace; socket: string } {
   const noNode: NodePlace = { zone: undefined, region: undefined, labelsFile: DEFAULTS.node.labelsFile };
-  if (!fs.existsSync(configPath)) return { facts: defaultConfigFacts(configPath, 'missing', [`${configPath}: no such file`]), node: noNode };
+  if (!fs.existsSync(configPath)) return { facts: defaultConfigFacts(configPath, 'missing', [`${configPath}: no such file`]), node: noNode, socket: DEFAULTS.control.socket };
   const res = loadConfigFile(configPath);
-  if (res.ok) return { facts: configSummary(configPath, res.config), node: res.config.node };
-  return { facts: defaultConfigFacts(configPath, 'invalid', formatConfigErrors(res.errors, configPath).split('\n').filter(Boolean)), node: noNode };
+  if (res.ok) return { facts: configSummary(configPath, res.config), node: res.config.node, socket: res.config.control.socket };
+  // An invalid file may still name its socket, and a daemon may run with the file as it was.
+  return { facts: defaultConfigFacts(configPath, 'invalid', formatConfigErrors(res.errors, configPath).split('\n').filter(Boolean)), node: noNode, socket: controlSocketOf(configPath) };
+}
+
+/** The VM's whole ruleset, one `nft -j list ruleset`; not read where the kernel path cannot run. */
+async function gatherRuleset(nft: string | undefined, dataplane: DataplaneMode): Promise<NonNullable<Facts['ruleset']>> {
+  if (dataplane === 'proxy') return { status: 'not-run', error: 'dataplane proxy' };
+  if (!nft) return { status: 'not-run', error: 'nft not found' };
+  const r = await run(nft, ['-j', 'list', 'ruleset']);
+  if (r.code !== 0) return { status: 'failed', error: complaint(r), ms: r.ms };
+  const nftables = parseNftRuleset(r.stdout);
+  return nftables ? { status: 'ok', ms: r.ms, nftables } : { status: 'failed', error: 'nft -j list ruleset printed no JSON ruleset', ms: r.ms };
+}
+
+/**
+ * How long the preflight waits for a daemon's status. A missing socket fails
+ * at once (ENOENT, ECONNREFUSED); only a daemon that accepts and does not
+ * answer costs this much.
+ */
+export const DAEMON_STATUS_TIMEOUT_MS = 1000;
+
+/** Ask the daemon on `socket` for its status, as `lb-agent status` does: its drift guard's repairs and fights. */
+export async function askDaemon(socket: string, timeoutMs = DAEMON_STATUS_TIMEOUT_MS): Promise<DaemonFacts> {
+  const t0 = Date.now();
+  try {
+    const doc = (await controlRequest(socket, 'status', timeoutMs)) as { pid?: unknown; drift?: DriftStatus } | null;
+    const drift = doc?.drift;
+    return {
+      status: 'ok', socket, ms: Date.now() - t0,
+      ...(typeof doc?.pid === 'number' ? { pid: doc.pid } : {}),
+      ...(drift ? { drift: { repairs: Object.values(drift.repairs).reduce((a, b) => a + b, 0), fights: [...drift.fights] } } : {}),
+    };
+  } catch (e) {
+    const code = ((e as { cause?: NodeJS.ErrnoException }).cause)?.code;
+    if (code === 'ENOENT' || code === 'ECONNREFUSED') {
+      return { status: 'not-run', socket, error: `no daemon answers on ${socket} (${code})`, ms: Date.now() - t0 };
+    }
+    return { status: 'failed', socket, error: errorMessage(e), ms: Date.now() - t0 };
+  }
 }
 
 export interface GatherOptions {
@@ -582,8 +643,10 @@ export async function gatherFacts(opts: GatherOptions): Promise<Facts> {
   const nft = findBinary('nft');
 
   const macvlanP = gatherMacvlan(release, unshare, ip);
-  const { facts: config, node: nodePlace } = loadConfigFacts(opts.configPath);
+  const { facts: config, node: nodePlace, socket } = loadConfigFacts(opts.configPath);
   const nftP = nftProbe(unshare, nft, nftProbeRuleset(config.placement ?? 'round-robin'));
+  const rulesetP = gatherRuleset(nft, config.dataplane);
+  const daemonP = askDaemon(socket);
   const osP = readText('/etc/os-release').then((t) => parseOsRelease(t ?? ''));
   const capsP = readText('/proc/self/status').then((t) => (t === undefined ? undefined : parseCapEff(t)));
   const qgaBin = findBinary('qemu-ga');
@@ -628,6 +691,8 @@ export async function gatherFacts(opts: GatherOptions): Promise<Facts> {
     dsr: await dsrP,
     node: await nodeP,
     addresses: await addrsP,
+    ruleset: await rulesetP,
+    daemon: await daemonP,
   };
   const ct = await ctP;
   if (ct) facts.conntrackNetlink = ct;

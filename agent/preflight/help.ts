@@ -5,7 +5,7 @@
 export const CHECK_IDS = [
   'config', 'state-dir', 'capabilities', 'macvlan', 'interface', 'pools', 'arp-sysctls', 'rp-filter', 'ip-forward',
   'dataplane', 'guest-agent', 'descriptors', 'dsr', 'dsr-backend', 'topology', 'conntrack-pickup', 'udp-flows',
-  'stale-flows', 'dhcp-probe', 'preflight',
+  'stale-flows', 'firewall', 'drift-fight', 'dhcp-probe', 'preflight',
 ] as const;
 
 export type CheckId = (typeof CHECK_IDS)[number];
@@ -109,6 +109,16 @@ export const CHECK_HELP: Readonly<Record<CheckId, CheckHelp>> = {
     what: 'With VRRP on the kernel path: whether ctnetlink answers, so that a node taking a VIP back ends the flows it routed on meanwhile.',
     cause: 'Warns when it does not: after a failback, a client reusing a source port may be reset for up to 120 s.',
     fix: 'Load `nf_conntrack_netlink`, as for `udp-flows`.',
+  },
+  firewall: {
+    what: 'On the kernel data path: the chains of other tables (not `ip lb_agent` or `netdev lb_agent`) on the hooks VIP traffic takes, prerouting, forward and the parent\'s ingress, read from one `nft -j list ruleset`. Netfilter runs every base chain of a hook and a drop in any one is final, whatever the agent\'s own table accepts. The input hook is not read: a DNATed connection never reaches it.',
+    cause: 'Warns naming each table, chain, hook and priority whose policy is drop, or which reaches a `drop` or `reject` without a condition (directly or by jump), before a rule that accepts DNATed connections (`ct status dnat accept`, or before DNAT `ip daddr` over the pools). Conditional drops, such as `ct state invalid drop`, are not findings. A hardened `nftables.conf`, Docker (`ip filter FORWARD` policy drop) and ufw close forwarding this way. Not checked on the proxy path or without `nft`.',
+    fix: 'Accept the VIP traffic ahead of the drop, through the program that owns the table (firewalld, Docker\'s `DOCKER-USER` chain, ufw\'s rules, `/etc/nftables.conf`), or it writes the table again: the remedy prints the command, e.g. `nft insert rule inet filter forward ct status dnat accept`. Or remove the drop.',
+  },
+  'drift-fight': {
+    what: 'Asks the daemon running with this config, over the control socket as `lb-agent status` does, whether its drift guard is in a fight: another program undoing the agent\'s work faster than it can repair it (a loop flushing the ruleset, deleting its table, a VIP or a macvlan).',
+    cause: 'Warns naming each fight, e.g. `table ip lb_agent: 12 repairs in 60 s`; the agent then waits, doubling, between repairs. Not checked when no daemon answers (before the agent starts, for example).',
+    fix: 'Find the program and stop it, or have it leave the agent\'s tables, VIPs and `02:` macvlans alone: the `drift-repaired` and `drift-backoff` events of `lb-agent status` say what was undone and, for a table, by which process and pid; `journalctl -u lb-agent -g drift` lists every repair.',
   },
   'dhcp-probe': {
     what: 'With `lb-agent check --dhcp-probe`: a DHCPDISCOVER from a throwaway macvlan, to see whether a server offers an address.',

@@ -9,7 +9,7 @@ import { vipSysctls } from '../../agent/net/sysctl/sysctl';
 import {
   runChecks, checkDescriptors, checkMacvlan, checkCapabilities, checkInterface, checkArpSysctls, checkRpFilter, checkIpForward,
   checkConfig, checkDataplane, checkPools, checkStateDir, checkGuestAgent, checkDhcpProbe, classifyRefusal,
-  effectiveDataplane, osFamily, checkDsr, checkDsrBackend, checkTopology, checkConntrackPickup, checkUdpFlows, checkStaleFlows, type CheckResult,
+  effectiveDataplane, osFamily, checkDsr, checkDsrBackend, checkTopology, checkConntrackPickup, checkUdpFlows, checkStaleFlows, checkFirewall, checkDriftFight, type CheckResult,
 } from '../../agent/preflight/checks';
 
 const FIX = path.resolve(__dirname, '..', '..', '..', 'test', 'preflight', 'fixtures');
@@ -539,4 +539,84 @@ t.test('topology: unknown zone, no backend in the zone, zones that no policy rea
   const ignored = checkTopology(variant('healthy', (f) => { f.config.topology = [svc('any', ['zone-a'])]; f.node = known; }))!;
   t.equal(ignored.status, 'warn');
   t.match(ignored.detail, /note: default\/web give backends a zone but use topology any: the zones are ignored/);
+});
+
+// --- firewall: other tables on the kernel path's hooks, over captured `nft -j list ruleset` (fixtures/rulesets) ---
+
+/** The healthy VM (dataplane auto, kernel path, parent eth0, two pools) with a captured ruleset. */
+function withRuleset(name: string, edit: (f: Facts) => void = () => {}): Facts {
+  const doc = JSON.parse(fs.readFileSync(path.join(FIX, 'rulesets', `${name}.json`), 'utf8')) as { nftables: unknown[] };
+  return variant('healthy', (f) => { f.ruleset = { status: 'ok', ms: 3, nftables: doc.nftables }; edit(f); });
+}
+
+t.test('firewall: a hardened inet filter with forward policy drop is named, with the command that opens it', async (t) => {
+  const r = checkFirewall(withRuleset('inet-filter-forward-drop'))!;
+  t.equal(r.status, 'warn');
+  t.equal(r.detail, 'another table would drop the VIP traffic the kernel path forwards: table inet filter, chain forward (hook forward, priority 0): policy drop');
+  t.equal(r.remedy, 'accept the VIP traffic ahead of the drop, through the program that owns the table (it may write the table again): nft insert rule inet filter forward ct status dnat accept; or remove the drop');
+  t.notMatch(r.detail, /chain input/, 'its input policy drop is not a finding: DNATed connections never reach input');
+  t.ok(runChecks(withRuleset('inet-filter-forward-drop')).some((x) => x.id === 'firewall' && x.status === 'warn'), 'the finding is in the report');
+});
+
+t.test('firewall: after the printed fix (ct status dnat accept) the same table passes', async (t) => {
+  const r = checkFirewall(withRuleset('inet-filter-forward-drop-fixed'))!;
+  t.equal(r.status, 'pass');
+  t.match(r.detail, /1 base chain\(s\) of other tables .*none drops the VIP traffic/);
+});
+
+t.test('firewall: Docker\'s ip filter FORWARD policy drop warns, through its unconditional jumps; its DOCKER-USER opening passes', async (t) => {
+  const r = checkFirewall(withRuleset('docker'))!;
+  t.equal(r.status, 'warn');
+  t.match(r.detail, 'table ip filter, chain FORWARD (hook forward, priority 0): policy drop');
+  t.notMatch(r.detail, /table ip nat/, 'Docker\'s nat PREROUTING drops nothing');
+  t.match(r.remedy, 'nft insert rule ip filter FORWARD ct status dnat accept');
+  t.equal(checkFirewall(withRuleset('docker-user-dnat-accept'))!.status, 'pass', 'ct status dnat accept in DOCKER-USER, reached by FORWARD\'s jump');
+});
+
+t.test('firewall: firewalld accepts DNATed connections before its final reject; without that rule the reject is named', async (t) => {
+  t.equal(checkFirewall(withRuleset('firewalld'))!.status, 'pass');
+  const r = checkFirewall(withRuleset('firewalld-no-dnat-accept'))!;
+  t.equal(r.status, 'warn');
+  t.match(r.detail, /table inet firewalld, chain filter_FORWARD \(hook forward, priority 10\): reject with icmpx admin-prohibited with no condition \(rule handle \d+\)$/);
+  t.notMatch(r.detail, /filter_PREROUTING|filter_INPUT/, 'a conditional drop (rpfilter) and the input chain are not findings');
+});
+
+t.test('firewall: ct state invalid drop alone is harmless; the agent\'s own tables are not judged', async (t) => {
+  t.match(checkFirewall(withRuleset('invalid-only')), { status: 'pass', detail: /2 base chain\(s\) .*none drops/ });
+  t.match(checkFirewall(withRuleset('lb-agent-own')), { status: 'pass', detail: 'no other table hooks prerouting, forward or the parent\'s ingress' });
+});
+
+t.test('firewall: an ingress filter dropping on the parent is named, and the fix there is the VIPs\' addresses (before DNAT)', async (t) => {
+  const r = checkFirewall(withRuleset('netdev-ingress-drop'))!;
+  t.equal(r.status, 'warn');
+  t.match(r.detail, /table netdev filter, chain ingress \(hook ingress, priority -500\): drop with no condition \(rule handle \d+\)/);
+  t.match(r.remedy, 'nft insert rule netdev filter ingress ip daddr { 10.99.0.97-10.99.0.110, 10.99.0.200-10.99.0.220 } accept');
+  t.equal(checkFirewall(withRuleset('netdev-ingress-drop-fixed'))!.status, 'pass', 'that rule, ahead of the drop, passes');
+  // A device listed and not the parent: not on the VIPs' path.
+  const other = withRuleset('netdev-ingress-drop', (f) => {
+    for (const o of f.ruleset!.nftables! as { chain?: { dev?: string } }[]) if (o.chain) o.chain.dev = 'eth9';
+  });
+  t.equal(checkFirewall(other)!.status, 'pass', 'an ingress chain on another NIC');
+});
+
+t.test('firewall: not checked on the proxy path or without nft; an unreadable ruleset is said', async (t) => {
+  t.match(checkFirewall(withRuleset('docker', (f) => { f.config.dataplane = 'proxy'; })), { status: 'pass', detail: /^not checked: the data path is the userspace proxy/ });
+  t.match(checkFirewall(variant('healthy', (f) => { f.ruleset = { status: 'not-run', error: 'nft not found' }; })), { status: 'pass', detail: 'not checked: nft not found' });
+  t.match(checkFirewall(variant('healthy', (f) => { f.ruleset = { status: 'failed', error: 'Operation not permitted' }; })), { status: 'warn', remedy: 'run the check as root' });
+  t.equal(checkFirewall(fixture('healthy')), undefined, 'facts from before the ruleset was read: no line');
+});
+
+// --- drift-fight: the running daemon's drift guard ---
+
+t.test('drift-fight: a fight is named with where to look; no fight passes; no daemon is not checked', async (t) => {
+  const fight = 'table ip lb_agent: 12 repairs in 60 s; repairs wait, doubling, while it goes on';
+  const r = checkDriftFight(variant('healthy', (f) => { f.daemon = { status: 'ok', socket: '/run/lb-agent/agent.sock', pid: 4242, drift: { repairs: 14, fights: [fight] } }; }))!;
+  t.equal(r.status, 'warn');
+  t.equal(r.detail, `another program keeps undoing the agent's work, and the daemon (pid 4242) on /run/lb-agent/agent.sock backs off: ${fight}`);
+  t.match(r.remedy, /drift-repaired and drift-backoff events of lb-agent status .*\(pid\); journalctl -u lb-agent -g drift/);
+  t.match(checkDriftFight(variant('healthy', (f) => { f.daemon = { status: 'ok', socket: '/s', pid: 7, drift: { repairs: 2, fights: [] } }; })),
+    { status: 'pass', detail: 'the daemon (pid 7) on /s answers: no fight (2 repair(s) since it started)' });
+  t.match(checkDriftFight(variant('healthy', (f) => { f.daemon = { status: 'not-run', socket: '/s', error: 'no daemon answers on /s (ENOENT)' }; })),
+    { status: 'pass', detail: 'not checked: no daemon answers on /s (ENOENT)' });
+  t.equal(checkDriftFight(fixture('healthy')), undefined);
 });

@@ -1,9 +1,14 @@
 // Preflight fact parsers: what /proc, /sys, /lib/modules, rpm and dpkg say,
-// read exactly (the I/O around them is covered by the privileged tests).
+// read exactly (the I/O around them is covered by the privileged tests), and
+// the daemon asked over a real unix socket.
 import t from 'tap';
+import * as fs from 'node:fs';
+import * as net from 'node:net';
+import * as os from 'node:os';
+import * as path from 'node:path';
 import {
   parseCapEff, parseOsRelease, procModulesHas, moduleListHas, kernelConfigValue,
-  parseRpmQuery, parseDpkgQuery, parseIpJsonAddrs, parseIpJsonAllAddrs, sysctlIfName, configSummary, findBinary, NFT_PROBE_RULESET, nftProbeRuleset,
+  parseRpmQuery, parseDpkgQuery, parseIpJsonAddrs, parseIpJsonAllAddrs, sysctlIfName, configSummary, findBinary, NFT_PROBE_RULESET, nftProbeRuleset, parseNftRuleset, askDaemon,
 } from '../../agent/preflight/facts';
 import { parseConfigText } from '../../agent/config/load';
 
@@ -123,4 +128,35 @@ t.test('the dataplane probe ruleset asks for jhash only with VRRP', async (t) =>
   t.notMatch(nftProbeRuleset('round-robin'), /jhash/);
   t.equal(nftProbeRuleset('round-robin'), NFT_PROBE_RULESET);
   t.match(nftProbeRuleset('flow-hash'), /dnat to jhash ip saddr \. tcp sport mod 2 seed 0x1 map/);
+});
+
+t.test('nft -j list ruleset: the nftables array, undefined for anything else', async (t) => {
+  const text = fs.readFileSync(path.resolve(__dirname, '..', '..', '..', 'test', 'preflight', 'fixtures', 'rulesets', 'docker.json'), 'utf8');
+  const rs = parseNftRuleset(text)!;
+  t.ok(rs.some((o) => (o as { chain?: { name?: string } }).chain?.name === 'FORWARD'));
+  t.equal(parseNftRuleset('Error: Could not process rule: Operation not permitted'), undefined);
+  t.equal(parseNftRuleset('{"tables": []}'), undefined);
+});
+
+t.test('askDaemon: the drift part of a real control socket\'s status; no socket is not-run at once; silence is bounded', async (t) => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lbchk-'));
+  t.teardown(() => fs.rmSync(dir, { recursive: true, force: true }));
+  const sock = path.join(dir, 'agent.sock');
+  const fights = ['table ip lb_agent: 12 repairs in 60 s; repairs wait, doubling, while it goes on'];
+  const server = net.createServer((c) => {
+    c.once('data', (d) => c.end(`${JSON.stringify({ ok: true, data: { pid: 4242, drift: { repairs: { table: 12, address: 1 }, fights, outstanding: [], lastResync: 1 } } })}\n`, () => void d));
+  });
+  await new Promise<void>((resolve) => server.listen(sock, resolve));
+  t.teardown(() => server.close());
+  t.match(await askDaemon(sock), { status: 'ok', socket: sock, pid: 4242, drift: { repairs: 13, fights } });
+
+  const t0 = Date.now();
+  t.match(await askDaemon(path.join(dir, 'none.sock')), { status: 'not-run', error: `no daemon answers on ${path.join(dir, 'none.sock')} (ENOENT)` });
+  t.ok(Date.now() - t0 < 200, 'a missing socket costs no wait');
+
+  const mute = path.join(dir, 'mute.sock');
+  const silent = net.createServer(() => { /* accepts, never answers */ });
+  await new Promise<void>((resolve) => silent.listen(mute, resolve));
+  t.teardown(() => silent.close());
+  t.match(await askDaemon(mute, 100), { status: 'failed', error: /no answer from .* within 100 ms/ });
 });

@@ -1,6 +1,7 @@
 // `lb-agent check` as cloud-init runs it: the real binary, in a lab
 // namespace whose eth0 is the parent. Root passes; without CAP_NET_ADMIN and
-// CAP_NET_RAW it fails and names both.
+// CAP_NET_RAW it fails and names both. Another table dropping on the forward
+// hook is named; with no daemon running, the drift fight is not checked.
 import t from 'tap';
 import * as fs from 'node:fs';
 import { stringify } from '../../lab/yaml';
@@ -27,6 +28,26 @@ t.test('lb-agent check', async (t) => {
   t.equal(doc.checks.find((c) => c.id === 'macvlan')?.status, 'pass', 'the macvlan check passes');
   t.equal(doc.checks.find((c) => c.id === 'capabilities')?.status, 'pass');
   t.match(doc.checks.find((c) => c.id === 'udp-flows'), { status: 'pass', detail: /ctnetlink answers.*default\/web 53\/UDP/ }, 'a UDP port on the kernel path: ctnetlink answers in this namespace');
+
+  t.match(doc.checks.find((c) => c.id === 'firewall'), { status: 'pass', detail: 'no other table hooks prerouting, forward or the parent\'s ingress' }, 'no other table: the firewall check passes');
+  t.match(doc.checks.find((c) => c.id === 'drift-fight'), { status: 'pass', detail: `not checked: no daemon answers on ${lab.file('a.sock')} (ENOENT)` }, 'no daemon: the fight is not checked, and says why');
+
+  // A firewall whose forward hook drops by policy: every connection the kernel path DNATs would die there.
+  const fw = lab.file('fw.nft');
+  fs.writeFileSync(fw, 'table inet fw {\n\tchain forward {\n\t\ttype filter hook forward priority 0; policy drop;\n\t}\n}\n');
+  await lab.sh(ns, `nft -f ${fw}`);
+  const fwRun = await lab.exec(ns, process.execPath, [AGENT_BIN, 'check', '--config', cfg, '--json'], { allowFail: true, timeoutMs: 30_000 });
+  const fwDoc = JSON.parse(fwRun.stdout) as typeof doc;
+  t.equal(fwRun.code, 0, 'a warning, not a failure');
+  t.match(fwDoc.checks.find((c) => c.id === 'firewall'), {
+    status: 'warn',
+    detail: 'another table would drop the VIP traffic the kernel path forwards: table inet fw, chain forward (hook forward, priority 0): policy drop',
+    remedy: /nft insert rule inet fw forward ct status dnat accept/,
+  }, 'the foreign forward drop is named, with the command that opens it');
+  await lab.sh(ns, 'nft insert rule inet fw forward ct status dnat accept');
+  const opened = JSON.parse((await lab.exec(ns, process.execPath, [AGENT_BIN, 'check', '--config', cfg, '--json'], { allowFail: true, timeoutMs: 30_000 })).stdout) as typeof doc;
+  t.match(opened.checks.find((c) => c.id === 'firewall'), { status: 'pass', detail: /1 base chain\(s\) of other tables.*none drops the VIP traffic/ }, 'after the printed fix it passes');
+  await lab.sh(ns, 'nft delete table inet fw');
 
   const human = await lab.exec(ns, process.execPath, [AGENT_BIN, 'check', '--config', cfg], { allowFail: true, timeoutMs: 30_000 });
   t.equal(human.code, 0);
