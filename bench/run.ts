@@ -2,10 +2,10 @@
 // and its peers on the same traffic in the same run, and writes
 // bench/results/<YYYY-MM-DD>.md with the raw numbers beside it as JSON.
 // Orchestration only: each area lives in its own module (forwarding.ts,
-// dhcp.ts, detection.ts, control.ts, restart.ts, wrapped.ts for the
+// dhcp.ts, detection.ts, control.ts, restart.ts, drift.ts, wrapped.ts for the
 // standalone benches other modules ship), statistics and rendering in lib/.
 //
-//   npm run bench -- [--only forward,dhcp,health,control,restart,preflight,failover]
+//   npm run bench -- [--only forward,dhcp,health,control,restart,drift,preflight,failover]
 //                    [--rounds N] [--quick] [--out DIR] [--docs] [--dhcp-many-ping]
 //                    [--dhcp-clients udhcpc,dhclient,lbagent,lbagent-like]
 //                    [--forward-targets direct,dsr,direct3,dsr3,...]
@@ -28,12 +28,13 @@ import { benchDhcp, DHCP_CLIENTS, type DhcpClient } from './dhcp';
 import { benchDetection, DETECTION_SETTINGS } from './detection';
 import { benchControl } from './control';
 import { benchRestart } from './restart';
+import { benchDrift } from './drift';
 import { benchProbeRate, benchPreflight, benchFailover } from './wrapped';
 import { machineFacts, loadAverage, otherCpuMeter } from './lib/procfs';
 import { evaluateTargets, renderResults, renderBenchSummary, updateBenchPage, BENCH_PAGE, type BenchResults } from './lib/report';
 import { round } from './lib/stats';
 
-const AREAS = ['forward', 'dhcp', 'health', 'control', 'restart', 'preflight', 'failover'] as const;
+const AREAS = ['forward', 'dhcp', 'health', 'control', 'restart', 'drift', 'preflight', 'failover'] as const;
 type Area = (typeof AREAS)[number];
 
 const TOOLS: Record<Area, string[]> = {
@@ -43,6 +44,8 @@ const TOOLS: Record<Area, string[]> = {
   control: ['dnsmasq'],
   // The continuity lab runs dnsmasq; the agent runs nft (kernel path) and ip/unshare; HAProxy is the peer.
   restart: ['haproxy', 'dnsmasq', 'nft', 'ip', 'unshare'],
+  // The continuity lab again; the damage is done with nft, ip and sysctl in the node's namespace.
+  drift: ['dnsmasq', 'nft', 'ip', 'unshare', 'sysctl'],
   preflight: [],
   // keepalived is the peer; each death waits for an advert with tcpdump (lab/vrrp.ts afterAdvert).
   failover: ['keepalived', 'tcpdump', 'ip'],
@@ -191,6 +194,13 @@ async function main(): Promise<void> {
         await runArea(area, async () => {
           results.restart = await benchRestart({ rounds: R, preMs: q ? 300 : 400, postMs: q ? 500 : 800, log: log(area) });
           if (results.restart.summary.length === 0) throw new Error(results.restart.errors.join('; ') || 'no event measured');
+        });
+        break;
+      case 'drift':
+        await runArea(area, async () => {
+          // 1,000 services for the resync's cost in a full run; --quick keeps the area near 90 s.
+          results.drift = await benchDrift({ rounds: R, services: q ? 200 : 1000, cpuWindowSeconds: q ? 8 : 10, cpuPairs: q ? 1 : 3, timerKinds: q ? 2 : 4, log: log(area) });
+          if (results.drift.summary.length === 0) throw new Error(results.drift.errors.join('; ') || 'no damage measured');
         });
         break;
       case 'preflight':

@@ -85,6 +85,16 @@ export function cpuSecondsOf(pid: number | undefined): number {
   } catch { return NaN; }
 }
 
+/** User + system CPU ms of one process and of the children it has reaped (an agent's nft runs), in 10 ms ticks; NaN when it is gone. */
+export function cpuWithChildrenMs(pid: number | undefined): number {
+  if (pid === undefined) return NaN;
+  try {
+    const st = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
+    const f = st.slice(st.lastIndexOf(')') + 2).split(' ');
+    return (Number(f[11]) + Number(f[12]) + Number(f[13]) + Number(f[14])) * 10;
+  } catch { return NaN; }
+}
+
 /**
  * CPU time of a process's live threads, ms, at the scheduler's nanosecond
  * resolution (/proc/<pid>/task/<tid>/schedstat: time on a CPU), where

@@ -7,6 +7,7 @@ import type { DhcpClient, DhcpResult, DhcpRun, DhcpSummaryRow } from '../dhcp';
 import type { DetectionResult } from '../detection';
 import type { ControlResult } from '../control';
 import { WHO_LABEL, EVENT_LABEL, type RestartResult, type RestartSummaryRow, type RestartEvent, type RestartWho } from '../restart';
+import { DAMAGE_KINDS, DAMAGE_LABEL, DRIFT_WHO_LABEL, type DriftResult } from '../drift';
 import type { ProbeRateResult, ProbeRateSummary, ProbePath, PreflightResult, FailoverResult } from '../wrapped';
 import type { Machine } from './procfs';
 import { fmt, fmtRatio, median, ratio } from './stats';
@@ -36,6 +37,7 @@ export interface BenchResults {
   detection?: DetectionResult;
   control?: ControlResult;
   restart?: RestartResult;
+  drift?: DriftResult;
   preflight?: PreflightResult;
   failover?: FailoverResult;
   targets: TargetRow[];
@@ -155,6 +157,7 @@ export function evaluateTargets(r: BenchResults): TargetRow[] {
     rows.push({ area: 'control', target: `RSS flat (within 5%) across 20 reloads of ${many.services} services`, measured: `${fmtRatio(growth)} after ${many.reloads} reloads (${fmt(many.rssMiB, 1)} -> ${fmt(many.rssAfterReloadsMiB, 1)} MiB)`, met: many.reloads >= 20 ? judge(growth, (x) => x <= 1.05) : undefined });
   }
   rows.push(...restartTargets(r.restart));
+  rows.push(...driftTargets(r.drift));
   const pf = r.preflight?.summary;
   if (pf) rows.push({ area: 'preflight', target: '`lb-agent check` under 1 s (a fresh process)', measured: `${fmt(pf.freshProcessMedianMs)} ms`, met: judge(pf.freshProcessMedianMs, (x) => x < 1000) });
   return rows;
@@ -186,6 +189,19 @@ export function restartTargets(r: RestartResult | undefined): TargetRow[] {
     met: p && h ? judge(p.failures - h.failures, (d) => d <= 0) : undefined,
   });
   return rows;
+}
+
+/** Issue 43's drift target: every kind of damage, median over rounds, back to the first answer under 1 s. */
+export function driftTargets(d: DriftResult | undefined): TargetRow[] {
+  if (!d) return [];
+  const agent = DAMAGE_KINDS.map((k) => [k, d.summary.find((s) => s.who === 'agent' && s.kind === k && s.runsOk > 0)] as const);
+  const seen = agent.filter(([, s]) => s !== undefined && Number.isFinite(s.downMs));
+  const missing = agent.filter(([, s]) => s === undefined || !Number.isFinite(s.downMs)).map(([k]) => k);
+  const worst = seen.reduce<readonly [string, number] | undefined>((w, [k, s]) => (w === undefined || s!.downMs > w[1] ? [k, s!.downMs] : w), undefined);
+  const over = seen.filter(([, s]) => s!.downMs >= 1000).map(([k, s]) => `${k} ${fmt(s!.downMs)} ms`);
+  const measured = worst === undefined ? 'not measured'
+    : `longest ${fmt(worst[1])} ms (${worst[0]})${over.length ? `; over 1 s: ${over.join(', ')}` : ''}${missing.length ? `; not measured: ${missing.join(', ')}` : ''}`;
+  return [{ area: 'drift', target: 'drift: every kind repaired to the first answer under 1 s', measured, met: over.length > 0 ? false : worst !== undefined && missing.length === 0 ? true : undefined }];
 }
 
 const yes = (m: boolean | undefined): string => (m === undefined ? 'not measured' : m ? 'met' : '**not met**');
@@ -380,6 +396,31 @@ export function restartTable(r: BenchResults): string | undefined {
     ]));
 }
 
+export function driftTable(r: BenchResults): string | undefined {
+  const d = r.drift;
+  if (!d || d.summary.length === 0) return undefined;
+  return table(['who', 'damage', 'VIP down for (damage -> first answer) ms', 'longest of the rounds ms', 'failed requests', 'repair logged after ms', 'rounds ok'],
+    d.summary.map((s) => [
+      DRIFT_WHO_LABEL[s.who], DAMAGE_LABEL[s.kind], fmt(s.downMs), fmt(s.worstDownMs), fmt(s.failures), s.who === 'agent' ? fmt(s.repairLoggedMs) : '-', `${s.runsOk}/${s.runs}`,
+    ]));
+}
+
+/** The timer reference against the agent, and the resync's cost, as sentences; undefined when neither was measured. */
+export function driftLines(r: BenchResults): string[] {
+  const d = r.drift;
+  if (!d) return [];
+  const out: string[] = [];
+  const t = d.timer;
+  if (t.kinds.length > 0) {
+    out.push(`Timer-only repair against the drift guard, over the kinds both repaired (${t.kinds.join(', ')}): median ${fmt(t.timerMs)} ms against ${fmt(t.agentMs)} ms, ${fmtRatio(ratio(t.timerMs, t.agentMs))} as long down. A timer of period T leaves damage in place T/2 on average (${fmt(d.config.timerPeriodMs / 2)} ms here, ${fmt(45_000)} ms with Felix's default 90 s refresh), up to T.`);
+  }
+  const c = d.resync;
+  if (c) {
+    out.push(`Full resync of ${fmt(c.services)} pool services (kernel path, health checks off; all ready ${fmt(c.startMs)} ms after \`lb-agent run\`): the agent used ${fmt(c.cpuWithMs)} ms of CPU in ${fmt(c.windowSeconds)} s with \`reconcile.resyncInterval: 1\` and ${fmt(c.cpuWithoutMs)} ms with ${fmt(c.quietInterval)} (no resync in the window), medians over ${c.pairs.length} pair(s) of windows, each after a reload (with / without, ms: ${c.pairs.map((p) => `${fmt(p.withMs)} / ${fmt(p.withoutMs)}`).join(', ')}): **${fmt(c.cpuPerResyncMs, 1)} ms of CPU per resync** (${fmt(c.cpuPerResyncMs / 300, 2)}% of a core at the default 30 s). /proc counts CPU in 10 ms ticks, so a pair is good to about ±${fmt(40 / Math.max(1, c.resyncs), 1)} ms a resync, and other work on the machine moves the windows apart.`);
+  }
+  return out;
+}
+
 /** Numbers of a JSON document, flattened to dotted paths (bounded), for another module's bench output. */
 export function flattenNumbers(doc: unknown, prefix = '', out: [string, number][] = [], depth = 0): [string, number][] {
   if (out.length >= 60 || depth > 4) return out;
@@ -482,6 +523,15 @@ export function renderResults(r: BenchResults): string {
     parts.push('On the proxy path a SIGTERM or SIGKILL followed by a new start has a gap outside systemd: the listening sockets die with the process and the new one binds again. `lb-agent run --replace` closes it as HAProxy\'s seamless reload does: the listeners are handed over on the control socket and the old process accepts until the new one serves. Under the systemd unit the listeners wait in systemd\'s fd store across a restart or a crash; test/privileged/continuity-systemd.test.ts shows zero failed new connections there. The kernel path needs no process to forward.');
     if (c.errors.length) parts.push(`Not measured: ${c.errors.join('; ')}.`);
   }
+  if (r.drift) {
+    const c = r.drift.config;
+    parts.push('## Drift: damage by another program to the first answer');
+    parts.push(`The continuity lab (a DHCP service and a pool service, kernel path). A client in another namespace starts an HTTP GET through each VIP every ${c.intervalMs} ms, each on a new connection with a ${c.timeoutMs} ms deadline. Each kind of damage is one command in the node's namespace; "down for" runs from just before the command to the end of the first answer that started after the last failed request, over the VIPs the damage reaches (both for the table and sysctl kinds), and is the median over ${c.rounds} round(s), a fresh agent each. Damage that breaks no request (arp_ignore, ARP flux only) shows the next answer; its "repair logged" column is when the agent put the value back. The timer row is a repairer in the bench, not the agent: the agent stopped with \`--on-stop keep\`, a loop every ${fmt(c.timerPeriodMs / 1000)} s restores the saved table (\`nft -f\`) and the pool VIP; its damages land at phases spread over the period.`);
+    const dt = driftTable(r);
+    if (dt) parts.push(dt);
+    parts.push(...driftLines(r));
+    if (r.drift.errors.length) parts.push(`Not measured: ${r.drift.errors.join('; ')}.`);
+  }
   const pf = r.preflight?.summary;
   if (pf || r.preflight?.error) {
     parts.push('## Preflight');
@@ -541,6 +591,8 @@ export function renderBenchSummary(r: BenchResults, resultsFile: string): string
   if (ct) parts.push(`Control plane:\n\n${ct}`);
   const rt = restartTable(r);
   if (rt) parts.push(`Restart and reload, client loop every 20 ms (a new connection per request, ${r.restart!.config.timeoutMs} ms deadline; proxy-path restarts measured outside systemd, where the listeners do not survive the process):\n\n${rt}`);
+  const drt = driftTable(r);
+  if (drt) parts.push(`Drift, damage by another program to the first answer through the VIP (client loop every 20 ms, median over rounds; the timer row is a Felix-style repairer on a 10 s period, the agent stopped):\n\n${drt}\n\n${driftLines(r).join('\n\n')}`);
   const fo = failoverTable(r);
   if (fo) parts.push(`Failover (bench/failover.ts), death of the Master VM to the first answer through the VIP:\n\n${fo}`);
   parts.push(`Targets (shown, not asserted):\n\n${table(['area', 'target', 'measured', 'result'], r.targets.map((t) => [t.area, t.target, t.measured, yes(t.met)]))}`);

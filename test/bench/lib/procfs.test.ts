@@ -1,7 +1,7 @@
 // bench/lib/procfs.ts threadsCpuMs against this process: the scheduler's
 // time on a CPU, finer than /proc/<pid>/stat's 10 ms ticks.
 import t from 'tap';
-import { threadsCpuMs } from '../../../bench/lib/procfs';
+import { threadsCpuMs, cpuWithChildrenMs } from '../../../bench/lib/procfs';
 
 t.test('threadsCpuMs: this process\'s CPU time grows with work, at sub-tick resolution', async (t) => {
   const before = threadsCpuMs(process.pid);
@@ -25,4 +25,13 @@ t.test('threadsCpuMs: this process\'s CPU time grows with work, at sub-tick reso
 t.test('threadsCpuMs: no process, NaN', async (t) => {
   t.ok(Number.isNaN(threadsCpuMs(undefined)));
   t.ok(Number.isNaN(threadsCpuMs(2 ** 22 + 1)), 'a pid above pid_max');
+});
+
+t.test('cpuWithChildrenMs: this process\'s CPU in whole ticks, NaN for no process', async (t) => {
+  const spin = Date.now() + 50;
+  while (Date.now() < spin) { /* burn a few ticks */ }
+  const ms = cpuWithChildrenMs(process.pid);
+  t.ok(ms > 0 && ms % 10 === 0, `${ms} ms, a multiple of the 10 ms tick`);
+  t.ok(Number.isNaN(cpuWithChildrenMs(undefined)));
+  t.ok(Number.isNaN(cpuWithChildrenMs(2 ** 30)), 'a pid that is not running');
 });

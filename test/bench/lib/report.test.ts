@@ -7,6 +7,7 @@ import type { ForwardTargetSummary } from '../../../bench/forwarding';
 import type { DhcpRun } from '../../../bench/dhcp';
 import type { ProbeRateResult, ProbeRateSummary } from '../../../bench/wrapped';
 import type { RestartResult, RestartSummaryRow } from '../../../bench/restart';
+import { DAMAGE_KINDS, type DriftResult, type DriftSummaryRow } from '../../../bench/drift';
 
 function fwd(label: string, ka: number, nc: number, bulk: number): ForwardTargetSummary {
   return { label, keepalive: { requestsPerSec: ka, p50ms: 0.5, p99ms: 2 }, newConnections: { connectionsPerSec: nc, p50ms: 1, p99ms: 5 }, bulkGbps: bulk, rssMiB: 70, peakRssMiB: 72, errors: 0, samples: 3 };
@@ -397,4 +398,42 @@ t.test('DHCP tables: the agent\'s and the server\'s CPU over the run, "-" where 
   t.match(md, /\| lbagent-like \| 50 \| off \| 400 \| 450 \| 1\.50x \| 5 \| - \| 320 \| 61 \| 3\/3 \|/, '50 services');
   t.match(md, /\| udhcpc \| 50 \| off \| 200 \| 3,000 \| [^|]+ \| 5 \| - \| - \| - \| 3\/3 \|/, 'nothing measured: dashes');
   t.notMatch(md, /undefined|NaN/);
+});
+
+function driftResult(over: Partial<Record<string, number>> = {}): DriftResult {
+  const agent: DriftSummaryRow[] = DAMAGE_KINDS.map((kind) => ({ who: 'agent', kind, downMs: over[kind] ?? 80, failures: 4, repairLoggedMs: 70, worstDownMs: 120, runs: 3, runsOk: 3 }));
+  return {
+    config: { rounds: 3, intervalMs: 20, timeoutMs: 300, timerPeriodMs: 10_000, timerKinds: ['delete-table', 'pool-address'], services: 1000, cpuWindowSeconds: 10, cpuPairs: 3 },
+    summary: [...agent, { who: 'timer', kind: 'delete-table', downMs: 6200, failures: 300, repairLoggedMs: NaN, worstDownMs: 8700, runs: 3, runsOk: 3 }],
+    timer: { timerMs: 5000, agentMs: 62, kinds: ['delete-table', 'pool-address'] },
+    resync: { services: 1000, startMs: 15_000, windowSeconds: 10, quietInterval: 15, pairs: [{ withMs: 700, withoutMs: 500 }], cpuWithMs: 700, cpuWithoutMs: 500, resyncs: 10, cpuPerResyncMs: 20 },
+    raw: [], errors: [],
+  };
+}
+
+t.test('drift target: every kind\'s median under 1 s; one over is not met, one missing is not measured', async (t) => {
+  const r = results();
+  r.drift = driftResult({ 'dhcp-link-del': 150 });
+  const row = (): { measured: string; met: boolean | undefined } => evaluateTargets(r).find((x) => x.area === 'drift')!;
+  t.equal(evaluateTargets(r).find((x) => x.area === 'drift')!.target, 'drift: every kind repaired to the first answer under 1 s');
+  t.same(row(), { area: 'drift', target: 'drift: every kind repaired to the first answer under 1 s', measured: 'longest 150 ms (dhcp-link-del)', met: true });
+  r.drift = driftResult({ 'arp-ignore': 1200 });
+  t.same([row().met, row().measured], [false, 'longest 1,200 ms (arp-ignore); over 1 s: arp-ignore 1,200 ms']);
+  r.drift = driftResult();
+  r.drift.summary = r.drift.summary.filter((s) => s.kind !== 'ip-forward');
+  t.same([row().met, row().measured], [undefined, 'longest 80 ms (flush-ruleset); not measured: ip-forward'], 'the timer row does not stand in for the agent\'s');
+});
+
+t.test('drift section: the table with the timer row, the ratio, half the period, and the cost per resync', async (t) => {
+  const r = results();
+  r.drift = driftResult();
+  const md = renderResults(r);
+  t.match(md, /## Drift: damage by another program to the first answer/);
+  t.match(md, /\| lb-agent drift guard \(notifications, resync 30 s\) \| `ip link del` of the DHCP macvlan \| 80 \| 120 \| 4 \| 70 \| 3\/3 \|/);
+  t.match(md, /\| timer-only repair \(Calico Felix-style\), period 10 s \| `nft delete table ip lb_agent` \| 6,200 \| 8,700 \| 300 \| - \| 3\/3 \|/);
+  t.match(md, /median 5,000 ms against 62 ms, 80\.65x as long down/);
+  t.match(md, /T\/2 on average \(5,000 ms here/);
+  t.match(md, /\*\*20\.0 ms of CPU per resync\*\*/);
+  t.notMatch(md, /undefined|NaN/);
+  t.match(renderBenchSummary(r, 'bench/results/x.md'), /Drift, damage by another program/);
 });
