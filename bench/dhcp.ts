@@ -15,7 +15,7 @@
 //              tcpdump in the server's namespace (process start-up and what
 //              a client does after the ACK left out: equal terms)
 // lb-agent runs twice: with its defaults (RFC 2131 §4.4.1 start jitter and an
-// RFC 5227 ARP probe of the offered address before binding, as DESIGN.md asks)
+// RFC 5227 ARP probe of the offered address before binding, as docs/design.md asks)
 // and like for like with the peers, which do neither (dhcp.probeOffer: false,
 // dhcp.retransmitJitter: 0).
 import * as fs from 'node:fs';

@@ -1,4 +1,4 @@
-// The JSON schema of config.yaml (the user contract in DESIGN.md). Shape and
+// The JSON schema of config.yaml (the user contract, docs/configuration.md). Shape and
 // ranges only; cross-field rules (pools, Share IP, annotations) live in
 // load.ts. `x-what` names what a value must be, for error messages such as
 // "services[0].ports[0].port: 70000 is not a port (1-65535)".

@@ -300,7 +300,7 @@ export class Daemon extends EventEmitter {
       if (owned.adopted.length > 0) this.log.info({ op: 'adopt', adopted: owned.adopted }, 'adopted links left by an earlier run');
       await this.applyBackendVips(config.backend.vips);
 
-      // Crash-only start (DESIGN.md "Continuity"): what an earlier run left
+      // Crash-only start (docs/design.md "The data path outlives the process"): what an earlier run left
       // serving keeps serving. The VIPs still on the kernel and explained by
       // a lease or claim, and the health verdicts it reached, make the first
       // forwarding state - identical to the table the kernel already holds

@@ -1,4 +1,4 @@
-// Reload by a pure plan (DESIGN.md "Reload by diff"): from the running and
+// Reload by a pure plan (docs/design.md "The reconciler and reloads"): from the running and
 // the new desired state, the steps a reload takes, or the reasons it is
 // refused. No I/O: the daemon carries the steps out, one reload at a time.
 //

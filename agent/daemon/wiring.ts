@@ -50,7 +50,7 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
     const parent: ParentLink = { name: link.name, index: link.index, mac: link.mac, address: primary?.address };
     const parentSysctls = new ParentSysctls();
     const changes = await parentSysctls.apply(parent.name);
-    if (changes.length > 0) log.info({ module: 'net', op: 'sysctl', ifname: parent.name, changes }, 'set ARP sysctls on the parent (DESIGN.md: ARP flux)');
+    if (changes.length > 0) log.info({ module: 'net', op: 'sysctl', ifname: parent.name, changes }, 'set ARP sysctls on the parent (ARP flux: docs/design.md)');
 
     const pools = new PoolManager({ pools: config.pools, store, log, registry, clock });
     // The node's own addresses are never handed out of a pool.

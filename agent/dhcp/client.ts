@@ -374,7 +374,7 @@ export function step(ctx: ClientContext, s: ClientState, ev: ClientEvent, now: n
       if (s.name !== 'STOPPED') return result(s, actions, 'already-running');
       const saved = ev.saved;
       if (saved && saved.expiresAt > now && ev.resume) {
-        // Crash-only start (DESIGN.md "Continuity"): the address is served
+        // Crash-only start (docs/design.md "The data path outlives the process"): the address is served
         // now, with no ARP probe (RFC 5227 probes an address a host is about
         // to begin using; this one never stopped being ours), and confirmed
         // by a REQUEST for it right away: a RENEWING exchange, unicast to

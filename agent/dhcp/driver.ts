@@ -66,7 +66,7 @@ export interface DhcpNetDeps {
   /** Announces, defends and refreshes a bound VIP (net/vip-owner.ts). */
   vipOwner(opts: VipOwnerOptions): VipOwner;
   /**
-   * arp_ignore / arp_announce (and rp_filter on macvlans): DESIGN.md "ARP
+   * arp_ignore / arp_announce (and rp_filter on macvlans): docs/design.md "ARP
    * flux". For the parent and an adopted macvlan; a macvlan this start
    * created gets them through netlink (NetlinkClient.setLink).
    */
@@ -446,7 +446,7 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     // The parent as just read: createMacvlan asks for it no second time, and takes the new link from the kernel's echo.
     const created = !link;
     if (!link) link = await this.netlink.createMacvlan({ name: this.ifname, parent, mac: this.mac, mode: 'bridge' });
-    // DESIGN.md "ARP flux": on the parent too, or the parent answers ARP for the VIP with its own MAC and
+    // docs/design.md "ARP flux": on the parent too, or the parent answers ARP for the VIP with its own MAC and
     // unicast replies to a RENEWING client (and every client connection) arrive where this socket cannot see them.
     await this.deps.applySysctls(parent.name, 'parent');
     // An adopted link's values are read and put right (and reported); a link

@@ -1,5 +1,5 @@
 // Routes: the IPv4 default route's interface, read from /proc/net/route.
-// The one home of the parent-NIC rule (DESIGN.md: node.interface defaults to
+// The one home of the parent-NIC rule (docs/design.md: node.interface defaults to
 // the default route's NIC); the preflight and the daemon both ask here.
 import * as fs from 'node:fs';
 

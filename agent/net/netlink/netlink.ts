@@ -127,7 +127,7 @@ export interface CreateMacvlanOptions {
   /** Parent link, by name or index, or as the caller already read it (no second lookup). */
   parent: string | number | LinkInfo;
   mac: string;
-  /** Always explicit (DESIGN.md): bridge lets macvlans on one parent reach each other. */
+  /** Always explicit (docs/design.md): bridge lets macvlans on one parent reach each other. */
   mode: MacvlanMode;
 }
 

@@ -1,4 +1,4 @@
-// Ownership reconcile (DESIGN.md: "on start, the agent adopts or removes
+// Ownership reconcile (docs/design.md: "on start, the agent adopts or removes
 // links ... that it owns"): a pure plan over the links that exist and the
 // links wanted, and a driver that applies it through netlink.ts. A crash
 // therefore never leaves a stale macvlan, or a duplicate MAC, on the LAN.

@@ -14,7 +14,7 @@
 // Why: 50 DHCP services opened 50 sockets (socket, BPF JIT, epoll
 // registration, ~0.2-0.6 ms each). A port's frames are sent through the
 // shared socket with the port's ifindex in sendto's address, so they leave
-// from the macvlan, as before (DESIGN.md: every DHCP frame leaves from the
+// from the macvlan, as before (docs/design.md: every DHCP frame leaves from the
 // macvlan). Sending from the parent instead would be cheaper still: a
 // broadcast from a bridge-mode macvlan is cloned to every other macvlan
 // inside the send (~60 us of CPU against ~7 us from the parent, 50

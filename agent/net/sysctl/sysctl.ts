@@ -1,6 +1,6 @@
 // Per-interface sysctls (driver over /proc/sys/net/ipv4/conf/<if>/, and
 // ipv6/conf/<if>/disable_ipv6): read and set the ARP-flux and reverse-path
-// knobs DESIGN.md requires on the parent NIC and on each macvlan. Values are small integers; paths are built
+// knobs docs/design.md requires on the parent NIC and on each macvlan. Values are small integers; paths are built
 // only from validated interface names and a fixed set of keys.
 //
 // Reads and writes are synchronous: a procfs file is kernel memory, never a
@@ -123,7 +123,7 @@ export type VipRole = 'parent' | 'macvlan';
  * The wanted values, by role: the one table. The daemon writes it
  * (applyVipSysctls) and the preflight checks against it (preflight/checks.ts).
  *
- * DESIGN.md "ARP flux": with several addresses on one LAN the kernel answers
+ * docs/design.md "ARP flux": with several addresses on one LAN the kernel answers
  * ARP for any local address on any NIC. arp_ignore=1 answers only for
  * addresses on the receiving interface; arp_announce=2 always uses the
  * outgoing interface's best address as the ARP source. Not arp_ignore=2: it
