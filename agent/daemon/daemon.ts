@@ -4,7 +4,6 @@
 // diff (only changed services are touched; a bad file changes nothing);
 // SIGTERM withdraws everything the agent announced without releasing leases.
 import { EventEmitter } from 'node:events';
-import { watchFile, unwatchFile } from 'node:fs';
 import type { Registry } from '../metrics/prom';
 import { formatConfigErrors, parseListen, type ConfigError } from '../config/load';
 import { loadConfigFileAsync, INLINE_PARSE_MAX_BYTES } from '../config/load-async';
@@ -23,12 +22,12 @@ import type { Clock } from '../clock';
 import { realClock, isoTime } from '../clock';
 import { VERSION } from '../version';
 import { EventRing, type StatusEvent, type StatusEventKind } from './events';
-import type { NodeTopology } from '../config/labels';
 import type { TopologySelection } from '../forward/topology';
 import type { CodeCacheHandle } from '../cli/code-cache';
 import type { DriftGuard } from './drift';
 import { HealthStore, type HealthDocument } from './health-store';
 import { RuntimeTuning } from './tuning';
+import { NodeZone, placeOf } from './zone';
 import { dsrEngineOf, portsText, serviceVerdict, startingStatus, type ReloadResult, type ServiceStatus, type StatusDocument, type Verdict } from './status';
 import type { HeldVip } from './drift-plan';
 
@@ -125,9 +124,6 @@ function lateModules(): typeof import('./late') {
 }
 
 /** Before the labels file is read. */
-/** How often the labels file is polled for a rewrite (one stat). */
-const LABELS_POLL_MS = 2000;
-const UNKNOWN_TOPOLOGY: NodeTopology = { zone: undefined, region: undefined, zoneFrom: 'unknown', regionFrom: 'unknown', labelsFile: undefined, problem: undefined };
 
 /**
  * During a start, the longest a change waits for the table while address
@@ -185,11 +181,8 @@ export class Daemon extends EventEmitter {
   private stopping = false;
   private lastReload: { at: number; ok: boolean; message: string } | undefined;
   private metrics: import('./metrics').DaemonMetrics | undefined;
-  /** This node's zone and region (config, else the labels file), re-read at every reload. */
-  private topology: NodeTopology = UNKNOWN_TOPOLOGY;
-  /** The labels file polled for rewrites (a VM that migrates gets its new zone without a reload). */
-  private labelsWatched: string | undefined;
-  private readonly onLabelsChange = (): void => { void this.labelsRewritten(); };
+  /** This node's zone and region, re-read at every reload and when the labels file is rewritten. */
+  private readonly zone: NodeZone;
   private registry: Registry | undefined;
   private reloading: Promise<ReloadResult> | undefined;
   private reloadNext: Promise<ReloadResult> | undefined;
@@ -212,6 +205,7 @@ export class Daemon extends EventEmitter {
     this.log = opts.log.child({ module: 'daemon' });
     this.clock = opts.clock ?? realClock;
     this.tuning = new RuntimeTuning(opts, this.log);
+    this.zone = new NodeZone({ log: this.log, read: (node) => lateModules().readNodeTopology(node), onRewrite: () => { void this.labelsRewritten(); } });
   }
 
   get currentConfig(): Desired | undefined { return this.config; }
@@ -285,7 +279,7 @@ export class Daemon extends EventEmitter {
     try {
       if (config.metrics.listen !== '') await this.startMetrics(config.metrics.listen);
       this.subs = await this.opts.buildSubsystems(config, { log: this.opts.log, registry, store, clock: this.clock, listenerStore: this.opts.listenerStore });
-      await this.readTopology(config);
+      await this.zone.read(config);
       this.subs.health.on('change', (key: string, address: string, up: boolean) => {
         this.noteEvent(up ? 'backend-up' : 'backend-down', { service: key, address, reason: this.backendReason(key, address, up) });
         this.scheduleApply(); this.health?.saveSoon();
@@ -587,7 +581,7 @@ export class Daemon extends EventEmitter {
       // health checker already logs.
       const moved = rt.topology === undefined || rt.topology.set !== sel.set || rt.topology.reason !== sel.reason;
       if (moved && rt.spec.topology !== 'any' && (rt.topology !== undefined || sel.set !== 'none')) {
-        this.log.info({ op: 'topology', service: rt.spec.key, policy: rt.spec.topology, set: sel.set, reason: sel.reason, zone: this.topology.zone }, sel.detail);
+        this.log.info({ op: 'topology', service: rt.spec.key, policy: rt.spec.topology, set: sel.set, reason: sel.reason, zone: this.zone.current.zone }, sel.detail);
       }
       rt.topology = sel;
       const primaryKey = rt.spec.primaryService ?? rt.spec.key;
@@ -608,46 +602,17 @@ export class Daemon extends EventEmitter {
 
   /** The backends a service may send new connections to now, under its topology policy. */
   private topologyOf(spec: ServiceSpec): TopologySelection {
-    return lateModules().selectBackends(spec.topology, this.topology.zone, this.subs!.health.healthy(spec.key));
+    return lateModules().selectBackends(spec.topology, this.zone.current.zone, this.subs!.health.healthy(spec.key));
   }
 
-  /** (Re)read this node's zone and region: at start, at every reload and when the labels file is rewritten (Harvester re-syncs the labels when a VM moves). Returns the one it replaced. */
-  private async readTopology(config: Desired): Promise<NodeTopology> {
-    const before = this.topology;
-    this.topology = await lateModules().readNodeTopology(config.node);
-    const t = this.topology;
-    this.watchLabels(t.labelsFile);
-    if (t.zone !== before.zone || t.region !== before.region || t.problem !== before.problem) {
-      const zoned = config.services.filter((sv) => sv.topology !== 'any').map((sv) => sv.key);
-      const fields = { op: 'topology', zone: t.zone, region: t.region, zoneFrom: t.zoneFrom, labelsFile: t.labelsFile, problem: t.problem };
-      if (t.zone === undefined && zoned.length > 0) this.log.warn({ ...fields, services: zoned }, `this node's zone is unknown (${t.problem ?? 'no node.zone'}): prefer-zone services use every healthy backend, zone-only services refuse connections`);
-      else if (t.zone !== undefined) this.log.info(fields, `node zone ${t.zone} (from ${t.zoneFrom === 'config' ? 'node.zone' : t.labelsFile})`);
-      else this.log.debug(fields, 'node zone unknown (no service uses a zone policy)');
-    }
-    return before;
-  }
-
-  /**
-   * Poll the labels file the zone comes from (a stat every LABELS_POLL_MS; stat
-   * follows the downward API's symlink swap and sees a file that appears
-   * later), so that a rewrite after a migration takes effect without a reload.
-   */
-  private watchLabels(path: string | undefined): void {
-    if (path === this.labelsWatched) return;
-    if (this.labelsWatched !== undefined) unwatchFile(this.labelsWatched, this.onLabelsChange);
-    this.labelsWatched = path;
-    if (path !== undefined && !this.stopping) watchFile(path, { interval: LABELS_POLL_MS, persistent: false }, this.onLabelsChange);
-  }
-
-  /** The labels file changed: re-read the zone; a new one re-balances every zoned service at once. */
+  /** The labels file was rewritten: re-read the zone; a new one re-balances every zoned service at once. */
   private async labelsRewritten(): Promise<void> {
     // A reload in flight reads the file itself, with its own config.
     if (this.stopping || this.reloading || !this.config || !this.subs) return;
-    const before = await this.readTopology(this.config);
-    const t = this.topology;
+    const before = await this.zone.read(this.config);
+    const t = this.zone.current;
     if (t.zone === before.zone && t.region === before.region) return;
-    const place = (x: NodeTopology): string => `${x.zone ?? 'unknown'}${x.region ? ` (region ${x.region})` : ''}`;
-    this.noteEvent('zone-changed', { reason: `${place(before)} -> ${place(t)}: ${t.labelsFile} was rewritten${t.problem ? `; ${t.problem}` : ''}` });
+    this.noteEvent('zone-changed', { reason: `${placeOf(before)} -> ${placeOf(t)}: ${t.labelsFile} was rewritten${t.problem ? `; ${t.problem}` : ''}` });
     this.scheduleApply();
     this.notifyStatus();
   }
@@ -830,7 +795,7 @@ export class Daemon extends EventEmitter {
     subs.health.update(next.services);
     this.updateFailover();
     this.startSources();
-    await this.readTopology(next);
+    await this.zone.read(next);
     await this.applyNow();
     const message = lateModules().describeSummary(plan.summary);
     const sm = plan.summary;
@@ -924,7 +889,7 @@ export class Daemon extends EventEmitter {
     if (this.applying) await this.applying.catch(() => undefined);
 
     if (this.batchTimer) { clearTimeout(this.batchTimer); this.batchTimer = undefined; }
-    this.watchLabels(undefined);
+    this.zone.stop();
     this.health?.save();
     await step('control socket', () => this.control?.stop());
     const keep = opts.keep === true && this.subs !== undefined && this.subs.failover === undefined;
@@ -1007,7 +972,7 @@ export class Daemon extends EventEmitter {
         healthyBackends: healthyCount,
         backends: subs.health.status(spec.key),
         sourceIP: spec.sourceIP,
-        topology: { policy: spec.topology, zone: this.topology.zone, set: topology.set, reason: topology.reason, detail: topology.detail, inUse: topology.backends.map((b) => b.address) },
+        topology: { policy: spec.topology, zone: this.zone.current.zone, set: topology.set, reason: topology.reason, detail: topology.detail, inUse: topology.backends.map((b) => b.address) },
       };
     });
   }
@@ -1041,7 +1006,7 @@ export class Daemon extends EventEmitter {
       pid: process.pid,
       node: {
         name: c.node.name, interface: this.subs?.parent.name, address: this.parentAddress ?? this.subs?.parent.address, priority: c.node.priority,
-        zone: this.topology.zone, region: this.topology.region, zoneFrom: this.topology.zoneFrom, labelsProblem: this.topology.problem,
+        zone: this.zone.current.zone, region: this.zone.current.region, zoneFrom: this.zone.current.zoneFrom, labelsProblem: this.zone.current.problem,
       },
       config: { path: this.opts.configPath, loadedAt: isoTime(this.configLoadedAt), generation: this.generation, lastReload: this.lastReload },
       dataplane: this.subs ? {
