@@ -28,6 +28,7 @@ import type { DriftGuard } from './drift';
 import { HealthStore, type HealthDocument } from './health-store';
 import { RuntimeTuning } from './tuning';
 import { NodeZone, placeOf } from './zone';
+import { ApplyLoop } from './apply-loop';
 import { dsrEngineOf, portsText, serviceVerdict, startingStatus, type ReloadResult, type ServiceStatus, type StatusDocument, type Verdict } from './status';
 import type { HeldVip } from './drift-plan';
 
@@ -72,7 +73,7 @@ export interface DaemonOptions {
    * the daemon runs gc() instead.
    */
   collectAfterReload?: () => boolean;
-  /** During a start, the longest a change waits for sources still acquiring (startBatchWait); default START_APPLY_BATCH_MS. */
+  /** During a start, the longest a change waits for sources still acquiring (ApplyLoop, acquiringForBatch); default START_APPLY_BATCH_MS. */
   startApplyBatchMs?: number;
   /**
    * Called as the start begins: holds V8's optimizing compiler off for the
@@ -127,7 +128,7 @@ function lateModules(): typeof import('./late') {
 
 /**
  * During a start, the longest a change waits for the table while address
- * sources are still acquiring (Daemon.startBatchWait).
+ * sources are still acquiring (ApplyLoop, Daemon.acquiringForBatch).
  */
 export const START_APPLY_BATCH_MS = 500;
 
@@ -158,26 +159,17 @@ export class Daemon extends EventEmitter {
   /** The parent's address as last observed, once it changed after the start. */
   private parentAddress: string | undefined;
   private readonly runtimes = new Map<string, ServiceRuntime>();
-  private applying: Promise<void> | undefined;
-  /** The VIPs whose rules are in the kernel now (served or armed): a takeover of one of them need not wait for an apply. */
-  private appliedVips = new Set<string>();
   /**
-   * The services whose rules in the kernel (or listeners in the proxy)
-   * forward to at least one backend: the table last applied had the VIP and
-   * a non-empty healthy set. `ready` waits for it, so status never calls a
-   * service ready while its first connections would still be refused.
+   * One data path transaction at a time (apply-loop.ts). It knows the VIPs
+   * whose rules are in place and the services forwarded to a healthy
+   * backend: `ready` waits for the latter, so status never calls a service
+   * ready while its first connections would still be refused.
    */
-  private appliedServing = new Set<string>();
-  private applyAgain = false;
-  /** The next apply runs now, not batched (applyNow: the first apply, reloads, takeovers). */
-  private applyForced = false;
+  private readonly applies: ApplyLoop;
   /** A STATUS= line asked for by notifyStatusSoon, not yet sent. */
   private statusNotice: NodeJS.Immediate | undefined;
-  /** The runtime startBatchWait last found acquiring: asked first next time. */
+  /** The runtime acquiringForBatch last found acquiring: asked first next time. */
   private lastAcquiring: ServiceRuntime | undefined;
-  /** Since when a change has waited for the start's batch (startBatchWait); the timer that ends the wait. */
-  private batchSince: number | undefined;
-  private batchTimer: NodeJS.Timeout | undefined;
   private stopping = false;
   private lastReload: { at: number; ok: boolean; message: string } | undefined;
   private metrics: import('./metrics').DaemonMetrics | undefined;
@@ -205,6 +197,15 @@ export class Daemon extends EventEmitter {
     this.log = opts.log.child({ module: 'daemon' });
     this.clock = opts.clock ?? realClock;
     this.tuning = new RuntimeTuning(opts, this.log);
+    this.applies = new ApplyLoop({
+      log: this.log, clock: this.clock, batchMs: opts.startApplyBatchMs ?? START_APPLY_BATCH_MS,
+      state: () => this.forwardState(),
+      apply: (state) => this.subs!.dataplane.apply(state),
+      acquiring: () => this.acquiringForBatch(),
+      // systemd's STATUS= line says so when readiness follows the applied table.
+      onServingChanged: () => this.notifyStatus(),
+      onIdle: () => this.settleStart(),
+    });
     this.zone = new NodeZone({ log: this.log, read: (node) => lateModules().readNodeTopology(node), onRewrite: () => { void this.labelsRewritten(); } });
   }
 
@@ -497,12 +498,12 @@ export class Daemon extends EventEmitter {
           // Rules first (armedVip), then the address: a takeover claims the
           // VIP without an ARP probe, so it could otherwise come up before
           // the rules and refuse the first clients.
-          // Rules a ready Backup armed are in place already (appliedVips
+          // Rules a ready Backup armed are in place already (the apply loop
           // says so even while an apply that keeps them is under way): no
           // wait for the no-op apply this transition scheduled, nor for a
           // counter read it queues behind (tens of ms of a takeover).
           const armed = this.armedVip(rt.spec);
-          if (armed !== undefined && !this.appliedVips.has(armed)) await this.applyNow();
+          if (armed !== undefined && !this.applies.hasVip(armed)) await this.applyNow();
         }
         const known = this.subs?.failover?.knownVip?.(key);
         source.start(known === undefined ? {} : { known });
@@ -626,52 +627,33 @@ export class Daemon extends EventEmitter {
     }
   }
 
-  /** Coalesce bursts of changes into one dataplane transaction at a time. */
+  /** Coalesce bursts of changes into one dataplane transaction at a time (apply-loop.ts). */
   scheduleApply(): void {
     if (this.stopping || !this.subs) return;
-    if (this.applying) { this.applyAgain = true; return; }
-    this.applying = (async () => {
-      do {
-        this.applyAgain = false;
-        await new Promise((r) => setImmediate(r));
-        if (this.stopping) break;
-        const wait = this.applyForced ? 0 : this.startBatchWait();
-        if (wait > 0) {
-          this.batchTimer ??= setTimeout(() => { this.batchTimer = undefined; this.scheduleApply(); }, wait);
-          break;
-        }
-        this.applyForced = false;
-        this.batchSince = undefined;
-        if (this.batchTimer) { clearTimeout(this.batchTimer); this.batchTimer = undefined; }
-        try {
-          const state = this.forwardState();
-          const next = new Set(state.flatMap((f) => (f.vip !== undefined ? [f.vip] : [])));
-          const nextServing = new Set(state.flatMap((f) => (f.vip !== undefined && f.healthy.length > 0 ? [f.key] : [])));
-          const before = this.appliedVips;
-          const beforeServing = this.appliedServing;
-          // The table is swapped in one transaction: a VIP in both the old
-          // and the new table is covered throughout the apply, one leaving
-          // it may be gone at any moment, one joining it only once it is done.
-          this.appliedVips = new Set([...before].filter((v) => next.has(v)));
-          this.appliedServing = new Set([...beforeServing].filter((k) => nextServing.has(k)));
-          try {
-            await this.subs!.dataplane.apply(state);
-            this.appliedVips = next;
-            const servingChanged = nextServing.size !== beforeServing.size || [...nextServing].some((k) => !beforeServing.has(k));
-            this.appliedServing = nextServing;
-            // Readiness follows the applied table: systemd's STATUS= line says so when it changes.
-            if (servingChanged) this.notifyStatus();
-          } catch (e) {
-            // A failed transaction is not committed: the old table stands.
-            this.appliedVips = before;
-            this.appliedServing = beforeServing;
-            throw e;
-          }
-        } catch (e) {
-          this.log.error({ op: 'apply', err: errorMessage(e) }, 'dataplane update failed; will retry on the next change');
-        }
-      } while (this.applyAgain && !this.stopping);
-    })().finally(() => { this.applying = undefined; this.settleStart(); });
+    this.applies.schedule();
+  }
+
+  /**
+   * Whether the next apply should wait for a start's address source still
+   * acquiring (ApplyLoop batches up to START_APPLY_BATCH_MS): each table
+   * write is an `nft` run, a fork of the agent and the child's CPU on the
+   * cores the exchanges still under way need, so a start of many services
+   * writes the table once after the last bind rather than once per bind.
+   * Nothing waits once every VIP of the start is in the table
+   * (startSettled), nor under VRRP, where sources start on an election and
+   * a takeover's rules must not wait for another service.
+   */
+  private acquiringForBatch(): boolean {
+    if (!this.started || this.startSettled || this.subs?.failover !== undefined) return false;
+    // The runtime found acquiring last time is asked first: it usually still
+    // is, and a scan from the start would walk the services already bound at
+    // every change: n x n status() calls over a start of n services.
+    const still = this.lastAcquiring !== undefined && this.runtimes.get(this.lastAcquiring.spec.key) === this.lastAcquiring && acquiringNow(this.lastAcquiring);
+    if (!still) {
+      this.lastAcquiring = undefined;
+      for (const rt of this.runtimes.values()) if (acquiringNow(rt)) { this.lastAcquiring = rt; break; }
+    }
+    return this.lastAcquiring !== undefined;
   }
 
   /**
@@ -686,46 +668,17 @@ export class Daemon extends EventEmitter {
     for (const rt of this.runtimes.values()) {
       if (!rt.source) continue;
       const vip = rt.source.status().vip?.address;
-      if (vip === undefined || !this.appliedVips.has(vip)) return;
+      if (vip === undefined || !this.applies.hasVip(vip)) return;
     }
     this.startSettled = true;
     this.tuning.settled();
   }
 
 
-  /**
-   * How long the next apply should wait, in ms (0: apply now).
-   * During the start, while any address source is still acquiring, a VIP
-   * that binds waits for the others, or for START_APPLY_BATCH_MS after the
-   * first change that waits, whichever comes first: each table write is an
-   * `nft` run, a fork of the agent and the child's CPU on the cores the
-   * exchanges still under way need, so a start of many services writes the
-   * table once after the last bind rather than once per bind. Nothing waits
-   * once every VIP of the start is in the table (startSettled), for
-   * applyNow (the first apply, reloads, takeovers), nor under VRRP, where
-   * sources start on an election and a takeover's rules must not wait for
-   * another service.
-   */
-  private startBatchWait(): number {
-    if (!this.started || this.startSettled || this.subs?.failover !== undefined) return 0;
-    // The runtime found acquiring last time is asked first: it usually still
-    // is, and a scan from the start would walk the services already bound at
-    // every change: n x n status() calls over a start of n services.
-    const still = this.lastAcquiring !== undefined && this.runtimes.get(this.lastAcquiring.spec.key) === this.lastAcquiring && acquiringNow(this.lastAcquiring);
-    if (!still) {
-      this.lastAcquiring = undefined;
-      for (const rt of this.runtimes.values()) if (acquiringNow(rt)) { this.lastAcquiring = rt; break; }
-    }
-    if (this.lastAcquiring === undefined) return 0;
-    const now = this.clock.now();
-    this.batchSince ??= now;
-    return Math.max(0, this.batchSince + (this.opts.startApplyBatchMs ?? START_APPLY_BATCH_MS) - now);
-  }
 
   private async applyNow(): Promise<void> {
-    this.applyForced = true;
-    this.scheduleApply();
-    while (this.applying) await this.applying;
+    if (this.stopping || !this.subs) return;
+    await this.applies.now();
   }
 
   /**
@@ -886,9 +839,8 @@ export class Daemon extends EventEmitter {
     const step = async (what: string, fn: () => unknown): Promise<void> => {
       try { await fn(); } catch (e) { this.log.error({ op: 'stop', step: what, err: errorMessage(e) }, `stop: ${what} failed`); }
     };
-    if (this.applying) await this.applying.catch(() => undefined);
+    await this.applies.stop();
 
-    if (this.batchTimer) { clearTimeout(this.batchTimer); this.batchTimer = undefined; }
     this.zone.stop();
     this.health?.save();
     await step('control socket', () => this.control?.stop());
@@ -988,7 +940,7 @@ export class Daemon extends EventEmitter {
     const healthyCount = subs.health.healthy(spec.key).length;
     const verdict = serviceVerdict({
       spec, holds: this.holds(primaryKey), failover, vip, src, healthyCount, topology,
-      applied: this.appliedServing.has(spec.key), damage: this.drift?.damage(primaryKey),
+      applied: this.applies.serves(spec.key), damage: this.drift?.damage(primaryKey),
     });
     return { ...verdict, src, failover, topology, healthyCount, vip };
   }
