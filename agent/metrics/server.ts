@@ -2,6 +2,13 @@
 // prom-client Registry), /healthz (the event loop answers), /readyz (every
 // configured service has a VIP and at least one healthy backend; the body
 // names those that do not). Three routes: plain node:http, no framework.
+//
+// It cannot be overrun (Prometheus' guidance, node_exporter's practice):
+// every scrape that arrives while a gather is under way, or within
+// GATHER_REUSE_MS of the last one, is served from that one gather; a
+// request whose client has gone is not answered; connections are capped
+// and a client that is slow to send its headers is closed; /healthz and
+// /readyz read state and never wait for a gather.
 import * as http from 'node:http';
 import type { Registry } from 'prom-client';
 import { LbError } from '../errors';
@@ -19,7 +26,22 @@ export interface MetricsServerOptions {
   registry: Registry;
   readiness: () => Readiness;
   log: Logger;
+  /** Limits, for tests; the defaults below otherwise. */
+  limits?: Partial<MetricsLimits>;
 }
+
+export interface MetricsLimits {
+  /** A gather this recent answers a scrape (ms). */
+  readonly reuseMs: number;
+  /** Connections open at once; more are closed as they arrive. */
+  readonly maxConnections: number;
+  /** A client must have sent its request headers within this (ms). */
+  readonly headersTimeoutMs: number;
+  /** How often the server looks for clients past their timeouts (ms). */
+  readonly checkEveryMs: number;
+}
+
+export const METRICS_LIMITS: MetricsLimits = { reuseMs: 1000, maxConnections: 256, headersTimeoutMs: 5000, checkEveryMs: 1000 };
 
 export class MetricsServer {
   private server: http.Server | undefined;
@@ -29,19 +51,40 @@ export class MetricsServer {
     this.opts = opts;
   }
 
+  private gathering: Promise<string> | undefined;
+  private last: { text: string; at: number } | undefined;
+  /** Gathers run since start (tests read it). */
+  gathers = 0;
+
+  /** The metrics text: the last gather if recent, the one under way if any, else a new one. */
+  private gather(limits: MetricsLimits): Promise<string> {
+    const now = Date.now();
+    if (this.last && now - this.last.at < limits.reuseMs) return Promise.resolve(this.last.text);
+    if (this.gathering) return this.gathering;
+    this.gathers++;
+    const p = this.opts.registry.metrics().then((text) => { this.last = { text, at: Date.now() }; return text; })
+      .finally(() => { this.gathering = undefined; });
+    this.gathering = p;
+    return p;
+  }
+
   async start(): Promise<{ host: string; port: number }> {
     const { registry, readiness } = this.opts;
-    const server = http.createServer((req, res) => {
+    const limits: MetricsLimits = { ...METRICS_LIMITS, ...this.opts.limits };
+    const server = http.createServer({ headersTimeout: limits.headersTimeoutMs, requestTimeout: limits.headersTimeoutMs * 2, connectionsCheckingInterval: limits.checkEveryMs }, (req, res) => {
       const url = (req.url ?? '/').split('?')[0];
       if (req.method !== 'GET' && req.method !== 'HEAD') {
         res.writeHead(405, { allow: 'GET, HEAD' }).end();
         return;
       }
       if (url === '/metrics') {
-        registry.metrics().then((text) => {
+        this.gather(limits).then((text) => {
+          // The client went away while the gather ran: nothing to send.
+          if (res.destroyed || req.socket.destroyed) return;
           res.writeHead(200, { 'content-type': registry.contentType });
           res.end(text);
         }, (err: Error) => {
+          if (res.destroyed) return;
           res.writeHead(500, { 'content-type': 'text/plain' }).end(`metrics collection failed: ${err.message}\n`);
         });
       } else if (url === '/healthz') {
@@ -54,6 +97,7 @@ export class MetricsServer {
         res.writeHead(404, { 'content-type': 'text/plain' }).end('not found: try /metrics, /healthz, /readyz\n');
       }
     });
+    server.maxConnections = limits.maxConnections;
     server.keepAliveTimeout = 5000;
     this.server = server;
     await new Promise<void>((resolve, reject) => {

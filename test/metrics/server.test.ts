@@ -6,7 +6,8 @@
 import t from 'tap';
 import * as http from 'node:http';
 import { Registry, Counter } from 'prom-client';
-import { MetricsServer, type Readiness } from '../../agent/metrics/server';
+import { MetricsServer, type MetricsLimits, type Readiness } from '../../agent/metrics/server';
+import * as net from 'node:net';
 import { silentLogger } from '../../agent/log';
 import { within } from '../../lab/within';
 
@@ -26,8 +27,8 @@ function request(port: number, urlPath: string, method = 'GET'): Promise<Reply> 
   });
 }
 
-async function serve(t: { teardown(fn: () => unknown): void }, registry: Registry, readiness: () => Readiness): Promise<{ server: MetricsServer; port: number }> {
-  const server = new MetricsServer({ host: '127.0.0.1', port: 0, registry, readiness, log: silentLogger() });
+async function serve(t: { teardown(fn: () => unknown): void }, registry: Registry, readiness: () => Readiness, limits: Partial<MetricsLimits> = { reuseMs: 0 }): Promise<{ server: MetricsServer; port: number }> {
+  const server = new MetricsServer({ host: '127.0.0.1', port: 0, registry, readiness, log: silentLogger(), limits });
   const { port } = await server.start();
   t.teardown(() => server.stop());
   return { server, port };
@@ -110,4 +111,54 @@ t.test('stop() closes the listener and idle keep-alive connections, and may be c
   await server.stop();
   agent.destroy();
   await t.rejects(request(port, '/healthz'), { code: 'ECONNREFUSED' }, 'nothing listens after stop');
+});
+
+t.test('200 concurrent scrapes share one gather, all succeed, and /healthz answers throughout', async (t) => {
+  const registry = new Registry();
+  let collects = 0;
+  // A collector that takes the event loop for 30 ms, as a large registry does.
+  new Counter({ name: 'lbagent_test_slow_total', help: 'Slow.', registers: [registry], collect() { collects++; const end = Date.now() + 30; while (Date.now() < end) { /* busy */ } } });
+  const { server, port } = await serve(t, registry, () => ({ ready: true, notReady: [] }), { reuseMs: 1000 });
+  const scrapes = Array.from({ length: 200 }, () => request(port, '/metrics'));
+  const health = (async () => { const out: number[] = []; for (let i = 0; i < 10; i++) { out.push((await request(port, '/healthz')).status); } return out; })();
+  const replies = await Promise.all(scrapes);
+  t.equal(replies.filter((r) => r.status === 200 && r.body.includes('lbagent_test_slow_total')).length, 200, 'every scrape answered in full');
+  t.same(await health, Array(10).fill(200), '/healthz answered while they ran');
+  t.ok(server.gathers <= 3 && collects <= 3, `${server.gathers} gather(s), ${collects} collect(s) for 200 scrapes`);
+});
+
+t.test('a scrape within the reuse interval is served from the last gather; after it, a new one', async (t) => {
+  const registry = new Registry();
+  const c = new Counter({ name: 'lbagent_test_n_total', help: 'N.', registers: [registry] });
+  const { server, port } = await serve(t, registry, () => ({ ready: true, notReady: [] }), { reuseMs: 300 });
+  t.match((await request(port, '/metrics')).body, /lbagent_test_n_total 0/);
+  c.inc();
+  t.match((await request(port, '/metrics')).body, /lbagent_test_n_total 0/, 'the same gather');
+  await new Promise((r) => setTimeout(r, 350));
+  t.match((await request(port, '/metrics')).body, /lbagent_test_n_total 1/, 'a new one after the interval');
+  t.equal(server.gathers, 2);
+});
+
+t.test('clients that send their headers slowly are closed by the header timeout; the endpoint keeps answering', async (t) => {
+  const { port } = await serve(t, new Registry(), () => ({ ready: true, notReady: [] }), { headersTimeoutMs: 1000, checkEveryMs: 250 });
+  const slow: net.Socket[] = [];
+  const closedAt: number[] = [];
+  const t0 = Date.now();
+  for (let i = 0; i < 300; i++) {
+    const s = net.connect(port, '127.0.0.1');
+    s.on('error', () => undefined);
+    s.on('close', () => closedAt.push(Date.now() - t0));
+    s.write('G');
+    slow.push(s);
+  }
+  t.teardown(() => { for (const s of slow) s.destroy(); });
+  // One header byte a second, as a slowloris client sends.
+  const drip = setInterval(() => { for (const s of slow) if (!s.destroyed) s.write('E'); }, 1000);
+  t.teardown(() => clearInterval(drip));
+  const deadline = Date.now() + 8000;
+  while (closedAt.length < 300 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 100));
+  clearInterval(drip);
+  t.equal(closedAt.length, 300, 'every slow client closed');
+  t.ok(Math.max(...closedAt) < 4000, `within the timeout and a check (${Math.max(...closedAt)} ms)`);
+  t.equal((await request(port, '/healthz')).status, 200, 'the endpoint answers');
 });
