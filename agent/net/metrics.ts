@@ -3,6 +3,26 @@
 // same objects, so every net/ driver can ask for them without coordination.
 import { Counter, Gauge, Registry } from '../metrics/prom';
 
+/**
+ * Why a received neighbour discovery frame was not used (neighbour/ndp.ts):
+ * not IPv6, ICMPv6 or NDP at all, or one of RFC 4861 §7.1.1 and §7.1.2's rules broken.
+ */
+export type NdpDropReason =
+  | 'not-ipv6'
+  | 'bad-ip-version'
+  | 'not-icmpv6'
+  | 'not-ndp'
+  | 'bad-hop-limit'
+  | 'bad-icmp-checksum'
+  | 'bad-icmp-code'
+  | 'bad-icmp-length'
+  | 'multicast-target'
+  | 'bad-option-length'
+  | 'bad-link-layer-option'
+  | 'dad-with-link-layer-option'
+  | 'dad-not-to-solicited-node'
+  | 'solicited-to-multicast';
+
 /** Why a received frame was not used: a bounded label set. */
 export type FrameDropReason =
   | 'truncated'
@@ -11,7 +31,8 @@ export type FrameDropReason =
   | 'bad-hardware-type'
   | 'bad-protocol-type'
   | 'bad-address-length'
-  | 'bad-operation';
+  | 'bad-operation'
+  | NdpDropReason;
 
 export interface NetMetrics {
   /** Links recognised as the agent's (name and MAC prefix) and kept. */
