@@ -24,6 +24,7 @@ declare -A pkgs=(
   [nftables]=/usr/sbin/nft
   [dnsmasq-base]=/usr/sbin/dnsmasq
   [kea-dhcp4-server]=/usr/sbin/kea-dhcp4
+  [kea-dhcp6-server]=/usr/sbin/kea-dhcp6
   [keepalived]=/usr/sbin/keepalived
   [libcap2-bin]=/usr/sbin/capsh
   [iputils-ping]=/usr/bin/ping
