@@ -6,7 +6,6 @@
 // through the addon, node:crypto only with an addon built before
 // it: the same bytes either way, so names and MACs never change.
 import { parseMac } from '../../address';
-import { duidLl } from '../../dhcp/codec6';
 import { sha256Fn } from '../../native/native';
 
 /** Every agent-created link is named LINK_PREFIX + 12 hex digits. */
@@ -83,24 +82,6 @@ export function macForService(key: string): string {
 export function clientIdForService(key: string): Buffer {
   const mac = parseMac(macForService(key))!;
   return Buffer.concat([Buffer.from([1]), mac]);
-}
-
-/**
- * DHCPv6 client DUID for a service: DUID-LL (RFC 8415 §11.4) of the service
- * MAC, so the same service is the same client to the server after a
- * restart, a reboot or a move to another VM, and gets the same address back.
- * Not DUID-LLT (§11.2): its time field is when the DUID was first made, so
- * each VM (and each lost state directory) would make a different one; not
- * DUID-UUID either, which would be one more identifier to derive when the
- * MAC already is the service's stable identity.
- */
-export function duidForService(key: string): Buffer {
-  return duidLl(macForService(key));
-}
-
-/** The IAID of a service's one IA_NA: the MAC's low 32 bits, as dhclient does with its interface's. */
-export function iaidForService(key: string): number {
-  return parseMac(macForService(key))!.readUInt32BE(2);
 }
 
 /** What ownership needs to know about a link. */

@@ -3,9 +3,7 @@ import t from 'tap';
 import { createHash } from 'node:crypto';
 import {
   clientIdForService,
-  duidForService,
   hasOwnedName,
-  iaidForService,
   isOwnedLink,
   linkNameForService,
   LINK_PREFIX,
@@ -44,15 +42,6 @@ t.test('client id: type 1 + service MAC (RFC 2132 §9.14)', async (t) => {
   t.equal(id[0], 1);
   t.equal(Array.from(id.subarray(1), (b) => b.toString(16).padStart(2, '0')).join(':'), macForService('default/web'));
   t.same(id, clientIdForService('default/web'), 'stable');
-});
-
-t.test('DHCPv6 DUID: DUID-LL of the service MAC, the same on every VM; IAID its low 32 bits', async (t) => {
-  const duid = duidForService('default/web');
-  const mac = macForService('default/web').split(':').join('');
-  t.equal(duid.toString('hex'), `00030001${mac}`, 'type 3, hardware type 1 (RFC 8415 §11.4)');
-  t.same(duid, duidForService('default/web'), 'stable: no time in it, unlike DUID-LLT');
-  t.not(duid.toString('hex'), duidForService('default/api').toString('hex'));
-  t.equal(iaidForService('default/web'), parseInt(mac.slice(4), 16));
 });
 
 t.test('isOwnedLink needs the name pattern AND the MAC prefix', async (t) => {
