@@ -57,7 +57,7 @@ export interface DriftGuardOptions {
   readonly clock?: Clock;
   /** The full re-read's period (ms), read at every period: a reload changes it. */
   resyncMs(): number;
-  /** How often the parent's and the forwarding sysctls are read (ms); macvlans' at every resync. */
+  /** How often the parent's ARP sysctls are read (ms; they have no notification); macvlans' at every resync. */
   readonly sysctlPollMs?: number;
   /** Notifications settle this long before a check (ms): a change the agent makes itself lands first. */
   readonly settleMs?: number;
@@ -84,6 +84,17 @@ export interface DriftStatus {
   readonly outstanding: readonly string[];
   readonly lastResync: number | undefined;
 }
+
+/**
+ * The parent's arp_ignore / arp_announce are read this often: the kernel
+ * announces no change to them, and a parent answering ARP for a macvlan's
+ * VIP with its own MAC breaks that VIP's connections. Two small procfs
+ * reads; a full check runs only when one is off.
+ */
+const SYSCTL_POLL_MS = 250;
+
+/** A repair that did not take is tried again this much later (ms). */
+const RETRY_MS = 1000;
 
 /** The ip_forward sysctl's subject (the data path keeps it). */
 const FORWARDING = 'net.ipv4.ip_forward';
@@ -162,7 +173,7 @@ export class DriftGuard {
       arm();
     };
     every('resync', () => this.opts.resyncMs(), () => { void this.resync('periodic resync'); });
-    every('poll', () => this.opts.sysctlPollMs ?? 1000, () => this.requestCheck(0, false));
+    every('poll', () => this.opts.sysctlPollMs ?? SYSCTL_POLL_MS, () => { void this.pollSysctls(); });
   }
 
   stop(): void {
@@ -350,13 +361,13 @@ export class DriftGuard {
         continue;
       }
       const done = await this.repair(d);
-      if (done === undefined) { still.set(subject, d); continue; }
+      if (done === undefined) { still.set(subject, d); wake = Math.min(wake, RETRY_MS); continue; }
       this.repaired(d, done);
     }
     this.outstanding = still;
-    // Backing off: check again when the first wait is over.
+    // Backing off, or a repair that did not take (nft failed, the source was
+    // busy): check again when the first wait is over.
     if (wake < Infinity) this.requestCheck(wake);
-    // A repair that did not take (nft failed, the source was busy) is tried again at the next poll.
   }
 
   private async repair(d: Drift): Promise<string | undefined> {
@@ -400,6 +411,14 @@ export class DriftGuard {
     if (done !== undefined) this.log.warn(fields, `drift repaired: ${d.found}; ${done}`);
     else this.log.warn(fields, `drift: ${d.found}; another program keeps undoing this, so the repair waits (${fight?.repairs ?? 0} repairs in ${fight?.windowSeconds ?? 60} s)`);
     this.opts.onRepair?.({ kind: d.kind, subject: d.subject, service, found: d.found, done, fight });
+  }
+
+  /** The parent's ARP sysctls as wanted? If not, a check now. */
+  private async pollSysctls(): Promise<void> {
+    for (const [key, want] of vipSysctls('parent')) {
+      const got = await readIfSysctl(this.opts.parent.name, key).catch(() => undefined);
+      if (got !== undefined && got !== want) { this.requestCheck(0); return; }
+    }
   }
 
   /** The sysctls the agent set: the parent's every poll, each held macvlan's on a full check. */
