@@ -71,16 +71,22 @@ export interface Ipv4FrameHeader {
   readonly dstIp: number;
 }
 
+/** A zeroed Ethernet II frame of `length` octets after its header, the header written. */
+function ethernetFrame(h: { readonly dstMac: Uint8Array; readonly srcMac: Uint8Array }, etherType: number, length: number): Buffer {
+  const frame = Buffer.alloc(ETH_HEADER_LEN + length);
+  frame.set(h.dstMac, 0);
+  frame.set(h.srcMac, 6);
+  frame.writeUInt16BE(etherType, 12);
+  return frame;
+}
+
 /**
  * An Ethernet II frame with an IPv4 header (IHL 5, header checksum filled in)
  * and `payloadLength` octets after it; the caller writes its payload at
  * ETH_HEADER_LEN + IPV4_HEADER_LEN.
  */
 export function encodeIpv4Frame(h: Ipv4FrameHeader, payloadLength: number): Buffer {
-  const frame = Buffer.alloc(ETH_HEADER_LEN + IPV4_HEADER_LEN + payloadLength);
-  frame.set(h.dstMac, 0);
-  frame.set(h.srcMac, 6);
-  frame.writeUInt16BE(ETHERTYPE_IPV4, 12);
+  const frame = ethernetFrame(h, ETHERTYPE_IPV4, IPV4_HEADER_LEN + payloadLength);
   const ip = ETH_HEADER_LEN;
   frame[ip] = 0x45; // version 4, IHL 5: no options
   frame[ip + 1] = h.tos & 0xff;
@@ -180,10 +186,7 @@ export interface Ipv6FrameHeader {
  * ETH_HEADER_LEN + IPV6_HEADER_LEN.
  */
 export function encodeIpv6Frame(h: Ipv6FrameHeader, payloadLength: number): Buffer {
-  const frame = Buffer.alloc(ETH_HEADER_LEN + IPV6_HEADER_LEN + payloadLength);
-  frame.set(h.dstMac, 0);
-  frame.set(h.srcMac, 6);
-  frame.writeUInt16BE(ETHERTYPE_IPV6, 12);
+  const frame = ethernetFrame(h, ETHERTYPE_IPV6, IPV6_HEADER_LEN + payloadLength);
   const ip = ETH_HEADER_LEN;
   // version 6, traffic class (8 bits), flow label (20 bits)
   frame.writeUInt32BE(((6 << 28) | ((h.trafficClass & 0xff) << 20) | (h.flowLabel & 0xfffff)) >>> 0, ip);
