@@ -152,6 +152,8 @@ export class Daemon extends EventEmitter {
   private generation = 0;
   private lock: InstanceLock | undefined;
   private metricsServer: MetricsServer | undefined;
+  /** Where the metrics endpoint listens now (it follows the parent's address when bound to it). */
+  private metricsBound: { host: string; port: number } | undefined;
   private control: ControlServer | undefined;
   private subs: Subsystems | undefined;
   /** Keeps the kernel true to what the agent holds (daemon/drift.ts); from the end of the start. */
@@ -347,7 +349,9 @@ export class Daemon extends EventEmitter {
       },
       onParentAddress: (address) => {
         this.noteEvent('parent-address', { address, reason: `${this.subs?.parent.name ?? 'the parent'} now has ${address ?? 'no IPv4 address'}` });
+        const before = this.parentAddress ?? this.subs?.parent.address;
         this.parentAddress = address;
+        void this.followParentAddress(before, address);
         // VRRP on the parent sends from the parent's address (failover.interface on another NIC keeps its own).
         const vrrpIf = this.config?.failover.interface;
         if (address !== undefined && (vrrpIf === undefined || vrrpIf === this.subs?.parent.name)) this.subs?.failover?.setSourceAddress?.(address);
@@ -783,6 +787,7 @@ export class Daemon extends EventEmitter {
       case 'metrics-listen':
         await this.metricsServer?.stop().catch((e) => this.log.error({ op: 'reload', err: errorMessage(e) }, 'stopping the old metrics endpoint failed'));
         this.metricsServer = undefined;
+        this.metricsBound = undefined;
         if (step.listen !== '') await this.startMetrics(step.listen);
         return;
       case 'remove': {
@@ -816,9 +821,34 @@ export class Daemon extends EventEmitter {
 
   private async startMetrics(listen: string): Promise<void> {
     const l = parseListen(listen)!;
-    const server = new (lateModules().MetricsServer)({ host: l.host, port: l.port, registry: this.registry!, readiness: () => this.readiness(), log: this.log });
+    await this.bindMetrics(l.host, l.port);
+  }
+
+  private async bindMetrics(host: string, port: number): Promise<void> {
+    const server = new (lateModules().MetricsServer)({ host, port, registry: this.registry!, readiness: () => this.readiness(), log: this.log });
     await server.start();
     this.metricsServer = server;
+    this.metricsBound = { host, port };
+  }
+
+  /**
+   * The metrics endpoint bound to the parent's own address moves with it: a
+   * scraper that follows the VM's address (DHCP on the parent, an operator's
+   * re-addressing) finds it there. A wildcard or another address stays.
+   */
+  private async followParentAddress(before: string | undefined, after: string | undefined): Promise<void> {
+    const bound = this.metricsBound;
+    if (!bound || before === undefined || after === undefined || bound.host !== before || after === before || this.stopping) return;
+    const moving = this.metricsServer;
+    this.metricsServer = undefined;
+    this.metricsBound = undefined;
+    await moving?.stop().catch(() => undefined);
+    try {
+      await this.bindMetrics(after, bound.port);
+      this.log.warn({ op: 'metrics', from: before, to: after, port: bound.port }, `metrics endpoint moved to ${after}:${bound.port} with the parent's address`);
+    } catch (e) {
+      this.log.error({ op: 'metrics', address: after, port: bound.port, err: errorMessage(e) }, 'the metrics endpoint could not follow the parent\'s address');
+    }
   }
 
   /**

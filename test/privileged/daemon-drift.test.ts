@@ -149,10 +149,11 @@ t.test('an agent that keeps losing its table to another program backs off, says 
   await serving(cl, vip);
 });
 
-t.test('the parent\'s address changes: status follows, the VIPs keep serving', async (t) => {
+t.test('the parent\'s address changes: status and the metrics endpoint follow, the VIPs keep serving', async (t) => {
   if (!requirePrivileged(t)) return;
   const cl = await buildContinuityLab(t);
-  const agent = await startAgent(cl.lab, cl.node, continuityConfig([{ name: 'api', ipam: 'pool' }], { metrics: { listen: '0.0.0.0:19477' } }), { name: 'a' });
+  // Bound to the parent's own address, not the wildcard: it must move with it.
+  const agent = await startAgent(cl.lab, cl.node, continuityConfig([{ name: 'api', ipam: 'pool' }], { metrics: { listen: '10.99.0.2:19477' } }), { name: 'a' });
   t.teardown(() => { agent.signal('SIGKILL'); });
   const st = await waitStatus(agent, 'ready', (s) => s.services.every((x) => x.ready), 30_000);
   t.equal(st.node.address, '10.99.0.2');
@@ -160,8 +161,9 @@ t.test('the parent\'s address changes: status follows, the VIPs keep serving', a
   await cl.lab.sh(cl.node, 'ip addr del 10.99.0.2/24 dev eth0 && ip addr add 10.99.0.4/24 dev eth0');
   const s2 = await waitStatus(agent, 'status shows the new address', (s) => s.node.address === '10.99.0.4', 10_000);
   t.ok(s2.events.some((e) => e.kind === 'parent-address' && e.address === '10.99.0.4'), 'an event says so');
-  const m = await cl.lab.sh(cl.client, 'curl -s -m 2 -o /dev/null -w "%{http_code}" http://10.99.0.4:19477/metrics');
-  t.equal(m.stdout, '200', 'the metrics endpoint answers on the new address');
+  const m = await waitFor('the metrics endpoint answers on the new address', async () =>
+    (await cl.lab.sh(cl.client, 'curl -s -m 2 -o /dev/null -w "%{http_code}" http://10.99.0.4:19477/metrics')).stdout === '200', 5_000);
+  t.ok(m, 'the metrics endpoint answers on the new address');
   await serving(cl, vip);
 });
 
