@@ -7,12 +7,13 @@ import * as os from 'node:os';
 import type { ErrorObject } from 'ajv';
 import { parseYaml } from './yaml';
 import { ANNOTATIONS, ANNOTATION_PREFIX, DEFAULTS } from './defaults';
-import { parsePools, selectPool, poolContains, poolLookupOrder } from './pools';
-import { parseIPv4 } from '../address';
+import { parsePools } from './pools';
+import { familyServiceKey, planFamilies, type FamilyPlan } from './families';
+import { parseAddress, parseIPv4, type Family } from '../address';
 import { errorMessage } from '../errors';
 import { readConfigText } from './read';
 import type {
-  Desired, ServiceSpec, PortSpec, BackendSpec, HealthCheckSpec, IpamMode, Pool, SourceIpMode, TopologyPolicy,
+  Desired, ServiceSpec, PortSpec, BackendSpec, HealthCheckSpec, IpamMode, IpFamilyPolicy, Pool, SourceIpMode, TopologyPolicy,
 } from './types';
 
 export interface ConfigError {
@@ -139,6 +140,7 @@ function schemaErrors(errors: ErrorObject[]): { segs: Seg[]; message: string }[]
 
 interface RawService {
   name: string; namespace: string; ipam?: string; primaryService?: string; loadBalancerIP?: string;
+  loadBalancerIPs?: string[]; ipFamilies?: Family[]; ipFamilyPolicy?: IpFamilyPolicy;
   vrid?: number; priority?: number; annotations?: Record<string, string | number | boolean>;
   ports: { name?: string; port: number; protocol: 'TCP' | 'UDP'; targetPort?: number }[];
   backends: (string | { address: string; weight?: number; zone?: string })[];
@@ -180,7 +182,7 @@ function buildServices(raw: RawConfig, pools: readonly Pool[], err: (segs: Seg[]
   const keys = new Map<string, number>();
   const prelim: {
     idx: number; key: string; raw: RawService; ipam: IpamMode | undefined; ipamGiven: boolean;
-    primary: string | undefined; hc: HealthCheckSpec; ports: PortSpec[]; backends: BackendSpec[];
+    primary: string | undefined; hc: HealthCheckSpec; ports: PortSpec[]; backends: BackendSpec[]; backendSegs: Seg[][];
   }[] = [];
 
   raw.services.forEach((s, idx) => {
@@ -247,17 +249,21 @@ function buildServices(raw: RawConfig, pools: readonly Pool[], err: (segs: Seg[]
 
     // Backends.
     const backends: BackendSpec[] = [];
+    const backendSegs: Seg[][] = [];
     const seenB = new Map<string, number>();
     s.backends.forEach((b, bi) => {
       const address = typeof b === 'string' ? b : b.address;
       const weight = typeof b === 'string' ? DEFAULTS.weight : (b.weight ?? DEFAULTS.weight);
       const zone = typeof b === 'string' ? undefined : b.zone;
-      const n = parseIPv4(address);
+      const a = parseAddress(address);
       const segs = typeof b === 'string' ? at('backends', bi) : at('backends', bi, 'address');
-      if (n === undefined) { err(segs, `${JSON.stringify(address)} is not an IPv4 address`); return; }
+      if (a === undefined) { err(segs, `${JSON.stringify(address)} is not an IPv4 or IPv6 address`); return; }
       if (seenB.has(address)) { err(segs, `${JSON.stringify(address)} is listed twice (also backends[${seenB.get(address)}])`); return; }
       seenB.set(address, bi);
-      backends.push(zone === undefined ? { address, addressNum: n, weight } : { address, addressNum: n, weight, zone });
+      const n = a.family === 'IPv4' ? Number(a.value) : 0;
+      const fam = a.family === 'IPv4' ? {} : { family: a.family };
+      backends.push(zone === undefined ? { address, addressNum: n, weight, ...fam } : { address, addressNum: n, weight, zone, ...fam });
+      backendSegs.push(segs);
     });
 
     // Direct server return: the agent only swaps the frame's
@@ -311,7 +317,7 @@ function buildServices(raw: RawConfig, pools: readonly Pool[], err: (segs: Seg[]
       err(at('healthCheck', 'proxyProtocol'), 'true, but the service has no proxyProtocol: set proxyProtocol: v1 or v2 on the service (the probe sends the same version), or remove healthCheck.proxyProtocol');
     }
 
-    prelim.push({ idx, key, raw: s, ipam, ipamGiven: ipamTyped !== undefined || ipamAnn !== undefined, primary, hc, ports, backends });
+    prelim.push({ idx, key, raw: s, ipam, ipamGiven: ipamTyped !== undefined || ipamAnn !== undefined, primary, hc, ports, backends, backendSegs });
   });
 
   // One agent runs one data path. Direct server return needs the
@@ -342,11 +348,18 @@ function buildServices(raw: RawConfig, pools: readonly Pool[], err: (segs: Seg[]
       }
       if (p.ipamGiven) err(p.raw.ipam !== undefined ? at('ipam') : at('annotations', ANNOTATIONS.ipam), `service ${p.key} shares the IP of ${p.primary}; a secondary takes the primary's IPAM mode and may not set one`);
       if (p.raw.loadBalancerIP) err(at('loadBalancerIP'), `service ${p.key} shares the IP of ${p.primary}; a secondary may not ask for its own IP`);
+      if (p.raw.loadBalancerIPs !== undefined) err(at('loadBalancerIPs'), `service ${p.key} shares the IPs of ${p.primary}; a secondary may not ask for its own IPs`);
+      for (const k of ['ipFamilies', 'ipFamilyPolicy'] as const) {
+        if (p.raw[k] !== undefined) err(at(k), `service ${p.key} shares the IPs of ${p.primary}; a secondary has the primary's families and may not set ${k}`);
+      }
       if (p.raw.vrid !== undefined) err(at('vrid'), `service ${p.key} shares the IP of ${p.primary}; its VIP rides the primary's virtual router`);
-    } else if (p.raw.loadBalancerIP) {
-      const other = lbIps.get(p.raw.loadBalancerIP);
-      if (other) err(at('loadBalancerIP'), `${p.raw.loadBalancerIP} is also asked for by ${other}; use primaryService to share an IP`);
-      lbIps.set(p.raw.loadBalancerIP, p.key);
+    } else {
+      const asked = p.raw.loadBalancerIPs?.map((a, i) => ({ a, segs: at('loadBalancerIPs', i) })) ?? (p.raw.loadBalancerIP ? [{ a: p.raw.loadBalancerIP, segs: at('loadBalancerIP') }] : []);
+      for (const { a, segs } of asked) {
+        const other = lbIps.get(a);
+        if (other) err(segs, `${a} is also asked for by ${other}; use primaryService to share an IP`);
+        lbIps.set(a, p.key);
+      }
     }
   }
   // No two services on one VIP with the same protocol and port.
@@ -370,33 +383,49 @@ function buildServices(raw: RawConfig, pools: readonly Pool[], err: (segs: Seg[]
     }
   }
 
-  // Pool services need a pool, and a requested IP must lie in it.
+  // The families each service is served in (config/families.ts): the
+  // primaries first, since a secondary takes its primary's.
+  const plans = new Map<string, FamilyPlan>();
+  for (const p of prelim) {
+    if (p.primary !== undefined) continue;
+    const at = (...segs: Seg[]): Seg[] => ['services', p.idx, ...segs];
+    const { plan, problems } = planFamilies({
+      namespace: p.raw.namespace, ipam: p.ipam ?? DEFAULTS.ipam,
+      ipFamilies: p.raw.ipFamilies, ipFamilyPolicy: p.raw.ipFamilyPolicy,
+      loadBalancerIP: p.raw.loadBalancerIP || undefined, loadBalancerIPs: p.raw.loadBalancerIPs,
+      backends: p.backends.map((b, i) => ({ family: b.family ?? 'IPv4', address: b.address, segs: p.backendSegs[i]! })),
+      sourceIP: p.raw.sourceIP,
+    }, { pools, failover: raw.failover.mode });
+    for (const pr of problems) err(at(...pr.segs), `service ${p.key}: ${pr.message}`);
+    plans.set(p.key, plan);
+  }
+
+  // One ServiceSpec per served family ("family services", types.ts).
   const out: ServiceSpec[] = [];
   for (const p of prelim) {
     const prim = p.primary !== undefined ? byKey.get(p.primary) : undefined;
     const ipam: IpamMode = (prim ? prim.ipam : p.ipam) ?? DEFAULTS.ipam;
-    const at = (...segs: Seg[]): Seg[] => ['services', p.idx, ...segs];
-    if (p.primary === undefined && ipam === 'pool') {
-      const pool = selectPool(pools, p.raw.namespace);
-      if (!pool) {
-        err(at('ipam'), `service ${p.key} uses pool IPAM but no pool applies to namespace ${p.raw.namespace} (looked for ${poolLookupOrder(p.raw.namespace).join(', ')} under pools)`);
-      } else if (p.raw.loadBalancerIP) {
-        const ip = parseIPv4(p.raw.loadBalancerIP);
-        if (ip !== undefined && !poolContains(pool, ip)) {
-          err(at('loadBalancerIP'), `${p.raw.loadBalancerIP} is not in pool ${pool.key} (${pool.ranges.map((r) => r.text).join(', ')})`);
-        }
-      }
+    const plan = plans.get(prim ? prim.key : p.key);
+    if (!plan) continue; // a secondary of a missing primary: reported above
+    if (prim) {
+      p.backends.forEach((b, i) => {
+        const f = b.family ?? 'IPv4';
+        if (!plan.requested.includes(f)) err(p.backendSegs[i]!, `service ${p.key}: ${JSON.stringify(b.address)} is ${f}, but ${prim.key}, whose IPs it shares, is ${plan.requested.join(' and ')} only; each VIP forwards to backends of its own family`);
+      });
     }
-    if (p.raw.loadBalancerIP && parseIPv4(p.raw.loadBalancerIP) === undefined) {
-      err(at('loadBalancerIP'), `${JSON.stringify(p.raw.loadBalancerIP)} is not an IPv4 address`);
+    for (const family of plan.served) {
+      out.push({
+        key: familyServiceKey(p.key, family), family, ipFamilies: plan.served, ipFamilyPolicy: plan.policy,
+        ...(plan.notes.length > 0 ? { familyNotes: plan.notes } : {}),
+        name: p.raw.name, namespace: p.raw.namespace, ipam,
+        primaryService: p.primary === undefined ? undefined : familyServiceKey(p.primary, family),
+        loadBalancerIP: prim ? undefined : plan.addresses.get(family),
+        vrid: p.raw.vrid, priority: p.raw.priority, ports: p.ports,
+        backends: p.backends.filter((b) => (b.family ?? 'IPv4') === family), healthCheck: p.hc,
+        sourceIP: p.raw.sourceIP, topology: p.raw.topology,
+        ...(p.raw.proxyProtocol !== undefined ? { proxyProtocol: p.raw.proxyProtocol } : {}),
+      });
     }
-    out.push({
-      key: p.key, name: p.raw.name, namespace: p.raw.namespace, ipam,
-      primaryService: p.primary, loadBalancerIP: p.raw.loadBalancerIP || undefined,
-      vrid: p.raw.vrid, priority: p.raw.priority, ports: p.ports, backends: p.backends, healthCheck: p.hc,
-      sourceIP: p.raw.sourceIP, topology: p.raw.topology,
-      ...(p.raw.proxyProtocol !== undefined ? { proxyProtocol: p.raw.proxyProtocol } : {}),
-    });
   }
   return out;
 }

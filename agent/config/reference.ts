@@ -5,6 +5,7 @@
 // (passed in as `refusals`, daemon/reconciler.ts) about a change of that key.
 // Pure: data in, text out. docs/configuration.md and lb-agent.yaml(5) are its
 // two renderings; `npm run docs` and `lb-agent man config` print them.
+import { isDeepStrictEqual } from 'node:util';
 import { configSchema } from './schema';
 import { DEFAULT_CONFIG_PATH } from './defaults';
 import type { Desired } from './types';
@@ -81,7 +82,11 @@ export const KEY_HELP: Readonly<Record<string, KeyHelp>> = {
   'services[].namespace': { text: 'The service namespace; it also picks the `cidr-<namespace>` and `range-<namespace>` pools.', probe: 'prod' },
   'services[].ipam': { text: '`dhcp`: a DHCP lease on a macvlan of its own with a stable MAC. `pool`: an address from `pools`. Fixed once the service exists: create a new service to change it.', unset: '`pool` (as in Harvester)' },
   'services[].primaryService': { text: '`namespace/name` or `name` of another service whose VIP this one shares (Share IP); such a service sets no `ipam`, `loadBalancerIP` or `vrid`, and the two may not use the same protocol and port.', probe: 'other' },
-  'services[].loadBalancerIP': { text: 'Ask for this exact IPv4 address (DHCP option 50, or that pool address).', probe: '10.0.0.205' },
+  'services[].loadBalancerIP': { text: 'Ask for this exact address, IPv4 or IPv6, of the service\'s family (DHCP option 50, or that pool address).', probe: '10.0.0.205' },
+  'services[].loadBalancerIPs': { text: 'Ask for these exact addresses, one per family the service serves (Kubernetes\' words); not with `loadBalancerIP`.', probe: ['10.0.0.206'] },
+  'services[].ipFamilies': { text: 'Kubernetes\' `spec.ipFamilies`: the families of the VIPs, the primary first. A dual-stack service is two VIPs, each forwarding to the backends of its own family; the IPv6 one shows in status as `namespace/name@IPv6`. IPv6 VIPs come from pools (no DHCPv6) and not under VRRP.', unset: '`[IPv4]`, or both with a dual-stack policy',
+    probeEdit: (f) => { Object.assign(f.services[0]!, { ipFamilies: ['IPv4', 'IPv6'], ipFamilyPolicy: 'PreferDualStack' }); } },
+  'services[].ipFamilyPolicy': { text: 'Kubernetes\' `spec.ipFamilyPolicy`. `SingleStack`: one family. `PreferDualStack`: both when a pool of the second family applies, else the first, and status says why. `RequireDualStack`: both, or the file is refused.', unset: '`SingleStack`, or `RequireDualStack` when `ipFamilies` lists two', probe: 'SingleStack' },
   'services[].vrid': { text: 'Another virtual router for this VIP, so that another VM can hold it.', unset: '`failover.vrid`', probe: 52 },
   'services[].priority': { text: 'This VM\'s priority for that virtual router.', unset: '`node.priority`', probe: 150 },
   'services[].annotations': { text: 'The Harvester cloud provider\'s annotations (`cloudprovider.harvesterhci.io/ipam`, `…/primary-service`, `…/healthcheck-port`, `…/healthcheck-success-threshold`, `…/healthcheck-failure-threshold`, `…/healthcheck-periodseconds`, `…/healthcheck-timeoutseconds`), mapped onto the typed keys; a value that disagrees with a typed key is an error.', probe: { 'cloudprovider.harvesterhci.io/healthcheck-periodseconds': '7' } },
@@ -91,8 +96,8 @@ export const KEY_HELP: Readonly<Record<string, KeyHelp>> = {
   'services[].ports[].port': { text: 'The port on the VIP.', probe: 81 },
   'services[].ports[].protocol': { text: 'TCP or UDP.' },
   'services[].ports[].targetPort': { text: 'The backends\' port; with `sourceIP: preserve` it must equal `port`.', unset: '`port`', probe: 8080 },
-  'services[].backends': { text: 'The backends: an IPv4 address, or `{ address, weight, zone }`.', probe: ['10.0.0.12'] },
-  'services[].backends[].address': { text: 'The backend\'s IPv4 address.', probe: '10.0.0.13' },
+  'services[].backends': { text: 'The backends: an IPv4 or IPv6 address, or `{ address, weight, zone }`. Each VIP forwards to the healthy backends of its own family.', probe: ['10.0.0.12'] },
+  'services[].backends[].address': { text: 'The backend\'s IPv4 or IPv6 address.', probe: '10.0.0.13' },
   'services[].backends[].weight': { text: 'Its share of new connections relative to the others.', unset: '1', probe: 3 },
   'services[].backends[].zone': { text: 'Its `topology.kubernetes.io/zone`, read by `topology: prefer-zone` and `zone-only`.', probe: 'zone-c' },
   'services[].healthCheck': { text: 'The backends\' health check; the defaults are the Harvester cloud provider\'s.' },
@@ -256,7 +261,7 @@ function reloadOf(path: string, s: S, deps: ReferenceDeps): string {
       edit(next);
       const loaded = deps.load(next);
       if (!loaded.ok) continue;
-      if (JSON.stringify(loaded.config) === JSON.stringify(running.config)) continue;
+      if (isDeepStrictEqual(loaded.config, running.config)) continue;
       probed = true;
       if (deps.refusals({ config: running.config, dataplane: ctx.plane }, loaded.config).length > 0) refused = true;
     }

@@ -8,6 +8,8 @@ type S = Record<string, unknown>;
 
 const port: S = { type: 'integer', minimum: 1, maximum: 65535, 'x-what': 'a port (1-65535)' };
 const ipv4: S = { type: 'string', format: 'lb-ipv4', 'x-what': 'an IPv4 address' };
+const ip: S = { type: 'string', format: 'lb-ip', 'x-what': 'an IPv4 or IPv6 address' };
+const family: S = { type: 'string', enum: ['IPv4', 'IPv6'] };
 const secondsPos = (min: number, max: number): S => ({ type: 'number', minimum: min, maximum: max, 'x-what': `a number of seconds (${min}-${max})` });
 const count = (min: number, max: number): S => ({ type: 'integer', minimum: min, maximum: max, 'x-what': `an integer (${min}-${max})` });
 const obj = (properties: S, extra: S = {}): S => ({ type: 'object', additionalProperties: false, properties, ...extra });
@@ -41,7 +43,11 @@ const service = obj({
   namespace: { ...dnsLabel, default: DEFAULTS.namespace },
   ipam: { type: 'string', enum: ['dhcp', 'pool'] },
   primaryService: { type: 'string', pattern: '^([a-z0-9]([-a-z0-9]*[a-z0-9])?/)?[a-z0-9]([-a-z0-9]*[a-z0-9])?$|^$', 'x-what': '"namespace/name" or "name" of another service' },
-  loadBalancerIP: { anyOf: [ipv4, { type: 'string', maxLength: 0 }], 'x-what': 'an IPv4 address' },
+  loadBalancerIP: { anyOf: [ip, { type: 'string', maxLength: 0 }], 'x-what': 'an IPv4 or IPv6 address' },
+  // Kubernetes' words: one address per family; spec.ipFamilies, spec.ipFamilyPolicy.
+  loadBalancerIPs: { type: 'array', items: ip, minItems: 1, maxItems: 2, uniqueItems: true, 'x-what': 'a list of one address per family' },
+  ipFamilies: { type: 'array', items: family, minItems: 1, maxItems: 2, uniqueItems: true, 'x-what': 'a list of IPv4, IPv6 (each at most once)' },
+  ipFamilyPolicy: { type: 'string', enum: ['SingleStack', 'PreferDualStack', 'RequireDualStack'] },
   vrid: count(1, 255),
   priority: count(1, 254),
   annotations: { type: 'object', additionalProperties: { type: ['string', 'number', 'boolean'] }, 'x-what': 'a map of strings' },
@@ -57,8 +63,8 @@ const service = obj({
   backends: {
     type: 'array', maxItems: 4096,
     items: {
-      anyOf: [ipv4, obj({ address: ipv4, weight: count(1, 256), zone: labelValue }, { required: ['address'] })],
-      'x-what': 'an IPv4 address or { address, weight, zone }',
+      anyOf: [ip, obj({ address: ip, weight: count(1, 256), zone: labelValue }, { required: ['address'] })],
+      'x-what': 'an IPv4 or IPv6 address or { address, weight, zone }',
     },
     default: [],
   },

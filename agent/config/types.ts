@@ -2,6 +2,7 @@
 // from YAML and every other module consumes. Frozen after load; downstream code
 // never re-checks a string. Addresses are kept both as text (for humans, logs,
 // nft) and as u32 where arithmetic is done.
+import type { Family } from '../address';
 
 export type IpamMode = 'dhcp' | 'pool';
 export type Protocol = 'TCP' | 'UDP';
@@ -53,7 +54,10 @@ export interface PortSpec {
 
 export interface BackendSpec {
   readonly address: string;
+  /** The IPv4 address as u32; 0 for an IPv6 backend (its family says so). */
   readonly addressNum: number;
+  /** The backend's family; absent means IPv4. */
+  readonly family?: Family | undefined;
   readonly weight: number;
   /** The backend's topology.kubernetes.io/zone, when configured (topology: prefer-zone | zone-only). */
   readonly zone?: string | undefined;
@@ -83,15 +87,35 @@ export interface HealthCheckSpec {
   readonly proxyProtocol?: ProxyProtocolVersion | undefined;
 }
 
+/** Kubernetes' spec.ipFamilyPolicy. */
+export type IpFamilyPolicy = 'SingleStack' | 'PreferDualStack' | 'RequireDualStack';
+
+/**
+ * One VIP of a service ("a family service"). A Kubernetes service with
+ * ipFamilies [IPv4, IPv6] is two of these, sharing name, namespace, ports and
+ * health check, each with the backends of its own family: the IPv4 one keyed
+ * "namespace/name", the IPv6 one "namespace/name@IPv6" (familyServiceKey).
+ * Everything downstream (sources, health, data path, status) works on these
+ * and never sees a family it does not serve.
+ */
 export interface ServiceSpec {
-  /** "namespace/name": the identity used for MACs, client ids, state files and labels. */
+  /** "namespace/name" (IPv4) or "namespace/name@IPv6": the identity used for MACs, client ids, state files and labels. */
   readonly key: string;
+  /** The family of this VIP; absent means IPv4. */
+  readonly family?: Family | undefined;
+  /** The families the Kubernetes service gets, first the primary one (after PreferDualStack dropped what cannot be served); absent means [family]. */
+  readonly ipFamilies?: readonly Family[] | undefined;
+  /** As written or defaulted (SingleStack). */
+  readonly ipFamilyPolicy?: IpFamilyPolicy | undefined;
+  /** Why a family that PreferDualStack asked for is not served (no pool of it, DHCPv6 or VRRP over IPv6 unsupported): shown by status. */
+  readonly familyNotes?: readonly string[] | undefined;
   readonly name: string;
   readonly namespace: string;
   /** The IPAM mode; for a secondary (primaryService set) this is the primary's mode. */
   readonly ipam: IpamMode;
   /** "ns/name" of the service whose VIP this one shares; undefined for a primary/standalone. */
   readonly primaryService: string | undefined;
+  /** The address asked for in this VIP's family (loadBalancerIP, or this family's entry of loadBalancerIPs). */
   readonly loadBalancerIP: string | undefined;
   readonly vrid: number | undefined;
   readonly priority: number | undefined;
@@ -107,10 +131,12 @@ export interface ServiceSpec {
 }
 
 export interface PoolRange {
-  /** Inclusive first and last usable addresses (network/broadcast already excluded for CIDRs). */
-  readonly start: number;
-  readonly end: number;
-  /** As written, for messages: "10.0.0.0/28" or "10.0.0.5-10.0.0.9". */
+  /** The family of both ends (a range never mixes them). */
+  readonly family: Family;
+  /** Inclusive first and last usable addresses as Address values (network/broadcast already excluded for CIDRs). */
+  readonly start: bigint;
+  readonly end: bigint;
+  /** As written, for messages: "10.0.0.0/28", "10.0.0.5-10.0.0.9", "fd00::/120". */
   readonly text: string;
   readonly kind: 'cidr' | 'range';
 }
@@ -118,6 +144,7 @@ export interface PoolRange {
 export interface Pool {
   /** The kube-vip key: "cidr-default", "range-global", ... */
   readonly key: string;
+  /** Ranges of either family, as the key lists them. */
   readonly ranges: readonly PoolRange[];
 }
 

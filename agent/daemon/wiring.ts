@@ -18,7 +18,7 @@ import { PoolManager } from '../ipam/manager';
 import { PoolSource } from '../ipam/pool-source';
 import { HealthChecker } from '../health/checker';
 import { selectDataplane, createDataplane, probeNftables, probeDsr, dsrUnavailable, parseDsrEngine, servicesNeedingProxy, placementFor, type ProbeResult } from '../forward/index';
-import { formatIPv4, parseIPv4 } from '../address';
+import { familyOf, formatIPv4 } from '../address';
 import { BackendVips } from '../net/host/dsr-backend';
 import type { Subsystems, ParentLink, DataplaneLike, SubsystemContext } from './subsystems';
 
@@ -54,7 +54,7 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
 
     const pools = new PoolManager({ pools: config.pools, store, log, registry, clock });
     // The node's own addresses are never handed out of a pool.
-    pools.setReserved(addrs.filter((a) => a.prefix < 32).map((a) => parseIPv4(a.address)).filter((n): n is number => n !== undefined));
+    pools.setReserved(addrs.filter((a) => a.prefix < (familyOf(a.address) === 'IPv6' ? 128 : 32)).map((a) => a.address));
     const health = new HealthChecker({ registry, clock, log });
     // Under VRRP a takeover must not wait: the concurrency bound still keeps
     // many services from storming the server, but starts get no random delay.

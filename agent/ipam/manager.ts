@@ -15,8 +15,8 @@ import type { Pool } from '../config/types';
 import type { StateStore } from '../state/store';
 import type { Logger } from '../log';
 import { realClock, type Clock } from '../clock';
-import { formatIPv4, parseIPv4 } from '../address';
-import { allocate, poolSize, type AllocationResult } from './allocator';
+import { parseAddress, type Family } from '../address';
+import { addressKey, allocate, poolSize, type AllocationResult } from './allocator';
 import { poolContains, selectPool } from '../config/pools';
 import { ClaimStore, type PoolClaim } from './claims';
 import { SerialQueue } from '../serial';
@@ -77,10 +77,13 @@ export interface PoolManagerOptions {
 export interface ReserveRequest {
   readonly service: string;
   readonly namespace: string;
+  /** The family of the address; default IPv4. */
+  readonly family?: Family | undefined;
   readonly loadBalancerIP?: string | undefined;
 }
 
-interface Hold { address: number; pool: string }
+/** Addresses are canonical text (allocator.ts addressKey). */
+interface Hold { address: string; pool: string }
 interface Conflict { count: number; retryAt: number; mac: string | undefined; service: string }
 
 /**
@@ -97,8 +100,8 @@ export class PoolManager extends EventEmitter {
   readonly metrics: PoolMetrics;
   /** Tentative holds: addresses being probed or held in memory, by service. */
   private readonly holds = new Map<string, Hold>();
-  private readonly conflictMap = new Map<number, Conflict>();
-  private reserved = new Set<number>();
+  private readonly conflictMap = new Map<string, Conflict>();
+  private reserved = new Set<string>();
   /** RFC 5227 §2.1.1 rate limiting: conflicts since the last successful claim. */
   private conflictRun = 0;
   private lastAttempt = -Infinity;
@@ -143,8 +146,8 @@ export class PoolManager extends EventEmitter {
    * addresses and the network/broadcast addresses of its subnets (a pool
    * written as a range knows nothing of the LAN's prefix).
    */
-  setReserved(addresses: Iterable<number>): void {
-    const next = new Set([...addresses].map((a) => a >>> 0));
+  setReserved(addresses: Iterable<string>): void {
+    const next = new Set([...addresses].map(addressKey).filter((a): a is string => a !== undefined));
     const same = next.size === this.reserved.size && [...next].every((a) => this.reserved.has(a));
     if (same) return;
     this.reserved = next;
@@ -152,9 +155,9 @@ export class PoolManager extends EventEmitter {
     this.emit('changed');
   }
 
-  /** The pool that applies to a namespace, or undefined. */
-  poolFor(namespace: string): Pool | undefined {
-    return selectPool(this.pools, namespace);
+  /** The pool that gives a namespace its addresses of a family, or undefined. */
+  poolFor(namespace: string, family: Family = 'IPv4'): Pool | undefined {
+    return selectPool(this.pools, namespace, family);
   }
 
   /** The persisted claim of a service (throws LB_ERR_STATE_CORRUPT on a corrupt claims file). */
@@ -180,7 +183,7 @@ export class PoolManager extends EventEmitter {
       reserved: this.reserved,
       now,
     });
-    if (result.ok) this.holds.set(req.service, { address: result.addressNum, pool: result.pool });
+    if (result.ok) this.holds.set(req.service, { address: result.address, pool: result.pool });
     this.updateMetrics();
     return result;
   }
@@ -198,7 +201,7 @@ export class PoolManager extends EventEmitter {
 
   /** The service probed its held address and found it free: persist the claim. Throws LB_ERR_STATE_WRITE (hold kept). */
   commit(service: string, address: string): PoolClaim {
-    const a = parseIPv4(address);
+    const a = addressKey(address);
     const hold = this.holds.get(service);
     if (a === undefined || !hold || hold.address !== a) {
       throw new Error(`commit of ${address} for ${service} without a matching reservation`);
@@ -219,7 +222,7 @@ export class PoolManager extends EventEmitter {
    * get it back after the retry time.
    */
   markConflict(service: string, address: string, mac?: string, opts: { counted?: boolean } = {}): ConflictInfo {
-    const a = parseIPv4(address) ?? 0;
+    const a = addressKey(address) ?? address;
     const now = this.clock.now();
     const prev = this.conflictMap.get(a);
     const count = (prev?.count ?? 0) + 1;
@@ -229,7 +232,7 @@ export class PoolManager extends EventEmitter {
     this.conflictRun++;
     const hold = this.holds.get(service);
     if (hold && hold.address === a) this.holds.delete(service);
-    const pool = this.pools.find((p) => poolContains(p, a))?.key ?? hold?.pool;
+    const pool = this.poolOf(a) ?? hold?.pool;
     if (pool && !opts.counted) this.metrics.conflicts.inc({ pool });
     this.updateMetrics();
     this.log.warn({ op: 'conflict', service, address, mac, count, retryInMs: wait, pool }, `address ${address} is held by another host on the LAN${mac ? ` (${mac})` : ''}; not using it for ${Math.round(wait / 1000)} s`);
@@ -242,8 +245,7 @@ export class PoolManager extends EventEmitter {
    * for the same event passes { counted: true }.
    */
   noteConflict(address: string): void {
-    const a = parseIPv4(address);
-    const pool = a === undefined ? undefined : this.pools.find((p) => poolContains(p, a))?.key;
+    const pool = this.poolOf(address);
     if (pool) this.metrics.conflicts.inc({ pool });
   }
 
@@ -251,7 +253,7 @@ export class PoolManager extends EventEmitter {
   conflicts(): ConflictInfo[] {
     const now = this.clock.now();
     return [...this.conflictMap].filter(([, c]) => c.retryAt > now).map(([a, c]) => ({
-      address: formatIPv4(a), pool: this.pools.find((p) => poolContains(p, a))?.key, count: c.count, retryAt: c.retryAt, mac: c.mac, service: c.service,
+      address: a, pool: this.poolOf(a), count: c.count, retryAt: c.retryAt, mac: c.mac, service: c.service,
     }));
   }
 
@@ -287,10 +289,16 @@ export class PoolManager extends EventEmitter {
   }
 
   /** Address -> service of every claim and hold except the given service's. */
-  private takenBy(except: string): Map<number, string> {
-    const taken = new Map<number, string>();
+  /** The key of the pool an address lies in, if any. */
+  private poolOf(address: string): string | undefined {
+    const a = parseAddress(address);
+    return a === undefined ? undefined : this.pools.find((p) => poolContains(p, a))?.key;
+  }
+
+  private takenBy(except: string): Map<string, string> {
+    const taken = new Map<string, string>();
     for (const [svc, claim] of this.claims.all()) {
-      const a = parseIPv4(claim.address);
+      const a = addressKey(claim.address);
       if (svc !== except && a !== undefined) taken.set(a, svc);
     }
     for (const [svc, h] of this.holds) if (svc !== except) taken.set(h.address, svc);
@@ -298,7 +306,7 @@ export class PoolManager extends EventEmitter {
   }
 
   private updateMetrics(): void {
-    let inUse: Map<number, string>;
+    let inUse: Map<string, string>;
     try { inUse = this.takenBy(''); } catch { return; /* corrupt claims: reported by the sources */ }
     const seen = new Set<string>();
     for (const pool of this.pools) {
@@ -306,7 +314,7 @@ export class PoolManager extends EventEmitter {
       this.sizeLabels.add(pool.key);
       this.metrics.size.set({ pool: pool.key }, poolSize(pool, this.reserved));
       let n = 0;
-      for (const a of inUse.keys()) if (poolContains(pool, a) && !this.reserved.has(a)) n++;
+      for (const a of inUse.keys()) if (this.poolOf(a) === pool.key && !this.reserved.has(a)) n++;
       this.metrics.inUse.set({ pool: pool.key }, n);
       this.metrics.conflicts.inc({ pool: pool.key }, 0);
     }

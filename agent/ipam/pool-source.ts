@@ -31,7 +31,7 @@ import { ETH_P_ARP, openPacketSocket, type PacketSocket } from '../net/packet/pa
 import type { NetlinkClient, LinkInfo } from '../net/netlink/netlink';
 import { VipOwner, type VipConflict } from '../net/neighbour/vip-owner';
 import { addressesChanged } from '../net/host/local-addresses';
-import { reservedFromInterface } from './allocator';
+import { addressKey, reservedFromInterface } from './allocator';
 import type { PoolManager } from './manager';
 import { initialPoolState, poolStep, type PoolAction, type PoolEvent, type PoolMachineConfig, type PoolState } from './pool-machine';
 
@@ -479,10 +479,10 @@ export class PoolSource extends EventEmitter implements AddressSource {
   }
 
   private noteParentAddresses(link: LinkInfo, addrs: readonly { address: string; prefix: number }[]): { link: LinkInfo; onParent: Set<string> } {
-    const claimed = new Set<number>();
+    const claimed = new Set<string>();
     for (const c of this.manager.allClaims().values()) {
-      const n = parseIPv4(c.address);
-      if (n !== undefined) claimed.add(n);
+      const k = addressKey(c.address);
+      if (k !== undefined) claimed.add(k);
     }
     this.manager.setReserved(reservedFromInterface(addrs, claimed));
     return { link, onParent: new Set(addrs.filter((a) => a.prefix === POOL_VIP_PREFIX).map((a) => a.address)) };

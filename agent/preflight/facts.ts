@@ -17,7 +17,7 @@ import { loadConfigFile, formatConfigErrors, controlSocketOf } from '../config/l
 import { DEFAULTS } from '../config/defaults';
 import type { DataplaneMode, Desired } from '../config/types';
 import { readNofile } from '../forward/capacity';
-import { formatIPv4 } from '../address';
+import { formatAddress } from '../address';
 import { placementFor, servicesNeedingProxy, type Placement } from '../forward/dataplane';
 import { sysctlIfName } from './checks';
 import { parseDefaultRoute } from '../net/host/route';
@@ -262,7 +262,7 @@ export function configSummary(path_: string, config: Desired): ConfigFacts {
     stateDir: config.stateDir,
     pools: config.pools.map((p) => ({
       key: p.key,
-      ranges: p.ranges.map((r) => ({ text: r.text, first: formatIPv4(r.start), last: formatIPv4(r.end) })),
+      ranges: p.ranges.map((r) => ({ text: r.text, first: formatAddress({ family: r.family, value: r.start }), last: formatAddress({ family: r.family, value: r.end }) })),
     })),
     ports: config.services.flatMap((s) => s.ports.map((p) => ({ service: s.key, port: p.port, protocol: p.protocol }))),
     // A secondary rides its primary's VIP: only primaries create macvlans.

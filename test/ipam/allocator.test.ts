@@ -6,13 +6,14 @@ import type { Pool, PoolRange } from '../../agent/config/types';
 import { parsePools, parsePoolValue, poolContains } from '../../agent/config/pools';
 import { parseConfigText } from '../../agent/config/load';
 import { allocate, poolSize, reservedFromInterface, AllocationState } from '../../agent/ipam/allocator';
-import { formatIPv4, parseIPv4 } from '../../agent/address';
+import { formatIPv4, parseAddress, parseIPv4 } from '../../agent/address';
 
-const ip = (s: string): number => parseIPv4(s)!;
+const ip = (s: string): string => formatIPv4(parseIPv4(s)!);
 
 function range(text: string): PoolRange {
-  const [a, b] = text.split('-');
-  return { start: ip(a!), end: ip(b!), text, kind: 'range' };
+  const { ranges, errors } = parsePoolValue('range-test', text);
+  if (errors.length > 0 || ranges.length !== 1) throw new Error(`bad range in test: ${text}`);
+  return ranges[0]!;
 }
 /** A CIDR range as the config loader produces it: the one parse, network/broadcast excluded. */
 function cidr(text: string): PoolRange {
@@ -146,15 +147,15 @@ t.test('conflicts are skipped until their retry time', async (t) => {
 t.test('network and broadcast addresses are never handed out', async (t) => {
   const p = pool('cidr-global', cidr('10.0.0.0/30'));
   t.equal(poolSize(p), 2, 'a /30 has two usable addresses');
-  t.notOk(poolContains(p, ip('10.0.0.0')));
-  t.notOk(poolContains(p, ip('10.0.0.3')));
+  t.notOk(poolContains(p, parseAddress('10.0.0.0')!));
+  t.notOk(poolContains(p, parseAddress('10.0.0.3')!));
   const got: string[] = [];
-  const taken = new Map<number, string>();
+  const taken = new Map<string, string>();
   for (let i = 0; i < 5; i++) {
     const r = allocate([p], { service: `ns/s${i}`, namespace: 'ns' }, st({ taken }));
     if (!r.ok) { t.equal(r.reason, 'exhausted'); break; }
     got.push(r.address);
-    taken.set(r.addressNum, `ns/s${i}`);
+    taken.set(r.address, `ns/s${i}`);
   }
   t.same(got, ['10.0.0.1', '10.0.0.2']);
   t.match(allocate([p], { service: 'ns/x', namespace: 'ns', loadBalancerIP: '10.0.0.3' }, st()), { ok: false, reason: 'not-in-pool' });
@@ -190,7 +191,7 @@ t.test('config validation and the allocator agree on every address around a pool
 t.test('stability: removing a service does not move the others', async (t) => {
   const pools = [pool('range-global', range('10.0.0.10-10.0.0.20'))];
   const claims = new Map<string, string>();
-  const taken = () => new Map([...claims].map(([svc, a]) => [ip(a), svc] as [number, string]));
+  const taken = () => new Map([...claims].map(([svc, a]) => [ip(a), svc] as [string, string]));
   const run = (svc: string) => {
     const prev = claims.get(svc);
     const r = allocate(pools, { service: svc, namespace: 'default', claim: prev ? { address: prev, pool: 'range-global' } : undefined },
@@ -211,8 +212,8 @@ t.test('stability: removing a service does not move the others', async (t) => {
 t.test('a large pool answers quickly: the walk is bounded by the blocked addresses', async (t) => {
   const p = pool('cidr-global', cidr('10.0.0.0/8'));
   t.equal(poolSize(p), 2 ** 24 - 2);
-  const taken = new Map<number, string>();
-  for (let i = 1; i <= 1000; i++) taken.set(ip('10.0.0.0') + i, `x/${i}`);
+  const taken = new Map<string, string>();
+  for (let i = 1; i <= 1000; i++) taken.set(formatIPv4(parseIPv4('10.0.0.0')! + i), `x/${i}`);
   t.match(allocate([p], { service: 'a/b', namespace: 'a' }, st({ taken })), { ok: true, address: '10.0.3.233' });
 });
 
@@ -224,5 +225,5 @@ t.test('reservedFromInterface: the node\'s own addresses, its subnets\' network 
     { address: '10.99.0.250', prefix: 32 },
     { address: '192.168.7.1', prefix: 31 },
   ], claimed);
-  t.same([...r].sort((a, b) => a - b), [ip('10.99.0.0'), ip('10.99.0.2'), ip('10.99.0.250'), ip('10.99.0.255'), ip('192.168.7.1')]);
+  t.same([...r].sort(), [ip('10.99.0.0'), ip('10.99.0.2'), ip('10.99.0.250'), ip('10.99.0.255'), ip('192.168.7.1')].sort());
 });

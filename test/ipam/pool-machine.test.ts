@@ -11,7 +11,7 @@ const NO_PROBE: PoolMachineConfig = { probe: false, faultRetryMs: 30_000 };
 const MAC = '52:54:00:ab:cd:ef';
 
 const ok = (address: string, via: 'claim' | 'loadBalancerIP' | 'free' = 'free'): AllocationResult =>
-  ({ ok: true, address, addressNum: 0, pool: 'range-global', via } as AllocationResult);
+  ({ ok: true, address, pool: 'range-global', via } as AllocationResult);
 const fail = (reason: string, message: string, retryAt?: number): AllocationResult =>
   ({ ok: false, reason, message, pool: 'range-global', retryAt } as AllocationResult);
 
