@@ -209,7 +209,8 @@ export class DriftGuard {
   // --- observing ----------------------------------------------------------
 
   private async readAll(): Promise<void> {
-    const [links, addrs] = await Promise.all([this.opts.netlink.listLinks(), this.opts.netlink.listAddresses()]);
+    const [links, addrs4, addrs6] = await Promise.all([this.opts.netlink.listLinks(), this.opts.netlink.listAddresses(), this.opts.netlink.listAddresses(undefined, 'IPv6')]);
+    const addrs = [...addrs4, ...addrs6];
     this.links.clear();
     this.linkNames.clear();
     this.addresses.clear();
@@ -246,7 +247,8 @@ export class DriftGuard {
     const cidr = `${a.address}/${a.prefix}`;
     if (type === 'new') this.addressSet(a.index).add(cidr);
     else this.addresses.get(a.index)?.delete(cidr);
-    if (a.index === this.opts.parent.index && a.proto !== OWNED_ADDRESS_PROTO) this.followParent();
+    // The parent's primary is IPv4 (VRRP's source, status): its IPv6 addresses (link-local, SLAAC) do not move it.
+    if (a.index === this.opts.parent.index && a.proto !== OWNED_ADDRESS_PROTO && !a.address.includes(':')) this.followParent();
     this.requestCheck();
   }
 
@@ -289,7 +291,7 @@ export class DriftGuard {
   private primaryOf(index: number): string | undefined {
     const set = this.addresses.get(index);
     if (!set) return undefined;
-    for (const cidr of set) if (!cidr.endsWith('/32')) return cidr.slice(0, cidr.indexOf('/'));
+    for (const cidr of set) if (!cidr.endsWith('/32') && !cidr.includes(':')) return cidr.slice(0, cidr.indexOf('/'));
     return undefined;
   }
 

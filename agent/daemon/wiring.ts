@@ -15,7 +15,7 @@ import { reconcileOwnedLinks } from '../net/ownership/reconcile';
 import type { StartLimiter } from '../dhcp/limiter';
 import type { VrrpGate } from '../failover/gate';
 import { PoolManager } from '../ipam/manager';
-import { PoolSource } from '../ipam/pool-source';
+import { PoolSource, poolVipPrefix } from '../ipam/pool-source';
 import { HealthChecker } from '../health/checker';
 import { selectDataplane, createDataplane, probeNftables, probeDsr, dsrUnavailable, parseDsrEngine, servicesNeedingProxy, placementFor, type ProbeResult } from '../forward/index';
 import { familyOf, formatIPv4 } from '../address';
@@ -143,8 +143,8 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
       observeHeld: async (services) => {
         const held = new Map<string, string>();
         if (vrrp) return held;
-        const all = await netlink.listAddresses();
-        const on = (index: number, address: string): boolean => all.some((a) => a.index === index && a.address === address && a.prefix === 32);
+        const all = [...await netlink.listAddresses(), ...await netlink.listAddresses(undefined, 'IPv6')];
+        const on = (index: number, address: string): boolean => all.some((a) => a.index === index && a.address === address && a.prefix === poolVipPrefix(familyOf(address) ?? 'IPv4'));
         const wallOffset = clock.wallNow() - clock.now();
         for (const s of services) {
           if (s.primaryService !== undefined) continue;
@@ -170,13 +170,13 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
         const pruned = pools.pruneClaims(services.filter((s) => s.primaryService === undefined && s.ipam === 'pool').map((s) => s.key));
         const removedAddrs: string[] = [];
         for (const [svc, claim] of pruned) {
-          if (await netlink.removeAddress(parent.index, claim.address, 32).catch(() => false)) removedAddrs.push(`${claim.address} (${svc})`);
+          if (await netlink.removeAddress(parent.index, claim.address, poolVipPrefix(familyOf(claim.address) ?? 'IPv4')).catch(() => false)) removedAddrs.push(`${claim.address} (${svc})`);
         }
         // Every address an earlier run added carries the ownership mark: one
         // on the parent that no wanted claim explains is a leftover (a claim
         // lost to a crash, a reload that raced), withdrawn now.
         const wantedClaims = new Set(services.filter((s) => s.primaryService === undefined && s.ipam === 'pool').map((s) => pools.claimOf(s.key)?.address).filter((a): a is string => a !== undefined));
-        for (const a of await netlink.listAddresses(parent.index)) {
+        for (const a of [...await netlink.listAddresses(parent.index), ...await netlink.listAddresses(parent.index, 'IPv6')]) {
           if (a.proto === OWNED_ADDRESS_PROTO && !wantedClaims.has(a.address) && await netlink.removeAddress(parent.index, a.address, a.prefix).catch(() => false)) {
             removedAddrs.push(`${a.address}/${a.prefix} (marked as the agent's, no claim wants it)`);
           }

@@ -129,8 +129,8 @@ export async function withdrawAll(opts: WithdrawOptions): Promise<WithdrawResult
     } catch (e) {
       problems.push(`pool claims unreadable (${errorMessage(e)}): only marked addresses are removed`);
     }
-    for (const a of await netlink.listAddresses()) {
-      const ours = a.proto === OWNED_ADDRESS_PROTO || (a.prefix === 32 && claimed.has(a.address));
+    for (const a of [...await netlink.listAddresses(), ...await netlink.listAddresses(undefined, 'IPv6')]) {
+      const ours = a.proto === OWNED_ADDRESS_PROTO || ((a.prefix === 32 || a.prefix === 128) && claimed.has(a.address));
       if (!ours) continue;
       try {
         if (await netlink.removeAddress(a.index, a.address, a.prefix)) removed.push(`address ${a.address}/${a.prefix}`);

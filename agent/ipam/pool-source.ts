@@ -14,6 +14,15 @@
 // and it is never picked as a source address for the subnet route. The
 // kernel still answers ARP for it on the parent (arp_ignore=1 answers for
 // addresses configured on the receiving interface), which is all a VIP needs.
+//
+// An IPv6 VIP is the same with neighbour discovery for ARP: ADDR/128 added
+// with IFA_F_NODAD after the agent's own duplicate address detection
+// (net/neighbour/ndp-driver.ts dadProbe: RFC 4862 §5.4 probes from :: to
+// the VIP's solicited-node group, which the probe's packet socket joins),
+// and held by an NdpVipOwner (override advertisements to all-nodes on gain
+// and every refresh interval, the defence). The kernel answers
+// solicitations for the address itself: it is on the parent and the kernel
+// joined its solicited-node group (docs/design.md, IPv6).
 import { EventEmitter } from 'node:events';
 import type { Registry } from 'prom-client';
 import { ownerTimings } from '../config/defaults';
@@ -21,7 +30,7 @@ import type { ArpConfig, ArpTimings, ServiceSpec } from '../config/types';
 import type { Logger } from '../log';
 import { realClock, isoTime, type Clock, type TimerHandle } from '../clock';
 import { LbError, errorMessage, isLbError } from '../errors';
-import { parseIPv4 } from '../address';
+import { familyBits, parseAddress, parseIPv4, type Family } from '../address';
 import type { AddressSource, SourceDamage, SourceStatus, Vip } from '../source';
 import { probeAddress } from '../net/neighbour/arp-probe';
 import { netMetrics, type NetMetrics } from '../net/metrics';
@@ -30,19 +39,40 @@ import { bpfArpAbout } from '../net/packet/bpf';
 import { ETH_P_ARP, openPacketSocket, type PacketSocket } from '../net/packet/packet';
 import type { NetlinkClient, LinkInfo } from '../net/netlink/netlink';
 import { VipOwner, type VipConflict } from '../net/neighbour/vip-owner';
+import { dadProbe, NdpVipOwner, openNdpSocket } from '../net/neighbour/ndp-driver';
+import { DEFEND_INTERVAL_MS, DUP_ADDR_DETECT_TRANSMITS, RETRANS_TIMER_MS, type NdpOwnerConfig } from '../net/neighbour/ndp-owner';
 import { addressesChanged } from '../net/host/local-addresses';
 import { addressKey, reservedFromInterface } from './allocator';
 import type { PoolManager } from './manager';
 import { initialPoolState, poolStep, type PoolAction, type PoolEvent, type PoolMachineConfig, type PoolState } from './pool-machine';
 
-/** The prefix of every pool VIP on the parent (see the header comment). */
+/** The prefix of every IPv4 pool VIP on the parent (see the header comment). */
 export const POOL_VIP_PREFIX = 32;
+
+/** The prefix of a pool VIP of a family on the parent: a host address, /32 or /128. */
+export function poolVipPrefix(family: Family): number {
+  return familyBits(family);
+}
+
+/**
+ * The NDP owner's timings from the `arp:` section: the burst, its interval
+ * and the refresh are the same keys as for IPv4; DAD is RFC 4862's one probe
+ * and RetransTimer (none when arp.probeNum is 0, as the ARP probe is off).
+ */
+export function ndpTimings(arp: ArpTimings & Partial<Pick<ArpConfig, 'refreshInterval'>>, probe: boolean): Omit<NdpOwnerConfig, 'giveUp' | 'answerSolicitations'> {
+  return {
+    dadTransmits: probe && arp.probeNum > 0 ? DUP_ADDR_DETECT_TRANSMITS : 0,
+    retransTimerMs: RETRANS_TIMER_MS,
+    ...ownerTimings(arp),
+    defendIntervalMs: DEFEND_INTERVAL_MS,
+  };
+}
 
 export type PoolNetlink = Pick<NetlinkClient, 'getLink' | 'listAddresses' | 'addAddress' | 'removeAddress'>;
 
 export interface PoolSourceOptions {
-  /** The service (key, name, namespace, loadBalancerIP are used). */
-  service: Pick<ServiceSpec, 'key' | 'name' | 'namespace' | 'loadBalancerIP'>;
+  /** The service (key, name, namespace, loadBalancerIP, family are used). */
+  service: Pick<ServiceSpec, 'key' | 'name' | 'namespace' | 'loadBalancerIP' | 'family'>;
   /** The parent NIC the VIP goes on. */
   parentIfname: string;
   /** Shared by every pool source of the agent: owns claims, pools, conflicts. */
@@ -97,7 +127,11 @@ export class PoolSource extends EventEmitter implements AddressSource {
   private socket: PacketSocket | undefined;
   /** The address the socket's kernel filter passes ARP frames about (it is reopened for another). */
   private socketAddress: string | undefined;
-  private owner: VipOwner | undefined;
+  private owner: VipOwner | NdpVipOwner | undefined;
+  /** The VIP's family, its prefix on the parent, and (IPv6) the parent's link-local address, the source of advertisements. */
+  private readonly family: Family;
+  private readonly prefix: number;
+  private linkLocal: bigint | undefined;
   private timer: TimerHandle | undefined;
   private readonly onChanged = (): void => { this.clearWait(); this.feedLater(this.gen, { type: 'changed' }); };
   /** Address removals under way, for stop() to await. */
@@ -117,6 +151,8 @@ export class PoolSource extends EventEmitter implements AddressSource {
     this.log = opts.log.child({ module: 'ipam.pool-source', service: this.key });
     this.netMetrics = netMetrics(opts.registry);
     this.cfg = { probe: opts.probe !== false, faultRetryMs: opts.faultRetryMs ?? 30_000 };
+    this.family = opts.service.family ?? 'IPv4';
+    this.prefix = poolVipPrefix(this.family);
   }
 
   /** A reload's arp: timings, used from the next probe or announcement on; a held VIP stays. */
@@ -253,7 +289,7 @@ export class PoolSource extends EventEmitter implements AddressSource {
     if (damage !== 'address' || this.m.phase !== 'bound' || !vip) return undefined;
     const gen = this.gen;
     try {
-      await this.manager.serialize(() => this.opts.netlink.addAddress(vip.ifindex, vip.address, POOL_VIP_PREFIX, { proto: OWNED_ADDRESS_PROTO }));
+      await this.manager.serialize(() => this.opts.netlink.addAddress(vip.ifindex, vip.address, this.prefix, { proto: OWNED_ADDRESS_PROTO }));
       addressesChanged();
     } catch (err) {
       if (!(isLbError(err) && err.details?.errno === 'EEXIST')) {
@@ -264,7 +300,7 @@ export class PoolSource extends EventEmitter implements AddressSource {
     // stop() ran meanwhile: the address goes again with it.
     if (gen !== this.gen || this.vip !== vip) { await this.removeQuietly(vip.ifindex, vip.address); return undefined; }
     this.owner?.reannounce();
-    return `added ${vip.address}/${POOL_VIP_PREFIX} to ${vip.ifname} again and announced it`;
+    return `added ${vip.address}/${this.prefix} to ${vip.ifname} again and announced it`;
   }
 
   /** A full burst of gratuitous ARPs again (VRRP split brain), through the VIP's owner. */
@@ -329,7 +365,7 @@ export class PoolSource extends EventEmitter implements AddressSource {
       case 'reset-socket': return this.closeSocket();
       case 'up': {
         const link = this.parent!;
-        const vip: Vip = { address: a.address, prefix: POOL_VIP_PREFIX, ifname: link.name, ifindex: link.index, mac: link.mac };
+        const vip: Vip = { address: a.address, prefix: this.prefix, ifname: link.name, ifindex: link.index, mac: link.mac };
         this.setVip(vip);
         this.emit('vip', vip);
         return;
@@ -370,7 +406,7 @@ export class PoolSource extends EventEmitter implements AddressSource {
   }
 
   private reserve(): ReturnType<PoolManager['reserve']> {
-    return this.manager.reserve({ service: this.key, namespace: this.opts.service.namespace, loadBalancerIP: this.opts.service.loadBalancerIP });
+    return this.manager.reserve({ service: this.key, namespace: this.opts.service.namespace, family: this.family, loadBalancerIP: this.opts.service.loadBalancerIP });
   }
 
   private wait(gen: number, until: number | undefined, onChange: boolean): void {
@@ -392,6 +428,7 @@ export class PoolSource extends EventEmitter implements AddressSource {
   }
 
   private async probe(gen: number, address: string): Promise<void> {
+    if (this.family === 'IPv6') return this.probe6(gen, address);
     try {
       const link = this.parent!;
       const res = await probeAddress({
@@ -404,17 +441,33 @@ export class PoolSource extends EventEmitter implements AddressSource {
     }
   }
 
+  /** RFC 4862 §5.4 duplicate address detection of an IPv6 pool address; a duplicate is a conflict like an ARP one. */
+  private async probe6(gen: number, address: string): Promise<void> {
+    try {
+      const link = this.parent!;
+      const res = await dadProbe({
+        socket: this.ensureSocket(link.index, address), mac: link.mac, ip: address, source: this.linkLocal,
+        config: { ...ndpTimings(this.opts.arp, true), dadTransmits: DUP_ADDR_DETECT_TRANSMITS, giveUp: true, answerSolicitations: false },
+        clock: this.clock, log: this.opts.log, metrics: this.netMetrics,
+      });
+      if (res.duplicate) this.log.info({ op: 'dad', address, mac: res.mac, reason: res.reason }, `${address} is taken on the LAN (${res.reason} by ${res.mac ?? 'another node'}); skipping it`);
+      this.feedLater(gen, res.duplicate ? { type: 'probe-conflict', mac: res.mac } : { type: 'probe-free' });
+    } catch (err) {
+      this.feedLater(gen, { type: 'fault', what: `probing ${address}`, error: errorMessage(err) });
+    }
+  }
+
   private async addAddress(gen: number, address: string): Promise<void> {
     const link = this.parent!;
     try {
       // NetlinkClient.addAddress replaces, so an address left by a killed
       // run is adopted as is; EEXIST from another implementation means the same.
-      await this.manager.serialize(() => this.opts.netlink.addAddress(link.index, address, POOL_VIP_PREFIX, { proto: OWNED_ADDRESS_PROTO }));
+      await this.manager.serialize(() => this.opts.netlink.addAddress(link.index, address, this.prefix, { proto: OWNED_ADDRESS_PROTO }));
       // A DHCP reply from now on must see it (dhcp/guard.ts 'yiaddr-local').
       addressesChanged();
     } catch (err) {
       if (!(isLbError(err) && err.details?.errno === 'EEXIST')) {
-        this.feedLater(gen, { type: 'fault', what: `adding ${address}/${POOL_VIP_PREFIX} to ${this.opts.parentIfname}`, error: errorMessage(err) });
+        this.feedLater(gen, { type: 'fault', what: `adding ${address}/${this.prefix} to ${this.opts.parentIfname}`, error: errorMessage(err) });
         return;
       }
     }
@@ -427,22 +480,30 @@ export class PoolSource extends EventEmitter implements AddressSource {
   private hold(gen: number, address: string): void {
     const link = this.parent!;
     this.owner?.close();
-    let owner: VipOwner;
+    let owner: VipOwner | NdpVipOwner;
+    const giveUp = this.opts.giveUpOnConflict ?? this.opts.probe !== false;
     try {
-      owner = new VipOwner({
-        socket: this.ensureSocket(link.index, address), mac: link.mac, ip: address,
-        ...ownerTimings(this.opts.arp),
-        giveUp: this.opts.giveUpOnConflict ?? this.opts.probe !== false,
-        clock: this.clock, log: this.opts.log, metrics: this.netMetrics,
-      });
+      owner = this.family === 'IPv6'
+        ? new NdpVipOwner({
+          // DAD ran already (probe6), or an election decided: straight to the burst.
+          socket: this.ensureSocket(link.index, address), mac: link.mac, ip: address, source: this.linkLocal,
+          config: { ...ndpTimings(this.opts.arp, false), giveUp, answerSolicitations: false },
+          clock: this.clock, log: this.opts.log, metrics: this.netMetrics,
+        })
+        : new VipOwner({
+          socket: this.ensureSocket(link.index, address), mac: link.mac, ip: address,
+          ...ownerTimings(this.opts.arp),
+          giveUp,
+          clock: this.clock, log: this.opts.log, metrics: this.netMetrics,
+        });
       owner.start();
     } catch (err) {
       this.feedLater(gen, { type: 'fault', what: `announcing ${address}`, error: errorMessage(err) });
       return;
     }
     this.owner = owner;
-    owner.on('conflict', (c: VipConflict) => { if (this.owner === owner) this.feed({ type: 'conflict', mac: c.mac, defended: c.defended }); });
-    owner.on('lost', (c: VipConflict) => { if (this.owner === owner) this.feed({ type: 'lost', mac: c.mac }); });
+    owner.on('conflict', (c: Pick<VipConflict, 'mac' | 'defended'>) => { if (this.owner === owner) this.feed({ type: 'conflict', mac: c.mac, defended: c.defended }); });
+    owner.on('lost', (c: Pick<VipConflict, 'mac'>) => { if (this.owner === owner) this.feed({ type: 'lost', mac: c.mac }); });
     this.feedLater(gen, { type: 'held' });
   }
 
@@ -472,7 +533,8 @@ export class PoolSource extends EventEmitter implements AddressSource {
   private async readParentQueued<T>(then: () => T): Promise<{ p: { link: LinkInfo; onParent: Set<string> }; result: T }> {
     return this.manager.serialize(async () => {
       const link = await this.opts.netlink.getLink(this.opts.parentIfname);
-      const addrs = await this.opts.netlink.listAddresses(link.index);
+      const addrs = await this.opts.netlink.listAddresses(link.index, this.family);
+      if (this.family === 'IPv6') this.linkLocal = linkLocalOf(addrs);
       const p = this.noteParentAddresses(link, addrs);
       return { p, result: then() };
     });
@@ -485,7 +547,7 @@ export class PoolSource extends EventEmitter implements AddressSource {
       if (k !== undefined) claimed.add(k);
     }
     this.manager.setReserved(reservedFromInterface(addrs, claimed));
-    return { link, onParent: new Set(addrs.filter((a) => a.prefix === POOL_VIP_PREFIX).map((a) => a.address)) };
+    return { link, onParent: new Set(addrs.filter((a) => a.prefix === this.prefix).map((a) => a.address)) };
   }
 
   /**
@@ -499,6 +561,15 @@ export class PoolSource extends EventEmitter implements AddressSource {
   private ensureSocket(ifindex: number, address: string): PacketSocket {
     if (this.socket && this.socket.ifindex === ifindex && this.socketAddress === address) return this.socket;
     this.closeSocket();
+    if (this.family === 'IPv6') {
+      // One filter for every address (bpfNdp); the owner joins the address's
+      // solicited-node group on this socket, and the group goes with it.
+      const sock = openNdpSocket(ifindex, this.netMetrics, this.opts.log);
+      sock.on('error', (err: LbError) => this.log.warn({ op: 'ndp-socket', err: err.message }, 'NDP socket error'));
+      this.socket = sock;
+      this.socketAddress = address;
+      return sock;
+    }
     const ip = parseIPv4(address);
     if (ip === undefined) throw new RangeError(`not an IPv4 address: ${address}`);
     const sock = openPacketSocket({ ifindex, protocol: ETH_P_ARP, filter: bpfArpAbout(ip), metrics: this.netMetrics, log: this.opts.log });
@@ -510,9 +581,21 @@ export class PoolSource extends EventEmitter implements AddressSource {
 
   private async removeQuietly(ifindex: number, address: string): Promise<void> {
     try {
-      await this.manager.serialize(() => this.opts.netlink.removeAddress(ifindex, address, POOL_VIP_PREFIX));
+      await this.manager.serialize(() => this.opts.netlink.removeAddress(ifindex, address, this.prefix));
     } catch (err) {
       this.log.warn({ op: 'remove-address', address, err: errorMessage(err) }, `could not remove ${address} from ${this.opts.parentIfname}`);
     }
   }
+}
+
+/** fe80::/10 (RFC 4291 §2.5.6). */
+const LINK_LOCAL_PREFIX = 0xfe80n >> 6n;
+
+/** The first link-local address among a parent's IPv6 addresses, wherever it is listed; undefined when it has none. */
+export function linkLocalOf(addrs: readonly { readonly address: string }[]): bigint | undefined {
+  for (const a of addrs) {
+    const v = parseAddress(a.address);
+    if (v?.family === 'IPv6' && v.value >> 118n === LINK_LOCAL_PREFIX) return v.value;
+  }
+  return undefined;
 }

@@ -44,6 +44,10 @@ export interface NetMetrics {
   /** Announcements of held VIPs (net/vip-owner.ts), label reason: burst | defend | refresh | reannounce. */
   readonly vipAnnouncements: Counter<'reason'>;
   readonly framesDropped: Counter<'reason'>;
+  /** Neighbour discovery messages sent for IPv6 VIPs (net/neighbour/ndp-driver.ts), label reason: dad-probe | burst | refresh | defend | reannounce | answer. */
+  readonly ndpSent: Counter<'reason'>;
+  /** IPv6 address conflicts, label phase: 'dad' (RFC 4862 §5.4) | 'defend'. */
+  readonly ndpConflicts: Counter<'phase'>;
 }
 
 function getOrCreate<T>(registry: Registry, name: string, make: () => T): T {
@@ -84,6 +88,18 @@ export function netMetrics(registry: Registry): NetMetrics {
       name: 'lbagent_net_frames_dropped_total',
       help: 'Received frames dropped by net/, by reason',
       labelNames: ['reason'],
+      registers,
+    })),
+    ndpSent: getOrCreate(registry, 'lbagent_net_ndp_sent_total', () => new Counter<'reason'>({
+      name: 'lbagent_net_ndp_sent_total',
+      help: 'Neighbour discovery messages sent for IPv6 VIPs, by why (RFC 4862 DAD probe, RFC 4861 §7.2.6 burst, refresh, defence, re-announcement, answer)',
+      labelNames: ['reason'],
+      registers,
+    })),
+    ndpConflicts: getOrCreate(registry, 'lbagent_net_ndp_conflicts_total', () => new Counter<'phase'>({
+      name: 'lbagent_net_ndp_conflicts_total',
+      help: 'IPv6 address conflicts seen, during duplicate address detection or while holding an address',
+      labelNames: ['phase'],
       registers,
     })),
   };

@@ -23,7 +23,7 @@ import { RtNetlinkSocket } from 'netlink/dist/rt/rt';
 import * as rt from 'netlink/dist/rt/structs';
 import * as ifla from 'netlink/dist/rt/ifla';
 import { LbError, errorMessage } from '../../errors';
-import { broadcastOf, formatIPv4, formatMac, ipv4FromBytes, ipv4ToBytes, parseIPv4, parseMac } from '../../address';
+import { addressFromBytes, addressToBytes, broadcastOf, familyBits, formatAddress, formatMac, ipv4ToBytes, parseAddress, parseIPv4, parseMac, type Family } from '../../address';
 import type { Logger } from '../../log';
 import { silentLogger } from '../../log';
 import { IPV4_DEVCONF_ID, interfaceNameProblem, type IfSysctlKey } from '../sysctl/sysctl';
@@ -32,6 +32,9 @@ import { RawNetlinkSocket } from './netlink-socket';
 import { deleteLinkFn } from '../../native/native';
 
 const AF_INET = 2;
+const AF_INET6 = 10;
+/** The rtnetlink address family of each Family. */
+const AF_OF: Readonly<Record<Family, number>> = { IPv4: AF_INET, IPv6: AF_INET6 };
 /** rtnetlink message types (linux/rtnetlink.h) as the plain numbers the framing hands over. */
 const RTM_NEWLINK: number = rt.MessageType.NEWLINK;
 const RTM_DELLINK: number = rt.MessageType.DELLINK;
@@ -76,7 +79,7 @@ export interface LinkInfo {
 
 export interface AddressInfo {
   readonly index: number;
-  /** Dotted quad. */
+  /** Dotted quad, or canonical IPv6 text (RFC 5952) from a listing of IPv6 addresses. */
   readonly address: string;
   readonly prefix: number;
   readonly label?: string;
@@ -355,18 +358,19 @@ export function createdLink(msgs: ReadonlyArray<{ type: number; data: Buffer }>,
   return undefined;
 }
 
-/** A parsed RTM_NEWADDR message as an AddressInfo; undefined for non-IPv4. */
-export function addressInfoFromMessage(msg: rt.AddressMessage): AddressInfo | undefined {
+/** A parsed RTM_NEWADDR message as an AddressInfo; undefined for another family than `family` (IPv4 unless said). */
+export function addressInfoFromMessage(msg: rt.AddressMessage, family: Family = 'IPv4'): AddressInfo | undefined {
   const { data, attrs } = msg;
-  if (data.family !== AF_INET) return undefined;
+  if (data.family !== AF_OF[family]) return undefined;
   // IFA_LOCAL is the interface's own address; IFA_ADDRESS is the peer on
-  // point-to-point links and equal to it elsewhere.
+  // point-to-point links and equal to it elsewhere (an IPv6 address has IFA_ADDRESS only).
   const raw = attrs.local ?? attrs.address;
-  if (!raw || raw.length !== 4) return undefined;
+  const width = familyBits(family) / 8;
+  if (!raw || raw.length !== width) return undefined;
   return {
     index: data.index ?? 0,
-    address: formatIPv4(ipv4FromBytes(raw)),
-    prefix: data.prefixlen ?? 32,
+    address: formatAddress(addressFromBytes(family, raw)),
+    prefix: data.prefixlen ?? familyBits(family),
     ...(attrs.label !== undefined ? { label: attrs.label } : {}),
   };
 }
@@ -377,8 +381,16 @@ function checkIp(ip: string): Buffer {
   return ipv4ToBytes(n);
 }
 
-function checkPrefix(prefix: number): void {
-  if (!Number.isInteger(prefix) || prefix < 0 || prefix > 32) throw new TypeError(`prefix must be 0..32, got ${prefix}`);
+/** An address of either family in network order, with its family; throws TypeError on anything else. */
+function checkAddress(ip: string): { family: Family; bytes: Buffer } {
+  const a = parseAddress(ip);
+  if (a === undefined) throw new TypeError(`not an IPv4 or IPv6 address: ${ip}`);
+  return { family: a.family, bytes: addressToBytes(a) };
+}
+
+function checkPrefix(prefix: number, family: Family = 'IPv4'): void {
+  const max = familyBits(family);
+  if (!Number.isInteger(prefix) || prefix < 0 || prefix > max) throw new TypeError(`prefix must be 0..${max}, got ${prefix}`);
 }
 
 // ---------------------------------------------------------------------------
@@ -616,17 +628,22 @@ export class NetlinkClient {
    * replace`). The broadcast address is set for prefixes up to /30.
    */
   async addAddress(index: number, ip: string, prefix: number, opts: { proto?: number } = {}): Promise<void> {
-    const local = checkIp(ip);
-    checkPrefix(prefix);
+    const { family, bytes: local } = checkAddress(ip);
+    checkPrefix(prefix, family);
     const attrs: rt.AddressAttrs = { local, address: local };
-    if (prefix <= 30) attrs.broadcast = ipv4ToBytes(broadcastOf({ network: parseIPv4(ip)!, prefix }));
+    if (family === 'IPv4' && prefix <= 30) attrs.broadcast = ipv4ToBytes(broadcastOf({ network: parseIPv4(ip)!, prefix }));
+    // An IPv6 VIP is added without the kernel's own duplicate address
+    // detection (IFA_F_NODAD): the agent ran DAD itself before claiming it
+    // (net/neighbour/ndp-driver.ts), and a tentative address would neither
+    // answer solicitations nor take connections for a second.
+    if (family === 'IPv6') attrs.flags = { nodad: true };
     if (opts.proto !== undefined) {
       // The package's encoder appends __unparsed attributes as given, but
       // refuses unknown keys it enumerates: hence not enumerable.
       Object.defineProperty(attrs, '__unparsed', { value: [[IFA_PROTO, Buffer.from([opts.proto & 0xff])]], enumerable: false });
     }
     try {
-      await this.single((sock) => sock.newAddress({ family: AF_INET, prefixlen: prefix, index, scope: 0 }, attrs, this.opts(FlagsNew.CREATE | FlagsNew.REPLACE)));
+      await this.single((sock) => sock.newAddress({ family: AF_OF[family], prefixlen: prefix, index, scope: 0 }, attrs, this.opts(FlagsNew.CREATE | FlagsNew.REPLACE)));
     } catch (err) {
       throw netlinkError(err, `adding ${ip}/${prefix} to`, describe(index));
     }
@@ -650,11 +667,11 @@ export class NetlinkClient {
    * (deleting one of those fails them with ICMP host unreachable).
    */
   async removeAddress(index: number, ip: string, prefix: number): Promise<boolean> {
-    const local = checkIp(ip);
-    checkPrefix(prefix);
-    await this.forgetNeighbour(index, ip).catch((err: unknown) => this.log.warn({ op: 'forget-neighbour', index, address: ip, err: errorMessage(err) }, 'could not forget the neighbour entry of an address being removed'));
+    const { family, bytes: local } = checkAddress(ip);
+    checkPrefix(prefix, family);
+    if (family === 'IPv4') await this.forgetNeighbour(index, ip).catch((err: unknown) => this.log.warn({ op: 'forget-neighbour', index, address: ip, err: errorMessage(err) }, 'could not forget the neighbour entry of an address being removed'));
     try {
-      await this.single((sock) => sock.delAddress({ family: AF_INET, prefixlen: prefix, index }, { local, address: local }, this.opts()));
+      await this.single((sock) => sock.delAddress({ family: AF_OF[family], prefixlen: prefix, index }, { local, address: local }, this.opts()));
     } catch (err) {
       const errno = netlinkErrno(err);
       if (errno === 'EADDRNOTAVAIL' || errno === 'ENODEV') return false;
@@ -686,17 +703,17 @@ export class NetlinkClient {
     return true;
   }
 
-  /** IPv4 addresses, of one link or of all, with their IFA_PROTO mark. */
-  async listAddresses(index?: number): Promise<AddressInfo[]> {
+  /** The addresses of a family (IPv4 unless said), of one link or of all, with their IFA_PROTO mark. */
+  async listAddresses(index?: number, family: Family = 'IPv4'): Promise<AddressInfo[]> {
     try {
       const req = new AttrStream();
-      rt.formatAddressMessage({ kind: 'address', data: { family: AF_INET }, attrs: {} }, req);
+      rt.formatAddressMessage({ kind: 'address', data: { family: AF_OF[family] }, attrs: {} }, req);
       // Raw dump: the package's parser would drop IFA_PROTO (addressProto).
       const raw = await this.dump(async (sock) => (await sock.socket.request(rt.MessageType.GETADDR, req.bufs, this.opts(FlagsGet.DUMP)))[0]);
       const out: AddressInfo[] = [];
       for (const m of raw) {
         if (m.type !== RTM_NEWADDR) continue;
-        const a = addressInfoFromMessage(rt.parseMessage(m.type, m.data) as rt.AddressMessage);
+        const a = addressInfoFromMessage(rt.parseMessage(m.type, m.data) as rt.AddressMessage, family);
         if (!a || (index !== undefined && a.index !== index)) continue;
         const proto = addressProto(m.data);
         out.push(proto !== undefined ? { ...a, proto } : a);
@@ -707,7 +724,7 @@ export class NetlinkClient {
     }
   }
 
-  /** Subscribe to link and IPv4 address changes (RTNLGRP_LINK, RTNLGRP_IPV4_IFADDR). */
+  /** Subscribe to link and address changes (RTNLGRP_LINK, RTNLGRP_IPV4_IFADDR, RTNLGRP_IPV6_IFADDR). */
   watch(opts: { ref?: boolean } = {}): NetlinkWatcher {
     return new NetlinkWatcher(this.log, opts.ref ?? false);
   }
@@ -723,7 +740,8 @@ export function parseNotification(type: number, data: Buffer): ['link', LinkEven
     }
     case RTM_NEWADDR:
     case RTM_DELADDR: {
-      const address = addressInfoFromMessage(rt.parseMessage(type, data) as rt.AddressMessage);
+      const msg = rt.parseMessage(type, data) as rt.AddressMessage;
+      const address = addressInfoFromMessage(msg) ?? addressInfoFromMessage(msg, 'IPv6');
       return address ? ['address', { type: type === RTM_NEWADDR ? 'new' : 'del', address }] : undefined;
     }
     default:
@@ -756,6 +774,8 @@ export class NetlinkWatcher extends EventEmitter {
     }
     this.sock.addMembership('LINK');
     this.sock.addMembership('IPV4_IFADDR');
+    // IPv6 pool VIPs are /128s on the parent: their removal is drift too.
+    this.sock.addMembership('IPV6_IFADDR');
     // Forwarding and rp_filter changes (net.ipv4.ip_forward among them) are
     // announced here; arp_ignore and arp_announce are not, and are polled.
     this.sock.addMembership('IPV4_NETCONF');

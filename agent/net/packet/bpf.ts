@@ -5,7 +5,7 @@
 // what `tcpdump -dd` emits for the same expression (the tests compare them),
 // so they can be checked with a tool every operator has.
 
-import { ETHERTYPE_ARP, ETHERTYPE_IPV4, IPPROTO_UDP } from './inet';
+import { ETHERTYPE_ARP, ETHERTYPE_IPV4, ETHERTYPE_IPV6, IPPROTO_ICMPV6, IPPROTO_UDP } from './inet';
 
 /** One instruction: [code, jt, jf, k] as in struct sock_filter. */
 export type BpfInstruction = readonly [number, number, number, number];
@@ -115,6 +115,31 @@ export function bpfIpProtoPayloadByte(proto: number, offset: number, value: numb
     [BPF_MISC_TAX, 0, 0, 4], // k is unused by TAX; tcpdump leaves the 4 of the multiply there
     [BPF_LD_B_IND, 0, 0, IP_HEADER_START + offset],
     [BPF_JEQ_K, 0, 1, value],
+    [BPF_RET_K, 0, 0, BPF_ACCEPT],
+    [BPF_RET_K, 0, 0, 0],
+  ];
+}
+
+/** IPv6 next header and the first byte after a 40-byte IPv6 header (the ICMPv6 type). */
+const IPV6_NEXT_HEADER_OFFSET = 14 + 6;
+const ICMPV6_TYPE_OFFSET = 14 + 40;
+
+/**
+ * ICMPv6 neighbour solicitations and advertisements (types 135, 136)
+ * directly after the IPv6 header: all an IPv6 VIP's owner acts on (RFC 4861
+ * §7.1 drops NDP behind extension headers anyway). The owner's socket then
+ * wakes for neighbour discovery, not for every IPv6 packet on the LAN.
+ * `tcpdump -dd 'ip6 and ip6[6] = 58 and (ip6[40] = 135 or ip6[40] = 136)'`.
+ */
+export function bpfNdp(): BpfProgram {
+  return [
+    [BPF_LD_H_ABS, 0, 0, ETH_TYPE_OFFSET],
+    [BPF_JEQ_K, 0, 6, ETHERTYPE_IPV6],
+    [BPF_LD_B_ABS, 0, 0, IPV6_NEXT_HEADER_OFFSET],
+    [BPF_JEQ_K, 0, 4, IPPROTO_ICMPV6],
+    [BPF_LD_B_ABS, 0, 0, ICMPV6_TYPE_OFFSET],
+    [BPF_JEQ_K, 1, 0, 135],
+    [BPF_JEQ_K, 0, 1, 136],
     [BPF_RET_K, 0, 0, BPF_ACCEPT],
     [BPF_RET_K, 0, 0, 0],
   ];

@@ -62,6 +62,15 @@ export interface PacketSocket extends EventEmitter {
    * socket sending a macvlan's frame: packet-shared.ts). Throws LbError.
    */
   send(frame: Buffer, ifindex?: number): void;
+  /**
+   * Receive frames to this multicast MAC too (PACKET_ADD_MEMBERSHIP,
+   * PACKET_MR_MULTICAST: the NIC's filter is opened for it); counted by the
+   * kernel per socket and dropped with it. Sockets of the parent's shared
+   * port do not offer it.
+   */
+  addMembership?(mac: Buffer): void;
+  /** Undo one addMembership of the same MAC. */
+  dropMembership?(mac: Buffer): void;
   /** Idempotent. */
   close(): void;
   // events: 'frame' (frame: Buffer, info: FrameInfo), 'error' (err: LbError), 'close'
@@ -182,6 +191,25 @@ class PacketSocketImpl extends EventEmitter implements PacketSocket {
       else this.handle.send(frame, ifindex);
     } catch (err) {
       throw packetSocketError(err, 'sending a frame', ifindex ?? this.ifindex);
+    }
+  }
+
+  addMembership(mac: Buffer): void {
+    this.membership(mac, 'add');
+  }
+
+  dropMembership(mac: Buffer): void {
+    this.membership(mac, 'drop');
+  }
+
+  private membership(mac: Buffer, op: 'add' | 'drop'): void {
+    if (mac.length !== 6) throw new RangeError('multicast MAC must be 6 bytes');
+    if (!this.handle) throw new LbError('LB_ERR_NET_SOCKET', `packet socket on ifindex ${this.ifindex} is closed`, { ifindex: this.ifindex });
+    try {
+      if (op === 'add') this.handle.addMembership('multicast', mac);
+      else this.handle.dropMembership('multicast', mac);
+    } catch (err) {
+      throw packetSocketError(err, `${op === 'add' ? 'joining' : 'leaving'} a multicast group`, this.ifindex);
     }
   }
 
