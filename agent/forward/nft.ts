@@ -123,6 +123,8 @@ const conntrackModule = (): typeof import('../net/conntrack/conntrack') => requi
 import { realClock, type Clock, type TimerHandle } from '../clock';
 
 export const NFT_FAMILY = 'ip';
+/** The family of the table of IPv6 VIPs, beside `ip` (same name, same transaction). */
+export const NFT6_FAMILY = 'ip6';
 export const NFT_TABLE = 'lb_agent';
 
 export type NftCounterKind = 'conns' | 'to_backend' | 'to_client';
@@ -158,6 +160,8 @@ export interface RenderOptions {
   readonly placement?: Placement;
   /** The parent NIC, where direct server return hooks ingress and forwards (nft-dsr.ts) and hand-back copies leave; needed for sourceIP: preserve and for hand-back. */
   readonly dsrDevice?: string | undefined;
+  /** With no IPv6 VIP held: delete `table ip6 lb_agent` all the same (a previous plan, or an earlier process, may have left one). */
+  readonly ip6Removal?: boolean | undefined;
 }
 
 const proto = (p: Protocol): string => (p === 'UDP' ? 'udp' : 'tcp');
@@ -222,32 +226,145 @@ function elements(lines: readonly string[]): string[] {
  * of normalizeState) so that they stay short and valid whatever the service
  * names are; the returned counter list maps them back.
  */
+/**
+ * The words of one address family in the table: IPv4 VIPs live in `table ip
+ * lb_agent`, IPv6 VIPs in `table ip6 lb_agent`, written in the same
+ * transaction; the rules are the same with these words swapped.
+ */
+interface NftFamilyWords {
+  readonly family: string;
+  /** The selector of addresses in a rule: `ip` or `ip6`. */
+  readonly ip: string;
+  readonly addrType: string;
+  /** How a UDP port with no healthy backend is refused. */
+  readonly unreachable: string;
+  /** The DNAT target of a backend and port (`[addr]:port` for IPv6). */
+  dnatTo(address: string, port: number): string;
+}
+
+const IPV4_WORDS: NftFamilyWords = {
+  family: NFT_FAMILY, ip: 'ip', addrType: 'ipv4_addr', unreachable: 'reject with icmp type port-unreachable',
+  dnatTo: (a, port) => `${a}:${port}`,
+};
+const IPV6_WORDS: NftFamilyWords = {
+  family: NFT6_FAMILY, ip: 'ip6', addrType: 'ipv6_addr', unreachable: 'reject with icmpv6 type port-unreachable',
+  dnatTo: (a, port) => `[${a}]:${port}`,
+};
+
+/** What the services of one family put into their table. */
+interface TableParts {
+  readonly counterDecls: string[];
+  readonly vips: Set<string>;
+  readonly serviceElems: string[];
+  readonly refusedElems: string[];
+  readonly toBackendElems: string[];
+  readonly toClientElems: string[];
+  readonly byteKeys: Set<string>;
+  readonly chains: string[];
+  readonly handBack: string[];
+  readonly handBackChains: string[];
+}
+
+function emptyParts(): TableParts {
+  return {
+    counterDecls: [], vips: new Set(), serviceElems: [], refusedElems: [], toBackendElems: [], toClientElems: [],
+    byteKeys: new Set(), chains: [], handBack: [], handBackChains: [],
+  };
+}
+
+/** One family's table: create if missing, delete, define (the caller puts it in the transaction). */
+function tableLines(w: NftFamilyWords, t: TableParts): string[] {
+  const counterType = `${w.addrType} . ${w.addrType} . inet_proto . inet_service : counter`;
+  const dispatchType = `${w.addrType} . inet_proto . inet_service : verdict`;
+  return [
+    `table ${w.family} ${NFT_TABLE} {}`,
+    `delete table ${w.family} ${NFT_TABLE}`,
+    `table ${w.family} ${NFT_TABLE} {`,
+    ...t.counterDecls,
+    '\tset vips {', `\t\ttype ${w.addrType}`, ...elements([...t.vips]), '\t}',
+    '\tmap services {', `\t\ttype ${dispatchType}`, ...elements(t.serviceElems), '\t}',
+    '\tmap refused {', `\t\ttype ${dispatchType}`, ...elements(t.refusedElems), '\t}',
+    '\tmap to_backend {', `\t\ttype ${counterType}`, ...elements(t.toBackendElems), '\t}',
+    '\tmap to_client {', `\t\ttype ${counterType}`, ...elements(t.toClientElems), '\t}',
+    '\tchain prerouting {',
+    '\t\ttype nat hook prerouting priority dstnat; policy accept;',
+    `\t\tfib daddr type local ${w.ip} daddr . meta l4proto . th dport vmap @services`,
+    '\t}',
+    '\tchain output {',
+    '\t\ttype nat hook output priority -100; policy accept;',
+    `\t\tfib daddr type local ${w.ip} daddr . meta l4proto . th dport vmap @services`,
+    '\t}',
+    '\tchain postrouting {',
+    '\t\ttype nat hook postrouting priority srcnat; policy accept;',
+    `\t\tct status dnat ct original ${w.ip} daddr @vips snat to ct original ${w.ip} daddr`,
+    '\t}',
+    '\tchain forward {',
+    '\t\ttype filter hook forward priority filter; policy accept;',
+    `\t\tct direction original counter name ct original ${w.ip} daddr . ${w.ip} daddr . meta l4proto . th dport map @to_backend`,
+    `\t\tct direction reply counter name ct original ${w.ip} daddr . ${w.ip} saddr . meta l4proto . th sport map @to_client`,
+    '\t}',
+    '\tchain input {',
+    '\t\ttype filter hook input priority filter; policy accept;',
+    `\t\t${w.ip} daddr . meta l4proto . th dport vmap @refused`,
+    '\t}',
+    '\tchain refuse_tcp {',
+    '\t\treject with tcp reset',
+    '\t}',
+    '\tchain refuse_udp {',
+    `\t\t${w.unreachable}`,
+    '\t}',
+    ...t.chains,
+    ...(t.handBack.length === 0 ? [] : [
+      '\tchain hand_back {',
+      '\t\ttype filter hook prerouting priority mangle; policy accept;',
+      ...t.handBack,
+      '\t}',
+      ...t.handBackChains,
+    ]),
+    '}',
+  ];
+}
+
+/** The lines that remove the IPv6 table whether or not it exists. */
+function ip6RemovalLines(): string[] {
+  return [`table ${NFT6_FAMILY} ${NFT_TABLE} {}`, `delete table ${NFT6_FAMILY} ${NFT_TABLE}`];
+}
+
+/**
+ * Render the tables for a forwarding state. Pure and deterministic: the same
+ * state (in any order) gives the same text, byte for byte. Chain and counter
+ * names are positional (s<service>p<port>b<backend>, in the canonical order
+ * of normalizeState) so that they stay short and valid whatever the service
+ * names are; the returned counter list maps them back. IPv4 VIPs go to
+ * `table ip lb_agent`; IPv6 VIPs to `table ip6 lb_agent`, rendered only when
+ * one is held (or `ip6Removal` asks to delete the one a previous plan had).
+ */
 export function renderNft(state: ForwardState, opts: RenderOptions = {}): NftPlan {
   const { services, problems } = normalizeState(state);
   const counters: NftCounterRef[] = [];
   const header: string[] = [];
-  const counterDecls: string[] = [];
-  const vips = new Set<string>();
-  const serviceElems: string[] = [];
-  const refusedElems: string[] = [];
-  const toBackendElems: string[] = [];
-  const toClientElems: string[] = [];
-  const byteKeys = new Set<string>();
-  const chains: string[] = [];
+  const v4 = emptyParts();
+  const v6 = emptyParts();
   const dsrPorts: DsrPortRender[] = [];
-  const handBack: string[] = [];
-  const handBackChains: string[] = [];
   const handBackCounters: HandBackCounter[] = [];
 
-  services.forEach((svc: NormalizedService, si) => {
+  // Positions are counted per family (IPv6 names start with v6), so an IPv6
+  // VIP coming or going renames nothing in the IPv4 table.
+  let n4 = 0;
+  let n6 = 0;
+  services.forEach((svc: NormalizedService) => {
+    const six = svc.vip?.includes(':') === true;
+    const si = six ? `v6s${n6++}` : `s${n4++}`;
     if (svc.vip === undefined || svc.ports.length === 0) return;
-    vips.add(svc.vip);
+    const t = six ? v6 : v4;
+    const w = six ? IPV6_WORDS : IPV4_WORDS;
+    t.vips.add(svc.vip);
     for (const { spec, index: pi } of svc.ports) {
-      const sp = `s${si}p${pi}`;
+      const sp = `${si}p${pi}`;
       const p = proto(spec.protocol);
       const key = `${svc.vip} . ${p} . ${spec.port}`;
       const healthyText = svc.healthy.map((b) => `${b.address}(w${b.weight})`).join(' ') || 'none: refused';
-      if (svc.sourceIP === 'preserve') {
+      if (svc.sourceIP === 'preserve' && !six) {
         header.push(`# ${sp}: ${commentSafe(svc.key)} ${svc.vip} ${spec.protocol}/${spec.port} direct server return healthy ${healthyText}`);
         const r = renderDsrPort(sp, svc, spec, opts.dsrDevice);
         dsrPorts.push(r);
@@ -257,14 +374,14 @@ export function renderNft(state: ForwardState, opts: RenderOptions = {}): NftPla
         // the IP stack for this port (a fragment, a frame in the instant of a
         // rewrite) is dropped, not answered by this node's own TCP stack with
         // a reset: the client retransmits. With no healthy backend: refused.
-        refusedElems.push(`${key} : ${r.dispatch !== undefined ? 'drop' : `goto refuse_${p}`}`);
+        t.refusedElems.push(`${key} : ${r.dispatch !== undefined ? 'drop' : `goto refuse_${p}`}`);
         continue;
       }
       header.push(`# ${sp}: ${commentSafe(svc.key)} ${svc.vip} ${spec.protocol}/${spec.port} -> :${spec.targetPort} healthy ${healthyText}`);
       svc.all.forEach((b, bi) => {
         const base = `${sp}b${bi}`;
         for (const kind of ['conns', 'to_backend', 'to_client'] as const) {
-          counterDecls.push(`\tcounter ${base}_${kind} {}`);
+          t.counterDecls.push(`\tcounter ${base}_${kind} {}`);
           counters.push({ name: `${base}_${kind}`, kind, service: svc.key, port: spec, backend: b.address });
         }
         // Byte counters are keyed on what the forward hook sees: the VIP the
@@ -272,110 +389,72 @@ export function renderNft(state: ForwardState, opts: RenderOptions = {}): NftPla
         // ports of one VIP on the same backend:targetPort cannot be told
         // apart there; the first keeps the bytes (the metric has no port label).
         const bk = `${svc.vip} . ${b.address} . ${p} . ${spec.targetPort}`;
-        if (!byteKeys.has(bk)) {
-          byteKeys.add(bk);
-          toBackendElems.push(`${bk} : "${base}_to_backend"`);
-          toClientElems.push(`${bk} : "${base}_to_client"`);
+        if (!t.byteKeys.has(bk)) {
+          t.byteKeys.add(bk);
+          t.toBackendElems.push(`${bk} : "${base}_to_backend"`);
+          t.toClientElems.push(`${bk} : "${base}_to_client"`);
         }
       });
       if (svc.healthy.length === 0) {
-        refusedElems.push(`${key} : goto refuse_${p}`);
+        t.refusedElems.push(`${key} : goto refuse_${p}`);
         continue;
       }
-      serviceElems.push(`${key} : jump ${sp}`);
+      t.serviceElems.push(`${key} : jump ${sp}`);
       const backendChain = (address: string): string => `${sp}b${svc.all.findIndex((b) => b.address === address)}`;
       const hashed = opts.placement === 'flow-hash';
       const slots = hashed ? flowHashSlots(svc) : weightedSlots(svc.healthy, opts.maxSlots);
       const distinct = new Set(slots.map((b) => b.address));
       if (distinct.size === 1) {
-        chains.push(`\tchain ${sp} {`, `\t\tgoto ${backendChain(slots[0]!.address)}`, '\t}');
+        t.chains.push(`\tchain ${sp} {`, `\t\tgoto ${backendChain(slots[0]!.address)}`, '\t}');
       } else {
         const vm = slots.map((b, i) => `${i} : goto ${backendChain(b.address)}`).join(', ');
         const pick = hashed ? flowHashPick(svc.key, slots.length) : `numgen inc mod ${slots.length}`;
-        chains.push(`\tchain ${sp} {`, `\t\t${pick} vmap { ${vm} }`, '\t}');
+        t.chains.push(`\tchain ${sp} {`, `\t\t${pick} vmap { ${vm} }`, '\t}');
       }
       for (const b of svc.healthy) {
         const name = backendChain(b.address);
-        chains.push(`\tchain ${name} {`, `\t\tcounter name "${name}_conns" meta l4proto ${p} dnat to ${b.address}:${spec.targetPort}`, '\t}');
+        t.chains.push(`\tchain ${name} {`, `\t\tcounter name "${name}_conns" meta l4proto ${p} dnat to ${w.dnatTo(b.address, spec.targetPort)}`, '\t}');
       }
     }
-    const hb = renderHandBack(`s${si}`, svc, opts.dsrDevice);
+    // Hand-back follows a VRRP takeover, which IPv6 VIPs do not have.
+    const hb = six ? undefined : renderHandBack(si, svc, opts.dsrDevice);
     if (hb) {
-      counterDecls.push(`\tcounter ${hb.counter.name} {}`);
+      t.counterDecls.push(`\tcounter ${hb.counter.name} {}`);
       handBackCounters.push(hb.counter);
-      handBack.push(hb.rule);
-      handBackChains.push(...hb.chain);
-      header.push(`# s${si}: ${commentSafe(svc.key)} ${svc.vip} hands back to ${svc.handBack} what a backend answers to connections this node never saw (VRRP takeover)`);
+      t.handBack.push(hb.rule);
+      t.handBackChains.push(...hb.chain);
+      header.push(`# ${si}: ${commentSafe(svc.key)} ${svc.vip} hands back to ${svc.handBack} what a backend answers to connections this node never saw (VRRP takeover)`);
     }
   });
 
-  const counterType = 'ipv4_addr . ipv4_addr . inet_proto . inet_service : counter';
-  const dispatchType = 'ipv4_addr . inet_proto . inet_service : verdict';
+  const ip6 = v6.vips.size > 0 ? tableLines(IPV6_WORDS, v6) : opts.ip6Removal ? ip6RemovalLines() : [];
   const lines = [
     '# lb-agent forwarding table: generated, rewritten whole on every change.',
     '# One transaction (create if missing, delete, define): the kernel swaps the rule set atomically.',
     ...header,
-    `table ${NFT_FAMILY} ${NFT_TABLE} {}`,
-    `delete table ${NFT_FAMILY} ${NFT_TABLE}`,
-    `table ${NFT_FAMILY} ${NFT_TABLE} {`,
-    ...counterDecls,
-    '\tset vips {', '\t\ttype ipv4_addr', ...elements([...vips]), '\t}',
-    '\tmap services {', `\t\ttype ${dispatchType}`, ...elements(serviceElems), '\t}',
-    '\tmap refused {', `\t\ttype ${dispatchType}`, ...elements(refusedElems), '\t}',
-    '\tmap to_backend {', `\t\ttype ${counterType}`, ...elements(toBackendElems), '\t}',
-    '\tmap to_client {', `\t\ttype ${counterType}`, ...elements(toClientElems), '\t}',
-    '\tchain prerouting {',
-    '\t\ttype nat hook prerouting priority dstnat; policy accept;',
-    '\t\tfib daddr type local ip daddr . meta l4proto . th dport vmap @services',
-    '\t}',
-    '\tchain output {',
-    '\t\ttype nat hook output priority -100; policy accept;',
-    '\t\tfib daddr type local ip daddr . meta l4proto . th dport vmap @services',
-    '\t}',
-    '\tchain postrouting {',
-    '\t\ttype nat hook postrouting priority srcnat; policy accept;',
-    '\t\tct status dnat ct original ip daddr @vips snat to ct original ip daddr',
-    '\t}',
-    '\tchain forward {',
-    '\t\ttype filter hook forward priority filter; policy accept;',
-    '\t\tct direction original counter name ct original ip daddr . ip daddr . meta l4proto . th dport map @to_backend',
-    '\t\tct direction reply counter name ct original ip daddr . ip saddr . meta l4proto . th sport map @to_client',
-    '\t}',
-    '\tchain input {',
-    '\t\ttype filter hook input priority filter; policy accept;',
-    '\t\tip daddr . meta l4proto . th dport vmap @refused',
-    '\t}',
-    '\tchain refuse_tcp {',
-    '\t\treject with tcp reset',
-    '\t}',
-    '\tchain refuse_udp {',
-    '\t\treject with icmp type port-unreachable',
-    '\t}',
-    ...chains,
-    ...(handBack.length === 0 ? [] : [
-      '\tchain hand_back {',
-      '\t\ttype filter hook prerouting priority mangle; policy accept;',
-      ...handBack,
-      '\t}',
-      ...handBackChains,
-    ]),
-    '}',
+    ...tableLines(IPV4_WORDS, v4),
     ...dsrRemovalLines(),
     ...renderDsrTable(opts.dsrDevice, dsrPorts),
+    ...ip6,
     '',
   ];
   const dsr = opts.dsrDevice === undefined ? [] : dsrPorts.flatMap((p) => (p.dispatch !== undefined && p.bpf !== undefined ? [p.bpf] : []));
   return { script: lines.join('\n'), counters, problems, dsr, handBack: handBackCounters };
 }
 
-/** The script that removes both tables whether or not they exist (one transaction). */
+/** The script that removes every table of the agent whether or not it exists (one transaction). */
 export function renderRemoval(): string {
-  return [`table ${NFT_FAMILY} ${NFT_TABLE} {}`, `delete table ${NFT_FAMILY} ${NFT_TABLE}`, ...dsrRemovalLines(), ''].join('\n');
+  return [`table ${NFT_FAMILY} ${NFT_TABLE} {}`, `delete table ${NFT_FAMILY} ${NFT_TABLE}`, ...dsrRemovalLines(), ...ip6RemovalLines(), ''].join('\n');
 }
 
 /** Does the plan define the netdev table (a DSR port is forwarded)? */
 export function hasDsrTable(plan: NftPlan): boolean {
   return plan.script.includes(`\ntable ${DSR_FAMILY} ${DSR_TABLE} {\n`);
+}
+
+/** Does the plan define the IPv6 table (an IPv6 VIP is held)? */
+export function hasIp6Table(plan: NftPlan): boolean {
+  return plan.script.includes(`\ntable ${NFT6_FAMILY} ${NFT_TABLE} {\n`);
 }
 
 // ---------------------------------------------------------------------------
@@ -676,7 +755,8 @@ export function udpFlowSweep(prev: ForwardState | undefined, next: ForwardState)
   const sets = (state: ForwardState): Map<string, UdpFlowSweepRule> => {
     const out = new Map<string, UdpFlowSweepRule>();
     for (const s of normalizeState(state).services) {
-      if (s.vip === undefined || s.sourceIP !== 'snat') continue;
+      // Conntrack's flows are read as IPv4 (net/conntrack): an IPv6 UDP flow keeps its backend until it idles out.
+      if (s.vip === undefined || s.sourceIP !== 'snat' || s.vip.includes(':')) continue;
       for (const p of s.ports) {
         if (p.spec.protocol !== 'UDP') continue;
         out.set(`${s.vip}:${p.spec.port}`, { vip: s.vip, port: p.spec.port, allowed: new Set(s.healthy.map((b) => `${b.address}:${p.spec.targetPort}`)), service: s.key, portLabel: portLabel(p.spec) });
@@ -708,7 +788,8 @@ interface ArrivalBatch {
 const NO_STATS: ForwardStats = { kind: 'kernel', services: [], flows: [], problems: [], details: {} };
 
 /**
- * The kernel data path. Owns `table ip lb_agent` and nothing else in
+ * The kernel data path. Owns `table ip lb_agent` (and `table ip6 lb_agent`
+ * while it holds an IPv6 VIP, `table netdev lb_agent` for DSR) and nothing else in
  * nftables; other tables (a host firewall, kube-proxy) are never read or
  * touched, though a host firewall that drops forwarded packets will still
  * drop ours.
@@ -746,6 +827,10 @@ export class NftDataplane implements Dataplane {
   private dsrChecked = false;
   /** Whether our netdev table was there at start (checkAtStart): only then can an earlier process's program be. */
   private dsrTableAtStart = false;
+  /** An IPv6 table was there at start (an earlier process's): the first write deletes it when no IPv6 VIP wants it. */
+  private ip6TableAtStart = false;
+  /** net.ipv6.conf.all.forwarding was made 1 (done once, when the first IPv6 table is written). */
+  private ip6ForwardingChecked = false;
   private readonly makeConntrack: () => ConntrackClient;
   private conntrack: ConntrackClient | undefined;
   /** The last sweep's failure, until one works (status). */
@@ -832,7 +917,7 @@ export class NftDataplane implements Dataplane {
   /** The tables this data path owns now, as "family name" (the nftables watch's keys). */
   ownedTables(): string[] {
     if (!this.started || this.stopped || !this.plan) return [];
-    return [`${NFT_FAMILY} ${NFT_TABLE}`, ...(hasDsrTable(this.plan) ? [`${DSR_FAMILY} ${DSR_TABLE}`] : [])];
+    return [`${NFT_FAMILY} ${NFT_TABLE}`, ...(hasDsrTable(this.plan) ? [`${DSR_FAMILY} ${DSR_TABLE}`] : []), ...(hasIp6Table(this.plan) ? [`${NFT6_FAMILY} ${NFT_TABLE}`] : [])];
   }
 
   /**
@@ -868,11 +953,15 @@ export class NftDataplane implements Dataplane {
   /** Bring the table to `state`: 'written' when nft wrote it, 'adopted' when a running table was taken as is, false when it already matched. */
   private async applyNow(state: ForwardState): Promise<'written' | 'adopted' | false> {
     if (this.stopped) throw new LbError('LB_ERR_FORWARD_NFT', 'the kernel data path was stopped; create a new one');
-    const plan = renderNft(state, { dsrDevice: this.dsrDevice, placement: this.placement });
+    // A table of IPv6 VIPs goes with its last VIP, or at start when an earlier process left one.
+    const ip6Removal = this.plan ? hasIp6Table(this.plan) : this.ip6TableAtStart;
+    let plan = renderNft(state, { dsrDevice: this.dsrDevice, placement: this.placement, ip6Removal });
     for (const p of plan.problems) this.log.warn({ op: 'apply', problem: p }, p);
+    if (hasIp6Table(plan)) await this.ensureIpv6Forwarding();
     if (!this.started) {
       await this.ensureSysctls();
       const check = await this.checkAtStart(plan);
+      if (this.ip6TableAtStart && !hasIp6Table(plan)) plan = renderNft(state, { dsrDevice: this.dsrDevice, placement: this.placement, ip6Removal: true });
       this.started = true;
       this.startCheck = check;
       if (check === 'matched') {
@@ -951,7 +1040,8 @@ export class NftDataplane implements Dataplane {
    * and shown in status until one works.
    */
   vipArrived(vip: string, ports: readonly { readonly protocol: Protocol; readonly port: number }[]): Promise<void> {
-    if (this.stopped || ports.length === 0) return Promise.resolve();
+    // Untranslated flows follow a VRRP move, which IPv6 VIPs do not have.
+    if (this.stopped || ports.length === 0 || vip.includes(':')) return Promise.resolve();
     const { IPPROTO_TCP, IPPROTO_UDP } = conntrackModule();
     let batch = this.arrivals;
     if (!batch) {
@@ -1065,10 +1155,14 @@ export class NftDataplane implements Dataplane {
   private async checkAtStart(plan: NftPlan): Promise<StartCheck> {
     const current = await this.listTable(NFT_FAMILY);
     const currentDsr = await this.listTable(DSR_FAMILY);
+    // An earlier process's IPv6 table is adopted or rewritten like the IPv4 one (one `nft` more at start).
+    const current6 = await this.listTable(NFT6_FAMILY);
     this.dsrTableAtStart = currentDsr !== undefined;
-    if (current === undefined && currentDsr === undefined) return 'absent';
+    this.ip6TableAtStart = current6 !== undefined;
+    if (current === undefined && currentDsr === undefined && current6 === undefined) return 'absent';
     let expected: string;
     let expectedDsr: string;
+    let expected6: string;
     try {
       // What the kernel would list for our script, from a throwaway namespace:
       // the same nft and kernel canonicalise both sides. `fwd ... device`
@@ -1078,18 +1172,20 @@ export class NftDataplane implements Dataplane {
       const device = hasDsrTable(plan) || plan.handBack.length > 0 ? this.dsrDevice : undefined;
       const setup = device !== undefined ? 'ip link add "$1" type veth peer name lbchk0 >/dev/null 2>&1; ' : '';
       const r = await this.exec('unshare', ['-n', 'sh', '-c',
-        `${setup}nft -f - >/dev/null && nft -j list table ${NFT_FAMILY} ${NFT_TABLE} && echo ${LIST_SEPARATOR} && { nft -j list table ${DSR_FAMILY} ${DSR_TABLE} 2>/dev/null || true; }`,
+        `${setup}nft -f - >/dev/null && nft -j list table ${NFT_FAMILY} ${NFT_TABLE} && echo ${LIST_SEPARATOR} && { nft -j list table ${DSR_FAMILY} ${DSR_TABLE} 2>/dev/null || true; }`
+        + ` && echo ${LIST_SEPARATOR} && { nft -j list table ${NFT6_FAMILY} ${NFT_TABLE} 2>/dev/null || true; }`,
         'sh', device ?? ''], plan.script);
       const parts = r.stdout.split(`\n${LIST_SEPARATOR}\n`);
       expected = parts[0] ?? '';
       expectedDsr = (parts[1] ?? '').trim();
+      expected6 = (parts[2] ?? '').trim();
     } catch (err) {
       this.log.warn({ op: 'start-check', err: execError(err).stderr }, 'cannot render the expected table in a throwaway namespace; rewriting without comparing');
       return 'rewritten-unverified';
     }
     try {
       const same = (a: string | undefined, b: string): boolean => (a === undefined ? b === '' : b !== '' && canonicalTableJson(a) === canonicalTableJson(b));
-      return same(current, expected) && same(currentDsr, expectedDsr) ? 'matched' : 'rewritten';
+      return same(current, expected) && same(currentDsr, expectedDsr) && same(current6, expected6) ? 'matched' : 'rewritten';
     } catch {
       return 'rewritten';
     }
@@ -1137,6 +1233,10 @@ export class NftDataplane implements Dataplane {
     if (!this.plan || (this.plan.counters.length === 0 && this.plan.handBack.length === 0)) return new Map();
     const r = await this.exec('nft', ['-j', 'list', 'counters', 'table', NFT_FAMILY, NFT_TABLE]);
     const out = parseNftCounters(r.stdout);
+    if (this.plan && hasIp6Table(this.plan)) {
+      const six = await this.exec('nft', ['-j', 'list', 'counters', 'table', NFT6_FAMILY, NFT_TABLE]);
+      for (const [k, v] of parseNftCounters(six.stdout)) out.set(k, v);
+    }
     if (this.plan && hasDsrTable(this.plan)) {
       const d = await this.exec('nft', ['-j', 'list', 'counters', 'table', DSR_FAMILY, DSR_TABLE]);
       for (const [k, v] of parseNftCounters(d.stdout)) out.set(k, v);
@@ -1200,6 +1300,37 @@ export class NftDataplane implements Dataplane {
       this.log.warn({ op: 'sysctl', sysctl: 'net.ipv4.conf.*.send_redirects', interfaces: redirectsFailed }, 'could not disable ICMP redirects; clients will receive redirects for VIP traffic');
     }
     this.facts = { ...this.facts, ipForward: changed ? 1 : before, ipForwardChangedByAgent: changed, sendRedirectsDisabledOn: redirectsOff };
+  }
+
+  /**
+   * net.ipv6.conf.all.forwarding=1, without which DNAT of an IPv6 VIP to a
+   * backend goes nowhere; set once, before the first table of IPv6 VIPs. A
+   * forwarding interface ignores router advertisements unless accept_ra is
+   * 2, so every interface that accepts them (1) is moved to 2 first: the VM
+   * keeps its SLAAC address and default route.
+   */
+  private async ensureIpv6Forwarding(): Promise<void> {
+    if (this.ip6ForwardingChecked) return;
+    const file = path.join(this.procRoot, 'sys/net/ipv6/conf/all/forwarding');
+    const before = await readNumber(file);
+    if (before === 1 || before === undefined) { this.ip6ForwardingChecked = true; return; }
+    const confDir = path.join(this.procRoot, 'sys/net/ipv6/conf');
+    let entries: string[] = [];
+    try { entries = await fs.readdir(confDir); } catch { /* no /proc here */ }
+    const keptRa: string[] = [];
+    for (const name of entries) {
+      const f = path.join(confDir, name, 'accept_ra');
+      if ((await readNumber(f)) !== 1) continue;
+      try { await fs.writeFile(f, '2\n'); keptRa.push(name); } catch { /* reported by the warning below if forwarding is set */ }
+    }
+    try {
+      await fs.writeFile(file, '1\n');
+    } catch (err) {
+      throw new LbError('LB_ERR_NET_SYSCTL', `cannot set net.ipv6.conf.all.forwarding=1 (${errorMessage(err)}); the kernel data path needs it for IPv6 VIPs: set it in /etc/sysctl.d or run the agent as root`,
+        { file }, { cause: err });
+    }
+    this.ip6ForwardingChecked = true;
+    this.log.warn({ op: 'sysctl', sysctl: 'net.ipv6.conf.all.forwarding', before, after: 1, acceptRa2: keptRa }, 'enabled net.ipv6.conf.all.forwarding: the kernel data path forwards IPv6 VIP traffic to backends');
   }
 
   stop(opts: { keep?: boolean } = {}): Promise<void> {

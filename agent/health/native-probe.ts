@@ -13,6 +13,7 @@
 import { constants as osConstants } from 'node:os';
 import { realClock, type Clock, type TimerHandle } from '../clock';
 import { LbError } from '../errors';
+import { addressToBytes, parseAddress } from '../address';
 import { loadNative, type NativeAddon, type NativeTcpProbeHandle } from '../native/native';
 import { CLOSE_GRACE_MS, reasonOf, type TcpOutcome, type TcpProber, type TcpTarget } from './probe';
 import type { FailureReason } from './state';
@@ -156,6 +157,8 @@ export class NativeTcpProber<C> implements TcpProber<C> {
   // The batch being gathered in this tick.
   private qIds = new Uint32Array(256);
   private qAddrs = new Uint32Array(256);
+  /** IPv6 addresses, 16 bytes a probe, for the entries whose qAddrs is 0. */
+  private qAddrs6 = new Uint8Array(256 * 16);
   private qPorts = new Uint16Array(256);
   private qOut = new Int32Array(256);
   private qLen = 0;
@@ -204,6 +207,7 @@ export class NativeTcpProber<C> implements TcpProber<C> {
     const q = this.qLen++;
     this.qIds[q] = id;
     this.qAddrs[q] = target.addressNum;
+    if (target.addressNum === 0) this.qAddrs6.set(ipv6Bytes(target.address), q * 16);
     this.qPorts[q] = target.port;
     this.pushDeadline(id, now + timeoutMs, timeoutMs);
     if (!this.flushQueued) {
@@ -266,6 +270,8 @@ export class NativeTcpProber<C> implements TcpProber<C> {
     const n = this.qIds.length * 2;
     const ids = new Uint32Array(n); ids.set(this.qIds);
     const addrs = new Uint32Array(n); addrs.set(this.qAddrs);
+    const addrs6 = new Uint8Array(n * 16); addrs6.set(this.qAddrs6);
+    this.qAddrs6 = addrs6;
     const ports = new Uint16Array(n); ports.set(this.qPorts);
     this.qIds = ids;
     this.qAddrs = addrs;
@@ -300,6 +306,7 @@ export class NativeTcpProber<C> implements TcpProber<C> {
       }
       this.qIds[n] = id;
       this.qAddrs[n] = this.qAddrs[i]!;
+      if (this.qAddrs[i] === 0 && n !== i) this.qAddrs6.copyWithin(n * 16, i * 16, i * 16 + 16);
       this.qPorts[n] = this.qPorts[i]!;
       n++;
     }
@@ -308,7 +315,7 @@ export class NativeTcpProber<C> implements TcpProber<C> {
     this.batches++;
     let thrown: unknown;
     try {
-      this.handle.connect(this.qIds, this.qAddrs, this.qPorts, n, this.qOut);
+      this.handle.connect(this.qIds, this.qAddrs, this.qPorts, n, this.qOut, this.qAddrs6);
     } catch (err) {
       thrown = err;
     }
@@ -455,4 +462,10 @@ export class NativeTcpProber<C> implements TcpProber<C> {
     t.unref?.();
     this.sweepTimer = t;
   }
+}
+
+/** The 16 bytes of an IPv6 target (network order). An addressNum of 0 with IPv4 text never comes from the config (0.0.0.0 is no backend). */
+function ipv6Bytes(text: string): Uint8Array {
+  const a = parseAddress(text);
+  return a?.family === 'IPv6' ? addressToBytes(a) : new Uint8Array(16);
 }

@@ -229,7 +229,7 @@ function httpGet(target: ProbeTarget, v: Verdict, sock: net.Socket | undefined):
 /** The default probe: by target type. */
 export const defaultProbe: Probe = (target, opts) => (target.type === 'http' ? httpProbe(target, opts) : tcpProbe(target, opts));
 
-/** A TCP probe target with its address as a host-order integer (BackendSpec.addressNum). */
+/** A TCP probe target with its address as a host-order integer (BackendSpec.addressNum; 0 for an IPv6 address, which `address` holds). */
 export interface TcpTarget {
   readonly address: string;
   readonly addressNum: number;

@@ -59,11 +59,13 @@ export interface NativePacketHandle {
  */
 export interface NativeTcpProbeHandle {
   /**
-   * Opens and connects `count` sockets (IPv4 as host-order integers). out[i]:
-   * 0 connected at once, EINPROGRESS (result through the callback), or the
-   * errno of socket()/connect()/epoll_ctl() (nothing left open for that id).
+   * Opens and connects `count` sockets (IPv4 as host-order integers; with
+   * addrs6, an entry whose addrs[i] is 0 is the IPv6 address at addrs6[16 i],
+   * network order). out[i]: 0 connected at once, EINPROGRESS (result through
+   * the callback), or the errno of socket()/connect()/epoll_ctl() (nothing
+   * left open for that id).
    */
-  connect(ids: Uint32Array, addrs: Uint32Array, ports: Uint16Array, count: number, out: Int32Array): void;
+  connect(ids: Uint32Array, addrs: Uint32Array, ports: Uint16Array, count: number, out: Int32Array, addrs6?: Uint8Array): void;
   /** Closes a probe whose connect has not finished; no result follows. False when there was none. */
   cancel(id: number): boolean;
   /** Closes the connected sockets still waiting for the backend's FIN since the previous sweep; returns how many wait now. */

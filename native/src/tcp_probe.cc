@@ -59,6 +59,7 @@
 #include <uv.h>
 
 #include <cerrno>
+#include <cstring>
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
@@ -101,6 +102,8 @@ struct FdState {
   uint32_t value = 0;
   // kConnecting and kIdle: the address (host order) it connects or connected to.
   uint32_t addr = 0;
+  // An AF_INET6 socket: never kept for reuse (the kept ones are keyed by IPv4 address).
+  bool v6 = false;
 };
 
 class TcpProbeHandle : public Napi::ObjectWrap<TcpProbeHandle> {
@@ -169,8 +172,10 @@ class TcpProbeHandle : public Napi::ObjectWrap<TcpProbeHandle> {
     if (epfd_ < 0) throw ErrnoError(env, EBADF, "tcp probe handle", "closed");
   }
 
-  // connect(ids: Uint32Array, addrs: Uint32Array, ports: Uint16Array, count, out: Int32Array)
-  // addrs are IPv4 addresses as host-order integers. out[i] is 0 when the
+  // connect(ids: Uint32Array, addrs: Uint32Array, ports: Uint16Array, count, out: Int32Array, addrs6?: Uint8Array)
+  // addrs are IPv4 addresses as host-order integers; with addrs6, an entry
+  // whose addrs[i] is 0 (0.0.0.0, never a backend) is the IPv6 address in
+  // addrs6[16 i .. 16 i + 16], network order, connected over AF_INET6. out[i] is 0 when the
   // connection was made at once, EINPROGRESS when its result will come through
   // the callback, or the errno of socket()/connect()/epoll_ctl() (the socket
   // is then closed and the id free). Arguments are checked before any socket
@@ -195,6 +200,15 @@ class TcpProbeHandle : public Napi::ObjectWrap<TcpProbeHandle> {
         static_cast<size_t>(count) > ta_ports.ElementLength() || static_cast<size_t>(count) > ta_out.ElementLength()) {
       throw Napi::RangeError::New(env, "connect: count beyond an array's length");
     }
+    const uint8_t* addrs6 = nullptr;
+    if (info.Length() > 5 && !info[5].IsUndefined()) {
+      if (!info[5].IsTypedArray() || info[5].As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array) {
+        throw Napi::TypeError::New(env, "connect: addrs6 must be a Uint8Array");
+      }
+      Napi::Uint8Array ta6 = info[5].As<Napi::Uint8Array>();
+      if (static_cast<size_t>(count) * 16 > ta6.ElementLength()) throw Napi::RangeError::New(env, "connect: count beyond addrs6's length");
+      addrs6 = ta6.Data();
+    }
     const uint32_t* ids = ta_ids.As<Napi::Uint32Array>().Data();
     const uint32_t* addrs = ta_addrs.As<Napi::Uint32Array>().Data();
     const uint16_t* ports = ta_ports.As<Napi::Uint16Array>().Data();
@@ -204,17 +218,20 @@ class TcpProbeHandle : public Napi::ObjectWrap<TcpProbeHandle> {
       if (ids[i] < by_id_.size() && by_id_[ids[i]] >= 0) throw Napi::RangeError::New(env, "connect: id already in use");
       if (ports[i] == 0) throw Napi::RangeError::New(env, "connect: port 0");
     }
-    for (int64_t i = 0; i < count; i++) out[i] = ConnectOne(ids[i], addrs[i], ports[i]);
+    for (int64_t i = 0; i < count; i++) {
+      const uint8_t* a6 = addrs6 != nullptr && addrs[i] == 0 ? addrs6 + 16 * i : nullptr;
+      out[i] = ConnectOne(ids[i], addrs[i], ports[i], a6);
+    }
     return env.Undefined();
   }
 
-  int32_t ConnectOne(uint32_t id, uint32_t addr, uint16_t port) {
+  int32_t ConnectOne(uint32_t id, uint32_t addr, uint16_t port, const uint8_t* addr6) {
     // The same id twice in one batch: the second is refused, the first keeps its socket.
     if (id < by_id_.size() && by_id_[id] >= 0) return EEXIST;
-    int fd = TakeIdle(addr);
+    int fd = addr6 != nullptr ? -1 : TakeIdle(addr);
     bool fresh = fd < 0;
     if (fresh) {
-      fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+      fd = socket(addr6 != nullptr ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
       if (fd < 0) return errno;  // EMFILE, ENFILE, ENOBUFS: the caller's own exhaustion
     } else {
       reused_++;
@@ -229,11 +246,20 @@ class TcpProbeHandle : public Napi::ObjectWrap<TcpProbeHandle> {
         return err;
       }
     }
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons(port);
-    sa.sin_addr.s_addr = htonl(addr);
-    int rc = connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
+    int rc;
+    if (addr6 != nullptr) {
+      sockaddr_in6 sa6{};
+      sa6.sin6_family = AF_INET6;
+      sa6.sin6_port = htons(port);
+      std::memcpy(sa6.sin6_addr.s6_addr, addr6, 16);
+      rc = connect(fd, reinterpret_cast<sockaddr*>(&sa6), sizeof(sa6));
+    } else {
+      sockaddr_in sa{};
+      sa.sin_family = AF_INET;
+      sa.sin_port = htons(port);
+      sa.sin_addr.s_addr = htonl(addr);
+      rc = connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
+    }
     // A non-blocking connect interrupted by a signal goes on asynchronously,
     // as EINPROGRESS does (connect(2)).
     bool pending = rc < 0 && (errno == EINPROGRESS || errno == EINTR);
@@ -254,6 +280,7 @@ class TcpProbeHandle : public Napi::ObjectWrap<TcpProbeHandle> {
     }
     Opened();
     SetState(fd, FdKind::kConnecting, id, addr);
+    state_[fd].v6 = addr6 != nullptr;
     if (!pending) {
       EndConnected(fd, 0);
       return 0;
@@ -360,7 +387,7 @@ class TcpProbeHandle : public Napi::ObjectWrap<TcpProbeHandle> {
     sockaddr sa{};
     sa.sa_family = AF_UNSPEC;
     uint32_t addr = state_[fd].addr;
-    if (idle_count_ >= kMaxIdle || connect(fd, &sa, sizeof(sa)) < 0) {
+    if (idle_count_ >= kMaxIdle || state_[fd].v6 || connect(fd, &sa, sizeof(sa)) < 0) {
       linger lg{1, 0};
       setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
       CloseFd(fd);

@@ -75,6 +75,30 @@ t.test("render: hand-back (VRRP takeover) for a service's TCP target ports, gold
   t.notMatch(renderNft({ services: [{ ...state.services[0]!, handBack: undefined }] }, { dsrDevice: 'eth0' }).script, /hand_back/, 'none when not asked for: the table is as before');
 });
 
+t.test('render: IPv6 VIPs in `table ip6 lb_agent` beside the IPv4 table, golden; IPv4 alone is as before', async (t) => {
+  const b6 = (address: string, weight = 1): BackendSpec => ({ address, addressNum: 0, weight, family: 'IPv6' });
+  const dual: ForwardState = {
+    services: [
+      state.services[0]!,
+      { key: 'default/web@IPv6', vip: 'fd00:99::200', ports: [http, dns], healthy: [b6('fd00:99::12', 2), b6('fd00:99::11')], backends: [b6('fd00:99::11'), b6('fd00:99::12', 2)] },
+      { key: 'apps/empty@IPv6', vip: 'fd00:99::201', ports: [tls], healthy: [], backends: [b6('fd00:99::21')] },
+    ],
+  };
+  const plan = renderNft(dual);
+  golden(t, 'dual-stack.nft', plan.script);
+  t.match(plan.script, /table ip6 lb_agent \{\n/, 'the IPv6 table');
+  t.match(plan.script, /dnat to \[fd00:99::12\]:8080/, 'an IPv6 backend in brackets');
+  t.match(plan.script, /reject with icmpv6 type port-unreachable/);
+  t.match(plan.script, /ct status dnat ct original ip6 daddr @vips snat to ct original ip6 daddr/);
+  const four = renderNft({ services: [state.services[0]!] }).script;
+  t.equal(plan.script.slice(plan.script.indexOf('table ip lb_agent {}'), plan.script.indexOf('table netdev lb_agent {}')),
+    four.slice(four.indexOf('table ip lb_agent {}'), four.indexOf('table netdev lb_agent {}')), 'the IPv4 table is the same with IPv6 VIPs beside it');
+  t.notMatch(four, /ip6/, 'no IPv6 VIP: no IPv6 table');
+  t.match(renderNft({ services: [state.services[0]!] }, { ip6Removal: true }).script, /table ip6 lb_agent \{\}\ndelete table ip6 lb_agent\n$/, 'the last IPv6 VIP gone: its table deleted');
+  const names = plan.counters.map((c) => c.name);
+  t.equal(new Set(names).size, names.length, 'counter names unique across the two tables');
+});
+
 t.test('render is deterministic whatever the input order', async (t) => {
   const shuffled: ForwardState = {
     services: [...state.services].reverse().map((s) => ({ ...s, ports: [...s.ports].reverse(), healthy: [...s.healthy].reverse(), backends: [...s.backends].reverse() })),
@@ -138,7 +162,7 @@ t.test('render: a service name that is not nft-safe only appears in comments, sa
 });
 
 t.test('renderRemoval deletes whether or not the table exists', async (t) => {
-  t.equal(renderRemoval(), 'table ip lb_agent {}\ndelete table ip lb_agent\ntable netdev lb_agent {}\ndelete table netdev lb_agent\n');
+  t.equal(renderRemoval(), 'table ip lb_agent {}\ndelete table ip lb_agent\ntable netdev lb_agent {}\ndelete table netdev lb_agent\ntable ip6 lb_agent {}\ndelete table ip6 lb_agent\n');
 });
 
 // `nft -j list table` output shaped like nft 1.0.6's.

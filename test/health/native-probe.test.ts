@@ -336,3 +336,25 @@ t.test('EMFILE under a low descriptor limit comes back as EMFILE, not as a backe
   t.ok(out.some((o) => o.ok), 'the rest connected');
   t.same(out.filter((o) => !o.ok && o.detail !== 'EMFILE'), [], 'no other failure: nothing was blamed on the backend');
 });
+
+t.test('IPv6 targets connect over AF_INET6 in the same batch as IPv4 ones; reset modes never keep an IPv6 socket', async (t) => {
+  const server = net.createServer((sock) => { sock.on('error', () => {}); sock.resume(); });
+  await new Promise<void>((resolve) => server.listen(0, '::1', resolve));
+  t.teardown(() => server.close());
+  const port = (server.address() as net.AddressInfo).port;
+  for (const close of [undefined, 'reset'] as const) {
+    const { p, wait } = prober(close);
+    t.teardown(() => p.close());
+    const now = performance.timeOrigin + performance.now();
+    p.start({ address: '::1', addressNum: 0, port }, 1000, 0, now);
+    p.start({ address: '::1', addressNum: 0, port: 1 }, 1000, 1, now);
+    p.start(target(1), 1000, 2, now);
+    const got = await wait(3);
+    const by = new Map(got.map((o) => [o.ctx, o]));
+    t.equal(by.get(0)?.ok, true, `${close ?? 'default'}: an open IPv6 port is ok`);
+    t.equal(by.get(1)?.reason, 'refused', `${close ?? 'default'}: a closed IPv6 port is refused`);
+    t.equal(by.get(2)?.reason, 'refused', `${close ?? 'default'}: the IPv4 probe of the batch is unchanged`);
+    await new Promise((r) => setTimeout(r, 50));
+    t.equal(p.stats().idle, 1, `${close ?? 'default'}: only the IPv4 socket is kept for reuse`);
+  }
+});
