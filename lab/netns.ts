@@ -101,6 +101,13 @@ export interface HostOptions {
   gateway?: string;
   /** Extra addresses on eth0. */
   extraAddresses?: string[];
+  /**
+   * IPv6 addresses with prefix on eth0 (fd00:99::11/64). With any, IPv6 is
+   * on in the host (the lab turns it off elsewhere), with its link-local
+   * address, and without duplicate address detection
+   * (accept_dad=0, `nodad`): nothing waits a second for its own addresses.
+   */
+  ipv6?: string[];
 }
 
 export class Lab {
@@ -156,7 +163,11 @@ export class Lab {
       `ip link set ${peer} master br0 up`,
     ];
     await this.sh(this.lan, cmds.join(' && '));
-    const hostCmds = ['ip link set lo up', 'ip link set eth0 up', 'sysctl -qw net.ipv6.conf.all.disable_ipv6=1'];
+    const six = (opts.ipv6 ?? []).length > 0;
+    const hostCmds = six
+      ? ['sysctl -qw net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.default.accept_dad=0 net.ipv6.conf.eth0.accept_dad=0', 'ip link set lo up', 'ip link set eth0 up',
+        ...(opts.ipv6 ?? []).map((a) => `ip -6 addr add ${a} dev eth0 nodad`)]
+      : ['ip link set lo up', 'ip link set eth0 up', 'sysctl -qw net.ipv6.conf.all.disable_ipv6=1'];
     if (opts.address) hostCmds.push(`ip addr add ${opts.address} dev eth0`);
     for (const a of opts.extraAddresses ?? []) hostCmds.push(`ip addr add ${a} dev eth0`);
     if (opts.gateway) hostCmds.push(`ip route add default via ${opts.gateway}`);

@@ -16,10 +16,11 @@ export function distPath(...p: string[]): string { return path.join(DIST, ...p);
 
 export interface Backend { proc: ChildProcess; id: string; ns: string; stop(): Promise<void> }
 
-/** Start an HTTP backend answering with its id on the given ports inside ns. */
-export async function startBackend(lab: Lab, ns: string, id: string, ports: number[] = [8080]): Promise<Backend> {
+/** Start an HTTP backend answering with its id on the given ports inside ns (on `host`: 0.0.0.0, or :: for both families). */
+export async function startBackend(lab: Lab, ns: string, id: string, ports: number[] = [8080], host?: string): Promise<Backend> {
   const args = [distPath('lab', 'bin', 'backend.js'), '--id', id];
   for (const p of ports) args.push('--port', String(p));
+  if (host !== undefined) args.push('--host', host);
   const proc = lab.spawn(ns, process.execPath, args);
   let out = '';
   proc.stdout?.on('data', (d: Buffer) => { out += d.toString(); });

@@ -35,10 +35,10 @@ export function formatStatus(doc: StatusDocument, now = Date.now()): string {
   }
   lines.push(`overall: ${doc.ready ? 'ready' : 'NOT READY'}`);
   lines.push('');
-  const rows: string[][] = [['SERVICE', 'IPAM', 'VIP', 'INTERFACE', 'MAC', 'PORTS', 'BACKENDS', 'STATE', 'REASON']];
+  const rows: string[][] = [['SERVICE', 'IPAM', 'VIP', 'FAMILY', 'INTERFACE', 'MAC', 'PORTS', 'BACKENDS', 'STATE', 'REASON']];
   for (const s of doc.services) {
     rows.push([
-      s.key, s.primaryService ? `share:${s.primaryService}` : s.ipam, s.vip ?? '-', s.interface ?? '-', s.mac ?? '-',
+      s.key, s.primaryService ? `share:${s.primaryService}` : s.ipam, s.vip ?? '-', s.family ?? 'IPv4', s.interface ?? '-', s.mac ?? '-',
       s.ports.join(','), `${s.healthyBackends}/${s.backends.length} up`, s.state, s.reason ?? '',
     ]);
   }
@@ -50,6 +50,7 @@ export function formatStatus(doc: StatusDocument, now = Date.now()): string {
       for (const k of ['server', 'renewAt', 'rebindAt', 'expiresAt'] as const) if (src[k] !== undefined) extra.push(`${k} ${String(src[k])}`);
     }
     if (s.sourceIP === 'preserve') extra.push('direct server return (client address kept)');
+    for (const note of s.familyNotes ?? []) extra.push(note);
     if (s.topology && s.topology.policy !== 'any') extra.push(`topology ${s.topology.detail}`);
     if (s.failover) extra.push(`vrrp ${String(s.failover.state ?? '-')}${s.failover.master ? ` master ${String(s.failover.master)}` : ''}`);
     if (s.adopted && !s.primaryService) extra.push('VIP adopted from the previous run');

@@ -29,7 +29,7 @@ import { HealthStore, type HealthDocument } from './health-store';
 import { RuntimeTuning } from './tuning';
 import { NodeZone, placeOf } from './zone';
 import { ApplyLoop } from './apply-loop';
-import { dsrEngineOf, portsText, serviceVerdict, startingStatus, type ReloadResult, type ServiceStatus, type StatusDocument, type Verdict } from './status';
+import { dsrEngineOf, familyStatus, portsText, serviceVerdict, startingStatus, type ReloadResult, type ServiceStatus, type StatusDocument, type Verdict } from './status';
 import type { HeldVip } from './drift-plan';
 
 export interface DaemonOptions {
@@ -954,6 +954,7 @@ export class Daemon extends EventEmitter {
         healthyBackends: healthyCount,
         backends: subs.health.status(spec.key),
         sourceIP: spec.sourceIP,
+        ...familyStatus(spec),
         topology: { policy: spec.topology, zone: this.zone.current.zone, set: topology.set, reason: topology.reason, detail: topology.detail, inUse: topology.backends.map((b) => b.address) },
       };
     });

@@ -4,6 +4,7 @@
 // of what was observed, and the bounded label of the interruption metric.
 import type { ConfigError } from '../config/load';
 import type { ServiceSpec } from '../config/types';
+import type { Family } from '../address';
 import type { Placement } from '../forward/dataplane';
 import type { TopologySelection } from '../forward/topology';
 import type { BackendStatus } from '../net/host/dsr-backend';
@@ -36,6 +37,10 @@ export interface ServiceStatus {
   backends: readonly { address: string; port: number; state: string; since: number | undefined; reason: string | undefined; takenOutBy: string | undefined }[];
   /** snat, or preserve (direct server return). */
   sourceIP?: string;
+  /** The VIP's family (a dual-stack service is one entry per family: `namespace/name`, `namespace/name@IPv6`). */
+  family?: Family;
+  /** Why a family the service asked for (PreferDualStack) is not served. */
+  familyNotes?: readonly string[];
   /** The backend set in use under the service's topology policy, and why. */
   topology?: { policy: string; zone: string | undefined; set: string; reason: string; detail: string; inUse: string[] };
 }
@@ -125,6 +130,11 @@ export function dsrEngineOf(dp: DataplaneLike): { dsr?: { engine: 'bpf' | 'nft';
   return e ? { dsr: { engine: e.engine, cause: e.cause, reason: e.reason } } : {};
 }
 
+/** The family fields of a service's status. */
+export function familyStatus(spec: ServiceSpec): Pick<ServiceStatus, 'family' | 'familyNotes'> {
+  return { family: spec.family ?? 'IPv4', ...(spec.familyNotes ? { familyNotes: spec.familyNotes } : {}) };
+}
+
 /** A configured service before the first reconcile: "starting", nothing claimed yet. */
 export function startingStatus(spec: ServiceSpec, reason: string, startedAt: number): ServiceStatus {
   return {
@@ -133,6 +143,7 @@ export function startingStatus(spec: ServiceSpec, reason: string, startedAt: num
     adopted: false, interruptions: 0, lastInterruption: undefined,
     ports: portsText(spec),
     source: undefined, failover: undefined, healthyBackends: 0, backends: [],
+    ...familyStatus(spec),
   };
 }
 

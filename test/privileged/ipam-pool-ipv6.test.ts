@@ -1,0 +1,138 @@
+// Privileged: IPv6 pool VIPs served end to end by the real agent on the
+// kernel path, with the real kernel's neighbour discovery on a bridged LAN.
+// Another host holds the pool's first IPv6 address: duplicate address
+// detection skips it and status says so. An IPv6-only service serves a
+// client's 20 ms loop with no failure once serving; the client's neighbour
+// entry for the VIP is the agent's MAC, and after another host forges an
+// advertisement for the VIP, the agent's defence puts it back. A
+// RequireDualStack service serves both VIPs, each to the backend of its own
+// family. PreferDualStack in a namespace without an IPv6 pool serves IPv4
+// and status says why.
+import t from 'tap';
+import { requirePrivileged } from '../helpers/privileged';
+import { createLab, waitFor, type Lab } from '../../lab/netns';
+import { distPath, httpGetFrom, startBackend } from '../../lab/services';
+import { startAgent, waitStatus } from '../../lab/agent';
+import { ClientLoop, gapReport } from '../../lab/client-loop';
+
+const TAKEN = 'fd00:99::200';
+const POOL6 = 'fd00:99::200-fd00:99::20f';
+const POOL4 = '10.99.0.200-10.99.0.209';
+
+async function macOf(lab: Lab, ns: string): Promise<string> {
+  const r = await lab.exec(ns, 'ip', ['-j', 'link', 'show', 'eth0']);
+  return (JSON.parse(r.stdout) as { address: string }[])[0]!.address;
+}
+
+/** The link-layer address of the client's neighbour entry for `ip`, undefined when there is none (or it is unresolved). */
+async function neighbourMac(lab: Lab, ns: string, ip: string): Promise<string | undefined> {
+  const r = await lab.exec(ns, 'ip', ['-j', '-6', 'neigh', 'show', ip, 'dev', 'eth0'], { allowFail: true });
+  const entries = JSON.parse(r.stdout || '[]') as { lladdr?: string }[];
+  return entries[0]?.lladdr;
+}
+
+/** Send one unsolicited advertisement with override for `target`, claiming it for this host's MAC: a forgery of the VIP. */
+async function forgeAdvertisement(lab: Lab, ns: string, mac: string, target: string): Promise<void> {
+  const script = `
+    const { openPacketSocket, interfaceIndex } = require(${JSON.stringify(distPath('agent', 'net', 'packet', 'packet.js'))});
+    const { encodeNdp, ndpUnsolicitedAdvertisement } = require(${JSON.stringify(distPath('agent', 'net', 'neighbour', 'ndp.js'))});
+    const { parseAddress } = require(${JSON.stringify(distPath('agent', 'address.js'))});
+    const sock = openPacketSocket({ ifindex: interfaceIndex('eth0'), protocol: 0x86dd, ref: false });
+    sock.send(encodeNdp(ndpUnsolicitedAdvertisement(${JSON.stringify(mac)}, parseAddress(${JSON.stringify(target)}).value)));
+    sock.close();
+  `;
+  await lab.exec(ns, process.execPath, ['-e', script]);
+}
+
+if (requirePrivileged(t)) {
+  t.test('IPv6 pool VIPs: DAD skips a taken address, the kernel path serves, the neighbour entry is defended; dual stack', async (t) => {
+    const lab = await createLab(t);
+    const node = await lab.addHost('node', { address: '10.99.0.2/24', ipv6: ['fd00:99::2/64'] });
+    // The host that already holds the pool's first IPv6 address (configured, as any host's own address).
+    const other = await lab.addHost('other', { address: '10.99.0.3/24', ipv6: [`${TAKEN}/64`] });
+    const b4 = await lab.addHost('b4', { address: '10.99.0.11/24' });
+    const b6 = await lab.addHost('b6', { address: '10.99.0.12/24', ipv6: ['fd00:99::12/64'] });
+    const client = await lab.addHost('client', { address: '10.99.0.50/24', ipv6: ['fd00:99::50/64'] });
+    await Promise.all([startBackend(lab, b4, 'b4', [8080]), startBackend(lab, b6, 'b6', [8080], '::')]);
+    const agentMac = await macOf(lab, node);
+    const otherMac = await macOf(lab, other);
+
+    const hc = { periodSeconds: 0.5, timeoutSeconds: 0.4 };
+    const port = (p: number): Record<string, unknown>[] => [{ port: p, targetPort: 8080 }];
+    const agent = await startAgent(lab, node, {
+      node: { interface: 'eth0' },
+      metrics: { listen: '' },
+      dataplane: 'kernel',
+      // IPv4 for every namespace; IPv6 for the default namespace only.
+      pools: { 'range-global': POOL4, 'range-default': POOL6 },
+      arp: { probeWait: 0.1, probeNum: 1, probeMin: 0.2, probeMax: 0.3, announceWait: 0.2, announceNum: 2, announceInterval: 0.2 },
+      services: [
+        { name: 'web6', ipFamilies: ['IPv6'], ports: port(80), backends: ['fd00:99::12'], healthCheck: hc },
+        { name: 'dual', ipFamilyPolicy: 'RequireDualStack', ports: port(81), backends: ['10.99.0.11', 'fd00:99::12'], healthCheck: hc },
+        { name: 'legacy', namespace: 'legacy', ipFamilyPolicy: 'PreferDualStack', ports: port(82), backends: ['10.99.0.11'], healthCheck: hc },
+      ],
+    }, { name: 'v6' });
+
+    const keys = ['default/web6@IPv6', 'default/dual', 'default/dual@IPv6', 'legacy/legacy'];
+    const st = await waitStatus(agent, 'every family service serving', (s) => keys.every((k) => s.services.find((x) => x.key === k)?.ready), 30_000);
+    const by = new Map(st.services.map((s) => [s.key, s]));
+    t.same(st.services.map((s) => s.key).sort(), [...keys].sort(), 'one entry per family service, nothing else');
+
+    // DAD: the address another host holds is skipped, and why is recorded.
+    const vip6 = by.get('default/web6@IPv6')!.vip!;
+    const dual6 = by.get('default/dual@IPv6')!.vip!;
+    t.notOk([vip6, dual6].includes(TAKEN), `${TAKEN}, held by another host, is handed to nobody (${vip6}, ${dual6})`);
+    t.ok([vip6, dual6].every((v) => /^fd00:99::20[1-9a-f]$/.test(v)), 'both IPv6 VIPs come from the IPv6 pool');
+    const skipped = agent.logs.find((l) => l.op === 'dad' && l.address === TAKEN);
+    t.match(skipped, { mac: otherMac, reason: 'advertised' }, 'the skip is logged with the holder\'s MAC and why');
+    t.ok(agent.logs.some((l) => l.op === 'conflict' && l.address === TAKEN), 'and the address is held back as a conflict');
+    t.match(by.get('default/web6@IPv6'), { family: 'IPv6', mac: agentMac, state: 'serving' });
+    t.equal(by.get('default/dual')!.family, 'IPv4');
+    t.match(by.get('default/dual')!.vip, /^10\.99\.0\.20\d$/);
+    const addrs = (await lab.exec(node, 'ip', ['-6', 'addr', 'show', 'dev', 'eth0'])).stdout;
+    t.match(addrs, new RegExp(`inet6 ${vip6}/128 scope global nodad`), 'the VIP is on the parent as a /128, without the kernel\'s DAD');
+
+    // PreferDualStack without an IPv6 pool: IPv4, and why not IPv6.
+    t.match(by.get('legacy/legacy'), { family: 'IPv4', familyNotes: [/IPv6 not served \(PreferDualStack\): no pool lists IPv6 addresses for namespace legacy/] });
+    const text = (await lab.exec(node, process.execPath, [distPath('bundle', 'lb-agent.js'), 'status', '--socket', agent.socket], { allowFail: true })).stdout;
+    t.match(text, /SERVICE\s+IPAM\s+VIP\s+FAMILY/, 'the status table has the family column');
+    t.match(text, /default\/web6@IPv6\s+pool\s+fd00:99::20\S+\s+IPv6/, 'each VIP with its family');
+
+    // Dual stack: each VIP to the backend of its own family.
+    const v4 = await httpGetFrom(lab, client, `http://${by.get('default/dual')!.vip!}:81/`);
+    const v6 = await httpGetFrom(lab, client, `http://[${dual6}]:81/`);
+    t.match(v4, { ok: true, body: 'b4\n' }, 'the IPv4 VIP forwards to the IPv4 backend');
+    t.match(v6, { ok: true, body: 'b6\n' }, 'the IPv6 VIP forwards to the IPv6 backend');
+    const legacy = await httpGetFrom(lab, client, `http://${by.get('legacy/legacy')!.vip!}:82/`);
+    t.match(legacy, { ok: true, body: 'b4\n' });
+
+    // A client on the LAN through the kernel path: a request every 20 ms.
+    const loop = await ClientLoop.start(lab, client, `http://[${vip6}]:80/`, { intervalMs: 20, timeoutMs: 500 });
+    t.teardown(() => loop.stop());
+    const servedAt = Date.now();
+    await new Promise((r) => setTimeout(r, 1500));
+    t.equal(await neighbourMac(lab, client, vip6), agentMac, 'the client\'s neighbour entry for the VIP is the agent\'s MAC');
+
+    // Another host forges an advertisement for the VIP: the agent answers it.
+    await forgeAdvertisement(lab, other, otherMac, vip6);
+    const back = await waitFor('the client\'s neighbour entry back at the agent\'s MAC', async () => {
+      const defended = agent.logs.some((l) => l.op === 'defend' && l.conflictingMac === otherMac);
+      const mac = await neighbourMac(lab, client, vip6);
+      return defended && mac === agentMac ? mac : undefined;
+    }, 5000, 20);
+    t.equal(back, agentMac, 'defended: the client\'s entry names the agent again');
+    await new Promise((r) => setTimeout(r, 1500));
+    const results = await loop.stop();
+    const report = gapReport(results.filter((r) => r.t >= servedAt), servedAt, ['b6']);
+    t.ok(report.count >= 100, `the loop ran (${report.count} requests)`);
+    t.equal(report.failures.length, 0, `no failed request once serving, forged advertisement included (${report.failures.length} failed)`);
+    t.equal(report.wrongBodies.length, 0, 'every answer from the IPv6 backend');
+    const now = await agent.status();
+    t.match(now.services.find((s) => s.key === 'default/web6@IPv6'), { vip: vip6, state: 'serving', source: { defences: 1 } }, 'the VIP kept, one defence counted');
+
+    agent.signal('SIGTERM');
+    await agent.exited;
+    t.notMatch((await lab.exec(node, 'ip', ['-6', 'addr', 'show', 'dev', 'eth0'])).stdout, /fd00:99::20/, 'a stop withdraws the IPv6 VIPs');
+    t.equal((await lab.exec(node, 'nft', ['list', 'tables'])).stdout.includes('ip6 lb_agent'), false, 'and the IPv6 table');
+  });
+}
