@@ -15,7 +15,7 @@ import { DSR_FAMILY, DSR_TABLE } from '../forward/nft-dsr';
 export type CheckStatus = 'pass' | 'warn' | 'fail';
 
 export interface CheckResult {
-  /** Stable id: config, state-dir, capabilities, macvlan, interface, pools, arp-sysctls, rp-filter, ip-forward, dataplane, guest-agent, descriptors, dsr, dsr-backend, topology, conntrack-pickup, udp-flows, stale-flows, firewall, drift-fight, dhcp-probe. */
+  /** Stable id: config, state-dir, capabilities, macvlan, interface, pools, arp-sysctls, rp-filter, ip-forward, dataplane, guest-agent, descriptors, dsr, dsr-backend, topology, conntrack-pickup, udp-flows, stale-flows, firewall, drift-fight, dhcp-probe, ipv6. */
   readonly id: string;
   readonly status: CheckStatus;
   /** What the check saw. */
@@ -615,6 +615,27 @@ export function checkDsr(f: Facts): CheckResult | undefined {
  * answers ARP, and the VM must not answer ARP for it (arp_ignore=1,
  * arp_announce=2; the daemon sets them at start).
  */
+/** IPv6 on the parent, when a service has an IPv6 VIP. Absent (the check skipped) without one. */
+export function checkIpv6(f: Facts): CheckResult | undefined {
+  const services = f.config.ipv6Services ?? [];
+  const parent = f.parent.name;
+  if (services.length === 0 || !parent) return undefined;
+  const id = 'ipv6';
+  const names = ['all', sysctlIfName(parent)].map((scope) => `net.ipv6.conf.${scope}.disable_ipv6`);
+  const off = names.filter((n) => sysctlNum(f, n) === 1);
+  const unreadable = names.filter((n) => f.sysctls[n] === undefined);
+  const what = `${services.length} service(s) with an IPv6 VIP (${services.join(', ')})`;
+  if (off.length > 0) {
+    return fail(id, `IPv6 is disabled on ${parent} (${off.map((n) => `${n}=1`).join(', ')}): ${what} cannot be served, the kernel refuses an IPv6 address there`,
+      sysctlRemedy(names.map((n) => `${n}=0`)));
+  }
+  if (unreadable.length === names.length) {
+    return fail(id, `IPv6 is not available on ${parent} (no net.ipv6.conf.${sysctlIfName(parent)}.disable_ipv6: the kernel runs without IPv6, ipv6.disable=1 on its command line?): ${what} cannot be served`,
+      'boot the kernel without ipv6.disable=1 (or load the ipv6 module), or serve IPv4 only');
+  }
+  return pass(id, `IPv6 is on for ${parent} (${names.map((n) => `${n}=${f.sysctls[n] ?? '?'}`).join(', ')}) for ${what}`);
+}
+
 export function checkDsrBackend(f: Facts): CheckResult | undefined {
   const vips = f.config.backendVips ?? [];
   if (vips.length === 0) return undefined;
@@ -945,7 +966,7 @@ export function runChecks(f: Facts): CheckResult[] {
   ];
   const fds = checkDescriptors(f);
   if (fds) out.push(fds);
-  for (const c of [checkDsr(f), checkDsrBackend(f), checkTopology(f), checkConntrackPickup(f), checkUdpFlows(f), checkStaleFlows(f), checkFirewall(f), checkDriftFight(f)]) if (c) out.push(c);
+  for (const c of [checkDsr(f), checkDsrBackend(f), checkIpv6(f), checkTopology(f), checkConntrackPickup(f), checkUdpFlows(f), checkStaleFlows(f), checkFirewall(f), checkDriftFight(f)]) if (c) out.push(c);
   const dhcp = checkDhcpProbe(f);
   if (dhcp) out.push(dhcp);
   return out;

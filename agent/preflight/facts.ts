@@ -59,6 +59,8 @@ export interface ConfigFacts {
   maxConnections?: number;
   /** Services with sourceIP: preserve (direct server return). */
   dsrServices?: string[];
+  /** The family services with an IPv6 VIP ("ns/name@IPv6"). */
+  ipv6Services?: string[];
   /** How the kernel path places new connections (flow-hash with VRRP: forward/dataplane.ts placementFor). */
   placement?: Placement;
   /** `backend.vips`: the DSR VIPs this VM serves as a backend. */
@@ -271,6 +273,7 @@ export function configSummary(path_: string, config: Desired): ConfigFacts {
     services: config.services.length,
     ...(config.proxy.maxConnections !== undefined ? { maxConnections: config.proxy.maxConnections } : {}),
     dsrServices: config.services.filter((s) => s.sourceIP === 'preserve').map((s) => s.key),
+    ipv6Services: config.services.filter((s) => s.family === 'IPv6').map((s) => s.key),
     placement: placementFor(config.failover.mode),
     backendVips: [...config.backend.vips],
     topology: config.services.map((s) => ({
@@ -521,6 +524,7 @@ async function gatherSysctls(parent: string | undefined): Promise<Record<string,
   const names = ['net.ipv4.ip_forward', 'net.netfilter.nf_conntrack_tcp_loose'];
   for (const scope of ['all', 'default', ...(parent ? [sysctlIfName(parent)] : [])]) {
     for (const key of IF_SYSCTL_KEYS) names.push(`net.ipv4.conf.${scope}.${key}`);
+    names.push(`net.ipv6.conf.${scope}.disable_ipv6`);
   }
   // sysctl(8) spelling to /proc/sys: dots are separators, slashes were dots.
   const values = await Promise.all(names.map((n) => readText(`/proc/sys/${n.split('.').map((s) => s.replace(/\//g, '.')).join('/')}`)));

@@ -5,7 +5,7 @@
 export const CHECK_IDS = [
   'config', 'state-dir', 'capabilities', 'macvlan', 'interface', 'pools', 'arp-sysctls', 'rp-filter', 'ip-forward',
   'dataplane', 'guest-agent', 'descriptors', 'dsr', 'dsr-backend', 'topology', 'conntrack-pickup', 'udp-flows',
-  'stale-flows', 'firewall', 'drift-fight', 'dhcp-probe', 'preflight',
+  'stale-flows', 'firewall', 'drift-fight', 'dhcp-probe', 'ipv6', 'preflight',
 ] as const;
 
 export type CheckId = (typeof CHECK_IDS)[number];
@@ -84,6 +84,11 @@ export const CHECK_HELP: Readonly<Record<CheckId, CheckHelp>> = {
     what: 'With a `sourceIP: preserve` service: the kernel accepts the direct-server-return table (netdev ingress, `fwd`, `jhash`) and whether the BPF program in front of it loads and attaches (tcx).',
     cause: 'Fails when the table is refused (the agent would refuse to start with those services) or the data path will be the proxy; warns when only the BPF program cannot run (the table forwards alone, slower).',
     fix: 'A kernel with CONFIG_NF_TABLES_NETDEV, CONFIG_NETFILTER_INGRESS, CONFIG_NFT_FWD_NETDEV, CONFIG_NFT_HASH (and 6.6+ with CONFIG_NET_XGRESS for the program); or `sourceIP: snat` on those services.',
+  },
+  ipv6: {
+    what: 'IPv6 on the parent NIC, when a service serves an IPv6 VIP (`ipFamilies`, `ipFamilyPolicy`): `net.ipv6.conf.all.disable_ipv6` and `net.ipv6.conf.<parent>.disable_ipv6`.',
+    cause: 'Fails when IPv6 is disabled there: the kernel refuses the IPv6 VIP on the parent (and the agent could not answer neighbour solicitations for it), so every IPv6 VIP stays unserved.',
+    fix: 'Turn IPv6 on for the parent (`sysctl -w net.ipv6.conf.all.disable_ipv6=0 net.ipv6.conf.<parent>.disable_ipv6=0`) and persist it in `/etc/sysctl.d/90-lb-agent.conf`; a kernel booted with `ipv6.disable=1` needs that parameter removed and a reboot. Or serve IPv4 only.',
   },
   'dsr-backend': {
     what: 'With `backend.vips`: each VIP is on `lo`, and `arp_ignore`/`arp_announce` keep this VM from answering ARP for it.',

@@ -9,7 +9,7 @@ import { vipSysctls } from '../../agent/net/sysctl/sysctl';
 import {
   runChecks, checkDescriptors, checkMacvlan, checkCapabilities, checkInterface, checkArpSysctls, checkRpFilter, checkIpForward,
   checkConfig, checkDataplane, checkPools, checkStateDir, checkGuestAgent, checkDhcpProbe, classifyRefusal,
-  effectiveDataplane, osFamily, checkDsr, checkDsrBackend, checkTopology, checkConntrackPickup, checkUdpFlows, checkStaleFlows, checkFirewall, checkDriftFight, type CheckResult,
+  effectiveDataplane, osFamily, checkDsr, checkDsrBackend, checkTopology, checkConntrackPickup, checkUdpFlows, checkStaleFlows, checkFirewall, checkDriftFight, checkIpv6, type CheckResult,
 } from '../../agent/preflight/checks';
 
 const FIX = path.resolve(__dirname, '..', '..', '..', 'test', 'preflight', 'fixtures');
@@ -619,4 +619,17 @@ t.test('drift-fight: a fight is named with where to look; no fight passes; no da
   t.match(checkDriftFight(variant('healthy', (f) => { f.daemon = { status: 'not-run', socket: '/s', error: 'no daemon answers on /s (ENOENT)' }; })),
     { status: 'pass', detail: 'not checked: no daemon answers on /s (ENOENT)' });
   t.equal(checkDriftFight(fixture('healthy')), undefined);
+});
+
+t.test('ipv6: IPv6 disabled on the parent fails with the sysctl fix, only when a service has an IPv6 VIP', async (t) => {
+  t.equal(checkIpv6(fixture('healthy')), undefined, 'no IPv6 VIP: no check');
+  const parent = fixture('healthy').parent.name!;
+  const six = (f: Facts): void => { f.config.ipv6Services = ['default/web@IPv6']; };
+  const on = checkIpv6(variant('healthy', (f) => { six(f); f.sysctls['net.ipv6.conf.all.disable_ipv6'] = '0'; f.sysctls[`net.ipv6.conf.${parent}.disable_ipv6`] = '0'; }))!;
+  t.match(on, { id: 'ipv6', status: 'pass' });
+  const off = checkIpv6(variant('healthy', (f) => { six(f); f.sysctls['net.ipv6.conf.all.disable_ipv6'] = '0'; f.sysctls[`net.ipv6.conf.${parent}.disable_ipv6`] = '1'; }))!;
+  t.match(off, { id: 'ipv6', status: 'fail', detail: new RegExp(`IPv6 is disabled on ${parent} \\(net\\.ipv6\\.conf\\.${parent}\\.disable_ipv6=1\\).*default/web@IPv6`) });
+  t.match(off.remedy, new RegExp(`sysctl -w net\\.ipv6\\.conf\\.all\\.disable_ipv6=0 net\\.ipv6\\.conf\\.${parent}\\.disable_ipv6=0; persist`));
+  const gone = checkIpv6(variant('healthy', (f) => { six(f); delete f.sysctls['net.ipv6.conf.all.disable_ipv6']; delete f.sysctls[`net.ipv6.conf.${parent}.disable_ipv6`]; }))!;
+  t.match(gone, { status: 'fail', detail: /ipv6\.disable=1/ });
 });

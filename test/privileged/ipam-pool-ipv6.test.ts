@@ -114,6 +114,7 @@ if (requirePrivileged(t)) {
     t.equal(await neighbourMac(lab, client, vip6), agentMac, 'the client\'s neighbour entry for the VIP is the agent\'s MAC');
 
     // Another host forges an advertisement for the VIP: the agent answers it.
+    const forgedAt = Date.now();
     await forgeAdvertisement(lab, other, otherMac, vip6);
     const back = await waitFor('the client\'s neighbour entry back at the agent\'s MAC', async () => {
       const defended = agent.logs.some((l) => l.op === 'defend' && l.conflictingMac === otherMac);
@@ -123,10 +124,17 @@ if (requirePrivileged(t)) {
     t.equal(back, agentMac, 'defended: the client\'s entry names the agent again');
     await new Promise((r) => setTimeout(r, 1500));
     const results = await loop.stop();
-    const report = gapReport(results.filter((r) => r.t >= servedAt), servedAt, ['b6']);
-    t.ok(report.count >= 100, `the loop ran (${report.count} requests)`);
-    t.equal(report.failures.length, 0, `no failed request once serving, forged advertisement included (${report.failures.length} failed)`);
-    t.equal(report.wrongBodies.length, 0, 'every answer from the IPv6 backend');
+    const serving = gapReport(results.filter((r) => r.t >= servedAt && r.t < forgedAt), servedAt, ['b6']);
+    t.ok(serving.count >= 50, `the loop ran (${serving.count} requests before the forgery)`);
+    t.equal(serving.failures.length, 0, 'no failed request once serving');
+    // A request sent between the forged advertisement reaching the client and
+    // the defence reaching it goes to the forger: at most that one, in the
+    // moment after the forgery; none later.
+    const across = gapReport(results.filter((r) => r.t >= forgedAt), forgedAt, ['b6']);
+    t.ok(across.count >= 50, `the loop ran on (${across.count} requests after the forgery)`);
+    t.ok(across.failures.every((f) => f.t - forgedAt < 100) && across.failures.length <= 1,
+      `after the forgery at most one failed request, in the defence's first 100 ms (${across.failures.map((f) => `${f.t - forgedAt} ms after: ${f.error ?? ''}`).join('; ') || 'none'})`);
+    t.equal(serving.wrongBodies.length + across.wrongBodies.length, 0, 'every answer from the IPv6 backend');
     const now = await agent.status();
     t.match(now.services.find((s) => s.key === 'default/web6@IPv6'), { vip: vip6, state: 'serving', source: { defences: 1 } }, 'the VIP kept, one defence counted');
 
@@ -134,5 +142,17 @@ if (requirePrivileged(t)) {
     await agent.exited;
     t.notMatch((await lab.exec(node, 'ip', ['-6', 'addr', 'show', 'dev', 'eth0'])).stdout, /fd00:99::20/, 'a stop withdraws the IPv6 VIPs');
     t.equal((await lab.exec(node, 'nft', ['list', 'tables'])).stdout.includes('ip6 lb_agent'), false, 'and the IPv6 table');
+
+    // `lb-agent check` on a VM whose parent has IPv6 disabled: the IPv6 VIPs cannot be served, and the fix.
+    const check = async (): Promise<{ id: string; status: string; detail: string; remedy?: string } | undefined> => {
+      const r = await lab.exec(node, process.execPath, [distPath('bundle', 'lb-agent.js'), 'check', '--config', agent.configPath, '--json'], { allowFail: true, timeoutMs: 30_000 });
+      return (JSON.parse(r.stdout) as { checks: { id: string; status: string; detail: string; remedy?: string }[] }).checks.find((c) => c.id === 'ipv6');
+    };
+    t.match(await check(), { status: 'pass' }, 'check: IPv6 on for eth0');
+    await lab.exec(node, 'sysctl', ['-qw', 'net.ipv6.conf.eth0.disable_ipv6=1']);
+    t.match(await check(), {
+      status: 'fail', detail: /IPv6 is disabled on eth0 \(net\.ipv6\.conf\.eth0\.disable_ipv6=1\)/,
+      remedy: /sysctl -w net\.ipv6\.conf\.all\.disable_ipv6=0 net\.ipv6\.conf\.eth0\.disable_ipv6=0/,
+    }, 'check: IPv6 disabled on the parent, with the fix');
   });
 }
