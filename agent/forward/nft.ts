@@ -1175,7 +1175,12 @@ export class NftDataplane implements Dataplane {
         `${setup}nft -f - >/dev/null && nft -j list table ${NFT_FAMILY} ${NFT_TABLE} && echo ${LIST_SEPARATOR} && { nft -j list table ${DSR_FAMILY} ${DSR_TABLE} 2>/dev/null || true; }`
         + ` && echo ${LIST_SEPARATOR} && { nft -j list table ${NFT6_FAMILY} ${NFT_TABLE} 2>/dev/null || true; }`,
         'sh', device ?? ''], plan.script);
-      const parts = r.stdout.split(`\n${LIST_SEPARATOR}\n`);
+      // Split at the separator lines: a table that is not there lists nothing, not even a newline.
+      const parts = r.stdout.split('\n').reduce<string[][]>((acc, line) => {
+        if (line === LIST_SEPARATOR) acc.push([]);
+        else acc[acc.length - 1]!.push(line);
+        return acc;
+      }, [[]]).map((lines) => lines.join('\n'));
       expected = parts[0] ?? '';
       expectedDsr = (parts[1] ?? '').trim();
       expected6 = (parts[2] ?? '').trim();
