@@ -227,3 +227,20 @@ t.test('reservedFromInterface: the node\'s own addresses, its subnets\' network 
   ], claimed);
   t.same([...r].sort(), [ip('10.99.0.0'), ip('10.99.0.2'), ip('10.99.0.250'), ip('10.99.0.255'), ip('192.168.7.1')].sort());
 });
+
+t.test('IPv6: lowest free of the family\'s ranges, skipping conflicts and the node\'s own addresses; keys are canonical text', async (t) => {
+  const { pools } = parsePools({ 'range-global': '10.0.0.10-10.0.0.12,fd00:99::200-fd00:99::20f' });
+  const req = { service: 'default/a', namespace: 'default', family: 'IPv6' as const };
+  t.match(allocate(pools, req, st()), { ok: true, address: 'fd00:99::200', pool: 'range-global', via: 'lowest-free' });
+  t.match(allocate(pools, { ...req, family: 'IPv4' }, st()), { ok: true, address: '10.0.0.10' }, 'the same key gives IPv4 to an IPv4 request');
+  const conflicts = new Map([['fd00:99::200', 5000]]);
+  t.match(allocate(pools, req, st({ conflicts })), { ok: true, address: 'fd00:99::201' }, 'an address found in use (DAD) is skipped');
+  const reserved = reservedFromInterface([{ address: 'fd00:99::201', prefix: 64 }, { address: 'fe80::1', prefix: 64 }, { address: 'fd00:99::203', prefix: 128 }], new Set());
+  t.same([...reserved].sort(), ['fd00:99::201', 'fd00:99::203', 'fe80::1'], 'own addresses and unclaimed /128s; no broadcast in IPv6');
+  t.match(allocate(pools, req, st({ conflicts, reserved, taken: new Map([['fd00:99::202', 'default/b']]) })), { ok: true, address: 'fd00:99::204' });
+  t.match(allocate(pools, { ...req, loadBalancerIP: 'FD00:99:0::20a' }, st()), { ok: true, address: 'fd00:99::20a', via: 'loadBalancerIP' }, 'asked for in any spelling, held in canonical text');
+  t.match(allocate(pools, { ...req, loadBalancerIP: 'fd00:98::1' }, st()), { ok: false, reason: 'not-in-pool', message: /range-global \(fd00:99::200-fd00:99::20f\)/ });
+  t.match(allocate(pools, { ...req, namespace: 'x', service: 'x/a' }, st()), { ok: true }, 'range-global serves every namespace');
+  const v4only = parsePools({ 'range-global': '10.0.0.10-10.0.0.12' }).pools;
+  t.match(allocate(v4only, req, st()), { ok: false, reason: 'no-pool', message: /with IPv6 addresses/ });
+});
