@@ -341,6 +341,7 @@ export class Daemon extends EventEmitter {
   private async watchKernel(): Promise<void> {
     const guard = this.subs?.watchKernel?.({
       held: () => this.heldVips(),
+      configured: () => this.config?.services ?? [],
       repairSource: (key, damage) => this.repairSource(key, damage),
       onRepair: (ev) => {
         const fight = ev.fight ? ` (${ev.fight.repairs} repairs in ${ev.fight.windowSeconds} s: another program keeps undoing it)` : '';

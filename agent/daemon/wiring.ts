@@ -135,8 +135,23 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
           guard: { allowOtherSubnets: now.dhcp.allowOtherSubnets, servers: now.dhcp.servers },
         })
         : new PoolSource({ service: spec, parentIfname: parent.name, manager: pools, arp: now.arp, netlink, log, registry, clock, probe: !vrrp })),
-      watchKernel: (hooks) => new (driftModule().DriftGuard)({
+      watchKernel: ({ configured, ...hooks }) => new (driftModule().DriftGuard)({
         ...hooks, netlink, log, registry, clock,
+        wanted: () => {
+          const links = new Set<string>();
+          const addresses = new Set<string>();
+          for (const s of configured()) {
+            if (s.primaryService !== undefined) continue;
+            if (s.ipam === 'dhcp') links.add(linkNameForService(s.key));
+            else {
+              // Claims that cannot be read: nothing is taken for a leftover.
+              let claim: ReturnType<typeof pools.claimOf>;
+              try { claim = pools.claimOf(s.key); } catch { return undefined; }
+              if (claim) addresses.add(claim.address);
+            }
+          }
+          return { links, addresses };
+        },
         parent: { name: parent.name, index: parent.index },
         ...(dp.kind === 'kernel' ? { tables: dp as NftDataplane, nftWatch: () => new (nftWatchModule().NftWatcher)({ log }) } : {}),
       }),

@@ -724,7 +724,10 @@ export function parseNotification(type: number, data: Buffer): ['link', LinkEven
     case RTM_NEWADDR:
     case RTM_DELADDR: {
       const address = addressInfoFromMessage(rt.parseMessage(type, data) as rt.AddressMessage);
-      return address ? ['address', { type: type === RTM_NEWADDR ? 'new' : 'del', address }] : undefined;
+      if (!address) return undefined;
+      // The ownership mark, as listAddresses reads it (the package's parser drops IFA_PROTO).
+      const proto = addressProto(data);
+      return ['address', { type: type === RTM_NEWADDR ? 'new' : 'del', address: proto !== undefined ? { ...address, proto } : address }];
     }
     default:
       return undefined;
