@@ -131,13 +131,25 @@ export function planLeftovers(held: readonly HeldVip[], k: KernelSnapshot, wante
     out.push({ kind: 'leftover', subject: `link ${l.name}`, found: `agent macvlan ${l.name} (${l.mac}) belongs to no configured service`, remove: { link: l.index } });
   }
   if (parent && k.marked) {
-    const heldHere = new Set(held.filter((v) => v.ifindex === parent.index).map((v) => v.address));
-    for (const cidr of k.marked) {
-      const slash = cidr.indexOf('/');
-      const address = cidr.slice(0, slash);
-      if (wanted.addresses.has(address) || heldHere.has(address)) continue;
-      out.push({ kind: 'leftover', subject: `address ${cidr}`, found: `address ${cidr} on ${parent.name} carries the agent's mark and no service holds or claims it`, remove: { ifindex: parent.index, address, prefix: Number(cidr.slice(slash + 1)) } });
+    const explained = new Set([...wanted.addresses, ...held.filter((v) => v.ifindex === parent.index).map((v) => v.address)]);
+    for (const a of strayMarkedAddresses(k.marked, explained)) {
+      out.push({ kind: 'leftover', subject: `address ${a.cidr}`, found: `address ${a.cidr} on ${parent.name} carries the agent's mark and no service holds or claims it`, remove: { ifindex: parent.index, address: a.address, prefix: a.prefix } });
     }
+  }
+  return out;
+}
+
+/**
+ * The marked addresses ("address/prefix") on the parent that no explained
+ * address accounts for: what the start's adoption and the drift guard both
+ * remove.
+ */
+export function strayMarkedAddresses(marked: Iterable<string>, explained: ReadonlySet<string>): Array<{ cidr: string; address: string; prefix: number }> {
+  const out: Array<{ cidr: string; address: string; prefix: number }> = [];
+  for (const cidr of marked) {
+    const slash = cidr.indexOf('/');
+    const address = cidr.slice(0, slash);
+    if (!explained.has(address)) out.push({ cidr, address, prefix: Number(cidr.slice(slash + 1)) });
   }
   return out;
 }

@@ -21,6 +21,7 @@ import { selectDataplane, createDataplane, probeNftables, probeDsr, dsrUnavailab
 import { formatIPv4, parseIPv4 } from '../address';
 import { BackendVips } from '../net/host/dsr-backend';
 import type { Subsystems, ParentLink, DataplaneLike, SubsystemContext } from './subsystems';
+import { strayMarkedAddresses } from './drift-plan';
 
 // DHCP and VRRP load when a config uses them, not before (a pool service on
 // the kernel path never loads either); a reload that adds the
@@ -191,10 +192,9 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
         // on the parent that no wanted claim explains is a leftover (a claim
         // lost to a crash, a reload that raced), withdrawn now.
         const wantedClaims = new Set(services.filter((s) => s.primaryService === undefined && s.ipam === 'pool').map((s) => pools.claimOf(s.key)?.address).filter((a): a is string => a !== undefined));
-        for (const a of await netlink.listAddresses(parent.index)) {
-          if (a.proto === OWNED_ADDRESS_PROTO && !wantedClaims.has(a.address) && await netlink.removeAddress(parent.index, a.address, a.prefix).catch(() => false)) {
-            removedAddrs.push(`${a.address}/${a.prefix} (marked as the agent's, no claim wants it)`);
-          }
+        const marked = (await netlink.listAddresses(parent.index)).filter((a) => a.proto === OWNED_ADDRESS_PROTO).map((a) => `${a.address}/${a.prefix}`);
+        for (const a of strayMarkedAddresses(marked, wantedClaims)) {
+          if (await netlink.removeAddress(parent.index, a.address, a.prefix).catch(() => false)) removedAddrs.push(`${a.cidr} (marked as the agent's, no claim wants it)`);
         }
         // With VRRP this node starts as Backup: a pool VIP an earlier run left
         // on the parent (a crash) would answer ARP for it - and refuse

@@ -2,7 +2,7 @@
 // drift, from kernel snapshots, with no kernel; and the back-off that keeps
 // the agent from fighting another program.
 import t from 'tap';
-import { FightTracker, planDrift, driftSubject, type HeldVip, type KernelSnapshot, type ObservedLink } from '../../agent/daemon/drift-plan';
+import { FightTracker, planDrift, driftSubject, strayMarkedAddresses, type HeldVip, type KernelSnapshot, type ObservedLink } from '../../agent/daemon/drift-plan';
 
 const POOL: HeldVip = { key: 'default/api', address: '10.99.0.200', prefix: 32, ifindex: 2, ifname: 'eth0' };
 const DHCP: HeldVip = { key: 'default/web', address: '10.99.0.107', prefix: 32, ifindex: 9, ifname: 'lbv82b3ade9d00c', link: { name: 'lbv82b3ade9d00c', mac: '02:82:B3:AD:E9:D0' } };
@@ -120,4 +120,9 @@ t.test('leftovers: an agent macvlan or marked parent address that nothing config
   t.same(planDrift([POOL, DHCP], snapshot({ links, marked })), [], 'without what is wanted, nothing is a leftover');
   t.same(planDrift([POOL], snapshot({ links: new Map([[ETH0.name, ETH0], [MACVLAN.name, MACVLAN]]), marked: new Set(['10.99.0.200/32']) }), { links: new Set(), addresses: new Set() }, PARENT)
     .map((x) => x.subject), ['link lbv82b3ade9d00c'], 'a macvlan of a service the config dropped is a leftover; the held pool VIP is not');
+});
+
+t.test('strayMarkedAddresses: the start\'s adoption and the drift guard remove the same addresses', async (t) => {
+  t.same(strayMarkedAddresses(['10.99.0.200/32', '10.99.0.201/32'], new Set(['10.99.0.200'])), [{ cidr: '10.99.0.201/32', address: '10.99.0.201', prefix: 32 }]);
+  t.same(strayMarkedAddresses([], new Set()), []);
 });
