@@ -31,6 +31,7 @@ import { NodeZone, placeOf } from './zone';
 import { ApplyLoop } from './apply-loop';
 import { dsrEngineOf, portsText, serviceVerdict, startingStatus, type ReloadResult, type ServiceStatus, type StatusDocument, type Verdict } from './status';
 import type { HeldVip } from './drift-plan';
+import { controlOp, type ControlTarget } from './control-ops';
 
 export interface DaemonOptions {
   configPath: string;
@@ -248,7 +249,11 @@ export class Daemon extends EventEmitter {
     // upgrade): `status` shows every service "starting" until the
     // first reconcile has run, a reload waits for the start, a hand-over is
     // refused. After the lock: the socket path may be a running agent's.
-    this.control = new ControlServer({ socketPath: config.control.socket, handler: (op, req) => this.handleControl(op, req), log: this.log });
+    const ops: ControlTarget = {
+      status: () => this.statusDocument(), reload: () => (this.opts.reload ?? (() => this.reload()))(),
+      started: () => this.started, stopping: () => this.stopping, onHandover: this.opts.onHandover,
+    };
+    this.control = new ControlServer({ socketPath: config.control.socket, handler: (op, req) => controlOp(ops, op, req), log: this.log });
     try {
       await this.control.start();
     } catch (e) {
@@ -1003,20 +1008,6 @@ export class Daemon extends EventEmitter {
       events: this.events.list(),
       drift: this.drift?.status(),
     };
-  }
-
-  private handleControl(op: string, req: Readonly<Record<string, unknown>>): unknown {
-    if (op === 'status') return this.statusDocument();
-    if (op === 'ping') return 'pong';
-    if (op === 'reload') return (this.opts.reload ?? (() => this.reload()))();
-    if (op === 'handover') {
-      if (!this.started) throw new Error('this agent is still starting; try again once `lb-agent status` shows it started');
-      if (!this.opts.onHandover) throw new Error('this agent hands nothing over: it runs under systemd, whose fd store keeps the listening sockets across `systemctl restart`');
-      if (this.stopping) throw new Error('this agent is already stopping');
-      if (typeof req.path !== 'string' || !req.path.startsWith('/')) throw new Error('handover needs "path", the absolute path of the successor\'s unix datagram socket');
-      return this.opts.onHandover(req.path);
-    }
-    throw new Error(`unknown op ${JSON.stringify(op)} (known: status, ping, reload, handover)`);
   }
 
   /**
