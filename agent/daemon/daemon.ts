@@ -5,7 +5,7 @@
 // SIGTERM withdraws everything the agent announced without releasing leases.
 import { EventEmitter } from 'node:events';
 import type { Registry } from '../metrics/prom';
-import { formatConfigErrors, parseListen, type ConfigError } from '../config/load';
+import { formatConfigErrors, type ConfigError } from '../config/load';
 import { loadConfigFileAsync, INLINE_PARSE_MAX_BYTES } from '../config/load-async';
 import type { ReloadStep } from './reconciler';
 import type { Desired, PortSpec, ServiceSpec } from '../config/types';
@@ -13,7 +13,7 @@ import { LbError, errorMessage } from '../errors';
 import type { Logger } from '../log';
 import { StateStore } from '../state/store';
 import { InstanceLock } from './lock';
-import type { MetricsServer, Readiness } from '../metrics/server';
+import type { Readiness } from '../metrics/server';
 import { ControlServer } from '../control/server';
 import type { AddressSource, LostCause, SourceDamage, SourceStatus } from '../source';
 import type { Subsystems, ForwardService, SubsystemContext } from './subsystems';
@@ -32,6 +32,7 @@ import { ApplyLoop } from './apply-loop';
 import { dsrEngineOf, portsText, serviceVerdict, startingStatus, type ReloadResult, type ServiceStatus, type StatusDocument, type Verdict } from './status';
 import type { HeldVip } from './drift-plan';
 import { controlOp, type ControlTarget } from './control-ops';
+import { MetricsEndpoint } from './metrics-endpoint';
 
 export interface DaemonOptions {
   configPath: string;
@@ -152,9 +153,8 @@ export class Daemon extends EventEmitter {
   private configLoadedAt = 0;
   private generation = 0;
   private lock: InstanceLock | undefined;
-  private metricsServer: MetricsServer | undefined;
-  /** Where the metrics endpoint listens now (it follows the parent's address when bound to it). */
-  private metricsBound: { host: string; port: number } | undefined;
+  /** The metrics endpoint (it follows the parent's address when bound to it). */
+  private readonly metricsEndpoint: MetricsEndpoint;
   private control: ControlServer | undefined;
   private subs: Subsystems | undefined;
   /** Keeps the kernel true to what the agent holds (daemon/drift.ts); from the end of the start. */
@@ -210,6 +210,10 @@ export class Daemon extends EventEmitter {
       onIdle: () => this.settleStart(),
     });
     this.zone = new NodeZone({ log: this.log, read: (node) => lateModules().readNodeTopology(node), onRewrite: () => { void this.labelsRewritten(); } });
+    this.metricsEndpoint = new MetricsEndpoint({
+      log: this.log, stopping: () => this.stopping,
+      create: (host, port) => new (lateModules().MetricsServer)({ host, port, registry: this.registry!, readiness: () => this.readiness(), log: this.log }),
+    });
   }
 
   get currentConfig(): Desired | undefined { return this.config; }
@@ -285,7 +289,7 @@ export class Daemon extends EventEmitter {
     });
 
     try {
-      if (config.metrics.listen !== '') await this.startMetrics(config.metrics.listen);
+      if (config.metrics.listen !== '') await this.metricsEndpoint.start(config.metrics.listen);
       this.subs = await this.opts.buildSubsystems(config, { log: this.opts.log, registry, store, clock: this.clock, listenerStore: this.opts.listenerStore });
       await this.zone.read(config);
       this.subs.health.on('change', (key: string, address: string, up: boolean) => {
@@ -356,7 +360,7 @@ export class Daemon extends EventEmitter {
         this.noteEvent('parent-address', { address, reason: `${this.subs?.parent.name ?? 'the parent'} now has ${address ?? 'no IPv4 address'}` });
         const before = this.parentAddress ?? this.subs?.parent.address;
         this.parentAddress = address;
-        void this.followParentAddress(before, address);
+        void this.metricsEndpoint.followParentAddress(before, address);
         // VRRP on the parent sends from the parent's address (failover.interface on another NIC keeps its own).
         const vrrpIf = this.config?.failover.interface;
         if (address !== undefined && (vrrpIf === undefined || vrrpIf === this.subs?.parent.name)) this.subs?.failover?.setSourceAddress?.(address);
@@ -790,10 +794,7 @@ export class Daemon extends EventEmitter {
         await this.applyBackendVips(next.backend.vips);
         return;
       case 'metrics-listen':
-        await this.metricsServer?.stop().catch((e) => this.log.error({ op: 'reload', err: errorMessage(e) }, 'stopping the old metrics endpoint failed'));
-        this.metricsServer = undefined;
-        this.metricsBound = undefined;
-        if (step.listen !== '') await this.startMetrics(step.listen);
+        await this.metricsEndpoint.restart(step.listen);
         return;
       case 'remove': {
         const rt = this.runtimes.get(step.key);
@@ -821,38 +822,6 @@ export class Daemon extends EventEmitter {
       case 'add':
         this.addService(step.spec);
         return;
-    }
-  }
-
-  private async startMetrics(listen: string): Promise<void> {
-    const l = parseListen(listen)!;
-    await this.bindMetrics(l.host, l.port);
-  }
-
-  private async bindMetrics(host: string, port: number): Promise<void> {
-    const server = new (lateModules().MetricsServer)({ host, port, registry: this.registry!, readiness: () => this.readiness(), log: this.log });
-    await server.start();
-    this.metricsServer = server;
-    this.metricsBound = { host, port };
-  }
-
-  /**
-   * The metrics endpoint bound to the parent's own address moves with it: a
-   * scraper that follows the VM's address (DHCP on the parent, an operator's
-   * re-addressing) finds it there. A wildcard or another address stays.
-   */
-  private async followParentAddress(before: string | undefined, after: string | undefined): Promise<void> {
-    const bound = this.metricsBound;
-    if (!bound || before === undefined || after === undefined || bound.host !== before || after === before || this.stopping) return;
-    const moving = this.metricsServer;
-    this.metricsServer = undefined;
-    this.metricsBound = undefined;
-    await moving?.stop().catch(() => undefined);
-    try {
-      await this.bindMetrics(after, bound.port);
-      this.log.warn({ op: 'metrics', from: before, to: after, port: bound.port }, `metrics endpoint moved to ${after}:${bound.port} with the parent's address`);
-    } catch (e) {
-      this.log.error({ op: 'metrics', address: after, port: bound.port, err: errorMessage(e) }, 'the metrics endpoint could not follow the parent\'s address');
     }
   }
 
@@ -893,8 +862,7 @@ export class Daemon extends EventEmitter {
         // now - lock, metrics port and control socket are free, the sources
         // stopped - while the proxy goes on accepting on the sockets both
         // processes hold, until the successor serves from them.
-        await step('metrics', () => this.metricsServer?.stop());
-        this.metricsServer = undefined;
+        await step('metrics', () => this.metricsEndpoint.stop());
         this.lock?.release();
         this.log.info({ op: 'stop' }, 'handing over: the successor may start; still accepting until it serves');
         await opts.linger;
@@ -925,7 +893,7 @@ export class Daemon extends EventEmitter {
       await step('backend VIPs', () => subs.backend.withdraw());
       await step('subsystems', () => subs.close());
     }
-    await step('metrics', () => this.metricsServer?.stop());
+    await step('metrics', () => this.metricsEndpoint.stop());
     this.lock?.release();
     this.log.info({ op: 'stop', keep }, keep ? 'lb-agent stopped; VIPs, links and forwarding left serving for the next start' : 'lb-agent stopped');
     // A start that never settled (a VIP never came) has not written it yet; after the lock, off the next start's path.
