@@ -8,14 +8,14 @@ import type { Registry } from '../metrics/prom';
 import { formatConfigErrors, type ConfigError } from '../config/load';
 import { loadConfigFileAsync, INLINE_PARSE_MAX_BYTES } from '../config/load-async';
 import type { ReloadStep } from './reconciler';
-import type { Desired, PortSpec, ServiceSpec } from '../config/types';
+import type { Desired, ServiceSpec } from '../config/types';
 import { LbError, errorMessage } from '../errors';
 import type { Logger } from '../log';
 import { StateStore } from '../state/store';
 import { InstanceLock } from './lock';
 import type { Readiness } from '../metrics/server';
 import { ControlServer } from '../control/server';
-import type { AddressSource, LostCause, SourceDamage, SourceStatus } from '../source';
+import type { SourceStatus } from '../source';
 import type { Subsystems, ForwardService, SubsystemContext } from './subsystems';
 import type { ListenerStore } from '../forward/dataplane';
 import type { Clock } from '../clock';
@@ -30,7 +30,8 @@ import { RuntimeTuning } from './tuning';
 import { NodeZone, placeOf } from './zone';
 import { ApplyLoop } from './apply-loop';
 import { dsrEngineOf, portsText, serviceVerdict, startingStatus, type ReloadResult, type ServiceStatus, type StatusDocument, type Verdict } from './status';
-import type { HeldVip } from './drift-plan';
+import { lateModules } from './late-load';
+import { ServiceRuntimes, type ServiceRuntime } from './services';
 import { controlOp, type ControlTarget } from './control-ops';
 import { MetricsEndpoint } from './metrics-endpoint';
 
@@ -97,53 +98,11 @@ export interface DaemonOptions {
 /** How long a successor waits for its predecessor to let go of the instance lock. */
 const REPLACE_LOCK_WAIT_MS = 10_000;
 
-interface ServiceRuntime {
-  spec: ServiceSpec;
-  source: AddressSource | undefined;
-  /** When this runtime was (re)created: a reload that keeps a service keeps this. */
-  startedAt: number;
-  /** VRRP gating of the source, one start/stop at a time (gateSource). Never rejects. */
-  gate: Promise<void>;
-  gatePending: boolean;
-  /**
-   * Crash-only start: the VIP an earlier run left serving (observeHeld),
-   * forwarded from the first moment until the source confirms it ('vip') or
-   * disproves it ('lost', pending, failed).
-   */
-  held: string | undefined;
-  /** The VIP was adopted from an earlier run at start. */
-  adopted: boolean;
-  interruptions: number;
-  lastInterruption: { at: string; reason: string } | undefined;
-  /** The backend set in use at the last apply, to log when it moves. */
-  topology: TopologySelection | undefined;
-}
-
-let late: typeof import('./late') | undefined;
-/** The modules used only after the control socket is up, loaded on first use (late.ts). */
-function lateModules(): typeof import('./late') {
-   
-  return (late ??= require('./late') as typeof import('./late'));
-}
-
-/** Before the labels file is read. */
-
 /**
  * During a start, the longest a change waits for the table while address
  * sources are still acquiring (ApplyLoop, Daemon.acquiringForBatch).
  */
 export const START_APPLY_BATCH_MS = 500;
-
-/**
- * Whether a service's address source is still acquiring for the start's
- * batch: acquiring, or bound but not yet on the interface (a DHCP ACK whose
- * address and lease are being put in place; a write there forked the agent
- * between the last ACK and the last bind).
- */
-function acquiringNow(rt: ServiceRuntime): boolean {
-  const st = rt.source?.status();
-  return st !== undefined && (st.state === 'acquiring' || (st.state === 'bound' && st.vip === undefined));
-}
 
 export class Daemon extends EventEmitter {
   private readonly opts: DaemonOptions;
@@ -161,7 +120,8 @@ export class Daemon extends EventEmitter {
   private drift: DriftGuard | undefined;
   /** The parent's address as last observed, once it changed after the start. */
   private parentAddress: string | undefined;
-  private readonly runtimes = new Map<string, ServiceRuntime>();
+  /** Every configured service's runtime: its address source and its VRRP gating. */
+  private readonly services: ServiceRuntimes;
   /**
    * One data path transaction at a time (apply-loop.ts). It knows the VIPs
    * whose rules are in place and the services forwarded to a healthy
@@ -171,8 +131,6 @@ export class Daemon extends EventEmitter {
   private readonly applies: ApplyLoop;
   /** A STATUS= line asked for by notifyStatusSoon, not yet sent. */
   private statusNotice: NodeJS.Immediate | undefined;
-  /** The runtime acquiringForBatch last found acquiring: asked first next time. */
-  private lastAcquiring: ServiceRuntime | undefined;
   private stopping = false;
   private lastReload: { at: number; ok: boolean; message: string } | undefined;
   private metrics: import('./metrics').DaemonMetrics | undefined;
@@ -210,6 +168,13 @@ export class Daemon extends EventEmitter {
       onIdle: () => this.settleStart(),
     });
     this.zone = new NodeZone({ log: this.log, read: (node) => lateModules().readNodeTopology(node), onRewrite: () => { void this.labelsRewritten(); } });
+    this.services = new ServiceRuntimes({
+      log: this.log, clock: this.clock,
+      subs: () => this.subs, config: () => this.config, stopping: () => this.stopping, metrics: () => this.metrics,
+      hasRules: (vip) => this.applies.hasVip(vip),
+      scheduleApply: () => this.scheduleApply(), applyNow: () => this.applyNow(),
+      noteEvent: (kind, ev) => this.noteEvent(kind, ev), notifyStatusSoon: () => this.notifyStatusSoon(),
+    });
     this.metricsEndpoint = new MetricsEndpoint({
       log: this.log, stopping: () => this.stopping,
       create: (host, port) => new (lateModules().MetricsServer)({ host, port, registry: this.registry!, readiness: () => this.readiness(), log: this.log }),
@@ -276,13 +241,13 @@ export class Daemon extends EventEmitter {
     for (const n of ['nodejs_active_handles_total', 'nodejs_active_requests_total', 'nodejs_active_resources_total']) registry.removeSingleMetric(`lbagent_${n}`);
 
     this.metrics = new (lateModules().DaemonMetrics)(registry, {
-      serviceCount: () => this.runtimes.size,
+      serviceCount: () => this.services.size,
       readiness: () => this.serviceStatuses(),
-      vips: () => [...this.runtimes.values()].flatMap((rt) => {
-        const vip = this.vipOf(rt.spec);
+      vips: () => [...this.services.values()].flatMap((rt) => {
+        const vip = this.services.vipOf(rt.spec);
         return vip ? [{ name: rt.spec.name, namespace: rt.spec.namespace, vip, ipam: rt.spec.ipam }] : [];
       }),
-      topology: () => (this.subs ? [...this.runtimes.values()].map((rt) => {
+      topology: () => (this.subs ? [...this.services.values()].map((rt) => {
         const sel = this.topologyOf(rt.spec);
         return { name: rt.spec.name, namespace: rt.spec.namespace, policy: rt.spec.topology, set: sel.set, reason: sel.reason };
       }) : []),
@@ -296,11 +261,9 @@ export class Daemon extends EventEmitter {
         this.noteEvent(up ? 'backend-up' : 'backend-down', { service: key, address, reason: this.backendReason(key, address, up) });
         this.scheduleApply(); this.health?.saveSoon();
       });
-      this.subs.failover?.on('change', (keys: string[]) => this.onFailoverChange(keys));
+      this.subs.failover?.on('change', (keys: string[]) => this.services.onFailoverChange(keys));
       this.subs.failover?.on('hand-back', () => this.scheduleApply());
-      this.subs.failover?.on('reannounce', (keys: string[]) => {
-        for (const k of keys) if (this.holds(k)) this.runtimes.get(k)?.source?.reannounce?.();
-      });
+      this.subs.failover?.on('reannounce', (keys: string[]) => this.services.reannounce(keys));
       const owned = await this.subs.adoptOwned(config.services);
       if (owned.removed.length > 0) this.log.warn({ op: 'adopt', removed: owned.removed }, 'removed links/addresses left by an earlier run that the config does not want');
       if (owned.adopted.length > 0) this.log.info({ op: 'adopt', adopted: owned.adopted }, 'adopted links left by an earlier run');
@@ -316,14 +279,14 @@ export class Daemon extends EventEmitter {
       if (held.size > 0) this.log.info({ op: 'adopt', vips: Object.fromEntries(held) }, `serving ${held.size} VIP(s) left by an earlier run while they are confirmed`);
       this.health = new HealthStore(store, () => this.healthDocument(), this.log);
       this.subs.health.seed?.(this.health.load());
-      for (const s of config.services) this.addService(s, held.get(s.key));
+      for (const s of config.services) this.services.add(s, held.get(s.key));
       this.subs.health.update(config.services);
       this.subs.health.start();
-      this.updateFailover();
+      this.services.updateFailover();
       await this.applyNow();
       // Listening sockets an earlier process kept that no service wants now.
       this.opts.listenerStore?.release();
-      this.startSources();
+      this.services.startSources();
       await this.watchKernel();
     } catch (e) {
       await this.stop().catch(() => undefined);
@@ -349,8 +312,8 @@ export class Daemon extends EventEmitter {
    */
   private async watchKernel(): Promise<void> {
     const guard = this.subs?.watchKernel?.({
-      held: () => this.heldVips(),
-      repairSource: (key, damage) => this.repairSource(key, damage),
+      held: () => this.services.heldVips(),
+      repairSource: (key, damage) => this.services.repairSource(key, damage),
       onRepair: (ev) => {
         const fight = ev.fight ? ` (${ev.fight.repairs} repairs in ${ev.fight.windowSeconds} s: another program keeps undoing it)` : '';
         this.noteEvent(ev.done !== undefined ? 'drift-repaired' : 'drift-backoff', { service: ev.service, reason: ev.done !== undefined ? `${ev.found}; ${ev.done}${fight}` : `${ev.found}; repair waits${fight}` });
@@ -378,191 +341,6 @@ export class Daemon extends EventEmitter {
     }
   }
 
-  /** The VIPs this node holds now, as their sources report them (the drift guard's view of what must be in the kernel). */
-  private heldVips(): HeldVip[] {
-    const out: HeldVip[] = [];
-    for (const rt of this.runtimes.values()) {
-      if (!rt.source || !this.holds(rt.spec.key)) continue;
-      const st = rt.source.status();
-      if ((st.state !== 'bound' && st.state !== 'renewing') || !st.vip) continue;
-      const v = st.vip;
-      const { linkNameForService, macForService } = lateModules();
-      out.push({
-        key: rt.spec.key, address: v.address, prefix: v.prefix, ifindex: v.ifindex, ifname: v.ifname,
-        link: rt.spec.ipam === 'dhcp' ? { name: linkNameForService(rt.spec.key), mac: macForService(rt.spec.key) } : undefined,
-      });
-    }
-    return out;
-  }
-
-  /** A source's repair, in line with its VRRP start/stop steps (gateSource). */
-  private repairSource(key: string, damage: SourceDamage): Promise<string | undefined> {
-    const rt = this.runtimes.get(key);
-    if (!rt?.source?.repair) return Promise.resolve(undefined);
-    const source = rt.source;
-    const done = rt.gate.then(() => (this.runtimes.get(key) === rt && !this.stopping ? source.repair!(damage) : undefined));
-    rt.gate = done.then(() => undefined, () => undefined);
-    return done;
-  }
-
-  private addService(spec: ServiceSpec, held?: string): void {
-    const rt: ServiceRuntime = {
-      spec, source: undefined, startedAt: this.clock.wallNow(), gate: Promise.resolve(), gatePending: false,
-      held, adopted: held !== undefined, interruptions: 0, lastInterruption: undefined, topology: undefined,
-    };
-    if (spec.primaryService === undefined) {
-      // Every reason at 0 from the start: a panel or alert on increase() sees
-      // the service before its first interruption (Prometheus's "avoid missing metrics").
-      this.metrics?.serviceAdded(spec.name, spec.namespace);
-      const source = this.subs!.createSource(spec, this.config!);
-      let lastVip: string | undefined; // for the event when it is lost
-      source.on('vip', () => {
-        const adopted = rt.held;
-        rt.held = undefined;
-        const st = source.status();
-        lastVip = st.vip?.address;
-        this.noteEvent('vip-gained', { service: spec.key, address: lastVip, reason: st.reason ?? `${spec.ipam} VIP ${st.state}` });
-        // What the kernel recorded of this address while it was elsewhere
-        // goes (forward/dataplane.ts vipArrived). Only VRRP moves a VIP
-        // between nodes; not for a VIP an earlier run left on this node,
-        // which never was elsewhere.
-        if (this.subs?.failover && lastVip !== undefined && lastVip !== adopted) void this.subs.dataplane.vipArrived?.(lastVip, this.portsOf(spec.key));
-        this.scheduleApply(); this.notifyStatusSoon();
-      });
-      source.on('lost', (reason: string, cause: LostCause = 'other') => {
-        this.log.warn({ op: 'vip-lost', service: spec.key, reason, cause }, 'VIP withdrawn');
-        rt.held = undefined;
-        this.noteEvent('vip-lost', { service: spec.key, address: lastVip, reason });
-        if (!this.stopping && this.runtimes.get(spec.key) === rt && cause !== 'stopped' && cause !== 'released') this.noteInterruption(rt, reason, cause);
-        this.scheduleApply();
-        this.notifyStatusSoon();
-      });
-      source.on('status', () => {
-        // Every step of every source emits 'status': read it only when a held VIP could be lost by it.
-        if (rt.held !== undefined) {
-          const st = source.status();
-          if (st.state === 'pending' || st.state === 'failed') {
-            this.noteInterruption(rt, st.reason ?? st.state, 'other');
-            rt.held = undefined;
-          }
-        }
-        this.scheduleApply();
-      });
-      rt.source = source;
-    }
-    this.runtimes.set(spec.key, rt);
-  }
-
-  /** The ports of a primary service and of every service sharing its VIP. */
-  private portsOf(primaryKey: string): PortSpec[] {
-    return [...this.runtimes.values()].filter((r) => (r.spec.primaryService ?? r.spec.key) === primaryKey).flatMap((r) => r.spec.ports);
-  }
-
-  /** Start sources this node should hold (all, or the VRRP Master's). */
-  private startSources(): void {
-    for (const rt of this.runtimes.values()) {
-      if (!rt.source) continue;
-      if (this.subs?.failover) this.gateSource(rt.spec.key);
-      else rt.source.start();
-    }
-  }
-
-  private holds(key: string): boolean {
-    const f = this.subs?.failover;
-    return f ? f.isMaster(key) : true;
-  }
-
-  private updateFailover(): void {
-    const f = this.subs?.failover;
-    if (!f) return;
-    const primaries = [...this.runtimes.values()].filter((r) => r.source).map((r) => r.spec);
-    f.update(primaries, (key) => this.runtimes.get(key)?.source?.status().vip?.address);
-  }
-
-  private onFailoverChange(keys: string[]): void {
-    for (const key of keys) {
-      const master = this.holds(key);
-      const f = this.subs?.failover?.status(key);
-      this.noteEvent(master ? 'vrrp-master' : 'vrrp-backup', { service: key, reason: master ? 'this node is VRRP Master' : `VRRP Backup${f?.master ? `, Master ${String(f.master)}` : ''}` });
-    }
-    for (const key of keys) this.gateSource(key);
-    this.scheduleApply();
-  }
-
-  /**
-   * Start or stop a service's source to match VRRP mastership, one step at a
-   * time per service: a withdrawal must finish before the next start (a
-   * source's stop() is asynchronous, and a start during it races the link
-   * and address it is removing). A step reads holds() when it runs, so a
-   * flap that queues behind a running step collapses into one step.
-   */
-  private gateSource(key: string): void {
-    const rt = this.runtimes.get(key);
-    if (!rt?.source || rt.gatePending) return;
-    rt.gatePending = true;
-    rt.gate = rt.gate.then(async () => {
-      rt.gatePending = false;
-      const source = rt.source;
-      if (!source || this.stopping || this.runtimes.get(key) !== rt) return;
-      const running = source.status().state !== 'idle';
-      if (this.holds(key)) {
-        if (!running) {
-          this.log.info({ op: 'failover', service: key }, 'this node is Master: taking the VIP');
-          // Rules first (armedVip), then the address: a takeover claims the
-          // VIP without an ARP probe, so it could otherwise come up before
-          // the rules and refuse the first clients.
-          // Rules a ready Backup armed are in place already (the apply loop
-          // says so even while an apply that keeps them is under way): no
-          // wait for the no-op apply this transition scheduled, nor for a
-          // counter read it queues behind (tens of ms of a takeover).
-          const armed = this.armedVip(rt.spec);
-          if (armed !== undefined && !this.applies.hasVip(armed)) await this.applyNow();
-        }
-        const known = this.subs?.failover?.knownVip?.(key);
-        source.start(known === undefined ? {} : { known });
-      } else {
-        if (running) this.log.info({ op: 'failover', service: key }, 'this node is Backup: withdrawing the VIP (lease and claim kept)');
-        // Also when idle: the first Backup after a crash withdraws the VIP an
-        // earlier run left; a ready Backup keeps the rest (standby).
-        if (source.standby) await source.standby();
-        else await source.stop({ release: false });
-      }
-    }).catch((e) => this.log.error({ op: 'failover', service: key, err: errorMessage(e) }, 'starting or withdrawing the VIP failed'));
-  }
-
-  /**
-   * With VRRP and the kernel data path, a ready Backup keeps the rules for
-   * every VIP it knows of in place (forwarding rules waiting), so
-   * a takeover is only the address and gratuitous ARPs: the first client a
-   * gratuitous ARP sends our way is forwarded, not refused by a node that
-   * holds the address but has no rules yet. The rules are inert until the
-   * address is ours: the dispatch matches only a local destination, so a
-   * client that still sends to a Backup after it yielded is not forwarded
-   * into a connection the new Master would reset (forward/nft.ts). The proxy cannot
-   * listen on an address it does not have, so it waits for the VIP.
-   */
-  private armedVip(spec: ServiceSpec): string | undefined {
-    const f = this.subs?.failover;
-    if (!f?.knownVip || this.subs?.dataplane.kind !== 'kernel') return undefined;
-    return f.knownVip(spec.primaryService ?? spec.key);
-  }
-
-  /** The VIP a service is served on by this node, if any. */
-  private vipOf(spec: ServiceSpec): string | undefined {
-    const primaryKey = spec.primaryService ?? spec.key;
-    const prt = this.runtimes.get(primaryKey);
-    const st = prt?.source?.status();
-    if (st && (st.state === 'bound' || st.state === 'renewing') && st.vip) return st.vip.address;
-    return prt?.held;
-  }
-
-  /** A served VIP went away while its service stays configured: counted by reason, kept for status. */
-  private noteInterruption(rt: ServiceRuntime, reason: string, cause: LostCause): void {
-    rt.interruptions++;
-    rt.lastInterruption = { at: isoTime(this.clock.wallNow()), reason };
-    this.metrics?.interrupted(rt.spec.name, rt.spec.namespace, cause);
-  }
-
   private noteEvent(kind: StatusEventKind, ev: Omit<StatusEvent, 'at' | 'kind'>): void {
     this.events.push({ at: isoTime(this.clock.wallNow()), kind, ...ev });
   }
@@ -578,7 +356,7 @@ export class Daemon extends EventEmitter {
   /** Every backend's up/down verdict now, for the health store. */
   private healthDocument(): HealthDocument {
     const doc: HealthDocument = {};
-    for (const rt of this.runtimes.values()) {
+    for (const rt of this.services.values()) {
       const states: Record<string, 'up' | 'down'> = {};
       for (const b of this.subs?.health.status(rt.spec.key) ?? []) if (b.state === 'up' || b.state === 'down') states[b.address] = b.state;
       if (Object.keys(states).length > 0) doc[rt.spec.key] = states;
@@ -588,7 +366,7 @@ export class Daemon extends EventEmitter {
 
   private forwardState(): ForwardService[] {
     const subs = this.subs!;
-    return [...this.runtimes.values()].map((rt) => {
+    return [...this.services.values()].map((rt) => {
       const sel = this.topologyOf(rt.spec);
       // a spill out of the zone (or back) is worth a line in the
       // journal; under topology any the set only follows health, which the
@@ -601,7 +379,7 @@ export class Daemon extends EventEmitter {
       const primaryKey = rt.spec.primaryService ?? rt.spec.key;
       return {
         key: rt.spec.key, name: rt.spec.name, namespace: rt.spec.namespace,
-        vip: this.vipOf(rt.spec) ?? this.armedVip(rt.spec), ports: rt.spec.ports,
+        vip: this.services.vipOf(rt.spec) ?? this.services.armedVip(rt.spec), ports: rt.spec.ports,
         // Zone-aware balancing happens here, once for both data paths: they
         // balance (by weight) over the set the policy chose.
         healthy: sel.backends, backends: rt.spec.backends,
@@ -658,15 +436,7 @@ export class Daemon extends EventEmitter {
    */
   private acquiringForBatch(): boolean {
     if (!this.started || this.startSettled || this.subs?.failover !== undefined) return false;
-    // The runtime found acquiring last time is asked first: it usually still
-    // is, and a scan from the start would walk the services already bound at
-    // every change: n x n status() calls over a start of n services.
-    const still = this.lastAcquiring !== undefined && this.runtimes.get(this.lastAcquiring.spec.key) === this.lastAcquiring && acquiringNow(this.lastAcquiring);
-    if (!still) {
-      this.lastAcquiring = undefined;
-      for (const rt of this.runtimes.values()) if (acquiringNow(rt)) { this.lastAcquiring = rt; break; }
-    }
-    return this.lastAcquiring !== undefined;
+    return this.services.acquiring();
   }
 
   /**
@@ -677,12 +447,7 @@ export class Daemon extends EventEmitter {
    * never.
    */
   private settleStart(): void {
-    if (this.startSettled || !this.started || this.stopping) return;
-    for (const rt of this.runtimes.values()) {
-      if (!rt.source) continue;
-      const vip = rt.source.status().vip?.address;
-      if (vip === undefined || !this.applies.hasVip(vip)) return;
-    }
+    if (this.startSettled || !this.started || this.stopping || !this.services.everyVipInPlace()) return;
     this.startSettled = true;
     this.tuning.settled();
   }
@@ -753,14 +518,11 @@ export class Daemon extends EventEmitter {
       i = j;
     }
     // Keep config order for status.
-    const order = new Map(next.services.map((sv, i) => [sv.key, i]));
-    const sorted = [...this.runtimes.entries()].sort((a, b) => (order.get(a[0]) ?? 0) - (order.get(b[0]) ?? 0));
-    this.runtimes.clear();
-    for (const [k, v] of sorted) this.runtimes.set(k, v);
+    this.services.reorder(next.services.map((sv) => sv.key));
 
     subs.health.update(next.services);
-    this.updateFailover();
-    this.startSources();
+    this.services.updateFailover();
+    this.services.startSources();
     await this.zone.read(next);
     await this.applyNow();
     const message = lateModules().describeSummary(plan.summary);
@@ -785,7 +547,7 @@ export class Daemon extends EventEmitter {
         return;
       case 'source-settings':
         subs.reconfigure(next);
-        for (const rt of this.runtimes.values()) rt.source?.reconfigure?.({ arp: next.arp, dhcp: next.dhcp });
+        this.services.reconfigureSources(next);
         return;
       case 'proxy-settings':
         subs.dataplane.reconfigure?.(next.proxy);
@@ -796,31 +558,17 @@ export class Daemon extends EventEmitter {
       case 'metrics-listen':
         await this.metricsEndpoint.restart(step.listen);
         return;
-      case 'remove': {
-        const rt = this.runtimes.get(step.key);
-        this.runtimes.delete(step.key);
-        if (rt) this.metrics?.serviceRemoved(rt.spec.name, rt.spec.namespace);
-        if (rt) await rt.gate; // a VRRP start/stop in flight finishes first
-        if (rt?.source) await rt.source.stop({ release: true }).catch((e) => this.log.error({ op: 'reload', service: step.key, err: errorMessage(e) }, 'release failed'));
+      case 'remove':
+        await this.services.remove(step.key);
         return;
-      }
-      case 'restart-source': {
-        const rt = this.runtimes.get(step.key);
-        if (rt) {
-          await rt.gate;
-          if (rt.source) await rt.source.stop({ release: step.release }).catch((e) => this.log.error({ op: 'reload', service: step.key, err: errorMessage(e) }, 'stopping the old address source failed'));
-        }
-        this.runtimes.delete(step.key);
-        this.addService(step.spec);
+      case 'restart-source':
+        await this.services.restart(step.key, step.spec, step.release);
         return;
-      }
-      case 'update': {
-        const rt = this.runtimes.get(step.key);
-        if (rt) { rt.spec = step.spec; rt.startedAt = this.clock.wallNow(); }
+      case 'update':
+        this.services.update(step.key, step.spec);
         return;
-      }
       case 'add':
-        this.addService(step.spec);
+        this.services.add(step.spec);
         return;
     }
   }
@@ -852,10 +600,7 @@ export class Daemon extends EventEmitter {
     if (opts.keep && !keep && this.subs?.failover) this.log.info({ op: 'stop' }, 'VRRP: a stop hands the VIPs over to another node (not kept)');
     if (keep && this.subs) {
       const subs = this.subs;
-      await Promise.all([...this.runtimes.values()].map((rt) => step(`service ${rt.spec.key}`, async () => {
-        await rt.gate;
-        await rt.source?.stop({ release: false, keep: true });
-      })));
+      await this.services.stopSources({ release: false, keep: true }, step);
       await step('health', () => subs.health.stop());
       if (opts.linger) {
         // A hand-over (a successor's --replace): the successor may start
@@ -872,12 +617,7 @@ export class Daemon extends EventEmitter {
       await step('subsystems', () => subs.close());
     } else if (this.subs) {
       const subs = this.subs;
-      const stopSources = async (): Promise<void> => {
-        await Promise.all([...this.runtimes.values()].map((rt) => step(`service ${rt.spec.key}`, async () => {
-          await rt.gate;
-          await rt.source?.stop({ release: false });
-        })));
-      };
+      const stopSources = (): Promise<void> => this.services.stopSources({ release: false }, step);
       if (subs.failover) {
         // Withdraw the VIPs first, then resign with priority 0: the Backup
         // that takes over after Skew_Time probes each VIP (RFC 5227) and
@@ -909,7 +649,7 @@ export class Daemon extends EventEmitter {
   serviceStatuses(): ServiceStatus[] {
     const subs = this.subs;
     if (!this.started || !subs) return this.startingStatuses();
-    return [...this.runtimes.values()].map((rt) => {
+    return [...this.services.values()].map((rt) => {
       const spec = rt.spec;
       const primaryKey = spec.primaryService ?? spec.key;
       const { src, failover, topology, healthyCount, vip, state, reason, ready } = this.serviceState(rt, subs);
@@ -919,8 +659,8 @@ export class Daemon extends EventEmitter {
         // A pool VIP answers ARP with the parent's MAC; an adopted one is served before its source has read the parent.
         mac: src?.mac ?? (spec.ipam === 'pool' ? subs.parent.mac : undefined),
         state, reason, ready, startedAt: rt.startedAt,
-        adopted: this.runtimes.get(primaryKey)?.adopted ?? false, interruptions: this.runtimes.get(primaryKey)?.interruptions ?? 0,
-        lastInterruption: this.runtimes.get(primaryKey)?.lastInterruption,
+        adopted: this.services.get(primaryKey)?.adopted ?? false, interruptions: this.services.get(primaryKey)?.interruptions ?? 0,
+        lastInterruption: this.services.get(primaryKey)?.lastInterruption,
         ports: portsText(spec),
         source: src ? { state: src.state, reason: src.reason, ...src.details } : undefined,
         failover,
@@ -936,13 +676,13 @@ export class Daemon extends EventEmitter {
   private serviceState(rt: ServiceRuntime, subs: Subsystems): Verdict & { src: SourceStatus | undefined; failover: Record<string, unknown> | undefined; topology: TopologySelection; healthyCount: number; vip: string | undefined } {
     const spec = rt.spec;
     const primaryKey = spec.primaryService ?? spec.key;
-    const src = this.runtimes.get(primaryKey)?.source?.status();
+    const src = this.services.get(primaryKey)?.source?.status();
     const topology = this.topologyOf(spec);
     const failover = subs.failover?.status(primaryKey);
-    const vip = this.vipOf(spec);
+    const vip = this.services.vipOf(spec);
     const healthyCount = subs.health.healthy(spec.key).length;
     const verdict = serviceVerdict({
-      spec, holds: this.holds(primaryKey), failover, vip, src, healthyCount, topology,
+      spec, holds: this.services.holds(primaryKey), failover, vip, src, healthyCount, topology,
       applied: this.applies.serves(spec.key), damage: this.drift?.damage(primaryKey),
     });
     return { ...verdict, src, failover, topology, healthyCount, vip };
@@ -998,7 +738,7 @@ export class Daemon extends EventEmitter {
     const vips = new Set<string>();
     if (!this.started) services = this.config?.services.length ?? 0;
     else {
-      for (const rt of this.runtimes.values()) {
+      for (const rt of this.services.values()) {
         const st = this.serviceState(rt, subs);
         services++;
         if (st.ready) ready++;
