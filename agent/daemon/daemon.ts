@@ -15,7 +15,6 @@ import { StateStore } from '../state/store';
 import { InstanceLock } from './lock';
 import type { Readiness } from '../metrics/server';
 import { ControlServer } from '../control/server';
-import type { SourceStatus } from '../source';
 import type { Subsystems, ForwardService, SubsystemContext } from './subsystems';
 import type { ListenerStore } from '../forward/dataplane';
 import type { Clock } from '../clock';
@@ -29,9 +28,10 @@ import { HealthStore, type HealthDocument } from './health-store';
 import { RuntimeTuning } from './tuning';
 import { NodeZone, placeOf } from './zone';
 import { ApplyLoop } from './apply-loop';
-import { dsrEngineOf, portsText, serviceVerdict, startingStatus, type ReloadResult, type ServiceStatus, type StatusDocument, type Verdict } from './status';
+import type { ReloadResult, ServiceStatus, StatusDocument } from './status';
 import { lateModules } from './late-load';
-import { ServiceRuntimes, type ServiceRuntime } from './services';
+import { ServiceRuntimes } from './services';
+import { StatusView } from './status-view';
 import { controlOp, type ControlTarget } from './control-ops';
 import { MetricsEndpoint } from './metrics-endpoint';
 
@@ -129,6 +129,8 @@ export class Daemon extends EventEmitter {
    * ready while its first connections would still be refused.
    */
   private readonly applies: ApplyLoop;
+  /** Status, readiness and the STATUS= line, read from the parts. */
+  private readonly view: StatusView;
   /** A STATUS= line asked for by notifyStatusSoon, not yet sent. */
   private statusNotice: NodeJS.Immediate | undefined;
   private stopping = false;
@@ -178,6 +180,12 @@ export class Daemon extends EventEmitter {
     this.metricsEndpoint = new MetricsEndpoint({
       log: this.log, stopping: () => this.stopping,
       create: (host, port) => new (lateModules().MetricsServer)({ host, port, registry: this.registry!, readiness: () => this.readiness(), log: this.log }),
+    });
+    this.view = new StatusView({
+      config: () => ({ path: opts.configPath, desired: this.config, loadedAt: this.configLoadedAt, generation: this.generation, lastReload: this.lastReload }),
+      started: () => this.started, stopping: () => this.stopping, subs: () => this.subs, services: this.services,
+      topologyOf: (spec) => this.topologyOf(spec), serves: (key) => this.applies.serves(key), drift: () => this.drift,
+      zone: () => this.zone.current, parentAddress: () => this.parentAddress, events: () => this.events.list(),
     });
   }
 
@@ -642,80 +650,15 @@ export class Daemon extends EventEmitter {
 
 
   readiness(): Readiness {
-    const notReady = this.serviceStatuses().filter((s) => !s.ready).map((s) => `${s.key}: ${s.reason ?? s.state}`);
-    return { ready: notReady.length === 0 && !this.stopping && this.started, notReady };
+    return this.view.readiness();
   }
 
   serviceStatuses(): ServiceStatus[] {
-    const subs = this.subs;
-    if (!this.started || !subs) return this.startingStatuses();
-    return [...this.services.values()].map((rt) => {
-      const spec = rt.spec;
-      const primaryKey = spec.primaryService ?? spec.key;
-      const { src, failover, topology, healthyCount, vip, state, reason, ready } = this.serviceState(rt, subs);
-      return {
-        key: spec.key, name: spec.name, namespace: spec.namespace, ipam: spec.ipam,
-        primaryService: spec.primaryService, vip: vip ?? src?.vip?.address, interface: src?.ifname,
-        // A pool VIP answers ARP with the parent's MAC; an adopted one is served before its source has read the parent.
-        mac: src?.mac ?? (spec.ipam === 'pool' ? subs.parent.mac : undefined),
-        state, reason, ready, startedAt: rt.startedAt,
-        adopted: this.services.get(primaryKey)?.adopted ?? false, interruptions: this.services.get(primaryKey)?.interruptions ?? 0,
-        lastInterruption: this.services.get(primaryKey)?.lastInterruption,
-        ports: portsText(spec),
-        source: src ? { state: src.state, reason: src.reason, ...src.details } : undefined,
-        failover,
-        healthyBackends: healthyCount,
-        backends: subs.health.status(spec.key),
-        sourceIP: spec.sourceIP,
-        topology: { policy: spec.topology, zone: this.zone.current.zone, set: topology.set, reason: topology.reason, detail: topology.detail, inUse: topology.backends.map((b) => b.address) },
-      };
-    });
-  }
-
-  /** A started service's verdict (status.ts serviceVerdict), and what it was decided from: serviceStatuses and notifyStatus. */
-  private serviceState(rt: ServiceRuntime, subs: Subsystems): Verdict & { src: SourceStatus | undefined; failover: Record<string, unknown> | undefined; topology: TopologySelection; healthyCount: number; vip: string | undefined } {
-    const spec = rt.spec;
-    const primaryKey = spec.primaryService ?? spec.key;
-    const src = this.services.get(primaryKey)?.source?.status();
-    const topology = this.topologyOf(spec);
-    const failover = subs.failover?.status(primaryKey);
-    const vip = this.services.vipOf(spec);
-    const healthyCount = subs.health.healthy(spec.key).length;
-    const verdict = serviceVerdict({
-      spec, holds: this.services.holds(primaryKey), failover, vip, src, healthyCount, topology,
-      applied: this.applies.serves(spec.key), damage: this.drift?.damage(primaryKey),
-    });
-    return { ...verdict, src, failover, topology, healthyCount, vip };
-  }
-
-  /** Before the first reconcile: every configured service, "starting", nothing claimed yet. */
-  private startingStatuses(): ServiceStatus[] {
-    const reason = this.stopping ? 'the agent stopped while starting' : 'the agent is starting: address sources, health checks and forwarding are being set up';
-    return (this.config?.services ?? []).map((spec) => startingStatus(spec, reason, this.configLoadedAt));
+    return this.view.serviceStatuses();
   }
 
   statusDocument(): StatusDocument {
-    const c = this.config!;
-    return {
-      version: VERSION,
-      pid: process.pid,
-      node: {
-        name: c.node.name, interface: this.subs?.parent.name, address: this.parentAddress ?? this.subs?.parent.address, priority: c.node.priority,
-        zone: this.zone.current.zone, region: this.zone.current.region, zoneFrom: this.zone.current.zoneFrom, labelsProblem: this.zone.current.problem,
-      },
-      config: { path: this.opts.configPath, loadedAt: isoTime(this.configLoadedAt), generation: this.generation, lastReload: this.lastReload },
-      dataplane: this.subs ? {
-        kind: this.subs.dataplane.kind, reason: this.subs.dataplane.reason,
-        ...(this.subs.dataplane.placement ? { placement: this.subs.dataplane.placement } : {}),
-        ...dsrEngineOf(this.subs.dataplane),
-      } : undefined,
-      failover: { mode: c.failover.mode },
-      ready: this.readiness().ready,
-      services: this.serviceStatuses(),
-      backend: this.subs?.backend.status(),
-      events: this.events.list(),
-      drift: this.drift?.status(),
-    };
+    return this.view.statusDocument();
   }
 
   /**
@@ -730,25 +673,9 @@ export class Daemon extends EventEmitter {
 
   private notifyStatus(): void {
     if (this.statusNotice !== undefined) { clearImmediate(this.statusNotice); this.statusNotice = undefined; }
-    const subs = this.subs;
-    if (!this.opts.notify || !subs) return;
-    // The counts only: not serviceStatuses(), which builds every service's
-    // whole document (its source's details, its backends) for each line.
-    let services = 0, serving = 0, ready = 0;
-    const vips = new Set<string>();
-    if (!this.started) services = this.config?.services.length ?? 0;
-    else {
-      for (const rt of this.services.values()) {
-        const st = this.serviceState(rt, subs);
-        services++;
-        if (st.ready) ready++;
-        if (st.state !== 'serving') continue;
-        serving++;
-        const vip = st.vip ?? st.src?.vip?.address;
-        if (vip) vips.add(vip);
-      }
-    }
-    this.opts.notify(`STATUS=${vips.size} VIP${vips.size === 1 ? '' : 's'} served; ${services} services, ${serving} serving, ${ready} ready; dataplane ${subs.dataplane.kind}`);
+    if (!this.opts.notify) return;
+    const line = this.view.statusLine();
+    if (line !== undefined) this.opts.notify(line);
   }
 }
 
