@@ -3,11 +3,14 @@
 // control socket), reconcile, and stop them in reverse. SIGHUP reloads by
 // diff (only changed services are touched; a bad file changes nothing);
 // SIGTERM withdraws everything the agent announced without releasing leases.
+// A shell: the services and their VRRP gating (services.ts), reload
+// (reload.ts), status (status-view.ts), the control ops (control-ops.ts)
+// and the metrics endpoint (metrics-endpoint.ts) are parts of their own;
+// this file starts, stops and passes events between them.
 import { EventEmitter } from 'node:events';
 import type { Registry } from '../metrics/prom';
-import { formatConfigErrors, type ConfigError } from '../config/load';
+import { formatConfigErrors } from '../config/load';
 import { loadConfigFileAsync, INLINE_PARSE_MAX_BYTES } from '../config/load-async';
-import type { ReloadStep } from './reconciler';
 import type { Desired, ServiceSpec } from '../config/types';
 import { LbError, errorMessage } from '../errors';
 import type { Logger } from '../log';
@@ -32,8 +35,9 @@ import type { ReloadResult, ServiceStatus, StatusDocument } from './status';
 import { lateModules } from './late-load';
 import { ServiceRuntimes } from './services';
 import { StatusView } from './status-view';
-import { controlOp, type ControlTarget } from './control-ops';
 import { MetricsEndpoint } from './metrics-endpoint';
+import { Reloader } from './reload';
+import { controlOp, type ControlTarget } from './control-ops';
 
 export interface DaemonOptions {
   configPath: string;
@@ -110,7 +114,6 @@ export class Daemon extends EventEmitter {
   private readonly clock: Clock;
   private config: Desired | undefined;
   private configLoadedAt = 0;
-  private generation = 0;
   private lock: InstanceLock | undefined;
   /** The metrics endpoint (it follows the parent's address when bound to it). */
   private readonly metricsEndpoint: MetricsEndpoint;
@@ -131,16 +134,15 @@ export class Daemon extends EventEmitter {
   private readonly applies: ApplyLoop;
   /** Status, readiness and the STATUS= line, read from the parts. */
   private readonly view: StatusView;
+  /** One reload at a time, and the verdict of the last. */
+  private readonly reloader: Reloader;
   /** A STATUS= line asked for by notifyStatusSoon, not yet sent. */
   private statusNotice: NodeJS.Immediate | undefined;
   private stopping = false;
-  private lastReload: { at: number; ok: boolean; message: string } | undefined;
   private metrics: import('./metrics').DaemonMetrics | undefined;
   /** This node's zone and region, re-read at every reload and when the labels file is rewritten. */
   private readonly zone: NodeZone;
   private registry: Registry | undefined;
-  private reloading: Promise<ReloadResult> | undefined;
-  private reloadNext: Promise<ReloadResult> | undefined;
   private health: HealthStore | undefined;
   private readonly tuning: RuntimeTuning;
   private predecessor: number | undefined;
@@ -152,7 +154,6 @@ export class Daemon extends EventEmitter {
   private startSettled = false;
   /** start() in flight or done: a reload that arrives while starting waits for it. */
   private starting: Promise<void> | undefined;
-  /** Releases the optimizing compiler held for the start (opts.holdOptimizer); undefined once released. */
 
   constructor(opts: DaemonOptions) {
     super();
@@ -181,8 +182,17 @@ export class Daemon extends EventEmitter {
       log: this.log, stopping: () => this.stopping,
       create: (host, port) => new (lateModules().MetricsServer)({ host, port, registry: this.registry!, readiness: () => this.readiness(), log: this.log }),
     });
+    this.reloader = new Reloader({
+      configPath: opts.configPath, log: this.log, clock: this.clock,
+      starting: () => this.starting, started: () => this.started, stopping: () => this.stopping,
+      config: () => this.config, adopt: (next, at) => { this.config = next; this.configLoadedAt = at; },
+      subs: () => this.subs, services: this.services, metricsEndpoint: this.metricsEndpoint, zone: this.zone, metrics: () => this.metrics,
+      applyBackendVips: (vips) => this.applyBackendVips(vips), applyNow: () => this.applyNow(),
+      noteEvent: (kind, ev) => this.noteEvent(kind, ev), notifyStatus: () => this.notifyStatus(),
+      afterReload: () => this.tuning.afterReload(),
+    });
     this.view = new StatusView({
-      config: () => ({ path: opts.configPath, desired: this.config, loadedAt: this.configLoadedAt, generation: this.generation, lastReload: this.lastReload }),
+      config: () => ({ path: opts.configPath, desired: this.config, loadedAt: this.configLoadedAt, generation: this.reloader.generation, lastReload: this.reloader.lastReload }),
       started: () => this.started, stopping: () => this.stopping, subs: () => this.subs, services: this.services,
       topologyOf: (spec) => this.topologyOf(spec), serves: (key) => this.applies.serves(key), drift: () => this.drift,
       zone: () => this.zone.current, parentAddress: () => this.parentAddress, events: () => this.events.list(),
@@ -212,7 +222,6 @@ export class Daemon extends EventEmitter {
     const config = res.config;
     this.config = config;
     this.configLoadedAt = this.clock.wallNow();
-    this.generation = 1;
 
     const store = new StateStore(config.stateDir);
     store.ensure();
@@ -359,8 +368,6 @@ export class Daemon extends EventEmitter {
     return [b?.reason ?? (up ? 'health check passed' : 'health check failed'), b?.takenOutBy ? `(${b.takenOutBy} check)` : undefined].filter(Boolean).join(' ');
   }
 
-
-
   /** Every backend's up/down verdict now, for the health store. */
   private healthDocument(): HealthDocument {
     const doc: HealthDocument = {};
@@ -408,7 +415,7 @@ export class Daemon extends EventEmitter {
   /** The labels file was rewritten: re-read the zone; a new one re-balances every zoned service at once. */
   private async labelsRewritten(): Promise<void> {
     // A reload in flight reads the file itself, with its own config.
-    if (this.stopping || this.reloading || !this.config || !this.subs) return;
+    if (this.stopping || this.reloader.inFlight || !this.config || !this.subs) return;
     const before = await this.zone.read(this.config);
     const t = this.zone.current;
     if (t.zone === before.zone && t.region === before.region) return;
@@ -460,125 +467,14 @@ export class Daemon extends EventEmitter {
     this.tuning.settled();
   }
 
-
-
   private async applyNow(): Promise<void> {
     if (this.stopping || !this.subs) return;
     await this.applies.now();
   }
 
-  /**
-   * SIGHUP (or `lb-agent reload`): reload by a pure plan. One reload runs at
-   * a time; requests that arrive meanwhile fold into one more reload of the
-   * newest file, and each caller gets the verdict of the reload that read a
-   * file at least as new as its request. Never throws.
-   */
+  /** SIGHUP (or `lb-agent reload`): one reload at a time, folded as reload.ts says. Never throws. */
   reload(): Promise<ReloadResult> {
-    if (!this.reloading) {
-      this.reloading = this.reloadOnce().catch((e) => this.rejected([{ path: '', message: `internal error: ${errorMessage(e)}` }]))
-        .finally(() => { this.reloading = undefined; this.tuning.afterReload(); });
-      return this.reloading;
-    }
-    if (!this.reloadNext) {
-      this.reloadNext = this.reloading.then(() => { this.reloadNext = undefined; return this.reload(); });
-    }
-    return this.reloadNext;
-  }
-
-  private rejected(errors: readonly ConfigError[]): ReloadResult {
-    const message = `reload rejected, running config kept:\n${formatConfigErrors(errors, this.opts.configPath)}`;
-    this.log.error({ op: 'reload', errors }, message);
-    this.metrics?.reload('rejected');
-    this.lastReload = { at: this.clock.wallNow(), ok: false, message };
-    this.noteEvent('reload-rejected', { reason: message });
-    return { ok: false, message, errors };
-  }
-
-  private async reloadOnce(): Promise<ReloadResult> {
-    // Asked over the control socket while starting: after the start, as
-    // systemd orders a reload after the start job.
-    if (!this.started) await this.starting?.catch(() => undefined);
-    const old = this.config;
-    const subs = this.subs;
-    if (!old || !subs || this.stopping) return { ok: false, message: 'not running', errors: [] };
-    const res = await loadConfigFileAsync(this.opts.configPath);
-    const at = this.clock.wallNow();
-    if (!res.ok) return this.rejected(res.errors);
-    const next = res.config;
-    // Direct server return asked for by the new file: can this node do it? (probed once)
-    const dsrUnavailable = next.services.some((s) => s.sourceIP === 'preserve')
-      ? lateModules().dsrUnavailable(subs.dataplane.kind, await subs.dataplane.dsr?.())
-      : undefined;
-    const plan = lateModules().planReload({ config: old, dataplane: subs.dataplane.kind, dsrUnavailable }, next);
-    if (!plan.ok) return this.rejected(plan.errors);
-    this.config = next;
-    this.configLoadedAt = at;
-    const steps = plan.steps;
-    for (let i = 0; i < steps.length && !this.stopping;) {
-      let j = i + 1;
-      if (steps[i]!.op === 'remove') while (j < steps.length && steps[j]!.op === 'remove') j++;
-      // Removals together: each stops a source of its own (its link, lease
-      // or claim) and waits on the kernel (a link deletion, ~15 ms); one
-      // after another, 50 took 1.6 s. Each takes its service out of the
-      // runtimes before its first await, in plan order, so a secondary is
-      // gone before its primary's source stops.
-      await Promise.all(steps.slice(i, j).map((step) => this.carryOut(step, next)));
-      i = j;
-    }
-    // Keep config order for status.
-    this.services.reorder(next.services.map((sv) => sv.key));
-
-    subs.health.update(next.services);
-    this.services.updateFailover();
-    this.services.startSources();
-    await this.zone.read(next);
-    await this.applyNow();
-    const message = lateModules().describeSummary(plan.summary);
-    const sm = plan.summary;
-    this.log.info({ op: 'reload', added: sm.added, removed: sm.removed, changed: sm.changed, sections: sm.sections, idle: sm.idle }, message);
-    this.metrics?.reload('applied');
-    // Published together, once the new config is applied: a reader never sees
-    // the new generation with the previous reload's verdict.
-    this.generation++;
-    this.lastReload = { at, ok: true, message };
-    this.noteEvent('reload-applied', { reason: message });
-    this.notifyStatus();
-    return { ok: true, message, errors: [], summary: plan.summary };
-  }
-
-  /** One step of a reload plan (reconciler.ts). */
-  private async carryOut(step: ReloadStep, next: Desired): Promise<void> {
-    const subs = this.subs!;
-    switch (step.op) {
-      case 'pools':
-        subs.reconfigure(next);
-        return;
-      case 'source-settings':
-        subs.reconfigure(next);
-        this.services.reconfigureSources(next);
-        return;
-      case 'proxy-settings':
-        subs.dataplane.reconfigure?.(next.proxy);
-        return;
-      case 'backend-vips':
-        await this.applyBackendVips(next.backend.vips);
-        return;
-      case 'metrics-listen':
-        await this.metricsEndpoint.restart(step.listen);
-        return;
-      case 'remove':
-        await this.services.remove(step.key);
-        return;
-      case 'restart-source':
-        await this.services.restart(step.key, step.spec, step.release);
-        return;
-      case 'update':
-        this.services.update(step.key, step.spec);
-        return;
-      case 'add':
-        this.services.add(step.spec);
-        return;
-    }
+    return this.reloader.reload();
   }
 
   /**
@@ -595,7 +491,7 @@ export class Daemon extends EventEmitter {
     this.drift?.stop();
     this.tuning.stopping();
     // A reload in flight finishes its current step (each checks `stopping`) before anything is withdrawn.
-    if (this.reloading) await this.reloading.catch(() => undefined);
+    if (this.reloader.inFlight) await this.reloader.inFlight.catch(() => undefined);
     const step = async (what: string, fn: () => unknown): Promise<void> => {
       try { await fn(); } catch (e) { this.log.error({ op: 'stop', step: what, err: errorMessage(e) }, `stop: ${what} failed`); }
     };
@@ -647,7 +543,6 @@ export class Daemon extends EventEmitter {
     // A start that never settled (a VIP never came) has not written it yet; after the lock, off the next start's path.
     this.tuning.saveCodeCache();
   }
-
 
   readiness(): Readiness {
     return this.view.readiness();
