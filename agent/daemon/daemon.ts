@@ -17,7 +17,7 @@ import type { Logger } from '../log';
 import { StateStore } from '../state/store';
 import { InstanceLock } from './lock';
 import type { Readiness } from '../metrics/server';
-import { ControlServer } from '../control/server';
+import { ControlServer, JsonText } from '../control/server';
 import type { Subsystems, ForwardService, SubsystemContext } from './subsystems';
 import type { ListenerStore } from '../forward/dataplane';
 import type { Clock } from '../clock';
@@ -34,7 +34,7 @@ import { ApplyLoop } from './apply-loop';
 import type { ReloadResult, ServiceStatus, StatusDocument } from './status';
 import { lateModules } from './late-load';
 import { ServiceRuntimes } from './services';
-import { StatusView } from './status-view';
+import { StatusCache, StatusView } from './status-view';
 import { MetricsEndpoint } from './metrics-endpoint';
 import { Reloader } from './reload';
 import { controlOp, type ControlTarget } from './control-ops';
@@ -134,6 +134,8 @@ export class Daemon extends EventEmitter {
   private readonly applies: ApplyLoop;
   /** Status, readiness and the STATUS= line, read from the parts. */
   private readonly view: StatusView;
+  /** The status document as `lb-agent status` is sent it, built once per change (StatusCache). */
+  private readonly statusText: StatusCache<JsonText>;
   /** One reload at a time, and the verdict of the last. */
   private readonly reloader: Reloader;
   /** A STATUS= line asked for by notifyStatusSoon, not yet sent. */
@@ -197,6 +199,7 @@ export class Daemon extends EventEmitter {
       topologyOf: (spec) => this.topologyOf(spec), serves: (key) => this.applies.serves(key), drift: () => this.drift,
       zone: () => this.zone.current, parentAddress: () => this.parentAddress, events: () => this.events.list(),
     });
+    this.statusText = new StatusCache(() => new JsonText(JSON.stringify(this.statusDocument())), () => this.clock.now());
   }
 
   get currentConfig(): Desired | undefined { return this.config; }
@@ -236,7 +239,7 @@ export class Daemon extends EventEmitter {
     // first reconcile has run, a reload waits for the start, a hand-over is
     // refused. After the lock: the socket path may be a running agent's.
     const ops: ControlTarget = {
-      status: () => this.statusDocument(), reload: () => (this.opts.reload ?? (() => this.reload()))(),
+      status: () => this.statusText.get(), reload: () => (this.opts.reload ?? (() => this.reload()))(),
       started: () => this.started, stopping: () => this.stopping, onHandover: this.opts.onHandover,
     };
     this.control = new ControlServer({ socketPath: config.control.socket, handler: (op, req) => controlOp(ops, op, req), log: this.log });
@@ -360,6 +363,7 @@ export class Daemon extends EventEmitter {
   }
 
   private noteEvent(kind: StatusEventKind, ev: Omit<StatusEvent, 'at' | 'kind'>): void {
+    this.statusText.changed();
     this.events.push({ at: isoTime(this.clock.wallNow()), kind, ...ev });
   }
 
@@ -488,6 +492,7 @@ export class Daemon extends EventEmitter {
   async stop(opts: { keep?: boolean; linger?: Promise<unknown> } = {}): Promise<void> {
     if (this.stopping) return;
     this.stopping = true;
+    this.statusText.changed();
     this.opts.notify?.('STOPPING=1');
     this.drift?.stop();
     this.tuning.stopping();
@@ -563,11 +568,13 @@ export class Daemon extends EventEmitter {
    * many services binding in one turn send one line, not one each.
    */
   private notifyStatusSoon(): void {
+    this.statusText.changed();
     if (!this.opts.notify || this.statusNotice !== undefined) return;
     this.statusNotice = setImmediate(() => { this.statusNotice = undefined; this.notifyStatus(); });
   }
 
   private notifyStatus(): void {
+    this.statusText.changed();
     if (this.statusNotice !== undefined) { clearImmediate(this.statusNotice); this.statusNotice = undefined; }
     if (!this.opts.notify) return;
     const line = this.view.statusLine();

@@ -196,3 +196,35 @@ export class StatusView {
     };
   }
 }
+
+/**
+ * The status document serialised once and served to every request until it
+ * changes: `version` moves with every event and status notice, and a copy
+ * older than `reuseMs` is built again (what has no event of its own, a
+ * probe's latest latency, is at most that old). A thousand `lb-agent status`
+ * calls back to back build it a few times, not a thousand.
+ */
+export class StatusCache<T> {
+  private cached: { value: T; at: number; version: number } | undefined;
+  private version = 0;
+  /** Builds since start (tests read it). */
+  builds = 0;
+
+  constructor(private readonly build: () => T, private readonly now: () => number, private readonly reuseMs = STATUS_REUSE_MS) {}
+
+  /** Something the document shows changed: the next request builds it again. */
+  changed(): void { this.version++; }
+
+  get(): T {
+    const c = this.cached;
+    const now = this.now();
+    if (c && c.version === this.version && now - c.at < this.reuseMs) return c.value;
+    this.builds++;
+    const value = this.build();
+    this.cached = { value, at: now, version: this.version };
+    return value;
+  }
+}
+
+/** How long a built status document answers requests when nothing announced a change (ms). */
+export const STATUS_REUSE_MS = 250;

@@ -3,7 +3,7 @@
 // status document, from snapshots of the daemon's parts (fakes of the
 // narrow views StatusView reads; no kernel).
 import t from 'tap';
-import { readinessOf, serviceStatusOf, startingStatuses, statusLine, StatusView, type ServiceState, type StatusViewOptions } from '../../agent/daemon/status-view';
+import { readinessOf, serviceStatusOf, startingStatuses, statusLine, StatusCache, StatusView, type ServiceState, type StatusViewOptions } from '../../agent/daemon/status-view';
 import type { ServiceStatus } from '../../agent/daemon/status';
 import type { ServiceRuntime } from '../../agent/daemon/services';
 import type { Desired, ServiceSpec } from '../../agent/config/types';
@@ -135,4 +135,21 @@ t.test('the view while starting, and before the subsystems exist', async (t) => 
   const doc = bare.statusDocument();
   t.same([doc.node.interface, doc.dataplane, doc.backend], [undefined, undefined, undefined]);
   t.same(view({ started: true, stopping: true }).v.readiness().ready, false, 'not ready while stopping');
+});
+
+t.test('StatusCache: built once per change, and again once older than its reuse time', async (t) => {
+  let now = 0;
+  let n = 0;
+  const c = new StatusCache(() => ++n, () => now, 250);
+  t.equal(c.get(), 1);
+  now = 100;
+  t.equal(c.get(), 1, 'within the reuse time: the same document');
+  c.changed();
+  t.equal(c.get(), 2, 'a change: built again at once');
+  now = 349;
+  t.equal(c.get(), 2);
+  now = 351;
+  t.equal(c.get(), 3, 'older than the reuse time: built again');
+  for (let i = 0; i < 1000; i++) c.get();
+  t.equal(c.builds, 3, 'a thousand requests in a row: no build');
 });
