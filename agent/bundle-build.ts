@@ -14,7 +14,8 @@
 // finds the worker's bundle, and native.ts finds the addon two folders up,
 // as it does from dist/agent/net. Module bodies stay lazy: esbuild wraps
 // each CommonJS module in a function run on its first require(), so what
-// daemon.ts and wiring.ts load on first use still runs only then.
+// the daemon (late-load.ts) and main.ts (wiring.ts) load on first use
+// still runs only then.
 // Not bundled: the addon (a .node file). `netlink` is bundled without its
 // raw socket layer, which loads the package's own prebuilt .node file: the
 // addon's netlink socket stands in for it (NETLINK_RAW below).

@@ -9,6 +9,15 @@ import * as path from 'node:path';
 import { LbError } from '../errors';
 import type { Logger } from '../log';
 
+/**
+ * A reply already serialised: a document built once and sent to every
+ * client that asks before it changes (the status at many services is
+ * megabytes of JSON; serialising it per request costs more than building it).
+ */
+export class JsonText {
+  constructor(readonly text: string) {}
+}
+
 /** The answer to one op (the whole request is passed for ops that take arguments); a promise is awaited (reload answers once applied or refused). */
 export type ControlHandler = (op: string, request: Readonly<Record<string, unknown>>) => unknown;
 
@@ -48,11 +57,13 @@ export class ControlServer {
           try {
             const req = JSON.parse(buf.slice(0, nl)) as Record<string, unknown> | null;
             if (typeof req !== 'object' || req === null || typeof req.op !== 'string') throw new Error('request has no "op"');
-            reply = { ok: true, data: await this.handler(req.op, req) };
+            const data = await this.handler(req.op, req);
+            reply = data instanceof JsonText ? data : { ok: true, data };
           } catch (e) {
             reply = { ok: false, error: (e as Error).message };
           }
-          if (!sock.destroyed) sock.end(`${JSON.stringify(reply)}\n`);
+          if (sock.destroyed) return;
+          sock.end(reply instanceof JsonText ? `{"ok":true,"data":${reply.text}}\n` : `${JSON.stringify(reply)}\n`);
         })();
       });
       sock.on('error', () => { /* client went away */ });

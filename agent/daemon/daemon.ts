@@ -3,19 +3,21 @@
 // control socket), reconcile, and stop them in reverse. SIGHUP reloads by
 // diff (only changed services are touched; a bad file changes nothing);
 // SIGTERM withdraws everything the agent announced without releasing leases.
+// A shell: the services and their VRRP gating (services.ts), reload
+// (reload.ts), status (status-view.ts), the control ops (control-ops.ts)
+// and the metrics endpoint (metrics-endpoint.ts) are parts of their own;
+// this file starts, stops and passes events between them.
 import { EventEmitter } from 'node:events';
 import type { Registry } from '../metrics/prom';
-import { formatConfigErrors, parseListen, type ConfigError } from '../config/load';
+import { formatConfigErrors } from '../config/load';
 import { loadConfigFileAsync, INLINE_PARSE_MAX_BYTES } from '../config/load-async';
-import type { ReloadStep } from './reconciler';
-import type { Desired, PortSpec, ServiceSpec } from '../config/types';
+import type { Desired, ServiceSpec } from '../config/types';
 import { LbError, errorMessage } from '../errors';
 import type { Logger } from '../log';
 import { StateStore } from '../state/store';
 import { InstanceLock } from './lock';
-import type { MetricsServer, Readiness } from '../metrics/server';
-import { ControlServer } from '../control/server';
-import type { AddressSource, LostCause, SourceDamage, SourceStatus } from '../source';
+import type { Readiness } from '../metrics/server';
+import { ControlServer, JsonText } from '../control/server';
 import type { Subsystems, ForwardService, SubsystemContext } from './subsystems';
 import type { ListenerStore } from '../forward/dataplane';
 import type { Clock } from '../clock';
@@ -29,8 +31,13 @@ import { HealthStore, type HealthDocument } from './health-store';
 import { RuntimeTuning } from './tuning';
 import { NodeZone, placeOf } from './zone';
 import { ApplyLoop } from './apply-loop';
-import { dsrEngineOf, familyStatus, portsText, serviceVerdict, startingStatus, type ReloadResult, type ServiceStatus, type StatusDocument, type Verdict } from './status';
-import type { HeldVip } from './drift-plan';
+import type { ReloadResult, ServiceStatus, StatusDocument } from './status';
+import { lateModules } from './late-load';
+import { ServiceRuntimes } from './services';
+import { StatusCache, StatusView } from './status-view';
+import { MetricsEndpoint } from './metrics-endpoint';
+import { Reloader } from './reload';
+import { controlOp, type ControlTarget } from './control-ops';
 
 export interface DaemonOptions {
   configPath: string;
@@ -95,53 +102,11 @@ export interface DaemonOptions {
 /** How long a successor waits for its predecessor to let go of the instance lock. */
 const REPLACE_LOCK_WAIT_MS = 10_000;
 
-interface ServiceRuntime {
-  spec: ServiceSpec;
-  source: AddressSource | undefined;
-  /** When this runtime was (re)created: a reload that keeps a service keeps this. */
-  startedAt: number;
-  /** VRRP gating of the source, one start/stop at a time (gateSource). Never rejects. */
-  gate: Promise<void>;
-  gatePending: boolean;
-  /**
-   * Crash-only start: the VIP an earlier run left serving (observeHeld),
-   * forwarded from the first moment until the source confirms it ('vip') or
-   * disproves it ('lost', pending, failed).
-   */
-  held: string | undefined;
-  /** The VIP was adopted from an earlier run at start. */
-  adopted: boolean;
-  interruptions: number;
-  lastInterruption: { at: string; reason: string } | undefined;
-  /** The backend set in use at the last apply, to log when it moves. */
-  topology: TopologySelection | undefined;
-}
-
-let late: typeof import('./late') | undefined;
-/** The modules used only after the control socket is up, loaded on first use (late.ts). */
-function lateModules(): typeof import('./late') {
-   
-  return (late ??= require('./late') as typeof import('./late'));
-}
-
-/** Before the labels file is read. */
-
 /**
  * During a start, the longest a change waits for the table while address
  * sources are still acquiring (ApplyLoop, Daemon.acquiringForBatch).
  */
 export const START_APPLY_BATCH_MS = 500;
-
-/**
- * Whether a service's address source is still acquiring for the start's
- * batch: acquiring, or bound but not yet on the interface (a DHCP ACK whose
- * address and lease are being put in place; a write there forked the agent
- * between the last ACK and the last bind).
- */
-function acquiringNow(rt: ServiceRuntime): boolean {
-  const st = rt.source?.status();
-  return st !== undefined && (st.state === 'acquiring' || (st.state === 'bound' && st.vip === undefined));
-}
 
 export class Daemon extends EventEmitter {
   private readonly opts: DaemonOptions;
@@ -149,18 +114,17 @@ export class Daemon extends EventEmitter {
   private readonly clock: Clock;
   private config: Desired | undefined;
   private configLoadedAt = 0;
-  private generation = 0;
   private lock: InstanceLock | undefined;
-  private metricsServer: MetricsServer | undefined;
-  /** Where the metrics endpoint listens now (it follows the parent's address when bound to it). */
-  private metricsBound: { host: string; port: number } | undefined;
+  /** The metrics endpoint (it follows the parent's address when bound to it). */
+  private readonly metricsEndpoint: MetricsEndpoint;
   private control: ControlServer | undefined;
   private subs: Subsystems | undefined;
   /** Keeps the kernel true to what the agent holds (daemon/drift.ts); from the end of the start. */
   private drift: DriftGuard | undefined;
   /** The parent's address as last observed, once it changed after the start. */
   private parentAddress: string | undefined;
-  private readonly runtimes = new Map<string, ServiceRuntime>();
+  /** Every configured service's runtime: its address source and its VRRP gating. */
+  private readonly services: ServiceRuntimes;
   /**
    * One data path transaction at a time (apply-loop.ts). It knows the VIPs
    * whose rules are in place and the services forwarded to a healthy
@@ -168,18 +132,19 @@ export class Daemon extends EventEmitter {
    * ready while its first connections would still be refused.
    */
   private readonly applies: ApplyLoop;
+  /** Status, readiness and the STATUS= line, read from the parts. */
+  private readonly view: StatusView;
+  /** The status document as `lb-agent status` is sent it, built once per change (StatusCache). */
+  private readonly statusText: StatusCache<JsonText>;
+  /** One reload at a time, and the verdict of the last. */
+  private readonly reloader: Reloader;
   /** A STATUS= line asked for by notifyStatusSoon, not yet sent. */
   private statusNotice: NodeJS.Immediate | undefined;
-  /** The runtime acquiringForBatch last found acquiring: asked first next time. */
-  private lastAcquiring: ServiceRuntime | undefined;
   private stopping = false;
-  private lastReload: { at: number; ok: boolean; message: string } | undefined;
   private metrics: import('./metrics').DaemonMetrics | undefined;
   /** This node's zone and region, re-read at every reload and when the labels file is rewritten. */
   private readonly zone: NodeZone;
   private registry: Registry | undefined;
-  private reloading: Promise<ReloadResult> | undefined;
-  private reloadNext: Promise<ReloadResult> | undefined;
   private health: HealthStore | undefined;
   private readonly tuning: RuntimeTuning;
   private predecessor: number | undefined;
@@ -191,7 +156,6 @@ export class Daemon extends EventEmitter {
   private startSettled = false;
   /** start() in flight or done: a reload that arrives while starting waits for it. */
   private starting: Promise<void> | undefined;
-  /** Releases the optimizing compiler held for the start (opts.holdOptimizer); undefined once released. */
 
   constructor(opts: DaemonOptions) {
     super();
@@ -209,6 +173,33 @@ export class Daemon extends EventEmitter {
       onIdle: () => this.settleStart(),
     });
     this.zone = new NodeZone({ log: this.log, read: (node) => lateModules().readNodeTopology(node), onRewrite: () => { void this.labelsRewritten(); } });
+    this.services = new ServiceRuntimes({
+      log: this.log, clock: this.clock,
+      subs: () => this.subs, config: () => this.config, stopping: () => this.stopping, metrics: () => this.metrics,
+      hasRules: (vip) => this.applies.hasVip(vip),
+      scheduleApply: () => this.scheduleApply(), applyNow: () => this.applyNow(),
+      noteEvent: (kind, ev) => this.noteEvent(kind, ev), notifyStatusSoon: () => this.notifyStatusSoon(),
+    });
+    this.metricsEndpoint = new MetricsEndpoint({
+      log: this.log, stopping: () => this.stopping,
+      create: (host, port) => new (lateModules().MetricsServer)({ host, port, registry: this.registry!, readiness: () => this.readiness(), log: this.log }),
+    });
+    this.reloader = new Reloader({
+      configPath: opts.configPath, log: this.log, clock: this.clock,
+      starting: () => this.starting, started: () => this.started, stopping: () => this.stopping,
+      config: () => this.config, adopt: (next, at) => { this.config = next; this.configLoadedAt = at; },
+      subs: () => this.subs, services: this.services, metricsEndpoint: this.metricsEndpoint, zone: this.zone, metrics: () => this.metrics,
+      applyBackendVips: (vips) => this.applyBackendVips(vips), applyNow: () => this.applyNow(),
+      noteEvent: (kind, ev) => this.noteEvent(kind, ev), notifyStatus: () => this.notifyStatus(),
+      afterReload: () => this.tuning.afterReload(),
+    });
+    this.view = new StatusView({
+      config: () => ({ path: opts.configPath, desired: this.config, loadedAt: this.configLoadedAt, generation: this.reloader.generation, lastReload: this.reloader.lastReload }),
+      started: () => this.started, stopping: () => this.stopping, subs: () => this.subs, services: this.services,
+      topologyOf: (spec) => this.topologyOf(spec), serves: (key) => this.applies.serves(key), drift: () => this.drift,
+      zone: () => this.zone.current, parentAddress: () => this.parentAddress, events: () => this.events.list(),
+    });
+    this.statusText = new StatusCache(() => new JsonText(JSON.stringify(this.statusDocument())), () => this.clock.now());
   }
 
   get currentConfig(): Desired | undefined { return this.config; }
@@ -234,7 +225,6 @@ export class Daemon extends EventEmitter {
     const config = res.config;
     this.config = config;
     this.configLoadedAt = this.clock.wallNow();
-    this.generation = 1;
 
     const store = new StateStore(config.stateDir);
     store.ensure();
@@ -248,7 +238,11 @@ export class Daemon extends EventEmitter {
     // upgrade): `status` shows every service "starting" until the
     // first reconcile has run, a reload waits for the start, a hand-over is
     // refused. After the lock: the socket path may be a running agent's.
-    this.control = new ControlServer({ socketPath: config.control.socket, handler: (op, req) => this.handleControl(op, req), log: this.log });
+    const ops: ControlTarget = {
+      status: () => this.statusText.get(), reload: () => (this.opts.reload ?? (() => this.reload()))(),
+      started: () => this.started, stopping: () => this.stopping, onHandover: this.opts.onHandover,
+    };
+    this.control = new ControlServer({ socketPath: config.control.socket, handler: (op, req) => controlOp(ops, op, req), log: this.log });
     try {
       await this.control.start();
     } catch (e) {
@@ -267,31 +261,29 @@ export class Daemon extends EventEmitter {
     for (const n of ['nodejs_active_handles_total', 'nodejs_active_requests_total', 'nodejs_active_resources_total']) registry.removeSingleMetric(`lbagent_${n}`);
 
     this.metrics = new (lateModules().DaemonMetrics)(registry, {
-      serviceCount: () => this.runtimes.size,
+      serviceCount: () => this.services.size,
       readiness: () => this.serviceStatuses(),
-      vips: () => [...this.runtimes.values()].flatMap((rt) => {
-        const vip = this.vipOf(rt.spec);
+      vips: () => [...this.services.values()].flatMap((rt) => {
+        const vip = this.services.vipOf(rt.spec);
         return vip ? [{ name: rt.spec.name, namespace: rt.spec.namespace, vip, ipam: rt.spec.ipam }] : [];
       }),
-      topology: () => (this.subs ? [...this.runtimes.values()].map((rt) => {
+      topology: () => (this.subs ? [...this.services.values()].map((rt) => {
         const sel = this.topologyOf(rt.spec);
         return { name: rt.spec.name, namespace: rt.spec.namespace, policy: rt.spec.topology, set: sel.set, reason: sel.reason };
       }) : []),
     });
 
     try {
-      if (config.metrics.listen !== '') await this.startMetrics(config.metrics.listen);
+      if (config.metrics.listen !== '') await this.metricsEndpoint.start(config.metrics.listen);
       this.subs = await this.opts.buildSubsystems(config, { log: this.opts.log, registry, store, clock: this.clock, listenerStore: this.opts.listenerStore });
       await this.zone.read(config);
       this.subs.health.on('change', (key: string, address: string, up: boolean) => {
         this.noteEvent(up ? 'backend-up' : 'backend-down', { service: key, address, reason: this.backendReason(key, address, up) });
         this.scheduleApply(); this.health?.saveSoon();
       });
-      this.subs.failover?.on('change', (keys: string[]) => this.onFailoverChange(keys));
+      this.subs.failover?.on('change', (keys: string[]) => this.services.onFailoverChange(keys));
       this.subs.failover?.on('hand-back', () => this.scheduleApply());
-      this.subs.failover?.on('reannounce', (keys: string[]) => {
-        for (const k of keys) if (this.holds(k)) this.runtimes.get(k)?.source?.reannounce?.();
-      });
+      this.subs.failover?.on('reannounce', (keys: string[]) => this.services.reannounce(keys));
       const owned = await this.subs.adoptOwned(config.services);
       if (owned.removed.length > 0) this.log.warn({ op: 'adopt', removed: owned.removed }, 'removed links/addresses left by an earlier run that the config does not want');
       if (owned.adopted.length > 0) this.log.info({ op: 'adopt', adopted: owned.adopted }, 'adopted links left by an earlier run');
@@ -307,14 +299,14 @@ export class Daemon extends EventEmitter {
       if (held.size > 0) this.log.info({ op: 'adopt', vips: Object.fromEntries(held) }, `serving ${held.size} VIP(s) left by an earlier run while they are confirmed`);
       this.health = new HealthStore(store, () => this.healthDocument(), this.log);
       this.subs.health.seed?.(this.health.load());
-      for (const s of config.services) this.addService(s, held.get(s.key));
+      for (const s of config.services) this.services.add(s, held.get(s.key));
       this.subs.health.update(config.services);
       this.subs.health.start();
-      this.updateFailover();
+      this.services.updateFailover();
       await this.applyNow();
       // Listening sockets an earlier process kept that no service wants now.
       this.opts.listenerStore?.release();
-      this.startSources();
+      this.services.startSources();
       await this.watchKernel();
     } catch (e) {
       await this.stop().catch(() => undefined);
@@ -340,8 +332,9 @@ export class Daemon extends EventEmitter {
    */
   private async watchKernel(): Promise<void> {
     const guard = this.subs?.watchKernel?.({
-      held: () => this.heldVips(),
-      repairSource: (key, damage) => this.repairSource(key, damage),
+      held: () => this.services.heldVips(),
+      configured: () => this.config?.services ?? [],
+      repairSource: (key, damage) => this.services.repairSource(key, damage),
       onRepair: (ev) => {
         const fight = ev.fight ? ` (${ev.fight.repairs} repairs in ${ev.fight.windowSeconds} s: another program keeps undoing it)` : '';
         this.noteEvent(ev.done !== undefined ? 'drift-repaired' : 'drift-backoff', { service: ev.service, reason: ev.done !== undefined ? `${ev.found}; ${ev.done}${fight}` : `${ev.found}; repair waits${fight}` });
@@ -351,7 +344,7 @@ export class Daemon extends EventEmitter {
         this.noteEvent('parent-address', { address, reason: `${this.subs?.parent.name ?? 'the parent'} now has ${address ?? 'no IPv4 address'}` });
         const before = this.parentAddress ?? this.subs?.parent.address;
         this.parentAddress = address;
-        void this.followParentAddress(before, address);
+        void this.metricsEndpoint.followParentAddress(before, address);
         // VRRP on the parent sends from the parent's address (failover.interface on another NIC keeps its own).
         const vrrpIf = this.config?.failover.interface;
         if (address !== undefined && (vrrpIf === undefined || vrrpIf === this.subs?.parent.name)) this.subs?.failover?.setSourceAddress?.(address);
@@ -369,192 +362,8 @@ export class Daemon extends EventEmitter {
     }
   }
 
-  /** The VIPs this node holds now, as their sources report them (the drift guard's view of what must be in the kernel). */
-  private heldVips(): HeldVip[] {
-    const out: HeldVip[] = [];
-    for (const rt of this.runtimes.values()) {
-      if (!rt.source || !this.holds(rt.spec.key)) continue;
-      const st = rt.source.status();
-      if ((st.state !== 'bound' && st.state !== 'renewing') || !st.vip) continue;
-      const v = st.vip;
-      const { linkNameForService, macForService } = lateModules();
-      out.push({
-        key: rt.spec.key, address: v.address, prefix: v.prefix, ifindex: v.ifindex, ifname: v.ifname,
-        link: rt.spec.ipam === 'dhcp' ? { name: linkNameForService(rt.spec.key), mac: macForService(rt.spec.key) } : undefined,
-      });
-    }
-    return out;
-  }
-
-  /** A source's repair, in line with its VRRP start/stop steps (gateSource). */
-  private repairSource(key: string, damage: SourceDamage): Promise<string | undefined> {
-    const rt = this.runtimes.get(key);
-    if (!rt?.source?.repair) return Promise.resolve(undefined);
-    const source = rt.source;
-    const done = rt.gate.then(() => (this.runtimes.get(key) === rt && !this.stopping ? source.repair!(damage) : undefined));
-    rt.gate = done.then(() => undefined, () => undefined);
-    return done;
-  }
-
-  private addService(spec: ServiceSpec, held?: string): void {
-    const rt: ServiceRuntime = {
-      spec, source: undefined, startedAt: this.clock.wallNow(), gate: Promise.resolve(), gatePending: false,
-      held, adopted: held !== undefined, interruptions: 0, lastInterruption: undefined, topology: undefined,
-    };
-    if (spec.primaryService === undefined) {
-      // Every reason at 0 from the start: a panel or alert on increase() sees
-      // the service before its first interruption (Prometheus's "avoid missing metrics").
-      this.metrics?.serviceAdded(spec.name, spec.namespace);
-      const source = this.subs!.createSource(spec, this.config!);
-      let lastVip: string | undefined; // for the event when it is lost
-      source.on('vip', () => {
-        const adopted = rt.held;
-        rt.held = undefined;
-        const st = source.status();
-        lastVip = st.vip?.address;
-        this.noteEvent('vip-gained', { service: spec.key, address: lastVip, reason: st.reason ?? `${spec.ipam} VIP ${st.state}` });
-        // What the kernel recorded of this address while it was elsewhere
-        // goes (forward/dataplane.ts vipArrived). Only VRRP moves a VIP
-        // between nodes; not for a VIP an earlier run left on this node,
-        // which never was elsewhere.
-        if (this.subs?.failover && lastVip !== undefined && lastVip !== adopted) void this.subs.dataplane.vipArrived?.(lastVip, this.portsOf(spec.key));
-        this.scheduleApply(); this.notifyStatusSoon();
-      });
-      source.on('lost', (reason: string, cause: LostCause = 'other') => {
-        this.log.warn({ op: 'vip-lost', service: spec.key, reason, cause }, 'VIP withdrawn');
-        rt.held = undefined;
-        this.noteEvent('vip-lost', { service: spec.key, address: lastVip, reason });
-        if (!this.stopping && this.runtimes.get(spec.key) === rt && cause !== 'stopped' && cause !== 'released') this.noteInterruption(rt, reason, cause);
-        this.scheduleApply();
-        this.notifyStatusSoon();
-      });
-      source.on('status', () => {
-        // Every step of every source emits 'status': read it only when a held VIP could be lost by it.
-        if (rt.held !== undefined) {
-          const st = source.status();
-          if (st.state === 'pending' || st.state === 'failed') {
-            this.noteInterruption(rt, st.reason ?? st.state, 'other');
-            rt.held = undefined;
-          }
-        }
-        this.scheduleApply();
-      });
-      rt.source = source;
-    }
-    this.runtimes.set(spec.key, rt);
-  }
-
-  /** The ports of a primary service and of every service sharing its VIP. */
-  private portsOf(primaryKey: string): PortSpec[] {
-    return [...this.runtimes.values()].filter((r) => (r.spec.primaryService ?? r.spec.key) === primaryKey).flatMap((r) => r.spec.ports);
-  }
-
-  /** Start sources this node should hold (all, or the VRRP Master's). */
-  private startSources(): void {
-    for (const rt of this.runtimes.values()) {
-      if (!rt.source) continue;
-      if (this.subs?.failover) this.gateSource(rt.spec.key);
-      else rt.source.start();
-    }
-  }
-
-  private holds(key: string): boolean {
-    const f = this.subs?.failover;
-    return f ? f.isMaster(key) : true;
-  }
-
-  private updateFailover(): void {
-    const f = this.subs?.failover;
-    if (!f) return;
-    const primaries = [...this.runtimes.values()].filter((r) => r.source).map((r) => r.spec);
-    f.update(primaries, (key) => this.runtimes.get(key)?.source?.status().vip?.address);
-  }
-
-  private onFailoverChange(keys: string[]): void {
-    for (const key of keys) {
-      const master = this.holds(key);
-      const f = this.subs?.failover?.status(key);
-      this.noteEvent(master ? 'vrrp-master' : 'vrrp-backup', { service: key, reason: master ? 'this node is VRRP Master' : `VRRP Backup${f?.master ? `, Master ${String(f.master)}` : ''}` });
-    }
-    for (const key of keys) this.gateSource(key);
-    this.scheduleApply();
-  }
-
-  /**
-   * Start or stop a service's source to match VRRP mastership, one step at a
-   * time per service: a withdrawal must finish before the next start (a
-   * source's stop() is asynchronous, and a start during it races the link
-   * and address it is removing). A step reads holds() when it runs, so a
-   * flap that queues behind a running step collapses into one step.
-   */
-  private gateSource(key: string): void {
-    const rt = this.runtimes.get(key);
-    if (!rt?.source || rt.gatePending) return;
-    rt.gatePending = true;
-    rt.gate = rt.gate.then(async () => {
-      rt.gatePending = false;
-      const source = rt.source;
-      if (!source || this.stopping || this.runtimes.get(key) !== rt) return;
-      const running = source.status().state !== 'idle';
-      if (this.holds(key)) {
-        if (!running) {
-          this.log.info({ op: 'failover', service: key }, 'this node is Master: taking the VIP');
-          // Rules first (armedVip), then the address: a takeover claims the
-          // VIP without an ARP probe, so it could otherwise come up before
-          // the rules and refuse the first clients.
-          // Rules a ready Backup armed are in place already (the apply loop
-          // says so even while an apply that keeps them is under way): no
-          // wait for the no-op apply this transition scheduled, nor for a
-          // counter read it queues behind (tens of ms of a takeover).
-          const armed = this.armedVip(rt.spec);
-          if (armed !== undefined && !this.applies.hasVip(armed)) await this.applyNow();
-        }
-        const known = this.subs?.failover?.knownVip?.(key);
-        source.start(known === undefined ? {} : { known });
-      } else {
-        if (running) this.log.info({ op: 'failover', service: key }, 'this node is Backup: withdrawing the VIP (lease and claim kept)');
-        // Also when idle: the first Backup after a crash withdraws the VIP an
-        // earlier run left; a ready Backup keeps the rest (standby).
-        if (source.standby) await source.standby();
-        else await source.stop({ release: false });
-      }
-    }).catch((e) => this.log.error({ op: 'failover', service: key, err: errorMessage(e) }, 'starting or withdrawing the VIP failed'));
-  }
-
-  /**
-   * With VRRP and the kernel data path, a ready Backup keeps the rules for
-   * every VIP it knows of in place (forwarding rules waiting), so
-   * a takeover is only the address and gratuitous ARPs: the first client a
-   * gratuitous ARP sends our way is forwarded, not refused by a node that
-   * holds the address but has no rules yet. The rules are inert until the
-   * address is ours: the dispatch matches only a local destination, so a
-   * client that still sends to a Backup after it yielded is not forwarded
-   * into a connection the new Master would reset (forward/nft.ts). The proxy cannot
-   * listen on an address it does not have, so it waits for the VIP.
-   */
-  private armedVip(spec: ServiceSpec): string | undefined {
-    const f = this.subs?.failover;
-    if (!f?.knownVip || this.subs?.dataplane.kind !== 'kernel') return undefined;
-    return f.knownVip(spec.primaryService ?? spec.key);
-  }
-
-  /** The VIP a service is served on by this node, if any. */
-  private vipOf(spec: ServiceSpec): string | undefined {
-    const primaryKey = spec.primaryService ?? spec.key;
-    const prt = this.runtimes.get(primaryKey);
-    const st = prt?.source?.status();
-    if (st && (st.state === 'bound' || st.state === 'renewing') && st.vip) return st.vip.address;
-    return prt?.held;
-  }
-
-  /** A served VIP went away while its service stays configured: counted by reason, kept for status. */
-  private noteInterruption(rt: ServiceRuntime, reason: string, cause: LostCause): void {
-    rt.interruptions++;
-    rt.lastInterruption = { at: isoTime(this.clock.wallNow()), reason };
-    this.metrics?.interrupted(rt.spec.name, rt.spec.namespace, cause);
-  }
-
   private noteEvent(kind: StatusEventKind, ev: Omit<StatusEvent, 'at' | 'kind'>): void {
+    this.statusText.changed();
     this.events.push({ at: isoTime(this.clock.wallNow()), kind, ...ev });
   }
 
@@ -564,12 +373,10 @@ export class Daemon extends EventEmitter {
     return [b?.reason ?? (up ? 'health check passed' : 'health check failed'), b?.takenOutBy ? `(${b.takenOutBy} check)` : undefined].filter(Boolean).join(' ');
   }
 
-
-
   /** Every backend's up/down verdict now, for the health store. */
   private healthDocument(): HealthDocument {
     const doc: HealthDocument = {};
-    for (const rt of this.runtimes.values()) {
+    for (const rt of this.services.values()) {
       const states: Record<string, 'up' | 'down'> = {};
       for (const b of this.subs?.health.status(rt.spec.key) ?? []) if (b.state === 'up' || b.state === 'down') states[b.address] = b.state;
       if (Object.keys(states).length > 0) doc[rt.spec.key] = states;
@@ -579,7 +386,7 @@ export class Daemon extends EventEmitter {
 
   private forwardState(): ForwardService[] {
     const subs = this.subs!;
-    return [...this.runtimes.values()].map((rt) => {
+    return [...this.services.values()].map((rt) => {
       const sel = this.topologyOf(rt.spec);
       // a spill out of the zone (or back) is worth a line in the
       // journal; under topology any the set only follows health, which the
@@ -592,7 +399,7 @@ export class Daemon extends EventEmitter {
       const primaryKey = rt.spec.primaryService ?? rt.spec.key;
       return {
         key: rt.spec.key, name: rt.spec.name, namespace: rt.spec.namespace,
-        vip: this.vipOf(rt.spec) ?? this.armedVip(rt.spec), ports: rt.spec.ports,
+        vip: this.services.vipOf(rt.spec) ?? this.services.armedVip(rt.spec), ports: rt.spec.ports,
         // Zone-aware balancing happens here, once for both data paths: they
         // balance (by weight) over the set the policy chose.
         healthy: sel.backends, backends: rt.spec.backends,
@@ -613,7 +420,7 @@ export class Daemon extends EventEmitter {
   /** The labels file was rewritten: re-read the zone; a new one re-balances every zoned service at once. */
   private async labelsRewritten(): Promise<void> {
     // A reload in flight reads the file itself, with its own config.
-    if (this.stopping || this.reloading || !this.config || !this.subs) return;
+    if (this.stopping || this.reloader.inFlight || !this.config || !this.subs) return;
     const before = await this.zone.read(this.config);
     const t = this.zone.current;
     if (t.zone === before.zone && t.region === before.region) return;
@@ -649,15 +456,7 @@ export class Daemon extends EventEmitter {
    */
   private acquiringForBatch(): boolean {
     if (!this.started || this.startSettled || this.subs?.failover !== undefined) return false;
-    // The runtime found acquiring last time is asked first: it usually still
-    // is, and a scan from the start would walk the services already bound at
-    // every change: n x n status() calls over a start of n services.
-    const still = this.lastAcquiring !== undefined && this.runtimes.get(this.lastAcquiring.spec.key) === this.lastAcquiring && acquiringNow(this.lastAcquiring);
-    if (!still) {
-      this.lastAcquiring = undefined;
-      for (const rt of this.runtimes.values()) if (acquiringNow(rt)) { this.lastAcquiring = rt; break; }
-    }
-    return this.lastAcquiring !== undefined;
+    return this.services.acquiring();
   }
 
   /**
@@ -668,187 +467,19 @@ export class Daemon extends EventEmitter {
    * never.
    */
   private settleStart(): void {
-    if (this.startSettled || !this.started || this.stopping) return;
-    for (const rt of this.runtimes.values()) {
-      if (!rt.source) continue;
-      const vip = rt.source.status().vip?.address;
-      if (vip === undefined || !this.applies.hasVip(vip)) return;
-    }
+    if (this.startSettled || !this.started || this.stopping || !this.services.everyVipInPlace()) return;
     this.startSettled = true;
     this.tuning.settled();
   }
-
-
 
   private async applyNow(): Promise<void> {
     if (this.stopping || !this.subs) return;
     await this.applies.now();
   }
 
-  /**
-   * SIGHUP (or `lb-agent reload`): reload by a pure plan. One reload runs at
-   * a time; requests that arrive meanwhile fold into one more reload of the
-   * newest file, and each caller gets the verdict of the reload that read a
-   * file at least as new as its request. Never throws.
-   */
+  /** SIGHUP (or `lb-agent reload`): one reload at a time, folded as reload.ts says. Never throws. */
   reload(): Promise<ReloadResult> {
-    if (!this.reloading) {
-      this.reloading = this.reloadOnce().catch((e) => this.rejected([{ path: '', message: `internal error: ${errorMessage(e)}` }]))
-        .finally(() => { this.reloading = undefined; this.tuning.afterReload(); });
-      return this.reloading;
-    }
-    if (!this.reloadNext) {
-      this.reloadNext = this.reloading.then(() => { this.reloadNext = undefined; return this.reload(); });
-    }
-    return this.reloadNext;
-  }
-
-  private rejected(errors: readonly ConfigError[]): ReloadResult {
-    const message = `reload rejected, running config kept:\n${formatConfigErrors(errors, this.opts.configPath)}`;
-    this.log.error({ op: 'reload', errors }, message);
-    this.metrics?.reload('rejected');
-    this.lastReload = { at: this.clock.wallNow(), ok: false, message };
-    this.noteEvent('reload-rejected', { reason: message });
-    return { ok: false, message, errors };
-  }
-
-  private async reloadOnce(): Promise<ReloadResult> {
-    // Asked over the control socket while starting: after the start, as
-    // systemd orders a reload after the start job.
-    if (!this.started) await this.starting?.catch(() => undefined);
-    const old = this.config;
-    const subs = this.subs;
-    if (!old || !subs || this.stopping) return { ok: false, message: 'not running', errors: [] };
-    const res = await loadConfigFileAsync(this.opts.configPath);
-    const at = this.clock.wallNow();
-    if (!res.ok) return this.rejected(res.errors);
-    const next = res.config;
-    // Direct server return asked for by the new file: can this node do it? (probed once)
-    const dsrUnavailable = next.services.some((s) => s.sourceIP === 'preserve')
-      ? lateModules().dsrUnavailable(subs.dataplane.kind, await subs.dataplane.dsr?.())
-      : undefined;
-    const plan = lateModules().planReload({ config: old, dataplane: subs.dataplane.kind, dsrUnavailable }, next);
-    if (!plan.ok) return this.rejected(plan.errors);
-    this.config = next;
-    this.configLoadedAt = at;
-    const steps = plan.steps;
-    for (let i = 0; i < steps.length && !this.stopping;) {
-      let j = i + 1;
-      if (steps[i]!.op === 'remove') while (j < steps.length && steps[j]!.op === 'remove') j++;
-      // Removals together: each stops a source of its own (its link, lease
-      // or claim) and waits on the kernel (a link deletion, ~15 ms); one
-      // after another, 50 took 1.6 s. Each takes its service out of the
-      // runtimes before its first await, in plan order, so a secondary is
-      // gone before its primary's source stops.
-      await Promise.all(steps.slice(i, j).map((step) => this.carryOut(step, next)));
-      i = j;
-    }
-    // Keep config order for status.
-    const order = new Map(next.services.map((sv, i) => [sv.key, i]));
-    const sorted = [...this.runtimes.entries()].sort((a, b) => (order.get(a[0]) ?? 0) - (order.get(b[0]) ?? 0));
-    this.runtimes.clear();
-    for (const [k, v] of sorted) this.runtimes.set(k, v);
-
-    subs.health.update(next.services);
-    this.updateFailover();
-    this.startSources();
-    await this.zone.read(next);
-    await this.applyNow();
-    const message = lateModules().describeSummary(plan.summary);
-    const sm = plan.summary;
-    this.log.info({ op: 'reload', added: sm.added, removed: sm.removed, changed: sm.changed, sections: sm.sections, idle: sm.idle }, message);
-    this.metrics?.reload('applied');
-    // Published together, once the new config is applied: a reader never sees
-    // the new generation with the previous reload's verdict.
-    this.generation++;
-    this.lastReload = { at, ok: true, message };
-    this.noteEvent('reload-applied', { reason: message });
-    this.notifyStatus();
-    return { ok: true, message, errors: [], summary: plan.summary };
-  }
-
-  /** One step of a reload plan (reconciler.ts). */
-  private async carryOut(step: ReloadStep, next: Desired): Promise<void> {
-    const subs = this.subs!;
-    switch (step.op) {
-      case 'pools':
-        subs.reconfigure(next);
-        return;
-      case 'source-settings':
-        subs.reconfigure(next);
-        for (const rt of this.runtimes.values()) rt.source?.reconfigure?.({ arp: next.arp, dhcp: next.dhcp });
-        return;
-      case 'proxy-settings':
-        subs.dataplane.reconfigure?.(next.proxy);
-        return;
-      case 'backend-vips':
-        await this.applyBackendVips(next.backend.vips);
-        return;
-      case 'metrics-listen':
-        await this.metricsServer?.stop().catch((e) => this.log.error({ op: 'reload', err: errorMessage(e) }, 'stopping the old metrics endpoint failed'));
-        this.metricsServer = undefined;
-        this.metricsBound = undefined;
-        if (step.listen !== '') await this.startMetrics(step.listen);
-        return;
-      case 'remove': {
-        const rt = this.runtimes.get(step.key);
-        this.runtimes.delete(step.key);
-        if (rt) this.metrics?.serviceRemoved(rt.spec.name, rt.spec.namespace);
-        if (rt) await rt.gate; // a VRRP start/stop in flight finishes first
-        if (rt?.source) await rt.source.stop({ release: true }).catch((e) => this.log.error({ op: 'reload', service: step.key, err: errorMessage(e) }, 'release failed'));
-        return;
-      }
-      case 'restart-source': {
-        const rt = this.runtimes.get(step.key);
-        if (rt) {
-          await rt.gate;
-          if (rt.source) await rt.source.stop({ release: step.release }).catch((e) => this.log.error({ op: 'reload', service: step.key, err: errorMessage(e) }, 'stopping the old address source failed'));
-        }
-        this.runtimes.delete(step.key);
-        this.addService(step.spec);
-        return;
-      }
-      case 'update': {
-        const rt = this.runtimes.get(step.key);
-        if (rt) { rt.spec = step.spec; rt.startedAt = this.clock.wallNow(); }
-        return;
-      }
-      case 'add':
-        this.addService(step.spec);
-        return;
-    }
-  }
-
-  private async startMetrics(listen: string): Promise<void> {
-    const l = parseListen(listen)!;
-    await this.bindMetrics(l.host, l.port);
-  }
-
-  private async bindMetrics(host: string, port: number): Promise<void> {
-    const server = new (lateModules().MetricsServer)({ host, port, registry: this.registry!, readiness: () => this.readiness(), log: this.log });
-    await server.start();
-    this.metricsServer = server;
-    this.metricsBound = { host, port };
-  }
-
-  /**
-   * The metrics endpoint bound to the parent's own address moves with it: a
-   * scraper that follows the VM's address (DHCP on the parent, an operator's
-   * re-addressing) finds it there. A wildcard or another address stays.
-   */
-  private async followParentAddress(before: string | undefined, after: string | undefined): Promise<void> {
-    const bound = this.metricsBound;
-    if (!bound || before === undefined || after === undefined || bound.host !== before || after === before || this.stopping) return;
-    const moving = this.metricsServer;
-    this.metricsServer = undefined;
-    this.metricsBound = undefined;
-    await moving?.stop().catch(() => undefined);
-    try {
-      await this.bindMetrics(after, bound.port);
-      this.log.warn({ op: 'metrics', from: before, to: after, port: bound.port }, `metrics endpoint moved to ${after}:${bound.port} with the parent's address`);
-    } catch (e) {
-      this.log.error({ op: 'metrics', address: after, port: bound.port, err: errorMessage(e) }, 'the metrics endpoint could not follow the parent\'s address');
-    }
+    return this.reloader.reload();
   }
 
   /**
@@ -861,11 +492,12 @@ export class Daemon extends EventEmitter {
   async stop(opts: { keep?: boolean; linger?: Promise<unknown> } = {}): Promise<void> {
     if (this.stopping) return;
     this.stopping = true;
+    this.statusText.changed();
     this.opts.notify?.('STOPPING=1');
     this.drift?.stop();
     this.tuning.stopping();
     // A reload in flight finishes its current step (each checks `stopping`) before anything is withdrawn.
-    if (this.reloading) await this.reloading.catch(() => undefined);
+    if (this.reloader.inFlight) await this.reloader.inFlight.catch(() => undefined);
     const step = async (what: string, fn: () => unknown): Promise<void> => {
       try { await fn(); } catch (e) { this.log.error({ op: 'stop', step: what, err: errorMessage(e) }, `stop: ${what} failed`); }
     };
@@ -878,18 +510,14 @@ export class Daemon extends EventEmitter {
     if (opts.keep && !keep && this.subs?.failover) this.log.info({ op: 'stop' }, 'VRRP: a stop hands the VIPs over to another node (not kept)');
     if (keep && this.subs) {
       const subs = this.subs;
-      await Promise.all([...this.runtimes.values()].map((rt) => step(`service ${rt.spec.key}`, async () => {
-        await rt.gate;
-        await rt.source?.stop({ release: false, keep: true });
-      })));
+      await this.services.stopSources({ release: false, keep: true }, step);
       await step('health', () => subs.health.stop());
       if (opts.linger) {
         // A hand-over (a successor's --replace): the successor may start
         // now - lock, metrics port and control socket are free, the sources
         // stopped - while the proxy goes on accepting on the sockets both
         // processes hold, until the successor serves from them.
-        await step('metrics', () => this.metricsServer?.stop());
-        this.metricsServer = undefined;
+        await step('metrics', () => this.metricsEndpoint.stop());
         this.lock?.release();
         this.log.info({ op: 'stop' }, 'handing over: the successor may start; still accepting until it serves');
         await opts.linger;
@@ -899,12 +527,7 @@ export class Daemon extends EventEmitter {
       await step('subsystems', () => subs.close());
     } else if (this.subs) {
       const subs = this.subs;
-      const stopSources = async (): Promise<void> => {
-        await Promise.all([...this.runtimes.values()].map((rt) => step(`service ${rt.spec.key}`, async () => {
-          await rt.gate;
-          await rt.source?.stop({ release: false });
-        })));
-      };
+      const stopSources = (): Promise<void> => this.services.stopSources({ release: false }, step);
       if (subs.failover) {
         // Withdraw the VIPs first, then resign with priority 0: the Backup
         // that takes over after Skew_Time probes each VIP (RFC 5227) and
@@ -920,104 +543,23 @@ export class Daemon extends EventEmitter {
       await step('backend VIPs', () => subs.backend.withdraw());
       await step('subsystems', () => subs.close());
     }
-    await step('metrics', () => this.metricsServer?.stop());
+    await step('metrics', () => this.metricsEndpoint.stop());
     this.lock?.release();
     this.log.info({ op: 'stop', keep }, keep ? 'lb-agent stopped; VIPs, links and forwarding left serving for the next start' : 'lb-agent stopped');
     // A start that never settled (a VIP never came) has not written it yet; after the lock, off the next start's path.
     this.tuning.saveCodeCache();
   }
 
-
   readiness(): Readiness {
-    const notReady = this.serviceStatuses().filter((s) => !s.ready).map((s) => `${s.key}: ${s.reason ?? s.state}`);
-    return { ready: notReady.length === 0 && !this.stopping && this.started, notReady };
+    return this.view.readiness();
   }
 
   serviceStatuses(): ServiceStatus[] {
-    const subs = this.subs;
-    if (!this.started || !subs) return this.startingStatuses();
-    return [...this.runtimes.values()].map((rt) => {
-      const spec = rt.spec;
-      const primaryKey = spec.primaryService ?? spec.key;
-      const { src, failover, topology, healthyCount, vip, state, reason, ready } = this.serviceState(rt, subs);
-      return {
-        key: spec.key, name: spec.name, namespace: spec.namespace, ipam: spec.ipam,
-        primaryService: spec.primaryService, vip: vip ?? src?.vip?.address, interface: src?.ifname,
-        // A pool VIP answers ARP with the parent's MAC; an adopted one is served before its source has read the parent.
-        mac: src?.mac ?? (spec.ipam === 'pool' ? subs.parent.mac : undefined),
-        state, reason, ready, startedAt: rt.startedAt,
-        adopted: this.runtimes.get(primaryKey)?.adopted ?? false, interruptions: this.runtimes.get(primaryKey)?.interruptions ?? 0,
-        lastInterruption: this.runtimes.get(primaryKey)?.lastInterruption,
-        ports: portsText(spec),
-        source: src ? { state: src.state, reason: src.reason, ...src.details } : undefined,
-        failover,
-        healthyBackends: healthyCount,
-        backends: subs.health.status(spec.key),
-        sourceIP: spec.sourceIP,
-        ...familyStatus(spec),
-        topology: { policy: spec.topology, zone: this.zone.current.zone, set: topology.set, reason: topology.reason, detail: topology.detail, inUse: topology.backends.map((b) => b.address) },
-      };
-    });
-  }
-
-  /** A started service's verdict (status.ts serviceVerdict), and what it was decided from: serviceStatuses and notifyStatus. */
-  private serviceState(rt: ServiceRuntime, subs: Subsystems): Verdict & { src: SourceStatus | undefined; failover: Record<string, unknown> | undefined; topology: TopologySelection; healthyCount: number; vip: string | undefined } {
-    const spec = rt.spec;
-    const primaryKey = spec.primaryService ?? spec.key;
-    const src = this.runtimes.get(primaryKey)?.source?.status();
-    const topology = this.topologyOf(spec);
-    const failover = subs.failover?.status(primaryKey);
-    const vip = this.vipOf(spec);
-    const healthyCount = subs.health.healthy(spec.key).length;
-    const verdict = serviceVerdict({
-      spec, holds: this.holds(primaryKey), failover, vip, src, healthyCount, topology,
-      applied: this.applies.serves(spec.key), damage: this.drift?.damage(primaryKey),
-    });
-    return { ...verdict, src, failover, topology, healthyCount, vip };
-  }
-
-  /** Before the first reconcile: every configured service, "starting", nothing claimed yet. */
-  private startingStatuses(): ServiceStatus[] {
-    const reason = this.stopping ? 'the agent stopped while starting' : 'the agent is starting: address sources, health checks and forwarding are being set up';
-    return (this.config?.services ?? []).map((spec) => startingStatus(spec, reason, this.configLoadedAt));
+    return this.view.serviceStatuses();
   }
 
   statusDocument(): StatusDocument {
-    const c = this.config!;
-    return {
-      version: VERSION,
-      pid: process.pid,
-      node: {
-        name: c.node.name, interface: this.subs?.parent.name, address: this.parentAddress ?? this.subs?.parent.address, priority: c.node.priority,
-        zone: this.zone.current.zone, region: this.zone.current.region, zoneFrom: this.zone.current.zoneFrom, labelsProblem: this.zone.current.problem,
-      },
-      config: { path: this.opts.configPath, loadedAt: isoTime(this.configLoadedAt), generation: this.generation, lastReload: this.lastReload },
-      dataplane: this.subs ? {
-        kind: this.subs.dataplane.kind, reason: this.subs.dataplane.reason,
-        ...(this.subs.dataplane.placement ? { placement: this.subs.dataplane.placement } : {}),
-        ...dsrEngineOf(this.subs.dataplane),
-      } : undefined,
-      failover: { mode: c.failover.mode },
-      ready: this.readiness().ready,
-      services: this.serviceStatuses(),
-      backend: this.subs?.backend.status(),
-      events: this.events.list(),
-      drift: this.drift?.status(),
-    };
-  }
-
-  private handleControl(op: string, req: Readonly<Record<string, unknown>>): unknown {
-    if (op === 'status') return this.statusDocument();
-    if (op === 'ping') return 'pong';
-    if (op === 'reload') return (this.opts.reload ?? (() => this.reload()))();
-    if (op === 'handover') {
-      if (!this.started) throw new Error('this agent is still starting; try again once `lb-agent status` shows it started');
-      if (!this.opts.onHandover) throw new Error('this agent hands nothing over: it runs under systemd, whose fd store keeps the listening sockets across `systemctl restart`');
-      if (this.stopping) throw new Error('this agent is already stopping');
-      if (typeof req.path !== 'string' || !req.path.startsWith('/')) throw new Error('handover needs "path", the absolute path of the successor\'s unix datagram socket');
-      return this.opts.onHandover(req.path);
-    }
-    throw new Error(`unknown op ${JSON.stringify(op)} (known: status, ping, reload, handover)`);
+    return this.view.statusDocument();
   }
 
   /**
@@ -1026,31 +568,17 @@ export class Daemon extends EventEmitter {
    * many services binding in one turn send one line, not one each.
    */
   private notifyStatusSoon(): void {
+    this.statusText.changed();
     if (!this.opts.notify || this.statusNotice !== undefined) return;
     this.statusNotice = setImmediate(() => { this.statusNotice = undefined; this.notifyStatus(); });
   }
 
   private notifyStatus(): void {
+    this.statusText.changed();
     if (this.statusNotice !== undefined) { clearImmediate(this.statusNotice); this.statusNotice = undefined; }
-    const subs = this.subs;
-    if (!this.opts.notify || !subs) return;
-    // The counts only: not serviceStatuses(), which builds every service's
-    // whole document (its source's details, its backends) for each line.
-    let services = 0, serving = 0, ready = 0;
-    const vips = new Set<string>();
-    if (!this.started) services = this.config?.services.length ?? 0;
-    else {
-      for (const rt of this.runtimes.values()) {
-        const st = this.serviceState(rt, subs);
-        services++;
-        if (st.ready) ready++;
-        if (st.state !== 'serving') continue;
-        serving++;
-        const vip = st.vip ?? st.src?.vip?.address;
-        if (vip) vips.add(vip);
-      }
-    }
-    this.opts.notify(`STATUS=${vips.size} VIP${vips.size === 1 ? '' : 's'} served; ${services} services, ${serving} serving, ${ready} ready; dataplane ${subs.dataplane.kind}`);
+    if (!this.opts.notify) return;
+    const line = this.view.statusLine();
+    if (line !== undefined) this.opts.notify(line);
   }
 }
 

@@ -6,6 +6,7 @@
 // Level-triggered (controller-runtime's reconcilers, Calico Felix's
 // refresh): every notification and every resync runs the same comparison,
 // so a lost notification costs one resync period, never a wrong state.
+import { isOwnedLink } from '../net/ownership/ownership';
 import type { IfSysctlKey, VipRole } from '../net/sysctl/sysctl';
 import type { SourceDamage } from '../source';
 
@@ -37,18 +38,38 @@ export interface KernelSnapshot {
   readonly tablesChanged: ReadonlyMap<string, string>;
   /** Sysctls the agent set, with the value it wants and the value read now. */
   readonly sysctls: readonly { readonly ifname: string; readonly key: IfSysctlKey; readonly role: VipRole; readonly want: number; readonly got: number | undefined }[];
+  /** Addresses on the parent that carry the agent's mark ("address/prefix"). */
+  readonly marked?: ReadonlySet<string> | undefined;
 }
 
-export type DriftKind = 'address' | 'link' | 'link-down' | 'table' | 'sysctl' | 'forwarding';
+/**
+ * What the agent may have in the kernel besides the held VIPs: the macvlans
+ * of its configured DHCP services (whatever their state) and the pool
+ * addresses a configured service holds, claims or is about to use. An agent
+ * link or marked address outside it is a leftover.
+ */
+export interface Wanted {
+  readonly links: ReadonlySet<string>;
+  readonly addresses: ReadonlySet<string>;
+}
+
+/** How a leftover goes. */
+export type Removal =
+  | { readonly link: number }
+  | { readonly ifindex: number; readonly address: string; readonly prefix: number };
+
+export type DriftKind = 'address' | 'link' | 'link-down' | 'table' | 'sysctl' | 'forwarding' | 'leftover';
 /** Every kind, for metrics that list each from the start. */
-export const DRIFT_KINDS: readonly DriftKind[] = ['address', 'link', 'link-down', 'table', 'sysctl', 'forwarding'];
+export const DRIFT_KINDS: readonly DriftKind[] = ['address', 'link', 'link-down', 'table', 'sysctl', 'forwarding', 'leftover'];
 
 export type Drift =
   | { readonly kind: SourceDamage; readonly key: string; readonly subject: string; readonly found: string }
   | { readonly kind: 'table'; readonly subject: string; readonly found: string }
   | { readonly kind: 'sysctl'; readonly subject: string; readonly ifname: string; readonly role: VipRole; readonly found: string }
   /** net.ipv4.ip_forward, which the kernel path keeps itself (forward/nft.ts keepForwarding). */
-  | { readonly kind: 'forwarding'; readonly subject: string; readonly found: string };
+  | { readonly kind: 'forwarding'; readonly subject: string; readonly found: string }
+  /** An agent link or marked address that nothing configured wants (a reload's removal cut short, a copy of the agent's address put back by hand). */
+  | { readonly kind: 'leftover'; readonly subject: string; readonly found: string; readonly remove: Removal };
 
 /**
  * What differs between what the agent holds and the kernel. Pure. A DHCP
@@ -57,7 +78,7 @@ export type Drift =
  * address is checked too; a pool VIP's parent is not the agent's, so only
  * the address counts there.
  */
-export function planDrift(held: readonly HeldVip[], k: KernelSnapshot): Drift[] {
+export function planDrift(held: readonly HeldVip[], k: KernelSnapshot, wanted?: Wanted, parent?: { readonly index: number; readonly name: string }): Drift[] {
   const out: Drift[] = [];
   for (const v of held) {
     const cidr = `${v.address}/${v.prefix}`;
@@ -90,6 +111,46 @@ export function planDrift(held: readonly HeldVip[], k: KernelSnapshot): Drift[] 
     w.found.push(`net.ipv4.conf.${s.ifname}.${s.key} is ${s.got}, the agent needs ${s.want}`);
   }
   for (const [ifname, w] of wrong) out.push({ kind: 'sysctl', subject: `net.ipv4.conf.${ifname}`, ifname, role: w.role, found: `${w.found.join('; ')} (ARP flux)` });
+  if (wanted) out.push(...planLeftovers(held, k, wanted, parent));
+  return out;
+}
+
+/**
+ * The agent's own objects nothing wants: a macvlan with the agent's name
+ * and MAC marks that no configured DHCP service has, an address with the
+ * agent's mark on the parent that no held VIP or configured claim explains.
+ * The same test the start's adoption applies (daemon/wiring.ts adoptOwned),
+ * so what a start would remove is removed while running too. Objects
+ * without both marks are never touched.
+ */
+export function planLeftovers(held: readonly HeldVip[], k: KernelSnapshot, wanted: Wanted, parent?: { readonly index: number; readonly name: string }): Drift[] {
+  const out: Drift[] = [];
+  const heldLinks = new Set(held.flatMap((v) => (v.link ? [v.link.name] : [])));
+  for (const l of k.links.values()) {
+    if (!isOwnedLink(l) || wanted.links.has(l.name) || heldLinks.has(l.name)) continue;
+    out.push({ kind: 'leftover', subject: `link ${l.name}`, found: `agent macvlan ${l.name} (${l.mac}) belongs to no configured service`, remove: { link: l.index } });
+  }
+  if (parent && k.marked) {
+    const explained = new Set([...wanted.addresses, ...held.filter((v) => v.ifindex === parent.index).map((v) => v.address)]);
+    for (const a of strayMarkedAddresses(k.marked, explained)) {
+      out.push({ kind: 'leftover', subject: `address ${a.cidr}`, found: `address ${a.cidr} on ${parent.name} carries the agent's mark and no service holds or claims it`, remove: { ifindex: parent.index, address: a.address, prefix: a.prefix } });
+    }
+  }
+  return out;
+}
+
+/**
+ * The marked addresses ("address/prefix") on the parent that no explained
+ * address accounts for: what the start's adoption and the drift guard both
+ * remove.
+ */
+export function strayMarkedAddresses(marked: Iterable<string>, explained: ReadonlySet<string>): Array<{ cidr: string; address: string; prefix: number }> {
+  const out: Array<{ cidr: string; address: string; prefix: number }> = [];
+  for (const cidr of marked) {
+    const slash = cidr.indexOf('/');
+    const address = cidr.slice(0, slash);
+    if (!explained.has(address)) out.push({ cidr, address, prefix: Number(cidr.slice(slash + 1)) });
+  }
   return out;
 }
 

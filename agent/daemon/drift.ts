@@ -22,7 +22,7 @@ import { applyVipSysctls, readIfSysctl, vipSysctls, type VipRole } from '../net/
 import type { SourceDamage } from '../source';
 import {
   DEFAULT_FIGHT, DRIFT_KINDS, FightTracker, driftSubject, planDrift,
-  type Drift, type DriftKind, type FightConfig, type HeldVip, type KernelSnapshot, type ObservedLink,
+  type Drift, type DriftKind, type FightConfig, type HeldVip, type KernelSnapshot, type ObservedLink, type Wanted,
 } from './drift-plan';
 
 /** The data path's part: its tables (kernel path only). */
@@ -38,7 +38,7 @@ export interface TableOwner {
 }
 
 export interface DriftGuardOptions {
-  readonly netlink: Pick<NetlinkClient, 'listLinks' | 'listAddresses' | 'watch'>;
+  readonly netlink: Pick<NetlinkClient, 'listLinks' | 'listAddresses' | 'watch' | 'deleteLink' | 'removeAddress'>;
   /** Opens the nftables watch (kernel path); undefined: no tables to keep. */
   readonly nftWatch?: (() => NftWatcher) | undefined;
   readonly tables?: TableOwner | undefined;
@@ -46,6 +46,11 @@ export interface DriftGuardOptions {
   readonly parent: { readonly name: string; readonly index: number };
   /** The VIPs held now (read at every check: never a copy). */
   held(): HeldVip[];
+  /**
+   * The links and pool addresses the configuration in force accounts for
+   * (read at every check). Absent, or undefined: leftovers are not looked for.
+   */
+  wanted?(): Wanted | undefined;
   /** Has the service's source put back what it lost; what it did, or undefined when nothing was done. */
   repairSource(key: string, damage: SourceDamage): Promise<string | undefined>;
   /** A repair, or a back-off, happened: for the status events. */
@@ -96,6 +101,13 @@ const SYSCTL_POLL_MS = 250;
 /** A repair that did not take is tried again this much later (ms). */
 const RETRY_MS = 1000;
 
+/**
+ * A leftover is removed only once it has been one for this long (ms): a
+ * source that is adding its address or link, or a reload that is removing
+ * a service, is never raced.
+ */
+const LEFTOVER_GRACE_MS = 2000;
+
 /** The ip_forward sysctl's subject (the data path keeps it). */
 const FORWARDING = 'net.ipv4.ip_forward';
 
@@ -107,6 +119,10 @@ export class DriftGuard {
   private readonly links = new Map<string, ObservedLink>();
   private readonly linkNames = new Map<number, string>();
   private readonly addresses = new Map<number, Set<string>>();
+  /** Addresses with the agent's mark on the parent ("address/prefix"). */
+  private readonly marked = new Set<string>();
+  /** When each leftover was first seen, by subject. */
+  private readonly leftoverSince = new Map<string, number>();
   /** Owned tables others changed since they were last written, with what they did. */
   private readonly tablesChanged = new Map<string, string>();
   private watch: NetlinkWatcher | undefined;
@@ -214,8 +230,12 @@ export class DriftGuard {
     this.links.clear();
     this.linkNames.clear();
     this.addresses.clear();
+    this.marked.clear();
     for (const l of links) this.noteLink(l);
-    for (const a of addrs) this.addressSet(a.index).add(`${a.address}/${a.prefix}`);
+    for (const a of addrs) {
+      this.addressSet(a.index).add(`${a.address}/${a.prefix}`);
+      if (this.isMarked(a)) this.marked.add(`${a.address}/${a.prefix}`);
+    }
     this.lastResync = this.clock.wallNow();
   }
 
@@ -247,9 +267,15 @@ export class DriftGuard {
     const cidr = `${a.address}/${a.prefix}`;
     if (type === 'new') this.addressSet(a.index).add(cidr);
     else this.addresses.get(a.index)?.delete(cidr);
+    if (type === 'new' && this.isMarked(a)) this.marked.add(cidr);
+    else if (a.index === this.opts.parent.index) this.marked.delete(cidr);
     // The parent's primary is IPv4 (VRRP's source, status): its IPv6 addresses (link-local, SLAAC) do not move it.
     if (a.index === this.opts.parent.index && a.proto !== OWNED_ADDRESS_PROTO && !a.address.includes(':')) this.followParent();
     this.requestCheck();
+  }
+
+  private isMarked(a: AddressInfo): boolean {
+    return a.index === this.opts.parent.index && a.proto === OWNED_ADDRESS_PROTO;
   }
 
   private onCommit(c: NftCommit): void {
@@ -342,8 +368,9 @@ export class DriftGuard {
     const snapshot: KernelSnapshot = {
       links: this.links, addresses: this.addresses, tablesChanged: this.tablesChanged,
       sysctls: await this.readSysctls(held, full),
+      marked: this.marked,
     };
-    const drifts = planDrift(held, snapshot);
+    const drifts = this.ripeLeftovers(planDrift(held, snapshot, this.opts.wanted?.(), this.opts.parent));
     const forwarding = await this.opts.tables?.keepForwarding().catch((err: unknown) => {
       this.log.warn({ op: 'sysctl', err: errorMessage(err) }, `cannot set ${FORWARDING}=1`);
       return undefined;
@@ -351,6 +378,8 @@ export class DriftGuard {
     if (forwarding !== undefined) this.repaired({ kind: 'forwarding', subject: FORWARDING, found: `${FORWARDING} is ${forwarding}, the kernel path needs 1` }, `set ${FORWARDING}=1`);
     const still = new Map<string, Drift>();
     let wake = Infinity;
+    const ripening = this.leftoverWait();
+    if (ripening !== undefined) wake = ripening;
     for (const d of drifts) {
       if (this.stopped) return;
       const subject = driftSubject(d);
@@ -372,9 +401,48 @@ export class DriftGuard {
     if (wake < Infinity) this.requestCheck(wake);
   }
 
+  /**
+   * The drift list without the leftovers that have not been leftovers for
+   * LEFTOVER_GRACE_MS yet; a leftover that went away is forgotten.
+   */
+  private ripeLeftovers(drifts: Drift[]): Drift[] {
+    const now = this.clock.now();
+    const seen = new Set<string>();
+    const out = drifts.filter((d) => {
+      if (d.kind !== 'leftover') return true;
+      const subject = driftSubject(d);
+      seen.add(subject);
+      const since = this.leftoverSince.get(subject);
+      if (since === undefined) {
+        this.leftoverSince.set(subject, now);
+        this.log.debug({ op: 'check', subject, found: d.found }, `${d.found}: removed if still so in ${LEFTOVER_GRACE_MS} ms`);
+        return false;
+      }
+      return now - since >= LEFTOVER_GRACE_MS;
+    });
+    for (const s of [...this.leftoverSince.keys()]) if (!seen.has(s)) this.leftoverSince.delete(s);
+    return out;
+  }
+
+  /** The wait until the first leftover still in its grace is due (ms), if any. */
+  private leftoverWait(): number | undefined {
+    const now = this.clock.now();
+    let wait: number | undefined;
+    for (const since of this.leftoverSince.values()) {
+      const left = since + LEFTOVER_GRACE_MS - now;
+      if (left > 0) wait = Math.min(wait ?? Infinity, left);
+    }
+    return wait;
+  }
+
   private async repair(d: Drift): Promise<string | undefined> {
     try {
       switch (d.kind) {
+        case 'leftover': {
+          const r = d.remove;
+          if ('link' in r) return (await this.opts.netlink.deleteLink(r.link)) ? 'deleted it' : 'it was gone already';
+          return (await this.opts.netlink.removeAddress(r.ifindex, r.address, r.prefix)) ? 'removed it' : 'it was gone already';
+        }
         case 'table': {
           const written = await this.opts.tables?.repair();
           if (!written) return undefined;

@@ -1,7 +1,7 @@
 // What the Daemon uses only once its control socket is up: the
 // metric classes (prom-client), the metrics server, the reload planner, the
-// topology selection and the service MACs. daemon.ts loads this on first use
-// (lateModules()), so the modules behind it are not read and compiled
+// topology selection and the service MACs. The daemon loads this on first use
+// (late-load.ts lateModules()), so the modules behind it are not read and compiled
 // before `status` can answer; wiring.ts is loaded the same way by main.ts.
 export { Registry, Gauge, Counter, processMetrics } from '../metrics/prom';
 export { MetricsServer } from '../metrics/server';

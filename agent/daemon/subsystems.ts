@@ -80,7 +80,10 @@ export interface FailoverLike extends EventEmitter {
 }
 
 /** What the drift guard needs from the daemon: the held VIPs, the sources' repairs, and where to report. */
-export type KernelWatchHooks = Pick<import('./drift').DriftGuardOptions, 'held' | 'repairSource' | 'onRepair' | 'onParentAddress' | 'resyncMs'>;
+export type KernelWatchHooks = Pick<import('./drift').DriftGuardOptions, 'held' | 'repairSource' | 'onRepair' | 'onParentAddress' | 'resyncMs'> & {
+  /** The services of the configuration in force (read at every check): what they account for is not a leftover. */
+  readonly configured: () => readonly ServiceSpec[];
+};
 
 /** What the daemon hands buildSubsystems. */
 export interface SubsystemContext {

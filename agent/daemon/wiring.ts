@@ -21,6 +21,7 @@ import { selectDataplane, createDataplane, probeNftables, probeDsr, dsrUnavailab
 import { familyOf, formatIPv4 } from '../address';
 import { BackendVips } from '../net/host/dsr-backend';
 import type { Subsystems, ParentLink, DataplaneLike, SubsystemContext } from './subsystems';
+import { strayMarkedAddresses } from './drift-plan';
 
 // DHCP and VRRP load when a config uses them, not before (a pool service on
 // the kernel path never loads either); a reload that adds the
@@ -139,8 +140,23 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
           guard: { allowOtherSubnets: now.dhcp.allowOtherSubnets, servers: now.dhcp.servers },
         })
         : new PoolSource({ service: spec, parentIfname: parent.name, manager: pools, arp: now.arp, netlink, log, registry, clock, probe: !vrrp })),
-      watchKernel: (hooks) => new (driftModule().DriftGuard)({
+      watchKernel: ({ configured, ...hooks }) => new (driftModule().DriftGuard)({
         ...hooks, netlink, log, registry, clock,
+        wanted: () => {
+          const links = new Set<string>();
+          const addresses = new Set<string>();
+          for (const s of configured()) {
+            if (s.primaryService !== undefined) continue;
+            if (s.ipam === 'dhcp') links.add(linkNameForService(s.key));
+            else {
+              // Claims that cannot be read: nothing is taken for a leftover.
+              let claim: ReturnType<typeof pools.claimOf>;
+              try { claim = pools.claimOf(s.key); } catch { return undefined; }
+              if (claim) addresses.add(claim.address);
+            }
+          }
+          return { links, addresses };
+        },
         parent: { name: parent.name, index: parent.index },
         ...(dp.kind === 'kernel' ? { tables: dp as NftDataplane, nftWatch: () => new (nftWatchModule().NftWatcher)({ log }) } : {}),
       }),
@@ -180,10 +196,10 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
         // on the parent that no wanted claim explains is a leftover (a claim
         // lost to a crash, a reload that raced), withdrawn now.
         const wantedClaims = new Set(services.filter((s) => s.primaryService === undefined && s.ipam === 'pool').map((s) => pools.claimOf(s.key)?.address).filter((a): a is string => a !== undefined));
-        for (const a of [...await netlink.listAddresses(parent.index), ...await netlink.listAddresses(parent.index, 'IPv6')]) {
-          if (a.proto === OWNED_ADDRESS_PROTO && !wantedClaims.has(a.address) && await netlink.removeAddress(parent.index, a.address, a.prefix).catch(() => false)) {
-            removedAddrs.push(`${a.address}/${a.prefix} (marked as the agent's, no claim wants it)`);
-          }
+        const marked = [...await netlink.listAddresses(parent.index), ...await netlink.listAddresses(parent.index, 'IPv6')]
+          .filter((a) => a.proto === OWNED_ADDRESS_PROTO).map((a) => `${a.address}/${a.prefix}`);
+        for (const a of strayMarkedAddresses(marked, wantedClaims)) {
+          if (await netlink.removeAddress(parent.index, a.address, a.prefix).catch(() => false)) removedAddrs.push(`${a.cidr} (marked as the agent's, no claim wants it)`);
         }
         // With VRRP this node starts as Backup: a pool VIP an earlier run left
         // on the parent (a crash) would answer ARP for it - and refuse

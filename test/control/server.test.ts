@@ -5,7 +5,7 @@ import t from 'tap';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { ControlServer, ControlHandler, controlRequest } from '../../agent/control/server';
+import { ControlServer, ControlHandler, JsonText, controlRequest } from '../../agent/control/server';
 import { silentLogger } from '../../agent/log';
 
 // Two subtests wait out 5 s idle limits on their own sockets; nothing is
@@ -26,6 +26,12 @@ t.test('a plain answer and an answer that comes later', async (t) => {
   const socket = await serve(t, (op) => (op === 'ping' ? 'pong' : new Promise((r) => setTimeout(() => r({ ok: true, message: `${op} done` }), 100))));
   t.equal(await controlRequest(socket, 'ping'), 'pong');
   t.same(await controlRequest(socket, 'reload'), { ok: true, message: 'reload done' });
+});
+
+t.test('an answer already serialised is sent as it is', async (t) => {
+  const doc = new JsonText(JSON.stringify({ services: [{ name: 'web', vip: '10.99.0.200' }] }));
+  const socket = await serve(t, () => doc);
+  t.same(await controlRequest(socket, 'status'), { services: [{ name: 'web', vip: '10.99.0.200' }] });
 });
 
 t.test('a handler that throws or rejects is an error naming the op', async (t) => {

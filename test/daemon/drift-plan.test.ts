@@ -2,7 +2,7 @@
 // drift, from kernel snapshots, with no kernel; and the back-off that keeps
 // the agent from fighting another program.
 import t from 'tap';
-import { FightTracker, planDrift, driftSubject, type HeldVip, type KernelSnapshot, type ObservedLink } from '../../agent/daemon/drift-plan';
+import { FightTracker, planDrift, driftSubject, strayMarkedAddresses, type HeldVip, type KernelSnapshot, type ObservedLink } from '../../agent/daemon/drift-plan';
 
 const POOL: HeldVip = { key: 'default/api', address: '10.99.0.200', prefix: 32, ifindex: 2, ifname: 'eth0' };
 const DHCP: HeldVip = { key: 'default/web', address: '10.99.0.107', prefix: 32, ifindex: 9, ifname: 'lbv82b3ade9d00c', link: { name: 'lbv82b3ade9d00c', mac: '02:82:B3:AD:E9:D0' } };
@@ -101,4 +101,28 @@ t.test('the fight tracker: repairs are free up to the threshold, then wait, doub
   now += 61_000;
   t.equal(f.delay('table x', now), 0, 'a minute without repairs: free again');
   t.same(f.fights(now), []);
+});
+
+t.test('leftovers: an agent macvlan or marked parent address that nothing configured wants', async (t) => {
+  const PARENT = { index: 2, name: 'eth0' };
+  const STRAY: ObservedLink = { index: 14, name: 'lbv0123456789ab', mac: '02:01:23:45:67:89', up: true };
+  const OPERATOR: ObservedLink = { index: 15, name: 'lbv-operator', mac: '02:aa:bb:cc:dd:ee', up: true };
+  const NOT_OURS_MAC: ObservedLink = { index: 16, name: 'lbvfedcba987654', mac: 'aa:01:23:45:67:89', up: true };
+  const links = new Map([[ETH0.name, ETH0], [MACVLAN.name, MACVLAN], [STRAY.name, STRAY], [OPERATOR.name, OPERATOR], [NOT_OURS_MAC.name, NOT_OURS_MAC]]);
+  const marked = new Set(['10.99.0.200/32', '10.99.0.201/32', '10.99.0.202/32']);
+  const wanted = { links: new Set([MACVLAN.name]), addresses: new Set(['10.99.0.202']) };
+  const d = planDrift([POOL, DHCP], snapshot({ links, marked }), wanted, PARENT);
+  t.same(d.map((x) => [x.kind, driftSubject(x)]), [['leftover', 'leftover link lbv0123456789ab'], ['leftover', 'leftover address 10.99.0.201/32']],
+    'the stray agent link and the unexplained marked address; not the held VIP, the claimed address, a link without both marks');
+  t.same(d.map((x) => (x.kind === 'leftover' ? x.remove : undefined)), [{ link: 14 }, { ifindex: 2, address: '10.99.0.201', prefix: 32 }]);
+  t.match(d[0]!.found, /agent macvlan lbv0123456789ab \(02:01:23:45:67:89\) belongs to no configured service/);
+  t.match(d[1]!.found, /10.99.0.201\/32 on eth0 carries the agent's mark and no service holds or claims it/);
+  t.same(planDrift([POOL, DHCP], snapshot({ links, marked })), [], 'without what is wanted, nothing is a leftover');
+  t.same(planDrift([POOL], snapshot({ links: new Map([[ETH0.name, ETH0], [MACVLAN.name, MACVLAN]]), marked: new Set(['10.99.0.200/32']) }), { links: new Set(), addresses: new Set() }, PARENT)
+    .map((x) => x.subject), ['link lbv82b3ade9d00c'], 'a macvlan of a service the config dropped is a leftover; the held pool VIP is not');
+});
+
+t.test('strayMarkedAddresses: the start\'s adoption and the drift guard remove the same addresses', async (t) => {
+  t.same(strayMarkedAddresses(['10.99.0.200/32', '10.99.0.201/32'], new Set(['10.99.0.200'])), [{ cidr: '10.99.0.201/32', address: '10.99.0.201', prefix: 32 }]);
+  t.same(strayMarkedAddresses([], new Set()), []);
 });

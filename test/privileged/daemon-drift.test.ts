@@ -5,6 +5,7 @@
 // deleted, a sysctl reset - is repaired without a restart, the longest run
 // of failed requests stays under a bound, and status shows the repair.
 import * as fs from 'node:fs';
+import * as path from 'node:path';
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
 import { waitFor } from '../../lab/netns';
@@ -12,6 +13,7 @@ import { startAgent, waitStatus, type AgentHandle } from '../../lab/agent';
 import { buildContinuityLab, continuityConfig, type ContinuityLab } from '../../lab/continuity';
 import { ClientLoop, type ClientResult } from '../../lab/client-loop';
 import type { StatusDocument } from '../../agent/daemon/daemon';
+import { OWNED_ADDRESS_PROTO } from '../../agent/net/ownership/ownership';
 
 /** The longest run of consecutive failed requests, from the first failure's start to the next answer's end (ms). */
 function longestGap(results: readonly ClientResult[]): number {
@@ -66,6 +68,17 @@ function gapsPerDamage(results: readonly ClientResult[], marks: ReadonlyArray<re
   });
 }
 
+/**
+ * A shell command adding an address with the agent's ownership mark (this
+ * iproute2 cannot set an address's protocol): the agent's own netlink client.
+ */
+function markedAddressAdd(address: string, ifname: string): string {
+  const netlink = path.resolve(__dirname, '../../agent/net/netlink/netlink.js');
+  const js = `const { NetlinkClient } = require(${JSON.stringify(netlink)}); const n = new NetlinkClient();`
+    + ` n.findLink(${JSON.stringify(ifname)}).then((l) => n.addAddress(l.index, ${JSON.stringify(address)}, 32, { proto: ${OWNED_ADDRESS_PROTO} })).then(() => n.close());`;
+  return `node -e '${js}'`;
+}
+
 async function serving(cl: ContinuityLab, vip: string, port = 80): Promise<void> {
   await waitFor(`${vip} answers again`, async () => (await cl.lab.sh(cl.client, `curl -s -m 0.5 -o /dev/null -w '%{http_code}' http://${vip}:${port}/`).catch(() => ({ stdout: '' }))).stdout === '200', 10_000);
 }
@@ -93,6 +106,9 @@ t.test('every kind of damage to what the agent holds is repaired without a resta
     ['ip link del of the DHCP macvlan', `ip link del ${link}`, new RegExp(`${link} of default/web was deleted.*recreating ${link}`)],
     ['arp_ignore reset on the parent', 'sysctl -qw net.ipv4.conf.eth0.arp_ignore=0', /net.ipv4.conf.eth0.arp_ignore is 0.*set net.ipv4.conf.eth0.arp_ignore=1/],
     ['ip_forward turned off', 'sysctl -qw net.ipv4.ip_forward=0', /net.ipv4.ip_forward is 0.*set net.ipv4.ip_forward=1/],
+    // What a start would remove as left by an earlier run is removed while running too.
+    ['a stray agent macvlan', 'ip link add lbv0123456789ab link eth0 address 02:01:23:45:67:89 type macvlan mode bridge', /agent macvlan lbv0123456789ab \(02:01:23:45:67:89\) belongs to no configured service; deleted it/],
+    ['a marked address no service claims', markedAddressAdd('10.99.0.230', 'eth0'), /address 10.99.0.230\/32 on eth0 carries the agent's mark and no service holds or claims it; removed it/],
   ];
   const marks = await damageEach(t, cl, agent, damages, [web.vip!, api.vip!]);
   const after = await agent.status();
@@ -102,6 +118,8 @@ t.test('every kind of damage to what the agent holds is repaired without a resta
   t.ok(after.drift && after.drift.repairs.table >= 3 && after.drift.repairs.address >= 2 && after.drift.repairs.link >= 1, `repairs counted: ${JSON.stringify(after.drift?.repairs)}`);
   const links = (await cl.lab.sh(cl.node, 'ip -o link show')).stdout.split('\n').filter((l) => / lbv/.test(l));
   t.equal(links.length, 1, 'one service macvlan, no leftover');
+  t.notMatch((await cl.lab.sh(cl.node, 'ip -o addr show dev eth0')).stdout, /10\.99\.0\.230/, 'the unclaimed marked address is gone');
+  t.ok((after.drift?.repairs.leftover ?? 0) >= 2, 'leftovers counted');
   const metrics = (await cl.lab.sh(cl.node, 'curl -s -m 2 http://127.0.0.1:19477/metrics')).stdout;
   t.match(metrics, /lbagent_drift_repairs_total\{kind="table"\} [3-9]/, 'repairs in the metrics');
   const end = Date.now();

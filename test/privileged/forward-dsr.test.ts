@@ -15,7 +15,8 @@
 // back; a planned restart and a reload keep a 20 ms client loop served with
 // exactly one program attached; a reload that changes the weights moves no
 // open connection (the program's per-flow state); removing the DSR services
-// detaches it.
+// detaches it; the netdev table deleted by another program is written
+// again with the loop served.
 import t, { type Test } from 'tap';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
@@ -268,6 +269,22 @@ if (requirePrivileged(t)) {
       const afterReload = await attached(lab, node);
       t.equal(afterReload.length, 1, 'after the reload: one program');
       t.not(afterReload[0], beforeReload[0], 'a new program for the new plan replaced the old one');
+    });
+
+    await t.test('the netdev table deleted by another program is written again; the loop stays served', async (t) => {
+      const loop = clientLoop(cl, DSR_POOL);
+      await new Promise((r) => setTimeout(r, 300));
+      const at = Date.now();
+      await lab.exec(node, 'nft', ['delete', 'table', 'netdev', 'lb_agent']);
+      const ev = await waitFor('a drift-repaired event for the netdev table', async () => (await agent.status()).events
+        .find((e) => e.kind === 'drift-repaired' && Date.parse(e.at) >= at - 5 && /table netdev lb_agent: deleted/.test(e.reason)), 10_000);
+      t.match(ev.reason, /wrote the tables again in one transaction/, ev.reason);
+      t.equal((await lab.exec(node, 'nft', ['list', 'table', 'netdev', 'lb_agent'], { allowFail: true })).code, 0, 'the table is back');
+      await new Promise((r) => setTimeout(r, 300));
+      const r = await loop.stop();
+      t.ok(r.count >= 20, `the loop ran (${r.count} connections)`);
+      t.same(r.failures, {}, `no connection failed while the table was gone and written again (${r.count})`);
+      t.equal((await attached(lab, node)).length, 1, 'one program attached throughout');
     });
 
     await t.test('a reload that changes the weights moves no open connection: each flow stays where the program placed it', async (t) => {

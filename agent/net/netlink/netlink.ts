@@ -742,7 +742,10 @@ export function parseNotification(type: number, data: Buffer): ['link', LinkEven
     case RTM_DELADDR: {
       const msg = rt.parseMessage(type, data) as rt.AddressMessage;
       const address = addressInfoFromMessage(msg) ?? addressInfoFromMessage(msg, 'IPv6');
-      return address ? ['address', { type: type === RTM_NEWADDR ? 'new' : 'del', address }] : undefined;
+      if (!address) return undefined;
+      // The ownership mark, as listAddresses reads it (the package's parser drops IFA_PROTO).
+      const proto = addressProto(data);
+      return ['address', { type: type === RTM_NEWADDR ? 'new' : 'del', address: proto !== undefined ? { ...address, proto } : address }];
     }
     default:
       return undefined;

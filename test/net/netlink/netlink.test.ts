@@ -173,6 +173,8 @@ t.test('addressProto reads IFA_PROTO from a raw RTM_NEWADDR payload', async (t) 
   const ifaddrmsg = Buffer.from([2, 32, 0, 0, 5, 0, 0, 0]);
   const msg = Buffer.concat([ifaddrmsg, attr(1, Buffer.from([10, 1, 2, 3])), attr(3, Buffer.from('eth0\0')), attr(IFA_PROTO, Buffer.from([76])), attr(8, Buffer.alloc(4))]);
   t.equal(addressProto(msg), 76);
+  t.same(parseNotification(rt.MessageType.NEWADDR, msg), ['address', { type: 'new', address: { index: 5, address: '10.1.2.3', prefix: 32, label: 'eth0', proto: 76 } }],
+    'a notification carries the mark too: the drift guard tells the agent\'s addresses from others\' by it');
   t.equal(addressProto(Buffer.concat([ifaddrmsg, attr(1, Buffer.from([10, 1, 2, 3]))])), undefined, 'no mark');
   t.equal(addressProto(Buffer.concat([ifaddrmsg, Buffer.from([200, 0, 11, 0, 76])])), undefined, 'a truncated attribute is no mark, not a throw');
   t.equal(addressProto(Buffer.alloc(3)), undefined);
