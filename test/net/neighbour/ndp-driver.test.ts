@@ -79,6 +79,11 @@ t.test('held: burst from the link-local address with override, refresh, defence 
   sock.emit('frame', bad, { csumNotReady: false, pktType: 0 });
   t.equal(conflicts.length, 1, 'the malformed one changed nothing');
   t.match(await registry.getSingleMetricAsString('lbagent_net_frames_dropped_total'), /reason="bad-icmp-checksum"} 1/);
+  const sent = await registry.getSingleMetricAsString('lbagent_net_ndp_sent_total');
+  t.match(sent, /reason="burst"} 3/);
+  t.match(sent, /reason="refresh"} 1/);
+  t.match(sent, /reason="defend"} 1/);
+  t.match(await registry.getSingleMetricAsString('lbagent_net_ndp_conflicts_total'), /phase="defend"} 1/);
   owner.close();
   clock.advance(60_000);
   t.equal(sock.sent.length, 5, 'withdrawal sends nothing');
