@@ -6,7 +6,7 @@
 import type { StateStore } from '../state/store';
 import type { Logger } from '../log';
 import { LbError } from '../errors';
-import { parseIPv4 } from '../address';
+import { parseAddress } from '../address';
 import { isoTime } from '../clock';
 
 export const CLAIMS_FILE = 'pool-claims.json';
@@ -29,7 +29,7 @@ interface ClaimsDocument {
 function validClaim(v: unknown): v is PoolClaim {
   if (typeof v !== 'object' || v === null) return false;
   const c = v as Record<string, unknown>;
-  return typeof c.address === 'string' && parseIPv4(c.address) !== undefined
+  return typeof c.address === 'string' && parseAddress(c.address) !== undefined
     && typeof c.pool === 'string' && c.pool !== ''
     && typeof c.claimedAt === 'string';
 }

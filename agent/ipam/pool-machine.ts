@@ -79,7 +79,7 @@ export type PoolEvent =
   | { readonly type: 'stop'; readonly release: boolean }
   /** The manager asks to wait before the next reserve() (RFC 5227 §2.1.1 rate limit). */
   | { readonly type: 'rate-limited'; readonly delayMs: number }
-  /** reserve() answered; `onParent`: the address is on the parent as a /32 already. */
+  /** reserve() answered; `onParent`: the address is on the parent as a host address (/32, /128) already. */
   | { readonly type: 'allocation'; readonly result: AllocationResult; readonly onParent: boolean }
   | { readonly type: 'timer' }
   /** The manager changed (a claim released, pools reloaded). */
@@ -277,7 +277,7 @@ export function poolStep(s: PoolState, ev: PoolEvent, now: number, cfg: PoolMach
       const address = s.address!;
       actions.push(
         { type: 'up', address },
-        { type: 'log', log: { level: 'info', op: 'bound', msg: `holds ${address}/32${s.adopted ? ' (adopted from a previous run)' : ''}`, fields: { address, pool: s.pool, via: s.via, adopted: s.adopted, attempts: s.attempts } } },
+        { type: 'log', log: { level: 'info', op: 'bound', msg: `holds ${address}/${address.includes(':') ? 128 : 32}${s.adopted ? ' (adopted from a previous run)' : ''}`, fields: { address, pool: s.pool, via: s.via, adopted: s.adopted, attempts: s.attempts } } },
       );
       if (s.commitAfterHold) actions.push({ type: 'commit', address });
       return done({ ...s, phase: 'bound', source: 'bound', reason: undefined, attempts: 0, commitAfterHold: false }, 'bound');

@@ -79,3 +79,9 @@ t.test('a write error leaves memory unchanged and throws LB_ERR_STATE_WRITE', as
   t.throws(() => c.delete('a/b'), { code: 'LB_ERR_STATE_WRITE' });
   t.ok(c.get('a/b'), 'a failed release keeps the claim in memory');
 });
+
+t.test('an IPv6 claim survives a restart like an IPv4 one (a family service "ns/name@IPv6")', async (t) => {
+  const store = tmpStore(t);
+  new ClaimStore({ store }).set('default/web@IPv6', { address: 'fd00:99::201', pool: 'range-global' }, T0);
+  t.match(new ClaimStore({ store }).get('default/web@IPv6'), { address: 'fd00:99::201', pool: 'range-global' }, 'loaded, not dropped as malformed');
+});

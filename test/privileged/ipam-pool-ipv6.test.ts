@@ -7,7 +7,9 @@
 // advertisement for the VIP, the agent's defence puts it back. A
 // RequireDualStack service serves both VIPs, each to the backend of its own
 // family. PreferDualStack in a namespace without an IPv6 pool serves IPv4
-// and status says why.
+// and status says why. A SIGKILL and a new start adopt the IPv6 VIP and its
+// table with no failed request; `lb-agent check` names IPv6 disabled on the
+// parent with the fix.
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
 import { createLab, waitFor, type Lab } from '../../lab/netns';
@@ -59,7 +61,7 @@ if (requirePrivileged(t)) {
 
     const hc = { periodSeconds: 0.5, timeoutSeconds: 0.4 };
     const port = (p: number): Record<string, unknown>[] => [{ port: p, targetPort: 8080 }];
-    const agent = await startAgent(lab, node, {
+    const cfg = {
       node: { interface: 'eth0' },
       metrics: { listen: '' },
       dataplane: 'kernel',
@@ -71,7 +73,8 @@ if (requirePrivileged(t)) {
         { name: 'dual', ipFamilyPolicy: 'RequireDualStack', ports: port(81), backends: ['10.99.0.11', 'fd00:99::12'], healthCheck: hc },
         { name: 'legacy', namespace: 'legacy', ipFamilyPolicy: 'PreferDualStack', ports: port(82), backends: ['10.99.0.11'], healthCheck: hc },
       ],
-    }, { name: 'v6' });
+    };
+    const agent = await startAgent(lab, node, cfg, { name: 'v6' });
 
     const keys = ['default/web6@IPv6', 'default/dual', 'default/dual@IPv6', 'legacy/legacy'];
     const st = await waitStatus(agent, 'every family service serving', (s) => keys.every((k) => s.services.find((x) => x.key === k)?.ready), 30_000);
@@ -138,8 +141,24 @@ if (requirePrivileged(t)) {
     const now = await agent.status();
     t.match(now.services.find((s) => s.key === 'default/web6@IPv6'), { vip: vip6, state: 'serving', source: { defences: 1 } }, 'the VIP kept, one defence counted');
 
-    agent.signal('SIGTERM');
+    // Crash-only restart: the IPv6 VIP is adopted (no DAD of an address that never left) and the client sees nothing.
+    const loop2 = await ClientLoop.start(lab, client, `http://[${vip6}]:80/`, { intervalMs: 20, timeoutMs: 500 });
+    t.teardown(() => loop2.stop());
+    const killedAt = Date.now();
+    agent.signal('SIGKILL');
     await agent.exited;
+    const second = await startAgent(lab, node, cfg, { name: 'v6', stateDir: agent.stateDir });
+    const st2 = await waitStatus(second, 'the IPv6 VIP adopted and serving', (x) => x.services.find((y) => y.key === 'default/web6@IPv6')?.ready === true, 20_000);
+    t.match(st2.services.find((y) => y.key === 'default/web6@IPv6'), { vip: vip6, adopted: true }, 'the same IPv6 VIP, adopted');
+    t.notOk(second.logs.some((l) => l.op === 'dad' && l.address === vip6), 'no DAD of the held address');
+    t.ok(second.logs.some((l) => l.msg === 'nftables table lb_agent already matches the desired state; adopted as is'), 'both tables adopted as they were');
+    await new Promise((r) => setTimeout(r, 1000));
+    const restart = gapReport((await loop2.stop()).filter((r) => r.t >= killedAt), killedAt, ['b6']);
+    t.ok(restart.count >= 50, `the loop ran across the restart (${restart.count} requests)`);
+    t.equal(restart.failures.length, 0, 'no failed request across SIGKILL and start');
+
+    second.signal('SIGTERM');
+    await second.exited;
     t.notMatch((await lab.exec(node, 'ip', ['-6', 'addr', 'show', 'dev', 'eth0'])).stdout, /fd00:99::20/, 'a stop withdraws the IPv6 VIPs');
     t.equal((await lab.exec(node, 'nft', ['list', 'tables'])).stdout.includes('ip6 lb_agent'), false, 'and the IPv6 table');
 
