@@ -28,14 +28,17 @@
 // none; the path is logged at start and exported as
 // lbagent_health_probe_path_info. HTTP probes stay on Node's http client: an
 // HTTP check is a request and a response to parse, which the addon must not
-// do. Per probe the checker allocates no Promise, AbortController or closure
-// on the TCP path.
+// do. HTTPS probes run the same client over node:tls, each target with its
+// TLS settings made once (health/tls.ts: one SecureContext per distinct CA).
+// Every probe, whatever its type, holds one of the scheduler's maxInFlight
+// slots until it ends. Per probe the checker allocates no Promise,
+// AbortController or closure on the TCP path.
 import { EventEmitter } from 'node:events';
 import type { Registry } from 'prom-client';
 import { realClock, type Clock } from '../clock';
 import { silentLogger, type Logger } from '../log';
 import { errorMessage, localExhaustionCode } from '../errors';
-import type { BackendSpec, HealthCheckSpec, ServiceSpec } from '../config/types';
+import type { BackendSpec, CheckType, HealthCheckSpec, ServiceSpec, TlsCheckSpec } from '../config/types';
 import type { NativeAddon } from '../native/native';
 import {
   DEFAULT_HTTP_CHECK, defaultProbe, NodeTcpProber,
@@ -44,6 +47,7 @@ import {
 import { NativeTcpProber, type NativeTcpProberStats } from './native-probe';
 import { ProbeScheduler, type Run, type SchedulerStats, type Slot } from './scheduler';
 import { HealthMetrics, type BackendLabels, type ProbePath } from './metrics';
+import { TlsContexts } from './tls';
 import {
   initialHealth, isHealthy, step,
   type BackendHealth, type CheckPath, type FailureReason, type FailureRecord, type HealthEvent, type HealthState, type Thresholds,
@@ -116,12 +120,15 @@ interface MutableLastProbe { at: number; ok: boolean; durationMs: number; reason
 
 const PROBE_OK: HealthEvent = Object.freeze({ kind: 'probe-ok' });
 
+/** An https check without TLS settings (specs made by hand): no SNI, no verification. */
+const NO_TLS: TlsCheckSpec = Object.freeze({ sni: undefined, caFile: undefined, ca: undefined, caSha256: undefined });
+
 /** What a 'probe' event reports: one probe of one shared target, emitted after its result reached every subscriber. */
 export interface ProbeReport {
   readonly target: string;
   readonly address: string;
   readonly port: number;
-  readonly type: 'tcp' | 'http';
+  readonly type: CheckType;
   /** Services subscribed to the target. */
   readonly subscribers: number;
   readonly slot: Slot;
@@ -135,8 +142,10 @@ export interface ProbeReport {
  */
 interface Target extends TcpTarget {
   readonly key: string;
-  readonly type: 'tcp' | 'http';
+  readonly type: CheckType;
   readonly spec: ProbeTarget;
+  /** What spec.tls was acquired with (an https target), to release it when the target goes. */
+  readonly tlsSpec: TlsCheckSpec | undefined;
   /** Subscribers, in the order they came; an array, not a Set: one load fewer per probe. */
   readonly subs: Sub[];
   periodMs: number;
@@ -172,9 +181,12 @@ export interface HealthCheckerEvents {
 /** The probe target key: what makes two checks the same probe. */
 export function targetKey(hc: HealthCheckSpec, address: string): string {
   const base = `${hc.type}|${address}|${hc.port}${hc.proxyProtocol !== undefined ? `|proxy-${hc.proxyProtocol}` : ''}`;
-  if (hc.type !== 'http') return base;
+  if (hc.type === 'tcp') return base;
   const h = hc.http ?? DEFAULT_HTTP_CHECK;
-  return `${base}|${h.path}|${h.expectStatus[0]}-${h.expectStatus[1]}`;
+  const http = `${base}|${h.path}|${h.expectStatus[0]}-${h.expectStatus[1]}`;
+  if (hc.type === 'http') return http;
+  // A changed CA file (its content) or server name is another check: it starts over.
+  return `${http}|sni=${hc.tls?.sni ?? ''}|ca=${hc.tls?.caSha256 ?? ''}`;
 }
 
 export class HealthChecker extends EventEmitter<HealthCheckerEvents> {
@@ -190,7 +202,9 @@ export class HealthChecker extends EventEmitter<HealthCheckerEvents> {
   private tcp: TcpProber<Run<Target>> | undefined;
   private readonly onTcpOutcome: TcpOutcome<Run<Target>> = (run, ok, reason, detail, durationMs) => this.settle(run, ok, reason, detail, durationMs);
   /** Probes started, by path and type, for lbagent_health_probes_total. */
-  private readonly started = { native: { tcp: 0, http: 0 }, node: { tcp: 0, http: 0 }, injected: { tcp: 0, http: 0 } };
+  private readonly started = { native: { tcp: 0, http: 0, https: 0 }, node: { tcp: 0, http: 0, https: 0 }, injected: { tcp: 0, http: 0, https: 0 } };
+  /** The TLS contexts of the HTTPS targets, one per distinct CA. */
+  private readonly tls = new TlsContexts();
   private tcpPath: ProbePath | undefined;
   private readonly metrics: HealthMetrics;
   private readonly scheduler: ProbeScheduler<Target>;
@@ -211,9 +225,9 @@ export class HealthChecker extends EventEmitter<HealthCheckerEvents> {
     this.metrics = new HealthMetrics(opts.registry, {
       inFlight: () => this.scheduler.stats().inFlight,
       probes: () => {
-        const out: { path: ProbePath; type: 'tcp' | 'http'; count: number }[] = [];
+        const out: { path: ProbePath; type: CheckType; count: number }[] = [];
         for (const path of ['native', 'node', 'injected'] as const) {
-          for (const type of ['tcp', 'http'] as const) if (this.started[path][type] > 0) out.push({ path, type, count: this.started[path][type] });
+          for (const type of ['tcp', 'http', 'https'] as const) if (this.started[path][type] > 0) out.push({ path, type, count: this.started[path][type] });
         }
         return out;
       },
@@ -387,6 +401,11 @@ export class HealthChecker extends EventEmitter<HealthCheckerEvents> {
     return this.tcp instanceof NativeTcpProber ? this.tcp.stats() : undefined;
   }
 
+  /** TLS contexts alive (one per distinct CA of the HTTPS targets, one for those without), for tests and benches. */
+  tlsContexts(): number {
+    return this.tls.size;
+  }
+
   /** Scheduler counters, for benches and status. */
   schedulerStats(): SchedulerStats & { targets: number } {
     return { ...this.scheduler.stats(), targets: this.targets.size };
@@ -411,9 +430,11 @@ export class HealthChecker extends EventEmitter<HealthCheckerEvents> {
           addressNum: b.addressNum,
           port: hc.port,
           spec: {
-            address: b.address, port: hc.port, type: hc.type, http: hc.type === 'http' ? (hc.http ?? DEFAULT_HTTP_CHECK) : undefined,
+            address: b.address, port: hc.port, type: hc.type, http: hc.type !== 'tcp' ? (hc.http ?? DEFAULT_HTTP_CHECK) : undefined,
+            ...(hc.type === 'https' ? { tls: this.tls.acquire(hc.tls ?? NO_TLS) } : {}),
             ...(hc.proxyProtocol !== undefined ? { proxyProtocol: hc.proxyProtocol } : {}),
           },
+          tlsSpec: hc.type === 'https' ? (hc.tls ?? NO_TLS) : undefined,
           subs: [],
           periodMs: hc.periodSeconds * 1000,
           timeoutMs: hc.timeoutSeconds * 1000,
@@ -461,6 +482,7 @@ export class HealthChecker extends EventEmitter<HealthCheckerEvents> {
     if (t.subs.length === 0) {
       this.targets.delete(t.key);
       this.scheduler.remove(t.key);
+      if (t.tlsSpec) this.tls.release(t.tlsSpec);
       return;
     }
     let period = Infinity;

@@ -7,6 +7,7 @@
 // sockets), the fallback says so, and probes that find no descriptor
 // (EMFILE, in a child process) blame no backend.
 import t from 'tap';
+import * as fs from 'node:fs';
 import * as net from 'node:net';
 import * as path from 'node:path';
 import { spawn } from 'node:child_process';
@@ -366,6 +367,41 @@ t.test('target keys: same address/port/check share; http path and range are part
   t.not(targetKey(tcp, '10.0.0.1'), targetKey(healthCheck({ port: 80, proxyProtocol: 'v2' }), '10.0.0.1'));
   t.not(targetKey(healthCheck({ port: 80, proxyProtocol: 'v1' }), '10.0.0.1'), targetKey(healthCheck({ port: 80, proxyProtocol: 'v2' }), '10.0.0.1'));
 });
+
+t.test('target keys: an https check is its own probe; its server name and CA content are part of the key', async (t) => {
+  const tls = (sni: string | undefined, caSha256: string | undefined) => ({ sni, caFile: caSha256 && '/ca.pem', ca: caSha256 && 'PEM', caSha256 });
+  const https = (sni?: string, ca?: string) => healthCheck({ port: 443, type: 'https', http: { path: '/', expectStatus: [200, 399] }, tls: tls(sni, ca) });
+  const http = healthCheck({ port: 443, type: 'http', http: { path: '/', expectStatus: [200, 399] } });
+  t.not(targetKey(http, '10.0.0.1'), targetKey(https(), '10.0.0.1'), 'http and https on one port are two probes');
+  t.equal(targetKey(https('a.lab', 'aa'), '10.0.0.1'), targetKey(https('a.lab', 'aa'), '10.0.0.1'));
+  t.not(targetKey(https('a.lab', 'aa'), '10.0.0.1'), targetKey(https('b.lab', 'aa'), '10.0.0.1'), 'another server name');
+  t.not(targetKey(https('a.lab', 'aa'), '10.0.0.1'), targetKey(https('a.lab', 'bb'), '10.0.0.1'), 'a CA file whose content changed');
+  t.not(targetKey(https('a.lab', 'aa'), '10.0.0.1'), targetKey(https('a.lab'), '10.0.0.1'), 'verification turned off');
+});
+
+t.test('https targets share one TLS context per distinct CA, made once and dropped with the last target', async (t) => {
+  const { hc, calls, advance } = setup({ maxInFlight: 1000 });
+  const tls = (ca: string | undefined) => ({ sni: undefined, caFile: ca && `/${ca}.pem`, ca: ca && fakePem(ca), caSha256: ca });
+  const svc = (name: string, ca: string | undefined, n: number) => service({
+    name, backends: Array.from({ length: n }, (_, i) => `10.1.${name.length}.${i + 1}`),
+    healthCheck: { port: 443, type: 'https', http: { path: '/', expectStatus: [200, 399] }, tls: tls(ca) },
+  });
+  hc.update([svc('a', 'ca1', 200), svc('bb', 'ca1', 200), svc('ccc', 'ca2', 100), svc('dddd', undefined, 100)]);
+  t.equal(hc.tlsContexts(), 3, '600 targets, three contexts: ca1, ca2 and none');
+  hc.start();
+  await advance(1);
+  t.equal(calls.filter((c) => c.type === 'https').length, 600, 'every target probed');
+  hc.update([svc('a', 'ca1', 200), svc('dddd', undefined, 100)]);
+  t.equal(hc.tlsContexts(), 2, 'ca2 gone with its last target; ca1 kept by the targets left');
+  hc.update([]);
+  t.equal(hc.tlsContexts(), 0);
+  hc.stop();
+});
+
+/** A CA certificate the context accepts (a fixture of the config tests). */
+function fakePem(_name: string): string {
+  return fs.readFileSync(path.resolve(__dirname, '..', '..', '..', 'test', 'config', 'fixtures', 'ca.pem'), 'utf8');
+}
 
 /** A loopback listener (port 0) that reads and closes as a server would. */
 async function loopbackBackend(t: { teardown(fn: () => unknown): void }): Promise<{ port: number }> {
