@@ -31,7 +31,9 @@
 // do. HTTPS probes run the same client over node:tls, each target with its
 // TLS settings made once (health/tls.ts: one SecureContext per distinct CA).
 // Every probe, whatever its type, holds one of the scheduler's maxInFlight
-// slots until it ends. Per probe the checker allocates no Promise,
+// slots until it ends; HTTPS probes also wait for one of maxTlsInFlight
+// places before they start (their timer with them), as a handshake is CPU
+// on this thread. Per probe the checker allocates no Promise,
 // AbortController or closure on the TCP path.
 import { EventEmitter } from 'node:events';
 import type { Registry } from 'prom-client';
@@ -80,6 +82,14 @@ export interface HealthCheckerOptions {
    * (256 throttled 10,000 targets on a busy machine).
    */
   readonly maxInFlight?: number;
+  /**
+   * HTTPS probes running at once at most (default 64), within maxInFlight.
+   * A TLS handshake costs this thread a millisecond or two of CPU: 1,000
+   * started together would each wait for the others and time out together.
+   * Beyond the bound a probe waits for a place before its timer starts; 64
+   * keep a core busy even against backends tens of milliseconds away.
+   */
+  readonly maxTlsInFlight?: number;
   /** Scheduling jitter as a fraction of the period (default 0.05). */
   readonly jitter?: number;
   /**
@@ -119,6 +129,9 @@ export interface LastProbe { readonly at: number; readonly ok: boolean; readonly
 interface MutableLastProbe { at: number; ok: boolean; durationMs: number; reason: FailureReason | undefined }
 
 const PROBE_OK: HealthEvent = Object.freeze({ kind: 'probe-ok' });
+
+/** The token of an HTTPS run waiting for a place (HealthChecker.maxTlsInFlight). */
+const TLS_WAITING = Symbol('waiting for a TLS place');
 
 /** An https check without TLS settings (specs made by hand): no SNI, no verification. */
 const NO_TLS: TlsCheckSpec = Object.freeze({ sni: undefined, caFile: undefined, ca: undefined, caSha256: undefined });
@@ -205,6 +218,10 @@ export class HealthChecker extends EventEmitter<HealthCheckerEvents> {
   private readonly started = { native: { tcp: 0, http: 0, https: 0 }, node: { tcp: 0, http: 0, https: 0 }, injected: { tcp: 0, http: 0, https: 0 } };
   /** The TLS contexts of the HTTPS targets, one per distinct CA. */
   private readonly tls = new TlsContexts();
+  private readonly maxTlsInFlight: number;
+  /** HTTPS probes running, and runs waiting for one of the maxTlsInFlight places (in the order they came). */
+  private tlsInFlight = 0;
+  private readonly tlsWaiting: Run<Target>[] = [];
   private tcpPath: ProbePath | undefined;
   private readonly metrics: HealthMetrics;
   private readonly scheduler: ProbeScheduler<Target>;
@@ -222,6 +239,7 @@ export class HealthChecker extends EventEmitter<HealthCheckerEvents> {
     this.coalesceMs = opts.coalesceMs;
     this.tcpProber = opts.tcpProber;
     this.nativeAddon = opts.nativeAddon;
+    this.maxTlsInFlight = opts.maxTlsInFlight ?? 64;
     this.metrics = new HealthMetrics(opts.registry, {
       inFlight: () => this.scheduler.stats().inFlight,
       probes: () => {
@@ -518,8 +536,19 @@ export class HealthChecker extends EventEmitter<HealthCheckerEvents> {
       run.token = this.tcp.start(target, target.timeoutMs, run, run.started);
       return;
     }
-    // HTTP checks (Node's http client) and injected probes: a Promise each.
-    this.started[this.probe === undefined ? 'node' : 'injected'][type]++;
+    if (type === 'https') {
+      // A handshake is CPU on this thread: beyond the bound it waits its turn, its timer not yet started.
+      if (this.tlsInFlight >= this.maxTlsInFlight) { run.token = TLS_WAITING; this.tlsWaiting.push(run); return; }
+      this.tlsInFlight++;
+    }
+    this.startPromised(run);
+  }
+
+  /** HTTP and HTTPS checks (Node's http client) and injected probes: a Promise each. */
+  private startPromised(run: Run<Target>): void {
+    const target = run.data;
+    const tls = target.type === 'https';
+    this.started[this.probe === undefined ? 'node' : 'injected'][target.type]++;
     const ac = new AbortController();
     run.token = ac;
     let p: Promise<ProbeResult>;
@@ -529,9 +558,20 @@ export class HealthChecker extends EventEmitter<HealthCheckerEvents> {
       p = Promise.reject(err);
     }
     p.then(
-      (r) => (r.ok ? this.settle(run, true, undefined, r.detail, r.durationMs) : this.settle(run, false, r.reason, r.detail, r.durationMs)),
-      (err: unknown) => this.settle(run, false, 'error', errorMessage(err), 0),
+      (r) => { if (tls) this.tlsDone(); if (r.ok) this.settle(run, true, undefined, r.detail, r.durationMs); else this.settle(run, false, r.reason, r.detail, r.durationMs); },
+      (err: unknown) => { if (tls) this.tlsDone(); this.settle(run, false, 'error', errorMessage(err), 0); },
     );
+  }
+
+  /** An HTTPS probe ended (or was aborted): the next waiting one starts. */
+  private tlsDone(): void {
+    this.tlsInFlight--;
+    while (this.tlsInFlight < this.maxTlsInFlight && this.tlsWaiting.length > 0) {
+      const next = this.tlsWaiting.shift()!;
+      if (next.aborted) continue;
+      this.tlsInFlight++;
+      this.startPromised(next);
+    }
   }
 
   /** The scheduler abandoned a run (target removed, checker stopped): cancel its probe. */
@@ -539,6 +579,10 @@ export class HealthChecker extends EventEmitter<HealthCheckerEvents> {
     const token = run.token;
     if (typeof token === 'number') this.tcp?.cancel(token, run);
     else if (token instanceof AbortController) token.abort();
+    else if (token === TLS_WAITING) {
+      const i = this.tlsWaiting.indexOf(run);
+      if (i >= 0) this.tlsWaiting.splice(i, 1);
+    }
   }
 
   /** A probe's outcome: to every subscriber of its target, then the run is over. */

@@ -28,7 +28,25 @@ export interface TlsProbeSettings {
   readonly context: tls.SecureContext;
   /** Verify the chain against the context's CAs, and the name against servername when set. */
   readonly verify: boolean;
+  /** The target's TLS session, which its next probes resume; written by the probes. Undefined: every probe makes a full handshake. */
+  readonly resume?: TlsResumption | undefined;
 }
+
+/** A target's last TLS session, and when a full handshake (the certificate verified) last happened. */
+export interface TlsResumption {
+  session: Buffer | undefined;
+  /** performance.now() of the last full handshake. */
+  fullAt: number;
+}
+
+/**
+ * How long probes resume a session after a full handshake. A resumed
+ * handshake skips the certificate (its chain, its signature, its dates): the
+ * larger part of a check's CPU, which is why HAProxy's checks resume too. A
+ * full one comes at least this often, so a certificate that expires or is
+ * replaced by one that does not verify is seen within it.
+ */
+export const TLS_RESUME_MS = 60_000;
 
 export interface ProbeTarget {
   readonly address: string;
@@ -254,8 +272,9 @@ export function tlsFailure(err: unknown): { reason: FailureReason; detail: strin
  * One HTTP/1.1 GET over TLS; healthy when the status is inside the range.
  * TCP connect, then the PROXY protocol header when asked for (before TLS,
  * as a proxy sends it), then the handshake with the target's shared
- * context, then the request on that TLS socket. The one timer covers all
- * three; its detail names the phase it caught.
+ * context (resuming the target's session while it is younger than
+ * TLS_RESUME_MS), then the request on that TLS socket. The one timer covers
+ * all three; its detail names the phase it caught.
  */
 export const httpsProbe: Probe = (target, opts) => new Promise<ProbeResult>((resolve) => {
   let raw: net.Socket | undefined;
@@ -268,19 +287,27 @@ export const httpsProbe: Probe = (target, opts) => new Promise<ProbeResult>((res
   if (!settings) { v.fail('error', 'an https probe without TLS settings'); return; }
   raw = connectThen(target, v, (s) => {
     phase = 'handshake';
+    const r = settings.resume;
+    const session = r?.session !== undefined && performance.now() - r.fullAt < TLS_RESUME_MS ? r.session : undefined;
     const t = tls.connect({
       socket: s,
       secureContext: settings.context,
       rejectUnauthorized: settings.verify,
       ...(settings.servername !== undefined ? { servername: settings.servername } : { checkServerIdentity: ANY_NAME }),
+      ...(session !== undefined ? { session } : {}),
     });
     sec = t;
+    // TLS 1.3 tickets come after the handshake, on full and resumed connections alike.
+    if (r) t.on('session', (ticket: Buffer) => { r.session = ticket; });
     t.on('error', (err) => {
+      // A session whose handshake failed is not offered again.
+      if (r) r.session = undefined;
       if (v.done) return;
       const f = tlsFailure(err);
       v.fail(f.reason, f.detail);
     });
     t.once('secureConnect', () => {
+      if (r && !t.isSessionReused()) r.fullAt = performance.now();
       if (v.done) return;
       phase = 'response';
       req = httpGet(target, v, t);

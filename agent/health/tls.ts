@@ -3,7 +3,8 @@
 // one without a CA for checks that verify nothing. A context is made when
 // the first target needs it and dropped with the last one, never per probe:
 // building one parses the CA's certificates into an X509 store, which at
-// thousands of probes a second would be most of the check's cost.
+// thousands of probes a second would be most of the check's cost. Each
+// target also gets its own slot for the TLS session its probes resume.
 import * as tls from 'node:tls';
 import type { TlsCheckSpec } from '../config/types';
 import type { TlsProbeSettings } from './probe';
@@ -29,7 +30,8 @@ export class TlsContexts {
       this.byKey.set(key, e);
     }
     e.users++;
-    return { servername: spec.sni, context: e.context, verify: spec.ca !== undefined };
+    // A session of its own per target: a ticket names one server.
+    return { servername: spec.sni, context: e.context, verify: spec.ca !== undefined, resume: { session: undefined, fullAt: 0 } };
   }
 
   release(spec: TlsCheckSpec): void {

@@ -398,6 +398,31 @@ t.test('https targets share one TLS context per distinct CA, made once and dropp
   hc.stop();
 });
 
+t.test('https probes wait for one of maxTlsInFlight places; a waiting run whose target goes never starts', async (t) => {
+  const clock = new ManualClock(0);
+  const pending: { address: string; resolve: (r: ProbeResult) => void }[] = [];
+  const probe: Probe = (target) => new Promise<ProbeResult>((resolve) => pending.push({ address: target.address, resolve }));
+  const hc = new HealthChecker({ clock, registry: new Registry(), probe, jitter: 0, random: () => 0.5, maxInFlight: 64, maxTlsInFlight: 2 });
+  const https = (name: string, backends: string[]) => service({ name, backends, healthCheck: { port: 443, type: 'https', http: { path: '/', expectStatus: [200, 399] } } });
+  hc.update([https('a', ['10.0.0.1', '10.0.0.2', '10.0.0.3', '10.0.0.4']), service({ name: 'plain', backends: ['10.0.1.1', '10.0.1.2', '10.0.1.3'] })]);
+  hc.start();
+  clock.advance(1);
+  await flush();
+  const started = (): string[] => pending.map((p) => p.address);
+  t.same(started().filter((a) => a.startsWith('10.0.0.')), ['10.0.0.1', '10.0.0.2'], 'two https probes at once');
+  t.equal(started().filter((a) => a.startsWith('10.0.1.')).length, 3, 'tcp probes are not held back by them');
+  hc.update([https('a', ['10.0.0.1', '10.0.0.2', '10.0.0.4']), service({ name: 'plain', backends: ['10.0.1.1', '10.0.1.2', '10.0.1.3'] })]);
+  pending.find((p) => p.address === '10.0.0.1')!.resolve(OK);
+  await flush();
+  t.same(started().filter((a) => a.startsWith('10.0.0.')), ['10.0.0.1', '10.0.0.2', '10.0.0.4'], 'a place freed: the next waiting one starts; the removed one never');
+  pending.find((p) => p.address === '10.0.0.2')!.resolve(REFUSED);
+  pending.find((p) => p.address === '10.0.0.4')!.resolve(OK);
+  await flush();
+  t.same(hc.healthy('default/a').map((b) => b.address), ['10.0.0.1', '10.0.0.4']);
+  t.equal(pending.length, 6, 'nothing else started');
+  hc.stop();
+});
+
 /** A CA certificate the context accepts (a fixture of the config tests). */
 function fakePem(_name: string): string {
   return fs.readFileSync(path.resolve(__dirname, '..', '..', '..', 'test', 'config', 'fixtures', 'ca.pem'), 'utf8');

@@ -12,7 +12,7 @@ import * as http from 'node:http';
 import * as https from 'node:https';
 import * as tls from 'node:tls';
 import type { TLSSocket } from 'node:tls';
-import { tcpProbe, httpProbe, httpsProbe, defaultProbe, reasonOf, tlsFailure, httpsTimeoutDetail, type ProbeResult, type ProbeTarget } from '../../agent/health/probe';
+import { tcpProbe, httpProbe, httpsProbe, defaultProbe, reasonOf, tlsFailure, httpsTimeoutDetail, TLS_RESUME_MS, type ProbeResult, type ProbeTarget, type TlsResumption } from '../../agent/health/probe';
 import { createTestCa, type Leaf, type TestCa } from '../../lab/tls';
 import { parseProxyHeader, type ParsedProxyHeader } from '../../lab/proxy-protocol';
 import { listen, closedPort } from './loopback';
@@ -319,4 +319,34 @@ t.test('tlsFailure and the timeout text: pure', async (t) => {
   t.same(tlsFailure(new Error('odd')), { reason: 'error', detail: 'odd' });
   t.same(['connect', 'handshake', 'response'].map((p) => httpsTimeoutDetail(p as 'connect', 2000)),
     ['no connection within 2000 ms', 'TLS handshake timed out after 2000 ms', 'no response within 2000 ms']);
+});
+
+t.test('https: a target resumes its TLS session, and makes a full handshake again after TLS_RESUME_MS or a failure', async (t) => {
+  const ca = await testCa();
+  const leaf = await ca.issue('resume', { dns: ['web.lab'] });
+  const reused: boolean[] = [];
+  const server = https.createServer({ cert: fs.readFileSync(leaf.cert), key: fs.readFileSync(leaf.key) }, (req, res) => {
+    reused.push((req.socket as TLSSocket).isSessionReused());
+    res.end('ok');
+  });
+  const port = await listen(server);
+  t.teardown(() => server.close());
+  const base = httpsT(port, { ca: fs.readFileSync(ca.caFile, 'utf8'), sni: 'web.lab' });
+  const resume: TlsResumption = { session: undefined, fullAt: 0 };
+  const target: ProbeTarget = { ...base, tls: { ...base.tls!, resume } };
+  for (let i = 0; i < 3; i++) t.ok((await httpsProbe(target, { timeoutMs: 2000 })).ok);
+  t.same(reused, [false, true, true], 'the first probe makes a full handshake, the next ones resume');
+  resume.fullAt -= TLS_RESUME_MS;
+  t.ok((await httpsProbe(target, { timeoutMs: 2000 })).ok);
+  t.equal(reused.at(-1), false, 'after TLS_RESUME_MS a full handshake again: the certificate is verified again');
+  t.ok((await httpsProbe(target, { timeoutMs: 2000 })).ok);
+  t.equal(reused.at(-1), true);
+  const wrongName: ProbeTarget = { ...target, tls: { ...target.tls!, servername: 'other.lab' } };
+  resume.fullAt -= TLS_RESUME_MS;
+  const r = await httpsProbe(wrongName, { timeoutMs: 2000 });
+  t.same(r.ok ? 'ok' : r.reason, 'tls', 'a full handshake verifies');
+  t.equal(resume.session, undefined, 'a failed handshake drops the session');
+  const plain = await httpsProbe(base, { timeoutMs: 2000 });
+  t.ok(plain.ok);
+  t.equal(reused.at(-1), false, 'settings without a resumption slot never resume');
 });

@@ -19,6 +19,8 @@ t.test('one context per CA digest, shared, released with its last user', async (
   t.equal(a1.context, a2.context, 'shared by targets with the same CA');
   t.same([a1.servername, a2.servername, none.servername], ['x.lab', 'y.lab', undefined], 'the server name stays per target');
   t.same([a1.verify, none.verify], [true, false], 'verify exactly when a CA is given');
+  t.not(a1.resume, a2.resume, 'a TLS session slot per target, never shared');
+  t.same(a1.resume, { session: undefined, fullAt: 0 });
   t.equal(c.size, 3);
   c.release(spec('a'));
   t.equal(c.size, 3, 'one user of a left');
