@@ -5,7 +5,8 @@
 // file given by mistake is a config error at load and at reload, not a
 // backend that fails every probe. The loader keeps the PEM text and its
 // digest in the typed config; the checker builds one TLS context per digest.
-import { createHash, X509Certificate } from 'node:crypto';
+// node:crypto is required only when a CA file is there to check: a config
+// without one starts without it.
 import { errorMessage } from '../errors';
 import { readConfigText } from './read';
 
@@ -23,6 +24,7 @@ const PEM_CERT = /-----BEGIN CERTIFICATE-----[\s\S]*?-----END CERTIFICATE-----/g
 
 /** Checks PEM text: every CERTIFICATE block must parse, and there must be one. Pure. */
 export function checkCaPem(file: string, pem: string): CaFileResult {
+  const { createHash, X509Certificate } = require('node:crypto') as typeof import('node:crypto');
   const blocks = pem.match(PEM_CERT) ?? [];
   if (blocks.length === 0) {
     return { ok: false, message: `${file} holds no PEM certificate (-----BEGIN CERTIFICATE-----); point caFile at the CA certificate the backends' certificates are signed by` };

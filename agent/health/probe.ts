@@ -15,7 +15,7 @@
 // (native-probe.ts) and the path it is measured against.
 import * as net from 'node:net';
 import * as http from 'node:http';
-import * as tls from 'node:tls';
+import type * as tls from 'node:tls';
 import type { CheckType, HttpCheckSpec, ProxyProtocolVersion } from '../config/types';
 import { healthCheckHeader } from '../forward/proxy-protocol';
 import type { FailureReason } from './state';
@@ -277,6 +277,8 @@ export function tlsFailure(err: unknown): { reason: FailureReason; detail: strin
  * all three; its detail names the phase it caught.
  */
 export const httpsProbe: Probe = (target, opts) => new Promise<ProbeResult>((resolve) => {
+  // Required here, not at the top: node:tls brings node:crypto, which an agent without HTTPS checks never loads.
+  const { connect } = require('node:tls') as typeof import('node:tls');
   let raw: net.Socket | undefined;
   let sec: tls.TLSSocket | undefined;
   let req: http.ClientRequest | undefined;
@@ -289,7 +291,7 @@ export const httpsProbe: Probe = (target, opts) => new Promise<ProbeResult>((res
     phase = 'handshake';
     const r = settings.resume;
     const session = r?.session !== undefined && performance.now() - r.fullAt < TLS_RESUME_MS ? r.session : undefined;
-    const t = tls.connect({
+    const t = connect({
       socket: s,
       secureContext: settings.context,
       rejectUnauthorized: settings.verify,

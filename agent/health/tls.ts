@@ -5,7 +5,7 @@
 // building one parses the CA's certificates into an X509 store, which at
 // thousands of probes a second would be most of the check's cost. Each
 // target also gets its own slot for the TLS session its probes resume.
-import * as tls from 'node:tls';
+import type { SecureContext } from 'node:tls';
 import type { TlsCheckSpec } from '../config/types';
 import type { TlsProbeSettings } from './probe';
 
@@ -14,12 +14,18 @@ export function contextKey(spec: TlsCheckSpec): string {
   return spec.caSha256 ?? '';
 }
 
-interface Entry { readonly context: tls.SecureContext; users: number }
+interface Entry { readonly context: SecureContext; users: number }
+
+/** node:tls (and node:crypto with it) is required by the first HTTPS target, never by an agent without one. */
+function createContext(ca: string | undefined): SecureContext {
+  const { createSecureContext } = require('node:tls') as typeof import('node:tls');
+  return createSecureContext(ca !== undefined ? { ca } : {});
+}
 
 export class TlsContexts {
   private readonly byKey = new Map<string, Entry>();
 
-  constructor(private readonly create: (ca: string | undefined) => tls.SecureContext = (ca) => tls.createSecureContext(ca !== undefined ? { ca } : {})) {}
+  constructor(private readonly create: (ca: string | undefined) => SecureContext = createContext) {}
 
   /** The probe settings of one target; pair with release() when the target goes. */
   acquire(spec: TlsCheckSpec): TlsProbeSettings {
