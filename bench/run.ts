@@ -2,10 +2,10 @@
 // and its peers on the same traffic in the same run, and writes
 // bench/results/<YYYY-MM-DD>.md with the raw numbers beside it as JSON.
 // Orchestration only: each area lives in its own module (forwarding.ts,
-// dhcp.ts, detection.ts, control.ts, restart.ts, drift.ts, wrapped.ts for the
+// dhcp.ts, detection.ts, https.ts, control.ts, restart.ts, drift.ts, wrapped.ts for the
 // standalone benches other modules ship), statistics and rendering in lib/.
 //
-//   npm run bench -- [--only forward,dhcp,health,control,restart,drift,preflight,failover]
+//   npm run bench -- [--only forward,dhcp,health,https,control,restart,drift,preflight,failover]
 //                    [--rounds N] [--quick] [--out DIR] [--docs] [--dhcp-many-ping]
 //                    [--dhcp-clients udhcpc,dhclient,lbagent,lbagent-like]
 //                    [--forward-targets direct,dsr,direct3,dsr3,...]
@@ -26,6 +26,7 @@ import { spawnSync } from 'node:child_process';
 import { benchForward, FORWARD_TARGETS, type ForwardTarget } from './forwarding';
 import { benchDhcp, DHCP_CLIENTS, type DhcpClient } from './dhcp';
 import { benchDetection, DETECTION_SETTINGS } from './detection';
+import { benchHttps } from './https';
 import { benchControl } from './control';
 import { benchRestart } from './restart';
 import { benchDrift } from './drift';
@@ -34,13 +35,15 @@ import { machineFacts, loadAverage, otherCpuMeter } from './lib/procfs';
 import { evaluateTargets, renderResults, renderBenchSummary, updateBenchPage, BENCH_PAGE, type BenchResults } from './lib/report';
 import { round } from './lib/stats';
 
-const AREAS = ['forward', 'dhcp', 'health', 'control', 'restart', 'drift', 'preflight', 'failover'] as const;
+const AREAS = ['forward', 'dhcp', 'health', 'https', 'control', 'restart', 'drift', 'preflight', 'failover'] as const;
 type Area = (typeof AREAS)[number];
 
 const TOOLS: Record<Area, string[]> = {
   forward: ['wrk', 'iperf3', 'haproxy', 'nginx', 'conntrack', 'nft'],
   dhcp: ['dnsmasq', 'busybox', 'dhclient', 'tcpdump'],
   health: ['haproxy'],
+  // nginx serves the TLS targets, HAProxy is the peer, openssl makes the lab CA.
+  https: ['haproxy', 'nginx', 'openssl'],
   control: ['dnsmasq'],
   // The continuity lab runs dnsmasq; the agent runs nft (kernel path) and ip/unshare; HAProxy is the peer.
   restart: ['haproxy', 'dnsmasq', 'nft', 'ip', 'unshare'],
@@ -182,6 +185,13 @@ async function main(): Promise<void> {
             runs: [{ backends: 1000, paths: ['native', 'node'] }, { backends: 10_000, paths: ['native', 'native-fin', 'node', 'own', 'haproxy'] }],
           });
           if (results.probes.errors.length) throw new Error(results.probes.errors.join('; '));
+        });
+        break;
+      case 'https':
+        await runArea(area, async () => {
+          // 1,000 TLS targets at Harvester's default 5 s period: 200 checks/s for each checker.
+          results.https = await benchHttps({ rounds: R, targets: 1000, period: 5, duration: q ? 8 : 15, warmup: q ? 6 : 8, log: log(area) });
+          if (results.https.errors.length) throw new Error(results.https.errors.join('; '));
         });
         break;
       case 'control':

@@ -8,6 +8,7 @@
 // per-probe cost at 10,000 probes/s).
 import { Counter, Gauge, Histogram, Registry } from '../metrics/prom';
 import type { FailureReason } from './state';
+import type { CheckType } from '../config/types';
 
 export type ProbeOutcome = 'ok' | FailureReason;
 
@@ -18,7 +19,7 @@ export type ProbePath = 'native' | 'node' | 'injected';
 export interface HealthCounts {
   readonly inFlight: () => number;
   /** Probes started so far, by path and check type. */
-  readonly probes: () => ReadonlyArray<{ readonly path: ProbePath; readonly type: 'tcp' | 'http'; readonly count: number }>;
+  readonly probes: () => ReadonlyArray<{ readonly path: ProbePath; readonly type: CheckType; readonly count: number }>;
 }
 
 export interface BackendLabels {

@@ -5,6 +5,7 @@
 import type { ForwardResult, ForwardTarget } from '../forwarding';
 import type { DhcpClient, DhcpResult, DhcpRun, DhcpSummaryRow } from '../dhcp';
 import type { DetectionResult } from '../detection';
+import type { HttpsResult } from '../https';
 import type { ControlResult } from '../control';
 import { WHO_LABEL, EVENT_LABEL, type RestartResult, type RestartSummaryRow, type RestartEvent, type RestartWho } from '../restart';
 import { DAMAGE_KINDS, DAMAGE_LABEL, DRIFT_WHO_LABEL, type DriftResult } from '../drift';
@@ -35,6 +36,7 @@ export interface BenchResults {
   dhcp?: DhcpResult;
   probes?: ProbeRateResult;
   detection?: DetectionResult;
+  https?: HttpsResult;
   control?: ControlResult;
   restart?: RestartResult;
   drift?: DriftResult;
@@ -355,6 +357,18 @@ export function probesTable(r: BenchResults): string | undefined {
     }));
 }
 
+/** HTTPS checks of the same TLS targets: lb-agent's checker and HAProxy's check-ssl, without and with verification. */
+export function httpsTable(r: BenchResults): string | undefined {
+  const h = r.https;
+  if (!h || h.summary.length === 0) return undefined;
+  return table(['targets', 'period', 'who', 'verification', 'checks/s (expected)', 'CPU, % of a core', 'CPU us per check', 'x HAProxy (CPU per check)', 'sessions resumed', 'RSS MiB'],
+    h.summary.map((s) => [
+      fmt(s.targets), `${s.periodSeconds} s`, s.who === 'agent' ? 'lb-agent (`type: https`)' : 'HAProxy, 1 thread (`check-ssl`)',
+      s.verify ? 'CA and server name' : 'none', `${fmt(s.checksPerSecond)} (${fmt(s.expectedPerSecond)})`, fmt(s.cpuPercentOfOneCore, 1), fmt(s.cpuMicrosPerCheck, 1),
+      s.xHaproxy !== undefined ? fmtRatio(s.xHaproxy) : '-', `${fmt(s.resumedFraction * 100, 0)}%`, fmt(s.rssMiB),
+    ]));
+}
+
 export function detectionTable(r: BenchResults): string | undefined {
   const d = r.detection;
   if (!d) return undefined;
@@ -496,7 +510,8 @@ export function renderResults(r: BenchResults): string {
   }
   const pt = probesTable(r);
   const dtt = detectionTable(r);
-  if (pt || dtt) {
+  const ht = httpsTable(r);
+  if (pt || dtt || ht) {
     parts.push('## Health checking');
     if (pt) {
       parts.push(`Sustained TCP probes against real listeners on loopback, each run in a namespace and a process of its own (\`${r.probes!.config.command}\`, bench/health.ts). CPU is the checker's (or HAProxy's) own process; the listeners run in another. "CPU us per probe" is user + system time over probes made, the number least disturbed by other work on the machine. Rates count the kernel's TCP ActiveOpens (SYNs sent) for HAProxy, whose L4 check answers the SYN-ACK with a RST so the listener never sees a connection; lb-agent's default does the same (TCP_QUICKACK off, SO_LINGER 0), and the FIN-close row is the close it made before (a full connection, our FIN, the backend's FIN), more kernel work per check on both sides. On loopback the backend's kernel work runs largely in the checker's process (the sender's softirq) and counts in its CPU.`);
@@ -506,6 +521,11 @@ export function renderResults(r: BenchResults): string {
       parts.push('Detection: lb-agent and HAProxy (`check inter/fall/rise`, `timeout check`) check the same two backends at the same time; the backend process is killed (connections refused at once) and later restarted. lb-agent time from its own log line, HAProxy\'s from its "Server ... is DOWN/UP" warning as it arrives.');
       parts.push(dtt);
       if (r.detection!.errors.length) parts.push(`Not measured: ${r.detection!.errors.join('; ')}.`);
+    }
+    if (ht) {
+      parts.push(`HTTPS checks (\`${r.https!.config.command}\`, bench/https.ts): one nginx in a namespace of its own serves ${fmt(r.https!.config.targets)} TLS ports (lab CA, EC P-256 certificate, TLS 1.3, nginx's session cache and tickets); lb-agent's checker and HAProxy (\`check check-ssl\`, \`option httpchk GET /\`; \`verify none\`, or \`verify required ca-file .. check-sni .. verifyhost ..\`) check all of them in turn from another namespace, each run a process of its own. A check is counted when nginx logs its request; "sessions resumed" is nginx's \`$ssl_session_reused\` over those requests (both resume a backend's last session; lb-agent makes a full handshake, certificate verified, at least every 60 s). CPU is the checker's own process over the window.`);
+      parts.push(ht);
+      if (r.https!.errors.length) parts.push(`Not measured: ${r.https!.errors.join('; ')}.`);
     }
   }
   const ct = controlTable(r);
@@ -587,6 +607,8 @@ export function renderBenchSummary(r: BenchResults, resultsFile: string): string
   if (pt) parts.push(`Health probes:\n\n${pt}`);
   const dtt = detectionTable(r);
   if (dtt) parts.push(`Health, detection against HAProxy:\n\n${dtt}`);
+  const ht = httpsTable(r);
+  if (ht) parts.push(`HTTPS checks against HAProxy's check-ssl, the same TLS targets:\n\n${ht}`);
   const ct = controlTable(r);
   if (ct) parts.push(`Control plane:\n\n${ct}`);
   const rt = restartTable(r);
