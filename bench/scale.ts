@@ -28,7 +28,9 @@
 // to its endpoint chains, a chain per endpoint. `nft -f` of the delta that
 // replaces one backend (one endpoint chain added, one map element changed,
 // the old chain deleted) is timed and CPU-counted, beside the full table
-// written with `nft -f` the way the agent writes its own.
+// written with `nft -f` the way the agent writes its own; each is run many
+// times (the change, then the change back) and divided, as the kernel counts
+// a child's CPU in 10 ms ticks.
 // CPU of the agent is counted at the scheduler's resolution for its live
 // threads (schedstat) plus its reaped children in 10 ms ticks.
 import * as fs from 'node:fs';
@@ -77,9 +79,10 @@ export function scaleConfig(n: number, changed = false): Record<string, unknown>
 
 /**
  * The kube-proxy-style reference table for n services (pure): the full
- * ruleset text, and the delta that replaces service 1's last backend.
+ * ruleset text, the delta that replaces service 1's last backend, and the
+ * delta that puts it back (so that the change can be timed many times).
  */
-export function referenceTables(n: number): { full: string; delta: string; elements: number } {
+export function referenceTables(n: number): { full: string; delta: string; undo: string; elements: number } {
   const lines: string[] = ['table ip kp {'];
   const vmap: string[] = [];
   let elements = 0;
@@ -100,18 +103,23 @@ export function referenceTables(n: number): { full: string; delta: string; eleme
   const bs = backendsOf(1);
   const last = bs.length - 1;
   const other = BACKENDS.find((b) => !bs.includes(b))!;
-  const delta = [
-    `add chain ip kp ep_1_${last}x`,
-    `add rule ip kp ep_1_${last}x meta l4proto tcp dnat to ${other}:8080`,
+  const swap = (from: string, to: string, backend: string): string => [
+    `add chain ip kp ${to}`,
+    `add rule ip kp ${to} meta l4proto tcp dnat to ${backend}:8080`,
     `delete element ip kp svc_1_eps { ${last} }`,
-    `add element ip kp svc_1_eps { ${last} : goto ep_1_${last}x }`,
-    `flush chain ip kp ep_1_${last}`,
-    `delete chain ip kp ep_1_${last}`,
+    `add element ip kp svc_1_eps { ${last} : goto ${to} }`,
+    `flush chain ip kp ${from}`,
+    `delete chain ip kp ${from}`,
   ].join('\n');
-  return { full: `table ip kp\ndelete table ip kp\n${lines.join('\n')}\n`, delta: `${delta}\n`, elements };
+  return {
+    full: `table ip kp\ndelete table ip kp\n${lines.join('\n')}\n`,
+    delta: `${swap(`ep_1_${last}`, `ep_1_${last}x`, other)}\n`,
+    undo: `${swap(`ep_1_${last}x`, `ep_1_${last}`, bs[last]!)}\n`,
+    elements,
+  };
 }
 
-/** Wall µs and children's CPU ms from the script timedNft runs (pure): its last lines are the µs and bash's `times`. */
+/** Wall µs and children's CPU ms from the script timedNft runs (pure): its last lines are the µs and the shell's `times` (the shell's, then its children's). */
 export function parseTimed(out: string): { wallMs: number; cpuMs: number } {
   const lines = out.trim().split('\n');
   const us = Number(lines.at(-3));
@@ -227,10 +235,17 @@ async function scrapes(lab: Lab, mon: string, count: number, intervalMs: number,
   try { return JSON.parse(r.stdout) as ScrapeResult; } catch { return { sent: count, ok: 0, failed: count, p50Ms: NaN, p99Ms: NaN, bytes: 0, errors: [r.stderr.trim().slice(0, 200) || 'no output'] }; }
 }
 
-/** Run a script of nft commands in ns as one `nft -f` transaction: wall and CPU of nft alone. */
-async function timedNft(lab: Lab, ns: string, file: string): Promise<{ wallMs: number; cpuMs: number }> {
-  const r = await lab.sh(ns, `s=$(date +%s%N); nft -f ${file} || exit 1; e=$(date +%s%N); echo $(( (e - s) / 1000 )); times`, { timeoutMs: 120_000 });
-  return parseTimed(r.stdout);
+/**
+ * `nft -f` of each file in turn, `times` over: wall and CPU of one nft
+ * process (the CPU of reaped children, which the kernel counts in 10 ms
+ * ticks: many runs make one number). Each is its own transaction.
+ */
+async function timedNft(lab: Lab, ns: string, files: readonly string[], times: number): Promise<{ wallMs: number; cpuMs: number }> {
+  const each = files.map((f) => `nft -f ${f} || exit 1`).join('; ');
+  const r = await lab.sh(ns, `s=$(date +%s%N); for i in $(seq ${times}); do ${each}; done; e=$(date +%s%N); echo $(( (e - s) / 1000 )); times`, { timeoutMs: 300_000 });
+  const t = parseTimed(r.stdout);
+  const runs = files.length * times;
+  return { wallMs: t.wallMs / runs, cpuMs: t.cpuMs / runs };
 }
 
 /** CPU samples of the agent every 50 ms until stop() (for events located afterwards by their log line). */
@@ -247,14 +262,18 @@ async function reference(lab: Lab, n: number, rounds: number): Promise<ScaleRun[
   const t = referenceTables(n);
   const full = lab.file(`ref-${n}.nft`);
   const delta = lab.file(`ref-${n}-delta.nft`);
+  const undo = lab.file(`ref-${n}-undo.nft`);
   fs.writeFileSync(full, t.full);
   fs.writeFileSync(delta, t.delta);
+  fs.writeFileSync(undo, t.undo);
   const out: ScaleRun['reference'] = { lines: 0, elements: t.elements, fullWallMs: [], fullCpuMs: [], deltaWallMs: [], deltaCpuMs: [] };
+  // Enough runs that 10 ms ticks make a number, bounded for the big tables.
+  const fullRuns = Math.max(3, Math.min(20, Math.round(2000 / n)));
   for (let i = 0; i < rounds; i++) {
-    const f = await timedNft(lab, ns, full);
+    const f = await timedNft(lab, ns, [full], fullRuns);
     out.fullWallMs.push(round(f.wallMs, 2));
     out.fullCpuMs.push(round(f.cpuMs, 1));
-    const d = await timedNft(lab, ns, delta);
+    const d = await timedNft(lab, ns, [delta, undo], 25);
     out.deltaWallMs.push(round(d.wallMs, 2));
     out.deltaCpuMs.push(round(d.cpuMs, 1));
   }

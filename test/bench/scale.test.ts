@@ -35,9 +35,10 @@ t.test('the reference: a chain per endpoint, and a delta that swaps one map elem
   t.equal(r.elements, 3 + 2 + 3 + 4);
   t.match(r.delta, /delete element ip kp svc_1_eps \{ 2 \}\nadd element ip kp svc_1_eps \{ 2 : goto ep_1_2x \}/);
   t.match(r.delta, /dnat to 10\.96\.0\.11:8080/, 'to the backend s1 did not use');
+  t.match(r.undo, /add chain ip kp ep_1_2\nadd rule ip kp ep_1_2 meta l4proto tcp dnat to 10\.96\.0\.14:8080\n[^]*delete chain ip kp ep_1_2x\n$/, 'and back');
 });
 
-t.test('nft timing from the script: µs, then bash times (shell, then children)', async (t) => {
+t.test('nft timing from the script: µs, then the shell\'s times (its own, then its children\'s)', async (t) => {
   t.same(parseTimed('2500\n0m0.001s 0m0.002s\n0m0.012s 0m0.030s\n'), { wallMs: 2.5, cpuMs: 42 });
 });
 
