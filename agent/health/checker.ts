@@ -482,7 +482,7 @@ export class HealthChecker extends EventEmitter<HealthCheckerEvents> {
       lastProbe: undefined,
     };
     target?.subs.push(sub);
-    this.metrics.addBackend(sub.labels, this.subHealthy(sub), now);
+    this.metrics.addBackend(sub.labels, this.subHealthy(sub));
     return sub;
   }
 
@@ -650,7 +650,7 @@ export class HealthChecker extends EventEmitter<HealthCheckerEvents> {
     sub.health = health;
     if (!changed) return;
     const to = health.state === 'up' ? 'up' : 'down';
-    this.metrics.transition(sub.labels, to, now);
+    this.metrics.transition(to);
     this.metrics.setUp(sub.labels, this.subHealthy(sub));
     const fields = {
       op: 'transition', service: sub.service.spec.key, backend: sub.labels.backend, from, to,
