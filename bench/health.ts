@@ -25,9 +25,7 @@
 //                             [--warmup 3] [--max-in-flight 1024] [--paths native,native-fin,native-rst,node,own,haproxy]
 // Prints one JSON object per backend count and path on stdout.
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { join } from 'node:path';
-import { tmpdir } from 'node:os';
+import { readFileSync } from 'node:fs';
 import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { Registry } from 'prom-client';
 import { constants as osConstants } from 'node:os';
@@ -36,7 +34,7 @@ import { NativeTcpProber, type ProbeClose } from '../agent/health/native-probe';
 import { NodeTcpProber } from '../agent/health/probe';
 import type { ServiceSpec } from '../agent/config/types';
 import type { NativeAddon, NativeTcpProbeHandle } from '../agent/native/native';
-import { within } from '../lab/within';
+import { startCheckingHaproxy } from './lib/haproxy-checks';
 
 // The listeners: prints the ports as one JSON line, then answers each
 // "count" line on stdin with the connections accepted so far.
@@ -287,35 +285,24 @@ function procRssMiB(pid: number | undefined): number | null {
  */
 async function runHaproxy(n: number, a: Args): Promise<Record<string, unknown>> {
   const listeners = await startListeners(n);
-  const dir = mkdtempSync(join(tmpdir(), 'lbagent-bench-haproxy-'));
-  const cfg = join(dir, 'haproxy.cfg');
-  const inter = `${Math.round(a.period * 1000)}ms`;
-  writeFileSync(cfg, [
-    'global', '  nbthread 1', '  maxconn 4096',
-    'defaults', '  mode tcp', '  timeout connect 3s', '  timeout client 30s', '  timeout server 30s', `  timeout check ${Math.round(Math.min(3, a.period) * 1000)}ms`,
-    // HAProxy refuses to run without a listener: one on a unix socket nobody uses.
-    'frontend idle', `  bind unix@${join(dir, 'idle.sock')}`, '  default_backend checks',
-    'backend checks', `  default-server check inter ${inter} fall 3 rise 1`,
-    ...listeners.ports.map((p, i) => `  server s${i} 127.0.0.1:${p}`),
-    '',
-  ].join('\n'));
-  const hap = spawn('haproxy', ['-db', '-f', cfg], { stdio: ['ignore', 'ignore', 'pipe'] });
-  let stderr = '';
-  hap.stderr.on('data', (d: Buffer) => { stderr = (stderr + d.toString()).slice(-2000); });
-  const hapExit = new Promise<void>((r) => hap.once('exit', () => r()));
+  const hap = startCheckingHaproxy({
+    mode: 'tcp', timeoutCheckMs: Math.round(Math.min(3, a.period) * 1000),
+    backend: [`default-server check inter ${Math.round(a.period * 1000)}ms fall 3 rise 1`],
+    servers: listeners.ports.map((p) => `127.0.0.1:${p}`),
+  });
   try {
     await new Promise((r) => setTimeout(r, a.warmup * 1000));
-    if (hap.exitCode !== null) throw new Error(`haproxy exited ${hap.exitCode}: ${stderr}`);
+    hap.assertRunning();
     const acc0 = await listeners.accepted();
     const open0 = activeOpens();
-    const c0 = procCpuSeconds(hap.pid);
+    const c0 = procCpuSeconds(hap.proc.pid);
     const m0 = performance.now();
     await new Promise((r) => setTimeout(r, a.duration * 1000));
-    const c1 = procCpuSeconds(hap.pid);
+    const c1 = procCpuSeconds(hap.proc.pid);
     const open1 = activeOpens();
     const wall = (performance.now() - m0) / 1000;
     const acc1 = await listeners.accepted();
-    const rss = procRssMiB(hap.pid);
+    const rss = procRssMiB(hap.proc.pid);
     const checks = open1 - open0;
     const cpuSec = c0 !== undefined && c1 !== undefined ? c1 - c0 : NaN;
     return {
@@ -327,10 +314,7 @@ async function runHaproxy(n: number, a: Args): Promise<Record<string, unknown>> 
       rssMB: rss,
     };
   } finally {
-    hap.kill('SIGTERM');
-    await within(hapExit, 3000);
-    if (hap.exitCode === null && hap.signalCode === null) hap.kill('SIGKILL');
-    rmSync(dir, { recursive: true, force: true });
+    await hap.stop();
     await listeners.close();
   }
 }

@@ -2,19 +2,22 @@
 // and its peers on the same traffic in the same run, and writes
 // bench/results/<YYYY-MM-DD>.md with the raw numbers beside it as JSON.
 // Orchestration only: each area lives in its own module (forwarding.ts,
-// dhcp.ts, detection.ts, control.ts, restart.ts, drift.ts, wrapped.ts for the
-// standalone benches other modules ship), statistics and rendering in lib/.
+// dhcp.ts, detection.ts, https.ts, control.ts, restart.ts, drift.ts,
+// scale.ts, wrapped.ts for the standalone benches other modules ship),
+// statistics and rendering in lib/.
 //
-//   npm run bench -- [--only forward,dhcp,health,control,restart,drift,preflight,failover]
+//   npm run bench -- [--only forward,dhcp,health,https,control,restart,drift,scale,preflight,failover]
 //                    [--rounds N] [--quick] [--out DIR] [--docs] [--dhcp-many-ping]
 //                    [--dhcp-clients udhcpc,dhclient,lbagent,lbagent-like]
-//                    [--forward-targets direct,dsr,direct3,dsr3,...]
+//                    [--forward-targets direct,dsr,direct3,dsr3,...] [--scale-sizes 10,100,500,1000]
 //
 // --dhcp-clients: only these DHCP clients (e.g. `lbagent-like,udhcpc` to
 // look at one row and its peer while working on it; issue 18).
 // --forward-targets: only these forwarding rows (e.g. `direct3,dsr3` for
 // issue 17's like-for-like ratio); a row's paired reference (direct, or
 // direct3) must be listed too for its "x direct".
+// --scale-sizes: the service counts of the scale area (e.g. `10,100` for a
+// short run).
 // --quick: one round and short measurements (3-4 minutes), to check the
 // harness, not to quote. --docs: also replace the generated summary in
 // docs/benchmarks.md with this run's (`npm run docs` does the same from the
@@ -26,41 +29,47 @@ import { spawnSync } from 'node:child_process';
 import { benchForward, FORWARD_TARGETS, type ForwardTarget } from './forwarding';
 import { benchDhcp, DHCP_CLIENTS, type DhcpClient } from './dhcp';
 import { benchDetection, DETECTION_SETTINGS } from './detection';
+import { benchHttps } from './https';
 import { benchControl } from './control';
 import { benchRestart } from './restart';
 import { benchDrift } from './drift';
+import { benchScale, SCALE_SIZES } from './scale';
 import { benchProbeRate, benchPreflight, benchFailover } from './wrapped';
 import { machineFacts, loadAverage, otherCpuMeter } from './lib/procfs';
 import { evaluateTargets, renderResults, renderBenchSummary, updateBenchPage, BENCH_PAGE, type BenchResults } from './lib/report';
 import { round } from './lib/stats';
 
-const AREAS = ['forward', 'dhcp', 'health', 'control', 'restart', 'drift', 'preflight', 'failover'] as const;
+const AREAS = ['forward', 'dhcp', 'health', 'https', 'control', 'restart', 'drift', 'scale', 'preflight', 'failover'] as const;
 type Area = (typeof AREAS)[number];
 
 const TOOLS: Record<Area, string[]> = {
   forward: ['wrk', 'iperf3', 'haproxy', 'nginx', 'conntrack', 'nft'],
   dhcp: ['dnsmasq', 'busybox', 'dhclient', 'tcpdump'],
   health: ['haproxy'],
+  // nginx serves the TLS targets, HAProxy is the peer, openssl makes the lab CA.
+  https: ['haproxy', 'nginx', 'openssl'],
   control: ['dnsmasq'],
   // The continuity lab runs dnsmasq; the agent runs nft (kernel path) and ip/unshare; HAProxy is the peer.
   restart: ['haproxy', 'dnsmasq', 'nft', 'ip', 'unshare'],
   // The continuity lab again; the damage is done with nft, ip and sysctl in the node's namespace.
   drift: ['dnsmasq', 'nft', 'ip', 'unshare', 'sysctl'],
+  // The agent runs nft; the reference table is written with nft -f.
+  scale: ['nft', 'ip'],
   preflight: [],
   // keepalived is the peer; each death waits for an advert with tcpdump (lab/vrrp.ts afterAdvert).
   failover: ['keepalived', 'tcpdump', 'ip'],
 };
 
-interface Args { only: Area[]; rounds: number; quick: boolean; out: string; docs: boolean; dhcpManyPing: boolean; dhcpClients: DhcpClient[]; forwardTargets: ForwardTarget[] }
+interface Args { only: Area[]; rounds: number; quick: boolean; out: string; docs: boolean; dhcpManyPing: boolean; dhcpClients: DhcpClient[]; forwardTargets: ForwardTarget[]; scaleSizes: number[] }
 
 const REPO = path.resolve(__dirname, '..', '..');
 
 function usage(): string {
-  return `usage: npm run bench -- [--only ${AREAS.join(',')}] [--rounds N] [--quick] [--out DIR] [--docs] [--dhcp-many-ping] [--dhcp-clients ${DHCP_CLIENTS.join(',')}] [--forward-targets ${FORWARD_TARGETS.join(',')}]\n`;
+  return `usage: npm run bench -- [--only ${AREAS.join(',')}] [--rounds N] [--quick] [--out DIR] [--docs] [--dhcp-many-ping] [--dhcp-clients ${DHCP_CLIENTS.join(',')}] [--forward-targets ${FORWARD_TARGETS.join(',')}] [--scale-sizes ${SCALE_SIZES.join(',')}]\n`;
 }
 
 function parseArgs(argv: string[]): Args {
-  const a: Args = { only: [], rounds: 0, quick: false, out: path.join(REPO, 'bench', 'results'), docs: false, dhcpManyPing: false, dhcpClients: [...DHCP_CLIENTS], forwardTargets: [...FORWARD_TARGETS] };
+  const a: Args = { only: [], rounds: 0, quick: false, out: path.join(REPO, 'bench', 'results'), docs: false, dhcpManyPing: false, dhcpClients: [...DHCP_CLIENTS], forwardTargets: [...FORWARD_TARGETS], scaleSizes: [...SCALE_SIZES] };
   for (let i = 0; i < argv.length; i++) {
     const v = argv[i + 1];
     switch (argv[i]) {
@@ -90,6 +99,11 @@ function parseArgs(argv: string[]): Args {
         if (bad.length || names.length === 0) throw new Error(`--forward-targets: unknown target ${bad.join(',') || '(none)'}; targets are ${FORWARD_TARGETS.join(', ')}`);
         // In the table's order, whatever the order given.
         a.forwardTargets = FORWARD_TARGETS.filter((t) => names.includes(t)); i++; break;
+      }
+      case '--scale-sizes': {
+        const sizes = String(v ?? '').split(',').filter(Boolean).map(Number);
+        if (sizes.length === 0 || sizes.some((n) => !Number.isInteger(n) || n < 1 || n > 2000)) throw new Error('--scale-sizes: service counts from 1 to 2000, comma-separated');
+        a.scaleSizes = sizes; i++; break;
       }
       case '--out': a.out = path.resolve(String(v)); i++; break;
       case '--help': case '-h': process.stdout.write(usage()); process.exit(0); break;
@@ -124,7 +138,7 @@ async function main(): Promise<void> {
   sampler.unref();
   const results: BenchResults = {
     bench: 'lb-agent', version, date: startedAt.toISOString().slice(0, 10), startedAt: startedAt.toISOString(), finishedAt: '',
-    options: { rounds: args.rounds, quick: args.quick, only: args.only, ...(args.forwardTargets.length < FORWARD_TARGETS.length ? { forwardTargets: args.forwardTargets } : {}) },
+    options: { rounds: args.rounds, quick: args.quick, only: args.only, ...(args.forwardTargets.length < FORWARD_TARGETS.length ? { forwardTargets: args.forwardTargets } : {}), ...(args.scaleSizes.join(',') !== SCALE_SIZES.join(',') ? { scaleSizes: args.scaleSizes } : {}) },
     machine: machineFacts(),
     load: { before: loadAverage(), after: [], samples, mean1m: NaN, max1m: NaN, otherCpuCores: NaN },
     areas: {}, targets: [],
@@ -184,6 +198,13 @@ async function main(): Promise<void> {
           if (results.probes.errors.length) throw new Error(results.probes.errors.join('; '));
         });
         break;
+      case 'https':
+        await runArea(area, async () => {
+          // 1,000 TLS targets at Harvester's default 5 s period: 200 checks/s for each checker.
+          results.https = await benchHttps({ rounds: R, targets: 1000, period: 5, duration: q ? 8 : 15, warmup: q ? 6 : 8, log: log(area) });
+          if (results.https.errors.length) throw new Error(results.https.errors.join('; '));
+        });
+        break;
       case 'control':
         await runArea(area, async () => {
           // Issue 18: RSS flat within 5% across 20 reloads.
@@ -201,6 +222,12 @@ async function main(): Promise<void> {
           // 1,000 services for the resync's cost in a full run; --quick keeps the area near 90 s.
           results.drift = await benchDrift({ rounds: R, services: q ? 200 : 1000, cpuWindowSeconds: q ? 8 : 10, cpuPairs: q ? 1 : 3, timerKinds: q ? 2 : 4, log: log(area) });
           if (results.drift.summary.length === 0) throw new Error(results.drift.errors.join('; ') || 'no damage measured');
+        });
+        break;
+      case 'scale':
+        await runArea(area, async () => {
+          results.scale = await benchScale({ sizes: args.scaleSizes, rounds: R, idleSeconds: q ? 5 : 10, log: log(area) });
+          if (results.scale.summary.length === 0) throw new Error(results.scale.errors.join('; ') || 'no size measured');
         });
         break;
       case 'preflight':

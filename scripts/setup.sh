@@ -51,6 +51,7 @@ declare -A pkgs=(
   [procps]=/usr/sbin/sysctl
   [util-linux]=/usr/bin/unshare
   [tmux]=/usr/bin/tmux
+  [openssl]=/usr/bin/openssl
 )
 missing=()
 for p in "${!pkgs[@]}"; do

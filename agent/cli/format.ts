@@ -61,7 +61,9 @@ export function formatStatus(doc: StatusDocument, now = Date.now()): string {
     if (s.backends.length > 0) {
       const br: string[][] = [['BACKEND', 'STATE', 'SINCE', 'WHY']];
       for (const b of s.backends) {
-        const why = [b.reason, b.takenOutBy ? `(${b.takenOutBy} check)` : undefined].filter(Boolean).join(' ');
+        // While down, what the probe saw: "tls: certificate has expired (active check)".
+        const detail = b.state === 'down' && b.reason && b.lastFailure?.detail ? `${b.reason}: ${b.lastFailure.detail}` : b.reason;
+        const why = [detail, b.takenOutBy ? `(${b.takenOutBy} check)` : undefined].filter(Boolean).join(' ');
         br.push([`${b.address}:${b.port}`, b.state, ago(b.since, now), why]);
       }
       lines.push(table(br, '  '));

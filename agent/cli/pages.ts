@@ -6,14 +6,14 @@
 // pages (agent/docs-build.ts), `lb-agent man config` prints the man page, and
 // test/cli/pages.test.ts fails when a committed page differs from this.
 import { buildConfig } from '../config/load';
-import { configMan, configMarkdown, configReference, type ReferenceEntry } from '../config/reference';
+import { configMan, configMarkdown, configReference, referenceCaReader, type ReferenceEntry } from '../config/reference';
 import { refusals } from '../daemon/reconciler';
 import { ERROR_CODES, ERROR_HELP } from '../errors';
 import { CHECK_HELP, CHECK_IDS } from '../preflight/help';
 
 /** Every key, with the real loader and the real reload rules. */
 export function referenceEntries(): ReferenceEntry[] {
-  return configReference({ load: (d) => buildConfig(d, undefined, 'reference'), refusals });
+  return configReference({ load: (d) => buildConfig(d, undefined, 'reference', referenceCaReader), refusals });
 }
 
 export function configurationPage(): string {

@@ -4,6 +4,7 @@
 // field path and the offending value; all errors of a file come at once;
 // nothing is returned from a file that does not validate.
 import * as os from 'node:os';
+import { isIP } from 'node:net';
 import type { ErrorObject } from 'ajv';
 import { parseYaml } from './yaml';
 import { ANNOTATIONS, ANNOTATION_PREFIX, DEFAULTS } from './defaults';
@@ -12,8 +13,9 @@ import { familyServiceKey, planFamilies, type FamilyPlan } from './families';
 import { parseAddress, parseIPv4, type Family } from '../address';
 import { errorMessage } from '../errors';
 import { readConfigText } from './read';
+import { readCaFile, type CaFileReader } from './ca-file';
 import type {
-  Desired, ServiceSpec, PortSpec, BackendSpec, HealthCheckSpec, IpamMode, IpFamilyPolicy, Pool, SourceIpMode, TopologyPolicy,
+  CheckType, Desired, ServiceSpec, PortSpec, BackendSpec, HealthCheckSpec, IpamMode, IpFamilyPolicy, Pool, SourceIpMode, TlsCheckSpec, TopologyPolicy,
 } from './types';
 
 export interface ConfigError {
@@ -146,8 +148,9 @@ interface RawService {
   backends: (string | { address: string; weight?: number; zone?: string })[];
   sourceIP: SourceIpMode; topology: TopologyPolicy;
   healthCheck: {
-    enabled: boolean; type: 'tcp' | 'http'; port?: number; successThreshold: number; failureThreshold: number;
+    enabled: boolean; type: CheckType; port?: number; successThreshold: number; failureThreshold: number;
     periodSeconds: number; timeoutSeconds: number; passiveFailures: number; proxyProtocol: boolean; http?: { path: string; expectStatus: [number, number] };
+    tls?: { sni?: string; caFile?: string };
   };
   proxyProtocol?: 'v1' | 'v2';
 }
@@ -178,7 +181,7 @@ export function parseListen(s: string): { host: string; port: number } | undefin
 }
 
 /** Build typed services and check the cross-field rules. */
-function buildServices(raw: RawConfig, pools: readonly Pool[], err: (segs: Seg[], msg: string) => void): ServiceSpec[] {
+function buildServices(raw: RawConfig, pools: readonly Pool[], err: (segs: Seg[], msg: string) => void, readCa: CaFileReader): ServiceSpec[] {
   const keys = new Map<string, number>();
   const prelim: {
     idx: number; key: string; raw: RawService; ipam: IpamMode | undefined; ipamGiven: boolean;
@@ -295,11 +298,13 @@ function buildServices(raw: RawConfig, pools: readonly Pool[], err: (segs: Seg[]
       failureThreshold: fail ?? DEFAULTS.healthCheck.failureThreshold,
       periodSeconds: period ?? DEFAULTS.healthCheck.periodSeconds,
       timeoutSeconds: timeout ?? DEFAULTS.healthCheck.timeoutSeconds,
-      http: h.type === 'http' ? { path: h.http?.path ?? DEFAULTS.httpCheck.path, expectStatus: h.http?.expectStatus ?? DEFAULTS.httpCheck.expectStatus } : undefined,
+      http: h.type !== 'tcp' ? { path: h.http?.path ?? DEFAULTS.httpCheck.path, expectStatus: h.http?.expectStatus ?? DEFAULTS.httpCheck.expectStatus } : undefined,
+      ...(h.type === 'https' ? { tls: tlsCheck(h.tls ?? {}, (segs, msg) => err(at('healthCheck', 'tls', ...segs), msg), readCa) } : {}),
       passiveFailures: h.passiveFailures,
       ...(h.proxyProtocol && s.proxyProtocol !== undefined ? { proxyProtocol: s.proxyProtocol } : {}),
     };
-    if (h.http && h.type !== 'http') err(at('healthCheck', 'http'), 'is only valid with healthCheck.type: http');
+    if (h.http && h.type === 'tcp') err(at('healthCheck', 'http'), 'is only valid with healthCheck.type: http or https');
+    if (h.tls && h.type !== 'https') err(at('healthCheck', 'tls'), `is only valid with healthCheck.type: https (type is ${h.type})`);
     if (hc.http && hc.http.expectStatus[0] > hc.http.expectStatus[1]) {
       err(at('healthCheck', 'http', 'expectStatus'), `[${hc.http.expectStatus.join(', ')}] is reversed`);
     }
@@ -431,6 +436,23 @@ function buildServices(raw: RawConfig, pools: readonly Pool[], err: (segs: Seg[]
   return out;
 }
 
+/**
+ * The TLS settings of an HTTPS check. The CA file is read here, at load and
+ * at every reload, so a missing, unreadable or non-PEM file is refused with
+ * the field's path, and a reload sees a CA file that changed on disk.
+ */
+function tlsCheck(t: { sni?: string; caFile?: string }, err: (segs: Seg[], msg: string) => void, readCa: CaFileReader): TlsCheckSpec {
+  // RFC 6066 §3: "Literal IPv4 and IPv6 addresses are not permitted in HostName."
+  if (t.sni !== undefined && isIP(t.sni) !== 0) err(['sni'], `${JSON.stringify(t.sni)} is an IP address; SNI carries a host name only (RFC 6066 §3): name the host the certificate is for, or leave sni out to send none`);
+  let ca: { pem: string; sha256: string } | undefined;
+  if (t.caFile !== undefined) {
+    const r = readCa(t.caFile);
+    if (r.ok) ca = r;
+    else err(['caFile'], r.message);
+  }
+  return { sni: t.sni, caFile: t.caFile, ca: ca?.pem, caSha256: ca?.sha256 };
+}
+
 // The typed healthCheck fields as the user wrote them (before schema defaults),
 // so that an annotation only conflicts with a value the user actually set.
 const explicitHc = new WeakMap<object, Set<string>>();
@@ -447,8 +469,12 @@ export function deepFreeze<T>(o: T): T {
   return o;
 }
 
-/** Validate already-parsed data (e.g. from YAML) into a frozen Desired. */
-export function buildConfig(data: unknown, locate: (segs: Seg[]) => number | undefined = () => undefined, hostname = os.hostname()): LoadResult {
+/**
+ * Validate already-parsed data (e.g. from YAML) into a frozen Desired.
+ * `readCa` reads the CA files HTTPS checks name (the configuration
+ * reference passes one that reads nothing).
+ */
+export function buildConfig(data: unknown, locate: (segs: Seg[]) => number | undefined = () => undefined, hostname = os.hostname(), readCa: CaFileReader = readCaFile): LoadResult {
   const errors: ConfigError[] = [];
   const err = (segs: Seg[], message: string): void => {
     const line = locate(segs);
@@ -491,7 +517,7 @@ export function buildConfig(data: unknown, locate: (segs: Seg[]) => number | und
   const { pools, errors: poolErrors } = parsePools(raw.pools);
   for (const pe of poolErrors) err(['pools', pe.key], pe.message);
 
-  const built = buildServices(raw, pools, err);
+  const built = buildServices(raw, pools, err, readCa);
   // A VM that is a backend of a VIP cannot also be the load balancer that
   // holds it: the VIP on lo would take the clients' packets for itself.
   raw.backend.vips.forEach((vip, i) => {

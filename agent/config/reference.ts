@@ -10,6 +10,7 @@ import { configSchema } from './schema';
 import { DEFAULT_CONFIG_PATH } from './defaults';
 import type { Desired } from './types';
 import type { ConfigError, LoadResult } from './load';
+import type { CaFileReader } from './ca-file';
 
 type S = Record<string, unknown>;
 
@@ -102,7 +103,7 @@ export const KEY_HELP: Readonly<Record<string, KeyHelp>> = {
   'services[].backends[].zone': { text: 'Its `topology.kubernetes.io/zone`, read by `topology: prefer-zone` and `zone-only`.', probe: 'zone-c' },
   'services[].healthCheck': { text: 'The backends\' health check; the defaults are the Harvester cloud provider\'s.' },
   'services[].healthCheck.enabled': { text: 'Off: every backend counts as healthy.' },
-  'services[].healthCheck.type': { text: '`tcp`: a connection attempt (closed with a reset once the backend accepts). `http`: a GET of `http.path`.',
+  'services[].healthCheck.type': { text: '`tcp`: a connection attempt (closed with a reset once the backend accepts). `http`: a GET of `http.path`. `https`: the same GET over TLS (`tls`); the handshake counts in `timeoutSeconds`.',
     probeEdit: (f) => { f.services[0]!.healthCheck = { type: 'tcp' }; } },
   'services[].healthCheck.port': { text: 'The port probed.', unset: 'the first port\'s `targetPort`', probe: 9090 },
   'services[].healthCheck.successThreshold': { text: 'Successes in a row that bring a backend in.', probe: 2 },
@@ -112,9 +113,14 @@ export const KEY_HELP: Readonly<Record<string, KeyHelp>> = {
   'services[].healthCheck.passiveFailures': { text: 'On the proxy path, failed connects in a row that take a backend out at once (the probe brings it back); 0 turns it off.', probe: 5 },
   'services[].healthCheck.proxyProtocol': { text: 'Probes send the service\'s PROXY protocol header first (v2 LOCAL, or a v1 line with the probe\'s addresses), for a backend that requires it; needs `proxyProtocol` on the service.',
     probeEdit: (f) => { Object.assign(f.services[0]!, { proxyProtocol: 'v2', healthCheck: { proxyProtocol: true } }); } },
-  'services[].healthCheck.http': { text: 'The HTTP check, with `type: http`.' },
+  'services[].healthCheck.http': { text: 'The HTTP request and the statuses that pass, with `type: http` or `https`.' },
   'services[].healthCheck.http.path': { text: 'The path requested.', probe: '/healthz' },
   'services[].healthCheck.http.expectStatus': { text: 'The `[low, high]` status range that counts as healthy.', probe: [200, 299] },
+  'services[].healthCheck.tls': { text: 'The TLS side of `type: https`. Without `caFile` the backend\'s certificate is not verified (HAProxy\'s `check-ssl verify none`).' },
+  'services[].healthCheck.tls.sni': { text: 'The server name sent in the TLS ClientHello (a host name, not an address); with `caFile`, the certificate must also be valid for this name.', unset: 'no server name is sent (as HAProxy\'s `check-ssl` without `check-sni`), and with `caFile` the name is not checked',
+    probeEdit: (f) => { f.services[0]!.healthCheck = { type: 'https', tls: { sni: 'web.example' } }; } },
+  'services[].healthCheck.tls.caFile': { text: 'A PEM file of CA certificates: the backend\'s certificate must chain to one of them and be within its validity dates. Read at start and at every reload; a missing, unreadable or certificate-less file is a config error.', unset: 'no verification',
+    probeEdit: (f) => { f.services[0]!.healthCheck = { type: 'https', tls: { caFile: '/etc/lb-agent/backend-ca.pem' } }; } },
   'services[].sourceIP': { text: '`snat`: replies come back through the agent; backends see the VIP (kernel path) or the node (proxy). `preserve`: direct server return on the kernel path; backends see the client and answer it directly.' },
   'services[].topology': { text: '`any`: every healthy backend. `prefer-zone`: the healthy backends in this node\'s zone while there is one, else all. `zone-only`: only this node\'s zone, else refuse.' },
   'services[].proxyProtocol': { text: 'Send the PROXY protocol header (`v1` text, TCP only; `v2` binary, TCP and UDP) to the backends first: proxy path only, so `dataplane: auto` then picks the proxy.', unset: 'off', probe: 'v2' },
@@ -134,8 +140,15 @@ export interface ReferenceEntry {
   readonly section: boolean;
 }
 
+/**
+ * The CA reader the reference's loader uses: it reads nothing and answers
+ * for any path with that path as the digest, so a probe of `caFile` is a
+ * change of the config without a file on the machine that builds the docs.
+ */
+export const referenceCaReader: CaFileReader = (file) => ({ ok: true, pem: '', sha256: file, certificates: 0 });
+
 export interface ReferenceDeps {
-  /** The real loader (load.ts buildConfig). */
+  /** The real loader (load.ts buildConfig), reading CA files with referenceCaReader. */
   readonly load: (data: unknown) => LoadResult;
   /** The reload rules (daemon/reconciler.ts refusals). */
   readonly refusals: (running: { config: Desired; dataplane: 'kernel' | 'proxy' }, next: Desired) => ConfigError[];

@@ -20,7 +20,7 @@ const dnsLabel: S = { type: 'string', pattern: '^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9
 
 const healthCheck = obj({
   enabled: { type: 'boolean', default: DEFAULTS.healthCheck.enabled },
-  type: { type: 'string', enum: ['tcp', 'http'], default: DEFAULTS.healthCheck.type },
+  type: { type: 'string', enum: ['tcp', 'http', 'https'], default: DEFAULTS.healthCheck.type },
   port,
   successThreshold: { ...count(1, 1000), default: DEFAULTS.healthCheck.successThreshold },
   failureThreshold: { ...count(1, 1000), default: DEFAULTS.healthCheck.failureThreshold },
@@ -35,6 +35,11 @@ const healthCheck = obj({
       type: 'array', items: count(100, 599), minItems: 2, maxItems: 2,
       default: [...DEFAULTS.httpCheck.expectStatus], 'x-what': 'a [low, high] status range',
     },
+  }),
+  tls: obj({
+    // RFC 6066 §3: a host name, not an address; at most 253 characters.
+    sni: { type: 'string', pattern: '^(?=.{1,253}$)[A-Za-z0-9_]([-A-Za-z0-9_]{0,61}[A-Za-z0-9])?(\\.[A-Za-z0-9_]([-A-Za-z0-9_]{0,61}[A-Za-z0-9])?)*$', 'x-what': 'a host name (letters, digits, -, _, dots)' },
+    caFile: { type: 'string', pattern: '^/', 'x-what': 'an absolute path' },
   }),
 });
 

@@ -69,15 +69,37 @@ export interface HttpCheckSpec {
   readonly expectStatus: readonly [number, number];
 }
 
+/** What a health probe does: connect, GET over plain HTTP, or GET over TLS. */
+export type CheckType = 'tcp' | 'http' | 'https';
+
+/**
+ * The TLS side of an HTTPS check. Without a CA the backend's certificate is
+ * not verified (HAProxy's `check-ssl verify none`); with one it is verified
+ * against it, and its name against `sni` when that is set.
+ */
+export interface TlsCheckSpec {
+  /** The server name sent in the ClientHello; undefined: none is sent. */
+  readonly sni: string | undefined;
+  /** The CA file as configured (for messages and status). */
+  readonly caFile: string | undefined;
+  /** Its PEM text, read and checked when the config was loaded. */
+  readonly ca: string | undefined;
+  /** SHA-256 of that text, hex: what makes two checks' CAs the same. */
+  readonly caSha256: string | undefined;
+}
+
 export interface HealthCheckSpec {
   readonly enabled: boolean;
-  readonly type: 'tcp' | 'http';
+  readonly type: CheckType;
   readonly port: number;
   readonly successThreshold: number;
   readonly failureThreshold: number;
   readonly periodSeconds: number;
   readonly timeoutSeconds: number;
+  /** The request and accepted statuses of an `http` or `https` check. */
   readonly http: HttpCheckSpec | undefined;
+  /** The TLS settings of an `https` check; undefined for the others. */
+  readonly tls?: TlsCheckSpec | undefined;
   /** Passive checks: consecutive failed connects on the forwarding path that mark a backend down. 0 = off. */
   readonly passiveFailures: number;
   /**

@@ -1,6 +1,9 @@
 // The daemon's own series: configured services, readiness, the VIP each
-// service is served on, interruptions by cause, the backend set under the
-// topology policy, reloads by result. The gauges are set at scrape time
+// service is served on, interruptions by cause, the backend set of a service
+// with a topology policy, reloads by result. A service costs three series
+// (ready, VIP, and the topology one only when it has a policy); the
+// interruptions are counted agent-wide by cause, the service is in the log
+// line and in `lb-agent status`' events. The gauges are set at scrape time
 // from the daemon's view, so no series can go stale; the counters are
 // counted where things happen. Loaded once the control socket is up
 // (late.ts), with prom-client.
@@ -25,7 +28,9 @@ export class DaemonMetrics {
 
   constructor(registry: Registry, view: DaemonMetricsView) {
     this.reloads = new Counter({ name: 'lbagent_config_reloads_total', help: 'Config reloads by result.', labelNames: ['result'], registers: [registry] });
-    this.interruptions = new Counter({ name: 'lbagent_service_vip_interruptions_total', help: 'Times a served VIP was withdrawn while the service stayed configured, by reason.', labelNames: ['service', 'namespace', 'reason'], registers: [registry] });
+    this.interruptions = new Counter({ name: 'lbagent_service_vip_interruptions_total', help: 'Times a served VIP was withdrawn while its service stayed configured, over every service, by reason.', labelNames: ['reason'], registers: [registry] });
+    // Every reason at 0 from the start, so increase() sees the first (Prometheus' "avoid missing metrics").
+    for (const reason of INTERRUPTION_KINDS) this.interruptions.inc({ reason }, 0);
     const services: Gauge = new Gauge({ name: 'lbagent_services', help: 'Configured services.', registers: [registry], collect: () => { services.set(view.serviceCount()); } });
     const ready: Gauge = new Gauge({
       name: 'lbagent_service_ready', help: '1 when the service has a VIP and a healthy backend.', labelNames: ['service', 'namespace'], registers: [registry],
@@ -36,9 +41,12 @@ export class DaemonMetrics {
       collect: () => { vipInfo.reset(); for (const v of view.vips()) vipInfo.set({ service: v.name, namespace: v.namespace, vip: v.vip, ipam: v.ipam }, 1); },
     });
     const topology: Gauge = new Gauge({
-      name: 'lbagent_service_topology_info', help: 'The backend set a service balances over (zone, all or none) under its topology policy, and why (1 for the current one).',
+      name: 'lbagent_service_topology_info', help: 'The backend set a service with a topology policy (prefer-zone, zone-only) balances over (zone, all or none), and why (1 for the current one); a service of policy any has no series.',
       labelNames: ['service', 'namespace', 'policy', 'set', 'reason'], registers: [registry],
-      collect: () => { topology.reset(); for (const x of view.topology()) topology.set({ service: x.name, namespace: x.namespace, policy: x.policy, set: x.set, reason: x.reason }, 1); },
+      collect: () => {
+        topology.reset();
+        for (const x of view.topology()) if (x.policy !== 'any') topology.set({ service: x.name, namespace: x.namespace, policy: x.policy, set: x.set, reason: x.reason }, 1);
+      },
     });
   }
 
@@ -46,16 +54,7 @@ export class DaemonMetrics {
     this.reloads.inc({ result });
   }
 
-  /** A service joined: every interruption reason at 0, so increase() sees it before its first (Prometheus' "avoid missing metrics"). */
-  serviceAdded(name: string, namespace: string): void {
-    for (const reason of INTERRUPTION_KINDS) this.interruptions.inc({ service: name, namespace, reason }, 0);
-  }
-
-  serviceRemoved(name: string, namespace: string): void {
-    for (const reason of INTERRUPTION_KINDS) this.interruptions.remove({ service: name, namespace, reason });
-  }
-
-  interrupted(name: string, namespace: string, cause: LostCause): void {
-    this.interruptions.inc({ service: name, namespace, reason: interruptionKind(cause) });
+  interrupted(_name: string, _namespace: string, cause: LostCause): void {
+    this.interruptions.inc({ reason: interruptionKind(cause) });
   }
 }

@@ -93,9 +93,6 @@ export class ServiceRuntimes {
       held, adopted: held !== undefined, interruptions: 0, lastInterruption: undefined, topology: undefined,
     };
     if (spec.primaryService === undefined) {
-      // Every reason at 0 from the start: a panel or alert on increase() sees
-      // the service before its first interruption (Prometheus's "avoid missing metrics").
-      this.opts.metrics()?.serviceAdded(spec.name, spec.namespace);
       const source = this.opts.subs()!.createSource(spec, this.opts.config()!);
       let lastVip: string | undefined; // for the event when it is lost
       source.on('vip', () => {
@@ -144,7 +141,6 @@ export class ServiceRuntimes {
   async remove(key: string): Promise<void> {
     const rt = this.runtimes.get(key);
     this.runtimes.delete(key);
-    if (rt) this.opts.metrics()?.serviceRemoved(rt.spec.name, rt.spec.namespace);
     if (rt) await rt.gate; // a VRRP start/stop in flight finishes first
     if (rt?.source) await rt.source.stop({ release: true }).catch((e) => this.opts.log.error({ op: 'reload', service: key, err: errorMessage(e) }, 'release failed'));
   }

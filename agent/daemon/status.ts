@@ -34,7 +34,7 @@ export interface ServiceStatus {
   lastInterruption: { at: string; reason: string } | undefined;
   ports: string[]; source: Record<string, unknown> | undefined; failover: Record<string, unknown> | undefined;
   healthyBackends: number;
-  backends: readonly { address: string; port: number; state: string; since: number | undefined; reason: string | undefined; takenOutBy: string | undefined }[];
+  backends: readonly { address: string; port: number; state: string; since: number | undefined; reason: string | undefined; takenOutBy: string | undefined; lastFailure?: { detail: string | undefined } | undefined }[];
   /** snat, or preserve (direct server return). */
   sourceIP?: string;
   /** The VIP's family (a dual-stack service is one entry per family: `namespace/name`, `namespace/name@IPv6`). */

@@ -20,6 +20,8 @@ export interface BackendHealth {
   readonly since: number | undefined;
   readonly reason: string | undefined;
   readonly takenOutBy: string | undefined;
+  /** The last failure, with what the probe saw ("certificate has expired", "HTTP 503, expected 200-399"). */
+  readonly lastFailure?: { readonly detail: string | undefined } | undefined;
 }
 
 export interface HealthLike extends EventEmitter {

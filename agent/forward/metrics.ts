@@ -4,8 +4,11 @@
 // read on its own schedule (after each apply and on a timer; a scrape never
 // spawns nft). Nothing on the forwarding hot path ever touches prom-client. Registered on the Registry
 // passed in, removed again by unregister() when the data path stops.
+// A backend's traffic series exist once it has carried a connection (and a
+// connect-failure series once it has failed one): a thousand idle services
+// cost no traffic series at all (test/privileged/metrics-size.test.ts).
 import { Counter, Gauge, Registry } from '../metrics/prom';
-import type { DataplaneKind, ForwardStats } from './dataplane';
+import type { DataplaneKind, FlowStats, ForwardStats } from './dataplane';
 import { serviceLabels } from './dataplane';
 
 export const FORWARD_METRIC_NAMES = [
@@ -32,6 +35,11 @@ export interface ForwardMetricsOptions {
   readonly now?: () => number;
 }
 
+/** Whether a backend has carried anything on a port: its traffic series exist from then on. */
+function carried(f: FlowStats): boolean {
+  return f.connections > 0 || f.bytesToBackend > 0 || f.bytesToClient > 0;
+}
+
 export class ForwardMetrics {
   private readonly registry: Registry;
   private readonly read: () => Promise<ForwardStats>;
@@ -50,13 +58,13 @@ export class ForwardMetrics {
 
     new Counter({
       name: 'lbagent_forward_connections_total',
-      help: 'Connections (TCP) or flows (UDP) forwarded to a backend since the data path started.',
+      help: 'Connections (TCP) or flows (UDP) forwarded to a backend since the data path started; a backend that has carried none has no series.',
       labelNames: ['service', 'namespace', 'backend', 'port'] as const,
       registers,
       async collect() {
         const st = await snapshot();
         this.reset();
-        for (const f of st.flows) this.inc({ ...serviceLabels(f.service), backend: f.backend, port: f.port }, f.connections);
+        for (const f of st.flows) if (carried(f)) this.inc({ ...serviceLabels(f.service), backend: f.backend, port: f.port }, f.connections);
       },
     });
     new Counter({
@@ -83,24 +91,25 @@ export class ForwardMetrics {
     });
     new Gauge({
       name: 'lbagent_forward_active_connections',
-      help: 'Open proxied connections per backend (userspace proxy only; the kernel path leaves them to conntrack).',
+      help: 'Open proxied connections per backend (userspace proxy only; the kernel path leaves them to conntrack); a backend that has carried no connection has no series.',
       labelNames: ['service', 'namespace', 'backend', 'port'] as const,
       registers,
       async collect() {
         const st = await snapshot();
         this.reset();
-        for (const f of st.flows) if (f.active !== undefined) this.set({ ...serviceLabels(f.service), backend: f.backend, port: f.port }, f.active);
+        for (const f of st.flows) if (f.active !== undefined && carried(f)) this.set({ ...serviceLabels(f.service), backend: f.backend, port: f.port }, f.active);
       },
     });
     new Counter({
       name: 'lbagent_forward_bytes_total',
-      help: 'Bytes forwarded per backend; direction="to_backend" is client to backend, "to_client" is backend to client.',
+      help: 'Bytes forwarded per backend; direction="to_backend" is client to backend, "to_client" is backend to client; a backend that has carried no connection has no series.',
       labelNames: ['service', 'namespace', 'backend', 'direction'] as const,
       registers,
       async collect() {
         const st = await snapshot();
         this.reset();
         for (const f of st.flows) {
+          if (!carried(f)) continue;
           const l = { ...serviceLabels(f.service), backend: f.backend };
           this.inc({ ...l, direction: 'to_backend' }, f.bytesToBackend);
           this.inc({ ...l, direction: 'to_client' }, f.bytesToClient);
@@ -109,14 +118,14 @@ export class ForwardMetrics {
     });
     new Counter({
       name: 'lbagent_forward_connect_failures_total',
-      help: 'Failed connects to a backend (userspace proxy only).',
+      help: 'Failed connects to a backend (userspace proxy only); a backend that has failed none has no series.',
       labelNames: ['service', 'namespace', 'backend'] as const,
       registers,
       async collect() {
         const st = await snapshot();
         this.reset();
         for (const f of st.flows) {
-          if (f.connectFailures === undefined) continue;
+          if (f.connectFailures === undefined || f.connectFailures === 0) continue;
           this.inc({ ...serviceLabels(f.service), backend: f.backend }, f.connectFailures);
         }
       },

@@ -28,14 +28,19 @@
 // none; the path is logged at start and exported as
 // lbagent_health_probe_path_info. HTTP probes stay on Node's http client: an
 // HTTP check is a request and a response to parse, which the addon must not
-// do. Per probe the checker allocates no Promise, AbortController or closure
-// on the TCP path.
+// do. HTTPS probes run the same client over node:tls, each target with its
+// TLS settings made once (health/tls.ts: one SecureContext per distinct CA).
+// Every probe, whatever its type, holds one of the scheduler's maxInFlight
+// slots until it ends; HTTPS probes also wait for one of maxTlsInFlight
+// places before they start (their timer with them), as a handshake is CPU
+// on this thread. Per probe the checker allocates no Promise,
+// AbortController or closure on the TCP path.
 import { EventEmitter } from 'node:events';
 import type { Registry } from 'prom-client';
 import { realClock, type Clock } from '../clock';
 import { silentLogger, type Logger } from '../log';
 import { errorMessage, localExhaustionCode } from '../errors';
-import type { BackendSpec, HealthCheckSpec, ServiceSpec } from '../config/types';
+import type { BackendSpec, CheckType, HealthCheckSpec, ServiceSpec, TlsCheckSpec } from '../config/types';
 import type { NativeAddon } from '../native/native';
 import {
   DEFAULT_HTTP_CHECK, defaultProbe, NodeTcpProber,
@@ -44,6 +49,7 @@ import {
 import { NativeTcpProber, type NativeTcpProberStats } from './native-probe';
 import { ProbeScheduler, type Run, type SchedulerStats, type Slot } from './scheduler';
 import { HealthMetrics, type BackendLabels, type ProbePath } from './metrics';
+import { TlsContexts } from './tls';
 import {
   initialHealth, isHealthy, step,
   type BackendHealth, type CheckPath, type FailureReason, type FailureRecord, type HealthEvent, type HealthState, type Thresholds,
@@ -76,6 +82,14 @@ export interface HealthCheckerOptions {
    * (256 throttled 10,000 targets on a busy machine).
    */
   readonly maxInFlight?: number;
+  /**
+   * HTTPS probes running at once at most (default 64), within maxInFlight.
+   * A TLS handshake costs this thread a millisecond or two of CPU: 1,000
+   * started together would each wait for the others and time out together.
+   * Beyond the bound a probe waits for a place before its timer starts; 64
+   * keep a core busy even against backends tens of milliseconds away.
+   */
+  readonly maxTlsInFlight?: number;
   /** Scheduling jitter as a fraction of the period (default 0.05). */
   readonly jitter?: number;
   /**
@@ -116,12 +130,18 @@ interface MutableLastProbe { at: number; ok: boolean; durationMs: number; reason
 
 const PROBE_OK: HealthEvent = Object.freeze({ kind: 'probe-ok' });
 
+/** The token of an HTTPS run waiting for a place (HealthChecker.maxTlsInFlight). */
+const TLS_WAITING = Symbol('waiting for a TLS place');
+
+/** An https check without TLS settings (specs made by hand): no SNI, no verification. */
+const NO_TLS: TlsCheckSpec = Object.freeze({ sni: undefined, caFile: undefined, ca: undefined, caSha256: undefined });
+
 /** What a 'probe' event reports: one probe of one shared target, emitted after its result reached every subscriber. */
 export interface ProbeReport {
   readonly target: string;
   readonly address: string;
   readonly port: number;
-  readonly type: 'tcp' | 'http';
+  readonly type: CheckType;
   /** Services subscribed to the target. */
   readonly subscribers: number;
   readonly slot: Slot;
@@ -135,8 +155,10 @@ export interface ProbeReport {
  */
 interface Target extends TcpTarget {
   readonly key: string;
-  readonly type: 'tcp' | 'http';
+  readonly type: CheckType;
   readonly spec: ProbeTarget;
+  /** What spec.tls was acquired with (an https target), to release it when the target goes. */
+  readonly tlsSpec: TlsCheckSpec | undefined;
   /** Subscribers, in the order they came; an array, not a Set: one load fewer per probe. */
   readonly subs: Sub[];
   periodMs: number;
@@ -172,9 +194,12 @@ export interface HealthCheckerEvents {
 /** The probe target key: what makes two checks the same probe. */
 export function targetKey(hc: HealthCheckSpec, address: string): string {
   const base = `${hc.type}|${address}|${hc.port}${hc.proxyProtocol !== undefined ? `|proxy-${hc.proxyProtocol}` : ''}`;
-  if (hc.type !== 'http') return base;
+  if (hc.type === 'tcp') return base;
   const h = hc.http ?? DEFAULT_HTTP_CHECK;
-  return `${base}|${h.path}|${h.expectStatus[0]}-${h.expectStatus[1]}`;
+  const http = `${base}|${h.path}|${h.expectStatus[0]}-${h.expectStatus[1]}`;
+  if (hc.type === 'http') return http;
+  // A changed CA file (its content) or server name is another check: it starts over.
+  return `${http}|sni=${hc.tls?.sni ?? ''}|ca=${hc.tls?.caSha256 ?? ''}`;
 }
 
 export class HealthChecker extends EventEmitter<HealthCheckerEvents> {
@@ -190,7 +215,13 @@ export class HealthChecker extends EventEmitter<HealthCheckerEvents> {
   private tcp: TcpProber<Run<Target>> | undefined;
   private readonly onTcpOutcome: TcpOutcome<Run<Target>> = (run, ok, reason, detail, durationMs) => this.settle(run, ok, reason, detail, durationMs);
   /** Probes started, by path and type, for lbagent_health_probes_total. */
-  private readonly started = { native: { tcp: 0, http: 0 }, node: { tcp: 0, http: 0 }, injected: { tcp: 0, http: 0 } };
+  private readonly started = { native: { tcp: 0, http: 0, https: 0 }, node: { tcp: 0, http: 0, https: 0 }, injected: { tcp: 0, http: 0, https: 0 } };
+  /** The TLS contexts of the HTTPS targets, one per distinct CA. */
+  private readonly tls = new TlsContexts();
+  private readonly maxTlsInFlight: number;
+  /** HTTPS probes running, and runs waiting for one of the maxTlsInFlight places (in the order they came). */
+  private tlsInFlight = 0;
+  private readonly tlsWaiting: Run<Target>[] = [];
   private tcpPath: ProbePath | undefined;
   private readonly metrics: HealthMetrics;
   private readonly scheduler: ProbeScheduler<Target>;
@@ -208,12 +239,13 @@ export class HealthChecker extends EventEmitter<HealthCheckerEvents> {
     this.coalesceMs = opts.coalesceMs;
     this.tcpProber = opts.tcpProber;
     this.nativeAddon = opts.nativeAddon;
+    this.maxTlsInFlight = opts.maxTlsInFlight ?? 64;
     this.metrics = new HealthMetrics(opts.registry, {
       inFlight: () => this.scheduler.stats().inFlight,
       probes: () => {
-        const out: { path: ProbePath; type: 'tcp' | 'http'; count: number }[] = [];
+        const out: { path: ProbePath; type: CheckType; count: number }[] = [];
         for (const path of ['native', 'node', 'injected'] as const) {
-          for (const type of ['tcp', 'http'] as const) if (this.started[path][type] > 0) out.push({ path, type, count: this.started[path][type] });
+          for (const type of ['tcp', 'http', 'https'] as const) if (this.started[path][type] > 0) out.push({ path, type, count: this.started[path][type] });
         }
         return out;
       },
@@ -387,6 +419,11 @@ export class HealthChecker extends EventEmitter<HealthCheckerEvents> {
     return this.tcp instanceof NativeTcpProber ? this.tcp.stats() : undefined;
   }
 
+  /** TLS contexts alive (one per distinct CA of the HTTPS targets, one for those without), for tests and benches. */
+  tlsContexts(): number {
+    return this.tls.size;
+  }
+
   /** Scheduler counters, for benches and status. */
   schedulerStats(): SchedulerStats & { targets: number } {
     return { ...this.scheduler.stats(), targets: this.targets.size };
@@ -411,9 +448,11 @@ export class HealthChecker extends EventEmitter<HealthCheckerEvents> {
           addressNum: b.addressNum,
           port: hc.port,
           spec: {
-            address: b.address, port: hc.port, type: hc.type, http: hc.type === 'http' ? (hc.http ?? DEFAULT_HTTP_CHECK) : undefined,
+            address: b.address, port: hc.port, type: hc.type, http: hc.type !== 'tcp' ? (hc.http ?? DEFAULT_HTTP_CHECK) : undefined,
+            ...(hc.type === 'https' ? { tls: this.tls.acquire(hc.tls ?? NO_TLS) } : {}),
             ...(hc.proxyProtocol !== undefined ? { proxyProtocol: hc.proxyProtocol } : {}),
           },
+          tlsSpec: hc.type === 'https' ? (hc.tls ?? NO_TLS) : undefined,
           subs: [],
           periodMs: hc.periodSeconds * 1000,
           timeoutMs: hc.timeoutSeconds * 1000,
@@ -443,7 +482,7 @@ export class HealthChecker extends EventEmitter<HealthCheckerEvents> {
       lastProbe: undefined,
     };
     target?.subs.push(sub);
-    this.metrics.addBackend(sub.labels, this.subHealthy(sub), now);
+    this.metrics.addBackend(sub.labels, this.subHealthy(sub));
     return sub;
   }
 
@@ -461,6 +500,7 @@ export class HealthChecker extends EventEmitter<HealthCheckerEvents> {
     if (t.subs.length === 0) {
       this.targets.delete(t.key);
       this.scheduler.remove(t.key);
+      if (t.tlsSpec) this.tls.release(t.tlsSpec);
       return;
     }
     let period = Infinity;
@@ -496,8 +536,19 @@ export class HealthChecker extends EventEmitter<HealthCheckerEvents> {
       run.token = this.tcp.start(target, target.timeoutMs, run, run.started);
       return;
     }
-    // HTTP checks (Node's http client) and injected probes: a Promise each.
-    this.started[this.probe === undefined ? 'node' : 'injected'][type]++;
+    if (type === 'https') {
+      // A handshake is CPU on this thread: beyond the bound it waits its turn, its timer not yet started.
+      if (this.tlsInFlight >= this.maxTlsInFlight) { run.token = TLS_WAITING; this.tlsWaiting.push(run); return; }
+      this.tlsInFlight++;
+    }
+    this.startPromised(run);
+  }
+
+  /** HTTP and HTTPS checks (Node's http client) and injected probes: a Promise each. */
+  private startPromised(run: Run<Target>): void {
+    const target = run.data;
+    const tls = target.type === 'https';
+    this.started[this.probe === undefined ? 'node' : 'injected'][target.type]++;
     const ac = new AbortController();
     run.token = ac;
     let p: Promise<ProbeResult>;
@@ -507,9 +558,20 @@ export class HealthChecker extends EventEmitter<HealthCheckerEvents> {
       p = Promise.reject(err);
     }
     p.then(
-      (r) => (r.ok ? this.settle(run, true, undefined, r.detail, r.durationMs) : this.settle(run, false, r.reason, r.detail, r.durationMs)),
-      (err: unknown) => this.settle(run, false, 'error', errorMessage(err), 0),
+      (r) => { if (tls) this.tlsDone(); if (r.ok) this.settle(run, true, undefined, r.detail, r.durationMs); else this.settle(run, false, r.reason, r.detail, r.durationMs); },
+      (err: unknown) => { if (tls) this.tlsDone(); this.settle(run, false, 'error', errorMessage(err), 0); },
     );
+  }
+
+  /** An HTTPS probe ended (or was aborted): the next waiting one starts. */
+  private tlsDone(): void {
+    this.tlsInFlight--;
+    while (this.tlsInFlight < this.maxTlsInFlight && this.tlsWaiting.length > 0) {
+      const next = this.tlsWaiting.shift()!;
+      if (next.aborted) continue;
+      this.tlsInFlight++;
+      this.startPromised(next);
+    }
   }
 
   /** The scheduler abandoned a run (target removed, checker stopped): cancel its probe. */
@@ -517,6 +579,10 @@ export class HealthChecker extends EventEmitter<HealthCheckerEvents> {
     const token = run.token;
     if (typeof token === 'number') this.tcp?.cancel(token, run);
     else if (token instanceof AbortController) token.abort();
+    else if (token === TLS_WAITING) {
+      const i = this.tlsWaiting.indexOf(run);
+      if (i >= 0) this.tlsWaiting.splice(i, 1);
+    }
   }
 
   /** A probe's outcome: to every subscriber of its target, then the run is over. */
@@ -584,7 +650,7 @@ export class HealthChecker extends EventEmitter<HealthCheckerEvents> {
     sub.health = health;
     if (!changed) return;
     const to = health.state === 'up' ? 'up' : 'down';
-    this.metrics.transition(sub.labels, to, now);
+    this.metrics.transition(to);
     this.metrics.setUp(sub.labels, this.subHealthy(sub));
     const fields = {
       op: 'transition', service: sub.service.spec.key, backend: sub.labels.backend, from, to,

@@ -1,13 +1,17 @@
 // Health metrics: the Prometheus series of the health checker, registered on
 // the Registry passed in (never the global one). Labels are bounded: service,
 // namespace, backend ("address:port" of the checked port), result/reason,
-// probe path and check type.
+// probe path and check type. Only the up gauge is per backend; transitions
+// and probe durations are agent-wide, so a thousand services of a few
+// backends keep the page small (the backend that changed, and when, is in
+// the transition's log line and in `lb-agent status`).
 // Per probe, only the duration histogram is written, through label children
 // made once; in-flight and per-path counts are read at scrape time from the
 // checker's own counters (metric label lookups were part of the
 // per-probe cost at 10,000 probes/s).
 import { Counter, Gauge, Histogram, Registry } from '../metrics/prom';
 import type { FailureReason } from './state';
+import type { CheckType } from '../config/types';
 
 export type ProbeOutcome = 'ok' | FailureReason;
 
@@ -18,7 +22,7 @@ export type ProbePath = 'native' | 'node' | 'injected';
 export interface HealthCounts {
   readonly inFlight: () => number;
   /** Probes started so far, by path and check type. */
-  readonly probes: () => ReadonlyArray<{ readonly path: ProbePath; readonly type: 'tcp' | 'http'; readonly count: number }>;
+  readonly probes: () => ReadonlyArray<{ readonly path: ProbePath; readonly type: CheckType; readonly count: number }>;
 }
 
 export interface BackendLabels {
@@ -30,8 +34,7 @@ export interface BackendLabels {
 export class HealthMetrics {
   readonly up: Gauge<'service' | 'namespace' | 'backend'>;
   readonly probeDuration: Histogram<'result'>;
-  readonly transitions: Counter<'service' | 'namespace' | 'backend' | 'to'>;
-  readonly lastChange: Gauge<'service' | 'namespace' | 'backend'>;
+  readonly transitions: Counter<'to'>;
   readonly inFlight: Gauge;
   readonly skipped: Counter<'reason'>;
   readonly probePath: Gauge<'path'>;
@@ -56,16 +59,13 @@ export class HealthMetrics {
     });
     this.transitions = new Counter({
       name: 'lbagent_health_transitions_total',
-      help: 'Health state changes of a backend for a service, by the state entered.',
-      labelNames: ['service', 'namespace', 'backend', 'to'] as const,
+      help: 'Health state changes of backends, over every service, by the state entered.',
+      labelNames: ['to'] as const,
       registers,
     });
-    this.lastChange = new Gauge({
-      name: 'lbagent_health_last_change_timestamp_seconds',
-      help: 'Wall-clock time of the last health state change of a backend for a service (or when checking began).',
-      labelNames: ['service', 'namespace', 'backend'] as const,
-      registers,
-    });
+    // Both at 0 from the start, so increase() sees the first (Prometheus' "avoid missing metrics").
+    this.transitions.inc({ to: 'up' }, 0);
+    this.transitions.inc({ to: 'down' }, 0);
     this.inFlight = new Gauge({
       name: 'lbagent_health_probes_in_flight',
       help: 'Health probes currently running.',
@@ -103,28 +103,21 @@ export class HealthMetrics {
     });
   }
 
-  /** A backend entered a service's view: up gauge, timestamp, transitions at 0. */
-  addBackend(l: BackendLabels, up: boolean, wallMs: number): void {
+  /** A backend entered a service's view: its up gauge. */
+  addBackend(l: BackendLabels, up: boolean): void {
     this.up.set(l, up ? 1 : 0);
-    this.lastChange.set(l, wallMs / 1000);
-    this.transitions.inc({ ...l, to: 'up' }, 0);
-    this.transitions.inc({ ...l, to: 'down' }, 0);
   }
 
   setUp(l: BackendLabels, up: boolean): void {
     this.up.set(l, up ? 1 : 0);
   }
 
-  transition(l: BackendLabels, to: 'up' | 'down', wallMs: number): void {
-    this.transitions.inc({ ...l, to });
-    this.lastChange.set(l, wallMs / 1000);
+  transition(to: 'up' | 'down'): void {
+    this.transitions.inc({ to });
   }
 
   removeBackend(l: BackendLabels): void {
     this.up.remove(l);
-    this.lastChange.remove(l);
-    this.transitions.remove({ ...l, to: 'up' });
-    this.transitions.remove({ ...l, to: 'down' });
   }
 
   probe(result: ProbeOutcome, durationMs: number): void {

@@ -1,5 +1,8 @@
-// Health probes (driver, socket I/O): one TCP connect, or one HTTP GET, to a
-// backend's health-check port with the timeout enforced by our own timer.
+// Health probes (driver, socket I/O): one TCP connect, one HTTP GET, or one
+// HTTP GET over TLS, to a backend's health-check port with the timeout
+// enforced by our own timer (for HTTPS it covers connect, handshake and
+// response: a backend that accepts and never finishes the handshake fails
+// within it, its sockets destroyed).
 // A probe never throws and never rejects: it resolves to a result with a
 // reason from a fixed set (also a metric label). No state, no scheduling.
 // With `proxyProtocol` a probe sends the PROXY protocol header first, as a
@@ -12,16 +15,47 @@
 // (native-probe.ts) and the path it is measured against.
 import * as net from 'node:net';
 import * as http from 'node:http';
-import type { HttpCheckSpec, ProxyProtocolVersion } from '../config/types';
+import type * as tls from 'node:tls';
+import type { CheckType, HttpCheckSpec, ProxyProtocolVersion } from '../config/types';
 import { healthCheckHeader } from '../forward/proxy-protocol';
 import type { FailureReason } from './state';
+
+/** The TLS side of an HTTPS probe, made once per target (health/tls.ts), never per probe. */
+export interface TlsProbeSettings {
+  /** The server name sent in the ClientHello; undefined sends none. */
+  readonly servername: string | undefined;
+  /** Shared by every target with the same CA (or none). */
+  readonly context: tls.SecureContext;
+  /** Verify the chain against the context's CAs, and the name against servername when set. */
+  readonly verify: boolean;
+  /** The target's TLS session, which its next probes resume; written by the probes. Undefined: every probe makes a full handshake. */
+  readonly resume?: TlsResumption | undefined;
+}
+
+/** A target's last TLS session, and when a full handshake (the certificate verified) last happened. */
+export interface TlsResumption {
+  session: Buffer | undefined;
+  /** performance.now() of the last full handshake. */
+  fullAt: number;
+}
+
+/**
+ * How long probes resume a session after a full handshake. A resumed
+ * handshake skips the certificate (its chain, its signature, its dates): the
+ * larger part of a check's CPU, which is why HAProxy's checks resume too. A
+ * full one comes at least this often, so a certificate that expires or is
+ * replaced by one that does not verify is seen within it.
+ */
+export const TLS_RESUME_MS = 60_000;
 
 export interface ProbeTarget {
   readonly address: string;
   readonly port: number;
-  readonly type: 'tcp' | 'http';
-  /** Required when type is 'http'. */
+  readonly type: CheckType;
+  /** Required when type is 'http' or 'https'. */
   readonly http: HttpCheckSpec | undefined;
+  /** Required when type is 'https'. */
+  readonly tls?: TlsProbeSettings | undefined;
   /** Send this PROXY protocol header before anything else. */
   readonly proxyProtocol?: ProxyProtocolVersion | undefined;
 }
@@ -105,7 +139,7 @@ interface Verdict {
  * an abort wins; the timer and the abort listener go with it. `teardown`
  * destroys the probe's socket or request on a failure.
  */
-function verdict(resolve: (r: ProbeResult) => void, opts: ProbeOptions, timeoutDetail: string, teardown: () => void): Verdict {
+function verdict(resolve: (r: ProbeResult) => void, opts: ProbeOptions, timeoutDetail: string | (() => string), teardown: () => void): Verdict {
   const start = performance.now();
   let done = false;
   const finish = (r: ProbeResult): void => {
@@ -120,7 +154,7 @@ function verdict(resolve: (r: ProbeResult) => void, opts: ProbeOptions, timeoutD
     teardown();
   };
   const onAbort = (): void => fail('error', 'aborted');
-  const timer = setTimeout(() => fail('timeout', timeoutDetail), opts.timeoutMs);
+  const timer = setTimeout(() => fail('timeout', typeof timeoutDetail === 'string' ? timeoutDetail : timeoutDetail()), opts.timeoutMs);
   if (opts.signal?.aborted) onAbort();
   else opts.signal?.addEventListener('abort', onAbort, { once: true });
   return { finish, fail, get done() { return done; }, elapsed: () => performance.now() - start };
@@ -169,21 +203,118 @@ export const httpProbe: Probe = (target, opts) => new Promise<ProbeResult>((reso
   if (v.done) return; // aborted before it began
   const version = target.proxyProtocol;
   if (version === undefined) { req = httpGet(target, v, undefined); return; }
+  sock = connectThen(target, v, (s) => { req = httpGet(target, v, s); });
+});
+
+/**
+ * A TCP connection to the target whose socket errors fail the verdict; once
+ * connected (and the verdict still open) it sends the PROXY protocol header
+ * when the target asks for one, then hands the socket to `then`.
+ */
+function connectThen(target: ProbeTarget, v: Verdict, then: (s: net.Socket) => void): net.Socket {
   const s = new net.Socket();
-  sock = s;
   s.on('error', (err) => {
     if (!v.done) v.fail(reasonOf(err), detailOf(err));
   });
   s.once('connect', () => {
     if (v.done) return;
-    s.write(probeHeader(version, s));
-    req = httpGet(target, v, s);
+    if (target.proxyProtocol !== undefined) s.write(probeHeader(target.proxyProtocol, s));
+    then(s);
   });
   try {
     s.connect({ host: target.address, port: target.port });
   } catch (err) {
+    // A bad port or address throws synchronously; a probe reports, never throws.
     v.fail('error', detailOf(err));
   }
+  return s;
+}
+
+/** Accepts any name: a check without `sni` verifies the chain only. */
+const ANY_NAME = (): undefined => undefined;
+
+/** Where an HTTPS probe is, for the text of its timeout. */
+type HttpsPhase = 'connect' | 'handshake' | 'response';
+
+/** What a probe that ran out of time in `phase` reports. */
+export function httpsTimeoutDetail(phase: HttpsPhase, timeoutMs: number): string {
+  switch (phase) {
+    case 'connect': return `no connection within ${timeoutMs} ms`;
+    case 'handshake': return `TLS handshake timed out after ${timeoutMs} ms`;
+    case 'response': return `no response within ${timeoutMs} ms`;
+  }
+}
+
+/**
+ * A TLS error as a reason and a detail a user can act on: a certificate that
+ * fails verification ("certificate has expired", a name mismatch) or a
+ * handshake OpenSSL refused ("TLS handshake failed: wrong version number",
+ * which is what a plain-HTTP port answers) is `tls`; a connection lost
+ * during the handshake keeps its socket reason.
+ */
+export function tlsFailure(err: unknown): { reason: FailureReason; detail: string } {
+  const e = (err ?? {}) as { code?: unknown; message?: unknown; reason?: unknown };
+  const code = typeof e.code === 'string' ? e.code : '';
+  const message = typeof e.message === 'string' ? e.message : String(err);
+  const socketReason = reasonOf(err);
+  if (socketReason !== 'error') return { reason: socketReason, detail: `${code}: ${message}` };
+  if (code === 'ERR_TLS_CERT_ALTNAME_INVALID') return { reason: 'tls', detail: message };
+  if (code.startsWith('ERR_SSL_') || code.startsWith('ERR_TLS_')) {
+    return { reason: 'tls', detail: `TLS handshake failed: ${typeof e.reason === 'string' ? e.reason : message}` };
+  }
+  // OpenSSL's X509 verification codes (CERT_HAS_EXPIRED, UNABLE_TO_VERIFY_LEAF_SIGNATURE,
+  // DEPTH_ZERO_SELF_SIGNED_CERT, ...) come with its own text ("certificate has expired").
+  if (/^[A-Z0-9_]+$/.test(code)) return { reason: 'tls', detail: message };
+  return { reason: 'error', detail: message };
+}
+
+/**
+ * One HTTP/1.1 GET over TLS; healthy when the status is inside the range.
+ * TCP connect, then the PROXY protocol header when asked for (before TLS,
+ * as a proxy sends it), then the handshake with the target's shared
+ * context (resuming the target's session while it is younger than
+ * TLS_RESUME_MS), then the request on that TLS socket. The one timer covers
+ * all three; its detail names the phase it caught.
+ */
+export const httpsProbe: Probe = (target, opts) => new Promise<ProbeResult>((resolve) => {
+  // Required here, not at the top: node:tls brings node:crypto, which an agent without HTTPS checks never loads.
+  const { connect } = require('node:tls') as typeof import('node:tls');
+  let raw: net.Socket | undefined;
+  let sec: tls.TLSSocket | undefined;
+  let req: http.ClientRequest | undefined;
+  let phase: HttpsPhase = 'connect';
+  const v = verdict(resolve, opts, () => httpsTimeoutDetail(phase, opts.timeoutMs), () => { req?.destroy(); sec?.destroy(); raw?.destroy(); });
+  if (v.done) return; // aborted before it began
+  const settings = target.tls;
+  if (!settings) { v.fail('error', 'an https probe without TLS settings'); return; }
+  raw = connectThen(target, v, (s) => {
+    phase = 'handshake';
+    const r = settings.resume;
+    const session = r?.session !== undefined && performance.now() - r.fullAt < TLS_RESUME_MS ? r.session : undefined;
+    const t = connect({
+      socket: s,
+      secureContext: settings.context,
+      rejectUnauthorized: settings.verify,
+      ...(settings.servername !== undefined ? { servername: settings.servername } : { checkServerIdentity: ANY_NAME }),
+      ...(session !== undefined ? { session } : {}),
+    });
+    sec = t;
+    // TLS 1.3 tickets come after the handshake, on full and resumed connections alike.
+    if (r) t.on('session', (ticket: Buffer) => { r.session = ticket; });
+    t.on('error', (err) => {
+      // A session whose handshake failed is not offered again.
+      if (r) r.session = undefined;
+      if (v.done) return;
+      const f = tlsFailure(err);
+      v.fail(f.reason, f.detail);
+    });
+    t.once('secureConnect', () => {
+      if (r && !t.isSessionReused()) r.fullAt = performance.now();
+      if (v.done) return;
+      phase = 'response';
+      req = httpGet(target, v, t);
+    });
+  });
 });
 
 /** The GET itself, on a connection of its own or on `sock` (connected, header sent); undefined when it could not start. */
@@ -198,7 +329,8 @@ function httpGet(target: ProbeTarget, v: Verdict, sock: net.Socket | undefined):
       method: 'GET',
       // No agent: with one (even agent: false) Node opens its own connection and ignores createConnection.
       ...(sock ? { createConnection: () => sock } : { agent: false }),
-      headers: { host: `${target.address}:${target.port}`, 'user-agent': 'lb-agent-health', accept: '*/*', connection: 'close' },
+      // A named TLS backend (sni) is asked for by that name, as a virtual host picks its site by it.
+      headers: { host: target.tls?.servername ?? `${target.address}:${target.port}`, 'user-agent': 'lb-agent-health', accept: '*/*', connection: 'close' },
     });
   } catch (err) {
     // A bad path or port throws synchronously; a probe reports, never throws.
@@ -227,7 +359,7 @@ function httpGet(target: ProbeTarget, v: Verdict, sock: net.Socket | undefined):
 }
 
 /** The default probe: by target type. */
-export const defaultProbe: Probe = (target, opts) => (target.type === 'http' ? httpProbe(target, opts) : tcpProbe(target, opts));
+export const defaultProbe: Probe = (target, opts) => (target.type === 'http' ? httpProbe(target, opts) : target.type === 'https' ? httpsProbe(target, opts) : tcpProbe(target, opts));
 
 /** A TCP probe target with its address as a host-order integer (BackendSpec.addressNum; 0 for an IPv6 address, which `address` holds). */
 export interface TcpTarget {

@@ -30,11 +30,12 @@ export type HealthState = 'unknown' | 'up' | 'down';
 /**
  * Why a probe or a connect failed. The first four come from the socket
  * (ECONNREFUSED, ETIMEDOUT or our timer, ECONNRESET, EHOSTUNREACH/ENETUNREACH);
- * `bad-status` is an HTTP answer outside the expected range; `error` is
+ * `bad-status` is an HTTP answer outside the expected range; `tls` is a
+ * handshake refused or a certificate that failed verification; `error` is
  * anything else (EMFILE, a parse error, ...). Also a metric label.
  */
-export type FailureReason = 'refused' | 'timeout' | 'reset' | 'unreachable' | 'bad-status' | 'error';
-export const FAILURE_REASONS: readonly FailureReason[] = ['refused', 'timeout', 'reset', 'unreachable', 'bad-status', 'error'];
+export type FailureReason = 'refused' | 'timeout' | 'reset' | 'unreachable' | 'bad-status' | 'tls' | 'error';
+export const FAILURE_REASONS: readonly FailureReason[] = ['refused', 'timeout', 'reset', 'unreachable', 'bad-status', 'tls', 'error'];
 
 export type CheckPath = 'active' | 'passive';
 

@@ -96,6 +96,38 @@ ${proxyProtocolPort !== undefined ? `    listen ${proxyProtocolPort} proxy_proto
   return track(`nginx-${id}`, proc);
 }
 
+/**
+ * nginx as `count` TLS backends: one server on `address`, ports first ..
+ * first + count - 1, every request answered 200. Each answered request
+ * appends one line to `accessLog`: "r" when its TLS session was resumed, "."
+ * when it was a full handshake (two bytes a check, so a size is a count).
+ */
+export async function startNginxTlsBackends(lab: Lab, ns: string, o: { address: string; firstPort: number; count: number; cert: string; key: string; accessLog: string }): Promise<Peer> {
+  const dir = lab.file('nginx-tls');
+  fs.mkdirSync(dir, { recursive: true });
+  const conf = path.join(dir, 'nginx.conf');
+  const listens = Array.from({ length: o.count }, (_, i) => `    listen ${o.address}:${o.firstPort + i} ssl backlog=1024;`).join('\n');
+  fs.writeFileSync(conf, `${nginxMain(dir, 1, 16384)}worker_rlimit_nofile 40000;
+http {
+  log_format resumed '$ssl_session_reused';
+  access_log ${o.accessLog} resumed;
+  keepalive_timeout 0;
+  client_body_temp_path ${dir}/body;
+  proxy_temp_path ${dir}/proxy;
+  ssl_certificate ${o.cert};
+  ssl_certificate_key ${o.key};
+  ssl_session_cache shared:tls:10m;
+  server {
+${listens}
+    location / { default_type text/plain; return 200 "ok\\n"; }
+  }
+}
+`);
+  const proc = lab.spawn(ns, 'nginx', ['-p', dir, '-e', `${dir}/error.log`, '-c', conf]);
+  await waitListening(lab, ns, o.firstPort + o.count - 1, 'nginx TLS backends', { proc, timeoutMs: 30_000 });
+  return track('nginx-tls', proc);
+}
+
 export async function startIperfServer(lab: Lab, ns: string, port = 5201): Promise<Peer> {
   const proc = lab.spawn(ns, 'iperf3', ['-s', '-p', String(port)]);
   await waitListening(lab, ns, port, 'iperf3 server', { proc });

@@ -202,3 +202,17 @@ export function otherCpuMeter(): { stop(): number } {
     },
   };
 }
+
+/**
+ * CPU ms of a process at the scheduler's resolution for its live threads
+ * (threadsCpuMs) plus the children it has reaped (an agent's nft runs), in
+ * 10 ms ticks; NaN when it is gone.
+ */
+export function cpuFineWithChildrenMs(pid: number | undefined): number {
+  if (pid === undefined) return NaN;
+  try {
+    const st = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
+    const f = st.slice(st.lastIndexOf(')') + 2).split(' ');
+    return threadsCpuMs(pid) + (Number(f[13]) + Number(f[14])) * 10;
+  } catch { return NaN; }
+}

@@ -5,9 +5,11 @@
 import type { ForwardResult, ForwardTarget } from '../forwarding';
 import type { DhcpClient, DhcpResult, DhcpRun, DhcpSummaryRow } from '../dhcp';
 import type { DetectionResult } from '../detection';
+import type { HttpsResult } from '../https';
 import type { ControlResult } from '../control';
 import { WHO_LABEL, EVENT_LABEL, type RestartResult, type RestartSummaryRow, type RestartEvent, type RestartWho } from '../restart';
 import { DAMAGE_KINDS, DAMAGE_LABEL, DRIFT_WHO_LABEL, type DriftResult } from '../drift';
+import type { ScaleResult } from '../scale';
 import type { ProbeRateResult, ProbeRateSummary, ProbePath, PreflightResult, FailoverResult } from '../wrapped';
 import type { Machine } from './procfs';
 import { fmt, fmtRatio, median, ratio } from './stats';
@@ -26,7 +28,7 @@ export interface BenchResults {
   startedAt: string;
   finishedAt: string;
   /** forwardTargets: present when --forward-targets ran only some of the forwarding rows. */
-  options: { rounds: number; quick: boolean; only: string[]; forwardTargets?: string[] };
+  options: { rounds: number; quick: boolean; only: string[]; forwardTargets?: string[]; scaleSizes?: number[] };
   machine: Machine;
   /** 1-minute load average sampled every 10 s over the whole run. */
   load: { before: number[]; after: number[]; samples: number[]; mean1m: number; max1m: number; otherCpuCores: number };
@@ -35,9 +37,11 @@ export interface BenchResults {
   dhcp?: DhcpResult;
   probes?: ProbeRateResult;
   detection?: DetectionResult;
+  https?: HttpsResult;
   control?: ControlResult;
   restart?: RestartResult;
   drift?: DriftResult;
+  scale?: ScaleResult;
   preflight?: PreflightResult;
   failover?: FailoverResult;
   targets: TargetRow[];
@@ -158,6 +162,7 @@ export function evaluateTargets(r: BenchResults): TargetRow[] {
   }
   rows.push(...restartTargets(r.restart));
   rows.push(...driftTargets(r.drift));
+  rows.push(...scaleTargets(r.scale));
   const pf = r.preflight?.summary;
   if (pf) rows.push({ area: 'preflight', target: '`lb-agent check` under 1 s (a fresh process)', measured: `${fmt(pf.freshProcessMedianMs)} ms`, met: judge(pf.freshProcessMedianMs, (x) => x < 1000) });
   return rows;
@@ -203,6 +208,43 @@ export function driftTargets(d: DriftResult | undefined): TargetRow[] {
     : `longest ${fmt(worst[1])} ms (${worst[0]})${over.length ? `; over 1 s: ${over.join(', ')}` : ''}${missing.length ? `; not measured: ${missing.join(', ')}` : ''}`;
   return [{ area: 'drift', target: 'drift: every kind repaired to the first answer under 1 s', measured, met: over.length > 0 ? false : worst !== undefined && missing.length === 0 ? true : undefined }];
 }
+
+/**
+ * The product's targets at 1,000 services, judged on the largest size
+ * measured (a short run's 100 says nothing about 1,000: not measured then).
+ */
+export function scaleTargets(d: ScaleResult | undefined): TargetRow[] {
+  if (!d) return [];
+  const s = d.summary.find((x) => x.services >= 1000);
+  const at = '1,000 services';
+  const row = (target: string, measured: string, value: number, goal: (v: number) => boolean): TargetRow =>
+    ({ area: 'scale', target: `${at}: ${target}`, measured: s ? measured : 'not measured (no run at 1,000 services)', met: s ? judge(value, goal) : undefined });
+  return [
+    row('a reload that changes one backend under 50 ms of agent CPU', `${fmt(s?.reloadCpuMs ?? NaN, 1)} ms (kube-proxy-style delta: ${fmt(s?.refDeltaCpuMs ?? NaN, 1)} ms of nft CPU)`, s?.reloadCpuMs ?? NaN, (x) => x < 50),
+    row('a health transition under 5 ms of agent CPU', `${fmt(s?.transitionCpuMs ?? NaN, 1)} ms`, s?.transitionCpuMs ?? NaN, (x) => x < 5),
+    row('RSS under 80 MiB', `${fmt(s?.rssMiB ?? NaN, 1)} MiB`, s?.rssMiB ?? NaN, (x) => x < 80),
+    row('idle CPU under 1% of a core, nft children included', `${fmt(s?.idleCpuPercent ?? NaN, 2)}%`, s?.idleCpuPercent ?? NaN, (x) => x < 1),
+    row('one /metrics scrape under 20 ms of CPU', `${fmt(s?.scrapeCpuMs ?? NaN, 1)} ms (${fmt(s?.metricsBytesPerService ?? NaN)} bytes a service)`, s?.scrapeCpuMs ?? NaN, (x) => x < 20),
+    row('50 /metrics scrapes a second sustained for 10 s', `${fmt(s?.burstFailed ?? NaN)} of ${fmt(s?.burstSent ?? NaN)} failed`, s ? s.burstFailed : NaN, (x) => x === 0),
+    row('`lb-agent status --json` under 50 ms', `${fmt(s?.statusCliMs ?? NaN)} ms as a process, ${fmt(s?.statusRequestMs ?? NaN, 1)} ms the request alone`, s?.statusCliMs ?? NaN, (x) => x < 50),
+    row('stop (SIGTERM to exit) under 2 s', `${fmt(s?.stopMs ?? NaN)} ms`, s?.stopMs ?? NaN, (x) => x < 2000),
+  ];
+}
+
+/** One row per size, the reference's numbers beside the agent's. */
+export function scaleTable(r: BenchResults): string | undefined {
+  const d = r.scale;
+  if (!d || d.summary.length === 0) return undefined;
+  return table(['services (backends)', 'RSS MiB', 'idle CPU % of a core', 'nft ruleset lines', 'reload of one backend: agent CPU ms', 'kube-proxy-style delta: nft CPU ms / wall ms (full table: CPU / wall)', 'health transition: agent CPU ms', '/metrics bytes a service (body)', 'CPU ms a scrape', '50 scrapes/s for 10 s: failed (p99 ms)', '`status --json` ms (request alone)', 'stop ms'],
+    d.summary.map((s) => [
+      `${fmt(s.services)} (${fmt(s.backends)})`, fmt(s.rssMiB, 1), fmt(s.idleCpuPercent, 2), fmt(s.nftLines), fmt(s.reloadCpuMs, 1),
+      `${fmt(s.refDeltaCpuMs, 1)} / ${fmt(s.refDeltaWallMs, 1)} (${fmt(s.refFullCpuMs, 1)} / ${fmt(s.refFullWallMs, 1)}, ${fmt(s.refLines)} lines)`,
+      fmt(s.transitionCpuMs, 1), `${fmt(s.metricsBytesPerService)} (${fmt(s.metricsBytes / 1024, 1)} KiB)`, fmt(s.scrapeCpuMs, 1),
+      `${fmt(s.burstFailed)} of ${fmt(s.burstSent)} (${fmt(s.burstP99Ms, 1)})`, `${fmt(s.statusCliMs)} (${fmt(s.statusRequestMs, 1)}; ${fmt(s.statusBytes / 1024, 0)} KiB)`, fmt(s.stopMs),
+    ]));
+}
+
+const SCALE_TEXT = 'The real `lb-agent run` with N pool services, each balancing over 2-4 of four backend namespaces on the lab bridge (port 80 to 8080), health checks at their defaults (TCP, period 5 s, timeout 3 s, failure threshold 3), kernel path, the unit\'s environment; a lab per size. RSS once every service is ready and 5 s passed; idle CPU is utime + stime + cutime + cstime of the agent (/proc/PID/stat: its nft children included) over a window, in % of one core. Reload: one backend of one service swapped by SIGHUP, the agent\'s CPU (its live threads at the scheduler\'s resolution, reaped children in 10 ms ticks) from the signal to 1 s after the reload\'s log line, less the idle rate over that time; median of the swap and the swap back. Health transition: one backend\'s own listener stopped (and later started again), the agent\'s CPU from its transition log line to 1 s later, less the idle rate; median over down and up. /metrics is scraped from another namespace across the bridge, scrapes 1.25 s apart (the endpoint reuses a gather for 1 s), each on a new connection. The reference is not the agent: a kube-proxy-style nftables table (a verdict map from VIP and port to a chain per service, a map per service from a random number to a chain per endpoint) of as many services and backends in a namespace of its own, and `nft -f` of the partial update kube-proxy would write for one changed backend (one endpoint chain added, one map element replaced, the old chain deleted), an nft process each time, wall and CPU (the shell\'s `times` of its children) over 50 runs (the change and the change back, 25 times) divided by 50; in brackets the same table written whole, over 3 to 20 runs.';
 
 const yes = (m: boolean | undefined): string => (m === undefined ? 'not measured' : m ? 'met' : '**not met**');
 
@@ -355,6 +397,18 @@ export function probesTable(r: BenchResults): string | undefined {
     }));
 }
 
+/** HTTPS checks of the same TLS targets: lb-agent's checker and HAProxy's check-ssl, without and with verification. */
+export function httpsTable(r: BenchResults): string | undefined {
+  const h = r.https;
+  if (!h || h.summary.length === 0) return undefined;
+  return table(['targets', 'period', 'who', 'verification', 'checks/s (expected)', 'CPU, % of a core', 'CPU us per check', 'x HAProxy (CPU per check)', 'sessions resumed', 'RSS MiB'],
+    h.summary.map((s) => [
+      fmt(s.targets), `${s.periodSeconds} s`, s.who === 'agent' ? 'lb-agent (`type: https`)' : 'HAProxy, 1 thread (`check-ssl`)',
+      s.verify ? 'CA and server name' : 'none', `${fmt(s.checksPerSecond)} (${fmt(s.expectedPerSecond)})`, fmt(s.cpuPercentOfOneCore, 1), fmt(s.cpuMicrosPerCheck, 1),
+      s.xHaproxy !== undefined ? fmtRatio(s.xHaproxy) : '-', `${fmt(s.resumedFraction * 100, 0)}%`, fmt(s.rssMiB),
+    ]));
+}
+
 export function detectionTable(r: BenchResults): string | undefined {
   const d = r.detection;
   if (!d) return undefined;
@@ -458,7 +512,7 @@ export function failoverTable(r: BenchResults): string | undefined {
 
 /** The command line a run was started with, as far as it changes what was measured. */
 function runFlags(o: BenchResults['options']): string {
-  const flags = [...(o.quick ? ['--quick'] : []), ...(o.only.length ? [`--only ${o.only.join(',')}`] : []), ...(o.forwardTargets ? [`--forward-targets ${o.forwardTargets.join(',')}`] : [])];
+  const flags = [...(o.quick ? ['--quick'] : []), ...(o.only.length ? [`--only ${o.only.join(',')}`] : []), ...(o.forwardTargets ? [`--forward-targets ${o.forwardTargets.join(',')}`] : []), ...(o.scaleSizes ? [`--scale-sizes ${o.scaleSizes.join(',')}`] : [])];
   return flags.length ? ` -- ${flags.join(' ')}` : '';
 }
 
@@ -496,7 +550,8 @@ export function renderResults(r: BenchResults): string {
   }
   const pt = probesTable(r);
   const dtt = detectionTable(r);
-  if (pt || dtt) {
+  const ht = httpsTable(r);
+  if (pt || dtt || ht) {
     parts.push('## Health checking');
     if (pt) {
       parts.push(`Sustained TCP probes against real listeners on loopback, each run in a namespace and a process of its own (\`${r.probes!.config.command}\`, bench/health.ts). CPU is the checker's (or HAProxy's) own process; the listeners run in another. "CPU us per probe" is user + system time over probes made, the number least disturbed by other work on the machine. Rates count the kernel's TCP ActiveOpens (SYNs sent) for HAProxy, whose L4 check answers the SYN-ACK with a RST so the listener never sees a connection; lb-agent's default does the same (TCP_QUICKACK off, SO_LINGER 0), and the FIN-close row is the close it made before (a full connection, our FIN, the backend's FIN), more kernel work per check on both sides. On loopback the backend's kernel work runs largely in the checker's process (the sender's softirq) and counts in its CPU.`);
@@ -506,6 +561,11 @@ export function renderResults(r: BenchResults): string {
       parts.push('Detection: lb-agent and HAProxy (`check inter/fall/rise`, `timeout check`) check the same two backends at the same time; the backend process is killed (connections refused at once) and later restarted. lb-agent time from its own log line, HAProxy\'s from its "Server ... is DOWN/UP" warning as it arrives.');
       parts.push(dtt);
       if (r.detection!.errors.length) parts.push(`Not measured: ${r.detection!.errors.join('; ')}.`);
+    }
+    if (ht) {
+      parts.push(`HTTPS checks (\`${r.https!.config.command}\`, bench/https.ts): one nginx in a namespace of its own serves ${fmt(r.https!.config.targets)} TLS ports (lab CA, EC P-256 certificate, TLS 1.3, nginx's session cache and tickets); lb-agent's checker and HAProxy (\`check check-ssl\`, \`option httpchk GET /\`; \`verify none\`, or \`verify required ca-file .. check-sni .. verifyhost ..\`) check all of them in turn from another namespace, each run a process of its own. A check is counted when nginx logs its request; "sessions resumed" is nginx's \`$ssl_session_reused\` over those requests (both resume a backend's last session; lb-agent makes a full handshake, certificate verified, at least every 60 s). CPU is the checker's own process over the window.`);
+      parts.push(ht);
+      if (r.https!.errors.length) parts.push(`Not measured: ${r.https!.errors.join('; ')}.`);
     }
   }
   const ct = controlTable(r);
@@ -531,6 +591,13 @@ export function renderResults(r: BenchResults): string {
     if (dt) parts.push(dt);
     parts.push(...driftLines(r));
     if (r.drift.errors.length) parts.push(`Not measured: ${r.drift.errors.join('; ')}.`);
+  }
+  const sct = scaleTable(r);
+  if (r.scale) {
+    parts.push('## Scale: 10 to 1,000 services');
+    parts.push(SCALE_TEXT);
+    if (sct) parts.push(sct);
+    if (r.scale.errors.length) parts.push(`Not measured: ${r.scale.errors.join('; ')}.`);
   }
   const pf = r.preflight?.summary;
   if (pf || r.preflight?.error) {
@@ -587,12 +654,16 @@ export function renderBenchSummary(r: BenchResults, resultsFile: string): string
   if (pt) parts.push(`Health probes:\n\n${pt}`);
   const dtt = detectionTable(r);
   if (dtt) parts.push(`Health, detection against HAProxy:\n\n${dtt}`);
+  const ht = httpsTable(r);
+  if (ht) parts.push(`HTTPS checks against HAProxy's check-ssl, the same TLS targets:\n\n${ht}`);
   const ct = controlTable(r);
   if (ct) parts.push(`Control plane:\n\n${ct}`);
   const rt = restartTable(r);
   if (rt) parts.push(`Restart and reload, client loop every 20 ms (a new connection per request, ${r.restart!.config.timeoutMs} ms deadline; proxy-path restarts measured outside systemd, where the listeners do not survive the process):\n\n${rt}`);
   const drt = driftTable(r);
   if (drt) parts.push(`Drift, damage by another program to the first answer through the VIP (client loop every 20 ms, median over rounds; the timer row is a Felix-style repairer on a 10 s period, the agent stopped):\n\n${drt}\n\n${driftLines(r).join('\n\n')}`);
+  const sct = scaleTable(r);
+  if (sct) parts.push(`Scale, N pool services of 2-4 backends each, health checks on, kernel path (agent CPU less its idle rate; the kube-proxy-style column is a reference table written by hand, not the agent):\n\n${sct}`);
   const fo = failoverTable(r);
   if (fo) parts.push(`Failover (bench/failover.ts), death of the Master VM to the first answer through the VIP:\n\n${fo}`);
   parts.push(`Targets (shown, not asserted):\n\n${table(['area', 'target', 'measured', 'result'], r.targets.map((t) => [t.area, t.target, t.measured, yes(t.met)]))}`);

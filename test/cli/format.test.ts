@@ -80,3 +80,17 @@ t.test('the dataplane line says when new connections are placed by flow hash (VR
   d.dataplane = { kind: 'kernel', reason: 'auto', placement: 'flow-hash' };
   t.match(formatStatus(d, 0), /^dataplane: kernel \(auto\), new connections placed by flow hash \(they outlive a VRRP failover\); failover/m);
 });
+
+t.test('a backend that is down shows what its probe saw; one that is up shows no old failure', async (t) => {
+  const text = formatStatus(doc([svc({
+    healthyBackends: 1,
+    backends: [
+      { address: '10.99.0.11', port: 8443, state: 'down', since: 0, reason: 'tls', takenOutBy: 'active', lastFailure: { detail: 'certificate has expired' } },
+      { address: '10.99.0.12', port: 8443, state: 'down', since: 0, reason: 'timeout', takenOutBy: 'active', lastFailure: { detail: 'TLS handshake timed out after 2000 ms' } },
+      { address: '10.99.0.13', port: 8443, state: 'up', since: 0, reason: undefined, takenOutBy: undefined, lastFailure: { detail: 'HTTP 503, expected 200-399' } },
+    ],
+  })]), 0);
+  t.match(text, /10\.99\.0\.11:8443\s+down\s+\S+\s+tls: certificate has expired \(active check\)/);
+  t.match(text, /10\.99\.0\.12:8443\s+down\s+\S+\s+timeout: TLS handshake timed out after 2000 ms \(active check\)/);
+  t.notMatch(text, /HTTP 503/, 'a recovered backend\'s last failure is not its state');
+});

@@ -267,3 +267,65 @@ t.test('PROXY protocol and proxy workers are typed (issues 17, 18)', async (t) =
   const plain = parseConfigText('services: [{ name: a, ipam: dhcp, ports: [{ port: 80 }] }]');
   t.ok(plain.ok && plain.config.services[0]!.proxyProtocol === undefined && plain.config.proxy.workers === undefined, 'off and unset by default');
 });
+
+t.test('https checks: the http keys apply, TLS settings are typed, the CA file is read at load', async (t) => {
+  const ca = path.join(FIX, 'ca.pem');
+  const res = parseConfigText([
+    'services:',
+    '  - { name: plain, ipam: dhcp, ports: [{ port: 443 }], healthCheck: { type: https } }',
+    `  - { name: checked, ipam: dhcp, ports: [{ port: 443 }], healthCheck: { type: https, http: { path: /healthz, expectStatus: [200, 204] }, tls: { sni: web.example, caFile: ${ca} } } }`,
+  ].join('\n'));
+  if (!res.ok) { t.fail(formatConfigErrors(res.errors)); return; }
+  const [plain, checked] = res.config.services.map((s) => s.healthCheck);
+  t.same(plain!.http, { path: '/', expectStatus: [200, 399] }, 'the HTTP check\'s defaults');
+  t.same(plain!.tls, { sni: undefined, caFile: undefined, ca: undefined, caSha256: undefined }, 'no server name, no verification');
+  t.same(checked!.http, { path: '/healthz', expectStatus: [200, 204] });
+  t.equal(checked!.tls?.sni, 'web.example');
+  t.equal(checked!.tls?.caFile, ca);
+  t.equal(checked!.tls?.ca, fs.readFileSync(ca, 'utf8'), 'the PEM text, read at load');
+  t.match(checked!.tls?.caSha256, /^[0-9a-f]{64}$/);
+  t.equal(res.config.services[0]!.healthCheck.tls === undefined, false);
+  const tcp = parseConfigText('services: [{ name: a, ipam: dhcp, ports: [{ port: 80 }] }]');
+  t.ok(tcp.ok && !('tls' in tcp.config.services[0]!.healthCheck), 'a tcp check has no tls key');
+});
+
+t.test('https checks: a CA file that is a directory, holds no certificate, or a broken one is refused with the path', async (t) => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lb-ca-'));
+  t.teardown(() => fs.rmSync(dir, { recursive: true, force: true }));
+  const key = path.join(dir, 'key.pem');
+  fs.writeFileSync(key, '-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIB\n-----END PRIVATE KEY-----\n');
+  const broken = path.join(dir, 'broken.pem');
+  fs.writeFileSync(broken, `${fs.readFileSync(path.join(FIX, 'ca.pem'), 'utf8')}-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n`);
+  const cases: [string, RegExp][] = [
+    [dir, /cannot read .*: it is a directory/],
+    [key, /holds no PEM certificate/],
+    [broken, /certificate 2 of 2 does not parse/],
+  ];
+  for (const [file, want] of cases) {
+    const res = parseConfigText(`services:\n  - name: web\n    ipam: dhcp\n    ports: [{ port: 443 }]\n    healthCheck: { type: https, tls: { caFile: ${file} } }\n`);
+    t.notOk(res.ok, `${path.basename(file)} refused`);
+    if (!res.ok) {
+      t.equal(res.errors.length, 1);
+      t.equal(res.errors[0]!.path, 'services[0].healthCheck.tls.caFile');
+      t.match(res.errors[0]!.message, want);
+      t.equal(res.errors[0]!.line, 5, 'with its line');
+    }
+  }
+});
+
+t.test('https checks: a CA file rewritten between two loads gives another digest (a reload applies it)', async (t) => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lb-ca-'));
+  t.teardown(() => fs.rmSync(dir, { recursive: true, force: true }));
+  const file = path.join(dir, 'ca.pem');
+  const text = `services: [{ name: web, ipam: dhcp, ports: [{ port: 443 }], healthCheck: { type: https, tls: { caFile: ${file} } } }]`;
+  const pem = fs.readFileSync(path.join(FIX, 'ca.pem'), 'utf8');
+  fs.writeFileSync(file, pem);
+  const a = parseConfigText(text);
+  fs.writeFileSync(file, `# the same CA, with a comment\n${pem}`);
+  const b = parseConfigText(text);
+  t.ok(a.ok && b.ok);
+  if (a.ok && b.ok) t.not(a.config.services[0]!.healthCheck.tls?.caSha256, b.config.services[0]!.healthCheck.tls?.caSha256);
+  fs.rmSync(file);
+  const c = parseConfigText(text);
+  t.notOk(c.ok, 'a CA file removed since the last load is refused at the next one');
+});

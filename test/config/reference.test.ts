@@ -2,11 +2,11 @@
 // help outlives its key; defaults and ranges come from the schema; the reload
 // column is what the reload rules say about a change of the key.
 import t from 'tap';
-import { configReference, configMarkdown, configMan, schemaKeys, KEY_HELP, type ReferenceEntry } from '../../agent/config/reference';
+import { configReference, configMarkdown, configMan, schemaKeys, KEY_HELP, referenceCaReader, type ReferenceEntry } from '../../agent/config/reference';
 import { buildConfig } from '../../agent/config/load';
 import { refusals } from '../../agent/daemon/reconciler';
 
-const entries = configReference({ load: (d) => buildConfig(d, undefined, 'test'), refusals });
+const entries = configReference({ load: (d) => buildConfig(d, undefined, 'test', referenceCaReader), refusals });
 const by = (p: string): ReferenceEntry => entries.find((e) => e.path === p)!;
 
 t.test('every schema key has a help text, and every help text a key', async (t) => {
@@ -45,7 +45,7 @@ t.test('the reload column is asked of the reload rules', async (t) => {
   // Sections have no reload of their own: their keys do.
   t.equal(by('arp').reload, '');
   // A rule that refuses everything shows as "no" everywhere.
-  const strict = configReference({ load: (d) => buildConfig(d, undefined, 'test'), refusals: () => [{ path: '', message: 'no' }] });
+  const strict = configReference({ load: (d) => buildConfig(d, undefined, 'test', referenceCaReader), refusals: () => [{ path: '', message: 'no' }] });
   t.ok(strict.filter((e) => !e.section).every((e) => e.reload === 'no'));
 });
 

@@ -63,7 +63,7 @@ function harness(o: { vrrp?: boolean; known?: Record<string, string> } = {}): Ha
   } as unknown as ServiceSubsystems;
   const opts: ServiceRuntimesOptions = {
     log: silentLogger(), clock: realClock, subs: () => subs, config: () => ({}) as Desired, stopping: () => stopping.now,
-    metrics: () => ({ serviceAdded: () => undefined, serviceRemoved: (name: string) => { journal.push(`metrics removed ${name}`); }, interrupted: (name: string, _ns: string, cause: string) => { interrupted.push(`${name} ${cause}`); } }) as unknown as DaemonMetrics,
+    metrics: () => ({ interrupted: (name: string, _ns: string, cause: string) => { interrupted.push(`${name} ${cause}`); } }) as unknown as DaemonMetrics,
     hasRules: (vip) => rules.has(vip),
     scheduleApply: () => undefined,
     applyNow: async () => { journal.push('apply now'); },
@@ -199,7 +199,7 @@ t.test('a reload\'s removal: out of the runtimes at once, then the release', asy
   t.equal(h.rt.get('default/a'), undefined, 'gone before the first await');
   t.equal(h.rt.size, 1);
   await removing;
-  t.same(h.journal.slice(2), ['metrics removed a', 'stop default/a release', 'stopped default/a']);
+  t.same(h.journal.slice(2), ['stop default/a release', 'stopped default/a']);
   h.rt.add(spec('c'));
   h.rt.reorder(['default/c', 'default/b']);
   t.same([...h.rt.values()].map((r) => r.spec.key), ['default/c', 'default/b'], 'config order');

@@ -49,3 +49,22 @@ t.test('a failed read serves the last good values', async (t) => {
   now += 1000;
   t.match(await registry.metrics(), /lbagent_forward_connections_total\{[^}]*\} 3/);
 });
+
+t.test('a backend that has carried nothing has no traffic series; one that failed no connect, no failure series', async (t) => {
+  const registry = new Registry();
+  const idle: ForwardStats = {
+    ...stats(0),
+    flows: [
+      { service: 'shop/web', port: 'http', protocol: 'TCP', backend: '10.0.0.11', connections: 0, active: 0, bytesToBackend: 0, bytesToClient: 0, connectFailures: 0 },
+      { service: 'shop/web', port: 'http', protocol: 'TCP', backend: '10.0.0.12', connections: 2, active: 1, bytesToBackend: 10, bytesToClient: 20, connectFailures: 1 },
+    ],
+  };
+  new ForwardMetrics({ registry, kind: 'proxy', reason: 'x', stats: async () => idle });
+  const text = await registry.metrics();
+  t.notMatch(text, /backend="10\.0\.0\.11"/, 'the idle backend: no series at all');
+  t.match(text, /lbagent_forward_connections_total\{service="web",namespace="shop",backend="10\.0\.0\.12",port="http"\} 2/);
+  t.match(text, /lbagent_forward_active_connections\{service="web",namespace="shop",backend="10\.0\.0\.12",port="http"\} 1/);
+  t.match(text, /lbagent_forward_bytes_total\{service="web",namespace="shop",backend="10\.0\.0\.12",direction="to_client"\} 20/);
+  t.match(text, /lbagent_forward_connect_failures_total\{service="web",namespace="shop",backend="10\.0\.0\.12"\} 1/);
+  t.match(text, /lbagent_forward_no_healthy_backend\{service="web",namespace="shop"\} 1/, 'the service gauge stays');
+});

@@ -7,6 +7,7 @@
 // sockets), the fallback says so, and probes that find no descriptor
 // (EMFILE, in a child process) blame no backend.
 import t from 'tap';
+import * as fs from 'node:fs';
 import * as net from 'node:net';
 import * as path from 'node:path';
 import { spawn } from 'node:child_process';
@@ -297,24 +298,23 @@ t.test('passive checks off with passiveFailures 0', async (t) => {
   s.hc.stop();
 });
 
-t.test('metrics: up gauge, transitions, last change time, probe durations by result', async (t) => {
+t.test('metrics: up gauge, transitions, probe durations by result', async (t) => {
   const s = setup();
   s.hc.update([service({ name: 'web', namespace: 'shop', backends: ['10.0.0.1'], healthCheck: { periodSeconds: 1, failureThreshold: 2 } })]);
   const labels = { service: 'web', namespace: 'shop', backend: '10.0.0.1:8080' };
   t.equal(await sample(s.registry, 'lbagent_health_backend_up', labels), 0, 'unknown reads 0');
-  t.equal(await sample(s.registry, 'lbagent_health_transitions_total', { ...labels, to: 'up' }), 0);
+  t.equal(await sample(s.registry, 'lbagent_health_transitions_total', { to: 'up' }), 0);
   s.hc.start();
   await s.advance(1);
   t.equal(await sample(s.registry, 'lbagent_health_backend_up', labels), 1);
-  t.equal(await sample(s.registry, 'lbagent_health_transitions_total', { ...labels, to: 'up' }), 1);
-  t.equal(await sample(s.registry, 'lbagent_health_last_change_timestamp_seconds', labels), s.clock.wallNow() / 1000);
+  t.equal(await sample(s.registry, 'lbagent_health_transitions_total', { to: 'up' }), 1);
   s.results.set('10.0.0.1', REFUSED);
   await s.advance(3000, 50);
   t.equal(await sample(s.registry, 'lbagent_health_backend_up', labels), 0);
-  t.equal(await sample(s.registry, 'lbagent_health_transitions_total', { ...labels, to: 'down' }), 1);
+  t.equal(await sample(s.registry, 'lbagent_health_transitions_total', { to: 'down' }), 1);
   s.results.set('10.0.0.1', OK);
   await s.advance(1000, 50);
-  t.equal(await sample(s.registry, 'lbagent_health_transitions_total', { ...labels, to: 'up' }), 2);
+  t.equal(await sample(s.registry, 'lbagent_health_transitions_total', { to: 'up' }), 2);
   const okCount = await sample(s.registry, 'lbagent_health_probe_duration_seconds_count', { result: 'ok' });
   const refusedCount = await sample(s.registry, 'lbagent_health_probe_duration_seconds_count', { result: 'refused' });
   t.equal((okCount ?? 0) + (refusedCount ?? 0), s.calls.length, 'one observation per probe');
@@ -366,6 +366,66 @@ t.test('target keys: same address/port/check share; http path and range are part
   t.not(targetKey(tcp, '10.0.0.1'), targetKey(healthCheck({ port: 80, proxyProtocol: 'v2' }), '10.0.0.1'));
   t.not(targetKey(healthCheck({ port: 80, proxyProtocol: 'v1' }), '10.0.0.1'), targetKey(healthCheck({ port: 80, proxyProtocol: 'v2' }), '10.0.0.1'));
 });
+
+t.test('target keys: an https check is its own probe; its server name and CA content are part of the key', async (t) => {
+  const tls = (sni: string | undefined, caSha256: string | undefined) => ({ sni, caFile: caSha256 && '/ca.pem', ca: caSha256 && 'PEM', caSha256 });
+  const https = (sni?: string, ca?: string) => healthCheck({ port: 443, type: 'https', http: { path: '/', expectStatus: [200, 399] }, tls: tls(sni, ca) });
+  const http = healthCheck({ port: 443, type: 'http', http: { path: '/', expectStatus: [200, 399] } });
+  t.not(targetKey(http, '10.0.0.1'), targetKey(https(), '10.0.0.1'), 'http and https on one port are two probes');
+  t.equal(targetKey(https('a.lab', 'aa'), '10.0.0.1'), targetKey(https('a.lab', 'aa'), '10.0.0.1'));
+  t.not(targetKey(https('a.lab', 'aa'), '10.0.0.1'), targetKey(https('b.lab', 'aa'), '10.0.0.1'), 'another server name');
+  t.not(targetKey(https('a.lab', 'aa'), '10.0.0.1'), targetKey(https('a.lab', 'bb'), '10.0.0.1'), 'a CA file whose content changed');
+  t.not(targetKey(https('a.lab', 'aa'), '10.0.0.1'), targetKey(https('a.lab'), '10.0.0.1'), 'verification turned off');
+});
+
+t.test('https targets share one TLS context per distinct CA, made once and dropped with the last target', async (t) => {
+  const { hc, calls, advance } = setup({ maxInFlight: 1000 });
+  const tls = (ca: string | undefined) => ({ sni: undefined, caFile: ca && `/${ca}.pem`, ca: ca && fakePem(ca), caSha256: ca });
+  const svc = (name: string, ca: string | undefined, n: number) => service({
+    name, backends: Array.from({ length: n }, (_, i) => `10.1.${name.length}.${i + 1}`),
+    healthCheck: { port: 443, type: 'https', http: { path: '/', expectStatus: [200, 399] }, tls: tls(ca) },
+  });
+  hc.update([svc('a', 'ca1', 200), svc('bb', 'ca1', 200), svc('ccc', 'ca2', 100), svc('dddd', undefined, 100)]);
+  t.equal(hc.tlsContexts(), 3, '600 targets, three contexts: ca1, ca2 and none');
+  hc.start();
+  await advance(1);
+  t.equal(calls.filter((c) => c.type === 'https').length, 600, 'every target probed');
+  hc.update([svc('a', 'ca1', 200), svc('dddd', undefined, 100)]);
+  t.equal(hc.tlsContexts(), 2, 'ca2 gone with its last target; ca1 kept by the targets left');
+  hc.update([]);
+  t.equal(hc.tlsContexts(), 0);
+  hc.stop();
+});
+
+t.test('https probes wait for one of maxTlsInFlight places; a waiting run whose target goes never starts', async (t) => {
+  const clock = new ManualClock(0);
+  const pending: { address: string; resolve: (r: ProbeResult) => void }[] = [];
+  const probe: Probe = (target) => new Promise<ProbeResult>((resolve) => pending.push({ address: target.address, resolve }));
+  const hc = new HealthChecker({ clock, registry: new Registry(), probe, jitter: 0, random: () => 0.5, maxInFlight: 64, maxTlsInFlight: 2 });
+  const https = (name: string, backends: string[]) => service({ name, backends, healthCheck: { port: 443, type: 'https', http: { path: '/', expectStatus: [200, 399] } } });
+  hc.update([https('a', ['10.0.0.1', '10.0.0.2', '10.0.0.3', '10.0.0.4']), service({ name: 'plain', backends: ['10.0.1.1', '10.0.1.2', '10.0.1.3'] })]);
+  hc.start();
+  clock.advance(1);
+  await flush();
+  const started = (): string[] => pending.map((p) => p.address);
+  t.same(started().filter((a) => a.startsWith('10.0.0.')), ['10.0.0.1', '10.0.0.2'], 'two https probes at once');
+  t.equal(started().filter((a) => a.startsWith('10.0.1.')).length, 3, 'tcp probes are not held back by them');
+  hc.update([https('a', ['10.0.0.1', '10.0.0.2', '10.0.0.4']), service({ name: 'plain', backends: ['10.0.1.1', '10.0.1.2', '10.0.1.3'] })]);
+  pending.find((p) => p.address === '10.0.0.1')!.resolve(OK);
+  await flush();
+  t.same(started().filter((a) => a.startsWith('10.0.0.')), ['10.0.0.1', '10.0.0.2', '10.0.0.4'], 'a place freed: the next waiting one starts; the removed one never');
+  pending.find((p) => p.address === '10.0.0.2')!.resolve(REFUSED);
+  pending.find((p) => p.address === '10.0.0.4')!.resolve(OK);
+  await flush();
+  t.same(hc.healthy('default/a').map((b) => b.address), ['10.0.0.1', '10.0.0.4']);
+  t.equal(pending.length, 6, 'nothing else started');
+  hc.stop();
+});
+
+/** A CA certificate the context accepts (a fixture of the config tests). */
+function fakePem(_name: string): string {
+  return fs.readFileSync(path.resolve(__dirname, '..', '..', '..', 'test', 'config', 'fixtures', 'ca.pem'), 'utf8');
+}
 
 /** A loopback listener (port 0) that reads and closes as a server would. */
 async function loopbackBackend(t: { teardown(fn: () => unknown): void }): Promise<{ port: number }> {

@@ -1,11 +1,19 @@
-// Tests of the TCP and HTTP probes against real listeners on loopback (port 0):
-// success closed with a FIN (no RST at the backend), refused, HTTP status
-// ranges, HTTP timeout and reset, abort, and the errno -> reason table.
+// Tests of the TCP, HTTP and HTTPS probes against real listeners on loopback
+// (port 0): success closed with a FIN (no RST at the backend), refused, HTTP
+// status ranges, HTTP timeout and reset, abort, the errno -> reason table;
+// HTTPS with and without verification against certificates the openssl CLI
+// makes (lab/tls.ts), the server name sent, a stalled handshake.
 // A TCP connect timeout needs dropped SYNs: see test/privileged/health-tcp.test.ts.
 import t from 'tap';
+import * as fs from 'node:fs';
 import * as net from 'node:net';
+import * as path from 'node:path';
 import * as http from 'node:http';
-import { tcpProbe, httpProbe, defaultProbe, reasonOf, type ProbeResult, type ProbeTarget } from '../../agent/health/probe';
+import * as https from 'node:https';
+import * as tls from 'node:tls';
+import type { TLSSocket } from 'node:tls';
+import { tcpProbe, httpProbe, httpsProbe, defaultProbe, reasonOf, tlsFailure, httpsTimeoutDetail, TLS_RESUME_MS, type ProbeResult, type ProbeTarget, type TlsResumption } from '../../agent/health/probe';
+import { createTestCa, type Leaf, type TestCa } from '../../lab/tls';
 import { parseProxyHeader, type ParsedProxyHeader } from '../../lab/proxy-protocol';
 import { listen, closedPort } from './loopback';
 
@@ -210,4 +218,135 @@ t.test('http probe with PROXY protocol: a refused connect and the timeout are re
   t.teardown(() => silent.close());
   const slow = await httpProbe({ ...httpT(sp), proxyProtocol: 'v1' }, { timeoutMs: 300 });
   t.same(slow.ok ? 'ok' : slow.reason, 'timeout', 'connected, header sent, no response: a timeout');
+});
+
+// --- HTTPS -------------------------------------------------------------------
+
+/** A lab CA (openssl CLI) for the HTTPS probe tests, made once, removed when the file's tests end. */
+let caP: Promise<TestCa> | undefined;
+function testCa(): Promise<TestCa> {
+  if (!caP) {
+    caP = createTestCa();
+    void caP.then((ca) => t.teardown(() => ca.remove()));
+  }
+  return caP;
+}
+
+/** An HTTPS server on loopback with `leaf`, answering `status`; the server names and Host headers it saw. */
+async function httpsBackend(t: { teardown(fn: () => unknown): void }, leaf: Leaf, status = 200): Promise<{ port: number; seen: { servername: string | false; host: string | undefined }[] }> {
+  const seen: { servername: string | false; host: string | undefined }[] = [];
+  const server = https.createServer({ cert: fs.readFileSync(leaf.cert), key: fs.readFileSync(leaf.key) }, (req, res) => {
+    seen.push({ servername: (req.socket as TLSSocket).servername ?? false, host: req.headers.host });
+    res.writeHead(status);
+    res.end('ok');
+  });
+  server.on('tlsClientError', () => undefined);
+  const port = await listen(server);
+  t.teardown(() => server.close());
+  return { port, seen };
+}
+
+const httpsT = (port: number, o: { sni?: string; ca?: string; expectStatus?: [number, number] } = {}): ProbeTarget => ({
+  address: '127.0.0.1', port, type: 'https', http: { path: '/healthz', expectStatus: o.expectStatus ?? [200, 399] },
+  tls: { servername: o.sni, verify: o.ca !== undefined, context: tls.createSecureContext(o.ca !== undefined ? { ca: o.ca } : {}) },
+});
+
+t.test('https without a CA: any certificate passes (expired, self-signed), no server name is sent, the status decides', async (t) => {
+  const ca = await testCa();
+  const expired = await ca.issue('old', { dns: ['web.lab'], notBefore: new Date(Date.now() - 20 * 86400_000), notAfter: new Date(Date.now() - 10 * 86400_000) });
+  const self = await ca.selfSigned('self', 'web.lab');
+  for (const leaf of [expired, self]) {
+    const b = await httpsBackend(t, leaf);
+    const r = await defaultProbe(httpsT(b.port), { timeoutMs: 2000 });
+    t.ok(r.ok, `${path.basename(leaf.cert)}: up without verification (${r.ok ? r.detail ?? '' : r.detail})`);
+    t.same(b.seen, [{ servername: false, host: `127.0.0.1:${b.port}` }], 'no SNI, as HAProxy\'s check-ssl without check-sni');
+  }
+  const down = await httpsBackend(t, self, 503);
+  const r = await httpsProbe(httpsT(down.port), { timeoutMs: 2000 });
+  t.same(r.ok ? 'ok' : [r.reason, r.detail], ['bad-status', 'HTTP 503, expected 200-399']);
+});
+
+t.test('https with a CA: a valid certificate passes; expired, another CA\'s, or another name fails with the reason', async (t) => {
+  const ca = await testCa();
+  const caPem = fs.readFileSync(ca.caFile, 'utf8');
+  const good = await httpsBackend(t, await ca.issue('good', { dns: ['web.lab'] }));
+  const expired = await httpsBackend(t, await ca.issue('expired', { dns: ['web.lab'], notBefore: new Date(Date.now() - 20 * 86400_000), notAfter: new Date(Date.now() - 86400_000) }));
+  const stranger = await httpsBackend(t, await ca.selfSigned('stranger', 'web.lab'));
+
+  let r = await httpsProbe(httpsT(good.port, { ca: caPem, sni: 'web.lab' }), { timeoutMs: 2000 });
+  t.ok(r.ok, `valid, right name: up (${r.ok ? '' : r.detail})`);
+  t.same(good.seen.at(-1), { servername: 'web.lab', host: 'web.lab' }, 'the server name is sent, and asked for as Host');
+  r = await httpsProbe(httpsT(good.port, { ca: caPem }), { timeoutMs: 2000 });
+  t.ok(r.ok, 'without sni the chain is verified, the name is not');
+  r = await httpsProbe(httpsT(good.port, { ca: caPem, sni: 'other.lab' }), { timeoutMs: 2000 });
+  t.same(r.ok ? 'ok' : r.reason, 'tls', 'another name: down');
+  t.match(r.ok ? '' : r.detail, /other\.lab.*is not in the cert's altnames: DNS:web\.lab/);
+  r = await httpsProbe(httpsT(expired.port, { ca: caPem, sni: 'web.lab' }), { timeoutMs: 2000 });
+  t.same(r.ok ? 'ok' : [r.reason, r.detail], ['tls', 'certificate has expired']);
+  r = await httpsProbe(httpsT(stranger.port, { ca: caPem, sni: 'web.lab' }), { timeoutMs: 2000 });
+  t.same(r.ok ? 'ok' : [r.reason, r.detail], ['tls', 'self-signed certificate']);
+});
+
+t.test('https: a port that never finishes the handshake times out as such, and its socket is closed', async (t) => {
+  let open = 0;
+  let closed = 0;
+  const stall = net.createServer((s) => { open++; s.on('close', () => closed++); s.on('error', () => undefined); s.resume(); });
+  const port = await listen(stall);
+  t.teardown(() => stall.close());
+  const r = await httpsProbe(httpsT(port), { timeoutMs: 300 });
+  t.same(r.ok ? 'ok' : [r.reason, r.detail], ['timeout', 'TLS handshake timed out after 300 ms']);
+  t.ok(r.durationMs >= 290 && r.durationMs < 1500, `within the timeout (${Math.round(r.durationMs)} ms)`);
+  await new Promise((res) => setTimeout(res, 100));
+  t.same([open, closed], [1, 1], 'the stalled connection is gone');
+  const refused = await httpsProbe(httpsT(await closedPort()), { timeoutMs: 1000 });
+  t.same(refused.ok ? 'ok' : refused.reason, 'refused');
+});
+
+t.test('https against a plain HTTP port: the handshake fails with OpenSSL\'s reason', async (t) => {
+  const server = http.createServer((_req, res) => res.end('ok'));
+  const port = await listen(server);
+  t.teardown(() => server.close());
+  const r = await httpsProbe(httpsT(port), { timeoutMs: 2000 });
+  t.same(r.ok ? 'ok' : r.reason, 'tls');
+  t.match(r.ok ? '' : r.detail, /^TLS handshake failed: /);
+});
+
+t.test('tlsFailure and the timeout text: pure', async (t) => {
+  t.same(tlsFailure(Object.assign(new Error('certificate has expired'), { code: 'CERT_HAS_EXPIRED' })), { reason: 'tls', detail: 'certificate has expired' });
+  t.same(tlsFailure(Object.assign(new Error('x:error:0A00010B:SSL routines::wrong version number'), { code: 'ERR_SSL_WRONG_VERSION_NUMBER', reason: 'wrong version number' })),
+    { reason: 'tls', detail: 'TLS handshake failed: wrong version number' });
+  t.same(tlsFailure(Object.assign(new Error('Client network socket disconnected before secure TLS connection was established'), { code: 'ECONNRESET' })).reason, 'reset');
+  t.same(tlsFailure(new Error('odd')), { reason: 'error', detail: 'odd' });
+  t.same(['connect', 'handshake', 'response'].map((p) => httpsTimeoutDetail(p as 'connect', 2000)),
+    ['no connection within 2000 ms', 'TLS handshake timed out after 2000 ms', 'no response within 2000 ms']);
+});
+
+t.test('https: a target resumes its TLS session, and makes a full handshake again after TLS_RESUME_MS or a failure', async (t) => {
+  const ca = await testCa();
+  const leaf = await ca.issue('resume', { dns: ['web.lab'] });
+  const reused: boolean[] = [];
+  const server = https.createServer({ cert: fs.readFileSync(leaf.cert), key: fs.readFileSync(leaf.key) }, (req, res) => {
+    reused.push((req.socket as TLSSocket).isSessionReused());
+    res.end('ok');
+  });
+  const port = await listen(server);
+  t.teardown(() => server.close());
+  const base = httpsT(port, { ca: fs.readFileSync(ca.caFile, 'utf8'), sni: 'web.lab' });
+  const resume: TlsResumption = { session: undefined, fullAt: 0 };
+  const target: ProbeTarget = { ...base, tls: { ...base.tls!, resume } };
+  for (let i = 0; i < 3; i++) t.ok((await httpsProbe(target, { timeoutMs: 2000 })).ok);
+  t.same(reused, [false, true, true], 'the first probe makes a full handshake, the next ones resume');
+  resume.fullAt -= TLS_RESUME_MS;
+  t.ok((await httpsProbe(target, { timeoutMs: 2000 })).ok);
+  t.equal(reused.at(-1), false, 'after TLS_RESUME_MS a full handshake again: the certificate is verified again');
+  t.ok((await httpsProbe(target, { timeoutMs: 2000 })).ok);
+  t.equal(reused.at(-1), true);
+  const wrongName: ProbeTarget = { ...target, tls: { ...target.tls!, servername: 'other.lab' } };
+  resume.fullAt -= TLS_RESUME_MS;
+  const r = await httpsProbe(wrongName, { timeoutMs: 2000 });
+  t.same(r.ok ? 'ok' : r.reason, 'tls', 'a full handshake verifies');
+  t.equal(resume.session, undefined, 'a failed handshake drops the session');
+  const plain = await httpsProbe(base, { timeoutMs: 2000 });
+  t.ok(plain.ok);
+  t.equal(reused.at(-1), false, 'settings without a resumption slot never resume');
 });

@@ -90,7 +90,8 @@ t.test('every query of the Grafana dashboard returns series from a real agent', 
     services: [
       { name: 'web', ipam: 'dhcp', ports: [{ port: 80, targetPort: 8080 }], backends: ['10.99.0.11'], healthCheck: HC },
       { name: 'web2', ipam: 'dhcp', ports: [{ port: 80, targetPort: 8080 }], backends: ['10.99.0.11'], healthCheck: HC },
-      { name: 'api', ipam: 'pool', ports: [{ port: 80, targetPort: 8080 }], backends: ['10.99.0.11', '10.99.0.12'], healthCheck: HC },
+      // A topology policy: the backend-set panel shows services that have one.
+      { name: 'api', ipam: 'pool', topology: 'prefer-zone', ports: [{ port: 80, targetPort: 8080 }], backends: ['10.99.0.11', '10.99.0.12'], healthCheck: HC },
     ],
   };
   const agent = await startAgent(lab, node, cfg, { logLevel: 'info' });

@@ -1,0 +1,433 @@
+// Bench area "scale": what the real `lb-agent run` costs as the service count
+// grows, at 10, 100, 500 and 1,000 pool services by default (--scale-sizes).
+// Each size gets a lab of its own: the node, four backend namespaces on the
+// bridge (each service balances over 2-4 of them, health checks on with the
+// defaults, kernel path, the unit's environment), and a monitoring namespace
+// that scrapes /metrics from across the bridge. Per size:
+//   RSS                  VmRSS of the agent once every service is ready and
+//                        the start has settled
+//   idle CPU             utime + stime of the agent and its reaped children
+//                        (nft) over a window, /proc/PID/stat, % of a core
+//   nft lines            `nft list ruleset | wc -l` in the node's namespace
+//   reload               the agent's CPU from SIGHUP of a config that changes
+//                        one backend of one service to 1 s after the reload
+//                        is applied, less the idle rate over that time
+//   health transition    one backend of one service (a listener of its own,
+//                        on a port no other service checks) stopped, later
+//                        started again: the agent's CPU from its transition log
+//                        line to 1 s later, less the idle rate over 1 s
+//   /metrics             CPU per scrape (scrapes 1.25 s apart, past the 1 s
+//                        the endpoint reuses a gather), the body's bytes per
+//                        service, and 50 scrapes a second for 10 s: failures
+//   status --json        wall time of `lb-agent status --json` (a process),
+//                        and of the control request alone
+//   stop                 SIGTERM to exit, wall time
+// The reference is a kube-proxy-style (nftables mode) table of the same
+// service and backend count in a namespace of its own: a verdict map from
+// VIP and port to a service chain, a map per service from a random number
+// to its endpoint chains, a chain per endpoint. `nft -f` of the delta that
+// replaces one backend (one endpoint chain added, one map element changed,
+// the old chain deleted) is timed and CPU-counted, beside the full table
+// written with `nft -f` the way the agent writes its own; each is run many
+// times (the change, then the change back) and divided, as the kernel counts
+// a child's CPU in 10 ms ticks.
+// CPU of the agent is counted at the scheduler's resolution for its live
+// threads (schedstat) plus its reaped children in 10 ms ticks.
+import * as fs from 'node:fs';
+import { Lab, waitFor } from '../lab/netns';
+import { startBackend, type Backend } from '../lab/services';
+import { agentCli, waitStatus, unitEnvironment } from '../lab/agent';
+import { controlRequest } from '../agent/control/server';
+import { runAgent, stopAgent, logTime, FAST_ARP, type AgentHandle } from './lib/agent';
+import { cpuFineWithChildrenMs, cpuWithChildrenMs, memoryOf } from './lib/procfs';
+import { median, round } from './lib/stats';
+
+export const SCALE_SIZES = [10, 100, 500, 1000] as const;
+
+const NODE = '10.96.0.2';
+const MON = '10.96.0.3';
+const BACKENDS = ['10.96.0.11', '10.96.0.12', '10.96.0.13', '10.96.0.14'];
+const METRICS_LISTEN = `${NODE}:9477`;
+/** The port of the one service whose backend is stopped for the health transition: no other service checks it. */
+const LONE_PORT = 8081;
+
+/** Backends of service i (pure): 2, 3 or 4 of the four, starting at a rotating one. */
+export function backendsOf(i: number): string[] {
+  const k = 2 + (i % 3);
+  return Array.from({ length: k }, (_, j) => BACKENDS[(i + j) % BACKENDS.length]!);
+}
+
+/**
+ * The config of n pool services (pure). Service s0 checks and forwards to
+ * LONE_PORT; `changed`: service s1's last backend swapped for the one it
+ * does not use, the reload's one change.
+ */
+export function scaleConfig(n: number, changed = false): Record<string, unknown> {
+  return {
+    node: { name: 'bench', interface: 'eth0' },
+    dataplane: 'kernel',
+    metrics: { listen: METRICS_LISTEN },
+    pools: { 'range-global': '10.96.4.0-10.96.11.255' },
+    arp: FAST_ARP,
+    services: Array.from({ length: n }, (_, i) => {
+      let backends = backendsOf(i);
+      if (changed && i === 1) backends = [...backends.slice(0, -1), BACKENDS.find((b) => !backends.includes(b))!];
+      return { name: `s${i}`, ipam: 'pool', ports: [{ port: 80, targetPort: i === 0 ? LONE_PORT : 8080 }], backends };
+    }),
+  };
+}
+
+/**
+ * The kube-proxy-style reference table for n services (pure): the full
+ * ruleset text, the delta that replaces service 1's last backend, and the
+ * delta that puts it back (so that the change can be timed many times).
+ */
+export function referenceTables(n: number): { full: string; delta: string; undo: string; elements: number } {
+  const lines: string[] = ['table ip kp {'];
+  const vmap: string[] = [];
+  let elements = 0;
+  const svc: string[] = [];
+  for (let i = 0; i < n; i++) {
+    const bs = backendsOf(i);
+    const vip = `10.97.${Math.floor(i / 250)}.${(i % 250) + 1}`;
+    vmap.push(`${vip} . 80 : goto svc_${i}`);
+    svc.push(`\tmap svc_${i}_eps {\n\t\ttypeof numgen random mod 2 : verdict\n\t\telements = { ${bs.map((_, j) => `${j} : goto ep_${i}_${j}`).join(', ')} }\n\t}`);
+    svc.push(`\tchain svc_${i} {\n\t\tnumgen random mod ${bs.length} vmap @svc_${i}_eps\n\t}`);
+    for (const [j, b] of bs.entries()) svc.push(`\tchain ep_${i}_${j} {\n\t\tmeta l4proto tcp dnat to ${b}:8080\n\t}`);
+    elements += 1 + bs.length;
+  }
+  lines.push(`\tmap services {\n\t\ttype ipv4_addr . inet_service : verdict\n\t\telements = { ${vmap.join(',\n\t\t\t')} }\n\t}`);
+  lines.push(...svc);
+  lines.push('\tchain prerouting {\n\t\ttype nat hook prerouting priority dstnat; policy accept;\n\t\tip daddr . tcp dport vmap @services\n\t}');
+  lines.push('}');
+  const bs = backendsOf(1);
+  const last = bs.length - 1;
+  const other = BACKENDS.find((b) => !bs.includes(b))!;
+  const swap = (from: string, to: string, backend: string): string => [
+    `add chain ip kp ${to}`,
+    `add rule ip kp ${to} meta l4proto tcp dnat to ${backend}:8080`,
+    `delete element ip kp svc_1_eps { ${last} }`,
+    `add element ip kp svc_1_eps { ${last} : goto ${to} }`,
+    `flush chain ip kp ${from}`,
+    `delete chain ip kp ${from}`,
+  ].join('\n');
+  return {
+    full: `table ip kp\ndelete table ip kp\n${lines.join('\n')}\n`,
+    delta: `${swap(`ep_1_${last}`, `ep_1_${last}x`, other)}\n`,
+    undo: `${swap(`ep_1_${last}x`, `ep_1_${last}`, bs[last]!)}\n`,
+    elements,
+  };
+}
+
+/** Wall µs and children's CPU ms from the script timedNft runs (pure): its last lines are the µs and the shell's `times` (the shell's, then its children's). */
+export function parseTimed(out: string): { wallMs: number; cpuMs: number } {
+  const lines = out.trim().split('\n');
+  const us = Number(lines.at(-3));
+  const secs = (s: string): number => { const m = /^(\d+)m([\d.]+)s$/.exec(s); return m ? Number(m[1]) * 60 + Number(m[2]) : NaN; };
+  const [u, s] = (lines.at(-1) ?? '').trim().split(/\s+/);
+  return { wallMs: us / 1000, cpuMs: Math.round((secs(u ?? '') + secs(s ?? '')) * 1e6) / 1000 };
+}
+
+/** CPU of an event: the counter's rise between two instants (linear between samples), less the idle rate over them (pure). */
+export function cpuBetween(samples: readonly { t: number; cpuMs: number }[], from: number, to: number): number {
+  const at = (t: number): number => {
+    let prev = samples[0];
+    for (const s of samples) {
+      if (s.t >= t) {
+        if (!prev || prev.t === s.t) return s.cpuMs;
+        return prev.cpuMs + ((s.cpuMs - prev.cpuMs) * (t - prev.t)) / (s.t - prev.t);
+      }
+      prev = s;
+    }
+    return NaN;
+  };
+  return at(to) - at(from);
+}
+
+export interface ScaleRun {
+  services: number;
+  backends: number;
+  /** `lb-agent run` to every service ready with every backend up (ms). */
+  readyMs: number;
+  rssMiB: number;
+  idleWindowSeconds: number;
+  idleCpuMs: number;
+  idleCpuPercent: number;
+  nftLines: number;
+  /** Per reload and per transition: the agent's CPU less the idle rate (ms). */
+  reloadCpuMs: number[];
+  reloadWallMs: number[];
+  transitionCpuMs: number[];
+  transitionKinds: string[];
+  scrapeCpuMs: number;
+  scrapes: number;
+  metricsBytes: number;
+  metricsBytesPerService: number;
+  burst: { rate: number; seconds: number; sent: number; ok: number; failed: number; p50Ms: number; p99Ms: number; errors: string[] };
+  statusCliMs: number[];
+  statusRequestMs: number[];
+  statusBytes: number;
+  stopMs: number;
+  stopKilled: boolean;
+  reference: { lines: number; elements: number; fullWallMs: number[]; fullCpuMs: number[]; deltaWallMs: number[]; deltaCpuMs: number[] };
+  error?: string;
+}
+
+export interface ScaleSummaryRow {
+  services: number; backends: number; readyMs: number; rssMiB: number; idleCpuPercent: number; nftLines: number;
+  reloadCpuMs: number; transitionCpuMs: number; scrapeCpuMs: number; metricsBytesPerService: number; metricsBytes: number;
+  burstFailed: number; burstSent: number; burstP99Ms: number;
+  statusCliMs: number; statusRequestMs: number; statusBytes: number; stopMs: number;
+  refLines: number; refDeltaWallMs: number; refDeltaCpuMs: number; refFullWallMs: number; refFullCpuMs: number;
+}
+
+/** Medians of each size's run (pure). */
+export function summarizeScale(runs: readonly ScaleRun[]): ScaleSummaryRow[] {
+  const m = (xs: readonly number[]): number => round(median([...xs]), 1);
+  return runs.filter((r) => r.error === undefined).map((r) => ({
+    services: r.services, backends: r.backends, readyMs: r.readyMs, rssMiB: round(r.rssMiB, 1), idleCpuPercent: round(r.idleCpuPercent, 2), nftLines: r.nftLines,
+    reloadCpuMs: m(r.reloadCpuMs), transitionCpuMs: m(r.transitionCpuMs), scrapeCpuMs: round(r.scrapeCpuMs, 1),
+    metricsBytesPerService: Math.round(r.metricsBytesPerService), metricsBytes: r.metricsBytes,
+    burstFailed: r.burst.failed, burstSent: r.burst.sent, burstP99Ms: r.burst.p99Ms,
+    statusCliMs: m(r.statusCliMs), statusRequestMs: m(r.statusRequestMs), statusBytes: r.statusBytes, stopMs: r.stopMs,
+    refLines: r.reference.lines, refDeltaWallMs: m(r.reference.deltaWallMs), refDeltaCpuMs: m(r.reference.deltaCpuMs),
+    refFullWallMs: m(r.reference.fullWallMs), refFullCpuMs: m(r.reference.fullCpuMs),
+  }));
+}
+
+export interface ScaleOptions {
+  sizes: readonly number[];
+  rounds: number;
+  idleSeconds: number;
+  log: (msg: string) => void;
+}
+
+export interface ScaleResult {
+  config: { sizes: number[]; rounds: number; idleSeconds: number; healthCheck: string; nodeOptions: string; scrapeSpacingMs: number; burst: string };
+  summary: ScaleSummaryRow[];
+  raw: ScaleRun[];
+  errors: string[];
+}
+
+const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+const msg = (e: unknown): string => String((e as Error).message ?? e).replace(/\s+/g, ' ').slice(0, 300);
+const SCRAPE_SPACING_MS = 1250;
+const BURST = { rate: 50, seconds: 10, timeoutMs: 2000 };
+
+/**
+ * A scraper run in the monitoring namespace: `count` GETs of url, one every
+ * `intervalMs` whether or not the previous one answered (as Prometheus'
+ * targets would be scraped), each on a new connection: sent, ok, failed,
+ * latencies, the last body's length.
+ */
+function scraperScript(url: string, count: number, intervalMs: number, timeoutMs: number): string {
+  return `const h=require('http');const lat=[];let ok=0,failed=0,bytes=0;const errs=new Set();let done=0;
+const one=()=>{const t=process.hrtime.bigint();const r=h.get(${JSON.stringify(url)},{agent:false,timeout:${timeoutMs}},(s)=>{let n=0;s.on('data',d=>n+=d.length);s.on('end',()=>{if(s.statusCode===200){ok++;bytes=n;lat.push(Number(process.hrtime.bigint()-t)/1e6)}else{failed++;errs.add('HTTP '+s.statusCode)}fin()});s.on('error',e=>{failed++;errs.add(e.code||e.message);fin()})});
+r.on('timeout',()=>r.destroy(new Error('timeout')));r.on('error',e=>{failed++;errs.add(e.code||e.message);fin()})};
+const fin=()=>{if(++done===${count}){lat.sort((a,b)=>a-b);const q=(p)=>lat.length?lat[Math.min(lat.length-1,Math.floor(p*lat.length))]:NaN;process.stdout.write(JSON.stringify({sent:${count},ok,failed,p50Ms:q(0.5),p99Ms:q(0.99),bytes,errors:[...errs].slice(0,5)}))}};
+let i=0;const tick=()=>{one();if(++i<${count})setTimeout(tick,${intervalMs}-((Date.now()-t0)%${intervalMs}))};const t0=Date.now();tick();`;
+}
+
+interface ScrapeResult { sent: number; ok: number; failed: number; p50Ms: number; p99Ms: number; bytes: number; errors: string[] }
+
+async function scrapes(lab: Lab, mon: string, count: number, intervalMs: number, timeoutMs: number): Promise<ScrapeResult> {
+  const r = await lab.exec(mon, process.execPath, ['-e', scraperScript(`http://${METRICS_LISTEN}/metrics`, count, intervalMs, timeoutMs)], { allowFail: true, timeoutMs: count * intervalMs + timeoutMs + 15_000 });
+  try { return JSON.parse(r.stdout) as ScrapeResult; } catch { return { sent: count, ok: 0, failed: count, p50Ms: NaN, p99Ms: NaN, bytes: 0, errors: [r.stderr.trim().slice(0, 200) || 'no output'] }; }
+}
+
+/**
+ * `nft -f` of each file in turn, `times` over: wall and CPU of one nft
+ * process (the CPU of reaped children, which the kernel counts in 10 ms
+ * ticks: many runs make one number). Each is its own transaction.
+ */
+async function timedNft(lab: Lab, ns: string, files: readonly string[], times: number): Promise<{ wallMs: number; cpuMs: number }> {
+  const each = files.map((f) => `nft -f ${f} || exit 1`).join('; ');
+  const r = await lab.sh(ns, `s=$(date +%s%N); for i in $(seq ${times}); do ${each}; done; e=$(date +%s%N); echo $(( (e - s) / 1000 )); times`, { timeoutMs: 300_000 });
+  const t = parseTimed(r.stdout);
+  const runs = files.length * times;
+  return { wallMs: t.wallMs / runs, cpuMs: t.cpuMs / runs };
+}
+
+/** CPU samples of the agent every 50 ms until stop() (for events located afterwards by their log line). */
+function cpuSampler(pid: number | undefined): { samples: { t: number; cpuMs: number }[]; stop(): void } {
+  const samples: { t: number; cpuMs: number }[] = [];
+  const take = (): void => { samples.push({ t: Date.now(), cpuMs: cpuFineWithChildrenMs(pid) }); };
+  take();
+  const timer = setInterval(take, 50);
+  return { samples, stop: () => { clearInterval(timer); take(); } };
+}
+
+async function reference(lab: Lab, n: number, rounds: number): Promise<ScaleRun['reference']> {
+  const ns = await lab.addHost('ref');
+  const t = referenceTables(n);
+  const full = lab.file(`ref-${n}.nft`);
+  const delta = lab.file(`ref-${n}-delta.nft`);
+  const undo = lab.file(`ref-${n}-undo.nft`);
+  fs.writeFileSync(full, t.full);
+  fs.writeFileSync(delta, t.delta);
+  fs.writeFileSync(undo, t.undo);
+  const out: ScaleRun['reference'] = { lines: 0, elements: t.elements, fullWallMs: [], fullCpuMs: [], deltaWallMs: [], deltaCpuMs: [] };
+  // Enough runs that 10 ms ticks make a number, bounded for the big tables.
+  const fullRuns = Math.max(3, Math.min(20, Math.round(2000 / n)));
+  for (let i = 0; i < rounds; i++) {
+    const f = await timedNft(lab, ns, [full], fullRuns);
+    out.fullWallMs.push(round(f.wallMs, 2));
+    out.fullCpuMs.push(round(f.cpuMs, 1));
+    const d = await timedNft(lab, ns, [delta, undo], 25);
+    out.deltaWallMs.push(round(d.wallMs, 2));
+    out.deltaCpuMs.push(round(d.cpuMs, 1));
+  }
+  out.lines = Number((await lab.sh(ns, 'nft list ruleset | wc -l')).stdout.trim());
+  await lab.sh(ns, 'nft delete table ip kp', { allowFail: true });
+  return out;
+}
+
+async function measureSize(n: number, o: ScaleOptions): Promise<ScaleRun> {
+  const lab = await Lab.create();
+  const log = (s: string): void => o.log(`${n} services: ${s}`);
+  const backends: Backend[] = [];
+  let agent: AgentHandle | undefined;
+  try {
+    const node = await lab.addHost('node', { address: `${NODE}/20` });
+    const mon = await lab.addHost('mon', { address: `${MON}/20` });
+    for (const [i, a] of BACKENDS.entries()) {
+      const ns = await lab.addHost(`b${i + 1}`, { address: `${a}/20` });
+      backends.push(await startBackend(lab, ns, `b${i + 1}`));
+    }
+    // Service s0's backends (b1, b2) also listen on its port; b1's is the listener stopped for the transition.
+    let lone = await startBackend(lab, lab.ns('b1'), 'b1-lone', [LONE_PORT]);
+    backends.push(await startBackend(lab, lab.ns('b2'), 'b2-lone', [LONE_PORT]));
+    const backendCount = Array.from({ length: n }, (_, i) => backendsOf(i).length).reduce((s, x) => s + x, 0);
+    const t0 = Date.now();
+    agent = await runAgent(lab, node, scaleConfig(n), { name: `scale-${n}` });
+    const a = agent;
+    const pid = a.proc.pid;
+    await waitStatus(a, `${n} services ready with every backend up`, (s) => s.services.length === n && s.services.every((x) => x.ready && x.healthyBackends === x.backends.length), 300_000);
+    const readyMs = Date.now() - t0;
+    log(`ready in ${readyMs} ms`);
+    // The start's garbage and first probes behind it.
+    await sleep(5000);
+    const rssMiB = (memoryOf(pid)?.rssKiB ?? NaN) / 1024;
+    const c0 = cpuWithChildrenMs(pid);
+    const i0 = Date.now();
+    await sleep(o.idleSeconds * 1000);
+    const idleCpuMs = cpuWithChildrenMs(pid) - c0;
+    const idleRate = idleCpuMs / (Date.now() - i0);
+    const idleCpuPercent = idleRate * 100;
+    const nftLines = Number((await lab.sh(node, 'nft list ruleset | wc -l')).stdout.trim());
+    log(`RSS ${rssMiB.toFixed(1)} MiB, idle ${idleCpuPercent.toFixed(2)}% of a core, ${nftLines} nft lines`);
+
+    // Reloads: s1's last backend swapped, then back.
+    const reloadCpuMs: number[] = [];
+    const reloadWallMs: number[] = [];
+    for (let r = 0; r < o.rounds * 2; r++) {
+      const before = (await a.status()).config.generation;
+      a.writeConfig(scaleConfig(n, r % 2 === 0));
+      const logsBefore = a.logs.length;
+      const s = cpuSampler(pid);
+      const t = Date.now();
+      a.signal('SIGHUP');
+      await waitFor('the reload applied', async () => (await a.status()).config.generation > before, 60_000, 20);
+      const line = await a.waitLog('reload logged', (l) => a.logs.indexOf(l) >= logsBefore && l.op === 'reload' && l.added !== undefined, 10_000).catch(() => undefined);
+      const applied = Number.isFinite(logTime(line)) ? logTime(line) : Date.now();
+      await sleep(Math.max(0, applied + 1000 - Date.now()) + 100);
+      s.stop();
+      const raw = cpuBetween(s.samples, t, applied + 1000);
+      reloadCpuMs.push(round(raw - idleRate * (applied + 1000 - t), 1));
+      reloadWallMs.push(applied - t);
+      await sleep(1000);
+    }
+    log(`reload of one backend: ${reloadCpuMs.join(', ')} ms of CPU over idle`);
+
+    // Health transitions: s0's backend b1 down (its listener stopped), then up again.
+    const transitionCpuMs: number[] = [];
+    const transitionKinds: string[] = [];
+    for (let r = 0; r < o.rounds; r++) {
+      for (const to of ['down', 'up'] as const) {
+        const logsBefore = a.logs.length;
+        const s = cpuSampler(pid);
+        if (to === 'down') await lone.stop();
+        else lone = await startBackend(lab, lab.ns('b1'), 'b1-lone', [LONE_PORT]);
+        const line = await a.waitLog(`s0's backend ${to}`, (l) => a.logs.indexOf(l) >= logsBefore && l.op === 'transition' && l.to === to && String(l.service).endsWith('/s0') && String(l.backend).startsWith(`${BACKENDS[0]}:`), 40_000);
+        const at = logTime(line);
+        await sleep(Math.max(0, at + 1000 - Date.now()) + 100);
+        s.stop();
+        transitionCpuMs.push(round(cpuBetween(s.samples, at, at + 1000) - idleRate * 1000, 1));
+        transitionKinds.push(to);
+        await sleep(500);
+      }
+    }
+    log(`health transitions: ${transitionCpuMs.join(', ')} ms of CPU over idle (${transitionKinds.join(', ')})`);
+
+    // Scrapes, spaced past the endpoint's reuse of a gather.
+    const count = o.rounds * 4;
+    const sc0 = cpuFineWithChildrenMs(pid);
+    const st0 = Date.now();
+    const spaced = await scrapes(lab, mon, count, SCRAPE_SPACING_MS, 5000);
+    const scrapeCpuMs = (cpuFineWithChildrenMs(pid) - sc0 - idleRate * (Date.now() - st0)) / Math.max(1, spaced.ok);
+    const body = spaced.bytes;
+    log(`/metrics: ${body} bytes (${(body / n).toFixed(0)} a service), ${scrapeCpuMs.toFixed(1)} ms of CPU a scrape (${spaced.ok}/${spaced.sent} ok)`);
+    const b = await scrapes(lab, mon, BURST.rate * BURST.seconds, 1000 / BURST.rate, BURST.timeoutMs);
+    const burst = { rate: BURST.rate, seconds: BURST.seconds, sent: b.sent, ok: b.ok, failed: b.failed, p50Ms: round(b.p50Ms, 1), p99Ms: round(b.p99Ms, 1), errors: b.errors };
+    log(`${BURST.rate} scrapes/s for ${BURST.seconds} s: ${b.failed} of ${b.sent} failed, p99 ${b.p99Ms.toFixed(1)} ms`);
+
+    // status --json: a process, and the request alone.
+    const statusCliMs: number[] = [];
+    const statusRequestMs: number[] = [];
+    let statusBytes = 0;
+    for (let r = 0; r < o.rounds; r++) {
+      const t = Date.now();
+      const c = await agentCli(lab, node, ['status', '--json', '--socket', a.socket]);
+      statusCliMs.push(Date.now() - t);
+      if (c.code !== 0) throw new Error(`lb-agent status --json exited ${c.code}: ${c.stderr.trim().slice(0, 200)}`);
+      statusBytes = Buffer.byteLength(c.stdout);
+      const q = performance.now();
+      await controlRequest(a.socket, 'status', 10_000);
+      statusRequestMs.push(round(performance.now() - q, 1));
+    }
+    log(`status --json ${statusCliMs.join(', ')} ms (request alone ${statusRequestMs.join(', ')} ms), ${statusBytes} bytes`);
+
+    const ts = Date.now();
+    const stopped = await stopAgent(a, 60_000);
+    const stopMs = Date.now() - ts;
+    agent = undefined;
+    log(`stop ${stopMs} ms${stopped.killed ? ' (killed)' : ''}`);
+
+    const ref = await reference(lab, n, o.rounds);
+    log(`reference: full table ${ref.fullWallMs.join(', ')} ms, delta of one backend ${ref.deltaWallMs.join(', ')} ms wall, ${ref.deltaCpuMs.join(', ')} ms CPU (${ref.lines} lines)`);
+    return {
+      services: n, backends: backendCount, readyMs, rssMiB, idleWindowSeconds: o.idleSeconds, idleCpuMs, idleCpuPercent, nftLines,
+      reloadCpuMs, reloadWallMs, transitionCpuMs, transitionKinds, scrapeCpuMs, scrapes: spaced.ok, metricsBytes: body, metricsBytesPerService: body / n,
+      burst, statusCliMs, statusRequestMs, statusBytes, stopMs, stopKilled: stopped.killed, reference: ref,
+    };
+  } finally {
+    if (agent) await stopAgent(agent);
+    for (const b of backends) await b.stop();
+    await lab.destroy();
+  }
+}
+
+export async function benchScale(o: ScaleOptions): Promise<ScaleResult> {
+  const raw: ScaleRun[] = [];
+  const errors: string[] = [];
+  for (const n of o.sizes) {
+    try {
+      raw.push(await measureSize(n, o));
+    } catch (e) {
+      errors.push(`${n} services: ${msg(e)}`);
+      o.log(`${n} services: ${msg(e)}`);
+    }
+  }
+  return {
+    config: {
+      sizes: [...o.sizes], rounds: o.rounds, idleSeconds: o.idleSeconds,
+      healthCheck: 'defaults (TCP, period 5 s, timeout 3 s, failure threshold 3)',
+      nodeOptions: unitEnvironment().NODE_OPTIONS ?? '',
+      scrapeSpacingMs: SCRAPE_SPACING_MS,
+      burst: `${BURST.rate} scrapes/s for ${BURST.seconds} s, a new connection each, ${BURST.timeoutMs} ms deadline`,
+    },
+    summary: summarizeScale(raw),
+    raw,
+    errors,
+  };
+}

@@ -1,0 +1,64 @@
+// bench/scale.ts, its pure half: each service balances over 2-4 backends,
+// the reload's config changes one backend of one service and nothing else,
+// the kube-proxy-style reference replaces that same backend by one map
+// element, nft's timing is read from bash `times`, an event's CPU is read
+// between samples, and the targets are judged at 1,000 services only.
+import t from 'tap';
+import { backendsOf, scaleConfig, referenceTables, parseTimed, cpuBetween, summarizeScale, type ScaleRun } from '../../bench/scale';
+import { scaleTargets } from '../../bench/lib/report';
+
+interface Svc { name: string; backends: string[]; ports: { targetPort: number }[] }
+
+t.test('2, 3 or 4 distinct backends a service', async (t) => {
+  for (let i = 0; i < 12; i++) {
+    const b = backendsOf(i);
+    t.ok(b.length >= 2 && b.length <= 4, `s${i} has ${b.length}`);
+    t.equal(new Set(b).size, b.length, `s${i}'s are distinct`);
+  }
+});
+
+t.test('the changed config differs in one backend of one service', async (t) => {
+  const a = scaleConfig(100).services as Svc[];
+  const b = scaleConfig(100, true).services as Svc[];
+  const diff = a.map((s, i) => [s, b[i]!] as const).filter(([x, y]) => JSON.stringify(x) !== JSON.stringify(y));
+  t.equal(diff.length, 1);
+  const [x, y] = diff[0]!;
+  t.equal(x.name, 's1');
+  t.equal(x.backends.length, y.backends.length);
+  t.equal(x.backends.filter((v) => !y.backends.includes(v)).length, 1, 'one backend swapped');
+  t.equal(a.filter((s) => s.ports[0]!.targetPort !== 8080).map((s) => s.name).join(), 's0', 'only s0 checks a port of its own');
+});
+
+t.test('the reference: a chain per endpoint, and a delta that swaps one map element', async (t) => {
+  const r = referenceTables(3);
+  t.equal((r.full.match(/^\tchain ep_/gm) ?? []).length, 2 + 3 + 4);
+  t.equal(r.elements, 3 + 2 + 3 + 4);
+  t.match(r.delta, /delete element ip kp svc_1_eps \{ 2 \}\nadd element ip kp svc_1_eps \{ 2 : goto ep_1_2x \}/);
+  t.match(r.delta, /dnat to 10\.96\.0\.11:8080/, 'to the backend s1 did not use');
+  t.match(r.undo, /add chain ip kp ep_1_2\nadd rule ip kp ep_1_2 meta l4proto tcp dnat to 10\.96\.0\.14:8080\n[^]*delete chain ip kp ep_1_2x\n$/, 'and back');
+});
+
+t.test('nft timing from the script: µs, then the shell\'s times (its own, then its children\'s)', async (t) => {
+  t.same(parseTimed('2500\n0m0.001s 0m0.002s\n0m0.012s 0m0.030s\n'), { wallMs: 2.5, cpuMs: 42 });
+});
+
+t.test('an event\'s CPU between two instants, linear between samples', async (t) => {
+  const s = [{ t: 0, cpuMs: 0 }, { t: 100, cpuMs: 10 }, { t: 200, cpuMs: 30 }];
+  t.equal(cpuBetween(s, 50, 150), 15);
+  t.ok(Number.isNaN(cpuBetween(s, 50, 250)), 'past the last sample: unknown');
+});
+
+t.test('targets at 1,000 services only', async (t) => {
+  const run = (services: number): ScaleRun => ({
+    services, backends: services * 3, readyMs: 1, rssMiB: 70, idleWindowSeconds: 10, idleCpuMs: 50, idleCpuPercent: 0.5, nftLines: 10,
+    reloadCpuMs: [40, 60], reloadWallMs: [1], transitionCpuMs: [2, 4], transitionKinds: ['down', 'up'], scrapeCpuMs: 10, scrapes: 4, metricsBytes: 1, metricsBytesPerService: 300,
+    burst: { rate: 50, seconds: 10, sent: 500, ok: 500, failed: 0, p50Ms: 1, p99Ms: 2, errors: [] }, statusCliMs: [40], statusRequestMs: [5], statusBytes: 1, stopMs: 1500, stopKilled: false,
+    reference: { lines: 1, elements: 1, fullWallMs: [1], fullCpuMs: [1], deltaWallMs: [1], deltaCpuMs: [1] },
+  });
+  const none = scaleTargets({ config: {} as never, summary: summarizeScale([run(100)]), raw: [], errors: [] });
+  t.ok(none.every((x) => x.met === undefined), 'a run without 1,000 services judges nothing');
+  const rows = scaleTargets({ config: {} as never, summary: summarizeScale([run(1000)]), raw: [], errors: [] });
+  t.equal(rows.length, 8);
+  t.equal(rows.find((x) => /reload/.test(x.target))!.met, false, 'median 50 ms is not under 50');
+  t.ok(rows.filter((x) => !/reload/.test(x.target)).every((x) => x.met === true));
+});
