@@ -13,16 +13,17 @@ const ROOT = path.resolve(__dirname, '..', '..', '..');
 
 /** Essential on every Debian/Ubuntu (coreutils, util-linux, bash, libc-bin, dash). */
 const ESSENTIAL = new Set(['sh', 'bash', 'env', 'cat', 'timeout', 'nproc', 'mkfifo', 'mount', 'umount', 'unshare', 'setpriv', 'prlimit', 'getent', 'kill', 'sleep', 'true', 'false',
-  'ls', 'wc', 'sed', 'grep', 'awk', 'head', 'tail', 'echo', 'printf', 'test', 'rm', 'mkdir']);
+  'ls', 'wc', 'sed', 'grep', 'awk', 'head', 'tail', 'echo', 'printf', 'test', 'rm', 'mkdir', 'date', 'seq']);
 /** Shell words that are not programs. */
-const SHELL = new Set(['ulimit', 'for', 'do', 'done', 'if', 'then', 'else', 'fi', 'while', 'in', 'export', 'cd', 'set', 'trap', 'wait', 'read', 'exec']);
+const SHELL = new Set(['ulimit', 'for', 'do', 'done', 'if', 'then', 'else', 'fi', 'while', 'in', 'export', 'cd', 'set', 'trap', 'wait', 'read', 'exec', 'times']);
 /** Programs that come with a package named in setup.sh under another file. */
 const ALSO = new Map([['promtool', 'prometheus'], ['node', 'nodejs (checked by setup.sh itself)'], ['ss', 'iproute2'], ['bridge', 'iproute2']]);
 
 /** The commands of a shell script: the first word of each pipeline stage, list element and $(...). */
 function shellCommands(script: string): string[] {
   return script.split(/&&|\|\||;|\||\$\(|\n|\bthen\b|\bdo\b|\belse\b/)
-    .map((part) => /^\s*\(?\s*(?:exec\s+)?([a-z][a-z0-9_.-]*)/.exec(part)?.[1])
+    // A variable assignment (`s=$(date +%s%N)`) is not a command; what it runs follows its `$(`.
+    .map((part) => /^\s*\(?\s*(?:exec\s+)?([a-z][a-z0-9_.-]*)(?!\S*=)/.exec(part)?.[1])
     .filter((w): w is string => w !== undefined && !SHELL.has(w));
 }
 /** Run only inside the systemd test container, whose root has them. */
@@ -74,6 +75,7 @@ t.test('the commands of a lab shell script', async (t) => {
   t.same(shellCommands('ip link set lo up && ip link add br0 type bridge; sysctl -qw a=1'), ['ip', 'ip', 'sysctl']);
   t.same(shellCommands('for l in $(ip -o link show | sed -n p); do ip link del "$l"; done'), ['ip', 'sed', 'ip']);
   t.same(shellCommands('ulimit -n 64 && exec tcpdump -i eth0'), ['tcpdump']);
+  t.same(shellCommands('s=$(date +%s%N); for i in $(seq 3); do nft -f a; done; times'), ['date', 'seq', 'nft'], 'an assignment is not a command; times is the shell\'s');
 });
 
 t.test('every program the code runs is installed by scripts/setup.sh', async (t) => {
