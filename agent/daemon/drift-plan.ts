@@ -66,7 +66,7 @@ export type Drift =
   | { readonly kind: SourceDamage; readonly key: string; readonly subject: string; readonly found: string }
   | { readonly kind: 'table'; readonly subject: string; readonly found: string }
   | { readonly kind: 'sysctl'; readonly subject: string; readonly ifname: string; readonly role: VipRole; readonly found: string }
-  /** net.ipv4.ip_forward, which the kernel path keeps itself (forward/nft.ts keepForwarding). */
+  /** A forwarding sysctl, which the kernel path keeps itself (forward/nft.ts keepForwarding). */
   | { readonly kind: 'forwarding'; readonly subject: string; readonly found: string }
   /** An agent link or marked address that nothing configured wants (a reload's removal cut short, a copy of the agent's address put back by hand). */
   | { readonly kind: 'leftover'; readonly subject: string; readonly found: string; readonly remove: Removal };

@@ -10,6 +10,7 @@
 //
 // It touches only what the agent owns: the VIPs its sources hold, its
 // 02: macvlans, its tables, the sysctls it sets.
+import * as fs from 'node:fs/promises';
 import type { Registry } from 'prom-client';
 import { Counter, Gauge } from '../metrics/prom';
 import { realClock, type Clock, type TimerHandle } from '../clock';
@@ -33,8 +34,8 @@ export interface TableOwner {
   ownsCommit(pid: number | undefined): boolean;
   /** Write the tables again, whole; true when written. */
   repair(): Promise<boolean>;
-  /** net.ipv4.ip_forward back to 1 if someone turned it off: the value found, or undefined when right. */
-  keepForwarding(): Promise<number | undefined>;
+  /** The forwarding sysctls back to 1 where someone turned one off: each one put back, with the value found. */
+  keepForwarding(): Promise<ReadonlyArray<{ readonly sysctl: string; readonly found: number }>>;
 }
 
 export interface DriftGuardOptions {
@@ -107,9 +108,6 @@ const RETRY_MS = 1000;
  * a service, is never raced.
  */
 const LEFTOVER_GRACE_MS = 2000;
-
-/** The ip_forward sysctl's subject (the data path keeps it). */
-const FORWARDING = 'net.ipv4.ip_forward';
 
 export class DriftGuard {
   private readonly opts: DriftGuardOptions;
@@ -372,10 +370,10 @@ export class DriftGuard {
     };
     const drifts = this.ripeLeftovers(planDrift(held, snapshot, this.opts.wanted?.(), this.opts.parent));
     const forwarding = await this.opts.tables?.keepForwarding().catch((err: unknown) => {
-      this.log.warn({ op: 'sysctl', err: errorMessage(err) }, `cannot set ${FORWARDING}=1`);
-      return undefined;
+      this.log.warn({ op: 'sysctl', err: errorMessage(err) }, 'cannot set the forwarding sysctls to 1');
+      return [];
     });
-    if (forwarding !== undefined) this.repaired({ kind: 'forwarding', subject: FORWARDING, found: `${FORWARDING} is ${forwarding}, the kernel path needs 1` }, `set ${FORWARDING}=1`);
+    for (const f of forwarding ?? []) this.repaired({ kind: 'forwarding', subject: f.sysctl, found: `${f.sysctl} is ${f.found}, the kernel path needs 1` }, `set ${f.sysctl}=1`);
     const still = new Map<string, Drift>();
     let wake = Infinity;
     const ripening = this.leftoverWait();
@@ -454,8 +452,10 @@ export class DriftGuard {
           const changes = await applyVipSysctls(d.ifname, d.role);
           return changes.length > 0 ? changes.map((c) => `set net.ipv4.conf.${d.ifname}.${c.key}=${c.to}`).join(', ') : `${d.subject} was right again`;
         }
-        case 'forwarding':
-          return (await this.opts.tables?.keepForwarding()) !== undefined ? `set ${FORWARDING}=1` : undefined;
+        case 'forwarding': {
+          const put = await this.opts.tables?.keepForwarding() ?? [];
+          return put.length > 0 ? put.map((f) => `set ${f.sysctl}=1`).join(', ') : undefined;
+        }
         default:
           return await this.opts.repairSource(d.key, d.kind);
       }
@@ -483,11 +483,20 @@ export class DriftGuard {
     this.opts.onRepair?.({ kind: d.kind, subject: d.subject, service, found: d.found, done, fight });
   }
 
-  /** The parent's ARP sysctls as wanted? If not, a check now. */
+  /**
+   * The parent's ARP sysctls as wanted, and IPv6 forwarding on while the
+   * path owns a table of IPv6 VIPs? If not, a check now (the IPv6 one is
+   * read here rather than heard: its netconf group would wake the guard for
+   * every link any program adds).
+   */
   private async pollSysctls(): Promise<void> {
     for (const [key, want] of vipSysctls('parent')) {
       const got = await readIfSysctl(this.opts.parent.name, key).catch(() => undefined);
       if (got !== undefined && got !== want) { this.requestCheck(0); return; }
+    }
+    if (this.opts.tables?.ownedTables().includes('ip6 lb_agent')) {
+      const six = await fs.readFile('/proc/sys/net/ipv6/conf/all/forwarding', 'utf8').catch(() => undefined);
+      if (six !== undefined && six.trim() !== '1') this.requestCheck(0);
     }
   }
 

@@ -921,18 +921,31 @@ export class NftDataplane implements Dataplane {
   }
 
   /**
-   * net.ipv4.ip_forward as the kernel path needs it (1): read, and put back
-   * when someone turned it off. Returns the value found when it was
-   * changed, undefined when it was right (or the path is not running).
+   * The forwarding sysctls as the kernel path needs them (1):
+   * net.ipv4.ip_forward, and net.ipv6.conf.all.forwarding while a table of
+   * IPv6 VIPs is written (with accept_ra kept, ensureIpv6Forwarding). Read,
+   * and put back when someone turned one off. Returns each one changed, with
+   * the value found; none when they were right (or the path is not running).
    */
-  async keepForwarding(): Promise<number | undefined> {
-    if (!this.started || this.stopped) return undefined;
+  async keepForwarding(): Promise<Array<{ sysctl: string; found: number }>> {
+    if (!this.started || this.stopped) return [];
+    const out: Array<{ sysctl: string; found: number }> = [];
     const file = path.join(this.procRoot, 'sys/net/ipv4/ip_forward');
     const now = await readNumber(file);
-    if (now === 1 || now === undefined) return undefined;
-    await fs.writeFile(file, '1\n');
-    this.facts = { ...this.facts, ipForward: 1, ipForwardChangedByAgent: true };
-    return now;
+    if (now !== 1 && now !== undefined) {
+      await fs.writeFile(file, '1\n');
+      this.facts = { ...this.facts, ipForward: 1, ipForwardChangedByAgent: true };
+      out.push({ sysctl: 'net.ipv4.ip_forward', found: now });
+    }
+    if (this.plan && hasIp6Table(this.plan)) {
+      const six = await readNumber(path.join(this.procRoot, 'sys/net/ipv6/conf/all/forwarding'));
+      if (six !== 1 && six !== undefined) {
+        this.ip6ForwardingChecked = false;
+        await this.ensureIpv6Forwarding();
+        out.push({ sysctl: 'net.ipv6.conf.all.forwarding', found: six });
+      }
+    }
+    return out;
   }
 
   /** Read the counters for the metrics now rather than at the next tick (e.g. right after a burst of test traffic). */

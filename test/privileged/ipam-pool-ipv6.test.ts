@@ -141,6 +141,15 @@ if (requirePrivileged(t)) {
     const now = await agent.status();
     t.match(now.services.find((s) => s.key === 'default/web6@IPv6'), { vip: vip6, state: 'serving', source: { defences: 1 } }, 'the VIP kept, one defence counted');
 
+    // IPv6 forwarding turned off by someone else: put back by the drift guard, and the IPv6 VIP serves again.
+    const offAt = Date.now();
+    await lab.exec(node, 'sysctl', ['-qw', 'net.ipv6.conf.all.forwarding=0']);
+    const fixed = await waitFor('a drift-repaired event for IPv6 forwarding', async () => (await agent.status()).events
+      .find((e) => e.kind === 'drift-repaired' && Date.parse(e.at) >= offAt - 5 && /net\.ipv6\.conf\.all\.forwarding is 0/.test(e.reason)), 10_000);
+    t.match(fixed.reason, /set net\.ipv6\.conf\.all\.forwarding=1/, fixed.reason);
+    t.equal((await lab.exec(node, 'sysctl', ['-n', 'net.ipv6.conf.all.forwarding'])).stdout.trim(), '1', 'IPv6 forwarding is on again');
+    await waitFor('the IPv6 VIP answers again', async () => (await httpGetFrom(lab, client, `http://[${vip6}]:80/`)).ok, 10_000);
+
     // Crash-only restart: the IPv6 VIP is adopted (no DAD of an address that never left) and the client sees nothing.
     const loop2 = await ClientLoop.start(lab, client, `http://[${vip6}]:80/`, { intervalMs: 20, timeoutMs: 500 });
     t.teardown(() => loop2.stop());
