@@ -119,6 +119,8 @@ export class DriftGuard {
   private readonly addresses = new Map<number, Set<string>>();
   /** Addresses with the agent's mark on the parent ("address/prefix"). */
   private readonly marked = new Set<string>();
+  /** Source repairs under way, by subject. */
+  private readonly sourceRepairs = new Map<string, Promise<void>>();
   /** When each leftover was first seen, by subject. */
   private readonly leftoverSince = new Map<string, number>();
   /** Owned tables others changed since they were last written, with what they did. */
@@ -368,7 +370,7 @@ export class DriftGuard {
       sysctls: await this.readSysctls(held, full),
       marked: this.marked,
     };
-    const drifts = this.ripeLeftovers(planDrift(held, snapshot, this.opts.wanted?.(), this.opts.parent));
+    const { drifts, ripeningMs } = this.ripeLeftovers(planDrift(held, snapshot, this.opts.wanted?.(), this.opts.parent));
     const forwarding = await this.opts.tables?.keepForwarding().catch((err: unknown) => {
       this.log.warn({ op: 'sysctl', err: errorMessage(err) }, 'cannot set the forwarding sysctls to 1');
       return [];
@@ -376,8 +378,7 @@ export class DriftGuard {
     for (const f of forwarding ?? []) this.repaired({ kind: 'forwarding', subject: f.sysctl, found: `${f.sysctl} is ${f.found}, the kernel path needs 1` }, `set ${f.sysctl}=1`);
     const still = new Map<string, Drift>();
     let wake = Infinity;
-    const ripening = this.leftoverWait();
-    if (ripening !== undefined) wake = ripening;
+    if (ripeningMs !== undefined) wake = ripeningMs;
     for (const d of drifts) {
       if (this.stopped) return;
       const subject = driftSubject(d);
@@ -387,6 +388,15 @@ export class DriftGuard {
         still.set(subject, d);
         wake = Math.min(wake, wait);
         if (!this.outstanding.has(subject)) this.report(d, undefined);
+        continue;
+      }
+      if ('key' in d) {
+        // A source's repair waits its turn in that source's own work (a
+        // lease exchange under way, a VRRP step): it runs beside the check,
+        // never in it, so one busy source holds up no other repair and no
+        // leftover's removal. The drift stays outstanding until it ends.
+        still.set(subject, d);
+        if (!this.sourceRepairs.has(subject)) this.repairSourceAside(subject, d);
         continue;
       }
       const done = await this.repair(d);
@@ -399,38 +409,46 @@ export class DriftGuard {
     if (wake < Infinity) this.requestCheck(wake);
   }
 
+  /** A source's repair, off the check; when it ends, a check sees what is left (and a repair that did not take is tried again after RETRY_MS). */
+  private repairSourceAside(subject: string, d: Drift): void {
+    const run = this.repair(d).then((done) => {
+      this.sourceRepairs.delete(subject);
+      if (this.stopped) return;
+      if (done === undefined) { this.requestCheck(RETRY_MS); return; }
+      this.repaired(d, done);
+      this.requestCheck();
+    });
+    this.sourceRepairs.set(subject, run);
+  }
+
   /**
    * The drift list without the leftovers that have not been leftovers for
-   * LEFTOVER_GRACE_MS yet; a leftover that went away is forgotten.
+   * LEFTOVER_GRACE_MS yet, and how long until the first of those is due
+   * (decided at one instant, so a leftover is either removed now or has a
+   * check coming); a leftover that went away is forgotten.
    */
-  private ripeLeftovers(drifts: Drift[]): Drift[] {
+  private ripeLeftovers(drifts: Drift[]): { drifts: Drift[]; ripeningMs: number | undefined } {
     const now = this.clock.now();
     const seen = new Set<string>();
+    let ripeningMs: number | undefined;
     const out = drifts.filter((d) => {
       if (d.kind !== 'leftover') return true;
       const subject = driftSubject(d);
       seen.add(subject);
-      const since = this.leftoverSince.get(subject);
+      let since = this.leftoverSince.get(subject);
       if (since === undefined) {
+        since = now;
         this.leftoverSince.set(subject, now);
         this.log.debug({ op: 'check', subject, found: d.found }, `${d.found}: removed if still so in ${LEFTOVER_GRACE_MS} ms`);
-        return false;
       }
-      return now - since >= LEFTOVER_GRACE_MS;
+      const left = since + LEFTOVER_GRACE_MS - now;
+      if (left <= 0) return true;
+      // A timer may fire a little before its time by this clock: a margin, so the check it starts finds the leftover due.
+      ripeningMs = Math.min(ripeningMs ?? Infinity, left + 5);
+      return false;
     });
     for (const s of [...this.leftoverSince.keys()]) if (!seen.has(s)) this.leftoverSince.delete(s);
-    return out;
-  }
-
-  /** The wait until the first leftover still in its grace is due (ms), if any. */
-  private leftoverWait(): number | undefined {
-    const now = this.clock.now();
-    let wait: number | undefined;
-    for (const since of this.leftoverSince.values()) {
-      const left = since + LEFTOVER_GRACE_MS - now;
-      if (left > 0) wait = Math.min(wait ?? Infinity, left);
-    }
-    return wait;
+    return { drifts: out, ripeningMs };
   }
 
   private async repair(d: Drift): Promise<string | undefined> {
