@@ -56,6 +56,26 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
     const pools = new PoolManager({ pools: config.pools, store, log, registry, clock });
     // The node's own addresses are never handed out of a pool.
     pools.setReserved(addrs.filter((a) => a.prefix < (familyOf(a.address) === 'IPv6' ? 128 : 32)).map((a) => a.address));
+    /**
+     * What these services account for of the agent's own objects: the
+     * macvlan of each DHCP service (its name, with the service key) and the
+     * address each pool service claims. The start's adoption and the drift
+     * guard take anything else of the agent's for a leftover. Throws when
+     * the claims cannot be read.
+     */
+    const accountedFor = (services: readonly ServiceSpec[]): { links: Map<string, string>; claims: Set<string> } => {
+      const links = new Map<string, string>();
+      const claims = new Set<string>();
+      for (const s of services) {
+        if (s.primaryService !== undefined) continue;
+        if (s.ipam === 'dhcp') links.set(linkNameForService(s.key), s.key);
+        else {
+          const claim = pools.claimOf(s.key);
+          if (claim) claims.add(claim.address);
+        }
+      }
+      return { links, claims };
+    };
     const health = new HealthChecker({ registry, clock, log });
     // Under VRRP a takeover must not wait: the concurrency bound still keeps
     // many services from storming the server, but starts get no random delay.
@@ -143,19 +163,11 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
       watchKernel: ({ configured, ...hooks }) => new (driftModule().DriftGuard)({
         ...hooks, netlink, log, registry, clock,
         wanted: () => {
-          const links = new Set<string>();
-          const addresses = new Set<string>();
-          for (const s of configured()) {
-            if (s.primaryService !== undefined) continue;
-            if (s.ipam === 'dhcp') links.add(linkNameForService(s.key));
-            else {
-              // Claims that cannot be read: nothing is taken for a leftover.
-              let claim: ReturnType<typeof pools.claimOf>;
-              try { claim = pools.claimOf(s.key); } catch { return undefined; }
-              if (claim) addresses.add(claim.address);
-            }
-          }
-          return { links, addresses };
+          // Claims that cannot be read: nothing is taken for a leftover.
+          try {
+            const a = accountedFor(configured());
+            return { links: new Set(a.links.keys()), addresses: a.claims };
+          } catch { return undefined; }
         },
         parent: { name: parent.name, index: parent.index },
         ...(dp.kind === 'kernel' ? { tables: dp as NftDataplane, nftWatch: () => new (nftWatchModule().NftWatcher)({ log }) } : {}),
@@ -180,10 +192,8 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
         return held;
       },
       adoptOwned: async (services) => {
-        const wanted = new Map<string, { mac: string; parent: string }>();
-        for (const s of services) {
-          if (s.primaryService === undefined && s.ipam === 'dhcp') wanted.set(linkNameForService(s.key), { mac: macForService(s.key), parent: parent.name });
-        }
+        const accounted = accountedFor(services);
+        const wanted = new Map([...accounted.links].map(([name, key]) => [name, { mac: macForService(key), parent: parent.name }]));
         const res = await reconcileOwnedLinks(netlink, wanted, { log });
         // Pool VIPs of services no longer configured: their claims go, and
         // the address an earlier run left on the parent goes with them.
@@ -195,7 +205,7 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
         // Every address an earlier run added carries the ownership mark: one
         // on the parent that no wanted claim explains is a leftover (a claim
         // lost to a crash, a reload that raced), withdrawn now.
-        const wantedClaims = new Set(services.filter((s) => s.primaryService === undefined && s.ipam === 'pool').map((s) => pools.claimOf(s.key)?.address).filter((a): a is string => a !== undefined));
+        const wantedClaims = accounted.claims;
         const marked = [...await netlink.listAddresses(parent.index), ...await netlink.listAddresses(parent.index, 'IPv6')]
           .filter((a) => a.proto === OWNED_ADDRESS_PROTO).map((a) => `${a.address}/${a.prefix}`);
         for (const a of strayMarkedAddresses(marked, wantedClaims)) {
