@@ -16,6 +16,7 @@ import type { StartLimiter } from '../dhcp/limiter';
 import type { VrrpGate } from '../failover/gate';
 import { PoolManager } from '../ipam/manager';
 import { PoolSource, poolVipPrefix } from '../ipam/pool-source';
+import { NeighbourSockets } from '../net/neighbour/neighbour-sockets';
 import { HealthChecker } from '../health/checker';
 import { selectDataplane, createDataplane, probeNftables, probeDsr, dsrUnavailable, parseDsrEngine, servicesNeedingProxy, placementFor, type ProbeResult } from '../forward/index';
 import { familyOf, formatIPv4 } from '../address';
@@ -54,6 +55,8 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
     if (changes.length > 0) log.info({ module: 'net', op: 'sysctl', ifname: parent.name, changes }, 'set ARP sysctls on the parent (ARP flux: docs/design.md)');
 
     const pools = new PoolManager({ pools: config.pools, store, log, registry, clock });
+    // One ARP and one NDP socket per interface for every pool VIP on it.
+    const neighbourSockets = new NeighbourSockets();
     // The node's own addresses are never handed out of a pool.
     pools.setReserved(addrs.filter((a) => a.prefix < (familyOf(a.address) === 'IPv6' ? 128 : 32)).map((a) => a.address));
     /**
@@ -159,7 +162,7 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
           store, netlink, log, registry, clock, limiter: startLimiter(), parentSysctls, resumeSaved: vrrp,
           guard: { allowOtherSubnets: now.dhcp.allowOtherSubnets, servers: now.dhcp.servers },
         })
-        : new PoolSource({ service: spec, parentIfname: parent.name, manager: pools, arp: now.arp, netlink, log, registry, clock, probe: !vrrp })),
+        : new PoolSource({ service: spec, parentIfname: parent.name, manager: pools, arp: now.arp, netlink, log, registry, clock, probe: !vrrp, sockets: neighbourSockets })),
       watchKernel: ({ configured, ...hooks }) => new (driftModule().DriftGuard)({
         ...hooks, netlink, log, registry, clock,
         wanted: () => {
