@@ -38,6 +38,7 @@ import { netMetrics, type NetMetrics } from '../net/metrics';
 import { OWNED_ADDRESS_PROTO } from '../net/ownership/ownership';
 import type { PacketSocket } from '../net/packet/packet';
 import { NeighbourSockets } from '../net/neighbour/neighbour-sockets';
+import { AddressRemovals } from '../net/netlink/address-removals';
 import type { NetlinkClient, LinkInfo } from '../net/netlink/netlink';
 import { VipOwner, type VipConflict } from '../net/neighbour/vip-owner';
 import { dadProbe, ipv6Value, NdpVipOwner } from '../net/neighbour/ndp-driver';
@@ -69,7 +70,7 @@ export function ndpTimings(arp: ArpTimings & Partial<Pick<ArpConfig, 'refreshInt
   };
 }
 
-export type PoolNetlink = Pick<NetlinkClient, 'getLink' | 'listAddresses' | 'addAddress' | 'removeAddress'>;
+export type PoolNetlink = Pick<NetlinkClient, 'getLink' | 'listAddresses' | 'addAddress' | 'removeAddresses'>;
 
 export interface PoolSourceOptions {
   /** The service (key, name, namespace, loadBalancerIP, family are used). */
@@ -111,6 +112,13 @@ export interface PoolSourceOptions {
    * of this source's own.
    */
   sockets?: NeighbourSockets;
+  /**
+   * Where the VIP's removal goes: with the other removals of the same turn
+   * of the event loop, in one netlink batch (a stop of every service at
+   * once). The daemon passes one for every pool source, run in the
+   * manager's queue. Default: this source's own, in the manager's queue.
+   */
+  removals?: AddressRemovals;
 }
 
 /** How often a ready Backup re-reads its parent (addresses and reservations can change while it waits). */
@@ -126,6 +134,7 @@ export class PoolSource extends EventEmitter implements AddressSource {
   private readonly netMetrics: NetMetrics;
   private readonly cfg: PoolMachineConfig;
   private readonly sockets: NeighbourSockets;
+  private readonly removalBatch: AddressRemovals;
 
   private m: PoolState = initialPoolState();
   /** Bumped by stop(): an async result of an earlier generation is dropped (and undoes what it did). */
@@ -159,6 +168,7 @@ export class PoolSource extends EventEmitter implements AddressSource {
     this.log = opts.log.child({ module: 'ipam.pool-source', service: this.key });
     this.netMetrics = netMetrics(opts.registry);
     this.sockets = opts.sockets ?? new NeighbourSockets();
+    this.removalBatch = opts.removals ?? new AddressRemovals({ netlink: opts.netlink, run: (fn) => opts.manager.serialize(fn) });
     this.cfg = { probe: opts.probe !== false, faultRetryMs: opts.faultRetryMs ?? 30_000 };
     this.family = opts.service.family ?? 'IPv4';
     this.prefix = poolVipPrefix(this.family);
@@ -590,8 +600,9 @@ export class PoolSource extends EventEmitter implements AddressSource {
 
   private async removeQuietly(ifindex: number, address: string): Promise<void> {
     try {
-      await this.manager.serialize(() => this.opts.netlink.removeAddress(ifindex, address, this.prefix));
+      await this.removalBatch.remove(ifindex, address, this.prefix);
     } catch (err) {
+      // The address keeps its ownership mark: the next start's adoption removes it.
       this.log.warn({ op: 'remove-address', address, err: errorMessage(err) }, `could not remove ${address} from ${this.opts.parentIfname}`);
     }
   }
