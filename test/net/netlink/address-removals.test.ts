@@ -48,3 +48,16 @@ t.test('a result missing for an address is an error, not a silent success', asyn
   flush();
   t.same(await Promise.all(ps), [true, 'no result for 10.0.0.2']);
 });
+
+t.test('the batch holds its place in the queue from the first removal: what is queued after it runs after it', async (t) => {
+  const order: string[] = [];
+  let chain: Promise<unknown> = Promise.resolve();
+  const run = <T>(fn: () => Promise<T>): Promise<T> => { const p = chain.then(fn); chain = p.then(() => undefined, () => undefined); return p; };
+  const r = new AddressRemovals({ netlink: { removeAddresses: async (list) => { order.push(`remove ${list.map((a) => a.address).join(',')}`); return list.map(() => true); } }, run });
+  const first = r.remove(2, '10.0.0.1', 32);
+  // A source that released its claim, then another reading the parent to take the address.
+  const read = run(async () => { order.push('read the parent'); });
+  const second = r.remove(2, '10.0.0.2', 32); // later in the same turn: joins the first batch
+  await Promise.all([first, read, second]);
+  t.same(order, ['remove 10.0.0.1,10.0.0.2', 'read the parent']);
+});
