@@ -6,6 +6,8 @@
 // that scrapes /metrics from across the bridge. Per size:
 //   RSS                  VmRSS of the agent once every service is ready and
 //                        the start has settled
+//   descriptors          its open file descriptors then (/proc/PID/fd), and
+//                        how many of them are packet sockets
 //   idle CPU             utime + stime of the agent and its reaped children
 //                        (nft) over a window, /proc/PID/stat, % of a core
 //   nft lines            `nft list ruleset | wc -l` in the node's namespace
@@ -39,7 +41,7 @@ import { startBackend, type Backend } from '../lab/services';
 import { agentCli, waitStatus, unitEnvironment } from '../lab/agent';
 import { controlRequest } from '../agent/control/server';
 import { runAgent, stopAgent, logTime, FAST_ARP, type AgentHandle } from './lib/agent';
-import { cpuFineWithChildrenMs, cpuWithChildrenMs, memoryOf } from './lib/procfs';
+import { cpuFineWithChildrenMs, cpuWithChildrenMs, descriptorsOf, memoryOf } from './lib/procfs';
 import { median, round } from './lib/stats';
 
 export const SCALE_SIZES = [10, 100, 500, 1000] as const;
@@ -150,6 +152,9 @@ export interface ScaleRun {
   /** `lb-agent run` to every service ready with every backend up (ms). */
   readyMs: number;
   rssMiB: number;
+  /** Open file descriptors once settled, and of them packet sockets. */
+  descriptors: number;
+  packetSockets: number;
   idleWindowSeconds: number;
   idleCpuMs: number;
   idleCpuPercent: number;
@@ -174,7 +179,7 @@ export interface ScaleRun {
 }
 
 export interface ScaleSummaryRow {
-  services: number; backends: number; readyMs: number; rssMiB: number; idleCpuPercent: number; nftLines: number;
+  services: number; backends: number; readyMs: number; rssMiB: number; descriptors: number; packetSockets: number; idleCpuPercent: number; nftLines: number;
   reloadCpuMs: number; transitionCpuMs: number; scrapeCpuMs: number; metricsBytesPerService: number; metricsBytes: number;
   burstFailed: number; burstSent: number; burstP99Ms: number;
   statusCliMs: number; statusRequestMs: number; statusBytes: number; stopMs: number;
@@ -185,7 +190,7 @@ export interface ScaleSummaryRow {
 export function summarizeScale(runs: readonly ScaleRun[]): ScaleSummaryRow[] {
   const m = (xs: readonly number[]): number => round(median([...xs]), 1);
   return runs.filter((r) => r.error === undefined).map((r) => ({
-    services: r.services, backends: r.backends, readyMs: r.readyMs, rssMiB: round(r.rssMiB, 1), idleCpuPercent: round(r.idleCpuPercent, 2), nftLines: r.nftLines,
+    services: r.services, backends: r.backends, readyMs: r.readyMs, rssMiB: round(r.rssMiB, 1), descriptors: r.descriptors, packetSockets: r.packetSockets, idleCpuPercent: round(r.idleCpuPercent, 2), nftLines: r.nftLines,
     reloadCpuMs: m(r.reloadCpuMs), transitionCpuMs: m(r.transitionCpuMs), scrapeCpuMs: round(r.scrapeCpuMs, 1),
     metricsBytesPerService: Math.round(r.metricsBytesPerService), metricsBytes: r.metricsBytes,
     burstFailed: r.burst.failed, burstSent: r.burst.sent, burstP99Ms: r.burst.p99Ms,
@@ -308,6 +313,7 @@ async function measureSize(n: number, o: ScaleOptions): Promise<ScaleRun> {
     // The start's garbage and first probes behind it.
     await sleep(5000);
     const rssMiB = (memoryOf(pid)?.rssKiB ?? NaN) / 1024;
+    const fds = descriptorsOf(pid);
     const c0 = cpuWithChildrenMs(pid);
     const i0 = Date.now();
     await sleep(o.idleSeconds * 1000);
@@ -315,7 +321,7 @@ async function measureSize(n: number, o: ScaleOptions): Promise<ScaleRun> {
     const idleRate = idleCpuMs / (Date.now() - i0);
     const idleCpuPercent = idleRate * 100;
     const nftLines = Number((await lab.sh(node, 'nft list ruleset | wc -l')).stdout.trim());
-    log(`RSS ${rssMiB.toFixed(1)} MiB, idle ${idleCpuPercent.toFixed(2)}% of a core, ${nftLines} nft lines`);
+    log(`RSS ${rssMiB.toFixed(1)} MiB, ${fds.total} descriptors (${fds.packet} packet sockets), idle ${idleCpuPercent.toFixed(2)}% of a core, ${nftLines} nft lines`);
 
     // Reloads: s1's last backend swapped, then back.
     const reloadCpuMs: number[] = [];
@@ -396,7 +402,7 @@ async function measureSize(n: number, o: ScaleOptions): Promise<ScaleRun> {
     const ref = await reference(lab, n, o.rounds);
     log(`reference: full table ${ref.fullWallMs.join(', ')} ms, delta of one backend ${ref.deltaWallMs.join(', ')} ms wall, ${ref.deltaCpuMs.join(', ')} ms CPU (${ref.lines} lines)`);
     return {
-      services: n, backends: backendCount, readyMs, rssMiB, idleWindowSeconds: o.idleSeconds, idleCpuMs, idleCpuPercent, nftLines,
+      services: n, backends: backendCount, readyMs, rssMiB, descriptors: fds.total, packetSockets: fds.packet, idleWindowSeconds: o.idleSeconds, idleCpuMs, idleCpuPercent, nftLines,
       reloadCpuMs, reloadWallMs, transitionCpuMs, transitionKinds, scrapeCpuMs, scrapes: spaced.ok, metricsBytes: body, metricsBytesPerService: body / n,
       burst, statusCliMs, statusRequestMs, statusBytes, stopMs, stopKilled: stopped.killed, reference: ref,
     };

@@ -502,6 +502,13 @@ export class Daemon extends EventEmitter {
       try { await fn(); } catch (e) { this.log.error({ op: 'stop', step: what, err: errorMessage(e) }, `stop: ${what} failed`); }
     };
     await this.applies.stop();
+    const netlinkBefore = this.subs?.netlinkCounts?.();
+    let netlinkSent: Record<string, number> | undefined;
+    // What the stop sent to rtnetlink: batches, not a round trip per VIP (logged with the last line).
+    const noteNetlink = (): void => {
+      const now = this.subs?.netlinkCounts?.();
+      if (netlinkBefore && now) netlinkSent = Object.fromEntries(Object.entries(now).map(([k, v]) => [k, v - netlinkBefore[k as keyof typeof now]]));
+    };
 
     this.zone.stop();
     this.health?.save();
@@ -524,6 +531,7 @@ export class Daemon extends EventEmitter {
       }
       await step('dataplane', () => subs.dataplane.stop({ keep: true }));
       // The backend VIPs on lo stay too: a restart must not refuse a DSR flow.
+      noteNetlink();
       await step('subsystems', () => subs.close());
     } else if (this.subs) {
       const subs = this.subs;
@@ -541,11 +549,12 @@ export class Daemon extends EventEmitter {
       }
       await step('health', () => subs.health.stop());
       await step('backend VIPs', () => subs.backend.withdraw());
+      noteNetlink();
       await step('subsystems', () => subs.close());
     }
     await step('metrics', () => this.metricsEndpoint.stop());
     this.lock?.release();
-    this.log.info({ op: 'stop', keep }, keep ? 'lb-agent stopped; VIPs, links and forwarding left serving for the next start' : 'lb-agent stopped');
+    this.log.info({ op: 'stop', keep, ...(netlinkSent ? { netlink: netlinkSent } : {}) }, keep ? 'lb-agent stopped; VIPs, links and forwarding left serving for the next start' : 'lb-agent stopped');
     // A start that never settled (a VIP never came) has not written it yet; after the lock, off the next start's path.
     this.tuning.saveCodeCache();
   }

@@ -16,6 +16,8 @@ import type { StartLimiter } from '../dhcp/limiter';
 import type { VrrpGate } from '../failover/gate';
 import { PoolManager } from '../ipam/manager';
 import { PoolSource, poolVipPrefix } from '../ipam/pool-source';
+import { NeighbourSockets } from '../net/neighbour/neighbour-sockets';
+import { AddressRemovals } from '../net/netlink/address-removals';
 import { HealthChecker } from '../health/checker';
 import { selectDataplane, createDataplane, probeNftables, probeDsr, dsrUnavailable, parseDsrEngine, servicesNeedingProxy, placementFor, type ProbeResult } from '../forward/index';
 import { familyOf, formatIPv4 } from '../address';
@@ -54,6 +56,10 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
     if (changes.length > 0) log.info({ module: 'net', op: 'sysctl', ifname: parent.name, changes }, 'set ARP sysctls on the parent (ARP flux: docs/design.md)');
 
     const pools = new PoolManager({ pools: config.pools, store, log, registry, clock });
+    // One ARP and one NDP socket per interface for every pool VIP on it.
+    const neighbourSockets = new NeighbourSockets();
+    // A stop (or a reload) of many pool services removes their VIPs in a few netlink batches.
+    const poolRemovals = new AddressRemovals({ netlink, run: (fn) => pools.serialize(fn) });
     // The node's own addresses are never handed out of a pool.
     pools.setReserved(addrs.filter((a) => a.prefix < (familyOf(a.address) === 'IPv6' ? 128 : 32)).map((a) => a.address));
     /**
@@ -159,7 +165,7 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
           store, netlink, log, registry, clock, limiter: startLimiter(), parentSysctls, resumeSaved: vrrp,
           guard: { allowOtherSubnets: now.dhcp.allowOtherSubnets, servers: now.dhcp.servers },
         })
-        : new PoolSource({ service: spec, parentIfname: parent.name, manager: pools, arp: now.arp, netlink, log, registry, clock, probe: !vrrp })),
+        : new PoolSource({ service: spec, parentIfname: parent.name, manager: pools, arp: now.arp, netlink, log, registry, clock, probe: !vrrp, sockets: neighbourSockets, removals: poolRemovals })),
       watchKernel: ({ configured, ...hooks }) => new (driftModule().DriftGuard)({
         ...hooks, netlink, log, registry, clock,
         wanted: () => {
@@ -199,18 +205,20 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
         // the address an earlier run left on the parent goes with them.
         const pruned = pools.pruneClaims(services.filter((s) => s.primaryService === undefined && s.ipam === 'pool').map((s) => s.key));
         const removedAddrs: string[] = [];
-        for (const [svc, claim] of pruned) {
-          if (await netlink.removeAddress(parent.index, claim.address, poolVipPrefix(familyOf(claim.address) ?? 'IPv4')).catch(() => false)) removedAddrs.push(`${claim.address} (${svc})`);
-        }
+        const leftovers: Array<{ index: number; address: string; prefix: number; why: string }> = [];
+        for (const [svc, claim] of pruned) leftovers.push({ index: parent.index, address: claim.address, prefix: poolVipPrefix(familyOf(claim.address) ?? 'IPv4'), why: `${claim.address} (${svc})` });
         // Every address an earlier run added carries the ownership mark: one
         // on the parent that no wanted claim explains is a leftover (a claim
-        // lost to a crash, a reload that raced), withdrawn now.
+        // lost to a crash, a reload that raced, a stop whose removal failed), withdrawn now.
         const wantedClaims = accounted.claims;
         const marked = [...await netlink.listAddresses(parent.index), ...await netlink.listAddresses(parent.index, 'IPv6')]
           .filter((a) => a.proto === OWNED_ADDRESS_PROTO).map((a) => `${a.address}/${a.prefix}`);
+        const pruning = new Set(leftovers.map((l) => `${l.address}/${l.prefix}`));
         for (const a of strayMarkedAddresses(marked, wantedClaims)) {
-          if (await netlink.removeAddress(parent.index, a.address, a.prefix).catch(() => false)) removedAddrs.push(`${a.cidr} (marked as the agent's, no claim wants it)`);
+          if (!pruning.has(a.cidr)) leftovers.push({ index: parent.index, address: a.address, prefix: a.prefix, why: `${a.cidr} (marked as the agent's, no claim wants it)` });
         }
+        // In netlink batches: a crash under a thousand VIPs leaves a thousand to take back.
+        (await netlink.removeAddresses(leftovers).catch(() => [])).forEach((r, i) => { if (r === true) removedAddrs.push(leftovers[i]!.why); });
         // With VRRP this node starts as Backup: a pool VIP an earlier run left
         // on the parent (a crash) would answer ARP for it - and refuse
         // connections - while another node is Master, and make that Master's
@@ -235,6 +243,7 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
         limiterSettings = { max: next.dhcp.maxConcurrentStarts, jitterMs: vrrp ? 0 : next.dhcp.retransmitJitter * 1000 };
         limiter?.reconfigure(limiterSettings);
       },
+      netlinkCounts: () => netlink.counts(),
       close: async () => { netlink.close(); },
     };
   } catch (e) {

@@ -18,9 +18,10 @@
 // An IPv6 VIP is the same with neighbour discovery for ARP: ADDR/128 added
 // with IFA_F_NODAD after the agent's own duplicate address detection
 // (net/neighbour/ndp-driver.ts dadProbe: RFC 4862 §5.4 probes from :: to
-// the VIP's solicited-node group, which the probe's packet socket joins),
-// and held by an NdpVipOwner (override advertisements to all-nodes on gain
-// and every refresh interval, the defence). The kernel answers
+// the VIP's solicited-node group, which the probe joins through its port on
+// the parent's shared NDP socket), and held by an NdpVipOwner (override
+// advertisements to all-nodes on gain and every refresh interval, the
+// defence). The kernel answers
 // solicitations for the address itself: it is on the parent and the kernel
 // joined its solicited-node group (docs/design.md, IPv6).
 import { EventEmitter } from 'node:events';
@@ -35,11 +36,12 @@ import type { AddressSource, SourceDamage, SourceStatus, Vip } from '../source';
 import { probeAddress } from '../net/neighbour/arp-probe';
 import { netMetrics, type NetMetrics } from '../net/metrics';
 import { OWNED_ADDRESS_PROTO } from '../net/ownership/ownership';
-import { bpfArpAbout } from '../net/packet/bpf';
-import { ETH_P_ARP, openPacketSocket, type PacketSocket } from '../net/packet/packet';
+import type { PacketSocket } from '../net/packet/packet';
+import { NeighbourSockets } from '../net/neighbour/neighbour-sockets';
+import { AddressRemovals } from '../net/netlink/address-removals';
 import type { NetlinkClient, LinkInfo } from '../net/netlink/netlink';
 import { VipOwner, type VipConflict } from '../net/neighbour/vip-owner';
-import { dadProbe, NdpVipOwner, openNdpSocket } from '../net/neighbour/ndp-driver';
+import { dadProbe, ipv6Value, NdpVipOwner } from '../net/neighbour/ndp-driver';
 import { DEFEND_INTERVAL_MS, DUP_ADDR_DETECT_TRANSMITS, RETRANS_TIMER_MS, type NdpOwnerConfig } from '../net/neighbour/ndp-owner';
 import { addressesChanged } from '../net/host/local-addresses';
 import { addressKey, reservedFromInterface } from './allocator';
@@ -68,7 +70,7 @@ export function ndpTimings(arp: ArpTimings & Partial<Pick<ArpConfig, 'refreshInt
   };
 }
 
-export type PoolNetlink = Pick<NetlinkClient, 'getLink' | 'listAddresses' | 'addAddress' | 'removeAddress'>;
+export type PoolNetlink = Pick<NetlinkClient, 'getLink' | 'listAddresses' | 'addAddress' | 'removeAddresses'>;
 
 export interface PoolSourceOptions {
   /** The service (key, name, namespace, loadBalancerIP, family are used). */
@@ -104,6 +106,19 @@ export interface PoolSourceOptions {
    * ARP burst). The ARP defence while held stays on.
    */
   probe?: boolean;
+  /**
+   * The interfaces' shared ARP and NDP sockets (one of each per interface for
+   * every pool source: the daemon passes one instance to all). Default: a set
+   * of this source's own.
+   */
+  sockets?: NeighbourSockets;
+  /**
+   * Where the VIP's removal goes: with the other removals of the same turn
+   * of the event loop, in one netlink batch (a stop of every service at
+   * once). The daemon passes one for every pool source, run in the
+   * manager's queue. Default: this source's own, in the manager's queue.
+   */
+  removals?: AddressRemovals;
 }
 
 /** How often a ready Backup re-reads its parent (addresses and reservations can change while it waits). */
@@ -118,6 +133,8 @@ export class PoolSource extends EventEmitter implements AddressSource {
   private readonly random: () => number;
   private readonly netMetrics: NetMetrics;
   private readonly cfg: PoolMachineConfig;
+  private readonly sockets: NeighbourSockets;
+  private readonly removalBatch: AddressRemovals;
 
   private m: PoolState = initialPoolState();
   /** Bumped by stop(): an async result of an earlier generation is dropped (and undoes what it did). */
@@ -125,7 +142,7 @@ export class PoolSource extends EventEmitter implements AddressSource {
   private vip: Vip | undefined;
   private parent: LinkInfo | undefined;
   private socket: PacketSocket | undefined;
-  /** The address the socket's kernel filter passes ARP frames about (it is reopened for another). */
+  /** The address the port is for (another takes another port). */
   private socketAddress: string | undefined;
   private owner: VipOwner | NdpVipOwner | undefined;
   /** The VIP's family, its prefix on the parent, and (IPv6) the parent's link-local address, the source of advertisements. */
@@ -150,6 +167,8 @@ export class PoolSource extends EventEmitter implements AddressSource {
     this.random = opts.random ?? Math.random;
     this.log = opts.log.child({ module: 'ipam.pool-source', service: this.key });
     this.netMetrics = netMetrics(opts.registry);
+    this.sockets = opts.sockets ?? new NeighbourSockets();
+    this.removalBatch = opts.removals ?? new AddressRemovals({ netlink: opts.netlink, run: (fn) => opts.manager.serialize(fn) });
     this.cfg = { probe: opts.probe !== false, faultRetryMs: opts.faultRetryMs ?? 30_000 };
     this.family = opts.service.family ?? 'IPv4';
     this.prefix = poolVipPrefix(this.family);
@@ -169,7 +188,7 @@ export class PoolSource extends EventEmitter implements AddressSource {
   /**
    * A ready VRRP Backup: withdraw the VIP like
    * stop({ release: false }), then keep ready what a takeover needs - the
-   * parent link and its addresses read, the ARP socket open - so that
+   * parent link and its addresses read, the ARP port open - so that
    * taking over is the address and a gratuitous ARP, with no rtnetlink dump
    * and no socket set-up between the election and the address. Re-read
    * every STANDBY_REFRESH_MS while standing by; a takeover uses the copy
@@ -551,29 +570,29 @@ export class PoolSource extends EventEmitter implements AddressSource {
   }
 
   /**
-   * The ARP socket for `address` on the parent. Its kernel filter passes
-   * only frames whose sender or target is that address (RFC 5227 §2.1.1,
-   * §2.4: all a probe or a defence acts on), so a pool service, and a ready
-   * Backup holding the socket while it stands by, does not wake for every
-   * ARP frame on the LAN. Another address (a conflict moved the claim)
-   * opens another socket.
+   * This source's port for `address` on the parent's shared ARP (or NDP)
+   * socket (net/neighbour/neighbour-sockets.ts): it hears only frames whose
+   * sender or target is that address (RFC 5227 §2.1.1, §2.4: all a probe or
+   * a defence acts on), so a pool service, and a ready Backup holding its
+   * port while it stands by, does not wake for every ARP frame on the LAN.
+   * Another address (a conflict moved the claim) takes another port. An
+   * NDP owner joins the address's solicited-node group through its port,
+   * and the group goes with it.
    */
   private ensureSocket(ifindex: number, address: string): PacketSocket {
     if (this.socket && this.socket.ifindex === ifindex && this.socketAddress === address) return this.socket;
     this.closeSocket();
+    const o = { ifindex, metrics: this.netMetrics, log: this.opts.log };
+    let sock: PacketSocket;
     if (this.family === 'IPv6') {
-      // One filter for every address (bpfNdp); the owner joins the address's
-      // solicited-node group on this socket, and the group goes with it.
-      const sock = openNdpSocket(ifindex, this.netMetrics, this.opts.log);
-      sock.on('error', (err: LbError) => this.log.warn({ op: 'ndp-socket', err: err.message }, 'NDP socket error'));
-      this.socket = sock;
-      this.socketAddress = address;
-      return sock;
+      sock = this.sockets.ndp({ ...o, address: ipv6Value(address) });
+    } else {
+      const ip = parseIPv4(address);
+      if (ip === undefined) throw new RangeError(`not an IPv4 address: ${address}`);
+      sock = this.sockets.arp({ ...o, address: ip });
     }
-    const ip = parseIPv4(address);
-    if (ip === undefined) throw new RangeError(`not an IPv4 address: ${address}`);
-    const sock = openPacketSocket({ ifindex, protocol: ETH_P_ARP, filter: bpfArpAbout(ip), metrics: this.netMetrics, log: this.opts.log });
-    sock.on('error', (err: LbError) => this.log.warn({ op: 'arp-socket', err: err.message }, 'ARP socket error'));
+    const what = this.family === 'IPv6' ? 'ndp-socket' : 'arp-socket';
+    sock.on('error', (err: LbError) => this.log.warn({ op: what, err: err.message }, `${this.family === 'IPv6' ? 'NDP' : 'ARP'} socket error`));
     this.socket = sock;
     this.socketAddress = address;
     return sock;
@@ -581,8 +600,9 @@ export class PoolSource extends EventEmitter implements AddressSource {
 
   private async removeQuietly(ifindex: number, address: string): Promise<void> {
     try {
-      await this.manager.serialize(() => this.opts.netlink.removeAddress(ifindex, address, this.prefix));
+      await this.removalBatch.remove(ifindex, address, this.prefix);
     } catch (err) {
+      // The address keeps its ownership mark: the next start's adoption removes it.
       this.log.warn({ op: 'remove-address', address, err: errorMessage(err) }, `could not remove ${address} from ${this.opts.parentIfname}`);
     }
   }

@@ -30,6 +30,27 @@ export function tcpPassiveOpens(pid: number | undefined): number {
   } catch { return NaN; }
 }
 
+/**
+ * A process's open file descriptors (/proc/PID/fd) and, of them, its packet
+ * sockets (the inodes /proc/PID/net/packet lists: AF_PACKET sockets of its
+ * network namespace); NaN when the process is gone.
+ */
+export function descriptorsOf(pid: number | undefined): { total: number; packet: number } {
+  if (pid === undefined) return { total: NaN, packet: NaN };
+  try {
+    const fds = fs.readdirSync(`/proc/${pid}/fd`);
+    const inodes = new Set(fs.readFileSync(`/proc/${pid}/net/packet`, 'utf8').split('\n').slice(1).map((l) => l.trim().split(/\s+/)[8]).filter((x): x is string => x !== undefined && x !== ''));
+    let packet = 0;
+    for (const fd of fds) {
+      try {
+        const m = /^socket:\[(\d+)\]$/.exec(fs.readlinkSync(`/proc/${pid}/fd/${fd}`));
+        if (m && inodes.has(m[1]!)) packet++;
+      } catch { /* closed meanwhile */ }
+    }
+    return { total: fds.length, packet };
+  } catch { return { total: NaN, packet: NaN }; }
+}
+
 /** The parent pid of every live process. */
 function parents(): Map<number, number> {
   const m = new Map<number, number>();

@@ -50,7 +50,7 @@ t.test('an event\'s CPU between two instants, linear between samples', async (t)
 
 t.test('targets at 1,000 services only', async (t) => {
   const run = (services: number): ScaleRun => ({
-    services, backends: services * 3, readyMs: 1, rssMiB: 70, idleWindowSeconds: 10, idleCpuMs: 50, idleCpuPercent: 0.5, nftLines: 10,
+    services, backends: services * 3, readyMs: 1, rssMiB: 70, descriptors: 60, packetSockets: 3, idleWindowSeconds: 10, idleCpuMs: 50, idleCpuPercent: 0.5, nftLines: 10,
     reloadCpuMs: [40, 60], reloadWallMs: [1], transitionCpuMs: [2, 4], transitionKinds: ['down', 'up'], scrapeCpuMs: 10, scrapes: 4, metricsBytes: 1, metricsBytesPerService: 300,
     burst: { rate: 50, seconds: 10, sent: 500, ok: 500, failed: 0, p50Ms: 1, p99Ms: 2, errors: [] }, statusCliMs: [40], statusRequestMs: [5], statusBytes: 1, stopMs: 1500, stopKilled: false,
     reference: { lines: 1, elements: 1, fullWallMs: [1], fullCpuMs: [1], deltaWallMs: [1], deltaCpuMs: [1] },

@@ -9,15 +9,17 @@
 // multipart dump short when another reply arrives between its parts, so only
 // dumps need to wait for each other; serialising single requests too would
 // make each of the many a DHCP start sends wait a turn of a busy event loop
-// for the reply to the one before it.
+// for the reply to the one before it. Many removals go as batches: up to
+// BATCH_MAX requests in one datagram, each acknowledged on its own
+// (removeAddresses).
 import { EventEmitter } from 'node:events';
 import * as os from 'node:os';
 // The package's parts this file uses, not its index: that also loads its
 // nl80211, WireGuard and generic-netlink code, resident for nothing.
 // Its sockets are the addon's (./netlink-socket), not its own .node file.
 import { FlagsGet, FlagsNew, Protocol } from 'netlink/dist/constants';
-import { AttrStream } from 'netlink/dist/structs';
-import { NetlinkSocket } from 'netlink/dist/netlink';
+import { AttrStream, formatMessage, type NetlinkMessage } from 'netlink/dist/structs';
+import { NetlinkSocket, checkError } from 'netlink/dist/netlink';
 import type { RawNetlinkSocket as PackageRawSocket } from 'netlink/dist/raw';
 import { RtNetlinkSocket } from 'netlink/dist/rt/rt';
 import * as rt from 'netlink/dist/rt/structs';
@@ -41,6 +43,7 @@ const RTM_DELLINK: number = rt.MessageType.DELLINK;
 const RTM_NEWADDR: number = rt.MessageType.NEWADDR;
 const RTM_DELADDR: number = rt.MessageType.DELADDR;
 const RTM_NEWNETCONF: number = rt.MessageType.NEWNETCONF;
+const RTM_DELNEIGH: number = rt.MessageType.DELNEIGH;
 const DEFAULT_TIMEOUT_MS = 5_000;
 /** NLM_F_ECHO (linux/netlink.h): the kernel sends the new object back (RTM_NEWLINK honours it since Linux 6.1). */
 const NLM_F_ECHO = 0x08;
@@ -52,6 +55,13 @@ const NLM_F_ECHO = 0x08;
 export const MAX_IN_FLIGHT = 32;
 /** Receive buffer of the request socket: MAX_IN_FLIGHT link replies (~1.5 KiB each, skb overhead included) with room to spare. */
 const REQUEST_RCVBUF = 1 << 20;
+/**
+ * Requests in one batch datagram at most. The kernel answers each with an
+ * ACK of its own (~1 KiB of receive buffer with skb overhead) before the
+ * event loop reads any: a batch must fit REQUEST_RCVBUF beside the replies
+ * of MAX_IN_FLIGHT single requests, or the kernel drops ACKs.
+ */
+export const BATCH_MAX = 256;
 
 /** RFC 2863 ifOperStatus, as the kernel reports IF_OPER_* (linux/if.h). */
 export type OperState = 'unknown' | 'notpresent' | 'down' | 'lowerlayerdown' | 'testing' | 'dormant' | 'up';
@@ -138,8 +148,18 @@ export interface CreateMacvlanOptions {
 export interface NetlinkCounts {
   /** Single requests (get, create, set, delete, add/remove address). */
   readonly requests: number;
-  /** Dumps (list links, list addresses). */
+  /** Dumps (list links, list addresses, list neighbours). */
   readonly dumps: number;
+  /** Batch datagrams (removeAddresses), and the requests they carried. */
+  readonly batches: number;
+  readonly batched: number;
+}
+
+/** An address on a link, as removeAddresses takes it. */
+export interface AddressRef {
+  readonly index: number;
+  readonly address: string;
+  readonly prefix: number;
 }
 
 export interface NetlinkOptions {
@@ -415,7 +435,7 @@ export class NetlinkClient {
   private readonly linkReads = new Map<string | number, Promise<LinkInfo | undefined>>();
   /** Callers waiting for a free request slot (MAX_IN_FLIGHT), first come first served. */
   private readonly waiting: Array<() => void> = [];
-  private sent = { requests: 0, dumps: 0 };
+  private sent = { requests: 0, dumps: 0, batches: 0, batched: 0 };
 
   constructor(opts: NetlinkOptions = {}) {
     this.log = (opts.log ?? silentLogger()).child({ module: 'net/netlink' });
@@ -682,6 +702,84 @@ export class NetlinkClient {
   }
 
   /**
+   * Remove many addresses at once, in batches: what the removal of each one
+   * does (removeAddress), as one neighbour dump, one batch of neighbour
+   * deletions and ceil(n / BATCH_MAX) batches of address deletions, instead
+   * of up to three round trips an address. Each result is removeAddress's
+   * for that address: true removed, false it was not there, or the LbError
+   * of its own request; one failing does not stop the others (the kernel
+   * acknowledges each request of a batch on its own). Never rejects for
+   * one address; TypeError for one that is not an address.
+   */
+  async removeAddresses(list: readonly AddressRef[]): Promise<Array<boolean | LbError>> {
+    if (list.length === 0) return [];
+    const parsed = list.map((r) => {
+      const { family, bytes } = checkAddress(r.address);
+      checkPrefix(r.prefix, family);
+      return { ...r, family, bytes };
+    });
+    // As removeAddress: the neighbour entries the VIPs had before they were ours go first.
+    await this.forgetNeighbours(parsed.filter((r) => r.family === 'IPv4')).catch((err: unknown) => this.log.warn({ op: 'forget-neighbour', count: parsed.length, err: errorMessage(err) }, 'could not forget the neighbour entries of addresses being removed'));
+    const out: Array<boolean | LbError> = [];
+    for (let i = 0; i < parsed.length; i += BATCH_MAX) {
+      const part = parsed.slice(i, i + BATCH_MAX);
+      const results = await this.batch(part.map((r) => {
+        const msg = new AttrStream();
+        rt.formatAddressMessage({ kind: 'address', data: { family: AF_OF[r.family], prefixlen: r.prefix, index: r.index }, attrs: { local: r.bytes, address: r.bytes } }, msg);
+        return { type: RTM_DELADDR, data: msg.bufs };
+      }));
+      results.forEach((err, j) => {
+        const r = part[j]!;
+        if (err === undefined) {
+          out.push(true);
+          this.log.info({ op: 'remove-address', index: r.index, address: `${r.address}/${r.prefix}` }, 'address removed');
+          return;
+        }
+        const errno = netlinkErrno(err);
+        out.push(errno === 'EADDRNOTAVAIL' || errno === 'ENODEV' ? false : netlinkError(err, `removing ${r.address}/${r.prefix} from`, describe(r.index)));
+      });
+    }
+    return out;
+  }
+
+  /**
+   * forgetNeighbour for many addresses: one dump of the IPv4 neighbour
+   * table, then one batch deleting the learnt entries (not incomplete,
+   * permanent or noarp ones) of these addresses on their links.
+   */
+  private async forgetNeighbours(list: ReadonlyArray<{ index: number; address: string }>): Promise<void> {
+    if (list.length === 0) return;
+    const wanted = new Set(list.map((r) => `${r.index} ${r.address}`));
+    const entries = await this.dump((sock) => sock.getNeighbors({ family: AF_INET }, {}, this.opts()));
+    const doomed = entries.filter((e) => {
+      const st = e.data.state;
+      if (!st || st.incomplete || st.permanent || st.noarp || !e.attrs.dst || e.attrs.dst.length !== 4) return false;
+      return wanted.has(`${e.data.ifindex ?? 0} ${formatAddress(addressFromBytes('IPv4', e.attrs.dst))}`);
+    });
+    for (let i = 0; i < doomed.length; i += BATCH_MAX) {
+      await this.batch(doomed.slice(i, i + BATCH_MAX).map((e) => {
+        const msg = new AttrStream();
+        rt.formatNeighborMessage({ kind: 'neighbor', data: { family: AF_INET, ifindex: e.data.ifindex }, attrs: { dst: e.attrs.dst } }, msg);
+        return { type: RTM_DELNEIGH, data: msg.bufs };
+      }));
+    }
+  }
+
+  /**
+   * Requests in one datagram on the request socket (one of its in-flight
+   * slots), each with NLM_F_ACK and a sequence number of its own; resolves
+   * with each one's error, undefined for those the kernel acknowledged.
+   */
+  private async batch(msgs: ReadonlyArray<{ type: number; data: Uint8Array[] }>): Promise<Array<Error | undefined>> {
+    return this.single(async (sock) => {
+      this.sent.requests--; // single() counted one request: this is a batch
+      this.sent.batches++;
+      this.sent.batched += msgs.length;
+      return (sock.socket as BatchingNetlinkSocket).requestBatch(msgs, this.timeoutMs);
+    });
+  }
+
+  /**
    * Delete the learnt neighbour (ARP) entry of ip on a link, like `ip neigh
    * del`; false when there was none to delete. An entry still resolving
    * (incomplete: packets wait on it, and a deletion fails them) and one set
@@ -819,7 +917,57 @@ export class NetlinkWatcher extends EventEmitter {
  */
 function openRtNetlink(opts: { ref?: boolean; recvBufferSize?: number }): RtNetlinkSocket {
   const raw = new RawNetlinkSocket(Protocol.ROUTE, opts.recvBufferSize !== undefined ? { recvBufferSize: opts.recvBufferSize } : {});
-  return new RtNetlinkSocket(new NetlinkSocket(raw as unknown as PackageRawSocket, { ref: opts.ref ?? false }));
+  return new RtNetlinkSocket(new BatchingNetlinkSocket(raw as unknown as PackageRawSocket, { ref: opts.ref ?? false }));
+}
+
+/** NLM_F_REQUEST | NLM_F_ACK (linux/netlink.h). */
+const NLM_F_REQUEST_ACK = 0x01 | 0x04;
+
+/**
+ * The package's framing with batches: several requests in one datagram,
+ * matched to their ACKs by sequence number through the package's own table
+ * of requests waiting (makeRef, dropRef). The kernel runs the requests of a
+ * datagram one after the other and acknowledges each (netlink_rcv_skb), so
+ * one failing does not stop the rest.
+ */
+export class BatchingNetlinkSocket extends NetlinkSocket {
+  requestBatch(msgs: ReadonlyArray<{ type: number; data: Uint8Array[] }>, timeoutMs: number): Promise<Array<Error | undefined>> {
+    const results: Array<Error | undefined> = new Array<Error | undefined>(msgs.length);
+    const seqs: number[] = [];
+    const done: boolean[] = msgs.map(() => false);
+    const parts: Uint8Array[] = [];
+    return new Promise<Array<Error | undefined>>((resolve) => {
+      let left = msgs.length;
+      let timer: NodeJS.Timeout | undefined;
+      const settle = (i: number, err: Error | undefined): void => {
+        if (done[i]) return;
+        done[i] = true;
+        this.dropRef(seqs[i]!);
+        results[i] = err;
+        if (--left === 0) { if (timer) clearTimeout(timer); resolve(results); }
+      };
+      msgs.forEach((m, i) => {
+        const seq = this.generateSeq();
+        seqs[i] = seq;
+        this.makeRef(seq, (err: Error | null, reply?: NetlinkMessage[]) => {
+          let e: Error | undefined = err ?? undefined;
+          if (!e && reply && reply.length > 0) {
+            try { checkError(reply[0]!); } catch (x) { e = x as Error; }
+          }
+          settle(i, e);
+        });
+        let len = 0;
+        for (const b of formatMessage({ type: m.type, flags: NLM_F_REQUEST_ACK, seq, port: 0, data: m.data })) { parts.push(b); len += b.length; }
+        // The next message starts on a 4-byte boundary (NLMSG_ALIGN).
+        if (len % 4 !== 0) parts.push(new Uint8Array(4 - (len % 4)));
+      });
+      timer = setTimeout(() => { for (let i = 0; i < msgs.length; i++) settle(i, new Error('Timeout has been reached')); }, timeoutMs);
+      // One buffer: a batch of iovecs could pass IOV_MAX.
+      this.socket.send(Buffer.concat(parts), {}, (err?: Error) => {
+        if (err) for (let i = 0; i < msgs.length; i++) settle(i, err);
+      });
+    });
+  }
 }
 
 /** Open an rtnetlink client in the calling process's network namespace. */

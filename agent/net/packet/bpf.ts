@@ -22,6 +22,7 @@ export const BPF_ALU_AND_K = 0x54; // A &= k
 export const BPF_ALU_MUL_K = 0x24; // A *= k
 export const BPF_MISC_TAX = 0x07; // X = A
 export const BPF_JEQ_K = 0x15;
+export const BPF_JA = 0x05; // pc += k: the one jump with a 32-bit offset
 export const BPF_JSET_K = 0x45;
 export const BPF_RET_K = 0x06;
 
@@ -77,6 +78,55 @@ export function bpfArpAbout(ip: number): BpfProgram {
     [BPF_LD_W_ABS, 0, 0, ARP_TPA_OFFSET],
     [BPF_JEQ_K, 0, 1, ip],
     [BPF_RET_K, 0, 0, BPF_ACCEPT],
+    [BPF_RET_K, 0, 0, 0],
+  ];
+}
+
+/**
+ * Compares in one run of bpfArpAboutAny before its own accept: a compare's
+ * jump (an 8-bit jt) must reach it.
+ */
+const ARP_SET_RUN = 200;
+
+/**
+ * The most addresses bpfArpAboutAny takes: two runs of compares (sender and
+ * target) within BPF_MAXINSNS. A set larger than this is passed by bpfArp()
+ * and told apart in userspace.
+ */
+export const BPF_ARP_SET_MAX = 2000;
+
+/**
+ * ARP frames whose sender or target address is any of `ips`: bpfArpAbout for
+ * a set, the kernel filter of an interface's shared ARP socket
+ * (net/neighbour/neighbour-sockets.ts). The same expression as
+ * `tcpdump -dd 'arp and (arp[14:4] = A or arp[14:4] = B ... or arp[24:4] = A ...)'`,
+ * laid out for any size: a compare's jt is 8 bits, so compares come in runs
+ * of ARP_SET_RUN, each run followed by a `ja` past its own accept, and the
+ * end of the sender's runs falls through to the target's. At most 2 x
+ * (n + 2 x ceil(n / 200)) + 4 instructions.
+ */
+export function bpfArpAboutAny(ips: readonly number[]): BpfProgram {
+  const set = [...new Set(ips)];
+  if (set.length === 0) throw new RangeError('bpfArpAboutAny needs at least one address');
+  if (set.length > BPF_ARP_SET_MAX) throw new RangeError(`bpfArpAboutAny takes at most ${BPF_ARP_SET_MAX} addresses, got ${set.length}`);
+  for (const ip of set) checkInt('ip', ip, 0xffffffff);
+  const body: BpfInstruction[] = [];
+  for (const offset of [ARP_SPA_OFFSET, ARP_TPA_OFFSET]) {
+    body.push([BPF_LD_W_ABS, 0, 0, offset]);
+    for (let i = 0; i < set.length; i += ARP_SET_RUN) {
+      const run = set.slice(i, i + ARP_SET_RUN);
+      // compare j jumps over the rest of the run and the ja to the accept after it.
+      run.forEach((ip, j) => body.push([BPF_JEQ_K, run.length - j, 0, ip]));
+      body.push([BPF_JA, 0, 0, 1]);
+      body.push([BPF_RET_K, 0, 0, BPF_ACCEPT]);
+    }
+  }
+  return [
+    [BPF_LD_H_ABS, 0, 0, ETH_TYPE_OFFSET],
+    // Not ARP: straight to the drop at the end (a ja: the body is longer than 255).
+    [BPF_JEQ_K, 1, 0, ETHERTYPE_ARP],
+    [BPF_JA, 0, 0, body.length],
+    ...body,
     [BPF_RET_K, 0, 0, 0],
   ];
 }

@@ -71,6 +71,12 @@ export interface PacketSocket extends EventEmitter {
   addMembership?(mac: Buffer): void;
   /** Undo one addMembership of the same MAC. */
   dropMembership?(mac: Buffer): void;
+  /**
+   * Replace the kernel filter (SO_ATTACH_FILTER: atomic, a frame meets the
+   * old program or the new one). Throws RangeError for a malformed program,
+   * LbError when the kernel refuses it. Ports of a shared socket do not offer it.
+   */
+  setFilter?(program: BpfProgram): void;
   /** Idempotent. */
   close(): void;
   // events: 'frame' (frame: Buffer, info: FrameInfo), 'error' (err: LbError), 'close'
@@ -196,6 +202,17 @@ class PacketSocketImpl extends EventEmitter implements PacketSocket {
 
   addMembership(mac: Buffer): void {
     this.membership(mac, 'add');
+  }
+
+  setFilter(program: BpfProgram): void {
+    const problem = bpfProblem(program);
+    if (problem) throw new RangeError(`invalid BPF filter: ${problem}`);
+    if (!this.handle) throw new LbError('LB_ERR_NET_SOCKET', `packet socket on ifindex ${this.ifindex} is closed`, { ifindex: this.ifindex });
+    try {
+      this.handle.attachFilter(program);
+    } catch (err) {
+      throw packetSocketError(err, 'replacing the kernel filter', this.ifindex);
+    }
   }
 
   dropMembership(mac: Buffer): void {

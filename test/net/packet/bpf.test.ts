@@ -1,7 +1,7 @@
 // BPF builders: instruction for instruction what `tcpdump -dd` emits
 // (tcpdump 4.99, captured with `tcpdump -i lo -dd '<expr>'`).
 import t from 'tap';
-import { bpfArp, bpfArpAbout, bpfEtherType, bpfIpProto, bpfIpProtoPayloadByte, bpfProblem, bpfUdpDstPort, formatBpf } from '../../../agent/net/packet/bpf';
+import { BPF_ACCEPT, BPF_ARP_SET_MAX, BPF_MAX_INSNS, bpfArp, bpfArpAbout, bpfArpAboutAny, bpfEtherType, bpfIpProto, bpfIpProtoPayloadByte, bpfProblem, bpfUdpDstPort, formatBpf } from '../../../agent/net/packet/bpf';
 
 const TCPDUMP_ARP = `{ 0x28, 0, 0, 0x0000000c },
 { 0x15, 0, 1, 0x00000806 },
@@ -81,4 +81,61 @@ t.test('bpfProblem: structural checks', async (t) => {
   t.match(bpfProblem([[0x28, 0, 0, 12]]), /return/);
   t.match(bpfProblem([[1, 2, 3]] as unknown as [number, number, number, number][]), /not \[code/);
   t.match(bpfProblem(Array.from({ length: 4097 }, () => [0x06, 0, 0, 0] as const)), /max 4096/);
+});
+
+/**
+ * A classic BPF machine for the instructions the builders use (ld abs h/w,
+ * jeq k, ja, ret k), as the kernel runs them (net/core/filter.c): a load
+ * past the frame's end returns 0.
+ */
+function runBpf(program: ReturnType<typeof bpfArpAboutAny>, frame: Buffer): number {
+  let a = 0;
+  for (let pc = 0, steps = 0; pc < program.length && steps < 10_000; steps++) {
+    const [code, jt, jf, k] = program[pc]!;
+    switch (code) {
+      case 0x28: if (k + 2 > frame.length) return 0; a = frame.readUInt16BE(k); pc++; break;
+      case 0x20: if (k + 4 > frame.length) return 0; a = frame.readUInt32BE(k); pc++; break;
+      case 0x15: pc += 1 + (a === k ? jt : jf); break;
+      case 0x05: pc += 1 + k; break;
+      case 0x06: return k;
+      default: throw new Error(`instruction 0x${code.toString(16)} is not in this machine`);
+    }
+  }
+  throw new Error('ran off the program');
+}
+
+function arpFrame(sender: number, target: number, ethertype = 0x0806): Buffer {
+  const f = Buffer.alloc(42);
+  f.writeUInt16BE(ethertype, 12);
+  f.writeUInt32BE(sender, 28);
+  f.writeUInt32BE(target, 38);
+  return f;
+}
+
+t.test('ARP about a set of addresses: exactly the frames whose sender or target is in it', async (t) => {
+  for (const n of [1, 2, 199, 200, 201, 401, BPF_ARP_SET_MAX]) {
+    const ips = Array.from({ length: n }, (_, i) => 0x0a630000 + i * 3);
+    const p = bpfArpAboutAny(ips);
+    t.equal(bpfProblem(p), undefined, `${n} addresses: well formed`);
+    t.ok(p.length <= BPF_MAX_INSNS, `${n} addresses: ${p.length} instructions`);
+    const out = 0x0b000001;
+    const probe = [0, Math.floor(n / 2), n - 1].map((i) => ips[i]!);
+    for (const ip of probe) {
+      t.equal(runBpf(p, arpFrame(ip, out)), BPF_ACCEPT, `${n}: sender ${ip.toString(16)} passes`);
+      t.equal(runBpf(p, arpFrame(out, ip)), BPF_ACCEPT, `${n}: target ${ip.toString(16)} passes`);
+      t.equal(runBpf(p, arpFrame(ip, ip, 0x0800)), 0, `${n}: not ARP, dropped`);
+    }
+    t.equal(runBpf(p, arpFrame(out, out + 1)), 0, `${n}: ARP about others, dropped`);
+    t.equal(runBpf(p, arpFrame(ips[0]! + 1, 0)), 0, `${n}: a neighbour of a member, dropped`);
+    t.equal(runBpf(p, Buffer.alloc(10)), 0, `${n}: a runt, dropped`);
+  }
+  t.equal(formatBpf(bpfArpAboutAny([0x0a630064])), formatBpf(bpfArpAboutAny([0x0a630064, 0x0a630064])), 'duplicates count once');
+  t.throws(() => bpfArpAboutAny([]), RangeError);
+  t.throws(() => bpfArpAboutAny(Array.from({ length: BPF_ARP_SET_MAX + 1 }, (_, i) => i)), RangeError);
+  t.throws(() => bpfArpAboutAny([-1]), RangeError);
+  // The single address's verdicts are bpfArpAbout's (tcpdump's program) on every frame shape.
+  const one = bpfArpAboutAny([0x0a630064]);
+  for (const f of [arpFrame(0x0a630064, 1), arpFrame(1, 0x0a630064), arpFrame(1, 2), arpFrame(0x0a630064, 1, 0x86dd)]) {
+    t.equal(runBpf(one, f), runBpf(bpfArpAbout(0x0a630064), f));
+  }
 });

@@ -1,0 +1,193 @@
+// Shared neighbour sockets (net/neighbour/neighbour-sockets.ts) over an
+// in-memory socket: one ARP and one NDP socket per interface, opened with the
+// first port and closed with the last; a frame reaches the ports of its
+// sender and target addresses only; a malformed one is counted once; the ARP
+// kernel filter widens at once for a new address and narrows to the exact set
+// after the turn's attachments; solicited-node groups are left with the port.
+// The kernel side (the filter accepted, probes and defence on one socket) is
+// exercised by test/privileged/ipam-scale.test.ts and the ipam-* tests.
+import { EventEmitter } from 'node:events';
+import t from 'tap';
+import type { BpfProgram, FrameInfo, PacketSocket, PacketSocketOptions } from '../../../agent/net/packet/packet';
+import { bpfArp, bpfArpAboutAny, bpfNdp, BPF_ARP_SET_MAX, formatBpf } from '../../../agent/net/packet/bpf';
+import { NeighbourSockets } from '../../../agent/net/neighbour/neighbour-sockets';
+import { arpAnnouncement, arpProbe, encodeArp } from '../../../agent/net/neighbour/arp';
+import { encodeNdp, ndpDadProbe, ndpUnsolicitedAdvertisement } from '../../../agent/net/neighbour/ndp';
+import { netMetrics } from '../../../agent/net/metrics';
+import { Registry } from 'prom-client';
+
+class FakeSocket extends EventEmitter implements PacketSocket {
+  readonly sent: Buffer[] = [];
+  readonly filters: BpfProgram[] = [];
+  readonly members: string[] = [];
+  closed = false;
+  refuseFilter = false;
+  constructor(readonly ifindex: number, filter: BpfProgram | undefined) { super(); if (filter) this.filters.push(filter); }
+  send(frame: Buffer): void { this.sent.push(frame); }
+  setFilter(p: BpfProgram): void { if (this.refuseFilter) throw new Error('EINVAL'); this.filters.push(p); }
+  addMembership(mac: Buffer): void { this.members.push(mac.toString('hex')); }
+  dropMembership(mac: Buffer): void { const i = this.members.indexOf(mac.toString('hex')); if (i >= 0) this.members.splice(i, 1); }
+  close(): void { this.closed = true; }
+  inject(frame: Buffer): void { this.emit('frame', frame, { csumNotReady: false, pktType: 1, ifindex: this.ifindex } satisfies FrameInfo); }
+}
+
+function setup(): { s: NeighbourSockets; opened: FakeSocket[]; opts: PacketSocketOptions[]; flush: () => void } {
+  const opened: FakeSocket[] = [];
+  const opts: PacketSocketOptions[] = [];
+  const deferred: Array<() => void> = [];
+  const s = new NeighbourSockets({
+    open: (o) => { opts.push(o); const f = new FakeSocket(o.ifindex, o.filter); opened.push(f); return f; },
+    defer: (fn) => deferred.push(fn),
+  });
+  return { s, opened, opts, flush: () => { while (deferred.length > 0) deferred.shift()!(); } };
+}
+
+const OTHER = '02:00:00:00:00:99';
+const A = 0x0a630064; // 10.99.0.100
+const B = 0x0a630065;
+const C = 0x0a630066;
+const frames = (sock: PacketSocket): Buffer[] => { const got: Buffer[] = []; sock.on('frame', (f: Buffer) => got.push(f)); return got; };
+
+t.test('one ARP socket per interface; a frame reaches the ports of its sender and target only', async (t) => {
+  const { s, opened, opts, flush } = setup();
+  const a = s.arp({ ifindex: 2, address: A });
+  const b = s.arp({ ifindex: 2, address: B });
+  const b2 = s.arp({ ifindex: 2, address: B }); // a prober and an owner of one address
+  const elsewhere = s.arp({ ifindex: 3, address: A });
+  flush();
+  t.equal(opened.length, 2, 'one socket for ifindex 2, one for ifindex 3');
+  t.same(opts.map((o) => [o.ifindex, o.protocol]), [[2, 0x0806], [3, 0x0806]]);
+  const got = { a: frames(a), b: frames(b), b2: frames(b2), elsewhere: frames(elsewhere) };
+
+  const aboutA = encodeArp(arpAnnouncement(OTHER, A));
+  const aToB = encodeArp({ ...arpAnnouncement(OTHER, A), targetIp: B });
+  const probeForB = encodeArp(arpProbe(OTHER, B));
+  const stranger = encodeArp(arpAnnouncement(OTHER, C));
+  for (const f of [aboutA, aToB, probeForB, stranger]) opened[0]!.inject(f);
+  t.same(got.a, [aboutA, aToB], 'a: its sender-IP frames');
+  t.same(got.b, [aToB, probeForB], 'b: the frame whose target it is, and the probe for it');
+  t.same(got.b2, got.b, 'both ports of one address hear the same');
+  t.same(got.elsewhere, [], 'another interface hears nothing of this one');
+  t.match(s.counts(), { open: 2, opened: 2, ports: 4, delivered: 3, unclaimed: 1 });
+
+  a.send(Buffer.from('out'));
+  t.same(opened[0]!.sent.map(String), ['out'], 'sends go through the interface\'s socket');
+  b.close();
+  t.notOk(opened[0]!.closed, 'open while ports remain');
+  a.close(); b2.close();
+  t.ok(opened[0]!.closed, 'closed with its last port');
+  t.notOk(opened[1]!.closed, 'the other interface\'s stays');
+  t.throws(() => a.send(Buffer.from('x')), /closed/);
+  a.close(); // idempotent
+  elsewhere.close();
+  t.match(s.counts(), { open: 0, ports: 0 });
+});
+
+t.test('the ARP filter: widened at once for a new address, the exact set after the turn, none missed', async (t) => {
+  const { s, opened, flush } = setup();
+  const a = s.arp({ ifindex: 2, address: A });
+  const sock = opened[0]!;
+  t.equal(formatBpf(sock.filters[0]!), formatBpf(bpfArpAboutAny([A])), 'opened with the first address\'s filter');
+  const b = s.arp({ ifindex: 2, address: B });
+  t.equal(formatBpf(sock.filters.at(-1)!), formatBpf(bpfArp()), 'a new address: every ARP frame passes at once');
+  const c = s.arp({ ifindex: 2, address: C });
+  t.equal(sock.filters.length, 2, 'the rest of the turn needs no more filters');
+  flush();
+  t.equal(formatBpf(sock.filters.at(-1)!), formatBpf(bpfArpAboutAny([A, B, C])), 'then exactly the three');
+  const again = s.arp({ ifindex: 2, address: B });
+  flush();
+  t.equal(sock.filters.length, 3, 'an address already passed changes nothing');
+  b.close();
+  flush();
+  t.equal(sock.filters.length, 3, 'still attached through another port: kept');
+  again.close();
+  flush();
+  t.equal(formatBpf(sock.filters.at(-1)!), formatBpf(bpfArpAboutAny([A, C])), 'an address gone: narrowed after the turn');
+  t.equal(s.counts().filters, 3);
+  // A recompile the kernel refuses leaves the wider filter: only wake-ups.
+  sock.refuseFilter = true;
+  c.close();
+  flush();
+  t.equal(formatBpf(sock.filters.at(-1)!), formatBpf(bpfArpAboutAny([A, C])), 'kept the wider filter');
+  // Widening refused: the port is not attached (it would miss frames), and the error says so.
+  t.throws(() => s.arp({ ifindex: 2, address: B }), /EINVAL/);
+  t.match(s.counts(), { ports: 1 });
+  a.close();
+  t.ok(sock.closed);
+});
+
+t.test('past BPF_ARP_SET_MAX addresses the filter stays on every ARP frame', async (t) => {
+  const { s, opened, flush } = setup();
+  const ports = Array.from({ length: BPF_ARP_SET_MAX + 1 }, (_, i) => s.arp({ ifindex: 2, address: 0x0a000000 + i }));
+  flush();
+  const sock = opened[0]!;
+  t.equal(formatBpf(sock.filters.at(-1)!), formatBpf(bpfArp()));
+  ports.pop()!.close();
+  flush();
+  t.equal(formatBpf(sock.filters.at(-1)!), formatBpf(bpfArpAboutAny(ports.map((_, i) => 0x0a000000 + i))), 'back within the limit: exact again');
+  for (const p of ports) p.close();
+  t.ok(sock.closed);
+});
+
+t.test('malformed frames are dropped and counted once, not once per port', async (t) => {
+  const registry = new Registry();
+  const metrics = netMetrics(registry);
+  const { s, opened } = setup();
+  const ports = [A, B, C].map((address) => s.arp({ ifindex: 2, address, metrics }));
+  const got = ports.map(frames);
+  const bad = encodeArp(arpAnnouncement(OTHER, A));
+  bad.writeUInt16BE(7, 20); // ARP operation 7
+  opened[0]!.inject(bad);
+  opened[0]!.inject(bad.subarray(0, 30));
+  const notArp = Buffer.from(bad); notArp.writeUInt16BE(0x0800, 12);
+  opened[0]!.inject(notArp);
+  t.same(got.map((g) => g.length), [0, 0, 0], 'no port sees them');
+  const drops = (await registry.getSingleMetric('lbagent_net_frames_dropped_total')!.get()).values;
+  t.same(drops.map((v) => [v.labels.reason, v.value]).sort(), [['bad-operation', 1], ['short', 1]], 'each counted once; a frame that is not ARP is no drop');
+});
+
+const v6 = (tail: number): bigint => (0xfd00n << 112n) | BigInt(tail);
+
+t.test('one NDP socket per interface: demultiplexed by target and source; groups left with the port', async (t) => {
+  const { s, opened, opts } = setup();
+  const p1 = s.ndp({ ifindex: 2, address: v6(1) });
+  const p2 = s.ndp({ ifindex: 2, address: v6(2) });
+  t.equal(opened.length, 1);
+  t.equal(opts[0]!.protocol, 0x86dd);
+  t.equal(formatBpf(opts[0]!.filter!), formatBpf(bpfNdp()), 'neighbour discovery only');
+  const got1 = frames(p1);
+  const got2 = frames(p2);
+  const dad2 = encodeNdp(ndpDadProbe(OTHER, v6(2)));
+  const adv1 = encodeNdp(ndpUnsolicitedAdvertisement(OTHER, v6(1)));
+  const adv3 = encodeNdp(ndpUnsolicitedAdvertisement(OTHER, v6(3)));
+  for (const f of [dad2, adv1, adv3]) opened[0]!.inject(f);
+  t.same(got1, [adv1]);
+  t.same(got2, [dad2]);
+  t.throws(() => s.ndp({ ifindex: 2, address: 1 }), TypeError, 'an NDP port takes an IPv6 value');
+  t.throws(() => s.arp({ ifindex: 2, address: v6(1) }), TypeError);
+
+  const group = Buffer.from('3333ff000001', 'hex');
+  p1.addMembership!(group);
+  p2.addMembership!(group); // two addresses in one solicited-node group
+  p1.addMembership!(group);
+  p1.dropMembership!(group);
+  t.same(opened[0]!.members, ['3333ff000001', '3333ff000001'], 'the kernel counts each join on the socket');
+  p1.close();
+  t.same(opened[0]!.members, ['3333ff000001'], 'a closing port leaves what it still held, not another port\'s');
+  p2.dropMembership!(group);
+  p2.dropMembership!(group); // one more than it joined: not passed on
+  t.same(opened[0]!.members, []);
+  p2.close();
+  t.ok(opened[0]!.closed);
+});
+
+t.test('an error on the shared socket reaches every port that listens', async (t) => {
+  const { s, opened } = setup();
+  const a = s.arp({ ifindex: 2, address: A });
+  const b = s.arp({ ifindex: 2, address: B });
+  const seen: string[] = [];
+  a.on('error', (e: Error) => seen.push(`a ${e.message}`));
+  b.on('error', (e: Error) => seen.push(`b ${e.message}`));
+  opened[0]!.emit('error', new Error('ENETDOWN'));
+  t.same(seen, ['a ENETDOWN', 'b ENETDOWN']);
+});
