@@ -278,12 +278,17 @@ t.test('relayed client sockets have TCP_NODELAY from their listener (no setsocko
 });
 
 t.test('IPv6: the proxy listens on an IPv6 VIP, connects IPv6 backends and sends TCP6 (v1) and AF_INET6 (v2) PROXY headers', async (t) => {
-  // Backends on ::1 that log the first read of each connection and answer it.
+  // Backends on ::1 that log what each connection sent up to the client's "hello" (the header may
+  // come in a read of its own) and answer it.
   const firsts: Buffer[] = [];
   const port = await new Promise<number>((resolve) => {
     const server = net.createServer((s) => {
       s.on('error', () => undefined);
-      s.once('data', (d) => { firsts.push(d); s.end('ok'); });
+      let got = Buffer.alloc(0);
+      s.on('data', (d) => {
+        got = Buffer.concat([got, d]);
+        if (got.subarray(-5).toString() === 'hello') { firsts.push(got); s.end('ok'); }
+      });
     });
     server.listen(0, '::1', () => resolve((server.address() as net.AddressInfo).port));
     t.teardown(() => server.close());
