@@ -32,7 +32,6 @@ export const ERROR_CODES = [
   'LB_ERR_FORWARD_LISTEN',
   'LB_ERR_FORWARD_DSR_UNSUPPORTED',
   'LB_ERR_FORWARD_DSR_BPF',
-  'LB_ERR_FORWARD_PROXY_FAMILY',
   // failover/
   'LB_ERR_VRRP_SOCKET',
   'LB_ERR_VRRP_INVALID',
@@ -135,10 +134,6 @@ export const ERROR_HELP: Readonly<Record<ErrorCode, { readonly cause: string; re
   LB_ERR_FORWARD_DSR_BPF: {
     cause: 'The BPF program that forwards direct server return could not be created or loaded (no bpf(2) permission, no tcx, a verifier refusal).',
     fix: 'Nothing is needed: the nftables table forwards alone (slower) and `lbagent_forward_dsr_engine_info` says so. For the program: kernel 6.6+, CAP_BPF, and bpf(2) allowed by the unit\'s seccomp filter.',
-  },
-  LB_ERR_FORWARD_PROXY_FAMILY: {
-    cause: 'A service has an IPv6 VIP and the data path is the userspace proxy (`dataplane: auto` found nftables unusable here), which listens on IPv4 VIPs only.',
-    fix: 'Make the kernel path work (`lb-agent check`, finding `dataplane`, says what is missing) or set `dataplane: kernel`; or serve those services IPv4 only (`ipFamilies: [IPv4]`).',
   },
   LB_ERR_VRRP_SOCKET: {
     cause: 'A VRRP router could not open or reuse its packet socket on the failover interface.',

@@ -2,11 +2,11 @@
 // and its peers on the same traffic in the same run, and writes
 // bench/results/<YYYY-MM-DD>.md with the raw numbers beside it as JSON.
 // Orchestration only: each area lives in its own module (forwarding.ts,
-// dhcp.ts, detection.ts, https.ts, control.ts, restart.ts, drift.ts,
-// scale.ts, wrapped.ts for the standalone benches other modules ship),
+// families.ts, dhcp.ts, detection.ts, https.ts, control.ts, restart.ts,
+// drift.ts, scale.ts, wrapped.ts for the standalone benches other modules ship),
 // statistics and rendering in lib/.
 //
-//   npm run bench -- [--only forward,dhcp,health,https,control,restart,drift,scale,preflight,failover]
+//   npm run bench -- [--only forward,families,dhcp,health,https,control,restart,drift,scale,preflight,failover]
 //                    [--rounds N] [--quick] [--out DIR] [--docs] [--dhcp-many-ping]
 //                    [--dhcp-clients udhcpc,dhclient,lbagent,lbagent-like]
 //                    [--forward-targets direct,dsr,direct3,dsr3,...] [--scale-sizes 10,100,500,1000]
@@ -27,6 +27,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { spawnSync } from 'node:child_process';
 import { benchForward, FORWARD_TARGETS, type ForwardTarget } from './forwarding';
+import { benchFamilies } from './families';
 import { benchDhcp, DHCP_CLIENTS, type DhcpClient } from './dhcp';
 import { benchDetection, DETECTION_SETTINGS } from './detection';
 import { benchHttps } from './https';
@@ -39,11 +40,12 @@ import { machineFacts, loadAverage, otherCpuMeter } from './lib/procfs';
 import { evaluateTargets, renderResults, renderBenchSummary, updateBenchPage, BENCH_PAGE, type BenchResults } from './lib/report';
 import { round } from './lib/stats';
 
-const AREAS = ['forward', 'dhcp', 'health', 'https', 'control', 'restart', 'drift', 'scale', 'preflight', 'failover'] as const;
+const AREAS = ['forward', 'families', 'dhcp', 'health', 'https', 'control', 'restart', 'drift', 'scale', 'preflight', 'failover'] as const;
 type Area = (typeof AREAS)[number];
 
 const TOOLS: Record<Area, string[]> = {
   forward: ['wrk', 'iperf3', 'haproxy', 'nginx', 'conntrack', 'nft'],
+  families: ['wrk', 'nginx', 'nft'],
   dhcp: ['dnsmasq', 'busybox', 'dhclient', 'tcpdump'],
   health: ['haproxy'],
   // nginx serves the TLS targets, HAProxy is the peer, openssl makes the lab CA.
@@ -168,6 +170,13 @@ async function main(): Promise<void> {
         await runArea(area, async () => {
           // Issue 18's proxy lines: 3 pairs a slot in a full run, 9 a line (forwarding.ts), one with --quick.
           results.forward = await benchForward({ rounds: R, seconds: q ? 2 : 3, warmup: q ? 0 : 1, connections: 50, threads: 1, targets: args.forwardTargets, peerPairs: q ? 1 : 3, log: log(area) });
+        });
+        break;
+      case 'families':
+        await runArea(area, async () => {
+          // IPv6 beside IPv4: 3 pairs a slot a kind in a full run, one with --quick.
+          results.families = await benchFamilies({ rounds: R, seconds: q ? 2 : 3, warmup: q ? 0 : 1, connections: 50, threads: 1, pairs: q ? 1 : 3, log: log(area) });
+          if (results.families.summary.length === 0) throw new Error(results.families.errors.join('; ') || 'nothing measured');
         });
         break;
       case 'dhcp':

@@ -29,6 +29,27 @@ function canonicalV4(s: string): boolean {
   return parts.length === 4 && parts.every((p) => /^(0|[1-9][0-9]{0,2})$/.test(p) && Number(p) <= 255);
 }
 
+/**
+ * IPv6 as 2.1 puts it: groups of (up to) 4 hex digits separated by colons,
+ * at most one "::" standing for the zero groups, exactly 128 bits.
+ */
+function validV6(s: string): boolean {
+  if (!/^[0-9a-fA-F:]+$/.test(s)) return false;
+  const halves = s.split('::');
+  if (halves.length > 2) return false;
+  const groups = halves.map((h) => (h === '' ? [] : h.split(':')));
+  if (groups.some((g) => g.some((x) => !/^[0-9a-fA-F]{1,4}$/.test(x)))) return false;
+  const n = groups.reduce((k, g) => k + g.length, 0);
+  return halves.length === 2 ? n < 8 : n === 8;
+}
+
+/** 16 bytes as eight 4-digit lower-case hex groups joined by colons (no "::": a form both sides can compare by parsing). */
+function v6Text(b: Buffer, o: number): string {
+  const g: string[] = [];
+  for (let i = 0; i < 8; i++) g.push(b.readUInt16BE(o + 2 * i).toString(16));
+  return g.join(':');
+}
+
 function canonicalPort(s: string): boolean {
   return /^(0|[1-9][0-9]{0,4})$/.test(s) && Number(s) <= 65535;
 }
@@ -48,10 +69,11 @@ export function parseV1(buf: Buffer): ParseResult {
   if (f[1] === 'UNKNOWN') return { header: { version: 1, command: 'PROXY', transport: 'UNKNOWN', length: crlf + 2 } };
   if (f.length !== 6) return { error: `expected 6 fields separated by single spaces, got ${JSON.stringify(line)}` };
   const [, proto, src, dst, sport, dport] = f as [string, string, string, string, string, string];
-  if (proto !== 'TCP4') return { error: `protocol ${JSON.stringify(proto)} (only TCP4 is expected here)` };
-  if (!canonicalV4(src) || !canonicalV4(dst)) return { error: `addresses not in canonical IPv4 form: ${src} ${dst}` };
+  if (proto !== 'TCP4' && proto !== 'TCP6') return { error: `protocol ${JSON.stringify(proto)} (only TCP4 and TCP6 are expected here)` };
+  if (proto === 'TCP4' && (!canonicalV4(src) || !canonicalV4(dst))) return { error: `addresses not in canonical IPv4 form: ${src} ${dst}` };
+  if (proto === 'TCP6' && (!validV6(src) || !validV6(dst))) return { error: `addresses not in IPv6 form: ${src} ${dst}` };
   if (!canonicalPort(sport) || !canonicalPort(dport)) return { error: `ports not canonical decimal 0-65535: ${sport} ${dport}` };
-  return { header: { version: 1, command: 'PROXY', transport: 'TCP4', source: src, destination: dst, sourcePort: Number(sport), destinationPort: Number(dport), length: crlf + 2 } };
+  return { header: { version: 1, command: 'PROXY', transport: proto, source: src, destination: dst, sourcePort: Number(sport), destinationPort: Number(dport), length: crlf + 2 } };
 }
 
 /** Parse a v2 header at the start of `buf` (2.2). */
@@ -69,7 +91,16 @@ export function parseV2(buf: Buffer): ParseResult {
   const command = cmd === 1 ? 'PROXY' : 'LOCAL';
   const total = 16 + len;
   if (fam === 0x00) return { header: { version: 2, command, transport: 'unspec', length: total } };
-  if (fam !== 0x11 && fam !== 0x12) return { error: `family/protocol 0x${fam.toString(16).padStart(2, '0')} (only 0x11 TCP4 and 0x12 UDP4 are expected here)` };
+  if (fam === 0x21 || fam === 0x22) {
+    if (len < 36) return { error: `address length ${len} is shorter than the 36 bytes of IPv6 addresses and ports` };
+    return {
+      header: {
+        version: 2, command, transport: fam === 0x21 ? 'tcp6' : 'udp6',
+        source: v6Text(buf, 16), destination: v6Text(buf, 32), sourcePort: buf.readUInt16BE(48), destinationPort: buf.readUInt16BE(50), length: total,
+      },
+    };
+  }
+  if (fam !== 0x11 && fam !== 0x12) return { error: `family/protocol 0x${fam.toString(16).padStart(2, '0')} (only 0x11 TCP4, 0x12 UDP4, 0x21 TCP6 and 0x22 UDP6 are expected here)` };
   if (len < 12) return { error: `address length ${len} is shorter than the 12 bytes of IPv4 addresses and ports` };
   const ip = (o: number): string => `${buf[o]}.${buf[o + 1]}.${buf[o + 2]}.${buf[o + 3]}`;
   return {

@@ -391,7 +391,6 @@ function buildServices(raw: RawConfig, pools: readonly Pool[], err: (segs: Seg[]
   // The families each service is served in (config/families.ts): the
   // primaries first, since a secondary takes its primary's.
   const plans = new Map<string, FamilyPlan>();
-  const proxyRuns = raw.dataplane === 'proxy' || (raw.dataplane === 'auto' && raw.services.some((s) => s.proxyProtocol !== undefined));
   for (const p of prelim) {
     if (p.primary !== undefined) continue;
     const at = (...segs: Seg[]): Seg[] => ['services', p.idx, ...segs];
@@ -401,7 +400,7 @@ function buildServices(raw: RawConfig, pools: readonly Pool[], err: (segs: Seg[]
       loadBalancerIP: p.raw.loadBalancerIP || undefined, loadBalancerIPs: p.raw.loadBalancerIPs,
       backends: p.backends.map((b, i) => ({ family: b.family ?? 'IPv4', address: b.address, segs: p.backendSegs[i]! })),
       sourceIP: p.raw.sourceIP,
-    }, { pools, failover: raw.failover.mode, proxy: proxyRuns });
+    }, { pools, failover: raw.failover.mode });
     for (const pr of problems) err(at(...pr.segs), `service ${p.key}: ${pr.message}`);
     plans.set(p.key, plan);
   }

@@ -88,12 +88,6 @@ export function refusals(running: RunningView, next: Desired): ConfigError[] {
     const i = next.services.findIndex((s) => s.key === needed[0]);
     errors.push({ path: `services[${i}].proxyProtocol`, message: `${proxyNeededReason(needed)}, and the kernel data path is running (dataplane auto chose it at start); it needs a restart (systemctl restart lb-agent) to run the proxy path, not a reload; the running config is kept` });
   }
-  // the userspace proxy listens on IPv4 VIPs only (`auto` chose it at start).
-  if (running.dataplane === 'proxy') {
-    next.services.forEach((s, i) => {
-      if (s.family === 'IPv6') errors.push({ path: `services[${i}]`, message: `service ${s.key} has an IPv6 VIP, and the userspace proxy is running (dataplane ${old.dataplane} chose it at start), which listens on IPv4 VIPs only; serve it IPv4 only, or run the kernel path (dataplane: kernel, then systemctl restart lb-agent)` });
-    });
-  }
   // the worker threads and their listening sockets are set up at start.
   if (running.dataplane === 'proxy' && old.proxy.workers !== next.proxy.workers) {
     errors.push({ path: 'proxy.workers', message: restartNeeded('the proxy\'s worker threads and their listening sockets are made at start;', old.proxy.workers ?? 'one per CPU', next.proxy.workers ?? 'one per CPU') });

@@ -94,10 +94,6 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
     const placement = placementFor(config.failover.mode);
     const selection = await selectDataplane(config.dataplane, () => probeNftables(placement), servicesNeedingProxy(config.services));
     log.info({ module: 'forward', op: 'select', kind: selection.kind, reason: selection.reason }, `data path: ${selection.kind} (${selection.reason})`);
-    const six = config.services.filter((sv) => sv.family === 'IPv6').map((sv) => sv.key);
-    if (selection.kind === 'proxy' && six.length > 0) {
-      throw new LbError('LB_ERR_FORWARD_PROXY_FAMILY', `${six.join(', ')} ${six.length === 1 ? 'has an IPv6 VIP' : 'have IPv6 VIPs'}, and the data path is the userspace proxy (${selection.reason}), which listens on IPv4 VIPs only: make the kernel path work (lb-agent check says what is missing), or serve ${six.length === 1 ? 'it' : 'them'} IPv4 only`);
-    }
     // Direct server return: probed once, when a service first asks
     // for it; a config that asks on a node that cannot is refused at start.
     let dsrProbe: Promise<ProbeResult> | undefined;

@@ -755,8 +755,7 @@ export function udpFlowSweep(prev: ForwardState | undefined, next: ForwardState)
   const sets = (state: ForwardState): Map<string, UdpFlowSweepRule> => {
     const out = new Map<string, UdpFlowSweepRule>();
     for (const s of normalizeState(state).services) {
-      // Conntrack's flows are read as IPv4 (net/conntrack): an IPv6 UDP flow keeps its backend until it idles out.
-      if (s.vip === undefined || s.sourceIP !== 'snat' || s.vip.includes(':')) continue;
+      if (s.vip === undefined || s.sourceIP !== 'snat') continue;
       for (const p of s.ports) {
         if (p.spec.protocol !== 'UDP') continue;
         out.set(`${s.vip}:${p.spec.port}`, { vip: s.vip, port: p.spec.port, allowed: new Set(s.healthy.map((b) => `${b.address}:${p.spec.targetPort}`)), service: s.key, portLabel: portLabel(p.spec) });

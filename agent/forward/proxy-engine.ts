@@ -45,14 +45,17 @@ import type { PortSpec, ProxyConfig } from '../config/types';
 import type { Clock, TimerHandle } from '../clock';
 import { errorMessage, localExhaustionCode } from '../errors';
 import { SharedPositionRoundRobin, WeightedLeastConnections, type Balancer } from './balancer';
-import { PROXY_V1_MAX_LENGTH, PROXY_V2_IPV4_LENGTH, proxyHeaderV1, proxyHeaderV2Template, writeV2Into, writeV2Source, type ProxyProtocolVersion } from './proxy-protocol';
+import {
+  PROXY_V1_MAX_LENGTH, PROXY_V2_IPV4_LENGTH, proxyHeaderV1, proxyHeaderV2Template, proxyHeaderV2Template6, writeV2Into, writeV2Source, writeV2Source6,
+  type ProxyProtocolVersion,
+} from './proxy-protocol';
 import {
   ENGINE_ACCEPTED, ENGINE_PP_ALONE, ENGINE_PP_WITH_DATA, FLOW_BYTES_TO_BACKEND, FLOW_BYTES_TO_CLIENT, FLOW_CONNECTIONS,
   FLOW_CONNECT_FAILURES, LISTENER_REFUSED, LISTENER_UDP_ENDED, LISTENER_UDP_SESSIONS, TallyWriter, ownLimitField,
   type OwnLimitKey, type SlotBuffers, type TallyBuffers,
 } from './tallies';
 import { REFUSALS_DRAINING_MAX } from './capacity';
-import { parseIPv4 } from '../address';
+import { addressToBytes, parseAddress, parseIPv4, unmapIPv4 } from '../address';
 
 /** The part of a logger an engine uses; in a worker it forwards to the main thread's logger. */
 export interface EngineLog {
@@ -143,7 +146,10 @@ export interface Route {
   readonly serviceKey: string;
   readonly port: PortSpec;
   readonly vip: string;
+  /** An IPv4 VIP as a host-order u32 (0 for IPv6). */
   readonly vipNum: number;
+  /** An IPv6 VIP's 16 bytes in network order; undefined for IPv4. */
+  readonly vip6: Buffer | undefined;
   readonly healthy: readonly EngineBackend[];
   readonly flows: ReadonlyMap<string, number>;
   readonly balancer: Balancer;
@@ -319,12 +325,15 @@ export class ProxyEngine {
       : undefined;
     // Keep the balancer (its round-robin position) and, when nothing changed, the very array (the balancer's fast path).
     const unchanged = same && sameBackends(previous.healthy, spec.healthy);
+    const vip = parseAddress(spec.vip);
+    const vip6 = vip?.family === 'IPv6' ? addressToBytes(vip) : undefined;
     return {
-      serviceKey: spec.serviceKey, port: spec.port, vip: spec.vip, vipNum: parseIPv4(spec.vip) ?? 0,
+      serviceKey: spec.serviceKey, port: spec.port, vip: spec.vip, vipNum: parseIPv4(spec.vip) ?? 0, vip6,
       healthy: unchanged ? previous.healthy : spec.healthy,
       flows, balancer: same && previous.slot === spec.slot ? previous.balancer : this.balancer(algorithm, spec.slot), algorithm, slot: spec.slot,
       proxyProtocol: spec.proxyProtocol,
-      ppTemplate: spec.proxyProtocol === 'v2' ? proxyHeaderV2Template(parseIPv4(spec.vip) ?? 0, spec.port.port, 'tcp') : undefined,
+      ppTemplate: spec.proxyProtocol !== 'v2' ? undefined
+        : vip6 ? proxyHeaderV2Template6(vip6, spec.port.port, 'tcp') : proxyHeaderV2Template(parseIPv4(spec.vip) ?? 0, spec.port.port, 'tcp'),
       active,
     };
   }
@@ -457,8 +466,8 @@ export class ProxyEngine {
    * `at` (at least PROXY_V1_MAX_LENGTH bytes of room): the client as the
    * kernel saw it, the VIP:port it reached. Returns its length; 0 (no header)
    * when the client's address is gone (it left while the backend connected).
-   * v2 copies the route's template and fills in the client: no string, no
-   * allocation per connection.
+   * v2 copies the route's template and fills in the client: for IPv4 no
+   * string and no allocation per connection.
    */
   writeHeader(r: Relay, into: Buffer, at: number): number {
     const route = r.route;
@@ -468,8 +477,16 @@ export class ProxyEngine {
       return into.write(proxyHeaderV1({ source: peer.address, sourcePort: peer.port, destination: route.vip, destinationPort: route.port.port }), at, 'latin1');
     }
     const tpl = route.ppTemplate;
+    if (tpl === undefined) return 0;
+    if (route.vip6 !== undefined) {
+      const src = parseAddress(peer.address);
+      if (src?.family !== 'IPv6') return 0;
+      tpl.copy(into, at);
+      writeV2Source6(into, at, addressToBytes(src), peer.port);
+      return tpl.length;
+    }
     const src = parseIPv4(peer.address.startsWith('::ffff:') ? peer.address.slice(7) : peer.address);
-    if (tpl === undefined || src === undefined) return 0;
+    if (src === undefined) return 0;
     tpl.copy(into, at);
     writeV2Source(into, at, src, peer.port);
     return tpl.length;
@@ -560,7 +577,8 @@ export class ProxyEngine {
   // --- UDP ------------------------------------------------------------------
 
   private openUdp(l: EngineListener): Promise<void> {
-    const sock = dgram.createSocket({ type: 'udp4', reuseAddr: false });
+    const v6 = parseAddress(l.spec.vip)?.family === 'IPv6';
+    const sock = dgram.createSocket({ type: v6 ? 'udp6' : 'udp4', reuseAddr: false, ipv6Only: v6 });
     sock.on('message', (msg, rinfo) => this.onDatagram(l, msg, rinfo));
     return new Promise((resolve, reject) => {
       const onError = (err: Error): void => { sock.close(); reject(err); };
@@ -588,9 +606,14 @@ export class ProxyEngine {
       const route = l.route;
       const backend = l.sessions.size < this.maxUdpSessions ? route.balancer.pick(route.healthy, route.active ? { active: route.active } : undefined) : undefined;
       if (!backend) { this.tallies.add(route.slot, LISTENER_REFUSED, 1); return; }
-      const socket = dgram.createSocket('udp4');
+      // A VIP forwards to backends of its own family (config/families.ts).
+      const socket = dgram.createSocket(route.vip6 ? 'udp6' : 'udp4');
       let header: Buffer | undefined;
-      if (route.proxyProtocol === 'v2') {
+      if (route.proxyProtocol === 'v2' && route.vip6) {
+        const src = parseAddress(rinfo.address);
+        header = proxyHeaderV2Template6(route.vip6, route.port.port, 'udp');
+        if (src !== undefined) writeV2Source6(header, 0, addressToBytes(unmapIPv4(src)), rinfo.port);
+      } else if (route.proxyProtocol === 'v2') {
         header = Buffer.allocUnsafe(PROXY_V2_IPV4_LENGTH);
         writeV2Into(header, 0, parseIPv4(rinfo.address) ?? 0, rinfo.port, route.vipNum, route.port.port, 'udp');
       }

@@ -46,7 +46,7 @@ import type { PortSpec, ProxyConfig } from '../config/types';
 import { realClock, type Clock } from '../clock';
 import { LbError, errorMessage } from '../errors';
 import { silentLogger, type Logger } from '../log';
-import { parseIPv4 } from '../address';
+import { addressToBytes, parseAddress } from '../address';
 import {
   flowId, normalizeState, portLabel,
   type ConnectResultCallback, type Dataplane, type ListenerStore, type FlowStats, type ForwardState, type ForwardStats, type UdpFlowsEnded,
@@ -348,15 +348,22 @@ export class ProxyDataplane implements Dataplane {
 
   /** The socket group of a TCP listener: what the store kept for it when it still fits, else new sockets. */
   private openGroup(id: string, vip: string, port: PortSpec): Group {
-    const vipNum = parseIPv4(vip);
-    if (vipNum === undefined) throw new Error(`${vip} is not an IPv4 address`);
+    const a = parseAddress(vip);
+    if (a === undefined) throw new Error(`${vip} is not an IPv4 or IPv6 address`);
+    const v6 = a.family === 'IPv6';
+    const vipBytes = addressToBytes(a);
+    const vipNum = v6 ? 0 : vipBytes.readUInt32BE(0);
+    // An inherited socket fits when it listens on this very VIP (and port).
+    const bound = (info: import('../native/native').NativeSocketInfo): boolean => (v6
+      ? info.family === AF_INET6 && info.address6 !== undefined && vipBytes.equals(info.address6)
+      : info.family === AF_INET && info.address === vipNum);
     const inherited: number[] = [];
     const foreign: number[] = [];
     for (let fd = this.store?.take(id); fd !== undefined; fd = this.store?.take(id)) {
       const ok = (() => {
         try {
           const info = socketInfo(fd);
-          return info.listening && info.family === AF_INET && info.address === vipNum && (port.port === 0 || info.port === port.port) ? info : undefined;
+          return info.listening && bound(info) && (port.port === 0 || info.port === port.port) ? info : undefined;
         } catch { return undefined; }
       })();
       if (ok) inherited.push(fd);
@@ -374,7 +381,7 @@ export class ProxyDataplane implements Dataplane {
     const want = shared ? 1 : this.workers;
     try {
       while (fds.length < want) {
-        const s = listenTcp4(vipNum, boundPort, this.backlog, true);
+        const s = v6 ? listenTcp6(vipBytes, boundPort, this.backlog, true) : listenTcp4(vipNum, boundPort, this.backlog, true);
         boundPort = s.port;
         fds.push(s.fd);
         this.store?.keep(id, s.fd);
@@ -537,6 +544,7 @@ function listenerId(vip: string, p: PortSpec): string {
 }
 
 const AF_INET = 2;
+const AF_INET6 = 10;
 
 function closeFd(fd: number): void {
   try { fs.closeSync(fd); } catch { /* already closed */ }
@@ -552,6 +560,7 @@ function native(): typeof import('../native/native') {
   return require('../native/native') as typeof import('../native/native');
 }
 const listenTcp4 = (a: number, p: number, backlog: number, reuse: boolean): { fd: number; port: number } => native().listenTcp4(a, p, backlog, reuse);
+const listenTcp6 = (a: Uint8Array, p: number, backlog: number, reuse: boolean): { fd: number; port: number } => native().listenTcp6(a, p, backlog, reuse);
 const socketInfo = (fd: number): import('../native/native').NativeSocketInfo => native().socketInfo(fd);
 const dupFd = (fd: number): number => native().dupFd(fd);
 

@@ -24,7 +24,7 @@
 // parse, choose, time anything out, or decide what an errno means.
 import { getSystemErrorName } from 'node:util';
 import { Relay, type PathListener, type RelayPath } from './proxy-engine';
-import { parseIPv4 } from '../address';
+import { addressFromBytes, addressToBytes, formatAddress, parseAddress, parseIPv4 } from '../address';
 import {
   RELAY_ACCEPT, RELAY_ACCEPT_ERROR, RELAY_CONNECT, RELAY_END, RELAY_GONE, RELAY_HEADER, RELAY_RECORD,
   relayHandleClass, type NativeRelayHandle,
@@ -33,7 +33,7 @@ import {
 /** Records per callback the addon may hand over before it calls again. */
 const EVENT_RECORDS = 1024;
 const ACTIVITY_ENTRIES = 1024;
-/** Room for a PROXY header (v1's longest is 107 bytes, v2 IPv4 28). */
+/** Room for a PROXY header (v1's longest is 107 bytes, v2 IPv4 28, IPv6 52). */
 const HEADER_ROOM = 128;
 
 type Accepted = (err: string | undefined, relay: Relay | undefined) => void;
@@ -45,18 +45,23 @@ let activity: Float64Array;
 const relays = new Map<number, NativeRelay>();
 const listeners = new Map<number, Accepted>();
 const headerBuf = Buffer.allocUnsafe(HEADER_ROOM);
-/** Backend addresses as host-order numbers (a handful per service; parsed once). */
-const addresses = new Map<string, number>();
+/** Backend addresses as the addon takes them: IPv4 a host-order number, IPv6 16 bytes (a handful per service; parsed once). */
+const addresses = new Map<string, number | Uint8Array>();
+const peer6Buf = new Uint8Array(16);
 
 function errname(errno: number): string {
   try { return getSystemErrorName(-errno); } catch { return `E${errno}`; }
 }
 
-function addressNumber(host: string): number | undefined {
+function backendAddress(host: string): number | Uint8Array | undefined {
   let n = addresses.get(host);
   if (n === undefined) {
     n = parseIPv4(host);
-    if (n === undefined) return undefined;
+    if (n === undefined) {
+      const a = parseAddress(host);
+      if (a === undefined) return undefined;
+      n = new Uint8Array(addressToBytes(a));
+    }
     if (addresses.size > 4096) addresses.clear();
     addresses.set(host, n);
   }
@@ -67,13 +72,15 @@ class NativeRelay extends Relay {
   /** Refused: what the engine's linger bookkeeping holds until the client is gone. */
   gone: { destroy(): void } | undefined;
 
-  constructor(readonly id: number, readonly peerAt: number) {
+  /** peerAt: IPv4 the client's address * 65536 + port; IPv6 (v6) its port alone. */
+  constructor(readonly id: number, readonly peerAt: number, readonly v6: boolean) {
     super();
   }
 
   connect(host: string, port: number): void {
-    const addr = addressNumber(host);
-    const err = addr === undefined ? 22 /* EINVAL: not IPv4 */ : H!.connect(this.id, addr, port);
+    const addr = backendAddress(host);
+    const err = addr === undefined ? 22 /* EINVAL: not an address */
+      : typeof addr === 'number' ? H!.connect(this.id, addr, port) : H!.connect(this.id, 0, port, addr);
     if (err !== 0) this.engine.connectDone(this, errname(err));
   }
 
@@ -93,6 +100,10 @@ class NativeRelay extends Relay {
   }
 
   peer(): { address: string; port: number } | undefined {
+    if (this.v6) {
+      if (!H!.peer6(this.id, peer6Buf)) return undefined;
+      return { address: formatAddress(addressFromBytes('IPv6', peer6Buf)), port: this.peerAt };
+    }
     const a = Math.floor(this.peerAt / 65536);
     return { address: `${a >>> 24}.${(a >>> 16) & 255}.${(a >>> 8) & 255}.${a & 255}`, port: this.peerAt % 65536 };
   }
@@ -145,7 +156,7 @@ function onEvents(count: number): void {
     switch (kind) {
       case RELAY_ACCEPT: {
         const accepted = listeners.get(ev[k + 2]!);
-        const r = new NativeRelay(id, ev[k + 3]!);
+        const r = new NativeRelay(id, ev[k + 3]!, ev[k + 4] === 6);
         relays.set(id, r);
         if (accepted) accepted(undefined, r);
         else { relays.delete(id); H!.close(id); }

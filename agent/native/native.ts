@@ -92,8 +92,14 @@ export interface NativeRelayHandle {
   listen(fd: number, backlog: number): number;
   /** Stops accepting on a listener and closes its descriptor. */
   unlisten(listener: number): void;
-  /** Connects the backend side (IPv4 host order): 0 in progress (a RELAY_CONNECT record follows), else the errno. */
-  connect(id: number, address: number, port: number): number;
+  /**
+   * Connects the backend side: IPv4 `address` in host order, or with
+   * `address6` (16 bytes, network order) IPv6; 0 in progress (a RELAY_CONNECT
+   * record follows), else the errno.
+   */
+  connect(id: number, address: number, port: number, address6?: Uint8Array): number;
+  /** An IPv6 client's address (RELAY_ACCEPT's c is 6) into out[0..16]; false when the connection is gone. */
+  peer6(id: number, out: Uint8Array): boolean;
   /** Gives up the backend connect in flight (the client stays, waiting for connect() or an end); false when there was none. */
   abort(id: number): boolean;
   /** Relays both ways; the first `headerLength` bytes of `header` go to the backend first. */
@@ -156,6 +162,7 @@ export interface NativeAddon {
   lowMemoryNotification?(): void;
   collectUnderPressure?(): void;
   listenTcp4(address: number, port: number, backlog: number, reusePort: boolean): { fd: number; port: number };
+  listenTcp6(address: Uint8Array, port: number, backlog: number, reusePort: boolean): { fd: number; port: number };
   socketInfo(fd: number): NativeSocketInfo;
   dupFd(fd: number): number;
   /** SHA-256 by the node binary's OpenSSL (native/src/digest.cc); absent from an addon built before it. */
@@ -234,12 +241,15 @@ export interface NativeSocketInfo {
   readonly family: number;
   /** SOCK_STREAM = 1, SOCK_DGRAM = 2. */
   readonly type: number;
-  /** IPv4 only: the bound address as a host-order u32, and the port. */
+  /** IPv4 only: the bound address as a host-order u32. */
   readonly address?: number;
+  /** IPv6 only: the bound address, 16 bytes in network order. */
+  readonly address6?: Buffer;
+  /** IPv4 and IPv6: the bound port. */
   readonly port?: number;
   readonly listening: boolean;
   readonly reusePort: boolean;
-  /** IPv4 TCP only: TCP_NODELAY (accepted sockets inherit it from their listener). */
+  /** TCP only: TCP_NODELAY (accepted sockets inherit it from their listener). */
   readonly noDelay?: boolean;
 }
 
@@ -393,6 +403,11 @@ export function collectUnderPressure(): boolean {
  */
 export function listenTcp4(address: number, port: number, backlog: number, reusePort: boolean): { fd: number; port: number } {
   return loadNative().listenTcp4(address >>> 0, port, backlog, reusePort);
+}
+
+/** listenTcp4's twin for an IPv6 address (16 bytes, network order); the socket is IPV6_V6ONLY. */
+export function listenTcp6(address: Uint8Array, port: number, backlog: number, reusePort: boolean): { fd: number; port: number } {
+  return loadNative().listenTcp6(address, port, backlog, reusePort);
 }
 
 /** What a descriptor is: checks a listening socket inherited from the service manager before use. */

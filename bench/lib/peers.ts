@@ -74,8 +74,12 @@ events { worker_connections ${connections}; multi_accept on; }
 }
 
 /** nginx answering every HTTP request with a short body: a backend fast enough that the balancer is what is measured. */
-/** nginx answering its id on `port`, and on `proxyProtocolPort` (when given) after a required PROXY protocol header (v1 or v2). */
-export async function startNginxBackend(lab: Lab, ns: string, id: string, port = 8080, proxyProtocolPort?: number): Promise<Peer> {
+/**
+ * nginx answering its id on `port`, and on `proxyProtocolPort` (when given)
+ * after a required PROXY protocol header (v1 or v2); with `ipv6`, `port`
+ * also on the host's IPv6 addresses.
+ */
+export async function startNginxBackend(lab: Lab, ns: string, id: string, port = 8080, proxyProtocolPort?: number, ipv6 = false): Promise<Peer> {
   const dir = lab.file(`nginx-${id}`);
   fs.mkdirSync(dir, { recursive: true });
   const conf = path.join(dir, 'nginx.conf');
@@ -87,7 +91,7 @@ export async function startNginxBackend(lab: Lab, ns: string, id: string, port =
   proxy_temp_path ${dir}/proxy;
   server {
     listen ${port} backlog=4096;
-${proxyProtocolPort !== undefined ? `    listen ${proxyProtocolPort} proxy_protocol backlog=4096;\n` : ''}    location / { default_type text/plain; return 200 "${id}\\n"; }
+${ipv6 ? `    listen [::]:${port} ipv6only=on backlog=4096;\n` : ''}${proxyProtocolPort !== undefined ? `    listen ${proxyProtocolPort} proxy_protocol backlog=4096;\n` : ''}    location / { default_type text/plain; return 200 "${id}\\n"; }
   }
 }
 `);

@@ -4,6 +4,7 @@
 // bench/results/<date>.md and the generated block of docs/benchmarks.md.
 import type { ForwardResult, ForwardTarget } from '../forwarding';
 import type { DhcpClient, DhcpResult, DhcpRun, DhcpSummaryRow } from '../dhcp';
+import { familiesTable, type FamiliesResult } from '../families';
 import type { DetectionResult } from '../detection';
 import type { HttpsResult } from '../https';
 import type { ControlResult } from '../control';
@@ -34,6 +35,7 @@ export interface BenchResults {
   load: { before: number[]; after: number[]; samples: number[]; mean1m: number; max1m: number; otherCpuCores: number };
   areas: Record<string, AreaRun>;
   forward?: ForwardResult;
+  families?: FamiliesResult;
   dhcp?: DhcpResult;
   probes?: ProbeRateResult;
   detection?: DetectionResult;
@@ -59,6 +61,12 @@ const dhcpRow = (r: BenchResults, client: string, count: number, ping: boolean):
 /** The issue's targets, each with what was measured and whether it was met (undefined: not measured). */
 export function evaluateTargets(r: BenchResults): TargetRow[] {
   const rows: TargetRow[] = [];
+  // IPv6 beside IPv4 on each path, paired in the same slot (families.ts).
+  for (const s of r.families?.summary ?? []) {
+    for (const [what, v] of [['keep-alive req/s', s.keepalive.xIPv4], ['new connections/s', s.newConnections.xIPv4]] as const) {
+      rows.push({ area: 'families', target: `${s.path} path IPv6 ${what} >= 0.95x IPv4`, measured: fmtRatio(v), met: judge(v, (x) => x >= 0.95) });
+    }
+  }
   const f = r.forward?.summary;
   if (f) {
     const ka = (t: ForwardTarget): number => f[t]?.keepalive.requestsPerSec ?? NaN;
@@ -539,6 +547,13 @@ export function renderResults(r: BenchResults): string {
       parts.push('Direct server return places a flow by a slot table that moves as little as it can (agent/forward/maglev.ts). These are the shares of flows (slots) the table moves, computed for equal weights: what new connections see, and every connection on the nft engine (netdev has no conntrack); the BPF program\'s per-flow state keeps an open TCP connection on its backend while that backend stays healthy, so of open connections only a failed or removed backend\'s move.');
       parts.push(dh);
     }
+  }
+  if (r.families) {
+    const c = r.families.config;
+    parts.push('## IPv6 beside IPv4');
+    parts.push(`The real agent with one RequireDualStack pool service: both VIPs in one process, forwarding to the same three backends (${c.backends}); ${c.wrk}. Pairing: ${c.pairing}. The issue's target is at least 0.95x.`);
+    parts.push(familiesTable(r.families));
+    if (r.families.errors.length) parts.push(`Not measured: ${r.families.errors.join('; ')}.`);
   }
   const dt = dhcpTables(r);
   if (dt.one || dt.many) {

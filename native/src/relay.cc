@@ -6,14 +6,15 @@
 // reads that epoll again while it finds something (Drain, kDrainPasses):
 // fewer trips through libuv and fewer sleeps of the thread.
 //
-// Syscalls only: accept4, socket, setsockopt, connect, getsockopt(SO_ERROR),
+// Syscalls only: accept4, socket, setsockopt, connect, getsockopt(SO_ERROR), getpeername,
 // recv, send, shutdown, close, epoll_*. Every decision stays in TypeScript
 // (agent/forward/relay-native.ts and the engine): which connection goes to
 // which backend, refusals, retries, PROXY header bytes, idle and connect
 // timeouts. JavaScript is entered once per libuv wake-up with everything that
 // needs a decision, as records in a Float64Array lent at construction:
 //   [kind, id, a, b, c]
-//   kAccept    id, listener, client address (host order) * 65536 + port
+//   kAccept    id, listener, IPv4: client address (host order) * 65536 + port;
+//              IPv6: the client's port, and c = 6 (its address through peer6())
 //   kAcceptErr 0, listener, errno
 //   kConnect   id, errno (0: connected)
 //   kEnd       id, errno (0: both sides ended cleanly), bytes to backend, to client (since the last report)
@@ -122,6 +123,7 @@ class RelayHandle : public Napi::ObjectWrap<RelayHandle> {
                            InstanceMethod("unlisten", &RelayHandle::Unlisten),
                            InstanceMethod("connect", &RelayHandle::Connect),
                            InstanceMethod("abort", &RelayHandle::Abort),
+                           InstanceMethod("peer6", &RelayHandle::Peer6),
                            InstanceMethod("start", &RelayHandle::Start),
                            InstanceMethod("close", &RelayHandle::CloseConn),
                            InstanceMethod("reset", &RelayHandle::ResetConn),
@@ -246,23 +248,41 @@ class RelayHandle : public Napi::ObjectWrap<RelayHandle> {
     return env.Undefined();
   }
 
-  // connect(id, address (host order), port) -> 0 in progress, or the errno (nothing left open).
+  // connect(id, address (IPv4, host order), port, address6?: Uint8Array (16 bytes, network order))
+  // -> 0 in progress, or the errno (nothing left open). With address6 the backend is IPv6.
   Napi::Value Connect(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     Conn* c = Get(info);
-    if (info.Length() < 3 || !info[1].IsNumber() || !info[2].IsNumber()) throw Napi::TypeError::New(env, "connect(id, address, port)");
+    if (info.Length() < 3 || !info[1].IsNumber() || !info[2].IsNumber()) throw Napi::TypeError::New(env, "connect(id, address, port, address6?)");
     if (c == nullptr || c->state != kWaiting || c->ufd >= 0) throw Napi::Error::New(env, "connect: no connection waiting for a backend");
     uint32_t addr = info[1].As<Napi::Number>().Uint32Value();
     uint32_t port = info[2].As<Napi::Number>().Uint32Value();
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    const uint8_t* addr6 = nullptr;
+    if (info.Length() > 3 && info[3].IsTypedArray()) {
+      Napi::TypedArray ta = info[3].As<Napi::TypedArray>();
+      if (ta.TypedArrayType() != napi_uint8_array || ta.ElementLength() != 16) throw Napi::TypeError::New(env, "connect: address6 must be a Uint8Array of 16 bytes");
+      addr6 = ta.As<Napi::Uint8Array>().Data();
+    }
+    int fd = socket(addr6 != nullptr ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) return Napi::Number::New(env, errno);
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons(static_cast<uint16_t>(port));
-    sa.sin_addr.s_addr = htonl(addr);
-    int rc = connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
+    sockaddr_in6 sa6{};
+    sockaddr* to = reinterpret_cast<sockaddr*>(&sa);
+    socklen_t tolen = sizeof(sa);
+    if (addr6 != nullptr) {
+      sa6.sin6_family = AF_INET6;
+      sa6.sin6_port = htons(static_cast<uint16_t>(port));
+      memcpy(&sa6.sin6_addr, addr6, 16);
+      to = reinterpret_cast<sockaddr*>(&sa6);
+      tolen = sizeof(sa6);
+    } else {
+      sa.sin_family = AF_INET;
+      sa.sin_port = htons(static_cast<uint16_t>(port));
+      sa.sin_addr.s_addr = htonl(addr);
+    }
+    int rc = connect(fd, to, tolen);
     if (rc < 0 && errno != EINPROGRESS && errno != EINTR) {
       int err = errno;
       ::close(fd);
@@ -278,6 +298,22 @@ class RelayHandle : public Napi::ObjectWrap<RelayHandle> {
     c->in[1] = c->out[1] = c->hup[1] = false;
     c->state = kConnecting;
     return Napi::Number::New(env, 0);
+  }
+
+  // peer6(id, out: Uint8Array (16 bytes)) -> true with the IPv6 client's address written to out
+  // (getpeername: an IPv6 accept's record has no room for it), false when there is none.
+  Napi::Value Peer6(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Conn* c = Get(info);
+    if (info.Length() < 2 || !info[1].IsTypedArray()) throw Napi::TypeError::New(env, "peer6(id, out: Uint8Array)");
+    Napi::TypedArray ta = info[1].As<Napi::TypedArray>();
+    if (ta.TypedArrayType() != napi_uint8_array || ta.ElementLength() < 16) throw Napi::TypeError::New(env, "peer6: out must be a Uint8Array of 16 bytes");
+    if (c == nullptr || c->cfd < 0) return Napi::Boolean::New(env, false);
+    sockaddr_in6 sa{};
+    socklen_t len = sizeof(sa);
+    if (getpeername(c->cfd, reinterpret_cast<sockaddr*>(&sa), &len) < 0 || sa.sin6_family != AF_INET6) return Napi::Boolean::New(env, false);
+    memcpy(ta.As<Napi::Uint8Array>().Data(), &sa.sin6_addr, 16);
+    return Napi::Boolean::New(env, true);
   }
 
   // abort(id): gives up the backend connect in flight (TypeScript's timeout); the client stays, waiting. True if there was one.
@@ -715,9 +751,9 @@ class RelayHandle : public Napi::ObjectWrap<RelayHandle> {
     int lfd = listeners_[lid].fd;
     int since_flush = 0;
     for (int i = 0; i < kAcceptsPerWake; i++) {
-      sockaddr_in sa{};
-      socklen_t len = sizeof(sa);
-      int fd = accept4(lfd, reinterpret_cast<sockaddr*>(&sa), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      sockaddr_storage ss{};
+      socklen_t len = sizeof(ss);
+      int fd = accept4(lfd, reinterpret_cast<sockaddr*>(&ss), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
         int err = errno;
         if (err == EINTR || err == ECONNABORTED) continue;
@@ -767,8 +803,13 @@ class RelayHandle : public Napi::ObjectWrap<RelayHandle> {
       }
       live_++;
       Opened();
-      double peer = static_cast<double>(ntohl(sa.sin_addr.s_addr)) * 65536.0 + ntohs(sa.sin_port);
-      Emit(kAccept, id, static_cast<double>(lid), peer, 0);
+      if (ss.ss_family == AF_INET6) {
+        Emit(kAccept, id, static_cast<double>(lid), ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port), 6);
+      } else {
+        const sockaddr_in* sa = reinterpret_cast<sockaddr_in*>(&ss);
+        double peer = static_cast<double>(ntohl(sa->sin_addr.s_addr)) * 65536.0 + ntohs(sa->sin_port);
+        Emit(kAccept, id, static_cast<double>(lid), peer, 0);
+      }
       if (++since_flush == kAcceptsPerFlush) {
         since_flush = 0;
         Flush();

@@ -8,7 +8,6 @@ import { parseConfigText, formatConfigErrors } from '../../agent/config/load';
 import { familyServiceKey } from '../../agent/config/families';
 import { parsePools, selectPool } from '../../agent/config/pools';
 import type { ServiceSpec } from '../../agent/config/types';
-import { ERROR_HELP } from '../../agent/errors';
 
 const DUAL_POOLS = 'pools: { range-global: "10.99.0.200-10.99.0.220,fd00:99::200-fd00:99::2ff" }';
 const V4_POOLS = 'pools: { range-global: "10.99.0.200-10.99.0.220" }';
@@ -162,12 +161,12 @@ t.test('pools: both families in one key; lookup by family', async (t) => {
   t.same(parsePools({ 'range-a': '10.0.0.1-10.0.0.9', 'range-b': '::a00:1-::a00:9' }).errors, [], 'the same numbers in two families do not overlap');
 });
 
-t.test('the userspace proxy listens on IPv4 VIPs only: IPv6 refused where it runs, PreferDualStack falls back', async (t) => {
+t.test('the userspace proxy serves IPv6 VIPs: dataplane proxy and proxyProtocol take both families', async (t) => {
   const proxy = `${DUAL_POOLS}\ndataplane: proxy`;
-  t.match(load('ipFamilies: [IPv6]', proxy).errors, 'services[0].ipFamilies: service default/web: the service\'s one family is IPv6, and IPv6 VIPs are forwarded by the kernel path only');
-  t.same(load('ipFamilyPolicy: PreferDualStack', proxy).services.map((s) => s.key), ['default/web'], 'PreferDualStack: IPv4 on the proxy');
-  t.match(load('ipFamilyPolicy: RequireDualStack, proxyProtocol: v2', DUAL_POOLS).errors, 'a service with proxyProtocol');
-  t.same(load('ipFamilyPolicy: RequireDualStack', `${DUAL_POOLS}\ndataplane: auto`).services.map((s) => s.key), ['default/web', 'default/web@IPv6'], 'auto without proxyProtocol: the kernel path, both');
-  // Where `auto` finds nftables unusable only at start, the start is refused with LB_ERR_FORWARD_PROXY_FAMILY (daemon/wiring.ts).
-  t.match(ERROR_HELP.LB_ERR_FORWARD_PROXY_FAMILY, { cause: /IPv6 VIP and the data path is the userspace proxy/, fix: /lb-agent check/ });
+  t.equal(load('ipFamilies: [IPv6], backends: ["fd00:99::11"]', proxy).errors, '', 'an IPv6 VIP on the proxy');
+  t.same(load('ipFamilies: [IPv6], backends: ["fd00:99::11"]', proxy).services.map((s) => s.key), ['default/web@IPv6']);
+  t.same(load('ipFamilyPolicy: PreferDualStack', proxy).services.map((s) => s.key), ['default/web', 'default/web@IPv6'], 'PreferDualStack: both families on the proxy');
+  const pp = load('ipFamilyPolicy: RequireDualStack, proxyProtocol: v2', DUAL_POOLS);
+  t.equal(pp.errors, '', 'the PROXY protocol with IPv6');
+  t.same(pp.services.map((s) => s.key), ['default/web', 'default/web@IPv6']);
 });

@@ -13,6 +13,7 @@ import { parseIPv4 } from '../../agent/address';
 import { loadNative, socketInfo, type NativeSocketInfo } from '../../agent/native/native';
 import { isLbError } from '../../agent/errors';
 import { halfCloseBothWays, proxyHeaderTest } from '../../lab/relay-checks';
+import { parseV1, parseV2 } from '../../lab/proxy-protocol';
 
 const cfg = { algorithm: 'round-robin' as const, idleTimeout: 60, connectTimeout: 2 };
 const backend = (address: string) => ({ address, addressNum: parseIPv4(address)!, weight: 1 });
@@ -274,4 +275,77 @@ t.test('relayed client sockets have TCP_NODELAY from their listener (no setsocko
   const listening = found.filter((s) => s.listening);
   t.ok(listening.length > 0 && listening.every((s) => s.noDelay === true), 'the listener (each descriptor of it) has TCP_NODELAY');
   t.same(found.filter((s) => !s.listening).map((s) => s.noDelay), [true], 'and the accepted client socket inherited it');
+});
+
+t.test('IPv6: the proxy listens on an IPv6 VIP, connects IPv6 backends and sends TCP6 (v1) and AF_INET6 (v2) PROXY headers', async (t) => {
+  // Backends on ::1 that log what each connection sent up to the client's "hello" (the header may
+  // come in a read of its own) and answer it.
+  const firsts: Buffer[] = [];
+  const port = await new Promise<number>((resolve) => {
+    const server = net.createServer((s) => {
+      s.on('error', () => undefined);
+      let got = Buffer.alloc(0);
+      s.on('data', (d) => {
+        got = Buffer.concat([got, d]);
+        if (got.subarray(-5).toString() === 'hello') { firsts.push(got); s.end('ok'); }
+      });
+    });
+    server.listen(0, '::1', () => resolve((server.address() as net.AddressInfo).port));
+    t.teardown(() => server.close());
+  });
+  // ::1 is the one IPv6 loopback address: three VIP:ports need three ports (a listener is VIP:port).
+  const free = async (): Promise<number> => {
+    const s = net.createServer();
+    await new Promise<void>((r) => s.listen(0, '::1', r));
+    const n = (s.address() as net.AddressInfo).port;
+    await new Promise((r) => s.close(r));
+    return n;
+  };
+  const vipPorts = { plain: await free(), v1: await free(), v2: await free() };
+  const six = (version: 'v1' | 'v2' | undefined) => ({
+    key: `default/${version ?? 'plain'}@IPv6`, vip: '::1', proxyProtocol: version,
+    ports: [{ name: 'p', port: vipPorts[version ?? 'plain'], protocol: 'TCP' as const, targetPort: port }],
+    healthy: [{ address: '::1', addressNum: 0, weight: 1 }], backends: [{ address: '::1', addressNum: 0, weight: 1 }],
+  });
+  const p = new ProxyDataplane({ config: cfg, workers: 1 });
+  t.teardown(() => p.stop());
+  await p.apply({ services: [six(undefined), six('v1'), six('v2')] });
+  const listeners = (await p.stats()).details['listeners'] as { service: string; vip: string; boundPort: number }[];
+  const at = (v: string): number => listeners.find((l) => l.service === `default/${v}@IPv6`)!.boundPort;
+  t.same(listeners.map((l) => l.vip), ['::1', '::1', '::1']);
+
+  const ask = (lp: number): Promise<{ reply: string; local: number }> => new Promise((resolve, reject) => {
+    const c = net.connect({ host: '::1', port: lp });
+    let reply = '';
+    c.on('connect', () => c.write('hello'));
+    c.on('data', (d) => { reply += d.toString(); });
+    c.on('end', () => resolve({ reply, local: c.localPort! }));
+    c.on('error', reject);
+  });
+  const plain = await ask(at('plain'));
+  t.equal(plain.reply, 'ok', 'relayed over IPv6 both ways');
+  t.equal(firsts.at(-1)!.toString(), 'hello', 'no header unless asked');
+
+  const v1 = await ask(at('v1'));
+  t.equal(v1.reply, 'ok');
+  const line = parseV1(firsts.at(-1)!);
+  t.match(line, { header: { transport: 'TCP6', source: '::1', sourcePort: v1.local, destination: '::1', destinationPort: vipPorts.v1 } }, 'v1: a TCP6 line with the client and the VIP');
+
+  const v2 = await ask(at('v2'));
+  t.equal(v2.reply, 'ok');
+  const bin = parseV2(firsts.at(-1)!);
+  t.match(bin, { header: { transport: 'tcp6', command: 'PROXY', source: '0:0:0:0:0:0:0:1', sourcePort: v2.local, destination: '0:0:0:0:0:0:0:1', destinationPort: vipPorts.v2, length: 52 } }, 'v2: AF_INET6 with 36 address bytes');
+  if ('header' in bin) t.equal(firsts.at(-1)!.subarray(bin.header.length).toString(), 'hello', 'the client\'s bytes right behind the header');
+
+  // The listening sockets are IPv6-only: an IPv4 client of the same port finds nothing.
+  const v4 = await new Promise<string>((resolve) => {
+    const c = net.connect({ host: '127.0.0.1', port: at('plain') });
+    c.on('connect', () => { c.destroy(); resolve('connected'); });
+    c.on('error', (e: NodeJS.ErrnoException) => resolve(e.code ?? 'error'));
+  });
+  t.equal(v4, 'ECONNREFUSED', 'IPV6_V6ONLY: no IPv4 client on an IPv6 VIP\'s socket');
+  const info = fs.readdirSync('/proc/self/fd').map(Number).flatMap((fd) => {
+    try { const i = socketInfo(fd); return i.family === 10 && i.listening && i.port === at('v2') ? [i] : []; } catch { return []; }
+  });
+  t.ok(info.length > 0 && info.every((i) => i.address6?.equals(Buffer.from('00000000000000000000000000000001', 'hex'))), 'socketInfo reports the IPv6 address a listener is bound to');
 });

@@ -1,5 +1,5 @@
 // Reloads through the real agent (issue 14 item 4, issue 15 item 1): a
-// client loop through a DHCP VIP and a pool VIP sees zero failed requests
+// client loop through a DHCP VIP, a pool VIP and an IPv6 pool VIP sees zero failed requests
 // across a reload that changes every global section and across reloads that
 // add and remove other services; 100 overlapping SIGHUPs over files swapped
 // between versions end exactly where a fresh start with the last file would
@@ -12,7 +12,7 @@ import { requirePrivileged } from '../helpers/privileged';
 import { waitFor } from '../../lab/netns';
 import { httpGetFrom } from '../../lab/services';
 import { startAgent, waitStatus, type AgentHandle } from '../../lab/agent';
-import { buildContinuityLab, continuityConfig, describeReport, Loops, type ServiceDef } from '../../lab/continuity';
+import { buildContinuityLab, continuityConfig, describeReport, Loops, POOL6, type ServiceDef } from '../../lab/continuity';
 
 const BASE: ServiceDef[] = [{ name: 'web', ipam: 'dhcp' }, { name: 'api', ipam: 'pool' }];
 
@@ -28,21 +28,22 @@ async function reload(agent: AgentHandle, cfg: Record<string, unknown>): Promise
 
 t.test('reloads that change every global section, and add and remove other services, never blink a VIP', async (t) => {
   if (!requirePrivileged(t)) return;
-  const cl = await buildContinuityLab(t);
-  const base = continuityConfig(BASE);
+  const cl = await buildContinuityLab(t, { ipv6: true });
+  const first: ServiceDef[] = [...BASE, { name: 'api6', ipam: 'pool', family: 'IPv6' }];
+  const base = continuityConfig(first);
   const agent = await startAgent(cl.lab, cl.node, base, { name: 'a' });
-  const st = await waitStatus(agent, 'both services serving', (s) => s.services.every((x) => x.ready), 30_000);
+  const st = await waitStatus(agent, 'every service serving', (s) => s.services.every((x) => x.ready), 30_000);
   const vips = Object.fromEntries(st.services.map((s) => [s.name, s.vip!]));
   const loops = await Loops.start(cl, vips);
   t.teardown(() => loops.stopQuietly());
   const at = Date.now();
 
-  const everySection = continuityConfig(BASE, {
+  const everySection = continuityConfig(first, {
     node: { interface: 'eth0', name: 'renamed-node', priority: 150 },
     failover: { mode: 'none', advertInterval: 0.5, preempt: false },
     metrics: { listen: '127.0.0.1:19477' },
     dataplane: 'auto',
-    pools: { 'range-global': '10.99.0.200-10.99.0.219', 'cidr-default': '10.99.0.224/28' },
+    pools: { 'range-global': `10.99.0.200-10.99.0.219,${POOL6}`, 'cidr-default': '10.99.0.224/28' },
     arp: { probeWait: 0.2, probeNum: 1, probeMin: 0.2, probeMax: 0.3, announceWait: 0.3, announceNum: 3, announceInterval: 0.2 },
     dhcp: { retransmitInitial: 1, retransmitMax: 4, retransmitJitter: 0, maxConcurrentStarts: 4 },
     proxy: { algorithm: 'least-connections', idleTimeout: 120, connectTimeout: 2 },
@@ -56,10 +57,10 @@ t.test('reloads that change every global section, and add and remove other servi
   await waitFor('metrics on the new address', async () => (await cl.lab.sh(cl.node, 'ss -ltn')).stdout.includes('127.0.0.1:19477'), 5000);
   t.ok(agent.logs.some((l) => l.op === 'reconfigure' && l.module === 'dhcp'), 'the DHCP source took the new timings');
 
-  const more = [...BASE, { name: 'extra-pool', ipam: 'pool' as const, port: 8081 }, { name: 'extra-dhcp', ipam: 'dhcp' as const, port: 8082 }];
+  const more = [...first, { name: 'extra-pool', ipam: 'pool' as const, port: 8081 }, { name: 'extra-dhcp', ipam: 'dhcp' as const, port: 8082 }];
   const r2 = await reload(agent, { ...everySection, services: continuityConfig(more).services });
   t.ok(r2.ok, r2.message);
-  await waitStatus(agent, 'the added services serving', (s) => s.services.length === 4 && s.services.every((x) => x.ready), 20_000);
+  await waitStatus(agent, 'the added services serving', (s) => s.services.length === 5 && s.services.every((x) => x.ready), 20_000);
   const r3 = await reload(agent, everySection);
   t.ok(r3.ok, r3.message);
   t.match(r3.message, /0 added, 2 removed/);
@@ -73,7 +74,7 @@ t.test('reloads that change every global section, and add and remove other servi
   }
   const final = await agent.status();
   t.same(Object.fromEntries(final.services.map((s) => [s.name, s.vip])), vips, 'the same VIPs throughout');
-  t.same(final.services.map((s) => s.interruptions), [0, 0], 'no interruption counted');
+  t.same(final.services.map((s) => s.interruptions), [0, 0, 0], 'no interruption counted');
   agent.signal('SIGTERM');
   await agent.exited;
 });

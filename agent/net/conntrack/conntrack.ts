@@ -1,6 +1,7 @@
 // ctnetlink (NETLINK_NETFILTER, subsystem CTNETLINK): the codec of the two
-// messages the kernel path needs - a dump of the IPv4 conntrack table and
-// the deletion of one entry by its original tuple - and a driver that ends
+// messages the kernel path needs - a dump of the conntrack table of one
+// family (IPv4 or IPv6, the nfgenmsg's family) and the deletion of one entry
+// by its original tuple - and a driver that ends
 // the UDP flows a forwarded VIP:port no longer sends to a backend of its
 // healthy set, and the untranslated flows to a VIP that has just come onto
 // this node (untranslatedFlows says why). Framing (sequence numbers,
@@ -19,12 +20,13 @@
 import { FlagsGet } from 'netlink/dist/constants';
 import { NetlinkSocket } from 'netlink/dist/netlink';
 import type { RawNetlinkSocket as PackageRawSocket } from 'netlink/dist/raw';
-import { formatIPv4, ipv4FromBytes, ipv4ToBytes, parseIPv4 } from '../../address';
+import { addressFromBytes, addressToBytes, formatAddress, parseAddress, type Family } from '../../address';
 import { LbError, errorMessage } from '../../errors';
 import { RawNetlinkSocket } from '../netlink/netlink-socket';
 
 const NETLINK_NETFILTER = 12;
 const AF_INET = 2;
+const AF_INET6 = 10;
 const NFNL_SUBSYS_CTNETLINK = 1;
 const IPCTNL_MSG_CT_NEW = 0;
 const IPCTNL_MSG_CT_GET = 1;
@@ -51,6 +53,8 @@ const CTA_TUPLE_IP = 1;
 const CTA_TUPLE_PROTO = 2;
 const CTA_IP_V4_SRC = 1;
 const CTA_IP_V4_DST = 2;
+const CTA_IP_V6_SRC = 3;
+const CTA_IP_V6_DST = 4;
 const CTA_PROTO_NUM = 1;
 const CTA_PROTO_SRC_PORT = 2;
 const CTA_PROTO_DST_PORT = 3;
@@ -84,10 +88,18 @@ export interface UdpFlowRule {
 }
 
 /** The nfgenmsg header: family, version 0, resource id 0. */
-function nfgenmsg(): Buffer {
+function nfgenmsg(family: Family = 'IPv4'): Buffer {
   const b = Buffer.alloc(4);
-  b[0] = AF_INET;
+  b[0] = family === 'IPv6' ? AF_INET6 : AF_INET;
   return b;
+}
+
+/** An address of either family as ctnetlink's attributes carry it: the type of each end and the bytes. */
+function ipOf(text: string, what: string): { family: Family; bytes: Buffer; src: number; dst: number } {
+  const a = parseAddress(text);
+  if (a === undefined) throw new LbError('LB_ERR_NET_CONNTRACK', `conntrack ${what} ${text}: not an IPv4 or IPv6 address`);
+  const six = a.family === 'IPv6';
+  return { family: a.family, bytes: addressToBytes(a), src: six ? CTA_IP_V6_SRC : CTA_IP_V4_SRC, dst: six ? CTA_IP_V6_DST : CTA_IP_V4_DST };
 }
 
 function attr(type: number, value: Buffer): Buffer {
@@ -108,11 +120,11 @@ function be16(v: number): Buffer {
 }
 
 function tupleAttr(type: number, t: CtTuple): Buffer {
-  const src = parseIPv4(t.src);
-  const dst = parseIPv4(t.dst);
-  if (src === undefined || dst === undefined) throw new LbError('LB_ERR_NET_CONNTRACK', `conntrack tuple ${t.src} -> ${t.dst}: not IPv4 addresses`);
+  const src = ipOf(t.src, 'tuple source');
+  const dst = ipOf(t.dst, 'tuple destination');
+  if (src.family !== dst.family) throw new LbError('LB_ERR_NET_CONNTRACK', `conntrack tuple ${t.src} -> ${t.dst}: two families`);
   return nested(type, [
-    nested(CTA_TUPLE_IP, [attr(CTA_IP_V4_SRC, ipv4ToBytes(src)), attr(CTA_IP_V4_DST, ipv4ToBytes(dst))]),
+    nested(CTA_TUPLE_IP, [attr(src.src, src.bytes), attr(dst.dst, dst.bytes)]),
     nested(CTA_TUPLE_PROTO, [attr(CTA_PROTO_NUM, u8(t.proto)), attr(CTA_PROTO_SRC_PORT, be16(t.sport)), attr(CTA_PROTO_DST_PORT, be16(t.dport))]),
   ]);
 }
@@ -124,31 +136,37 @@ function tupleAttr(type: number, t: CtTuple): Buffer {
  */
 export interface DumpFilter {
   readonly dst?: string;
+  /** The table dumped without dst (with dst: dst's family); default IPv4. */
+  readonly family?: Family;
   readonly dport: number;
   readonly proto?: number;
   readonly untranslated?: boolean;
 }
 
 /**
- * The payload of a dump of the IPv4 table (CT_GET with NLM_F_DUMP); with
+ * The payload of a dump of one family's table (CT_GET with NLM_F_DUMP); with
  * `only`, the kernel (5.9+, CTA_FILTER) returns just the entries to that
  * VIP:port (and, untranslated, only those answered from the VIP itself), so
  * a table of many connections is walked in C, not sent up and decoded. A
  * kernel before the filter returns everything (the caller matches anyway).
  */
-export function encodeDump(only?: DumpFilter): Buffer {
-  if (!only) return nfgenmsg();
-  const dst = only.dst === undefined ? undefined : parseIPv4(only.dst);
-  if (only.dst !== undefined && dst === undefined) throw new LbError('LB_ERR_NET_CONNTRACK', `conntrack dump filter ${only.dst}: not an IPv4 address`);
+export function encodeDump(only?: DumpFilter, family: Family = 'IPv4'): Buffer {
+  if (!only) return nfgenmsg(family);
+  const asked = only.dst === undefined ? undefined : ipOf(only.dst, 'dump filter');
+  // An IPv6 address in CTA_FILTER matched no entry on the kernels here (Linux
+  // 6.18: a dump filtered to an IPv6 VIP returned nothing while the port alone
+  // returned its entries), so for IPv6 the kernel filters by protocol and
+  // port and the callers match the VIP (they do anyway).
+  const dst = asked?.family === 'IPv6' ? undefined : asked;
   const u32 = (v: number): Buffer => { const b = Buffer.alloc(4); b.writeUInt32LE(v >>> 0, 0); return b; };
   const reply = only.untranslated === true && dst !== undefined;
   return Buffer.concat([
-    nfgenmsg(),
+    nfgenmsg(asked?.family ?? only.family),
     nested(CTA_TUPLE_ORIG, [
-      ...(dst !== undefined ? [nested(CTA_TUPLE_IP, [attr(CTA_IP_V4_DST, ipv4ToBytes(dst))])] : []),
+      ...(dst !== undefined ? [nested(CTA_TUPLE_IP, [attr(dst.dst, dst.bytes)])] : []),
       nested(CTA_TUPLE_PROTO, [attr(CTA_PROTO_NUM, u8(only.proto ?? IPPROTO_UDP)), attr(CTA_PROTO_DST_PORT, be16(only.dport))]),
     ]),
-    ...(reply ? [nested(CTA_TUPLE_REPLY, [nested(CTA_TUPLE_IP, [attr(CTA_IP_V4_SRC, ipv4ToBytes(dst))])])] : []),
+    ...(reply ? [nested(CTA_TUPLE_REPLY, [nested(CTA_TUPLE_IP, [attr(dst.src, dst.bytes)])])] : []),
     nested(CTA_FILTER, [
       attr(CTA_FILTER_ORIG_FLAGS, u32((dst !== undefined ? CTA_FILTER_FLAG_IP_DST : 0) | CTA_FILTER_FLAG_PROTO_NUM | CTA_FILTER_FLAG_PROTO_DST_PORT)),
       attr(CTA_FILTER_REPLY_FLAGS, u32(reply ? CTA_FILTER_FLAG_IP_SRC : 0)),
@@ -159,7 +177,8 @@ export function encodeDump(only?: DumpFilter): Buffer {
 /** The payload of CT_DELETE for one entry: its original tuple (and zone), which is how the kernel finds it. */
 export function encodeDelete(e: CtEntry): Buffer {
   const zone = e.zone !== undefined && e.zone !== 0 ? [attr(CTA_ZONE, be16(e.zone))] : [];
-  return Buffer.concat([nfgenmsg(), tupleAttr(CTA_TUPLE_ORIG, e.orig), ...zone]);
+  const orig = tupleAttr(CTA_TUPLE_ORIG, e.orig);
+  return Buffer.concat([nfgenmsg(parseAddress(e.orig.src)?.family), orig, ...zone]);
 }
 
 /** The attributes in b[off, end), type (flags masked off) to value; a truncated or malformed one ends the walk. */
@@ -174,7 +193,7 @@ function attrs(b: Buffer, off: number, end: number): Map<number, Buffer> {
   return out;
 }
 
-function decodeTuple(v: Buffer | undefined): CtTuple | undefined {
+function decodeTuple(v: Buffer | undefined, family: Family): CtTuple | undefined {
   if (!v) return undefined;
   const t = attrs(v, 0, v.length);
   const ipb = t.get(CTA_TUPLE_IP);
@@ -182,20 +201,24 @@ function decodeTuple(v: Buffer | undefined): CtTuple | undefined {
   if (!ipb || !pb) return undefined;
   const ip = attrs(ipb, 0, ipb.length);
   const p = attrs(pb, 0, pb.length);
-  const src = ip.get(CTA_IP_V4_SRC);
-  const dst = ip.get(CTA_IP_V4_DST);
+  const six = family === 'IPv6';
+  const src = ip.get(six ? CTA_IP_V6_SRC : CTA_IP_V4_SRC);
+  const dst = ip.get(six ? CTA_IP_V6_DST : CTA_IP_V4_DST);
   const num = p.get(CTA_PROTO_NUM);
-  if (src?.length !== 4 || dst?.length !== 4 || num?.length !== 1) return undefined;
+  const n = six ? 16 : 4;
+  if (src?.length !== n || dst?.length !== n || num?.length !== 1) return undefined;
   const port = (x: Buffer | undefined): number => (x?.length === 2 ? x.readUInt16BE(0) : 0);
-  return { src: formatIPv4(ipv4FromBytes(src)), dst: formatIPv4(ipv4FromBytes(dst)), proto: num[0]!, sport: port(p.get(CTA_PROTO_SRC_PORT)), dport: port(p.get(CTA_PROTO_DST_PORT)) };
+  const text = (b: Buffer): string => formatAddress(addressFromBytes(family, b));
+  return { src: text(src), dst: text(dst), proto: num[0]!, sport: port(p.get(CTA_PROTO_SRC_PORT)), dport: port(p.get(CTA_PROTO_DST_PORT)) };
 }
 
-/** One entry of a dump (nfgenmsg, then attributes); undefined for anything else or an IPv6 entry. */
+/** One entry of a dump (nfgenmsg, then attributes), IPv4 or IPv6 (addresses in canonical text); undefined for anything else. */
 export function decodeEntry(type: number, data: Buffer): CtEntry | undefined {
-  if (type !== CT_NEW || data.length < 4 || data[0] !== AF_INET) return undefined;
+  if (type !== CT_NEW || data.length < 4 || (data[0] !== AF_INET && data[0] !== AF_INET6)) return undefined;
+  const family: Family = data[0] === AF_INET6 ? 'IPv6' : 'IPv4';
   const a = attrs(data, 4, data.length);
-  const orig = decodeTuple(a.get(CTA_TUPLE_ORIG));
-  const reply = decodeTuple(a.get(CTA_TUPLE_REPLY));
+  const orig = decodeTuple(a.get(CTA_TUPLE_ORIG), family);
+  const reply = decodeTuple(a.get(CTA_TUPLE_REPLY), family);
   if (!orig || !reply) return undefined;
   const z = a.get(CTA_ZONE);
   return { orig, reply, ...(z?.length === 2 && z.readUInt16BE(0) !== 0 ? { zone: z.readUInt16BE(0) } : {}) };
@@ -213,14 +236,26 @@ export function udpFlowKey(vip: string, port: number): string {
  * no DNAT would keep skipping it once backends exist (kubernetes#48370).
  */
 export function staleUdpFlows(entries: Iterable<CtEntry>, rules: readonly UdpFlowRule[]): CtEntry[] {
-  const byDst = new Map(rules.map((r) => [udpFlowKey(r.vip, r.port), r]));
+  // Entries carry canonical text (decodeEntry); the rules' addresses are made so too ("fd00:0::1" is "fd00::1").
+  const byDst = new Map(rules.map((r) => [udpFlowKey(canonical(r.vip), r.port), new Set([...r.allowed].map(canonicalEndpoint))]));
   const out: CtEntry[] = [];
   for (const e of entries) {
     if (e.orig.proto !== IPPROTO_UDP) continue;
-    const r = byDst.get(udpFlowKey(e.orig.dst, e.orig.dport));
-    if (r && !r.allowed.has(`${e.reply.src}:${e.reply.sport}`)) out.push(e);
+    const allowed = byDst.get(udpFlowKey(e.orig.dst, e.orig.dport));
+    if (allowed && !allowed.has(`${e.reply.src}:${e.reply.sport}`)) out.push(e);
   }
   return out;
+}
+
+function canonical(address: string): string {
+  const a = parseAddress(address);
+  return a === undefined ? address : formatAddress(a);
+}
+
+/** "address:port" (the port after the last colon, IPv6 written bare) with the address canonical. */
+function canonicalEndpoint(endpoint: string): string {
+  const i = endpoint.lastIndexOf(':');
+  return i < 0 ? endpoint : `${canonical(endpoint.slice(0, i))}${endpoint.slice(i)}`;
 }
 
 /** A forwarded VIP port (SNAT path) whose untranslated entries end when the VIP comes onto this node. */
@@ -244,7 +279,7 @@ export interface ForwardedPort {
  * connection we forward and is left alone.
  */
 export function untranslatedFlows(entries: Iterable<CtEntry>, ports: readonly ForwardedPort[]): CtEntry[] {
-  const want = new Set(ports.map((p) => `${p.vip}|${p.proto}|${p.port}`));
+  const want = new Set(ports.map((p) => `${canonical(p.vip)}|${p.proto}|${p.port}`));
   const out: CtEntry[] = [];
   for (const e of entries) {
     if (e.reply.src === e.orig.dst && want.has(`${e.orig.dst}|${e.orig.proto}|${e.orig.dport}`)) out.push(e);
@@ -261,16 +296,18 @@ export function untranslatedFlows(entries: Iterable<CtEntry>, ports: readonly Fo
  * VIPs share, for every entry to the port (matched here).
  */
 export function untranslatedDumps(ports: readonly ForwardedPort[]): DumpFilter[] {
-  const vipsOf = new Map<string, { proto: number; port: number; vips: Set<string> }>();
+  const vipsOf = new Map<string, { proto: number; port: number; family: Family; vips: Set<string> }>();
   for (const p of ports) {
-    const k = `${p.proto}/${p.port}`;
-    const g = vipsOf.get(k) ?? { proto: p.proto, port: p.port, vips: new Set<string>() };
+    // One table per family: a port both families forward is two dumps.
+    const family: Family = p.vip.includes(':') ? 'IPv6' : 'IPv4';
+    const k = `${family}/${p.proto}/${p.port}`;
+    const g = vipsOf.get(k) ?? { proto: p.proto, port: p.port, family, vips: new Set<string>() };
     g.vips.add(p.vip);
     vipsOf.set(k, g);
   }
   return [...vipsOf.values()].map((g) => (g.vips.size === 1
     ? { dst: [...g.vips][0]!, dport: g.port, proto: g.proto, untranslated: true }
-    : { dport: g.port, proto: g.proto }));
+    : { dport: g.port, proto: g.proto, family: g.family }));
 }
 
 /** One entry's identity in the kernel's table: its original tuple and zone (what CT_DELETE names). */
@@ -296,7 +333,10 @@ export async function readEntries(dump: (payload: Buffer) => Promise<CtEntry[]>,
   } catch {
     filtered = false;
     try {
-      entries = await dump(encodeDump());
+      // Each family's whole table once, for the families the filters name.
+      const families = new Set<Family>(filters.map((f) => (f.dst !== undefined ? (parseAddress(f.dst)?.family ?? 'IPv4') : f.family ?? 'IPv4')));
+      entries = [];
+      for (const family of families.size > 0 ? families : new Set<Family>(['IPv4'])) entries.push(...await dump(encodeDump(undefined, family)));
     } catch (err) {
       throw new LbError('LB_ERR_NET_CONNTRACK', `cannot read the conntrack table (ctnetlink dump): ${errorMessage(err)}`, undefined, { cause: err });
     }

@@ -73,7 +73,7 @@ t.test('untranslated dumps: one per protocol and port; a port of one VIP filtere
     { vip: '10.99.0.200', proto: IPPROTO_UDP, port: 53 },
     { vip: '10.99.0.200', proto: IPPROTO_TCP, port: 80 },
   ]), [
-    { dport: 80, proto: IPPROTO_TCP },
+    { dport: 80, proto: IPPROTO_TCP, family: 'IPv4' },
     { dst: '10.99.0.200', dport: 53, proto: IPPROTO_UDP, untranslated: true },
   ]);
   t.equal(encodeDump({ dport: 80, proto: IPPROTO_TCP }).toString('hex'), [
@@ -126,7 +126,7 @@ function dumpEntry(e: CtEntry, family = 2): Buffer {
 
 t.test('a dump entry decodes to both tuples; other attributes are skipped', async (t) => {
   t.same(decodeEntry(CT_NEW, dumpEntry(entry())), entry());
-  t.equal(decodeEntry(CT_NEW, dumpEntry(entry(), 10)), undefined, 'IPv6 entries are not ours');
+  t.equal(decodeEntry(CT_NEW, dumpEntry(entry(), 10)), undefined, 'IPv4 attributes under AF_INET6 are no entry');
   t.equal(decodeEntry(0x0103, dumpEntry(entry())), undefined, 'another message type');
   t.equal(decodeEntry(CT_NEW, Buffer.from([2, 0])), undefined, 'shorter than nfgenmsg');
 });
@@ -210,4 +210,50 @@ t.test('reading the entries: one filtered dump per VIP:port, the whole table onc
 
   // Nothing answers: the sweep's error names the dump.
   await t.rejects(readUdpEntries(async () => { throw new Error('Request rejected: EPERM'); }, rules), { code: 'LB_ERR_NET_CONNTRACK', message: /cannot read the conntrack table \(ctnetlink dump\): .*EPERM/ });
+});
+
+const entry6 = (o: Partial<CtEntry['orig']> = {}, r: Partial<CtEntry['reply']> = {}): CtEntry => entry(
+  { src: 'fd00:99::2', dst: 'fd00:99::50', ...o },
+  { src: 'fd00:99::11', dst: 'fd00:99::10', ...r },
+);
+
+t.test('IPv6: a filtered dump asks the AF_INET6 table for the port (the VIP is matched here), byte for byte', async (t) => {
+  const port = [
+    '0a000000', // nfgenmsg AF_INET6
+    '1800', '0180', // CTA_TUPLE_ORIG, nested
+    '1400', '0280', '0500', '0100', '11000000', '0600', '0300', '00350000', // CTA_TUPLE_PROTO { NUM 17, DST_PORT 53 }
+    '1400', '1980', '0800', '0100', '28000000', '0800', '0200', '00000000', // CTA_FILTER: PROTO_NUM | PROTO_DST_PORT
+  ].join('');
+  t.equal(encodeDump({ dst: 'fd00:99::50', dport: 53 }).toString('hex'), port, 'an IPv6 VIP: no address in the filter (the kernel matched none with one)');
+  t.equal(encodeDump({ dport: 53, family: 'IPv6' }).toString('hex'), port, 'a port of several IPv6 VIPs: the same');
+  t.same([...encodeDump(undefined, 'IPv6')], [10, 0, 0, 0], 'the whole IPv6 table');
+  t.equal(encodeDump({ dst: 'fd00:99::50', dport: 53, untranslated: true }).toString('hex'), port, 'untranslated: matched here too');
+});
+
+t.test('IPv6: a delete names the entry with CTA_IP_V6_SRC and _DST; an entry decodes to canonical text', async (t) => {
+  const hex = encodeDelete(entry6()).toString('hex');
+  t.equal(hex.slice(0, 8), '0a000000', 'nfgenmsg AF_INET6');
+  t.match(hex, '2c000180' + '14000300' + 'fd000099000000000000000000000002' + '14000400' + 'fd000099000000000000000000000050', 'CTA_TUPLE_IP { V6_SRC, V6_DST }');
+  t.same(decodeEntry(CT_NEW, dumpEntry(entry6(), 10)), entry6(), 'round trip');
+  t.equal(decodeEntry(CT_NEW, dumpEntry(entry6(), 2)), undefined, 'IPv6 attributes under AF_INET are no entry');
+  t.same(decodeEntry(CT_NEW, dumpEntry(entry6({ src: 'fd00:99:0:0:0:0:0:2' }), 10))?.orig.src, 'fd00:99::2', 'addresses come back in RFC 5952 form');
+  t.throws(() => encodeDelete(entry6({ dst: '10.99.0.50' })), /two families/);
+  const good = dumpEntry(entry6(), 10);
+  for (let cut = 0; cut < good.length; cut += 7) decodeEntry(CT_NEW, good.subarray(0, cut));
+  t.pass('truncated IPv6 entries decode without a throw');
+});
+
+t.test('IPv6: a sweep ends the flows of an IPv6 VIP:port off its backends, however the rule writes the addresses', async (t) => {
+  const rules = [{ vip: 'fd00:99:0::50', port: 53, allowed: new Set(['fd00:99:0:0::12:5353']) }];
+  const gone = entry6();
+  const kept = entry6({ sport: 40001 }, { src: 'fd00:99::12', dport: 40001 });
+  const v4 = entry();
+  t.same(staleUdpFlows([gone, kept, v4], rules), [gone], 'the backend that left; not the one kept, nor an IPv4 flow');
+  t.same(untranslatedDumps([{ vip: '10.99.0.50', proto: IPPROTO_UDP, port: 53 }, { vip: '10.99.0.51', proto: IPPROTO_UDP, port: 53 }, { vip: 'fd00:99::50', proto: IPPROTO_UDP, port: 53 }, { vip: 'fd00:99::51', proto: IPPROTO_UDP, port: 53 }]),
+    [{ dport: 53, proto: IPPROTO_UDP, family: 'IPv4' }, { dport: 53, proto: IPPROTO_UDP, family: 'IPv6' }], 'a port both families share: one dump per family');
+  const seen: number[] = [];
+  const r = await readEntries(async (payload) => { seen.push(payload[0]!); if (payload.length > 4) throw new Error('EINVAL'); return payload[0] === 10 ? [gone] : [v4]; },
+    [{ dst: '10.99.0.50', dport: 53 }, { dst: 'fd00:99::50', dport: 53 }]);
+  t.same(seen, [2, 2, 10], 'a kernel refusing the filter (the first filtered dump fails): each family\'s whole table once');
+  t.same(r.entries, [v4, gone]);
 });

@@ -1,0 +1,165 @@
+// Bench area "families": IPv6 beside IPv4 on the same testbed. One lab of a
+// client, a node and three nginx backends, every host with an address of
+// each family; the real `lb-agent run` serves one RequireDualStack pool
+// service (port 80 to the backends' 8080), so both VIPs are held by the same
+// process, forward to the same three nginx (each listens on both families)
+// and are measured in the same slot. Each path (kernel: nftables; proxy:
+// the userspace proxy, one worker per CPU) gets a slot a round, in a rotated
+// order; in a slot the families alternate, IPv4 first and last
+// (4, 6, 4, 6, 4, ...), for keep-alive requests/s and for new connections/s
+// (wrk with `Connection: close`), and each IPv6 run is judged against the
+// mean of the IPv4 runs right before and right after it: the host's speed
+// moves between slots by more than a family costs (forwarding.ts's
+// pairing). The line is the median of those ratios over the slots' pairs.
+// Only lab namespaces are addressed.
+import { Lab } from '../lab/netns';
+import { waitStatus } from '../lab/agent';
+import { runAgent, stopAgent, FAST_ARP } from './lib/agent';
+import { startNginxBackend } from './lib/peers';
+import { runWrk, type WrkResult } from './lib/load';
+import { median, round, rotate } from './lib/stats';
+
+const CLIENT = { v4: '10.99.0.2', v6: 'fd00:99::2' };
+const NODE = { v4: '10.99.0.10', v6: 'fd00:99::10' };
+const VIP = { v4: '10.99.0.50', v6: 'fd00:99::50' };
+const BACKENDS = [{ v4: '10.99.0.11', v6: 'fd00:99::11' }, { v4: '10.99.0.12', v6: 'fd00:99::12' }, { v4: '10.99.0.13', v6: 'fd00:99::13' }];
+
+export const FAMILY_PATHS = ['kernel', 'proxy'] as const;
+export type FamilyPath = (typeof FAMILY_PATHS)[number];
+
+export interface FamiliesOptions {
+  rounds: number;
+  /** Seconds per wrk measurement. */
+  seconds: number;
+  /** Seconds of wrk warm-up before a slot's first run of each kind (0: none). */
+  warmup: number;
+  connections: number;
+  threads: number;
+  /** IPv6 runs a slot per kind, each between two IPv4 runs. */
+  pairs: number;
+  log: (msg: string) => void;
+}
+
+export interface FamilyPair {
+  round: number; path: FamilyPath; kind: 'keepalive' | 'close';
+  before: WrkResult; v6: WrkResult; after: WrkResult;
+  /** v6 over the mean of before and after (requests/s). */
+  ratio: number;
+}
+
+export interface FamilySummaryRow {
+  path: FamilyPath;
+  /** Medians over every run of each family. */
+  keepalive: { v4: number; v6: number; xIPv4: number };
+  newConnections: { v4: number; v6: number; xIPv4: number };
+  /** Socket errors and non-2xx answers over all runs. */
+  errors: number;
+  pairs: number;
+}
+
+export interface FamiliesResult {
+  config: Omit<FamiliesOptions, 'log'> & { wrk: string; backends: string; pairing: string };
+  summary: FamilySummaryRow[];
+  raw: FamilyPair[];
+  errors: string[];
+}
+
+function agentConfig(path: FamilyPath): Record<string, unknown> {
+  return {
+    node: { interface: 'eth0' },
+    metrics: { listen: '' },
+    dataplane: path,
+    pools: { 'range-global': `${VIP.v4}-${VIP.v4},${VIP.v6}-${VIP.v6}` },
+    arp: FAST_ARP,
+    services: [{
+      name: 'web', ipam: 'pool', ipFamilyPolicy: 'RequireDualStack',
+      ports: [{ port: 80, targetPort: 8080 }],
+      backends: [...BACKENDS.map((b) => b.v4), ...BACKENDS.map((b) => b.v6)],
+    }],
+  };
+}
+
+const url = (f: 'v4' | 'v6'): string => (f === 'v4' ? `http://${VIP.v4}:80/` : `http://[${VIP.v6}]:80/`);
+
+export async function benchFamilies(o: FamiliesOptions): Promise<FamiliesResult> {
+  const lab = await Lab.create();
+  const raw: FamilyPair[] = [];
+  const errors: string[] = [];
+  const errs = new Map<FamilyPath, number>();
+  const runs = new Map<string, number[]>();
+  try {
+    const tune = 'sysctl -qw net.ipv4.ip_local_port_range="1024 65535" net.ipv4.tcp_tw_reuse=1 net.core.somaxconn=4096';
+    const client = await lab.addHost('client', { address: `${CLIENT.v4}/24`, ipv6: [`${CLIENT.v6}/64`] });
+    const node = await lab.addHost('node', { address: `${NODE.v4}/24`, ipv6: [`${NODE.v6}/64`] });
+    await lab.sh(client, tune);
+    await lab.sh(node, tune);
+    for (const [i, b] of BACKENDS.entries()) {
+      const ns = await lab.addHost(`b${i + 1}`, { address: `${b.v4}/24`, ipv6: [`${b.v6}/64`] });
+      await lab.sh(ns, tune);
+      await startNginxBackend(lab, ns, `b${i + 1}`, 8080, undefined, true);
+    }
+    o.log(`lab up; paths ${FAMILY_PATHS.join(',')}; ${o.rounds} round(s), ${o.pairs} IPv6 run(s) a slot per kind between IPv4 runs, ${o.seconds} s each`);
+    const wrk = async (f: 'v4' | 'v6', close: boolean, path: FamilyPath): Promise<WrkResult> => {
+      const r = await runWrk(lab, client, url(f), { seconds: o.seconds, connections: o.connections, threads: o.threads, close });
+      errs.set(path, (errs.get(path) ?? 0) + r.socketErrors + r.non2xx + (Number.isFinite(r.rps) ? 0 : 1));
+      const key = `${path}/${close ? 'close' : 'keepalive'}/${f}`;
+      runs.set(key, [...(runs.get(key) ?? []), r.rps]);
+      return r;
+    };
+    for (let round = 0; round < o.rounds; round++) {
+      for (const path of rotate(FAMILY_PATHS, round)) {
+        const agent = await runAgent(lab, node, agentConfig(path), { name: `fam-${path}` });
+        try {
+          await waitStatus(agent, 'both VIPs serving, every backend healthy', (s) => s.services.length === 2 && s.services.every((x) => x.ready && x.healthyBackends === 3), 30_000);
+          for (const close of [false, true]) {
+            if (o.warmup > 0) for (const f of ['v4', 'v6'] as const) await runWrk(lab, client, url(f), { seconds: o.warmup, connections: o.connections, threads: o.threads, close });
+            let before = await wrk('v4', close, path);
+            for (let p = 0; p < o.pairs; p++) {
+              const v6 = await wrk('v6', close, path);
+              const after = await wrk('v4', close, path);
+              const ratio = v6.rps / ((before.rps + after.rps) / 2);
+              raw.push({ round, path, kind: close ? 'close' : 'keepalive', before, v6, after, ratio: round4(ratio) });
+              before = after;
+            }
+          }
+          o.log(`round ${round + 1} ${path}: ${raw.filter((x) => x.round === round && x.path === path).map((x) => `${x.kind} ${x.ratio.toFixed(3)}`).join(', ')}`);
+        } catch (e) {
+          errors.push(`round ${round + 1} ${path}: ${String((e as Error).message ?? e)}`);
+        } finally {
+          await stopAgent(agent);
+        }
+      }
+    }
+  } finally {
+    await lab.destroy();
+  }
+  const med = (key: string): number => round(median((runs.get(key) ?? []).filter(Number.isFinite)), 0);
+  const ratioOf = (path: FamilyPath, kind: 'keepalive' | 'close'): number => round(median(raw.filter((x) => x.path === path && x.kind === kind && Number.isFinite(x.ratio)).map((x) => x.ratio)), 3);
+  const summary = FAMILY_PATHS.filter((p) => raw.some((x) => x.path === p)).map((path): FamilySummaryRow => ({
+    path,
+    keepalive: { v4: med(`${path}/keepalive/v4`), v6: med(`${path}/keepalive/v6`), xIPv4: ratioOf(path, 'keepalive') },
+    newConnections: { v4: med(`${path}/close/v4`), v6: med(`${path}/close/v6`), xIPv4: ratioOf(path, 'close') },
+    errors: errs.get(path) ?? 0,
+    pairs: raw.filter((x) => x.path === path).length,
+  }));
+  return {
+    config: {
+      rounds: o.rounds, seconds: o.seconds, warmup: o.warmup, connections: o.connections, threads: o.threads, pairs: o.pairs,
+      wrk: `wrk -t${o.threads} -c${o.connections} -d${o.seconds}s (new connections: -H 'Connection: close')`,
+      backends: 'three nginx, one worker each, listening on both families',
+      pairing: 'each IPv6 run between two IPv4 runs of the same kind in the same slot; x IPv4 is the median of IPv6 over the mean of its two neighbours',
+    },
+    summary, raw, errors,
+  };
+}
+
+function round4(x: number): number {
+  return round(x, 4);
+}
+
+/** The area's table (report.ts renders it under its heading). */
+export function familiesTable(r: FamiliesResult): string {
+  const head = '| path | keep-alive req/s IPv4 | IPv6 | IPv6 x IPv4 | new conn/s IPv4 | IPv6 | IPv6 x IPv4 | errors | pairs |\n| --- | --: | --: | --: | --: | --: | --: | --: | --: |';
+  const rows = r.summary.map((s) => `| ${s.path} | ${s.keepalive.v4} | ${s.keepalive.v6} | ${s.keepalive.xIPv4.toFixed(3)}x | ${s.newConnections.v4} | ${s.newConnections.v6} | ${s.newConnections.xIPv4.toFixed(3)}x | ${s.errors} | ${s.pairs} |`);
+  return [head, ...rows].join('\n');
+}

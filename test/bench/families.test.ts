@@ -1,0 +1,32 @@
+// bench/families.ts (pure parts) and its lines in bench/lib/report.ts: the
+// table shows each path's IPv6 against IPv4, and each ratio is judged
+// against the 0.95x target (shown, never asserted).
+import t from 'tap';
+import { familiesTable, type FamiliesResult } from '../../bench/families';
+import { evaluateTargets, type BenchResults } from '../../bench/lib/report';
+
+const result: FamiliesResult = {
+  config: { rounds: 1, seconds: 1, warmup: 0, connections: 1, threads: 1, pairs: 1, wrk: 'wrk', backends: 'nginx', pairing: 'paired' },
+  summary: [
+    { path: 'kernel', keepalive: { v4: 70000, v6: 69000, xIPv4: 0.986 }, newConnections: { v4: 8000, v6: 7000, xIPv4: 0.875 }, errors: 0, pairs: 2 },
+    { path: 'proxy', keepalive: { v4: 60000, v6: 60000, xIPv4: NaN }, newConnections: { v4: 5000, v6: 5000, xIPv4: 1 }, errors: 3, pairs: 2 },
+  ],
+  raw: [], errors: [],
+};
+
+t.test('the table: a row per path, both families and the ratio', async (t) => {
+  const lines = familiesTable(result).split('\n');
+  t.equal(lines.length, 4);
+  t.equal(lines[2], '| kernel | 70000 | 69000 | 0.986x | 8000 | 7000 | 0.875x | 0 | 2 |');
+  t.match(lines[3], /^\| proxy \| 60000 \| 60000 \| NaNx \| 5000 \| 5000 \| 1\.000x \| 3 \| 2 \|$/);
+});
+
+t.test('targets: IPv6 at least 0.95x IPv4 per path and kind; a ratio not measured is neither met nor missed', async (t) => {
+  const rows = evaluateTargets({ families: result } as unknown as BenchResults).filter((r) => r.area === 'families');
+  t.same(rows.map((r) => [r.target, r.met]), [
+    ['kernel path IPv6 keep-alive req/s >= 0.95x IPv4', true],
+    ['kernel path IPv6 new connections/s >= 0.95x IPv4', false],
+    ['proxy path IPv6 keep-alive req/s >= 0.95x IPv4', undefined],
+    ['proxy path IPv6 new connections/s >= 0.95x IPv4', true],
+  ]);
+});
