@@ -118,6 +118,7 @@ import { hasOwnedName } from '../net/ownership/ownership';
 // DSR never loads the driver.
  
 const ebpfAttach = (): typeof import('../net/ebpf/ebpf-attach') => require('../net/ebpf/ebpf-attach') as typeof import('../net/ebpf/ebpf-attach');
+const nftCountersModule = (): typeof import('../net/netlink/nft-counters') => require('../net/netlink/nft-counters') as typeof import('../net/netlink/nft-counters');
 // Loaded at the first change of a UDP port's healthy set: what a config does not use is not loaded.
 const conntrackModule = (): typeof import('../net/conntrack/conntrack') => require('../net/conntrack/conntrack') as typeof import('../net/conntrack/conntrack');
 import { realClock, type Clock, type TimerHandle } from '../clock';
@@ -862,6 +863,18 @@ export interface NftDataplaneOptions {
   readonly placement?: Placement;
   /** ctnetlink, to end the UDP flows of a backend a port no longer sends to (tests); default: net/conntrack.ts's. */
   readonly conntrack?: () => ConntrackClient;
+  /**
+   * Reads a table's named counters over nfnetlink (net/netlink/nft-counters.ts).
+   * Default: that reader, unless `exec` is given: a data path whose `nft`
+   * runs elsewhere (tests, another namespace) reads its counters through it too.
+   */
+  readonly counterReader?: (() => CounterReader) | undefined;
+}
+
+/** Reads the named counters of table `family name` (empty when it is not there). */
+export interface CounterReader {
+  read(family: string, table: string): Promise<Map<string, CounterValue>>;
+  close(): void;
 }
 
 export type DsrEngineChoice = 'auto' | 'nft';
@@ -983,6 +996,10 @@ export class NftDataplane implements Dataplane {
   /** net.ipv6.conf.all.forwarding was made 1 (done once, when the first IPv6 table is written). */
   private ip6ForwardingChecked = false;
   private readonly makeConntrack: () => ConntrackClient;
+  private readonly makeCounterReader: (() => CounterReader) | undefined;
+  private counterReader: CounterReader | undefined;
+  /** Why counters are read by spawning nft (the netlink reader failed), logged once. */
+  private counterReaderFailed: string | undefined;
   private conntrack: ConntrackClient | undefined;
   /** The last sweep's failure, until one works (status). */
   private udpFlowsError: string | undefined;
@@ -1012,6 +1029,7 @@ export class NftDataplane implements Dataplane {
     const store = opts.dsrStore;
     this.makeDsrBpf = opts.dsrBpf ?? (device === undefined ? undefined : () => new (ebpfAttach().DsrBpf)({ device, store }));
     this.makeConntrack = opts.conntrack ?? (() => new (conntrackModule().Conntrack)());
+    this.makeCounterReader = opts.counterReader ?? (opts.exec ? undefined : () => new (nftCountersModule().NftCounterReader)());
     // A scrape only reads: it never spawns nft nor changes what the data path
     // holds; the counters are read after each apply and on a timer.
     this.metrics = opts.registry
@@ -1451,15 +1469,12 @@ export class NftDataplane implements Dataplane {
    */
   private async readCounters(): Promise<Map<string, CounterValue>> {
     if (!this.plan || (this.plan.counters.length === 0 && this.plan.handBack.length === 0)) return new Map();
-    const r = await this.exec('nft', ['-j', 'list', 'counters', 'table', NFT_FAMILY, NFT_TABLE]);
-    const out = parseNftCounters(r.stdout);
+    const out = await this.tableCounters(NFT_FAMILY, NFT_TABLE);
     if (this.plan && hasIp6Table(this.plan)) {
-      const six = await this.exec('nft', ['-j', 'list', 'counters', 'table', NFT6_FAMILY, NFT_TABLE]);
-      for (const [k, v] of parseNftCounters(six.stdout)) out.set(k, v);
+      for (const [k, v] of await this.tableCounters(NFT6_FAMILY, NFT_TABLE)) out.set(k, v);
     }
     if (this.plan && hasDsrTable(this.plan)) {
-      const d = await this.exec('nft', ['-j', 'list', 'counters', 'table', DSR_FAMILY, DSR_TABLE]);
-      for (const [k, v] of parseNftCounters(d.stdout)) out.set(k, v);
+      for (const [k, v] of await this.tableCounters(DSR_FAMILY, DSR_TABLE)) out.set(k, v);
       // The BPF program counts what it forwards under the same names; the
       // table counts only what the program passed on to it.
       if (this.dsrBpf?.active) {
@@ -1470,6 +1485,29 @@ export class NftDataplane implements Dataplane {
       }
     }
     return out;
+  }
+
+  /**
+   * The named counters of one table: a dump over nfnetlink (no process,
+   * no JSON), or `nft -j list counters` where the reader cannot be had or
+   * failed (logged once; the next read tries netlink again).
+   */
+  private async tableCounters(family: string, table: string): Promise<Map<string, CounterValue>> {
+    if (this.makeCounterReader) {
+      try {
+        this.counterReader ??= this.makeCounterReader();
+        const r = await this.counterReader.read(family, table);
+        this.counterReaderFailed = undefined;
+        return r;
+      } catch (err) {
+        const why = errorMessage(err);
+        if (this.counterReaderFailed !== why) this.log.warn({ op: 'counters', err: why }, 'cannot read nftables counters over netlink; reading them with nft');
+        this.counterReaderFailed = why;
+        this.counterReader?.close();
+        this.counterReader = undefined;
+      }
+    }
+    return parseNftCounters((await this.exec('nft', ['-j', 'list', 'counters', 'table', family, table])).stdout);
   }
 
   /**
@@ -1560,6 +1598,8 @@ export class NftDataplane implements Dataplane {
       if (this.timer) this.clock.clearTimeout(this.timer);
       this.timer = undefined;
       this.metrics?.unregister();
+      this.counterReader?.close();
+      this.counterReader = undefined;
       if (opts.keep) {
         // A planned restart: the table keeps forwarding; the next process adopts it (start check).
         this.dsrBpf?.release();

@@ -6,7 +6,8 @@
 // coming and going, flow-hash placement) the kernel holds exactly what a
 // table written whole would hold. A transaction the kernel refuses (the
 // table was deleted by hand) leaves nothing half-applied: the data path
-// writes the tables whole instead.
+// writes the tables whole instead. The counters are read over nfnetlink
+// (net/netlink/nft-counters.ts) as nft(8) lists them.
 import t from 'tap';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
@@ -17,7 +18,7 @@ import { createLab, type Lab } from '../../lab/netns';
 import { parseIPv4 } from '../../agent/address';
 import type { BackendSpec, PortSpec } from '../../agent/config/types';
 import type { ForwardState, Placement } from '../../agent/forward/dataplane';
-import { NftDataplane, canonicalTableJson, execProgram, renderNft, type Exec } from '../../agent/forward/nft';
+import { NftDataplane, canonicalTableJson, execProgram, parseNftCounters, renderNft, type Exec } from '../../agent/forward/nft';
 
 const b = (address: string): BackendSpec => ({ address, addressNum: parseIPv4(address) ?? 0, weight: 1 });
 const b6 = (address: string): BackendSpec => ({ address, addressNum: 0, weight: 1 });
@@ -145,4 +146,24 @@ if (requirePrivileged(t)) {
     t.equal(await tables(lab, ns), await wholeIn(lab, ref, last, placement), 'the kernel holds the new state whole');
     t.same((await dp.stats()).problems, [], 'the fallback succeeded: no problem left in status');
   });
+
+  t.test('counters over nfnetlink: a dump of 3,000 counters (many datagrams) reads what `nft list counters` does; a table not there reads empty', async (t) => {
+    const lab = await createLab(t);
+    const ns = await lab.addHost('node');
+    const decls = Array.from({ length: 3000 }, (_, i) => `\tcounter c${i} { packets ${i * 7} bytes ${i * 7 * 1500 + 2 ** 33}; }`);
+    const script = `table ip lb_agent {\n${decls.join('\n')}\n}\ntable ip other {\n\tcounter c1 { packets 1 bytes 1; }\n}\n`;
+    t.equal((await lab.exec(ns, 'nft', ['-f', '-'], { input: script })).code, 0);
+    const reader = require.resolve('../../agent/net/netlink/nft-counters');
+    const js = `const { NftCounterReader } = require(${JSON.stringify(reader)});
+      const r = new NftCounterReader(); const keep = setInterval(() => {}, 1000);
+      Promise.all([r.read('ip', 'lb_agent'), r.read('ip6', 'lb_agent'), r.read('netdev', 'lb_agent')])
+        .then(([a, b, c]) => { console.log(JSON.stringify([[...a], b.size, c.size])); r.close(); clearInterval(keep); });`;
+    const out = await lab.exec(ns, process.execPath, ['-e', js]);
+    const [read, six, netdev] = JSON.parse(out.stdout) as [Array<[string, { packets: number; bytes: number }]>, number, number];
+    const listed = parseNftCounters((await lab.exec(ns, 'nft', ['-j', 'list', 'counters', 'table', 'ip', 'lb_agent'])).stdout);
+    t.equal(read.length, 3000, 'every counter of the table, none of another table');
+    t.same(new Map(read), listed, 'the same names and values as nft lists');
+    t.same([six, netdev], [0, 0], 'tables not there: nothing');
+  });
 }
+
