@@ -1,13 +1,15 @@
 // forward/ layer: the kernel data path (`dataplane: kernel`). Three parts:
-// - renderNft(): PURE, desired forwarding state -> the nft script text of the
-//   tables the agent owns (`table ip lb_agent`, and `table netdev lb_agent`
-//   for direct server return, rendered by nft-dsr.ts, in the same
-//   transaction), plus the map from counter names back to (service, port,
-//   backend);
+// - renderNft(): PURE, desired forwarding state -> the tables the agent owns
+//   (`table ip lb_agent`, and `table netdev lb_agent` for direct server
+//   return, rendered by nft-dsr.ts, in the same transaction) as objects and
+//   as the nft script that writes them whole, plus the map from counter
+//   names back to (service, port, backend);
+// - renderNftDelta(): PURE, two renders -> the transaction of what changed;
 // - pure helpers to compare a listed table with a rendered one and to read
 //   counters out of `nft -j` output;
-// - NftDataplane: the thin driver that runs `nft -f -`, checks the table at
-//   start, reads counters for stats and metrics, and removes the table at stop.
+// - NftDataplane: the thin driver that runs `nft -f -` (the delta, or the
+//   tables whole), checks the table at start, reads counters for stats and
+//   metrics (over nfnetlink), and removes the table at stop.
 // Plus probeNftables(), which the preflight and `dataplane: auto` use.
 //
 // Packet path for a VIP this node holds (client C, VIP V, backend B):
@@ -65,7 +67,7 @@
 // `random` only converges: with weights 1:2:3 over 300 connections the
 // lightest backend's share has a standard deviation of ~13% of its expected
 // value, too loose for small services. The counter is one atomic per rule;
-// it restarts at slot 0 when the table is rewritten, which only shifts the
+// it restarts at slot 0 when its chain is rewritten, which only shifts the
 // phase.
 //
 // Why a hash with VRRP (placement 'flow-hash'): peers do not share
@@ -82,14 +84,21 @@
 // spreads by weight only on average, as `random` does (above). Without VRRP
 // there is no one to agree with, and round-robin stays.
 //
-// Why the whole table is rewritten: one file with `table ip lb_agent {}`,
-// `delete table ip lb_agent` and the full definition is one nft transaction,
-// which the kernel commits atomically: packets see the old rule set or the
-// new one, never a mix, and the base chains' hooks are registered throughout
-// (conntrack NAT bindings of established connections survive). Named
-// counters restart at zero with the new table, so the driver reads them just
-// before a rewrite and carries the totals over (the packets of the few
-// milliseconds between that read and the commit are not counted).
+// Why changes are written as a delta, and the table whole only at start
+// and on repair: a change to one backend among a thousand services would
+// otherwise be a transaction of the whole table (tens of thousands of
+// lines) and a read of every counter first. renderNftDelta writes the
+// chains, map elements and counters that differ, in one transaction, which
+// the kernel commits atomically as it does a whole table: packets see the
+// old objects or the new ones, never a mix, and the base chains' hooks stay
+// registered throughout (conntrack NAT bindings of established connections
+// survive). Named counters of unchanged objects keep counting; those a
+// delta deletes or gives another meaning (positional names shift when a
+// service or backend before them goes) restart at zero, and so do all of
+// them when the table is written whole: the driver reads those just before
+// the write, when their flows stay, and carries the totals over (the
+// packets of the few milliseconds between that read and the commit are not
+// counted).
 import { execFile } from 'node:child_process';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
