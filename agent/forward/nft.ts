@@ -484,12 +484,19 @@ export interface NftDelta {
   readonly objects: number;
 }
 
-/** What a named counter counts, as a string that differs when its meaning does. */
-function counterMeanings(plan: NftPlan): Map<string, string> {
-  const out = new Map<string, string>();
-  for (const c of plan.counters) out.set(c.name, JSON.stringify([c.kind, c.service, c.port.protocol, c.port.port, c.port.name, c.port.targetPort, c.backend]));
-  for (const h of plan.handBack) out.set(h.name, JSON.stringify(['handed_back', h.service]));
+/** What each named counter counts: a flow counter's reference, or the service of a hand-back counter. */
+function counterMeanings(plan: NftPlan): Map<string, NftCounterRef | string> {
+  const out = new Map<string, NftCounterRef | string>();
+  for (const c of plan.counters) out.set(c.name, c);
+  for (const h of plan.handBack) out.set(h.name, h.service);
   return out;
+}
+
+function sameMeaning(a: NftCounterRef | string | undefined, b: NftCounterRef | string | undefined): boolean {
+  if (a === b) return true;
+  if (typeof a !== 'object' || typeof b !== 'object') return false;
+  return a.kind === b.kind && a.service === b.service && a.backend === b.backend && a.port.protocol === b.port.protocol
+    && a.port.port === b.port.port && a.port.name === b.port.name && a.port.targetPort === b.port.targetPort;
 }
 
 /** The key of a set element or map element (`key : value`). Addresses hold no spaces, so ' : ' only ever separates the value. */
@@ -540,8 +547,9 @@ export function renderNftDelta(prev: NftPlan, next: NftPlan): NftDelta | undefin
     const pCounters = new Set(P.counters);
     const nCounters = new Set(N.counters);
     // Same name, another meaning (positional names shift when a backend or a service before it goes): it must restart at zero.
-    const redefined = P.counters.filter((c) => nCounters.has(c) && before.get(c) !== after.get(c));
-    const refersToRedefined = (text: string): boolean => redefined.some((c) => text.includes(`"${c}"`));
+    const redefined = P.counters.filter((c) => nCounters.has(c) && !sameMeaning(before.get(c), after.get(c)));
+    const quoted = redefined.map((c) => `"${c}"`);
+    const refersToRedefined = quoted.length === 0 ? (): boolean => false : (text: string): boolean => quoted.some((q) => text.includes(q));
     const addedCounters = N.counters.filter((c) => !pCounters.has(c));
     const deletedCounters = P.counters.filter((c) => !nCounters.has(c));
     for (const c of addedCounters) head.push(`add counter ${tbl} ${c}`);
@@ -571,10 +579,14 @@ export function renderNftDelta(prev: NftPlan, next: NftPlan): NftDelta | undefin
     for (const ns of N.sets) {
       const ps = P.sets.find((x) => x.name === ns.name);
       if (!ps || ps.kind !== ns.kind || ps.type !== ns.type) return undefined;
-      const pByKey = new Map(ps.elements.map((e) => [elementKey(ps.kind, e), e]));
-      const nByKey = new Map(ns.elements.map((e) => [elementKey(ns.kind, e), e]));
-      const del = [...pByKey].filter(([k, e]) => nByKey.get(k) !== e || refersToRedefined(e)).map(([k]) => k);
-      const add = [...nByKey].filter(([k, e]) => pByKey.get(k) !== e || refersToRedefined(e)).map(([, e]) => e);
+      const pByKey = new Map<string, string>();
+      for (const e of ps.elements) pByKey.set(elementKey(ps.kind, e), e);
+      const nByKey = new Map<string, string>();
+      for (const e of ns.elements) nByKey.set(elementKey(ns.kind, e), e);
+      const del: string[] = [];
+      for (const [k, e] of pByKey) if (nByKey.get(k) !== e || refersToRedefined(e)) del.push(k);
+      const add: string[] = [];
+      for (const [k, e] of nByKey) if (pByKey.get(k) !== e || refersToRedefined(e)) add.push(e);
       if (del.length > 0) middle.push(`delete element ${tbl} ${ns.name} { ${del.join(', ')} }`);
       if (add.length > 0) adds.push(`add element ${tbl} ${ns.name} { ${add.join(', ')} }`);
       objects += del.length + add.length;
