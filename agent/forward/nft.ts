@@ -1,13 +1,15 @@
 // forward/ layer: the kernel data path (`dataplane: kernel`). Three parts:
-// - renderNft(): PURE, desired forwarding state -> the nft script text of the
-//   tables the agent owns (`table ip lb_agent`, and `table netdev lb_agent`
-//   for direct server return, rendered by nft-dsr.ts, in the same
-//   transaction), plus the map from counter names back to (service, port,
-//   backend);
+// - renderNft(): PURE, desired forwarding state -> the tables the agent owns
+//   (`table ip lb_agent`, and `table netdev lb_agent` for direct server
+//   return, rendered by nft-dsr.ts, in the same transaction) as objects and
+//   as the nft script that writes them whole, plus the map from counter
+//   names back to (service, port, backend);
+// - renderNftDelta(): PURE, two renders -> the transaction of what changed;
 // - pure helpers to compare a listed table with a rendered one and to read
 //   counters out of `nft -j` output;
-// - NftDataplane: the thin driver that runs `nft -f -`, checks the table at
-//   start, reads counters for stats and metrics, and removes the table at stop.
+// - NftDataplane: the thin driver that runs `nft -f -` (the delta, or the
+//   tables whole), checks the table at start, reads counters for stats and
+//   metrics (over nfnetlink), and removes the table at stop.
 // Plus probeNftables(), which the preflight and `dataplane: auto` use.
 //
 // Packet path for a VIP this node holds (client C, VIP V, backend B):
@@ -65,7 +67,7 @@
 // `random` only converges: with weights 1:2:3 over 300 connections the
 // lightest backend's share has a standard deviation of ~13% of its expected
 // value, too loose for small services. The counter is one atomic per rule;
-// it restarts at slot 0 when the table is rewritten, which only shifts the
+// it restarts at slot 0 when its chain is rewritten, which only shifts the
 // phase.
 //
 // Why a hash with VRRP (placement 'flow-hash'): peers do not share
@@ -82,14 +84,21 @@
 // spreads by weight only on average, as `random` does (above). Without VRRP
 // there is no one to agree with, and round-robin stays.
 //
-// Why the whole table is rewritten: one file with `table ip lb_agent {}`,
-// `delete table ip lb_agent` and the full definition is one nft transaction,
-// which the kernel commits atomically: packets see the old rule set or the
-// new one, never a mix, and the base chains' hooks are registered throughout
-// (conntrack NAT bindings of established connections survive). Named
-// counters restart at zero with the new table, so the driver reads them just
-// before a rewrite and carries the totals over (the packets of the few
-// milliseconds between that read and the commit are not counted).
+// Why changes are written as a delta, and the table whole only at start
+// and on repair: a change to one backend among a thousand services would
+// otherwise be a transaction of the whole table (tens of thousands of
+// lines) and a read of every counter first. renderNftDelta writes the
+// chains, map elements and counters that differ, in one transaction, which
+// the kernel commits atomically as it does a whole table: packets see the
+// old objects or the new ones, never a mix, and the base chains' hooks stay
+// registered throughout (conntrack NAT bindings of established connections
+// survive). Named counters of unchanged objects keep counting; those a
+// delta deletes or gives another meaning (positional names shift when a
+// service or backend before them goes) restart at zero, and so do all of
+// them when the table is written whole: the driver reads those just before
+// the write, when their flows stay, and carries the totals over (the
+// packets of the few milliseconds between that read and the commit are not
+// counted).
 import { execFile } from 'node:child_process';
 import * as fs from 'node:fs/promises';
 import * as path from 'node:path';
@@ -118,6 +127,7 @@ import { hasOwnedName } from '../net/ownership/ownership';
 // DSR never loads the driver.
  
 const ebpfAttach = (): typeof import('../net/ebpf/ebpf-attach') => require('../net/ebpf/ebpf-attach') as typeof import('../net/ebpf/ebpf-attach');
+const nftCountersModule = (): typeof import('../net/netlink/nft-counters') => require('../net/netlink/nft-counters') as typeof import('../net/netlink/nft-counters');
 // Loaded at the first change of a UDP port's healthy set: what a config does not use is not loaded.
 const conntrackModule = (): typeof import('../net/conntrack/conntrack') => require('../net/conntrack/conntrack') as typeof import('../net/conntrack/conntrack');
 import { realClock, type Clock, type TimerHandle } from '../clock';
@@ -148,6 +158,10 @@ export interface NftPlan {
   readonly dsr: readonly DsrBpfPort[];
   /** The hand-back counters (VRRP takeover), one per service handing back (empty when none). */
   readonly handBack: readonly HandBackCounter[];
+  /** The tables of `ip` and (while an IPv6 VIP is held) `ip6` as objects, for renderNftDelta. */
+  readonly tables: readonly NftTableModel[];
+  /** The netdev table's part of the script (its removal, then its definition when a DSR port is forwarded). */
+  readonly dsrLines: readonly string[];
 }
 
 /** A service's hand-back counter: packets handed back to the previous Master `to`. */
@@ -191,7 +205,7 @@ const proto = (p: Protocol): string => (p === 'UDP' ? 'udp' : 'tcp');
 const HAND_BACK_TTLS = '{ 64, 128, 255 }';
 
 /** The hand-back rules of one service (its TCP target ports), or undefined when it has none. */
-function renderHandBack(prefix: string, svc: NormalizedService, device: string | undefined): { rule: string; chain: string[]; counter: HandBackCounter } | undefined {
+function renderHandBack(prefix: string, svc: NormalizedService, device: string | undefined): { rule: string; chain: NftChainModel; counter: HandBackCounter } | undefined {
   if (svc.handBack === undefined || svc.vip === undefined || svc.sourceIP !== 'snat' || device === undefined || svc.all.length === 0) return undefined;
   const tcp = svc.ports.filter((p) => p.spec.protocol === 'TCP');
   if (tcp.length === 0) return undefined;
@@ -200,12 +214,8 @@ function renderHandBack(prefix: string, svc: NormalizedService, device: string |
   const chain = `hand_back_${prefix}`;
   return {
     counter: { name, service: svc.key, to: svc.handBack },
-    rule: `\t\tip daddr ${svc.vip} ip saddr { ${svc.all.map((b) => b.address).join(', ')} } tcp sport { ${targetPorts.join(', ')} } ip ttl ${HAND_BACK_TTLS} ct state new,invalid goto ${chain}`,
-    chain: [
-      `\tchain ${chain} {`,
-      `\t\tcounter name "${name}" dup to ${svc.handBack} device "${device}" drop`,
-      '\t}',
-    ],
+    rule: `ip daddr ${svc.vip} ip saddr { ${svc.all.map((b) => b.address).join(', ')} } tcp sport { ${targetPorts.join(', ')} } ip ttl ${HAND_BACK_TTLS} ct state new,invalid goto ${chain}`,
+    chain: { name: chain, rules: [`counter name "${name}" dup to ${svc.handBack} device "${device}" drop`] },
   };
 }
 
@@ -253,74 +263,94 @@ const IPV6_WORDS: NftFamilyWords = {
 
 /** What the services of one family put into their table. */
 interface TableParts {
-  readonly counterDecls: string[];
+  /** Names of the named counters. */
+  readonly counters: string[];
   readonly vips: Set<string>;
   readonly serviceElems: string[];
   readonly refusedElems: string[];
   readonly toBackendElems: string[];
   readonly toClientElems: string[];
   readonly byteKeys: Set<string>;
-  readonly chains: string[];
+  readonly chains: NftChainModel[];
   readonly handBack: string[];
-  readonly handBackChains: string[];
+  readonly handBackChains: NftChainModel[];
 }
 
 function emptyParts(): TableParts {
   return {
-    counterDecls: [], vips: new Set(), serviceElems: [], refusedElems: [], toBackendElems: [], toClientElems: [],
+    counters: [], vips: new Set(), serviceElems: [], refusedElems: [], toBackendElems: [], toClientElems: [],
     byteKeys: new Set(), chains: [], handBack: [], handBackChains: [],
   };
 }
 
-/** One family's table: create if missing, delete, define (the caller puts it in the transaction). */
-function tableLines(w: NftFamilyWords, t: TableParts): string[] {
+/**
+ * One chain of a table: its name, the hook line of a base chain, its rules
+ * (nft syntax, without indentation). The unit an incremental update adds,
+ * rewrites (flush and add its rules, in one transaction) or deletes.
+ */
+export interface NftChainModel { readonly name: string; readonly hook?: string; readonly rules: readonly string[] }
+
+/** A named set or map of a table: its elements (`key` for a set, `key : value` for a map) are what an incremental update adds and deletes. */
+export interface NftSetModel { readonly name: string; readonly kind: 'set' | 'map'; readonly type: string; readonly elements: readonly string[] }
+
+/** One family's table as objects (renderNft's text is written from it; renderNftDelta compares two). */
+export interface NftTableModel {
+  readonly family: string;
+  /** Named counters. */
+  readonly counters: readonly string[];
+  readonly sets: readonly NftSetModel[];
+  readonly chains: readonly NftChainModel[];
+}
+
+/** One family's table as objects. */
+function tableModel(w: NftFamilyWords, t: TableParts): NftTableModel {
   const counterType = `${w.addrType} . ${w.addrType} . inet_proto . inet_service : counter`;
   const dispatchType = `${w.addrType} . inet_proto . inet_service : verdict`;
+  return {
+    family: w.family,
+    counters: t.counters,
+    sets: [
+      { name: 'vips', kind: 'set', type: w.addrType, elements: [...t.vips] },
+      { name: 'services', kind: 'map', type: dispatchType, elements: t.serviceElems },
+      { name: 'refused', kind: 'map', type: dispatchType, elements: t.refusedElems },
+      { name: 'to_backend', kind: 'map', type: counterType, elements: t.toBackendElems },
+      { name: 'to_client', kind: 'map', type: counterType, elements: t.toClientElems },
+    ],
+    chains: [
+      { name: 'prerouting', hook: 'type nat hook prerouting priority dstnat; policy accept;', rules: [`fib daddr type local ${w.ip} daddr . meta l4proto . th dport vmap @services`] },
+      { name: 'output', hook: 'type nat hook output priority -100; policy accept;', rules: [`fib daddr type local ${w.ip} daddr . meta l4proto . th dport vmap @services`] },
+      { name: 'postrouting', hook: 'type nat hook postrouting priority srcnat; policy accept;', rules: [`ct status dnat ct original ${w.ip} daddr @vips snat to ct original ${w.ip} daddr`] },
+      {
+        name: 'forward', hook: 'type filter hook forward priority filter; policy accept;', rules: [
+          `ct direction original counter name ct original ${w.ip} daddr . ${w.ip} daddr . meta l4proto . th dport map @to_backend`,
+          `ct direction reply counter name ct original ${w.ip} daddr . ${w.ip} saddr . meta l4proto . th sport map @to_client`,
+        ],
+      },
+      { name: 'input', hook: 'type filter hook input priority filter; policy accept;', rules: [`${w.ip} daddr . meta l4proto . th dport vmap @refused`] },
+      { name: 'refuse_tcp', rules: ['reject with tcp reset'] },
+      { name: 'refuse_udp', rules: [w.unreachable] },
+      ...t.chains,
+      ...(t.handBack.length === 0 ? [] : [
+        { name: 'hand_back', hook: 'type filter hook prerouting priority mangle; policy accept;', rules: t.handBack },
+        ...t.handBackChains,
+      ]),
+    ],
+  };
+}
+
+function chainLines(c: NftChainModel): string[] {
+  return [`\tchain ${c.name} {`, ...(c.hook === undefined ? [] : [`\t\t${c.hook}`]), ...c.rules.map((r) => `\t\t${r}`), '\t}'];
+}
+
+/** One family's table: create if missing, delete, define (the caller puts it in the transaction). */
+function tableLines(m: NftTableModel): string[] {
   return [
-    `table ${w.family} ${NFT_TABLE} {}`,
-    `delete table ${w.family} ${NFT_TABLE}`,
-    `table ${w.family} ${NFT_TABLE} {`,
-    ...t.counterDecls,
-    '\tset vips {', `\t\ttype ${w.addrType}`, ...elements([...t.vips]), '\t}',
-    '\tmap services {', `\t\ttype ${dispatchType}`, ...elements(t.serviceElems), '\t}',
-    '\tmap refused {', `\t\ttype ${dispatchType}`, ...elements(t.refusedElems), '\t}',
-    '\tmap to_backend {', `\t\ttype ${counterType}`, ...elements(t.toBackendElems), '\t}',
-    '\tmap to_client {', `\t\ttype ${counterType}`, ...elements(t.toClientElems), '\t}',
-    '\tchain prerouting {',
-    '\t\ttype nat hook prerouting priority dstnat; policy accept;',
-    `\t\tfib daddr type local ${w.ip} daddr . meta l4proto . th dport vmap @services`,
-    '\t}',
-    '\tchain output {',
-    '\t\ttype nat hook output priority -100; policy accept;',
-    `\t\tfib daddr type local ${w.ip} daddr . meta l4proto . th dport vmap @services`,
-    '\t}',
-    '\tchain postrouting {',
-    '\t\ttype nat hook postrouting priority srcnat; policy accept;',
-    `\t\tct status dnat ct original ${w.ip} daddr @vips snat to ct original ${w.ip} daddr`,
-    '\t}',
-    '\tchain forward {',
-    '\t\ttype filter hook forward priority filter; policy accept;',
-    `\t\tct direction original counter name ct original ${w.ip} daddr . ${w.ip} daddr . meta l4proto . th dport map @to_backend`,
-    `\t\tct direction reply counter name ct original ${w.ip} daddr . ${w.ip} saddr . meta l4proto . th sport map @to_client`,
-    '\t}',
-    '\tchain input {',
-    '\t\ttype filter hook input priority filter; policy accept;',
-    `\t\t${w.ip} daddr . meta l4proto . th dport vmap @refused`,
-    '\t}',
-    '\tchain refuse_tcp {',
-    '\t\treject with tcp reset',
-    '\t}',
-    '\tchain refuse_udp {',
-    `\t\t${w.unreachable}`,
-    '\t}',
-    ...t.chains,
-    ...(t.handBack.length === 0 ? [] : [
-      '\tchain hand_back {',
-      '\t\ttype filter hook prerouting priority mangle; policy accept;',
-      ...t.handBack,
-      '\t}',
-      ...t.handBackChains,
-    ]),
+    `table ${m.family} ${NFT_TABLE} {}`,
+    `delete table ${m.family} ${NFT_TABLE}`,
+    `table ${m.family} ${NFT_TABLE} {`,
+    ...m.counters.map((c) => `\tcounter ${c} {}`),
+    ...m.sets.flatMap((x) => [`\t${x.kind} ${x.name} {`, `\t\ttype ${x.type}`, ...elements(x.elements), '\t}']),
+    ...m.chains.flatMap(chainLines),
     '}',
   ];
 }
@@ -381,7 +411,7 @@ export function renderNft(state: ForwardState, opts: RenderOptions = {}): NftPla
       svc.all.forEach((b, bi) => {
         const base = `${sp}b${bi}`;
         for (const kind of ['conns', 'to_backend', 'to_client'] as const) {
-          t.counterDecls.push(`\tcounter ${base}_${kind} {}`);
+          t.counters.push(`${base}_${kind}`);
           counters.push({ name: `${base}_${kind}`, kind, service: svc.key, port: spec, backend: b.address });
         }
         // Byte counters are keyed on what the forward hook sees: the VIP the
@@ -405,41 +435,178 @@ export function renderNft(state: ForwardState, opts: RenderOptions = {}): NftPla
       const slots = hashed ? flowHashSlots(svc) : weightedSlots(svc.healthy, opts.maxSlots);
       const distinct = new Set(slots.map((b) => b.address));
       if (distinct.size === 1) {
-        t.chains.push(`\tchain ${sp} {`, `\t\tgoto ${backendChain(slots[0]!.address)}`, '\t}');
+        t.chains.push({ name: sp, rules: [`goto ${backendChain(slots[0]!.address)}`] });
       } else {
         const vm = slots.map((b, i) => `${i} : goto ${backendChain(b.address)}`).join(', ');
         const pick = hashed ? flowHashPick(svc.key, slots.length) : `numgen inc mod ${slots.length}`;
-        t.chains.push(`\tchain ${sp} {`, `\t\t${pick} vmap { ${vm} }`, '\t}');
+        t.chains.push({ name: sp, rules: [`${pick} vmap { ${vm} }`] });
       }
       for (const b of svc.healthy) {
         const name = backendChain(b.address);
-        t.chains.push(`\tchain ${name} {`, `\t\tcounter name "${name}_conns" meta l4proto ${p} dnat to ${w.dnatTo(b.address, spec.targetPort)}`, '\t}');
+        t.chains.push({ name, rules: [`counter name "${name}_conns" meta l4proto ${p} dnat to ${w.dnatTo(b.address, spec.targetPort)}`] });
       }
     }
     // Hand-back follows a VRRP takeover, which IPv6 VIPs do not have.
     const hb = six ? undefined : renderHandBack(si, svc, opts.dsrDevice);
     if (hb) {
-      t.counterDecls.push(`\tcounter ${hb.counter.name} {}`);
+      t.counters.push(hb.counter.name);
       handBackCounters.push(hb.counter);
       t.handBack.push(hb.rule);
-      t.handBackChains.push(...hb.chain);
+      t.handBackChains.push(hb.chain);
       header.push(`# ${si}: ${commentSafe(svc.key)} ${svc.vip} hands back to ${svc.handBack} what a backend answers to connections this node never saw (VRRP takeover)`);
     }
   });
 
-  const ip6 = v6.vips.size > 0 ? tableLines(IPV6_WORDS, v6) : opts.ip6Removal ? ip6RemovalLines() : [];
+  const tables = [tableModel(IPV4_WORDS, v4), ...(v6.vips.size > 0 ? [tableModel(IPV6_WORDS, v6)] : [])];
+  const dsrLines = [...dsrRemovalLines(), ...renderDsrTable(opts.dsrDevice, dsrPorts)];
   const lines = [
-    '# lb-agent forwarding table: generated, rewritten whole on every change.',
+    '# lb-agent forwarding tables: generated. Written whole at start and on repair; other changes write only the objects that changed.',
     '# One transaction (create if missing, delete, define): the kernel swaps the rule set atomically.',
     ...header,
-    ...tableLines(IPV4_WORDS, v4),
-    ...dsrRemovalLines(),
-    ...renderDsrTable(opts.dsrDevice, dsrPorts),
-    ...ip6,
+    ...tableLines(tables[0]!),
+    ...dsrLines,
+    ...(tables[1] ? tableLines(tables[1]) : opts.ip6Removal ? ip6RemovalLines() : []),
     '',
   ];
   const dsr = opts.dsrDevice === undefined ? [] : dsrPorts.flatMap((p) => (p.dispatch !== undefined && p.bpf !== undefined ? [p.bpf] : []));
-  return { script: lines.join('\n'), counters, problems, dsr, handBack: handBackCounters };
+  return { script: lines.join('\n'), counters, problems, dsr, handBack: handBackCounters, tables, dsrLines };
+}
+
+/** What an incremental update changes (renderNftDelta). */
+export interface NftDelta {
+  /** The nft script of the change, one transaction; empty when the kernel holds `next` already (only comments differ). */
+  readonly script: string;
+  /** Counters whose values restart: deleted, or deleted and added again under a new meaning (fold their last values into the totals first). */
+  readonly reset: ReadonlySet<string>;
+  /** The netdev table (direct server return) is written whole: its text changed. */
+  readonly dsrRewritten: boolean;
+  /** Map and set elements, chains and counters the transaction adds, rewrites or deletes. */
+  readonly objects: number;
+}
+
+/** What each named counter counts: a flow counter's reference, or the service of a hand-back counter. */
+function counterMeanings(plan: NftPlan): Map<string, NftCounterRef | string> {
+  const out = new Map<string, NftCounterRef | string>();
+  for (const c of plan.counters) out.set(c.name, c);
+  for (const h of plan.handBack) out.set(h.name, h.service);
+  return out;
+}
+
+function sameMeaning(a: NftCounterRef | string | undefined, b: NftCounterRef | string | undefined): boolean {
+  if (a === b) return true;
+  if (typeof a !== 'object' || typeof b !== 'object') return false;
+  return a.kind === b.kind && a.service === b.service && a.backend === b.backend && a.port.protocol === b.port.protocol
+    && a.port.port === b.port.port && a.port.name === b.port.name && a.port.targetPort === b.port.targetPort;
+}
+
+/** The key of a set element or map element (`key : value`). Addresses hold no spaces, so ' : ' only ever separates the value. */
+function elementKey(kind: 'set' | 'map', element: string): string {
+  if (kind === 'set') return element;
+  const i = element.indexOf(' : ');
+  return i < 0 ? element : element.slice(0, i);
+}
+
+const sameRules = (a: readonly string[], b: readonly string[]): boolean => a.length === b.length && a.every((r, i) => r === b[i]);
+
+/**
+ * The transaction that takes the kernel from `prev`'s tables to `next`'s by
+ * changed objects only, as kube-proxy's nftables mode does (partial sync):
+ * counters, chains and map elements that are new, changed or gone, so one
+ * backend changing in one service among a thousand writes a few lines,
+ * not the table. In one `nft -f` transaction, ordered so that nothing is
+ * referenced before it exists or deleted while referenced: new counters
+ * and (empty) chains; flushes and element deletions; counters that change
+ * meaning deleted and added again (so they restart at zero); rules and
+ * elements added; chains and counters no longer wanted deleted. A table of
+ * a family that appears or goes is defined or deleted whole; the netdev
+ * table is written whole when its text changed (it is small: DSR ports
+ * only). Pure. Undefined when a change has no incremental form (a base
+ * chain's hook or a set's type changed): the caller writes the tables whole.
+ */
+export function renderNftDelta(prev: NftPlan, next: NftPlan): NftDelta | undefined {
+  const before = counterMeanings(prev);
+  const after = counterMeanings(next);
+  const reset = new Set<string>();
+  const head: string[] = [];
+  const middle: string[] = [];
+  const tail: string[] = [];
+  let objects = 0;
+  const families = new Set([...prev.tables, ...next.tables].map((m) => m.family));
+  for (const family of families) {
+    const P = prev.tables.find((m) => m.family === family);
+    const N = next.tables.find((m) => m.family === family);
+    const tbl = `${family} ${NFT_TABLE}`;
+    if (!P && N) { head.push(...tableLines(N)); objects += 1; continue; }
+    if (P && !N) {
+      tail.push(`table ${tbl} {}`, `delete table ${tbl}`);
+      for (const c of P.counters) reset.add(c);
+      objects += 1;
+      continue;
+    }
+    if (!P || !N) continue;
+    const pCounters = new Set(P.counters);
+    const nCounters = new Set(N.counters);
+    // Same name, another meaning (positional names shift when a backend or a service before it goes): it must restart at zero.
+    const redefined = P.counters.filter((c) => nCounters.has(c) && !sameMeaning(before.get(c), after.get(c)));
+    const quoted = redefined.map((c) => `"${c}"`);
+    const refersToRedefined = quoted.length === 0 ? (): boolean => false : (text: string): boolean => quoted.some((q) => text.includes(q));
+    const addedCounters = N.counters.filter((c) => !pCounters.has(c));
+    const deletedCounters = P.counters.filter((c) => !nCounters.has(c));
+    for (const c of addedCounters) head.push(`add counter ${tbl} ${c}`);
+    // Chains.
+    const pChains = new Map(P.chains.map((c) => [c.name, c]));
+    const nChains = new Map(N.chains.map((c) => [c.name, c]));
+    const rewrite: NftChainModel[] = [];
+    for (const c of N.chains) {
+      const old = pChains.get(c.name);
+      if (!old) {
+        head.push(c.hook === undefined ? `add chain ${tbl} ${c.name}` : `add chain ${tbl} ${c.name} { ${c.hook} }`);
+        rewrite.push(c);
+        objects++;
+        continue;
+      }
+      if (old.hook !== c.hook) return undefined;
+      if (!sameRules(old.rules, c.rules) || old.rules.some(refersToRedefined)) {
+        if (old.rules.length > 0) middle.push(`flush chain ${tbl} ${c.name}`);
+        rewrite.push(c);
+        objects++;
+      }
+    }
+    const deletedChains = P.chains.filter((c) => !nChains.has(c.name));
+    for (const c of deletedChains) middle.push(`flush chain ${tbl} ${c.name}`);
+    // Elements: a changed value is its key deleted and added again.
+    const adds: string[] = [];
+    for (const ns of N.sets) {
+      const ps = P.sets.find((x) => x.name === ns.name);
+      if (!ps || ps.kind !== ns.kind || ps.type !== ns.type) return undefined;
+      const pByKey = new Map<string, string>();
+      for (const e of ps.elements) pByKey.set(elementKey(ps.kind, e), e);
+      const nByKey = new Map<string, string>();
+      for (const e of ns.elements) nByKey.set(elementKey(ns.kind, e), e);
+      const del: string[] = [];
+      for (const [k, e] of pByKey) if (nByKey.get(k) !== e || refersToRedefined(e)) del.push(k);
+      const add: string[] = [];
+      for (const [k, e] of nByKey) if (pByKey.get(k) !== e || refersToRedefined(e)) add.push(e);
+      if (del.length > 0) middle.push(`delete element ${tbl} ${ns.name} { ${del.join(', ')} }`);
+      if (add.length > 0) adds.push(`add element ${tbl} ${ns.name} { ${add.join(', ')} }`);
+      objects += del.length + add.length;
+    }
+    if (P.sets.length !== N.sets.length) return undefined;
+    for (const c of redefined) { middle.push(`delete counter ${tbl} ${c}`, `add counter ${tbl} ${c}`); reset.add(c); }
+    for (const c of rewrite) for (const r of c.rules) middle.push(`add rule ${tbl} ${c.name} ${r}`);
+    middle.push(...adds);
+    for (const c of deletedChains) tail.push(`delete chain ${tbl} ${c.name}`);
+    for (const c of deletedCounters) { tail.push(`delete counter ${tbl} ${c}`); reset.add(c); }
+    objects += deletedChains.length + addedCounters.length + deletedCounters.length + redefined.length;
+  }
+  const dsrRewritten = prev.dsrLines.join('\n') !== next.dsrLines.join('\n');
+  if (dsrRewritten) {
+    const inTables = new Set(prev.tables.flatMap((m) => m.counters));
+    for (const c of prev.counters) if (!inTables.has(c.name)) reset.add(c.name);
+    objects += 1;
+  }
+  const lines = [...head, ...middle, ...tail, ...(dsrRewritten ? next.dsrLines : [])];
+  return { script: lines.length === 0 ? '' : `${lines.join('\n')}\n`, reset, dsrRewritten, objects };
 }
 
 /** The script that removes every table of the agent whether or not it exists (one transaction). */
@@ -717,6 +884,18 @@ export interface NftDataplaneOptions {
   readonly placement?: Placement;
   /** ctnetlink, to end the UDP flows of a backend a port no longer sends to (tests); default: net/conntrack.ts's. */
   readonly conntrack?: () => ConntrackClient;
+  /**
+   * Reads a table's named counters over nfnetlink (net/netlink/nft-counters.ts).
+   * Default: that reader, unless `exec` is given: a data path whose `nft`
+   * runs elsewhere (tests, another namespace) reads its counters through it too.
+   */
+  readonly counterReader?: (() => CounterReader) | undefined;
+}
+
+/** Reads the named counters of table `family name` (empty when it is not there). */
+export interface CounterReader {
+  read(family: string, table: string): Promise<Map<string, CounterValue>>;
+  close(): void;
 }
 
 export type DsrEngineChoice = 'auto' | 'nft';
@@ -805,6 +984,12 @@ export class NftDataplane implements Dataplane {
   private plan: NftPlan | undefined;
   private state: ForwardState = { services: [] };
   private carry = new Map<string, FlowTotals>();
+  /**
+   * The counters of the current tables as last read (collect). A write
+   * whole empties it (the new table counts from zero); an incremental one
+   * drops the counters it restarted, the rest keep counting in the kernel.
+   */
+  private live = new Map<string, CounterValue>();
   /** Packets handed back per service by earlier tables (handedBackTotals). */
   private handedBack = new Map<string, number>();
   private startCheck: StartCheck | undefined;
@@ -831,6 +1016,10 @@ export class NftDataplane implements Dataplane {
   /** net.ipv6.conf.all.forwarding was made 1 (done once, when the first IPv6 table is written). */
   private ip6ForwardingChecked = false;
   private readonly makeConntrack: () => ConntrackClient;
+  private readonly makeCounterReader: (() => CounterReader) | undefined;
+  private counterReader: CounterReader | undefined;
+  /** Why counters are read by spawning nft (the netlink reader failed), logged once. */
+  private counterReaderFailed: string | undefined;
   private conntrack: ConntrackClient | undefined;
   /** The last sweep's failure, until one works (status). */
   private udpFlowsError: string | undefined;
@@ -860,6 +1049,7 @@ export class NftDataplane implements Dataplane {
     const store = opts.dsrStore;
     this.makeDsrBpf = opts.dsrBpf ?? (device === undefined ? undefined : () => new (ebpfAttach().DsrBpf)({ device, store }));
     this.makeConntrack = opts.conntrack ?? (() => new (conntrackModule().Conntrack)());
+    this.makeCounterReader = opts.counterReader ?? (opts.exec ? undefined : () => new (nftCountersModule().NftCounterReader)());
     // A scrape only reads: it never spawns nft nor changes what the data path
     // holds; the counters are read after each apply and on a timer.
     this.metrics = opts.registry
@@ -953,11 +1143,11 @@ export class NftDataplane implements Dataplane {
   }
 
   /** Read the counters for the metrics (in the queue, so never against a half-applied table), then schedule the next read. */
-  private async refreshCounters(justWritten = false): Promise<void> {
+  private async refreshCounters(fromLastRead = false): Promise<void> {
     if (this.timer) this.clock.clearTimeout(this.timer);
     this.timer = undefined;
     if (this.stopped) return;
-    try { this.latest = await this.collect(justWritten); } catch { /* keep the last read; stats() reports nft failures as problems */ }
+    try { this.latest = await this.collect(fromLastRead); } catch { /* keep the last read; stats() reports nft failures as problems */ }
     this.timer = this.clock.setTimeout(() => { void this.queue.run(() => this.refreshCounters()); }, this.countersEveryMs);
     this.timer.unref?.();
   }
@@ -996,12 +1186,17 @@ export class NftDataplane implements Dataplane {
       return 'written';
     }
     if (!this.forceWrite && this.plan && plan.script === this.plan.script) { this.state = state; return false; }
+    if (!this.forceWrite && this.plan) {
+      const done = await this.applyDelta(plan, state);
+      if (done !== undefined) return done;
+    }
     // Read the old table's counters just before it is replaced; fold them in
     // only once the new table is committed, so a failed write counts nothing twice.
     const live = await this.readCounters().catch(() => new Map<string, CounterValue>());
     this.detachBeforeTableGoes(plan);
     await this.write(plan.script);
     this.forceWrite = false;
+    this.live = new Map();
     this.carry = keepFlows(flowTotals(this.plan, live, this.carry), state);
     this.handedBack = handedBackTotals(this.plan, live, this.handedBack, state);
     const sweep = udpFlowSweep(this.state, state);
@@ -1011,6 +1206,52 @@ export class NftDataplane implements Dataplane {
     // After the commit, so a packet of an ended flow meets the new table.
     await this.endStaleUdpFlows(sweep);
     this.log.debug({ op: 'apply', services: state.services.length }, 'nftables table lb_agent rewritten');
+    return 'written';
+  }
+
+  /**
+   * Bring the tables from the current plan to `plan` by changed objects only
+   * (renderNftDelta), in one transaction. Counters the delta restarts are
+   * read first only when their flow stays in `state` under another name
+   * (a positional name shifted); a counter that goes with its flow is not
+   * read at all. Undefined when the change has no incremental form or the
+   * transaction failed (the kernel then still holds the previous tables
+   * whole: an nft transaction commits entirely or not at all), and the
+   * caller writes the tables whole.
+   */
+  private async applyDelta(plan: NftPlan, state: ForwardState): Promise<'written' | false | undefined> {
+    const prevPlan = this.plan!;
+    const delta = renderNftDelta(prevPlan, plan);
+    if (delta === undefined) return undefined;
+    if (delta.script === '') { this.plan = plan; this.state = state; return false; }
+    const kept = new Set<string>();
+    for (const s of normalizeState(state).services) {
+      kept.add(s.key);
+      for (const { spec } of s.ports) for (const b of s.all) kept.add(flowId(s.key, spec, b.address));
+    }
+    const resetPlan: NftPlan = {
+      ...prevPlan,
+      counters: prevPlan.counters.filter((c) => delta.reset.has(c.name)),
+      handBack: prevPlan.handBack.filter((h) => delta.reset.has(h.name)),
+    };
+    const needsRead = resetPlan.counters.some((c) => kept.has(flowId(c.service, c.port, c.backend))) || resetPlan.handBack.some((h) => kept.has(h.service));
+    const live = needsRead ? await this.readCounters().catch(() => new Map<string, CounterValue>()) : new Map<string, CounterValue>();
+    if (delta.dsrRewritten) this.detachBeforeTableGoes(plan);
+    try {
+      await this.write(delta.script);
+    } catch (err) {
+      this.log.warn({ op: 'apply', objects: delta.objects, err: errorMessage(err) }, 'incremental nftables update refused (nothing of it applied); writing the tables whole');
+      return undefined;
+    }
+    this.live = new Map([...(needsRead ? live : this.live)].filter(([name]) => !delta.reset.has(name)));
+    this.carry = keepFlows(flowTotals(resetPlan, live, this.carry), state);
+    this.handedBack = handedBackTotals(resetPlan, live, this.handedBack, state);
+    const sweep = udpFlowSweep(this.state, state);
+    this.plan = plan;
+    this.state = state;
+    if (delta.dsrRewritten) this.syncBpf(plan);
+    await this.endStaleUdpFlows(sweep);
+    this.log.debug({ op: 'apply', services: state.services.length, objects: delta.objects, bytes: delta.script.length }, 'nftables tables updated by changed objects');
     return 'written';
   }
 
@@ -1248,15 +1489,12 @@ export class NftDataplane implements Dataplane {
    */
   private async readCounters(): Promise<Map<string, CounterValue>> {
     if (!this.plan || (this.plan.counters.length === 0 && this.plan.handBack.length === 0)) return new Map();
-    const r = await this.exec('nft', ['-j', 'list', 'counters', 'table', NFT_FAMILY, NFT_TABLE]);
-    const out = parseNftCounters(r.stdout);
+    const out = await this.tableCounters(NFT_FAMILY, NFT_TABLE);
     if (this.plan && hasIp6Table(this.plan)) {
-      const six = await this.exec('nft', ['-j', 'list', 'counters', 'table', NFT6_FAMILY, NFT_TABLE]);
-      for (const [k, v] of parseNftCounters(six.stdout)) out.set(k, v);
+      for (const [k, v] of await this.tableCounters(NFT6_FAMILY, NFT_TABLE)) out.set(k, v);
     }
     if (this.plan && hasDsrTable(this.plan)) {
-      const d = await this.exec('nft', ['-j', 'list', 'counters', 'table', DSR_FAMILY, DSR_TABLE]);
-      for (const [k, v] of parseNftCounters(d.stdout)) out.set(k, v);
+      for (const [k, v] of await this.tableCounters(DSR_FAMILY, DSR_TABLE)) out.set(k, v);
       // The BPF program counts what it forwards under the same names; the
       // table counts only what the program passed on to it.
       if (this.dsrBpf?.active) {
@@ -1267,6 +1505,29 @@ export class NftDataplane implements Dataplane {
       }
     }
     return out;
+  }
+
+  /**
+   * The named counters of one table: a dump over nfnetlink (no process,
+   * no JSON), or `nft -j list counters` where the reader cannot be had or
+   * failed (logged once; the next read tries netlink again).
+   */
+  private async tableCounters(family: string, table: string): Promise<Map<string, CounterValue>> {
+    if (this.makeCounterReader) {
+      try {
+        this.counterReader ??= this.makeCounterReader();
+        const r = await this.counterReader.read(family, table);
+        this.counterReaderFailed = undefined;
+        return r;
+      } catch (err) {
+        const why = errorMessage(err);
+        if (this.counterReaderFailed !== why) this.log.warn({ op: 'counters', err: why }, 'cannot read nftables counters over netlink; reading them with nft');
+        this.counterReaderFailed = why;
+        this.counterReader?.close();
+        this.counterReader = undefined;
+      }
+    }
+    return parseNftCounters((await this.exec('nft', ['-j', 'list', 'counters', 'table', family, table])).stdout);
   }
 
   /**
@@ -1357,6 +1618,8 @@ export class NftDataplane implements Dataplane {
       if (this.timer) this.clock.clearTimeout(this.timer);
       this.timer = undefined;
       this.metrics?.unregister();
+      this.counterReader?.close();
+      this.counterReader = undefined;
       if (opts.keep) {
         // A planned restart: the table keeps forwarding; the next process adopts it (start check).
         this.dsrBpf?.release();
@@ -1381,16 +1644,17 @@ export class NftDataplane implements Dataplane {
   }
 
   /**
-   * stats(); with `justWritten` no `nft` is spawned: the table was written a
-   * moment ago, so its own counters are zero and the totals are what `carry` holds.
+   * stats(); with `fromLastRead` no `nft` is spawned: the live values are
+   * those of the last read (`live`), less what a write since restarted (a
+   * table written whole counts from zero; its totals are in `carry`).
    */
-  private async collect(justWritten: boolean): Promise<ForwardStats> {
+  private async collect(fromLastRead: boolean): Promise<ForwardStats> {
     const plan = this.plan;
-    let live = new Map<string, CounterValue>();
+    let live = fromLastRead ? this.live : new Map<string, CounterValue>();
     const problems = [...(plan?.problems ?? [])];
-    if (plan && !this.stopped && !justWritten) {
+    if (plan && !this.stopped && !fromLastRead) {
       try {
-        live = await this.readCounters();
+        live = this.live = await this.readCounters();
       } catch (err) {
         problems.push(`cannot read nftables counters: ${firstLine(execError(err).stderr)}`);
       }

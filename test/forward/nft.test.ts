@@ -15,7 +15,7 @@ import { Registry } from 'prom-client';
 import { ManualClock } from '../../agent/clock';
 import { linkNameForService } from '../../agent/net/ownership/ownership';
 import {
-  ARRIVALS_BATCH_MS, NftDataplane, canonicalTableJson, flowTotals, handedBackTotals, parseNftCounters, probeDsr, probeNftables, renderNft, renderRemoval, udpFlowSweep, type Exec,
+  ARRIVALS_BATCH_MS, NftDataplane, canonicalTableJson, flowTotals, handedBackTotals, parseNftCounters, probeDsr, probeNftables, renderNft, renderNftDelta, renderRemoval, udpFlowSweep, type Exec,
 } from '../../agent/forward/nft';
 import type { ConntrackClient, UdpFlowRule } from '../../agent/net/conntrack/conntrack';
 import { flowId } from '../../agent/forward/dataplane';
@@ -180,6 +180,77 @@ function listing(opts: { handleBase?: number; packets?: number; elemOrder?: 'ab'
   if (opts.extraRule) objs.push({ rule: { family: 'ip', table: 'lb_agent', chain: 'prerouting', handle: h + 9, expr: [{ drop: null }] } });
   return JSON.stringify({ nftables: objs });
 }
+
+/** N services of three backends each (svc-000 first in the canonical order), IPv4 VIPs from 10.98.0.0. */
+function many(n: number, change: (i: number, backends: BackendSpec[]) => { healthy: BackendSpec[]; backends: BackendSpec[] } = (_, all) => ({ healthy: all, backends: all })): ForwardState {
+  return {
+    services: Array.from({ length: n }, (_, i) => {
+      const all = [b(`10.97.${i >> 6}.${(i & 63) * 4 + 1}`), b(`10.97.${i >> 6}.${(i & 63) * 4 + 2}`), b(`10.97.${i >> 6}.${(i & 63) * 4 + 3}`)];
+      return { key: `default/svc-${String(i).padStart(3, '0')}`, vip: `10.98.${i >> 8}.${i & 255}`, ports: [http], ...change(i, all) };
+    }),
+  };
+}
+
+t.test('renderNftDelta: one backend of one service among 10 or 1,000 changes the same few lines, never the table', async (t) => {
+  const swapped = (i: number, all: BackendSpec[]) => {
+    const backends = i === 0 ? [all[0]!, all[1]!, b('10.97.0.250')] : all;
+    return { healthy: backends, backends };
+  };
+  const deltas = [10, 1000].map((n) => renderNftDelta(renderNft(many(n)), renderNft(many(n, swapped)))!);
+  t.ok(deltas[0]!.script.length > 0, 'something to write');
+  t.equal(deltas[1]!.script, deltas[0]!.script, 'the same transaction at 1,000 services as at 10');
+  t.notMatch(deltas[1]!.script, /table ip lb_agent \{|delete table/, 'the table is neither defined nor deleted');
+  t.ok(deltas[1]!.objects <= 12, `a few objects (${deltas[1]!.objects})`);
+  t.ok(deltas[1]!.script.length < renderNft(many(10)).script.length / 4, `a fraction of even the 10-service table (${deltas[1]!.script.length} bytes)`);
+  t.same([...deltas[1]!.reset].sort(), ['s0p0b2_conns', 's0p0b2_to_backend', 's0p0b2_to_client'], "the replaced backend's counters restart under its successor");
+  t.match(deltas[1]!.script, /delete counter ip lb_agent s0p0b2_conns\nadd counter ip lb_agent s0p0b2_conns/);
+  t.match(deltas[1]!.script, /flush chain ip lb_agent s0p0b2\n[^]*add rule ip lb_agent s0p0b2 counter name "s0p0b2_conns" meta l4proto tcp dnat to 10\.97\.0\.250:8080/);
+  // A health transition: the port's slot chain and the backend's chain; no counter restarts.
+  const down = renderNftDelta(renderNft(many(1000)), renderNft(many(1000, (i, all) => ({ healthy: i === 500 ? all.slice(1) : all, backends: all }))))!;
+  t.same(down.reset, new Set(), 'a health transition restarts no counter');
+  t.same(down.script.split('\n').filter(Boolean), [
+    'flush chain ip lb_agent s500p0',
+    'flush chain ip lb_agent s500p0b0',
+    'add rule ip lb_agent s500p0 numgen inc mod 2 vmap { 0 : goto s500p0b1, 1 : goto s500p0b2 }',
+    'delete chain ip lb_agent s500p0b0',
+  ], 'the slot chain rewritten and the unhealthy backend\'s chain gone');
+  // The last healthy backend gone: the port moves from the dispatch map to the refused one.
+  const none = renderNftDelta(renderNft(many(3)), renderNft(many(3, (i, all) => ({ healthy: i === 1 ? [] : all, backends: all }))))!;
+  t.match(none.script, /delete element ip lb_agent services \{ 10\.98\.0\.1 \. tcp \. 80 \}/);
+  t.match(none.script, /add element ip lb_agent refused \{ 10\.98\.0\.1 \. tcp \. 80 : goto refuse_tcp \}/);
+  t.match(none.script, /delete chain ip lb_agent s1p0\n/);
+  t.equal(renderNftDelta(renderNft(many(3)), renderNft(many(3)))!.script, '', 'no change, nothing to write');
+});
+
+t.test('renderNftDelta: a service going shifts later positional names; their counters restart and are reported', async (t) => {
+  const three = many(3);
+  const d = renderNftDelta(renderNft(three), renderNft({ services: [three.services[0]!, three.services[2]!] }))!;
+  t.ok(d.reset.has('s1p0b0_conns') && d.reset.has('s2p0b0_conns'), 's1 now names svc-002, s2 is gone');
+  t.notOk(d.reset.has('s0p0b0_conns'), 'the service before it keeps its counters');
+  t.match(d.script, /delete counter ip lb_agent s2p0b0_conns/);
+});
+
+t.test('renderNftDelta: a table of IPv6 VIPs appears and goes whole; the netdev table is written whole when its text changes', async (t) => {
+  const v4 = many(2);
+  const six: ForwardState = { services: [...v4.services, { key: 'default/six', vip: '2001:db8::50', ports: [http], healthy: [{ address: '2001:db8::11', addressNum: 0, weight: 1 }], backends: [{ address: '2001:db8::11', addressNum: 0, weight: 1 }] }] };
+  const up = renderNftDelta(renderNft(v4), renderNft(six))!;
+  t.match(up.script, /^table ip6 lb_agent \{\}\ndelete table ip6 lb_agent\ntable ip6 lb_agent \{\n/, 'the IPv6 table defined whole');
+  t.notMatch(up.script, /ip lb_agent/, 'nothing of the IPv4 table');
+  const gone = renderNftDelta(renderNft(six), renderNft(v4))!;
+  t.equal(gone.script, 'table ip6 lb_agent {}\ndelete table ip6 lb_agent\n');
+  t.ok(gone.reset.has('v6s0p0b0_conns'), 'its counters go with it');
+  const dsr = (healthy: BackendSpec[]): ForwardState => ({ services: [...v4.services, {
+    key: 'default/dsr', vip: '10.99.0.50', ports: [{ name: '', port: 80, protocol: 'TCP', targetPort: 80 }], healthy, backends: [b('10.99.0.11'), b('10.99.0.12')], sourceIP: 'preserve', vipMac: '02:00:00:00:00:50',
+  }] });
+  const both = renderNft(dsr([b('10.99.0.11'), b('10.99.0.12')]), { dsrDevice: 'eth0' });
+  const one = renderNftDelta(both, renderNft(dsr([b('10.99.0.11')]), { dsrDevice: 'eth0' }))!;
+  t.ok(one.dsrRewritten);
+  t.match(one.script, /table netdev lb_agent \{\}\ndelete table netdev lb_agent\ntable netdev lb_agent \{/);
+  t.ok(one.reset.has('s0p0b0_conns') && !one.reset.has('s1p0b0_conns'), 'the netdev counters (default/dsr is s0) restart, the IPv4 ones do not');
+  const other = renderNftDelta(both, renderNft({ services: [dsr([b('10.99.0.11'), b('10.99.0.12')]).services[2]!, ...many(2, (i, all) => ({ healthy: i === 0 ? all.slice(1) : all, backends: all })).services] }, { dsrDevice: 'eth0' }))!;
+  t.ok(other.script.length > 0, 'the other change is written');
+  t.notOk(other.dsrRewritten, 'a change elsewhere leaves the netdev table alone');
+});
 
 t.test('canonicalTableJson: equal tables compare equal whatever the handles, counter values and element order', async (t) => {
   t.equal(canonicalTableJson(listing()), canonicalTableJson(listing({ handleBase: 40, packets: 1234, elemOrder: 'ba' })));
@@ -383,14 +454,20 @@ t.test('a table without counters is rewritten without reading any: one nft proce
   t.equal(reads(), 0, 'no counter read: no table had a counter');
   t.same((await dp.stats()).flows, [], 'stats of a table without counters spawn nothing either');
   t.equal(reads(), 0);
-  // A backend gives the table counters: the next rewrite reads them first and carries them over.
+  // A backend gives the table counters; a health change writes only what changed, and they keep counting in the kernel.
   const withBackend: ForwardState = { services: [{ key: 'default/s0', vip: '10.99.0.100', ports: [http], healthy: [b('10.99.0.11')], backends: [b('10.99.0.11')] }] };
   await dp.apply(withBackend);
   t.equal(reads(), 0, 'the table before it had no counter to read');
   await dp.apply({ services: [{ ...withBackend.services[0]!, healthy: [] }] });
-  t.equal(reads(), 1, 'the table being replaced had counters: read once before the rewrite');
+  t.equal(reads(), 0, 'the counters outlive an incremental change: nothing to read before it');
+  t.equal(writes(), 8, 'the change written');
   const flow = (await dp.stats()).flows.find((f) => f.backend === '10.99.0.11');
-  t.equal(flow?.connections, 8, 'the old table\'s 4 carried over, plus the live 4');
+  t.equal(flow?.connections, 4, 'the live 4, counted once');
+  // A repair writes the tables whole: their counters restart, so they are read first and carried over.
+  await dp.repair();
+  t.equal(reads(), 2, 'read once before the rewrite');
+  const carried = (await dp.stats()).flows.find((f) => f.backend === '10.99.0.11');
+  t.equal(carried?.connections, 8, 'the old table\'s 4 carried over, plus the live 4');
 });
 
 t.test('direct server return: the BPF program in front of the table, counted with it; a failing program falls back to the table alone', async (t) => {
@@ -509,7 +586,9 @@ t.test('no DSR: the driver loads at start only when an earlier process left our 
   t.equal(left.dp.dsr, undefined);
   const asked = left.asked;
   await left.dp.apply({ services: [] });
-  t.equal(left.asked, asked + 1, 'a later apply without DSR only asks again because this process has a driver');
+  t.equal(left.asked, asked, 'a later apply that leaves the netdev part as it is (an incremental one) does not ask again');
+  await left.dp.repair();
+  t.equal(left.asked, asked + 1, 'a write whole without DSR asks again, because this process has a driver');
   await left.dp.stop({ keep: true });
 });
 

@@ -55,8 +55,8 @@ const HOST_LE = os.endianness() === 'LE';
 const u16 = (b: Buffer, o: number): number => (HOST_LE ? b.readUInt16LE(o) : b.readUInt16BE(o));
 const u32 = (b: Buffer, o: number): number => (HOST_LE ? b.readUInt32LE(o) : b.readUInt32BE(o));
 
-/** The attributes of a message body after its nfgenmsg, by type; undefined when malformed. */
-function attributes(buf: Buffer, start: number, end: number): Map<number, Buffer> | undefined {
+/** The netlink attributes between start and end (a message body after its nfgenmsg, or a nested attribute), by type (the first of each); undefined when malformed. */
+export function attributes(buf: Buffer, start: number, end: number): Map<number, Buffer> | undefined {
   const out = new Map<number, Buffer>();
   let o = start;
   while (o + 4 <= end) {

@@ -1,0 +1,188 @@
+// nftables named counters over nfnetlink: the codec of a dump request and
+// of its replies (pure), and a reader that dumps the counters of one table
+// on a NETLINK_NETFILTER socket of its own. The kernel path reads its
+// counters here instead of spawning `nft -j list counters` (a fork of the
+// whole agent and a JSON document of every counter) on every read.
+//
+// A dump is NFT_MSG_GETOBJ with NLM_F_DUMP, filtered in the kernel by
+// NFTA_OBJ_TABLE and NFTA_OBJ_TYPE (nf_tables_dump_obj); each counter comes
+// back as an NFT_MSG_NEWOBJ with its name and, nested in NFTA_OBJ_DATA,
+// NFTA_COUNTER_BYTES and NFTA_COUNTER_PACKETS (big-endian u64), until
+// NLMSG_DONE.
+import * as os from 'node:os';
+import { RawNetlinkSocket } from './netlink-socket';
+import { NETLINK_NETFILTER, attributes } from './nft-watch';
+
+const NFNL_SUBSYS_NFTABLES = 10;
+const NFT_MSG_NEWOBJ = 18;
+const NFT_MSG_GETOBJ = 19;
+const NLMSG_HDRLEN = 16;
+const NFGENMSG_LEN = 4;
+const NLM_F_REQUEST = 0x1;
+const NLM_F_DUMP = 0x300;
+const NLMSG_ERROR = 2;
+const NLMSG_DONE = 3;
+const NFTA_OBJ_TABLE = 1;
+const NFTA_OBJ_NAME = 2;
+const NFTA_OBJ_TYPE = 3;
+const NFTA_OBJ_DATA = 4;
+const NFT_OBJECT_COUNTER = 1;
+const NFTA_COUNTER_BYTES = 1;
+const NFTA_COUNTER_PACKETS = 2;
+
+/** NFPROTO_* (linux/netfilter.h) by the names nft(8) gives the families the agent uses. */
+export const NFPROTO: Readonly<Record<string, number>> = { ip: 2, netdev: 5, ip6: 10 };
+
+const HOST_LE = os.endianness() === 'LE';
+const u16 = (b: Buffer, o: number): number => (HOST_LE ? b.readUInt16LE(o) : b.readUInt16BE(o));
+const u32 = (b: Buffer, o: number): number => (HOST_LE ? b.readUInt32LE(o) : b.readUInt32BE(o));
+const i32 = (b: Buffer, o: number): number => (HOST_LE ? b.readInt32LE(o) : b.readInt32BE(o));
+
+/** A counter's values. */
+export interface NlCounter { readonly packets: number; readonly bytes: number }
+
+function attr(type: number, payload: Buffer): Buffer {
+  const len = 4 + payload.length;
+  const b = Buffer.alloc((len + 3) & ~3);
+  if (HOST_LE) { b.writeUInt16LE(len, 0); b.writeUInt16LE(type, 2); } else { b.writeUInt16BE(len, 0); b.writeUInt16BE(type, 2); }
+  payload.copy(b, 4);
+  return b;
+}
+
+/** The nlmsg that dumps the named counters of table `family name`. Pure. */
+export function counterDumpRequest(family: number, table: string, seq: number): Buffer {
+  const type = Buffer.alloc(4);
+  type.writeUInt32BE(NFT_OBJECT_COUNTER, 0);
+  const attrs = Buffer.concat([attr(NFTA_OBJ_TABLE, Buffer.from(`${table}\0`)), attr(NFTA_OBJ_TYPE, type)]);
+  const b = Buffer.alloc(NLMSG_HDRLEN + NFGENMSG_LEN + attrs.length);
+  if (HOST_LE) {
+    b.writeUInt32LE(b.length, 0); b.writeUInt16LE((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETOBJ, 4);
+    b.writeUInt16LE(NLM_F_REQUEST | NLM_F_DUMP, 6); b.writeUInt32LE(seq, 8);
+  } else {
+    b.writeUInt32BE(b.length, 0); b.writeUInt16BE((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETOBJ, 4);
+    b.writeUInt16BE(NLM_F_REQUEST | NLM_F_DUMP, 6); b.writeUInt32BE(seq, 8);
+  }
+  // nfgenmsg: the family, NFNETLINK_V0, res_id 0.
+  b[NLMSG_HDRLEN] = family;
+  attrs.copy(b, NLMSG_HDRLEN + NFGENMSG_LEN);
+  return b;
+}
+
+const u64be = (b: Buffer | undefined): number | undefined => (b && b.length >= 8 ? Number(b.readBigUInt64BE(0)) : undefined);
+
+/** What one datagram of a dump's replies holds. */
+export interface CounterDumpPart {
+  readonly counters: ReadonlyMap<string, NlCounter>;
+  /** NLMSG_DONE seen: the dump is complete. */
+  readonly done: boolean;
+  /** A negative errno from NLMSG_ERROR (ENOENT: no such table). */
+  readonly errno: number | undefined;
+  readonly malformed: boolean;
+}
+
+/** The counters of table `table` in one datagram of replies to the dump numbered `seq`. Pure. */
+export function parseCounterDump(buf: Buffer, table: string, seq: number): CounterDumpPart {
+  const counters = new Map<string, NlCounter>();
+  let o = 0;
+  while (o + NLMSG_HDRLEN <= buf.length) {
+    const len = u32(buf, o);
+    if (len < NLMSG_HDRLEN || o + len > buf.length) return { counters, done: false, errno: undefined, malformed: true };
+    const type = u16(buf, o + 4);
+    if (u32(buf, o + 8) === seq) {
+      if (type === NLMSG_DONE) return { counters, done: true, errno: undefined, malformed: false };
+      if (type === NLMSG_ERROR) {
+        const errno = len >= NLMSG_HDRLEN + 4 ? i32(buf, o + NLMSG_HDRLEN) : -1;
+        return { counters, done: true, errno: errno === 0 ? undefined : errno, malformed: false };
+      }
+      if (type === ((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWOBJ) && len >= NLMSG_HDRLEN + NFGENMSG_LEN) {
+        const a = attributes(buf, o + NLMSG_HDRLEN + NFGENMSG_LEN, o + len);
+        if (!a) return { counters, done: false, errno: undefined, malformed: true };
+        const t = a.get(NFTA_OBJ_TABLE);
+        const n = a.get(NFTA_OBJ_NAME);
+        const ty = a.get(NFTA_OBJ_TYPE);
+        const data = a.get(NFTA_OBJ_DATA);
+        if (t && n && ty && ty.length >= 4 && ty.readUInt32BE(0) === NFT_OBJECT_COUNTER && data && cString(t) === table) {
+          const d = attributes(data, 0, data.length);
+          if (!d) return { counters, done: false, errno: undefined, malformed: true };
+          counters.set(cString(n), { packets: u64be(d.get(NFTA_COUNTER_PACKETS)) ?? 0, bytes: u64be(d.get(NFTA_COUNTER_BYTES)) ?? 0 });
+        }
+      }
+    }
+    o += (len + 3) & ~3;
+  }
+  return { counters, done: false, errno: undefined, malformed: false };
+}
+
+function cString(b: Buffer): string {
+  const nul = b.indexOf(0);
+  return b.toString('utf8', 0, nul < 0 ? b.length : nul);
+}
+
+/** Reads named counters of one table at a time; one socket for the reader's life, dumps one after another. */
+export class NftCounterReader {
+  private readonly sock: RawNetlinkSocket;
+  private seq = 1;
+  private pending: { seq: number; table: string; out: Map<string, NlCounter>; settle(err?: Error): void } | undefined;
+  private chain: Promise<unknown> = Promise.resolve();
+  private closed = false;
+
+  constructor(opts: { timeoutMs?: number } = {}) {
+    this.timeoutMs = opts.timeoutMs ?? 5000;
+    this.sock = new RawNetlinkSocket(NETLINK_NETFILTER, { recvBufferSize: 1 << 20 });
+    this.sock.unref();
+    this.sock.on('message', (d: Buffer) => this.onDatagram(d));
+    this.sock.on('error', (err: Error) => this.pending?.settle(err));
+  }
+
+  private readonly timeoutMs: number;
+
+  /**
+   * The named counters of table `family name`: an empty map when the table is
+   * not there (ENOENT). Rejects on any other error, a malformed reply or no
+   * complete answer within the timeout.
+   */
+  read(family: string, table: string): Promise<Map<string, NlCounter>> {
+    const run = (): Promise<Map<string, NlCounter>> => new Promise((resolve, reject) => {
+      if (this.closed) { reject(new Error('the nftables counter reader is closed')); return; }
+      const nfproto = NFPROTO[family];
+      if (nfproto === undefined) { reject(new Error(`no NFPROTO for family ${family}`)); return; }
+      const seq = this.seq++;
+      const out = new Map<string, NlCounter>();
+      const timer = setTimeout(() => settle(new Error(`no complete answer to the counter dump of table ${family} ${table} within ${this.timeoutMs} ms`)), this.timeoutMs);
+      timer.unref();
+      const settle = (err?: Error): void => {
+        if (this.pending?.seq !== seq) return;
+        this.pending = undefined;
+        clearTimeout(timer);
+        if (err) reject(err); else resolve(out);
+      };
+      this.pending = { seq, table, out, settle };
+      this.sock.send(counterDumpRequest(nfproto, table, seq), undefined, (err) => { if (err) settle(err); });
+    });
+    const p = this.chain.then(run, run);
+    this.chain = p.catch(() => undefined);
+    return p;
+  }
+
+  private onDatagram(d: Buffer): void {
+    const p = this.pending;
+    if (!p) return;
+    const part = parseCounterDump(d, p.table, p.seq);
+    for (const [k, v] of part.counters) p.out.set(k, v);
+    if (part.malformed) { p.settle(new Error('malformed nftables counter dump')); return; }
+    if (!part.done) return;
+    if (part.errno === undefined || part.errno === -2) {
+      if (part.errno === -2) p.out.clear();
+      p.settle();
+    } else {
+      p.settle(Object.assign(new Error(`nftables counter dump failed: errno ${-part.errno}`), { errno: -part.errno }));
+    }
+  }
+
+  close(): void {
+    if (this.closed) return;
+    this.closed = true;
+    this.pending?.settle(new Error('the nftables counter reader is closed'));
+    this.sock.close();
+  }
+}

@@ -1,0 +1,169 @@
+// Privileged: the kernel path's incremental updates (nft.ts renderNftDelta,
+// NftDataplane.applyDelta) against the real kernel, in namespaces of a lab:
+// a change to one backend of one service sends the same small transaction
+// whether the table holds 10 services or 300, and after any sequence of
+// incremental updates (health transitions, a service going, an IPv6 VIP
+// coming and going, flow-hash placement) the kernel holds exactly what a
+// table written whole would hold. A transaction the kernel refuses (the
+// table was deleted by hand) leaves nothing half-applied: the data path
+// writes the tables whole instead. The counters are read over nfnetlink
+// (net/netlink/nft-counters.ts) as nft(8) lists them.
+import t from 'tap';
+import * as fs from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import { Registry } from 'prom-client';
+import { requirePrivileged } from '../helpers/privileged';
+import { createLab, type Lab } from '../../lab/netns';
+import { parseIPv4 } from '../../agent/address';
+import type { BackendSpec, PortSpec } from '../../agent/config/types';
+import type { ForwardState, Placement } from '../../agent/forward/dataplane';
+import { NftDataplane, canonicalTableJson, execProgram, parseNftCounters, renderNft, type Exec } from '../../agent/forward/nft';
+
+const b = (address: string): BackendSpec => ({ address, addressNum: parseIPv4(address) ?? 0, weight: 1 });
+const b6 = (address: string): BackendSpec => ({ address, addressNum: 0, weight: 1 });
+const http: PortSpec = { name: 'http', port: 80, protocol: 'TCP', targetPort: 8080 };
+const dns: PortSpec = { name: 'dns', port: 53, protocol: 'UDP', targetPort: 5353 };
+
+type Change = (i: number, all: BackendSpec[]) => { healthy: BackendSpec[]; backends: BackendSpec[] };
+const same: Change = (_, all) => ({ healthy: all, backends: all });
+
+/** N services of three backends each; svc-000 comes first in the canonical order (s0). */
+function many(n: number, change: Change = same): ForwardState {
+  return {
+    services: Array.from({ length: n }, (_, i) => {
+      const all = [1, 2, 3].map((k) => b(`10.97.${i >> 6}.${(i & 63) * 4 + k}`));
+      return { key: `default/svc-${String(i).padStart(3, '0')}`, vip: `10.98.${i >> 8}.${i & 255}`, ports: [http, dns], ...change(i, all) };
+    }),
+  };
+}
+
+/** One backend of svc-000 replaced by another (sorting last, so no other backend's name shifts). */
+const swapOne: Change = (i, all) => {
+  const backends = i === 0 ? [all[0]!, all[1]!, b('10.97.0.250')] : all;
+  return { healthy: backends, backends };
+};
+
+if (requirePrivileged(t)) {
+  const proc = fs.mkdtempSync(path.join(os.tmpdir(), 'lb-nft-delta-proc-'));
+  t.teardown(() => fs.rmSync(proc, { recursive: true, force: true }));
+  // The sysctls the data path sets are not under test: it writes them here, not on the host.
+  fs.mkdirSync(path.join(proc, 'sys/net/ipv4'), { recursive: true });
+  fs.mkdirSync(path.join(proc, 'sys/net/ipv6/conf/all'), { recursive: true });
+  fs.writeFileSync(path.join(proc, 'sys/net/ipv4/ip_forward'), '1\n');
+  fs.writeFileSync(path.join(proc, 'sys/net/ipv6/conf/all/forwarding'), '1\n');
+
+  /** A data path whose `nft` runs in `ns`, with what it ran recorded. */
+  const dataplane = (ns: string, placement: Placement = 'round-robin') => {
+    const writes: string[] = [];
+    const runs: string[] = [];
+    const exec: Exec = (file, args, input, hooks) => {
+      runs.push(`${file} ${args.join(' ')}`);
+      if (file === 'nft' && args[0] === '-f') writes.push(input ?? '');
+      return execProgram('ip', ['netns', 'exec', ns, file, ...args], input, hooks);
+    };
+    const dp = new NftDataplane({ exec, procRoot: proc, registry: new Registry(), countersEveryMs: 3_600_000, placement });
+    t.teardown(() => dp.stop({ keep: true }));
+    return { dp, writes, runs };
+  };
+
+  /** Our tables in `ns`, canonical (no handles, no counter values, elements as sets); '' for one not there. */
+  const tables = async (lab: Lab, ns: string): Promise<string> => {
+    const out: string[] = [];
+    for (const family of ['ip', 'ip6']) {
+      const r = await lab.exec(ns, 'nft', ['-j', 'list', 'table', family, 'lb_agent'], { allowFail: true });
+      out.push(r.code === 0 ? canonicalTableJson(r.stdout) : '');
+    }
+    return out.join('\n');
+  };
+
+  /** What the kernel holds when `state` is written whole into a fresh namespace. */
+  const wholeIn = async (lab: Lab, ref: string, state: ForwardState, placement: Placement = 'round-robin'): Promise<string> => {
+    await lab.exec(ref, 'nft', ['-f', '-'], { input: `${renderNft(state, { placement, ip6Removal: true }).script}` });
+    return tables(lab, ref);
+  };
+
+  t.test('one backend of one service among 10 or 300: the same few-line transaction, no counter read, and the kernel holds the whole table\'s equal', async (t) => {
+    const lab = await createLab(t);
+    const ref = await lab.addHost('ref');
+    const sent: string[] = [];
+    for (const n of [10, 300]) {
+      const ns = await lab.addHost(`n${n}`);
+      const { dp, writes, runs } = dataplane(ns);
+      await dp.apply(many(n));
+      t.equal(writes.length, 1, `${n} services: the start writes the table whole`);
+      t.match(writes[0], /\ntable ip lb_agent \{\n/);
+      writes.length = 0;
+      runs.length = 0;
+      await dp.apply(many(n, swapOne));
+      t.equal(writes.length, 1, `${n} services: one transaction for the change`);
+      t.notMatch(writes[0], /table ip lb_agent|delete table ip /, 'not the table: neither defined nor deleted');
+      t.notOk(runs.some((r) => r.includes('list')), `nothing read from the kernel first (${runs.join('; ')})`);
+      sent.push(writes[0]!);
+      t.equal(await tables(lab, ns), await wholeIn(lab, ref, many(n, swapOne)), `${n} services: the kernel holds what a write whole of the new state gives`);
+    }
+    t.equal(sent[1], sent[0], 'byte for byte the same transaction at 300 services as at 10');
+    // Two ports of the service: per port the backend's chain, its three counters (restarted: they count another backend now) and its byte-map elements.
+    t.ok(sent[0]!.split('\n').length <= 25, `a few lines (${sent[0]!.split('\n').length - 1}, ${sent[0]!.length} bytes)`);
+  });
+
+  // Flow-hash (VRRP) placement renders `jhash ip saddr` into the IPv6 table
+  // too, which nft refuses; IPv6 VIPs run round-robin here.
+  for (const placement of ['round-robin', 'flow-hash'] as const) t.test(`${placement}: any sequence of incremental updates leaves what a write whole gives; a refused one falls back to a write whole`, async (t) => {
+    const lab = await createLab(t);
+    const ref = await lab.addHost('ref');
+    const ns = await lab.addHost('node');
+    const { dp, writes } = dataplane(ns, placement);
+    const six = (healthy: BackendSpec[]): ForwardState['services'][number] => ({ key: 'default/six', vip: 'fd00:98::50', ports: [http], healthy, backends: [b6('fd00:97::11'), b6('fd00:97::12')] });
+    const base = many(6);
+    const nine = base.services.filter((_, i) => i !== 2);
+    const steps: Array<[string, ForwardState]> = [
+      ['a backend of svc-004 unhealthy (its slots move to the others)', many(6, (i, all) => ({ healthy: i === 4 ? all.slice(1) : all, backends: all }))],
+      ['every backend of svc-004 unhealthy: its ports refused', many(6, (i, all) => ({ healthy: i === 4 ? [] : all, backends: all }))],
+      ['svc-004 healthy again', base],
+      ['svc-002 removed: the positional names after it shift', { services: nine }],
+      ...(placement === 'flow-hash' ? [] : [
+        ['an IPv6 VIP comes', { services: [...nine, six([b6('fd00:97::11'), b6('fd00:97::12')])] }],
+        ['a backend of the IPv6 VIP unhealthy', { services: [...nine, six([b6('fd00:97::12')])] }],
+      ] as Array<[string, ForwardState]>),
+      ['svc-002 comes back (and the IPv6 VIP goes)', base],
+    ];
+    await dp.apply(base);
+    for (const [what, state] of steps) {
+      writes.length = 0;
+      await dp.apply(state);
+      t.equal(writes.length, 1, `${what}: one transaction`);
+      t.notMatch(writes[0], /\ntable ip lb_agent \{\n|delete table ip lb_agent/, `${what}: the IPv4 table is not rewritten`);
+      t.equal(await tables(lab, ns), await wholeIn(lab, ref, state, placement), `${what}: the kernel holds what a write whole gives`);
+    }
+    // Someone deletes the table: the next change's transaction names objects that are gone, the kernel refuses all of it, and the tables are written whole.
+    t.equal((await lab.exec(ns, 'nft', ['delete', 'table', 'ip', 'lb_agent'])).code, 0, 'table deleted by hand');
+    writes.length = 0;
+    const last = many(6, (i, all) => ({ healthy: i === 5 ? all.slice(0, 2) : all, backends: all }));
+    await dp.apply(last);
+    t.equal(writes.length, 2, 'the refused transaction, then the write whole');
+    t.match(writes[1], /\ntable ip lb_agent \{\n/, 'the second is the table whole');
+    t.equal(await tables(lab, ns), await wholeIn(lab, ref, last, placement), 'the kernel holds the new state whole');
+    t.same((await dp.stats()).problems, [], 'the fallback succeeded: no problem left in status');
+  });
+
+  t.test('counters over nfnetlink: a dump of 3,000 counters (many datagrams) reads what `nft list counters` does; a table not there reads empty', async (t) => {
+    const lab = await createLab(t);
+    const ns = await lab.addHost('node');
+    const decls = Array.from({ length: 3000 }, (_, i) => `\tcounter c${i} { packets ${i * 7} bytes ${i * 7 * 1500 + 2 ** 33}; }`);
+    const script = `table ip lb_agent {\n${decls.join('\n')}\n}\ntable ip other {\n\tcounter c1 { packets 1 bytes 1; }\n}\n`;
+    t.equal((await lab.exec(ns, 'nft', ['-f', '-'], { input: script })).code, 0);
+    const reader = require.resolve('../../agent/net/netlink/nft-counters');
+    const js = `const { NftCounterReader } = require(${JSON.stringify(reader)});
+      const r = new NftCounterReader(); const keep = setInterval(() => {}, 1000);
+      Promise.all([r.read('ip', 'lb_agent'), r.read('ip6', 'lb_agent'), r.read('netdev', 'lb_agent')])
+        .then(([a, b, c]) => { console.log(JSON.stringify([[...a], b.size, c.size])); r.close(); clearInterval(keep); });`;
+    const out = await lab.exec(ns, process.execPath, ['-e', js]);
+    const [read, six, netdev] = JSON.parse(out.stdout) as [Array<[string, { packets: number; bytes: number }]>, number, number];
+    const listed = parseNftCounters((await lab.exec(ns, 'nft', ['-j', 'list', 'counters', 'table', 'ip', 'lb_agent'])).stdout);
+    t.equal(read.length, 3000, 'every counter of the table, none of another table');
+    t.same(new Map(read), listed, 'the same names and values as nft lists');
+    t.same([six, netdev], [0, 0], 'tables not there: nothing');
+  });
+}
+
