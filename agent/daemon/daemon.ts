@@ -405,8 +405,8 @@ export class Daemon extends EventEmitter {
         healthy: sel.backends, backends: rt.spec.backends,
         sourceIP: rt.spec.sourceIP, proxyProtocol: rt.spec.proxyProtocol,
         // The MAC frames for the VIP carry: a DHCP VIP's macvlan (derived from
-        // the primary's key), else the parent's (pool VIPs live there).
-        vipMac: rt.spec.ipam === 'dhcp' ? lateModules().macForService(primaryKey) : subs.parent.mac,
+        // the primary's key), else its network's NIC's (pool VIPs live there).
+        vipMac: rt.spec.ipam === 'dhcp' ? lateModules().macForService(primaryKey) : (subs.parentOf?.(rt.spec) ?? subs.parent).mac,
         handBack: subs.failover?.handBack?.(primaryKey),
       };
     });
