@@ -31,6 +31,7 @@ import { HealthStore, type HealthDocument } from './health-store';
 import { RuntimeTuning } from './tuning';
 import { NodeZone, placeOf } from './zone';
 import { ApplyLoop } from './apply-loop';
+import { DEFAULT_NETWORK } from '../config/networks';
 import type { ReloadResult, ServiceStatus, StatusDocument } from './status';
 import { lateModules } from './late-load';
 import { ServiceRuntimes } from './services';
@@ -265,7 +266,7 @@ export class Daemon extends EventEmitter {
       readiness: () => this.serviceStatuses(),
       vips: () => [...this.services.values()].flatMap((rt) => {
         const vip = this.services.vipOf(rt.spec);
-        return vip ? [{ name: rt.spec.name, namespace: rt.spec.namespace, vip, ipam: rt.spec.ipam }] : [];
+        return vip ? [{ name: rt.spec.name, namespace: rt.spec.namespace, vip, ipam: rt.spec.ipam, network: rt.spec.network ?? DEFAULT_NETWORK }] : [];
       }),
       topology: () => (this.subs ? [...this.services.values()].map((rt) => {
         const sel = this.topologyOf(rt.spec);

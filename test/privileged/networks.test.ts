@@ -58,7 +58,7 @@ t.test('two NICs on two bridges: each network\'s services serve its clients; no 
 
   const cfg = {
     node: { interface: 'eth0' },
-    metrics: { listen: '' },
+    metrics: { listen: '10.99.0.2:9477' },
     pools: { 'range-global': '10.99.0.200-10.99.0.201' },
     networks: { vmnet: { interface: 'eth1', pools: { 'range-global': '10.98.0.200-10.98.0.201' } } },
     arp: FAST_ARP,
@@ -88,6 +88,14 @@ t.test('two NICs on two bridges: each network\'s services serve its clients; no 
     t.equal(by('b-pool').mac, eth1Mac, 'status: b-pool answers with eth1\'s MAC');
     const link = JSON.parse((await lab.exec(vm, 'ip', ['-d', '-j', 'link', 'show', linkNameForService('default/b-dhcp')])).stdout) as { link: string }[];
     t.equal(link[0]!.link, 'eth1', 'b-dhcp\'s macvlan hangs off eth1');
+  });
+
+  t.test('metrics name the network of a VIP and of a pool', async (t) => {
+    const m = await httpGetFrom(lab, clientA, 'http://10.99.0.2:9477/metrics', 5000);
+    t.match(m.body, new RegExp(`lbagent_service_vip_info\\{service="b-pool",namespace="default",vip="${bPool.replace(/\./g, '\\.')}",ipam="pool",network="vmnet"\\} 1`));
+    t.match(m.body, new RegExp(`lbagent_service_vip_info\\{service="a-pool",namespace="default",vip="${aPool.replace(/\./g, '\\.')}",ipam="pool"\\} 1`), 'no network label on the default network');
+    t.match(m.body, /lbagent_pool_in_use\{pool="vmnet\/range-global"\} 1/, 'vmnet\'s pool by its own name');
+    t.match(m.body, /lbagent_pool_in_use\{pool="range-global"\} 1/);
   });
 
   t.test('clients of each network reach their services', async (t) => {
