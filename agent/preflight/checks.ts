@@ -965,7 +965,8 @@ export function checkNetworks(f: Facts): CheckResult | undefined {
   const remedies: string[] = [];
   for (const n of nets) {
     const conf = f.config.networks?.find((c) => c.name === n.name);
-    const g: Facts = { ...f, parent: n.parent, sysctls: { ...f.sysctls, ...n.sysctls }, config: { ...f.config, pools: conf?.pools ?? [] } };
+    const g: Facts = { ...f, parent: n.parent, sysctls: { ...f.sysctls, ...n.sysctls }, config: { ...f.config, pools: conf?.pools ?? [], dhcpServices: [] } };
+    // The NIC's own sysctls: those of new macvlans are the arp-sysctls finding's.
     const parts: CheckResult[] = [checkInterface(g)];
     if (n.parent.exists) {
       parts.push(checkArpSysctls(g), checkPools(g));
@@ -982,7 +983,7 @@ export function checkNetworks(f: Facts): CheckResult | undefined {
     const st = bad.reduce<CheckResult['status']>((w, p) => (rank[p.status] > rank[w] ? p.status : w), 'pass');
     if (rank[st] > rank[worst]) worst = st;
     const head = `${n.name} (${n.parent.name ?? '?'}, ${conf?.services ?? 0} service(s))`;
-    details.push(bad.length === 0 ? `${head}: up, carrier, ${n.parent.addresses.join(', ')}, arp_ignore/arp_announce as wanted, macvlan ok` : `${head}: ${bad.map((p) => p.detail).join('; ')}`);
+    details.push(bad.length === 0 ? `${head}: up, carrier, ${n.parent.addresses.filter((x) => !x.endsWith('/32')).join(', ')}, arp_ignore/arp_announce as wanted, macvlan ok` : `${head}: ${bad.map((p) => p.detail).join('; ')}`);
     for (const p of bad) if (p.remedy) remedies.push(`${n.name}: ${p.remedy}`);
   }
   const detail = details.join(' | ');
