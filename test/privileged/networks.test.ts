@@ -150,4 +150,26 @@ t.test('two NICs on two bridges: each network\'s services serve its clients; no 
     t.notOk((await addrsOn(lab, vm, 'eth0')).some((a) => a.endsWith('/32')), 'nothing left on eth0');
     t.notOk((await addrsOn(lab, vm, 'eth1')).some((a) => a.endsWith('/32')), 'nothing left on eth1');
   });
+
+  t.test('VRRP: each network\'s virtual router adverts on its own NIC with its own VRID', async (t) => {
+    const vrrpCfg = { ...cfg, failover: { mode: 'vrrp', vrid: 51, advertInterval: 0.1 }, networks: { vmnet: { ...cfg.networks.vmnet, failover: { vrid: 61 } } } };
+    const vrrp = await startAgent(lab, vm, vrrpCfg, { name: 'vrrp' });
+    t.teardown(() => { vrrp.signal('SIGKILL'); });
+    const s = await waitStatus(vrrp, 'Master of both networks\' routers, every service serving', (x) => x.services.length === 3 && x.services.every((y) => y.ready && y.state === 'serving' && (y.failover as { state?: string } | undefined)?.state === 'master'), 30_000);
+    const fo = (n: string) => s.services.find((x) => x.name === n)!.failover as { vrid: number; state: string; network: string } | undefined;
+    t.match(fo('a-pool'), { vrid: 51, state: 'master', network: 'default' });
+    t.match(fo('b-pool'), { vrid: 61, state: 'master', network: 'vmnet' });
+    t.match(fo('b-dhcp'), { vrid: 61, state: 'master', network: 'vmnet' });
+    // What each LAN hears: 0.1 s adverts, so a second shows several.
+    const heard = async (ns: string): Promise<number[]> => {
+      const r = await lab.exec(ns, 'timeout', ['1', 'tcpdump', '-i', 'eth0', '-nn', '-l', 'ip proto 112'], { allowFail: true, timeoutMs: 5000 });
+      return [...new Set([...r.stdout.matchAll(/vrid (\d+)/g)].map((m) => Number(m[1])))].sort();
+    };
+    const [onA, onB] = await Promise.all([heard(clientA), heard(clientB)]);
+    t.same(onA, [51], 'the default network hears VRID 51 only');
+    t.same(onB, [61], 'vmnet hears VRID 61 only, from eth1');
+    t.same(await arpReplies(lab, clientA, bPool), [], 'as Master too, no answer for vmnet\'s VIP on the default network');
+    vrrp.signal('SIGTERM');
+    t.same(await vrrp.exited, { code: 0, signal: null });
+  });
 });
