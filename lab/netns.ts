@@ -108,6 +108,8 @@ export interface HostOptions {
    * (accept_dad=0, `nodad`): nothing waits a second for its own addresses.
    */
   ipv6?: string[];
+  /** The LAN bridge eth0 is a port of (addBridge); default br0. */
+  bridge?: string;
 }
 
 export class Lab {
@@ -117,6 +119,8 @@ export class Lab {
   private readonly hosts = new Map<string, string>();
   private readonly procs = new Set<ChildProcess>();
   private destroyed = false;
+  /** Veth peers of extra NICs (addNic), numbered apart from the hosts' v<n>. */
+  private extraNics = 0;
 
   private constructor(id: string) {
     this.id = id;
@@ -160,7 +164,7 @@ export class Lab {
     this.hosts.set(role, ns);
     const cmds = [
       `ip link add eth0 netns ${ns} type veth peer name ${peer}`,
-      `ip link set ${peer} master br0 up`,
+      `ip link set ${peer} master ${opts.bridge ?? 'br0'} up`,
     ];
     await this.sh(this.lan, cmds.join(' && '));
     const six = (opts.ipv6 ?? []).length > 0;
@@ -173,6 +177,19 @@ export class Lab {
     if (opts.gateway) hostCmds.push(`ip route add default via ${opts.gateway}`);
     await this.sh(ns, hostCmds.join(' && '));
     return ns;
+  }
+
+  /** Another L2 segment: a bridge in the LAN namespace, for hosts on a second network. */
+  async addBridge(name: string): Promise<void> {
+    await this.sh(this.lan, `ip link add ${name} type bridge && ip link set ${name} up`);
+  }
+
+  /** Another NIC of a host (a VM on two networks): `ifname` in the host, its veth peer a port of `bridge`. */
+  async addNic(role: string, ifname: string, opts: { bridge: string; address?: string }): Promise<void> {
+    const ns = this.ns(role);
+    const peer = `x${this.extraNics++}`;
+    await this.sh(this.lan, `ip link add ${ifname} netns ${ns} type veth peer name ${peer} && ip link set ${peer} master ${opts.bridge} up`);
+    await this.sh(ns, [`ip link set ${ifname} up`, ...(opts.address ? [`ip addr add ${opts.address} dev ${ifname}`] : [])].join(' && '));
   }
 
   /** Run a shell command inside a namespace. */

@@ -24,6 +24,7 @@ export function formatStatus(doc: StatusDocument, now = Date.now()): string {
   lines.push(`lb-agent ${doc.version} (pid ${doc.pid}) on ${doc.node.name}, parent ${doc.node.interface ?? '-'}${doc.node.address ? ` (${doc.node.address})` : ''}`);
   const placed = doc.dataplane?.placement === 'flow-hash' ? ', new connections placed by flow hash (they outlive a VRRP failover)' : '';
   lines.push(`dataplane: ${doc.dataplane ? `${doc.dataplane.kind} (${doc.dataplane.reason})${placed}${doc.dataplane.dsr ? `, direct server return on ${doc.dataplane.dsr.engine === 'bpf' ? 'the BPF program' : 'the nft table alone'} (${doc.dataplane.dsr.cause}; ${doc.dataplane.dsr.engine === 'bpf' ? 'open connections keep their backend' : 'by hash alone: a change of backends moves some open connections'})` : ''}` : '-'}; failover: ${doc.failover.mode}; config generation ${doc.config.generation} loaded ${doc.config.loadedAt}`);
+  if (doc.networks && doc.networks.length > 1) lines.push(`networks: ${doc.networks.map((x) => `${x.name} on ${x.interface}${x.address ? ` (${x.address})` : ''}`).join(', ')}`);
   if (doc.config.lastReload && !doc.config.lastReload.ok) lines.push(`last reload REJECTED: ${doc.config.lastReload.message.split('\n').slice(1).join('; ')}`);
   const n = doc.node;
   if (n.zone !== undefined || n.labelsProblem !== undefined) {
@@ -49,6 +50,7 @@ export function formatStatus(doc: StatusDocument, now = Date.now()): string {
     if (s.ipam === 'dhcp' && !s.primaryService) {
       for (const k of ['server', 'renewAt', 'rebindAt', 'expiresAt'] as const) if (src[k] !== undefined) extra.push(`${k} ${String(src[k])}`);
     }
+    if (s.network !== undefined && s.network !== 'default') extra.push(`network ${s.network}`);
     if (s.sourceIP === 'preserve') extra.push('direct server return (client address kept)');
     for (const note of s.familyNotes ?? []) extra.push(note);
     if (s.topology && s.topology.policy !== 'any') extra.push(`topology ${s.topology.detail}`);

@@ -10,12 +10,13 @@ import { parseYaml } from './yaml';
 import { ANNOTATIONS, ANNOTATION_PREFIX, DEFAULTS } from './defaults';
 import { parsePools } from './pools';
 import { familyServiceKey, planFamilies, type FamilyPlan } from './families';
+import { DEFAULT_NETWORK, poolsOfNetwork } from './networks';
 import { parseAddress, parseIPv4, type Family } from '../address';
 import { errorMessage } from '../errors';
 import { readConfigText } from './read';
 import { readCaFile, type CaFileReader } from './ca-file';
 import type {
-  CheckType, Desired, ServiceSpec, PortSpec, BackendSpec, HealthCheckSpec, IpamMode, IpFamilyPolicy, Pool, SourceIpMode, TlsCheckSpec, TopologyPolicy,
+  CheckType, Desired, NetworkSpec, ServiceSpec, PortSpec, BackendSpec, HealthCheckSpec, IpamMode, IpFamilyPolicy, Pool, SourceIpMode, TlsCheckSpec, TopologyPolicy,
 } from './types';
 
 export interface ConfigError {
@@ -153,13 +154,19 @@ interface RawService {
     tls?: { sni?: string; caFile?: string };
   };
   proxyProtocol?: 'v1' | 'v2';
+  network?: string;
+}
+
+interface RawNetwork {
+  interface: string; pools: Record<string, string>;
+  failover: { interface?: string; vrid?: number; peers?: string[] };
 }
 
 interface RawConfig {
   node: { name?: string; interface?: string; priority: number; zone?: string; region?: string; labelsFile: string };
   failover: { mode: 'none' | 'vrrp'; vrid: number; advertInterval: number; preempt: boolean; preemptDelay: number; interface?: string; peers: string[] };
   stateDir: string; metrics: { listen: string }; control: { socket: string }; reconcile: { resyncInterval: number };
-  dataplane: 'auto' | 'kernel' | 'proxy'; pools: Record<string, string>;
+  dataplane: 'auto' | 'kernel' | 'proxy'; pools: Record<string, string>; networks: Record<string, RawNetwork>;
   arp: Desired['arp']; dhcp: Omit<Desired['dhcp'], 'servers'> & { servers: string[] }; proxy: Desired['proxy'];
   backend: { vips: string[] };
   services: RawService[];
@@ -322,6 +329,15 @@ function buildServices(raw: RawConfig, pools: readonly Pool[], err: (segs: Seg[]
       err(at('healthCheck', 'proxyProtocol'), 'true, but the service has no proxyProtocol: set proxyProtocol: v1 or v2 on the service (the probe sends the same version), or remove healthCheck.proxyProtocol');
     }
 
+    // The network: a key of networks:, or the default one.
+    if (s.network !== undefined && s.network !== DEFAULT_NETWORK && !Object.prototype.hasOwnProperty.call(raw.networks, s.network)) {
+      const defined = Object.keys(raw.networks);
+      err(at('network'), `${JSON.stringify(s.network)} is not a network of this file: define it under networks${defined.length > 0 ? ` (defined: ${defined.join(', ')})` : ''}, or leave network out for the default network (node.interface)`);
+    }
+    if (s.network !== undefined && s.network !== DEFAULT_NETWORK && s.sourceIP === 'preserve') {
+      err(at('sourceIP'), `preserve on network ${s.network}: direct server return forwards on the default network's interface (node.interface) only; use sourceIP: snat here, or put the service on the default network`);
+    }
+
     prelim.push({ idx, key, raw: s, ipam, ipamGiven: ipamTyped !== undefined || ipamAnn !== undefined, primary, hc, ports, backends, backendSegs });
   });
 
@@ -358,6 +374,9 @@ function buildServices(raw: RawConfig, pools: readonly Pool[], err: (segs: Seg[]
         if (p.raw[k] !== undefined) err(at(k), `service ${p.key} shares the IPs of ${p.primary}; a secondary has the primary's families and may not set ${k}`);
       }
       if (p.raw.vrid !== undefined) err(at('vrid'), `service ${p.key} shares the IP of ${p.primary}; its VIP rides the primary's virtual router`);
+      if (prim && p.raw.network !== undefined && (p.raw.network) !== (prim.raw.network ?? DEFAULT_NETWORK)) {
+        err(at('network'), `service ${p.key} shares the IP of ${p.primary}, which is on network ${prim.raw.network ?? DEFAULT_NETWORK}; a secondary is on its primary's network (leave network out)`);
+      }
     } else {
       const asked = p.raw.loadBalancerIPs?.map((a, i) => ({ a, segs: at('loadBalancerIPs', i) })) ?? (p.raw.loadBalancerIP ? [{ a: p.raw.loadBalancerIP, segs: at('loadBalancerIP') }] : []);
       for (const { a, segs } of asked) {
@@ -388,6 +407,26 @@ function buildServices(raw: RawConfig, pools: readonly Pool[], err: (segs: Seg[]
     }
   }
 
+  // Under VRRP a router is named by its VRID (status, the lbagent_vrrp_*
+  // metrics): routers of two networks may not share one.
+  if (raw.failover.mode === 'vrrp') {
+    const vridNet = new Map<number, { network: string; segs: Seg[] }>();
+    const reported = new Set<string>();
+    for (const p of prelim) {
+      if (p.primary !== undefined) continue;
+      const net = p.raw.network ?? DEFAULT_NETWORK;
+      const netVrid = net === DEFAULT_NETWORK ? raw.failover.vrid : (raw.networks[net]?.failover.vrid ?? raw.failover.vrid);
+      const vrid = p.raw.vrid ?? netVrid;
+      const segs: Seg[] = p.raw.vrid !== undefined ? ['services', p.idx, 'vrid'] : net === DEFAULT_NETWORK ? ['failover', 'vrid'] : ['networks', net, 'failover', 'vrid'];
+      const seen = vridNet.get(vrid);
+      if (seen && seen.network !== net) {
+        if (reported.has(pathText(segs))) continue;
+        reported.add(pathText(segs));
+        err(segs, `VRID ${vrid} of network ${net} (service ${p.key}) is also a virtual router of network ${seen.network} (${pathText(seen.segs)}); give each network its own VRIDs (set networks.<name>.failover.vrid)`);
+      } else if (!seen) vridNet.set(vrid, { network: net, segs });
+    }
+  }
+
   // The families each service is served in (config/families.ts): the
   // primaries first, since a secondary takes its primary's.
   const plans = new Map<string, FamilyPlan>();
@@ -400,7 +439,7 @@ function buildServices(raw: RawConfig, pools: readonly Pool[], err: (segs: Seg[]
       loadBalancerIP: p.raw.loadBalancerIP || undefined, loadBalancerIPs: p.raw.loadBalancerIPs,
       backends: p.backends.map((b, i) => ({ family: b.family ?? 'IPv4', address: b.address, segs: p.backendSegs[i]! })),
       sourceIP: p.raw.sourceIP,
-    }, { pools, failover: raw.failover.mode });
+    }, { pools: poolsOfNetwork(pools, p.raw.network), failover: raw.failover.mode });
     for (const pr of problems) err(at(...pr.segs), `service ${p.key}: ${pr.message}`);
     plans.set(p.key, plan);
   }
@@ -429,8 +468,59 @@ function buildServices(raw: RawConfig, pools: readonly Pool[], err: (segs: Seg[]
         backends: p.backends.filter((b) => (b.family ?? 'IPv4') === family), healthCheck: p.hc,
         sourceIP: p.raw.sourceIP, topology: p.raw.topology,
         ...(p.raw.proxyProtocol !== undefined ? { proxyProtocol: p.raw.proxyProtocol } : {}),
+        ...networkField((prim ?? p).raw.network),
       });
     }
+  }
+  return out;
+}
+
+/** A service's network field: absent for the default network, so a config without networks: builds what it always did. */
+function networkField(network: string | undefined): { network?: string } {
+  return network === undefined || network === DEFAULT_NETWORK ? {} : { network };
+}
+
+/**
+ * The named networks: each one's pools (tagged with its name), interface
+ * and virtual-router settings (unset ones from the top-level failover).
+ * A pool belongs to one network: an address range in two networks' pools
+ * is refused, as is a NIC two networks name.
+ */
+function buildNetworks(raw: RawConfig, defaultPools: readonly Pool[], err: (segs: Seg[], msg: string) => void): NetworkSpec[] {
+  const out: NetworkSpec[] = [];
+  const owners: { segs: Seg[]; pool: Pool }[] = defaultPools.map((pool) => ({ segs: ['pools', pool.key], pool }));
+  const nics = new Map<string, string>();
+  if (raw.node.interface !== undefined) nics.set(raw.node.interface, 'node.interface (the default network)');
+  for (const [name, n] of Object.entries(raw.networks)) {
+    if (name === DEFAULT_NETWORK) {
+      err(['networks', name], `"${DEFAULT_NETWORK}" is the node's own network (node.interface with the top-level pools and failover settings); give this network another name, or configure the default one there`);
+      continue;
+    }
+    const other = nics.get(n.interface);
+    if (other !== undefined) err(['networks', name, 'interface'], `${JSON.stringify(n.interface)} is also the interface of ${other}; each network is a NIC of its own (put these pools and services on one network)`);
+    else nics.set(n.interface, `networks.${name}`);
+    const parsed = parsePools(n.pools);
+    for (const pe of parsed.errors) err(['networks', name, 'pools', pe.key], pe.message);
+    const pools = parsed.pools.map((p) => ({ ...p, network: name }));
+    for (const pool of pools) owners.push({ segs: ['networks', name, 'pools', pool.key], pool });
+    out.push({
+      name, interface: n.interface, pools,
+      failover: {
+        interface: n.failover.interface ?? n.interface,
+        vrid: n.failover.vrid ?? raw.failover.vrid,
+        peers: (n.failover.peers ?? raw.failover.peers).map((a) => parseIPv4(a)!),
+      },
+    });
+  }
+  // A pool belongs to one network only: its addresses go on that network's NIC.
+  const ranges = owners.flatMap((o) => o.pool.ranges.map((r) => ({ ...o, r })));
+  ranges.sort((x, y) => (x.r.family !== y.r.family ? (x.r.family < y.r.family ? -1 : 1) : x.r.start < y.r.start ? -1 : x.r.start > y.r.start ? 1 : 0));
+  let reach: (typeof ranges)[number] | undefined;
+  for (const cur of ranges) {
+    if (reach && reach.r.family === cur.r.family && cur.r.start <= reach.r.end && (reach.pool.network ?? DEFAULT_NETWORK) !== (cur.pool.network ?? DEFAULT_NETWORK)) {
+      err(cur.segs, `${JSON.stringify(cur.r.text)} overlaps ${JSON.stringify(reach.r.text)} of ${pathText(reach.segs)}: a pool belongs to one network only (its addresses go on that network's interface)`);
+    }
+    if (!reach || reach.r.family !== cur.r.family || cur.r.end > reach.r.end) reach = cur;
   }
   return out;
 }
@@ -516,7 +606,8 @@ export function buildConfig(data: unknown, locate: (segs: Seg[]) => number | und
   const { pools, errors: poolErrors } = parsePools(raw.pools);
   for (const pe of poolErrors) err(['pools', pe.key], pe.message);
 
-  const built = buildServices(raw, pools, err, readCa);
+  const networks = buildNetworks(raw, pools, err);
+  const built = buildServices(raw, [...pools, ...networks.flatMap((n) => n.pools)], err, readCa);
   // A VM that is a backend of a VIP cannot also be the load balancer that
   // holds it: the VIP on lo would take the clients' packets for itself.
   raw.backend.vips.forEach((vip, i) => {
@@ -543,6 +634,7 @@ export function buildConfig(data: unknown, locate: (segs: Seg[]) => number | und
     reconcile: { resyncInterval: raw.reconcile.resyncInterval },
     dataplane: raw.dataplane,
     pools,
+    ...(networks.length > 0 ? { networks } : {}),
     arp: raw.arp,
     dhcp: { ...raw.dhcp, servers: raw.dhcp.servers.map((a) => parseIPv4(a)!) },
     proxy: raw.proxy,

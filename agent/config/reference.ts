@@ -52,6 +52,15 @@ export const KEY_HELP: Readonly<Record<string, KeyHelp>> = {
   dataplane: { text: '`kernel`: nftables forwards (NAT, or direct server return). `proxy`: the userspace proxy relays connections. `auto`: the kernel path where nftables works and no service asks for the PROXY protocol, else the proxy.' },
   pools: { text: 'IP pools, with kube-vip\'s keys. A pool service takes its VIP from `cidr-<namespace>`, then `cidr-global`, `range-<namespace>`, `range-global`.', probe: { 'range-global': '10.0.0.200-10.0.0.230' } },
   'pools.<key>': { text: 'A key `cidr-<namespace|global>` (comma-separated CIDRs) or `range-<namespace|global>` (comma-separated `first-last` ranges).', probe: '10.0.0.230-10.0.0.239' },
+  networks: { text: 'The other networks this VM is on, by name (a DNS label; `default` is the name of the node\'s own network: `node.interface` with the top-level `pools` and `failover` settings). A service on a network takes its VIP there: its macvlan, pool address, ARP and NDP announcements and VRRP adverts use that network\'s NIC, and every NIC answers ARP only for its own addresses (ARP flux: the agent sets `arp_ignore=1`, `arp_announce=2` on each).', probe: { storage: { interface: 'eth3' } } },
+  'networks.<key>': { text: 'One network: a NIC of the VM, its pools and its virtual routers.' },
+  'networks.<key>.interface': { text: 'The NIC on this network (a VLAN sub-interface the VM\'s own network config made is a NIC too). Two networks may not share one, nor share one with `node.interface`.', probe: 'eth3' },
+  'networks.<key>.pools': { text: 'This network\'s pools, with the keys of the top-level `pools`; a pool service on the network takes its VIP from them by the same lookup order. An address range belongs to one network only.', probe: { 'range-global': '10.0.1.230-10.0.1.239' } },
+  'networks.<key>.pools.<key>': { text: 'As `pools.<key>`.', probe: '10.0.1.230-10.0.1.239' },
+  'networks.<key>.failover': { text: 'Where this network\'s virtual routers run; `failover.mode`, the timers and preemption are the top-level ones.' },
+  'networks.<key>.failover.interface': { text: 'The NIC this network\'s VRRP adverts use.', unset: '`networks.<key>.interface`', probe: 'eth4' },
+  'networks.<key>.failover.vrid': { text: 'The virtual router this network\'s services ride unless one sets its own `vrid`. Two networks\' services may not ride one VRID (status and metrics name a router by it).', unset: '`failover.vrid`', probe: 70 },
+  'networks.<key>.failover.peers': { text: 'The other agents\' addresses on this network (as `failover.peers`).', unset: '`failover.peers`', probe: ['10.0.1.3'] },
   arp: { text: 'RFC 5227 address conflict detection and announcements, in seconds.' },
   'arp.probeWait': { text: 'Random wait before the first probe of a pool address (PROBE_WAIT).', probe: 0.5 },
   'arp.probeNum': { text: 'Probes sent before a pool address is claimed (PROBE_NUM); 0 claims without probing.', probe: 2 },
@@ -123,6 +132,7 @@ export const KEY_HELP: Readonly<Record<string, KeyHelp>> = {
     probeEdit: (f) => { f.services[0]!.healthCheck = { type: 'https', tls: { caFile: '/etc/lb-agent/backend-ca.pem' } }; } },
   'services[].sourceIP': { text: '`snat`: replies come back through the agent; backends see the VIP (kernel path) or the node (proxy). `preserve`: direct server return on the kernel path; backends see the client and answer it directly.' },
   'services[].topology': { text: '`any`: every healthy backend. `prefer-zone`: the healthy backends in this node\'s zone while there is one, else all. `zone-only`: only this node\'s zone, else refuse.' },
+  'services[].network': { text: 'The network (a key of `networks`) the VIP lives on. A secondary (`primaryService`) is on its primary\'s. Changing it moves the VIP: the old lease or claim is released.', unset: 'the default network (`node.interface`)', probe: 'vmnet' },
   'services[].proxyProtocol': { text: 'Send the PROXY protocol header (`v1` text, TCP only; `v2` binary, TCP and UDP) to the backends first: proxy path only, so `dataplane: auto` then picks the proxy.', unset: 'off', probe: 'v2' },
 };
 
@@ -218,12 +228,13 @@ function setPath(obj: S, path: string, value: unknown): void {
   const segs = path.replace(/\[\]/g, '.0').split('.');
   let o: Record<string, unknown> = obj;
   for (const seg of segs.slice(0, -1)) {
-    const key = seg === '<key>' ? 'cidr-prod' : seg;
+    // An open map's key: the probe file's network, else a pool key.
+    const key = seg === '<key>' ? (o === obj.networks ? 'vmnet' : 'cidr-prod') : seg;
     if (o[key] === undefined || typeof o[key] !== 'object') o[key] = /^\d+$/.test(segs[segs.indexOf(seg) + 1] ?? '') ? [] : {};
     o = o[key] as Record<string, unknown>;
   }
   const last = segs[segs.length - 1]!;
-  o[last === '<key>' ? (path.startsWith('pools') ? 'range-prod' : 'cloudprovider.harvesterhci.io/healthcheck-port') : last] = value;
+  o[last === '<key>' ? (path.startsWith('pools') || path.endsWith('pools.<key>') ? 'range-prod' : path === 'networks.<key>' ? 'vmnet' : 'cloudprovider.harvesterhci.io/healthcheck-port') : last] = value;
 }
 
 /** The file the reload probe starts from: one pool service with most keys set. */
@@ -232,6 +243,7 @@ function probeBase(mode: 'none' | 'vrrp'): S {
     node: { name: 'worker-1', interface: 'eth0' },
     failover: { mode },
     pools: { 'range-global': '10.0.0.200-10.0.0.220' },
+    networks: { vmnet: { interface: 'eth2', pools: { 'range-global': '10.0.1.200-10.0.1.220' }, failover: { vrid: 61 } } },
     services: [{
       name: 'web',
       ports: [{ name: 'http', port: 80, protocol: 'TCP', targetPort: 80 }],

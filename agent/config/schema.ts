@@ -78,7 +78,33 @@ const service = obj({
   topology: { type: 'string', enum: ['any', 'prefer-zone', 'zone-only'], default: DEFAULTS.topology },
   // Off unless set; the proxy data path sends the header (load.ts refuses it on the kernel path).
   proxyProtocol: { type: 'string', enum: ['v1', 'v2'] },
+  // A key of networks:, or "default" (node.interface, top-level pools and failover).
+  network: { ...dnsLabel, 'x-what': 'a network name (a key of networks:, or default)' },
 }, { required: ['name', 'ports'] });
+
+const ifname: S = { type: 'string', pattern: '^[^/\\s]{1,15}$', 'x-what': 'an interface name (at most 15 characters)' };
+
+// The kube-vip pool keys; the top-level pools: and each network's.
+const pools: S = {
+  type: 'object', default: {},
+  propertyNames: { pattern: '^(cidr|range)-[a-z0-9]([-a-z0-9]*[a-z0-9])?$' },
+  additionalProperties: { type: 'string', 'x-what': 'a comma-separated list' },
+  'x-what': 'a kube-vip pool key (cidr-<namespace|global> or range-<namespace|global>)',
+};
+
+// One network the VM is on: its NIC, its pools, where its virtual routers run.
+const network = obj({
+  interface: ifname,
+  pools,
+  failover: {
+    ...obj({
+      interface: { ...ifname, 'x-what': 'an interface name' },
+      vrid: count(1, 255),
+      peers: { type: 'array', items: ipv4, maxItems: 64, uniqueItems: true, 'x-what': 'a list of the other agents\' IPv4 addresses' },
+    }),
+    default: {},
+  },
+}, { required: ['interface'] });
 
 export const configSchema: S = obj({
   node: {
@@ -119,11 +145,12 @@ export const configSchema: S = obj({
     default: {},
   },
   dataplane: { type: 'string', enum: ['auto', 'kernel', 'proxy'], default: DEFAULTS.dataplane },
-  pools: {
-    type: 'object', default: {},
-    propertyNames: { pattern: '^(cidr|range)-[a-z0-9]([-a-z0-9]*[a-z0-9])?$' },
-    additionalProperties: { type: 'string', 'x-what': 'a comma-separated list' },
-    'x-what': 'a kube-vip pool key (cidr-<namespace|global> or range-<namespace|global>)',
+  pools,
+  networks: {
+    type: 'object', default: {}, maxProperties: 64,
+    propertyNames: { pattern: '^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$' },
+    additionalProperties: network,
+    'x-what': 'a network name (a DNS-1123 label)',
   },
   arp: {
     ...obj({

@@ -150,6 +150,8 @@ export interface ServiceSpec {
   readonly topology: TopologyPolicy;
   /** PROXY protocol header to every backend connection (the proxy data path only); undefined: none. */
   readonly proxyProtocol?: ProxyProtocolVersion | undefined;
+  /** The network (`networks:` key) the VIP lives on; absent: the default network (config/networks.ts). A secondary has its primary's. */
+  readonly network?: string | undefined;
 }
 
 export interface PoolRange {
@@ -166,6 +168,8 @@ export interface PoolRange {
 export interface Pool {
   /** The kube-vip key: "cidr-default", "range-global", ... */
   readonly key: string;
+  /** The network whose interface its addresses go on; absent: the default network (top-level `pools:`). */
+  readonly network?: string | undefined;
   /** Ranges of either family, as the key lists them. */
   readonly ranges: readonly PoolRange[];
 }
@@ -236,6 +240,23 @@ export interface BackendRoleConfig {
   readonly vips: readonly string[];
 }
 
+/**
+ * One network the VM is on (`networks:`, config/networks.ts): the NIC its
+ * VIPs, macvlans, announcements and VRRP adverts use, the pools that hand
+ * out its addresses, and where its virtual routers run. The default network
+ * is node.interface with the top-level pools and failover settings.
+ */
+export interface NetworkSpec {
+  /** The `networks:` key; DEFAULT_NETWORK for the implicit one. */
+  readonly name: string;
+  /** The NIC; undefined only for the default network without node.interface (the default route's NIC, resolved at run time). */
+  readonly interface: string | undefined;
+  /** This network's pools (each Pool's `network` is this name, absent for the default). */
+  readonly pools: readonly Pool[];
+  /** Where this network's virtual routers run: mode, timers and preemption are the top-level failover's. */
+  readonly failover: Pick<FailoverConfig, 'interface' | 'vrid' | 'peers'>;
+}
+
 export interface Desired {
   readonly node: NodeConfig;
   readonly failover: FailoverConfig;
@@ -249,7 +270,10 @@ export interface Desired {
    */
   readonly reconcile: { readonly resyncInterval: number };
   readonly dataplane: DataplaneMode;
+  /** The default network's pools (top-level `pools:`). */
   readonly pools: readonly Pool[];
+  /** The named networks (`networks:`), in file order; absent or empty: the default network only. networksOf() adds the default. */
+  readonly networks?: readonly NetworkSpec[] | undefined;
   readonly arp: ArpConfig;
   readonly dhcp: DhcpConfig;
   readonly proxy: ProxyConfig;

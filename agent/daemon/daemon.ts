@@ -31,6 +31,7 @@ import { HealthStore, type HealthDocument } from './health-store';
 import { RuntimeTuning } from './tuning';
 import { NodeZone, placeOf } from './zone';
 import { ApplyLoop } from './apply-loop';
+import { DEFAULT_NETWORK } from '../config/networks';
 import type { ReloadResult, ServiceStatus, StatusDocument } from './status';
 import { lateModules } from './late-load';
 import { ServiceRuntimes } from './services';
@@ -265,7 +266,7 @@ export class Daemon extends EventEmitter {
       readiness: () => this.serviceStatuses(),
       vips: () => [...this.services.values()].flatMap((rt) => {
         const vip = this.services.vipOf(rt.spec);
-        return vip ? [{ name: rt.spec.name, namespace: rt.spec.namespace, vip, ipam: rt.spec.ipam }] : [];
+        return vip ? [{ name: rt.spec.name, namespace: rt.spec.namespace, vip, ipam: rt.spec.ipam, network: rt.spec.network ?? DEFAULT_NETWORK }] : [];
       }),
       topology: () => (this.subs ? [...this.services.values()].map((rt) => {
         const sel = this.topologyOf(rt.spec);
@@ -405,8 +406,8 @@ export class Daemon extends EventEmitter {
         healthy: sel.backends, backends: rt.spec.backends,
         sourceIP: rt.spec.sourceIP, proxyProtocol: rt.spec.proxyProtocol,
         // The MAC frames for the VIP carry: a DHCP VIP's macvlan (derived from
-        // the primary's key), else the parent's (pool VIPs live there).
-        vipMac: rt.spec.ipam === 'dhcp' ? lateModules().macForService(primaryKey) : subs.parent.mac,
+        // the primary's key), else its network's NIC's (pool VIPs live there).
+        vipMac: rt.spec.ipam === 'dhcp' ? lateModules().macForService(primaryKey) : (subs.parentOf?.(rt.spec) ?? subs.parent).mac,
         handBack: subs.failover?.handBack?.(primaryKey),
       };
     });

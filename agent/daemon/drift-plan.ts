@@ -38,8 +38,8 @@ export interface KernelSnapshot {
   readonly tablesChanged: ReadonlyMap<string, string>;
   /** Sysctls the agent set, with the value it wants and the value read now. */
   readonly sysctls: readonly { readonly ifname: string; readonly key: IfSysctlKey; readonly role: VipRole; readonly want: number; readonly got: number | undefined }[];
-  /** Addresses on the parent that carry the agent's mark ("address/prefix"). */
-  readonly marked?: ReadonlySet<string> | undefined;
+  /** Addresses on each network's NIC that carry the agent's mark ("address/prefix"), by ifindex. */
+  readonly marked?: ReadonlyMap<number, ReadonlySet<string>> | undefined;
 }
 
 /**
@@ -78,7 +78,7 @@ export type Drift =
  * address is checked too; a pool VIP's parent is not the agent's, so only
  * the address counts there.
  */
-export function planDrift(held: readonly HeldVip[], k: KernelSnapshot, wanted?: Wanted, parent?: { readonly index: number; readonly name: string }): Drift[] {
+export function planDrift(held: readonly HeldVip[], k: KernelSnapshot, wanted?: Wanted, parents: readonly { readonly index: number; readonly name: string }[] = []): Drift[] {
   const out: Drift[] = [];
   for (const v of held) {
     const cidr = `${v.address}/${v.prefix}`;
@@ -111,28 +111,30 @@ export function planDrift(held: readonly HeldVip[], k: KernelSnapshot, wanted?: 
     w.found.push(`net.ipv4.conf.${s.ifname}.${s.key} is ${s.got}, the agent needs ${s.want}`);
   }
   for (const [ifname, w] of wrong) out.push({ kind: 'sysctl', subject: `net.ipv4.conf.${ifname}`, ifname, role: w.role, found: `${w.found.join('; ')} (ARP flux)` });
-  if (wanted) out.push(...planLeftovers(held, k, wanted, parent));
+  if (wanted) out.push(...planLeftovers(held, k, wanted, parents));
   return out;
 }
 
 /**
  * The agent's own objects nothing wants: a macvlan with the agent's name
  * and MAC marks that no configured DHCP service has, an address with the
- * agent's mark on the parent that no held VIP or configured claim explains.
+ * agent's mark on a network's NIC that no held VIP or configured claim explains.
  * The same test the start's adoption applies (daemon/wiring.ts adoptOwned),
  * so what a start would remove is removed while running too. Objects
  * without both marks are never touched.
  */
-export function planLeftovers(held: readonly HeldVip[], k: KernelSnapshot, wanted: Wanted, parent?: { readonly index: number; readonly name: string }): Drift[] {
+export function planLeftovers(held: readonly HeldVip[], k: KernelSnapshot, wanted: Wanted, parents: readonly { readonly index: number; readonly name: string }[] = []): Drift[] {
   const out: Drift[] = [];
   const heldLinks = new Set(held.flatMap((v) => (v.link ? [v.link.name] : [])));
   for (const l of k.links.values()) {
     if (!isOwnedLink(l) || wanted.links.has(l.name) || heldLinks.has(l.name)) continue;
     out.push({ kind: 'leftover', subject: `link ${l.name}`, found: `agent macvlan ${l.name} (${l.mac}) belongs to no configured service`, remove: { link: l.index } });
   }
-  if (parent && k.marked) {
+  for (const parent of parents) {
+    const marked = k.marked?.get(parent.index);
+    if (!marked) continue;
     const explained = new Set([...wanted.addresses, ...held.filter((v) => v.ifindex === parent.index).map((v) => v.address)]);
-    for (const a of strayMarkedAddresses(k.marked, explained)) {
+    for (const a of strayMarkedAddresses(marked, explained)) {
       out.push({ kind: 'leftover', subject: `address ${a.cidr}`, found: `address ${a.cidr} on ${parent.name} carries the agent's mark and no service holds or claims it`, remove: { ifindex: parent.index, address: a.address, prefix: a.prefix } });
     }
   }

@@ -45,6 +45,8 @@ export interface DriftGuardOptions {
   readonly tables?: TableOwner | undefined;
   /** The parent NIC: its sysctls are kept and its own address followed. */
   readonly parent: { readonly name: string; readonly index: number };
+  /** The other networks' NICs (config/networks.ts): their sysctls are kept and their marked addresses accounted for, as the parent's. */
+  readonly networkParents?: readonly { readonly name: string; readonly index: number }[] | undefined;
   /** The VIPs held now (read at every check: never a copy). */
   held(): HeldVip[];
   /**
@@ -117,8 +119,8 @@ export class DriftGuard {
   private readonly links = new Map<string, ObservedLink>();
   private readonly linkNames = new Map<number, string>();
   private readonly addresses = new Map<number, Set<string>>();
-  /** Addresses with the agent's mark on the parent ("address/prefix"). */
-  private readonly marked = new Set<string>();
+  /** Addresses with the agent's mark on each network's NIC ("address/prefix"), by ifindex. */
+  private readonly marked = new Map<number, Set<string>>();
   /** Source repairs under way, by subject. */
   private readonly sourceRepairs = new Map<string, Promise<void>>();
   /** When each leftover was first seen, by subject. */
@@ -234,7 +236,7 @@ export class DriftGuard {
     for (const l of links) this.noteLink(l);
     for (const a of addrs) {
       this.addressSet(a.index).add(`${a.address}/${a.prefix}`);
-      if (this.isMarked(a)) this.marked.add(`${a.address}/${a.prefix}`);
+      if (this.isMarked(a)) this.markedOn(a.index).add(`${a.address}/${a.prefix}`);
     }
     this.lastResync = this.clock.wallNow();
   }
@@ -244,6 +246,17 @@ export class DriftGuard {
     if (before !== undefined && before !== l.name) this.links.delete(before);
     this.links.set(l.name, { index: l.index, name: l.name, mac: l.mac, up: l.up });
     this.linkNames.set(l.index, l.name);
+  }
+
+  /** Every network's NIC, the parent first. */
+  private parents(): ReadonlyArray<{ readonly name: string; readonly index: number }> {
+    return [this.opts.parent, ...(this.opts.networkParents ?? [])];
+  }
+
+  private markedOn(index: number): Set<string> {
+    let s = this.marked.get(index);
+    if (!s) this.marked.set(index, s = new Set());
+    return s;
   }
 
   private addressSet(index: number): Set<string> {
@@ -267,15 +280,15 @@ export class DriftGuard {
     const cidr = `${a.address}/${a.prefix}`;
     if (type === 'new') this.addressSet(a.index).add(cidr);
     else this.addresses.get(a.index)?.delete(cidr);
-    if (type === 'new' && this.isMarked(a)) this.marked.add(cidr);
-    else if (a.index === this.opts.parent.index) this.marked.delete(cidr);
+    if (type === 'new' && this.isMarked(a)) this.markedOn(a.index).add(cidr);
+    else this.marked.get(a.index)?.delete(cidr);
     // The parent's primary is IPv4 (VRRP's source, status): its IPv6 addresses (link-local, SLAAC) do not move it.
     if (a.index === this.opts.parent.index && a.proto !== OWNED_ADDRESS_PROTO && !a.address.includes(':')) this.followParent();
     this.requestCheck();
   }
 
   private isMarked(a: AddressInfo): boolean {
-    return a.index === this.opts.parent.index && a.proto === OWNED_ADDRESS_PROTO;
+    return a.proto === OWNED_ADDRESS_PROTO && this.parents().some((p) => p.index === a.index);
   }
 
   private onCommit(c: NftCommit): void {
@@ -370,7 +383,7 @@ export class DriftGuard {
       sysctls: await this.readSysctls(held, full),
       marked: this.marked,
     };
-    const { drifts, ripeningMs } = this.ripeLeftovers(planDrift(held, snapshot, this.opts.wanted?.(), this.opts.parent));
+    const { drifts, ripeningMs } = this.ripeLeftovers(planDrift(held, snapshot, this.opts.wanted?.(), this.parents()));
     const forwarding = await this.opts.tables?.keepForwarding().catch((err: unknown) => {
       this.log.warn({ op: 'sysctl', err: errorMessage(err) }, 'cannot set the forwarding sysctls to 1');
       return [];
@@ -508,9 +521,11 @@ export class DriftGuard {
    * every link any program adds).
    */
   private async pollSysctls(): Promise<void> {
-    for (const [key, want] of vipSysctls('parent')) {
-      const got = await readIfSysctl(this.opts.parent.name, key).catch(() => undefined);
-      if (got !== undefined && got !== want) { this.requestCheck(0); return; }
+    for (const p of this.parents()) {
+      for (const [key, want] of vipSysctls('parent')) {
+        const got = await readIfSysctl(p.name, key).catch(() => undefined);
+        if (got !== undefined && got !== want) { this.requestCheck(0); return; }
+      }
     }
     if (this.opts.tables?.ownedTables().includes('ip6 lb_agent')) {
       const six = await fs.readFile('/proc/sys/net/ipv6/conf/all/forwarding', 'utf8').catch(() => undefined);
@@ -520,7 +535,7 @@ export class DriftGuard {
 
   /** The sysctls the agent set: the parent's every poll, each held macvlan's on a full check. */
   private async readSysctls(held: readonly HeldVip[], full: boolean): Promise<KernelSnapshot['sysctls']> {
-    const ifs: Array<[string, VipRole]> = [[this.opts.parent.name, 'parent']];
+    const ifs: Array<[string, VipRole]> = this.parents().map((p) => [p.name, 'parent']);
     if (full) for (const v of held) if (v.link) ifs.push([v.link.name, 'macvlan']);
     const out: Array<KernelSnapshot['sysctls'][number]> = [];
     for (const [ifname, role] of ifs) {

@@ -10,6 +10,7 @@
 import { Counter, Gauge, type Registry } from '../metrics/prom';
 import { INTERRUPTION_KINDS, interruptionKind } from './status';
 import type { LostCause } from '../source';
+import { DEFAULT_NETWORK } from '../config/networks';
 
 /** What the gauges read at each scrape. */
 export interface DaemonMetricsView {
@@ -17,7 +18,7 @@ export interface DaemonMetricsView {
   /** Every configured service's readiness. */
   readiness(): Iterable<{ readonly name: string; readonly namespace: string; readonly ready: boolean }>;
   /** Every service this node serves, whatever gives its VIP (DHCP, pool, or a primary's, for Share IP). */
-  vips(): Iterable<{ readonly name: string; readonly namespace: string; readonly vip: string; readonly ipam: string }>;
+  vips(): Iterable<{ readonly name: string; readonly namespace: string; readonly vip: string; readonly ipam: string; readonly network?: string }>;
   /** The backend set each service balances over, and why. */
   topology(): Iterable<{ readonly name: string; readonly namespace: string; readonly policy: string; readonly set: string; readonly reason: string }>;
 }
@@ -37,8 +38,17 @@ export class DaemonMetrics {
       collect: () => { ready.reset(); for (const s of view.readiness()) ready.set({ service: s.name, namespace: s.namespace }, s.ready ? 1 : 0); },
     });
     const vipInfo: Gauge = new Gauge({
-      name: 'lbagent_service_vip_info', help: 'The VIP a service is served on by this node (1 while served).', labelNames: ['service', 'namespace', 'vip', 'ipam'], registers: [registry],
-      collect: () => { vipInfo.reset(); for (const v of view.vips()) vipInfo.set({ service: v.name, namespace: v.namespace, vip: v.vip, ipam: v.ipam }, 1); },
+      // network: the one series a service has per VIP carries it, for joins
+      // (`group_left(network)`), and only for a named network: a config
+      // without networks: pays nothing for it (metrics-size.test.ts).
+      name: 'lbagent_service_vip_info', help: 'The VIP a service is served on by this node (1 while served); network: the named network (networks:) it lives on, absent on the default one.', labelNames: ['service', 'namespace', 'vip', 'ipam', 'network'], registers: [registry],
+      collect: () => {
+        vipInfo.reset();
+        for (const v of view.vips()) {
+          const base = { service: v.name, namespace: v.namespace, vip: v.vip, ipam: v.ipam };
+          vipInfo.set(v.network === undefined || v.network === DEFAULT_NETWORK ? base : { ...base, network: v.network }, 1);
+        }
+      },
     });
     const topology: Gauge = new Gauge({
       name: 'lbagent_service_topology_info', help: 'The backend set a service with a topology policy (prefer-zone, zone-only) balances over (zone, all or none), and why (1 for the current one); a service of policy any has no series.',

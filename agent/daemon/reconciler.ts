@@ -78,6 +78,14 @@ export function refusals(running: RunningView, next: Desired): ConfigError[] {
   if (old.stateDir !== next.stateDir) errors.push({ path: 'stateDir', message: restartNeeded('the leases, claims and instance lock live there;', old.stateDir, next.stateDir) });
   if (old.control.socket !== next.control.socket) errors.push({ path: 'control.socket', message: restartNeeded('`lb-agent status` and reload talk to it;', old.control.socket, next.control.socket) });
   if (old.node.interface !== next.node.interface) errors.push({ path: 'node.interface', message: restartNeeded('every macvlan and pool VIP hangs off it;', old.node.interface ?? '(default route)', next.node.interface ?? '(default route)') });
+  // A network's NIC (and its virtual routers) is found at start; its pools change by reload.
+  const nets = (c: Desired): Map<string, unknown> => new Map((c.networks ?? []).map((n) => [n.name, { interface: n.interface, failover: n.failover }]));
+  const [was, now] = [nets(old), nets(next)];
+  for (const name of new Set([...was.keys(), ...now.keys()])) {
+    if (!isDeepStrictEqual(was.get(name), now.get(name))) {
+      errors.push({ path: `networks.${name}`, message: restartNeeded('the network\'s NIC is found, and its virtual routers start, with the process;', was.get(name) ?? '(no such network)', now.get(name) ?? '(no such network)') });
+    }
+  }
   const kind = next.dataplane === 'auto' ? running.dataplane : next.dataplane;
   if (kind !== running.dataplane) {
     errors.push({ path: 'dataplane', message: restartNeeded(`the ${running.dataplane} data path is running and would become ${kind};`, old.dataplane, next.dataplane) });
@@ -117,6 +125,7 @@ function addressChange(o: ServiceSpec, n: ServiceSpec): string | undefined {
   if (o.ipam !== n.ipam) return 'ipam';
   if (o.primaryService !== n.primaryService) return 'primaryService';
   if (o.loadBalancerIP !== n.loadBalancerIP) return 'loadBalancerIP';
+  if (o.network !== n.network) return 'network';
   return undefined;
 }
 
@@ -136,7 +145,12 @@ export function planReload(running: RunningView, next: Desired): ReloadPlan {
   const idle: { section: string; why: string }[] = [];
   for (const g of d.globals) {
     switch (g) {
-      case 'pools': steps.push({ op: 'pools' }); sections.push(g); break;
+      case 'pools':
+      case 'networks':
+        // Only a network's pools get here (its NIC and routers are refused above).
+        if (!steps.some((s) => s.op === 'pools')) steps.push({ op: 'pools' });
+        sections.push(g);
+        break;
       case 'arp':
       case 'dhcp':
         if (!steps.some((s) => s.op === 'source-settings')) steps.push({ op: 'source-settings' });
@@ -167,7 +181,7 @@ export function planReload(running: RunningView, next: Desired): ReloadPlan {
   for (const [o, n] of d.changed) {
     changed.push(n.key);
     const why = addressChange(o, n);
-    if (why) steps.push({ op: 'restart-source', key: n.key, spec: n, release: o.loadBalancerIP !== n.loadBalancerIP, why });
+    if (why) steps.push({ op: 'restart-source', key: n.key, spec: n, release: o.loadBalancerIP !== n.loadBalancerIP || o.network !== n.network, why });
     else steps.push({ op: 'update', key: n.key, spec: n, fields: changedFields(o, n) });
   }
   // Primaries before the secondaries that share their VIP.

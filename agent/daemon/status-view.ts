@@ -14,6 +14,7 @@ import type { ServiceRuntime, ServiceRuntimes } from './services';
 import type { BackendHealth, Subsystems } from './subsystems';
 import { VERSION } from '../version';
 import { isoTime } from '../clock';
+import { DEFAULT_NETWORK } from '../config/networks';
 import { dsrEngineOf, familyStatus, portsText, serviceVerdict, startingStatus, type ServiceStatus, type StatusDocument, type Verdict } from './status';
 
 /** A started service's verdict, and what it was decided from. */
@@ -40,6 +41,7 @@ export function serviceStatusOf(st: ServiceState, d: ServiceDetails): ServiceSta
     primaryService: spec.primaryService, vip: vip ?? src?.vip?.address, interface: src?.ifname,
     // A pool VIP answers ARP with the parent's MAC; an adopted one is served before its source has read the parent.
     mac: src?.mac ?? (spec.ipam === 'pool' ? d.parentMac : undefined),
+    network: spec.network ?? DEFAULT_NETWORK,
     state, reason, ready, startedAt: d.startedAt,
     adopted: d.primary?.adopted ?? false, interruptions: d.primary?.interruptions ?? 0,
     lastInterruption: d.primary?.lastInterruption,
@@ -99,7 +101,7 @@ export interface ConfigState {
 }
 
 /** What status reads of the subsystems. */
-export type StatusSubsystems = Pick<Subsystems, 'parent' | 'health' | 'failover' | 'dataplane' | 'backend'>;
+export type StatusSubsystems = Pick<Subsystems, 'parent' | 'parentOf' | 'networks' | 'health' | 'failover' | 'dataplane' | 'backend'>;
 
 export interface StatusViewOptions {
   config(): ConfigState;
@@ -135,7 +137,7 @@ export class StatusView {
     return [...this.opts.services.values()].map((rt) => {
       const primaryKey = rt.spec.primaryService ?? rt.spec.key;
       return serviceStatusOf(this.serviceState(rt, subs), {
-        spec: rt.spec, startedAt: rt.startedAt, primary: this.opts.services.get(primaryKey), parentMac: subs.parent.mac,
+        spec: rt.spec, startedAt: rt.startedAt, primary: this.opts.services.get(primaryKey), parentMac: (subs.parentOf?.(rt.spec) ?? subs.parent).mac,
         backends: subs.health.status(rt.spec.key), zone: this.opts.zone().zone,
       });
     });
@@ -189,6 +191,7 @@ export class StatusView {
         ...dsrEngineOf(subs.dataplane),
       } : undefined,
       failover: { mode: c.failover.mode },
+      ...(subs?.networks ? { networks: subs.networks.map((n) => ({ name: n.name, interface: n.parent.name, address: n.parent.address })) } : {}),
       ready: this.readiness().ready,
       services: this.serviceStatuses(),
       backend: subs?.backend.status(),

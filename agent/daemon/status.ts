@@ -5,6 +5,7 @@
 import type { ConfigError } from '../config/load';
 import type { ServiceSpec } from '../config/types';
 import type { Family } from '../address';
+import { DEFAULT_NETWORK } from '../config/networks';
 import type { Placement } from '../forward/dataplane';
 import type { TopologySelection } from '../forward/topology';
 import type { BackendStatus } from '../net/host/dsr-backend';
@@ -25,6 +26,8 @@ export interface ReloadResult {
 export interface ServiceStatus {
   key: string; name: string; namespace: string; ipam: string; primaryService: string | undefined;
   vip: string | undefined; interface: string | undefined; mac: string | undefined;
+  /** The network the VIP lives on (config/networks.ts; "default": node.interface). */
+  network?: string;
   /** backup, serving, repairing, or the address source's state (acquiring, pending, failed, ...); starting before the first reconcile. */
   state: string; reason: string | undefined; ready: boolean; startedAt: number;
   /** The VIP was adopted from an earlier run at start (crash-only start). */
@@ -61,6 +64,8 @@ export interface StatusDocument {
     dsr?: { engine: 'bpf' | 'nft'; cause: string; reason: string };
   } | undefined;
   failover: { mode: string };
+  /** Every network of the VM and its NIC, the default first. */
+  networks?: { name: string; interface: string; address: string | undefined }[];
   ready: boolean;
   services: ServiceStatus[];
   /** The backend side of direct server return (`backend.vips` on lo, ARP sysctls). */
@@ -139,7 +144,7 @@ export function familyStatus(spec: ServiceSpec): Pick<ServiceStatus, 'family' | 
 export function startingStatus(spec: ServiceSpec, reason: string, startedAt: number): ServiceStatus {
   return {
     key: spec.key, name: spec.name, namespace: spec.namespace, ipam: spec.ipam, primaryService: spec.primaryService,
-    vip: undefined, interface: undefined, mac: undefined, state: 'starting', reason, ready: false, startedAt,
+    vip: undefined, interface: undefined, mac: undefined, network: spec.network ?? DEFAULT_NETWORK, state: 'starting', reason, ready: false, startedAt,
     adopted: false, interruptions: 0, lastInterruption: undefined,
     ports: portsText(spec),
     source: undefined, failover: undefined, healthyBackends: 0, backends: [],

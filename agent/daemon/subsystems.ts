@@ -98,7 +98,12 @@ export interface SubsystemContext {
 }
 
 export interface Subsystems {
+  /** The default network's NIC (node.interface, or the default route's). */
   readonly parent: ParentLink;
+  /** The NIC of a service's network (config/networks.ts); absent: every service is on `parent`. */
+  parentOf?(spec: Pick<ServiceSpec, 'network'>): ParentLink;
+  /** Every network with its NIC, the default first; absent: the default only. */
+  readonly networks?: readonly { readonly name: string; readonly parent: ParentLink }[];
   /** The address source of a service, with the timings and guard of `now`, the config in force (a reload's for the services it adds). */
   createSource(spec: ServiceSpec, now: import('../config/types').Desired): AddressSource;
   /**

@@ -3,10 +3,11 @@
 // address sources (DHCP on a macvlan, pool claims on the parent), the health
 // checker, the data path chosen by `dataplane:`, and VRRP when enabled.
 // The one place that knows every module; the modules know none of each other.
-import type { Desired, PortSpec, ProxyConfig, ServiceSpec } from '../config/types';
+import type { Desired, NetworkSpec, PortSpec, ProxyConfig, ServiceSpec } from '../config/types';
+import { DEFAULT_NETWORK, allPools, networksOf } from '../config/networks';
 import type { ProxyDataplane } from '../forward/proxy';
 import type { NftDataplane } from '../forward/nft';
-import { LbError } from '../errors';
+import { LbError, errorMessage } from '../errors';
 import { openNetlink } from '../net/netlink/netlink';
 import { ParentSysctls } from '../net/sysctl/sysctl';
 import { defaultRouteInterface } from '../net/host/route';
@@ -14,6 +15,7 @@ import { OWNED_ADDRESS_PROTO, linkNameForService, macForService } from '../net/o
 import { reconcileOwnedLinks } from '../net/ownership/reconcile';
 import type { StartLimiter } from '../dhcp/limiter';
 import type { VrrpGate } from '../failover/gate';
+import type { NetworkGates } from '../failover/networks';
 import { PoolManager } from '../ipam/manager';
 import { PoolSource, poolVipPrefix } from '../ipam/pool-source';
 import { NeighbourSockets } from '../net/neighbour/neighbour-sockets';
@@ -34,6 +36,7 @@ const dhcpDriver = (): typeof import('../dhcp/driver') => require('../dhcp/drive
 const dhcpLimiter = (): typeof import('../dhcp/limiter') => require('../dhcp/limiter') as typeof import('../dhcp/limiter');
 const dhcpLease = (): typeof import('../dhcp/lease') => require('../dhcp/lease') as typeof import('../dhcp/lease');
 const vrrpGate = (): typeof import('../failover/gate') => require('../failover/gate') as typeof import('../failover/gate');
+const networkGates = (): typeof import('../failover/networks') => require('../failover/networks') as typeof import('../failover/networks');
 const driftModule = (): typeof import('./drift') => require('./drift') as typeof import('./drift');
 const nftWatchModule = (): typeof import('../net/netlink/nft-watch') => require('../net/netlink/nft-watch') as typeof import('../net/netlink/nft-watch');
  
@@ -43,25 +46,40 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
   const log = ctx.log;
   const netlink = openNetlink({ log });
   try {
-    const parentName = config.node.interface ?? defaultRouteInterface();
-    if (!parentName) {
-      throw new LbError('LB_ERR_NET_NO_INTERFACE', 'no parent interface: node.interface is not set and there is no IPv4 default route to take it from; set node.interface in the config');
-    }
-    const link = await netlink.getLink(parentName);
-    const addrs = await netlink.listAddresses(link.index);
-    const primary = addrs.find((a) => a.prefix < 32) ?? addrs[0];
-    const parent: ParentLink = { name: link.name, index: link.index, mac: link.mac, address: primary?.address };
+    // Every network's NIC (config/networks.ts), the default network's first:
+    // found once, at start; each gets the ARP sysctls that keep it from
+    // answering for another NIC's addresses (ARP flux: docs/design.md).
     const parentSysctls = new ParentSysctls();
-    const changes = await parentSysctls.apply(parent.name);
-    if (changes.length > 0) log.info({ module: 'net', op: 'sysctl', ifname: parent.name, changes }, 'set ARP sysctls on the parent (ARP flux: docs/design.md)');
-
-    const pools = new PoolManager({ pools: config.pools, store, log, registry, clock });
+    const pools = new PoolManager({ pools: allPools(config), store, log, registry, clock });
     // One ARP and one NDP socket per interface for every pool VIP on it.
     const neighbourSockets = new NeighbourSockets();
     // A stop (or a reload) of many pool services removes their VIPs in a few netlink batches.
     const poolRemovals = new AddressRemovals({ netlink, run: (fn) => pools.serialize(fn) });
-    // The node's own addresses are never handed out of a pool.
-    pools.setReserved(addrs.filter((a) => a.prefix < (familyOf(a.address) === 'IPv6' ? 128 : 32)).map((a) => a.address));
+    const nets: Array<{ network: NetworkSpec; parent: ParentLink; link: Awaited<ReturnType<typeof netlink.getLink>>; addrs: Awaited<ReturnType<typeof netlink.listAddresses>> }> = [];
+    for (const network of networksOf(config)) {
+      const parentName = network.interface ?? defaultRouteInterface();
+      if (!parentName) {
+        throw new LbError('LB_ERR_NET_NO_INTERFACE', 'no parent interface: node.interface is not set and there is no IPv4 default route to take it from; set node.interface in the config');
+      }
+      const same = nets.find((n) => n.parent.name === parentName);
+      if (same) throw new LbError('LB_ERR_NET_NO_INTERFACE', `networks.${network.name} is on ${parentName}, which is also the interface of network ${same.network.name} (${same.network.name === DEFAULT_NETWORK ? 'node.interface, or the default route\'s NIC' : `networks.${same.network.name}`}); each network is a NIC of its own`);
+      const link = await netlink.getLink(parentName).catch((e: unknown) => {
+        throw network.name === DEFAULT_NETWORK ? e : new LbError('LB_ERR_NET_NO_INTERFACE', `networks.${network.name}.interface ${parentName}: ${errorMessage(e)}`);
+      });
+      const addrs = await netlink.listAddresses(link.index);
+      const primary = addrs.find((a) => a.prefix < 32) ?? addrs[0];
+      const parent: ParentLink = { name: link.name, index: link.index, mac: link.mac, address: primary?.address };
+      const changes = await parentSysctls.apply(parent.name);
+      if (changes.length > 0) log.info({ module: 'net', op: 'sysctl', ifname: parent.name, network: network.name, changes }, 'set ARP sysctls on the parent (ARP flux: docs/design.md)');
+      // The node's own addresses are never handed out of a pool.
+      pools.setReserved(addrs.filter((a) => a.prefix < (familyOf(a.address) === 'IPv6' ? 128 : 32)).map((a) => a.address), network.name);
+      nets.push({ network, parent, link, addrs });
+    }
+    const { parent } = nets[0]!;
+    const byNetwork = new Map(nets.map((n) => [n.network.name, n]));
+    /** The NIC of a service's network (load.ts refuses an unknown one). */
+    const netOf = (spec: Pick<ServiceSpec, 'network'>): (typeof nets)[number] => byNetwork.get(spec.network ?? DEFAULT_NETWORK) ?? nets[0]!;
+    const parentOf = (spec: Pick<ServiceSpec, 'network'>): ParentLink => netOf(spec).parent;
     /**
      * What these services account for of the agent's own objects: the
      * macvlan of each DHCP service (its name, with the service key) and the
@@ -132,18 +150,26 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
       dsr: () => (selection.kind === 'kernel' ? dsr() : Promise.resolve({ ok: false, reason: 'the userspace proxy is running' })),
     };
 
-    let failover: VrrpGate | undefined;
+    let failover: VrrpGate | NetworkGates | undefined;
     if (config.failover.mode === 'vrrp') {
-      const ifname = config.failover.interface ?? parent.name;
-      const vlink = ifname === parent.name ? link : await netlink.getLink(ifname);
-      const vaddrs = ifname === parent.name ? addrs : await netlink.listAddresses(vlink.index);
-      const src = vaddrs.find((a) => a.prefix < 32)?.address;
-      if (!src) throw new LbError('LB_ERR_NET_NO_INTERFACE', `VRRP interface ${ifname} has no IPv4 address to send advertisements from; give it one or set failover.interface`);
-      failover = new (vrrpGate().VrrpGate)({ config: config.failover, nodePriority: config.node.priority, ifindex: vlink.index, ifname, ifMac: vlink.mac, srcIp: src, log, registry, clock });
+      // One gate per network, on that network's VRRP interface with its VRIDs and peers.
+      const gates = new Map<string, VrrpGate>();
+      for (const n of nets) {
+        const ifname = n.network.failover.interface ?? n.parent.name;
+        const vlink = ifname === n.parent.name ? n.link : await netlink.getLink(ifname);
+        const vaddrs = ifname === n.parent.name ? n.addrs : await netlink.listAddresses(vlink.index);
+        const src = vaddrs.find((a) => a.prefix < 32)?.address;
+        const where = n.network.name === DEFAULT_NETWORK ? 'failover.interface' : `networks.${n.network.name}.failover.interface`;
+        if (!src) throw new LbError('LB_ERR_NET_NO_INTERFACE', `VRRP interface ${ifname} has no IPv4 address to send advertisements from; give it one or set ${where}`);
+        gates.set(n.network.name, new (vrrpGate().VrrpGate)({ config: { ...config.failover, ...n.network.failover }, nodePriority: config.node.priority, ifindex: vlink.index, ifname, ifMac: vlink.mac, srcIp: src, log: log.child({ network: n.network.name }), registry, clock }));
+      }
+      failover = gates.size === 1 ? gates.get(DEFAULT_NETWORK)! : new (networkGates().NetworkGates)(gates);
     }
 
     return {
       parent,
+      parentOf,
+      networks: nets.map((n) => ({ name: n.network.name, parent: n.parent })),
       health,
       dataplane,
       failover,
@@ -157,11 +183,11 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
       // come from it, never from the config read at start.
       createSource: (spec: ServiceSpec, now: Desired) => (spec.ipam === 'dhcp'
         ? dhcpDriver().createDhcpSource({
-          service: spec, parent: parent.name, timings: vrrp ? { ...now.dhcp, probeOffer: false } : now.dhcp, arp: now.arp,
+          service: spec, parent: parentOf(spec).name, timings: vrrp ? { ...now.dhcp, probeOffer: false } : now.dhcp, arp: now.arp,
           store, netlink, log, registry, clock, limiter: startLimiter(), parentSysctls, resumeSaved: vrrp,
           guard: { allowOtherSubnets: now.dhcp.allowOtherSubnets, servers: now.dhcp.servers },
         })
-        : new PoolSource({ service: spec, parentIfname: parent.name, manager: pools, arp: now.arp, netlink, log, registry, clock, probe: !vrrp, sockets: neighbourSockets, removals: poolRemovals })),
+        : new PoolSource({ service: spec, parentIfname: parentOf(spec).name, manager: pools, arp: now.arp, netlink, log, registry, clock, probe: !vrrp, sockets: neighbourSockets, removals: poolRemovals })),
       watchKernel: ({ configured, ...hooks }) => new (driftModule().DriftGuard)({
         ...hooks, netlink, log, registry, clock,
         wanted: () => {
@@ -172,6 +198,7 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
           } catch { return undefined; }
         },
         parent: { name: parent.name, index: parent.index },
+        networkParents: nets.slice(1).map((n) => ({ name: n.parent.name, index: n.parent.index })),
         ...(dp.kind === 'kernel' ? { tables: dp as NftDataplane, nftWatch: () => new (nftWatchModule().NftWatcher)({ log }) } : {}),
       }),
       observeHeld: async (services) => {
@@ -188,30 +215,41 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
             if (lease && link && link.mac === macForService(s.key) && on(link.index, formatIPv4(lease.address))) held.set(s.key, formatIPv4(lease.address));
           } else {
             const claim = pools.claimOf(s.key);
-            if (claim && on(parent.index, claim.address)) held.set(s.key, claim.address);
+            if (claim && on(parentOf(s).index, claim.address)) held.set(s.key, claim.address);
           }
         }
         return held;
       },
       adoptOwned: async (services) => {
         const accounted = accountedFor(services);
-        const wanted = new Map([...accounted.links].map(([name, key]) => [name, { mac: macForService(key), parent: parent.name }]));
+        const specOf = new Map(services.map((s) => [s.key, s]));
+        const wanted = new Map([...accounted.links].map(([name, key]) => [name, { mac: macForService(key), parent: parentOf(specOf.get(key) ?? {}).name }]));
         const res = await reconcileOwnedLinks(netlink, wanted, { log });
         // Pool VIPs of services no longer configured: their claims go, and
         // the address an earlier run left on the parent goes with them.
         const pruned = pools.pruneClaims(services.filter((s) => s.primaryService === undefined && s.ipam === 'pool').map((s) => s.key));
         const removedAddrs: string[] = [];
         const leftovers: Array<{ index: number; address: string; prefix: number; why: string }> = [];
-        for (const [svc, claim] of pruned) leftovers.push({ index: parent.index, address: claim.address, prefix: poolVipPrefix(familyOf(claim.address) ?? 'IPv4'), why: `${claim.address} (${svc})` });
+        // A removed service's network is not known any more: its address goes from whichever NIC has it.
+        for (const [svc, claim] of pruned) {
+          for (const n of nets) leftovers.push({ index: n.parent.index, address: claim.address, prefix: poolVipPrefix(familyOf(claim.address) ?? 'IPv4'), why: `${claim.address} (${svc})` });
+        }
         // Every address an earlier run added carries the ownership mark: one
-        // on the parent that no wanted claim explains is a leftover (a claim
-        // lost to a crash, a reload that raced, a stop whose removal failed), withdrawn now.
-        const wantedClaims = accounted.claims;
-        const marked = [...await netlink.listAddresses(parent.index), ...await netlink.listAddresses(parent.index, 'IPv6')]
-          .filter((a) => a.proto === OWNED_ADDRESS_PROTO).map((a) => `${a.address}/${a.prefix}`);
-        const pruning = new Set(leftovers.map((l) => `${l.address}/${l.prefix}`));
-        for (const a of strayMarkedAddresses(marked, wantedClaims)) {
-          if (!pruning.has(a.cidr)) leftovers.push({ index: parent.index, address: a.address, prefix: a.prefix, why: `${a.cidr} (marked as the agent's, no claim wants it)` });
+        // on a NIC that no wanted claim explains is a leftover (a claim lost
+        // to a crash, a reload that raced, a stop whose removal failed),
+        // withdrawn now. A claim is wanted on its own network's NIC only: on
+        // another it is a leftover too.
+        for (const n of nets) {
+          const wantedClaims = new Set(services.filter((s) => s.primaryService === undefined && s.ipam === 'pool' && netOf(s) === n).flatMap((s) => {
+            const c = pools.claimOf(s.key);
+            return c && accounted.claims.has(c.address) ? [c.address] : [];
+          }));
+          const marked = [...await netlink.listAddresses(n.parent.index), ...await netlink.listAddresses(n.parent.index, 'IPv6')]
+            .filter((a) => a.proto === OWNED_ADDRESS_PROTO).map((a) => `${a.address}/${a.prefix}`);
+          const pruning = new Set(leftovers.filter((l) => l.index === n.parent.index).map((l) => `${l.address}/${l.prefix}`));
+          for (const a of strayMarkedAddresses(marked, wantedClaims)) {
+            if (!pruning.has(a.cidr)) leftovers.push({ index: n.parent.index, address: a.address, prefix: a.prefix, why: `${a.cidr} on ${n.parent.name} (marked as the agent's, no claim wants it there)` });
+          }
         }
         // In netlink batches: a crash under a thousand VIPs leaves a thousand to take back.
         (await netlink.removeAddresses(leftovers).catch(() => [])).forEach((r, i) => { if (r === true) removedAddrs.push(leftovers[i]!.why); });
@@ -221,10 +259,12 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
         // RFC 5227 probe see a conflict. The source puts it back when this
         // node becomes Master.
         if (config.failover.mode === 'vrrp') {
-          const onParent = new Set((await netlink.listAddresses(parent.index)).filter((a) => a.prefix === 32).map((a) => a.address));
+          const onParent = new Map<number, Set<string>>();
+          for (const n of nets) onParent.set(n.parent.index, new Set((await netlink.listAddresses(n.parent.index)).filter((a) => a.prefix === 32).map((a) => a.address)));
           for (const s of services) {
             const claim = s.primaryService === undefined && s.ipam === 'pool' ? pools.claimOf(s.key) : undefined;
-            if (claim && onParent.has(claim.address) && await netlink.removeAddress(parent.index, claim.address, 32).catch(() => false)) {
+            const p = parentOf(s);
+            if (claim && onParent.get(p.index)?.has(claim.address) && await netlink.removeAddress(p.index, claim.address, 32).catch(() => false)) {
               removedAddrs.push(`${claim.address} (${s.key}, VRRP Backup until elected)`);
             }
           }
@@ -235,7 +275,7 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
         };
       },
       reconfigure: (next) => {
-        pools.setPools(next.pools);
+        pools.setPools(allPools(next));
         limiterSettings = { max: next.dhcp.maxConcurrentStarts, jitterMs: vrrp ? 0 : next.dhcp.retransmitJitter * 1000 };
         limiter?.reconfigure(limiterSettings);
       },

@@ -18,6 +18,7 @@ import { realClock, type Clock } from '../clock';
 import { parseAddress, type Family } from '../address';
 import { addressKey, allocate, poolSize, type AllocationResult } from './allocator';
 import { poolContains, selectPool } from '../config/pools';
+import { DEFAULT_NETWORK, poolLabel, poolsOfNetwork } from '../config/networks';
 import { ClaimStore, type PoolClaim } from './claims';
 import { SerialQueue } from '../serial';
 
@@ -80,6 +81,8 @@ export interface ReserveRequest {
   /** The family of the address; default IPv4. */
   readonly family?: Family | undefined;
   readonly loadBalancerIP?: string | undefined;
+  /** The service's network: its pools only (config/networks.ts); absent: the default network. */
+  readonly network?: string | undefined;
 }
 
 /** Addresses are canonical text (allocator.ts addressKey). */
@@ -102,6 +105,8 @@ export class PoolManager extends EventEmitter {
   private readonly holds = new Map<string, Hold>();
   private readonly conflictMap = new Map<string, Conflict>();
   private reserved = new Set<string>();
+  /** The reserved addresses of each network's interface; `reserved` is their union. */
+  private readonly reservedBy = new Map<string, Set<string>>();
   /** RFC 5227 §2.1.1 rate limiting: conflicts since the last successful claim. */
   private conflictRun = 0;
   private lastAttempt = -Infinity;
@@ -146,8 +151,10 @@ export class PoolManager extends EventEmitter {
    * addresses and the network/broadcast addresses of its subnets (a pool
    * written as a range knows nothing of the LAN's prefix).
    */
-  setReserved(addresses: Iterable<string>): void {
-    const next = new Set([...addresses].map(addressKey).filter((a): a is string => a !== undefined));
+  setReserved(addresses: Iterable<string>, network: string = DEFAULT_NETWORK): void {
+    // One network's interface at a time: every node address of every network stays out of every pool.
+    this.reservedBy.set(network, new Set([...addresses].map(addressKey).filter((a): a is string => a !== undefined)));
+    const next = new Set([...this.reservedBy.values()].flatMap((x) => [...x]));
     const same = next.size === this.reserved.size && [...next].every((a) => this.reserved.has(a));
     if (same) return;
     this.reserved = next;
@@ -156,8 +163,8 @@ export class PoolManager extends EventEmitter {
   }
 
   /** The pool that gives a namespace its addresses of a family, or undefined. */
-  poolFor(namespace: string, family: Family = 'IPv4'): Pool | undefined {
-    return selectPool(this.pools, namespace, family);
+  poolFor(namespace: string, family: Family = 'IPv4', network?: string): Pool | undefined {
+    return selectPool(poolsOfNetwork(this.pools, network), namespace, family);
   }
 
   /** The persisted claim of a service (throws LB_ERR_STATE_CORRUPT on a corrupt claims file). */
@@ -177,7 +184,7 @@ export class PoolManager extends EventEmitter {
     this.lastAttempt = now;
     this.holds.delete(req.service);
     const claim = this.claims.get(req.service);
-    const result = allocate(this.pools, { ...req, claim }, {
+    const result = allocate(poolsOfNetwork(this.pools, req.network), { ...req, claim }, {
       taken: this.takenBy(req.service),
       conflicts: new Map([...this.conflictMap].map(([a, c]) => [a, c.retryAt])),
       reserved: this.reserved,
@@ -289,10 +296,11 @@ export class PoolManager extends EventEmitter {
   }
 
   /** Address -> service of every claim and hold except the given service's. */
-  /** The key of the pool an address lies in, if any. */
+  /** The label (config/networks.ts poolLabel) of the pool an address lies in, if any. */
   private poolOf(address: string): string | undefined {
     const a = parseAddress(address);
-    return a === undefined ? undefined : this.pools.find((p) => poolContains(p, a))?.key;
+    const p = a === undefined ? undefined : this.pools.find((x) => poolContains(x, a));
+    return p === undefined ? undefined : poolLabel(p);
   }
 
   private takenBy(except: string): Map<string, string> {
@@ -310,13 +318,14 @@ export class PoolManager extends EventEmitter {
     try { inUse = this.takenBy(''); } catch { return; /* corrupt claims: reported by the sources */ }
     const seen = new Set<string>();
     for (const pool of this.pools) {
-      seen.add(pool.key);
-      this.sizeLabels.add(pool.key);
-      this.metrics.size.set({ pool: pool.key }, poolSize(pool, this.reserved));
+      const label = poolLabel(pool);
+      seen.add(label);
+      this.sizeLabels.add(label);
+      this.metrics.size.set({ pool: label }, poolSize(pool, this.reserved));
       let n = 0;
-      for (const a of inUse.keys()) if (this.poolOf(a) === pool.key && !this.reserved.has(a)) n++;
-      this.metrics.inUse.set({ pool: pool.key }, n);
-      this.metrics.conflicts.inc({ pool: pool.key }, 0);
+      for (const a of inUse.keys()) if (this.poolOf(a) === label && !this.reserved.has(a)) n++;
+      this.metrics.inUse.set({ pool: label }, n);
+      this.metrics.conflicts.inc({ pool: label }, 0);
     }
     for (const key of [...this.sizeLabels]) {
       if (seen.has(key)) continue;

@@ -74,7 +74,7 @@ export type PoolNetlink = Pick<NetlinkClient, 'getLink' | 'listAddresses' | 'add
 
 export interface PoolSourceOptions {
   /** The service (key, name, namespace, loadBalancerIP, family are used). */
-  service: Pick<ServiceSpec, 'key' | 'name' | 'namespace' | 'loadBalancerIP' | 'family'>;
+  service: Pick<ServiceSpec, 'key' | 'name' | 'namespace' | 'loadBalancerIP' | 'family' | 'network'>;
   /** The parent NIC the VIP goes on. */
   parentIfname: string;
   /** Shared by every pool source of the agent: owns claims, pools, conflicts. */
@@ -425,7 +425,7 @@ export class PoolSource extends EventEmitter implements AddressSource {
   }
 
   private reserve(): ReturnType<PoolManager['reserve']> {
-    return this.manager.reserve({ service: this.key, namespace: this.opts.service.namespace, family: this.family, loadBalancerIP: this.opts.service.loadBalancerIP });
+    return this.manager.reserve({ service: this.key, namespace: this.opts.service.namespace, family: this.family, loadBalancerIP: this.opts.service.loadBalancerIP, network: this.opts.service.network });
   }
 
   private wait(gen: number, until: number | undefined, onChange: boolean): void {
@@ -565,7 +565,7 @@ export class PoolSource extends EventEmitter implements AddressSource {
       const k = addressKey(c.address);
       if (k !== undefined) claimed.add(k);
     }
-    this.manager.setReserved(reservedFromInterface(addrs, claimed));
+    this.manager.setReserved(reservedFromInterface(addrs, claimed), this.opts.service.network);
     return { link, onParent: new Set(addrs.filter((a) => a.prefix === this.prefix).map((a) => a.address)) };
   }
 

@@ -329,7 +329,7 @@ export function checkInterface(f: Facts): CheckResult {
     return fail(id, 'node.interface is not set and there is no default route to take it from',
       `set node.interface in ${f.config.path} to the NIC on the VM network (present: ${others})`);
   }
-  const from = p.source === 'config' ? 'node.interface' : 'default route';
+  const from = p.source === 'config' ? 'node.interface' : p.source === 'network' ? `networks.${p.network ?? '?'}.interface` : 'default route';
   if (!p.exists) {
     return fail(id, `${p.name} (${from}) does not exist; interfaces present: ${others}`,
       `set node.interface in ${f.config.path} to one of: ${others}`);
@@ -950,6 +950,47 @@ export function checkDhcpProbe(f: Facts): CheckResult | undefined {
 }
 
 /** Every check, in report order. */
+/**
+ * Every network's NIC, by the same rules as the default one's (interface,
+ * arp-sysctls, pools) and a macvlan made on it: one finding, as bad as the
+ * worst network, one clause per network.
+ */
+export function checkNetworks(f: Facts): CheckResult | undefined {
+  const id = 'networks';
+  const nets = f.networks;
+  if (!nets || nets.length === 0) return undefined;
+  const rank = { pass: 0, warn: 1, fail: 2 } as const;
+  let worst: CheckResult['status'] = 'pass';
+  const details: string[] = [];
+  const remedies: string[] = [];
+  for (const n of nets) {
+    const conf = f.config.networks?.find((c) => c.name === n.name);
+    const g: Facts = { ...f, parent: n.parent, sysctls: { ...f.sysctls, ...n.sysctls }, config: { ...f.config, pools: conf?.pools ?? [], dhcpServices: [] } };
+    // The NIC's own sysctls: those of new macvlans are the arp-sysctls finding's.
+    const parts: CheckResult[] = [checkInterface(g)];
+    if (n.parent.exists) {
+      parts.push(checkArpSysctls(g), checkPools(g));
+      const dhcp = conf?.dhcpServices ?? 0;
+      if (n.macvlan.status === 'ok') parts.push(pass(id, `a macvlan can hang off ${n.parent.name}`));
+      else if (n.macvlan.status === 'failed') {
+        const busy = /busy/i.test(n.macvlan.error ?? '');
+        const why = `cannot make a macvlan on ${n.parent.name}: ${n.macvlan.error ?? '?'}${busy ? ' (the NIC belongs to a bridge, bond or team)' : ''}`;
+        const fix = busy ? `set networks.${n.name}.interface to the bridge or bond ${n.parent.name} belongs to, not to the port` : 'see the macvlan finding';
+        parts.push(dhcp > 0 ? fail(id, `${why}; ${dhcp} DHCP service(s) on this network would stay Pending`, fix) : warn(id, `${why}; no DHCP service is on this network now`, fix));
+      } else parts.push(warn(id, `macvlan on ${n.parent.name} not tried: ${n.macvlan.error ?? '?'}`, 'run the check as root with unshare and ip installed'));
+    }
+    const bad = parts.filter((p) => p.status !== 'pass');
+    const st = bad.reduce<CheckResult['status']>((w, p) => (rank[p.status] > rank[w] ? p.status : w), 'pass');
+    if (rank[st] > rank[worst]) worst = st;
+    const head = `${n.name} (${n.parent.name ?? '?'}, ${conf?.services ?? 0} service(s))`;
+    details.push(bad.length === 0 ? `${head}: up, carrier, ${n.parent.addresses.filter((x) => !x.endsWith('/32')).join(', ')}, arp_ignore/arp_announce as wanted, macvlan ok` : `${head}: ${bad.map((p) => p.detail).join('; ')}`);
+    for (const p of bad) if (p.remedy) remedies.push(`${n.name}: ${p.remedy}`);
+  }
+  const detail = details.join(' | ');
+  if (worst === 'pass') return pass(id, detail);
+  return worst === 'fail' ? fail(id, detail, remedies.join('; ')) : warn(id, detail, remedies.join('; '));
+}
+
 export function runChecks(f: Facts): CheckResult[] {
   const out = [
     checkConfig(f),
@@ -966,7 +1007,7 @@ export function runChecks(f: Facts): CheckResult[] {
   ];
   const fds = checkDescriptors(f);
   if (fds) out.push(fds);
-  for (const c of [checkDsr(f), checkDsrBackend(f), checkIpv6(f), checkTopology(f), checkConntrackPickup(f), checkUdpFlows(f), checkStaleFlows(f), checkFirewall(f), checkDriftFight(f)]) if (c) out.push(c);
+  for (const c of [checkNetworks(f), checkDsr(f), checkDsrBackend(f), checkIpv6(f), checkTopology(f), checkConntrackPickup(f), checkUdpFlows(f), checkStaleFlows(f), checkFirewall(f), checkDriftFight(f)]) if (c) out.push(c);
   const dhcp = checkDhcpProbe(f);
   if (dhcp) out.push(dhcp);
   return out;

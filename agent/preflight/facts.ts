@@ -9,7 +9,7 @@
 // process. The only exception is `modprobe macvlan`, attempted when a macvlan
 // could not be created and the module is not loaded: loading the driver the
 // agent needs anyway is the point of the diagnosis.
-import { execFile } from 'node:child_process';
+import { execFile, spawn } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import * as zlib from 'node:zlib';
@@ -18,6 +18,7 @@ import { DEFAULTS } from '../config/defaults';
 import type { DataplaneMode, Desired } from '../config/types';
 import { readNofile } from '../forward/capacity';
 import { formatAddress } from '../address';
+import { DEFAULT_NETWORK, networksOf } from '../config/networks';
 import { placementFor, servicesNeedingProxy, type Placement } from '../forward/dataplane';
 import { sysctlIfName } from './checks';
 import { parseDefaultRoute } from '../net/host/route';
@@ -69,6 +70,8 @@ export interface ConfigFacts {
   topology?: { service: string; policy: string; zones: string[]; unzoned: number }[];
   /** Services only the proxy path can serve (they ask for the PROXY protocol). */
   proxyOnly?: string[];
+  /** The named networks (`networks:`): each one's NIC, pools and services; absent: the default network only. */
+  networks?: { name: string; interface: string; pools: ConfigFacts['pools']; services: number; dhcpServices: number }[];
 }
 
 export interface MacvlanFacts {
@@ -96,7 +99,10 @@ export interface MacvlanFacts {
 
 export interface ParentFacts {
   name: string | undefined;
-  source: 'config' | 'default-route' | 'none';
+  /** Where the name comes from: node.interface, the default route, or networks.<network>.interface. */
+  source: 'config' | 'default-route' | 'none' | 'network';
+  /** The network it is the NIC of, when source is network. */
+  network?: string;
   exists: boolean;
   operstate: string | undefined;
   /** undefined when unreadable (the kernel refuses to read carrier of a down link). */
@@ -165,6 +171,17 @@ export interface Facts {
   ruleset?: Attempt & { nftables?: unknown[] };
   /** The daemon running with this config, asked for its status on the control socket: what its drift guard reports, or why none answered. Absent in facts from before it. */
   daemon?: DaemonFacts;
+  /** With named networks: every network's NIC (the default first), its ARP sysctls and whether a macvlan can be made on it. */
+  networks?: NetworkFacts[];
+}
+
+export interface NetworkFacts {
+  name: string;
+  parent: ParentFacts;
+  /** net.ipv4.conf.<if>.{arp_ignore,arp_announce,rp_filter} in sysctl(8) spelling (net.ipv4.conf.all.* are in Facts.sysctls). */
+  sysctls: Record<string, string>;
+  /** A macvlan (mode bridge) made on this NIC straight into a throwaway namespace, so nothing appears beside the NIC. */
+  macvlan: Attempt;
 }
 
 export interface DaemonFacts extends Attempt {
@@ -282,6 +299,16 @@ export function configSummary(path_: string, config: Desired): ConfigFacts {
       unzoned: s.backends.filter((b) => b.zone === undefined).length,
     })),
     ...(servicesNeedingProxy(config.services).length > 0 ? { proxyOnly: servicesNeedingProxy(config.services) } : {}),
+    ...((config.networks ?? []).length > 0 ? {
+      networks: networksOf(config).map((n) => {
+        const on = config.services.filter((s) => (s.network ?? DEFAULT_NETWORK) === n.name);
+        return {
+          name: n.name, interface: n.interface ?? '',
+          pools: n.pools.map((p) => ({ key: p.key, ranges: p.ranges.map((r) => ({ text: r.text, first: formatAddress({ family: r.family, value: r.start }), last: formatAddress({ family: r.family, value: r.end }) })) })),
+          services: on.length, dhcpServices: on.filter((s) => s.ipam === 'dhcp' && s.primaryService === undefined).length,
+        };
+      }),
+    } : {}),
   };
 }
 
@@ -519,6 +546,52 @@ async function gatherParent(name: string | undefined, source: ParentFacts['sourc
   };
 }
 
+/**
+ * Can a macvlan hang off this NIC? Made with the NIC as its lower device but
+ * straight inside a throwaway namespace (`ip link add link NIC netns PID`),
+ * so nothing appears in the VM's own namespace, and gone with the namespace.
+ * It fails where the agent's would: no driver, or a NIC already claimed by a
+ * bridge, bond or team (EBUSY: one rx handler per device).
+ */
+async function macvlanOnParent(unshare: string | undefined, ip: string | undefined, parent: string): Promise<Attempt> {
+  if (!unshare || !ip) return { status: 'not-run', error: !unshare ? 'unshare not found' : 'ip not found' };
+  const t0 = performance.now();
+  const holder = spawn(unshare, ['--net', 'sleep', '10'], { stdio: 'ignore' });
+  try {
+    const pid = holder.pid;
+    if (pid === undefined) return { status: 'not-run', error: 'could not start unshare' };
+    // The link must never land in this namespace: wait until the holder is in its own.
+    const own = await fs.promises.readlink('/proc/self/ns/net');
+    let theirs: string | undefined;
+    for (let i = 0; i < 100 && (theirs === undefined || theirs === own); i++) {
+      await new Promise((r) => setTimeout(r, 10));
+      theirs = await fs.promises.readlink(`/proc/${pid}/ns/net`).catch(() => undefined);
+    }
+    if (theirs === undefined || theirs === own) return { status: 'not-run', error: 'the throwaway namespace did not come up', ms: Math.round(performance.now() - t0) };
+    const r = await run(ip, ['link', 'add', 'link', parent, 'name', `${PROBE_LINK}3`, 'netns', String(pid), 'type', 'macvlan', 'mode', 'bridge']);
+    const ms = Math.round(performance.now() - t0);
+    return r.code === 0 ? { status: 'ok', ms } : { status: 'failed', error: complaint(r), ms };
+  } finally {
+    holder.kill('SIGKILL');
+  }
+}
+
+/** One network's NIC as the daemon will use it: state, addresses, ARP sysctls, a macvlan on it. */
+async function gatherNetwork(name: string, parentName: string | undefined, source: ParentFacts['source'], unshare: string | undefined, ip: string | undefined): Promise<NetworkFacts> {
+  const [parent, sysctls] = await Promise.all([gatherParent(parentName, source, ip), parentName ? gatherIfSysctls(parentName) : Promise.resolve({})]);
+  if (source === 'network') parent.network = name;
+  const macvlan = parent.exists && parentName ? await macvlanOnParent(unshare, ip, parentName) : { status: 'not-run' as const, error: 'no such interface' };
+  return { name, parent, sysctls, macvlan };
+}
+
+async function gatherIfSysctls(ifname: string): Promise<Record<string, string>> {
+  const names = IF_SYSCTL_KEYS.map((key) => `net.ipv4.conf.${sysctlIfName(ifname)}.${key}`);
+  const values = await Promise.all(names.map((n) => readText(`/proc/sys/${n.split('.').map((s) => s.replace(/\//g, '.')).join('/')}`)));
+  const out: Record<string, string> = {};
+  names.forEach((n, i) => { if (values[i] !== undefined) out[n] = values[i].trim(); });
+  return out;
+}
+
 async function gatherSysctls(parent: string | undefined): Promise<Record<string, string>> {
   // nf_conntrack_tcp_loose exists once conntrack is loaded (the kernel path's nat table loads it).
   const names = ['net.ipv4.ip_forward', 'net.netfilter.nf_conntrack_tcp_loose'];
@@ -700,6 +773,13 @@ export async function gatherFacts(opts: GatherOptions): Promise<Facts> {
   };
   const ct = await ctP;
   if (ct) facts.conntrackNetlink = ct;
+  if (config.networks) {
+    facts.networks = [];
+    for (const n of config.networks) {
+      const isDefault = n.name === DEFAULT_NETWORK;
+      facts.networks.push(await gatherNetwork(n.name, isDefault ? parentName : n.interface, isDefault ? source : 'network', unshare, ip));
+    }
+  }
   if (opts.dhcpProbe) {
     facts.dhcpProbe = parent.exists && parentName
       ? await opts.dhcpProbe(parentName)

@@ -5,7 +5,7 @@
 export const CHECK_IDS = [
   'config', 'state-dir', 'capabilities', 'macvlan', 'interface', 'pools', 'arp-sysctls', 'rp-filter', 'ip-forward',
   'dataplane', 'guest-agent', 'descriptors', 'dsr', 'dsr-backend', 'topology', 'conntrack-pickup', 'udp-flows',
-  'stale-flows', 'firewall', 'drift-fight', 'dhcp-probe', 'ipv6', 'preflight',
+  'stale-flows', 'firewall', 'drift-fight', 'dhcp-probe', 'ipv6', 'networks', 'preflight',
 ] as const;
 
 export type CheckId = (typeof CHECK_IDS)[number];
@@ -129,6 +129,11 @@ export const CHECK_HELP: Readonly<Record<CheckId, CheckHelp>> = {
     what: 'With `lb-agent check --dhcp-probe`: a DHCPDISCOVER from a throwaway macvlan, to see whether a server offers an address.',
     cause: 'Fails when no offer comes, or the probe could not run (see the macvlan, capabilities and interface findings).',
     fix: 'Make sure the VM network has a DHCP server with free addresses, or use `ipam: pool`.',
+  },
+  networks: {
+    what: 'With `networks:` configured, every network the VM is on, the default one first: its NIC exists, is up, has carrier and an IPv4 address to send ARP and VRRP from; its `arp_ignore`/`arp_announce` (so it answers ARP only for its own VIPs: ARP flux); a macvlan can be made on it (made straight inside a throwaway namespace, so nothing appears on the VM); its pools lie in its subnet.',
+    cause: 'Fails when a network\'s NIC is missing, down, without carrier or address, or cannot take a macvlan while a DHCP service is on that network (no driver, or a NIC enslaved to a bridge, bond or team: EBUSY); warns on sysctls the daemon will set, pools outside the subnet, or a macvlan failure on a network without DHCP services.',
+    fix: 'Fix the network named in the finding: `networks.<name>.interface` must be a NIC of the VM on that network (`ip -br addr`), up, with an address. A NIC in a bridge or bond cannot carry macvlans: name the bridge or bond itself.',
   },
   preflight: {
     what: 'The preflight itself.',

@@ -94,3 +94,16 @@ t.test('a backend that is down shows what its probe saw; one that is up shows no
   t.match(text, /10\.99\.0\.12:8443\s+down\s+\S+\s+timeout: TLS handshake timed out after 2000 ms \(active check\)/);
   t.notMatch(text, /HTTP 503/, 'a recovered backend\'s last failure is not its state');
 });
+
+t.test('several networks: the NICs in the header, and a service\'s named network beside it', async (t) => {
+  const d = doc([
+    svc({ network: 'default' }),
+    svc({ key: 'default/app', name: 'app', ipam: 'pool', vip: '10.98.0.200', interface: 'eth1', network: 'vmnet' }),
+  ]);
+  d.networks = [{ name: 'default', interface: 'eth0', address: '10.99.0.2' }, { name: 'vmnet', interface: 'eth1', address: '10.98.0.2' }];
+  const text = formatStatus(d, 0);
+  t.match(text, /^networks: default on eth0 \(10\.99\.0\.2\), vmnet on eth1 \(10\.98\.0\.2\)$/m);
+  t.match(text, /^default\/app: network vmnet$/m);
+  t.notMatch(text, /default\/web: .*network/, 'the default network goes unsaid');
+  t.notMatch(formatStatus(doc([svc({})]), 0), /^networks:/m, 'one network: no networks line');
+});

@@ -11,13 +11,14 @@ t.test('scrape-time gauges and interruption counters', async (t) => {
   const m = new DaemonMetrics(registry, {
     serviceCount: () => 1,
     readiness: () => [{ name: 'web', namespace: 'default', ready }],
-    vips: () => [{ name: 'web', namespace: 'default', vip: '10.99.0.200', ipam: 'pool' }],
+    vips: () => [{ name: 'web', namespace: 'default', vip: '10.99.0.200', ipam: 'pool' }, { name: 'app', namespace: 'default', vip: '10.98.0.200', ipam: 'pool', network: 'vmnet' }],
     topology: () => [{ name: 'web', namespace: 'default', policy: 'any', set: 'all', reason: 'any' }],
   });
   let text = await registry.metrics();
   t.match(text, /lbagent_services 1/);
   t.match(text, /lbagent_service_ready\{service="web",namespace="default"\} 1/);
-  t.match(text, /lbagent_service_vip_info\{service="web",namespace="default",vip="10.99.0.200",ipam="pool"\} 1/);
+  t.match(text, /lbagent_service_vip_info\{service="web",namespace="default",vip="10.99.0.200",ipam="pool"\} 1/, 'no network label on the default network');
+  t.match(text, /lbagent_service_vip_info\{service="app",namespace="default",vip="10.98.0.200",ipam="pool",network="vmnet"\} 1/, 'a VIP on a named network says which');
   t.match(text, /lbagent_service_vip_interruptions_total\{reason="nak"\} 0/, 'every reason at 0 from the start, agent-wide');
   t.notMatch(text, /lbagent_service_topology_info\{/, 'a service of policy any has no topology series');
   ready = false;

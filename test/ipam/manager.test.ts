@@ -193,3 +193,25 @@ t.test('lbagent_service_vip_info is not the pool\'s to write: one writer, the da
   t.equal(registry.getSingleMetric('lbagent_service_vip_info'), undefined);
   t.notMatch(await registry.metrics(), /lbagent_service_vip_info/);
 });
+
+t.test('networks: a service gets an address of its own network\'s pools; metrics name a pool by network; every NIC\'s addresses stay reserved', async (t) => {
+  const vmGlobal: Pool = { key: 'range-global', network: 'vmnet', ranges: [{ family: 'IPv4', start: ip('10.0.2.10'), end: ip('10.0.2.11'), text: '10.0.2.10-10.0.2.11', kind: 'range' }] };
+  const { mgr, registry } = setup(t, [rangeGlobal, vmGlobal]);
+  const a = mgr.reserve({ service: 'default/a', namespace: 'default' });
+  const b = mgr.reserve({ service: 'default/b', namespace: 'default', network: 'vmnet' });
+  t.match(a, { ok: true, address: '10.0.0.10' }, 'the default network\'s range-global');
+  t.match(b, { ok: true, address: '10.0.2.10' }, 'vmnet\'s own range-global, not the default one');
+  t.equal(mgr.poolFor('default', 'IPv4', 'vmnet'), vmGlobal);
+  t.equal(mgr.poolFor('default'), rangeGlobal);
+  t.equal(await metric(registry, 'lbagent_pool_size', { pool: 'vmnet/range-global' }), 2);
+  t.equal(await metric(registry, 'lbagent_pool_in_use', { pool: 'vmnet/range-global' }), 1);
+  t.equal(await metric(registry, 'lbagent_pool_in_use', { pool: 'range-global' }), 1);
+  // Each network's NIC reports its own addresses; one does not undo the other's.
+  mgr.setReserved(['10.0.2.11'], 'vmnet');
+  mgr.setReserved(['10.0.0.11'], 'default');
+  mgr.release('default/b', { deleteClaim: true });
+  const c = mgr.reserve({ service: 'default/c', namespace: 'default', network: 'vmnet' });
+  const d = mgr.reserve({ service: 'default/d', namespace: 'default', network: 'vmnet' });
+  t.match(c, { ok: true, address: '10.0.2.10' });
+  t.equal(d.ok, false, 'vmnet\'s NIC address 10.0.2.11 is never handed out, after the default NIC reported its own');
+});

@@ -9,7 +9,7 @@ import { vipSysctls } from '../../agent/net/sysctl/sysctl';
 import {
   runChecks, checkDescriptors, checkMacvlan, checkCapabilities, checkInterface, checkArpSysctls, checkRpFilter, checkIpForward,
   checkConfig, checkDataplane, checkPools, checkStateDir, checkGuestAgent, checkDhcpProbe, classifyRefusal,
-  effectiveDataplane, osFamily, checkDsr, checkDsrBackend, checkTopology, checkConntrackPickup, checkUdpFlows, checkStaleFlows, checkFirewall, checkDriftFight, checkIpv6, type CheckResult,
+  effectiveDataplane, osFamily, checkDsr, checkDsrBackend, checkTopology, checkConntrackPickup, checkUdpFlows, checkStaleFlows, checkFirewall, checkDriftFight, checkIpv6, checkNetworks, type CheckResult,
 } from '../../agent/preflight/checks';
 
 const FIX = path.resolve(__dirname, '..', '..', '..', 'test', 'preflight', 'fixtures');
@@ -632,4 +632,50 @@ t.test('ipv6: IPv6 disabled on the parent fails with the sysctl fix, only when a
   t.match(off.remedy, new RegExp(`sysctl -w net\\.ipv6\\.conf\\.all\\.disable_ipv6=0 net\\.ipv6\\.conf\\.${parent}\\.disable_ipv6=0; persist`));
   const gone = checkIpv6(variant('healthy', (f) => { six(f); delete f.sysctls['net.ipv6.conf.all.disable_ipv6']; delete f.sysctls[`net.ipv6.conf.${parent}.disable_ipv6`]; }))!;
   t.match(gone, { status: 'fail', detail: /ipv6\.disable=1/ });
+});
+
+t.test('networks: every network\'s NIC, sysctls, pools and a macvlan on it; as bad as the worst', async (t) => {
+  const nic = (f: Facts, name: string, address: string) => ({ ...f.parent, name, source: 'network' as const, network: 'vmnet', addresses: [address] });
+  const withNets = (edit: (n: NonNullable<Facts['networks']>, f: Facts) => void = () => {}): Facts => variant('healthy', (f) => {
+    f.config.networks = [
+      { name: 'default', interface: f.parent.name!, pools: [], services: 1, dhcpServices: 0 },
+      { name: 'vmnet', interface: 'eth1', pools: [{ key: 'range-global', ranges: [{ text: '10.98.0.200-10.98.0.210', first: '10.98.0.200', last: '10.98.0.210' }] }], services: 2, dhcpServices: 1 },
+    ];
+    f.networks = [
+      { name: 'default', parent: f.parent, sysctls: {}, macvlan: { status: 'ok' } },
+      { name: 'vmnet', parent: nic(f, 'eth1', '10.98.0.2/24'), sysctls: { 'net.ipv4.conf.eth1.arp_ignore': '1', 'net.ipv4.conf.eth1.arp_announce': '2' }, macvlan: { status: 'ok' } },
+    ];
+    edit(f.networks, f);
+  });
+  t.equal(checkNetworks(fixture('healthy')), undefined, 'no finding without networks:');
+  const ok = checkNetworks(withNets())!;
+  t.equal(ok.status, 'pass', ok.detail);
+  t.match(ok.detail, /vmnet \(eth1, 2 service\(s\)\): up, carrier, 10\.98\.0\.2\/24, arp_ignore\/arp_announce as wanted, macvlan ok/);
+  t.ok(runChecks(withNets()).some((r) => r.id === 'networks'), 'runChecks reports it');
+
+  const flux = checkNetworks(withNets((n) => { n[1]!.sysctls['net.ipv4.conf.eth1.arp_ignore'] = '0'; }))!;
+  t.equal(flux.status, 'warn', 'a NIC that would answer ARP for another NIC\'s VIPs warns');
+  t.match(flux.detail, /vmnet \(eth1.*arp_ignore=0/);
+  t.match(flux.remedy, /vmnet: .*net\.ipv4\.conf\.eth1\.arp_ignore=1/);
+
+  const busy = checkNetworks(withNets((n) => { n[1]!.macvlan = { status: 'failed', error: 'RTNETLINK answers: Device or resource busy' }; }))!;
+  t.equal(busy.status, 'fail', 'a DHCP service on a NIC that cannot take a macvlan fails');
+  t.match(busy.detail, /cannot make a macvlan on eth1: .*busy \(the NIC belongs to a bridge, bond or team\); 1 DHCP service\(s\) on this network would stay Pending/);
+  t.match(busy.remedy, /networks\.vmnet\.interface to the bridge or bond/);
+
+  const gone = checkNetworks(withNets((n) => { n[1]!.parent = { ...n[1]!.parent, exists: false }; }))!;
+  t.equal(gone.status, 'fail');
+  t.match(gone.detail, /eth1 \(networks\.vmnet\.interface\) does not exist/);
+
+  const nocarrier = checkNetworks(withNets((n) => { n[1]!.parent = { ...n[1]!.parent, carrier: false, operstate: 'down' }; }))!;
+  t.equal(nocarrier.status, 'fail');
+  t.match(nocarrier.detail, /eth1 \(networks\.vmnet\.interface\) has no carrier/);
+
+  const noaddr = checkNetworks(withNets((n) => { n[1]!.parent = { ...n[1]!.parent, addresses: [] }; }))!;
+  t.equal(noaddr.status, 'fail', 'no address to send ARP and VRRP from');
+  t.match(noaddr.detail, /eth1 \(networks\.vmnet\.interface\) is up but has no IPv4 address/);
+
+  const outside = checkNetworks(withNets((n) => { n[1]!.parent = { ...n[1]!.parent, addresses: ['10.97.0.2/24'] }; }))!;
+  t.equal(outside.status, 'warn', 'a pool outside its NIC\'s subnet warns');
+  t.match(outside.detail, /range-global: 10\.98\.0\.200-10\.98\.0\.210/);
 });

@@ -5,7 +5,6 @@
 // deleted, a sysctl reset - is repaired without a restart, the longest run
 // of failed requests stays under a bound, and status shows the repair.
 import * as fs from 'node:fs';
-import * as path from 'node:path';
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
 import { waitFor } from '../../lab/netns';
@@ -13,7 +12,7 @@ import { startAgent, waitStatus, type AgentHandle } from '../../lab/agent';
 import { buildContinuityLab, continuityConfig, type ContinuityLab } from '../../lab/continuity';
 import { ClientLoop, type ClientResult } from '../../lab/client-loop';
 import type { StatusDocument } from '../../agent/daemon/daemon';
-import { OWNED_ADDRESS_PROTO } from '../../agent/net/ownership/ownership';
+import { markedAddressAdd } from './fixtures/marked-address';
 
 /** The longest run of consecutive failed requests, from the first failure's start to the next answer's end (ms). */
 function longestGap(results: readonly ClientResult[]): number {
@@ -66,17 +65,6 @@ function gapsPerDamage(results: readonly ClientResult[], marks: ReadonlyArray<re
     const until = marks[j + 1]?.[1] ?? end;
     return [what, longestGap(results.filter((x) => x.t >= at && x.t < until))];
   });
-}
-
-/**
- * A shell command adding an address with the agent's ownership mark (this
- * iproute2 cannot set an address's protocol): the agent's own netlink client.
- */
-function markedAddressAdd(address: string, ifname: string): string {
-  const netlink = path.resolve(__dirname, '../../agent/net/netlink/netlink.js');
-  const js = `const { NetlinkClient } = require(${JSON.stringify(netlink)}); const n = new NetlinkClient();`
-    + ` n.findLink(${JSON.stringify(ifname)}).then((l) => n.addAddress(l.index, ${JSON.stringify(address)}, 32, { proto: ${OWNED_ADDRESS_PROTO} })).then(() => n.close());`;
-  return `node -e '${js}'`;
 }
 
 async function serving(cl: ContinuityLab, vip: string, port = 80): Promise<void> {
