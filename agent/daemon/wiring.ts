@@ -13,12 +13,12 @@ import { defaultRouteInterface } from '../net/host/route';
 import { OWNED_ADDRESS_PROTO, linkNameForService, macForService } from '../net/ownership/ownership';
 import { reconcileOwnedLinks } from '../net/ownership/reconcile';
 import type { StartLimiter } from '../dhcp/limiter';
-import type { VrrpGate } from '../failover/gate';
+import type { DualGate } from '../failover/dual';
 import { PoolManager } from '../ipam/manager';
-import { PoolSource, poolVipPrefix } from '../ipam/pool-source';
+import { PoolSource, linkLocalOf, poolVipPrefix } from '../ipam/pool-source';
 import { HealthChecker } from '../health/checker';
 import { selectDataplane, createDataplane, probeNftables, probeDsr, dsrUnavailable, parseDsrEngine, servicesNeedingProxy, placementFor, type ProbeResult } from '../forward/index';
-import { familyOf, formatIPv4 } from '../address';
+import { familyOf, formatAddress, formatIPv4 } from '../address';
 import { BackendVips } from '../net/host/dsr-backend';
 import type { Subsystems, ParentLink, DataplaneLike, SubsystemContext } from './subsystems';
 import { strayMarkedAddresses } from './drift-plan';
@@ -32,6 +32,7 @@ const dhcpDriver = (): typeof import('../dhcp/driver') => require('../dhcp/drive
 const dhcpLimiter = (): typeof import('../dhcp/limiter') => require('../dhcp/limiter') as typeof import('../dhcp/limiter');
 const dhcpLease = (): typeof import('../dhcp/lease') => require('../dhcp/lease') as typeof import('../dhcp/lease');
 const vrrpGate = (): typeof import('../failover/gate') => require('../failover/gate') as typeof import('../failover/gate');
+const dualGate = (): typeof import('../failover/dual') => require('../failover/dual') as typeof import('../failover/dual');
 const driftModule = (): typeof import('./drift') => require('./drift') as typeof import('./drift');
 const nftWatchModule = (): typeof import('../net/netlink/nft-watch') => require('../net/netlink/nft-watch') as typeof import('../net/netlink/nft-watch');
  
@@ -130,14 +131,27 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
       dsr: () => (selection.kind === 'kernel' ? dsr() : Promise.resolve({ ok: false, reason: 'the userspace proxy is running' })),
     };
 
-    let failover: VrrpGate | undefined;
+    let failover: DualGate | undefined;
     if (config.failover.mode === 'vrrp') {
       const ifname = config.failover.interface ?? parent.name;
       const vlink = ifname === parent.name ? link : await netlink.getLink(ifname);
       const vaddrs = ifname === parent.name ? addrs : await netlink.listAddresses(vlink.index);
       const src = vaddrs.find((a) => a.prefix < 32)?.address;
       if (!src) throw new LbError('LB_ERR_NET_NO_INTERFACE', `VRRP interface ${ifname} has no IPv4 address to send advertisements from; give it one or set failover.interface`);
-      failover = new (vrrpGate().VrrpGate)({ config: config.failover, nodePriority: config.node.priority, ifindex: vlink.index, ifname, ifMac: vlink.mac, srcIp: src, log, registry, clock });
+      // RFC 5798 §5.1.2.1: IPv6 adverts leave from the interface's link-local address.
+      const ll = linkLocalOf(await netlink.listAddresses(vlink.index, 'IPv6'));
+      const ipv6Vips = config.services.some((s) => s.family === 'IPv6');
+      if (ll === undefined && ipv6Vips) {
+        throw new LbError('LB_ERR_NET_NO_INTERFACE', `VRRP interface ${ifname} has no IPv6 link-local address to send IPv6 advertisements from (RFC 5798 §5.1.2.1), and services have IPv6 VIPs; enable IPv6 on it (net.ipv6.conf.${ifname}.disable_ipv6=0, addr_gen_mode 0) or set failover.interface`);
+      }
+      const gate = (family: 'IPv4' | 'IPv6', srcIp: string) => new (vrrpGate().VrrpGate)({
+        config: config.failover, nodePriority: config.node.priority, family, ifindex: vlink.index, ifname, ifMac: vlink.mac, srcIp, log, registry, clock,
+      });
+      failover = new (dualGate().DualGate)({
+        ipv4: gate('IPv4', src),
+        ipv6: ll === undefined ? undefined : gate('IPv6', formatAddress({ family: 'IPv6', value: ll })),
+        log,
+      });
     }
 
     return {
@@ -217,10 +231,11 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
         // RFC 5227 probe see a conflict. The source puts it back when this
         // node becomes Master.
         if (config.failover.mode === 'vrrp') {
-          const onParent = new Set((await netlink.listAddresses(parent.index)).filter((a) => a.prefix === 32).map((a) => a.address));
+          const onParent = new Set([...await netlink.listAddresses(parent.index), ...await netlink.listAddresses(parent.index, 'IPv6')]
+            .filter((a) => a.prefix === poolVipPrefix(familyOf(a.address) ?? 'IPv4')).map((a) => a.address));
           for (const s of services) {
             const claim = s.primaryService === undefined && s.ipam === 'pool' ? pools.claimOf(s.key) : undefined;
-            if (claim && onParent.has(claim.address) && await netlink.removeAddress(parent.index, claim.address, 32).catch(() => false)) {
+            if (claim && onParent.has(claim.address) && await netlink.removeAddress(parent.index, claim.address, poolVipPrefix(familyOf(claim.address) ?? 'IPv4')).catch(() => false)) {
               removedAddrs.push(`${claim.address} (${s.key}, VRRP Backup until elected)`);
             }
           }
