@@ -12,12 +12,13 @@
 //   the VIP: the two fail an IPv6 VIP over to each other both ways.
 import t, { type Test } from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
-import { createLab, waitFor, type Lab } from '../../lab/netns';
+import { createLab, waitFor } from '../../lab/netns';
 import { startBackend } from '../../lab/services';
 import { startAgent, waitStatus, type AgentHandle } from '../../lab/agent';
 import { startKeepalived, type Keepalived } from '../../lab/keepalived';
 import { ClientLoop, gapReport } from '../../lab/client-loop';
-import { bridgePort, metricValue, vmDeath, FAST_ARP } from '../../lab/vrrp';
+import { metricValue, vmDeath } from '../../lab/vrrp';
+import { addVm6, agentConfig6, neighbourMac as neighbourOf, BACKEND6, VIP6, type Vm6 } from '../../lab/vrrp6';
 import { httpGetFrom } from '../../lab/services';
 import { masterDownIntervalMs } from '../../agent/failover/machine';
 import { encodeAdvertisement6 } from '../../agent/failover/codec6';
@@ -25,68 +26,38 @@ import { parseAddress } from '../../agent/address';
 import { forge } from './fixtures/failover-client';
 import type { ServiceStatus } from '../../agent/daemon/daemon';
 
-const VIP = 'fd00:99::200';
-const BACKEND = 'fd00:99::12';
+const VIP = VIP6;
 const VRID = 51;
 const INTERVAL = 0.1;
-
-interface Vm { name: string; ns: string; ip: string; mac: string; linkLocal: string; port: string }
-
-async function vm(lab: Lab, name: string, n: number): Promise<Vm> {
-  const ns = await lab.addHost(name, { address: `10.99.0.${n}/24`, ipv6: [`fd00:99::${n.toString(16)}/64`] });
-  const link = JSON.parse((await lab.exec(ns, 'ip', ['-j', 'link', 'show', 'eth0'])).stdout) as { address: string }[];
-  const ll = await waitFor(`${name}: link-local address`, async () => {
-    const j = JSON.parse((await lab.exec(ns, 'ip', ['-j', '-6', 'addr', 'show', 'eth0', 'scope', 'link'])).stdout) as { addr_info: { local?: string }[] }[];
-    return j[0]?.addr_info.find((a) => a.local !== undefined)?.local;
-  }, 5000, 20);
-  return { name, ns, ip: `10.99.0.${n}`, mac: link[0]!.address, linkLocal: ll, port: await bridgePort(lab, ns) };
-}
-
-function agentConfig(v: Vm, priority: number): Record<string, unknown> {
-  return {
-    node: { name: v.name, interface: 'eth0', priority },
-    failover: { mode: 'vrrp', vrid: VRID, advertInterval: INTERVAL, preempt: true, preemptDelay: 0 },
-    metrics: { listen: `${v.ip}:9477` },
-    pools: { 'range-global': '10.99.0.200-10.99.0.210,fd00:99::200-fd00:99::20f' },
-    arp: FAST_ARP,
-    services: [{
-      name: 'api', ipFamilies: ['IPv6'], ipam: 'pool', loadBalancerIP: VIP, ports: [{ port: 80, targetPort: 8080 }], backends: [BACKEND],
-      healthCheck: { periodSeconds: 0.2, timeoutSeconds: 0.2, failureThreshold: 2 },
-    }],
-  };
-}
 
 if (requirePrivileged(t)) {
   t.test('an IPv6 VIP under VRRP: agent to agent, forged adverts, agent to keepalived and back', async (t) => {
     const lab = await createLab(t);
-    const n1 = await vm(lab, 'n1', 2);
-    const n3 = await vm(lab, 'n3', 4);
-    const ka = await vm(lab, 'ka', 0x40);
-    const b6 = await lab.addHost('b6', { address: '10.99.0.12/24', ipv6: [`${BACKEND}/64`] });
+    const n1 = await addVm6(lab, 'n1', 2);
+    const n3 = await addVm6(lab, 'n3', 4);
+    const ka = await addVm6(lab, 'ka', 0x40);
+    const b6 = await lab.addHost('b6', { address: '10.99.0.12/24', ipv6: [`${BACKEND6}/64`] });
     const client = await lab.addHost('client', { address: '10.99.0.80/24', ipv6: ['fd00:99::50/64'] });
     await startBackend(lab, b6, 'b6', [8080], '::');
     // keepalived's VM answers on port 80 itself when it holds the VIP.
     await startBackend(lab, ka.ns, 'ka', [80], '::');
 
     const agents = new Map<string, AgentHandle>();
-    const start = async (v: Vm, priority: number): Promise<AgentHandle> => {
-      const a = await startAgent(lab, v.ns, agentConfig(v, priority), { name: v.name, logLevel: 'debug' });
+    const start = async (v: Vm6, priority: number): Promise<AgentHandle> => {
+      const a = await startAgent(lab, v.ns, agentConfig6(v, priority, { advertInterval: INTERVAL, vrid: VRID }), { name: v.name, logLevel: 'debug' });
       agents.set(v.name, a);
       return a;
     };
     const api = async (a: AgentHandle): Promise<ServiceStatus> => (await a.status()).services.find((s) => s.name === 'api')!;
     const serving = (a: AgentHandle, what: string): Promise<unknown> => waitStatus(a, what, (d) => d.services.some((s) => s.name === 'api' && s.state === 'serving' && s.vip === VIP), 15_000);
-    const neighbourMac = async (): Promise<string | undefined> => {
-      const r = await lab.exec(client, 'ip', ['-j', '-6', 'neigh', 'show', VIP, 'dev', 'eth0'], { allowFail: true });
-      return (JSON.parse(r.stdout || '[]') as { lladdr?: string }[])[0]?.lladdr;
-    };
-    const metrics = async (v: Vm): Promise<string> => {
+    const neighbourMac = (): Promise<string | undefined> => neighbourOf(lab, client, VIP);
+    const metrics = async (v: Vm6): Promise<string> => {
       const r = await httpGetFrom(lab, client, `http://${v.ip}:9477/metrics`, 2000);
       if (!r.ok) throw new Error(`${v.name}: /metrics: ${r.error ?? ''}`);
       return r.body;
     };
     /** A death with the client loop around it: when the neighbour entry moved to `to`, and the loop's gap. */
-    const failover = async (t: Test, dying: Vm, pid: number, to: Vm, bodies: string[], takeover: () => Promise<unknown>): Promise<void> => {
+    const failover = async (t: Test, dying: Vm6, pid: number, to: Vm6, bodies: string[], takeover: () => Promise<unknown>): Promise<void> => {
       const loop = await ClientLoop.start(lab, client, `http://[${VIP}]/`, { intervalMs: 20, timeoutMs: 200, maxMs: 20_000 });
       t.teardown(() => loop.stop());
       await new Promise((r) => setTimeout(r, 300));
