@@ -50,7 +50,8 @@ export async function startKeepalived(lab: Lab, ns: string, name: string, o: Kee
     o.preempt === false ? '  nopreempt' : '',
     `  notify ${script}`,
     '  virtual_ipaddress {',
-    ...o.vips.map((v) => `    ${v}/24`),
+    // An IPv6 address makes the instance an IPv6 one (RFC 5798 §5.1: one family per instance).
+    ...o.vips.map((v) => `    ${v}/${v.includes(':') ? 64 : 24}`),
     '  }',
     '}',
     '',

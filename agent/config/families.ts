@@ -54,7 +54,6 @@ export function familyServiceKey(key: string, family: Family): string {
 /** Why the agent cannot serve a family for this service, or undefined when it can. */
 function unservable(f: Family, ask: FamilyAsk, ctx: FamilyContext): string | undefined {
   if (f === 'IPv6' && ask.ipam === 'dhcp') return 'IPv6 with ipam: dhcp is not supported (DHCPv6 VIPs are not served); IPv6 VIPs come from a pool (ipam: pool)';
-  if (f === 'IPv6' && ctx.failover === 'vrrp') return 'IPv6 VIPs under failover.mode: vrrp are not supported (VRRP over IPv6 is not served); use failover.mode: none, or IPv4 only';
   if (f === 'IPv6' && ask.sourceIP === 'preserve') return 'IPv6 with sourceIP: preserve is not supported (direct server return forwards IPv4 only); use sourceIP: snat, or IPv4 only';
   if (ask.ipam === 'pool' && !selectPool(ctx.pools, ask.namespace, f)) {
     return `no pool lists ${f} addresses for namespace ${ask.namespace} (looked for ${poolLookupOrder(ask.namespace).join(', ')} under pools)`;

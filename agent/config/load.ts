@@ -11,7 +11,7 @@ import { ANNOTATIONS, ANNOTATION_PREFIX, DEFAULTS } from './defaults';
 import { parsePools } from './pools';
 import { familyServiceKey, planFamilies, type FamilyPlan } from './families';
 import { DEFAULT_NETWORK, poolsOfNetwork } from './networks';
-import { parseAddress, parseIPv4, type Family } from '../address';
+import { familyOf, formatAddress, parseAddress, parseIPv4, type Family } from '../address';
 import { errorMessage } from '../errors';
 import { readConfigText } from './read';
 import { readCaFile, type CaFileReader } from './ca-file';
@@ -164,7 +164,7 @@ interface RawNetwork {
 
 interface RawConfig {
   node: { name?: string; interface?: string; priority: number; zone?: string; region?: string; labelsFile: string };
-  failover: { mode: 'none' | 'vrrp'; vrid: number; advertInterval: number; preempt: boolean; preemptDelay: number; interface?: string; peers: string[] };
+  failover: { mode: 'none' | 'vrrp'; vrid: number; vrid6?: number; advertInterval: number; preempt: boolean; preemptDelay: number; interface?: string; peers: string[] };
   stateDir: string; metrics: { listen: string }; control: { socket: string }; reconcile: { resyncInterval: number };
   dataplane: 'auto' | 'kernel' | 'proxy'; pools: Record<string, string>; networks: Record<string, RawNetwork>;
   arp: Desired['arp']; dhcp: Omit<Desired['dhcp'], 'servers'> & { servers: string[] }; proxy: Desired['proxy'];
@@ -559,6 +559,34 @@ export function deepFreeze<T>(o: T): T {
 }
 
 /**
+ * failover.peers under VRRP: each an address another agent can send adverts
+ * from, and peers for every family that has VIPs. Each family is its own
+ * instance (RFC 5798 §5.1): peers of one family only would leave the other
+ * instance listening to any host on the LAN, which is what listing peers
+ * means to rule out.
+ */
+function failoverPeerProblems(peers: readonly string[], services: readonly ServiceSpec[], err: (segs: Seg[], message: string) => void): void {
+  const listed = new Set<Family>();
+  peers.forEach((text, i) => {
+    const a = parseAddress(text);
+    if (!a) return; // the schema reported it
+    listed.add(a.family);
+    if (a.family !== 'IPv6') return;
+    const v = a.value;
+    if (v === 0n || v === 1n || v >> 120n === 0xffn || v >> 32n === 0xffffn) {
+      err(['failover', 'peers', i], `${text} is not an address another agent sends VRRP adverts from (unspecified, loopback, multicast or IPv4-mapped); list its link-local (fe80::/10) or global IPv6 address`);
+    }
+  });
+  if (listed.size === 0) return;
+  for (const f of ['IPv4', 'IPv6'] as const) {
+    const svc = services.find((s) => (s.family ?? 'IPv4') === f && s.primaryService === undefined);
+    if (svc && !listed.has(f)) {
+      err(['failover', 'peers'], `lists no ${f} address, but service ${svc.key} has an ${f} VIP: its ${f} VRRP instance would hear adverts from any host; add the other agents' ${f} addresses${f === 'IPv6' ? ' (link-local or global)' : ''}`);
+    }
+  }
+}
+
+/**
  * Validate already-parsed data (e.g. from YAML) into a frozen Desired.
  * `readCa` reads the CA files HTTPS checks name (the configuration
  * reference passes one that reads nothing).
@@ -614,6 +642,7 @@ export function buildConfig(data: unknown, locate: (segs: Seg[]) => number | und
     const svc = raw.services.find((s) => s.loadBalancerIP === vip);
     if (svc) err(['backend', 'vips', i], `${vip} is also the loadBalancerIP of service ${serviceKey(svc.namespace, svc.name)} on this node: a VM is either the load balancer holding a VIP or a backend with it on lo, not both`);
   });
+  if (raw.failover.mode === 'vrrp') failoverPeerProblems(raw.failover.peers, built, err);
   if (errors.length > 0) return { ok: false, errors };
 
   const config: Desired = {
@@ -626,7 +655,9 @@ export function buildConfig(data: unknown, locate: (segs: Seg[]) => number | und
       // RFC 5798 §5.2.7: the interval travels in centiseconds.
       advertInterval: Math.round(raw.failover.advertInterval * 100) / 100,
       preempt: raw.failover.preempt, preemptDelay: raw.failover.preemptDelay, interface: raw.failover.interface,
-      peers: raw.failover.peers.map((a) => parseIPv4(a)!),
+      peers: raw.failover.peers.filter((a) => familyOf(a) === 'IPv4').map((a) => parseIPv4(a)!),
+      vrid6: raw.failover.vrid6,
+      peers6: raw.failover.peers.map((a) => parseAddress(a)).filter((a) => a?.family === 'IPv6').map((a) => formatAddress(a!)),
     },
     stateDir: raw.stateDir,
     metrics: { listen: raw.metrics.listen },

@@ -122,12 +122,14 @@ export const configSchema: S = obj({
     ...obj({
       mode: { type: 'string', enum: ['none', 'vrrp'], default: DEFAULTS.failover.mode },
       vrid: { ...count(1, 255), default: DEFAULTS.failover.vrid },
+      // RFC 5798 §5.1: IPv6 VIPs ride their own instance; its VRIDs start here (default: vrid).
+      vrid6: count(1, 255),
       // RFC 5798 §5.2.7: 12-bit centiseconds, so 0.01 .. 40.95 s.
       advertInterval: { ...secondsPos(0.01, 40.95), default: DEFAULTS.failover.advertInterval },
       preempt: { type: 'boolean', default: DEFAULTS.failover.preempt },
       preemptDelay: { ...secondsPos(0, 3600), default: DEFAULTS.failover.preemptDelay },
       interface: { type: 'string', pattern: '^[^/\\s]{1,15}$', 'x-what': 'an interface name' },
-      peers: { type: 'array', items: ipv4, maxItems: 64, uniqueItems: true, default: [...DEFAULTS.failover.peers], 'x-what': 'a list of the other agents\' IPv4 addresses' },
+      peers: { type: 'array', items: ip, maxItems: 64, uniqueItems: true, default: [...DEFAULTS.failover.peers], 'x-what': 'a list of the other agents\' addresses (IPv4; IPv6 link-local or global for the IPv6 instance)' },
     }),
     default: {},
   },

@@ -41,8 +41,16 @@ export interface FailoverConfig {
   readonly preemptDelay: number;
   /** Interface VRRP runs on; undefined = the parent. */
   readonly interface: string | undefined;
-  /** The other agents (u32): only their adverts are heard; adverts also go to each unicast. Empty: multicast, anyone heard. */
+  /** The other agents' IPv4 addresses (u32): only their adverts are heard; adverts also go to each unicast. Empty: multicast, anyone heard. */
   readonly peers: readonly number[];
+  /**
+   * The first VRID of the IPv6 instance (RFC 5798 §5.1: one instance per
+   * family; an IPv6 VRID is another router than the same IPv4 VRID).
+   * undefined: the same number as vrid.
+   */
+  readonly vrid6?: number | undefined;
+  /** failover.peers' IPv6 addresses (RFC 5952 text; link-local ones on the VRRP interface), the IPv6 instance's peers. Absent: none. */
+  readonly peers6?: readonly string[] | undefined;
 }
 
 export interface PortSpec {

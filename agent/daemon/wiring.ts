@@ -14,15 +14,15 @@ import { defaultRouteInterface } from '../net/host/route';
 import { OWNED_ADDRESS_PROTO, linkNameForService, macForService } from '../net/ownership/ownership';
 import { reconcileOwnedLinks } from '../net/ownership/reconcile';
 import type { StartLimiter } from '../dhcp/limiter';
-import type { VrrpGate } from '../failover/gate';
+import type { DualGate } from '../failover/dual';
 import type { NetworkGates } from '../failover/networks';
 import { PoolManager } from '../ipam/manager';
-import { PoolSource, poolVipPrefix } from '../ipam/pool-source';
+import { PoolSource, linkLocalOf, poolVipPrefix } from '../ipam/pool-source';
 import { NeighbourSockets } from '../net/neighbour/neighbour-sockets';
 import { AddressRemovals } from '../net/netlink/address-removals';
 import { HealthChecker } from '../health/checker';
 import { selectDataplane, createDataplane, probeNftables, probeDsr, dsrUnavailable, parseDsrEngine, servicesNeedingProxy, placementFor, type ProbeResult } from '../forward/index';
-import { familyOf, formatIPv4 } from '../address';
+import { familyOf, formatAddress, formatIPv4 } from '../address';
 import { BackendVips } from '../net/host/dsr-backend';
 import type { Subsystems, ParentLink, DataplaneLike, SubsystemContext } from './subsystems';
 import { strayMarkedAddresses } from './drift-plan';
@@ -37,6 +37,7 @@ const dhcpLimiter = (): typeof import('../dhcp/limiter') => require('../dhcp/lim
 const dhcpLease = (): typeof import('../dhcp/lease') => require('../dhcp/lease') as typeof import('../dhcp/lease');
 const vrrpGate = (): typeof import('../failover/gate') => require('../failover/gate') as typeof import('../failover/gate');
 const networkGates = (): typeof import('../failover/networks') => require('../failover/networks') as typeof import('../failover/networks');
+const dualGate = (): typeof import('../failover/dual') => require('../failover/dual') as typeof import('../failover/dual');
 const driftModule = (): typeof import('./drift') => require('./drift') as typeof import('./drift');
 const nftWatchModule = (): typeof import('../net/netlink/nft-watch') => require('../net/netlink/nft-watch') as typeof import('../net/netlink/nft-watch');
  
@@ -150,10 +151,13 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
       dsr: () => (selection.kind === 'kernel' ? dsr() : Promise.resolve({ ok: false, reason: 'the userspace proxy is running' })),
     };
 
-    let failover: VrrpGate | NetworkGates | undefined;
+    let failover: DualGate | NetworkGates | undefined;
     if (config.failover.mode === 'vrrp') {
-      // One gate per network, on that network's VRRP interface with its VRIDs and peers.
-      const gates = new Map<string, VrrpGate>();
+      // One VRRP instance per network and family: each network's on its own
+      // VRRP interface with its VRIDs and peers; IPv4 and IPv6 elect apart
+      // (RFC 5798 §5.1).
+      const ipv6Vips = config.services.some((s) => s.family === 'IPv6');
+      const gates = new Map<string, DualGate>();
       for (const n of nets) {
         const ifname = n.network.failover.interface ?? n.parent.name;
         const vlink = ifname === n.parent.name ? n.link : await netlink.getLink(ifname);
@@ -161,7 +165,21 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
         const src = vaddrs.find((a) => a.prefix < 32)?.address;
         const where = n.network.name === DEFAULT_NETWORK ? 'failover.interface' : `networks.${n.network.name}.failover.interface`;
         if (!src) throw new LbError('LB_ERR_NET_NO_INTERFACE', `VRRP interface ${ifname} has no IPv4 address to send advertisements from; give it one or set ${where}`);
-        gates.set(n.network.name, new (vrrpGate().VrrpGate)({ config: { ...config.failover, ...n.network.failover }, nodePriority: config.node.priority, ifindex: vlink.index, ifname, ifMac: vlink.mac, srcIp: src, log: log.child({ network: n.network.name }), registry, clock }));
+        // RFC 5798 §5.1.2.1: IPv6 adverts leave from the interface's link-local address.
+        const ll = linkLocalOf(await netlink.listAddresses(vlink.index, 'IPv6'));
+        const mineV6 = ipv6Vips && config.services.some((s) => s.family === 'IPv6' && (s.network ?? DEFAULT_NETWORK) === n.network.name);
+        if (ll === undefined && mineV6) {
+          throw new LbError('LB_ERR_NET_NO_INTERFACE', `VRRP interface ${ifname} has no IPv6 link-local address to send IPv6 advertisements from (RFC 5798 §5.1.2.1), and services have IPv6 VIPs; enable IPv6 on it (net.ipv6.conf.${ifname}.disable_ipv6=0, addr_gen_mode 0) or set ${where}`);
+        }
+        const netLog = nets.length > 1 ? log.child({ network: n.network.name }) : log;
+        const gate = (family: 'IPv4' | 'IPv6', srcIp: string) => new (vrrpGate().VrrpGate)({
+          config: { ...config.failover, ...n.network.failover }, nodePriority: config.node.priority, family, ifindex: vlink.index, ifname, ifMac: vlink.mac, srcIp, log: netLog, registry, clock,
+        });
+        gates.set(n.network.name, new (dualGate().DualGate)({
+          ipv4: gate('IPv4', src),
+          ipv6: ll === undefined ? undefined : gate('IPv6', formatAddress({ family: 'IPv6', value: ll })),
+          log: netLog,
+        }));
       }
       failover = gates.size === 1 ? gates.get(DEFAULT_NETWORK)! : new (networkGates().NetworkGates)(gates);
     }
@@ -260,11 +278,14 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
         // node becomes Master.
         if (config.failover.mode === 'vrrp') {
           const onParent = new Map<number, Set<string>>();
-          for (const n of nets) onParent.set(n.parent.index, new Set((await netlink.listAddresses(n.parent.index)).filter((a) => a.prefix === 32).map((a) => a.address)));
+          for (const n of nets) {
+            onParent.set(n.parent.index, new Set([...await netlink.listAddresses(n.parent.index), ...await netlink.listAddresses(n.parent.index, 'IPv6')]
+              .filter((a) => a.prefix === poolVipPrefix(familyOf(a.address) ?? 'IPv4')).map((a) => a.address)));
+          }
           for (const s of services) {
             const claim = s.primaryService === undefined && s.ipam === 'pool' ? pools.claimOf(s.key) : undefined;
             const p = parentOf(s);
-            if (claim && onParent.get(p.index)?.has(claim.address) && await netlink.removeAddress(p.index, claim.address, 32).catch(() => false)) {
+            if (claim && onParent.get(p.index)?.has(claim.address) && await netlink.removeAddress(p.index, claim.address, poolVipPrefix(familyOf(claim.address) ?? 'IPv4')).catch(() => false)) {
               removedAddrs.push(`${claim.address} (${s.key}, VRRP Backup until elected)`);
             }
           }

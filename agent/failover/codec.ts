@@ -33,13 +33,21 @@ export const VRRP_TOS = 0xc0;
 
 export const VRRP_HEADER_LEN = 8;
 
-/** Every reason decode gives for refusing a frame; also the `reason` label of lbagent_vrrp_dropped_total. */
+/**
+ * Every reason the IPv4 (decodeAdvertisement) and IPv6 (codec6.ts) decoders
+ * give for refusing a frame; also the `reason` label of
+ * lbagent_vrrp_dropped_total. bad-ttl is IPv4's TTL, bad-hop-limit IPv6's;
+ * bad-source is an IPv6 advert to ff02::12 from an address that is not
+ * link-local (RFC 5798 §5.1.2.1), or from a multicast or unspecified one.
+ */
 export const DROP_REASONS = [
   'truncated',
   'not-vrrp',
   'bad-length',
   'bad-ip-checksum',
   'bad-ttl',
+  'bad-hop-limit',
+  'bad-source',
   'bad-version',
   'bad-type',
   'bad-checksum',
@@ -102,13 +110,14 @@ export function virtualRouterMac(vrid: number): Buffer {
   return Buffer.from([0x00, 0x00, 0x5e, 0x00, 0x01, vrid]);
 }
 
-function checkVrid(vrid: number): void {
+export function checkVrid(vrid: number): void {
   if (!Number.isInteger(vrid) || vrid < 1 || vrid > 255) {
     throw new LbError('LB_ERR_VRRP_INVALID', `VRRP virtual router id ${vrid} is out of range: use 1-255 (RFC 5798 §5.2.3)`, { vrid });
   }
 }
 
-function checkAdvertisement(a: Advertisement): void {
+/** The fields both families share, checked before encoding; the addresses only by count. */
+export function checkAdvertisement(a: Omit<Advertisement, 'addresses'> & { readonly addresses: readonly unknown[] }): void {
   checkVrid(a.vrid);
   if (!Number.isInteger(a.priority) || a.priority < 0 || a.priority > 255) {
     throw new LbError('LB_ERR_VRRP_INVALID', `VRRP priority ${a.priority} is out of range: use 0-255`, { vrid: a.vrid, priority: a.priority });

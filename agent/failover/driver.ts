@@ -1,5 +1,7 @@
-// Driver layer: one VRRPv3 virtual router (one VRID on one interface) on an
-// AF_PACKET socket. It performs what machine.ts decides - sends adverts,
+// Driver layer: one VRRPv3 virtual router (one VRID of one family on one
+// interface) on an AF_PACKET socket. The family is data (wire.ts): IPv4
+// adverts from the primary address to 224.0.0.18, IPv6 ones from the
+// link-local address to ff02::12 (RFC 5798 §5.1.2), the rest is one path. It performs what machine.ts decides - sends adverts,
 // arms the one timer, keeps the metrics - and reports the outcome as events
 // ('master', 'backup', 'master-changed'). It never touches an address: the
 // daemon gates the VIP's address source on these events.
@@ -15,17 +17,10 @@ import { LbError, errorMessage } from '../errors';
 import type { Clock, TimerHandle } from '../clock';
 import { realClock } from '../clock';
 import type { Logger } from '../log';
-import { formatIPv4, parseIPv4, parseMac } from '../address';
-import { ETH_P_IP, PACKET_OUTGOING, openPacketSocket, type FrameInfo, type PacketSocket, type PacketSocketOptions } from '../net/packet/packet';
-import {
-  MAX_ADDRESSES,
-  MAX_ADVER_INT_CS,
-  VRRP_MULTICAST_MAC,
-  decodeAdvertisement,
-  encodeAdvertisement,
-  virtualRouterMac,
-  vrrpFilter,
-} from './codec';
+import { parseMac, type Family } from '../address';
+import { PACKET_OUTGOING, openPacketSocket, type FrameInfo, type PacketSocket, type PacketSocketOptions } from '../net/packet/packet';
+import { MAX_ADDRESSES, MAX_ADVER_INT_CS } from './codec';
+import { MachineKeys, vrrpWire, type VrrpWire, type WireEncode } from './wire';
 import { type Action, type Machine, type VrrpState, VRRP_STATES, createMachine, masterDownIntervalMs, step } from './machine';
 import { vrrpMetrics, type VrrpMetrics } from './metrics';
 import { NOT_A_PEER, acceptsAdvertFrom } from './peers';
@@ -46,21 +41,26 @@ export interface VirtualRouterOptions {
   readonly ifindex: number;
   /** For logs and status. */
   readonly ifname: string;
-  /** The node's primary IPv4 address on the interface: source of adverts and the tie-breaker. */
+  /** The instance's family (RFC 5798 §5.1: one instance per family); default IPv4. */
+  readonly family?: Family | undefined;
+  /**
+   * Source of adverts and the tie-breaker: the node's primary IPv4 address on
+   * the interface, or for IPv6 its link-local address (§5.1.2.1).
+   */
   readonly srcIp: string;
-  /** Ethernet source of adverts; default the virtual router MAC 00:00:5e:00:01:<vrid> (§7.3). */
+  /** Ethernet source of adverts; default the virtual router MAC 00:00:5e:00:01:<vrid>, 00:00:5e:00:02:<vrid> for IPv6 (§7.3). */
   readonly srcMac?: string | undefined;
-  /** The VIPs this router protects, read at every advert (first 255 listed). */
+  /** The VIPs this router protects, read at every advert (first 255 listed; those of another family are left out). */
   readonly vips: () => readonly string[];
   readonly clock?: Clock | undefined;
   readonly log: Logger;
   readonly registry: Registry;
   /** Opens the socket; default agent/net's openPacketSocket. */
   readonly openSocket?: ((opts: PacketSocketOptions) => PacketSocket) | undefined;
-  /** failover.peers (u32): only their adverts are heard, and each advert also goes to each of them unicast. Empty: multicast only, anyone heard. */
-  readonly peers?: readonly number[] | undefined;
-  /** The MAC of a peer, when resolved (net/arp-resolver.ts); a peer without one gets no unicast copy yet. */
-  readonly peerMac?: ((ip: number) => Uint8Array | undefined) | undefined;
+  /** failover.peers of this family (canonical text): only their adverts are heard, and each advert also goes to each of them unicast. Empty: multicast only, anyone heard. */
+  readonly peers?: readonly string[] | undefined;
+  /** The MAC of a peer, when resolved (net/neighbour arp-resolver.ts, ndp-resolver.ts); a peer without one gets no unicast copy yet. */
+  readonly peerMac?: ((ip: string) => Uint8Array | undefined) | undefined;
 }
 
 export interface MasterEvent { readonly vrid: number; readonly master: string }
@@ -71,6 +71,7 @@ export interface DroppedEvent { readonly vrid: number; readonly reason: string }
 
 export interface VirtualRouterStatus {
   readonly vrid: number;
+  readonly family: Family;
   readonly ifname: string;
   readonly state: VrrpState;
   readonly priority: number;
@@ -100,15 +101,20 @@ function invalid(message: string, details: Record<string, unknown>): LbError {
 export class VirtualRouter extends EventEmitter<VirtualRouterEvents> {
   readonly vrid: number;
   readonly ifname: string;
+  readonly family: Family;
   private readonly opts: VirtualRouterOptions;
+  private readonly wire: VrrpWire;
+  private readonly keys: MachineKeys;
+  private readonly peers: readonly string[];
   private readonly clock: Clock;
   private readonly log: Logger;
   private readonly metrics: VrrpMetrics;
-  private srcIpNum: number;
-  /** The source address adverts carry (the interface's primary IPv4 address); setSource() follows a change. */
+  /** The machine's key for srcIp (MachineKeys). */
+  private srcKey: number;
+  /** The source address adverts carry (primary IPv4 or link-local IPv6); setSource() follows a change. */
   private srcIp: string;
   private readonly srcMac: Buffer;
-  private readonly vridLabel: string;
+  private readonly labels: { readonly vrid: string; readonly family: Family };
   private machine: Machine;
   private socket: PacketSocket | undefined;
   private timer: TimerHandle | undefined;
@@ -129,9 +135,11 @@ export class VirtualRouter extends EventEmitter<VirtualRouterEvents> {
       throw invalid(`VRRP advertisement interval ${advertInterval} s for VRID ${vrid} is out of range: use 0.01-40.95 s`, { vrid, advertInterval });
     }
     if (!Number.isFinite(preemptDelay) || preemptDelay < 0) throw invalid(`VRRP preempt delay ${preemptDelay} s for VRID ${vrid} must be >= 0`, { vrid, preemptDelay });
-    const src = parseIPv4(opts.srcIp);
-    if (src === undefined) throw invalid(`VRRP source address "${opts.srcIp}" for VRID ${vrid} on ${opts.ifname} is not an IPv4 address`, { vrid, srcIp: opts.srcIp });
-    let mac = virtualRouterMac(vrid);
+    const family = opts.family ?? 'IPv4';
+    const wire = vrrpWire(family);
+    const src = wire.parse(opts.srcIp);
+    if (src === undefined) throw invalid(`VRRP source address "${opts.srcIp}" for VRID ${vrid} on ${opts.ifname} is not an ${family} address`, { vrid, srcIp: opts.srcIp });
+    let mac = wire.virtualMac(vrid);
     if (opts.srcMac !== undefined) {
       const m = parseMac(opts.srcMac);
       if (!m) throw invalid(`VRRP source MAC "${opts.srcMac}" for VRID ${vrid} is not a MAC address`, { vrid, srcMac: opts.srcMac });
@@ -139,52 +147,60 @@ export class VirtualRouter extends EventEmitter<VirtualRouterEvents> {
     }
     this.opts = opts;
     this.vrid = vrid;
-    this.vridLabel = String(vrid);
+    this.family = family;
+    this.wire = wire;
+    this.labels = { vrid: String(vrid), family };
     this.ifname = opts.ifname;
-    this.srcIpNum = src;
-    this.srcIp = opts.srcIp;
+    this.keys = new MachineKeys(family, src);
+    this.srcKey = this.keys.key(src);
+    this.srcIp = src;
     this.srcMac = mac;
+    this.peers = (opts.peers ?? []).map((p) => wire.parse(p) ?? p);
     this.clock = opts.clock ?? realClock;
-    this.log = opts.log.child({ module: 'failover', vrid, interface: opts.ifname });
+    this.log = opts.log.child({ module: 'failover', vrid, family, interface: opts.ifname });
     this.metrics = vrrpMetrics(opts.registry);
     this.machine = createMachine({
       priority,
       advertIntervalCs: cs,
       preempt: opts.preempt,
       preemptDelayMs: preemptDelay * 1000,
-      primaryIp: src,
+      primaryIp: this.srcKey,
     });
     this.setStateGauge('initialize');
   }
 
   /**
    * The interface's address changed: adverts carry the new one from the next
-   * on (RFC 5798 §5.1.1.1: the primary IPv4 address of the interface), and
-   * our own adverts are told from others' by it. An equal-priority tie is
-   * broken by the new address, as it would be after a restart.
+   * on (RFC 5798 §5.1.1.1: the primary IPv4 address of the interface;
+   * §5.1.2.1: the IPv6 link-local one), and our own adverts are told from
+   * others' by it. An equal-priority tie is broken by the new address, as it
+   * would be after a restart. An address of the other family is ignored.
    */
   setSource(address: string): void {
-    const n = parseIPv4(address);
-    if (n === undefined || address === this.srcIp) return;
-    this.log.info({ op: 'source', from: this.srcIp, to: address }, `VRRP adverts now sent from ${address}`);
-    const was = this.srcIpNum;
-    this.srcIp = address;
-    this.srcIpNum = n;
+    const text = this.wire.parse(address);
+    if (text === undefined || text === this.srcIp) return;
+    this.log.info({ op: 'source', from: this.srcIp, to: text }, `VRRP adverts now sent from ${text}`);
     const m = this.machine;
-    this.machine = { ...m, config: { ...m.config, primaryIp: n }, master: m.master === was ? n : m.master };
+    const master = m.master === undefined || m.master === this.srcKey ? undefined : this.keys.address(m.master);
+    const wasOurs = m.master !== undefined && m.master === this.srcKey;
+    this.srcIp = text;
+    this.srcKey = this.keys.setOwn(text);
+    const masterKey = wasOurs ? this.srcKey : master === undefined ? undefined : this.keys.key(master);
+    this.machine = { ...m, config: { ...m.config, primaryIp: this.srcKey }, master: masterKey };
   }
 
   get state(): VrrpState { return this.machine.state; }
 
   /** Address of the current Master (ours when Master), undefined when unknown. */
   get master(): string | undefined {
-    return this.machine.master === undefined ? undefined : formatIPv4(this.machine.master);
+    return this.machine.master === undefined ? undefined : this.keys.address(this.machine.master);
   }
 
   status(): VirtualRouterStatus {
     const m = this.machine;
     return {
       vrid: this.vrid,
+      family: this.family,
       ifname: this.ifname,
       state: m.state,
       priority: m.config.priority,
@@ -205,10 +221,10 @@ export class VirtualRouter extends EventEmitter<VirtualRouterEvents> {
     const open = this.opts.openSocket ?? openPacketSocket;
     const sock = open({
       ifindex: this.opts.ifindex,
-      protocol: ETH_P_IP,
-      filter: vrrpFilter(this.vrid),
-      // The NIC must pass the 224.0.0.18 group MAC up (RFC 5798 §5.1.1.2).
-      multicast: [Buffer.from(VRRP_MULTICAST_MAC)],
+      protocol: this.wire.ethertype,
+      filter: this.wire.filter(this.vrid),
+      // The NIC must pass the group MAC of 224.0.0.18 or ff02::12 up (RFC 5798 §5.1.1.2, §5.1.2.2).
+      multicast: [Buffer.from(this.wire.multicastMac)],
       log: this.log,
     });
     sock.on('frame', (frame: Buffer, info: FrameInfo) => this.onFrame(frame, info));
@@ -237,25 +253,25 @@ export class VirtualRouter extends EventEmitter<VirtualRouterEvents> {
   private onFrame(frame: Buffer, info: FrameInfo): void {
     if (this.stopped) return;
     if (info.pktType === PACKET_OUTGOING) return; // our own, seen on the way out
-    const r = decodeAdvertisement(frame);
+    const r = this.wire.decode(frame);
     if (!r.ok) {
-      this.metrics.dropped.inc({ reason: r.reason });
+      this.metrics.dropped.inc({ reason: r.reason, family: this.family });
       this.log.debug({ op: 'receive', reason: r.reason, length: frame.length }, 'dropped VRRP packet');
       this.emit('dropped', { vrid: this.vrid, reason: r.reason });
       return;
     }
-    const a = r.frame;
+    const a = r.advert;
     // The kernel filter already keeps other VRIDs out; a looped-back copy
     // of our own advert is not a peer.
-    if (a.vrid !== this.vrid || a.srcIp === this.srcIpNum) return;
-    if (!acceptsAdvertFrom(a.srcIp, this.opts.peers ?? [])) {
-      this.metrics.dropped.inc({ reason: NOT_A_PEER });
-      this.log.debug({ op: 'receive', reason: NOT_A_PEER, srcIp: formatIPv4(a.srcIp), priority: a.priority }, 'dropped a VRRP advert from outside failover.peers');
+    if (a.vrid !== this.vrid || a.src === this.srcIp) return;
+    if (!acceptsAdvertFrom(a.src, this.peers)) {
+      this.metrics.dropped.inc({ reason: NOT_A_PEER, family: this.family });
+      this.log.debug({ op: 'receive', reason: NOT_A_PEER, srcIp: a.src, priority: a.priority }, 'dropped a VRRP advert from outside failover.peers');
       this.emit('dropped', { vrid: this.vrid, reason: NOT_A_PEER });
       return;
     }
-    this.metrics.advertsReceived.inc({ vrid: this.vridLabel });
-    this.run({ kind: 'advert', srcIp: a.srcIp, priority: a.priority, maxAdverIntCs: a.maxAdverIntCs });
+    this.metrics.advertsReceived.inc(this.labels);
+    this.run({ kind: 'advert', srcIp: this.keys.key(a.src, this.machine.master), priority: a.priority, maxAdverIntCs: a.maxAdverIntCs });
   }
 
   private run(ev: Parameters<typeof step>[1]): void {
@@ -284,7 +300,7 @@ export class VirtualRouter extends EventEmitter<VirtualRouterEvents> {
         events.push(() => this.emit('master', { vrid: this.vrid, master: this.srcIp } satisfies MasterEvent));
         return;
       case 'becomeBackup': {
-        const master = a.master === undefined ? undefined : formatIPv4(a.master);
+        const master = a.master === undefined ? undefined : this.keys.address(a.master);
         this.transitioned('backup', { reason: a.reason, master });
         events.push(() => this.emit('backup', { vrid: this.vrid, master } satisfies BackupEvent));
         return;
@@ -293,17 +309,17 @@ export class VirtualRouter extends EventEmitter<VirtualRouterEvents> {
         this.transitioned('initialize', { reason: 'shutdown' });
         return;
       case 'masterChanged': {
-        const master = a.master === undefined ? undefined : formatIPv4(a.master);
-        if (this.masterLabel !== undefined) this.metrics.masterInfo.remove({ vrid: this.vridLabel, master: this.masterLabel });
+        const master = a.master === undefined ? undefined : this.keys.address(a.master);
+        if (this.masterLabel !== undefined) this.metrics.masterInfo.remove({ ...this.labels, master: this.masterLabel });
         this.masterLabel = master;
-        if (master !== undefined) this.metrics.masterInfo.set({ vrid: this.vridLabel, master }, 1);
+        if (master !== undefined) this.metrics.masterInfo.set({ ...this.labels, master }, 1);
         this.log.info({ op: 'master-changed', master: master ?? null }, master ? `VRRP master is ${master}` : 'VRRP master unknown');
         events.push(() => this.emit('master-changed', { vrid: this.vrid, master } satisfies MasterChangedEvent));
         return;
       }
       case 'splitBrain': {
-        const peer = formatIPv4(a.peer);
-        this.metrics.splitBrain.inc({ vrid: this.vridLabel });
+        const peer = this.keys.address(a.peer);
+        this.metrics.splitBrain.inc(this.labels);
         this.log.warn(
           { op: 'split-brain', peer, peerPriority: a.peerPriority, priority: this.machine.config.priority, resolution: a.resolution },
           a.resolution === 'kept'
@@ -317,22 +333,23 @@ export class VirtualRouter extends EventEmitter<VirtualRouterEvents> {
   }
 
   private transitioned(to: VrrpState, fields: Record<string, unknown>): void {
-    this.metrics.transitions.inc({ vrid: this.vridLabel, to });
-    this.metrics.lastTransition.set({ vrid: this.vridLabel }, this.clock.wallNow() / 1000);
+    this.metrics.transitions.inc({ ...this.labels, to });
+    this.metrics.lastTransition.set(this.labels, this.clock.wallNow() / 1000);
     this.setStateGauge(to);
     this.log.info({ op: 'transition', to, ...fields }, `VRRP state ${to}`);
   }
 
   private setStateGauge(current: VrrpState): void {
-    for (const s of VRRP_STATES) this.metrics.state.set({ vrid: this.vridLabel, state: s }, s === current ? 1 : 0);
+    for (const s of VRRP_STATES) this.metrics.state.set({ ...this.labels, state: s }, s === current ? 1 : 0);
   }
 
   private send(priority: number): void {
     const sock = this.socket;
     if (!sock) return;
-    const addresses: number[] = [];
+    // §5.1: an instance lists addresses of its own family only.
+    const addresses: string[] = [];
     for (const v of this.opts.vips()) {
-      const n = parseIPv4(v);
+      const n = this.wire.parse(v);
       if (n !== undefined && !addresses.includes(n)) addresses.push(n);
     }
     if (addresses.length > MAX_ADDRESSES) {
@@ -342,28 +359,27 @@ export class VirtualRouter extends EventEmitter<VirtualRouterEvents> {
       }
       addresses.length = MAX_ADDRESSES;
     }
-    const advert = {
-      vrid: this.vrid, priority, maxAdverIntCs: this.machine.config.advertIntervalCs, addresses, srcIp: this.srcIpNum, srcMac: this.srcMac,
+    const advert: WireEncode = {
+      vrid: this.vrid, priority, maxAdverIntCs: this.machine.config.advertIntervalCs, addresses, src: this.srcIp, srcMac: this.srcMac,
     };
     this.sendFrame(advert, undefined);
     // keepalived's unicast_peer: the same advert to each peer, for LANs that
     // filter multicast. Peers whose MAC is not resolved yet get the next one.
-    for (const peer of this.opts.peers ?? []) {
+    for (const peer of this.peers) {
       const mac = this.opts.peerMac?.(peer);
-      if (mac) this.sendFrame(advert, { dstIp: peer, dstMac: mac });
+      if (mac) this.sendFrame(advert, { dst: peer, dstMac: mac });
     }
   }
 
-  private sendFrame(advert: Parameters<typeof encodeAdvertisement>[0], to: { dstIp: number; dstMac: Uint8Array } | undefined): void {
+  private sendFrame(advert: WireEncode, to: { dst: string; dstMac: Uint8Array } | undefined): void {
     this.ipId = (this.ipId + 1) & 0xffff;
-    const frame = encodeAdvertisement({ ...advert, ...to, ipId: this.ipId });
     try {
-      this.socket!.send(frame);
-      this.metrics.advertsSent.inc({ vrid: this.vridLabel });
+      this.socket!.send(this.wire.encode({ ...advert, ...to, ipId: this.ipId }));
+      this.metrics.advertsSent.inc(this.labels);
     } catch (err) {
       // A failed send (interface down) is not fatal: Backups take over if it
       // lasts, and the next timer tries again.
-      this.log.warn({ op: 'send', priority: advert.priority, to: to ? formatIPv4(to.dstIp) : 'multicast', err: errorMessage(err) }, 'sending a VRRP advert failed');
+      this.log.warn({ op: 'send', priority: advert.priority, to: to ? to.dst : this.wire.group, err: errorMessage(err) }, 'sending a VRRP advert failed');
     }
   }
 

@@ -1,5 +1,6 @@
-// The daemon's view of VRRP: which virtual router carries each service's VIP
-// (assignVrids), one VirtualRouter per VRID on the VRRP interface, and the
+// The daemon's view of VRRP for one family: which virtual router carries each
+// service's VIP (assignVrids), one VirtualRouter per VRID on the VRRP
+// interface (dual.ts puts an IPv4 gate and an IPv6 gate side by side), and the
 // answer to "does this node hold service X now?". Mastership changes become
 // one 'change' event listing the services whose VIP must move; the daemon
 // starts or stops their address sources. Addresses are never touched here.
@@ -13,12 +14,13 @@ import type { FailoverConfig, ServiceSpec } from '../config/types';
 import type { Clock, TimerHandle } from '../clock';
 import { realClock, isoTime } from '../clock';
 import type { Logger } from '../log';
-import { formatIPv4, parseIPv4 } from '../address';
+import { formatIPv4, parseIPv4, type Family } from '../address';
 import { PACKET_OUTGOING, openPacketSocket, type FrameInfo, type PacketSocket, type PacketSocketOptions } from '../net/packet/packet';
-import { decodeAdvertisement } from './codec';
 import { VirtualRouter, assignVrids, type VirtualRouterStatus, type SplitBrainEvent } from './driver';
 import { acceptsAdvertFrom } from './peers';
+import { vrrpWire, type VrrpWire } from './wire';
 import { ArpResolver } from '../net/neighbour/arp-resolver';
+import { NdpResolver } from '../net/neighbour/ndp-resolver';
 
 /**
  * How long a node that preempted a live Master waits before it takes the
@@ -41,6 +43,9 @@ export interface VrrpGateOptions {
   readonly nodePriority: number;
   readonly ifindex: number;
   readonly ifname: string;
+  /** The family of every router of this gate; default IPv4. IPv6: VRIDs from failover.vrid6, peers from failover.peers6. */
+  readonly family?: Family;
+  /** The address adverts are sent from: the interface's primary IPv4 address, or its IPv6 link-local address. */
   readonly srcIp: string;
   readonly log: Logger;
   readonly registry: Registry;
@@ -51,10 +56,10 @@ export interface VrrpGateOptions {
   readonly preemptHandoverMs?: number;
   /** Default HAND_BACK_MS. */
   readonly handBackMs?: number;
-  /** The VRRP interface's own MAC: the source of ARP requests for failover.peers. */
+  /** The VRRP interface's own MAC: the source of ARP requests (neighbour solicitations) for failover.peers. */
   readonly ifMac?: string;
-  /** Resolves failover.peers' MACs for unicast adverts; default an ArpResolver on the interface (tests pass their own). */
-  readonly peerMac?: (ip: number) => Uint8Array | undefined;
+  /** Resolves failover.peers' MACs for unicast adverts; default an ArpResolver (NdpResolver) on the interface (tests pass their own). */
+  readonly peerMac?: (ip: string) => Uint8Array | undefined;
 }
 
 /** What `lb-agent status` shows of a service's virtual router. */
@@ -75,6 +80,13 @@ export interface GateStatus extends VirtualRouterStatus {
   readonly handoverUntil: string | undefined;
 }
 
+/** Resolves failover.peers' MACs for unicast adverts: ARP for IPv4, neighbour discovery for IPv6. */
+interface PeerResolver {
+  start(): void;
+  close(): void;
+  macOf(ip: string): Uint8Array | undefined;
+}
+
 /** Per-router facts the gate keeps for status. */
 interface RouterInfo {
   transitions: { master: number; backup: number };
@@ -84,7 +96,7 @@ interface RouterInfo {
   splitBrains: number;
   lastSplitBrain: (Omit<SplitBrainEvent, 'vrid'> & { at: number }) | undefined;
   /** The address list of the last advert from another router with priority > 0. */
-  heard: readonly number[];
+  heard: readonly string[];
   /** Priority of the other Master this router last followed (undefined: none known, or it resigned). */
   otherMasterPriority: number | undefined;
   /** While Master by preemption: when the VIP may be taken (clock.now() ms). */
@@ -112,16 +124,16 @@ function newInfo(): RouterInfo {
  */
 class CountingSocket extends EventEmitter implements PacketSocket {
   readonly ifindex: number;
-  constructor(private readonly inner: PacketSocket, private readonly info: RouterInfo, vrid: number, srcIp: () => number, peers: readonly number[]) {
+  constructor(private readonly inner: PacketSocket, private readonly info: RouterInfo, wire: VrrpWire, vrid: number, srcIp: () => string, peers: readonly string[]) {
     super();
     this.ifindex = inner.ifindex;
     inner.on('frame', (frame: Buffer, fi: FrameInfo) => {
       if (fi.pktType !== PACKET_OUTGOING) {
         // The driver's own checks (RFC 5798 §7.1) decide; this only counts what passes them.
-        const r = decodeAdvertisement(frame);
-        if (r.ok && r.frame.vrid === vrid && r.frame.srcIp !== srcIp() && acceptsAdvertFrom(r.frame.srcIp, peers)) {
+        const r = wire.decode(frame);
+        if (r.ok && r.advert.vrid === vrid && r.advert.src !== srcIp() && acceptsAdvertFrom(r.advert.src, peers)) {
           info.advertsReceived++;
-          if (r.frame.priority > 0) info.heard = r.frame.addresses;
+          if (r.advert.priority > 0) info.heard = r.advert.addresses;
         }
       }
       this.emit('frame', frame, fi);
@@ -150,35 +162,48 @@ export class VrrpGate extends EventEmitter {
   /** The last VIP each service held on this node (survives Backup periods, not restarts). */
   private readonly lastHeld = new Map<string, string>();
   private vips: (key: string) => string | undefined = () => undefined;
-  private resolver: ArpResolver | undefined;
+  private resolver: PeerResolver | undefined;
   /** The address adverts are sent from; follows the interface (setSourceAddress). */
   private srcIp: string;
-  private readonly peerMac: ((ip: number) => Uint8Array | undefined) | undefined;
+  private readonly peerMac: ((ip: string) => Uint8Array | undefined) | undefined;
+  readonly family: Family;
+  private readonly wire: VrrpWire;
+  /** failover.peers of this gate's family, canonical text. */
+  private readonly peers: readonly string[];
+  private readonly baseVrid: number;
 
   constructor(opts: VrrpGateOptions) {
     super();
     this.opts = opts;
-    this.srcIp = opts.srcIp;
+    this.family = opts.family ?? 'IPv4';
+    this.wire = vrrpWire(this.family);
+    this.srcIp = this.wire.parse(opts.srcIp) ?? opts.srcIp;
     this.clock = opts.clock ?? realClock;
-    this.log = opts.log.child({ module: 'failover' });
-    const peers = opts.config.peers;
+    this.log = opts.log.child({ module: 'failover', family: this.family });
+    this.peers = this.family === 'IPv6' ? opts.config.peers6 ?? [] : opts.config.peers.map((p) => formatIPv4(p));
+    this.baseVrid = this.family === 'IPv6' ? opts.config.vrid6 ?? opts.config.vrid : opts.config.vrid;
     if (opts.peerMac) this.peerMac = opts.peerMac;
-    else if (peers.length > 0 && opts.ifMac) {
+    else if (this.peers.length > 0 && opts.ifMac) {
       this.resolver = this.newResolver();
       this.peerMac = (ip) => this.resolver?.macOf(ip);
     }
-    if (peers.length > 0) this.log.info({ op: 'peers', peers: peers.map((p) => formatIPv4(p)) }, 'VRRP adverts heard only from failover.peers, and sent to them unicast as well as multicast');
+    if (this.peers.length > 0) this.log.info({ op: 'peers', peers: this.peers }, 'VRRP adverts heard only from failover.peers, and sent to them unicast as well as multicast');
   }
 
-  private newResolver(): ArpResolver | undefined {
-    const peers = this.opts.config.peers;
-    if (peers.length === 0 || !this.opts.ifMac) return undefined;
-    return new ArpResolver({ ifindex: this.opts.ifindex, mac: this.opts.ifMac, srcIp: parseIPv4(this.srcIp) ?? 0, targets: peers, log: this.opts.log, clock: this.opts.clock });
+  private newResolver(): PeerResolver | undefined {
+    if (this.peers.length === 0 || !this.opts.ifMac) return undefined;
+    if (this.family === 'IPv6') {
+      return new NdpResolver({ ifindex: this.opts.ifindex, mac: this.opts.ifMac, src: this.srcIp, targets: this.peers, log: this.opts.log, clock: this.opts.clock });
+    }
+    const arp = new ArpResolver({ ifindex: this.opts.ifindex, mac: this.opts.ifMac, srcIp: parseIPv4(this.srcIp) ?? 0, targets: this.opts.config.peers, log: this.opts.log, clock: this.opts.clock });
+    return { start: () => arp.start(), close: () => arp.close(), macOf: (ip) => { const n = parseIPv4(ip); return n === undefined ? undefined : arp.macOf(n); } };
   }
 
-  /** The VRRP interface's own address changed: every router sends from it from now on, and peers are resolved from it. */
+  /** The VRRP interface's own address of this gate's family changed: every router sends from it from now on, and peers are resolved from it. */
   setSourceAddress(address: string): void {
-    if (address === this.srcIp || parseIPv4(address) === undefined) return;
+    const text = this.wire.parse(address);
+    if (text === undefined || text === this.srcIp) return;
+    address = text;
     this.srcIp = address;
     for (const r of this.routers.values()) r.setSource(address);
     if (this.resolver) {
@@ -190,7 +215,7 @@ export class VrrpGate extends EventEmitter {
   update(services: readonly ServiceSpec[], vips: (serviceKey: string) => string | undefined): void {
     this.vips = vips;
     this.specs = new Map(services.map((s) => [s.key, s]));
-    const a = assignVrids(services, this.opts.config.vrid);
+    const a = assignVrids(services, this.baseVrid);
     for (const key of a.overflow) this.log.error({ op: 'assign', service: key }, 'no VRRP virtual router has room for this VIP (255 per VRID); it is not served');
     this.vridOf = new Map(a.vrids);
     const on = new Map<number, string[]>();
@@ -218,12 +243,12 @@ export class VrrpGate extends EventEmitter {
       const info = newInfo();
       const open = this.opts.openSocket ?? openPacketSocket;
       const router = new VirtualRouter({
-        vrid, priority: priorityOf(vrid), advertInterval: this.opts.config.advertInterval,
+        vrid, family: this.family, priority: priorityOf(vrid), advertInterval: this.opts.config.advertInterval,
         preempt: this.opts.config.preempt, preemptDelay: this.opts.config.preemptDelay,
         ifindex: this.opts.ifindex, ifname: this.opts.ifname, srcIp: this.srcIp,
         vips: () => this.advertisedVips(vrid),
-        openSocket: (o) => new CountingSocket(open(o), info, vrid, () => parseIPv4(this.srcIp) ?? 0, this.opts.config.peers),
-        peers: this.opts.config.peers, peerMac: this.peerMac,
+        openSocket: (o) => new CountingSocket(open(o), info, this.wire, vrid, () => this.srcIp, this.peers),
+        peers: this.peers, peerMac: this.peerMac,
         clock: this.opts.clock, log: this.opts.log, registry: this.opts.registry,
       });
       const emitChange = (): void => { this.emit('change', [...(this.servicesOn.get(vrid) ?? [])]); };
@@ -317,7 +342,7 @@ export class VrrpGate extends EventEmitter {
     // is its VIP (a router with one pool service and one DHCP service, say).
     const vrid = this.vridOf.get(serviceKey);
     if (vrid === undefined) return undefined;
-    const heard = (this.info.get(vrid)?.heard ?? []).map(formatIPv4);
+    const heard = this.info.get(vrid)?.heard ?? [];
     const others = (this.servicesOn.get(vrid) ?? []).filter((k) => k !== serviceKey);
     const unknown = others.filter((k) => this.directVip(k) === undefined);
     const left = heard.filter((a) => !others.some((k) => this.directVip(k) === a));
@@ -363,7 +388,7 @@ export class VrrpGate extends EventEmitter {
       ...r.status(),
       preempt: this.opts.config.preempt,
       advertisedVips: this.advertisedVips(vrid),
-      heardVips: info.heard.map((n) => formatIPv4(n)),
+      heardVips: [...info.heard],
       transitions: { ...info.transitions },
       lastTransition: iso(info.lastTransition),
       advertsSent: info.advertsSent,

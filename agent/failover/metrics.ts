@@ -2,22 +2,23 @@
 // passes in (never the global one). Asking twice for one registry returns the
 // same collectors (looked up by name in the registry itself, so no module
 // state), which lets every VirtualRouter of the daemon share them.
-// Labels are bounded: vrid (1-255), state (3), to (3), reason (DROP_REASONS and
-// "not-a-peer", peers.ts),
-// master (one current address per vrid; the previous one is removed).
+// Labels are bounded: vrid (1-255), family (IPv4, IPv6: one instance per
+// family, RFC 5798 §5.1, so VRID 51 of IPv4 and of IPv6 are two routers),
+// state (3), to (3), reason (DROP_REASONS and "not-a-peer", peers.ts),
+// master (one current address per vrid and family; the previous one is removed).
 import { Counter, Gauge, Registry } from '../metrics/prom';
 
 export interface VrrpMetrics {
   /** 1 for the state the router is in, 0 for the others. */
-  readonly state: Gauge<'vrid' | 'state'>;
-  readonly transitions: Counter<'vrid' | 'to'>;
-  readonly advertsSent: Counter<'vrid'>;
-  readonly advertsReceived: Counter<'vrid'>;
-  readonly dropped: Counter<'reason'>;
+  readonly state: Gauge<'vrid' | 'family' | 'state'>;
+  readonly transitions: Counter<'vrid' | 'family' | 'to'>;
+  readonly advertsSent: Counter<'vrid' | 'family'>;
+  readonly advertsReceived: Counter<'vrid' | 'family'>;
+  readonly dropped: Counter<'reason' | 'family'>;
   /** 1 on the label set of the current Master's address. */
-  readonly masterInfo: Gauge<'vrid' | 'master'>;
-  readonly lastTransition: Gauge<'vrid'>;
-  readonly splitBrain: Counter<'vrid'>;
+  readonly masterInfo: Gauge<'vrid' | 'family' | 'master'>;
+  readonly lastTransition: Gauge<'vrid' | 'family'>;
+  readonly splitBrain: Counter<'vrid' | 'family'>;
 }
 
 function getOrCreate<T>(registry: Registry, name: string, make: () => T): T {
@@ -27,52 +28,52 @@ function getOrCreate<T>(registry: Registry, name: string, make: () => T): T {
 export function vrrpMetrics(registry: Registry): VrrpMetrics {
   const registers = [registry];
   return {
-    state: getOrCreate(registry, 'lbagent_vrrp_state', () => new Gauge<'vrid' | 'state'>({
+    state: getOrCreate(registry, 'lbagent_vrrp_state', () => new Gauge<'vrid' | 'family' | 'state'>({
       name: 'lbagent_vrrp_state',
       help: 'VRRP state of each virtual router of this node: 1 on the current state (initialize, backup, master)',
-      labelNames: ['vrid', 'state'],
+      labelNames: ['vrid', 'family', 'state'],
       registers,
     })),
-    transitions: getOrCreate(registry, 'lbagent_vrrp_transitions_total', () => new Counter<'vrid' | 'to'>({
+    transitions: getOrCreate(registry, 'lbagent_vrrp_transitions_total', () => new Counter<'vrid' | 'family' | 'to'>({
       name: 'lbagent_vrrp_transitions_total',
       help: 'VRRP state transitions, by the state entered',
-      labelNames: ['vrid', 'to'],
+      labelNames: ['vrid', 'family', 'to'],
       registers,
     })),
-    advertsSent: getOrCreate(registry, 'lbagent_vrrp_adverts_sent_total', () => new Counter<'vrid'>({
+    advertsSent: getOrCreate(registry, 'lbagent_vrrp_adverts_sent_total', () => new Counter<'vrid' | 'family'>({
       name: 'lbagent_vrrp_adverts_sent_total',
       help: 'VRRP advertisements sent (as Master, and the priority-0 one on shutdown)',
-      labelNames: ['vrid'],
+      labelNames: ['vrid', 'family'],
       registers,
     })),
-    advertsReceived: getOrCreate(registry, 'lbagent_vrrp_adverts_received_total', () => new Counter<'vrid'>({
+    advertsReceived: getOrCreate(registry, 'lbagent_vrrp_adverts_received_total', () => new Counter<'vrid' | 'family'>({
       name: 'lbagent_vrrp_adverts_received_total',
       help: 'Valid VRRP advertisements received from other routers',
-      labelNames: ['vrid'],
+      labelNames: ['vrid', 'family'],
       registers,
     })),
-    dropped: getOrCreate(registry, 'lbagent_vrrp_dropped_total', () => new Counter<'reason'>({
+    dropped: getOrCreate(registry, 'lbagent_vrrp_dropped_total', () => new Counter<'reason' | 'family'>({
       name: 'lbagent_vrrp_dropped_total',
       help: 'VRRP packets refused by the RFC 5798 §7.1 receive checks, or from outside failover.peers (not-a-peer), by reason',
-      labelNames: ['reason'],
+      labelNames: ['reason', 'family'],
       registers,
     })),
-    masterInfo: getOrCreate(registry, 'lbagent_vrrp_master_info', () => new Gauge<'vrid' | 'master'>({
+    masterInfo: getOrCreate(registry, 'lbagent_vrrp_master_info', () => new Gauge<'vrid' | 'family' | 'master'>({
       name: 'lbagent_vrrp_master_info',
       help: 'The primary address of the current Master of each virtual router, as known by this node (value 1)',
-      labelNames: ['vrid', 'master'],
+      labelNames: ['vrid', 'family', 'master'],
       registers,
     })),
-    lastTransition: getOrCreate(registry, 'lbagent_vrrp_last_transition_timestamp_seconds', () => new Gauge<'vrid'>({
+    lastTransition: getOrCreate(registry, 'lbagent_vrrp_last_transition_timestamp_seconds', () => new Gauge<'vrid' | 'family'>({
       name: 'lbagent_vrrp_last_transition_timestamp_seconds',
       help: 'Wall-clock time of the last VRRP state transition of each virtual router',
-      labelNames: ['vrid'],
+      labelNames: ['vrid', 'family'],
       registers,
     })),
-    splitBrain: getOrCreate(registry, 'lbagent_vrrp_split_brain_total', () => new Counter<'vrid'>({
+    splitBrain: getOrCreate(registry, 'lbagent_vrrp_split_brain_total', () => new Counter<'vrid' | 'family'>({
       name: 'lbagent_vrrp_split_brain_total',
       help: 'Adverts from another Master received while Master (two Masters at once); resolved by keeping Master (the other had lower precedence) or yielding',
-      labelNames: ['vrid'],
+      labelNames: ['vrid', 'family'],
       registers,
     })),
   };

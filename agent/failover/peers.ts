@@ -10,7 +10,7 @@
 /** The drop reason label for adverts from outside failover.peers. */
 export const NOT_A_PEER = 'not-a-peer';
 
-/** Whether an advert from srcIp may be heard: any source without peers, else only a listed peer. */
-export function acceptsAdvertFrom(srcIp: number, peers: readonly number[]): boolean {
-  return peers.length === 0 || peers.includes(srcIp >>> 0);
+/** Whether an advert from src (canonical text, wire.ts) may be heard: any source without peers, else only a listed peer. */
+export function acceptsAdvertFrom(src: string, peers: readonly string[]): boolean {
+  return peers.length === 0 || peers.includes(src);
 }

@@ -101,15 +101,31 @@ t.test('loadBalancerIPs: one per family, inside its family\'s pool', async (t) =
   t.match(load('ipFamilyPolicy: PreferDualStack, loadBalancerIPs: ["10.99.0.210", "fd00:98::1"]').errors, 'services[0].loadBalancerIPs[1]:');
 });
 
-t.test('DHCPv6, VRRP over IPv6 and DSR over IPv6 are refused with the reason; PreferDualStack falls back', async (t) => {
+t.test('DHCPv6 and DSR over IPv6 are refused with the reason; PreferDualStack falls back; VRRP serves both families', async (t) => {
   t.match(load('ipam: dhcp, ipFamilies: [IPv6]').errors, 'services[0].ipFamilies: service default/web: the service\'s one family is IPv6, and IPv6 with ipam: dhcp is not supported (DHCPv6 VIPs are not served)');
   t.match(load('ipam: dhcp, ipFamilyPolicy: RequireDualStack').errors, 'IPv6 with ipam: dhcp is not supported');
   const dhcpPrefer = load('ipam: dhcp, ipFamilyPolicy: PreferDualStack');
   t.same(dhcpPrefer.services.map((s) => s.key), ['default/web']);
   t.match(dhcpPrefer.services[0]!.familyNotes, [/DHCPv6/]);
   const vrrp = `${DUAL_POOLS}\nfailover: { mode: vrrp }`;
-  t.match(load('ipFamilies: [IPv6]', vrrp).errors, 'IPv6 VIPs under failover.mode: vrrp are not supported (VRRP over IPv6 is not served)');
+  const v6 = load('ipFamilies: [IPv6], backends: ["fd00::11"]', vrrp);
+  t.equal(v6.errors, '', 'an IPv6 VIP under VRRP');
+  t.same(v6.services.map((s) => [s.key, s.family]), [['default/web@IPv6', 'IPv6']]);
   t.equal(load('backends: ["10.0.0.11"]', vrrp).errors, '', 'IPv4 under VRRP as before');
+  // failover.peers: one instance per family, so peers for each family with VIPs.
+  const peers = (p: string): string => `${DUAL_POOLS}\nfailover: { mode: vrrp, peers: ${p} }`;
+  t.match(load('ipFamilyPolicy: RequireDualStack, backends: ["10.0.0.11", "fd00::11"]', peers('["10.0.0.3"]')).errors,
+    'failover.peers: lists no IPv6 address, but service default/web@IPv6 has an IPv6 VIP: its IPv6 VRRP instance would hear adverts from any host');
+  t.equal(load('ipFamilies: [IPv6], backends: ["fd00::11"]', peers('["fe80::3"]')).errors, '', 'IPv6 peers alone for an IPv6-only service');
+  t.match(load('backends: ["10.0.0.11"]', peers('["fe80::3"]')).errors, 'failover.peers: lists no IPv4 address, but service default/web has an IPv4 VIP');
+  t.match(load('ipFamilies: [IPv6], backends: ["fd00::11"]', peers('["ff02::12"]')).errors, 'failover.peers[0]: ff02::12 is not an address another agent sends VRRP adverts from');
+  t.match(load('ipFamilies: [IPv6], backends: ["fd00::11"]', peers('["::1"]')).errors, 'failover.peers[0]: ::1 is not an address');
+  t.match(load('backends: ["10.0.0.11"]', peers('["10.0.0.3", "not-an-address"]')).errors, 'failover.peers[1]');
+  const both = parseConfigText(`${peers('["10.0.0.3", "FE80::0003", "fd00::3"]')}\nservices: []`);
+  t.ok(both.ok, 'peers of both families');
+  if (both.ok) t.same([both.config.failover.peers, both.config.failover.peers6], [[0x0a000003], ['fe80::3', 'fd00::3']], 'split by family, IPv6 in RFC 5952 text');
+  const vrid6 = parseConfigText(`failover: { mode: vrrp, vrid6: 300 }\nservices: []`);
+  t.match(vrid6.ok ? '' : vrid6.errors.map((e) => `${e.path}: ${e.message}`).join('\n'), 'failover.vrid6');
   t.match(load('sourceIP: preserve, ipFamilyPolicy: RequireDualStack').errors, 'IPv6 with sourceIP: preserve is not supported');
 });
 

@@ -243,7 +243,8 @@ t.test('every refusal reason', async (t) => {
     t.equal(r.ok ? 'ok' : r.reason, want, name);
   }
   const covered = new Set(cases.map((c) => c[2]));
-  for (const reason of DROP_REASONS) t.ok(covered.has(reason), `reason ${reason} is exercised`);
+  // bad-hop-limit and bad-source are IPv6's (codec6.test.ts).
+  for (const reason of DROP_REASONS.filter((r) => r !== 'bad-hop-limit' && r !== 'bad-source')) t.ok(covered.has(reason), `reason ${reason} is exercised`);
 });
 
 t.test('accepted variations', async (t) => {

@@ -8,11 +8,12 @@ import { EventEmitter } from 'node:events';
 import { Registry } from 'prom-client';
 import { ManualClock } from '../../agent/clock';
 import { silentLogger } from '../../agent/log';
-import { formatIPv4, parseIPv4 } from '../../agent/address';
+import { formatAddress, formatIPv4, parseAddress, parseIPv4 } from '../../agent/address';
 import { isLbError } from '../../agent/errors';
 import type { FrameInfo, PacketSocket, PacketSocketOptions } from '../../agent/net/packet/packet';
 import { decodeAdvertisement, encodeAdvertisement, vrrpFilter, type AdvertisementFrame } from '../../agent/failover/codec';
 import { VirtualRouter, assignVrids, type VirtualRouterOptions } from '../../agent/failover/driver';
+import { decodeAdvertisement6, encodeAdvertisement6 } from '../../agent/failover/codec6';
 
 class FakeLan {
   readonly sockets = new Set<FakeSocket>();
@@ -140,7 +141,7 @@ t.test('a lone router: Backup, then Master after Master_Down_Interval, then adve
   t.equal(await metric(h.registry, 'lbagent_vrrp_master_info', { vrid: '51', master: '10.99.0.10' }), 1);
   t.equal(await metric(h.registry, 'lbagent_vrrp_last_transition_timestamp_seconds', { vrid: '51' }), wallAtMaster / 1000, 'wall time of the transition');
   t.same(router.status(), {
-    vrid: 51, ifname: 'eth0', state: 'master', priority: 100, master: '10.99.0.10', masterPriority: 100,
+    vrid: 51, family: 'IPv4', ifname: 'eth0', state: 'master', priority: 100, master: '10.99.0.10', masterPriority: 100,
     masterAdverInterval: 1, masterDownInterval: 3.609375,
   });
   router.stop();
@@ -345,4 +346,90 @@ t.test('the interface\'s address changes: adverts carry the new one, and the Mas
   t.equal(formatIPv4(decoded(h.lan.wire.at(-1)!).srcIp), '10.99.0.14', 'a value that is no address changes nothing');
   t.same(events.slice(before).filter(([e]) => e === 'backup' || e === 'master'), [], 'no transition');
   router.stop();
+});
+
+t.test('IPv6 (RFC 5798 §5.1.2): adverts from the link-local address to ff02::12, IPv6 VIPs only; ties go to the greater address', async (t) => {
+  const h = harness();
+  const v6vips = () => ['10.99.0.100', 'fd00:99::200', 'FD00:99::200', 'fd00:99::201'];
+  // Equal priorities: the greatest link-local address wins (§6.4.3), compared over all 128 bits.
+  const a = h.make({ family: 'IPv6', srcIp: 'fe80::ffff', priority: 100, vips: v6vips });
+  const b = h.make({ family: 'IPv6', srcIp: 'fe80::1:0', priority: 100, vips: v6vips });
+  const c = h.make({ family: 'IPv6', srcIp: 'FE80::2', priority: 100, vips: v6vips });
+  for (const r of [a, b, c]) r.router.start();
+  const sock = [...h.lan.sockets][0]!;
+  t.equal(sock.opts.protocol, 0x86dd, 'an ETH_P_IPV6 socket');
+  t.same(sock.opts.multicast?.map((m) => Buffer.from(m).toString('hex')), ['333300000012'], 'joined the group MAC of ff02::12');
+  h.clock.advance(10_000);
+  t.same([a.router.state, b.router.state, c.router.state], ['backup', 'master', 'backup'], 'fe80::1:0 is the greatest');
+  t.equal(a.router.master, 'fe80::1:0', 'Backups name the Master by its link-local address');
+  t.equal(c.router.status().family, 'IPv6');
+  t.equal(c.router.status().master, 'fe80::1:0');
+  const sent = h.lan.wire.slice(-3).map((f) => decodeAdvertisement6(f));
+  for (const r of sent) {
+    if (!r.ok) { t.fail(r.reason); continue; }
+    t.same([formatAddress({ family: 'IPv6', value: r.frame.src }), formatAddress({ family: 'IPv6', value: r.frame.dst }), r.frame.hopLimit, r.frame.srcMac.toString('hex')],
+      ['fe80::1:0', 'ff02::12', 255, '00005e000233']);
+    t.same(r.frame.addresses.map((v) => formatAddress({ family: 'IPv6', value: v })), ['fd00:99::200', 'fd00:99::201'], 'the IPv4 VIP left out, duplicates once');
+  }
+  // All three time out together (equal priorities) and the two lesser yield at the first advert.
+  t.ok((await metric(h.registry, 'lbagent_vrrp_transitions_total', { vrid: '51', family: 'IPv6', to: 'master' }) ?? 0) >= 1, 'metrics carry the family');
+  t.equal(await metric(h.registry, 'lbagent_vrrp_transitions_total', { vrid: '51', family: 'IPv4' }), undefined, 'and nothing counts as IPv4');
+  t.equal(await metric(h.registry, 'lbagent_vrrp_master_info', { vrid: '51', family: 'IPv6', master: 'fe80::1:0' }), 1);
+  // The Master leaves with priority 0; the next greatest takes over within Skew_Time.
+  b.router.stop();
+  h.clock.advance(1000);
+  t.equal(c.router.state, 'backup');
+  t.equal(a.router.state, 'master', 'fe80::ffff next');
+  for (const r of [a, c]) r.router.stop();
+});
+
+t.test('IPv6: forged adverts are dropped and counted by reason; an IPv4 advert is not ours', async (t) => {
+  const h = harness();
+  const r = h.make({ family: 'IPv6', srcIp: 'fe80::1', priority: 100, vips: () => ['fd00::100'] });
+  r.router.start();
+  h.clock.advance(5000);
+  t.equal(r.router.state, 'master');
+  const forged = (o: Partial<Parameters<typeof encodeAdvertisement6>[0]>): Buffer => encodeAdvertisement6({
+    vrid: 51, priority: 254, maxAdverIntCs: 100, addresses: [parseAddress('fd00::100')!.value], src: parseAddress('fe80::66')!.value, ...o,
+  });
+  const lan = (f: Buffer): void => { h.lan.deliver(undefined, f); h.clock.advance(1); };
+  lan(forged({ hopLimit: 64 }));
+  lan(forged({ src: parseAddress('fd00::66')!.value }));
+  lan(forged({ version: 2 }));
+  const bad = forged({});
+  bad[bad.length - 1]! ^= 1;
+  lan(bad);
+  lan(encodeAdvertisement({ vrid: 51, priority: 254, maxAdverIntCs: 100, addresses: [0x0a630064], srcIp: 0x0a630066 }));
+  h.clock.advance(5000);
+  t.equal(r.router.state, 'master', 'nothing changed');
+  for (const reason of ['bad-hop-limit', 'bad-source', 'bad-version', 'bad-checksum', 'not-vrrp']) {
+    t.equal(await metric(h.registry, 'lbagent_vrrp_dropped_total', { reason, family: 'IPv6' }), 1, `${reason} counted once`);
+  }
+  t.same(r.events.filter(([e]) => e === 'dropped').map(([, p]) => (p as { reason: string }).reason), ['bad-hop-limit', 'bad-source', 'bad-version', 'bad-checksum', 'not-vrrp']);
+  // A valid advert from a higher priority link-local router is heard.
+  lan(forged({}));
+  t.equal(r.router.state, 'backup', 'a genuine higher-priority advert is obeyed');
+  t.equal(r.router.master, 'fe80::66');
+  r.router.stop();
+});
+
+t.test('IPv6 failover.peers: only listed sources are heard, and each advert goes to each resolved peer unicast', async (t) => {
+  const h = harness();
+  const mac = Buffer.from('020000000009', 'hex');
+  const r = h.make({ family: 'IPv6', srcIp: 'fe80::1', priority: 100, vips: () => ['fd00::100'], peers: ['fe80::9', 'fd00::9'], peerMac: (ip) => (ip === 'fd00::9' ? mac : undefined) });
+  r.router.start();
+  h.lan.deliver(undefined, encodeAdvertisement6({ vrid: 51, priority: 200, maxAdverIntCs: 100, addresses: [], src: parseAddress('fe80::66')!.value }));
+  h.clock.advance(5000);
+  t.equal(r.router.state, 'master', 'an advert from outside failover.peers changes nothing');
+  t.equal(await metric(h.registry, 'lbagent_vrrp_dropped_total', { reason: 'not-a-peer', family: 'IPv6' }), 1);
+  const ours = h.lan.wire.map((f) => decodeAdvertisement6(f)).filter((d) => d.ok && d.frame.src === parseAddress('fe80::1')!.value).map((d) => (d.ok ? d.frame : undefined)!);
+  const uni = ours.filter((f) => f.dst !== parseAddress('ff02::12')!.value);
+  t.ok(uni.length >= 1 && uni.length === ours.length - uni.length, `one unicast copy per advert (${uni.length})`);
+  t.ok(uni.every((f) => f.dst === parseAddress('fd00::9')!.value && f.dstMac.equals(mac) && f.hopLimit === 255), 'to the resolved peer, hop limit 255');
+  // A unicast advert from a global peer address is heard (keepalived unicast_peer).
+  h.lan.deliver(undefined, encodeAdvertisement6({ vrid: 51, priority: 200, maxAdverIntCs: 100, addresses: [], src: parseAddress('fd00::9')!.value, dst: parseAddress('fe80::1')!.value }));
+  h.clock.advance(1);
+  t.equal(r.router.state, 'backup');
+  t.equal(r.router.master, 'fd00::9');
+  r.router.stop();
 });

@@ -292,7 +292,7 @@ t.test('failover.peers: an advert from outside the list changes nothing and is c
   t.equal(a.gate.isMaster('default/web'), true, 'a stays Master');
   t.equal(a.changes.length, before, 'no change event');
   t.equal(a.gate.status('default/web')?.advertsReceived, 0, 'not counted as a received advert');
-  t.match(await a.registry.metrics(), /lbagent_vrrp_dropped_total\{reason="not-a-peer"\} [1-9]\d*/);
+  t.match(await a.registry.metrics(), /lbagent_vrrp_dropped_total\{reason="not-a-peer",family="IPv4"\} [1-9]\d*/);
   // A listed peer is heard: node 2 at 200 takes over.
   const b = w.node(2, 200, [svc('web')], peers);
   w.clock.advance(mdi(200) + 1000);
@@ -304,7 +304,7 @@ t.test('failover.peers: an advert from outside the list changes nothing and is c
 t.test('failover.peers: each advert also goes unicast to each peer whose MAC is known', async (t) => {
   const w = world();
   const mac = Buffer.from('02aabbccdd02', 'hex');
-  const a = w.node(1, 100, [svc('web')], { config: { ...FAILOVER, peers: [0x0a630002, 0x0a630003] }, peerMac: (ip) => (ip === 0x0a630002 ? mac : undefined) });
+  const a = w.node(1, 100, [svc('web')], { config: { ...FAILOVER, peers: [0x0a630002, 0x0a630003] }, peerMac: (ip) => (ip === '10.99.0.2' ? mac : undefined) });
   w.clock.advance(mdi(100) + 1);
   w.clock.advance(2000);
   const frames = w.lan.wire.filter((x) => x.from === 1).map((x) => decodeAdvertisement(x.frame)).filter((r) => r.ok).map((r) => (r.ok ? r.frame : undefined)!);

@@ -196,6 +196,28 @@ export function bpfNdp(): BpfProgram {
 }
 
 /**
+ * IPv6 whose next header (no extension headers) is `nextHeader` and whose
+ * payload byte at `offset` is `value`: the IPv6 VRRP socket's VRID filter
+ * (failover/codec6.ts vrrpFilter6).
+ * `tcpdump -dd 'ip6 and ip6[6] = 112 and ip6[41] = 51'`.
+ */
+export function bpfIpv6NextHeaderPayloadByte(nextHeader: number, offset: number, value: number): BpfProgram {
+  checkInt('next header', nextHeader, 0xff);
+  checkInt('payload offset', offset, 0xffff - ICMPV6_TYPE_OFFSET);
+  checkInt('byte value', value, 0xff);
+  return [
+    [BPF_LD_H_ABS, 0, 0, ETH_TYPE_OFFSET],
+    [BPF_JEQ_K, 0, 5, ETHERTYPE_IPV6],
+    [BPF_LD_B_ABS, 0, 0, IPV6_NEXT_HEADER_OFFSET],
+    [BPF_JEQ_K, 0, 3, nextHeader],
+    [BPF_LD_B_ABS, 0, 0, ICMPV6_TYPE_OFFSET + offset],
+    [BPF_JEQ_K, 0, 1, value],
+    [BPF_RET_K, 0, 0, BPF_ACCEPT],
+    [BPF_RET_K, 0, 0, 0],
+  ];
+}
+
+/**
  * IPv4 UDP to the given destination port, first fragments only (a later
  * fragment has no UDP header to match). `tcpdump -dd 'ip and udp dst port 68'`.
  */

@@ -1,0 +1,106 @@
+// Unit tests of DualGate: two real VrrpGates (IPv4 and IPv6) per node on an
+// in-memory LAN. Each family service goes to the gate of its family, the two
+// instances elect independently (RFC 5798 §5.1), events of both reach the
+// daemon, status says the family, the IPv4-only hand-back is never asked for
+// an IPv6 VIP, and without a link-local address IPv6 VIPs are not held.
+import t from 'tap';
+import { EventEmitter } from 'node:events';
+import { Registry } from 'prom-client';
+import { ManualClock } from '../../agent/clock';
+import { silentLogger } from '../../agent/log';
+import type { FrameInfo, PacketSocket, PacketSocketOptions } from '../../agent/net/packet/packet';
+import { masterDownIntervalMs } from '../../agent/failover/machine';
+import { VrrpGate } from '../../agent/failover/gate';
+import { DualGate } from '../../agent/failover/dual';
+import { vrrpWire } from '../../agent/failover/wire';
+import type { FailoverConfig, ServiceSpec } from '../../agent/config/types';
+
+class FakeLan {
+  readonly sockets = new Set<FakeSocket>();
+  /** (node, EtherType) pairs whose frames are lost. */
+  readonly cut = new Set<string>();
+  constructor(readonly clock: ManualClock) {}
+  open = (opts: PacketSocketOptions): PacketSocket => { const s = new FakeSocket(this, opts); this.sockets.add(s); return s; };
+  deliver(from: FakeSocket, frame: Buffer): void {
+    if (this.cut.has(`${from.ifindex}/${frame.readUInt16BE(12)}`)) return;
+    for (const s of this.sockets) if (s !== from) this.clock.setTimeout(() => s.emit('frame', frame, { csumNotReady: false, pktType: 2 } satisfies FrameInfo), 0.2);
+  }
+}
+
+class FakeSocket extends EventEmitter implements PacketSocket {
+  readonly ifindex: number;
+  constructor(private readonly lan: FakeLan, readonly opts: PacketSocketOptions) { super(); this.ifindex = opts.ifindex; }
+  send(frame: Buffer): void { this.lan.deliver(this, frame); }
+  close(): void { this.lan.sockets.delete(this); }
+}
+
+const FAILOVER: FailoverConfig = { mode: 'vrrp', vrid: 51, advertInterval: 1, preempt: true, preemptDelay: 0, interface: undefined, peers: [] };
+
+function spec(family: 'IPv4' | 'IPv6'): ServiceSpec {
+  return {
+    key: family === 'IPv4' ? 'default/web' : 'default/web@IPv6', family, name: 'web', namespace: 'default', ipam: 'pool', primaryService: undefined,
+    loadBalancerIP: family === 'IPv4' ? '10.99.0.200' : 'fd00:99::200', vrid: undefined, priority: undefined, ports: [], backends: [], sourceIP: 'snat', topology: 'any',
+    healthCheck: { enabled: false, type: 'tcp', port: 80, successThreshold: 1, failureThreshold: 3, periodSeconds: 5, timeoutSeconds: 3, http: undefined, passiveFailures: 0 },
+  };
+}
+const SERVICES = [spec('IPv4'), spec('IPv6')];
+
+function node(lan: FakeLan, clock: ManualClock, n: number, priority: number, o: { ipv6?: boolean; config?: Partial<FailoverConfig> } = {}): { dual: DualGate; changes: string[][] } {
+  const registry = new Registry();
+  const gate = (family: 'IPv4' | 'IPv6', srcIp: string): VrrpGate => new VrrpGate({
+    config: { ...FAILOVER, ...o.config }, nodePriority: priority, family, ifindex: n, ifname: 'eth0', srcIp, log: silentLogger(), registry, clock, openSocket: lan.open,
+  });
+  const dual = new DualGate({ ipv4: gate('IPv4', `10.99.0.${n}`), ipv6: o.ipv6 === false ? undefined : gate('IPv6', `fe80::${n}`), log: silentLogger() });
+  const changes: string[][] = [];
+  dual.on('change', (keys: string[]) => changes.push(keys));
+  dual.update(SERVICES, () => undefined);
+  return { dual, changes };
+}
+
+t.test('one instance per family: each family service rides its own gate, and the two elect independently', async (t) => {
+  const clock = new ManualClock();
+  const lan = new FakeLan(clock);
+  const a = node(lan, clock, 1, 100);
+  const b = node(lan, clock, 2, 200);
+  const sockets = [...lan.sockets].map((s) => s.opts.protocol).sort();
+  t.same(sockets, [0x0800, 0x0800, 0x86dd, 0x86dd], 'an IPv4 and an IPv6 router on each node');
+  clock.advance(masterDownIntervalMs(100, 100) + 100);
+  t.same([b.dual.isMaster('default/web'), b.dual.isMaster('default/web@IPv6')], [true, true], 'the higher priority holds both VIPs');
+  t.same([a.dual.isMaster('default/web'), a.dual.isMaster('default/web@IPv6')], [false, false]);
+  t.match(a.dual.status('default/web@IPv6'), { family: 'IPv6', vrid: 51, state: 'backup', master: 'fe80::2' }, 'the IPv6 instance names the Master by its link-local address');
+  t.match(a.dual.status('default/web'), { family: 'IPv4', vrid: 51, state: 'backup', master: '10.99.0.2' });
+  t.equal(a.dual.handBack('default/web'), '10.99.0.2', 'the IPv4 Backup hands back to the IPv4 Master');
+  t.equal(a.dual.handBack('default/web@IPv6'), undefined, 'no hand-back for an IPv6 VIP (the kernel path hands back IPv4 only)');
+  t.equal(a.dual.knownVip('default/web@IPv6'), 'fd00:99::200');
+
+  // b's IPv6 adverts stop reaching the LAN: only the IPv6 VIP moves.
+  const from = a.changes.length;
+  lan.cut.add(`2/${vrrpWire('IPv6').ethertype}`);
+  clock.advance(masterDownIntervalMs(100, 100) + 100);
+  t.same([a.dual.isMaster('default/web'), a.dual.isMaster('default/web@IPv6')], [false, true], 'a takes the IPv6 VIP, not the IPv4 one');
+  t.same(a.changes.slice(from).flat(), ['default/web@IPv6'], "the change names the IPv6 service only");
+  await a.dual.stop();
+  await b.dual.stop();
+  t.equal(lan.sockets.size, 0, 'every socket closed');
+});
+
+t.test('a node without a link-local address holds no IPv6 VIP; its IPv4 instance runs', async (t) => {
+  const clock = new ManualClock();
+  const lan = new FakeLan(clock);
+  const a = node(lan, clock, 1, 100, { ipv6: false });
+  t.same([...lan.sockets].map((s) => s.opts.protocol), [0x0800], 'an IPv4 router only');
+  clock.advance(masterDownIntervalMs(100, 100) + 100);
+  t.equal(a.dual.isMaster('default/web'), true);
+  t.equal(a.dual.isMaster('default/web@IPv6'), false);
+  t.equal(a.dual.status('default/web@IPv6'), undefined);
+  await a.dual.stop();
+});
+
+t.test('failover.vrid6 puts the IPv6 instance on its own VRID', async (t) => {
+  const clock = new ManualClock();
+  const lan = new FakeLan(clock);
+  const a = node(lan, clock, 1, 100, { config: { vrid6: 60 } });
+  t.equal(a.dual.status('default/web')?.vrid, 51);
+  t.equal(a.dual.status('default/web@IPv6')?.vrid, 60);
+  await a.dual.stop();
+});

@@ -1,0 +1,162 @@
+// Privileged, through the real agent: VRRPv3 over IPv6 (RFC 5798 §5.1.2) for
+// an IPv6 pool VIP, on one bridged LAN with the kernel's own neighbour
+// discovery. Agents n1 (priority 100) and n3 (200), keepalived (Debian's) and
+// a client with a 20 ms request loop through the VIP:
+// - n3's VM dies: n1 takes over; the client's neighbour entry for the VIP
+//   points at n1's MAC (the new Master's unsolicited advertisements) within
+//   2 s, and the loop sees one gap;
+// - forged IPv6 adverts at priority 254 (hop limit 64, a global source to
+//   ff02::12, a bad checksum, VRRPv2) change nothing and are counted by reason;
+// - keepalived (150) preempts n1; its VM dies and n1 takes the VIP back;
+// - keepalived (50) stands by behind n1; n1's VM dies and keepalived takes
+//   the VIP: the two fail an IPv6 VIP over to each other both ways.
+import t, { type Test } from 'tap';
+import { requirePrivileged } from '../helpers/privileged';
+import { createLab, waitFor } from '../../lab/netns';
+import { startBackend } from '../../lab/services';
+import { startAgent, waitStatus, type AgentHandle } from '../../lab/agent';
+import { startKeepalived, type Keepalived } from '../../lab/keepalived';
+import { ClientLoop, gapReport } from '../../lab/client-loop';
+import { metricValue, vmDeath } from '../../lab/vrrp';
+import { addVm6, agentConfig6, neighbourMac as neighbourOf, BACKEND6, VIP6, type Vm6 } from '../../lab/vrrp6';
+import { httpGetFrom } from '../../lab/services';
+import { masterDownIntervalMs } from '../../agent/failover/machine';
+import { encodeAdvertisement6 } from '../../agent/failover/codec6';
+import { parseAddress } from '../../agent/address';
+import { forge } from './fixtures/failover-client';
+import type { ServiceStatus } from '../../agent/daemon/daemon';
+
+const VIP = VIP6;
+const VRID = 51;
+const INTERVAL = 0.1;
+
+if (requirePrivileged(t)) {
+  t.test('an IPv6 VIP under VRRP: agent to agent, forged adverts, agent to keepalived and back', async (t) => {
+    const lab = await createLab(t);
+    const n1 = await addVm6(lab, 'n1', 2);
+    const n3 = await addVm6(lab, 'n3', 4);
+    const ka = await addVm6(lab, 'ka', 0x40);
+    const b6 = await lab.addHost('b6', { address: '10.99.0.12/24', ipv6: [`${BACKEND6}/64`] });
+    const client = await lab.addHost('client', { address: '10.99.0.80/24', ipv6: ['fd00:99::50/64'] });
+    await startBackend(lab, b6, 'b6', [8080], '::');
+    // keepalived's VM answers on port 80 itself when it holds the VIP.
+    await startBackend(lab, ka.ns, 'ka', [80], '::');
+
+    const agents = new Map<string, AgentHandle>();
+    const start = async (v: Vm6, priority: number): Promise<AgentHandle> => {
+      const a = await startAgent(lab, v.ns, agentConfig6(v, priority, { advertInterval: INTERVAL, vrid: VRID }), { name: v.name, logLevel: 'debug' });
+      agents.set(v.name, a);
+      return a;
+    };
+    const api = async (a: AgentHandle): Promise<ServiceStatus> => (await a.status()).services.find((s) => s.name === 'api')!;
+    const serving = (a: AgentHandle, what: string): Promise<unknown> => waitStatus(a, what, (d) => d.services.some((s) => s.name === 'api' && s.state === 'serving' && s.vip === VIP), 15_000);
+    const neighbourMac = (): Promise<string | undefined> => neighbourOf(lab, client, VIP);
+    const metrics = async (v: Vm6): Promise<string> => {
+      const r = await httpGetFrom(lab, client, `http://${v.ip}:9477/metrics`, 2000);
+      if (!r.ok) throw new Error(`${v.name}: /metrics: ${r.error ?? ''}`);
+      return r.body;
+    };
+    /** A death with the client loop around it: when the neighbour entry moved to `to`, and the loop's gap. */
+    const failover = async (t: Test, dying: Vm6, pid: number, to: Vm6, bodies: string[], takeover: () => Promise<unknown>): Promise<void> => {
+      const loop = await ClientLoop.start(lab, client, `http://[${VIP}]/`, { intervalMs: 20, timeoutMs: 200, maxMs: 20_000 });
+      t.teardown(() => loop.stop());
+      await new Promise((r) => setTimeout(r, 300));
+      const at = await vmDeath(lab, { port: dying.port, pids: [pid] });
+      await takeover();
+      let movedAt: number | undefined;
+      await waitFor(`the client's neighbour entry for ${VIP} points at ${to.name}`, async () => {
+        if ((await neighbourMac()) !== to.mac) return false;
+        movedAt = Date.now();
+        return true;
+      }, 5000, 20);
+      await new Promise((r) => setTimeout(r, 500));
+      await loop.stop();
+      const g = gapReport(loop.results, at, bodies);
+      t.comment(`${dying.name} dies -> neighbour entry at ${to.name}: <= ${movedAt! - at} ms; first answer: ${g.servedAfterMs ?? '?'} ms; `
+        + `client: ${g.count} requests, gap ${g.gapMs} ms, errors ${JSON.stringify(g.errors)}`);
+      t.ok(movedAt! - at < 2000, `the neighbour entry points at ${to.name}'s MAC within 2 s (${movedAt! - at} ms; Master_Down_Interval ${masterDownIntervalMs(100, INTERVAL * 100).toFixed(0)} ms)`);
+      t.ok(g.servedAfterMs !== undefined && g.servedAfterMs < 2000, `served again within 2 s (${g.servedAfterMs ?? '?'} ms)`);
+      t.ok(g.gaps <= 1, `at most one gap (${g.gapMs} ms), answers on either side`);
+      t.equal(g.wrongBodies.length, 0, 'every answer from an expected server');
+    };
+
+    const a3 = await start(n3, 200);
+    const a1 = await start(n1, 100);
+    await serving(a3, 'n3 serves the IPv6 VIP');
+
+    t.test('n3 Master: adverts from its link-local address, n1 follows it; the client reaches the VIP at n3', async (t) => {
+      await waitFor('n1 Backup naming n3', async () => (await api(a1)).failover?.master === n3.linkLocal, 5000);
+      const f1 = (await api(a1)).failover!;
+      t.match(f1, { family: 'IPv6', state: 'backup', vrid: VRID, master: n3.linkLocal, heardVips: [VIP] }, "n1's status: the IPv6 instance, n3's link-local address, the VIP it lists");
+      t.match((await api(a3)).failover, { family: 'IPv6', state: 'master', advertisedVips: [VIP] });
+      const m1 = await metrics(n1);
+      t.equal(metricValue(m1, `lbagent_vrrp_master_info{vrid="${VRID}",family="IPv6",master="${n3.linkLocal}"}`), 1, 'metrics name the Master with the family');
+      t.equal(metricValue(m1, `lbagent_vrrp_state{vrid="${VRID}",family="IPv4",state="backup"}`), undefined, 'no IPv4 instance for an IPv6-only service');
+      const cap = await lab.exec(client, 'timeout', ['3', 'tcpdump', '-i', 'eth0', '-c', '1', '-nn', '-e', '-v', 'ip6 and ip6[6] = 112'], { allowFail: true });
+      t.match(cap.stdout, new RegExp(`00:00:5e:00:02:33 > 33:33:00:00:00:12.*hlim 255.*${n3.linkLocal} > ff02::12: VRRPv3, Advertisement, vrid 51, prio 200`, 's'), 'tcpdump: virtual router MAC, hop limit 255, link-local to ff02::12');
+      const r = await httpGetFrom(lab, client, `http://[${VIP}]/`, 2000);
+      t.ok(r.ok && r.body.includes('b6'), 'the VIP forwards to the IPv6 backend');
+      t.equal(await neighbourMac(), n3.mac, "the client's neighbour entry is n3's MAC");
+      t.notOk((await lab.sh(n1.ns, 'ip -o -6 addr show dev eth0')).stdout.includes(VIP), 'the Backup does not hold the VIP');
+    });
+
+    t.test("n3's VM dies: n1 takes the VIP; the client's neighbour entry follows within the failover time", async (t) => {
+      await failover(t, n3, a3.proc.pid!, n1, ['b6'], () => serving(a1, 'n1 serves'));
+      t.match((await api(a1)).failover, { family: 'IPv6', state: 'master' });
+    });
+
+    t.test('forged IPv6 adverts at priority 254 change nothing and are counted by reason', async (t) => {
+      const forged = (o: Partial<Parameters<typeof encodeAdvertisement6>[0]>): Buffer => encodeAdvertisement6({
+        vrid: VRID, priority: 254, maxAdverIntCs: 10, addresses: [parseAddress(VIP)!.value], src: parseAddress('fe80::66')!.value, ...o,
+      });
+      const badSum = forged({});
+      badSum[badSum.length - 1]! ^= 1;
+      const frames: [string, Buffer][] = [
+        ['bad-hop-limit', forged({ hopLimit: 64 })],
+        ['bad-source', forged({ src: parseAddress('fd00:99::66')!.value })],
+        ['bad-checksum', badSum],
+        ['bad-version', forged({ version: 2 })],
+      ];
+      const REPEAT = 5;
+      const before = new Map(await Promise.all(frames.map(async ([reason]) => [reason, metricValue(await metrics(n1), `lbagent_vrrp_dropped_total{reason="${reason}",family="IPv6"}`) ?? 0] as const)));
+      const sent = await forge(lab, client, frames.map(([, f]) => f), { repeat: REPEAT, gapMs: 20 });
+      t.equal(sent, frames.length * REPEAT);
+      await new Promise((r) => setTimeout(r, 3 * masterDownIntervalMs(100, INTERVAL * 100)));
+      const m = await metrics(n1);
+      for (const [reason] of frames) {
+        t.equal((metricValue(m, `lbagent_vrrp_dropped_total{reason="${reason}",family="IPv6"}`) ?? 0) - before.get(reason)!, REPEAT, `${REPEAT} x ${reason} counted`);
+      }
+      const s = await api(a1);
+      t.match(s, { state: 'serving', vip: VIP, failover: { state: 'master', master: n1.linkLocal } }, 'n1 still Master and serving');
+      t.equal((s.failover as { transitions: { backup: number } }).transitions.backup, 1, 'n1 entered Backup only at start');
+    });
+
+    let k: Keepalived | undefined;
+    t.teardown(() => k?.stop());
+    t.test('keepalived (150) preempts n1 on the same IPv6 virtual router; its VM dies and n1 takes the VIP back', async (t) => {
+      k = await startKeepalived(lab, ka.ns, 'ka', { vrid: VRID, priority: 150, advertInt: INTERVAL, vips: [VIP] });
+      await waitFor('keepalived MASTER', () => k!.state() === 'MASTER', 5000);
+      await waitFor('n1 Backup naming keepalived', async () => (await api(a1)).failover?.master === ka.linkLocal, 5000);
+      t.match((await api(a1)).failover, { family: 'IPv6', state: 'backup', masterPriority: 150, heardVips: [VIP] }, "n1 follows keepalived's link-local address");
+      await waitFor("the client's neighbour entry at keepalived", async () => (await neighbourMac()) === ka.mac, 5000, 20);
+      t.pass("keepalived's neighbour advertisement moved the client");
+      t.notMatch(k.log(), /bogus|invalid|ip number count|wrong/i, 'keepalived found nothing wrong with our adverts');
+      const m1 = await metrics(n1);
+      t.equal(metricValue(m1, 'lbagent_vrrp_dropped_total{reason="bad-checksum",family="IPv6"}'), 5, "keepalived's adverts verify (only the 5 forged ones counted)");
+      await failover(t, ka, k.proc.pid!, n1, ['b6', 'ka'], () => serving(a1, 'n1 serves again'));
+    });
+
+    t.test("keepalived (50) stands by; n1's VM dies and keepalived takes the IPv6 VIP", async (t) => {
+      await k?.stop();
+      await lab.sh(lab.lan, `ip link set ${ka.port} up`);
+      await lab.sh(ka.ns, `ip -6 addr del ${VIP}/64 dev eth0 2>/dev/null || true`);
+      k = await startKeepalived(lab, ka.ns, 'ka2', { vrid: VRID, priority: 50, advertInt: INTERVAL, vips: [VIP] });
+      await waitFor('keepalived BACKUP', () => k!.state() === 'BACKUP', 5000);
+      await new Promise((r) => setTimeout(r, 500));
+      t.equal(k.state(), 'BACKUP', "keepalived stays BACKUP behind n1 (100): it hears n1's IPv6 adverts (else MASTER after its Master_Down_Interval)");
+      t.same(k.notified().map((l) => l.split(' ')[2]), ['BACKUP'], 'and never went MASTER');
+      await failover(t, n1, a1.proc.pid!, ka, ['b6', 'ka'], () => waitFor('keepalived MASTER', () => k!.state() === 'MASTER', 5000));
+      t.notMatch(k.log(), /bogus|invalid|ip number count|wrong/i, 'keepalived found nothing wrong with our adverts');
+    });
+  });
+}
