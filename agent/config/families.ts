@@ -53,9 +53,20 @@ export function familyServiceKey(key: string, family: Family): string {
   return family === 'IPv4' ? key : `${key}@${family}`;
 }
 
+/**
+ * The key a DHCP service's macvlan, MAC and DUID derive from, given a family
+ * service's key (familyServiceKey): the Kubernetes service's
+ * "namespace/name", whichever family. Both families of a
+ * dual-stack DHCP service ride one macvlan with one stable MAC, as a
+ * dual-stack host does: the DHCPv4 lease and the DHCPv6 one are the same
+ * client's.
+ */
+export function linkKeyOf(familyKey: string): string {
+  return familyKey.endsWith('@IPv6') ? familyKey.slice(0, -'@IPv6'.length) : familyKey;
+}
+
 /** Why the agent cannot serve a family for this service, or undefined when it can. */
 function unservable(f: Family, ask: FamilyAsk, ctx: FamilyContext): string | undefined {
-  if (f === 'IPv6' && ask.ipam === 'dhcp') return 'IPv6 with ipam: dhcp is not supported (DHCPv6 VIPs are not served); IPv6 VIPs come from a pool (ipam: pool)';
   if (f === 'IPv6' && ctx.failover === 'vrrp') return 'IPv6 VIPs under failover.mode: vrrp are not supported (VRRP over IPv6 is not served); use failover.mode: none, or IPv4 only';
   if (f === 'IPv6' && ctx.proxy) return 'IPv6 VIPs are forwarded by the kernel path only, and this config runs the userspace proxy (dataplane: proxy, or a service with proxyProtocol), which listens on IPv4 VIPs; use dataplane: kernel or auto without proxyProtocol, or IPv4 only';
   if (f === 'IPv6' && ask.sourceIP === 'preserve') return 'IPv6 with sourceIP: preserve is not supported (direct server return forwards IPv4 only); use sourceIP: snat, or IPv4 only';
