@@ -27,7 +27,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { spawnSync } from 'node:child_process';
 import { benchForward, FORWARD_TARGETS, type ForwardTarget } from './forwarding';
-import { benchDhcp, DHCP_CLIENTS, type DhcpClient } from './dhcp';
+import { benchDhcp, benchDhcp6, DHCP_CLIENTS, type DhcpClient } from './dhcp';
 import { benchDetection, DETECTION_SETTINGS } from './detection';
 import { benchHttps } from './https';
 import { benchControl } from './control';
@@ -186,6 +186,7 @@ async function main(): Promise<void> {
             likePairs: q ? R : Math.max(R, 9),
             log: log(area),
           });
+          results.dhcp6 = await benchDhcp6({ rounds: Math.max(R, 3), log: log('dhcp/v6') });
         });
         break;
       case 'health':
