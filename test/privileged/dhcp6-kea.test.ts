@@ -4,7 +4,9 @@
 // off-prefix address: each is dropped and counted by reason, logged at warn,
 // and nothing is bound. Then ISC Kea DHCPv6 (a subnet6 on its interface)
 // grants an address: the service serves a client on the LAN through it,
-// and Kea's lease is the service's DUID-LL. Removing the service releases
+// and Kea's lease is the service's DUID-LL. Kea's first address is held
+// by another host: duplicate address detection finds it, the agent
+// DECLINEs it and binds the next. Removing the service releases
 // the lease (Kea logs the RELEASE) and deletes the macvlan.
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
@@ -14,6 +16,7 @@ import { startAgent, waitStatus } from '../../lab/agent';
 import { linkNameForService, macForService } from '../../agent/net/ownership/ownership';
 import { startKea6 } from './fixtures/dhcp-harness';
 
+const TAKEN = 'fd00:99::300';
 const HOSTILE: Record<string, string> = {
   'fd00:99::2': 'addr-local',        // the VM's own address
   'ff02::5': 'addr-multicast',
@@ -23,13 +26,14 @@ const HOSTILE: Record<string, string> = {
 };
 
 if (requirePrivileged(t)) {
-  t.test('IPv6-only DHCP service: a rogue server\'s hostile grants are refused and counted; Kea\'s lease serves; removal releases it', async (t) => {
+  t.test('IPv6-only DHCP service: a rogue server\'s hostile grants are refused and counted; a taken address is declined; Kea\'s lease serves; removal releases it', async (t) => {
     const lab = await createLab(t);
     const server = await lab.addHost('server', { address: '10.99.0.1/24', ipv6: ['fd00:99::1/64'] });
     const node = await lab.addHost('node', { address: '10.99.0.2/24', ipv6: ['fd00:99::2/64'] });
     const b = await lab.addHost('b', { address: '10.99.0.11/24', ipv6: ['fd00:99::11/64'] });
     const client = await lab.addHost('client', { address: '10.99.0.50/24', ipv6: ['fd00:99::50/64'] });
-    const rogueNs = await lab.addHost('rogue', { address: '10.99.0.66/24', ipv6: ['fd00:99::66/64'] });
+    // The rogue host also holds Kea's first pool address: duplicate address detection must find it.
+    const rogueNs = await lab.addHost('rogue', { address: '10.99.0.66/24', ipv6: ['fd00:99::66/64', `${TAKEN}/64`] });
     await startBackend(lab, b, 'b', [8080], '::');
     const rogue = lab.spawn(rogueNs, process.execPath, [distPath('test', 'privileged', 'fixtures', 'dhcp6-rogue.js'),
       ...Object.keys(HOSTILE).flatMap((a) => ['--offer', a])]);
@@ -74,6 +78,11 @@ if (requirePrivileged(t)) {
     const bound = await waitStatus(agent, 'the IPv6 VIP from Kea serving', (s) => s.services.find((x) => x.key === 'default/web@IPv6')?.ready === true, 30_000);
     const vip6 = bound.services.find((x) => x.key === 'default/web@IPv6')!.vip!;
     t.match(vip6, /^fd00:99::3[0-9a-f]{2}$/, `the VIP ${vip6} comes from Kea's pool`);
+    // Kea granted its first address, which another host holds: DAD found it, the agent declined it and got another.
+    t.not(vip6, TAKEN, `${TAKEN}, held by another host, is not the VIP`);
+    t.ok(agent.logs.some((l) => l.module === 'dhcp6' && l.op === 'dad' && l.address === TAKEN), 'duplicate address detection found it taken');
+    t.match(kea.log(), new RegExp(`DHCP6_DECLINE\\w* .*${TAKEN}`), 'Kea saw the DECLINE');
+    t.match(await metric(), /lbagent_dhcp6_declines_total\{service="web",namespace="default"\} 1\n/, 'one decline counted');
     t.match(await httpGetFrom(lab, client, `http://[${vip6}]:80/`), { ok: true, body: 'b\n' }, 'a client on the LAN is served through it');
     const rows = kea.rows(vip6);
     t.equal(rows[0]?.clientId, duid, 'Kea holds the lease under the service\'s DUID-LL');
