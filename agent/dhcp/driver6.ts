@@ -44,7 +44,7 @@ import { dadProbe, NdpVipOwner, openNdpSocket } from '../net/neighbour/ndp-drive
 import { DUP_ADDR_DETECT_TRANSMITS } from '../net/neighbour/ndp-owner';
 import type { PacketSocket } from '../net/packet/packet';
 import { linkLocalOf, ndpTimings } from '../ipam/pool-source';
-import type { AddressSource, LostCause, SourceState, SourceStatus, Vip } from '../source';
+import type { AddressSource, LostCause, SourceDamage, SourceState, SourceStatus, Vip } from '../source';
 import type { StateStore } from '../state/store';
 import {
   DEFAULT_CLIENT6_CONFIG, initialState6, step6,
@@ -239,6 +239,42 @@ export class Dhcp6Source extends EventEmitter implements AddressSource {
 
   reannounce(): void {
     if (this.vip) this.owner?.reannounce();
+  }
+
+  /**
+   * Put back what the kernel lost of the bound VIP (daemon/drift-plan.ts):
+   * the /128 on the macvlan or the macvlan up, in place, announced again. A
+   * deleted macvlan takes the address and the socket with it: the client
+   * starts over on the new one (the DHCPv4 source recreates a shared one),
+   * asking for the same address.
+   */
+  async repair(damage: SourceDamage): Promise<string | undefined> {
+    const vip = this.vip;
+    if (!this.running || !vip || !this.owner) return undefined;
+    if (damage === 'link') {
+      await this.stop({ release: false, keep: true });
+      this.start();
+      return `starting the DHCPv6 client over on ${this.ifname}, asking for ${vip.address} again`;
+    }
+    let out: string | undefined;
+    this.enqueue(async () => {
+      if (!this.running || this.vip !== vip) return;
+      const done: string[] = [];
+      if (damage === 'link-down' && !this.sharedLink) {
+        await this.netlink.setLink(vip.ifindex, { up: true });
+        done.push(`set ${vip.ifname} up`);
+      }
+      const on = (await this.netlink.listAddresses(vip.ifindex, 'IPv6')).some((a) => a.address === vip.address && a.prefix === vip.prefix);
+      if (!on) {
+        await this.netlink.addAddress(vip.ifindex, vip.address, vip.prefix, { proto: OWNED_ADDRESS_PROTO });
+        addressesChanged();
+        done.push(`added ${vip.address}/${vip.prefix} to ${vip.ifname} again`);
+      }
+      this.owner?.reannounce();
+      out = done.length > 0 ? `${done.join(', ')} and announced it` : undefined;
+    });
+    await this.chain;
+    return out;
   }
 
   status(): SourceStatus {

@@ -4,7 +4,8 @@
 // DHCPv6 lease is the service's DUID-LL and the IPv6 VIP is a /128 on the
 // macvlan, next to its link-local address and nothing else (no SLAAC from
 // the advertisements). A client on the LAN is served through the IPv6 VIP;
-// a SIGKILL and a new start keep the same address (the saved lease resumed
+// a deleted VIP is put back by the drift guard; a SIGKILL and a new start
+// keep the same address (the saved lease resumed
 // and confirmed) with no failed request in a 20 ms loop; removing the
 // service releases the lease (dnsmasq logs the RELEASE) and takes the
 // macvlan away.
@@ -26,7 +27,7 @@ async function addrsOf(lab: Lab, ns: string, ifname: string): Promise<string[]> 
 }
 
 if (requirePrivileged(t)) {
-  t.test('dual-stack DHCP service: DHCPv6 lease from dnsmasq on the shared macvlan, served, kept across SIGKILL, released on removal', async (t) => {
+  t.test('dual-stack DHCP service: DHCPv6 lease from dnsmasq on the shared macvlan, served, put back after a deletion, kept across SIGKILL, released on removal', async (t) => {
     const lab = await createLab(t);
     const server = await lab.addHost('server', { address: '10.99.0.1/24', ipv6: ['fd00:99::1/64'] });
     const node = await lab.addHost('node', { address: '10.99.0.2/24', ipv6: ['fd00:99::2/64'] });
@@ -70,6 +71,15 @@ if (requirePrivileged(t)) {
     const m = (await httpGetFrom(lab, client, 'http://10.99.0.2:9477/metrics')).body;
     t.match(m, /lbagent_dhcp6_acquire_duration_seconds_count\{service="web",namespace="default"\} 1/, 'the acquisition is measured');
     t.match(m, /lbagent_dhcp6_lease_expiry_timestamp_seconds\{service="web",namespace="default"\} \d/, 'the lease expiry is exported');
+
+    // Someone deletes the IPv6 VIP: the drift guard has the source put it back.
+    const deletedAt = Date.now();
+    await lab.exec(node, 'ip', ['-6', 'addr', 'del', `${vip6}/128`, 'dev', ifname]);
+    const repaired = await waitFor('a drift-repaired event for the IPv6 VIP', async () => (await agent.status()).events
+      .find((e) => e.kind === 'drift-repaired' && Date.parse(e.at) >= deletedAt - 5 && e.reason.includes(vip6)), 10_000);
+    t.match(repaired.reason, new RegExp(`added ${vip6}/128 to ${ifname} again`), repaired.reason);
+    t.match((await addrsOf(lab, node, ifname)), [`${vip6}/128 global`], 'the /128 is back on the macvlan');
+    await waitFor('served again', async () => (await httpGetFrom(lab, client, `http://[${vip6}]:80/`)).ok, 5_000);
 
     // SIGKILL and start: the saved lease resumes at once and a RENEW confirms it; the client sees nothing.
     const loop = await ClientLoop.start(lab, client, `http://[${vip6}]:80/`, { intervalMs: 20, timeoutMs: 500 });
