@@ -14,6 +14,15 @@
 //   wire       every client: its first DISCOVER to its ACK, stamped by
 //              tcpdump in the server's namespace (process start-up and what
 //              a client does after the ACK left out: equal terms)
+// DHCPv6 (a lab of its own, IPv6 on, dnsmasq with a DHCPv6 range and
+// enable-ra): one IPv6-only DHCP service of lb-agent against ISC
+// `dhclient -6` on its own macvlan, spawn to bound, side by side in each
+// round, reported as the ratio of the medians. Both wait the random
+// SOL_MAX_DELAY (0..1 s, RFC 8415 §18.2.1) before the first SOLICIT;
+// lb-agent also runs duplicate address detection of the leased address
+// (RFC 4862, one probe and RetransTimer 1 s) before binding, which
+// dhclient -6 leaves to the kernel after its script, so it runs twice:
+// with its defaults and without DAD (arp.probeNum: 0).
 // lb-agent runs twice: with its defaults (RFC 2131 §4.4.1 start jitter and an
 // RFC 5227 ARP probe of the offered address before binding, as docs/design.md asks)
 // and like for like with the peers, which do neither (dhcp.probeOffer: false,
@@ -244,6 +253,116 @@ async function runLbAgent(lab: Lab, node: string, n: number, tag: string, like: 
   } finally {
     await stopAgent(agent);
     fs.rmSync(stateDir, { recursive: true, force: true });
+  }
+}
+
+export const DHCP6_CLIENTS = ['dhclient6', 'lbagent6', 'lbagent6-nodad'] as const;
+export type Dhcp6Client = (typeof DHCP6_CLIENTS)[number];
+export const DHCP6_LABELS: Record<Dhcp6Client, string> = {
+  dhclient6: 'ISC dhclient -6',
+  lbagent6: 'lb-agent DHCPv6, defaults (DAD of the lease)',
+  'lbagent6-nodad': 'lb-agent DHCPv6, no DAD (arp.probeNum: 0)',
+};
+
+export interface Dhcp6Run { round: number; client: Dhcp6Client; boundMs: number; acquireMs?: number; error?: string }
+export interface Dhcp6SummaryRow { label: string; client: Dhcp6Client; medianMs: number; acquireMs?: number; ratioToDhclient: number; runs: number; failures: number }
+export interface Dhcp6Result { config: { rounds: number; dnsmasq: string }; summary: Dhcp6SummaryRow[]; raw: Dhcp6Run[] }
+
+const RANGE6 = 'fd00:99::100,fd00:99::1ff,64,1h';
+
+async function runDhclient6(lab: Lab, node: string, tag: string): Promise<Dhcp6Run['boundMs'] | string> {
+  const [ifname] = await addMacvlans(lab, node, 1, `b6${tag}x`);
+  const t0 = Date.now();
+  // -6 -1 one try, -d foreground, /bin/true as its script: the lease is not applied, as for the IPv4 peers.
+  const p = lab.spawn(node, 'dhclient', ['-6', '-1', '-d', '-sf', '/bin/true', '-lf', lab.file(`dhclient6-${tag}.leases`), '-pf', lab.file(`dhclient6-${tag}.pid`), ifname!]);
+  let out = '';
+  let boundAt = NaN;
+  const feed = (d: Buffer): void => {
+    out += d.toString();
+    if (Number.isNaN(boundAt) && /Bound to lease/i.test(out)) boundAt = Date.now();
+  };
+  p.stdout?.on('data', feed);
+  p.stderr?.on('data', feed);
+  try {
+    await waitFor('dhclient -6 to bind', () => Number.isFinite(boundAt) || p.exitCode !== null || undefined, 30_000, 10).catch(() => undefined);
+    return Number.isFinite(boundAt) ? boundAt - t0 : out.slice(-300);
+  } finally {
+    try { p.kill('SIGKILL'); } catch { /* gone */ }
+    await waitExit(p, 3000);
+    await delMacvlans(lab, node, [ifname!]);
+  }
+}
+
+async function runLbAgent6(lab: Lab, node: string, tag: string, dad: boolean): Promise<{ boundMs: number; acquireMs?: number; error?: string }> {
+  const stateDir = lab.file(`dhcp6-state-${tag}`);
+  const listen = '127.0.0.1:9477';
+  const cfg = {
+    node: { name: 'bench', interface: 'eth0' },
+    metrics: { listen },
+    dataplane: 'kernel',
+    ...(dad ? {} : { arp: { probeNum: 0 } }),
+    services: [{ name: `s6${tag}`, ipam: 'dhcp', ipFamilies: ['IPv6'], ports: [{ port: 80, targetPort: 8080 }], backends: [] }],
+  };
+  const t0 = Date.now();
+  const agent = await runAgent(lab, node, cfg, { name: `dhcp6-${tag}`, waitReady: false, stateDir });
+  try {
+    const bind = await waitFor('the DHCPv6 VIP bound', () => (agent.proc.exitCode !== null ? { exited: true } : agent.logs.find((l) => l.module === 'dhcp6' && l.op === 'bind')), 30_000, 10).catch(() => undefined);
+    if (!bind || 'exited' in bind) return { boundMs: NaN, error: `not bound; ${agent.stderr().slice(-300)}` };
+    let acquireMs: number | undefined;
+    try {
+      const h = histogramTotals(await scrapeMetrics(lab, node, listen), 'lbagent_dhcp6_acquire_duration_seconds');
+      acquireMs = h.count > 0 ? (h.sum / h.count) * 1000 : undefined;
+    } catch { /* reported as missing */ }
+    return { boundMs: logTime(bind) - t0, acquireMs };
+  } finally {
+    await stopAgent(agent);
+    fs.rmSync(stateDir, { recursive: true, force: true });
+  }
+}
+
+/** DHCPv6 start to bound: lb-agent against dhclient -6, each round all three in rotated order, a fresh dnsmasq each run. */
+export async function benchDhcp6(o: { rounds: number; log: (msg: string) => void }): Promise<Dhcp6Result> {
+  const lab = await Lab.create();
+  const raw: Dhcp6Run[] = [];
+  try {
+    const server = await lab.addHost('dhcp', { address: `${SERVER}/24`, ipv6: ['fd00:99::1/64'] });
+    const node = await lab.addHost('node', { address: `${NODE}/24`, ipv6: ['fd00:99::2/64'] });
+    let seq = 0;
+    for (let round = 0; round < o.rounds; round++) {
+      for (const client of rotate([...DHCP6_CLIENTS], round)) {
+        const tag = (seq++).toString(36);
+        const dns = await startDnsmasq(lab, server, { range: RANGE, noPing: true, name: `dnsmasq6-${tag}`, extra: [`--dhcp-range=${RANGE6}`, '--enable-ra'] });
+        let run: Dhcp6Run;
+        try {
+          if (client === 'dhclient6') {
+            const r = await runDhclient6(lab, node, tag);
+            run = typeof r === 'number' ? { round, client, boundMs: r } : { round, client, boundMs: NaN, error: r };
+          } else {
+            run = { round, client, ...(await runLbAgent6(lab, node, tag, client === 'lbagent6')) };
+          }
+        } catch (e) {
+          run = { round, client, boundMs: NaN, error: String((e as Error).message ?? e).slice(0, 300) };
+        } finally {
+          await dns.stop();
+        }
+        raw.push(run);
+        o.log(`dhcpv6 round ${round + 1}/${o.rounds} ${client.padEnd(15)} ${run.boundMs.toFixed(0).padStart(5)} ms${run.acquireMs !== undefined ? `  SOLICIT->bound ${run.acquireMs.toFixed(0)} ms` : ''}${run.error ? `  error: ${run.error.slice(0, 160)}` : ''}`);
+      }
+    }
+    const med = (c: Dhcp6Client): number => median(raw.filter((r) => r.client === c && Number.isFinite(r.boundMs)).map((r) => r.boundMs));
+    const base = med('dhclient6');
+    const summary = DHCP6_CLIENTS.map((client): Dhcp6SummaryRow => {
+      const rs = raw.filter((r) => r.client === client);
+      const acq = rs.map((r) => r.acquireMs).filter((x): x is number => x !== undefined);
+      return {
+        label: DHCP6_LABELS[client], client, medianMs: round(med(client), 0),
+        ...(acq.length ? { acquireMs: round(median(acq), 0) } : {}),
+        ratioToDhclient: round(med(client) / base, 2), runs: rs.length, failures: rs.filter((r) => !Number.isFinite(r.boundMs)).length,
+      };
+    });
+    return { config: { rounds: o.rounds, dnsmasq: `dnsmasq --dhcp-range=${RANGE6} --enable-ra, fresh per run` }, summary, raw };
+  } finally {
+    await lab.destroy();
   }
 }
 

@@ -28,7 +28,7 @@ import * as path from 'node:path';
 import { spawnSync } from 'node:child_process';
 import { benchForward, FORWARD_TARGETS, type ForwardTarget } from './forwarding';
 import { benchFamilies } from './families';
-import { benchDhcp, DHCP_CLIENTS, type DhcpClient } from './dhcp';
+import { benchDhcp, benchDhcp6, DHCP_CLIENTS, type DhcpClient } from './dhcp';
 import { benchDetection, DETECTION_SETTINGS } from './detection';
 import { benchHttps } from './https';
 import { benchControl } from './control';
@@ -195,6 +195,7 @@ async function main(): Promise<void> {
             likePairs: q ? R : Math.max(R, 9),
             log: log(area),
           });
+          results.dhcp6 = await benchDhcp6({ rounds: Math.max(R, 3), log: log('dhcp/v6') });
         });
         break;
       case 'health':

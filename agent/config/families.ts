@@ -51,9 +51,21 @@ export function familyServiceKey(key: string, family: Family): string {
   return family === 'IPv4' ? key : `${key}@${family}`;
 }
 
+/**
+ * The key a DHCP service's macvlan, MAC and DUID derive from, given a family
+ * service's key (familyServiceKey): the Kubernetes service's
+ * "namespace/name", whichever family. Both families of a
+ * dual-stack DHCP service ride one macvlan with one stable MAC, as a
+ * dual-stack host does: the DHCPv4 lease and the DHCPv6 one are the same
+ * client's.
+ */
+export function linkKeyOf(familyKey: string): string {
+  return familyKey.endsWith('@IPv6') ? familyKey.slice(0, -'@IPv6'.length) : familyKey;
+}
+
 /** Why the agent cannot serve a family for this service, or undefined when it can. */
 function unservable(f: Family, ask: FamilyAsk, ctx: FamilyContext): string | undefined {
-  if (f === 'IPv6' && ask.ipam === 'dhcp') return 'IPv6 with ipam: dhcp is not supported (DHCPv6 VIPs are not served); IPv6 VIPs come from a pool (ipam: pool)';
+  if (f === 'IPv6' && ask.ipam === 'dhcp' && ctx.failover === 'vrrp') return 'IPv6 with ipam: dhcp under failover.mode: vrrp is not supported (a Backup does not keep a DHCPv6 lease on standby); IPv6 VIPs under VRRP come from a pool (ipam: pool)';
   if (f === 'IPv6' && ask.sourceIP === 'preserve') return 'IPv6 with sourceIP: preserve is not supported (direct server return forwards IPv4 only); use sourceIP: snat, or IPv4 only';
   if (ask.ipam === 'pool' && !selectPool(ctx.pools, ask.namespace, f)) {
     return `no pool lists ${f} addresses for namespace ${ask.namespace} (looked for ${poolLookupOrder(ask.namespace).join(', ')} under pools)`;

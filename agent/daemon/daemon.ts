@@ -10,6 +10,7 @@
 import { EventEmitter } from 'node:events';
 import type { Registry } from '../metrics/prom';
 import { formatConfigErrors } from '../config/load';
+import { linkKeyOf } from '../config/families';
 import { loadConfigFileAsync, INLINE_PARSE_MAX_BYTES } from '../config/load-async';
 import type { Desired, ServiceSpec } from '../config/types';
 import { LbError, errorMessage } from '../errors';
@@ -406,8 +407,8 @@ export class Daemon extends EventEmitter {
         healthy: sel.backends, backends: rt.spec.backends,
         sourceIP: rt.spec.sourceIP, proxyProtocol: rt.spec.proxyProtocol,
         // The MAC frames for the VIP carry: a DHCP VIP's macvlan (derived from
-        // the primary's key), else its network's NIC's (pool VIPs live there).
-        vipMac: rt.spec.ipam === 'dhcp' ? lateModules().macForService(primaryKey) : (subs.parentOf?.(rt.spec) ?? subs.parent).mac,
+        // the primary's key, one for both families), else its network's NIC's (pool VIPs live there).
+        vipMac: rt.spec.ipam === 'dhcp' ? lateModules().macForService(linkKeyOf(primaryKey)) : (subs.parentOf?.(rt.spec) ?? subs.parent).mac,
         handBack: subs.failover?.handBack?.(primaryKey),
       };
     });

@@ -15,6 +15,7 @@ import type { DaemonMetrics } from './metrics';
 import type { HeldVip } from './drift-plan';
 import type { Subsystems } from './subsystems';
 import { lateModules } from './late-load';
+import { linkKeyOf } from '../config/families';
 
 export interface ServiceRuntime {
   spec: ServiceSpec;
@@ -303,7 +304,7 @@ export class ServiceRuntimes {
       const { linkNameForService, macForService } = lateModules();
       out.push({
         key: rt.spec.key, address: v.address, prefix: v.prefix, ifindex: v.ifindex, ifname: v.ifname,
-        link: rt.spec.ipam === 'dhcp' ? { name: linkNameForService(rt.spec.key), mac: macForService(rt.spec.key) } : undefined,
+        link: rt.spec.ipam === 'dhcp' ? { name: linkNameForService(linkKeyOf(rt.spec.key)), mac: macForService(linkKeyOf(rt.spec.key)) } : undefined,
       });
     }
     return out;

@@ -23,6 +23,7 @@ import { AddressRemovals } from '../net/netlink/address-removals';
 import { HealthChecker } from '../health/checker';
 import { selectDataplane, createDataplane, probeNftables, probeDsr, dsrUnavailable, parseDsrEngine, servicesNeedingProxy, placementFor, type ProbeResult } from '../forward/index';
 import { familyOf, formatAddress, formatIPv4 } from '../address';
+import { linkKeyOf } from '../config/families';
 import { BackendVips } from '../net/host/dsr-backend';
 import type { Subsystems, ParentLink, DataplaneLike, SubsystemContext } from './subsystems';
 import { strayMarkedAddresses } from './drift-plan';
@@ -35,6 +36,8 @@ import { strayMarkedAddresses } from './drift-plan';
 const dhcpDriver = (): typeof import('../dhcp/driver') => require('../dhcp/driver') as typeof import('../dhcp/driver');
 const dhcpLimiter = (): typeof import('../dhcp/limiter') => require('../dhcp/limiter') as typeof import('../dhcp/limiter');
 const dhcpLease = (): typeof import('../dhcp/lease') => require('../dhcp/lease') as typeof import('../dhcp/lease');
+const dhcp6Driver = (): typeof import('../dhcp/driver6') => require('../dhcp/driver6') as typeof import('../dhcp/driver6');
+const dhcp6Lease = (): typeof import('../dhcp/lease6') => require('../dhcp/lease6') as typeof import('../dhcp/lease6');
 const vrrpGate = (): typeof import('../failover/gate') => require('../failover/gate') as typeof import('../failover/gate');
 const networkGates = (): typeof import('../failover/networks') => require('../failover/networks') as typeof import('../failover/networks');
 const dualGate = (): typeof import('../failover/dual') => require('../failover/dual') as typeof import('../failover/dual');
@@ -93,7 +96,7 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
       const claims = new Set<string>();
       for (const s of services) {
         if (s.primaryService !== undefined) continue;
-        if (s.ipam === 'dhcp') links.set(linkNameForService(s.key), s.key);
+        if (s.ipam === 'dhcp') links.set(linkNameForService(linkKeyOf(s.key)), linkKeyOf(s.key));
         else {
           const claim = pools.claimOf(s.key);
           if (claim) claims.add(claim.address);
@@ -199,7 +202,13 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
       // `now` is the config in force when the service is created (a reload's
       // new one for a service it adds): timings and the DHCP allow-list
       // come from it, never from the config read at start.
-      createSource: (spec: ServiceSpec, now: Desired) => (spec.ipam === 'dhcp'
+      createSource: (spec: ServiceSpec, now: Desired) => (spec.ipam === 'dhcp' && spec.family === 'IPv6'
+        ? dhcp6Driver().createDhcp6Source({
+          // A dual-stack DHCP service: its DHCPv4 source owns the one macvlan both leases ride.
+          service: spec, parent: parent.name, arp: now.arp, sharedLink: spec.ipFamilies?.includes('IPv4') ?? false,
+          store, netlink, log, registry, clock, guard: { allowOtherSubnets: now.dhcp.allowOtherSubnets, servers: [] },
+        })
+        : spec.ipam === 'dhcp'
         ? dhcpDriver().createDhcpSource({
           service: spec, parent: parentOf(spec).name, timings: vrrp ? { ...now.dhcp, probeOffer: false } : now.dhcp, arp: now.arp,
           store, netlink, log, registry, clock, limiter: startLimiter(), parentSysctls, resumeSaved: vrrp,
@@ -227,7 +236,15 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
         const wallOffset = clock.wallNow() - clock.now();
         for (const s of services) {
           if (s.primaryService !== undefined) continue;
-          if (s.ipam === 'dhcp') {
+          if (s.ipam === 'dhcp' && s.family === 'IPv6') {
+            const linkKey = linkKeyOf(s.key);
+            const { duidForService } = require('../dhcp/duid') as typeof import('../dhcp/duid');
+            const lease6 = dhcp6Lease();
+            const lease = lease6.fromStored6(store.read(lease6.lease6FileName(linkKey)), linkKey, duidForService(linkKey), wallOffset);
+            const link = lease && lease.expiresAt > clock.now() ? await netlink.findLink(linkNameForService(linkKey)) : undefined;
+            const address = lease ? formatAddress({ family: 'IPv6', value: lease.address }) : undefined;
+            if (address && link && link.mac === macForService(linkKey) && on(link.index, address)) held.set(s.key, address);
+          } else if (s.ipam === 'dhcp') {
             const { lease } = dhcpLease().readSavedLease(store, s.key, macForService(s.key), wallOffset);
             const link = lease && lease.expiresAt > clock.now() ? await netlink.findLink(linkNameForService(s.key)) : undefined;
             if (lease && link && link.mac === macForService(s.key) && on(link.index, formatIPv4(lease.address))) held.set(s.key, formatIPv4(lease.address));

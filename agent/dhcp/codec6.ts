@@ -508,7 +508,14 @@ export interface Reply6 {
 export function decodeReply6(frame: Uint8Array, info: FrameInfoLike, expect: Reply6Expectation): Decoded6<Reply6> {
   const f = decodeUdp6Frame(frame, info);
   if (!f.ok) return f;
-  const d = decodeDhcp6(f.value.payload);
+  const d = decodeReplyPayload6(f.value.payload, expect);
+  if (!d.ok) return d;
+  return { ok: true, value: { frame: f.value, packet: d.value } };
+}
+
+/** decodeReply6 for a UDP payload (what a datagram socket on port 546 receives): the same checks from the DHCPv6 message on. */
+export function decodeReplyPayload6(payload: Uint8Array, expect: Reply6Expectation): Decoded6<Dhcp6Packet> {
+  const d = decodeDhcp6(payload);
   if (!d.ok) return d;
   const k = d.value.fields.kind;
   if (k !== 'ADVERTISE' && k !== 'REPLY') return { ok: false, reason: 'not-reply' };
@@ -516,7 +523,7 @@ export function decodeReply6(frame: Uint8Array, info: FrameInfoLike, expect: Rep
   const cid = d.value.fields.clientId;
   if (cid === undefined || !cid.equals(expect.duid)) return { ok: false, reason: 'wrong-client-id' };
   if (d.value.fields.serverId === undefined) return { ok: false, reason: 'no-server-id' };
-  return { ok: true, value: { frame: f.value, packet: d.value } };
+  return d;
 }
 
 /** For logs: "REPLY fd00:99::191 from ll 02:00:00:a0:d6:02 xid 0x77c5eb". */

@@ -27,7 +27,7 @@ import { OWNED_ADDRESS_PROTO, clientIdForService, linkNameForService, macForServ
 import { ETH_P_IP, PACKET_OUTGOING, type FrameInfo, type PacketSocket } from '../net/packet/packet';
 import { PacketSocketGroup, type SharedPortOptions } from '../net/packet/packet-shared';
 import { planOwnedLinks } from '../net/ownership/reconcile';
-import { ParentSysctls, applyVipSysctls, disableIpv6, vipSysctls, type VipRole } from '../net/sysctl/sysctl';
+import { ParentSysctls, applyVipSysctls, disableIpv6, prepareIpv6Link, vipSysctls, type VipRole } from '../net/sysctl/sysctl';
 import { VipOwner, type VipConflict, type VipOwnerOptions } from '../net/neighbour/vip-owner';
 import type { AddressSource, LostCause, SourceDamage, SourceState, SourceStatus, Vip } from '../source';
 import type { StateStore } from '../state/store';
@@ -73,6 +73,8 @@ export interface DhcpNetDeps {
   applySysctls(ifname: string, role: VipRole): Promise<unknown>;
   /** net.ipv6.conf.<macvlan>.disable_ipv6=1 before it goes up; false where the kernel has no IPv6. */
   disableIpv6?(ifname: string): Promise<boolean>;
+  /** A dual-stack service's macvlan: IPv6 on for its DHCPv6 lease, no router advertisements or SLAAC (net/sysctl prepareIpv6Link). */
+  prepareIpv6?(ifname: string): Promise<boolean>;
 }
 
 export interface DhcpSourceOptions {
@@ -154,6 +156,8 @@ export class DhcpSource extends EventEmitter implements AddressSource {
   private readonly requestedIp: number | undefined;
   /** Whether offers are probed: the config's, or false under VRRP (wiring decides, a reload keeps it). */
   private readonly probeOffer: boolean;
+  /** The service also has a DHCPv6 VIP on this macvlan (dual stack): IPv6 stays on. */
+  private readonly withIpv6: boolean;
 
   private state: ClientState = initialState();
   private running = false;
@@ -197,6 +201,7 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     const t = opts.timings;
     this.requestedIp = opts.service.loadBalancerIP ? parseIPv4(opts.service.loadBalancerIP) : undefined;
     this.probeOffer = t.probeOffer;
+    this.withIpv6 = opts.service.ipFamilies?.includes('IPv6') ?? false;
     const random = opts.random ?? Math.random;
     this.ctx = { config: this.clientConfig(t), random };
     this.limiter = opts.limiter ?? sharedStartLimiter(opts.registry, { max: t.maxConcurrentStarts, jitterMs: t.retransmitJitter * 1000, clock: this.clock, random });
@@ -209,6 +214,7 @@ export class DhcpSource extends EventEmitter implements AddressSource {
       vipOwner: opts.net?.vipOwner ?? ((o: VipOwnerOptions) => new VipOwner(o)),
       applySysctls: opts.net?.applySysctls ?? ((ifname: string, role: VipRole) => (role === 'parent' ? parentSysctls.apply(ifname) : applyVipSysctls(ifname, role))),
       disableIpv6: opts.net?.disableIpv6 ?? ((ifname: string) => disableIpv6(ifname)),
+      prepareIpv6: opts.net?.prepareIpv6 ?? ((ifname: string) => prepareIpv6Link(ifname)),
     };
     // RFC 2132 §3.14 hostname = the service name; §9.14 client id derived from the key (net/ownership.ts).
     this.identity = { mac: this.mac, clientId: clientIdForService(this.key), hostname: opts.service.name.slice(0, 63) };
@@ -453,13 +459,15 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     // just created holds the kernel's defaults and gets the wanted values on
     // the request that brings it up (no procfs writes).
     if (!created) await this.deps.applySysctls(this.ifname, 'macvlan');
-    // The macvlan exists for one IPv4 VIP and its DHCPv4 lease. With IPv6 on,
-    // each one came up with a link-local address and sent DAD, MLD and router
-    // solicitations from the service MAC: a host the LAN's routers learn for
-    // nothing, once per service, each multicast cloned to every sibling
-    // macvlan (bridge mode) and the parent. Before
-    // the link goes up, so not one frame of it leaves.
-    if (!link.up) await this.deps.disableIpv6(this.ifname);
+    // An IPv4-only service's macvlan exists for one IPv4 VIP and its DHCPv4
+    // lease. With IPv6 on, each one came up with a link-local address and
+    // sent DAD, MLD and router solicitations from the service MAC: a host
+    // the LAN's routers learn for nothing, once per service, each multicast
+    // cloned to every sibling macvlan (bridge mode) and the parent. Before
+    // the link goes up, so not one frame of it leaves. A dual-stack DHCP
+    // service's DHCPv6 lease rides the same macvlan (dhcp/driver6.ts): IPv6
+    // stays on, without router advertisements or SLAAC.
+    if (!link.up) await (this.withIpv6 ? this.deps.prepareIpv6(this.ifname) : this.deps.disableIpv6(this.ifname));
     if (created || link.up !== up) {
       await this.netlink.setLink(link.index, { ...(link.up !== up ? { up } : {}), ...(created ? { inetConf: vipSysctls('macvlan') } : {}) });
     }

@@ -5,6 +5,8 @@
 import { Counter, Gauge, Histogram, type Registry } from '../metrics/prom';
 import { DHCP_STATES, type DhcpStateName } from './client';
 import type { DropReason } from './codec';
+import type { Drop6Reason } from './codec6';
+import type { Guard6Reason } from './guard6';
 
 export interface DhcpMetrics {
   /** Wall-clock expiry of the held lease, seconds since the epoch (+Inf: infinite lease). */
@@ -68,6 +70,24 @@ const SERVICE = ['service', 'namespace'] as const;
 /** One DhcpStates per state gauge (per registry), as the gauge is. */
 const statesOf = new WeakMap<Gauge<'service' | 'namespace' | 'state'>, DhcpStates>();
 
+/** The lease expiry gauge and the acquisition histogram of one family's client, `<prefix>_...`. */
+function leaseSeries(registry: Registry, prefix: string, expiryHelp: string, acquireHelp: string): Pick<DhcpMetrics, 'leaseExpiry' | 'acquireDuration'> {
+  const registers = [registry];
+  return {
+    leaseExpiry: once(registry, `${prefix}_lease_expiry_timestamp_seconds`, () => new Gauge({
+      name: `${prefix}_lease_expiry_timestamp_seconds`, help: expiryHelp, labelNames: SERVICE, registers,
+    })),
+    acquireDuration: once(registry, `${prefix}_acquire_duration_seconds`, () => new Histogram({
+      name: `${prefix}_acquire_duration_seconds`, help: acquireHelp, labelNames: SERVICE,
+      buckets: [0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300], registers,
+    })),
+  };
+}
+
+function droppedCounter(registry: Registry, name: string, help: string): Counter<'reason'> {
+  return once(registry, name, () => new Counter({ name, help, labelNames: ['reason'], registers: [registry] }));
+}
+
 export function dhcpMetrics(registry: Registry): DhcpMetrics {
   const registers = [registry];
   const counter = (name: string, help: string): Counter<'service' | 'namespace'> =>
@@ -86,30 +106,15 @@ export function dhcpMetrics(registry: Registry): DhcpMetrics {
   return {
     state,
     states: statesOf.get(state)!,
-    leaseExpiry: once(registry, 'lbagent_dhcp_lease_expiry_timestamp_seconds', () => new Gauge({
-      name: 'lbagent_dhcp_lease_expiry_timestamp_seconds',
-      help: 'When the DHCP lease of the service VIP expires (seconds since the epoch)',
-      labelNames: SERVICE,
-      registers,
-    })),
-    acquireDuration: once(registry, 'lbagent_dhcp_acquire_duration_seconds', () => new Histogram({
-      name: 'lbagent_dhcp_acquire_duration_seconds',
-      help: 'Time from the first DISCOVER (or INIT-REBOOT REQUEST) to the bound address, ARP probe included',
-      labelNames: SERVICE,
-      buckets: [0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300],
-      registers,
-    })),
+    ...leaseSeries(registry, 'lbagent_dhcp',
+      'When the DHCP lease of the service VIP expires (seconds since the epoch)',
+      'Time from the first DISCOVER (or INIT-REBOOT REQUEST) to the bound address, ARP probe included'),
     renewals: counter('lbagent_dhcp_renewals_total', 'DHCP leases extended by a server (ACK while RENEWING or REBINDING)'),
     rebinds: counter('lbagent_dhcp_rebinds_total', 'Times T2 passed without a renewal and the client broadcast to any server (REBINDING)'),
     naks: counter('lbagent_dhcp_naks_total', 'DHCPNAKs received'),
     declines: counter('lbagent_dhcp_declines_total', 'Offered addresses found in use by an ARP probe (DHCPDECLINE sent)'),
     expiries: counter('lbagent_dhcp_expiries_total', 'Leases that expired: the VIP was withdrawn'),
-    dropped: once(registry, 'lbagent_dhcp_dropped_packets_total', () => new Counter({
-      name: 'lbagent_dhcp_dropped_packets_total',
-      help: 'Frames received on DHCP client sockets and dropped, by reason',
-      labelNames: ['reason'],
-      registers,
-    })),
+    dropped: droppedCounter(registry, 'lbagent_dhcp_dropped_packets_total', 'Frames received on DHCP client sockets and dropped, by reason'),
   };
 }
 
@@ -134,3 +139,44 @@ export function removeServiceSeries(m: DhcpMetrics, labels: { service: string; n
 }
 
 export type { DropReason };
+
+/**
+ * The DHCPv6 client's series (lbagent_dhcp6_*): a dual-stack DHCP service has
+ * a DHCPv4 and a DHCPv6 lease under the same service and namespace labels,
+ * so the two families are two sets of names rather than one label more on
+ * series dashboards already read.
+ */
+export interface Dhcp6Metrics {
+  readonly leaseExpiry: Gauge<'service' | 'namespace'>;
+  /** First SOLICIT to the REPLY that bound the address, DAD included. */
+  readonly acquireDuration: Histogram<'service' | 'namespace'>;
+  readonly renewals: Counter<'service' | 'namespace'>;
+  readonly rebinds: Counter<'service' | 'namespace'>;
+  readonly declines: Counter<'service' | 'namespace'>;
+  readonly expiries: Counter<'service' | 'namespace'>;
+  /** Messages dropped by the decoder (codec6 DROP6_REASONS) or refused by the guard (guard6 GUARD6_REASONS). */
+  readonly dropped: Counter<'reason'>;
+}
+
+export type Dhcp6DropReason = Drop6Reason | Guard6Reason;
+
+export function dhcp6Metrics(registry: Registry): Dhcp6Metrics {
+  const registers = [registry];
+  const counter = (name: string, help: string): Counter<'service' | 'namespace'> =>
+    once(registry, name, () => new Counter({ name, help, labelNames: SERVICE, registers }));
+  return {
+    ...leaseSeries(registry, 'lbagent_dhcp6',
+      'When the valid lifetime of the DHCPv6 lease of the service VIP ends (seconds since the epoch)',
+      'Time from the first SOLICIT to the bound address, duplicate address detection included'),
+    renewals: counter('lbagent_dhcp6_renewals_total', 'DHCPv6 leases extended by a server (REPLY while RENEWING or REBINDING)'),
+    rebinds: counter('lbagent_dhcp6_rebinds_total', 'Times T2 passed without a renewal and the client asked any server (REBIND)'),
+    declines: counter('lbagent_dhcp6_declines_total', 'Leased addresses found in use by duplicate address detection (DECLINE sent)'),
+    expiries: counter('lbagent_dhcp6_expiries_total', 'DHCPv6 leases whose valid lifetime ended: the VIP was withdrawn'),
+    dropped: droppedCounter(registry, 'lbagent_dhcp6_dropped_packets_total', 'DHCPv6 messages received by the clients and dropped, by reason (malformed, not ours, or refused by the reply guard)'),
+  };
+}
+
+/** Drop every per-service DHCPv6 series (the service was removed). */
+export function removeService6Series(m: Dhcp6Metrics, labels: { service: string; namespace: string }): void {
+  for (const c of [m.leaseExpiry, m.renewals, m.rebinds, m.declines, m.expiries, m.acquireDuration] as const) c.remove(labels);
+}

@@ -3,7 +3,7 @@
 // target is reported as missed), and its rendering as Markdown for
 // bench/results/<date>.md and the generated block of docs/benchmarks.md.
 import type { ForwardResult, ForwardTarget } from '../forwarding';
-import type { DhcpClient, DhcpResult, DhcpRun, DhcpSummaryRow } from '../dhcp';
+import type { DhcpClient, DhcpResult, DhcpRun, DhcpSummaryRow, Dhcp6Result } from '../dhcp';
 import { familiesTable, type FamiliesResult } from '../families';
 import type { DetectionResult } from '../detection';
 import type { HttpsResult } from '../https';
@@ -37,6 +37,7 @@ export interface BenchResults {
   forward?: ForwardResult;
   families?: FamiliesResult;
   dhcp?: DhcpResult;
+  dhcp6?: Dhcp6Result;
   probes?: ProbeRateResult;
   detection?: DetectionResult;
   https?: HttpsResult;
@@ -337,6 +338,13 @@ export function dsrHashingTable(r: BenchResults): string | undefined {
     rows.map((h) => [String(h.backends), fmt(h.slots), `${pct(h.healthOut)} (${pct(h.healthOutMinimum)})`, pct(h.healthBack), `${pct(h.configAdd)} (${pct(h.configAddMinimum)})`, `${pct(h.configRemove)} (${pct(h.configRemoveMinimum)})`]));
 }
 
+export function dhcp6Table(r: BenchResults): string | undefined {
+  const d = r.dhcp6;
+  if (!d || d.summary.length === 0) return undefined;
+  return table(['client', 'start -> bound ms (median)', 'x dhclient -6', 'lb-agent SOLICIT -> bound ms', 'runs ok'],
+    d.summary.map((s) => [s.label, fmt(s.medianMs), fmtRatio(s.ratioToDhclient), s.acquireMs !== undefined ? fmt(s.acquireMs) : '-', `${s.runs - s.failures}/${s.runs}`]));
+}
+
 export function dhcpTables(r: BenchResults): { one?: string; many?: string } {
   const d = r.dhcp;
   if (!d) return {};
@@ -562,6 +570,12 @@ export function renderResults(r: BenchResults): string {
     if (dt.one) parts.push(dt.one);
     if (dt.many) parts.push(dt.many);
     if (r.dhcp!.config.manyPingRounds === 0) parts.push('Many at once with the ping check on was not run (`--dhcp-many-ping` runs it): dnsmasq pings one candidate address at a time and waits up to 3 s for each, so the server, not the client, sets that time.');
+  }
+  const d6 = dhcp6Table(r);
+  if (d6) {
+    parts.push('## DHCPv6, start to bound');
+    parts.push(`One IPv6-only DHCP service against \`dhclient -6 -1 -d -sf /bin/true -lf FILE -pf FILE IF\` on its own macvlan, in rotated order each round (${r.dhcp6!.config.dnsmasq}). "start -> bound" is from spawning the process to dhclient's "Bound to lease" or lb-agent's "VIP bound" line. Both wait a random 0-1 s before the first SOLICIT (RFC 8415 18.2.1); lb-agent's defaults also run duplicate address detection of the lease (one probe, 1 s) before the address goes on, which "no DAD" leaves out.`);
+    parts.push(d6);
   }
   const pt = probesTable(r);
   const dtt = detectionTable(r);

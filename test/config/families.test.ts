@@ -5,7 +5,7 @@
 // pool), each with its field path. Through the whole loader, as a user's file.
 import t from 'tap';
 import { parseConfigText, formatConfigErrors } from '../../agent/config/load';
-import { familyServiceKey } from '../../agent/config/families';
+import { familyServiceKey, linkKeyOf } from '../../agent/config/families';
 import { parsePools, selectPool } from '../../agent/config/pools';
 import type { ServiceSpec } from '../../agent/config/types';
 
@@ -101,12 +101,23 @@ t.test('loadBalancerIPs: one per family, inside its family\'s pool', async (t) =
   t.match(load('ipFamilyPolicy: PreferDualStack, loadBalancerIPs: ["10.99.0.210", "fd00:98::1"]').errors, 'services[0].loadBalancerIPs[1]:');
 });
 
-t.test('DHCPv6 and DSR over IPv6 are refused with the reason; PreferDualStack falls back; VRRP serves both families', async (t) => {
-  t.match(load('ipam: dhcp, ipFamilies: [IPv6]').errors, 'services[0].ipFamilies: service default/web: the service\'s one family is IPv6, and IPv6 with ipam: dhcp is not supported (DHCPv6 VIPs are not served)');
-  t.match(load('ipam: dhcp, ipFamilyPolicy: RequireDualStack').errors, 'IPv6 with ipam: dhcp is not supported');
-  const dhcpPrefer = load('ipam: dhcp, ipFamilyPolicy: PreferDualStack');
-  t.same(dhcpPrefer.services.map((s) => s.key), ['default/web']);
-  t.match(dhcpPrefer.services[0]!.familyNotes, [/DHCPv6/]);
+t.test('ipam: dhcp serves IPv6 (DHCPv6) in either stack, with no pool; one macvlan key for both families', async (t) => {
+  const six = load('ipam: dhcp, ipFamilies: [IPv6], backends: ["fd00:99::11"]', 'pools: {}');
+  t.equal(six.errors, '');
+  t.same(six.services.map((s) => [s.key, s.family]), [['default/web@IPv6', 'IPv6']]);
+  const dual = load('ipam: dhcp, ipFamilyPolicy: RequireDualStack', 'pools: {}');
+  t.equal(dual.errors, '');
+  t.same(dual.services.map((s) => [s.key, s.ipFamilies]), [['default/web', ['IPv4', 'IPv6']], ['default/web@IPv6', ['IPv4', 'IPv6']]]);
+  const prefer = load('ipam: dhcp, ipFamilyPolicy: PreferDualStack');
+  t.same(prefer.services.map((s) => s.key), ['default/web', 'default/web@IPv6'], 'PreferDualStack gets both');
+  t.same(dual.services.map((s) => linkKeyOf(s.key)), ['default/web', 'default/web'], 'both families derive their macvlan and MAC from namespace/name');
+});
+
+t.test('VRRP serves IPv6 pool VIPs; DHCPv6 under VRRP and DSR over IPv6 are refused with the reason', async (t) => {
+  t.match(load('ipam: dhcp, ipFamilies: [IPv6], backends: ["fd00::11"]', `${DUAL_POOLS}\nfailover: { mode: vrrp }`).errors, 'IPv6 with ipam: dhcp under failover.mode: vrrp is not supported');
+  const dhcpPrefer = load('ipam: dhcp, ipFamilyPolicy: PreferDualStack', `${DUAL_POOLS}\nfailover: { mode: vrrp }`);
+  t.same(dhcpPrefer.services.map((s) => s.key), ['default/web'], 'PreferDualStack under VRRP serves the DHCPv4 VIP');
+  t.match(dhcpPrefer.services[0]!.familyNotes, [/DHCPv6|ipam: dhcp under failover/]);
   const vrrp = `${DUAL_POOLS}\nfailover: { mode: vrrp }`;
   const v6 = load('ipFamilies: [IPv6], backends: ["fd00::11"]', vrrp);
   t.equal(v6.errors, '', 'an IPv6 VIP under VRRP');

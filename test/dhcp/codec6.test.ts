@@ -6,7 +6,7 @@ import t from 'tap';
 import { prng } from '../helpers/random';
 import {
   ALL_DHCP_MAC, ALL_DHCP_RELAY_AGENTS_AND_SERVERS, DROP6_REASONS, MsgType6, Opt6, Status6,
-  buildClient6Message, decodeDhcp6, decodeReply6, decodeUdp6Frame, describeDuid, describePacket6, duidLl, duidUuid,
+  buildClient6Message, decodeDhcp6, decodeReply6, decodeReplyPayload6, decodeUdp6Frame, describeDuid, describePacket6, duidLl, duidUuid,
   encodeDhcp6, encodeUdp6Frame, formatIPv6, iaAddrOption, iaNaOption, statusOption, type Dhcp6Option, type Reply6Expectation,
 } from '../../agent/dhcp/codec6';
 import { parseAddress } from '../../agent/address';
@@ -174,6 +174,18 @@ t.test('decodeReply6: every drop reason', async (t) => {
   t.equal(reason(replyFrame([...good.slice(0, 2), iaNaOption({ iaid: 1, t1: 0, t2: 0, options: [{ code: Opt6.IAADDR, data: Buffer.alloc(23) }] })])), 'bad-option');
   t.equal(reason(replyFrame([{ code: Opt6.CLIENTID, data: Buffer.from([0, 3]) }, good[1]!])), 'bad-option', 'a DUID of a type and nothing else');
   t.equal(reason(encodeUdp6Frame({ srcMac: '02:00:00:00:00:01', dstMac: '02:00:00:00:00:02', srcIp: 1n, dstIp: 2n, srcPort: 547, dstPort: 546, payload: Buffer.from([7, 0, 0]) })), 'truncated');
+});
+
+t.test('decodeReplyPayload6: the checks of decodeReply6 on a datagram socket\'s payload', async (t) => {
+  const payload = (b: Buffer): Buffer => b.subarray(14 + 40 + 8);
+  const reason = (b: Uint8Array, e: Reply6Expectation): string => { const r = decodeReplyPayload6(b, e); return r.ok ? `ok ${r.value.fields.kind}` : r.reason; };
+  const reply = completed(golden.dnsmasqReply);
+  t.equal(reason(payload(reply), { xid: 0x77c5eb, duid: DHCLIENT_DUID }), 'ok REPLY');
+  t.equal(reason(payload(reply), { xid: 0x77c5ec, duid: DHCLIENT_DUID }), 'wrong-xid');
+  t.equal(reason(payload(reply), { xid: 0x77c5eb, duid: UNBOUND_DUID }), 'wrong-client-id');
+  t.equal(reason(payload(replyFrame(good.filter((o) => o.code !== Opt6.SERVERID))), { xid: 0x77c5eb, duid: DHCLIENT_DUID }), 'no-server-id');
+  t.equal(reason(payload(replyFrame(good, 0x77c5eb, MsgType6.REQUEST)), { xid: 0x77c5eb, duid: DHCLIENT_DUID }), 'not-reply');
+  t.equal(reason(Buffer.from([7, 0]), { xid: 0, duid: DHCLIENT_DUID }), 'truncated');
 });
 
 t.test('fuzz: decoders never throw and only return known reasons (bounded, seeded)', async (t) => {

@@ -117,6 +117,34 @@ export async function disableIpv6(ifname: string, opts: SysctlOptions = {}): Pro
   }
 }
 
+/**
+ * The IPv6 settings of a service macvlan that carries a DHCPv6 VIP, before
+ * it goes up (or at once on an adopted one): no router advertisements and
+ * no SLAAC address on it (the VIP is its one global address, a /128; the
+ * on-link prefix and the routes live on the parent), optimistic DAD for its
+ * link-local address (RFC 4429: usable as the DHCPv6 source at once; it
+ * derives from the service's own MAC), and IPv6 on. False when the kernel
+ * has no IPv6 there.
+ */
+export const DHCP6_LINK_SYSCTLS: ReadonlyArray<readonly [string, number]> = Object.freeze([
+  ['accept_ra', 0], ['autoconf', 0], ['optimistic_dad', 1], ['use_optimistic', 1], ['disable_ipv6', 0],
+] as const);
+
+export async function prepareIpv6Link(ifname: string, opts: SysctlOptions = {}): Promise<boolean> {
+  const problem = interfaceNameProblem(ifname);
+  if (problem) throw new LbError('LB_ERR_NET_SYSCTL', `cannot address the IPv6 sysctls: ${problem}`, { interface: ifname });
+  for (const [key, value] of DHCP6_LINK_SYSCTLS) {
+    const file = path.join(opts.root ?? DEFAULT_ROOT, 'net', 'ipv6', 'conf', ifname, key);
+    try {
+      await fs.promises.writeFile(file, `${value}\n`, { flag: 'r+' });
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === 'ENOENT' && key === DHCP6_LINK_SYSCTLS[0]![0]) return false;
+      throw new LbError('LB_ERR_NET_SYSCTL', `cannot set net.ipv6.conf.${ifname}.${key}=${value}: ${(err as Error).message}`, { interface: ifname, key }, { cause: err });
+    }
+  }
+  return true;
+}
+
 export type VipRole = 'parent' | 'macvlan';
 
 /**

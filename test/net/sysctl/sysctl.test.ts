@@ -12,6 +12,7 @@ import {
   ParentSysctls,
   ifSysctlPath,
   interfaceNameProblem,
+  prepareIpv6Link,
   readIfSysctl,
   vipSysctls,
   writeIfSysctl,
@@ -118,4 +119,18 @@ t.test('the parent: applied at most once per PARENT_RECHECK_MS (issue 18)', asyn
   now = 40_000;
   const failed = await Promise.allSettled([parent.apply('par0'), parent.apply('par0')]);
   t.same(failed.map((r) => r.status), ['rejected', 'rejected'], 'a failed apply fails the callers that waited for it');
+});
+
+t.test('prepareIpv6Link: no RA, no SLAAC, optimistic DAD, IPv6 on; false without IPv6; a bad name refused', async (t) => {
+  const root = fs.mkdtempSync(path.join(os.tmpdir(), 'lbsysctl6-'));
+  t.teardown(() => fs.rmSync(root, { recursive: true, force: true }));
+  const dir = path.join(root, 'net', 'ipv6', 'conf', 'lbv1');
+  fs.mkdirSync(dir, { recursive: true });
+  const keys = { accept_ra: 1, autoconf: 1, optimistic_dad: 0, use_optimistic: 0, disable_ipv6: 1 };
+  for (const [k, v] of Object.entries(keys)) fs.writeFileSync(path.join(dir, k), `${v}\n`);
+  t.equal(await prepareIpv6Link('lbv1', { root }), true);
+  const read = (k: string): string => fs.readFileSync(path.join(dir, k), 'utf8').trim();
+  t.same(Object.keys(keys).map((k) => [k, read(k)]), [['accept_ra', '0'], ['autoconf', '0'], ['optimistic_dad', '1'], ['use_optimistic', '1'], ['disable_ipv6', '0']]);
+  t.equal(await prepareIpv6Link('nosuch', { root }), false, 'a kernel without IPv6 there');
+  await t.rejects(prepareIpv6Link('a/b', { root }), { code: 'LB_ERR_NET_SYSCTL' });
 });
