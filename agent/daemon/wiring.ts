@@ -14,6 +14,9 @@ import { OWNED_ADDRESS_PROTO, linkNameForService, macForService } from '../net/o
 import { reconcileOwnedLinks } from '../net/ownership/reconcile';
 import type { StartLimiter } from '../dhcp/limiter';
 import type { VrrpGate } from '../failover/gate';
+import type { PriorityTracker } from '../failover/tracker';
+import type { LinkEvent } from '../net/netlink/netlink';
+import { familyServiceKey } from '../config/families';
 import { PoolManager } from '../ipam/manager';
 import { PoolSource, poolVipPrefix } from '../ipam/pool-source';
 import { HealthChecker } from '../health/checker';
@@ -32,6 +35,7 @@ const dhcpDriver = (): typeof import('../dhcp/driver') => require('../dhcp/drive
 const dhcpLimiter = (): typeof import('../dhcp/limiter') => require('../dhcp/limiter') as typeof import('../dhcp/limiter');
 const dhcpLease = (): typeof import('../dhcp/lease') => require('../dhcp/lease') as typeof import('../dhcp/lease');
 const vrrpGate = (): typeof import('../failover/gate') => require('../failover/gate') as typeof import('../failover/gate');
+const vrrpTracker = (): typeof import('../failover/tracker') => require('../failover/tracker') as typeof import('../failover/tracker');
 const driftModule = (): typeof import('./drift') => require('./drift') as typeof import('./drift');
 const nftWatchModule = (): typeof import('../net/netlink/nft-watch') => require('../net/netlink/nft-watch') as typeof import('../net/netlink/nft-watch');
  
@@ -131,13 +135,16 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
     };
 
     let failover: VrrpGate | undefined;
+    let stopTracking: (() => void) | undefined;
     if (config.failover.mode === 'vrrp') {
       const ifname = config.failover.interface ?? parent.name;
       const vlink = ifname === parent.name ? link : await netlink.getLink(ifname);
       const vaddrs = ifname === parent.name ? addrs : await netlink.listAddresses(vlink.index);
       const src = vaddrs.find((a) => a.prefix < 32)?.address;
       if (!src) throw new LbError('LB_ERR_NET_NO_INTERFACE', `VRRP interface ${ifname} has no IPv4 address to send advertisements from; give it one or set failover.interface`);
-      failover = new (vrrpGate().VrrpGate)({ config: config.failover, nodePriority: config.node.priority, ifindex: vlink.index, ifname, ifMac: vlink.mac, srcIp: src, log, registry, clock });
+      const tracker = await startTracker(config, { netlink, health, log, registry, clock });
+      if (tracker) stopTracking = tracker.close;
+      failover = new (vrrpGate().VrrpGate)({ config: config.failover, nodePriority: config.node.priority, ifindex: vlink.index, ifname, ifMac: vlink.mac, srcIp: src, log, registry, clock, tracker: tracker?.tracker });
     }
 
     return {
@@ -235,11 +242,61 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
         limiterSettings = { max: next.dhcp.maxConcurrentStarts, jitterMs: vrrp ? 0 : next.dhcp.retransmitJitter * 1000 };
         limiter?.reconfigure(limiterSettings);
       },
-      close: async () => { netlink.close(); },
+      close: async () => { stopTracking?.(); netlink.close(); },
     };
   } catch (e) {
     netlink.close();
     throw e;
   }
+}
+
+/**
+ * failover.track observed: tracked links through their own rtnetlink
+ * watch (and a read at start and after lost notifications), tracked
+ * services through the health checker's verdicts. undefined when nothing
+ * is tracked.
+ */
+async function startTracker(config: Desired, o: {
+  netlink: ReturnType<typeof openNetlink>; health: HealthChecker; log: import('../log').Logger;
+  registry: import('prom-client').Registry; clock: import('../clock').Clock;
+}): Promise<{ tracker: PriorityTracker; close: () => void } | undefined> {
+  const track = config.failover.track;
+  if (track.interfaces.length === 0 && track.services.length === 0) return undefined;
+  const { PriorityTracker } = vrrpTracker();
+  const tracker = new PriorityTracker({
+    track, log: o.log, registry: o.registry, clock: o.clock,
+    readLink: (name) => o.netlink.findLink(name),
+    backends: (key) => {
+      let up = 0, unknown = 0, total = 0;
+      for (const k of [key, familyServiceKey(key, 'IPv6')]) {
+        for (const b of o.health.status(k)) {
+          total++;
+          if (b.state === 'up') up++;
+          else if (b.state === 'unknown') unknown++;
+        }
+      }
+      return { up, unknown, total };
+    },
+  });
+  const onVerdict = (key: string): void => tracker.serviceChanged(key);
+  o.health.on('verdict', onVerdict);
+  o.health.on('change', onVerdict);
+  let watch: ReturnType<typeof o.netlink.watch> | undefined;
+  if (track.interfaces.length > 0) {
+    watch = o.netlink.watch();
+    watch.on('link', (ev: LinkEvent) => tracker.linkChanged(ev.link.name, ev.type === 'del' ? undefined : ev.link));
+    watch.on('resync', () => { void tracker.resync(); });
+  }
+  await tracker.start();
+  tracker.publish();
+  return {
+    tracker,
+    close: () => {
+      watch?.close();
+      o.health.off('verdict', onVerdict);
+      o.health.off('change', onVerdict);
+      tracker.stop();
+    },
+  };
 }
 

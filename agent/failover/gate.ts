@@ -7,6 +7,9 @@
 // It also decides what a Master's adverts list (see advertisedVips) and keeps
 // per-router counts for `lb-agent status` (the same facts as the
 // lbagent_vrrp_* metrics, which are only readable asynchronously).
+// The priority each router advertises is its configured one as the
+// tracker (tracker.ts, failover.track) lowers it; every change is a
+// 'priority' event.
 import { EventEmitter } from 'node:events';
 import type { Registry } from 'prom-client';
 import type { FailoverConfig, ServiceSpec } from '../config/types';
@@ -19,6 +22,9 @@ import { decodeAdvertisement } from './codec';
 import { VirtualRouter, assignVrids, type VirtualRouterStatus, type SplitBrainEvent } from './driver';
 import { acceptsAdvertFrom } from './peers';
 import { ArpResolver } from '../net/neighbour/arp-resolver';
+import type { PriorityTracker, TrackStatus } from './tracker';
+import type { EffectivePriority } from './tracking';
+import { vrrpMetrics, type VrrpMetrics } from './metrics';
 
 /**
  * How long a node that preempted a live Master waits before it takes the
@@ -55,6 +61,20 @@ export interface VrrpGateOptions {
   readonly ifMac?: string;
   /** Resolves failover.peers' MACs for unicast adverts; default an ArpResolver on the interface (tests pass their own). */
   readonly peerMac?: (ip: number) => Uint8Array | undefined;
+  /** failover.track, observed (tracker.ts); absent: every router advertises its configured priority. */
+  readonly tracker?: PriorityTracker | undefined;
+}
+
+/** A router's priority in use changed (tracking): the daemon's event history and log. */
+export interface PriorityEvent {
+  readonly vrid: number;
+  /** The services riding the router. */
+  readonly services: readonly string[];
+  readonly from: number;
+  readonly to: number;
+  readonly base: number;
+  /** Why (failing tracks), empty when back at the configured priority. */
+  readonly reasons: readonly string[];
 }
 
 /** What `lb-agent status` shows of a service's virtual router. */
@@ -73,11 +93,20 @@ export interface GateStatus extends VirtualRouterStatus {
   readonly lastSplitBrain: (Omit<SplitBrainEvent, 'vrid'> & { readonly at: string }) | undefined;
   /** Master by preemption, waiting until this ISO time for the preempted Master to withdraw the VIP. */
   readonly handoverUntil: string | undefined;
+  /** The configured priority (node.priority or the service's); `priority` is the one in use. */
+  readonly basePriority: number;
+  /** Why `priority` differs from basePriority: one line per failing track. */
+  readonly priorityReasons: readonly string[];
+  /** Every track of failover.track, failing or not. */
+  readonly tracks: readonly TrackStatus[];
 }
 
 /** Per-router facts the gate keeps for status. */
 interface RouterInfo {
-  transitions: { master: number; backup: number };
+  transitions: { master: number; backup: number; fault: number };
+  /** The configured priority; `effective` is what tracking made of it. */
+  basePriority: number;
+  effective: EffectivePriority;
   lastTransition: number | undefined;
   advertsSent: number;
   advertsReceived: number;
@@ -97,9 +126,10 @@ interface RouterInfo {
   handBackTimer: TimerHandle | undefined;
 }
 
-function newInfo(): RouterInfo {
+function newInfo(basePriority: number, effective: EffectivePriority): RouterInfo {
   return {
-    transitions: { master: 0, backup: 0 }, lastTransition: undefined, advertsSent: 0, advertsReceived: 0, splitBrains: 0,
+    basePriority, effective,
+    transitions: { master: 0, backup: 0, fault: 0 }, lastTransition: undefined, advertsSent: 0, advertsReceived: 0, splitBrains: 0,
     lastSplitBrain: undefined, heard: [], otherMasterPriority: undefined, handoverUntil: undefined, handoverTimer: undefined,
     otherMaster: undefined, handBack: undefined, handBackTimer: undefined,
   };
@@ -154,6 +184,8 @@ export class VrrpGate extends EventEmitter {
   /** The address adverts are sent from; follows the interface (setSourceAddress). */
   private srcIp: string;
   private readonly peerMac: ((ip: number) => Uint8Array | undefined) | undefined;
+  private readonly metrics: VrrpMetrics;
+  private readonly onTrackChange = (): void => this.applyPriorities();
 
   constructor(opts: VrrpGateOptions) {
     super();
@@ -161,6 +193,8 @@ export class VrrpGate extends EventEmitter {
     this.srcIp = opts.srcIp;
     this.clock = opts.clock ?? realClock;
     this.log = opts.log.child({ module: 'failover' });
+    this.metrics = vrrpMetrics(opts.registry);
+    opts.tracker?.on('change', this.onTrackChange);
     const peers = opts.config.peers;
     if (opts.peerMac) this.peerMac = opts.peerMac;
     else if (peers.length > 0 && opts.ifMac) {
@@ -203,19 +237,22 @@ export class VrrpGate extends EventEmitter {
       return pinned?.priority ?? this.opts.nodePriority;
     };
     for (const [vrid, router] of this.routers) {
-      if (!on.has(vrid) || router.status().priority !== priorityOf(vrid)) {
+      if (!on.has(vrid) || this.info.get(vrid)?.basePriority !== priorityOf(vrid)) {
         router.removeAllListeners();
         router.stop({ priorityZero: true });
         const info = this.info.get(vrid);
         if (info) { this.clearHandover(info); this.clearHandBack(info); }
         this.routers.delete(vrid);
         this.info.delete(vrid);
+        this.metrics.priority.remove({ vrid: String(vrid) });
+        this.metrics.basePriority.remove({ vrid: String(vrid) });
         this.emit('change', [...(on.get(vrid) ?? [])]);
       }
     }
     for (const vrid of on.keys()) {
       if (this.routers.has(vrid)) continue;
-      const info = newInfo();
+      const base = priorityOf(vrid);
+      const info = newInfo(base, this.effectiveOf(base));
       const open = this.opts.openSocket ?? openPacketSocket;
       const router = new VirtualRouter({
         vrid, priority: priorityOf(vrid), advertInterval: this.opts.config.advertInterval,
@@ -227,7 +264,7 @@ export class VrrpGate extends EventEmitter {
         clock: this.opts.clock, log: this.opts.log, registry: this.opts.registry,
       });
       const emitChange = (): void => { this.emit('change', [...(this.servicesOn.get(vrid) ?? [])]); };
-      const changed = (to: 'master' | 'backup'): void => {
+      const changed = (to: 'master' | 'backup' | 'fault', reason?: string): void => {
         info.transitions[to]++;
         info.lastTransition = this.clock.wallNow();
         this.clearHandover(info);
@@ -250,8 +287,10 @@ export class VrrpGate extends EventEmitter {
         // taken a moment later. A takeover from a dead or resigned Master
         // (nobody holds the VIP) is not delayed.
         const grace = this.opts.preemptHandoverMs ?? PREEMPT_HANDOVER_MS;
-        const preempted = to === 'master' && this.opts.config.preempt && info.otherMasterPriority !== undefined && info.otherMasterPriority > 0
-          && info.otherMasterPriority < router.status().priority;
+        // The machine's reason says so: with preempt on, or a Master whose
+        // tracking lowered its priority below ours (machine.ts, also with
+        // preempt off).
+        const preempted = to === 'master' && reason === 'preempt' && info.otherMasterPriority !== undefined && info.otherMasterPriority > 0;
         if (preempted && grace > 0) {
           info.handoverUntil = this.clock.now() + grace;
           info.handoverTimer = this.clock.setTimeout(() => {
@@ -263,8 +302,9 @@ export class VrrpGate extends EventEmitter {
         }
         emitChange();
       };
-      router.on('master', () => changed('master'));
+      router.on('master', (e) => changed('master', e.reason));
       router.on('backup', () => changed('backup'));
+      router.on('fault', () => changed('fault'));
       router.on('master-changed', (e) => {
         // Remember whom we followed and how it ranked, for the preemption check above.
         if (e.master === undefined) info.otherMasterPriority = undefined;
@@ -285,8 +325,39 @@ export class VrrpGate extends EventEmitter {
       });
       this.routers.set(vrid, router);
       this.info.set(vrid, info);
+      this.publishPriority(vrid, info);
+      // Before start(): a router whose tracks fail without a weight starts in fault.
+      if (info.effective.priority !== base) router.setPriority(info.effective.priority);
       this.resolver?.start();
       router.start();
+    }
+  }
+
+  private effectiveOf(base: number): EffectivePriority {
+    return this.opts.tracker?.effective(base) ?? { priority: base, base, reasons: [] };
+  }
+
+  private publishPriority(vrid: number, info: RouterInfo): void {
+    this.metrics.priority.set({ vrid: String(vrid) }, info.effective.priority);
+    this.metrics.basePriority.set({ vrid: String(vrid) }, info.basePriority);
+  }
+
+  /** A track changed: every router advertises what its configured priority becomes. */
+  private applyPriorities(): void {
+    for (const [vrid, router] of this.routers) {
+      const info = this.info.get(vrid);
+      if (!info) continue;
+      const was = info.effective;
+      const now = this.effectiveOf(info.basePriority);
+      info.effective = now;
+      if (now.priority === was.priority) continue;
+      this.metrics.priorityChanges.inc({ vrid: String(vrid) });
+      this.publishPriority(vrid, info);
+      const services = [...(this.servicesOn.get(vrid) ?? [])];
+      this.log.info({ op: 'priority', vrid, from: was.priority, to: now.priority, base: now.base, reasons: now.reasons, services },
+        `VRRP VRID ${vrid} priority ${was.priority} -> ${now.priority}${now.reasons.length > 0 ? `: ${now.reasons.join('; ')}` : ' (configured)'}`);
+      router.setPriority(now.priority);
+      this.emit('priority', { vrid, services, from: was.priority, to: now.priority, base: now.base, reasons: now.reasons } satisfies PriorityEvent);
     }
   }
 
@@ -361,6 +432,10 @@ export class VrrpGate extends EventEmitter {
     const iso = (ms: number | undefined): string | undefined => (ms === undefined ? undefined : isoTime(ms));
     return {
       ...r.status(),
+      priority: info.effective.priority,
+      basePriority: info.basePriority,
+      priorityReasons: info.effective.reasons,
+      tracks: this.opts.tracker?.status() ?? [],
       preempt: this.opts.config.preempt,
       advertisedVips: this.advertisedVips(vrid),
       heardVips: info.heard.map((n) => formatIPv4(n)),
@@ -411,6 +486,8 @@ export class VrrpGate extends EventEmitter {
     // Priority 0 (RFC 5798 §6.4.3): a Backup takes over at once instead of
     // waiting out Master_Down_Interval.
     for (const r of this.routers.values()) { r.removeAllListeners(); r.stop({ priorityZero: true }); }
+    this.opts.tracker?.off('change', this.onTrackChange);
+    this.opts.tracker?.stop();
     this.resolver?.close();
     this.resolver = undefined;
     for (const info of this.info.values()) { this.clearHandover(info); this.clearHandBack(info); }

@@ -4,7 +4,8 @@
 // state), which lets every VirtualRouter of the daemon share them.
 // Labels are bounded: vrid (1-255), state (3), to (3), reason (DROP_REASONS and
 // "not-a-peer", peers.ts),
-// master (one current address per vrid; the previous one is removed).
+// master (one current address per vrid; the previous one is removed),
+// track (the keys of failover.track: "interface eth1", "service ns/name").
 import { Counter, Gauge, Registry } from '../metrics/prom';
 
 export interface VrrpMetrics {
@@ -18,6 +19,13 @@ export interface VrrpMetrics {
   readonly masterInfo: Gauge<'vrid' | 'master'>;
   readonly lastTransition: Gauge<'vrid'>;
   readonly splitBrain: Counter<'vrid'>;
+  /** The priority in use (failover/tracking.ts); 0 in fault. */
+  readonly priority: Gauge<'vrid'>;
+  /** The configured priority it comes from. */
+  readonly basePriority: Gauge<'vrid'>;
+  readonly priorityChanges: Counter<'vrid'>;
+  /** 1 while a track counts as failing. */
+  readonly trackFailing: Gauge<'track'>;
 }
 
 function getOrCreate<T>(registry: Registry, name: string, make: () => T): T {
@@ -73,6 +81,30 @@ export function vrrpMetrics(registry: Registry): VrrpMetrics {
       name: 'lbagent_vrrp_split_brain_total',
       help: 'Adverts from another Master received while Master (two Masters at once); resolved by keeping Master (the other had lower precedence) or yielding',
       labelNames: ['vrid'],
+      registers,
+    })),
+    priority: getOrCreate(registry, 'lbagent_vrrp_priority', () => new Gauge<'vrid'>({
+      name: 'lbagent_vrrp_priority',
+      help: 'The VRRP priority each virtual router of this node advertises: the configured one less the weights of failing tracks (failover.track); 0 in fault',
+      labelNames: ['vrid'],
+      registers,
+    })),
+    basePriority: getOrCreate(registry, 'lbagent_vrrp_base_priority', () => new Gauge<'vrid'>({
+      name: 'lbagent_vrrp_base_priority',
+      help: 'The configured VRRP priority of each virtual router of this node (node.priority or the service\'s priority)',
+      labelNames: ['vrid'],
+      registers,
+    })),
+    priorityChanges: getOrCreate(registry, 'lbagent_vrrp_priority_changes_total', () => new Counter<'vrid'>({
+      name: 'lbagent_vrrp_priority_changes_total',
+      help: 'Changes of the priority in use by tracking (failover.track), fault and its end included',
+      labelNames: ['vrid'],
+      registers,
+    })),
+    trackFailing: getOrCreate(registry, 'lbagent_vrrp_track_failing', () => new Gauge<'track'>({
+      name: 'lbagent_vrrp_track_failing',
+      help: 'Whether a tracked interface or service (failover.track) counts as failing now (1) or not (0), after its failAfter/recoverAfter delay',
+      labelNames: ['track'],
       registers,
     })),
   };
