@@ -224,6 +224,9 @@ export class VrrpGate extends EventEmitter {
   update(services: readonly ServiceSpec[], vips: (serviceKey: string) => string | undefined): void {
     this.vips = vips;
     this.specs = new Map(services.map((s) => [s.key, s]));
+    // The health checker was updated first (the daemon's order): what it
+    // starts from counts before any router is made.
+    this.opts.tracker?.refreshServices();
     const a = assignVrids(services, this.opts.config.vrid);
     for (const key of a.overflow) this.log.error({ op: 'assign', service: key }, 'no VRRP virtual router has room for this VIP (255 per VRID); it is not served');
     this.vridOf = new Map(a.vrids);

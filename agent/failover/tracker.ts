@@ -119,6 +119,16 @@ export class PriorityTracker extends EventEmitter {
     this.settleNow();
   }
 
+  /**
+   * Count every tracked service's verdicts again: after the health
+   * checker's update, whose starting verdicts (seeded from an earlier run)
+   * come with no event.
+   */
+  refreshServices(): void {
+    for (const s of this.opts.track.services) this.observeService(s.service);
+    this.settleNow();
+  }
+
   /** The priority in use for a router of this base priority, and why. */
   effective(base: number): EffectivePriority {
     return effectivePriority(base, this.tracks);

@@ -119,8 +119,14 @@ export function effectivePriority(base: number, tracks: readonly Track[]): Effec
   return { priority: fault ? 0 : Math.max(1, Math.min(254, priority)), base, reasons };
 }
 
-/** A tracked service's observation from its backends' verdicts. Backends not checked yet get the benefit of the doubt. */
+/**
+ * A tracked service's observation from its backends' verdicts. Backends not
+ * checked yet get the benefit of the doubt, and so does a service the
+ * health checker does not know yet (total 0: the start, before its first
+ * update).
+ */
 export function serviceObservation(up: number, unknown: number, total: number, minHealthy: number): { failing: boolean; detail: string } {
+  if (total === 0) return { failing: false, detail: 'backends not known to the health checker yet' };
   const failing = up + unknown < minHealthy;
   const pending = unknown > 0 ? `, ${unknown} not checked yet` : '';
   return { failing, detail: `${up} of ${total} backends healthy${pending}, ${minHealthy} needed` };

@@ -136,3 +136,13 @@ t.test('stop: no timer fires, nothing changes any more', async (t) => {
   h.clock.advance(10_000);
   t.same(h.changes, []);
 });
+
+t.test('refreshServices: verdicts that came with no event (seeded from an earlier run) count', async (t) => {
+  const h = harness({ interfaces: [], services: [{ service: 'default/web', minHealthy: 1, weight: 10, failAfter: 0, recoverAfter: 0 }] });
+  h.setBackends({ up: 0, unknown: 0, total: 0 });
+  await h.tracker.start();
+  t.equal(h.tracker.effective(200).priority, 200, 'a service the checker does not know yet is not failing');
+  h.setBackends({ up: 0, unknown: 0, total: 2 }); // seeded down, no event
+  h.tracker.refreshServices();
+  t.same(h.tracker.effective(200).reasons, ['service default/web: 0 of 2 backends healthy, 1 needed (-10)']);
+});

@@ -105,4 +105,5 @@ t.test('observations in words', async (t) => {
   t.same(serviceObservation(1, 0, 2, 2), { failing: true, detail: '1 of 2 backends healthy, 2 needed' });
   t.same(serviceObservation(0, 2, 2, 1), { failing: false, detail: '0 of 2 backends healthy, 2 not checked yet, 1 needed' }, 'not checked yet is not down');
   t.same(serviceObservation(2, 0, 2, 2), { failing: false, detail: '2 of 2 backends healthy, 2 needed' });
+  t.same(serviceObservation(0, 0, 0, 1), { failing: false, detail: 'backends not known to the health checker yet' }, 'a service the checker has not been told of yet');
 });
