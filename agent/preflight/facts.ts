@@ -69,6 +69,8 @@ export interface ConfigFacts {
   topology?: { service: string; policy: string; zones: string[]; unzoned: number }[];
   /** Services only the proxy path can serve (they ask for the PROXY protocol). */
   proxyOnly?: string[];
+  /** failover.track.interfaces by name, with failover.mode vrrp (tracks do nothing otherwise). */
+  trackedInterfaces?: string[];
 }
 
 export interface MacvlanFacts {
@@ -165,6 +167,8 @@ export interface Facts {
   ruleset?: Attempt & { nftables?: unknown[] };
   /** The daemon running with this config, asked for its status on the control socket: what its drift guard reports, or why none answered. Absent in facts from before it. */
   daemon?: DaemonFacts;
+  /** Each tracked interface (config.trackedInterfaces) as /sys/class/net shows it; absent without any. */
+  trackedLinks?: { name: string; exists: boolean; up: boolean; carrier: boolean }[];
 }
 
 export interface DaemonFacts extends Attempt {
@@ -282,7 +286,17 @@ export function configSummary(path_: string, config: Desired): ConfigFacts {
       unzoned: s.backends.filter((b) => b.zone === undefined).length,
     })),
     ...(servicesNeedingProxy(config.services).length > 0 ? { proxyOnly: servicesNeedingProxy(config.services) } : {}),
+    ...(config.failover.mode === 'vrrp' && config.failover.track.interfaces.length > 0 ? { trackedInterfaces: config.failover.track.interfaces.map((i) => i.name) } : {}),
   };
+}
+
+/** A tracked interface as sysfs shows it: IFF_UP from flags, carrier (unreadable while down). */
+async function gatherTrackedLink(name: string): Promise<{ name: string; exists: boolean; up: boolean; carrier: boolean }> {
+  const flags = await readText(`/sys/class/net/${name}/flags`);
+  if (flags === undefined) return { name, exists: false, up: false, carrier: false };
+  const up = (Number.parseInt(flags.trim(), 16) & 0x1) !== 0;
+  const carrier = up && (await readText(`/sys/class/net/${name}/carrier`))?.trim() === '1';
+  return { name, exists: true, up, carrier };
 }
 
 function defaultConfigFacts(path_: string, status: 'missing' | 'invalid', errors: string[]): ConfigFacts {
@@ -700,6 +714,7 @@ export async function gatherFacts(opts: GatherOptions): Promise<Facts> {
   };
   const ct = await ctP;
   if (ct) facts.conntrackNetlink = ct;
+  if (config.trackedInterfaces) facts.trackedLinks = await Promise.all(config.trackedInterfaces.map((n) => gatherTrackedLink(n)));
   if (opts.dhcpProbe) {
     facts.dhcpProbe = parent.exists && parentName
       ? await opts.dhcpProbe(parentName)

@@ -9,7 +9,7 @@ import { vipSysctls } from '../../agent/net/sysctl/sysctl';
 import {
   runChecks, checkDescriptors, checkMacvlan, checkCapabilities, checkInterface, checkArpSysctls, checkRpFilter, checkIpForward,
   checkConfig, checkDataplane, checkPools, checkStateDir, checkGuestAgent, checkDhcpProbe, classifyRefusal,
-  effectiveDataplane, osFamily, checkDsr, checkDsrBackend, checkTopology, checkConntrackPickup, checkUdpFlows, checkStaleFlows, checkFirewall, checkDriftFight, checkIpv6, type CheckResult,
+  effectiveDataplane, osFamily, checkDsr, checkDsrBackend, checkTopology, checkConntrackPickup, checkUdpFlows, checkStaleFlows, checkFirewall, checkDriftFight, checkIpv6, checkVrrpTrack, type CheckResult,
 } from '../../agent/preflight/checks';
 
 const FIX = path.resolve(__dirname, '..', '..', '..', 'test', 'preflight', 'fixtures');
@@ -632,4 +632,20 @@ t.test('ipv6: IPv6 disabled on the parent fails with the sysctl fix, only when a
   t.match(off.remedy, new RegExp(`sysctl -w net\\.ipv6\\.conf\\.all\\.disable_ipv6=0 net\\.ipv6\\.conf\\.${parent}\\.disable_ipv6=0; persist`));
   const gone = checkIpv6(variant('healthy', (f) => { six(f); delete f.sysctls['net.ipv6.conf.all.disable_ipv6']; delete f.sysctls[`net.ipv6.conf.${parent}.disable_ipv6`]; }))!;
   t.match(gone, { status: 'fail', detail: /ipv6\.disable=1/ });
+});
+
+t.test('vrrp-track: a tracked interface the VM lacks, or one down now, is a warning naming it', async (t) => {
+  t.equal(checkVrrpTrack(fixture('healthy')), undefined, 'nothing tracked: no check');
+  const link = (name: string, exists: boolean, up: boolean, carrier: boolean): { name: string; exists: boolean; up: boolean; carrier: boolean } => ({ name, exists, up, carrier });
+  const ok = checkVrrpTrack(variant('healthy', (f) => { f.trackedLinks = [link('eth1', true, true, true)]; }))!;
+  t.equal(ok.status, 'pass');
+  t.match(ok.detail, 'eth1');
+  const missing = checkVrrpTrack(variant('healthy', (f) => { f.trackedLinks = [link('eht1', false, false, false), link('eth2', true, true, false)]; }))!;
+  t.equal(missing.status, 'warn');
+  t.match(missing.detail, /failover\.track names eht1, which this VM does not have.*also down now: eth2 \(no carrier\)/);
+  t.match(missing.remedy ?? '', /ip -br link/);
+  const down = checkVrrpTrack(variant('healthy', (f) => { f.trackedLinks = [link('eth1', true, false, false)]; }))!;
+  t.equal(down.status, 'warn');
+  t.match(down.detail, 'tracked interface eth1 (down) is not up with carrier now');
+  t.equal(byId(runChecks(variant('healthy', (f) => { f.trackedLinks = [link('eth1', false, false, false)]; })), 'vrrp-track').status, 'warn', 'in the report');
 });
