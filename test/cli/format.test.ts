@@ -94,3 +94,11 @@ t.test('a backend that is down shows what its probe saw; one that is up shows no
   t.match(text, /10\.99\.0\.12:8443\s+down\s+\S+\s+timeout: TLS handshake timed out after 2000 ms \(active check\)/);
   t.notMatch(text, /HTTP 503/, 'a recovered backend\'s last failure is not its state');
 });
+
+t.test('the VRRP priority in use is shown, with why, when tracking moved it', async (t) => {
+  const lowered = formatStatus(doc([svc({ failover: { state: 'backup', master: '10.99.0.3', priority: 140, basePriority: 200, priorityReasons: ['service default/web: 0 of 2 backends healthy, 2 needed (-60)'] } })]), 0);
+  t.match(lowered, 'vrrp backup master 10.99.0.3 priority 140 of 200 (service default/web: 0 of 2 backends healthy, 2 needed (-60))');
+  const plain = formatStatus(doc([svc({ failover: { state: 'master', master: '10.99.0.2', priority: 200, basePriority: 200, priorityReasons: [] } })]), 0);
+  t.match(plain, 'vrrp master master 10.99.0.2');
+  t.notMatch(plain, /priority 200/, 'nothing said at the configured priority');
+});
