@@ -26,6 +26,12 @@ export interface KeepalivedOptions {
   iface?: string;
   state?: 'MASTER' | 'BACKUP';
   preempt?: boolean;
+  /** Blocks before the instance (vrrp_script ...), as keepalived.conf lines. */
+  preamble?: string[];
+  /** Lines inside the instance (track_interface, track_script ...). */
+  instance?: string[];
+  /** The device the VIPs go on (`dev`), when not the VRRP interface. */
+  vipDev?: string;
 }
 
 /** Start Debian's keepalived (VRRPv3) in a lab namespace, with a notify script that records its states in a file. */
@@ -41,6 +47,7 @@ export async function startKeepalived(lab: Lab, ns: string, name: string, o: Kee
     '  vrrp_version 3',
     '  script_user root',
     '}',
+    ...(o.preamble ?? []),
     'vrrp_instance VI_lb {',
     `  state ${o.state ?? 'BACKUP'}`,
     `  interface ${o.iface ?? 'eth0'}`,
@@ -49,9 +56,10 @@ export async function startKeepalived(lab: Lab, ns: string, name: string, o: Kee
     `  advert_int ${o.advertInt}`,
     o.preempt === false ? '  nopreempt' : '',
     `  notify ${script}`,
+    ...(o.instance ?? []).map((l) => `  ${l}`),
     '  virtual_ipaddress {',
     // An IPv6 address makes the instance an IPv6 one (RFC 5798 §5.1: one family per instance).
-    ...o.vips.map((v) => `    ${v}/${v.includes(':') ? 64 : 24}`),
+    ...o.vips.map((v) => `    ${v}/${v.includes(':') ? 64 : 24}${o.vipDev ? ` dev ${o.vipDev}` : ''}`),
     '  }',
     '}',
     '',

@@ -54,7 +54,13 @@ export function formatStatus(doc: StatusDocument, now = Date.now()): string {
     if (s.sourceIP === 'preserve') extra.push('direct server return (client address kept)');
     for (const note of s.familyNotes ?? []) extra.push(note);
     if (s.topology && s.topology.policy !== 'any') extra.push(`topology ${s.topology.detail}`);
-    if (s.failover) extra.push(`vrrp ${String(s.failover.state ?? '-')}${s.failover.master ? ` master ${String(s.failover.master)}` : ''}`);
+    if (s.failover) {
+      // The priority in use, and why, when tracking moved it off the configured one.
+      const f = s.failover;
+      const reasons = Array.isArray(f.priorityReasons) ? (f.priorityReasons as string[]) : [];
+      const prio = f.basePriority !== undefined && f.priority !== f.basePriority ? ` priority ${String(f.priority)} of ${String(f.basePriority)}${reasons.length ? ` (${reasons.join('; ')})` : ''}` : '';
+      extra.push(`vrrp ${String(f.state ?? '-')}${f.master ? ` master ${String(f.master)}` : ''}${prio}`);
+    }
     if (s.adopted && !s.primaryService) extra.push('VIP adopted from the previous run');
     if (s.lastInterruption) extra.push(`interrupted ${s.interruptions}x, last ${s.lastInterruption.at}: ${s.lastInterruption.reason}`);
     if (s.backends.length === 0 && extra.length === 0) continue;

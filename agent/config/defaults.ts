@@ -9,6 +9,14 @@ export const DEFAULTS = {
   // when node.zone / node.region are not set (docs/datapaths.md "Zones").
   node: { priority: 100, labelsFile: '/etc/lb-agent/node-labels' },
   failover: { mode: 'none', vrid: 51, advertInterval: 1, preempt: true, preemptDelay: 0, peers: [] as string[] },
+  // Tracking: an interface acts at once, as keepalived's track_interface
+  // does; a service waits out a second of shortage (a flapping backend
+  // cannot move the VIP) and five of health before it counts again (no
+  // ping-pong under preemption).
+  track: {
+    interface: { failAfter: 0, recoverAfter: 0 },
+    service: { minHealthy: 1, failAfter: 1, recoverAfter: 5 },
+  },
   stateDir: '/var/lib/lb-agent',
   metrics: { listen: '0.0.0.0:9477' },
   control: { socket: '/run/lb-agent/agent.sock' },

@@ -16,7 +16,7 @@ import { errorMessage } from '../errors';
 import { readConfigText } from './read';
 import { readCaFile, type CaFileReader } from './ca-file';
 import type {
-  CheckType, Desired, NetworkSpec, ServiceSpec, PortSpec, BackendSpec, HealthCheckSpec, IpamMode, IpFamilyPolicy, Pool, SourceIpMode, TlsCheckSpec, TopologyPolicy,
+  CheckType, Desired, NetworkSpec, ServiceSpec, PortSpec, BackendSpec, HealthCheckSpec, IpamMode, IpFamilyPolicy, Pool, SourceIpMode, TlsCheckSpec, TopologyPolicy, TrackConfig,
 } from './types';
 
 export interface ConfigError {
@@ -164,7 +164,13 @@ interface RawNetwork {
 
 interface RawConfig {
   node: { name?: string; interface?: string; priority: number; zone?: string; region?: string; labelsFile: string };
-  failover: { mode: 'none' | 'vrrp'; vrid: number; vrid6?: number; advertInterval: number; preempt: boolean; preemptDelay: number; interface?: string; peers: string[] };
+  failover: {
+    mode: 'none' | 'vrrp'; vrid: number; vrid6?: number; advertInterval: number; preempt: boolean; preemptDelay: number; interface?: string; peers: string[];
+    track: {
+      interfaces: { name: string; weight?: number; failAfter: number; recoverAfter: number }[];
+      services: { service: string; minHealthy: number; weight?: number; failAfter: number; recoverAfter: number }[];
+    };
+  };
   stateDir: string; metrics: { listen: string }; control: { socket: string }; reconcile: { resyncInterval: number };
   dataplane: 'auto' | 'kernel' | 'proxy'; pools: Record<string, string>; networks: Record<string, RawNetwork>;
   arp: Desired['arp']; dhcp: Omit<Desired['dhcp'], 'servers'> & { servers: string[] }; proxy: Desired['proxy'];
@@ -526,6 +532,44 @@ function buildNetworks(raw: RawConfig, defaultPools: readonly Pool[], err: (segs
 }
 
 /**
+ * failover.track, checked against the services of the file: a tracked
+ * service must exist, run health checks (without them every backend counts
+ * as healthy and the track could never fire) and have at least minHealthy
+ * backends (or it would fail from the start, for good). An interface is
+ * not looked up here (the file is validated off the VM too): `lb-agent
+ * check` warns about one the VM does not have.
+ */
+function buildTrack(raw: RawConfig, err: (segs: Seg[], msg: string) => void): TrackConfig {
+  const t = raw.failover.track;
+  const seenIf = new Map<string, number>();
+  const interfaces = t.interfaces.map((x, i) => {
+    const other = seenIf.get(x.name);
+    if (other !== undefined) err(['failover', 'track', 'interfaces', i, 'name'], `${JSON.stringify(x.name)} is tracked twice (also failover.track.interfaces[${other}])`);
+    seenIf.set(x.name, i);
+    return { name: x.name, weight: x.weight, failAfter: x.failAfter, recoverAfter: x.recoverAfter };
+  });
+  const seenSvc = new Map<string, number>();
+  const services = t.services.map((x, i) => {
+    const at = (...segs: Seg[]): Seg[] => ['failover', 'track', 'services', i, ...segs];
+    const key = x.service.includes('/') ? x.service : serviceKey(DEFAULTS.namespace, x.service);
+    const other = seenSvc.get(key);
+    if (other !== undefined) err(at('service'), `${JSON.stringify(key)} is tracked twice (also failover.track.services[${other}])`);
+    seenSvc.set(key, i);
+    const svc = raw.services.find((s) => serviceKey(s.namespace, s.name) === key);
+    if (!svc) {
+      const known = raw.services.map((s) => serviceKey(s.namespace, s.name));
+      err(at('service'), `${JSON.stringify(x.service)}: no service ${key} in this file${known.length > 0 ? ` (services: ${known.slice(0, 10).join(', ')}${known.length > 10 ? ', ...' : ''})` : ''}`);
+    } else if (!svc.healthCheck.enabled) {
+      err(at('service'), `service ${key} has healthCheck.enabled: false, so every backend counts as healthy and this track could never lower the priority: turn its health check on, or remove the track`);
+    } else if (x.minHealthy > svc.backends.length) {
+      err(at('minHealthy'), `${x.minHealthy} is more than the ${svc.backends.length} backend${svc.backends.length === 1 ? '' : 's'} of service ${key}: the track would fail from the start and never recover`);
+    }
+    return { service: key, minHealthy: x.minHealthy, weight: x.weight, failAfter: x.failAfter, recoverAfter: x.recoverAfter };
+  });
+  return { interfaces, services };
+}
+
+/**
  * The TLS settings of an HTTPS check. The CA file is read here, at load and
  * at every reload, so a missing, unreadable or non-PEM file is refused with
  * the field's path, and a reload sees a CA file that changed on disk.
@@ -636,6 +680,7 @@ export function buildConfig(data: unknown, locate: (segs: Seg[]) => number | und
 
   const networks = buildNetworks(raw, pools, err);
   const built = buildServices(raw, [...pools, ...networks.flatMap((n) => n.pools)], err, readCa);
+  const track = buildTrack(raw, err);
   // A VM that is a backend of a VIP cannot also be the load balancer that
   // holds it: the VIP on lo would take the clients' packets for itself.
   raw.backend.vips.forEach((vip, i) => {
@@ -658,6 +703,7 @@ export function buildConfig(data: unknown, locate: (segs: Seg[]) => number | und
       peers: raw.failover.peers.filter((a) => familyOf(a) === 'IPv4').map((a) => parseIPv4(a)!),
       vrid6: raw.failover.vrid6,
       peers6: raw.failover.peers.map((a) => parseAddress(a)).filter((a) => a?.family === 'IPv6').map((a) => formatAddress(a!)),
+      track,
     },
     stateDir: raw.stateDir,
     metrics: { listen: raw.metrics.listen },

@@ -25,6 +25,14 @@ export interface KeyHelp {
   readonly probeEdit?: (file: { services: Record<string, unknown>[] }) => void;
 }
 
+/** A probe edit that tracks one item (a key inside an item needs the item's required key beside it). */
+function trackEdit(list: 'interfaces' | 'services', item: S): (file: { services: Record<string, unknown>[] }) => void {
+  return (f) => {
+    const file = f as unknown as S;
+    file.failover = { ...(file.failover as S), track: { [list]: [item] } };
+  };
+}
+
 /** One sentence (or three) per key. A key of the schema without one fails test/config/reference.test.ts. */
 export const KEY_HELP: Readonly<Record<string, KeyHelp>> = {
   node: { text: 'This VM.' },
@@ -43,6 +51,18 @@ export const KEY_HELP: Readonly<Record<string, KeyHelp>> = {
   'failover.preemptDelay': { text: 'Seconds a returning higher-priority VM waits before it takes the VIPs back.', probe: 5 },
   'failover.interface': { text: 'The NIC VRRP adverts use.', unset: '`node.interface`', probe: 'eth1' },
   'failover.peers': { text: 'The other agents\' addresses. When set, adverts are heard only from them and each advert is also sent to each of them unicast (for networks that filter multicast). A check of the source address, not authentication. IPv6 addresses (link-local on the VRRP interface, or global) are the IPv6 instance\'s peers; with IPv6 VIPs, list them too.', probe: ['10.0.0.3'] },
+  'failover.track': { text: 'What lowers this VM\'s priority on every virtual router of this section, so that a healthier VM takes the VIPs (docs/failover.md "Ownership that follows health"). A track with a `weight` lowers the priority by it while failing (never below 1); one without puts the virtual routers in fault: the Master resigns and the VM stays out of the election until the track recovers.' },
+  'failover.track.interfaces': { text: 'NICs of this VM to track (keepalived\'s `track_interface`): one that is missing, administratively down or without carrier fails.', probe: [{ name: 'eth1', weight: 50 }] },
+  'failover.track.interfaces[].name': { text: 'The interface. One this VM does not have counts as down; `lb-agent check` warns about it.', probe: 'eth2' },
+  'failover.track.interfaces[].weight': { text: 'How much the priority drops while the interface fails.', unset: 'fault', probe: 60, probeEdit: trackEdit('interfaces', { name: 'eth1', weight: 60 }) },
+  'failover.track.interfaces[].failAfter': { text: 'Seconds the interface must stay down before it counts.', probe: 1, probeEdit: trackEdit('interfaces', { name: 'eth1', failAfter: 1 }) },
+  'failover.track.interfaces[].recoverAfter': { text: 'Seconds the interface must stay up again before the priority comes back.', probe: 2, probeEdit: trackEdit('interfaces', { name: 'eth1', recoverAfter: 2 }) },
+  'failover.track.services': { text: 'Services to track (keepalived\'s `track_script`, with this VM\'s own health checks as the script): fewer than `minHealthy` healthy backends fails. Backends not checked yet count as healthy.', probe: [{ service: 'web', weight: 50 }] },
+  'failover.track.services[].service': { text: '"namespace/name" or "name" (namespace default) of a service of this file, with health checks on; every family of it counts.', probe: 'other' },
+  'failover.track.services[].minHealthy': { text: 'The fewest healthy backends that keep the track from failing (at most the service\'s number of backends).', probe: 1, probeEdit: trackEdit('services', { service: 'other', minHealthy: 1 }) },
+  'failover.track.services[].weight': { text: 'How much the priority drops while the service fails.', unset: 'fault', probe: 60, probeEdit: trackEdit('services', { service: 'web', weight: 60 }) },
+  'failover.track.services[].failAfter': { text: 'Seconds the shortage must last before it counts: a backend flapping faster than that moves nothing.', probe: 2, probeEdit: trackEdit('services', { service: 'web', failAfter: 2 }) },
+  'failover.track.services[].recoverAfter': { text: 'Seconds the service must stay healthy enough before the priority comes back.', probe: 10, probeEdit: trackEdit('services', { service: 'web', recoverAfter: 10 }) },
   stateDir: { text: 'Where leases, pool claims, health verdicts and the instance lock live.', probe: '/var/lib/lb-agent-2' },
   metrics: { text: 'The Prometheus endpoint.' },
   'metrics.listen': { text: '`host:port` of `/metrics`, `/healthz` and `/readyz`; `""` turns the endpoint off.', probe: '127.0.0.1:9478' },

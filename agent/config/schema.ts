@@ -43,6 +43,31 @@ const healthCheck = obj({
   }),
 });
 
+// failover.track: what lowers this node's VRRP priority (failover/tracking.ts).
+// Weights as keepalived's, 1-254 (an effective priority never leaves 1-254).
+const trackWeight: S = count(1, 254);
+const track = obj({
+  interfaces: {
+    type: 'array', maxItems: 64, default: [], 'x-what': 'a list of { name, weight, failAfter, recoverAfter }',
+    items: obj({
+      name: { type: 'string', pattern: '^[^/\\s]{1,15}$', 'x-what': 'an interface name (at most 15 characters)' },
+      weight: trackWeight,
+      failAfter: { ...secondsPos(0, 3600), default: DEFAULTS.track.interface.failAfter },
+      recoverAfter: { ...secondsPos(0, 3600), default: DEFAULTS.track.interface.recoverAfter },
+    }, { required: ['name'] }),
+  },
+  services: {
+    type: 'array', maxItems: 256, default: [], 'x-what': 'a list of { service, minHealthy, weight, failAfter, recoverAfter }',
+    items: obj({
+      service: { type: 'string', pattern: '^([a-z0-9]([-a-z0-9]*[a-z0-9])?/)?[a-z0-9]([-a-z0-9]*[a-z0-9])?$', 'x-what': '"namespace/name" or "name" of a service of this file' },
+      minHealthy: { ...count(1, 4096), default: DEFAULTS.track.service.minHealthy },
+      weight: trackWeight,
+      failAfter: { ...secondsPos(0, 3600), default: DEFAULTS.track.service.failAfter },
+      recoverAfter: { ...secondsPos(0, 3600), default: DEFAULTS.track.service.recoverAfter },
+    }, { required: ['service'] }),
+  },
+});
+
 const service = obj({
   name: dnsLabel,
   namespace: { ...dnsLabel, default: DEFAULTS.namespace },
@@ -130,6 +155,7 @@ export const configSchema: S = obj({
       preemptDelay: { ...secondsPos(0, 3600), default: DEFAULTS.failover.preemptDelay },
       interface: { type: 'string', pattern: '^[^/\\s]{1,15}$', 'x-what': 'an interface name' },
       peers: { type: 'array', items: ip, maxItems: 64, uniqueItems: true, default: [...DEFAULTS.failover.peers], 'x-what': 'a list of the other agents\' addresses (IPv4; IPv6 link-local or global for the IPv6 instance)' },
+      track: { ...track, default: {} },
     }),
     default: {},
   },

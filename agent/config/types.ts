@@ -51,6 +51,45 @@ export interface FailoverConfig {
   readonly vrid6?: number | undefined;
   /** failover.peers' IPv6 addresses (RFC 5952 text; link-local ones on the VRRP interface), the IPv6 instance's peers. Absent: none. */
   readonly peers6?: readonly string[] | undefined;
+  /** What lowers this node's priority on every virtual router of this section (failover/tracking.ts). */
+  readonly track: TrackConfig;
+}
+
+/**
+ * A tracked interface (keepalived's track_interface): link down or carrier
+ * lost lowers the priority by `weight`, or puts the virtual routers in
+ * fault when no weight is given.
+ */
+export interface TrackInterfaceSpec {
+  readonly name: string;
+  /** 1-254; undefined: fault. */
+  readonly weight: number | undefined;
+  /** Seconds the link must stay down before the priority drops. */
+  readonly failAfter: number;
+  /** Seconds the link must stay up before the priority comes back. */
+  readonly recoverAfter: number;
+}
+
+/**
+ * A tracked service: fewer healthy backends than `minHealthy` (as this
+ * node's health checks see them) lowers the priority by `weight`, or puts
+ * the virtual routers in fault when no weight is given.
+ */
+export interface TrackServiceSpec {
+  /** "namespace/name": every family of the service counts. */
+  readonly service: string;
+  readonly minHealthy: number;
+  /** 1-254; undefined: fault. */
+  readonly weight: number | undefined;
+  /** Seconds the shortage must last before the priority drops. */
+  readonly failAfter: number;
+  /** Seconds the service must stay healthy enough before the priority comes back. */
+  readonly recoverAfter: number;
+}
+
+export interface TrackConfig {
+  readonly interfaces: readonly TrackInterfaceSpec[];
+  readonly services: readonly TrackServiceSpec[];
 }
 
 export interface PortSpec {

@@ -286,6 +286,11 @@ export class Daemon extends EventEmitter {
       this.subs.failover?.on('change', (keys: string[]) => this.services.onFailoverChange(keys));
       this.subs.failover?.on('hand-back', () => this.scheduleApply());
       this.subs.failover?.on('reannounce', (keys: string[]) => this.services.reannounce(keys));
+      this.subs.failover?.on('priority', (e: import('../failover/gate').PriorityEvent) => {
+        const why = e.to === 0 ? 'fault' : `priority ${e.to}${e.to === e.base ? ' (configured)' : ` (configured ${e.base})`}`;
+        for (const service of e.services) this.noteEvent('vrrp-priority', { service, reason: `VRID ${e.vrid}: ${e.from === 0 ? 'fault' : `priority ${e.from}`} -> ${why}${e.reasons.length > 0 ? `: ${e.reasons.join('; ')}` : ''}` });
+        this.notifyStatusSoon();
+      });
       const owned = await this.subs.adoptOwned(config.services);
       if (owned.removed.length > 0) this.log.warn({ op: 'adopt', removed: owned.removed }, 'removed links/addresses left by an earlier run that the config does not want');
       if (owned.adopted.length > 0) this.log.info({ op: 'adopt', adopted: owned.adopted }, 'adopted links left by an earlier run');

@@ -7,6 +7,8 @@ export type StatusEventKind =
   | 'vip-gained' | 'vip-lost'
   | 'backend-up' | 'backend-down'
   | 'vrrp-master' | 'vrrp-backup'
+  /** The VRRP priority in use changed (failover.track): fault, a weight, or back. */
+  | 'vrrp-priority'
   | 'reload-applied' | 'reload-rejected'
   | 'zone-changed'
   | 'drift-repaired' | 'drift-backoff'

@@ -214,7 +214,8 @@ export class ServiceRuntimes {
     for (const key of keys) {
       const master = this.holds(key);
       const f = this.opts.subs()?.failover?.status(key);
-      this.opts.noteEvent(master ? 'vrrp-master' : 'vrrp-backup', { service: key, reason: master ? 'this node is VRRP Master' : `VRRP Backup${f?.master ? `, Master ${String(f.master)}` : ''}` });
+      const backup = f?.state === 'fault' ? 'VRRP fault (a tracked interface or service failed)' : `VRRP Backup${f?.master ? `, Master ${String(f.master)}` : ''}`;
+      this.opts.noteEvent(master ? 'vrrp-master' : 'vrrp-backup', { service: key, reason: master ? 'this node is VRRP Master' : backup });
     }
     for (const key of keys) this.gateSource(key);
     this.opts.scheduleApply();

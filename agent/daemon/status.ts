@@ -109,7 +109,9 @@ export function serviceVerdict(i: VerdictInput): Verdict {
       state: 'backup', ready: true,
       reason: f?.handoverUntil !== undefined
         ? `VRRP Master by preemption: taking the VIP once the previous Master has withdrawn it (by ${String(f.handoverUntil)})`
-        : `VIP held by the VRRP Master${f?.master ? ` ${String(f.master)}` : ''}`,
+        : f?.state === 'fault'
+          ? `VRRP fault, out of the election: ${Array.isArray(f.priorityReasons) ? f.priorityReasons.join('; ') : 'a tracked interface or service failed'}`
+          : `VIP held by the VRRP Master${f?.master ? ` ${String(f.master)}` : ''}`,
     };
   }
   if (!i.vip) {

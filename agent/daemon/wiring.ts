@@ -16,6 +16,8 @@ import { reconcileOwnedLinks } from '../net/ownership/reconcile';
 import type { StartLimiter } from '../dhcp/limiter';
 import type { DualGate } from '../failover/dual';
 import type { NetworkGates } from '../failover/networks';
+import type { PriorityTracker } from '../failover/tracker';
+import type { LinkEvent } from '../net/netlink/netlink';
 import { PoolManager } from '../ipam/manager';
 import { PoolSource, linkLocalOf, poolVipPrefix } from '../ipam/pool-source';
 import { NeighbourSockets } from '../net/neighbour/neighbour-sockets';
@@ -23,7 +25,7 @@ import { AddressRemovals } from '../net/netlink/address-removals';
 import { HealthChecker } from '../health/checker';
 import { selectDataplane, createDataplane, probeNftables, probeDsr, dsrUnavailable, parseDsrEngine, servicesNeedingProxy, placementFor, type ProbeResult } from '../forward/index';
 import { familyOf, formatAddress, formatIPv4 } from '../address';
-import { linkKeyOf } from '../config/families';
+import { familyServiceKey, linkKeyOf } from '../config/families';
 import { BackendVips } from '../net/host/dsr-backend';
 import type { Subsystems, ParentLink, DataplaneLike, SubsystemContext } from './subsystems';
 import { strayMarkedAddresses } from './drift-plan';
@@ -41,6 +43,7 @@ const dhcp6Lease = (): typeof import('../dhcp/lease6') => require('../dhcp/lease
 const vrrpGate = (): typeof import('../failover/gate') => require('../failover/gate') as typeof import('../failover/gate');
 const networkGates = (): typeof import('../failover/networks') => require('../failover/networks') as typeof import('../failover/networks');
 const dualGate = (): typeof import('../failover/dual') => require('../failover/dual') as typeof import('../failover/dual');
+const vrrpTracker = (): typeof import('../failover/tracker') => require('../failover/tracker') as typeof import('../failover/tracker');
 const driftModule = (): typeof import('./drift') => require('./drift') as typeof import('./drift');
 const nftWatchModule = (): typeof import('../net/netlink/nft-watch') => require('../net/netlink/nft-watch') as typeof import('../net/netlink/nft-watch');
  
@@ -155,7 +158,11 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
     };
 
     let failover: DualGate | NetworkGates | undefined;
+    let stopTracking: (() => void) | undefined;
     if (config.failover.mode === 'vrrp') {
+      // failover.track lowers the priority of every virtual router: one tracker for all of them.
+      const tracker = await startTracker(config, { netlink, health, log, registry, clock });
+      if (tracker) stopTracking = tracker.close;
       // One VRRP instance per network and family: each network's on its own
       // VRRP interface with its VRIDs and peers; IPv4 and IPv6 elect apart
       // (RFC 5798 §5.1).
@@ -176,7 +183,7 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
         }
         const netLog = nets.length > 1 ? log.child({ network: n.network.name }) : log;
         const gate = (family: 'IPv4' | 'IPv6', srcIp: string) => new (vrrpGate().VrrpGate)({
-          config: { ...config.failover, ...n.network.failover }, nodePriority: config.node.priority, family, ifindex: vlink.index, ifname, ifMac: vlink.mac, srcIp, log: netLog, registry, clock,
+          config: { ...config.failover, ...n.network.failover }, nodePriority: config.node.priority, family, ifindex: vlink.index, ifname, ifMac: vlink.mac, srcIp, log: netLog, registry, clock, tracker: tracker?.tracker,
         });
         gates.set(n.network.name, new (dualGate().DualGate)({
           ipv4: gate('IPv4', src),
@@ -318,11 +325,61 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
         limiter?.reconfigure(limiterSettings);
       },
       netlinkCounts: () => netlink.counts(),
-      close: async () => { netlink.close(); },
+      close: async () => { stopTracking?.(); netlink.close(); },
     };
   } catch (e) {
     netlink.close();
     throw e;
   }
+}
+
+/**
+ * failover.track observed: tracked links through their own rtnetlink
+ * watch (and a read at start and after lost notifications), tracked
+ * services through the health checker's verdicts. undefined when nothing
+ * is tracked.
+ */
+async function startTracker(config: Desired, o: {
+  netlink: ReturnType<typeof openNetlink>; health: HealthChecker; log: import('../log').Logger;
+  registry: import('prom-client').Registry; clock: import('../clock').Clock;
+}): Promise<{ tracker: PriorityTracker; close: () => void } | undefined> {
+  const track = config.failover.track;
+  if (track.interfaces.length === 0 && track.services.length === 0) return undefined;
+  const { PriorityTracker } = vrrpTracker();
+  const tracker = new PriorityTracker({
+    track, log: o.log, registry: o.registry, clock: o.clock,
+    readLink: (name) => o.netlink.findLink(name),
+    backends: (key) => {
+      let up = 0, unknown = 0, total = 0;
+      for (const k of [key, familyServiceKey(key, 'IPv6')]) {
+        for (const b of o.health.status(k)) {
+          total++;
+          if (b.state === 'up') up++;
+          else if (b.state === 'unknown') unknown++;
+        }
+      }
+      return { up, unknown, total };
+    },
+  });
+  const onVerdict = (key: string): void => tracker.serviceChanged(key);
+  o.health.on('verdict', onVerdict);
+  o.health.on('change', onVerdict);
+  let watch: ReturnType<typeof o.netlink.watch> | undefined;
+  if (track.interfaces.length > 0) {
+    watch = o.netlink.watch();
+    watch.on('link', (ev: LinkEvent) => tracker.linkChanged(ev.link.name, ev.type === 'del' ? undefined : ev.link));
+    watch.on('resync', () => { void tracker.resync(); });
+  }
+  await tracker.start();
+  tracker.publish();
+  return {
+    tracker,
+    close: () => {
+      watch?.close();
+      o.health.off('verdict', onVerdict);
+      o.health.off('change', onVerdict);
+      tracker.stop();
+    },
+  };
 }
 

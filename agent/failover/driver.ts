@@ -21,7 +21,7 @@ import { parseMac, type Family } from '../address';
 import { PACKET_OUTGOING, openPacketSocket, type FrameInfo, type PacketSocket, type PacketSocketOptions } from '../net/packet/packet';
 import { MAX_ADDRESSES, MAX_ADVER_INT_CS } from './codec';
 import { MachineKeys, vrrpWire, type VrrpWire, type WireEncode } from './wire';
-import { type Action, type Machine, type VrrpState, VRRP_STATES, createMachine, masterDownIntervalMs, step } from './machine';
+import { type Action, type BecomeMasterReason, type Machine, type VrrpState, VRRP_STATES, createMachine, masterDownIntervalMs, step } from './machine';
 import { vrrpMetrics, type VrrpMetrics } from './metrics';
 import { NOT_A_PEER, acceptsAdvertFrom } from './peers';
 
@@ -63,7 +63,7 @@ export interface VirtualRouterOptions {
   readonly peerMac?: ((ip: string) => Uint8Array | undefined) | undefined;
 }
 
-export interface MasterEvent { readonly vrid: number; readonly master: string }
+export interface MasterEvent { readonly vrid: number; readonly master: string; readonly reason?: BecomeMasterReason | undefined }
 export interface BackupEvent { readonly vrid: number; readonly master: string | undefined }
 export interface MasterChangedEvent { readonly vrid: number; readonly master: string | undefined }
 export interface SplitBrainEvent { readonly vrid: number; readonly peer: string; readonly peerPriority: number; readonly resolution: 'kept' | 'yielded' }
@@ -87,6 +87,8 @@ export interface VirtualRouterStatus {
 export interface VirtualRouterEvents {
   master: [e: MasterEvent];
   backup: [e: BackupEvent];
+  /** Out of the election: a tracked interface or service without a weight failed (setPriority(0)). */
+  fault: [e: { vrid: number }];
   'master-changed': [e: MasterChangedEvent];
   'split-brain': [e: SplitBrainEvent];
   /** A received frame refused by the codec (also counted in lbagent_vrrp_dropped_total). */
@@ -122,6 +124,8 @@ export class VirtualRouter extends EventEmitter<VirtualRouterEvents> {
   private masterLabel: string | undefined;
   private warnedTooMany = false;
   private stopped = false;
+  /** A priority set before start(): 0 starts the router in fault. */
+  private pendingPriority: number | undefined;
 
   constructor(opts: VirtualRouterOptions) {
     super();
@@ -191,6 +195,26 @@ export class VirtualRouter extends EventEmitter<VirtualRouterEvents> {
 
   get state(): VrrpState { return this.machine.state; }
 
+  /**
+   * The priority in use (failover/tracking.ts): 1-254, or 0 for fault. As
+   * Master the new priority is advertised at once; 0 resigns (RFC 5798
+   * §6.4.3) and keeps the router out of the election until a priority
+   * above 0 puts it back in Backup. Before start() it only sets the
+   * priority start() begins with (0: start() begins in fault).
+   */
+  setPriority(priority: number): void {
+    if (!Number.isInteger(priority) || priority < 0 || priority > 254) throw invalid(`VRRP priority ${priority} is not 0-254`, { vrid: this.vrid, priority });
+    if (this.stopped) return;
+    if (!this.socket) {
+      this.pendingPriority = priority;
+      if (priority > 0) this.machine = { ...this.machine, config: { ...this.machine.config, priority } };
+      return;
+    }
+    if (priority === (this.machine.state === 'fault' ? 0 : this.machine.config.priority)) return;
+    this.log.info({ op: 'priority', from: this.machine.state === 'fault' ? 0 : this.machine.config.priority, to: priority, state: this.machine.state }, priority === 0 ? 'VRRP priority 0: fault, out of the election' : `VRRP priority ${priority}`);
+    this.run({ kind: 'priority', priority });
+  }
+
   /** Address of the current Master (ours when Master), undefined when unknown. */
   get master(): string | undefined {
     return this.machine.master === undefined ? undefined : this.keys.address(this.machine.master);
@@ -232,6 +256,8 @@ export class VirtualRouter extends EventEmitter<VirtualRouterEvents> {
     this.socket = sock;
     this.log.info({ op: 'start', priority: this.machine.config.priority, advertInterval: this.machine.config.advertIntervalCs / 100, preempt: this.machine.config.preempt, srcIp: this.srcIp }, 'VRRP virtual router starting');
     this.run({ kind: 'startup' });
+    if (this.pendingPriority === 0) this.run({ kind: 'priority', priority: 0 });
+    this.pendingPriority = undefined;
   }
 
   /**
@@ -297,7 +323,11 @@ export class VirtualRouter extends EventEmitter<VirtualRouterEvents> {
         return;
       case 'becomeMaster':
         this.transitioned('master', { reason: a.reason });
-        events.push(() => this.emit('master', { vrid: this.vrid, master: this.srcIp } satisfies MasterEvent));
+        events.push(() => this.emit('master', { vrid: this.vrid, master: this.srcIp, reason: a.reason } satisfies MasterEvent));
+        return;
+      case 'becomeFault':
+        this.transitioned('fault', { reason: 'tracking' });
+        events.push(() => this.emit('fault', { vrid: this.vrid }));
         return;
       case 'becomeBackup': {
         const master = a.master === undefined ? undefined : this.keys.address(a.master);

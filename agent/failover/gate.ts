@@ -8,6 +8,9 @@
 // It also decides what a Master's adverts list (see advertisedVips) and keeps
 // per-router counts for `lb-agent status` (the same facts as the
 // lbagent_vrrp_* metrics, which are only readable asynchronously).
+// The priority each router advertises is its configured one as the
+// tracker (tracker.ts, failover.track) lowers it; every change is a
+// 'priority' event.
 import { EventEmitter } from 'node:events';
 import type { Registry } from 'prom-client';
 import type { FailoverConfig, ServiceSpec } from '../config/types';
@@ -21,6 +24,9 @@ import { acceptsAdvertFrom } from './peers';
 import { vrrpWire, type VrrpWire } from './wire';
 import { ArpResolver } from '../net/neighbour/arp-resolver';
 import { NdpResolver } from '../net/neighbour/ndp-resolver';
+import type { PriorityTracker, TrackStatus } from './tracker';
+import type { EffectivePriority } from './tracking';
+import { vrrpMetrics, type VrrpMetrics } from './metrics';
 
 /**
  * How long a node that preempted a live Master waits before it takes the
@@ -60,6 +66,20 @@ export interface VrrpGateOptions {
   readonly ifMac?: string;
   /** Resolves failover.peers' MACs for unicast adverts; default an ArpResolver (NdpResolver) on the interface (tests pass their own). */
   readonly peerMac?: (ip: string) => Uint8Array | undefined;
+  /** failover.track, observed (tracker.ts); absent: every router advertises its configured priority. */
+  readonly tracker?: PriorityTracker | undefined;
+}
+
+/** A router's priority in use changed (tracking): the daemon's event history and log. */
+export interface PriorityEvent {
+  readonly vrid: number;
+  /** The services riding the router. */
+  readonly services: readonly string[];
+  readonly from: number;
+  readonly to: number;
+  readonly base: number;
+  /** Why (failing tracks), empty when back at the configured priority. */
+  readonly reasons: readonly string[];
 }
 
 /** What `lb-agent status` shows of a service's virtual router. */
@@ -78,6 +98,12 @@ export interface GateStatus extends VirtualRouterStatus {
   readonly lastSplitBrain: (Omit<SplitBrainEvent, 'vrid'> & { readonly at: string }) | undefined;
   /** Master by preemption, waiting until this ISO time for the preempted Master to withdraw the VIP. */
   readonly handoverUntil: string | undefined;
+  /** The configured priority (node.priority or the service's); `priority` is the one in use. */
+  readonly basePriority: number;
+  /** Why `priority` differs from basePriority: one line per failing track. */
+  readonly priorityReasons: readonly string[];
+  /** Every track of failover.track, failing or not. */
+  readonly tracks: readonly TrackStatus[];
 }
 
 /** Resolves failover.peers' MACs for unicast adverts: ARP for IPv4, neighbour discovery for IPv6. */
@@ -89,7 +115,10 @@ interface PeerResolver {
 
 /** Per-router facts the gate keeps for status. */
 interface RouterInfo {
-  transitions: { master: number; backup: number };
+  transitions: { master: number; backup: number; fault: number };
+  /** The configured priority; `effective` is what tracking made of it. */
+  basePriority: number;
+  effective: EffectivePriority;
   lastTransition: number | undefined;
   advertsSent: number;
   advertsReceived: number;
@@ -109,9 +138,10 @@ interface RouterInfo {
   handBackTimer: TimerHandle | undefined;
 }
 
-function newInfo(): RouterInfo {
+function newInfo(basePriority: number, effective: EffectivePriority): RouterInfo {
   return {
-    transitions: { master: 0, backup: 0 }, lastTransition: undefined, advertsSent: 0, advertsReceived: 0, splitBrains: 0,
+    basePriority, effective,
+    transitions: { master: 0, backup: 0, fault: 0 }, lastTransition: undefined, advertsSent: 0, advertsReceived: 0, splitBrains: 0,
     lastSplitBrain: undefined, heard: [], otherMasterPriority: undefined, handoverUntil: undefined, handoverTimer: undefined,
     otherMaster: undefined, handBack: undefined, handBackTimer: undefined,
   };
@@ -171,6 +201,8 @@ export class VrrpGate extends EventEmitter {
   /** failover.peers of this gate's family, canonical text. */
   private readonly peers: readonly string[];
   private readonly baseVrid: number;
+  private readonly metrics: VrrpMetrics;
+  private readonly onTrackChange = (): void => this.applyPriorities();
 
   constructor(opts: VrrpGateOptions) {
     super();
@@ -182,6 +214,8 @@ export class VrrpGate extends EventEmitter {
     this.log = opts.log.child({ module: 'failover', family: this.family });
     this.peers = this.family === 'IPv6' ? opts.config.peers6 ?? [] : opts.config.peers.map((p) => formatIPv4(p));
     this.baseVrid = this.family === 'IPv6' ? opts.config.vrid6 ?? opts.config.vrid : opts.config.vrid;
+    this.metrics = vrrpMetrics(opts.registry);
+    opts.tracker?.on('change', this.onTrackChange);
     if (opts.peerMac) this.peerMac = opts.peerMac;
     else if (this.peers.length > 0 && opts.ifMac) {
       this.resolver = this.newResolver();
@@ -215,6 +249,9 @@ export class VrrpGate extends EventEmitter {
   update(services: readonly ServiceSpec[], vips: (serviceKey: string) => string | undefined): void {
     this.vips = vips;
     this.specs = new Map(services.map((s) => [s.key, s]));
+    // The health checker was updated first (the daemon's order): what it
+    // starts from counts before any router is made.
+    this.opts.tracker?.refreshServices();
     const a = assignVrids(services, this.baseVrid);
     for (const key of a.overflow) this.log.error({ op: 'assign', service: key }, 'no VRRP virtual router has room for this VIP (255 per VRID); it is not served');
     this.vridOf = new Map(a.vrids);
@@ -228,19 +265,22 @@ export class VrrpGate extends EventEmitter {
       return pinned?.priority ?? this.opts.nodePriority;
     };
     for (const [vrid, router] of this.routers) {
-      if (!on.has(vrid) || router.status().priority !== priorityOf(vrid)) {
+      if (!on.has(vrid) || this.info.get(vrid)?.basePriority !== priorityOf(vrid)) {
         router.removeAllListeners();
         router.stop({ priorityZero: true });
         const info = this.info.get(vrid);
         if (info) { this.clearHandover(info); this.clearHandBack(info); }
         this.routers.delete(vrid);
         this.info.delete(vrid);
+        this.metrics.priority.remove({ vrid: String(vrid), family: this.family });
+        this.metrics.basePriority.remove({ vrid: String(vrid), family: this.family });
         this.emit('change', [...(on.get(vrid) ?? [])]);
       }
     }
     for (const vrid of on.keys()) {
       if (this.routers.has(vrid)) continue;
-      const info = newInfo();
+      const base = priorityOf(vrid);
+      const info = newInfo(base, this.effectiveOf(base));
       const open = this.opts.openSocket ?? openPacketSocket;
       const router = new VirtualRouter({
         vrid, family: this.family, priority: priorityOf(vrid), advertInterval: this.opts.config.advertInterval,
@@ -252,7 +292,7 @@ export class VrrpGate extends EventEmitter {
         clock: this.opts.clock, log: this.opts.log, registry: this.opts.registry,
       });
       const emitChange = (): void => { this.emit('change', [...(this.servicesOn.get(vrid) ?? [])]); };
-      const changed = (to: 'master' | 'backup'): void => {
+      const changed = (to: 'master' | 'backup' | 'fault', reason?: string): void => {
         info.transitions[to]++;
         info.lastTransition = this.clock.wallNow();
         this.clearHandover(info);
@@ -275,8 +315,10 @@ export class VrrpGate extends EventEmitter {
         // taken a moment later. A takeover from a dead or resigned Master
         // (nobody holds the VIP) is not delayed.
         const grace = this.opts.preemptHandoverMs ?? PREEMPT_HANDOVER_MS;
-        const preempted = to === 'master' && this.opts.config.preempt && info.otherMasterPriority !== undefined && info.otherMasterPriority > 0
-          && info.otherMasterPriority < router.status().priority;
+        // The machine's reason says so: with preempt on, or a Master whose
+        // tracking lowered its priority below ours (machine.ts, also with
+        // preempt off).
+        const preempted = to === 'master' && reason === 'preempt' && info.otherMasterPriority !== undefined && info.otherMasterPriority > 0;
         if (preempted && grace > 0) {
           info.handoverUntil = this.clock.now() + grace;
           info.handoverTimer = this.clock.setTimeout(() => {
@@ -288,8 +330,9 @@ export class VrrpGate extends EventEmitter {
         }
         emitChange();
       };
-      router.on('master', () => changed('master'));
+      router.on('master', (e) => changed('master', e.reason));
       router.on('backup', () => changed('backup'));
+      router.on('fault', () => changed('fault'));
       router.on('master-changed', (e) => {
         // Remember whom we followed and how it ranked, for the preemption check above.
         if (e.master === undefined) info.otherMasterPriority = undefined;
@@ -310,8 +353,39 @@ export class VrrpGate extends EventEmitter {
       });
       this.routers.set(vrid, router);
       this.info.set(vrid, info);
+      this.publishPriority(vrid, info);
+      // Before start(): a router whose tracks fail without a weight starts in fault.
+      if (info.effective.priority !== base) router.setPriority(info.effective.priority);
       this.resolver?.start();
       router.start();
+    }
+  }
+
+  private effectiveOf(base: number): EffectivePriority {
+    return this.opts.tracker?.effective(base) ?? { priority: base, base, reasons: [] };
+  }
+
+  private publishPriority(vrid: number, info: RouterInfo): void {
+    this.metrics.priority.set({ vrid: String(vrid), family: this.family }, info.effective.priority);
+    this.metrics.basePriority.set({ vrid: String(vrid), family: this.family }, info.basePriority);
+  }
+
+  /** A track changed: every router advertises what its configured priority becomes. */
+  private applyPriorities(): void {
+    for (const [vrid, router] of this.routers) {
+      const info = this.info.get(vrid);
+      if (!info) continue;
+      const was = info.effective;
+      const now = this.effectiveOf(info.basePriority);
+      info.effective = now;
+      if (now.priority === was.priority) continue;
+      this.metrics.priorityChanges.inc({ vrid: String(vrid), family: this.family });
+      this.publishPriority(vrid, info);
+      const services = [...(this.servicesOn.get(vrid) ?? [])];
+      this.log.info({ op: 'priority', vrid, from: was.priority, to: now.priority, base: now.base, reasons: now.reasons, services },
+        `VRRP VRID ${vrid} priority ${was.priority} -> ${now.priority}${now.reasons.length > 0 ? `: ${now.reasons.join('; ')}` : ' (configured)'}`);
+      router.setPriority(now.priority);
+      this.emit('priority', { vrid, services, from: was.priority, to: now.priority, base: now.base, reasons: now.reasons } satisfies PriorityEvent);
     }
   }
 
@@ -386,6 +460,10 @@ export class VrrpGate extends EventEmitter {
     const iso = (ms: number | undefined): string | undefined => (ms === undefined ? undefined : isoTime(ms));
     return {
       ...r.status(),
+      priority: info.effective.priority,
+      basePriority: info.basePriority,
+      priorityReasons: info.effective.reasons,
+      tracks: this.opts.tracker?.status() ?? [],
       preempt: this.opts.config.preempt,
       advertisedVips: this.advertisedVips(vrid),
       heardVips: [...info.heard],
@@ -436,6 +514,8 @@ export class VrrpGate extends EventEmitter {
     // Priority 0 (RFC 5798 §6.4.3): a Backup takes over at once instead of
     // waiting out Master_Down_Interval.
     for (const r of this.routers.values()) { r.removeAllListeners(); r.stop({ priorityZero: true }); }
+    this.opts.tracker?.off('change', this.onTrackChange);
+    this.opts.tracker?.stop();
     this.resolver?.close();
     this.resolver = undefined;
     for (const info of this.info.values()) { this.clearHandover(info); this.clearHandBack(info); }

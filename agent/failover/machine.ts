@@ -2,11 +2,14 @@
 // RFC 5798 §6.4 describes it - Initialize, Backup, Master. A function of
 // (machine, event, now) that returns the next machine and the actions a
 // driver performs (send an advert, arm the single timer, announce a role).
+// Beyond the RFC, a 'fault' state (keepalived's FAULT): a tracked interface
+// or service without a weight failed (failover/tracking.ts), so the router
+// resigns and stays out of the election until its priority comes back.
 // Time is `now` in milliseconds from the caller's clock; intervals live in
 // centiseconds as on the wire (§5.2.7), so 0.01 s is exact.
 
-export type VrrpState = 'initialize' | 'backup' | 'master';
-export const VRRP_STATES: readonly VrrpState[] = ['initialize', 'backup', 'master'];
+export type VrrpState = 'initialize' | 'backup' | 'master' | 'fault';
+export const VRRP_STATES: readonly VrrpState[] = ['initialize', 'backup', 'master', 'fault'];
 
 export interface MachineConfig {
   /** 1-254 for a router that does not own the addresses; 255 = owner (§5.2.4). */
@@ -46,10 +49,15 @@ export type MachineEvent =
   /** The timer armed at machine.timerAt has fired; ignored when early or stale. */
   | { readonly kind: 'timer' }
   /** A validated advert for this VRID from another router. */
-  | { readonly kind: 'advert'; readonly srcIp: number; readonly priority: number; readonly maxAdverIntCs: number };
+  | { readonly kind: 'advert'; readonly srcIp: number; readonly priority: number; readonly maxAdverIntCs: number }
+  /**
+   * The priority in use changed (failover/tracking.ts): 1-254, or 0 for
+   * fault. Ignored in Initialize: the driver applies it after 'startup'.
+   */
+  | { readonly kind: 'priority'; readonly priority: number };
 
 export type BecomeMasterReason = 'owner' | 'master-down' | 'master-resigned' | 'preempt';
-export type BecomeBackupReason = 'startup' | 'higher-priority';
+export type BecomeBackupReason = 'startup' | 'higher-priority' | 'fault-cleared';
 
 export type Action =
   | { readonly kind: 'sendAdvert'; readonly priority: number }
@@ -57,6 +65,8 @@ export type Action =
   | { readonly kind: 'becomeBackup'; readonly reason: BecomeBackupReason; readonly master: number | undefined }
   /** Back in Initialize after a shutdown. */
   | { readonly kind: 'becomeInitialize' }
+  /** Out of the election: a tracked interface or service without a weight failed. */
+  | { readonly kind: 'becomeFault' }
   | { readonly kind: 'setTimer'; readonly at: number }
   | { readonly kind: 'clearTimer' }
   /** The known Master's address changed (also on our own transitions). */
@@ -131,6 +141,46 @@ function transition(m: Machine, ev: MachineEvent, now: number): Step {
       };
     }
 
+    case 'priority': {
+      const p = ev.priority;
+      if (m.state === 'initialize' || (p === 0 && m.state === 'fault')) return same;
+      if (p === 0) {
+        // keepalived's FAULT: a Master resigns with priority 0 (§6.4.3, as
+        // on shutdown) so that a Backup takes over after Skew_Time.
+        const actions: Action[] = [{ kind: 'clearTimer' }];
+        if (m.state === 'master') actions.push({ kind: 'sendAdvert', priority: 0 });
+        actions.push({ kind: 'becomeFault' });
+        return {
+          machine: { ...m, state: 'fault', timerAt: undefined, master: undefined, masterPriority: undefined, lowerSince: undefined },
+          actions,
+        };
+      }
+      const config = { ...cfg, priority: p };
+      if (m.state === 'fault') {
+        // Back as keepalived comes back from FAULT: Backup, as at startup
+        // (§6.4.1), and the election decides.
+        const mai = config.advertIntervalCs;
+        const at = now + masterDownIntervalMs(p, mai);
+        return {
+          machine: { ...m, config, state: 'backup', masterAdverIntervalCs: mai, timerAt: at, master: undefined, masterPriority: undefined, lowerSince: undefined },
+          actions: [{ kind: 'becomeBackup', reason: 'fault-cleared', master: undefined }, { kind: 'setTimer', at }],
+        };
+      }
+      if (p === cfg.priority) return same;
+      if (m.state === 'master') {
+        // Advertise the new priority at once: a Backup that now outranks us
+        // starts its takeover an interval sooner, and one that did not
+        // outrank us stops (§6.4.2: its Master_Down_Timer is reset).
+        const at = now + adverMs;
+        return {
+          machine: { ...m, config, timerAt: at, masterPriority: p },
+          actions: [{ kind: 'sendAdvert', priority: p }, { kind: 'setTimer', at }],
+        };
+      }
+      // Backup: the next advert is judged against the new priority.
+      return { machine: { ...m, config }, actions: [] };
+    }
+
     case 'shutdown': {
       if (m.state === 'initialize') return same;
       const base: Machine = { ...m, state: 'initialize', timerAt: undefined, master: undefined, masterPriority: undefined, lowerSince: undefined };
@@ -172,7 +222,14 @@ function transition(m: Machine, ev: MachineEvent, now: number): Step {
             actions: [{ kind: 'setTimer', at }],
           };
         }
-        const preempt = cfg.preempt || cfg.priority === 255; // §6.1 note: the owner always preempts
+        // Not in RFC 5798: with preempt off, a Master this router follows
+        // whose advertised priority fell below ours (its tracking lowered
+        // it: failover/tracking.ts) is taken over from as if preempt were
+        // on. Preempt off keeps a healthy Master, not a failing one.
+        // keepalived's nopreempt keeps it (docs/failover.md says so).
+        const degraded = !cfg.preempt && ev.priority < cfg.priority && ev.srcIp >>> 0 === m.master
+          && (m.lowerSince !== undefined || (m.masterPriority !== undefined && ev.priority < m.masterPriority));
+        const preempt = cfg.preempt || cfg.priority === 255 || degraded; // §6.1 note: the owner always preempts
         const accept = (timerCap: number | undefined, lowerSince: number | undefined): Step => {
           // §6.4.2: learn Master_Adver_Interval, recompute Master_Down_Interval,
           // reset Master_Down_Timer.

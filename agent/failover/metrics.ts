@@ -5,7 +5,8 @@
 // Labels are bounded: vrid (1-255), family (IPv4, IPv6: one instance per
 // family, RFC 5798 §5.1, so VRID 51 of IPv4 and of IPv6 are two routers),
 // state (3), to (3), reason (DROP_REASONS and "not-a-peer", peers.ts),
-// master (one current address per vrid and family; the previous one is removed).
+// master (one current address per vrid and family; the previous one is removed),
+// track (the keys of failover.track: "interface eth1", "service ns/name").
 import { Counter, Gauge, Registry } from '../metrics/prom';
 
 export interface VrrpMetrics {
@@ -19,6 +20,13 @@ export interface VrrpMetrics {
   readonly masterInfo: Gauge<'vrid' | 'family' | 'master'>;
   readonly lastTransition: Gauge<'vrid' | 'family'>;
   readonly splitBrain: Counter<'vrid' | 'family'>;
+  /** The priority in use (failover/tracking.ts); 0 in fault. */
+  readonly priority: Gauge<'vrid' | 'family'>;
+  /** The configured priority it comes from. */
+  readonly basePriority: Gauge<'vrid' | 'family'>;
+  readonly priorityChanges: Counter<'vrid' | 'family'>;
+  /** 1 while a track counts as failing. */
+  readonly trackFailing: Gauge<'track'>;
 }
 
 function getOrCreate<T>(registry: Registry, name: string, make: () => T): T {
@@ -74,6 +82,30 @@ export function vrrpMetrics(registry: Registry): VrrpMetrics {
       name: 'lbagent_vrrp_split_brain_total',
       help: 'Adverts from another Master received while Master (two Masters at once); resolved by keeping Master (the other had lower precedence) or yielding',
       labelNames: ['vrid', 'family'],
+      registers,
+    })),
+    priority: getOrCreate(registry, 'lbagent_vrrp_priority', () => new Gauge<'vrid' | 'family'>({
+      name: 'lbagent_vrrp_priority',
+      help: 'The VRRP priority each virtual router of this node advertises: the configured one less the weights of failing tracks (failover.track); 0 in fault',
+      labelNames: ['vrid', 'family'],
+      registers,
+    })),
+    basePriority: getOrCreate(registry, 'lbagent_vrrp_base_priority', () => new Gauge<'vrid' | 'family'>({
+      name: 'lbagent_vrrp_base_priority',
+      help: 'The configured VRRP priority of each virtual router of this node (node.priority or the service\'s priority)',
+      labelNames: ['vrid', 'family'],
+      registers,
+    })),
+    priorityChanges: getOrCreate(registry, 'lbagent_vrrp_priority_changes_total', () => new Counter<'vrid' | 'family'>({
+      name: 'lbagent_vrrp_priority_changes_total',
+      help: 'Changes of the priority in use by tracking (failover.track), fault and its end included',
+      labelNames: ['vrid', 'family'],
+      registers,
+    })),
+    trackFailing: getOrCreate(registry, 'lbagent_vrrp_track_failing', () => new Gauge<'track'>({
+      name: 'lbagent_vrrp_track_failing',
+      help: 'Whether a tracked interface or service (failover.track) counts as failing now (1) or not (0), after its failAfter/recoverAfter delay',
+      labelNames: ['track'],
       registers,
     })),
   };

@@ -188,6 +188,8 @@ interface ServiceEntry {
 
 export interface HealthCheckerEvents {
   change: [serviceKey: string, address: string, up: boolean];
+  /** Every verdict (up or down), a first one included: 'change' reports only what moves a backend in or out of rotation. */
+  verdict: [serviceKey: string, address: string, state: 'up' | 'down'];
   probe: [report: ProbeReport, result: ProbeResult];
 }
 
@@ -658,6 +660,10 @@ export class HealthChecker extends EventEmitter<HealthCheckerEvents> {
     };
     if (to === 'down') this.log.warn(fields, `backend ${sub.labels.backend} of ${sub.service.spec.key} is down`);
     else this.log.info(fields, `backend ${sub.labels.backend} of ${sub.service.spec.key} is up`);
+    // Every verdict, also a first one that says down (which 'change' does
+    // not report: unknown was not healthy either): VRRP tracking counts
+    // backends not checked yet apart from those found down.
+    this.safeEmit(() => this.emit('verdict', sub.service.spec.key, sub.backend.address, to));
     const after = this.subHealthy(sub);
     if (after !== before) this.emitChange(sub, after);
   }

@@ -15,7 +15,7 @@ import { DSR_FAMILY, DSR_TABLE } from '../forward/nft-dsr';
 export type CheckStatus = 'pass' | 'warn' | 'fail';
 
 export interface CheckResult {
-  /** Stable id: config, state-dir, capabilities, macvlan, interface, pools, arp-sysctls, rp-filter, ip-forward, dataplane, guest-agent, descriptors, dsr, dsr-backend, topology, conntrack-pickup, udp-flows, stale-flows, firewall, drift-fight, dhcp-probe, ipv6. */
+  /** Stable id: config, state-dir, capabilities, macvlan, interface, pools, arp-sysctls, rp-filter, ip-forward, dataplane, guest-agent, descriptors, dsr, dsr-backend, topology, conntrack-pickup, udp-flows, stale-flows, firewall, drift-fight, dhcp-probe, ipv6, vrrp-track. */
   readonly id: string;
   readonly status: CheckStatus;
   /** What the check saw. */
@@ -949,6 +949,29 @@ export function checkDhcpProbe(f: Facts): CheckResult | undefined {
   return f.config.status === 'ok' && f.config.dhcpServices.length === 0 ? warn(id, `${detail}; no service uses ipam dhcp now`, remedy) : fail(id, detail, remedy);
 }
 
+/**
+ * failover.track.interfaces: each exists on this VM, and is up with carrier
+ * now. A missing one counts as down for good (a typo, or a NIC the VM does
+ * not have): the routers start lowered or in fault. Warnings, not failures:
+ * the daemon runs, and a NIC plugged later is picked up.
+ */
+export function checkVrrpTrack(f: Facts): CheckResult | undefined {
+  const links = f.trackedLinks;
+  if (!links || links.length === 0) return undefined;
+  const id = 'vrrp-track';
+  const missing = links.filter((l) => !l.exists).map((l) => l.name);
+  const down = links.filter((l) => l.exists && (!l.up || !l.carrier)).map((l) => `${l.name} (${l.up ? 'no carrier' : 'down'})`);
+  if (missing.length > 0) {
+    return warn(id, `failover.track names ${missing.join(', ')}, which this VM does not have: ${missing.length === 1 ? 'it counts' : 'they count'} as down, so the VRRP priority is lowered (or the routers are in fault) for as long as that lasts${down.length ? `; also down now: ${down.join(', ')}` : ''}`,
+      `fix the name in failover.track.interfaces (ip -br link lists this VM's interfaces), or remove the track`);
+  }
+  if (down.length > 0) {
+    return warn(id, `tracked interface${down.length === 1 ? '' : 's'} ${down.join(', ')} ${down.length === 1 ? 'is' : 'are'} not up with carrier now: the VRRP priority is lowered (or the routers are in fault) until ${down.length === 1 ? 'it comes' : 'they come'} back`,
+      'bring the link up (ip link set NAME up) and check its cable or virtual NIC');
+  }
+  return pass(id, `tracked interfaces up with carrier: ${links.map((l) => l.name).join(', ')}`);
+}
+
 /** Every check, in report order. */
 /**
  * Every network's NIC, by the same rules as the default one's (interface,
@@ -1007,7 +1030,7 @@ export function runChecks(f: Facts): CheckResult[] {
   ];
   const fds = checkDescriptors(f);
   if (fds) out.push(fds);
-  for (const c of [checkNetworks(f), checkDsr(f), checkDsrBackend(f), checkIpv6(f), checkTopology(f), checkConntrackPickup(f), checkUdpFlows(f), checkStaleFlows(f), checkFirewall(f), checkDriftFight(f)]) if (c) out.push(c);
+  for (const c of [checkNetworks(f), checkDsr(f), checkDsrBackend(f), checkIpv6(f), checkTopology(f), checkConntrackPickup(f), checkUdpFlows(f), checkStaleFlows(f), checkFirewall(f), checkDriftFight(f), checkVrrpTrack(f)]) if (c) out.push(c);
   const dhcp = checkDhcpProbe(f);
   if (dhcp) out.push(dhcp);
   return out;

@@ -72,6 +72,8 @@ export interface ConfigFacts {
   proxyOnly?: string[];
   /** The named networks (`networks:`): each one's NIC, pools and services; absent: the default network only. */
   networks?: { name: string; interface: string; pools: ConfigFacts['pools']; services: number; dhcpServices: number }[];
+  /** failover.track.interfaces by name, with failover.mode vrrp (tracks do nothing otherwise). */
+  trackedInterfaces?: string[];
 }
 
 export interface MacvlanFacts {
@@ -171,6 +173,8 @@ export interface Facts {
   ruleset?: Attempt & { nftables?: unknown[] };
   /** The daemon running with this config, asked for its status on the control socket: what its drift guard reports, or why none answered. Absent in facts from before it. */
   daemon?: DaemonFacts;
+  /** Each tracked interface (config.trackedInterfaces) as /sys/class/net shows it; absent without any. */
+  trackedLinks?: { name: string; exists: boolean; up: boolean; carrier: boolean }[];
   /** With named networks: every network's NIC (the default first), its ARP sysctls and whether a macvlan can be made on it. */
   networks?: NetworkFacts[];
 }
@@ -309,7 +313,17 @@ export function configSummary(path_: string, config: Desired): ConfigFacts {
         };
       }),
     } : {}),
+    ...(config.failover.mode === 'vrrp' && config.failover.track.interfaces.length > 0 ? { trackedInterfaces: config.failover.track.interfaces.map((i) => i.name) } : {}),
   };
+}
+
+/** A tracked interface as sysfs shows it: IFF_UP from flags, carrier (unreadable while down). */
+async function gatherTrackedLink(name: string): Promise<{ name: string; exists: boolean; up: boolean; carrier: boolean }> {
+  const flags = await readText(`/sys/class/net/${name}/flags`);
+  if (flags === undefined) return { name, exists: false, up: false, carrier: false };
+  const up = (Number.parseInt(flags.trim(), 16) & 0x1) !== 0;
+  const carrier = up && (await readText(`/sys/class/net/${name}/carrier`))?.trim() === '1';
+  return { name, exists: true, up, carrier };
 }
 
 function defaultConfigFacts(path_: string, status: 'missing' | 'invalid', errors: string[]): ConfigFacts {
@@ -780,6 +794,7 @@ export async function gatherFacts(opts: GatherOptions): Promise<Facts> {
       facts.networks.push(await gatherNetwork(n.name, isDefault ? parentName : n.interface, isDefault ? source : 'network', unshare, ip));
     }
   }
+  if (config.trackedInterfaces) facts.trackedLinks = await Promise.all(config.trackedInterfaces.map((n) => gatherTrackedLink(n)));
   if (opts.dhcpProbe) {
     facts.dhcpProbe = parent.exists && parentName
       ? await opts.dhcpProbe(parentName)

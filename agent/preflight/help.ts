@@ -5,7 +5,7 @@
 export const CHECK_IDS = [
   'config', 'state-dir', 'capabilities', 'macvlan', 'interface', 'pools', 'arp-sysctls', 'rp-filter', 'ip-forward',
   'dataplane', 'guest-agent', 'descriptors', 'dsr', 'dsr-backend', 'topology', 'conntrack-pickup', 'udp-flows',
-  'stale-flows', 'firewall', 'drift-fight', 'dhcp-probe', 'ipv6', 'networks', 'preflight',
+  'stale-flows', 'firewall', 'drift-fight', 'dhcp-probe', 'ipv6', 'networks', 'vrrp-track', 'preflight',
 ] as const;
 
 export type CheckId = (typeof CHECK_IDS)[number];
@@ -20,6 +20,11 @@ export interface CheckHelp {
 }
 
 export const CHECK_HELP: Readonly<Record<CheckId, CheckHelp>> = {
+  'vrrp-track': {
+    what: 'With `failover.mode: vrrp` and `failover.track.interfaces`: each tracked interface exists on this VM and is up with carrier (read from `/sys/class/net`).',
+    cause: 'Warns when one is missing (a typo, or a NIC the VM does not have: it counts as down for good) or is down or without carrier now: the VRRP priority is lowered by its weight, or the routers are in fault, while that lasts.',
+    fix: 'Fix the name (`ip -br link` lists the interfaces), or bring the link up. `lb-agent status` shows the priority in use and why.',
+  },
   config: {
     what: 'The configuration file exists and validates (the same loader the daemon uses).',
     cause: 'Fails when the file is missing or invalid; every error is listed with its path.',

@@ -107,3 +107,11 @@ t.test('several networks: the NICs in the header, and a service\'s named network
   t.notMatch(text, /default\/web: .*network/, 'the default network goes unsaid');
   t.notMatch(formatStatus(doc([svc({})]), 0), /^networks:/m, 'one network: no networks line');
 });
+
+t.test('the VRRP priority in use is shown, with why, when tracking moved it', async (t) => {
+  const lowered = formatStatus(doc([svc({ failover: { state: 'backup', master: '10.99.0.3', priority: 140, basePriority: 200, priorityReasons: ['service default/web: 0 of 2 backends healthy, 2 needed (-60)'] } })]), 0);
+  t.match(lowered, 'vrrp backup master 10.99.0.3 priority 140 of 200 (service default/web: 0 of 2 backends healthy, 2 needed (-60))');
+  const plain = formatStatus(doc([svc({ failover: { state: 'master', master: '10.99.0.2', priority: 200, basePriority: 200, priorityReasons: [] } })]), 0);
+  t.match(plain, 'vrrp master master 10.99.0.2');
+  t.notMatch(plain, /priority 200/, 'nothing said at the configured priority');
+});

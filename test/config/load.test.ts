@@ -329,3 +329,45 @@ t.test('https checks: a CA file rewritten between two loads gives another digest
   const c = parseConfigText(text);
   t.notOk(c.ok, 'a CA file removed since the last load is refused at the next one');
 });
+
+t.test('failover.track: typed with defaults, and every mistake named by its field path', async (t) => {
+  const svc = (extra = ''): string => `pools: { range-global: 10.0.0.200-10.0.0.210 }\nservices:\n  - { name: web, ports: [{ port: 80 }], backends: [10.0.0.11, 10.0.0.12]${extra} }\n  - { name: api, namespace: prod, ports: [{ port: 80 }], backends: [10.0.0.13] }\n`;
+  const load = (track: string, extra = ''): ReturnType<typeof parseConfigText> => parseConfigText(`failover:\n  mode: vrrp\n  track: ${track}\n${svc(extra)}`);
+  const ok = load('{ interfaces: [{ name: eth1 }, { name: eth2, weight: 50, failAfter: 0.5 }], services: [{ service: web, weight: 60 }, { service: prod/api, minHealthy: 1, failAfter: 2, recoverAfter: 0 }] }');
+  t.ok(ok.ok, ok.ok ? 'loads' : formatConfigErrors(ok.errors));
+  if (ok.ok) {
+    t.same(ok.config.failover.track, {
+      interfaces: [
+        { name: 'eth1', weight: undefined, failAfter: 0, recoverAfter: 0 },
+        { name: 'eth2', weight: 50, failAfter: 0.5, recoverAfter: 0 },
+      ],
+      services: [
+        { service: 'default/web', minHealthy: 1, weight: 60, failAfter: 1, recoverAfter: 5 },
+        { service: 'prod/api', minHealthy: 1, weight: undefined, failAfter: 2, recoverAfter: 0 },
+      ],
+    }, 'a bare name is in namespace default; no weight means fault; interfaces act at once, services after 1 s and recover after 5 s');
+  }
+  const none = parseConfigText(`failover: { mode: vrrp }\n${svc()}`);
+  t.same(none.ok && none.config.failover.track, { interfaces: [], services: [] }, 'nothing tracked by default');
+  const bad: [string, string, string, string?][] = [
+    ['{ services: [{ service: db }] }', 'failover.track.services[0].service', 'no service default/db in this file (services: default/web, prod/api)'],
+    ['{ services: [{ service: web, weight: 0 }] }', 'failover.track.services[0].weight', '0 is not an integer (1-254)'],
+    ['{ interfaces: [{ name: eth1, weight: 255 }] }', 'failover.track.interfaces[0].weight', '255 is not an integer (1-254)'],
+    ['{ interfaces: [{ name: eth1 }, { name: eth1, weight: 5 }] }', 'failover.track.interfaces[1].name', 'is tracked twice (also failover.track.interfaces[0])'],
+    ['{ services: [{ service: web }, { service: default/web }] }', 'failover.track.services[1].service', 'is tracked twice'],
+    ['{ services: [{ service: web, minHealthy: 3 }] }', 'failover.track.services[0].minHealthy', '3 is more than the 2 backends of service default/web'],
+    ['{ services: [{ service: web }] }', 'failover.track.services[0].service', 'healthCheck.enabled: false', ', healthCheck: { enabled: false }'],
+    ['{ interfaces: [{ name: "a/b" }] }', 'failover.track.interfaces[0].name', 'is not an interface name'],
+    ['{ interfaces: [{ weight: 5 }] }', 'failover.track.interfaces[0].name', 'is required'],
+    ['{ services: [{ service: web, failAfter: -1 }] }', 'failover.track.services[0].failAfter', 'is not a number of seconds (0-3600)'],
+    ['{ scripts: [] }', 'failover.track.scripts', 'unknown key "scripts" (allowed here: interfaces, services)'],
+  ];
+  for (const [track, path, message, extra] of bad) {
+    const r = load(track, extra);
+    t.equal(r.ok, false, `${track}${extra ?? ''} is refused`);
+    if (!r.ok) {
+      const e = r.errors.find((x) => x.path === path);
+      t.ok(e && e.message.includes(message), `${path}: ${message}; got ${formatConfigErrors(r.errors)}`);
+    }
+  }
+});

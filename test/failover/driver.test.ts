@@ -119,7 +119,7 @@ t.test('a lone router: Backup, then Master after Master_Down_Interval, then adve
   t.equal(router.state, 'backup', 'not before Master_Down_Interval (3.609375 s)');
   h.clock.advance(1);
   t.equal(router.state, 'master');
-  t.same(events.slice(1), [['master', { vrid: 51, master: '10.99.0.10' }], ['master-changed', { vrid: 51, master: '10.99.0.10' }]]);
+  t.same(events.slice(1), [['master', { vrid: 51, master: '10.99.0.10', reason: 'master-down' }], ['master-changed', { vrid: 51, master: '10.99.0.10' }]]);
   t.equal(router.master, '10.99.0.10');
   h.clock.advance(3000);
   t.equal(h.lan.wire.length, 4, 'one advert on becoming Master, then one per second');

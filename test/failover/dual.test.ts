@@ -34,7 +34,7 @@ class FakeSocket extends EventEmitter implements PacketSocket {
   close(): void { this.lan.sockets.delete(this); }
 }
 
-const FAILOVER: FailoverConfig = { mode: 'vrrp', vrid: 51, advertInterval: 1, preempt: true, preemptDelay: 0, interface: undefined, peers: [] };
+const FAILOVER: FailoverConfig = { mode: 'vrrp', vrid: 51, advertInterval: 1, preempt: true, preemptDelay: 0, interface: undefined, peers: [], track: { interfaces: [], services: [] } };
 
 function spec(family: 'IPv4' | 'IPv6'): ServiceSpec {
   return {

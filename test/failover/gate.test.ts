@@ -14,7 +14,8 @@ import { formatIPv4 } from '../../agent/address';
 import type { FrameInfo, PacketSocket, PacketSocketOptions } from '../../agent/net/packet/packet';
 import { decodeAdvertisement } from '../../agent/failover/codec';
 import { masterDownIntervalMs, skewTimeMs } from '../../agent/failover/machine';
-import { VrrpGate, HAND_BACK_MS, PREEMPT_HANDOVER_MS, type VrrpGateOptions } from '../../agent/failover/gate';
+import { VrrpGate, HAND_BACK_MS, PREEMPT_HANDOVER_MS, type PriorityEvent, type VrrpGateOptions } from '../../agent/failover/gate';
+import { PriorityTracker } from '../../agent/failover/tracker';
 import type { FailoverConfig, ServiceSpec } from '../../agent/config/types';
 
 class FakeLan {
@@ -67,7 +68,7 @@ function svc(name: string, over: Partial<ServiceSpec> = {}): ServiceSpec {
   };
 }
 
-const FAILOVER: FailoverConfig = { mode: 'vrrp', vrid: 51, advertInterval: 1, preempt: true, preemptDelay: 0, interface: undefined, peers: [] };
+const FAILOVER: FailoverConfig = { mode: 'vrrp', vrid: 51, advertInterval: 1, preempt: true, preemptDelay: 0, interface: undefined, peers: [], track: { interfaces: [], services: [] } };
 
 interface Node {
   gate: VrrpGate;
@@ -356,4 +357,74 @@ t.test('hand-back: a Backup aims at the Master it follows; after a takeover, at 
   await lo.gate.stop();
   t.equal(lo.gate.handBack('default/api'), undefined);
   await hi.gate.stop();
+});
+
+t.test('tracking: the Master whose priority falls below the Backup\'s loses the VIP, and takes it back with preempt', async (t) => {
+  const w = world();
+  const registry = new Registry();
+  const links = new Map<string, { up: boolean; carrier: boolean } | undefined>([['eth1', { up: true, carrier: true }], ['eth2', { up: true, carrier: true }]]);
+  const tracker = new PriorityTracker({
+    track: { interfaces: [{ name: 'eth1', weight: 60, failAfter: 0, recoverAfter: 0 }, { name: 'eth2', weight: undefined, failAfter: 0, recoverAfter: 0 }], services: [] },
+    readLink: (n) => Promise.resolve(links.get(n)), backends: () => ({ up: 0, unknown: 0, total: 0 }), log: silentLogger(), registry, clock: w.clock,
+  });
+  await tracker.start();
+  const a = w.node(1, 200, [svc('web')], { tracker, registry });
+  const b = w.node(2, 150, [svc('web')]);
+  const events: PriorityEvent[] = [];
+  a.gate.on('priority', (e: PriorityEvent) => events.push(e));
+  w.clock.advance(mdi(150) + 1);
+  t.equal(a.gate.isMaster('default/web'), true);
+  t.equal(a.gate.status('default/web')?.priority, 200);
+
+  tracker.linkChanged('eth1', { up: true, carrier: false });
+  t.same(events, [{ vrid: 51, services: ['default/web'], from: 200, to: 140, base: 200, reasons: ['interface eth1: no carrier (-60)'] }]);
+  t.equal(w.lan.sent(1).at(-1)?.priority, 140, 'the new priority is advertised at once');
+  const st = a.gate.status('default/web')!;
+  t.equal(st.priority, 140, 'status: the priority in use');
+  t.equal(st.basePriority, 200);
+  t.same(st.priorityReasons, ['interface eth1: no carrier (-60)']);
+  t.same(st.tracks.map((x) => [x.track, x.failing]), [['interface eth1', true], ['interface eth2', false]]);
+  const m = await registry.getSingleMetric('lbagent_vrrp_priority')?.get();
+  t.equal(m?.values.find((v) => v.labels.vrid === '51')?.value, 140, 'lbagent_vrrp_priority');
+  w.clock.advance(mdi(150) + 1000);
+  t.equal(b.gate.isMaster('default/web'), true, 'the Backup (150) preempted the lowered Master (140)');
+  t.equal(a.gate.isMaster('default/web'), false);
+
+  tracker.linkChanged('eth1', { up: true, carrier: true });
+  t.equal(events.at(-1)?.to, 200);
+  t.same(events.at(-1)?.reasons, [], 'back at the configured priority');
+  w.clock.advance(mdi(200) + 1000 + PREEMPT_HANDOVER_MS);
+  t.equal(a.gate.isMaster('default/web'), true, 'preempt on: 200 takes the VIP back');
+
+  tracker.linkChanged('eth2', { up: false, carrier: false });
+  t.equal(a.gate.status('default/web')?.state, 'fault', 'eth2 has no weight: fault');
+  t.equal(a.gate.isMaster('default/web'), false, 'a router in fault holds nothing');
+  t.equal(w.lan.sent(1).at(-1)?.priority, 0, 'it resigned with priority 0');
+  w.clock.advance(skewTimeMs(150, 100) + 1);
+  t.equal(b.gate.isMaster('default/web'), true, 'the Backup took over after Skew_Time');
+  t.ok(a.changes.length >= 4, 'each transition of the tracked router was a change for its services');
+  const sentInFault = w.lan.sent(1).length;
+  w.clock.advance(5000);
+  t.equal(w.lan.sent(1).length, sentInFault, 'no adverts in fault');
+  tracker.linkChanged('eth2', { up: true, carrier: true });
+  t.equal(a.gate.status('default/web')?.state, 'backup', 'out of fault: Backup');
+  await a.gate.stop();
+  await b.gate.stop();
+});
+
+t.test('tracking: a router created while a track without weight fails starts in fault', async (t) => {
+  const w = world();
+  const registry = new Registry();
+  const tracker = new PriorityTracker({
+    track: { interfaces: [{ name: 'eth1', weight: undefined, failAfter: 0, recoverAfter: 0 }], services: [] },
+    readLink: () => Promise.resolve(undefined), backends: () => ({ up: 0, unknown: 0, total: 0 }), log: silentLogger(), registry, clock: w.clock,
+  });
+  await tracker.start();
+  const a = w.node(1, 200, [svc('web')], { tracker, registry });
+  t.equal(a.gate.status('default/web')?.state, 'fault');
+  t.equal(a.gate.status('default/web')?.priority, 0);
+  w.clock.advance(mdi(200) * 3);
+  t.equal(w.lan.sent(1).length, 0, 'never advertised');
+  t.equal(a.gate.isMaster('default/web'), false);
+  await a.gate.stop();
 });

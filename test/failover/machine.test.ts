@@ -295,7 +295,10 @@ t.test('an advert with interval 0 is treated as 1 cs (never a zero timer)', asyn
  * A simulated LAN: routers as pure machines, adverts delivered to every
  * other router after `latency` ms, time advanced event by event.
  */
-function simulate(configs: MachineConfig[], opts: { until: number; latency?: number; kill?: { at: number; who: number; priorityZero?: boolean }[]; revive?: { at: number; who: number }[] }) {
+function simulate(configs: MachineConfig[], opts: {
+  until: number; latency?: number; kill?: { at: number; who: number; priorityZero?: boolean }[]; revive?: { at: number; who: number }[];
+  priority?: { at: number; who: number; priority: number }[];
+}) {
   const latency = opts.latency ?? 0.1;
   const ms = configs.map((c) => createMachine(c));
   const alive = configs.map(() => true);
@@ -317,7 +320,7 @@ function simulate(configs: MachineConfig[], opts: { until: number; latency?: num
         schedule(at, () => { if (ms[i]!.timerAt === at) apply(i, { kind: 'timer' }, at); });
       } else if (a.kind === 'splitBrain') {
         log.push({ at: now, who: i, kind: `splitBrain:${a.resolution}` });
-      } else if (a.kind === 'becomeMaster' || a.kind === 'becomeBackup' || a.kind === 'becomeInitialize') {
+      } else if (a.kind === 'becomeMaster' || a.kind === 'becomeBackup' || a.kind === 'becomeInitialize' || a.kind === 'becomeFault') {
         log.push({ at: now, who: i, kind: a.kind });
       }
     }
@@ -331,6 +334,7 @@ function simulate(configs: MachineConfig[], opts: { until: number; latency?: num
     });
   }
   for (const r of opts.revive ?? []) schedule(r.at, () => { alive[r.who] = true; apply(r.who, { kind: 'startup' }, r.at); });
+  for (const p of opts.priority ?? []) schedule(p.at, () => apply(p.who, { kind: 'priority', priority: p.priority }, p.at));
   let steps = 0;
   while (queue.length && steps++ < 1_000_000) {
     queue.sort((a, b) => a.at - b.at || a.seq - b.seq);
@@ -391,4 +395,118 @@ t.test('simulated LAN: a split brain heals, the lower Master yields', async (t) 
   t.same(machines.map((m) => m.state), ['backup', 'master'], 'equal priority: the higher address is Master');
   t.same(log.filter((l) => l.kind.startsWith('split')).map((l) => [l.who, l.kind]), [[1, 'splitBrain:kept'], [0, 'splitBrain:yielded']]);
   t.equal(log.filter((l) => l.kind === 'becomeMaster').length, 2, 'both were Master for a moment');
+});
+
+t.test('priority event (tracking)', async (t) => {
+  t.test('ignored in Initialize', async (t) => {
+    const m = createMachine(cfg());
+    t.equal(step(m, { kind: 'priority', priority: 50 }, 0).machine, m);
+  });
+  t.test('Master: the new priority is advertised at once, the Adver_Timer restarts', async (t) => {
+    const m = masterAt(0);
+    const { machine, actions } = step(m, { kind: 'priority', priority: 40 }, 5000);
+    t.equal(machine.state, 'master');
+    t.equal(machine.config.priority, 40);
+    t.same(actions, [{ kind: 'sendAdvert', priority: 40 }, { kind: 'setTimer', at: 6000 }]);
+    t.same(step(machine, { kind: 'priority', priority: 40 }, 5001).actions, [], 'the same priority again: nothing');
+  });
+  t.test('Backup: kept for the next advert, no action', async (t) => {
+    const b = backupAt(0);
+    const { machine, actions } = step(b, { kind: 'priority', priority: 150 }, 10);
+    t.equal(machine.config.priority, 150);
+    t.equal(machine.state, 'backup');
+    t.same(actions, []);
+  });
+  t.test('0 as Master: resign with priority 0, fault, no timer; adverts and timers ignored', async (t) => {
+    const m = masterAt(0);
+    const { machine, actions } = step(m, { kind: 'priority', priority: 0 }, 5000);
+    t.equal(machine.state, 'fault');
+    t.same(kinds(actions), ['clearTimer', 'sendAdvert', 'becomeFault', 'masterChanged'], 'and it no longer knows a Master');
+    t.same(find(actions, 'sendAdvert'), { kind: 'sendAdvert', priority: 0 }, 'RFC 5798 §6.4.3 resignation');
+    t.equal(machine.timerAt, undefined);
+    t.equal(machine.master, undefined);
+    t.same(step(machine, advert(HIGHER_IP, 200), 5100).actions, [], 'an advert is ignored in fault');
+    t.same(step(machine, { kind: 'timer' }, 99_999).actions, [], 'no timer runs');
+    t.same(step(machine, { kind: 'priority', priority: 0 }, 6000).actions, [], 'still fault: nothing');
+    const back = step(machine, { kind: 'priority', priority: 100 }, 7000);
+    t.equal(back.machine.state, 'backup', 'out of fault: Backup, as at startup');
+    t.same(find(back.actions, 'becomeBackup'), { kind: 'becomeBackup', reason: 'fault-cleared', master: undefined });
+    t.equal(back.machine.timerAt, 7000 + masterDownIntervalMs(100, 100));
+    t.equal(step(back.machine, { kind: 'timer' }, back.machine.timerAt!).machine.state, 'master', 'alone: Master after Master_Down_Interval');
+  });
+  t.test('0 as Backup: fault without an advert', async (t) => {
+    const { machine, actions } = step(backupAt(0), { kind: 'priority', priority: 0 }, 10);
+    t.equal(machine.state, 'fault');
+    t.same(kinds(actions), ['clearTimer', 'becomeFault']);
+  });
+  t.test('shutdown from fault: Initialize, no advert', async (t) => {
+    const f = step(backupAt(0), { kind: 'priority', priority: 0 }, 10).machine;
+    const { machine, actions } = step(f, { kind: 'shutdown' }, 20);
+    t.equal(machine.state, 'initialize');
+    t.same(kinds(actions), ['clearTimer', 'becomeInitialize']);
+  });
+  t.test('preempt off: a followed Master whose priority falls below ours is taken over from', async (t) => {
+    let b = backupAt(0, { preempt: false, priority: 150 });
+    b = step(b, advert(HIGHER_IP, 200), 100).machine;
+    t.equal(b.masterPriority, 200);
+    const drop = step(b, advert(HIGHER_IP, 140), 1100);
+    t.same(drop.actions, [], 'its advert is discarded (Master_Down_Timer runs on)');
+    t.ok(drop.machine.lowerSince !== undefined);
+    const again = step(drop.machine, advert(HIGHER_IP, 140), 2100);
+    t.same(again.actions, [], 'and so is the next one at the same priority');
+    const took = step(again.machine, { kind: 'timer' }, again.machine.timerAt!);
+    t.equal(took.machine.state, 'master');
+    t.same(find(took.actions, 'becomeMaster'), { kind: 'becomeMaster', reason: 'preempt' });
+  });
+  t.test('preempt off: a lower Master that was there first is kept (RFC 5798 §6.4.2)', async (t) => {
+    let b = backupAt(0, { preempt: false, priority: 150 });
+    b = step(b, advert(HIGHER_IP, 100), 100).machine;
+    const next = step(b, advert(HIGHER_IP, 100), 1100);
+    t.same(kinds(next.actions), ['setTimer'], 'accepted: the timer is reset');
+    t.equal(next.machine.lowerSince, undefined);
+  });
+  t.test('preempt off: a followed Master whose priority falls, but not below ours, is kept', async (t) => {
+    let b = backupAt(0, { preempt: false, priority: 100 });
+    b = step(b, advert(HIGHER_IP, 200), 100).machine;
+    t.same(kinds(step(b, advert(HIGHER_IP, 120), 1100).actions), ['setTimer']);
+  });
+  t.test('preempt off: the Master recovers before the takeover: kept', async (t) => {
+    let b = backupAt(0, { preempt: false, priority: 150 });
+    b = step(b, advert(HIGHER_IP, 200), 100).machine;
+    b = step(b, advert(HIGHER_IP, 140), 1100).machine;
+    const rec = step(b, advert(HIGHER_IP, 200), 2100);
+    t.same(kinds(rec.actions), ['setTimer']);
+    t.equal(rec.machine.lowerSince, undefined);
+  });
+});
+
+t.test('simulated LAN: the Master\'s priority drops below a Backup\'s and comes back', async (t) => {
+  for (const preempt of [true, false]) {
+    const configs = [router(0, 100, { preempt }), router(1, 200, { preempt }), router(2, 150, { preempt })];
+    const { machines, log } = simulate(configs, {
+      until: 40_000,
+      priority: [{ at: 10_000, who: 1, priority: 140 }, { at: 20_000, who: 1, priority: 200 }],
+    });
+    const took = log.find((l) => l.who === 2 && l.kind === 'becomeMaster' && l.at > 10_000 && l.at < 20_000);
+    t.ok(took, `preempt ${preempt}: 150 took over from the lowered Master`);
+    t.ok(took && took.at - 10_000 <= masterDownIntervalMs(150, 100) + 1000 + 1, `within Master_Down_Interval of its next advert (${took ? took.at - 10_000 : '?'} ms)`);
+    t.equal(log.filter((l) => l.who === 0 && l.kind === 'becomeMaster').length, 0, '100 never became Master');
+    if (preempt) t.same(machines.map((m) => m.state), ['backup', 'master', 'backup'], 'preempt on: 200 takes it back when its priority returns');
+    else t.same(machines.map((m) => m.state), ['backup', 'backup', 'master'], 'preempt off: 150 keeps it');
+  }
+});
+
+t.test('simulated LAN: every router drops below nobody: no move', async (t) => {
+  const configs = [router(1, 200), router(2, 150)];
+  const { log } = simulate(configs, { until: 30_000, priority: [{ at: 10_000, who: 0, priority: 160 }, { at: 10_000, who: 1, priority: 90 }] });
+  t.equal(log.filter((l) => l.kind === 'becomeMaster' && l.at > 10_000).length, 0, '160 still outranks 90');
+});
+
+t.test('simulated LAN: fault hands over after Skew_Time; the end of it preempts back (preempt on)', async (t) => {
+  const configs = [router(1, 200), router(2, 150)];
+  const { machines, log } = simulate(configs, { until: 40_000, priority: [{ at: 10_000, who: 0, priority: 0 }, { at: 20_000, who: 0, priority: 200 }] });
+  const took = log.find((l) => l.who === 1 && l.kind === 'becomeMaster' && l.at > 10_000)!;
+  t.ok(took.at - 10_000 < skewTimeMs(150, 100) + 1, `after Skew_Time (${(took.at - 10_000).toFixed(1)} ms)`);
+  t.ok(log.some((l) => l.who === 0 && l.kind === 'becomeFault'));
+  t.same(machines.map((m) => m.state), ['master', 'backup']);
 });

@@ -9,7 +9,7 @@ import { vipSysctls } from '../../agent/net/sysctl/sysctl';
 import {
   runChecks, checkDescriptors, checkMacvlan, checkCapabilities, checkInterface, checkArpSysctls, checkRpFilter, checkIpForward,
   checkConfig, checkDataplane, checkPools, checkStateDir, checkGuestAgent, checkDhcpProbe, classifyRefusal,
-  effectiveDataplane, osFamily, checkDsr, checkDsrBackend, checkTopology, checkConntrackPickup, checkUdpFlows, checkStaleFlows, checkFirewall, checkDriftFight, checkIpv6, checkNetworks, type CheckResult,
+  effectiveDataplane, osFamily, checkDsr, checkDsrBackend, checkTopology, checkConntrackPickup, checkUdpFlows, checkStaleFlows, checkFirewall, checkDriftFight, checkIpv6, checkNetworks, checkVrrpTrack, type CheckResult,
 } from '../../agent/preflight/checks';
 
 const FIX = path.resolve(__dirname, '..', '..', '..', 'test', 'preflight', 'fixtures');
@@ -678,4 +678,20 @@ t.test('networks: every network\'s NIC, sysctls, pools and a macvlan on it; as b
   const outside = checkNetworks(withNets((n) => { n[1]!.parent = { ...n[1]!.parent, addresses: ['10.97.0.2/24'] }; }))!;
   t.equal(outside.status, 'warn', 'a pool outside its NIC\'s subnet warns');
   t.match(outside.detail, /range-global: 10\.98\.0\.200-10\.98\.0\.210/);
+});
+
+t.test('vrrp-track: a tracked interface the VM lacks, or one down now, is a warning naming it', async (t) => {
+  t.equal(checkVrrpTrack(fixture('healthy')), undefined, 'nothing tracked: no check');
+  const link = (name: string, exists: boolean, up: boolean, carrier: boolean): { name: string; exists: boolean; up: boolean; carrier: boolean } => ({ name, exists, up, carrier });
+  const ok = checkVrrpTrack(variant('healthy', (f) => { f.trackedLinks = [link('eth1', true, true, true)]; }))!;
+  t.equal(ok.status, 'pass');
+  t.match(ok.detail, 'eth1');
+  const missing = checkVrrpTrack(variant('healthy', (f) => { f.trackedLinks = [link('eht1', false, false, false), link('eth2', true, true, false)]; }))!;
+  t.equal(missing.status, 'warn');
+  t.match(missing.detail, /failover\.track names eht1, which this VM does not have.*also down now: eth2 \(no carrier\)/);
+  t.match(missing.remedy ?? '', /ip -br link/);
+  const down = checkVrrpTrack(variant('healthy', (f) => { f.trackedLinks = [link('eth1', true, false, false)]; }))!;
+  t.equal(down.status, 'warn');
+  t.match(down.detail, 'tracked interface eth1 (down) is not up with carrier now');
+  t.equal(byId(runChecks(variant('healthy', (f) => { f.trackedLinks = [link('eth1', false, false, false)]; })), 'vrrp-track').status, 'warn', 'in the report');
 });

@@ -1,0 +1,114 @@
+// lab/tracking.ts owns the lab of ownership that follows health
+// (failover.track), for test/privileged/vrrp-agent-tracking.test.ts and
+// bench/tracking.ts: VMs with two NICs, as on Harvester.
+//   br0 (management, 10.99.0.0/24): VRRP adverts (failover.interface eth0)
+//   br1 (VM network, 10.98.0.0/24): the VIPs (node.interface eth1), the
+//        backends b1 b2 (10.98.0.11-12, replies to the VIP go to whoever
+//        holds it) and the client (10.98.0.50)
+//   n2, n3: agent "VMs", eth0 10.99.0.3/.4, eth1 10.98.0.3/.4, priorities 150/200
+// The Master's VM-network NIC loses carrier when its bridge port goes down
+// (cutCarrier); it loses reach to a backend through an unreachable route in
+// its own namespace (cutReach), so its health checks and its forwarding fail
+// while the other VM still reaches the backend. Only lab namespaces are
+// addressed.
+import { createLab, type Lab } from './netns';
+import { startBackend } from './services';
+import { AgentNode, NODES, BACKEND_IDS, FAST_ARP } from './vrrp';
+
+/** The backends, on the VM network. */
+export const VM_NET_BACKENDS = ['10.98.0.11', '10.98.0.12'] as const;
+
+export const VM_NET_VIP = '10.98.0.200';
+export const VM_NET_CLIENT = '10.98.0.50';
+export const VM_NET_RANGE = '10.98.0.200-10.98.0.210';
+/** A VM's address on the VM network: 10.98.0.x for the management 10.99.0.x. */
+export function vmNetAddress(mgmtIp: string): string { return mgmtIp.replace(/^10\.99\./, '10.98.'); }
+
+export interface TrackingOptions {
+  readonly preempt?: boolean;
+  readonly advertInterval?: number;
+  /** failover.track; default: eth1 tracked without a weight (fault), service api with weight 60. */
+  readonly track?: Record<string, unknown>;
+  /** The pool service's health check. */
+  readonly healthCheck?: Record<string, unknown>;
+}
+
+/** The config of an agent VM in the tracking lab: the pool service "api" on the VM network. */
+export function trackingConfig(node: { role: string; ip: string; priority: number }, o: TrackingOptions = {}): Record<string, unknown> {
+  return {
+    node: { name: node.role, interface: 'eth1', priority: node.priority },
+    failover: {
+      mode: 'vrrp', vrid: 51, interface: 'eth0', advertInterval: o.advertInterval ?? 0.1, preempt: o.preempt ?? true, preemptDelay: 0,
+      track: o.track ?? {
+        interfaces: [{ name: 'eth1' }],
+        services: [{ service: 'api', minHealthy: 2, weight: 60, failAfter: 1, recoverAfter: 1 }],
+      },
+    },
+    metrics: { listen: `${node.ip}:9477` },
+    pools: { 'range-global': VM_NET_RANGE },
+    arp: FAST_ARP,
+    services: [{
+      name: 'api', ipam: 'pool', loadBalancerIP: VM_NET_VIP, ports: [{ port: 80, targetPort: 8080 }], backends: [...VM_NET_BACKENDS],
+      healthCheck: o.healthCheck ?? { periodSeconds: 0.1, timeoutSeconds: 0.1, failureThreshold: 1, successThreshold: 1 },
+    }],
+  };
+}
+
+export interface TrackingLab {
+  readonly lab: Lab;
+  /** n2 (150) and n3 (200). */
+  readonly nodes: readonly [TrackingNode, TrackingNode];
+  /** The client namespace, on both bridges (requests to the VIP leave by eth1). */
+  readonly client: string;
+}
+
+export class TrackingNode extends AgentNode {
+  /** The bridge port (in the LAN namespace) of this node's eth1. */
+  vmPort = '';
+
+  async startTracking(o: TrackingOptions = {}): Promise<void> {
+    await this.startWith(trackingConfig(this.def, o));
+  }
+
+  /** Carrier of eth1: its bridge port down (lost) or up. */
+  async cutCarrier(on: boolean): Promise<number> {
+    await this.lab.sh(this.lab.lan, `ip link set ${this.vmPort} ${on ? 'down' : 'up'}`);
+    return Date.now();
+  }
+
+  /** Reach from this VM to backends: an unreachable route each (on) or none (off). */
+  async cutReach(backends: readonly string[], on: boolean): Promise<number> {
+    await this.lab.sh(this.ns, backends.map((b) => `ip route ${on ? 'replace' : 'del'} unreachable ${b}/32`).join('; '), { allowFail: !on });
+    return Date.now();
+  }
+}
+
+/** A host's second NIC, eth1, on br1 (made on first use) with this address. */
+export async function addVmNic(lab: Lab, ns: string, address: string, peer: string): Promise<void> {
+  await lab.sh(lab.lan, `ip link show br1 >/dev/null 2>&1 || { ip link add br1 type bridge && ip link set br1 up; }; ip link add ${peer} type veth peer name eth1 netns ${ns} && ip link set ${peer} master br1 up`);
+  await lab.sh(ns, `ip link set eth1 up && ip addr add ${address} dev eth1`);
+}
+
+export async function buildTrackingLab(t: { teardown(fn: () => unknown): void }, extraHosts: readonly { role: string; ip: string }[] = []): Promise<TrackingLab> {
+  const lab = await createLab(t);
+  const defs = [NODES[1]!, NODES[2]!];
+  const nodes: TrackingNode[] = [];
+  for (const d of defs) {
+    const ns = await lab.addHost(d.role, { address: `${d.ip}/24` });
+    const n = new TrackingNode(lab, d, ns);
+    n.vmPort = `w${d.role}`;
+    await addVmNic(lab, ns, `${vmNetAddress(d.ip)}/24`, n.vmPort);
+    nodes.push(n);
+  }
+  for (const h of extraHosts) {
+    const ns = await lab.addHost(h.role, { address: `${h.ip}/24` });
+    await addVmNic(lab, ns, `${vmNetAddress(h.ip)}/24`, `w${h.role}`);
+  }
+  // Backends live on the VM network only (their eth0 on br0 has no address).
+  for (let i = 0; i < VM_NET_BACKENDS.length; i++) await addVmNic(lab, await lab.addHost(BACKEND_IDS[i]!), `${VM_NET_BACKENDS[i]!}/24`, `w${BACKEND_IDS[i]!}`);
+  // The client also sits on the management network, where the agents' /metrics listen.
+  const client = await lab.addHost('client', { address: '10.99.0.50/24' });
+  await addVmNic(lab, client, `${VM_NET_CLIENT}/24`, 'wclient');
+  await Promise.all(VM_NET_BACKENDS.map((_, i) => startBackend(lab, lab.ns(BACKEND_IDS[i]!), BACKEND_IDS[i]!)));
+  return { lab, nodes: nodes as [TrackingNode, TrackingNode], client };
+}
