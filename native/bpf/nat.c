@@ -99,21 +99,18 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lbn_events SEC(".maps");
 
-struct {
+/* The flows, one map per direction: lbn_flows by the client's packets,
+ * lbn_replies by the backend's. One type for both (libbpf reads each
+ * variable's type for its definition). */
+struct lbn_flow_map {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct lbn_flow_key);
 	__type(value, struct lbn_flow);
 	__uint(max_entries, 65536);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} lbn_flows SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__type(key, struct lbn_flow_key);
-	__type(value, struct lbn_flow);
-	__uint(max_entries, 65536);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} lbn_replies SEC(".maps");
+};
+struct lbn_flow_map lbn_flows SEC(".maps");
+struct lbn_flow_map lbn_replies SEC(".maps");
 
 static __always_inline void event(__u32 ev)
 {

@@ -10,7 +10,8 @@
 // restart keeps held connections and a 20 ms client loop served with one
 // program attached; a connection whose flow entries are gone (a new VRRP
 // Master, or maps lost) is picked up mid-way on the same backend; a removed
-// backend's connections end; a stop leaves no program and no pin.
+// backend's connections end; a stop leaves no program and no pin; an engine
+// that cannot load (no bpffs) leaves the nft table serving, and says why.
 import t from 'tap';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
@@ -230,6 +231,22 @@ if (requirePrivileged(t)) {
       await eng.request({ cmd: 'stop' });
       t.equal(await natPrograms(lab, node), 0, 'no program after stop');
       t.same(fs.existsSync(pinDir) ? fs.readdirSync(pinDir) : [], [], 'no pin left');
+    });
+    await t.test('an engine that cannot load leaves the nft table serving alone, and says why', async (t) => {
+      const plain = fs.mkdtempSync(path.join(os.tmpdir(), `lbnat-plain-${process.pid}-`));
+      t.teardown(() => fs.rmSync(plain, { recursive: true, force: true }));
+      const eng = await JsonLinesProc.start(lab, node, 'forward-driver.js',
+        ['--kind', 'kernel', '--nat-engine', 'ebpf', '--nat-device', 'eth0', '--nat-pin-dir', path.join(plain, 'nat-eth0')], 'driver(no bpffs)');
+      t.teardown(() => eng.close());
+      await eng.request({ cmd: 'apply', state: { services: [weighted] } });
+      const st = await eng.request<NatStats>({ cmd: 'stats' });
+      t.equal(st.details.natEngine?.engine, 'nft');
+      t.match(st.details.natEngine?.reason, /^fallback: .*is not on a BPF file system/);
+      const burst = await cl.request<{ counts: Record<string, number>; errors: Record<string, number> }>({ cmd: 'burst', host: VIP, port: 80, n: 20, fromPort: 47001, concurrency: 4 });
+      t.same(burst.errors, {}, `served by the nft table (${JSON.stringify(burst.counts)})`);
+      t.ok(await conntrackEntries(lab, node) > 0, 'through conntrack');
+      t.equal(await natPrograms(lab, node), 0, 'no program attached');
+      await eng.request({ cmd: 'stop' });
     });
     t.comment(`total ${Date.now() - t0} ms`);
   });

@@ -42,7 +42,7 @@ export function parseCHeader(text: string): CHeader {
   const src = text.replace(/\/\*[\s\S]*?\*\//g, (c) => c.replace(/[^\n]/g, ' ')).replace(/\/\/[^\n]*/g, '');
   const structs = new Map<string, CStruct>();
   const constants = new Map<string, number>();
-  for (const m of src.matchAll(/^#define\s+(\w+)\s+(0x[0-9a-fA-F]+|\d+)\s*$/gm)) constants.set(m[1]!, Number(m[2]));
+  for (const m of src.matchAll(/^\s*#define\s+(\w+)\s+(0x[0-9a-fA-F]+|\d+)\s*$/gm)) constants.set(m[1]!, Number(m[2]));
   for (const m of src.matchAll(/\benum\s+\w+\s*\{([^}]*)\}/g)) {
     let next = 0;
     for (const item of m[1]!.split(',').map((s) => s.trim()).filter((s) => s !== '')) {
