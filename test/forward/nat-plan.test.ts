@@ -29,7 +29,7 @@ t.test('a service with three healthy backends: both ports, the whole slot table,
   const tcp = plan.services[0]!;
   const key = l.decode('lbn_svc_key', tcp.key);
   t.same([ip(key['vip']), key['proto']], ['10.0.0.50', 6]);
-  t.equal((key['port'] as number), 0x5000, 'port 80 in network order (read little-endian)');
+  t.equal(key['port'], 0x5000, 'port 80 in network order (read little-endian)');
   const v = l.decode('lbn_svc', tcp.value);
   t.equal(v['base'], 0);
   t.equal(v['slots'], slots.length);
