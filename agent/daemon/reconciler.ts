@@ -78,6 +78,9 @@ export function refusals(running: RunningView, next: Desired): ConfigError[] {
   if (old.stateDir !== next.stateDir) errors.push({ path: 'stateDir', message: restartNeeded('the leases, claims and instance lock live there;', old.stateDir, next.stateDir) });
   if (old.control.socket !== next.control.socket) errors.push({ path: 'control.socket', message: restartNeeded('`lb-agent status` and reload talk to it;', old.control.socket, next.control.socket) });
   if (old.node.interface !== next.node.interface) errors.push({ path: 'node.interface', message: restartNeeded('every macvlan and pool VIP hangs off it;', old.node.interface ?? '(default route)', next.node.interface ?? '(default route)') });
+  if (JSON.stringify(old.kernel) !== JSON.stringify(next.kernel)) {
+    errors.push({ path: 'kernel', message: restartNeeded('the kernel path\'s engine and its flow maps are set up at start;', JSON.stringify(old.kernel), JSON.stringify(next.kernel)) });
+  }
   const kind = next.dataplane === 'auto' ? running.dataplane : next.dataplane;
   if (kind !== running.dataplane) {
     errors.push({ path: 'dataplane', message: restartNeeded(`the ${running.dataplane} data path is running and would become ${kind};`, old.dataplane, next.dataplane) });

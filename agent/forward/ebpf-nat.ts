@@ -24,6 +24,7 @@ import { natCounterKey } from '../net/ebpf/nat-attach';
 import { natLayout } from '../net/ebpf/nat-layout';
 import { portLabel, serviceLabels, type Dataplane, type FlowStats, type ForwardState, type ForwardStats } from './dataplane';
 import { natPlan, type NatPlan } from './nat-plan';
+import type { NftDataplane } from './nft';
 
 /** Which engine forwards the snat flows now, and why (status details). */
 export interface NatEngineState {
@@ -33,7 +34,7 @@ export interface NatEngineState {
 
 export interface EbpfNatDataplaneOptions {
   /** The nft data path underneath (built without the engine). */
-  readonly nft: Dataplane;
+  readonly nft: NftDataplane;
   /** The engine on the parent NIC. */
   readonly engine: NatEngine;
   readonly registry?: Registry | undefined;
@@ -42,7 +43,7 @@ export interface EbpfNatDataplaneOptions {
 
 export class EbpfNatDataplane implements Dataplane {
   readonly kind = 'kernel' as const;
-  private readonly nft: Dataplane;
+  private readonly nft: NftDataplane;
   private readonly engine: NatEngine;
   private readonly log: Logger;
   private readonly queue = new SerialQueue();
@@ -86,7 +87,7 @@ export class EbpfNatDataplane implements Dataplane {
   }
 
   vipArrived(vip: string, ports: readonly { readonly protocol: 'TCP' | 'UDP'; readonly port: number }[]): Promise<void> {
-    return this.nft.vipArrived?.(vip, ports) ?? Promise.resolve();
+    return this.nft.vipArrived(vip, ports);
   }
 
   /** Per (service, port, backend) counters of the engine, since this process started it. */
@@ -112,6 +113,11 @@ export class EbpfNatDataplane implements Dataplane {
       }
     }
     return { ...st, flows, details: { ...st.details, natEngine: engine } };
+  }
+
+  /** The direct-server-return engine of the nft path underneath (status). */
+  get dsr(): NftDataplane['dsr'] {
+    return this.nft.dsr;
   }
 
   get engineState(): NatEngineState {
