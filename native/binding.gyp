@@ -50,7 +50,7 @@
           "outputs": ["<(PRODUCT_DIR)/nat.bpf.o"],
           "action": [
             "clang", "-target", "bpf", "-O2", "-g", "-Wall", "-Werror",
-            "-I/usr/include/<!(gcc -dumpmachine)",
+            "-I/usr/include/<!(g++ -dumpmachine)",
             "-c", "bpf/nat.c", "-o", "<(PRODUCT_DIR)/nat.bpf.o"
           ]
         }

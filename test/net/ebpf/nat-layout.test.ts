@@ -34,7 +34,7 @@ t.test('every offset and size matches clang\'s layout for the BPF target', { ski
   t.teardown(() => fs.rmSync(dir, { recursive: true, force: true }));
   const file = path.join(dir, 'check.c');
   fs.writeFileSync(file, `#include "${natHeaderPath()}"\n${asserts.join('\n')}\n`);
-  const triple = execFileSync('gcc', ['-dumpmachine']).toString().trim();
+  const triple = execFileSync('g++', ['-dumpmachine']).toString().trim();
   execFileSync('clang', ['-target', 'bpf', `-I/usr/include/${triple}`, '-fsyntax-only', file]);
   t.pass(`${asserts.length} static assertions held`);
 });
