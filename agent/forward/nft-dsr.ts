@@ -101,8 +101,8 @@ export function flowHashSlots(svc: NormalizedService): BackendSpec[] {
 }
 
 /** nft's pick of a slot: the seeded jhash of the client's address and port, mod the table's size. */
-export function flowHashPick(serviceKey: string, slots: number): string {
-  return `jhash ip saddr . th sport mod ${slots} seed ${dsrSeed(serviceKey)}`;
+export function flowHashPick(serviceKey: string, slots: number, ip: 'ip' | 'ip6' = 'ip'): string {
+  return `jhash ${ip} saddr . th sport mod ${slots} seed ${dsrSeed(serviceKey)}`;
 }
 
 /** A device name as an nft string (validated interface names never need escaping; refuse anything odd). */

@@ -438,7 +438,7 @@ export function renderNft(state: ForwardState, opts: RenderOptions = {}): NftPla
         t.chains.push({ name: sp, rules: [`goto ${backendChain(slots[0]!.address)}`] });
       } else {
         const vm = slots.map((b, i) => `${i} : goto ${backendChain(b.address)}`).join(', ');
-        const pick = hashed ? flowHashPick(svc.key, slots.length) : `numgen inc mod ${slots.length}`;
+        const pick = hashed ? flowHashPick(svc.key, slots.length, six ? 'ip6' : 'ip') : `numgen inc mod ${slots.length}`;
         t.chains.push({ name: sp, rules: [`${pick} vmap { ${vm} }`] });
       }
       for (const b of svc.healthy) {
@@ -446,7 +446,7 @@ export function renderNft(state: ForwardState, opts: RenderOptions = {}): NftPla
         t.chains.push({ name, rules: [`counter name "${name}_conns" meta l4proto ${p} dnat to ${w.dnatTo(b.address, spec.targetPort)}`] });
       }
     }
-    // Hand-back follows a VRRP takeover, which IPv6 VIPs do not have.
+    // Hand-back follows a VRRP takeover of an IPv4 VIP; an IPv6 VIP gets none (docs/failover.md).
     const hb = six ? undefined : renderHandBack(si, svc, opts.dsrDevice);
     if (hb) {
       t.counters.push(hb.counter.name);
