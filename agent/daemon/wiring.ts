@@ -216,7 +216,7 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
       createSource: (spec: ServiceSpec, now: Desired) => (spec.ipam === 'dhcp' && spec.family === 'IPv6'
         ? dhcp6Driver().createDhcp6Source({
           // A dual-stack DHCP service: its DHCPv4 source owns the one macvlan both leases ride.
-          service: spec, parent: parent.name, arp: now.arp, sharedLink: spec.ipFamilies?.includes('IPv4') ?? false,
+          service: spec, parent: parentOf(spec).name, arp: now.arp, sharedLink: spec.ipFamilies?.includes('IPv4') ?? false,
           store, netlink, log, registry, clock, guard: { allowOtherSubnets: now.dhcp.allowOtherSubnets, servers: [] },
         })
         : spec.ipam === 'dhcp'
