@@ -72,14 +72,18 @@ export class TrackingNode extends AgentNode {
 
   /** Carrier of eth1: its bridge port down (lost) or up. */
   async cutCarrier(on: boolean): Promise<number> {
+    // The time the change was asked for: the VM may react (fault in a few
+    // ms) before the spawned `ip` has returned.
+    const at = Date.now();
     await this.lab.sh(this.lab.lan, `ip link set ${this.vmPort} ${on ? 'down' : 'up'}`);
-    return Date.now();
+    return at;
   }
 
   /** Reach from this VM to backends: an unreachable route each (on) or none (off). */
   async cutReach(backends: readonly string[], on: boolean): Promise<number> {
+    const at = Date.now();
     await this.lab.sh(this.ns, backends.map((b) => `ip route ${on ? 'replace' : 'del'} unreachable ${b}/32`).join('; '), { allowFail: !on });
-    return Date.now();
+    return at;
   }
 }
 

@@ -12,7 +12,7 @@ import { DEFAULT_NETWORK } from '../config/networks';
 export type NetworkGate = FailoverLike;
 
 /** The events a gate emits that the daemon listens for. */
-const EVENTS = ['change', 'hand-back', 'reannounce'] as const;
+const EVENTS = ['change', 'hand-back', 'reannounce', 'priority'] as const;
 
 export class NetworkGates extends EventEmitter implements FailoverLike {
   /** Network name -> its gate; the default network's, when it has VRRP services, under DEFAULT_NETWORK. */
@@ -22,7 +22,7 @@ export class NetworkGates extends EventEmitter implements FailoverLike {
   constructor(gates: ReadonlyMap<string, NetworkGate>) {
     super();
     this.gates = gates;
-    for (const g of gates.values()) for (const ev of EVENTS) g.on(ev, (keys: string[]) => this.emit(ev, keys));
+    for (const g of gates.values()) for (const ev of EVENTS) g.on(ev, (arg: unknown) => this.emit(ev, arg));
   }
 
   private gateOf(serviceKey: string): NetworkGate | undefined {
