@@ -2,9 +2,9 @@
 // spec.ipFamilyPolicy, one loadBalancerIP per family) turned into the
 // families the agent serves, with the apiserver's defaulting and validation
 // (pkg/registry/core/service/storage/alloc.go initIPFamilyFields) and the
-// agent's own limits: which family has a pool, DHCPv6 and VRRP over IPv6 are
-// not served. Pure; load.ts calls it once per service and reports what it
-// returns with the field path.
+// agent's own limits: which family has a pool; direct server return and
+// DHCPv6 under VRRP serve IPv4 only. Pure; load.ts calls it once per service
+// and reports what it returns with the field path.
 import type { Family } from '../address';
 import { parseAddress } from '../address';
 import type { FailoverMode, IpamMode, IpFamilyPolicy, Pool } from './types';
