@@ -294,7 +294,7 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
             .filter((a) => a.proto === OWNED_ADDRESS_PROTO).map((a) => `${a.address}/${a.prefix}`);
           const pruning = new Set(leftovers.filter((l) => l.index === n.parent.index).map((l) => `${l.address}/${l.prefix}`));
           for (const a of strayMarkedAddresses(marked, wantedClaims)) {
-            if (!pruning.has(a.cidr)) leftovers.push({ index: n.parent.index, address: a.address, prefix: a.prefix, why: `${a.cidr} on ${n.parent.name} (marked as the agent's, no claim wants it there)` });
+            if (!pruning.has(a.cidr)) leftovers.push({ index: n.parent.index, address: a.address, prefix: a.prefix, why: `${a.cidr} (marked as the agent's, no claim wants it on ${n.parent.name})` });
           }
         }
         // In netlink batches: a crash under a thousand VIPs leaves a thousand to take back.

@@ -37,8 +37,8 @@ if (requirePrivileged(t)) {
     // read-back, the parent not asked again), set up, the VIP added. No
     // dumps. 7 before, then 5; 5 would now mean the shared parent read
     // silently fell back, 6 the echo.
-    const counts = vips.map((e) => e.netlink as { requests: number; dumps: number });
-    t.same(counts[counts.length - 1], { requests: 4 * N + 1, dumps: 0 }, 'four netlink requests per service and one parent read for all, no dump');
+    const counts = vips.map((e) => e.netlink as { requests: number; dumps: number; batches: number; batched: number });
+    t.same(counts[counts.length - 1], { requests: 4 * N + 1, dumps: 0, batches: 0, batched: 0 }, 'four netlink requests per service and one parent read for all, no dump, no batch');
     // One DHCP packet socket on the parent for all of them (net/packet-shared.ts),
     // and every reply reached its service through it: if the sharing silently
     // fell back to a socket per service, opened would be N.
