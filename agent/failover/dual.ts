@@ -12,8 +12,12 @@ import type { ServiceSpec } from '../config/types';
 import type { Logger } from '../log';
 import type { GateStatus, VrrpGate } from './gate';
 
-/** The two gates' events, forwarded as they come: 'change', 'hand-back', 'reannounce' (service keys), 'priority' (gate.ts PriorityEvent). */
-const EVENTS = ['change', 'hand-back', 'reannounce', 'priority'] as const;
+/**
+ * The events a gate emits that the daemon listens for: 'change', 'hand-back',
+ * 'reannounce' (service keys), 'priority' (gate.ts PriorityEvent). Every
+ * wrapper of gates (this one, networks.ts) forwards exactly these.
+ */
+export const GATE_EVENTS = ['change', 'hand-back', 'reannounce', 'priority'] as const;
 
 export interface DualGateOptions {
   readonly ipv4: VrrpGate;
@@ -32,7 +36,7 @@ export class DualGate extends EventEmitter {
     this.gates = { IPv4: opts.ipv4, IPv6: opts.ipv6 };
     this.log = opts.log.child({ module: 'failover' });
     for (const g of [opts.ipv4, opts.ipv6]) {
-      for (const ev of EVENTS) g?.on(ev, (arg: unknown) => this.emit(ev, arg));
+      for (const ev of GATE_EVENTS) g?.on(ev, (arg: unknown) => this.emit(ev, arg));
     }
   }
 

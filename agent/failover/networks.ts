@@ -7,12 +7,11 @@ import { EventEmitter } from 'node:events';
 import type { ServiceSpec } from '../config/types';
 import type { FailoverLike } from '../daemon/subsystems';
 import { DEFAULT_NETWORK } from '../config/networks';
+import { GATE_EVENTS } from './dual';
 
 /** One network's gate: what the daemon asks of failover (a VrrpGate). */
 export type NetworkGate = FailoverLike;
 
-/** The events a gate emits that the daemon listens for. */
-const EVENTS = ['change', 'hand-back', 'reannounce', 'priority'] as const;
 
 export class NetworkGates extends EventEmitter implements FailoverLike {
   /** Network name -> its gate; the default network's, when it has VRRP services, under DEFAULT_NETWORK. */
@@ -22,7 +21,7 @@ export class NetworkGates extends EventEmitter implements FailoverLike {
   constructor(gates: ReadonlyMap<string, NetworkGate>) {
     super();
     this.gates = gates;
-    for (const g of gates.values()) for (const ev of EVENTS) g.on(ev, (arg: unknown) => this.emit(ev, arg));
+    for (const g of gates.values()) for (const ev of GATE_EVENTS) g.on(ev, (arg: unknown) => this.emit(ev, arg));
   }
 
   private gateOf(serviceKey: string): NetworkGate | undefined {
