@@ -217,3 +217,43 @@ export class FightTracker {
     return out;
   }
 }
+
+/**
+ * The owned tables another program changed since they were last written,
+ * with what it did. A repair writes every table at once, but a change heard
+ * while that write is under way may have landed after it: `mark()` before
+ * the write and `written(mark)` after forget only what was heard before the
+ * write began, so such a change is repaired by the next check instead of
+ * being lost (at worst one write more than needed).
+ */
+export class TableChanges {
+  private readonly changes = new Map<string, { what: string; seq: number }>();
+  private seq = 0;
+
+  note(table: string, what: string): void {
+    this.changes.set(table, { what, seq: ++this.seq });
+  }
+
+  has(table: string): boolean {
+    return this.changes.has(table);
+  }
+
+  get size(): number {
+    return this.changes.size;
+  }
+
+  /** Every change heard so far, by table: the snapshot a check plans from. */
+  current(): ReadonlyMap<string, string> {
+    return new Map([...this.changes].map(([t, c]) => [t, c.what]));
+  }
+
+  /** Taken before a write of every table. */
+  mark(): number {
+    return this.seq;
+  }
+
+  /** The write that began at `mark` is in the kernel: the changes heard before it are repaired. */
+  written(mark: number): void {
+    for (const [t, c] of [...this.changes]) if (c.seq <= mark) this.changes.delete(t);
+  }
+}

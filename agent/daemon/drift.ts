@@ -22,7 +22,7 @@ import { OWNED_ADDRESS_PROTO } from '../net/ownership/ownership';
 import { applyVipSysctls, readIfSysctl, vipSysctls, type VipRole } from '../net/sysctl/sysctl';
 import type { SourceDamage } from '../source';
 import {
-  DEFAULT_FIGHT, DRIFT_KINDS, FightTracker, driftSubject, planDrift,
+  DEFAULT_FIGHT, DRIFT_KINDS, FightTracker, TableChanges, driftSubject, planDrift,
   type Drift, type DriftKind, type FightConfig, type HeldVip, type KernelSnapshot, type ObservedLink, type Wanted,
 } from './drift-plan';
 
@@ -126,7 +126,7 @@ export class DriftGuard {
   /** When each leftover was first seen, by subject. */
   private readonly leftoverSince = new Map<string, number>();
   /** Owned tables others changed since they were last written, with what they did. */
-  private readonly tablesChanged = new Map<string, string>();
+  private readonly tablesChanged = new TableChanges();
   private watch: NetlinkWatcher | undefined;
   private nft: NftWatcher | undefined;
   private timers: { resync?: TimerHandle; poll?: TimerHandle } = {};
@@ -298,13 +298,13 @@ export class DriftGuard {
       const what = c.tables.get(t);
       if (!what) continue;
       const ops = summarise(what);
-      this.tablesChanged.set(t, `${ops} by ${c.proc ?? 'another process'}${c.pid !== undefined ? ` (pid ${c.pid})` : ''}`);
+      this.tablesChanged.note(t, `${ops} by ${c.proc ?? 'another process'}${c.pid !== undefined ? ` (pid ${c.pid})` : ''}`);
     }
     if (this.tablesChanged.size > 0) this.requestCheck();
   }
 
   private tablesMayHaveChanged(why: string): void {
-    for (const t of this.opts.tables?.ownedTables() ?? []) if (!this.tablesChanged.has(t)) this.tablesChanged.set(t, `${why}; written again to be sure`);
+    for (const t of this.opts.tables?.ownedTables() ?? []) if (!this.tablesChanged.has(t)) this.tablesChanged.note(t, `${why}; written again to be sure`);
     this.requestCheck();
   }
 
@@ -379,7 +379,7 @@ export class DriftGuard {
     this.fullNext = false;
     const held = this.opts.held();
     const snapshot: KernelSnapshot = {
-      links: this.links, addresses: this.addresses, tablesChanged: this.tablesChanged,
+      links: this.links, addresses: this.addresses, tablesChanged: this.tablesChanged.current(),
       sysctls: await this.readSysctls(held, full),
       marked: this.marked,
     };
@@ -473,10 +473,12 @@ export class DriftGuard {
           return (await this.opts.netlink.removeAddress(r.ifindex, r.address, r.prefix)) ? 'removed it' : 'it was gone already';
         }
         case 'table': {
+          const mark = this.tablesChanged.mark();
           const written = await this.opts.tables?.repair();
           if (!written) return undefined;
-          // One write puts back every table the path owns.
-          this.tablesChanged.clear();
+          // One write puts back every table the path owns, as changed before it began.
+          this.tablesChanged.written(mark);
+          if (this.tablesChanged.size > 0) this.requestCheck();
           return 'wrote the tables again in one transaction';
         }
         case 'sysctl': {

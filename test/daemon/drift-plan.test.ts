@@ -2,7 +2,7 @@
 // drift, from kernel snapshots, with no kernel; and the back-off that keeps
 // the agent from fighting another program.
 import t from 'tap';
-import { FightTracker, planDrift, driftSubject, strayMarkedAddresses, type HeldVip, type KernelSnapshot, type ObservedLink } from '../../agent/daemon/drift-plan';
+import { FightTracker, TableChanges, planDrift, driftSubject, strayMarkedAddresses, type HeldVip, type KernelSnapshot, type ObservedLink } from '../../agent/daemon/drift-plan';
 
 const POOL: HeldVip = { key: 'default/api', address: '10.99.0.200', prefix: 32, ifindex: 2, ifname: 'eth0' };
 const DHCP: HeldVip = { key: 'default/web', address: '10.99.0.107', prefix: 32, ifindex: 9, ifname: 'lbv82b3ade9d00c', link: { name: 'lbv82b3ade9d00c', mac: '02:82:B3:AD:E9:D0' } };
@@ -139,4 +139,23 @@ t.test('leftovers on every network\'s NIC: a marked address is explained by a VI
 t.test('strayMarkedAddresses: the start\'s adoption and the drift guard remove the same addresses', async (t) => {
   t.same(strayMarkedAddresses(['10.99.0.200/32', '10.99.0.201/32'], new Set(['10.99.0.200'])), [{ cidr: '10.99.0.201/32', address: '10.99.0.201', prefix: 32 }]);
   t.same(strayMarkedAddresses([], new Set()), []);
+});
+
+t.test('table changes: a write forgets only what was heard before it began', async (t) => {
+  const c = new TableChanges();
+  c.note('ip lb_agent', 'deleted by nft (pid 10)');
+  const mark = c.mark();
+  // Heard while the write was under way: it may have landed after it.
+  c.note('ip6 lb_agent', 'deleted by nft (pid 11)');
+  c.written(mark);
+  t.same([...c.current()], [['ip6 lb_agent', 'deleted by nft (pid 11)']], 'the change heard during the write is kept for the next check');
+  const again = c.mark();
+  c.written(again);
+  t.equal(c.size, 0, 'the next write repairs it');
+  c.note('ip lb_agent', 'deleted by nft (pid 12)');
+  const m2 = c.mark();
+  c.note('ip lb_agent', 'added 1 rule by nft (pid 13)');
+  c.written(m2);
+  t.ok(c.has('ip lb_agent'), 'a table changed again during the write stays changed');
+  t.equal(c.current().get('ip lb_agent'), 'added 1 rule by nft (pid 13)', 'with what was done last');
 });
