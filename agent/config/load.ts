@@ -711,7 +711,8 @@ export function buildConfig(data: unknown, locate: (segs: Seg[]) => number | und
     arp: raw.arp,
     dhcp: { ...raw.dhcp, servers: raw.dhcp.servers.map((a) => parseIPv4(a)!) },
     proxy: raw.proxy,
-    backend: { vips: raw.backend.vips },
+    // Canonical text (RFC 5952 for IPv6): lo's addresses are listed so.
+    backend: { vips: raw.backend.vips.map((v) => formatAddress(parseAddress(v)!)) },
     services: built,
   };
   return { ok: true, config: deepFreeze(config) };

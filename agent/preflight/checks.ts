@@ -609,12 +609,6 @@ export function checkDsr(f: Facts): CheckResult | undefined {
   return fail(id, `${why}; ${services}: the agent refuses to start with them`, remedy);
 }
 
-/**
- * The backend side of direct server return (`backend.vips`): each VIP must be
- * on a non-ARPing interface (the agent puts it on lo) and never on one that
- * answers ARP, and the VM must not answer ARP for it (arp_ignore=1,
- * arp_announce=2; the daemon sets them at start).
- */
 /** IPv6 on the parent, when a service has an IPv6 VIP. Absent (the check skipped) without one. */
 export function checkIpv6(f: Facts): CheckResult | undefined {
   const services = f.config.ipv6Services ?? [];
@@ -636,6 +630,13 @@ export function checkIpv6(f: Facts): CheckResult | undefined {
   return pass(id, `IPv6 is on for ${parent} (${names.map((n) => `${n}=${f.sysctls[n] ?? '?'}`).join(', ')}) for ${what}`);
 }
 
+/**
+ * The backend side of direct server return (`backend.vips`): each VIP must be
+ * on a non-ARPing interface (the agent puts it on lo) and never on one that
+ * answers ARP or NDP, and with an IPv4 VIP the VM must not answer ARP for it
+ * (arp_ignore=1, arp_announce=2; the daemon sets them at start). An IPv6
+ * VIP on lo needs no sysctl (net/host/dsr-backend.ts).
+ */
 export function checkDsrBackend(f: Facts): CheckResult | undefined {
   const vips = f.config.backendVips ?? [];
   if (vips.length === 0) return undefined;
@@ -644,10 +645,11 @@ export function checkDsrBackend(f: Facts): CheckResult | undefined {
   const arping = vips.flatMap((v) => addrs.filter((a) => a.address === v && !a.noarp).map((a) => `${v} on ${a.interface}`));
   if (arping.length > 0) {
     return fail(id, `backend VIP(s) on an interface that answers ARP: ${arping.join(', ')}: this VM would answer ARP for the VIP and take the clients' traffic from the load balancer`,
-      `remove them there (ip addr del VIP/32 dev IFACE); the agent puts backend VIPs on ${BACKEND_VIP_INTERFACE}`);
+      `remove them there (ip addr del VIP/32 dev IFACE, VIP/128 for IPv6); the agent puts backend VIPs on ${BACKEND_VIP_INTERFACE}`);
   }
   const onLo = vips.filter((v) => addrs.some((a) => a.address === v && a.noarp));
-  const wrong = BACKEND_SYSCTLS.filter(([key, min]) => (sysctlNum(f, `net.ipv4.conf.all.${key}`) ?? 0) < min);
+  const v4 = vips.some((v) => !v.includes(':'));
+  const wrong = v4 ? BACKEND_SYSCTLS.filter(([key, min]) => (sysctlNum(f, `net.ipv4.conf.all.${key}`) ?? 0) < min) : [];
   const seen = BACKEND_SYSCTLS.map(([key]) => `all.${key}=${f.sysctls[`net.ipv4.conf.all.${key}`] ?? '?'}`).join(' ');
   const where = `${onLo.length}/${vips.length} VIP(s) on a non-ARPing interface${onLo.length < vips.length ? ` (the daemon adds the rest to ${BACKEND_VIP_INTERFACE} at start)` : ''}`;
   if (wrong.length > 0 && onLo.length > 0) {

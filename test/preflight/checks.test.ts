@@ -519,6 +519,18 @@ t.test('dsr-backend: a VIP on an ARPing interface fails; on lo with the sysctls 
   }))!;
   t.equal(flux.status, 'warn');
   t.match(flux.remedy, /sysctl -w net\.ipv4\.conf\.all\.arp_ignore=1 net\.ipv4\.conf\.all\.arp_announce=2/);
+  // An IPv6 VIP on lo needs no ARP sysctl; on a NIC it is answered for (NDP) and fails.
+  const six = (f: Facts): void => {
+    base(f);
+    f.config.backendVips = ['fd00:99::250'];
+    f.sysctls['net.ipv4.conf.all.arp_ignore'] = '0';
+    f.sysctls['net.ipv4.conf.all.arp_announce'] = '0';
+  };
+  const six0 = checkDsrBackend(variant('healthy', (f) => { six(f); f.addresses!.push({ interface: 'lo', address: 'fd00:99::250', prefix: 128, noarp: true }); }))!;
+  t.equal(six0.status, 'pass', `IPv6 alone: the ARP sysctls do not matter (${six0.detail})`);
+  const sixEth = checkDsrBackend(variant('healthy', (f) => { six(f); f.addresses!.push({ interface: 'eth0', address: 'fd00:99::250', prefix: 64, noarp: false }); }))!;
+  t.equal(sixEth.status, 'fail');
+  t.match(sixEth.remedy, /VIP\/128 for IPv6/);
 });
 
 t.test('topology: unknown zone, no backend in the zone, zones that no policy reads', async (t) => {
