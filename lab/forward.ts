@@ -56,7 +56,7 @@ process.stdout.write(JSON.stringify(a.attachedDsrPrograms(n.nativeBpf(), n.ifNam
 /** A DSR backend set up by hand, as docs/datapaths.md "Direct server return" tells an operator without lb-agent there: the VIPs on lo, ARP kept quiet. */
 export async function dsrBackendByHand(lab: Lab, ns: string, vips: readonly string[]): Promise<void> {
   // An IPv6 VIP needs no sysctl: Linux answers neighbour solicitations only for the receiving interface's addresses.
-  await lab.sh(ns, `${vips.map((v) => (v.includes(':') ? `ip -6 addr add ${v}/128 dev lo` : `ip addr add ${v}/32 dev lo`)).join(' && ')} && sysctl -qw net.ipv4.conf.all.arp_ignore=1 net.ipv4.conf.all.arp_announce=2`);
+  await lab.sh(ns, `${vips.map((v) => (v.includes(':') ? `ip -6 addr add ${v}/128 dev lo preferred_lft 0` : `ip addr add ${v}/32 dev lo`)).join(' && ')} && sysctl -qw net.ipv4.conf.all.arp_ignore=1 net.ipv4.conf.all.arp_announce=2`);
 }
 
 export class JsonLinesProc {
