@@ -4,7 +4,9 @@
 // service (port 80 to the backends' 8080), so both VIPs are held by the same
 // process, forward to the same three nginx (each listens on both families)
 // and are measured in the same slot. Each path (kernel: nftables; proxy:
-// the userspace proxy, one worker per CPU) gets a slot a round, in a rotated
+// the userspace proxy, one worker per CPU; dsr: the kernel path with
+// sourceIP: preserve, port 8080 straight to the backends, which hold both
+// VIPs on lo for that slot only) gets a slot a round, in a rotated
 // order; in a slot the families alternate, IPv4 first and last
 // (4, 6, 4, 6, 4, ...), for keep-alive requests/s and for new connections/s
 // (wrk with `Connection: close`), and each IPv6 run is judged against the
@@ -24,7 +26,7 @@ const NODE = { v4: '10.99.0.10', v6: 'fd00:99::10' };
 const VIP = { v4: '10.99.0.50', v6: 'fd00:99::50' };
 const BACKENDS = [{ v4: '10.99.0.11', v6: 'fd00:99::11' }, { v4: '10.99.0.12', v6: 'fd00:99::12' }, { v4: '10.99.0.13', v6: 'fd00:99::13' }];
 
-export const FAMILY_PATHS = ['kernel', 'proxy'] as const;
+export const FAMILY_PATHS = ['kernel', 'proxy', 'dsr'] as const;
 export type FamilyPath = (typeof FAMILY_PATHS)[number];
 
 export interface FamiliesOptions {
@@ -65,21 +67,35 @@ export interface FamiliesResult {
 }
 
 function agentConfig(path: FamilyPath): Record<string, unknown> {
+  const dsr = path === 'dsr';
   return {
     node: { interface: 'eth0' },
     metrics: { listen: '' },
-    dataplane: path,
+    dataplane: dsr ? 'kernel' : path,
     pools: { 'range-global': `${VIP.v4}-${VIP.v4},${VIP.v6}-${VIP.v6}` },
     arp: FAST_ARP,
     services: [{
       name: 'web', ipam: 'pool', ipFamilyPolicy: 'RequireDualStack',
-      ports: [{ port: 80, targetPort: 8080 }],
+      // Direct server return keeps the port: the backends' own.
+      ...(dsr ? { sourceIP: 'preserve', ports: [{ port: 8080 }] } : { ports: [{ port: 80, targetPort: 8080 }] }),
       backends: [...BACKENDS.map((b) => b.v4), ...BACKENDS.map((b) => b.v6)],
     }],
   };
 }
 
-const url = (f: 'v4' | 'v6'): string => (f === 'v4' ? `http://${VIP.v4}:80/` : `http://[${VIP.v6}]:80/`);
+const url = (f: 'v4' | 'v6', path: FamilyPath): string => {
+  const port = path === 'dsr' ? 8080 : 80;
+  return f === 'v4' ? `http://${VIP.v4}:${port}/` : `http://[${VIP.v6}]:${port}/`;
+};
+
+/** A DSR slot's backend side (docs/datapaths.md): both VIPs on lo, or off again (the SNAT paths send from the VIP). */
+async function backendVips(lab: Lab, namespaces: readonly string[], on: boolean): Promise<void> {
+  for (const ns of namespaces) {
+    await lab.sh(ns, on
+      ? `ip addr add ${VIP.v4}/32 dev lo && ip -6 addr add ${VIP.v6}/128 dev lo preferred_lft 0 && sysctl -qw net.ipv4.conf.all.arp_ignore=1 net.ipv4.conf.all.arp_announce=2`
+      : `ip addr del ${VIP.v4}/32 dev lo; ip -6 addr del ${VIP.v6}/128 dev lo; true`);
+  }
+}
 
 export async function benchFamilies(o: FamiliesOptions): Promise<FamiliesResult> {
   const lab = await Lab.create();
@@ -93,14 +109,16 @@ export async function benchFamilies(o: FamiliesOptions): Promise<FamiliesResult>
     const node = await lab.addHost('node', { address: `${NODE.v4}/24`, ipv6: [`${NODE.v6}/64`] });
     await lab.sh(client, tune);
     await lab.sh(node, tune);
+    const backendNs: string[] = [];
     for (const [i, b] of BACKENDS.entries()) {
       const ns = await lab.addHost(`b${i + 1}`, { address: `${b.v4}/24`, ipv6: [`${b.v6}/64`] });
+      backendNs.push(ns);
       await lab.sh(ns, tune);
       await startNginxBackend(lab, ns, `b${i + 1}`, 8080, undefined, true);
     }
     o.log(`lab up; paths ${FAMILY_PATHS.join(',')}; ${o.rounds} round(s), ${o.pairs} IPv6 run(s) a slot per kind between IPv4 runs, ${o.seconds} s each`);
     const wrk = async (f: 'v4' | 'v6', close: boolean, path: FamilyPath): Promise<WrkResult> => {
-      const r = await runWrk(lab, client, url(f), { seconds: o.seconds, connections: o.connections, threads: o.threads, close });
+      const r = await runWrk(lab, client, url(f, path), { seconds: o.seconds, connections: o.connections, threads: o.threads, close });
       errs.set(path, (errs.get(path) ?? 0) + r.socketErrors + r.non2xx + (Number.isFinite(r.rps) ? 0 : 1));
       const key = `${path}/${close ? 'close' : 'keepalive'}/${f}`;
       runs.set(key, [...(runs.get(key) ?? []), r.rps]);
@@ -108,11 +126,12 @@ export async function benchFamilies(o: FamiliesOptions): Promise<FamiliesResult>
     };
     for (let round = 0; round < o.rounds; round++) {
       for (const path of rotate(FAMILY_PATHS, round)) {
+        if (path === 'dsr') await backendVips(lab, backendNs, true);
         const agent = await runAgent(lab, node, agentConfig(path), { name: `fam-${path}` });
         try {
           await waitStatus(agent, 'both VIPs serving, every backend healthy', (s) => s.services.length === 2 && s.services.every((x) => x.ready && x.healthyBackends === 3), 30_000);
           for (const close of [false, true]) {
-            if (o.warmup > 0) for (const f of ['v4', 'v6'] as const) await runWrk(lab, client, url(f), { seconds: o.warmup, connections: o.connections, threads: o.threads, close });
+            if (o.warmup > 0) for (const f of ['v4', 'v6'] as const) await runWrk(lab, client, url(f, path), { seconds: o.warmup, connections: o.connections, threads: o.threads, close });
             let before = await wrk('v4', close, path);
             for (let p = 0; p < o.pairs; p++) {
               const v6 = await wrk('v6', close, path);
@@ -127,6 +146,7 @@ export async function benchFamilies(o: FamiliesOptions): Promise<FamiliesResult>
           errors.push(`round ${round + 1} ${path}: ${String((e as Error).message ?? e)}`);
         } finally {
           await stopAgent(agent);
+          if (path === 'dsr') await backendVips(lab, backendNs, false);
         }
       }
     }

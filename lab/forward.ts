@@ -24,9 +24,9 @@ export const UDP_PORT = 53;
  * lab/bin/peer-echo.js (a backend that answers who it saw) in each namespace,
  * namespaces[i] with ids[i], on `port`; resolves once every one listens.
  */
-export async function startPeerEchoes(lab: Lab, namespaces: readonly string[], ids: readonly string[], port = 80): Promise<ChildProcess[]> {
+export async function startPeerEchoes(lab: Lab, namespaces: readonly string[], ids: readonly string[], port = 80, family: 'IPv4' | 'IPv6' = 'IPv4'): Promise<ChildProcess[]> {
   const echoes = namespaces.map((ns, i) => {
-    const p = lab.spawn(ns, process.execPath, [distPath('lab', 'bin', 'peer-echo.js'), '--id', ids[i]!, '--port', String(port)]);
+    const p = lab.spawn(ns, process.execPath, [distPath('lab', 'bin', 'peer-echo.js'), '--id', ids[i]!, '--port', String(port), ...(family === 'IPv6' ? ['--ipv6'] : [])]);
     let out = '';
     p.stdout?.on('data', (d: Buffer) => { out += d.toString(); });
     return { p, up: () => out.includes('listening') };
@@ -55,7 +55,8 @@ process.stdout.write(JSON.stringify(a.attachedDsrPrograms(n.nativeBpf(), n.ifNam
 
 /** A DSR backend set up by hand, as docs/datapaths.md "Direct server return" tells an operator without lb-agent there: the VIPs on lo, ARP kept quiet. */
 export async function dsrBackendByHand(lab: Lab, ns: string, vips: readonly string[]): Promise<void> {
-  await lab.sh(ns, `${vips.map((v) => `ip addr add ${v}/32 dev lo`).join(' && ')} && sysctl -qw net.ipv4.conf.all.arp_ignore=1 net.ipv4.conf.all.arp_announce=2`);
+  // An IPv6 VIP needs no sysctl: Linux answers neighbour solicitations only for the receiving interface's addresses.
+  await lab.sh(ns, `${vips.map((v) => (v.includes(':') ? `ip -6 addr add ${v}/128 dev lo preferred_lft 0` : `ip addr add ${v}/32 dev lo`)).join(' && ')} && sysctl -qw net.ipv4.conf.all.arp_ignore=1 net.ipv4.conf.all.arp_announce=2`);
 }
 
 export class JsonLinesProc {

@@ -22,7 +22,6 @@ export interface FamilyAsk {
   readonly loadBalancerIPs?: readonly string[] | undefined;
   /** Backend addresses with the path of each. */
   readonly backends: readonly { readonly family: Family; readonly segs: readonly Seg[]; readonly address: string }[];
-  readonly sourceIP: 'snat' | 'preserve';
 }
 
 export interface FamilyContext {
@@ -66,7 +65,6 @@ export function linkKeyOf(familyKey: string): string {
 /** Why the agent cannot serve a family for this service, or undefined when it can. */
 function unservable(f: Family, ask: FamilyAsk, ctx: FamilyContext): string | undefined {
   if (f === 'IPv6' && ask.ipam === 'dhcp' && ctx.failover === 'vrrp') return 'IPv6 with ipam: dhcp under failover.mode: vrrp is not supported (a Backup does not keep a DHCPv6 lease on standby); IPv6 VIPs under VRRP come from a pool (ipam: pool)';
-  if (f === 'IPv6' && ask.sourceIP === 'preserve') return 'IPv6 with sourceIP: preserve is not supported (direct server return forwards IPv4 only); use sourceIP: snat, or IPv4 only';
   if (ask.ipam === 'pool' && !selectPool(ctx.pools, ask.namespace, f)) {
     return `no pool lists ${f} addresses for namespace ${ask.namespace} (looked for ${poolLookupOrder(ask.namespace).join(', ')} under pools)`;
   }

@@ -340,9 +340,6 @@ function buildServices(raw: RawConfig, pools: readonly Pool[], err: (segs: Seg[]
       const defined = Object.keys(raw.networks);
       err(at('network'), `${JSON.stringify(s.network)} is not a network of this file: define it under networks${defined.length > 0 ? ` (defined: ${defined.join(', ')})` : ''}, or leave network out for the default network (node.interface)`);
     }
-    if (s.network !== undefined && s.network !== DEFAULT_NETWORK && s.sourceIP === 'preserve') {
-      err(at('sourceIP'), `preserve on network ${s.network}: direct server return forwards on the default network's interface (node.interface) only; use sourceIP: snat here, or put the service on the default network`);
-    }
 
     prelim.push({ idx, key, raw: s, ipam, ipamGiven: ipamTyped !== undefined || ipamAnn !== undefined, primary, hc, ports, backends, backendSegs });
   });
@@ -444,7 +441,6 @@ function buildServices(raw: RawConfig, pools: readonly Pool[], err: (segs: Seg[]
       ipFamilies: p.raw.ipFamilies, ipFamilyPolicy: p.raw.ipFamilyPolicy,
       loadBalancerIP: p.raw.loadBalancerIP || undefined, loadBalancerIPs: p.raw.loadBalancerIPs,
       backends: p.backends.map((b, i) => ({ family: b.family ?? 'IPv4', address: b.address, segs: p.backendSegs[i]! })),
-      sourceIP: p.raw.sourceIP,
     }, { pools: poolsOfNetwork(pools, p.raw.network), failover: raw.failover.mode });
     for (const pr of problems) err(at(...pr.segs), `service ${p.key}: ${pr.message}`);
     plans.set(p.key, plan);
@@ -715,7 +711,8 @@ export function buildConfig(data: unknown, locate: (segs: Seg[]) => number | und
     arp: raw.arp,
     dhcp: { ...raw.dhcp, servers: raw.dhcp.servers.map((a) => parseIPv4(a)!) },
     proxy: raw.proxy,
-    backend: { vips: raw.backend.vips },
+    // Canonical text (RFC 5952 for IPv6): lo's addresses are listed so.
+    backend: { vips: raw.backend.vips.map((v) => formatAddress(parseAddress(v)!)) },
     services: built,
   };
   return { ok: true, config: deepFreeze(config) };

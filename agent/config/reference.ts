@@ -107,7 +107,7 @@ export const KEY_HELP: Readonly<Record<string, KeyHelp>> = {
   'proxy.maxConnections': { text: 'Proxied connections at once, all services; beyond it a new client gets a clean close.', unset: '(LimitNOFILE − reserve) / 2, from the descriptor limit', probe: 1000 },
   'proxy.workers': { text: 'Relaying threads, each on its own listening socket of a SO_REUSEPORT group per VIP:port.', unset: 'one per CPU', probe: 3 },
   backend: { text: 'This VM as a backend of direct-server-return services of other agents.' },
-  'backend.vips': { text: 'Their VIPs: each goes on `lo` as a /32 (with `arp_ignore=1`, `arp_announce=2` raised first), is adopted on a restart and withdrawn on a stop. A backend-only agent needs no service: `services: []`.', probe: ['10.0.0.50'] },
+  'backend.vips': { text: 'Their VIPs: each goes on `lo`, an IPv4 one as a /32 (with `arp_ignore=1`, `arp_announce=2` raised first), an IPv6 one as a /128 (no sysctl: Linux answers neighbour solicitations only for addresses of the interface they arrive on, and `proxy_ndp` stays 0), is adopted on a restart and withdrawn on a stop. A backend-only agent needs no service: `services: []`.', probe: ['10.0.0.50', 'fd00::50'] },
   services: { text: 'The load-balanced services. Required: write `services: []` to run none, so that a truncated file never removes every service.', probe: [] },
   'services[].name': { text: 'The service name (a DNS-1123 label); with `namespace` it identifies the service, its DHCP MAC and client identifier.', probe: 'web2' },
   'services[].namespace': { text: 'The service namespace; it also picks the `cidr-<namespace>` and `range-<namespace>` pools.', probe: 'prod' },

@@ -221,7 +221,7 @@ export const configSchema: S = obj({
   },
   backend: {
     ...obj({
-      vips: { type: 'array', items: ipv4, maxItems: 1024, uniqueItems: true, default: [], 'x-what': 'a list of the VIPs (IPv4) of the DSR services this VM is a backend of' },
+      vips: { type: 'array', items: ip, maxItems: 1024, uniqueItems: true, default: [], 'x-what': 'a list of the VIPs (IPv4 or IPv6) of the DSR services this VM is a backend of' },
     }),
     default: {},
   },

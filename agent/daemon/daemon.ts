@@ -414,6 +414,8 @@ export class Daemon extends EventEmitter {
         // The MAC frames for the VIP carry: a DHCP VIP's macvlan (derived from
         // the primary's key, one for both families), else its network's NIC's (pool VIPs live there).
         vipMac: rt.spec.ipam === 'dhcp' ? lateModules().macForService(linkKeyOf(primaryKey)) : (subs.parentOf?.(rt.spec) ?? subs.parent).mac,
+        // Direct server return takes the VIP's frames in and sends them on by its network's NIC.
+        device: (subs.parentOf?.(rt.spec) ?? subs.parent).name,
         handBack: subs.failover?.handBack?.(primaryKey),
       };
     });

@@ -24,6 +24,8 @@ export interface ForwardService {
   readonly sourceIP?: SourceIpMode | undefined;
   /** The MAC frames for the VIP arrive with: the parent's (pool VIP) or the service macvlan's (DHCP VIP). Needed for preserve. */
   readonly vipMac?: string | undefined;
+  /** The NIC of the service's network, where direct server return takes its frames in and sends them on; default: the data path's own (the default network's). */
+  readonly device?: string | undefined;
   /** PROXY protocol header before the first byte to a backend (the proxy path only). */
   readonly proxyProtocol?: ProxyProtocolVersion | undefined;
   /**
@@ -264,6 +266,8 @@ export interface NormalizedService {
   readonly sourceIP: SourceIpMode;
   /** Lower-case MAC of the interface holding the VIP (direct server return). */
   readonly vipMac: string | undefined;
+  /** The NIC of the service's network (direct server return), when the state named one. */
+  readonly device: string | undefined;
   readonly handBack: string | undefined;
 }
 
@@ -297,7 +301,7 @@ export function normalizeState(state: ForwardState): { services: NormalizedServi
     const all = [...byAddr.values()].sort(cmpAddr);
     const seen = new Set<string>();
     const healthy = s.healthy.filter((b) => b.weight > 0 && !seen.has(b.address) && (seen.add(b.address), true)).sort(cmpAddr);
-    return { key: s.key, vip: s.vip, ports, healthy, all, sourceIP: s.sourceIP ?? 'snat', vipMac: s.vipMac?.toLowerCase(), handBack: s.handBack };
+    return { key: s.key, vip: s.vip, ports, healthy, all, sourceIP: s.sourceIP ?? 'snat', vipMac: s.vipMac?.toLowerCase(), device: s.device, handBack: s.handBack };
   });
   return { services, problems };
 }

@@ -150,7 +150,7 @@ export class ForwardMetrics {
     });
     new Gauge({
       name: 'lbagent_forward_dsr_engine_info',
-      help: 'What forwards direct server return frames: engine="bpf" (the tc ingress program in front of the nft table) or "nft" (the table alone), and why (cause="tcx", "forced" by LB_AGENT_DSR_ENGINE=nft, or "fallback" when the program cannot run here); absent while no DSR port is forwarded.',
+      help: 'What forwards direct server return frames: engine="bpf" (the tc ingress program in front of the nft table) or "nft" (the table alone), and why (cause="tcx", "forced" by LB_AGENT_DSR_ENGINE=nft, "fallback" when the program cannot run here, or "table" when no port the program serves, IPv4 on the parent NIC, is forwarded and the table forwards the others: IPv6 VIPs, other networks\' NICs); absent while no DSR port is forwarded.',
       labelNames: ['engine', 'cause'] as const,
       registers,
       async collect() {

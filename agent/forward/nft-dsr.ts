@@ -10,6 +10,14 @@
 //        by the NIC it came in on, IP header untouched (destination still V,
 //        source still C; only the TTL drops by one, as through any router).
 //   B accepts it (V is local there), answers from V straight to C.
+// An IPv6 VIP takes the same path with `fwd ip6 to B device <parent>`: the
+// kernel's neighbour discovery table (NDP, nd_tbl) gives B's MAC as the ARP
+// table does for IPv4, and the hop limit drops by one. Each family's VIP goes
+// to its own family's backends (a dual-stack service is one service per
+// family, config/families.ts), through its own dispatch map.
+// A service on a named network (networks:) has that network's NIC as its
+// parent: its frames arrive there and leave there, so the table hooks the
+// ingress of every NIC that has a forwarded port, one chain each.
 // Nothing of a DSR flow enters this node's IP stack: the frame is stolen at
 // ingress, before conntrack, so no half-seen connection fills its table and
 // no reply is expected back. The backend's conntrack sees both directions
@@ -30,12 +38,13 @@
 // for a DHCP VIP - so a frame the NIC sees for another host's MAC (a
 // flooding switch, a VRRP Backup) is never forwarded.
 //
-// Why `fwd ip to` and not `ether daddr set ... fwd to`: the kernel resolves
-// the backend's MAC in the same neighbour table that the health checks'
-// connects to the backend fill, keeps it fresh (NUD), and follows a backend
-// whose MAC changes; a healthy backend has been resolved by its own health
-// check. A frame for a backend whose entry is not yet resolved waits in the
-// neighbour queue (unres_qlen) for the ARP reply instead of going nowhere.
+// Why `fwd ip to` (`fwd ip6 to`) and not `ether daddr set ... fwd to`: the
+// kernel resolves the backend's MAC in the same neighbour table (ARP, or
+// NDP for IPv6) that the health checks' connects to the backend fill, keeps
+// it fresh (NUD), and follows a backend whose MAC changes; a healthy backend
+// has been resolved by its own health check. A frame for a backend whose
+// entry is not yet resolved waits in the neighbour queue (unres_qlen) for
+// the ARP reply or neighbour advertisement instead of going nowhere.
 //
 // What this table costs: one packet per request crosses the node, and the
 // table plus `fwd ip to`'s neighbour step are a few percent of the CPU a DSR
@@ -43,9 +52,11 @@
 // would save too little to be worth state the agent would have to track.
 // For the node's own CPU, net/ebpf-dsr.ts's program at tc ingress (a third
 // to a quarter of this table's cost) runs in front of this table with the
-// same match, jhash, slots and counter names (renderDsrPort plans each port
-// for both); this table forwards what the program passes on, and everything
-// when the program cannot run here or LB_AGENT_DSR_ENGINE=nft.
+// same match, jhash, slots and counter names (renderDsrPort plans each IPv4
+// port for both); this table forwards what the program passes on (IPv6
+// frames among them: the program matches IPv4 only, and is attached on the
+// data path's own NIC only), and everything when the program cannot run
+// here or LB_AGENT_DSR_ENGINE=nft.
 //
 // Why the jhash has an explicit seed: without one the kernel draws a random
 // seed for each rule it loads, and every rewrite of the table would send
@@ -76,8 +87,12 @@ export interface DsrPortRender {
   readonly dispatch: string | undefined;
   readonly chains: readonly string[];
   readonly problem: string | undefined;
-  /** The same port for the BPF program in front of the table (net/ebpf-dsr.ts), when it is forwarded. */
+  /** The same port for the BPF program in front of the table (net/ebpf-dsr.ts), when it is forwarded (IPv4 only: the program passes IPv6 on to the table). */
   readonly bpf?: DsrBpfPort | undefined;
+  /** The NIC the port's frames arrive on and leave by: its service's network's. */
+  readonly device: string | undefined;
+  /** The VIP's family in nft's words: which map of the device's chain dispatches the port. */
+  readonly family: 'ip' | 'ip6';
 }
 
 const proto = (p: PortSpec): string => (p.protocol === 'UDP' ? 'udp' : 'tcp');
@@ -118,6 +133,7 @@ function deviceString(device: string): string {
  */
 export function renderDsrPort(sp: string, svc: NormalizedService, spec: PortSpec, device: string | undefined): DsrPortRender {
   const p = proto(spec);
+  const ip = svc.vip?.includes(':') === true ? 'ip6' : 'ip';
   const counterDecls: string[] = [];
   const counters: DsrCounterRef[] = [];
   svc.all.forEach((b, bi) => {
@@ -126,9 +142,9 @@ export function renderDsrPort(sp: string, svc: NormalizedService, spec: PortSpec
       counters.push({ name: `${sp}b${bi}_${kind}`, kind, service: svc.key, port: spec, backend: b.address });
     }
   });
-  const refuse = (problem: string | undefined): DsrPortRender => ({ counterDecls, counters, dispatch: undefined, chains: [], problem });
+  const refuse = (problem: string | undefined): DsrPortRender => ({ counterDecls, counters, dispatch: undefined, chains: [], problem, device, family: ip });
   if (svc.healthy.length === 0) return refuse(undefined);
-  if (device === undefined) return refuse(`${svc.key}: ${spec.protocol} port ${spec.port}: direct server return needs the parent interface, which this data path was not given; refusing connections`);
+  if (device === undefined) return refuse(`${svc.key}: ${spec.protocol} port ${spec.port}: direct server return needs the NIC of the service's network, which this data path was not given; refusing connections`);
   if (svc.vipMac === undefined) return refuse(`${svc.key}: ${spec.protocol} port ${spec.port}: direct server return needs the MAC the VIP ${svc.vip} answers with; refusing connections`);
   const dev = deviceString(device);
   const chainOf = (address: string): string => `${sp}b${svc.all.findIndex((b) => b.address === address)}`;
@@ -142,12 +158,13 @@ export function renderDsrPort(sp: string, svc: NormalizedService, spec: PortSpec
   } else {
     const slots = flowHashSlots(svc);
     const vm = slots.map((b, i) => `${i} : goto ${chainOf(b.address)}`).join(', ');
-    chains.push(`\tchain ${sp} {`, `\t\t${flowHashPick(svc.key, slots.length)} vmap { ${vm} }`, '\t}');
+    chains.push(`\tchain ${sp} {`, `\t\t${flowHashPick(svc.key, slots.length, ip)} vmap { ${vm} }`, '\t}');
     bpfSlots = slots.map((b) => healthyIndex.get(b.address)!);
   }
-  // The BPF program in front of this table forwards by the same slot table
-  // and hash (net/ebpf-dsr.ts) and counts into the same counter names.
-  const bpf: DsrBpfPort = {
+  // The BPF program in front of this table forwards IPv4 by the same slot
+  // table and hash (net/ebpf-dsr.ts) and counts into the same counter names;
+  // it passes IPv6 frames on, and this table forwards them.
+  const bpf: DsrBpfPort | undefined = ip === 'ip6' ? undefined : {
     mac: svc.vipMac, vip: svc.vip!, protocol: spec.protocol === 'UDP' ? 'UDP' : 'TCP', port: spec.port, seed: dsrSeedValue(svc.key), slots: bpfSlots,
     backends: svc.healthy.map((b) => ({ address: b.address, conns: `${chainOf(b.address)}_conns`, toBackend: `${chainOf(b.address)}_to_backend` })),
   };
@@ -157,9 +174,9 @@ export function renderDsrPort(sp: string, svc: NormalizedService, spec: PortSpec
       // A connection is its SYN (the netdev hook has no conntrack to ask).
       ? [`\t\ttcp flags & (syn | ack) == syn counter name "${name}_conns"`]
       : [];
-    chains.push(`\tchain ${name} {`, ...body, `\t\tcounter name "${name}_to_backend" fwd ip to ${b.address} device ${dev}`, '\t}');
+    chains.push(`\tchain ${name} {`, ...body, `\t\tcounter name "${name}_to_backend" fwd ${ip} to ${b.address} device ${dev}`, '\t}');
   }
-  return { counterDecls, counters, dispatch: `${svc.vipMac} . ${svc.vip} . ${p} . ${spec.port} : jump ${sp}`, chains, problem: undefined, bpf };
+  return { counterDecls, counters, dispatch: `${svc.vipMac} . ${svc.vip} . ${p} . ${spec.port} : jump ${sp}`, chains, problem: undefined, bpf, device, family: ip };
 }
 
 /** Create-if-missing and delete: the start of every script, so the table never outlives a config without DSR. */
@@ -167,31 +184,62 @@ export function dsrRemovalLines(): string[] {
   return [`table ${DSR_FAMILY} ${DSR_TABLE} {}`, `delete table ${DSR_FAMILY} ${DSR_TABLE}`];
 }
 
-/** The netdev table's definition, or nothing when no DSR port is forwarded (no hook on the NIC for nothing). */
-export function renderDsrTable(device: string | undefined, ports: readonly DsrPortRender[]): string[] {
-  const dispatch = ports.map((p) => p.dispatch).filter((d): d is string => d !== undefined);
-  if (dispatch.length === 0 || device === undefined) return [];
+/**
+ * The netdev table's definition, or nothing when no DSR port is forwarded (no
+ * hook on a NIC for nothing). One ingress chain per NIC that has a forwarded
+ * port (a service's network's NIC: its VIP's frames arrive there and leave
+ * there for the backend), with a dispatch map per family that has one; the
+ * data path's own NIC's are named `ingress`, `dsr` and `dsr6`, another NIC's
+ * carry `_n<position>` in the NICs' sorted order.
+ */
+export function renderDsrTable(defaultDevice: string | undefined, ports: readonly DsrPortRender[]): string[] {
+  const forwarded = ports.filter((p): p is DsrPortRender & { dispatch: string; device: string } => p.dispatch !== undefined && p.device !== undefined);
+  if (forwarded.length === 0) return [];
+  const devices = dsrDevices(defaultDevice, forwarded);
+  const maps: string[] = [];
+  const hooks: string[] = [];
+  devices.forEach((device, k) => {
+    const suffix = device === defaultDevice ? '' : `_n${k}`;
+    const rules: string[] = [];
+    for (const [family, name, addrType] of [['ip', `dsr${suffix}`, 'ipv4_addr'], ['ip6', `dsr6${suffix}`, 'ipv6_addr']] as const) {
+      const dispatch = forwarded.filter((p) => p.device === device && p.family === family).map((p) => p.dispatch);
+      if (dispatch.length === 0) continue;
+      maps.push(
+        `\tmap ${name} {`,
+        `\t\ttype ether_addr . ${addrType} . inet_proto . inet_service : verdict`,
+        '\t\telements = {', ...dispatch.map((l) => `\t\t\t${l},`), '\t\t}',
+        '\t}',
+      );
+      rules.push(`\t\tether daddr . ${family} daddr . meta l4proto . th dport vmap @${name}`);
+    }
+    hooks.push(
+      `\tchain ingress${suffix} {`,
+      `\t\ttype filter hook ingress device ${deviceString(device)} priority ${DSR_PRIORITY}; policy accept;`,
+      ...rules,
+      '\t}',
+    );
+  });
   return [
     `table ${DSR_FAMILY} ${DSR_TABLE} {`,
     ...ports.flatMap((p) => p.counterDecls),
-    '\tmap dsr {',
-    '\t\ttype ether_addr . ipv4_addr . inet_proto . inet_service : verdict',
-    '\t\telements = {', ...dispatch.map((l) => `\t\t\t${l},`), '\t\t}',
-    '\t}',
-    '\tchain ingress {',
-    `\t\ttype filter hook ingress device ${deviceString(device)} priority ${DSR_PRIORITY}; policy accept;`,
-    '\t\tether daddr . ip daddr . meta l4proto . th dport vmap @dsr',
-    '\t}',
+    ...maps,
+    ...hooks,
     ...ports.flatMap((p) => p.chains),
     '}',
   ];
 }
 
+/** The NICs the netdev table hooks (renderDsrTable's chains), in its order. */
+export function dsrDevices(defaultDevice: string | undefined, ports: readonly DsrPortRender[]): string[] {
+  const used = new Set(ports.flatMap((p) => (p.dispatch !== undefined && p.device !== undefined ? [p.device] : [])));
+  return [...used].sort((a, b) => (a === defaultDevice ? -1 : b === defaultDevice ? 1 : a < b ? -1 : a > b ? 1 : 0));
+}
+
 /**
  * What direct server return needs from the kernel, loaded in a throwaway
  * namespace (device lo): a netdev ingress chain, a concatenated verdict map
- * with an ether_addr key, jhash with a seed, tcp flags, named counters and
- * `fwd ip to`. CONFIG_NF_TABLES_NETDEV, CONFIG_NETFILTER_INGRESS,
+ * with an ether_addr key for each family, jhash with a seed, tcp flags,
+ * named counters, `fwd ip to` and `fwd ip6 to`. CONFIG_NF_TABLES_NETDEV, CONFIG_NETFILTER_INGRESS,
  * CONFIG_NFT_HASH, CONFIG_NFT_FWD_NETDEV. The daemon's probe and the
  * preflight load this same text.
  */
@@ -201,9 +249,14 @@ export const DSR_PROBE_RULESET = `table netdev lbchk {
 		type ether_addr . ipv4_addr . inet_proto . inet_service : verdict
 		elements = { 02:00:00:00:00:01 . 192.0.2.10 . tcp . 80 : jump s }
 	}
+	map dsr6 {
+		type ether_addr . ipv6_addr . inet_proto . inet_service : verdict
+		elements = { 02:00:00:00:00:01 . 2001:db8::10 . tcp . 80 : jump s6 }
+	}
 	chain ingress {
 		type filter hook ingress device "lo" priority ${DSR_PRIORITY}; policy accept;
 		ether daddr . ip daddr . meta l4proto . th dport vmap @dsr
+		ether daddr . ip6 daddr . meta l4proto . th dport vmap @dsr6
 	}
 	chain s {
 		jhash ip saddr . th sport mod 2 seed 0x1 vmap { 0 : goto b, 1 : goto b }
@@ -211,6 +264,12 @@ export const DSR_PROBE_RULESET = `table netdev lbchk {
 	chain b {
 		tcp flags & (syn | ack) == syn counter name "c"
 		fwd ip to 192.0.2.11 device "lo"
+	}
+	chain s6 {
+		jhash ip6 saddr . th sport mod 2 seed 0x1 vmap { 0 : goto b6, 1 : goto b6 }
+	}
+	chain b6 {
+		fwd ip6 to 2001:db8::11 device "lo"
 	}
 }
 `;

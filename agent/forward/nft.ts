@@ -112,7 +112,7 @@ import {
   type Dataplane, type FlowStats, type ForwardState, type ForwardStats, type NormalizedService, type Placement, type ProbeResult, type UdpFlowsEnded,
 } from './dataplane';
 import { ForwardMetrics } from './metrics';
-import { DSR_FAMILY, DSR_PROBE_RULESET, DSR_TABLE, dsrRemovalLines, flowHashPick, flowHashSlots, renderDsrPort, renderDsrTable, type DsrPortRender } from './nft-dsr';
+import { DSR_FAMILY, DSR_PROBE_RULESET, DSR_TABLE, dsrDevices, dsrRemovalLines, flowHashPick, flowHashSlots, renderDsrPort, renderDsrTable, type DsrPortRender } from './nft-dsr';
 import { SerialQueue } from '../serial';
 import type { DsrBpfPort } from '../net/ebpf/ebpf-dsr';
 import type { DsrBpf, DsrFdStore } from '../net/ebpf/ebpf-attach';
@@ -162,6 +162,8 @@ export interface NftPlan {
   readonly tables: readonly NftTableModel[];
   /** The netdev table's part of the script (its removal, then its definition when a DSR port is forwarded). */
   readonly dsrLines: readonly string[];
+  /** The NICs the script names (the netdev table's hooks and `fwd`, hand-back's `dup`): the start check stands a veth in for each. */
+  readonly devices: readonly string[];
 }
 
 /** A service's hand-back counter: packets handed back to the previous Master `to`. */
@@ -394,9 +396,9 @@ export function renderNft(state: ForwardState, opts: RenderOptions = {}): NftPla
       const p = proto(spec.protocol);
       const key = `${svc.vip} . ${p} . ${spec.port}`;
       const healthyText = svc.healthy.map((b) => `${b.address}(w${b.weight})`).join(' ') || 'none: refused';
-      if (svc.sourceIP === 'preserve' && !six) {
+      if (svc.sourceIP === 'preserve') {
         header.push(`# ${sp}: ${commentSafe(svc.key)} ${svc.vip} ${spec.protocol}/${spec.port} direct server return healthy ${healthyText}`);
-        const r = renderDsrPort(sp, svc, spec, opts.dsrDevice);
+        const r = renderDsrPort(sp, svc, spec, svc.device ?? opts.dsrDevice);
         dsrPorts.push(r);
         counters.push(...r.counters);
         if (r.problem) problems.push(r.problem);
@@ -468,8 +470,11 @@ export function renderNft(state: ForwardState, opts: RenderOptions = {}): NftPla
     ...(tables[1] ? tableLines(tables[1]) : opts.ip6Removal ? ip6RemovalLines() : []),
     '',
   ];
-  const dsr = opts.dsrDevice === undefined ? [] : dsrPorts.flatMap((p) => (p.dispatch !== undefined && p.bpf !== undefined ? [p.bpf] : []));
-  return { script: lines.join('\n'), counters, problems, dsr, handBack: handBackCounters, tables, dsrLines };
+  // The BPF program sits on the data path's own NIC: the IPv4 ports whose frames arrive there.
+  const dsr = opts.dsrDevice === undefined ? [] : dsrPorts.flatMap((p) => (p.dispatch !== undefined && p.bpf !== undefined && p.device === opts.dsrDevice ? [p.bpf] : []));
+  const devices = dsrDevices(opts.dsrDevice, dsrPorts);
+  if (handBackCounters.length > 0 && opts.dsrDevice !== undefined && !devices.includes(opts.dsrDevice)) devices.push(opts.dsrDevice);
+  return { script: lines.join('\n'), counters, problems, dsr, handBack: handBackCounters, tables, dsrLines, devices };
 }
 
 /** What an incremental update changes (renderNftDelta). */
@@ -903,8 +908,8 @@ export type DsrEngineChoice = 'auto' | 'nft';
 /** Which mechanism serves direct server return now, and why (status details, lbagent_forward_dsr_engine_info). */
 export interface DsrEngineState {
   readonly engine: 'bpf' | 'nft';
-  /** tcx: the BPF program; forced: LB_AGENT_DSR_ENGINE=nft; fallback: BPF failed here. */
-  readonly cause: 'tcx' | 'forced' | 'fallback';
+  /** tcx: the BPF program; forced: LB_AGENT_DSR_ENGINE=nft; fallback: BPF failed here; table: no port the program serves (IPv4 on the data path's own NIC) is forwarded, the table forwards the others. */
+  readonly cause: 'tcx' | 'forced' | 'fallback' | 'table';
   readonly reason: string;
 }
 
@@ -1351,7 +1356,12 @@ export class NftDataplane implements Dataplane {
     // Without DSR nothing BPF is loaded, but the first apply looks for a
     // program an earlier process left - only when it left our netdev table,
     // which outlives the program (the header above).
-    if (!want && !this.dsrBpf && !(first && this.dsrTableAtStart)) { this.dsrState = undefined; return; }
+    // DSR ports the program does not serve (IPv6 VIPs, another network's NIC) go by the table alone.
+    const tableOnly: DsrEngineState | undefined = !want && hasDsrTable(plan)
+      ? { engine: 'nft', cause: 'table', reason: `table ${DSR_FAMILY} ${DSR_TABLE} forwards every DSR port (the BPF program serves IPv4 VIPs arriving on ${this.dsrDevice ?? 'the parent'} only, and none is forwarded)` }
+      : undefined;
+    if (tableOnly && prev?.reason !== tableOnly.reason) this.log.info({ op: 'dsr-engine', engine: 'nft' }, `direct server return: ${tableOnly.reason}`);
+    if (!want && !this.dsrBpf && !(first && this.dsrTableAtStart)) { this.dsrState = tableOnly; return; }
     if (want && this.dsrEngine === 'auto' && this.makeDsrBpf) {
       try {
         this.dsrBpf ??= this.makeDsrBpf();
@@ -1369,7 +1379,7 @@ export class NftDataplane implements Dataplane {
         if (prev?.reason !== reason) this.log.warn({ op: 'dsr-engine', engine: 'nft', code: (err as { code?: string }).code, err: errorMessage(err) }, `direct server return: ${reason}`);
       }
     } else {
-      this.dsrState = !want ? undefined : { engine: 'nft', cause: 'forced', reason: `LB_AGENT_DSR_ENGINE=${this.dsrEngine}: table ${DSR_FAMILY} ${DSR_TABLE} forwards alone` };
+      this.dsrState = !want ? tableOnly : { engine: 'nft', cause: 'forced', reason: `LB_AGENT_DSR_ENGINE=${this.dsrEngine}: table ${DSR_FAMILY} ${DSR_TABLE} forwards alone` };
       if (want && prev?.engine !== 'nft') this.log.info({ op: 'dsr-engine', engine: 'nft' }, `direct server return: ${this.dsrState!.reason}`);
     }
     // Looking for a leftover at the first apply of a config without DSR on a
@@ -1419,15 +1429,14 @@ export class NftDataplane implements Dataplane {
     try {
       // What the kernel would list for our script, from a throwaway namespace:
       // the same nft and kernel canonicalise both sides. `fwd ... device`
-      // names the parent NIC, which nft resolves to an index: a veth of that
-      // name stands in for it there.
+      // names a NIC (the parent, or a named network's), which nft resolves to
+      // an index: a veth of that name stands in for each there.
       // (Hand-back rules' `dup ... device` name it too.)
-      const device = hasDsrTable(plan) || plan.handBack.length > 0 ? this.dsrDevice : undefined;
-      const setup = device !== undefined ? 'ip link add "$1" type veth peer name lbchk0 >/dev/null 2>&1; ' : '';
+      const setup = 'i=0; for d in "$@"; do i=$((i+1)); ip link add "$d" type veth peer name "lbchk$i" >/dev/null 2>&1; done; ';
       const r = await this.exec('unshare', ['-n', 'sh', '-c',
         `${setup}nft -f - >/dev/null && nft -j list table ${NFT_FAMILY} ${NFT_TABLE} && echo ${LIST_SEPARATOR} && { nft -j list table ${DSR_FAMILY} ${DSR_TABLE} 2>/dev/null || true; }`
         + ` && echo ${LIST_SEPARATOR} && { nft -j list table ${NFT6_FAMILY} ${NFT_TABLE} 2>/dev/null || true; }`,
-        'sh', device ?? ''], plan.script);
+        'sh', ...plan.devices], plan.script);
       // Split at the separator lines: a table that is not there lists nothing, not even a newline.
       const parts = r.stdout.split('\n').reduce<string[][]>((acc, line) => {
         if (line === LIST_SEPARATOR) acc.push([]);

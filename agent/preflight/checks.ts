@@ -592,7 +592,10 @@ export function checkDsr(f: Facts): CheckResult | undefined {
     const table = `the kernel accepts the direct-server-return table (netdev ingress, jhash, fwd); ${services}`;
     const bpf = f.dsr.bpf;
     if (bpf === undefined) return pass(id, table);
-    if (bpf.status === 'ok') return pass(id, `${table}; the BPF program in front of it loads and attaches at tc ingress (tcx): DSR runs on it`);
+    // The program matches IPv4 frames on the parent; the table forwards the rest (nft-dsr.ts).
+    const tableOnly = f.config.dsrTableServices ?? [];
+    const rest = tableOnly.length > 0 ? `; ${tableOnly.join(', ')} (an IPv6 VIP, or another network's NIC) go by the table, which the program passes them on to` : '';
+    if (bpf.status === 'ok') return pass(id, `${table}; the BPF program in front of it loads and attaches at tc ingress (tcx): DSR runs on it for IPv4 VIPs on the parent${rest}`);
     const bpfWhy = `the BPF program in front of it cannot run here (${bpf.error ?? bpf.status})${/EPERM|not permitted/i.test(bpf.error ?? '') ? ': it needs CAP_BPF and CAP_NET_ADMIN, and bpf() allowed by the seccomp filter' : ''}; DSR falls back to the table alone (correct, at about twice the CPU per frame)`;
     if (wanted.length === 0) return pass(id, `${table}; ${bpfWhy}`);
     return warn(id, `${table}; ${bpfWhy}`, /EPERM|not permitted/i.test(bpf.error ?? '')
@@ -609,12 +612,6 @@ export function checkDsr(f: Facts): CheckResult | undefined {
   return fail(id, `${why}; ${services}: the agent refuses to start with them`, remedy);
 }
 
-/**
- * The backend side of direct server return (`backend.vips`): each VIP must be
- * on a non-ARPing interface (the agent puts it on lo) and never on one that
- * answers ARP, and the VM must not answer ARP for it (arp_ignore=1,
- * arp_announce=2; the daemon sets them at start).
- */
 /** IPv6 on the parent, when a service has an IPv6 VIP. Absent (the check skipped) without one. */
 export function checkIpv6(f: Facts): CheckResult | undefined {
   const services = f.config.ipv6Services ?? [];
@@ -636,6 +633,13 @@ export function checkIpv6(f: Facts): CheckResult | undefined {
   return pass(id, `IPv6 is on for ${parent} (${names.map((n) => `${n}=${f.sysctls[n] ?? '?'}`).join(', ')}) for ${what}`);
 }
 
+/**
+ * The backend side of direct server return (`backend.vips`): each VIP must be
+ * on a non-ARPing interface (the agent puts it on lo) and never on one that
+ * answers ARP or NDP, and with an IPv4 VIP the VM must not answer ARP for it
+ * (arp_ignore=1, arp_announce=2; the daemon sets them at start). An IPv6
+ * VIP on lo needs no sysctl (net/host/dsr-backend.ts).
+ */
 export function checkDsrBackend(f: Facts): CheckResult | undefined {
   const vips = f.config.backendVips ?? [];
   if (vips.length === 0) return undefined;
@@ -644,10 +648,11 @@ export function checkDsrBackend(f: Facts): CheckResult | undefined {
   const arping = vips.flatMap((v) => addrs.filter((a) => a.address === v && !a.noarp).map((a) => `${v} on ${a.interface}`));
   if (arping.length > 0) {
     return fail(id, `backend VIP(s) on an interface that answers ARP: ${arping.join(', ')}: this VM would answer ARP for the VIP and take the clients' traffic from the load balancer`,
-      `remove them there (ip addr del VIP/32 dev IFACE); the agent puts backend VIPs on ${BACKEND_VIP_INTERFACE}`);
+      `remove them there (ip addr del VIP/32 dev IFACE, VIP/128 for IPv6); the agent puts backend VIPs on ${BACKEND_VIP_INTERFACE}`);
   }
   const onLo = vips.filter((v) => addrs.some((a) => a.address === v && a.noarp));
-  const wrong = BACKEND_SYSCTLS.filter(([key, min]) => (sysctlNum(f, `net.ipv4.conf.all.${key}`) ?? 0) < min);
+  const v4 = vips.some((v) => !v.includes(':'));
+  const wrong = v4 ? BACKEND_SYSCTLS.filter(([key, min]) => (sysctlNum(f, `net.ipv4.conf.all.${key}`) ?? 0) < min) : [];
   const seen = BACKEND_SYSCTLS.map(([key]) => `all.${key}=${f.sysctls[`net.ipv4.conf.all.${key}`] ?? '?'}`).join(' ');
   const where = `${onLo.length}/${vips.length} VIP(s) on a non-ARPing interface${onLo.length < vips.length ? ` (the daemon adds the rest to ${BACKEND_VIP_INTERFACE} at start)` : ''}`;
   if (wrong.length > 0 && onLo.length > 0) {

@@ -60,6 +60,8 @@ export interface ConfigFacts {
   maxConnections?: number;
   /** Services with sourceIP: preserve (direct server return). */
   dsrServices?: string[];
+  /** Of those, the ones the BPF program does not serve (an IPv6 VIP, or a NIC other than the parent): the nft table forwards them. */
+  dsrTableServices?: string[];
   /** The family services with an IPv6 VIP ("ns/name@IPv6"). */
   ipv6Services?: string[];
   /** How the kernel path places new connections (flow-hash with VRRP: forward/dataplane.ts placementFor). */
@@ -294,6 +296,7 @@ export function configSummary(path_: string, config: Desired): ConfigFacts {
     services: config.services.length,
     ...(config.proxy.maxConnections !== undefined ? { maxConnections: config.proxy.maxConnections } : {}),
     dsrServices: config.services.filter((s) => s.sourceIP === 'preserve').map((s) => s.key),
+    dsrTableServices: config.services.filter((s) => s.sourceIP === 'preserve' && (s.family === 'IPv6' || (s.network ?? DEFAULT_NETWORK) !== DEFAULT_NETWORK)).map((s) => s.key),
     ipv6Services: config.services.filter((s) => s.family === 'IPv6').map((s) => s.key),
     placement: placementFor(config.failover.mode),
     backendVips: [...config.backend.vips],

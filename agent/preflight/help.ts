@@ -96,7 +96,7 @@ export const CHECK_HELP: Readonly<Record<CheckId, CheckHelp>> = {
     fix: 'Turn IPv6 on for the parent (`sysctl -w net.ipv6.conf.all.disable_ipv6=0 net.ipv6.conf.<parent>.disable_ipv6=0`) and persist it in `/etc/sysctl.d/90-lb-agent.conf`; a kernel booted with `ipv6.disable=1` needs that parameter removed and a reboot. Or serve IPv4 only.',
   },
   'dsr-backend': {
-    what: 'With `backend.vips`: each VIP is on `lo`, and `arp_ignore`/`arp_announce` keep this VM from answering ARP for it.',
+    what: 'With `backend.vips`: each VIP is on `lo`, and, for an IPv4 VIP, `arp_ignore`/`arp_announce` keep this VM from answering ARP for it (an IPv6 VIP on `lo` needs no sysctl: Linux answers neighbour solicitations only for the receiving interface\'s addresses).',
     cause: 'Fails when a backend VIP sits on an interface that answers ARP (this VM would take the clients\' traffic from the load balancer); warns on sysctls that let it announce the VIP.',
     fix: 'Remove the VIP from that interface; let the agent put it on `lo` (it raises the sysctls first).',
   },

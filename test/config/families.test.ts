@@ -1,7 +1,7 @@
 // Kubernetes' dual-stack words on a service: every ipFamilies x ipFamilyPolicy
 // combination with and without a pool of each family, the apiserver's
 // defaulting, loadBalancerIPs, backends of either family, and the refusals
-// (DHCPv6, VRRP over IPv6, DSR over IPv6, an address outside its family's
+// (DHCPv6 under VRRP, an address outside its family's
 // pool), each with its field path. Through the whole loader, as a user's file.
 import t from 'tap';
 import { parseConfigText, formatConfigErrors } from '../../agent/config/load';
@@ -113,7 +113,7 @@ t.test('ipam: dhcp serves IPv6 (DHCPv6) in either stack, with no pool; one macvl
   t.same(dual.services.map((s) => linkKeyOf(s.key)), ['default/web', 'default/web'], 'both families derive their macvlan and MAC from namespace/name');
 });
 
-t.test('VRRP serves IPv6 pool VIPs; DHCPv6 under VRRP and DSR over IPv6 are refused with the reason', async (t) => {
+t.test('VRRP serves IPv6 pool VIPs; DHCPv6 under VRRP is refused with the reason; DSR serves either family', async (t) => {
   t.match(load('ipam: dhcp, ipFamilies: [IPv6], backends: ["fd00::11"]', `${DUAL_POOLS}\nfailover: { mode: vrrp }`).errors, 'IPv6 with ipam: dhcp under failover.mode: vrrp is not supported');
   const dhcpPrefer = load('ipam: dhcp, ipFamilyPolicy: PreferDualStack', `${DUAL_POOLS}\nfailover: { mode: vrrp }`);
   t.same(dhcpPrefer.services.map((s) => s.key), ['default/web'], 'PreferDualStack under VRRP serves the DHCPv4 VIP');
@@ -137,7 +137,14 @@ t.test('VRRP serves IPv6 pool VIPs; DHCPv6 under VRRP and DSR over IPv6 are refu
   if (both.ok) t.same([both.config.failover.peers, both.config.failover.peers6], [[0x0a000003], ['fe80::3', 'fd00::3']], 'split by family, IPv6 in RFC 5952 text');
   const vrid6 = parseConfigText(`failover: { mode: vrrp, vrid6: 300 }\nservices: []`);
   t.match(vrid6.ok ? '' : vrid6.errors.map((e) => `${e.path}: ${e.message}`).join('\n'), 'failover.vrid6');
-  t.match(load('sourceIP: preserve, ipFamilyPolicy: RequireDualStack').errors, 'IPv6 with sourceIP: preserve is not supported');
+  // Direct server return serves each family's VIP from that family's backends.
+  const dsr = load('sourceIP: preserve, ipFamilyPolicy: RequireDualStack');
+  t.equal(dsr.errors, '', 'sourceIP: preserve with both families');
+  t.same(dsr.services.map((s) => [s.key, s.family ?? 'IPv4', s.sourceIP, s.backends.map((b) => b.address)]),
+    [['default/web', 'IPv4', 'preserve', ['10.0.0.11']], ['default/web@IPv6', 'IPv6', 'preserve', ['fd00:99::11']]]);
+  const six = load('sourceIP: preserve, ipFamilies: [IPv6], backends: ["fd00:99::11", "fd00:99::12"]');
+  t.equal(six.errors, '', 'IPv6 only with sourceIP: preserve');
+  t.same(six.services.map((s) => [s.family, s.sourceIP]), [['IPv6', 'preserve']]);
 });
 
 t.test('SingleStack with two families is refused, as the apiserver does', async (t) => {

@@ -64,8 +64,11 @@ t.test('a pool service takes an address of its own network\'s pools: loadBalance
   t.ok(ok.ok, ok.ok ? 'an address of vmnet\'s pool is accepted' : formatConfigErrors(ok.errors));
 });
 
-t.test('sourceIP: preserve is refused on a named network, with its path', async (t) => {
-  const r = parseConfigText(`${TWO}  - { name: f, network: vmnet, sourceIP: preserve, ports: [{ port: 80 }] }\n`, 'host');
-  t.equal(r.ok, false);
-  if (!r.ok) t.match(formatConfigErrors(r.errors), /services\[5\]\.sourceIP: preserve on network vmnet: direct server return forwards on the default network's interface/);
+t.test('sourceIP: preserve on a named network is served there (direct server return on its NIC)', async (t) => {
+  const r = parseConfigText(`${TWO}  - { name: f, network: vmnet, sourceIP: preserve, ports: [{ port: 80 }], backends: [10.98.0.11] }\n`, 'host');
+  t.ok(r.ok, r.ok ? 'accepted' : formatConfigErrors(r.errors));
+  if (r.ok) t.match(r.config.services.find((s) => s.name === 'f'), { network: 'vmnet', sourceIP: 'preserve' });
+  const proxy = parseConfigText(`${TWO.replace(/^services:/m, 'dataplane: proxy\nservices:')}  - { name: f, network: vmnet, sourceIP: preserve, ports: [{ port: 80 }] }\n`, 'host');
+  t.equal(proxy.ok, false, 'still the kernel path only');
+  if (!proxy.ok) t.match(formatConfigErrors(proxy.errors), /services\[5\]\.sourceIP: preserve needs the kernel data path/);
 });

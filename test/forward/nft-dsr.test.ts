@@ -82,7 +82,7 @@ t.test('the slot table only moves the slots of a backend that leaves the healthy
 
 t.test('problems instead of forwarding: no parent device, no VIP MAC', async (t) => {
   const noDev = renderNft(dsr([b('10.99.0.11')]));
-  t.match(noDev.problems.join('\n'), /direct server return needs the parent interface/);
+  t.match(noDev.problems.join('\n'), /direct server return needs the NIC of the service's network/);
   t.match(noDev.script, /10\.99\.0\.50 \. tcp \. 80 : goto refuse_tcp/, 'refused, not hanging');
   const noMac = renderNft(dsr([b('10.99.0.11')], { vipMac: undefined }), { dsrDevice: 'eth0' });
   t.match(noMac.problems.join('\n'), /needs the MAC the VIP 10\.99\.0\.50 answers with/);
@@ -96,7 +96,68 @@ t.test('counters: connections (SYNs) and bytes to each backend; none towards cli
   t.equal(web.length, 2 * 2 * 2, '2 ports x 2 backends x 2 kinds');
 });
 
+const b6 = (address: string, weight = 1): BackendSpec => ({ address, addressNum: 0, weight, family: 'IPv6' });
+
+t.test('an IPv6 VIP: its own dispatch map, the ip6 hash, fwd ip6 to its IPv6 backends; the program is not given it', async (t) => {
+  const all = [b6('fd00:99::11'), b6('fd00:99::12', 2)];
+  const state: ForwardState = {
+    services: [
+      { key: 'default/web', vip: '10.99.0.50', ports: [http], healthy: [b('10.99.0.11'), b('10.99.0.12')], backends: [b('10.99.0.11'), b('10.99.0.12')], sourceIP: 'preserve', vipMac: PARENT_MAC },
+      { key: 'default/web@IPv6', vip: 'fd00:99::50', ports: [http], healthy: all, backends: all, sourceIP: 'preserve', vipMac: PARENT_MAC },
+    ],
+  };
+  const plan = renderNft(state, { dsrDevice: 'eth0' });
+  t.same(plan.problems, []);
+  const netdev = plan.script.slice(plan.script.indexOf('table netdev lb_agent {\n'));
+  t.match(netdev, /map dsr \{\n\t\ttype ether_addr \. ipv4_addr \. inet_proto \. inet_service : verdict\n\t\telements = \{\n\t\t\t52:54:00:12:34:56 \. 10\.99\.0\.50 \. tcp \. 80 : jump s0p0,\n/);
+  t.match(netdev, /map dsr6 \{\n\t\ttype ether_addr \. ipv6_addr \. inet_proto \. inet_service : verdict\n\t\telements = \{\n\t\t\t52:54:00:12:34:56 \. fd00:99::50 \. tcp \. 80 : jump v6s0p0,\n/);
+  t.match(netdev, /chain ingress \{\n\t\ttype filter hook ingress device "eth0" priority -500; policy accept;\n\t\tether daddr \. ip daddr \. meta l4proto \. th dport vmap @dsr\n\t\tether daddr \. ip6 daddr \. meta l4proto \. th dport vmap @dsr6\n\t\}/, 'one hook, a rule per family');
+  const m = /chain v6s0p0 \{\n\t\tjhash ip6 saddr \. th sport mod (\d+) seed (0x[0-9a-f]{8}) vmap \{ ([^}]*) \}/.exec(netdev);
+  t.ok(m, 'the IPv6 port hashes the client\'s IPv6 address and port');
+  t.equal(m?.[2], dsrSeed('default/web@IPv6'), 'seeded by its own key');
+  const slots = (m?.[3] ?? '').split(', ').map((e) => e.split(' goto ')[1]);
+  t.equal(slots.length, 1021);
+  const n0 = slots.filter((x) => x === 'v6s0p0b0').length;
+  t.ok(Math.abs(n0 - 1021 / 3) <= 2, `the same weighted slot table as IPv4 (${n0} of 1021 for weight 1 of 3)`);
+  t.match(netdev, /chain v6s0p0b1 \{\n\t\ttcp flags & \(syn \| ack\) == syn counter name "v6s0p0b1_conns"\n\t\tcounter name "v6s0p0b1_to_backend" fwd ip6 to fd00:99::12 device "eth0"\n/);
+  t.notMatch(netdev, /fwd ip to fd00|fwd ip6 to 10\./, 'each VIP to its own family\'s backends');
+  const ip6Table = plan.script.slice(plan.script.indexOf('table ip6 lb_agent {\n'));
+  t.match(ip6Table, /fd00:99::50 \. tcp \. 80 : drop,/, 'what slips past the hook is dropped in the ip6 table');
+  t.same(plan.dsr.map((p) => p.vip), ['10.99.0.50'], 'the BPF program gets the IPv4 port only');
+  t.same(plan.counters.filter((c) => c.service === 'default/web@IPv6').map((c) => c.name).sort(), ['v6s0p0b0_conns', 'v6s0p0b0_to_backend', 'v6s0p0b1_conns', 'v6s0p0b1_to_backend']);
+  const only6 = renderNft({ services: [state.services[1]!] }, { dsrDevice: 'eth0' }).script;
+  t.notMatch(only6, /map dsr \{|ip daddr \. meta l4proto \. th dport vmap @dsr\n/, 'no IPv4 map or rule without an IPv4 DSR port');
+  const down = renderNft({ services: [{ ...state.services[1]!, healthy: [] }] }, { dsrDevice: 'eth0' });
+  t.notOk(hasDsrTable(down), 'no healthy IPv6 backend: no netdev table');
+  t.match(down.script, /fd00:99::50 \. tcp \. 80 : goto refuse_tcp,/, 'and the port refused');
+});
+
+t.test('a service on another network: a hook on its NIC, fwd out of it, and the program keeps to the parent', async (t) => {
+  const state: ForwardState = {
+    services: [
+      { key: 'default/a', vip: '10.99.0.50', ports: [http], healthy: [b('10.99.0.11')], backends: [b('10.99.0.11')], sourceIP: 'preserve', vipMac: PARENT_MAC, device: 'eth0' },
+      { key: 'vm/b', vip: '10.98.0.50', ports: [http], healthy: [b('10.98.0.11')], backends: [b('10.98.0.11')], sourceIP: 'preserve', vipMac: '52:54:00:00:00:02', device: 'eth1' },
+      { key: 'vm/c', vip: 'fd00:98::50', ports: [http], healthy: [b6('fd00:98::11')], backends: [b6('fd00:98::11')], sourceIP: 'preserve', vipMac: '52:54:00:00:00:02', device: 'eth1' },
+    ],
+  };
+  const plan = renderNft(state, { dsrDevice: 'eth0' });
+  t.same(plan.problems, []);
+  const netdev = plan.script.slice(plan.script.indexOf('table netdev lb_agent {\n'));
+  t.match(netdev, /chain ingress \{\n\t\ttype filter hook ingress device "eth0" priority -500; policy accept;\n\t\tether daddr \. ip daddr \. meta l4proto \. th dport vmap @dsr\n\t\}/);
+  t.match(netdev, /chain ingress_n1 \{\n\t\ttype filter hook ingress device "eth1" priority -500; policy accept;\n\t\tether daddr \. ip daddr \. meta l4proto \. th dport vmap @dsr_n1\n\t\tether daddr \. ip6 daddr \. meta l4proto \. th dport vmap @dsr6_n1\n\t\}/);
+  t.match(netdev, /map dsr \{[^}]*10\.99\.0\.50 \. tcp \. 80 : jump s0p0,\n\t\t\}/, 'the default network\'s VIP in the parent\'s map only');
+  t.match(netdev, /map dsr_n1 \{[^}]*52:54:00:00:00:02 \. 10\.98\.0\.50 \. tcp \. 80 : jump s1p0,\n\t\t\}/, 'the other network\'s in its NIC\'s map');
+  t.match(netdev, /fwd ip to 10\.99\.0\.11 device "eth0"/);
+  t.match(netdev, /fwd ip to 10\.98\.0\.11 device "eth1"/, 'out of the NIC its frames came in by');
+  t.match(netdev, /fwd ip6 to fd00:98::11 device "eth1"/);
+  t.same(plan.dsr.map((p) => p.vip), ['10.99.0.50'], 'the program (on eth0) gets only the port whose frames arrive there');
+  t.same(plan.devices, ['eth0', 'eth1'], 'the start check stands in a veth for each NIC');
+  const alone = renderNft({ services: [state.services[1]!] }, { dsrDevice: 'eth0' });
+  t.match(alone.script, /chain ingress_n0 \{\n\t\ttype filter hook ingress device "eth1"/, 'no hook on the parent when nothing there is forwarded');
+  t.same([alone.dsr, alone.devices], [[], ['eth1']]);
+});
+
 t.test('the probe ruleset exercises every expression the table uses', async (t) => {
-  for (const expr of ['hook ingress', 'ether_addr . ipv4_addr', 'jhash', 'seed', 'tcp flags', 'fwd ip to', 'counter name']) t.ok(DSR_PROBE_RULESET.includes(expr), expr);
+  for (const expr of ['hook ingress', 'ether_addr . ipv4_addr', 'ether_addr . ipv6_addr', 'jhash ip saddr', 'jhash ip6 saddr', 'seed', 'tcp flags', 'fwd ip to', 'fwd ip6 to', 'counter name']) t.ok(DSR_PROBE_RULESET.includes(expr), expr);
   t.same([...DSR_KERNEL_OPTIONS], ['NF_TABLES_NETDEV', 'NETFILTER_INGRESS', 'NFT_HASH', 'NFT_FWD_NETDEV']);
 });

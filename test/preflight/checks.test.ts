@@ -477,6 +477,10 @@ t.test('dsr: the BPF program in front of the table: said when it runs, a warning
   const ok = withBpf({ status: 'ok' }, ['default/web'])!;
   t.equal(ok.status, 'pass');
   t.match(ok.detail, /BPF program in front of it loads and attaches at tc ingress \(tcx\): DSR runs on it/);
+  t.notMatch(ok.detail, /go by the table/, 'IPv4 on the parent only: nothing for the table alone');
+  const mixed = checkDsr(variant('healthy', (f) => { f.dsr = { ...DSR_OK, bpf: { status: 'ok' } }; f.config.dsrServices = ['default/web', 'default/web@IPv6', 'vm/b']; f.config.dsrTableServices = ['default/web@IPv6', 'vm/b']; }))!;
+  t.equal(mixed.status, 'pass');
+  t.match(mixed.detail, /DSR runs on it for IPv4 VIPs on the parent; default\/web@IPv6, vm\/b \(an IPv6 VIP, or another network's NIC\) go by the table/);
   const denied = withBpf({ status: 'failed', error: "EPERM: operation not permitted, bpf 'BPF_MAP_CREATE'" }, ['default/web'])!;
   t.equal(denied.status, 'warn', 'a service would run on the slower table');
   t.match(denied.detail, /cannot run here \(EPERM.*needs CAP_BPF and CAP_NET_ADMIN.*DSR falls back to the table alone/);
@@ -519,6 +523,18 @@ t.test('dsr-backend: a VIP on an ARPing interface fails; on lo with the sysctls 
   }))!;
   t.equal(flux.status, 'warn');
   t.match(flux.remedy, /sysctl -w net\.ipv4\.conf\.all\.arp_ignore=1 net\.ipv4\.conf\.all\.arp_announce=2/);
+  // An IPv6 VIP on lo needs no ARP sysctl; on a NIC it is answered for (NDP) and fails.
+  const six = (f: Facts): void => {
+    base(f);
+    f.config.backendVips = ['fd00:99::250'];
+    f.sysctls['net.ipv4.conf.all.arp_ignore'] = '0';
+    f.sysctls['net.ipv4.conf.all.arp_announce'] = '0';
+  };
+  const six0 = checkDsrBackend(variant('healthy', (f) => { six(f); f.addresses!.push({ interface: 'lo', address: 'fd00:99::250', prefix: 128, noarp: true }); }))!;
+  t.equal(six0.status, 'pass', `IPv6 alone: the ARP sysctls do not matter (${six0.detail})`);
+  const sixEth = checkDsrBackend(variant('healthy', (f) => { six(f); f.addresses!.push({ interface: 'eth0', address: 'fd00:99::250', prefix: 64, noarp: false }); }))!;
+  t.equal(sixEth.status, 'fail');
+  t.match(sixEth.remedy, /VIP\/128 for IPv6/);
 });
 
 t.test('topology: unknown zone, no backend in the zone, zones that no policy reads', async (t) => {

@@ -101,6 +101,21 @@ services:
   t.same(s.dsrServices, ['default/web']);
   t.same(s.backendVips, ['10.99.0.250']);
   t.same(s.topology, [{ service: 'default/web', policy: 'prefer-zone', zones: ['a', 'b'], unzoned: 1 }, { service: 'default/db', policy: 'any', zones: [], unzoned: 1 }]);
+  t.same(s.dsrTableServices, [], 'IPv4 on the parent: the BPF program serves it');
+});
+
+t.test('the DSR services the BPF program does not serve: an IPv6 VIP, a named network\'s', async (t) => {
+  const r = parseConfigText(`node: { interface: eth0 }
+pools: { range-global: '10.99.0.200-10.99.0.210,fd00:99::200-fd00:99::210' }
+networks: { vmnet: { interface: eth1, pools: { range-global: 10.98.0.200-10.98.0.201 } } }
+services:
+  - { name: web, sourceIP: preserve, ipFamilyPolicy: RequireDualStack, ports: [{ port: 80 }], backends: [10.99.0.11, 'fd00:99::11'] }
+  - { name: vm, network: vmnet, sourceIP: preserve, ports: [{ port: 80 }], backends: [10.98.0.11] }
+`, 'h');
+  if (!r.ok) { t.fail(JSON.stringify(r.errors)); return; }
+  const s = configSummary('/etc/x.yaml', r.config);
+  t.same(s.dsrServices, ['default/web', 'default/web@IPv6', 'default/vm']);
+  t.same(s.dsrTableServices, ['default/web@IPv6', 'default/vm']);
 });
 
 t.test('issue 17: every IPv4 address from `ip -j -4 addr`, and whether its interface answers ARP', async (t) => {

@@ -16,7 +16,12 @@
 // exactly one program attached; a reload that changes the weights moves no
 // open connection (the program's per-flow state); removing the DSR services
 // detaches it; the netdev table deleted by another program is written
-// again with the loop served.
+// again with the loop served. An IPv6 VIP beside them (b1 and b2 hold it on
+// lo, by the backend section and by hand): the backends see the client's
+// IPv6 address, answer it straight (no reply crosses the VM), never answer
+// neighbour discovery for the VIP, and a dead backend gets no new flow. A
+// service on a second NIC (eth1, another bridge, networks:) is served by DSR
+// there.
 import t, { type Test } from 'tap';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
@@ -33,6 +38,14 @@ const DSR_DHCP = '10.99.0.120';
 const BACKENDS = ['10.99.0.11', '10.99.0.12', '10.99.0.13'] as const;
 const IDS = ['b1', 'b2', 'b3'] as const;
 const WEIGHTS = { b1: 1, b2: 1, b3: 2 } as const;
+const CLIENT6 = 'fd00:99::3';
+const DSR6 = 'fd00:99::200';
+/** b1 and b2 serve the IPv6 VIP (b3 has no IPv6). */
+const BACKENDS6 = ['fd00:99::11', 'fd00:99::12'] as const;
+/** The second network: eth1 of the node, b1 and b2 on bridge br1, a client there. */
+const NET_CLIENT = '10.98.0.3';
+const DSR_NET = '10.98.0.200';
+const NET_BACKENDS = ['10.98.0.11', '10.98.0.12'] as const;
 const FAST_ARP = { probeWait: 0.05, probeNum: 1, probeMin: 0.05, probeMax: 0.1, announceWait: 0.05, announceNum: 1, announceInterval: 0.1 };
 /** Down after failureThreshold x (period + timeout) = 0.8 s at most. */
 const HC = { periodSeconds: 0.2, timeoutSeconds: 0.2, failureThreshold: 2 };
@@ -70,24 +83,30 @@ if (requirePrivileged(t)) {
     const t0 = Date.now();
     const lab = await createLab(t);
     const dhcpNs = await lab.addHost('dhcp', { address: '10.99.0.1/24' });
-    const node = await lab.addHost('node', { address: '10.99.0.2/24' });
-    const client = await lab.addHost('client', { address: `${CLIENT}/24` });
+    const node = await lab.addHost('node', { address: '10.99.0.2/24', ipv6: ['fd00:99::2/64'] });
+    const client = await lab.addHost('client', { address: `${CLIENT}/24`, ipv6: [`${CLIENT6}/64`] });
     const backendNs: string[] = [];
-    for (let i = 0; i < BACKENDS.length; i++) backendNs.push(await lab.addHost(IDS[i]!, { address: `${BACKENDS[i]}/24` }));
+    for (let i = 0; i < BACKENDS.length; i++) backendNs.push(await lab.addHost(IDS[i]!, { address: `${BACKENDS[i]}/24`, ...(BACKENDS6[i] ? { ipv6: [`${BACKENDS6[i]}/64`] } : {}) }));
+    await lab.addBridge('br1');
+    await lab.addNic('node', 'eth1', { bridge: 'br1', address: '10.98.0.2/24' });
+    for (let i = 0; i < NET_BACKENDS.length; i++) await lab.addNic(IDS[i]!, 'eth1', { bridge: 'br1', address: `${NET_BACKENDS[i]}/24` });
+    const client2 = await lab.addHost('client2', { address: `${NET_CLIENT}/24`, bridge: 'br1' });
     t.comment(`lab ${Date.now() - t0} ms`);
     await startDnsmasq(lab, dhcpNs, { range: '10.99.0.100,10.99.0.150', noPing: true });
     const echo = await startPeerEchoes(lab, backendNs, IDS);
+    const echo6 = await startPeerEchoes(lab, backendNs.slice(0, 2), IDS.slice(0, 2), 80, 'IPv6');
     t.comment(`backends ${Date.now() - t0} ms`);
 
     // b2, b3: the backend side by hand, as docs/datapaths.md tells an operator without lb-agent there.
-    for (const ns of backendNs.slice(1)) await dsrBackendByHand(lab, ns, [DSR_POOL, DSR_DHCP]);
+    await dsrBackendByHand(lab, backendNs[1]!, [DSR_POOL, DSR_DHCP, DSR6, DSR_NET]);
+    await dsrBackendByHand(lab, backendNs[2]!, [DSR_POOL, DSR_DHCP]);
     // Connection tracking stays whole at both ends although the replies skip
     // the VM: b2 and the client drop every packet their conntrack calls
     // invalid (a reply to a connection it never saw open would be one).
     for (const ns of [backendNs[1]!, client]) await dropInvalid(lab, ns);
     // b1: lb-agent's `backend:` section does it.
     const b1Agent = await startAgent(lab, backendNs[0]!, {
-      node: { interface: 'eth0' }, metrics: { listen: '' }, dataplane: 'proxy', backend: { vips: [DSR_POOL, DSR_DHCP] }, services: [],
+      node: { interface: 'eth0' }, metrics: { listen: '' }, dataplane: 'proxy', backend: { vips: [DSR_POOL, DSR_DHCP, DSR6, DSR_NET] }, services: [],
     }, { name: 'b1agent' });
 
     t.comment(`b1 agent ${Date.now() - t0} ms`);
@@ -97,29 +116,36 @@ if (requirePrivileged(t)) {
     });
     const cfg = {
       node: { interface: 'eth0' }, metrics: { listen: '127.0.0.1:9477' }, dataplane: 'kernel',
-      pools: { 'range-global': '10.99.0.200-10.99.0.209' }, arp: FAST_ARP,
+      pools: { 'range-global': '10.99.0.200-10.99.0.209,fd00:99::200-fd00:99::209' }, arp: FAST_ARP,
+      networks: { vmnet: { interface: 'eth1', pools: { 'range-global': '10.98.0.200-10.98.0.201' } } },
       dhcp: { retransmitInitial: 0.5, retransmitMax: 2, retransmitJitter: 0, probeOffer: false },
       services: [
         service('web-dsr', { ipam: 'pool', loadBalancerIP: DSR_POOL, sourceIP: 'preserve' }),
         service('dhcp-dsr', { ipam: 'dhcp', loadBalancerIP: DSR_DHCP, sourceIP: 'preserve' }),
         { ...service('web-snat', { ipam: 'pool', loadBalancerIP: SNAT_POOL }), ports: [{ port: 8000, targetPort: 80 }] },
+        { ...service('web6-dsr', { ipam: 'pool', ipFamilies: ['IPv6'], loadBalancerIP: DSR6, sourceIP: 'preserve' }), backends: BACKENDS6.map((address) => ({ address, weight: 1 })) },
+        { ...service('net-dsr', { ipam: 'pool', network: 'vmnet', loadBalancerIP: DSR_NET, sourceIP: 'preserve' }), backends: NET_BACKENDS.map((address) => ({ address, weight: 1 })) },
       ],
     };
     let agent = await startAgent(lab, node, cfg, { name: 'node' });
     t.comment(`node agent started ${Date.now() - t0} ms`);
-    await waitStatus(agent, 'three services serving, every backend healthy', (s) => s.services.length === 3 && s.services.every((x) => x.ready && x.healthyBackends === 3), 30_000);
+    const backendsOf = (name: string): number => (name === 'web6-dsr' || name === 'net-dsr' ? 2 : 3);
+    await waitStatus(agent, 'five services serving, every backend healthy', (s) => s.services.length === 5 && s.services.every((x) => x.ready && x.healthyBackends === backendsOf(x.name)), 30_000);
     const cl = await JsonLinesProc.start(lab, client, 'peer-client.js', [], 'peer-client');
     t.teardown(() => cl.close());
+    const cl2 = await JsonLinesProc.start(lab, client2, 'peer-client.js', [], 'peer-client2');
+    t.teardown(() => cl2.close());
     t.comment(`lab and agents up in ${Date.now() - t0} ms`);
 
     await t.test('the backend side: b1\'s agent put the VIPs on lo, marked, with the ARP sysctls', async (t) => {
       const st = await b1Agent.status();
-      t.same(st.backend?.vips.map((v) => [v.address, v.interface, v.state, v.owned]), [[DSR_POOL, 'lo', 'on-lo', true], [DSR_DHCP, 'lo', 'on-lo', true]]);
+      t.same(st.backend?.vips.map((v) => [v.address, v.interface, v.state, v.owned]), [[DSR_POOL, 'lo', 'on-lo', true], [DSR_DHCP, 'lo', 'on-lo', true], [DSR6, 'lo', 'on-lo', true], [DSR_NET, 'lo', 'on-lo', true]]);
       t.same(st.backend?.sysctls, { arp_ignore: 1, arp_announce: 2 });
       const lo = (await lab.sh(backendNs[0]!, 'ip -4 -o addr show dev lo')).stdout;
       t.match(lo, new RegExp(`inet ${DSR_POOL.replace(/\./g, '\\.')}/32 `), 'on lo, as a /32');
       const sys = (await lab.sh(backendNs[0]!, 'cat /proc/sys/net/ipv4/conf/all/arp_ignore /proc/sys/net/ipv4/conf/all/arp_announce')).stdout.replace(/\s+/g, ' ').trim();
       t.equal(sys, '1 2');
+      t.match((await lab.sh(backendNs[0]!, 'ip -6 -o addr show dev lo')).stdout, new RegExp(`inet6 ${DSR6}/128 `), 'the IPv6 VIP on lo, as a /128');
     });
 
     await t.test('the backend sees the client\'s own address and port through both DSR VIPs, and the VIP through the snat one', async (t) => {
@@ -194,6 +220,66 @@ if (requirePrivileged(t)) {
       t.equal(after.counts['b3'], undefined, 'none reaches the dead backend');
       t.ok((after.counts['b1'] ?? 0) > 0 && (after.counts['b2'] ?? 0) > 0, `b1 and b2 take them (${JSON.stringify(after.counts)})`);
       await cl.request({ cmd: 'holdClose' });
+    });
+
+    await t.test('an IPv6 VIP: the backends see the client\'s IPv6 address and answer it straight; none answers NDP for the VIP', async (t) => {
+      const nodeMac = (JSON.parse((await lab.exec(node, 'ip', ['-j', 'link', 'show', 'eth0'])).stdout) as { address: string }[])[0]!.address;
+      // What reaches the client from the VIP, by the sender's MAC: the node's (through the VM) or another (straight from a backend).
+      await lab.exec(client, 'nft', ['-f', '-'], {
+        input: `table netdev watch6 {\n\tcounter via_node {}\n\tcounter direct {}\n\tcounter na_other {}\n\tchain in {\n\t\ttype filter hook ingress device "eth0" priority 0; policy accept;\n`
+          + `\t\tip6 saddr ${DSR6} meta l4proto tcp ether saddr ${nodeMac} counter name "via_node"\n\t\tip6 saddr ${DSR6} meta l4proto tcp ether saddr != ${nodeMac} counter name "direct"\n`
+          + `\t\ticmpv6 type nd-neighbor-advert ether saddr != ${nodeMac} counter name "na_other"\n\t}\n}\n`,
+      });
+      const watched = async (name: string): Promise<number> => Number(/packets (\d+)/.exec((await lab.exec(client, 'nft', ['list', 'counter', 'netdev', 'watch6', name])).stdout)?.[1] ?? -1);
+      // A fresh solicitation for the VIP: the backends (VIP on lo) hear it too and must stay silent.
+      await lab.exec(client, 'ip', ['-6', 'neigh', 'flush', 'dev', 'eth0']);
+      const a = await cl.request<{ backend: string; peer: string }>({ cmd: 'ask', host: DSR6, port: 80, localPort: 30101 });
+      t.equal(a.peer, `${CLIENT6}:30101`, `${a.backend} saw the client's own IPv6 address and port (${a.peer})`);
+      const n = 200;
+      const r = await cl.request<Burst>({ cmd: 'burst', host: DSR6, port: 80, n, fromPort: 37000, concurrency: 8 }, 60_000);
+      t.same(r.errors, {}, 'no connection failed');
+      t.equal(r.peerIsClient, n, 'every backend saw the client\'s own address and port');
+      t.ok((r.counts['b1'] ?? 0) > n / 4 && (r.counts['b2'] ?? 0) > n / 4, `spread over b1 and b2, weights 1:1 (${JSON.stringify(r.counts)})`);
+      const neigh = (await lab.exec(client, 'ip', ['-6', 'neigh', 'show', DSR6, 'dev', 'eth0'])).stdout;
+      t.match(neigh, new RegExp(`lladdr ${nodeMac}`), `the client's neighbour entry for the VIP names the node (${neigh.trim()})`);
+      t.equal(await watched('na_other'), 0, 'no neighbour advertisement from anyone but the node');
+      t.equal(await watched('via_node'), 0, 'no TCP segment from the VIP crossed the VM');
+      t.ok(await watched('direct') >= n * 3, 'the replies came straight from the backends (SYN-ACK, data, FIN each)');
+      const ct = (await lab.sh(node, `grep -c 'dst=${DSR6} ' /proc/net/nf_conntrack || true`)).stdout.trim();
+      t.equal(ct, '0', 'no conntrack entry for the IPv6 VIP on the VM');
+      // The BPF program passes IPv6 on; the netdev table forwarded these, into its own counters.
+      const out = (await lab.exec(node, 'nft', ['list', 'counters', 'table', 'netdev', 'lb_agent'])).stdout;
+      const syns = [...out.matchAll(/counter (v6\S+_conns) \{\s*packets (\d+)/g)].reduce((sum, m) => sum + Number(m[2]), 0);
+      t.ok(syns >= n + 1, `the table counted the IPv6 SYNs (${syns})`);
+    });
+
+    await t.test('an IPv6 backend\'s death takes it out: no new flow reaches it', async (t) => {
+      echo6[1]!.kill('SIGKILL');
+      await waitStatus(agent, 'b2 down for the IPv6 VIP', (s) => s.services.find((x) => x.name === 'web6-dsr')!.healthyBackends === 1, 10_000);
+      // Out of the data path once the table without it is committed.
+      await waitFor('the netdev table without b2\'s IPv6 address', async () => !(await lab.exec(node, 'nft', ['list', 'table', 'netdev', 'lb_agent'])).stdout.includes(`fwd ip6 to ${BACKENDS6[1]}`), 5000);
+      const after = await cl.request<Burst>({ cmd: 'burst', host: DSR6, port: 80, n: 100, fromPort: 38000, concurrency: 8 }, 60_000);
+      t.same(after.errors, {}, 'no new connection fails');
+      t.same(after.counts, { b1: 100 }, 'every one goes to b1');
+      // b2 back for the steps below.
+      echo6[1] = (await startPeerEchoes(lab, [backendNs[1]!], ['b2'], 80, 'IPv6'))[0]!;
+      await waitStatus(agent, 'b2 up again for the IPv6 VIP', (s) => s.services.find((x) => x.name === 'web6-dsr')!.healthyBackends === 2, 10_000);
+    });
+
+    await t.test('a service on a second NIC (networks:): DSR hooks eth1 and forwards out of it', async (t) => {
+      const a = await cl2.request<{ backend: string; peer: string }>({ cmd: 'ask', host: DSR_NET, port: 80, localPort: 30201 });
+      t.equal(a.peer, `${NET_CLIENT}:30201`, `${a.backend} saw the second network's client (${a.peer})`);
+      const n = 100;
+      const r = await cl2.request<Burst>({ cmd: 'burst', host: DSR_NET, port: 80, n, fromPort: 39000, concurrency: 8 }, 60_000);
+      t.same(r.errors, {}, 'no connection failed');
+      t.equal(r.peerIsClient, n, 'every backend saw the client\'s own address and port');
+      t.ok((r.counts['b1'] ?? 0) > 0 && (r.counts['b2'] ?? 0) > 0, `spread over b1 and b2 (${JSON.stringify(r.counts)})`);
+      const table = (await lab.exec(node, 'nft', ['list', 'table', 'netdev', 'lb_agent'])).stdout;
+      t.match(table, /hook ingress device "eth1"/, 'a hook on eth1');
+      t.match(table, new RegExp(`fwd ip to ${NET_BACKENDS[0].replace(/\./g, '\\.')} device "eth1"`), 'forwarding out of eth1');
+      const ct = (await lab.sh(node, `grep -c 'dst=${DSR_NET} ' /proc/net/nf_conntrack || true`)).stdout.trim();
+      t.equal(ct, '0', 'no conntrack entry for it on the VM');
+      t.equal((await attached(lab, node)).length, 1, 'the BPF program stays on eth0 alone');
     });
 
     await t.test('a crash-only restart adopts both tables untouched', async (t) => {

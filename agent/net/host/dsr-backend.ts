@@ -15,8 +15,16 @@
 // every NIC of the VM is covered, including ones added later. The values are
 // only ever raised, never lowered, and left in place on withdraw (other
 // VIPs set up by hand may rely on them).
+// An IPv6 VIP goes on lo as a /128 and needs no sysctl: IPv6 has no ARP
+// flux. The kernel answers a neighbour solicitation only for an address on
+// the interface it came in on (ndisc_recv_ns looks the target up strictly
+// on that device, then in the proxy table, which stays empty while
+// net.ipv6.conf.*.proxy_ndp is 0, the default), and its own solicitations
+// take their source from the outgoing interface's addresses. No DAD runs on
+// lo. So `ip -6 addr add VIP/128 dev lo` is the whole backend set-up.
 // planBackendVips is pure; BackendVips is the driver.
 import type { Logger } from '../../log';
+import { familyBits, familyOf } from '../../address';
 import { errorMessage } from '../../errors';
 import { OWNED_ADDRESS_PROTO } from '../ownership/ownership';
 import { readIfSysctl, writeIfSysctl, type IfSysctlKey, type SysctlOptions } from '../sysctl/sysctl';
@@ -26,7 +34,12 @@ import { addressesChanged } from './local-addresses';
 /** Where a backend keeps the VIPs it serves: loopback never answers ARP on the LAN. */
 export const BACKEND_VIP_INTERFACE = 'lo';
 
-/** The minimum values of net.ipv4.conf.all.* a DSR backend needs (one home: the driver sets them, `lb-agent check` judges them). */
+/** The prefix a VIP takes on lo: the whole address (/32, /128). */
+export function backendVipPrefix(vip: string): number {
+  return familyBits(familyOf(vip) ?? 'IPv4');
+}
+
+/** The minimum values of net.ipv4.conf.all.* a DSR backend with an IPv4 VIP needs (one home: the driver sets them, `lb-agent check` judges them). */
 export const BACKEND_SYSCTLS: ReadonlyArray<readonly [IfSysctlKey, number]> = Object.freeze([['arp_ignore', 1], ['arp_announce', 2]] as const);
 
 export interface BackendVipsPlan {
@@ -41,7 +54,7 @@ export interface BackendVipsPlan {
 /** Pure: what to do with lo's addresses for this set of VIPs. */
 export function planBackendVips(wanted: readonly string[], onLo: readonly AddressInfo[]): BackendVipsPlan {
   const want = new Set(wanted);
-  const present = new Map(onLo.filter((a) => a.prefix === 32).map((a) => [a.address, a]));
+  const present = new Map(onLo.filter((a) => a.prefix === backendVipPrefix(a.address)).map((a) => [a.address, a]));
   return {
     add: wanted.filter((v) => !present.has(v)),
     remove: onLo.filter((a) => a.proto === OWNED_ADDRESS_PROTO && !want.has(a.address)),
@@ -92,8 +105,8 @@ export class BackendVips {
     const problems: string[] = [];
     const sysctls: Record<string, number | undefined> = {};
     // Sysctls first: a VIP on lo with arp_ignore=0 would be answered for on
-    // the LAN in the instant between the two.
-    if (vips.length > 0) {
+    // the LAN in the instant between the two. IPv6 VIPs need none (above).
+    if (vips.some((v) => familyOf(v) !== 'IPv6')) {
       for (const [key, min] of BACKEND_SYSCTLS) {
         try {
           const v = await readIfSysctl('all', key, this.opts.sysctl);
@@ -121,12 +134,12 @@ export class BackendVips {
     const added = new Set<string>();
     for (const v of plan.add) {
       try {
-        await nl.addAddress(lo.index, v, 32, { proto: OWNED_ADDRESS_PROTO });
+        await nl.addAddress(lo.index, v, backendVipPrefix(v), { proto: OWNED_ADDRESS_PROTO });
         addressesChanged(); // a local address for the DHCP guard (net/local-addresses.ts)
         added.add(v);
         this.log.info({ vip: v }, 'backend VIP added to lo for direct server return');
       } catch (e) {
-        problems.push(`adding ${v}/32 to lo: ${errorMessage(e)}`);
+        problems.push(`adding ${v}/${backendVipPrefix(v)} to lo: ${errorMessage(e)}`);
       }
     }
     const kept = new Map(plan.keep.map((a) => [a.address, a]));

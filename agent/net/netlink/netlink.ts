@@ -656,7 +656,17 @@ export class NetlinkClient {
     // detection (IFA_F_NODAD): the agent ran DAD itself before claiming it
     // (net/neighbour/ndp-driver.ts), and a tentative address would neither
     // answer solicitations nor take connections for a second.
-    if (family === 'IPv6') attrs.flags = { nodad: true };
+    // And deprecated (preferred_lft 0, valid forever; `ip addr add ...
+    // preferred_lft 0`): it still takes packets and connections, but the
+    // node never picks it as the source of its own (RFC 6724 rule 3).
+    // Otherwise a /128 VIP beats the parent's /64 address on rule 8 (Linux
+    // caps the matched prefix at the address's prefix length), and the
+    // node's health checks leave from the VIP: a direct server return
+    // backend, which holds the VIP on lo, drops them as coming from itself.
+    if (family === 'IPv6') {
+      attrs.flags = { nodad: true };
+      attrs.cacheInfo = { ifaPrefered: 0, ifaValid: 0xffffffff };
+    }
     if (opts.proto !== undefined) {
       // The package's encoder appends __unparsed attributes as given, but
       // refuses unknown keys it enumerates: hence not enumerable.

@@ -98,3 +98,20 @@ t.test('apply with no VIPs leaves the sysctls alone and removes our leftovers', 
   t.same(nl.calls, ['del 10.0.0.70/32']);
   t.same([read(root, 'arp_ignore'), read(root, 'arp_announce')], ['0', '0']);
 });
+
+t.test('an IPv6 VIP goes on lo as a /128 and needs no ARP sysctl; a mixed list raises them for its IPv4 VIP', async (t) => {
+  t.same(planBackendVips(['fd00::50'], [lo('::1', undefined, 128), lo('fd00::50', OWNED_ADDRESS_PROTO, 128)]).keep.map((a) => a.address), ['fd00::50'], 'a /128 on lo is the VIP in place');
+  t.same(planBackendVips(['fd00::50'], [lo('fd00::50', undefined, 64)]).add, ['fd00::50'], 'a /64 is not');
+  const root = sysctlRoot(t, {}); // no arp_ignore file: IPv6 alone never reads it
+  const nl = new FakeNetlink();
+  const b = new BackendVips({ netlink: nl, log: silentLogger(), sysctl: { root } });
+  await b.apply(['fd00::50']);
+  t.same(nl.calls, [`add fd00::50/128 proto ${OWNED_ADDRESS_PROTO}`]);
+  t.same([b.status().vips.map((v) => [v.address, v.state, v.owned]), b.status().sysctls, b.status().problems], [[['fd00::50', 'on-lo', true]], {}, []]);
+  await t.rejects(b.apply(['fd00::50', '10.0.0.50']), /net\.ipv4\.conf\.all\.arp_ignore/, 'with an IPv4 VIP too, the sysctls are needed again');
+  const root2 = sysctlRoot(t, { arp_ignore: 0, arp_announce: 0 });
+  const nl2 = new FakeNetlink();
+  await new BackendVips({ netlink: nl2, log: silentLogger(), sysctl: { root: root2 } }).apply(['10.0.0.50', 'fd00::50']);
+  t.same(nl2.calls, [`add 10.0.0.50/32 proto ${OWNED_ADDRESS_PROTO}`, `add fd00::50/128 proto ${OWNED_ADDRESS_PROTO}`]);
+  t.same([read(root2, 'arp_ignore'), read(root2, 'arp_announce')], ['1', '2']);
+});
