@@ -156,6 +156,8 @@ export class Daemon extends EventEmitter {
   private started = false;
   /** Set once the first apply has put every service's VIP in place: the start's work, and its garbage, are done. */
   private startSettled = false;
+  /** When start() began (clock.now()), for the settled line. */
+  private startBegan = 0;
   /** start() in flight or done: a reload that arrives while starting waits for it. */
   private starting: Promise<void> | undefined;
 
@@ -217,6 +219,7 @@ export class Daemon extends EventEmitter {
   }
 
   private async startOnce(): Promise<void> {
+    this.startBegan = this.clock.now();
     this.tuning.begin();
     // Nothing runs on the loop yet: a small file is parsed inline, without
     // the worker a reload uses (starting a worker costs the start more than the parse).
@@ -478,6 +481,10 @@ export class Daemon extends EventEmitter {
   private settleStart(): void {
     if (this.startSettled || !this.started || this.stopping || !this.services.everyVipInPlace()) return;
     this.startSettled = true;
+    // What a start cost, for the operator and the scale tests: its time
+    // and what it sent to rtnetlink (reads of the parent are shared, so
+    // the dumps do not grow with the services).
+    this.log.info({ op: 'settled', services: this.services.size, ms: this.clock.now() - this.startBegan, netlink: this.subs?.netlinkCounts?.() }, 'every VIP of the start is in place');
     this.tuning.settled();
   }
 
@@ -507,10 +514,17 @@ export class Daemon extends EventEmitter {
     this.tuning.stopping();
     // A reload in flight finishes its current step (each checks `stopping`) before anything is withdrawn.
     if (this.reloader.inFlight) await this.reloader.inFlight.catch(() => undefined);
+    // Where a stop's time goes, logged with the last line: each step's wall
+    // ms (every service's source stop counted under "sources", the longest of them).
+    const stepMs: Record<string, number> = {};
+    const stopStart = this.clock.now();
     const step = async (what: string, fn: () => unknown): Promise<void> => {
+      const t = this.clock.now();
       try { await fn(); } catch (e) { this.log.error({ op: 'stop', step: what, err: errorMessage(e) }, `stop: ${what} failed`); }
+      const k = what.startsWith('service ') ? 'sources' : what;
+      stepMs[k] = Math.max(stepMs[k] ?? 0, this.clock.now() - t);
     };
-    await this.applies.stop();
+    await step('apply loop', () => this.applies.stop());
     const netlinkBefore = this.subs?.netlinkCounts?.();
     let netlinkSent: Record<string, number> | undefined;
     // What the stop sent to rtnetlink: batches, not a round trip per VIP (logged with the last line).
@@ -563,7 +577,7 @@ export class Daemon extends EventEmitter {
     }
     await step('metrics', () => this.metricsEndpoint.stop());
     this.lock?.release();
-    this.log.info({ op: 'stop', keep, ...(netlinkSent ? { netlink: netlinkSent } : {}) }, keep ? 'lb-agent stopped; VIPs, links and forwarding left serving for the next start' : 'lb-agent stopped');
+    this.log.info({ op: 'stop', keep, ms: this.clock.now() - stopStart, steps: stepMs, vipsWithdrawn: this.services.withdrawnAtStop, ...(netlinkSent ? { netlink: netlinkSent } : {}) }, keep ? 'lb-agent stopped; VIPs, links and forwarding left serving for the next start' : 'lb-agent stopped');
     // A start that never settled (a VIP never came) has not written it yet; after the lock, off the next start's path.
     this.tuning.saveCodeCache();
   }

@@ -76,6 +76,8 @@ export function acquiringNow(rt: Pick<ServiceRuntime, 'source'>): boolean {
 
 export class ServiceRuntimes {
   private readonly runtimes = new Map<string, ServiceRuntime>();
+  /** VIPs withdrawn by the daemon's stop (their sources stopped), for its last line. */
+  withdrawnAtStop = 0;
   /** The runtime acquiring() last found acquiring: asked first next time. */
   private lastAcquiring: ServiceRuntime | undefined;
 
@@ -111,7 +113,10 @@ export class ServiceRuntimes {
         this.opts.scheduleApply(); this.opts.notifyStatusSoon();
       });
       source.on('lost', (reason: string, cause: LostCause = 'other') => {
-        this.opts.log.warn({ op: 'vip-lost', service: spec.key, reason, cause }, 'VIP withdrawn');
+        // A stop withdraws every VIP: counted for the stop's last line, not a
+        // warning each (a thousand lines to journald in a stop of a thousand services).
+        if (cause === 'stopped' && this.opts.stopping()) this.withdrawnAtStop++;
+        else this.opts.log.warn({ op: 'vip-lost', service: spec.key, reason, cause }, 'VIP withdrawn');
         rt.held = undefined;
         this.opts.noteEvent('vip-lost', { service: spec.key, address: lastVip, reason });
         if (!this.opts.stopping() && this.runtimes.get(spec.key) === rt && cause !== 'stopped' && cause !== 'released') this.noteInterruption(rt, reason, cause);

@@ -21,6 +21,7 @@ import { poolContains, selectPool } from '../config/pools';
 import { DEFAULT_NETWORK, poolLabel, poolsOfNetwork } from '../config/networks';
 import { ClaimStore, type PoolClaim } from './claims';
 import { SerialQueue } from '../serial';
+import { ParentReads } from './parent-reads';
 
 /** RFC 5227 §1.1: MAX_CONFLICTS 10, RATE_LIMIT_INTERVAL 60 s. */
 export const MAX_CONFLICTS = 10;
@@ -52,16 +53,28 @@ export interface PoolMetrics {
   readonly conflicts: Counter<'pool'>;
 }
 
+/** Where a pool gauge's collect hook finds the manager that computes it (the last one made on the registry). */
+const COMPUTE = Symbol('lbagent.pool.compute');
+type Computed = Gauge<'pool'> & { [COMPUTE]?: () => void };
+
+/** prom-client calls a metric's collect() with the metric as `this`, at every scrape (and every get()). */
+function computeAtScrape(this: Computed): void {
+  this[COMPUTE]?.();
+}
+
 /**
  * The pool metrics of a registry. Registered once per registry: a metric
  * already there (another PoolManager on the same registry) is
  * reused, since prom-client refuses a second registration of a name.
+ * The gauges are computed at scrape time (their collect hooks), never at
+ * a claim change: a start or a stop of n services changes claims and
+ * holds n times, and recomputing at each would read every claim each time.
  */
 export function poolMetrics(registry: Registry): PoolMetrics {
   const get = <T>(name: string, make: () => T): T => (registry.getSingleMetric(name) as T | undefined) ?? make();
   return {
-    size: get('lbagent_pool_size', () => new Gauge({ name: 'lbagent_pool_size', help: 'Addresses a pool may hand out (network, broadcast and this node\'s own addresses excluded).', labelNames: ['pool'], registers: [registry] })),
-    inUse: get('lbagent_pool_in_use', () => new Gauge({ name: 'lbagent_pool_in_use', help: 'Addresses of a pool claimed by a service or being probed.', labelNames: ['pool'], registers: [registry] })),
+    size: get('lbagent_pool_size', () => new Gauge({ name: 'lbagent_pool_size', help: 'Addresses a pool may hand out (network, broadcast and this node\'s own addresses excluded).', labelNames: ['pool'], registers: [registry], collect: computeAtScrape })),
+    inUse: get('lbagent_pool_in_use', () => new Gauge({ name: 'lbagent_pool_in_use', help: 'Addresses of a pool claimed by a service or being probed.', labelNames: ['pool'], registers: [registry], collect: computeAtScrape })),
     conflicts: get('lbagent_pool_conflicts_total', () => new Counter({ name: 'lbagent_pool_conflicts_total', help: 'Addresses of a pool found held by another host on the LAN (ARP probe, or defence given up).', labelNames: ['pool'], registers: [registry] })),
   };
 }
@@ -112,6 +125,7 @@ export class PoolManager extends EventEmitter {
   private lastAttempt = -Infinity;
   private readonly sizeLabels = new Set<string>();
   private readonly queue = new SerialQueue();
+  private readonly parentReads = new ParentReads<unknown>({ run: (fn) => this.serialize(fn) });
 
   constructor(opts: PoolManagerOptions) {
     super();
@@ -123,7 +137,9 @@ export class PoolManager extends EventEmitter {
     this.clock = opts.clock ?? realClock;
     this.backoff = opts.conflictBackoff ?? DEFAULT_CONFLICT_BACKOFF;
     this.metrics = poolMetrics(opts.registry);
-    this.updateMetrics();
+    (this.metrics.size as Computed)[COMPUTE] = () => this.computeSize();
+    (this.metrics.inUse as Computed)[COMPUTE] = () => this.computeInUse();
+    this.notePoolLabels();
   }
 
   /**
@@ -137,10 +153,23 @@ export class PoolManager extends EventEmitter {
     return this.queue.run(fn);
   }
 
+  /**
+   * A read of a parent interface in the queue, shared by every caller of
+   * the same `key` that asks before it starts (parent-reads.ts), each
+   * caller's `then` right after it in the same turn. `key` names what is
+   * read: callers of one key must read the same thing.
+   */
+  readParent<P, T>(key: string, read: () => Promise<P>, then: (p: P) => T): Promise<{ p: P; result: T }> {
+    return this.parentReads.read(key, read, then as (p: unknown) => T) as Promise<{ p: P; result: T }>;
+  }
+
+  /** Parent reads sent since the manager was made (one per batch of callers). */
+  get parentReadCount(): number { return this.parentReads.reads; }
+
   /** New pools (config reload). Bound services keep their address until their source is restarted. */
   setPools(pools: readonly Pool[]): void {
     this.pools = pools;
-    this.updateMetrics();
+    this.notePoolLabels();
     this.emit('changed');
   }
 
@@ -158,7 +187,6 @@ export class PoolManager extends EventEmitter {
     const same = next.size === this.reserved.size && [...next].every((a) => this.reserved.has(a));
     if (same) return;
     this.reserved = next;
-    this.updateMetrics();
     this.emit('changed');
   }
 
@@ -191,7 +219,6 @@ export class PoolManager extends EventEmitter {
       now,
     });
     if (result.ok) this.holds.set(req.service, { address: result.address, pool: result.pool });
-    this.updateMetrics();
     return result;
   }
 
@@ -208,16 +235,40 @@ export class PoolManager extends EventEmitter {
 
   /** The service probed its held address and found it free: persist the claim. Throws LB_ERR_STATE_WRITE (hold kept). */
   commit(service: string, address: string): PoolClaim {
+    const { a, hold } = this.heldFor(service, address);
+    const claim = this.claims.set(service, { address, pool: hold.pool }, this.clock.wallNow());
+    this.committed(a);
+    return claim;
+  }
+
+  /** The service's hold on this address, or a throw: a commit needs a matching reservation. */
+  private heldFor(service: string, address: string): { a: string; hold: Hold } {
     const a = addressKey(address);
     const hold = this.holds.get(service);
     if (a === undefined || !hold || hold.address !== a) {
       throw new Error(`commit of ${address} for ${service} without a matching reservation`);
     }
-    const claim = this.claims.set(service, { address, pool: hold.pool }, this.clock.wallNow());
+    return { a, hold };
+  }
+
+  private committed(a: string): void {
     this.conflictRun = 0;
     this.conflictMap.delete(a); // whoever held it has left
-    this.updateMetrics();
-    return claim;
+  }
+
+  /**
+   * commit(), with the claim written together with the other claims
+   * committed in this turn (ClaimStore.setSoon): a start of many services
+   * writes the claims file a few times, not once per service. The claim
+   * holds in memory at once; the promise resolves once it is on disk, and
+   * rejects with LB_ERR_STATE_WRITE (the claim taken back, the hold kept).
+   * Throws at once, as commit() does, without a matching reservation.
+   */
+  commitSoon(service: string, address: string): Promise<PoolClaim> {
+    const { a, hold } = this.heldFor(service, address);
+    const written = this.claims.setSoon(service, { address, pool: hold.pool }, this.clock.wallNow());
+    this.committed(a);
+    return written;
   }
 
   /**
@@ -241,7 +292,6 @@ export class PoolManager extends EventEmitter {
     if (hold && hold.address === a) this.holds.delete(service);
     const pool = this.poolOf(a) ?? hold?.pool;
     if (pool && !opts.counted) this.metrics.conflicts.inc({ pool });
-    this.updateMetrics();
     this.log.warn({ op: 'conflict', service, address, mac, count, retryInMs: wait, pool }, `address ${address} is held by another host on the LAN${mac ? ` (${mac})` : ''}; not using it for ${Math.round(wait / 1000)} s`);
     return { address, pool, count, retryAt: c.retryAt, mac, service };
   }
@@ -272,7 +322,6 @@ export class PoolManager extends EventEmitter {
   release(service: string, opts: { deleteClaim: boolean }): void {
     this.holds.delete(service);
     if (opts.deleteClaim) this.claims.delete(service);
-    this.updateMetrics();
     this.emit('changed');
   }
 
@@ -291,11 +340,10 @@ export class PoolManager extends EventEmitter {
       gone.set(svc, claim);
       this.log.info({ op: 'prune', service: svc, address: claim.address }, `released the pool claim of removed service ${svc}`);
     }
-    if (gone.size > 0) { this.updateMetrics(); this.emit('changed'); }
+    if (gone.size > 0) this.emit('changed');
     return gone;
   }
 
-  /** Address -> service of every claim and hold except the given service's. */
   /** The label (config/networks.ts poolLabel) of the pool an address lies in, if any. */
   private poolOf(address: string): string | undefined {
     const a = parseAddress(address);
@@ -303,6 +351,7 @@ export class PoolManager extends EventEmitter {
     return p === undefined ? undefined : poolLabel(p);
   }
 
+  /** Address -> service of every claim and hold except the given service's. */
   private takenBy(except: string): Map<string, string> {
     const taken = new Map<string, string>();
     for (const [svc, claim] of this.claims.all()) {
@@ -313,18 +362,16 @@ export class PoolManager extends EventEmitter {
     return taken;
   }
 
-  private updateMetrics(): void {
-    let inUse: Map<string, string>;
-    try { inUse = this.takenBy(''); } catch { return; /* corrupt claims: reported by the sources */ }
+  /**
+   * The pools' labels as the pools change: a new pool's conflicts counter
+   * starts at 0, a removed pool's series go.
+   */
+  private notePoolLabels(): void {
     const seen = new Set<string>();
     for (const pool of this.pools) {
       const label = poolLabel(pool);
       seen.add(label);
       this.sizeLabels.add(label);
-      this.metrics.size.set({ pool: label }, poolSize(pool, this.reserved));
-      let n = 0;
-      for (const a of inUse.keys()) if (this.poolOf(a) === label && !this.reserved.has(a)) n++;
-      this.metrics.inUse.set({ pool: label }, n);
       this.metrics.conflicts.inc({ pool: label }, 0);
     }
     for (const key of [...this.sizeLabels]) {
@@ -333,6 +380,24 @@ export class PoolManager extends EventEmitter {
       this.metrics.inUse.remove({ pool: key });
       this.sizeLabels.delete(key);
     }
+  }
+
+  /** lbagent_pool_size, at scrape time. */
+  private computeSize(): void {
+    for (const pool of this.pools) this.metrics.size.set({ pool: poolLabel(pool) }, poolSize(pool, this.reserved));
+  }
+
+  /** lbagent_pool_in_use, at scrape time: every claim and hold read once, each counted in the pool it lies in. */
+  private computeInUse(): void {
+    let inUse: Map<string, string>;
+    try { inUse = this.takenBy(''); } catch { return; /* corrupt claims: reported by the sources */ }
+    const counts = new Map<string, number>(this.pools.map((p) => [poolLabel(p), 0]));
+    for (const a of inUse.keys()) {
+      if (this.reserved.has(a)) continue;
+      const label = this.poolOf(a);
+      if (label !== undefined && counts.has(label)) counts.set(label, counts.get(label)! + 1);
+    }
+    for (const [label, n] of counts) this.metrics.inUse.set({ pool: label }, n);
   }
 }
 

@@ -121,6 +121,13 @@ export interface PoolSourceOptions {
   removals?: AddressRemovals;
 }
 
+/** A parent interface as a pool source reads it: the link, its host addresses (of the source's prefix), its link-local address (IPv6). */
+interface ParentRead {
+  readonly link: LinkInfo;
+  readonly onParent: ReadonlySet<string>;
+  readonly linkLocal: bigint | undefined;
+}
+
 /** How often a ready Backup re-reads its parent (addresses and reservations can change while it waits). */
 const STANDBY_REFRESH_MS = 10_000;
 
@@ -155,7 +162,7 @@ export class PoolSource extends EventEmitter implements AddressSource {
   private removals: Promise<void>[] = [];
   private releaseError: unknown;
   /** A ready Backup's parent, read while standing by; used by the next allocation once. */
-  private ready: { link: LinkInfo; onParent: Set<string> } | undefined;
+  private ready: ParentRead | undefined;
   private standbyTimer: TimerHandle | undefined;
 
   constructor(opts: PoolSourceOptions) {
@@ -349,14 +356,16 @@ export class PoolSource extends EventEmitter implements AddressSource {
       case 'allocate': return void this.allocate(gen);
       case 'wait': return this.wait(gen, a.until, a.onChange);
       case 'probe': return void this.probe(gen, a.address);
-      case 'commit':
+      case 'commit': {
+        // Written with the other claims of this turn (a start commits many at once).
+        const fault = (err: unknown): void => this.feedLater(gen, { type: 'fault', what: `persisting the claim on ${a.address}`, error: errorMessage(err) });
         try {
-          this.manager.commit(this.key, a.address);
-          this.feedLater(gen, { type: 'committed' });
+          this.manager.commitSoon(this.key, a.address).then(() => this.feedLater(gen, { type: 'committed' }), fault);
         } catch (err) {
-          this.feedLater(gen, { type: 'fault', what: `persisting the claim on ${a.address}`, error: errorMessage(err) });
+          fault(err);
         }
         return;
+      }
       case 'add-address': return void this.addAddress(gen, a.address);
       case 'hold': return this.hold(gen, a.address);
       case 'unhold':
@@ -547,26 +556,35 @@ export class PoolSource extends EventEmitter implements AddressSource {
    * Parent link and the reserved addresses derived from its addresses, read
    * in one turn of the manager's queue, and `then` in the same turn: a
    * reserve() there sees the parent's addresses and no other service's
-   * reservation can slip in between.
+   * reservation can slip in between. The pool sources of one parent, family
+   * and network that ask together (a start) share one read
+   * (ipam/parent-reads.ts): one link request and one address dump for all.
    */
-  private async readParentQueued<T>(then: () => T): Promise<{ p: { link: LinkInfo; onParent: Set<string> }; result: T }> {
-    return this.manager.serialize(async () => {
-      const link = await this.opts.netlink.getLink(this.opts.parentIfname);
+  private async readParentQueued<T>(then: () => T): Promise<{ p: ParentRead; result: T }> {
+    const { parentIfname, service } = this.opts;
+    const key = `${parentIfname}|${this.family}|${service.network ?? ''}`;
+    return this.manager.readParent<ParentRead, T>(key, async () => {
+      const link = await this.opts.netlink.getLink(parentIfname);
       const addrs = await this.opts.netlink.listAddresses(link.index, this.family);
-      if (this.family === 'IPv6') this.linkLocal = linkLocalOf(addrs);
-      const p = this.noteParentAddresses(link, addrs);
-      return { p, result: then() };
+      return this.noteParentAddresses(link, addrs);
+    }, (p) => {
+      if (this.family === 'IPv6') this.linkLocal = p.linkLocal;
+      return then();
     });
   }
 
-  private noteParentAddresses(link: LinkInfo, addrs: readonly { address: string; prefix: number }[]): { link: LinkInfo; onParent: Set<string> } {
+  private noteParentAddresses(link: LinkInfo, addrs: readonly { address: string; prefix: number }[]): ParentRead {
     const claimed = new Set<string>();
     for (const c of this.manager.allClaims().values()) {
       const k = addressKey(c.address);
       if (k !== undefined) claimed.add(k);
     }
     this.manager.setReserved(reservedFromInterface(addrs, claimed), this.opts.service.network);
-    return { link, onParent: new Set(addrs.filter((a) => a.prefix === this.prefix).map((a) => a.address)) };
+    return {
+      link,
+      onParent: new Set(addrs.filter((a) => a.prefix === this.prefix).map((a) => a.address)),
+      linkLocal: this.family === 'IPv6' ? linkLocalOf(addrs) : undefined,
+    };
   }
 
   /**

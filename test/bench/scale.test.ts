@@ -5,7 +5,7 @@
 // between samples, and the targets are judged at 1,000 services only.
 import t from 'tap';
 import { backendsOf, scaleConfig, referenceTables, parseTimed, cpuBetween, summarizeScale, type ScaleRun } from '../../bench/scale';
-import { scaleTargets } from '../../bench/lib/report';
+import { scaleTable, scaleTargets } from '../../bench/lib/report';
 
 interface Svc { name: string; backends: string[]; ports: { targetPort: number }[] }
 
@@ -61,4 +61,14 @@ t.test('targets at 1,000 services only', async (t) => {
   t.equal(rows.length, 8);
   t.equal(rows.find((x) => /reload/.test(x.target))!.met, false, 'median 50 ms is not under 50');
   t.ok(rows.filter((x) => !/reload/.test(x.target)).every((x) => x.met === true));
+});
+
+t.test('the table gives each size\'s start to ready in seconds', async (t) => {
+  const run = { services: 1000, backends: 3000, readyMs: 21_650, rssMiB: 70, descriptors: 60, packetSockets: 3, idleWindowSeconds: 10, idleCpuMs: 50, idleCpuPercent: 0.5, nftLines: 10,
+    reloadCpuMs: [40], reloadWallMs: [1], transitionCpuMs: [2], transitionKinds: ['down'], scrapeCpuMs: 10, scrapes: 4, metricsBytes: 1, metricsBytesPerService: 300,
+    burst: { rate: 50, seconds: 10, sent: 500, ok: 500, failed: 0, p50Ms: 1, p99Ms: 2, errors: [] }, statusCliMs: [40], statusRequestMs: [5], statusBytes: 1, stopMs: 1500, stopKilled: false,
+    reference: { lines: 1, elements: 1, fullWallMs: [1], fullCpuMs: [1], deltaWallMs: [1], deltaCpuMs: [1] } } satisfies ScaleRun;
+  const text = scaleTable({ scale: { config: {} as never, summary: summarizeScale([run]), raw: [], errors: [] } } as never) ?? '';
+  t.match(text, /^\| services \(backends\) \| start to ready s \| RSS MiB \|/);
+  t.match(text, /\n\| 1,000 \(3,000\) \| 21\.7 \| 70\.0 \|/);
 });

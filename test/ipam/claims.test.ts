@@ -85,3 +85,37 @@ t.test('an IPv6 claim survives a restart like an IPv4 one (a family service "ns/
   new ClaimStore({ store }).set('default/web@IPv6', { address: 'fd00:99::201', pool: 'range-global' }, T0);
   t.match(new ClaimStore({ store }).get('default/web@IPv6'), { address: 'fd00:99::201', pool: 'range-global' }, 'loaded, not dropped as malformed');
 });
+
+t.test('setSoon: the claims of one turn in memory at once, on disk in one write', async (t) => {
+  const store = tmpStore(t);
+  let writes = 0;
+  const counting = Object.create(store) as StateStore;
+  counting.write = (name: string, value: unknown): void => { writes++; store.write(name, value); };
+  const c = new ClaimStore({ store: counting });
+  const before = c.all();
+  const done = Array.from({ length: 50 }, (_, i) => c.setSoon(`default/s${i}`, { address: `10.0.0.${i + 1}`, pool: 'range-global' }, T0));
+  t.equal(c.get('default/s7')?.address, '10.0.0.8', 'in memory before it is written');
+  t.equal(before.size, 0, 'a snapshot handed out earlier does not move');
+  t.equal(writes, 0, 'nothing written in the turn that asked');
+  const claims = await Promise.all(done);
+  t.equal(writes, 1, 'fifty claims, one write');
+  t.equal(claims[49]?.address, '10.0.0.50');
+  t.equal([...new ClaimStore({ store }).all().keys()].length, 50, 'all of them on disk');
+  t.equal(await c.setSoon('default/s3', { address: '10.0.0.4', pool: 'range-global' }, T0 + 5000).then((x) => x.claimedAt), '2026-01-01T00:00:00.000Z', 'the same claim again: nothing to write');
+  t.equal(writes, 1);
+});
+
+t.test('setSoon: a failed write takes the batch\'s claims back and rejects each', async (t) => {
+  const store = tmpStore(t);
+  const c = new ClaimStore({ store });
+  c.set('default/kept', { address: '10.0.0.1', pool: 'range-global' }, T0);
+  const failing = Object.create(store) as StateStore;
+  failing.write = (): void => { throw Object.assign(new Error('disk full'), { code: 'LB_ERR_STATE_WRITE' }); };
+  const f = new ClaimStore({ store: failing });
+  const moved = f.setSoon('default/kept', { address: '10.0.0.9', pool: 'range-global' }, T0 + 1000);
+  const fresh = f.setSoon('default/new', { address: '10.0.0.2', pool: 'range-global' }, T0 + 1000);
+  await t.rejects(moved, { code: 'LB_ERR_STATE_WRITE' });
+  await t.rejects(fresh, { code: 'LB_ERR_STATE_WRITE' });
+  t.equal(f.get('default/kept')?.address, '10.0.0.1', 'a moved claim is back where it was');
+  t.equal(f.get('default/new'), undefined, 'a new claim is gone');
+});

@@ -1,10 +1,14 @@
 // Privileged: many pool VIPs through the real agent cost what a few do. The
 // agent holds one ARP socket for the parent whatever the number of VIPs on
 // it (net/neighbour/neighbour-sockets.ts), so its descriptors do not grow
-// per VIP; and a stop withdraws every VIP in a few netlink batches, not a
-// round trip each (net/netlink/address-removals.ts), leaving no address
-// behind. Counted, not timed: /proc/PID/fd and the netlink requests the
-// agent's last log line reports for its stop.
+// per VIP; a start reads the parent once for the pool sources that ask
+// together (ipam/parent-reads.ts), not once per service; a start writes the
+// claims file once per batch of claims (ipam/claims.ts setSoon), every
+// claim of them on disk; and a stop
+// withdraws every VIP in a few netlink batches, not a round trip each
+// (net/netlink/address-removals.ts), leaving no address behind. Counted,
+// not timed: /proc/PID/fd and the netlink requests the agent's "settled"
+// and last log lines report.
 import * as fs from 'node:fs';
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
@@ -49,12 +53,14 @@ async function poolAddresses(lab: Lab, ns: string): Promise<string[]> {
   return [...r.stdout.matchAll(/inet (10\.99\.1\.\d+)\/32/g)].map((m) => m[1]!);
 }
 
-interface Run { fds: { total: number; packet: number }; netlink: NetlinkCounts; left: string[]; reachable: boolean }
+interface Run { fds: { total: number; packet: number }; netlink: NetlinkCounts; start: NetlinkCounts; left: string[]; reachable: boolean; claims: number }
 
 async function runWith(lab: Lab, node: string, client: string, n: number): Promise<Run> {
   const agent: AgentHandle = await startAgent(lab, node, config(n), { name: `a${n}`, logLevel: 'info' });
   try {
     const st = await waitStatus(agent, `${n} pool VIPs bound`, (s) => s.services.length === n && s.services.every((x) => x.vip !== undefined && x.ready), 60_000);
+    const settled = await agent.waitLog('the settled line', (l) => l.op === 'settled', 10_000);
+    const claims = Object.keys((JSON.parse(fs.readFileSync(`${agent.stateDir}/pool-claims.json`, 'utf8')) as { claims: object }).claims).length;
     const last = String(st.services.at(-1)!.vip);
     const reachable = (await lab.exec(client, 'ping', ['-c', '1', '-W', '2', last], { allowFail: true })).code === 0;
     const fds = await descriptors(agent.proc.pid!);
@@ -62,7 +68,7 @@ async function runWith(lab: Lab, node: string, client: string, n: number): Promi
     const exit = await agent.exited;
     if (exit.code !== 0) throw new Error(`agent exited ${String(exit.code ?? exit.signal)}: ${agent.stderr()}`);
     const stopped = await agent.waitLog('the stop line', (l) => l.msg === 'lb-agent stopped', 5000);
-    return { fds, netlink: stopped.netlink as NetlinkCounts, left: await poolAddresses(lab, node), reachable };
+    return { fds, netlink: stopped.netlink as NetlinkCounts, start: settled.netlink as NetlinkCounts, left: await poolAddresses(lab, node), reachable, claims };
   } finally {
     if (agent.proc.exitCode === null && agent.proc.signalCode === null) { agent.signal('SIGKILL'); await agent.exited; }
   }
@@ -89,6 +95,13 @@ t.test(`${MANY} pool VIPs: descriptors as for ${FEW}, a stop in a few netlink ba
     t.same(r.left, [], `${n} VIPs: none left on the parent after the stop`);
     t.ok(r.netlink.batched >= n, `${n} VIPs: every removal went in a batch (${r.netlink.batched} batched requests)`);
   }
+  // A start: the parent read once for the sources that ask together, so
+  // its dumps do not grow with the services (one per service would be 196 more).
+  t.comment(`start netlink: ${JSON.stringify(few.start)} / ${JSON.stringify(many.start)}`);
+  t.ok(many.start.dumps <= few.start.dumps + 4, `${MANY} VIPs: the start's dumps do not grow per VIP: ${few.start.dumps} -> ${many.start.dumps}`);
+  t.ok(many.start.dumps < MANY / 10, `${MANY} VIPs: ${many.start.dumps} dumps for the whole start`);
+  t.equal(few.claims, FEW, `${FEW} VIPs: every claim on disk`);
+  t.equal(many.claims, MANY, `${MANY} VIPs: every claim on disk`);
   // One neighbour dump and a batch or two of removals, whatever the count.
   t.ok(many.netlink.batches <= 3, `${MANY} VIPs: ${many.netlink.batches} batch datagrams`);
   t.equal(many.netlink.batches, few.netlink.batches, `as many batches for ${MANY} VIPs as for ${FEW}`);
