@@ -19,9 +19,9 @@
 // service the DHCPv4 source creates, adopts and deletes it, and this source
 // uses it; for an IPv6-only one this source does all of that itself.
 //
-// The VIP is ADDR/128 on the macvlan, added without the kernel's DAD after
-// the agent's own (net/neighbour/ndp-driver.ts dadProbe, RFC 4862 §5.4); a
-// duplicate is declined (RFC 8415 §18.2.8). No prefix route: the on-link
+// The VIP is ADDR/128 on the macvlan, added without the kernel's DAD and
+// used at once while the agent's own runs (optimistic, RFC 4429; bind()); a
+// duplicate is withdrawn and declined (RFC 8415 §18.2.8). No prefix route: the on-link
 // prefix is the parent's (from router advertisements or its own config),
 // and traffic to the LAN keeps leaving by the parent (docs/design.md, IPv6).
 import * as dgram from 'node:dgram';
@@ -488,9 +488,14 @@ export class Dhcp6Source extends EventEmitter implements AddressSource {
   }
 
   /**
-   * The leased address on the macvlan, after duplicate address detection
-   * (none for an address this macvlan already holds: a resumed lease, a
-   * renewal that confirmed it), announced and defended.
+   * The leased address on the macvlan at once, optimistic (RFC 4429 §3.1:
+   * an address a DHCPv6 server assigned may be used while duplicate address
+   * detection runs), then DAD (net/neighbour/ndp-driver.ts dadProbe, RFC
+   * 4862 §5.4) and only after it the unsolicited override advertisements
+   * (RFC 4429 §3.3: none for an optimistic address, so a duplicate's
+   * neighbours are never told to switch). A duplicate withdraws the address
+   * and is declined (RFC 8415 §18.2.8). An address this macvlan already
+   * holds (a resumed lease, a renewal that confirmed it) is not probed.
    */
   private async bind(lease: Lease6): Promise<void> {
     const ifindex = this.ifindex;
@@ -502,32 +507,35 @@ export class Dhcp6Source extends EventEmitter implements AddressSource {
       return;
     }
     const held = (await this.netlink.listAddresses(ifindex, 'IPv6')).some((a) => a.address === address && a.prefix === VIP6_PREFIX);
-    if (!held && this.arp.probeNum > 0) {
-      const sock = this.ndp(ifindex);
+    if (!held) {
+      await this.netlink.addAddress(ifindex, address, VIP6_PREFIX, { proto: OWNED_ADDRESS_PROTO });
+      addressesChanged();
+    }
+    await this.store.settled(this.leaseFile);
+    if (gen !== this.generation) return;
+    const vip: Vip = { address, prefix: VIP6_PREFIX, ifname: this.ifname, ifindex, mac: this.mac };
+    this.vip = vip;
+    this.lastReason = undefined;
+    const dad = !held && this.arp.probeNum > 0;
+    this.log.info({ op: 'bind', address, server: describeDuid(lease.serverId), valid: lease.validSeconds, optimistic: dad }, `VIP ${address} bound`);
+    this.emit('vip', vip);
+    this.emit('status');
+    if (dad) {
       const res = await dadProbe({
-        socket: sock, mac: this.mac, ip: address,
+        socket: this.ndp(ifindex), mac: this.mac, ip: address,
         config: { ...ndpTimings(this.arp, true), dadTransmits: DUP_ADDR_DETECT_TRANSMITS, giveUp: true, answerSolicitations: false },
         clock: this.clock, log: this.log, metrics: this.netM,
       });
-      if (gen !== this.generation || !this.running) return;
+      if (gen !== this.generation || !this.running || this.vip !== vip) return;
       if (res.duplicate) {
         this.lastReason = `leased ${address} is in use by ${res.mac ?? 'another node'} (${res.reason}, RFC 4862 §5.4); declined`;
-        this.log.warn({ op: 'dad', address, mac: res.mac, reason: res.reason }, 'leased address in use; declining');
-        // After this bind in the queue: the unbind it causes finds nothing to remove.
+        this.log.warn({ op: 'dad', address, mac: res.mac, reason: res.reason }, 'leased address in use; withdrawn and declining');
+        // After this bind in the queue: the unbind it causes withdraws the optimistic address.
         queueMicrotask(() => this.dispatch({ type: 'dad-failed', address: lease.address }));
         return;
       }
     }
-    await this.netlink.addAddress(ifindex, address, VIP6_PREFIX, { proto: OWNED_ADDRESS_PROTO });
-    addressesChanged();
-    await this.store.settled(this.leaseFile);
-    if (gen !== this.generation) return;
-    this.vip = { address, prefix: VIP6_PREFIX, ifname: this.ifname, ifindex, mac: this.mac };
-    this.lastReason = undefined;
-    this.log.info({ op: 'bind', address, server: describeDuid(lease.serverId), valid: lease.validSeconds }, `VIP ${address} bound`);
     this.hold(ifindex, address);
-    this.emit('vip', this.vip);
-    this.emit('status');
   }
 
   /** Unsolicited override advertisements on gain, the refresh, the defence (net/neighbour/ndp-driver.ts). */
