@@ -50,7 +50,7 @@ import {
   DEFAULT_CLIENT6_CONFIG, initialState6, step6,
   type Client6Action, type Client6Config, type Client6Event, type Client6State, type Dhcp6StateName, type Unbind6Cause,
 } from './client6';
-import { DHCP6_CLIENT_PORT, DHCP6_SERVER_PORT, buildClient6Message, decodeReplyPayload6, describeDuid, describePacket6, encodeDhcp6, formatIPv6, type Dhcp6Packet } from './codec6';
+import { DHCP6_CLIENT_PORT, DHCP6_SERVER_PORT, buildClient6Message, decodeReplyPayload6, describeDuid, describePacket6, encodeDhcp6, formatDuid, formatIPv6, parseDuid, type Dhcp6Packet } from './codec6';
 import { duidForService, iaidForService } from './duid';
 import { judgeAddress6, type Guard6Policy, type Guard6Reason, type Host6View } from './guard6';
 import { fromStored6, lease6FileName, toStored6, type Lease6 } from './lease6';
@@ -94,7 +94,7 @@ export interface Dhcp6SourceOptions {
   random?: () => number;
   /** The service's DHCPv4 source owns the macvlan (a dual-stack DHCP service): wait for it, never create or delete it. */
   sharedLink: boolean;
-  /** Which servers and addresses are accepted; default: any server, the parent's prefixes only. */
+  /** Which servers and addresses are accepted (dhcp.allowOtherSubnets, dhcp.servers6; guard6Of); default: any server, the parent's prefixes only. */
   guard?: Guard6Policy;
   /** The VM's IPv6 addresses and the parent's prefixes; default: read live (os.networkInterfaces). */
   hostView?: () => Host6View;
@@ -177,7 +177,7 @@ export class Dhcp6Source extends EventEmitter implements AddressSource {
 
   reconfigure(settings: { arp: ArpConfig; dhcp: DhcpConfig }): void {
     this.arp = settings.arp;
-    this.guard = { ...this.guard, allowOtherSubnets: settings.dhcp.allowOtherSubnets };
+    this.guard = guard6Of(settings.dhcp);
   }
 
   start(): void {
@@ -295,7 +295,7 @@ export class Dhcp6Source extends EventEmitter implements AddressSource {
         return {
           state: s.name,
           ...(lease ? {
-            address: formatIPv6(lease.address), server: describeDuid(lease.serverId), validSeconds: lease.validSeconds,
+            address: formatIPv6(lease.address), server: describeDuid(lease.serverId), serverDuid: formatDuid(lease.serverId), validSeconds: lease.validSeconds,
             renewAt: at(lease.renewAt), rebindAt: at(lease.rebindAt), expiresAt: at(lease.expiresAt),
           } : {}),
           ...(s.asking ? { requested: formatIPv6(s.asking.address) } : {}),
@@ -688,6 +688,11 @@ export function host6View(parent: string, exclude: string, interfaces = os.netwo
     }
   }
   return { prefixes, local };
+}
+
+/** The guard's policy from the config's dhcp section: the allow-list's DUIDs as bytes. */
+export function guard6Of(dhcp: Pick<DhcpConfig, 'allowOtherSubnets' | 'servers6'>): Guard6Policy {
+  return { allowOtherSubnets: dhcp.allowOtherSubnets, servers: dhcp.servers6.map(parseDuid) };
 }
 
 export function createDhcp6Source(opts: Dhcp6SourceOptions): Dhcp6Source {
