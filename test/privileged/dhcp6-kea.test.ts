@@ -7,7 +7,7 @@
 // and Kea's lease is the service's DUID-LL. Kea's first address is held
 // by another host: duplicate address detection finds it, the agent
 // DECLINEs it and binds the next. Kea's lifetimes are seconds long (valid
-// 8 s, T1 2 s, T2 3 s): the server goes and another Kea (another DUID, the
+// 5 s, T1 1 s, T2 2 s): the server goes and another Kea (another DUID, the
 // same lease database) takes its place, so RENEWs to the first go
 // unanswered and the lease is kept by a REBIND at T2 that the second
 // answers, with no failed request in a 20 ms client loop; then no server
@@ -82,7 +82,7 @@ if (requirePrivileged(t)) {
 
     // A real server: Kea grants an address from its pool, and the VIP serves.
     rogue.kill('SIGKILL');
-    const keaOpts = { subnet: 'fd00:99::/64', pool: 'fd00:99::300 - fd00:99::3ff', validLifetime: 8, renewTimer: 2, rebindTimer: 3 };
+    const keaOpts = { subnet: 'fd00:99::/64', pool: 'fd00:99::300 - fd00:99::3ff', validLifetime: 5, renewTimer: 1, rebindTimer: 2 };
     let kea = await startKea6(lab, server, keaOpts);
     const bound = await waitStatus(agent, 'the IPv6 VIP from Kea serving', (s) => s.services.find((x) => x.key === 'default/web@IPv6')?.ready === true, 30_000);
     const vip6 = bound.services.find((x) => x.key === 'default/web@IPv6')!.vip!;
