@@ -260,7 +260,7 @@ export const DHCP6_CLIENTS = ['dhclient6', 'lbagent6', 'lbagent6-nodad'] as cons
 export type Dhcp6Client = (typeof DHCP6_CLIENTS)[number];
 export const DHCP6_LABELS: Record<Dhcp6Client, string> = {
   dhclient6: 'ISC dhclient -6',
-  lbagent6: 'lb-agent DHCPv6, defaults (DAD of the lease)',
+  lbagent6: 'lb-agent DHCPv6, defaults (optimistic DAD of the lease)',
   'lbagent6-nodad': 'lb-agent DHCPv6, no DAD (arp.probeNum: 0)',
 };
 

@@ -49,7 +49,7 @@ export const DEFAULT_DHCP: DhcpTimings = {
 };
 
 // DHCP answers are checked against the parent's subnets; any server may answer.
-export const DEFAULT_DHCP_GUARD = { allowOtherSubnets: false, servers: [] as string[] } as const;
+export const DEFAULT_DHCP_GUARD = { allowOtherSubnets: false, servers: [] as string[], servers6: [] as string[] } as const;
 
 export const DEFAULT_PROXY: ProxyConfig = { algorithm: 'round-robin', idleTimeout: 300, connectTimeout: 3 };
 

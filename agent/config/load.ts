@@ -709,7 +709,7 @@ export function buildConfig(data: unknown, locate: (segs: Seg[]) => number | und
     pools,
     ...(networks.length > 0 ? { networks } : {}),
     arp: raw.arp,
-    dhcp: { ...raw.dhcp, servers: raw.dhcp.servers.map((a) => parseIPv4(a)!) },
+    dhcp: { ...raw.dhcp, servers: raw.dhcp.servers.map((a) => parseIPv4(a)!), servers6: raw.dhcp.servers6.map((d) => d.toLowerCase()) },
     proxy: raw.proxy,
     // Canonical text (RFC 5952 for IPv6): lo's addresses are listed so.
     backend: { vips: raw.backend.vips.map((v) => formatAddress(parseAddress(v)!)) },

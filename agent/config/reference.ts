@@ -100,6 +100,7 @@ export const KEY_HELP: Readonly<Record<string, KeyHelp>> = {
   'dhcp.probeOffer': { text: 'ARP-probe an offered address before binding it and decline it on a conflict.' },
   'dhcp.allowOtherSubnets': { text: 'Accept a leased address outside the parent NIC\'s subnets (a DHCP relay serving another subnet).' },
   'dhcp.servers': { text: 'Accept answers only from these DHCP server identifiers; empty accepts any server.', probe: ['10.0.0.1'] },
+  'dhcp.servers6': { text: 'Accept DHCPv6 answers only from servers with these DUIDs (their SERVERID option); empty accepts any server. A DHCPv6 service\'s status shows the DUID of the server that granted its lease (`serverDuid`), in this form.', probe: ['00:01:00:01:2c:5e:0a:11:02:00:00:00:aa:01'] },
   proxy: { text: 'The userspace proxy data path.' },
   'proxy.algorithm': { text: 'How the proxy picks a backend for a new connection; both honour weights.' },
   'proxy.idleTimeout': { text: 'Seconds an idle proxied connection (or UDP session) is kept.', probe: 60 },

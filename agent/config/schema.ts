@@ -8,6 +8,8 @@ type S = Record<string, unknown>;
 
 const port: S = { type: 'integer', minimum: 1, maximum: 65535, 'x-what': 'a port (1-65535)' };
 const ipv4: S = { type: 'string', format: 'lb-ipv4', 'x-what': 'an IPv4 address' };
+// RFC 8415 §11.1: a DUID is a 2-octet type and at most 128 octets more; written as dnsmasq and Kea print it.
+const duid: S = { type: 'string', pattern: '^[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){2,129}$', 'x-what': 'a DUID in hex octets separated by colons (00:03:00:01:...)' };
 const ip: S = { type: 'string', format: 'lb-ip', 'x-what': 'an IPv4 or IPv6 address' };
 const family: S = { type: 'string', enum: ['IPv4', 'IPv6'] };
 const secondsPos = (min: number, max: number): S => ({ type: 'number', minimum: min, maximum: max, 'x-what': `a number of seconds (${min}-${max})` });
@@ -204,6 +206,7 @@ export const configSchema: S = obj({
       probeOffer: { type: 'boolean', default: DEFAULT_DHCP.probeOffer },
       allowOtherSubnets: { type: 'boolean', default: DEFAULT_DHCP_GUARD.allowOtherSubnets },
       servers: { type: 'array', items: ipv4, maxItems: 64, uniqueItems: true, default: [...DEFAULT_DHCP_GUARD.servers], 'x-what': 'a list of DHCP server identifiers (IPv4)' },
+      servers6: { type: 'array', items: duid, maxItems: 64, uniqueItems: true, default: [...DEFAULT_DHCP_GUARD.servers6], 'x-what': 'a list of DHCPv6 server DUIDs' },
     }),
     default: {},
   },

@@ -262,6 +262,8 @@ export interface DhcpGuardConfig {
   readonly allowOtherSubnets: boolean;
   /** Server identifiers accepted, as u32; empty: any server. */
   readonly servers: readonly number[];
+  /** DHCPv6 server DUIDs accepted (SERVERID, dhcp/guard6.ts), lowercase colon-separated hex; empty: any server. */
+  readonly servers6: readonly string[];
 }
 
 export type DhcpConfig = DhcpTimings & DhcpGuardConfig;

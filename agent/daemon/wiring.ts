@@ -213,7 +213,7 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
         ? dhcp6Driver().createDhcp6Source({
           // A dual-stack DHCP service: its DHCPv4 source owns the one macvlan both leases ride.
           service: spec, parent: parentOf(spec).name, arp: now.arp, sharedLink: spec.ipFamilies?.includes('IPv4') ?? false,
-          store, netlink, log, registry, clock, guard: { allowOtherSubnets: now.dhcp.allowOtherSubnets, servers: [] },
+          store, netlink, log, registry, clock, guard: dhcp6Driver().guard6Of(now.dhcp),
         })
         : spec.ipam === 'dhcp'
         ? dhcpDriver().createDhcpSource({

@@ -2,7 +2,7 @@
 // (state, event, now) returning the next state and the actions a driver
 // performs (send, setTimer, bind, unbind, persist, ...), as client.ts does
 // for DHCPv4. No I/O, no timers, no clock: `now` is passed in and randomness
-// (transaction ids, the first SOLICIT's delay, RAND of §15) comes from the
+// (transaction ids, the first SOLICIT's delay if any, RAND of §15) comes from the
 // injected source, so a 12-hour lease is tested in milliseconds.
 //
 // Every message goes to All_DHCP_Relay_Agents_and_Servers (§18.2: without a
@@ -39,8 +39,17 @@ export const RENEW_RT: Retransmit = { irtMs: 10_000, mrtMs: 600_000, mrc: 0, mrd
 export const REBIND_RT: Retransmit = { irtMs: 10_000, mrtMs: 600_000, mrc: 0, mrdMs: 0 };
 export const RELEASE_RT: Retransmit = { irtMs: 1_000, mrtMs: 0, mrc: 4, mrdMs: 0 };
 export const DECLINE_RT: Retransmit = { irtMs: 1_000, mrtMs: 0, mrc: 4, mrdMs: 0 };
-/** SOL_MAX_DELAY (§7.6): the first SOLICIT waits a random 0..1 s (§18.2.1). */
+/** SOL_MAX_DELAY (§7.6): the most §18.2.1 has the first SOLICIT wait, a random 0..1 s. */
 export const SOLICIT_MAX_DELAY_MS = 1_000;
+/**
+ * The first SOLICIT's delay the agent uses: none. §18.2.1's delay is a
+ * SHOULD that spreads hosts powering up together; a service's VIP serves
+ * nothing until it is bound, the agent's DHCPv6 starts are not
+ * synchronised across VMs (each starts when its own daemon does), and ISC
+ * dhclient -6 sends its first SOLICIT at once too. The machine still
+ * honours a delay when configured (tests, and `client` of driver6.ts).
+ */
+export const SOLICIT_DELAY_MS = 0;
 
 export interface Client6Config {
   readonly solicit: Retransmit;
@@ -56,7 +65,7 @@ export interface Client6Config {
 
 export const DEFAULT_CLIENT6_CONFIG: Client6Config = {
   solicit: SOLICIT_RT, request: REQUEST_RT, renew: RENEW_RT, rebind: REBIND_RT, release: RELEASE_RT, decline: DECLINE_RT,
-  solicitMaxDelayMs: SOLICIT_MAX_DELAY_MS, requestedAddress: undefined,
+  solicitMaxDelayMs: SOLICIT_DELAY_MS, requestedAddress: undefined,
 };
 
 interface Advert {

@@ -193,6 +193,16 @@ export function duidUuid(uuid: Uint8Array): Buffer {
 }
 
 /** For logs: "ll 02:00:00:a0:d6:02", "llt 02:...", else the type and hex. A DUID is otherwise opaque (§11). */
+/** A DUID as dnsmasq and Kea print it and `dhcp.servers6` takes it: lowercase hex octets separated by colons. */
+export function formatDuid(d: Buffer): string {
+  return [...d].map((b) => b.toString(16).padStart(2, '0')).join(':');
+}
+
+/** The DUID of formatDuid's text (the config's validated form). */
+export function parseDuid(text: string): Buffer {
+  return Buffer.from(text.replace(/:/g, ''), 'hex');
+}
+
 export function describeDuid(d: Buffer): string {
   if (d.length < 2) return `duid ${d.toString('hex')}`;
   const type = d.readUInt16BE(0);

@@ -19,9 +19,9 @@
 // service the DHCPv4 source creates, adopts and deletes it, and this source
 // uses it; for an IPv6-only one this source does all of that itself.
 //
-// The VIP is ADDR/128 on the macvlan, added without the kernel's DAD after
-// the agent's own (net/neighbour/ndp-driver.ts dadProbe, RFC 4862 §5.4); a
-// duplicate is declined (RFC 8415 §18.2.8). No prefix route: the on-link
+// The VIP is ADDR/128 on the macvlan, added without the kernel's DAD and
+// used at once while the agent's own runs (optimistic, RFC 4429; bind()); a
+// duplicate is withdrawn and declined (RFC 8415 §18.2.8). No prefix route: the on-link
 // prefix is the parent's (from router advertisements or its own config),
 // and traffic to the LAN keeps leaving by the parent (docs/design.md, IPv6).
 import * as dgram from 'node:dgram';
@@ -50,7 +50,7 @@ import {
   DEFAULT_CLIENT6_CONFIG, initialState6, step6,
   type Client6Action, type Client6Config, type Client6Event, type Client6State, type Dhcp6StateName, type Unbind6Cause,
 } from './client6';
-import { DHCP6_CLIENT_PORT, DHCP6_SERVER_PORT, buildClient6Message, decodeReplyPayload6, describeDuid, describePacket6, encodeDhcp6, formatIPv6, type Dhcp6Packet } from './codec6';
+import { DHCP6_CLIENT_PORT, DHCP6_SERVER_PORT, buildClient6Message, decodeReplyPayload6, describeDuid, describePacket6, encodeDhcp6, formatDuid, formatIPv6, parseDuid, type Dhcp6Packet } from './codec6';
 import { duidForService, iaidForService } from './duid';
 import { judgeAddress6, type Guard6Policy, type Guard6Reason, type Host6View } from './guard6';
 import { fromStored6, lease6FileName, toStored6, type Lease6 } from './lease6';
@@ -94,7 +94,7 @@ export interface Dhcp6SourceOptions {
   random?: () => number;
   /** The service's DHCPv4 source owns the macvlan (a dual-stack DHCP service): wait for it, never create or delete it. */
   sharedLink: boolean;
-  /** Which servers and addresses are accepted; default: any server, the parent's prefixes only. */
+  /** Which servers and addresses are accepted (dhcp.allowOtherSubnets, dhcp.servers6; guard6Of); default: any server, the parent's prefixes only. */
   guard?: Guard6Policy;
   /** The VM's IPv6 addresses and the parent's prefixes; default: read live (os.networkInterfaces). */
   hostView?: () => Host6View;
@@ -177,7 +177,7 @@ export class Dhcp6Source extends EventEmitter implements AddressSource {
 
   reconfigure(settings: { arp: ArpConfig; dhcp: DhcpConfig }): void {
     this.arp = settings.arp;
-    this.guard = { ...this.guard, allowOtherSubnets: settings.dhcp.allowOtherSubnets };
+    this.guard = guard6Of(settings.dhcp);
   }
 
   start(): void {
@@ -295,7 +295,7 @@ export class Dhcp6Source extends EventEmitter implements AddressSource {
         return {
           state: s.name,
           ...(lease ? {
-            address: formatIPv6(lease.address), server: describeDuid(lease.serverId), validSeconds: lease.validSeconds,
+            address: formatIPv6(lease.address), server: describeDuid(lease.serverId), serverDuid: formatDuid(lease.serverId), validSeconds: lease.validSeconds,
             renewAt: at(lease.renewAt), rebindAt: at(lease.rebindAt), expiresAt: at(lease.expiresAt),
           } : {}),
           ...(s.asking ? { requested: formatIPv6(s.asking.address) } : {}),
@@ -488,9 +488,14 @@ export class Dhcp6Source extends EventEmitter implements AddressSource {
   }
 
   /**
-   * The leased address on the macvlan, after duplicate address detection
-   * (none for an address this macvlan already holds: a resumed lease, a
-   * renewal that confirmed it), announced and defended.
+   * The leased address on the macvlan at once, optimistic (RFC 4429 §3.1:
+   * an address a DHCPv6 server assigned may be used while duplicate address
+   * detection runs), then DAD (net/neighbour/ndp-driver.ts dadProbe, RFC
+   * 4862 §5.4) and only after it the unsolicited override advertisements
+   * (RFC 4429 §3.3: none for an optimistic address, so a duplicate's
+   * neighbours are never told to switch). A duplicate withdraws the address
+   * and is declined (RFC 8415 §18.2.8). An address this macvlan already
+   * holds (a resumed lease, a renewal that confirmed it) is not probed.
    */
   private async bind(lease: Lease6): Promise<void> {
     const ifindex = this.ifindex;
@@ -502,32 +507,35 @@ export class Dhcp6Source extends EventEmitter implements AddressSource {
       return;
     }
     const held = (await this.netlink.listAddresses(ifindex, 'IPv6')).some((a) => a.address === address && a.prefix === VIP6_PREFIX);
-    if (!held && this.arp.probeNum > 0) {
-      const sock = this.ndp(ifindex);
+    if (!held) {
+      await this.netlink.addAddress(ifindex, address, VIP6_PREFIX, { proto: OWNED_ADDRESS_PROTO });
+      addressesChanged();
+    }
+    await this.store.settled(this.leaseFile);
+    if (gen !== this.generation) return;
+    const vip: Vip = { address, prefix: VIP6_PREFIX, ifname: this.ifname, ifindex, mac: this.mac };
+    this.vip = vip;
+    this.lastReason = undefined;
+    const dad = !held && this.arp.probeNum > 0;
+    this.log.info({ op: 'bind', address, server: describeDuid(lease.serverId), valid: lease.validSeconds, optimistic: dad }, `VIP ${address} bound`);
+    this.emit('vip', vip);
+    this.emit('status');
+    if (dad) {
       const res = await dadProbe({
-        socket: sock, mac: this.mac, ip: address,
+        socket: this.ndp(ifindex), mac: this.mac, ip: address,
         config: { ...ndpTimings(this.arp, true), dadTransmits: DUP_ADDR_DETECT_TRANSMITS, giveUp: true, answerSolicitations: false },
         clock: this.clock, log: this.log, metrics: this.netM,
       });
-      if (gen !== this.generation || !this.running) return;
+      if (gen !== this.generation || !this.running || this.vip !== vip) return;
       if (res.duplicate) {
         this.lastReason = `leased ${address} is in use by ${res.mac ?? 'another node'} (${res.reason}, RFC 4862 §5.4); declined`;
-        this.log.warn({ op: 'dad', address, mac: res.mac, reason: res.reason }, 'leased address in use; declining');
-        // After this bind in the queue: the unbind it causes finds nothing to remove.
+        this.log.warn({ op: 'dad', address, mac: res.mac, reason: res.reason }, 'leased address in use; withdrawn and declining');
+        // After this bind in the queue: the unbind it causes withdraws the optimistic address.
         queueMicrotask(() => this.dispatch({ type: 'dad-failed', address: lease.address }));
         return;
       }
     }
-    await this.netlink.addAddress(ifindex, address, VIP6_PREFIX, { proto: OWNED_ADDRESS_PROTO });
-    addressesChanged();
-    await this.store.settled(this.leaseFile);
-    if (gen !== this.generation) return;
-    this.vip = { address, prefix: VIP6_PREFIX, ifname: this.ifname, ifindex, mac: this.mac };
-    this.lastReason = undefined;
-    this.log.info({ op: 'bind', address, server: describeDuid(lease.serverId), valid: lease.validSeconds }, `VIP ${address} bound`);
     this.hold(ifindex, address);
-    this.emit('vip', this.vip);
-    this.emit('status');
   }
 
   /** Unsolicited override advertisements on gain, the refresh, the defence (net/neighbour/ndp-driver.ts). */
@@ -680,6 +688,11 @@ export function host6View(parent: string, exclude: string, interfaces = os.netwo
     }
   }
   return { prefixes, local };
+}
+
+/** The guard's policy from the config's dhcp section: the allow-list's DUIDs as bytes. */
+export function guard6Of(dhcp: Pick<DhcpConfig, 'allowOtherSubnets' | 'servers6'>): Guard6Policy {
+  return { allowOtherSubnets: dhcp.allowOtherSubnets, servers: dhcp.servers6.map(parseDuid) };
 }
 
 export function createDhcp6Source(opts: Dhcp6SourceOptions): Dhcp6Source {

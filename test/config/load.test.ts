@@ -232,6 +232,20 @@ t.test('dhcp.servers and dhcp.allowOtherSubnets: typed once, defaults from one p
   if (!bad.ok) t.match(formatConfigErrors(bad.errors), 'dhcp.servers[0]: "10.99.0.300" is not an IPv4 address');
 });
 
+t.test('dhcp.servers6: DHCPv6 server DUIDs, lowercased; a malformed one is refused with its path', async (t) => {
+  const def = parseConfigText('services: []\n');
+  if (def.ok) t.same(def.config.dhcp.servers6, [], 'default: any server');
+  const set = parseConfigText('dhcp: { servers6: ["00:01:00:01:2C:5E:0A:11:02:00:00:00:AA:01", "00:03:00:01:02:00:00:00:aa:02"] }\nservices: []\n');
+  t.ok(set.ok);
+  if (set.ok) t.same(set.config.dhcp.servers6, ['00:01:00:01:2c:5e:0a:11:02:00:00:00:aa:01', '00:03:00:01:02:00:00:00:aa:02']);
+  for (const [value, why] of [['0001000102', 'no colons'], ['00:01', 'shorter than a DUID type and one octet'], ['00:01:0g:02', 'not hex'], [Array(131).fill('ab').join(':'), 'longer than 130 octets']] as const) {
+    const bad = parseConfigText(`dhcp: { servers: [10.99.0.1], servers6: ["00:03:00:01:02:00:00:00:aa:02", "${value}"] }\nservices: []\n`);
+    t.equal(bad.ok, false, why);
+    if (!bad.ok) t.match(formatConfigErrors(bad.errors), 'dhcp.servers6[1]: ', `${why}: the error names the entry`);
+    if (!bad.ok) t.match(formatConfigErrors(bad.errors), 'a DUID in hex octets separated by colons', why);
+  }
+});
+
 t.test('issue 17: sourceIP, topology, backend zones, node zone/region/labelsFile and backend.vips load typed, with defaults', async (t) => {
   const res = loadConfigFile(path.join(FIX, 'good', 'zones-dsr.yaml'));
   t.ok(res.ok);

@@ -4,7 +4,7 @@
 // milliseconds, NoAddrsAvail and NoBinding, resume, DECLINE, RELEASE.
 import t from 'tap';
 import {
-  DEFAULT_CLIENT6_CONFIG, initialState6, nextRt, refusalWait, step6,
+  DEFAULT_CLIENT6_CONFIG, SOLICIT_MAX_DELAY_MS, initialState6, nextRt, refusalWait, step6,
   type Client6Action, type Client6Config, type Client6Context, type Client6Event, type Client6State,
 } from '../../agent/dhcp/client6';
 import {
@@ -24,9 +24,13 @@ const A1 = ip6('fd00:99::101');
 const A2 = ip6('fd00:99::202');
 const H = 3_600_000;
 
-/** random() = 0.5 makes RAND 0 (and the first SOLICIT's RAND +0.05), the delay before it 500 ms. */
+/**
+ * random() = 0.5 makes RAND 0 (and the first SOLICIT's RAND +0.05), the
+ * delay before it 500 ms: these runs use RFC 8415's SOL_MAX_DELAY, not the
+ * agent's default of none, so that the delay's schedule is tested too.
+ */
 function ctx(random: () => number = () => 0.5, config: Partial<Client6Config> = {}): Client6Context {
-  return { config: { ...DEFAULT_CLIENT6_CONFIG, ...config }, random };
+  return { config: { ...DEFAULT_CLIENT6_CONFIG, solicitMaxDelayMs: SOLICIT_MAX_DELAY_MS, ...config }, random };
 }
 
 function packet(type: number, xid: number, options: Dhcp6Option[]): Dhcp6Packet {
@@ -104,6 +108,18 @@ t.test('SOLICIT: a random delay up to 1 s, then 1.05 s, 2.1 s, 4.2 s ... up to a
   t.same(gaps.slice(-2), [3_600_000, 3_600_000], 'SOL_MAX_RT');
   t.equal(r.s.name, 'SELECTING');
   t.equal(r.sent()[0]!.elapsedMs, last - 500, 'elapsed time counts from the first SOLICIT');
+});
+
+t.test('by default the first SOLICIT leaves at start, with no delay', async (t) => {
+  const r = new Run({ config: DEFAULT_CLIENT6_CONFIG, random: () => 0.99 }).ev({ type: 'start' }, 0);
+  t.equal(r.s.name, 'SELECTING');
+  t.match(r.sent(), [{ kind: 'SOLICIT', elapsedMs: 0 }]);
+  t.ok(r.s.timerAt! > 1000 && r.s.timerAt! <= 1100, 'the first RT (IRT + a positive RAND) is the only wait');
+  const after = new Run({ config: DEFAULT_CLIENT6_CONFIG, random: () => 0.5 }).bound({ valid: 60, preferred: 60, t1: 30, t2: 48 });
+  for (let i = 0; i < 20 && after.s.timerAt !== undefined && after.s.timerAt < 60_000; i++) after.timer();
+  after.timer();
+  t.equal(after.s.timerAt! > 60_000 && after.s.name, 'SELECTING', 'expiry solicits again at once too');
+  t.match(after.sent(), [{ kind: 'SOLICIT' }]);
 });
 
 t.test('ADVERTISE selection: the highest preference after the first RT; 255 at once; after the first RT the first one', async (t) => {

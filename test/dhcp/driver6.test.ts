@@ -1,11 +1,14 @@
-// The DHCPv6 driver's pure helper: the host view its reply guard judges
+// The DHCPv6 driver's pure helpers: the allow-list's policy from the config
+// (dhcp.servers6) and the host view its reply guard judges
 // against (the VM's IPv6 addresses but the service macvlan's, the parent's
 // on-link prefixes without link-local ones). The driver itself runs against
 // real dnsmasq and Kea in test/privileged/dhcp6-dnsmasq.test.ts and
 // dhcp6-kea.test.ts.
 import t from 'tap';
 import type * as os from 'node:os';
-import { host6View } from '../../agent/dhcp/driver6';
+import { guard6Of, host6View } from '../../agent/dhcp/driver6';
+import { duidLl, formatDuid } from '../../agent/dhcp/codec6';
+import { parseConfigText } from '../../agent/config/load';
 import { judgeAddress6 } from '../../agent/dhcp/guard6';
 import { parseAddress } from '../../agent/address';
 
@@ -26,4 +29,20 @@ t.test('host6View: every IPv6 address but the macvlan\'s; prefixes of the parent
   t.equal(judgeAddress6(v6('fd00:99::135'), undefined, view, policy), 'ok', 'the lease the macvlan holds is renewable');
   t.equal(judgeAddress6(v6('fd00:99::2'), undefined, view, policy), 'addr-local');
   t.equal(judgeAddress6(v6('fd00:42::5'), undefined, view, policy), 'addr-off-prefix', 'another NIC\'s prefix is off the parent\'s link');
+});
+
+t.test('guard6Of: dhcp.servers6 as the config loads it admits those servers only, as their SERVERID bytes', async (t) => {
+  const allowed = duidLl('02:00:00:00:aa:01');
+  const rogue = duidLl('02:00:00:00:aa:66');
+  t.equal(formatDuid(allowed), '00:03:00:01:02:00:00:00:aa:01', 'the form dnsmasq and Kea print');
+  const loaded = parseConfigText('dhcp: { servers6: ["00:03:00:01:02:00:00:00:AA:01"] }\nservices: []\n');
+  if (!loaded.ok) throw new Error('config did not load');
+  const policy = guard6Of(loaded.config.dhcp);
+  t.ok(policy.servers[0]!.equals(allowed));
+  const host = { prefixes: [{ family: 'IPv6' as const, network: v6('fd00:99::'), prefix: 64 }], local: [] };
+  t.equal(judgeAddress6(v6('fd00:99::135'), allowed, host, policy), 'ok');
+  t.equal(judgeAddress6(v6('fd00:99::135'), rogue, host, policy), 'server-not-allowed');
+  t.equal(judgeAddress6(v6('fd00:99::135'), undefined, host, policy), 'server-not-allowed', 'a reply without SERVERID is not from an allowed server');
+  const open = guard6Of({ allowOtherSubnets: false, servers6: [] });
+  t.equal(judgeAddress6(v6('fd00:99::135'), rogue, host, open), 'ok', 'empty: any server');
 });

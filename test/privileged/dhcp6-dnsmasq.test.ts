@@ -6,7 +6,8 @@
 // the advertisements). A client on the LAN is served through the IPv6 VIP;
 // a deleted VIP is put back by the drift guard; a SIGKILL and a new start
 // keep the same address (the saved lease resumed
-// and confirmed) with no failed request in a 20 ms loop; removing the
+// and confirmed) with no failed request in a 20 ms loop, and so does a
+// planned restart (SIGTERM with --on-stop keep, then start); removing the
 // service releases the lease (dnsmasq logs the RELEASE) and takes the
 // macvlan away.
 import t from 'tap';
@@ -88,7 +89,7 @@ if (requirePrivileged(t)) {
     const killedAt = Date.now();
     agent.signal('SIGKILL');
     await agent.exited;
-    const second = await startAgent(lab, node, cfg, { name: 'd6', stateDir: agent.stateDir });
+    const second = await startAgent(lab, node, cfg, { name: 'd6', stateDir: agent.stateDir, args: ['--on-stop', 'keep'] });
     const st2 = await waitStatus(second, 'the IPv6 VIP adopted and serving', (s) => s.services.find((x) => x.key === 'default/web@IPv6')?.ready === true, 20_000);
     t.match(st2.services.find((x) => x.key === 'default/web@IPv6'), { vip: vip6, adopted: true }, 'the same IPv6 VIP after the restart (stable DUID), adopted');
     await second.waitLog('the resumed lease confirmed by a RENEW', (l) => l.module === 'dhcp6' && l.op === 'state' && l.from === 'RENEWING' && l.to === 'BOUND', 10_000);
@@ -99,18 +100,35 @@ if (requirePrivileged(t)) {
     t.equal(restart.failures.length, 0, `no failed request across SIGKILL and start (${restart.failures.map((f) => f.error).join('; ')})`);
     t.match(dnsmasq.log().slice(log.length), new RegExp(`(\\d+) DHCPRENEW\\(eth0\\) ${duid} *\\n.*\\1 DHCPREPLY\\(eth0\\) ${vip6} ${duid}`), 'dnsmasq saw the RENEW and renewed the same address');
 
+    // A planned restart: SIGTERM keeps the address and the lease, the next process serves the saved lease at once.
+    const planned = await ClientLoop.start(lab, client, `http://[${vip6}]:80/`, { intervalMs: 20, timeoutMs: 500 });
+    t.teardown(() => planned.stop());
+    await new Promise((r) => setTimeout(r, 300));
+    const stoppedAt = Date.now();
+    second.signal('SIGTERM');
+    t.equal((await second.exited).code, 0, 'SIGTERM with --on-stop keep exits cleanly');
+    t.match((await addrsOf(lab, node, ifname)), [`${vip6}/128 global`], 'the IPv6 VIP stays on the macvlan between the processes');
+    const third = await startAgent(lab, node, cfg, { name: 'd6', stateDir: agent.stateDir });
+    await waitStatus(third, 'the IPv6 VIP serving again', (s) => s.services.find((x) => x.key === 'default/web@IPv6')?.ready === true, 20_000);
+    t.match((await third.status()).services.find((x) => x.key === 'default/web@IPv6'), { vip: vip6, adopted: true }, 'the same IPv6 VIP, adopted');
+    t.notOk(third.logs.some((l) => l.module === 'dhcp6' && (l.op === 'dad' || (l.op === 'state' && l.to === 'SELECTING'))), 'no DAD and no SOLICIT: the saved lease serves');
+    await new Promise((r) => setTimeout(r, 500));
+    const plannedReport = gapReport((await planned.stop()).filter((r) => r.t >= stoppedAt), stoppedAt, ['b']);
+    t.ok(plannedReport.count >= 30, `the loop ran across the planned restart (${plannedReport.count} requests)`);
+    t.equal(plannedReport.failures.length, 0, `no failed request across the planned restart (${plannedReport.failures.map((f) => f.error).join('; ')})`);
+
     // The service removed: RELEASE to the server, the VIP and the macvlan gone.
     const before = dnsmasq.log().length;
-    second.writeConfig({ ...cfg, services: [] });
-    second.signal('SIGHUP');
+    third.writeConfig({ ...cfg, services: [] });
+    third.signal('SIGHUP');
     await waitFor('dnsmasq logs the RELEASE', () => new RegExp(`DHCPRELEASE\\(eth0\\) ${duid}`).test(dnsmasq.log().slice(before)), 10_000);
     t.pass('dnsmasq saw the RELEASE of the IPv6 lease');
     await waitFor('dnsmasq forgets the IPv6 lease', () => !fs.readFileSync(dnsmasq.leaseFile, 'utf8').includes(vip6), 5_000);
     t.pass('and removed it from its lease file');
     await waitFor('the macvlan gone', async () => (await lab.exec(node, 'ip', ['link', 'show', ifname], { allowFail: true })).code !== 0, 10_000);
-    t.notOk(fs.readdirSync(second.stateDir).some((f) => f.startsWith('dhcp6-')), 'the saved DHCPv6 lease is removed with the service');
-    second.signal('SIGTERM');
-    t.equal((await second.exited).code, 0, 'the agent stops cleanly');
+    t.notOk(fs.readdirSync(third.stateDir).some((f) => f.startsWith('dhcp6-')), 'the saved DHCPv6 lease is removed with the service');
+    third.signal('SIGTERM');
+    t.equal((await third.exited).code, 0, 'the agent stops cleanly');
     await dnsmasq.stop();
   });
 }

@@ -653,8 +653,9 @@ export class NetlinkClient {
     const attrs: rt.AddressAttrs = { local, address: local };
     if (family === 'IPv4' && prefix <= 30) attrs.broadcast = ipv4ToBytes(broadcastOf({ network: parseIPv4(ip)!, prefix }));
     // An IPv6 VIP is added without the kernel's own duplicate address
-    // detection (IFA_F_NODAD): the agent ran DAD itself before claiming it
-    // (net/neighbour/ndp-driver.ts), and a tentative address would neither
+    // detection (IFA_F_NODAD): the agent runs DAD itself (before claiming a
+    // pool VIP; while a DHCPv6 lease serves optimistically, RFC 4429), from
+    // net/neighbour/ndp-driver.ts, and a tentative address would neither
     // answer solicitations nor take connections for a second.
     // And deprecated (preferred_lft 0, valid forever; `ip addr add ...
     // preferred_lft 0`): it still takes packets and connections, but the
