@@ -131,6 +131,11 @@ t.test('two NICs on two bridges: each network\'s services serve its clients; no 
     t.ok((await addrsOn(lab, vm, 'eth1')).includes('10.98.0.240/32'), 'the marked address is there');
     await waitFor('the stray marked address on eth1 removed', async () => !(await addrsOn(lab, vm, 'eth1')).includes('10.98.0.240/32'), 8000);
     t.pass('a marked address on eth1 that no service holds is removed');
+    // vmnet's claim marked on the default network's NIC: claimed, but not there.
+    await lab.sh(vm, markedAddressAdd(bPool, 'eth0'));
+    await waitFor('vmnet\'s claim marked on eth0 removed', async () => !(await addrsOn(lab, vm, 'eth0')).includes(`${bPool}/32`), 8000);
+    t.pass('a claim of vmnet marked on eth0 is removed while running');
+    t.ok((await addrsOn(lab, vm, 'eth1')).includes(`${bPool}/32`), 'and stays on its own NIC, eth1');
     await lab.sh(vm, `ip addr del ${bPool}/32 dev eth1`);
     await waitFor('b-pool put back on eth1', async () => (await addrsOn(lab, vm, 'eth1')).includes(`${bPool}/32`), 5000);
     t.notOk((await addrsOn(lab, vm, 'eth0')).includes(`${bPool}/32`), 'b-pool back on eth1, not on eth0');
