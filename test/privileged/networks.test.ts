@@ -194,6 +194,15 @@ t.test('two NICs on two bridges: each network\'s services serve its clients; no 
     const [onA, onB] = await Promise.all([heard(clientA), heard(clientB)]);
     t.same(onA, [51], 'the default network hears VRID 51 only');
     t.same(onB, [61], 'vmnet hears VRID 61 only, from eth1');
+    // eth1's own address changes (the old one goes): vmnet's adverts follow it.
+    await lab.sh(vm, 'sysctl -qw net.ipv4.conf.eth1.promote_secondaries=1 && ip addr add 10.98.0.4/24 dev eth1 && ip addr del 10.98.0.2/24 dev eth1');
+    const sources = async (): Promise<string[]> => {
+      const r = await lab.exec(clientB, 'timeout', ['0.5', 'tcpdump', '-i', 'eth0', '-nn', '-l', 'ip proto 112'], { allowFail: true, timeoutMs: 5000 });
+      return [...new Set([...r.stdout.matchAll(/IP (\S+) > 224\.0\.0\.18: VRRPv3.*vrid 61/g)].map((m) => m[1]!))];
+    };
+    const after = await waitFor('vmnet\'s adverts from eth1\'s new address', async () => { const x = await sources(); return x.length === 1 && x[0] === '10.98.0.4' ? x : undefined; }, 5000, 0);
+    t.same(after, ['10.98.0.4'], 'vmnet\'s adverts leave from eth1\'s new address');
+    t.match(vrrp.logs.find((l) => l.op === 'parent-address' && l.ifname === 'eth1'), { from: '10.98.0.2', to: '10.98.0.4' }, 'the change is logged with the NIC');
     t.same(await arpReplies(lab, clientA, bPool), [], 'as Master too, no answer for vmnet\'s VIP on the default network');
     vrrp.signal('SIGTERM');
     t.same(await vrrp.exited, { code: 0, signal: null });
