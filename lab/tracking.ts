@@ -31,10 +31,30 @@ export interface TrackingOptions {
   readonly track?: Record<string, unknown>;
   /** The pool service's health check. */
   readonly healthCheck?: Record<string, unknown>;
+  /**
+   * Put the VM network in `networks:` under this name (eth1, its pool, its
+   * router on eth0 with VRID 51) and the node on the management NIC (its own
+   * router, VRID 50): the layout of a Harvester VM with a VM network named.
+   */
+  readonly network?: string;
 }
 
 /** The config of an agent VM in the tracking lab: the pool service "api" on the VM network. */
 export function trackingConfig(node: { role: string; ip: string; priority: number }, o: TrackingOptions = {}): Record<string, unknown> {
+  const flat = trackingConfigFlat(node, o);
+  if (o.network === undefined) return flat;
+  const { node: n, failover: f, pools, services } = flat as { node: Record<string, unknown>; failover: Record<string, unknown>; pools: Record<string, string>; services: Record<string, unknown>[] };
+  return {
+    ...flat,
+    node: { ...n, interface: 'eth0' },
+    failover: { ...f, vrid: 50 },
+    pools: {},
+    networks: { [o.network]: { interface: 'eth1', pools, failover: { interface: 'eth0', vrid: 51 } } },
+    services: services.map((x) => ({ ...x, network: o.network })),
+  };
+}
+
+function trackingConfigFlat(node: { role: string; ip: string; priority: number }, o: TrackingOptions): Record<string, unknown> {
   return {
     node: { name: node.role, interface: 'eth1', priority: node.priority },
     failover: {

@@ -32,7 +32,7 @@ import { HealthStore, type HealthDocument } from './health-store';
 import { RuntimeTuning } from './tuning';
 import { NodeZone, placeOf } from './zone';
 import { ApplyLoop } from './apply-loop';
-import { DEFAULT_NETWORK } from '../config/networks';
+import { DEFAULT_NETWORK, networksOf } from '../config/networks';
 import type { ReloadResult, ServiceStatus, StatusDocument } from './status';
 import { lateModules } from './late-load';
 import { ServiceRuntimes } from './services';
@@ -340,6 +340,19 @@ export class Daemon extends EventEmitter {
    * sysctls the agent holds is put back (daemon/drift.ts). A watch that
    * cannot be opened is logged: the agent serves without it.
    */
+  /**
+   * A network's NIC has a new address: every network whose VRRP interface
+   * it is sends its adverts from it (a failover.interface that is no
+   * network's NIC keeps the address it had at start).
+   */
+  private followVrrpSource(ifname: string, address: string): void {
+    if (!this.config || !this.subs) return;
+    for (const n of networksOf(this.config)) {
+      const vrrpIf = n.failover.interface ?? n.interface ?? (n.name === DEFAULT_NETWORK ? this.subs.parent.name : undefined);
+      if (vrrpIf === ifname) this.subs.failover?.setSourceAddress?.(address, n.name);
+    }
+  }
+
   private async watchKernel(): Promise<void> {
     const guard = this.subs?.watchKernel?.({
       held: () => this.services.heldVips(),
@@ -355,9 +368,12 @@ export class Daemon extends EventEmitter {
         const before = this.parentAddress ?? this.subs?.parent.address;
         this.parentAddress = address;
         void this.metricsEndpoint.followParentAddress(before, address);
-        // VRRP on the parent sends from the parent's address (failover.interface on another NIC keeps its own).
-        const vrrpIf = this.config?.failover.interface;
-        if (address !== undefined && (vrrpIf === undefined || vrrpIf === this.subs?.parent.name)) this.subs?.failover?.setSourceAddress?.(address);
+        if (address !== undefined && this.subs) this.followVrrpSource(this.subs.parent.name, address);
+        this.notifyStatusSoon();
+      },
+      onNetworkAddress: (ifname, address) => {
+        this.noteEvent('parent-address', { address, reason: `${ifname} now has ${address ?? 'no IPv4 address'}` });
+        if (address !== undefined) this.followVrrpSource(ifname, address);
         this.notifyStatusSoon();
       },
       resyncMs: () => (this.config?.reconcile.resyncInterval ?? 30) * 1000,

@@ -50,7 +50,27 @@ export interface KernelSnapshot {
  */
 export interface Wanted {
   readonly links: ReadonlySet<string>;
-  readonly addresses: ReadonlySet<string>;
+  /**
+   * The pool addresses configured services claim, by the ifindex of their
+   * network's NIC: a claim is wanted on that NIC only, and a copy of it
+   * marked on another NIC is a leftover.
+   */
+  readonly addresses: ReadonlyMap<number, ReadonlySet<string>>;
+}
+
+/** A network's NIC, as the leftover decision names it. */
+export interface Nic {
+  readonly index: number;
+  readonly name: string;
+}
+
+/** A marked address nothing explains on its NIC. */
+export interface StrayAddress {
+  readonly ifindex: number;
+  readonly ifname: string;
+  readonly cidr: string;
+  readonly address: string;
+  readonly prefix: number;
 }
 
 /** How a leftover goes. */
@@ -78,7 +98,7 @@ export type Drift =
  * address is checked too; a pool VIP's parent is not the agent's, so only
  * the address counts there.
  */
-export function planDrift(held: readonly HeldVip[], k: KernelSnapshot, wanted?: Wanted, parents: readonly { readonly index: number; readonly name: string }[] = []): Drift[] {
+export function planDrift(held: readonly HeldVip[], k: KernelSnapshot, wanted?: Wanted, parents: readonly Nic[] = []): Drift[] {
   const out: Drift[] = [];
   for (const v of held) {
     const cidr = `${v.address}/${v.prefix}`;
@@ -118,40 +138,42 @@ export function planDrift(held: readonly HeldVip[], k: KernelSnapshot, wanted?: 
 /**
  * The agent's own objects nothing wants: a macvlan with the agent's name
  * and MAC marks that no configured DHCP service has, an address with the
- * agent's mark on a network's NIC that no held VIP or configured claim explains.
- * The same test the start's adoption applies (daemon/wiring.ts adoptOwned),
- * so what a start would remove is removed while running too. Objects
- * without both marks are never touched.
+ * agent's mark on a network's NIC that no VIP held there and no claim of
+ * that network explains (strayMarkedAddresses). Objects without both marks
+ * are never touched.
  */
-export function planLeftovers(held: readonly HeldVip[], k: KernelSnapshot, wanted: Wanted, parents: readonly { readonly index: number; readonly name: string }[] = []): Drift[] {
+export function planLeftovers(held: readonly HeldVip[], k: KernelSnapshot, wanted: Wanted, parents: readonly Nic[] = []): Drift[] {
   const out: Drift[] = [];
   const heldLinks = new Set(held.flatMap((v) => (v.link ? [v.link.name] : [])));
   for (const l of k.links.values()) {
     if (!isOwnedLink(l) || wanted.links.has(l.name) || heldLinks.has(l.name)) continue;
     out.push({ kind: 'leftover', subject: `link ${l.name}`, found: `agent macvlan ${l.name} (${l.mac}) belongs to no configured service`, remove: { link: l.index } });
   }
-  for (const parent of parents) {
-    const marked = k.marked?.get(parent.index);
-    if (!marked) continue;
-    const explained = new Set([...wanted.addresses, ...held.filter((v) => v.ifindex === parent.index).map((v) => v.address)]);
-    for (const a of strayMarkedAddresses(marked, explained)) {
-      out.push({ kind: 'leftover', subject: `address ${a.cidr}`, found: `address ${a.cidr} on ${parent.name} carries the agent's mark and no service holds or claims it`, remove: { ifindex: parent.index, address: a.address, prefix: a.prefix } });
-    }
+  // A VIP a source holds explains its address on the NIC it holds it on.
+  const explained = new Map<number, Set<string>>();
+  for (const p of parents) explained.set(p.index, new Set([...wanted.addresses.get(p.index) ?? [], ...held.filter((v) => v.ifindex === p.index).map((v) => v.address)]));
+  for (const a of strayMarkedAddresses(parents, k.marked ?? new Map(), explained)) {
+    out.push({ kind: 'leftover', subject: `address ${a.cidr}`, found: `address ${a.cidr} on ${a.ifname} carries the agent's mark and no service holds or claims it there`, remove: { ifindex: a.ifindex, address: a.address, prefix: a.prefix } });
   }
   return out;
 }
 
 /**
- * The marked addresses ("address/prefix") on the parent that no explained
- * address accounts for: what the start's adoption and the drift guard both
- * remove.
+ * The marked addresses ("address/prefix") on each network's NIC that no
+ * address explained on that same NIC accounts for: the one decision of the
+ * start's adoption (daemon/wiring.ts adoptOwned) and the running drift
+ * guard, so what a start would remove is removed while running too. A NIC
+ * not listed is not looked at.
  */
-export function strayMarkedAddresses(marked: Iterable<string>, explained: ReadonlySet<string>): Array<{ cidr: string; address: string; prefix: number }> {
-  const out: Array<{ cidr: string; address: string; prefix: number }> = [];
-  for (const cidr of marked) {
-    const slash = cidr.indexOf('/');
-    const address = cidr.slice(0, slash);
-    if (!explained.has(address)) out.push({ cidr, address, prefix: Number(cidr.slice(slash + 1)) });
+export function strayMarkedAddresses(nics: readonly Nic[], marked: ReadonlyMap<number, Iterable<string>>, explained: ReadonlyMap<number, ReadonlySet<string>>): StrayAddress[] {
+  const out: StrayAddress[] = [];
+  for (const nic of nics) {
+    const here = explained.get(nic.index);
+    for (const cidr of marked.get(nic.index) ?? []) {
+      const slash = cidr.indexOf('/');
+      const address = cidr.slice(0, slash);
+      if (!here?.has(address)) out.push({ ifindex: nic.index, ifname: nic.name, cidr, address, prefix: Number(cidr.slice(slash + 1)) });
+    }
   }
   return out;
 }

@@ -60,6 +60,8 @@ export interface DriftGuardOptions {
   onRepair?(ev: DriftEvent): void;
   /** The parent's own IPv4 address changed (undefined: it has none now). */
   onParentAddress?(address: string | undefined): void;
+  /** Another network's NIC (networkParents) changed its own IPv4 address (undefined: it has none now). */
+  onNetworkAddress?(ifname: string, address: string | undefined): void;
   readonly log: Logger;
   readonly registry?: Registry | undefined;
   readonly clock?: Clock;
@@ -136,6 +138,8 @@ export class DriftGuard {
   private checkAgain = false;
   private stopped = false;
   private parentAddress: string | undefined;
+  /** The other networks' NICs' own addresses, by ifindex, as last followed. */
+  private readonly nicAddresses = new Map<number, string | undefined>();
   private lastResync: number | undefined;
   private readonly counts = Object.fromEntries(DRIFT_KINDS.map((k) => [k, 0])) as Record<DriftKind, number>;
   /** The drift of the last check not repaired (backing off, failed), by subject. */
@@ -183,6 +187,7 @@ export class DriftGuard {
     }
     await this.readAll();
     this.parentAddress = this.primaryOf(this.opts.parent.index);
+    for (const p of this.opts.networkParents ?? []) this.nicAddresses.set(p.index, this.primaryOf(p.index));
     const every = (slot: 'resync' | 'poll', ms: () => number, fn: () => void): void => {
       const arm = (): void => {
         this.timers[slot] = this.clock.setTimeout(() => { if (!this.stopped) { fn(); arm(); } }, ms());
@@ -283,7 +288,7 @@ export class DriftGuard {
     if (type === 'new' && this.isMarked(a)) this.markedOn(a.index).add(cidr);
     else this.marked.get(a.index)?.delete(cidr);
     // The parent's primary is IPv4 (VRRP's source, status): its IPv6 addresses (link-local, SLAAC) do not move it.
-    if (a.index === this.opts.parent.index && a.proto !== OWNED_ADDRESS_PROTO && !a.address.includes(':')) this.followParent();
+    if (a.proto !== OWNED_ADDRESS_PROTO && !a.address.includes(':') && this.parents().some((p) => p.index === a.index)) this.followParent();
     this.requestCheck();
   }
 
@@ -334,13 +339,23 @@ export class DriftGuard {
     return undefined;
   }
 
+  /** Every network's NIC's own address: a change is logged and reported (VRRP sends from it). */
   private followParent(): void {
     const now = this.primaryOf(this.opts.parent.index);
-    if (now === this.parentAddress) return;
-    const before = this.parentAddress;
-    this.parentAddress = now;
-    this.log.info({ op: 'parent-address', from: before, to: now }, `the address of ${this.opts.parent.name} changed: ${before ?? 'none'} -> ${now ?? 'none'}`);
-    this.opts.onParentAddress?.(now);
+    if (now !== this.parentAddress) {
+      const before = this.parentAddress;
+      this.parentAddress = now;
+      this.log.info({ op: 'parent-address', from: before, to: now }, `the address of ${this.opts.parent.name} changed: ${before ?? 'none'} -> ${now ?? 'none'}`);
+      this.opts.onParentAddress?.(now);
+    }
+    for (const p of this.opts.networkParents ?? []) {
+      const addr = this.primaryOf(p.index);
+      const before = this.nicAddresses.get(p.index);
+      if (addr === before) continue;
+      this.nicAddresses.set(p.index, addr);
+      this.log.info({ op: 'parent-address', ifname: p.name, from: before, to: addr }, `the address of ${p.name} changed: ${before ?? 'none'} -> ${addr ?? 'none'}`);
+      this.opts.onNetworkAddress?.(p.name, addr);
+    }
   }
 
   // --- checking and repairing -----------------------------------------------

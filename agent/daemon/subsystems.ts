@@ -76,13 +76,13 @@ export interface FailoverLike extends EventEmitter {
   /** After this node took the service's VIP over: the previous Master's address, for a few seconds (forward/nft.ts "Hand-back"). */
   handBack?(serviceKey: string): string | undefined;
   stop(): Promise<void>;
-  /** The VRRP interface's own address changed: adverts are sent from it from now on. */
-  setSourceAddress?(address: string): void;
+  /** A VRRP interface's own address changed: that network's adverts (default: the default network's) are sent from it from now on. */
+  setSourceAddress?(address: string, network?: string): void;
   // 'change' (serviceKey[]) when mastership changes; 'hand-back' (serviceKey[]) when a hand-back ends
 }
 
 /** What the drift guard needs from the daemon: the held VIPs, the sources' repairs, and where to report. */
-export type KernelWatchHooks = Pick<import('./drift').DriftGuardOptions, 'held' | 'repairSource' | 'onRepair' | 'onParentAddress' | 'resyncMs'> & {
+export type KernelWatchHooks = Pick<import('./drift').DriftGuardOptions, 'held' | 'repairSource' | 'onRepair' | 'onParentAddress' | 'onNetworkAddress' | 'resyncMs'> & {
   /** The services of the configuration in force (read at every check): what they account for is not a leftover. */
   readonly configured: () => readonly ServiceSpec[];
 };

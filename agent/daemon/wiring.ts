@@ -90,23 +90,24 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
     /**
      * What these services account for of the agent's own objects: the
      * macvlan of each DHCP service (its name, with the service key) and the
-     * address each pool service claims. The start's adoption and the drift
-     * guard take anything else of the agent's for a leftover. Throws when
-     * the claims cannot be read.
+     * address each pool service claims, on its own network's NIC (by
+     * ifindex). The start's adoption and the drift guard take anything else
+     * of the agent's for a leftover. Throws when the claims cannot be read.
      */
-    const accountedFor = (services: readonly ServiceSpec[]): { links: Map<string, string>; claims: Set<string> } => {
+    const accountedFor = (services: readonly ServiceSpec[]): { links: Map<string, string>; claims: Map<number, Set<string>> } => {
       const links = new Map<string, string>();
-      const claims = new Set<string>();
+      const claims = new Map<number, Set<string>>(nets.map((n) => [n.parent.index, new Set<string>()]));
       for (const s of services) {
         if (s.primaryService !== undefined) continue;
         if (s.ipam === 'dhcp') links.set(linkNameForService(linkKeyOf(s.key)), linkKeyOf(s.key));
         else {
           const claim = pools.claimOf(s.key);
-          if (claim) claims.add(claim.address);
+          if (claim) claims.get(parentOf(s).index)!.add(claim.address);
         }
       }
       return { links, claims };
     };
+    const nics = nets.map((n) => ({ name: n.parent.name, index: n.parent.index }));
     const health = new HealthChecker({ registry, clock, log });
     // Under VRRP a takeover must not wait: the concurrency bound still keeps
     // many services from storming the server, but starts get no random delay.
@@ -231,8 +232,8 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
             return { links: new Set(a.links.keys()), addresses: a.claims };
           } catch { return undefined; }
         },
-        parent: { name: parent.name, index: parent.index },
-        networkParents: nets.slice(1).map((n) => ({ name: n.parent.name, index: n.parent.index })),
+        parent: nics[0]!,
+        networkParents: nics.slice(1),
         ...(dp.kind === 'kernel' ? { tables: dp as NftDataplane, nftWatch: () => new (nftWatchModule().NftWatcher)({ log }) } : {}),
       }),
       observeHeld: async (services) => {
@@ -280,18 +281,16 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
         // on a NIC that no wanted claim explains is a leftover (a claim lost
         // to a crash, a reload that raced, a stop whose removal failed),
         // withdrawn now. A claim is wanted on its own network's NIC only: on
-        // another it is a leftover too.
-        for (const n of nets) {
-          const wantedClaims = new Set(services.filter((s) => s.primaryService === undefined && s.ipam === 'pool' && netOf(s) === n).flatMap((s) => {
-            const c = pools.claimOf(s.key);
-            return c && accounted.claims.has(c.address) ? [c.address] : [];
-          }));
-          const marked = [...await netlink.listAddresses(n.parent.index), ...await netlink.listAddresses(n.parent.index, 'IPv6')]
-            .filter((a) => a.proto === OWNED_ADDRESS_PROTO).map((a) => `${a.address}/${a.prefix}`);
-          const pruning = new Set(leftovers.filter((l) => l.index === n.parent.index).map((l) => `${l.address}/${l.prefix}`));
-          for (const a of strayMarkedAddresses(marked, wantedClaims)) {
-            if (!pruning.has(a.cidr)) leftovers.push({ index: n.parent.index, address: a.address, prefix: a.prefix, why: `${a.cidr} (marked as the agent's, no claim wants it on ${n.parent.name})` });
-          }
+        // another it is a leftover too. The running drift guard decides the
+        // same way (drift-plan.ts strayMarkedAddresses).
+        const marked = new Map<number, string[]>();
+        for (const n of nics) {
+          marked.set(n.index, [...await netlink.listAddresses(n.index), ...await netlink.listAddresses(n.index, 'IPv6')]
+            .filter((a) => a.proto === OWNED_ADDRESS_PROTO).map((a) => `${a.address}/${a.prefix}`));
+        }
+        const pruning = new Set(leftovers.map((l) => `${l.index} ${l.address}/${l.prefix}`));
+        for (const a of strayMarkedAddresses(nics, marked, accounted.claims)) {
+          if (!pruning.has(`${a.ifindex} ${a.cidr}`)) leftovers.push({ index: a.ifindex, address: a.address, prefix: a.prefix, why: `${a.cidr} (marked as the agent's, no claim wants it on ${a.ifname})` });
         }
         // In netlink batches: a crash under a thousand VIPs leaves a thousand to take back.
         (await netlink.removeAddresses(leftovers).catch(() => [])).forEach((r, i) => { if (r === true) removedAddrs.push(leftovers[i]!.why); });

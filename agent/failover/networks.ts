@@ -45,8 +45,8 @@ export class NetworkGates extends EventEmitter implements FailoverLike {
 
   handBack(serviceKey: string): string | undefined { return this.gateOf(serviceKey)?.handBack?.(serviceKey); }
 
-  /** The node's parent address changed: only the default network's gate sends from it. */
-  setSourceAddress(address: string): void { this.gates.get(DEFAULT_NETWORK)?.setSourceAddress?.(address); }
+  /** A network's VRRP interface changed its address: that network's gate sends from it (default: the default network's). */
+  setSourceAddress(address: string, network = DEFAULT_NETWORK): void { this.gates.get(network)?.setSourceAddress?.(address); }
 
   async stop(): Promise<void> { await Promise.all([...this.gates.values()].map((g) => g.stop())); }
 }

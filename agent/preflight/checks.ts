@@ -2,7 +2,7 @@
 // returns what it saw and, when it is not a pass, the one thing to do about
 // it. No I/O, no clock: every verdict is replayed from a fixture in
 // test/preflight/fixtures/.
-import { parseCidr, parseIPv4, cidrContains, formatIPv4 } from '../address';
+import { parseIPv4, familyOf, formatNetwork, networkContains, parseAddress, parseNetwork, type Network } from '../address';
 import { udpSnatPorts, type Facts, type MacvlanFacts } from './facts';
 import { wantedSysctl, type VipRole } from '../net/sysctl/sysctl';
 import { defaultMaxConnections, effectiveMaxConnections, reservedDescriptors } from '../forward/capacity';
@@ -357,11 +357,11 @@ export function checkInterface(f: Facts): CheckResult {
 }
 
 /** The parent's subnets as CIDRs. */
-function parentSubnets(f: Facts): { network: number; prefix: number; text: string }[] {
-  return f.parent.addresses.flatMap((a) => {
-    const c = parseCidr(a, true);
-    if (!c) return [];
-    return [{ ...c, text: `${formatIPv4(c.network)}/${c.prefix}` }];
+/** The parent's subnets of both families (IPv6: of global scope), as networks. */
+function parentSubnets(f: Facts): Network[] {
+  return [...f.parent.addresses, ...f.parent.addresses6 ?? []].flatMap((a) => {
+    const n = parseNetwork(a, true);
+    return n ? [n] : [];
   });
 }
 
@@ -370,21 +370,23 @@ export function checkPools(f: Facts): CheckResult {
   const pools = f.config.pools;
   if (f.config.status !== 'ok' || pools.length === 0) return pass(id, f.config.status === 'ok' ? 'no pools configured' : 'not checked: the config did not load');
   const nets = parentSubnets(f);
-  if (nets.length === 0) {
+  if (!nets.some((n) => n.family === 'IPv4') && pools.some((p) => p.ranges.some((r) => familyOf(r.first) === 'IPv4'))) {
     return warn(id, `cannot check ${pools.length} pool(s): ${f.parent.name ?? 'the parent interface'} has no IPv4 subnet`, 'fix the interface check first');
   }
+  // Each range against the subnets of its own family: an IPv6 range lies in
+  // a global IPv6 subnet of the NIC, or clients do not solicit it there.
   const outside: string[] = [];
   for (const pool of pools) {
     for (const r of pool.ranges) {
-      const a = parseIPv4(r.first);
-      const b = parseIPv4(r.last);
-      const inside = a !== undefined && b !== undefined && nets.some((n) => cidrContains(n, a) && cidrContains(n, b));
+      const a = parseAddress(r.first);
+      const b = parseAddress(r.last);
+      const inside = a !== undefined && b !== undefined && nets.some((n) => networkContains(n, a) && networkContains(n, b));
       if (!inside) outside.push(`${pool.key}: ${r.text}`);
     }
   }
-  const subnets = nets.map((n) => n.text).join(', ');
+  const subnets = nets.map(formatNetwork).join(', ');
   if (outside.length === 0) return pass(id, `every pool range lies in ${f.parent.name}'s subnet ${subnets}`);
-  return warn(id, `pool range(s) outside ${f.parent.name}'s subnet ${subnets}: ${outside.join('; ')}; LAN clients would not ARP for these VIPs on ${f.parent.name}`,
+  return warn(id, `pool range(s) outside ${f.parent.name}'s subnet ${subnets}: ${outside.join('; ')}; LAN clients would not ARP (or, for IPv6, solicit) for these VIPs on ${f.parent.name}`,
     `use ranges within ${subnets}, or set node.interface to the NIC on the pools' subnet`);
 }
 
@@ -1011,7 +1013,7 @@ export function checkNetworks(f: Facts): CheckResult | undefined {
     const st = bad.reduce<CheckResult['status']>((w, p) => (rank[p.status] > rank[w] ? p.status : w), 'pass');
     if (rank[st] > rank[worst]) worst = st;
     const head = `${n.name} (${n.parent.name ?? '?'}, ${conf?.services ?? 0} service(s))`;
-    details.push(bad.length === 0 ? `${head}: up, carrier, ${n.parent.addresses.filter((x) => !x.endsWith('/32')).join(', ')}, arp_ignore/arp_announce as wanted, macvlan ok` : `${head}: ${bad.map((p) => p.detail).join('; ')}`);
+    details.push(bad.length === 0 ? `${head}: up, carrier, ${[...n.parent.addresses.filter((x) => !x.endsWith('/32')), ...(n.parent.addresses6 ?? []).filter((x) => !x.endsWith('/128'))].join(', ')}, arp_ignore/arp_announce as wanted, macvlan ok` : `${head}: ${bad.map((p) => p.detail).join('; ')}`);
     for (const p of bad) if (p.remedy) remedies.push(`${n.name}: ${p.remedy}`);
   }
   const detail = details.join(' | ');

@@ -115,6 +115,8 @@ export interface ParentFacts {
   flags: number | undefined;
   /** IPv4 addresses with prefix, "10.0.0.5/24". */
   addresses: string[];
+  /** Global IPv6 addresses with prefix, "fd00::5/64": the subnets IPv6 pool ranges must lie in. */
+  addresses6?: string[];
   /** Every interface present except lo, to suggest one. */
   available: string[];
 }
@@ -254,12 +256,12 @@ export function parseDpkgQuery(text: string): { name: string; version: string }[
     .map(([name, version]) => ({ name: name!, version: version! }));
 }
 
-/** IPv4 addresses of `ip -j -4 addr show dev X`. */
-export function parseIpJsonAddrs(json: string): string[] {
+/** IPv4 addresses of `ip -j addr show dev X` (or IPv6 ones of global scope: the link-local one is no subnet of the LAN's). */
+export function parseIpJsonAddrs(json: string, family: 'inet' | 'inet6' = 'inet'): string[] {
   try {
-    const links = JSON.parse(json) as { addr_info?: { family?: string; local?: string; prefixlen?: number }[] }[];
-    return links.flatMap((l) => (l.addr_info ?? []).filter((a) => a.family === 'inet' && a.local)
-      .map((a) => `${a.local}/${a.prefixlen ?? 32}`));
+    const links = JSON.parse(json) as { addr_info?: { family?: string; local?: string; prefixlen?: number; scope?: string }[] }[];
+    return links.flatMap((l) => (l.addr_info ?? []).filter((a) => a.family === family && a.local && (family === 'inet' || a.scope === 'global'))
+      .map((a) => `${a.local}/${a.prefixlen ?? (family === 'inet' ? 32 : 128)}`));
   } catch {
     return [];
   }
@@ -551,7 +553,7 @@ async function gatherParent(name: string | undefined, source: ParentFacts['sourc
     readText(`${dir}/operstate`),
     readText(`${dir}/carrier`),
     readText(`${dir}/flags`),
-    ip ? run(ip, ['-j', '-4', 'addr', 'show', 'dev', name]) : Promise.resolve(undefined),
+    ip ? run(ip, ['-j', 'addr', 'show', 'dev', name]) : Promise.resolve(undefined),
   ]);
   return {
     ...base,
@@ -560,6 +562,7 @@ async function gatherParent(name: string | undefined, source: ParentFacts['sourc
     carrier: carrier === undefined ? undefined : carrier.trim() === '1',
     flags: flags === undefined ? undefined : parseInt(flags.trim(), 16),
     addresses: addrs ? parseIpJsonAddrs(addrs.stdout) : [],
+    addresses6: addrs ? parseIpJsonAddrs(addrs.stdout, 'inet6') : [],
   };
 }
 

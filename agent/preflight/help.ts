@@ -51,8 +51,8 @@ export const CHECK_HELP: Readonly<Record<CheckId, CheckHelp>> = {
     fix: 'Set `node.interface` to the NIC on the VIPs\' LAN (`ip -br addr` lists them), and bring it up.',
   },
   pools: {
-    what: 'Every pool range lies in a subnet of the parent NIC.',
-    cause: 'Warns for a range outside every subnet: clients on the LAN would not ARP for such VIPs on this NIC.',
+    what: 'Every pool range lies in a subnet of the parent NIC of its own family (an IPv6 range in a global IPv6 subnet).',
+    cause: 'Warns for a range outside every subnet of its family: clients on the LAN would not ARP (IPv6: send a neighbour solicitation) for such VIPs on this NIC.',
     fix: 'Use ranges of the parent\'s subnet, or put the VIPs on the NIC of their subnet (`node.interface`).',
   },
   'arp-sysctls': {

@@ -110,15 +110,15 @@ t.test('leftovers: an agent macvlan or marked parent address that nothing config
   const NOT_OURS_MAC: ObservedLink = { index: 16, name: 'lbvfedcba987654', mac: 'aa:01:23:45:67:89', up: true };
   const links = new Map([[ETH0.name, ETH0], [MACVLAN.name, MACVLAN], [STRAY.name, STRAY], [OPERATOR.name, OPERATOR], [NOT_OURS_MAC.name, NOT_OURS_MAC]]);
   const marked = new Map([[2, new Set(['10.99.0.200/32', '10.99.0.201/32', '10.99.0.202/32'])]]);
-  const wanted = { links: new Set([MACVLAN.name]), addresses: new Set(['10.99.0.202']) };
+  const wanted = { links: new Set([MACVLAN.name]), addresses: new Map([[2, new Set(['10.99.0.202'])]]) };
   const d = planDrift([POOL, DHCP], snapshot({ links, marked }), wanted, [PARENT]);
   t.same(d.map((x) => [x.kind, driftSubject(x)]), [['leftover', 'leftover link lbv0123456789ab'], ['leftover', 'leftover address 10.99.0.201/32']],
     'the stray agent link and the unexplained marked address; not the held VIP, the claimed address, a link without both marks');
   t.same(d.map((x) => (x.kind === 'leftover' ? x.remove : undefined)), [{ link: 14 }, { ifindex: 2, address: '10.99.0.201', prefix: 32 }]);
   t.match(d[0]!.found, /agent macvlan lbv0123456789ab \(02:01:23:45:67:89\) belongs to no configured service/);
-  t.match(d[1]!.found, /10.99.0.201\/32 on eth0 carries the agent's mark and no service holds or claims it/);
+  t.match(d[1]!.found, /10.99.0.201\/32 on eth0 carries the agent's mark and no service holds or claims it there/);
   t.same(planDrift([POOL, DHCP], snapshot({ links, marked })), [], 'without what is wanted, nothing is a leftover');
-  t.same(planDrift([POOL], snapshot({ links: new Map([[ETH0.name, ETH0], [MACVLAN.name, MACVLAN]]), marked: new Map([[2, new Set(['10.99.0.200/32'])]]) }), { links: new Set(), addresses: new Set() }, [PARENT])
+  t.same(planDrift([POOL], snapshot({ links: new Map([[ETH0.name, ETH0], [MACVLAN.name, MACVLAN]]), marked: new Map([[2, new Set(['10.99.0.200/32'])]]) }), { links: new Set<string>(), addresses: new Map() }, [PARENT])
     .map((x) => x.subject), ['link lbv82b3ade9d00c'], 'a macvlan of a service the config dropped is a leftover; the held pool VIP is not');
 });
 
@@ -130,15 +130,41 @@ t.test('leftovers on every network\'s NIC: a marked address is explained by a VI
     addresses: new Map([[2, new Set(['10.99.0.2/24', '10.99.0.200/32'])], [3, new Set(['10.98.0.2/24', '10.98.0.200/32', '10.98.0.201/32', '10.99.0.200/32'])]]),
     marked: new Map([[2, new Set(['10.99.0.200/32'])], [3, new Set(['10.98.0.200/32', '10.98.0.201/32'])]]),
   });
-  const d = planDrift([POOL, POOL_B], k, { links: new Set(), addresses: new Set() }, [{ index: 2, name: 'eth0' }, { index: 3, name: 'eth1' }]);
+  const d = planDrift([POOL, POOL_B], k, { links: new Set<string>(), addresses: new Map() }, [{ index: 2, name: 'eth0' }, { index: 3, name: 'eth1' }]);
   t.same(d.map((x) => (x.kind === 'leftover' ? x.remove : x.kind)), [{ ifindex: 3, address: '10.98.0.201', prefix: 32 }], 'the stray on the second NIC goes; each held VIP is explained on its own NIC');
   t.match(d[0]!.found, /10\.98\.0\.201\/32 on eth1 carries the agent's mark/);
-  t.same(planDrift([POOL, POOL_B], k, { links: new Set(), addresses: new Set() }, [{ index: 2, name: 'eth0' }]), [], 'a NIC not watched is not looked at');
+  t.same(planDrift([POOL, POOL_B], k, { links: new Set<string>(), addresses: new Map() }, [{ index: 2, name: 'eth0' }]), [], 'a NIC not watched is not looked at');
 });
 
-t.test('strayMarkedAddresses: the start\'s adoption and the drift guard remove the same addresses', async (t) => {
-  t.same(strayMarkedAddresses(['10.99.0.200/32', '10.99.0.201/32'], new Set(['10.99.0.200'])), [{ cidr: '10.99.0.201/32', address: '10.99.0.201', prefix: 32 }]);
-  t.same(strayMarkedAddresses([], new Set()), []);
+t.test('a claim marked on another network\'s NIC is a leftover there, kept on its own', async (t) => {
+  const ETH1: ObservedLink = { index: 3, name: 'eth1', mac: 'ba:56:7b:7e:49:2f', up: true };
+  const nics = [{ index: 2, name: 'eth0' }, { index: 3, name: 'eth1' }];
+  // vmnet's claim 10.98.0.200 (not held: a Backup, or a source not yet up) and a copy of it marked on eth0.
+  const k = snapshot({
+    links: new Map([[ETH0.name, ETH0], [ETH1.name, ETH1]]),
+    addresses: new Map([[2, new Set(['10.99.0.2/24', '10.99.0.200/32', '10.98.0.200/32'])], [3, new Set(['10.98.0.2/24', '10.98.0.200/32'])]]),
+    marked: new Map([[2, new Set(['10.99.0.200/32', '10.98.0.200/32'])], [3, new Set(['10.98.0.200/32'])]]),
+  });
+  const wanted = { links: new Set<string>(), addresses: new Map([[2, new Set(['10.99.0.200'])], [3, new Set(['10.98.0.200'])]]) };
+  const d = planDrift([], k, wanted, nics);
+  t.same(d.map((x) => (x.kind === 'leftover' ? x.remove : x.kind)), [{ ifindex: 2, address: '10.98.0.200', prefix: 32 }], 'the copy on eth0 goes; the claim on its own NIC stays');
+  t.match(d[0]!.found, /10\.98\.0\.200\/32 on eth0 carries the agent's mark and no service holds or claims it there/);
+  // A VIP held on eth1 does not explain its copy on eth0 either.
+  const held: HeldVip = { key: 'default/b', address: '10.98.0.200', prefix: 32, ifindex: 3, ifname: 'eth1' };
+  t.same(planDrift([held], k, { links: new Set<string>(), addresses: new Map([[2, new Set(['10.99.0.200'])]]) }, nics).map((x) => x.subject), ['address 10.98.0.200/32']);
+});
+
+t.test('strayMarkedAddresses: the start\'s adoption and the drift guard decide alike, NIC by NIC', async (t) => {
+  const nics = [{ index: 2, name: 'eth0' }, { index: 3, name: 'eth1' }];
+  const marked = new Map([[2, ['10.99.0.200/32', '10.99.0.201/32', '10.98.0.200/32']], [3, ['10.98.0.200/32', 'fd00:98::c8/128']]]);
+  const explained = new Map([[2, new Set(['10.99.0.200'])], [3, new Set(['10.98.0.200'])]]);
+  t.same(strayMarkedAddresses(nics, marked, explained), [
+    { ifindex: 2, ifname: 'eth0', cidr: '10.99.0.201/32', address: '10.99.0.201', prefix: 32 },
+    { ifindex: 2, ifname: 'eth0', cidr: '10.98.0.200/32', address: '10.98.0.200', prefix: 32 },
+    { ifindex: 3, ifname: 'eth1', cidr: 'fd00:98::c8/128', address: 'fd00:98::c8', prefix: 128 },
+  ]);
+  t.same(strayMarkedAddresses([nics[0]!], marked, new Map()).map((a) => a.cidr), ['10.99.0.200/32', '10.99.0.201/32', '10.98.0.200/32'], 'a NIC with nothing explained: every marked address on it');
+  t.same(strayMarkedAddresses([], marked, explained), [], 'a NIC not listed is not looked at');
 });
 
 t.test('table changes: a write forgets only what was heard before it began', async (t) => {

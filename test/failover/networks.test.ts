@@ -36,6 +36,8 @@ t.test('each gate gets its own network\'s services; questions go to the service\
   t.equal(g.isMaster('ns/unknown'), false, 'an unknown service is held by nobody');
   g.setSourceAddress('10.99.0.9');
   t.same([def.sources, vm.sources], [['10.99.0.9'], []], 'the parent\'s address moves the default network\'s adverts only');
+  g.setSourceAddress('10.98.0.4', 'vmnet');
+  t.same([def.sources, vm.sources], [['10.99.0.9'], ['10.98.0.4']], 'a named network\'s NIC address moves that network\'s adverts only');
   const seen: unknown[] = [];
   g.on('change', (keys: string[]) => seen.push(['change', keys]));
   g.on('reannounce', (keys: string[]) => seen.push(['reannounce', keys]));

@@ -392,6 +392,21 @@ t.test('pools outside the parent subnet warn', async (t) => {
   t.equal(straddle.status, 'warn');
 });
 
+t.test('IPv6 pool ranges are checked against the NIC\'s global IPv6 subnets', async (t) => {
+  const six = (addresses6: string[], text: string, first: string, last: string) => checkPools(variant('healthy', (f) => {
+    f.parent.addresses6 = addresses6;
+    f.config.pools = [{ key: 'range-global', ranges: [{ text: '10.99.0.200-10.99.0.201', first: '10.99.0.200', last: '10.99.0.201' }, { text, first, last }] }];
+  }));
+  const inside = six(['fd00:99::2/64'], 'fd00:99::200-fd00:99::20f', 'fd00:99::200', 'fd00:99::20f');
+  t.equal(inside.status, 'pass', inside.detail);
+  t.match(inside.detail, /fd00:99::\/64/);
+  const outside = six(['fd00:99::2/64'], 'fd00:98::200-fd00:98::20f', 'fd00:98::200', 'fd00:98::20f');
+  t.equal(outside.status, 'warn');
+  t.match(outside.detail, /range-global: fd00:98::200-fd00:98::20f; LAN clients would not ARP \(or, for IPv6, solicit\)/);
+  t.notMatch(outside.detail, /10\.99\.0\.200-10\.99\.0\.201/, 'the IPv4 range of the same key is inside');
+  t.equal(six([], 'fd00:99::200-fd00:99::20f', 'fd00:99::200', 'fd00:99::20f').status, 'warn', 'no IPv6 subnet on the NIC: an IPv6 range is outside');
+});
+
 t.test('state dir: read-only fails, creatable passes', async (t) => {
   const r = checkStateDir(fixture('state-dir-readonly'));
   t.equal(r.status, 'fail');

@@ -53,6 +53,8 @@ t.test('rpm and dpkg queries', async (t) => {
 t.test('ip -j addr', async (t) => {
   const json = JSON.stringify([{ ifname: 'eth0', addr_info: [{ family: 'inet', local: '10.99.0.2', prefixlen: 24 }, { family: 'inet', local: '10.99.0.9', prefixlen: 32 }, { family: 'inet6', local: 'fe80::1', prefixlen: 64 }] }]);
   t.same(parseIpJsonAddrs(json), ['10.99.0.2/24', '10.99.0.9/32']);
+  const six = JSON.stringify([{ ifname: 'eth1', addr_info: [{ family: 'inet6', local: 'fd00:98::2', prefixlen: 64, scope: 'global' }, { family: 'inet6', local: 'fe80::1', prefixlen: 64, scope: 'link' }, { family: 'inet', local: '10.98.0.2', prefixlen: 24 }] }]);
+  t.same(parseIpJsonAddrs(six, 'inet6'), ['fd00:98::2/64'], 'IPv6: global scope only, the link-local one is no LAN subnet');
   t.same(parseIpJsonAddrs('not json'), []);
   t.same(parseIpJsonAddrs('[]'), []);
 });

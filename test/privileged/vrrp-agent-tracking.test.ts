@@ -14,10 +14,12 @@
 //   the failover time (a client loop every 20 ms counts the gap);
 // - preempt off: the VIP moves on the loss and stays where it went when
 //   reach returns.
+// - the same carrier loss with the VM network named in networks: (its router
+//   on the management NIC, the node's own on it too, VRIDs 51 and 50).
 // The priority in use and why, in status, metrics and the event history.
-import t from 'tap';
+import t, { type Test } from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
-import { waitFor } from '../../lab/netns';
+import { waitFor, type Lab } from '../../lab/netns';
 import { metricValue, logAfter, logTime, VRID, BACKEND_IDS } from '../../lab/vrrp';
 import { buildTrackingLab, VM_NET_VIP, VM_NET_BACKENDS, type TrackingNode } from '../../lab/tracking';
 import { gapReport, ClientLoop } from '../../lab/client-loop';
@@ -46,6 +48,41 @@ async function waitServing(who: TrackingNode, other: TrackingNode, what: string,
 /** Log lines of the gate's priority changes since `since`. */
 const priorityChanges = (n: TrackingNode, since: number): Record<string, unknown>[] =>
   n.logs().filter((l) => l.op === 'priority' && Array.isArray(l.reasons) && logTime(l) >= since);
+
+/**
+ * n3, Master, loses its VM-network NIC's carrier while adverts go on over
+ * the management NIC: it resigns (fault) and n2 serves the VIP within the
+ * failover time, a client loop every 20 ms counting the gap; the carrier
+ * comes back and n3 takes the VIP back (preempt on).
+ */
+async function carrierLoss(t: Test, n2: TrackingNode, n3: TrackingNode, lab: Lab, client: string): Promise<void> {
+  const loop = await ClientLoop.start(lab, client, `http://${VM_NET_VIP}/`, { intervalMs: 20, timeoutMs: 300, maxMs: 40_000 });
+  try {
+    await sleep(300);
+    const lostAt = await n3.cutCarrier(true);
+    await loop.waitServed('an answer after the carrier loss', lostAt, 10_000);
+    await sleep(1000);
+    const g = gapReport(await loop.stop(), lostAt, BACKEND_IDS);
+    const fault = logAfter(n3, lostAt, (l) => l.op === 'transition' && l.to === 'fault');
+    const took = logAfter(n2, lostAt, (l) => l.op === 'transition' && l.to === 'master');
+    t.comment(`failures: ${JSON.stringify(g.failures.map((f) => [f.t - lostAt, f.error]))}`);
+    t.comment(`carrier lost -> n3 fault ${fault ? logTime(fault) - lostAt : '?'} ms -> n2 Master ${took ? logTime(took) - lostAt : '?'} ms -> first answer ${g.servedAfterMs ?? '?'} ms; client: ${g.count} requests, gap ${g.gapMs} ms, errors ${JSON.stringify(g.errors)}`);
+    t.ok(fault, 'n3 went to fault (eth1 is tracked without a weight)');
+    t.equal(took?.reason, 'master-resigned', 'n2 took over from a resignation (priority 0), not a timeout');
+    t.equal((await failover(n3)).state, 'fault');
+    t.match((await n3.service('api')).reason, /VRRP fault, out of the election: interface eth1: no carrier \(fault\)/);
+    t.equal((await failover(n2)).master, n2.ip, 'adverts still cross the management NIC: n2 is the one Master');
+    t.ok(g.servedAfterMs !== undefined && g.servedAfterMs < 1500, `served by n2 within 1.5 s (${g.servedAfterMs ?? '?'} ms)`);
+    t.equal(g.gaps, 1, 'one gap, answers on either side');
+    t.same(g.wrongBodies, []);
+    t.equal((await n2.service('api')).state, 'serving');
+  } finally {
+    await loop.stop().catch(() => undefined);
+    await n3.cutCarrier(false);
+  }
+  await waitServing(n3, n2, 'carrier back, preempt on');
+  t.equal((await failover(n3)).priority, 200);
+}
 
 if (requirePrivileged(t)) {
   t.test('ownership follows health: two agents, a management NIC and a VM-network NIC each', async (t) => {
@@ -131,33 +168,7 @@ if (requirePrivileged(t)) {
       }
     });
 
-    t.test('the Master\'s VM-network NIC loses carrier: the Backup takes the VIP within the failover time', async (t) => {
-      const loop = await ClientLoop.start(lab, client, `http://${VM_NET_VIP}/`, { intervalMs: 20, timeoutMs: 300, maxMs: 40_000 });
-      try {
-        await sleep(300);
-        const lostAt = await n3.cutCarrier(true);
-        await loop.waitServed('an answer after the carrier loss', lostAt, 10_000);
-        await sleep(1000);
-        const g = gapReport(await loop.stop(), lostAt, BACKEND_IDS);
-        const fault = logAfter(n3, lostAt, (l) => l.op === 'transition' && l.to === 'fault');
-        const took = logAfter(n2, lostAt, (l) => l.op === 'transition' && l.to === 'master');
-        t.comment(`carrier lost -> n3 fault ${fault ? logTime(fault) - lostAt : '?'} ms -> n2 Master ${took ? logTime(took) - lostAt : '?'} ms -> first answer ${g.servedAfterMs ?? '?'} ms; client: ${g.count} requests, gap ${g.gapMs} ms, errors ${JSON.stringify(g.errors)}`);
-        t.ok(fault, 'n3 went to fault (eth1 is tracked without a weight)');
-        t.equal(took?.reason, 'master-resigned', 'n2 took over from a resignation (priority 0), not a timeout');
-        t.equal((await failover(n3)).state, 'fault');
-        t.match((await n3.service('api')).reason, /VRRP fault, out of the election: interface eth1: no carrier \(fault\)/);
-        t.equal((await failover(n2)).master, n2.ip, 'adverts still cross the management NIC: n2 is the one Master');
-        t.ok(g.servedAfterMs !== undefined && g.servedAfterMs < 1500, `served by n2 within 1.5 s (${g.servedAfterMs ?? '?'} ms)`);
-        t.equal(g.gaps, 1, 'one gap, answers on either side');
-        t.same(g.wrongBodies, []);
-        t.equal((await n2.service('api')).state, 'serving');
-      } finally {
-        await loop.stop().catch(() => undefined);
-        await n3.cutCarrier(false);
-      }
-      await waitServing(n3, n2, 'carrier back, preempt on');
-      t.equal((await failover(n3)).priority, 200);
-    });
+    t.test('the Master\'s VM-network NIC loses carrier: the Backup takes the VIP within the failover time', (t) => carrierLoss(t, n2, n3, lab, client));
 
     t.test('preempt off: the VIP moves on the loss, and stays where it went when reach returns', async (t) => {
       for (const n of [n2, n3]) { n.agent!.signal('SIGTERM'); await n.agent!.exited; }
@@ -179,6 +190,17 @@ if (requirePrivileged(t)) {
       t.equal((await failover(n2)).state, 'master', 'n2 keeps the VIP');
       t.equal((await n2.service('api')).state, 'serving');
       t.notOk(logAfter(n3, backAt, (l) => l.op === 'transition' && l.to === 'master'), 'n3 never took it back');
+    });
+
+    t.test('on a named network (networks.vmnet, its router on the management NIC): the carrier loss moves the VIP the same way', async (t) => {
+      for (const n of [n2, n3]) { n.agent!.signal('SIGTERM'); await n.agent!.exited; }
+      await n3.startTracking({ network: 'vmnet' });
+      await n3.waitService('Master', 'api', (s) => (s.failover as F | undefined)?.state === 'master');
+      await n2.startTracking({ network: 'vmnet' });
+      await waitServing(n3, n2, 'start on vmnet');
+      await n2.waitService('Backup following n3', 'api', (s) => (s.failover as F | undefined)?.master === n3.ip);
+      t.match((await n3.service('api')).failover, { network: 'vmnet', vrid: VRID, state: 'master' }, 'the VIP rides vmnet\'s router');
+      await carrierLoss(t, n2, n3, lab, client);
     });
   });
 }
