@@ -115,6 +115,24 @@ export class EbpfNatDataplane implements Dataplane {
     return { ...st, flows, details: { ...st.details, natEngine: engine } };
   }
 
+  // The drift guard's part (daemon/drift.ts TableOwner): the tables it
+  // keeps are the nft path's underneath, which this path writes unchanged.
+  ownedTables(): string[] {
+    return this.nft.ownedTables();
+  }
+
+  ownsCommit(pid: number | undefined): boolean {
+    return this.nft.ownsCommit(pid);
+  }
+
+  repair(): Promise<boolean> {
+    return this.nft.repair();
+  }
+
+  keepForwarding(): ReturnType<NftDataplane['keepForwarding']> {
+    return this.nft.keepForwarding();
+  }
+
   /** The direct-server-return engine of the nft path underneath (status). */
   get dsr(): NftDataplane['dsr'] {
     return this.nft.dsr;
