@@ -314,6 +314,19 @@ static __always_inline __u16 claim_port(struct lbn_flow_key *rk, const struct lb
 	return 0;
 }
 
+/* The length the way out's MTU is checked against: a GRO or TSO aggregate
+ * (a veth or a NIC with GRO hands these over whole) leaves as segments of
+ * gso_size, so the check is for one segment, as the stack's forwarding does
+ * (ip_forward's skb_gso_validate_network_len). */
+static __always_inline __u32 segment_len(struct __sk_buff *skb, const struct parsed *p, __u32 len)
+{
+	if (!skb->gso_size)
+		return len;
+	if (p->proto == IPPROTO_TCP)
+		return sizeof(struct iphdr) + (((const __u8 *)p->ports)[12] >> 4) * 4 + skb->gso_size;
+	return sizeof(struct iphdr) + sizeof(struct udphdr) + skb->gso_size;
+}
+
 /* Send a packet of a flow on, from the VIP: (C or B) -> VIP becomes VIP:nsport -> ndst:ndport. */
 static __always_inline int forward(struct __sk_buff *skb, struct parsed *p, __u32 ndst, __u16 nsport, __u16 ndport, __u32 counter, int to_backend, int placed)
 {
@@ -321,9 +334,9 @@ static __always_inline int forward(struct __sk_buff *skb, struct parsed *p, __u3
 	__u32 vip = ip->daddr;
 	__u32 len = bpf_ntohs(ip->tot_len);
 	struct bpf_fib_lookup fib;
-	/* With the packet's length: one larger than the way out allows is the
+	/* With the packet's (a segment's) length: one larger than the way out allows is the
 	 * stack's, which answers with ICMP fragmentation-needed. */
-	int rc = route(skb, &fib, vip, ndst, p->proto, len);
+	int rc = route(skb, &fib, vip, ndst, p->proto, segment_len(skb, p, len));
 
 	if (!fib_usable(rc)) {
 		event(LBN_EV_NO_ROUTE);
