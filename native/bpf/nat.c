@@ -395,7 +395,9 @@ static __always_inline int from_client(struct __sk_buff *skb, struct parsed *p, 
 			event(LBN_EV_PORTS_EXHAUSTED);
 			return TC_ACT_SHOT;
 		}
-		flow = (struct lbn_flow){ .addr = s->backend, .port = svc->target_port, .nat_port = nport, .counter = s->counter, .seen_ns = now };
+		/* Whole at once: one update of the map a new flow. */
+		flow = (struct lbn_flow){ .addr = s->backend, .port = svc->target_port, .nat_port = nport, .counter = s->counter,
+					  .closing = (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)) != 0, .seen_ns = now };
 		if (bpf_map_update_elem(&lbn_flows, &fk, &flow, BPF_ANY))
 			return TC_ACT_SHOT;
 		f = &flow;
@@ -405,8 +407,6 @@ static __always_inline int from_client(struct __sk_buff *skb, struct parsed *p, 
 	if (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST))
 		f->closing = 1;
 	f->seen_ns = now;
-	if (placed)
-		bpf_map_update_elem(&lbn_flows, &fk, f, BPF_ANY);
 	return forward(skb, p, f->addr, f->nat_port, f->port, f->counter, 1, placed);
 }
 
