@@ -32,6 +32,7 @@ export const ERROR_CODES = [
   'LB_ERR_FORWARD_LISTEN',
   'LB_ERR_FORWARD_DSR_UNSUPPORTED',
   'LB_ERR_FORWARD_DSR_BPF',
+  'LB_ERR_FORWARD_NAT_BPF',
   // failover/
   'LB_ERR_VRRP_SOCKET',
   'LB_ERR_VRRP_INVALID',
@@ -134,6 +135,10 @@ export const ERROR_HELP: Readonly<Record<ErrorCode, { readonly cause: string; re
   LB_ERR_FORWARD_DSR_BPF: {
     cause: 'The BPF program that forwards direct server return could not be created or loaded (no bpf(2) permission, no tcx, a verifier refusal).',
     fix: 'Nothing is needed: the nftables table forwards alone (slower) and `lbagent_forward_dsr_engine_info` says so. For the program: kernel 6.6+, CAP_BPF, and bpf(2) allowed by the unit\'s seccomp filter.',
+  },
+  LB_ERR_FORWARD_NAT_BPF: {
+    cause: 'The eBPF full-NAT engine (`kernel.engine: ebpf`) could not be loaded, filled or attached: the object native/build/Release/nat.bpf.o not built, libbpf.so.1 missing, no BPF file system to pin its flow maps on, no tcx, or a verifier refusal.',
+    fix: 'With `kernel.engine: auto` the nft table forwards alone. For the engine: kernel 6.6+, CAP_BPF and CAP_NET_ADMIN, libbpf 1.x, a bpffs at /sys/fs/bpf, and the object built (scripts/setup.sh installs clang and libbpf-dev, then npm ci). `lb-agent check` (finding `nat-engine`) says which is missing.',
   },
   LB_ERR_VRRP_SOCKET: {
     cause: 'A VRRP router could not open or reuse its packet socket on the failover interface.',

@@ -5,6 +5,10 @@
 // connection in the node namespace):
 //   direct     wrk -> b1 itself: no balancer, the limit of one backend
 //   kernel     the real `lb-agent run` with dataplane: kernel (nftables)
+//   ebpf       the same with `kernel.engine: ebpf`: the eBPF full-NAT engine
+//              at tc ingress of the node's NIC forwards the snat flows
+//              (native/bpf/nat.c), the nft table behind it; the agent runs
+//              with a BPF file system of its own (the engine pins its maps)
 //   dsr        the same with sourceIP: preserve: direct server return (issue
 //              17); the backends hold its VIP on lo, so replies go from them
 //              straight to the client
@@ -68,7 +72,7 @@ import * as fs from 'node:fs';
 import * as os from 'node:os';
 import { Lab, run, waitFor } from '../lab/netns';
 import { waitStatus } from '../lab/agent';
-import { runAgent, stopAgent, FAST_ARP, type AgentHandle } from './lib/agent';
+import { runAgent, stopAgent, natEngineServing, FAST_ARP, OWN_BPFFS, type AgentHandle } from './lib/agent';
 import { startNginxBackend, startIperfServer, startHaproxy, startNginxStream, type Peer } from './lib/peers';
 import { runWrk, runIperf, wrkSpreadScript, type WrkResult, type IperfResult } from './lib/load';
 import { selfTreeTicks, tcpPassiveOpens, treeContextSwitches, treeCpuSeconds, treeMemoryMiB } from './lib/procfs';
@@ -83,12 +87,13 @@ const PEER_VIP = '10.99.0.60';
 const DSR_VIP = '10.99.0.52';
 const BACKENDS = ['10.99.0.11', '10.99.0.12', '10.99.0.13'];
 
-export const FORWARD_TARGETS = ['direct', 'kernel', 'dsr', 'dsr-nft', 'dsr1', 'direct3', 'dsr3', 'kernel3', 'proxy', 'proxy1', 'proxy-v8defaults', 'haproxy1', 'haproxy', 'nginx', 'proxy-pp2', 'haproxy-pp2'] as const;
+export const FORWARD_TARGETS = ['direct', 'kernel', 'ebpf', 'dsr', 'dsr-nft', 'dsr1', 'direct3', 'dsr3', 'kernel3', 'proxy', 'proxy1', 'proxy-v8defaults', 'haproxy1', 'haproxy', 'nginx', 'proxy-pp2', 'haproxy-pp2'] as const;
 export type ForwardTarget = (typeof FORWARD_TARGETS)[number];
 
 export const FORWARD_LABELS: Record<ForwardTarget, string> = {
   direct: 'direct to one backend (the limit)',
   kernel: 'lb-agent, kernel path (nftables)',
+  ebpf: 'lb-agent, kernel path, eBPF full-NAT engine (kernel.engine: ebpf)',
   dsr: 'lb-agent, kernel path, direct server return',
   'dsr-nft': 'lb-agent, kernel path, direct server return on the nft table alone (LB_AGENT_DSR_ENGINE=nft: what the BPF program saves)',
   dsr1: 'lb-agent, kernel path, direct server return to b1 alone, the backend direct uses (what forwarding costs, without the spread over three nginx)',
@@ -109,6 +114,7 @@ export const FORWARD_LABELS: Record<ForwardTarget, string> = {
 const ENDPOINT: Record<ForwardTarget, { host: string; http: number; bulk: number; plain?: number }> = {
   direct: { host: BACKENDS[0]!, http: 8080, bulk: 5201 },
   kernel: { host: AGENT_VIP, http: 80, bulk: 5201 },
+  ebpf: { host: AGENT_VIP, http: 80, bulk: 5201 },
   // Direct server return cannot rewrite ports: the VIP serves the backends' own 8080.
   dsr: { host: DSR_VIP, http: 8080, bulk: 5201 },
   'dsr-nft': { host: DSR_VIP, http: 8080, bulk: 5201 },
@@ -137,6 +143,13 @@ export interface ForwardOptions {
   targets: ForwardTarget[];
   /** Peer pairs a slot for the targets with a peer (peerOf), chained A-B-A-B-A (default 1). */
   peerPairs?: number;
+  /**
+   * Pair new connections and bulk (both ways) with direct as keep-alive is:
+   * direct's same run right before and right after each slot (the eBPF NAT
+   * area, whose targets are ratios to direct on all three). Off: those
+   * columns stay ratios of medians, and DSR alone pairs its replies.
+   */
+  pairAll?: boolean;
   log: (msg: string) => void;
 }
 
@@ -169,8 +182,11 @@ export interface ForwardSample {
   directKeepalive?: MeasuredWrk;
   /** The same, right after the slot's own runs, with the target still up and idle (absent before 2026-11-25). */
   directKeepaliveAfter?: MeasuredWrk;
-  /** DSR: direct's replies (iperf3 -R) right before and right after the slot's own (absent before 2026-11-25). */
+  /** DSR: direct's replies (iperf3 -R) right before and right after the slot's own (absent before 2026-11-25); with pairAll, every target's. */
   directBulkReverse?: { before: IperfResult; after: IperfResult };
+  /** With pairAll: direct's new connections and its bulk stream (client -> server) right before and right after the slot's own. */
+  directClose?: { before: WrkResult; after: WrkResult };
+  directBulk?: { before: IperfResult; after: IperfResult };
   /** PROXY v2 targets: the same process without the header, each run right before the slot's own and (`after`) right after it. */
   withoutHeader?: { keepalive: WrkResult; close: WrkResult; after: { keepalive: WrkResult; close: WrkResult } };
   /** The peer its target line judges it against (peerOf), up beside it in the same slot: each of the peer's runs right before and right after the target's own (absent before 2026-11-28's second run). */
@@ -199,12 +215,15 @@ export interface ForwardTargetSummary {
     /** Median lab CPU per request (µs; see MeasuredWrk), and the median over rounds of its excess over direct's paired runs (their mean). */
     cpuUsPerRequest?: number; cpuOverDirectUs?: number;
   };
-  newConnections: { connectionsPerSec: number; p50ms: number; p99ms: number };
+  /** xDirect (pairAll runs): the median of per-round ratios to direct's new connections before and after the slot. */
+  newConnections: { connectionsPerSec: number; p50ms: number; p99ms: number; xDirect?: number };
   /** PROXY v2 targets: median over rounds of the ratio to the same process without the header, run just before. */
   xWithoutHeader?: { keepalive: number; newConnections: number };
   /** Targets with a peer (peerOf): the median over pairs of the ratio to the mean of the peer's runs right before and right after, and each pair's ratio (`rounds`: in round order, a slot's pairs together). */
   xPeer?: { peer: ForwardTarget; keepalive: number; newConnections: number; rounds: { keepalive: number[]; newConnections: number[] } };
   bulkGbps: number;
+  /** pairAll runs: the median of per-round ratios of bulk (client -> server) to direct's around the same slot. */
+  bulkXDirect?: number;
   /** One stream server -> client (iperf3 -R), the direction of replies. */
   bulkReverseGbps?: number;
   /** DSR: the median of per-round ratios of the replies to direct's around the same slot. */
@@ -298,14 +317,15 @@ export function clientShape(target: ForwardTarget, o: Pick<ForwardOptions, 'thre
   return { threads, connections: Math.ceil(o.connections / threads) * threads, addresses: target === 'direct3' ? BACKENDS : [ENDPOINT[target].host] };
 }
 
-function agentConfig(target: 'kernel' | 'kernel3' | 'dsr' | 'dsr-nft' | 'dsr1' | 'dsr3' | 'proxy' | 'proxy1' | 'proxy-pp2' | 'proxy-v8defaults'): Record<string, unknown> {
+function agentConfig(target: 'kernel' | 'kernel3' | 'ebpf' | 'dsr' | 'dsr-nft' | 'dsr1' | 'dsr3' | 'proxy' | 'proxy1' | 'proxy-pp2' | 'proxy-v8defaults'): Record<string, unknown> {
   const dsr = isDsr(target);
   const preserve = dsr ? { sourceIP: 'preserve' } : {};
   const pp = target === 'proxy-pp2' ? { proxyProtocol: 'v2', healthCheck: { proxyProtocol: true } } : {};
   return {
     node: { name: 'bench', interface: 'eth0' },
     metrics: { listen: '' },
-    dataplane: target === 'kernel' || target === 'kernel3' || dsr ? 'kernel' : 'proxy',
+    dataplane: target === 'kernel' || target === 'kernel3' || target === 'ebpf' || dsr ? 'kernel' : 'proxy',
+    ...(target === 'ebpf' ? { kernel: { engine: 'ebpf' } } : {}),
     ...(target === 'proxy1' ? { proxy: { workers: 1 } } : {}),
     pools: { 'range-global': `${AGENT_VIP}-${DSR_VIP}` },
     arp: FAST_ARP,
@@ -332,6 +352,7 @@ async function startTarget(lab: Lab, node: string, target: ForwardTarget, slot: 
       return undefined;
     case 'kernel':
     case 'kernel3':
+    case 'ebpf':
     case 'dsr':
     case 'dsr-nft':
     case 'dsr1':
@@ -347,8 +368,11 @@ async function startTarget(lab: Lab, node: string, target: ForwardTarget, slot: 
         name: `fwd-${target}-${slot}`,
         ...(target === 'proxy-v8defaults' ? { nodeOptions: '' } : {}),
         ...(target === 'dsr-nft' ? { env: { LB_AGENT_DSR_ENGINE: 'nft' } } : {}),
+        ...(target === 'ebpf' ? { command: OWN_BPFFS } : {}),
       });
       await waitStatus(agent, `${target} agent serving`, (s) => s.services.length === (target === 'proxy-pp2' ? 3 : 2) && s.services.every((x) => x.ready) && s.services[0]!.healthyBackends === webBackends(target).length, 30_000);
+      // A row labelled eBPF must not measure the nft table it falls back to.
+      if (target === 'ebpf') await natEngineServing(agent);
       return {
         pid: agent.proc.pid,
         stop: async () => {
@@ -415,6 +439,26 @@ export function pairedReplies(samples: readonly Pick<ForwardSample, 'bulkReverse
     ? [r.bulkReverse.bitsPerSecond / ((r.directBulkReverse.before.bitsPerSecond + r.directBulkReverse.after.bitsPerSecond) / 2)]
     : []));
   return ratios.length ? { bulkReverseXDirect: round(median(ratios), 3) } : {};
+}
+
+/** The median over slots of a run's ratio to the mean of the reference's runs right before and after it (A-B-A); undefined without a whole pair. */
+export function medianAround(pairs: readonly { value: number; before: number; after: number }[]): number | undefined {
+  const ok = (x: number): boolean => Number.isFinite(x) && x > 0;
+  const ratios = pairs.filter((p) => ok(p.value) && ok(p.before) && ok(p.after)).map((p) => p.value / ((p.before + p.after) / 2));
+  return ratios.length ? round(median(ratios), 3) : undefined;
+}
+
+/** pairAll runs: new connections against direct's around each slot (none without pairs). */
+export function pairedClose(samples: readonly Pick<ForwardSample, 'close' | 'directClose'>[]): { xDirect?: number } {
+  const x = medianAround(samples.flatMap((r) => (r.directClose ? [{ value: r.close.rps, before: r.directClose.before.rps, after: r.directClose.after.rps }] : [])));
+  return x !== undefined ? { xDirect: x } : {};
+}
+
+/** pairAll runs: bulk (client -> server) against direct's around each slot (none without pairs; a run with an error is no pair). */
+export function pairedBulk(samples: readonly Pick<ForwardSample, 'bulk' | 'directBulk'>[]): { bulkXDirect?: number } {
+  const bps = (r: IperfResult): number => (r.error ? NaN : r.bitsPerSecond);
+  const x = medianAround(samples.flatMap((r) => (r.directBulk ? [{ value: bps(r.bulk), before: bps(r.directBulk.before), after: bps(r.directBulk.after) }] : [])));
+  return x !== undefined ? { bulkXDirect: x } : {};
 }
 
 /** PROXY v2 targets: the median of per-round ratios to the same process without the header (none without pairs). */
@@ -520,7 +564,11 @@ export async function benchForward(o: ForwardOptions): Promise<ForwardResult> {
           const spread = SPREAD.includes(target);
           // DSR's replies are judged against direct's: iperf3 -R around the slot as well.
           const directIperf = (): Promise<IperfResult> => runIperf(lab, client, ENDPOINT.direct.host, ENDPOINT.direct.bulk, o.seconds + 1, { reverse: true });
-          const directReverseBefore = paired && isDsr(target) && !spread ? await directIperf() : undefined;
+          const directReverseBefore = paired && (isDsr(target) || o.pairAll) && !spread ? await directIperf() : undefined;
+          // pairAll: direct's new connections and forward stream around the slot too.
+          const directForward = (): Promise<IperfResult> => runIperf(lab, client, ENDPOINT.direct.host, ENDPOINT.direct.bulk, o.seconds + 1);
+          const directCloseBefore = paired && o.pairAll ? await wrkAt(urlOf(ref), true, ref) : undefined;
+          const directBulkBefore = paired && o.pairAll && !spread ? await directForward() : undefined;
           // The peer its line judges it against, up beside it (see the head comment).
           const peer = peerOf(target);
           if (peer !== undefined && o.targets.includes(peer)) {
@@ -566,9 +614,13 @@ export async function benchForward(o: ForwardOptions): Promise<ForwardResult> {
           const memory = running ? treeMemoryMiB(running.pid) : undefined;
           // The pair's direct half after, with the target up and idle (the direct path does not cross it).
           const directReverseAfter = directReverseBefore ? await directIperf() : undefined;
+          const directBulkAfter = directBulkBefore ? await directForward() : undefined;
+          const directCloseAfter = directCloseBefore ? await wrkAt(urlOf(ref!), true, ref!) : undefined;
           const directKeepaliveAfter = paired ? await wrkAt(urlOf(ref), false, ref) : undefined;
           const directBulkReverse = directReverseBefore && directReverseAfter ? { before: directReverseBefore, after: directReverseAfter } : undefined;
-          raw.push({ round, target, ...(ref !== undefined && ref !== 'direct' && paired ? { pairedWith: ref } : {}), keepalive, close, bulk, bulkReverse, memory, ...(directKeepalive ? { directKeepalive } : {}), ...(directKeepaliveAfter ? { directKeepaliveAfter } : {}), ...(directBulkReverse ? { directBulkReverse } : {}), ...(withoutHeader ? { withoutHeader } : {}), ...(peerRuns ? { peerRuns } : {}) });
+          const directClose = directCloseBefore && directCloseAfter ? { before: directCloseBefore, after: directCloseAfter } : undefined;
+          const directBulk = directBulkBefore && directBulkAfter ? { before: directBulkBefore, after: directBulkAfter } : undefined;
+          raw.push({ round, target, ...(ref !== undefined && ref !== 'direct' && paired ? { pairedWith: ref } : {}), keepalive, close, bulk, bulkReverse, memory, ...(directKeepalive ? { directKeepalive } : {}), ...(directKeepaliveAfter ? { directKeepaliveAfter } : {}), ...(directBulkReverse ? { directBulkReverse } : {}), ...(directClose ? { directClose } : {}), ...(directBulk ? { directBulk } : {}), ...(withoutHeader ? { withoutHeader } : {}), ...(peerRuns ? { peerRuns } : {}) });
           const peerX = peerRuns ? peerRatio([{ keepalive, close, peerRuns }]).xPeer : undefined;
           const pairX = pairedRatio([{ keepalive, directKeepalive, directKeepaliveAfter }]).xDirect;
           const pairedText = (pairX !== undefined ? ` (${pairX.toFixed(2)}x ${ref}'s ${directKeepalive!.rps.toFixed(0)}/${directKeepaliveAfter!.rps.toFixed(0)} before/after)` : '')
@@ -603,10 +655,11 @@ export async function benchForward(o: ForwardOptions): Promise<ForwardResult> {
           ...pairedRatio(s),
           ...pairedCpu(s),
         },
-        newConnections: { connectionsPerSec: round(median(s.map((r) => r.close.rps)), 0), p50ms: round(median(s.map((r) => r.close.p50ms)), 3), p99ms: round(median(s.map((r) => r.close.p99ms)), 3) },
+        newConnections: { connectionsPerSec: round(median(s.map((r) => r.close.rps)), 0), p50ms: round(median(s.map((r) => r.close.p50ms)), 3), p99ms: round(median(s.map((r) => r.close.p99ms)), 3), ...pairedClose(s) },
         ...headerCost(s),
         ...peerRatio(s),
         bulkGbps: round(median(s.map((r) => r.bulk.bitsPerSecond / 1e9)), 2),
+        ...pairedBulk(s),
         bulkReverseGbps: round(median(s.map((r) => (r.bulkReverse?.bitsPerSecond ?? NaN) / 1e9)), 2),
         ...pairedReplies(s),
         rssMiB: round(median(s.map((r) => r.memory?.rssMiB ?? NaN)), 1),
@@ -619,13 +672,13 @@ export async function benchForward(o: ForwardOptions): Promise<ForwardResult> {
     const spreadIn = o.targets.filter((t) => SPREAD.includes(t));
     return {
       config: {
-        rounds: o.rounds, seconds: o.seconds, warmup: o.warmup, connections: o.connections, threads: o.threads, targets: o.targets, ...(o.peerPairs !== undefined && o.peerPairs > 1 ? { peerPairs: o.peerPairs } : {}),
+        rounds: o.rounds, seconds: o.seconds, warmup: o.warmup, connections: o.connections, threads: o.threads, targets: o.targets, ...(o.peerPairs !== undefined && o.peerPairs > 1 ? { peerPairs: o.peerPairs } : {}), ...(o.pairAll ? { pairAll: true } : {}),
         wrk: `wrk -t${o.threads} -c${o.connections} -d${o.seconds}s --latency (new connections: -H 'Connection: close')${spreadIn.length ? `; ${spreadIn.join(', ')}: wrk -t${spreadShape.threads} -c${spreadShape.connections} with a setup() that sends each thread to one address (direct3: b1, b2, b3; the others: all to the VIP), no bulk` : ''}`,
         iperf3: `iperf3 -c HOST -t ${o.seconds + 1} -O 1 (one stream; and with -R, server to client)`,
         backends: `nginx 1 worker each, 3 backends (bulk: iperf3 on b1 only; PROXY v2 targets to \`listen ${PP_PORT} proxy_protocol\`)`,
         threadsDefaultHaproxy: 'no nbthread: HAProxy starts one thread per CPU it may run on',
         proxyWorkers: os.availableParallelism(),
-        ...(o.targets.includes('direct') || o.targets.includes('direct3') ? { pairing: `keep-alive x direct: median over rounds of the ratio to the mean of direct measured the same way right before and right after the target's runs (DSR replies likewise, iperf3 -R)${o.targets.includes('direct3') && spreadIn.length > 1 ? '; dsr3 and kernel3 are paired the same way with direct3, the same client on the same three backends' : ''}; other x direct columns: ratio of medians` } : {}),
+        ...(o.targets.includes('direct') || o.targets.includes('direct3') ? { pairing: `keep-alive x direct: median over rounds of the ratio to the mean of direct measured the same way right before and right after the target's runs (DSR replies likewise, iperf3 -R)${o.targets.includes('direct3') && spreadIn.length > 1 ? '; dsr3 and kernel3 are paired the same way with direct3, the same client on the same three backends' : ''}; ${o.pairAll ? 'new connections and bulk both ways (iperf3, and -R) are paired the same way' : 'other x direct columns: ratio of medians'}` } : {}),
         ...(o.targets.some((t) => { const p = peerOf(t); return p !== undefined && o.targets.includes(p); }) ? { peerPairing: `proxy x HAProxy (the target lines): median over pairs of the ratio to the mean of the same run of the HAProxy with as many threads right before and right after it, the HAProxy up beside lb-agent in its slot${(o.peerPairs ?? 1) > 1 ? `, ${o.peerPairs} pairs a slot chained (HAProxy, lb-agent, HAProxy, lb-agent, ... HAProxy)` : ''}; the table's x HAProxy 1t columns stay ratios of medians` } : {}),
         ...(o.targets.some((t) => ENDPOINT[t].plain !== undefined) ? { headerPairing: 'PROXY v2 x without: median over rounds of the ratio to the mean of the same run without the header right before and right after it (the same process, on a second port)' } : {}),
       },

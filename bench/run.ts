@@ -3,13 +3,14 @@
 // bench/results/<YYYY-MM-DD>.md with the raw numbers beside it as JSON.
 // Orchestration only: each area lives in its own module (forwarding.ts,
 // families.ts, dhcp.ts, detection.ts, https.ts, control.ts, restart.ts,
-// drift.ts, scale.ts, wrapped.ts for the standalone benches other modules ship),
+// drift.ts, scale.ts, nat.ts, wrapped.ts for the standalone benches other modules ship),
 // statistics and rendering in lib/.
 //
-//   npm run bench -- [--only forward,families,dhcp,health,https,control,restart,drift,scale,preflight,failover]
+//   npm run bench -- [--only forward,families,dhcp,health,https,control,restart,drift,scale,nat,preflight,failover]
 //                    [--rounds N] [--quick] [--out DIR] [--docs] [--dhcp-many-ping]
 //                    [--dhcp-clients udhcpc,dhclient,lbagent,lbagent-like]
 //                    [--forward-targets direct,dsr,direct3,dsr3,...] [--scale-sizes 10,100,500,1000]
+//                    [--nat-flows 100000]
 //
 // --dhcp-clients: only these DHCP clients (e.g. `lbagent-like,udhcpc` to
 // look at one row and its peer while working on it; issue 18).
@@ -18,6 +19,8 @@
 // direct3) must be listed too for its "x direct".
 // --scale-sizes: the service counts of the scale area (e.g. `10,100` for a
 // short run).
+// --nat-flows: the connections the nat area holds open through the eBPF
+// engine (0 skips that part).
 // --quick: one round and short measurements (3-4 minutes), to check the
 // harness, not to quote. --docs: also replace the generated summary in
 // docs/benchmarks.md with this run's (`npm run docs` does the same from the
@@ -35,12 +38,13 @@ import { benchControl } from './control';
 import { benchRestart } from './restart';
 import { benchDrift } from './drift';
 import { benchScale, SCALE_SIZES } from './scale';
+import { benchNat } from './nat';
 import { benchProbeRate, benchPreflight, benchFailover } from './wrapped';
 import { machineFacts, loadAverage, otherCpuMeter } from './lib/procfs';
 import { evaluateTargets, renderResults, renderBenchSummary, updateBenchPage, BENCH_PAGE, type BenchResults } from './lib/report';
 import { round } from './lib/stats';
 
-const AREAS = ['forward', 'families', 'dhcp', 'health', 'https', 'control', 'restart', 'drift', 'scale', 'preflight', 'failover'] as const;
+const AREAS = ['forward', 'families', 'dhcp', 'health', 'https', 'control', 'restart', 'drift', 'scale', 'nat', 'preflight', 'failover'] as const;
 type Area = (typeof AREAS)[number];
 
 const TOOLS: Record<Area, string[]> = {
@@ -57,21 +61,23 @@ const TOOLS: Record<Area, string[]> = {
   drift: ['dnsmasq', 'nft', 'ip', 'unshare', 'sysctl'],
   // The agent runs nft; the reference table is written with nft -f.
   scale: ['nft', 'ip'],
+  // The forwarding lab's tools; mount gives the agent its BPF file system.
+  nat: ['wrk', 'iperf3', 'nginx', 'conntrack', 'nft', 'mount'],
   preflight: [],
   // keepalived is the peer; each death waits for an advert with tcpdump (lab/vrrp.ts afterAdvert).
   failover: ['keepalived', 'tcpdump', 'ip'],
 };
 
-interface Args { only: Area[]; rounds: number; quick: boolean; out: string; docs: boolean; dhcpManyPing: boolean; dhcpClients: DhcpClient[]; forwardTargets: ForwardTarget[]; scaleSizes: number[] }
+interface Args { only: Area[]; rounds: number; quick: boolean; out: string; docs: boolean; dhcpManyPing: boolean; dhcpClients: DhcpClient[]; forwardTargets: ForwardTarget[]; scaleSizes: number[]; natFlows: number }
 
 const REPO = path.resolve(__dirname, '..', '..');
 
 function usage(): string {
-  return `usage: npm run bench -- [--only ${AREAS.join(',')}] [--rounds N] [--quick] [--out DIR] [--docs] [--dhcp-many-ping] [--dhcp-clients ${DHCP_CLIENTS.join(',')}] [--forward-targets ${FORWARD_TARGETS.join(',')}] [--scale-sizes ${SCALE_SIZES.join(',')}]\n`;
+  return `usage: npm run bench -- [--only ${AREAS.join(',')}] [--rounds N] [--quick] [--out DIR] [--docs] [--dhcp-many-ping] [--dhcp-clients ${DHCP_CLIENTS.join(',')}] [--forward-targets ${FORWARD_TARGETS.join(',')}] [--scale-sizes ${SCALE_SIZES.join(',')}] [--nat-flows N]\n`;
 }
 
 function parseArgs(argv: string[]): Args {
-  const a: Args = { only: [], rounds: 0, quick: false, out: path.join(REPO, 'bench', 'results'), docs: false, dhcpManyPing: false, dhcpClients: [...DHCP_CLIENTS], forwardTargets: [...FORWARD_TARGETS], scaleSizes: [...SCALE_SIZES] };
+  const a: Args = { only: [], rounds: 0, quick: false, out: path.join(REPO, 'bench', 'results'), docs: false, dhcpManyPing: false, dhcpClients: [...DHCP_CLIENTS], forwardTargets: [...FORWARD_TARGETS], scaleSizes: [...SCALE_SIZES], natFlows: 100_000 };
   for (let i = 0; i < argv.length; i++) {
     const v = argv[i + 1];
     switch (argv[i]) {
@@ -107,6 +113,11 @@ function parseArgs(argv: string[]): Args {
         if (sizes.length === 0 || sizes.some((n) => !Number.isInteger(n) || n < 1 || n > 2000)) throw new Error('--scale-sizes: service counts from 1 to 2000, comma-separated');
         a.scaleSizes = sizes; i++; break;
       }
+      case '--nat-flows': {
+        const n = Number(v);
+        if (!Number.isInteger(n) || n < 0 || n > 400_000) throw new Error('--nat-flows: connections from 0 to 400000');
+        a.natFlows = n; i++; break;
+      }
       case '--out': a.out = path.resolve(String(v)); i++; break;
       case '--help': case '-h': process.stdout.write(usage()); process.exit(0); break;
       default: throw new Error(`unknown argument ${argv[i]}\n${usage()}`);
@@ -140,7 +151,7 @@ async function main(): Promise<void> {
   sampler.unref();
   const results: BenchResults = {
     bench: 'lb-agent', version, date: startedAt.toISOString().slice(0, 10), startedAt: startedAt.toISOString(), finishedAt: '',
-    options: { rounds: args.rounds, quick: args.quick, only: args.only, ...(args.forwardTargets.length < FORWARD_TARGETS.length ? { forwardTargets: args.forwardTargets } : {}), ...(args.scaleSizes.join(',') !== SCALE_SIZES.join(',') ? { scaleSizes: args.scaleSizes } : {}) },
+    options: { rounds: args.rounds, quick: args.quick, only: args.only, ...(args.forwardTargets.length < FORWARD_TARGETS.length ? { forwardTargets: args.forwardTargets } : {}), ...(args.scaleSizes.join(',') !== SCALE_SIZES.join(',') ? { scaleSizes: args.scaleSizes } : {}), ...(areas.includes('nat') ? { natFlows: args.natFlows } : {}) },
     machine: machineFacts(),
     load: { before: loadAverage(), after: [], samples, mean1m: NaN, max1m: NaN, otherCpuCores: NaN },
     areas: {}, targets: [],
@@ -238,6 +249,13 @@ async function main(): Promise<void> {
         await runArea(area, async () => {
           results.scale = await benchScale({ sizes: args.scaleSizes, rounds: R, idleSeconds: q ? 5 : 10, log: log(area) });
           if (results.scale.summary.length === 0) throw new Error(results.scale.errors.join('; ') || 'no size measured');
+        });
+        break;
+      case 'nat':
+        await runArea(area, async () => {
+          // The eBPF NAT engine beside nft, DSR and direct; then the flows held (--nat-flows).
+          results.nat = await benchNat({ rounds: R, seconds: q ? 2 : 3, warmup: q ? 0 : 1, connections: 50, threads: 1, flows: args.natFlows, flowAddresses: 6, log: log(area) });
+          if (Object.keys(results.nat.forward.summary).length === 0) throw new Error(results.nat.forward.errors.join('; ') || 'nothing measured');
         });
         break;
       case 'preflight':

@@ -19,6 +19,7 @@
         "src/relay.cc",
         "src/digest.cc",
         "src/bpf.cc",
+        "src/bpf_object.cc",
         "src/background.cc"
       ],
       "include_dirs": [
@@ -31,7 +32,29 @@
       ],
       "cflags!": ["-fno-exceptions"],
       "cflags_cc!": ["-fno-exceptions"],
-      "cflags_cc": ["-std=c++17", "-Wall", "-Wextra", "-Wno-unused-parameter"]
+      "cflags_cc": ["-std=c++17", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+      # libbpf is opened at run time (src/bpf_object.cc says why).
+      "libraries": ["-ldl"],
+      "dependencies": ["nat_bpf"]
+    },
+    {
+      # The full-NAT engine (bpf/nat.c), compiled for the BPF target beside
+      # the addon: build/Release/nat.bpf.o. Built from source on every
+      # install, never committed as a binary.
+      "target_name": "nat_bpf",
+      "type": "none",
+      "actions": [
+        {
+          "action_name": "clang_bpf_nat",
+          "inputs": ["bpf/nat.c", "bpf/nat.h"],
+          "outputs": ["<(PRODUCT_DIR)/nat.bpf.o"],
+          "action": [
+            "clang", "-target", "bpf", "-O2", "-g", "-Wall", "-Werror",
+            "-I/usr/include/<!(g++ -dumpmachine)",
+            "-c", "bpf/nat.c", "-o", "<(PRODUCT_DIR)/nat.bpf.o"
+          ]
+        }
+      ]
     }
   ]
 }

@@ -43,6 +43,11 @@ declare -A pkgs=(
   [isc-dhcp-client]=/usr/sbin/dhclient
   [make]=/usr/bin/make
   [g++]=/usr/bin/g++
+  # The eBPF NAT engine: clang builds native/bpf/nat.c for the BPF target
+  # beside the addon; libbpf-dev's headers build the addon's loader, which
+  # opens libbpf.so.1 (libbpf1) at run time.
+  [clang]=/usr/bin/clang
+  [libbpf-dev]=/usr/include/bpf/libbpf.h
   [python3]=/usr/bin/python3
   [systemd-container]=/usr/bin/systemd-nspawn
   [debootstrap]=/usr/sbin/debootstrap

@@ -45,6 +45,10 @@ cp -a "$here/dist" "$lib/dist"
 rm -rf "$lib/dist/test" "$lib/dist/bench" "$lib/dist/lab"
 install -d "$lib/native/build/Release"
 install -m 0755 "$here/native/build/Release/lbagent_native.node" "$lib/native/build/Release/"
+# The eBPF NAT engine's object and the header its map layouts are read from (kernel.engine).
+install -m 0644 "$here/native/build/Release/nat.bpf.o" "$lib/native/build/Release/"
+install -d "$lib/native/bpf"
+install -m 0644 "$here/native/bpf/nat.h" "$lib/native/bpf/"
 install -m 0644 "$here/package.json" "$here/package-lock.json" "$lib/"
 # Runtime dependencies only: every package of the lockfile not marked dev,
 # read with node itself (npm is not needed on the VM: Debian ships it apart

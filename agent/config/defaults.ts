@@ -1,6 +1,6 @@
 // Every default of the configuration file, in one place. The schema reads
 // them (ajv useDefaults), the docs cite them, nothing else hard-codes them.
-import type { ArpConfig, DhcpTimings, ProxyConfig } from './types';
+import type { ArpConfig, DhcpTimings, KernelConfig, ProxyConfig } from './types';
 
 export const DEFAULT_CONFIG_PATH = '/etc/lb-agent/config.yaml';
 
@@ -52,6 +52,10 @@ export const DEFAULT_DHCP: DhcpTimings = {
 export const DEFAULT_DHCP_GUARD = { allowOtherSubnets: false, servers: [] as string[], servers6: [] as string[] } as const;
 
 export const DEFAULT_PROXY: ProxyConfig = { algorithm: 'round-robin', idleTimeout: 300, connectTimeout: 3 };
+
+// The nft table until the eBPF engine holds all the nft path holds (docs/datapaths.md);
+// 65,536 flows a direction; NAT ports above Linux's default ephemeral range (32768-60999).
+export const DEFAULT_KERNEL: KernelConfig = { engine: 'nft', flowEntries: 65536, natPorts: [61001, 65535] };
 
 /** Harvester cloud provider annotation keys, mapped onto typed service fields. */
 export const ANNOTATION_PREFIX = 'cloudprovider.harvesterhci.io/';

@@ -29,7 +29,7 @@ export function diffConfigs(oldC: Desired, newC: Desired): ConfigDiff {
   }
   for (const s of oldC.services) if (!newBy.has(s.key)) removed.push(s);
   const globals: string[] = [];
-  for (const k of ['node', 'failover', 'dataplane', 'pools', 'networks', 'arp', 'dhcp', 'proxy', 'metrics', 'control', 'stateDir', 'backend', 'reconcile'] as const) {
+  for (const k of ['node', 'failover', 'dataplane', 'pools', 'networks', 'arp', 'dhcp', 'proxy', 'kernel', 'metrics', 'control', 'stateDir', 'backend', 'reconcile'] as const) {
     if (!isDeepStrictEqual(oldC[k], newC[k])) globals.push(k);
   }
   return { added, removed, changed, unchanged, globals };

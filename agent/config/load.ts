@@ -174,6 +174,7 @@ interface RawConfig {
   stateDir: string; metrics: { listen: string }; control: { socket: string }; reconcile: { resyncInterval: number };
   dataplane: 'auto' | 'kernel' | 'proxy'; pools: Record<string, string>; networks: Record<string, RawNetwork>;
   arp: Desired['arp']; dhcp: Omit<Desired['dhcp'], 'servers'> & { servers: string[] }; proxy: Desired['proxy'];
+  kernel: { engine: Desired['kernel']['engine']; flowEntries: number; natPorts: [number, number] };
   backend: { vips: string[] };
   services: RawService[];
 }
@@ -679,6 +680,7 @@ export function buildConfig(data: unknown, locate: (segs: Seg[]) => number | und
   const track = buildTrack(raw, err);
   // A VM that is a backend of a VIP cannot also be the load balancer that
   // holds it: the VIP on lo would take the clients' packets for itself.
+  if (raw.kernel.natPorts[0] > raw.kernel.natPorts[1]) err(['kernel', 'natPorts'], `[${raw.kernel.natPorts.join(', ')}] is reversed`);
   raw.backend.vips.forEach((vip, i) => {
     const svc = raw.services.find((s) => s.loadBalancerIP === vip);
     if (svc) err(['backend', 'vips', i], `${vip} is also the loadBalancerIP of service ${serviceKey(svc.namespace, svc.name)} on this node: a VM is either the load balancer holding a VIP or a backend with it on lo, not both`);
@@ -711,6 +713,7 @@ export function buildConfig(data: unknown, locate: (segs: Seg[]) => number | und
     arp: raw.arp,
     dhcp: { ...raw.dhcp, servers: raw.dhcp.servers.map((a) => parseIPv4(a)!), servers6: raw.dhcp.servers6.map((d) => d.toLowerCase()) },
     proxy: raw.proxy,
+    kernel: { engine: raw.kernel.engine, flowEntries: raw.kernel.flowEntries, natPorts: [raw.kernel.natPorts[0], raw.kernel.natPorts[1]] },
     // Canonical text (RFC 5952 for IPv6): lo's addresses are listed so.
     backend: { vips: raw.backend.vips.map((v) => formatAddress(parseAddress(v)!)) },
     services: built,

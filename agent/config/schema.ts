@@ -2,7 +2,7 @@
 // ranges only; cross-field rules (pools, Share IP, annotations) live in
 // load.ts. `x-what` names what a value must be, for error messages such as
 // "services[0].ports[0].port: 70000 is not a port (1-65535)".
-import { DEFAULTS, DEFAULT_ARP, DEFAULT_DHCP, DEFAULT_DHCP_GUARD, DEFAULT_PROXY } from './defaults';
+import { DEFAULTS, DEFAULT_ARP, DEFAULT_DHCP, DEFAULT_DHCP_GUARD, DEFAULT_KERNEL, DEFAULT_PROXY } from './defaults';
 
 type S = Record<string, unknown>;
 
@@ -219,6 +219,14 @@ export const configSchema: S = obj({
       maxConnections: count(1, 10_000_000),
       // No default here either: unset means one per CPU (forward/proxy.ts defaultWorkers), known only at run time.
       workers: count(1, 256),
+    }),
+    default: {},
+  },
+  kernel: {
+    ...obj({
+      engine: { type: 'string', enum: ['nft', 'ebpf', 'auto'], default: DEFAULT_KERNEL.engine },
+      flowEntries: { ...count(1024, 16_777_216), default: DEFAULT_KERNEL.flowEntries },
+      natPorts: { type: 'array', items: port, minItems: 2, maxItems: 2, default: [...DEFAULT_KERNEL.natPorts], 'x-what': 'a [low, high] port range' },
     }),
     default: {},
   },

@@ -7,6 +7,8 @@ import type { Family } from '../address';
 export type IpamMode = 'dhcp' | 'pool';
 export type Protocol = 'TCP' | 'UDP';
 export type DataplaneMode = 'auto' | 'kernel' | 'proxy';
+/** What forwards the kernel path's snat flows: the nft table alone, the eBPF NAT engine in front of it, or the engine where it loads. */
+export type KernelEngine = 'nft' | 'ebpf' | 'auto';
 export type FailoverMode = 'none' | 'vrrp';
 export type BalanceAlgorithm = 'round-robin' | 'least-connections';
 /** snat: replies come back through the agent (source rewritten to the VIP); preserve: direct server return. */
@@ -306,6 +308,15 @@ export interface NetworkSpec {
   readonly failover: Pick<FailoverConfig, 'interface' | 'vrid' | 'peers'>;
 }
 
+/** The `kernel:` section: the kernel data path's engine for `sourceIP: snat` (forward/ebpf-nat.ts). */
+export interface KernelConfig {
+  readonly engine: KernelEngine;
+  /** Entries of each of the eBPF engine's two flow maps (one per direction of a flow). */
+  readonly flowEntries: number;
+  /** The source ports the engine takes towards a backend when the client's own is held by another flow, [low, high]. */
+  readonly natPorts: readonly [number, number];
+}
+
 export interface Desired {
   readonly node: NodeConfig;
   readonly failover: FailoverConfig;
@@ -326,6 +337,7 @@ export interface Desired {
   readonly arp: ArpConfig;
   readonly dhcp: DhcpConfig;
   readonly proxy: ProxyConfig;
+  readonly kernel: KernelConfig;
   readonly backend: BackendRoleConfig;
   readonly services: readonly ServiceSpec[];
 }

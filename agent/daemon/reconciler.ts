@@ -86,6 +86,9 @@ export function refusals(running: RunningView, next: Desired): ConfigError[] {
       errors.push({ path: `networks.${name}`, message: restartNeeded('the network\'s NIC is found, and its virtual routers start, with the process;', was.get(name) ?? '(no such network)', now.get(name) ?? '(no such network)') });
     }
   }
+  if (JSON.stringify(old.kernel) !== JSON.stringify(next.kernel)) {
+    errors.push({ path: 'kernel', message: restartNeeded('the kernel path\'s engine and its flow maps are set up at start;', JSON.stringify(old.kernel), JSON.stringify(next.kernel)) });
+  }
   const kind = next.dataplane === 'auto' ? running.dataplane : next.dataplane;
   if (kind !== running.dataplane) {
     errors.push({ path: 'dataplane', message: restartNeeded(`the ${running.dataplane} data path is running and would become ${kind};`, old.dataplane, next.dataplane) });

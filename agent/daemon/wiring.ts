@@ -23,7 +23,7 @@ import { PoolSource, linkLocalOf, poolVipPrefix } from '../ipam/pool-source';
 import { NeighbourSockets } from '../net/neighbour/neighbour-sockets';
 import { AddressRemovals } from '../net/netlink/address-removals';
 import { HealthChecker } from '../health/checker';
-import { selectDataplane, createDataplane, probeNftables, probeDsr, dsrUnavailable, parseDsrEngine, servicesNeedingProxy, placementFor, type ProbeResult } from '../forward/index';
+import { selectDataplane, createDataplane, natEngineChoice, probeNatEngine, probeNftables, probeDsr, dsrUnavailable, parseDsrEngine, servicesNeedingProxy, placementFor, type ProbeResult } from '../forward/index';
 import { familyOf, formatAddress, formatIPv4 } from '../address';
 import { familyServiceKey, linkKeyOf } from '../config/families';
 import { BackendVips } from '../net/host/dsr-backend';
@@ -139,7 +139,11 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
         else log.warn({ module: 'forward', op: 'select', dsrEngine: 'nft', reason: why }, `direct server return: the BPF program cannot run here (${why}); the nft table forwards alone (correct, slower). lb-agent check says why`);
       }
     }
+    // The eBPF NAT engine in front of the nft table (kernel.engine).
+    const nat = selection.kind === 'kernel' ? natEngineChoice(config.kernel.engine, () => probeNatEngine(parent.name)) : undefined;
+    if (nat) log.info({ module: 'forward', op: 'select', natEngine: nat.use ? 'ebpf' : 'nft', reason: nat.reason }, `snat flows: ${nat.use ? 'the eBPF NAT engine' : 'the nft table'} (${nat.reason})`);
     const dp = createDataplane(selection, {
+      natEngine: nat?.use ? { device: parent.name, kernel: config.kernel } : undefined,
       proxy: config.proxy, registry, log, clock, listenerStore: ctx.listenerStore, dsrDevice: parent.name,
       dsrEngine: process.env['LB_AGENT_DSR_ENGINE'],
       placement,

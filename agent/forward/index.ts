@@ -2,7 +2,7 @@
 // data path; the modules behind it are dataplane.ts (the contract),
 // balancer.ts (pure picks), nft.ts (kernel path) and proxy.ts (userspace path).
 import type { Registry } from 'prom-client';
-import type { ProxyConfig } from '../config/types';
+import type { KernelConfig, ProxyConfig } from '../config/types';
 import type { Clock } from '../clock';
 import type { Logger } from '../log';
 import { LbError } from '../errors';
@@ -40,6 +40,40 @@ export interface CreateDataplaneOptions {
   readonly dsrEngine?: string | undefined;
   /** The kernel path's placement of new SNAT connections (forward/nft.ts Placement). */
   readonly placement?: Placement;
+  /**
+   * The eBPF NAT engine in front of the nft table (forward/ebpf-nat.ts) on
+   * this device with these settings; undefined: the nft table alone. The
+   * daemon decides from `kernel.engine` and the engine's probe (natEngineChoice).
+   */
+  readonly natEngine?: { readonly device: string; readonly kernel: KernelConfig } | undefined;
+}
+
+/**
+ * Whether the kernel path runs the eBPF NAT engine: `kernel.engine: nft`
+ * never; `ebpf` always, and a node where it cannot load is an error at start
+ * (as `dataplane: kernel` without nftables is); `auto` when its probe passes.
+ * `probe` returns why it cannot run, or undefined. Returns the choice and why.
+ */
+export function natEngineChoice(engine: KernelConfig['engine'], probe: () => string | undefined): { readonly use: boolean; readonly reason: string } {
+  if (engine === 'nft') return { use: false, reason: 'configured: kernel.engine: nft' };
+  const why = probe();
+  if (engine === 'ebpf') {
+    if (why !== undefined) {
+      throw new LbError('LB_ERR_FORWARD_NAT_BPF', `kernel.engine: ebpf, and the eBPF NAT engine cannot run on this node: ${why}. Set kernel.engine: auto or nft, or see lb-agent check (finding nat-engine)`, { reason: why });
+    }
+    return { use: true, reason: 'configured: kernel.engine: ebpf' };
+  }
+  return why === undefined ? { use: true, reason: 'auto: the eBPF NAT engine loads and attaches here' } : { use: false, reason: `auto: the eBPF NAT engine cannot run here (${why}); the nft table forwards alone` };
+}
+
+// The engine's modules load only where it runs.
+const natAttach = (): typeof import('../net/ebpf/nat-attach') => require('../net/ebpf/nat-attach') as typeof import('../net/ebpf/nat-attach');
+const ebpfNat = (): typeof import('./ebpf-nat') => require('./ebpf-nat') as typeof import('./ebpf-nat');
+
+/** The engine's probe, in a pin directory of its own under the device's, removed after. */
+export function probeNatEngine(device: string): string | undefined {
+  const a = natAttach();
+  return a.probeNatHere({ pinDir: `${a.natPinDir(device)}-probe-${process.pid}` });
 }
 
 /** LB_AGENT_DSR_ENGINE's value: unset or auto, or nft; anything else is refused at start. */
@@ -52,8 +86,14 @@ export function parseDsrEngine(value: string | undefined): 'auto' | 'nft' {
 /** Build the data path selectDataplane() chose; its reason goes to the info metric. */
 export function createDataplane(selection: DataplaneSelection, opts: CreateDataplaneOptions): Dataplane {
   if (selection.kind === 'kernel') {
-    return new (nft().NftDataplane)({ registry: opts.registry, log: opts.log, reason: selection.reason, dsrDevice: opts.dsrDevice, dsrEngine: parseDsrEngine(opts.dsrEngine), placement: opts.placement,
+    const nat = opts.natEngine;
+    const table = new (nft().NftDataplane)({ registry: opts.registry, log: opts.log, reason: selection.reason, dsrDevice: opts.dsrDevice, dsrEngine: parseDsrEngine(opts.dsrEngine), placement: opts.placement,
       dsrStore: opts.listenerStore });
+    if (nat === undefined) return table;
+    const a = natAttach();
+    const k = nat.kernel;
+    const engine = new a.NatEngine({ device: nat.device, pinDir: a.natPinDir(nat.device), settings: { ...a.NAT_DEFAULTS, flowEntries: k.flowEntries, portMin: k.natPorts[0], portMax: k.natPorts[1] } });
+    return new (ebpfNat().EbpfNatDataplane)({ nft: table, engine, registry: opts.registry, log: opts.log });
   }
   return new (proxy().ProxyDataplane)({
     config: opts.proxy, registry: opts.registry, log: opts.log, reason: selection.reason,

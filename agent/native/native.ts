@@ -180,6 +180,13 @@ export interface NativeAddon {
   bpfProgTestRun?(fd: number, data: Buffer, out: Buffer, repeat: number): { retval: number; size: number; durationNs: number };
   bpfMapGetFdById?(id: number): number;
   bpfMapInfo?(fd: number): BpfMapInfo;
+  /** libbpf (native/src/bpf_object.cc): open a clang-built object, create or re-use its pinned maps, load its programs. */
+  bpfObjectLoad?(path: string, pinRoot: string, maxEntries: Readonly<Record<string, number>>): BpfObjectLoaded;
+  /** How many keys a map holds now (BPF_MAP_GET_NEXT_KEY walk). */
+  bpfMapCount?(fd: number, keySize: number): number;
+  /** BPF_OBJ_PIN / BPF_OBJ_GET at a bpffs path. */
+  bpfObjPin?(fd: number, path: string): void;
+  bpfObjGet?(path: string): number;
   /** RTM_DELLINK from a background thread (native/src/background.cc); absent from an addon built before it. */
   deleteLink?(ifindex: number): Promise<void>;
   backgroundStats?(): BackgroundStats;
@@ -222,6 +229,31 @@ export interface BpfProgInfo {
 
 /** The bpf(2) calls of the addon, all present; close descriptors with fs.closeSync. */
 export type NativeBpf = Required<Pick<NativeAddon, 'bpfMapCreate' | 'bpfMapUpdate' | 'bpfMapLookup' | 'bpfProgLoad' | 'bpfProgAttach' | 'bpfProgDetach' | 'bpfProgQuery' | 'bpfProgGetFdById' | 'bpfProgInfo' | 'bpfProgTestRun' | 'bpfMapGetFdById' | 'bpfMapInfo'>>;
+
+/** What bpfObjectLoad hands back: descriptors by program and map name (the caller closes them), and the pinned maps it had to replace. */
+export interface BpfObjectLoaded {
+  readonly prog: Readonly<Record<string, number>>;
+  readonly maps: Readonly<Record<string, number>>;
+  /** Pinned maps of another layout or size, unpinned so that new ones were created (their entries are gone). */
+  readonly unpinned: readonly string[];
+}
+
+/** The bpf(2) calls and libbpf's object loading, all present. */
+export type NativeBpfObject = NativeBpf & Required<Pick<NativeAddon, 'bpfObjectLoad' | 'bpfMapCount' | 'bpfObjPin' | 'bpfObjGet'>>;
+
+/** The addon's libbpf object loading with its bpf(2) calls, or why there is none. */
+export function nativeBpfObject(): NativeBpfObject | string {
+  const b = nativeBpf();
+  if (typeof b === 'string') return b;
+  const n = b as Partial<NativeBpfObject>;
+  if (typeof n.bpfObjectLoad !== 'function' || typeof n.bpfMapCount !== 'function' || typeof n.bpfObjGet !== 'function') return 'the native addon was built without libbpf object loading (rebuild it: npm ci)';
+  return n as NativeBpfObject;
+}
+
+/** A BPF object built by clang beside the addon (binding.gyp): native/build/Release/<name>. */
+export function bpfObjectPath(name: string): string {
+  return path.join(path.dirname(nativeAddonPath()), name);
+}
 
 /** The addon's bpf(2) wrappers, or why there are none (not built, or built before them). */
 export function nativeBpf(): NativeBpf | string {

@@ -573,6 +573,39 @@ export function checkDescriptors(f: Facts): CheckResult | undefined {
   return pass(id, detail);
 }
 
+// --- the eBPF NAT engine ---------------------------------------------
+
+/**
+ * Which engine forwards the kernel path's snat flows (kernel.engine), and
+ * whether the eBPF one can run here: its probe loads the clang-built object
+ * through libbpf, pins its maps and attaches at tcx ingress, as the daemon
+ * does at start. Its NAT ports must not overlap the VM's ephemeral range, or
+ * a VM's own connection from the VIP could meet a NAT flow's tuple.
+ */
+export function checkNatEngine(f: Facts): CheckResult | undefined {
+  const k = f.config.kernel;
+  if (!f.natEngine || !k) return undefined;
+  const id = 'nat-engine';
+  const probe = f.natEngine.probe;
+  const why = probe.error ?? probe.status;
+  const range = f.natEngine.localPortRange;
+  const [lo, hi] = k.natPorts;
+  const overlap = range !== undefined && lo <= range[1] && hi >= range[0];
+  const ports = overlap ? `; kernel.natPorts ${lo}-${hi} overlap the VM's ephemeral ports ${range[0]}-${range[1]} (net.ipv4.ip_local_port_range)` : '';
+  const portsFix = 'set kernel.natPorts outside net.ipv4.ip_local_port_range (or narrow that range)';
+  if (k.engine === 'nft') {
+    const could = probe.status === 'ok' ? 'the eBPF NAT engine could run here' : `the eBPF NAT engine could not run here (${why})`;
+    return pass(id, `kernel.engine: nft: the nft table with conntrack forwards the snat flows; ${could}`);
+  }
+  if (probe.status !== 'ok') {
+    const detail = `kernel.engine: ${k.engine}, and the eBPF NAT engine cannot run here: ${why}`;
+    const fix = 'see the cause (kernel 6.6+ for tcx, CAP_BPF and CAP_NET_ADMIN, libbpf 1.x, a bpffs at /sys/fs/bpf, the object built by npm ci with clang and libbpf-dev); or set kernel.engine: nft';
+    return k.engine === 'ebpf' ? fail(id, `${detail}: the agent would refuse to start`, fix) : warn(id, `${detail}; the nft table forwards alone`, fix);
+  }
+  const ok = `kernel.engine: ${k.engine}: the eBPF NAT engine loads and attaches at tc ingress (tcx); it forwards the IPv4 snat flows, the nft table the rest`;
+  return overlap ? warn(id, `${ok}${ports}`, portsFix) : pass(id, ok);
+}
+
 // --- direct server return --------------------------------------------
 
 /**
@@ -1037,7 +1070,7 @@ export function runChecks(f: Facts): CheckResult[] {
   ];
   const fds = checkDescriptors(f);
   if (fds) out.push(fds);
-  for (const c of [checkNetworks(f), checkDsr(f), checkDsrBackend(f), checkIpv6(f), checkTopology(f), checkConntrackPickup(f), checkUdpFlows(f), checkStaleFlows(f), checkFirewall(f), checkDriftFight(f), checkVrrpTrack(f)]) if (c) out.push(c);
+  for (const c of [checkNetworks(f), checkDsr(f), checkDsrBackend(f), checkNatEngine(f), checkIpv6(f), checkTopology(f), checkConntrackPickup(f), checkUdpFlows(f), checkStaleFlows(f), checkFirewall(f), checkDriftFight(f), checkVrrpTrack(f)]) if (c) out.push(c);
   const dhcp = checkDhcpProbe(f);
   if (dhcp) out.push(dhcp);
   return out;

@@ -62,6 +62,8 @@ export interface ConfigFacts {
   dsrServices?: string[];
   /** Of those, the ones the BPF program does not serve (an IPv6 VIP, or a NIC other than the parent): the nft table forwards them. */
   dsrTableServices?: string[];
+  /** kernel.engine and kernel.natPorts (the eBPF NAT engine). */
+  kernel?: { engine: 'nft' | 'ebpf' | 'auto'; natPorts: [number, number]; parent: string | undefined };
   /** The family services with an IPv6 VIP ("ns/name@IPv6"). */
   ipv6Services?: string[];
   /** How the kernel path places new connections (flow-hash with VRRP: forward/dataplane.ts placementFor). */
@@ -167,6 +169,12 @@ export interface Facts {
     /** The BPF program in front of the table (net/ebpf-attach.ts probeDsrBpfHere): load it, attach it at tcx ingress of lo, detach. Absent in facts from before it. */
     bpf?: Attempt;
   };
+  /**
+   * The eBPF NAT engine (net/ebpf/nat-attach.ts probeNatHere, on lo of this
+   * namespace in a pin directory of its own, removed after), and the VM's
+   * ephemeral port range its NAT ports must stay out of. Absent in facts from before it.
+   */
+  natEngine?: { probe: Attempt; localPortRange: [number, number] | undefined };
   /** This node's zone (node.zone, else the labels file). */
   node?: NodeTopology;
   /** Every IPv4 address of the VM, with whether its interface answers ARP (for the DSR backend check). */
@@ -299,6 +307,7 @@ export function configSummary(path_: string, config: Desired): ConfigFacts {
     ...(config.proxy.maxConnections !== undefined ? { maxConnections: config.proxy.maxConnections } : {}),
     dsrServices: config.services.filter((s) => s.sourceIP === 'preserve').map((s) => s.key),
     dsrTableServices: config.services.filter((s) => s.sourceIP === 'preserve' && (s.family === 'IPv6' || (s.network ?? DEFAULT_NETWORK) !== DEFAULT_NETWORK)).map((s) => s.key),
+    kernel: { engine: config.kernel.engine, natPorts: [config.kernel.natPorts[0], config.kernel.natPorts[1]], parent: config.node.interface },
     ipv6Services: config.services.filter((s) => s.family === 'IPv6').map((s) => s.key),
     placement: placementFor(config.failover.mode),
     backendVips: [...config.backend.vips],
@@ -467,6 +476,19 @@ function bpfProbe(): Attempt {
   }
 }
 
+
+/** The eBPF NAT engine's probe, as the daemon runs it at start (forward/index.ts probeNatEngine), and the ephemeral port range. */
+async function gatherNatEngine(): Promise<NonNullable<Facts['natEngine']>> {
+  const range = (await readText('/proc/sys/net/ipv4/ip_local_port_range'))?.trim().split(/\s+/).map(Number);
+  const localPortRange: [number, number] | undefined = range && range.length === 2 && range.every((n) => Number.isInteger(n)) ? [range[0]!, range[1]!] : undefined;
+  const t0 = Date.now();
+  try {
+    const why = (require('../forward/index') as typeof import('../forward/index')).probeNatEngine('check');
+    return { probe: why === undefined ? { status: 'ok', ms: Date.now() - t0 } : { status: 'failed', error: why, ms: Date.now() - t0 }, localPortRange };
+  } catch (err) {
+    return { probe: { status: 'not-run', error: (err as Error).message }, localPortRange };
+  }
+}
 
 /** Every IPv4 address and whether its interface does ARP (`ip -j -4 addr`). */
 export function parseIpJsonAllAddrs(json: string): NonNullable<Facts['addresses']> {
@@ -786,6 +808,7 @@ export async function gatherFacts(opts: GatherOptions): Promise<Facts> {
     guestAgent: { binary: qgaBin, running: qgaRunning },
     limits: { nofile: readNofile() },
     dsr: await dsrP,
+    natEngine: config.dataplane !== 'proxy' ? await gatherNatEngine() : undefined,
     node: await nodeP,
     addresses: await addrsP,
     ruleset: await rulesetP,

@@ -4,7 +4,7 @@
 // an entry does not compile (CheckId) and fails test/preflight/help.test.ts.
 export const CHECK_IDS = [
   'config', 'state-dir', 'capabilities', 'macvlan', 'interface', 'pools', 'arp-sysctls', 'rp-filter', 'ip-forward',
-  'dataplane', 'guest-agent', 'descriptors', 'dsr', 'dsr-backend', 'topology', 'conntrack-pickup', 'udp-flows',
+  'dataplane', 'guest-agent', 'descriptors', 'dsr', 'dsr-backend', 'nat-engine', 'topology', 'conntrack-pickup', 'udp-flows',
   'stale-flows', 'firewall', 'drift-fight', 'dhcp-probe', 'ipv6', 'networks', 'vrrp-track', 'preflight',
 ] as const;
 
@@ -94,6 +94,11 @@ export const CHECK_HELP: Readonly<Record<CheckId, CheckHelp>> = {
     what: 'IPv6 on the parent NIC, when a service serves an IPv6 VIP (`ipFamilies`, `ipFamilyPolicy`): `net.ipv6.conf.all.disable_ipv6` and `net.ipv6.conf.<parent>.disable_ipv6`.',
     cause: 'Fails when IPv6 is disabled there: the kernel refuses the IPv6 VIP on the parent (and the agent could not answer neighbour solicitations for it), so every IPv6 VIP stays unserved.',
     fix: 'Turn IPv6 on for the parent (`sysctl -w net.ipv6.conf.all.disable_ipv6=0 net.ipv6.conf.<parent>.disable_ipv6=0`) and persist it in `/etc/sysctl.d/90-lb-agent.conf`; a kernel booted with `ipv6.disable=1` needs that parameter removed and a reboot. Or serve IPv4 only.',
+  },
+  'nat-engine': {
+    what: 'On the kernel path: `kernel.engine`, whether the eBPF NAT engine loads (libbpf, the clang-built object, a bpffs to pin its flow maps on, tcx), and that `kernel.natPorts` stay outside `net.ipv4.ip_local_port_range`.',
+    cause: 'Fails when `kernel.engine: ebpf` and the engine cannot load (the agent would refuse to start); warns when `auto` falls back to the nft table, or the NAT ports overlap the ephemeral range.',
+    fix: 'Kernel 6.6+, CAP_BPF and CAP_NET_ADMIN, libbpf 1.x, `mount -t bpf bpf /sys/fs/bpf`, and `scripts/setup.sh` then `npm ci` (clang, libbpf-dev); or `kernel.engine: nft`. Move `kernel.natPorts` out of the ephemeral range.',
   },
   'dsr-backend': {
     what: 'With `backend.vips`: each VIP is on `lo`, and, for an IPv4 VIP, `arp_ignore`/`arp_announce` keep this VM from answering ARP for it (an IPv6 VIP on `lo` needs no sysctl: Linux answers neighbour solicitations only for the receiving interface\'s addresses).',

@@ -19,10 +19,26 @@ export const FAST_ARP = { probeWait: 0.05, probeNum: 2, probeMin: 0.05, probeMax
  * or, given `nodeOptions`, with those V8 flags and glibc's own malloc
  * settings ('' for the defaults of both); `env`: more variables on top (LB_AGENT_DSR_ENGINE).
  */
-export async function runAgent(lab: Lab, ns: string, cfg: Record<string, unknown>, opts: { name?: string; waitReady?: boolean; logLevel?: string; stateDir?: string; args?: string[]; nodeOptions?: string; env?: Record<string, string> } = {}): Promise<AgentHandle> {
+export async function runAgent(lab: Lab, ns: string, cfg: Record<string, unknown>, opts: { name?: string; waitReady?: boolean; logLevel?: string; stateDir?: string; args?: string[]; nodeOptions?: string; env?: Record<string, string>; command?: string[]; nofile?: number } = {}): Promise<AgentHandle> {
   const { nodeOptions, env, ...rest } = opts;
   const merged = { ...(nodeOptions !== undefined ? { NODE_OPTIONS: nodeOptions, GLIBC_TUNABLES: '' } : {}), ...env };
   return startAgent(lab, ns, cfg, { logLevel: 'info', ...rest, ...(Object.keys(merged).length > 0 ? { env: merged } : {}) });
+}
+
+/**
+ * A command prefix (startAgent's `command`) that gives the agent a BPF file
+ * system of its own at /sys/fs/bpf, for the eBPF NAT engine's pins. `ip netns
+ * exec` runs it in a mount namespace of its own with a fresh /sys, so the
+ * mount, the pins and with them anything an agent leaves attached end with
+ * the process, and no other run on the machine shares them.
+ */
+export const OWN_BPFFS: string[] = ['sh', '-c', 'mount -t bpf bpf /sys/fs/bpf && exec "$@"', 'sh'];
+
+/** Wait for the agent's word that the eBPF NAT engine forwards its snat ports; throws with its reason when it chose or fell back to the nft table. */
+export async function natEngineServing(agent: AgentHandle, timeoutMs = 15_000): Promise<void> {
+  const line = await agent.waitLog('the eBPF NAT engine in use or refused', (l) => l.msg === 'the eBPF NAT engine forwards the snat ports'
+    || (l.op === 'select' && l.natEngine === 'nft') || (l.op === 'nat-engine' && l.level === 'error'), timeoutMs);
+  if (line.msg !== 'the eBPF NAT engine forwards the snat ports') throw new Error(`the eBPF NAT engine is not in use: ${String(line.reason ?? line.err ?? line.msg)}`);
 }
 
 /** SIGTERM, then SIGKILL after `graceMs`: the bench never waits on a stuck agent for long. */

@@ -11,6 +11,7 @@ import type { ControlResult } from '../control';
 import { WHO_LABEL, EVENT_LABEL, type RestartResult, type RestartSummaryRow, type RestartEvent, type RestartWho } from '../restart';
 import { DAMAGE_KINDS, DAMAGE_LABEL, DRIFT_WHO_LABEL, type DriftResult } from '../drift';
 import type { ScaleResult } from '../scale';
+import { natTable, natTargets, flowsLines, type NatResult } from '../nat';
 import type { ProbeRateResult, ProbeRateSummary, ProbePath, PreflightResult, FailoverResult } from '../wrapped';
 import type { Machine } from './procfs';
 import { fmt, fmtRatio, median, ratio } from './stats';
@@ -29,7 +30,7 @@ export interface BenchResults {
   startedAt: string;
   finishedAt: string;
   /** forwardTargets: present when --forward-targets ran only some of the forwarding rows. */
-  options: { rounds: number; quick: boolean; only: string[]; forwardTargets?: string[]; scaleSizes?: number[] };
+  options: { rounds: number; quick: boolean; only: string[]; forwardTargets?: string[]; scaleSizes?: number[]; natFlows?: number };
   machine: Machine;
   /** 1-minute load average sampled every 10 s over the whole run. */
   load: { before: number[]; after: number[]; samples: number[]; mean1m: number; max1m: number; otherCpuCores: number };
@@ -45,6 +46,7 @@ export interface BenchResults {
   restart?: RestartResult;
   drift?: DriftResult;
   scale?: ScaleResult;
+  nat?: NatResult;
   preflight?: PreflightResult;
   failover?: FailoverResult;
   targets: TargetRow[];
@@ -172,6 +174,7 @@ export function evaluateTargets(r: BenchResults): TargetRow[] {
   rows.push(...restartTargets(r.restart));
   rows.push(...driftTargets(r.drift));
   rows.push(...scaleTargets(r.scale));
+  if (r.nat) rows.push(...natTargets(r.nat).map((t) => ({ area: 'nat', ...t })));
   const pf = r.preflight?.summary;
   if (pf) rows.push({ area: 'preflight', target: '`lb-agent check` under 1 s (a fresh process)', measured: `${fmt(pf.freshProcessMedianMs)} ms`, met: judge(pf.freshProcessMedianMs, (x) => x < 1000) });
   return rows;
@@ -528,7 +531,7 @@ export function failoverTable(r: BenchResults): string | undefined {
 
 /** The command line a run was started with, as far as it changes what was measured. */
 function runFlags(o: BenchResults['options']): string {
-  const flags = [...(o.quick ? ['--quick'] : []), ...(o.only.length ? [`--only ${o.only.join(',')}`] : []), ...(o.forwardTargets ? [`--forward-targets ${o.forwardTargets.join(',')}`] : []), ...(o.scaleSizes ? [`--scale-sizes ${o.scaleSizes.join(',')}`] : [])];
+  const flags = [...(o.quick ? ['--quick'] : []), ...(o.only.length ? [`--only ${o.only.join(',')}`] : []), ...(o.forwardTargets ? [`--forward-targets ${o.forwardTargets.join(',')}`] : []), ...(o.scaleSizes ? [`--scale-sizes ${o.scaleSizes.join(',')}`] : []), ...(o.natFlows !== undefined ? [`--nat-flows ${o.natFlows}`] : [])];
   return flags.length ? ` -- ${flags.join(' ')}` : '';
 }
 
@@ -627,6 +630,21 @@ export function renderResults(r: BenchResults): string {
     parts.push(SCALE_TEXT);
     if (sct) parts.push(sct);
     if (r.scale.errors.length) parts.push(`Not measured: ${r.scale.errors.join('; ')}.`);
+  }
+  if (r.nat) {
+    const c = r.nat.forward.config;
+    parts.push('## The eBPF NAT engine beside nft, DSR and direct');
+    parts.push(`The forwarding lab (3 nginx backends, the bulk port to b1 alone), rows direct, nft (\`sourceIP: snat\` through conntrack), the eBPF full-NAT engine (\`kernel.engine: ebpf\`) and direct server return, ${c.rounds} round(s) in a rotated order. ${c.wrk}; ${c.iperf3}.${c.pairing ? ` ${c.pairing[0]!.toUpperCase()}${c.pairing.slice(1)}.` : ''} Lab CPU per request: wrk, the three nginx and the agent (softirq work is charged to the task it interrupts), over direct's runs around the slot.`);
+    parts.push(natTable(r.nat));
+    const ft = forwardTable({ forward: r.nat.forward } as BenchResults);
+    if (ft) parts.push('The rows\' own numbers (x HAProxy columns empty: no HAProxy in this area):', ft);
+    if (r.nat.forward.errors.length) parts.push(`Not measured: ${r.nat.forward.errors.join('; ')}.`);
+    const fl = flowsLines(r.nat);
+    if (fl.length) {
+      const f = r.nat.flows;
+      parts.push(`Flows held: a client with ${f ? f.addresses : 'several'} addresses (a process each: a process here may hold 20,000 descriptors at most) opens TCP connections, each bound to its own address and port, through the engine's VIP to ${f ? f.backends : 'several'} echo servers, holds them 3 s, then sends one byte on each and counts the echoes; the engine's flow maps are sized at twice the flows (\`kernel.flowEntries\`, a power of two; \`kernel.natPorts\` 20000-65535 above the client's ports), fill and events from the agent's /metrics, memory from the kernel's account of each map (memlock, /proc/<agent>/fdinfo).`);
+      parts.push(...fl);
+    }
   }
   const pf = r.preflight?.summary;
   if (pf || r.preflight?.error) {

@@ -16,6 +16,7 @@ static Napi::Object InitAddon(Napi::Env env, Napi::Object exports) {
   lbagent::InitRelay(env, exports);
   lbagent::InitDigest(env, exports);
   lbagent::InitBpf(env, exports);
+  lbagent::InitBpfObject(env, exports);
   lbagent::InitBackground(env, exports);
   return exports;
 }

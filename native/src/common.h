@@ -49,6 +49,7 @@ Napi::Object InitTcpProbe(Napi::Env env, Napi::Object exports);
 Napi::Object InitRelay(Napi::Env env, Napi::Object exports);
 Napi::Object InitDigest(Napi::Env env, Napi::Object exports);
 Napi::Object InitBpf(Napi::Env env, Napi::Object exports);
+Napi::Object InitBpfObject(Napi::Env env, Napi::Object exports);
 Napi::Object InitBackground(Napi::Env env, Napi::Object exports);
 
 // Closes fd on a background thread (background.cc): for descriptors whose

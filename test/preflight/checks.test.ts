@@ -9,7 +9,7 @@ import { vipSysctls } from '../../agent/net/sysctl/sysctl';
 import {
   runChecks, checkDescriptors, checkMacvlan, checkCapabilities, checkInterface, checkArpSysctls, checkRpFilter, checkIpForward,
   checkConfig, checkDataplane, checkPools, checkStateDir, checkGuestAgent, checkDhcpProbe, classifyRefusal,
-  effectiveDataplane, osFamily, checkDsr, checkDsrBackend, checkTopology, checkConntrackPickup, checkUdpFlows, checkStaleFlows, checkFirewall, checkDriftFight, checkIpv6, checkNetworks, checkVrrpTrack, type CheckResult,
+  effectiveDataplane, osFamily, checkDsr, checkDsrBackend, checkTopology, checkConntrackPickup, checkUdpFlows, checkStaleFlows, checkFirewall, checkDriftFight, checkIpv6, checkNetworks, checkVrrpTrack, checkNatEngine, type CheckResult,
 } from '../../agent/preflight/checks';
 
 const FIX = path.resolve(__dirname, '..', '..', '..', 'test', 'preflight', 'fixtures');
@@ -725,4 +725,24 @@ t.test('vrrp-track: a tracked interface the VM lacks, or one down now, is a warn
   t.equal(down.status, 'warn');
   t.match(down.detail, 'tracked interface eth1 (down) is not up with carrier now');
   t.equal(byId(runChecks(variant('healthy', (f) => { f.trackedLinks = [link('eth1', false, false, false)]; })), 'vrrp-track').status, 'warn', 'in the report');
+});
+
+t.test('nat-engine: which engine forwards snat flows, whether the eBPF one loads, and its NAT ports', async (t) => {
+  const k = (engine: 'nft' | 'ebpf' | 'auto', probe: NonNullable<Facts['natEngine']>['probe'], natPorts: [number, number] = [61001, 65535]): Facts =>
+    variant('healthy', (f) => {
+      f.config.kernel = { engine, natPorts, parent: 'eth0' };
+      f.natEngine = { probe, localPortRange: [32768, 60999] };
+    });
+  t.equal(checkNatEngine(fixture('healthy')), undefined, 'facts from before the engine: no finding');
+  const nft = checkNatEngine(k('nft', { status: 'failed', error: 'libbpf is not installed' }))!;
+  t.equal(nft.status, 'pass');
+  t.match(nft.detail, /nft table with conntrack .*could not run here \(libbpf is not installed\)/);
+  const bad = checkNatEngine(k('ebpf', { status: 'failed', error: '/sys/fs/bpf is not on a BPF file system' }))!;
+  t.equal(bad.status, 'fail', 'ebpf that cannot load: the agent would refuse to start');
+  t.match(bad.detail, /not on a BPF file system: the agent would refuse to start/);
+  t.equal(checkNatEngine(k('auto', { status: 'failed', error: 'EPERM' }))!.status, 'warn', 'auto falls back: a warning');
+  t.equal(checkNatEngine(k('auto', { status: 'ok' }))!.status, 'pass');
+  const overlap = checkNatEngine(k('ebpf', { status: 'ok' }, [50000, 52000]))!;
+  t.equal(overlap.status, 'warn');
+  t.match(overlap.detail, /50000-52000 overlap the VM's ephemeral ports 32768-60999/);
 });

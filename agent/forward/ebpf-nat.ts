@@ -1,0 +1,195 @@
+// forward/ layer: the kernel path with the eBPF full-NAT engine in front
+// (`kernel.engine: ebpf`, or `auto` where the engine loads). A thin driver
+// around the nft data path (nft.ts), which it runs unchanged underneath: the
+// nft table is written first, exactly as without the engine, then the
+// engine's program (native/bpf/nat.c, driven by net/ebpf/nat-attach.ts) is
+// swapped in at tcx ingress of the parent with the plan of the same state
+// (nat-plan.ts). The engine forwards the `sourceIP: snat` flows of IPv4
+// VIPs without conntrack; whatever it passes on (IPv6, direct server return,
+// fragments, IP options, a packet too big for the way out, a port with no
+// healthy backend, traffic the node itself sends to a VIP) reaches the nft
+// table as before. So the nft path is both the fallback and the reference.
+//
+// A plan the engine cannot take (load, fill or attach failing) detaches it:
+// the nft table, already written for the same state, serves alone, and
+// status says why. A half-applied state (a new table behind an old program
+// that would still send new flows to a backend just taken out) is never left.
+import type { Registry } from 'prom-client';
+import { Counter, Gauge } from 'prom-client';
+import { errorMessage } from '../errors';
+import { silentLogger, type Logger } from '../log';
+import { SerialQueue } from '../serial';
+import type { NatEngine, NatCounter, NatEvent } from '../net/ebpf/nat-attach';
+import { natCounterKey } from '../net/ebpf/nat-attach';
+import { natLayout } from '../net/ebpf/nat-layout';
+import { portLabel, serviceLabels, type Dataplane, type FlowStats, type ForwardState, type ForwardStats } from './dataplane';
+import { natPlan, type NatPlan } from './nat-plan';
+import type { NftDataplane } from './nft';
+
+/** Which engine forwards the snat flows now, and why (status details). */
+export interface NatEngineState {
+  readonly engine: 'ebpf' | 'nft';
+  readonly reason: string;
+}
+
+export interface EbpfNatDataplaneOptions {
+  /** The nft data path underneath (built without the engine). */
+  readonly nft: NftDataplane;
+  /** The engine on the parent NIC. */
+  readonly engine: NatEngine;
+  readonly registry?: Registry | undefined;
+  readonly log?: Logger;
+}
+
+export class EbpfNatDataplane implements Dataplane {
+  readonly kind = 'kernel' as const;
+  private readonly nft: NftDataplane;
+  private readonly engine: NatEngine;
+  private readonly log: Logger;
+  private readonly queue = new SerialQueue();
+  private plan: NatPlan | undefined;
+  private state: NatEngineState = { engine: 'nft', reason: 'no plan applied yet' };
+
+  constructor(opts: EbpfNatDataplaneOptions) {
+    this.nft = opts.nft;
+    this.engine = opts.engine;
+    this.log = (opts.log ?? silentLogger()).child({ module: 'forward', op: 'nat-engine' });
+    if (opts.registry) this.registerMetrics(opts.registry);
+  }
+
+  apply(state: ForwardState): Promise<void> {
+    return this.queue.run(async () => {
+      await this.nft.apply(state);
+      const plan = natPlan(state, natLayout());
+      try {
+        this.engine.apply(plan);
+        this.plan = plan;
+        if (this.state.engine !== 'ebpf') this.log.info({ device: this.engine.device }, 'the eBPF NAT engine forwards the snat ports');
+        this.state = { engine: 'ebpf', reason: `tcx ingress of ${this.engine.device}` };
+      } catch (err) {
+        const reason = errorMessage(err);
+        this.log.error({ err: reason }, 'the eBPF NAT engine cannot take this plan; the nft table forwards alone');
+        try { this.engine.detach(); } catch (e) { this.log.error({ err: errorMessage(e) }, 'cannot detach the eBPF NAT engine'); }
+        this.plan = undefined;
+        this.state = { engine: 'nft', reason: `fallback: ${reason}` };
+      }
+    });
+  }
+
+  stop(opts?: { keep?: boolean }): Promise<void> {
+    return this.queue.run(async () => {
+      // The program goes before the table, so nothing is ever forwarded by a program whose fallback is gone.
+      if (opts?.keep) this.engine.release();
+      else this.engine.detach();
+      this.plan = undefined;
+      await this.nft.stop(opts);
+    });
+  }
+
+  vipArrived(vip: string, ports: readonly { readonly protocol: 'TCP' | 'UDP'; readonly port: number }[]): Promise<void> {
+    return this.nft.vipArrived(vip, ports);
+  }
+
+  /** Per (service, port, backend) counters of the engine, since this process started it. */
+  engineCounters(): Map<string, NatCounter> {
+    return this.plan ? this.engine.counters() : new Map<string, NatCounter>();
+  }
+
+  async stats(): Promise<ForwardStats> {
+    const st = await this.nft.stats();
+    const counters = this.engineCounters();
+    // The engine's flows never reach the nft counters: add its own to the same (service, port, backend) rows.
+    const flows: FlowStats[] = st.flows.map((f) => {
+      const port = this.plan?.counters.find((c) => c.service === f.service && portLabel(c.port) === f.port && c.backend === f.backend)?.port;
+      const c = port ? counters.get(natCounterKey(f.service, `${port.protocol}/${port.port}`, f.backend)) : undefined;
+      return c ? { ...f, connections: f.connections + c.flows, bytesToBackend: f.bytesToBackend + c.bytesToBackend, bytesToClient: f.bytesToClient + c.bytesToClient } : f;
+    });
+    let engine: Record<string, unknown> = { ...this.state };
+    if (this.plan) {
+      try {
+        engine = { ...engine, services: this.plan.serviceKeys, fill: this.engine.fill(), events: this.engine.events() };
+      } catch (err) {
+        engine = { ...engine, problem: errorMessage(err) };
+      }
+    }
+    return { ...st, flows, details: { ...st.details, natEngine: engine } };
+  }
+
+  // The drift guard's part (daemon/drift.ts TableOwner): the tables it
+  // keeps are the nft path's underneath, which this path writes unchanged.
+  ownedTables(): string[] {
+    return this.nft.ownedTables();
+  }
+
+  ownsCommit(pid: number | undefined): boolean {
+    return this.nft.ownsCommit(pid);
+  }
+
+  repair(): Promise<boolean> {
+    return this.nft.repair();
+  }
+
+  keepForwarding(): ReturnType<NftDataplane['keepForwarding']> {
+    return this.nft.keepForwarding();
+  }
+
+  /** The direct-server-return engine of the nft path underneath (status). */
+  get dsr(): NftDataplane['dsr'] {
+    return this.nft.dsr;
+  }
+
+  get engineState(): NatEngineState {
+    return this.state;
+  }
+
+  private registerMetrics(registry: Registry): void {
+    // prom-client calls collect() with the metric as `this`.
+    const plan = (): NatPlan | undefined => this.plan;
+    const engine = this.engine;
+    const counters = (): Map<string, NatCounter> => this.engineCounters();
+    const perBackend = (name: string, help: string, pick: (c: NatCounter) => number): void => {
+      new Counter({
+        name, help, registers: [registry], labelNames: ['service', 'namespace', 'port', 'backend'],
+        collect() {
+          this.reset();
+          const now = counters();
+          for (const ref of plan()?.counters ?? []) {
+            const c = now.get(natCounterKey(ref.service, `${ref.port.protocol}/${ref.port.port}`, ref.backend));
+            if (c && pick(c) > 0) this.inc({ ...serviceLabels(ref.service), port: portLabel(ref.port), backend: ref.backend }, pick(c));
+          }
+        },
+      });
+    };
+    perBackend('lbagent_forward_nat_flows_total', 'Flows the eBPF NAT engine placed on a backend since the agent started it.', (c) => c.flows);
+    perBackend('lbagent_forward_nat_packets_to_backend_total', 'Packets the eBPF NAT engine sent to a backend.', (c) => c.packetsToBackend);
+    perBackend('lbagent_forward_nat_bytes_to_backend_total', 'Bytes (IP packets) the eBPF NAT engine sent to a backend.', (c) => c.bytesToBackend);
+    perBackend('lbagent_forward_nat_packets_to_client_total', 'Packets the eBPF NAT engine sent back to clients from a backend.', (c) => c.packetsToClient);
+    perBackend('lbagent_forward_nat_bytes_to_client_total', 'Bytes (IP packets) the eBPF NAT engine sent back to clients from a backend.', (c) => c.bytesToClient);
+    new Gauge({
+      name: 'lbagent_forward_nat_flow_entries', help: 'Entries in the eBPF NAT engine\'s flow maps (one per direction of a flow) and their capacity.', registers: [registry],
+      labelNames: ['map'],
+      collect() {
+        this.reset();
+        if (!plan()) return;
+        try {
+          const f = engine.fill();
+          this.set({ map: 'flows' }, f.flows);
+          this.set({ map: 'replies' }, f.replies);
+          this.set({ map: 'capacity' }, f.capacity);
+        } catch { /* no maps: no series */ }
+      },
+    });
+    new Counter({
+      name: 'lbagent_forward_nat_events_total',
+      help: 'eBPF NAT engine events since its maps were created: new flows, mid-flow pickups, idle expiries, flows placed again, no free source port, no route.',
+      registers: [registry], labelNames: ['event'],
+      collect() {
+        this.reset();
+        if (!plan()) return;
+        try {
+          for (const [k, v] of Object.entries(engine.events()) as [NatEvent, number][]) if (v > 0) this.inc({ event: k }, v);
+        } catch { /* no maps: no series */ }
+      },
+    });
+  }
+}

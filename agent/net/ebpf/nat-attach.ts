@@ -1,0 +1,361 @@
+// The thin driver of the full-NAT engine (native/bpf/nat.c) at tcx ingress
+// of the parent NIC: loads the clang-built object through the addon's
+// libbpf (native/src/bpf_object.cc), fills the plan's maps
+// (forward/nat-plan.ts), swaps the program in atomically (BPF_F_REPLACE),
+// reads its counters, and detaches it. Map layouts come from nat.h
+// (nat-layout.ts).
+//
+// Lifetime: the flow maps (lbn_flows, lbn_replies) and the engine's event
+// counters are pinned under the pin directory, so every program of this
+// process, and of the next one, uses the same flows: a reload or a restart
+// forgets no flow. The attached program is pinned there too
+// (`lb_agent_nat_prog`): a tcx attachment outlives the process that made it,
+// and the next process opens the pin (needing only the file's permissions,
+// not CAP_SYS_ADMIN as opening a program by id does) to replace it in one
+// step. A stop detaches the program and removes the pins.
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { LbError, errorMessage } from '../../errors';
+import { bpfObjectPath, ifNameToIndex, nativeBpfObject, type NativeBpfObject } from '../../native/native';
+import type { NatPlan } from '../../forward/nat-plan';
+import { natLayout, type CLayout } from './nat-layout';
+import { BPF_F_REPLACE, BPF_TCX_INGRESS } from './ebpf-dsr';
+
+/** The program's name (its function in nat.c): how ours is told apart at the hook. */
+export const NAT_PROG_NAME = 'lb_agent_nat';
+/** The object file binding.gyp builds beside the addon. */
+export const NAT_OBJECT = 'nat.bpf.o';
+const PROG_PIN = 'lb_agent_nat_prog';
+/** The maps pinned by name (LIBBPF_PIN_BY_NAME in nat.c). */
+const PINNED_MAPS = ['lbn_flows', 'lbn_replies', 'lbn_events'] as const;
+const EVENTS = ['LBN_EV_NEW_FLOW', 'LBN_EV_MIDFLOW', 'LBN_EV_EXPIRED', 'LBN_EV_REPLACED', 'LBN_EV_PORTS_EXHAUSTED', 'LBN_EV_NO_ROUTE'] as const;
+export type NatEvent = 'new' | 'midflow' | 'expired' | 'replaced' | 'portsExhausted' | 'noRoute';
+const EVENT_NAMES: Readonly<Record<(typeof EVENTS)[number], NatEvent>> = {
+  LBN_EV_NEW_FLOW: 'new', LBN_EV_MIDFLOW: 'midflow', LBN_EV_EXPIRED: 'expired', LBN_EV_REPLACED: 'replaced',
+  LBN_EV_PORTS_EXHAUSTED: 'portsExhausted', LBN_EV_NO_ROUTE: 'noRoute',
+};
+
+/** The engine's settings (config `kernel:`). */
+export interface NatSettings {
+  /** Entries of each flow map (one per direction of a flow). */
+  readonly flowEntries: number;
+  readonly tcpIdleSeconds: number;
+  readonly tcpClosingSeconds: number;
+  readonly udpIdleSeconds: number;
+  /** The reserved source-port range a flow takes when the client's own port is taken towards its backend. */
+  readonly portMin: number;
+  readonly portMax: number;
+}
+
+/**
+ * Defaults: conntrack's own timeouts for established TCP (5 days is
+ * nf_conntrack_tcp_timeout_established; the engine keeps an idle connection
+ * 2 hours, as a NAT box per RFC 5382 REQ-5 must at least), TIME_WAIT's 120 s
+ * after a FIN or RST, UDP's 120 s of a stream (nf_conntrack_udp_timeout_stream).
+ */
+export const NAT_DEFAULTS: NatSettings = {
+  flowEntries: 65536, tcpIdleSeconds: 7200, tcpClosingSeconds: 120, udpIdleSeconds: 120, portMin: 61001, portMax: 65535,
+};
+
+export interface NatCounter {
+  readonly packetsToBackend: number;
+  readonly bytesToBackend: number;
+  readonly packetsToClient: number;
+  readonly bytesToClient: number;
+  readonly flows: number;
+}
+
+export interface NatEngineOptions {
+  readonly device: string;
+  /** Where the flow maps and the program are pinned (on a bpffs). */
+  readonly pinDir: string;
+  readonly settings?: NatSettings;
+  readonly bpf?: NativeBpfObject;
+  readonly objectPath?: string;
+}
+
+/** The default pin directory of a device's engine. */
+export const natPinDir = (device: string): string => `/sys/fs/bpf/lb-agent/nat-${device}`;
+
+interface Loaded {
+  readonly prog: number;
+  readonly maps: Readonly<Record<string, number>>;
+  readonly plan: NatPlan;
+}
+
+function closeFd(fd: number | undefined): void {
+  if (fd === undefined) return;
+  try { fs.closeSync(fd); } catch { /* already closed */ }
+}
+
+function closeLoaded(l: Loaded | undefined): void {
+  if (!l) return;
+  closeFd(l.prog);
+  for (const fd of Object.values(l.maps)) closeFd(fd);
+}
+
+const isGone = (err: unknown): boolean => (err as { code?: string }).code === 'ENOENT';
+
+function u32(k: number): Buffer {
+  const b = Buffer.alloc(4);
+  b.writeUInt32LE(k);
+  return b;
+}
+
+/** The CPUs a per-CPU map has a value for (/sys/devices/system/cpu/possible: "0-3" or "0,2-5"). */
+export function possibleCpus(text: string = fs.readFileSync('/sys/devices/system/cpu/possible', 'utf8')): number {
+  let n = 0;
+  for (const part of text.trim().split(',')) {
+    const [a, b] = part.split('-').map(Number);
+    n = Math.max(n, (b ?? a!) + 1);
+  }
+  return n;
+}
+
+/** Is `dir` on a bpffs (statfs magic BPF_FS_MAGIC)? Undefined when it cannot be told. */
+function bpffsProblem(dir: string): string | undefined {
+  let d = dir;
+  while (!fs.existsSync(d)) d = path.dirname(d);
+  // Node has no statfs type check before 18.15 (fs.statfsSync); 20 has it.
+  const st = fs.statfsSync(d);
+  if (st.type !== 0xcafe4a11) return `${d} is not on a BPF file system (mount -t bpf bpf /sys/fs/bpf)`;
+  return undefined;
+}
+
+/** The engine on one device. Not re-entrant: the data path calls it from its serial queue. */
+export class NatEngine {
+  readonly device: string;
+  readonly pinDir: string;
+  readonly settings: NatSettings;
+  private readonly bpf: NativeBpfObject;
+  private readonly objectPath: string;
+  private readonly layout: CLayout;
+  private current: Loaded | undefined;
+  /** Counter totals of the programs this one replaced, by "service\0proto/port\0backend". */
+  private readonly carried = new Map<string, NatCounter>();
+  private readonly cpus: number;
+
+  constructor(opts: NatEngineOptions) {
+    this.device = opts.device;
+    this.pinDir = opts.pinDir;
+    this.settings = opts.settings ?? NAT_DEFAULTS;
+    const bpf = opts.bpf ?? nativeBpfObject();
+    if (typeof bpf === 'string') throw new LbError('LB_ERR_FORWARD_NAT_BPF', bpf);
+    this.bpf = bpf;
+    this.objectPath = opts.objectPath ?? bpfObjectPath(NAT_OBJECT);
+    this.layout = natLayout();
+    this.cpus = possibleCpus();
+  }
+
+  private load(plan: NatPlan): Loaded {
+    const problem = bpffsProblem(this.pinDir);
+    if (problem) throw new LbError('LB_ERR_FORWARD_NAT_BPF', `cannot pin the NAT engine's flow maps: ${problem}`);
+    fs.mkdirSync(this.pinDir, { recursive: true, mode: 0o700 });
+    const s = this.settings;
+    let loaded;
+    try {
+      loaded = this.bpf.bpfObjectLoad(this.objectPath, this.pinDir, {
+        lbn_svcs: Math.max(1, plan.services.length), lbn_slots: Math.max(1, plan.slots.length), lbn_members: Math.max(1, plan.members.length),
+        lbn_counters: Math.max(1, plan.counters.length), lbn_flows: s.flowEntries, lbn_replies: s.flowEntries,
+      });
+    } catch (err) {
+      const log = (err as { log?: unknown }).log;
+      throw new LbError('LB_ERR_FORWARD_NAT_BPF', `cannot load the NAT engine (${this.objectPath}): ${errorMessage(err)}${typeof log === 'string' && log.trim() !== '' ? `; libbpf: ${log.trim().split('\n').slice(-3).join(' | ')}` : ''}`,
+        undefined, { cause: err });
+    }
+    const prog = loaded.prog[NAT_PROG_NAME];
+    const next: Loaded = { prog: prog!, maps: loaded.maps, plan };
+    try {
+      if (prog === undefined) throw new Error(`the object has no program ${NAT_PROG_NAME}`);
+      const m = (name: string): number => {
+        const fd = loaded.maps[name];
+        if (fd === undefined) throw new Error(`the object has no map ${name}`);
+        return fd;
+      };
+      const ns = (sec: number): bigint => BigInt(Math.round(sec * 1e9));
+      this.bpf.bpfMapUpdate(m('lbn_config'), u32(0), this.layout.encode('lbn_config', {
+        tcp_idle_ns: ns(s.tcpIdleSeconds), tcp_closing_ns: ns(s.tcpClosingSeconds), udp_idle_ns: ns(s.udpIdleSeconds),
+        port_min: s.portMin, port_count: s.portMax - s.portMin + 1,
+      }), 0);
+      for (const e of plan.services) this.bpf.bpfMapUpdate(m('lbn_svcs'), e.key, e.value, 0);
+      plan.slots.forEach((v, k) => this.bpf.bpfMapUpdate(m('lbn_slots'), u32(k), v, 0));
+      for (const e of plan.members) this.bpf.bpfMapUpdate(m('lbn_members'), e.key, e.value, 0);
+    } catch (err) {
+      closeLoaded(next);
+      throw new LbError('LB_ERR_FORWARD_NAT_BPF', `cannot fill the NAT engine's maps: ${errorMessage(err)}`, undefined, { cause: err });
+    }
+    return next;
+  }
+
+  /** The program a previous plan or process left attached (by its pin), or undefined. */
+  private pinnedProg(): number | undefined {
+    try {
+      return this.bpf.bpfObjGet(path.join(this.pinDir, PROG_PIN));
+    } catch {
+      return undefined;
+    }
+  }
+
+  /**
+   * Load the program for `plan` and put it in place of ours (this process's
+   * or the pinned one an earlier process attached) in one step; the first one
+   * is appended after any other program at the hook. Throws with nothing
+   * changed when the new one cannot be loaded or attached.
+   */
+  apply(plan: NatPlan): void {
+    const ifindex = ifNameToIndex(this.device);
+    const next = this.load(plan);
+    const inherited = this.current ? undefined : this.pinnedProg();
+    try {
+      const old = this.current?.prog ?? inherited;
+      let replaced = false;
+      if (old !== undefined) {
+        try {
+          this.bpf.bpfProgAttach(ifindex, next.prog, BPF_TCX_INGRESS, BPF_F_REPLACE, old);
+          replaced = true;
+        } catch (err) {
+          // Detached meanwhile (by hand, or its device was re-created): attach anew.
+          if (!isGone(err)) throw err;
+        }
+      }
+      if (!replaced) this.bpf.bpfProgAttach(ifindex, next.prog, BPF_TCX_INGRESS, 0, 0);
+    } catch (err) {
+      closeLoaded(next);
+      closeFd(inherited);
+      throw new LbError('LB_ERR_FORWARD_NAT_BPF', `cannot attach the NAT engine at tcx ingress of ${this.device}: ${errorMessage(err)}`, undefined, { cause: err });
+    }
+    closeFd(inherited);
+    this.pinProg(next.prog);
+    this.carryCounters();
+    closeLoaded(this.current);
+    this.current = next;
+  }
+
+  /** Pin the attached program in place of the previous pin (a rename: the pin is never missing; bpffs refuses a dot in a name). */
+  private pinProg(fd: number): void {
+    const tmp = path.join(this.pinDir, `${PROG_PIN}_new`);
+    try { fs.unlinkSync(tmp); } catch { /* none */ }
+    this.bpf.bpfObjPin(fd, tmp);
+    fs.renameSync(tmp, path.join(this.pinDir, PROG_PIN));
+  }
+
+  /** Add the current program's counters to the carried totals (its maps go with it). */
+  private carryCounters(): void {
+    for (const [k, v] of this.readCounters()) this.carried.set(k, v);
+  }
+
+  private readCounters(): Map<string, NatCounter> {
+    const out = new Map<string, NatCounter>(this.carried);
+    const l = this.current;
+    if (!l) return out;
+    const fd = l.maps['lbn_counters'];
+    if (fd === undefined) return out;
+    const size = this.layout.size('lbn_counter');
+    const buf = Buffer.alloc(size * this.cpus);
+    l.plan.counters.forEach((ref, i) => {
+      if (!this.bpf.bpfMapLookup(fd, u32(i), buf)) return;
+      const sum = { packetsToBackend: 0, bytesToBackend: 0, packetsToClient: 0, bytesToClient: 0, flows: 0 };
+      for (let c = 0; c < this.cpus; c++) {
+        const v = this.layout.decode('lbn_counter', buf, c * size);
+        sum.packetsToBackend += Number(v['packets_to_backend']);
+        sum.bytesToBackend += Number(v['bytes_to_backend']);
+        sum.packetsToClient += Number(v['packets_to_client']);
+        sum.bytesToClient += Number(v['bytes_to_client']);
+        sum.flows += Number(v['flows']);
+      }
+      const k = natCounterKey(ref.service, `${ref.port.protocol}/${ref.port.port}`, ref.backend);
+      const before = out.get(k);
+      out.set(k, before ? {
+        packetsToBackend: before.packetsToBackend + sum.packetsToBackend, bytesToBackend: before.bytesToBackend + sum.bytesToBackend,
+        packetsToClient: before.packetsToClient + sum.packetsToClient, bytesToClient: before.bytesToClient + sum.bytesToClient, flows: before.flows + sum.flows,
+      } : sum);
+    });
+    return out;
+  }
+
+  /** Per (service, protocol/port, backend) totals since this process started the engine (natCounterKey). */
+  counters(): Map<string, NatCounter> {
+    return this.readCounters();
+  }
+
+  /** The engine-wide events (pinned: since the maps were created, across restarts). */
+  events(): Record<NatEvent, number> {
+    const out = { new: 0, midflow: 0, expired: 0, replaced: 0, portsExhausted: 0, noRoute: 0 } as Record<NatEvent, number>;
+    const fd = this.current?.maps['lbn_events'];
+    if (fd === undefined) return out;
+    const buf = Buffer.alloc(8 * this.cpus);
+    for (const e of EVENTS) {
+      if (!this.bpf.bpfMapLookup(fd, u32(this.layout.constant(e)), buf)) continue;
+      let n = 0;
+      for (let c = 0; c < this.cpus; c++) n += Number(buf.readBigUInt64LE(c * 8));
+      out[EVENT_NAMES[e]] = n;
+    }
+    return out;
+  }
+
+  /** Entries in the flow maps now (client side, backend side) and their capacity. */
+  fill(): { flows: number; replies: number; capacity: number } {
+    const l = this.current;
+    const key = this.layout.size('lbn_flow_key');
+    const count = (name: string): number => {
+      const fd = l?.maps[name];
+      return fd === undefined ? 0 : this.bpf.bpfMapCount(fd, key);
+    };
+    return { flows: count('lbn_flows'), replies: count('lbn_replies'), capacity: this.settings.flowEntries };
+  }
+
+  /** Detach ours (this process's and the pinned one) and remove the pins: nothing of the engine is left. */
+  detach(): void {
+    let ifindex: number | undefined;
+    try { ifindex = ifNameToIndex(this.device); } catch { /* the device is gone, and with it the attachment */ }
+    const pinned = this.pinnedProg();
+    for (const fd of [this.current?.prog, pinned]) {
+      if (fd === undefined || ifindex === undefined) continue;
+      try { this.bpf.bpfProgDetach(ifindex, fd, BPF_TCX_INGRESS); } catch (err) { if (!isGone(err)) throw err; }
+    }
+    closeFd(pinned);
+    for (const name of [PROG_PIN, ...PINNED_MAPS]) {
+      try { fs.unlinkSync(path.join(this.pinDir, name)); } catch { /* not there */ }
+    }
+    try { fs.rmdirSync(this.pinDir); } catch { /* not empty (not ours), or gone */ }
+    this.release();
+  }
+
+  /** Let go of the descriptors and leave the program attached (a planned restart: the next process replaces it by its pin). */
+  release(): void {
+    closeLoaded(this.current);
+    this.current = undefined;
+  }
+
+  get active(): boolean {
+    return this.current !== undefined;
+  }
+}
+
+/** The key of one counter: service, "TCP/80", backend. */
+export function natCounterKey(service: string, port: string, backend: string): string {
+  return `${service}\u0000${port}\u0000${backend}`;
+}
+
+/**
+ * Can this node run the engine? Loads the object with a one-port plan into a
+ * pin directory of its own and attaches it at tcx ingress of `device` (a
+ * throwaway namespace's lo, as the DSR probe does), then removes all of it.
+ * Returns why not, or undefined. The start-up probe and `lb-agent check` use it.
+ */
+export function probeNatHere(opts: { device?: string; pinDir: string; bpf?: NativeBpfObject | string; objectPath?: string }): string | undefined {
+  const bpf = opts.bpf ?? nativeBpfObject();
+  if (typeof bpf === 'string') return bpf;
+  const objectPath = opts.objectPath ?? bpfObjectPath(NAT_OBJECT);
+  if (!fs.existsSync(objectPath)) return `${objectPath} is not built (clang and libbpf-dev are needed when the addon is built: scripts/setup.sh, then npm ci)`;
+  let engine: NatEngine | undefined;
+  try {
+    engine = new NatEngine({ device: opts.device ?? 'lo', pinDir: opts.pinDir, bpf, objectPath, settings: { ...NAT_DEFAULTS, flowEntries: 16 } });
+    engine.apply({ services: [], slots: [], members: [], counters: [], serviceKeys: [] });
+    return undefined;
+  } catch (err) {
+    return errorMessage(err);
+  } finally {
+    try { engine?.detach(); } catch { /* best effort */ }
+  }
+}

@@ -1,0 +1,116 @@
+// A process of the eBPF NAT area (bench/nat.ts), run with node inside a lab
+// namespace: TCP connections held open in numbers, and the echo servers they
+// go to. Plain node:net, no framing beyond one byte per check.
+//
+//   node hold-flows.js serve --port 9000
+//       echoes every byte back and keeps every connection; prints
+//       {"event":"listening"}, and {"event":"count","connections":N} for a
+//       `count` line on stdin.
+//   node hold-flows.js connect --to 10.99.0.50:9000 --from A,B,C --ports 1024-19999 --count N [--parallel 512]
+//       opens N connections, the i-th from address i mod A and port
+//       lo + floor(i / A) (bound explicitly: no two share a tuple, none
+//       depends on the ephemeral range), at most `parallel` connecting at
+//       once; prints {"event":"opened",...}. Then, for each `check` line on
+//       stdin, writes one byte on every open connection and prints
+//       {"event":"checked","alive":N,...} once every echo is back or 30 s
+//       have passed. `close` resets them all (no TIME_WAIT) and exits.
+// Lines on stdout are JSON, one per event; nothing else is printed there.
+import * as net from 'node:net';
+import * as readline from 'node:readline';
+
+function arg(name: string, argv: readonly string[]): string {
+  const i = argv.indexOf(`--${name}`);
+  const v = i >= 0 ? argv[i + 1] : undefined;
+  if (v === undefined) throw new Error(`hold-flows: --${name} is required`);
+  return v;
+}
+
+function emit(o: Record<string, unknown>): void {
+  process.stdout.write(`${JSON.stringify(o)}\n`);
+}
+
+function serve(argv: readonly string[]): void {
+  const port = Number(arg('port', argv));
+  let connections = 0;
+  const server = net.createServer((s) => {
+    connections++;
+    s.on('data', (d) => s.write(d));
+    s.on('error', () => undefined);
+    s.on('close', () => { connections--; });
+  });
+  server.listen({ port, host: '0.0.0.0', backlog: 8192 }, () => emit({ event: 'listening', port }));
+  readline.createInterface({ input: process.stdin }).on('line', (l) => {
+    if (l.trim() === 'count') emit({ event: 'count', connections });
+  });
+}
+
+function connect(argv: readonly string[]): void {
+  const [host, portText] = arg('to', argv).split(':');
+  const port = Number(portText);
+  const from = arg('from', argv).split(',').filter(Boolean);
+  const [lo, hi] = arg('ports', argv).split('-').map(Number) as [number, number];
+  const count = Number(arg('count', argv));
+  const parallel = argv.includes('--parallel') ? Number(arg('parallel', argv)) : 512;
+  if (!host || !Number.isInteger(port) || from.length === 0 || !(lo > 0 && hi >= lo && hi < 65536) || !(count > 0)) throw new Error(`hold-flows connect: bad arguments ${argv.join(' ')}`);
+  if (Math.ceil(count / from.length) > hi - lo + 1) throw new Error(`hold-flows connect: ${count} connections need ${Math.ceil(count / from.length)} ports an address; ${lo}-${hi} has ${hi - lo + 1}`);
+  const open: net.Socket[] = [];
+  const errors = new Map<string, number>();
+  let failed = 0;
+  let next = 0;
+  let pending = 0;
+  let echoed = 0;
+  const t0 = Date.now();
+  const launch = (): void => {
+    while (pending < parallel && next < count) {
+      const i = next++;
+      pending++;
+      const s = net.connect({ host, port, localAddress: from[i % from.length]!, localPort: lo + Math.floor(i / from.length) });
+      let settled = false;
+      const done = (ok: boolean, why?: string): void => {
+        if (settled) return;
+        settled = true;
+        pending--;
+        if (ok) open.push(s);
+        else {
+          failed++;
+          errors.set(why ?? 'error', (errors.get(why ?? 'error') ?? 0) + 1);
+          s.destroy();
+        }
+        if (next < count) launch();
+        else if (pending === 0) emit({ event: 'opened', opened: open.length, failed, ms: Date.now() - t0, errors: Object.fromEntries(errors) });
+      };
+      s.setTimeout(10_000, () => done(false, 'ETIMEDOUT'));
+      s.once('connect', () => { s.setTimeout(0); done(true); });
+      s.on('error', (e: NodeJS.ErrnoException) => done(false, e.code));
+      s.on('data', (d) => { echoed += d.length; });
+    }
+  };
+  launch();
+  readline.createInterface({ input: process.stdin }).on('line', (l) => {
+    const cmd = l.trim();
+    if (cmd === 'check') {
+      const live = open.filter((s) => !s.destroyed);
+      const start = echoed;
+      const c0 = Date.now();
+      for (const s of live) s.write('x');
+      const timer = setInterval(() => {
+        const alive = echoed - start;
+        if (alive >= live.length || Date.now() - c0 > 30_000) {
+          clearInterval(timer);
+          emit({ event: 'checked', sent: live.length, alive, ms: Date.now() - c0 });
+        }
+      }, 50);
+    } else if (cmd === 'close') {
+      for (const s of open) s.resetAndDestroy();
+      setTimeout(() => process.exit(0), 200);
+    }
+  });
+}
+
+const [mode, ...rest] = process.argv.slice(2);
+if (mode === 'serve') serve(rest);
+else if (mode === 'connect') connect(rest);
+else {
+  process.stderr.write('usage: hold-flows.js serve --port P | connect --to HOST:PORT --from A,B --ports LO-HI --count N [--parallel K]\n');
+  process.exitCode = 2;
+}

@@ -1,0 +1,452 @@
+// SPDX-License-Identifier: GPL-2.0
+/* The full-NAT engine of the kernel path's `sourceIP: snat` ports, at tc
+ * (tcx) ingress of the parent NIC. Built with clang for the BPF target
+ * (binding.gyp, beside the addon); loaded by the addon through libbpf
+ * (native/src/bpf_object.cc); planned and attached by
+ * agent/net/ebpf/nat-attach.ts. Map layouts: nat.h.
+ *
+ * Client C, VIP V on this node, backend B (the same L2), IPv4 TCP and UDP:
+ *   C:cport -> V:port   the port's Maglev slot table (agent/forward/maglev.ts,
+ *                       nft's seeded jhash of C . cport, as nft-dsr.ts and
+ *                       ebpf-dsr.ts compute it) picks B; the flow is recorded
+ *                       both ways and leaves as V:nport -> B:targetPort, where
+ *                       nport is C's own port unless another flow holds it
+ *                       towards B, else one of the reserved range; the frame
+ *                       is redirected out of the NIC with B's MAC.
+ *   B:targetPort -> V:nport   found in the replies map, leaves as
+ *                       V:port -> C:cport.
+ * This is what the nft table does with conntrack (nft.ts: DNAT to B, SNAT
+ * to the VIP keeping the client's port), without conntrack: no entry in the
+ * VM's table, no netfilter hook on the way. A flow's packet with no entry
+ * (a TCP segment in the middle of a connection: an agent that lost its
+ * maps, a VRRP Master that took the VIP over) is placed and translated the
+ * same way, as conntrack's loose pickup is on the nft path, so the backend
+ * sees the same connection go on.
+ *
+ * What is not ours goes on unchanged (TCX_NEXT) to the nft table and the
+ * stack: another address, port or protocol, IP options, fragments, a
+ * destination the FIB cannot reach directly, a packet larger than the way
+ * out allows (the stack sends the ICMP fragmentation-needed), and a port
+ * with no healthy backend (the nft table refuses it).
+ *
+ * Checksums are fixed incrementally (bpf_l3_csum_replace and
+ * bpf_l4_csum_replace with the pseudo-header flag); the TTL drops by one, as
+ * through any router, and a packet whose TTL would reach zero goes to the
+ * stack, which answers it.
+ */
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/pkt_cls.h>
+#include <linux/tcp.h>
+#include <linux/udp.h>
+#include <stddef.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
+
+#include "nat.h"
+
+#ifndef AF_INET
+#define AF_INET 2
+#endif
+/* TC_ACT_UNSPEC: no verdict; later tcx programs, nft and the stack decide. */
+#define TCX_NEXT -1
+#define JHASH_INITVAL 0xdeadbeef
+
+/* Per plan: replaced with every program (the driver fills them before it attaches). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct lbn_svc_key);
+	__type(value, struct lbn_svc);
+	__uint(max_entries, 1);
+} lbn_svcs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct lbn_slot);
+	__uint(max_entries, 1);
+} lbn_slots SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct lbn_member_key);
+	__type(value, struct lbn_member);
+	__uint(max_entries, 1);
+} lbn_members SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct lbn_counter);
+	__uint(max_entries, 1);
+} lbn_counters SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct lbn_config);
+	__uint(max_entries, 1);
+} lbn_config SEC(".maps");
+
+/* Pinned: outlive every program and every agent process. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, LBN_EV_COUNT);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lbn_events SEC(".maps");
+
+/* The flows, one map per direction: lbn_flows by the client's packets,
+ * lbn_replies by the backend's. One type for both (libbpf reads each
+ * variable's type for its definition). */
+struct lbn_flow_map {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct lbn_flow_key);
+	__type(value, struct lbn_flow);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+};
+struct lbn_flow_map lbn_flows SEC(".maps");
+struct lbn_flow_map lbn_replies SEC(".maps");
+
+static __always_inline void event(__u32 ev)
+{
+	__u64 *v = bpf_map_lookup_elem(&lbn_events, &ev);
+	if (v)
+		*v += 1;
+}
+
+static __always_inline __u32 rol32(__u32 x, int k)
+{
+	return (x << k) | (x >> (32 - k));
+}
+
+/* nft_jhash_eval over `ip saddr . th sport` (8 bytes: address, port, two
+ * zero bytes; jhash reads them little-endian, as this load does on x86 and
+ * arm64), then reciprocal_scale into `mod` slots. */
+static __always_inline __u32 nft_jhash_slot(__u32 saddr, __u16 sport, __u32 seed, __u32 mod)
+{
+	__u32 init = JHASH_INITVAL + 8 + seed;
+	__u32 a = init + saddr, b = init + (__u32)sport, c = init;
+
+	c ^= b; c -= rol32(b, 14);
+	a ^= c; a -= rol32(c, 11);
+	b ^= a; b -= rol32(a, 25);
+	c ^= b; c -= rol32(b, 16);
+	a ^= c; a -= rol32(c, 4);
+	b ^= a; b -= rol32(a, 14);
+	c ^= b; c -= rol32(b, 24);
+	return (__u32)(((__u64)c * mod) >> 32);
+}
+
+struct parsed {
+	struct iphdr *ip;
+	__u16 *ports; /* source, destination */
+	__u32 l4_off;
+	__u32 csum_off;
+	__u8 proto;
+	__u8 tcp_flags;
+};
+
+#define TCP_FLAG_FIN 0x01
+#define TCP_FLAG_SYN 0x02
+#define TCP_FLAG_RST 0x04
+#define TCP_FLAG_ACK 0x10
+
+static __always_inline int parse(struct __sk_buff *skb, struct parsed *p)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = data + sizeof(*eth);
+
+	if ((void *)(ip + 1) > end || eth->h_proto != bpf_htons(ETH_P_IP))
+		return -1;
+	/* Options and fragments are the stack's (and nft's) to handle. */
+	if (ip->ihl != 5 || (ip->frag_off & bpf_htons(0x3fff)) != 0)
+		return -1;
+	p->ip = ip;
+	p->proto = ip->protocol;
+	p->l4_off = sizeof(*eth) + sizeof(*ip);
+	if (ip->protocol == IPPROTO_TCP) {
+		struct tcphdr *th = (void *)(ip + 1);
+		if ((void *)(th + 1) > end)
+			return -1;
+		p->ports = (__u16 *)th;
+		p->csum_off = p->l4_off + offsetof(struct tcphdr, check);
+		p->tcp_flags = ((__u8 *)th)[13];
+		return 0;
+	}
+	if (ip->protocol == IPPROTO_UDP) {
+		struct udphdr *uh = (void *)(ip + 1);
+		if ((void *)(uh + 1) > end)
+			return -1;
+		p->ports = (__u16 *)uh;
+		p->csum_off = p->l4_off + offsetof(struct udphdr, check);
+		p->tcp_flags = 0;
+		return 0;
+	}
+	return -1;
+}
+
+static __always_inline __u64 idle_ns(const struct lbn_config *cfg, __u8 proto, __u32 closing)
+{
+	if (proto == IPPROTO_UDP)
+		return cfg->udp_idle_ns;
+	return closing ? cfg->tcp_closing_ns : cfg->tcp_idle_ns;
+}
+
+/* Whether a flow last seen at `seen` has been idle too long (signed: another
+ * CPU may have stamped it after this one read the clock). */
+static __always_inline int expired(const struct lbn_config *cfg, const struct lbn_flow *f, __u8 proto, __u64 now)
+{
+	return (__s64)(now - f->seen_ns) > (__s64)idle_ns(cfg, proto, f->closing);
+}
+
+/* The route to `dst` out of this node (no FIB: the packet is not ours to send). */
+static __always_inline int route(struct __sk_buff *skb, struct bpf_fib_lookup *fib, __u32 src, __u32 dst, __u8 proto, __u16 tot_len)
+{
+	__builtin_memset(fib, 0, sizeof(*fib));
+	fib->family = AF_INET;
+	fib->l4_protocol = proto;
+	fib->tot_len = tot_len;
+	fib->ipv4_src = src;
+	fib->ipv4_dst = dst;
+	fib->ifindex = skb->ingress_ifindex;
+	return bpf_fib_lookup(skb, fib, sizeof(*fib), 0);
+}
+
+/* Rewrite addresses, ports, TTL and checksums: (src:sport -> dst:dport) becomes (nsrc:nsport -> ndst:ndport). */
+static __always_inline int rewrite(struct __sk_buff *skb, struct parsed *p, __u32 nsrc, __u32 ndst, __u16 nsport, __u16 ndport)
+{
+	__u32 l3 = sizeof(struct ethhdr) + offsetof(struct iphdr, check);
+	__u32 ip_off = sizeof(struct ethhdr);
+	__u64 l4flags = BPF_F_PSEUDO_HDR | (p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0);
+	__u32 osrc = p->ip->saddr, odst = p->ip->daddr;
+	__u16 osport = p->ports[0], odport = p->ports[1];
+	/* The TTL shares a 16-bit checksum word with the protocol. */
+	__u16 ottl = *(__u16 *)&p->ip->ttl;
+	__u16 nttl = ottl - bpf_htons(0x0100);
+	int udp_zero = 0;
+
+	if (p->proto == IPPROTO_UDP) {
+		void *data = (void *)(long)skb->data;
+		void *end = (void *)(long)skb->data_end;
+		struct udphdr *uh = data + p->l4_off;
+		if ((void *)(uh + 1) > end)
+			return -1;
+		udp_zero = uh->check == 0;
+	}
+	if (!udp_zero) {
+		if (bpf_l4_csum_replace(skb, p->csum_off, osrc, nsrc, l4flags | 4) ||
+		    bpf_l4_csum_replace(skb, p->csum_off, odst, ndst, l4flags | 4) ||
+		    bpf_l4_csum_replace(skb, p->csum_off, osport, nsport, (l4flags & ~BPF_F_PSEUDO_HDR) | 2) ||
+		    bpf_l4_csum_replace(skb, p->csum_off, odport, ndport, (l4flags & ~BPF_F_PSEUDO_HDR) | 2))
+			return -1;
+	}
+	if (bpf_l3_csum_replace(skb, l3, osrc, nsrc, 4) ||
+	    bpf_l3_csum_replace(skb, l3, odst, ndst, 4) ||
+	    bpf_l3_csum_replace(skb, l3, ottl, nttl, 2))
+		return -1;
+	if (bpf_skb_store_bytes(skb, ip_off + offsetof(struct iphdr, saddr), &nsrc, 4, 0) ||
+	    bpf_skb_store_bytes(skb, ip_off + offsetof(struct iphdr, daddr), &ndst, 4, 0) ||
+	    bpf_skb_store_bytes(skb, ip_off + offsetof(struct iphdr, ttl), &nttl, 2, 0) ||
+	    bpf_skb_store_bytes(skb, p->l4_off, &nsport, 2, 0) ||
+	    bpf_skb_store_bytes(skb, p->l4_off + 2, &ndport, 2, 0))
+		return -1;
+	return 0;
+}
+
+/* Send the rewritten frame out towards the FIB's next hop. */
+static __always_inline int send(struct __sk_buff *skb, struct bpf_fib_lookup *fib, int rc)
+{
+	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
+		struct bpf_redir_neigh nh = { .nh_family = AF_INET, .ipv4_nh = fib->ipv4_dst };
+		return bpf_redirect_neigh(fib->ifindex, &nh, sizeof(nh), 0);
+	}
+	if (bpf_skb_store_bytes(skb, 0, fib->dmac, ETH_ALEN, 0) ||
+	    bpf_skb_store_bytes(skb, ETH_ALEN, fib->smac, ETH_ALEN, 0))
+		return TC_ACT_SHOT;
+	return bpf_redirect(fib->ifindex, 0);
+}
+
+static __always_inline void count(__u32 idx, int to_backend, __u32 len, int flow)
+{
+	struct lbn_counter *c = bpf_map_lookup_elem(&lbn_counters, &idx);
+	if (!c)
+		return;
+	if (to_backend) {
+		c->packets_to_backend += 1;
+		c->bytes_to_backend += len;
+	} else {
+		c->packets_to_client += 1;
+		c->bytes_to_client += len;
+	}
+	if (flow)
+		c->flows += 1;
+}
+
+static __always_inline int fib_usable(int rc)
+{
+	return rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH;
+}
+
+/* Claim the replies entry of a new flow: the client's own port when free
+ * towards the backend, else one of the reserved range. 0 when none is free. */
+static __always_inline __u16 claim_port(struct lbn_flow_key *rk, const struct lbn_flow *back, const struct lbn_config *cfg, __u32 hash)
+{
+	struct lbn_flow *held = bpf_map_lookup_elem(&lbn_replies, rk);
+	/* Free, or already this flow's (a flow placed again). */
+	if (!held || (held->addr == back->addr && held->port == back->port && held->nat_port == back->nat_port)) {
+		if (bpf_map_update_elem(&lbn_replies, rk, back, BPF_ANY) == 0)
+			return rk->dport;
+	}
+	if (cfg->port_count == 0)
+		return 0;
+	for (int i = 0; i < LBN_PORT_TRIES; i++) {
+		rk->dport = bpf_htons(cfg->port_min + (__u16)((hash + i * 2654435761u) % cfg->port_count));
+		if (bpf_map_update_elem(&lbn_replies, rk, back, BPF_NOEXIST) == 0)
+			return rk->dport;
+	}
+	return 0;
+}
+
+/* The length the way out's MTU is checked against: a GRO or TSO aggregate
+ * (a veth or a NIC with GRO hands these over whole) leaves as segments of
+ * gso_size, so the check is for one segment, as the stack's forwarding does
+ * (ip_forward's skb_gso_validate_network_len). */
+static __always_inline __u32 segment_len(struct __sk_buff *skb, const struct parsed *p, __u32 len)
+{
+	if (!skb->gso_size)
+		return len;
+	if (p->proto == IPPROTO_TCP)
+		return sizeof(struct iphdr) + (((const __u8 *)p->ports)[12] >> 4) * 4 + skb->gso_size;
+	return sizeof(struct iphdr) + sizeof(struct udphdr) + skb->gso_size;
+}
+
+/* Send a packet of a flow on, from the VIP: (C or B) -> VIP becomes VIP:nsport -> ndst:ndport. */
+static __always_inline int forward(struct __sk_buff *skb, struct parsed *p, __u32 ndst, __u16 nsport, __u16 ndport, __u32 counter, int to_backend, int placed)
+{
+	struct iphdr *ip = p->ip;
+	__u32 vip = ip->daddr;
+	__u32 len = bpf_ntohs(ip->tot_len);
+	struct bpf_fib_lookup fib;
+	/* With the packet's (a segment's) length: one larger than the way out allows is the
+	 * stack's, which answers with ICMP fragmentation-needed. */
+	int rc = route(skb, &fib, vip, ndst, p->proto, segment_len(skb, p, len));
+
+	if (!fib_usable(rc)) {
+		event(LBN_EV_NO_ROUTE);
+		return TCX_NEXT;
+	}
+	if (ip->ttl <= 1)
+		return TCX_NEXT;
+	if (rewrite(skb, p, vip, ndst, nsport, ndport))
+		return TC_ACT_SHOT;
+	count(counter, to_backend, len, placed);
+	return send(skb, &fib, rc);
+}
+
+static __always_inline int from_client(struct __sk_buff *skb, struct parsed *p, struct lbn_svc_key *sk, struct lbn_svc *svc, const struct lbn_config *cfg)
+{
+	struct iphdr *ip = p->ip;
+	__u64 now = bpf_ktime_get_ns();
+	struct lbn_flow_key fk = { .saddr = ip->saddr, .daddr = ip->daddr, .sport = p->ports[0], .dport = p->ports[1], .proto = p->proto };
+	struct lbn_flow *f = bpf_map_lookup_elem(&lbn_flows, &fk);
+	struct lbn_flow flow;
+	int placed = 0;
+	int syn = p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
+
+	if (f) {
+		struct lbn_member_key mk = { .svc = *sk, .backend = f->addr };
+		struct lbn_member *m = bpf_map_lookup_elem(&lbn_members, &mk);
+		if (expired(cfg, f, p->proto, now)) {
+			event(LBN_EV_EXPIRED);
+			f = 0;
+		} else if (!m || f->port != svc->target_port || (p->proto == IPPROTO_UDP && !m->healthy) || (syn && f->closing)) {
+			/* Its backend left the port (TCP), or its healthy set (UDP,
+			 * as the nft path ends such flows' conntrack entries), or the
+			 * tuple opens a new connection: placed again. */
+			event(LBN_EV_REPLACED);
+			f = 0;
+		}
+	}
+	if (!f) {
+		if (svc->slots == 0)
+			return TCX_NEXT;
+		__u32 slot = nft_jhash_slot(fk.saddr, fk.sport, svc->seed, svc->slots);
+		__u32 key = svc->base + slot;
+		struct lbn_slot *s = bpf_map_lookup_elem(&lbn_slots, &key);
+		if (!s || s->backend == 0)
+			return TCX_NEXT;
+		struct bpf_fib_lookup fib;
+		int rc = route(skb, &fib, ip->daddr, s->backend, p->proto, 0);
+		if (!fib_usable(rc)) {
+			event(LBN_EV_NO_ROUTE);
+			return TCX_NEXT;
+		}
+		struct lbn_flow_key rk = { .saddr = s->backend, .daddr = ip->daddr, .sport = svc->target_port, .dport = fk.sport, .proto = p->proto };
+		struct lbn_flow back = { .addr = fk.saddr, .port = fk.sport, .nat_port = fk.dport, .counter = s->counter, .seen_ns = now };
+		__u16 nport = claim_port(&rk, &back, cfg, nft_jhash_slot(fk.saddr, fk.sport, fk.daddr, 0xffffffffu));
+		if (nport == 0) {
+			event(LBN_EV_PORTS_EXHAUSTED);
+			return TC_ACT_SHOT;
+		}
+		/* Whole at once: one update of the map a new flow. */
+		flow = (struct lbn_flow){ .addr = s->backend, .port = svc->target_port, .nat_port = nport, .counter = s->counter,
+					  .closing = (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)) != 0, .seen_ns = now };
+		if (bpf_map_update_elem(&lbn_flows, &fk, &flow, BPF_ANY))
+			return TC_ACT_SHOT;
+		f = &flow;
+		placed = 1;
+		event(syn || p->proto == IPPROTO_UDP ? LBN_EV_NEW_FLOW : LBN_EV_MIDFLOW);
+	}
+	if (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST))
+		f->closing = 1;
+	f->seen_ns = now;
+	return forward(skb, p, f->addr, f->nat_port, f->port, f->counter, 1, placed);
+}
+
+static __always_inline int from_backend(struct __sk_buff *skb, struct parsed *p, const struct lbn_config *cfg)
+{
+	struct iphdr *ip = p->ip;
+	struct lbn_flow_key rk = { .saddr = ip->saddr, .daddr = ip->daddr, .sport = p->ports[0], .dport = p->ports[1], .proto = p->proto };
+	struct lbn_flow *r = bpf_map_lookup_elem(&lbn_replies, &rk);
+	__u64 now = bpf_ktime_get_ns();
+
+	if (!r)
+		return TCX_NEXT;
+	struct lbn_flow_key fk = { .saddr = r->addr, .daddr = ip->daddr, .sport = r->port, .dport = r->nat_port, .proto = p->proto };
+	struct lbn_flow *f = bpf_map_lookup_elem(&lbn_flows, &fk);
+	/* A reply is the flow's only while the client's side still sends it there. */
+	if (!f || f->addr != rk.saddr || f->port != rk.sport || f->nat_port != rk.dport || expired(cfg, f, p->proto, now))
+		return TCX_NEXT;
+	if (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST))
+		f->closing = 1;
+	f->seen_ns = now;
+	return forward(skb, p, r->addr, r->nat_port, r->port, r->counter, 0, 0);
+}
+
+SEC("tc")
+int lb_agent_nat(struct __sk_buff *skb)
+{
+	struct parsed p = {};
+	__u32 zero = 0;
+	struct lbn_config *cfg;
+
+	if (parse(skb, &p))
+		return TCX_NEXT;
+	cfg = bpf_map_lookup_elem(&lbn_config, &zero);
+	if (!cfg)
+		return TCX_NEXT;
+	struct lbn_svc_key sk = { .vip = p.ip->daddr, .port = p.ports[1], .proto = p.proto };
+	struct lbn_svc *svc = bpf_map_lookup_elem(&lbn_svcs, &sk);
+	if (svc)
+		return from_client(skb, &p, &sk, svc, cfg);
+	return from_backend(skb, &p, cfg);
+}
+
+char LICENSE[] SEC("license") = "GPL";

@@ -1,0 +1,109 @@
+/* The full-NAT engine's map layouts (native/bpf/nat.c), the one
+ * definition both sides use: the program includes this header, and the
+ * TypeScript driver (agent/net/ebpf/nat-layout.ts) reads it at run time and
+ * encodes and decodes the maps' entries from the fields it finds here, so a
+ * change here cannot leave the two disagreeing. Every struct is made of
+ * fixed-width fields with explicit padding (no implicit holes); addresses
+ * and ports are in network order, as the wire has them.
+ */
+#ifndef LB_AGENT_NAT_H
+#define LB_AGENT_NAT_H
+
+#include <linux/types.h>
+
+/* One forwarded (VIP, port, protocol): the services map's key. */
+struct lbn_svc_key {
+	__u32 vip;
+	__u16 port;
+	__u8 proto;
+	__u8 pad;
+};
+
+/* What the program needs of a forwarded port. `base` is the key of its
+ * first slot in the slots map; `slots` is the slot table's size (0: no
+ * healthy backend, the packet goes on to the nft table, which refuses it). */
+struct lbn_svc {
+	__u32 base;
+	__u32 slots;
+	__u32 seed;
+	__u16 target_port;
+	__u16 pad;
+};
+
+/* One slot of a port's Maglev table: the backend and its counters' index. */
+struct lbn_slot {
+	__u32 backend;
+	__u32 counter;
+};
+
+/* A backend of a port (every configured one): whether it is healthy now. */
+struct lbn_member_key {
+	struct lbn_svc_key svc;
+	__u32 backend;
+};
+
+struct lbn_member {
+	__u32 counter;
+	__u32 healthy;
+};
+
+/* A flow in one direction, as its packets carry it. */
+struct lbn_flow_key {
+	__u32 saddr;
+	__u32 daddr;
+	__u16 sport;
+	__u16 dport;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+/* The other end of a flow: the client side for the backend's packets
+ * (addr, port = the client, nat_port = the VIP's port), the backend side for
+ * the client's (addr, port = the backend, nat_port = the source port towards
+ * it). `seen_ns` is bpf_ktime_get_ns() of the flow's last packet; `closing`
+ * is set by a TCP FIN or RST. */
+struct lbn_flow {
+	__u32 addr;
+	__u16 port;
+	__u16 nat_port;
+	__u32 counter;
+	__u32 closing;
+	__u64 seen_ns;
+};
+
+/* Per (port, backend): what went each way, and the flows placed. */
+struct lbn_counter {
+	__u64 packets_to_backend;
+	__u64 bytes_to_backend;
+	__u64 packets_to_client;
+	__u64 bytes_to_client;
+	__u64 flows;
+};
+
+/* The engine's settings (the config map's one entry). */
+struct lbn_config {
+	__u64 tcp_idle_ns;
+	__u64 tcp_closing_ns;
+	__u64 udp_idle_ns;
+	__u16 port_min;
+	__u16 port_count;
+	__u32 pad;
+};
+
+/* Indices of the engine-wide counters (the events map). */
+enum lbn_event {
+	LBN_EV_NEW_FLOW = 0,
+	LBN_EV_MIDFLOW = 1,
+	LBN_EV_EXPIRED = 2,
+	LBN_EV_REPLACED = 3,
+	LBN_EV_PORTS_EXHAUSTED = 4,
+	LBN_EV_NO_ROUTE = 5,
+	LBN_EV_PASSED = 6,
+	LBN_EV_COUNT = 7,
+};
+
+/* How many source ports of the reserved range a new flow tries when the
+ * client's own port is taken towards its backend. */
+#define LBN_PORT_TRIES 8
+
+#endif

@@ -1,0 +1,253 @@
+// Privileged: the eBPF full-NAT engine (native/bpf/nat.c, forward/ebpf-nat.ts)
+// against the nft path it stands in front of, in one lab: a client, a node
+// holding the VIP on its eth0, three peer-echo backends (TCP, they answer
+// who they saw) with a UDP echo. The same flows - chosen client ports, TCP
+// and UDP - go through the nft path (flow-hash placement) and then through
+// the engine, and every one must land on the backend the Maglev slot table
+// and nft's jhash name for it, with the VIP as the source the backend sees.
+// Then the engine alone: no conntrack entry in the node for its flows; a
+// backend taken out gets no new flow from the next apply on; a planned
+// restart keeps held connections and a 20 ms client loop served with one
+// program attached; a connection whose flow entries are gone (a new VRRP
+// Master, or maps lost) is picked up mid-way on the same backend; a removed
+// backend's connections end; a stop leaves no program and no pin; an engine
+// that cannot load (no bpffs) leaves the nft table serving, and says why.
+import t from 'tap';
+import * as fs from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import { requirePrivileged } from '../helpers/privileged';
+import { createLab, run, waitFor, type Lab } from '../../lab/netns';
+import { distPath } from '../../lab/services';
+import { JsonLinesProc, startPeerEchoes } from '../../lab/forward';
+import type { DriverService } from '../../lab/bin/forward-driver';
+import { parseIPv4 } from '../../agent/address';
+import { normalizeState } from '../../agent/forward/dataplane';
+import { dsrSeedValue, flowHashSlots } from '../../agent/forward/nft-dsr';
+import { nftJhashSlot } from '../../agent/net/ebpf/ebpf-dsr';
+
+const VIP = '10.99.0.50';
+const NODE = '10.99.0.10';
+const CLIENT = '10.99.0.2';
+const BACKENDS = ['10.99.0.11', '10.99.0.12', '10.99.0.13'] as const;
+const IDS = ['b1', 'b2', 'b3'] as const;
+const ECHO_PORT = 8081;
+const UDP_TARGET = 5353;
+
+type Healthy = Partial<Record<(typeof IDS)[number], number>>;
+
+function service(healthy: Healthy, configured: readonly (typeof IDS)[number][] = IDS): DriverService {
+  return {
+    key: 'default/web', vip: VIP,
+    ports: [{ name: 'http', port: 80, protocol: 'TCP', targetPort: ECHO_PORT }, { name: 'dns', port: 53, protocol: 'UDP', targetPort: UDP_TARGET }],
+    healthy: IDS.flatMap((id, i) => (healthy[id] !== undefined && configured.includes(id) ? [{ address: BACKENDS[i]!, weight: healthy[id] }] : [])),
+    backends: IDS.flatMap((id, i) => (configured.includes(id) ? [{ address: BACKENDS[i]! }] : [])),
+  };
+}
+
+/** Where the slot table and nft's jhash put the client port `port` (the reference both engines must meet). */
+function expectedBackend(svc: DriverService, port: number): string {
+  const st = normalizeState({ services: [{ ...svc, vip: svc.vip ?? undefined,
+    healthy: svc.healthy.map((b) => ({ address: b.address, addressNum: parseIPv4(b.address)!, weight: b.weight ?? 1 })),
+    backends: svc.backends.map((b) => ({ address: b.address, addressNum: parseIPv4(b.address)!, weight: b.weight ?? 1 })) }] }).services[0]!;
+  const slots = flowHashSlots(st);
+  const b = slots[nftJhashSlot(parseIPv4(CLIENT)!, port, dsrSeedValue(st.key), slots.length)]!;
+  return IDS[BACKENDS.indexOf(b.address as (typeof BACKENDS)[number])]!;
+}
+
+/** One UDP datagram from each client port to VIP:53: the answering backend's id by port. */
+async function udpFrom(lab: Lab, ns: string, ports: readonly number[]): Promise<Record<number, string>> {
+  const script = `const dgram = require('node:dgram');
+const ports = ${JSON.stringify(ports)}; const out = {};
+(async () => { for (const p of ports) {
+  out[p] = await new Promise((resolve) => { const s = dgram.createSocket('udp4');
+    const timer = setTimeout(() => { s.close(); resolve('timeout'); }, 1000);
+    s.on('message', (m) => { clearTimeout(timer); s.close(); resolve(m.toString().trim()); });
+    s.on('error', (e) => { clearTimeout(timer); s.close(); resolve('error:' + e.code); });
+    s.bind(p, () => s.send('q', 53, ${JSON.stringify(VIP)})); }); }
+  process.stdout.write(JSON.stringify(out)); })();`;
+  return JSON.parse((await lab.exec(ns, process.execPath, ['-e', script])).stdout) as Record<number, string>;
+}
+
+/** Our NAT programs attached at tcx ingress of eth0 in `ns`. */
+async function natPrograms(lab: Lab, ns: string): Promise<number> {
+  const script = `const n = require(${JSON.stringify(distPath('agent', 'native', 'native.js'))}); const fs = require('node:fs'); const b = n.nativeBpf();
+let c = 0; for (const id of b.bpfProgQuery(n.ifNameToIndex('eth0'), 46)) { const fd = b.bpfProgGetFdById(id); if (b.bpfProgInfo(fd).name === 'lb_agent_nat') c++; fs.closeSync(fd); }
+process.stdout.write(String(c));`;
+  return Number((await lab.exec(ns, process.execPath, ['-e', script])).stdout);
+}
+
+/** Conntrack entries in `ns` towards the VIP or from the backends. */
+async function conntrackEntries(lab: Lab, ns: string): Promise<number> {
+  const out = (await lab.exec(ns, 'conntrack', ['-L', '-o', 'extended'], { allowFail: true })).stdout;
+  return out.split('\n').filter((l) => l.includes(VIP)).length;
+}
+
+/** One connection every 20 ms at VIP:80 until stopped; failures by code. */
+function clientLoop(cl: JsonLinesProc): { stop(): Promise<{ count: number; failures: Record<string, number> }> } {
+  let count = 0;
+  const failures: Record<string, number> = {};
+  const inflight: Promise<unknown>[] = [];
+  const timer = setInterval(() => {
+    if (count >= 1000) return;
+    count++;
+    inflight.push(cl.request({ cmd: 'ask', host: VIP, port: 80 }, 5000).catch((e: unknown) => {
+      const code = String((e as { code?: string }).code ?? (e as Error).message);
+      failures[code] = (failures[code] ?? 0) + 1;
+    }));
+  }, 20);
+  return { async stop() { clearInterval(timer); await Promise.all(inflight); return { count, failures }; } };
+}
+
+interface Ask { backend: string; peer: string }
+interface NatStats { details: { natEngine?: { engine: string; reason: string; fill?: { flows: number; replies: number }; events?: Record<string, number> } }; flows: { backend: string; port: string; connections: number }[] }
+
+if (requirePrivileged(t)) {
+  t.test('the eBPF NAT engine beside the nft path', async (t) => {
+    const t0 = Date.now();
+    const lab = await createLab(t);
+    const client = await lab.addHost('client', { address: `${CLIENT}/24` });
+    const node = await lab.addHost('node', { address: `${NODE}/24`, extraAddresses: [`${VIP}/24`] });
+    const backendNs: string[] = [];
+    for (let i = 0; i < BACKENDS.length; i++) backendNs.push(await lab.addHost(IDS[i]!, { address: `${BACKENDS[i]}/24` }));
+    await startPeerEchoes(lab, backendNs, IDS, ECHO_PORT);
+    for (let i = 0; i < BACKENDS.length; i++) {
+      const p = lab.spawn(backendNs[i]!, process.execPath, [distPath('lab', 'bin', 'udp-echo.js'), '--id', IDS[i]!, '--port', String(UDP_TARGET)]);
+      let text = '';
+      p.stdout?.on('data', (d: Buffer) => { text += d.toString(); });
+      await waitFor(`udp echo ${IDS[i]}`, () => text.includes('listening'), 10_000);
+    }
+    // The engine pins its maps on a BPF file system of this test's own (the host's /sys/fs/bpf is left alone).
+    const bpffs = fs.mkdtempSync(path.join(os.tmpdir(), `lbnat-${process.pid}-`));
+    await run('mount', ['-t', 'bpf', 'bpf', bpffs]);
+    t.teardown(async () => {
+      await run('umount', [bpffs], { allowFail: true });
+      fs.rmSync(bpffs, { recursive: true, force: true });
+    });
+    const pinDir = path.join(bpffs, 'nat-eth0');
+    const startEngine = (extra: string[] = []): Promise<JsonLinesProc> => JsonLinesProc.start(lab, node, 'forward-driver.js',
+      ['--kind', 'kernel', '--nat-engine', 'ebpf', '--nat-device', 'eth0', '--nat-pin-dir', pinDir, '--nat-flows', '4096', ...extra], 'driver(ebpf)');
+    const cl = await JsonLinesProc.start(lab, client, 'peer-client.js', [], 'peer-client');
+    t.teardown(() => cl.close());
+    t.comment(`lab up in ${Date.now() - t0} ms`);
+
+    const weighted = service({ b1: 1, b2: 1, b3: 2 });
+    const landing = async (tt: typeof t, label: string, tcpFrom: number, udpFrom0: number): Promise<void> => {
+      const tcpPorts = Array.from({ length: 40 }, (_, i) => tcpFrom + i);
+      let wrong = 0;
+      let notVip = 0;
+      const seen: Record<string, number> = {};
+      for (const p of tcpPorts) {
+        const a = await cl.request<Ask>({ cmd: 'ask', host: VIP, port: 80, localPort: p });
+        seen[a.backend] = (seen[a.backend] ?? 0) + 1;
+        if (a.backend !== expectedBackend(weighted, p)) wrong++;
+        if (!a.peer.startsWith(`${VIP}:`)) notVip++;
+      }
+      tt.equal(wrong, 0, `${label}: 40 TCP connections each on the backend the slot table names (${JSON.stringify(seen)})`);
+      tt.equal(notVip, 0, `${label}: every backend saw the VIP as the source`);
+      tt.equal(Object.keys(seen).length, 3, `${label}: all three backends carry some`);
+      const udpPorts = Array.from({ length: 20 }, (_, i) => udpFrom0 + i);
+      const got = await udpFrom(lab, client, udpPorts);
+      tt.same(udpPorts.filter((p) => got[p] !== expectedBackend(weighted, p)), [], `${label}: 20 UDP flows each answered by the slot table's backend`);
+    };
+
+    await t.test('the same flows land on the same backends through the nft path and the engine', async (t) => {
+      const nft = await JsonLinesProc.start(lab, node, 'forward-driver.js', ['--kind', 'kernel', '--placement', 'flow-hash'], 'driver(nft)');
+      t.teardown(() => nft.close());
+      await nft.request({ cmd: 'apply', state: { services: [weighted] } });
+      await landing(t, 'nft', 41001, 43001);
+      t.ok(await conntrackEntries(lab, node) > 0, 'the nft path keeps its flows in conntrack');
+      await nft.request({ cmd: 'stop' });
+      await nft.close();
+      await lab.exec(node, 'conntrack', ['-F'], { allowFail: true });
+
+      const eng = await startEngine();
+      t.teardown(() => eng.close());
+      await eng.request({ cmd: 'apply', state: { services: [weighted] } });
+      await landing(t, 'ebpf', 42001, 44001);
+      t.equal(await conntrackEntries(lab, node), 0, 'the engine\'s flows leave nothing in the node\'s conntrack');
+      const st = await eng.request<NatStats>({ cmd: 'stats' });
+      t.equal(st.details.natEngine?.engine, 'ebpf', `status: ${st.details.natEngine?.reason}`);
+      t.ok((st.details.natEngine?.events?.['new'] ?? 0) >= 60, `the engine placed the flows itself (${JSON.stringify(st.details.natEngine?.events)})`);
+      t.ok((st.details.natEngine?.fill?.flows ?? 0) >= 60, `flow map fill ${st.details.natEngine?.fill?.flows}`);
+      const http = st.flows.filter((f) => f.port === 'http').reduce((s, f) => s + f.connections, 0);
+      t.equal(http, 40, 'per-backend connections count the engine\'s TCP flows');
+      const metrics = await eng.request<string>({ cmd: 'metrics' });
+      t.match(metrics, /lbagent_forward_nat_flows_total\{service="web",namespace="default",port="http",backend="10\.99\.0\.1[123]"\} \d+/);
+      t.equal(await natPrograms(lab, node), 1, 'one program at tcx ingress');
+      await eng.request({ cmd: 'keep' }).catch(() => undefined);
+    });
+
+    await t.test('a backend taken out gets no new flow from the next apply on; held connections survive a restart', async (t) => {
+      let eng = await startEngine();
+      t.teardown(() => eng.close());
+      await eng.request({ cmd: 'apply', state: { services: [weighted] } });
+      const held = await cl.request<{ backends: string[] }>({ cmd: 'holdOpen', host: VIP, port: 80, n: 12, fromPort: 45001 });
+      t.ok(held.backends.includes('b3'), `held connections on ${held.backends.join(' ')}`);
+
+      // A planned restart: the program stays attached, the next process replaces it by its pin.
+      const loop = clientLoop(cl);
+      await new Promise((r) => setTimeout(r, 200));
+      await eng.request({ cmd: 'keep' }).catch(() => undefined);
+      eng = await startEngine();
+      await eng.request({ cmd: 'apply', state: { services: [weighted] } });
+      await new Promise((r) => setTimeout(r, 200));
+      const res = await loop.stop();
+      t.same(res.failures, {}, `${res.count} requests at 20 ms across the restart, none failed`);
+      t.equal(await natPrograms(lab, node), 1, 'exactly one program attached after the restart');
+      const again = await cl.request<{ backends: string[] }>({ cmd: 'holdAsk' });
+      t.same(again.backends, held.backends, 'every held connection answered by its backend after the restart');
+
+      // b3 out: new connections avoid it at once; its open ones drain (TCP, as conntrack keeps them on the nft path).
+      await eng.request({ cmd: 'apply', state: { services: [service({ b1: 1, b2: 1 })] } });
+      const burst = await cl.request<{ counts: Record<string, number>; errors: Record<string, number> }>({ cmd: 'burst', host: VIP, port: 80, n: 60, fromPort: 46001, concurrency: 4 });
+      t.same(burst.errors, {});
+      t.equal(burst.counts['b3'] ?? 0, 0, `no new connection to b3 (${JSON.stringify(burst.counts)})`);
+      const drained = await cl.request<{ backends: string[] }>({ cmd: 'holdAsk' });
+      t.same(drained.backends, held.backends, 'open connections keep their backend, b3\'s too');
+
+      // The flow entries lost (a new VRRP Master, or maps gone): the next segment of each connection is placed mid-way, on the same backend.
+      await eng.request({ cmd: 'apply', state: { services: [weighted] } });
+      await eng.request({ cmd: 'keep' }).catch(() => undefined);
+      for (const m of ['lbn_flows', 'lbn_replies']) fs.unlinkSync(path.join(pinDir, m));
+      eng = await startEngine();
+      await eng.request({ cmd: 'apply', state: { services: [weighted] } });
+      const picked = await cl.request<{ backends: string[] }>({ cmd: 'holdAsk' });
+      t.same(picked.backends, held.backends, 'held connections picked up mid-way by the new maps, each on its backend');
+      const st = await eng.request<NatStats>({ cmd: 'stats' });
+      t.ok((st.details.natEngine?.events?.['midflow'] ?? 0) >= held.backends.length, `mid-flow pickups counted (${JSON.stringify(st.details.natEngine?.events)})`);
+      t.equal(await conntrackEntries(lab, node), 0, 'and none of it went through conntrack');
+
+      // b3 removed from the config: its connections end (the next segment is placed on another backend, which resets it).
+      await eng.request({ cmd: 'apply', state: { services: [service({ b1: 1, b2: 1 }, ['b1', 'b2'])] } });
+      const ended = await cl.request<{ backends: string[] }>({ cmd: 'holdAsk' });
+      ended.backends.forEach((b, i) => {
+        if (held.backends[i] === 'b3') t.match(b, /^error:/, `connection ${i} (was on b3) ended: ${b}`);
+        else t.equal(b, held.backends[i], `connection ${i} stays on ${held.backends[i]}`);
+      });
+      await cl.request({ cmd: 'holdClose' });
+
+      // A stop withdraws everything: no program, no pins; the nft table goes too.
+      await eng.request({ cmd: 'stop' });
+      t.equal(await natPrograms(lab, node), 0, 'no program after stop');
+      t.same(fs.existsSync(pinDir) ? fs.readdirSync(pinDir) : [], [], 'no pin left');
+    });
+    await t.test('an engine that cannot load leaves the nft table serving alone, and says why', async (t) => {
+      const plain = fs.mkdtempSync(path.join(os.tmpdir(), `lbnat-plain-${process.pid}-`));
+      t.teardown(() => fs.rmSync(plain, { recursive: true, force: true }));
+      const eng = await JsonLinesProc.start(lab, node, 'forward-driver.js',
+        ['--kind', 'kernel', '--nat-engine', 'ebpf', '--nat-device', 'eth0', '--nat-pin-dir', path.join(plain, 'nat-eth0')], 'driver(no bpffs)');
+      t.teardown(() => eng.close());
+      await eng.request({ cmd: 'apply', state: { services: [weighted] } });
+      const st = await eng.request<NatStats>({ cmd: 'stats' });
+      t.equal(st.details.natEngine?.engine, 'nft');
+      t.match(st.details.natEngine?.reason, /^fallback: .*is not on a BPF file system/);
+      const burst = await cl.request<{ counts: Record<string, number>; errors: Record<string, number> }>({ cmd: 'burst', host: VIP, port: 80, n: 20, fromPort: 47001, concurrency: 4 });
+      t.same(burst.errors, {}, `served by the nft table (${JSON.stringify(burst.counts)})`);
+      t.ok(await conntrackEntries(lab, node) > 0, 'through conntrack');
+      t.equal(await natPrograms(lab, node), 0, 'no program attached');
+      await eng.request({ cmd: 'stop' });
+    });
+    t.comment(`total ${Date.now() - t0} ms`);
+  });
+}
