@@ -3,10 +3,11 @@
 // bench/results/<YYYY-MM-DD>.md with the raw numbers beside it as JSON.
 // Orchestration only: each area lives in its own module (forwarding.ts,
 // families.ts, dhcp.ts, detection.ts, https.ts, control.ts, restart.ts,
-// drift.ts, scale.ts, nat.ts, wrapped.ts for the standalone benches other modules ship),
+// drift.ts, scale.ts, nat.ts, failover6.ts, tracking.ts, wrapped.ts for the
+// standalone benches other modules ship),
 // statistics and rendering in lib/.
 //
-//   npm run bench -- [--only forward,families,dhcp,health,https,control,restart,drift,scale,nat,preflight,failover]
+//   npm run bench -- [--only forward,families,dhcp,health,https,control,restart,drift,scale,nat,preflight,failover,failover6,tracking]
 //                    [--rounds N] [--quick] [--out DIR] [--docs] [--dhcp-many-ping]
 //                    [--dhcp-clients udhcpc,dhclient,lbagent,lbagent-like]
 //                    [--forward-targets direct,dsr,direct3,dsr3,...] [--scale-sizes 10,100,500,1000]
@@ -40,11 +41,13 @@ import { benchDrift } from './drift';
 import { benchScale, SCALE_SIZES } from './scale';
 import { benchNat } from './nat';
 import { benchProbeRate, benchPreflight, benchFailover } from './wrapped';
+import { benchFailover6 } from './failover6';
+import { benchTracking } from './tracking';
 import { machineFacts, loadAverage, otherCpuMeter } from './lib/procfs';
 import { evaluateTargets, renderResults, renderBenchSummary, updateBenchPage, BENCH_PAGE, type BenchResults } from './lib/report';
 import { round } from './lib/stats';
 
-const AREAS = ['forward', 'families', 'dhcp', 'health', 'https', 'control', 'restart', 'drift', 'scale', 'nat', 'preflight', 'failover'] as const;
+const AREAS = ['forward', 'families', 'dhcp', 'health', 'https', 'control', 'restart', 'drift', 'scale', 'nat', 'preflight', 'failover', 'failover6', 'tracking'] as const;
 type Area = (typeof AREAS)[number];
 
 const TOOLS: Record<Area, string[]> = {
@@ -66,6 +69,10 @@ const TOOLS: Record<Area, string[]> = {
   preflight: [],
   // keepalived is the peer; each death waits for an advert with tcpdump (lab/vrrp.ts afterAdvert).
   failover: ['keepalived', 'tcpdump', 'ip'],
+  // keepalived is the peer; each death waits for an IPv6 advert with tcpdump (lab/vrrp6.ts afterAdvert6).
+  failover6: ['keepalived', 'tcpdump', 'ip', 'nft'],
+  // keepalived with track_interface and track_script (bash's /dev/tcp under timeout) is the peer.
+  tracking: ['keepalived', 'ip', 'bash', 'timeout'],
 };
 
 interface Args { only: Area[]; rounds: number; quick: boolean; out: string; docs: boolean; dhcpManyPing: boolean; dhcpClients: DhcpClient[]; forwardTargets: ForwardTarget[]; scaleSizes: number[]; natFlows: number }
@@ -268,6 +275,20 @@ async function main(): Promise<void> {
         await runArea(area, async () => {
           results.failover = await benchFailover({ quick: q, log: log(area) });
           if (results.failover.error) throw new Error(results.failover.error);
+        });
+        break;
+      case 'failover6':
+        await runArea(area, async () => {
+          // 1 s and 0.1 s adverts, 3 runs a side each (about 2 minutes); one with --quick.
+          results.failover6 = await benchFailover6({ intervals: [1, 0.1], runs: q ? 1 : R, log: log(area) });
+          if (results.failover6.errors.length) throw new Error(results.failover6.errors.join('; '));
+        });
+        break;
+      case 'tracking':
+        await runArea(area, async () => {
+          // Both sides probe once a second: the probe's phase spreads the service line over 0-1 s, so more runs than rounds.
+          results.tracking = await benchTracking({ runs: q ? 1 : Math.max(R, 5), log: log(area) });
+          if (results.tracking.errors.length) throw new Error(results.tracking.errors.join('; '));
         });
         break;
     }

@@ -1,38 +1,148 @@
-// Bench of ownership that follows health (not a test; nothing is asserted).
-// One throwaway lab (lab/tracking.ts: VMs with a management NIC for VRRP
-// and a VM-network NIC for the VIP, backends and client), and side by side
-// in the same run:
+// The tracking area: ownership that follows health, the agent against
+// keepalived's track_interface and track_script, like for like. One
+// throwaway lab (lab/tracking.ts: VMs with a management NIC for VRRP and a
+// VM-network NIC for the VIP, backends and client), and side by side in
+// the same run:
 //   agent       two agents (n3 200 Master, n2 150), advertInterval 0.1,
 //               eth1 tracked without a weight (fault), the service tracked
-//               with weight 60 below two healthy backends, failAfter 1 s;
+//               with weight 60 below one healthy backend, with keepalived's
+//               script settings: a TCP check of each backend every 1 s
+//               (timeout 0.2 s), down on the first failure and up on the
+//               first success, no hold of its own (failAfter and
+//               recoverAfter 0);
 //   keepalived  two keepalived (VRRPv3, 200 and 150, advert_int 0.1) with
 //               `track_interface { eth1 }` and a `track_script` that
-//               connects to the backends (interval 1, fall 1, weight -60),
-//               an HTTP server on :80 in each namespace.
+//               connects to the backends (0.2 s each; interval 1, fall 1,
+//               rise 1, weight -60), an HTTP server on :80 in each namespace.
+// Both sides probe once a second and act on the first failure; the cut is
+// placed at points spread evenly over one probe interval (probePhaseMs),
+// the same points for both sides.
 // Two events on the Master, each followed by its repair and preemption back:
 //   carrier   its VM-network NIC loses carrier (bridge port down);
 //   service   it loses reach to every backend (unreachable routes).
-// A client starts a request every 10 ms (300 ms deadline); we take the time
-// from the event to the end of the first answer after the last failure.
+// The event's time is read in the shell that makes it, just before. A
+// client starts a request every 10 ms (300 ms deadline); we take the time
+// from the event to the new Master's first answer. For the agent, its logs
+// place the steps on the same clock: the old Master resigns (fault, or its
+// priority lowered), the new one is VRRP Master, the VIP is bound.
 // Medians over the runs, and agent/keepalived ratios. Only lab namespaces
 // are addressed.
 //
-//   node dist/bench/tracking.js [--runs 3]
-// Prints one JSON object on stdout; progress on stderr.
+//   npm run bench -- --only tracking                  (an area of bench/run.ts)
+//   node dist/bench/tracking.js [--runs 3]             (JSON on stdout)
 import * as fs from 'node:fs';
-import * as os from 'node:os';
 import { waitFor } from '../lab/netns';
 import { startBackend } from '../lab/services';
 import { startKeepalived, type Keepalived } from '../lab/keepalived';
-import { buildTrackingLab, VM_NET_VIP, VM_NET_BACKENDS, type TrackingLab } from '../lab/tracking';
+import { buildTrackingLab, trackingConfig, VM_NET_VIP, VM_NET_BACKENDS, type TrackingLab, type TrackingNode, type TrackingOptions } from '../lab/tracking';
 import { gapReport, ClientLoop } from '../lab/client-loop';
-import { median } from './lib/stats';
+import { lastNumber, takeoverTimeline, type TakeoverTimeline } from './failover6';
+import { loadAverage } from './lib/procfs';
+import { median, ratio, round } from './lib/stats';
 
 const KA_VIP = '10.98.0.201';
 const KA = [{ role: 'ka1', ip: '10.99.0.41', priority: 200 }, { role: 'ka2', ip: '10.99.0.42', priority: 150 }] as const;
-type Event = 'carrier' | 'service';
+export const TRACKING_EVENTS = ['carrier', 'service'] as const;
+export type TrackingEvent = (typeof TRACKING_EVENTS)[number];
 
-function log(msg: string): void { process.stderr.write(`[bench/tracking] ${msg}\n`); }
+/** The hysteresis both sides run with: keepalived's script settings, the agent's health check and track the same. */
+export const LIKE_FOR_LIKE = { intervalS: 1, timeoutS: 0.2, fall: 1, rise: 1, weight: 60, advertInterval: 0.1 } as const;
+
+/** The agent's side of LIKE_FOR_LIKE (lab/tracking.ts trackingConfig options). */
+export function agentTracking(l: typeof LIKE_FOR_LIKE = LIKE_FOR_LIKE): TrackingOptions {
+  return {
+    advertInterval: l.advertInterval,
+    track: {
+      interfaces: [{ name: 'eth1' }],
+      // keepalived's script succeeds while any backend answers: down below one healthy backend.
+      services: [{ service: 'api', minHealthy: 1, weight: l.weight, failAfter: 0, recoverAfter: 0 }],
+    },
+    healthCheck: { periodSeconds: l.intervalS, timeoutSeconds: l.timeoutS, failureThreshold: l.fall, successThreshold: l.rise },
+  };
+}
+
+/** keepalived's side: the vrrp_script block and the instance's track lines, and the script's body. */
+export function keepalivedTracking(backends: readonly string[], scriptPath: string, l: typeof LIKE_FOR_LIKE = LIKE_FOR_LIKE): { preamble: string[]; instance: string[]; script: string } {
+  return {
+    preamble: ['vrrp_script reach {', `  script "${scriptPath}"`, `  interval ${l.intervalS}`, `  fall ${l.fall}`, `  rise ${l.rise}`, `  weight -${l.weight}`, '}'],
+    instance: ['track_interface {', '  eth1', '}', 'track_script {', '  reach', '}'],
+    // Can this VM still reach a backend? One TCP connect each, the agent's timeout.
+    script: `#!/bin/bash\n${backends.map((b) => `timeout ${l.timeoutS} bash -c '</dev/tcp/${b}/8080' 2>/dev/null`).join(' || ')}\n`,
+  };
+}
+
+/** The agent's steps, ms after the event: the old Master resigning (fault or priority) and the new one's takeover. */
+export interface TrackingTimeline extends TakeoverTimeline { resignMs: number }
+
+export interface TrackingRun { servedMs: number; failed: number; timeline?: TrackingTimeline }
+
+export interface TrackingSummary {
+  event: TrackingEvent;
+  agent: { runs: TrackingRun[]; medianServedMs: number; medianTimeline: TrackingTimeline };
+  keepalived: { runs: TrackingRun[]; medianServedMs: number };
+  /** agent / keepalived medians; below 1 the agent serves again sooner. */
+  ratioServed: number;
+}
+
+export interface TrackingResult {
+  config: { runs: number; likeForLike: typeof LIKE_FOR_LIKE; command: string };
+  summary: TrackingSummary[];
+  load: { before: number[]; after: number[] };
+  errors: string[];
+}
+
+/** The old Master's first resignation at or after `at`: fault (carrier) or a lowered priority (service). */
+export function resignMs(logs: readonly Record<string, unknown>[], at: number): number {
+  for (const l of logs) {
+    const t = typeof l.time === 'string' ? Date.parse(l.time) : NaN;
+    if (t >= at && ((l.op === 'transition' && l.to === 'fault') || l.op === 'priority')) return t - at;
+  }
+  return NaN;
+}
+
+/** Medians and ratios per event (pure). */
+export function summariseTracking(runs: Readonly<Record<TrackingEvent, { agent: readonly TrackingRun[]; keepalived: readonly TrackingRun[] }>>): TrackingSummary[] {
+  return TRACKING_EVENTS.filter((ev) => runs[ev] !== undefined).map((event) => {
+    const r = runs[event];
+    const tl = r.agent.map((x) => x.timeline).filter((x): x is TrackingTimeline => x !== undefined);
+    const a = median(r.agent.map((x) => x.servedMs));
+    const k = median(r.keepalived.map((x) => x.servedMs));
+    return {
+      event,
+      agent: {
+        runs: [...r.agent], medianServedMs: a,
+        medianTimeline: { resignMs: median(tl.map((x) => x.resignMs)), masterMs: median(tl.map((x) => x.masterMs)), takingMs: median(tl.map((x) => x.takingMs)), boundMs: median(tl.map((x) => x.boundMs)) },
+      },
+      keepalived: { runs: [...r.keepalived], medianServedMs: k },
+      ratioServed: round(ratio(a, k), 2),
+    };
+  });
+}
+
+const cell = (x: number): string => (Number.isFinite(x) ? Math.round(x).toLocaleString('en-US') : 'n/a');
+const EVENT_TEXT: Record<TrackingEvent, string> = {
+  carrier: 'carrier lost on the VM-network NIC (track_interface)',
+  service: 'reach lost to every backend (tracked service / track_script)',
+};
+
+/** The area's table: one line per event, agent beside keepalived, and where the agent's time went. */
+export function trackingTable(r: TrackingResult): string {
+  const head = '| event | agent: first answer ms | keepalived: first answer ms | agent / keepalived | agent: old Master resigned ms | agent: new Master ms | agent: VIP bound ms | runs (agent; keepalived) |\n| --- | --: | --: | --: | --: | --: | --: | --- |';
+  const rows = r.summary.map((s) => `| ${EVENT_TEXT[s.event]} | ${cell(s.agent.medianServedMs)} | ${cell(s.keepalived.medianServedMs)} | ${Number.isFinite(s.ratioServed) ? `${s.ratioServed.toFixed(2)}x` : 'n/a'} | ${cell(s.agent.medianTimeline.resignMs)} | ${cell(s.agent.medianTimeline.masterMs)} | ${cell(s.agent.medianTimeline.boundMs)} | ${s.agent.runs.map((x) => cell(x.servedMs)).join(', ')}; ${s.keepalived.runs.map((x) => cell(x.servedMs)).join(', ')} |`);
+  return [head, ...rows].join('\n');
+}
+
+/**
+ * The extra wait before run `i` of `runs` cuts reach: spread evenly over one
+ * probe interval, the same for both sides. Without it the sequence of the
+ * run (wait until serving, start the client, cut) lands the cut at the same
+ * point of the agent's probe cycle every time, and its line measures that
+ * point rather than the average over the cycle keepalived's line has.
+ */
+export function probePhaseMs(i: number, runs: number, intervalS: number = LIKE_FOR_LIKE.intervalS): number {
+  return Math.round(((i + 0.5) / runs) * intervalS * 1000);
+}
+
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
 /**
@@ -42,9 +152,9 @@ const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms
  * its backends). keepalived answers from a local server, which a lost
  * backend does not stop: ms to the first answer from the new Master (body).
  */
-async function measure(tl: TrackingLab, vip: string, event: () => Promise<number>, tookOver: () => Promise<unknown>, newMasterBody?: string): Promise<{ servedMs: number; failed: number }> {
+async function measure(tl: TrackingLab, vip: string, phaseMs: number, event: () => Promise<number>, tookOver: () => Promise<unknown>, newMasterBody?: string): Promise<{ servedMs: number; failed: number; at: number }> {
   const loop = await ClientLoop.start(tl.lab, tl.client, `http://${vip}/`, { intervalMs: 10, timeoutMs: 300, maxInFlight: 50, maxMs: 60_000 });
-  await sleep(300);
+  await sleep(300 + phaseMs);
   const at = await event();
   await tookOver();
   await sleep(500);
@@ -52,82 +162,99 @@ async function measure(tl: TrackingLab, vip: string, event: () => Promise<number
   const g = gapReport(results, at, ['b1', 'b2', 'ka1', 'ka2']);
   if (newMasterBody !== undefined) {
     const first = results.filter((r) => r.ok && r.t >= at && r.body === newMasterBody).sort((a, b) => a.t - b.t)[0];
-    return { servedMs: first ? first.t + first.ms - at : Number.NaN, failed: g.failures.length };
+    return { servedMs: first ? first.t + first.ms - at : Number.NaN, failed: g.failures.length, at };
   }
-  return { servedMs: g.servedAfterMs ?? Number.NaN, failed: g.failures.length };
+  return { servedMs: g.servedAfterMs ?? Number.NaN, failed: g.failures.length, at };
 }
 
-async function cut(tl: TrackingLab, ns: string, port: string, ev: Event, on: boolean): Promise<number> {
-  const at = Date.now();
-  if (ev === 'carrier') await tl.lab.sh(tl.lab.lan, `ip link set ${port} ${on ? 'down' : 'up'}`);
-  else await tl.lab.sh(ns, VM_NET_BACKENDS.map((b) => `ip route ${on ? 'replace' : 'del'} unreachable ${b}/32`).join('; '), { allowFail: !on });
-  return at;
+/** Make (on) or repair the event; the time just before it, read in the same shell. */
+async function cut(tl: TrackingLab, ns: string, port: string, ev: TrackingEvent, on: boolean): Promise<number> {
+  const cmd = ev === 'carrier'
+    ? `date +%s%3N; ip link set ${port} ${on ? 'down' : 'up'}`
+    : `date +%s%3N; ${VM_NET_BACKENDS.map((b) => `ip route ${on ? 'replace' : 'del'} unreachable ${b}/32`).join('; ')}`;
+  const res = await tl.lab.sh(ev === 'carrier' ? tl.lab.lan : ns, cmd, { allowFail: !on });
+  const at = lastNumber(res.stdout);
+  return Number.isFinite(at) ? at : Date.now();
 }
 
-async function agentRun(tl: TrackingLab, ev: Event): Promise<number> {
+async function agentRun(tl: TrackingLab, ev: TrackingEvent, phaseMs: number): Promise<TrackingRun> {
   const [n2, n3] = tl.nodes;
-  const serving = (n: typeof n2) => n.waitService('Master serving', 'api', (s) => s.state === 'serving' && (s.failover as { state?: string } | undefined)?.state === 'master', 20_000);
+  const serving = (n: TrackingNode) => n.waitService('Master serving', 'api', (s) => s.state === 'serving' && (s.failover as { state?: string } | undefined)?.state === 'master', 20_000);
   await serving(n3);
-  const m = await measure(tl, VM_NET_VIP, () => cut(tl, n3.ns, n3.vmPort, ev, true), () => serving(n2));
+  const m = await measure(tl, VM_NET_VIP, phaseMs, () => cut(tl, n3.ns, n3.vmPort, ev, true), () => serving(n2));
   await cut(tl, n3.ns, n3.vmPort, ev, false);
   await serving(n3); // preempt back
-  log(`agent ${ev}: ${m.servedMs} ms (${m.failed} failed requests)`);
-  return m.servedMs;
+  return { servedMs: m.servedMs, failed: m.failed, timeline: { resignMs: resignMs(n3.logs(), m.at), ...takeoverTimeline(n2.logs(), m.at) } };
 }
 
-async function keepalivedRun(tl: TrackingLab, k1: Keepalived, k2: Keepalived, ev: Event): Promise<number> {
+async function keepalivedRun(tl: TrackingLab, k1: Keepalived, k2: Keepalived, ev: TrackingEvent, phaseMs: number): Promise<TrackingRun> {
   const ns1 = tl.lab.ns('ka1');
   await waitFor('ka1 MASTER', () => k1.state() === 'MASTER', 20_000);
-  const m = await measure(tl, KA_VIP, () => cut(tl, ns1, 'wka1', ev, true), () => waitFor('ka2 MASTER', () => k2.state() === 'MASTER', 20_000), 'ka2');
+  const m = await measure(tl, KA_VIP, phaseMs, () => cut(tl, ns1, 'wka1', ev, true), () => waitFor('ka2 MASTER', () => k2.state() === 'MASTER', 20_000), 'ka2');
   await cut(tl, ns1, 'wka1', ev, false);
   await waitFor('ka1 MASTER again', () => k1.state() === 'MASTER', 20_000);
   await sleep(500);
-  log(`keepalived ${ev}: ${m.servedMs} ms (${m.failed} failed requests)`);
-  return m.servedMs;
+  return { servedMs: m.servedMs, failed: m.failed };
 }
 
-async function main(): Promise<void> {
-  const runs = Math.max(1, Math.min(20, Number(process.argv[process.argv.indexOf('--runs') + 1] ?? 3) || 3));
+export async function benchTracking(o: { runs: number; log: (msg: string) => void }): Promise<TrackingResult> {
   const teardowns: (() => unknown)[] = [];
-  const started = Date.now();
+  const loadBefore = loadAverage();
+  const errors: string[] = [];
+  const out = Object.fromEntries(TRACKING_EVENTS.map((ev) => [ev, { agent: [] as TrackingRun[], keepalived: [] as TrackingRun[] }])) as Record<TrackingEvent, { agent: TrackingRun[]; keepalived: TrackingRun[] }>;
   try {
     const tl = await buildTrackingLab({ teardown: (fn) => teardowns.push(fn) }, KA);
     const [n2, n3] = tl.nodes;
-    await n3.startTracking();
-    await n2.startTracking();
+    // info: the takeover's own lines, without the cost of debug logging in the measured path.
+    await n3.startWith(trackingConfig(n3.def, agentTracking()), { logLevel: 'info' });
+    await n2.startWith(trackingConfig(n2.def, agentTracking()), { logLevel: 'info' });
     const kas: Keepalived[] = [];
     for (const k of KA) {
       const ns = tl.lab.ns(k.role);
       await startBackend(tl.lab, ns, k.role, [80]);
-      // The script keepalived runs: can this VM still reach a backend?
       const check = tl.lab.file('reach.sh');
-      fs.writeFileSync(check, `#!/bin/bash\n${VM_NET_BACKENDS.map((b) => `timeout 0.2 bash -c '</dev/tcp/${b}/8080' 2>/dev/null`).join(' || ')}\n`, { mode: 0o755 });
+      const kt = keepalivedTracking(VM_NET_BACKENDS, check);
+      fs.writeFileSync(check, kt.script, { mode: 0o755 });
       kas.push(await startKeepalived(tl.lab, ns, k.role, {
-        vrid: 61, priority: k.priority, advertInt: 0.1, vips: [KA_VIP], vipDev: 'eth1', state: k.role === 'ka1' ? 'MASTER' : 'BACKUP',
-        preamble: ['vrrp_script reach {', `  script "${check}"`, '  interval 1', '  fall 1', '  rise 1', '  weight -60', '}'],
-        instance: ['track_interface {', '  eth1', '}', 'track_script {', '  reach', '}'],
+        vrid: 61, priority: k.priority, advertInt: LIKE_FOR_LIKE.advertInterval, vips: [KA_VIP], vipDev: 'eth1', state: k.role === 'ka1' ? 'MASTER' : 'BACKUP',
+        preamble: kt.preamble, instance: kt.instance,
       }));
     }
-    const out: Record<string, { agentMs: number[]; keepalivedMs: number[] }> = {};
-    const load0 = os.loadavg()[0]!;
-    for (const ev of ['carrier', 'service'] as const) {
-      out[ev] = { agentMs: [], keepalivedMs: [] };
-      for (let i = 0; i < runs; i++) {
-        out[ev].agentMs.push(await agentRun(tl, ev));
-        out[ev].keepalivedMs.push(await keepalivedRun(tl, kas[0]!, kas[1]!, ev));
+    for (const ev of TRACKING_EVENTS) {
+      for (let i = 0; i < o.runs; i++) {
+        // Interleaved, the order rotated per run.
+        const order = i % 2 === 0 ? ['agent', 'keepalived'] as const : ['keepalived', 'agent'] as const;
+        for (const who of order) {
+          try {
+            const phase = ev === 'service' ? probePhaseMs(i, o.runs) : 0;
+            const r = who === 'agent' ? await agentRun(tl, ev, phase) : await keepalivedRun(tl, kas[0]!, kas[1]!, ev, phase);
+            out[ev][who].push(r);
+            const t = r.timeline ? `; resigned at ${r.timeline.resignMs} ms, new Master at ${r.timeline.masterMs} ms, bound at ${r.timeline.boundMs} ms` : '';
+            o.log(`${ev} run ${i + 1}/${o.runs} ${who}: ${r.servedMs} ms (${r.failed} failed requests)${t}`);
+          } catch (e) {
+            const msg = `${ev} run ${i + 1} ${who}: ${(e as Error).message.split('\n')[0]}`;
+            o.log(`  run failed: ${msg}`);
+            errors.push(msg);
+            out[ev][who].push({ servedMs: NaN, failed: NaN });
+          }
+        }
       }
     }
-    const summary = Object.fromEntries(Object.entries(out).map(([ev, r]) => {
-      const a = median(r.agentMs);
-      const k = median(r.keepalivedMs);
-      return [ev, { ...r, agentMedianMs: a, keepalivedMedianMs: k, ratio: Math.round((a / k) * 100) / 100 }];
-    }));
-    process.stdout.write(`${JSON.stringify({
-      bench: 'tracking', at: new Date().toISOString(), runs, cpus: os.cpus().length, loadavg1: [load0, os.loadavg()[0]], seconds: Math.round((Date.now() - started) / 1000), events: summary,
-    }, null, 2)}\n`);
   } finally {
     for (const fn of teardowns.reverse()) await fn();
   }
+  return {
+    config: { runs: o.runs, likeForLike: LIKE_FOR_LIKE, command: `node dist/bench/tracking.js --runs ${o.runs}` },
+    summary: summariseTracking(out),
+    load: { before: loadBefore, after: loadAverage() },
+    errors,
+  };
 }
 
-main().catch((e: unknown) => { process.stderr.write(`${e instanceof Error ? e.stack ?? e.message : String(e)}\n`); process.exit(1); });
+if (require.main === module) {
+  const i = process.argv.indexOf('--runs');
+  const runs = Math.max(1, Math.min(20, (i >= 0 ? Number(process.argv[i + 1]) : 3) || 3));
+  benchTracking({ runs, log: (msg) => process.stderr.write(`[bench/tracking] ${msg}\n`) })
+    .then((r) => process.stdout.write(`${JSON.stringify({ bench: 'tracking', ...r }, null, 2)}\n`))
+    .catch((e: unknown) => { process.stderr.write(`${e instanceof Error ? e.stack ?? e.message : String(e)}\n`); process.exit(1); });
+}

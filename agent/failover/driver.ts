@@ -61,6 +61,8 @@ export interface VirtualRouterOptions {
   readonly peers?: readonly string[] | undefined;
   /** The MAC of a peer, when resolved (net/neighbour arp-resolver.ts, ndp-resolver.ts); a peer without one gets no unicast copy yet. */
   readonly peerMac?: ((ip: string) => Uint8Array | undefined) | undefined;
+  /** A Master whose priority falls below a router it has heard steps down, and resigns this many ms later (machine.ts MachineConfig.stepDownMs); undefined: it does not. */
+  readonly stepDownMs?: number | undefined;
 }
 
 export interface MasterEvent { readonly vrid: number; readonly master: string; readonly reason?: BecomeMasterReason | undefined }
@@ -169,6 +171,7 @@ export class VirtualRouter extends EventEmitter<VirtualRouterEvents> {
       preempt: opts.preempt,
       preemptDelayMs: preemptDelay * 1000,
       primaryIp: this.srcKey,
+      stepDownMs: opts.stepDownMs,
     });
     this.setStateGauge('initialize');
   }

@@ -29,9 +29,13 @@ import type { EffectivePriority } from './tracking';
 import { vrrpMetrics, type VrrpMetrics } from './metrics';
 
 /**
- * How long a node that preempted a live Master waits before it takes the
- * VIP (see VrrpGate.update). The preempted Master withdraws as soon as it
- * hears our first advert; this covers its event loop and a netlink call.
+ * The time a VIP's withdrawal is given: an event loop and a netlink call.
+ * A node that preempted a live Master waits this long before it takes the
+ * VIP (see VrrpGate.update): the preempted Master withdraws as soon as it
+ * hears our first advert. A Master whose tracking lowered its priority
+ * below a router it has heard steps down instead (machine.ts stepDownMs):
+ * it withdraws first and resigns with priority 0 this long after, so the
+ * router taking over needs no wait.
  */
 export const PREEMPT_HANDOVER_MS = 200;
 
@@ -289,6 +293,7 @@ export class VrrpGate extends EventEmitter {
         vips: () => this.advertisedVips(vrid),
         openSocket: (o) => new CountingSocket(open(o), info, this.wire, vrid, () => this.srcIp, this.peers),
         peers: this.peers, peerMac: this.peerMac,
+        stepDownMs: this.opts.preemptHandoverMs ?? PREEMPT_HANDOVER_MS,
         clock: this.opts.clock, log: this.opts.log, registry: this.opts.registry,
       });
       const emitChange = (): void => { this.emit('change', [...(this.servicesOn.get(vrid) ?? [])]); };

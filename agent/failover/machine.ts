@@ -26,6 +26,16 @@ export interface MachineConfig {
   readonly preemptDelayMs: number;
   /** This router's primary IP address on the interface (u32): the tie-breaker of §6.4.3. */
   readonly primaryIp: number;
+  /**
+   * Not in RFC 5798: a Master whose priority falls (tracking) below that of
+   * a router it has heard steps down instead of waiting to be preempted. It
+   * goes Backup at once (the driver's listeners withdraw the VIPs), and
+   * this many ms later, once the withdrawal is done, resigns with a
+   * priority-0 advert (§6.4.3), so the other router takes over after
+   * Skew_Time into a LAN where nobody holds the VIPs. undefined: never
+   * step down (a lowered Master advertises its priority and is preempted).
+   */
+  readonly stepDownMs?: number | undefined;
 }
 
 export interface Machine {
@@ -40,6 +50,10 @@ export interface Machine {
   readonly masterPriority: number | undefined;
   /** Since when a lower-priority Master has been tolerated (preemptDelay bookkeeping). */
   readonly lowerSince: number | undefined;
+  /** The last priority (1-255) each other router advertised, by primary IP; a priority-0 advert forgets its sender. */
+  readonly peers: ReadonlyMap<number, number>;
+  /** Stepped down (MachineConfig.stepDownMs): the timer sends the priority-0 advert. */
+  readonly resigning: boolean;
 }
 
 export type MachineEvent =
@@ -57,7 +71,7 @@ export type MachineEvent =
   | { readonly kind: 'priority'; readonly priority: number };
 
 export type BecomeMasterReason = 'owner' | 'master-down' | 'master-resigned' | 'preempt';
-export type BecomeBackupReason = 'startup' | 'higher-priority' | 'fault-cleared';
+export type BecomeBackupReason = 'startup' | 'higher-priority' | 'fault-cleared' | 'stepped-down';
 
 export type Action =
   | { readonly kind: 'sendAdvert'; readonly priority: number }
@@ -102,12 +116,29 @@ export function createMachine(config: MachineConfig): Machine {
     master: undefined,
     masterPriority: undefined,
     lowerSince: undefined,
+    peers: new Map(),
+    resigning: false,
   };
 }
 
 /** Does an advert (priority, srcIp) win against us? §6.4.3: higher priority, then higher primary IP. */
 function outranks(cfg: MachineConfig, priority: number, srcIp: number): boolean {
   return priority > cfg.priority || (priority === cfg.priority && srcIp >>> 0 > cfg.primaryIp >>> 0);
+}
+
+/** How many other routers' priorities a machine remembers: adverts come from the LAN, so the map is bounded. */
+export const MAX_PEERS = 32;
+
+/** Remember what another router advertised: its priority, or nothing once it resigned (0). The least recently heard is forgotten first. */
+function withPeer(m: Machine, srcIp: number, priority: number): Machine {
+  if (priority === 0 ? !m.peers.has(srcIp) : m.peers.get(srcIp) === priority) return m;
+  const peers = new Map(m.peers);
+  peers.delete(srcIp);
+  if (priority > 0) {
+    peers.set(srcIp, priority);
+    if (peers.size > MAX_PEERS) peers.delete(peers.keys().next().value!);
+  }
+  return { ...m, peers };
 }
 
 export function step(m: Machine, ev: MachineEvent, now: number): Step {
@@ -148,10 +179,10 @@ function transition(m: Machine, ev: MachineEvent, now: number): Step {
         // keepalived's FAULT: a Master resigns with priority 0 (§6.4.3, as
         // on shutdown) so that a Backup takes over after Skew_Time.
         const actions: Action[] = [{ kind: 'clearTimer' }];
-        if (m.state === 'master') actions.push({ kind: 'sendAdvert', priority: 0 });
+        if (m.state === 'master' || m.resigning) actions.push({ kind: 'sendAdvert', priority: 0 });
         actions.push({ kind: 'becomeFault' });
         return {
-          machine: { ...m, state: 'fault', timerAt: undefined, master: undefined, masterPriority: undefined, lowerSince: undefined },
+          machine: { ...m, state: 'fault', timerAt: undefined, master: undefined, masterPriority: undefined, lowerSince: undefined, resigning: false },
           actions,
         };
       }
@@ -167,6 +198,18 @@ function transition(m: Machine, ev: MachineEvent, now: number): Step {
         };
       }
       if (p === cfg.priority) return same;
+      if (m.state === 'master' && cfg.stepDownMs !== undefined && p < cfg.priority && [...m.peers].some(([ip, pp]) => outranks(config, pp, ip))) {
+        // A router we have heard outranks the new priority (MachineConfig.stepDownMs):
+        // step down now, resign once the VIPs are withdrawn. Advertising
+        // the lowered priority instead leaves the VIPs here for a
+        // Master_Down_Interval and a handover (the new Master cannot take
+        // them while we still answer for them).
+        const at = now + cfg.stepDownMs;
+        return {
+          machine: { ...m, config, state: 'backup', timerAt: at, master: undefined, masterPriority: undefined, lowerSince: undefined, resigning: true },
+          actions: [{ kind: 'clearTimer' }, { kind: 'becomeBackup', reason: 'stepped-down', master: undefined }, { kind: 'setTimer', at }],
+        };
+      }
       if (m.state === 'master') {
         // Advertise the new priority at once: a Backup that now outranks us
         // starts its takeover an interval sooner, and one that did not
@@ -183,11 +226,11 @@ function transition(m: Machine, ev: MachineEvent, now: number): Step {
 
     case 'shutdown': {
       if (m.state === 'initialize') return same;
-      const base: Machine = { ...m, state: 'initialize', timerAt: undefined, master: undefined, masterPriority: undefined, lowerSince: undefined };
+      const base: Machine = { ...m, state: 'initialize', timerAt: undefined, master: undefined, masterPriority: undefined, lowerSince: undefined, resigning: false };
       const actions: Action[] = [{ kind: 'clearTimer' }];
       // §6.4.3: a Master shutting down sends an ADVERTISEMENT with Priority 0
       // so that a Backup takes over after Skew_Time instead of Master_Down_Interval.
-      if (m.state === 'master' && ev.priorityZero !== false) actions.push({ kind: 'sendAdvert', priority: 0 });
+      if ((m.state === 'master' || m.resigning) && ev.priorityZero !== false) actions.push({ kind: 'sendAdvert', priority: 0 });
       actions.push({ kind: 'becomeInitialize' });
       return { machine: base, actions };
     }
@@ -198,6 +241,16 @@ function transition(m: Machine, ev: MachineEvent, now: number): Step {
         // §6.4.3: Adver_Timer fired: send an ADVERTISEMENT, reset the timer.
         const at = now + adverMs;
         return { machine: { ...m, timerAt: at }, actions: [{ kind: 'sendAdvert', priority: cfg.priority }, { kind: 'setTimer', at }] };
+      }
+      if (m.state === 'backup' && m.resigning) {
+        // Stepped down and withdrawn: resign (§6.4.3). If nobody takes
+        // over (the router that outranked us is gone), we do, after a
+        // Master_Down_Interval as from startup.
+        const at = now + masterDownIntervalMs(cfg.priority, cfg.advertIntervalCs);
+        return {
+          machine: { ...m, masterAdverIntervalCs: cfg.advertIntervalCs, timerAt: at, resigning: false },
+          actions: [{ kind: 'sendAdvert', priority: 0 }, { kind: 'setTimer', at }],
+        };
       }
       if (m.state === 'backup') {
         // §6.4.2: Master_Down_Timer fired. Why it ran out decides only the log line.
@@ -212,6 +265,12 @@ function transition(m: Machine, ev: MachineEvent, now: number): Step {
     case 'advert': {
       // Our own advert looped back, or an address conflict: not a peer.
       if (ev.srcIp >>> 0 === cfg.primaryIp >>> 0) return same;
+      m = withPeer(m, ev.srcIp >>> 0, ev.priority);
+      if (m.resigning) {
+        // Stepping down and someone else spoke first: no resignation needed
+        // (one from a Master would be taken as ours, §6.4.2).
+        m = { ...m, resigning: false };
+      }
 
       if (m.state === 'backup') {
         if (ev.priority === 0) {

@@ -13,6 +13,8 @@ import { DAMAGE_KINDS, DAMAGE_LABEL, DRIFT_WHO_LABEL, type DriftResult } from '.
 import type { ScaleResult } from '../scale';
 import { natTable, natTargets, flowsLines, type NatResult } from '../nat';
 import type { ProbeRateResult, ProbeRateSummary, ProbePath, PreflightResult, FailoverResult } from '../wrapped';
+import { failover6Table, failover6Runs, type Failover6Result } from '../failover6';
+import { trackingTable, type TrackingResult } from '../tracking';
 import type { Machine } from './procfs';
 import { fmt, fmtRatio, median, ratio } from './stats';
 
@@ -49,6 +51,8 @@ export interface BenchResults {
   nat?: NatResult;
   preflight?: PreflightResult;
   failover?: FailoverResult;
+  failover6?: Failover6Result;
+  tracking?: TrackingResult;
   targets: TargetRow[];
 }
 
@@ -177,6 +181,19 @@ export function evaluateTargets(r: BenchResults): TargetRow[] {
   if (r.nat) rows.push(...natTargets(r.nat).map((t) => ({ area: 'nat', ...t })));
   const pf = r.preflight?.summary;
   if (pf) rows.push({ area: 'preflight', target: '`lb-agent check` under 1 s (a fresh process)', measured: `${fmt(pf.freshProcessMedianMs)} ms`, met: judge(pf.freshProcessMedianMs, (x) => x < 1000) });
+  rows.push(...peerFailoverTargets(r));
+  return rows;
+}
+
+/** Issues' "no slower than keepalived": the IPv6 failover per advert interval, tracking per event (agent / keepalived <= 1). */
+export function peerFailoverTargets(r: BenchResults): TargetRow[] {
+  const rows: TargetRow[] = [];
+  for (const p of r.failover6?.points ?? []) {
+    rows.push({ area: 'failover6', target: `IPv6 VIP failover at ${p.advertInterval} s adverts no slower than keepalived`, measured: `${fmtRatio(p.ratioServed)} (${fmt(p.agent.medianServedMs)} vs ${fmt(p.keepalived.medianServedMs)} ms)`, met: judge(p.ratioServed, (x) => x <= 1) });
+  }
+  for (const s of r.tracking?.summary ?? []) {
+    rows.push({ area: 'tracking', target: `failover on ${s.event === 'carrier' ? 'carrier loss' : 'tracked-service loss'} no slower than keepalived (${s.event === 'carrier' ? 'track_interface' : 'track_script'})`, measured: `${fmtRatio(s.ratioServed)} (${fmt(s.agent.medianServedMs)} vs ${fmt(s.keepalived.medianServedMs)} ms)`, met: judge(s.ratioServed, (x) => x <= 1) });
+  }
   return rows;
 }
 
@@ -666,6 +683,20 @@ export function renderResults(r: BenchResults): string {
       if (nums.length) parts.push(table(['measurement (bench/failover.ts)', 'value'], nums.map(([k, v]) => [k, String(v)])));
     }
   }
+  if (r.failover6) {
+    parts.push('## Failover of an IPv6 VIP against keepalived');
+    parts.push(`\`${r.failover6.config.command}\` (bench/failover6.ts): two agents (priorities 200 and 150) serving an IPv6 pool VIP under VRRPv3 over IPv6, and two keepalived (IPv6 instance, the same priorities) holding the same VIP with an HTTP server in each, interleaved. The Master's VM dies (bridge port down and SIGKILL in one shell) right after one of its IPv6 adverts passes its bridge port; the death's time is read in that shell. A client starts a request to the VIP every 10 ms (new connection, 300 ms deadline). "First answer" runs from the death to the end of the first answered request; "neighbour entry" to when the client's neighbour entry had the new Master's MAC (polled about every 10 ms); "VRRP Master" and "VIP bound" (address added, first unsolicited neighbour advertisement sent) are the new Master's own log lines on the same clock. Medians; below 1x the agent serves again sooner.`);
+    parts.push(failover6Table(r.failover6));
+    parts.push(`Runs (first answer ms): ${failover6Runs(r.failover6)}.`);
+    if (r.failover6.errors.length) parts.push(`Not measured: ${r.failover6.errors.join('; ')}.`);
+  }
+  if (r.tracking) {
+    const l = r.tracking.config.likeForLike;
+    parts.push('## Ownership that follows health against keepalived');
+    parts.push(`\`${r.tracking.config.command}\` (bench/tracking.ts): VMs with a management NIC (VRRP, advert interval ${l.advertInterval} s, priorities 200 and 150) and a VM-network NIC (the VIP, backends, client). The agent tracks its VM-network NIC without a weight (fault) and its service with weight ${l.weight} below one healthy backend; keepalived has \`track_interface { eth1 }\` and a \`track_script\` that connects to each backend. Like for like: both check every ${l.intervalS} s with a ${l.timeoutS} s connect timeout, act on the first failure (fall ${l.fall}, the agent's failureThreshold ${l.fall}, failAfter 0) and recover on the first success (rise ${l.rise}). The event's time is read in the shell that makes it; "first answer" runs to the new Master's first answer (keepalived's local HTTP server keeps answering on the old Master, so its column is the election). The agent's old Master's resignation (fault, or priority lowered), new Master and VIP bound come from their logs on the same clock. Medians; below 1x the agent serves again sooner.`);
+    parts.push(trackingTable(r.tracking));
+    if (r.tracking.errors.length) parts.push(`Not measured: ${r.tracking.errors.join('; ')}.`);
+  }
   const errs = Object.entries(r.areas).filter(([, a]) => a.error);
   parts.push('## Areas');
   parts.push(table(['area', 'seconds', 'other CPU (cores)', 'load before', 'load after', 'error'], Object.entries(r.areas).map(([k, a]) => [k, fmt(a.seconds), fmt(a.otherCpuCores, 2), a.loadBefore.join(' '), a.loadAfter.join(' '), a.error ? a.error.replace(/\|/g, '/').replace(/\n/g, ' ').slice(0, 200) : ''])));
@@ -713,6 +744,8 @@ export function renderBenchSummary(r: BenchResults, resultsFile: string): string
   if (sct) parts.push(`Scale, N pool services of 2-4 backends each, health checks on, kernel path (agent CPU less its idle rate; the kube-proxy-style column is a reference table written by hand, not the agent):\n\n${sct}`);
   const fo = failoverTable(r);
   if (fo) parts.push(`Failover (bench/failover.ts), death of the Master VM to the first answer through the VIP:\n\n${fo}`);
+  if (r.failover6) parts.push(`Failover of an IPv6 VIP against keepalived (bench/failover6.ts), death of the Master VM to the first answer:\n\n${failover6Table(r.failover6)}`);
+  if (r.tracking) parts.push(`Ownership that follows health against keepalived's track_interface and track_script, like for like (bench/tracking.ts), event to the new Master's first answer:\n\n${trackingTable(r.tracking)}`);
   parts.push(`Targets (shown, not asserted):\n\n${table(['area', 'target', 'measured', 'result'], r.targets.map((t) => [t.area, t.target, t.measured, yes(t.met)]))}`);
   return parts.join('\n\n');
 }

@@ -412,6 +412,43 @@ t.test('tracking: the Master whose priority falls below the Backup\'s loses the 
   await b.gate.stop();
 });
 
+t.test('tracking: a lowered Master that has heard the Backup outrank it steps down, withdraws, then resigns; the Backup takes the VIP with no handover wait', async (t) => {
+  const w = world();
+  const registry = new Registry();
+  const links = new Map<string, { up: boolean; carrier: boolean } | undefined>([['eth1', { up: true, carrier: true }]]);
+  const tracker = new PriorityTracker({
+    track: { interfaces: [{ name: 'eth1', weight: 60, failAfter: 0, recoverAfter: 0 }], services: [] },
+    readLink: (n) => Promise.resolve(links.get(n)), backends: () => ({ up: 0, unknown: 0, total: 0 }), log: silentLogger(), registry, clock: w.clock,
+  });
+  await tracker.start();
+  const b = w.node(2, 150, [svc('web')]);
+  w.clock.advance(mdi(150) + 1);
+  t.equal(b.gate.isMaster('default/web'), true, '150 alone: Master');
+  // 200 joins and preempts 150: it has heard 150's adverts.
+  const a = w.node(1, 200, [svc('web')], { tracker, registry });
+  w.clock.advance(mdi(200) + PREEMPT_HANDOVER_MS + 1);
+  t.equal(a.gate.isMaster('default/web'), true);
+
+  const sentBefore = w.lan.sent(1).length;
+  a.changes.length = 0;
+  tracker.linkChanged('eth1', { up: true, carrier: false });
+  t.equal(a.gate.status('default/web')?.state, 'backup', 'stepped down at once');
+  t.equal(a.gate.isMaster('default/web'), false, 'and holds nothing');
+  t.same(a.changes, [['default/web']], 'the daemon was told to withdraw');
+  t.equal(w.lan.sent(1).length, sentBefore, 'nothing sent yet: the withdrawal goes first');
+  w.clock.advance(PREEMPT_HANDOVER_MS);
+  t.same(w.lan.sent(1).slice(sentBefore).map((x) => x.priority), [0], 'then one resignation advert, priority 0');
+  w.clock.advance(skewTimeMs(150, 100) + 1);
+  t.equal(b.gate.status('default/web')?.state, 'master', '150 took over after Skew_Time');
+  t.equal(b.gate.isMaster('default/web'), true, 'and holds the VIP at once');
+  t.equal(b.gate.status('default/web')?.handoverUntil, undefined, 'no handover wait');
+  w.clock.advance(5000);
+  t.equal(a.gate.status('default/web')?.state, 'backup', '140 follows 150');
+  t.equal(b.gate.isMaster('default/web'), true);
+  await a.gate.stop();
+  await b.gate.stop();
+});
+
 t.test('tracking: a router created while a track without weight fails starts in fault', async (t) => {
   const w = world();
   const registry = new Registry();

@@ -4,6 +4,7 @@
 import t from 'tap';
 import {
   createMachine,
+  MAX_PEERS,
   masterDownIntervalMs,
   skewTimeMs,
   step,
@@ -257,7 +258,8 @@ t.test('Master', async (t) => {
   t.test('advert with lower priority: split brain, keep Master, nothing else', async (t) => {
     const m = masterAt(0);
     const r = step(m, advert(LOWER_IP, 50), 5000);
-    t.equal(r.machine, m, 'machine unchanged');
+    t.same({ ...r.machine, peers: undefined }, { ...m, peers: undefined }, 'machine unchanged');
+    t.equal(r.machine.peers.get(LOWER_IP), 50, 'but for the router remembered');
     t.same(r.actions, [{ kind: 'splitBrain', peer: LOWER_IP, peerPriority: 50, resolution: 'kept' }]);
   });
 
@@ -509,4 +511,77 @@ t.test('simulated LAN: fault hands over after Skew_Time; the end of it preempts 
   t.ok(took.at - 10_000 < skewTimeMs(150, 100) + 1, `after Skew_Time (${(took.at - 10_000).toFixed(1)} ms)`);
   t.ok(log.some((l) => l.who === 0 && l.kind === 'becomeFault'));
   t.same(machines.map((m) => m.state), ['master', 'backup']);
+});
+
+t.test('stepping down (stepDownMs): a lowered Master that a heard router outranks', async (t) => {
+  const heardAt150 = (): Machine => {
+    // Master, having heard HIGHER_IP at 150 (it was Master before us).
+    let b = backupAt(0, { priority: 200, stepDownMs: 200 });
+    b = step(b, advert(HIGHER_IP, 150), 100).machine;
+    return step(b, { kind: 'timer' }, b.timerAt!).machine;
+  };
+  t.test('goes Backup at once, nothing sent; resigns with priority 0 stepDownMs later', async (t) => {
+    const m = heardAt150();
+    t.equal(m.state, 'master');
+    t.equal(m.peers.get(HIGHER_IP), 150, 'the heard router is remembered');
+    const down = step(m, { kind: 'priority', priority: 140 }, 5000);
+    t.equal(down.machine.state, 'backup');
+    t.same(kinds(down.actions), ['clearTimer', 'becomeBackup', 'setTimer', 'masterChanged'], 'no advert yet: the VIPs are withdrawn first');
+    t.same(find(down.actions, 'becomeBackup'), { kind: 'becomeBackup', reason: 'stepped-down', master: undefined });
+    t.equal(down.machine.timerAt, 5200);
+    t.same(step(down.machine, { kind: 'timer' }, 5199).actions, [], 'not before its time');
+    const resign = step(down.machine, { kind: 'timer' }, 5200);
+    t.same(resign.actions, [{ kind: 'sendAdvert', priority: 0 }, { kind: 'setTimer', at: 5200 + masterDownIntervalMs(140, 100) }], 'RFC 5798 §6.4.3 resignation, then a Backup');
+    t.equal(resign.machine.state, 'backup');
+    t.notOk(resign.machine.resigning);
+    const alone = step(resign.machine, { kind: 'timer' }, resign.machine.timerAt!);
+    t.same(find(alone.actions, 'becomeMaster'), { kind: 'becomeMaster', reason: 'master-down' }, 'nobody took over: Master again after Master_Down_Interval');
+  });
+  t.test('the other router speaks first: no resignation', async (t) => {
+    const down = step(heardAt150(), { kind: 'priority', priority: 140 }, 5000).machine;
+    const heard = step(down, advert(HIGHER_IP, 150), 5050);
+    t.equal(heard.machine.master, HIGHER_IP);
+    t.notOk(heard.machine.resigning);
+    t.notOk(step(heard.machine, { kind: 'timer' }, heard.machine.timerAt!).actions.some((a) => a.kind === 'sendAdvert' && a.priority === 0), 'its timer is a Master_Down_Timer again');
+  });
+  t.test('shutdown or fault while stepping down still resigns', async (t) => {
+    const down = step(heardAt150(), { kind: 'priority', priority: 140 }, 5000).machine;
+    t.same(kinds(step(down, { kind: 'shutdown' }, 5010).actions), ['clearTimer', 'sendAdvert', 'becomeInitialize']);
+    t.same(kinds(step(down, { kind: 'priority', priority: 0 }, 5010).actions), ['clearTimer', 'sendAdvert', 'becomeFault']);
+  });
+  t.test('no step-down: lowered but still above every heard router, unknown routers, a resigned router, or stepDownMs unset', async (t) => {
+    const still = step(heardAt150(), { kind: 'priority', priority: 160 }, 5000);
+    t.same(kinds(still.actions), ['sendAdvert', 'setTimer'], '160 > 150: the lowered priority is advertised');
+    const none = masterAt(0, { priority: 200, stepDownMs: 200 });
+    t.same(kinds(step(none, { kind: 'priority', priority: 140 }, 5000).actions), ['sendAdvert', 'setTimer'], 'nobody heard');
+    let gone = heardAt150();
+    gone = step(gone, advert(HIGHER_IP, 0), 4000).machine;
+    t.equal(gone.peers.size, 0, 'priority 0 forgets its sender');
+    t.same(kinds(step(gone, { kind: 'priority', priority: 140 }, 5000).actions), ['sendAdvert', 'setTimer']);
+    let off = backupAt(0, { priority: 200 });
+    off = step(off, advert(HIGHER_IP, 150), 100).machine;
+    off = step(off, { kind: 'timer' }, off.timerAt!).machine;
+    t.same(kinds(step(off, { kind: 'priority', priority: 140 }, 5000).actions), ['sendAdvert', 'setTimer'], 'stepDownMs unset');
+  });
+  t.test('the routers remembered are bounded', async (t) => {
+    let m = masterAt(0, { stepDownMs: 200 });
+    for (let i = 0; i < MAX_PEERS + 10; i++) m = step(m, advert(ip(`10.99.1.${i + 1}`), 50), 10 + i).machine;
+    t.equal(m.peers.size, MAX_PEERS);
+    t.notOk(m.peers.has(ip('10.99.1.1')), 'the least recently heard went first');
+  });
+});
+
+t.test('simulated LAN: a lowered Master steps down; the heard Backup takes over after Skew_Time of its resignation', async (t) => {
+  // 150 starts first and is Master until 200 preempts it: 200 has heard 150.
+  const configs = [router(1, 150, { stepDownMs: 200 }), router(2, 200, { stepDownMs: 200 })];
+  const { machines, log } = simulate(configs, {
+    until: 30_000, kill: [{ at: 8, who: 1 }], revive: [{ at: 5_000, who: 1 }], priority: [{ at: 10_000, who: 1, priority: 140 }],
+  });
+  t.equal(log.filter((l) => l.who === 1 && l.kind === 'becomeMaster' && l.at < 10_000).length, 1, '200 preempted 150 once');
+  const down = log.find((l) => l.who === 1 && l.kind === 'becomeBackup' && l.at >= 10_000)!;
+  const took = log.find((l) => l.who === 0 && l.kind === 'becomeMaster' && l.at >= 10_000)!;
+  t.equal(down.at, 10_000, 'the lowered Master stepped down at once');
+  t.ok(took.at - 10_000 < 200 + skewTimeMs(150, 100) + 1, `150 took over ${(took.at - 10_000).toFixed(1)} ms later: stepDownMs + Skew_Time`);
+  t.same(machines.map((m) => m.state), ['master', 'backup']);
+  t.equal(log.filter((l) => l.kind === 'becomeMaster' && l.at > took.at).length, 0, 'and nothing moves after');
 });

@@ -159,6 +159,21 @@ if (requirePrivileged(t)) {
         t.equal((await failover(n3)).priority, 200, 'back at the configured priority');
         const restored = priorityChanges(n3, backAt)[0];
         t.same(restored?.reasons, [], 'with no reason left');
+
+        // n3 preempted n2 back, so it has heard n2 (150): lowered to 140
+        // again, it steps down, withdraws, and resigns with priority 0.
+        const againAt = await n3.cutReach(VM_NET_BACKENDS, true);
+        await waitServing(n2, n3, 'the Master lost its backends again');
+        const down = logAfter(n3, againAt, (l) => l.op === 'transition' && l.to === 'backup');
+        t.equal(down?.reason, 'stepped-down', 'n3 stepped down instead of waiting to be preempted');
+        const took2 = logAfter(n2, againAt, (l) => l.op === 'transition' && l.to === 'master');
+        t.equal(took2?.reason, 'master-resigned', 'n2 took over on its resignation');
+        const withdrawn = logAfter(n3, againAt, (l) => l.op === 'remove-address');
+        const bound = logAfter(n2, againAt, (l) => l.op === 'bound');
+        t.ok(withdrawn && bound && logTime(withdrawn) < logTime(bound), 'n3 took the VIP off before n2 put it on');
+        t.comment(`reach lost again -> n3 stepped down ${down ? logTime(down) - againAt : '?'} ms -> withdrawn ${withdrawn ? logTime(withdrawn) - againAt : '?'} ms -> n2 Master ${took2 ? logTime(took2) - againAt : '?'} ms -> bound ${bound ? logTime(bound) - againAt : '?'} ms`);
+        await n3.cutReach(VM_NET_BACKENDS, false);
+        await waitServing(n3, n2, 'reach returned again, preempt on');
         await sleep(500);
         const g = gapReport(await loop.stop(), backAt, BACKEND_IDS);
         t.same(g.wrongBodies, [], 'every answer came from a backend');
