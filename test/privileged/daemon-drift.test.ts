@@ -97,7 +97,7 @@ t.test('every kind of damage to what the agent holds is repaired without a resta
     ['ip_forward turned off', 'sysctl -qw net.ipv4.ip_forward=0', /net.ipv4.ip_forward is 0.*set net.ipv4.ip_forward=1/],
     // What a start would remove as left by an earlier run is removed while running too.
     ['a stray agent macvlan', 'ip link add lbv0123456789ab link eth0 address 02:01:23:45:67:89 type macvlan mode bridge', /agent macvlan lbv0123456789ab \(02:01:23:45:67:89\) belongs to no configured service; deleted it/],
-    ['a marked address no service claims', markedAddressAdd('10.99.0.230', 'eth0'), /address 10.99.0.230\/32 on eth0 carries the agent's mark and no service holds or claims it; removed it/],
+    ['a marked address no service claims', markedAddressAdd('10.99.0.230', 'eth0'), /address 10.99.0.230\/32 on eth0 carries the agent's mark and no service holds or claims it there; removed it/],
   ];
   const marks = await damageEach(t, cl, agent, damages, [web.vip!, api.vip!]);
   const after = await agent.status();
