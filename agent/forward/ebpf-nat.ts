@@ -163,7 +163,7 @@ export class EbpfNatDataplane implements Dataplane {
     });
     new Counter({
       name: 'lbagent_forward_nat_events_total',
-      help: 'eBPF NAT engine events since its maps were created: new flows, mid-flow pickups, idle expiries, flows placed again, no free source port, no route.',
+      help: 'eBPF NAT engine events since its maps were created: new flows, mid-flow pickups, idle expiries, flows placed again, no free source port, no route, ICMP errors translated.',
       registers: [registry], labelNames: ['event'],
       collect() {
         this.reset();

@@ -28,11 +28,11 @@ export const NAT_OBJECT = 'nat.bpf.o';
 const PROG_PIN = 'lb_agent_nat_prog';
 /** The maps pinned by name (LIBBPF_PIN_BY_NAME in nat.c). */
 const PINNED_MAPS = ['lbn_flows', 'lbn_replies', 'lbn_events'] as const;
-const EVENTS = ['LBN_EV_NEW_FLOW', 'LBN_EV_MIDFLOW', 'LBN_EV_EXPIRED', 'LBN_EV_REPLACED', 'LBN_EV_PORTS_EXHAUSTED', 'LBN_EV_NO_ROUTE'] as const;
-export type NatEvent = 'new' | 'midflow' | 'expired' | 'replaced' | 'portsExhausted' | 'noRoute';
+const EVENTS = ['LBN_EV_NEW_FLOW', 'LBN_EV_MIDFLOW', 'LBN_EV_EXPIRED', 'LBN_EV_REPLACED', 'LBN_EV_PORTS_EXHAUSTED', 'LBN_EV_NO_ROUTE', 'LBN_EV_ICMP_ERROR'] as const;
+export type NatEvent = 'new' | 'midflow' | 'expired' | 'replaced' | 'portsExhausted' | 'noRoute' | 'icmpError';
 const EVENT_NAMES: Readonly<Record<(typeof EVENTS)[number], NatEvent>> = {
   LBN_EV_NEW_FLOW: 'new', LBN_EV_MIDFLOW: 'midflow', LBN_EV_EXPIRED: 'expired', LBN_EV_REPLACED: 'replaced',
-  LBN_EV_PORTS_EXHAUSTED: 'portsExhausted', LBN_EV_NO_ROUTE: 'noRoute',
+  LBN_EV_PORTS_EXHAUSTED: 'portsExhausted', LBN_EV_NO_ROUTE: 'noRoute', LBN_EV_ICMP_ERROR: 'icmpError',
 };
 
 /** The engine's settings (config `kernel:`). */
