@@ -238,7 +238,7 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
         },
         parent: { name: parent.name, index: parent.index },
         networkParents: nets.slice(1).map((n) => ({ name: n.parent.name, index: n.parent.index })),
-        ...(dp.kind === 'kernel' ? { tables: dp as NftDataplane, nftWatch: () => new (nftWatchModule().NftWatcher)({ log }) } : {}),
+        ...(dp.kind === 'kernel' ? { tables: dp as NftDataplane | EbpfNatDataplane, nftWatch: () => new (nftWatchModule().NftWatcher)({ log }) } : {}),
       }),
       observeHeld: async (services) => {
         const held = new Map<string, string>();

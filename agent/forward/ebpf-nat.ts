@@ -25,6 +25,10 @@ import { natLayout } from '../net/ebpf/nat-layout';
 import { portLabel, serviceLabels, type Dataplane, type FlowStats, type ForwardState, type ForwardStats } from './dataplane';
 import { natPlan, type NatPlan } from './nat-plan';
 import type { NftDataplane } from './nft';
+import type { TableOwner } from '../daemon/drift';
+
+/** The engine as the drift guard names it among the owned things. */
+export const NAT_ENGINE_SUBJECT = 'bpf lb_agent_nat';
 
 /** Which engine forwards the snat flows now, and why (status details). */
 export interface NatEngineState {
@@ -41,7 +45,7 @@ export interface EbpfNatDataplaneOptions {
   readonly log?: Logger;
 }
 
-export class EbpfNatDataplane implements Dataplane {
+export class EbpfNatDataplane implements Dataplane, TableOwner {
   readonly kind = 'kernel' as const;
   private readonly nft: NftDataplane;
   private readonly engine: NatEngine;
@@ -88,6 +92,50 @@ export class EbpfNatDataplane implements Dataplane {
 
   vipArrived(vip: string, ports: readonly { readonly protocol: 'TCP' | 'UDP'; readonly port: number }[]): Promise<void> {
     return this.nft.vipArrived(vip, ports);
+  }
+
+  // The drift guard's TableOwner (daemon/drift.ts): the nft table's, and the
+  // engine's program and pins as one more owned thing, so a detached program
+  // or a removed flow map is found at the guard's resync and put back with the
+  // table (logged and counted as 'table' drift).
+
+  ownedTables(): string[] {
+    return this.nft.ownedTables();
+  }
+
+  /** The engine's program or pins, where someone undid them (read at the guard's every resync). */
+  programsUndone(): Array<{ subject: string; found: string }> {
+    const drift = this.engine.active ? this.engine.drift() : undefined;
+    return drift === undefined ? [] : [{ subject: NAT_ENGINE_SUBJECT, found: drift }];
+  }
+
+  ownsCommit(pid: number | undefined): boolean {
+    return this.nft.ownsCommit(pid);
+  }
+
+  keepForwarding(): ReturnType<NftDataplane['keepForwarding']> {
+    return this.nft.keepForwarding();
+  }
+
+  /** The table written again whole, and the engine's program re-attached with its plan where someone undid it. */
+  repair(): Promise<boolean> {
+    return this.queue.run(async () => {
+      const table = await this.nft.repair();
+      const drift = this.engine.active ? this.engine.drift() : undefined;
+      if (drift === undefined || this.plan === undefined) return table;
+      try {
+        this.engine.apply(this.plan);
+        this.log.warn({ drift }, 'the eBPF NAT engine was undone by someone else; re-attached with its plan (flows without an entry are picked up mid-way)');
+        return true;
+      } catch (err) {
+        const reason = errorMessage(err);
+        this.log.error({ drift, err: reason }, 'cannot repair the eBPF NAT engine; the nft table forwards alone');
+        try { this.engine.detach(); } catch (e) { this.log.error({ err: errorMessage(e) }, 'cannot detach the eBPF NAT engine'); }
+        this.plan = undefined;
+        this.state = { engine: 'nft', reason: `fallback: repair failed: ${reason}` };
+        return table;
+      }
+    });
   }
 
   /** Per (service, port, backend) counters of the engine, since this process started it. */

@@ -330,6 +330,31 @@ export class NatEngine {
   get active(): boolean {
     return this.current !== undefined;
   }
+
+  /**
+   * What someone else undid of the attached engine, or undefined: its program
+   * detached from tcx ingress (bpftool net detach, another program's
+   * detach), its pin or a pinned flow map removed. apply() with the same plan
+   * repairs all of it (a removed flow map is created anew; its flows are
+   * picked up mid-way).
+   */
+  drift(): string | undefined {
+    const l = this.current;
+    if (!l) return undefined;
+    for (const name of [PROG_PIN, ...PINNED_MAPS]) {
+      if (!fs.existsSync(path.join(this.pinDir, name))) return `${path.join(this.pinDir, name)} is gone`;
+    }
+    let ifindex: number;
+    try { ifindex = ifNameToIndex(this.device); } catch { return `${this.device} is gone`; }
+    const id = this.bpf.bpfProgInfo(l.prog).id;
+    if (!this.bpf.bpfProgQuery(ifindex, BPF_TCX_INGRESS).includes(id)) return `the program is not attached at tcx ingress of ${this.device}`;
+    return undefined;
+  }
+
+  /** The plan in force (drift repair applies it again). */
+  get plan(): NatPlan | undefined {
+    return this.current?.plan;
+  }
 }
 
 /** The key of one counter: service, "TCP/80", backend. */
