@@ -22,7 +22,7 @@ import * as path from 'node:path';
 import { requirePrivileged } from '../helpers/privileged';
 import { createLab, run, waitFor, type Lab } from '../../lab/netns';
 import { distPath } from '../../lab/services';
-import { JsonLinesProc, startPeerEchoes } from '../../lab/forward';
+import { JsonLinesProc, askLoop, startPeerEchoes } from '../../lab/forward';
 import type { DriverService } from '../../lab/bin/forward-driver';
 import { parseIPv4 } from '../../agent/address';
 import { normalizeState } from '../../agent/forward/dataplane';
@@ -88,22 +88,6 @@ process.stdout.write(String(c));`;
 async function conntrackEntries(lab: Lab, ns: string): Promise<number> {
   const out = (await lab.exec(ns, 'conntrack', ['-L', '-o', 'extended'], { allowFail: true })).stdout;
   return out.split('\n').filter((l) => l.includes(VIP)).length;
-}
-
-/** One connection every 20 ms at VIP:80 until stopped; failures by code. */
-function clientLoop(cl: JsonLinesProc): { stop(): Promise<{ count: number; failures: Record<string, number> }> } {
-  let count = 0;
-  const failures: Record<string, number> = {};
-  const inflight: Promise<unknown>[] = [];
-  const timer = setInterval(() => {
-    if (count >= 1000) return;
-    count++;
-    inflight.push(cl.request({ cmd: 'ask', host: VIP, port: 80 }, 5000).catch((e: unknown) => {
-      const code = String((e as { code?: string }).code ?? (e as Error).message);
-      failures[code] = (failures[code] ?? 0) + 1;
-    }));
-  }, 20);
-  return { async stop() { clearInterval(timer); await Promise.all(inflight); return { count, failures }; } };
 }
 
 interface Ask { backend: string; peer: string }
@@ -197,7 +181,7 @@ if (requirePrivileged(t)) {
       t.ok(held.backends.includes('b3'), `held connections on ${held.backends.join(' ')}`);
 
       // A planned restart: the program stays attached, the next process replaces it by its pin.
-      const loop = clientLoop(cl);
+      const loop = askLoop(cl, VIP, 80);
       await new Promise((r) => setTimeout(r, 200));
       await eng.request({ cmd: 'keep' }).catch(() => undefined);
       eng = await startEngine();
