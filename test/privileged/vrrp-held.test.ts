@@ -28,12 +28,15 @@
 //   with the client's port (its mid-flow pickup), so the backend sees the
 //   same connection; n1's conntrack holds none of these flows. Each agent
 //   mounts a BPF file system of its own in the mount namespace `ip netns
-//   exec` gives it, so the two never share pins.
+//   exec` gives it, so the two never share pins. Then drift repair of the
+//   engine on n1 (programDrift): its program detached, its flow map's pin
+//   removed, each put back at the next resync.
 // A connection every 20 ms through the VIP around n2's death counts what
 // fails while n1 takes over (reported, not asserted: the gap is VRRP's).
-import t from 'tap';
+import t, { type Test } from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
-import { createLab } from '../../lab/netns';
+import { createLab, run, waitFor, type Lab } from '../../lab/netns';
+import { distPath } from '../../lab/services';
 import { startAgent, waitStatus, type AgentHandle } from '../../lab/agent';
 import { JsonLinesProc, askLoop, startPeerEchoes, dropInvalid, BACKENDS, IDS } from '../../lab/forward';
 import { bridgePort, vmDeath, FAST_ARP, VRID, CLIENT } from '../../lab/vrrp';
@@ -70,7 +73,7 @@ function heldAcrossFailover(sourceIP: 'preserve' | 'snat', fromPort: number, eng
       metrics: { listen: '' }, dataplane: 'kernel', arp: FAST_ARP,
       pools: { 'range-global': '10.99.0.200-10.99.0.209' },
       services: [{ name: 'web', ipam: 'pool', loadBalancerIP: VIP, sourceIP, ports: [{ port: 80 }], healthCheck: HC, backends: [...BACKENDS] }],
-      ...(ebpf ? { kernel: { engine: 'ebpf' } } : {}),
+      ...(ebpf ? { kernel: { engine: 'ebpf' }, reconcile: { resyncInterval: 1 } } : {}),
     });
     const agents: AgentHandle[] = [];
     for (let i = 0; i < NODES.length; i++) agents.push(await startAgent(lab, nodeNs[i]!, config(NODES[i]!), { name: NODES[i]!.name, ...(ebpf ? { command: OWN_BPFFS } : {}) }));
@@ -111,12 +114,53 @@ function heldAcrossFailover(sourceIP: 'preserve' | 'snat', fromPort: number, eng
     t.same(fresh.errors, {}, 'new connections through n1: none fails');
     t.equal(fresh.peerIsClient, dsr ? 150 : 0, dsr ? "and each backend sees the client's own address and port" : 'and each backend sees the VIP (source NAT)');
     t.equal(Object.keys(fresh.counts).length, 3, `spread over the three backends (${JSON.stringify(fresh.counts)})`);
+    if (ebpf) await programDrift(t, lab, nodeNs[0]!, a1, cl, held.backends);
     await cl.request({ cmd: 'holdClose' });
   });
 }
 
+/** The engine's programs at tcx ingress of the node's eth0 (by name); with `detach`, detached first as another process would. */
+async function natPrograms(lab: Lab, ns: string, detach = false): Promise<number> {
+  const script = `const n = require(${JSON.stringify(distPath('agent', 'native', 'native.js'))}); const fs = require('node:fs'); const b = n.nativeBpf();
+const ifindex = n.ifNameToIndex('eth0'); let c = 0;
+for (const id of b.bpfProgQuery(ifindex, 46)) { const fd = b.bpfProgGetFdById(id); if (b.bpfProgInfo(fd).name === 'lb_agent_nat') { if (${detach}) b.bpfProgDetach(ifindex, fd, 46); else c++; } fs.closeSync(fd); }
+process.stdout.write(String(c));`;
+  return Number((await lab.exec(ns, process.execPath, ['-e', script])).stdout);
+}
+
+/**
+ * Drift repair of the engine, on the new Master n1 (reconcile.resyncInterval
+ * 1 s): its program detached by another process, then its pinned flow map
+ * removed (in the agent's own mount namespace); each is back at the next
+ * resync, counted as table drift, and the held connections are answered by
+ * their backends throughout (picked up mid-way by the new flow map).
+ */
+async function programDrift(t: Test, lab: Lab, ns: string, agent: AgentHandle, cl: JsonLinesProc, held: string[]): Promise<void> {
+  const repairs = async (): Promise<number> => (await agent.status()).drift?.repairs.table ?? 0;
+  const before = await repairs();
+  const loop = askLoop(cl, VIP, 80);
+  await new Promise((r) => setTimeout(r, 200));
+  await natPrograms(lab, ns, true);
+  const detachedAt = Date.now();
+  t.equal(await natPrograms(lab, ns), 0, 'n1\'s program detached by another process');
+  await waitFor('n1 to attach its program again', async () => await natPrograms(lab, ns) === 1, 5000, 50);
+  t.comment(`attached again ${Date.now() - detachedAt} ms after the detach`);
+  const flows = '/sys/fs/bpf/lb-agent/nat-eth0/lbn_flows';
+  const inAgent = (cmd: string[]) => run('nsenter', ['-t', String(agent.proc.pid), '-m', ...cmd], { allowFail: true });
+  await inAgent(['rm', flows]);
+  t.not((await inAgent(['test', '-e', flows])).code, 0, 'its pinned flow map removed');
+  await waitFor('n1 to pin its flow map again', async () => (await inAgent(['test', '-e', flows])).code === 0, 5000, 50);
+  const again = await cl.request<{ backends: string[] }>({ cmd: 'holdAsk' });
+  t.same(again.backends, held, 'the held connections answered by their backends after both repairs');
+  t.equal(await natPrograms(lab, ns), 1, 'one program attached');
+  await waitFor('both repairs counted', async () => await repairs() >= before + 2, 3000, 100);
+  const res = await loop.stop();
+  t.comment(`table repairs ${before} -> ${await repairs()}; ${Object.values(res.failures).reduce((a, b) => a + b, 0)} of ${res.count} connections at 20 ms failed across the two repairs ${JSON.stringify(res.failures)}`);
+  t.same(res.failures, {}, 'no connection failed across the repairs');
+}
+
 /** The node's conntrack entries for the VIP. */
-async function conntrackOf(lab: Awaited<ReturnType<typeof createLab>>, ns: string): Promise<number> {
+async function conntrackOf(lab: Lab, ns: string): Promise<number> {
   const out = (await lab.exec(ns, 'conntrack', ['-L', '-o', 'extended'], { allowFail: true })).stdout;
   return out.split('\n').filter((l) => l.includes(VIP)).length;
 }
