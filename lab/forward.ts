@@ -176,3 +176,19 @@ export function startClient(fl: ForwardLab): Promise<JsonLinesProc> {
 }
 
 export interface Burst { counts: Record<string, number>; errors: Record<string, number> }
+
+/** A peer-client asking host:port on a new connection every 20 ms until stopped (at most 1000); its failures by code. */
+export function askLoop(cl: JsonLinesProc, host: string, port: number): { stop(): Promise<{ count: number; failures: Record<string, number> }> } {
+  let count = 0;
+  const failures: Record<string, number> = {};
+  const inflight: Promise<unknown>[] = [];
+  const timer = setInterval(() => {
+    if (count >= 1000) return;
+    count++;
+    inflight.push(cl.request({ cmd: 'ask', host, port }, 5000).catch((e: unknown) => {
+      const code = String((e as { code?: string }).code ?? (e as Error).message);
+      failures[code] = (failures[code] ?? 0) + 1;
+    }));
+  }, 20);
+  return { async stop() { clearInterval(timer); await Promise.all(inflight); return { count, failures }; } };
+}

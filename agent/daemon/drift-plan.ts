@@ -121,7 +121,8 @@ export function planDrift(held: readonly HeldVip[], k: KernelSnapshot, wanted?: 
       out.push({ kind: 'address', key: v.key, subject: cidr, found: `VIP ${cidr} of ${v.key} was removed from ${v.ifname}` });
     }
   }
-  for (const [table, what] of k.tablesChanged) out.push({ kind: 'table', subject: table, found: `table ${table}: ${what}` });
+  // A program the path owns beside its tables is named 'bpf <name>' (forward/ebpf-nat.ts).
+  for (const [table, what] of k.tablesChanged) out.push({ kind: 'table', subject: table, found: `${table.startsWith('bpf ') ? 'program' : 'table'} ${table}: ${what}` });
   // One drift an interface: one write puts back every value of its role.
   const wrong = new Map<string, { role: VipRole; found: string[] }>();
   for (const s of k.sysctls) {

@@ -36,6 +36,11 @@ export interface TableOwner {
   repair(): Promise<boolean>;
   /** The forwarding sysctls back to 1 where someone turned one off: each one put back, with the value found. */
   keepForwarding(): Promise<ReadonlyArray<{ readonly sysctl: string; readonly found: number }>>;
+  /**
+   * A program the path owns beside its tables (the eBPF NAT engine's), where
+   * someone undid it: read at every resync, repaired by repair() as a table.
+   */
+  programsUndone?(): ReadonlyArray<{ readonly subject: string; readonly found: string }>;
 }
 
 export interface DriftGuardOptions {
@@ -324,6 +329,7 @@ export class DriftGuard {
         // A commit the watch did not hear of: it may have been to our tables.
         if (gen !== undefined && gen !== nft.lastGen) this.tablesMayHaveChanged(`the ruleset is at generation ${gen}, notifications stopped at ${nft.lastGen}`);
       }
+      for (const p of this.opts.tables?.programsUndone?.() ?? []) if (!this.tablesChanged.has(p.subject)) this.tablesChanged.note(p.subject, p.found);
     } catch (err) {
       this.log.warn({ op: 'resync', why, err: errorMessage(err) }, 'could not read the kernel\'s links and addresses');
       return;

@@ -15,7 +15,7 @@ import type { BackendHealth, Subsystems } from './subsystems';
 import { VERSION } from '../version';
 import { isoTime } from '../clock';
 import { DEFAULT_NETWORK } from '../config/networks';
-import { dsrEngineOf, familyStatus, portsText, serviceVerdict, startingStatus, type ServiceStatus, type StatusDocument, type Verdict } from './status';
+import { dsrEngineOf, natEngineOf, familyStatus, portsText, serviceVerdict, startingStatus, type ServiceStatus, type StatusDocument, type Verdict } from './status';
 
 /** A started service's verdict, and what it was decided from. */
 export type ServiceState = Verdict & { src: SourceStatus | undefined; failover: Record<string, unknown> | undefined; topology: TopologySelection; healthyCount: number; vip: string | undefined };
@@ -189,6 +189,7 @@ export class StatusView {
         kind: subs.dataplane.kind, reason: subs.dataplane.reason,
         ...(subs.dataplane.placement ? { placement: subs.dataplane.placement } : {}),
         ...dsrEngineOf(subs.dataplane),
+        ...natEngineOf(subs.dataplane),
       } : undefined,
       failover: { mode: c.failover.mode },
       ...(subs?.networks ? { networks: subs.networks.map((n) => ({ name: n.name, interface: n.parent.name, address: n.parent.address })) } : {}),

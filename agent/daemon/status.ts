@@ -62,6 +62,8 @@ export interface StatusDocument {
     placement?: Placement;
     /** What forwards direct server return now, while a DSR port is forwarded. */
     dsr?: { engine: 'bpf' | 'nft'; cause: string; reason: string };
+    /** What forwards the kernel path's snat flows, where the eBPF NAT engine is configured. */
+    natEngine?: { engine: 'ebpf' | 'nft'; reason: string };
   } | undefined;
   failover: { mode: string };
   /** Every network of the VM and its NIC, the default first. */
@@ -129,6 +131,12 @@ export function serviceVerdict(i: VerdictInput): Verdict {
 /** A service's ports as status shows them: 80/TCP->8080. */
 export function portsText(spec: ServiceSpec): string[] {
   return spec.ports.map((p) => `${p.port}/${p.protocol}->${p.targetPort}`);
+}
+
+/** status' dataplane.natEngine: what forwards the snat flows, where the eBPF NAT engine is configured. */
+export function natEngineOf(dp: DataplaneLike): { natEngine?: { engine: 'ebpf' | 'nft'; reason: string } } {
+  const e = dp.natEngine?.();
+  return e ? { natEngine: { engine: e.engine, reason: e.reason } } : {};
 }
 
 /** status' dataplane.dsr: the engine serving direct server return, when a DSR port is forwarded. */

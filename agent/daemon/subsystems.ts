@@ -53,6 +53,8 @@ export interface DataplaneLike {
   dsr?(): Promise<import('../forward/dataplane').ProbeResult>;
   /** What forwards DSR frames now - the BPF program or the nft table alone, and why (undefined: no DSR port forwarded); for `lb-agent status`. */
   dsrEngine?(): import('../forward/nft').DsrEngineState | undefined;
+  /** What forwards the snat flows now - the eBPF NAT engine or the nft table, and why (undefined: the engine is not configured); for `lb-agent status`. */
+  natEngine?(): import('../forward/ebpf-nat').NatEngineState | undefined;
   /** The kernel path's placement of new SNAT connections (forward/nft.ts Placement); for `lb-agent status`. */
   readonly placement?: import('../forward/dataplane').Placement;
 }

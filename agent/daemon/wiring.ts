@@ -7,6 +7,7 @@ import type { Desired, NetworkSpec, PortSpec, ProxyConfig, ServiceSpec } from '.
 import { DEFAULT_NETWORK, allPools, networksOf } from '../config/networks';
 import type { ProxyDataplane } from '../forward/proxy';
 import type { NftDataplane } from '../forward/nft';
+import type { EbpfNatDataplane } from '../forward/ebpf-nat';
 import { LbError, errorMessage } from '../errors';
 import { openNetlink } from '../net/netlink/netlink';
 import { ParentSysctls } from '../net/sysctl/sysctl';
@@ -157,7 +158,7 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
       reason: selection.reason,
       apply: (services) => dp.apply({ services }),
       ...(dp.kind === 'proxy' ? { reconfigure: (proxy: ProxyConfig) => (dp as ProxyDataplane).reconfigure(proxy) } : {}),
-      ...(dp.kind === 'kernel' ? { dsrEngine: () => (dp as NftDataplane).dsr, placement, vipArrived: (vip: string, ports: readonly PortSpec[]) => (dp as NftDataplane).vipArrived(vip, ports) } : {}),
+      ...(dp.kind === 'kernel' ? { dsrEngine: () => (dp as NftDataplane).dsr, natEngine: () => (dp as Partial<EbpfNatDataplane>).engineState, placement, vipArrived: (vip: string, ports: readonly PortSpec[]) => (dp as NftDataplane).vipArrived(vip, ports) } : {}),
       stop: (o) => dp.stop(o),
       dsr: () => (selection.kind === 'kernel' ? dsr() : Promise.resolve({ ok: false, reason: 'the userspace proxy is running' })),
     };
@@ -238,7 +239,7 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
         },
         parent: nics[0]!,
         networkParents: nics.slice(1),
-        ...(dp.kind === 'kernel' ? { tables: dp as NftDataplane, nftWatch: () => new (nftWatchModule().NftWatcher)({ log }) } : {}),
+        ...(dp.kind === 'kernel' ? { tables: dp as NftDataplane | EbpfNatDataplane, nftWatch: () => new (nftWatchModule().NftWatcher)({ log }) } : {}),
       }),
       observeHeld: async (services) => {
         const held = new Map<string, string>();

@@ -25,6 +25,10 @@ import { natLayout } from '../net/ebpf/nat-layout';
 import { portLabel, serviceLabels, type Dataplane, type FlowStats, type ForwardState, type ForwardStats } from './dataplane';
 import { natPlan, type NatPlan } from './nat-plan';
 import type { NftDataplane } from './nft';
+import type { TableOwner } from '../daemon/drift';
+
+/** The engine as the drift guard names it among the owned things. */
+export const NAT_ENGINE_SUBJECT = 'bpf lb_agent_nat';
 
 /** Which engine forwards the snat flows now, and why (status details). */
 export interface NatEngineState {
@@ -41,7 +45,7 @@ export interface EbpfNatDataplaneOptions {
   readonly log?: Logger;
 }
 
-export class EbpfNatDataplane implements Dataplane {
+export class EbpfNatDataplane implements Dataplane, TableOwner {
   readonly kind = 'kernel' as const;
   private readonly nft: NftDataplane;
   private readonly engine: NatEngine;
@@ -90,6 +94,50 @@ export class EbpfNatDataplane implements Dataplane {
     return this.nft.vipArrived(vip, ports);
   }
 
+  // The drift guard's TableOwner (daemon/drift.ts): the nft table's, and the
+  // engine's program and pins as one more owned thing, so a detached program
+  // or a removed flow map is found at the guard's resync and put back with the
+  // table (logged and counted as 'table' drift).
+
+  ownedTables(): string[] {
+    return this.nft.ownedTables();
+  }
+
+  /** The engine's program or pins, where someone undid them (read at the guard's every resync). */
+  programsUndone(): Array<{ subject: string; found: string }> {
+    const drift = this.engine.active ? this.engine.drift() : undefined;
+    return drift === undefined ? [] : [{ subject: NAT_ENGINE_SUBJECT, found: drift }];
+  }
+
+  ownsCommit(pid: number | undefined): boolean {
+    return this.nft.ownsCommit(pid);
+  }
+
+  keepForwarding(): ReturnType<NftDataplane['keepForwarding']> {
+    return this.nft.keepForwarding();
+  }
+
+  /** The table written again whole, and the engine's program re-attached with its plan where someone undid it. */
+  repair(): Promise<boolean> {
+    return this.queue.run(async () => {
+      const table = await this.nft.repair();
+      const drift = this.engine.active ? this.engine.drift() : undefined;
+      if (drift === undefined || this.plan === undefined) return table;
+      try {
+        this.engine.apply(this.plan);
+        this.log.warn({ drift }, 'the eBPF NAT engine was undone by someone else; re-attached with its plan (flows without an entry are picked up mid-way)');
+        return true;
+      } catch (err) {
+        const reason = errorMessage(err);
+        this.log.error({ drift, err: reason }, 'cannot repair the eBPF NAT engine; the nft table forwards alone');
+        try { this.engine.detach(); } catch (e) { this.log.error({ err: errorMessage(e) }, 'cannot detach the eBPF NAT engine'); }
+        this.plan = undefined;
+        this.state = { engine: 'nft', reason: `fallback: repair failed: ${reason}` };
+        return table;
+      }
+    });
+  }
+
   /** Per (service, port, backend) counters of the engine, since this process started it. */
   engineCounters(): Map<string, NatCounter> {
     return this.plan ? this.engine.counters() : new Map<string, NatCounter>();
@@ -113,24 +161,6 @@ export class EbpfNatDataplane implements Dataplane {
       }
     }
     return { ...st, flows, details: { ...st.details, natEngine: engine } };
-  }
-
-  // The drift guard's part (daemon/drift.ts TableOwner): the tables it
-  // keeps are the nft path's underneath, which this path writes unchanged.
-  ownedTables(): string[] {
-    return this.nft.ownedTables();
-  }
-
-  ownsCommit(pid: number | undefined): boolean {
-    return this.nft.ownsCommit(pid);
-  }
-
-  repair(): Promise<boolean> {
-    return this.nft.repair();
-  }
-
-  keepForwarding(): ReturnType<NftDataplane['keepForwarding']> {
-    return this.nft.keepForwarding();
   }
 
   /** The direct-server-return engine of the nft path underneath (status). */
@@ -181,7 +211,7 @@ export class EbpfNatDataplane implements Dataplane {
     });
     new Counter({
       name: 'lbagent_forward_nat_events_total',
-      help: 'eBPF NAT engine events since its maps were created: new flows, mid-flow pickups, idle expiries, flows placed again, no free source port, no route.',
+      help: 'eBPF NAT engine events since its maps were created: new flows, mid-flow pickups, idle expiries, flows placed again, no free source port, no route, ICMP errors translated.',
       registers: [registry], labelNames: ['event'],
       collect() {
         this.reset();

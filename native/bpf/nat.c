@@ -29,6 +29,17 @@
  * out allows (the stack sends the ICMP fragmentation-needed), and a port
  * with no healthy backend (the nft table refuses it).
  *
+ * An ICMP error (destination unreachable, time exceeded) about a packet
+ * the engine sent is translated towards the flow's other end, as
+ * conntrack's nf_nat_icmp_reply_translation does on the nft path: a
+ * router's fragmentation-needed for V:nport -> B reaches C as one for
+ * C:cport -> V:port, and one for V:port -> C reaches B as one for
+ * B:targetPort -> V:nport, each from the VIP; so path MTU discovery
+ * (RFC 1191) works through the VIP both ways. The quoted packet's
+ * addresses, ports and IP checksum are rewritten; its L4 checksum is left
+ * as quoted (a receiver matches an error by addresses and ports, RFC 1122
+ * 4.2.3.9, and a router may quote only 8 bytes of it).
+ *
  * Checksums are fixed incrementally (bpf_l3_csum_replace and
  * bpf_l4_csum_replace with the pseudo-header flag); the TTL drops by one, as
  * through any router, and a packet whose TTL would reach zero goes to the
@@ -430,6 +441,120 @@ static __always_inline int from_backend(struct __sk_buff *skb, struct parsed *p,
 	return forward(skb, p, r->addr, r->nat_port, r->port, r->counter, 0, 0);
 }
 
+/* linux/icmp.h pulls in libc's socket headers, which the BPF target lacks. */
+#define ICMP_DEST_UNREACH 3
+#define ICMP_TIME_EXCEEDED 11
+struct icmphdr {
+	__u8 type;
+	__u8 code;
+	__u16 checksum;
+	__u32 rest;
+};
+
+/* The quoted packet of an ICMP error: an IPv4 header without options, then
+ * the first 8 bytes of its TCP or UDP header (RFC 792: at least those). */
+struct icmp_quote {
+	struct iphdr ip;
+	__u16 sport;
+	__u16 dport;
+	__u32 rest;
+};
+
+#define ICMP_OFF (sizeof(struct ethhdr) + sizeof(struct iphdr))
+#define QUOTE_OFF (ICMP_OFF + sizeof(struct icmphdr))
+
+/* Translate an ICMP error about a packet this engine sent (its source the
+ * VIP) towards the flow's other end; TCX_NEXT for every other ICMP packet. */
+static __always_inline int icmp_error(struct __sk_buff *skb, const struct lbn_config *cfg)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct iphdr *ip = data + sizeof(struct ethhdr);
+	struct icmphdr *ic = data + ICMP_OFF;
+	struct icmp_quote *q = data + QUOTE_OFF;
+
+	if ((void *)(q + 1) > end)
+		return TCX_NEXT;
+	if (ic->type != ICMP_DEST_UNREACH && ic->type != ICMP_TIME_EXCEEDED)
+		return TCX_NEXT;
+	if (q->ip.ihl != 5 || (q->ip.protocol != IPPROTO_TCP && q->ip.protocol != IPPROTO_UDP) || q->ip.saddr != ip->daddr)
+		return TCX_NEXT;
+
+	__u32 vip = q->ip.saddr;
+	int to_backend = 0;
+	struct lbn_flow_key k = { .proto = q->ip.protocol };
+	/* A packet towards the backend (V:nport -> B:port): the replies map names the client. */
+	k.saddr = q->ip.daddr;
+	k.daddr = vip;
+	k.sport = q->dport;
+	k.dport = q->sport;
+	struct lbn_flow *other = bpf_map_lookup_elem(&lbn_replies, &k);
+	if (other) {
+		/* The reply entry is the flow's only while the client's side still sends it there (from_backend). */
+		struct lbn_flow_key fk = { .saddr = other->addr, .daddr = vip, .sport = other->port, .dport = other->nat_port, .proto = k.proto };
+		struct lbn_flow *f = bpf_map_lookup_elem(&lbn_flows, &fk);
+		if (!f || f->addr != k.saddr || f->port != k.sport || f->nat_port != k.dport || expired(cfg, f, k.proto, bpf_ktime_get_ns()))
+			return TCX_NEXT;
+	} else {
+		/* A packet towards the client (V:port -> C:cport): the flows map names the backend. */
+		other = bpf_map_lookup_elem(&lbn_flows, &k);
+		if (!other || expired(cfg, other, k.proto, bpf_ktime_get_ns()))
+			return TCX_NEXT;
+		to_backend = 1;
+	}
+	/* To the other end (C, or B), quoting its own packet: C:cport -> V:port, or B:targetPort -> V:nport. */
+	__u32 nsrc = vip, ndst = other->addr, qsrc = other->addr, qdst = vip;
+	__u16 qsport = other->port, qdport = other->nat_port;
+	__u32 counter = other->counter;
+
+	__u32 osrc = ip->saddr, odst = ip->daddr;
+	__u32 oqsrc = q->ip.saddr, oqdst = q->ip.daddr;
+	__u16 oqsport = q->sport, oqdport = q->dport;
+	__u16 oqcheck = q->ip.check;
+	__u16 ottl = *(__u16 *)&ip->ttl;
+	__u16 nttl = ottl - bpf_htons(0x0100);
+	__u32 len = bpf_ntohs(ip->tot_len);
+	if (ip->ttl <= 1)
+		return TCX_NEXT;
+	struct bpf_fib_lookup fib;
+	int rc = route(skb, &fib, nsrc, ndst, IPPROTO_ICMP, len);
+	if (!fib_usable(rc)) {
+		event(LBN_EV_NO_ROUTE);
+		return TCX_NEXT;
+	}
+
+	__u32 qcheck_off = QUOTE_OFF + offsetof(struct iphdr, check);
+	__u32 icmp_csum = ICMP_OFF + offsetof(struct icmphdr, checksum);
+	__u16 nqcheck;
+	/* The quoted header's checksum first, then the ICMP checksum over every quoted change. */
+	if (bpf_l3_csum_replace(skb, qcheck_off, oqsrc, qsrc, 4) ||
+	    bpf_l3_csum_replace(skb, qcheck_off, oqdst, qdst, 4) ||
+	    bpf_skb_load_bytes(skb, qcheck_off, &nqcheck, 2) ||
+	    bpf_l4_csum_replace(skb, icmp_csum, oqsrc, qsrc, 4) ||
+	    bpf_l4_csum_replace(skb, icmp_csum, oqdst, qdst, 4) ||
+	    bpf_l4_csum_replace(skb, icmp_csum, oqsport, qsport, 2) ||
+	    bpf_l4_csum_replace(skb, icmp_csum, oqdport, qdport, 2) ||
+	    bpf_l4_csum_replace(skb, icmp_csum, oqcheck, nqcheck, 2))
+		return TC_ACT_SHOT;
+	if (bpf_skb_store_bytes(skb, QUOTE_OFF + offsetof(struct iphdr, saddr), &qsrc, 4, 0) ||
+	    bpf_skb_store_bytes(skb, QUOTE_OFF + offsetof(struct iphdr, daddr), &qdst, 4, 0) ||
+	    bpf_skb_store_bytes(skb, QUOTE_OFF + sizeof(struct iphdr), &qsport, 2, 0) ||
+	    bpf_skb_store_bytes(skb, QUOTE_OFF + sizeof(struct iphdr) + 2, &qdport, 2, 0))
+		return TC_ACT_SHOT;
+	/* The outer header: from the VIP to the flow's other end, one hop less. */
+	__u32 l3 = sizeof(struct ethhdr) + offsetof(struct iphdr, check);
+	if (bpf_l3_csum_replace(skb, l3, osrc, nsrc, 4) ||
+	    bpf_l3_csum_replace(skb, l3, odst, ndst, 4) ||
+	    bpf_l3_csum_replace(skb, l3, ottl, nttl, 2) ||
+	    bpf_skb_store_bytes(skb, sizeof(struct ethhdr) + offsetof(struct iphdr, saddr), &nsrc, 4, 0) ||
+	    bpf_skb_store_bytes(skb, sizeof(struct ethhdr) + offsetof(struct iphdr, daddr), &ndst, 4, 0) ||
+	    bpf_skb_store_bytes(skb, sizeof(struct ethhdr) + offsetof(struct iphdr, ttl), &nttl, 2, 0))
+		return TC_ACT_SHOT;
+	event(LBN_EV_ICMP_ERROR);
+	count(counter, to_backend, len, 0);
+	return send(skb, &fib, rc);
+}
+
 SEC("tc")
 int lb_agent_nat(struct __sk_buff *skb)
 {
@@ -437,8 +562,16 @@ int lb_agent_nat(struct __sk_buff *skb)
 	__u32 zero = 0;
 	struct lbn_config *cfg;
 
-	if (parse(skb, &p))
-		return TCX_NEXT;
+	if (parse(skb, &p)) {
+		void *data = (void *)(long)skb->data;
+		void *end = (void *)(long)skb->data_end;
+		struct iphdr *ip = data + sizeof(struct ethhdr);
+		if ((void *)(ip + 1) > end || ((struct ethhdr *)data)->h_proto != bpf_htons(ETH_P_IP) ||
+		    ip->protocol != IPPROTO_ICMP || ip->ihl != 5 || (ip->frag_off & bpf_htons(0x3fff)) != 0)
+			return TCX_NEXT;
+		cfg = bpf_map_lookup_elem(&lbn_config, &zero);
+		return cfg ? icmp_error(skb, cfg) : TCX_NEXT;
+	}
 	cfg = bpf_map_lookup_elem(&lbn_config, &zero);
 	if (!cfg)
 		return TCX_NEXT;

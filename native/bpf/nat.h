@@ -99,7 +99,8 @@ enum lbn_event {
 	LBN_EV_PORTS_EXHAUSTED = 4,
 	LBN_EV_NO_ROUTE = 5,
 	LBN_EV_PASSED = 6,
-	LBN_EV_COUNT = 7,
+	LBN_EV_ICMP_ERROR = 7,
+	LBN_EV_COUNT = 8,
 };
 
 /* How many source ports of the reserved range a new flow tries when the

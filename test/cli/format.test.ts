@@ -73,6 +73,15 @@ t.test('issue 17: the dataplane line says which engine serves direct server retu
   t.match(formatStatus(d, 0), /^dataplane: kernel \(auto\), direct server return on the nft table alone \(fallback; by hash alone: a change of backends moves some open connections\); failover/m);
 });
 
+t.test('the dataplane line says what forwards the snat flows where the eBPF NAT engine is configured', async (t) => {
+  const d = doc([svc({})]);
+  t.notMatch(formatStatus(d, 0), /snat flows/, 'not configured: nothing said');
+  d.dataplane = { kind: 'kernel', reason: 'auto', natEngine: { engine: 'ebpf', reason: 'tcx ingress of eth0' } };
+  t.match(formatStatus(d, 0), /^dataplane: kernel \(auto\), snat flows on the eBPF NAT engine \(tcx ingress of eth0\); failover/m);
+  d.dataplane = { kind: 'kernel', reason: 'auto', natEngine: { engine: 'nft', reason: 'fallback: /sys/fs/bpf is not on a BPF file system' } };
+  t.match(formatStatus(d, 0), /^dataplane: kernel \(auto\), snat flows on the nft table \(fallback: \/sys\/fs\/bpf is not on a BPF file system\); failover/m);
+});
+
 t.test('the dataplane line says when new connections are placed by flow hash (VRRP), and nothing for round-robin', async (t) => {
   const d = doc([svc({})]);
   d.dataplane = { kind: 'kernel', reason: 'auto', placement: 'round-robin' };

@@ -69,6 +69,11 @@ t.test('a table another program changed', async (t) => {
   t.same(d, [{ kind: 'table', subject: 'ip lb_agent', found: 'table ip lb_agent: deleted by nft (pid 7)' }]);
 });
 
+t.test('a program the path owns beside its tables, undone: table drift that names it a program', async (t) => {
+  const d = planDrift([], snapshot({ tablesChanged: new Map([['bpf lb_agent_nat', 'the program is not attached at tcx ingress of eth0']]) }));
+  t.same(d, [{ kind: 'table', subject: 'bpf lb_agent_nat', found: 'program bpf lb_agent_nat: the program is not attached at tcx ingress of eth0' }]);
+});
+
 t.test('sysctls: one drift an interface, naming every wrong value; unreadable ones are not drift', async (t) => {
   const d = planDrift([], snapshot({
     sysctls: [

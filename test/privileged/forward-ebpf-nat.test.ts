@@ -10,8 +10,11 @@
 // restart keeps held connections and a 20 ms client loop served with one
 // program attached; a connection whose flow entries are gone (a new VRRP
 // Master, or maps lost) is picked up mid-way on the same backend; a removed
-// backend's connections end; a stop leaves no program and no pin; an engine
-// that cannot load (no bpffs) leaves the nft table serving, and says why.
+// backend's connections end; a stop leaves no program and no pin; path MTU
+// discovery works through the VIP both ways (a router's fragmentation-needed
+// about a translated packet reaches the sender translated), on both paths;
+// an engine that cannot load (no bpffs) leaves the nft table serving, and
+// says why.
 import t from 'tap';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
@@ -19,7 +22,7 @@ import * as path from 'node:path';
 import { requirePrivileged } from '../helpers/privileged';
 import { createLab, run, waitFor, type Lab } from '../../lab/netns';
 import { distPath } from '../../lab/services';
-import { JsonLinesProc, startPeerEchoes } from '../../lab/forward';
+import { JsonLinesProc, askLoop, startPeerEchoes } from '../../lab/forward';
 import type { DriverService } from '../../lab/bin/forward-driver';
 import { parseIPv4 } from '../../agent/address';
 import { normalizeState } from '../../agent/forward/dataplane';
@@ -33,6 +36,10 @@ const BACKENDS = ['10.99.0.11', '10.99.0.12', '10.99.0.13'] as const;
 const IDS = ['b1', 'b2', 'b3'] as const;
 const ECHO_PORT = 8081;
 const UDP_TARGET = 5353;
+const ROUTER = '10.99.0.30';
+const FAR_CLIENT = '10.99.1.2';
+const FAR_BACKEND = '10.99.1.3';
+const BULK_TARGET = 9000;
 
 type Healthy = Partial<Record<(typeof IDS)[number], number>>;
 
@@ -83,22 +90,6 @@ async function conntrackEntries(lab: Lab, ns: string): Promise<number> {
   return out.split('\n').filter((l) => l.includes(VIP)).length;
 }
 
-/** One connection every 20 ms at VIP:80 until stopped; failures by code. */
-function clientLoop(cl: JsonLinesProc): { stop(): Promise<{ count: number; failures: Record<string, number> }> } {
-  let count = 0;
-  const failures: Record<string, number> = {};
-  const inflight: Promise<unknown>[] = [];
-  const timer = setInterval(() => {
-    if (count >= 1000) return;
-    count++;
-    inflight.push(cl.request({ cmd: 'ask', host: VIP, port: 80 }, 5000).catch((e: unknown) => {
-      const code = String((e as { code?: string }).code ?? (e as Error).message);
-      failures[code] = (failures[code] ?? 0) + 1;
-    }));
-  }, 20);
-  return { async stop() { clearInterval(timer); await Promise.all(inflight); return { count, failures }; } };
-}
-
 interface Ask { backend: string; peer: string }
 interface NatStats { details: { natEngine?: { engine: string; reason: string; fill?: { flows: number; replies: number }; events?: Record<string, number> } }; flows: { backend: string; port: string; connections: number }[] }
 
@@ -132,6 +123,10 @@ if (requirePrivileged(t)) {
     t.comment(`lab up in ${Date.now() - t0} ms`);
 
     const weighted = service({ b1: 1, b2: 1, b3: 2 });
+    const bulk: DriverService = {
+      key: 'default/bulk', vip: VIP, ports: [{ name: 'echo', port: 90, protocol: 'TCP', targetPort: BULK_TARGET }],
+      healthy: [{ address: FAR_BACKEND, weight: 1 }], backends: [{ address: FAR_BACKEND }],
+    };
     const landing = async (tt: typeof t, label: string, tcpFrom: number, udpFrom0: number): Promise<void> => {
       const tcpPorts = Array.from({ length: 40 }, (_, i) => tcpFrom + i);
       let wrong = 0;
@@ -186,7 +181,7 @@ if (requirePrivileged(t)) {
       t.ok(held.backends.includes('b3'), `held connections on ${held.backends.join(' ')}`);
 
       // A planned restart: the program stays attached, the next process replaces it by its pin.
-      const loop = clientLoop(cl);
+      const loop = askLoop(cl, VIP, 80);
       await new Promise((r) => setTimeout(r, 200));
       await eng.request({ cmd: 'keep' }).catch(() => undefined);
       eng = await startEngine();
@@ -231,6 +226,64 @@ if (requirePrivileged(t)) {
       await eng.request({ cmd: 'stop' });
       t.equal(await natPrograms(lab, node), 0, 'no program after stop');
       t.same(fs.existsSync(pinDir) ? fs.readdirSync(pinDir) : [], [], 'no pin left');
+    });
+    await t.test('path MTU discovery works through the VIP: ICMP errors reach the flow\'s other end translated', async (t) => {
+      // A router on the LAN with a far network behind it, whose route there
+      // allows 1280 bytes: a far client and a far backend each send 1500-byte
+      // segments; the router answers fragmentation-needed to the VIP for the
+      // node's translated packets, both ways, and only a translated ICMP
+      // error tells the sender to send smaller.
+      const rtr = await lab.addHost('rtr', { address: `${ROUTER}/24` });
+      await lab.addBridge('far');
+      await lab.addNic('rtr', 'eth1', { bridge: 'far', address: '10.99.1.1/24' });
+      await lab.sh(rtr, 'sysctl -qw net.ipv4.ip_forward=1 net.ipv4.icmp_ratelimit=0'
+        + ' && ip route replace 10.99.1.0/24 dev eth1 proto kernel scope link src 10.99.1.1 mtu 1280');
+      const farc = await lab.addHost('farc', { address: `${FAR_CLIENT}/24`, gateway: '10.99.1.1', bridge: 'far' });
+      const farb = await lab.addHost('farb', { address: `${FAR_BACKEND}/24`, gateway: '10.99.1.1', bridge: 'far' });
+      await lab.sh(node, `ip route add 10.99.1.0/24 via ${ROUTER}`);
+      const echo = lab.spawn(farb, process.execPath, ['-e',
+        `require('node:net').createServer({ allowHalfOpen: true }, (s) => { s.on('error', () => {}); s.pipe(s); }).listen(${BULK_TARGET}, () => console.log('listening'));`]);
+      let echoOut = '';
+      echo.stdout?.on('data', (d: Buffer) => { echoOut += d.toString(); });
+      await waitFor('bulk echo', () => echoOut.includes('listening'), 10_000);
+      const state = { services: [weighted, bulk] };
+      /** 512 KiB from the far client through VIP:90 to the far backend and back. */
+      const transfer = async (): Promise<{ ok: boolean; got: number; error?: string }> => {
+        const script = `const net = require('node:net'); const body = require('node:crypto').randomBytes(512 * 1024);
+const parts = []; let n = 0; let done = false;
+const out = (r) => { if (done) return; done = true; process.stdout.write(JSON.stringify(r)); process.exit(0); };
+const s = net.connect({ host: ${JSON.stringify(VIP)}, port: 90 }, () => s.end(body));
+setTimeout(() => out({ ok: false, got: n, error: 'timeout' }), 8000);
+s.on('data', (d) => { parts.push(d); n += d.length; });
+s.on('end', () => out({ ok: Buffer.concat(parts).equals(body), got: n }));
+s.on('error', (e) => out({ ok: false, got: n, error: e.code }));`;
+        return JSON.parse((await lab.exec(farc, process.execPath, ['-e', script], { timeoutMs: 15_000 })).stdout) as { ok: boolean; got: number; error?: string };
+      };
+      const pmtu = async (ns: string): Promise<string> => /\bmtu (\d+)/.exec((await lab.exec(ns, 'ip', ['route', 'get', VIP])).stdout)?.[1] ?? 'none';
+      const forget = (): Promise<unknown> => Promise.all([farc, farb].map((ns) => lab.exec(ns, 'ip', ['route', 'flush', 'cache'])));
+
+      const nft = await JsonLinesProc.start(lab, node, 'forward-driver.js', ['--kind', 'kernel', '--placement', 'flow-hash'], 'driver(nft)');
+      t.teardown(() => nft.close());
+      await nft.request({ cmd: 'apply', state });
+      t.same(await transfer(), { ok: true, got: 512 * 1024 }, 'nft: 512 KiB echoed whole through the VIP');
+      t.equal(await pmtu(farc), '1280', 'nft: the far client learned the path MTU from the router\'s error about the node\'s packet');
+      t.equal(await pmtu(farb), '1280', 'nft: the far backend learned it too');
+      await nft.request({ cmd: 'stop' });
+      await nft.close();
+      await lab.exec(node, 'conntrack', ['-F'], { allowFail: true });
+      await forget();
+      t.equal(await pmtu(farc), 'none', 'the far hosts forgot it');
+
+      const eng = await startEngine();
+      t.teardown(() => eng.close());
+      await eng.request({ cmd: 'apply', state });
+      t.same(await transfer(), { ok: true, got: 512 * 1024 }, 'ebpf: 512 KiB echoed whole through the VIP');
+      t.equal(await pmtu(farc), '1280', 'ebpf: the far client learned the path MTU: the error about V:nport -> backend reached it as one about its own packet');
+      t.equal(await pmtu(farb), '1280', 'ebpf: the far backend learned it: the error about V:90 -> client reached it as one about its own packet');
+      const st = await eng.request<NatStats>({ cmd: 'stats' });
+      t.ok((st.details.natEngine?.events?.['icmpError'] ?? 0) >= 2, `the engine translated the errors itself (${JSON.stringify(st.details.natEngine?.events)})`);
+      t.equal(await conntrackEntries(lab, node), 0, 'none of it went through conntrack');
+      await eng.request({ cmd: 'stop' });
     });
     await t.test('an engine that cannot load leaves the nft table serving alone, and says why', async (t) => {
       const plain = fs.mkdtempSync(path.join(os.tmpdir(), `lbnat-plain-${process.pid}-`));

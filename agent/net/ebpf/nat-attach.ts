@@ -28,11 +28,11 @@ export const NAT_OBJECT = 'nat.bpf.o';
 const PROG_PIN = 'lb_agent_nat_prog';
 /** The maps pinned by name (LIBBPF_PIN_BY_NAME in nat.c). */
 const PINNED_MAPS = ['lbn_flows', 'lbn_replies', 'lbn_events'] as const;
-const EVENTS = ['LBN_EV_NEW_FLOW', 'LBN_EV_MIDFLOW', 'LBN_EV_EXPIRED', 'LBN_EV_REPLACED', 'LBN_EV_PORTS_EXHAUSTED', 'LBN_EV_NO_ROUTE'] as const;
-export type NatEvent = 'new' | 'midflow' | 'expired' | 'replaced' | 'portsExhausted' | 'noRoute';
+const EVENTS = ['LBN_EV_NEW_FLOW', 'LBN_EV_MIDFLOW', 'LBN_EV_EXPIRED', 'LBN_EV_REPLACED', 'LBN_EV_PORTS_EXHAUSTED', 'LBN_EV_NO_ROUTE', 'LBN_EV_ICMP_ERROR'] as const;
+export type NatEvent = 'new' | 'midflow' | 'expired' | 'replaced' | 'portsExhausted' | 'noRoute' | 'icmpError';
 const EVENT_NAMES: Readonly<Record<(typeof EVENTS)[number], NatEvent>> = {
   LBN_EV_NEW_FLOW: 'new', LBN_EV_MIDFLOW: 'midflow', LBN_EV_EXPIRED: 'expired', LBN_EV_REPLACED: 'replaced',
-  LBN_EV_PORTS_EXHAUSTED: 'portsExhausted', LBN_EV_NO_ROUTE: 'noRoute',
+  LBN_EV_PORTS_EXHAUSTED: 'portsExhausted', LBN_EV_NO_ROUTE: 'noRoute', LBN_EV_ICMP_ERROR: 'icmpError',
 };
 
 /** The engine's settings (config `kernel:`). */
@@ -329,6 +329,31 @@ export class NatEngine {
 
   get active(): boolean {
     return this.current !== undefined;
+  }
+
+  /**
+   * What someone else undid of the attached engine, or undefined: its program
+   * detached from tcx ingress (bpftool net detach, another program's
+   * detach), its pin or a pinned flow map removed. apply() with the same plan
+   * repairs all of it (a removed flow map is created anew; its flows are
+   * picked up mid-way).
+   */
+  drift(): string | undefined {
+    const l = this.current;
+    if (!l) return undefined;
+    for (const name of [PROG_PIN, ...PINNED_MAPS]) {
+      if (!fs.existsSync(path.join(this.pinDir, name))) return `${path.join(this.pinDir, name)} is gone`;
+    }
+    let ifindex: number;
+    try { ifindex = ifNameToIndex(this.device); } catch { return `${this.device} is gone`; }
+    const id = this.bpf.bpfProgInfo(l.prog).id;
+    if (!this.bpf.bpfProgQuery(ifindex, BPF_TCX_INGRESS).includes(id)) return `the program is not attached at tcx ingress of ${this.device}`;
+    return undefined;
+  }
+
+  /** The plan in force (drift repair applies it again). */
+  get plan(): NatPlan | undefined {
+    return this.current?.plan;
   }
 }
 
