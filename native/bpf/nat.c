@@ -310,8 +310,14 @@ static __always_inline int fib_usable(int rc)
 static __always_inline __u16 claim_port(struct lbn_flow_key *rk, const struct lbn_flow *back, const struct lbn_config *cfg, __u32 hash)
 {
 	struct lbn_flow *held = bpf_map_lookup_elem(&lbn_replies, rk);
+	/* A client port that is also a service port of the VIP would send the
+	 * backend's replies into that service as a client's packets: such a
+	 * flow takes a port of the reserved range (and is not picked up
+	 * mid-way by another node). */
+	struct lbn_svc_key as_svc = { .vip = rk->daddr, .port = rk->dport, .proto = rk->proto };
+	int taken = bpf_map_lookup_elem(&lbn_svcs, &as_svc) != 0;
 	/* Free, or already this flow's (a flow placed again). */
-	if (!held || (held->addr == back->addr && held->port == back->port && held->nat_port == back->nat_port)) {
+	if (!taken && (!held || (held->addr == back->addr && held->port == back->port && held->nat_port == back->nat_port))) {
 		if (bpf_map_update_elem(&lbn_replies, rk, back, BPF_ANY) == 0)
 			return rk->dport;
 	}

@@ -160,13 +160,17 @@ if (requirePrivileged(t)) {
       t.teardown(() => eng.close());
       await eng.request({ cmd: 'apply', state: { services: [weighted] } });
       await landing(t, 'ebpf', 42001, 44001);
+      // A client port that is also the VIP's service port: the backend's replies to VIP:80 must not be taken for a client's packets.
+      const same = await cl.request<Ask>({ cmd: 'ask', host: VIP, port: 80, localPort: 80 });
+      const nport = Number(same.peer.slice(same.peer.lastIndexOf(':') + 1));
+      t.ok(nport >= 61001 && nport <= 65535, `a client on port 80 is served, towards the backend from a port of the reserved range (${same.peer})`);
       t.equal(await conntrackEntries(lab, node), 0, 'the engine\'s flows leave nothing in the node\'s conntrack');
       const st = await eng.request<NatStats>({ cmd: 'stats' });
       t.equal(st.details.natEngine?.engine, 'ebpf', `status: ${st.details.natEngine?.reason}`);
-      t.ok((st.details.natEngine?.events?.['new'] ?? 0) >= 60, `the engine placed the flows itself (${JSON.stringify(st.details.natEngine?.events)})`);
+      t.ok((st.details.natEngine?.events?.['new'] ?? 0) >= 61, `the engine placed the flows itself (${JSON.stringify(st.details.natEngine?.events)})`);
       t.ok((st.details.natEngine?.fill?.flows ?? 0) >= 60, `flow map fill ${st.details.natEngine?.fill?.flows}`);
       const http = st.flows.filter((f) => f.port === 'http').reduce((s, f) => s + f.connections, 0);
-      t.equal(http, 40, 'per-backend connections count the engine\'s TCP flows');
+      t.equal(http, 41, 'per-backend connections count the engine\'s TCP flows');
       const metrics = await eng.request<string>({ cmd: 'metrics' });
       t.match(metrics, /lbagent_forward_nat_flows_total\{service="web",namespace="default",port="http",backend="10\.99\.0\.1[123]"\} \d+/);
       t.equal(await natPrograms(lab, node), 1, 'one program at tcx ingress');
