@@ -19,7 +19,7 @@ export const FAST_ARP = { probeWait: 0.05, probeNum: 2, probeMin: 0.05, probeMax
  * or, given `nodeOptions`, with those V8 flags and glibc's own malloc
  * settings ('' for the defaults of both); `env`: more variables on top (LB_AGENT_DSR_ENGINE).
  */
-export async function runAgent(lab: Lab, ns: string, cfg: Record<string, unknown>, opts: { name?: string; waitReady?: boolean; logLevel?: string; stateDir?: string; args?: string[]; nodeOptions?: string; env?: Record<string, string> } = {}): Promise<AgentHandle> {
+export async function runAgent(lab: Lab, ns: string, cfg: Record<string, unknown>, opts: { name?: string; waitReady?: boolean; logLevel?: string; stateDir?: string; args?: string[]; nodeOptions?: string; env?: Record<string, string>; command?: string[] } = {}): Promise<AgentHandle> {
   const { nodeOptions, env, ...rest } = opts;
   const merged = { ...(nodeOptions !== undefined ? { NODE_OPTIONS: nodeOptions, GLIBC_TUNABLES: '' } : {}), ...env };
   return startAgent(lab, ns, cfg, { logLevel: 'info', ...rest, ...(Object.keys(merged).length > 0 ? { env: merged } : {}) });
