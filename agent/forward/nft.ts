@@ -398,8 +398,19 @@ export interface ServicePart {
   readonly problems: readonly string[];
 }
 
+/** partInput's last string for a normalized service, by its object (normalizeState keeps the object of a service that did not change). */
+const partInputs = new WeakMap<NormalizedService, { readonly prefix: string; readonly input: string }>();
+
 /** The inputs of one service's part, as one string (renderPart's result depends on nothing else but the render options). */
 function partInput(prefix: string, svc: NormalizedService): string {
+  const kept = partInputs.get(svc);
+  if (kept !== undefined && kept.prefix === prefix) return kept.input;
+  const input = partInputOf(prefix, svc);
+  partInputs.set(svc, { prefix, input });
+  return input;
+}
+
+function partInputOf(prefix: string, svc: NormalizedService): string {
   const bs = (l: readonly { address: string; weight: number }[]): string => l.map((b) => `${b.address}*${b.weight}`).join(',');
   const ports = svc.ports.map((p) => `${p.index}:${p.spec.name}/${p.spec.protocol}/${p.spec.port}/${p.spec.targetPort}`).join(',');
   return `${prefix}|${svc.key}|${svc.vip ?? ''}|${ports}|${bs(svc.healthy)}|${bs(svc.all)}|${svc.sourceIP}|${svc.vipMac ?? ''}|${svc.handBack ?? ''}`;
