@@ -36,7 +36,7 @@
 // CPU of the agent is counted at the scheduler's resolution for its live
 // threads (schedstat) plus its reaped children in 10 ms ticks.
 import * as fs from 'node:fs';
-import { Lab, waitFor } from '../lab/netns';
+import { Lab } from '../lab/netns';
 import { startBackend, type Backend } from '../lab/services';
 import { agentCli, waitStatus, unitEnvironment } from '../lab/agent';
 import { controlRequest } from '../agent/control/server';
@@ -304,7 +304,11 @@ async function measureSize(n: number, o: ScaleOptions): Promise<ScaleRun> {
     backends.push(await startBackend(lab, lab.ns('b2'), 'b2-lone', [LONE_PORT]));
     const backendCount = Array.from({ length: n }, (_, i) => backendsOf(i).length).reduce((s, x) => s + x, 0);
     const t0 = Date.now();
-    agent = await runAgent(lab, node, scaleConfig(n), { name: `scale-${n}` });
+    // LB_BENCH_CPU_PROF=DIR: the agent writes a V8 CPU profile there when it
+    // exits (node --cpu-prof, which NODE_OPTIONS may not carry).
+    const prof = process.env['LB_BENCH_CPU_PROF'];
+    const profiled = prof ? { command: ['sh', '-c', `exec "$0" --cpu-prof --cpu-prof-dir=${prof} "$@"`] } : {};
+    agent = await runAgent(lab, node, scaleConfig(n), { name: `scale-${n}`, ...profiled });
     const a = agent;
     const pid = a.proc.pid;
     await waitStatus(a, `${n} services ready with every backend up`, (s) => s.services.length === n && s.services.every((x) => x.ready && x.healthyBackends === x.backends.length), 300_000);
@@ -333,11 +337,13 @@ async function measureSize(n: number, o: ScaleOptions): Promise<ScaleRun> {
       const s = cpuSampler(pid);
       const t = Date.now();
       a.signal('SIGHUP');
-      await waitFor('the reload applied', async () => (await a.status()).config.generation > before, 60_000, 20);
-      const line = await a.waitLog('reload logged', (l) => a.logs.indexOf(l) >= logsBefore && l.op === 'reload' && l.added !== undefined, 10_000).catch(() => undefined);
-      const applied = Number.isFinite(logTime(line)) ? logTime(line) : Date.now();
+      // Told by the reload's log line, not by polling status: a status
+      // request at 1,000 services costs the agent more than the reload.
+      const line = await a.waitLog('reload logged', (l) => a.logs.indexOf(l) >= logsBefore && l.op === 'reload' && l.added !== undefined, 60_000);
+      const applied = logTime(line);
       await sleep(Math.max(0, applied + 1000 - Date.now()) + 100);
       s.stop();
+      if ((await a.status()).config.generation <= before) throw new Error('the reload was logged but not applied');
       const raw = cpuBetween(s.samples, t, applied + 1000);
       reloadCpuMs.push(round(raw - idleRate * (applied + 1000 - t), 1));
       reloadWallMs.push(applied - t);

@@ -20,6 +20,7 @@ import { InstanceLock } from './lock';
 import type { Readiness } from '../metrics/server';
 import { ControlServer, JsonText } from '../control/server';
 import type { Subsystems, ForwardService, SubsystemContext } from './subsystems';
+import { sameForwardService as sameForward } from '../forward/dataplane';
 import type { ListenerStore } from '../forward/dataplane';
 import type { Clock } from '../clock';
 import { realClock, isoTime } from '../clock';
@@ -148,6 +149,8 @@ export class Daemon extends EventEmitter {
   private readonly zone: NodeZone;
   private registry: Registry | undefined;
   private health: HealthStore | undefined;
+  /** Each service's forwarding state at the last apply, kept while its inputs are unchanged (forwardState). */
+  private readonly forwardKept = new WeakMap<object, ForwardService>();
   private readonly tuning: RuntimeTuning;
   private predecessor: number | undefined;
   /** the last events, for status. */
@@ -423,7 +426,7 @@ export class Daemon extends EventEmitter {
       }
       rt.topology = sel;
       const primaryKey = rt.spec.primaryService ?? rt.spec.key;
-      return {
+      const next: ForwardService & { readonly name: string; readonly namespace: string } = {
         key: rt.spec.key, name: rt.spec.name, namespace: rt.spec.namespace,
         vip: this.services.vipOf(rt.spec) ?? this.services.armedVip(rt.spec), ports: rt.spec.ports,
         // Zone-aware balancing happens here, once for both data paths: they
@@ -437,6 +440,13 @@ export class Daemon extends EventEmitter {
         device: (subs.parentOf?.(rt.spec) ?? subs.parent).name,
         handBack: subs.failover?.handBack?.(primaryKey),
       };
+      // A service whose inputs are unchanged keeps its object: the data
+      // path's caches (normalizeState, the nft render's parts) are keyed by
+      // it, so a change costs the services that changed.
+      const kept = this.forwardKept.get(rt);
+      if (kept !== undefined && sameForward(kept, next)) return kept;
+      this.forwardKept.set(rt, next);
+      return next;
     });
   }
 

@@ -271,6 +271,34 @@ export interface NormalizedService {
   readonly handBack: string | undefined;
 }
 
+/** Whether two values are equal field by field, one level down (an array's elements compared the same way). */
+function sameShallow(a: unknown, b: unknown): boolean {
+  if (a === b) return true;
+  if (typeof a !== 'object' || typeof b !== 'object' || a === null || b === null) return false;
+  if (Array.isArray(a) !== Array.isArray(b)) return false;
+  const ka = Object.keys(a);
+  if (ka.length !== Object.keys(b).length) return false;
+  return ka.every((k) => Object.prototype.hasOwnProperty.call(b, k) && (a as Record<string, unknown>)[k] === (b as Record<string, unknown>)[k]);
+}
+
+/**
+ * Whether two forwarding states of one service are the same: every field
+ * equal, an array's elements (ports, backends) equal field by field. The
+ * daemon keeps a service's object while this holds, so the caches keyed by
+ * it (normalizeState's, the nft render's parts) see an unchanged service.
+ */
+export function sameForwardService(a: ForwardService, b: ForwardService): boolean {
+  const ka = Object.keys(a) as (keyof ForwardService)[];
+  if (ka.length !== Object.keys(b).length) return false;
+  return ka.every((k) => {
+    const x = a[k];
+    const y = b[k];
+    if (x === y) return true;
+    if (!Array.isArray(x) || !Array.isArray(y) || x.length !== y.length) return false;
+    return x.every((e, i) => sameShallow(e, y[i]));
+  });
+}
+
 /**
  * The one canonical order both data paths use, so that the same state always
  * renders the same nft text (the start-up comparison relies on it). Two
@@ -282,26 +310,41 @@ export function normalizeState(state: ForwardState): { services: NormalizedServi
   const problems: string[] = [];
   const claimed = new Map<string, string>();
   const services = [...state.services].sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0)).map((s) => {
-    const sorted = [...s.ports].sort((a, b) => (a.protocol < b.protocol ? -1 : a.protocol > b.protocol ? 1 : a.port - b.port));
+    const own = ownNormal(s);
     const ports: NormalizedPort[] = [];
-    sorted.forEach((spec, index) => {
+    for (const p of own.service.ports) {
       if (s.vip !== undefined) {
-        const k = `${s.vip}|${spec.protocol}|${spec.port}`;
+        const k = `${s.vip}|${p.spec.protocol}|${p.spec.port}`;
         const owner = claimed.get(k);
         if (owner !== undefined && owner !== s.key) {
-          problems.push(`${s.key}: ${spec.protocol} port ${spec.port} on ${s.vip} is already forwarded for ${owner}; not forwarding it`);
-          return;
+          problems.push(`${s.key}: ${p.spec.protocol} port ${p.spec.port} on ${s.vip} is already forwarded for ${owner}; not forwarding it`);
+          continue;
         }
         claimed.set(k, s.key);
       }
-      ports.push({ spec, index });
-    });
-    const byAddr = new Map<string, BackendSpec>();
-    for (const b of [...s.backends, ...s.healthy]) if (!byAddr.has(b.address)) byAddr.set(b.address, b);
-    const all = [...byAddr.values()].sort(cmpAddr);
-    const seen = new Set<string>();
-    const healthy = s.healthy.filter((b) => b.weight > 0 && !seen.has(b.address) && (seen.add(b.address), true)).sort(cmpAddr);
-    return { key: s.key, vip: s.vip, ports, healthy, all, sourceIP: s.sourceIP ?? 'snat', vipMac: s.vipMac?.toLowerCase(), device: s.device, handBack: s.handBack };
+      ports.push(p);
+    }
+    // Unless another service holds one of its ports, a service keeps the
+    // object normalized from it (the nft render's input cache is keyed by it).
+    return ports.length === own.service.ports.length ? own.service : { ...own.service, ports };
   });
   return { services, problems };
+}
+
+/** A service normalized alone (every port kept), by its object: the state handed over again holds the same object for a service that did not change. */
+const ownNormals = new WeakMap<ForwardService, { readonly service: NormalizedService }>();
+
+function ownNormal(s: ForwardService): { readonly service: NormalizedService } {
+  const kept = ownNormals.get(s);
+  if (kept !== undefined) return kept;
+  const sorted = [...s.ports].sort((a, b) => (a.protocol < b.protocol ? -1 : a.protocol > b.protocol ? 1 : a.port - b.port));
+  const ports: NormalizedPort[] = sorted.map((spec, index) => ({ spec, index }));
+  const byAddr = new Map<string, BackendSpec>();
+  for (const b of [...s.backends, ...s.healthy]) if (!byAddr.has(b.address)) byAddr.set(b.address, b);
+  const all = [...byAddr.values()].sort(cmpAddr);
+  const seen = new Set<string>();
+  const healthy = s.healthy.filter((b) => b.weight > 0 && !seen.has(b.address) && (seen.add(b.address), true)).sort(cmpAddr);
+  const out = { service: { key: s.key, vip: s.vip, ports, healthy, all, sourceIP: s.sourceIP ?? 'snat', vipMac: s.vipMac?.toLowerCase(), device: s.device, handBack: s.handBack } };
+  ownNormals.set(s, out);
+  return out;
 }

@@ -5,6 +5,9 @@
 //   as the nft script that writes them whole, plus the map from counter
 //   names back to (service, port, backend);
 // - renderNftDelta(): PURE, two renders -> the transaction of what changed;
+//   renderIncremental() and renderPartsDelta() do the same from the
+//   services whose inputs changed alone (each service's part of the tables
+//   is kept by its inputs), which is what the driver uses;
 // - pure helpers to compare a listed table with a rendered one and to read
 //   counters out of `nft -j` output;
 // - NftDataplane: the thin driver that runs `nft -f -` (the delta, or the
@@ -87,14 +90,17 @@
 // Why changes are written as a delta, and the table whole only at start
 // and on repair: a change to one backend among a thousand services would
 // otherwise be a transaction of the whole table (tens of thousands of
-// lines) and a read of every counter first. renderNftDelta writes the
-// chains, map elements and counters that differ, in one transaction, which
+// lines) and a read of every counter first. renderPartsDelta writes the
+// chains, map elements and counters that differ, worked out from the
+// services whose inputs changed (the others' parts are kept, not rendered
+// or compared again), in one transaction, which
 // the kernel commits atomically as it does a whole table: packets see the
 // old objects or the new ones, never a mix, and the base chains' hooks stay
 // registered throughout (conntrack NAT bindings of established connections
 // survive). Named counters of unchanged objects keep counting; those a
-// delta deletes or gives another meaning (positional names shift when a
-// service or backend before them goes) restart at zero, and so do all of
+// delta deletes or gives another meaning (a service's position names its
+// objects, so a service before it going shifts them; a backend's address
+// names its own, so backends coming or going rename no other) restart at zero, and so do all of
 // them when the table is written whole: the driver reads those just before
 // the write, when their flows stay, and carries the totals over (the
 // packets of the few milliseconds between that read and the commit are not
@@ -164,6 +170,10 @@ export interface NftPlan {
   readonly dsrLines: readonly string[];
   /** The NICs the script names (the netdev table's hooks and `fwd`, hand-back's `dup`): the start check stands a veth in for each. */
   readonly devices: readonly string[];
+  /** The plan defines `table ip6 lb_agent` (an IPv6 VIP is held). */
+  readonly ip6: boolean;
+  /** The plan defines the netdev table (a DSR port is forwarded). */
+  readonly dsrTable: boolean;
 }
 
 /** A service's hand-back counter: packets handed back to the previous Master `to`. */
@@ -231,13 +241,6 @@ function elements(lines: readonly string[]): string[] {
   return ['\t\telements = {', ...lines.map((l) => `\t\t\t${l},`), '\t\t}'];
 }
 
-/**
- * Render the table for a forwarding state. Pure and deterministic: the same
- * state (in any order) gives the same text, byte for byte. Chain and counter
- * names are positional (s<service>p<port>b<backend>, in the canonical order
- * of normalizeState) so that they stay short and valid whatever the service
- * names are; the returned counter list maps them back.
- */
 /**
  * The words of one address family in the table: IPv4 VIPs live in `table ip
  * lb_agent`, IPv6 VIPs in `table ip6 lb_agent`, written in the same
@@ -362,120 +365,251 @@ function ip6RemovalLines(): string[] {
   return [`table ${NFT6_FAMILY} ${NFT_TABLE} {}`, `delete table ${NFT6_FAMILY} ${NFT_TABLE}`];
 }
 
+/** A backend's part of an object name: its address with `.` and `:` as `_`, so other backends coming or going rename nothing. */
+function backendId(address: string): string {
+  return address.replace(/[.:]/g, '_');
+}
+
+/** A map element of the byte counters (to_backend, to_client), keyed by what the forward hook sees. */
+interface ByteElem { readonly key: string; readonly toBackend: string; readonly toClient: string }
+
+/**
+ * One service's part of the tables, rendered alone (renderPart): the unit
+ * the incremental path caches by the service's inputs and renders again
+ * only when they change.
+ */
+export interface ServicePart {
+  readonly key: string;
+  /** Everything the part is rendered from (name prefix included), as one string. */
+  readonly input: string;
+  readonly family: string;
+  /** The VIP, when the service puts it in the `vips` set. */
+  readonly vip: string | undefined;
+  readonly header: readonly string[];
+  /** Its flow counters (of the ip/ip6 table and of the netdev table). */
+  readonly counters: readonly NftCounterRef[];
+  /** The named counters it puts in its family's table (flow and hand-back). */
+  readonly tableCounters: readonly string[];
+  readonly serviceElems: readonly string[];
+  readonly refusedElems: readonly string[];
+  /** Its byte-counter elements; a key another service uses too goes to the first service in key order. */
+  readonly byteElems: readonly ByteElem[];
+  readonly chains: readonly NftChainModel[];
+  readonly handBack: { readonly rule: string; readonly chain: NftChainModel; readonly counter: HandBackCounter } | undefined;
+  readonly dsrPorts: readonly DsrPortRender[];
+  readonly problems: readonly string[];
+}
+
+/** partInput's last string for a normalized service, by its object (normalizeState keeps the object of a service that did not change). */
+const partInputs = new WeakMap<NormalizedService, { readonly prefix: string; readonly input: string }>();
+
+/** The inputs of one service's part, as one string (renderPart's result depends on nothing else but the render options). */
+function partInput(prefix: string, svc: NormalizedService): string {
+  const kept = partInputs.get(svc);
+  if (kept !== undefined && kept.prefix === prefix) return kept.input;
+  const input = partInputOf(prefix, svc);
+  partInputs.set(svc, { prefix, input });
+  return input;
+}
+
+function partInputOf(prefix: string, svc: NormalizedService): string {
+  const bs = (l: readonly { address: string; weight: number }[]): string => l.map((b) => `${b.address}*${b.weight}`).join(',');
+  const ports = svc.ports.map((p) => `${p.index}:${p.spec.name}/${p.spec.protocol}/${p.spec.port}/${p.spec.targetPort}`).join(',');
+  return `${prefix}|${svc.key}|${svc.vip ?? ''}|${ports}|${bs(svc.healthy)}|${bs(svc.all)}|${svc.sourceIP}|${svc.vipMac ?? ''}|${svc.handBack ?? ''}|${svc.device ?? ''}`;
+}
+
+/**
+ * Render one service's part of the tables. Pure. `prefix` names its
+ * objects (s<position>, v6s<position> for an IPv6 VIP); backends are
+ * named by address (s0p0b10_99_0_11), so a backend coming or going renames
+ * no other.
+ */
+function renderPart(prefix: string, svc: NormalizedService, opts: RenderOptions): ServicePart {
+  const six = svc.vip?.includes(':') === true;
+  const w = six ? IPV6_WORDS : IPV4_WORDS;
+  const header: string[] = [];
+  const counters: NftCounterRef[] = [];
+  const tableCounters: string[] = [];
+  const serviceElems: string[] = [];
+  const refusedElems: string[] = [];
+  const byteElems: ByteElem[] = [];
+  const byteKeys = new Set<string>();
+  const chains: NftChainModel[] = [];
+  const dsrPorts: DsrPortRender[] = [];
+  const problems: string[] = [];
+  const input = partInput(prefix, svc);
+  const part = (handBack: ServicePart['handBack']): ServicePart => ({
+    key: svc.key, input, family: w.family, vip: svc.vip !== undefined && svc.ports.length > 0 ? svc.vip : undefined,
+    header, counters, tableCounters, serviceElems, refusedElems, byteElems, chains, handBack, dsrPorts, problems,
+  });
+  if (svc.vip === undefined || svc.ports.length === 0) return part(undefined);
+  for (const { spec, index: pi } of svc.ports) {
+    const sp = `${prefix}p${pi}`;
+    const p = proto(spec.protocol);
+    const key = `${svc.vip} . ${p} . ${spec.port}`;
+    const healthyText = svc.healthy.map((b) => `${b.address}(w${b.weight})`).join(' ') || 'none: refused';
+    if (svc.sourceIP === 'preserve') {
+      header.push(`# ${sp}: ${commentSafe(svc.key)} ${svc.vip} ${spec.protocol}/${spec.port} direct server return healthy ${healthyText}`);
+      const r = renderDsrPort(sp, svc, spec, svc.device ?? opts.dsrDevice);
+      dsrPorts.push(r);
+      counters.push(...r.counters);
+      if (r.problem) problems.push(r.problem);
+      // The netdev hook steals every frame it forwards; what still reaches
+      // the IP stack for this port (a fragment, a frame in the instant of a
+      // rewrite) is dropped, not answered by this node's own TCP stack with
+      // a reset: the client retransmits. With no healthy backend: refused.
+      refusedElems.push(`${key} : ${r.dispatch !== undefined ? 'drop' : `goto refuse_${p}`}`);
+      continue;
+    }
+    header.push(`# ${sp}: ${commentSafe(svc.key)} ${svc.vip} ${spec.protocol}/${spec.port} -> :${spec.targetPort} healthy ${healthyText}`);
+    const backendChain = (address: string): string => `${sp}b${backendId(address)}`;
+    for (const b of svc.all) {
+      const base = backendChain(b.address);
+      for (const kind of ['conns', 'to_backend', 'to_client'] as const) {
+        tableCounters.push(`${base}_${kind}`);
+        counters.push({ name: `${base}_${kind}`, kind, service: svc.key, port: spec, backend: b.address });
+      }
+      // Byte counters are keyed on what the forward hook sees: the VIP the
+      // client used (conntrack original), the backend and its port. Two
+      // ports of one VIP on the same backend:targetPort cannot be told
+      // apart there; the first keeps the bytes (the metric has no port label).
+      const bk = `${svc.vip} . ${b.address} . ${p} . ${spec.targetPort}`;
+      if (!byteKeys.has(bk)) {
+        byteKeys.add(bk);
+        byteElems.push({ key: bk, toBackend: `${bk} : "${base}_to_backend"`, toClient: `${bk} : "${base}_to_client"` });
+      }
+    }
+    if (svc.healthy.length === 0) {
+      refusedElems.push(`${key} : goto refuse_${p}`);
+      continue;
+    }
+    serviceElems.push(`${key} : jump ${sp}`);
+    const hashed = opts.placement === 'flow-hash';
+    const slots = hashed ? flowHashSlots(svc) : weightedSlots(svc.healthy, opts.maxSlots);
+    const distinct = new Set(slots.map((b) => b.address));
+    if (distinct.size === 1) {
+      chains.push({ name: sp, rules: [`goto ${backendChain(slots[0]!.address)}`] });
+    } else {
+      const vm = slots.map((b, i) => `${i} : goto ${backendChain(b.address)}`).join(', ');
+      const pick = hashed ? flowHashPick(svc.key, slots.length, six ? 'ip6' : 'ip') : `numgen inc mod ${slots.length}`;
+      chains.push({ name: sp, rules: [`${pick} vmap { ${vm} }`] });
+    }
+    for (const b of svc.healthy) {
+      const name = backendChain(b.address);
+      chains.push({ name, rules: [`counter name "${name}_conns" meta l4proto ${p} dnat to ${w.dnatTo(b.address, spec.targetPort)}`] });
+    }
+  }
+  // Hand-back follows a VRRP takeover of an IPv4 VIP; an IPv6 VIP gets none (docs/failover.md).
+  const hb = six ? undefined : renderHandBack(prefix, svc, opts.dsrDevice);
+  if (hb) {
+    tableCounters.push(hb.counter.name);
+    header.push(`# ${prefix}: ${commentSafe(svc.key)} ${svc.vip} hands back to ${svc.handBack} what a backend answers to connections this node never saw (VRRP takeover)`);
+  }
+  return part(hb);
+}
+
+/**
+ * The parts of a normalized state, in its order. Positions are counted per
+ * family (IPv6 names start with v6), so an IPv6 VIP coming or going
+ * renames nothing in the IPv4 table. `render` gives a service's part
+ * (renderPart, or a cached one for the same input).
+ */
+function partsOf(services: readonly NormalizedService[], render: (prefix: string, svc: NormalizedService) => ServicePart): ServicePart[] {
+  let n4 = 0;
+  let n6 = 0;
+  return services.map((svc) => render(svc.vip?.includes(':') === true ? `v6s${n6++}` : `s${n4++}`, svc));
+}
+
+/** What the parts of one family put into its table, assembled in order (the first part to use a byte key keeps it). */
+function familyParts(parts: readonly ServicePart[], family: string): TableParts {
+  const t = emptyParts();
+  for (const p of parts) {
+    if (p.family !== family || p.vip === undefined) continue;
+    t.vips.add(p.vip);
+    t.counters.push(...p.tableCounters);
+    t.serviceElems.push(...p.serviceElems);
+    t.refusedElems.push(...p.refusedElems);
+    for (const e of p.byteElems) {
+      if (t.byteKeys.has(e.key)) continue;
+      t.byteKeys.add(e.key);
+      t.toBackendElems.push(e.toBackend);
+      t.toClientElems.push(e.toClient);
+    }
+    t.chains.push(...p.chains);
+    if (p.handBack) { t.handBack.push(p.handBack.rule); t.handBackChains.push(p.handBack.chain); }
+  }
+  return t;
+}
+
+function hasVip(parts: readonly ServicePart[], family: string): boolean {
+  return parts.some((p) => p.family === family && p.vip !== undefined);
+}
+
+/** The netdev table's lines (its removal, then its definition when a DSR port is forwarded) for the parts. */
+function dsrLinesOf(parts: readonly ServicePart[], opts: RenderOptions): string[] {
+  return [...dsrRemovalLines(), ...renderDsrTable(opts.dsrDevice, parts.flatMap((p) => p.dsrPorts))];
+}
+
+/**
+ * The plan of a list of parts. Its script, tables and counter list are
+ * built when first read: an incremental apply reads none of them.
+ */
+function planOf(parts: readonly ServicePart[], normalizeProblems: readonly string[], opts: RenderOptions): NftPlan {
+  const ip6 = hasVip(parts, NFT6_FAMILY);
+  const dsrLines = dsrLinesOf(parts, opts);
+  const dsrTable = dsrLines.length > dsrRemovalLines().length;
+  let tables: NftTableModel[] | undefined;
+  let script: string | undefined;
+  let counters: NftCounterRef[] | undefined;
+  const buildTables = (): NftTableModel[] => [tableModel(IPV4_WORDS, familyParts(parts, NFT_FAMILY)), ...(ip6 ? [tableModel(IPV6_WORDS, familyParts(parts, NFT6_FAMILY))] : [])];
+  const buildScript = (): string => {
+    const t = tables ??= buildTables();
+    return [
+      '# lb-agent forwarding tables: generated. Written whole at start and on repair; other changes write only the objects that changed.',
+      '# One transaction (create if missing, delete, define): the kernel swaps the rule set atomically.',
+      ...parts.flatMap((p) => p.header),
+      ...tableLines(t[0]!),
+      ...dsrLines,
+      ...(t[1] ? tableLines(t[1]) : opts.ip6Removal ? ip6RemovalLines() : []),
+      '',
+    ].join('\n');
+  };
+  const dsrPorts = parts.flatMap((p) => p.dsrPorts);
+  const handBack = parts.flatMap((p) => (p.handBack ? [p.handBack.counter] : []));
+  const devices = dsrDevices(opts.dsrDevice, dsrPorts);
+  if (handBack.length > 0 && opts.dsrDevice !== undefined && !devices.includes(opts.dsrDevice)) devices.push(opts.dsrDevice);
+  return {
+    get script() { return script ??= buildScript(); },
+    get tables() { return tables ??= buildTables(); },
+    get counters() { return counters ??= parts.flatMap((p) => p.counters); },
+    problems: [...normalizeProblems, ...parts.flatMap((p) => p.problems)],
+    // The BPF program sits on the data path's own NIC: the IPv4 ports whose frames arrive there.
+    dsr: opts.dsrDevice === undefined ? [] : dsrPorts.flatMap((p) => (p.dispatch !== undefined && p.bpf !== undefined && p.device === opts.dsrDevice ? [p.bpf] : [])),
+    handBack,
+    dsrLines,
+    devices,
+    ip6,
+    dsrTable,
+  };
+}
+
 /**
  * Render the tables for a forwarding state. Pure and deterministic: the same
- * state (in any order) gives the same text, byte for byte. Chain and counter
- * names are positional (s<service>p<port>b<backend>, in the canonical order
- * of normalizeState) so that they stay short and valid whatever the service
- * names are; the returned counter list maps them back. IPv4 VIPs go to
- * `table ip lb_agent`; IPv6 VIPs to `table ip6 lb_agent`, rendered only when
- * one is held (or `ip6Removal` asks to delete the one a previous plan had).
+ * state (in any order) gives the same text, byte for byte. Object names are
+ * s<service>p<port>b<backend address> (the service and port by position in
+ * the canonical order of normalizeState) so that they stay short and valid
+ * whatever the service names are; the returned counter list maps them back.
+ * IPv4 VIPs go to `table ip lb_agent`; IPv6 VIPs to `table ip6 lb_agent`,
+ * rendered only when one is held (or `ip6Removal` asks to delete the one a
+ * previous plan had).
  */
 export function renderNft(state: ForwardState, opts: RenderOptions = {}): NftPlan {
   const { services, problems } = normalizeState(state);
-  const counters: NftCounterRef[] = [];
-  const header: string[] = [];
-  const v4 = emptyParts();
-  const v6 = emptyParts();
-  const dsrPorts: DsrPortRender[] = [];
-  const handBackCounters: HandBackCounter[] = [];
-
-  // Positions are counted per family (IPv6 names start with v6), so an IPv6
-  // VIP coming or going renames nothing in the IPv4 table.
-  let n4 = 0;
-  let n6 = 0;
-  services.forEach((svc: NormalizedService) => {
-    const six = svc.vip?.includes(':') === true;
-    const si = six ? `v6s${n6++}` : `s${n4++}`;
-    if (svc.vip === undefined || svc.ports.length === 0) return;
-    const t = six ? v6 : v4;
-    const w = six ? IPV6_WORDS : IPV4_WORDS;
-    t.vips.add(svc.vip);
-    for (const { spec, index: pi } of svc.ports) {
-      const sp = `${si}p${pi}`;
-      const p = proto(spec.protocol);
-      const key = `${svc.vip} . ${p} . ${spec.port}`;
-      const healthyText = svc.healthy.map((b) => `${b.address}(w${b.weight})`).join(' ') || 'none: refused';
-      if (svc.sourceIP === 'preserve') {
-        header.push(`# ${sp}: ${commentSafe(svc.key)} ${svc.vip} ${spec.protocol}/${spec.port} direct server return healthy ${healthyText}`);
-        const r = renderDsrPort(sp, svc, spec, svc.device ?? opts.dsrDevice);
-        dsrPorts.push(r);
-        counters.push(...r.counters);
-        if (r.problem) problems.push(r.problem);
-        // The netdev hook steals every frame it forwards; what still reaches
-        // the IP stack for this port (a fragment, a frame in the instant of a
-        // rewrite) is dropped, not answered by this node's own TCP stack with
-        // a reset: the client retransmits. With no healthy backend: refused.
-        t.refusedElems.push(`${key} : ${r.dispatch !== undefined ? 'drop' : `goto refuse_${p}`}`);
-        continue;
-      }
-      header.push(`# ${sp}: ${commentSafe(svc.key)} ${svc.vip} ${spec.protocol}/${spec.port} -> :${spec.targetPort} healthy ${healthyText}`);
-      svc.all.forEach((b, bi) => {
-        const base = `${sp}b${bi}`;
-        for (const kind of ['conns', 'to_backend', 'to_client'] as const) {
-          t.counters.push(`${base}_${kind}`);
-          counters.push({ name: `${base}_${kind}`, kind, service: svc.key, port: spec, backend: b.address });
-        }
-        // Byte counters are keyed on what the forward hook sees: the VIP the
-        // client used (conntrack original), the backend and its port. Two
-        // ports of one VIP on the same backend:targetPort cannot be told
-        // apart there; the first keeps the bytes (the metric has no port label).
-        const bk = `${svc.vip} . ${b.address} . ${p} . ${spec.targetPort}`;
-        if (!t.byteKeys.has(bk)) {
-          t.byteKeys.add(bk);
-          t.toBackendElems.push(`${bk} : "${base}_to_backend"`);
-          t.toClientElems.push(`${bk} : "${base}_to_client"`);
-        }
-      });
-      if (svc.healthy.length === 0) {
-        t.refusedElems.push(`${key} : goto refuse_${p}`);
-        continue;
-      }
-      t.serviceElems.push(`${key} : jump ${sp}`);
-      const backendChain = (address: string): string => `${sp}b${svc.all.findIndex((b) => b.address === address)}`;
-      const hashed = opts.placement === 'flow-hash';
-      const slots = hashed ? flowHashSlots(svc) : weightedSlots(svc.healthy, opts.maxSlots);
-      const distinct = new Set(slots.map((b) => b.address));
-      if (distinct.size === 1) {
-        t.chains.push({ name: sp, rules: [`goto ${backendChain(slots[0]!.address)}`] });
-      } else {
-        const vm = slots.map((b, i) => `${i} : goto ${backendChain(b.address)}`).join(', ');
-        const pick = hashed ? flowHashPick(svc.key, slots.length, six ? 'ip6' : 'ip') : `numgen inc mod ${slots.length}`;
-        t.chains.push({ name: sp, rules: [`${pick} vmap { ${vm} }`] });
-      }
-      for (const b of svc.healthy) {
-        const name = backendChain(b.address);
-        t.chains.push({ name, rules: [`counter name "${name}_conns" meta l4proto ${p} dnat to ${w.dnatTo(b.address, spec.targetPort)}`] });
-      }
-    }
-    // Hand-back follows a VRRP takeover of an IPv4 VIP; an IPv6 VIP gets none (docs/failover.md).
-    const hb = six ? undefined : renderHandBack(si, svc, opts.dsrDevice);
-    if (hb) {
-      t.counters.push(hb.counter.name);
-      handBackCounters.push(hb.counter);
-      t.handBack.push(hb.rule);
-      t.handBackChains.push(hb.chain);
-      header.push(`# ${si}: ${commentSafe(svc.key)} ${svc.vip} hands back to ${svc.handBack} what a backend answers to connections this node never saw (VRRP takeover)`);
-    }
-  });
-
-  const tables = [tableModel(IPV4_WORDS, v4), ...(v6.vips.size > 0 ? [tableModel(IPV6_WORDS, v6)] : [])];
-  const dsrLines = [...dsrRemovalLines(), ...renderDsrTable(opts.dsrDevice, dsrPorts)];
-  const lines = [
-    '# lb-agent forwarding tables: generated. Written whole at start and on repair; other changes write only the objects that changed.',
-    '# One transaction (create if missing, delete, define): the kernel swaps the rule set atomically.',
-    ...header,
-    ...tableLines(tables[0]!),
-    ...dsrLines,
-    ...(tables[1] ? tableLines(tables[1]) : opts.ip6Removal ? ip6RemovalLines() : []),
-    '',
-  ];
-  // The BPF program sits on the data path's own NIC: the IPv4 ports whose frames arrive there.
-  const dsr = opts.dsrDevice === undefined ? [] : dsrPorts.flatMap((p) => (p.dispatch !== undefined && p.bpf !== undefined && p.device === opts.dsrDevice ? [p.bpf] : []));
-  const devices = dsrDevices(opts.dsrDevice, dsrPorts);
-  if (handBackCounters.length > 0 && opts.dsrDevice !== undefined && !devices.includes(opts.dsrDevice)) devices.push(opts.dsrDevice);
-  return { script: lines.join('\n'), counters, problems, dsr, handBack: handBackCounters, tables, dsrLines, devices };
+  return planOf(partsOf(services, (prefix, svc) => renderPart(prefix, svc, opts)), problems, opts);
 }
+
+/** What renderNftDelta compares of a plan. */
+export type DeltaInput = Pick<NftPlan, 'tables' | 'counters' | 'handBack' | 'dsrLines'>;
 
 /** What an incremental update changes (renderNftDelta). */
 export interface NftDelta {
@@ -490,7 +624,7 @@ export interface NftDelta {
 }
 
 /** What each named counter counts: a flow counter's reference, or the service of a hand-back counter. */
-function counterMeanings(plan: NftPlan): Map<string, NftCounterRef | string> {
+function counterMeanings(plan: DeltaInput): Map<string, NftCounterRef | string> {
   const out = new Map<string, NftCounterRef | string>();
   for (const c of plan.counters) out.set(c.name, c);
   for (const h of plan.handBack) out.set(h.name, h.service);
@@ -528,7 +662,7 @@ const sameRules = (a: readonly string[], b: readonly string[]): boolean => a.len
  * only). Pure. Undefined when a change has no incremental form (a base
  * chain's hook or a set's type changed): the caller writes the tables whole.
  */
-export function renderNftDelta(prev: NftPlan, next: NftPlan): NftDelta | undefined {
+export function renderNftDelta(prev: DeltaInput, next: DeltaInput): NftDelta | undefined {
   const before = counterMeanings(prev);
   const after = counterMeanings(next);
   const reset = new Set<string>();
@@ -614,6 +748,111 @@ export function renderNftDelta(prev: NftPlan, next: NftPlan): NftDelta | undefin
   return { script: lines.length === 0 ? '' : `${lines.join('\n')}\n`, reset, dsrRewritten, objects };
 }
 
+/**
+ * A render kept for the next one (renderIncremental): its plan, and the
+ * services' parts in order and by key, which the next render reuses where
+ * a service's inputs are unchanged.
+ */
+export interface Rendering {
+  readonly plan: NftPlan;
+  readonly parts: readonly ServicePart[];
+  readonly byKey: ReadonlyMap<string, ServicePart>;
+}
+
+/**
+ * renderNft, rendering again only the services whose inputs differ from
+ * `prev`'s (the others' parts are taken as they are). The plan is the one
+ * renderNft gives for the same state, object for object.
+ */
+export function renderIncremental(state: ForwardState, opts: RenderOptions, prev?: Rendering): Rendering {
+  const { services, problems } = normalizeState(state);
+  const parts = partsOf(services, (prefix, svc) => {
+    const old = prev?.byKey.get(svc.key);
+    return old !== undefined && old.input === partInput(prefix, svc) ? old : renderPart(prefix, svc, opts);
+  });
+  return { plan: planOf(parts, problems, opts), parts, byKey: new Map(parts.map((p) => [p.key, p])) };
+}
+
+/** An incremental update worked out from the services that changed (renderPartsDelta). */
+export interface PartsDelta extends NftDelta {
+  /** The services whose parts differ (added, changed or gone). */
+  readonly changed: ReadonlySet<string>;
+  /** What the counters in `reset` counted (the previous plan's meaning). */
+  readonly resetCounters: readonly NftCounterRef[];
+  readonly resetHandBack: readonly HandBackCounter[];
+}
+
+/** The first part (in order) to use each byte-counter key: the one whose element the map holds. */
+function byteWinners(parts: readonly ServicePart[], family: string, keys: ReadonlySet<string>): Map<string, ByteElem> {
+  const out = new Map<string, ByteElem>();
+  if (keys.size === 0) return out;
+  for (const p of parts) {
+    if (p.family !== family || p.vip === undefined) continue;
+    for (const e of p.byteElems) if (keys.has(e.key) && !out.has(e.key)) out.set(e.key, e);
+  }
+  return out;
+}
+
+/**
+ * The transaction from `prev`'s tables to `next`'s, worked out from the
+ * services whose parts differ only: renderNftDelta over the objects those
+ * services own (their counters, chains and dispatch elements), beside the
+ * objects services share, taken from every part - a VIP in the `vips` set
+ * stays while any service uses it, a byte-counter key belongs to the first
+ * service in key order, the `hand_back` chain holds every service's
+ * hand-back rule, the netdev table and a table of a family that appears
+ * or goes are written whole. Pure. The result is the transaction
+ * renderNftDelta(prev.plan, next.plan) writes, in fewer objects' worth of
+ * work. Undefined when the change has no incremental form.
+ */
+export function renderPartsDelta(prev: Rendering, next: Rendering): PartsDelta | undefined {
+  const changed = new Set<string>();
+  for (const p of next.parts) if (prev.byKey.get(p.key) !== p) changed.add(p.key);
+  for (const p of prev.parts) if (!next.byKey.has(p.key)) changed.add(p.key);
+  const chP = prev.parts.filter((p) => changed.has(p.key));
+  const chN = next.parts.filter((p) => changed.has(p.key));
+  const sub = (r: Rendering, ch: readonly ServicePart[], other: Rendering, otherCh: readonly ServicePart[]): Pick<NftPlan, 'tables' | 'counters' | 'handBack' | 'dsrLines'> => {
+    const tables: NftTableModel[] = [];
+    for (const w of [IPV4_WORDS, IPV6_WORDS]) {
+      const has = w.family === NFT_FAMILY || r.plan.ip6;
+      if (!has) continue;
+      const otherHas = w.family === NFT_FAMILY || other.plan.ip6;
+      // A table that appears or goes is defined or deleted whole.
+      if (!otherHas) { tables.push(r.plan.tables.find((m) => m.family === w.family)!); continue; }
+      const t = familyParts(ch, w.family);
+      // Shared objects, as every part has them: VIPs and byte keys these services touch, hand-back rules.
+      const touched = [...ch, ...otherCh].filter((p) => p.family === w.family && p.vip !== undefined);
+      const vips = new Set(touched.map((p) => p.vip!));
+      t.vips.clear();
+      for (const p of r.parts) if (p.family === w.family && p.vip !== undefined && vips.has(p.vip)) t.vips.add(p.vip);
+      const keys = new Set(touched.flatMap((p) => p.byteElems.map((e) => e.key)));
+      t.toBackendElems.length = 0;
+      t.toClientElems.length = 0;
+      for (const e of byteWinners(r.parts, w.family, keys).values()) { t.toBackendElems.push(e.toBackend); t.toClientElems.push(e.toClient); }
+      t.handBack.length = 0;
+      for (const p of r.parts) if (p.family === w.family && p.vip !== undefined && p.handBack) t.handBack.push(p.handBack.rule);
+      tables.push(tableModel(w, t));
+    }
+    const whole = (family: string): readonly ServicePart[] => (family === NFT6_FAMILY && r.plan.ip6 !== other.plan.ip6 ? r.parts.filter((p) => p.family === family) : []);
+    const own = [...ch, ...whole(NFT6_FAMILY).filter((p) => !changed.has(p.key))];
+    return { tables, counters: own.flatMap((p) => p.counters), handBack: own.flatMap((p) => (p.handBack ? [p.handBack.counter] : [])), dsrLines: r.plan.dsrLines };
+  };
+  const before = sub(prev, chP, next, chN);
+  const d = renderNftDelta(before, sub(next, chN, prev, chP));
+  if (d === undefined) return undefined;
+  const reset = new Set(d.reset);
+  // The netdev table written whole restarts every counter in it, not only the changed services'.
+  const dsrParts = d.dsrRewritten ? prev.parts.filter((p) => p.dsrPorts.length > 0) : [];
+  for (const p of dsrParts) for (const port of p.dsrPorts) for (const c of port.counters) reset.add(c.name);
+  const owners = [...chP, ...dsrParts.filter((p) => !changed.has(p.key))];
+  const refs = [...before.counters, ...owners.slice(chP.length).flatMap((p) => p.counters)];
+  return {
+    ...d, reset, changed,
+    resetCounters: refs.filter((c) => reset.has(c.name)),
+    resetHandBack: before.handBack.filter((h) => reset.has(h.name)),
+  };
+}
+
 /** The script that removes every table of the agent whether or not it exists (one transaction). */
 export function renderRemoval(): string {
   return [`table ${NFT_FAMILY} ${NFT_TABLE} {}`, `delete table ${NFT_FAMILY} ${NFT_TABLE}`, ...dsrRemovalLines(), ...ip6RemovalLines(), ''].join('\n');
@@ -621,12 +860,12 @@ export function renderRemoval(): string {
 
 /** Does the plan define the netdev table (a DSR port is forwarded)? */
 export function hasDsrTable(plan: NftPlan): boolean {
-  return plan.script.includes(`\ntable ${DSR_FAMILY} ${DSR_TABLE} {\n`);
+  return plan.dsrTable;
 }
 
 /** Does the plan define the IPv6 table (an IPv6 VIP is held)? */
 export function hasIp6Table(plan: NftPlan): boolean {
-  return plan.script.includes(`\ntable ${NFT6_FAMILY} ${NFT_TABLE} {\n`);
+  return plan.ip6;
 }
 
 // ---------------------------------------------------------------------------
@@ -693,7 +932,7 @@ export function canonicalTableJson(json: string): string {
  * counted (`carry`) plus the live counters of `plan`'s rules; services no
  * longer in `state` are dropped (a removed service's count goes with it).
  */
-export function handedBackTotals(plan: NftPlan | undefined, live: ReadonlyMap<string, CounterValue>, carry: ReadonlyMap<string, number>, state: ForwardState | undefined): Map<string, number> {
+export function handedBackTotals(plan: Pick<NftPlan, 'handBack'> | undefined, live: ReadonlyMap<string, CounterValue>, carry: ReadonlyMap<string, number>, state: ForwardState | undefined): Map<string, number> {
   const keep = new Set((state?.services ?? []).map((s) => s.key));
   const out = new Map([...carry].filter(([k]) => keep.has(k)));
   for (const c of plan?.handBack ?? []) {
@@ -711,7 +950,7 @@ export interface FlowTotals { conns: number; toBackend: number; toClient: number
  * live counters of the current table say (connections = packets through the
  * DNAT rule, i.e. first packets; bytes from the forward-hook counters).
  */
-export function flowTotals(plan: NftPlan | undefined, live: ReadonlyMap<string, CounterValue>, carry: ReadonlyMap<string, FlowTotals>): Map<string, FlowTotals> {
+export function flowTotals(plan: Pick<NftPlan, 'counters'> | undefined, live: ReadonlyMap<string, CounterValue>, carry: ReadonlyMap<string, FlowTotals>): Map<string, FlowTotals> {
   const out = new Map<string, FlowTotals>();
   for (const [id, t] of carry) out.set(id, { ...t });
   for (const c of plan?.counters ?? []) {
@@ -987,6 +1226,8 @@ export class NftDataplane implements Dataplane {
   private started = false;
   private stopped = false;
   private plan: NftPlan | undefined;
+  /** The render the kernel holds (plan is its plan): the next apply renders again only the services that differ from it. */
+  private rendering: Rendering | undefined;
   private state: ForwardState = { services: [] };
   private carry = new Map<string, FlowTotals>();
   /**
@@ -1006,6 +1247,8 @@ export class NftDataplane implements Dataplane {
   private readonly placement: Placement;
   /** The counters as last read on the data path's schedule (after each apply, then every countersEveryMs). */
   private latest: ForwardStats = NO_STATS;
+  /** An apply changed the tables since `latest` was derived. */
+  private latestStale = false;
   private timer: TimerHandle | undefined;
   private readonly dsrEngine: DsrEngineChoice;
   private readonly makeDsrBpf: (() => DsrBpf) | undefined;
@@ -1058,7 +1301,7 @@ export class NftDataplane implements Dataplane {
     // A scrape only reads: it never spawns nft nor changes what the data path
     // holds; the counters are read after each apply and on a timer.
     this.metrics = opts.registry
-      ? new ForwardMetrics({ registry: opts.registry, kind: 'kernel', reason: opts.reason ?? 'configured', stats: () => Promise.resolve(this.latest) })
+      ? new ForwardMetrics({ registry: opts.registry, kind: 'kernel', reason: opts.reason ?? 'configured', stats: () => this.latestStats() })
       : undefined;
   }
 
@@ -1152,9 +1395,27 @@ export class NftDataplane implements Dataplane {
     if (this.timer) this.clock.clearTimeout(this.timer);
     this.timer = undefined;
     if (this.stopped) return;
-    try { this.latest = await this.collect(fromLastRead); } catch { /* keep the last read; stats() reports nft failures as problems */ }
+    // From the last read, the stats are derived when the metrics next ask
+    // (latestStats): a derivation walks every flow, and an apply that
+    // changed one service should cost that service's work.
+    if (fromLastRead) this.latestStale = true;
+    else {
+      try { this.latest = await this.collect(false); this.latestStale = false; } catch { /* keep the last read; stats() reports nft failures as problems */ }
+    }
     this.timer = this.clock.setTimeout(() => { void this.queue.run(() => this.refreshCounters()); }, this.countersEveryMs);
     this.timer.unref?.();
+  }
+
+  /** The stats the metrics show: the last read, derived again when an apply changed the tables since (in the queue: never against a half-applied table). */
+  private latestStats(): Promise<ForwardStats> {
+    if (!this.latestStale) return Promise.resolve(this.latest);
+    return this.queue.run(async () => {
+      if (this.latestStale && !this.stopped) {
+        this.latestStale = false;
+        try { this.latest = await this.collect(true); } catch { /* keep the last read */ }
+      }
+      return this.latest;
+    });
   }
 
   /** Bring the table to `state`: 'written' when nft wrote it, 'adopted' when a running table was taken as is, false when it already matched. */
@@ -1162,18 +1423,21 @@ export class NftDataplane implements Dataplane {
     if (this.stopped) throw new LbError('LB_ERR_FORWARD_NFT', 'the kernel data path was stopped; create a new one');
     // A table of IPv6 VIPs goes with its last VIP, or at start when an earlier process left one.
     const ip6Removal = this.plan ? hasIp6Table(this.plan) : this.ip6TableAtStart;
-    let plan = renderNft(state, { dsrDevice: this.dsrDevice, placement: this.placement, ip6Removal });
+    const opts = { dsrDevice: this.dsrDevice, placement: this.placement, ip6Removal };
+    let next = renderIncremental(state, opts, this.rendering);
+    let plan = next.plan;
     for (const p of plan.problems) this.log.warn({ op: 'apply', problem: p }, p);
     if (hasIp6Table(plan)) await this.ensureIpv6Forwarding();
     if (!this.started) {
       await this.ensureSysctls();
       const check = await this.checkAtStart(plan);
-      if (this.ip6TableAtStart && !hasIp6Table(plan)) plan = renderNft(state, { dsrDevice: this.dsrDevice, placement: this.placement, ip6Removal: true });
+      if (this.ip6TableAtStart && !hasIp6Table(plan)) plan = (next = renderIncremental(state, { ...opts, ip6Removal: true }, next)).plan;
       this.started = true;
       this.startCheck = check;
       if (check === 'matched') {
         this.log.info({ op: 'start-check', result: check }, 'nftables table lb_agent already matches the desired state; adopted as is');
         this.plan = plan;
+        this.rendering = next;
         this.state = state;
         this.syncBpf(plan);
         return 'adopted';
@@ -1184,15 +1448,15 @@ export class NftDataplane implements Dataplane {
       this.detachBeforeTableGoes(plan);
       await this.write(plan.script);
       this.plan = plan;
+      this.rendering = next;
       this.state = state;
       this.syncBpf(plan);
       // What an earlier process's table sent where is unknown: every UDP port is checked once.
       await this.endStaleUdpFlows(udpFlowSweep(undefined, state));
       return 'written';
     }
-    if (!this.forceWrite && this.plan && plan.script === this.plan.script) { this.state = state; return false; }
-    if (!this.forceWrite && this.plan) {
-      const done = await this.applyDelta(plan, state);
+    if (!this.forceWrite && this.rendering) {
+      const done = await this.applyDelta(next, state);
       if (done !== undefined) return done;
     }
     // Read the old table's counters just before it is replaced; fold them in
@@ -1206,6 +1470,7 @@ export class NftDataplane implements Dataplane {
     this.handedBack = handedBackTotals(this.plan, live, this.handedBack, state);
     const sweep = udpFlowSweep(this.state, state);
     this.plan = plan;
+    this.rendering = next;
     this.state = state;
     this.syncBpf(plan);
     // After the commit, so a packet of an ended flow meets the new table.
@@ -1215,48 +1480,54 @@ export class NftDataplane implements Dataplane {
   }
 
   /**
-   * Bring the tables from the current plan to `plan` by changed objects only
-   * (renderNftDelta), in one transaction. Counters the delta restarts are
-   * read first only when their flow stays in `state` under another name
-   * (a positional name shifted); a counter that goes with its flow is not
-   * read at all. Undefined when the change has no incremental form or the
-   * transaction failed (the kernel then still holds the previous tables
-   * whole: an nft transaction commits entirely or not at all), and the
-   * caller writes the tables whole.
+   * Bring the tables from the current render to `next` by changed objects
+   * only, worked out from the services that changed (renderPartsDelta), in
+   * one transaction; the work of an apply, counters and UDP flows included,
+   * is that of the changed services. Counters the delta restarts are read
+   * first only when their flow stays in `state` (a name that took another
+   * meaning); a counter that goes with its flow is not read at all.
+   * Undefined when the change has no incremental form or the transaction
+   * failed (the kernel then still holds the previous tables whole: an nft
+   * transaction commits entirely or not at all), and the caller writes the
+   * tables whole.
    */
-  private async applyDelta(plan: NftPlan, state: ForwardState): Promise<'written' | false | undefined> {
-    const prevPlan = this.plan!;
-    const delta = renderNftDelta(prevPlan, plan);
+  private async applyDelta(next: Rendering, state: ForwardState): Promise<'written' | false | undefined> {
+    const prev = this.rendering!;
+    const delta = renderPartsDelta(prev, next);
     if (delta === undefined) return undefined;
-    if (delta.script === '') { this.plan = plan; this.state = state; return false; }
+    if (delta.script === '') { this.plan = next.plan; this.rendering = next; this.state = state; return false; }
     const kept = new Set<string>();
-    for (const s of normalizeState(state).services) {
-      kept.add(s.key);
-      for (const { spec } of s.ports) for (const b of s.all) kept.add(flowId(s.key, spec, b.address));
+    for (const p of next.parts) {
+      if (!delta.changed.has(p.key)) continue;
+      kept.add(p.key);
+      for (const c of p.counters) kept.add(flowId(c.service, c.port, c.backend));
     }
-    const resetPlan: NftPlan = {
-      ...prevPlan,
-      counters: prevPlan.counters.filter((c) => delta.reset.has(c.name)),
-      handBack: prevPlan.handBack.filter((h) => delta.reset.has(h.name)),
-    };
-    const needsRead = resetPlan.counters.some((c) => kept.has(flowId(c.service, c.port, c.backend))) || resetPlan.handBack.some((h) => kept.has(h.service));
+    const needsRead = delta.resetCounters.some((c) => kept.has(flowId(c.service, c.port, c.backend))) || delta.resetHandBack.some((h) => kept.has(h.service));
     const live = needsRead ? await this.readCounters().catch(() => new Map<string, CounterValue>()) : new Map<string, CounterValue>();
-    if (delta.dsrRewritten) this.detachBeforeTableGoes(plan);
+    if (delta.dsrRewritten) this.detachBeforeTableGoes(next.plan);
     try {
       await this.write(delta.script);
     } catch (err) {
       this.log.warn({ op: 'apply', objects: delta.objects, err: errorMessage(err) }, 'incremental nftables update refused (nothing of it applied); writing the tables whole');
       return undefined;
     }
+    const resetPlan = { counters: delta.resetCounters, handBack: delta.resetHandBack } as const;
     this.live = new Map([...(needsRead ? live : this.live)].filter(([name]) => !delta.reset.has(name)));
-    this.carry = keepFlows(flowTotals(resetPlan, live, this.carry), state);
+    // Totals of flows that went (with a changed service) go with them; the others' are untouched.
+    const gone = new Set<string>();
+    for (const p of prev.parts) if (delta.changed.has(p.key)) for (const c of p.counters) gone.add(flowId(c.service, c.port, c.backend));
+    for (const id of kept) gone.delete(id);
+    this.carry = flowTotals(resetPlan, live, this.carry);
+    for (const id of gone) this.carry.delete(id);
     this.handedBack = handedBackTotals(resetPlan, live, this.handedBack, state);
-    const sweep = udpFlowSweep(this.state, state);
-    this.plan = plan;
+    const changedOf = (s: ForwardState): ForwardState => ({ services: s.services.filter((x) => delta.changed.has(x.key)) });
+    const sweep = udpFlowSweep(changedOf(this.state), changedOf(state));
+    this.plan = next.plan;
+    this.rendering = next;
     this.state = state;
-    if (delta.dsrRewritten) this.syncBpf(plan);
+    if (delta.dsrRewritten) this.syncBpf(next.plan);
     await this.endStaleUdpFlows(sweep);
-    this.log.debug({ op: 'apply', services: state.services.length, objects: delta.objects, bytes: delta.script.length }, 'nftables tables updated by changed objects');
+    this.log.debug({ op: 'apply', services: delta.changed.size, objects: delta.objects, bytes: delta.script.length }, 'nftables tables updated by changed objects');
     return 'written';
   }
 

@@ -92,7 +92,9 @@ class FakeHealth extends EventEmitter implements HealthLike {
   }
   start(): void { this.journal.push('health start'); }
   stop(): void { this.journal.push('health stop'); }
-  healthy(key: string): readonly BackendSpec[] { return this.services.find((s) => s.key === key)?.backends ?? []; }
+  /** Backends the checker holds down, as "key address". */
+  readonly down = new Set<string>();
+  healthy(key: string): readonly BackendSpec[] { return (this.services.find((s) => s.key === key)?.backends ?? []).filter((b) => !this.down.has(`${key} ${b.address}`)); }
   status(key: string): readonly BackendHealth[] {
     return this.healthy(key).map((b) => ({ address: b.address, port: 8080, state: 'up', since: undefined, reason: undefined, takenOutBy: undefined }));
   }
@@ -365,6 +367,27 @@ t.test('a reload carries out its plan: removed, re-sourced, updated in place, ad
   t.same(h.since(before), [], 'a refused reload asks nothing of anyone');
   const kept = await controlRequest(h.socket, 'status') as StatusDocument;
   t.same([kept.config.generation, kept.config.lastReload?.ok, kept.services.length], [2, false, 3]);
+});
+
+t.test('a health transition hands the data path a new object for its service only (issue 47)', async (t) => {
+  const h = harness(t, [{ name: 'web', backends: ['10.99.0.11', '10.99.0.12'] }, { name: 'api' }]);
+  await h.daemon.start();
+  h.fk.sources.get('default/web')!.bind('10.99.0.100');
+  h.fk.sources.get('default/api')!.bind('10.99.0.101');
+  await waitJournal(h, 'dataplane apply web=10.99.0.100,api=10.99.0.101');
+  await settle(h);
+  const before = h.fk.dataplane.applied.at(-1)!;
+  const from = h.fk.dataplane.applied.length;
+  h.fk.health.down.add('default/web 10.99.0.12');
+  h.fk.health.emit('change', 'default/web', '10.99.0.12', false);
+  for (let i = 0; i < 100 && h.fk.dataplane.applied.length === from; i++) await new Promise((r) => setTimeout(r, 10));
+  const after = h.fk.dataplane.applied.at(-1)!;
+  t.not(after, before, 'the transition was applied');
+  const of = (l: readonly ForwardService[], key: string): ForwardService => l.find((s) => s.key === key)!;
+  t.equal(of(after, 'default/api'), of(before, 'default/api'), 'the unchanged service keeps its object: the caches keyed by it do no work');
+  t.not(of(after, 'default/web'), of(before, 'default/web'), 'the service that changed gets a new object');
+  t.same(of(after, 'default/web').healthy.map((b) => b.address), ['10.99.0.11'], 'with the backend taken out');
+  t.same(of(after, 'default/web').backends.map((b) => b.address), ['10.99.0.11', '10.99.0.12'], 'and every configured backend still tracked');
 });
 
 t.test('freed memory is given back once every VIP is in place, not while the sources start, and after every reload (issue 18)', async (t) => {

@@ -4,7 +4,7 @@ import t from 'tap';
 import { parseIPv4 } from '../../agent/address';
 import { isLbError } from '../../agent/errors';
 import type { BackendSpec, PortSpec } from '../../agent/config/types';
-import { dsrUnavailable, normalizeState, portLabel, proxyNeededReason, selectDataplane, serviceLabels, servicesNeedingProxy } from '../../agent/forward/dataplane';
+import { dsrUnavailable, normalizeState, sameForwardService, portLabel, proxyNeededReason, selectDataplane, serviceLabels, servicesNeedingProxy } from '../../agent/forward/dataplane';
 
 const ok = async () => ({ ok: true, reason: 'fine' });
 const no = async () => ({ ok: false, reason: 'nft not found (install the nftables package)' });
@@ -61,6 +61,43 @@ t.test('normalizeState: canonical order, backends merged, weightless healthy dro
     { key: 'b/b', vip: '10.0.0.2', ports: [p(80)], healthy: [], backends: [], sourceIP: 'preserve', vipMac: '52:54:00:AB:CD:EF' },
   ] }).services;
   t.same(modes.map((s) => [s.sourceIP, s.vipMac]), [['snat', undefined], ['preserve', '52:54:00:ab:cd:ef']]);
+});
+
+t.test('normalizeState keeps a service\'s normalized object while its forwarding state is the same object (issue 47)', async (t) => {
+  const a = { key: 'a/a', vip: '10.0.0.1', ports: [p(80), p(22)], healthy: [b('10.0.0.9')], backends: [b('10.0.0.9'), b('10.0.0.2')] };
+  const z = { key: 'z/z', vip: '10.0.0.2', ports: [p(80)], healthy: [], backends: [] };
+  const first = normalizeState({ services: [z, a] }).services;
+  const again = normalizeState({ services: [a, z] }).services;
+  t.equal(again[0], first[0], 'a: the same object');
+  t.equal(again[1], first[1], 'z: the same object');
+  const a2 = { ...a, healthy: [] };
+  const changed = normalizeState({ services: [a2, z] }).services;
+  t.not(changed[0], first[0], 'a new forwarding state is normalized again');
+  t.same(changed[0]!.healthy, [], 'from its new fields');
+  t.equal(changed[1], first[1], 'the other service keeps its object');
+  // A clash depends on the other services: the object normalized alone keeps every port; the clashing one is dropped from a copy.
+  const clash = { key: 'b/b', vip: '10.0.0.2', ports: [p(80), p(443)], healthy: [], backends: [] };
+  const withClash = normalizeState({ services: [clash, z] });
+  t.same(withClash.services[1]!.ports, [], 'z/z loses port 80 to b/b (b sorts first)');
+  t.not(withClash.services[1], first[1], 'in a copy');
+  t.same(normalizeState({ services: [z] }).services[0]!.ports.map((x) => x.spec.port), [80], 'z/z alone again: the copy did not leak into the kept object');
+  const zFirst = normalizeState({ services: [{ ...z, key: 'a/z' }, clash] });
+  t.same(zFirst.services[1]!.ports.map((x) => `${x.spec.port}#${x.index}`), ['443#1'], 'b/b keeps 443 at its index (80 sorts first and is a/z\'s)');
+  t.same(zFirst.problems, ['b/b: TCP port 80 on 10.0.0.2 is already forwarded for a/z; not forwarding it']);
+  const alone = normalizeState({ services: [clash] }).services[0]!;
+  t.same(alone.ports.map((x) => `${x.spec.port}#${x.index}`), ['80#0', '443#1'], 'alone, every port again');
+});
+
+t.test('sameForwardService: every field, arrays element by element', async (t) => {
+  const base = { key: 'a/a', vip: '10.0.0.1', ports: [p(80)], healthy: [b('10.0.0.9')], backends: [b('10.0.0.9'), b('10.0.0.2')], sourceIP: 'snat' as const };
+  t.ok(sameForwardService(base, { ...base, ports: [p(80)], healthy: [b('10.0.0.9')] }), 'equal arrays of equal elements, new objects');
+  t.notOk(sameForwardService(base, { ...base, healthy: [] }), 'a backend gone');
+  t.notOk(sameForwardService(base, { ...base, healthy: [b('10.0.0.9', 2)] }), 'a weight changed');
+  t.notOk(sameForwardService(base, { ...base, healthy: [b('10.0.0.2')] }), 'another backend');
+  t.notOk(sameForwardService(base, { ...base, vip: undefined }), 'the VIP released');
+  t.notOk(sameForwardService(base, { ...base, handBack: '10.0.0.7' }), 'a field more');
+  t.notOk(sameForwardService(base, { ...base, vipMac: undefined }), 'a field more, even undefined');
+  t.notOk(sameForwardService(base, { ...base, ports: [p(81)] }), 'a port changed');
 });
 
 t.test('auto runs the proxy when a service asks for the PROXY protocol; kernel and proxy stay as configured', async (t) => {

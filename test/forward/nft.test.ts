@@ -15,7 +15,7 @@ import { Registry } from 'prom-client';
 import { ManualClock } from '../../agent/clock';
 import { linkNameForService } from '../../agent/net/ownership/ownership';
 import {
-  ARRIVALS_BATCH_MS, NftDataplane, canonicalTableJson, flowTotals, handedBackTotals, parseNftCounters, probeDsr, probeNftables, renderNft, renderNftDelta, renderRemoval, udpFlowSweep, type Exec,
+  ARRIVALS_BATCH_MS, NftDataplane, canonicalTableJson, flowTotals, handedBackTotals, parseNftCounters, probeDsr, probeNftables, renderIncremental, renderNft, renderNftDelta, renderPartsDelta, renderRemoval, udpFlowSweep, type Exec,
 } from '../../agent/forward/nft';
 import type { ConntrackClient, UdpFlowRule } from '../../agent/net/conntrack/conntrack';
 import { flowId } from '../../agent/forward/dataplane';
@@ -114,11 +114,11 @@ t.test('render: slot table honours weights; names stay put when health changes',
   const m = /numgen inc mod (\d+) vmap \{ ([^}]*) \}/.exec(full)!;
   t.equal(m[1], '6');
   const slots = m[2]!.split(', ').map((e) => e.split(' goto ')[1]);
-  t.same(['s0p0b0', 's0p0b1', 's0p0b2'].map((c) => slots.filter((x) => x === c).length), [1, 3, 2], 'slots per backend = weight');
+  t.same(['s0p0b10_99_0_11', 's0p0b10_99_0_12', 's0p0b10_99_0_13'].map((c) => slots.filter((x) => x === c).length), [1, 3, 2], 'slots per backend = weight');
   const less = renderNft(s([b('10.99.0.11'), b('10.99.0.13', 2)])).script;
-  t.match(less, /chain s0p0b2 \{\n\t\tcounter name "s0p0b2_conns" meta l4proto tcp dnat to 10\.99\.0\.13:8080/, 'b2 keeps its name when b1 leaves');
+  t.match(less, /chain s0p0b10_99_0_13 \{\n\t\tcounter name "s0p0b10_99_0_13_conns" meta l4proto tcp dnat to 10\.99\.0\.13:8080/, 'b2 keeps its name when b1 leaves');
   t.notMatch(less, /dnat to 10\.99\.0\.12/, 'an unhealthy backend gets no new connections');
-  t.match(less, /10\.99\.0\.80 \. 10\.99\.0\.12 \. tcp \. 8080 : "s0p0b1_to_backend"/, 'but its draining connections are still counted');
+  t.match(less, /10\.99\.0\.80 \. 10\.99\.0\.12 \. tcp \. 8080 : "s0p0b10_99_0_12_to_backend"/, 'but its draining connections are still counted');
 });
 
 t.test('render: with VRRP (flow-hash) the SNAT pick is the seeded jhash onto the maglev table DSR uses', async (t) => {
@@ -132,15 +132,15 @@ t.test('render: with VRRP (flow-hash) the SNAT pick is the seeded jhash onto the
   t.equal(m[2], dsrSeed('x/y'), 'the seed is the service key\'s, so every peer has the same');
   const slots = m[3]!.split(', ').map((e) => e.split(' goto ')[1]);
   t.equal(Number(m[1]), slots.length);
-  t.same(slots, dsrSlotTable(all, all).map((x) => `s0p0b${all.indexOf(x)}`), 'slot i goes where the DSR table sends it');
-  const share = ['s0p0b0', 's0p0b1', 's0p0b2'].map((c) => slots.filter((x) => x === c).length / slots.length);
+  t.same(slots, dsrSlotTable(all, all).map((x) => `s0p0b${x.address.replace(/\./g, '_')}`), 'slot i goes where the DSR table sends it');
+  const share = ['s0p0b10_99_0_11', 's0p0b10_99_0_12', 's0p0b10_99_0_13'].map((c) => slots.filter((x) => x === c).length / slots.length);
   t.ok(Math.abs(share[0]! - 1 / 6) < 0.01 && Math.abs(share[1]! - 3 / 6) < 0.01 && Math.abs(share[2]! - 2 / 6) < 0.01, `slots follow the weights 1:3:2 (${share.map((x) => x.toFixed(3)).join(' ')})`);
   // A backend leaving moves only its own slots: the flows of the others keep their place.
   const less = /chain s0p0 \{\n\t\tjhash [^{]*vmap \{ ([^}]*) \}/.exec(renderNft(s([all[1]!, all[2]!]), { placement: 'flow-hash' }).script)!;
   const after = less[1]!.split(', ').map((e) => e.split(' goto ')[1]);
-  t.equal(slots.filter((x, i) => x !== 's0p0b0' && after[i] !== x).length, 0, 'no slot of b1 or b2 moves when b0 leaves');
+  t.equal(slots.filter((x, i) => x !== 's0p0b10_99_0_11' && after[i] !== x).length, 0, 'no slot of b1 or b2 moves when b0 leaves');
   t.equal(renderNft(s(all), { placement: 'round-robin' }).script, renderNft(s(all)).script, 'round-robin is the default');
-  t.match(renderNft({ services: [{ key: 'a/one', vip: '10.99.0.70', ports: [http], healthy: [b('10.99.0.11')], backends: [b('10.99.0.11')] }] }, { placement: 'flow-hash' }).script, /chain s0p0 \{\n\t\tgoto s0p0b0\n/, 'one healthy backend: straight to it');
+  t.match(renderNft({ services: [{ key: 'a/one', vip: '10.99.0.70', ports: [http], healthy: [b('10.99.0.11')], backends: [b('10.99.0.11')] }] }, { placement: 'flow-hash' }).script, /chain s0p0 \{\n\t\tgoto s0p0b10_99_0_11\n/, 'one healthy backend: straight to it');
 });
 
 t.test('render: a VIP:port claimed twice keeps the first service and reports the other', async (t) => {
@@ -200,19 +200,20 @@ t.test('renderNftDelta: one backend of one service among 10 or 1,000 changes the
   t.ok(deltas[0]!.script.length > 0, 'something to write');
   t.equal(deltas[1]!.script, deltas[0]!.script, 'the same transaction at 1,000 services as at 10');
   t.notMatch(deltas[1]!.script, /table ip lb_agent \{|delete table/, 'the table is neither defined nor deleted');
-  t.ok(deltas[1]!.objects <= 12, `a few objects (${deltas[1]!.objects})`);
+  t.ok(deltas[1]!.objects <= 14, `a few objects (${deltas[1]!.objects})`);
   t.ok(deltas[1]!.script.length < renderNft(many(10)).script.length / 4, `a fraction of even the 10-service table (${deltas[1]!.script.length} bytes)`);
-  t.same([...deltas[1]!.reset].sort(), ['s0p0b2_conns', 's0p0b2_to_backend', 's0p0b2_to_client'], "the replaced backend's counters restart under its successor");
-  t.match(deltas[1]!.script, /delete counter ip lb_agent s0p0b2_conns\nadd counter ip lb_agent s0p0b2_conns/);
-  t.match(deltas[1]!.script, /flush chain ip lb_agent s0p0b2\n[^]*add rule ip lb_agent s0p0b2 counter name "s0p0b2_conns" meta l4proto tcp dnat to 10\.97\.0\.250:8080/);
+  t.same([...deltas[1]!.reset].sort(), ['s0p0b10_97_0_3_conns', 's0p0b10_97_0_3_to_backend', 's0p0b10_97_0_3_to_client'], "the replaced backend's counters go; the others keep counting");
+  t.match(deltas[1]!.script, /^add counter ip lb_agent s0p0b10_97_0_250_conns\n/);
+  t.match(deltas[1]!.script, /\ndelete counter ip lb_agent s0p0b10_97_0_3_conns\n/);
+  t.match(deltas[1]!.script, /add chain ip lb_agent s0p0b10_97_0_250\n[^]*add rule ip lb_agent s0p0b10_97_0_250 counter name "s0p0b10_97_0_250_conns" meta l4proto tcp dnat to 10\.97\.0\.250:8080/);
   // A health transition: the port's slot chain and the backend's chain; no counter restarts.
   const down = renderNftDelta(renderNft(many(1000)), renderNft(many(1000, (i, all) => ({ healthy: i === 500 ? all.slice(1) : all, backends: all }))))!;
   t.same(down.reset, new Set(), 'a health transition restarts no counter');
   t.same(down.script.split('\n').filter(Boolean), [
     'flush chain ip lb_agent s500p0',
-    'flush chain ip lb_agent s500p0b0',
-    'add rule ip lb_agent s500p0 numgen inc mod 2 vmap { 0 : goto s500p0b1, 1 : goto s500p0b2 }',
-    'delete chain ip lb_agent s500p0b0',
+    'flush chain ip lb_agent s500p0b10_97_7_209',
+    'add rule ip lb_agent s500p0 numgen inc mod 2 vmap { 0 : goto s500p0b10_97_7_210, 1 : goto s500p0b10_97_7_211 }',
+    'delete chain ip lb_agent s500p0b10_97_7_209',
   ], 'the slot chain rewritten and the unhealthy backend\'s chain gone');
   // The last healthy backend gone: the port moves from the dispatch map to the refused one.
   const none = renderNftDelta(renderNft(many(3)), renderNft(many(3, (i, all) => ({ healthy: i === 1 ? [] : all, backends: all }))))!;
@@ -222,12 +223,12 @@ t.test('renderNftDelta: one backend of one service among 10 or 1,000 changes the
   t.equal(renderNftDelta(renderNft(many(3)), renderNft(many(3)))!.script, '', 'no change, nothing to write');
 });
 
-t.test('renderNftDelta: a service going shifts later positional names; their counters restart and are reported', async (t) => {
+t.test('renderNftDelta: a service going shifts later positional service names; their counters restart and are reported', async (t) => {
   const three = many(3);
   const d = renderNftDelta(renderNft(three), renderNft({ services: [three.services[0]!, three.services[2]!] }))!;
-  t.ok(d.reset.has('s1p0b0_conns') && d.reset.has('s2p0b0_conns'), 's1 now names svc-002, s2 is gone');
-  t.notOk(d.reset.has('s0p0b0_conns'), 'the service before it keeps its counters');
-  t.match(d.script, /delete counter ip lb_agent s2p0b0_conns/);
+  t.ok(d.reset.has('s1p0b10_97_0_5_conns') && d.reset.has('s2p0b10_97_0_9_conns'), "svc-001's counters go, svc-002's restart as s1");
+  t.notOk(d.reset.has('s0p0b10_97_0_1_conns'), 'the service before it keeps its counters');
+  t.match(d.script, /delete counter ip lb_agent s2p0b10_97_0_9_conns/);
 });
 
 t.test('renderNftDelta: a table of IPv6 VIPs appears and goes whole; the netdev table is written whole when its text changes', async (t) => {
@@ -238,7 +239,7 @@ t.test('renderNftDelta: a table of IPv6 VIPs appears and goes whole; the netdev 
   t.notMatch(up.script, /ip lb_agent/, 'nothing of the IPv4 table');
   const gone = renderNftDelta(renderNft(six), renderNft(v4))!;
   t.equal(gone.script, 'table ip6 lb_agent {}\ndelete table ip6 lb_agent\n');
-  t.ok(gone.reset.has('v6s0p0b0_conns'), 'its counters go with it');
+  t.ok(gone.reset.has('v6s0p0b2001_db8__11_conns'), 'its counters go with it');
   const dsr = (healthy: BackendSpec[]): ForwardState => ({ services: [...v4.services, {
     key: 'default/dsr', vip: '10.99.0.50', ports: [{ name: '', port: 80, protocol: 'TCP', targetPort: 80 }], healthy, backends: [b('10.99.0.11'), b('10.99.0.12')], sourceIP: 'preserve', vipMac: '02:00:00:00:00:50',
   }] });
@@ -246,10 +247,56 @@ t.test('renderNftDelta: a table of IPv6 VIPs appears and goes whole; the netdev 
   const one = renderNftDelta(both, renderNft(dsr([b('10.99.0.11')]), { dsrDevice: 'eth0' }))!;
   t.ok(one.dsrRewritten);
   t.match(one.script, /table netdev lb_agent \{\}\ndelete table netdev lb_agent\ntable netdev lb_agent \{/);
-  t.ok(one.reset.has('s0p0b0_conns') && !one.reset.has('s1p0b0_conns'), 'the netdev counters (default/dsr is s0) restart, the IPv4 ones do not');
+  t.ok(one.reset.has('s0p0b0_conns') && !one.reset.has('s1p0b10_97_0_1_conns'), 'the netdev counters (default/dsr is s0) restart, the IPv4 ones do not');
   const other = renderNftDelta(both, renderNft({ services: [dsr([b('10.99.0.11'), b('10.99.0.12')]).services[2]!, ...many(2, (i, all) => ({ healthy: i === 0 ? all.slice(1) : all, backends: all })).services] }, { dsrDevice: 'eth0' }))!;
   t.ok(other.script.length > 0, 'the other change is written');
   t.notOk(other.dsrRewritten, 'a change elsewhere leaves the netdev table alone');
+});
+
+/** A transaction's objects, whatever their order: lines sorted, and the elements within a line's braces. */
+function objectsOf(script: string): string {
+  return script.split('\n').map((l) => l.replace(/\{ (.*) \}$/, (_m, e: string) => `{ ${e.split(', ').sort().join(', ')} }`)).sort().join('\n');
+}
+
+t.test('renderPartsDelta: from the changed services alone, the same objects as the diff of the whole tables; unchanged services are not rendered again', async (t) => {
+  const six = (i: number): ForwardState['services'][number] => ({ key: `v6/s${i}`, vip: `2001:db8::${50 + i}`, ports: [http], healthy: [{ address: '2001:db8::11', addressNum: 0, weight: 1 }], backends: [{ address: '2001:db8::11', addressNum: 0, weight: 1 }] });
+  const dsr = (healthy: BackendSpec[]): ForwardState['services'][number] => ({
+    key: 'default/dsr', vip: '10.99.0.50', ports: [{ name: '', port: 80, protocol: 'TCP', targetPort: 80 }], healthy, backends: [b('10.99.0.11'), b('10.99.0.12')], sourceIP: 'preserve', vipMac: '02:00:00:00:00:50',
+  });
+  // Two services on one VIP whose ports go to the same backend:targetPort share a byte-counter key.
+  const shared = (key: string, port: number): ForwardState['services'][number] => ({ key, vip: '10.98.9.9', ports: [{ name: '', port, protocol: 'TCP', targetPort: 8080 }], healthy: [b('10.97.9.1')], backends: [b('10.97.9.1')] });
+  const base = many(30).services;
+  const cases: Array<[string, ForwardState, ForwardState]> = [
+    ['one backend swapped', { services: base }, many(30, (i, all) => ({ healthy: i === 7 ? [all[0]!, b('10.97.0.250')] : all, backends: i === 7 ? [all[0]!, b('10.97.0.250')] : all }))],
+    ['one backend down', { services: base }, many(30, (i, all) => ({ healthy: i === 12 ? all.slice(1) : all, backends: all }))],
+    ['the last healthy backend gone', { services: base }, many(30, (i, all) => ({ healthy: i === 12 ? [] : all, backends: all }))],
+    ['a service in the middle removed', { services: base }, { services: base.filter((_, i) => i !== 25) }],
+    ['a service added', { services: base.filter((_, i) => i !== 25) }, { services: base }],
+    ['a VIP lost', { services: base }, { services: base.map((s, i) => (i === 3 ? { ...s, vip: undefined } : s)) }],
+    ['the first user of a shared byte key goes', { services: [...base, shared('z/one', 80), shared('z/two', 81)] }, { services: [...base, shared('z/two', 81)] }],
+    ['a shared VIP keeps its set element', { services: [...base, shared('z/one', 80), shared('z/two', 81)] }, { services: [...base, shared('z/one', 80)] }],
+    ['the IPv6 table appears', { services: base }, { services: [...base, six(1)] }],
+    ['an IPv6 service added', { services: [...base, six(1)] }, { services: [...base, six(1), six(2)] }],
+    ['the IPv6 table goes', { services: [...base, six(1), six(2)] }, { services: base }],
+    ['a DSR backend down', { services: [...base, dsr([b('10.99.0.11'), b('10.99.0.12')])] }, { services: [...base, dsr([b('10.99.0.11')])] }],
+    ['hand-back begins', { services: base }, { services: base.map((s, i) => (i === 9 ? { ...s, handBack: '10.99.0.4' } : s)) }],
+    ['hand-back ends', { services: base.map((s, i) => (i === 9 || i === 10 ? { ...s, handBack: '10.99.0.4' } : s)) }, { services: base.map((s, i) => (i === 10 ? { ...s, handBack: '10.99.0.4' } : s)) }],
+  ];
+  for (const [what, from, to] of cases) {
+    const opts = { dsrDevice: 'eth0' };
+    const prev = renderIncremental(from, opts);
+    const next = renderIncremental(to, opts, prev);
+    t.equal(next.plan.script, renderNft(to, opts).script, `${what}: the plan is renderNft's`);
+    const whole = renderNftDelta(renderNft(from, opts), renderNft(to, opts))!;
+    const parts = renderPartsDelta(prev, next)!;
+    t.equal(objectsOf(parts.script), objectsOf(whole.script), `${what}: the same objects as the whole diff`);
+    t.same([...parts.reset].sort(), [...whole.reset].sort(), `${what}: the same counters restart`);
+    t.same(parts.resetCounters.map((c) => c.name).sort(), [...parts.reset].filter((n) => !n.endsWith('_handed_back')).sort(), `${what}: what each restarting counter counted is known`);
+    const kept = next.parts.filter((p) => prev.byKey.get(p.key) === p).length;
+    t.ok(kept >= next.parts.length - (what.includes('removed') || what.includes('added') ? 15 : 1), `${what}: ${kept} of ${next.parts.length} services not rendered again (${parts.changed.size} changed)`);
+  }
+  const same = renderIncremental(many(30), {});
+  t.equal(renderPartsDelta(same, renderIncremental(many(30), {}, same))!.script, '', 'no change: nothing to write');
 });
 
 t.test('canonicalTableJson: equal tables compare equal whatever the handles, counter values and element order', async (t) => {
@@ -262,19 +309,19 @@ t.test('parseNftCounters reads named counters of our table only', async (t) => {
   const json = JSON.stringify({
     nftables: [
       { metainfo: {} },
-      { counter: { family: 'ip', name: 's0p0b0_conns', table: 'lb_agent', handle: 3, packets: 7, bytes: 420 } },
+      { counter: { family: 'ip', name: 's0p0b10_99_0_11_conns', table: 'lb_agent', handle: 3, packets: 7, bytes: 420 } },
       { counter: { family: 'ip', name: 'other', table: 'filter', handle: 4, packets: 1, bytes: 1 } },
     ],
   });
-  t.same([...parseNftCounters(json)], [['s0p0b0_conns', { packets: 7, bytes: 420 }]]);
+  t.same([...parseNftCounters(json)], [['s0p0b10_99_0_11_conns', { packets: 7, bytes: 420 }]]);
 });
 
 t.test('flowTotals: live counters plus what earlier tables carried over', async (t) => {
   const plan = renderNft({ services: [{ key: 'x/y', vip: '10.99.0.80', ports: [http], healthy: [b('10.99.0.11')], backends: [b('10.99.0.11')] }] });
   const live = new Map([
-    ['s0p0b0_conns', { packets: 5, bytes: 300 }],
-    ['s0p0b0_to_backend', { packets: 20, bytes: 2000 }],
-    ['s0p0b0_to_client', { packets: 30, bytes: 9000 }],
+    ['s0p0b10_99_0_11_conns', { packets: 5, bytes: 300 }],
+    ['s0p0b10_99_0_11_to_backend', { packets: 20, bytes: 2000 }],
+    ['s0p0b10_99_0_11_to_client', { packets: 30, bytes: 9000 }],
   ]);
   const id = flowId('x/y', http, '10.99.0.11');
   const carry = new Map([[id, { conns: 10, toBackend: 1, toClient: 2 }]]);
@@ -287,7 +334,7 @@ t.test('handedBackTotals: per service, live plus carried, flow counters apart; a
   const svc = { key: 'x/y', vip: '10.99.0.80', ports: [http], healthy: [b('10.99.0.11')], backends: [b('10.99.0.11')] };
   const state: ForwardState = { services: [{ ...svc, handBack: '10.99.0.4' }] };
   const plan = renderNft(state, { dsrDevice: 'eth0' });
-  const live = new Map([['s0_handed_back', { packets: 3, bytes: 180 }], ['s0p0b0_conns', { packets: 9, bytes: 0 }]]);
+  const live = new Map([['s0_handed_back', { packets: 3, bytes: 180 }], ['s0p0b10_99_0_11_conns', { packets: 9, bytes: 0 }]]);
   t.same([...handedBackTotals(plan, live, new Map([['x/y', 2]]), state)], [['x/y', 5]]);
   t.same(flowTotals(plan, live, new Map()).get(flowId('x/y', http, '10.99.0.11'))?.conns, 9, 'the flow totals do not count it');
   // The window closed (a table without the rule): the count stays with the service.
@@ -387,7 +434,7 @@ t.test('a /metrics scrape spawns no process: counters are read on a timer; a tab
   const exec: Exec = async (file, args) => {
     calls.push(`${file} ${args.join(' ')}`);
     if (file === 'nft' && args.includes('counters')) {
-      return { stdout: JSON.stringify({ nftables: [{ counter: { family: 'ip', name: 's0p0b0_conns', table: 'lb_agent', packets: conns, bytes: 180 } }] }), stderr: '' };
+      return { stdout: JSON.stringify({ nftables: [{ counter: { family: 'ip', name: 's0p0b10_99_0_11_conns', table: 'lb_agent', packets: conns, bytes: 180 } }] }), stderr: '' };
     }
     if (file === 'nft' && args[0] === '-j') throw Object.assign(new Error('absent'), { code: 1, stderr: 'Error: No such file or directory' });
     return { stdout: '', stderr: '' };
@@ -435,7 +482,7 @@ t.test('a table without counters is rewritten without reading any: one nft proce
   const exec: Exec = async (file, args) => {
     calls.push(`${file} ${args.join(' ')}`);
     if (file === 'nft' && args.includes('counters')) {
-      return { stdout: JSON.stringify({ nftables: [{ counter: { family: 'ip', name: 's0p0b0_conns', table: 'lb_agent', packets: 4, bytes: 240 } }] }), stderr: '' };
+      return { stdout: JSON.stringify({ nftables: [{ counter: { family: 'ip', name: 's0p0b10_99_0_11_conns', table: 'lb_agent', packets: 4, bytes: 240 } }] }), stderr: '' };
     }
     if (file === 'nft' && args[0] === '-j') throw Object.assign(new Error('absent'), { code: 1, stderr: 'Error: No such file or directory' });
     return { stdout: '', stderr: '' };
