@@ -12,7 +12,7 @@ import t from 'tap';
 const ROOT = path.resolve(__dirname, '..', '..', '..');
 
 /** Essential on every Debian/Ubuntu (coreutils, util-linux, bash, libc-bin, dash). */
-const ESSENTIAL = new Set(['sh', 'bash', 'env', 'cat', 'timeout', 'nproc', 'mkfifo', 'mount', 'umount', 'unshare', 'setpriv', 'prlimit', 'getent', 'kill', 'sleep', 'true', 'false',
+const ESSENTIAL = new Set(['sh', 'bash', 'env', 'cat', 'timeout', 'nproc', 'mkfifo', 'mount', 'umount', 'unshare', 'nsenter', 'setpriv', 'prlimit', 'getent', 'kill', 'sleep', 'true', 'false',
   'ls', 'wc', 'sed', 'grep', 'awk', 'head', 'tail', 'echo', 'printf', 'test', 'rm', 'mkdir', 'date', 'seq']);
 /** Shell words that are not programs. */
 const SHELL = new Set(['ulimit', 'for', 'do', 'done', 'if', 'then', 'else', 'fi', 'while', 'in', 'export', 'cd', 'set', 'trap', 'wait', 'read', 'exec', 'times']);
