@@ -20,7 +20,6 @@ import { InstanceLock } from './lock';
 import type { Readiness } from '../metrics/server';
 import { ControlServer, JsonText } from '../control/server';
 import type { Subsystems, ForwardService, SubsystemContext } from './subsystems';
-import { sameForwardService as sameForward } from '../forward/dataplane';
 import type { ListenerStore } from '../forward/dataplane';
 import type { Clock } from '../clock';
 import { realClock, isoTime } from '../clock';
@@ -444,7 +443,7 @@ export class Daemon extends EventEmitter {
       // path's caches (normalizeState, the nft render's parts) are keyed by
       // it, so a change costs the services that changed.
       const kept = this.forwardKept.get(rt);
-      if (kept !== undefined && sameForward(kept, next)) return kept;
+      if (kept !== undefined && lateModules().sameForwardService(kept, next)) return kept;
       this.forwardKept.set(rt, next);
       return next;
     });
