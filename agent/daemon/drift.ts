@@ -30,8 +30,8 @@ import {
 export interface TableOwner {
   /** "family name" of every table the path owns now. */
   ownedTables(): string[];
-  /** Was the commit of this pid the path's own write? */
-  ownsCommit(pid: number | undefined): boolean;
+  /** Was the commit of this pid (the initial namespace's), or of a socket with this port (nft's pid in its own namespace), the path's own write? */
+  ownsCommit(pid: number | undefined, port?: number | undefined): boolean;
   /** Write the tables again, whole; true when written. */
   repair(): Promise<boolean>;
   /** The forwarding sysctls back to 1 where someone turned one off: each one put back, with the value found. */
@@ -303,7 +303,7 @@ export class DriftGuard {
 
   private onCommit(c: NftCommit): void {
     const tables = this.opts.tables;
-    if (!tables || tables.ownsCommit(c.pid)) return;
+    if (!tables || tables.ownsCommit(c.pid, c.port)) return;
     for (const t of tables.ownedTables()) {
       const what = c.tables.get(t);
       if (!what) continue;

@@ -109,8 +109,8 @@ export class EbpfNatDataplane implements Dataplane, TableOwner {
     return drift === undefined ? [] : [{ subject: NAT_ENGINE_SUBJECT, found: drift }];
   }
 
-  ownsCommit(pid: number | undefined): boolean {
-    return this.nft.ownsCommit(pid);
+  ownsCommit(pid: number | undefined, port?: number | undefined): boolean {
+    return this.nft.ownsCommit(pid, port);
   }
 
   keepForwarding(): ReturnType<NftDataplane['keepForwarding']> {

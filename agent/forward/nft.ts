@@ -1336,11 +1336,18 @@ export class NftDataplane implements Dataplane {
     });
   }
 
-  /** Was the nftables commit by this pid one of this process's writes? */
-  ownsCommit(pid: number | undefined): boolean {
-    if (pid === undefined) return false;
-    if (pid === process.pid) return true;
-    return this.writers.has(pid);
+  /**
+   * Was the nftables commit by this pid, or from a socket with this port,
+   * one of this process's writes? The commit's pid is the initial PID
+   * namespace's; the port is nft's pid as this process sees it, so in a
+   * container only the port matches (net/netlink/nft-watch.ts).
+   */
+  ownsCommit(pid: number | undefined, port?: number | undefined): boolean {
+    for (const p of [pid, port]) {
+      if (p === undefined) continue;
+      if (p === process.pid || this.writers.has(p)) return true;
+    }
+    return false;
   }
 
   private noteWriter(pid: number): void {

@@ -7,7 +7,10 @@
 // A commit's notifications arrive together and end with NFT_MSG_NEWGEN, which
 // names the committing process (NFTA_GEN_PROC_PID) and the ruleset's new
 // generation; each object notification carries the committing socket's port
-// in its header, which for nft(8) is its pid.
+// in its header, which for nft(8) is its pid as its own PID namespace sees
+// it (netlink's autobind). NFTA_GEN_PROC_PID is the pid in the initial
+// namespace: in a container (systemd-nspawn, a pod) only the port matches
+// the pid the agent knows its `nft` child by.
 import { EventEmitter } from 'node:events';
 import * as os from 'node:os';
 import type { Logger } from '../../log';
@@ -119,6 +122,8 @@ export interface NftCommit {
   readonly gen: number;
   /** The committing process (NFTA_GEN_PROC_PID), or the port of its notifications. */
   readonly pid: number | undefined;
+  /** The port of the commit's object notifications (the committing socket's; nft's pid in its own PID namespace). */
+  readonly port: number | undefined;
   readonly proc: string | undefined;
   /** What the commit did, by "family name" of each table it touched. */
   readonly tables: ReadonlyMap<string, readonly { kind: NftObjectKind; op: 'new' | 'del' }[]>;
@@ -142,7 +147,7 @@ export class CommitAssembler {
         list.push({ kind: n.kind, op: n.op });
         this.pendingPort = n.portid;
       } else {
-        out.push({ gen: n.gen, pid: n.pid ?? this.pendingPort, proc: n.proc, tables: this.pending });
+        out.push({ gen: n.gen, pid: n.pid ?? this.pendingPort, port: this.pendingPort, proc: n.proc, tables: this.pending });
         this.pending = new Map();
         this.pendingPort = undefined;
       }

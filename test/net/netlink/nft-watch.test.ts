@@ -36,6 +36,7 @@ t.test('the assembler makes one commit per NEWGEN, with what it did to each tabl
   t.equal(both.length, 1);
   t.same([...both[0]!.tables.get('ip lb_agent')!], [{ kind: 'chain', op: 'del' }, { kind: 'table', op: 'del' }]);
   t.equal(both[0]!.pid, 0x12e2);
+  t.equal(both[0]!.port, 0x12e2, 'and the port of its notifications, nft\'s pid in its own PID namespace');
 });
 
 t.test('a commit without NFTA_GEN_PROC_PID takes the pid from its notifications\' port', async (t) => {
