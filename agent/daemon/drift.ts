@@ -31,7 +31,7 @@ export interface TableOwner {
   /** "family name" of every table the path owns now. */
   ownedTables(): string[];
   /** Was the commit of this pid (the initial namespace's), or of a socket with this port (nft's pid in its own namespace), the path's own write? */
-  ownsCommit(pid: number | undefined, port?: number | undefined): boolean;
+  ownsCommit(pid: number | undefined, port?: number): boolean;
   /** Write the tables again, whole; true when written. */
   repair(): Promise<boolean>;
   /** The forwarding sysctls back to 1 where someone turned one off: each one put back, with the value found. */

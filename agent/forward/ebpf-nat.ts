@@ -109,7 +109,7 @@ export class EbpfNatDataplane implements Dataplane, TableOwner {
     return drift === undefined ? [] : [{ subject: NAT_ENGINE_SUBJECT, found: drift }];
   }
 
-  ownsCommit(pid: number | undefined, port?: number | undefined): boolean {
+  ownsCommit(pid: number | undefined, port?: number): boolean {
     return this.nft.ownsCommit(pid, port);
   }
 

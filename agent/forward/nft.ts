@@ -1342,7 +1342,7 @@ export class NftDataplane implements Dataplane {
    * namespace's; the port is nft's pid as this process sees it, so in a
    * container only the port matches (net/netlink/nft-watch.ts).
    */
-  ownsCommit(pid: number | undefined, port?: number | undefined): boolean {
+  ownsCommit(pid: number | undefined, port?: number): boolean {
     for (const p of [pid, port]) {
       if (p === undefined) continue;
       if (p === process.pid || this.writers.has(p)) return true;
