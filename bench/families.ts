@@ -13,6 +13,9 @@
 // mean of the IPv4 runs right before and right after it: the host's speed
 // moves between slots by more than a family costs (forwarding.ts's
 // pairing). The line is the median of those ratios over the slots' pairs.
+// The direct row is the floor: the client straight to one backend's nginx,
+// no agent and no forwarding node, so it shows what IPv6 costs the two end
+// hosts' stacks alone on this machine.
 // Only lab namespaces are addressed.
 import { Lab } from '../lab/netns';
 import { waitStatus } from '../lab/agent';
@@ -26,7 +29,7 @@ const NODE = { v4: '10.99.0.10', v6: 'fd00:99::10' };
 const VIP = { v4: '10.99.0.50', v6: 'fd00:99::50' };
 const BACKENDS = [{ v4: '10.99.0.11', v6: 'fd00:99::11' }, { v4: '10.99.0.12', v6: 'fd00:99::12' }, { v4: '10.99.0.13', v6: 'fd00:99::13' }];
 
-export const FAMILY_PATHS = ['kernel', 'proxy', 'dsr'] as const;
+export const FAMILY_PATHS = ['kernel', 'proxy', 'dsr', 'direct'] as const;
 export type FamilyPath = (typeof FAMILY_PATHS)[number];
 
 export interface FamiliesOptions {
@@ -84,6 +87,7 @@ function agentConfig(path: FamilyPath): Record<string, unknown> {
 }
 
 const url = (f: 'v4' | 'v6', path: FamilyPath): string => {
+  if (path === 'direct') return f === 'v4' ? `http://${BACKENDS[0]!.v4}:8080/` : `http://[${BACKENDS[0]!.v6}]:8080/`;
   const port = path === 'dsr' ? 8080 : 80;
   return f === 'v4' ? `http://${VIP.v4}:${port}/` : `http://[${VIP.v6}]:${port}/`;
 };
@@ -127,9 +131,9 @@ export async function benchFamilies(o: FamiliesOptions): Promise<FamiliesResult>
     for (let round = 0; round < o.rounds; round++) {
       for (const path of rotate(FAMILY_PATHS, round)) {
         if (path === 'dsr') await backendVips(lab, backendNs, true);
-        const agent = await runAgent(lab, node, agentConfig(path), { name: `fam-${path}` });
+        const agent = path === 'direct' ? undefined : await runAgent(lab, node, agentConfig(path), { name: `fam-${path}` });
         try {
-          await waitStatus(agent, 'both VIPs serving, every backend healthy', (s) => s.services.length === 2 && s.services.every((x) => x.ready && x.healthyBackends === 3), 30_000);
+          if (agent) await waitStatus(agent, 'both VIPs serving, every backend healthy', (s) => s.services.length === 2 && s.services.every((x) => x.ready && x.healthyBackends === 3), 30_000);
           for (const close of [false, true]) {
             if (o.warmup > 0) for (const f of ['v4', 'v6'] as const) await runWrk(lab, client, url(f, path), { seconds: o.warmup, connections: o.connections, threads: o.threads, close });
             let before = await wrk('v4', close, path);
@@ -145,7 +149,7 @@ export async function benchFamilies(o: FamiliesOptions): Promise<FamiliesResult>
         } catch (e) {
           errors.push(`round ${round + 1} ${path}: ${String((e as Error).message ?? e)}`);
         } finally {
-          await stopAgent(agent);
+          if (agent) await stopAgent(agent);
           if (path === 'dsr') await backendVips(lab, backendNs, false);
         }
       }
