@@ -41,8 +41,9 @@
 // none; the path is logged at start and exported as
 // lbagent_health_probe_path_info. HTTP probes stay on Node's http client: an
 // HTTP check is a request and a response to parse, which the addon must not
-// do. HTTPS probes run the same client over node:tls, each target with its
-// TLS settings made once (health/tls.ts: one SecureContext per distinct CA).
+// do. HTTPS probes write their GET on a node:tls socket and read its status
+// line (probe.ts), each target with its TLS settings made once
+// (health/tls.ts: one SecureContext per distinct CA) and its session resumed.
 // Every probe, whatever its type, holds one of the scheduler's maxInFlight
 // slots until it ends; HTTPS probes also wait for one of maxTlsInFlight
 // places before they start (their timer with them), as a handshake is CPU
