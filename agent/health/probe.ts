@@ -365,7 +365,8 @@ export function parseStatusLine(text: string): number | 'more' | { error: string
   let at = 0;
   for (;;) {
     const eol = text.indexOf('\n', at);
-    if (eol < 0) return text.length - at > STATUS_LINE_MAX ? { error: `no status line in the first ${STATUS_LINE_MAX} bytes` } : 'more';
+    // The bound is on everything read, interim answers included: a backend sending them without end is cut off too.
+    if (eol < 0) return text.length > STATUS_LINE_MAX ? { error: `no status line in the first ${STATUS_LINE_MAX} bytes` } : 'more';
     const line = text.slice(at, eol).replace(/\r$/, '');
     // RFC 9112 §4: HTTP-version SP 3DIGIT SP [reason-phrase]
     const m = /^HTTP\/1\.[01] ([1-5]\d\d)(?: |$)/.exec(line);
@@ -373,7 +374,7 @@ export function parseStatusLine(text: string): number | 'more' | { error: string
     const status = Number(m[1]);
     if (status >= 200 || status === 101) return status;
     const end = text.indexOf('\r\n\r\n', eol - 1);
-    if (end < 0) return text.length - at > STATUS_LINE_MAX ? { error: `an interim ${status} answer longer than ${STATUS_LINE_MAX} bytes` } : 'more';
+    if (end < 0) return text.length > STATUS_LINE_MAX ? { error: `interim answers longer than ${STATUS_LINE_MAX} bytes` } : 'more';
     at = end + 4;
   }
 }

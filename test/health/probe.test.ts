@@ -372,7 +372,8 @@ t.test('parseStatusLine: the final status of an HTTP/1.x answer, interim answers
   t.same(parseStatusLine('HTTP/1.1 600 Odd\r\n'), { error: 'not an HTTP/1.x status line: "HTTP/1.1 600 Odd"' });
   t.same(parseStatusLine('HTTP/1.1 2000 OK\r\n'), { error: 'not an HTTP/1.x status line: "HTTP/1.1 2000 OK"' });
   t.same(parseStatusLine('x'.repeat(STATUS_LINE_MAX + 1)), { error: `no status line in the first ${STATUS_LINE_MAX} bytes` }, 'an endless line is bounded');
-  t.same(parseStatusLine(`HTTP/1.1 100 Continue\r\n${'X-A: b\r\n'.repeat(STATUS_LINE_MAX / 8 + 1)}`), { error: `an interim 100 answer longer than ${STATUS_LINE_MAX} bytes` });
+  t.same(parseStatusLine(`HTTP/1.1 100 Continue\r\n${'X-A: b\r\n'.repeat(STATUS_LINE_MAX / 8 + 1)}`), { error: `interim answers longer than ${STATUS_LINE_MAX} bytes` });
+  t.same(parseStatusLine('HTTP/1.1 100 Continue\r\n\r\n'.repeat(STATUS_LINE_MAX / 25 + 1)), { error: `no status line in the first ${STATUS_LINE_MAX} bytes` }, 'interim answers without end are bounded in all');
 });
 
 t.test('httpRequestText: the path, Host as address:port (IPv6 in brackets) or the server name, Connection: close', async (t) => {
