@@ -326,15 +326,7 @@ export class ProbeScheduler<T = undefined> {
     const e = this.entries.get(key);
     if (!e || !this.running || e.inFlight || e.waiting) return false;
     const now = this.clock.now();
-    if (this.inFlight < this.maxInFlight) {
-      this.launch(e, now, now, now, true);
-    } else {
-      e.waiting = true;
-      e.pendingBase = now;
-      e.pendingDue = now;
-      e.pendingExtra = true;
-      this.waitQ.push(e);
-    }
+    this.launchOrWait(e, now, now, now, true);
     return true;
   }
 
@@ -469,15 +461,20 @@ export class ProbeScheduler<T = undefined> {
       this.onSkip?.(e.key, 'busy', 1);
       return;
     }
+    this.launchOrWait(e, base, due, now, false);
+  }
+
+  /** Run at once when a slot is free; else wait in the FIFO with this slot. */
+  private launchOrWait(e: Entry<T>, base: number, due: number, now: number, extra: boolean): void {
     if (this.inFlight < this.maxInFlight) {
-      this.launch(e, base, due, now);
-    } else {
-      e.waiting = true;
-      e.pendingBase = base;
-      e.pendingDue = due;
-      e.pendingExtra = false;
-      this.waitQ.push(e);
+      this.launch(e, base, due, now, extra);
+      return;
     }
+    e.waiting = true;
+    e.pendingBase = base;
+    e.pendingDue = due;
+    e.pendingExtra = extra;
+    this.waitQ.push(e);
   }
 
   private launch(e: Entry<T>, base: number, due: number, now: number, extra = false): void {
