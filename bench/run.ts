@@ -287,7 +287,7 @@ async function main(): Promise<void> {
       case 'tracking':
         await runArea(area, async () => {
           // Both sides probe once a second: the probe's phase spreads the service line over 0-1 s, so more runs than rounds.
-          results.tracking = await benchTracking({ runs: q ? 1 : Math.max(R, 5), log: log(area) });
+          results.tracking = await benchTracking({ runs: q ? 1 : Math.max(R, 10), log: log(area) });
           if (results.tracking.errors.length) throw new Error(results.tracking.errors.join('; '));
         });
         break;

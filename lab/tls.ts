@@ -84,8 +84,8 @@ export async function createTestCa(parent = os.tmpdir()): Promise<TestCa> {
   return { dir, caFile: p('ca.pem'), issue, selfSigned, remove: () => fs.rmSync(dir, { recursive: true, force: true }) };
 }
 
-/** A request a TLS backend saw: the server name the client sent (false: none) and its Host header. */
-export interface TlsRequest { readonly servername: string | false; readonly host: string | undefined; readonly url: string }
+/** A request a TLS backend saw: the server name the client sent (false: none), its Host header, and whether its TLS session was resumed. */
+export interface TlsRequest { readonly servername: string | false; readonly host: string | undefined; readonly url: string; readonly reused: boolean }
 
 export interface TlsBackend {
   readonly proc: ChildProcess;

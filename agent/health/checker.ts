@@ -22,14 +22,28 @@
 // `unknown`, i.e. out of rotation until its first good probe, which is run at
 // once.
 //
+// Siblings (design decision): when a backend of a service goes down, the
+// service's other backends that are up with no failure counted are probed
+// at once, outside their grids (scheduler.runExtra), at most once per the
+// service's period. A cause all of them share (this node lost its route or
+// its NIC to them) is then seen one probe after the first backend saw it,
+// not at the slowest of their phases: a tracked service (failover.track)
+// that needs all its backends gone fails as soon as keepalived's
+// track_script, which checks them all in one run. The extra result counts
+// as a probe for such a backend only: a failure starts its streak (never
+// shortens one under way), a success changes nothing; its grid and the
+// results it takes from it stay as they were, so with failureThreshold n
+// it is down at its (n-1)th grid failure after the extra one.
+//
 // Probe paths: TCP probes go through a TcpProber - by default the
 // native addon's batch prober (raw non-blocking connects, one epoll, results
 // in batches), falling back to one Node socket per probe when the addon has
 // none; the path is logged at start and exported as
 // lbagent_health_probe_path_info. HTTP probes stay on Node's http client: an
 // HTTP check is a request and a response to parse, which the addon must not
-// do. HTTPS probes run the same client over node:tls, each target with its
-// TLS settings made once (health/tls.ts: one SecureContext per distinct CA).
+// do. HTTPS probes write their GET on a node:tls socket and read its status
+// line (probe.ts), each target with its TLS settings made once
+// (health/tls.ts: one SecureContext per distinct CA) and its session resumed.
 // Every probe, whatever its type, holds one of the scheduler's maxInFlight
 // slots until it ends; HTTPS probes also wait for one of maxTlsInFlight
 // places before they start (their timer with them), as a handshake is CPU
@@ -184,6 +198,8 @@ interface ServiceEntry {
   spec: ServiceSpec;
   /** By backend address. */
   readonly subs: Map<string, Sub>;
+  /** When (clock ms) its backends were last probed because one of them went down; see "Siblings". */
+  siblingsAt: number | undefined;
 }
 
 export interface HealthCheckerEvents {
@@ -278,7 +294,7 @@ export class HealthChecker extends EventEmitter<HealthCheckerEvents> {
     for (const spec of wanted.values()) {
       let svc = this.services.get(spec.key);
       if (!svc) {
-        svc = { spec, subs: new Map() };
+        svc = { spec, subs: new Map(), siblingsAt: undefined };
         this.services.set(spec.key, svc);
       }
       svc.spec = spec;
@@ -624,10 +640,16 @@ export class HealthChecker extends EventEmitter<HealthCheckerEvents> {
   }
 
   /** One probe result to one subscription, at that subscription's period and timeout. */
-  private deliver(sub: Sub, ok: boolean, reason: FailureReason | undefined, detail: string | undefined, durationMs: number, slot: Slot, wall: number): void {
-    // Half a millisecond of slack for float grid arithmetic.
-    if (sub.lastAcceptedBase !== undefined && slot.base - sub.lastAcceptedBase < sub.periodMs - 0.5) return;
-    sub.lastAcceptedBase = slot.base;
+  private deliver(sub: Sub, ok: boolean, reason: FailureReason | undefined, detail: string | undefined, durationMs: number, run: Run<Target>, wall: number): void {
+    if (run.extra) {
+      // A sibling went down: counts for a backend up with no failure
+      // counted, and leaves its grid results as they were.
+      if (!sibling(sub)) return;
+    } else {
+      // Half a millisecond of slack for float grid arithmetic.
+      if (sub.lastAcceptedBase !== undefined && run.base - sub.lastAcceptedBase < sub.periodMs - 0.5) return;
+      sub.lastAcceptedBase = run.base;
+    }
     const good = ok && durationMs <= sub.timeoutMs;
     const why: FailureReason | undefined = ok ? (good ? undefined : 'timeout') : (reason ?? 'error');
     const lp = sub.lastProbe;
@@ -666,6 +688,19 @@ export class HealthChecker extends EventEmitter<HealthCheckerEvents> {
     this.safeEmit(() => this.emit('verdict', sub.service.spec.key, sub.backend.address, to));
     const after = this.subHealthy(sub);
     if (after !== before) this.emitChange(sub, after);
+    if (to === 'down') this.probeSiblings(sub.service);
+  }
+
+  /** A backend of svc went down: its other backends that are up with no failure counted are probed now ("Siblings"). */
+  private probeSiblings(svc: ServiceEntry): void {
+    if (!this.running || svc.subs.size < 2) return;
+    const now = this.clock.now();
+    const period = svc.spec.healthCheck.periodSeconds * 1000;
+    if (svc.siblingsAt !== undefined && now - svc.siblingsAt < period) return;
+    svc.siblingsAt = now;
+    for (const s of svc.subs.values()) {
+      if (s.target !== undefined && sibling(s)) this.scheduler.runExtra(s.target.key);
+    }
   }
 
   private emitChange(sub: Sub, up: boolean): void {
@@ -680,6 +715,11 @@ export class HealthChecker extends EventEmitter<HealthCheckerEvents> {
       this.log.error({ op: 'emit', err: errorMessage(err) }, 'a health event listener threw');
     }
   }
+}
+
+/** Up with no failure counted: a backend an extra run is for ("Siblings"). */
+function sibling(sub: Sub): boolean {
+  return sub.health.state === 'up' && sub.health.consecutiveFailures === 0;
 }
 
 function thresholdsOf(hc: HealthCheckSpec): Thresholds {

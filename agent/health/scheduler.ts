@@ -26,6 +26,8 @@
 //   previous run is still in flight or waiting is skipped (counted, 'busy').
 //   If the timer itself fell more than a period behind (a blocked event loop),
 //   the missed grid points are skipped, not replayed in a burst ('overrun').
+// - runExtra() runs a key once now, outside its grid (the grid stays where
+//   it is): a result wanted sooner than the next grid point.
 import type { Clock, TimerHandle } from '../clock';
 
 /** What a run is for: the grid time it stands for (or its add time). */
@@ -45,6 +47,8 @@ export interface Run<T = unknown> extends Slot {
   readonly data: T;
   /** True once the run was abandoned (its key removed, the scheduler stopped): its outcome must be ignored. */
   readonly aborted: boolean;
+  /** Run by runExtra(), outside the key's grid; its base is when it was asked for. */
+  readonly extra: boolean;
   /** The runner's own handle on what it started (a probe id, an AbortController), for onAbort. */
   token: unknown;
   /**
@@ -117,6 +121,8 @@ interface Entry<T> {
   /** The slot a waiting run will use. */
   pendingBase: number;
   pendingDue: number;
+  /** The waiting run was asked for by runExtra(). */
+  pendingExtra: boolean;
   /** The run in flight. */
   current: RunNode<T> | undefined;
   /** The last run's object, ended by done(): the next run reuses it. */
@@ -129,6 +135,7 @@ class RunNode<T> implements Run<T> {
   started = 0;
   aborted = false;
   finished = false;
+  extra = false;
   token: unknown = undefined;
   constructor(private readonly owner: { finish(run: RunNode<T>): void }, readonly entry: Entry<T>) {}
   get key(): string { return this.entry.key; }
@@ -276,7 +283,7 @@ export class ProbeScheduler<T = undefined> {
     const index = this.freeIndex.length > 0 ? this.freeIndex.pop()! : this.byIndex.length;
     const e: Entry<T> = {
       key, index, data: data as T, live: true, period: periodMs, nextBase: 0, lastBase: undefined, gen: 0,
-      inFlight: false, waiting: false, pendingBase: 0, pendingDue: 0, current: undefined, spare: undefined,
+      inFlight: false, waiting: false, pendingBase: 0, pendingDue: 0, pendingExtra: false, current: undefined, spare: undefined,
     };
     this.byIndex[index] = e;
     this.entries.set(key, e);
@@ -306,6 +313,21 @@ export class ProbeScheduler<T = undefined> {
     const e = this.entries.get(key);
     if (!e || !this.running || e.inFlight || e.waiting) return;
     this.scheduleFirst(e, this.clock.now());
+  }
+
+  /**
+   * Run a key once now (or as soon as a slot is free), outside its grid:
+   * the grid points, their phase and the runs they bring stay as they
+   * were. The run's `extra` is true and its base is now. False (nothing
+   * started) while the key is in flight or waiting, or not running: the
+   * run under way is as fresh.
+   */
+  runExtra(key: string): boolean {
+    const e = this.entries.get(key);
+    if (!e || !this.running || e.inFlight || e.waiting) return false;
+    const now = this.clock.now();
+    this.launchOrWait(e, now, now, now, true);
+    return true;
   }
 
   /** Remove a key; an in-flight run is aborted. */
@@ -439,17 +461,23 @@ export class ProbeScheduler<T = undefined> {
       this.onSkip?.(e.key, 'busy', 1);
       return;
     }
-    if (this.inFlight < this.maxInFlight) {
-      this.launch(e, base, due, now);
-    } else {
-      e.waiting = true;
-      e.pendingBase = base;
-      e.pendingDue = due;
-      this.waitQ.push(e);
-    }
+    this.launchOrWait(e, base, due, now, false);
   }
 
-  private launch(e: Entry<T>, base: number, due: number, now: number): void {
+  /** Run at once when a slot is free; else wait in the FIFO with this slot. */
+  private launchOrWait(e: Entry<T>, base: number, due: number, now: number, extra: boolean): void {
+    if (this.inFlight < this.maxInFlight) {
+      this.launch(e, base, due, now, extra);
+      return;
+    }
+    e.waiting = true;
+    e.pendingBase = base;
+    e.pendingDue = due;
+    e.pendingExtra = extra;
+    this.waitQ.push(e);
+  }
+
+  private launch(e: Entry<T>, base: number, due: number, now: number, extra = false): void {
     let node = e.spare;
     if (node === undefined) {
       node = new RunNode(this.owner, e);
@@ -462,6 +490,7 @@ export class ProbeScheduler<T = undefined> {
     node.base = base;
     node.due = due;
     node.started = now;
+    node.extra = extra;
     e.inFlight = true;
     e.current = node;
     this.inFlight++;
@@ -515,7 +544,7 @@ export class ProbeScheduler<T = undefined> {
         if (!e.waiting || !e.live) continue;
         e.waiting = false;
         now ??= this.clock.now();
-        this.launch(e, e.pendingBase, e.pendingDue, now);
+        this.launch(e, e.pendingBase, e.pendingDue, now, e.pendingExtra);
       }
     } finally {
       this.draining = false;

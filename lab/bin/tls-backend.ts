@@ -43,8 +43,9 @@ function main(): void {
       continue;
     }
     const server = https.createServer({ cert: fs.readFileSync(cert), key: fs.readFileSync(key) }, (req, res) => {
-      const servername = (req.socket as TLSSocket).servername ?? false;
-      process.stdout.write(`${JSON.stringify({ servername, host: req.headers.host, url: req.url })}\n`);
+      const sock = req.socket as TLSSocket;
+      const servername = sock.servername ?? false;
+      process.stdout.write(`${JSON.stringify({ servername, host: req.headers.host, url: req.url, reused: sock.isSessionReused() })}\n`);
       res.writeHead(status, { 'content-type': 'text/plain', connection: 'close' });
       res.end(`${status}\n`);
     });

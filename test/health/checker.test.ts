@@ -1,7 +1,8 @@
 // Unit tests of the health checker with an injected probe and ManualClock:
 // first probe at once and unknown -> up, thresholds counted in probes, checks
 // disabled, shared targets probed once with per-service thresholds, periods
-// and timeouts, reload keeping state, passive checks, 'change' events, metrics.
+// and timeouts, reload keeping state, passive checks, 'change' events, metrics,
+// a backend gone down bringing its up siblings' probes forward.
 // Then the checker as the daemon builds it, on loopback: TCP probes run on the
 // native batch prober (a test that fails if they silently fall back to Node
 // sockets), the fallback says so, and probes that find no descriptor
@@ -420,6 +421,72 @@ t.test('https probes wait for one of maxTlsInFlight places; a waiting run whose 
   t.same(hc.healthy('default/a').map((b) => b.address), ['10.0.0.1', '10.0.0.4']);
   t.equal(pending.length, 6, 'nothing else started');
   hc.stop();
+});
+
+/** A checker whose targets get the phases given, in the order they are added (then 0.5). */
+function phased(phases: number[]) {
+  const clock = new ManualClock(0);
+  const results = new Map<string, ProbeResult>();
+  const calls: Call[] = [];
+  const probe: Probe = async (target: ProbeTarget, o) => {
+    calls.push({ address: target.address, port: target.port, type: target.type, timeoutMs: o.timeoutMs, at: clock.now() });
+    return results.get(target.address) ?? OK;
+  };
+  const queue = [...phases];
+  const hc = new HealthChecker({ clock, registry: new Registry(), probe, jitter: 0, random: () => queue.shift() ?? 0.5, maxInFlight: 64 });
+  const downs: [string, string, number][] = [];
+  hc.on('verdict', (svc, address, state) => { if (state === 'down') downs.push([svc, address, clock.now()]); });
+  const advance = async (ms: number): Promise<void> => {
+    for (let left = ms; left > 0; left -= 10) { clock.advance(Math.min(10, left)); await flush(); }
+    await flush();
+  };
+  const at = (address: string): number[] => calls.filter((c) => c.address === address).map((c) => c.at);
+  return { clock, results, hc, downs, advance, at };
+}
+
+t.test('a backend gone down: its siblings up with no failure counted are probed at once, outside their grid', async (t) => {
+  // Phases: A at 100 ms into each second, B at 800 ms, C at 500 ms.
+  const s = phased([0.1, 0.8, 0.5]);
+  s.hc.update([service({ name: 'web', backends: ['10.0.0.1', '10.0.0.2', '10.0.0.3'], healthCheck: { periodSeconds: 1, timeoutSeconds: 0.2, failureThreshold: 1 } })]);
+  s.hc.start();
+  await s.advance(1450);
+  t.same(s.hc.healthy('default/web').length, 3, 'all three up');
+  // This node loses every backend at 1,450 ms (unreachable: each probe fails at once).
+  for (const a of ['10.0.0.1', '10.0.0.2', '10.0.0.3']) s.results.set(a, { ok: false, reason: 'unreachable', detail: 'EHOSTUNREACH', durationMs: 0 });
+  await s.advance(700);
+  t.same(s.downs.map(([, a, when]) => [a, when]), [['10.0.0.3', 1500], ['10.0.0.1', 1500], ['10.0.0.2', 1500]],
+    'C failed on its grid point at 1,500 ms; A and B, probed at once, were down with it (not at 1,800 and 2,100)');
+  t.same(s.hc.healthy('default/web'), [], 'none left');
+  t.same(['10.0.0.1', '10.0.0.2', '10.0.0.3'].map((a) => s.at(a).filter((x) => x === 1500).length), [1, 1, 1], 'A and B going down as well probed nothing more: once per period');
+  await s.advance(2000);
+  t.same(s.at('10.0.0.2').filter((x) => x > 1000), [1500, 1800, 2800, 3800].filter((x) => x <= s.clock.now()), 'B\'s grid kept its phase around the extra probe');
+});
+
+t.test('siblings: a failure already counted, a failure threshold above 1, and once per period at most', async (t) => {
+  const s = phased([0.1, 0.8, 0.5]);
+  s.hc.update([service({ name: 'web', backends: ['10.0.0.1', '10.0.0.2', '10.0.0.3'], healthCheck: { periodSeconds: 1, timeoutSeconds: 0.2, failureThreshold: 2 } })]);
+  s.hc.start();
+  await s.advance(1050);
+  const fail: ProbeResult = { ok: false, reason: 'refused', detail: 'ECONNREFUSED', durationMs: 0 };
+  // A fails from here; C fails once at 1,500 (one failure counted, still up).
+  s.results.set('10.0.0.1', fail);
+  await s.advance(400);
+  s.results.set('10.0.0.3', fail);
+  await s.advance(60);
+  s.results.delete('10.0.0.3');
+  // A: failures at 1,100 and 2,100 -> down at 2,100.
+  await s.advance(1090);
+  t.same(s.downs.map(([, a, when]) => [a, when]), [['10.0.0.1', 2100]], 'A down after two failures a period apart');
+  t.ok(s.at('10.0.0.2').includes(2100), 'B (up, no failure) probed with it');
+  t.notOk(s.at('10.0.0.3').includes(2100), 'C, a failure counted, kept its grid: the extra run would put two of its failures closer than a period');
+  t.same(s.hc.status('default/web').map((b) => b.state), ['down', 'up', 'up'], 'one failure is not two: B stays up');
+  // B fails from now on: its failures still come a period apart (the extra result was its last one taken).
+  s.results.set('10.0.0.2', fail);
+  await s.advance(3000);
+  const bDown = s.downs.find(([, a]) => a === '10.0.0.2')?.[2];
+  t.equal(bDown, 3800, 'B down at its second grid failure (2,800 then 3,800): the extra result did not move its grid');
+  t.ok(s.at('10.0.0.3').includes(3800), 'B going down probed C (up, its failure since cleared), a period after the last time');
+  t.same(s.hc.status('default/web').map((b) => b.state), ['down', 'down', 'up'], 'C answered: up');
 });
 
 /** A CA certificate the context accepts (a fixture of the config tests). */

@@ -12,7 +12,7 @@ import * as http from 'node:http';
 import * as https from 'node:https';
 import * as tls from 'node:tls';
 import type { TLSSocket } from 'node:tls';
-import { tcpProbe, httpProbe, httpsProbe, defaultProbe, reasonOf, tlsFailure, httpsTimeoutDetail, TLS_RESUME_MS, type ProbeResult, type ProbeTarget, type TlsResumption } from '../../agent/health/probe';
+import { tcpProbe, httpProbe, httpsProbe, defaultProbe, reasonOf, tlsFailure, httpsTimeoutDetail, parseStatusLine, httpRequestText, STATUS_LINE_MAX, TLS_RESUME_MS, type ProbeResult, type ProbeTarget, type TlsResumption } from '../../agent/health/probe';
 import { createTestCa, type Leaf, type TestCa } from '../../lab/tls';
 import { parseProxyHeader, type ParsedProxyHeader } from '../../lab/proxy-protocol';
 import { listen, closedPort } from './loopback';
@@ -334,8 +334,13 @@ t.test('https: a target resumes its TLS session, and makes a full handshake agai
   const base = httpsT(port, { ca: fs.readFileSync(ca.caFile, 'utf8'), sni: 'web.lab' });
   const resume: TlsResumption = { session: undefined, fullAt: 0 };
   const target: ProbeTarget = { ...base, tls: { ...base.tls!, resume } };
-  for (let i = 0; i < 3; i++) t.ok((await httpsProbe(target, { timeoutMs: 2000 })).ok);
+  t.ok((await httpsProbe(target, { timeoutMs: 2000 })).ok);
+  await new Promise((r) => setTimeout(r, 50));
+  const first = resume.session;
+  t.ok(first, 'the full handshake\'s session (its TLS 1.3 ticket, after the handshake) kept');
+  for (let i = 0; i < 2; i++) t.ok((await httpsProbe(target, { timeoutMs: 2000 })).ok);
   t.same(reused, [false, true, true], 'the first probe makes a full handshake, the next ones resume');
+  t.equal(resume.session, first, 'resumed probes offer that session again and take no new one');
   resume.fullAt -= TLS_RESUME_MS;
   t.ok((await httpsProbe(target, { timeoutMs: 2000 })).ok);
   t.equal(reused.at(-1), false, 'after TLS_RESUME_MS a full handshake again: the certificate is verified again');
@@ -349,4 +354,54 @@ t.test('https: a target resumes its TLS session, and makes a full handshake agai
   const plain = await httpsProbe(base, { timeoutMs: 2000 });
   t.ok(plain.ok);
   t.equal(reused.at(-1), false, 'settings without a resumption slot never resume');
+});
+
+t.test('parseStatusLine: the final status of an HTTP/1.x answer, interim answers skipped, anything else named (pure)', async (t) => {
+  t.equal(parseStatusLine('HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok'), 200);
+  t.equal(parseStatusLine('HTTP/1.0 503 Service Unavailable\r\n'), 503);
+  t.equal(parseStatusLine('HTTP/1.1 204\r\n'), 204, 'no reason phrase');
+  t.equal(parseStatusLine('HTTP/1.1 404 Not Found\n'), 404, 'a bare LF ends the line too');
+  t.equal(parseStatusLine('HTTP/1.1 20'), 'more', 'a line cut in two: more');
+  t.equal(parseStatusLine(''), 'more');
+  t.equal(parseStatusLine('HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 302 Found\r\nLocation: /\r\n\r\n'), 302, '1xx skipped, header block and all');
+  t.equal(parseStatusLine('HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 200 OK\r\n'), 200);
+  t.equal(parseStatusLine('HTTP/1.1 100 Continue\r\n\r\n'), 'more', 'the final answer still to come');
+  t.equal(parseStatusLine('HTTP/1.1 101 Switching Protocols\r\n'), 101, '101 is final');
+  t.same(parseStatusLine('SSH-2.0-OpenSSH_9.2\r\n'), { error: 'not an HTTP/1.x status line: "SSH-2.0-OpenSSH_9.2"' });
+  t.same(parseStatusLine('HTTP/2 200\r\n'), { error: 'not an HTTP/1.x status line: "HTTP/2 200"' });
+  t.same(parseStatusLine('HTTP/1.1 600 Odd\r\n'), { error: 'not an HTTP/1.x status line: "HTTP/1.1 600 Odd"' });
+  t.same(parseStatusLine('HTTP/1.1 2000 OK\r\n'), { error: 'not an HTTP/1.x status line: "HTTP/1.1 2000 OK"' });
+  t.same(parseStatusLine('x'.repeat(STATUS_LINE_MAX + 1)), { error: `no status line in the first ${STATUS_LINE_MAX} bytes` }, 'an endless line is bounded');
+  t.same(parseStatusLine(`HTTP/1.1 100 Continue\r\n${'X-A: b\r\n'.repeat(STATUS_LINE_MAX / 8 + 1)}`), { error: `interim answers longer than ${STATUS_LINE_MAX} bytes` });
+  t.same(parseStatusLine('HTTP/1.1 100 Continue\r\n\r\n'.repeat(STATUS_LINE_MAX / 25 + 1)), { error: `no status line in the first ${STATUS_LINE_MAX} bytes` }, 'interim answers without end are bounded in all');
+});
+
+t.test('httpRequestText: the path, Host as address:port (IPv6 in brackets) or the server name, Connection: close', async (t) => {
+  const http = { path: '/healthz?x=1', expectStatus: [200, 399] as const };
+  const ctx = tls.createSecureContext({});
+  t.equal(httpRequestText({ address: '10.0.0.1', port: 8443, type: 'https', http, tls: { servername: undefined, verify: false, context: ctx } }),
+    'GET /healthz?x=1 HTTP/1.1\r\nHost: 10.0.0.1:8443\r\nUser-Agent: lb-agent-health\r\nAccept: */*\r\nConnection: close\r\n\r\n');
+  t.match(httpRequestText({ address: 'fd00::1', port: 443, type: 'https', http, tls: { servername: undefined, verify: false, context: ctx } }), /\r\nHost: \[fd00::1\]:443\r\n/);
+  t.match(httpRequestText({ address: '10.0.0.1', port: 443, type: 'https', http, tls: { servername: 'web.lab', verify: false, context: ctx } }), /\r\nHost: web\.lab\r\n/);
+});
+
+t.test('https: answers that are not HTTP, that end before a status, that hold a 1xx first', async (t) => {
+  const ca = await testCa();
+  const leaf = await ca.issue('odd', { dns: ['web.lab'] });
+  const opts = { cert: fs.readFileSync(leaf.cert), key: fs.readFileSync(leaf.key) };
+  const serve = async (onRequest: (s: tls.TLSSocket) => void): Promise<number> => {
+    const server = tls.createServer(opts, (s) => { s.on('error', () => {}); s.once('data', () => onRequest(s)); });
+    const port = await listen(server);
+    t.teardown(() => server.close());
+    return port;
+  };
+  const garbage = await serve((s) => s.end('SSH-2.0-nope\r\n'));
+  let r = await httpsProbe(httpsT(garbage), { timeoutMs: 2000 });
+  t.same(r.ok ? 'ok' : [r.reason, r.detail], ['error', 'not an HTTP/1.x status line: "SSH-2.0-nope"']);
+  const hangup = await serve((s) => s.end());
+  r = await httpsProbe(httpsT(hangup), { timeoutMs: 2000 });
+  t.same(r.ok ? 'ok' : r.reason, 'reset', 'closed before a status line');
+  const interim = await serve((s) => { s.write('HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 2'); setTimeout(() => s.end('04 No Content\r\n\r\n'), 20); });
+  r = await httpsProbe(httpsT(interim), { timeoutMs: 2000 });
+  t.same(r.ok ? r.detail : r.detail, 'HTTP 204', 'the final status, across two reads');
 });

@@ -1,7 +1,8 @@
 // Unit tests of the probe scheduler in simulated time (ManualClock): first run
 // at once, then spread over the period; jitter bounds; one timer for 10,000
 // keys at 1 s without falling behind; periods down to 0.1 s; the in-flight
-// bound keeps the schedule; busy and overrun skips; add/remove/setPeriod.
+// bound keeps the schedule; busy and overrun skips; add/remove/setPeriod;
+// runExtra outside the grid.
 import t from 'tap';
 import { prng } from '../helpers/random';
 import { ManualClock, type Clock, type TimerHandle } from '../../agent/clock';
@@ -11,7 +12,7 @@ import { ProbeScheduler, type Run, type Slot } from '../../agent/health/schedule
 const flush = (): Promise<void> => new Promise((r) => setImmediate(r));
 
 /** A deterministic uniform source (LCG), so failures reproduce. */
-interface RunRec { key: string; slot: Slot; at: number }
+interface RunRec { key: string; slot: Slot; at: number; extra: boolean }
 
 /** A harness: probes that finish after `latencyMs` of simulated time. */
 function harness(opts: { maxInFlight?: number; jitter?: number; latencyMs?: number; clock?: Clock & { now(): number } } = {}) {
@@ -30,7 +31,7 @@ function harness(opts: { maxInFlight?: number; jitter?: number; latencyMs?: numb
     random: prng(7),
     run: (run) => {
       const key = run.key;
-      runs.push({ key, slot: { base: run.base, due: run.due, started: run.started }, at: clock.now() });
+      runs.push({ key, slot: { base: run.base, due: run.due, started: run.started }, at: clock.now(), extra: run.extra });
       inFlight++;
       maxSeen = Math.max(maxSeen, inFlight);
       const k = (perKeyInFlight.get(key) ?? 0) + 1;
@@ -361,4 +362,43 @@ t.test('an abandoned run frees its slot at once; its late done() ends nothing el
   t.equal(inFlight[2]?.key, 'b', 'b runs again on its period');
   t.equal(inFlight[2], b, 'the same run object, reused once done');
   s.stop();
+});
+
+t.test('runExtra: one run now, flagged, outside the grid, which stays where it was', async (t) => {
+  const h = harness({ maxInFlight: 64, jitter: 0, latencyMs: 5 });
+  h.sched.add('a', 1000);
+  h.sched.add('b', 1000);
+  h.sched.start();
+  await h.advance(3000);
+  const gridBefore = h.runs.filter((r) => r.key === 'a').map((r) => r.slot.base);
+  const phase = gridBefore.at(-1)! % 1000;
+  // Halfway between two grid points of a.
+  await h.advance(((phase + 500 - (h.clock.now() % 1000)) + 1000) % 1000);
+  const at = h.clock.now();
+  t.equal(h.sched.runExtra('a'), true, 'started');
+  t.equal(h.sched.runExtra('a'), false, 'not twice while in flight');
+  t.equal(h.sched.runExtra('nope'), false, 'an unknown key: nothing');
+  const extra = h.runs.at(-1)!;
+  t.same([extra.key, extra.extra, extra.slot.base, extra.at], ['a', true, at, at], 'flagged, its base the time it was asked for, run at once');
+  await h.advance(3000);
+  const after = h.runs.filter((r) => r.key === 'a' && !r.extra && r.at > at).map((r) => r.slot.base % 1000);
+  t.ok(after.length >= 2 && after.every((b) => Math.abs(b - phase) < 1e-6), `the grid kept its phase (${phase} ms): ${after.join(', ')}`);
+  t.equal(h.runs.filter((r) => r.extra).length, 1, 'grid runs are not flagged');
+  t.equal(h.sched.stats().skippedBusy, 0, 'nothing skipped: the extra run ended before the next grid point');
+});
+
+t.test('runExtra waits for a free slot like a grid run, and keeps its flag', async (t) => {
+  const h = harness({ maxInFlight: 1, jitter: 0, latencyMs: 50 });
+  h.sched.add('a', 10_000);
+  h.sched.add('b', 10_000);
+  h.sched.start();
+  await h.advance(200);
+  t.equal(h.runs.length, 2, 'both first runs, one after the other');
+  h.sched.runExtra('a');
+  h.sched.runExtra('b');
+  t.equal(h.sched.stats().waiting, 1, 'the second waits for the slot');
+  await h.advance(200);
+  t.same(h.runs.slice(2).map((r) => [r.key, r.extra]), [['a', true], ['b', true]], 'both ran, in order, flagged');
+  h.sched.stop();
+  t.equal(h.sched.runExtra('a'), false, 'nothing once stopped');
 });

@@ -8,7 +8,8 @@
 //   expired"); without it both are up and no server name is sent; a wrong
 //   server name fails verification; a port that accepts TCP and never
 //   finishes the handshake is down within its timeout, its connections
-//   closed; a status outside the range is down ("HTTP 503");
+//   closed; a status outside the range is down ("HTTP 503"); each target's
+//   first check makes a full handshake and the next ones resume its session;
 // - the real agent: `lb-agent status` says why a backend is down; a reload
 //   naming a missing caFile is refused with the field's path; reloads that
 //   drop the CA or change it apply at once.
@@ -114,6 +115,12 @@ if (requirePrivileged(t)) {
     t.ok(seen.some((r) => r.servername === 'web.lab' && r.host === 'web.lab'), 'sni web.lab sent, and asked for as Host');
     t.ok(seen.some((r) => r.servername === false && r.host === `${GOOD}:${PORT}`), 'no server name without sni');
     t.ok(seen.every((r) => r.servername === false || r.servername === 'web.lab'), 'nothing else sent');
+
+    // Sessions: each target's first check makes a full handshake, the next ones resume it (the verified and the unverified target each its own).
+    for (const [what, sni] of [['verified', 'web.lab'], ['unverified', false]] as const) {
+      const checks = seen.filter((r) => r.servername === sni && r.url === '/').map((r) => r.reused);
+      t.ok(checks.length >= 4 && checks[0] === false && checks.slice(1).every((x) => x), `${what}: full handshake first, then resumed (${checks.map((x) => (x ? 'r' : 'F')).join('')})`);
+    }
   });
 
   t.test('the real agent: status says why, a missing caFile is refused at reload, a changed caFile applies', async (t) => {
