@@ -274,7 +274,8 @@ export class Daemon extends EventEmitter {
         const vip = this.services.vipOf(rt.spec);
         return vip ? [{ name: rt.spec.name, namespace: rt.spec.namespace, vip, ipam: rt.spec.ipam, network: rt.spec.network ?? DEFAULT_NETWORK }] : [];
       }),
-      topology: () => (this.subs ? [...this.services.values()].map((rt) => {
+      // Policy any has no series: its selection is not made for a scrape.
+      topology: () => (this.subs ? [...this.services.values()].filter((rt) => rt.spec.topology !== 'any').map((rt) => {
         const sel = this.topologyOf(rt.spec);
         return { name: rt.spec.name, namespace: rt.spec.namespace, policy: rt.spec.topology, set: sel.set, reason: sel.reason };
       }) : []),
