@@ -22,7 +22,9 @@
 //                        the endpoint reuses a gather), the body's bytes per
 //                        service, and 50 scrapes a second for 10 s: failures
 //   status --json        wall time of `lb-agent status --json` (a process),
-//                        and of the control request alone
+//                        beside Node's own start (`node -e 0`, the same
+//                        way, in the same round), and of the control
+//                        request alone
 //   stop                 SIGTERM to exit, wall time
 // The reference is a kube-proxy-style (nftables mode) table of the same
 // service and backend count in a namespace of its own: a verdict map from
@@ -170,6 +172,8 @@ export interface ScaleRun {
   metricsBytesPerService: number;
   burst: { rate: number; seconds: number; sent: number; ok: number; failed: number; p50Ms: number; p99Ms: number; errors: string[] };
   statusCliMs: number[];
+  /** `node -e 0` run the way the status CLI is, in the same rounds: what any Node process costs before its first line runs (absent from runs before it was measured). */
+  nodeStartMs?: number[];
   statusRequestMs: number[];
   statusBytes: number;
   stopMs: number;
@@ -182,7 +186,7 @@ export interface ScaleSummaryRow {
   services: number; backends: number; readyMs: number; rssMiB: number; descriptors: number; packetSockets: number; idleCpuPercent: number; nftLines: number;
   reloadCpuMs: number; transitionCpuMs: number; scrapeCpuMs: number; metricsBytesPerService: number; metricsBytes: number;
   burstFailed: number; burstSent: number; burstP99Ms: number;
-  statusCliMs: number; statusRequestMs: number; statusBytes: number; stopMs: number;
+  statusCliMs: number; nodeStartMs: number; statusRequestMs: number; statusBytes: number; stopMs: number;
   refLines: number; refDeltaWallMs: number; refDeltaCpuMs: number; refFullWallMs: number; refFullCpuMs: number;
 }
 
@@ -194,7 +198,7 @@ export function summarizeScale(runs: readonly ScaleRun[]): ScaleSummaryRow[] {
     reloadCpuMs: m(r.reloadCpuMs), transitionCpuMs: m(r.transitionCpuMs), scrapeCpuMs: round(r.scrapeCpuMs, 1),
     metricsBytesPerService: Math.round(r.metricsBytesPerService), metricsBytes: r.metricsBytes,
     burstFailed: r.burst.failed, burstSent: r.burst.sent, burstP99Ms: r.burst.p99Ms,
-    statusCliMs: m(r.statusCliMs), statusRequestMs: m(r.statusRequestMs), statusBytes: r.statusBytes, stopMs: r.stopMs,
+    statusCliMs: m(r.statusCliMs), nodeStartMs: m(r.nodeStartMs ?? []), statusRequestMs: m(r.statusRequestMs), statusBytes: r.statusBytes, stopMs: r.stopMs,
     refLines: r.reference.lines, refDeltaWallMs: m(r.reference.deltaWallMs), refDeltaCpuMs: m(r.reference.deltaCpuMs),
     refFullWallMs: m(r.reference.fullWallMs), refFullCpuMs: m(r.reference.fullCpuMs),
   }));
@@ -385,9 +389,13 @@ async function measureSize(n: number, o: ScaleOptions): Promise<ScaleRun> {
 
     // status --json: a process, and the request alone.
     const statusCliMs: number[] = [];
+    const nodeStartMs: number[] = [];
     const statusRequestMs: number[] = [];
     let statusBytes = 0;
     for (let r = 0; r < o.rounds; r++) {
+      const n0 = Date.now();
+      await lab.exec(node, process.execPath, ['-e', '0']);
+      nodeStartMs.push(Date.now() - n0);
       const t = Date.now();
       const c = await agentCli(lab, node, ['status', '--json', '--socket', a.socket]);
       statusCliMs.push(Date.now() - t);
@@ -397,7 +405,7 @@ async function measureSize(n: number, o: ScaleOptions): Promise<ScaleRun> {
       await controlRequest(a.socket, 'status', 10_000);
       statusRequestMs.push(round(performance.now() - q, 1));
     }
-    log(`status --json ${statusCliMs.join(', ')} ms (request alone ${statusRequestMs.join(', ')} ms), ${statusBytes} bytes`);
+    log(`status --json ${statusCliMs.join(', ')} ms (node -e 0 ${nodeStartMs.join(', ')} ms; request alone ${statusRequestMs.join(', ')} ms), ${statusBytes} bytes`);
 
     const ts = Date.now();
     const stopped = await stopAgent(a, 60_000);
@@ -410,7 +418,7 @@ async function measureSize(n: number, o: ScaleOptions): Promise<ScaleRun> {
     return {
       services: n, backends: backendCount, readyMs, rssMiB, descriptors: fds.total, packetSockets: fds.packet, idleWindowSeconds: o.idleSeconds, idleCpuMs, idleCpuPercent, nftLines,
       reloadCpuMs, reloadWallMs, transitionCpuMs, transitionKinds, scrapeCpuMs, scrapes: spaced.ok, metricsBytes: body, metricsBytesPerService: body / n,
-      burst, statusCliMs, statusRequestMs, statusBytes, stopMs, stopKilled: stopped.killed, reference: ref,
+      burst, statusCliMs, nodeStartMs, statusRequestMs, statusBytes, stopMs, stopKilled: stopped.killed, reference: ref,
     };
   } finally {
     if (agent) await stopAgent(agent);

@@ -7,7 +7,7 @@ import { DEFAULT_CONFIG_PATH, DEFAULTS } from '../config/defaults';
 import { controlSocketOf, type ConfigError } from '../config/load';
 import { readConfigText } from '../config/read';
 import { LOG_LEVELS, LogLevel } from '../log';
-import { controlRequest } from '../control/server';
+import { controlRequest, controlStream } from '../control/server';
 import { formatStatus } from './format';
 import type { StatusDocument } from '../daemon/daemon';
 import { VERSION } from '../version';
@@ -123,7 +123,7 @@ export function buildProgram(closedPipeHandler?: () => void): Command {
     .description('show the running daemon\'s services, VIPs and backends')
     .addOption(configOpt())
     .option('-s, --socket <path>', 'control socket (default: control.socket of the config, else /run/lb-agent/agent.sock)')
-    .option('--json', 'print the status as JSON')
+    .option('--json', 'print the status as JSON, the daemon\'s document as it sends it (one line)')
     .option('-w, --watch', 'redraw the status in place at an interval until Ctrl-C; an unreachable daemon is shown and asked again')
     .addOption(new Option('-i, --interval <seconds>', 'with --watch: seconds between redraws').default(2).argParser(parseInterval))
     .action(async (opts: { config: string; socket?: string; json?: boolean; watch?: boolean; interval: number }) => {
@@ -137,8 +137,15 @@ export function buildProgram(closedPipeHandler?: () => void): Command {
         process.exitCode = EXIT.OK;
         return;
       }
+      if (opts.json) {
+        // The daemon's document as it sends it (built once per change), never parsed here.
+        await controlStream(socket, 'status', out);
+        out('\n');
+        process.exitCode = EXIT.OK;
+        return;
+      }
       const doc = (await controlRequest(socket, 'status')) as StatusDocument;
-      out(opts.json ? `${JSON.stringify(doc, null, 2)}\n` : formatStatus(doc));
+      out(formatStatus(doc));
       process.exitCode = EXIT.OK;
     });
 

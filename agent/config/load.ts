@@ -758,10 +758,11 @@ export function formatConfigErrors(errors: readonly ConfigError[], file?: string
  * refused - and the default when the file or the key is missing.
  */
 export function controlSocketOf(file: string): string {
-  const res = loadConfigFile(file);
-  if (res.ok) return res.config.control.socket;
+  // Only control.socket is read: the file is not validated (a thousand
+  // services would cost `lb-agent status` tens of milliseconds), and a file
+  // that never says "control" names no socket of its own.
   const read = readConfigText(file);
-  if (!read.ok) return DEFAULTS.control.socket;
+  if (!read.ok || !read.text.includes('control')) return DEFAULTS.control.socket;
   // Not YAML, or an alias bomb: the default.
   const y = parseYaml(read.text);
   const s = y.ok ? (y.data as { control?: { socket?: unknown } } | null)?.control?.socket : undefined;

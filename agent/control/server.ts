@@ -112,8 +112,69 @@ export function controlRequest(socketPath: string, op: string, timeoutMs = 5000,
     });
     sock.on('error', (e: NodeJS.ErrnoException) => {
       clearTimeout(timer);
-      const hint = e.code === 'ENOENT' || e.code === 'ECONNREFUSED' ? ' (is lb-agent running? `systemctl status lb-agent`)' : e.code === 'EACCES' ? ' (run as root)' : '';
-      reject(new LbError('LB_ERR_CONTROL_UNREACHABLE', `cannot reach the agent at ${socketPath}: ${e.code ?? e.message}${hint}`, undefined, { cause: e }));
+      reject(unreachable(socketPath, e));
+    });
+  });
+}
+
+/** LB_ERR_CONTROL_UNREACHABLE naming the socket, and what to do. */
+function unreachable(socketPath: string, e: NodeJS.ErrnoException): LbError {
+  const hint = e.code === 'ENOENT' || e.code === 'ECONNREFUSED' ? ' (is lb-agent running? `systemctl status lb-agent`)' : e.code === 'EACCES' ? ' (run as root)' : '';
+  return new LbError('LB_ERR_CONTROL_UNREACHABLE', `cannot reach the agent at ${socketPath}: ${e.code ?? e.message}${hint}`, undefined, { cause: e });
+}
+
+/** How every successful answer begins (ControlServer writes it before the data). */
+const ANSWER_HEAD = '{"ok":true,"data":';
+/** And ends. */
+const ANSWER_TAIL = '}\n';
+
+/**
+ * Ask a running daemon and hand its answer's data to `write` as it
+ * arrives, the daemon's own JSON text, never parsed (`lb-agent status
+ * --json`: megabytes at a thousand services, which parsing and writing
+ * out again cost more than the request). A refusal or an answer cut short
+ * rejects as controlRequest does; what was written before a cut stays written.
+ */
+export function controlStream(socketPath: string, op: string, write: (chunk: string) => void, timeoutMs = 5000): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const sock = net.createConnection(socketPath);
+    let head = '';
+    let streaming = false;
+    /** The last bytes seen, held back: the answer's tail is not the data's. */
+    let held = '';
+    const timer = setTimeout(() => { sock.destroy(); reject(new LbError('LB_ERR_CONTROL_UNREACHABLE', `no answer from ${socketPath} within ${timeoutMs} ms`)); }, timeoutMs);
+    sock.setEncoding('utf8');
+    sock.on('connect', () => sock.write(`${JSON.stringify({ op })}\n`));
+    sock.on('data', (d: string) => {
+      if (!streaming) {
+        head += d;
+        if (head.length < ANSWER_HEAD.length || !head.startsWith(ANSWER_HEAD)) return;
+        streaming = true;
+        d = head.slice(ANSWER_HEAD.length);
+        head = '';
+      }
+      const text = held + d;
+      const cut = Math.max(0, text.length - ANSWER_TAIL.length);
+      if (cut > 0) write(text.slice(0, cut));
+      held = text.slice(cut);
+    });
+    sock.on('end', () => {
+      clearTimeout(timer);
+      if (streaming) {
+        if (held === ANSWER_TAIL) resolve();
+        else reject(new LbError('LB_ERR_CONTROL_PROTOCOL', `the answer from ${socketPath} was cut short`));
+        return;
+      }
+      try {
+        const r = JSON.parse(head) as { ok: boolean; error?: string };
+        reject(new LbError('LB_ERR_CONTROL_PROTOCOL', r.ok ? `unreadable answer from ${socketPath}` : `the daemon refused "${op}": ${r.error}`));
+      } catch {
+        reject(new LbError('LB_ERR_CONTROL_PROTOCOL', `unreadable answer from ${socketPath}`));
+      }
+    });
+    sock.on('error', (e: NodeJS.ErrnoException) => {
+      clearTimeout(timer);
+      reject(unreachable(socketPath, e));
     });
   });
 }

@@ -269,12 +269,13 @@ export class Daemon extends EventEmitter {
 
     this.metrics = new (lateModules().DaemonMetrics)(registry, {
       serviceCount: () => this.services.size,
-      readiness: () => this.serviceStatuses(),
+      readiness: () => this.view.readyStates(),
       vips: () => [...this.services.values()].flatMap((rt) => {
         const vip = this.services.vipOf(rt.spec);
         return vip ? [{ name: rt.spec.name, namespace: rt.spec.namespace, vip, ipam: rt.spec.ipam, network: rt.spec.network ?? DEFAULT_NETWORK }] : [];
       }),
-      topology: () => (this.subs ? [...this.services.values()].map((rt) => {
+      // Policy any has no series: its selection is not made for a scrape.
+      topology: () => (this.subs ? [...this.services.values()].filter((rt) => rt.spec.topology !== 'any').map((rt) => {
         const sel = this.topologyOf(rt.spec);
         return { name: rt.spec.name, namespace: rt.spec.namespace, policy: rt.spec.topology, set: sel.set, reason: sel.reason };
       }) : []),

@@ -8,6 +8,7 @@
 // counted where things happen. Loaded once the control socket is up
 // (late.ts), with prom-client.
 import { Counter, Gauge, type Registry } from '../metrics/prom';
+import { SeriesFamily } from '../metrics/series';
 import { INTERRUPTION_KINDS, interruptionKind } from './status';
 import type { LostCause } from '../source';
 import { DEFAULT_NETWORK } from '../config/networks';
@@ -33,29 +34,28 @@ export class DaemonMetrics {
     // Every reason at 0 from the start, so increase() sees the first (Prometheus' "avoid missing metrics").
     for (const reason of INTERRUPTION_KINDS) this.interruptions.inc({ reason }, 0);
     const services: Gauge = new Gauge({ name: 'lbagent_services', help: 'Configured services.', registers: [registry], collect: () => { services.set(view.serviceCount()); } });
-    const ready: Gauge = new Gauge({
-      name: 'lbagent_service_ready', help: '1 when the service has a VIP and a healthy backend.', labelNames: ['service', 'namespace'], registers: [registry],
-      collect: () => { ready.reset(); for (const s of view.readiness()) ready.set({ service: s.name, namespace: s.namespace }, s.ready ? 1 : 0); },
+    // The per-service families keep each series' line (metrics/series.ts):
+    // a scrape renders again only the services whose value changed.
+    new SeriesFamily({
+      name: 'lbagent_service_ready', help: '1 when the service has a VIP and a healthy backend.', type: 'gauge', labelNames: ['service', 'namespace'], registers: [registry],
+      collect: (f) => { f.begin(); for (const s of view.readiness()) f.set([s.name, s.namespace], s.ready ? 1 : 0); },
     });
-    const vipInfo: Gauge = new Gauge({
+    new SeriesFamily({
       // network: the one series a service has per VIP carries it, for joins
       // (`group_left(network)`), and only for a named network: a config
       // without networks: pays nothing for it (metrics-size.test.ts).
-      name: 'lbagent_service_vip_info', help: 'The VIP a service is served on by this node (1 while served); network: the named network (networks:) it lives on, absent on the default one.', labelNames: ['service', 'namespace', 'vip', 'ipam', 'network'], registers: [registry],
-      collect: () => {
-        vipInfo.reset();
-        for (const v of view.vips()) {
-          const base = { service: v.name, namespace: v.namespace, vip: v.vip, ipam: v.ipam };
-          vipInfo.set(v.network === undefined || v.network === DEFAULT_NETWORK ? base : { ...base, network: v.network }, 1);
-        }
+      name: 'lbagent_service_vip_info', help: 'The VIP a service is served on by this node (1 while served); network: the named network (networks:) it lives on, absent on the default one.', type: 'gauge', labelNames: ['service', 'namespace', 'vip', 'ipam', 'network'], registers: [registry],
+      collect: (f) => {
+        f.begin();
+        for (const v of view.vips()) f.set([v.name, v.namespace, v.vip, v.ipam, v.network === undefined || v.network === DEFAULT_NETWORK ? undefined : v.network], 1);
       },
     });
-    const topology: Gauge = new Gauge({
+    new SeriesFamily({
       name: 'lbagent_service_topology_info', help: 'The backend set a service with a topology policy (prefer-zone, zone-only) balances over (zone, all or none), and why (1 for the current one); a service of policy any has no series.',
-      labelNames: ['service', 'namespace', 'policy', 'set', 'reason'], registers: [registry],
-      collect: () => {
-        topology.reset();
-        for (const x of view.topology()) if (x.policy !== 'any') topology.set({ service: x.name, namespace: x.namespace, policy: x.policy, set: x.set, reason: x.reason }, 1);
+      type: 'gauge', labelNames: ['service', 'namespace', 'policy', 'set', 'reason'], registers: [registry],
+      collect: (f) => {
+        f.begin();
+        for (const x of view.topology()) if (x.policy !== 'any') f.set([x.name, x.namespace, x.policy, x.set, x.reason], 1);
       },
     });
   }

@@ -12,7 +12,7 @@
 import { isDeepStrictEqual } from 'node:util';
 import type { Desired, ServiceSpec } from '../config/types';
 import type { ConfigError } from '../config/load';
-import { diffConfigs } from '../config/diff';
+import { diffConfigs, type SameSpec } from '../config/diff';
 import { proxyNeededReason, servicesNeedingProxy } from '../forward/dataplane';
 
 export interface RunningView {
@@ -21,6 +21,8 @@ export interface RunningView {
   readonly dataplane: 'kernel' | 'proxy';
   /** Why direct server return cannot run here (forward/dataplane.ts dsrUnavailable); undefined when it can or was not asked. */
   readonly dsrUnavailable?: string | undefined;
+  /** How two services' specs are compared (config/diff.ts SpecFingerprints); a deep comparison by default. */
+  readonly same?: SameSpec;
 }
 
 export type ReloadStep =
@@ -64,8 +66,9 @@ const restartNeeded = (what: string, from: unknown, to: unknown): string =>
 export function refusals(running: RunningView, next: Desired): ConfigError[] {
   const old = running.config;
   const errors: ConfigError[] = [];
+  const oldBy = new Map(old.services.map((x) => [x.key, x]));
   next.services.forEach((s, i) => {
-    const o = old.services.find((x) => x.key === s.key);
+    const o = oldBy.get(s.key);
     if (o && o.ipam !== s.ipam) {
       errors.push({ path: `services[${i}].ipam`, message: `service ${s.key} was created with ${o.ipam} IPAM and cannot change to ${s.ipam}; create a new service instead` });
     }
@@ -142,7 +145,7 @@ export function planReload(running: RunningView, next: Desired): ReloadPlan {
   const errors = refusals(running, next);
   if (errors.length > 0) return { ok: false, errors };
   const old = running.config;
-  const d = diffConfigs(old, next);
+  const d = diffConfigs(old, next, running.same);
   const steps: ReloadStep[] = [];
   const sections: string[] = [];
   const idle: { section: string; why: string }[] = [];

@@ -4,6 +4,7 @@
 // runs at a time (Coalesced); a bad file changes nothing.
 import { formatConfigErrors, type ConfigError } from '../config/load';
 import { loadConfigFileAsync } from '../config/load-async';
+import { SpecFingerprints } from '../config/diff';
 import type { Desired } from '../config/types';
 import type { Clock } from '../clock';
 import { errorMessage } from '../errors';
@@ -71,19 +72,27 @@ export interface ReloaderOptions {
   applyNow(): Promise<void>;
   noteEvent(kind: StatusEventKind, ev: Omit<StatusEvent, 'at' | 'kind'>): void;
   notifyStatus(): void;
-  /** After each reload, applied or not (RuntimeTuning.afterReload). */
+  /** After a reload, applied or not, whose file was parsed in a worker thread (RuntimeTuning.afterReload). */
   afterReload(): void;
 }
 
 export class Reloader {
   private readonly runs: Coalesced<ReloadResult>;
+  /** Each service's fingerprint, kept with its spec: a reload compares services by them (config/diff.ts). */
+  private readonly fingerprints = new SpecFingerprints();
   private gen = 1;
+  /** The run under way read its file in a worker thread (load-async.ts). */
+  private parsedInWorker = false;
   private last: { at: number; ok: boolean; message: string } | undefined;
 
   constructor(private readonly opts: ReloaderOptions) {
     this.runs = new Coalesced(
-      () => this.reloadOnce().catch((e) => this.rejected([{ path: '', message: `internal error: ${errorMessage(e)}` }])),
-      () => opts.afterReload(),
+      () => { this.parsedInWorker = false; return this.reloadOnce().catch((e) => this.rejected([{ path: '', message: `internal error: ${errorMessage(e)}` }])); },
+      // A worker's isolate leaves its memory to collect and trim; an inline
+      // parse leaves young garbage that V8's own scavenges take, and a full
+      // compacting collection at a thousand services costs more CPU than
+      // the whole reload.
+      () => { if (this.parsedInWorker) opts.afterReload(); },
     );
   }
 
@@ -124,6 +133,7 @@ export class Reloader {
     const subs = o.subs();
     if (!old || !subs || o.stopping()) return { ok: false, message: 'not running', errors: [] };
     const res = await loadConfigFileAsync(o.configPath);
+    this.parsedInWorker = res.via === 'worker';
     const at = o.clock.wallNow();
     if (!res.ok) return this.rejected(res.errors);
     const next = res.config;
@@ -131,7 +141,7 @@ export class Reloader {
     const dsrUnavailable = next.services.some((s) => s.sourceIP === 'preserve')
       ? lateModules().dsrUnavailable(subs.dataplane.kind, await subs.dataplane.dsr?.())
       : undefined;
-    const plan = lateModules().planReload({ config: old, dataplane: subs.dataplane.kind, dsrUnavailable }, next);
+    const plan = lateModules().planReload({ config: old, dataplane: subs.dataplane.kind, dsrUnavailable, same: (a, b) => this.fingerprints.same(a, b) }, next);
     if (!plan.ok) return this.rejected(plan.errors);
     o.adopt(next, at);
     const steps = plan.steps;

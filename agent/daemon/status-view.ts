@@ -56,8 +56,11 @@ export function serviceStatusOf(st: ServiceState, d: ServiceDetails): ServiceSta
   };
 }
 
+/** What readiness reads of a service's status. */
+export type ReadyState = Pick<ServiceStatus, 'key' | 'name' | 'namespace' | 'ready' | 'reason' | 'state'>;
+
 /** Ready: the agent runs (started, not stopping) and every service is ready; else each one that is not, and why. Pure. */
-export function readinessOf(statuses: readonly ServiceStatus[], running: boolean): Readiness {
+export function readinessOf(statuses: readonly ReadyState[], running: boolean): Readiness {
   const notReady = statuses.filter((s) => !s.ready).map((s) => `${s.key}: ${s.reason ?? s.state}`);
   return { ready: notReady.length === 0 && running, notReady };
 }
@@ -124,8 +127,22 @@ export interface StatusViewOptions {
 export class StatusView {
   constructor(private readonly opts: StatusViewOptions) {}
 
+  /**
+   * Readiness from each service's verdict alone (/readyz, the ready gauge):
+   * not serviceStatuses(), which builds every service's whole document.
+   */
   readiness(): Readiness {
-    return readinessOf(this.serviceStatuses(), !this.opts.stopping() && this.opts.started());
+    return readinessOf(this.readyStates(), !this.opts.stopping() && this.opts.started());
+  }
+
+  /** Every configured service's key, name, namespace, readiness and why not: its verdict, without the rest of its status. */
+  readyStates(): ReadyState[] {
+    const subs = this.opts.subs();
+    if (!this.opts.started() || !subs) return this.serviceStatuses();
+    return [...this.opts.services.values()].map((rt) => {
+      const v = this.serviceState(rt, subs);
+      return { key: rt.spec.key, name: rt.spec.name, namespace: rt.spec.namespace, ready: v.ready, reason: v.reason, state: v.state };
+    });
   }
 
   serviceStatuses(): ServiceStatus[] {
@@ -177,6 +194,7 @@ export class StatusView {
     const c = cs.desired!;
     const subs = this.opts.subs();
     const zone = this.opts.zone();
+    const services = this.serviceStatuses();
     return {
       version: VERSION,
       pid: process.pid,
@@ -193,8 +211,9 @@ export class StatusView {
       } : undefined,
       failover: { mode: c.failover.mode },
       ...(subs?.networks ? { networks: subs.networks.map((n) => ({ name: n.name, interface: n.parent.name, address: n.parent.address })) } : {}),
-      ready: this.readiness().ready,
-      services: this.serviceStatuses(),
+      // Every service's status built once, readiness read from it.
+      ready: readinessOf(services, !this.opts.stopping() && this.opts.started()).ready,
+      services,
       backend: subs?.backend.status(),
       events: this.opts.events(),
       drift: this.opts.drift()?.status(),

@@ -8,6 +8,7 @@
 // connect-failure series once it has failed one): a thousand idle services
 // cost no traffic series at all (test/privileged/metrics-size.test.ts).
 import { Counter, Gauge, Registry } from '../metrics/prom';
+import { SeriesFamily } from '../metrics/series';
 import type { DataplaneKind, FlowStats, ForwardStats } from './dataplane';
 import { serviceLabels } from './dataplane';
 
@@ -137,15 +138,20 @@ export class ForwardMetrics {
       registers,
     });
     info.set({ kind: opts.kind, reason: opts.reason }, 1);
-    new Gauge({
+    // A series per service: its line kept, rendered again when it changes (metrics/series.ts).
+    new SeriesFamily({
       name: 'lbagent_forward_no_healthy_backend',
       help: '1 when a service has no healthy backend (new connections are refused), else 0.',
-      labelNames: ['service', 'namespace'] as const,
+      type: 'gauge',
+      labelNames: ['service', 'namespace'],
       registers,
-      async collect() {
+      async collect(f) {
         const st = await snapshot();
-        this.reset();
-        for (const s of st.services) this.set(serviceLabels(s.key), s.noHealthyBackend ? 1 : 0);
+        f.begin();
+        for (const s of st.services) {
+          const l = serviceLabels(s.key);
+          f.set([l.service, l.namespace], s.noHealthyBackend ? 1 : 0);
+        }
       },
     });
     new Gauge({

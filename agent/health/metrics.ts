@@ -10,6 +10,7 @@
 // checker's own counters (metric label lookups were part of the
 // per-probe cost at 10,000 probes/s).
 import { Counter, Gauge, Histogram, Registry } from '../metrics/prom';
+import { SeriesFamily } from '../metrics/series';
 import type { FailureReason } from './state';
 import type { CheckType } from '../config/types';
 
@@ -32,7 +33,8 @@ export interface BackendLabels {
 }
 
 export class HealthMetrics {
-  readonly up: Gauge<'service' | 'namespace' | 'backend'>;
+  /** Per backend: its line kept and rendered again only when it changes (metrics/series.ts). */
+  readonly up: SeriesFamily;
   readonly probeDuration: Histogram<'result'>;
   readonly transitions: Counter<'to'>;
   readonly inFlight: Gauge;
@@ -44,10 +46,11 @@ export class HealthMetrics {
 
   constructor(registry: Registry, counts?: HealthCounts) {
     const registers = [registry];
-    this.up = new Gauge({
+    this.up = new SeriesFamily({
       name: 'lbagent_health_backend_up',
       help: 'Whether the backend receives traffic for the service (1) or not (0); unknown counts as 0, unchecked as 1.',
-      labelNames: ['service', 'namespace', 'backend'] as const,
+      type: 'gauge',
+      labelNames: ['service', 'namespace', 'backend'],
       registers,
     });
     this.probeDuration = new Histogram({
@@ -105,11 +108,11 @@ export class HealthMetrics {
 
   /** A backend entered a service's view: its up gauge. */
   addBackend(l: BackendLabels, up: boolean): void {
-    this.up.set(l, up ? 1 : 0);
+    this.up.set([l.service, l.namespace, l.backend], up ? 1 : 0);
   }
 
   setUp(l: BackendLabels, up: boolean): void {
-    this.up.set(l, up ? 1 : 0);
+    this.up.set([l.service, l.namespace, l.backend], up ? 1 : 0);
   }
 
   transition(to: 'up' | 'down'): void {
@@ -117,7 +120,7 @@ export class HealthMetrics {
   }
 
   removeBackend(l: BackendLabels): void {
-    this.up.remove(l);
+    this.up.remove([l.service, l.namespace, l.backend]);
   }
 
   probe(result: ProbeOutcome, durationMs: number): void {

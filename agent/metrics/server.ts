@@ -12,6 +12,7 @@
 import * as http from 'node:http';
 import type { Registry } from 'prom-client';
 import { LbError } from '../errors';
+import { exposition } from './series';
 import type { Logger } from '../log';
 
 export interface Readiness {
@@ -62,7 +63,7 @@ export class MetricsServer {
     if (this.last && now - this.last.at < limits.reuseMs) return Promise.resolve(this.last.text);
     if (this.gathering) return this.gathering;
     this.gathers++;
-    const p = this.opts.registry.metrics().then((text) => { this.last = { text, at: Date.now() }; return text; })
+    const p = exposition(this.opts.registry).then((text) => { this.last = { text, at: Date.now() }; return text; })
       .finally(() => { this.gathering = undefined; });
     this.gathering = p;
     return p;

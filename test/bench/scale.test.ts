@@ -52,7 +52,7 @@ t.test('targets at 1,000 services only', async (t) => {
   const run = (services: number): ScaleRun => ({
     services, backends: services * 3, readyMs: 1, rssMiB: 70, descriptors: 60, packetSockets: 3, idleWindowSeconds: 10, idleCpuMs: 50, idleCpuPercent: 0.5, nftLines: 10,
     reloadCpuMs: [40, 60], reloadWallMs: [1], transitionCpuMs: [2, 4], transitionKinds: ['down', 'up'], scrapeCpuMs: 10, scrapes: 4, metricsBytes: 1, metricsBytesPerService: 300,
-    burst: { rate: 50, seconds: 10, sent: 500, ok: 500, failed: 0, p50Ms: 1, p99Ms: 2, errors: [] }, statusCliMs: [40], statusRequestMs: [5], statusBytes: 1, stopMs: 1500, stopKilled: false,
+    burst: { rate: 50, seconds: 10, sent: 500, ok: 500, failed: 0, p50Ms: 1, p99Ms: 2, errors: [] }, statusCliMs: [40], nodeStartMs: [30], statusRequestMs: [5], statusBytes: 1, stopMs: 1500, stopKilled: false,
     reference: { lines: 1, elements: 1, fullWallMs: [1], fullCpuMs: [1], deltaWallMs: [1], deltaCpuMs: [1] },
   });
   const none = scaleTargets({ config: {} as never, summary: summarizeScale([run(100)]), raw: [], errors: [] });
@@ -61,6 +61,7 @@ t.test('targets at 1,000 services only', async (t) => {
   t.equal(rows.length, 8);
   t.equal(rows.find((x) => /reload/.test(x.target))!.met, false, 'median 50 ms is not under 50');
   t.ok(rows.filter((x) => !/reload/.test(x.target)).every((x) => x.met === true));
+  t.equal(rows.find((x) => /status/.test(x.target))!.measured, '40 ms as a process: Node\'s own start (`node -e 0`) 30 ms, the CLI over it 10 ms; 5.0 ms the request alone', 'Node\'s own start beside the process');
 });
 
 t.test('the table gives each size\'s start to ready in seconds', async (t) => {

@@ -185,10 +185,11 @@ t.test('a reader that closes the pipe early: the command ends quietly with 0 (`s
   const server = new ControlServer({ socketPath: socket, log: silentLogger(), handler: async () => ({ config: { path: '/etc/lb-agent/config.yaml' }, services }) });
   await server.start();
   t.teardown(async () => { await server.stop(); fs.rmSync(dir, { recursive: true, force: true }); });
-  const r = await intoClosingReader(['status', '--json', '--socket', socket], 1);
-  t.equal(r.read, '{', 'the reader got its line');
+  const r = await intoClosingReader(['status', '--json', '--socket', socket], 0);
   t.same([r.code, r.signal], [0, null], 'exit 0');
   t.equal(r.stderr, '', 'nothing on stderr: no EPIPE, no stack trace');
+  const whole = await intoClosingReader(['status', '--json', '--socket', socket], 1);
+  t.same(JSON.parse(whole.read), { config: { path: '/etc/lb-agent/config.yaml' }, services }, 'the document on one line, as the daemon sent it');
   // A reader gone before the first byte; and commands that print the generated pages.
   for (const args of [['man'], ['completion', 'bash'], ['--help'], ['version', '--json']]) {
     const g = await intoClosingReader(args, 0);

@@ -5,7 +5,7 @@ import t from 'tap';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { ControlServer, ControlHandler, JsonText, controlRequest } from '../../agent/control/server';
+import { ControlServer, ControlHandler, JsonText, controlRequest, controlStream } from '../../agent/control/server';
 import { silentLogger } from '../../agent/log';
 
 // Two subtests wait out 5 s idle limits on their own sockets; nothing is
@@ -117,6 +117,33 @@ t.test('a client is told when no daemon listens, or the answer is unreadable', a
   const muteSock = path.join(dir, 'mute.sock');
   await new Promise<void>((r) => quiet.listen(muteSock, r));
   await t.rejects(controlRequest(muteSock, 'status', 300), { code: 'LB_ERR_CONTROL_UNREACHABLE', message: `no answer from ${muteSock} within 300 ms` });
+});
+
+t.test('controlStream: the answer\'s data as the daemon sent it, chunk by chunk, never parsed', async (t) => {
+  // Larger than a socket's buffer: it arrives in many chunks.
+  const text = JSON.stringify({ services: Array.from({ length: 5000 }, (_, i) => ({ key: `default/s${i}`, vip: `10.0.${i >> 8}.${i & 255}`, reason: 'a "quoted" }\n reason' })) });
+  const socket = await serve(t, (op) => (op === 'status' ? new JsonText(text) : op === 'ping' ? 'pong' : Promise.reject(new Error('not now'))));
+  const chunks: string[] = [];
+  await controlStream(socket, 'status', (c) => chunks.push(c));
+  t.ok(chunks.length > 1, `in ${chunks.length} chunks`);
+  t.equal(chunks.join(''), text, 'byte for byte the document, without the answer\'s envelope');
+  let plain = '';
+  await controlStream(socket, 'ping', (c) => { plain += c; });
+  t.equal(plain, '"pong"', 'an answer not serialised beforehand streams as its JSON');
+  let refused = '';
+  await t.rejects(controlStream(socket, 'reload', (c) => { refused += c; }), { code: 'LB_ERR_CONTROL_PROTOCOL', message: 'the daemon refused "reload": not now' });
+  t.equal(refused, '', 'nothing written for a refusal');
+  const net = await import('node:net');
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lbt-control-'));
+  // Dies mid-answer: what came is written, and the cut is an error.
+  const cut = net.createServer((s) => { s.resume(); s.end('{"ok":true,"data":{"services":[1,2'); });
+  const cutSock = path.join(dir, 'cut.sock');
+  await new Promise<void>((r) => cut.listen(cutSock, r));
+  t.teardown(async () => { await new Promise((r) => cut.close(r)); fs.rmSync(dir, { recursive: true, force: true }); });
+  let partial = '';
+  await t.rejects(controlStream(cutSock, 'status', (c) => { partial += c; }), { code: 'LB_ERR_CONTROL_PROTOCOL', message: `the answer from ${cutSock} was cut short` });
+  t.equal(partial, '{"services":[1', 'all but the last two bytes, held back as the tail they might be');
+  await t.rejects(controlStream(path.join(dir, 'none.sock'), 'status', () => undefined), { code: 'LB_ERR_CONTROL_UNREACHABLE' });
 });
 
 t.test('a socket path that cannot be bound is LB_ERR_DAEMON_START naming it', async (t) => {

@@ -10,7 +10,7 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { stringify } from '../../lab/yaml';
 import { Coalesced, Reloader, type ReloaderOptions } from '../../agent/daemon/reload';
-import { loadConfigFileAsync } from '../../agent/config/load-async';
+import { loadConfigFileAsync, RELOAD_INLINE_MAX_BYTES } from '../../agent/config/load-async';
 import type { Desired } from '../../agent/config/types';
 import { realClock } from '../../agent/clock';
 import { silentLogger } from '../../agent/log';
@@ -118,8 +118,8 @@ t.test('a reload: removals together, then the rest in order, the verdict last', 
     'add default/d',
     'reorder default/a,default/d',
     'health update', 'update failover', 'start sources', 'zone read', 'apply',
-    'event reload-applied', 'status line', 'after reload',
-  ], 'the steps after the removals wait for all of them; the verdict is published after the apply');
+    'event reload-applied', 'status line',
+  ], 'the steps after the removals wait for all of them; the verdict is published after the apply; a file parsed inline leaves no collection');
   t.equal(h.reloader.generation, 2);
   t.match(h.reloader.lastReload, { ok: true, message: res.message });
 });
@@ -133,9 +133,34 @@ t.test('a bad file changes nothing', async (t) => {
   t.match(r.message, /^reload rejected, running config kept:\n/);
   t.ok(r.errors.length > 0, 'the reasons are given');
   t.equal(h.config(), before, 'the running config is kept');
-  t.same(h.journal, ['event reload-rejected', 'after reload'], 'no step was carried out');
+  t.same(h.journal, ['event reload-rejected'], 'no step was carried out');
   t.equal(h.reloader.generation, 1, 'the generation stays');
   t.match(h.reloader.lastReload, { ok: false, message: r.message });
+});
+
+t.test('a file parsed in a worker thread: its memory is collected after the reload', async (t) => {
+  const h = await harness(t, ['a']);
+  writeConfig(h.file, ['a', 'b']);
+  fs.appendFileSync(h.file, `${'# padding\n'.repeat(Math.ceil(RELOAD_INLINE_MAX_BYTES / 10))}`);
+  const r = await h.reloader.reload();
+  t.equal(r.ok, true);
+  t.same(h.journal.slice(-3), ['event reload-applied', 'status line', 'after reload'], 'the collection after the verdict');
+  writeConfig(h.file, ['a', 'b', 'c']);
+  h.journal.length = 0;
+  t.equal((await h.reloader.reload()).ok, true);
+  t.notOk(h.journal.includes('after reload'), 'the next reload, inline: none');
+});
+
+t.test('one backend of one service among many: one update, the others compared by their fingerprints', async (t) => {
+  const names = Array.from({ length: 300 }, (_, i) => `s${i}`);
+  const h = await harness(t, names);
+  const first = h.config()!;
+  const services = names.map((name, i) => ({ name, ipam: 'pool', ports: [{ port: 80, targetPort: 8080 }], backends: [i === 7 ? '10.99.0.12' : '10.99.0.11'] }));
+  fs.writeFileSync(h.file, stringify({ node: { name: 'vm1', interface: 'eth0' }, pools: { 'range-global': '10.99.0.200-10.99.0.210' }, services }));
+  const r = await h.reloader.reload();
+  t.match(r.summary, { added: [], removed: [], changed: ['default/s7'], unchanged: 299 });
+  t.same(h.journal.filter((j) => /^(update|add|remove|restart) default\//.test(j)), ['update default/s7'], 'one step for the one service changed');
+  t.not(h.config(), first, 'the new config is in force');
 });
 
 t.test('not running: nothing is read', async (t) => {

@@ -1,0 +1,90 @@
+// SeriesFamily: the text it keeps is prom-client's text for the same
+// series, a change renders again the series that changed and no other, and
+// no change of any kind (value, a series come or gone, a label value, a
+// label left out) is ever served from the kept text.
+import t from 'tap';
+import { Registry, Gauge, Counter } from '../../agent/metrics/prom';
+import { SeriesFamily, exposition, valueText } from '../../agent/metrics/series';
+
+const HELP = 'A help text with a \\ backslash\nand a newline.';
+
+t.test('the text is prom-client\'s for the same series, escapes and left-out labels included', async (t) => {
+  const ours = new Registry();
+  const theirs = new Registry();
+  const f = new SeriesFamily({ name: 'x_info', help: HELP, type: 'gauge', labelNames: ['service', 'namespace', 'network'], registers: [ours] });
+  const g = new Gauge({ name: 'x_info', help: HELP, labelNames: ['service', 'namespace', 'network'], registers: [theirs] });
+  const rows: [string, string, string | undefined, number][] = [
+    ['web', 'default', undefined, 1], ['a"quote', 'ns\\back', 'blue', 0], ['new\nline', 'x', '', 0.25],
+    ['nan', 'x', undefined, NaN], ['inf', 'x', undefined, Infinity], ['-inf', 'x', undefined, -Infinity], ['big', 'x', undefined, 1e21],
+  ];
+  for (const [service, namespace, network, v] of rows) {
+    f.set([service, namespace, network], v);
+    g.set(network === undefined ? { service, namespace } : { service, namespace, network }, v);
+  }
+  const c = new Counter({ name: 'y_total', help: 'prom-client\'s own, beside it.', labelNames: ['to'], registers: [ours, theirs] });
+  c.inc({ to: 'up' }, 3);
+  t.equal(await exposition(ours), await theirs.metrics(), 'exposition() of a family and a prom-client counter');
+  t.equal(await ours.metrics(), await theirs.metrics(), 'registry.metrics() reads the family through get()');
+  t.equal(valueText(-0), '0');
+});
+
+t.test('a change renders that series again and no other; an unchanged family keeps its text', async (t) => {
+  const r = new Registry();
+  const f = new SeriesFamily({ name: 'up', help: 'h', type: 'gauge', labelNames: ['service', 'backend'], registers: [r] });
+  for (let i = 0; i < 1000; i++) f.set([`s${i}`, '10.0.0.1:80'], 1);
+  t.equal(f.rendered, 1000);
+  const first = await f.exposition();
+  for (let i = 0; i < 1000; i++) f.set([`s${i}`, '10.0.0.1:80'], 1);
+  t.equal(f.rendered, 1000, 'the same values again: nothing rendered');
+  t.equal(await f.exposition(), first, 'the same text');
+  f.set(['s500', '10.0.0.1:80'], 0);
+  t.equal(f.rendered, 1001, 'one value changed: one line rendered');
+  const second = await f.exposition();
+  t.not(second, first);
+  t.match(second, /\nup\{service="s500",backend="10\.0\.0\.1:80"\} 0\n/);
+  t.equal(second.split('\n').length, 1002, 'HELP, TYPE and 1000 lines');
+  t.equal(f.value(['s500', '10.0.0.1:80']), 0);
+});
+
+t.test('a collecting family: every kind of change shows at the next scrape, never the kept text', async (t) => {
+  const r = new Registry();
+  let rows: [string, string, string | undefined, number][] = [['a', 'default', undefined, 1], ['b', 'default', undefined, 0]];
+  let collects = 0;
+  const f = new SeriesFamily({
+    name: 'svc', help: 'h', type: 'gauge', labelNames: ['service', 'namespace', 'network'], registers: [r],
+    collect: (fam) => { collects++; fam.begin(); for (const [s, n, net, v] of rows) fam.set([s, n, net], v); },
+  });
+  const lines = async (): Promise<string[]> => (await exposition(r)).trim().split('\n').slice(2);
+  t.same(await lines(), ['svc{service="a",namespace="default"} 1', 'svc{service="b",namespace="default"} 0']);
+  rows = [['a', 'default', undefined, 0], ['b', 'default', undefined, 0]];
+  t.same(await lines(), ['svc{service="a",namespace="default"} 0', 'svc{service="b",namespace="default"} 0'], 'a value');
+  rows = [['a', 'default', undefined, 0]];
+  t.same(await lines(), ['svc{service="a",namespace="default"} 0'], 'a series gone');
+  rows = [['a', 'default', undefined, 0], ['c', 'default', undefined, 1]];
+  t.same(await lines(), ['svc{service="a",namespace="default"} 0', 'svc{service="c",namespace="default"} 1'], 'a series come');
+  rows = [['a', 'shop', undefined, 0], ['c', 'default', undefined, 1]];
+  t.same(await lines(), ['svc{service="c",namespace="default"} 1', 'svc{service="a",namespace="shop"} 0'], 'a label value');
+  rows = [['a', 'shop', 'blue', 0], ['c', 'default', undefined, 1]];
+  t.same(await lines(), ['svc{service="c",namespace="default"} 1', 'svc{service="a",namespace="shop",network="blue"} 0'], 'a label that was left out');
+  rows = [['a', 'shop', '', 0], ['c', 'default', undefined, 1]];
+  t.same(await lines(), ['svc{service="c",namespace="default"} 1', 'svc{service="a",namespace="shop",network=""} 0'], 'an empty label value is not a left-out one');
+  t.equal(collects, 7, 'collected at every scrape');
+  f.remove(['c', 'default', undefined]);
+  t.equal(f.size, 1);
+  f.reset();
+  t.equal(f.size, 0);
+});
+
+t.test('a collect that fails keeps the series; label counts are checked', async (t) => {
+  let fail = false;
+  const f = new SeriesFamily({
+    name: 'z', help: 'h', type: 'counter', labelNames: ['a'],
+    collect: (fam) => { fam.begin(); if (fail) throw new Error('stats unavailable'); fam.set(['x'], 2); },
+  });
+  t.equal(await f.exposition(), '# HELP z h\n# TYPE z counter\nz{a="x"} 2');
+  fail = true;
+  await t.rejects(f.exposition(), /stats unavailable/);
+  fail = false;
+  t.equal(f.size, 1, 'the series stayed');
+  t.throws(() => f.set(['x', 'y'], 1), /z: 2 label values for the 1 labels a/);
+});
