@@ -573,7 +573,8 @@ t.test('a delta goes over netlink when every step is encoded, with nft otherwise
     write: async (_table, ops) => { if (refuse) throw refuse; batches.push(ops); },
     close: () => undefined,
   };
-  const dp = new NftDataplane({ exec: recording, procRoot: proc, clock: new ManualClock(0), batchWriter: () => { made++; return writer; } });
+  const registry = new Registry();
+  const dp = new NftDataplane({ registry, exec: recording, procRoot: proc, clock: new ManualClock(0), batchWriter: () => { made++; return writer; } });
   t.teardown(() => dp.stop({ keep: true }));
   const health = (k: number) => many(3, (i, all) => ({ healthy: i === 1 ? all.slice(0, k) : all, backends: all }));
   await dp.apply(health(3));
@@ -594,7 +595,11 @@ t.test('a delta goes over netlink when every step is encoded, with nft otherwise
   t.equal(scripts.length, 3, 'a service added (counters, byte maps): with nft');
   t.equal(batches.length, 1);
   const details = (await dp.stats()).details as { deltaWrites?: unknown };
-  t.same(details.deltaWrites, { netlink: 1, nft: 2, unencoded: 1, netlinkFailed: 1 }, 'counted in status');
+  t.same(details.deltaWrites, { netlink: 1, nft: 2, unencoded: 1, netlinkFailed: 1 }, 'counted in the stats');
+  const text = await registry.metrics();
+  for (const [labels, n] of [['via="netlink",reason=""', 1], ['via="nft",reason="unencoded"', 1], ['via="nft",reason="netlink-failed"', 1], ['via="nft",reason=""', 0]] as const) {
+    t.match(text, `lbagent_forward_nft_delta_writes_total{${labels}} ${n}\n`, `metric ${labels}`);
+  }
   t.equal(made, 1, 'one socket kept across a refusal');
 });
 
