@@ -192,7 +192,7 @@ if (requirePrivileged(t)) {
     let stderr = '';
     child.stderr!.on('data', (d: Buffer) => { stderr += d.toString(); });
     const lines = readline.createInterface({ input: child.stdout! })[Symbol.asyncIterator]();
-    type Applied = { nft: string[]; deltaWrites: { netlink: number; nft: number; unencoded: number; netlinkFailed: number }; commits: Array<{ ours: boolean }> };
+    type Applied = { nft: string[]; deltaWrites: { netlink: number; nft: number; unencoded: number; netlinkFailed: number }; commits: Array<{ ours: boolean; oursByPort: boolean }> };
     const ask = async <R>(cmd: Record<string, unknown>): Promise<R> => {
       child.stdin!.write(`${JSON.stringify(cmd)}\n`);
       const timer = setTimeout(() => child.kill('SIGKILL'), 20_000);
@@ -212,6 +212,8 @@ if (requirePrivileged(t)) {
         t.same(r.nft, [], `${what}: no nft spawned`);
         t.equal(r.deltaWrites.netlink, netlink, `${what}: one netlink batch`);
         t.ok(r.commits.length >= 1 && r.commits.every((c) => c.ours), `${what}: its commit is the agent's own to the drift guard (${JSON.stringify(r.commits)})`);
+        // In a container the commit's pid is not the one the agent knows itself by: its socket's port alone must do.
+        t.ok(r.commits.every((c) => c.oursByPort), `${what}: known by the batch socket's port alone`);
       } else {
         t.equal(r.nft.length, 1, `${what}: a delta the writer does not encode goes to nft once`);
         t.notMatch(r.nft[0], /\ntable ip lb_agent \{\n|delete table ip lb_agent/, `${what}: and it is not the table`);
