@@ -10,9 +10,11 @@
 //   is kept by its inputs), which is what the driver uses;
 // - pure helpers to compare a listed table with a rendered one and to read
 //   counters out of `nft -j` output;
-// - NftDataplane: the thin driver that runs `nft -f -` (the delta, or the
-//   tables whole), checks the table at start, reads counters for stats and
-//   metrics (over nfnetlink), and removes the table at stop.
+// - NftDataplane: the thin driver that writes a delta as one nfnetlink
+//   batch (net/netlink/nft-batch.ts) when every step of it has a typed
+//   form, and runs `nft -f -` otherwise (the delta, or the tables whole),
+//   checks the table at start, reads counters for stats and metrics (over
+//   nfnetlink), and removes the table at stop.
 // Plus probeNftables(), which the preflight and `dataplane: auto` use.
 //
 // Packet path for a VIP this node holds (client C, VIP V, backend B):
