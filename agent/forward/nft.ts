@@ -120,7 +120,7 @@ import {
   type Dataplane, type FlowStats, type ForwardState, type ForwardStats, type NormalizedService, type Placement, type ProbeResult, type UdpFlowsEnded,
 } from './dataplane';
 import { ForwardMetrics } from './metrics';
-import { DSR_FAMILY, DSR_PROBE_RULESET, DSR_TABLE, dsrDevices, dsrRemovalLines, flowHashPick, flowHashSlots, renderDsrPort, renderDsrTable, type DsrPortRender } from './nft-dsr';
+import { DSR_FAMILY, DSR_PROBE_RULESET, DSR_TABLE, dsrDevices, dsrRemovalLines, dsrSeedValue, flowHashPick, flowHashSlots, renderDsrPort, renderDsrTable, type DsrPortRender } from './nft-dsr';
 import { SerialQueue } from '../serial';
 import type { DsrBpfPort } from '../net/ebpf/ebpf-dsr';
 import type { DsrBpf, DsrFdStore } from '../net/ebpf/ebpf-attach';
@@ -521,8 +521,8 @@ function renderPart(prefix: string, svc: NormalizedService, opts: RenderOptions)
     } else {
       const vm = slots.map((b, i) => `${i} : goto ${backendChain(b.address)}`).join(', ');
       const pick = hashed ? flowHashPick(svc.key, slots.length, six ? 'ip6' : 'ip') : `numgen inc mod ${slots.length}`;
-      // The flow hash's rule has no typed form: its deltas go through nft.
-      chains.push({ name: sp, rules: [`${pick} vmap { ${vm} }`], ...(hashed ? {} : { specs: [{ kind: 'numgen', targets: slots.map((b) => backendChain(b.address)) }] }) });
+      const targets = slots.map((b) => backendChain(b.address));
+      chains.push({ name: sp, rules: [`${pick} vmap { ${vm} }`], specs: [hashed ? { kind: 'jhash', seed: dsrSeedValue(svc.key), targets } : { kind: 'numgen', targets }] });
     }
     for (const b of svc.healthy) {
       const name = backendChain(b.address);
@@ -660,8 +660,8 @@ export interface NftDelta {
    * The same transaction as typed steps for the netlink writer
    * (net/netlink/nft-batch.ts), in the script's order; undefined when a
    * step has no typed form (a counter, a set other than the dispatch maps,
-   * a base chain, a flow-hash rule, a table or the netdev table written
-   * whole): the script is then written with nft.
+   * a base chain, a table or the netdev table written whole): the script
+   * is then written with nft.
    */
   readonly ops: readonly NftOp[] | undefined;
 }

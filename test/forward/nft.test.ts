@@ -19,7 +19,7 @@ import {
 } from '../../agent/forward/nft';
 import type { ConntrackClient, UdpFlowRule } from '../../agent/net/conntrack/conntrack';
 import { flowId } from '../../agent/forward/dataplane';
-import { dsrSeed } from '../../agent/forward/nft-dsr';
+import { dsrSeed, dsrSeedValue } from '../../agent/forward/nft-dsr';
 import { dsrSlotTable } from '../../agent/forward/maglev';
 import type { DsrBpf } from '../../agent/net/ebpf/ebpf-attach';
 import type { BatchWriter } from '../../agent/forward/nft';
@@ -257,11 +257,16 @@ t.test('a health transition\'s delta as typed steps for the netlink writer, in t
     { op: 'add-rule', family: 'ip', chain: 's1p0b10_97_0_5', rule: { kind: 'dnat', counter: 's1p0b10_97_0_5_conns', proto: 'tcp', address: '10.97.0.5', port: 8080 } },
     { op: 'add-elements', family: 'ip', set: 'services', elements: [{ vip: '10.98.0.1', proto: 'tcp', port: 80, verdict: { kind: 'jump', chain: 's1p0' } }] },
   ], 'one back: a goto rule and the dispatch element');
-  // Not encoded: counters (a backend replaced), the byte maps, the flow hash's rule, a table appearing.
+  // Not encoded: counters (a backend replaced), the byte maps, a table appearing.
   const swapped = renderPartsDelta(prev, renderIncremental(many(1000, (i, all) => (i === 0 ? { healthy: [all[0]!, b('10.97.0.250')], backends: [all[0]!, b('10.97.0.250')] } : { healthy: all, backends: all })), {}, prev))!;
   t.equal(swapped.ops, undefined, 'a backend replaced (counters, byte-map elements): nft');
   const hashed = renderIncremental(many(3), { placement: 'flow-hash' });
-  t.equal(renderPartsDelta(hashed, renderIncremental(health(3, 1, (all) => all.slice(1)), { placement: 'flow-hash' }, hashed))!.ops, undefined, 'the flow hash\'s rule: nft');
+  const hashedDown = renderPartsDelta(hashed, renderIncremental(health(3, 1, (all) => all.slice(1)), { placement: 'flow-hash' }, hashed))!;
+  const rule = hashedDown.ops?.find((o) => o.op === 'add-rule');
+  t.match(rule, { chain: 's1p0', rule: { kind: 'jhash', seed: dsrSeedValue('default/svc-001') } }, 'with VRRP: the seeded flow hash\'s rule');
+  t.match(hashedDown.script, `seed 0x${dsrSeedValue('default/svc-001').toString(16).padStart(8, '0')} vmap`, 'the seed the script names');
+  const targets = rule?.op === 'add-rule' && rule.rule.kind === 'jhash' ? rule.rule.targets : [];
+  t.equal(targets.length, /mod (\d+) seed/.exec(hashedDown.script)?.[1] !== undefined ? Number(/mod (\d+) seed/.exec(hashedDown.script)![1]) : -1, 'one target a slot');
   const six = renderIncremental({ services: [...many(2).services, { key: 'x/six', vip: 'fd00::5', ports: [http], healthy: [], backends: [] }] }, {}, prev);
   t.equal(renderPartsDelta(renderIncremental(many(2), {}), six)!.ops, undefined, 'a table appearing: nft');
 });

@@ -183,12 +183,12 @@ if (requirePrivileged(t)) {
     t.same([six, netdev], [0, 0], 'tables not there: nothing');
   });
 
-  t.test('inside the namespace: health transitions as nfnetlink batches, no nft, the agent\'s own commits; the kernel holds what a write whole gives; a refused batch applies nothing', async (t) => {
+  for (const placement of ['round-robin', 'flow-hash'] as const) t.test(`inside the namespace, ${placement}: health transitions as nfnetlink batches, no nft, the agent's own commits; the kernel holds what a write whole gives; a refused batch applies nothing`, async (t) => {
     const lab = await createLab(t);
     const ref = await lab.addHost('ref');
     const ns = await lab.addHost('node');
     const driver = path.join(__dirname, 'fixtures', 'nft-delta-driver.js');
-    const child = lab.spawn(ns, process.execPath, [driver, proc], { stdio: ['pipe', 'pipe', 'pipe'] });
+    const child = lab.spawn(ns, process.execPath, [driver, proc, placement], { stdio: ['pipe', 'pipe', 'pipe'] });
     let stderr = '';
     child.stderr!.on('data', (d: Buffer) => { stderr += d.toString(); });
     const lines = readline.createInterface({ input: child.stdout! })[Symbol.asyncIterator]();
@@ -218,7 +218,7 @@ if (requirePrivileged(t)) {
         t.equal(r.nft.length, 1, `${what}: a delta the writer does not encode goes to nft once`);
         t.notMatch(r.nft[0], /\ntable ip lb_agent \{\n|delete table ip lb_agent/, `${what}: and it is not the table`);
       }
-      t.equal(await tables(lab, ns), await wholeIn(lab, ref, state), `${what}: the kernel holds what a write whole gives`);
+      t.equal(await tables(lab, ns), await wholeIn(lab, ref, state, placement), `${what}: the kernel holds what a write whole gives`);
     }
     const last = steps[steps.length - 1]![1];
     // svc-005's ports leave the dispatch map when its backends all go; someone deleted its element by hand first.
@@ -233,7 +233,7 @@ if (requirePrivileged(t)) {
     t.equal(r.deltaWrites.netlinkFailed, 1, 'the data path\'s batch refused too, and counted');
     t.equal(r.nft.length, 2, 'then nft: the same delta (refused as well), then the tables whole');
     t.match(r.nft[1], /\ntable ip lb_agent \{\n/);
-    t.equal(await tables(lab, ns), await wholeIn(lab, ref, down), 'the kernel holds the new state whole');
+    t.equal(await tables(lab, ns), await wholeIn(lab, ref, down, placement), 'the kernel holds the new state whole');
     child.stdin!.end();
   });
 }

@@ -14,9 +14,10 @@
 // service hold, laid out as nft 1.0.6 (libnftnl) lays them out, checked
 // byte for byte against frames nft sent (test/net/netlink/golden):
 // - chains added, flushed (NFT_MSG_DELRULE with no handle) and deleted;
-// - rules: `goto C`; `numgen inc mod N vmap { 0 : goto C0, ... }` (an
-//   anonymous constant map created in the batch and looked up by its
-//   transaction id); `counter name "X" meta l4proto P dnat to A:port`;
+// - rules: `goto C`; `numgen inc mod N vmap { 0 : goto C0, ... }` and
+//   `jhash ip saddr . th sport mod N seed S vmap { ... }` (an anonymous
+//   constant map created in the batch and looked up by its transaction
+//   id); `counter name "X" meta l4proto P dnat to A:port`;
 // - elements of the dispatch maps (`ipvX_addr . inet_proto . inet_service
 //   : verdict`): a concatenated key is each field padded to 4 bytes,
 //   addresses and ports in network byte order.
@@ -116,6 +117,8 @@ export type NftRuleSpec =
   | { readonly kind: 'verdict'; readonly verdict: NftVerdict }
   /** `numgen inc mod N vmap { 0 : goto targets[0], ... }` (N = targets.length) */
   | { readonly kind: 'numgen'; readonly targets: readonly string[] }
+  /** `jhash ip[6] saddr . th sport mod N seed S vmap { 0 : goto targets[0], ... }` (N = targets.length) */
+  | { readonly kind: 'jhash'; readonly seed: number; readonly targets: readonly string[] }
   /** `counter name "counter" meta l4proto proto dnat to address:port` */
   | { readonly kind: 'dnat'; readonly counter: string; readonly proto: NftProto; readonly address: string; readonly port: number };
 
@@ -198,6 +201,26 @@ function verdictData(v: NftVerdict): Buffer {
 
 const expr = (name: string, ...data: Buffer[]): Buffer => nest(NFTA_LIST_ELEM, str(NFTA_EXPR_NAME, name), nest(NFTA_EXPR_DATA, ...data));
 
+/**
+ * `jhash ip[6] saddr . th sport mod N seed S`: the source address and port
+ * loaded side by side from register 2 (the port in the 32-bit register
+ * after the address: NFT_REG32_05 after 4 bytes, NFT_REG_3 after 16, as
+ * nft allocates them), hashed over both (each padded to 4 bytes) into
+ * register 1.
+ */
+function flowHash(family: NftFamily, seed: number, modulus: number): Buffer[] {
+  const six = family === 'ip6';
+  const payload = (dreg: number, base: number, offset: number, len: number): Buffer =>
+    expr('payload', u32(1 /* NFTA_PAYLOAD_DREG */, dreg), u32(2 /* NFTA_PAYLOAD_BASE */, base), u32(3 /* NFTA_PAYLOAD_OFFSET */, offset), u32(4 /* NFTA_PAYLOAD_LEN */, len));
+  return [
+    // NFT_PAYLOAD_NETWORK_HEADER: saddr at 12 (IPv4) or 8 (IPv6); NFT_PAYLOAD_TRANSPORT_HEADER: sport at 0.
+    payload(NFT_REG_2, 1, six ? 8 : 12, six ? 16 : 4),
+    payload(six ? 3 : 13, 2, 0, 2),
+    expr('hash', u32(1 /* NFTA_HASH_SREG */, NFT_REG_2), u32(2 /* NFTA_HASH_DREG */, NFT_REG_1), u32(3 /* NFTA_HASH_LEN */, six ? 20 : 8),
+      u32(4 /* NFTA_HASH_MODULUS */, modulus), u32(5 /* NFTA_HASH_SEED */, seed), u32(6 /* NFTA_HASH_OFFSET */, 0), u32(7 /* NFTA_HASH_TYPE: jenkins */, 0)),
+  ];
+}
+
 /** The name nft gives an anonymous map it creates; the kernel numbers it. */
 const ANON_MAP = '__map%d';
 
@@ -258,8 +281,8 @@ export function encodeBatch(table: string, ops: readonly NftOp[], opts: BatchOpt
         let exprs: Buffer[];
         if (r.kind === 'verdict') {
           exprs = [expr('immediate', u32(1 /* NFTA_IMMEDIATE_DREG */, NFT_REG_VERDICT), nest(2 /* NFTA_IMMEDIATE_DATA */, verdictData(r.verdict)))];
-        } else if (r.kind === 'numgen') {
-          if (r.targets.length === 0) throw new Error(`numgen rule of chain ${op.chain} has no targets`);
+        } else if (r.kind === 'numgen' || r.kind === 'jhash') {
+          if (r.targets.length === 0) throw new Error(`${r.kind} rule of chain ${op.chain} has no targets`);
           const id = setId++;
           // The anonymous map first (NEWSET, NEWSETELEM), then the rule that looks it up by id.
           add(NFT_MSG_NEWSET, NLM_F_CREATE, op.family, str(NFTA_SET_NAME, ANON_MAP), u32(NFTA_SET_FLAGS, NFT_SET_ANONYMOUS | NFT_SET_CONSTANT | NFT_SET_MAP),
@@ -271,7 +294,9 @@ export function encodeBatch(table: string, ops: readonly NftOp[], opts: BatchOpt
             nest(NFTA_SET_ELEM_LIST_ELEMENTS, ...r.targets.map((chain, i) => nest(i + 1,
               nest(NFTA_SET_ELEM_KEY, attr(NFTA_DATA_VALUE, key(i))), nest(NFTA_SET_ELEM_DATA, verdictData({ kind: 'goto', chain }))))));
           exprs = [
-            expr('numgen', u32(1 /* NFTA_NG_DREG */, NFT_REG_1), u32(2 /* NFTA_NG_MODULUS */, r.targets.length), u32(3 /* NFTA_NG_TYPE */, NFT_NG_INCREMENTAL), u32(4 /* NFTA_NG_OFFSET */, 0)),
+            ...(r.kind === 'numgen'
+              ? [expr('numgen', u32(1 /* NFTA_NG_DREG */, NFT_REG_1), u32(2 /* NFTA_NG_MODULUS */, r.targets.length), u32(3 /* NFTA_NG_TYPE */, NFT_NG_INCREMENTAL), u32(4 /* NFTA_NG_OFFSET */, 0))]
+              : flowHash(op.family, r.seed, r.targets.length)),
             expr('lookup', u32(2 /* NFTA_LOOKUP_SREG */, NFT_REG_1), u32(3 /* NFTA_LOOKUP_DREG */, NFT_REG_VERDICT), str(1 /* NFTA_LOOKUP_SET */, ANON_MAP), u32(4 /* NFTA_LOOKUP_SET_ID */, id)),
           ];
         } else {
@@ -368,7 +393,7 @@ export class NftBatchWriter {
       // The messages of an op: a numgen rule is three (its map, its elements, the rule); the others one.
       let i = 0;
       for (const op of ops) {
-        const n = op.op === 'add-rule' && op.rule.kind === 'numgen' ? 3 : 1;
+        const n = op.op === 'add-rule' && (op.rule.kind === 'numgen' || op.rule.kind === 'jhash') ? 3 : 1;
         for (let k = 0; k < n; k++) opOf.set(batch.seqs[i++]!, op);
       }
       const settle = (err?: Error): void => {

@@ -1,8 +1,8 @@
 // The nftables batch codec (agent/net/netlink/nft-batch.ts) against the
 // datagrams nft 1.0.6 sent for the same deltas on this kernel (x86_64,
 // little-endian), captured with `strace -xx -e trace=sendmsg -e write=3
-// nft -f golden/nft-batch-delta*.nft`: chains added, flushed and deleted,
-// a `numgen ... vmap` rule with its anonymous map, a counted DNAT rule
+// nft -f golden/nft-batch-*.nft`: chains added, flushed and deleted,
+// `numgen ... vmap` and `jhash ... vmap` rules with their anonymous maps, a counted DNAT rule
 // (IPv4 and IPv6), a `goto` rule, dispatch elements added (jump, goto,
 // drop) and deleted. nft numbers from 0 without acknowledgements and gives
 // named sets its cache's ids; the codec is told the same.
@@ -40,6 +40,16 @@ t.test('an IPv6 delta is the datagram nft sent, byte for byte', async (t) => {
   ];
   const b = encodeBatch('lb_agent', ops, { seq: 0, ack: false });
   t.ok(b.datagram.equals(golden('nft-batch-delta6.hex')), 'bytes');
+});
+
+t.test('flow-hash rules (IPv4 and IPv6) are the datagram nft sent, byte for byte', async (t) => {
+  const ops: NftOp[] = [
+    { op: 'add-rule', family: 'ip', chain: 's', rule: { kind: 'jhash', seed: 0x725e57e8, targets: ['a', 'b', 'a'] } },
+    { op: 'add-rule', family: 'ip6', chain: 's', rule: { kind: 'jhash', seed: 1, targets: ['a'] } },
+  ];
+  const b = encodeBatch('lb_agent', ops, { seq: 0, ack: false });
+  t.ok(b.datagram.equals(golden('nft-batch-jhash.hex')), 'bytes');
+  t.equal(b.seqs.length, 6, 'each rule is three messages: its map, the map\'s elements, the rule');
 });
 
 t.test('with acknowledgements every message between begin and end asks one, and none else', async (t) => {
