@@ -21,6 +21,7 @@ export const FORWARD_METRIC_NAMES = [
   'lbagent_forward_no_healthy_backend',
   'lbagent_forward_own_limit_refused_total',
   'lbagent_forward_dsr_engine_info',
+  'lbagent_forward_nft_delta_writes_total',
   'lbagent_forward_udp_flows_ended_total',
   'lbagent_forward_handed_back_packets_total',
 ] as const;
@@ -164,6 +165,22 @@ export class ForwardMetrics {
         this.reset();
         const d = st.details['dsrEngine'] as { engine?: string; cause?: string } | undefined;
         if (d?.engine !== undefined && d.cause !== undefined) this.set({ engine: d.engine, cause: d.cause }, 1);
+      },
+    });
+    new Counter({
+      name: 'lbagent_forward_nft_delta_writes_total',
+      help: 'Incremental updates of the kernel path\'s tables: via="netlink" (one nfnetlink batch, no process) or via="nft" (`nft -f`), with reason="unencoded" (the delta held a step the netlink writer does not encode), "netlink-failed" (the batch was refused or the socket failed; nothing of it applied) or "" (no netlink writer).',
+      labelNames: ['via', 'reason'] as const,
+      registers,
+      async collect() {
+        const st = await snapshot();
+        this.reset();
+        const d = st.details['deltaWrites'] as { netlink: number; nft: number; unencoded: number; netlinkFailed: number } | undefined;
+        if (d === undefined) return;
+        this.inc({ via: 'netlink', reason: '' }, d.netlink);
+        this.inc({ via: 'nft', reason: 'unencoded' }, d.unencoded);
+        this.inc({ via: 'nft', reason: 'netlink-failed' }, d.netlinkFailed);
+        this.inc({ via: 'nft', reason: '' }, Math.max(0, d.nft - d.unencoded - d.netlinkFailed));
       },
     });
     new Counter({

@@ -10,9 +10,11 @@
 //   is kept by its inputs), which is what the driver uses;
 // - pure helpers to compare a listed table with a rendered one and to read
 //   counters out of `nft -j` output;
-// - NftDataplane: the thin driver that runs `nft -f -` (the delta, or the
-//   tables whole), checks the table at start, reads counters for stats and
-//   metrics (over nfnetlink), and removes the table at stop.
+// - NftDataplane: the thin driver that writes a delta as one nfnetlink
+//   batch (net/netlink/nft-batch.ts) when every step of it has a typed
+//   form, and runs `nft -f -` otherwise (the delta, or the tables whole),
+//   checks the table at start, reads counters for stats and metrics (over
+//   nfnetlink), and removes the table at stop.
 // Plus probeNftables(), which the preflight and `dataplane: auto` use.
 //
 // Packet path for a VIP this node holds (client C, VIP V, backend B):
@@ -118,11 +120,12 @@ import {
   type Dataplane, type FlowStats, type ForwardState, type ForwardStats, type NormalizedService, type Placement, type ProbeResult, type UdpFlowsEnded,
 } from './dataplane';
 import { ForwardMetrics } from './metrics';
-import { DSR_FAMILY, DSR_PROBE_RULESET, DSR_TABLE, dsrDevices, dsrRemovalLines, flowHashPick, flowHashSlots, renderDsrPort, renderDsrTable, type DsrPortRender } from './nft-dsr';
+import { DSR_FAMILY, DSR_PROBE_RULESET, DSR_TABLE, dsrDevices, dsrRemovalLines, dsrSeedValue, flowHashPick, flowHashSlots, renderDsrPort, renderDsrTable, type DsrPortRender } from './nft-dsr';
 import { SerialQueue } from '../serial';
 import type { DsrBpfPort } from '../net/ebpf/ebpf-dsr';
 import type { DsrBpf, DsrFdStore } from '../net/ebpf/ebpf-attach';
 import type { ConntrackClient, ForwardedPort, UdpFlowRule } from '../net/conntrack/conntrack';
+import type { NftDispatchElement, NftFamily, NftOp, NftProto, NftRuleSpec, NftVerdict } from '../net/netlink/nft-batch';
 import { hasOwnedName } from '../net/ownership/ownership';
 
 // The BPF driver loads on demand: when a DSR port is forwarded, and at the
@@ -134,6 +137,7 @@ import { hasOwnedName } from '../net/ownership/ownership';
  
 const ebpfAttach = (): typeof import('../net/ebpf/ebpf-attach') => require('../net/ebpf/ebpf-attach') as typeof import('../net/ebpf/ebpf-attach');
 const nftCountersModule = (): typeof import('../net/netlink/nft-counters') => require('../net/netlink/nft-counters') as typeof import('../net/netlink/nft-counters');
+const nftBatchModule = (): typeof import('../net/netlink/nft-batch') => require('../net/netlink/nft-batch') as typeof import('../net/netlink/nft-batch');
 // Loaded at the first change of a UDP port's healthy set: what a config does not use is not loaded.
 const conntrackModule = (): typeof import('../net/conntrack/conntrack') => require('../net/conntrack/conntrack') as typeof import('../net/conntrack/conntrack');
 import { realClock, type Clock, type TimerHandle } from '../clock';
@@ -190,7 +194,7 @@ export interface RenderOptions {
   readonly ip6Removal?: boolean | undefined;
 }
 
-const proto = (p: Protocol): string => (p === 'UDP' ? 'udp' : 'tcp');
+const proto = (p: Protocol): NftProto => (p === 'UDP' ? 'udp' : 'tcp');
 
 // Hand-back (VRRP takeover, SNAT path). Peers share no conntrack: a
 // connection the previous Master opened is picked up here from the
@@ -272,7 +276,9 @@ interface TableParts {
   readonly counters: string[];
   readonly vips: Set<string>;
   readonly serviceElems: string[];
+  readonly serviceSpecs: NftDispatchElement[];
   readonly refusedElems: string[];
+  readonly refusedSpecs: NftDispatchElement[];
   readonly toBackendElems: string[];
   readonly toClientElems: string[];
   readonly byteKeys: Set<string>;
@@ -283,7 +289,7 @@ interface TableParts {
 
 function emptyParts(): TableParts {
   return {
-    counters: [], vips: new Set(), serviceElems: [], refusedElems: [], toBackendElems: [], toClientElems: [],
+    counters: [], vips: new Set(), serviceElems: [], serviceSpecs: [], refusedElems: [], refusedSpecs: [], toBackendElems: [], toClientElems: [],
     byteKeys: new Set(), chains: [], handBack: [], handBackChains: [],
   };
 }
@@ -293,10 +299,23 @@ function emptyParts(): TableParts {
  * (nft syntax, without indentation). The unit an incremental update adds,
  * rewrites (flush and add its rules, in one transaction) or deletes.
  */
-export interface NftChainModel { readonly name: string; readonly hook?: string; readonly rules: readonly string[] }
+export interface NftChainModel {
+  readonly name: string;
+  readonly hook?: string;
+  readonly rules: readonly string[];
+  /** The rules as typed objects, one for each of `rules`, when every one has a form the netlink writer encodes (net/netlink/nft-batch.ts). */
+  readonly specs?: readonly NftRuleSpec[];
+}
 
 /** A named set or map of a table: its elements (`key` for a set, `key : value` for a map) are what an incremental update adds and deletes. */
-export interface NftSetModel { readonly name: string; readonly kind: 'set' | 'map'; readonly type: string; readonly elements: readonly string[] }
+export interface NftSetModel {
+  readonly name: string;
+  readonly kind: 'set' | 'map';
+  readonly type: string;
+  readonly elements: readonly string[];
+  /** The elements as typed objects, one for each of `elements` (the dispatch maps'), for the netlink writer. */
+  readonly specs?: readonly NftDispatchElement[];
+}
 
 /** One family's table as objects (renderNft's text is written from it; renderNftDelta compares two). */
 export interface NftTableModel {
@@ -316,8 +335,8 @@ function tableModel(w: NftFamilyWords, t: TableParts): NftTableModel {
     counters: t.counters,
     sets: [
       { name: 'vips', kind: 'set', type: w.addrType, elements: [...t.vips] },
-      { name: 'services', kind: 'map', type: dispatchType, elements: t.serviceElems },
-      { name: 'refused', kind: 'map', type: dispatchType, elements: t.refusedElems },
+      { name: 'services', kind: 'map', type: dispatchType, elements: t.serviceElems, specs: t.serviceSpecs },
+      { name: 'refused', kind: 'map', type: dispatchType, elements: t.refusedElems, specs: t.refusedSpecs },
       { name: 'to_backend', kind: 'map', type: counterType, elements: t.toBackendElems },
       { name: 'to_client', kind: 'map', type: counterType, elements: t.toClientElems },
     ],
@@ -392,6 +411,9 @@ export interface ServicePart {
   readonly tableCounters: readonly string[];
   readonly serviceElems: readonly string[];
   readonly refusedElems: readonly string[];
+  /** serviceElems and refusedElems as typed objects, one for each. */
+  readonly serviceSpecs: readonly NftDispatchElement[];
+  readonly refusedSpecs: readonly NftDispatchElement[];
   /** Its byte-counter elements; a key another service uses too goes to the first service in key order. */
   readonly byteElems: readonly ByteElem[];
   readonly chains: readonly NftChainModel[];
@@ -432,6 +454,8 @@ function renderPart(prefix: string, svc: NormalizedService, opts: RenderOptions)
   const tableCounters: string[] = [];
   const serviceElems: string[] = [];
   const refusedElems: string[] = [];
+  const serviceSpecs: NftDispatchElement[] = [];
+  const refusedSpecs: NftDispatchElement[] = [];
   const byteElems: ByteElem[] = [];
   const byteKeys = new Set<string>();
   const chains: NftChainModel[] = [];
@@ -440,13 +464,14 @@ function renderPart(prefix: string, svc: NormalizedService, opts: RenderOptions)
   const input = partInput(prefix, svc);
   const part = (handBack: ServicePart['handBack']): ServicePart => ({
     key: svc.key, input, family: w.family, vip: svc.vip !== undefined && svc.ports.length > 0 ? svc.vip : undefined,
-    header, counters, tableCounters, serviceElems, refusedElems, byteElems, chains, handBack, dsrPorts, problems,
+    header, counters, tableCounters, serviceElems, refusedElems, serviceSpecs, refusedSpecs, byteElems, chains, handBack, dsrPorts, problems,
   });
   if (svc.vip === undefined || svc.ports.length === 0) return part(undefined);
   for (const { spec, index: pi } of svc.ports) {
     const sp = `${prefix}p${pi}`;
     const p = proto(spec.protocol);
     const key = `${svc.vip} . ${p} . ${spec.port}`;
+    const elem = (verdict: NftVerdict): NftDispatchElement => ({ vip: svc.vip!, proto: p, port: spec.port, verdict });
     const healthyText = svc.healthy.map((b) => `${b.address}(w${b.weight})`).join(' ') || 'none: refused';
     if (svc.sourceIP === 'preserve') {
       header.push(`# ${sp}: ${commentSafe(svc.key)} ${svc.vip} ${spec.protocol}/${spec.port} direct server return healthy ${healthyText}`);
@@ -459,6 +484,7 @@ function renderPart(prefix: string, svc: NormalizedService, opts: RenderOptions)
       // rewrite) is dropped, not answered by this node's own TCP stack with
       // a reset: the client retransmits. With no healthy backend: refused.
       refusedElems.push(`${key} : ${r.dispatch !== undefined ? 'drop' : `goto refuse_${p}`}`);
+      refusedSpecs.push(elem(r.dispatch !== undefined ? { kind: 'drop' } : { kind: 'goto', chain: `refuse_${p}` }));
       continue;
     }
     header.push(`# ${sp}: ${commentSafe(svc.key)} ${svc.vip} ${spec.protocol}/${spec.port} -> :${spec.targetPort} healthy ${healthyText}`);
@@ -481,22 +507,29 @@ function renderPart(prefix: string, svc: NormalizedService, opts: RenderOptions)
     }
     if (svc.healthy.length === 0) {
       refusedElems.push(`${key} : goto refuse_${p}`);
+      refusedSpecs.push(elem({ kind: 'goto', chain: `refuse_${p}` }));
       continue;
     }
     serviceElems.push(`${key} : jump ${sp}`);
+    serviceSpecs.push(elem({ kind: 'jump', chain: sp }));
     const hashed = opts.placement === 'flow-hash';
     const slots = hashed ? flowHashSlots(svc) : weightedSlots(svc.healthy, opts.maxSlots);
     const distinct = new Set(slots.map((b) => b.address));
     if (distinct.size === 1) {
-      chains.push({ name: sp, rules: [`goto ${backendChain(slots[0]!.address)}`] });
+      const chain = backendChain(slots[0]!.address);
+      chains.push({ name: sp, rules: [`goto ${chain}`], specs: [{ kind: 'verdict', verdict: { kind: 'goto', chain } }] });
     } else {
       const vm = slots.map((b, i) => `${i} : goto ${backendChain(b.address)}`).join(', ');
       const pick = hashed ? flowHashPick(svc.key, slots.length, six ? 'ip6' : 'ip') : `numgen inc mod ${slots.length}`;
-      chains.push({ name: sp, rules: [`${pick} vmap { ${vm} }`] });
+      const targets = slots.map((b) => backendChain(b.address));
+      chains.push({ name: sp, rules: [`${pick} vmap { ${vm} }`], specs: [hashed ? { kind: 'jhash', seed: dsrSeedValue(svc.key), targets } : { kind: 'numgen', targets }] });
     }
     for (const b of svc.healthy) {
       const name = backendChain(b.address);
-      chains.push({ name, rules: [`counter name "${name}_conns" meta l4proto ${p} dnat to ${w.dnatTo(b.address, spec.targetPort)}`] });
+      chains.push({
+        name, rules: [`counter name "${name}_conns" meta l4proto ${p} dnat to ${w.dnatTo(b.address, spec.targetPort)}`],
+        specs: [{ kind: 'dnat', counter: `${name}_conns`, proto: p, address: b.address, port: spec.targetPort }],
+      });
     }
   }
   // Hand-back follows a VRRP takeover of an IPv4 VIP; an IPv6 VIP gets none (docs/failover.md).
@@ -529,6 +562,8 @@ function familyParts(parts: readonly ServicePart[], family: string): TableParts 
     t.counters.push(...p.tableCounters);
     t.serviceElems.push(...p.serviceElems);
     t.refusedElems.push(...p.refusedElems);
+    t.serviceSpecs.push(...p.serviceSpecs);
+    t.refusedSpecs.push(...p.refusedSpecs);
     for (const e of p.byteElems) {
       if (t.byteKeys.has(e.key)) continue;
       t.byteKeys.add(e.key);
@@ -621,6 +656,14 @@ export interface NftDelta {
   readonly dsrRewritten: boolean;
   /** Map and set elements, chains and counters the transaction adds, rewrites or deletes. */
   readonly objects: number;
+  /**
+   * The same transaction as typed steps for the netlink writer
+   * (net/netlink/nft-batch.ts), in the script's order; undefined when a
+   * step has no typed form (a counter, a set other than the dispatch maps,
+   * a base chain, a table or the netdev table written whole): the script
+   * is then written with nft.
+   */
+  readonly ops: readonly NftOp[] | undefined;
 }
 
 /** What each named counter counts: a flow counter's reference, or the service of a hand-back counter. */
@@ -669,15 +712,22 @@ export function renderNftDelta(prev: DeltaInput, next: DeltaInput): NftDelta | u
   const head: string[] = [];
   const middle: string[] = [];
   const tail: string[] = [];
+  // The typed steps, beside the lines; `typed` turns false at the first line that has none.
+  const headOps: NftOp[] = [];
+  const middleOps: NftOp[] = [];
+  const tailOps: NftOp[] = [];
+  let typed = true;
   let objects = 0;
   const families = new Set([...prev.tables, ...next.tables].map((m) => m.family));
   for (const family of families) {
     const P = prev.tables.find((m) => m.family === family);
     const N = next.tables.find((m) => m.family === family);
     const tbl = `${family} ${NFT_TABLE}`;
-    if (!P && N) { head.push(...tableLines(N)); objects += 1; continue; }
+    const fam = family as NftFamily;
+    if (!P && N) { head.push(...tableLines(N)); objects += 1; typed = false; continue; }
     if (P && !N) {
       tail.push(`table ${tbl} {}`, `delete table ${tbl}`);
+      typed = false;
       for (const c of P.counters) reset.add(c);
       objects += 1;
       continue;
@@ -692,6 +742,7 @@ export function renderNftDelta(prev: DeltaInput, next: DeltaInput): NftDelta | u
     const addedCounters = N.counters.filter((c) => !pCounters.has(c));
     const deletedCounters = P.counters.filter((c) => !nCounters.has(c));
     for (const c of addedCounters) head.push(`add counter ${tbl} ${c}`);
+    if (addedCounters.length > 0 || deletedCounters.length > 0 || redefined.length > 0) typed = false;
     // Chains.
     const pChains = new Map(P.chains.map((c) => [c.name, c]));
     const nChains = new Map(N.chains.map((c) => [c.name, c]));
@@ -700,52 +751,77 @@ export function renderNftDelta(prev: DeltaInput, next: DeltaInput): NftDelta | u
       const old = pChains.get(c.name);
       if (!old) {
         head.push(c.hook === undefined ? `add chain ${tbl} ${c.name}` : `add chain ${tbl} ${c.name} { ${c.hook} }`);
+        if (c.hook === undefined) headOps.push({ op: 'add-chain', family: fam, chain: c.name });
+        else typed = false;
         rewrite.push(c);
         objects++;
         continue;
       }
       if (old.hook !== c.hook) return undefined;
       if (!sameRules(old.rules, c.rules) || old.rules.some(refersToRedefined)) {
-        if (old.rules.length > 0) middle.push(`flush chain ${tbl} ${c.name}`);
+        if (old.rules.length > 0) { middle.push(`flush chain ${tbl} ${c.name}`); middleOps.push({ op: 'flush-chain', family: fam, chain: c.name }); }
         rewrite.push(c);
         objects++;
       }
     }
     const deletedChains = P.chains.filter((c) => !nChains.has(c.name));
-    for (const c of deletedChains) middle.push(`flush chain ${tbl} ${c.name}`);
+    for (const c of deletedChains) { middle.push(`flush chain ${tbl} ${c.name}`); middleOps.push({ op: 'flush-chain', family: fam, chain: c.name }); }
     // Elements: a changed value is its key deleted and added again.
     const adds: string[] = [];
+    const addOps: NftOp[] = [];
     for (const ns of N.sets) {
       const ps = P.sets.find((x) => x.name === ns.name);
       if (!ps || ps.kind !== ns.kind || ps.type !== ns.type) return undefined;
       const pByKey = new Map<string, string>();
-      for (const e of ps.elements) pByKey.set(elementKey(ps.kind, e), e);
+      const pSpec = new Map<string, NftDispatchElement | undefined>();
+      ps.elements.forEach((e, i) => { const k = elementKey(ps.kind, e); pByKey.set(k, e); pSpec.set(k, ps.specs?.[i]); });
       const nByKey = new Map<string, string>();
-      for (const e of ns.elements) nByKey.set(elementKey(ns.kind, e), e);
+      const nSpec = new Map<string, NftDispatchElement | undefined>();
+      ns.elements.forEach((e, i) => { const k = elementKey(ns.kind, e); nByKey.set(k, e); nSpec.set(k, ns.specs?.[i]); });
       const del: string[] = [];
-      for (const [k, e] of pByKey) if (nByKey.get(k) !== e || refersToRedefined(e)) del.push(k);
+      const delSpecs: Array<NftDispatchElement | undefined> = [];
+      for (const [k, e] of pByKey) if (nByKey.get(k) !== e || refersToRedefined(e)) { del.push(k); delSpecs.push(pSpec.get(k)); }
       const add: string[] = [];
-      for (const [k, e] of nByKey) if (pByKey.get(k) !== e || refersToRedefined(e)) add.push(e);
-      if (del.length > 0) middle.push(`delete element ${tbl} ${ns.name} { ${del.join(', ')} }`);
-      if (add.length > 0) adds.push(`add element ${tbl} ${ns.name} { ${add.join(', ')} }`);
+      const addSpecs: Array<NftDispatchElement | undefined> = [];
+      for (const [k, e] of nByKey) if (pByKey.get(k) !== e || refersToRedefined(e)) { add.push(e); addSpecs.push(nSpec.get(k)); }
+      const elementOp = (op: 'add-elements' | 'delete-elements', specs: ReadonlyArray<NftDispatchElement | undefined>): NftOp | undefined => {
+        if (specs.some((x) => x === undefined)) { typed = false; return undefined; }
+        return { op, family: fam, set: ns.name, elements: specs.map((x) => (op === 'delete-elements' ? { vip: x!.vip, proto: x!.proto, port: x!.port } : x!)) };
+      };
+      if (del.length > 0) {
+        middle.push(`delete element ${tbl} ${ns.name} { ${del.join(', ')} }`);
+        const op = elementOp('delete-elements', delSpecs);
+        if (op) middleOps.push(op);
+      }
+      if (add.length > 0) {
+        adds.push(`add element ${tbl} ${ns.name} { ${add.join(', ')} }`);
+        const op = elementOp('add-elements', addSpecs);
+        if (op) addOps.push(op);
+      }
       objects += del.length + add.length;
     }
     if (P.sets.length !== N.sets.length) return undefined;
     for (const c of redefined) { middle.push(`delete counter ${tbl} ${c}`, `add counter ${tbl} ${c}`); reset.add(c); }
-    for (const c of rewrite) for (const r of c.rules) middle.push(`add rule ${tbl} ${c.name} ${r}`);
+    for (const c of rewrite) {
+      for (const r of c.rules) middle.push(`add rule ${tbl} ${c.name} ${r}`);
+      if (c.specs === undefined || c.specs.length !== c.rules.length) typed = false;
+      else for (const rule of c.specs) middleOps.push({ op: 'add-rule', family: fam, chain: c.name, rule });
+    }
     middle.push(...adds);
-    for (const c of deletedChains) tail.push(`delete chain ${tbl} ${c.name}`);
+    middleOps.push(...addOps);
+    for (const c of deletedChains) { tail.push(`delete chain ${tbl} ${c.name}`); tailOps.push({ op: 'delete-chain', family: fam, chain: c.name }); }
     for (const c of deletedCounters) { tail.push(`delete counter ${tbl} ${c}`); reset.add(c); }
     objects += deletedChains.length + addedCounters.length + deletedCounters.length + redefined.length;
   }
   const dsrRewritten = prev.dsrLines.join('\n') !== next.dsrLines.join('\n');
   if (dsrRewritten) {
+    typed = false;
     const inTables = new Set(prev.tables.flatMap((m) => m.counters));
     for (const c of prev.counters) if (!inTables.has(c.name)) reset.add(c.name);
     objects += 1;
   }
   const lines = [...head, ...middle, ...tail, ...(dsrRewritten ? next.dsrLines : [])];
-  return { script: lines.length === 0 ? '' : `${lines.join('\n')}\n`, reset, dsrRewritten, objects };
+  return { script: lines.length === 0 ? '' : `${lines.join('\n')}\n`, reset, dsrRewritten, objects, ops: typed ? [...headOps, ...middleOps, ...tailOps] : undefined };
 }
 
 /**
@@ -1134,6 +1210,30 @@ export interface NftDataplaneOptions {
    * runs elsewhere (tests, another namespace) reads its counters through it too.
    */
   readonly counterReader?: (() => CounterReader) | undefined;
+  /**
+   * Writes a delta's typed steps over nfnetlink as one transaction
+   * (net/netlink/nft-batch.ts). Default: that writer, unless `exec` is
+   * given (its `nft` runs elsewhere: so must the deltas).
+   */
+  readonly batchWriter?: (() => BatchWriter) | undefined;
+}
+
+/** Applies typed steps to table `table` as one transaction (NftBatchWriter). */
+export interface BatchWriter {
+  write(table: string, ops: readonly NftOp[]): Promise<void>;
+  /** The netlink port its commits carry. */
+  readonly port: number;
+  close(): void;
+}
+
+/** How the deltas were written (status details): over netlink, or with nft and why. */
+export interface DeltaWrites {
+  netlink: number;
+  nft: number;
+  /** Written with nft: the delta held a step the netlink writer does not encode. */
+  unencoded: number;
+  /** Written with nft after the netlink write failed (refused whole, or the socket failed). */
+  netlinkFailed: number;
 }
 
 /** Reads the named counters of table `family name` (empty when it is not there). */
@@ -1266,6 +1366,11 @@ export class NftDataplane implements Dataplane {
   private readonly makeConntrack: () => ConntrackClient;
   private readonly makeCounterReader: (() => CounterReader) | undefined;
   private counterReader: CounterReader | undefined;
+  private readonly makeBatchWriter: (() => BatchWriter) | undefined;
+  private batchWriter: BatchWriter | undefined;
+  /** The ports of this process's batch writers: their commits are ours. */
+  private readonly ownPorts = new Set<number>();
+  private readonly deltaWrites: DeltaWrites = { netlink: 0, nft: 0, unencoded: 0, netlinkFailed: 0 };
   /** Why counters are read by spawning nft (the netlink reader failed), logged once. */
   private counterReaderFailed: string | undefined;
   private conntrack: ConntrackClient | undefined;
@@ -1298,6 +1403,7 @@ export class NftDataplane implements Dataplane {
     this.makeDsrBpf = opts.dsrBpf ?? (device === undefined ? undefined : () => new (ebpfAttach().DsrBpf)({ device, store }));
     this.makeConntrack = opts.conntrack ?? (() => new (conntrackModule().Conntrack)());
     this.makeCounterReader = opts.counterReader ?? (opts.exec ? undefined : () => new (nftCountersModule().NftCounterReader)());
+    this.makeBatchWriter = opts.batchWriter ?? (opts.exec ? undefined : () => new (nftBatchModule().NftBatchWriter)());
     // A scrape only reads: it never spawns nft nor changes what the data path
     // holds; the counters are read after each apply and on a timer.
     this.metrics = opts.registry
@@ -1345,7 +1451,7 @@ export class NftDataplane implements Dataplane {
   ownsCommit(pid: number | undefined, port?: number): boolean {
     for (const p of [pid, port]) {
       if (p === undefined) continue;
-      if (p === process.pid || this.writers.has(p)) return true;
+      if (p === process.pid || this.writers.has(p) || this.ownPorts.has(p)) return true;
     }
     return false;
   }
@@ -1513,7 +1619,7 @@ export class NftDataplane implements Dataplane {
     const live = needsRead ? await this.readCounters().catch(() => new Map<string, CounterValue>()) : new Map<string, CounterValue>();
     if (delta.dsrRewritten) this.detachBeforeTableGoes(next.plan);
     try {
-      await this.write(delta.script);
+      await this.writeDelta(delta);
     } catch (err) {
       this.log.warn({ op: 'apply', objects: delta.objects, err: errorMessage(err) }, 'incremental nftables update refused (nothing of it applied); writing the tables whole');
       return undefined;
@@ -1536,6 +1642,38 @@ export class NftDataplane implements Dataplane {
     await this.endStaleUdpFlows(sweep);
     this.log.debug({ op: 'apply', services: delta.changed.size, objects: delta.objects, bytes: delta.script.length }, 'nftables tables updated by changed objects');
     return 'written';
+  }
+
+  /**
+   * Write a delta: its typed steps over nfnetlink in one transaction (no
+   * process: the cost of a health transition is its few messages), or its
+   * script with nft when a step has no typed form or the netlink write
+   * failed. Either commits all of the delta or none of it, so the
+   * fallback starts from the tables the delta was worked out from.
+   */
+  private async writeDelta(delta: NftDelta): Promise<void> {
+    if (this.makeBatchWriter) {
+      if (delta.ops === undefined) {
+        this.deltaWrites.unencoded++;
+        this.log.debug({ op: 'apply', objects: delta.objects }, 'the delta holds a step the netlink writer does not encode; writing it with nft');
+      } else {
+        try {
+          this.batchWriter ??= this.makeBatchWriter();
+          this.ownPorts.add(this.batchWriter.port);
+          await this.batchWriter.write(NFT_TABLE, delta.ops);
+          this.deltaWrites.netlink++;
+          this.lastError = undefined;
+          return;
+        } catch (err) {
+          this.deltaWrites.netlinkFailed++;
+          this.log.debug({ op: 'apply', objects: delta.objects, err: errorMessage(err) }, 'the netlink write of the delta failed (nothing of it applied); writing it with nft');
+          // A refusal leaves the socket as it was; any other failure (the socket's, no answer) leaves it in doubt: the next delta opens another.
+          if (!(err instanceof nftBatchModule().NftBatchError)) { this.batchWriter?.close(); this.batchWriter = undefined; }
+        }
+      }
+    }
+    await this.write(delta.script);
+    this.deltaWrites.nft++;
   }
 
   /**
@@ -1907,6 +2045,8 @@ export class NftDataplane implements Dataplane {
       this.metrics?.unregister();
       this.counterReader?.close();
       this.counterReader = undefined;
+      this.batchWriter?.close();
+      this.batchWriter = undefined;
       if (opts.keep) {
         // A planned restart: the table keeps forwarding; the next process adopts it (start check).
         this.dsrBpf?.release();
@@ -1977,7 +2117,7 @@ export class NftDataplane implements Dataplane {
     }
     const nfDir = path.join(this.procRoot, 'sys/net/netfilter');
     this.facts = { ...this.facts, conntrackCount: await readNumber(path.join(nfDir, 'nf_conntrack_count')), conntrackMax: await readNumber(path.join(nfDir, 'nf_conntrack_max')) };
-    return { kind: 'kernel', services, flows, problems, udpFlowsEnded, handedBack, details: { table: `${NFT_FAMILY} ${NFT_TABLE}`, startCheck: this.startCheck, ...this.facts, untranslatedFlowsEnded: this.forwardedFlowsEnded, ...(this.dsrState ? { dsrEngine: this.dsrState } : {}) } };
+    return { kind: 'kernel', services, flows, problems, udpFlowsEnded, handedBack, details: { table: `${NFT_FAMILY} ${NFT_TABLE}`, startCheck: this.startCheck, ...this.facts, deltaWrites: { ...this.deltaWrites }, untranslatedFlowsEnded: this.forwardedFlowsEnded, ...(this.dsrState ? { dsrEngine: this.dsrState } : {}) } };
   }
 
   /** Which mechanism serves direct server return now (undefined: no DSR port is forwarded). */

@@ -19,9 +19,11 @@ import {
 } from '../../agent/forward/nft';
 import type { ConntrackClient, UdpFlowRule } from '../../agent/net/conntrack/conntrack';
 import { flowId } from '../../agent/forward/dataplane';
-import { dsrSeed } from '../../agent/forward/nft-dsr';
+import { dsrSeed, dsrSeedValue } from '../../agent/forward/nft-dsr';
 import { dsrSlotTable } from '../../agent/forward/maglev';
 import type { DsrBpf } from '../../agent/net/ebpf/ebpf-attach';
+import type { BatchWriter } from '../../agent/forward/nft';
+import type { NftOp } from '../../agent/net/netlink/nft-batch';
 
 // Golden files live in the source tree (tests run from dist/). UPDATE_GOLDEN=1 rewrites them.
 function golden(t: tap.Test, name: string, actual: string): void {
@@ -223,6 +225,52 @@ t.test('renderNftDelta: one backend of one service among 10 or 1,000 changes the
   t.equal(renderNftDelta(renderNft(many(3)), renderNft(many(3)))!.script, '', 'no change, nothing to write');
 });
 
+t.test('a health transition\'s delta as typed steps for the netlink writer, in the script\'s order; what the writer does not encode has none', async (t) => {
+  const health = (n: number, i0: number, healthy: (all: BackendSpec[]) => BackendSpec[]) => many(n, (i, all) => ({ healthy: i === i0 ? healthy(all) : all, backends: all }));
+  const prev = renderIncremental(many(1000), {});
+  const down = renderPartsDelta(prev, renderIncremental(health(1000, 500, (all) => all.slice(1)), {}, prev))!;
+  t.same(down.ops, [
+    { op: 'flush-chain', family: 'ip', chain: 's500p0' },
+    { op: 'flush-chain', family: 'ip', chain: 's500p0b10_97_7_209' },
+    { op: 'add-rule', family: 'ip', chain: 's500p0', rule: { kind: 'numgen', targets: ['s500p0b10_97_7_210', 's500p0b10_97_7_211'] } },
+    { op: 'delete-chain', family: 'ip', chain: 's500p0b10_97_7_209' },
+  ], 'a backend down: one step for each line of the script');
+  t.equal(down.ops!.length, down.script.split('\n').filter(Boolean).length);
+  const mid = renderIncremental(health(3, 1, (all) => all.slice(0, 1)), {});
+  const up = renderPartsDelta(mid, renderIncremental(health(3, 1, (all) => all), {}, mid))!;
+  t.same(up.ops, [
+    { op: 'add-chain', family: 'ip', chain: 's1p0b10_97_0_6' },
+    { op: 'add-chain', family: 'ip', chain: 's1p0b10_97_0_7' },
+    { op: 'flush-chain', family: 'ip', chain: 's1p0' },
+    { op: 'add-rule', family: 'ip', chain: 's1p0', rule: { kind: 'numgen', targets: ['s1p0b10_97_0_5', 's1p0b10_97_0_6', 's1p0b10_97_0_7'] } },
+    { op: 'add-rule', family: 'ip', chain: 's1p0b10_97_0_6', rule: { kind: 'dnat', counter: 's1p0b10_97_0_6_conns', proto: 'tcp', address: '10.97.0.6', port: 8080 } },
+    { op: 'add-rule', family: 'ip', chain: 's1p0b10_97_0_7', rule: { kind: 'dnat', counter: 's1p0b10_97_0_7_conns', proto: 'tcp', address: '10.97.0.7', port: 8080 } },
+  ], 'backends up: their chains and DNAT rules, the slot rule');
+  const none = renderPartsDelta(mid, renderIncremental(health(3, 1, () => []), {}, mid))!;
+  t.same(none.ops?.filter((o) => o.op === 'add-elements' || o.op === 'delete-elements'), [
+    { op: 'delete-elements', family: 'ip', set: 'services', elements: [{ vip: '10.98.0.1', proto: 'tcp', port: 80 }] },
+    { op: 'add-elements', family: 'ip', set: 'refused', elements: [{ vip: '10.98.0.1', proto: 'tcp', port: 80, verdict: { kind: 'goto', chain: 'refuse_tcp' } }] },
+  ], 'the last one down: the port moves from the dispatch map to the refused one');
+  const back = renderPartsDelta(renderIncremental(health(3, 1, () => []), {}), renderIncremental(health(3, 1, (all) => all.slice(0, 1)), {}))!;
+  t.same(back.ops?.filter((o) => o.op === 'add-elements' || o.op === 'add-rule'), [
+    { op: 'add-rule', family: 'ip', chain: 's1p0', rule: { kind: 'verdict', verdict: { kind: 'goto', chain: 's1p0b10_97_0_5' } } },
+    { op: 'add-rule', family: 'ip', chain: 's1p0b10_97_0_5', rule: { kind: 'dnat', counter: 's1p0b10_97_0_5_conns', proto: 'tcp', address: '10.97.0.5', port: 8080 } },
+    { op: 'add-elements', family: 'ip', set: 'services', elements: [{ vip: '10.98.0.1', proto: 'tcp', port: 80, verdict: { kind: 'jump', chain: 's1p0' } }] },
+  ], 'one back: a goto rule and the dispatch element');
+  // Not encoded: counters (a backend replaced), the byte maps, a table appearing.
+  const swapped = renderPartsDelta(prev, renderIncremental(many(1000, (i, all) => (i === 0 ? { healthy: [all[0]!, b('10.97.0.250')], backends: [all[0]!, b('10.97.0.250')] } : { healthy: all, backends: all })), {}, prev))!;
+  t.equal(swapped.ops, undefined, 'a backend replaced (counters, byte-map elements): nft');
+  const hashed = renderIncremental(many(3), { placement: 'flow-hash' });
+  const hashedDown = renderPartsDelta(hashed, renderIncremental(health(3, 1, (all) => all.slice(1)), { placement: 'flow-hash' }, hashed))!;
+  const rule = hashedDown.ops?.find((o) => o.op === 'add-rule');
+  t.match(rule, { chain: 's1p0', rule: { kind: 'jhash', seed: dsrSeedValue('default/svc-001') } }, 'with VRRP: the seeded flow hash\'s rule');
+  t.match(hashedDown.script, `seed 0x${dsrSeedValue('default/svc-001').toString(16).padStart(8, '0')} vmap`, 'the seed the script names');
+  const targets = rule?.op === 'add-rule' && rule.rule.kind === 'jhash' ? rule.rule.targets : [];
+  t.equal(targets.length, /mod (\d+) seed/.exec(hashedDown.script)?.[1] !== undefined ? Number(/mod (\d+) seed/.exec(hashedDown.script)![1]) : -1, 'one target a slot');
+  const six = renderIncremental({ services: [...many(2).services, { key: 'x/six', vip: 'fd00::5', ports: [http], healthy: [], backends: [] }] }, {}, prev);
+  t.equal(renderPartsDelta(renderIncremental(many(2), {}), six)!.ops, undefined, 'a table appearing: nft');
+});
+
 t.test('renderNftDelta: a service going shifts later positional service names; their counters restart and are reported', async (t) => {
   const three = many(3);
   const d = renderNftDelta(renderNft(three), renderNft({ services: [three.services[0]!, three.services[2]!] }))!;
@@ -343,6 +391,15 @@ t.test('handedBackTotals: per service, live plus carried, flow counters apart; a
   t.same([...handedBackTotals(later, new Map(), new Map([['x/y', 5]]), { services: [] })], [], 'gone with the service');
 });
 
+/** A /proc of the data path's sysctls (ip_forward on), removed after the test. */
+function fakeProc(t: tap.Test): string {
+  const proc = fs.mkdtempSync(path.join(os.tmpdir(), 'lb-nft-proc-'));
+  t.teardown(() => fs.rmSync(proc, { recursive: true, force: true }));
+  fs.mkdirSync(path.join(proc, 'sys/net/ipv4'), { recursive: true });
+  fs.writeFileSync(path.join(proc, 'sys/net/ipv4/ip_forward'), '1\n');
+  return proc;
+}
+
 function fakeExec(handlers: Record<string, (args: readonly string[]) => { stdout?: string; stderr?: string; code?: string | number }>): Exec {
   return async (file, args) => {
     const r = handlers[file]?.(args) ?? {};
@@ -400,10 +457,7 @@ t.test('execProgram: a child that exits without reading its input is a rejection
 });
 
 t.test('ICMP redirects go off on every interface but the agent\'s own service macvlans, which forward nothing out (issue 18)', async (t) => {
-  const proc = fs.mkdtempSync(path.join(os.tmpdir(), 'lb-nft-proc-'));
-  t.teardown(() => fs.rmSync(proc, { recursive: true, force: true }));
-  fs.mkdirSync(path.join(proc, 'sys/net/ipv4'), { recursive: true });
-  fs.writeFileSync(path.join(proc, 'sys/net/ipv4/ip_forward'), '1\n');
+  const proc = fakeProc(t);
   const svc = linkNameForService('default/web');
   for (const name of ['all', 'default', 'eth0', svc, 'lbvnotours']) {
     fs.mkdirSync(path.join(proc, 'sys/net/ipv4/conf', name), { recursive: true });
@@ -424,10 +478,7 @@ t.test('ICMP redirects go off on every interface but the agent\'s own service ma
 
 t.test('a /metrics scrape spawns no process: counters are read on a timer; a table just written counts from zero without a read', async (t) => {
   // A flow at zero has no traffic series (forward/metrics.ts); its stats say 0 at once.
-  const proc = fs.mkdtempSync(path.join(os.tmpdir(), 'lb-nft-proc-'));
-  t.teardown(() => fs.rmSync(proc, { recursive: true, force: true }));
-  fs.mkdirSync(path.join(proc, 'sys/net/ipv4'), { recursive: true });
-  fs.writeFileSync(path.join(proc, 'sys/net/ipv4/ip_forward'), '1\n');
+  const proc = fakeProc(t);
   const one: ForwardState = { services: [{ key: 'default/web', vip: '10.99.0.50', ports: [http], healthy: [b('10.99.0.11')], backends: [b('10.99.0.11')] }] };
   const calls: string[] = [];
   let conns = 3;
@@ -474,10 +525,7 @@ t.test('a /metrics scrape spawns no process: counters are read on a timer; a tab
 });
 
 t.test('a table without counters is rewritten without reading any: one nft process per apply while VIPs bind (issue 18)', async (t) => {
-  const proc = fs.mkdtempSync(path.join(os.tmpdir(), 'lb-nft-proc-'));
-  t.teardown(() => fs.rmSync(proc, { recursive: true, force: true }));
-  fs.mkdirSync(path.join(proc, 'sys/net/ipv4'), { recursive: true });
-  fs.writeFileSync(path.join(proc, 'sys/net/ipv4/ip_forward'), '1\n');
+  const proc = fakeProc(t);
   const calls: string[] = [];
   const exec: Exec = async (file, args) => {
     calls.push(`${file} ${args.join(' ')}`);
@@ -517,11 +565,51 @@ t.test('a table without counters is rewritten without reading any: one nft proce
   t.equal(carried?.connections, 8, 'the old table\'s 4 carried over, plus the live 4');
 });
 
+t.test('a delta goes over netlink when every step is encoded, with nft otherwise or when the netlink write fails; each counted, the writer\'s commits ours', async (t) => {
+  const proc = fakeProc(t);
+  const scripts: string[] = [];
+  const exec = fakeExec({ nft: (args) => (args[0] === '-j' ? { code: 1, stderr: 'Error: No such file or directory' } : {}) });
+  const recording: Exec = async (file, args, input, hooks) => { if (file === 'nft' && args[0] === '-f') scripts.push(input ?? ''); return exec(file, args, input, hooks); };
+  const batches: Array<readonly NftOp[]> = [];
+  let refuse: Error | undefined;
+  let made = 0;
+  const writer: BatchWriter = {
+    port: 4_000_000_123,
+    write: async (_table, ops) => { if (refuse) throw refuse; batches.push(ops); },
+    close: () => undefined,
+  };
+  const registry = new Registry();
+  const dp = new NftDataplane({ registry, exec: recording, procRoot: proc, clock: new ManualClock(0), batchWriter: () => { made++; return writer; } });
+  t.teardown(() => dp.stop({ keep: true }));
+  const health = (k: number) => many(3, (i, all) => ({ healthy: i === 1 ? all.slice(0, k) : all, backends: all }));
+  await dp.apply(health(3));
+  t.equal(scripts.length, 1, 'the start writes the table whole with nft');
+  t.equal(made, 0, 'no socket for a write whole');
+  await dp.apply(health(2));
+  t.equal(scripts.length, 1, 'a health transition spawns no nft');
+  t.equal(batches.length, 1, 'it is one batch');
+  t.ok(dp.ownsCommit(undefined, 4_000_000_123), 'a commit from the writer\'s port is the agent\'s own');
+  t.notOk(dp.ownsCommit(undefined, 4_000_000_124), 'another port is not');
+  refuse = new (require('../../agent/net/netlink/nft-batch') as typeof import('../../agent/net/netlink/nft-batch')).NftBatchError('refused', 2, undefined);
+  await dp.apply(health(1));
+  t.equal(scripts.length, 2, 'refused over netlink: the same delta with nft');
+  t.match(scripts[1], /^flush chain ip lb_agent s1p0\n/, 'the delta, not the table');
+  t.notMatch(scripts[1], /table ip lb_agent \{/);
+  refuse = undefined;
+  await dp.apply({ services: [...health(1).services, { key: 'default/new', vip: '10.98.9.9', ports: [http], healthy: [b('10.97.9.1')], backends: [b('10.97.9.1')] }] });
+  t.equal(scripts.length, 3, 'a service added (counters, byte maps): with nft');
+  t.equal(batches.length, 1);
+  const details = (await dp.stats()).details as { deltaWrites?: unknown };
+  t.same(details.deltaWrites, { netlink: 1, nft: 2, unencoded: 1, netlinkFailed: 1 }, 'counted in the stats');
+  const text = await registry.metrics();
+  for (const [labels, n] of [['via="netlink",reason=""', 1], ['via="nft",reason="unencoded"', 1], ['via="nft",reason="netlink-failed"', 1], ['via="nft",reason=""', 0]] as const) {
+    t.match(text, `lbagent_forward_nft_delta_writes_total{${labels}} ${n}\n`, `metric ${labels}`);
+  }
+  t.equal(made, 1, 'one socket kept across a refusal');
+});
+
 t.test('direct server return: the BPF program in front of the table, counted with it; a failing program falls back to the table alone', async (t) => {
-  const proc = fs.mkdtempSync(path.join(os.tmpdir(), 'lb-nft-proc-'));
-  t.teardown(() => fs.rmSync(proc, { recursive: true, force: true }));
-  fs.mkdirSync(path.join(proc, 'sys/net/ipv4'), { recursive: true });
-  fs.writeFileSync(path.join(proc, 'sys/net/ipv4/ip_forward'), '1\n');
+  const proc = fakeProc(t);
   const web = (healthy: BackendSpec[]): ForwardState => ({ services: [{
     key: 'default/web', vip: '10.99.0.50', ports: [{ name: '', port: 80, protocol: 'TCP', targetPort: 80 }], healthy, backends: [b('10.99.0.11'), b('10.99.0.12')],
     sourceIP: 'preserve', vipMac: '02:00:00:00:00:50',
@@ -596,10 +684,7 @@ t.test('direct server return: the BPF program in front of the table, counted wit
 });
 
 t.test('no DSR: the driver loads at start only when an earlier process left our netdev table; bpf(2) refused there is no problem', async (t) => {
-  const proc = fs.mkdtempSync(path.join(os.tmpdir(), 'lb-nft-proc-'));
-  t.teardown(() => fs.rmSync(proc, { recursive: true, force: true }));
-  fs.mkdirSync(path.join(proc, 'sys/net/ipv4'), { recursive: true });
-  fs.writeFileSync(path.join(proc, 'sys/net/ipv4/ip_forward'), '1\n');
+  const proc = fakeProc(t);
   const web: ForwardState = { services: [{ key: 'default/web', vip: '10.99.0.50', ports: [http], healthy: [b('10.99.0.11')], backends: [b('10.99.0.11')] }] };
   const start = async (netdevLeft: boolean): Promise<{ made: number; asked: number; dp: NftDataplane; order: string[] }> => {
     const order: string[] = [];
@@ -664,10 +749,7 @@ t.test('UDP flows: the ports whose backends lost a member (or that went) are swe
 });
 
 t.test('UDP flows: swept after the commit; a sweep that fails is a problem in status, never a failed apply', async (t) => {
-  const proc = fs.mkdtempSync(path.join(os.tmpdir(), 'lb-nft-proc-'));
-  t.teardown(() => fs.rmSync(proc, { recursive: true, force: true }));
-  fs.mkdirSync(path.join(proc, 'sys/net/ipv4'), { recursive: true });
-  fs.writeFileSync(path.join(proc, 'sys/net/ipv4/ip_forward'), '1\n');
+  const proc = fakeProc(t);
   const order: string[] = [];
   const exec: Exec = async (file, args) => {
     if (file === 'nft' && args[0] === '-j') throw Object.assign(new Error('absent'), { code: 1, stderr: 'Error: No such file or directory' });
@@ -716,10 +798,7 @@ t.test('UDP flows: swept after the commit; a sweep that fails is a problem in st
 });
 
 t.test('VIPs that came onto this node: their untranslated flows end in one sweep per batch, outside the apply queue; a failure is a problem in status', async (t) => {
-  const proc = fs.mkdtempSync(path.join(os.tmpdir(), 'lb-nft-proc-'));
-  t.teardown(() => fs.rmSync(proc, { recursive: true, force: true }));
-  fs.mkdirSync(path.join(proc, 'sys/net/ipv4'), { recursive: true });
-  fs.writeFileSync(path.join(proc, 'sys/net/ipv4/ip_forward'), '1\n');
+  const proc = fakeProc(t);
   const exec: Exec = async (file, args) => {
     if (file === 'nft' && args[0] === '-j') throw Object.assign(new Error('absent'), { code: 1, stderr: 'Error: No such file or directory' });
     return { stdout: JSON.stringify({ nftables: [] }), stderr: '' };

@@ -7,9 +7,15 @@
 // table written whole would hold. A transaction the kernel refuses (the
 // table was deleted by hand) leaves nothing half-applied: the data path
 // writes the tables whole instead. The counters are read over nfnetlink
-// (net/netlink/nft-counters.ts) as nft(8) lists them.
+// (net/netlink/nft-counters.ts) as nft(8) lists them. The same sequence
+// with the data path inside the namespace (fixtures/nft-delta-driver.ts):
+// its health transitions go as nfnetlink batches (net/netlink/nft-batch.ts),
+// no nft spawned, commits the drift guard takes as the agent's own, and the
+// kernel holds what a write whole gives after each; a batch the kernel
+// refuses leaves the tables exactly as they were.
 import t from 'tap';
 import * as fs from 'node:fs';
+import * as readline from 'node:readline';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { Registry } from 'prom-client';
@@ -43,6 +49,29 @@ const swapOne: Change = (i, all) => {
   const backends = i === 0 ? [all[0]!, all[1]!, b('10.97.0.250')] : all;
   return { healthy: backends, backends };
 };
+
+/** The sequence of changes both data paths go through: [what, state, a health transition]. */
+function sequence(): { base: ForwardState; steps: Array<[string, ForwardState, boolean]> } {
+  const six = (healthy: BackendSpec[]): ForwardState['services'][number] => ({ key: 'default/six', vip: 'fd00:98::50', ports: [http], healthy, backends: [b6('fd00:97::11'), b6('fd00:97::12')] });
+  const base = many(6);
+  const nine = base.services.filter((_, i) => i !== 2);
+  // A service on svc-003's VIP whose port goes to the same backend:targetPort: the two share a VIP and a byte-counter key.
+  const lodger: ForwardState['services'][number] = { ...base.services[3]!, key: 'default/svc-003b', ports: [{ ...http, port: 81 }] };
+  return {
+    base,
+    steps: [
+      ['a backend of svc-004 unhealthy (its slots move to the others)', many(6, (i, all) => ({ healthy: i === 4 ? all.slice(1) : all, backends: all })), true],
+      ['every backend of svc-004 unhealthy: its ports refused', many(6, (i, all) => ({ healthy: i === 4 ? [] : all, backends: all })), true],
+      ['svc-004 healthy again', base, true],
+      ['svc-002 removed: the positional names after it shift', { services: nine }, false],
+      ['an IPv6 VIP comes', { services: [...nine, six([b6('fd00:97::11'), b6('fd00:97::12')])] }, false],
+      ['a backend of the IPv6 VIP unhealthy', { services: [...nine, six([b6('fd00:97::12')])] }, true],
+      ['svc-002 comes back (and the IPv6 VIP goes)', base, false],
+      ['a second service on svc-003\'s VIP', { services: [...base.services, lodger] }, false],
+      ['svc-003 removed: the VIP and the shared byte key stay with the other', { services: [...base.services.filter((_, i) => i !== 3), lodger] }, false],
+    ],
+  };
+}
 
 if (requirePrivileged(t)) {
   const proc = fs.mkdtempSync(path.join(os.tmpdir(), 'lb-nft-delta-proc-'));
@@ -115,22 +144,7 @@ if (requirePrivileged(t)) {
     const ref = await lab.addHost('ref');
     const ns = await lab.addHost('node');
     const { dp, writes } = dataplane(ns, placement);
-    const six = (healthy: BackendSpec[]): ForwardState['services'][number] => ({ key: 'default/six', vip: 'fd00:98::50', ports: [http], healthy, backends: [b6('fd00:97::11'), b6('fd00:97::12')] });
-    const base = many(6);
-    const nine = base.services.filter((_, i) => i !== 2);
-    // A service on svc-003's VIP whose port goes to the same backend:targetPort: the two share a VIP and a byte-counter key.
-    const lodger: ForwardState['services'][number] = { ...base.services[3]!, key: 'default/svc-003b', ports: [{ ...http, port: 81 }] };
-    const steps: Array<[string, ForwardState]> = [
-      ['a backend of svc-004 unhealthy (its slots move to the others)', many(6, (i, all) => ({ healthy: i === 4 ? all.slice(1) : all, backends: all }))],
-      ['every backend of svc-004 unhealthy: its ports refused', many(6, (i, all) => ({ healthy: i === 4 ? [] : all, backends: all }))],
-      ['svc-004 healthy again', base],
-      ['svc-002 removed: the positional names after it shift', { services: nine }],
-      ['an IPv6 VIP comes', { services: [...nine, six([b6('fd00:97::11'), b6('fd00:97::12')])] }],
-      ['a backend of the IPv6 VIP unhealthy', { services: [...nine, six([b6('fd00:97::12')])] }],
-      ['svc-002 comes back (and the IPv6 VIP goes)', base],
-      ['a second service on svc-003\'s VIP', { services: [...base.services, lodger] }],
-      ['svc-003 removed: the VIP and the shared byte key stay with the other', { services: [...base.services.filter((_, i) => i !== 3), lodger] }],
-    ];
+    const { base, steps } = sequence();
     await dp.apply(base);
     for (const [what, state] of steps) {
       writes.length = 0;
@@ -168,5 +182,58 @@ if (requirePrivileged(t)) {
     t.same(new Map(read), listed, 'the same names and values as nft lists');
     t.same([six, netdev], [0, 0], 'tables not there: nothing');
   });
-}
 
+  for (const placement of ['round-robin', 'flow-hash'] as const) t.test(`inside the namespace, ${placement}: health transitions as nfnetlink batches, no nft, the agent's own commits; the kernel holds what a write whole gives; a refused batch applies nothing`, async (t) => {
+    const lab = await createLab(t);
+    const ref = await lab.addHost('ref');
+    const ns = await lab.addHost('node');
+    const driver = path.join(__dirname, 'fixtures', 'nft-delta-driver.js');
+    const child = lab.spawn(ns, process.execPath, [driver, proc, placement], { stdio: ['pipe', 'pipe', 'pipe'] });
+    let stderr = '';
+    child.stderr!.on('data', (d: Buffer) => { stderr += d.toString(); });
+    const lines = readline.createInterface({ input: child.stdout! })[Symbol.asyncIterator]();
+    type Applied = { nft: string[]; deltaWrites: { netlink: number; nft: number; unencoded: number; netlinkFailed: number }; commits: Array<{ ours: boolean; oursByPort: boolean }> };
+    const ask = async <R>(cmd: Record<string, unknown>): Promise<R> => {
+      child.stdin!.write(`${JSON.stringify(cmd)}\n`);
+      const timer = setTimeout(() => child.kill('SIGKILL'), 20_000);
+      const r = await lines.next();
+      clearTimeout(timer);
+      if (r.done) throw new Error(`the driver ended: ${stderr}`);
+      return JSON.parse(r.value) as R;
+    };
+    const { base, steps } = sequence();
+    const first = await ask<Applied>({ cmd: 'apply', state: base });
+    t.equal(first.nft.length, 1, 'the start writes the tables whole with nft');
+    let netlink = 0;
+    for (const [what, state, transition] of steps) {
+      const r = await ask<Applied>({ cmd: 'apply', state });
+      if (transition) {
+        netlink++;
+        t.same(r.nft, [], `${what}: no nft spawned`);
+        t.equal(r.deltaWrites.netlink, netlink, `${what}: one netlink batch`);
+        t.ok(r.commits.length >= 1 && r.commits.every((c) => c.ours), `${what}: its commit is the agent's own to the drift guard (${JSON.stringify(r.commits)})`);
+        // In a container the commit's pid is not the one the agent knows itself by: its socket's port alone must do.
+        t.ok(r.commits.every((c) => c.oursByPort), `${what}: known by the batch socket's port alone`);
+      } else {
+        t.equal(r.nft.length, 1, `${what}: a delta the writer does not encode goes to nft once`);
+        t.notMatch(r.nft[0], /\ntable ip lb_agent \{\n|delete table ip lb_agent/, `${what}: and it is not the table`);
+      }
+      t.equal(await tables(lab, ns), await wholeIn(lab, ref, state, placement), `${what}: the kernel holds what a write whole gives`);
+    }
+    const last = steps[steps.length - 1]![1];
+    // svc-005's ports leave the dispatch map when its backends all go; someone deleted its element by hand first.
+    const down: ForwardState = { services: last.services.map((s) => (s.key === 'default/svc-005' ? { ...s, healthy: [] } : s)) };
+    t.equal((await lab.exec(ns, 'nft', ['delete', 'element', 'ip', 'lb_agent', 'services', '{ 10.98.0.5 . tcp . 80 }'])).code, 0, 'element deleted by hand');
+    const before = await tables(lab, ns);
+    const refused = await ask<{ ops: number; error?: string; errno?: number }>({ cmd: 'batch', from: last, to: down });
+    t.ok(refused.ops > 2, `a batch of ${refused.ops} steps`);
+    t.match(refused.error, /refused the nftables batch at delete element ip services \{ 10\.98\.0\.5 \. tcp \. 80, 10\.98\.0\.5 \. udp \. 53 \}: errno 2 \(ENOENT\); nothing of it applied/, 'refused, naming the step');
+    t.equal(await tables(lab, ns), before, 'nothing of it applied: the chains it flushed before the refused step are as they were');
+    const r = await ask<Applied>({ cmd: 'apply', state: down });
+    t.equal(r.deltaWrites.netlinkFailed, 1, 'the data path\'s batch refused too, and counted');
+    t.equal(r.nft.length, 2, 'then nft: the same delta (refused as well), then the tables whole');
+    t.match(r.nft[1], /\ntable ip lb_agent \{\n/);
+    t.equal(await tables(lab, ns), await wholeIn(lab, ref, down, placement), 'the kernel holds the new state whole');
+    child.stdin!.end();
+  });
+}

@@ -41,7 +41,8 @@ const i32 = (b: Buffer, o: number): number => (HOST_LE ? b.readInt32LE(o) : b.re
 /** A counter's values. */
 export interface NlCounter { readonly packets: number; readonly bytes: number }
 
-function attr(type: number, payload: Buffer): Buffer {
+/** One netlink attribute, padded to 4 bytes. */
+export function attr(type: number, payload: Buffer): Buffer {
   const len = 4 + payload.length;
   const b = Buffer.alloc((len + 3) & ~3);
   if (HOST_LE) { b.writeUInt16LE(len, 0); b.writeUInt16LE(type, 2); } else { b.writeUInt16BE(len, 0); b.writeUInt16BE(type, 2); }
