@@ -234,6 +234,8 @@ export class VipOwner extends EventEmitter implements RefreshMember {
   private state: VipState;
   private timer: TimerHandle | undefined;
   private sock: { socket: PacketSocket; owned: boolean } | undefined;
+  /** The gratuitous ARP of this address and MAC, encoded once: a refresh sends the same frame every time. */
+  private readonly announcement: Buffer;
   private readonly onFrame = (frame: Buffer): void => {
     const packet = arpFromFrame(frame, this.metrics);
     if (packet) this.feed({ type: 'arp', packet });
@@ -254,6 +256,7 @@ export class VipOwner extends EventEmitter implements RefreshMember {
     this.wheel = opts.wheel ?? new RefreshWheel({ clock: this.clock });
     this.metrics = opts.metrics;
     this.state = initialVipState(ip, macString(opts.mac));
+    this.announcement = encodeArp(arpAnnouncement(this.state.mac, this.state.ip));
     this.log = (opts.log ?? silentLogger()).child({ module: 'net/vip-owner', ip: this.ip, mac: this.state.mac });
     this.sock = acquireSocket(opts, this.metrics, this.log, ip);
     this.sock.socket.on('frame', this.onFrame);
@@ -316,7 +319,7 @@ export class VipOwner extends EventEmitter implements RefreshMember {
       switch (a.type) {
         case 'announce':
           try {
-            this.sock?.socket.send(encodeArp(arpAnnouncement(this.state.mac, this.state.ip)));
+            this.sock?.socket.send(this.announcement);
           } catch (err) {
             if (throwOnSendError) {
               this.feed({ type: 'stop' });
