@@ -1936,7 +1936,7 @@ export class NftDataplane implements Dataplane {
     });
   }
 
-  /** A fresh read of the counters (status, and the metrics' schedule); spawns `nft`. */
+  /** A fresh read of the counters (status, and a scrape once the last read is countersEveryMs old). */
   stats(): Promise<ForwardStats> {
     return this.collect(false);
   }
