@@ -59,8 +59,8 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
     // answering for another NIC's addresses (ARP flux: docs/design.md).
     const parentSysctls = new ParentSysctls();
     const pools = new PoolManager({ pools: allPools(config), store, log, registry, clock });
-    // One ARP and one NDP socket per interface for every pool VIP on it.
-    const neighbourSockets = new NeighbourSockets();
+    // One ARP and one NDP socket per interface for every pool VIP on it, and one refresh timer for all of them.
+    const neighbourSockets = new NeighbourSockets({ clock });
     // A stop (or a reload) of many pool services removes their VIPs in a few netlink batches.
     const poolRemovals = new AddressRemovals({ netlink, run: (fn) => pools.serialize(fn) });
     const nets: Array<{ network: NetworkSpec; parent: ParentLink; link: Awaited<ReturnType<typeof netlink.getLink>>; addrs: Awaited<ReturnType<typeof netlink.listAddresses>> }> = [];

@@ -1,8 +1,8 @@
 // forward/ layer: the Prometheus view of a data path. Every value comes from
 // the `stats` callback the data path passes in, which only reads: the proxy
-// hands its in-memory tallies, the kernel path the nftables counters it last
-// read on its own schedule (after each apply and on a timer; a scrape never
-// spawns nft). Nothing on the forwarding hot path ever touches prom-client. Registered on the Registry
+// hands its in-memory tallies, the kernel path the nftables counters, read
+// over netlink when a scrape asks and its last read is older than its
+// countersEveryMs (scrapes within it share that read). Nothing on the forwarding hot path ever touches prom-client. Registered on the Registry
 // passed in, removed again by unregister() when the data path stops.
 // A backend's traffic series exist once it has carried a connection (and a
 // connect-failure series once it has failed one): a thousand idle services

@@ -140,7 +140,7 @@ const nftCountersModule = (): typeof import('../net/netlink/nft-counters') => re
 const nftBatchModule = (): typeof import('../net/netlink/nft-batch') => require('../net/netlink/nft-batch') as typeof import('../net/netlink/nft-batch');
 // Loaded at the first change of a UDP port's healthy set: what a config does not use is not loaded.
 const conntrackModule = (): typeof import('../net/conntrack/conntrack') => require('../net/conntrack/conntrack') as typeof import('../net/conntrack/conntrack');
-import { realClock, type Clock, type TimerHandle } from '../clock';
+import { realClock, type Clock } from '../clock';
 
 export const NFT_FAMILY = 'ip';
 /** The family of the table of IPv6 VIPs, beside `ip` (same name, same transaction). */
@@ -1185,7 +1185,11 @@ export interface NftDataplaneOptions {
   readonly exec?: Exec;
   /** Where /proc is (tests). */
   readonly procRoot?: string;
-  /** How often the counters are read for the metrics between applies (ms); a scrape reads only the last read. */
+  /**
+   * The counters are read for the metrics when a scrape asks and the last
+   * read is older than this (ms): scrapes within it share one read, and
+   * nothing reads them while nobody asks.
+   */
   readonly countersEveryMs?: number;
   readonly clock?: Clock;
   /** The parent NIC: direct server return hooks its ingress and forwards out of it. */
@@ -1345,11 +1349,12 @@ export class NftDataplane implements Dataplane {
   private readonly countersEveryMs: number;
   private readonly dsrDevice: string | undefined;
   private readonly placement: Placement;
-  /** The counters as last read on the data path's schedule (after each apply, then every countersEveryMs). */
+  /** The counters as last read for the metrics (a scrape's, at most one per countersEveryMs). */
   private latest: ForwardStats = NO_STATS;
+  /** When `latest` was read (clock ms); -Infinity before the first read. */
+  private latestReadAt = -Infinity;
   /** An apply changed the tables since `latest` was derived. */
   private latestStale = false;
-  private timer: TimerHandle | undefined;
   private readonly dsrEngine: DsrEngineChoice;
   private readonly makeDsrBpf: (() => DsrBpf) | undefined;
   private dsrBpf: DsrBpf | undefined;
@@ -1404,8 +1409,9 @@ export class NftDataplane implements Dataplane {
     this.makeConntrack = opts.conntrack ?? (() => new (conntrackModule().Conntrack)());
     this.makeCounterReader = opts.counterReader ?? (opts.exec ? undefined : () => new (nftCountersModule().NftCounterReader)());
     this.makeBatchWriter = opts.batchWriter ?? (opts.exec ? undefined : () => new (nftBatchModule().NftBatchWriter)());
-    // A scrape only reads: it never spawns nft nor changes what the data path
-    // holds; the counters are read after each apply and on a timer.
+    // A scrape never changes what the data path holds: it reads the
+    // counters (over netlink) when the last read is older than
+    // countersEveryMs, in the queue, so never against a half-applied table.
     this.metrics = opts.registry
       ? new ForwardMetrics({ registry: opts.registry, kind: 'kernel', reason: opts.reason ?? 'configured', stats: () => this.latestStats() })
       : undefined;
@@ -1503,27 +1509,34 @@ export class NftDataplane implements Dataplane {
     return this.queue.run(() => this.refreshCounters());
   }
 
-  /** Read the counters for the metrics (in the queue, so never against a half-applied table), then schedule the next read. */
+  /** Read the counters for the metrics (in the queue, so never against a half-applied table). */
   private async refreshCounters(fromLastRead = false): Promise<void> {
-    if (this.timer) this.clock.clearTimeout(this.timer);
-    this.timer = undefined;
     if (this.stopped) return;
     // From the last read, the stats are derived when the metrics next ask
     // (latestStats): a derivation walks every flow, and an apply that
     // changed one service should cost that service's work.
-    if (fromLastRead) this.latestStale = true;
-    else {
-      try { this.latest = await this.collect(false); this.latestStale = false; } catch { /* keep the last read; stats() reports nft failures as problems */ }
-    }
-    this.timer = this.clock.setTimeout(() => { void this.queue.run(() => this.refreshCounters()); }, this.countersEveryMs);
-    this.timer.unref?.();
+    if (fromLastRead) { this.latestStale = true; return; }
+    try {
+      this.latest = await this.collect(false);
+      this.latestStale = false;
+      this.latestReadAt = this.clock.now();
+    } catch { /* keep the last read; stats() reports nft failures as problems */ }
   }
 
-  /** The stats the metrics show: the last read, derived again when an apply changed the tables since (in the queue: never against a half-applied table). */
+  /**
+   * The stats the metrics show: a fresh read when the last is older than
+   * countersEveryMs, else the last read (derived again when an apply changed
+   * the tables since). Read only when asked: at 1,000 services a read is
+   * thousands of counters decoded, and a timer reading them for nobody was
+   * most of an idle agent's CPU.
+   */
   private latestStats(): Promise<ForwardStats> {
-    if (!this.latestStale) return Promise.resolve(this.latest);
+    const due = (): boolean => this.clock.now() - this.latestReadAt >= this.countersEveryMs;
+    if (!this.latestStale && !due()) return Promise.resolve(this.latest);
     return this.queue.run(async () => {
-      if (this.latestStale && !this.stopped) {
+      if (this.stopped) return this.latest;
+      if (due()) await this.refreshCounters();
+      else if (this.latestStale) {
         this.latestStale = false;
         try { this.latest = await this.collect(true); } catch { /* keep the last read */ }
       }
@@ -2040,8 +2053,6 @@ export class NftDataplane implements Dataplane {
     return this.queue.run(async () => {
       if (this.stopped) return;
       this.stopped = true;
-      if (this.timer) this.clock.clearTimeout(this.timer);
-      this.timer = undefined;
       this.metrics?.unregister();
       this.counterReader?.close();
       this.counterReader = undefined;
@@ -2065,7 +2076,7 @@ export class NftDataplane implements Dataplane {
     });
   }
 
-  /** A fresh read of the counters (status, and the metrics' schedule); spawns `nft`. */
+  /** A fresh read of the counters (status, and a scrape once the last read is countersEveryMs old). */
   stats(): Promise<ForwardStats> {
     return this.collect(false);
   }

@@ -174,7 +174,7 @@ export class PoolSource extends EventEmitter implements AddressSource {
     this.random = opts.random ?? Math.random;
     this.log = opts.log.child({ module: 'ipam.pool-source', service: this.key });
     this.netMetrics = netMetrics(opts.registry);
-    this.sockets = opts.sockets ?? new NeighbourSockets();
+    this.sockets = opts.sockets ?? new NeighbourSockets({ clock: this.clock });
     this.removalBatch = opts.removals ?? new AddressRemovals({ netlink: opts.netlink, run: (fn) => opts.manager.serialize(fn) });
     this.cfg = { probe: opts.probe !== false, faultRetryMs: opts.faultRetryMs ?? 30_000 };
     this.family = opts.service.family ?? 'IPv4';
@@ -522,6 +522,7 @@ export class PoolSource extends EventEmitter implements AddressSource {
           socket: this.ensureSocket(link.index, address), mac: link.mac, ip: address,
           ...ownerTimings(this.opts.arp),
           giveUp,
+          wheel: this.sockets.refresh,
           clock: this.clock, log: this.opts.log, metrics: this.netMetrics,
         });
       owner.start();

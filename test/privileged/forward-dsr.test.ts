@@ -182,7 +182,7 @@ if (requirePrivileged(t)) {
         const dropped = /counter packets (\d+)/.exec((await lab.exec(ns, 'nft', ['list', 'table', 'ip', 'strict'])).stdout)?.[1];
         t.equal(dropped, '0', `${ns === client ? 'the client' : 'b2'}: conntrack found no packet invalid`);
       }
-      // The kernel path reads its counters after each apply and every 5 s; wait for a read after the burst.
+      // The kernel path reads its counters when a scrape asks and the last read is 5 s old; wait for a read after the burst.
       let metrics = '';
       let conns: number[] = [];
       const read = async (): Promise<boolean> => {

@@ -19,6 +19,10 @@
 // socket by the kernel (PACKET_ADD_MEMBERSHIP), and a port that closes
 // leaves the ones it still holds.
 //
+// The owners of these addresses share one refresh wheel too (`refresh`,
+// refresh-wheel.ts): their periodic announcements go out in one batch per
+// slot from one timer.
+//
 // Why: a socket per VIP held 1,000 descriptors at 1,000 pool services, and
 // the kernel ran 1,000 filters on each ARP frame.
 import { EventEmitter } from 'node:events';
@@ -30,6 +34,8 @@ import { ETHERTYPE_IPV6 } from '../packet/inet';
 import { ETH_P_ARP, openPacketSocket, type FrameInfo, type PacketSocket, type PacketSocketOptions } from '../packet/packet';
 import { decodeArp } from './arp';
 import { decodeNdp, NDP_NOT_MINE } from './ndp';
+import { RefreshWheel } from './refresh-wheel';
+import type { Clock } from '../../clock';
 
 export type NeighbourProtocol = 'arp' | 'ndp';
 
@@ -48,6 +54,8 @@ export interface NeighbourSocketsOptions {
   open?: (opts: PacketSocketOptions) => PacketSocket;
   /** Runs the filter's recompilation after this turn's attachments; default setImmediate. */
   defer?: (fn: () => void) => void;
+  /** The refresh wheel's clock. */
+  clock?: Clock;
 }
 
 export interface NeighbourSocketCounts {
@@ -150,8 +158,12 @@ function addressesOf(protocol: NeighbourProtocol, frame: Buffer, metrics: NetMet
 export class NeighbourSockets {
   private readonly shared = new Map<string, Shared>();
   private readonly count = { opened: 0, filters: 0, delivered: 0, unclaimed: 0 };
+  /** Times the periodic announcement of every VIP owner on these sockets. */
+  readonly refresh: RefreshWheel;
 
-  constructor(private readonly opts: NeighbourSocketsOptions = {}) {}
+  constructor(private readonly opts: NeighbourSocketsOptions = {}) {
+    this.refresh = new RefreshWheel({ clock: opts.clock });
+  }
 
   /** A port for ARP frames about one IPv4 address (u32). Throws what opening the socket throws (LbError). */
   arp(o: NeighbourPortOptions): PacketSocket {

@@ -3,7 +3,9 @@
 // (state, actions), decides when to announce (the burst when the address
 // comes up, the defence, the periodic refresh, a re-announcement after a VRRP
 // split brain) and when to give the address up; VipOwner, a thin driver,
-// performs the actions on an ARP packet socket with an injected clock.
+// performs the actions on an ARP packet socket with an injected clock. The
+// periodic refresh is timed by a RefreshWheel that the owners of one
+// process share (refresh-wheel.ts): one timer for every VIP, not one each.
 // It knows addresses and MACs, never services: what losing the address means
 // (DHCPDECLINE, another pool address) is the owner's decision.
 import { EventEmitter } from 'node:events';
@@ -16,6 +18,7 @@ import { arpAnnouncement, encodeArp, type ArpPacket } from './arp';
 import { acquireSocket, arpFromFrame, defenseVerdict, DEFEND_INTERVAL_MS, ipNumber, macString, type SocketSource } from './arp-probe';
 import type { NetMetrics } from '../metrics';
 import type { PacketSocket } from '../packet/packet';
+import { RefreshWheel, type RefreshMember } from './refresh-wheel';
 
 // ---------------------------------------------------------------------------
 // Pure core
@@ -27,7 +30,8 @@ export interface VipOwnerConfig {
   readonly announceIntervalMs: number;
   /**
    * A gratuitous ARP every refreshMs while the address is held (keepalived's
-   * garp_master_refresh); 0 turns the refresh off.
+   * garp_master_refresh), timed by the refresh wheel, which sends the
+   * 'refresh' event; 0 turns the refresh off.
    */
   readonly refreshMs: number;
   /** RFC 5227 DEFEND_INTERVAL in ms (10 000). */
@@ -52,8 +56,10 @@ export interface VipState {
   readonly mac: string;
   /** Announcements of the current burst still to send. */
   readonly burstLeft: number;
-  /** When the next announcement (burst or refresh) is due, if any. */
+  /** When the burst's next announcement is due, if any. */
   readonly nextAnnounceAt: number | undefined;
+  /** When the last announcement (of any reason) went out. */
+  readonly lastAnnounceAt: number | undefined;
   /** When the last conflicting ARP packet was seen (§2.4). */
   readonly lastConflictAt: number | undefined;
   /** When we last defended (§2.4 (c) rate limit). */
@@ -63,12 +69,13 @@ export interface VipState {
 
 export type VipEvent =
   | { readonly type: 'start' }
+  /** The burst's timer. */
   | { readonly type: 'timer' }
+  /** The refresh wheel's turn for this VIP (every refreshMs while held). */
+  | { readonly type: 'refresh' }
   | { readonly type: 'arp'; readonly packet: ArpPacket }
   /** Announce again at once, with a full burst (after a VRRP split brain). */
   | { readonly type: 'reannounce' }
-  /** The timings changed (a reload): the refresh runs at the new interval from now. */
-  | { readonly type: 'retime' }
   | { readonly type: 'stop' };
 
 /** Why an announcement goes out: also the label of lbagent_net_vip_announcements_total. */
@@ -86,8 +93,8 @@ export type VipAction =
   | { readonly type: 'lost'; readonly mac: string };
 
 export type VipReason =
-  | 'started' | 'not-held' | 'already-held' | 'early-timer' | 'burst' | 'refresh' | 'no-announcement-due'
-  | 'own-frame' | 'unrelated' | 'probe-for-held' | 'defended' | 'defence-rate-limited' | 'lost' | 'reannounced' | 'retimed' | 'stopped';
+  | 'started' | 'not-held' | 'already-held' | 'early-timer' | 'burst' | 'refresh' | 'no-announcement-due' | 'in-burst' | 'recently-announced'
+  | 'own-frame' | 'unrelated' | 'probe-for-held' | 'defended' | 'defence-rate-limited' | 'lost' | 'reannounced' | 'stopped';
 
 export interface VipStep {
   readonly state: VipState;
@@ -96,14 +103,12 @@ export interface VipStep {
 }
 
 export function initialVipState(ip: number, mac: string): VipState {
-  return { phase: 'idle', ip, mac: mac.toLowerCase(), burstLeft: 0, nextAnnounceAt: undefined, lastConflictAt: undefined, lastDefendAt: undefined, conflictingMac: undefined };
+  return { phase: 'idle', ip, mac: mac.toLowerCase(), burstLeft: 0, nextAnnounceAt: undefined, lastAnnounceAt: undefined, lastConflictAt: undefined, lastDefendAt: undefined, conflictingMac: undefined };
 }
 
-/** After an announcement at `now`: the rest of the burst, else the refresh, else nothing. */
+/** After an announcement at `now`: the rest of the burst, if any (the refresh is the wheel's). */
 function schedule(s: VipState, now: number, cfg: VipOwnerConfig, actions: VipAction[]): VipState {
-  let at: number | undefined;
-  if (s.burstLeft > 0) at = now + cfg.announceIntervalMs;
-  else if (cfg.refreshMs > 0) at = now + cfg.refreshMs;
+  const at = s.burstLeft > 0 ? now + cfg.announceIntervalMs : undefined;
   actions.push(at === undefined ? { type: 'clear-timer' } : { type: 'arm-timer', at });
   return { ...s, nextAnnounceAt: at };
 }
@@ -111,7 +116,7 @@ function schedule(s: VipState, now: number, cfg: VipOwnerConfig, actions: VipAct
 /** Send one announcement of a new burst of ANNOUNCE_NUM (at least one) now. */
 function burst(s: VipState, now: number, cfg: VipOwnerConfig, reason: AnnounceReason, actions: VipAction[]): VipState {
   actions.push({ type: 'announce', reason });
-  return schedule({ ...s, burstLeft: Math.max(1, Math.floor(cfg.announceNum)) - 1 }, now, cfg, actions);
+  return schedule({ ...s, burstLeft: Math.max(1, Math.floor(cfg.announceNum)) - 1, lastAnnounceAt: now }, now, cfg, actions);
 }
 
 export function vipStep(state: VipState, event: VipEvent, now: number, cfg: VipOwnerConfig): VipStep {
@@ -131,10 +136,19 @@ export function vipStep(state: VipState, event: VipEvent, now: number, cfg: VipO
         actions.push({ type: 'arm-timer', at: state.nextAnnounceAt });
         return { state, actions, reason: 'early-timer' };
       }
-      const inBurst = state.burstLeft > 0;
-      actions.push({ type: 'announce', reason: inBurst ? 'burst' : 'refresh' });
-      const next = schedule({ ...state, burstLeft: inBurst ? state.burstLeft - 1 : 0 }, now, cfg, actions);
-      return { state: next, actions, reason: inBurst ? 'burst' : 'refresh' };
+      actions.push({ type: 'announce', reason: 'burst' });
+      const next = schedule({ ...state, burstLeft: Math.max(0, state.burstLeft - 1), lastAnnounceAt: now }, now, cfg, actions);
+      return { state: next, actions, reason: 'burst' };
+    }
+    case 'refresh': {
+      if (state.phase !== 'held') return same('not-held');
+      // A burst under way announces already; the refresh is for the quiet time after it.
+      if (state.burstLeft > 0) return same('in-burst');
+      // A VIP's slot may come round just after its burst or a defence: the
+      // LAN heard it then; the next turn refreshes.
+      if (state.lastAnnounceAt !== undefined && now - state.lastAnnounceAt < cfg.refreshMs / 2) return same('recently-announced');
+      actions.push({ type: 'announce', reason: 'refresh' });
+      return { state: { ...state, lastAnnounceAt: now }, actions, reason: 'refresh' };
     }
     case 'arp': {
       if (state.phase !== 'held') return same('not-held');
@@ -144,10 +158,9 @@ export function vipStep(state: VipState, event: VipEvent, now: number, cfg: VipO
       // defenseVerdict's 'not-held' means another address: unrelated to this VIP.
       if (v.verdict === 'ignore') return same(v.reason === 'not-held' ? 'unrelated' : v.reason);
       if (v.defend) {
-        // §2.4 (b)/(c): record the conflict and defend with one announcement;
-        // the refresh schedule restarts from it.
+        // §2.4 (b)/(c): record the conflict and defend with one announcement.
         actions.push({ type: 'announce', reason: 'defend' }, { type: 'defended', mac: v.mac });
-        const next = schedule({ ...state, lastConflictAt: now, lastDefendAt: now, conflictingMac: v.mac, burstLeft: 0 }, now, cfg, actions);
+        const next = schedule({ ...state, lastConflictAt: now, lastDefendAt: now, lastAnnounceAt: now, conflictingMac: v.mac, burstLeft: 0 }, now, cfg, actions);
         return { state: next, actions, reason: 'defended' };
       }
       if (!cfg.giveUp) {
@@ -163,11 +176,6 @@ export function vipStep(state: VipState, event: VipEvent, now: number, cfg: VipO
     case 'reannounce': {
       if (state.phase !== 'held') return same('not-held');
       return { state: burst(state, now, cfg, 'reannounce', actions), actions, reason: 'reannounced' };
-    }
-    case 'retime': {
-      // A burst under way finishes first; its last announcement schedules the new refresh.
-      if (state.phase !== 'held' || state.burstLeft > 0) return same('not-held');
-      return { state: schedule(state, now, cfg, actions), actions, reason: 'retimed' };
     }
     case 'stop': {
       if (state.phase === 'idle') return same('not-held');
@@ -191,6 +199,8 @@ export interface VipOwnerOptions extends SocketSource {
   defendIntervalMs?: number;
   /** RFC 5227 §2.4 (b) (default true) or (c) (false): see VipOwnerConfig.giveUp. */
   giveUp?: boolean;
+  /** Times the refresh; the owners of a process share one (default: a wheel of this owner's own). */
+  wheel?: RefreshWheel;
   clock?: Clock;
   log?: Logger;
   metrics?: NetMetrics;
@@ -214,15 +224,18 @@ export interface VipConflict {
  * (VipConflict, defended: false) once the address must be given up: the
  * owner takes it off the interface. close() stops everything.
  */
-export class VipOwner extends EventEmitter {
+export class VipOwner extends EventEmitter implements RefreshMember {
   readonly ip: string;
   private cfg: VipOwnerConfig;
   private readonly clock: Clock;
+  private readonly wheel: RefreshWheel;
   private readonly log: Logger;
   private readonly metrics: NetMetrics | undefined;
   private state: VipState;
   private timer: TimerHandle | undefined;
   private sock: { socket: PacketSocket; owned: boolean } | undefined;
+  /** The gratuitous ARP of this address and MAC, encoded once: a refresh sends the same frame every time. */
+  private readonly announcement: Buffer;
   private readonly onFrame = (frame: Buffer): void => {
     const packet = arpFromFrame(frame, this.metrics);
     if (packet) this.feed({ type: 'arp', packet });
@@ -240,8 +253,10 @@ export class VipOwner extends EventEmitter {
       giveUp: opts.giveUp ?? true,
     };
     this.clock = opts.clock ?? realClock;
+    this.wheel = opts.wheel ?? new RefreshWheel({ clock: this.clock });
     this.metrics = opts.metrics;
     this.state = initialVipState(ip, macString(opts.mac));
+    this.announcement = encodeArp(arpAnnouncement(this.state.mac, this.state.ip));
     this.log = (opts.log ?? silentLogger()).child({ module: 'net/vip-owner', ip: this.ip, mac: this.state.mac });
     this.sock = acquireSocket(opts, this.metrics, this.log, ip);
     this.sock.socket.on('frame', this.onFrame);
@@ -254,10 +269,17 @@ export class VipOwner extends EventEmitter {
     this.feed({ type: 'start' }, true);
   }
 
-  /** New announcement timings (a reload): the refresh follows the new interval from now on. */
+  /** New announcement timings (a reload): the refresh follows the new interval from now on; a burst under way keeps its spacing. */
   retime(t: { announceNum: number; announceIntervalMs: number; refreshMs: number }): void {
+    const moved = t.refreshMs !== this.cfg.refreshMs;
     this.cfg = { ...this.cfg, ...t };
-    this.feed({ type: 'retime' });
+    if (moved) this.wheel.remove(this);
+    this.syncWheel();
+  }
+
+  /** The refresh wheel's turn (RefreshMember). */
+  refreshDue(): void {
+    this.feed({ type: 'refresh' });
   }
 
   /** A full burst again now (VRRP split brain: the LAN may point at the other Master). */
@@ -269,6 +291,7 @@ export class VipOwner extends EventEmitter {
   close(): void {
     this.feed({ type: 'stop' });
     this.clearTimer();
+    this.wheel.remove(this);
     const s = this.sock;
     if (!s) return;
     this.sock = undefined;
@@ -281,6 +304,13 @@ export class VipOwner extends EventEmitter {
     this.timer = undefined;
   }
 
+  /** In the wheel exactly while the address is held with a refresh. */
+  private syncWheel(): void {
+    const want = this.sock !== undefined && this.state.phase === 'held' && this.cfg.refreshMs > 0;
+    if (want && !this.wheel.has(this)) this.wheel.add(this, this.cfg.refreshMs);
+    else if (!want) this.wheel.remove(this);
+  }
+
   private feed(event: VipEvent, throwOnSendError = false): void {
     if (!this.sock) return;
     const step = vipStep(this.state, event, this.clock.now(), this.cfg);
@@ -289,7 +319,7 @@ export class VipOwner extends EventEmitter {
       switch (a.type) {
         case 'announce':
           try {
-            this.sock?.socket.send(encodeArp(arpAnnouncement(this.state.mac, this.state.ip)));
+            this.sock?.socket.send(this.announcement);
           } catch (err) {
             if (throwOnSendError) {
               this.feed({ type: 'stop' });
@@ -326,5 +356,6 @@ export class VipOwner extends EventEmitter {
           break;
       }
     }
+    this.syncWheel();
   }
 }

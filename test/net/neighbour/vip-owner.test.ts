@@ -8,6 +8,7 @@ import { arpAnnouncement, arpProbe, ARP_OP_REPLY, decodeArp, encodeArp, type Arp
 import { netMetrics } from '../../../agent/net/metrics';
 import { MemorySocket } from '../../helpers/memory-socket';
 import { initialVipState, vipStep, VipOwner, type VipConflict, type VipOwnerConfig, type VipState } from '../../../agent/net/neighbour/vip-owner';
+import { RefreshWheel } from '../../../agent/net/neighbour/refresh-wheel';
 
 const ip = (s: string): number => parseIPv4(s)!;
 const OUR_MAC = '02:aa:bb:cc:dd:01';
@@ -30,16 +31,22 @@ t.test('core: start sends the first of ANNOUNCE_NUM announcements at once', asyn
   t.equal(vipStep(s.state, { type: 'start' }, 200, CFG).reason, 'already-held');
 });
 
-t.test('core: the burst, then a refresh every refreshMs', async (t) => {
+t.test('core: the burst on its timer, then no timer: a refresh is one announcement when the wheel says so, none during a burst', async (t) => {
   let s = held(0);
-  const sent: Array<[number, string]> = [];
-  for (let i = 0; i < 4; i++) {
-    const now = s.nextAnnounceAt!;
-    const r = vipStep(s, { type: 'timer' }, now, CFG);
-    for (const a of r.actions) if (a.type === 'announce') sent.push([now, a.reason]);
-    s = r.state;
+  t.equal(vipStep(s, { type: 'refresh' }, 1000, CFG).reason, 'in-burst', 'the burst announces already');
+  t.same(vipStep(s, { type: 'refresh' }, 1000, CFG).actions, []);
+  const r = vipStep(s, { type: 'timer' }, 2000, CFG);
+  t.same(r.actions, [{ type: 'announce', reason: 'burst' }, { type: 'clear-timer' }], 'the last of the burst arms nothing');
+  s = r.state;
+  t.equal(vipStep(s, { type: 'refresh' }, 2000 + CFG.refreshMs / 2 - 1, CFG).reason, 'recently-announced', 'not within half a period of the last announcement');
+  for (const now of [10_000, 20_000]) {
+    const x = vipStep(s, { type: 'refresh' }, now, CFG);
+    t.equal(x.reason, 'refresh');
+    t.same(x.actions, [{ type: 'announce', reason: 'refresh' }]);
+    s = x.state;
   }
-  t.same(sent, [[2000, 'burst'], [12_000, 'refresh'], [22_000, 'refresh'], [32_000, 'refresh']]);
+  t.equal(vipStep(initialVipState(VIP, OUR_MAC), { type: 'refresh' }, 0, CFG).reason, 'not-held', 'an address not held refreshes nothing');
+  t.same(vipStep(vipStep(s, { type: 'stop' }, 30_000, CFG).state, { type: 'refresh' }, 30_000, CFG).actions, [], 'nor one withdrawn');
 });
 
 t.test('core: refresh off (0): nothing after the burst', async (t) => {
@@ -62,7 +69,7 @@ t.test('core: RFC 5227 §2.4 (b): defend once, give up on a second conflict with
   let s = held(0);
   let r = vipStep(s, { type: 'arp', packet: claim(OTHER_MAC) }, 5000, CFG);
   t.equal(r.reason, 'defended');
-  t.same(r.actions, [{ type: 'announce', reason: 'defend' }, { type: 'defended', mac: OTHER_MAC }, { type: 'arm-timer', at: 15_000 }], 'the refresh restarts from the defence');
+  t.same(r.actions, [{ type: 'announce', reason: 'defend' }, { type: 'defended', mac: OTHER_MAC }, { type: 'clear-timer' }], 'one announcement; the refresh stays the wheel\'s');
   s = r.state;
   t.equal(s.phase, 'held');
   r = vipStep(s, { type: 'arp', packet: claim(OTHER_MAC) }, 14_999, CFG);
@@ -106,7 +113,7 @@ t.test('core: reannounce starts a new burst; stop clears the timer', async (t) =
   const r = vipStep(s, { type: 'reannounce' }, 3000, CFG);
   t.same(r.actions, [{ type: 'announce', reason: 'reannounce' }, { type: 'arm-timer', at: 5000 }]);
   const b = vipStep(r.state, { type: 'timer' }, 5000, CFG);
-  t.same(b.actions, [{ type: 'announce', reason: 'burst' }, { type: 'arm-timer', at: 15_000 }]);
+  t.same(b.actions, [{ type: 'announce', reason: 'burst' }, { type: 'clear-timer' }], 'the burst over: its timer goes');
   const st = vipStep(b.state, { type: 'stop' }, 6000, CFG);
   t.same(st.actions, [{ type: 'clear-timer' }]);
   t.equal(st.state.phase, 'idle');
@@ -124,10 +131,11 @@ t.test('driver: burst and refresh on the clock, metrics by reason', async (t) =>
   t.same(socket.sent[0], encodeArp(arpAnnouncement(OUR_MAC, VIP)));
   clock.advance(2000);
   t.equal(socket.sent.length, 2, 'burst of ANNOUNCE_NUM');
-  clock.advance(9999);
+  // A lone VIP's slot: the wheel's boundary one period after it was held.
+  clock.advance(7999);
   t.equal(socket.sent.length, 2);
   clock.advance(1);
-  t.equal(socket.sent.length, 3, 'refresh refreshMs after the burst');
+  t.equal(socket.sent.length, 3, 'refresh refreshMs after the VIP was held');
   clock.advance(30_000);
   t.equal(socket.sent.length, 6, 'and every refreshMs after that');
   const m = await registry.metrics();
@@ -205,15 +213,22 @@ t.test('driver: reannounce sends a new burst; a failed first announcement throws
   o2.close();
 });
 
-t.test('retime: a reload\'s refresh interval holds from now on; a burst under way finishes first', async (t) => {
-  const ip = parseIPv4('10.99.0.200')!;
-  let s = vipStep(initialVipState(ip, '02:00:00:00:00:01'), { type: 'start' }, 0, CFG).state;
-  t.equal(s.burstLeft, 1);
-  t.equal(vipStep(s, { type: 'retime' }, 100, { ...CFG, refreshMs: 1000 }).reason, 'not-held', 'in a burst: no change');
-  s = vipStep(s, { type: 'timer' }, 2000, CFG).state;
-  t.equal(s.nextAnnounceAt, 12_000, 'the old refresh: 10 s after the burst');
-  const r = vipStep(s, { type: 'retime' }, 3000, { ...CFG, refreshMs: 1000 });
-  t.equal(r.reason, 'retimed');
-  t.same(r.actions, [{ type: 'arm-timer', at: 4000 }], 'the next refresh 1 s from now');
-  t.same(vipStep(s, { type: 'retime' }, 3000, { ...CFG, refreshMs: 0 }).actions, [{ type: 'clear-timer' }], 'refresh turned off');
+t.test('retime: a reload\'s refresh interval holds from now on; 0 takes the VIP out of the wheel', async (t) => {
+  const clock = new ManualClock();
+  const socket = new MemorySocket();
+  const wheel = new RefreshWheel({ clock });
+  const o = new VipOwner({ socket, mac: OUR_MAC, ip: '10.99.0.200', announceNum: 1, announceIntervalMs: 2000, refreshMs: 10_000, wheel, clock });
+  o.start();
+  t.equal(socket.sent.length, 1);
+  clock.advance(3000);
+  o.retime({ announceNum: 1, announceIntervalMs: 2000, refreshMs: 1000 });
+  clock.advance(1000);
+  t.equal(socket.sent.length, 2, 'the next refresh within 1 s');
+  clock.advance(5000);
+  t.equal(socket.sent.length, 7, 'then every second');
+  o.retime({ announceNum: 1, announceIntervalMs: 2000, refreshMs: 0 });
+  t.same(wheel.counts(), { members: 0, timers: 0 }, 'refresh turned off: out of the wheel');
+  clock.advance(60_000);
+  t.equal(socket.sent.length, 7, 'nothing more');
+  o.close();
 });
