@@ -2,8 +2,8 @@
 // spec.ipFamilyPolicy, one loadBalancerIP per family) turned into the
 // families the agent serves, with the apiserver's defaulting and validation
 // (pkg/registry/core/service/storage/alloc.go initIPFamilyFields) and the
-// agent's own limits: which family has a pool; direct server return and
-// DHCPv6 under VRRP serve IPv4 only. Pure; load.ts calls it once per service
+// agent's own limits: which family has a pool; direct server return serves
+// IPv4 only; a dual-stack DHCP service under VRRP serves one family. Pure; load.ts calls it once per service
 // and reports what it returns with the field path.
 import type { Family } from '../address';
 import { parseAddress } from '../address';
@@ -63,8 +63,14 @@ export function linkKeyOf(familyKey: string): string {
 }
 
 /** Why the agent cannot serve a family for this service, or undefined when it can. */
-function unservable(f: Family, ask: FamilyAsk, ctx: FamilyContext): string | undefined {
-  if (f === 'IPv6' && ask.ipam === 'dhcp' && ctx.failover === 'vrrp') return 'IPv6 with ipam: dhcp under failover.mode: vrrp is not supported (a Backup does not keep a DHCPv6 lease on standby); IPv6 VIPs under VRRP come from a pool (ipam: pool)';
+function unservable(f: Family, ask: FamilyAsk, ctx: FamilyContext, requested: readonly Family[]): string | undefined {
+  // Both leases of a dual-stack DHCP service ride one macvlan (linkKeyOf),
+  // up only on the Master; under VRRP each family elects its own Master
+  // (RFC 5798 §5.1: one instance per family), so the two could need the one
+  // link up on two VMs.
+  if (f === 'IPv6' && ask.ipam === 'dhcp' && ctx.failover === 'vrrp' && requested.includes('IPv4')) {
+    return 'a dual-stack service with ipam: dhcp under failover.mode: vrrp is not supported (its two leases share one macvlan, but each family elects its own VRRP Master); serve its IPv6 VIP from a service of its own (ipFamilies: [IPv6], ipam: dhcp) or from a pool (ipam: pool)';
+  }
   if (ask.ipam === 'pool' && !selectPool(ctx.pools, ask.namespace, f)) {
     return `no pool lists ${f} addresses for namespace ${ask.namespace} (looked for ${poolLookupOrder(ask.namespace).join(', ')} under pools)`;
   }
@@ -118,7 +124,7 @@ export function planFamilies(ask: FamilyAsk, ctx: FamilyContext): { plan: Family
   const served: Family[] = [];
   const notes: string[] = [];
   requested.forEach((f, i) => {
-    const why = unservable(f, ask, ctx);
+    const why = unservable(f, ask, ctx, requested);
     if (why === undefined) { served.push(f); return; }
     const optional = policy === 'PreferDualStack' && i > 0;
     if (optional) { notes.push(`${f} not served (PreferDualStack): ${why}`); return; }

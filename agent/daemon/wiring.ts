@@ -209,8 +209,9 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
       failover,
       backend: new BackendVips({ netlink, log }),
       // Under VRRP the election decides who holds a VIP: a takeover serves
-      // the saved lease at once and confirms it, and an offer is not
-      // ARP-probed (the previous Master's stale ARP entries would only delay
+      // the saved lease (or the address the previous Master advertised) at
+      // once and confirms it, and an offer is not ARP-probed, nor a DHCPv6
+      // grant checked by duplicate address detection (the previous Master's stale ARP entries would only delay
       // it by seconds; the VIP owner still defends the address once held).
       // `now` is the config in force when the service is created (a reload's
       // new one for a service it adds): timings and the DHCP allow-list
@@ -219,7 +220,7 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
         ? dhcp6Driver().createDhcp6Source({
           // A dual-stack DHCP service: its DHCPv4 source owns the one macvlan both leases ride.
           service: spec, parent: parentOf(spec).name, arp: now.arp, sharedLink: spec.ipFamilies?.includes('IPv4') ?? false,
-          store, netlink, log, registry, clock, guard: dhcp6Driver().guard6Of(now.dhcp),
+          store, netlink, log, registry, clock, guard: dhcp6Driver().guard6Of(now.dhcp), resumeSaved: vrrp,
         })
         : spec.ipam === 'dhcp'
         ? dhcpDriver().createDhcpSource({

@@ -114,8 +114,17 @@ export interface Client6State {
 }
 
 export type Client6Event =
-  /** `resume`: serve the unexpired saved lease at once and RENEW it; otherwise its address is only a SOLICIT hint. */
-  | { readonly type: 'start'; readonly saved?: Lease6 | undefined; readonly resume?: boolean }
+  /**
+   * `resume`: serve the unexpired saved lease at once and RENEW it; otherwise
+   * its address is only a SOLICIT hint. `known` (with `resume`, when no
+   * unexpired lease was saved here): on a VRRP takeover, the VIP the
+   * previous Master advertised. Every VM of the pair derives the same DUID
+   * and IAID for the service, so the server's binding for it is this
+   * client's too: the address is served at once and confirmed with a REBIND
+   * (§18.2.5: to any server, for a client that does not know which server
+   * granted it), within KNOWN_CONFIRM_MS.
+   */
+  | { readonly type: 'start'; readonly saved?: Lease6 | undefined; readonly resume?: boolean; readonly known?: bigint | undefined }
   | { readonly type: 'timer' }
   | { readonly type: 'reply'; readonly packet: Dhcp6Packet }
   /** Duplicate address detection (RFC 4862 §5.4) found the bound address in use. */
@@ -196,6 +205,22 @@ function mayRetransmit(p: Retransmit, s: Client6State, now: number): boolean {
 }
 
 const MAX_DECLINED = 8;
+
+/**
+ * How long a VRRP takeover serves the previous Master's address without a
+ * server's word (Client6Event 'start' `known`): REBIND's retransmissions
+ * (IRT 10 s, §7.6) get three tries in it. No answer by then: the address
+ * leaves the LAN and the client asks from INIT, hinting it.
+ */
+export const KNOWN_CONFIRM_MS = 30_000;
+
+/** The lease a takeover serves the previous Master's address on until a server answers: no server known, lifetimes only to the confirm deadline. */
+export function provisionalLease6(iaid: number, address: bigint, now: number): Lease6 {
+  return {
+    address, iaid: iaid >>> 0, serverId: Buffer.alloc(0), dns: [], preferredSeconds: 0, validSeconds: KNOWN_CONFIRM_MS / 1000, t1Seconds: 0, t2Seconds: 0,
+    obtainedAt: now, renewAt: now, rebindAt: now, deprecatedAt: now, expiresAt: now + KNOWN_CONFIRM_MS,
+  };
+}
 
 function withTimer(s: Client6State, actions: Client6Action[], at: number | undefined): Client6State {
   if (at === undefined || !Number.isFinite(at)) {
@@ -424,6 +449,14 @@ export function step6(ctx: Client6Context, s: Client6State, ev: Client6Event, no
         const bound = boundState(s, saved);
         const next = now >= saved.renewAt ? boundTimers(ctx, bound, now, actions) : enterRenew(ctx, bound, now, actions);
         return result(next, actions, 'resumed');
+      }
+      if (ev.resume && ev.known !== undefined && saved === undefined) {
+        // A VRRP takeover with no lease of our own: the election decided, so
+        // the previous Master's address is served now, and a REBIND asks any
+        // server to confirm it (the binding is this DUID's, whichever VM held it).
+        const lease = provisionalLease6(s.iaid, ev.known, now);
+        actions.push({ type: 'bind', lease }, { type: 'note', what: 'resumed', detail: 'the previous VRRP Master\'s VIP, until a server confirms it' });
+        return result(begin(ctx, boundState(s, lease), 'REBINDING', now, actions, lease.expiresAt), actions, 'resumed');
       }
       return result(enterInit(ctx, { ...s, hint: saved?.address }, now, actions), actions, 'started');
     }

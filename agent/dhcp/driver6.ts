@@ -50,7 +50,7 @@ import {
   DEFAULT_CLIENT6_CONFIG, initialState6, step6,
   type Client6Action, type Client6Config, type Client6Event, type Client6State, type Dhcp6StateName, type Unbind6Cause,
 } from './client6';
-import { DHCP6_CLIENT_PORT, DHCP6_SERVER_PORT, buildClient6Message, decodeReplyPayload6, describeDuid, describePacket6, encodeDhcp6, formatDuid, formatIPv6, parseDuid, type Dhcp6Packet } from './codec6';
+import { DHCP6_CLIENT_PORT, DHCP6_SERVER_PORT, buildClient6Message, type Client6MessageSpec, decodeReplyPayload6, describeDuid, describePacket6, encodeDhcp6, formatDuid, formatIPv6, parseDuid, type Dhcp6Packet } from './codec6';
 import { duidForService, iaidForService } from './duid';
 import { judgeAddress6, type Guard6Policy, type Guard6Reason, type Host6View } from './guard6';
 import { fromStored6, lease6FileName, toStored6, type Lease6 } from './lease6';
@@ -100,6 +100,16 @@ export interface Dhcp6SourceOptions {
   hostView?: () => Host6View;
   /** RFC 8415 §7.6 retransmission parameters; tests shorten them. */
   client?: Partial<Client6Config>;
+  /**
+   * VRRP (the election decided this node holds the VIP): an unexpired saved
+   * lease is served at once and RENEWed even when its address is not on the
+   * macvlan, and start()'s `known` address at once and REBOUND when no lease
+   * was saved here; the leased address gets no duplicate address detection
+   * (the previous holder is the same DUID, not a duplicate). Without it,
+   * only an address found on the adopted macvlan resumes, and every other
+   * one is probed.
+   */
+  resumeSaved?: boolean;
 }
 
 export class Dhcp6Source extends EventEmitter implements AddressSource {
@@ -114,6 +124,7 @@ export class Dhcp6Source extends EventEmitter implements AddressSource {
   private readonly clock: Clock;
   private readonly random: () => number;
   private readonly sharedLink: boolean;
+  private readonly resumeSaved: boolean;
   private readonly duid: Buffer;
   private readonly iaid: number;
   private readonly leaseFile: string;
@@ -142,6 +153,10 @@ export class Dhcp6Source extends EventEmitter implements AddressSource {
   private chain: Promise<void> = Promise.resolve();
   private generation = 0;
   private readonly guardWarned = new Map<Guard6Reason, number>();
+  /** start()'s `known` address, for the run it starts. */
+  private known: string | undefined;
+  /** Messages the machine sent while the start still opened the socket; sent when it is open. */
+  private outbox: Client6MessageSpec[] | undefined;
   /** Resolves when a RELEASE exchange ends (its REPLY, or the retransmissions run out). */
   private released: (() => void) | undefined;
 
@@ -156,6 +171,7 @@ export class Dhcp6Source extends EventEmitter implements AddressSource {
     this.clock = opts.clock ?? realClock;
     this.random = opts.random ?? Math.random;
     this.sharedLink = opts.sharedLink;
+    this.resumeSaved = opts.resumeSaved ?? false;
     this.ifname = linkNameForService(linkKey);
     this.mac = macForService(linkKey);
     this.duid = duidForService(linkKey);
@@ -180,8 +196,16 @@ export class Dhcp6Source extends EventEmitter implements AddressSource {
     this.guard = guard6Of(settings.dhcp);
   }
 
-  start(): void {
+  /**
+   * `known`: on a VRRP takeover, the VIP the previous Master advertised for
+   * this service. With resumeSaved and no unexpired lease of our own it is
+   * served at once and confirmed with a server (client6.ts 'start'), after
+   * the same checks as a server's grant (dhcp/guard6.ts): an advert is a
+   * value from the LAN, not a lease.
+   */
+  start(opts: { known?: string } = {}): void {
     if (this.running) return;
+    this.known = opts.known;
     this.running = true;
     this.failed = undefined;
     this.lastReason = undefined;
@@ -189,18 +213,34 @@ export class Dhcp6Source extends EventEmitter implements AddressSource {
     this.abort = abort;
     this.emit('status');
     this.startTask = this.run(abort.signal).catch(async (err) => {
-      // Nothing half-applied: a start that failed leaves no socket, and no macvlan of its own.
+      // Nothing half-applied: a start that failed leaves no socket, no
+      // timer, no macvlan of its own, and no VIP said to be held (a resumed
+      // one is served before the socket opens).
+      this.generation++;
+      this.clearTimer();
+      await this.chain;
+      this.outbox = undefined;
       this.closeSockets();
       if (!this.sharedLink) await this.deleteLink();
+      const vip = this.vip;
+      this.vip = undefined;
+      this.state = initialState6(this.iaid);
+      if (vip) this.emit('lost', `DHCPv6 source failed while serving ${vip.address}`, 'other');
       this.fail(err);
     });
   }
 
-  async stop(opts: { release: boolean; keep?: boolean }): Promise<void> {
+  /** No more starting: the start under way aborted and awaited. Whether it was running. */
+  private async halt(): Promise<boolean> {
     const wasRunning = this.running;
     this.running = false;
     this.abort?.abort();
     await this.startTask;
+    return wasRunning;
+  }
+
+  async stop(opts: { release: boolean; keep?: boolean }): Promise<void> {
+    const wasRunning = await this.halt();
     if (opts.keep && !opts.release) {
       // A planned restart: address and lease stay for the next process.
       const kept = this.vip?.address;
@@ -311,13 +351,86 @@ export class Dhcp6Source extends EventEmitter implements AddressSource {
     const wallOffset = this.clock.wallNow() - this.clock.now();
     const saved = fromStored6(this.store.read(this.leaseFile), this.linkKey, this.duid, wallOffset);
     const unexpired = saved && saved.expiresAt > this.clock.now() ? saved : undefined;
+    const known = unexpired || !this.resumeSaved ? undefined : this.knownAddress();
     const { index, kept } = await this.ensureLink(unexpired ? formatIPv6(unexpired.address) : undefined, signal);
     if (signal.aborted) return;
     this.ifindex = index;
-    this.socket = await this.openSocket(index, signal);
-    if (signal.aborted) { this.closeSockets(); return; }
-    this.log.info({ op: 'start', mac: this.mac, duid: describeDuid(this.duid), saved: saved ? formatIPv6(saved.address) : undefined, resume: kept }, 'DHCPv6 client starting');
-    this.dispatch({ type: 'start', saved, resume: kept });
+    const resume = (unexpired !== undefined && (kept || this.resumeSaved)) || known !== undefined;
+    this.log.info({ op: 'start', mac: this.mac, duid: describeDuid(this.duid), saved: saved ? formatIPv6(saved.address) : undefined, known: known === undefined ? undefined : formatIPv6(known), resume, adopted: kept }, 'DHCPv6 client starting');
+    // The machine starts before the socket is open: a resumed lease or a
+    // takeover serves its address at once, while the link-local address
+    // the socket sends from appears only once the kernel runs the link it
+    // just brought up (linkwatch: up to a second). What it sends meanwhile
+    // waits in the outbox.
+    this.outbox = [];
+    this.dispatch({ type: 'start', saved, resume, known });
+    const sock = await this.openSocket(index, signal);
+    if (signal.aborted) { this.outbox = undefined; this.closeSockets(); return; }
+    this.socket = sock;
+    const queued = this.outbox;
+    this.outbox = undefined;
+    for (const m of queued) this.send(m);
+  }
+
+  /** start()'s known address, when the guard would accept it as a server's grant (the server allow-list applies to the REBIND's answer). */
+  private knownAddress(): bigint | undefined {
+    if (this.known === undefined) return undefined;
+    const a = parseAddress(this.known);
+    if (a?.family !== 'IPv6') return undefined;
+    const verdict = judgeAddress6(a.value, undefined, this.hostView(), { ...this.guard, servers: [] });
+    if (verdict === 'ok') return a.value;
+    this.metrics.dropped.inc({ reason: verdict });
+    this.log.warn({ op: 'start', known: this.known, reason: verdict }, `the previous VRRP Master's address ${this.known} for this service is refused (${verdict}); asking a DHCPv6 server instead`);
+    return undefined;
+  }
+
+  /**
+   * VRRP Backup: withdraw the VIP (lease kept, nothing sent) and keep the
+   * service macvlan ready - created, with its MAC, down and without a
+   * global address - so a takeover is only: link up, the /128 on,
+   * unsolicited neighbour advertisements. A down macvlan sends and answers
+   * nothing: no DHCPv6, no neighbour discovery, and its link-local address
+   * (the same on every VM, from the shared MAC) is on one VM's link at most.
+   */
+  async standby(): Promise<void> {
+    if (await this.halt() && this.state.name !== 'STOPPED') this.dispatch({ type: 'stop' });
+    await this.quiesce();
+    this.state = initialState6(this.iaid);
+    this.vip = undefined;
+    this.failed = undefined;
+    this.ifindex = undefined;
+    if (!this.sharedLink) {
+      try {
+        await this.readyLink();
+        this.log.info({ op: 'standby', ifname: this.ifname }, 'Backup: service macvlan ready (down, no address); lease kept');
+      } catch (err) {
+        // Not ready is only slower: the takeover creates the link as a cold start does.
+        this.log.warn({ op: 'standby', err: errorMessage(err) }, 'could not keep the service macvlan ready');
+      }
+    }
+    this.emit('status');
+  }
+
+  /** The Backup's macvlan: created or adopted, down, no global address (an earlier run's VIP withdrawn). */
+  private async readyLink(): Promise<void> {
+    let link = await this.netlink.findLink(this.ifname);
+    const parent = await this.netlink.getLink(this.parent);
+    if (link) {
+      const plan = planOwnedLinks([link, parent], new Map([[this.ifname, { mac: this.mac, parent: parent.index, mode: 'bridge' as const }]]));
+      if (plan.foreign.length > 0) throw new LbError('LB_ERR_NET_NETLINK', `interface ${this.ifname} exists but is not the agent's (MAC ${link.mac}); remove it so service ${this.key} can use the name`, { interface: this.ifname });
+      if (plan.recreate[0]) {
+        await this.netlink.deleteLink(link.index);
+        link = undefined;
+      }
+    }
+    if (!link) link = await this.netlink.createMacvlan({ name: this.ifname, parent, mac: this.mac, mode: 'bridge' });
+    if (link.up) await this.netlink.setLink(link.index, { up: false });
+    for (const a of await this.netlink.listAddresses(link.index, 'IPv6')) {
+      if (linkLocalOf([a]) !== undefined) continue;
+      await this.netlink.removeAddress(link.index, a.address, a.prefix);
+      addressesChanged();
+      this.log.info({ op: 'standby', address: `${a.address}/${a.prefix}` }, 'Backup: removed an IPv6 address left on the service macvlan');
+    }
   }
 
   /**
@@ -444,9 +557,12 @@ export class Dhcp6Source extends EventEmitter implements AddressSource {
     }, Math.max(0, Math.ceil(at - this.clock.now())));
   }
 
-  private send(message: Extract<Client6Action, { type: 'send' }>['message']): void {
+  private send(message: Client6MessageSpec): void {
     const sock = this.socket;
-    if (!sock) return;
+    if (!sock) {
+      this.outbox?.push(message);
+      return;
+    }
     const payload = encodeDhcp6(buildClient6Message(message, { duid: this.duid, iaid: this.iaid }));
     sock.send(payload, DHCP6_SERVER_PORT, `ff02::1:2%${this.ifname}`, (err) => {
       // Not fatal: the retransmission schedule tries again.
@@ -516,7 +632,8 @@ export class Dhcp6Source extends EventEmitter implements AddressSource {
     const vip: Vip = { address, prefix: VIP6_PREFIX, ifname: this.ifname, ifindex, mac: this.mac };
     this.vip = vip;
     this.lastReason = undefined;
-    const dad = !held && this.arp.probeNum > 0;
+    // Under VRRP the election decided, and the previous holder was this same DUID's binding: no probe.
+    const dad = !held && this.arp.probeNum > 0 && !this.resumeSaved;
     this.log.info({ op: 'bind', address, server: describeDuid(lease.serverId), valid: lease.validSeconds, optimistic: dad }, `VIP ${address} bound`);
     this.emit('vip', vip);
     this.emit('status');
@@ -607,7 +724,9 @@ export class Dhcp6Source extends EventEmitter implements AddressSource {
         this.log.info({ op: 'recv', detail: a.detail }, this.lastReason);
         return;
       case 'no-binding': this.log.info({ op: 'renew', detail: a.detail }, 'the server has no binding for the lease: asking for the same address (REQUEST)'); return;
-      case 'resumed': this.log.info({ op: 'resume' }, 'serving the saved DHCPv6 lease at once; confirming it with a RENEW'); return;
+      case 'resumed':
+        this.log.info({ op: 'resume', why: a.detail }, a.detail ? `serving ${a.detail} at once; confirming it with a REBIND` : 'serving the saved DHCPv6 lease at once; confirming it with a RENEW');
+        return;
       case 'request-timeout': this.lastReason = 'no REPLY to REQUEST; starting over'; return;
       default: return;
     }
@@ -627,6 +746,7 @@ export class Dhcp6Source extends EventEmitter implements AddressSource {
   private async quiesce(): Promise<void> {
     this.generation++;
     this.clearTimer();
+    this.outbox = undefined;
     await this.chain;
     this.owner?.close();
     this.owner = undefined;

@@ -66,11 +66,13 @@ export class DualGate extends EventEmitter {
   }
 
   /**
-   * The hand-back of the kernel path (forward/nft.ts) duplicates IPv4
-   * answers to the previous Master's IPv4 address; an IPv6 VIP has none.
+   * Where the kernel path (forward/nft.ts "Hand-back") hands a backend's
+   * answers back after a takeover: the previous Master as the gate of the
+   * service's family knows it - its IPv4 address, or for an IPv6 VIP the
+   * link-local address of its IPv6 adverts.
    */
   handBack(serviceKey: string): string | undefined {
-    return this.familyOf.get(serviceKey) === 'IPv6' ? undefined : this.gates.IPv4?.handBack(serviceKey);
+    return this.gateOf(serviceKey)?.handBack(serviceKey);
   }
 
   /** An address of the VRRP interface changed: the gate of its family sends from it (the other ignores it). */

@@ -218,10 +218,15 @@ const proto = (p: Protocol): NftProto => (p === 'UDP' ? 'udp' : 'tcp');
 // stale ARP entries hands every backend packet back.) A backend with
 // another initial TTL, or behind a router, gets no hand-back: the answer is
 // refused as before. A node that is gone loses the answer, as before.
+// IPv6 is the same in `table ip6` with the hop limit for the TTL (Linux and
+// Windows start at 64 and 128 too, RFC 4861's default is 64); the previous
+// Master there is the link-local address its IPv6 adverts came from
+// (RFC 5798 §5.1.2.1), which names a host only with the device: `dup to
+// fe80::... device` resolves its MAC by neighbour discovery on that link.
 const HAND_BACK_TTLS = '{ 64, 128, 255 }';
 
 /** The hand-back rules of one service (its TCP target ports), or undefined when it has none. */
-function renderHandBack(prefix: string, svc: NormalizedService, device: string | undefined): { rule: string; chain: NftChainModel; counter: HandBackCounter } | undefined {
+function renderHandBack(prefix: string, svc: NormalizedService, device: string | undefined, w: NftFamilyWords): { rule: string; chain: NftChainModel; counter: HandBackCounter } | undefined {
   if (svc.handBack === undefined || svc.vip === undefined || svc.sourceIP !== 'snat' || device === undefined || svc.all.length === 0) return undefined;
   const tcp = svc.ports.filter((p) => p.spec.protocol === 'TCP');
   if (tcp.length === 0) return undefined;
@@ -230,7 +235,7 @@ function renderHandBack(prefix: string, svc: NormalizedService, device: string |
   const chain = `hand_back_${prefix}`;
   return {
     counter: { name, service: svc.key, to: svc.handBack },
-    rule: `ip daddr ${svc.vip} ip saddr { ${svc.all.map((b) => b.address).join(', ')} } tcp sport { ${targetPorts.join(', ')} } ip ttl ${HAND_BACK_TTLS} ct state new,invalid goto ${chain}`,
+    rule: `${w.ip} daddr ${svc.vip} ${w.ip} saddr { ${svc.all.map((b) => b.address).join(', ')} } tcp sport { ${targetPorts.join(', ')} } ${w.ttl} ${HAND_BACK_TTLS} ct state new,invalid goto ${chain}`,
     chain: { name: chain, rules: [`counter name "${name}" dup to ${svc.handBack} device "${device}" drop`] },
   };
 }
@@ -257,16 +262,18 @@ interface NftFamilyWords {
   readonly addrType: string;
   /** How a UDP port with no healthy backend is refused. */
   readonly unreachable: string;
+  /** The selector of a packet's TTL: `ip ttl` or `ip6 hoplimit`. */
+  readonly ttl: string;
   /** The DNAT target of a backend and port (`[addr]:port` for IPv6). */
   dnatTo(address: string, port: number): string;
 }
 
 const IPV4_WORDS: NftFamilyWords = {
-  family: NFT_FAMILY, ip: 'ip', addrType: 'ipv4_addr', unreachable: 'reject with icmp type port-unreachable',
+  family: NFT_FAMILY, ip: 'ip', addrType: 'ipv4_addr', unreachable: 'reject with icmp type port-unreachable', ttl: 'ip ttl',
   dnatTo: (a, port) => `${a}:${port}`,
 };
 const IPV6_WORDS: NftFamilyWords = {
-  family: NFT6_FAMILY, ip: 'ip6', addrType: 'ipv6_addr', unreachable: 'reject with icmpv6 type port-unreachable',
+  family: NFT6_FAMILY, ip: 'ip6', addrType: 'ipv6_addr', unreachable: 'reject with icmpv6 type port-unreachable', ttl: 'ip6 hoplimit',
   dnatTo: (a, port) => `[${a}]:${port}`,
 };
 
@@ -532,8 +539,7 @@ function renderPart(prefix: string, svc: NormalizedService, opts: RenderOptions)
       });
     }
   }
-  // Hand-back follows a VRRP takeover of an IPv4 VIP; an IPv6 VIP gets none (docs/failover.md).
-  const hb = six ? undefined : renderHandBack(prefix, svc, opts.dsrDevice);
+  const hb = renderHandBack(prefix, svc, opts.dsrDevice, w);
   if (hb) {
     tableCounters.push(hb.counter.name);
     header.push(`# ${prefix}: ${commentSafe(svc.key)} ${svc.vip} hands back to ${svc.handBack} what a backend answers to connections this node never saw (VRRP takeover)`);

@@ -15,7 +15,7 @@ import { DSR_FAMILY, DSR_TABLE } from '../forward/nft-dsr';
 export type CheckStatus = 'pass' | 'warn' | 'fail';
 
 export interface CheckResult {
-  /** Stable id: config, state-dir, capabilities, macvlan, interface, pools, arp-sysctls, rp-filter, ip-forward, dataplane, guest-agent, descriptors, dsr, dsr-backend, topology, conntrack-pickup, udp-flows, stale-flows, firewall, drift-fight, dhcp-probe, ipv6, vrrp-track. */
+  /** Stable id: config, state-dir, capabilities, macvlan, interface, pools, arp-sysctls, rp-filter, ip-forward, dataplane, guest-agent, descriptors, dsr, dsr-backend, topology, conntrack-pickup, udp-flows, stale-flows, firewall, drift-fight, dhcp-probe, dhcp6-probe, ipv6, vrrp-track. */
   readonly id: string;
   readonly status: CheckStatus;
   /** What the check saw. */
@@ -989,6 +989,20 @@ export function checkDhcpProbe(f: Facts): CheckResult | undefined {
   return f.config.status === 'ok' && f.config.dhcpServices.length === 0 ? warn(id, `${detail}; no service uses ipam dhcp now`, remedy) : fail(id, detail, remedy);
 }
 
+/** The DHCPv6 probe (dhcp6-probe.ts): an ADVERTISE with an address for a SOLICIT, for a config with IPv6 DHCP services. */
+export function checkDhcp6Probe(f: Facts): CheckResult | undefined {
+  const d = f.dhcpProbe6;
+  if (!d) return undefined;
+  const id = 'dhcp6-probe';
+  const how = `SOLICIT from DUID-LL ${d.mac || 'of a throwaway MAC'} on a temporary macvlan of ${d.interface}; no REQUEST sent, no lease taken`;
+  if (d.status === 'offer') return pass(id, `ADVERTISE of ${d.offeredIp} from ${d.serverId ?? 'a server'} in ${d.ms} ms (${how})`);
+  if (d.status === 'error') {
+    return fail(id, `the probe could not run: ${d.error ?? 'unknown error'}`, 'fix the checks above (macvlan, capabilities, interface, ipv6) and probe again');
+  }
+  return fail(id, `no ADVERTISE with an address within ${d.timeoutSeconds} s (${how})`,
+    `make sure the VM network of ${d.interface} has a DHCPv6 server (stateful, IA_NA) with free addresses, or give the IPv6 VIPs a pool (ipam: pool)`);
+}
+
 /**
  * failover.track.interfaces: each exists on this VM, and is up with carrier
  * now. A missing one counts as down for good (a typo, or a NIC the VM does
@@ -1071,7 +1085,6 @@ export function runChecks(f: Facts): CheckResult[] {
   const fds = checkDescriptors(f);
   if (fds) out.push(fds);
   for (const c of [checkNetworks(f), checkDsr(f), checkDsrBackend(f), checkNatEngine(f), checkIpv6(f), checkTopology(f), checkConntrackPickup(f), checkUdpFlows(f), checkStaleFlows(f), checkFirewall(f), checkDriftFight(f), checkVrrpTrack(f)]) if (c) out.push(c);
-  const dhcp = checkDhcpProbe(f);
-  if (dhcp) out.push(dhcp);
+  for (const c of [checkDhcpProbe(f), checkDhcp6Probe(f)]) if (c) out.push(c);
   return out;
 }

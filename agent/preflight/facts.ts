@@ -160,6 +160,8 @@ export interface Facts {
   nft: { binary: string | undefined; probe: Attempt };
   guestAgent: { binary: string | undefined; running: boolean };
   dhcpProbe?: DhcpProbeFacts;
+  /** The DHCPv6 probe's answer (serverId: the server's DUID); only with IPv6 DHCP services. */
+  dhcpProbe6?: DhcpProbeFacts;
   /** RLIMIT_NOFILE of this process (the unit's LimitNOFILE= under systemd); absent in facts from before it was gathered. */
   limits?: { nofile: number | undefined };
   /** The direct-server-return probe (nft-dsr.ts DSR_PROBE_RULESET in a throwaway namespace) and the kernel options it needs. */
@@ -740,6 +742,8 @@ export interface GatherOptions {
   configPath: string;
   /** Run the DHCP probe (sends a DISCOVER on the parent's LAN). */
   dhcpProbe?: (parent: string) => Promise<DhcpProbeFacts>;
+  /** Run the DHCPv6 probe (a SOLICIT on the parent's LAN) when the config has IPv6 DHCP services. */
+  dhcpProbe6?: (parent: string) => Promise<DhcpProbeFacts>;
 }
 
 /** The config's UDP ports the kernel path would NAT (not direct server return): "ns/name port/UDP". */
@@ -827,6 +831,11 @@ export async function gatherFacts(opts: GatherOptions): Promise<Facts> {
   if (opts.dhcpProbe) {
     facts.dhcpProbe = parent.exists && parentName
       ? await opts.dhcpProbe(parentName)
+      : { status: 'error', interface: parentName ?? '', mac: '', timeoutSeconds: 0, ms: 0, error: 'no parent interface to probe on' };
+  }
+  if (opts.dhcpProbe6 && config.dhcpServices.some((k) => k.endsWith('@IPv6'))) {
+    facts.dhcpProbe6 = parent.exists && parentName
+      ? await opts.dhcpProbe6(parentName)
       : { status: 'error', interface: parentName ?? '', mac: '', timeoutSeconds: 0, ms: 0, error: 'no parent interface to probe on' };
   }
   return facts;

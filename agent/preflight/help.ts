@@ -5,7 +5,7 @@
 export const CHECK_IDS = [
   'config', 'state-dir', 'capabilities', 'macvlan', 'interface', 'pools', 'arp-sysctls', 'rp-filter', 'ip-forward',
   'dataplane', 'guest-agent', 'descriptors', 'dsr', 'dsr-backend', 'nat-engine', 'topology', 'conntrack-pickup', 'udp-flows',
-  'stale-flows', 'firewall', 'drift-fight', 'dhcp-probe', 'ipv6', 'networks', 'vrrp-track', 'preflight',
+  'stale-flows', 'firewall', 'drift-fight', 'dhcp-probe', 'dhcp6-probe', 'ipv6', 'networks', 'vrrp-track', 'preflight',
 ] as const;
 
 export type CheckId = (typeof CHECK_IDS)[number];
@@ -139,6 +139,11 @@ export const CHECK_HELP: Readonly<Record<CheckId, CheckHelp>> = {
     what: 'With `lb-agent check --dhcp-probe`: a DHCPDISCOVER from a throwaway macvlan, to see whether a server offers an address.',
     cause: 'Fails when no offer comes, or the probe could not run (see the macvlan, capabilities and interface findings).',
     fix: 'Make sure the VM network has a DHCP server with free addresses, or use `ipam: pool`.',
+  },
+  'dhcp6-probe': {
+    what: 'With `lb-agent check --dhcp-probe` and IPv6 DHCP services: a DHCPv6 SOLICIT from the link-local address of a throwaway macvlan (its DUID-LL), to see whether a server advertises an address.',
+    cause: 'Fails when no ADVERTISE with an address comes (no DHCPv6 server, a stateless one, or no free address), or the probe could not run (see the macvlan, capabilities, interface and ipv6 findings).',
+    fix: 'Make sure the VM network has a stateful DHCPv6 server (IA_NA) with free addresses, or give the IPv6 VIPs a pool (`ipam: pool`).',
   },
   networks: {
     what: 'With `networks:` configured, every network the VM is on, the default one first: its NIC exists, is up, has carrier and an IPv4 address to send ARP and VRRP from; its `arp_ignore`/`arp_announce` (so it answers ARP only for its own VIPs: ARP flux); a macvlan can be made on it (made straight inside a throwaway namespace, so nothing appears on the VM); its pools lie in its subnet.',

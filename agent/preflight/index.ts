@@ -41,6 +41,10 @@ export async function runCheck(opts: RunCheckOptions, deps: RunCheckDeps = {}): 
           const { probeDhcp } = await import('./dhcp-probe');
           return probeDhcp(parent, opts.dhcpTimeoutSeconds !== undefined ? { timeoutSeconds: opts.dhcpTimeoutSeconds } : {});
         },
+        dhcpProbe6: async (parent: string) => {
+          const { probeDhcp6 } = await import('./dhcp6-probe');
+          return probeDhcp6(parent, opts.dhcpTimeoutSeconds !== undefined ? { timeoutSeconds: opts.dhcpTimeoutSeconds } : {});
+        },
       } : {}),
     });
     results = runChecks(facts);

@@ -1,7 +1,7 @@
 // Kubernetes' dual-stack words on a service: every ipFamilies x ipFamilyPolicy
 // combination with and without a pool of each family, the apiserver's
 // defaulting, loadBalancerIPs, backends of either family, and the refusals
-// (DHCPv6 under VRRP, an address outside its family's
+// (a dual-stack DHCP service under VRRP, an address outside its family's
 // pool), each with its field path. Through the whole loader, as a user's file.
 import t from 'tap';
 import { parseConfigText, formatConfigErrors } from '../../agent/config/load';
@@ -113,11 +113,17 @@ t.test('ipam: dhcp serves IPv6 (DHCPv6) in either stack, with no pool; one macvl
   t.same(dual.services.map((s) => linkKeyOf(s.key)), ['default/web', 'default/web'], 'both families derive their macvlan and MAC from namespace/name');
 });
 
-t.test('VRRP serves IPv6 pool VIPs; DHCPv6 under VRRP is refused with the reason; DSR serves either family', async (t) => {
-  t.match(load('ipam: dhcp, ipFamilies: [IPv6], backends: ["fd00::11"]', `${DUAL_POOLS}\nfailover: { mode: vrrp }`).errors, 'IPv6 with ipam: dhcp under failover.mode: vrrp is not supported');
+t.test('VRRP serves IPv6 pool and DHCPv6 VIPs; a dual-stack DHCP service under VRRP is refused with the reason; DSR serves either family', async (t) => {
+  const dhcp6 = load('ipam: dhcp, ipFamilies: [IPv6], backends: ["fd00::11"]', `${DUAL_POOLS}\nfailover: { mode: vrrp }`);
+  t.equal(dhcp6.errors, '', 'an IPv6-only DHCP service under VRRP');
+  t.same(dhcp6.services.map((s) => [s.key, s.family, s.ipam]), [['default/web@IPv6', 'IPv6', 'dhcp']]);
+  t.match(load('ipam: dhcp, ipFamilyPolicy: RequireDualStack, backends: ["10.0.0.11", "fd00::11"]', `${DUAL_POOLS}\nfailover: { mode: vrrp }`).errors,
+    /ipFamilyPolicy: service default\/web: RequireDualStack needs both families, and a dual-stack service with ipam: dhcp under failover.mode: vrrp is not supported \(its two leases share one macvlan, but each family elects its own VRRP Master\)/);
+  t.match(load('ipam: dhcp, ipFamilies: [IPv6, IPv4], ipFamilyPolicy: PreferDualStack, backends: ["10.0.0.11", "fd00::11"]', `${DUAL_POOLS}\nfailover: { mode: vrrp }`).errors,
+    /IPv6 is the primary family, and a dual-stack service with ipam: dhcp/, 'an IPv6-primary dual-stack DHCP service too');
   const dhcpPrefer = load('ipam: dhcp, ipFamilyPolicy: PreferDualStack', `${DUAL_POOLS}\nfailover: { mode: vrrp }`);
   t.same(dhcpPrefer.services.map((s) => s.key), ['default/web'], 'PreferDualStack under VRRP serves the DHCPv4 VIP');
-  t.match(dhcpPrefer.services[0]!.familyNotes, [/DHCPv6|ipam: dhcp under failover/]);
+  t.match(dhcpPrefer.services[0]!.familyNotes, [/IPv6 not served \(PreferDualStack\): a dual-stack service with ipam: dhcp under failover/]);
   const vrrp = `${DUAL_POOLS}\nfailover: { mode: vrrp }`;
   const v6 = load('ipFamilies: [IPv6], backends: ["fd00::11"]', vrrp);
   t.equal(v6.errors, '', 'an IPv6 VIP under VRRP');

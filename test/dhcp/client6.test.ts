@@ -1,10 +1,11 @@
 // Unit tests of the DHCPv6 client state machine with an injected clock and
 // randomness: each retransmission schedule of RFC 8415 §15, ADVERTISE
 // selection, a 12-hour lease through RENEW, REBIND and expiry in
-// milliseconds, NoAddrsAvail and NoBinding, resume, DECLINE, RELEASE.
+// milliseconds, NoAddrsAvail and NoBinding, resume, a VRRP takeover's known
+// address, DECLINE, RELEASE.
 import t from 'tap';
 import {
-  DEFAULT_CLIENT6_CONFIG, SOLICIT_MAX_DELAY_MS, initialState6, nextRt, refusalWait, step6,
+  DEFAULT_CLIENT6_CONFIG, KNOWN_CONFIRM_MS, SOLICIT_MAX_DELAY_MS, initialState6, nextRt, refusalWait, step6,
   type Client6Action, type Client6Config, type Client6Context, type Client6Event, type Client6State,
 } from '../../agent/dhcp/client6';
 import {
@@ -279,6 +280,50 @@ t.test('resume: the saved lease is served at once and RENEWed; a stale or foreig
   const cold = new Run().ev({ type: 'start', saved }, H).timer();
   t.match(cold.sent()[0], { kind: 'SOLICIT', addresses: [{ address: A1 }] });
   t.notOk(cold.actions.some((a) => a.type === 'bind'));
+});
+
+t.test('VRRP takeover with no lease of our own: the known address served at once, REBOUND with any server, withdrawn if nobody confirms it', async (t) => {
+  const now = 5 * H;
+  const r = new Run().ev({ type: 'start', resume: true, known: A1 }, now);
+  t.equal(r.reason, 'resumed');
+  t.match(r.actions.slice(0, 2), [{ type: 'bind', lease: { address: A1, expiresAt: now + KNOWN_CONFIRM_MS } }, { type: 'note', what: 'resumed', detail: /previous VRRP Master/ }]);
+  t.notOk(r.has('persist'), 'nothing saved before a server grants it');
+  t.equal(r.s.name, 'REBINDING');
+  t.match(r.sent(), [{ kind: 'REBIND', serverId: undefined, addresses: [{ address: A1 }] }], 'REBIND names no server (RFC 8415 §18.2.5)');
+  t.equal(r.s.deadline, now + KNOWN_CONFIRM_MS);
+  // The server's binding is this DUID's: it extends it.
+  const ok = new Run().ev({ type: 'start', resume: true, known: A1 }, now).reply({ server: S2 });
+  t.equal(ok.reason, 'renewed');
+  t.equal(ok.s.name, 'BOUND');
+  t.match(ok.has('persist'), { lease: { address: A1, validSeconds: 43200 } });
+  t.ok(ok.s.lease!.serverId.equals(S2), 'the answering server is the lease\'s from now on (its RENEWs go there)');
+  t.notOk(ok.has('unbind'), 'the address never left the LAN');
+  // It has another address for us: the known one goes, the granted one comes.
+  const moved = new Run().ev({ type: 'start', resume: true, known: A1 }, now).reply({ address: A2 });
+  t.match(moved.actions.map((a) => a.type), ['unbind', 'bind', 'persist', 'note', 'setTimer']);
+  t.match(moved.has('unbind'), { address: A1, cause: 'address-changed' });
+  // NoBinding: REQUEST the address from that server, serving it meanwhile.
+  const nb = new Run().ev({ type: 'start', resume: true, known: A1 }, now).reply({ iaStatus: Status6.NoBinding, server: S2 });
+  t.equal(nb.s.name, 'REQUESTING');
+  t.match(nb.sent(), [{ kind: 'REQUEST', addresses: [{ address: A1 }] }]);
+  t.notOk(nb.has('unbind'));
+  // Nobody answers: REBIND retransmits until the deadline, then the address goes and SOLICIT hints it.
+  const silent = new Run().ev({ type: 'start', resume: true, known: A1 }, now);
+  let sends = 1;
+  while (silent.s.name === 'REBINDING') { silent.timer(); sends += silent.sent().length; }
+  t.ok(sends >= 2 && sends <= 4, `${sends} REBINDs in ${KNOWN_CONFIRM_MS} ms`);
+  t.match(silent.has('unbind'), { address: A1 });
+  t.equal(silent.s.name, 'INIT');
+  t.equal(silent.s.hint, A1);
+  // A saved lease of our own wins; without resume, known is ignored.
+  const first = new Run().bound();
+  const saved = (first.has('persist') as { lease: Lease6 }).lease;
+  const own = new Run().ev({ type: 'start', saved, resume: true, known: A2 }, 2 * H);
+  t.match(own.has('bind'), { lease: saved });
+  t.equal(own.s.name, 'RENEWING');
+  const cold = new Run().ev({ type: 'start', known: A2 }, H);
+  t.notOk(cold.has('bind'));
+  t.equal(cold.s.name, 'INIT');
 });
 
 t.test('DAD failure: withdraw, DECLINE to the server, SOLICIT again without that address', async (t) => {

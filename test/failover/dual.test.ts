@@ -1,8 +1,8 @@
 // Unit tests of DualGate: two real VrrpGates (IPv4 and IPv6) per node on an
 // in-memory LAN. Each family service goes to the gate of its family, the two
 // instances elect independently (RFC 5798 §5.1), events of both reach the
-// daemon, status says the family, the IPv4-only hand-back is never asked for
-// an IPv6 VIP, and without a link-local address IPv6 VIPs are not held.
+// daemon, status says the family, each family's hand-back aims at that
+// family's previous Master (an IPv6 one by its link-local address), and without a link-local address IPv6 VIPs are not held.
 import t from 'tap';
 import { EventEmitter } from 'node:events';
 import { Registry } from 'prom-client';
@@ -10,7 +10,7 @@ import { ManualClock } from '../../agent/clock';
 import { silentLogger } from '../../agent/log';
 import type { FrameInfo, PacketSocket, PacketSocketOptions } from '../../agent/net/packet/packet';
 import { masterDownIntervalMs } from '../../agent/failover/machine';
-import { VrrpGate } from '../../agent/failover/gate';
+import { HAND_BACK_MS, VrrpGate } from '../../agent/failover/gate';
 import { DualGate } from '../../agent/failover/dual';
 import { vrrpWire } from '../../agent/failover/wire';
 import type { FailoverConfig, ServiceSpec } from '../../agent/config/types';
@@ -70,7 +70,7 @@ t.test('one instance per family: each family service rides its own gate, and the
   t.match(a.dual.status('default/web@IPv6'), { family: 'IPv6', vrid: 51, state: 'backup', master: 'fe80::2' }, 'the IPv6 instance names the Master by its link-local address');
   t.match(a.dual.status('default/web'), { family: 'IPv4', vrid: 51, state: 'backup', master: '10.99.0.2' });
   t.equal(a.dual.handBack('default/web'), '10.99.0.2', 'the IPv4 Backup hands back to the IPv4 Master');
-  t.equal(a.dual.handBack('default/web@IPv6'), undefined, 'no hand-back for an IPv6 VIP (the kernel path hands back IPv4 only)');
+  t.equal(a.dual.handBack('default/web@IPv6'), 'fe80::2', "the IPv6 Backup hands back to the IPv6 Master's link-local address");
   t.equal(a.dual.knownVip('default/web@IPv6'), 'fd00:99::200');
 
   // b's IPv6 adverts stop reaching the LAN: only the IPv6 VIP moves.
@@ -79,6 +79,10 @@ t.test('one instance per family: each family service rides its own gate, and the
   clock.advance(masterDownIntervalMs(100, 100) + 100);
   t.same([a.dual.isMaster('default/web'), a.dual.isMaster('default/web@IPv6')], [false, true], 'a takes the IPv6 VIP, not the IPv4 one');
   t.same(a.changes.slice(from).flat(), ['default/web@IPv6'], "the change names the IPv6 service only");
+  t.equal(a.dual.handBack('default/web@IPv6'), 'fe80::2', 'after the takeover the IPv6 VIP hands back to the previous IPv6 Master');
+  t.equal(a.dual.handBack('default/web'), '10.99.0.2', 'the IPv4 Backup still to its Master');
+  clock.advance(HAND_BACK_MS + 1);
+  t.equal(a.dual.handBack('default/web@IPv6'), undefined, 'until HAND_BACK_MS after the takeover');
   await a.dual.stop();
   await b.dual.stop();
   t.equal(lan.sockets.size, 0, 'every socket closed');

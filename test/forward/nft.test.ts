@@ -77,6 +77,30 @@ t.test("render: hand-back (VRRP takeover) for a service's TCP target ports, gold
   t.notMatch(renderNft({ services: [{ ...state.services[0]!, handBack: undefined }] }, { dsrDevice: 'eth0' }).script, /hand_back/, 'none when not asked for: the table is as before');
 });
 
+t.test('render: hand-back of an IPv6 VIP in `table ip6`, by hop limit, to the previous Master\'s link-local address through the device', async (t) => {
+  const b6 = (address: string): BackendSpec => ({ address, addressNum: 0, weight: 1, family: 'IPv6' });
+  const v6: ForwardState = {
+    services: [
+      { ...state.services[0]!, handBack: '10.99.0.4' },
+      { key: 'default/web@IPv6', vip: 'fd00:99::200', ports: [http], healthy: [b6('fd00:99::11')], backends: [b6('fd00:99::11'), b6('fd00:99::12')], handBack: 'fe80::4' },
+    ],
+  };
+  const plan = renderNft(v6, { dsrDevice: 'eth0' });
+  t.same(plan.handBack, [
+    { name: 's0_handed_back', service: 'default/web', to: '10.99.0.4' },
+    { name: 'v6s0_handed_back', service: 'default/web@IPv6', to: 'fe80::4' },
+  ], 'a counter per family\'s service');
+  const ip6 = plan.script.slice(plan.script.indexOf('table ip6 lb_agent {\n'));
+  const ip4 = plan.script.slice(plan.script.indexOf('table ip lb_agent {}'), plan.script.indexOf('table ip6 lb_agent {}'));
+  t.match(ip6, /chain hand_back \{\n\t\ttype filter hook prerouting priority mangle; policy accept;\n\t\tip6 daddr fd00:99::200 ip6 saddr \{ fd00:99::11, fd00:99::12 \} tcp sport \{ 8080 \} ip6 hoplimit \{ 64, 128, 255 \} ct state new,invalid goto hand_back_v6s0\n/,
+    'in the IPv6 table: every configured backend, the TCP target port, an initial hop limit');
+  t.match(ip6, /chain hand_back_v6s0 \{\n\t\tcounter name "v6s0_handed_back" dup to fe80::4 device "eth0" drop\n/, 'to the link-local address, on the device that scopes it');
+  t.match(ip6, /counter v6s0_handed_back \{\}/);
+  t.notMatch(ip4, /fd00|fe80|v6s0/, 'nothing of it in the IPv4 table');
+  t.match(ip4, /dup to 10\.99\.0\.4 device "eth0"/, 'whose own hand-back is unchanged');
+  t.notMatch(renderNft(v6).script, /hand_back/, 'no device: no hand-back in either family');
+});
+
 t.test('render: IPv6 VIPs in `table ip6 lb_agent` beside the IPv4 table, golden; IPv4 alone is as before', async (t) => {
   const b6 = (address: string, weight = 1): BackendSpec => ({ address, addressNum: 0, weight, family: 'IPv6' });
   const dual: ForwardState = {

@@ -8,7 +8,7 @@ import { udpSnatPorts, type Facts } from '../../agent/preflight/facts';
 import { vipSysctls } from '../../agent/net/sysctl/sysctl';
 import {
   runChecks, checkDescriptors, checkMacvlan, checkCapabilities, checkInterface, checkArpSysctls, checkRpFilter, checkIpForward,
-  checkConfig, checkDataplane, checkPools, checkStateDir, checkGuestAgent, checkDhcpProbe, classifyRefusal,
+  checkConfig, checkDataplane, checkPools, checkStateDir, checkGuestAgent, checkDhcpProbe, checkDhcp6Probe, classifyRefusal,
   effectiveDataplane, osFamily, checkDsr, checkDsrBackend, checkTopology, checkConntrackPickup, checkUdpFlows, checkStaleFlows, checkFirewall, checkDriftFight, checkIpv6, checkNetworks, checkVrrpTrack, checkNatEngine, type CheckResult,
 } from '../../agent/preflight/checks';
 
@@ -443,6 +443,19 @@ t.test('DHCP probe: offer passes, no offer fails when services use DHCP', async 
   t.equal(err.status, 'fail');
   t.match(err.detail, /Unknown device type/);
   t.equal(runChecks(fixture('dhcp-offer')).at(-1)!.id, 'dhcp-probe');
+});
+
+t.test('DHCPv6 probe: an ADVERTISE passes; none, or a probe that could not run, fails; last, after the DHCPv4 probe', async (t) => {
+  t.equal(checkDhcp6Probe(fixture('dhcp-offer')), undefined, 'absent without IPv6 DHCP services');
+  const probe6 = (d: Partial<NonNullable<Facts['dhcpProbe6']>>): Facts => variant('dhcp-offer', (f) => {
+    f.dhcpProbe6 = { status: 'offer', interface: 'eth0', mac: '02:74:77:59:25:b9', timeoutSeconds: 5, ms: 110, offeredIp: 'fd00:99::10c', serverId: 'llt 9a:f9:de:76:84:a1', ...d };
+  });
+  const ok = checkDhcp6Probe(probe6({}))!;
+  t.match(ok, { id: 'dhcp6-probe', status: 'pass', detail: /^ADVERTISE of fd00:99::10c from llt 9a:f9:de:76:84:a1 in 110 ms \(SOLICIT from DUID-LL 02:74:77:59:25:b9 .*no lease taken\)/ });
+  const none = checkDhcp6Probe(probe6({ status: 'no-offer', offeredIp: undefined, serverId: undefined }))!;
+  t.match(none, { status: 'fail', detail: /^no ADVERTISE with an address within 5 s/, remedy: /DHCPv6 server \(stateful, IA_NA\)/ });
+  t.match(checkDhcp6Probe(probe6({ status: 'error', error: 'eth0 got no IPv6 link-local address' }))!, { status: 'fail', detail: /could not run: eth0 got no IPv6 link-local/ });
+  t.same(runChecks(probe6({})).slice(-2).map((r) => r.id), ['dhcp-probe', 'dhcp6-probe']);
 });
 
 t.test('descriptors: the limit against proxy.maxConnections (the daemon\'s own rule)', async (t) => {

@@ -5,6 +5,11 @@
 // - n3's VM dies: n1 takes over; the client's neighbour entry for the VIP
 //   points at n1's MAC (the new Master's unsolicited advertisements) within
 //   2 s, and the loop sees one gap;
+// - a DHCPv6 service on a second virtual router, its lease from dnsmasq: the
+//   Backup keeps its macvlan down with no address and sends nothing; when
+//   n3's VM dies n1 serves the SAME address at once (the one n3 advertised)
+//   and confirms it with a REBIND under the same DUID: one binding at the
+//   server, no SOLICIT, and a 20 ms loop through it sees one gap;
 // - forged IPv6 adverts at priority 254 (hop limit 64, a global source to
 //   ff02::12, a bad checksum, VRRPv2) change nothing and are counted by reason;
 // - keepalived (150) preempts n1; its VM dies and n1 takes the VIP back;
@@ -19,7 +24,10 @@ import { startKeepalived, type Keepalived } from '../../lab/keepalived';
 import { ClientLoop, gapReport } from '../../lab/client-loop';
 import { metricValue, vmDeath } from '../../lab/vrrp';
 import { addVm6, agentConfig6, neighbourMac as neighbourOf, BACKEND6, VIP6, type Vm6 } from '../../lab/vrrp6';
-import { httpGetFrom } from '../../lab/services';
+import { httpGetFrom, startDnsmasq } from '../../lab/services';
+import * as fs from 'node:fs';
+import { linkNameForService, macForService } from '../../agent/net/ownership/ownership';
+import { logTime } from '../../lab/vrrp';
 import { masterDownIntervalMs } from '../../agent/failover/machine';
 import { encodeAdvertisement6 } from '../../agent/failover/codec6';
 import { parseAddress } from '../../agent/address';
@@ -28,6 +36,9 @@ import type { ServiceStatus } from '../../agent/daemon/daemon';
 
 const VIP = VIP6;
 const VRID = 51;
+/** The DHCPv6 service's virtual router: its own, so keepalived's (VRID, one VIP) stays as keepalived expects. */
+const VRID_DHCP = 52;
+const RANGE6 = /^fd00:99::1[0-9a-f]{2}$/;
 const INTERVAL = 0.1;
 
 if (requirePrivileged(t)) {
@@ -41,10 +52,21 @@ if (requirePrivileged(t)) {
     await startBackend(lab, b6, 'b6', [8080], '::');
     // keepalived's VM answers on port 80 itself when it holds the VIP.
     await startBackend(lab, ka.ns, 'ka', [80], '::');
+    const server = await lab.addHost('dhcp', { address: '10.99.0.1/24', ipv6: ['fd00:99::1/64'] });
+    const dnsmasq = await startDnsmasq(lab, server, { range: '10.99.0.100,10.99.0.150', noPing: true, extra: ['--dhcp-range=fd00:99::100,fd00:99::1ff,64,1h'] });
+    t.teardown(() => dnsmasq.stop());
+    const d6mac = macForService('default/d6');
+    const d6if = linkNameForService('default/d6');
+    const d6duid = `00:03:00:01:${d6mac}`;
 
     const agents = new Map<string, AgentHandle>();
     const start = async (v: Vm6, priority: number): Promise<AgentHandle> => {
-      const a = await startAgent(lab, v.ns, agentConfig6(v, priority, { advertInterval: INTERVAL, vrid: VRID }), { name: v.name, logLevel: 'debug' });
+      const cfg = agentConfig6(v, priority, { advertInterval: INTERVAL, vrid: VRID });
+      const d6 = {
+        name: 'd6', ipFamilies: ['IPv6'], ipam: 'dhcp', vrid: VRID_DHCP, ports: [{ port: 80, targetPort: 8080 }], backends: [BACKEND6],
+        healthCheck: { periodSeconds: 0.2, timeoutSeconds: 0.2, failureThreshold: 2 },
+      };
+      const a = await startAgent(lab, v.ns, { ...cfg, services: [...(cfg.services as unknown[]), d6] }, { name: v.name, logLevel: 'debug' });
       agents.set(v.name, a);
       return a;
     };
@@ -57,7 +79,7 @@ if (requirePrivileged(t)) {
       return r.body;
     };
     /** A death with the client loop around it: when the neighbour entry moved to `to`, and the loop's gap. */
-    const failover = async (t: Test, dying: Vm6, pid: number, to: Vm6, bodies: string[], takeover: () => Promise<unknown>): Promise<void> => {
+    const failover = async (t: Test, dying: Vm6, pid: number, to: Vm6, bodies: string[], takeover: () => Promise<unknown>): Promise<number> => {
       const loop = await ClientLoop.start(lab, client, `http://[${VIP}]/`, { intervalMs: 20, timeoutMs: 200, maxMs: 20_000 });
       t.teardown(() => loop.stop());
       await new Promise((r) => setTimeout(r, 300));
@@ -78,11 +100,22 @@ if (requirePrivileged(t)) {
       t.ok(g.servedAfterMs !== undefined && g.servedAfterMs < 2000, `served again within 2 s (${g.servedAfterMs ?? '?'} ms)`);
       t.ok(g.gaps <= 1, `at most one gap (${g.gapMs} ms), answers on either side`);
       t.equal(g.wrongBodies.length, 0, 'every answer from an expected server');
+      return at;
     };
+    const d6of = async (a: AgentHandle): Promise<ServiceStatus> => (await a.status()).services.find((s) => s.name === 'd6')!;
+    const d6link = async (v: Vm6): Promise<{ up: boolean; global: string[] }> => {
+      const l = JSON.parse((await lab.exec(v.ns, 'ip', ['-j', 'link', 'show', d6if])).stdout) as { flags: string[] }[];
+      const a = JSON.parse((await lab.exec(v.ns, 'ip', ['-j', '-6', 'addr', 'show', 'dev', d6if, 'scope', 'global'])).stdout || '[]') as { addr_info: { local?: string; prefixlen: number }[] }[];
+      return { up: l[0]!.flags.includes('UP'), global: (a[0]?.addr_info ?? []).filter((x) => x.local !== undefined).map((x) => `${x.local}/${x.prefixlen}`) };
+    };
+    /** The IPv6 lease lines of dnsmasq's lease file (after its "duid" line). */
+    const leases6 = (): string[] => fs.readFileSync(dnsmasq.leaseFile, 'utf8').split('\n').filter((l) => / fd00:99::/.test(l));
 
     const a3 = await start(n3, 200);
     const a1 = await start(n1, 100);
     await serving(a3, 'n3 serves the IPv6 VIP');
+    const d6st = await waitStatus(a3, 'n3 serves the DHCPv6 VIP', (d) => d.services.some((s) => s.name === 'd6' && s.state === 'serving' && s.vip !== undefined), 20_000);
+    const d6vip = d6st.services.find((s) => s.name === 'd6')!.vip!;
 
     t.test('n3 Master: adverts from its link-local address, n1 follows it; the client reaches the VIP at n3', async (t) => {
       await waitFor('n1 Backup naming n3', async () => (await api(a1)).failover?.master === n3.linkLocal, 5000);
@@ -92,7 +125,7 @@ if (requirePrivileged(t)) {
       const m1 = await metrics(n1);
       t.equal(metricValue(m1, `lbagent_vrrp_master_info{vrid="${VRID}",family="IPv6",master="${n3.linkLocal}"}`), 1, 'metrics name the Master with the family');
       t.equal(metricValue(m1, `lbagent_vrrp_state{vrid="${VRID}",family="IPv4",state="backup"}`), undefined, 'no IPv4 instance for an IPv6-only service');
-      const cap = await lab.exec(client, 'timeout', ['3', 'tcpdump', '-i', 'eth0', '-c', '1', '-nn', '-e', '-v', 'ip6 and ip6[6] = 112'], { allowFail: true });
+      const cap = await lab.exec(client, 'timeout', ['3', 'tcpdump', '-i', 'eth0', '-c', '1', '-nn', '-e', '-v', `ip6 and ip6[6] = 112 and ip6[41] = ${VRID}`], { allowFail: true });
       t.match(cap.stdout, new RegExp(`00:00:5e:00:02:33 > 33:33:00:00:00:12.*hlim 255.*${n3.linkLocal} > ff02::12: VRRPv3, Advertisement, vrid 51, prio 200`, 's'), 'tcpdump: virtual router MAC, hop limit 255, link-local to ff02::12');
       const r = await httpGetFrom(lab, client, `http://[${VIP}]/`, 2000);
       t.ok(r.ok && r.body.includes('b6'), 'the VIP forwards to the IPv6 backend');
@@ -100,9 +133,48 @@ if (requirePrivileged(t)) {
       t.notOk((await lab.sh(n1.ns, 'ip -o -6 addr show dev eth0')).stdout.includes(VIP), 'the Backup does not hold the VIP');
     });
 
-    t.test("n3's VM dies: n1 takes the VIP; the client's neighbour entry follows within the failover time", async (t) => {
-      await failover(t, n3, a3.proc.pid!, n1, ['b6'], () => serving(a1, 'n1 serves'));
+    t.test('a DHCPv6 VIP under VRRP: n3 holds the lease; n1 stands by with its macvlan down, no address, silent', async (t) => {
+      t.match(d6vip, RANGE6, `n3 holds ${d6vip} from dnsmasq's DHCPv6 range`);
+      t.match(await d6of(a3), { family: 'IPv6', state: 'serving', mac: d6mac, failover: { family: 'IPv6', state: 'master', vrid: VRID_DHCP } });
+      t.same((await d6link(n3)).global, [`${d6vip}/128`], `on n3's ${d6if}: the /128`);
+      t.match(dnsmasq.log(), new RegExp(`DHCPREPLY\\(eth0\\) ${d6vip} ${d6duid}`), "dnsmasq granted it to the service's DUID-LL");
+      await waitFor('n1 Backup of the DHCPv6 service', async () => (await d6of(a1)).failover?.state === 'backup', 5000);
+      t.match(await d6of(a1), { state: 'backup', mac: d6mac, failover: { master: n3.linkLocal, heardVips: [d6vip] } }, "n1 follows n3 and hears the address it advertises");
+      t.same(await d6link(n1), { up: false, global: [] }, `n1's ${d6if} is ready but down, without an address`);
+      t.notOk(a1.logs.some((l) => l.module === 'dhcp6' && l.op === 'send'), 'n1 has sent no DHCPv6 message');
+      t.equal(leases6().length, 1, 'dnsmasq holds one IPv6 lease');
+    });
+
+    t.test("n3's VM dies: n1 takes the VIP; the client's neighbour entry follows within the failover time; n1 serves the same DHCPv6 address", async (t) => {
+      const dloop = await ClientLoop.start(lab, client, `http://[${d6vip}]/`, { intervalMs: 20, timeoutMs: 200, maxMs: 20_000 });
+      t.teardown(() => dloop.stop());
+      const before = dnsmasq.log().length;
+      const at = await failover(t, n3, a3.proc.pid!, n1, ['b6'], () => serving(a1, 'n1 serves'));
       t.match((await api(a1)).failover, { family: 'IPv6', state: 'master' });
+      const st = await waitStatus(a1, 'n1 serves the DHCPv6 VIP', (d) => d.services.some((s) => s.name === 'd6' && s.state === 'serving'), 10_000);
+      t.equal(st.services.find((s) => s.name === 'd6')!.vip, d6vip, 'the same IPv6 address');
+      await a1.waitLog('the REBIND answered', (l) => l.module === 'dhcp6' && l.op === 'state' && l.from === 'REBINDING' && l.to === 'BOUND', 10_000);
+      await dloop.waitServed('an answer through the DHCPv6 VIP', at, 5_000);
+      await new Promise((r) => setTimeout(r, 300));
+      const g = gapReport(await dloop.stop(), at, ['b6']);
+      t.comment(`DHCPv6 VIP across the failover: ${g.count} requests, ${g.failures.length} failed, gap ${g.gapMs} ms, first answer ${g.servedAfterMs ?? '?'} ms, errors ${JSON.stringify(g.errors)}`);
+      t.ok(g.servedAfterMs !== undefined && g.servedAfterMs < 2000, `served again within 2 s (${g.servedAfterMs ?? '?'} ms)`);
+      t.ok(g.gaps <= 1, `at most one gap (${g.gapMs} ms, ${g.failures.length} failed requests)`);
+      t.same(g.wrongBodies, [], 'every answer from the backend');
+      const when = (pred: (l: Record<string, unknown>) => boolean): string => { const l = a1.logs.find((x) => logTime(x) >= at && pred(x)); return l ? `${logTime(l) - at}` : '?'; };
+      t.comment(`n3 dies -> n1 Master of VRID ${VRID_DHCP}: ${when((l) => l.op === 'transition' && l.to === 'master' && l.vrid === VRID_DHCP)} ms; DHCPv6 client starting: ${when((l) => l.module === 'dhcp6' && l.op === 'start' && l.msg === 'DHCPv6 client starting')} ms; `
+        + `VIP bound: ${when((l) => l.module === 'dhcp6' && l.op === 'bind')} ms; REBIND answered: ${when((l) => l.module === 'dhcp6' && l.op === 'state' && l.to === 'BOUND')} ms`);
+      const resumed = a1.logs.find((l) => l.module === 'dhcp6' && l.op === 'resume' && logTime(l) >= at);
+      t.match(resumed?.why, /previous VRRP Master/, 'n1 served the address n3 advertised, before any server answered');
+      const sent = a1.logs.filter((l) => l.module === 'dhcp6' && l.op === 'send' && logTime(l) >= at).map((l) => l.kind);
+      t.same(sent, ['REBIND'], 'one REBIND confirmed it: no SOLICIT, no second lease asked for');
+      t.notOk(a1.logs.some((l) => l.module === 'dhcp6' && l.op === 'dad'), 'no duplicate address detection of an address the election gave');
+      t.same((await d6link(n1)).global, [`${d6vip}/128`], `n1's ${d6if} is up with the /128`);
+      const seen = dnsmasq.log().slice(before);
+      t.match(seen, new RegExp(`(\\d+) DHCPREBIND\\(eth0\\) ${d6duid} *\\n.*\\1 DHCPREPLY\\(eth0\\) ${d6vip} ${d6duid}`), 'dnsmasq saw the REBIND from the same DUID and renewed the same address');
+      t.notMatch(seen, /DHCPSOLICIT|DHCPRELEASE|DHCPDECLINE/, 'and no SOLICIT, RELEASE or DECLINE');
+      t.equal(leases6().length, 1, `still one IPv6 lease at the server (${leases6().join('; ')})`);
+      t.match(leases6()[0], new RegExp(` ${d6vip} .* ${d6duid}$`), 'the same address, the same DUID');
     });
 
     t.test('forged IPv6 adverts at priority 254 change nothing and are counted by reason', async (t) => {

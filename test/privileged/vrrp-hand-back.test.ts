@@ -10,13 +10,19 @@
 // previous Master (forward/nft.ts "Hand-back"), whose conntrack maps it to
 // the client. Also: the rule is armed on a Backup (aimed at the Master it
 // follows), counts what it handed back (table and /metrics), and is gone
-// HAND_BACK_MS after the takeover.
+// HAND_BACK_MS after the takeover. The same for an IPv6 VIP: the rule in
+// `table ip6 lb_agent` by hop limit, aimed at the Master's link-local
+// address (the source of its IPv6 adverts) on the parent.
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
 import { waitFor } from '../../lab/netns';
 import { httpGetFrom } from '../../lab/services';
 import { buildVrrpLab, metricValue, waitMaster, POOL_VIP, BACKENDS } from '../../lab/vrrp';
 import { HAND_BACK_MS } from '../../agent/failover/gate';
+import { createLab } from '../../lab/netns';
+import { startBackend } from '../../lab/services';
+import { startAgent, waitStatus } from '../../lab/agent';
+import { addVm6, agentConfig6, BACKEND6, VIP6 } from '../../lab/vrrp6';
 
 if (requirePrivileged(t)) {
   t.test('a backend answer in flight at a takeover reaches the client through the previous Master', async (t) => {
@@ -53,5 +59,39 @@ if (requirePrivileged(t)) {
     const sample = 'lbagent_forward_handed_back_packets_total{service="api",namespace="default"}';
     const counted = await waitFor('the handed-back packets in /metrics', async () => { const v = metricValue(await n2.metrics(), sample); return v !== undefined && v >= 1 ? v : undefined; }, 5000);
     t.ok(counted >= Number(handed?.[1]), `${sample} ${counted}`);
+  });
+
+  t.test('an IPv6 VIP: the answer in flight at a takeover is handed back to the previous Master by its link-local address', async (t) => {
+    const lab = await createLab(t);
+    const n1 = await addVm6(lab, 'n1', 2);
+    const n3 = await addVm6(lab, 'n3', 4);
+    const b6 = await lab.addHost('b6', { address: '10.99.0.12/24', ipv6: [`${BACKEND6}/64`] });
+    const client = await lab.addHost('client', { address: '10.99.0.80/24', ipv6: ['fd00:99::50/64'] });
+    await startBackend(lab, b6, 'b6', [8080], '::');
+    const cfg = (v: typeof n1, priority: number): Record<string, unknown> => agentConfig6(v, priority, { advertInterval: 0.1, vrid: 51 });
+    const a3 = await startAgent(lab, n3.ns, cfg(n3, 200), { name: 'n3' });
+    const a1 = await startAgent(lab, n1.ns, cfg(n1, 100), { name: 'n1' });
+    const api = (d: Awaited<ReturnType<typeof a1.status>>): (typeof d.services)[number] | undefined => d.services.find((s) => s.name === 'api');
+    await waitStatus(a3, 'n3 serves the IPv6 VIP', (d) => api(d)?.state === 'serving' && api(d)?.vip === VIP6 && (api(d)?.backends ?? []).every((b) => b.state === 'up'), 15_000);
+    const table = async (ns: string): Promise<string> => (await lab.sh(ns, 'nft list table ip6 lb_agent')).stdout;
+    await waitFor("n1's IPv6 hand-back armed, aimed at n3's link-local address", async () => (await table(n1.ns)).includes(`dup to ${n3.linkLocal} device "eth0"`), 5000);
+    t.match(await table(n1.ns), new RegExp(`ip6 daddr ${VIP6} ip6 saddr ${BACKEND6} tcp sport 8080 ip6 hoplimit \\{ 64, 128, 255 \\} ct state (new,invalid|invalid,new) goto hand_back_v6s0`),
+      "for the backend's target port to the VIP, straight from it, connections n1 never saw");
+    await waitFor("the Master's own hand-back, if any, over", async () => !/hand_back/.test(await table(n3.ns)), HAND_BACK_MS + 5000);
+
+    // Through n3; the backend answers in 1.5 s; n3's agent dies (its VM, kernel and conntrack live on).
+    const answer = httpGetFrom(lab, client, `http://[${VIP6}]/slow/1500`, 8000);
+    await new Promise((r) => setTimeout(r, 300));
+    const killedAt = Date.now();
+    a3.signal('SIGKILL');
+    await a3.exited;
+    await waitStatus(a1, 'n1 VRRP Master', (d) => api(d)?.failover?.state === 'master', 5000);
+    const tookOverMs = Date.now() - killedAt;
+    t.ok(tookOverMs < 1200, `n1 took the IPv6 VIP over (${tookOverMs} ms after the kill) before the backend answered`);
+    const r = await answer;
+    t.ok(r.ok, `the client got the answer (${r.ok ? r.body.trim() : r.error})`);
+    t.equal(r.body, 'b6\n', 'from the backend');
+    const handed = /counter v6s0_handed_back \{\s*packets (\d+)/.exec(await table(n1.ns));
+    t.ok(Number(handed?.[1]) >= 1, `n1 handed ${handed?.[1]} packet(s) back to n3`);
   });
 }
