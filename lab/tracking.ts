@@ -4,37 +4,51 @@
 //   br0 (management, 10.99.0.0/24): VRRP adverts (failover.interface eth0)
 //   br1 (VM network, 10.98.0.0/24): the VIPs (node.interface eth1), the
 //        backends b1 b2 (10.98.0.11-12, replies to the VIP go to whoever
-//        holds it) and the client (10.98.0.50)
+//        holds it) and the client (10.98.0.50); b1 b2 are on br0 too
+//        (10.99.0.11-12), the backends of the management network's service
 //   n2, n3: agent "VMs", eth0 10.99.0.3/.4, eth1 10.98.0.3/.4, priorities 150/200
+// With the VM network named in networks: (TrackingOptions.network), the
+// default network is the management one and carries a service of its own,
+// "mgmt" (MGMT_VIP on eth0, the same backends), so that what a track does to
+// one network's router can be told from the other's.
 // The Master's VM-network NIC loses carrier when its bridge port goes down
 // (cutCarrier); it loses reach to a backend through an unreachable route in
 // its own namespace (cutReach), so its health checks and its forwarding fail
 // while the other VM still reaches the backend. Only lab namespaces are
 // addressed.
-import { createLab, type Lab } from './netns';
+import { createLab, waitFor, type Lab } from './netns';
 import { startBackend } from './services';
 import { AgentNode, NODES, BACKEND_IDS, FAST_ARP } from './vrrp';
 
 /** The backends, on the VM network. */
 export const VM_NET_BACKENDS = ['10.98.0.11', '10.98.0.12'] as const;
+/** The same backends on the management network (mgmt's: the kernel path SNATs to the VIP, so a backend answers it on its own network). */
+export const MGMT_BACKENDS = ['10.99.0.11', '10.99.0.12'] as const;
 
 export const VM_NET_VIP = '10.98.0.200';
 export const VM_NET_CLIENT = '10.98.0.50';
 export const VM_NET_RANGE = '10.98.0.200-10.98.0.210';
+/** The default (management) network's VIP when the VM network is named. */
+export const MGMT_VIP = '10.99.0.200';
 /** A VM's address on the VM network: 10.98.0.x for the management 10.99.0.x. */
 export function vmNetAddress(mgmtIp: string): string { return mgmtIp.replace(/^10\.99\./, '10.98.'); }
 
 export interface TrackingOptions {
   readonly preempt?: boolean;
   readonly advertInterval?: number;
-  /** failover.track; default: eth1 tracked without a weight (fault), service api with weight 60. */
+  /**
+   * The VM network's tracks (failover.track, or networks.<network>.failover.track
+   * when it is named); default: eth1 tracked without a weight (fault),
+   * service api with weight 60.
+   */
   readonly track?: Record<string, unknown>;
   /** The pool service's health check. */
   readonly healthCheck?: Record<string, unknown>;
   /**
    * Put the VM network in `networks:` under this name (eth1, its pool, its
-   * router on eth0 with VRID 51) and the node on the management NIC (its own
-   * router, VRID 50): the layout of a Harvester VM with a VM network named.
+   * router on eth0 with VRID 51, its tracks) and the node on the management
+   * NIC (its own router, VRID 50, untracked, with the service mgmt): the
+   * layout of a Harvester VM with a VM network named.
    */
   readonly network?: string;
 }
@@ -44,13 +58,17 @@ export function trackingConfig(node: { role: string; ip: string; priority: numbe
   const flat = trackingConfigFlat(node, o);
   if (o.network === undefined) return flat;
   const { node: n, failover: f, pools, services } = flat as { node: Record<string, unknown>; failover: Record<string, unknown>; pools: Record<string, string>; services: Record<string, unknown>[] };
+  const { track, ...untracked } = f;
   return {
     ...flat,
     node: { ...n, interface: 'eth0' },
-    failover: { ...f, vrid: 50 },
-    pools: {},
-    networks: { [o.network]: { interface: 'eth1', pools, failover: { interface: 'eth0', vrid: 51 } } },
-    services: services.map((x) => ({ ...x, network: o.network })),
+    failover: { ...untracked, vrid: 50 },
+    pools: { 'range-global': `${MGMT_VIP}-${MGMT_VIP}` },
+    networks: { [o.network]: { interface: 'eth1', pools, failover: { interface: 'eth0', vrid: 51, track } } },
+    services: [
+      ...services.map((x) => ({ ...x, network: o.network })),
+      { ...services[0]!, name: 'mgmt', loadBalancerIP: MGMT_VIP, backends: [...MGMT_BACKENDS] },
+    ],
   };
 }
 
@@ -88,6 +106,24 @@ export class TrackingNode extends AgentNode {
 
   async startTracking(o: TrackingOptions = {}): Promise<void> {
     await this.startWith(trackingConfig(this.def, o));
+  }
+
+  /** Reload the running agent with this layout's config for `o` (SIGHUP); resolves with the verdict. */
+  async reloadTracking(o: TrackingOptions): Promise<{ ok: boolean; message: string; at: number }> {
+    const a = this.agent!;
+    const before = (await a.status()).config.generation;
+    const rejected = a.logs.filter((l) => l.op === 'reload' && l.level === 50).length;
+    a.writeConfig(trackingConfig(this.def, o));
+    const at = Date.now();
+    a.signal('SIGHUP');
+    await waitFor(`${this.name}: the reload verdict`, async () => (await a.status()).config.generation > before || a.logs.filter((l) => l.op === 'reload' && l.level === 50).length > rejected, 10_000, 20);
+    const r = (await a.status()).config.lastReload!;
+    return { ok: r.ok, message: r.message, at };
+  }
+
+  /** A link of this VM that is down (a veth pair left down): a tracked interface that fails. */
+  async addDownLink(name: string): Promise<void> {
+    await this.lab.sh(this.ns, `ip link add ${name} type veth peer name ${name}p`);
   }
 
   /** Carrier of eth1: its bridge port down (lost) or up. */
@@ -128,8 +164,8 @@ export async function buildTrackingLab(t: { teardown(fn: () => unknown): void },
     const ns = await lab.addHost(h.role, { address: `${h.ip}/24` });
     await addVmNic(lab, ns, `${vmNetAddress(h.ip)}/24`, `w${h.role}`);
   }
-  // Backends live on the VM network only (their eth0 on br0 has no address).
-  for (let i = 0; i < VM_NET_BACKENDS.length; i++) await addVmNic(lab, await lab.addHost(BACKEND_IDS[i]!), `${VM_NET_BACKENDS[i]!}/24`, `w${BACKEND_IDS[i]!}`);
+  // Backends on both networks: the VM network's services' and the management network's.
+  for (let i = 0; i < VM_NET_BACKENDS.length; i++) await addVmNic(lab, await lab.addHost(BACKEND_IDS[i]!, { address: `${MGMT_BACKENDS[i]!}/24` }), `${VM_NET_BACKENDS[i]!}/24`, `w${BACKEND_IDS[i]!}`);
   // The client also sits on the management network, where the agents' /metrics listen.
   const client = await lab.addHost('client', { address: '10.99.0.50/24' });
   await addVmNic(lab, client, `${VM_NET_CLIENT}/24`, 'wclient');

@@ -157,19 +157,21 @@ interface RawService {
   network?: string;
 }
 
+interface RawTrack {
+  interfaces: { name: string; weight?: number; failAfter: number; recoverAfter: number }[];
+  services: { service: string; minHealthy: number; weight?: number; failAfter: number; recoverAfter: number }[];
+}
+
 interface RawNetwork {
   interface: string; pools: Record<string, string>;
-  failover: { interface?: string; vrid?: number; peers?: string[] };
+  failover: { interface?: string; vrid?: number; peers?: string[]; track: RawTrack };
 }
 
 interface RawConfig {
   node: { name?: string; interface?: string; priority: number; zone?: string; region?: string; labelsFile: string };
   failover: {
     mode: 'none' | 'vrrp'; vrid: number; vrid6?: number; advertInterval: number; preempt: boolean; preemptDelay: number; interface?: string; peers: string[];
-    track: {
-      interfaces: { name: string; weight?: number; failAfter: number; recoverAfter: number }[];
-      services: { service: string; minHealthy: number; weight?: number; failAfter: number; recoverAfter: number }[];
-    };
+    track: RawTrack;
   };
   stateDir: string; metrics: { listen: string }; control: { socket: string }; reconcile: { resyncInterval: number };
   dataplane: 'auto' | 'kernel' | 'proxy'; pools: Record<string, string>; networks: Record<string, RawNetwork>;
@@ -506,13 +508,12 @@ function buildNetworks(raw: RawConfig, defaultPools: readonly Pool[], err: (segs
     for (const pe of parsed.errors) err(['networks', name, 'pools', pe.key], pe.message);
     const pools = parsed.pools.map((p) => ({ ...p, network: name }));
     for (const pool of pools) owners.push({ segs: ['networks', name, 'pools', pool.key], pool });
+    // Unset peers are the top-level ones, of both families; the track is
+    // this network's own (built with the services, buildConfig).
+    const peers = splitPeers(n.failover.peers ?? raw.failover.peers);
     out.push({
       name, interface: n.interface, pools,
-      failover: {
-        interface: n.failover.interface ?? n.interface,
-        vrid: n.failover.vrid ?? raw.failover.vrid,
-        peers: (n.failover.peers ?? raw.failover.peers).map((a) => parseIPv4(a)!),
-      },
+      failover: { interface: n.failover.interface ?? n.interface, vrid: n.failover.vrid ?? raw.failover.vrid, ...peers, track: NO_TRACK },
     });
   }
   // A pool belongs to one network only: its addresses go on that network's NIC.
@@ -528,34 +529,52 @@ function buildNetworks(raw: RawConfig, defaultPools: readonly Pool[], err: (segs
   return out;
 }
 
+/** failover.peers (or a network's) split by family: IPv4 as numbers, IPv6 as RFC 5952 text. */
+function splitPeers(peers: readonly string[]): { peers: number[]; peers6: string[] } {
+  return {
+    peers: peers.filter((a) => familyOf(a) === 'IPv4').map((a) => parseIPv4(a)!),
+    peers6: peers.map((a) => parseAddress(a)).filter((a) => a?.family === 'IPv6').map((a) => formatAddress(a!)),
+  };
+}
+
+const NO_TRACK: TrackConfig = { interfaces: [], services: [] };
+
 /**
- * failover.track, checked against the services of the file: a tracked
- * service must exist, run health checks (without them every backend counts
- * as healthy and the track could never fire) and have at least minHealthy
- * backends (or it would fail from the start, for good). An interface is
- * not looked up here (the file is validated off the VM too): `lb-agent
- * check` warns about one the VM does not have.
+ * A track section (failover.track for the default network's routers,
+ * networks.<name>.failover.track for that network's), checked against the
+ * services of the file: a tracked service must exist, be on that network
+ * (its track lowers that network's routers, which carry its VIP), run
+ * health checks (without them every backend counts as healthy and the
+ * track could never fire) and have at least minHealthy backends (or it
+ * would fail from the start, for good). An interface is not looked up here
+ * (the file is validated off the VM too): `lb-agent check` warns about one
+ * the VM does not have.
  */
-function buildTrack(raw: RawConfig, err: (segs: Seg[], msg: string) => void): TrackConfig {
-  const t = raw.failover.track;
+function buildTrack(t: RawTrack, where: Seg[], network: string, raw: RawConfig, built: readonly ServiceSpec[], err: (segs: Seg[], msg: string) => void): TrackConfig {
+  const name = pathText(where);
   const seenIf = new Map<string, number>();
   const interfaces = t.interfaces.map((x, i) => {
     const other = seenIf.get(x.name);
-    if (other !== undefined) err(['failover', 'track', 'interfaces', i, 'name'], `${JSON.stringify(x.name)} is tracked twice (also failover.track.interfaces[${other}])`);
+    if (other !== undefined) err([...where, 'interfaces', i, 'name'], `${JSON.stringify(x.name)} is tracked twice (also ${name}.interfaces[${other}])`);
     seenIf.set(x.name, i);
     return { name: x.name, weight: x.weight, failAfter: x.failAfter, recoverAfter: x.recoverAfter };
   });
   const seenSvc = new Map<string, number>();
   const services = t.services.map((x, i) => {
-    const at = (...segs: Seg[]): Seg[] => ['failover', 'track', 'services', i, ...segs];
+    const at = (...segs: Seg[]): Seg[] => [...where, 'services', i, ...segs];
     const key = x.service.includes('/') ? x.service : serviceKey(DEFAULTS.namespace, x.service);
     const other = seenSvc.get(key);
-    if (other !== undefined) err(at('service'), `${JSON.stringify(key)} is tracked twice (also failover.track.services[${other}])`);
+    if (other !== undefined) err(at('service'), `${JSON.stringify(key)} is tracked twice (also ${name}.services[${other}])`);
     seenSvc.set(key, i);
     const svc = raw.services.find((s) => serviceKey(s.namespace, s.name) === key);
+    // Its network as built (a secondary's is its primary's); unknown when the service was refused.
+    const spec = built.find((s) => familyServiceKey(key, s.family ?? 'IPv4') === s.key);
+    const on = spec ? spec.network ?? DEFAULT_NETWORK : undefined;
     if (!svc) {
       const known = raw.services.map((s) => serviceKey(s.namespace, s.name));
       err(at('service'), `${JSON.stringify(x.service)}: no service ${key} in this file${known.length > 0 ? ` (services: ${known.slice(0, 10).join(', ')}${known.length > 10 ? ', ...' : ''})` : ''}`);
+    } else if (on !== undefined && on !== network) {
+      err(at('service'), `service ${key} is on network ${on}, and ${name} lowers the priority of network ${network}'s virtual routers only, which do not carry its VIP: track it under ${on === DEFAULT_NETWORK ? 'failover.track' : `networks.${on}.failover.track`}`);
     } else if (!svc.healthCheck.enabled) {
       err(at('service'), `service ${key} has healthCheck.enabled: false, so every backend counts as healthy and this track could never lower the priority: turn its health check on, or remove the track`);
     } else if (x.minHealthy > svc.backends.length) {
@@ -600,31 +619,55 @@ export function deepFreeze<T>(o: T): T {
 }
 
 /**
- * failover.peers under VRRP: each an address another agent can send adverts
- * from, and peers for every family that has VIPs. Each family is its own
- * instance (RFC 5798 §5.1): peers of one family only would leave the other
- * instance listening to any host on the LAN, which is what listing peers
- * means to rule out.
+ * A network's peers under VRRP (failover.peers for the default network,
+ * networks.<name>.failover.peers, or the top-level ones it inherits): each
+ * an address another agent can send adverts from, and peers for every
+ * family that has VIPs on that network. Each family is its own instance
+ * (RFC 5798 §5.1): peers of one family only would leave the other instance
+ * listening to any host on the LAN, which is what listing peers means to
+ * rule out. `own`: the list is written at `segs` (an inherited one is
+ * checked address by address where it is written).
  */
-function failoverPeerProblems(peers: readonly string[], services: readonly ServiceSpec[], err: (segs: Seg[], message: string) => void): void {
+function failoverPeerProblems(peers: readonly string[], segs: Seg[], own: boolean, network: string, services: readonly ServiceSpec[], err: (segs: Seg[], message: string) => void): void {
   const listed = new Set<Family>();
   peers.forEach((text, i) => {
     const a = parseAddress(text);
     if (!a) return; // the schema reported it
     listed.add(a.family);
-    if (a.family !== 'IPv6') return;
+    if (a.family !== 'IPv6' || !own) return;
     const v = a.value;
     if (v === 0n || v === 1n || v >> 120n === 0xffn || v >> 32n === 0xffffn) {
-      err(['failover', 'peers', i], `${text} is not an address another agent sends VRRP adverts from (unspecified, loopback, multicast or IPv4-mapped); list its link-local (fe80::/10) or global IPv6 address`);
+      err([...segs, i], `${text} is not an address another agent sends VRRP adverts from (unspecified, loopback, multicast or IPv4-mapped); list its link-local (fe80::/10) or global IPv6 address`);
     }
   });
   if (listed.size === 0) return;
+  const where = network === DEFAULT_NETWORK ? '' : ` on network ${network}`;
   for (const f of ['IPv4', 'IPv6'] as const) {
-    const svc = services.find((s) => (s.family ?? 'IPv4') === f && s.primaryService === undefined);
+    const svc = services.find((s) => (s.family ?? 'IPv4') === f && s.primaryService === undefined && (s.network ?? DEFAULT_NETWORK) === network);
     if (svc && !listed.has(f)) {
-      err(['failover', 'peers'], `lists no ${f} address, but service ${svc.key} has an ${f} VIP: its ${f} VRRP instance would hear adverts from any host; add the other agents' ${f} addresses${f === 'IPv6' ? ' (link-local or global)' : ''}`);
+      err(segs, `lists no ${f} address, but service ${svc.key}${where} has an ${f} VIP: its ${f} VRRP instance would hear adverts from any host; add the other agents' ${f} addresses${f === 'IPv6' ? ' (link-local or global)' : ''}${own || network === DEFAULT_NETWORK ? '' : `, or set networks.${network}.failover.peers`}`);
     }
   }
+}
+
+/**
+ * The tracks of every network, and the top-level one's meaning: it lowers
+ * the default network's routers only. Under VRRP, a top-level track in a
+ * file whose services all live on named networks would lower nothing: it is
+ * refused with where it belongs.
+ */
+function buildTracks(raw: RawConfig, networks: readonly NetworkSpec[], built: readonly ServiceSpec[], err: (segs: Seg[], msg: string) => void): { track: TrackConfig; networks: NetworkSpec[] } {
+  const track = buildTrack(raw.failover.track, ['failover', 'track'], DEFAULT_NETWORK, raw, built, err);
+  const primaries = built.filter((s) => s.primaryService === undefined);
+  const tracked = track.interfaces.length + track.services.length > 0;
+  if (raw.failover.mode === 'vrrp' && tracked && primaries.length > 0 && primaries.every((s) => s.network !== undefined)) {
+    const nets = [...new Set(primaries.map((s) => s.network!))];
+    err(['failover', 'track'], `lowers the default network's virtual routers only, and no service is on the default network (every one is on ${nets.join(', ')}): move it under ${nets.map((n) => `networks.${n}.failover.track`).join(' and ')}`);
+  }
+  return {
+    track,
+    networks: networks.map((n) => ({ ...n, failover: { ...n.failover, track: buildTrack(raw.networks[n.name]!.failover.track, ['networks', n.name, 'failover', 'track'], n.name, raw, built, err) } })),
+  };
 }
 
 /**
@@ -675,9 +718,9 @@ export function buildConfig(data: unknown, locate: (segs: Seg[]) => number | und
   const { pools, errors: poolErrors } = parsePools(raw.pools);
   for (const pe of poolErrors) err(['pools', pe.key], pe.message);
 
-  const networks = buildNetworks(raw, pools, err);
-  const built = buildServices(raw, [...pools, ...networks.flatMap((n) => n.pools)], err, readCa);
-  const track = buildTrack(raw, err);
+  const untracked = buildNetworks(raw, pools, err);
+  const built = buildServices(raw, [...pools, ...untracked.flatMap((n) => n.pools)], err, readCa);
+  const { track, networks } = buildTracks(raw, untracked, built, err);
   // A VM that is a backend of a VIP cannot also be the load balancer that
   // holds it: the VIP on lo would take the clients' packets for itself.
   if (raw.kernel.natPorts[0] > raw.kernel.natPorts[1]) err(['kernel', 'natPorts'], `[${raw.kernel.natPorts.join(', ')}] is reversed`);
@@ -685,7 +728,13 @@ export function buildConfig(data: unknown, locate: (segs: Seg[]) => number | und
     const svc = raw.services.find((s) => s.loadBalancerIP === vip);
     if (svc) err(['backend', 'vips', i], `${vip} is also the loadBalancerIP of service ${serviceKey(svc.namespace, svc.name)} on this node: a VM is either the load balancer holding a VIP or a backend with it on lo, not both`);
   });
-  if (raw.failover.mode === 'vrrp') failoverPeerProblems(raw.failover.peers, built, err);
+  if (raw.failover.mode === 'vrrp') {
+    failoverPeerProblems(raw.failover.peers, ['failover', 'peers'], true, DEFAULT_NETWORK, built, err);
+    for (const [name, n] of Object.entries(raw.networks)) {
+      const own = n.failover.peers !== undefined;
+      failoverPeerProblems(n.failover.peers ?? raw.failover.peers, own ? ['networks', name, 'failover', 'peers'] : ['failover', 'peers'], own, name, built, err);
+    }
+  }
   if (errors.length > 0) return { ok: false, errors };
 
   const config: Desired = {
@@ -698,9 +747,8 @@ export function buildConfig(data: unknown, locate: (segs: Seg[]) => number | und
       // RFC 5798 §5.2.7: the interval travels in centiseconds.
       advertInterval: Math.round(raw.failover.advertInterval * 100) / 100,
       preempt: raw.failover.preempt, preemptDelay: raw.failover.preemptDelay, interface: raw.failover.interface,
-      peers: raw.failover.peers.filter((a) => familyOf(a) === 'IPv4').map((a) => parseIPv4(a)!),
+      ...splitPeers(raw.failover.peers),
       vrid6: raw.failover.vrid6,
-      peers6: raw.failover.peers.map((a) => parseAddress(a)).filter((a) => a?.family === 'IPv6').map((a) => formatAddress(a!)),
       track,
     },
     stateDir: raw.stateDir,

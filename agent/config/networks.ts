@@ -13,7 +13,10 @@ export const DEFAULT_NETWORK = 'default';
 export function defaultNetwork(config: Pick<Desired, 'node' | 'pools' | 'failover'>): NetworkSpec {
   return {
     name: DEFAULT_NETWORK, interface: config.node.interface, pools: config.pools,
-    failover: { interface: config.failover.interface, vrid: config.failover.vrid, peers: config.failover.peers },
+    failover: {
+      interface: config.failover.interface, vrid: config.failover.vrid, peers: config.failover.peers,
+      peers6: config.failover.peers6 ?? [], track: config.failover.track,
+    },
   };
 }
 

@@ -25,11 +25,21 @@ export interface KeyHelp {
   readonly probeEdit?: (file: { services: Record<string, unknown>[] }) => void;
 }
 
-/** A probe edit that tracks one item (a key inside an item needs the item's required key beside it). */
-function trackEdit(list: 'interfaces' | 'services', item: S): (file: { services: Record<string, unknown>[] }) => void {
+/**
+ * A probe edit that tracks one item (a key inside an item needs the item's
+ * required key beside it): in failover.track, or in the probe file's
+ * network's (networks.vmnet.failover.track).
+ */
+function trackEdit(list: 'interfaces' | 'services', item: S, network?: string): (file: { services: Record<string, unknown>[] }) => void {
   return (f) => {
     const file = f as unknown as S;
-    file.failover = { ...(file.failover as S), track: { [list]: [item] } };
+    if (network === undefined) {
+      file.failover = { ...(file.failover as S), track: { [list]: [item] } };
+      return;
+    }
+    const nets = file.networks as Record<string, S>;
+    const n = nets[network]!;
+    nets[network] = { ...n, failover: { ...(n.failover as S), track: { [list]: [item] } } };
   };
 }
 
@@ -51,14 +61,14 @@ export const KEY_HELP: Readonly<Record<string, KeyHelp>> = {
   'failover.preemptDelay': { text: 'Seconds a returning higher-priority VM waits before it takes the VIPs back.', probe: 5 },
   'failover.interface': { text: 'The NIC VRRP adverts use. When it is a network\'s NIC, adverts leave from its IPv4 address as it is now (a change is followed without a restart).', unset: '`node.interface`', probe: 'eth1' },
   'failover.peers': { text: 'The other agents\' addresses. When set, adverts are heard only from them and each advert is also sent to each of them unicast (for networks that filter multicast). A check of the source address, not authentication. IPv6 addresses (link-local on the VRRP interface, or global) are the IPv6 instance\'s peers; with IPv6 VIPs, list them too.', probe: ['10.0.0.3'] },
-  'failover.track': { text: 'What lowers this VM\'s priority on every virtual router of this section, so that a healthier VM takes the VIPs (docs/failover.md "Ownership that follows health"). A track with a `weight` lowers the priority by it while failing (never below 1); one without puts the virtual routers in fault: the Master resigns and the VM stays out of the election until the track recovers.' },
+  'failover.track': { text: 'What lowers this VM\'s priority on the default network\'s virtual routers (those of the services without `network`), so that a healthier VM takes the VIPs (docs/failover.md "Ownership that follows health"); a named network\'s routers follow its own `networks.<key>.failover.track`. A track with a `weight` lowers the priority by it while failing (never below 1); one without puts the virtual routers in fault: the Master resigns and the VM stays out of the election until the track recovers. A reload applies a change to the running routers.' },
   'failover.track.interfaces': { text: 'NICs of this VM to track (keepalived\'s `track_interface`): one that is missing, administratively down or without carrier fails.', probe: [{ name: 'eth1', weight: 50 }] },
   'failover.track.interfaces[].name': { text: 'The interface. One this VM does not have counts as down; `lb-agent check` warns about it.', probe: 'eth2' },
   'failover.track.interfaces[].weight': { text: 'How much the priority drops while the interface fails.', unset: 'fault', probe: 60, probeEdit: trackEdit('interfaces', { name: 'eth1', weight: 60 }) },
   'failover.track.interfaces[].failAfter': { text: 'Seconds the interface must stay down before it counts.', probe: 1, probeEdit: trackEdit('interfaces', { name: 'eth1', failAfter: 1 }) },
   'failover.track.interfaces[].recoverAfter': { text: 'Seconds the interface must stay up again before the priority comes back.', probe: 2, probeEdit: trackEdit('interfaces', { name: 'eth1', recoverAfter: 2 }) },
   'failover.track.services': { text: 'Services to track (keepalived\'s `track_script`, with this VM\'s own health checks as the script): fewer than `minHealthy` healthy backends fails. Backends not checked yet count as healthy.', probe: [{ service: 'web', weight: 50 }] },
-  'failover.track.services[].service': { text: '"namespace/name" or "name" (namespace default) of a service of this file, with health checks on; every family of it counts.', probe: 'other' },
+  'failover.track.services[].service': { text: '"namespace/name" or "name" (namespace default) of a service of this file on the default network, with health checks on; every family of it counts.', probe: 'other' },
   'failover.track.services[].minHealthy': { text: 'The fewest healthy backends that keep the track from failing (at most the service\'s number of backends).', probe: 1, probeEdit: trackEdit('services', { service: 'other', minHealthy: 1 }) },
   'failover.track.services[].weight': { text: 'How much the priority drops while the service fails.', unset: 'fault', probe: 60, probeEdit: trackEdit('services', { service: 'web', weight: 60 }) },
   'failover.track.services[].failAfter': { text: 'Seconds the shortage must last before it counts: a backend flapping faster than that moves nothing.', probe: 2, probeEdit: trackEdit('services', { service: 'web', failAfter: 2 }) },
@@ -73,7 +83,7 @@ export const KEY_HELP: Readonly<Record<string, KeyHelp>> = {
   dataplane: { text: '`kernel`: nftables forwards (NAT, or direct server return). `proxy`: the userspace proxy relays connections. `auto`: the kernel path where nftables works and no service asks for the PROXY protocol, else the proxy.' },
   pools: { text: 'IP pools, with kube-vip\'s keys. A pool service takes its VIP from `cidr-<namespace>`, then `cidr-global`, `range-<namespace>`, `range-global`.', probe: { 'range-global': '10.0.0.200-10.0.0.230' } },
   'pools.<key>': { text: 'A key `cidr-<namespace|global>` (comma-separated CIDRs) or `range-<namespace|global>` (comma-separated `first-last` ranges).', probe: '10.0.0.230-10.0.0.239' },
-  networks: { text: 'The other networks this VM is on, by name (a DNS label; `default` is the name of the node\'s own network: `node.interface` with the top-level `pools` and `failover` settings). A service on a network takes its VIP there: its macvlan, pool address, ARP and NDP announcements and VRRP adverts use that network\'s NIC, and every NIC answers ARP only for its own addresses (ARP flux: the agent sets `arp_ignore=1`, `arp_announce=2` on each).', probe: { storage: { interface: 'eth3' } } },
+  networks: { text: 'The other networks this VM is on, by name (a DNS label; `default` is the name of the node\'s own network: `node.interface` with the top-level `pools` and `failover` settings). A service on a network takes its VIP there: its macvlan, pool address, ARP and NDP announcements and VRRP adverts use that network\'s NIC, and every NIC answers ARP only for its own addresses (ARP flux: the agent sets `arp_ignore=1`, `arp_announce=2` on each).', probe: { vmnet: { interface: 'eth2', pools: { 'range-global': '10.0.1.200-10.0.1.220' }, failover: { vrid: 61 } }, storage: { interface: 'eth3' } } },
   'networks.<key>': { text: 'One network: a NIC of the VM, its pools and its virtual routers.' },
   'networks.<key>.interface': { text: 'The NIC on this network (a VLAN sub-interface the VM\'s own network config made is a NIC too). Two networks may not share one, nor share one with `node.interface`.', probe: 'eth3' },
   'networks.<key>.pools': { text: 'This network\'s pools, with the keys of the top-level `pools`; a pool service on the network takes its VIP from them by the same lookup order. An address range belongs to one network only.', probe: { 'range-global': '10.0.1.230-10.0.1.239' } },
@@ -81,7 +91,19 @@ export const KEY_HELP: Readonly<Record<string, KeyHelp>> = {
   'networks.<key>.failover': { text: 'Where this network\'s virtual routers run; `failover.mode`, the timers and preemption are the top-level ones.' },
   'networks.<key>.failover.interface': { text: 'The NIC this network\'s VRRP adverts use; as `failover.interface`, its address is followed when it is a network\'s NIC.', unset: '`networks.<key>.interface`', probe: 'eth4' },
   'networks.<key>.failover.vrid': { text: 'The virtual router this network\'s services ride unless one sets its own `vrid`. Two networks\' services may not ride one VRID (status and metrics name a router by it).', unset: '`failover.vrid`', probe: 70 },
-  'networks.<key>.failover.peers': { text: 'The other agents\' addresses on this network (as `failover.peers`).', unset: '`failover.peers`', probe: ['10.0.1.3'] },
+  'networks.<key>.failover.peers': { text: 'The other agents\' addresses on this network (as `failover.peers`): IPv4 ones for its IPv4 routers; IPv6 ones (link-local on this network\'s VRRP interface, or global) for its IPv6 routers. With VIPs of a family on this network, list peers of that family.', unset: '`failover.peers`', probe: ['10.0.1.3'] },
+  'networks.<key>.failover.track': { text: 'What lowers this VM\'s priority on this network\'s virtual routers (IPv4 and IPv6), as `failover.track` does on the default network\'s; it is not inherited from `failover.track`. A reload applies a change to the running routers.' },
+  'networks.<key>.failover.track.interfaces': { text: 'As `failover.track.interfaces`: NICs of this VM whose loss lowers this network\'s routers (its own NIC, typically).', probe: [{ name: 'eth2', weight: 50 }] },
+  'networks.<key>.failover.track.interfaces[].name': { text: 'As `failover.track.interfaces[].name`.', probe: 'eth2' },
+  'networks.<key>.failover.track.interfaces[].weight': { text: 'As `failover.track.interfaces[].weight`.', unset: 'fault', probe: 60, probeEdit: trackEdit('interfaces', { name: 'eth2', weight: 60 }, 'vmnet') },
+  'networks.<key>.failover.track.interfaces[].failAfter': { text: 'As `failover.track.interfaces[].failAfter`.', probe: 1, probeEdit: trackEdit('interfaces', { name: 'eth2', failAfter: 1 }, 'vmnet') },
+  'networks.<key>.failover.track.interfaces[].recoverAfter': { text: 'As `failover.track.interfaces[].recoverAfter`.', probe: 2, probeEdit: trackEdit('interfaces', { name: 'eth2', recoverAfter: 2 }, 'vmnet') },
+  'networks.<key>.failover.track.services': { text: 'As `failover.track.services`, for services on this network only (`validate` refuses one on another network: its VIP rides other routers).', probe: [{ service: 'edge', weight: 50 }] },
+  'networks.<key>.failover.track.services[].service': { text: '"namespace/name" or "name" of a service of this file whose `network` is this one, with health checks on.', probe: 'edge' },
+  'networks.<key>.failover.track.services[].minHealthy': { text: 'As `failover.track.services[].minHealthy`.', probe: 1, probeEdit: trackEdit('services', { service: 'edge', minHealthy: 1 }, 'vmnet') },
+  'networks.<key>.failover.track.services[].weight': { text: 'As `failover.track.services[].weight`.', unset: 'fault', probe: 60, probeEdit: trackEdit('services', { service: 'edge', weight: 60 }, 'vmnet') },
+  'networks.<key>.failover.track.services[].failAfter': { text: 'As `failover.track.services[].failAfter`.', probe: 2, probeEdit: trackEdit('services', { service: 'edge', failAfter: 2 }, 'vmnet') },
+  'networks.<key>.failover.track.services[].recoverAfter': { text: 'As `failover.track.services[].recoverAfter`.', probe: 10, probeEdit: trackEdit('services', { service: 'edge', recoverAfter: 10 }, 'vmnet') },
   arp: { text: 'RFC 5227 address conflict detection and announcements, in seconds.' },
   'arp.probeWait': { text: 'Random wait before the first probe of a pool address (PROBE_WAIT).', probe: 0.5 },
   'arp.probeNum': { text: 'Probes sent before a pool address is claimed (PROBE_NUM); 0 claims without probing.', probe: 2 },
@@ -275,7 +297,8 @@ function probeBase(mode: 'none' | 'vrrp'): S {
       ports: [{ name: 'http', port: 80, protocol: 'TCP', targetPort: 80 }],
       backends: [{ address: '10.0.0.11', weight: 1, zone: 'zone-a' }],
       healthCheck: { type: 'http', http: { path: '/', expectStatus: [200, 399] } },
-    }, { name: 'other', ipam: 'pool', ports: [{ port: 443 }], backends: ['10.0.0.11'] }],
+    }, { name: 'other', ipam: 'pool', ports: [{ port: 443 }], backends: ['10.0.0.11'] },
+    { name: 'edge', network: 'vmnet', ipam: 'pool', ports: [{ port: 443 }], backends: ['10.0.1.11'] }],
   };
 }
 

@@ -127,7 +127,8 @@ const network = obj({
     ...obj({
       interface: { ...ifname, 'x-what': 'an interface name' },
       vrid: count(1, 255),
-      peers: { type: 'array', items: ipv4, maxItems: 64, uniqueItems: true, 'x-what': 'a list of the other agents\' IPv4 addresses' },
+      peers: { type: 'array', items: ip, maxItems: 64, uniqueItems: true, 'x-what': 'a list of the other agents\' addresses (IPv4; IPv6 link-local or global for the IPv6 instance)' },
+      track: { ...track, default: {} },
     }),
     default: {},
   },

@@ -53,7 +53,11 @@ export interface FailoverConfig {
   readonly vrid6?: number | undefined;
   /** failover.peers' IPv6 addresses (RFC 5952 text; link-local ones on the VRRP interface), the IPv6 instance's peers. Absent: none. */
   readonly peers6?: readonly string[] | undefined;
-  /** What lowers this node's priority on every virtual router of this section (failover/tracking.ts). */
+  /**
+   * What lowers this node's priority on the default network's virtual
+   * routers (failover/tracking.ts); a named network's routers follow its own
+   * networks.<name>.failover.track instead.
+   */
   readonly track: TrackConfig;
 }
 
@@ -304,8 +308,12 @@ export interface NetworkSpec {
   readonly interface: string | undefined;
   /** This network's pools (each Pool's `network` is this name, absent for the default). */
   readonly pools: readonly Pool[];
-  /** Where this network's virtual routers run: mode, timers and preemption are the top-level failover's. */
-  readonly failover: Pick<FailoverConfig, 'interface' | 'vrid' | 'peers'>;
+  /**
+   * Where this network's virtual routers run, whom they hear (peers, and
+   * peers6 for the IPv6 instance) and what lowers their priority (track):
+   * mode, timers and preemption are the top-level failover's.
+   */
+  readonly failover: Pick<FailoverConfig, 'interface' | 'vrid' | 'peers' | 'peers6' | 'track'>;
 }
 
 /** The `kernel:` section: the kernel data path's engine for `sourceIP: snat` (forward/ebpf-nat.ts). */

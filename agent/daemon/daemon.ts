@@ -294,7 +294,8 @@ export class Daemon extends EventEmitter {
       this.subs.failover?.on('reannounce', (keys: string[]) => this.services.reannounce(keys));
       this.subs.failover?.on('priority', (e: import('../failover/gate').PriorityEvent) => {
         const why = e.to === 0 ? 'fault' : `priority ${e.to}${e.to === e.base ? ' (configured)' : ` (configured ${e.base})`}`;
-        for (const service of e.services) this.noteEvent('vrrp-priority', { service, reason: `VRID ${e.vrid}: ${e.from === 0 ? 'fault' : `priority ${e.from}`} -> ${why}${e.reasons.length > 0 ? `: ${e.reasons.join('; ')}` : ''}` });
+        const router = e.network === DEFAULT_NETWORK ? `VRID ${e.vrid}` : `network ${e.network} VRID ${e.vrid}`;
+        for (const service of e.services) this.noteEvent('vrrp-priority', { service, reason: `${router}: ${e.from === 0 ? 'fault' : `priority ${e.from}`} -> ${why}${e.reasons.length > 0 ? `: ${e.reasons.join('; ')}` : ''}` });
         this.notifyStatusSoon();
       });
       const owned = await this.subs.adoptOwned(config.services);

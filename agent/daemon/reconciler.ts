@@ -6,13 +6,15 @@
 // whole reload with its reason; nothing is reported as applied that was not.
 // What cannot change without a restart (the state directory, the control
 // socket, the parent NIC, the data path kind, VRRP's timing and election)
-// refuses; a section that has no effect in the running mode (proxy settings
+// refuses; the tracks that lower a network's VRRP priority are handed to
+// the running routers (tracksChanged); a section that has no effect in the running mode (proxy settings
 // on the kernel path, failover settings with failover.mode none) is applied
 // as the new config and reported as such.
 import { isDeepStrictEqual } from 'node:util';
 import type { Desired, ServiceSpec } from '../config/types';
 import type { ConfigError } from '../config/load';
 import { diffConfigs, type SameSpec } from '../config/diff';
+import { networksOf } from '../config/networks';
 import { proxyNeededReason, servicesNeedingProxy } from '../forward/dataplane';
 
 export interface RunningView {
@@ -34,6 +36,8 @@ export type ReloadStep =
   | { readonly op: 'proxy-settings' }
   /** New `backend:` VIPs: put the new ones on lo, take the old ones off (net/dsr-backend.ts). */
   | { readonly op: 'backend-vips' }
+  /** New tracks (failover.track, networks.<name>.failover.track) for the running routers: priorities recomputed, nothing restarted. */
+  | { readonly op: 'tracks' }
   /** Move the metrics endpoint ("" turns it off). */
   | { readonly op: 'metrics-listen'; readonly listen: string }
   /** A service left the config: withdraw its VIP and release its lease or claim. */
@@ -62,6 +66,21 @@ export type ReloadPlan =
 const restartNeeded = (what: string, from: unknown, to: unknown): string =>
   `changed from ${JSON.stringify(from)} to ${JSON.stringify(to)}: ${what} this needs a restart (systemctl restart lb-agent), not a reload; the running config is kept`;
 
+/** A failover section less its tracks: what the running routers were made with. */
+function untracked<T extends { readonly track?: unknown }>(f: T): Omit<T, 'track'> {
+  const { track: _track, ...rest } = f;
+  return rest;
+}
+
+/**
+ * Whether any network's tracks differ (failover.track is the default
+ * network's): a reload hands them to the running routers with no restart.
+ */
+export function tracksChanged(old: Desired, next: Desired): boolean {
+  const of = (c: Desired): [string, unknown][] => networksOf(c).map((n) => [n.name, n.failover.track]);
+  return !isDeepStrictEqual(of(old), of(next));
+}
+
 /** Why a reload may not replace the running config; empty when it may. */
 export function refusals(running: RunningView, next: Desired): ConfigError[] {
   const old = running.config;
@@ -82,7 +101,7 @@ export function refusals(running: RunningView, next: Desired): ConfigError[] {
   if (old.control.socket !== next.control.socket) errors.push({ path: 'control.socket', message: restartNeeded('`lb-agent status` and reload talk to it;', old.control.socket, next.control.socket) });
   if (old.node.interface !== next.node.interface) errors.push({ path: 'node.interface', message: restartNeeded('every macvlan and pool VIP hangs off it;', old.node.interface ?? '(default route)', next.node.interface ?? '(default route)') });
   // A network's NIC (and its virtual routers) is found at start; its pools change by reload.
-  const nets = (c: Desired): Map<string, unknown> => new Map((c.networks ?? []).map((n) => [n.name, { interface: n.interface, failover: n.failover }]));
+  const nets = (c: Desired): Map<string, unknown> => new Map((c.networks ?? []).map((n) => [n.name, { interface: n.interface, failover: untracked(n.failover) }]));
   const [was, now] = [nets(old), nets(next)];
   for (const name of new Set([...was.keys(), ...now.keys()])) {
     if (!isDeepStrictEqual(was.get(name), now.get(name))) {
@@ -109,8 +128,8 @@ export function refusals(running: RunningView, next: Desired): ConfigError[] {
   const vrrp = old.failover.mode === 'vrrp' || next.failover.mode === 'vrrp';
   if (old.failover.mode !== next.failover.mode) {
     errors.push({ path: 'failover.mode', message: restartNeeded('the VRRP election starts or ends with the process;', old.failover.mode, next.failover.mode) });
-  } else if (vrrp && !isDeepStrictEqual(old.failover, next.failover)) {
-    errors.push({ path: 'failover', message: restartNeeded('VRRP routers keep their timers and election state for the life of the process;', old.failover, next.failover) });
+  } else if (vrrp && !isDeepStrictEqual(untracked(old.failover), untracked(next.failover))) {
+    errors.push({ path: 'failover', message: restartNeeded('VRRP routers keep their timers and election state for the life of the process (only failover.track changes by reload);', untracked(old.failover), untracked(next.failover)) });
   }
   if (vrrp && old.node.priority !== next.node.priority) {
     errors.push({ path: 'node.priority', message: restartNeeded('the VRRP priority is advertised by the running routers;', old.node.priority, next.node.priority) });
@@ -153,8 +172,9 @@ export function planReload(running: RunningView, next: Desired): ReloadPlan {
     switch (g) {
       case 'pools':
       case 'networks':
-        // Only a network's pools get here (its NIC and routers are refused above).
-        if (!steps.some((s) => s.op === 'pools')) steps.push({ op: 'pools' });
+        // Only a network's pools or tracks get here (its NIC and routers are
+        // refused above); the tracks are stepped below.
+        if (!steps.some((s) => s.op === 'pools') && (g === 'pools' || !isDeepStrictEqual(networksOf(old).map((n) => n.pools), networksOf(next).map((n) => n.pools)))) steps.push({ op: 'pools' });
         sections.push(g);
         break;
       case 'arp':
@@ -166,7 +186,11 @@ export function planReload(running: RunningView, next: Desired): ReloadPlan {
         if (running.dataplane === 'proxy') { steps.push({ op: 'proxy-settings' }); sections.push(g); } else idle.push({ section: g, why: 'the kernel data path is running; the proxy settings apply if it ever runs' });
         break;
       case 'metrics': steps.push({ op: 'metrics-listen', listen: next.metrics.listen }); sections.push(g); break;
-      case 'failover': idle.push({ section: g, why: 'failover.mode is none' }); break;
+      case 'failover':
+        // Only the tracks get here under VRRP (the rest is refused above); they are stepped below.
+        if (next.failover.mode === 'vrrp') sections.push(g);
+        else idle.push({ section: g, why: 'failover.mode is none' });
+        break;
       case 'node':
         // interface is refused above; name is status only; zone, region and
         // labelsFile take effect at once (the daemon re-reads the labels at
@@ -193,6 +217,8 @@ export function planReload(running: RunningView, next: Desired): ReloadPlan {
   // Primaries before the secondaries that share their VIP.
   const added = [...d.added].sort((a, b) => Number(a.primaryService !== undefined) - Number(b.primaryService !== undefined));
   for (const s of added) steps.push({ op: 'add', spec: s });
+  // Last: a tracked service the reload adds exists by then.
+  if (next.failover.mode === 'vrrp' && tracksChanged(old, next)) steps.push({ op: 'tracks' });
   return {
     ok: true,
     steps,

@@ -61,7 +61,7 @@ export interface ReloaderOptions {
   config(): Desired | undefined;
   /** An accepted file is the config in force from here on, before its steps are carried out. */
   adopt(next: Desired, at: number): void;
-  subs(): Pick<Subsystems, 'reconfigure' | 'dataplane' | 'health'> | undefined;
+  subs(): Pick<Subsystems, 'reconfigure' | 'retrack' | 'dataplane' | 'health'> | undefined;
   readonly services: Pick<ServiceRuntimes, 'remove' | 'restart' | 'update' | 'add' | 'reconfigureSources' | 'reorder' | 'updateFailover' | 'startSources'>;
   readonly metricsEndpoint: Pick<MetricsEndpoint, 'restart'>;
   readonly zone: Pick<NodeZone, 'read'>;
@@ -193,6 +193,9 @@ export class Reloader {
         return;
       case 'backend-vips':
         await this.opts.applyBackendVips(next.backend.vips);
+        return;
+      case 'tracks':
+        await subs.retrack?.(next);
         return;
       case 'metrics-listen':
         await this.opts.metricsEndpoint.restart(step.listen);

@@ -130,6 +130,8 @@ export interface Subsystems {
   readonly failover: FailoverLike | undefined;
   /** A reload was accepted: shared settings that apply without a restart (pools, the DHCP start limiter) take effect. */
   reconfigure(config: import('../config/types').Desired): void;
+  /** A reload's tracks (every network's failover.track) to the running routers; nothing without VRRP. Never rejects. */
+  retrack?(config: import('../config/types').Desired): Promise<void>;
   /** What the rtnetlink client has sent so far (a stop logs what it sent). */
   netlinkCounts?(): import('../net/netlink/netlink').NetlinkCounts;
   close(): Promise<void>;

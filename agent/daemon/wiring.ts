@@ -164,11 +164,10 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
     };
 
     let failover: DualGate | NetworkGates | undefined;
-    let stopTracking: (() => void) | undefined;
+    let tracking: Tracking | undefined;
     if (config.failover.mode === 'vrrp') {
-      // failover.track lowers the priority of every virtual router: one tracker for all of them.
-      const tracker = await startTracker(config, { netlink, health, log, registry, clock });
-      if (tracker) stopTracking = tracker.close;
+      // Each network's tracks lower that network's routers, both families': one tracker per network.
+      tracking = await startTracking(config, { netlink, health, log, registry, clock });
       // One VRRP instance per network and family: each network's on its own
       // VRRP interface with its VRIDs and peers; IPv4 and IPv6 elect apart
       // (RFC 5798 §5.1).
@@ -189,7 +188,8 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
         }
         const netLog = nets.length > 1 ? log.child({ network: n.network.name }) : log;
         const gate = (family: 'IPv4' | 'IPv6', srcIp: string) => new (vrrpGate().VrrpGate)({
-          config: { ...config.failover, ...n.network.failover }, nodePriority: config.node.priority, family, ifindex: vlink.index, ifname, ifMac: vlink.mac, srcIp, log: netLog, registry, clock, tracker: tracker?.tracker,
+          config: { ...config.failover, ...n.network.failover }, nodePriority: config.node.priority, family, ifindex: vlink.index, ifname, ifMac: vlink.mac, srcIp, log: netLog, registry, clock,
+          tracker: tracking?.of(n.network.name), network: n.network.name,
         });
         gates.set(n.network.name, new (dualGate().DualGate)({
           ipv4: gate('IPv4', src),
@@ -329,8 +329,9 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
         limiterSettings = { max: next.dhcp.maxConcurrentStarts, jitterMs: vrrp ? 0 : next.dhcp.retransmitJitter * 1000 };
         limiter?.reconfigure(limiterSettings);
       },
+      retrack: async (next) => { await tracking?.reconfigure(next); },
       netlinkCounts: () => netlink.counts(),
-      close: async () => { stopTracking?.(); netlink.close(); },
+      close: async () => { tracking?.close(); netlink.close(); },
     };
   } catch (e) {
     netlink.close();
@@ -338,53 +339,70 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
   }
 }
 
+/** Every network's tracker, and what feeds them. */
+interface Tracking {
+  of(network: string): PriorityTracker | undefined;
+  /** A reload's tracks, each network's to its tracker. */
+  reconfigure(next: Desired): Promise<void>;
+  close(): void;
+}
+
 /**
- * failover.track observed: tracked links through their own rtnetlink
- * watch (and a read at start and after lost notifications), tracked
- * services through the health checker's verdicts. undefined when nothing
- * is tracked.
+ * Each network's tracks observed (failover.track for the default network,
+ * networks.<name>.failover.track for a named one): one tracker per network,
+ * empty ones too, so a reload can add the first track. Tracked links
+ * through one rtnetlink watch for all of them (opened once any network
+ * tracks an interface; a read at start and after lost notifications),
+ * tracked services through the health checker's verdicts.
  */
-async function startTracker(config: Desired, o: {
+async function startTracking(config: Desired, o: {
   netlink: ReturnType<typeof openNetlink>; health: HealthChecker; log: import('../log').Logger;
   registry: import('prom-client').Registry; clock: import('../clock').Clock;
-}): Promise<{ tracker: PriorityTracker; close: () => void } | undefined> {
-  const track = config.failover.track;
-  if (track.interfaces.length === 0 && track.services.length === 0) return undefined;
+}): Promise<Tracking> {
   const { PriorityTracker } = vrrpTracker();
-  const tracker = new PriorityTracker({
-    track, log: o.log, registry: o.registry, clock: o.clock,
-    readLink: (name) => o.netlink.findLink(name),
-    backends: (key) => {
-      let up = 0, unknown = 0, total = 0;
-      for (const k of [key, familyServiceKey(key, 'IPv6')]) {
-        for (const b of o.health.status(k)) {
-          total++;
-          if (b.state === 'up') up++;
-          else if (b.state === 'unknown') unknown++;
-        }
+  const backends = (key: string): { up: number; unknown: number; total: number } => {
+    let up = 0, unknown = 0, total = 0;
+    for (const k of [key, familyServiceKey(key, 'IPv6')]) {
+      for (const b of o.health.status(k)) {
+        total++;
+        if (b.state === 'up') up++;
+        else if (b.state === 'unknown') unknown++;
       }
-      return { up, unknown, total };
-    },
-  });
-  const onVerdict = (key: string): void => tracker.serviceChanged(key);
+    }
+    return { up, unknown, total };
+  };
+  const trackers = new Map(networksOf(config).map((n) => [n.name, new PriorityTracker({
+    track: n.failover.track, network: n.name, log: n.name === DEFAULT_NETWORK ? o.log : o.log.child({ network: n.name }), registry: o.registry, clock: o.clock,
+    readLink: (name) => o.netlink.findLink(name),
+    backends,
+  })]));
+  const all = [...trackers.values()];
+  const onVerdict = (key: string): void => { for (const t of all) t.serviceChanged(key); };
   o.health.on('verdict', onVerdict);
   o.health.on('change', onVerdict);
   let watch: ReturnType<typeof o.netlink.watch> | undefined;
-  if (track.interfaces.length > 0) {
+  // Opened before the links are read, so that no change falls between a read and the watch.
+  const watchLinks = (c: Desired): void => {
+    if (watch || !networksOf(c).some((n) => n.failover.track.interfaces.length > 0)) return;
     watch = o.netlink.watch();
-    watch.on('link', (ev: LinkEvent) => tracker.linkChanged(ev.link.name, ev.type === 'del' ? undefined : ev.link));
-    watch.on('resync', () => { void tracker.resync(); });
-  }
-  await tracker.start();
-  tracker.publish();
+    watch.on('link', (ev: LinkEvent) => { for (const t of all) t.linkChanged(ev.link.name, ev.type === 'del' ? undefined : ev.link); });
+    watch.on('resync', () => { for (const t of all) void t.resync(); });
+  };
+  watchLinks(config);
+  await Promise.all(all.map((t) => t.start()));
+  for (const t of all) t.publish();
   return {
-    tracker,
+    of: (network) => trackers.get(network),
+    reconfigure: async (next) => {
+      watchLinks(next);
+      // Networks come and go only with a restart (daemon/reconciler.ts refuses it).
+      await Promise.all(networksOf(next).map((n) => trackers.get(n.name)?.reconfigure(n.failover.track) ?? Promise.resolve()));
+    },
     close: () => {
       watch?.close();
       o.health.off('verdict', onVerdict);
       o.health.off('change', onVerdict);
-      tracker.stop();
+      for (const t of all) t.stop();
     },
   };
 }
-

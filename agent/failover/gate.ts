@@ -27,6 +27,7 @@ import { NdpResolver } from '../net/neighbour/ndp-resolver';
 import type { PriorityTracker, TrackStatus } from './tracker';
 import type { EffectivePriority } from './tracking';
 import { vrrpMetrics, type VrrpMetrics } from './metrics';
+import { DEFAULT_NETWORK } from '../config/networks';
 
 /**
  * The time a VIP's withdrawal is given: an event loop and a netlink call.
@@ -70,12 +71,16 @@ export interface VrrpGateOptions {
   readonly ifMac?: string;
   /** Resolves failover.peers' MACs for unicast adverts; default an ArpResolver (NdpResolver) on the interface (tests pass their own). */
   readonly peerMac?: (ip: string) => Uint8Array | undefined;
-  /** failover.track, observed (tracker.ts); absent: every router advertises its configured priority. */
+  /** This network's tracks, observed (tracker.ts); absent: every router advertises its configured priority. */
   readonly tracker?: PriorityTracker | undefined;
+  /** The network whose routers these are (config/networks.ts); default DEFAULT_NETWORK. */
+  readonly network?: string | undefined;
 }
 
 /** A router's priority in use changed (tracking): the daemon's event history and log. */
 export interface PriorityEvent {
+  /** The network whose router it is ("default": node.interface's). */
+  readonly network: string;
   readonly vrid: number;
   /** The services riding the router. */
   readonly services: readonly string[];
@@ -106,7 +111,7 @@ export interface GateStatus extends VirtualRouterStatus {
   readonly basePriority: number;
   /** Why `priority` differs from basePriority: one line per failing track. */
   readonly priorityReasons: readonly string[];
-  /** Every track of failover.track, failing or not. */
+  /** Every track of this router's network (failover.track, or networks.<name>.failover.track), failing or not. */
   readonly tracks: readonly TrackStatus[];
 }
 
@@ -390,7 +395,7 @@ export class VrrpGate extends EventEmitter {
       this.log.info({ op: 'priority', vrid, from: was.priority, to: now.priority, base: now.base, reasons: now.reasons, services },
         `VRRP VRID ${vrid} priority ${was.priority} -> ${now.priority}${now.reasons.length > 0 ? `: ${now.reasons.join('; ')}` : ' (configured)'}`);
       router.setPriority(now.priority);
-      this.emit('priority', { vrid, services, from: was.priority, to: now.priority, base: now.base, reasons: now.reasons } satisfies PriorityEvent);
+      this.emit('priority', { network: this.opts.network ?? DEFAULT_NETWORK, vrid, services, from: was.priority, to: now.priority, base: now.base, reasons: now.reasons } satisfies PriorityEvent);
     }
   }
 

@@ -6,7 +6,8 @@
 // family, RFC 5798 §5.1, so VRID 51 of IPv4 and of IPv6 are two routers),
 // state (3), to (3), reason (DROP_REASONS and "not-a-peer", peers.ts),
 // master (one current address per vrid and family; the previous one is removed),
-// track (the keys of failover.track: "interface eth1", "service ns/name").
+// track (the keys of failover.track: "interface eth1", "service ns/name"),
+// network (a named network's tracks only: its networks.<name>.failover.track).
 import { Counter, Gauge, Registry } from '../metrics/prom';
 
 export interface VrrpMetrics {
@@ -26,7 +27,7 @@ export interface VrrpMetrics {
   readonly basePriority: Gauge<'vrid' | 'family'>;
   readonly priorityChanges: Counter<'vrid' | 'family'>;
   /** 1 while a track counts as failing. */
-  readonly trackFailing: Gauge<'track'>;
+  readonly trackFailing: Gauge<'track' | 'network'>;
 }
 
 function getOrCreate<T>(registry: Registry, name: string, make: () => T): T {
@@ -102,10 +103,10 @@ export function vrrpMetrics(registry: Registry): VrrpMetrics {
       labelNames: ['vrid', 'family'],
       registers,
     })),
-    trackFailing: getOrCreate(registry, 'lbagent_vrrp_track_failing', () => new Gauge<'track'>({
+    trackFailing: getOrCreate(registry, 'lbagent_vrrp_track_failing', () => new Gauge<'track' | 'network'>({
       name: 'lbagent_vrrp_track_failing',
-      help: 'Whether a tracked interface or service (failover.track) counts as failing now (1) or not (0), after its failAfter/recoverAfter delay',
-      labelNames: ['track'],
+      help: 'Whether a tracked interface or service counts as failing now (1) or not (0), after its failAfter/recoverAfter delay; network: the named network whose virtual routers it lowers (networks.<name>.failover.track), absent for the default network\'s (failover.track)',
+      labelNames: ['track', 'network'],
       registers,
     })),
   };

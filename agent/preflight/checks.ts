@@ -1004,7 +1004,7 @@ export function checkDhcp6Probe(f: Facts): CheckResult | undefined {
 }
 
 /**
- * failover.track.interfaces: each exists on this VM, and is up with carrier
+ * failover.track.interfaces (every network's): each exists on this VM, and is up with carrier
  * now. A missing one counts as down for good (a typo, or a NIC the VM does
  * not have): the routers start lowered or in fault. Warnings, not failures:
  * the daemon runs, and a NIC plugged later is picked up.
@@ -1017,7 +1017,7 @@ export function checkVrrpTrack(f: Facts): CheckResult | undefined {
   const down = links.filter((l) => l.exists && (!l.up || !l.carrier)).map((l) => `${l.name} (${l.up ? 'no carrier' : 'down'})`);
   if (missing.length > 0) {
     return warn(id, `failover.track names ${missing.join(', ')}, which this VM does not have: ${missing.length === 1 ? 'it counts' : 'they count'} as down, so the VRRP priority is lowered (or the routers are in fault) for as long as that lasts${down.length ? `; also down now: ${down.join(', ')}` : ''}`,
-      `fix the name in failover.track.interfaces (ip -br link lists this VM's interfaces), or remove the track`);
+      `fix the name in failover.track.interfaces (or networks.<name>.failover.track.interfaces) (ip -br link lists this VM's interfaces), or remove the track`);
   }
   if (down.length > 0) {
     return warn(id, `tracked interface${down.length === 1 ? '' : 's'} ${down.join(', ')} ${down.length === 1 ? 'is' : 'are'} not up with carrier now: the VRRP priority is lowered (or the routers are in fault) until ${down.length === 1 ? 'it comes' : 'they come'} back`,

@@ -76,7 +76,7 @@ export interface ConfigFacts {
   proxyOnly?: string[];
   /** The named networks (`networks:`): each one's NIC, pools and services; absent: the default network only. */
   networks?: { name: string; interface: string; pools: ConfigFacts['pools']; services: number; dhcpServices: number }[];
-  /** failover.track.interfaces by name, with failover.mode vrrp (tracks do nothing otherwise). */
+  /** Every network's failover.track.interfaces by name, with failover.mode vrrp (tracks do nothing otherwise). */
   trackedInterfaces?: string[];
 }
 
@@ -329,7 +329,9 @@ export function configSummary(path_: string, config: Desired): ConfigFacts {
         };
       }),
     } : {}),
-    ...(config.failover.mode === 'vrrp' && config.failover.track.interfaces.length > 0 ? { trackedInterfaces: config.failover.track.interfaces.map((i) => i.name) } : {}),
+    // Every network's tracked NICs (its failover.track), each named once.
+    ...(config.failover.mode === 'vrrp' && networksOf(config).some((n) => n.failover.track.interfaces.length > 0)
+      ? { trackedInterfaces: [...new Set(networksOf(config).flatMap((n) => n.failover.track.interfaces.map((i) => i.name)))] } : {}),
   };
 }
 

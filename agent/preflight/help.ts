@@ -21,7 +21,7 @@ export interface CheckHelp {
 
 export const CHECK_HELP: Readonly<Record<CheckId, CheckHelp>> = {
   'vrrp-track': {
-    what: 'With `failover.mode: vrrp` and `failover.track.interfaces`: each tracked interface exists on this VM and is up with carrier (read from `/sys/class/net`).',
+    what: 'With `failover.mode: vrrp` and tracked interfaces (`failover.track.interfaces`, or a network\'s `networks.<name>.failover.track.interfaces`): each exists on this VM and is up with carrier (read from `/sys/class/net`).',
     cause: 'Warns when one is missing (a typo, or a NIC the VM does not have: it counts as down for good) or is down or without carrier now: the VRRP priority is lowered by its weight, or the routers are in fault, while that lasts.',
     fix: 'Fix the name (`ip -br link` lists the interfaces), or bring the link up. `lb-agent status` shows the priority in use and why.',
   },

@@ -40,6 +40,10 @@ t.test('the reload column is asked of the reload rules', async (t) => {
   t.equal(by('failover.vrid').reload, 'no, with failover.mode vrrp');
   t.equal(by('node.priority').reload, 'no, with failover.mode vrrp');
   t.equal(by('proxy.workers').reload, 'no, on the proxy path');
+  // The tracks reach the running routers; the rest of VRRP's settings are made at start.
+  t.equal(by('failover.track.services[].weight').reload, 'yes');
+  t.equal(by('networks.<key>.failover.track.interfaces[].weight').reload, 'yes');
+  t.equal(by('networks.<key>.failover.peers').reload, 'no');
   t.equal(by('services[].proxyProtocol').reload, 'no, on the kernel path');
   for (const e of entries) t.not(e.reload, '?', `${e.path}: the probe could change it`);
   // Sections have no reload of their own: their keys do.

@@ -162,3 +162,50 @@ t.test('dual stack: adding the IPv6 family adds its family service, on either da
   t.ok(proxy.ok, 'the proxy takes an IPv6 VIP by reload');
   if (proxy.ok) t.same(ops(proxy.steps), ['update default/b', 'add default/b@IPv6']);
 });
+
+t.test('with VRRP: every network\'s tracks reload in place (one tracks step, last); the rest of failover and of a network still needs a restart', async (t) => {
+  const net = (track = '', peers = '') => `node: { interface: eth0 }
+failover: { mode: vrrp, vrid: 51${track} }
+networks:
+  vmnet:
+    interface: eth1
+    pools: { range-global: 10.1.0.10-10.1.0.20 }
+    failover: { vrid: 61${peers} }
+pools: { range-global: 10.0.0.10-10.0.0.20 }
+${SERVICES}  - { name: d, network: vmnet, ports: [{ port: 80 }], backends: [10.1.0.3, 10.1.0.4] }
+`;
+  const r = running(net());
+  const top = plan(net(', track: { interfaces: [{ name: eth0, weight: 50 }], services: [{ service: c }] }'), r);
+  t.ok(top.ok, top.ok ? 'failover.track added: accepted' : JSON.stringify(top.errors));
+  if (top.ok) {
+    t.same(ops(top.steps), ['tracks']);
+    t.same(top.summary.sections, ['failover'], 'reported as applied, not idle');
+  }
+  const vmTracked = net('', ', track: { services: [{ service: d, minHealthy: 2, weight: 60 }] }');
+  const onNet = plan(vmTracked, r);
+  t.ok(onNet.ok, onNet.ok ? 'networks.vmnet.failover.track added: accepted' : JSON.stringify(onNet.errors));
+  if (onNet.ok) {
+    t.same(ops(onNet.steps), ['tracks'], 'no pools step: vmnet\'s pools did not change');
+    t.same(onNet.summary.sections, ['networks']);
+  }
+  const weight = plan(net('', ', track: { services: [{ service: d, minHealthy: 1, weight: 60 }] }'), running(vmTracked));
+  t.ok(weight.ok && ops(weight.steps).join() === 'tracks', 'minHealthy changed: the tracks step');
+  const removed = plan(net(), running(vmTracked));
+  t.ok(removed.ok && ops(removed.steps).join() === 'tracks', 'removed: the tracks step');
+  const withSvc = plan(`${net('', ', track: { services: [{ service: e }] }')}  - { name: e, network: vmnet, ports: [{ port: 80 }], backends: [10.1.0.5] }\n`, r);
+  t.ok(withSvc.ok);
+  if (withSvc.ok) t.same(ops(withSvc.steps), ['add default/e', 'tracks'], 'after the service it tracks is added');
+  const both = plan(net(', advertInterval: 0.5, track: { interfaces: [{ name: eth0 }] }'), r);
+  t.notOk(both.ok, 'a timer changed with a track: refused');
+  if (!both.ok) {
+    t.same(both.errors.map((e) => e.path), ['failover']);
+    t.match(both.errors[0]!.message, /only failover\.track changes by reload/);
+    t.notMatch(both.errors[0]!.message, /"track"/, 'the tracks are not named among what needs a restart');
+  }
+  const peers = plan(net('', ', peers: [10.1.0.3]'), r);
+  t.notOk(peers.ok, 'a network\'s peers still need a restart');
+  if (!peers.ok) t.same(peers.errors.map((e) => e.path), ['networks.vmnet']);
+  const none = plan(net(', track: { interfaces: [{ name: eth0 }] }').replace('mode: vrrp', 'mode: none'), running(net().replace('mode: vrrp', 'mode: none')));
+  t.ok(none.ok && ops(none.steps).length === 0, 'without VRRP: no step');
+  if (none.ok) t.same(none.summary.idle.map((i) => i.section), ['failover']);
+});

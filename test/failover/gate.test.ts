@@ -377,7 +377,7 @@ t.test('tracking: the Master whose priority falls below the Backup\'s loses the 
   t.equal(a.gate.status('default/web')?.priority, 200);
 
   tracker.linkChanged('eth1', { up: true, carrier: false });
-  t.same(events, [{ vrid: 51, services: ['default/web'], from: 200, to: 140, base: 200, reasons: ['interface eth1: no carrier (-60)'] }]);
+  t.same(events, [{ network: 'default', vrid: 51, services: ['default/web'], from: 200, to: 140, base: 200, reasons: ['interface eth1: no carrier (-60)'] }]);
   t.equal(w.lan.sent(1).at(-1)?.priority, 140, 'the new priority is advertised at once');
   const st = a.gate.status('default/web')!;
   t.equal(st.priority, 140, 'status: the priority in use');
@@ -464,4 +464,51 @@ t.test('tracking: a router created while a track without weight fails starts in 
   t.equal(w.lan.sent(1).length, 0, 'never advertised');
   t.equal(a.gate.isMaster('default/web'), false);
   await a.gate.stop();
+});
+
+t.test('tracking reloaded: a track added while failing lowers the running Master, removed it restores the priority; a weight changed moves it; nothing restarts', async (t) => {
+  const w = world();
+  const registry = new Registry();
+  const links = new Map<string, { up: boolean; carrier: boolean } | undefined>([['eth1', { up: true, carrier: true }], ['eth3', { up: false, carrier: false }]]);
+  const tracker = new PriorityTracker({
+    track: { interfaces: [{ name: 'eth1', weight: 10, failAfter: 0, recoverAfter: 0 }], services: [] }, network: 'vmnet',
+    readLink: (n) => Promise.resolve(links.get(n)), backends: () => ({ up: 0, unknown: 0, total: 0 }), log: silentLogger(), registry, clock: w.clock,
+  });
+  await tracker.start();
+  const a = w.node(1, 200, [svc('web')], { tracker, registry, network: 'vmnet' });
+  const b = w.node(2, 150, [svc('web')]);
+  const events: PriorityEvent[] = [];
+  a.gate.on('priority', (e: PriorityEvent) => events.push(e));
+  w.clock.advance(mdi(150) + 1);
+  t.equal(a.gate.isMaster('default/web'), true);
+  const masterSince = a.gate.status('default/web')?.transitions.master;
+
+  // A new weight on a track that is not failing: nothing moves.
+  await tracker.reconfigure({ interfaces: [{ name: 'eth1', weight: 20, failAfter: 0, recoverAfter: 0 }], services: [] });
+  t.same(events, [], 'no priority change');
+  t.equal(a.gate.status('default/web')?.priority, 200);
+
+  // eth3 is down: a track of it, added by the reload, counts at once (failAfter 0).
+  await tracker.reconfigure({ interfaces: [{ name: 'eth1', weight: 20, failAfter: 0, recoverAfter: 0 }, { name: 'eth3', weight: 60, failAfter: 0, recoverAfter: 0 }], services: [] });
+  t.same(events, [{ network: 'vmnet', vrid: 51, services: ['default/web'], from: 200, to: 140, base: 200, reasons: ['interface eth3: link down (-60)'] }], 'lowered by the added track, on vmnet\'s router');
+  t.equal(a.gate.status('default/web')?.transitions.master, masterSince, 'the router was not restarted');
+  t.equal(w.lan.sent(1).at(-1)?.priority, 140, 'advertised at once');
+  w.clock.advance(mdi(150) + 1000);
+  t.equal(b.gate.isMaster('default/web'), true, 'the Backup (150) took over from the lowered Master');
+  t.equal(a.gate.isMaster('default/web'), false);
+
+  // Its weight changed while it fails: the priority follows.
+  await tracker.reconfigure({ interfaces: [{ name: 'eth1', weight: 20, failAfter: 0, recoverAfter: 0 }, { name: 'eth3', weight: 30, failAfter: 0, recoverAfter: 0 }], services: [] });
+  t.equal(events.at(-1)?.to, 170, 'the new weight: 200 - 30');
+  t.same(a.gate.status('default/web')?.priorityReasons, ['interface eth3: link down (-30)']);
+
+  // Removed while failing: back to the configured priority, and with preempt on the VIP comes back.
+  await tracker.reconfigure({ interfaces: [{ name: 'eth1', weight: 20, failAfter: 0, recoverAfter: 0 }], services: [] });
+  t.equal(events.at(-1)?.to, 200);
+  t.same(events.at(-1)?.reasons, [], 'no reason left');
+  t.same(a.gate.status('default/web')?.tracks.map((x) => [x.track, x.network]), [['interface eth1', 'vmnet']], 'status lists the network\'s tracks');
+  w.clock.advance(mdi(200) + 1000 + PREEMPT_HANDOVER_MS);
+  t.equal(a.gate.isMaster('default/web'), true, 'preempt on: 200 takes the VIP back');
+  await a.gate.stop();
+  await b.gate.stop();
 });

@@ -146,3 +146,57 @@ t.test('refreshServices: verdicts that came with no event (seeded from an earlie
   h.tracker.refreshServices();
   t.same(h.tracker.effective(200).reasons, ['service default/web: 0 of 2 backends healthy, 1 needed (-10)']);
 });
+
+t.test('reconfigure: kept tracks keep their state under a new weight and delays; new ones are observed at once; removed ones and their gauges go', async (t) => {
+  const h = harness();
+  await h.tracker.start();
+  h.tracker.linkChanged('eth1', { up: true, carrier: false });
+  t.equal(h.tracker.effective(200).priority, 150);
+  h.links.set('eth3', { up: true, carrier: false });
+  h.changes.length = 0;
+  await h.tracker.reconfigure({
+    interfaces: [{ name: 'eth1', weight: 20, failAfter: 0, recoverAfter: 0 }, { name: 'eth3', weight: 30, failAfter: 0, recoverAfter: 0 }],
+    services: [],
+  });
+  t.same(h.tracker.effective(200), { priority: 150, base: 200, reasons: ['interface eth1: no carrier (-20)', 'interface eth3: no carrier (-30)'] },
+    'eth1 still failing with its new weight; eth3 new and failing at once');
+  t.same(h.changes, [['interface eth3=true'], []], 'eth3\'s change, then the reload\'s own (every router recomputes)');
+  t.equal(await gauge(h.registry, 'interface eth3'), 1);
+  t.equal(await gauge(h.registry, 'interface eth2'), undefined, 'eth2 is not tracked any more: its gauge is gone');
+  t.equal(await gauge(h.registry, 'service default/web'), undefined);
+  h.tracker.linkChanged('eth2', { up: false, carrier: false });
+  t.equal(h.tracker.effective(200).priority, 150, 'and its notifications are ignored');
+
+  // The reloaded delays apply from then on.
+  h.tracker.linkChanged('eth1', { up: true, carrier: true });
+  t.equal(h.tracker.effective(200).priority, 170, 'recoverAfter 0: eth1 counts as recovered at once');
+  await h.tracker.reconfigure({ interfaces: [{ name: 'eth3', weight: 30, failAfter: 0, recoverAfter: 3 }], services: [] });
+  h.tracker.linkChanged('eth3', { up: true, carrier: true });
+  t.equal(h.tracker.effective(200).priority, 170, 'eth3 back 0 s ago; its recoverAfter is 3 s now');
+  h.clock.advance(3000);
+  t.equal(h.tracker.effective(200).priority, 200, 'and counts after it');
+
+  await h.tracker.reconfigure({ interfaces: [], services: [] });
+  t.same(h.tracker.status(), [], 'every track removed');
+  t.equal(h.tracker.effective(200).priority, 200);
+});
+
+t.test('a named network\'s tracker: its gauges carry network, its status rows say which network\'s routers they lower', async (t) => {
+  const registry = new Registry();
+  const clock = new ManualClock();
+  const mk = (network: string | undefined) => new PriorityTracker({
+    track: { interfaces: [{ name: 'eth1', weight: undefined, failAfter: 0, recoverAfter: 0 }], services: [] }, network,
+    clock, registry, log: silentLogger(), readLink: () => Promise.resolve(network === 'vmnet' ? undefined : { up: true, carrier: true }), backends: () => ({ up: 0, unknown: 0, total: 0 }),
+  });
+  const def = mk(undefined);
+  const vm = mk('vmnet');
+  await def.start();
+  await vm.start();
+  def.publish();
+  vm.publish();
+  const m = await registry.getSingleMetric('lbagent_vrrp_track_failing')?.get();
+  t.same(m?.values.map((v) => [v.labels, v.value]).sort((x, y) => Object.keys(x[0]!).length - Object.keys(y[0]!).length), [[{ track: 'interface eth1' }, 0], [{ track: 'interface eth1', network: 'vmnet' }, 1]],
+    'one NIC tracked by two networks: two series, the default network\'s without a network label');
+  t.same(def.status().map((s) => s.network), ['default']);
+  t.same(vm.status().map((s) => [s.network, s.failing, s.detail]), [['vmnet', true, 'no such interface']]);
+});

@@ -176,8 +176,11 @@ t.test('two NICs on two bridges: each network\'s services serve its clients; no 
     t.notOk((await addrsOn(lab, vm, 'eth1', '-6')).some((a) => a.endsWith('/128')), 'no IPv6 VIP left on eth1');
   });
 
-  t.test('VRRP: each network\'s virtual router adverts on its own NIC with its own VRID', async (t) => {
-    const vrrpCfg = { ...cfg, failover: { mode: 'vrrp', vrid: 51, advertInterval: 0.1 }, networks: { vmnet: { ...cfg.networks.vmnet, failover: { vrid: 61 } } } };
+  t.test('VRRP: each network\'s virtual router adverts on its own NIC with its own VRID, and to its own peers of both families', async (t) => {
+    // Client B stands in for vmnet's other agent: its IPv4 address and its
+    // link-local one (scoped by vmnet's NIC) are vmnet's peers.
+    const llB = await waitFor('client B\'s link-local address', async () => /inet6 (fe80::[0-9a-f:]+)\/64/.exec((await lab.exec(clientB, 'ip', ['-6', '-o', 'addr', 'show', 'dev', 'eth0', 'scope', 'link'])).stdout)?.[1], 5000, 100);
+    const vrrpCfg = { ...cfg, failover: { mode: 'vrrp', vrid: 51, advertInterval: 0.1 }, networks: { vmnet: { ...cfg.networks.vmnet, failover: { vrid: 61, peers: ['10.98.0.50', llB] } } } };
     const vrrp = await startAgent(lab, vm, vrrpCfg, { name: 'vrrp' });
     t.teardown(() => { vrrp.signal('SIGKILL'); });
     const s = await waitStatus(vrrp, 'Master of both networks\' routers, every service serving', (x) => x.services.length === 4 && x.services.every((y) => y.ready && y.state === 'serving' && (y.failover as { state?: string } | undefined)?.state === 'master'), 30_000);
@@ -194,6 +197,11 @@ t.test('two NICs on two bridges: each network\'s services serve its clients; no 
     const [onA, onB] = await Promise.all([heard(clientA), heard(clientB)]);
     t.same(onA, [51], 'the default network hears VRID 51 only');
     t.same(onB, [61], 'vmnet hears VRID 61 only, from eth1');
+    // vmnet's IPv6 router sends a unicast copy of each advert to its IPv6 peer (its MAC found by NDP on eth1).
+    const uni6 = await lab.exec(clientB, 'timeout', ['1', 'tcpdump', '-i', 'eth0', '-nn', '-l', 'ip6 proto 112 and not dst ff02::12'], { allowFail: true, timeoutMs: 5000 });
+    const to6 = [...new Set([...uni6.stdout.matchAll(/IP6 (\S+) > (\S+): VRRPv3.*vrid (\d+)/g)].map((m) => `${m[2]!.replace(/:$/, '')} vrid ${m[3]!}`))];
+    t.same(to6, [`${llB} vrid 61`], 'vmnet\'s IPv6 adverts reach its link-local peer unicast');
+    t.match(vrrp.logs.find((l) => l.op === 'peers' && l.family === 'IPv6' && l.network === 'vmnet'), { peers: [llB] }, 'vmnet\'s IPv6 router hears only its IPv6 peer');
     // eth1's own address changes (the old one goes): vmnet's adverts follow it.
     await lab.sh(vm, 'sysctl -qw net.ipv4.conf.eth1.promote_secondaries=1 && ip addr add 10.98.0.4/24 dev eth1 && ip addr del 10.98.0.2/24 dev eth1');
     const sources = async (): Promise<string[]> => {

@@ -14,21 +14,26 @@
 //   the failover time (a client loop every 20 ms counts the gap);
 // - preempt off: the VIP moves on the loss and stays where it went when
 //   reach returns.
-// - the same carrier loss with the VM network named in networks: (its router
-//   on the management NIC, the node's own on it too, VRIDs 51 and 50).
+// - the VM network named in networks: (its router on the management NIC,
+//   VRID 51, its tracks under networks.vmnet.failover.track) beside the
+//   default network's router (VRID 50, untracked, the service mgmt): the
+//   carrier loss moves api's VIP the same way, mgmt's stays;
+// - a reload adds to vmnet a track that already fails: api's VIP moves with
+//   no restart while mgmt's serves a client every 20 ms without a failure;
+//   a reload removes it and the VIP comes back (preempt on).
 // The priority in use and why, in status, metrics and the event history.
 import t, { type Test } from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
 import { waitFor, type Lab } from '../../lab/netns';
 import { metricValue, logAfter, logTime, VRID, BACKEND_IDS } from '../../lab/vrrp';
-import { buildTrackingLab, VM_NET_VIP, VM_NET_BACKENDS, type TrackingNode } from '../../lab/tracking';
+import { buildTrackingLab, MGMT_VIP, VM_NET_VIP, VM_NET_BACKENDS, type TrackingNode } from '../../lab/tracking';
 import { gapReport, ClientLoop } from '../../lab/client-loop';
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
-type F = { state?: string; master?: string; priority?: number; basePriority?: number; priorityReasons?: string[]; tracks?: { track: string; failing: boolean }[] };
-async function failover(n: TrackingNode): Promise<F> {
-  const f: F = (await n.service('api')).failover ?? {};
+type F = { state?: string; master?: string; vrid?: number; network?: string; priority?: number; basePriority?: number; priorityReasons?: string[]; tracks?: { track: string; network: string; failing: boolean }[] };
+async function failover(n: TrackingNode, service = 'api'): Promise<F> {
+  const f: F = (await n.service(service)).failover ?? {};
   return f;
 }
 
@@ -55,7 +60,7 @@ const priorityChanges = (n: TrackingNode, since: number): Record<string, unknown
  * failover time, a client loop every 20 ms counting the gap; the carrier
  * comes back and n3 takes the VIP back (preempt on).
  */
-async function carrierLoss(t: Test, n2: TrackingNode, n3: TrackingNode, lab: Lab, client: string): Promise<void> {
+async function carrierLoss(t: Test, n2: TrackingNode, n3: TrackingNode, lab: Lab, client: string, during?: () => Promise<void>): Promise<void> {
   const loop = await ClientLoop.start(lab, client, `http://${VM_NET_VIP}/`, { intervalMs: 20, timeoutMs: 300, maxMs: 40_000 });
   try {
     await sleep(300);
@@ -76,6 +81,7 @@ async function carrierLoss(t: Test, n2: TrackingNode, n3: TrackingNode, lab: Lab
     t.equal(g.gaps, 1, 'one gap, answers on either side');
     t.same(g.wrongBodies, []);
     t.equal((await n2.service('api')).state, 'serving');
+    await during?.();
   } finally {
     await loop.stop().catch(() => undefined);
     await n3.cutCarrier(false);
@@ -207,15 +213,72 @@ if (requirePrivileged(t)) {
       t.notOk(logAfter(n3, backAt, (l) => l.op === 'transition' && l.to === 'master'), 'n3 never took it back');
     });
 
-    t.test('on a named network (networks.vmnet, its router on the management NIC): the carrier loss moves the VIP the same way', async (t) => {
+    t.test('on a named network (networks.vmnet, its router on the management NIC): its own track moves api\'s VIP on the carrier loss, the default network\'s VIP stays', async (t) => {
       for (const n of [n2, n3]) { n.agent!.signal('SIGTERM'); await n.agent!.exited; }
       await n3.startTracking({ network: 'vmnet' });
       await n3.waitService('Master', 'api', (s) => (s.failover as F | undefined)?.state === 'master');
       await n2.startTracking({ network: 'vmnet' });
       await waitServing(n3, n2, 'start on vmnet');
       await n2.waitService('Backup following n3', 'api', (s) => (s.failover as F | undefined)?.master === n3.ip);
-      t.match((await n3.service('api')).failover, { network: 'vmnet', vrid: VRID, state: 'master' }, 'the VIP rides vmnet\'s router');
-      await carrierLoss(t, n2, n3, lab, client);
+      await n3.waitService('mgmt Master', 'mgmt', (s) => s.state === 'serving' && (s.failover as F | undefined)?.state === 'master');
+      t.match(await failover(n3), { network: 'vmnet', vrid: VRID, state: 'master' }, 'api rides vmnet\'s router');
+      t.same((await failover(n3)).tracks?.map((x) => [x.network, x.track]), [['vmnet', 'interface eth1'], ['vmnet', 'service default/api']], 'vmnet\'s tracks, each saying whose routers it lowers');
+      t.match(await failover(n3, 'mgmt'), { network: 'default', vrid: 50, state: 'master', priority: 200, tracks: [] }, 'mgmt rides the default network\'s router, untracked');
+      t.equal(metricValue(await n3.metrics(), 'lbagent_vrrp_track_failing{track="interface eth1",network="vmnet"}'), 0, 'the gauge names the network');
+      const since = Date.now();
+      await carrierLoss(t, n2, n3, lab, client, async () => {
+        const m = await failover(n3, 'mgmt');
+        t.match(m, { state: 'master', priority: 200 }, 'while vmnet\'s router is in fault, the default network\'s stays Master at its priority');
+        t.equal((await n3.service('mgmt')).vip, MGMT_VIP, 'and n3 keeps mgmt\'s VIP');
+        t.equal((await failover(n2, 'mgmt')).state, 'backup');
+        t.equal(metricValue(await n3.metrics(), 'lbagent_vrrp_track_failing{track="interface eth1",network="vmnet"}'), 1);
+      });
+      const changes = priorityChanges(n3, since);
+      t.ok(changes.length >= 2, `vmnet's router went to fault and back (${changes.length} changes)`);
+      t.same([...new Set(changes.map((l) => l.vrid))], [VRID], 'and it alone changed priority: the default network\'s (VRID 50) never did');
+    });
+
+    t.test('a reload adds a track that already fails: api\'s VIP moves with no restart and mgmt\'s does not blink; removing it brings the VIP back', async (t) => {
+      await n3.addDownLink('trk0');
+      const pid = n3.agent!.proc.pid;
+      const withTrk = { interfaces: [{ name: 'eth1' }, { name: 'trk0', weight: 60 }], services: [{ service: 'api', minHealthy: 2, weight: 60, failAfter: 1, recoverAfter: 1 }] };
+      const loop = await ClientLoop.start(lab, client, `http://${MGMT_VIP}/`, { intervalMs: 20, timeoutMs: 300, maxMs: 30_000 });
+      try {
+        await sleep(300);
+        const added = await n3.reloadTracking({ network: 'vmnet', track: withTrk });
+        t.ok(added.ok, `the reload is applied: ${added.message}`);
+        t.match(added.message, /applied sections: networks/);
+        await waitServing(n2, n3, 'a reload added a failing track');
+        const f3 = await failover(n3);
+        t.equal(f3.priority, 140, 'n3 advertises 200 - 60 on vmnet\'s router');
+        t.same(f3.priorityReasons, ['interface trk0: link down (-60)']);
+        const took = logAfter(n2, added.at, (l) => l.op === 'transition' && l.to === 'master');
+        t.ok(took, `n2 took over (${String(took?.reason)}) ${took ? logTime(took) - added.at : '?'} ms after the reload`);
+        t.match((await n3.status()).events.filter((e) => e.kind === 'vrrp-priority').at(-1)?.reason ?? '', /^network vmnet VRID 51: priority 200 -> priority 140 \(configured 200\): interface trk0: link down \(-60\)$/, 'the event names the network');
+        t.equal(metricValue(await n3.metrics(), 'lbagent_vrrp_track_failing{track="interface trk0",network="vmnet"}'), 1);
+        t.match(await failover(n3, 'mgmt'), { state: 'master', priority: 200 }, 'the default network\'s router is untouched');
+
+        const removed = await n3.reloadTracking({ network: 'vmnet' });
+        t.ok(removed.ok, `the removal is applied: ${removed.message}`);
+        await waitServing(n3, n2, 'the failing track removed, preempt on');
+        t.equal((await failover(n3)).priority, 200, 'back at the configured priority');
+        t.same((await failover(n3)).priorityReasons, []);
+        // /metrics serves a page up to 1 s old (metrics/server.ts reuseMs).
+        await waitFor('the removed track\'s gauge gone', async () => metricValue(await n3.metrics(), 'lbagent_vrrp_track_failing{track="interface trk0",network="vmnet"}') === undefined, 3000, 100);
+        t.pass('the removed track\'s gauge is gone');
+        const back = logAfter(n3, removed.at, (l) => l.op === 'transition' && l.to === 'master');
+        t.comment(`track added -> n2 Master ${took ? logTime(took) - added.at : '?'} ms; removed -> n3 Master ${back ? logTime(back) - removed.at : '?'} ms`);
+        await sleep(300);
+        const g = gapReport(await loop.stop(), added.at, BACKEND_IDS);
+        t.comment(`mgmt's VIP through both reloads: ${g.count} requests, errors ${JSON.stringify(g.errors)}`);
+        t.ok(g.count > 50, `the client asked all along (${g.count} requests)`);
+        t.same(g.failures.map((x) => [x.t - added.at, x.error]), [], 'not one failure on the VIP whose router\'s priority never changed');
+        t.same(g.wrongBodies, []);
+        t.equal(n3.agent!.proc.pid, pid, 'the same process: no restart');
+        t.notOk(n3.logs().some((l) => l.op === 'priority' && l.vrid === 50), 'VRID 50 never changed priority');
+      } finally {
+        await loop.stop().catch(() => undefined);
+      }
     });
   });
 }
