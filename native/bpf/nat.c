@@ -353,15 +353,20 @@ static __always_inline __u16 claim_port(struct lbn_flow_key *rk, const struct lb
 		return rk->dport;
 	/* Free, or this flow's with another counter (a new plan). */
 	if (!taken && (!held || (held->addr == back->addr && held->port == back->port && held->nat_port == back->nat_port))) {
-		if (bpf_map_update_elem(&lbn_replies, rk, back, BPF_ANY) == 0)
+		if (bpf_map_update_elem(&lbn_replies, rk, back, BPF_ANY) == 0) {
+			if (!held)
+				event(LBN_EV_REPLY_INSERT);
 			return rk->dport;
+		}
 	}
 	if (cfg->port_count == 0)
 		return 0;
 	for (int i = 0; i < LBN_PORT_TRIES; i++) {
 		rk->dport = bpf_htons(cfg->port_min + (__u16)((hash + i * 2654435761u) % cfg->port_count));
-		if (bpf_map_update_elem(&lbn_replies, rk, back, BPF_NOEXIST) == 0)
+		if (bpf_map_update_elem(&lbn_replies, rk, back, BPF_NOEXIST) == 0) {
+			event(LBN_EV_REPLY_INSERT);
 			return rk->dport;
+		}
 	}
 	return 0;
 }
@@ -510,6 +515,8 @@ static __always_inline int from_client(struct __sk_buff *skb, struct parsed *p, 
 			*old = flow;
 		else if (bpf_map_update_elem(&lbn_flows, &fk, &flow, BPF_ANY))
 			return TC_ACT_SHOT;
+		else
+			event(LBN_EV_FLOW_INSERT);
 		event(syn || p->proto == IPPROTO_UDP ? LBN_EV_NEW_FLOW : LBN_EV_MIDFLOW);
 		if (rc != BPF_FIB_LKUP_RET_SUCCESS) {
 			if (rewrite(skb, p, ip->daddr, flow.addr, nport, flow.port, 0, 0))

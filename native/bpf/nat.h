@@ -113,7 +113,12 @@ enum lbn_event {
 	LBN_EV_NO_ROUTE = 5,
 	LBN_EV_PASSED = 6,
 	LBN_EV_ICMP_ERROR = 7,
-	LBN_EV_COUNT = 8,
+	/* Keys added to lbn_flows and lbn_replies (an entry written over is
+	 * not counted): the program never deletes one, so what was added and is
+	 * no longer there was evicted (the driver's `evicted`). */
+	LBN_EV_FLOW_INSERT = 8,
+	LBN_EV_REPLY_INSERT = 9,
+	LBN_EV_COUNT = 10,
 };
 
 /* How many source ports of the reserved range a new flow tries when the
