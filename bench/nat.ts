@@ -27,7 +27,8 @@ import { Lab, waitFor } from '../lab/netns';
 import { waitStatus } from '../lab/agent';
 import { distPath } from '../lab/services';
 import { natLayout } from '../agent/net/ebpf/nat-layout';
-import { benchForward, type ForwardResult, type ForwardTarget, type ForwardTargetSummary } from './forwarding';
+import { benchForward, type ForwardResult, type ForwardSample, type ForwardTarget, type ForwardTargetSummary } from './forwarding';
+import type { IperfResult } from './lib/load';
 import { runAgent, stopAgent, natEngineServing, scrapeMetrics, FAST_ARP, OWN_BPFFS } from './lib/agent';
 import { treeMemoryMiB } from './lib/procfs';
 import { fmt, fmtRatio, ratio, round } from './lib/stats';
@@ -124,10 +125,32 @@ export function seriesByLabel(text: string, name: string, label: string): Record
 export interface NatRow {
   target: ForwardTarget; label: string;
   keepalive: number; newConnections: number; bulk: number; bulkReplies: number; cpuOverDirectUs: number;
+  /** The lowest and highest of the per-round paired values behind each median (absent without pairs). */
+  spread: Partial<Record<'keepalive' | 'newConnections' | 'bulk' | 'bulkReplies' | 'cpuOverDirectUs', [number, number]>>;
+}
+
+/** Each round's paired value of a target, A-B-A as the medians are taken (pure): ratios to direct's mean around the slot, CPU over it. */
+export function natRounds(raw: readonly ForwardSample[], target: ForwardTarget): Record<keyof NatRow['spread'], number[]> {
+  const ok = (x: number | undefined): x is number => x !== undefined && Number.isFinite(x) && x > 0;
+  const around = (v: number | undefined, a: number | undefined, b: number | undefined): number[] => (ok(v) && ok(a) && ok(b) ? [v / ((a + b) / 2)] : []);
+  const bps = (r: IperfResult | undefined): number | undefined => (r && !r.error ? r.bitsPerSecond : undefined);
+  const rows = raw.filter((r) => r.target === target);
+  return {
+    keepalive: rows.flatMap((r) => around(r.keepalive.rps, r.directKeepalive?.rps, r.directKeepaliveAfter?.rps)),
+    newConnections: rows.flatMap((r) => around(r.close.rps, r.directClose?.before.rps, r.directClose?.after.rps)),
+    bulk: rows.flatMap((r) => around(bps(r.bulk), bps(r.directBulk?.before), bps(r.directBulk?.after))),
+    bulkReplies: rows.flatMap((r) => around(bps(r.bulkReverse), bps(r.directBulkReverse?.before), bps(r.directBulkReverse?.after))),
+    cpuOverDirectUs: rows.flatMap((r) => {
+      const c = r.keepalive.labCpuUsPerRequest;
+      const a = r.directKeepalive?.labCpuUsPerRequest;
+      const b = r.directKeepaliveAfter?.labCpuUsPerRequest;
+      return c !== undefined && a !== undefined && b !== undefined ? [c - (a + b) / 2] : [];
+    }),
+  };
 }
 
 /** The comparison's rows, from the forwarding summary (pure). Paired ratios where the run has them, else ratios of medians. */
-export function natRows(forward: Pick<ForwardResult, 'summary'>): NatRow[] {
+export function natRows(forward: Pick<ForwardResult, 'summary'> & Partial<Pick<ForwardResult, 'raw'>>): NatRow[] {
   const f = forward.summary;
   const d = f.direct;
   const of = (s: ForwardTargetSummary): NatRow['keepalive'] => s.keepalive.xDirect ?? ratio(s.keepalive.requestsPerSec, d?.keepalive.requestsPerSec ?? NaN);
@@ -140,6 +163,7 @@ export function natRows(forward: Pick<ForwardResult, 'summary'>): NatRow[] {
       bulk: s.bulkXDirect ?? ratio(s.bulkGbps, d?.bulkGbps ?? NaN),
       bulkReplies: s.bulkReverseXDirect ?? ratio(s.bulkReverseGbps ?? NaN, d?.bulkReverseGbps ?? NaN),
       cpuOverDirectUs: s.keepalive.cpuOverDirectUs ?? NaN,
+      spread: Object.fromEntries(Object.entries(natRounds(forward.raw ?? [], t)).filter(([, xs]) => xs.length > 0).map(([k, xs]) => [k, [Math.min(...xs), Math.max(...xs)]])),
     };
   });
 }
@@ -179,7 +203,12 @@ function mdTable(head: string[], rows: string[][]): string {
 /** The comparison as Markdown: each measure beside the engine's target (pure). */
 export function natTable(r: NatResult): string {
   const g = NAT_GOALS;
-  const rows = natRows(r.forward).map((x) => [x.label, fmtRatio(x.keepalive), fmtRatio(x.newConnections), fmtRatio(x.bulk), fmtRatio(x.bulkReplies), Number.isFinite(x.cpuOverDirectUs) ? `${x.cpuOverDirectUs >= 0 ? '+' : ''}${fmt(x.cpuOverDirectUs, 1)}` : '-']);
+  // The rounds' lowest and highest beside each median: how far one round's pair may be from the line.
+  const range = (v: [number, number] | undefined, f: (x: number) => string): string => (v && v[0] !== v[1] ? ` (${f(v[0])} to ${f(v[1])})` : '');
+  const ratio = (x: NatRow, k: 'keepalive' | 'newConnections' | 'bulk' | 'bulkReplies'): string => `${fmtRatio(x[k])}${range(x.spread[k], (v) => v.toFixed(2))}`;
+  const us = (v: number): string => `${v >= 0 ? '+' : ''}${fmt(v, 1)}`;
+  const rows = natRows(r.forward).map((x) => [x.label, ratio(x, 'keepalive'), ratio(x, 'newConnections'), ratio(x, 'bulk'), ratio(x, 'bulkReplies'),
+    Number.isFinite(x.cpuOverDirectUs) ? `${us(x.cpuOverDirectUs)}${range(x.spread.cpuOverDirectUs, us)}` : '-']);
   rows.push(['target (the eBPF engine)', `>= ${g.keepalive}x`, `>= ${g.newConnections}x`, `>= ${g.bulk}x`, `>= ${g.bulk}x`, `<= +${g.cpuOverDirectUs}`]);
   return mdTable(['path', 'keep-alive x direct', 'new conn x direct', 'bulk x direct', 'bulk replies x direct', 'lab CPU µs/req over direct'], rows);
 }

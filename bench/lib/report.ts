@@ -651,7 +651,7 @@ export function renderResults(r: BenchResults): string {
   if (r.nat) {
     const c = r.nat.forward.config;
     parts.push('## The eBPF NAT engine beside nft, DSR and direct');
-    parts.push(`The forwarding lab (3 nginx backends, the bulk port to b1 alone), rows direct, nft (\`sourceIP: snat\` through conntrack), the eBPF full-NAT engine (\`kernel.engine: ebpf\`) and direct server return, ${c.rounds} round(s) in a rotated order. ${c.wrk}; ${c.iperf3}.${c.pairing ? ` ${c.pairing[0]!.toUpperCase()}${c.pairing.slice(1)}.` : ''} Lab CPU per request: wrk, the three nginx and the agent (softirq work is charged to the task it interrupts), over direct's runs around the slot.`);
+    parts.push(`The forwarding lab (3 nginx backends, the bulk port to b1 alone), rows direct, nft (\`sourceIP: snat\` through conntrack), the eBPF full-NAT engine (\`kernel.engine: ebpf\`) and direct server return, ${c.rounds} round(s) in a rotated order. ${c.wrk}; ${c.iperf3}.${c.pairing ? ` ${c.pairing[0]!.toUpperCase()}${c.pairing.slice(1)}.` : ''} Lab CPU per request: wrk, the three nginx and the agent (softirq work is charged to the task it interrupts), over direct's runs around the slot. Beside each median, in brackets, the lowest and highest of the rounds' own pairs it is taken over.`);
     parts.push(natTable(r.nat));
     const ft = forwardTable({ forward: r.nat.forward } as BenchResults);
     if (ft) parts.push('The rows\' own numbers (x HAProxy columns empty: no HAProxy in this area):', ft);
