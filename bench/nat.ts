@@ -47,6 +47,8 @@ export interface NatOptions {
   threads: number;
   /** Connections the flows part holds open through the engine (0: that part is not run). */
   flows: number;
+  /** UDP flows held beside them (a datagram each way to open, one more each way to check). */
+  udpFlows: number;
   /** Client source addresses the flows come from. */
   flowAddresses: number;
   log: (msg: string) => void;
@@ -60,6 +62,8 @@ export interface FlowsResult {
   /** Client addresses (one process each) and echo backends. */
   addresses: number; backends: number;
   asked: number; opened: number; failed: number; openMs: number; openErrors: Record<string, number>;
+  /** UDP flows asked, answered while opening, and answered again after all were open (absent in results without them). */
+  udp?: { asked: number; opened: number; failed: number; alive: number; errors: Record<string, number> };
   /** Connections that echoed a byte after all were open (held), and how long the check took. */
   alive: number; checkMs: number;
   /** The engine's flow maps (lbagent_forward_nat_flow_entries) with every connection open. */
@@ -186,10 +190,12 @@ export function natTargets(r: NatResult): NatTargetRow[] {
   rows.push({ target: `eBPF engine lab CPU per request within ${g.cpuOverDirectUs} µs of direct`, measured: Number.isFinite(cpu) ? `${cpu >= 0 ? '+' : ''}${fmt(cpu, 1)} µs` : 'not measured', met: judge(cpu, (v) => v <= g.cpuOverDirectUs) });
   const fl = r.flows;
   if (fl || r.flowsError) {
+    const udp = fl?.udp;
+    const all = (fl?.asked ?? NaN) + (udp?.asked ?? 0);
     rows.push({
-      target: `${fmt(fl?.asked ?? NaN)} concurrent flows held through the engine`,
-      measured: fl ? `${fmt(fl.alive)} echoed after all opened (${fmt(fl.opened)} opened, flow map ${fmt(fl.fill.flows)} of ${fmt(fl.fill.capacity)})` : `not measured: ${r.flowsError}`,
-      met: fl ? fl.alive >= fl.asked && fl.fill.flows >= fl.asked : undefined,
+      target: `${fmt(fl?.asked ?? NaN)} concurrent flows held through the engine${udp ? ` (TCP; ${fmt(udp.asked)} UDP flows beside them)` : ''}`,
+      measured: fl ? `${fmt(fl.alive)} echoed after all opened (${fmt(fl.opened)} opened${udp ? `; UDP ${fmt(udp.alive)} of ${fmt(udp.opened)}` : ''}, flow map ${fmt(fl.fill.flows)} of ${fmt(fl.fill.capacity)})` : `not measured: ${r.flowsError}`,
+      met: fl ? fl.alive >= fl.asked && (udp ? udp.alive >= udp.asked : true) && fl.fill.flows >= all : undefined,
     });
     rows.push({ target: 'the flow maps\' memory per flow reported', measured: fl && Number.isFinite(fl.bytesPerFlow) ? `${fmt(fl.bytesPerFlow)} bytes (two maps, memlock)` : 'not measured', met: fl ? Number.isFinite(fl.bytesPerFlow) : undefined });
   }
@@ -223,6 +229,7 @@ export function flowsLines(r: NatResult): string[] {
     ['connections asked / opened / failed', `${fmt(f.asked)} / ${fmt(f.opened)} / ${fmt(f.failed)}${Object.keys(f.openErrors).length ? ` (${Object.entries(f.openErrors).map(([k, v]) => `${k} ${v}`).join(', ')})` : ''}`],
     ['opening all took', `${fmt(f.openMs)} ms (${fmt(f.opened / (f.openMs / 1000))} connections/s)`],
     ['held: echoed one byte after all were open', `${fmt(f.alive)} (in ${fmt(f.checkMs)} ms)`],
+    ...(f.udp ? [['UDP flows asked / answered / failed / answered again after all were open', `${fmt(f.udp.asked)} / ${fmt(f.udp.opened)} / ${fmt(f.udp.failed)}${Object.keys(f.udp.errors).length ? ` (${Object.entries(f.udp.errors).map(([k, v]) => `${k} ${v}`).join(', ')})` : ''} / ${fmt(f.udp.alive)}`]] : []),
     ['flow map fill (flows / replies / capacity each)', `${fmt(f.fill.flows)} / ${fmt(f.fill.replies)} / ${fmt(f.fill.capacity)}`],
     ['engine events', events],
     ['node conntrack entries with all open', fmt(f.conntrack)],
@@ -282,7 +289,11 @@ function jsonLines(proc: ChildProcess): { next(pred: (o: Record<string, unknown>
 async function benchFlows(o: NatOptions, layout: { keySize: number; valueSize: number }): Promise<FlowsResult> {
   const lab = await Lab.create();
   try {
-    const shape = flowsLayout(o.flows, o.flowAddresses, nofileLimit());
+    const shape = flowsLayout(o.flows + o.udpFlows, o.flowAddresses, nofileLimit());
+    // Each client's share of the UDP flows, in proportion to its share of all.
+    const udpShare = shape.clients.map((n) => Math.round((n * o.udpFlows) / (o.flows + o.udpFlows)));
+    udpShare[0]! += o.udpFlows - udpShare.reduce((a, b) => a + b, 0);
+    const tcpShare = shape.clients.map((n, i) => n - udpShare[i]!);
     const extra = shape.clients.map((_, i) => `10.99.0.${100 + i}`);
     const backends = Array.from({ length: shape.backends }, (_, i) => `10.99.0.${11 + i}`);
     const client = await lab.addHost('client', { address: `${CLIENT}/24`, extraAddresses: extra.map((a) => `${a}/24`) });
@@ -298,7 +309,7 @@ async function benchFlows(o: NatOptions, layout: { keySize: number; valueSize: n
       servers.push({ ns, lines, proc });
     }
     // The flows outnumber the map's default size; twice as many entries leaves the LRU no reason to evict.
-    const capacity = 2 ** Math.ceil(Math.log2(o.flows * 2));
+    const capacity = 2 ** Math.ceil(Math.log2((o.flows + o.udpFlows) * 2));
     const agent = await runAgent(lab, node, {
       node: { name: 'bench', interface: 'eth0' },
       metrics: { listen: METRICS },
@@ -306,15 +317,15 @@ async function benchFlows(o: NatOptions, layout: { keySize: number; valueSize: n
       kernel: { engine: 'ebpf', flowEntries: capacity, natPorts: [...NAT_PORTS] },
       pools: { 'range-global': `${VIP}-${VIP}` },
       arp: FAST_ARP,
-      services: [{ name: 'hold', ipam: 'pool', loadBalancerIP: VIP, ports: [{ name: 'echo', port: ECHO_PORT, targetPort: ECHO_PORT }], backends }],
+      services: [{ name: 'hold', ipam: 'pool', loadBalancerIP: VIP, ports: [{ name: 'echo', port: ECHO_PORT, targetPort: ECHO_PORT }, { name: 'echo-udp', port: ECHO_PORT, protocol: 'UDP', targetPort: ECHO_PORT }], backends }],
     }, { name: 'nat-flows', command: OWN_BPFFS });
     try {
       await waitStatus(agent, 'the flows agent serving', (s) => s.services.length === 1 && s.services[0]!.ready && s.services[0]!.healthyBackends === backends.length, 30_000);
       await natEngineServing(agent);
       const eventsBefore = seriesByLabel(await scrapeMetrics(lab, node, METRICS), 'lbagent_forward_nat_events_total', 'event');
-      o.log(`flows: ${o.flows} connections from ${extra.length} addresses (a process each) to ${backends.length} backends through the engine (flow maps of ${capacity} entries)`);
+      o.log(`flows: ${o.flows} connections and ${o.udpFlows} UDP flows from ${extra.length} addresses (a process each) to ${backends.length} backends through the engine (flow maps of ${capacity} entries)`);
       // All clients at once, as one client with several addresses would.
-      const procs = shape.clients.map((count, i) => lab.spawn(client, process.execPath, [script, 'connect', '--to', `${VIP}:${ECHO_PORT}`, '--from', extra[i]!, '--ports', CLIENT_PORTS.join('-'), '--count', String(count)], { stdio: ['pipe', 'pipe', 'pipe'] }));
+      const procs = tcpShare.map((count, i) => lab.spawn(client, process.execPath, [script, 'connect', '--to', `${VIP}:${ECHO_PORT}`, '--from', extra[i]!, '--ports', CLIENT_PORTS.join('-'), '--count', String(count), '--udp-count', String(udpShare[i])], { stdio: ['pipe', 'pipe', 'pipe'] }));
       const clients = procs.map((p) => jsonLines(p));
       try {
         const t0 = Date.now();
@@ -322,12 +333,18 @@ async function benchFlows(o: NatOptions, layout: { keySize: number; valueSize: n
         const openErrors: Record<string, number> = {};
         for (const e of each) for (const [k, v] of Object.entries(e.errors as Record<string, number>)) openErrors[k] = (openErrors[k] ?? 0) + v;
         const opened = { opened: each.reduce((n, e) => n + Number(e.opened), 0), failed: each.reduce((n, e) => n + Number(e.failed), 0), ms: Date.now() - t0, errors: openErrors };
+        const udpErrors: Record<string, number> = {};
+        for (const e of each) for (const [k, v] of Object.entries((e.udpErrors ?? {}) as Record<string, number>)) udpErrors[k] = (udpErrors[k] ?? 0) + v;
         o.log(`flows: opened ${opened.opened}, failed ${opened.failed} in ${opened.ms} ms ${JSON.stringify(openErrors)}`);
         // Held a while: idle flows must stay in the maps.
         await new Promise((r) => setTimeout(r, 3000));
         for (const p of procs) p.stdin!.write('check\n');
         const checks = await Promise.all(clients.map((c) => c.next((l) => l.event === 'checked', 'the clients to check their connections', 60_000)));
         const checked = { alive: checks.reduce((n, c) => n + Number(c.alive), 0), ms: Math.max(...checks.map((c) => Number(c.ms))) };
+        const udp = {
+          asked: o.udpFlows, opened: each.reduce((n, e) => n + Number(e.udpOpened ?? 0), 0), failed: each.reduce((n, e) => n + Number(e.udpFailed ?? 0), 0),
+          alive: checks.reduce((n, c) => n + Number(c.udpAlive ?? 0), 0), errors: udpErrors,
+        };
         const metrics = await scrapeMetrics(lab, node, METRICS);
         const fillNow = seriesByLabel(metrics, 'lbagent_forward_nat_flow_entries', 'map');
         const eventsAfter = seriesByLabel(metrics, 'lbagent_forward_nat_events_total', 'event');
@@ -350,6 +367,7 @@ async function benchFlows(o: NatOptions, layout: { keySize: number; valueSize: n
         const result: FlowsResult = {
           addresses: extra.length, backends: backends.length,
           asked: o.flows, opened: opened.opened, failed: opened.failed, openMs: opened.ms, openErrors,
+          ...(o.udpFlows > 0 ? { udp } : {}),
           alive: checked.alive, checkMs: checked.ms,
           fill: { flows: fillNow.flows ?? NaN, replies: fillNow.replies ?? NaN, capacity: fillNow.capacity ?? capacity },
           events, conntrack, perBackend, maps: mem.maps, bytesPerFlow: mem.bytesPerFlow, entryBytes: layout.keySize + layout.valueSize,

@@ -659,7 +659,7 @@ export function renderResults(r: BenchResults): string {
     const fl = flowsLines(r.nat);
     if (fl.length) {
       const f = r.nat.flows;
-      parts.push(`Flows held: a client with ${f ? f.addresses : 'several'} addresses (a process each: a process here may hold 20,000 descriptors at most) opens TCP connections, each bound to its own address and port, through the engine's VIP to ${f ? f.backends : 'several'} echo servers, holds them 3 s, then sends one byte on each and counts the echoes; the engine's flow maps are sized at twice the flows (\`kernel.flowEntries\`, a power of two; \`kernel.natPorts\` 20000-65535 above the client's ports), fill and events from the agent's /metrics, memory from the kernel's account of each map (memlock, /proc/<agent>/fdinfo).`);
+      parts.push(`Flows held: a client with ${f ? f.addresses : 'several'} addresses (a process each: a process here may hold 20,000 descriptors at most) opens TCP connections, each bound to its own address and port, through the engine's VIP to ${f ? f.backends : 'several'} echo servers${f?.udp ? `, then ${fmt(f.udp.asked)} UDP flows to the same servers' port (a socket each, bound alike, open once a datagram came back)` : ''}, holds them 3 s, then sends one byte on each and counts the echoes; the engine's flow maps are sized at twice the flows (\`kernel.flowEntries\`, a power of two; \`kernel.natPorts\` 20000-65535 above the client's ports), fill and events from the agent's /metrics, memory from the kernel's account of each map (memlock, /proc/<agent>/fdinfo).`);
       parts.push(...fl);
     }
   }

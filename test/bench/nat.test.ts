@@ -4,7 +4,7 @@
 // flow maps' memory comes from the kernel's fdinfo of the two flow maps
 // only, and the flows are spread under the descriptor limit.
 import t from 'tap';
-import { flowMapsMemory, flowsLayout, natRounds, natRows, natTable, natTargets, parseMapFdinfo, seriesByLabel, type FlowsResult, type NatResult } from '../../bench/nat';
+import { flowMapsMemory, flowsLayout, flowsLines, natRounds, natRows, natTable, natTargets, parseMapFdinfo, seriesByLabel, type FlowsResult, type NatResult } from '../../bench/nat';
 import { medianAround, pairedBulk, pairedClose, type ForwardResult, type ForwardSample, type ForwardTargetSummary } from '../../bench/forwarding';
 import type { IperfResult, WrkResult } from '../../bench/lib/load';
 
@@ -72,6 +72,12 @@ t.test('flows held: met only when every connection echoed and the map holds them
   t.equal(natTargets({ ...base, flows: flows({ alive: 99_999 }) })[5]!.met, false, 'one lost connection misses it');
   t.equal(natTargets({ ...base, flows: flows({ fill: { flows: 60_000, replies: 60_000, capacity: 65_536 } }) })[5]!.met, false, 'a map that holds fewer than the flows misses it');
   t.equal(natTargets({ ...base, flows: flows({ bytesPerFlow: NaN }) })[6]!.met, false, 'memory not found is not reported');
+  const udp = { asked: 20_000, opened: 20_000, failed: 0, alive: 20_000, errors: {} };
+  const both = { flows: 120_000, replies: 120_000, capacity: 262_144 };
+  t.equal(natTargets({ ...base, flows: flows({ udp, fill: both }) })[5]!.met, true, 'UDP flows beside them: all answered again, all in the map');
+  t.equal(natTargets({ ...base, flows: flows({ udp: { ...udp, alive: 19_999 }, fill: both }) })[5]!.met, false, 'one UDP flow unanswered misses it');
+  t.equal(natTargets({ ...base, flows: flows({ udp }) })[5]!.met, false, 'a map that holds the TCP flows only misses it');
+  t.match(flowsLines({ ...base, flows: flows({ udp: { ...udp, failed: 2, opened: 19_998, errors: { ETIMEDOUT: 2 } }, fill: both }) })[0], /\| UDP flows asked \/ answered \/ failed \/ answered again after all were open \| 20,000 \/ 19,998 \/ 2 \(ETIMEDOUT 2\) \/ 20,000 \|/);
   const failed = natTargets({ ...base, flowsError: 'the agent would not start' });
   t.equal(failed[5]!.met, undefined);
   t.match(failed[5]!.measured, /not measured: the agent would not start/);
