@@ -77,6 +77,7 @@ t.test('flows held: met only when every connection echoed and the map holds them
   t.equal(natTargets({ ...base, flows: flows({ udp, fill: both }) })[5]!.met, true, 'UDP flows beside them: all answered again, all in the map');
   t.equal(natTargets({ ...base, flows: flows({ udp: { ...udp, alive: 19_999 }, fill: both }) })[5]!.met, false, 'one UDP flow unanswered misses it');
   t.equal(natTargets({ ...base, flows: flows({ udp }) })[5]!.met, false, 'a map that holds the TCP flows only misses it');
+  t.equal(natTargets({ ...base, flows: flows({ udp, fill: both, placedDuringCheck: 3 }) })[5]!.met, false, 'flows placed anew while checked (entries lost) miss it');
   t.match(flowsLines({ ...base, flows: flows({ udp: { ...udp, failed: 2, opened: 19_998, errors: { ETIMEDOUT: 2 } }, fill: both }) })[0], /\| UDP flows asked \/ answered \/ failed \/ answered again after all were open \| 20,000 \/ 19,998 \/ 2 \(ETIMEDOUT 2\) \/ 20,000 \|/);
   const failed = natTargets({ ...base, flowsError: 'the agent would not start' });
   t.equal(failed[5]!.met, undefined);
