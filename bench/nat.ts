@@ -27,7 +27,8 @@ import { Lab, waitFor } from '../lab/netns';
 import { waitStatus } from '../lab/agent';
 import { distPath } from '../lab/services';
 import { natLayout } from '../agent/net/ebpf/nat-layout';
-import { benchForward, type ForwardResult, type ForwardTarget, type ForwardTargetSummary } from './forwarding';
+import { benchForward, type ForwardResult, type ForwardSample, type ForwardTarget, type ForwardTargetSummary } from './forwarding';
+import type { IperfResult } from './lib/load';
 import { runAgent, stopAgent, natEngineServing, scrapeMetrics, FAST_ARP, OWN_BPFFS } from './lib/agent';
 import { treeMemoryMiB } from './lib/procfs';
 import { fmt, fmtRatio, ratio, round } from './lib/stats';
@@ -46,6 +47,8 @@ export interface NatOptions {
   threads: number;
   /** Connections the flows part holds open through the engine (0: that part is not run). */
   flows: number;
+  /** UDP flows held beside them (a datagram each way to open, one more each way to check). */
+  udpFlows: number;
   /** Client source addresses the flows come from. */
   flowAddresses: number;
   log: (msg: string) => void;
@@ -59,6 +62,10 @@ export interface FlowsResult {
   /** Client addresses (one process each) and echo backends. */
   addresses: number; backends: number;
   asked: number; opened: number; failed: number; openMs: number; openErrors: Record<string, number>;
+  /** UDP flows asked, answered while opening, and answered again after all were open (absent in results without them). */
+  udp?: { asked: number; opened: number; failed: number; alive: number; errors: Record<string, number>; resent?: number };
+  /** Flows the engine placed while the held ones were checked (lbagent_forward_nat_events_total new and midflow): none when every entry was held. */
+  placedDuringCheck?: number;
   /** Connections that echoed a byte after all were open (held), and how long the check took. */
   alive: number; checkMs: number;
   /** The engine's flow maps (lbagent_forward_nat_flow_entries) with every connection open. */
@@ -124,10 +131,32 @@ export function seriesByLabel(text: string, name: string, label: string): Record
 export interface NatRow {
   target: ForwardTarget; label: string;
   keepalive: number; newConnections: number; bulk: number; bulkReplies: number; cpuOverDirectUs: number;
+  /** The lowest and highest of the per-round paired values behind each median (absent without pairs). */
+  spread: Partial<Record<'keepalive' | 'newConnections' | 'bulk' | 'bulkReplies' | 'cpuOverDirectUs', [number, number]>>;
+}
+
+/** Each round's paired value of a target, A-B-A as the medians are taken (pure): ratios to direct's mean around the slot, CPU over it. */
+export function natRounds(raw: readonly ForwardSample[], target: ForwardTarget): Record<keyof NatRow['spread'], number[]> {
+  const ok = (x: number | undefined): x is number => x !== undefined && Number.isFinite(x) && x > 0;
+  const around = (v: number | undefined, a: number | undefined, b: number | undefined): number[] => (ok(v) && ok(a) && ok(b) ? [v / ((a + b) / 2)] : []);
+  const bps = (r: IperfResult | undefined): number | undefined => (r && !r.error ? r.bitsPerSecond : undefined);
+  const rows = raw.filter((r) => r.target === target);
+  return {
+    keepalive: rows.flatMap((r) => around(r.keepalive.rps, r.directKeepalive?.rps, r.directKeepaliveAfter?.rps)),
+    newConnections: rows.flatMap((r) => around(r.close.rps, r.directClose?.before.rps, r.directClose?.after.rps)),
+    bulk: rows.flatMap((r) => around(bps(r.bulk), bps(r.directBulk?.before), bps(r.directBulk?.after))),
+    bulkReplies: rows.flatMap((r) => around(bps(r.bulkReverse), bps(r.directBulkReverse?.before), bps(r.directBulkReverse?.after))),
+    cpuOverDirectUs: rows.flatMap((r) => {
+      const c = r.keepalive.labCpuUsPerRequest;
+      const a = r.directKeepalive?.labCpuUsPerRequest;
+      const b = r.directKeepaliveAfter?.labCpuUsPerRequest;
+      return c !== undefined && a !== undefined && b !== undefined ? [c - (a + b) / 2] : [];
+    }),
+  };
 }
 
 /** The comparison's rows, from the forwarding summary (pure). Paired ratios where the run has them, else ratios of medians. */
-export function natRows(forward: Pick<ForwardResult, 'summary'>): NatRow[] {
+export function natRows(forward: Pick<ForwardResult, 'summary'> & Partial<Pick<ForwardResult, 'raw'>>): NatRow[] {
   const f = forward.summary;
   const d = f.direct;
   const of = (s: ForwardTargetSummary): NatRow['keepalive'] => s.keepalive.xDirect ?? ratio(s.keepalive.requestsPerSec, d?.keepalive.requestsPerSec ?? NaN);
@@ -140,6 +169,7 @@ export function natRows(forward: Pick<ForwardResult, 'summary'>): NatRow[] {
       bulk: s.bulkXDirect ?? ratio(s.bulkGbps, d?.bulkGbps ?? NaN),
       bulkReplies: s.bulkReverseXDirect ?? ratio(s.bulkReverseGbps ?? NaN, d?.bulkReverseGbps ?? NaN),
       cpuOverDirectUs: s.keepalive.cpuOverDirectUs ?? NaN,
+      spread: Object.fromEntries(Object.entries(natRounds(forward.raw ?? [], t)).filter(([, xs]) => xs.length > 0).map(([k, xs]) => [k, [Math.min(...xs), Math.max(...xs)]])),
     };
   });
 }
@@ -162,10 +192,12 @@ export function natTargets(r: NatResult): NatTargetRow[] {
   rows.push({ target: `eBPF engine lab CPU per request within ${g.cpuOverDirectUs} µs of direct`, measured: Number.isFinite(cpu) ? `${cpu >= 0 ? '+' : ''}${fmt(cpu, 1)} µs` : 'not measured', met: judge(cpu, (v) => v <= g.cpuOverDirectUs) });
   const fl = r.flows;
   if (fl || r.flowsError) {
+    const udp = fl?.udp;
+    const all = (fl?.asked ?? NaN) + (udp?.asked ?? 0);
     rows.push({
-      target: `${fmt(fl?.asked ?? NaN)} concurrent flows held through the engine`,
-      measured: fl ? `${fmt(fl.alive)} echoed after all opened (${fmt(fl.opened)} opened, flow map ${fmt(fl.fill.flows)} of ${fmt(fl.fill.capacity)})` : `not measured: ${r.flowsError}`,
-      met: fl ? fl.alive >= fl.asked && fl.fill.flows >= fl.asked : undefined,
+      target: `${fmt(fl?.asked ?? NaN)} concurrent flows held through the engine${udp ? ` (TCP; ${fmt(udp.asked)} UDP flows beside them)` : ''}`,
+      measured: fl ? `${fmt(fl.alive)} echoed after all opened (${fmt(fl.opened)} opened${udp ? `; UDP ${fmt(udp.alive)} of ${fmt(udp.opened)}` : ''}, flow map ${fmt(fl.fill.flows)} of ${fmt(fl.fill.capacity)})` : `not measured: ${r.flowsError}`,
+      met: fl ? fl.alive >= fl.asked && (udp ? udp.alive >= udp.asked : true) && fl.fill.flows >= all && !(fl.placedDuringCheck! > 0) : undefined,
     });
     rows.push({ target: 'the flow maps\' memory per flow reported', measured: fl && Number.isFinite(fl.bytesPerFlow) ? `${fmt(fl.bytesPerFlow)} bytes (two maps, memlock)` : 'not measured', met: fl ? Number.isFinite(fl.bytesPerFlow) : undefined });
   }
@@ -179,7 +211,12 @@ function mdTable(head: string[], rows: string[][]): string {
 /** The comparison as Markdown: each measure beside the engine's target (pure). */
 export function natTable(r: NatResult): string {
   const g = NAT_GOALS;
-  const rows = natRows(r.forward).map((x) => [x.label, fmtRatio(x.keepalive), fmtRatio(x.newConnections), fmtRatio(x.bulk), fmtRatio(x.bulkReplies), Number.isFinite(x.cpuOverDirectUs) ? `${x.cpuOverDirectUs >= 0 ? '+' : ''}${fmt(x.cpuOverDirectUs, 1)}` : '-']);
+  // The rounds' lowest and highest beside each median: how far one round's pair may be from the line.
+  const range = (v: [number, number] | undefined, f: (x: number) => string): string => (v && v[0] !== v[1] ? ` (${f(v[0])} to ${f(v[1])})` : '');
+  const ratio = (x: NatRow, k: 'keepalive' | 'newConnections' | 'bulk' | 'bulkReplies'): string => `${fmtRatio(x[k])}${range(x.spread[k], (v) => v.toFixed(2))}`;
+  const us = (v: number): string => `${v >= 0 ? '+' : ''}${fmt(v, 1)}`;
+  const rows = natRows(r.forward).map((x) => [x.label, ratio(x, 'keepalive'), ratio(x, 'newConnections'), ratio(x, 'bulk'), ratio(x, 'bulkReplies'),
+    Number.isFinite(x.cpuOverDirectUs) ? `${us(x.cpuOverDirectUs)}${range(x.spread.cpuOverDirectUs, us)}` : '-']);
   rows.push(['target (the eBPF engine)', `>= ${g.keepalive}x`, `>= ${g.newConnections}x`, `>= ${g.bulk}x`, `>= ${g.bulk}x`, `<= +${g.cpuOverDirectUs}`]);
   return mdTable(['path', 'keep-alive x direct', 'new conn x direct', 'bulk x direct', 'bulk replies x direct', 'lab CPU µs/req over direct'], rows);
 }
@@ -194,6 +231,8 @@ export function flowsLines(r: NatResult): string[] {
     ['connections asked / opened / failed', `${fmt(f.asked)} / ${fmt(f.opened)} / ${fmt(f.failed)}${Object.keys(f.openErrors).length ? ` (${Object.entries(f.openErrors).map(([k, v]) => `${k} ${v}`).join(', ')})` : ''}`],
     ['opening all took', `${fmt(f.openMs)} ms (${fmt(f.opened / (f.openMs / 1000))} connections/s)`],
     ['held: echoed one byte after all were open', `${fmt(f.alive)} (in ${fmt(f.checkMs)} ms)`],
+    ...(f.udp ? [['UDP flows asked / answered / failed / answered again after all were open', `${fmt(f.udp.asked)} / ${fmt(f.udp.opened)} / ${fmt(f.udp.failed)}${Object.keys(f.udp.errors).length ? ` (${Object.entries(f.udp.errors).map(([k, v]) => `${k} ${v}`).join(', ')})` : ''} / ${fmt(f.udp.alive)}${f.udp.resent ? ` (${fmt(f.udp.resent)} datagrams sent again to flows not yet answered)` : ''}`]] : []),
+    ...(f.placedDuringCheck !== undefined ? [['flows the engine placed while they were checked (none: every entry held)', fmt(f.placedDuringCheck)]] : []),
     ['flow map fill (flows / replies / capacity each)', `${fmt(f.fill.flows)} / ${fmt(f.fill.replies)} / ${fmt(f.fill.capacity)}`],
     ['engine events', events],
     ['node conntrack entries with all open', fmt(f.conntrack)],
@@ -253,7 +292,11 @@ function jsonLines(proc: ChildProcess): { next(pred: (o: Record<string, unknown>
 async function benchFlows(o: NatOptions, layout: { keySize: number; valueSize: number }): Promise<FlowsResult> {
   const lab = await Lab.create();
   try {
-    const shape = flowsLayout(o.flows, o.flowAddresses, nofileLimit());
+    const shape = flowsLayout(o.flows + o.udpFlows, o.flowAddresses, nofileLimit());
+    // Each client's share of the UDP flows, in proportion to its share of all.
+    const udpShare = shape.clients.map((n) => Math.round((n * o.udpFlows) / (o.flows + o.udpFlows)));
+    udpShare[0]! += o.udpFlows - udpShare.reduce((a, b) => a + b, 0);
+    const tcpShare = shape.clients.map((n, i) => n - udpShare[i]!);
     const extra = shape.clients.map((_, i) => `10.99.0.${100 + i}`);
     const backends = Array.from({ length: shape.backends }, (_, i) => `10.99.0.${11 + i}`);
     const client = await lab.addHost('client', { address: `${CLIENT}/24`, extraAddresses: extra.map((a) => `${a}/24`) });
@@ -269,7 +312,7 @@ async function benchFlows(o: NatOptions, layout: { keySize: number; valueSize: n
       servers.push({ ns, lines, proc });
     }
     // The flows outnumber the map's default size; twice as many entries leaves the LRU no reason to evict.
-    const capacity = 2 ** Math.ceil(Math.log2(o.flows * 2));
+    const capacity = 2 ** Math.ceil(Math.log2((o.flows + o.udpFlows) * 2));
     const agent = await runAgent(lab, node, {
       node: { name: 'bench', interface: 'eth0' },
       metrics: { listen: METRICS },
@@ -277,15 +320,15 @@ async function benchFlows(o: NatOptions, layout: { keySize: number; valueSize: n
       kernel: { engine: 'ebpf', flowEntries: capacity, natPorts: [...NAT_PORTS] },
       pools: { 'range-global': `${VIP}-${VIP}` },
       arp: FAST_ARP,
-      services: [{ name: 'hold', ipam: 'pool', loadBalancerIP: VIP, ports: [{ name: 'echo', port: ECHO_PORT, targetPort: ECHO_PORT }], backends }],
+      services: [{ name: 'hold', ipam: 'pool', loadBalancerIP: VIP, ports: [{ name: 'echo', port: ECHO_PORT, targetPort: ECHO_PORT }, { name: 'echo-udp', port: ECHO_PORT, protocol: 'UDP', targetPort: ECHO_PORT }], backends }],
     }, { name: 'nat-flows', command: OWN_BPFFS });
     try {
       await waitStatus(agent, 'the flows agent serving', (s) => s.services.length === 1 && s.services[0]!.ready && s.services[0]!.healthyBackends === backends.length, 30_000);
       await natEngineServing(agent);
       const eventsBefore = seriesByLabel(await scrapeMetrics(lab, node, METRICS), 'lbagent_forward_nat_events_total', 'event');
-      o.log(`flows: ${o.flows} connections from ${extra.length} addresses (a process each) to ${backends.length} backends through the engine (flow maps of ${capacity} entries)`);
+      o.log(`flows: ${o.flows} connections and ${o.udpFlows} UDP flows from ${extra.length} addresses (a process each) to ${backends.length} backends through the engine (flow maps of ${capacity} entries)`);
       // All clients at once, as one client with several addresses would.
-      const procs = shape.clients.map((count, i) => lab.spawn(client, process.execPath, [script, 'connect', '--to', `${VIP}:${ECHO_PORT}`, '--from', extra[i]!, '--ports', CLIENT_PORTS.join('-'), '--count', String(count)], { stdio: ['pipe', 'pipe', 'pipe'] }));
+      const procs = tcpShare.map((count, i) => lab.spawn(client, process.execPath, [script, 'connect', '--to', `${VIP}:${ECHO_PORT}`, '--from', extra[i]!, '--ports', CLIENT_PORTS.join('-'), '--count', String(count), '--udp-count', String(udpShare[i])], { stdio: ['pipe', 'pipe', 'pipe'] }));
       const clients = procs.map((p) => jsonLines(p));
       try {
         const t0 = Date.now();
@@ -293,12 +336,19 @@ async function benchFlows(o: NatOptions, layout: { keySize: number; valueSize: n
         const openErrors: Record<string, number> = {};
         for (const e of each) for (const [k, v] of Object.entries(e.errors as Record<string, number>)) openErrors[k] = (openErrors[k] ?? 0) + v;
         const opened = { opened: each.reduce((n, e) => n + Number(e.opened), 0), failed: each.reduce((n, e) => n + Number(e.failed), 0), ms: Date.now() - t0, errors: openErrors };
+        const udpErrors: Record<string, number> = {};
+        for (const e of each) for (const [k, v] of Object.entries((e.udpErrors ?? {}) as Record<string, number>)) udpErrors[k] = (udpErrors[k] ?? 0) + v;
         o.log(`flows: opened ${opened.opened}, failed ${opened.failed} in ${opened.ms} ms ${JSON.stringify(openErrors)}`);
         // Held a while: idle flows must stay in the maps.
         await new Promise((r) => setTimeout(r, 3000));
+        const eventsAtCheck = seriesByLabel(await scrapeMetrics(lab, node, METRICS), 'lbagent_forward_nat_events_total', 'event');
         for (const p of procs) p.stdin!.write('check\n');
         const checks = await Promise.all(clients.map((c) => c.next((l) => l.event === 'checked', 'the clients to check their connections', 60_000)));
         const checked = { alive: checks.reduce((n, c) => n + Number(c.alive), 0), ms: Math.max(...checks.map((c) => Number(c.ms))) };
+        const udp = {
+          asked: o.udpFlows, opened: each.reduce((n, e) => n + Number(e.udpOpened ?? 0), 0), failed: each.reduce((n, e) => n + Number(e.udpFailed ?? 0), 0),
+          alive: checks.reduce((n, c) => n + Number(c.udpAlive ?? 0), 0), errors: udpErrors, resent: checks.reduce((n, c) => n + Number(c.udpResent ?? 0), 0),
+        };
         const metrics = await scrapeMetrics(lab, node, METRICS);
         const fillNow = seriesByLabel(metrics, 'lbagent_forward_nat_flow_entries', 'map');
         const eventsAfter = seriesByLabel(metrics, 'lbagent_forward_nat_events_total', 'event');
@@ -321,6 +371,8 @@ async function benchFlows(o: NatOptions, layout: { keySize: number; valueSize: n
         const result: FlowsResult = {
           addresses: extra.length, backends: backends.length,
           asked: o.flows, opened: opened.opened, failed: opened.failed, openMs: opened.ms, openErrors,
+          ...(o.udpFlows > 0 ? { udp } : {}),
+          placedDuringCheck: ['new', 'midflow'].reduce((n, k) => n + (eventsAfter[k] ?? 0) - (eventsAtCheck[k] ?? 0), 0),
           alive: checked.alive, checkMs: checked.ms,
           fill: { flows: fillNow.flows ?? NaN, replies: fillNow.replies ?? NaN, capacity: fillNow.capacity ?? capacity },
           events, conntrack, perBackend, maps: mem.maps, bytesPerFlow: mem.bytesPerFlow, entryBytes: layout.keySize + layout.valueSize,

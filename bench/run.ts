@@ -11,7 +11,7 @@
 //                    [--rounds N] [--quick] [--out DIR] [--docs] [--dhcp-many-ping]
 //                    [--dhcp-clients udhcpc,dhclient,lbagent,lbagent-like]
 //                    [--forward-targets direct,dsr,direct3,dsr3,...] [--scale-sizes 10,100,500,1000]
-//                    [--nat-flows 100000]
+//                    [--nat-flows 100000] [--nat-udp-flows 20000]
 //
 // --dhcp-clients: only these DHCP clients (e.g. `lbagent-like,udhcpc` to
 // look at one row and its peer while working on it; issue 18).
@@ -21,7 +21,8 @@
 // --scale-sizes: the service counts of the scale area (e.g. `10,100` for a
 // short run).
 // --nat-flows: the connections the nat area holds open through the eBPF
-// engine (0 skips that part).
+// engine (0 skips that part); --nat-udp-flows: the UDP flows it holds
+// beside them (0: none).
 // --quick: one round and short measurements (3-4 minutes), to check the
 // harness, not to quote. --docs: also replace the generated summary in
 // docs/benchmarks.md with this run's (`npm run docs` does the same from the
@@ -75,16 +76,16 @@ const TOOLS: Record<Area, string[]> = {
   tracking: ['keepalived', 'ip', 'bash', 'timeout'],
 };
 
-interface Args { only: Area[]; rounds: number; quick: boolean; out: string; docs: boolean; dhcpManyPing: boolean; dhcpClients: DhcpClient[]; forwardTargets: ForwardTarget[]; scaleSizes: number[]; natFlows: number }
+interface Args { only: Area[]; rounds: number; quick: boolean; out: string; docs: boolean; dhcpManyPing: boolean; dhcpClients: DhcpClient[]; forwardTargets: ForwardTarget[]; scaleSizes: number[]; natFlows: number; natUdpFlows: number }
 
 const REPO = path.resolve(__dirname, '..', '..');
 
 function usage(): string {
-  return `usage: npm run bench -- [--only ${AREAS.join(',')}] [--rounds N] [--quick] [--out DIR] [--docs] [--dhcp-many-ping] [--dhcp-clients ${DHCP_CLIENTS.join(',')}] [--forward-targets ${FORWARD_TARGETS.join(',')}] [--scale-sizes ${SCALE_SIZES.join(',')}] [--nat-flows N]\n`;
+  return `usage: npm run bench -- [--only ${AREAS.join(',')}] [--rounds N] [--quick] [--out DIR] [--docs] [--dhcp-many-ping] [--dhcp-clients ${DHCP_CLIENTS.join(',')}] [--forward-targets ${FORWARD_TARGETS.join(',')}] [--scale-sizes ${SCALE_SIZES.join(',')}] [--nat-flows N] [--nat-udp-flows N]\n`;
 }
 
 function parseArgs(argv: string[]): Args {
-  const a: Args = { only: [], rounds: 0, quick: false, out: path.join(REPO, 'bench', 'results'), docs: false, dhcpManyPing: false, dhcpClients: [...DHCP_CLIENTS], forwardTargets: [...FORWARD_TARGETS], scaleSizes: [...SCALE_SIZES], natFlows: 100_000 };
+  const a: Args = { only: [], rounds: 0, quick: false, out: path.join(REPO, 'bench', 'results'), docs: false, dhcpManyPing: false, dhcpClients: [...DHCP_CLIENTS], forwardTargets: [...FORWARD_TARGETS], scaleSizes: [...SCALE_SIZES], natFlows: 100_000, natUdpFlows: 20_000 };
   for (let i = 0; i < argv.length; i++) {
     const v = argv[i + 1];
     switch (argv[i]) {
@@ -125,6 +126,11 @@ function parseArgs(argv: string[]): Args {
         if (!Number.isInteger(n) || n < 0 || n > 400_000) throw new Error('--nat-flows: connections from 0 to 400000');
         a.natFlows = n; i++; break;
       }
+      case '--nat-udp-flows': {
+        const n = Number(v);
+        if (!Number.isInteger(n) || n < 0 || n > 100_000) throw new Error('--nat-udp-flows: UDP flows from 0 to 100000');
+        a.natUdpFlows = n; i++; break;
+      }
       case '--out': a.out = path.resolve(String(v)); i++; break;
       case '--help': case '-h': process.stdout.write(usage()); process.exit(0); break;
       default: throw new Error(`unknown argument ${argv[i]}\n${usage()}`);
@@ -158,7 +164,7 @@ async function main(): Promise<void> {
   sampler.unref();
   const results: BenchResults = {
     bench: 'lb-agent', version, date: startedAt.toISOString().slice(0, 10), startedAt: startedAt.toISOString(), finishedAt: '',
-    options: { rounds: args.rounds, quick: args.quick, only: args.only, ...(args.forwardTargets.length < FORWARD_TARGETS.length ? { forwardTargets: args.forwardTargets } : {}), ...(args.scaleSizes.join(',') !== SCALE_SIZES.join(',') ? { scaleSizes: args.scaleSizes } : {}), ...(areas.includes('nat') ? { natFlows: args.natFlows } : {}) },
+    options: { rounds: args.rounds, quick: args.quick, only: args.only, ...(args.forwardTargets.length < FORWARD_TARGETS.length ? { forwardTargets: args.forwardTargets } : {}), ...(args.scaleSizes.join(',') !== SCALE_SIZES.join(',') ? { scaleSizes: args.scaleSizes } : {}), ...(areas.includes('nat') ? { natFlows: args.natFlows, natUdpFlows: args.natUdpFlows } : {}) },
     machine: machineFacts(),
     load: { before: loadAverage(), after: [], samples, mean1m: NaN, max1m: NaN, otherCpuCores: NaN },
     areas: {}, targets: [],
@@ -261,7 +267,7 @@ async function main(): Promise<void> {
       case 'nat':
         await runArea(area, async () => {
           // The eBPF NAT engine beside nft, DSR and direct; then the flows held (--nat-flows).
-          results.nat = await benchNat({ rounds: R, seconds: q ? 2 : 3, warmup: q ? 0 : 1, connections: 50, threads: 1, flows: args.natFlows, flowAddresses: 6, log: log(area) });
+          results.nat = await benchNat({ rounds: R, seconds: q ? 2 : 3, warmup: q ? 0 : 1, connections: 50, threads: 1, flows: args.natFlows, udpFlows: args.natFlows > 0 ? args.natUdpFlows : 0, flowAddresses: 6, log: log(area) });
           if (Object.keys(results.nat.forward.summary).length === 0) throw new Error(results.nat.forward.errors.join('; ') || 'nothing measured');
         });
         break;

@@ -155,7 +155,7 @@ export class EbpfNatDataplane implements Dataplane, TableOwner {
     let engine: Record<string, unknown> = { ...this.state };
     if (this.plan) {
       try {
-        engine = { ...engine, services: this.plan.serviceKeys, fill: this.engine.fill(), events: this.engine.events() };
+        engine = { ...engine, services: this.plan.serviceKeys, events: this.engine.events(true), fill: this.engine.fill() };
       } catch (err) {
         engine = { ...engine, problem: errorMessage(err) };
       }
@@ -211,13 +211,13 @@ export class EbpfNatDataplane implements Dataplane, TableOwner {
     });
     new Counter({
       name: 'lbagent_forward_nat_events_total',
-      help: 'eBPF NAT engine events since its maps were created: new flows, mid-flow pickups, idle expiries, flows placed again, no free source port, no route, ICMP errors translated.',
+      help: 'eBPF NAT engine events since its maps were created: new flows, mid-flow pickups, idle expiries, flows placed again, no free source port, no route, ICMP errors translated, flow map entries evicted.',
       registers: [registry], labelNames: ['event'],
       collect() {
         this.reset();
         if (!plan()) return;
         try {
-          for (const [k, v] of Object.entries(engine.events()) as [NatEvent, number][]) if (v > 0) this.inc({ event: k }, v);
+          for (const [k, v] of Object.entries(engine.events(true)) as [NatEvent, number][]) if (v > 0) this.inc({ event: k }, v);
         } catch { /* no maps: no series */ }
       },
     });

@@ -652,7 +652,7 @@ export function renderResults(r: BenchResults): string {
   if (r.nat) {
     const c = r.nat.forward.config;
     parts.push('## The eBPF NAT engine beside nft, DSR and direct');
-    parts.push(`The forwarding lab (3 nginx backends, the bulk port to b1 alone), rows direct, nft (\`sourceIP: snat\` through conntrack), the eBPF full-NAT engine (\`kernel.engine: ebpf\`) and direct server return, ${c.rounds} round(s) in a rotated order. ${c.wrk}; ${c.iperf3}.${c.pairing ? ` ${c.pairing[0]!.toUpperCase()}${c.pairing.slice(1)}.` : ''} Lab CPU per request: wrk, the three nginx and the agent (softirq work is charged to the task it interrupts), over direct's runs around the slot.`);
+    parts.push(`The forwarding lab (3 nginx backends, the bulk port to b1 alone), rows direct, nft (\`sourceIP: snat\` through conntrack), the eBPF full-NAT engine (\`kernel.engine: ebpf\`) and direct server return, ${c.rounds} round(s) in a rotated order. ${c.wrk}; ${c.iperf3}.${c.pairing ? ` ${c.pairing[0]!.toUpperCase()}${c.pairing.slice(1)}.` : ''} Lab CPU per request: wrk, the three nginx and the agent (softirq work is charged to the task it interrupts), over direct's runs around the slot. Beside each median, in brackets, the lowest and highest of the rounds' own pairs it is taken over.`);
     parts.push(natTable(r.nat));
     const ft = forwardTable({ forward: r.nat.forward } as BenchResults);
     if (ft) parts.push('The rows\' own numbers (x HAProxy columns empty: no HAProxy in this area):', ft);
@@ -660,7 +660,7 @@ export function renderResults(r: BenchResults): string {
     const fl = flowsLines(r.nat);
     if (fl.length) {
       const f = r.nat.flows;
-      parts.push(`Flows held: a client with ${f ? f.addresses : 'several'} addresses (a process each: a process here may hold 20,000 descriptors at most) opens TCP connections, each bound to its own address and port, through the engine's VIP to ${f ? f.backends : 'several'} echo servers, holds them 3 s, then sends one byte on each and counts the echoes; the engine's flow maps are sized at twice the flows (\`kernel.flowEntries\`, a power of two; \`kernel.natPorts\` 20000-65535 above the client's ports), fill and events from the agent's /metrics, memory from the kernel's account of each map (memlock, /proc/<agent>/fdinfo).`);
+      parts.push(`Flows held: a client with ${f ? f.addresses : 'several'} addresses (a process each: a process here may hold 20,000 descriptors at most) opens TCP connections, each bound to its own address and port, through the engine's VIP to ${f ? f.backends : 'several'} echo servers${f?.udp ? `, then ${fmt(f.udp.asked)} UDP flows to the same servers' port (a socket each, bound alike, open once a datagram came back)` : ''}, holds them 3 s, then sends one byte on each and counts the echoes; the engine's flow maps are sized at twice the flows (\`kernel.flowEntries\`, a power of two; \`kernel.natPorts\` 20000-65535 above the client's ports), fill and events from the agent's /metrics, memory from the kernel's account of each map (memlock, /proc/<agent>/fdinfo).`);
       parts.push(...fl);
     }
   }

@@ -40,10 +40,21 @@
  * as quoted (a receiver matches an error by addresses and ports, RFC 1122
  * 4.2.3.9, and a router may quote only 8 bytes of it).
  *
- * Checksums are fixed incrementally (bpf_l3_csum_replace and
- * bpf_l4_csum_replace with the pseudo-header flag); the TTL drops by one, as
- * through any router, and a packet whose TTL would reach zero goes to the
+ * Checksums are fixed incrementally: the L4 one through bpf_l4_csum_replace
+ * (the pseudo-header flag for the addresses; it knows the skb's checksum
+ * state), the IP header's in the program (RFC 1624); the TTL drops by one,
+ * as through any router, and a packet whose TTL would reach zero goes to the
  * stack, which answers it.
+ *
+ * The way out (device, MACs, the segment length the route's MTU was checked
+ * for) is bpf_fib_lookup's, cached in each direction's flow entry: a flow's
+ * later packets are rewritten and sent with bpf_redirect and no lookup
+ * while the cache is younger than LBN_FIB_REFRESH_NS and the packet no
+ * longer than it was checked for; a next hop the FIB has no neighbour for
+ * is sent with bpf_redirect_neigh and not cached. So an established
+ * packet takes no FIB lookup and, besides the lookups of its flow (a
+ * reply: its entry and the flow's), one bpf_csum_diff and one or two
+ * bpf_l4_csum_replace (two when a port changes).
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -230,44 +241,64 @@ static __always_inline int route(struct __sk_buff *skb, struct bpf_fib_lookup *f
 	return bpf_fib_lookup(skb, fib, sizeof(*fib), 0);
 }
 
-/* Rewrite addresses, ports, TTL and checksums: (src:sport -> dst:dport) becomes (nsrc:nsport -> ndst:ndport). */
-static __always_inline int rewrite(struct __sk_buff *skb, struct parsed *p, __u32 nsrc, __u32 ndst, __u16 nsport, __u16 ndport)
+/* One's complement sum of a 32-bit word's two halves, as they lie in memory. */
+static __always_inline __u32 csum_word(__u32 w)
 {
-	__u32 l3 = sizeof(struct ethhdr) + offsetof(struct iphdr, check);
-	__u32 ip_off = sizeof(struct ethhdr);
-	__u64 l4flags = BPF_F_PSEUDO_HDR | (p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0);
-	__u32 osrc = p->ip->saddr, odst = p->ip->daddr;
-	__u16 osport = p->ports[0], odport = p->ports[1];
+	return (w >> 16) + (w & 0xffff);
+}
+
+/* Rewrite addresses, ports, TTL and checksums and, with `dmac` and `smac`, the frame's
+ * MACs: (src:sport -> dst:dport) becomes (nsrc:nsport -> ndst:ndport). The L4
+ * checksum goes through the helpers (they know the skb's checksum state: a
+ * CHECKSUM_PARTIAL packet from a local socket takes the pseudo-header change
+ * only), two calls at most; the IP header's own checksum, which no offload
+ * computes, and every stored field are written straight into the packet. */
+static __always_inline int rewrite(struct __sk_buff *skb, struct parsed *p, __u32 nsrc, __u32 ndst, __u16 nsport, __u16 ndport,
+				   const __u8 *dmac, const __u8 *smac)
+{
+	__u64 l4flags = p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
+	__u32 oaddr[2] = { p->ip->saddr, p->ip->daddr };
+	__u32 naddr[2] = { nsrc, ndst };
+	__u32 oports = *(__u32 *)p->ports;
+	__u16 nports16[2] = { nsport, ndport };
+	__u32 nports = *(__u32 *)nports16;
 	/* The TTL shares a 16-bit checksum word with the protocol. */
 	__u16 ottl = *(__u16 *)&p->ip->ttl;
 	__u16 nttl = ottl - bpf_htons(0x0100);
-	int udp_zero = 0;
+	__u16 ocheck = p->ip->check;
+	/* A UDP checksum of zero: none (RFC 768), left so. */
+	int udp_zero = p->proto == IPPROTO_UDP && p->ports[3] == 0;
 
-	if (p->proto == IPPROTO_UDP) {
-		void *data = (void *)(long)skb->data;
-		void *end = (void *)(long)skb->data_end;
-		struct udphdr *uh = data + p->l4_off;
-		if ((void *)(uh + 1) > end)
-			return -1;
-		udp_zero = uh->check == 0;
-	}
 	if (!udp_zero) {
-		if (bpf_l4_csum_replace(skb, p->csum_off, osrc, nsrc, l4flags | 4) ||
-		    bpf_l4_csum_replace(skb, p->csum_off, odst, ndst, l4flags | 4) ||
-		    bpf_l4_csum_replace(skb, p->csum_off, osport, nsport, (l4flags & ~BPF_F_PSEUDO_HDR) | 2) ||
-		    bpf_l4_csum_replace(skb, p->csum_off, odport, ndport, (l4flags & ~BPF_F_PSEUDO_HDR) | 2))
+		__s64 diff = bpf_csum_diff(oaddr, sizeof(oaddr), naddr, sizeof(naddr), 0);
+		if (diff < 0 || bpf_l4_csum_replace(skb, p->csum_off, 0, (__u32)diff, l4flags | BPF_F_PSEUDO_HDR))
+			return -1;
+		if (oports != nports && bpf_l4_csum_replace(skb, p->csum_off, oports, nports, l4flags | 4))
 			return -1;
 	}
-	if (bpf_l3_csum_replace(skb, l3, osrc, nsrc, 4) ||
-	    bpf_l3_csum_replace(skb, l3, odst, ndst, 4) ||
-	    bpf_l3_csum_replace(skb, l3, ottl, nttl, 2))
+	/* RFC 1624 eqn. 3: HC' = ~(~HC + ~m + m'). */
+	__u32 sum = (__u16)~ocheck;
+	sum += csum_word(~oaddr[0]) + csum_word(~oaddr[1]) + csum_word(nsrc) + csum_word(ndst) + (__u16)~ottl + nttl;
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+
+	/* The helpers above may have moved the packet: its pointers again. */
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = data + sizeof(*eth);
+	__u32 *ports = (void *)(ip + 1);
+	if ((void *)(ports + 1) > end)
 		return -1;
-	if (bpf_skb_store_bytes(skb, ip_off + offsetof(struct iphdr, saddr), &nsrc, 4, 0) ||
-	    bpf_skb_store_bytes(skb, ip_off + offsetof(struct iphdr, daddr), &ndst, 4, 0) ||
-	    bpf_skb_store_bytes(skb, ip_off + offsetof(struct iphdr, ttl), &nttl, 2, 0) ||
-	    bpf_skb_store_bytes(skb, p->l4_off, &nsport, 2, 0) ||
-	    bpf_skb_store_bytes(skb, p->l4_off + 2, &ndport, 2, 0))
-		return -1;
+	ip->saddr = nsrc;
+	ip->daddr = ndst;
+	*(__u16 *)&ip->ttl = nttl;
+	ip->check = (__u16)~sum;
+	*ports = nports;
+	if (dmac) {
+		__builtin_memcpy(eth->h_dest, dmac, ETH_ALEN);
+		__builtin_memcpy(eth->h_source, smac, ETH_ALEN);
+	}
 	return 0;
 }
 
@@ -316,17 +347,26 @@ static __always_inline __u16 claim_port(struct lbn_flow_key *rk, const struct lb
 	 * mid-way by another node). */
 	struct lbn_svc_key as_svc = { .vip = rk->daddr, .port = rk->dport, .proto = rk->proto };
 	int taken = bpf_map_lookup_elem(&lbn_svcs, &as_svc) != 0;
-	/* Free, or already this flow's (a flow placed again). */
+	/* Already this flow's (a flow placed again, a client's port reused
+	 * towards the same backend): kept as it is, with its cached way out. */
+	if (!taken && held && held->addr == back->addr && held->port == back->port && held->nat_port == back->nat_port && held->counter == back->counter)
+		return rk->dport;
+	/* Free, or this flow's with another counter (a new plan). */
 	if (!taken && (!held || (held->addr == back->addr && held->port == back->port && held->nat_port == back->nat_port))) {
-		if (bpf_map_update_elem(&lbn_replies, rk, back, BPF_ANY) == 0)
+		if (bpf_map_update_elem(&lbn_replies, rk, back, BPF_ANY) == 0) {
+			if (!held)
+				event(LBN_EV_REPLY_INSERT);
 			return rk->dport;
+		}
 	}
 	if (cfg->port_count == 0)
 		return 0;
 	for (int i = 0; i < LBN_PORT_TRIES; i++) {
 		rk->dport = bpf_htons(cfg->port_min + (__u16)((hash + i * 2654435761u) % cfg->port_count));
-		if (bpf_map_update_elem(&lbn_replies, rk, back, BPF_NOEXIST) == 0)
+		if (bpf_map_update_elem(&lbn_replies, rk, back, BPF_NOEXIST) == 0) {
+			event(LBN_EV_REPLY_INSERT);
 			return rk->dport;
+		}
 	}
 	return 0;
 }
@@ -344,24 +384,54 @@ static __always_inline __u32 segment_len(struct __sk_buff *skb, const struct par
 	return sizeof(struct iphdr) + sizeof(struct udphdr) + skb->gso_size;
 }
 
-/* Send a packet of a flow on, from the VIP: (C or B) -> VIP becomes VIP:nsport -> ndst:ndport. */
-static __always_inline int forward(struct __sk_buff *skb, struct parsed *p, __u32 ndst, __u16 nsport, __u16 ndport, __u32 counter, int to_backend, int placed)
+/* Keep the FIB's way out in the flow's entry (a map value, or the new entry
+ * before it is stored): the set time last, so a reader on another CPU that
+ * sees it sees the fields it covers. */
+static __always_inline void cache_way(struct lbn_flow *f, const struct bpf_fib_lookup *fib, __u32 seg, __u64 now)
+{
+	f->ifindex = fib->ifindex;
+	f->fib_len = seg > 0xffff ? 0xffff : seg;
+	__builtin_memcpy(f->dmac, fib->dmac, ETH_ALEN);
+	__builtin_memcpy(f->smac, fib->smac, ETH_ALEN);
+	asm volatile("" ::: "memory");
+	f->fib_ns = now;
+}
+
+/* Send a packet of flow `f` on, from the VIP: (C or B) -> VIP becomes
+ * VIP:nsport -> f->addr:ndport, out of the way cached in `f` while it is
+ * fresh and the packet no longer than what it was checked for, else out of
+ * a new FIB lookup (which the flow then caches). */
+static __always_inline int forward(struct __sk_buff *skb, struct parsed *p, struct lbn_flow *f, __u16 nsport, __u16 ndport, int to_backend, int placed, __u64 now)
 {
 	struct iphdr *ip = p->ip;
 	__u32 vip = ip->daddr;
+	__u32 ndst = f->addr;
+	__u32 counter = f->counter;
 	__u32 len = bpf_ntohs(ip->tot_len);
+	__u32 seg = segment_len(skb, p, len);
+
+	if (ip->ttl <= 1)
+		return TCX_NEXT;
+	if (f->fib_ns != 0 && now - f->fib_ns < LBN_FIB_REFRESH_NS && seg <= f->fib_len) {
+		__u32 ifindex = f->ifindex;
+		if (rewrite(skb, p, vip, ndst, nsport, ndport, f->dmac, f->smac))
+			return TC_ACT_SHOT;
+		count(counter, to_backend, len, placed);
+		return bpf_redirect(ifindex, 0);
+	}
 	struct bpf_fib_lookup fib;
 	/* With the packet's (a segment's) length: one larger than the way out allows is the
 	 * stack's, which answers with ICMP fragmentation-needed. */
-	int rc = route(skb, &fib, vip, ndst, p->proto, segment_len(skb, p, len));
-
+	int rc = route(skb, &fib, vip, ndst, p->proto, seg);
 	if (!fib_usable(rc)) {
 		event(LBN_EV_NO_ROUTE);
 		return TCX_NEXT;
 	}
-	if (ip->ttl <= 1)
-		return TCX_NEXT;
-	if (rewrite(skb, p, vip, ndst, nsport, ndport))
+	if (rc == BPF_FIB_LKUP_RET_SUCCESS)
+		cache_way(f, &fib, seg, now);
+	else
+		f->fib_ns = 0;
+	if (rewrite(skb, p, vip, ndst, nsport, ndport, 0, 0))
 		return TC_ACT_SHOT;
 	count(counter, to_backend, len, placed);
 	return send(skb, &fib, rc);
@@ -373,6 +443,8 @@ static __always_inline int from_client(struct __sk_buff *skb, struct parsed *p, 
 	__u64 now = bpf_ktime_get_ns();
 	struct lbn_flow_key fk = { .saddr = ip->saddr, .daddr = ip->daddr, .sport = p->ports[0], .dport = p->ports[1], .proto = p->proto };
 	struct lbn_flow *f = bpf_map_lookup_elem(&lbn_flows, &fk);
+	/* The tuple's entry, expired or to be placed again: rewritten in place. */
+	struct lbn_flow *old = f;
 	struct lbn_flow flow;
 	int placed = 0;
 	int syn = p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
@@ -399,11 +471,23 @@ static __always_inline int from_client(struct __sk_buff *skb, struct parsed *p, 
 		struct lbn_slot *s = bpf_map_lookup_elem(&lbn_slots, &key);
 		if (!s || s->backend == 0)
 			return TCX_NEXT;
-		struct bpf_fib_lookup fib;
-		int rc = route(skb, &fib, ip->daddr, s->backend, p->proto, 0);
-		if (!fib_usable(rc)) {
-			event(LBN_EV_NO_ROUTE);
+		if (ip->ttl <= 1)
 			return TCX_NEXT;
+		/* The way to the backend, once: checked before anything is
+		 * recorded, and cached in the new entry for this packet and the
+		 * flow's next ones; the tuple's old entry's, where it names the
+		 * same backend and is fresh. */
+		struct bpf_fib_lookup fib;
+		__u32 len = bpf_ntohs(ip->tot_len);
+		__u32 seg = segment_len(skb, p, len);
+		int rc = BPF_FIB_LKUP_RET_SUCCESS;
+		int cached = old && old->addr == s->backend && old->fib_ns != 0 && now - old->fib_ns < LBN_FIB_REFRESH_NS && seg <= old->fib_len;
+		if (!cached) {
+			rc = route(skb, &fib, ip->daddr, s->backend, p->proto, seg);
+			if (!fib_usable(rc)) {
+				event(LBN_EV_NO_ROUTE);
+				return TCX_NEXT;
+			}
 		}
 		struct lbn_flow_key rk = { .saddr = s->backend, .daddr = ip->daddr, .sport = svc->target_port, .dport = fk.sport, .proto = p->proto };
 		struct lbn_flow back = { .addr = fk.saddr, .port = fk.sport, .nat_port = fk.dport, .counter = s->counter, .seen_ns = now };
@@ -412,19 +496,42 @@ static __always_inline int from_client(struct __sk_buff *skb, struct parsed *p, 
 			event(LBN_EV_PORTS_EXHAUSTED);
 			return TC_ACT_SHOT;
 		}
-		/* Whole at once: one update of the map a new flow. */
+		/* Whole at once: one update of the map a new flow (a tuple's
+		 * entry that is there already is written over in place: a reader on
+		 * another CPU may see it half-written for the instant, a packet of
+		 * a connection the client is only now opening again). */
 		flow = (struct lbn_flow){ .addr = s->backend, .port = svc->target_port, .nat_port = nport, .counter = s->counter,
 					  .closing = (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)) != 0, .seen_ns = now };
-		if (bpf_map_update_elem(&lbn_flows, &fk, &flow, BPF_ANY))
+		if (cached) {
+			flow.fib_ns = old->fib_ns;
+			flow.ifindex = old->ifindex;
+			flow.fib_len = old->fib_len;
+			__builtin_memcpy(flow.dmac, old->dmac, ETH_ALEN);
+			__builtin_memcpy(flow.smac, old->smac, ETH_ALEN);
+		} else if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
+			cache_way(&flow, &fib, seg, now);
+		}
+		if (old)
+			*old = flow;
+		else if (bpf_map_update_elem(&lbn_flows, &fk, &flow, BPF_ANY))
 			return TC_ACT_SHOT;
+		else
+			event(LBN_EV_FLOW_INSERT);
+		event(syn || p->proto == IPPROTO_UDP ? LBN_EV_NEW_FLOW : LBN_EV_MIDFLOW);
+		if (rc != BPF_FIB_LKUP_RET_SUCCESS) {
+			if (rewrite(skb, p, ip->daddr, flow.addr, nport, flow.port, 0, 0))
+				return TC_ACT_SHOT;
+			count(flow.counter, 1, len, 1);
+			return send(skb, &fib, rc);
+		}
 		f = &flow;
 		placed = 1;
-		event(syn || p->proto == IPPROTO_UDP ? LBN_EV_NEW_FLOW : LBN_EV_MIDFLOW);
+	} else {
+		if (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST))
+			f->closing = 1;
+		f->seen_ns = now;
 	}
-	if (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST))
-		f->closing = 1;
-	f->seen_ns = now;
-	return forward(skb, p, f->addr, f->nat_port, f->port, f->counter, 1, placed);
+	return forward(skb, p, f, f->nat_port, f->port, 1, placed, now);
 }
 
 static __always_inline int from_backend(struct __sk_buff *skb, struct parsed *p, const struct lbn_config *cfg)
@@ -444,7 +551,7 @@ static __always_inline int from_backend(struct __sk_buff *skb, struct parsed *p,
 	if (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST))
 		f->closing = 1;
 	f->seen_ns = now;
-	return forward(skb, p, r->addr, r->nat_port, r->port, r->counter, 0, 0);
+	return forward(skb, p, r, r->nat_port, r->port, 0, 0, now);
 }
 
 /* linux/icmp.h pulls in libc's socket headers, which the BPF target lacks. */

@@ -61,7 +61,14 @@ struct lbn_flow_key {
  * (addr, port = the client, nat_port = the VIP's port), the backend side for
  * the client's (addr, port = the backend, nat_port = the source port towards
  * it). `seen_ns` is bpf_ktime_get_ns() of the flow's last packet; `closing`
- * is set by a TCP FIN or RST. */
+ * is set by a TCP FIN or RST.
+ *
+ * The way out towards `addr`, as bpf_fib_lookup last gave it: the device,
+ * the frame's MACs, and `fib_len`, the segment length that lookup checked
+ * against the route's MTU. A packet of the flow no longer than `fib_len`,
+ * within LBN_FIB_REFRESH_NS of `fib_ns`, is sent with these and no lookup;
+ * `fib_ns` 0: none cached (a flow's first packet, or a neighbour the FIB
+ * had not resolved). */
 struct lbn_flow {
 	__u32 addr;
 	__u16 port;
@@ -69,6 +76,12 @@ struct lbn_flow {
 	__u32 counter;
 	__u32 closing;
 	__u64 seen_ns;
+	__u64 fib_ns;
+	__u32 ifindex;
+	__u16 fib_len;
+	__u8 dmac[6];
+	__u8 smac[6];
+	__u8 pad[6];
 };
 
 /* Per (port, backend): what went each way, and the flows placed. */
@@ -100,11 +113,21 @@ enum lbn_event {
 	LBN_EV_NO_ROUTE = 5,
 	LBN_EV_PASSED = 6,
 	LBN_EV_ICMP_ERROR = 7,
-	LBN_EV_COUNT = 8,
+	/* Keys added to lbn_flows and lbn_replies (an entry written over is
+	 * not counted): the program never deletes one, so what was added and is
+	 * no longer there was evicted (the driver's `evicted`). */
+	LBN_EV_FLOW_INSERT = 8,
+	LBN_EV_REPLY_INSERT = 9,
+	LBN_EV_COUNT = 10,
 };
 
 /* How many source ports of the reserved range a new flow tries when the
  * client's own port is taken towards its backend. */
 #define LBN_PORT_TRIES 8
+
+/* How long a flow's cached way out (struct lbn_flow's fib_*) is used before
+ * the next packet looks it up again: a route, MTU or neighbour MAC that
+ * changes reaches an open flow within this (1 s). */
+#define LBN_FIB_REFRESH_NS 1000000000
 
 #endif

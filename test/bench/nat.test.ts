@@ -4,8 +4,8 @@
 // flow maps' memory comes from the kernel's fdinfo of the two flow maps
 // only, and the flows are spread under the descriptor limit.
 import t from 'tap';
-import { flowMapsMemory, flowsLayout, natRows, natTable, natTargets, parseMapFdinfo, seriesByLabel, type FlowsResult, type NatResult } from '../../bench/nat';
-import { medianAround, pairedBulk, pairedClose, type ForwardResult, type ForwardTargetSummary } from '../../bench/forwarding';
+import { flowMapsMemory, flowsLayout, flowsLines, natRounds, natRows, natTable, natTargets, parseMapFdinfo, seriesByLabel, type FlowsResult, type NatResult } from '../../bench/nat';
+import { medianAround, pairedBulk, pairedClose, type ForwardResult, type ForwardSample, type ForwardTargetSummary } from '../../bench/forwarding';
 import type { IperfResult, WrkResult } from '../../bench/lib/load';
 
 const wrk = (rps: number): WrkResult => ({ rps } as WrkResult);
@@ -72,6 +72,13 @@ t.test('flows held: met only when every connection echoed and the map holds them
   t.equal(natTargets({ ...base, flows: flows({ alive: 99_999 }) })[5]!.met, false, 'one lost connection misses it');
   t.equal(natTargets({ ...base, flows: flows({ fill: { flows: 60_000, replies: 60_000, capacity: 65_536 } }) })[5]!.met, false, 'a map that holds fewer than the flows misses it');
   t.equal(natTargets({ ...base, flows: flows({ bytesPerFlow: NaN }) })[6]!.met, false, 'memory not found is not reported');
+  const udp = { asked: 20_000, opened: 20_000, failed: 0, alive: 20_000, errors: {} };
+  const both = { flows: 120_000, replies: 120_000, capacity: 262_144 };
+  t.equal(natTargets({ ...base, flows: flows({ udp, fill: both }) })[5]!.met, true, 'UDP flows beside them: all answered again, all in the map');
+  t.equal(natTargets({ ...base, flows: flows({ udp: { ...udp, alive: 19_999 }, fill: both }) })[5]!.met, false, 'one UDP flow unanswered misses it');
+  t.equal(natTargets({ ...base, flows: flows({ udp }) })[5]!.met, false, 'a map that holds the TCP flows only misses it');
+  t.equal(natTargets({ ...base, flows: flows({ udp, fill: both, placedDuringCheck: 3 }) })[5]!.met, false, 'flows placed anew while checked (entries lost) miss it');
+  t.match(flowsLines({ ...base, flows: flows({ udp: { ...udp, failed: 2, opened: 19_998, errors: { ETIMEDOUT: 2 } }, fill: both }) })[0], /\| UDP flows asked \/ answered \/ failed \/ answered again after all were open \| 20,000 \/ 19,998 \/ 2 \(ETIMEDOUT 2\) \/ 20,000 \|/);
   const failed = natTargets({ ...base, flowsError: 'the agent would not start' });
   t.equal(failed[5]!.met, undefined);
   t.match(failed[5]!.measured, /not measured: the agent would not start/);
@@ -81,6 +88,28 @@ t.test('the table puts the targets under the rows', async (t) => {
   const text = natTable({ forward: forward({ direct: summary({ ka: 40_000, nc: 10_000, bulk: 4, rev: 4 }), ebpf: summary({ ka: 36_000, nc: 9_000, bulk: 4, rev: 4, cpu: -0.4 }, 'eBPF') }) });
   t.match(text, /\| eBPF \| 0\.90x \| 0\.90x \| 1\.00x \| 1\.00x \| -0\.4 \|/);
   t.match(text, /\| target \(the eBPF engine\) \| >= 0\.9x \| >= 0\.9x \| >= 0\.95x \| >= 0\.95x \| <= \+2 \|/);
+});
+
+t.test('the spread: each round\'s own pair beside the median, lowest and highest', async (t) => {
+  const around = (v: number, a: number, b: number): Pick<ForwardSample, 'round' | 'target'> & Partial<ForwardSample> => ({
+    keepalive: { ...wrk(v), labCpuUsPerRequest: v / 10_000 }, directKeepalive: { ...wrk(a), labCpuUsPerRequest: a / 10_000 }, directKeepaliveAfter: { ...wrk(b), labCpuUsPerRequest: b / 10_000 },
+    close: wrk(v), directClose: { before: wrk(a), after: wrk(b) },
+    bulk: iperf(v / 10_000), directBulk: { before: iperf(a / 10_000), after: iperf(b / 10_000) },
+  } as Partial<ForwardSample> as ForwardSample);
+  const raw = [
+    { ...around(45_000, 50_000, 50_000), round: 0, target: 'ebpf' },
+    { ...around(30_000, 20_000, 40_000), round: 1, target: 'ebpf' },
+    { ...around(40_000, 40_000, 40_000), round: 2, target: 'ebpf' },
+    { ...around(10_000, 40_000, 40_000), round: 0, target: 'kernel' },
+  ] as ForwardSample[];
+  const r = natRounds(raw, 'ebpf');
+  t.same(r.keepalive, [0.9, 1, 1]);
+  t.same(r.newConnections, [0.9, 1, 1]);
+  t.same(r.bulk.map((x) => Math.round(x * 1000) / 1000), [0.9, 1, 1]);
+  t.same(r.bulkReplies, [], 'no reverse pairs: none');
+  t.same(r.cpuOverDirectUs.map((x) => Math.round(x * 10) / 10), [-0.5, 0, 0]);
+  const text = natTable({ forward: { ...forward({ direct: summary({ ka: 40_000, nc: 10_000, bulk: 4, rev: 4 }), ebpf: summary({ ka: 36_000, kax: 1, nc: 9_000, ncx: 1, bulk: 4, rev: 4, cpu: 0 }, 'eBPF') }), raw } });
+  t.match(text, /\| eBPF \| 1\.00x \(0\.90 to 1\.00\) \| 1\.00x \(0\.90 to 1\.00\) \| 1\.00x \(0\.90 to 1\.00\) \| 1\.00x \| \+0\.0 \(-0\.5 to \+0\.0\) \|/);
 });
 
 // Captured from /proc/<agent>/fdinfo on this kernel (6.18): an LRU hash flow map and the program.

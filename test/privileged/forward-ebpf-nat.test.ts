@@ -169,6 +169,7 @@ if (requirePrivileged(t)) {
       t.equal(st.details.natEngine?.engine, 'ebpf', `status: ${st.details.natEngine?.reason}`);
       t.ok((st.details.natEngine?.events?.['new'] ?? 0) >= 61, `the engine placed the flows itself (${JSON.stringify(st.details.natEngine?.events)})`);
       t.ok((st.details.natEngine?.fill?.flows ?? 0) >= 60, `flow map fill ${st.details.natEngine?.fill?.flows}`);
+      t.equal(st.details.natEngine?.events?.['evicted'], 0, 'flow maps with room evict nothing');
       const http = st.flows.filter((f) => f.port === 'http').reduce((s, f) => s + f.connections, 0);
       t.equal(http, 41, 'per-backend connections count the engine\'s TCP flows');
       const metrics = await eng.request<string>({ cmd: 'metrics' });
@@ -215,6 +216,7 @@ if (requirePrivileged(t)) {
       t.same(picked.backends, held.backends, 'held connections picked up mid-way by the new maps, each on its backend');
       const st = await eng.request<NatStats>({ cmd: 'stats' });
       t.ok((st.details.natEngine?.events?.['midflow'] ?? 0) >= held.backends.length, `mid-flow pickups counted (${JSON.stringify(st.details.natEngine?.events)})`);
+      t.equal(st.details.natEngine?.events?.['evicted'], 0, 'the removed maps\' flows are not counted as evicted');
       t.equal(await conntrackEntries(lab, node), 0, 'and none of it went through conntrack');
 
       // b3 removed from the config: its connections end (the next segment is placed on another backend, which resets it).
@@ -287,6 +289,26 @@ s.on('error', (e) => out({ ok: false, got: n, error: e.code }));`;
       const st = await eng.request<NatStats>({ cmd: 'stats' });
       t.ok((st.details.natEngine?.events?.['icmpError'] ?? 0) >= 2, `the engine translated the errors itself (${JSON.stringify(st.details.natEngine?.events)})`);
       t.equal(await conntrackEntries(lab, node), 0, 'none of it went through conntrack');
+      await eng.request({ cmd: 'stop' });
+    });
+    await t.test('flow maps too small for the flows evict, and the evictions are counted', async (t) => {
+      // 16 entries a map, 40 UDP flows one after another from new client
+      // ports: each is answered (its entries live long enough for its own
+      // reply), and every key the engine added and no longer holds is an
+      // eviction: two keys a flow (one a map) less what the maps hold.
+      const eng = await JsonLinesProc.start(lab, node, 'forward-driver.js',
+        ['--kind', 'kernel', '--nat-engine', 'ebpf', '--nat-device', 'eth0', '--nat-pin-dir', `${pinDir}-small`, '--nat-flows', '16'], 'driver(ebpf, 16 flows)');
+      t.teardown(() => eng.close());
+      await eng.request({ cmd: 'apply', state: { services: [weighted] } });
+      const ports = Array.from({ length: 40 }, (_, i) => 45001 + i);
+      const got = await udpFrom(lab, client, ports);
+      t.same(ports.filter((p) => got[p] !== expectedBackend(weighted, p)), [], 'every flow answered by its backend');
+      const st = await eng.request<NatStats>({ cmd: 'stats' });
+      const fill = st.details.natEngine?.fill ?? { flows: NaN, replies: NaN };
+      t.ok(fill.flows <= 16 && fill.replies <= 16, `the maps hold at most their size (${fill.flows} / ${fill.replies})`);
+      t.equal(st.details.natEngine?.events?.['evicted'], 2 * ports.length - fill.flows - fill.replies, `evictions counted (${JSON.stringify(st.details.natEngine?.events)})`);
+      const metrics = await eng.request<string>({ cmd: 'metrics' });
+      t.match(metrics, new RegExp(`lbagent_forward_nat_events_total\\{event="evicted"\\} ${2 * ports.length - fill.flows - fill.replies}\\b`));
       await eng.request({ cmd: 'stop' });
     });
     await t.test('an engine that cannot load leaves the nft table serving alone, and says why', async (t) => {

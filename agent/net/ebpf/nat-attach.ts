@@ -28,8 +28,12 @@ export const NAT_OBJECT = 'nat.bpf.o';
 const PROG_PIN = 'lb_agent_nat_prog';
 /** The maps pinned by name (LIBBPF_PIN_BY_NAME in nat.c). */
 const PINNED_MAPS = ['lbn_flows', 'lbn_replies', 'lbn_events'] as const;
+const FLOW_MAPS = ['lbn_flows', 'lbn_replies'] as const;
+/** The event counting the keys the program added to each flow map (nat.h). */
+const INSERT_EVENT: Readonly<Record<(typeof FLOW_MAPS)[number], string>> = { lbn_flows: 'LBN_EV_FLOW_INSERT', lbn_replies: 'LBN_EV_REPLY_INSERT' };
 const EVENTS = ['LBN_EV_NEW_FLOW', 'LBN_EV_MIDFLOW', 'LBN_EV_EXPIRED', 'LBN_EV_REPLACED', 'LBN_EV_PORTS_EXHAUSTED', 'LBN_EV_NO_ROUTE', 'LBN_EV_ICMP_ERROR'] as const;
-export type NatEvent = 'new' | 'midflow' | 'expired' | 'replaced' | 'portsExhausted' | 'noRoute' | 'icmpError';
+/** `evicted`: entries the flow maps' LRU dropped (not an event of the program: inserts it counted less the maps' fill, see events()). */
+export type NatEvent = 'new' | 'midflow' | 'expired' | 'replaced' | 'portsExhausted' | 'noRoute' | 'icmpError' | 'evicted';
 const EVENT_NAMES: Readonly<Record<(typeof EVENTS)[number], NatEvent>> = {
   LBN_EV_NEW_FLOW: 'new', LBN_EV_MIDFLOW: 'midflow', LBN_EV_EXPIRED: 'expired', LBN_EV_REPLACED: 'replaced',
   LBN_EV_PORTS_EXHAUSTED: 'portsExhausted', LBN_EV_NO_ROUTE: 'noRoute', LBN_EV_ICMP_ERROR: 'icmpError',
@@ -134,6 +138,9 @@ export class NatEngine {
   /** Counter totals of the programs this one replaced, by "service\0proto/port\0backend". */
   private readonly carried = new Map<string, NatCounter>();
   private readonly cpus: number;
+  /** The highest eviction count reported (events()), and what of it was counted against flow maps since replaced. */
+  private evicted = 0;
+  private evictedBase = 0;
 
   constructor(opts: NatEngineOptions) {
     this.device = opts.device;
@@ -152,6 +159,8 @@ export class NatEngine {
     if (problem) throw new LbError('LB_ERR_FORWARD_NAT_BPF', `cannot pin the NAT engine's flow maps: ${problem}`);
     fs.mkdirSync(this.pinDir, { recursive: true, mode: 0o700 });
     const s = this.settings;
+    // Flow maps this load creates (no pin yet, or one of another layout): their insert counts start again (events()).
+    const created: string[] = FLOW_MAPS.filter((name) => !fs.existsSync(path.join(this.pinDir, name)));
     let loaded;
     try {
       loaded = this.bpf.bpfObjectLoad(this.objectPath, this.pinDir, {
@@ -180,6 +189,12 @@ export class NatEngine {
       for (const e of plan.services) this.bpf.bpfMapUpdate(m('lbn_svcs'), e.key, e.value, 0);
       plan.slots.forEach((v, k) => this.bpf.bpfMapUpdate(m('lbn_slots'), u32(k), v, 0));
       for (const e of plan.members) this.bpf.bpfMapUpdate(m('lbn_members'), e.key, e.value, 0);
+      const fresh = FLOW_MAPS.filter((name) => created.includes(name) || loaded.unpinned.includes(name));
+      if (fresh.length > 0) {
+        // What the old maps lost stays counted; keys of maps that are gone no longer count as evicted.
+        this.evictedBase = this.evicted;
+        for (const name of fresh) this.bpf.bpfMapUpdate(m('lbn_events'), u32(this.layout.constant(INSERT_EVENT[name])), Buffer.alloc(8 * this.cpus), 0);
+      }
     } catch (err) {
       closeLoaded(next);
       throw new LbError('LB_ERR_FORWARD_NAT_BPF', `cannot fill the NAT engine's maps: ${errorMessage(err)}`, undefined, { cause: err });
@@ -278,17 +293,39 @@ export class NatEngine {
     return this.readCounters();
   }
 
-  /** The engine-wide events (pinned: since the maps were created, across restarts). */
-  events(): Record<NatEvent, number> {
+  /**
+   * The engine-wide events (pinned: since the maps were created, across
+   * restarts). `withEvictions` (a walk of both flow maps) adds `evicted`:
+   * an LRU map drops an entry silently, but the program never deletes one
+   * and counts every key it adds, so the keys added (read first) less the
+   * keys there now (counted after) are the ones the kernel evicted. A flow
+   * map created anew (its pin removed, or of another layout) starts its
+   * count again at the load that creates it. Exact but for keys added
+   * during the walk (the count then reads low for that scrape) and two
+   * CPUs adding one key at once; never reported lower than before (a
+   * counter).
+   */
+  events(withEvictions = false): Record<NatEvent, number> {
     const out = { new: 0, midflow: 0, expired: 0, replaced: 0, portsExhausted: 0, noRoute: 0 } as Record<NatEvent, number>;
     const fd = this.current?.maps['lbn_events'];
     if (fd === undefined) return out;
     const buf = Buffer.alloc(8 * this.cpus);
-    for (const e of EVENTS) {
-      if (!this.bpf.bpfMapLookup(fd, u32(this.layout.constant(e)), buf)) continue;
+    const read = (name: string): number | undefined => {
+      if (!this.bpf.bpfMapLookup(fd, u32(this.layout.constant(name)), buf)) return undefined;
       let n = 0;
       for (let c = 0; c < this.cpus; c++) n += Number(buf.readBigUInt64LE(c * 8));
-      out[EVENT_NAMES[e]] = n;
+      return n;
+    };
+    for (const e of EVENTS) {
+      const n = read(e);
+      if (n !== undefined) out[EVENT_NAMES[e]] = n;
+    }
+    if (withEvictions) {
+      const added = { flows: read('LBN_EV_FLOW_INSERT') ?? 0, replies: read('LBN_EV_REPLY_INSERT') ?? 0 };
+      const fill = this.fill();
+      const lost = Math.max(0, added.flows - fill.flows) + Math.max(0, added.replies - fill.replies);
+      this.evicted = Math.max(this.evicted, this.evictedBase + lost);
+      out.evicted = this.evicted;
     }
     return out;
   }

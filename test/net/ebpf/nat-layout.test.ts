@@ -16,9 +16,9 @@ t.test('the header parses into the structs the program uses', async (t) => {
   const sizes = Object.fromEntries([...l.header.structs.values()].map((s) => [s.name, s.size]));
   t.same(sizes, {
     lbn_svc_key: 8, lbn_svc: 16, lbn_slot: 8, lbn_member_key: 12, lbn_member: 8,
-    lbn_flow_key: 16, lbn_flow: 24, lbn_counter: 40, lbn_config: 32,
+    lbn_flow_key: 16, lbn_flow: 56, lbn_counter: 40, lbn_config: 32,
   });
-  t.equal(l.constant('LBN_EV_COUNT'), 8);
+  t.equal(l.constant('LBN_EV_COUNT'), 10);
   t.equal(l.constant('LBN_PORT_TRIES'), 8);
   t.equal(l.struct('lbn_flow').fields.find((f) => f.name === 'seen_ns')?.offset, 16, 'a u64 after four u32s sits at 16');
 });
