@@ -400,6 +400,11 @@ static __always_inline int from_client(struct __sk_buff *skb, struct parsed *p, 
 		if (!s || s->backend == 0)
 			return TCX_NEXT;
 		struct bpf_fib_lookup fib;
+		/* Only while the VIP is this node's (the nft path's `fib daddr
+		 * type local`): a VRRP Backup routes a client's packet that still
+		 * reaches it on to the Master untranslated, as the stack does. */
+		if (route(skb, &fib, ip->saddr, ip->daddr, p->proto, 0) != BPF_FIB_LKUP_RET_NOT_FWDED)
+			return TCX_NEXT;
 		int rc = route(skb, &fib, ip->daddr, s->backend, p->proto, 0);
 		if (!fib_usable(rc)) {
 			event(LBN_EV_NO_ROUTE);
