@@ -171,6 +171,10 @@ export class SystemdContainer {
       const failed = await this.systemctl('--failed', '--no-legend', '--plain');
       throw new Error(`the container booted degraded: ${failed.stdout}`);
     }
+    // A VM's systemd mounts the BPF file system at boot (mode 0700); a
+    // container's skips it, and the unit's own mount (ExecStartPre=+) is not
+    // seen outside that command here (systemd 252 under nspawn).
+    await this.exec('mount', ['-t', 'bpf', '-o', 'mode=0700', 'bpf', '/sys/fs/bpf']);
   }
 
   /** The container's PID 1 as the host sees it. */

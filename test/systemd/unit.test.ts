@@ -76,7 +76,7 @@ t.test('the unit has the service semantics and hardening issue 9 lists', async (
   const one = (k: string): string | undefined => all(k)[0];
   t.equal(one('Type'), 'notify', 'Type=notify: READY=1 says when it serves');
   t.match(all('ExecStartPre').at(-1), /^\+\/usr\/bin\/lb-agent check --config \/etc\/lb-agent\/config\.yaml$/, 'the preflight runs last before the daemon, with full privileges ("+")');
-  t.match(one('ExecStartPre'), /^-\+\/bin\/sh -c 'mountpoint -q \/sys\/fs\/bpf \|\| mount -t bpf .*; install -d -o lb-agent -g lb-agent -m 0700 \/sys\/fs\/bpf\/lb-agent'$/, 'before it, the BPF file system where missing and the agent\'s own directory on it');
+  t.match(one('ExecStartPre'), /^-\+\/bin\/sh -c 'mountpoint -q \/sys\/fs\/bpf \|\| mount -t bpf .*; chmod go\+x \/sys\/fs\/bpf && install -d -o lb-agent -g lb-agent -m 0700 \/sys\/fs\/bpf\/lb-agent'$/, 'before it, the BPF file system where missing, passable by the agent\'s user, and the agent\'s own directory on it');
   t.match(one('ExecStart'), /^\/usr\/bin\/lb-agent run --config \/etc\/lb-agent\/config\.yaml --on-stop keep$/, 'a restart keeps the data path serving');
   t.equal(one('ExecStopPost'), '+/usr/bin/lb-agent withdraw --config /etc/lb-agent/config.yaml --unless-restarting', 'a stop (not a restart) withdraws it, with the privileges the daemon dropped');
   t.ok(Number(one('FileDescriptorStoreMax')) >= 64, 'the fd store keeps the proxy\'s listeners across a restart');
