@@ -30,8 +30,8 @@ const CONTAINER_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:
 const live = new Set<SystemdContainer>();
 let counter = 0;
 
-// CAP_BPF: the unit hands it to the agent (direct server return's program), and nspawn's own default set lacks it; a VM's systemd has it.
-export const DEFAULT_CONTAINER_CAPABILITIES = ['CAP_NET_ADMIN', 'CAP_NET_RAW', 'CAP_BPF'];
+// CAP_BPF, CAP_PERFMON: the unit hands them to the agent (direct server return's program, the eBPF NAT engine), and nspawn's own default set lacks them; a VM's systemd has them.
+export const DEFAULT_CONTAINER_CAPABILITIES = ['CAP_NET_ADMIN', 'CAP_NET_RAW', 'CAP_BPF', 'CAP_PERFMON'];
 
 export interface ContainerOptions {
   /** Lab namespace the container joins as its network ("the VM"). */

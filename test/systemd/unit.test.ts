@@ -91,8 +91,8 @@ t.test('the unit has the service semantics and hardening issue 9 lists', async (
   t.equal(one('CacheDirectory'), 'lb-agent', 'V8\'s code cache (agent/cli/code-cache.ts) has a writable home under ProtectSystem=strict');
   t.equal(one('CacheDirectoryMode'), '0700', 'private: a cache is code the agent runs');
   t.equal(one('User'), 'lb-agent', 'a dedicated user, not root');
-  const caps = ['CAP_BPF', 'CAP_NET_ADMIN', 'CAP_NET_BIND_SERVICE', 'CAP_NET_RAW'];
-  t.same(one('AmbientCapabilities')?.split(/\s+/).sort(), caps, 'exactly the three network capabilities and BPF (DSR at tc ingress), ambient');
+  const caps = ['CAP_BPF', 'CAP_NET_ADMIN', 'CAP_NET_BIND_SERVICE', 'CAP_NET_RAW', 'CAP_PERFMON'];
+  t.same(one('AmbientCapabilities')?.split(/\s+/).sort(), caps, 'exactly the three network capabilities, BPF and PERFMON (DSR and the NAT engine at tc ingress), ambient');
   t.same(one('CapabilityBoundingSet')?.split(/\s+/).sort(), caps, 'and nothing else in the bounding set');
   t.equal(one('NoNewPrivileges'), 'yes');
   t.equal(one('ProtectSystem'), 'strict');
