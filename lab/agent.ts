@@ -63,6 +63,14 @@ export function withTestEngine<T extends Record<string, unknown>>(cfg: T, env: N
   return { ...cfg, kernel: { ...kernel, engine } };
 }
 
+/** withTestEngine for a config's text: a top-level `kernel:` appended where it has none (its lines keep their numbers). */
+export function withTestEngineText(text: string, env: NodeJS.ProcessEnv = process.env): string {
+  const engine = env['LB_AGENT_TEST_ENGINE'];
+  if (engine === undefined || engine === '' || /^kernel:/m.test(text)) return text;
+  withTestEngine({}, env);
+  return `${text}${text.endsWith('\n') ? '' : '\n'}kernel:\n  engine: ${engine}\n`;
+}
+
 let counter = 0;
 
 /** Start `lb-agent run` in ns. cfg is the config as an object; control.socket and stateDir are filled in if absent. */

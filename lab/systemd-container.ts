@@ -18,7 +18,7 @@ import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { stringify } from './yaml';
-import { withTestEngine } from './agent';
+import { withTestEngine, withTestEngineText } from './agent';
 import { Lab, run, waitFor, ExecResult } from './netns';
 import { within, TIMED_OUT } from './within';
 
@@ -185,7 +185,7 @@ export class SystemdContainer {
 
   /** Write /etc/lb-agent/config.yaml (an object as YAML, or text), readable by the unit's user. */
   writeConfig(cfg: Record<string, unknown> | string): void {
-    fs.writeFileSync(this.file('/etc/lb-agent/config.yaml'), typeof cfg === 'string' ? cfg : stringify(withTestEngine(cfg)), { mode: 0o644 });
+    fs.writeFileSync(this.file('/etc/lb-agent/config.yaml'), typeof cfg === 'string' ? withTestEngineText(cfg) : stringify(withTestEngine(cfg)), { mode: 0o644 });
   }
 
   /** Run a command in all of the container's namespaces (as root, as `machinectl shell` would). */
