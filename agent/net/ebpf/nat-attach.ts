@@ -21,6 +21,7 @@ import { bpfObjectPath, ifNameToIndex, nativeBpfObject, type NativeBpfObject } f
 import type { NatPlan } from '../../forward/nat-plan';
 import { natLayout, type CLayout } from './nat-layout';
 import { BPF_F_REPLACE, BPF_TCX_INGRESS } from './ebpf-dsr';
+import { otherOwnPrograms } from './ebpf-attach';
 
 /** The program's name (its function in nat.c): how ours is told apart at the hook. */
 export const NAT_PROG_NAME = 'lb_agent_nat';
@@ -172,6 +173,11 @@ export class NatEngine {
     this.objectPath = opts.objectPath ?? bpfObjectPath(NAT_OBJECT);
     this.layout = natLayout();
     this.cpus = possibleCpus();
+    // The program an earlier process left: the DSR engine at the same hook must not take it for an unknown one of its own.
+    const inherited = this.pinnedProg();
+    if (inherited !== undefined) {
+      try { otherOwnPrograms.add(this.bpf.bpfProgInfo(inherited).id); } catch { /* gone meanwhile */ } finally { closeFd(inherited); }
+    }
   }
 
   private load(plan: NatPlan): Loaded {
@@ -273,6 +279,7 @@ export class NatEngine {
       throw new LbError('LB_ERR_FORWARD_NAT_BPF', `cannot attach the NAT engine at tcx ingress of ${this.device}: ${errorMessage(err)}`, undefined, { cause: err });
     }
     closeFd(inherited);
+    otherOwnPrograms.add(this.bpf.bpfProgInfo(next.prog).id);
     this.pinProg(next.prog);
     this.carryCounters();
     closeLoaded(this.current);
