@@ -138,7 +138,7 @@ export const ERROR_HELP: Readonly<Record<ErrorCode, { readonly cause: string; re
   },
   LB_ERR_FORWARD_NAT_BPF: {
     cause: 'The eBPF full-NAT engine (`kernel.engine: ebpf`) could not be loaded, filled or attached: the object native/build/Release/nat.bpf.o not built, libbpf.so.1 missing, no BPF file system to pin its flow maps on, no tcx, or a verifier refusal.',
-    fix: 'With `kernel.engine: auto` the nft table forwards alone. For the engine: kernel 6.6+, CAP_BPF and CAP_NET_ADMIN, libbpf 1.x, a bpffs at /sys/fs/bpf, and the object built (scripts/setup.sh installs clang and libbpf-dev, then npm ci). `lb-agent check` (finding `nat-engine`) says which is missing.',
+    fix: 'With `kernel.engine: auto` the nft table forwards alone. For the engine: kernel 6.6+, CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN, libbpf 1.x, a bpffs at /sys/fs/bpf, and the object built (scripts/setup.sh installs clang and libbpf-dev, then npm ci). `lb-agent check` (finding `nat-engine`) says which is missing.',
   },
   LB_ERR_VRRP_SOCKET: {
     cause: 'A VRRP router could not open or reuse its packet socket on the failover interface.',

@@ -49,6 +49,28 @@ export interface AgentHandle {
   waitLog(what: string, pred: (l: Record<string, unknown>) => boolean, timeoutMs?: number): Promise<Record<string, unknown>>;
 }
 
+/**
+ * LB_AGENT_TEST_ENGINE=nft|ebpf|auto: a whole test file's agents run with
+ * that `kernel.engine` (a hand run of a suite against one engine), except
+ * where the test's config names one itself. Unset: the config as written.
+ */
+export function withTestEngine<T extends Record<string, unknown>>(cfg: T, env: NodeJS.ProcessEnv = process.env): T {
+  const engine = env['LB_AGENT_TEST_ENGINE'];
+  if (engine === undefined || engine === '') return cfg;
+  if (!['nft', 'ebpf', 'auto'].includes(engine)) throw new Error(`LB_AGENT_TEST_ENGINE=${JSON.stringify(engine)}: expected nft, ebpf or auto`);
+  const kernel = (cfg['kernel'] ?? {}) as Record<string, unknown>;
+  if (kernel['engine'] !== undefined) return cfg;
+  return { ...cfg, kernel: { ...kernel, engine } };
+}
+
+/** withTestEngine for a config's text: a top-level `kernel:` appended where it has none (its lines keep their numbers). */
+export function withTestEngineText(text: string, env: NodeJS.ProcessEnv = process.env): string {
+  const engine = env['LB_AGENT_TEST_ENGINE'];
+  if (engine === undefined || engine === '' || /^kernel:/m.test(text)) return text;
+  withTestEngine({}, env);
+  return `${text}${text.endsWith('\n') ? '' : '\n'}kernel:\n  engine: ${engine}\n`;
+}
+
 let counter = 0;
 
 /** Start `lb-agent run` in ns. cfg is the config as an object; control.socket and stateDir are filled in if absent. */
@@ -58,7 +80,7 @@ export async function startAgent(lab: Lab, ns: string, cfg: Record<string, unkno
   const socket = (cfg.control as { socket?: string } | undefined)?.socket ?? lab.file(`${name}.sock`);
   const configPath = lab.file(`${name}.yaml`);
   // A config must say `services:`; a test that starts an agent without any means none.
-  const full = { services: [], ...cfg, stateDir, control: { socket } };
+  const full = withTestEngine({ services: [], ...cfg, stateDir, control: { socket } });
   fs.writeFileSync(configPath, stringify(full));
   const argv = [opts.bin ?? AGENT_BIN, 'run', '--config', configPath, '--log-level', opts.logLevel ?? 'debug', ...(opts.args ?? [])];
   // nofile: the agent runs under that descriptor limit (soft and hard), as under a unit's LimitNOFILE=.
@@ -82,7 +104,7 @@ export async function startAgent(lab: Lab, ns: string, cfg: Record<string, unkno
     proc, ns, configPath, socket, stateDir, logs,
     stderr: () => err,
     status: async () => (await controlRequest(socket, 'status', 3000)) as StatusDocument,
-    writeConfig: (c) => fs.writeFileSync(configPath, stringify({ services: [], ...c, stateDir, control: { socket } })),
+    writeConfig: (c) => fs.writeFileSync(configPath, stringify(withTestEngine({ services: [], ...c, stateDir, control: { socket } }))),
     signal: (sig) => { proc.kill(sig); },
     exited,
     waitLog: (what, pred, timeoutMs = 15_000) => waitFor(`agent log: ${what}`, () => logs.find(pred), timeoutMs),

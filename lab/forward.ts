@@ -53,6 +53,14 @@ process.stdout.write(JSON.stringify(a.attachedDsrPrograms(n.nativeBpf(), n.ifNam
   return JSON.parse((await lab.exec(ns, process.execPath, ['-e', script])).stdout) as number[];
 }
 
+/** The eBPF NAT engine's programs attached at tcx ingress of `device` in `ns` (recognised by name, as root inside the namespace). */
+export async function natProgramsIn(lab: Lab, ns: string, device = 'eth0'): Promise<number[]> {
+  const script = `const n = require(${JSON.stringify(distPath('agent', 'native', 'native.js'))}); const fs = require('node:fs'); const b = n.nativeBpf();
+const out = []; for (const id of b.bpfProgQuery(n.ifNameToIndex(${JSON.stringify(device)}), 46)) { const fd = b.bpfProgGetFdById(id); if (b.bpfProgInfo(fd).name === 'lb_agent_nat') out.push(id); fs.closeSync(fd); }
+process.stdout.write(JSON.stringify(out));`;
+  return JSON.parse((await lab.exec(ns, process.execPath, ['-e', script])).stdout) as number[];
+}
+
 /** A DSR backend set up by hand, as docs/datapaths.md "Direct server return" tells an operator without lb-agent there: the VIPs on lo, ARP kept quiet. */
 export async function dsrBackendByHand(lab: Lab, ns: string, vips: readonly string[]): Promise<void> {
   // An IPv6 VIP needs no sysctl: Linux answers neighbour solicitations only for the receiving interface's addresses.

@@ -18,6 +18,7 @@ import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { stringify } from './yaml';
+import { withTestEngine, withTestEngineText } from './agent';
 import { Lab, run, waitFor, ExecResult } from './netns';
 import { within, TIMED_OUT } from './within';
 
@@ -29,8 +30,8 @@ const CONTAINER_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:
 const live = new Set<SystemdContainer>();
 let counter = 0;
 
-// CAP_BPF: the unit hands it to the agent (direct server return's program), and nspawn's own default set lacks it; a VM's systemd has it.
-export const DEFAULT_CONTAINER_CAPABILITIES = ['CAP_NET_ADMIN', 'CAP_NET_RAW', 'CAP_BPF'];
+// CAP_BPF, CAP_PERFMON: the unit hands them to the agent (direct server return's program, the eBPF NAT engine), and nspawn's own default set lacks them; a VM's systemd has them.
+export const DEFAULT_CONTAINER_CAPABILITIES = ['CAP_NET_ADMIN', 'CAP_NET_RAW', 'CAP_BPF', 'CAP_PERFMON'];
 
 export interface ContainerOptions {
   /** Lab namespace the container joins as its network ("the VM"). */
@@ -170,6 +171,10 @@ export class SystemdContainer {
       const failed = await this.systemctl('--failed', '--no-legend', '--plain');
       throw new Error(`the container booted degraded: ${failed.stdout}`);
     }
+    // A VM's systemd mounts the BPF file system at boot (mode 0700); a
+    // container's skips it, and the unit's own mount (ExecStartPre=+) is not
+    // seen outside that command here (systemd 252 under nspawn).
+    await this.exec('mount', ['-t', 'bpf', '-o', 'mode=0700', 'bpf', '/sys/fs/bpf']);
   }
 
   /** The container's PID 1 as the host sees it. */
@@ -180,7 +185,7 @@ export class SystemdContainer {
 
   /** Write /etc/lb-agent/config.yaml (an object as YAML, or text), readable by the unit's user. */
   writeConfig(cfg: Record<string, unknown> | string): void {
-    fs.writeFileSync(this.file('/etc/lb-agent/config.yaml'), typeof cfg === 'string' ? cfg : stringify(cfg), { mode: 0o644 });
+    fs.writeFileSync(this.file('/etc/lb-agent/config.yaml'), typeof cfg === 'string' ? withTestEngineText(cfg) : stringify(withTestEngine(cfg)), { mode: 0o644 });
   }
 
   /** Run a command in all of the container's namespaces (as root, as `machinectl shell` would). */

@@ -53,9 +53,9 @@ export const DEFAULT_DHCP_GUARD = { allowOtherSubnets: false, servers: [] as str
 
 export const DEFAULT_PROXY: ProxyConfig = { algorithm: 'round-robin', idleTimeout: 300, connectTimeout: 3 };
 
-// The nft table until the eBPF engine holds all the nft path holds (docs/datapaths.md);
+// The eBPF engine where it loads, else the nft table (docs/datapaths.md);
 // 65,536 flows a direction; NAT ports above Linux's default ephemeral range (32768-60999).
-export const DEFAULT_KERNEL: KernelConfig = { engine: 'nft', flowEntries: 65536, natPorts: [61001, 65535] };
+export const DEFAULT_KERNEL: KernelConfig = { engine: 'auto', flowEntries: 65536, natPorts: [61001, 65535] };
 
 /** Harvester cloud provider annotation keys, mapped onto typed service fields. */
 export const ANNOTATION_PREFIX = 'cloudprovider.harvesterhci.io/';

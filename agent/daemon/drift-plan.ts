@@ -275,8 +275,8 @@ export class TableChanges {
     return this.seq;
   }
 
-  /** The write that began at `mark` is in the kernel: the changes heard before it are repaired. */
-  written(mark: number): void {
-    for (const [t, c] of [...this.changes]) if (c.seq <= mark) this.changes.delete(t);
+  /** The write that began at `mark` is in the kernel: the changes heard before it, to `subjects` (all when absent), are repaired. */
+  written(mark: number, subjects?: readonly string[]): void {
+    for (const [t, c] of [...this.changes]) if (c.seq <= mark && (subjects === undefined || subjects.includes(t))) this.changes.delete(t);
   }
 }

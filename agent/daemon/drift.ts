@@ -38,9 +38,17 @@ export interface TableOwner {
   keepForwarding(): Promise<ReadonlyArray<{ readonly sysctl: string; readonly found: number }>>;
   /**
    * A program the path owns beside its tables (the eBPF NAT engine's), where
-   * someone undid it: read at every resync, repaired by repair() as a table.
+   * someone undid it: read at every resync, repaired by repairProgram() (its
+   * subject is a drift of kind 'table', its table left alone).
    */
   programsUndone?(): ReadonlyArray<{ readonly subject: string; readonly found: string }>;
+  /**
+   * Put back the program named `subject` (one programsUndone() reported),
+   * its maps and its plan. Resolves with what was done (also when the
+   * program could not be put back and the path serves without it), or
+   * undefined to be tried again.
+   */
+  repairProgram?(subject: string): Promise<string | undefined>;
 }
 
 export interface DriftGuardOptions {
@@ -494,12 +502,20 @@ export class DriftGuard {
           return (await this.opts.netlink.removeAddress(r.ifindex, r.address, r.prefix)) ? 'removed it' : 'it was gone already';
         }
         case 'table': {
+          const tables = this.opts.tables;
+          if (!tables) return undefined;
           const mark = this.tablesChanged.mark();
-          const written = await this.opts.tables?.repair();
-          if (!written) return undefined;
-          // One write puts back every table the path owns, as changed before it began.
-          this.tablesChanged.written(mark);
-          if (this.tablesChanged.size > 0) this.requestCheck();
+          if (tables.repairProgram && !tables.ownedTables().includes(d.subject)) {
+            // A program beside the tables: it alone is put back (the tables are not written).
+            const done = await tables.repairProgram(d.subject);
+            if (done === undefined) return undefined;
+            this.tablesChanged.written(mark, [d.subject]);
+            return done;
+          }
+          if (!await tables.repair()) return undefined;
+          // One write puts back every table the path owns, as changed before it began
+          // (a change heard meanwhile asked for its own check: onCommit).
+          this.tablesChanged.written(mark, tables.ownedTables());
           return 'wrote the tables again in one transaction';
         }
         case 'sysctl': {

@@ -24,7 +24,7 @@ import { PoolSource, linkLocalOf, poolVipPrefix } from '../ipam/pool-source';
 import { NeighbourSockets } from '../net/neighbour/neighbour-sockets';
 import { AddressRemovals } from '../net/netlink/address-removals';
 import { HealthChecker } from '../health/checker';
-import { selectDataplane, createDataplane, natEngineChoice, probeNatEngine, probeNftables, probeDsr, dsrUnavailable, parseDsrEngine, servicesNeedingProxy, placementFor, type ProbeResult } from '../forward/index';
+import { selectDataplane, createDataplane, natEngineChoice, probeNatEngine, detachLeftoverNatEngine, probeNftables, probeDsr, dsrUnavailable, parseDsrEngine, servicesNeedingProxy, placementFor, type ProbeResult } from '../forward/index';
 import { familyOf, formatAddress, formatIPv4 } from '../address';
 import { familyServiceKey, linkKeyOf } from '../config/families';
 import { BackendVips } from '../net/host/dsr-backend';
@@ -141,8 +141,12 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
       }
     }
     // The eBPF NAT engine in front of the nft table (kernel.engine).
-    const nat = selection.kind === 'kernel' ? natEngineChoice(config.kernel.engine, () => probeNatEngine(parent.name)) : undefined;
+    const nat = selection.kind === 'kernel' ? natEngineChoice(config.kernel.engine, () => probeNatEngine(parent.name, { mount: true })) : undefined;
     if (nat) log.info({ module: 'forward', op: 'select', natEngine: nat.use ? 'ebpf' : 'nft', reason: nat.reason }, `snat flows: ${nat.use ? 'the eBPF NAT engine' : 'the nft table'} (${nat.reason})`);
+    if (nat && !nat.use) {
+      const left = detachLeftoverNatEngine(parent.name, { pinnedOnly: config.kernel.engine === 'nft' });
+      if (typeof left === 'number' && left > 0) log.warn({ module: 'forward', op: 'select', natEngine: 'nft', detached: left }, `detached the eBPF NAT engine an earlier run left on ${parent.name}: the nft table forwards alone`);
+    }
     const dp = createDataplane(selection, {
       natEngine: nat?.use ? { device: parent.name, kernel: config.kernel } : undefined,
       proxy: config.proxy, registry, log, clock, listenerStore: ctx.listenerStore, dsrDevice: parent.name,
@@ -158,7 +162,7 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
       reason: selection.reason,
       apply: (services) => dp.apply({ services }),
       ...(dp.kind === 'proxy' ? { reconfigure: (proxy: ProxyConfig) => (dp as ProxyDataplane).reconfigure(proxy) } : {}),
-      ...(dp.kind === 'kernel' ? { dsrEngine: () => (dp as NftDataplane).dsr, natEngine: () => (dp as Partial<EbpfNatDataplane>).engineState, placement, vipArrived: (vip: string, ports: readonly PortSpec[]) => (dp as NftDataplane).vipArrived(vip, ports) } : {}),
+      ...(dp.kind === 'kernel' ? { dsrEngine: () => (dp as NftDataplane).dsr, natEngine: () => (dp as Partial<EbpfNatDataplane>).engineState ?? (nat ? { engine: 'nft' as const, reason: nat.reason } : undefined), placement, vipArrived: (vip: string, ports: readonly PortSpec[]) => (dp as NftDataplane).vipArrived(vip, ports) } : {}),
       stop: (o) => dp.stop(o),
       dsr: () => (selection.kind === 'kernel' ? dsr() : Promise.resolve({ ok: false, reason: 'the userspace proxy is running' })),
     };

@@ -74,6 +74,22 @@ function detachDsrPrograms(devices: readonly string[]): { device: string; error?
   return out;
 }
 
+/**
+ * Detach the eBPF NAT engine (net/ebpf/nat-attach.ts) from every device
+ * that has it, and remove its pins, before the table behind it goes. Without
+ * the addon's libbpf loading nothing of it can have been attached here.
+ */
+function detachNatEngines(devices: readonly string[]): { device: string; error?: string }[] {
+  const { NatEngine, natPinDir } = require('../net/ebpf/nat-attach') as typeof import('../net/ebpf/nat-attach');
+  const out: { device: string; error?: string }[] = [];
+  for (const device of devices) {
+    let engine: InstanceType<typeof NatEngine>;
+    try { engine = new NatEngine({ device, pinDir: natPinDir(device) }); } catch { return out; }
+    try { if (engine.detach() > 0) out.push({ device }); } catch (e) { out.push({ device, error: errorMessage(e) }); }
+  }
+  return out;
+}
+
 export async function withdrawAll(opts: WithdrawOptions): Promise<WithdrawResult> {
   const log = opts.log.child({ module: 'withdraw' });
   if (opts.unlessRestarting) {
@@ -105,6 +121,10 @@ export async function withdrawAll(opts: WithdrawOptions): Promise<WithdrawResult
     for (const d of detachDsrPrograms(links.filter((l) => !isOwnedLink(l)).map((l) => l.name))) {
       if (d.error !== undefined) problems.push(`DSR program on ${d.device}: ${d.error}`);
       else removed.push(`DSR program on ${d.device}`);
+    }
+    for (const d of detachNatEngines(links.filter((l) => !isOwnedLink(l)).map((l) => l.name))) {
+      if (d.error !== undefined) problems.push(`eBPF NAT engine on ${d.device}: ${d.error}`);
+      else removed.push(`eBPF NAT engine on ${d.device}`);
     }
     try {
       await exec('nft', ['-f', '-'], renderRemoval());

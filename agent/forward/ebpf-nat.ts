@@ -96,8 +96,8 @@ export class EbpfNatDataplane implements Dataplane, TableOwner {
 
   // The drift guard's TableOwner (daemon/drift.ts): the nft table's, and the
   // engine's program and pins as one more owned thing, so a detached program
-  // or a removed flow map is found at the guard's resync and put back with the
-  // table (logged and counted as 'table' drift).
+  // or a removed flow map is found at the guard's resync and put back alone
+  // (repairProgram), as a drifted table is written again alone (repair).
 
   ownedTables(): string[] {
     return this.nft.ownedTables();
@@ -117,23 +117,34 @@ export class EbpfNatDataplane implements Dataplane, TableOwner {
     return this.nft.keepForwarding();
   }
 
-  /** The table written again whole, and the engine's program re-attached with its plan where someone undid it. */
+  /** The table written again whole (the engine's program is left as it is: repairProgram puts that back). */
   repair(): Promise<boolean> {
+    return this.queue.run(() => this.nft.repair());
+  }
+
+  /**
+   * The engine's program re-attached with its plan, and a removed flow map
+   * created anew (its flows are picked up mid-way), where someone undid them;
+   * the nft table is not written. Resolves with what was done; a program
+   * that cannot be put back is detached (the table, already written for this
+   * state, forwards alone, and status says why).
+   */
+  repairProgram(subject: string): Promise<string | undefined> {
     return this.queue.run(async () => {
-      const table = await this.nft.repair();
+      if (subject !== NAT_ENGINE_SUBJECT) return undefined;
       const drift = this.engine.active ? this.engine.drift() : undefined;
-      if (drift === undefined || this.plan === undefined) return table;
+      if (drift === undefined || this.plan === undefined) return `nothing to put back (${this.state.engine === 'ebpf' ? 'the engine is whole again' : 'the nft table forwards alone'})`;
       try {
         this.engine.apply(this.plan);
         this.log.warn({ drift }, 'the eBPF NAT engine was undone by someone else; re-attached with its plan (flows without an entry are picked up mid-way)');
-        return true;
+        return 'attached the eBPF NAT engine again with its maps and plan (the nft table not written)';
       } catch (err) {
         const reason = errorMessage(err);
         this.log.error({ drift, err: reason }, 'cannot repair the eBPF NAT engine; the nft table forwards alone');
         try { this.engine.detach(); } catch (e) { this.log.error({ err: errorMessage(e) }, 'cannot detach the eBPF NAT engine'); }
         this.plan = undefined;
         this.state = { engine: 'nft', reason: `fallback: repair failed: ${reason}` };
-        return table;
+        return `could not attach the eBPF NAT engine again (${reason}): detached, the nft table forwards alone`;
       }
     });
   }

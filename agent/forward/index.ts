@@ -5,7 +5,8 @@ import type { Registry } from 'prom-client';
 import type { KernelConfig, ProxyConfig } from '../config/types';
 import type { Clock } from '../clock';
 import type { Logger } from '../log';
-import { LbError } from '../errors';
+import * as fs from 'node:fs';
+import { LbError, errorMessage } from '../errors';
 import type { ConnectResultCallback, Dataplane, DataplaneSelection, ListenerStore, Placement, ProbeResult } from './dataplane';
 
 export * from './dataplane';
@@ -70,10 +71,37 @@ export function natEngineChoice(engine: KernelConfig['engine'], probe: () => str
 const natAttach = (): typeof import('../net/ebpf/nat-attach') => require('../net/ebpf/nat-attach') as typeof import('../net/ebpf/nat-attach');
 const ebpfNat = (): typeof import('./ebpf-nat') => require('./ebpf-nat') as typeof import('./ebpf-nat');
 
-/** The engine's probe, in a pin directory of its own under the device's, removed after. */
-export function probeNatEngine(device: string): string | undefined {
+/**
+ * The engine's probe, in a pin directory of its own under the device's,
+ * removed after. mount: first mount the BPF file system where there is none
+ * (the daemon at start; `lb-agent check` only looks).
+ */
+export function probeNatEngine(device: string, opts: { mount?: boolean } = {}): string | undefined {
   const a = natAttach();
+  if (opts.mount) {
+    const why = a.mountBpffs();
+    if (why !== undefined) return why;
+  }
   return a.probeNatHere({ pinDir: `${a.natPinDir(device)}-probe-${process.pid}` });
+}
+
+/**
+ * The engine an earlier process left attached on `device` (and its pins),
+ * detached where this one runs the nft table alone (`kernel.engine: nft`, or
+ * `auto` falling back): a program serving an old plan in front of the table
+ * would send new flows where the table no longer does. Returns how many
+ * programs were detached, or why none could be (the addon without libbpf:
+ * then none can be attached either).
+ */
+export function detachLeftoverNatEngine(device: string, opts: { pinnedOnly?: boolean } = {}): number | string {
+  // pinnedOnly: only where its pin directory is there (net/ebpf/nat-attach.ts natPinDir), so a start that never ran the engine loads none of its code.
+  if (opts.pinnedOnly && !fs.existsSync(`/sys/fs/bpf/lb-agent/nat-${device}`)) return 0;
+  const a = natAttach();
+  try {
+    return new a.NatEngine({ device, pinDir: a.natPinDir(device) }).detach();
+  } catch (err) {
+    return errorMessage(err);
+  }
 }
 
 /** LB_AGENT_DSR_ENGINE's value: unset or auto, or nft; anything else is refused at start. */

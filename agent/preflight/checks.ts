@@ -599,7 +599,7 @@ export function checkNatEngine(f: Facts): CheckResult | undefined {
   }
   if (probe.status !== 'ok') {
     const detail = `kernel.engine: ${k.engine}, and the eBPF NAT engine cannot run here: ${why}`;
-    const fix = 'see the cause (kernel 6.6+ for tcx, CAP_BPF and CAP_NET_ADMIN, libbpf 1.x, a bpffs at /sys/fs/bpf, the object built by npm ci with clang and libbpf-dev); or set kernel.engine: nft';
+    const fix = 'see the cause (kernel 6.6+ for tcx, CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN, libbpf 1.x, a bpffs at /sys/fs/bpf, the object built by npm ci with clang and libbpf-dev); or set kernel.engine: nft';
     return k.engine === 'ebpf' ? fail(id, `${detail}: the agent would refuse to start`, fix) : warn(id, `${detail}; the nft table forwards alone`, fix);
   }
   const ok = `kernel.engine: ${k.engine}: the eBPF NAT engine loads and attaches at tc ingress (tcx); it forwards the IPv4 snat flows, the nft table the rest`;

@@ -98,7 +98,7 @@ export const CHECK_HELP: Readonly<Record<CheckId, CheckHelp>> = {
   'nat-engine': {
     what: 'On the kernel path: `kernel.engine`, whether the eBPF NAT engine loads (libbpf, the clang-built object, a bpffs to pin its flow maps on, tcx), and that `kernel.natPorts` stay outside `net.ipv4.ip_local_port_range`.',
     cause: 'Fails when `kernel.engine: ebpf` and the engine cannot load (the agent would refuse to start); warns when `auto` falls back to the nft table, or the NAT ports overlap the ephemeral range.',
-    fix: 'Kernel 6.6+, CAP_BPF and CAP_NET_ADMIN, libbpf 1.x, `mount -t bpf bpf /sys/fs/bpf`, and `scripts/setup.sh` then `npm ci` (clang, libbpf-dev); or `kernel.engine: nft`. Move `kernel.natPorts` out of the ephemeral range.',
+    fix: 'Kernel 6.6+, CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN, libbpf 1.x, `mount -t bpf bpf /sys/fs/bpf`, and `scripts/setup.sh` then `npm ci` (clang, libbpf-dev); or `kernel.engine: nft`. Move `kernel.natPorts` out of the ephemeral range.',
   },
   'dsr-backend': {
     what: 'With `backend.vips`: each VIP is on `lo`, and, for an IPv4 VIP, `arp_ignore`/`arp_announce` keep this VM from answering ARP for it (an IPv6 VIP on `lo` needs no sysctl: Linux answers neighbour solicitations only for the receiving interface\'s addresses).',

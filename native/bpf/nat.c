@@ -473,11 +473,16 @@ static __always_inline int from_client(struct __sk_buff *skb, struct parsed *p, 
 			return TCX_NEXT;
 		if (ip->ttl <= 1)
 			return TCX_NEXT;
+		/* Only while the VIP is this node's (the nft path's `fib daddr
+		 * type local`): a VRRP Backup routes a client's packet that still
+		 * reaches it on to the Master untranslated, as the stack does. */
+		struct bpf_fib_lookup fib;
+		if (route(skb, &fib, ip->saddr, ip->daddr, p->proto, 0) != BPF_FIB_LKUP_RET_NOT_FWDED)
+			return TCX_NEXT;
 		/* The way to the backend, once: checked before anything is
 		 * recorded, and cached in the new entry for this packet and the
 		 * flow's next ones; the tuple's old entry's, where it names the
 		 * same backend and is fresh. */
-		struct bpf_fib_lookup fib;
 		__u32 len = bpf_ntohs(ip->tot_len);
 		__u32 seg = segment_len(skb, p, len);
 		int rc = BPF_FIB_LKUP_RET_SUCCESS;

@@ -190,3 +190,14 @@ t.test('table changes: a write forgets only what was heard before it began', asy
   t.ok(c.has('ip lb_agent'), 'a table changed again during the write stays changed');
   t.equal(c.current().get('ip lb_agent'), 'added 1 rule by nft (pid 13)', 'with what was done last');
 });
+
+t.test('table changes: a write of some subjects forgets only theirs', async (t) => {
+  const c = new TableChanges();
+  c.note('ip lb_agent', 'deleted by nft (pid 10)');
+  c.note('bpf lb_agent_nat', 'the program is not attached at tcx ingress of eth0');
+  const mark = c.mark();
+  c.written(mark, ['bpf lb_agent_nat']);
+  t.same([...c.current()], [['ip lb_agent', 'deleted by nft (pid 10)']], 'the program put back: the table is still to be written');
+  c.written(c.mark(), ['ip lb_agent', 'ip6 lb_agent']);
+  t.equal(c.size, 0, 'then the table write');
+});

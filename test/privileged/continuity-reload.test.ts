@@ -11,7 +11,7 @@ import { stringify } from '../../lab/yaml';
 import { requirePrivileged } from '../helpers/privileged';
 import { waitFor } from '../../lab/netns';
 import { httpGetFrom } from '../../lab/services';
-import { startAgent, waitStatus, type AgentHandle } from '../../lab/agent';
+import { startAgent, waitStatus, withTestEngine, type AgentHandle } from '../../lab/agent';
 import { buildContinuityLab, continuityConfig, describeReport, Loops, POOL6, type ServiceDef } from '../../lab/continuity';
 
 const BASE: ServiceDef[] = [{ name: 'web', ipam: 'dhcp' }, { name: 'api', ipam: 'pool' }];
@@ -90,7 +90,7 @@ t.test('100 overlapping SIGHUPs end where a fresh start with the last file would
   // Atomic swaps (write a temp file, rename), a SIGHUP after each: 100 in about 2 s.
   const swap = (cfg: Record<string, unknown>): void => {
     const tmp = `${agent.configPath}.tmp`;
-    fs.writeFileSync(tmp, stringify({ ...cfg, stateDir: agent.stateDir, control: { socket: agent.socket } }));
+    fs.writeFileSync(tmp, stringify(withTestEngine({ ...cfg, stateDir: agent.stateDir, control: { socket: agent.socket } })));
     fs.renameSync(tmp, agent.configPath);
   };
   for (let i = 0; i < 100; i++) {

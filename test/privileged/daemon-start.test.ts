@@ -43,6 +43,8 @@ function config(withDhcp: boolean): Record<string, unknown> {
   return {
     node: { name: 'vm1', interface: 'eth0' },
     metrics: { listen: '' },
+    // The nft table alone: what loads for the eBPF NAT engine (the default, auto) is not what these starts observe.
+    kernel: { engine: 'nft' },
     pools: { 'range-global': '10.99.0.200-10.99.0.210' },
     arp: FAST_ARP,
     services: [

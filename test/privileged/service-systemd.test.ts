@@ -15,7 +15,7 @@ import { stringify } from '../../lab/yaml';
 import { requireSystemdContainer } from '../helpers/privileged';
 import { createLab, waitFor, Lab } from '../../lab/netns';
 import { startBackend, httpGetFrom } from '../../lab/services';
-import { dsrBackendByHand, dsrProgramsIn } from '../../lab/forward';
+import { dsrBackendByHand, dsrProgramsIn, natProgramsIn } from '../../lab/forward';
 import { bootSystemdContainer, decodeCapabilities, SystemdContainer } from '../../lab/systemd-container';
 import type { StatusDocument } from '../../agent/daemon/daemon';
 
@@ -24,7 +24,7 @@ const HC = { periodSeconds: 0.3, timeoutSeconds: 0.3 };
 const VIP1 = '10.99.0.200';
 const VIP2 = '10.99.0.201';
 const VIP3 = '10.99.0.202';
-const UNIT_CAPS = ['CAP_BPF', 'CAP_NET_ADMIN', 'CAP_NET_BIND_SERVICE', 'CAP_NET_RAW'];
+const UNIT_CAPS = ['CAP_BPF', 'CAP_NET_ADMIN', 'CAP_NET_BIND_SERVICE', 'CAP_NET_RAW', 'CAP_PERFMON'];
 
 const api = { name: 'api', ipam: 'pool', loadBalancerIP: VIP1, ports: [{ name: 'http', port: 80, targetPort: 8080 }], backends: ['10.99.0.11'], healthCheck: HC };
 const web = { name: 'web', ipam: 'pool', loadBalancerIP: VIP2, ports: [{ name: 'http', port: 80, targetPort: 8080 }], backends: ['10.99.0.12'], healthCheck: HC };
@@ -115,9 +115,14 @@ t.test('lb-agent.service under systemd 252 in a lab VM', async (t) => {
     const st = await vm.waitRunning('lb-agent', 20_000, (p) => / 1 ready;/.test(p.StatusText ?? ''));
     t.match(st.StatusText, /^1 VIP served; 1 services, 1 serving, 1 ready; dataplane kernel$/, `StatusText: ${st.StatusText}`);
     t.equal(await waitFor('traffic through the VIP', async () => ((await get(lab, client, VIP1)) === 'b1' ? 'b1' : undefined), 10_000, 200), 'b1', 'a client reaches b1 through the VIP');
+    // The default kernel.engine (auto) under the unit's sandbox: its ExecStartPre mounted the BPF file system, the daemon (CAP_BPF, CAP_PERFMON, CAP_NET_ADMIN) loaded, pinned and attached the engine.
+    const ne = (await agentStatus(vm)).dataplane?.natEngine;
+    t.equal(ne?.engine, 'ebpf', `status: the eBPF NAT engine forwards the snat flows (${ne?.reason})`);
+    t.equal((await natProgramsIn(lab, vmNs)).length, 1, 'one NAT program at tcx ingress of eth0');
+    t.match((await vm.sh('ls /sys/fs/bpf/lb-agent/nat-eth0')).stdout, /lb_agent_nat_prog/, 'its program pinned under /sys/fs/bpf/lb-agent');
   });
 
-  await t.test('runs as lb-agent with exactly CAP_NET_ADMIN CAP_NET_RAW CAP_NET_BIND_SERVICE CAP_BPF', async (t) => {
+  await t.test('runs as lb-agent with exactly CAP_NET_ADMIN CAP_NET_RAW CAP_NET_BIND_SERVICE CAP_BPF CAP_PERFMON', async (t) => {
     const status = (await vm.exec('cat', [`/proc/${pid1}/status`])).stdout;
     const field = (k: string): string => new RegExp(`^${k}:\\s*(.*)$`, 'm').exec(status)?.[1]?.trim() ?? '';
     const pw = (await vm.exec('getent', ['passwd', 'lb-agent'])).stdout.split(':');
@@ -211,6 +216,8 @@ t.test('lb-agent.service under systemd 252 in a lab VM', async (t) => {
     t.not(Number(back.MainPID), killed, `kill -KILL ${killed}: back as ${back.MainPID}`);
     t.match(await vm.journal('lb-agent', { after: cursor }), /Main process exited, code=killed, status=9\/KILL/);
     t.equal(await waitFor('traffic after the crash', async () => ((await get(lab, client, VIP1)) === 'b1' ? 'b1' : undefined), 10_000, 200), 'b1', 'api serves');
+    t.equal((await natProgramsIn(lab, vmNs)).length, 1, 'one NAT program after the restart and the crash (each start replaced the pinned one)');
+    t.equal((await agentStatus(vm)).dataplane?.natEngine?.engine, 'ebpf', 'the eBPF NAT engine forwards');
   });
 
   await t.test('direct server return under the unit: reloads, a restart and a crash leave one program, serving the current plan', async (t) => {
@@ -259,5 +266,6 @@ t.test('lb-agent.service under systemd 252 in a lab VM', async (t) => {
     t.equal((await vm.show('lb-agent', 'ActiveState')).ActiveState, 'inactive');
     t.same(await netState(lab, vmNs), baseline, 'addresses, links and tables as before the first start');
     t.same(await dsrProgramsIn(lab, vmNs), [], 'and no DSR program (ExecStopPost\'s withdraw, as root, took it off)');
+    t.same(await natProgramsIn(lab, vmNs), [], 'and no NAT program');
   });
 });

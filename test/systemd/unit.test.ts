@@ -76,7 +76,7 @@ t.test('the unit has the service semantics and hardening issue 9 lists', async (
   const one = (k: string): string | undefined => all(k)[0];
   t.equal(one('Type'), 'notify', 'Type=notify: READY=1 says when it serves');
   t.match(all('ExecStartPre').at(-1), /^\+\/usr\/bin\/lb-agent check --config \/etc\/lb-agent\/config\.yaml$/, 'the preflight runs last before the daemon, with full privileges ("+")');
-  t.match(one('ExecStartPre'), /^-\+\/bin\/sh -c 'mountpoint -q \/sys\/fs\/bpf \|\| mount -t bpf .*; install -d -o lb-agent -g lb-agent -m 0700 \/sys\/fs\/bpf\/lb-agent'$/, 'before it, the BPF file system where missing and the agent\'s own directory on it');
+  t.match(one('ExecStartPre'), /^-\+\/bin\/sh -c 'mountpoint -q \/sys\/fs\/bpf \|\| mount -t bpf .*; chmod go\+x \/sys\/fs\/bpf && install -d -o lb-agent -g lb-agent -m 0700 \/sys\/fs\/bpf\/lb-agent'$/, 'before it, the BPF file system where missing, passable by the agent\'s user, and the agent\'s own directory on it');
   t.match(one('ExecStart'), /^\/usr\/bin\/lb-agent run --config \/etc\/lb-agent\/config\.yaml --on-stop keep$/, 'a restart keeps the data path serving');
   t.equal(one('ExecStopPost'), '+/usr/bin/lb-agent withdraw --config /etc/lb-agent/config.yaml --unless-restarting', 'a stop (not a restart) withdraws it, with the privileges the daemon dropped');
   t.ok(Number(one('FileDescriptorStoreMax')) >= 64, 'the fd store keeps the proxy\'s listeners across a restart');
@@ -91,8 +91,8 @@ t.test('the unit has the service semantics and hardening issue 9 lists', async (
   t.equal(one('CacheDirectory'), 'lb-agent', 'V8\'s code cache (agent/cli/code-cache.ts) has a writable home under ProtectSystem=strict');
   t.equal(one('CacheDirectoryMode'), '0700', 'private: a cache is code the agent runs');
   t.equal(one('User'), 'lb-agent', 'a dedicated user, not root');
-  const caps = ['CAP_BPF', 'CAP_NET_ADMIN', 'CAP_NET_BIND_SERVICE', 'CAP_NET_RAW'];
-  t.same(one('AmbientCapabilities')?.split(/\s+/).sort(), caps, 'exactly the three network capabilities and BPF (DSR at tc ingress), ambient');
+  const caps = ['CAP_BPF', 'CAP_NET_ADMIN', 'CAP_NET_BIND_SERVICE', 'CAP_NET_RAW', 'CAP_PERFMON'];
+  t.same(one('AmbientCapabilities')?.split(/\s+/).sort(), caps, 'exactly the three network capabilities, BPF and PERFMON (DSR and the NAT engine at tc ingress), ambient');
   t.same(one('CapabilityBoundingSet')?.split(/\s+/).sort(), caps, 'and nothing else in the bounding set');
   t.equal(one('NoNewPrivileges'), 'yes');
   t.equal(one('ProtectSystem'), 'strict');

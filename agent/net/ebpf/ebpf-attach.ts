@@ -133,6 +133,7 @@ export function dsrProgramsAt(bpf: NativeBpf, ifindex: number): { ours: number[]
   const ours: number[] = [];
   let unreadable = 0;
   for (const id of bpf.bpfProgQuery(ifindex, BPF_TCX_INGRESS)) {
+    if (otherOwnPrograms.has(id)) continue;
     let fd: number | undefined;
     try {
       fd = bpf.bpfProgGetFdById(id);
@@ -143,6 +144,14 @@ export function dsrProgramsAt(bpf: NativeBpf, ifindex: number): { ours: number[]
   }
   return { ours, unreadable };
 }
+
+/**
+ * The ids of the agent's other programs at the same hook (the eBPF NAT
+ * engine's, net/ebpf/nat-attach.ts, which registers its own and the one
+ * it inherits by its pin): known to be no DSR program without opening them
+ * by id, which needs CAP_SYS_ADMIN.
+ */
+export const otherOwnPrograms = new Set<number>();
 
 /** The ids of our programs attached at tcx ingress of `ifindex` (recognised by name; needs CAP_SYS_ADMIN, see dsrProgramsAt). */
 export function attachedDsrPrograms(bpf: NativeBpf, ifindex: number): number[] {

@@ -15,11 +15,13 @@
 // step. A stop detaches the program and removes the pins.
 import * as fs from 'node:fs';
 import * as path from 'node:path';
+import { execFileSync } from 'node:child_process';
 import { LbError, errorMessage } from '../../errors';
 import { bpfObjectPath, ifNameToIndex, nativeBpfObject, type NativeBpfObject } from '../../native/native';
 import type { NatPlan } from '../../forward/nat-plan';
 import { natLayout, type CLayout } from './nat-layout';
 import { BPF_F_REPLACE, BPF_TCX_INGRESS } from './ebpf-dsr';
+import { otherOwnPrograms } from './ebpf-attach';
 
 /** The program's name (its function in nat.c): how ours is told apart at the hook. */
 export const NAT_PROG_NAME = 'lb_agent_nat';
@@ -122,8 +124,34 @@ function bpffsProblem(dir: string): string | undefined {
   while (!fs.existsSync(d)) d = path.dirname(d);
   // Node has no statfs type check before 18.15 (fs.statfsSync); 20 has it.
   const st = fs.statfsSync(d);
-  if (st.type !== 0xcafe4a11) return `${d} is not on a BPF file system (mount -t bpf bpf /sys/fs/bpf)`;
+  if (st.type !== BPF_FS_MAGIC) return `${d} is not on a BPF file system (mount -t bpf bpf /sys/fs/bpf)`;
   return undefined;
+}
+
+const BPF_FS_MAGIC = 0xcafe4a11;
+
+/**
+ * A BPF file system at `dir` (/sys/fs/bpf): there already (systemd mounts
+ * it at boot, the unit's ExecStartPre where it did not), or mounted now
+ * (mount(8); needs CAP_SYS_ADMIN, which a root agent outside the unit has
+ * and the unit's daemon does not). Returns why there is none, or undefined.
+ */
+export function mountBpffs(dir = '/sys/fs/bpf', mount: (dir: string) => void = mountBpf): string | undefined {
+  try {
+    if (fs.statfsSync(dir).type === BPF_FS_MAGIC) return undefined;
+  } catch (err) {
+    return `${dir}: ${errorMessage(err)}`;
+  }
+  try {
+    mount(dir);
+  } catch (err) {
+    return `no BPF file system at ${dir}, and mounting one failed (${errorMessage(err).split('\n')[0]}); mount -t bpf bpf ${dir}`;
+  }
+  return fs.statfsSync(dir).type === BPF_FS_MAGIC ? undefined : `no BPF file system at ${dir} after mounting one`;
+}
+
+function mountBpf(dir: string): void {
+  execFileSync('mount', ['-t', 'bpf', '-o', 'mode=0700', 'bpf', dir], { stdio: ['ignore', 'ignore', 'pipe'], timeout: 5000 });
 }
 
 /** The engine on one device. Not re-entrant: the data path calls it from its serial queue. */
@@ -152,6 +180,11 @@ export class NatEngine {
     this.objectPath = opts.objectPath ?? bpfObjectPath(NAT_OBJECT);
     this.layout = natLayout();
     this.cpus = possibleCpus();
+    // The program an earlier process left: the DSR engine at the same hook must not take it for an unknown one of its own.
+    const inherited = this.pinnedProg();
+    if (inherited !== undefined) {
+      try { otherOwnPrograms.add(this.bpf.bpfProgInfo(inherited).id); } catch { /* gone meanwhile */ } finally { closeFd(inherited); }
+    }
   }
 
   private load(plan: NatPlan): Loaded {
@@ -212,6 +245,27 @@ export class NatEngine {
   }
 
   /**
+   * Ours attached at the hook without a pin to find it by (a previous
+   * process whose bpffs was private to it, as under `ip netns exec`, or
+   * whose pins someone removed): recognised by name, opened by id (needs
+   * CAP_SYS_ADMIN; without it, undefined, and the new program goes in
+   * beside it as before).
+   */
+  private attachedUnpinned(ifindex: number): number | undefined {
+    let ids: number[];
+    try { ids = this.bpf.bpfProgQuery(ifindex, BPF_TCX_INGRESS); } catch { return undefined; }
+    for (const id of ids) {
+      let fd: number | undefined;
+      try {
+        fd = this.bpf.bpfProgGetFdById(id);
+        if (this.bpf.bpfProgInfo(fd).name === NAT_PROG_NAME) return fd;
+      } catch { /* gone meanwhile, or not ours to open */ }
+      closeFd(fd);
+    }
+    return undefined;
+  }
+
+  /**
    * Load the program for `plan` and put it in place of ours (this process's
    * or the pinned one an earlier process attached) in one step; the first one
    * is appended after any other program at the hook. Throws with nothing
@@ -220,7 +274,7 @@ export class NatEngine {
   apply(plan: NatPlan): void {
     const ifindex = ifNameToIndex(this.device);
     const next = this.load(plan);
-    const inherited = this.current ? undefined : this.pinnedProg();
+    const inherited = this.current ? undefined : this.pinnedProg() ?? this.attachedUnpinned(ifindex);
     try {
       const old = this.current?.prog ?? inherited;
       let replaced = false;
@@ -240,6 +294,7 @@ export class NatEngine {
       throw new LbError('LB_ERR_FORWARD_NAT_BPF', `cannot attach the NAT engine at tcx ingress of ${this.device}: ${errorMessage(err)}`, undefined, { cause: err });
     }
     closeFd(inherited);
+    otherOwnPrograms.add(this.bpf.bpfProgInfo(next.prog).id);
     this.pinProg(next.prog);
     this.carryCounters();
     closeLoaded(this.current);
@@ -341,21 +396,34 @@ export class NatEngine {
     return { flows: count('lbn_flows'), replies: count('lbn_replies'), capacity: this.settings.flowEntries };
   }
 
-  /** Detach ours (this process's and the pinned one) and remove the pins: nothing of the engine is left. */
-  detach(): void {
+  /**
+   * Detach ours (this process's, the pinned one, and any other of ours at
+   * the hook that can be opened by id) and remove the pins: nothing of the
+   * engine is left. Returns how many programs were detached.
+   */
+  detach(): number {
     let ifindex: number | undefined;
     try { ifindex = ifNameToIndex(this.device); } catch { /* the device is gone, and with it the attachment */ }
     const pinned = this.pinnedProg();
-    for (const fd of [this.current?.prog, pinned]) {
-      if (fd === undefined || ifindex === undefined) continue;
-      try { this.bpf.bpfProgDetach(ifindex, fd, BPF_TCX_INGRESS); } catch (err) { if (!isGone(err)) throw err; }
-    }
+    let detached = 0;
+    const off = (fd: number | undefined): void => {
+      if (fd === undefined || ifindex === undefined) return;
+      try { this.bpf.bpfProgDetach(ifindex, fd, BPF_TCX_INGRESS); detached++; } catch (err) { if (!isGone(err)) throw err; }
+    };
+    off(this.current?.prog);
+    off(pinned);
     closeFd(pinned);
+    for (let i = 0; ifindex !== undefined && i < 16; i++) {
+      const fd = this.attachedUnpinned(ifindex);
+      if (fd === undefined) break;
+      try { off(fd); } finally { closeFd(fd); }
+    }
     for (const name of [PROG_PIN, ...PINNED_MAPS]) {
       try { fs.unlinkSync(path.join(this.pinDir, name)); } catch { /* not there */ }
     }
     try { fs.rmdirSync(this.pinDir); } catch { /* not empty (not ours), or gone */ }
     this.release();
+    return detached;
   }
 
   /** Let go of the descriptors and leave the program attached (a planned restart: the next process replaces it by its pin). */
