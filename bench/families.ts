@@ -13,9 +13,13 @@
 // mean of the IPv4 runs right before and right after it: the host's speed
 // moves between slots by more than a family costs (forwarding.ts's
 // pairing). The line is the median of those ratios over the slots' pairs.
-// The direct row is the floor: the client straight to one backend's nginx,
-// no agent and no forwarding node, so it shows what IPv6 costs the two end
-// hosts' stacks alone on this machine.
+// Two rows are floors, with no agent: direct, the client straight to one
+// backend's nginx, what IPv6 costs the two end hosts' stacks alone; routed,
+// the same backend reached through the node as a plain router (an address
+// of its own on lo, host routes both ways through the node, no nft, no
+// conntrack), what IPv6 costs the node's own forwarding on this kernel. The
+// kernel path is pinned to the nft table (kernel.engine: nft), which serves
+// both families; the eBPF NAT engine serves IPv4 only.
 // Only lab namespaces are addressed.
 import { Lab } from '../lab/netns';
 import { waitStatus } from '../lab/agent';
@@ -27,9 +31,11 @@ import { median, round, rotate } from './lib/stats';
 const CLIENT = { v4: '10.99.0.2', v6: 'fd00:99::2' };
 const NODE = { v4: '10.99.0.10', v6: 'fd00:99::10' };
 const VIP = { v4: '10.99.0.50', v6: 'fd00:99::50' };
+/** The routed floor's address of the first backend, on its lo, reached through the node. */
+const ROUTED = { v4: '10.98.0.11', v6: 'fd00:98::11' };
 const BACKENDS = [{ v4: '10.99.0.11', v6: 'fd00:99::11' }, { v4: '10.99.0.12', v6: 'fd00:99::12' }, { v4: '10.99.0.13', v6: 'fd00:99::13' }];
 
-export const FAMILY_PATHS = ['kernel', 'proxy', 'dsr', 'direct'] as const;
+export const FAMILY_PATHS = ['kernel', 'proxy', 'dsr', 'direct', 'routed'] as const;
 export type FamilyPath = (typeof FAMILY_PATHS)[number];
 
 export interface FamiliesOptions {
@@ -75,6 +81,7 @@ function agentConfig(path: FamilyPath): Record<string, unknown> {
     node: { interface: 'eth0' },
     metrics: { listen: '' },
     dataplane: dsr ? 'kernel' : path,
+    kernel: { engine: 'nft' },
     pools: { 'range-global': `${VIP.v4}-${VIP.v4},${VIP.v6}-${VIP.v6}` },
     arp: FAST_ARP,
     services: [{
@@ -87,6 +94,7 @@ function agentConfig(path: FamilyPath): Record<string, unknown> {
 }
 
 const url = (f: 'v4' | 'v6', path: FamilyPath): string => {
+  if (path === 'routed') return f === 'v4' ? `http://${ROUTED.v4}:8080/` : `http://[${ROUTED.v6}]:8080/`;
   if (path === 'direct') return f === 'v4' ? `http://${BACKENDS[0]!.v4}:8080/` : `http://[${BACKENDS[0]!.v6}]:8080/`;
   const port = path === 'dsr' ? 8080 : 80;
   return f === 'v4' ? `http://${VIP.v4}:${port}/` : `http://[${VIP.v6}]:${port}/`;
@@ -99,6 +107,19 @@ async function backendVips(lab: Lab, namespaces: readonly string[], on: boolean)
       ? `ip addr add ${VIP.v4}/32 dev lo && ip -6 addr add ${VIP.v6}/128 dev lo preferred_lft 0 && sysctl -qw net.ipv4.conf.all.arp_ignore=1 net.ipv4.conf.all.arp_announce=2`
       : `ip addr del ${VIP.v4}/32 dev lo; ip -6 addr del ${VIP.v6}/128 dev lo; true`);
   }
+}
+
+/**
+ * The routed floor: the first backend's own address on lo, routed to and
+ * from the client through the node (host routes on both ends, so the
+ * answers come back through the node too), for one slot; redirects off, so
+ * neither end learns the short way round.
+ */
+async function routedFloor(lab: Lab, node: string, client: string, backend: string, on: boolean): Promise<void> {
+  const add = on ? 'add' : 'del';
+  await lab.sh(node, `sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1 net.ipv4.conf.all.send_redirects=0 net.ipv4.conf.eth0.send_redirects=0; ip route ${add} ${ROUTED.v4}/32 via ${BACKENDS[0]!.v4}; ip -6 route ${add} ${ROUTED.v6}/128 via ${BACKENDS[0]!.v6}; true`);
+  await lab.sh(client, `sysctl -qw net.ipv4.conf.all.accept_redirects=0 net.ipv6.conf.all.accept_redirects=0 net.ipv6.conf.eth0.accept_redirects=0; ip route ${add} ${ROUTED.v4}/32 via ${NODE.v4}; ip -6 route ${add} ${ROUTED.v6}/128 via ${NODE.v6}; true`);
+  await lab.sh(backend, `sysctl -qw net.ipv4.conf.all.accept_redirects=0 net.ipv6.conf.all.accept_redirects=0 net.ipv6.conf.eth0.accept_redirects=0; ip addr ${add} ${ROUTED.v4}/32 dev lo; ip -6 addr ${add} ${ROUTED.v6}/128 dev lo; ip route ${add} ${CLIENT.v4}/32 via ${NODE.v4} src ${ROUTED.v4}; ip -6 route ${add} ${CLIENT.v6}/128 via ${NODE.v6} src ${ROUTED.v6}; true`);
 }
 
 export async function benchFamilies(o: FamiliesOptions): Promise<FamiliesResult> {
@@ -131,7 +152,8 @@ export async function benchFamilies(o: FamiliesOptions): Promise<FamiliesResult>
     for (let round = 0; round < o.rounds; round++) {
       for (const path of rotate(FAMILY_PATHS, round)) {
         if (path === 'dsr') await backendVips(lab, backendNs, true);
-        const agent = path === 'direct' ? undefined : await runAgent(lab, node, agentConfig(path), { name: `fam-${path}` });
+        if (path === 'routed') await routedFloor(lab, node, client, backendNs[0]!, true);
+        const agent = path === 'direct' || path === 'routed' ? undefined : await runAgent(lab, node, agentConfig(path), { name: `fam-${path}` });
         try {
           if (agent) await waitStatus(agent, 'both VIPs serving, every backend healthy', (s) => s.services.length === 2 && s.services.every((x) => x.ready && x.healthyBackends === 3), 30_000);
           for (const close of [false, true]) {
@@ -151,6 +173,7 @@ export async function benchFamilies(o: FamiliesOptions): Promise<FamiliesResult>
         } finally {
           if (agent) await stopAgent(agent);
           if (path === 'dsr') await backendVips(lab, backendNs, false);
+          if (path === 'routed') await routedFloor(lab, node, client, backendNs[0]!, false);
         }
       }
     }
