@@ -17,7 +17,7 @@ const ESSENTIAL = new Set(['sh', 'bash', 'env', 'cat', 'timeout', 'nproc', 'mkfi
 /** Shell words that are not programs. */
 const SHELL = new Set(['ulimit', 'for', 'do', 'done', 'if', 'then', 'else', 'fi', 'while', 'in', 'export', 'cd', 'set', 'trap', 'wait', 'read', 'exec', 'times']);
 /** Programs that come with a package named in setup.sh under another file. */
-const ALSO = new Map([['promtool', 'prometheus'], ['node', 'nodejs (checked by setup.sh itself)'], ['ss', 'iproute2'], ['bridge', 'iproute2']]);
+const ALSO = new Map([['promtool', 'prometheus'], ['node', 'nodejs (checked by setup.sh itself)'], ['ss', 'iproute2'], ['bridge', 'iproute2'], ['nstat', 'iproute2']]);
 
 /** The commands of a shell script: the first word of each pipeline stage, list element and $(...). */
 function shellCommands(script: string): string[] {
