@@ -59,6 +59,7 @@ export class EbpfNatDataplane implements Dataplane, TableOwner {
     this.engine = opts.engine;
     this.log = (opts.log ?? silentLogger()).child({ module: 'forward', op: 'nat-engine' });
     if (opts.registry) this.registerMetrics(opts.registry);
+    this.nft.viewStatsThrough((st) => this.withEngineFlows(st));
   }
 
   apply(state: ForwardState): Promise<void> {
@@ -154,15 +155,27 @@ export class EbpfNatDataplane implements Dataplane, TableOwner {
     return this.plan ? this.engine.counters() : new Map<string, NatCounter>();
   }
 
-  async stats(): Promise<ForwardStats> {
-    const st = await this.nft.stats();
+  /**
+   * The engine's flows never reach the nft counters: its own are added to the
+   * same (service, port, backend) rows, for status and for the metrics
+   * (lbagent_forward_connections_total, lbagent_forward_bytes_total).
+   */
+  private withEngineFlows(st: ForwardStats): ForwardStats {
     const counters = this.engineCounters();
-    // The engine's flows never reach the nft counters: add its own to the same (service, port, backend) rows.
+    if (counters.size === 0) return st;
+    const ports = new Map<string, NatPlan['counters'][number]['port']>();
+    for (const c of this.plan?.counters ?? []) ports.set(`${c.service}\n${portLabel(c.port)}\n${c.backend}`, c.port);
     const flows: FlowStats[] = st.flows.map((f) => {
-      const port = this.plan?.counters.find((c) => c.service === f.service && portLabel(c.port) === f.port && c.backend === f.backend)?.port;
+      const port = ports.get(`${f.service}\n${f.port}\n${f.backend}`);
       const c = port ? counters.get(natCounterKey(f.service, `${port.protocol}/${port.port}`, f.backend)) : undefined;
       return c ? { ...f, connections: f.connections + c.flows, bytesToBackend: f.bytesToBackend + c.bytesToBackend, bytesToClient: f.bytesToClient + c.bytesToClient } : f;
     });
+    return { ...st, flows };
+  }
+
+  async stats(): Promise<ForwardStats> {
+    const st = this.withEngineFlows(await this.nft.stats());
+    const flows = st.flows;
     let engine: Record<string, unknown> = { ...this.state };
     if (this.plan) {
       try {

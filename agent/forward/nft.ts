@@ -1361,6 +1361,8 @@ export class NftDataplane implements Dataplane {
   private latestReadAt = -Infinity;
   /** An apply changed the tables since `latest` was derived. */
   private latestStale = false;
+  /** What the metrics see of the stats: the eBPF NAT engine adds the flows it forwards (ebpf-nat.ts). */
+  private statsView: ((st: ForwardStats) => ForwardStats) | undefined;
   private readonly dsrEngine: DsrEngineChoice;
   private readonly makeDsrBpf: (() => DsrBpf) | undefined;
   private dsrBpf: DsrBpf | undefined;
@@ -1419,7 +1421,10 @@ export class NftDataplane implements Dataplane {
     // counters (over netlink) when the last read is older than
     // countersEveryMs, in the queue, so never against a half-applied table.
     this.metrics = opts.registry
-      ? new ForwardMetrics({ registry: opts.registry, kind: 'kernel', reason: opts.reason ?? 'configured', stats: () => this.latestStats() })
+      ? new ForwardMetrics({ registry: opts.registry, kind: 'kernel', reason: opts.reason ?? 'configured', stats: async () => {
+        const st = await this.latestStats();
+        return this.statsView ? this.statsView(st) : st;
+      } })
       : undefined;
   }
 
@@ -1508,6 +1513,11 @@ export class NftDataplane implements Dataplane {
       }
     }
     return out;
+  }
+
+  /** The metrics' view of the stats goes through fn: an engine in front of the table adds the flows that never reach its counters. */
+  viewStatsThrough(fn: (st: ForwardStats) => ForwardStats): void {
+    this.statsView = fn;
   }
 
   /** Read the counters for the metrics now rather than at the next tick (e.g. right after a burst of test traffic). */

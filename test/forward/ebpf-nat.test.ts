@@ -19,6 +19,7 @@ function fakes(): Fakes {
     apply: () => { calls.push('nft.apply'); return Promise.resolve(); },
     repair: () => { calls.push('nft.repair'); return Promise.resolve(true); },
     ownedTables: () => ['ip lb_agent'],
+    viewStatsThrough: () => undefined,
   } as unknown as NftDataplane;
   const eng = {
     device: 'eth0',
