@@ -93,7 +93,7 @@ export type VipAction =
   | { readonly type: 'lost'; readonly mac: string };
 
 export type VipReason =
-  | 'started' | 'not-held' | 'already-held' | 'early-timer' | 'burst' | 'refresh' | 'no-announcement-due' | 'in-burst' | 'recently-announced'
+  | 'started' | 'not-held' | 'already-held' | 'early-timer' | 'burst' | 'refresh' | 'no-announcement-due' | 'in-burst'
   | 'own-frame' | 'unrelated' | 'probe-for-held' | 'defended' | 'defence-rate-limited' | 'lost' | 'reannounced' | 'stopped';
 
 export interface VipStep {
@@ -144,9 +144,8 @@ export function vipStep(state: VipState, event: VipEvent, now: number, cfg: VipO
       if (state.phase !== 'held') return same('not-held');
       // A burst under way announces already; the refresh is for the quiet time after it.
       if (state.burstLeft > 0) return same('in-burst');
-      // A VIP's slot may come round just after its burst or a defence: the
-      // LAN heard it then; the next turn refreshes.
-      if (state.lastAnnounceAt !== undefined && now - state.lastAnnounceAt < cfg.refreshMs / 2) return same('recently-announced');
+      // Announced at every turn of its slot, even one just after a defence:
+      // a neighbour that took another MAC since waits one interval at most.
       actions.push({ type: 'announce', reason: 'refresh' });
       return { state: { ...state, lastAnnounceAt: now }, actions, reason: 'refresh' };
     }

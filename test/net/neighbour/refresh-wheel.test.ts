@@ -113,11 +113,11 @@ t.test('VIP owners on one wheel: a refresh a period; a withdrawn VIP and a lost 
   t.same(wheel.counts(), { members: 20, timers: 1 }, 'twenty held VIPs, one timer');
   const sentFor = (ip: string): number => socket.sent.filter((f) => { const r = decodeArp(f); return r.ok && r.packet.senderIp === parseIPv4(ip); }).length;
   run(clock, 2000);
-  t.equal(socket.sent.length, 40, 'the bursts');
+  t.ok(socket.sent.length >= 40 && socket.sent.length <= 42, `the bursts, and the slot that came round as they ended (${socket.sent.length})`);
   run(clock, 50_000);
-  // A slot that comes round during the burst or within half a period of it
-  // waits for its next turn: 4 or 5 refreshes in the 50 s.
-  t.ok(owners.every((o) => sentFor(o.ip) >= 6 && sentFor(o.ip) <= 7), 'each VIP: its burst of 2, then one refresh per period');
+  // A slot that comes round during the burst waits for its next turn; every
+  // turn after it announces: 5 or 6 refreshes in the 52 s.
+  t.ok(owners.every((o) => sentFor(o.ip) >= 7 && sentFor(o.ip) <= 8), `each VIP: its burst of 2, then one refresh per period (${[...new Set(owners.map((o) => sentFor(o.ip)))].join(', ')})`);
   const withdrawn = owners[0]!;
   withdrawn.close();
   const lost = owners[1]!;
