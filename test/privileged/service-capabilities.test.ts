@@ -73,7 +73,7 @@ function runUnprivileged(lab: Lab, ns: string, name: string, cfg: Record<string,
 t.test('the agent does its job with only the unit\'s capabilities, as an unprivileged user', async (t) => {
   if (!requirePrivileged(t)) return;
   const caps = unitCapabilities();
-  t.same([...caps].sort(), ['bpf', 'net_admin', 'net_bind_service', 'net_raw'], 'the unit grants NET_ADMIN, NET_RAW, NET_BIND_SERVICE, BPF');
+  t.same([...caps].sort(), ['bpf', 'net_admin', 'net_bind_service', 'net_raw', 'perfmon'], 'the unit grants NET_ADMIN, NET_RAW, NET_BIND_SERVICE, BPF, PERFMON (the verifier refuses the NAT engine without it)');
   const lab = await createLab(t);
   // The lab's scratch dir is 0700 root; the unprivileged agent must reach its config.
   fs.chmodSync(lab.dir, 0o755);
@@ -127,7 +127,7 @@ t.test('the agent does its job with only the unit\'s capabilities, as an unprivi
       const pid = last.pid;
       const st = fs.readFileSync(`/proc/${pid}/status`, 'utf8');
       t.match(st, new RegExp(`^Uid:\\s+${NOBODY}\\s+${NOBODY}\\s+${NOBODY}\\s+${NOBODY}$`, 'm'), 'running as an unprivileged uid');
-      t.match(st, /^CapEff:\s+0000008000003400$/m, 'effective capabilities: exactly NET_BIND_SERVICE, NET_ADMIN, NET_RAW, BPF');
+      t.match(st, /^CapEff:\s+000000c000003400$/m, 'effective capabilities: exactly NET_BIND_SERVICE, NET_ADMIN, NET_RAW, PERFMON, BPF');
       if (dataplane === 'auto') {
         const engine = agent.logs.find((l) => l.op === 'dsr-engine');
         t.equal(engine?.engine, 'bpf', `direct server return runs on the BPF program with these capabilities: ${JSON.stringify(engine)}`);
