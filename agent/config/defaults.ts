@@ -53,9 +53,10 @@ export const DEFAULT_DHCP_GUARD = { allowOtherSubnets: false, servers: [] as str
 
 export const DEFAULT_PROXY: ProxyConfig = { algorithm: 'round-robin', idleTimeout: 300, connectTimeout: 3 };
 
-// The eBPF engine where it loads, else the nft table (docs/datapaths.md);
+// The nft table: at a thousand services every apply rewrites the eBPF engine's
+// maps whole (docs/datapaths.md); `auto` takes the engine where it loads;
 // 65,536 flows a direction; NAT ports above Linux's default ephemeral range (32768-60999).
-export const DEFAULT_KERNEL: KernelConfig = { engine: 'auto', flowEntries: 65536, natPorts: [61001, 65535] };
+export const DEFAULT_KERNEL: KernelConfig = { engine: 'nft', flowEntries: 65536, natPorts: [61001, 65535] };
 
 /** Harvester cloud provider annotation keys, mapped onto typed service fields. */
 export const ANNOTATION_PREFIX = 'cloudprovider.harvesterhci.io/';

@@ -33,6 +33,8 @@ function config(services: unknown[], iface = 'eth0'): Record<string, unknown> {
     node: { name: 'vm1', interface: iface },
     metrics: { listen: '' },
     dataplane: 'auto',
+    // The eBPF NAT engine where it loads, under the unit's sandbox.
+    kernel: { engine: 'auto' },
     pools: { 'range-global': '10.99.0.200-10.99.0.210' },
     arp: FAST_ARP,
     services,
@@ -115,7 +117,7 @@ t.test('lb-agent.service under systemd 252 in a lab VM', async (t) => {
     const st = await vm.waitRunning('lb-agent', 20_000, (p) => / 1 ready;/.test(p.StatusText ?? ''));
     t.match(st.StatusText, /^1 VIP served; 1 services, 1 serving, 1 ready; dataplane kernel$/, `StatusText: ${st.StatusText}`);
     t.equal(await waitFor('traffic through the VIP', async () => ((await get(lab, client, VIP1)) === 'b1' ? 'b1' : undefined), 10_000, 200), 'b1', 'a client reaches b1 through the VIP');
-    // The default kernel.engine (auto) under the unit's sandbox: its ExecStartPre mounted the BPF file system, the daemon (CAP_BPF, CAP_PERFMON, CAP_NET_ADMIN) loaded, pinned and attached the engine.
+    // kernel.engine auto under the unit's sandbox: its ExecStartPre mounted the BPF file system, the daemon (CAP_BPF, CAP_PERFMON, CAP_NET_ADMIN) loaded, pinned and attached the engine.
     const ne = (await agentStatus(vm)).dataplane?.natEngine;
     t.equal(ne?.engine, 'ebpf', `status: the eBPF NAT engine forwards the snat flows (${ne?.reason})`);
     t.equal((await natProgramsIn(lab, vmNs)).length, 1, 'one NAT program at tcx ingress of eth0');
