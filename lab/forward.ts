@@ -19,6 +19,12 @@ export const BACKENDS = ['10.99.0.11', '10.99.0.12', '10.99.0.13'] as const;
 export const IDS = ['b1', 'b2', 'b3'] as const;
 export const HTTP_PORT = 80;
 export const UDP_PORT = 53;
+/**
+ * The ephemeral port range of a host that runs peer-client: the source ports
+ * its tests choose (burst, holdOpen, ask's localPort) are 30000 and up, so a
+ * connection with a kernel-chosen port never holds one of them first.
+ */
+export const CLIENT_EPHEMERAL_PORTS: [number, number] = [20000, 29999];
 
 /**
  * lab/bin/peer-echo.js (a backend that answers who it saw) in each namespace,

@@ -110,6 +110,13 @@ export interface HostOptions {
   ipv6?: string[];
   /** The LAN bridge eth0 is a port of (addBridge); default br0. */
   bridge?: string;
+  /**
+   * The host's ephemeral port range (net.ipv4.ip_local_port_range, which
+   * IPv6 shares). A client that binds chosen source ports (peer-client's
+   * burst and holdOpen) keeps them out of this range, or a connection of
+   * its own with a kernel-chosen port may hold one first (EADDRINUSE).
+   */
+  ephemeralPorts?: [number, number];
 }
 
 export class Lab {
@@ -175,6 +182,7 @@ export class Lab {
     if (opts.address) hostCmds.push(`ip addr add ${opts.address} dev eth0`);
     for (const a of opts.extraAddresses ?? []) hostCmds.push(`ip addr add ${a} dev eth0`);
     if (opts.gateway) hostCmds.push(`ip route add default via ${opts.gateway}`);
+    if (opts.ephemeralPorts) hostCmds.push(`sysctl -qw net.ipv4.ip_local_port_range="${opts.ephemeralPorts[0]} ${opts.ephemeralPorts[1]}"`);
     await this.sh(ns, hostCmds.join(' && '));
     return ns;
   }

@@ -29,7 +29,7 @@ import { requirePrivileged } from '../helpers/privileged';
 import { createLab, waitFor, type Lab } from '../../lab/netns';
 import { startDnsmasq, httpGetFrom } from '../../lab/services';
 import { startAgent, waitStatus, agentCli } from '../../lab/agent';
-import { JsonLinesProc, startPeerEchoes, dropInvalid, dsrProgramsIn, dsrBackendByHand } from '../../lab/forward';
+import { JsonLinesProc, startPeerEchoes, dropInvalid, dsrProgramsIn, dsrBackendByHand, CLIENT_EPHEMERAL_PORTS } from '../../lab/forward';
 
 const CLIENT = '10.99.0.3';
 const DSR_POOL = '10.99.0.200';
@@ -84,13 +84,13 @@ if (requirePrivileged(t)) {
     const lab = await createLab(t);
     const dhcpNs = await lab.addHost('dhcp', { address: '10.99.0.1/24' });
     const node = await lab.addHost('node', { address: '10.99.0.2/24', ipv6: ['fd00:99::2/64'] });
-    const client = await lab.addHost('client', { address: `${CLIENT}/24`, ipv6: [`${CLIENT6}/64`] });
+    const client = await lab.addHost('client', { address: `${CLIENT}/24`, ipv6: [`${CLIENT6}/64`], ephemeralPorts: CLIENT_EPHEMERAL_PORTS });
     const backendNs: string[] = [];
     for (let i = 0; i < BACKENDS.length; i++) backendNs.push(await lab.addHost(IDS[i]!, { address: `${BACKENDS[i]}/24`, ...(BACKENDS6[i] ? { ipv6: [`${BACKENDS6[i]}/64`] } : {}) }));
     await lab.addBridge('br1');
     await lab.addNic('node', 'eth1', { bridge: 'br1', address: '10.98.0.2/24' });
     for (let i = 0; i < NET_BACKENDS.length; i++) await lab.addNic(IDS[i]!, 'eth1', { bridge: 'br1', address: `${NET_BACKENDS[i]}/24` });
-    const client2 = await lab.addHost('client2', { address: `${NET_CLIENT}/24`, bridge: 'br1' });
+    const client2 = await lab.addHost('client2', { address: `${NET_CLIENT}/24`, bridge: 'br1', ephemeralPorts: CLIENT_EPHEMERAL_PORTS });
     t.comment(`lab ${Date.now() - t0} ms`);
     await startDnsmasq(lab, dhcpNs, { range: '10.99.0.100,10.99.0.150', noPing: true });
     const echo = await startPeerEchoes(lab, backendNs, IDS);

@@ -22,7 +22,7 @@ import * as path from 'node:path';
 import { requirePrivileged } from '../helpers/privileged';
 import { createLab, run, waitFor, type Lab } from '../../lab/netns';
 import { distPath } from '../../lab/services';
-import { JsonLinesProc, askLoop, startPeerEchoes } from '../../lab/forward';
+import { JsonLinesProc, askLoop, startPeerEchoes, CLIENT_EPHEMERAL_PORTS } from '../../lab/forward';
 import type { DriverService } from '../../lab/bin/forward-driver';
 import { parseIPv4 } from '../../agent/address';
 import { normalizeState } from '../../agent/forward/dataplane';
@@ -97,7 +97,7 @@ if (requirePrivileged(t)) {
   t.test('the eBPF NAT engine beside the nft path', async (t) => {
     const t0 = Date.now();
     const lab = await createLab(t);
-    const client = await lab.addHost('client', { address: `${CLIENT}/24` });
+    const client = await lab.addHost('client', { address: `${CLIENT}/24`, ephemeralPorts: CLIENT_EPHEMERAL_PORTS });
     const node = await lab.addHost('node', { address: `${NODE}/24`, extraAddresses: [`${VIP}/24`] });
     const backendNs: string[] = [];
     for (let i = 0; i < BACKENDS.length; i++) backendNs.push(await lab.addHost(IDS[i]!, { address: `${BACKENDS[i]}/24` }));

@@ -38,7 +38,7 @@ import { requirePrivileged } from '../helpers/privileged';
 import { createLab, run, waitFor, type Lab } from '../../lab/netns';
 import { distPath } from '../../lab/services';
 import { startAgent, waitStatus, type AgentHandle } from '../../lab/agent';
-import { JsonLinesProc, askLoop, startPeerEchoes, dropInvalid, BACKENDS, IDS } from '../../lab/forward';
+import { JsonLinesProc, askLoop, startPeerEchoes, dropInvalid, BACKENDS, IDS, CLIENT_EPHEMERAL_PORTS } from '../../lab/forward';
 import { bridgePort, vmDeath, FAST_ARP, VRID, CLIENT } from '../../lab/vrrp';
 
 const VIP = '10.99.0.200';
@@ -56,7 +56,7 @@ function heldAcrossFailover(sourceIP: 'preserve' | 'snat', fromPort: number, eng
     for (const n of NODES) nodeNs.push(await lab.addHost(n.name, { address: `${n.ip}/24` }));
     const backendNs: string[] = [];
     for (let i = 0; i < BACKENDS.length; i++) backendNs.push(await lab.addHost(IDS[i]!, { address: `${BACKENDS[i]}/24` }));
-    const client = await lab.addHost('client', { address: `${CLIENT}/24` });
+    const client = await lab.addHost('client', { address: `${CLIENT}/24`, ephemeralPorts: CLIENT_EPHEMERAL_PORTS });
     await startPeerEchoes(lab, backendNs, IDS);
     for (const ns of backendNs) {
       // The backend side of DSR, as docs/datapaths.md tells an operator.
