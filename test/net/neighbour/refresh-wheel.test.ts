@@ -107,7 +107,9 @@ t.test('periods: each has its ring; a long one has at most MAX_SLOTS slots; a ba
 
 t.test('VIP owners on one wheel: a refresh a period; a withdrawn VIP and a lost one send nothing and leave the wheel', async (t) => {
   const { clock, wheel } = fresh();
+  // Twenty owners listen on this one socket (the daemon gives each its own handle of a shared socket).
   const socket = new MemorySocket();
+  socket.setMaxListeners(20);
   const owners = Array.from({ length: 20 }, (_, i) => new VipOwner({ socket, mac: '02:aa:bb:cc:dd:01', ip: `10.99.0.${100 + i}`, announceNum: 2, announceIntervalMs: 2000, refreshMs: 10_000, wheel, clock }));
   for (const o of owners) o.start();
   t.same(wheel.counts(), { members: 20, timers: 1 }, 'twenty held VIPs, one timer');
