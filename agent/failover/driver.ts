@@ -426,7 +426,15 @@ export class VirtualRouter extends EventEmitter<VirtualRouterEvents> {
         this.timer = this.clock.setTimeout(fire, at - now);
         return;
       }
-      this.run({ kind: 'timer' });
+      // Judged one turn later: frames that came while the event loop was
+      // busy (a start under load) are read in this turn's poll phase, after
+      // the timers. A peer's advert already queued then counts before a
+      // Backup calls Master_Down_Interval run out and takes the VIPs from a
+      // live Master; one that re-arms the timer cancels this.
+      this.timer = this.clock.setTimeout(() => {
+        this.timer = undefined;
+        this.run({ kind: 'timer' });
+      }, 0);
     };
     this.timer = this.clock.setTimeout(fire, Math.max(0, at - this.clock.now()));
   }

@@ -147,6 +147,24 @@ t.test('a lone router: Backup, then Master after Master_Down_Interval, then adve
   router.stop();
 });
 
+t.test('an advert already queued when Master_Down_Interval runs out counts before the Backup decides', async (t) => {
+  const h = harness();
+  const { router, events } = h.make({ srcIp: '10.99.0.10', priority: 100 });
+  router.start();
+  // The peer's advert is due at the same instant as the Master-down timer and
+  // queued after it: a busy event loop reads both in one turn, timers first.
+  const sock = [...h.lan.sockets][0]!;
+  const advert = encodeAdvertisement({ vrid: 51, priority: 200, maxAdverIntCs: 100, addresses: [parseIPv4('10.99.0.100')!], srcIp: parseIPv4('10.99.0.11')! });
+  h.clock.setTimeout(() => sock.receive(advert, { csumNotReady: false, pktType: 2 }), 3609.375);
+  h.clock.advance(3610);
+  t.equal(router.state, 'backup', 'still Backup: the queued advert re-armed the timer');
+  t.equal(router.master, '10.99.0.11', 'and names the live Master');
+  t.notOk(events.some((e) => e[0] === 'master'), 'it never became Master');
+  h.clock.advance(3700);
+  t.equal(router.state, 'master', 'with no advert after it, Master one Master_Down_Interval later');
+  router.stop();
+});
+
 t.test('two routers: the higher is Master, the other Backup knows it; priority 0 on stop hands over within Skew_Time', async (t) => {
   const h = harness();
   const a = h.make({ srcIp: '10.99.0.10', priority: 100 });
