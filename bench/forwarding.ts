@@ -9,6 +9,14 @@
 //              at tc ingress of the node's NIC forwards the snat flows
 //              (native/bpf/nat.c), the nft table behind it; the agent runs
 //              with a BPF file system of its own (the engine pins its maps)
+//   ebpf1      the same engine with b1 alone behind the VIP, the backend
+//              direct uses: what the engine and the node's hop cost, without
+//              the spread over three nginx (as dsr1 is for DSR)
+//   ebpf-xdp   ebpf with an XDP program that passes every frame attached
+//              to the node's NIC (xdpdrv: veth's own XDP path): what the
+//              XDP hook costs on this NIC before an XDP engine does any work
+//   (ebpf1 and ebpf-xdp run in the nat area; the forward area runs them
+//   only when --forward-targets names them)
 //   dsr        the same with sourceIP: preserve: direct server return (issue
 //              17); the backends hold its VIP on lo, so replies go from them
 //              straight to the client
@@ -70,6 +78,7 @@
 // Only lab namespaces are addressed.
 import * as fs from 'node:fs';
 import * as os from 'node:os';
+import * as path from 'node:path';
 import { Lab, run, waitFor } from '../lab/netns';
 import { waitStatus } from '../lab/agent';
 import { runAgent, stopAgent, natEngineServing, FAST_ARP, OWN_BPFFS, type AgentHandle } from './lib/agent';
@@ -87,13 +96,17 @@ const PEER_VIP = '10.99.0.60';
 const DSR_VIP = '10.99.0.52';
 const BACKENDS = ['10.99.0.11', '10.99.0.12', '10.99.0.13'];
 
-export const FORWARD_TARGETS = ['direct', 'kernel', 'ebpf', 'dsr', 'dsr-nft', 'dsr1', 'direct3', 'dsr3', 'kernel3', 'proxy', 'proxy1', 'proxy-v8defaults', 'haproxy1', 'haproxy', 'nginx', 'proxy-pp2', 'haproxy-pp2'] as const;
+export const FORWARD_TARGETS = ['direct', 'kernel', 'ebpf', 'ebpf1', 'ebpf-xdp', 'dsr', 'dsr-nft', 'dsr1', 'direct3', 'dsr3', 'kernel3', 'proxy', 'proxy1', 'proxy-v8defaults', 'haproxy1', 'haproxy', 'nginx', 'proxy-pp2', 'haproxy-pp2'] as const;
 export type ForwardTarget = (typeof FORWARD_TARGETS)[number];
+/** The targets the forward area runs unless --forward-targets names others: all but the nat area's own breakdown of the engine. */
+export const DEFAULT_FORWARD_TARGETS: readonly ForwardTarget[] = FORWARD_TARGETS.filter((t) => t !== 'ebpf1' && t !== 'ebpf-xdp');
 
 export const FORWARD_LABELS: Record<ForwardTarget, string> = {
   direct: 'direct to one backend (the limit)',
   kernel: 'lb-agent, kernel path (nftables)',
   ebpf: 'lb-agent, kernel path, eBPF full-NAT engine (kernel.engine: ebpf)',
+  ebpf1: 'lb-agent, kernel path, eBPF full-NAT engine to b1 alone, the backend direct uses (what the engine and the node\'s hop cost, without the spread over three nginx)',
+  'ebpf-xdp': 'lb-agent, kernel path, eBPF full-NAT engine with an XDP program that passes every frame on the node\'s NIC (what the veth XDP hook alone costs)',
   dsr: 'lb-agent, kernel path, direct server return',
   'dsr-nft': 'lb-agent, kernel path, direct server return on the nft table alone (LB_AGENT_DSR_ENGINE=nft: what the BPF program saves)',
   dsr1: 'lb-agent, kernel path, direct server return to b1 alone, the backend direct uses (what forwarding costs, without the spread over three nginx)',
@@ -115,6 +128,8 @@ const ENDPOINT: Record<ForwardTarget, { host: string; http: number; bulk: number
   direct: { host: BACKENDS[0]!, http: 8080, bulk: 5201 },
   kernel: { host: AGENT_VIP, http: 80, bulk: 5201 },
   ebpf: { host: AGENT_VIP, http: 80, bulk: 5201 },
+  ebpf1: { host: AGENT_VIP, http: 80, bulk: 5201 },
+  'ebpf-xdp': { host: AGENT_VIP, http: 80, bulk: 5201 },
   // Direct server return cannot rewrite ports: the VIP serves the backends' own 8080.
   dsr: { host: DSR_VIP, http: 8080, bulk: 5201 },
   'dsr-nft': { host: DSR_VIP, http: 8080, bulk: 5201 },
@@ -286,7 +301,34 @@ const PP_PORT = 8081;
  * dsr stays the number issue 17's target is judged on.
  */
 function webBackends(target: ForwardTarget): string[] {
-  return target === 'dsr1' ? [BACKENDS[0]!] : BACKENDS;
+  return target === 'dsr1' || target === 'ebpf1' ? [BACKENDS[0]!] : BACKENDS;
+}
+
+/** The targets that run the eBPF full-NAT engine (kernel.engine: ebpf). */
+function isEngine(target: ForwardTarget): boolean {
+  return target === 'ebpf' || target === 'ebpf1' || target === 'ebpf-xdp';
+}
+
+/**
+ * An XDP program that passes every frame on (XDP_PASS), for ebpf-xdp: built
+ * with the clang scripts/setup.sh installs for the engine, once a process.
+ */
+const XDP_PASS_SOURCE = `#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+SEC("xdp")
+int lb_bench_xdp_pass(struct xdp_md *ctx) { return XDP_PASS; }
+char LICENSE[] SEC("license") = "GPL";
+`;
+let xdpPassObject: string | undefined;
+
+async function buildXdpPass(): Promise<string> {
+  if (xdpPassObject) return xdpPassObject;
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lb-bench-xdp-'));
+  fs.writeFileSync(path.join(dir, 'pass.c'), XDP_PASS_SOURCE);
+  const triple = (await run('gcc', ['-dumpmachine'])).stdout.trim();
+  await run('clang', ['-target', 'bpf', '-O2', '-Wall', '-Werror', `-I/usr/include/${triple}`, '-c', path.join(dir, 'pass.c'), '-o', path.join(dir, 'pass.o')]);
+  xdpPassObject = path.join(dir, 'pass.o');
+  return xdpPassObject;
 }
 
 /** The targets that run the agent with direct server return (sourceIP: preserve). */
@@ -317,15 +359,15 @@ export function clientShape(target: ForwardTarget, o: Pick<ForwardOptions, 'thre
   return { threads, connections: Math.ceil(o.connections / threads) * threads, addresses: target === 'direct3' ? BACKENDS : [ENDPOINT[target].host] };
 }
 
-function agentConfig(target: 'kernel' | 'kernel3' | 'ebpf' | 'dsr' | 'dsr-nft' | 'dsr1' | 'dsr3' | 'proxy' | 'proxy1' | 'proxy-pp2' | 'proxy-v8defaults'): Record<string, unknown> {
+function agentConfig(target: 'kernel' | 'kernel3' | 'ebpf' | 'ebpf1' | 'ebpf-xdp' | 'dsr' | 'dsr-nft' | 'dsr1' | 'dsr3' | 'proxy' | 'proxy1' | 'proxy-pp2' | 'proxy-v8defaults'): Record<string, unknown> {
   const dsr = isDsr(target);
   const preserve = dsr ? { sourceIP: 'preserve' } : {};
   const pp = target === 'proxy-pp2' ? { proxyProtocol: 'v2', healthCheck: { proxyProtocol: true } } : {};
   return {
     node: { name: 'bench', interface: 'eth0' },
     metrics: { listen: '' },
-    dataplane: target === 'kernel' || target === 'kernel3' || target === 'ebpf' || dsr ? 'kernel' : 'proxy',
-    ...(target === 'ebpf' ? { kernel: { engine: 'ebpf' } } : {}),
+    dataplane: target === 'kernel' || target === 'kernel3' || isEngine(target) || dsr ? 'kernel' : 'proxy',
+    ...(isEngine(target) ? { kernel: { engine: 'ebpf' } } : {}),
     ...(target === 'proxy1' ? { proxy: { workers: 1 } } : {}),
     pools: { 'range-global': `${AGENT_VIP}-${DSR_VIP}` },
     arp: FAST_ARP,
@@ -353,6 +395,8 @@ async function startTarget(lab: Lab, node: string, target: ForwardTarget, slot: 
     case 'kernel':
     case 'kernel3':
     case 'ebpf':
+    case 'ebpf1':
+    case 'ebpf-xdp':
     case 'dsr':
     case 'dsr-nft':
     case 'dsr1':
@@ -368,14 +412,17 @@ async function startTarget(lab: Lab, node: string, target: ForwardTarget, slot: 
         name: `fwd-${target}-${slot}`,
         ...(target === 'proxy-v8defaults' ? { nodeOptions: '' } : {}),
         ...(target === 'dsr-nft' ? { env: { LB_AGENT_DSR_ENGINE: 'nft' } } : {}),
-        ...(target === 'ebpf' ? { command: OWN_BPFFS } : {}),
+        ...(isEngine(target) ? { command: OWN_BPFFS } : {}),
       });
       await waitStatus(agent, `${target} agent serving`, (s) => s.services.length === (target === 'proxy-pp2' ? 3 : 2) && s.services.every((x) => x.ready) && s.services[0]!.healthyBackends === webBackends(target).length, 30_000);
       // A row labelled eBPF must not measure the nft table it falls back to.
-      if (target === 'ebpf') await natEngineServing(agent);
+      if (isEngine(target)) await natEngineServing(agent);
+      // veth's XDP path (native: the driver's own) in front of the engine's tc program.
+      if (target === 'ebpf-xdp') await run('ip', ['-n', node, 'link', 'set', 'dev', 'eth0', 'xdpdrv', 'obj', await buildXdpPass(), 'sec', 'xdp']);
       return {
         pid: agent.proc.pid,
         stop: async () => {
+          if (target === 'ebpf-xdp') await run('ip', ['-n', node, 'link', 'set', 'dev', 'eth0', 'xdpdrv', 'off'], { allowFail: true });
           await stopAgent(agent);
           // The kernel path's connections linger in conntrack; the next slot starts clean.
           await run('ip', ['netns', 'exec', node, 'conntrack', '-F'], { allowFail: true });

@@ -31,7 +31,7 @@
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { spawnSync } from 'node:child_process';
-import { benchForward, FORWARD_TARGETS, type ForwardTarget } from './forwarding';
+import { benchForward, DEFAULT_FORWARD_TARGETS, FORWARD_TARGETS, type ForwardTarget } from './forwarding';
 import { benchFamilies } from './families';
 import { benchDhcp, benchDhcp6, DHCP_CLIENTS, type DhcpClient } from './dhcp';
 import { benchDetection, DETECTION_SETTINGS } from './detection';
@@ -85,7 +85,7 @@ function usage(): string {
 }
 
 function parseArgs(argv: string[]): Args {
-  const a: Args = { only: [], rounds: 0, quick: false, out: path.join(REPO, 'bench', 'results'), docs: false, dhcpManyPing: false, dhcpClients: [...DHCP_CLIENTS], forwardTargets: [...FORWARD_TARGETS], scaleSizes: [...SCALE_SIZES], natFlows: 100_000, natUdpFlows: 20_000 };
+  const a: Args = { only: [], rounds: 0, quick: false, out: path.join(REPO, 'bench', 'results'), docs: false, dhcpManyPing: false, dhcpClients: [...DHCP_CLIENTS], forwardTargets: [...DEFAULT_FORWARD_TARGETS], scaleSizes: [...SCALE_SIZES], natFlows: 100_000, natUdpFlows: 20_000 };
   for (let i = 0; i < argv.length; i++) {
     const v = argv[i + 1];
     switch (argv[i]) {
@@ -164,7 +164,7 @@ async function main(): Promise<void> {
   sampler.unref();
   const results: BenchResults = {
     bench: 'lb-agent', version, date: startedAt.toISOString().slice(0, 10), startedAt: startedAt.toISOString(), finishedAt: '',
-    options: { rounds: args.rounds, quick: args.quick, only: args.only, ...(args.forwardTargets.length < FORWARD_TARGETS.length ? { forwardTargets: args.forwardTargets } : {}), ...(args.scaleSizes.join(',') !== SCALE_SIZES.join(',') ? { scaleSizes: args.scaleSizes } : {}), ...(areas.includes('nat') ? { natFlows: args.natFlows, natUdpFlows: args.natUdpFlows } : {}) },
+    options: { rounds: args.rounds, quick: args.quick, only: args.only, ...(args.forwardTargets.join(',') !== DEFAULT_FORWARD_TARGETS.join(',') ? { forwardTargets: args.forwardTargets } : {}), ...(args.scaleSizes.join(',') !== SCALE_SIZES.join(',') ? { scaleSizes: args.scaleSizes } : {}), ...(areas.includes('nat') ? { natFlows: args.natFlows, natUdpFlows: args.natUdpFlows } : {}) },
     machine: machineFacts(),
     load: { before: loadAverage(), after: [], samples, mean1m: NaN, max1m: NaN, otherCpuCores: NaN },
     areas: {}, targets: [],

@@ -2,7 +2,7 @@
 // paired with each slot is the median of the per-pair ratios (issue 17), not
 // a ratio of medians that one swinging direct round can move.
 import t from 'tap';
-import { clientShape, headerCost, pairedCpu, pairedRatio, pairedReplies, peerOf, peerRatio, referenceOf } from '../../bench/forwarding';
+import { clientShape, DEFAULT_FORWARD_TARGETS, FORWARD_TARGETS, headerCost, pairedCpu, pairedRatio, pairedReplies, peerOf, peerRatio, referenceOf } from '../../bench/forwarding';
 import type { IperfResult, WrkResult } from '../../bench/lib/load';
 
 const wrk = (rps: number): WrkResult => ({ rps } as WrkResult);
@@ -85,6 +85,13 @@ t.test('lab CPU per request: the median, and the median excess over direct\'s ru
   t.same(pairedCpu([{ keepalive: cpu(20) }]), { cpuUsPerRequest: 20 }, 'direct itself: its own CPU, no excess');
   t.same(pairedCpu([{ keepalive: cpu(30), directKeepalive: cpu(25) }]), { cpuUsPerRequest: 30 }, 'no excess without the run after');
   t.same(pairedCpu([{ keepalive: cpu(undefined), directKeepalive: cpu(25), directKeepaliveAfter: cpu(25) }]), {}, 'older results, or a run that served nothing: nothing');
+});
+
+t.test('issue 48: the engine\'s breakdown rows are paired with direct, with its client, and run in the forward area only when named', async (t) => {
+  t.equal(referenceOf('ebpf1'), 'direct', 'b1 alone against direct to b1');
+  t.equal(referenceOf('ebpf-xdp'), 'direct');
+  t.same(clientShape('ebpf1', { threads: 1, connections: 50 }), { threads: 1, connections: 50 }, 'the same wrk as direct and ebpf');
+  t.same(FORWARD_TARGETS.filter((x) => !DEFAULT_FORWARD_TARGETS.includes(x)), ['ebpf1', 'ebpf-xdp'], 'the forward area\'s default leaves out these two alone');
 });
 
 t.test('issue 17, like for like: dsr3 and kernel3 are paired with direct3, and all three share one client shape', async (t) => {

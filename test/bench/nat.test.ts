@@ -50,6 +50,24 @@ t.test('rows: paired ratios where present, ratios of medians where not; direct i
   t.same([e.keepalive, e.newConnections, e.bulk, e.bulkReplies, e.cpuOverDirectUs], [0.93, 0.91, 0.96, 0.99, 1.5], 'paired ratios win over the medians (30k / 40k would be 0.75)');
 });
 
+t.test('like for like: ebpf1 (b1 alone, as direct) gets its own CPU line beside ebpf\'s, judged at the same bound', async (t) => {
+  const at = (cpu: number, cpu1: number): NatResult => ({
+    forward: forward({
+      direct: summary({ ka: 1, nc: 1, bulk: 1, rev: 1 }),
+      ebpf: summary({ ka: 1, kax: 1, nc: 1, ncx: 1, bulk: 1, bulkx: 1, rev: 1, revx: 1, cpu }),
+      ebpf1: summary({ ka: 1, kax: 1, nc: 1, ncx: 1, bulk: 1, bulkx: 1, rev: 1, revx: 1, cpu: cpu1 }, 'b1 alone'),
+      'ebpf-xdp': summary({ ka: 1, kax: 0.6, nc: 1, ncx: 0.7, bulk: 1, rev: 1, cpu: 4 }, 'xdp pass'),
+    }),
+  });
+  t.same(natRows(at(2.5, 0.5).forward).map((r) => r.target), ['ebpf', 'ebpf1', 'ebpf-xdp'], 'the breakdown rows follow the engine\'s, in NAT_TARGETS order');
+  const rows = natTargets(at(2.5, 0.5));
+  t.equal(rows.length, 6, 'one line more than without ebpf1');
+  t.same(rows.slice(4).map((r) => [r.measured, r.met]), [['+2.5 µs', false], ['+0.5 µs', true]], 'the spread over three nginx misses it, the engine itself meets it');
+  t.match(rows[5]!.target, /like for like/);
+  t.same(natTargets(at(1, 2.01)).slice(4).map((r) => r.met), [true, false], 'each line judged at its own bound');
+  t.equal(natTargets(at(1, NaN))[5]!.measured, 'not measured');
+});
+
 const flows = (o: Partial<FlowsResult> = {}): FlowsResult => ({
   addresses: 6, backends: 7, asked: 100_000, opened: 100_000, failed: 0, openMs: 20_000, openErrors: {}, alive: 100_000, checkMs: 900,
   fill: { flows: 100_000, replies: 100_000, capacity: 262_144 }, events: { new: 100_000 }, conntrack: 3, perBackend: [14_000], maps: [], bytesPerFlow: 208.1, entryBytes: 40, agentRssMiB: 60, ...o,
