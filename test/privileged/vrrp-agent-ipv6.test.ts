@@ -79,8 +79,8 @@ if (requirePrivileged(t)) {
 
     const agents = new Map<string, AgentHandle>();
     /** `dhcpOnly`: without the pool service "api" (a VM that comes back to the DHCP routers only). */
-    const start = async (v: Vm6, priority: number, o: { preempt?: boolean; dhcpOnly?: boolean } = {}): Promise<AgentHandle> => {
-      const cfg = agentConfig6(v, priority, { advertInterval: INTERVAL, vrid: VRID });
+    const start = async (v: Vm6, priority: number, o: { preempt?: boolean; dhcpOnly?: boolean; advertInterval?: number } = {}): Promise<AgentHandle> => {
+      const cfg = agentConfig6(v, priority, { advertInterval: o.advertInterval ?? INTERVAL, vrid: VRID });
       const healthCheck = { periodSeconds: 0.2, timeoutSeconds: 0.2, failureThreshold: 2 };
       const d6 = { name: 'd6', ipFamilies: ['IPv6'], ipam: 'dhcp', vrid: VRID_DHCP, ports: [{ port: 80, targetPort: 8080 }], backends: [BACKEND6], healthCheck };
       const dd = { name: 'dd', ipFamilyPolicy: 'RequireDualStack', ipam: 'dhcp', vrid: VRID_DUAL, ports: [{ port: 80, targetPort: 8080 }], backends: ['10.99.0.12', BACKEND6], healthCheck };
@@ -279,7 +279,17 @@ if (requirePrivileged(t)) {
     t.test('n3 restarted with its saved leases while n1 is Master, preempt off: it stays Backup and sends no DHCP or DHCPv6', async (t) => {
       await reboot(n3);
       const from = dnsmasq.log().length;
-      const a = await start(n3, 200, { preempt: false, dhcpOnly: true });
+      // A 1 s advert interval of its own: its first Master_Down_Interval is
+      // 3.2 s, not 0.32 s, so a start-up that starves the event loop on a
+      // loaded machine does not make it Master before it hears n1 (then it
+      // follows n1's 0.1 s). Not sending while Backup is what is tested here.
+      const a = await start(n3, 200, { preempt: false, dhcpOnly: true, advertInterval: 1 });
+      const stop = async (): Promise<void> => {
+        if (a.proc.exitCode !== null || a.proc.signalCode !== null) return;
+        a.signal('SIGTERM');
+        await a.exited;
+      };
+      t.teardown(stop);
       t.comment(`n3's state: ${fs.readdirSync(a.stateDir).join(', ')}`);
       await waitStatus(a, 'n3 Backup of d6 and both VIPs of dd', (d) => d.services.filter((s) => s.name !== 'api').length === 3 && d.services.every((s) => s.state === 'backup'), 10_000);
       // Long enough for a resumed lease to be confirmed, and for n3 to take over if it would.
@@ -291,8 +301,7 @@ if (requirePrivileged(t)) {
       t.same([await d6link(n3), await linkOf(n3, ddif)], [{ up: false, global: [] }, { up: false, global: [] }], 'its macvlans ready, down, without an address');
       t.same(dnsmasq.log().slice(from).split('\n').filter((l) => /DHCP/.test(l)), [], 'dnsmasq heard nothing');
       t.same([(await d6of(a1)).state, ...(await ddOf(a1)).map((s) => s.state)], ['serving', 'serving', 'serving'], 'n1 still serves all three');
-      a.signal('SIGTERM');
-      await a.exited;
+      await stop();
       t.notMatch(dnsmasq.log().slice(from), /DHCPRELEASE/, 'stopping the Backup released nothing');
     });
 
