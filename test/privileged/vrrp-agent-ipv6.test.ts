@@ -316,6 +316,11 @@ if (requirePrivileged(t)) {
       const sent6 = a.logs.filter((l) => of('d6')(l) && l.op === 'send').map((l) => l.kind);
       t.comment(`n3 sent for d6: ${sent6.join(', ')}`);
       t.ok(sent6.length > 0 && sent6.every((k) => k === 'RENEW'), 'and confirmed it with a RENEW: no SOLICIT');
+      const resumedDd = ['dhcp', 'dhcp6'].filter((m) => a.logs.some((l) => of('dd')(l) && l.module === m && l.op === 'resume' && logTime(l) >= startedAt));
+      t.same(resumedDd, ['dhcp', 'dhcp6'], 'and both saved leases of the dual-stack service at once');
+      const sentDd = a.logs.filter((l) => of('dd')(l) && l.op === 'send').map((l) => `${String(l.module)} ${String(l.kind)}`);
+      t.comment(`n3 sent for dd: ${sentDd.join(', ')}`);
+      t.ok(sentDd.some((k) => k.startsWith('dhcp ')) && sentDd.some((k) => k.startsWith('dhcp6 ')), 'confirming each with its server');
       await waitFor("n1 withdraws the DHCPv6 VIP and both of dd's, its macvlans down", async () => {
         const [l6, ld] = [await d6link(n1), await linkOf(n1, ddif)];
         return !l6.up && l6.global.length === 0 && !ld.up && ld.global.length === 0;
