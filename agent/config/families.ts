@@ -3,11 +3,11 @@
 // families the agent serves, with the apiserver's defaulting and validation
 // (pkg/registry/core/service/storage/alloc.go initIPFamilyFields) and the
 // agent's own limits: which family has a pool; direct server return serves
-// IPv4 only; a dual-stack DHCP service under VRRP serves one family. Pure; load.ts calls it once per service
+// IPv4 only. Pure; load.ts calls it once per service
 // and reports what it returns with the field path.
 import type { Family } from '../address';
 import { parseAddress } from '../address';
-import type { FailoverMode, IpamMode, IpFamilyPolicy, Pool } from './types';
+import type { IpamMode, IpFamilyPolicy, Pool, ServiceSpec } from './types';
 import { describePool, poolContains, poolLookupOrder, selectPool } from './pools';
 
 type Seg = string | number;
@@ -26,7 +26,6 @@ export interface FamilyAsk {
 
 export interface FamilyContext {
   readonly pools: readonly Pool[];
-  readonly failover: FailoverMode;
 }
 
 export interface FamilyPlan {
@@ -62,15 +61,20 @@ export function linkKeyOf(familyKey: string): string {
   return familyKey.endsWith('@IPv6') ? familyKey.slice(0, -'@IPv6'.length) : familyKey;
 }
 
+/**
+ * Under VRRP, the IPv4 service whose virtual router an IPv6 VIP follows:
+ * the IPv6 half of a dual-stack DHCP service, whose DHCPv6 lease rides the
+ * macvlan the DHCPv4 source owns (daemon/wiring.ts sharedLink), so both
+ * VIPs must be on one VM (failover/dual.ts). undefined for every other
+ * service.
+ */
+export function tiedToIpv4(spec: Pick<ServiceSpec, 'key' | 'family' | 'ipam' | 'primaryService' | 'ipFamilies'>): string | undefined {
+  if (spec.family !== 'IPv6' || spec.ipam !== 'dhcp' || spec.primaryService !== undefined) return undefined;
+  return spec.ipFamilies?.includes('IPv4') ? linkKeyOf(spec.key) : undefined;
+}
+
 /** Why the agent cannot serve a family for this service, or undefined when it can. */
-function unservable(f: Family, ask: FamilyAsk, ctx: FamilyContext, requested: readonly Family[]): string | undefined {
-  // Both leases of a dual-stack DHCP service ride one macvlan (linkKeyOf),
-  // up only on the Master; under VRRP each family elects its own Master
-  // (RFC 5798 §5.1: one instance per family), so the two could need the one
-  // link up on two VMs.
-  if (f === 'IPv6' && ask.ipam === 'dhcp' && ctx.failover === 'vrrp' && requested.includes('IPv4')) {
-    return 'a dual-stack service with ipam: dhcp under failover.mode: vrrp is not supported (its two leases share one macvlan, but each family elects its own VRRP Master); serve its IPv6 VIP from a service of its own (ipFamilies: [IPv6], ipam: dhcp) or from a pool (ipam: pool)';
-  }
+function unservable(f: Family, ask: FamilyAsk, ctx: FamilyContext): string | undefined {
   if (ask.ipam === 'pool' && !selectPool(ctx.pools, ask.namespace, f)) {
     return `no pool lists ${f} addresses for namespace ${ask.namespace} (looked for ${poolLookupOrder(ask.namespace).join(', ')} under pools)`;
   }
@@ -124,7 +128,7 @@ export function planFamilies(ask: FamilyAsk, ctx: FamilyContext): { plan: Family
   const served: Family[] = [];
   const notes: string[] = [];
   requested.forEach((f, i) => {
-    const why = unservable(f, ask, ctx, requested);
+    const why = unservable(f, ask, ctx);
     if (why === undefined) { served.push(f); return; }
     const optional = policy === 'PreferDualStack' && i > 0;
     if (optional) { notes.push(`${f} not served (PreferDualStack): ${why}`); return; }

@@ -9,7 +9,7 @@ import type { ErrorObject } from 'ajv';
 import { parseYaml } from './yaml';
 import { ANNOTATIONS, ANNOTATION_PREFIX, DEFAULTS } from './defaults';
 import { parsePools } from './pools';
-import { familyServiceKey, planFamilies, type FamilyPlan } from './families';
+import { familyServiceKey, planFamilies, tiedToIpv4, type FamilyPlan } from './families';
 import { DEFAULT_NETWORK, poolsOfNetwork } from './networks';
 import { familyOf, formatAddress, parseAddress, parseIPv4, type Family } from '../address';
 import { errorMessage } from '../errors';
@@ -444,7 +444,7 @@ function buildServices(raw: RawConfig, pools: readonly Pool[], err: (segs: Seg[]
       ipFamilies: p.raw.ipFamilies, ipFamilyPolicy: p.raw.ipFamilyPolicy,
       loadBalancerIP: p.raw.loadBalancerIP || undefined, loadBalancerIPs: p.raw.loadBalancerIPs,
       backends: p.backends.map((b, i) => ({ family: b.family ?? 'IPv4', address: b.address, segs: p.backendSegs[i]! })),
-    }, { pools: poolsOfNetwork(pools, p.raw.network), failover: raw.failover.mode });
+    }, { pools: poolsOfNetwork(pools, p.raw.network) });
     for (const pr of problems) err(at(...pr.segs), `service ${p.key}: ${pr.message}`);
     plans.set(p.key, plan);
   }
@@ -643,7 +643,8 @@ function failoverPeerProblems(peers: readonly string[], segs: Seg[], own: boolea
   if (listed.size === 0) return;
   const where = network === DEFAULT_NETWORK ? '' : ` on network ${network}`;
   for (const f of ['IPv4', 'IPv6'] as const) {
-    const svc = services.find((s) => (s.family ?? 'IPv4') === f && s.primaryService === undefined && (s.network ?? DEFAULT_NETWORK) === network);
+    // A dual-stack DHCP service's IPv6 VIP rides its IPv4 router (families.ts tiedToIpv4): no IPv6 instance.
+    const svc = services.find((s) => (s.family ?? 'IPv4') === f && s.primaryService === undefined && (s.network ?? DEFAULT_NETWORK) === network && tiedToIpv4(s) === undefined);
     if (svc && !listed.has(f)) {
       err(segs, `lists no ${f} address, but service ${svc.key}${where} has an ${f} VIP: its ${f} VRRP instance would hear adverts from any host; add the other agents' ${f} addresses${f === 'IPv6' ? ' (link-local or global)' : ''}${own || network === DEFAULT_NETWORK ? '' : `, or set networks.${network}.failover.peers`}`);
     }

@@ -26,7 +26,7 @@ import { AddressRemovals } from '../net/netlink/address-removals';
 import { HealthChecker } from '../health/checker';
 import { selectDataplane, createDataplane, natEngineChoice, probeNatEngine, detachLeftoverNatEngine, probeNftables, probeDsr, dsrUnavailable, parseDsrEngine, servicesNeedingProxy, placementFor, type ProbeResult } from '../forward/index';
 import { familyOf, formatAddress, formatIPv4 } from '../address';
-import { familyServiceKey, linkKeyOf } from '../config/families';
+import { familyServiceKey, linkKeyOf, tiedToIpv4 } from '../config/families';
 import { BackendVips } from '../net/host/dsr-backend';
 import type { Subsystems, ParentLink, DataplaneLike, SubsystemContext } from './subsystems';
 import { strayMarkedAddresses } from './drift-plan';
@@ -186,7 +186,8 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
         if (!src) throw new LbError('LB_ERR_NET_NO_INTERFACE', `VRRP interface ${ifname} has no IPv4 address to send advertisements from; give it one or set ${where}`);
         // RFC 5798 §5.1.2.1: IPv6 adverts leave from the interface's link-local address.
         const ll = linkLocalOf(await netlink.listAddresses(vlink.index, 'IPv6'));
-        const mineV6 = ipv6Vips && config.services.some((s) => s.family === 'IPv6' && (s.network ?? DEFAULT_NETWORK) === n.network.name);
+        // A dual-stack DHCP service's IPv6 VIP rides its IPv4 router (failover/dual.ts): no IPv6 advert for it.
+        const mineV6 = ipv6Vips && config.services.some((s) => s.family === 'IPv6' && (s.network ?? DEFAULT_NETWORK) === n.network.name && tiedToIpv4(s) === undefined);
         if (ll === undefined && mineV6) {
           throw new LbError('LB_ERR_NET_NO_INTERFACE', `VRRP interface ${ifname} has no IPv6 link-local address to send IPv6 advertisements from (RFC 5798 §5.1.2.1), and services have IPv6 VIPs; enable IPv6 on it (net.ipv6.conf.${ifname}.disable_ipv6=0, addr_gen_mode 0) or set ${where}`);
         }

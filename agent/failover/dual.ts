@@ -6,11 +6,22 @@
 // FailoverLike). A family service ("ns/name" or "ns/name@IPv6",
 // config/types.ts) goes to the gate of its family; the two elect
 // independently, so each family's VIP can be Master on another VM.
+//
+// Except the IPv6 VIP of a dual-stack DHCP service: its DHCPv6 lease rides
+// the macvlan its DHCPv4 source owns, with the same MAC on every VM, and
+// one link is either up (Master) or down (Backup) on a VM. Two elections
+// for it could put the IPv4 VIP on one VM and the DHCPv6 client of the same
+// MAC on another. So that VIP is tied to its IPv4 twin's router: it has no
+// IPv6 router, isMaster, status and events are the IPv4 router's, and both
+// VIPs move together in the same 'change' event. A tie by priority
+// (keepalived's vrrp_sync_group) would still leave the two routers apart
+// for up to a Master_Down_Interval whenever one times out before the other.
 import { EventEmitter } from 'node:events';
 import type { Family } from '../address';
 import type { ServiceSpec } from '../config/types';
 import type { Logger } from '../log';
 import type { GateStatus, VrrpGate } from './gate';
+import { tiedToIpv4 } from '../config/families';
 
 /**
  * The events a gate emits that the daemon listens for: 'change', 'hand-back',
@@ -26,25 +37,63 @@ export interface DualGateOptions {
   readonly log: Logger;
 }
 
+/** What status shows of a tie, on both VIPs' failover block. */
+export interface TieStatus {
+  /** The router that decides for both VIPs. */
+  readonly router: 'IPv4';
+  /** The two family services, IPv4 first. */
+  readonly services: readonly [string, string];
+  readonly reason: string;
+}
+
+const TIE_REASON = 'both leases ride one macvlan with one MAC: the IPv6 VIP follows the IPv4 router';
+
 export class DualGate extends EventEmitter {
   private readonly gates: Readonly<Record<Family, VrrpGate | undefined>>;
   private readonly log: Logger;
   private familyOf = new Map<string, Family>();
+  /** A tied IPv6 VIP's key -> its IPv4 twin's key (tiedToIpv4). */
+  private tiedTo = new Map<string, string>();
+  /** The IPv4 twin's key -> the tied IPv6 VIP's key. */
+  private twinOf = new Map<string, string>();
+  private specs = new Map<string, ServiceSpec>();
+  private vips: (serviceKey: string) => string | undefined = () => undefined;
+  /** A tied IPv6 VIP's address last held here: what a new Master asks for again without a saved lease (gate.ts knownVip). */
+  private lastHeld = new Map<string, string>();
 
   constructor(opts: DualGateOptions) {
     super();
     this.gates = { IPv4: opts.ipv4, IPv6: opts.ipv6 };
     this.log = opts.log.child({ module: 'failover' });
     for (const g of [opts.ipv4, opts.ipv6]) {
-      for (const ev of GATE_EVENTS) g?.on(ev, (arg: unknown) => this.emit(ev, arg));
+      for (const ev of GATE_EVENTS) g?.on(ev, (arg: unknown) => this.emit(ev, this.withTwins(arg)));
     }
   }
 
-  /** Each family's services to its own gate. */
+  /** An event's service keys with the tied IPv6 VIPs of those that have one: both move together. */
+  private withTwins(arg: unknown): unknown {
+    const expand = (keys: readonly string[]): string[] => keys.flatMap((k) => { const t = this.twinOf.get(k); return t === undefined ? [k] : [k, t]; });
+    if (Array.isArray(arg)) return expand(arg as string[]);
+    if (arg !== null && typeof arg === 'object' && Array.isArray((arg as { services?: unknown }).services)) {
+      return { ...arg, services: expand((arg as { services: string[] }).services) };
+    }
+    return arg;
+  }
+
+  /** Each family's services to its own gate; a tied IPv6 VIP to none (its IPv4 twin's router decides). */
   update(services: readonly ServiceSpec[], vips: (serviceKey: string) => string | undefined): void {
     this.familyOf = new Map(services.map((s) => [s.key, s.family ?? 'IPv4']));
+    this.specs = new Map(services.map((s) => [s.key, s]));
+    this.vips = vips;
+    this.tiedTo = new Map();
+    for (const s of services) {
+      const twin = tiedToIpv4(s);
+      if (twin !== undefined) this.tiedTo.set(s.key, twin);
+    }
+    this.twinOf = new Map([...this.tiedTo].map(([v6, v4]) => [v4, v6]));
+    for (const key of [...this.lastHeld.keys()]) if (!this.tiedTo.has(key)) this.lastHeld.delete(key);
     for (const family of ['IPv4', 'IPv6'] as const) {
-      const mine = services.filter((s) => (s.family ?? 'IPv4') === family);
+      const mine = services.filter((s) => (s.family ?? 'IPv4') === family && !this.tiedTo.has(s.key));
       const gate = this.gates[family];
       if (gate) gate.update(mine, vips);
       else if (mine.length > 0) {
@@ -54,14 +103,37 @@ export class DualGate extends EventEmitter {
   }
 
   isMaster(serviceKey: string): boolean {
+    const twin = this.tiedTo.get(serviceKey);
+    if (twin !== undefined) return this.gates.IPv4?.isMaster(twin) ?? false;
     return this.gateOf(serviceKey)?.isMaster(serviceKey) ?? false;
   }
 
   status(serviceKey: string): (GateStatus & Record<string, unknown>) | undefined {
-    return this.gateOf(serviceKey)?.status(serviceKey);
+    const twin = this.tiedTo.get(serviceKey);
+    const v6 = this.twinOf.get(serviceKey);
+    if (twin === undefined && v6 === undefined) return this.gateOf(serviceKey)?.status(serviceKey);
+    const v4key = twin ?? serviceKey;
+    const s = this.gates.IPv4?.status(v4key);
+    if (s === undefined) return undefined;
+    const tie: TieStatus = { router: 'IPv4', services: [v4key, v6 ?? serviceKey], reason: TIE_REASON };
+    return { ...s, tie };
   }
 
+  /**
+   * A tied IPv6 VIP: the one held here, its loadBalancerIPs entry, or the
+   * last one held here. An IPv4 advert lists IPv4 addresses only (RFC 5798
+   * §5.2.9), so a VM that never held it learns it from no advert: its new
+   * Master asks the server, under the same DUID, for the same binding.
+   */
   knownVip(serviceKey: string): string | undefined {
+    if (this.tiedTo.has(serviceKey)) {
+      const held = this.vips(serviceKey);
+      if (held !== undefined) {
+        this.lastHeld.set(serviceKey, held);
+        return held;
+      }
+      return this.specs.get(serviceKey)?.loadBalancerIP ?? this.lastHeld.get(serviceKey);
+    }
     return this.gateOf(serviceKey)?.knownVip(serviceKey);
   }
 
@@ -72,6 +144,9 @@ export class DualGate extends EventEmitter {
    * link-local address of its IPv6 adverts.
    */
   handBack(serviceKey: string): string | undefined {
+    // A tied IPv6 VIP: the IPv4 router knows the previous Master's IPv4
+    // address only, and the ip6 table's copy needs an IPv6 next hop.
+    if (this.tiedTo.has(serviceKey)) return undefined;
     return this.gateOf(serviceKey)?.handBack(serviceKey);
   }
 

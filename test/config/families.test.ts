@@ -1,11 +1,12 @@
 // Kubernetes' dual-stack words on a service: every ipFamilies x ipFamilyPolicy
 // combination with and without a pool of each family, the apiserver's
-// defaulting, loadBalancerIPs, backends of either family, and the refusals
-// (a dual-stack DHCP service under VRRP, an address outside its family's
-// pool), each with its field path. Through the whole loader, as a user's file.
+// defaulting, loadBalancerIPs, backends of either family, the refusals (an
+// address outside its family's pool), and under VRRP the tie of a dual-stack
+// DHCP service's IPv6 VIP to its IPv4 router. Through the whole loader, as a
+// user's file.
 import t from 'tap';
 import { parseConfigText, formatConfigErrors } from '../../agent/config/load';
-import { familyServiceKey, linkKeyOf } from '../../agent/config/families';
+import { familyServiceKey, linkKeyOf, tiedToIpv4 } from '../../agent/config/families';
 import { parsePools, selectPool } from '../../agent/config/pools';
 import type { ServiceSpec } from '../../agent/config/types';
 
@@ -113,17 +114,23 @@ t.test('ipam: dhcp serves IPv6 (DHCPv6) in either stack, with no pool; one macvl
   t.same(dual.services.map((s) => linkKeyOf(s.key)), ['default/web', 'default/web'], 'both families derive their macvlan and MAC from namespace/name');
 });
 
-t.test('VRRP serves IPv6 pool and DHCPv6 VIPs; a dual-stack DHCP service under VRRP is refused with the reason; DSR serves either family', async (t) => {
+t.test('VRRP serves IPv6 pool and DHCPv6 VIPs and dual-stack DHCP services, the IPv6 half tied to its IPv4 router; DSR serves either family', async (t) => {
   const dhcp6 = load('ipam: dhcp, ipFamilies: [IPv6], backends: ["fd00::11"]', `${DUAL_POOLS}\nfailover: { mode: vrrp }`);
   t.equal(dhcp6.errors, '', 'an IPv6-only DHCP service under VRRP');
   t.same(dhcp6.services.map((s) => [s.key, s.family, s.ipam]), [['default/web@IPv6', 'IPv6', 'dhcp']]);
-  t.match(load('ipam: dhcp, ipFamilyPolicy: RequireDualStack, backends: ["10.0.0.11", "fd00::11"]', `${DUAL_POOLS}\nfailover: { mode: vrrp }`).errors,
-    /ipFamilyPolicy: service default\/web: RequireDualStack needs both families, and a dual-stack service with ipam: dhcp under failover.mode: vrrp is not supported \(its two leases share one macvlan, but each family elects its own VRRP Master\)/);
-  t.match(load('ipam: dhcp, ipFamilies: [IPv6, IPv4], ipFamilyPolicy: PreferDualStack, backends: ["10.0.0.11", "fd00::11"]', `${DUAL_POOLS}\nfailover: { mode: vrrp }`).errors,
-    /IPv6 is the primary family, and a dual-stack service with ipam: dhcp/, 'an IPv6-primary dual-stack DHCP service too');
+  t.equal(tiedToIpv4(dhcp6.services[0]!), undefined, 'an IPv6-only DHCP service elects on its own IPv6 router');
+  const req = load('ipam: dhcp, ipFamilyPolicy: RequireDualStack, backends: ["10.0.0.11", "fd00::11"]', `${DUAL_POOLS}\nfailover: { mode: vrrp }`);
+  t.equal(req.errors, '', 'RequireDualStack with ipam: dhcp under VRRP');
+  t.same(req.services.map((s) => [s.key, tiedToIpv4(s)]), [['default/web', undefined], ['default/web@IPv6', 'default/web']], 'its IPv6 VIP follows the IPv4 router');
+  const v6first = load('ipam: dhcp, ipFamilies: [IPv6, IPv4], ipFamilyPolicy: PreferDualStack, backends: ["10.0.0.11", "fd00::11"]', `${DUAL_POOLS}\nfailover: { mode: vrrp }`);
+  t.equal(v6first.errors, '', 'an IPv6-primary dual-stack DHCP service too');
+  t.same(v6first.services.map((s) => [s.key, tiedToIpv4(s)]), [['default/web@IPv6', 'default/web'], ['default/web', undefined]], 'tied to the IPv4 router whichever family is primary (the DHCPv4 source owns the macvlan)');
   const dhcpPrefer = load('ipam: dhcp, ipFamilyPolicy: PreferDualStack', `${DUAL_POOLS}\nfailover: { mode: vrrp }`);
-  t.same(dhcpPrefer.services.map((s) => s.key), ['default/web'], 'PreferDualStack under VRRP serves the DHCPv4 VIP');
-  t.match(dhcpPrefer.services[0]!.familyNotes, [/IPv6 not served \(PreferDualStack\): a dual-stack service with ipam: dhcp under failover/]);
+  t.same(dhcpPrefer.services.map((s) => s.key), ['default/web', 'default/web@IPv6'], 'PreferDualStack under VRRP serves both DHCP VIPs');
+  t.same(dhcpPrefer.services[0]!.familyNotes ?? [], [], 'with no note');
+  t.equal(tiedToIpv4(load('ipFamilyPolicy: RequireDualStack, backends: ["10.0.0.11", "fd00::11"]', `${DUAL_POOLS}\nfailover: { mode: vrrp }`).services[1]!), undefined, 'a dual-stack pool service elects per family');
+  const v4peers = load('ipam: dhcp, ipFamilyPolicy: RequireDualStack, backends: ["10.0.0.11", "fd00::11"]', `${DUAL_POOLS}\nfailover: { mode: vrrp, peers: ["10.0.0.3"] }`);
+  t.equal(v4peers.errors, '', 'IPv4 peers are enough: the tied IPv6 VIP has no IPv6 instance');
   const vrrp = `${DUAL_POOLS}\nfailover: { mode: vrrp }`;
   const v6 = load('ipFamilies: [IPv6], backends: ["fd00::11"]', vrrp);
   t.equal(v6.errors, '', 'an IPv6 VIP under VRRP');

@@ -108,3 +108,96 @@ t.test('failover.vrid6 puts the IPv6 instance on its own VRID', async (t) => {
   t.equal(a.dual.status('default/web@IPv6')?.vrid, 60);
   await a.dual.stop();
 });
+
+/** A dual-stack DHCP service: "default/dd" (IPv4) and "default/dd@IPv6", both leases on one macvlan. */
+function dhcpPair(o: { loadBalancerIP6?: string } = {}): ServiceSpec[] {
+  return (['IPv4', 'IPv6'] as const).map((family) => ({
+    ...spec(family), key: family === 'IPv4' ? 'default/dd' : 'default/dd@IPv6', name: 'dd', ipam: 'dhcp' as const,
+    ipFamilies: ['IPv4', 'IPv6'] as const, loadBalancerIP: family === 'IPv6' ? o.loadBalancerIP6 : undefined,
+  }));
+}
+
+t.test('a dual-stack DHCP service: its IPv6 VIP follows the IPv4 router, both VIPs on one node in every state and in one change event', async (t) => {
+  const clock = new ManualClock();
+  const lan = new FakeLan(clock);
+  const services = [...dhcpPair(), ...SERVICES];
+  const held = new Map<string, string>([['default/dd@IPv6', 'fd00:99::150']]);
+  const a = node(lan, clock, 1, 100);
+  const b = node(lan, clock, 2, 200);
+  a.dual.update(services, () => undefined);
+  b.dual.update(services, (k) => held.get(k));
+  const nodes = [a, b];
+  const tied = ['default/dd', 'default/dd@IPv6'];
+  const split: string[] = [];
+  /** The invariant: on every node both VIPs of the pair are held, or neither. */
+  const check = (when: string): void => {
+    for (const [i, n] of nodes.entries()) {
+      const [v4, v6] = tied.map((k) => n.dual.isMaster(k));
+      if (v4 !== v6) split.push(`${when}: node ${i + 1} holds ${v4 ? 'IPv4' : 'IPv6'} only`);
+    }
+  };
+  for (const n of nodes) n.dual.on('change', () => check('at a change event'));
+  const run = (ms: number, when: string): void => {
+    for (let left = ms; left > 0; left -= 50) { clock.advance(Math.min(50, left)); check(when); }
+  };
+
+  run(masterDownIntervalMs(100, 100) + 100, 'start');
+  t.same(tied.map((k) => b.dual.isMaster(k)), [true, true], 'the higher priority holds both VIPs');
+  t.same(tied.map((k) => a.dual.isMaster(k)), [false, false]);
+  t.match(a.dual.status('default/dd@IPv6'), {
+    family: 'IPv4', vrid: 51, state: 'backup', master: '10.99.0.2',
+    tie: { router: 'IPv4', services: ['default/dd', 'default/dd@IPv6'], reason: /one macvlan/ },
+  }, "the IPv6 VIP's status is the IPv4 router's, and says why");
+  t.match(a.dual.status('default/dd'), { family: 'IPv4', tie: { services: ['default/dd', 'default/dd@IPv6'] } }, 'and so does the IPv4 one');
+  t.notOk('tie' in (a.dual.status('default/web@IPv6') ?? {}), 'a dual-stack pool service is not tied');
+  t.equal(b.dual.knownVip('default/dd@IPv6'), 'fd00:99::150', 'the Master knows the IPv6 VIP it holds');
+  t.equal(a.dual.knownVip('default/dd@IPv6'), undefined, 'a node that never held it learns it from no advert (IPv4 adverts list IPv4 only)');
+
+  // b's IPv6 adverts stop: the pool service's IPv6 VIP moves, the tied one does not.
+  const from = a.changes.length;
+  lan.cut.add(`2/${vrrpWire('IPv6').ethertype}`);
+  run(masterDownIntervalMs(100, 100) + 100, 'IPv6 cut');
+  t.equal(a.dual.isMaster('default/web@IPv6'), true, "the pool service's IPv6 VIP elects on its own");
+  t.same(tied.map((k) => a.dual.isMaster(k)), [false, false], 'the tied pair stays at b: no IPv6 router decides for it');
+  t.notOk(a.changes.slice(from).flat().some((k) => tied.includes(k)), 'and no change event names it');
+
+  // b's IPv4 adverts stop too (its VM dies): a takes both, in one event.
+  const from2 = a.changes.length;
+  lan.cut.add(`2/${vrrpWire('IPv4').ethertype}`);
+  run(masterDownIntervalMs(100, 100) + 100, 'b dies');
+  t.same(tied.map((k) => a.dual.isMaster(k)), [true, true], 'a holds both VIPs of the pair');
+  const events = a.changes.slice(from2).filter((keys) => keys.some((k) => tied.includes(k)));
+  t.same(events, [['default/dd', 'default/dd@IPv6', 'default/web']], 'one change event names both (and the IPv4 pool VIP on the same router)');
+  t.equal(a.dual.handBack('default/dd'), '10.99.0.2', 'the IPv4 VIP hands back to the previous Master');
+  t.equal(a.dual.handBack('default/dd@IPv6'), undefined, 'the tied IPv6 VIP does not: the ip6 table needs an IPv6 next hop, and the IPv4 router knows none');
+
+  // b comes back (preempt on, higher priority): both VIPs go back together.
+  const from3 = a.changes.length;
+  lan.cut.clear();
+  run(2_000, 'b back');
+  t.same(tied.map((k) => b.dual.isMaster(k)), [true, true], 'b takes both back');
+  t.same(tied.map((k) => a.dual.isMaster(k)), [false, false], 'a gives both up');
+  t.ok(a.changes.slice(from3).some((keys) => tied.every((k) => keys.includes(k))), 'in one change event');
+  t.same(split, [], 'never one VIP of the pair on a node without the other');
+
+  // Reload: the service becomes IPv6-only DHCP; its VIP gets an IPv6 router of its own.
+  a.dual.update([{ ...dhcpPair()[1]!, ipFamilies: ['IPv6'] }], () => undefined);
+  t.notOk('tie' in (a.dual.status('default/dd@IPv6') ?? {}), 'untied after a reload');
+  t.equal(a.dual.status('default/dd@IPv6')?.family, 'IPv6');
+  await a.dual.stop();
+  await b.dual.stop();
+});
+
+t.test("a tied IPv6 VIP's known address: the one held, its loadBalancerIPs entry, or the last one held here", async (t) => {
+  const clock = new ManualClock();
+  const lan = new FakeLan(clock);
+  const a = node(lan, clock, 1, 100);
+  let held: string | undefined = 'fd00:99::151';
+  a.dual.update(dhcpPair(), (k) => (k === 'default/dd@IPv6' ? held : undefined));
+  t.equal(a.dual.knownVip('default/dd@IPv6'), 'fd00:99::151');
+  held = undefined;
+  t.equal(a.dual.knownVip('default/dd@IPv6'), 'fd00:99::151', 'remembered after it was withdrawn');
+  a.dual.update(dhcpPair({ loadBalancerIP6: 'fd00:99::1a0' }), () => undefined);
+  t.equal(a.dual.knownVip('default/dd@IPv6'), 'fd00:99::1a0', 'the address asked for first');
+  await a.dual.stop();
+});
