@@ -421,22 +421,28 @@ export class DsrBpf {
 }
 
 /**
- * Can this node run the DSR program? Loads a one-port program and attaches
- * it at tcx ingress of a veth in a throwaway network namespace (the probe
- * runs in a child: `unshare -n` needs a new process). Returns why not, or
- * undefined. Used by the start-up probe and `lb-agent check`.
+ * Can this node run the DSR program? Loads a program with a port of each
+ * family and attaches it at tcx ingress of a veth in a throwaway network
+ * namespace (the probe runs in a child: `unshare -n` needs a new process).
+ * Returns why not, or undefined. Used by the start-up probe and `lb-agent
+ * check`.
  */
 export function probeDsrBpfHere(bpf: NativeBpf | string = nativeBpf(), device = 'lo'): string | undefined {
   if (typeof bpf === 'string') return bpf;
   const ports: DsrBpfPort[] = [{
     mac: '02:00:00:00:00:01', vip: '192.0.2.10', protocol: 'TCP', port: 80, seed: 1, slots: [0],
     backends: [{ address: '192.0.2.11', conns: 'c', toBackend: 't' }],
+  }, {
+    mac: '02:00:00:00:00:01', vip: '2001:db8::10', protocol: 'TCP', port: 80, seed: 1, slots: [0],
+    backends: [{ address: '2001:db8::11', conns: 'c6', toBackend: 't6' }],
   }];
   let loaded: Loaded | undefined;
   let flows: number | undefined;
+  let flows6: number | undefined;
   try {
     flows = createFlowMap(bpf, 16);
-    loaded = load(bpf, ports, flows);
+    flows6 = createFlowMap(bpf, 16, 6);
+    loaded = load(bpf, ports, flows, flows6);
     const ifindex = ifNameToIndex(device);
     bpf.bpfProgAttach(ifindex, loaded.prog, BPF_TCX_INGRESS, 0, 0);
     bpf.bpfProgDetach(ifindex, loaded.prog, BPF_TCX_INGRESS);
@@ -446,5 +452,6 @@ export function probeDsrBpfHere(bpf: NativeBpf | string = nativeBpf(), device = 
   } finally {
     closeLoaded(loaded);
     closeFd(flows);
+    closeFd(flows6);
   }
 }
