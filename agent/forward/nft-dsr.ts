@@ -52,11 +52,12 @@
 // would save too little to be worth state the agent would have to track.
 // For the node's own CPU, net/ebpf-dsr.ts's program at tc ingress (a third
 // to a quarter of this table's cost) runs in front of this table with the
-// same match, jhash, slots and counter names (renderDsrPort plans each IPv4
-// port for both); this table forwards what the program passes on (IPv6
-// frames among them: the program matches IPv4 only, and is attached on the
-// data path's own NIC only), and everything when the program cannot run
-// here or LB_AGENT_DSR_ENGINE=nft.
+// same match, jhash, slots and counter names (renderDsrPort plans each port,
+// IPv4 and IPv6, for both); this table forwards what the program passes on
+// (an IPv4 header with options, an IPv6 extension header, a fragment, a
+// port on another network's NIC: the program is attached on the data path's
+// own NIC only), and everything when the program cannot run here or
+// LB_AGENT_DSR_ENGINE=nft.
 //
 // Why the jhash has an explicit seed: without one the kernel draws a random
 // seed for each rule it loads, and every rewrite of the table would send
@@ -87,7 +88,7 @@ export interface DsrPortRender {
   readonly dispatch: string | undefined;
   readonly chains: readonly string[];
   readonly problem: string | undefined;
-  /** The same port for the BPF program in front of the table (net/ebpf-dsr.ts), when it is forwarded (IPv4 only: the program passes IPv6 on to the table). */
+  /** The same port for the BPF program in front of the table (net/ebpf-dsr.ts), when it is forwarded. */
   readonly bpf?: DsrBpfPort | undefined;
   /** The NIC the port's frames arrive on and leave by: its service's network's. */
   readonly device: string | undefined;
@@ -161,10 +162,10 @@ export function renderDsrPort(sp: string, svc: NormalizedService, spec: PortSpec
     chains.push(`\tchain ${sp} {`, `\t\t${flowHashPick(svc.key, slots.length, ip)} vmap { ${vm} }`, '\t}');
     bpfSlots = slots.map((b) => healthyIndex.get(b.address)!);
   }
-  // The BPF program in front of this table forwards IPv4 by the same slot
-  // table and hash (net/ebpf-dsr.ts) and counts into the same counter names;
-  // it passes IPv6 frames on, and this table forwards them.
-  const bpf: DsrBpfPort | undefined = ip === 'ip6' ? undefined : {
+  // The BPF program in front of this table forwards both families by the
+  // same slot table and hash (net/ebpf-dsr.ts) and counts into the same
+  // counter names.
+  const bpf: DsrBpfPort = {
     mac: svc.vipMac, vip: svc.vip!, protocol: spec.protocol === 'UDP' ? 'UDP' : 'TCP', port: spec.port, seed: dsrSeedValue(svc.key), slots: bpfSlots,
     backends: svc.healthy.map((b) => ({ address: b.address, conns: `${chainOf(b.address)}_conns`, toBackend: `${chainOf(b.address)}_to_backend` })),
   };

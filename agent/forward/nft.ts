@@ -1257,7 +1257,7 @@ export type DsrEngineChoice = 'auto' | 'nft';
 /** Which mechanism serves direct server return now, and why (status details, lbagent_forward_dsr_engine_info). */
 export interface DsrEngineState {
   readonly engine: 'bpf' | 'nft';
-  /** tcx: the BPF program; forced: LB_AGENT_DSR_ENGINE=nft; fallback: BPF failed here; table: no port the program serves (IPv4 on the data path's own NIC) is forwarded, the table forwards the others. */
+  /** tcx: the BPF program; forced: LB_AGENT_DSR_ENGINE=nft; fallback: BPF failed here; table: no port the program serves (one on the data path's own NIC) is forwarded, the table forwards the others. */
   readonly cause: 'tcx' | 'forced' | 'fallback' | 'table';
   readonly reason: string;
 }
@@ -1801,9 +1801,9 @@ export class NftDataplane implements Dataplane {
     // Without DSR nothing BPF is loaded, but the first apply looks for a
     // program an earlier process left - only when it left our netdev table,
     // which outlives the program (the header above).
-    // DSR ports the program does not serve (IPv6 VIPs, another network's NIC) go by the table alone.
+    // DSR ports the program does not serve (another network's NIC) go by the table alone.
     const tableOnly: DsrEngineState | undefined = !want && hasDsrTable(plan)
-      ? { engine: 'nft', cause: 'table', reason: `table ${DSR_FAMILY} ${DSR_TABLE} forwards every DSR port (the BPF program serves IPv4 VIPs arriving on ${this.dsrDevice ?? 'the parent'} only, and none is forwarded)` }
+      ? { engine: 'nft', cause: 'table', reason: `table ${DSR_FAMILY} ${DSR_TABLE} forwards every DSR port (the BPF program serves VIPs arriving on ${this.dsrDevice ?? 'the parent'} only, and none is forwarded)` }
       : undefined;
     if (tableOnly && prev?.reason !== tableOnly.reason) this.log.info({ op: 'dsr-engine', engine: 'nft' }, `direct server return: ${tableOnly.reason}`);
     if (!want && !this.dsrBpf && !(first && this.dsrTableAtStart)) { this.dsrState = tableOnly; return; }

@@ -627,10 +627,10 @@ export function checkDsr(f: Facts): CheckResult | undefined {
     const table = `the kernel accepts the direct-server-return table (netdev ingress, jhash, fwd); ${services}`;
     const bpf = f.dsr.bpf;
     if (bpf === undefined) return pass(id, table);
-    // The program matches IPv4 frames on the parent; the table forwards the rest (nft-dsr.ts).
+    // The program matches frames on the parent; the table forwards the rest (nft-dsr.ts).
     const tableOnly = f.config.dsrTableServices ?? [];
-    const rest = tableOnly.length > 0 ? `; ${tableOnly.join(', ')} (an IPv6 VIP, or another network's NIC) go by the table, which the program passes them on to` : '';
-    if (bpf.status === 'ok') return pass(id, `${table}; the BPF program in front of it loads and attaches at tc ingress (tcx): DSR runs on it for IPv4 VIPs on the parent${rest}`);
+    const rest = tableOnly.length > 0 ? `; ${tableOnly.join(', ')} (another network's NIC) go by the table, which the program passes them on to` : '';
+    if (bpf.status === 'ok') return pass(id, `${table}; the BPF program in front of it loads and attaches at tc ingress (tcx): DSR runs on it for IPv4 and IPv6 VIPs on the parent${rest}`);
     const bpfWhy = `the BPF program in front of it cannot run here (${bpf.error ?? bpf.status})${/EPERM|not permitted/i.test(bpf.error ?? '') ? ': it needs CAP_BPF and CAP_NET_ADMIN, and bpf() allowed by the seccomp filter' : ''}; DSR falls back to the table alone (correct, at about twice the CPU per frame)`;
     if (wanted.length === 0) return pass(id, `${table}; ${bpfWhy}`);
     return warn(id, `${table}; ${bpfWhy}`, /EPERM|not permitted/i.test(bpf.error ?? '')

@@ -60,7 +60,7 @@ export interface ConfigFacts {
   maxConnections?: number;
   /** Services with sourceIP: preserve (direct server return). */
   dsrServices?: string[];
-  /** Of those, the ones the BPF program does not serve (an IPv6 VIP, or a NIC other than the parent): the nft table forwards them. */
+  /** Of those, the ones the BPF program does not serve (on a NIC other than the parent): the nft table forwards them. */
   dsrTableServices?: string[];
   /** kernel.engine and kernel.natPorts (the eBPF NAT engine). */
   kernel?: { engine: 'nft' | 'ebpf' | 'auto'; natPorts: [number, number]; parent: string | undefined };
@@ -308,7 +308,7 @@ export function configSummary(path_: string, config: Desired): ConfigFacts {
     services: config.services.length,
     ...(config.proxy.maxConnections !== undefined ? { maxConnections: config.proxy.maxConnections } : {}),
     dsrServices: config.services.filter((s) => s.sourceIP === 'preserve').map((s) => s.key),
-    dsrTableServices: config.services.filter((s) => s.sourceIP === 'preserve' && (s.family === 'IPv6' || (s.network ?? DEFAULT_NETWORK) !== DEFAULT_NETWORK)).map((s) => s.key),
+    dsrTableServices: config.services.filter((s) => s.sourceIP === 'preserve' && (s.network ?? DEFAULT_NETWORK) !== DEFAULT_NETWORK).map((s) => s.key),
     kernel: { engine: config.kernel.engine, natPorts: [config.kernel.natPorts[0], config.kernel.natPorts[1]], parent: config.node.interface },
     ipv6Services: config.services.filter((s) => s.family === 'IPv6').map((s) => s.key),
     placement: placementFor(config.failover.mode),

@@ -98,7 +98,7 @@ t.test('counters: connections (SYNs) and bytes to each backend; none towards cli
 
 const b6 = (address: string, weight = 1): BackendSpec => ({ address, addressNum: 0, weight, family: 'IPv6' });
 
-t.test('an IPv6 VIP: its own dispatch map, the ip6 hash, fwd ip6 to its IPv6 backends; the program is not given it', async (t) => {
+t.test('an IPv6 VIP: its own dispatch map, the ip6 hash, fwd ip6 to its IPv6 backends; the program gets it with the same slots', async (t) => {
   const all = [b6('fd00:99::11'), b6('fd00:99::12', 2)];
   const state: ForwardState = {
     services: [
@@ -123,7 +123,11 @@ t.test('an IPv6 VIP: its own dispatch map, the ip6 hash, fwd ip6 to its IPv6 bac
   t.notMatch(netdev, /fwd ip to fd00|fwd ip6 to 10\./, 'each VIP to its own family\'s backends');
   const ip6Table = plan.script.slice(plan.script.indexOf('table ip6 lb_agent {\n'));
   t.match(ip6Table, /fd00:99::50 \. tcp \. 80 : drop,/, 'what slips past the hook is dropped in the ip6 table');
-  t.same(plan.dsr.map((p) => p.vip), ['10.99.0.50'], 'the BPF program gets the IPv4 port only');
+  t.same(plan.dsr.map((p) => p.vip), ['10.99.0.50', 'fd00:99::50'], 'the BPF program gets both ports');
+  const bpf6 = plan.dsr[1]!;
+  t.same(bpf6.slots.map((i) => `v6s0p0b${i}`), slots, 'the IPv6 port\'s slot table is the netdev table\'s, slot for slot');
+  t.same([bpf6.seed.toString(16).padStart(8, '0'), bpf6.backends.map((x) => [x.address, x.conns])], [dsrSeed('default/web@IPv6').slice(2), [['fd00:99::11', 'v6s0p0b0_conns'], ['fd00:99::12', 'v6s0p0b1_conns']]],
+    'its seed and its backends, counting into the table\'s counter names');
   t.same(plan.counters.filter((c) => c.service === 'default/web@IPv6').map((c) => c.name).sort(), ['v6s0p0b0_conns', 'v6s0p0b0_to_backend', 'v6s0p0b1_conns', 'v6s0p0b1_to_backend']);
   const only6 = renderNft({ services: [state.services[1]!] }, { dsrDevice: 'eth0' }).script;
   t.notMatch(only6, /map dsr \{|ip daddr \. meta l4proto \. th dport vmap @dsr\n/, 'no IPv4 map or rule without an IPv4 DSR port');

@@ -16,9 +16,9 @@
 import * as fs from 'node:fs';
 import { LbError, errorMessage } from '../../errors';
 import {
-  BACKEND_KEY_SIZE, BPF_F_REPLACE, BPF_MAP_TYPE_ARRAY, BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_LRU_HASH, BPF_PROG_TYPE_SCHED_CLS, BPF_TCX_INGRESS,
-  COUNTER_VALUE_SIZE, DSR_FLOW_ENTRIES, DSR_FLOW_MAP_NAME, DSR_PROG_NAME, FLOW_KEY_SIZE, FLOW_VALUE_SIZE, SLOT_VALUE_SIZE,
-  dsrMaps, dsrProgram, type DsrBpfPort,
+  BACKEND6_KEY_SIZE, BACKEND_KEY_SIZE, BPF_F_REPLACE, BPF_MAP_TYPE_ARRAY, BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_LRU_HASH, BPF_PROG_TYPE_SCHED_CLS, BPF_TCX_INGRESS,
+  COUNTER_VALUE_SIZE, DSR_FLOW6_MAP_NAME, DSR_FLOW_ENTRIES, DSR_FLOW_MAP_NAME, DSR_PROG_NAME, FLOW6_KEY_SIZE, FLOW6_VALUE_SIZE, FLOW_KEY_SIZE, FLOW_VALUE_SIZE,
+  SLOT6_VALUE_SIZE, SLOT_VALUE_SIZE, dsrMaps, dsrPortFamily, dsrProgram, type DsrBpfPort,
 } from './ebpf-dsr';
 import { ifNameToIndex, nativeBpf, type BpfMapInfo, type NativeBpf } from '../../native/native';
 
@@ -30,6 +30,9 @@ interface Loaded {
   readonly slots: number;
   readonly counters: number;
   readonly backends: number;
+  /** The IPv6 slot and backend maps, when the plan has an IPv6 port. */
+  readonly slots6: number | undefined;
+  readonly backends6: number | undefined;
   readonly names: readonly { readonly conns: string; readonly toBackend: string }[];
 }
 
@@ -55,33 +58,41 @@ function key(k: number): Buffer {
  * process, at its first DSR apply); the probe asks for a small one, which
  * shows the same thing (that the kernel and the capabilities allow it).
  */
-function createFlowMap(bpf: NativeBpf, entries = DSR_FLOW_ENTRIES): number {
+/** A flow map's layout per family: IPv4's, or IPv6's (ebpf-dsr.ts). */
+const FLOW_LAYOUT = {
+  4: { name: DSR_FLOW_MAP_NAME, keySize: FLOW_KEY_SIZE, valueSize: FLOW_VALUE_SIZE },
+  6: { name: DSR_FLOW6_MAP_NAME, keySize: FLOW6_KEY_SIZE, valueSize: FLOW6_VALUE_SIZE },
+} as const;
+
+function createFlowMap(bpf: NativeBpf, entries = DSR_FLOW_ENTRIES, family: 4 | 6 = 4): number {
+  const l = FLOW_LAYOUT[family];
   try {
-    return bpf.bpfMapCreate(BPF_MAP_TYPE_LRU_HASH, FLOW_KEY_SIZE, FLOW_VALUE_SIZE, entries, DSR_FLOW_MAP_NAME);
+    return bpf.bpfMapCreate(BPF_MAP_TYPE_LRU_HASH, l.keySize, l.valueSize, entries, l.name);
   } catch (err) {
-    throw new LbError('LB_ERR_FORWARD_DSR_BPF', `cannot create the DSR flow map (an LRU hash of ${entries} entries): ${errorMessage(err)}`, undefined, { cause: err });
+    throw new LbError('LB_ERR_FORWARD_DSR_BPF', `cannot create the DSR ${family === 4 ? 'IPv4' : 'IPv6'} flow map (an LRU hash of ${entries} entries): ${errorMessage(err)}`, undefined, { cause: err });
   }
 }
 
-/** Whether a map is a flow map of this build's layout. */
-function isFlowMap(m: BpfMapInfo): boolean {
-  return m.name === DSR_FLOW_MAP_NAME && m.type === BPF_MAP_TYPE_LRU_HASH && m.keySize === FLOW_KEY_SIZE && m.valueSize === FLOW_VALUE_SIZE
+/** Whether a map is a flow map of this build's layout for `family`. */
+function isFlowMap(m: BpfMapInfo, family: 4 | 6 = 4): boolean {
+  const l = FLOW_LAYOUT[family];
+  return m.name === l.name && m.type === BPF_MAP_TYPE_LRU_HASH && m.keySize === l.keySize && m.valueSize === l.valueSize
     && m.maxEntries === DSR_FLOW_ENTRIES;
 }
 
 /**
- * The flow map behind the program of ours attached now (an earlier
- * process's), if it has the layout this build uses: a restart keeps the
- * flows it placed. Undefined when there is none to adopt.
+ * The flow map of `family` behind the program of ours attached now (an
+ * earlier process's), if it has the layout this build uses: a restart keeps
+ * the flows it placed. Undefined when there is none to adopt.
  */
-function adoptFlowMap(bpf: NativeBpf, progIds: readonly number[]): number | undefined {
+function adoptFlowMap(bpf: NativeBpf, progIds: readonly number[], family: 4 | 6 = 4): number | undefined {
   for (const id of progIds) {
     let prog: number | undefined;
     try {
       prog = bpf.bpfProgGetFdById(id);
       for (const mapId of bpf.bpfProgInfo(prog).mapIds) {
         const fd = bpf.bpfMapGetFdById(mapId);
-        if (isFlowMap(bpf.bpfMapInfo(fd))) return fd;
+        if (isFlowMap(bpf.bpfMapInfo(fd), family)) return fd;
         closeFd(fd);
       }
     } catch { /* gone meanwhile: nothing to adopt */ } finally { closeFd(prog); }
@@ -89,25 +100,39 @@ function adoptFlowMap(bpf: NativeBpf, progIds: readonly number[]): number | unde
   return undefined;
 }
 
-/** Create the plan's maps, fill them, load the program on `flows`; nothing left open on failure. */
-function load(bpf: NativeBpf, ports: readonly DsrBpfPort[], flows: number): Loaded {
-  const maps = dsrMaps(ports);
+/**
+ * Create the plan's maps, fill them, load the program on `flows` (and
+ * `flows6`, needed when the plan has an IPv6 port); nothing left open on
+ * failure.
+ */
+function load(bpf: NativeBpf, ports: readonly DsrBpfPort[], flows: number, flows6?: number): Loaded {
   let slots: number | undefined;
   let counters: number | undefined;
   let backends: number | undefined;
+  let slots6: number | undefined;
+  let backends6: number | undefined;
   try {
-    slots = bpf.bpfMapCreate(BPF_MAP_TYPE_ARRAY, 4, SLOT_VALUE_SIZE, maps.slots.length, 'lb_dsr_slots');
+    const maps = dsrMaps(ports);
+    slots = bpf.bpfMapCreate(BPF_MAP_TYPE_ARRAY, 4, SLOT_VALUE_SIZE, Math.max(1, maps.slots.length), 'lb_dsr_slots');
     counters = bpf.bpfMapCreate(BPF_MAP_TYPE_ARRAY, 4, COUNTER_VALUE_SIZE, Math.max(1, maps.counters.length), 'lb_dsr_counters');
     backends = bpf.bpfMapCreate(BPF_MAP_TYPE_HASH, BACKEND_KEY_SIZE, SLOT_VALUE_SIZE, Math.max(1, maps.backends.length), 'lb_dsr_backends');
     maps.slots.forEach((v, k) => bpf.bpfMapUpdate(slots!, key(k), v, 0));
     for (const b of maps.backends) bpf.bpfMapUpdate(backends, b.key, b.value, 0);
-    const insns = dsrProgram(ports, { slots, counters, flows, backends });
+    if (maps.slots6.length > 0) {
+      slots6 = bpf.bpfMapCreate(BPF_MAP_TYPE_ARRAY, 4, SLOT6_VALUE_SIZE, maps.slots6.length, 'lb_dsr_slots6');
+      backends6 = bpf.bpfMapCreate(BPF_MAP_TYPE_HASH, BACKEND6_KEY_SIZE, SLOT6_VALUE_SIZE, maps.backends6.length, 'lb_dsr_backends6');
+      maps.slots6.forEach((v, k) => bpf.bpfMapUpdate(slots6!, key(k), v, 0));
+      for (const b of maps.backends6) bpf.bpfMapUpdate(backends6, b.key, b.value, 0);
+    }
+    const insns = dsrProgram(ports, { slots, counters, flows, backends, slots6, flows6, backends6 });
     const prog = bpf.bpfProgLoad(BPF_PROG_TYPE_SCHED_CLS, insns, 'GPL', DSR_PROG_NAME, VERIFIER_LOG);
-    return { prog, slots, counters, backends, names: maps.counters };
+    return { prog, slots, counters, backends, slots6, backends6, names: maps.counters };
   } catch (err) {
     closeFd(slots);
     closeFd(counters);
     closeFd(backends);
+    closeFd(slots6);
+    closeFd(backends6);
     const log = (err as { log?: unknown }).log;
     throw new LbError('LB_ERR_FORWARD_DSR_BPF', `cannot load the DSR program: ${errorMessage(err)}${typeof log === 'string' && log !== '' ? `; verifier: ${log.trim().split('\n').slice(-3).join(' | ')}` : ''}`,
       undefined, { cause: err });
@@ -120,6 +145,8 @@ function closeLoaded(l: Loaded | undefined): void {
   closeFd(l.slots);
   closeFd(l.counters);
   closeFd(l.backends);
+  closeFd(l.slots6);
+  closeFd(l.backends6);
 }
 
 /**
@@ -187,17 +214,19 @@ export interface DsrApplied {
 }
 
 /** The store's ids for a device's program and flow map. */
-export const dsrStoreIds = (device: string): { prog: string; flows: string } => ({ prog: `dsr-prog-${device}`, flows: `dsr-flows-${device}` });
+export const dsrStoreIds = (device: string): { prog: string; flows: string; flows6: string } => ({ prog: `dsr-prog-${device}`, flows: `dsr-flows-${device}`, flows6: `dsr-flows6-${device}` });
 
 /** Our DSR program on one device. Not re-entrant: the data path calls it from its serial queue. */
 export class DsrBpf {
   readonly device: string;
   private readonly bpf: NativeBpf;
   private readonly store: DsrFdStore | undefined;
-  private readonly ids: { prog: string; flows: string };
+  private readonly ids: { prog: string; flows: string; flows6: string };
   private current: Loaded | undefined;
   /** The flow map every program of this process uses (adopted from an earlier process's, or new). */
   private flows: number | undefined;
+  /** The same for IPv6 flows: made (or adopted) at the first plan with an IPv6 port. */
+  private flows6: number | undefined;
   /** An earlier process's program, handed back by the store, until this process replaces or detaches it. */
   private inheritedProg: number | undefined;
   private tookStore = false;
@@ -222,12 +251,15 @@ export class DsrBpf {
       if (ok) this.inheritedProg = prog;
       else { closeFd(prog); this.store.drop(this.ids.prog); }
     }
-    const flows = this.store.take(this.ids.flows);
-    if (flows !== undefined) {
+    for (const family of [4, 6] as const) {
+      const id = family === 4 ? this.ids.flows : this.ids.flows6;
+      const flows = this.store.take(id);
+      if (flows === undefined) continue;
       let ok = false;
-      try { ok = isFlowMap(this.bpf.bpfMapInfo(flows)); } catch { /* not a map */ }
-      if (ok && this.flows === undefined) this.flows = flows;
-      else { closeFd(flows); this.store.drop(this.ids.flows); }
+      try { ok = isFlowMap(this.bpf.bpfMapInfo(flows), family); } catch { /* not a map */ }
+      if (ok && family === 4 && this.flows === undefined) this.flows = flows;
+      else if (ok && family === 6 && this.flows6 === undefined) this.flows6 = flows;
+      else { closeFd(flows); this.store.drop(id); }
     }
   }
 
@@ -252,12 +284,19 @@ export class DsrBpf {
     let flows = this.flows;
     const fresh = flows === undefined;
     if (flows === undefined) flows = adoptFlowMap(this.bpf, seen.ours) ?? createFlowMap(this.bpf);
+    let flows6 = this.flows6;
+    let fresh6 = false;
     let next: Loaded;
     try {
-      next = load(this.bpf, ports, flows);
+      if (flows6 === undefined && ports.some((p) => dsrPortFamily(p) === 6)) {
+        fresh6 = true;
+        flows6 = adoptFlowMap(this.bpf, seen.ours, 6) ?? createFlowMap(this.bpf, DSR_FLOW_ENTRIES, 6);
+      }
+      next = load(this.bpf, ports, flows, flows6);
     } catch (err) {
       if (fresh) closeFd(flows);
-      throw err;
+      if (fresh6) closeFd(flows6);
+      throw err instanceof LbError ? err : new LbError('LB_ERR_FORWARD_DSR_BPF', `cannot load the DSR program: ${errorMessage(err)}`, undefined, { cause: err });
     }
     let replaced: DsrApplied['replaced'] = 'none';
     try {
@@ -289,6 +328,7 @@ export class DsrBpf {
     } catch (err) {
       closeLoaded(next);
       if (fresh) closeFd(flows);
+      if (fresh6) closeFd(flows6);
       throw new LbError('LB_ERR_FORWARD_DSR_BPF', `cannot attach the DSR program at tcx ingress of ${this.device}: ${errorMessage(err)}`, undefined, { cause: err });
     }
     closeLoaded(this.current);
@@ -296,11 +336,13 @@ export class DsrBpf {
     this.inheritedProg = undefined;
     this.current = next;
     this.flows = flows;
+    this.flows6 = flows6;
     if (this.store) {
-      // The store holds copies: drop the replaced program's, keep the new one's (and the flow map, once).
+      // The store holds copies: drop the replaced program's, keep the new one's (and each flow map, once).
       this.store.drop(this.ids.prog);
       this.store.keep(this.ids.prog, next.prog);
       if (fresh) this.store.keep(this.ids.flows, flows);
+      if (fresh6 && flows6 !== undefined) this.store.keep(this.ids.flows6, flows6);
     }
     return { replaced, unreadable: seen.unreadable };
   }
@@ -342,6 +384,7 @@ export class DsrBpf {
     if (this.store) {
       this.store.drop(this.ids.prog);
       this.store.drop(this.ids.flows);
+      this.store.drop(this.ids.flows6);
     }
   }
 
@@ -353,6 +396,8 @@ export class DsrBpf {
     this.inheritedProg = undefined;
     closeFd(this.flows);
     this.flows = undefined;
+    closeFd(this.flows6);
+    this.flows6 = undefined;
   }
 
   /** Whether this process's program is the one in place. */
@@ -376,22 +421,28 @@ export class DsrBpf {
 }
 
 /**
- * Can this node run the DSR program? Loads a one-port program and attaches
- * it at tcx ingress of a veth in a throwaway network namespace (the probe
- * runs in a child: `unshare -n` needs a new process). Returns why not, or
- * undefined. Used by the start-up probe and `lb-agent check`.
+ * Can this node run the DSR program? Loads a program with a port of each
+ * family and attaches it at tcx ingress of a veth in a throwaway network
+ * namespace (the probe runs in a child: `unshare -n` needs a new process).
+ * Returns why not, or undefined. Used by the start-up probe and `lb-agent
+ * check`.
  */
 export function probeDsrBpfHere(bpf: NativeBpf | string = nativeBpf(), device = 'lo'): string | undefined {
   if (typeof bpf === 'string') return bpf;
   const ports: DsrBpfPort[] = [{
     mac: '02:00:00:00:00:01', vip: '192.0.2.10', protocol: 'TCP', port: 80, seed: 1, slots: [0],
     backends: [{ address: '192.0.2.11', conns: 'c', toBackend: 't' }],
+  }, {
+    mac: '02:00:00:00:00:01', vip: '2001:db8::10', protocol: 'TCP', port: 80, seed: 1, slots: [0],
+    backends: [{ address: '2001:db8::11', conns: 'c6', toBackend: 't6' }],
   }];
   let loaded: Loaded | undefined;
   let flows: number | undefined;
+  let flows6: number | undefined;
   try {
     flows = createFlowMap(bpf, 16);
-    loaded = load(bpf, ports, flows);
+    flows6 = createFlowMap(bpf, 16, 6);
+    loaded = load(bpf, ports, flows, flows6);
     const ifindex = ifNameToIndex(device);
     bpf.bpfProgAttach(ifindex, loaded.prog, BPF_TCX_INGRESS, 0, 0);
     bpf.bpfProgDetach(ifindex, loaded.prog, BPF_TCX_INGRESS);
@@ -401,5 +452,6 @@ export function probeDsrBpfHere(bpf: NativeBpf | string = nativeBpf(), device = 
   } finally {
     closeLoaded(loaded);
     closeFd(flows);
+    closeFd(flows6);
   }
 }
