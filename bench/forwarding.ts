@@ -325,7 +325,7 @@ async function buildXdpPass(): Promise<string> {
   if (xdpPassObject) return xdpPassObject;
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lb-bench-xdp-'));
   fs.writeFileSync(path.join(dir, 'pass.c'), XDP_PASS_SOURCE);
-  const triple = (await run('gcc', ['-dumpmachine'])).stdout.trim();
+  const triple = (await run('clang', ['-print-multiarch'])).stdout.trim();
   await run('clang', ['-target', 'bpf', '-O2', '-Wall', '-Werror', `-I/usr/include/${triple}`, '-c', path.join(dir, 'pass.c'), '-o', path.join(dir, 'pass.o')]);
   xdpPassObject = path.join(dir, 'pass.o');
   return xdpPassObject;
