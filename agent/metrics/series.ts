@@ -68,11 +68,11 @@ function lineOf(head: string, value: number): string {
   return [head, valueText(value)].join(' ');
 }
 
-/** A series' key: its label values (a value left out is not an empty one). */
+/** A series' key: its label values (a value left out is not an empty one); flat, as it is kept in the map. */
 function seriesId(labels: LabelValues): string {
-  let id = '';
-  for (const v of labels) id += v === undefined ? '\u0001\u0000' : `${v}\u0000`;
-  return id;
+  const parts: string[] = [];
+  for (const v of labels) parts.push(v === undefined ? '\u0001' : v);
+  return parts.join('\u0000');
 }
 
 export class SeriesFamily {
