@@ -260,7 +260,7 @@ async function main(): Promise<void> {
         break;
       case 'scale':
         await runArea(area, async () => {
-          results.scale = await benchScale({ sizes: args.scaleSizes, rounds: R, idleSeconds: q ? 5 : 10, log: log(area) });
+          results.scale = await benchScale({ sizes: args.scaleSizes, rounds: R, idleSeconds: q ? 5 : 20, log: log(area) });
           if (results.scale.summary.length === 0) throw new Error(results.scale.errors.join('; ') || 'no size measured');
         });
         break;

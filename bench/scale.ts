@@ -8,8 +8,10 @@
 //                        the start has settled
 //   descriptors          its open file descriptors then (/proc/PID/fd), and
 //                        how many of them are packet sockets
-//   idle CPU             utime + stime of the agent and its reaped children
-//                        (nft) over a window, /proc/PID/stat, % of a core
+//   idle CPU             the agent's CPU (its threads at the scheduler's
+//                        resolution, its reaped children: nft) over a window
+//                        that opens 5 s after the start has settled (its
+//                        "settled" log line), % of a core
 //   nft lines            `nft list ruleset | wc -l` in the node's namespace
 //   reload               the agent's CPU from SIGHUP of a config that changes
 //                        one backend of one service to 1 s after the reload
@@ -24,7 +26,7 @@
 //   status --json        wall time of `lb-agent status --json` (a process),
 //                        beside Node's own start (`node -e 0`, the same
 //                        way, in the same round), and of the control
-//                        request alone
+//                        request alone (the answer streamed, not parsed)
 //   stop                 SIGTERM to exit, wall time
 // The reference is a kube-proxy-style (nftables mode) table of the same
 // service and backend count in a namespace of its own: a verdict map from
@@ -41,9 +43,9 @@ import * as fs from 'node:fs';
 import { Lab } from '../lab/netns';
 import { startBackend, type Backend } from '../lab/services';
 import { agentCli, waitStatus, unitEnvironment } from '../lab/agent';
-import { controlRequest } from '../agent/control/server';
+import { controlStream } from '../agent/control/server';
 import { runAgent, stopAgent, logTime, FAST_ARP, type AgentHandle } from './lib/agent';
-import { cpuFineWithChildrenMs, cpuWithChildrenMs, descriptorsOf, memoryOf } from './lib/procfs';
+import { cpuFineWithChildrenMs, descriptorsOf, memoryOf } from './lib/procfs';
 import { median, round } from './lib/stats';
 
 export const SCALE_SIZES = [10, 100, 500, 1000] as const;
@@ -318,14 +320,18 @@ async function measureSize(n: number, o: ScaleOptions): Promise<ScaleRun> {
     await waitStatus(a, `${n} services ready with every backend up`, (s) => s.services.length === n && s.services.every((x) => x.ready && x.healthyBackends === x.backends.length), 300_000);
     const readyMs = Date.now() - t0;
     log(`ready in ${readyMs} ms`);
-    // The start's garbage and first probes behind it.
+    // The start's tail behind it: every service can be ready before the
+    // last VIP's ARP probe is done, and the settling that follows (one
+    // compacting collection, the code cache written, the optimizing
+    // compiler back on) is the start's work, not the steady state's.
+    await a.waitLog('the start settled', (l) => l.op === 'settled', 120_000);
     await sleep(5000);
     const rssMiB = (memoryOf(pid)?.rssKiB ?? NaN) / 1024;
     const fds = descriptorsOf(pid);
-    const c0 = cpuWithChildrenMs(pid);
+    const c0 = cpuFineWithChildrenMs(pid);
     const i0 = Date.now();
     await sleep(o.idleSeconds * 1000);
-    const idleCpuMs = cpuWithChildrenMs(pid) - c0;
+    const idleCpuMs = cpuFineWithChildrenMs(pid) - c0;
     const idleRate = idleCpuMs / (Date.now() - i0);
     const idleCpuPercent = idleRate * 100;
     const nftLines = Number((await lab.sh(node, 'nft list ruleset | wc -l')).stdout.trim());
@@ -401,8 +407,9 @@ async function measureSize(n: number, o: ScaleOptions): Promise<ScaleRun> {
       statusCliMs.push(Date.now() - t);
       if (c.code !== 0) throw new Error(`lb-agent status --json exited ${c.code}: ${c.stderr.trim().slice(0, 200)}`);
       statusBytes = Buffer.byteLength(c.stdout);
+      // The agent's answer as the CLI takes it: streamed, never parsed here.
       const q = performance.now();
-      await controlRequest(a.socket, 'status', 10_000);
+      await controlStream(a.socket, 'status', () => undefined, 10_000);
       statusRequestMs.push(round(performance.now() - q, 1));
     }
     log(`status --json ${statusCliMs.join(', ')} ms (node -e 0 ${nodeStartMs.join(', ')} ms; request alone ${statusRequestMs.join(', ')} ms), ${statusBytes} bytes`);

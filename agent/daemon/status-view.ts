@@ -221,12 +221,20 @@ export class StatusView {
   }
 }
 
+/** Runs `fn` once after `ms`, without keeping the process alive. */
+export type Later = (ms: number, fn: () => void) => void;
+
+const realLater: Later = (ms, fn) => { setTimeout(fn, ms).unref(); };
+
 /**
  * The status document serialised once and served to every request until it
  * changes: `version` moves with every event and status notice, and a copy
  * older than `reuseMs` is built again (what has no event of its own, a
  * probe's latest latency, is at most that old). A thousand `lb-agent status`
- * calls back to back build it a few times, not a thousand.
+ * calls back to back build it a few times, not a thousand. A copy is let go
+ * once older than `reuseMs`, as no request could be served it any more: at
+ * a thousand services it is 1.4 MiB of JSON text, which an agent asked for
+ * its status once an hour would otherwise hold all the time.
  */
 export class StatusCache<T> {
   private cached: { value: T; at: number; version: number } | undefined;
@@ -234,7 +242,7 @@ export class StatusCache<T> {
   /** Builds since start (tests read it). */
   builds = 0;
 
-  constructor(private readonly build: () => T, private readonly now: () => number, private readonly reuseMs = STATUS_REUSE_MS) {}
+  constructor(private readonly build: () => T, private readonly now: () => number, private readonly reuseMs = STATUS_REUSE_MS, private readonly later: Later = realLater) {}
 
   /** Something the document shows changed: the next request builds it again. */
   changed(): void { this.version++; }
@@ -245,7 +253,9 @@ export class StatusCache<T> {
     if (c && c.version === this.version && now - c.at < this.reuseMs) return c.value;
     this.builds++;
     const value = this.build();
-    this.cached = { value, at: now, version: this.version };
+    const cached = { value, at: now, version: this.version };
+    this.cached = cached;
+    this.later(this.reuseMs, () => { if (this.cached === cached) this.cached = undefined; });
     return value;
   }
 }

@@ -63,8 +63,13 @@ export class MetricsServer {
     if (this.last && now - this.last.at < limits.reuseMs) return Promise.resolve(this.last.text);
     if (this.gathering) return this.gathering;
     this.gathers++;
-    const p = exposition(this.opts.registry).then((text) => { this.last = { text, at: Date.now() }; return text; })
-      .finally(() => { this.gathering = undefined; });
+    const p = exposition(this.opts.registry).then((text) => {
+      const last = { text, at: Date.now() };
+      this.last = last;
+      // The page (half a MiB at a thousand services) is not kept past its reuse.
+      setTimeout(() => { if (this.last === last) this.last = undefined; }, limits.reuseMs).unref();
+      return text;
+    }).finally(() => { this.gathering = undefined; });
     this.gathering = p;
     return p;
   }

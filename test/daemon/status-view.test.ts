@@ -153,3 +153,23 @@ t.test('StatusCache: built once per change, and again once older than its reuse 
   for (let i = 0; i < 1000; i++) c.get();
   t.equal(c.builds, 3, 'a thousand requests in a row: no build');
 });
+
+t.test('StatusCache: a copy past its reuse time is let go, and only that copy', async (t) => {
+  let now = 0;
+  let n = 0;
+  const due: { ms: number; fn: () => void }[] = [];
+  const c = new StatusCache(() => ({ n: ++n }), () => now, 250, (ms, fn) => { due.push({ ms, fn }); });
+  const first = c.get();
+  t.same(due.map((d) => d.ms), [250], 'let go after the reuse time');
+  c.changed();
+  const second = c.get();
+  t.not(second, first);
+  due[0]!.fn();
+  now = 100;
+  t.equal(c.get(), second, 'the first copy\'s timer leaves the newer copy alone');
+  due[1]!.fn();
+  t.equal(c.builds, 2);
+  const third = c.get();
+  t.not(third, second, 'once let go: built again');
+  t.equal(c.builds, 3);
+});
