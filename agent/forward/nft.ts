@@ -895,12 +895,16 @@ export interface PartsDelta extends NftDelta {
   readonly resetHandBack: readonly HandBackCounter[];
 }
 
-/** The first part (in order) to use each byte-counter key: the one whose element the map holds. */
-function byteWinners(parts: readonly ServicePart[], family: string, keys: ReadonlySet<string>): Map<string, ByteElem> {
+/**
+ * The first part (in order) to use each byte-counter key: the one whose
+ * element the map holds. A key begins with its VIP, so only the parts on
+ * `vips` are looked into.
+ */
+function byteWinners(parts: readonly ServicePart[], family: string, keys: ReadonlySet<string>, vips: ReadonlySet<string>): Map<string, ByteElem> {
   const out = new Map<string, ByteElem>();
   if (keys.size === 0) return out;
   for (const p of parts) {
-    if (p.family !== family || p.vip === undefined) continue;
+    if (p.family !== family || p.vip === undefined || !vips.has(p.vip)) continue;
     for (const e of p.byteElems) if (keys.has(e.key) && !out.has(e.key)) out.set(e.key, e);
   }
   return out;
@@ -943,7 +947,7 @@ export function renderPartsDelta(prev: Rendering, next: Rendering): PartsDelta |
       t.toClientElems.length = 0;
       t.toBackendSpecs.length = 0;
       t.toClientSpecs.length = 0;
-      for (const e of byteWinners(r.parts, w.family, keys).values()) {
+      for (const e of byteWinners(r.parts, w.family, keys, vips).values()) {
         t.toBackendElems.push(e.toBackend);
         t.toClientElems.push(e.toClient);
         t.toBackendSpecs.push(e.toBackendSpec);
