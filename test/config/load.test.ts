@@ -427,7 +427,7 @@ t.test('a reparse takes unchanged services again: their objects kept, a changed 
   const clash = [...base];
   clash[0] = svc(0, ', loadBalancerIP: 10.0.0.20');
   clash[3] = svc(3, ', loadBalancerIP: 10.0.0.20');
-  const withIp = parseConfigText(file([clash[0]!, base[1]!, base[2]!, base[3]!]));
+  const withIp = parseConfigText(file([clash[0], base[1]!, base[2]!, base[3]!]));
   if (!withIp.ok) throw new Error(formatConfigErrors(withIp.errors));
   const refused = parseConfigText(file(clash), undefined, withIp.reuse);
   t.notOk(refused.ok, 'a conflict across services is still refused');
@@ -443,7 +443,7 @@ t.test('a reparse takes unchanged services again: their objects kept, a changed 
   t.notOk(schema.ok);
   if (!schema.ok) t.match(formatConfigErrors(schema.errors), /^6: services\[3\]\.ports\[0\]\.port: 70000/m);
   // Another section changed (the pool): nothing is taken again, so its effect reaches the unchanged services.
-  const kept = [clash[0]!, base[1]!, base[2]!, base[3]!];
+  const kept = [clash[0], base[1]!, base[2]!, base[3]!];
   const narrowed = parseConfigText(file(kept, '10.0.0.10-10.0.0.15'), undefined, withIp.reuse);
   t.notOk(narrowed.ok, 'an unchanged service\'s IP outside the narrowed pool');
   if (!narrowed.ok) t.match(formatConfigErrors(narrowed.errors), /^3: services\[0\]\.loadBalancerIP: service default\/s0: 10\.0\.0\.20 is not in pool/m);
