@@ -13,7 +13,7 @@
 import * as path from 'node:path';
 import { Worker } from 'node:worker_threads';
 import { readConfigTextAsync } from './read';
-import { deepFreeze, parseConfigText, type LoadResult } from './load';
+import { deepFreeze, parseConfigText, type ConfigReuse, type LoadResult } from './load';
 import { errorMessage } from '../errors';
 
 /** A parse that takes longer than this is refused (the file stays unapplied). */
@@ -83,14 +83,15 @@ export function parseConfigTextOffThread(text: string, file: string, opts: { hos
  * file of at most `inlineUpTo` bytes (the first start, before anything else
  * runs on the loop: INLINE_PARSE_MAX_BYTES; by default, a reload:
  * RELOAD_INLINE_MAX_BYTES) is parsed inline, a larger one in a worker.
- * Never throws.
+ * An inline parse takes again what `reuse` (the last accepted parse's)
+ * built for entries whose text is unchanged (ConfigReuse). Never throws.
  */
-export async function loadConfigFileAsync(file: string, opts: { hostname?: string; deadlineMs?: number; inlineUpTo?: number } = {}): Promise<LoadResult & { via?: ParsedVia }> {
+export async function loadConfigFileAsync(file: string, opts: { hostname?: string; deadlineMs?: number; inlineUpTo?: number; reuse?: ConfigReuse } = {}): Promise<LoadResult & { via?: ParsedVia }> {
   const read = await readConfigTextAsync(file);
   if (!read.ok) return read;
   if (Buffer.byteLength(read.text) <= (opts.inlineUpTo ?? RELOAD_INLINE_MAX_BYTES)) {
     try {
-      return { ...parseConfigText(read.text, opts.hostname), via: 'inline' };
+      return { ...parseConfigText(read.text, opts.hostname, opts.reuse), via: 'inline' };
     } catch (e) {
       return { ...refused(file, errorMessage(e)), via: 'inline' };
     }

@@ -28,8 +28,60 @@ export interface ConfigError {
 }
 
 export type LoadResult =
-  | { readonly ok: true; readonly config: Desired }
+  | { readonly ok: true; readonly config: Desired; readonly reuse?: ConfigReuse }
   | { readonly ok: false; readonly errors: readonly ConfigError[] };
+
+/** What one service's entry of a file built into (buildServices), kept to be taken again for the same text. */
+interface BuiltService {
+  /** The entry as validated (schema defaults filled in). */
+  readonly raw: RawService;
+  readonly ipam: IpamMode | undefined;
+  readonly ipamGiven: boolean;
+  readonly hc: HealthCheckSpec;
+  readonly ports: PortSpec[];
+  readonly backends: BackendSpec[];
+  /** Its backends' paths, less the `services, <index>` head (the index is the new file's). */
+  readonly backendTails: Seg[][];
+  readonly plan: FamilyPlan;
+  /** Its family services, the objects of the accepted config. */
+  readonly specs: readonly ServiceSpec[];
+}
+
+/**
+ * What a file's services were built into, by the text of each entry, for
+ * the next parse (a reload): an entry whose text (JSON of the parsed
+ * YAML) is the same, in a file whose other sections are the same, is not
+ * validated or built again, and keeps its ServiceSpec objects, so the
+ * reload's diff finds it unchanged by identity. The checks across services
+ * (names, IPs, ports of a shared IP, VRIDs, tracks) run over every service
+ * each time. Entries are taken again only when nothing else in the file
+ * decides what they build: not a secondary (it takes its primary's IPAM,
+ * families and network) and not an HTTPS check (its CA file is read at
+ * every reload).
+ */
+export class ConfigReuse {
+  /** @internal */
+  constructor(readonly globals: string, readonly byText: ReadonlyMap<string, BuiltService>) {}
+
+  /** How many entries the parse that made this took from the one before (tests read it). */
+  taken = 0;
+
+  /**
+   * The same, with each entry's specs replaced by the objects of `config`
+   * (the config in force) where `same` finds them equal: a parse made
+   * beside the config in force (the first reload's, primed after the
+   * start) then hands back that config's own objects.
+   */
+  withSpecsOf(config: Desired, same: (a: ServiceSpec, b: ServiceSpec) => boolean): ConfigReuse {
+    const inForce = new Map(config.services.map((sv) => [sv.key, sv]));
+    const byText = new Map<string, BuiltService>();
+    for (const [text, b] of this.byText) {
+      const specs = b.specs.map((sv) => { const o = inForce.get(sv.key); return o !== undefined && same(o, sv) ? o : sv; });
+      byText.set(text, specs.every((sv, i) => sv === b.specs[i]) ? b : { ...b, specs });
+    }
+    return new ConfigReuse(this.globals, byText);
+  }
+}
 
 type Seg = string | number;
 
@@ -197,11 +249,11 @@ export function parseListen(s: string): { host: string; port: number } | undefin
 }
 
 /** Build typed services and check the cross-field rules. */
-function buildServices(raw: RawConfig, pools: readonly Pool[], err: (segs: Seg[], msg: string) => void, readCa: CaFileReader): ServiceSpec[] {
+function buildServices(raw: RawConfig, pools: readonly Pool[], err: (segs: Seg[], msg: string) => void, readCa: CaFileReader, taken: readonly (BuiltService | undefined)[] = [], texts: readonly string[] = []): { specs: ServiceSpec[]; built: Map<string, BuiltService> } {
   const keys = new Map<string, number>();
   const prelim: {
     idx: number; key: string; raw: RawService; ipam: IpamMode | undefined; ipamGiven: boolean;
-    primary: string | undefined; hc: HealthCheckSpec; ports: PortSpec[]; backends: BackendSpec[]; backendSegs: Seg[][];
+    primary: string | undefined; hc: HealthCheckSpec; ports: PortSpec[]; backends: BackendSpec[]; backendSegs: Seg[][]; taken?: BuiltService;
   }[] = [];
 
   raw.services.forEach((s, idx) => {
@@ -209,6 +261,11 @@ function buildServices(raw: RawConfig, pools: readonly Pool[], err: (segs: Seg[]
     const key = serviceKey(s.namespace, s.name);
     if (keys.has(key)) err(at('name'), `${JSON.stringify(key)} is defined twice (also services[${keys.get(key)}])`);
     else keys.set(key, idx);
+    const was = taken[idx];
+    if (was !== undefined) {
+      prelim.push({ idx, key, raw: s, ipam: was.ipam, ipamGiven: was.ipamGiven, primary: undefined, hc: was.hc, ports: was.ports, backends: was.backends, backendSegs: was.backendTails.map((tail) => at(...tail)), taken: was });
+      return;
+    }
 
     // Harvester annotations: mapped onto typed fields; both spellings must agree.
     const ann = s.annotations ?? {};
@@ -438,6 +495,7 @@ function buildServices(raw: RawConfig, pools: readonly Pool[], err: (segs: Seg[]
   const plans = new Map<string, FamilyPlan>();
   for (const p of prelim) {
     if (p.primary !== undefined) continue;
+    if (p.taken !== undefined) { plans.set(p.key, p.taken.plan); continue; }
     const at = (...segs: Seg[]): Seg[] => ['services', p.idx, ...segs];
     const { plan, problems } = planFamilies({
       namespace: p.raw.namespace, ipam: p.ipam ?? DEFAULTS.ipam,
@@ -451,7 +509,14 @@ function buildServices(raw: RawConfig, pools: readonly Pool[], err: (segs: Seg[]
 
   // One ServiceSpec per served family ("family services", types.ts).
   const out: ServiceSpec[] = [];
+  const built = new Map<string, BuiltService>();
   for (const p of prelim) {
+    if (p.taken !== undefined) {
+      out.push(...p.taken.specs);
+      built.set(texts[p.idx]!, p.taken);
+      continue;
+    }
+    const first = out.length;
     const prim = p.primary !== undefined ? byKey.get(p.primary) : undefined;
     const ipam: IpamMode = (prim ? prim.ipam : p.ipam) ?? DEFAULTS.ipam;
     const plan = plans.get(prim ? prim.key : p.key);
@@ -476,8 +541,15 @@ function buildServices(raw: RawConfig, pools: readonly Pool[], err: (segs: Seg[]
         ...networkField((prim ?? p).raw.network),
       });
     }
+    // Kept for the next parse when nothing but its own text decides what it builds.
+    if (p.primary === undefined && p.hc.type !== 'https' && texts[p.idx] !== undefined) {
+      built.set(texts[p.idx]!, {
+        raw: p.raw, ipam: p.ipam, ipamGiven: p.ipamGiven, hc: p.hc, ports: p.ports, backends: p.backends,
+        backendTails: p.backendSegs.map((segs) => segs.slice(2)), plan, specs: out.slice(first),
+      });
+    }
   }
-  return out;
+  return { specs: out, built };
 }
 
 /** A service's network field: absent for the default network, so a config without networks: builds what it always did. */
@@ -676,7 +748,7 @@ function buildTracks(raw: RawConfig, networks: readonly NetworkSpec[], built: re
  * `readCa` reads the CA files HTTPS checks name (the configuration
  * reference passes one that reads nothing).
  */
-export function buildConfig(data: unknown, locate: (segs: Seg[]) => number | undefined = () => undefined, hostname = os.hostname(), readCa: CaFileReader = readCaFile): LoadResult {
+export function buildConfig(data: unknown, locate: (segs: Seg[]) => number | undefined = () => undefined, hostname = os.hostname(), readCa: CaFileReader = readCaFile, reuse?: ConfigReuse): LoadResult {
   const errors: ConfigError[] = [];
   const err = (segs: Seg[], message: string): void => {
     const line = locate(segs);
@@ -695,7 +767,15 @@ export function buildConfig(data: unknown, locate: (segs: Seg[]) => number | und
   if (!Object.prototype.hasOwnProperty.call(data, 'services')) {
     err(['services'], 'is required: list the services, or write `services: []` to run with none on purpose');
   }
-  const work = structuredClone(data) as Record<string, unknown>;
+  // Each entry's text, and the file's other sections': the keys of what a reload takes again (ConfigReuse).
+  const given: unknown = (data as { services?: unknown }).services;
+  const entries: readonly unknown[] = Array.isArray(given) ? given : [];
+  const texts = entries.map((s) => JSON.stringify(s) ?? '');
+  const globals = JSON.stringify({ ...data, services: undefined });
+  const taken = reuse !== undefined && reuse.globals === globals ? texts.map((t) => reuse.byText.get(t)) : [];
+  // Only the entries not taken again are copied and validated; an error's index is the file's.
+  const fresh = entries.flatMap((s, i) => (taken[i] === undefined ? [{ s, i }] : []));
+  const work = structuredClone(Array.isArray(given) ? { ...data, services: fresh.map((f) => f.s) } : data) as Record<string, unknown>;
   // Remember which healthCheck fields were written, before defaults fill them.
   const services = Array.isArray(work.services) ? work.services : [];
   for (const s of services) {
@@ -705,8 +785,18 @@ export function buildConfig(data: unknown, locate: (segs: Seg[]) => number | und
   }
   const validate = validator();
   if (!validate(work)) {
-    for (const e of schemaErrors(validate.errors ?? [])) err(e.segs, e.message);
+    for (const e of schemaErrors(validate.errors ?? [])) {
+      const segs = e.segs[0] === 'services' && typeof e.segs[1] === 'number' && fresh[e.segs[1]] !== undefined ? ['services', fresh[e.segs[1]]!.i, ...e.segs.slice(2)] : e.segs;
+      err(segs, e.message);
+    }
     return { ok: false, errors };
+  }
+  if (Array.isArray(given)) {
+    const validated = work.services as RawService[];
+    const all: RawService[] = new Array<RawService>(given.length);
+    fresh.forEach((f, j) => { all[f.i] = validated[j]!; });
+    taken.forEach((b, i) => { if (b !== undefined) all[i] = b.raw; });
+    work.services = all;
   }
   const raw = work as unknown as RawConfig;
 
@@ -720,7 +810,7 @@ export function buildConfig(data: unknown, locate: (segs: Seg[]) => number | und
   for (const pe of poolErrors) err(['pools', pe.key], pe.message);
 
   const untracked = buildNetworks(raw, pools, err);
-  const built = buildServices(raw, [...pools, ...untracked.flatMap((n) => n.pools)], err, readCa);
+  const { specs: built, built: byText } = buildServices(raw, [...pools, ...untracked.flatMap((n) => n.pools)], err, readCa, taken, texts);
   const { track, networks } = buildTracks(raw, untracked, built, err);
   // A VM that is a backend of a VIP cannot also be the load balancer that
   // holds it: the VIP on lo would take the clients' packets for itself.
@@ -767,11 +857,13 @@ export function buildConfig(data: unknown, locate: (segs: Seg[]) => number | und
     backend: { vips: raw.backend.vips.map((v) => formatAddress(parseAddress(v)!)) },
     services: built,
   };
-  return { ok: true, config: deepFreeze(config) };
+  const next = new ConfigReuse(globals, byText);
+  next.taken = taken.filter((b) => b !== undefined).length;
+  return { ok: true, config: deepFreeze(config), reuse: next };
 }
 
 /** Parse YAML text and validate it. `source` names the file in messages. */
-export function parseConfigText(text: string, hostname?: string): LoadResult {
+export function parseConfigText(text: string, hostname?: string, reuse?: ConfigReuse): LoadResult {
   const y = parseYaml(text);
   if (!y.ok) {
     // An alias bomb is refused before anything expands it: an ordinary error, at the first alias.
@@ -779,7 +871,7 @@ export function parseConfigText(text: string, hostname?: string): LoadResult {
       : y.column !== undefined ? `YAML syntax error at column ${y.column}: ${y.message}` : `YAML syntax error: ${y.message}`;
     return { ok: false, errors: [y.line !== undefined ? { path: '', message, line: y.line } : { path: '', message }] };
   }
-  return buildConfig(y.data, (segs) => y.locate(segs), hostname);
+  return buildConfig(y.data, (segs) => y.locate(segs), hostname, undefined, reuse);
 }
 
 export { MAX_ALIAS_COUNT } from './yaml';

@@ -4,4 +4,6 @@ import { parentPort, workerData } from 'node:worker_threads';
 import { parseConfigText } from './load';
 
 const { text, hostname } = workerData as { text: string; hostname?: string };
-parentPort!.postMessage(parseConfigText(text, hostname));
+const r = parseConfigText(text, hostname);
+// What it built stays here: a copy would hand the next parse no object of the config it keeps.
+parentPort!.postMessage(r.ok ? { ok: true, config: r.config } : r);

@@ -2,8 +2,9 @@
 // (reconciler.ts planReload), carry the steps out on the services, the
 // subsystems and the metrics endpoint, and publish the verdict. One reload
 // runs at a time (Coalesced); a bad file changes nothing.
-import { formatConfigErrors, type ConfigError } from '../config/load';
-import { loadConfigFileAsync } from '../config/load-async';
+import { formatConfigErrors, parseConfigText, type ConfigError, type ConfigReuse } from '../config/load';
+import { readConfigTextAsync } from '../config/read';
+import { loadConfigFileAsync, RELOAD_INLINE_MAX_BYTES } from '../config/load-async';
 import { SpecFingerprints } from '../config/diff';
 import type { Desired } from '../config/types';
 import type { Clock } from '../clock';
@@ -80,6 +81,8 @@ export class Reloader {
   private readonly runs: Coalesced<ReloadResult>;
   /** Each service's fingerprint, kept with its spec: a reload compares services by them (config/diff.ts). */
   private readonly fingerprints = new SpecFingerprints();
+  /** What the last accepted parse built, by each service entry's text: the next parse takes the unchanged ones again (ConfigReuse). */
+  private reuse: ConfigReuse | undefined;
   private gen = 1;
   /** The run under way read its file in a worker thread (load-async.ts). */
   private parsedInWorker = false;
@@ -94,6 +97,26 @@ export class Reloader {
       // the whole reload.
       () => { if (this.parsedInWorker) opts.afterReload(); },
     );
+  }
+
+  /**
+   * After the start (whose file a large config has parsed in a worker, whose
+   * objects stay there): parse the file once on the loop to seed what the
+   * first reload takes again, its entries pointing at the config in force
+   * where they build the same. Costs one parse when the agent is idle; a
+   * reload under way or a file that does not parse seeds nothing. Never throws.
+   */
+  async prime(): Promise<void> {
+    const o = this.opts;
+    try {
+      const read = await readConfigTextAsync(o.configPath);
+      const config = o.config();
+      if (!read.ok || !config || this.reuse || this.runs.inFlight || o.stopping() || Buffer.byteLength(read.text) > RELOAD_INLINE_MAX_BYTES) return;
+      const res = parseConfigText(read.text);
+      if (res.ok && res.reuse && !this.reuse && o.config() === config) this.reuse = res.reuse.withSpecsOf(config, (a, b) => this.fingerprints.same(a, b));
+    } catch (e) {
+      o.log.debug({ op: 'reload', err: errorMessage(e) }, 'could not prime the reload\'s parse');
+    }
   }
 
   /** The config's generation: 1 for the file the start read, one more for each reload applied. */
@@ -132,7 +155,7 @@ export class Reloader {
     const old = o.config();
     const subs = o.subs();
     if (!old || !subs || o.stopping()) return { ok: false, message: 'not running', errors: [] };
-    const res = await loadConfigFileAsync(o.configPath);
+    const res = await loadConfigFileAsync(o.configPath, { reuse: this.reuse });
     this.parsedInWorker = res.via === 'worker';
     const at = o.clock.wallNow();
     if (!res.ok) return this.rejected(res.errors);
@@ -144,6 +167,7 @@ export class Reloader {
     const plan = lateModules().planReload({ config: old, dataplane: subs.dataplane.kind, dsrUnavailable, same: (a, b) => this.fingerprints.same(a, b) }, next);
     if (!plan.ok) return this.rejected(plan.errors);
     o.adopt(next, at);
+    this.reuse = res.ok ? res.reuse : undefined;
     const steps = plan.steps;
     for (let i = 0; i < steps.length && !o.stopping();) {
       let j = i + 1;

@@ -125,7 +125,7 @@ import { SerialQueue } from '../serial';
 import type { DsrBpfPort } from '../net/ebpf/ebpf-dsr';
 import type { DsrBpf, DsrFdStore } from '../net/ebpf/ebpf-attach';
 import type { ConntrackClient, ForwardedPort, UdpFlowRule } from '../net/conntrack/conntrack';
-import type { NftDispatchElement, NftFamily, NftOp, NftProto, NftRuleSpec, NftVerdict } from '../net/netlink/nft-batch';
+import type { NftCounterElement, NftDispatchElement, NftFamily, NftOp, NftProto, NftRuleSpec, NftVerdict } from '../net/netlink/nft-batch';
 import { hasOwnedName } from '../net/ownership/ownership';
 
 // The BPF driver loads on demand: when a DSR port is forwarded, and at the
@@ -288,6 +288,9 @@ interface TableParts {
   readonly refusedSpecs: NftDispatchElement[];
   readonly toBackendElems: string[];
   readonly toClientElems: string[];
+  /** toBackendElems and toClientElems as typed objects, one for each. */
+  readonly toBackendSpecs: NftCounterElement[];
+  readonly toClientSpecs: NftCounterElement[];
   readonly byteKeys: Set<string>;
   readonly chains: NftChainModel[];
   readonly handBack: string[];
@@ -297,7 +300,7 @@ interface TableParts {
 function emptyParts(): TableParts {
   return {
     counters: [], vips: new Set(), serviceElems: [], serviceSpecs: [], refusedElems: [], refusedSpecs: [], toBackendElems: [], toClientElems: [],
-    byteKeys: new Set(), chains: [], handBack: [], handBackChains: [],
+    toBackendSpecs: [], toClientSpecs: [], byteKeys: new Set(), chains: [], handBack: [], handBackChains: [],
   };
 }
 
@@ -322,6 +325,10 @@ export interface NftSetModel {
   readonly elements: readonly string[];
   /** The elements as typed objects, one for each of `elements` (the dispatch maps'), for the netlink writer. */
   readonly specs?: readonly NftDispatchElement[];
+  /** The same for the byte-counter maps' elements. */
+  readonly counterSpecs?: readonly NftCounterElement[];
+  /** Its elements are addresses, typed as they are written (the `vips` set). */
+  readonly addresses?: boolean;
 }
 
 /** One family's table as objects (renderNft's text is written from it; renderNftDelta compares two). */
@@ -341,11 +348,11 @@ function tableModel(w: NftFamilyWords, t: TableParts): NftTableModel {
     family: w.family,
     counters: t.counters,
     sets: [
-      { name: 'vips', kind: 'set', type: w.addrType, elements: [...t.vips] },
+      { name: 'vips', kind: 'set', type: w.addrType, elements: [...t.vips], addresses: true },
       { name: 'services', kind: 'map', type: dispatchType, elements: t.serviceElems, specs: t.serviceSpecs },
       { name: 'refused', kind: 'map', type: dispatchType, elements: t.refusedElems, specs: t.refusedSpecs },
-      { name: 'to_backend', kind: 'map', type: counterType, elements: t.toBackendElems },
-      { name: 'to_client', kind: 'map', type: counterType, elements: t.toClientElems },
+      { name: 'to_backend', kind: 'map', type: counterType, elements: t.toBackendElems, counterSpecs: t.toBackendSpecs },
+      { name: 'to_client', kind: 'map', type: counterType, elements: t.toClientElems, counterSpecs: t.toClientSpecs },
     ],
     chains: [
       { name: 'prerouting', hook: 'type nat hook prerouting priority dstnat; policy accept;', rules: [`fib daddr type local ${w.ip} daddr . meta l4proto . th dport vmap @services`] },
@@ -397,7 +404,13 @@ function backendId(address: string): string {
 }
 
 /** A map element of the byte counters (to_backend, to_client), keyed by what the forward hook sees. */
-interface ByteElem { readonly key: string; readonly toBackend: string; readonly toClient: string }
+interface ByteElem {
+  readonly key: string;
+  readonly toBackend: string;
+  readonly toClient: string;
+  readonly toBackendSpec: NftCounterElement;
+  readonly toClientSpec: NftCounterElement;
+}
 
 /**
  * One service's part of the tables, rendered alone (renderPart): the unit
@@ -509,7 +522,11 @@ function renderPart(prefix: string, svc: NormalizedService, opts: RenderOptions)
       const bk = `${svc.vip} . ${b.address} . ${p} . ${spec.targetPort}`;
       if (!byteKeys.has(bk)) {
         byteKeys.add(bk);
-        byteElems.push({ key: bk, toBackend: `${bk} : "${base}_to_backend"`, toClient: `${bk} : "${base}_to_client"` });
+        const at = { vip: svc.vip, backend: b.address, proto: p, port: spec.targetPort };
+        byteElems.push({
+          key: bk, toBackend: `${bk} : "${base}_to_backend"`, toClient: `${bk} : "${base}_to_client"`,
+          toBackendSpec: { ...at, counter: `${base}_to_backend` }, toClientSpec: { ...at, counter: `${base}_to_client` },
+        });
       }
     }
     if (svc.healthy.length === 0) {
@@ -575,6 +592,8 @@ function familyParts(parts: readonly ServicePart[], family: string): TableParts 
       t.byteKeys.add(e.key);
       t.toBackendElems.push(e.toBackend);
       t.toClientElems.push(e.toClient);
+      t.toBackendSpecs.push(e.toBackendSpec);
+      t.toClientSpecs.push(e.toClientSpec);
     }
     t.chains.push(...p.chains);
     if (p.handBack) { t.handBack.push(p.handBack.rule); t.handBackChains.push(p.handBack.chain); }
@@ -665,9 +684,9 @@ export interface NftDelta {
   /**
    * The same transaction as typed steps for the netlink writer
    * (net/netlink/nft-batch.ts), in the script's order; undefined when a
-   * step has no typed form (a counter, a set other than the dispatch maps,
-   * a base chain, a table or the netdev table written whole): the script
-   * is then written with nft.
+   * step has no typed form (a set other than the VIPs, the dispatch and
+   * byte-counter maps, a rule the writer does not encode, a base chain, a table or the
+   * netdev table written whole): the script is then written with nft.
    */
   readonly ops: readonly NftOp[] | undefined;
 }
@@ -747,8 +766,7 @@ export function renderNftDelta(prev: DeltaInput, next: DeltaInput): NftDelta | u
     const refersToRedefined = quoted.length === 0 ? (): boolean => false : (text: string): boolean => quoted.some((q) => text.includes(q));
     const addedCounters = N.counters.filter((c) => !pCounters.has(c));
     const deletedCounters = P.counters.filter((c) => !nCounters.has(c));
-    for (const c of addedCounters) head.push(`add counter ${tbl} ${c}`);
-    if (addedCounters.length > 0 || deletedCounters.length > 0 || redefined.length > 0) typed = false;
+    for (const c of addedCounters) { head.push(`add counter ${tbl} ${c}`); headOps.push({ op: 'add-counter', family: fam, name: c }); }
     // Chains.
     const pChains = new Map(P.chains.map((c) => [c.name, c]));
     const nChains = new Map(N.chains.map((c) => [c.name, c]));
@@ -778,36 +796,49 @@ export function renderNftDelta(prev: DeltaInput, next: DeltaInput): NftDelta | u
     for (const ns of N.sets) {
       const ps = P.sets.find((x) => x.name === ns.name);
       if (!ps || ps.kind !== ns.kind || ps.type !== ns.type) return undefined;
+      type Spec = NftDispatchElement | NftCounterElement | string;
+      const specOf = (m: NftSetModel, i: number): Spec | undefined => (m.addresses === true ? m.elements[i] : m.specs?.[i] ?? m.counterSpecs?.[i]);
       const pByKey = new Map<string, string>();
-      const pSpec = new Map<string, NftDispatchElement | undefined>();
-      ps.elements.forEach((e, i) => { const k = elementKey(ps.kind, e); pByKey.set(k, e); pSpec.set(k, ps.specs?.[i]); });
+      const pSpec = new Map<string, Spec | undefined>();
+      ps.elements.forEach((e, i) => { const k = elementKey(ps.kind, e); pByKey.set(k, e); pSpec.set(k, specOf(ps, i)); });
       const nByKey = new Map<string, string>();
-      const nSpec = new Map<string, NftDispatchElement | undefined>();
-      ns.elements.forEach((e, i) => { const k = elementKey(ns.kind, e); nByKey.set(k, e); nSpec.set(k, ns.specs?.[i]); });
+      const nSpec = new Map<string, Spec | undefined>();
+      ns.elements.forEach((e, i) => { const k = elementKey(ns.kind, e); nByKey.set(k, e); nSpec.set(k, specOf(ns, i)); });
       const del: string[] = [];
-      const delSpecs: Array<NftDispatchElement | undefined> = [];
+      const delSpecs: Array<Spec | undefined> = [];
       for (const [k, e] of pByKey) if (nByKey.get(k) !== e || refersToRedefined(e)) { del.push(k); delSpecs.push(pSpec.get(k)); }
       const add: string[] = [];
-      const addSpecs: Array<NftDispatchElement | undefined> = [];
+      const addSpecs: Array<Spec | undefined> = [];
       for (const [k, e] of nByKey) if (pByKey.get(k) !== e || refersToRedefined(e)) { add.push(e); addSpecs.push(nSpec.get(k)); }
-      const elementOp = (op: 'add-elements' | 'delete-elements', specs: ReadonlyArray<NftDispatchElement | undefined>): NftOp | undefined => {
+      // The dispatch maps' elements (a verdict), the byte-counter maps' (a counter's name) and the VIPs have typed forms; any other set's do not.
+      const elementOp = (op: 'add' | 'delete', specs: ReadonlyArray<Spec | undefined>): NftOp | undefined => {
         if (specs.some((x) => x === undefined)) { typed = false; return undefined; }
-        return { op, family: fam, set: ns.name, elements: specs.map((x) => (op === 'delete-elements' ? { vip: x!.vip, proto: x!.proto, port: x!.port } : x!)) };
+        if (ns.addresses === true) return { op: op === 'add' ? 'add-addresses' : 'delete-addresses', family: fam, set: ns.name, addresses: specs as string[] };
+        if (ns.counterSpecs !== undefined) {
+          const elements = (specs as NftCounterElement[]).map((x) => (op === 'delete' ? { vip: x.vip, backend: x.backend, proto: x.proto, port: x.port } : x));
+          return { op: op === 'add' ? 'add-counter-elements' : 'delete-counter-elements', family: fam, set: ns.name, elements };
+        }
+        const elements = (specs as NftDispatchElement[]).map((x) => (op === 'delete' ? { vip: x.vip, proto: x.proto, port: x.port } : x));
+        return { op: op === 'add' ? 'add-elements' : 'delete-elements', family: fam, set: ns.name, elements };
       };
       if (del.length > 0) {
         middle.push(`delete element ${tbl} ${ns.name} { ${del.join(', ')} }`);
-        const op = elementOp('delete-elements', delSpecs);
+        const op = elementOp('delete', delSpecs);
         if (op) middleOps.push(op);
       }
       if (add.length > 0) {
         adds.push(`add element ${tbl} ${ns.name} { ${add.join(', ')} }`);
-        const op = elementOp('add-elements', addSpecs);
+        const op = elementOp('add', addSpecs);
         if (op) addOps.push(op);
       }
       objects += del.length + add.length;
     }
     if (P.sets.length !== N.sets.length) return undefined;
-    for (const c of redefined) { middle.push(`delete counter ${tbl} ${c}`, `add counter ${tbl} ${c}`); reset.add(c); }
+    for (const c of redefined) {
+      middle.push(`delete counter ${tbl} ${c}`, `add counter ${tbl} ${c}`);
+      middleOps.push({ op: 'delete-counter', family: fam, name: c }, { op: 'add-counter', family: fam, name: c });
+      reset.add(c);
+    }
     for (const c of rewrite) {
       for (const r of c.rules) middle.push(`add rule ${tbl} ${c.name} ${r}`);
       if (c.specs === undefined || c.specs.length !== c.rules.length) typed = false;
@@ -816,7 +847,7 @@ export function renderNftDelta(prev: DeltaInput, next: DeltaInput): NftDelta | u
     middle.push(...adds);
     middleOps.push(...addOps);
     for (const c of deletedChains) { tail.push(`delete chain ${tbl} ${c.name}`); tailOps.push({ op: 'delete-chain', family: fam, chain: c.name }); }
-    for (const c of deletedCounters) { tail.push(`delete counter ${tbl} ${c}`); reset.add(c); }
+    for (const c of deletedCounters) { tail.push(`delete counter ${tbl} ${c}`); tailOps.push({ op: 'delete-counter', family: fam, name: c }); reset.add(c); }
     objects += deletedChains.length + addedCounters.length + deletedCounters.length + redefined.length;
   }
   const dsrRewritten = prev.dsrLines.join('\n') !== next.dsrLines.join('\n');
@@ -864,12 +895,16 @@ export interface PartsDelta extends NftDelta {
   readonly resetHandBack: readonly HandBackCounter[];
 }
 
-/** The first part (in order) to use each byte-counter key: the one whose element the map holds. */
-function byteWinners(parts: readonly ServicePart[], family: string, keys: ReadonlySet<string>): Map<string, ByteElem> {
+/**
+ * The first part (in order) to use each byte-counter key: the one whose
+ * element the map holds. A key begins with its VIP, so only the parts on
+ * `vips` are looked into.
+ */
+function byteWinners(parts: readonly ServicePart[], family: string, keys: ReadonlySet<string>, vips: ReadonlySet<string>): Map<string, ByteElem> {
   const out = new Map<string, ByteElem>();
   if (keys.size === 0) return out;
   for (const p of parts) {
-    if (p.family !== family || p.vip === undefined) continue;
+    if (p.family !== family || p.vip === undefined || !vips.has(p.vip)) continue;
     for (const e of p.byteElems) if (keys.has(e.key) && !out.has(e.key)) out.set(e.key, e);
   }
   return out;
@@ -910,7 +945,14 @@ export function renderPartsDelta(prev: Rendering, next: Rendering): PartsDelta |
       const keys = new Set(touched.flatMap((p) => p.byteElems.map((e) => e.key)));
       t.toBackendElems.length = 0;
       t.toClientElems.length = 0;
-      for (const e of byteWinners(r.parts, w.family, keys).values()) { t.toBackendElems.push(e.toBackend); t.toClientElems.push(e.toClient); }
+      t.toBackendSpecs.length = 0;
+      t.toClientSpecs.length = 0;
+      for (const e of byteWinners(r.parts, w.family, keys, vips).values()) {
+        t.toBackendElems.push(e.toBackend);
+        t.toClientElems.push(e.toClient);
+        t.toBackendSpecs.push(e.toBackendSpec);
+        t.toClientSpecs.push(e.toClientSpec);
+      }
       t.handBack.length = 0;
       for (const p of r.parts) if (p.family === w.family && p.vip !== undefined && p.handBack) t.handBack.push(p.handBack.rule);
       tables.push(tableModel(w, t));

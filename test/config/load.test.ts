@@ -398,3 +398,55 @@ t.test('kernel: the engine\'s settings, defaults, and a reversed NAT port range'
   const small = parseConfigText('kernel: { flowEntries: 10 }\nservices: []\n');
   t.notOk(small.ok, 'flowEntries below 1024 refused');
 });
+
+t.test('a reparse takes unchanged services again: their objects kept, a changed one validated and built anew, checks across services over all', async (t) => {
+  const file = (svcs: string[], pools = '10.0.0.10-10.0.0.40'): string => `pools: { range-global: ${pools} }\nservices:\n${svcs.map((s) => `  - ${s}`).join('\n')}\n`;
+  const svc = (i: number, extra = '', backends = `[10.0.1.${i}, 10.0.2.${i}]`): string => `{ name: s${i}, ipam: pool, ports: [{ port: 80, targetPort: 8080 }], backends: ${backends}${extra} }`;
+  const base = [0, 1, 2, 3].map((i) => svc(i));
+  const first = parseConfigText(file(base));
+  if (!first.ok) throw new Error(formatConfigErrors(first.errors));
+  t.equal(first.reuse?.taken, 0, 'a first parse takes nothing');
+  const same = parseConfigText(file(base), undefined, first.reuse);
+  if (!same.ok) throw new Error(formatConfigErrors(same.errors));
+  t.equal(same.reuse?.taken, 4, 'the same file: every service taken again');
+  t.ok(same.config.services.every((s, i) => s === first.config.services[i]), 'the same ServiceSpec objects');
+  t.ok(Object.isFrozen(same.config.services[0]) && Object.isFrozen(same.config), 'and frozen');
+
+  // One backend of s2 changed: s2 alone is built again.
+  const edited = [...base];
+  edited[2] = svc(2, '', '[10.0.1.2, 10.0.3.2]');
+  const one = parseConfigText(file(edited), undefined, same.reuse);
+  if (!one.ok) throw new Error(formatConfigErrors(one.errors));
+  t.equal(one.reuse?.taken, 3, 'three taken again');
+  t.ok([0, 1, 3].every((i) => one.config.services[i] === first.config.services[i]), 'the unchanged ones keep their objects');
+  t.not(one.config.services[2], first.config.services[2], 'the changed one is a new object');
+  t.same(one.config.services[2]!.backends.map((b) => b.address), ['10.0.1.2', '10.0.3.2'], 'with the new backend');
+  t.same(one.config, parseConfigText(file(edited)).ok ? (parseConfigText(file(edited)) as { config: unknown }).config : undefined, 'what a parse from nothing gives');
+
+  // The edit asks for an IP another, unchanged, service holds: refused, naming the edited entry.
+  const clash = [...base];
+  clash[0] = svc(0, ', loadBalancerIP: 10.0.0.20');
+  clash[3] = svc(3, ', loadBalancerIP: 10.0.0.20');
+  const withIp = parseConfigText(file([clash[0], base[1]!, base[2]!, base[3]!]));
+  if (!withIp.ok) throw new Error(formatConfigErrors(withIp.errors));
+  const refused = parseConfigText(file(clash), undefined, withIp.reuse);
+  t.notOk(refused.ok, 'a conflict across services is still refused');
+  if (!refused.ok) t.match(formatConfigErrors(refused.errors), /^6: services\[3\]\.loadBalancerIP: 10\.0\.0\.20 is also asked for by default\/s0/m, 'with the edited entry\'s path and line');
+  // A duplicate name made by an edit, among taken services.
+  const dup = parseConfigText(file([...base, svc(1)]), undefined, same.reuse);
+  t.notOk(dup.ok);
+  if (!dup.ok) t.match(formatConfigErrors(dup.errors), /services\[4\]\.name: "default\/s1" is defined twice \(also services\[1\]\)/);
+  // A schema error in the edited entry names the file's index, not its place among the entries validated.
+  const bad = [...base];
+  bad[3] = svc(3).replace('port: 80,', 'port: 70000,');
+  const schema = parseConfigText(file(bad), undefined, same.reuse);
+  t.notOk(schema.ok);
+  if (!schema.ok) t.match(formatConfigErrors(schema.errors), /^6: services\[3\]\.ports\[0\]\.port: 70000/m);
+  // Another section changed (the pool): nothing is taken again, so its effect reaches the unchanged services.
+  const kept = [clash[0], base[1]!, base[2]!, base[3]!];
+  const narrowed = parseConfigText(file(kept, '10.0.0.10-10.0.0.15'), undefined, withIp.reuse);
+  t.notOk(narrowed.ok, 'an unchanged service\'s IP outside the narrowed pool');
+  if (!narrowed.ok) t.match(formatConfigErrors(narrowed.errors), /^3: services\[0\]\.loadBalancerIP: service default\/s0: 10\.0\.0\.20 is not in pool/m);
+  const wider = parseConfigText(file(base, '10.0.0.10-10.0.0.50'), undefined, same.reuse);
+  t.equal(wider.ok && wider.reuse?.taken, 0, 'a pool changed: nothing taken again');
+});

@@ -23,7 +23,7 @@ import { dsrSeed, dsrSeedValue } from '../../agent/forward/nft-dsr';
 import { dsrSlotTable } from '../../agent/forward/maglev';
 import type { DsrBpf } from '../../agent/net/ebpf/ebpf-attach';
 import type { BatchWriter } from '../../agent/forward/nft';
-import type { NftOp } from '../../agent/net/netlink/nft-batch';
+import { encodeBatch, type NftOp } from '../../agent/net/netlink/nft-batch';
 
 // Golden files live in the source tree (tests run from dist/). UPDATE_GOLDEN=1 rewrites them.
 function golden(t: tap.Test, name: string, actual: string): void {
@@ -249,7 +249,7 @@ t.test('renderNftDelta: one backend of one service among 10 or 1,000 changes the
   t.equal(renderNftDelta(renderNft(many(3)), renderNft(many(3)))!.script, '', 'no change, nothing to write');
 });
 
-t.test('a health transition\'s delta as typed steps for the netlink writer, in the script\'s order; what the writer does not encode has none', async (t) => {
+t.test('a delta as typed steps for the netlink writer (a health transition, a backend replaced), in the script\'s order; what the writer does not encode has none', async (t) => {
   const health = (n: number, i0: number, healthy: (all: BackendSpec[]) => BackendSpec[]) => many(n, (i, all) => ({ healthy: i === i0 ? healthy(all) : all, backends: all }));
   const prev = renderIncremental(many(1000), {});
   const down = renderPartsDelta(prev, renderIncremental(health(1000, 500, (all) => all.slice(1)), {}, prev))!;
@@ -281,9 +281,28 @@ t.test('a health transition\'s delta as typed steps for the netlink writer, in t
     { op: 'add-rule', family: 'ip', chain: 's1p0b10_97_0_5', rule: { kind: 'dnat', counter: 's1p0b10_97_0_5_conns', proto: 'tcp', address: '10.97.0.5', port: 8080 } },
     { op: 'add-elements', family: 'ip', set: 'services', elements: [{ vip: '10.98.0.1', proto: 'tcp', port: 80, verdict: { kind: 'jump', chain: 's1p0' } }] },
   ], 'one back: a goto rule and the dispatch element');
-  // Not encoded: counters (a backend replaced), the byte maps, a table appearing.
+  // A backend replaced (a reload): its counters and byte-map elements are typed steps too.
   const swapped = renderPartsDelta(prev, renderIncremental(many(1000, (i, all) => (i === 0 ? { healthy: [all[0]!, b('10.97.0.250')], backends: [all[0]!, b('10.97.0.250')] } : { healthy: all, backends: all })), {}, prev))!;
-  t.equal(swapped.ops, undefined, 'a backend replaced (counters, byte-map elements): nft');
+  t.equal(swapped.ops?.length, swapped.script.split('\n').filter(Boolean).length, 'a backend replaced: one step for each line of the script');
+  t.same(swapped.ops?.filter((o) => o.op.includes('counter')), [
+    { op: 'add-counter', family: 'ip', name: 's0p0b10_97_0_250_conns' },
+    { op: 'add-counter', family: 'ip', name: 's0p0b10_97_0_250_to_backend' },
+    { op: 'add-counter', family: 'ip', name: 's0p0b10_97_0_250_to_client' },
+    { op: 'delete-counter-elements', family: 'ip', set: 'to_backend', elements: [{ vip: '10.98.0.0', backend: '10.97.0.2', proto: 'tcp', port: 8080 }, { vip: '10.98.0.0', backend: '10.97.0.3', proto: 'tcp', port: 8080 }] },
+    { op: 'delete-counter-elements', family: 'ip', set: 'to_client', elements: [{ vip: '10.98.0.0', backend: '10.97.0.2', proto: 'tcp', port: 8080 }, { vip: '10.98.0.0', backend: '10.97.0.3', proto: 'tcp', port: 8080 }] },
+    { op: 'add-counter-elements', family: 'ip', set: 'to_backend', elements: [{ vip: '10.98.0.0', backend: '10.97.0.250', proto: 'tcp', port: 8080, counter: 's0p0b10_97_0_250_to_backend' }] },
+    { op: 'add-counter-elements', family: 'ip', set: 'to_client', elements: [{ vip: '10.98.0.0', backend: '10.97.0.250', proto: 'tcp', port: 8080, counter: 's0p0b10_97_0_250_to_client' }] },
+    ...['2', '3'].flatMap((a) => ['conns', 'to_backend', 'to_client'].map((k) => ({ op: 'delete-counter', family: 'ip', name: `s0p0b10_97_0_${a}_${k}` }))),
+  ], 'the new backend\'s counters added first, the byte-map elements swapped, the gone backends\' counters deleted last');
+  // The transaction the kernel gets for it does not grow with the services: the same datagram at 10 as at 1,000.
+  const reloadBatch = (n: number): Buffer => {
+    const from = renderIncremental(many(n), {});
+    const d = renderPartsDelta(from, renderIncremental(many(n, (i, all) => (i === 0 ? { healthy: [all[0]!, b('10.97.0.250')], backends: [all[0]!, b('10.97.0.250')] } : { healthy: all, backends: all })), {}, from))!;
+    return encodeBatch('lb_agent', d.ops!, { seq: 1, ack: true }).datagram;
+  };
+  const [small, large] = [reloadBatch(10), reloadBatch(1000)];
+  t.ok(large.equals(small), `a backend replaced: byte for byte the same batch at 1,000 services as at 10 (${large.length} bytes)`);
+  t.ok(large.length < 4096, 'one datagram of a few KiB');
   const hashed = renderIncremental(many(3), { placement: 'flow-hash' });
   const hashedDown = renderPartsDelta(hashed, renderIncremental(health(3, 1, (all) => all.slice(1)), { placement: 'flow-hash' }, hashed))!;
   const rule = hashedDown.ops?.find((o) => o.op === 'add-rule');
@@ -617,13 +636,20 @@ t.test('a delta goes over netlink when every step is encoded, with nft otherwise
   t.match(scripts[1], /^flush chain ip lb_agent s1p0\n/, 'the delta, not the table');
   t.notMatch(scripts[1], /table ip lb_agent \{/);
   refuse = undefined;
-  await dp.apply({ services: [...health(1).services, { key: 'default/new', vip: '10.98.9.9', ports: [http], healthy: [b('10.97.9.1')], backends: [b('10.97.9.1')] }] });
-  t.equal(scripts.length, 3, 'a service added (counters, byte maps): with nft');
-  t.equal(batches.length, 1);
+  const added = { services: [...health(1).services, { key: 'default/new', vip: '10.98.9.9', ports: [http], healthy: [b('10.97.9.1')], backends: [b('10.97.9.1')] }] };
+  await dp.apply(added);
+  t.equal(scripts.length, 2, 'a service added (counters, byte maps, its VIP): no nft');
+  t.equal(batches.length, 2, 'one more batch');
+  t.ok(batches[1]!.some((o) => o.op === 'add-counter') && batches[1]!.some((o) => o.op === 'add-counter-elements') && batches[1]!.some((o) => o.op === 'add-addresses'), 'its counters, byte-map elements and VIP among the steps');
+  const six: BackendSpec = { address: 'fd00::97:1', addressNum: 0, weight: 1, family: 'IPv6' };
+  await dp.apply({ services: [...added.services, { key: 'default/six', vip: 'fd00::9', ports: [http], healthy: [six], backends: [six] }] });
+  t.equal(scripts.length, 3, 'an IPv6 table appearing: with nft');
+  t.match(scripts[2], /\ntable ip6 lb_agent \{\n/);
+  t.equal(batches.length, 2);
   const details = (await dp.stats()).details as { deltaWrites?: unknown };
-  t.same(details.deltaWrites, { netlink: 1, nft: 2, unencoded: 1, netlinkFailed: 1 }, 'counted in the stats');
+  t.same(details.deltaWrites, { netlink: 2, nft: 2, unencoded: 1, netlinkFailed: 1 }, 'counted in the stats');
   const text = await registry.metrics();
-  for (const [labels, n] of [['via="netlink",reason=""', 1], ['via="nft",reason="unencoded"', 1], ['via="nft",reason="netlink-failed"', 1], ['via="nft",reason=""', 0]] as const) {
+  for (const [labels, n] of [['via="netlink",reason=""', 2], ['via="nft",reason="unencoded"', 1], ['via="nft",reason="netlink-failed"', 1], ['via="nft",reason=""', 0]] as const) {
     t.match(text, `lbagent_forward_nft_delta_writes_total{${labels}} ${n}\n`, `metric ${labels}`);
   }
   t.equal(made, 1, 'one socket kept across a refusal');

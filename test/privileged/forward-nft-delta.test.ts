@@ -9,8 +9,9 @@
 // writes the tables whole instead. The counters are read over nfnetlink
 // (net/netlink/nft-counters.ts) as nft(8) lists them. The same sequence
 // with the data path inside the namespace (fixtures/nft-delta-driver.ts):
-// its health transitions go as nfnetlink batches (net/netlink/nft-batch.ts),
-// no nft spawned, commits the drift guard takes as the agent's own, and the
+// its health transitions and reloads (counters and byte-map elements
+// included) go as nfnetlink batches (net/netlink/nft-batch.ts), no nft
+// spawned unless a table appears or goes, commits the drift guard takes as the agent's own, and the
 // kernel holds what a write whole gives after each; a batch the kernel
 // refuses leaves the tables exactly as they were.
 import t from 'tap';
@@ -50,27 +51,34 @@ const swapOne: Change = (i, all) => {
   return { healthy: backends, backends };
 };
 
-/** The sequence of changes both data paths go through: [what, state, a health transition]. */
-function sequence(): { base: ForwardState; steps: Array<[string, ForwardState, boolean]> } {
+/**
+ * The sequence of changes both data paths go through: [what, state, how
+ * the data path inside the namespace writes it]: over nfnetlink; with nft
+ * (a table appears or goes); or `shift`: positional names shift, so later
+ * services' parts are written again, over nfnetlink with round-robin, and
+ * with flow-hash, whose slot maps make the batch larger than one netlink
+ * datagram, refused before it is sent and written with nft.
+ */
+function sequence(): { base: ForwardState; steps: Array<[string, ForwardState, 'netlink' | 'nft' | 'shift']> } {
   const six = (healthy: BackendSpec[]): ForwardState['services'][number] => ({ key: 'default/six', vip: 'fd00:98::50', ports: [http], healthy, backends: [b6('fd00:97::11'), b6('fd00:97::12')] });
   const base = many(6);
   const nine = base.services.filter((_, i) => i !== 2);
   // A service on svc-003's VIP whose port goes to the same backend:targetPort: the two share a VIP and a byte-counter key.
   const lodger: ForwardState['services'][number] = { ...base.services[3]!, key: 'default/svc-003b', ports: [{ ...http, port: 81 }] };
-  return {
-    base,
-    steps: [
-      ['a backend of svc-004 unhealthy (its slots move to the others)', many(6, (i, all) => ({ healthy: i === 4 ? all.slice(1) : all, backends: all })), true],
-      ['every backend of svc-004 unhealthy: its ports refused', many(6, (i, all) => ({ healthy: i === 4 ? [] : all, backends: all })), true],
-      ['svc-004 healthy again', base, true],
-      ['svc-002 removed: the positional names after it shift', { services: nine }, false],
-      ['an IPv6 VIP comes', { services: [...nine, six([b6('fd00:97::11'), b6('fd00:97::12')])] }, false],
-      ['a backend of the IPv6 VIP unhealthy', { services: [...nine, six([b6('fd00:97::12')])] }, true],
-      ['svc-002 comes back (and the IPv6 VIP goes)', base, false],
-      ['a second service on svc-003\'s VIP', { services: [...base.services, lodger] }, false],
-      ['svc-003 removed: the VIP and the shared byte key stay with the other', { services: [...base.services.filter((_, i) => i !== 3), lodger] }, false],
-    ],
-  };
+  const steps: Array<[string, ForwardState, 'netlink' | 'nft' | 'shift']> = [
+      ['a backend of svc-004 unhealthy (its slots move to the others)', many(6, (i, all) => ({ healthy: i === 4 ? all.slice(1) : all, backends: all })), 'netlink'],
+      ['every backend of svc-004 unhealthy: its ports refused', many(6, (i, all) => ({ healthy: i === 4 ? [] : all, backends: all })), 'netlink'],
+      ['svc-004 healthy again', base, 'netlink'],
+      ['a backend of svc-001 replaced (a reload): counters and byte-map elements', many(6, (i, all) => (i === 1 ? { healthy: [all[0]!, b('10.97.0.250')], backends: [all[0]!, b('10.97.0.250')] } : { healthy: all, backends: all })), 'netlink'],
+      ['svc-001 as it was', base, 'netlink'],
+      ['svc-002 removed: the positional names after it shift', { services: nine }, 'shift'],
+      ['an IPv6 VIP comes', { services: [...nine, six([b6('fd00:97::11'), b6('fd00:97::12')])] }, 'nft'],
+      ['a backend of the IPv6 VIP unhealthy', { services: [...nine, six([b6('fd00:97::12')])] }, 'netlink'],
+      ['svc-002 comes back (and the IPv6 VIP goes)', base, 'nft'],
+      ['a second service on svc-003\'s VIP', { services: [...base.services, lodger] }, 'shift'],
+      ['svc-003 removed: the VIP and the shared byte key stay with the other', { services: [...base.services.filter((_, i) => i !== 3), lodger] }, 'shift'],
+  ];
+  return { base, steps };
 }
 
 if (requirePrivileged(t)) {
@@ -183,7 +191,7 @@ if (requirePrivileged(t)) {
     t.same([six, netdev], [0, 0], 'tables not there: nothing');
   });
 
-  for (const placement of ['round-robin', 'flow-hash'] as const) t.test(`inside the namespace, ${placement}: health transitions as nfnetlink batches, no nft, the agent's own commits; the kernel holds what a write whole gives; a refused batch applies nothing`, async (t) => {
+  for (const placement of ['round-robin', 'flow-hash'] as const) t.test(`inside the namespace, ${placement}: health transitions and reloads as nfnetlink batches, no nft, the agent's own commits; the kernel holds what a write whole gives; a refused batch applies nothing`, async (t) => {
     const lab = await createLab(t);
     const ref = await lab.addHost('ref');
     const ns = await lab.addHost('node');
@@ -205,9 +213,16 @@ if (requirePrivileged(t)) {
     const first = await ask<Applied>({ cmd: 'apply', state: base });
     t.equal(first.nft.length, 1, 'the start writes the tables whole with nft');
     let netlink = 0;
-    for (const [what, state, transition] of steps) {
+    let unencoded = 0;
+    let tooLarge = 0;
+    for (const [what, state, how] of steps) {
       const r = await ask<Applied>({ cmd: 'apply', state });
-      if (transition) {
+      if (how === 'shift' && placement === 'flow-hash') {
+        tooLarge++;
+        t.equal(r.deltaWrites.netlinkFailed, tooLarge, `${what}: a batch larger than a datagram, refused before it is sent, counted`);
+        t.equal(r.nft.length, 1, `${what}: and written with nft once`);
+        t.notMatch(r.nft[0], /\ntable ip lb_agent \{\n|delete table ip lb_agent/, `${what}: not the table`);
+      } else if (how !== 'nft') {
         netlink++;
         t.same(r.nft, [], `${what}: no nft spawned`);
         t.equal(r.deltaWrites.netlink, netlink, `${what}: one netlink batch`);
@@ -215,7 +230,9 @@ if (requirePrivileged(t)) {
         // In a container the commit's pid is not the one the agent knows itself by: its socket's port alone must do.
         t.ok(r.commits.every((c) => c.oursByPort), `${what}: known by the batch socket's port alone`);
       } else {
-        t.equal(r.nft.length, 1, `${what}: a delta the writer does not encode goes to nft once`);
+        t.equal(r.nft.length, 1, `${what}: a table appearing or going goes to nft once`);
+        unencoded++;
+        t.equal(r.deltaWrites.unencoded, unencoded, `${what}: counted as a delta the writer does not encode`);
         t.notMatch(r.nft[0], /\ntable ip lb_agent \{\n|delete table ip lb_agent/, `${what}: and it is not the table`);
       }
       t.equal(await tables(lab, ns), await wholeIn(lab, ref, state, placement), `${what}: the kernel holds what a write whole gives`);
@@ -230,7 +247,7 @@ if (requirePrivileged(t)) {
     t.match(refused.error, /refused the nftables batch at delete element ip services \{ 10\.98\.0\.5 \. tcp \. 80, 10\.98\.0\.5 \. udp \. 53 \}: errno 2 \(ENOENT\); nothing of it applied/, 'refused, naming the step');
     t.equal(await tables(lab, ns), before, 'nothing of it applied: the chains it flushed before the refused step are as they were');
     const r = await ask<Applied>({ cmd: 'apply', state: down });
-    t.equal(r.deltaWrites.netlinkFailed, 1, 'the data path\'s batch refused too, and counted');
+    t.equal(r.deltaWrites.netlinkFailed, tooLarge + 1, 'the data path\'s batch refused too, and counted');
     t.equal(r.nft.length, 2, 'then nft: the same delta (refused as well), then the tables whole');
     t.match(r.nft[1], /\ntable ip lb_agent \{\n/);
     t.equal(await tables(lab, ns), await wholeIn(lab, ref, down, placement), 'the kernel holds the new state whole');

@@ -20,7 +20,12 @@
 //   id); `counter name "X" meta l4proto P dnat to A:port`;
 // - elements of the dispatch maps (`ipvX_addr . inet_proto . inet_service
 //   : verdict`): a concatenated key is each field padded to 4 bytes,
-//   addresses and ports in network byte order.
+//   addresses and ports in network byte order;
+// - named counters added and deleted (NFT_MSG_NEWOBJ, NFT_MSG_DELOBJ of
+//   NFT_OBJECT_COUNTER), and elements of the byte-counter maps
+//   (`ipvX_addr . ipvX_addr . inet_proto . inet_service : counter`), whose
+//   value is the counter's name (NFTA_SET_ELEM_OBJREF);
+// - addresses added to and deleted from a set of addresses (`vips`).
 import * as net from 'node:net';
 import * as os from 'node:os';
 import { RawNetlinkSocket } from './netlink-socket';
@@ -37,6 +42,8 @@ const NFT_MSG_DELRULE = 8;
 const NFT_MSG_NEWSET = 9;
 const NFT_MSG_NEWSETELEM = 12;
 const NFT_MSG_DELSETELEM = 14;
+const NFT_MSG_NEWOBJ = 18;
+const NFT_MSG_DELOBJ = 20;
 const NLM_F_REQUEST = 0x1;
 const NLM_F_ACK = 0x4;
 const NLM_F_APPEND = 0x800;
@@ -66,6 +73,12 @@ const NFTA_SET_ELEM_LIST_SET_ID = 4;
 const NFTA_LIST_ELEM = 1;
 const NFTA_SET_ELEM_KEY = 1;
 const NFTA_SET_ELEM_DATA = 2;
+const NFTA_SET_ELEM_OBJREF = 9;
+const NFTA_OBJ_NAME = 2;
+const NFTA_OBJ_TYPE = 3;
+const NFTA_OBJ_DATA = 4;
+const NFTA_COUNTER_BYTES = 1;
+const NFTA_COUNTER_PACKETS = 2;
 const NFTA_DATA_VALUE = 1;
 const NFTA_DATA_VERDICT = 2;
 const NFTA_VERDICT_CODE = 1;
@@ -111,6 +124,16 @@ export interface NftDispatchElement {
   readonly verdict?: NftVerdict;
 }
 
+/** An element of a byte-counter map (`ipvX_addr . ipvX_addr . inet_proto . inet_service : counter`); no counter when deleted. */
+export interface NftCounterElement {
+  readonly vip: string;
+  readonly backend: string;
+  readonly proto: NftProto;
+  readonly port: number;
+  /** The named counter the element refers to. */
+  readonly counter?: string;
+}
+
 /** A rule of the forms the incremental path writes. */
 export type NftRuleSpec =
   /** `goto C` */
@@ -126,7 +149,12 @@ export type NftRuleSpec =
 export type NftOp =
   | { readonly op: 'add-chain' | 'flush-chain' | 'delete-chain'; readonly family: NftFamily; readonly chain: string }
   | { readonly op: 'add-rule'; readonly family: NftFamily; readonly chain: string; readonly rule: NftRuleSpec }
-  | { readonly op: 'add-elements' | 'delete-elements'; readonly family: NftFamily; readonly set: string; readonly elements: readonly NftDispatchElement[]; readonly setId?: number };
+  | { readonly op: 'add-elements' | 'delete-elements'; readonly family: NftFamily; readonly set: string; readonly elements: readonly NftDispatchElement[]; readonly setId?: number }
+  /** A named counter added (at zero) or deleted. */
+  | { readonly op: 'add-counter' | 'delete-counter'; readonly family: NftFamily; readonly name: string }
+  | { readonly op: 'add-counter-elements' | 'delete-counter-elements'; readonly family: NftFamily; readonly set: string; readonly elements: readonly NftCounterElement[]; readonly setId?: number }
+  /** Addresses (of the table's family) added to or deleted from a set of addresses. */
+  | { readonly op: 'add-addresses' | 'delete-addresses'; readonly family: NftFamily; readonly set: string; readonly addresses: readonly string[]; readonly setId?: number };
 
 const HOST_LE = os.endianness() === 'LE';
 
@@ -195,6 +223,18 @@ function dispatchKey(family: NftFamily, e: NftDispatchElement): Buffer {
   return Buffer.concat([addressBytes(family, e.vip), proto, port]);
 }
 
+/** A byte-counter map's key: VIP, backend, protocol, port, each padded to 4 bytes. */
+function counterKey(family: NftFamily, e: NftCounterElement): Buffer {
+  const proto = Buffer.alloc(4);
+  proto[0] = IPPROTO[e.proto];
+  const port = Buffer.alloc(4);
+  port16(e.port).copy(port, 0);
+  return Buffer.concat([addressBytes(family, e.vip), addressBytes(family, e.backend), proto, port]);
+}
+
+/** A u64 attribute of zero: a counter's start (nft writes both, libnftnl's NFTNL_OBJ_CTR_*). */
+const ZERO64 = Buffer.alloc(8);
+
 function verdictData(v: NftVerdict): Buffer {
   return nest(NFTA_DATA_VERDICT, u32(NFTA_VERDICT_CODE, VERDICT_CODE[v.kind]), ...(v.kind === 'drop' ? [] : [str(NFTA_VERDICT_CHAIN, v.chain)]));
 }
@@ -223,6 +263,16 @@ function flowHash(family: NftFamily, seed: number, modulus: number): Buffer[] {
 
 /** The name nft gives an anonymous map it creates; the kernel numbers it. */
 const ANON_MAP = '__map%d';
+
+/**
+ * The largest batch the writer sends: a netlink datagram must fit the
+ * socket's send buffer (net.core.wmem_default, 208 KiB; nft raises its own
+ * with SO_SNDBUFFORCE). A larger one, a rewrite of many flow-hash slot
+ * maps, is refused before it is sent (NftBatchError, EMSGSIZE) and goes
+ * to nft.
+ */
+export const MAX_BATCH_BYTES = 200 * 1024;
+const EMSGSIZE = 90;
 
 /** What encodeBatch is told besides the ops. */
 export interface BatchOptions {
@@ -273,6 +323,32 @@ export function encodeBatch(table: string, ops: readonly NftOp[], opts: BatchOpt
             ...(op.op === 'add-elements' ? [nest(NFTA_SET_ELEM_DATA, verdictData(e.verdict!))] : []));
         });
         add(op.op === 'add-elements' ? NFT_MSG_NEWSETELEM : NFT_MSG_DELSETELEM, op.op === 'add-elements' ? NLM_F_CREATE : 0, op.family,
+          str(NFTA_SET_ELEM_LIST_SET, op.set), ...(op.setId === undefined ? [] : [u32(NFTA_SET_ELEM_LIST_SET_ID, op.setId)]), nest(NFTA_SET_ELEM_LIST_ELEMENTS, ...elems));
+        break;
+      }
+      // libnftnl: type and, for an addition, the counter's start; a deletion carries an empty data nest.
+      case 'add-counter':
+        add(NFT_MSG_NEWOBJ, NLM_F_CREATE, op.family, str(NFTA_OBJ_NAME, op.name), u32(NFTA_OBJ_TYPE, NFT_OBJECT_COUNTER),
+          nest(NFTA_OBJ_DATA, attr(NFTA_COUNTER_BYTES, ZERO64), attr(NFTA_COUNTER_PACKETS, ZERO64)));
+        break;
+      case 'delete-counter':
+        add(NFT_MSG_DELOBJ, 0, op.family, str(NFTA_OBJ_NAME, op.name), u32(NFTA_OBJ_TYPE, NFT_OBJECT_COUNTER), nest(NFTA_OBJ_DATA));
+        break;
+      case 'add-counter-elements':
+      case 'delete-counter-elements': {
+        const adding = op.op === 'add-counter-elements';
+        const elems = op.elements.map((e, i) => {
+          if (adding && (e.counter === undefined || e.counter === '')) throw new Error(`element ${e.vip} . ${e.backend} . ${e.proto} . ${e.port} of map ${op.set} names no counter`);
+          return nest(i + 1, nest(NFTA_SET_ELEM_KEY, attr(NFTA_DATA_VALUE, counterKey(op.family, e))), ...(adding ? [str(NFTA_SET_ELEM_OBJREF, e.counter!)] : []));
+        });
+        add(adding ? NFT_MSG_NEWSETELEM : NFT_MSG_DELSETELEM, adding ? NLM_F_CREATE : 0, op.family,
+          str(NFTA_SET_ELEM_LIST_SET, op.set), ...(op.setId === undefined ? [] : [u32(NFTA_SET_ELEM_LIST_SET_ID, op.setId)]), nest(NFTA_SET_ELEM_LIST_ELEMENTS, ...elems));
+        break;
+      }
+      case 'add-addresses':
+      case 'delete-addresses': {
+        const elems = op.addresses.map((a, i) => nest(i + 1, nest(NFTA_SET_ELEM_KEY, attr(NFTA_DATA_VALUE, addressBytes(op.family, a)))));
+        add(op.op === 'add-addresses' ? NFT_MSG_NEWSETELEM : NFT_MSG_DELSETELEM, op.op === 'add-addresses' ? NLM_F_CREATE : 0, op.family,
           str(NFTA_SET_ELEM_LIST_SET, op.set), ...(op.setId === undefined ? [] : [u32(NFTA_SET_ELEM_LIST_SET_ID, op.setId)]), nest(NFTA_SET_ELEM_LIST_ELEMENTS, ...elems));
         break;
       }
@@ -388,6 +464,10 @@ export class NftBatchWriter {
         batch = encodeBatch(table, ops, { seq: this.seq, ack: true });
       } catch (err) { reject(err); return; }
       this.seq = (this.seq + batch.seqs.length + 2) >>> 0;
+      if (batch.datagram.length > MAX_BATCH_BYTES) {
+        reject(new NftBatchError(`an nftables batch of ${ops.length} op(s), ${batch.datagram.length} bytes, is larger than one netlink datagram may be (${MAX_BATCH_BYTES}); nothing of it sent`, EMSGSIZE, undefined));
+        return;
+      }
       const want = new Set(batch.seqs);
       const opOf = new Map<number, NftOp>();
       // The messages of an op: a numgen rule is three (its map, its elements, the rule); the others one.
@@ -444,9 +524,17 @@ export function describeOp(op: NftOp): string {
     case 'flush-chain': return `flush chain ${op.family} ${op.chain}`;
     case 'delete-chain': return `delete chain ${op.family} ${op.chain}`;
     case 'add-rule': return `add rule ${op.family} ${op.chain} (${op.rule.kind})`;
+    case 'add-counter': return `add counter ${op.family} ${op.name}`;
+    case 'delete-counter': return `delete counter ${op.family} ${op.name}`;
+    case 'add-addresses':
+    case 'delete-addresses':
+      return `${op.op === 'add-addresses' ? 'add' : 'delete'} element ${op.family} ${op.set} { ${op.addresses.join(', ')} }`;
+    case 'add-counter-elements':
+    case 'delete-counter-elements':
+      return `${op.op === 'add-counter-elements' ? 'add' : 'delete'} element ${op.family} ${op.set} { ${op.elements.map((e) => `${e.vip} . ${e.backend} . ${e.proto} . ${e.port}`).join(', ')} }`;
     default: return `${op.op === 'add-elements' ? 'add' : 'delete'} element ${op.family} ${op.set} { ${op.elements.map((e) => `${e.vip} . ${e.proto} . ${e.port}`).join(', ')} }`;
   }
 }
 
-const ERRNO_NAMES: Readonly<Record<number, string>> = { 1: 'EPERM', 2: 'ENOENT', 16: 'EBUSY', 17: 'EEXIST', 22: 'EINVAL', 95: 'EOPNOTSUPP' };
+const ERRNO_NAMES: Readonly<Record<number, string>> = { 1: 'EPERM', 2: 'ENOENT', 16: 'EBUSY', 17: 'EEXIST', 22: 'EINVAL', 90: 'EMSGSIZE', 95: 'EOPNOTSUPP' };
 const errnoName = (n: number): string => ERRNO_NAMES[n] ?? `errno ${n}`;

@@ -4,7 +4,9 @@
 // nft -f golden/nft-batch-*.nft`: chains added, flushed and deleted,
 // `numgen ... vmap` and `jhash ... vmap` rules with their anonymous maps, a counted DNAT rule
 // (IPv4 and IPv6), a `goto` rule, dispatch elements added (jump, goto,
-// drop) and deleted. nft numbers from 0 without acknowledgements and gives
+// drop) and deleted, named counters added, redefined and deleted, and
+// byte-counter map elements and addresses of a set added and deleted. nft
+// numbers from 0 without acknowledgements and gives
 // named sets its cache's ids; the codec is told the same.
 import * as fs from 'node:fs';
 import * as path from 'node:path';
@@ -50,6 +52,47 @@ t.test('flow-hash rules (IPv4 and IPv6) are the datagram nft sent, byte for byte
   const b = encodeBatch('lb_agent', ops, { seq: 0, ack: false });
   t.ok(b.datagram.equals(golden('nft-batch-jhash.hex')), 'bytes');
   t.equal(b.seqs.length, 6, 'each rule is three messages: its map, the map\'s elements, the rule');
+});
+
+t.test('named counters added, redefined and deleted, and byte-counter map elements (IPv4 and IPv6), are the datagram nft sent, byte for byte', async (t) => {
+  // golden/nft-batch-objects.nft applied over golden/nft-batch-objects-base.nft.
+  const ops: NftOp[] = [
+    { op: 'add-counter', family: 'ip', name: 's0p0b10_0_0_12_to_backend' },
+    { op: 'delete-counter-elements', family: 'ip', set: 'to_backend', elements: [{ vip: '10.0.0.100', backend: '10.0.0.11', proto: 'tcp', port: 8080 }] },
+    { op: 'delete-counter', family: 'ip', name: 'old_c' },
+    { op: 'add-counter', family: 'ip', name: 'old_c' },
+    {
+      op: 'add-counter-elements', family: 'ip', set: 'to_backend', setId: 1, elements: [
+        { vip: '10.0.0.100', backend: '10.0.0.12', proto: 'tcp', port: 8080, counter: 's0p0b10_0_0_12_to_backend' },
+        { vip: '10.0.0.101', backend: '10.0.0.11', proto: 'udp', port: 5353, counter: 'old_c' },
+      ],
+    },
+    { op: 'delete-counter', family: 'ip', name: 's0p0b10_0_0_11_to_backend' },
+    { op: 'add-counter', family: 'ip6', name: 'v6c_new' },
+    { op: 'add-counter-elements', family: 'ip6', set: 'to_client', setId: 2, elements: [{ vip: '2001:db8::100', backend: '2001:db8::11', proto: 'tcp', port: 8080, counter: 'v6c_new' }] },
+    { op: 'delete-counter', family: 'ip6', name: 'v6c_old' },
+  ];
+  const b = encodeBatch('lb_agent', ops, { seq: 0, ack: false });
+  const want = golden('nft-batch-objects.hex');
+  t.equal(b.datagram.length, want.length, 'length');
+  t.ok(b.datagram.equals(want), 'bytes');
+  t.equal(b.seqs.length, ops.length, 'one message per step');
+  t.throws(() => encodeBatch('lb_agent', [{ op: 'add-counter-elements', family: 'ip', set: 'to_backend', elements: [{ vip: '10.0.0.1', backend: '10.0.0.2', proto: 'tcp', port: 80 }] }], { seq: 0, ack: false }),
+    /element 10\.0\.0\.1 \. 10\.0\.0\.2 \. tcp \. 80 of map to_backend names no counter/);
+  t.throws(() => encodeBatch('lb_agent', [{ op: 'delete-counter-elements', family: 'ip6', set: 'to_client', elements: [{ vip: '2001:db8::1', backend: '10.0.0.2', proto: 'tcp', port: 80 }] }], { seq: 0, ack: false }),
+    /not an IPv6 address for table ip6: "10\.0\.0\.2"/);
+});
+
+t.test('addresses added to and deleted from a set of addresses (IPv4 and IPv6) are the datagram nft sent, byte for byte', async (t) => {
+  // golden/nft-batch-vips.nft applied over golden/nft-batch-vips-base.nft.
+  const ops: NftOp[] = [
+    { op: 'delete-addresses', family: 'ip', set: 'vips', addresses: ['10.0.0.100'] },
+    { op: 'add-addresses', family: 'ip', set: 'vips', setId: 1, addresses: ['10.0.0.101', '10.0.0.102'] },
+    { op: 'add-addresses', family: 'ip6', set: 'vips', setId: 2, addresses: ['2001:db8::100'] },
+  ];
+  const b = encodeBatch('lb_agent', ops, { seq: 0, ack: false });
+  t.ok(b.datagram.equals(golden('nft-batch-vips.hex')), 'bytes');
+  t.throws(() => encodeBatch('lb_agent', [{ op: 'add-addresses', family: 'ip', set: 'vips', addresses: ['fd00::1'] }], { seq: 0, ack: false }), /not an IPv4 address for table ip: "fd00::1"/);
 });
 
 t.test('with acknowledgements every message between begin and end asks one, and none else', async (t) => {
