@@ -138,6 +138,10 @@ import { hasOwnedName } from '../net/ownership/ownership';
 const ebpfAttach = (): typeof import('../net/ebpf/ebpf-attach') => require('../net/ebpf/ebpf-attach') as typeof import('../net/ebpf/ebpf-attach');
 const nftCountersModule = (): typeof import('../net/netlink/nft-counters') => require('../net/netlink/nft-counters') as typeof import('../net/netlink/nft-counters');
 const nftBatchModule = (): typeof import('../net/netlink/nft-batch') => require('../net/netlink/nft-batch') as typeof import('../net/netlink/nft-batch');
+
+/** The most service keys an apply's log names (a reload may change every service). */
+const CHANGED_LOGGED = 20;
+
 // Loaded at the first change of a UDP port's healthy set: what a config does not use is not loaded.
 const conntrackModule = (): typeof import('../net/conntrack/conntrack') => require('../net/conntrack/conntrack') as typeof import('../net/conntrack/conntrack');
 import { realClock, type Clock } from '../clock';
@@ -1711,7 +1715,12 @@ export class NftDataplane implements Dataplane {
     this.state = state;
     if (delta.dsrRewritten) this.syncBpf(next.plan);
     await this.endStaleUdpFlows(sweep);
-    this.log.debug({ op: 'apply', services: delta.changed.size, objects: delta.objects, bytes: delta.script.length }, 'nftables tables updated by changed objects');
+    // Logged once the transaction is committed and the BPF program holds it
+    // too: what a reader waits for to know a change is in the data path.
+    const changed = [...delta.changed];
+    this.log.debug({
+      op: 'apply', services: changed.length, changed: changed.slice(0, CHANGED_LOGGED), objects: delta.objects, bytes: delta.script.length,
+    }, 'nftables tables updated by changed objects');
     return 'written';
   }
 

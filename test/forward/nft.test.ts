@@ -730,6 +730,43 @@ t.test('direct server return: the BPF program in front of the table, counted wit
   await dp3.stop({ keep: true });
 });
 
+t.test('a health transition of a DSR service: the apply\'s commit log comes after the write and the program\'s swap, and names the services it changed', async (t) => {
+  const proc = fakeProc(t);
+  const svc = (key: string, vip: string, healthy: BackendSpec[]): ForwardState['services'][number] => ({
+    key, vip, ports: [{ name: '', port: 80, protocol: 'TCP', targetPort: 80 }], healthy, backends: [b('10.99.0.11'), b('10.99.0.12')],
+    sourceIP: 'preserve', vipMac: '02:00:00:00:00:50',
+  });
+  const state = (healthy: BackendSpec[]): ForwardState => ({ services: [svc('default/web', '10.99.0.50', healthy), svc('default/other', '10.99.0.51', [b('10.99.0.11')])] });
+  const order: string[] = [];
+  const exec: Exec = async (file, args) => {
+    if (file === 'nft' && args[0] === '-f') order.push('nft -f');
+    if (file === 'nft' && args[0] === '-j' && !args.includes('counters')) throw Object.assign(new Error('absent'), { code: 1, stderr: 'Error: No such file or directory' });
+    return { stdout: JSON.stringify({ nftables: [] }), stderr: '' };
+  };
+  let active = false;
+  const fake = {
+    apply: (ports: readonly { slots: readonly number[] }[]) => { order.push(`program swapped (${ports.length} ports)`); active = true; return { replaced: 'own', unreadable: 0 }; },
+    detach: () => { active = false; }, release: () => { active = false; }, get active() { return active; }, counters: () => new Map(),
+  };
+  const logged: Record<string, unknown>[] = [];
+  const log = createLogger('debug', { write: (line: string) => { const l = JSON.parse(line) as Record<string, unknown>; logged.push(l); if (l['op'] === 'apply') order.push(`log: ${String(l['msg'])}`); } });
+  // The daemon's writer: the netdev table has no typed form, so the delta goes to nft.
+  const writer: BatchWriter = { port: 1, write: async () => { order.push('netlink write'); }, close: () => undefined };
+  const dp = new NftDataplane({ exec, procRoot: proc, clock: new ManualClock(0), dsrDevice: 'eth0', log, dsrBpf: () => fake as unknown as DsrBpf, batchWriter: () => writer });
+  await dp.apply(state([b('10.99.0.11'), b('10.99.0.12')]));
+  order.length = 0;
+  await dp.apply(state([b('10.99.0.11')]));
+  t.same(order, [
+    'log: the delta holds a step the netlink writer does not encode; writing it with nft',
+    'nft -f',
+    'program swapped (2 ports)',
+    'log: nftables tables updated by changed objects',
+  ], 'a note before the write, the commit\'s line after the table and the program hold the change');
+  const done = logged.find((l) => l['msg'] === 'nftables tables updated by changed objects')!;
+  t.same([done['services'], done['changed']], [1, ['default/web']], 'the commit\'s line names the service that changed, and only it');
+  await dp.stop({ keep: true });
+});
+
 t.test('no DSR: the driver loads at start only when an earlier process left our netdev table; bpf(2) refused there is no problem', async (t) => {
   const proc = fakeProc(t);
   const web: ForwardState = { services: [{ key: 'default/web', vip: '10.99.0.50', ports: [http], healthy: [b('10.99.0.11')], backends: [b('10.99.0.11')] }] };

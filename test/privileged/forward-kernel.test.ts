@@ -21,7 +21,8 @@ if (requirePrivileged(t)) {
   });
 
   t.test('kernel data path', async (t) => {
-    const { fl, driver, client } = await commonScenarios(t, 'kernel');
+    // The driver logs at debug level: a failed scenario shows how each apply was written.
+    const { fl, driver, client } = await commonScenarios(t, 'kernel', ['--log-level', 'debug']);
     const nft = (args: string[]) => fl.lab.exec(fl.node, 'nft', args, { allowFail: true });
     const http = { host: VIP, port: HTTP_PORT };
 
