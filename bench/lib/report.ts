@@ -646,6 +646,9 @@ export function renderResults(r: BenchResults): string {
   if (r.scale) {
     parts.push('## Scale: 10 to 1,000 services');
     parts.push(SCALE_TEXT);
+    // Older results carry no engine: the config's default of their day.
+    const engine = (r.scale.config as { engine?: string }).engine;
+    if (engine !== undefined && engine !== 'the default') parts.push(`Engine: \`kernel.engine: ${engine}\` (--scale-engine).`);
     if (sct) parts.push(sct);
     if (r.scale.errors.length) parts.push(`Not measured: ${r.scale.errors.join('; ')}.`);
   }
