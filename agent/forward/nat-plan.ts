@@ -200,8 +200,12 @@ export function natCapacity(plan: NatPlan): NatCapacity {
 export type NatOp =
   | { readonly map: 'lbn_members'; readonly op: 'put'; readonly key: Buffer; readonly value: Buffer }
   | { readonly map: 'lbn_members'; readonly op: 'delete'; readonly key: Buffer }
-  /** Slots base .. base + entries/size - 1, from `entries` (one lbn_slot after another). */
-  | { readonly map: 'lbn_slots'; readonly op: 'put'; readonly base: number; readonly entries: Buffer }
+  /**
+   * Slots base .. base + table.length - 1: slot s is lbn_slot number
+   * table[s] of `values` (one encoded lbn_slot per backend of the port: a
+   * table is held once, as the plan has it, never as a buffer of slots).
+   */
+  | { readonly map: 'lbn_slots'; readonly op: 'put'; readonly base: number; readonly table: Uint32Array; readonly values: Buffer }
   | { readonly map: 'lbn_svcs'; readonly op: 'put'; readonly key: Buffer; readonly value: Buffer }
   | { readonly map: 'lbn_svcs'; readonly op: 'delete'; readonly key: Buffer }
   /** A counter whose (port, backend) is gone: its totals are kept (as `ref`'s), then it is zeroed for its next user. */
@@ -209,7 +213,7 @@ export type NatOp =
 
 /** The map entries an op writes (a slot range: one per slot). */
 export function natOpWrites(op: NatOp): number {
-  return op.map === 'lbn_slots' ? op.entries.length / 8 : 1;
+  return op.map === 'lbn_slots' ? op.table.length : 1;
 }
 
 export interface NatDelta {
@@ -339,10 +343,10 @@ export function natDelta(maps: NatMaps, plan: NatPlan, layout: CLayout): NatDelt
       freeSlots = got.free;
       base = got.base;
       if (p.table.length > 0) {
-        const entries = Buffer.alloc(8 * p.table.length);
-        const bySlot = p.backends.map((b, i) => layout.encode('lbn_slot', { backend: addr(b), counter: counters[i]! }));
-        for (let s = 0; s < p.table.length; s++) bySlot[p.table[s]!]!.copy(entries, s * 8);
-        slotOps.push({ map: 'lbn_slots', op: 'put', base, entries });
+        const size = layout.size('lbn_slot');
+        const values = Buffer.alloc(size * p.backends.length);
+        p.backends.forEach((b, i) => layout.encode('lbn_slot', { backend: addr(b), counter: counters[i]! }, values, i * size));
+        slotOps.push({ map: 'lbn_slots', op: 'put', base, table: p.table, values });
       }
       if (old !== undefined) released.push([old.base, old.plan.table.length]);
     }

@@ -40,8 +40,9 @@ class Model {
       // The ports this write can change for the program: checked after it.
       let touched: string[] = [];
       if (op.map === 'lbn_slots') {
-        const n = op.entries.length / 8;
-        for (let i = 0; i < n; i++) this.slots.set(op.base + i, op.entries.subarray(i * 8, i * 8 + 8));
+        const n = op.table.length;
+        const size = l.size('lbn_slot');
+        for (let i = 0; i < n; i++) this.slots.set(op.base + i, op.values.subarray(op.table[i]! * size, (op.table[i]! + 1) * size));
         touched = [...this.svcs].filter(([, v]) => {
           const svc = l.decode('lbn_svc', v);
           return (svc['base'] as number) < op.base + n && op.base < (svc['base'] as number) + (svc['slots'] as number);

@@ -268,16 +268,18 @@ export class NatEngine {
   private write(l: Loaded, ops: readonly NatOp[]): number {
     const fd = (name: string): number => l.maps[name]!;
     const slotKey = Buffer.alloc(4);
-    const slotValue = Buffer.alloc(8);
+    const slotSize = this.layout.size('lbn_slot');
+    const slotValue = Buffer.alloc(slotSize);
     const zero = Buffer.alloc(this.layout.size('lbn_counter') * this.cpus);
     let writes = 0;
     for (const op of ops) {
       writes += natOpWrites(op);
       switch (op.map) {
         case 'lbn_slots':
-          for (let i = 0; i < op.entries.length / 8; i++) {
+          for (let i = 0; i < op.table.length; i++) {
             slotKey.writeUInt32LE(op.base + i);
-            op.entries.copy(slotValue, 0, i * 8, i * 8 + 8);
+            const at = op.table[i]! * slotSize;
+            op.values.copy(slotValue, 0, at, at + slotSize);
             this.bpf.bpfMapUpdate(fd('lbn_slots'), slotKey, slotValue, 0);
           }
           break;
