@@ -10,7 +10,7 @@
 //   npm run bench -- [--only forward,families,dhcp,health,https,control,restart,drift,scale,nat,preflight,failover,failover6,tracking]
 //                    [--rounds N] [--quick] [--out DIR] [--docs] [--dhcp-many-ping]
 //                    [--dhcp-clients udhcpc,dhclient,lbagent,lbagent-like]
-//                    [--forward-targets direct,dsr,direct3,dsr3,...] [--scale-sizes 10,100,500,1000]
+//                    [--forward-targets direct,dsr,direct3,dsr3,...] [--scale-sizes 10,100,500,1000] [--scale-engine auto]
 //                    [--nat-flows 100000] [--nat-udp-flows 20000]
 //
 // --dhcp-clients: only these DHCP clients (e.g. `lbagent-like,udhcpc` to
@@ -19,7 +19,8 @@
 // issue 17's like-for-like ratio); a row's paired reference (direct, or
 // direct3) must be listed too for its "x direct".
 // --scale-sizes: the service counts of the scale area (e.g. `10,100` for a
-// short run).
+// short run). --scale-engine: the kernel path's engine the scale area's
+// agent runs with (`kernel.engine`: auto, nft or ebpf; unset, the default).
 // --nat-flows: the connections the nat area holds open through the eBPF
 // engine (0 skips that part); --nat-udp-flows: the UDP flows it holds
 // beside them (0: none).
@@ -39,7 +40,7 @@ import { benchHttps } from './https';
 import { benchControl } from './control';
 import { benchRestart } from './restart';
 import { benchDrift } from './drift';
-import { benchScale, SCALE_SIZES } from './scale';
+import { benchScale, SCALE_SIZES, type ScaleEngine } from './scale';
 import { benchNat } from './nat';
 import { benchProbeRate, benchPreflight, benchFailover } from './wrapped';
 import { benchFailover6 } from './failover6';
@@ -76,16 +77,16 @@ const TOOLS: Record<Area, string[]> = {
   tracking: ['keepalived', 'ip', 'bash', 'timeout'],
 };
 
-interface Args { only: Area[]; rounds: number; quick: boolean; out: string; docs: boolean; dhcpManyPing: boolean; dhcpClients: DhcpClient[]; forwardTargets: ForwardTarget[]; scaleSizes: number[]; natFlows: number; natUdpFlows: number }
+interface Args { only: Area[]; rounds: number; quick: boolean; out: string; docs: boolean; dhcpManyPing: boolean; dhcpClients: DhcpClient[]; forwardTargets: ForwardTarget[]; scaleSizes: number[]; scaleEngine: ScaleEngine | undefined; natFlows: number; natUdpFlows: number }
 
 const REPO = path.resolve(__dirname, '..', '..');
 
 function usage(): string {
-  return `usage: npm run bench -- [--only ${AREAS.join(',')}] [--rounds N] [--quick] [--out DIR] [--docs] [--dhcp-many-ping] [--dhcp-clients ${DHCP_CLIENTS.join(',')}] [--forward-targets ${FORWARD_TARGETS.join(',')}] [--scale-sizes ${SCALE_SIZES.join(',')}] [--nat-flows N] [--nat-udp-flows N]\n`;
+  return `usage: npm run bench -- [--only ${AREAS.join(',')}] [--rounds N] [--quick] [--out DIR] [--docs] [--dhcp-many-ping] [--dhcp-clients ${DHCP_CLIENTS.join(',')}] [--forward-targets ${FORWARD_TARGETS.join(',')}] [--scale-sizes ${SCALE_SIZES.join(',')}] [--scale-engine auto|nft|ebpf] [--nat-flows N] [--nat-udp-flows N]\n`;
 }
 
 function parseArgs(argv: string[]): Args {
-  const a: Args = { only: [], rounds: 0, quick: false, out: path.join(REPO, 'bench', 'results'), docs: false, dhcpManyPing: false, dhcpClients: [...DHCP_CLIENTS], forwardTargets: [...DEFAULT_FORWARD_TARGETS], scaleSizes: [...SCALE_SIZES], natFlows: 100_000, natUdpFlows: 20_000 };
+  const a: Args = { only: [], rounds: 0, quick: false, out: path.join(REPO, 'bench', 'results'), docs: false, dhcpManyPing: false, dhcpClients: [...DHCP_CLIENTS], forwardTargets: [...DEFAULT_FORWARD_TARGETS], scaleSizes: [...SCALE_SIZES], scaleEngine: undefined, natFlows: 100_000, natUdpFlows: 20_000 };
   for (let i = 0; i < argv.length; i++) {
     const v = argv[i + 1];
     switch (argv[i]) {
@@ -120,6 +121,10 @@ function parseArgs(argv: string[]): Args {
         const sizes = String(v ?? '').split(',').filter(Boolean).map(Number);
         if (sizes.length === 0 || sizes.some((n) => !Number.isInteger(n) || n < 1 || n > 2000)) throw new Error('--scale-sizes: service counts from 1 to 2000, comma-separated');
         a.scaleSizes = sizes; i++; break;
+      }
+      case '--scale-engine': {
+        if (v !== 'auto' && v !== 'nft' && v !== 'ebpf') throw new Error(`--scale-engine: auto, nft or ebpf, not ${v ?? '(none)'}`);
+        a.scaleEngine = v; i++; break;
       }
       case '--nat-flows': {
         const n = Number(v);
@@ -164,7 +169,7 @@ async function main(): Promise<void> {
   sampler.unref();
   const results: BenchResults = {
     bench: 'lb-agent', version, date: startedAt.toISOString().slice(0, 10), startedAt: startedAt.toISOString(), finishedAt: '',
-    options: { rounds: args.rounds, quick: args.quick, only: args.only, ...(args.forwardTargets.join(',') !== DEFAULT_FORWARD_TARGETS.join(',') ? { forwardTargets: args.forwardTargets } : {}), ...(args.scaleSizes.join(',') !== SCALE_SIZES.join(',') ? { scaleSizes: args.scaleSizes } : {}), ...(areas.includes('nat') ? { natFlows: args.natFlows, natUdpFlows: args.natUdpFlows } : {}) },
+    options: { rounds: args.rounds, quick: args.quick, only: args.only, ...(args.forwardTargets.join(',') !== DEFAULT_FORWARD_TARGETS.join(',') ? { forwardTargets: args.forwardTargets } : {}), ...(args.scaleSizes.join(',') !== SCALE_SIZES.join(',') ? { scaleSizes: args.scaleSizes } : {}), ...(args.scaleEngine ? { scaleEngine: args.scaleEngine } : {}), ...(areas.includes('nat') ? { natFlows: args.natFlows, natUdpFlows: args.natUdpFlows } : {}) },
     machine: machineFacts(),
     load: { before: loadAverage(), after: [], samples, mean1m: NaN, max1m: NaN, otherCpuCores: NaN },
     areas: {}, targets: [],
@@ -260,7 +265,7 @@ async function main(): Promise<void> {
         break;
       case 'scale':
         await runArea(area, async () => {
-          results.scale = await benchScale({ sizes: args.scaleSizes, rounds: R, idleSeconds: q ? 5 : 20, log: log(area) });
+          results.scale = await benchScale({ sizes: args.scaleSizes, engine: args.scaleEngine, rounds: R, idleSeconds: q ? 5 : 20, log: log(area) });
           if (results.scale.summary.length === 0) throw new Error(results.scale.errors.join('; ') || 'no size measured');
         });
         break;

@@ -68,10 +68,11 @@ export function backendsOf(i: number): string[] {
  * LONE_PORT; `changed`: service s1's last backend swapped for the one it
  * does not use, the reload's one change.
  */
-export function scaleConfig(n: number, changed = false): Record<string, unknown> {
+export function scaleConfig(n: number, changed = false, engine?: ScaleEngine): Record<string, unknown> {
   return {
     node: { name: 'bench', interface: 'eth0' },
     dataplane: 'kernel',
+    ...(engine !== undefined ? { kernel: { engine } } : {}),
     metrics: { listen: METRICS_LISTEN },
     pools: { 'range-global': '10.96.4.0-10.96.11.255' },
     arp: FAST_ARP,
@@ -206,15 +207,19 @@ export function summarizeScale(runs: readonly ScaleRun[]): ScaleSummaryRow[] {
   }));
 }
 
+/** The kernel path's engine the agent runs with (config `kernel.engine`); unset: the config's default. */
+export type ScaleEngine = 'auto' | 'nft' | 'ebpf';
+
 export interface ScaleOptions {
   sizes: readonly number[];
+  engine?: ScaleEngine | undefined;
   rounds: number;
   idleSeconds: number;
   log: (msg: string) => void;
 }
 
 export interface ScaleResult {
-  config: { sizes: number[]; rounds: number; idleSeconds: number; healthCheck: string; nodeOptions: string; scrapeSpacingMs: number; burst: string };
+  config: { sizes: number[]; engine: string; rounds: number; idleSeconds: number; healthCheck: string; nodeOptions: string; scrapeSpacingMs: number; burst: string };
   summary: ScaleSummaryRow[];
   raw: ScaleRun[];
   errors: string[];
@@ -314,7 +319,7 @@ async function measureSize(n: number, o: ScaleOptions): Promise<ScaleRun> {
     // exits (node --cpu-prof, which NODE_OPTIONS may not carry).
     const prof = process.env['LB_BENCH_CPU_PROF'];
     const profiled = prof ? { command: ['sh', '-c', `exec "$0" --cpu-prof --cpu-prof-dir=${prof} "$@"`] } : {};
-    agent = await runAgent(lab, node, scaleConfig(n), { name: `scale-${n}`, ...profiled });
+    agent = await runAgent(lab, node, scaleConfig(n, false, o.engine), { name: `scale-${n}`, ...profiled });
     const a = agent;
     const pid = a.proc.pid;
     await waitStatus(a, `${n} services ready with every backend up`, (s) => s.services.length === n && s.services.every((x) => x.ready && x.healthyBackends === x.backends.length), 300_000);
@@ -342,7 +347,7 @@ async function measureSize(n: number, o: ScaleOptions): Promise<ScaleRun> {
     const reloadWallMs: number[] = [];
     for (let r = 0; r < o.rounds * 2; r++) {
       const before = (await a.status()).config.generation;
-      a.writeConfig(scaleConfig(n, r % 2 === 0));
+      a.writeConfig(scaleConfig(n, r % 2 === 0, o.engine));
       const logsBefore = a.logs.length;
       const s = cpuSampler(pid);
       const t = Date.now();
@@ -447,7 +452,7 @@ export async function benchScale(o: ScaleOptions): Promise<ScaleResult> {
   }
   return {
     config: {
-      sizes: [...o.sizes], rounds: o.rounds, idleSeconds: o.idleSeconds,
+      sizes: [...o.sizes], engine: o.engine ?? 'the default', rounds: o.rounds, idleSeconds: o.idleSeconds,
       healthCheck: 'defaults (TCP, period 5 s, timeout 3 s, failure threshold 3)',
       nodeOptions: unitEnvironment().NODE_OPTIONS ?? '',
       scrapeSpacingMs: SCRAPE_SPACING_MS,

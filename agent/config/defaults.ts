@@ -53,8 +53,8 @@ export const DEFAULT_DHCP_GUARD = { allowOtherSubnets: false, servers: [] as str
 
 export const DEFAULT_PROXY: ProxyConfig = { algorithm: 'round-robin', idleTimeout: 300, connectTimeout: 3 };
 
-// The nft table: at a thousand services every apply rewrites the eBPF engine's
-// maps whole (docs/datapaths.md); `auto` takes the engine where it loads;
+// The nft table (docs/design.md says what the eBPF engine's default waits for);
+// `auto` takes the engine where it loads;
 // 65,536 flows a direction; NAT ports above Linux's default ephemeral range (32768-60999).
 export const DEFAULT_KERNEL: KernelConfig = { engine: 'nft', flowEntries: 65536, natPorts: [61001, 65535] };
 

@@ -2,9 +2,11 @@
 // (`kernel.engine: ebpf`, or `auto` where the engine loads). A thin driver
 // around the nft data path (nft.ts), which it runs unchanged underneath: the
 // nft table is written first, exactly as without the engine, then the
-// engine's program (native/bpf/nat.c, driven by net/ebpf/nat-attach.ts) is
-// swapped in at tcx ingress of the parent with the plan of the same state
-// (nat-plan.ts). The engine forwards the `sourceIP: snat` flows of IPv4
+// engine (native/bpf/nat.c at tcx ingress of the parent, driven by
+// net/ebpf/nat-attach.ts) takes the plan of the same state (nat-plan.ts),
+// written into its maps in place (only the ports of services whose inputs
+// changed) where they have room for it, else with a program loaded for it
+// and swapped in. The engine forwards the `sourceIP: snat` flows of IPv4
 // VIPs without conntrack; whatever it passes on (IPv6, direct server return,
 // fragments, IP options, a packet too big for the way out, a port with no
 // healthy backend, traffic the node itself sends to a VIP) reaches the nft
@@ -19,6 +21,7 @@ import { Counter, Gauge } from 'prom-client';
 import { errorMessage } from '../errors';
 import { silentLogger, type Logger } from '../log';
 import { SerialQueue } from '../serial';
+import type { PortSpec } from '../config/types';
 import type { NatEngine, NatCounter, NatEvent } from '../net/ebpf/nat-attach';
 import { natCounterKey } from '../net/ebpf/nat-attach';
 import { natLayout } from '../net/ebpf/nat-layout';
@@ -65,10 +68,13 @@ export class EbpfNatDataplane implements Dataplane, TableOwner {
   apply(state: ForwardState): Promise<void> {
     return this.queue.run(async () => {
       await this.nft.apply(state);
-      const plan = natPlan(state, natLayout());
+      // Services whose inputs did not change keep their plan: the engine writes only the others' entries.
+      const plan = natPlan(state, natLayout(), this.plan);
       try {
-        this.engine.apply(plan);
+        const done = this.engine.apply(plan);
         this.plan = plan;
+        if (done.mode === 'load') this.log.info({ reason: done.reason, ports: done.ports, writes: done.writes }, 'the eBPF NAT engine loaded a program for the plan');
+        else this.log.debug({ ports: done.ports, writes: done.writes }, 'the eBPF NAT engine\'s maps written in place');
         if (this.state.engine !== 'ebpf') this.log.info({ device: this.engine.device }, 'the eBPF NAT engine forwards the snat ports');
         this.state = { engine: 'ebpf', reason: `tcx ingress of ${this.engine.device}` };
       } catch (err) {
@@ -136,7 +142,7 @@ export class EbpfNatDataplane implements Dataplane, TableOwner {
       const drift = this.engine.active ? this.engine.drift() : undefined;
       if (drift === undefined || this.plan === undefined) return `nothing to put back (${this.state.engine === 'ebpf' ? 'the engine is whole again' : 'the nft table forwards alone'})`;
       try {
-        this.engine.apply(this.plan);
+        this.engine.apply(this.plan, { reload: true });
         this.log.warn({ drift }, 'the eBPF NAT engine was undone by someone else; re-attached with its plan (flows without an entry are picked up mid-way)');
         return 'attached the eBPF NAT engine again with its maps and plan (the nft table not written)';
       } catch (err) {
@@ -163,10 +169,10 @@ export class EbpfNatDataplane implements Dataplane, TableOwner {
   private withEngineFlows(st: ForwardStats): ForwardStats {
     const counters = this.engineCounters();
     if (counters.size === 0) return st;
-    const ports = new Map<string, NatPlan['counters'][number]['port']>();
-    for (const c of this.plan?.counters ?? []) ports.set(`${c.service}\n${portLabel(c.port)}\n${c.backend}`, c.port);
+    const ports = new Map<string, PortSpec>();
+    for (const s of this.plan?.services ?? []) for (const p of s.ports) ports.set(`${s.key}\n${portLabel(p.port)}`, p.port);
     const flows: FlowStats[] = st.flows.map((f) => {
-      const port = ports.get(`${f.service}\n${f.port}\n${f.backend}`);
+      const port = ports.get(`${f.service}\n${f.port}`);
       const c = port ? counters.get(natCounterKey(f.service, `${port.protocol}/${port.port}`, f.backend)) : undefined;
       return c ? { ...f, connections: f.connections + c.flows, bytesToBackend: f.bytesToBackend + c.bytesToBackend, bytesToClient: f.bytesToClient + c.bytesToClient } : f;
     });
@@ -179,7 +185,7 @@ export class EbpfNatDataplane implements Dataplane, TableOwner {
     let engine: Record<string, unknown> = { ...this.state };
     if (this.plan) {
       try {
-        engine = { ...engine, services: this.plan.serviceKeys, events: this.engine.events(true), fill: this.engine.fill() };
+        engine = { ...engine, services: this.plan.services.map((s) => s.key), events: this.engine.events(true), fill: this.engine.fill(), lastApply: this.engine.lastApply };
       } catch (err) {
         engine = { ...engine, problem: errorMessage(err) };
       }
@@ -207,9 +213,13 @@ export class EbpfNatDataplane implements Dataplane, TableOwner {
         collect() {
           this.reset();
           const now = counters();
-          for (const ref of plan()?.counters ?? []) {
-            const c = now.get(natCounterKey(ref.service, `${ref.port.protocol}/${ref.port.port}`, ref.backend));
-            if (c && pick(c) > 0) this.inc({ ...serviceLabels(ref.service), port: portLabel(ref.port), backend: ref.backend }, pick(c));
+          for (const s of plan()?.services ?? []) {
+            for (const p of s.ports) {
+              for (const backend of p.backends) {
+                const c = now.get(natCounterKey(s.key, `${p.port.protocol}/${p.port.port}`, backend));
+                if (c && pick(c) > 0) this.inc({ ...serviceLabels(s.key), port: portLabel(p.port), backend }, pick(c));
+              }
+            }
           }
         },
       });

@@ -1,8 +1,8 @@
 // forward/ layer: what the eBPF full-NAT engine (native/bpf/nat.c) is to
-// hold for a forwarding state, PURE: the entries of its per-plan maps
-// (services, slots, members) and the counters' meaning. The driver
-// (net/ebpf/nat-attach.ts) writes them into the maps of a freshly loaded
-// program before it swaps that program in.
+// hold for a forwarding state, PURE: the plan of every port it forwards
+// (natPlan), and the map writes that take its maps from what they hold to a
+// new plan (natDelta), touching only the ports whose plan changed. The
+// driver (net/ebpf/nat-attach.ts) performs the writes in the order given.
 //
 // The engine takes the kernel path's `sourceIP: snat` ports of IPv4 VIPs;
 // the nft table behind it (nft.ts) keeps everything else (IPv6, direct
@@ -14,10 +14,20 @@
 // client's address and port), whatever the failover mode. So a flow lands
 // where the nft table with VRRP puts it, and a VRRP peer running either
 // engine picks it up mid-way on the same backend.
+//
+// Writes in place, as Cilium updates its service maps under a running
+// program: every write leaves the program a consistent view. A port's new
+// slot table goes into a range of lbn_slots no port uses, and its lbn_svcs
+// entry (one atomic hash update) then points at it; the old range is free
+// only after that. A backend's member entry is written before any slot
+// names it, and deleted only after no slot and no port does. A counter
+// index keeps its (port, backend) for as long as the pair exists, so an
+// unchanged port's counters are never moved or read again at an apply.
 import { ipv4ToBytes } from '../address';
 import type { PortSpec } from '../config/types';
 import type { CLayout } from '../net/ebpf/nat-layout';
 import { normalizeState, type ForwardState, type NormalizedService } from './dataplane';
+import { maglevSize } from './maglev';
 import { dsrSeedValue, flowHashSlots } from './nft-dsr';
 
 /** IPPROTO_TCP, IPPROTO_UDP. */
@@ -30,19 +40,33 @@ export interface NatCounterRef {
   readonly backend: string;
 }
 
-export interface NatEntry { readonly key: Buffer; readonly value: Buffer }
+/** One forwarded (VIP, port, protocol) of a plan. */
+export interface NatPortPlan {
+  /** The port's identity from plan to plan: service key, protocol/port. */
+  readonly id: string;
+  readonly service: string;
+  readonly port: PortSpec;
+  /** lbn_svc_key, encoded. */
+  readonly key: Buffer;
+  readonly seed: number;
+  /** Every configured backend (lbn_members), and whether it is healthy. */
+  readonly backends: readonly string[];
+  readonly healthy: readonly boolean[];
+  /** The slot table: an index into `backends` per slot (empty: no healthy backend). Shared by a service's ports. */
+  readonly table: Uint32Array;
+}
+
+/** A service's ports, kept as they are by the next plan while the service's inputs do not change. */
+export interface NatServicePlan {
+  readonly key: string;
+  readonly input: NormalizedService;
+  readonly ports: readonly NatPortPlan[];
+}
 
 export interface NatPlan {
-  /** lbn_svcs: (VIP, port, protocol) -> the port's slot range, seed and target port. */
-  readonly services: readonly NatEntry[];
-  /** lbn_slots, by key: slot -> backend and counter index. */
-  readonly slots: readonly Buffer[];
-  /** lbn_members: (port, configured backend) -> counter index, healthy. */
-  readonly members: readonly NatEntry[];
-  /** lbn_counters, by index. */
-  readonly counters: readonly NatCounterRef[];
-  /** The services the engine forwards, by key (for status). */
-  readonly serviceKeys: readonly string[];
+  /** The services the engine forwards, in normalizeState's order. */
+  readonly services: readonly NatServicePlan[];
+  readonly byKey: ReadonlyMap<string, NatServicePlan>;
 }
 
 /** Does the engine take this service's ports? IPv4 VIP held, source NAT. */
@@ -61,39 +85,327 @@ function addr(a: string): Buffer {
   return ipv4ToBytes(((parts[0]! << 24) | (parts[1]! << 16) | (parts[2]! << 8) | parts[3]!) >>> 0);
 }
 
-/** The plan of a forwarding state, in the canonical order of normalizeState (the same state always gives the same bytes). */
-export function natPlan(state: ForwardState, layout: CLayout): NatPlan {
-  const { services: all } = normalizeState(state);
-  const services: NatEntry[] = [];
-  const slots: Buffer[] = [];
-  const members: NatEntry[] = [];
-  const counters: NatCounterRef[] = [];
-  const serviceKeys: string[] = [];
-  for (const svc of all.filter(natServes)) {
-    serviceKeys.push(svc.key);
-    for (const { spec } of svc.ports) {
-      const svcKey = { vip: addr(svc.vip!), port: be16(spec.port), proto: IPPROTO[spec.protocol] };
-      const counterOf = new Map<string, number>();
-      for (const b of svc.all) {
-        counterOf.set(b.address, counters.length);
-        counters.push({ service: svc.key, port: spec, backend: b.address });
-      }
-      const healthy = new Set(svc.healthy.map((b) => b.address));
-      for (const b of svc.all) {
-        members.push({
-          key: layout.encode('lbn_member_key', { svc: svcKey, backend: addr(b.address) }),
-          value: layout.encode('lbn_member', { counter: counterOf.get(b.address)!, healthy: healthy.has(b.address) ? 1 : 0 }),
-        });
-      }
-      // One healthy backend: one slot (the hash has one answer).
-      const table = healthy.size === 0 ? [] : healthy.size === 1 ? [svc.healthy[0]!] : flowHashSlots(svc);
-      const base = slots.length;
-      for (const b of table) slots.push(layout.encode('lbn_slot', { backend: addr(b.address), counter: counterOf.get(b.address)! }));
-      services.push({
-        key: layout.encode('lbn_svc_key', svcKey),
-        value: layout.encode('lbn_svc', { base, slots: table.length, seed: dsrSeedValue(svc.key), target_port: be16(spec.targetPort) }),
-      });
+const sameBackends = (a: NormalizedService['all'], b: NormalizedService['all']): boolean =>
+  a.length === b.length && a.every((x, i) => x.address === b[i]!.address && x.weight === b[i]!.weight);
+
+/** Would `a` and `b` give the same ports' plan? (The nft render keys its cache by the same inputs.) */
+function sameInput(a: NormalizedService, b: NormalizedService): boolean {
+  return a.vip === b.vip && a.sourceIP === b.sourceIP && sameBackends(a.all, b.all) && sameBackends(a.healthy, b.healthy)
+    && a.ports.length === b.ports.length
+    && a.ports.every((p, i) => p.spec.protocol === b.ports[i]!.spec.protocol && p.spec.port === b.ports[i]!.spec.port
+      && p.spec.targetPort === b.ports[i]!.spec.targetPort && p.spec.name === b.ports[i]!.spec.name);
+}
+
+function servicePlan(svc: NormalizedService, layout: CLayout): NatServicePlan {
+  const backends = svc.all.map((b) => b.address);
+  const index = new Map(backends.map((a, i) => [a, i]));
+  const healthySet = new Set(svc.healthy.map((b) => b.address));
+  const healthy = backends.map((a) => healthySet.has(a));
+  // One healthy backend: one slot (the hash has one answer).
+  const owners = healthySet.size === 0 ? [] : healthySet.size === 1 ? [svc.healthy[0]!] : flowHashSlots(svc);
+  const table = Uint32Array.from(owners, (b) => index.get(b.address)!);
+  const seed = dsrSeedValue(svc.key);
+  const ports = svc.ports.map(({ spec }): NatPortPlan => ({
+    id: `${svc.key}\n${spec.protocol}/${spec.port}`, service: svc.key, port: spec,
+    key: layout.encode('lbn_svc_key', { vip: addr(svc.vip!), port: be16(spec.port), proto: IPPROTO[spec.protocol] }),
+    seed, backends, healthy, table,
+  }));
+  return { key: svc.key, input: svc, ports };
+}
+
+/**
+ * The plan of a forwarding state. With `prev`, a service whose inputs are
+ * those it had there keeps its plan object (and its ports' objects), which
+ * is how natDelta tells an unchanged port without looking into it.
+ */
+export function natPlan(state: ForwardState, layout: CLayout, prev?: NatPlan): NatPlan {
+  const services: NatServicePlan[] = [];
+  for (const svc of normalizeState(state).services) {
+    if (!natServes(svc)) continue;
+    const old = prev?.byKey.get(svc.key);
+    services.push(old !== undefined && (old.input === svc || sameInput(old.input, svc)) ? old : servicePlan(svc, layout));
+  }
+  return { services, byKey: new Map(services.map((s) => [s.key, s])) };
+}
+
+/** The empty plan (the probe's, and what a fresh set of maps holds). */
+export const EMPTY_NAT_PLAN: NatPlan = { services: [], byKey: new Map() };
+
+// ---------------------------------------------------------------------------
+// The maps' contents and the delta between two plans.
+
+/** Entries each per-plan map was created with. */
+export interface NatCapacity {
+  readonly svcs: number;
+  readonly slots: number;
+  readonly members: number;
+  readonly counters: number;
+}
+
+/** Where a port's entries are in the maps. */
+export interface NatPlaced {
+  readonly plan: NatPortPlan;
+  /** Its slot table's first key in lbn_slots (its size is plan.table.length). */
+  readonly base: number;
+  /** The counter index of each of plan.backends. */
+  readonly counters: readonly number[];
+}
+
+/** What the engine's per-plan maps hold (kept by the driver between applies). */
+export interface NatMaps {
+  readonly capacity: NatCapacity;
+  readonly plan: NatPlan;
+  readonly ports: ReadonlyMap<string, NatPlaced>;
+  /** Unused ranges of lbn_slots, [base, size], by base, none adjacent. */
+  readonly freeSlots: readonly (readonly [number, number])[];
+  /** Counter indices released, oldest first: reused only when no index is left unused (a flow of a removed backend may count into its old index a while). */
+  readonly freeCounters: readonly number[];
+  /** The next counter index never used. */
+  readonly nextCounter: number;
+  /** Entries in lbn_members and lbn_svcs. */
+  readonly members: number;
+  readonly svcs: number;
+}
+
+/** Maps of `capacity`, holding nothing. */
+export function emptyNatMaps(capacity: NatCapacity): NatMaps {
+  return { capacity, plan: EMPTY_NAT_PLAN, ports: new Map(), freeSlots: capacity.slots > 0 ? [[0, capacity.slots]] : [], freeCounters: [], nextCounter: 0, members: 0, svcs: 0 };
+}
+
+/**
+ * Room for `plan` and for changes after it: twice what it needs with every
+ * backend healthy (a port's table is sized by its configured backends, so
+ * health never grows it past that), and at least a few ports' worth more.
+ */
+export function natCapacity(plan: NatPlan): NatCapacity {
+  let svcs = 0;
+  let slots = 0;
+  let members = 0;
+  let largest = 0;
+  for (const s of plan.services) {
+    for (const p of s.ports) {
+      const full = p.backends.length > 1 ? Math.max(p.table.length, maglevSize(p.backends.length)) : p.backends.length;
+      svcs++;
+      slots += full;
+      members += p.backends.length;
+      largest = Math.max(largest, full);
     }
   }
-  return { services, slots, members, counters, serviceKeys };
+  const room = (n: number, min: number): number => Math.max(2 * n, n + min);
+  // A changed port's new table sits beside its old one until the swap: room for the largest twice over.
+  return { svcs: room(svcs, 64), slots: room(slots, Math.max(4 * largest, 8192)), members: room(members, 256), counters: room(members, 256) };
+}
+
+/** One write to the engine's maps, in the order it must be made. */
+export type NatOp =
+  | { readonly map: 'lbn_members'; readonly op: 'put'; readonly key: Buffer; readonly value: Buffer }
+  | { readonly map: 'lbn_members'; readonly op: 'delete'; readonly key: Buffer }
+  /**
+   * Slots base .. base + table.length - 1: slot s is lbn_slot number
+   * table[s] of `values` (one encoded lbn_slot per backend of the port: a
+   * table is held once, as the plan has it, never as a buffer of slots).
+   */
+  | { readonly map: 'lbn_slots'; readonly op: 'put'; readonly base: number; readonly table: Uint32Array; readonly values: Buffer }
+  | { readonly map: 'lbn_svcs'; readonly op: 'put'; readonly key: Buffer; readonly value: Buffer }
+  | { readonly map: 'lbn_svcs'; readonly op: 'delete'; readonly key: Buffer }
+  /** A counter whose (port, backend) is gone: its totals are kept (as `ref`'s), then it is zeroed for its next user. */
+  | { readonly map: 'lbn_counters'; readonly op: 'retire'; readonly index: number; readonly ref: NatCounterRef };
+
+/** The map entries an op writes (a slot range: one per slot). */
+export function natOpWrites(op: NatOp): number {
+  return op.map === 'lbn_slots' ? op.table.length : 1;
+}
+
+export interface NatDelta {
+  readonly ops: readonly NatOp[];
+  readonly maps: NatMaps;
+  /** The ports whose entries were written (added, changed or removed). */
+  readonly changed: number;
+}
+
+/** First fit in `free` (by base), or undefined; returns the base and the free list without it. */
+function take(free: readonly (readonly [number, number])[], size: number): { base: number; free: (readonly [number, number])[] } | undefined {
+  if (size === 0) return { base: 0, free: [...free] };
+  const i = free.findIndex(([, n]) => n >= size);
+  if (i < 0) return undefined;
+  const [base, n] = free[i]!;
+  const out = [...free];
+  if (n === size) out.splice(i, 1);
+  else out[i] = [base + size, n - size];
+  return { base, free: out };
+}
+
+/** `free` with [base, size] given back, merged with its neighbours. */
+function giveBack(free: (readonly [number, number])[], base: number, size: number): (readonly [number, number])[] {
+  if (size === 0) return free;
+  let i = 0;
+  while (i < free.length && free[i]![0] < base) i++;
+  const out = [...free.slice(0, i), [base, size] as const, ...free.slice(i)];
+  // Merge with the next, then with the previous.
+  if (i + 1 < out.length && out[i]![0] + out[i]![1] === out[i + 1]![0]) out.splice(i, 2, [out[i]![0], out[i]![1] + out[i + 1]![1]]);
+  if (i > 0 && out[i - 1]![0] + out[i - 1]![1] === out[i]![0]) out.splice(i - 1, 2, [out[i - 1]![0], out[i - 1]![1] + out[i]![1]]);
+  return out;
+}
+
+/** Do two ports' slot tables name the same backends slot for slot (with the same counters)? */
+function sameTable(a: NatPlaced, p: NatPortPlan, counters: readonly number[]): boolean {
+  const ta = a.plan.table;
+  if (ta.length !== p.table.length) return false;
+  for (let i = 0; i < ta.length; i++) {
+    if (a.plan.backends[ta[i]!] !== p.backends[p.table[i]!] || a.counters[ta[i]!] !== counters[p.table[i]!]) return false;
+  }
+  return true;
+}
+
+/**
+ * The writes that take `maps` to `plan`, and what the maps hold after
+ * them; undefined when the maps have no room for it (the driver then loads
+ * a program with maps sized anew, natCapacity, and writes the plan there
+ * from empty maps). Only ports whose plan object differs from the one the
+ * maps hold are looked at.
+ *
+ * Order: (1) member entries added, or turned healthy; (2) new slot tables,
+ * each in a range no port uses; (3) each changed port's lbn_svcs entry,
+ * pointing at its new range, and new ports'; (4) removed ports' lbn_svcs
+ * entries deleted; (5) member entries turned unhealthy, then those of
+ * removed backends and ports deleted; (6) counters of removed (port,
+ * backend) pairs retired. Old ranges and counter indices are free for the
+ * next delta, not this one.
+ */
+export function natDelta(maps: NatMaps, plan: NatPlan, layout: CLayout): NatDelta | undefined {
+  const cap = maps.capacity;
+  const memberUp: NatOp[] = [];
+  const slotOps: NatOp[] = [];
+  const svcOps: NatOp[] = [];
+  const svcDeletes: NatOp[] = [];
+  const memberDown: NatOp[] = [];
+  const memberDeletes: NatOp[] = [];
+  const retires: NatOp[] = [];
+  const ports = new Map(maps.ports);
+  let freeSlots = [...maps.freeSlots];
+  const released: Array<readonly [number, number]> = [];
+  const freeCounters = [...maps.freeCounters];
+  let nextCounter = maps.nextCounter;
+  const releasedCounters: number[] = [];
+  let members = maps.members;
+  let peakMembers = members;
+  let svcs = maps.svcs;
+  let peakSvcs = svcs;
+  let changed = 0;
+  /** Keys of lbn_svcs and lbn_members this delta writes (hex), which no removal may then delete. */
+  const written = new Set<string>();
+
+  const memberKey = (p: NatPortPlan, backend: string): Buffer => {
+    const svc = layout.decode('lbn_svc_key', p.key);
+    return layout.encode('lbn_member_key', { svc, backend: addr(backend) });
+  };
+  const memberValue = (counter: number, healthy: boolean): Buffer => layout.encode('lbn_member', { counter, healthy: healthy ? 1 : 0 });
+
+  const place = (p: NatPortPlan, old: NatPlaced | undefined): boolean => {
+    // Counters: kept by the backends the port keeps, new ones for the others.
+    const had = new Map<string, number>();
+    old?.plan.backends.forEach((b, i) => had.set(b, old.counters[i]!));
+    const counters: number[] = [];
+    for (const b of p.backends) {
+      let c = had.get(b);
+      if (c === undefined) {
+        c = nextCounter < cap.counters ? nextCounter++ : freeCounters.shift();
+        if (c === undefined) return false;
+      }
+      counters.push(c);
+    }
+    // Members added or turned healthy before the slots that name them; turned unhealthy after.
+    const wasHealthy = new Map<string, boolean>();
+    old?.plan.backends.forEach((b, i) => wasHealthy.set(b, old.plan.healthy[i]!));
+    p.backends.forEach((b, i) => {
+      const before = wasHealthy.get(b);
+      if (before === p.healthy[i] && had.get(b) === counters[i]) return;
+      const op: NatOp = { map: 'lbn_members', op: 'put', key: memberKey(p, b), value: memberValue(counters[i]!, p.healthy[i]!) };
+      written.add(op.key.toString('hex'));
+      if (before === undefined) members++;
+      if (before === true && !p.healthy[i]) memberDown.push(op);
+      else memberUp.push(op);
+    });
+    peakMembers = Math.max(peakMembers, members);
+    const kept = new Set(p.backends);
+    old?.plan.backends.forEach((b, i) => {
+      if (kept.has(b)) return;
+      memberDeletes.push({ map: 'lbn_members', op: 'delete', key: memberKey(old.plan, b) });
+      members--;
+      retires.push({ map: 'lbn_counters', op: 'retire', index: old.counters[i]!, ref: { service: old.plan.service, port: old.plan.port, backend: b } });
+      releasedCounters.push(old.counters[i]!);
+    });
+    // The slot table, in a range of its own where it differs.
+    let base = old?.base ?? 0;
+    if (old === undefined || !sameTable(old, p, counters)) {
+      const got = take(freeSlots, p.table.length);
+      if (got === undefined) return false;
+      freeSlots = got.free;
+      base = got.base;
+      if (p.table.length > 0) {
+        const size = layout.size('lbn_slot');
+        const values = Buffer.alloc(size * p.backends.length);
+        p.backends.forEach((b, i) => layout.encode('lbn_slot', { backend: addr(b), counter: counters[i]! }, values, i * size));
+        slotOps.push({ map: 'lbn_slots', op: 'put', base, table: p.table, values });
+      }
+      if (old !== undefined) released.push([old.base, old.plan.table.length]);
+    }
+    if (old === undefined || base !== old.base || p.table.length !== old.plan.table.length || p.port.targetPort !== old.plan.port.targetPort || p.seed !== old.plan.seed) {
+      svcOps.push({ map: 'lbn_svcs', op: 'put', key: p.key, value: layout.encode('lbn_svc', { base, slots: p.table.length, seed: p.seed, target_port: be16(p.port.targetPort) }) });
+      written.add(p.key.toString('hex'));
+    }
+    if (old === undefined) peakSvcs = Math.max(peakSvcs, ++svcs);
+    ports.set(p.id, { plan: p, base, counters });
+    return true;
+  };
+
+  // A port removed, or moved to another key (its service's VIP changed):
+  // its entries go, but for keys this delta writes anew (another service
+  // took its VIP and port in the same change).
+  const removals: NatPlaced[] = [];
+  const seen = new Set<string>();
+  for (const s of plan.services) {
+    const same = maps.plan.byKey.get(s.key) === s;
+    for (const p of s.ports) {
+      seen.add(p.id);
+      if (same) continue;
+      let old = maps.ports.get(p.id);
+      if (old !== undefined && old.plan === p) continue;
+      changed++;
+      if (old !== undefined && !old.plan.key.equals(p.key)) {
+        removals.push(old);
+        old = undefined;
+      }
+      if (!place(p, old)) return undefined;
+    }
+  }
+  for (const s of maps.plan.services) {
+    if (plan.byKey.get(s.key) === s) continue;
+    for (const p of s.ports) {
+      if (seen.has(p.id)) continue;
+      changed++;
+      removals.push(maps.ports.get(p.id)!);
+      ports.delete(p.id);
+    }
+  }
+  for (const old of removals) {
+    const p = old.plan;
+    if (!written.has(p.key.toString('hex'))) svcDeletes.push({ map: 'lbn_svcs', op: 'delete', key: p.key });
+    svcs--;
+    p.backends.forEach((b, i) => {
+      const key = memberKey(p, b);
+      if (!written.has(key.toString('hex'))) memberDeletes.push({ map: 'lbn_members', op: 'delete', key });
+      members--;
+      retires.push({ map: 'lbn_counters', op: 'retire', index: old.counters[i]!, ref: { service: p.service, port: p.port, backend: b } });
+      releasedCounters.push(old.counters[i]!);
+    });
+    released.push([old.base, p.table.length]);
+  }
+  if (peakMembers > cap.members || peakSvcs > cap.svcs) return undefined;
+  for (const [base, size] of released) freeSlots = giveBack(freeSlots, base, size);
+  return {
+    ops: [...memberUp, ...slotOps, ...svcOps, ...svcDeletes, ...memberDown, ...memberDeletes, ...retires],
+    maps: { capacity: cap, plan, ports, freeSlots, freeCounters: [...freeCounters, ...releasedCounters], nextCounter, members, svcs },
+    changed,
+  };
 }

@@ -171,6 +171,8 @@ export interface NativeAddon {
   bpfMapCreate?(type: number, keySize: number, valueSize: number, maxEntries: number, name: string): number;
   bpfMapUpdate?(fd: number, key: Buffer, value: Buffer, flags: number): void;
   bpfMapLookup?(fd: number, key: Buffer, out: Buffer): boolean;
+  /** False when the key was not there; absent from an addon built before it (the NAT engine then loads its maps whole at every plan). */
+  bpfMapDelete?(fd: number, key: Buffer): boolean;
   bpfProgLoad?(type: number, insns: Buffer, license: string, name: string, logSize: number): number;
   bpfProgAttach?(ifindex: number, progFd: number, attachType: number, flags: number, replaceFd: number): void;
   bpfProgDetach?(ifindex: number, progFd: number, attachType: number): void;
@@ -239,7 +241,7 @@ export interface BpfObjectLoaded {
 }
 
 /** The bpf(2) calls and libbpf's object loading, all present. */
-export type NativeBpfObject = NativeBpf & Required<Pick<NativeAddon, 'bpfObjectLoad' | 'bpfMapCount' | 'bpfObjPin' | 'bpfObjGet'>>;
+export type NativeBpfObject = NativeBpf & Required<Pick<NativeAddon, 'bpfObjectLoad' | 'bpfMapCount' | 'bpfObjPin' | 'bpfObjGet'>> & Pick<NativeAddon, 'bpfMapDelete'>;
 
 /** The addon's libbpf object loading with its bpf(2) calls, or why there is none. */
 export function nativeBpfObject(): NativeBpfObject | string {

@@ -32,7 +32,7 @@ export interface BenchResults {
   startedAt: string;
   finishedAt: string;
   /** forwardTargets: present when --forward-targets ran only some of the forwarding rows. */
-  options: { rounds: number; quick: boolean; only: string[]; forwardTargets?: string[]; scaleSizes?: number[]; natFlows?: number };
+  options: { rounds: number; quick: boolean; only: string[]; forwardTargets?: string[]; scaleSizes?: number[]; scaleEngine?: string; natFlows?: number };
   machine: Machine;
   /** 1-minute load average sampled every 10 s over the whole run. */
   load: { before: number[]; after: number[]; samples: number[]; mean1m: number; max1m: number; otherCpuCores: number };
@@ -549,7 +549,7 @@ export function failoverTable(r: BenchResults): string | undefined {
 
 /** The command line a run was started with, as far as it changes what was measured. */
 function runFlags(o: BenchResults['options']): string {
-  const flags = [...(o.quick ? ['--quick'] : []), ...(o.only.length ? [`--only ${o.only.join(',')}`] : []), ...(o.forwardTargets ? [`--forward-targets ${o.forwardTargets.join(',')}`] : []), ...(o.scaleSizes ? [`--scale-sizes ${o.scaleSizes.join(',')}`] : []), ...(o.natFlows !== undefined ? [`--nat-flows ${o.natFlows}`] : [])];
+  const flags = [...(o.quick ? ['--quick'] : []), ...(o.only.length ? [`--only ${o.only.join(',')}`] : []), ...(o.forwardTargets ? [`--forward-targets ${o.forwardTargets.join(',')}`] : []), ...(o.scaleSizes ? [`--scale-sizes ${o.scaleSizes.join(',')}`] : []), ...(o.scaleEngine ? [`--scale-engine ${o.scaleEngine}`] : []), ...(o.natFlows !== undefined ? [`--nat-flows ${o.natFlows}`] : [])];
   return flags.length ? ` -- ${flags.join(' ')}` : '';
 }
 
@@ -646,6 +646,9 @@ export function renderResults(r: BenchResults): string {
   if (r.scale) {
     parts.push('## Scale: 10 to 1,000 services');
     parts.push(SCALE_TEXT);
+    // Older results carry no engine: the config's default of their day.
+    const engine = (r.scale.config as { engine?: string }).engine;
+    if (engine !== undefined && engine !== 'the default') parts.push(`Engine: \`kernel.engine: ${engine}\` (--scale-engine).`);
     if (sct) parts.push(sct);
     if (r.scale.errors.length) parts.push(`Not measured: ${r.scale.errors.join('; ')}.`);
   }

@@ -1,5 +1,5 @@
 // bpf(2) wrappers (direct server return at tc ingress): map create,
-// update and lookup, program load, tcx attach/detach/query, program ids to
+// update, lookup and delete, program load, tcx attach/detach/query, program ids to
 // descriptors and names, test runs. Syscalls and descriptors only: the program's
 // instructions are built in TypeScript (agent/net/ebpf.ts), keys and values
 // are opaque bytes here, and the caller closes every descriptor it gets
@@ -88,6 +88,21 @@ Napi::Value MapLookup(const Napi::CallbackInfo& info) {
   if (SysBpf(BPF_MAP_LOOKUP_ELEM, &a) < 0) {
     if (errno == ENOENT) return Napi::Boolean::New(info.Env(), false);
     throw ErrnoError(info.Env(), errno, "bpf", "BPF_MAP_LOOKUP_ELEM");
+  }
+  return Napi::Boolean::New(info.Env(), true);
+}
+
+// bpfMapDelete(fd, key): false on ENOENT (nothing to delete).
+Napi::Value MapDelete(const Napi::CallbackInfo& info) {
+  const char* usage = "bpfMapDelete(fd, key: Buffer)";
+  union bpf_attr a;
+  std::memset(&a, 0, sizeof a);
+  Napi::Buffer<uint8_t> key = Bytes(info, 1, usage);
+  a.map_fd = U32(info, 0, usage);
+  a.key = Ptr(key.Data());
+  if (SysBpf(BPF_MAP_DELETE_ELEM, &a) < 0) {
+    if (errno == ENOENT) return Napi::Boolean::New(info.Env(), false);
+    throw ErrnoError(info.Env(), errno, "bpf", "BPF_MAP_DELETE_ELEM");
   }
   return Napi::Boolean::New(info.Env(), true);
 }
@@ -279,6 +294,7 @@ Napi::Object InitBpf(Napi::Env env, Napi::Object exports) {
   exports.Set("bpfMapCreate", Napi::Function::New(env, MapCreate, "bpfMapCreate"));
   exports.Set("bpfMapUpdate", Napi::Function::New(env, MapUpdate, "bpfMapUpdate"));
   exports.Set("bpfMapLookup", Napi::Function::New(env, MapLookup, "bpfMapLookup"));
+  exports.Set("bpfMapDelete", Napi::Function::New(env, MapDelete, "bpfMapDelete"));
   exports.Set("bpfProgLoad", Napi::Function::New(env, ProgLoad, "bpfProgLoad"));
   exports.Set("bpfProgAttach", Napi::Function::New(env, ProgAttach, "bpfProgAttach"));
   exports.Set("bpfProgDetach", Napi::Function::New(env, ProgDetach, "bpfProgDetach"));

@@ -25,11 +25,12 @@ function fakes(): Fakes {
     device: 'eth0',
     get active() { return engine.active; },
     drift: () => engine.drift,
-    apply: (plan: NatPlan) => {
-      calls.push(`engine.apply(${plan.services.length})`);
+    apply: (plan: NatPlan, opts?: { reload?: boolean }) => {
+      calls.push(`engine.apply(${plan.services.length}${opts?.reload ? ', reload' : ''})`);
       if (engine.failApply) throw new Error('EPERM');
       engine.active = true;
       engine.drift = undefined;
+      return { mode: opts?.reload ? 'load' : 'delta', ports: 0, writes: 0 };
     },
     detach: () => { calls.push('engine.detach'); engine.active = false; return 1; },
     release: () => undefined,
@@ -52,10 +53,10 @@ t.test('a drifted program is attached again alone: the table is not written', as
   calls.length = 0;
   engine.drift = 'the program is not attached at tcx ingress of eth0';
   t.equal(await dp.repairProgram(NAT_ENGINE_SUBJECT), 'attached the eBPF NAT engine again with its maps and plan (the nft table not written)');
-  t.same(calls, ['engine.apply(0)'], 'only the engine, with the plan in force');
+  t.same(calls, ['engine.apply(0, reload)'], 'only the engine, a program loaded with the plan in force');
   t.equal(dp.engineState.engine, 'ebpf');
   t.match(await dp.repairProgram(NAT_ENGINE_SUBJECT), /^nothing to put back \(the engine is whole again\)$/, 'asked again with nothing drifted: nothing done, and said');
-  t.same(calls, ['engine.apply(0)'], 'no second apply');
+  t.same(calls, ['engine.apply(0, reload)'], 'no second apply');
   t.equal(await dp.repairProgram('bpf something_else'), undefined, 'a subject not its own: not repaired');
 });
 
@@ -66,7 +67,7 @@ t.test('a program that cannot be put back is detached: the table forwards alone,
   engine.drift = '/sys/fs/bpf/lb-agent/nat-eth0/lbn_flows is gone';
   engine.failApply = true;
   t.match(await dp.repairProgram(NAT_ENGINE_SUBJECT), /^could not attach the eBPF NAT engine again \(EPERM\): detached, the nft table forwards alone$/);
-  t.same(calls, ['engine.apply(0)', 'engine.detach'], 'tried, then detached; the table not written');
+  t.same(calls, ['engine.apply(0, reload)', 'engine.detach'], 'tried, then detached; the table not written');
   t.same(dp.engineState, { engine: 'nft', reason: 'fallback: repair failed: EPERM' });
   t.match(await dp.repairProgram(NAT_ENGINE_SUBJECT), /nothing to put back \(the nft table forwards alone\)/, 'the next check finds nothing to put back');
 });

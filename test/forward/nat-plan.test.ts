@@ -1,9 +1,14 @@
-// nat-plan.ts: the engine's per-plan map entries for a forwarding state.
+// nat-plan.ts: the engine's plan of a forwarding state, and the map writes
+// (natDelta) that take its maps from one plan to the next. The writes are
+// played into a model of the maps (pure), and after every single write the
+// model is checked as the program would read it: every port's slot range
+// written, every slot naming a backend with a member entry of that port and
+// the slot's counter.
 import t from 'tap';
 import { parseIPv4 } from '../../agent/address';
 import type { BackendSpec } from '../../agent/config/types';
 import { normalizeState, type ForwardService } from '../../agent/forward/dataplane';
-import { natPlan } from '../../agent/forward/nat-plan';
+import { emptyNatMaps, natCapacity, natDelta, natOpWrites, natPlan, type NatMaps, type NatOp, type NatPlan } from '../../agent/forward/nat-plan';
 import { flowHashSlots } from '../../agent/forward/nft-dsr';
 import { natLayout } from '../../agent/net/ebpf/nat-layout';
 
@@ -16,40 +21,111 @@ const web = (healthy: BackendSpec[], extra: Partial<ForwardService> = {}): Forwa
 const l = natLayout();
 /** A network-order address field as decoded (a little-endian read of its bytes), dotted. */
 const ip = (n: unknown): string => [0, 8, 16, 24].map((s) => ((n as number) >>> s) & 0xff).join('.');
+const hex = (k: Buffer): string => k.toString('hex');
+
+/** The per-plan maps as the program sees them. */
+class Model {
+  readonly svcs = new Map<string, Buffer>();
+  readonly members = new Map<string, Buffer>();
+  readonly slots = new Map<number, Buffer>();
+  readonly counters = new Map<number, string>();
+  retired: string[] = [];
+  writes = 0;
+  /** A slot's counter must be its member's (off where a port's key passes to another service: a packet then may count to the old one's). */
+  checkCounters = true;
+
+  play(ops: readonly NatOp[]): void {
+    for (const op of ops) {
+      this.writes += natOpWrites(op);
+      // The ports this write can change for the program: checked after it.
+      let touched: string[] = [];
+      if (op.map === 'lbn_slots') {
+        const n = op.table.length;
+        const size = l.size('lbn_slot');
+        for (let i = 0; i < n; i++) this.slots.set(op.base + i, op.values.subarray(op.table[i]! * size, (op.table[i]! + 1) * size));
+        touched = [...this.svcs].filter(([, v]) => {
+          const svc = l.decode('lbn_svc', v);
+          return (svc['base'] as number) < op.base + n && op.base < (svc['base'] as number) + (svc['slots'] as number);
+        }).map(([k]) => k);
+      } else if (op.map === 'lbn_counters') {
+        this.retired.push(`${op.index}:${op.ref.service}:${op.ref.port.protocol}/${op.ref.port.port}:${op.ref.backend}`);
+      } else {
+        const m = op.map === 'lbn_svcs' ? this.svcs : this.members;
+        if (op.op === 'put') m.set(hex(op.key), op.value);
+        else if (!m.delete(hex(op.key))) throw new Error(`deleted ${op.map} ${hex(op.key)}, which is not there`);
+        // A member key begins with its port's key.
+        touched = [hex(op.key.subarray(0, l.size('lbn_svc_key')))];
+      }
+      for (const k of touched) this.consistent(k);
+    }
+  }
+
+  /** Every slot of the port `k` names a member of that port with the slot's counter. */
+  consistent(k: string): void {
+    const v = this.svcs.get(k);
+    if (!v) return;
+    const svc = l.decode('lbn_svc', v);
+    const key = l.decode('lbn_svc_key', Buffer.from(k, 'hex'));
+    for (let s = 0; s < (svc['slots'] as number); s++) {
+      const raw = this.slots.get((svc['base'] as number) + s);
+      if (!raw) throw new Error(`port ${k}: slot ${s} not written`);
+      const slot = l.decode('lbn_slot', raw);
+      const mk = l.encode('lbn_member_key', { svc: key, backend: Buffer.from([0, 8, 16, 24].map((sh) => ((slot['backend'] as number) >>> sh) & 0xff)) });
+      const m = this.members.get(hex(mk));
+      if (!m) throw new Error(`port ${k}: slot ${s} names ${ip(slot['backend'])}, which has no member entry`);
+      if (this.checkCounters && l.decode('lbn_member', m)['counter'] !== slot['counter']) throw new Error(`port ${k}: slot ${s}'s counter differs from its member's`);
+    }
+  }
+
+  /** A port's slot table as backend addresses. */
+  table(key: Buffer): string[] {
+    const v = this.svcs.get(hex(key));
+    if (!v) return [];
+    const svc = l.decode('lbn_svc', v);
+    return Array.from({ length: svc['slots'] as number }, (_, s) => ip(l.decode('lbn_slot', this.slots.get((svc['base'] as number) + s)!)['backend']));
+  }
+}
+
+/** Maps filled from empty with `plan`, as a load does. */
+function loaded(plan: NatPlan, model = new Model()): { maps: NatMaps; model: Model } {
+  const d = natDelta(emptyNatMaps(natCapacity(plan)), plan, l)!;
+  model.play(d.ops);
+  return { maps: d.maps, model };
+}
 
 t.test('a service with three healthy backends: both ports, the whole slot table, every member', async (t) => {
   const plan = natPlan({ services: [web(all)] }, l);
-  t.same(plan.serviceKeys, ['default/web']);
-  t.equal(plan.services.length, 2);
-  t.equal(plan.members.length, 6, 'every configured backend of each port');
-  t.equal(plan.counters.length, 6);
+  t.same(plan.services.map((s) => s.key), ['default/web']);
+  const ports = plan.services[0]!.ports;
+  t.equal(ports.length, 2);
+  const { model } = loaded(plan);
+  t.equal(model.members.size, 6, 'every configured backend of each port');
   const slots = flowHashSlots(normalizeState({ services: [web(all)] }).services[0]!);
-  t.equal(plan.slots.length, 2 * slots.length);
+  t.equal(model.slots.size, 2 * slots.length);
   // Ports are in normalizeState's order: TCP 80 first.
-  const tcp = plan.services[0]!;
-  const key = l.decode('lbn_svc_key', tcp.key);
+  const key = l.decode('lbn_svc_key', ports[0]!.key);
   t.same([ip(key['vip']), key['proto']], ['10.0.0.50', 6]);
   t.equal(key['port'], 0x5000, 'port 80 in network order (read little-endian)');
-  const v = l.decode('lbn_svc', tcp.value);
-  t.equal(v['base'], 0);
+  const v = l.decode('lbn_svc', model.svcs.get(hex(ports[0]!.key))!);
   t.equal(v['slots'], slots.length);
   t.equal(v['target_port'], 0x901f, '8080 in network order');
-  let wrong = 0;
-  slots.forEach((s, i) => { if (ip(l.decode('lbn_slot', plan.slots[i]!)['backend']) !== s.address) wrong++; });
-  t.equal(wrong, 0, 'every slot names the backend nft\'s flow-hash table names');
-  const udp = l.decode('lbn_svc', plan.services[1]!.value);
-  t.equal(udp['base'], slots.length, 'the UDP port\'s slots follow the TCP port\'s');
+  t.same(model.table(ports[0]!.key), slots.map((s) => s.address), 'every slot names the backend nft\'s flow-hash table names');
+  t.same(model.table(ports[1]!.key), slots.map((s) => s.address), 'the UDP port too');
+  const counters = new Set([...model.members.values()].map((m) => l.decode('lbn_member', m)['counter']));
+  t.equal(counters.size, 6, 'a counter of its own for each (port, backend)');
 });
 
 t.test('health: one healthy backend is one slot, none is zero slots; members say who is healthy', async (t) => {
   const one = natPlan({ services: [web([all[1]!])] }, l);
-  t.equal(l.decode('lbn_svc', one.services[0]!.value)['slots'], 1);
-  t.equal(ip(l.decode('lbn_slot', one.slots[0]!)['backend']), '10.0.0.12');
-  const healthy = one.members.map((m) => [ip(l.decode('lbn_member_key', m.key)['backend']), l.decode('lbn_member', m.value)['healthy']]);
-  t.same(healthy.slice(0, 3), [['10.0.0.11', 0], ['10.0.0.12', 1], ['10.0.0.13', 0]]);
+  const { model } = loaded(one);
+  const tcp = one.services[0]!.ports[0]!;
+  t.same(model.table(tcp.key), ['10.0.0.12']);
+  const healthy = tcp.backends.map((a) => [a, l.decode('lbn_member', model.members.get(hex(l.encode('lbn_member_key', { svc: l.decode('lbn_svc_key', tcp.key), backend: Buffer.from(a.split('.').map(Number)) })))!)['healthy']]);
+  t.same(healthy, [['10.0.0.11', 0], ['10.0.0.12', 1], ['10.0.0.13', 0]]);
   const none = natPlan({ services: [web([])] }, l);
-  t.same(none.services.map((s) => l.decode('lbn_svc', s.value)['slots']), [0, 0], 'no slot: the program passes such a port to the nft table, which refuses it');
-  t.equal(none.slots.length, 0);
+  const m2 = loaded(none).model;
+  t.same(none.services[0]!.ports.map((p) => l.decode('lbn_svc', m2.svcs.get(hex(p.key))!)['slots']), [0, 0], 'no slot: the program passes such a port to the nft table, which refuses it');
+  t.equal(m2.slots.size, 0);
 });
 
 t.test('only IPv4 VIPs held in snat mode', async (t) => {
@@ -61,6 +137,139 @@ t.test('only IPv4 VIPs held in snat mode', async (t) => {
       web(all, { key: 'a/web' }),
     ],
   }, l);
-  t.same(plan.serviceKeys, ['a/web']);
-  t.equal(plan.services.length, 2);
+  t.same(plan.services.map((s) => s.key), ['a/web']);
+});
+
+/** n services on VIPs 10.1.x.y, each with the three backends; `down`: the services whose 10.0.0.13 is unhealthy. */
+function many(n: number, down: ReadonlySet<number> = new Set()): ForwardService[] {
+  return Array.from({ length: n }, (_, i) => web(down.has(i) ? all.slice(0, 2) : all, {
+    key: `ns/s${String(i).padStart(4, '0')}`, vip: `10.1.${i >> 8}.${i & 255}`,
+  }));
+}
+
+t.test('a health transition among many services writes the same few entries whatever their number', async (t) => {
+  const writes: number[] = [];
+  for (const n of [3, 300]) {
+    const before = natPlan({ services: many(n) }, l);
+    const { maps, model } = loaded(before);
+    const after = natPlan({ services: many(n, new Set([1])) }, l, before);
+    t.equal(after.services.filter((s, i) => s !== before.services[i]).length, 1, `${n} services: one service's plan is new, the others are kept as they were`);
+    const d = natDelta(maps, after, l)!;
+    t.equal(d.changed, 2, `${n} services: the two ports of the one service`);
+    model.writes = 0;
+    model.play(d.ops);
+    writes.push(model.writes);
+    const port = after.services[1]!.ports[0]!;
+    t.notOk(model.table(port.key).includes('10.0.0.13'), `${n} services: no slot names the backend taken out`);
+    t.same(model.table(port.key), flowHashSlots(normalizeState({ services: [many(n, new Set([1]))[1]!] }).services[0]!).map((s) => s.address), `${n} services: the port's table is nft's`);
+    // Nothing of any other service was written: its entries are the ones the load wrote.
+    const other = after.services[0]!.ports[0]!;
+    t.same(model.table(other.key), flowHashSlots(normalizeState({ services: [many(n)[0]!] }).services[0]!).map((s) => s.address));
+    t.same(natDelta(d.maps, after, l)!.ops, [], `${n} services: the same plan again writes nothing`);
+  }
+  t.equal(writes[0], writes[1], `the same entries written at 3 and at 300 services (${writes.join(', ')})`);
+  // Two tables of slots, two svc entries, two member entries (10.0.0.13 unhealthy on each port).
+  const slots = flowHashSlots(normalizeState({ services: [many(1, new Set([0]))[0]!] }).services[0]!).length;
+  t.equal(writes[0], 2 * slots + 2 + 2);
+});
+
+t.test('a backend comes back healthy: member first, then slots; goes: slots first, then member', async (t) => {
+  const up = natPlan({ services: [web(all)] }, l);
+  const down = natPlan({ services: [web(all.slice(0, 2))] }, l, up);
+  const { maps } = loaded(up);
+  const d1 = natDelta(maps, down, l)!;
+  t.same(d1.ops.map((o) => `${o.map}:${o.op}`), ['lbn_slots:put', 'lbn_slots:put', 'lbn_svcs:put', 'lbn_svcs:put', 'lbn_members:put', 'lbn_members:put'], 'taken out: new tables, the ports pointed at them, then the members marked');
+  const back = natPlan({ services: [web(all)] }, l, down);
+  const d2 = natDelta(d1.maps, back, l)!;
+  t.same(d2.ops.map((o) => `${o.map}:${o.op}`), ['lbn_members:put', 'lbn_members:put', 'lbn_slots:put', 'lbn_slots:put', 'lbn_svcs:put', 'lbn_svcs:put'], 'back: the members marked, then the tables');
+  const counters = (m: NatMaps): number[][] => [...m.ports.values()].map((p) => [...p.counters]);
+  t.same(counters(d2.maps), counters(maps), 'every (port, backend) keeps its counter index through both');
+  t.notOk(d2.ops.some((o) => o.map === 'lbn_counters'), 'no counter retired by a health change');
+});
+
+t.test('a backend removed: its member entries and counters go after the tables no longer name it; a service removed: all of it', async (t) => {
+  const before = natPlan({ services: [web(all), web(all, { key: 'default/other', vip: '10.0.0.60' })] }, l);
+  const { maps, model } = loaded(before);
+  const slotsBefore = model.slots.size;
+  const after = natPlan({ services: [web(all.slice(0, 2), { backends: all.slice(0, 2) })] }, l, before);
+  const d = natDelta(maps, after, l)!;
+  model.play(d.ops);
+  t.equal(model.svcs.size, 2, 'the other service\'s two ports deleted');
+  t.equal(model.members.size, 4, 'two backends on each of web\'s ports');
+  t.equal(model.retired.length, 2 + 6, 'counters retired: 10.0.0.13 on two ports, and the other service\'s six');
+  t.match(model.retired, [/:default\/web:TCP\/80:10\.0\.0\.13$/]);
+  const kinds = d.ops.map((o) => o.map + ':' + o.op);
+  t.ok(kinds.lastIndexOf('lbn_svcs:put') < kinds.indexOf('lbn_svcs:delete') && kinds.indexOf('lbn_svcs:delete') < kinds.indexOf('lbn_members:delete')
+    && kinds.lastIndexOf('lbn_members:delete') < kinds.indexOf('lbn_counters:retire'), `in order: ${[...new Set(kinds)].join(' ')}`);
+  const total = d.maps.freeSlots.reduce((s, [, n]) => s + n, 0);
+  t.equal(total + [...d.maps.ports.values()].reduce((s, p) => s + p.plan.table.length, 0), d.maps.capacity.slots, 'every slot either a port\'s or free: old ranges given back');
+  t.ok(slotsBefore > 0);
+  // Retired indices are reused last, after the never-used ones.
+  const again = natPlan({ services: [web(all)] }, l, after);
+  const d2 = natDelta(d.maps, again, l)!;
+  const tcp = d2.maps.ports.get('default/web\nTCP/80')!;
+  t.ok(tcp.counters[2]! >= maps.nextCounter, `10.0.0.13 back on web: a counter never used (${tcp.counters[2]}), not a retired one`);
+});
+
+t.test('another service takes a removed service\'s VIP and port in the same change: its entries are not deleted', async (t) => {
+  const before = natPlan({ services: [web(all)] }, l);
+  const { maps, model } = loaded(before);
+  const after = natPlan({ services: [web(all, { key: 'default/new' })] }, l, before);
+  const d = natDelta(maps, after, l)!;
+  // The port's member entries take the new service's counters before its table does: for that instant a new flow counts to the old service.
+  model.checkCounters = false;
+  model.play(d.ops);
+  model.checkCounters = true;
+  for (const k of model.svcs.keys()) model.consistent(k);
+  t.equal(model.svcs.size, 2, 'both ports forwarded, for the new service');
+  t.equal(model.members.size, 6);
+  t.equal(model.retired.length, 6, 'the old service\'s counters retired');
+  // A service whose VIP changes: its old keys go, its new ones come.
+  const moved = natPlan({ services: [web(all, { key: 'default/new', vip: '10.0.0.70' })] }, l, after);
+  const d2 = natDelta(d.maps, moved, l)!;
+  model.play(d2.ops);
+  t.same([...model.svcs.keys()].sort(), moved.services[0]!.ports.map((p) => hex(p.key)).sort(), 'only the new VIP\'s ports');
+  t.equal(model.members.size, 6);
+});
+
+t.test('a plan the maps have no room for is refused whole (the driver loads maps sized for it)', async (t) => {
+  const small = natPlan({ services: many(2) }, l);
+  const { maps } = loaded(small);
+  const big = natPlan({ services: many(200) }, l, small);
+  t.equal(natDelta(maps, big, l), undefined, 'no room: undefined, nothing to write');
+  const cap = natCapacity(big);
+  t.ok(cap.slots >= 2 * big.services.reduce((s, x) => s + x.ports.reduce((a, p) => a + p.table.length, 0), 0), 'capacity: twice the slots');
+  // Every one of the 200 services flapping one at a time fits the maps sized for them.
+  let m = natDelta(emptyNatMaps(cap), big, l)!.maps;
+  let plan = big;
+  for (let i = 0; i < 200; i++) {
+    const next = natPlan({ services: many(200, new Set([i])) }, l, plan);
+    const d = natDelta(m, next, l);
+    if (!d) { t.fail(`no room at flap ${i}`); break; }
+    m = d.maps;
+    plan = next;
+  }
+  t.equal(m.ports.size, 400);
+});
+
+t.test('the model catches a write order the program could see half-done', async (t) => {
+  const up = natPlan({ services: [web(all)] }, l);
+  const down = natPlan({ services: [web(all.slice(0, 2))] }, l, up);
+  const { maps } = loaded(up);
+  const ops = natDelta(maps, down, l)!.ops;
+  const svcFirst = [...ops.filter((o) => o.map === 'lbn_svcs'), ...ops.filter((o) => o.map !== 'lbn_svcs')];
+  t.throws(() => loaded(up).model.play(svcFirst), /slot \d+ names|not written/, 'a port pointed at its new range before the slots are there');
+  const back = natPlan({ services: [web(all)] }, l, down);
+  const d1 = natDelta(maps, down, l)!;
+  const m = loaded(up).model;
+  m.play(d1.ops);
+  const backOps = natDelta(d1.maps, back, l)!.ops;
+  const membersLast = [...backOps.filter((o) => o.map !== 'lbn_members'), ...backOps.filter((o) => o.map === 'lbn_members')];
+  // Every member is still there (marked unhealthy), so only a missing entry would fail: a member deleted first must.
+  t.doesNotThrow(() => m.play(membersLast), 'marking healthy late leaves no slot without its member');
+  const removed = natPlan({ services: [web(all.slice(0, 2), { backends: all.slice(0, 2) })] }, l);
+  const fresh = loaded(up);
+  const rm = natDelta(fresh.maps, removed, l)!.ops;
+  const deletesFirst = [...rm.filter((o) => o.op === 'delete'), ...rm.filter((o) => o.op !== 'delete')];
+  t.throws(() => fresh.model.play(deletesFirst), /has no member entry/, 'a member deleted while the old table still names it');
 });

@@ -10,7 +10,9 @@
 // restart keeps held connections and a 20 ms client loop served with one
 // program attached; a connection whose flow entries are gone (a new VRRP
 // Master, or maps lost) is picked up mid-way on the same backend; a removed
-// backend's connections end; a stop leaves no program and no pin; path MTU
+// backend's connections end; a stop leaves no program and no pin; a health
+// transition among 200 services writes no more map entries than among 10
+// (the maps written in place), with a client loop served throughout; path MTU
 // discovery works through the VIP both ways (a router's fragmentation-needed
 // about a translated packet reaches the sender translated), on both paths;
 // an engine that cannot load (no bpffs) leaves the nft table serving, and
@@ -91,7 +93,7 @@ async function conntrackEntries(lab: Lab, ns: string): Promise<number> {
 }
 
 interface Ask { backend: string; peer: string }
-interface NatStats { details: { natEngine?: { engine: string; reason: string; fill?: { flows: number; replies: number }; events?: Record<string, number> } }; flows: { backend: string; port: string; connections: number }[] }
+interface NatStats { details: { natEngine?: { engine: string; reason: string; fill?: { flows: number; replies: number }; events?: Record<string, number>; lastApply?: { mode: string; ports: number; writes: number } } }; flows: { backend: string; port: string; connections: number }[] }
 
 if (requirePrivileged(t)) {
   t.test('the eBPF NAT engine beside the nft path', async (t) => {
@@ -232,6 +234,43 @@ if (requirePrivileged(t)) {
       await eng.request({ cmd: 'stop' });
       t.equal(await natPrograms(lab, node), 0, 'no program after stop');
       t.same(fs.existsSync(pinDir) ? fs.readdirSync(pinDir) : [], [], 'no pin left');
+    });
+    await t.test('a health transition among many services writes as many map entries as among few, and flows keep flowing', async (t) => {
+      // Services beside `weighted` on VIPs nothing sends to (entries in the
+      // engine's maps and the nft table only). b3 taken out of `weighted`
+      // and put back, among 10 and among 200 of them: the engine writes the
+      // same entries both times (its two ports' tables, svc and member
+      // entries), and a client loop through the VIP sees no failure.
+      const filler = (n: number): DriverService[] => Array.from({ length: n }, (_, i) => ({
+        key: `fill/s${i}`, vip: `10.98.${i >> 8}.${i & 255}`, ports: [{ name: 'http', port: 80, protocol: 'TCP', targetPort: ECHO_PORT }],
+        healthy: BACKENDS.map((address) => ({ address, weight: 1 })), backends: BACKENDS.map((address) => ({ address })),
+      }));
+      const eng = await startEngine();
+      t.teardown(() => eng.close());
+      const writes: Record<number, number[]> = {};
+      for (const n of [10, 200]) {
+        await eng.request({ cmd: 'apply', state: { services: [weighted, ...filler(n)] } });
+        const loop = askLoop(cl, VIP, 80);
+        await new Promise((r) => setTimeout(r, 200));
+        writes[n] = [];
+        for (const state of [[service({ b1: 1, b2: 1 }), ...filler(n)], [weighted, ...filler(n)]]) {
+          await eng.request({ cmd: 'apply', state: { services: state } });
+          const last = (await eng.request<NatStats>({ cmd: 'stats' })).details.natEngine?.lastApply;
+          t.equal(last?.mode, 'delta', `${n} services: written in place (${JSON.stringify(last)})`);
+          t.equal(last?.ports, 2, `${n} services: the two ports of the one service changed`);
+          writes[n].push(last?.writes ?? NaN);
+          await new Promise((r) => setTimeout(r, 150));
+        }
+        const res = await loop.stop();
+        t.same(res.failures, {}, `${n} services: ${res.count} requests at 20 ms through the VIP across b3 out and back, none failed`);
+      }
+      const norm = normalizeState({ services: [{ ...weighted, vip: VIP,
+        healthy: weighted.healthy.map((x) => ({ address: x.address, addressNum: parseIPv4(x.address)!, weight: x.weight ?? 1 })),
+        backends: weighted.backends.map((x) => ({ address: x.address, addressNum: parseIPv4(x.address)!, weight: 1 })) }] }).services[0]!;
+      const slots = flowHashSlots(norm).length;
+      t.same(writes[200], writes[10], `the same map entries written among 200 services as among 10 (${JSON.stringify(writes)})`);
+      t.same(writes[10], [2 * slots + 2 + 2, 2 * slots + 2 + 2], `each transition: two slot tables of ${slots}, two svc entries, two member entries`);
+      await eng.request({ cmd: 'stop' });
     });
     await t.test('path MTU discovery works through the VIP: ICMP errors reach the flow\'s other end translated', async (t) => {
       // A router on the LAN with a far network behind it, whose route there

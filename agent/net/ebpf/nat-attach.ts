@@ -1,9 +1,15 @@
 // The thin driver of the full-NAT engine (native/bpf/nat.c) at tcx ingress
 // of the parent NIC: loads the clang-built object through the addon's
-// libbpf (native/src/bpf_object.cc), fills the plan's maps
-// (forward/nat-plan.ts), swaps the program in atomically (BPF_F_REPLACE),
-// reads its counters, and detaches it. Map layouts come from nat.h
-// (nat-layout.ts).
+// libbpf (native/src/bpf_object.cc), performs the map writes that take its
+// maps to a plan (forward/nat-plan.ts natDelta: only the ports that
+// changed, in an order the running program can read at any point), swaps a
+// program in atomically (BPF_F_REPLACE) where one is loaded, reads its
+// counters, and detaches it. Map layouts come from nat.h (nat-layout.ts).
+//
+// A program is loaded (and its per-plan maps created, sized by
+// natCapacity) at the first plan, when a plan no longer fits the maps, when
+// a write fails, and for a repair; every other plan is written into the
+// maps of the program in place, as Cilium updates its service maps.
 //
 // Lifetime: the flow maps (lbn_flows, lbn_replies) and the engine's event
 // counters are pinned under the pin directory, so every program of this
@@ -18,7 +24,7 @@ import * as path from 'node:path';
 import { execFileSync } from 'node:child_process';
 import { LbError, errorMessage } from '../../errors';
 import { bpfObjectPath, ifNameToIndex, nativeBpfObject, type NativeBpfObject } from '../../native/native';
-import type { NatPlan } from '../../forward/nat-plan';
+import { emptyNatMaps, natCapacity, natDelta, natOpWrites, EMPTY_NAT_PLAN, type NatMaps, type NatOp, type NatPlan } from '../../forward/nat-plan';
 import { natLayout, type CLayout } from './nat-layout';
 import { BPF_F_REPLACE, BPF_TCX_INGRESS } from './ebpf-dsr';
 import { otherOwnPrograms } from './ebpf-attach';
@@ -86,7 +92,20 @@ export const natPinDir = (device: string): string => `/sys/fs/bpf/lb-agent/nat-$
 interface Loaded {
   readonly prog: number;
   readonly maps: Readonly<Record<string, number>>;
-  readonly plan: NatPlan;
+  /** What its per-plan maps hold. */
+  contents: NatMaps;
+}
+
+/** What the last apply did (status, and the tests' count of map writes). */
+export interface NatApplyReport {
+  /** `delta`: written into the maps in place; `load`: a program loaded with maps of its own and swapped in. */
+  readonly mode: 'delta' | 'load';
+  /** Why a program was loaded (`load`). */
+  readonly reason?: string;
+  /** Ports whose entries were written (added, changed or removed). */
+  readonly ports: number;
+  /** Map entries written or deleted (a slot table: one per slot; a counter retired: its read and its reset as one). */
+  readonly writes: number;
 }
 
 function closeFd(fd: number | undefined): void {
@@ -169,6 +188,11 @@ export class NatEngine {
   /** The highest eviction count reported (events()), and what of it was counted against flow maps since replaced. */
   private evicted = 0;
   private evictedBase = 0;
+  private countersRead: { at: number; counters: Map<string, NatCounter> } | undefined;
+  private counterBuf: Buffer | undefined;
+  private counterOffsets: number[] | undefined;
+  /** What the last apply did. */
+  lastApply: NatApplyReport | undefined;
 
   constructor(opts: NatEngineOptions) {
     this.device = opts.device;
@@ -187,18 +211,21 @@ export class NatEngine {
     }
   }
 
-  private load(plan: NatPlan): Loaded {
+  private load(plan: NatPlan): { next: Loaded; writes: number; ports: number } {
     const problem = bpffsProblem(this.pinDir);
     if (problem) throw new LbError('LB_ERR_FORWARD_NAT_BPF', `cannot pin the NAT engine's flow maps: ${problem}`);
     fs.mkdirSync(this.pinDir, { recursive: true, mode: 0o700 });
     const s = this.settings;
+    const cap = natCapacity(plan);
+    const fill = natDelta(emptyNatMaps(cap), plan, this.layout);
+    if (fill === undefined) throw new LbError('LB_ERR_FORWARD_NAT_BPF', 'the NAT engine\'s maps sized for a plan have no room for it (a bug: natCapacity and natDelta disagree)');
     // Flow maps this load creates (no pin yet, or one of another layout): their insert counts start again (events()).
     const created: string[] = FLOW_MAPS.filter((name) => !fs.existsSync(path.join(this.pinDir, name)));
     let loaded;
     try {
       loaded = this.bpf.bpfObjectLoad(this.objectPath, this.pinDir, {
-        lbn_svcs: Math.max(1, plan.services.length), lbn_slots: Math.max(1, plan.slots.length), lbn_members: Math.max(1, plan.members.length),
-        lbn_counters: Math.max(1, plan.counters.length), lbn_flows: s.flowEntries, lbn_replies: s.flowEntries,
+        lbn_svcs: Math.max(1, cap.svcs), lbn_slots: Math.max(1, cap.slots), lbn_members: Math.max(1, cap.members),
+        lbn_counters: Math.max(1, cap.counters), lbn_flows: s.flowEntries, lbn_replies: s.flowEntries,
       });
     } catch (err) {
       const log = (err as { log?: unknown }).log;
@@ -206,33 +233,70 @@ export class NatEngine {
         undefined, { cause: err });
     }
     const prog = loaded.prog[NAT_PROG_NAME];
-    const next: Loaded = { prog: prog!, maps: loaded.maps, plan };
+    const next: Loaded = { prog: prog!, maps: loaded.maps, contents: emptyNatMaps(cap) };
+    let writes = 0;
     try {
       if (prog === undefined) throw new Error(`the object has no program ${NAT_PROG_NAME}`);
-      const m = (name: string): number => {
-        const fd = loaded.maps[name];
-        if (fd === undefined) throw new Error(`the object has no map ${name}`);
-        return fd;
-      };
+      for (const name of ['lbn_config', 'lbn_svcs', 'lbn_slots', 'lbn_members', 'lbn_counters', 'lbn_events']) {
+        if (loaded.maps[name] === undefined) throw new Error(`the object has no map ${name}`);
+      }
       const ns = (sec: number): bigint => BigInt(Math.round(sec * 1e9));
-      this.bpf.bpfMapUpdate(m('lbn_config'), u32(0), this.layout.encode('lbn_config', {
+      this.bpf.bpfMapUpdate(loaded.maps['lbn_config']!, u32(0), this.layout.encode('lbn_config', {
         tcp_idle_ns: ns(s.tcpIdleSeconds), tcp_closing_ns: ns(s.tcpClosingSeconds), udp_idle_ns: ns(s.udpIdleSeconds),
         port_min: s.portMin, port_count: s.portMax - s.portMin + 1,
       }), 0);
-      for (const e of plan.services) this.bpf.bpfMapUpdate(m('lbn_svcs'), e.key, e.value, 0);
-      plan.slots.forEach((v, k) => this.bpf.bpfMapUpdate(m('lbn_slots'), u32(k), v, 0));
-      for (const e of plan.members) this.bpf.bpfMapUpdate(m('lbn_members'), e.key, e.value, 0);
+      // Fresh maps: nothing to retire, nothing read.
+      writes = this.write(next, fill.ops);
+      next.contents = fill.maps;
       const fresh = FLOW_MAPS.filter((name) => created.includes(name) || loaded.unpinned.includes(name));
       if (fresh.length > 0) {
         // What the old maps lost stays counted; keys of maps that are gone no longer count as evicted.
         this.evictedBase = this.evicted;
-        for (const name of fresh) this.bpf.bpfMapUpdate(m('lbn_events'), u32(this.layout.constant(INSERT_EVENT[name])), Buffer.alloc(8 * this.cpus), 0);
+        for (const name of fresh) this.bpf.bpfMapUpdate(loaded.maps['lbn_events']!, u32(this.layout.constant(INSERT_EVENT[name])), Buffer.alloc(8 * this.cpus), 0);
       }
     } catch (err) {
       closeLoaded(next);
       throw new LbError('LB_ERR_FORWARD_NAT_BPF', `cannot fill the NAT engine's maps: ${errorMessage(err)}`, undefined, { cause: err });
     }
-    return next;
+    return { next, writes, ports: fill.changed };
+  }
+
+  /**
+   * Perform `ops` on `l`'s maps, in order; returns the entries written. A
+   * retired counter's totals are kept (carried) before it is zeroed.
+   */
+  private write(l: Loaded, ops: readonly NatOp[]): number {
+    const fd = (name: string): number => l.maps[name]!;
+    const slotKey = Buffer.alloc(4);
+    const slotSize = this.layout.size('lbn_slot');
+    const slotValue = Buffer.alloc(slotSize);
+    const zero = Buffer.alloc(this.layout.size('lbn_counter') * this.cpus);
+    let writes = 0;
+    for (const op of ops) {
+      writes += natOpWrites(op);
+      switch (op.map) {
+        case 'lbn_slots':
+          for (let i = 0; i < op.table.length; i++) {
+            slotKey.writeUInt32LE(op.base + i);
+            const at = op.table[i]! * slotSize;
+            op.values.copy(slotValue, 0, at, at + slotSize);
+            this.bpf.bpfMapUpdate(fd('lbn_slots'), slotKey, slotValue, 0);
+          }
+          break;
+        case 'lbn_counters': {
+          const k = natCounterKey(op.ref.service, `${op.ref.port.protocol}/${op.ref.port.port}`, op.ref.backend);
+          const now = this.readCounter(fd('lbn_counters'), op.index);
+          if (now) this.carried.set(k, addCounters(this.carried.get(k), now));
+          this.bpf.bpfMapUpdate(fd('lbn_counters'), u32(op.index), zero, 0);
+          break;
+        }
+        default:
+          if (op.op === 'put') this.bpf.bpfMapUpdate(fd(op.map), op.key, op.value, 0);
+          else this.bpf.bpfMapDelete!(fd(op.map), op.key);
+      }
+    }
+    this.countersRead = undefined;
+    return writes;
   }
 
   /** The program a previous plan or process left attached (by its pin), or undefined. */
@@ -266,14 +330,34 @@ export class NatEngine {
   }
 
   /**
-   * Load the program for `plan` and put it in place of ours (this process's
-   * or the pinned one an earlier process attached) in one step; the first one
-   * is appended after any other program at the hook. Throws with nothing
-   * changed when the new one cannot be loaded or attached.
+   * Take the engine to `plan`: written into the maps of the program in
+   * place where it has room for it (natDelta), otherwise (no program yet,
+   * no room, a write refused, `reload`) a program loaded for it put in place
+   * of ours (this process's or the pinned one an earlier process attached)
+   * in one step; the first one is appended after any other program at the
+   * hook. Throws with the previous program in force when a new one cannot
+   * be loaded or attached.
    */
-  apply(plan: NatPlan): void {
+  apply(plan: NatPlan, opts: { reload?: boolean } = {}): NatApplyReport {
+    let why = opts.reload ? 'repair' : this.current === undefined ? 'first plan' : this.bpf.bpfMapDelete === undefined ? 'the native addon cannot delete map entries (rebuild it: npm ci)' : undefined;
+    const cur = this.current;
+    if (why === undefined && cur !== undefined) {
+      const d = natDelta(cur.contents, plan, this.layout);
+      if (d === undefined) {
+        why = 'the maps have no room for the plan';
+      } else {
+        try {
+          const writes = this.write(cur, d.ops);
+          cur.contents = d.maps;
+          return (this.lastApply = { mode: 'delta', ports: d.changed, writes });
+        } catch (err) {
+          // Part of the delta is in the maps: a program loaded for the plan replaces them whole.
+          why = `a map write failed (${errorMessage(err)})`;
+        }
+      }
+    }
     const ifindex = ifNameToIndex(this.device);
-    const next = this.load(plan);
+    const { next, writes, ports } = this.load(plan);
     const inherited = this.current ? undefined : this.pinnedProg() ?? this.attachedUnpinned(ifindex);
     try {
       const old = this.current?.prog ?? inherited;
@@ -299,6 +383,8 @@ export class NatEngine {
     this.carryCounters();
     closeLoaded(this.current);
     this.current = next;
+    this.countersRead = undefined;
+    return (this.lastApply = { mode: 'load', reason: why ?? 'first plan', ports, writes });
   }
 
   /** Pin the attached program in place of the previous pin (a rename: the pin is never missing; bpffs refuses a dot in a name). */
@@ -314,38 +400,48 @@ export class NatEngine {
     for (const [k, v] of this.readCounters()) this.carried.set(k, v);
   }
 
+  /** One counter index summed over the CPUs, or undefined when the map has no such index. */
+  private readCounter(fd: number, index: number): NatCounter | undefined {
+    const size = this.layout.size('lbn_counter');
+    const buf = this.counterBuf ??= Buffer.alloc(size * this.cpus);
+    if (!this.bpf.bpfMapLookup(fd, u32(index), buf)) return undefined;
+    const o = this.counterOffsets ??= (['packets_to_backend', 'bytes_to_backend', 'packets_to_client', 'bytes_to_client', 'flows'] as const)
+      .map((f) => this.layout.struct('lbn_counter').fields.find((x) => x.name === f)!.offset);
+    const sum = [0, 0, 0, 0, 0];
+    for (let c = 0; c < this.cpus; c++) for (let j = 0; j < 5; j++) sum[j]! += Number(buf.readBigUInt64LE(c * size + o[j]!));
+    return { packetsToBackend: sum[0]!, bytesToBackend: sum[1]!, packetsToClient: sum[2]!, bytesToClient: sum[3]!, flows: sum[4]! };
+  }
+
   private readCounters(): Map<string, NatCounter> {
     const out = new Map<string, NatCounter>(this.carried);
     const l = this.current;
-    if (!l) return out;
-    const fd = l.maps['lbn_counters'];
-    if (fd === undefined) return out;
-    const size = this.layout.size('lbn_counter');
-    const buf = Buffer.alloc(size * this.cpus);
-    l.plan.counters.forEach((ref, i) => {
-      if (!this.bpf.bpfMapLookup(fd, u32(i), buf)) return;
-      const sum = { packetsToBackend: 0, bytesToBackend: 0, packetsToClient: 0, bytesToClient: 0, flows: 0 };
-      for (let c = 0; c < this.cpus; c++) {
-        const v = this.layout.decode('lbn_counter', buf, c * size);
-        sum.packetsToBackend += Number(v['packets_to_backend']);
-        sum.bytesToBackend += Number(v['bytes_to_backend']);
-        sum.packetsToClient += Number(v['packets_to_client']);
-        sum.bytesToClient += Number(v['bytes_to_client']);
-        sum.flows += Number(v['flows']);
-      }
-      const k = natCounterKey(ref.service, `${ref.port.protocol}/${ref.port.port}`, ref.backend);
-      const before = out.get(k);
-      out.set(k, before ? {
-        packetsToBackend: before.packetsToBackend + sum.packetsToBackend, bytesToBackend: before.bytesToBackend + sum.bytesToBackend,
-        packetsToClient: before.packetsToClient + sum.packetsToClient, bytesToClient: before.bytesToClient + sum.bytesToClient, flows: before.flows + sum.flows,
-      } : sum);
-    });
+    const fd = l?.maps['lbn_counters'];
+    if (!l || fd === undefined) return out;
+    for (const placed of l.contents.ports.values()) {
+      const p = placed.plan;
+      const port = `${p.port.protocol}/${p.port.port}`;
+      p.backends.forEach((b, i) => {
+        const sum = this.readCounter(fd, placed.counters[i]!);
+        if (!sum) return;
+        const k = natCounterKey(p.service, port, b);
+        out.set(k, addCounters(out.get(k), sum));
+      });
+    }
     return out;
   }
 
-  /** Per (service, protocol/port, backend) totals since this process started the engine (natCounterKey). */
+  /**
+   * Per (service, protocol/port, backend) totals since this process started
+   * the engine (natCounterKey). One read of the maps serves every caller
+   * within COUNTERS_REUSE_MS (a scrape's series, the status beside it), and
+   * none after a write.
+   */
   counters(): Map<string, NatCounter> {
-    return this.readCounters();
+    const now = Date.now();
+    if (this.countersRead && now - this.countersRead.at < COUNTERS_REUSE_MS && now >= this.countersRead.at) return this.countersRead.counters;
+    const counters = this.readCounters();
+    this.countersRead = { at: now, counters };
+    return counters;
   }
 
   /**
@@ -430,6 +526,7 @@ export class NatEngine {
   release(): void {
     closeLoaded(this.current);
     this.current = undefined;
+    this.countersRead = undefined;
   }
 
   get active(): boolean {
@@ -458,8 +555,18 @@ export class NatEngine {
 
   /** The plan in force (drift repair applies it again). */
   get plan(): NatPlan | undefined {
-    return this.current?.plan;
+    return this.current?.contents.plan;
   }
+}
+
+/** How long one read of the counters serves (a scrape's every series). */
+const COUNTERS_REUSE_MS = 250;
+
+function addCounters(a: NatCounter | undefined, b: NatCounter): NatCounter {
+  return a ? {
+    packetsToBackend: a.packetsToBackend + b.packetsToBackend, bytesToBackend: a.bytesToBackend + b.bytesToBackend,
+    packetsToClient: a.packetsToClient + b.packetsToClient, bytesToClient: a.bytesToClient + b.bytesToClient, flows: a.flows + b.flows,
+  } : b;
 }
 
 /** The key of one counter: service, "TCP/80", backend. */
@@ -481,7 +588,7 @@ export function probeNatHere(opts: { device?: string; pinDir: string; bpf?: Nati
   let engine: NatEngine | undefined;
   try {
     engine = new NatEngine({ device: opts.device ?? 'lo', pinDir: opts.pinDir, bpf, objectPath, settings: { ...NAT_DEFAULTS, flowEntries: 16 } });
-    engine.apply({ services: [], slots: [], members: [], counters: [], serviceKeys: [] });
+    engine.apply(EMPTY_NAT_PLAN);
     return undefined;
   } catch (err) {
     return errorMessage(err);
