@@ -87,7 +87,8 @@ t.test('100 overlapping SIGHUPs end where a fresh start with the last file would
   const last = continuityConfig([...BASE, { name: 'pb', ipam: 'pool', port: 82 }, { name: 'late', ipam: 'pool', port: 84 }]);
   const agent = await startAgent(cl.lab, cl.node, a, { name: 'a' });
   await waitStatus(agent, 'serving', (s) => s.services.every((x) => x.ready), 30_000);
-  // Atomic swaps (write a temp file, rename), a SIGHUP after each: 100 in about 2 s.
+  // Atomic swaps (write a temp file, rename), a SIGHUP after each, 2 ms apart:
+  // faster than a reload of this file completes, so signals arrive while one runs.
   const swap = (cfg: Record<string, unknown>): void => {
     const tmp = `${agent.configPath}.tmp`;
     fs.writeFileSync(tmp, stringify(withTestEngine({ ...cfg, stateDir: agent.stateDir, control: { socket: agent.socket } })));
@@ -96,7 +97,7 @@ t.test('100 overlapping SIGHUPs end where a fresh start with the last file would
   for (let i = 0; i < 100; i++) {
     swap(i === 99 ? last : i % 2 === 0 ? b : a);
     agent.signal('SIGHUP');
-    await new Promise((r) => setTimeout(r, 20));
+    await new Promise((r) => setTimeout(r, 2));
   }
   const st = await waitStatus(agent, 'the last file applied and served', (s) => s.services.map((x) => x.name).join() === 'web,api,pb,late' && s.services.every((x) => x.ready), 30_000);
   await new Promise((r) => setTimeout(r, 1000));
