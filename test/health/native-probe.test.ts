@@ -39,11 +39,25 @@ function prober(close?: ProbeClose): { p: NativeTcpProber<number>; outcomes: Out
 
 const target = (port: number): TcpTarget => ({ address: '127.0.0.1', addressNum: 0x7f000001, port });
 
-/** TCP states (/proc/net/tcp hex: 01 ESTABLISHED, 06 TIME_WAIT, ...) of loopback sockets whose remote port is `port`: our side of the probes. */
-function ourSockets(port: number): string[] {
+/** Loopback sockets whose remote port is `port`, as [local address:port, TCP state] (/proc/net/tcp hex: 01 ESTABLISHED, 06 TIME_WAIT, ...). */
+function socketsTo(port: number): [string, string][] {
   const rem = `0100007F:${port.toString(16).toUpperCase().padStart(4, '0')}`;
   return readFileSync('/proc/net/tcp', 'utf8').split('\n').slice(1)
-    .map((l) => l.trim().split(/\s+/)).filter((f) => f[2] === rem).map((f) => f[3]!);
+    .map((l) => l.trim().split(/\s+/)).filter((f) => f[2] === rem).map((f) => [f[1]!, f[3]!]);
+}
+
+/**
+ * Before the probes: the sockets to `port` that are not ours. Parallel test
+ * files share the host's ports, and an earlier listener's clients may sit in
+ * TIME_WAIT toward the port number ours was given.
+ */
+function othersTo(port: number): Set<string> {
+  return new Set(socketsTo(port).map(([local]) => local));
+}
+
+/** The states of our side of the probes to `port`: every socket to it but the others seen before. */
+function ourSockets(port: number, others: Set<string>): string[] {
+  return socketsTo(port).filter(([local]) => !others.has(local)).map(([, state]) => state);
 }
 
 const until = async (what: string, fn: () => boolean, ms = 5000): Promise<void> => {
@@ -58,6 +72,7 @@ t.test('by default an open port is ok and the probe ends as HAProxy\'s: SYN, SYN
   const seen: string[] = [];
   const server = net.createServer((sock) => { seen.push('accepted'); sock.on('error', () => {}); sock.resume(); });
   const port = await listen(server);
+  const others = othersTo(port);
   t.teardown(() => server.close());
   const { p, wait } = prober();
   t.teardown(() => p.close());
@@ -66,7 +81,7 @@ t.test('by default an open port is ok and the probe ends as HAProxy\'s: SYN, SYN
   t.equal(got.length, 20, 'every probe answered');
   t.ok(got.every((o) => o.ok && o.reason === undefined), 'each connected');
   t.same(p.stats().connecting + p.stats().closing, 0, 'no socket kept after the result');
-  t.same(ourSockets(port), [], 'no socket of ours left, none in TIME_WAIT (06)');
+  t.same(ourSockets(port, others), [], 'no socket of ours left, none in TIME_WAIT (06)');
   // Longer than TCP_DELACK_MAX (200 ms): a handshake ACK still held back would have gone by now.
   await new Promise((r) => setTimeout(r, 300));
   t.same(seen, [], 'the backend\'s application saw no connection');
@@ -81,6 +96,7 @@ t.test('close \'reset\': a full handshake, then a RST; the backend accepts each 
     sock.resume();
   });
   const port = await listen(server);
+  const others = othersTo(port);
   t.teardown(() => server.close());
   const { p, wait } = prober('reset');
   t.teardown(() => p.close());
@@ -88,7 +104,7 @@ t.test('close \'reset\': a full handshake, then a RST; the backend accepts each 
   const got = await wait(20);
   t.ok(got.length === 20 && got.every((o) => o.ok), 'each connected');
   t.same(p.stats().connecting + p.stats().closing, 0, 'no socket kept after the result');
-  t.same(ourSockets(port), [], 'no socket of ours left, none in TIME_WAIT (06)');
+  t.same(ourSockets(port, others), [], 'no socket of ours left, none in TIME_WAIT (06)');
   await until('20 connections at the backend', () => seen.filter((s) => s === 'accepted').length === 20);
   await until('each reset', () => seen.filter((s) => s === 'error ECONNRESET').length === 20);
   t.same(seen.filter((s) => s === 'fin'), [], 'no FIN');
@@ -154,6 +170,7 @@ t.test('reset modes keep a probe\'s socket for the next probe to the same addres
     return outcomes[n]!;
   };
   const fds0 = socketFds();
+  const othersA = othersTo(portA);
   for (let i = 0; i < 10; i++) t.ok((await probe(target(portA))).ok, `probe ${i + 1} connected`);
   t.equal(p.stats().reused, 9, 'nine of ten probes took the first one\'s socket');
   t.equal(p.stats().idle, 1, 'one socket kept');
@@ -166,7 +183,7 @@ t.test('reset modes keep a probe\'s socket for the next probe to the same addres
   t.ok((await probe({ address: '127.0.0.2', addressNum: 0x7f000002, port: portB })).ok, 'another address');
   t.equal(p.stats().reused, 11, 'another address does not take the first address\'s socket');
   t.equal(p.stats().idle, 2, 'each address keeps its own');
-  t.same(ourSockets(portA), [], 'nothing of ours in /proc/net/tcp: a kept socket is disconnected, no port held, no TIME_WAIT');
+  t.same(ourSockets(portA, othersA), [], 'nothing of ours in /proc/net/tcp: a kept socket is disconnected, no port held, no TIME_WAIT');
   await new Promise((res) => setTimeout(res, 300));
   t.same(accepted, [], 'the backends\' applications saw no connection: still SYN, SYN-ACK, RST');
   t.ok(trim, 'the trim is armed');
