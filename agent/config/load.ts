@@ -65,22 +65,6 @@ export class ConfigReuse {
 
   /** How many entries the parse that made this took from the one before (tests read it). */
   taken = 0;
-
-  /**
-   * The same, with each entry's specs replaced by the objects of `config`
-   * (the config in force) where `same` finds them equal: a parse made
-   * beside the config in force (the first reload's, primed after the
-   * start) then hands back that config's own objects.
-   */
-  withSpecsOf(config: Desired, same: (a: ServiceSpec, b: ServiceSpec) => boolean): ConfigReuse {
-    const inForce = new Map(config.services.map((sv) => [sv.key, sv]));
-    const byText = new Map<string, BuiltService>();
-    for (const [text, b] of this.byText) {
-      const specs = b.specs.map((sv) => { const o = inForce.get(sv.key); return o !== undefined && same(o, sv) ? o : sv; });
-      byText.set(text, specs.every((sv, i) => sv === b.specs[i]) ? b : { ...b, specs });
-    }
-    return new ConfigReuse(this.globals, byText);
-  }
 }
 
 type Seg = string | number;

@@ -110,9 +110,6 @@ const REPLACE_LOCK_WAIT_MS = 10_000;
  */
 export const START_APPLY_BATCH_MS = 500;
 
-
-/** How long after the start the reload's parse is primed (Reloader.prime): past the start's settling. */
-const PRIME_RELOAD_AFTER_MS = 3000;
 export class Daemon extends EventEmitter {
   private readonly opts: DaemonOptions;
   private readonly log: Logger;
@@ -340,8 +337,6 @@ export class Daemon extends EventEmitter {
     // compacting gc() and malloc_trim, ~60 ms before 50 DHCP services could
     // create their links). With nothing to wait for, it runs now.
     this.settleStart();
-    // The first reload's parse takes unchanged services again (Reloader.prime), seeded once the start has settled.
-    setTimeout(() => { void this.reloader.prime(); }, PRIME_RELOAD_AFTER_MS).unref();
   }
 
   /**

@@ -2,9 +2,8 @@
 // (reconciler.ts planReload), carry the steps out on the services, the
 // subsystems and the metrics endpoint, and publish the verdict. One reload
 // runs at a time (Coalesced); a bad file changes nothing.
-import { formatConfigErrors, parseConfigText, type ConfigError, type ConfigReuse } from '../config/load';
-import { readConfigTextAsync } from '../config/read';
-import { loadConfigFileAsync, RELOAD_INLINE_MAX_BYTES } from '../config/load-async';
+import { formatConfigErrors, type ConfigError, type ConfigReuse } from '../config/load';
+import { loadConfigFileAsync } from '../config/load-async';
 import { SpecFingerprints } from '../config/diff';
 import type { Desired } from '../config/types';
 import type { Clock } from '../clock';
@@ -97,26 +96,6 @@ export class Reloader {
       // the whole reload.
       () => { if (this.parsedInWorker) opts.afterReload(); },
     );
-  }
-
-  /**
-   * After the start (whose file a large config has parsed in a worker, whose
-   * objects stay there): parse the file once on the loop to seed what the
-   * first reload takes again, its entries pointing at the config in force
-   * where they build the same. Costs one parse when the agent is idle; a
-   * reload under way or a file that does not parse seeds nothing. Never throws.
-   */
-  async prime(): Promise<void> {
-    const o = this.opts;
-    try {
-      const read = await readConfigTextAsync(o.configPath);
-      const config = o.config();
-      if (!read.ok || !config || this.reuse || this.runs.inFlight || o.stopping() || Buffer.byteLength(read.text) > RELOAD_INLINE_MAX_BYTES) return;
-      const res = parseConfigText(read.text);
-      if (res.ok && res.reuse && !this.reuse && o.config() === config) this.reuse = res.reuse.withSpecsOf(config, (a, b) => this.fingerprints.same(a, b));
-    } catch (e) {
-      o.log.debug({ op: 'reload', err: errorMessage(e) }, 'could not prime the reload\'s parse');
-    }
   }
 
   /** The config's generation: 1 for the file the start read, one more for each reload applied. */
