@@ -146,7 +146,7 @@ export class Reloader {
     const plan = lateModules().planReload({ config: old, dataplane: subs.dataplane.kind, dsrUnavailable, same: (a, b) => this.fingerprints.same(a, b) }, next);
     if (!plan.ok) return this.rejected(plan.errors);
     o.adopt(next, at);
-    this.reuse = res.ok ? res.reuse : undefined;
+    this.reuse = res.reuse;
     const steps = plan.steps;
     for (let i = 0; i < steps.length && !o.stopping();) {
       let j = i + 1;
