@@ -48,6 +48,8 @@ export interface FamiliesOptions {
   threads: number;
   /** IPv6 runs a slot per kind, each between two IPv4 runs. */
   pairs: number;
+  /** The rows measured, in FAMILY_PATHS order (default: all). */
+  paths?: readonly FamilyPath[];
   log: (msg: string) => void;
 }
 
@@ -128,6 +130,7 @@ export async function benchFamilies(o: FamiliesOptions): Promise<FamiliesResult>
   const errors: string[] = [];
   const errs = new Map<FamilyPath, number>();
   const runs = new Map<string, number[]>();
+  const paths = FAMILY_PATHS.filter((p) => o.paths === undefined || o.paths.includes(p));
   try {
     const tune = 'sysctl -qw net.ipv4.ip_local_port_range="1024 65535" net.ipv4.tcp_tw_reuse=1 net.core.somaxconn=4096';
     const client = await lab.addHost('client', { address: `${CLIENT.v4}/24`, ipv6: [`${CLIENT.v6}/64`] });
@@ -141,7 +144,7 @@ export async function benchFamilies(o: FamiliesOptions): Promise<FamiliesResult>
       await lab.sh(ns, tune);
       await startNginxBackend(lab, ns, `b${i + 1}`, 8080, undefined, true);
     }
-    o.log(`lab up; paths ${FAMILY_PATHS.join(',')}; ${o.rounds} round(s), ${o.pairs} IPv6 run(s) a slot per kind between IPv4 runs, ${o.seconds} s each`);
+    o.log(`lab up; paths ${paths.join(',')}; ${o.rounds} round(s), ${o.pairs} IPv6 run(s) a slot per kind between IPv4 runs, ${o.seconds} s each`);
     const wrk = async (f: 'v4' | 'v6', close: boolean, path: FamilyPath): Promise<WrkResult> => {
       const r = await runWrk(lab, client, url(f, path), { seconds: o.seconds, connections: o.connections, threads: o.threads, close });
       errs.set(path, (errs.get(path) ?? 0) + r.socketErrors + r.non2xx + (Number.isFinite(r.rps) ? 0 : 1));
@@ -150,7 +153,7 @@ export async function benchFamilies(o: FamiliesOptions): Promise<FamiliesResult>
       return r;
     };
     for (let round = 0; round < o.rounds; round++) {
-      for (const path of rotate(FAMILY_PATHS, round)) {
+      for (const path of rotate(paths, round)) {
         if (path === 'dsr') await backendVips(lab, backendNs, true);
         if (path === 'routed') await routedFloor(lab, node, client, backendNs[0]!, true);
         const agent = path === 'direct' || path === 'routed' ? undefined : await runAgent(lab, node, agentConfig(path), { name: `fam-${path}` });
@@ -191,7 +194,7 @@ export async function benchFamilies(o: FamiliesOptions): Promise<FamiliesResult>
   }));
   return {
     config: {
-      rounds: o.rounds, seconds: o.seconds, warmup: o.warmup, connections: o.connections, threads: o.threads, pairs: o.pairs,
+      rounds: o.rounds, seconds: o.seconds, warmup: o.warmup, connections: o.connections, threads: o.threads, pairs: o.pairs, paths,
       wrk: `wrk -t${o.threads} -c${o.connections} -d${o.seconds}s (new connections: -H 'Connection: close')`,
       backends: 'three nginx, one worker each, listening on both families',
       pairing: 'each IPv6 run between two IPv4 runs of the same kind in the same slot; x IPv4 is the median of IPv6 over the mean of its two neighbours',
