@@ -17,8 +17,12 @@
 // backend's nginx, what IPv6 costs the two end hosts' stacks alone; routed,
 // the same backend reached through the node as a plain router (an address
 // of its own on lo, host routes both ways through the node, no nft, no
-// conntrack), what IPv6 costs the node's own forwarding on this kernel. The
-// kernel path is pinned to the nft table (kernel.engine: nft), which serves
+// conntrack), what IPv6 costs the node's own forwarding on this kernel;
+// nat, the node's own address port 80 translated by a hand-written table
+// of each family (conntrack, a round-robin DNAT to the three backends'
+// 8080, SNAT to the node: the agent's walk without its fib check, counters
+// and maps), what IPv6 costs the kernel's conntrack and NAT; the kernel path
+// beside it is what the agent's table adds. The kernel path is pinned to the nft table (kernel.engine: nft), which serves
 // both families; the eBPF NAT engine serves IPv4 only.
 // Only lab namespaces are addressed.
 import { Lab } from '../lab/netns';
@@ -35,7 +39,7 @@ const VIP = { v4: '10.99.0.50', v6: 'fd00:99::50' };
 const ROUTED = { v4: '10.98.0.11', v6: 'fd00:98::11' };
 const BACKENDS = [{ v4: '10.99.0.11', v6: 'fd00:99::11' }, { v4: '10.99.0.12', v6: 'fd00:99::12' }, { v4: '10.99.0.13', v6: 'fd00:99::13' }];
 
-export const FAMILY_PATHS = ['kernel', 'proxy', 'dsr', 'direct', 'routed'] as const;
+export const FAMILY_PATHS = ['kernel', 'proxy', 'dsr', 'direct', 'routed', 'nat'] as const;
 export type FamilyPath = (typeof FAMILY_PATHS)[number];
 
 export interface FamiliesOptions {
@@ -48,6 +52,8 @@ export interface FamiliesOptions {
   threads: number;
   /** IPv6 runs a slot per kind, each between two IPv4 runs. */
   pairs: number;
+  /** The rows measured, in FAMILY_PATHS order (default: all). */
+  paths?: readonly FamilyPath[];
   log: (msg: string) => void;
 }
 
@@ -95,6 +101,7 @@ function agentConfig(path: FamilyPath): Record<string, unknown> {
 
 const url = (f: 'v4' | 'v6', path: FamilyPath): string => {
   if (path === 'routed') return f === 'v4' ? `http://${ROUTED.v4}:8080/` : `http://[${ROUTED.v6}]:8080/`;
+  if (path === 'nat') return f === 'v4' ? `http://${NODE.v4}/` : `http://[${NODE.v6}]/`;
   if (path === 'direct') return f === 'v4' ? `http://${BACKENDS[0]!.v4}:8080/` : `http://[${BACKENDS[0]!.v6}]:8080/`;
   const port = path === 'dsr' ? 8080 : 80;
   return f === 'v4' ? `http://${VIP.v4}:${port}/` : `http://[${VIP.v6}]:${port}/`;
@@ -122,12 +129,45 @@ async function routedFloor(lab: Lab, node: string, client: string, backend: stri
   await lab.sh(backend, `sysctl -qw net.ipv4.conf.all.accept_redirects=0 net.ipv6.conf.all.accept_redirects=0 net.ipv6.conf.eth0.accept_redirects=0; ip addr ${add} ${ROUTED.v4}/32 dev lo; ip -6 addr ${add} ${ROUTED.v6}/128 dev lo; ip route ${add} ${CLIENT.v4}/32 via ${NODE.v4} src ${ROUTED.v4}; ip -6 route ${add} ${CLIENT.v6}/128 via ${NODE.v6} src ${ROUTED.v6}; true`);
 }
 
+/**
+ * The nat floor's tables (one per family, as the agent writes them): the
+ * node's address port 80 to the three backends' 8080 in turn, answered
+ * from the node's address; the agent's rule walk less its fib check, its
+ * byte and connection counters and its dispatch maps.
+ */
+export function natFloorScript(on: boolean): string {
+  const table = (family: 'ip' | 'ip6', f: 'v4' | 'v6'): string[] => {
+    const at = (a: string): string => (f === 'v6' ? `[${a}]` : a);
+    return [
+      `table ${family} lb_floor {`,
+      '  chain prerouting {',
+      '    type nat hook prerouting priority dstnat; policy accept;',
+      `    ${family} daddr ${NODE[f]} tcp dport 80 numgen inc mod ${BACKENDS.length} vmap { ${BACKENDS.map((_, i) => `${i} : goto b${i}`).join(', ')} }`,
+      '  }',
+      ...BACKENDS.map((b, i) => `  chain b${i} { meta l4proto tcp dnat to ${at(b[f])}:8080; }`),
+      '  chain postrouting {',
+      '    type nat hook postrouting priority srcnat; policy accept;',
+      `    ct status dnat snat to ${NODE[f]}`,
+      '  }',
+      '}',
+    ];
+  };
+  const gone = ['ip', 'ip6'].flatMap((family) => [`table ${family} lb_floor {}`, `delete table ${family} lb_floor`]);
+  return [...gone, ...(on ? [...table('ip', 'v4'), ...table('ip6', 'v6')] : []), ''].join('\n');
+}
+
+async function natFloor(lab: Lab, node: string, on: boolean): Promise<void> {
+  if (on) await lab.sh(node, 'sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1');
+  await lab.exec(node, 'nft', ['-f', '-'], { input: natFloorScript(on) });
+}
+
 export async function benchFamilies(o: FamiliesOptions): Promise<FamiliesResult> {
   const lab = await Lab.create();
   const raw: FamilyPair[] = [];
   const errors: string[] = [];
   const errs = new Map<FamilyPath, number>();
   const runs = new Map<string, number[]>();
+  const paths = FAMILY_PATHS.filter((p) => o.paths === undefined || o.paths.includes(p));
   try {
     const tune = 'sysctl -qw net.ipv4.ip_local_port_range="1024 65535" net.ipv4.tcp_tw_reuse=1 net.core.somaxconn=4096';
     const client = await lab.addHost('client', { address: `${CLIENT.v4}/24`, ipv6: [`${CLIENT.v6}/64`] });
@@ -141,7 +181,7 @@ export async function benchFamilies(o: FamiliesOptions): Promise<FamiliesResult>
       await lab.sh(ns, tune);
       await startNginxBackend(lab, ns, `b${i + 1}`, 8080, undefined, true);
     }
-    o.log(`lab up; paths ${FAMILY_PATHS.join(',')}; ${o.rounds} round(s), ${o.pairs} IPv6 run(s) a slot per kind between IPv4 runs, ${o.seconds} s each`);
+    o.log(`lab up; paths ${paths.join(',')}; ${o.rounds} round(s), ${o.pairs} IPv6 run(s) a slot per kind between IPv4 runs, ${o.seconds} s each`);
     const wrk = async (f: 'v4' | 'v6', close: boolean, path: FamilyPath): Promise<WrkResult> => {
       const r = await runWrk(lab, client, url(f, path), { seconds: o.seconds, connections: o.connections, threads: o.threads, close });
       errs.set(path, (errs.get(path) ?? 0) + r.socketErrors + r.non2xx + (Number.isFinite(r.rps) ? 0 : 1));
@@ -150,10 +190,11 @@ export async function benchFamilies(o: FamiliesOptions): Promise<FamiliesResult>
       return r;
     };
     for (let round = 0; round < o.rounds; round++) {
-      for (const path of rotate(FAMILY_PATHS, round)) {
+      for (const path of rotate(paths, round)) {
         if (path === 'dsr') await backendVips(lab, backendNs, true);
         if (path === 'routed') await routedFloor(lab, node, client, backendNs[0]!, true);
-        const agent = path === 'direct' || path === 'routed' ? undefined : await runAgent(lab, node, agentConfig(path), { name: `fam-${path}` });
+        if (path === 'nat') await natFloor(lab, node, true);
+        const agent = path === 'direct' || path === 'routed' || path === 'nat' ? undefined : await runAgent(lab, node, agentConfig(path), { name: `fam-${path}` });
         try {
           if (agent) await waitStatus(agent, 'both VIPs serving, every backend healthy', (s) => s.services.length === 2 && s.services.every((x) => x.ready && x.healthyBackends === 3), 30_000);
           for (const close of [false, true]) {
@@ -174,6 +215,7 @@ export async function benchFamilies(o: FamiliesOptions): Promise<FamiliesResult>
           if (agent) await stopAgent(agent);
           if (path === 'dsr') await backendVips(lab, backendNs, false);
           if (path === 'routed') await routedFloor(lab, node, client, backendNs[0]!, false);
+          if (path === 'nat') await natFloor(lab, node, false);
         }
       }
     }
@@ -191,7 +233,7 @@ export async function benchFamilies(o: FamiliesOptions): Promise<FamiliesResult>
   }));
   return {
     config: {
-      rounds: o.rounds, seconds: o.seconds, warmup: o.warmup, connections: o.connections, threads: o.threads, pairs: o.pairs,
+      rounds: o.rounds, seconds: o.seconds, warmup: o.warmup, connections: o.connections, threads: o.threads, pairs: o.pairs, paths,
       wrk: `wrk -t${o.threads} -c${o.connections} -d${o.seconds}s (new connections: -H 'Connection: close')`,
       backends: 'three nginx, one worker each, listening on both families',
       pairing: 'each IPv6 run between two IPv4 runs of the same kind in the same slot; x IPv4 is the median of IPv6 over the mean of its two neighbours',

@@ -11,7 +11,7 @@
 //                    [--rounds N] [--quick] [--out DIR] [--docs] [--dhcp-many-ping]
 //                    [--dhcp-clients udhcpc,dhclient,lbagent,lbagent-like]
 //                    [--forward-targets direct,dsr,direct3,dsr3,...] [--scale-sizes 10,100,500,1000] [--scale-engine auto]
-//                    [--nat-flows 100000] [--nat-udp-flows 20000]
+//                    [--nat-flows 100000] [--nat-udp-flows 20000] [--families-paths kernel,routed]
 //
 // --dhcp-clients: only these DHCP clients (e.g. `lbagent-like,udhcpc` to
 // look at one row and its peer while working on it; issue 18).
@@ -24,6 +24,9 @@
 // --nat-flows: the connections the nat area holds open through the eBPF
 // engine (0 skips that part); --nat-udp-flows: the UDP flows it holds
 // beside them (0: none).
+// --families-paths: only these rows of the families area (e.g.
+// `kernel,routed` to compare the kernel path with its floor in a third of
+// the time).
 // --quick: one round and short measurements (3-4 minutes), to check the
 // harness, not to quote. --docs: also replace the generated summary in
 // docs/benchmarks.md with this run's (`npm run docs` does the same from the
@@ -33,7 +36,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { spawnSync } from 'node:child_process';
 import { benchForward, DEFAULT_FORWARD_TARGETS, FORWARD_TARGETS, type ForwardTarget } from './forwarding';
-import { benchFamilies } from './families';
+import { benchFamilies, FAMILY_PATHS, type FamilyPath } from './families';
 import { benchDhcp, benchDhcp6, DHCP_CLIENTS, type DhcpClient } from './dhcp';
 import { benchDetection, DETECTION_SETTINGS } from './detection';
 import { benchHttps } from './https';
@@ -77,16 +80,16 @@ const TOOLS: Record<Area, string[]> = {
   tracking: ['keepalived', 'ip', 'bash', 'timeout'],
 };
 
-interface Args { only: Area[]; rounds: number; quick: boolean; out: string; docs: boolean; dhcpManyPing: boolean; dhcpClients: DhcpClient[]; forwardTargets: ForwardTarget[]; scaleSizes: number[]; scaleEngine: ScaleEngine | undefined; natFlows: number; natUdpFlows: number }
+interface Args { only: Area[]; rounds: number; quick: boolean; out: string; docs: boolean; dhcpManyPing: boolean; dhcpClients: DhcpClient[]; forwardTargets: ForwardTarget[]; scaleSizes: number[]; scaleEngine: ScaleEngine | undefined; natFlows: number; natUdpFlows: number; familiesPaths: FamilyPath[] }
 
 const REPO = path.resolve(__dirname, '..', '..');
 
 function usage(): string {
-  return `usage: npm run bench -- [--only ${AREAS.join(',')}] [--rounds N] [--quick] [--out DIR] [--docs] [--dhcp-many-ping] [--dhcp-clients ${DHCP_CLIENTS.join(',')}] [--forward-targets ${FORWARD_TARGETS.join(',')}] [--scale-sizes ${SCALE_SIZES.join(',')}] [--scale-engine auto|nft|ebpf] [--nat-flows N] [--nat-udp-flows N]\n`;
+  return `usage: npm run bench -- [--only ${AREAS.join(',')}] [--rounds N] [--quick] [--out DIR] [--docs] [--dhcp-many-ping] [--dhcp-clients ${DHCP_CLIENTS.join(',')}] [--forward-targets ${FORWARD_TARGETS.join(',')}] [--scale-sizes ${SCALE_SIZES.join(',')}] [--scale-engine auto|nft|ebpf] [--nat-flows N] [--nat-udp-flows N] [--families-paths ${FAMILY_PATHS.join(',')}]\n`;
 }
 
 function parseArgs(argv: string[]): Args {
-  const a: Args = { only: [], rounds: 0, quick: false, out: path.join(REPO, 'bench', 'results'), docs: false, dhcpManyPing: false, dhcpClients: [...DHCP_CLIENTS], forwardTargets: [...DEFAULT_FORWARD_TARGETS], scaleSizes: [...SCALE_SIZES], scaleEngine: undefined, natFlows: 100_000, natUdpFlows: 20_000 };
+  const a: Args = { only: [], rounds: 0, quick: false, out: path.join(REPO, 'bench', 'results'), docs: false, dhcpManyPing: false, dhcpClients: [...DHCP_CLIENTS], forwardTargets: [...DEFAULT_FORWARD_TARGETS], scaleSizes: [...SCALE_SIZES], scaleEngine: undefined, natFlows: 100_000, natUdpFlows: 20_000, familiesPaths: [...FAMILY_PATHS] };
   for (let i = 0; i < argv.length; i++) {
     const v = argv[i + 1];
     switch (argv[i]) {
@@ -116,6 +119,12 @@ function parseArgs(argv: string[]): Args {
         if (bad.length || names.length === 0) throw new Error(`--forward-targets: unknown target ${bad.join(',') || '(none)'}; targets are ${FORWARD_TARGETS.join(', ')}`);
         // In the table's order, whatever the order given.
         a.forwardTargets = FORWARD_TARGETS.filter((t) => names.includes(t)); i++; break;
+      }
+      case '--families-paths': {
+        const names = String(v ?? '').split(',').filter(Boolean);
+        const bad = names.filter((n) => !(FAMILY_PATHS as readonly string[]).includes(n));
+        if (bad.length || names.length === 0) throw new Error(`--families-paths: unknown path ${bad.join(',') || '(none)'}; paths are ${FAMILY_PATHS.join(', ')}`);
+        a.familiesPaths = FAMILY_PATHS.filter((p) => names.includes(p)); i++; break;
       }
       case '--scale-sizes': {
         const sizes = String(v ?? '').split(',').filter(Boolean).map(Number);
@@ -204,7 +213,7 @@ async function main(): Promise<void> {
       case 'families':
         await runArea(area, async () => {
           // IPv6 beside IPv4: 3 pairs a slot a kind in a full run, one with --quick.
-          results.families = await benchFamilies({ rounds: R, seconds: q ? 2 : 3, warmup: q ? 0 : 1, connections: 50, threads: 1, pairs: q ? 1 : 3, log: log(area) });
+          results.families = await benchFamilies({ rounds: R, seconds: q ? 2 : 3, warmup: q ? 0 : 1, connections: 50, threads: 1, pairs: q ? 1 : 3, paths: args.familiesPaths, log: log(area) });
           if (results.families.summary.length === 0) throw new Error(results.families.errors.join('; ') || 'nothing measured');
         });
         break;

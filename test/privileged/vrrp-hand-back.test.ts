@@ -12,7 +12,9 @@
 // follows), counts what it handed back (table and /metrics), and is gone
 // HAND_BACK_MS after the takeover. The same for an IPv6 VIP: the rule in
 // `table ip6 lb_agent` by hop limit, aimed at the Master's link-local
-// address (the source of its IPv6 adverts) on the parent.
+// address (the source of its IPv6 adverts) on the parent. In both families
+// a client loop (a request every 20 ms on a new connection, 300 ms each)
+// runs across the takeover and loses none.
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
 import { waitFor } from '../../lab/netns';
@@ -22,6 +24,24 @@ import { HAND_BACK_MS } from '../../agent/failover/gate';
 import { createLab } from '../../lab/netns';
 import { startBackend } from '../../lab/services';
 import { startAgent, waitStatus } from '../../lab/agent';
+import { ClientLoop, gapReport } from '../../lab/client-loop';
+import type { Lab } from '../../lab/netns';
+
+/** A client loop across the takeover: none of its requests may fail. */
+async function loopAcross(t: tap.Test, lab: Lab, client: string, url: string): Promise<{ done(at: number, bodies: readonly string[]): Promise<void> }> {
+  const loop = await ClientLoop.start(lab, client, url, { intervalMs: 20, timeoutMs: 300, maxMs: 20_000 });
+  t.teardown(() => loop.stop().then(() => undefined));
+  return {
+    async done(at, bodies) {
+      await loop.waitServed('an answer after the takeover', at, 5000);
+      await new Promise((r) => setTimeout(r, 300));
+      const g = gapReport(await loop.stop(), at, bodies);
+      t.comment(`client loop across the takeover: ${g.count} requests, ${g.failures.length} failed, slowest ${g.slowest} ms, errors ${JSON.stringify(g.errors)}`);
+      t.equal(g.failures.length, 0, `no request failed (${g.count} every 20 ms across the takeover)`);
+      t.same(g.wrongBodies, [], 'every answer from a backend');
+    },
+  };
+}
 import { addVm6, agentConfig6, BACKEND6, VIP6 } from '../../lab/vrrp6';
 
 if (requirePrivileged(t)) {
@@ -37,6 +57,7 @@ if (requirePrivileged(t)) {
     // n3 may have preempted n2 at start (then it hands back to n2 for a while): that window closes first.
     await waitFor("the Master's own hand-back, if any, over", async () => !/hand_back/.test(await table(n3.ns)), HAND_BACK_MS + 5000);
 
+    const loop = await loopAcross(t, lab, client, `http://${POOL_VIP}/`);
     // The request goes through n3 now; the backend answers in 1.5 s.
     const answer = httpGetFrom(lab, client, `http://${POOL_VIP}/slow/1500`, 8000);
     await new Promise((r) => setTimeout(r, 300));
@@ -59,6 +80,7 @@ if (requirePrivileged(t)) {
     const sample = 'lbagent_forward_handed_back_packets_total{service="api",namespace="default"}';
     const counted = await waitFor('the handed-back packets in /metrics', async () => { const v = metricValue(await n2.metrics(), sample); return v !== undefined && v >= 1 ? v : undefined; }, 5000);
     t.ok(counted >= Number(handed?.[1]), `${sample} ${counted}`);
+    await loop.done(killedAt, ['b1', 'b2']);
   });
 
   t.test('an IPv6 VIP: the answer in flight at a takeover is handed back to the previous Master by its link-local address', async (t) => {
@@ -79,6 +101,7 @@ if (requirePrivileged(t)) {
       "for the backend's target port to the VIP, straight from it, connections n1 never saw");
     await waitFor("the Master's own hand-back, if any, over", async () => !/hand_back/.test(await table(n3.ns)), HAND_BACK_MS + 5000);
 
+    const loop = await loopAcross(t, lab, client, `http://[${VIP6}]/`);
     // Through n3; the backend answers in 1.5 s; n3's agent dies (its VM, kernel and conntrack live on).
     const answer = httpGetFrom(lab, client, `http://[${VIP6}]/slow/1500`, 8000);
     await new Promise((r) => setTimeout(r, 300));
@@ -93,5 +116,6 @@ if (requirePrivileged(t)) {
     t.equal(r.body, 'b6\n', 'from the backend');
     const handed = /counter v6s0_handed_back \{\s*packets (\d+)/.exec(await table(n1.ns));
     t.ok(Number(handed?.[1]) >= 1, `n1 handed ${handed?.[1]} packet(s) back to n3`);
+    await loop.done(killedAt, ['b6']);
   });
 }
