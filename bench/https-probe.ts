@@ -12,8 +12,15 @@
 //
 //   node dist/bench/https-probe.js --who agent|haproxy --address A --first-port P --count N
 //        --access-log FILE [--ca FILE --sni NAME] [--period 2] [--duration 10] [--warmup 4]
-// Prints one JSON object on stdout.
-import { readFileSync, statSync } from 'node:fs';
+//        [--cpu-profile FILE]
+// Prints one JSON object on stdout. With --cpu-profile (agent only) the
+// measured window is also profiled (the inspector's sampling profiler, in
+// this thread), the profile written to FILE and its summary
+// (bench/lib/cpuprofile.ts) put in the line; the profiler's own cost is in
+// that run's CPU.
+
+import { readFileSync, statSync, writeFileSync } from 'node:fs';
+import { Session } from 'node:inspector';
 import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { Registry } from 'prom-client';
 import { HealthChecker } from '../agent/health/checker';
@@ -22,14 +29,16 @@ import { parseIPv4 } from '../agent/address';
 import type { ServiceSpec, TlsCheckSpec } from '../agent/config/types';
 import { cpuSecondsOf, memoryOf } from './lib/procfs';
 import { startCheckingHaproxy } from './lib/haproxy-checks';
+import { summariseProfile, type CpuProfile } from './lib/cpuprofile';
 
 interface Args {
   who: 'agent' | 'haproxy'; address: string; firstPort: number; count: number; accessLog: string;
   ca: string | undefined; sni: string | undefined; period: number; duration: number; warmup: number; maxInFlight: number;
+  cpuProfile: string | undefined;
 }
 
 function parseArgs(argv: string[]): Args {
-  const a: Args = { who: 'agent', address: '', firstPort: 0, count: 0, accessLog: '', ca: undefined, sni: undefined, period: 2, duration: 10, warmup: 4, maxInFlight: 1024 };
+  const a: Args = { who: 'agent', address: '', firstPort: 0, count: 0, accessLog: '', ca: undefined, sni: undefined, period: 2, duration: 10, warmup: 4, maxInFlight: 1024, cpuProfile: undefined };
   for (let i = 0; i < argv.length; i++) {
     const v = argv[++i] ?? '';
     switch (argv[i - 1]) {
@@ -44,6 +53,7 @@ function parseArgs(argv: string[]): Args {
       case '--duration': a.duration = Number(v); break;
       case '--warmup': a.warmup = Number(v); break;
       case '--max-in-flight': a.maxInFlight = Number(v); break;
+      case '--cpu-profile': a.cpuProfile = v; break;
       default: throw new Error(`unknown argument ${argv[i - 1]}`);
     }
   }
@@ -65,8 +75,9 @@ const r2 = (x: number): number => Math.round(x * 100) / 100;
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
 /** The window both checkers are measured over: warm up, then `duration` seconds of CPU and logged checks. */
-async function window(a: Args, cpu: () => number): Promise<{ wall: number; cpuSeconds: number; checks: number; resumed: number }> {
+async function window(a: Args, cpu: () => number, hooks: { begin?: () => Promise<void>; end?: () => Promise<void> } = {}): Promise<{ wall: number; cpuSeconds: number; checks: number; resumed: number }> {
   await sleep(a.warmup * 1000);
+  await hooks.begin?.();
   const l0 = logged(a.accessLog);
   const c0 = cpu();
   const m0 = performance.now();
@@ -74,6 +85,7 @@ async function window(a: Args, cpu: () => number): Promise<{ wall: number; cpuSe
   const cpuSeconds = cpu() - c0;
   const wall = (performance.now() - m0) / 1000;
   const l1 = logged(a.accessLog);
+  await hooks.end?.();
   return { wall, cpuSeconds, checks: l1.checks - l0.checks, resumed: l1.resumed - l0.resumed };
 }
 
@@ -117,7 +129,8 @@ async function runAgent(a: Args): Promise<Record<string, unknown>> {
   const eld = monitorEventLoopDelay({ resolution: 10 });
   eld.enable();
   const usage = (): number => { const u = process.cpuUsage(); return (u.user + u.system) / 1e6; };
-  const w = await window(a, usage);
+  const prof = a.cpuProfile !== undefined ? new Profiler() : undefined;
+  const w = await window(a, usage, prof ? { begin: () => prof.start(), end: () => prof.stop(a.cpuProfile!) } : {});
   eld.disable();
   const up = services.reduce((k, s) => k + hc.healthy(s.key).length, 0);
   const contexts = hc.tlsContexts();
@@ -127,7 +140,33 @@ async function runAgent(a: Args): Promise<Record<string, unknown>> {
     healthy: up, tlsContexts: contexts, probesStartedTotal: probes, failures, skippedBusy: sched.skippedBusy,
     eventLoopDelayMs: { p50: r2(eld.percentile(50) / 1e6), p99: r2(eld.percentile(99) / 1e6), max: r2(eld.max / 1e6) },
     rssMiB: Math.round(process.memoryUsage().rss / 2 ** 20),
+    ...(prof?.summary ? { profile: prof.summary } : {}),
   });
+}
+
+/** The inspector's sampling profiler on this thread, around the measured window. */
+class Profiler {
+  private readonly session = new Session();
+  summary: ReturnType<typeof summariseProfile> | undefined;
+
+  private post(method: string, params: object = {}): Promise<unknown> {
+    return new Promise((resolve, reject) => this.session.post(method, params, (err, res) => (err ? reject(err) : resolve(res))));
+  }
+
+  async start(): Promise<void> {
+    this.session.connect();
+    await this.post('Profiler.enable');
+    // 1 ms, node --cpu-prof's default interval.
+    await this.post('Profiler.setSamplingInterval', { interval: 1000 });
+    await this.post('Profiler.start');
+  }
+
+  async stop(file: string): Promise<void> {
+    const { profile } = (await this.post('Profiler.stop')) as { profile: CpuProfile };
+    this.session.disconnect();
+    writeFileSync(file, JSON.stringify(profile));
+    this.summary = summariseProfile(profile);
+  }
 }
 
 async function runHaproxy(a: Args): Promise<Record<string, unknown>> {

@@ -14,15 +14,21 @@ import { createTestCa } from '../lab/tls';
 import { startNginxTlsBackends } from './lib/peers';
 import { parseJsonOutput } from './wrapped';
 import { median, round } from './lib/stats';
+import type { ProfileSummary } from './lib/cpuprofile';
 
 export type HttpsWho = 'agent' | 'haproxy';
 
-export interface HttpsOptions { rounds: number; targets: number; period: number; duration: number; warmup: number; log: (msg: string) => void }
+export interface HttpsOptions {
+  rounds: number; targets: number; period: number; duration: number; warmup: number; log: (msg: string) => void;
+  /** Profile lb-agent's measured windows into this directory (https-probe.ts --cpu-profile); default LB_BENCH_CPU_PROF from the environment. */
+  profileDir?: string | undefined;
+}
 
 export interface HttpsLine {
   who: HttpsWho; verify: boolean; targets: number; checksPerSecond: number; expectedPerSecond: number; resumedFraction: number | null;
   cpu: { percentOfOneCore: number }; cpuMicrosPerCheck: number | null; rssMiB: number | null;
   healthy?: number; tlsContexts?: number; failures?: Record<string, number>; serversReportedDown?: number; eventLoopDelayMs?: { p99: number };
+  profile?: ProfileSummary;
 }
 
 export interface HttpsSummary {
@@ -80,6 +86,8 @@ export async function benchHttps(o: HttpsOptions): Promise<HttpsResult> {
   const ca = await createTestCa(lab.dir);
   const raw: HttpsLine[] = [];
   const errors: string[] = [];
+  const profileDir = o.profileDir ?? process.env.LB_BENCH_CPU_PROF;
+  if (profileDir !== undefined) fs.mkdirSync(profileDir, { recursive: true });
   const common = ['--address', BACKEND, '--first-port', String(FIRST_PORT), '--count', String(o.targets),
     '--period', String(o.period), '--duration', String(o.duration), '--warmup', String(o.warmup)];
   try {
@@ -93,7 +101,8 @@ export async function benchHttps(o: HttpsOptions): Promise<HttpsResult> {
       for (let r = 0; r < o.rounds; r++) {
         for (const verify of [false, true]) {
           for (const w of who.map((_, i) => who[(i + r) % who.length]!)) {
-            const args = [...common, '--who', w, '--access-log', accessLog, ...(verify ? ['--ca', ca.caFile, '--sni', SNI] : [])];
+            const prof = profileDir !== undefined && w === 'agent' ? ['--cpu-profile', path.join(profileDir, `agent-${verify ? 'verify' : 'no-verify'}-${r + 1}.cpuprofile`)] : [];
+            const args = [...common, '--who', w, '--access-log', accessLog, ...(verify ? ['--ca', ca.caFile, '--sni', SNI] : []), ...prof];
             const res = await lab.sh(checkers, `ulimit -n 20000 2>/dev/null; exec ${process.execPath} ${script} ${args.join(' ')}`, { allowFail: true, timeoutMs: (o.duration + o.warmup + 60) * 1000 });
             const [line] = parseJsonOutput(res.stdout) as HttpsLine[];
             if (res.code !== 0 || !line) { errors.push(`round ${r + 1}, ${w}${verify ? ' verify' : ''}: exit ${res.code}: ${res.stderr.slice(-300)}`); continue; }

@@ -30,6 +30,13 @@
 // from the event to the new Master's first answer. For the agent, its logs
 // place the steps on the same clock: the old Master resigns (fault, or its
 // priority lowered), the new one is VRRP Master, the VIP is bound.
+// Each side's detection is read too: the agent's resignation (its tracker
+// acts in the turn of the failed check that leaves too few healthy
+// backends), keepalived's script's first failing run (the script logs its
+// end), so the second table gives the time from detection to first answer
+// and to the new Master's first gratuitous ARP (tcpdump on its bridge
+// port, both sides): the time each side takes once it knows, with the phase of the cut
+// in the probe cycle, which sets most of the spread of the first table, out.
 // Medians over the runs, and agent/keepalived ratios. Only lab namespaces
 // are addressed.
 //
@@ -68,13 +75,18 @@ export function agentTracking(l: typeof LIKE_FOR_LIKE = LIKE_FOR_LIKE): Tracking
   };
 }
 
-/** keepalived's side: the vrrp_script block and the instance's track lines, and the script's body. */
-export function keepalivedTracking(backends: readonly string[], scriptPath: string, l: typeof LIKE_FOR_LIKE = LIKE_FOR_LIKE): { preamble: string[]; instance: string[]; script: string } {
+/**
+ * keepalived's side: the vrrp_script block and the instance's track lines,
+ * and the script's body. With `failLog`, a failing run appends its end
+ * (epoch ms) to that file: keepalived's detection, on the clock the cut's
+ * `date` reads.
+ */
+export function keepalivedTracking(backends: readonly string[], scriptPath: string, l: typeof LIKE_FOR_LIKE = LIKE_FOR_LIKE, failLog?: string): { preamble: string[]; instance: string[]; script: string } {
   return {
     preamble: ['vrrp_script reach {', `  script "${scriptPath}"`, `  interval ${l.intervalS}`, `  fall ${l.fall}`, `  rise ${l.rise}`, `  weight -${l.weight}`, '}'],
     instance: ['track_interface {', '  eth1', '}', 'track_script {', '  reach', '}'],
     // Can this VM still reach a backend? One TCP connect each, the agent's timeout.
-    script: `#!/bin/bash\n${backends.map((b) => `timeout ${l.timeoutS} bash -c '</dev/tcp/${b}/8080' 2>/dev/null`).join(' || ')}\n`,
+    script: `#!/bin/bash\n${backends.map((b) => `timeout ${l.timeoutS} bash -c '</dev/tcp/${b}/8080' 2>/dev/null`).join(' || ')} && exit 0\n${failLog === undefined ? '' : `date +%s%3N >> ${failLog}\n`}exit 1\n`,
   };
 }
 
@@ -87,14 +99,41 @@ export interface TrackingRun {
   timeline?: TrackingTimeline;
   /** Reach: ms from a grid point of the side's checks of b1 to the cut, modulo the interval (where in its probe cycle the cut fell). */
   cycleMs?: number;
+  /**
+   * ms from the event to the side's detection: the agent's resignation (its
+   * tracker counts the track as failing at the failed check that leaves too
+   * few healthy backends, and lowers the priority in the same turn; fault on
+   * carrier loss); keepalived's script's first failing run (reach only:
+   * keepalived sees carrier through netlink as the agent does, and logs it
+   * to the second only).
+   */
+  detectedMs?: number;
+  /** ms from the event to the new Master's first gratuitous ARP for the VIP after detection, captured on its bridge port. */
+  garpMs?: number;
+}
+
+/** One side's medians over the runs of an event. */
+export interface TrackingSide {
+  runs: TrackingRun[];
+  medianServedMs: number;
+  spreadMs: [number, number];
+  /** Median ms from the event to the side's detection (TrackingRun.detectedMs). */
+  medianDetectedMs: number;
+  /** Median of each run's ms from detection to first answer: the time the side takes once it knows, without the probe cycle's phase. */
+  medianAfterDetectMs: number;
+  afterDetectSpreadMs: [number, number];
+  /** Median of each run's ms from detection to the new Master's first gratuitous ARP on the bridge. */
+  medianDetectToGarpMs: number;
 }
 
 export interface TrackingSummary {
   event: TrackingEvent;
-  agent: { runs: TrackingRun[]; medianServedMs: number; spreadMs: [number, number]; medianTimeline: TrackingTimeline };
-  keepalived: { runs: TrackingRun[]; medianServedMs: number; spreadMs: [number, number] };
+  agent: TrackingSide & { medianTimeline: TrackingTimeline };
+  keepalived: TrackingSide;
   /** agent / keepalived medians; below 1 the agent serves again sooner. */
   ratioServed: number;
+  /** agent / keepalived medians of detection to first answer (NaN where keepalived's detection is not read). */
+  ratioAfterDetect: number;
 }
 
 export interface TrackingResult {
@@ -113,28 +152,41 @@ export function resignMs(logs: readonly Record<string, unknown>[], at: number): 
   return NaN;
 }
 
+/** A side's medians over its runs (pure). */
+function sideOf(runs: readonly TrackingRun[]): TrackingSide {
+  const since = (f: (x: TrackingRun) => number | undefined): number[] => runs.map((x) => (f(x) ?? NaN) - (x.detectedMs ?? NaN));
+  const after = since((x) => x.servedMs);
+  return {
+    runs: [...runs], medianServedMs: median(runs.map((x) => x.servedMs)), spreadMs: spread(runs.map((x) => x.servedMs)),
+    medianDetectedMs: median(runs.map((x) => x.detectedMs ?? NaN)),
+    medianAfterDetectMs: median(after), afterDetectSpreadMs: spread(after),
+    medianDetectToGarpMs: median(since((x) => x.garpMs)),
+  };
+}
+
 /** Medians and ratios per event (pure). */
 export function summariseTracking(runs: Readonly<Record<TrackingEvent, { agent: readonly TrackingRun[]; keepalived: readonly TrackingRun[] }>>): TrackingSummary[] {
   return TRACKING_EVENTS.filter((ev) => runs[ev] !== undefined).map((event) => {
     const r = runs[event];
     const tl = r.agent.map((x) => x.timeline).filter((x): x is TrackingTimeline => x !== undefined);
-    const a = median(r.agent.map((x) => x.servedMs));
-    const k = median(r.keepalived.map((x) => x.servedMs));
+    const agent = sideOf(r.agent);
+    const keepalived = sideOf(r.keepalived);
     return {
       event,
       agent: {
-        runs: [...r.agent], medianServedMs: a, spreadMs: spread(r.agent),
+        ...agent,
         medianTimeline: { resignMs: median(tl.map((x) => x.resignMs)), masterMs: median(tl.map((x) => x.masterMs)), takingMs: median(tl.map((x) => x.takingMs)), boundMs: median(tl.map((x) => x.boundMs)) },
       },
-      keepalived: { runs: [...r.keepalived], medianServedMs: k, spreadMs: spread(r.keepalived) },
-      ratioServed: round(ratio(a, k), 2),
+      keepalived,
+      ratioServed: round(ratio(agent.medianServedMs, keepalived.medianServedMs), 2),
+      ratioAfterDetect: round(ratio(agent.medianAfterDetectMs, keepalived.medianAfterDetectMs), 2),
     };
   });
 }
 
-/** The fastest and the slowest run (NaN, NaN when none measured). */
-function spread(runs: readonly TrackingRun[]): [number, number] {
-  const ok = runs.map((x) => x.servedMs).filter((x) => Number.isFinite(x));
+/** The fastest and the slowest of the measured values (NaN, NaN when none). */
+function spread(values: readonly number[]): [number, number] {
+  const ok = values.filter((x) => Number.isFinite(x));
   return ok.length === 0 ? [NaN, NaN] : [Math.min(...ok), Math.max(...ok)];
 }
 
@@ -144,13 +196,20 @@ const EVENT_TEXT: Record<TrackingEvent, string> = {
   service: 'reach lost to every backend (tracked service / track_script)',
 };
 
-/** The area's table: one line per event, agent beside keepalived, and where the agent's time went. */
+/**
+ * The area's tables: one line per event, agent beside keepalived, and where
+ * the agent's time went; then the same runs from each side's detection on.
+ */
 export function trackingTable(r: TrackingResult): string {
   const head = '| event | agent: first answer ms (spread) | keepalived: first answer ms (spread) | agent / keepalived | agent: old Master resigned ms | agent: new Master ms | agent: VIP bound ms | runs: agent; keepalived (ms, with the cut\'s place in the side\'s probe cycle @ms) |\n| --- | --: | --: | --: | --: | --: | --: | --- |';
   const runs = (rs: readonly TrackingRun[]): string => rs.map((x) => `${cell(x.servedMs)}${x.cycleMs !== undefined ? ` @${cell(x.cycleMs)}` : ''}`).join(', ');
   const med = (m: number, sp: [number, number]): string => `${cell(m)} (${cell(sp[0])}-${cell(sp[1])})`;
-  const rows = r.summary.map((s) => `| ${EVENT_TEXT[s.event]} | ${med(s.agent.medianServedMs, s.agent.spreadMs)} | ${med(s.keepalived.medianServedMs, s.keepalived.spreadMs)} | ${Number.isFinite(s.ratioServed) ? `${s.ratioServed.toFixed(2)}x` : 'n/a'} | ${cell(s.agent.medianTimeline.resignMs)} | ${cell(s.agent.medianTimeline.masterMs)} | ${cell(s.agent.medianTimeline.boundMs)} | ${runs(s.agent.runs)}; ${runs(s.keepalived.runs)} |`);
-  return [head, ...rows].join('\n');
+  const x = (v: number): string => (Number.isFinite(v) ? `${v.toFixed(2)}x` : 'n/a');
+  const rows = r.summary.map((s) => `| ${EVENT_TEXT[s.event]} | ${med(s.agent.medianServedMs, s.agent.spreadMs)} | ${med(s.keepalived.medianServedMs, s.keepalived.spreadMs)} | ${x(s.ratioServed)} | ${cell(s.agent.medianTimeline.resignMs)} | ${cell(s.agent.medianTimeline.masterMs)} | ${cell(s.agent.medianTimeline.boundMs)} | ${runs(s.agent.runs)}; ${runs(s.keepalived.runs)} |`);
+  const head2 = '| event | agent: detected ms | keepalived: detected ms | agent: detection to first answer ms (spread) | keepalived: detection to first answer ms (spread) | agent / keepalived | agent: detection to gratuitous ARP ms | keepalived: detection to gratuitous ARP ms | runs: agent; keepalived (detection to first answer ms) |\n| --- | --: | --: | --: | --: | --: | --: | --: | --- |';
+  const after = (rs: readonly TrackingRun[]): string => rs.map((y) => cell(y.servedMs - (y.detectedMs ?? NaN))).join(', ');
+  const rows2 = r.summary.map((s) => `| ${EVENT_TEXT[s.event]} | ${cell(s.agent.medianDetectedMs)} | ${cell(s.keepalived.medianDetectedMs)} | ${med(s.agent.medianAfterDetectMs, s.agent.afterDetectSpreadMs)} | ${med(s.keepalived.medianAfterDetectMs, s.keepalived.afterDetectSpreadMs)} | ${x(s.ratioAfterDetect)} | ${cell(s.agent.medianDetectToGarpMs)} | ${cell(s.keepalived.medianDetectToGarpMs)} | ${after(s.agent.runs)}; ${after(s.keepalived.runs)} |`);
+  return [head, ...rows, '', head2, ...rows2].join('\n');
 }
 
 /**
@@ -181,52 +240,112 @@ export function cycleOffset(lastCheck: number, at: number, intervalMs: number): 
 }
 
 /**
- * The SYNs of health checks arriving at a backend, by source address, as
- * tcpdump in its namespace sees them (-tt: epoch seconds, on the clock the
- * cut's `date` reads).
+ * tcpdump in a namespace (-tt: epoch seconds, on the clock the cut's `date`
+ * reads), each line it prints parsed into a key and a time (wall ms), the
+ * last `keep` times kept per key.
  */
-export class CheckWatch {
-  /** The last CHECKS_KEPT checks' times (wall ms) by source address. */
-  private readonly last = new Map<string, number[]>();
+class TcpdumpTimes {
+  private readonly times = new Map<string, number[]>();
   private buf = '';
-  private constructor(private readonly proc: ChildProcess) {
+  private constructor(private readonly proc: ChildProcess, parse: (line: string) => { key: string; t: number } | undefined, keep: number) {
     proc.stdout?.on('data', (d: Buffer) => {
       this.buf += d.toString();
       let nl: number;
       while ((nl = this.buf.indexOf('\n')) >= 0) {
-        const line = this.buf.slice(0, nl);
+        const p = parse(this.buf.slice(0, nl));
         this.buf = this.buf.slice(nl + 1);
-        // "1765100000.123456 IP 10.98.0.4.41234 > 10.98.0.11.8080: Flags [S], ..."
-        const m = /^(\d+\.\d+) IP (\d+\.\d+\.\d+\.\d+)\.\d+ > /.exec(line);
-        if (m) {
-          const times = this.last.get(m[2]!) ?? [];
-          times.push(Number(m[1]) * 1000);
-          if (times.length > CHECKS_KEPT) times.shift();
-          this.last.set(m[2]!, times);
-        }
+        if (!p) continue;
+        const times = this.times.get(p.key) ?? [];
+        times.push(p.t);
+        if (times.length > keep) times.shift();
+        this.times.set(p.key, times);
       }
     });
   }
 
-  static async start(lab: Lab, ns: string, port: number): Promise<CheckWatch> {
-    const proc = lab.spawn(ns, 'tcpdump', ['-i', 'eth1', '-n', '-l', '-tt', '-Q', 'in', `tcp dst port ${port} and tcp[tcpflags] & (tcp-syn|tcp-ack) == tcp-syn`]);
+  static async start(lab: Lab, ns: string, args: readonly string[], parse: (line: string) => { key: string; t: number } | undefined, keep: number): Promise<TcpdumpTimes> {
+    const proc = lab.spawn(ns, 'tcpdump', ['-n', '-l', '-tt', ...args]);
     let err = '';
     proc.stderr?.on('data', (d: Buffer) => { err += d.toString(); });
     await waitFor('tcpdump listening', () => /listening on/.test(err), 10_000);
-    return new CheckWatch(proc);
+    return new TcpdumpTimes(proc, parse, keep);
+  }
+
+  /** The times kept for a key, oldest first. */
+  of(key: string): readonly number[] { return this.times.get(key) ?? []; }
+
+  stop(): void { this.proc.kill('SIGKILL'); }
+}
+
+/** The SYNs of health checks arriving at a backend, by source address, as tcpdump in its namespace sees them. */
+export class CheckWatch {
+  private constructor(private readonly dump: TcpdumpTimes) {}
+
+  static async start(lab: Lab, ns: string, port: number): Promise<CheckWatch> {
+    const parse = (line: string): { key: string; t: number } | undefined => {
+      // "1765100000.123456 IP 10.98.0.4.41234 > 10.98.0.11.8080: Flags [S], ..."
+      const m = /^(\d+\.\d+) IP (\d+\.\d+\.\d+\.\d+)\.\d+ > /.exec(line);
+      return m ? { key: m[2]!, t: Number(m[1]) * 1000 } : undefined;
+    };
+    return new CheckWatch(await TcpdumpTimes.start(lab, ns, ['-i', 'eth1', '-Q', 'in', `tcp dst port ${port} and tcp[tcpflags] & (tcp-syn|tcp-ack) == tcp-syn`], parse, CHECKS_KEPT));
   }
 
   /** The checks seen from the address of these that sent the latest one (wall ms, oldest first). */
   checksFrom(sources: readonly string[]): number[] {
-    let best: number[] = [];
-    for (const s of sources) {
-      const t = this.last.get(s) ?? [];
+    let best: readonly number[] = [];
+    for (const src of sources) {
+      const t = this.dump.of(src);
       if (t.length > 0 && (best.length === 0 || t.at(-1)! > best.at(-1)!)) best = t;
     }
     return [...best];
   }
 
-  stop(): void { this.proc.kill('SIGKILL'); }
+  stop(): void { this.dump.stop(); }
+}
+
+/**
+ * A gratuitous ARP in a line of `tcpdump -n -tt` (pure): its time (wall ms)
+ * and the address it announces. The capture's filter keeps only ARP whose
+ * sender and target address are the same (RFC 5227 §2.3's announcement, or
+ * keepalived's gratuitous ARP), so a client's request is never one.
+ */
+export function parseGarp(line: string): { t: number; ip: string } | undefined {
+  // "1765100000.123456 ARP, Request who-has 10.98.0.201 tell 10.98.0.201, length 28"
+  const m = /^(\d+\.\d+) ARP, (?:Request who-has|Reply) (\d+\.\d+\.\d+\.\d+)[ ,]/.exec(line);
+  return m ? { t: Number(m[1]) * 1000, ip: m[2]! } : undefined;
+}
+
+/**
+ * The gratuitous ARPs one VM sends on the VM network, by address: tcpdump on
+ * its bridge port in the lab's LAN namespace, frames coming in from the VM
+ * only, so the old Master's own (keepalived repeats its announcements
+ * garp_master_delay after becoming Master) are never taken for the new one's.
+ */
+export class GarpWatch {
+  private constructor(private readonly dump: TcpdumpTimes) {}
+
+  static async start(lab: Lab, port: string): Promise<GarpWatch> {
+    const parse = (line: string): { key: string; t: number } | undefined => {
+      const g = parseGarp(line);
+      return g ? { key: g.ip, t: g.t } : undefined;
+    };
+    // A run's announcements; older ones are never asked for again.
+    return new GarpWatch(await TcpdumpTimes.start(lab, lab.lan, ['-i', port, '-Q', 'in', 'arp and arp[14:4] = arp[24:4]'], parse, 64));
+  }
+
+  /** The first gratuitous ARP for `ip` at or after `at` (wall ms), ms after `from`; NaN when none. */
+  firstAfter(ip: string, at: number, from: number): number {
+    const t = this.dump.of(ip).find((x) => x >= at);
+    return t === undefined ? NaN : Math.round(t - from);
+  }
+
+  stop(): void { this.dump.stop(); }
+}
+
+/** The first time (epoch ms, one a line, as keepalivedTracking's failLog has them) at or after `at`, ms after it; NaN when none. */
+export function firstLoggedAfter(text: string, at: number): number {
+  const t = text.split('\n').map(Number).filter((x) => x > 0 && x >= at).sort((a, b) => a - b)[0];
+  return t === undefined ? NaN : t - at;
 }
 
 /** Checks a CheckWatch keeps per source, for gridPoint. */
@@ -311,24 +430,27 @@ function runOf(m: Awaited<ReturnType<typeof measure>>, timeline?: TrackingTimeli
   return { servedMs: m.servedMs, failed: m.failed, ...(timeline ? { timeline } : {}), ...(m.cycleMs !== undefined ? { cycleMs: Math.round(m.cycleMs) } : {}) };
 }
 
-async function agentRun(tl: TrackingLab, ev: TrackingEvent, placement: (sources: readonly string[]) => Placement): Promise<TrackingRun> {
+async function agentRun(tl: TrackingLab, garp: GarpWatch, ev: TrackingEvent, placement: (sources: readonly string[]) => Placement): Promise<TrackingRun> {
   const [n2, n3] = tl.nodes;
   const serving = (n: TrackingNode) => n.waitService('Master serving', 'api', (s) => s.state === 'serving' && (s.failover as { state?: string } | undefined)?.state === 'master', 20_000);
   await serving(n3);
   const m = await measure(tl, VM_NET_VIP, placement([vmNetAddress(n3.def.ip), VM_NET_VIP]), () => cut(tl, n3.ns, n3.vmPort, ev, true), () => serving(n2));
   await cut(tl, n3.ns, n3.vmPort, ev, false);
   await serving(n3); // preempt back
-  return runOf(m, { resignMs: resignMs(n3.logs(), m.at), ...takeoverTimeline(n2.logs(), m.at) });
+  const detectedMs = resignMs(n3.logs(), m.at);
+  return { ...runOf(m, { resignMs: detectedMs, ...takeoverTimeline(n2.logs(), m.at) }), detectedMs, garpMs: garp.firstAfter(VM_NET_VIP, m.at + (Number.isFinite(detectedMs) ? detectedMs : 0), m.at) };
 }
 
-async function keepalivedRun(tl: TrackingLab, k1: Keepalived, k2: Keepalived, ev: TrackingEvent, placement: (sources: readonly string[]) => Placement): Promise<TrackingRun> {
+async function keepalivedRun(tl: TrackingLab, garp: GarpWatch, k1: Keepalived, k2: Keepalived, failLog: string, ev: TrackingEvent, placement: (sources: readonly string[]) => Placement): Promise<TrackingRun> {
   const ns1 = tl.lab.ns('ka1');
   await waitFor('ka1 MASTER', () => k1.state() === 'MASTER', 20_000);
   const m = await measure(tl, KA_VIP, placement([vmNetAddress(KA[0].ip), KA_VIP]), () => cut(tl, ns1, 'wka1', ev, true), () => waitFor('ka2 MASTER', () => k2.state() === 'MASTER', 20_000), 'ka2');
   await cut(tl, ns1, 'wka1', ev, false);
   await waitFor('ka1 MASTER again', () => k1.state() === 'MASTER', 20_000);
   await sleep(500);
-  return runOf(m);
+  const detectedMs = ev === 'service' ? firstLoggedAfter(fs.existsSync(failLog) ? fs.readFileSync(failLog, 'utf8') : '', m.at) : undefined;
+  const from = m.at + (detectedMs !== undefined && Number.isFinite(detectedMs) ? detectedMs : 0);
+  return { ...runOf(m), ...(detectedMs !== undefined ? { detectedMs } : {}), garpMs: garp.firstAfter(KA_VIP, from, m.at) };
 }
 
 export async function benchTracking(o: { runs: number; log: (msg: string) => void }): Promise<TrackingResult> {
@@ -338,9 +460,14 @@ export async function benchTracking(o: { runs: number; log: (msg: string) => voi
   const out = Object.fromEntries(TRACKING_EVENTS.map((ev) => [ev, { agent: [] as TrackingRun[], keepalived: [] as TrackingRun[] }])) as Record<TrackingEvent, { agent: TrackingRun[]; keepalived: TrackingRun[] }>;
   try {
     const tl = await buildTrackingLab({ teardown: (fn) => teardowns.push(fn) }, KA);
+    const failLogOf = (role: string): string => tl.lab.file(`reach-${role}.failed`);
     const [n2, n3] = tl.nodes;
     const watch = await CheckWatch.start(tl.lab, tl.lab.ns(BACKEND_IDS[0]), 8080);
     teardowns.push(() => watch.stop());
+    // The new Masters' bridge ports: n2's, ka2's.
+    const garpAgent = await GarpWatch.start(tl.lab, n2.vmPort);
+    const garpKa = await GarpWatch.start(tl.lab, 'wka2');
+    teardowns.push(() => { garpAgent.stop(); garpKa.stop(); });
     // info: the takeover's own lines, without the cost of debug logging in the measured path.
     await n3.startWith(trackingConfig(n3.def, agentTracking()), { logLevel: 'info' });
     await n2.startWith(trackingConfig(n2.def, agentTracking()), { logLevel: 'info' });
@@ -348,8 +475,8 @@ export async function benchTracking(o: { runs: number; log: (msg: string) => voi
     for (const k of KA) {
       const ns = tl.lab.ns(k.role);
       await startBackend(tl.lab, ns, k.role, [80]);
-      const check = tl.lab.file('reach.sh');
-      const kt = keepalivedTracking(VM_NET_BACKENDS, check);
+      const check = tl.lab.file(`reach-${k.role}.sh`);
+      const kt = keepalivedTracking(VM_NET_BACKENDS, check, LIKE_FOR_LIKE, failLogOf(k.role));
       fs.writeFileSync(check, kt.script, { mode: 0o755 });
       kas.push(await startKeepalived(tl.lab, ns, k.role, {
         vrid: 61, priority: k.priority, advertInt: LIKE_FOR_LIKE.advertInterval, vips: [KA_VIP], vipDev: 'eth1', state: k.role === 'ka1' ? 'MASTER' : 'BACKUP',
@@ -363,9 +490,9 @@ export async function benchTracking(o: { runs: number; log: (msg: string) => voi
         for (const who of order) {
           try {
             const placement = (sources: readonly string[]): Placement => (ev === 'service' ? { kind: 'cycle', watch, sources, phaseMs: probePhaseMs(i, o.runs) } : { kind: 'now' });
-            const r = who === 'agent' ? await agentRun(tl, ev, placement) : await keepalivedRun(tl, kas[0]!, kas[1]!, ev, placement);
+            const r = who === 'agent' ? await agentRun(tl, garpAgent, ev, placement) : await keepalivedRun(tl, garpKa, kas[0]!, kas[1]!, failLogOf(KA[0].role), ev, placement);
             out[ev][who].push(r);
-            const t = `${r.cycleMs !== undefined ? `; cut ${r.cycleMs} ms into the probe cycle` : ''}${r.timeline ? `; resigned at ${r.timeline.resignMs} ms, new Master at ${r.timeline.masterMs} ms, bound at ${r.timeline.boundMs} ms` : ''}`;
+            const t = `${r.cycleMs !== undefined ? `; cut ${r.cycleMs} ms into the probe cycle` : ''}${r.detectedMs !== undefined ? `; detected at ${r.detectedMs} ms` : ''}${r.timeline ? `; new Master at ${r.timeline.masterMs} ms, bound at ${r.timeline.boundMs} ms` : ''}; gratuitous ARP at ${r.garpMs} ms`;
             o.log(`${ev} run ${i + 1}/${o.runs} ${who}: ${r.servedMs} ms (${r.failed} failed requests)${t}`);
           } catch (e) {
             const msg = `${ev} run ${i + 1} ${who}: ${(e as Error).message.split('\n')[0]}`;

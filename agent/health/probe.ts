@@ -30,6 +30,8 @@ export interface TlsProbeSettings {
   readonly verify: boolean;
   /** The target's TLS session, which its next probes resume; written by the probes. Undefined: every probe makes a full handshake. */
   readonly resume?: TlsResumption | undefined;
+  /** node:tls's connect, looked up once with the context (health/tls.ts); undefined: each probe requires node:tls. */
+  readonly connect?: typeof tls.connect | undefined;
 }
 
 /** A target's last TLS session, and when a full handshake (the certificate verified) last happened. */
@@ -280,8 +282,6 @@ export function tlsFailure(err: unknown): { reason: FailureReason; detail: strin
  * its detail names the phase it caught.
  */
 export const httpsProbe: Probe = (target, opts) => new Promise<ProbeResult>((resolve) => {
-  // Required here, not at the top: node:tls brings node:crypto, which an agent without HTTPS checks never loads.
-  const { connect } = require('node:tls') as typeof import('node:tls');
   let raw: net.Socket | undefined;
   let sec: tls.TLSSocket | undefined;
   let phase: HttpsPhase = 'connect';
@@ -289,6 +289,8 @@ export const httpsProbe: Probe = (target, opts) => new Promise<ProbeResult>((res
   if (v.done) return; // aborted before it began
   const settings = target.tls;
   if (!settings) { v.fail('error', 'an https probe without TLS settings'); return; }
+  // Not at the top: node:tls brings node:crypto, which an agent without HTTPS checks never loads.
+  const connect = settings.connect ?? (require('node:tls') as typeof import('node:tls')).connect;
   const r = settings.resume;
   const session = r?.session !== undefined && performance.now() - r.fullAt < TLS_RESUME_MS ? r.session : undefined;
   const tlsOptions: tls.ConnectionOptions = {

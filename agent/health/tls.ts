@@ -17,9 +17,10 @@ export function contextKey(spec: TlsCheckSpec): string {
 interface Entry { readonly context: SecureContext; users: number }
 
 /** node:tls (and node:crypto with it) is required by the first HTTPS target, never by an agent without one. */
+const nodeTls = (): typeof import('node:tls') => require('node:tls') as typeof import('node:tls');
+
 function createContext(ca: string | undefined): SecureContext {
-  const { createSecureContext } = require('node:tls') as typeof import('node:tls');
-  return createSecureContext(ca !== undefined ? { ca } : {});
+  return nodeTls().createSecureContext(ca !== undefined ? { ca } : {});
 }
 
 export class TlsContexts {
@@ -36,8 +37,10 @@ export class TlsContexts {
       this.byKey.set(key, e);
     }
     e.users++;
-    // A session of its own per target: a ticket names one server.
-    return { servername: spec.sni, context: e.context, verify: spec.ca !== undefined, resume: { session: undefined, fullAt: 0 } };
+    // A session of its own per target: a ticket names one server. connect
+    // is looked up here, once per target, not by every probe: a require,
+    // even of a cached builtin, goes through the module loader.
+    return { servername: spec.sni, context: e.context, verify: spec.ca !== undefined, resume: { session: undefined, fullAt: 0 }, connect: nodeTls().connect };
   }
 
   release(spec: TlsCheckSpec): void {

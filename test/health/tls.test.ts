@@ -21,6 +21,7 @@ t.test('one context per CA digest, shared, released with its last user', async (
   t.same([a1.verify, none.verify], [true, false], 'verify exactly when a CA is given');
   t.not(a1.resume, a2.resume, 'a TLS session slot per target, never shared');
   t.same(a1.resume, { session: undefined, fullAt: 0 });
+  t.equal(a1.connect, tls.connect, 'node:tls connect handed with the context: no module lookup per probe');
   t.equal(c.size, 3);
   c.release(spec('a'));
   t.equal(c.size, 3, 'one user of a left');
