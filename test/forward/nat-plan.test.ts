@@ -12,7 +12,7 @@ import { emptyNatMaps, natCapacity, natDelta, natOpWrites, natPlan, type NatMaps
 import { flowHashSlots } from '../../agent/forward/nft-dsr';
 import { natLayout } from '../../agent/net/ebpf/nat-layout';
 
-const b = (address: string, weight = 1): BackendSpec => ({ address, addressNum: parseIPv4(address) ?? 0, weight });
+const b = (address: string, weight = 1): BackendSpec => (address.includes(':') ? { address, addressNum: 0, family: 'IPv6', weight } : { address, addressNum: parseIPv4(address)!, weight });
 const all = [b('10.0.0.11'), b('10.0.0.12'), b('10.0.0.13', 2)];
 const web = (healthy: BackendSpec[], extra: Partial<ForwardService> = {}): ForwardService => ({
   key: 'default/web', vip: '10.0.0.50', backends: all, healthy,
