@@ -247,6 +247,18 @@ if (requirePrivileged(t)) {
       t.same(burst.errors, {});
       t.equal(burst.counts['b3'] ?? 0, 0, `no new IPv6 connection to b3 (${JSON.stringify(burst.counts)})`);
       t.equal(await conntrackEntries(lab, node, VIP6), 0, 'still nothing in conntrack');
+
+      // A datagram with a destination options header (RFC 8200 4.6, a PadN
+      // option): the engine passes it to the nft table unread and counts it;
+      // the nft path serves it.
+      const ext = 'import socket\ns = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)\ns.settimeout(2)\ns.bind(("", 47101))\n'
+        + `s.sendmsg([b"q"], [(socket.IPPROTO_IPV6, socket.IPV6_DSTOPTS, bytes([0, 0, 1, 4, 0, 0, 0, 0]))], 0, ("${VIP6}", 53))\n`
+        + 'print(s.recv(100).decode().strip())\n';
+      const answer = (await lab.exec(client, 'python3', ['-c', ext], { timeoutMs: 5000 })).stdout.trim();
+      t.match(answer, /^b[12]$/, `a datagram with an extension header served through the nft path, by a healthy backend (${answer})`);
+      const events = (await eng.request<NatStats>({ cmd: 'stats' })).details.natEngine?.events;
+      t.ok((events?.['ipv6ExtHeader'] ?? 0) >= 1, `passed to nft and counted (${JSON.stringify(events)})`);
+      t.ok(await conntrackEntries(lab, node, VIP6) >= 1, 'through conntrack, as the nft path serves it');
       await eng.request({ cmd: 'stop' });
     });
 
