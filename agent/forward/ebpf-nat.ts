@@ -7,10 +7,10 @@
 // written into its maps in place (only the ports of services whose inputs
 // changed) where they have room for it, else with a program loaded for it
 // and swapped in. The engine forwards the `sourceIP: snat` flows of IPv4
-// VIPs without conntrack; whatever it passes on (IPv6, direct server return,
-// fragments, IP options, a packet too big for the way out, a port with no
-// healthy backend, traffic the node itself sends to a VIP) reaches the nft
-// table as before. So the nft path is both the fallback and the reference.
+// and IPv6 VIPs without conntrack; whatever it passes on (direct server
+// return, fragments, IP options, IPv6 extension headers, a packet too big
+// for the way out, a port with no healthy backend, traffic the node itself
+// sends to a VIP) reaches the nft table as before. So the nft path is both the fallback and the reference.
 //
 // A plan the engine cannot take (load, fill or attach failing) detaches it:
 // the nft table, already written for the same state, serves alone, and
@@ -76,7 +76,7 @@ export class EbpfNatDataplane implements Dataplane, TableOwner {
         if (done.mode === 'load') this.log.info({ reason: done.reason, ports: done.ports, writes: done.writes }, 'the eBPF NAT engine loaded a program for the plan');
         else this.log.debug({ ports: done.ports, writes: done.writes }, 'the eBPF NAT engine\'s maps written in place');
         if (this.state.engine !== 'ebpf') this.log.info({ device: this.engine.device }, 'the eBPF NAT engine forwards the snat ports');
-        this.state = { engine: 'ebpf', reason: `tcx ingress of ${this.engine.device}` };
+        this.state = { engine: 'ebpf', reason: `tcx ingress of ${this.engine.device}: the snat flows of IPv4 and IPv6 VIPs` };
       } catch (err) {
         const reason = errorMessage(err);
         this.log.error({ err: reason }, 'the eBPF NAT engine cannot take this plan; the nft table forwards alone');
@@ -185,7 +185,9 @@ export class EbpfNatDataplane implements Dataplane, TableOwner {
     let engine: Record<string, unknown> = { ...this.state };
     if (this.plan) {
       try {
-        engine = { ...engine, services: this.plan.services.map((s) => s.key), events: this.engine.events(true), fill: this.engine.fill(), lastApply: this.engine.lastApply };
+        const ports = { IPv4: 0, IPv6: 0 };
+        for (const s of this.plan.services) for (const p of s.ports) ports[p.family === 6 ? 'IPv6' : 'IPv4']++;
+        engine = { ...engine, services: this.plan.services.map((s) => s.key), ports, events: this.engine.events(true), fill: this.engine.fill(), lastApply: this.engine.lastApply };
       } catch (err) {
         engine = { ...engine, problem: errorMessage(err) };
       }
@@ -230,7 +232,7 @@ export class EbpfNatDataplane implements Dataplane, TableOwner {
     perBackend('lbagent_forward_nat_packets_to_client_total', 'Packets the eBPF NAT engine sent back to clients from a backend.', (c) => c.packetsToClient);
     perBackend('lbagent_forward_nat_bytes_to_client_total', 'Bytes (IP packets) the eBPF NAT engine sent back to clients from a backend.', (c) => c.bytesToClient);
     new Gauge({
-      name: 'lbagent_forward_nat_flow_entries', help: 'Entries in the eBPF NAT engine\'s flow maps (one per direction of a flow) and their capacity.', registers: [registry],
+      name: 'lbagent_forward_nat_flow_entries', help: 'Entries in the eBPF NAT engine\'s flow maps (one per direction of a flow; flows6 and replies6: IPv6) and the capacity of each.', registers: [registry],
       labelNames: ['map'],
       collect() {
         this.reset();
@@ -239,13 +241,15 @@ export class EbpfNatDataplane implements Dataplane, TableOwner {
           const f = engine.fill();
           this.set({ map: 'flows' }, f.flows);
           this.set({ map: 'replies' }, f.replies);
+          this.set({ map: 'flows6' }, f.flows6);
+          this.set({ map: 'replies6' }, f.replies6);
           this.set({ map: 'capacity' }, f.capacity);
         } catch { /* no maps: no series */ }
       },
     });
     new Counter({
       name: 'lbagent_forward_nat_events_total',
-      help: 'eBPF NAT engine events since its maps were created: new flows, mid-flow pickups, idle expiries, flows placed again, no free source port, no route, ICMP errors translated, flow map entries evicted.',
+      help: 'eBPF NAT engine events since its maps were created: new flows, mid-flow pickups, idle expiries, flows placed again, no free source port, no route, ICMP errors translated, IPv6 packets with an extension header passed to nft, flow map entries evicted.',
       registers: [registry], labelNames: ['event'],
       collect() {
         this.reset();

@@ -4,14 +4,17 @@
 // new plan (natDelta), touching only the ports whose plan changed. The
 // driver (net/ebpf/nat-attach.ts) performs the writes in the order given.
 //
-// The engine takes the kernel path's `sourceIP: snat` ports of IPv4 VIPs;
-// the nft table behind it (nft.ts) keeps everything else (IPv6, direct
-// server return) and whatever the program passes on.
+// The engine takes the kernel path's `sourceIP: snat` ports of IPv4 and
+// IPv6 VIPs, each family in maps of its own (lbn_svcs, lbn_slots,
+// lbn_members and their *6 twins with 16-byte addresses; the counters are
+// one index space); the nft table behind it (nft.ts) keeps everything else
+// (direct server return) and whatever the program passes on.
 //
 // Placement: the same slot table and hash as the nft table's flow-hash
 // placement (nft-dsr.ts flowHashSlots and flowHashPick: Maglev over every
 // configured backend, the healthy ones filling it, nft's seeded jhash of the
-// client's address and port), whatever the failover mode. So a flow lands
+// client's address and port: `ip saddr . th sport`, `ip6 saddr . th sport`
+// for an IPv6 VIP), whatever the failover mode. So a flow lands
 // where the nft table with VRRP puts it, and a VRRP peer running either
 // engine picks it up mid-way on the same backend.
 //
@@ -23,7 +26,7 @@
 // names it, and deleted only after no slot and no port does. A counter
 // index keeps its (port, backend) for as long as the pair exists, so an
 // unchanged port's counters are never moved or read again at an apply.
-import { ipv4ToBytes } from '../address';
+import { addressToBytes, parseAddress } from '../address';
 import type { PortSpec } from '../config/types';
 import type { CLayout } from '../net/ebpf/nat-layout';
 import { normalizeState, type ForwardState, type NormalizedService } from './dataplane';
@@ -44,9 +47,11 @@ export interface NatCounterRef {
 export interface NatPortPlan {
   /** The port's identity from plan to plan: service key, protocol/port. */
   readonly id: string;
+  /** The VIP's family: which maps hold the port (lbn_svcs or lbn_svcs6, ...). */
+  readonly family: 4 | 6;
   readonly service: string;
   readonly port: PortSpec;
-  /** lbn_svc_key, encoded. */
+  /** lbn_svc_key (lbn_svc_key6 for an IPv6 VIP), encoded. */
   readonly key: Buffer;
   readonly seed: number;
   /** Every configured backend (lbn_members), and whether it is healthy. */
@@ -69,10 +74,18 @@ export interface NatPlan {
   readonly byKey: ReadonlyMap<string, NatServicePlan>;
 }
 
-/** Does the engine take this service's ports? IPv4 VIP held, source NAT. */
+/** Does the engine take this service's ports? VIP held (either family), source NAT. */
 export function natServes(svc: NormalizedService): boolean {
-  return svc.vip !== undefined && !svc.vip.includes(':') && svc.sourceIP === 'snat' && svc.ports.length > 0;
+  return svc.vip !== undefined && svc.sourceIP === 'snat' && svc.ports.length > 0;
 }
+
+/** A map's name for a family: lbn_svcs, or lbn_svcs6 for IPv6. */
+export function natMapName<M extends 'lbn_svcs' | 'lbn_slots' | 'lbn_members'>(map: M, family: 4 | 6): M | `${M}6` {
+  return family === 6 ? `${map}6` : map;
+}
+
+/** A struct's name for a family (lbn_svc_key, lbn_svc_key6). */
+const structName = (name: 'lbn_svc_key' | 'lbn_member_key' | 'lbn_slot', family: 4 | 6): string => (family === 6 ? `${name}6` : name);
 
 function be16(n: number): Buffer {
   const b = Buffer.alloc(2);
@@ -80,9 +93,11 @@ function be16(n: number): Buffer {
   return b;
 }
 
+/** An address as the wire has it: 4 bytes, or 16 for IPv6. */
 function addr(a: string): Buffer {
-  const parts = a.split('.').map(Number);
-  return ipv4ToBytes(((parts[0]! << 24) | (parts[1]! << 16) | (parts[2]! << 8) | parts[3]!) >>> 0);
+  const parsed = parseAddress(a);
+  if (parsed === undefined) throw new Error(`not an IP address: ${a}`);
+  return addressToBytes(parsed);
 }
 
 const sameBackends = (a: NormalizedService['all'], b: NormalizedService['all']): boolean =>
@@ -105,9 +120,14 @@ function servicePlan(svc: NormalizedService, layout: CLayout): NatServicePlan {
   const owners = healthySet.size === 0 ? [] : healthySet.size === 1 ? [svc.healthy[0]!] : flowHashSlots(svc);
   const table = Uint32Array.from(owners, (b) => index.get(b.address)!);
   const seed = dsrSeedValue(svc.key);
+  const vip = addr(svc.vip!);
+  const family = vip.length === 16 ? 6 : 4;
+  for (const b of backends) {
+    if (addr(b).length !== vip.length) throw new Error(`${svc.key}: backend ${b} is not of the VIP ${svc.vip}'s family`);
+  }
   const ports = svc.ports.map(({ spec }): NatPortPlan => ({
-    id: `${svc.key}\n${spec.protocol}/${spec.port}`, service: svc.key, port: spec,
-    key: layout.encode('lbn_svc_key', { vip: addr(svc.vip!), port: be16(spec.port), proto: IPPROTO[spec.protocol] }),
+    id: `${svc.key}\n${spec.protocol}/${spec.port}`, family, service: svc.key, port: spec,
+    key: layout.encode(structName('lbn_svc_key', family), { vip, port: be16(spec.port), proto: IPPROTO[spec.protocol] }),
     seed, backends, healthy, table,
   }));
   return { key: svc.key, input: svc, ports };
@@ -140,6 +160,12 @@ export interface NatCapacity {
   readonly slots: number;
   readonly members: number;
   readonly counters: number;
+  /** The IPv6 twins of svcs, slots and members. */
+  readonly svcs6: number;
+  readonly slots6: number;
+  readonly members6: number;
+  /** Whether the IPv6 flow maps are sized for flows (else a token few entries: a plan without an IPv6 port). */
+  readonly six: boolean;
 }
 
 /** Where a port's entries are in the maps. */
@@ -158,18 +184,26 @@ export interface NatMaps {
   readonly ports: ReadonlyMap<string, NatPlaced>;
   /** Unused ranges of lbn_slots, [base, size], by base, none adjacent. */
   readonly freeSlots: readonly (readonly [number, number])[];
+  /** The same of lbn_slots6. */
+  readonly freeSlots6: readonly (readonly [number, number])[];
   /** Counter indices released, oldest first: reused only when no index is left unused (a flow of a removed backend may count into its old index a while). */
   readonly freeCounters: readonly number[];
   /** The next counter index never used. */
   readonly nextCounter: number;
-  /** Entries in lbn_members and lbn_svcs. */
+  /** Entries in lbn_members and lbn_svcs, and in their IPv6 twins. */
   readonly members: number;
   readonly svcs: number;
+  readonly members6: number;
+  readonly svcs6: number;
 }
 
 /** Maps of `capacity`, holding nothing. */
 export function emptyNatMaps(capacity: NatCapacity): NatMaps {
-  return { capacity, plan: EMPTY_NAT_PLAN, ports: new Map(), freeSlots: capacity.slots > 0 ? [[0, capacity.slots]] : [], freeCounters: [], nextCounter: 0, members: 0, svcs: 0 };
+  return {
+    capacity, plan: EMPTY_NAT_PLAN, ports: new Map(),
+    freeSlots: capacity.slots > 0 ? [[0, capacity.slots]] : [], freeSlots6: capacity.slots6 > 0 ? [[0, capacity.slots6]] : [],
+    freeCounters: [], nextCounter: 0, members: 0, svcs: 0, members6: 0, svcs6: 0,
+  };
 }
 
 /**
@@ -178,42 +212,47 @@ export function emptyNatMaps(capacity: NatCapacity): NatMaps {
  * health never grows it past that), and at least a few ports' worth more.
  */
 export function natCapacity(plan: NatPlan): NatCapacity {
-  let svcs = 0;
-  let slots = 0;
-  let members = 0;
-  let largest = 0;
+  const n = { 4: { svcs: 0, slots: 0, members: 0, largest: 0 }, 6: { svcs: 0, slots: 0, members: 0, largest: 0 } };
   for (const s of plan.services) {
     for (const p of s.ports) {
       const full = p.backends.length > 1 ? Math.max(p.table.length, maglevSize(p.backends.length)) : p.backends.length;
-      svcs++;
-      slots += full;
-      members += p.backends.length;
-      largest = Math.max(largest, full);
+      const f = n[p.family];
+      f.svcs++;
+      f.slots += full;
+      f.members += p.backends.length;
+      f.largest = Math.max(f.largest, full);
     }
   }
-  const room = (n: number, min: number): number => Math.max(2 * n, n + min);
+  const room = (k: number, min: number): number => Math.max(2 * k, k + min);
+  const six = n[6].svcs > 0;
   // A changed port's new table sits beside its old one until the swap: room for the largest twice over.
-  return { svcs: room(svcs, 64), slots: room(slots, Math.max(4 * largest, 8192)), members: room(members, 256), counters: room(members, 256) };
+  // The IPv6 maps of a plan without an IPv6 port: room for a few (the first IPv6 port loads maps sized for it).
+  return {
+    svcs: room(n[4].svcs, 64), slots: room(n[4].slots, Math.max(4 * n[4].largest, 8192)), members: room(n[4].members, 256),
+    counters: room(n[4].members + n[6].members, 256),
+    svcs6: six ? room(n[6].svcs, 64) : 1, slots6: six ? room(n[6].slots, Math.max(4 * n[6].largest, 8192)) : 1, members6: six ? room(n[6].members, 256) : 1,
+    six,
+  };
 }
 
-/** One write to the engine's maps, in the order it must be made. */
+/** One write to the engine's maps, in the order it must be made (an IPv6 port's go to the *6 maps). */
 export type NatOp =
-  | { readonly map: 'lbn_members'; readonly op: 'put'; readonly key: Buffer; readonly value: Buffer }
-  | { readonly map: 'lbn_members'; readonly op: 'delete'; readonly key: Buffer }
+  | { readonly map: 'lbn_members' | 'lbn_members6'; readonly op: 'put'; readonly key: Buffer; readonly value: Buffer }
+  | { readonly map: 'lbn_members' | 'lbn_members6'; readonly op: 'delete'; readonly key: Buffer }
   /**
    * Slots base .. base + table.length - 1: slot s is lbn_slot number
    * table[s] of `values` (one encoded lbn_slot per backend of the port: a
    * table is held once, as the plan has it, never as a buffer of slots).
    */
-  | { readonly map: 'lbn_slots'; readonly op: 'put'; readonly base: number; readonly table: Uint32Array; readonly values: Buffer }
-  | { readonly map: 'lbn_svcs'; readonly op: 'put'; readonly key: Buffer; readonly value: Buffer }
-  | { readonly map: 'lbn_svcs'; readonly op: 'delete'; readonly key: Buffer }
+  | { readonly map: 'lbn_slots' | 'lbn_slots6'; readonly op: 'put'; readonly base: number; readonly table: Uint32Array; readonly values: Buffer }
+  | { readonly map: 'lbn_svcs' | 'lbn_svcs6'; readonly op: 'put'; readonly key: Buffer; readonly value: Buffer }
+  | { readonly map: 'lbn_svcs' | 'lbn_svcs6'; readonly op: 'delete'; readonly key: Buffer }
   /** A counter whose (port, backend) is gone: its totals are kept (as `ref`'s), then it is zeroed for its next user. */
   | { readonly map: 'lbn_counters'; readonly op: 'retire'; readonly index: number; readonly ref: NatCounterRef };
 
 /** The map entries an op writes (a slot range: one per slot). */
 export function natOpWrites(op: NatOp): number {
-  return op.map === 'lbn_slots' ? op.table.length : 1;
+  return op.map === 'lbn_slots' || op.map === 'lbn_slots6' ? op.table.length : 1;
 }
 
 export interface NatDelta {
@@ -270,10 +309,12 @@ function sameTable(a: NatPlaced, p: NatPortPlan, counters: readonly number[]): b
  * entries deleted; (5) member entries turned unhealthy, then those of
  * removed backends and ports deleted; (6) counters of removed (port,
  * backend) pairs retired. Old ranges and counter indices are free for the
- * next delta, not this one.
+ * next delta, not this one. Each family's ports go to its own maps, with
+ * its own ranges of slots, in the same order.
  */
 export function natDelta(maps: NatMaps, plan: NatPlan, layout: CLayout): NatDelta | undefined {
   const cap = maps.capacity;
+  if (!cap.six && plan.services.some((s) => s.ports.some((p) => p.family === 6))) return undefined;
   const memberUp: NatOp[] = [];
   const slotOps: NatOp[] = [];
   const svcOps: NatOp[] = [];
@@ -282,26 +323,27 @@ export function natDelta(maps: NatMaps, plan: NatPlan, layout: CLayout): NatDelt
   const memberDeletes: NatOp[] = [];
   const retires: NatOp[] = [];
   const ports = new Map(maps.ports);
-  let freeSlots = [...maps.freeSlots];
-  const released: Array<readonly [number, number]> = [];
+  /** Each family's slot ranges and entry counts (peaks: entries of a port moved to another key are there at once for a while). */
+  const fam = {
+    4: { free: [...maps.freeSlots], released: [] as Array<readonly [number, number]>, members: maps.members, peakMembers: maps.members, svcs: maps.svcs, peakSvcs: maps.svcs },
+    6: { free: [...maps.freeSlots6], released: [] as Array<readonly [number, number]>, members: maps.members6, peakMembers: maps.members6, svcs: maps.svcs6, peakSvcs: maps.svcs6 },
+  };
   const freeCounters = [...maps.freeCounters];
   let nextCounter = maps.nextCounter;
   const releasedCounters: number[] = [];
-  let members = maps.members;
-  let peakMembers = members;
-  let svcs = maps.svcs;
-  let peakSvcs = svcs;
   let changed = 0;
   /** Keys of lbn_svcs and lbn_members this delta writes (hex), which no removal may then delete. */
   const written = new Set<string>();
 
   const memberKey = (p: NatPortPlan, backend: string): Buffer => {
-    const svc = layout.decode('lbn_svc_key', p.key);
-    return layout.encode('lbn_member_key', { svc, backend: addr(backend) });
+    const svc = layout.decode(structName('lbn_svc_key', p.family), p.key);
+    return layout.encode(structName('lbn_member_key', p.family), { svc, backend: addr(backend) });
   };
   const memberValue = (counter: number, healthy: boolean): Buffer => layout.encode('lbn_member', { counter, healthy: healthy ? 1 : 0 });
 
   const place = (p: NatPortPlan, old: NatPlaced | undefined): boolean => {
+    const f = fam[p.family];
+    const members = natMapName('lbn_members', p.family);
     // Counters: kept by the backends the port keeps, new ones for the others.
     const had = new Map<string, number>();
     old?.plan.backends.forEach((b, i) => had.set(b, old.counters[i]!));
@@ -320,41 +362,42 @@ export function natDelta(maps: NatMaps, plan: NatPlan, layout: CLayout): NatDelt
     p.backends.forEach((b, i) => {
       const before = wasHealthy.get(b);
       if (before === p.healthy[i] && had.get(b) === counters[i]) return;
-      const op: NatOp = { map: 'lbn_members', op: 'put', key: memberKey(p, b), value: memberValue(counters[i]!, p.healthy[i]!) };
+      const op: NatOp = { map: members, op: 'put', key: memberKey(p, b), value: memberValue(counters[i]!, p.healthy[i]!) };
       written.add(op.key.toString('hex'));
-      if (before === undefined) members++;
+      if (before === undefined) f.members++;
       if (before === true && !p.healthy[i]) memberDown.push(op);
       else memberUp.push(op);
     });
-    peakMembers = Math.max(peakMembers, members);
+    f.peakMembers = Math.max(f.peakMembers, f.members);
     const kept = new Set(p.backends);
     old?.plan.backends.forEach((b, i) => {
       if (kept.has(b)) return;
-      memberDeletes.push({ map: 'lbn_members', op: 'delete', key: memberKey(old.plan, b) });
-      members--;
+      memberDeletes.push({ map: members, op: 'delete', key: memberKey(old.plan, b) });
+      f.members--;
       retires.push({ map: 'lbn_counters', op: 'retire', index: old.counters[i]!, ref: { service: old.plan.service, port: old.plan.port, backend: b } });
       releasedCounters.push(old.counters[i]!);
     });
     // The slot table, in a range of its own where it differs.
     let base = old?.base ?? 0;
     if (old === undefined || !sameTable(old, p, counters)) {
-      const got = take(freeSlots, p.table.length);
+      const got = take(f.free, p.table.length);
       if (got === undefined) return false;
-      freeSlots = got.free;
+      f.free = got.free;
       base = got.base;
       if (p.table.length > 0) {
-        const size = layout.size('lbn_slot');
+        const slot = structName('lbn_slot', p.family);
+        const size = layout.size(slot);
         const values = Buffer.alloc(size * p.backends.length);
-        p.backends.forEach((b, i) => layout.encode('lbn_slot', { backend: addr(b), counter: counters[i]! }, values, i * size));
-        slotOps.push({ map: 'lbn_slots', op: 'put', base, table: p.table, values });
+        p.backends.forEach((b, i) => layout.encode(slot, { backend: addr(b), counter: counters[i]! }, values, i * size));
+        slotOps.push({ map: natMapName('lbn_slots', p.family), op: 'put', base, table: p.table, values });
       }
-      if (old !== undefined) released.push([old.base, old.plan.table.length]);
+      if (old !== undefined) f.released.push([old.base, old.plan.table.length]);
     }
     if (old === undefined || base !== old.base || p.table.length !== old.plan.table.length || p.port.targetPort !== old.plan.port.targetPort || p.seed !== old.plan.seed) {
-      svcOps.push({ map: 'lbn_svcs', op: 'put', key: p.key, value: layout.encode('lbn_svc', { base, slots: p.table.length, seed: p.seed, target_port: be16(p.port.targetPort) }) });
+      svcOps.push({ map: natMapName('lbn_svcs', p.family), op: 'put', key: p.key, value: layout.encode('lbn_svc', { base, slots: p.table.length, seed: p.seed, target_port: be16(p.port.targetPort) }) });
       written.add(p.key.toString('hex'));
     }
-    if (old === undefined) peakSvcs = Math.max(peakSvcs, ++svcs);
+    if (old === undefined) f.peakSvcs = Math.max(f.peakSvcs, ++f.svcs);
     ports.set(p.id, { plan: p, base, counters });
     return true;
   };
@@ -372,7 +415,7 @@ export function natDelta(maps: NatMaps, plan: NatPlan, layout: CLayout): NatDelt
       let old = maps.ports.get(p.id);
       if (old !== undefined && old.plan === p) continue;
       changed++;
-      if (old !== undefined && !old.plan.key.equals(p.key)) {
+      if (old !== undefined && (old.plan.family !== p.family || !old.plan.key.equals(p.key))) {
         removals.push(old);
         old = undefined;
       }
@@ -390,22 +433,26 @@ export function natDelta(maps: NatMaps, plan: NatPlan, layout: CLayout): NatDelt
   }
   for (const old of removals) {
     const p = old.plan;
-    if (!written.has(p.key.toString('hex'))) svcDeletes.push({ map: 'lbn_svcs', op: 'delete', key: p.key });
-    svcs--;
+    const f = fam[p.family];
+    if (!written.has(p.key.toString('hex'))) svcDeletes.push({ map: natMapName('lbn_svcs', p.family), op: 'delete', key: p.key });
+    f.svcs--;
     p.backends.forEach((b, i) => {
       const key = memberKey(p, b);
-      if (!written.has(key.toString('hex'))) memberDeletes.push({ map: 'lbn_members', op: 'delete', key });
-      members--;
+      if (!written.has(key.toString('hex'))) memberDeletes.push({ map: natMapName('lbn_members', p.family), op: 'delete', key });
+      f.members--;
       retires.push({ map: 'lbn_counters', op: 'retire', index: old.counters[i]!, ref: { service: p.service, port: p.port, backend: b } });
       releasedCounters.push(old.counters[i]!);
     });
-    released.push([old.base, p.table.length]);
+    f.released.push([old.base, p.table.length]);
   }
-  if (peakMembers > cap.members || peakSvcs > cap.svcs) return undefined;
-  for (const [base, size] of released) freeSlots = giveBack(freeSlots, base, size);
+  if (fam[4].peakMembers > cap.members || fam[4].peakSvcs > cap.svcs || fam[6].peakMembers > cap.members6 || fam[6].peakSvcs > cap.svcs6) return undefined;
+  for (const f of [fam[4], fam[6]]) for (const [base, size] of f.released) f.free = giveBack(f.free, base, size);
   return {
     ops: [...memberUp, ...slotOps, ...svcOps, ...svcDeletes, ...memberDown, ...memberDeletes, ...retires],
-    maps: { capacity: cap, plan, ports, freeSlots, freeCounters: [...freeCounters, ...releasedCounters], nextCounter, members, svcs },
+    maps: {
+      capacity: cap, plan, ports, freeSlots: fam[4].free, freeSlots6: fam[6].free, freeCounters: [...freeCounters, ...releasedCounters], nextCounter,
+      members: fam[4].members, svcs: fam[4].svcs, members6: fam[6].members, svcs6: fam[6].svcs,
+    },
     changed,
   };
 }

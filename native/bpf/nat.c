@@ -5,7 +5,8 @@
  * (native/src/bpf_object.cc); planned and attached by
  * agent/net/ebpf/nat-attach.ts. Map layouts: nat.h.
  *
- * Client C, VIP V on this node, backend B (the same L2), IPv4 TCP and UDP:
+ * Client C, VIP V on this node, backend B (the same L2), TCP and UDP (IPv4
+ * here; IPv6, over maps of its own, in the second half of this file):
  *   C:cport -> V:port   the port's Maglev slot table (agent/forward/maglev.ts,
  *                       nft's seeded jhash of C . cport, as nft-dsr.ts and
  *                       ebpf-dsr.ts compute it) picks B; the flow is recorded
@@ -673,8 +674,552 @@ static __always_inline int icmp_error(struct __sk_buff *skb, const struct lbn_co
 	return send(skb, &fib, rc);
 }
 
-SEC("tc")
-int lb_agent_nat(struct __sk_buff *skb)
+/* ------------------------------------------------------------------------
+ * IPv6: the same engine over its own maps (nat.h's *6 structs), for the
+ * kernel path's `sourceIP: snat` ports of IPv6 VIPs:
+ *   C:cport -> [V]:port   placed by the port's slot table and nft's seeded
+ *                       jhash of `ip6 saddr . th sport` (20 bytes: the
+ *                       address, the port, two zero bytes), which the nft
+ *                       table's IPv6 flow-hash placement computes
+ *                       (ebpf-dsr.ts nftJhashSlot6 is its twin); leaves as
+ *                       [V]:nport -> B:targetPort.
+ *   B:targetPort -> [V]:nport   leaves as [V]:port -> C:cport.
+ * No IP header checksum (RFC 8200); the L4 checksum covers the
+ * pseudo-header's 128-bit addresses, fixed by one bpf_csum_diff over both
+ * and bpf_l4_csum_replace; the hop limit drops by one. The way out is
+ * bpf_fib_lookup's (AF_INET6), sent with bpf_redirect, or
+ * bpf_redirect_neigh (the IPv6 nexthop: NDP fills in the MAC) where the FIB
+ * has no neighbour yet. A packet whose next header is an extension header
+ * (hop-by-hop, routing, fragment, destination options, ...) is passed on
+ * unread, and counted (LBN_EV_IPV6_EXT_HEADER): nft parses those. ICMPv6
+ * errors (destination unreachable, packet too big, time exceeded) about a
+ * packet the engine sent are translated towards the flow's other end as
+ * the IPv4 ones are; ICMPv6's checksum covers the pseudo-header, so the
+ * outer addresses go into it too (RFC 4443 2.3). So a Packet Too Big from a
+ * router towards a backend reaches the client about its own packet, and
+ * path MTU discovery (RFC 8201) works through the VIP.
+ */
+
+#ifndef AF_INET6
+#define AF_INET6 10
+#endif
+#define IPV6_HLEN 40
+#define NEXTHDR_ICMPV6 58
+#define ICMPV6_DEST_UNREACH 1
+#define ICMPV6_PKT_TOOBIG 2
+#define ICMPV6_TIME_EXCEED 3
+
+struct ip6h {
+	__u8 vtc;
+	__u8 flow[3];
+	__u16 payload_len;
+	__u8 nexthdr;
+	__u8 hop_limit;
+	__u32 saddr[4];
+	__u32 daddr[4];
+};
+
+struct lbn_flow_map6 {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct lbn_flow_key6);
+	__type(value, struct lbn_flow6);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+};
+struct lbn_flow_map6 lbn_flows6 SEC(".maps");
+struct lbn_flow_map6 lbn_replies6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct lbn_svc_key6);
+	__type(value, struct lbn_svc);
+	__uint(max_entries, 1);
+} lbn_svcs6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct lbn_slot6);
+	__uint(max_entries, 1);
+} lbn_slots6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct lbn_member_key6);
+	__type(value, struct lbn_member);
+	__uint(max_entries, 1);
+} lbn_members6 SEC(".maps");
+
+#define COPY6(d, s) do { (d)[0] = (s)[0]; (d)[1] = (s)[1]; (d)[2] = (s)[2]; (d)[3] = (s)[3]; } while (0)
+
+static __always_inline int eq6(const __u32 *a, const __u32 *b)
+{
+	return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3];
+}
+
+/* nft_jhash_eval over `ip6 saddr . th sport` (20 bytes): one __jhash_mix
+ * round over the first 12, the last 8 added, __jhash_final; then
+ * reciprocal_scale into `mod` slots. */
+static __always_inline __u32 nft_jhash_slot6(const __u32 *s, __u16 sport, __u32 seed, __u32 mod)
+{
+	__u32 init = JHASH_INITVAL + 20 + seed;
+	__u32 a = init + s[0], b = init + s[1], c = init + s[2];
+
+	a -= c; a ^= rol32(c, 4); c += b;
+	b -= a; b ^= rol32(a, 6); a += c;
+	c -= b; c ^= rol32(b, 8); b += a;
+	a -= c; a ^= rol32(c, 16); c += b;
+	b -= a; b ^= rol32(a, 19); a += c;
+	c -= b; c ^= rol32(b, 4); b += a;
+	a += s[3];
+	b += (__u32)sport;
+	c ^= b; c -= rol32(b, 14);
+	a ^= c; a -= rol32(c, 11);
+	b ^= a; b -= rol32(a, 25);
+	c ^= b; c -= rol32(b, 16);
+	a ^= c; a -= rol32(c, 4);
+	b ^= a; b -= rol32(a, 14);
+	c ^= b; c -= rol32(b, 24);
+	return (__u32)(((__u64)c * mod) >> 32);
+}
+
+/* What nat6 parsed, handed to the subprograms below (each verified with
+ * what it can prove from this: the TCP header's length is read here, once,
+ * not again through `ports`, whose proven range is the UDP header's). */
+struct parsed6 {
+	struct ip6h *ip;
+	__u16 *ports;
+	__u32 csum_off;
+	__u8 proto;
+	__u8 tcp_flags;
+	__u8 tcp_hlen;
+};
+
+#define L4_OFF6 (sizeof(struct ethhdr) + IPV6_HLEN)
+
+static __always_inline int route6(struct __sk_buff *skb, struct bpf_fib_lookup *fib, const __u32 *src, const __u32 *dst, __u8 proto, __u16 tot_len)
+{
+	__builtin_memset(fib, 0, sizeof(*fib));
+	fib->family = AF_INET6;
+	fib->l4_protocol = proto;
+	fib->tot_len = tot_len;
+	COPY6(fib->ipv6_src, src);
+	COPY6(fib->ipv6_dst, dst);
+	fib->ifindex = skb->ingress_ifindex;
+	return bpf_fib_lookup(skb, fib, sizeof(*fib), 0);
+}
+
+static __always_inline int send6(struct __sk_buff *skb, struct bpf_fib_lookup *fib, int rc)
+{
+	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
+		struct bpf_redir_neigh nh = { .nh_family = AF_INET6 };
+		COPY6(nh.ipv6_nh, fib->ipv6_dst);
+		return bpf_redirect_neigh(fib->ifindex, &nh, sizeof(nh), 0);
+	}
+	if (bpf_skb_store_bytes(skb, 0, fib->dmac, ETH_ALEN, 0) ||
+	    bpf_skb_store_bytes(skb, ETH_ALEN, fib->smac, ETH_ALEN, 0))
+		return TC_ACT_SHOT;
+	return bpf_redirect(fib->ifindex, 0);
+}
+
+/* (src:sport -> dst:dport) becomes (nsrc:nsport -> ndst:ndport), the hop
+ * limit one less, and with `macs`, the frame's MACs from the way `f` caches
+ * (a flag, not a pointer that may be null: clang turns that choice into a
+ * mask of the pointer, which the verifier refuses). */
+static __always_inline int rewrite6(struct __sk_buff *skb, struct parsed6 *p, const __u32 *nsrc, const __u32 *ndst, __u16 nsport, __u16 ndport,
+				    const struct lbn_flow6 *f, int macs)
+{
+	__u64 l4flags = p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
+	__u32 oports = *(__u32 *)p->ports;
+	__u16 nports16[2] = { nsport, ndport };
+	__u32 nports = *(__u32 *)nports16;
+	__u8 hop = p->ip->hop_limit - 1;
+
+	/* The old addresses read where they lie in the packet (no copy on the stack). */
+	__s64 diff = bpf_csum_diff(p->ip->saddr, 16, (__u32 *)nsrc, 16, 0);
+	if (diff >= 0)
+		diff = bpf_csum_diff(p->ip->daddr, 16, (__u32 *)ndst, 16, (__u32)diff);
+	if (diff < 0 || bpf_l4_csum_replace(skb, p->csum_off, 0, (__u32)diff, l4flags | BPF_F_PSEUDO_HDR))
+		return -1;
+	if (oports != nports && bpf_l4_csum_replace(skb, p->csum_off, oports, nports, l4flags | 4))
+		return -1;
+
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct ip6h *ip = data + sizeof(*eth);
+	__u32 *ports = (void *)(ip + 1);
+	if ((void *)(ports + 1) > end)
+		return -1;
+	COPY6(ip->saddr, nsrc);
+	COPY6(ip->daddr, ndst);
+	ip->hop_limit = hop;
+	*ports = nports;
+	if (macs) {
+		__builtin_memcpy(eth->h_dest, f->dmac, ETH_ALEN);
+		__builtin_memcpy(eth->h_source, f->smac, ETH_ALEN);
+	}
+	return 0;
+}
+
+static __always_inline __u32 segment_len6(struct __sk_buff *skb, const struct parsed6 *p, __u32 len)
+{
+	if (!skb->gso_size)
+		return len;
+	if (p->proto == IPPROTO_TCP)
+		return IPV6_HLEN + p->tcp_hlen + skb->gso_size;
+	return IPV6_HLEN + sizeof(struct udphdr) + skb->gso_size;
+}
+
+static __always_inline void cache_way6(struct lbn_flow6 *f, const struct bpf_fib_lookup *fib, __u32 seg, __u64 now)
+{
+	f->ifindex = fib->ifindex;
+	f->fib_len = seg > 0xffff ? 0xffff : seg;
+	__builtin_memcpy(f->dmac, fib->dmac, ETH_ALEN);
+	__builtin_memcpy(f->smac, fib->smac, ETH_ALEN);
+	asm volatile("" ::: "memory");
+	f->fib_ns = now;
+}
+
+static __always_inline int expired6(const struct lbn_config *cfg, const struct lbn_flow6 *f, __u8 proto, __u64 now)
+{
+	return (__s64)(now - f->seen_ns) > (__s64)idle_ns(cfg, proto, f->closing);
+}
+
+/* claim_port over the IPv6 replies map. */
+static __always_inline __u16 claim_port6(struct lbn_flow_key6 *rk, const struct lbn_flow6 *back, const struct lbn_config *cfg, __u32 hash)
+{
+	struct lbn_flow6 *held = bpf_map_lookup_elem(&lbn_replies6, rk);
+	struct lbn_svc_key6 as_svc = { .port = rk->dport, .proto = rk->proto };
+	COPY6(as_svc.vip, rk->daddr);
+	int taken = bpf_map_lookup_elem(&lbn_svcs6, &as_svc) != 0;
+	int same = held && eq6(held->addr, back->addr) && held->port == back->port && held->nat_port == back->nat_port;
+
+	if (!taken && same && held->counter == back->counter)
+		return rk->dport;
+	if (!taken && (!held || same)) {
+		if (bpf_map_update_elem(&lbn_replies6, rk, back, BPF_ANY) == 0) {
+			if (!held)
+				event(LBN_EV_REPLY6_INSERT);
+			return rk->dport;
+		}
+	}
+	if (cfg->port_count == 0)
+		return 0;
+	for (int i = 0; i < LBN_PORT_TRIES; i++) {
+		rk->dport = bpf_htons(cfg->port_min + (__u16)((hash + i * 2654435761u) % cfg->port_count));
+		if (bpf_map_update_elem(&lbn_replies6, rk, back, BPF_NOEXIST) == 0) {
+			event(LBN_EV_REPLY6_INSERT);
+			return rk->dport;
+		}
+	}
+	return 0;
+}
+
+/* Send a packet of flow `f` on from the VIP (forward()'s twin): one
+ * rewrite, with the cached way's MACs while it is fresh, else with a new
+ * FIB lookup's (which the flow then caches). */
+static __always_inline int forward6(struct __sk_buff *skb, struct parsed6 *p, struct lbn_flow6 *f, __u16 nsport, __u16 ndport, int to_backend, int placed, __u64 now,
+				    struct bpf_fib_lookup *fib)
+{
+	__u32 vip[4], ndst[4];
+	COPY6(vip, p->ip->daddr);
+	COPY6(ndst, f->addr);
+	__u32 counter = f->counter;
+	__u32 ifindex = f->ifindex;
+	__u32 len = IPV6_HLEN + bpf_ntohs(p->ip->payload_len);
+	__u32 seg = segment_len6(skb, p, len);
+	/* -1: the flow's cached way. */
+	int rc = -1;
+
+	if (p->ip->hop_limit <= 1)
+		return TCX_NEXT;
+	if (!(f->fib_ns != 0 && now - f->fib_ns < LBN_FIB_REFRESH_NS && seg <= f->fib_len)) {
+		rc = route6(skb, fib, vip, ndst, p->proto, seg);
+		if (!fib_usable(rc)) {
+			event(LBN_EV_NO_ROUTE);
+			return TCX_NEXT;
+		}
+		if (rc == BPF_FIB_LKUP_RET_SUCCESS)
+			cache_way6(f, fib, seg, now);
+		else
+			f->fib_ns = 0;
+	}
+	if (rewrite6(skb, p, vip, ndst, nsport, ndport, f, rc < 0))
+		return TC_ACT_SHOT;
+	count(counter, to_backend, len, placed);
+	if (rc < 0)
+		return bpf_redirect(ifindex, 0);
+	return send6(skb, fib, rc);
+}
+
+static __noinline int from_client6(struct __sk_buff *skb, struct parsed6 *p, struct lbn_svc_key6 *sk, struct lbn_svc *svc, const struct lbn_config *cfg)
+{
+	struct ip6h *ip = p->ip;
+	__u64 now = bpf_ktime_get_ns();
+	struct lbn_flow_key6 fk = { .sport = p->ports[0], .dport = p->ports[1], .proto = p->proto };
+	COPY6(fk.saddr, ip->saddr);
+	COPY6(fk.daddr, ip->daddr);
+	struct lbn_flow6 *f = bpf_map_lookup_elem(&lbn_flows6, &fk);
+	struct lbn_flow6 *old = f;
+	struct lbn_flow6 flow;
+	struct bpf_fib_lookup fib;
+	int placed = 0;
+	int syn = p->proto == IPPROTO_TCP && (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
+
+	if (f) {
+		struct lbn_member_key6 mk = { .svc = *sk };
+		COPY6(mk.backend, f->addr);
+		struct lbn_member *m = bpf_map_lookup_elem(&lbn_members6, &mk);
+		if (expired6(cfg, f, p->proto, now)) {
+			event(LBN_EV_EXPIRED);
+			f = 0;
+		} else if (!m || f->port != svc->target_port || (p->proto == IPPROTO_UDP && !m->healthy) || (syn && f->closing)) {
+			event(LBN_EV_REPLACED);
+			f = 0;
+		}
+	}
+	if (!f) {
+		if (svc->slots == 0)
+			return TCX_NEXT;
+		__u32 key = svc->base + nft_jhash_slot6(fk.saddr, fk.sport, svc->seed, svc->slots);
+		struct lbn_slot6 *s = bpf_map_lookup_elem(&lbn_slots6, &key);
+		if (!s || (s->backend[0] | s->backend[1] | s->backend[2] | s->backend[3]) == 0)
+			return TCX_NEXT;
+		if (ip->hop_limit <= 1)
+			return TCX_NEXT;
+		/* Only while the VIP is this node's (a local route). */
+		if (route6(skb, &fib, fk.saddr, fk.daddr, p->proto, 0) != BPF_FIB_LKUP_RET_NOT_FWDED)
+			return TCX_NEXT;
+		__u32 len = IPV6_HLEN + bpf_ntohs(ip->payload_len);
+		__u32 seg = segment_len6(skb, p, len);
+		int rc = BPF_FIB_LKUP_RET_SUCCESS;
+		int cached = old && eq6(old->addr, s->backend) && old->fib_ns != 0 && now - old->fib_ns < LBN_FIB_REFRESH_NS && seg <= old->fib_len;
+		if (!cached) {
+			rc = route6(skb, &fib, fk.daddr, s->backend, p->proto, seg);
+			if (!fib_usable(rc)) {
+				event(LBN_EV_NO_ROUTE);
+				return TCX_NEXT;
+			}
+		}
+		struct lbn_flow_key6 rk = { .sport = svc->target_port, .dport = fk.sport, .proto = p->proto };
+		COPY6(rk.saddr, s->backend);
+		COPY6(rk.daddr, fk.daddr);
+		/* `flow` holds the backend side's entry first (one 72-byte value on the stack, not two). */
+		flow = (struct lbn_flow6){ .port = fk.sport, .nat_port = fk.dport, .counter = s->counter, .seen_ns = now };
+		COPY6(flow.addr, fk.saddr);
+		__u16 nport = claim_port6(&rk, &flow, cfg, nft_jhash_slot6(fk.saddr, fk.sport, fk.daddr[3], 0xffffffffu));
+		if (nport == 0) {
+			event(LBN_EV_PORTS_EXHAUSTED);
+			return TC_ACT_SHOT;
+		}
+		flow = (struct lbn_flow6){ .port = svc->target_port, .nat_port = nport, .counter = s->counter,
+					   .closing = (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)) != 0, .seen_ns = now };
+		COPY6(flow.addr, s->backend);
+		if (cached) {
+			flow.fib_ns = old->fib_ns;
+			flow.ifindex = old->ifindex;
+			flow.fib_len = old->fib_len;
+			__builtin_memcpy(flow.dmac, old->dmac, ETH_ALEN);
+			__builtin_memcpy(flow.smac, old->smac, ETH_ALEN);
+		} else if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
+			cache_way6(&flow, &fib, seg, now);
+		}
+		if (old)
+			*old = flow;
+		else if (bpf_map_update_elem(&lbn_flows6, &fk, &flow, BPF_ANY))
+			return TC_ACT_SHOT;
+		else
+			event(LBN_EV_FLOW6_INSERT);
+		event(syn || p->proto == IPPROTO_UDP ? LBN_EV_NEW_FLOW : LBN_EV_MIDFLOW);
+		/* No way cached (a neighbour NDP has not resolved yet): forward6 looks it up again. */
+		f = &flow;
+		placed = 1;
+	} else {
+		if (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST))
+			f->closing = 1;
+		f->seen_ns = now;
+	}
+	return forward6(skb, p, f, f->nat_port, f->port, 1, placed, now, &fib);
+}
+
+static __noinline int from_backend6(struct __sk_buff *skb, struct parsed6 *p, const struct lbn_config *cfg)
+{
+	struct ip6h *ip = p->ip;
+	struct lbn_flow_key6 rk = { .sport = p->ports[0], .dport = p->ports[1], .proto = p->proto };
+	COPY6(rk.saddr, ip->saddr);
+	COPY6(rk.daddr, ip->daddr);
+	struct lbn_flow6 *r = bpf_map_lookup_elem(&lbn_replies6, &rk);
+	__u64 now = bpf_ktime_get_ns();
+
+	if (!r)
+		return TCX_NEXT;
+	struct lbn_flow_key6 fk = { .sport = r->port, .dport = r->nat_port, .proto = p->proto };
+	COPY6(fk.saddr, r->addr);
+	COPY6(fk.daddr, rk.daddr);
+	struct lbn_flow6 *f = bpf_map_lookup_elem(&lbn_flows6, &fk);
+	if (!f || !eq6(f->addr, rk.saddr) || f->port != rk.sport || f->nat_port != rk.dport || expired6(cfg, f, p->proto, now))
+		return TCX_NEXT;
+	if (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST))
+		f->closing = 1;
+	f->seen_ns = now;
+	struct bpf_fib_lookup fib;
+	return forward6(skb, p, r, r->nat_port, r->port, 0, 0, now, &fib);
+}
+
+struct icmp6h {
+	__u8 type;
+	__u8 code;
+	__u16 checksum;
+	__u32 rest;
+};
+
+/* The quoted packet of an ICMPv6 error: the fixed header, then the first
+ * 8 bytes of its TCP or UDP header (an error quotes as much as fits in
+ * the minimum MTU, RFC 4443 2.4 (c)). */
+struct icmp6_quote {
+	struct ip6h ip;
+	__u16 sport;
+	__u16 dport;
+	__u32 rest;
+};
+
+#define ICMP6_OFF (sizeof(struct ethhdr) + IPV6_HLEN)
+#define QUOTE6_OFF (ICMP6_OFF + sizeof(struct icmp6h))
+
+static __noinline int icmp6_error(struct __sk_buff *skb, const struct lbn_config *cfg)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ip6h *ip = data + sizeof(struct ethhdr);
+	struct icmp6h *ic = data + ICMP6_OFF;
+	struct icmp6_quote *q = data + QUOTE6_OFF;
+
+	if ((void *)(q + 1) > end)
+		return TCX_NEXT;
+	if (ic->type != ICMPV6_DEST_UNREACH && ic->type != ICMPV6_PKT_TOOBIG && ic->type != ICMPV6_TIME_EXCEED)
+		return TCX_NEXT;
+	if ((q->ip.nexthdr != IPPROTO_TCP && q->ip.nexthdr != IPPROTO_UDP) || !eq6(q->ip.saddr, ip->daddr))
+		return TCX_NEXT;
+
+	__u32 vip[4];
+	COPY6(vip, q->ip.saddr);
+	int to_backend = 0;
+	struct lbn_flow_key6 k = { .sport = q->dport, .dport = q->sport, .proto = q->ip.nexthdr };
+	COPY6(k.saddr, q->ip.daddr);
+	COPY6(k.daddr, vip);
+	struct lbn_flow6 *other = bpf_map_lookup_elem(&lbn_replies6, &k);
+	__u64 now = bpf_ktime_get_ns();
+	if (other) {
+		struct lbn_flow_key6 fk = { .sport = other->port, .dport = other->nat_port, .proto = k.proto };
+		COPY6(fk.saddr, other->addr);
+		COPY6(fk.daddr, vip);
+		struct lbn_flow6 *f = bpf_map_lookup_elem(&lbn_flows6, &fk);
+		if (!f || !eq6(f->addr, k.saddr) || f->port != k.sport || f->nat_port != k.dport || expired6(cfg, f, k.proto, now))
+			return TCX_NEXT;
+	} else {
+		other = bpf_map_lookup_elem(&lbn_flows6, &k);
+		if (!other || expired6(cfg, other, k.proto, now))
+			return TCX_NEXT;
+		to_backend = 1;
+	}
+	if (ip->hop_limit <= 1)
+		return TCX_NEXT;
+	/* Outer: (router -> V) becomes (V -> other); quoted: (V:a -> X:b) becomes (other:port -> V:nat_port). */
+	__u32 o[16], n[16];
+	COPY6(o, ip->saddr);
+	COPY6(o + 4, ip->daddr);
+	COPY6(n, vip);
+	COPY6(n + 4, other->addr);
+	COPY6(o + 8, q->ip.saddr);
+	COPY6(o + 12, q->ip.daddr);
+	COPY6(n + 8, other->addr);
+	COPY6(n + 12, vip);
+	__u16 qports[2] = { other->port, other->nat_port };
+	__u32 oqports = *(__u32 *)&q->sport;
+	__u32 nqports = *(__u32 *)qports;
+	__u32 counter = other->counter;
+	__u8 hop = ip->hop_limit - 1;
+	__u32 len = IPV6_HLEN + bpf_ntohs(ip->payload_len);
+
+	struct bpf_fib_lookup fib;
+	int rc = route6(skb, &fib, n, n + 4, NEXTHDR_ICMPV6, len);
+	if (!fib_usable(rc)) {
+		event(LBN_EV_NO_ROUTE);
+		return TCX_NEXT;
+	}
+	__u32 csum = ICMP6_OFF + offsetof(struct icmp6h, checksum);
+	__s64 pseudo = bpf_csum_diff(o, 32, n, 32, 0);
+	__s64 quoted = bpf_csum_diff(o + 8, 32, n + 8, 32, 0);
+	if (pseudo < 0 || quoted < 0 ||
+	    bpf_l4_csum_replace(skb, csum, 0, (__u32)pseudo, BPF_F_PSEUDO_HDR) ||
+	    bpf_l4_csum_replace(skb, csum, 0, (__u32)quoted, 0) ||
+	    bpf_l4_csum_replace(skb, csum, oqports, nqports, 4))
+		return TC_ACT_SHOT;
+	if (bpf_skb_store_bytes(skb, sizeof(struct ethhdr) + offsetof(struct ip6h, saddr), n, 32, 0) ||
+	    bpf_skb_store_bytes(skb, sizeof(struct ethhdr) + offsetof(struct ip6h, hop_limit), &hop, 1, 0) ||
+	    bpf_skb_store_bytes(skb, QUOTE6_OFF + offsetof(struct ip6h, saddr), n + 8, 32, 0) ||
+	    bpf_skb_store_bytes(skb, QUOTE6_OFF + sizeof(struct ip6h), &nqports, 4, 0))
+		return TC_ACT_SHOT;
+	event(LBN_EV_ICMP_ERROR);
+	count(counter, to_backend, len, 0);
+	return send6(skb, &fib, rc);
+}
+
+/* An IPv6 frame: translated when it is a VIP flow's, an ICMPv6 error about
+ * one, else passed on. */
+static __noinline int nat6(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ip6h *ip = data + sizeof(struct ethhdr);
+	struct parsed6 p = {};
+	__u32 zero = 0;
+
+	if ((void *)(ip + 1) > end)
+		return TCX_NEXT;
+	struct lbn_config *cfg = bpf_map_lookup_elem(&lbn_config, &zero);
+	if (!cfg)
+		return TCX_NEXT;
+	p.ip = ip;
+	p.proto = ip->nexthdr;
+	if (ip->nexthdr == IPPROTO_TCP) {
+		struct tcphdr *th = (void *)(ip + 1);
+		if ((void *)(th + 1) > end)
+			return TCX_NEXT;
+		p.ports = (__u16 *)th;
+		p.csum_off = L4_OFF6 + offsetof(struct tcphdr, check);
+		p.tcp_flags = ((__u8 *)th)[13];
+		p.tcp_hlen = (((__u8 *)th)[12] >> 4) * 4;
+	} else if (ip->nexthdr == IPPROTO_UDP) {
+		struct udphdr *uh = (void *)(ip + 1);
+		if ((void *)(uh + 1) > end)
+			return TCX_NEXT;
+		/* A zero UDP checksum is invalid over IPv6 (RFC 8200 8.1): the stack's to drop. */
+		if (uh->check == 0)
+			return TCX_NEXT;
+		p.ports = (__u16 *)uh;
+		p.csum_off = L4_OFF6 + offsetof(struct udphdr, check);
+	} else if (ip->nexthdr == NEXTHDR_ICMPV6) {
+		return icmp6_error(skb, cfg);
+	} else {
+		/* Not counted for multicast (MLD reports carry a hop-by-hop header) or no next header (59). */
+		if ((ip->daddr[0] & bpf_htonl(0xff000000)) != bpf_htonl(0xff000000) && ip->nexthdr != 59)
+			event(LBN_EV_IPV6_EXT_HEADER);
+		return TCX_NEXT;
+	}
+	struct lbn_svc_key6 sk = { .port = p.ports[1], .proto = p.proto };
+	COPY6(sk.vip, ip->daddr);
+	struct lbn_svc *svc = bpf_map_lookup_elem(&lbn_svcs6, &sk);
+	if (svc)
+		return from_client6(skb, &p, &sk, svc, cfg);
+	return from_backend6(skb, &p, cfg);
+}
+
+/* IPv4: a subprogram of its own, as nat6 is: each has its own stack frame
+ * (the verifier's 512 bytes are per call chain, and clang lays one
+ * function's inlined halves side by side). */
+static __noinline int nat4(struct __sk_buff *skb)
 {
 	struct parsed p = {};
 	__u32 zero = 0;
@@ -698,6 +1243,16 @@ int lb_agent_nat(struct __sk_buff *skb)
 	if (svc)
 		return from_client(skb, &p, &sk, svc, cfg);
 	return from_backend(skb, &p, cfg);
+}
+
+SEC("tc")
+int lb_agent_nat(struct __sk_buff *skb)
+{
+	struct ethhdr *eth = (void *)(long)skb->data;
+
+	if ((void *)(eth + 1) <= (void *)(long)skb->data_end && eth->h_proto == bpf_htons(ETH_P_IPV6))
+		return nat6(skb);
+	return nat4(skb);
 }
 
 char LICENSE[] SEC("license") = "GPL";

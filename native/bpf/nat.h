@@ -84,6 +84,53 @@ struct lbn_flow {
 	__u8 pad[6];
 };
 
+/* The IPv6 twins of the keys and entries above, in maps of their own
+ * (lbn_svcs6, lbn_slots6, lbn_members6, lbn_flows6, lbn_replies6): the same
+ * fields with 16-byte addresses (network order, as four words), so an IPv4
+ * flow keeps its 16-byte key and 56-byte entry. The service and member
+ * values (struct lbn_svc, struct lbn_member) and the counters are shared. */
+struct lbn_svc_key6 {
+	__u32 vip[4];
+	__u16 port;
+	__u8 proto;
+	__u8 pad;
+};
+
+struct lbn_slot6 {
+	__u32 backend[4];
+	__u32 counter;
+};
+
+struct lbn_member_key6 {
+	struct lbn_svc_key6 svc;
+	__u32 backend[4];
+};
+
+struct lbn_flow_key6 {
+	__u32 saddr[4];
+	__u32 daddr[4];
+	__u16 sport;
+	__u16 dport;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+struct lbn_flow6 {
+	__u32 addr[4];
+	__u16 port;
+	__u16 nat_port;
+	__u32 counter;
+	__u32 closing;
+	__u32 pad0;
+	__u64 seen_ns;
+	__u64 fib_ns;
+	__u32 ifindex;
+	__u16 fib_len;
+	__u8 dmac[6];
+	__u8 smac[6];
+	__u8 pad[6];
+};
+
 /* Per (port, backend): what went each way, and the flows placed. */
 struct lbn_counter {
 	__u64 packets_to_backend;
@@ -118,7 +165,13 @@ enum lbn_event {
 	 * no longer there was evicted (the driver's `evicted`). */
 	LBN_EV_FLOW_INSERT = 8,
 	LBN_EV_REPLY_INSERT = 9,
-	LBN_EV_COUNT = 10,
+	/* A unicast IPv6 packet whose next header is neither TCP, UDP nor
+	 * ICMPv6 (an extension header): passed on to the nft table unread. */
+	LBN_EV_IPV6_EXT_HEADER = 10,
+	/* The IPv6 twins of LBN_EV_FLOW_INSERT and LBN_EV_REPLY_INSERT. */
+	LBN_EV_FLOW6_INSERT = 11,
+	LBN_EV_REPLY6_INSERT = 12,
+	LBN_EV_COUNT = 13,
 };
 
 /* How many source ports of the reserved range a new flow tries when the

@@ -5,14 +5,14 @@
 // written, every slot naming a backend with a member entry of that port and
 // the slot's counter.
 import t from 'tap';
-import { parseIPv4 } from '../../agent/address';
+import { addressFromBytes, formatAddress, parseIPv4 } from '../../agent/address';
 import type { BackendSpec } from '../../agent/config/types';
 import { normalizeState, type ForwardService } from '../../agent/forward/dataplane';
 import { emptyNatMaps, natCapacity, natDelta, natOpWrites, natPlan, type NatMaps, type NatOp, type NatPlan } from '../../agent/forward/nat-plan';
 import { flowHashSlots } from '../../agent/forward/nft-dsr';
 import { natLayout } from '../../agent/net/ebpf/nat-layout';
 
-const b = (address: string, weight = 1): BackendSpec => ({ address, addressNum: parseIPv4(address) ?? 0, weight });
+const b = (address: string, weight = 1): BackendSpec => (address.includes(':') ? { address, addressNum: 0, family: 'IPv6', weight } : { address, addressNum: parseIPv4(address)!, weight });
 const all = [b('10.0.0.11'), b('10.0.0.12'), b('10.0.0.13', 2)];
 const web = (healthy: BackendSpec[], extra: Partial<ForwardService> = {}): ForwardService => ({
   key: 'default/web', vip: '10.0.0.50', backends: all, healthy,
@@ -23,11 +23,22 @@ const l = natLayout();
 const ip = (n: unknown): string => [0, 8, 16, 24].map((s) => ((n as number) >>> s) & 0xff).join('.');
 const hex = (k: Buffer): string => k.toString('hex');
 
-/** The per-plan maps as the program sees them. */
+/** A backend address field as decoded: a number (IPv4, a little-endian read of its bytes) or 16 bytes (IPv6). */
+const backendText = (v: unknown): string => (Buffer.isBuffer(v) ? formatAddress(addressFromBytes('IPv6', v)) : ip(v));
+const backendBytes = (v: unknown): Buffer => (Buffer.isBuffer(v) ? v : Buffer.from([0, 8, 16, 24].map((sh) => ((v as number) >>> sh) & 0xff)));
+/** Struct names of a family: lbn_svc_key or lbn_svc_key6. */
+const of = (name: string, six: boolean): string => (six ? `${name}6` : name);
+/** Is this an IPv6 port's key (lbn_svc_key6)? */
+const isSix = (key: Buffer): boolean => key.length === l.size('lbn_svc_key6');
+
+/** The per-plan maps as the program sees them: IPv4's, and IPv6's apart. */
 class Model {
   readonly svcs = new Map<string, Buffer>();
   readonly members = new Map<string, Buffer>();
   readonly slots = new Map<number, Buffer>();
+  readonly svcs6 = new Map<string, Buffer>();
+  readonly members6 = new Map<string, Buffer>();
+  readonly slots6 = new Map<number, Buffer>();
   readonly counters = new Map<number, string>();
   retired: string[] = [];
   writes = 0;
@@ -39,22 +50,25 @@ class Model {
       this.writes += natOpWrites(op);
       // The ports this write can change for the program: checked after it.
       let touched: string[] = [];
-      if (op.map === 'lbn_slots') {
+      if ('table' in op) {
+        const six = op.map === 'lbn_slots6';
         const n = op.table.length;
-        const size = l.size('lbn_slot');
-        for (let i = 0; i < n; i++) this.slots.set(op.base + i, op.values.subarray(op.table[i]! * size, (op.table[i]! + 1) * size));
-        touched = [...this.svcs].filter(([, v]) => {
+        const size = l.size(of('lbn_slot', six));
+        const slots = six ? this.slots6 : this.slots;
+        for (let i = 0; i < n; i++) slots.set(op.base + i, op.values.subarray(op.table[i]! * size, (op.table[i]! + 1) * size));
+        touched = [...(six ? this.svcs6 : this.svcs)].filter(([, v]) => {
           const svc = l.decode('lbn_svc', v);
           return (svc['base'] as number) < op.base + n && op.base < (svc['base'] as number) + (svc['slots'] as number);
         }).map(([k]) => k);
       } else if (op.map === 'lbn_counters') {
         this.retired.push(`${op.index}:${op.ref.service}:${op.ref.port.protocol}/${op.ref.port.port}:${op.ref.backend}`);
-      } else {
-        const m = op.map === 'lbn_svcs' ? this.svcs : this.members;
+      } else if ('key' in op) {
+        const six = op.map.endsWith('6');
+        const m = op.map.startsWith('lbn_svcs') ? (six ? this.svcs6 : this.svcs) : (six ? this.members6 : this.members);
         if (op.op === 'put') m.set(hex(op.key), op.value);
         else if (!m.delete(hex(op.key))) throw new Error(`deleted ${op.map} ${hex(op.key)}, which is not there`);
         // A member key begins with its port's key.
-        touched = [hex(op.key.subarray(0, l.size('lbn_svc_key')))];
+        touched = [hex(op.key.subarray(0, l.size(of('lbn_svc_key', six))))];
       }
       for (const k of touched) this.consistent(k);
     }
@@ -62,27 +76,30 @@ class Model {
 
   /** Every slot of the port `k` names a member of that port with the slot's counter. */
   consistent(k: string): void {
-    const v = this.svcs.get(k);
+    const six = isSix(Buffer.from(k, 'hex'));
+    const v = (six ? this.svcs6 : this.svcs).get(k);
     if (!v) return;
     const svc = l.decode('lbn_svc', v);
-    const key = l.decode('lbn_svc_key', Buffer.from(k, 'hex'));
+    const key = l.decode(of('lbn_svc_key', six), Buffer.from(k, 'hex'));
     for (let s = 0; s < (svc['slots'] as number); s++) {
-      const raw = this.slots.get((svc['base'] as number) + s);
+      const raw = (six ? this.slots6 : this.slots).get((svc['base'] as number) + s);
       if (!raw) throw new Error(`port ${k}: slot ${s} not written`);
-      const slot = l.decode('lbn_slot', raw);
-      const mk = l.encode('lbn_member_key', { svc: key, backend: Buffer.from([0, 8, 16, 24].map((sh) => ((slot['backend'] as number) >>> sh) & 0xff)) });
-      const m = this.members.get(hex(mk));
-      if (!m) throw new Error(`port ${k}: slot ${s} names ${ip(slot['backend'])}, which has no member entry`);
+      const slot = l.decode(of('lbn_slot', six), raw);
+      const mk = l.encode(of('lbn_member_key', six), { svc: key, backend: backendBytes(slot['backend']) });
+      const m = (six ? this.members6 : this.members).get(hex(mk));
+      if (!m) throw new Error(`port ${k}: slot ${s} names ${backendText(slot['backend'])}, which has no member entry`);
       if (this.checkCounters && l.decode('lbn_member', m)['counter'] !== slot['counter']) throw new Error(`port ${k}: slot ${s}'s counter differs from its member's`);
     }
   }
 
   /** A port's slot table as backend addresses. */
   table(key: Buffer): string[] {
-    const v = this.svcs.get(hex(key));
+    const six = isSix(key);
+    const v = (six ? this.svcs6 : this.svcs).get(hex(key));
     if (!v) return [];
     const svc = l.decode('lbn_svc', v);
-    return Array.from({ length: svc['slots'] as number }, (_, s) => ip(l.decode('lbn_slot', this.slots.get((svc['base'] as number) + s)!)['backend']));
+    const slots = six ? this.slots6 : this.slots;
+    return Array.from({ length: svc['slots'] as number }, (_, s) => backendText(l.decode(of('lbn_slot', six), slots.get((svc['base'] as number) + s)!)['backend']));
   }
 }
 
@@ -128,16 +145,90 @@ t.test('health: one healthy backend is one slot, none is zero slots; members say
   t.equal(m2.slots.size, 0);
 });
 
-t.test('only IPv4 VIPs held in snat mode', async (t) => {
+t.test('VIPs held in snat mode, of either family', async (t) => {
   const plan = natPlan({
     services: [
       web(all, { key: 'a/dsr', vip: '10.0.0.51', sourceIP: 'preserve' }),
-      web(all, { key: 'a/v6', vip: 'fd00::50' }),
+      web(all6, { key: 'a/v6', vip: 'fd00::50', backends: all6 }),
       web(all, { key: 'a/none', vip: undefined }),
       web(all, { key: 'a/web' }),
     ],
   }, l);
-  t.same(plan.services.map((s) => s.key), ['a/web']);
+  t.same(plan.services.map((s) => s.key), ['a/v6', 'a/web']);
+  t.same(plan.services.map((s) => s.ports[0]!.family), [6, 4]);
+  t.throws(() => natPlan({ services: [web(all, { key: 'a/mixed', vip: 'fd00::50' })] }, l), /backend 10\.0\.0\.11 is not of the VIP fd00::50's family/);
+});
+
+const all6 = [b('fd00::11'), b('fd00::12'), b('fd00::13', 2)];
+const web6 = (healthy: BackendSpec[], extra: Partial<ForwardService> = {}): ForwardService => web(healthy, { key: 'default/web6', vip: 'fd00::50', backends: all6, ...extra });
+
+t.test('an IPv6 VIP: its ports, slot tables and members in the IPv6 maps, beside an IPv4 service', async (t) => {
+  const plan = natPlan({ services: [web(all), web6(all6)] }, l);
+  const cap = natCapacity(plan);
+  t.ok(cap.six && cap.svcs6 >= 2 && cap.slots6 > 0 && cap.members6 >= 6, `IPv6 maps sized for the plan (${JSON.stringify(cap)})`);
+  const { model, maps } = loaded(plan);
+  t.equal(model.svcs.size, 2, 'the IPv4 service\'s two ports in lbn_svcs');
+  t.equal(model.svcs6.size, 2, 'the IPv6 service\'s two ports in lbn_svcs6');
+  t.equal(model.members6.size, 6, 'every configured IPv6 backend of each port in lbn_members6');
+  const v6 = plan.services.find((s) => s.key === 'default/web6')!;
+  const key = l.decode('lbn_svc_key6', v6.ports[0]!.key);
+  t.same([formatAddress(addressFromBytes('IPv6', key['vip'] as Buffer)), key['port'], key['proto']], ['fd00::50', 0x5000, 6], 'the key: 16 address bytes, port in network order, protocol');
+  const slots = flowHashSlots(normalizeState({ services: [web6(all6)] }).services[0]!);
+  t.same(model.table(v6.ports[0]!.key), slots.map((x) => x.address), 'the IPv6 port\'s slots name the backends nft\'s IPv6 flow-hash table names');
+  t.same(model.table(v6.ports[1]!.key), slots.map((x) => x.address), 'the UDP port too');
+  t.equal(model.slots6.size, 2 * slots.length);
+  const counters = [...model.members.values(), ...model.members6.values()].map((m) => l.decode('lbn_member', m)['counter']);
+  t.equal(new Set(counters).size, 12, 'one counter index space for both families: no two (port, backend) share one');
+  t.equal(maps.svcs6, 2);
+  t.equal(maps.members6, 6);
+});
+
+t.test('IPv6 health and removal: the same write order, checked after every write', async (t) => {
+  const up = natPlan({ services: [web(all), web6(all6)] }, l);
+  const { maps, model } = loaded(up);
+  const down = natPlan({ services: [web(all), web6(all6.slice(0, 2))] }, l, up);
+  const d1 = natDelta(maps, down, l)!;
+  t.same(d1.ops.map((o) => `${o.map}:${o.op}`), ['lbn_slots6:put', 'lbn_slots6:put', 'lbn_svcs6:put', 'lbn_svcs6:put', 'lbn_members6:put', 'lbn_members6:put'], 'taken out: the IPv6 maps only, tables first');
+  model.play(d1.ops);
+  const port = down.services.find((s) => s.key === 'default/web6')!.ports[0]!;
+  t.notOk(model.table(port.key).includes('fd00::13'), 'no slot names the backend taken out');
+  const back = natPlan({ services: [web(all), web6(all6)] }, l, down);
+  const d2 = natDelta(d1.maps, back, l)!;
+  t.same(d2.ops.map((o) => `${o.map}:${o.op}`), ['lbn_members6:put', 'lbn_members6:put', 'lbn_slots6:put', 'lbn_slots6:put', 'lbn_svcs6:put', 'lbn_svcs6:put'], 'back: members first');
+  model.play(d2.ops);
+  // Removed from the config, then the service gone: deletes after the tables stop naming them, counters retired last.
+  const removed = natPlan({ services: [web(all), web6(all6.slice(0, 2), { backends: all6.slice(0, 2) })] }, l, back);
+  const d3 = natDelta(d2.maps, removed, l)!;
+  model.play(d3.ops);
+  t.equal(model.members6.size, 4);
+  t.match(model.retired, [/:default\/web6:TCP\/80:fd00::13$/, /:default\/web6:UDP\/53:fd00::13$/]);
+  const gone = natPlan({ services: [web(all)] }, l, removed);
+  const d4 = natDelta(d3.maps, gone, l)!;
+  model.play(d4.ops);
+  t.same([model.svcs6.size, model.members6.size, model.svcs.size, model.members.size], [0, 0, 2, 6], 'the IPv6 service gone whole, the IPv4 one untouched');
+  t.equal(d4.maps.freeSlots6.reduce((n, [, k]) => n + k, 0), d4.maps.capacity.slots6, 'every IPv6 slot range given back');
+  // Bad orders of IPv6 writes are caught as IPv4's are.
+  const fresh = loaded(up);
+  const svcFirst = [...d1.ops.filter((o) => o.map === 'lbn_svcs6'), ...d1.ops.filter((o) => o.map !== 'lbn_svcs6')];
+  t.throws(() => fresh.model.play(svcFirst), /slot \d+ names|not written/, 'an IPv6 port pointed at its new range before its slots are there');
+  const rm = natDelta(loaded(up).maps, removed, l)!.ops;
+  const other = loaded(up);
+  t.throws(() => other.model.play([...rm.filter((o) => o.op === 'delete'), ...rm.filter((o) => o.op !== 'delete')]), /has no member entry/, 'an IPv6 member deleted while a table still names it');
+});
+
+t.test('a VIP that changes family moves its ports between the maps; IPv6 maps a plan never sized refuse an IPv6 port', async (t) => {
+  const v4 = natPlan({ services: [web(all)] }, l);
+  t.equal(natCapacity(v4).six, false, 'no IPv6 port: the IPv6 maps are not sized for flows');
+  const { maps } = loaded(v4);
+  const withSix = natPlan({ services: [web(all), web6(all6)] }, l, v4);
+  t.equal(natDelta(maps, withSix, l), undefined, 'the first IPv6 port: no room (the driver loads maps sized for it)');
+  const both = natPlan({ services: [web(all), web6(all6)] }, l);
+  const big = loaded(both, new Model());
+  const moved = natPlan({ services: [web(all), web6(all, { vip: '10.0.0.60', backends: all })] }, l, both);
+  const d = natDelta(big.maps, moved, l)!;
+  big.model.play(d.ops);
+  t.same([big.model.svcs.size, big.model.svcs6.size, big.model.members6.size], [4, 0, 0], 'its ports now in lbn_svcs, nothing left in the IPv6 maps');
+  t.ok(d.ops.findIndex((o) => o.map === 'lbn_svcs' && o.op === 'put') < d.ops.findIndex((o) => o.map === 'lbn_svcs6' && o.op === 'delete'), 'the new keys written before the old ones go');
 });
 
 /** n services on VIPs 10.1.x.y, each with the three backends; `down`: the services whose 10.0.0.13 is unhealthy. */

@@ -15,6 +15,9 @@
 // (the maps written in place), with a client loop served throughout; path MTU
 // discovery works through the VIP both ways (a router's fragmentation-needed
 // about a translated packet reaches the sender translated), on both paths;
+// the same for an IPv6 VIP (its flows on the backends nft's IPv6 flow hash
+// names, the VIP as their source, no conntrack entry, a backend taken out
+// getting no new flow, a router's Packet Too Big translated both ways);
 // an engine that cannot load (no bpffs) leaves the nft table serving, and
 // says why.
 import t from 'tap';
@@ -26,10 +29,10 @@ import { createLab, run, waitFor, type Lab } from '../../lab/netns';
 import { distPath } from '../../lab/services';
 import { JsonLinesProc, askLoop, startPeerEchoes, CLIENT_EPHEMERAL_PORTS } from '../../lab/forward';
 import type { DriverService } from '../../lab/bin/forward-driver';
-import { parseIPv4 } from '../../agent/address';
+import { addressToBytes, parseAddress } from '../../agent/address';
 import { normalizeState } from '../../agent/forward/dataplane';
 import { dsrSeedValue, flowHashSlots } from '../../agent/forward/nft-dsr';
-import { nftJhashSlot } from '../../agent/net/ebpf/ebpf-dsr';
+import { nftJhashSlot, nftJhashSlot6 } from '../../agent/net/ebpf/ebpf-dsr';
 
 const VIP = '10.99.0.50';
 const NODE = '10.99.0.10';
@@ -42,6 +45,13 @@ const ROUTER = '10.99.0.30';
 const FAR_CLIENT = '10.99.1.2';
 const FAR_BACKEND = '10.99.1.3';
 const BULK_TARGET = 9000;
+const VIP6 = 'fd00:99::50';
+const NODE6 = 'fd00:99::10';
+const CLIENT6 = 'fd00:99::2';
+const BACKENDS6 = ['fd00:99::11', 'fd00:99::12', 'fd00:99::13'] as const;
+const ROUTER6 = 'fd00:99::30';
+const FAR_CLIENT6 = 'fd00:99:1::2';
+const FAR_BACKEND6 = 'fd00:99:1::3';
 
 type Healthy = Partial<Record<(typeof IDS)[number], number>>;
 
@@ -54,26 +64,39 @@ function service(healthy: Healthy, configured: readonly (typeof IDS)[number][] =
   };
 }
 
-/** Where the slot table and nft's jhash put the client port `port` (the reference both engines must meet). */
-function expectedBackend(svc: DriverService, port: number): string {
-  const st = normalizeState({ services: [{ ...svc, vip: svc.vip ?? undefined,
-    healthy: svc.healthy.map((b) => ({ address: b.address, addressNum: parseIPv4(b.address)!, weight: b.weight ?? 1 })),
-    backends: svc.backends.map((b) => ({ address: b.address, addressNum: parseIPv4(b.address)!, weight: b.weight ?? 1 })) }] }).services[0]!;
-  const slots = flowHashSlots(st);
-  const b = slots[nftJhashSlot(parseIPv4(CLIENT)!, port, dsrSeedValue(st.key), slots.length)]!;
-  return IDS[BACKENDS.indexOf(b.address as (typeof BACKENDS)[number])]!;
+function service6(healthy: Healthy, configured: readonly (typeof IDS)[number][] = IDS): DriverService {
+  const v4 = service(healthy, configured);
+  const six = (a: string): string => BACKENDS6[BACKENDS.indexOf(a as (typeof BACKENDS)[number])]!;
+  return { ...v4, key: 'default/web6', vip: VIP6, healthy: v4.healthy.map((b) => ({ ...b, address: six(b.address) })), backends: v4.backends.map((b) => ({ address: six(b.address) })) };
 }
 
-/** One UDP datagram from each client port to VIP:53: the answering backend's id by port. */
-async function udpFrom(lab: Lab, ns: string, ports: readonly number[]): Promise<Record<number, string>> {
+/** A driver backend as config/load.ts makes it. */
+const spec = (b: { address: string; weight?: number }): { address: string; addressNum: number; family?: 'IPv6'; weight: number } => {
+  const a = parseAddress(b.address)!;
+  return a.family === 'IPv4' ? { address: b.address, addressNum: Number(a.value), weight: b.weight ?? 1 } : { address: b.address, addressNum: 0, family: 'IPv6', weight: b.weight ?? 1 };
+};
+
+/** Where the slot table and nft's jhash (of `ip saddr . th sport`, or `ip6 saddr . th sport`) put the client port `port`: the reference both engines must meet. */
+function expectedBackend(svc: DriverService, port: number): string {
+  const st = normalizeState({ services: [{ ...svc, vip: svc.vip ?? undefined, healthy: svc.healthy.map(spec), backends: svc.backends.map(spec) }] }).services[0]!;
+  const slots = flowHashSlots(st);
+  const six = svc.vip?.includes(':') === true;
+  const client = addressToBytes(parseAddress(six ? CLIENT6 : CLIENT)!);
+  const b = slots[six ? nftJhashSlot6(client, port, dsrSeedValue(st.key), slots.length) : nftJhashSlot(client.readUInt32BE(0), port, dsrSeedValue(st.key), slots.length)]!;
+  const i = (six ? BACKENDS6 : BACKENDS).indexOf(b.address as never);
+  return IDS[i]!;
+}
+
+/** One UDP datagram from each client port to VIP:53 (`vip`, either family): the answering backend's id by port. */
+async function udpFrom(lab: Lab, ns: string, ports: readonly number[], vip = VIP): Promise<Record<number, string>> {
   const script = `const dgram = require('node:dgram');
 const ports = ${JSON.stringify(ports)}; const out = {};
 (async () => { for (const p of ports) {
-  out[p] = await new Promise((resolve) => { const s = dgram.createSocket('udp4');
+  out[p] = await new Promise((resolve) => { const s = dgram.createSocket(${JSON.stringify(vip.includes(':') ? 'udp6' : 'udp4')});
     const timer = setTimeout(() => { s.close(); resolve('timeout'); }, 1000);
     s.on('message', (m) => { clearTimeout(timer); s.close(); resolve(m.toString().trim()); });
     s.on('error', (e) => { clearTimeout(timer); s.close(); resolve('error:' + e.code); });
-    s.bind(p, () => s.send('q', 53, ${JSON.stringify(VIP)})); }); }
+    s.bind(p, () => s.send('q', 53, ${JSON.stringify(vip)})); }); }
   process.stdout.write(JSON.stringify(out)); })();`;
   return JSON.parse((await lab.exec(ns, process.execPath, ['-e', script])).stdout) as Record<number, string>;
 }
@@ -86,29 +109,40 @@ process.stdout.write(String(c));`;
   return Number((await lab.exec(ns, process.execPath, ['-e', script])).stdout);
 }
 
-/** Conntrack entries in `ns` towards the VIP or from the backends. */
-async function conntrackEntries(lab: Lab, ns: string): Promise<number> {
-  const out = (await lab.exec(ns, 'conntrack', ['-L', '-o', 'extended'], { allowFail: true })).stdout;
-  return out.split('\n').filter((l) => l.includes(VIP)).length;
+/** Conntrack entries in `ns` towards the VIP (`vip`: either family's) or from the backends. */
+async function conntrackEntries(lab: Lab, ns: string, vip = VIP): Promise<number> {
+  const out = (await lab.exec(ns, 'conntrack', ['-L', '-f', vip.includes(':') ? 'ipv6' : 'ipv4', '-o', 'extended'], { allowFail: true })).stdout;
+  return out.split('\n').filter((l) => l.includes(`=${vip} `)).length;
+}
+
+/** Both families' conntrack tables emptied. */
+async function flushConntrack(lab: Lab, ns: string): Promise<void> {
+  for (const f of ['ipv4', 'ipv6']) await lab.exec(ns, 'conntrack', ['-F', '-f', f], { allowFail: true });
 }
 
 interface Ask { backend: string; peer: string }
-interface NatStats { details: { natEngine?: { engine: string; reason: string; fill?: { flows: number; replies: number }; events?: Record<string, number>; lastApply?: { mode: string; ports: number; writes: number } } }; flows: { backend: string; port: string; connections: number }[] }
+interface NatStats {
+  details: { natEngine?: { engine: string; reason: string; ports?: { IPv4: number; IPv6: number }; fill?: { flows: number; replies: number; flows6: number; replies6: number }; events?: Record<string, number>; lastApply?: { mode: string; ports: number; writes: number } } };
+  flows: { backend: string; port: string; connections: number }[];
+}
 
 if (requirePrivileged(t)) {
   t.test('the eBPF NAT engine beside the nft path', async (t) => {
     const t0 = Date.now();
     const lab = await createLab(t);
-    const client = await lab.addHost('client', { address: `${CLIENT}/24`, ephemeralPorts: CLIENT_EPHEMERAL_PORTS });
-    const node = await lab.addHost('node', { address: `${NODE}/24`, extraAddresses: [`${VIP}/24`] });
+    const client = await lab.addHost('client', { address: `${CLIENT}/24`, ipv6: [`${CLIENT6}/64`], ephemeralPorts: CLIENT_EPHEMERAL_PORTS });
+    const node = await lab.addHost('node', { address: `${NODE}/24`, extraAddresses: [`${VIP}/24`], ipv6: [`${NODE6}/64`, `${VIP6}/64`] });
     const backendNs: string[] = [];
-    for (let i = 0; i < BACKENDS.length; i++) backendNs.push(await lab.addHost(IDS[i]!, { address: `${BACKENDS[i]}/24` }));
+    for (let i = 0; i < BACKENDS.length; i++) backendNs.push(await lab.addHost(IDS[i]!, { address: `${BACKENDS[i]}/24`, ipv6: [`${BACKENDS6[i]}/64`] }));
     await startPeerEchoes(lab, backendNs, IDS, ECHO_PORT);
+    await startPeerEchoes(lab, backendNs, IDS, ECHO_PORT, 'IPv6');
     for (let i = 0; i < BACKENDS.length; i++) {
-      const p = lab.spawn(backendNs[i]!, process.execPath, [distPath('lab', 'bin', 'udp-echo.js'), '--id', IDS[i]!, '--port', String(UDP_TARGET)]);
-      let text = '';
-      p.stdout?.on('data', (d: Buffer) => { text += d.toString(); });
-      await waitFor(`udp echo ${IDS[i]}`, () => text.includes('listening'), 10_000);
+      for (const six of [false, true]) {
+        const p = lab.spawn(backendNs[i]!, process.execPath, [distPath('lab', 'bin', 'udp-echo.js'), '--id', IDS[i]!, '--port', String(UDP_TARGET), ...(six ? ['--ipv6'] : [])]);
+        let text = '';
+        p.stdout?.on('data', (d: Buffer) => { text += d.toString(); });
+        await waitFor(`udp echo ${IDS[i]}${six ? ' (IPv6)' : ''}`, () => text.includes('listening'), 10_000);
+      }
     }
     // The engine pins its maps on a BPF file system of this test's own (the host's /sys/fs/bpf is left alone).
     const bpffs = fs.mkdtempSync(path.join(os.tmpdir(), `lbnat-${process.pid}-`));
@@ -129,23 +163,25 @@ if (requirePrivileged(t)) {
       key: 'default/bulk', vip: VIP, ports: [{ name: 'echo', port: 90, protocol: 'TCP', targetPort: BULK_TARGET }],
       healthy: [{ address: FAR_BACKEND, weight: 1 }], backends: [{ address: FAR_BACKEND }],
     };
-    const landing = async (tt: typeof t, label: string, tcpFrom: number, udpFrom0: number): Promise<void> => {
-      const tcpPorts = Array.from({ length: 40 }, (_, i) => tcpFrom + i);
+    const weighted6 = service6({ b1: 1, b2: 1, b3: 2 });
+    const landing = async (tt: typeof t, label: string, tcpFrom: number, udpFrom0: number, svc = weighted, n = 40): Promise<void> => {
+      const vip = svc.vip!;
+      const tcpPorts = Array.from({ length: n }, (_, i) => tcpFrom + i);
       let wrong = 0;
       let notVip = 0;
       const seen: Record<string, number> = {};
       for (const p of tcpPorts) {
-        const a = await cl.request<Ask>({ cmd: 'ask', host: VIP, port: 80, localPort: p });
+        const a = await cl.request<Ask>({ cmd: 'ask', host: vip, port: 80, localPort: p });
         seen[a.backend] = (seen[a.backend] ?? 0) + 1;
-        if (a.backend !== expectedBackend(weighted, p)) wrong++;
-        if (!a.peer.startsWith(`${VIP}:`)) notVip++;
+        if (a.backend !== expectedBackend(svc, p)) wrong++;
+        if (!a.peer.startsWith(`${vip}:`)) notVip++;
       }
-      tt.equal(wrong, 0, `${label}: 40 TCP connections each on the backend the slot table names (${JSON.stringify(seen)})`);
+      tt.equal(wrong, 0, `${label}: ${n} TCP connections each on the backend the slot table names (${JSON.stringify(seen)})`);
       tt.equal(notVip, 0, `${label}: every backend saw the VIP as the source`);
       tt.equal(Object.keys(seen).length, 3, `${label}: all three backends carry some`);
-      const udpPorts = Array.from({ length: 20 }, (_, i) => udpFrom0 + i);
-      const got = await udpFrom(lab, client, udpPorts);
-      tt.same(udpPorts.filter((p) => got[p] !== expectedBackend(weighted, p)), [], `${label}: 20 UDP flows each answered by the slot table's backend`);
+      const udpPorts = Array.from({ length: n / 2 }, (_, i) => udpFrom0 + i);
+      const got = await udpFrom(lab, client, udpPorts, vip);
+      tt.same(udpPorts.filter((p) => got[p] !== expectedBackend(svc, p)), [], `${label}: ${n / 2} UDP flows each answered by the slot table's backend`);
     };
 
     await t.test('the same flows land on the same backends through the nft path and the engine', async (t) => {
@@ -178,6 +214,52 @@ if (requirePrivileged(t)) {
       t.match(metrics, /lbagent_forward_nat_flows_total\{service="web",namespace="default",port="http",backend="10\.99\.0\.1[123]"\} \d+/);
       t.equal(await natPrograms(lab, node), 1, 'one program at tcx ingress');
       await eng.request({ cmd: 'keep' }).catch(() => undefined);
+    });
+
+    await t.test('IPv6: the same flows land on the same backends through the nft path and the engine; a backend taken out gets no new flow', async (t) => {
+      const nft = await JsonLinesProc.start(lab, node, 'forward-driver.js', ['--kind', 'kernel', '--placement', 'flow-hash'], 'driver(nft)');
+      t.teardown(() => nft.close());
+      await nft.request({ cmd: 'apply', state: { services: [weighted6] } });
+      await landing(t, 'nft IPv6', 41101, 43101, weighted6, 20);
+      t.ok(await conntrackEntries(lab, node, VIP6) > 0, 'the nft path keeps its IPv6 flows in conntrack');
+      await nft.request({ cmd: 'stop' });
+      await nft.close();
+      await flushConntrack(lab, node);
+
+      const eng = await startEngine();
+      t.teardown(() => eng.close());
+      await eng.request({ cmd: 'apply', state: { services: [weighted, weighted6] } });
+      const v4flows = (await eng.request<NatStats>({ cmd: 'stats' })).details.natEngine?.fill?.flows;
+      await landing(t, 'ebpf IPv6', 42101, 44101, weighted6, 20);
+      t.equal(await conntrackEntries(lab, node, VIP6), 0, 'the engine\'s IPv6 flows leave nothing in the node\'s conntrack');
+      const st = await eng.request<NatStats>({ cmd: 'stats' });
+      t.equal(st.details.natEngine?.engine, 'ebpf', `status: ${st.details.natEngine?.reason}`);
+      t.match(st.details.natEngine?.reason, /IPv4 and IPv6/, 'status says the engine takes IPv6 VIPs');
+      t.same(st.details.natEngine?.ports, { IPv4: 2, IPv6: 2 }, 'two ports of each family in the engine');
+      t.ok((st.details.natEngine?.fill?.flows6 ?? 0) >= 30 && (st.details.natEngine?.fill?.replies6 ?? 0) >= 30, `the IPv6 flow maps hold the flows (${JSON.stringify(st.details.natEngine?.fill)})`);
+      t.equal(st.details.natEngine?.fill?.flows, v4flows, 'and the IPv4 ones none of them');
+      const metrics = await eng.request<string>({ cmd: 'metrics' });
+      t.match(metrics, /lbagent_forward_nat_flows_total\{service="web6",namespace="default",port="http",backend="fd00:99::1[123]"\} \d+/);
+
+      // b3 out of the IPv6 service: no new flow reaches it.
+      await eng.request({ cmd: 'apply', state: { services: [weighted, service6({ b1: 1, b2: 1 })] } });
+      const burst = await cl.request<{ counts: Record<string, number>; errors: Record<string, number> }>({ cmd: 'burst', host: VIP6, port: 80, n: 40, fromPort: 46101, concurrency: 4 });
+      t.same(burst.errors, {});
+      t.equal(burst.counts['b3'] ?? 0, 0, `no new IPv6 connection to b3 (${JSON.stringify(burst.counts)})`);
+      t.equal(await conntrackEntries(lab, node, VIP6), 0, 'still nothing in conntrack');
+
+      // A datagram with a destination options header (RFC 8200 4.6, a PadN
+      // option): the engine passes it to the nft table unread and counts it;
+      // the nft path serves it.
+      const ext = 'import socket\ns = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)\ns.settimeout(2)\ns.bind(("", 47101))\n'
+        + `s.sendmsg([b"q"], [(socket.IPPROTO_IPV6, socket.IPV6_DSTOPTS, bytes([0, 0, 1, 4, 0, 0, 0, 0]))], 0, ("${VIP6}", 53))\n`
+        + 'print(s.recv(100).decode().strip())\n';
+      const answer = (await lab.exec(client, 'python3', ['-c', ext], { timeoutMs: 5000 })).stdout.trim();
+      t.match(answer, /^b[12]$/, `a datagram with an extension header served through the nft path, by a healthy backend (${answer})`);
+      const events = (await eng.request<NatStats>({ cmd: 'stats' })).details.natEngine?.events;
+      t.ok((events?.['ipv6ExtHeader'] ?? 0) >= 1, `passed to nft and counted (${JSON.stringify(events)})`);
+      t.ok(await conntrackEntries(lab, node, VIP6) >= 1, 'through conntrack, as the nft path serves it');
+      await eng.request({ cmd: 'stop' });
     });
 
     await t.test('a backend taken out gets no new flow from the next apply on; held connections survive a restart', async (t) => {
@@ -264,9 +346,7 @@ if (requirePrivileged(t)) {
         const res = await loop.stop();
         t.same(res.failures, {}, `${n} services: ${res.count} requests at 20 ms through the VIP across b3 out and back, none failed`);
       }
-      const norm = normalizeState({ services: [{ ...weighted, vip: VIP,
-        healthy: weighted.healthy.map((x) => ({ address: x.address, addressNum: parseIPv4(x.address)!, weight: x.weight ?? 1 })),
-        backends: weighted.backends.map((x) => ({ address: x.address, addressNum: parseIPv4(x.address)!, weight: 1 })) }] }).services[0]!;
+      const norm = normalizeState({ services: [{ ...weighted, vip: VIP, healthy: weighted.healthy.map(spec), backends: weighted.backends.map(spec) }] }).services[0]!;
       const slots = flowHashSlots(norm).length;
       t.same(writes[200], writes[10], `the same map entries written among 200 services as among 10 (${JSON.stringify(writes)})`);
       t.same(writes[10], [2 * slots + 2 + 2, 2 * slots + 2 + 2], `each transition: two slot tables of ${slots}, two svc entries, two member entries`);
@@ -277,35 +357,41 @@ if (requirePrivileged(t)) {
       // allows 1280 bytes: a far client and a far backend each send 1500-byte
       // segments; the router answers fragmentation-needed to the VIP for the
       // node's translated packets, both ways, and only a translated ICMP
-      // error tells the sender to send smaller.
-      const rtr = await lab.addHost('rtr', { address: `${ROUTER}/24` });
+      // error tells the sender to send smaller. The same in IPv6, where the
+      // router answers Packet Too Big (RFC 8201) and never fragments (its
+      // route's MTU locked: IPv6 forwarding otherwise checks the device's,
+      // ip6_dst_mtu_maybe_forward).
+      const rtr = await lab.addHost('rtr', { address: `${ROUTER}/24`, ipv6: [`${ROUTER6}/64`] });
       await lab.addBridge('far');
       await lab.addNic('rtr', 'eth1', { bridge: 'far', address: '10.99.1.1/24' });
-      await lab.sh(rtr, 'sysctl -qw net.ipv4.ip_forward=1 net.ipv4.icmp_ratelimit=0'
-        + ' && ip route replace 10.99.1.0/24 dev eth1 proto kernel scope link src 10.99.1.1 mtu 1280');
-      const farc = await lab.addHost('farc', { address: `${FAR_CLIENT}/24`, gateway: '10.99.1.1', bridge: 'far' });
-      const farb = await lab.addHost('farb', { address: `${FAR_BACKEND}/24`, gateway: '10.99.1.1', bridge: 'far' });
-      await lab.sh(node, `ip route add 10.99.1.0/24 via ${ROUTER}`);
+      await lab.sh(rtr, 'sysctl -qw net.ipv4.ip_forward=1 net.ipv4.icmp_ratelimit=0 net.ipv6.conf.all.forwarding=1 net.ipv6.icmp.ratelimit=0'
+        + ' && ip route replace 10.99.1.0/24 dev eth1 proto kernel scope link src 10.99.1.1 mtu 1280'
+        + ' && ip -6 addr add fd00:99:1::1/64 dev eth1 nodad && ip -6 route replace fd00:99:1::/64 dev eth1 proto kernel metric 256 mtu lock 1280');
+      const farc = await lab.addHost('farc', { address: `${FAR_CLIENT}/24`, gateway: '10.99.1.1', bridge: 'far', ipv6: [`${FAR_CLIENT6}/64`] });
+      const farb = await lab.addHost('farb', { address: `${FAR_BACKEND}/24`, gateway: '10.99.1.1', bridge: 'far', ipv6: [`${FAR_BACKEND6}/64`] });
+      for (const ns of [farc, farb]) await lab.sh(ns, 'ip -6 route add default via fd00:99:1::1');
+      await lab.sh(node, `ip route add 10.99.1.0/24 via ${ROUTER} && ip -6 route add fd00:99:1::/64 via ${ROUTER6}`);
       const echo = lab.spawn(farb, process.execPath, ['-e',
         `require('node:net').createServer({ allowHalfOpen: true }, (s) => { s.on('error', () => {}); s.pipe(s); }).listen(${BULK_TARGET}, () => console.log('listening'));`]);
       let echoOut = '';
       echo.stdout?.on('data', (d: Buffer) => { echoOut += d.toString(); });
       await waitFor('bulk echo', () => echoOut.includes('listening'), 10_000);
-      const state = { services: [weighted, bulk] };
-      /** 512 KiB from the far client through VIP:90 to the far backend and back. */
-      const transfer = async (): Promise<{ ok: boolean; got: number; error?: string }> => {
+      const bulk6: DriverService = { ...bulk, key: 'default/bulk6', vip: VIP6, healthy: [{ address: FAR_BACKEND6, weight: 1 }], backends: [{ address: FAR_BACKEND6 }] };
+      const state = { services: [weighted, bulk, bulk6] };
+      /** 512 KiB from the far client through VIP:90 (`vip`, either family) to the far backend and back. */
+      const transfer = async (vip = VIP): Promise<{ ok: boolean; got: number; error?: string }> => {
         const script = `const net = require('node:net'); const body = require('node:crypto').randomBytes(512 * 1024);
 const parts = []; let n = 0; let done = false;
 const out = (r) => { if (done) return; done = true; process.stdout.write(JSON.stringify(r)); process.exit(0); };
-const s = net.connect({ host: ${JSON.stringify(VIP)}, port: 90 }, () => s.end(body));
+const s = net.connect({ host: ${JSON.stringify(vip)}, port: 90 }, () => s.end(body));
 setTimeout(() => out({ ok: false, got: n, error: 'timeout' }), 8000);
 s.on('data', (d) => { parts.push(d); n += d.length; });
 s.on('end', () => out({ ok: Buffer.concat(parts).equals(body), got: n }));
 s.on('error', (e) => out({ ok: false, got: n, error: e.code }));`;
         return JSON.parse((await lab.exec(farc, process.execPath, ['-e', script], { timeoutMs: 15_000 })).stdout) as { ok: boolean; got: number; error?: string };
       };
-      const pmtu = async (ns: string): Promise<string> => /\bmtu (\d+)/.exec((await lab.exec(ns, 'ip', ['route', 'get', VIP])).stdout)?.[1] ?? 'none';
-      const forget = (): Promise<unknown> => Promise.all([farc, farb].map((ns) => lab.exec(ns, 'ip', ['route', 'flush', 'cache'])));
+      const pmtu = async (ns: string, vip = VIP): Promise<string> => /\bmtu (\d+)/.exec((await lab.exec(ns, 'ip', ['route', 'get', vip])).stdout)?.[1] ?? 'none';
+      const forget = (): Promise<unknown> => Promise.all([farc, farb].map((ns) => lab.sh(ns, 'ip route flush cache && ip -6 route flush cache')));
 
       const nft = await JsonLinesProc.start(lab, node, 'forward-driver.js', ['--kind', 'kernel', '--placement', 'flow-hash'], 'driver(nft)');
       t.teardown(() => nft.close());
@@ -313,11 +399,13 @@ s.on('error', (e) => out({ ok: false, got: n, error: e.code }));`;
       t.same(await transfer(), { ok: true, got: 512 * 1024 }, 'nft: 512 KiB echoed whole through the VIP');
       t.equal(await pmtu(farc), '1280', 'nft: the far client learned the path MTU from the router\'s error about the node\'s packet');
       t.equal(await pmtu(farb), '1280', 'nft: the far backend learned it too');
+      t.same(await transfer(VIP6), { ok: true, got: 512 * 1024 }, 'nft IPv6: 512 KiB echoed whole through the IPv6 VIP');
+      t.same([await pmtu(farc, VIP6), await pmtu(farb, VIP6)], ['1280', '1280'], 'nft IPv6: both far hosts learned the path MTU from the router\'s Packet Too Big');
       await nft.request({ cmd: 'stop' });
       await nft.close();
-      await lab.exec(node, 'conntrack', ['-F'], { allowFail: true });
+      await flushConntrack(lab, node);
       await forget();
-      t.equal(await pmtu(farc), 'none', 'the far hosts forgot it');
+      t.same([await pmtu(farc), await pmtu(farc, VIP6)], ['none', 'none'], 'the far hosts forgot it');
 
       const eng = await startEngine();
       t.teardown(() => eng.close());
@@ -325,9 +413,16 @@ s.on('error', (e) => out({ ok: false, got: n, error: e.code }));`;
       t.same(await transfer(), { ok: true, got: 512 * 1024 }, 'ebpf: 512 KiB echoed whole through the VIP');
       t.equal(await pmtu(farc), '1280', 'ebpf: the far client learned the path MTU: the error about V:nport -> backend reached it as one about its own packet');
       t.equal(await pmtu(farb), '1280', 'ebpf: the far backend learned it: the error about V:90 -> client reached it as one about its own packet');
+      const before = (await eng.request<NatStats>({ cmd: 'stats' })).details.natEngine?.events?.['icmpError'] ?? 0;
+      t.ok(before >= 2, `the engine translated the errors itself (${before})`);
+      t.same(await transfer(VIP6), { ok: true, got: 512 * 1024 }, 'ebpf IPv6: 512 KiB echoed whole through the IPv6 VIP');
+      t.equal(await pmtu(farc, VIP6), '1280', 'ebpf IPv6: the far client learned the path MTU: the Packet Too Big about [V]:nport -> backend reached it as one about its own packet');
+      t.equal(await pmtu(farb, VIP6), '1280', 'ebpf IPv6: the far backend learned it: the one about [V]:90 -> client reached it about its own packet');
       const st = await eng.request<NatStats>({ cmd: 'stats' });
-      t.ok((st.details.natEngine?.events?.['icmpError'] ?? 0) >= 2, `the engine translated the errors itself (${JSON.stringify(st.details.natEngine?.events)})`);
+      t.ok((st.details.natEngine?.events?.['icmpError'] ?? 0) >= before + 2, `the engine translated the IPv6 errors itself (${JSON.stringify(st.details.natEngine?.events)})`);
+      t.ok((st.details.natEngine?.fill?.flows6 ?? 0) >= 1, 'the IPv6 transfer was the engine\'s flow');
       t.equal(await conntrackEntries(lab, node), 0, 'none of it went through conntrack');
+      t.equal(await conntrackEntries(lab, node, VIP6), 0, 'nor of the IPv6 one');
       await eng.request({ cmd: 'stop' });
     });
     await t.test('flow maps too small for the flows evict, and the evictions are counted', async (t) => {

@@ -34,17 +34,25 @@ export const NAT_PROG_NAME = 'lb_agent_nat';
 /** The object file binding.gyp builds beside the addon. */
 export const NAT_OBJECT = 'nat.bpf.o';
 const PROG_PIN = 'lb_agent_nat_prog';
-/** The maps pinned by name (LIBBPF_PIN_BY_NAME in nat.c). */
-const PINNED_MAPS = ['lbn_flows', 'lbn_replies', 'lbn_events'] as const;
-const FLOW_MAPS = ['lbn_flows', 'lbn_replies'] as const;
+/** The flow maps, both families (pinned by name, LIBBPF_PIN_BY_NAME in nat.c), and the IPv6 ones. */
+const FLOW_MAPS = ['lbn_flows', 'lbn_replies', 'lbn_flows6', 'lbn_replies6'] as const;
+const FLOW6_MAPS: readonly string[] = ['lbn_flows6', 'lbn_replies6'];
+/** The maps pinned by name. */
+const PINNED_MAPS = [...FLOW_MAPS, 'lbn_events'] as const;
 /** The event counting the keys the program added to each flow map (nat.h). */
-const INSERT_EVENT: Readonly<Record<(typeof FLOW_MAPS)[number], string>> = { lbn_flows: 'LBN_EV_FLOW_INSERT', lbn_replies: 'LBN_EV_REPLY_INSERT' };
-const EVENTS = ['LBN_EV_NEW_FLOW', 'LBN_EV_MIDFLOW', 'LBN_EV_EXPIRED', 'LBN_EV_REPLACED', 'LBN_EV_PORTS_EXHAUSTED', 'LBN_EV_NO_ROUTE', 'LBN_EV_ICMP_ERROR'] as const;
+const INSERT_EVENT: Readonly<Record<(typeof FLOW_MAPS)[number], string>> = {
+  lbn_flows: 'LBN_EV_FLOW_INSERT', lbn_replies: 'LBN_EV_REPLY_INSERT', lbn_flows6: 'LBN_EV_FLOW6_INSERT', lbn_replies6: 'LBN_EV_REPLY6_INSERT',
+};
+/** The per-plan maps the driver writes. */
+const PLAN_MAPS = ['lbn_config', 'lbn_svcs', 'lbn_slots', 'lbn_members', 'lbn_svcs6', 'lbn_slots6', 'lbn_members6', 'lbn_counters', 'lbn_events'] as const;
+/** Entries of an IPv6 flow map while the plan has no IPv6 port (an LRU map wants some). */
+const FLOW6_TOKEN_ENTRIES = 16;
+const EVENTS = ['LBN_EV_NEW_FLOW', 'LBN_EV_MIDFLOW', 'LBN_EV_EXPIRED', 'LBN_EV_REPLACED', 'LBN_EV_PORTS_EXHAUSTED', 'LBN_EV_NO_ROUTE', 'LBN_EV_ICMP_ERROR', 'LBN_EV_IPV6_EXT_HEADER'] as const;
 /** `evicted`: entries the flow maps' LRU dropped (not an event of the program: inserts it counted less the maps' fill, see events()). */
-export type NatEvent = 'new' | 'midflow' | 'expired' | 'replaced' | 'portsExhausted' | 'noRoute' | 'icmpError' | 'evicted';
+export type NatEvent = 'new' | 'midflow' | 'expired' | 'replaced' | 'portsExhausted' | 'noRoute' | 'icmpError' | 'ipv6ExtHeader' | 'evicted';
 const EVENT_NAMES: Readonly<Record<(typeof EVENTS)[number], NatEvent>> = {
   LBN_EV_NEW_FLOW: 'new', LBN_EV_MIDFLOW: 'midflow', LBN_EV_EXPIRED: 'expired', LBN_EV_REPLACED: 'replaced',
-  LBN_EV_PORTS_EXHAUSTED: 'portsExhausted', LBN_EV_NO_ROUTE: 'noRoute', LBN_EV_ICMP_ERROR: 'icmpError',
+  LBN_EV_PORTS_EXHAUSTED: 'portsExhausted', LBN_EV_NO_ROUTE: 'noRoute', LBN_EV_ICMP_ERROR: 'icmpError', LBN_EV_IPV6_EXT_HEADER: 'ipv6ExtHeader',
 };
 
 /** The engine's settings (config `kernel:`). */
@@ -221,11 +229,14 @@ export class NatEngine {
     if (fill === undefined) throw new LbError('LB_ERR_FORWARD_NAT_BPF', 'the NAT engine\'s maps sized for a plan have no room for it (a bug: natCapacity and natDelta disagree)');
     // Flow maps this load creates (no pin yet, or one of another layout): their insert counts start again (events()).
     const created: string[] = FLOW_MAPS.filter((name) => !fs.existsSync(path.join(this.pinDir, name)));
+    // The IPv6 flow maps take their full size with the first IPv6 port, and keep it (pinned) from then on.
+    const flows6 = cap.six || this.flows6Sized() ? s.flowEntries : FLOW6_TOKEN_ENTRIES;
     let loaded;
     try {
       loaded = this.bpf.bpfObjectLoad(this.objectPath, this.pinDir, {
         lbn_svcs: Math.max(1, cap.svcs), lbn_slots: Math.max(1, cap.slots), lbn_members: Math.max(1, cap.members),
-        lbn_counters: Math.max(1, cap.counters), lbn_flows: s.flowEntries, lbn_replies: s.flowEntries,
+        lbn_svcs6: Math.max(1, cap.svcs6), lbn_slots6: Math.max(1, cap.slots6), lbn_members6: Math.max(1, cap.members6),
+        lbn_counters: Math.max(1, cap.counters), lbn_flows: s.flowEntries, lbn_replies: s.flowEntries, lbn_flows6: flows6, lbn_replies6: flows6,
       });
     } catch (err) {
       const log = (err as { log?: unknown }).log;
@@ -237,7 +248,7 @@ export class NatEngine {
     let writes = 0;
     try {
       if (prog === undefined) throw new Error(`the object has no program ${NAT_PROG_NAME}`);
-      for (const name of ['lbn_config', 'lbn_svcs', 'lbn_slots', 'lbn_members', 'lbn_counters', 'lbn_events']) {
+      for (const name of PLAN_MAPS) {
         if (loaded.maps[name] === undefined) throw new Error(`the object has no map ${name}`);
       }
       const ns = (sec: number): bigint => BigInt(Math.round(sec * 1e9));
@@ -268,21 +279,23 @@ export class NatEngine {
   private write(l: Loaded, ops: readonly NatOp[]): number {
     const fd = (name: string): number => l.maps[name]!;
     const slotKey = Buffer.alloc(4);
-    const slotSize = this.layout.size('lbn_slot');
-    const slotValue = Buffer.alloc(slotSize);
     const zero = Buffer.alloc(this.layout.size('lbn_counter') * this.cpus);
     let writes = 0;
     for (const op of ops) {
       writes += natOpWrites(op);
       switch (op.map) {
         case 'lbn_slots':
+        case 'lbn_slots6': {
+          const slotSize = this.layout.size(op.map === 'lbn_slots6' ? 'lbn_slot6' : 'lbn_slot');
+          const slotValue = Buffer.alloc(slotSize);
           for (let i = 0; i < op.table.length; i++) {
             slotKey.writeUInt32LE(op.base + i);
             const at = op.table[i]! * slotSize;
             op.values.copy(slotValue, 0, at, at + slotSize);
-            this.bpf.bpfMapUpdate(fd('lbn_slots'), slotKey, slotValue, 0);
+            this.bpf.bpfMapUpdate(fd(op.map), slotKey, slotValue, 0);
           }
           break;
+        }
         case 'lbn_counters': {
           const k = natCounterKey(op.ref.service, `${op.ref.port.protocol}/${op.ref.port.port}`, op.ref.backend);
           const now = this.readCounter(fd('lbn_counters'), op.index);
@@ -457,7 +470,7 @@ export class NatEngine {
    * counter).
    */
   events(withEvictions = false): Record<NatEvent, number> {
-    const out = { new: 0, midflow: 0, expired: 0, replaced: 0, portsExhausted: 0, noRoute: 0 } as Record<NatEvent, number>;
+    const out = { new: 0, midflow: 0, expired: 0, replaced: 0, portsExhausted: 0, noRoute: 0, icmpError: 0, ipv6ExtHeader: 0 } as Record<NatEvent, number>;
     const fd = this.current?.maps['lbn_events'];
     if (fd === undefined) return out;
     const buf = Buffer.alloc(8 * this.cpus);
@@ -472,24 +485,37 @@ export class NatEngine {
       if (n !== undefined) out[EVENT_NAMES[e]] = n;
     }
     if (withEvictions) {
-      const added = { flows: read('LBN_EV_FLOW_INSERT') ?? 0, replies: read('LBN_EV_REPLY_INSERT') ?? 0 };
+      const added = Object.fromEntries(FLOW_MAPS.map((m) => [m, read(INSERT_EVENT[m]) ?? 0]));
       const fill = this.fill();
-      const lost = Math.max(0, added.flows - fill.flows) + Math.max(0, added.replies - fill.replies);
+      const now: Record<string, number> = { lbn_flows: fill.flows, lbn_replies: fill.replies, lbn_flows6: fill.flows6, lbn_replies6: fill.replies6 };
+      const lost = FLOW_MAPS.reduce((sum, m) => sum + Math.max(0, added[m]! - now[m]!), 0);
       this.evicted = Math.max(this.evicted, this.evictedBase + lost);
       out.evicted = this.evicted;
     }
     return out;
   }
 
-  /** Entries in the flow maps now (client side, backend side) and their capacity. */
-  fill(): { flows: number; replies: number; capacity: number } {
+  /** Entries in the flow maps now (client side, backend side; IPv4, and IPv6 apart) and their capacity (each map's). */
+  fill(): { flows: number; replies: number; flows6: number; replies6: number; capacity: number } {
     const l = this.current;
-    const key = this.layout.size('lbn_flow_key');
     const count = (name: string): number => {
       const fd = l?.maps[name];
-      return fd === undefined ? 0 : this.bpf.bpfMapCount(fd, key);
+      return fd === undefined ? 0 : this.bpf.bpfMapCount(fd, this.layout.size(FLOW6_MAPS.includes(name) ? 'lbn_flow_key6' : 'lbn_flow_key'));
     };
-    return { flows: count('lbn_flows'), replies: count('lbn_replies'), capacity: this.settings.flowEntries };
+    return { flows: count('lbn_flows'), replies: count('lbn_replies'), flows6: count('lbn_flows6'), replies6: count('lbn_replies6'), capacity: this.settings.flowEntries };
+  }
+
+  /** Whether the pinned IPv6 flow maps are there at their full size (kept so by a load whose plan has no IPv6 port). */
+  private flows6Sized(): boolean {
+    let fd: number | undefined;
+    try {
+      fd = this.bpf.bpfObjGet(path.join(this.pinDir, 'lbn_flows6'));
+      return this.bpf.bpfMapInfo(fd).maxEntries === this.settings.flowEntries;
+    } catch {
+      return false;
+    } finally {
+      closeFd(fd);
+    }
   }
 
   /**

@@ -16,9 +16,12 @@ t.test('the header parses into the structs the program uses', async (t) => {
   const sizes = Object.fromEntries([...l.header.structs.values()].map((s) => [s.name, s.size]));
   t.same(sizes, {
     lbn_svc_key: 8, lbn_svc: 16, lbn_slot: 8, lbn_member_key: 12, lbn_member: 8,
-    lbn_flow_key: 16, lbn_flow: 56, lbn_counter: 40, lbn_config: 32,
+    lbn_flow_key: 16, lbn_flow: 56,
+    lbn_svc_key6: 20, lbn_slot6: 20, lbn_member_key6: 36, lbn_flow_key6: 40, lbn_flow6: 72,
+    lbn_counter: 40, lbn_config: 32,
   });
-  t.equal(l.constant('LBN_EV_COUNT'), 10);
+  t.equal(l.constant('LBN_EV_COUNT'), 13);
+  t.equal(l.struct('lbn_flow6').fields.find((f) => f.name === 'seen_ns')?.offset, 32, 'the IPv6 entry\'s u64 after explicit padding at 32');
   t.equal(l.constant('LBN_PORT_TRIES'), 8);
   t.equal(l.struct('lbn_flow').fields.find((f) => f.name === 'seen_ns')?.offset, 16, 'a u64 after four u32s sits at 16');
 });
@@ -43,6 +46,11 @@ t.test('encode and decode by field name; network-order fields as bytes', async (
   const l = natLayout();
   const key = l.encode('lbn_member_key', { svc: { vip: Buffer.from([10, 99, 0, 50]), port: Buffer.from([0, 80]), proto: 6 }, backend: Buffer.from([10, 99, 0, 11]) });
   t.same([...key], [10, 99, 0, 50, 0, 80, 6, 0, 10, 99, 0, 11]);
+  const vip6 = Buffer.from('fd000099000000000000000000000050', 'hex');
+  const be6 = Buffer.from('fd000099000000000000000000000011', 'hex');
+  const key6 = l.encode('lbn_member_key6', { svc: { vip: vip6, port: Buffer.from([0, 80]), proto: 17 }, backend: be6 });
+  t.same(key6, Buffer.concat([vip6, Buffer.from([0, 80, 17, 0]), be6]), 'the IPv6 member key: 16 address bytes as the wire has them, port, protocol, pad, backend');
+  t.same(l.decode('lbn_slot6', l.encode('lbn_slot6', { backend: be6, counter: 7 })), { backend: be6, counter: 7 });
   const cfg = l.encode('lbn_config', { tcp_idle_ns: 7200n * 1_000_000_000n, port_min: 61001, port_count: 4535 });
   const back = l.decode('lbn_config', cfg);
   t.equal(back['tcp_idle_ns'], 7200n * 1_000_000_000n);
