@@ -619,9 +619,12 @@ export function natCounterKey(service: string, port: string, backend: string): s
  * Can this node run the engine? Loads the object with a one-port plan into a
  * pin directory of its own and attaches it at tcx ingress of `device` (a
  * throwaway namespace's lo, as the DSR probe does), then removes all of it.
- * Returns why not, or undefined. The start-up probe and `lb-agent check` use it.
+ * `beside`, run while the probe's program is attached there, attaches
+ * another program of ours at the same hook (the DSR program's probe, where
+ * the config forwards DSR ports) and returns why it could not. Returns why
+ * not, or undefined. The start-up probe and `lb-agent check` use it.
  */
-export function probeNatHere(opts: { device?: string; pinDir: string; bpf?: NativeBpfObject | string; objectPath?: string }): string | undefined {
+export function probeNatHere(opts: { device?: string; pinDir: string; bpf?: NativeBpfObject | string; objectPath?: string; beside?: (device: string) => string | undefined }): string | undefined {
   const bpf = opts.bpf ?? nativeBpfObject();
   if (typeof bpf === 'string') return bpf;
   const objectPath = opts.objectPath ?? bpfObjectPath(NAT_OBJECT);
@@ -630,7 +633,7 @@ export function probeNatHere(opts: { device?: string; pinDir: string; bpf?: Nati
   try {
     engine = new NatEngine({ device: opts.device ?? 'lo', pinDir: opts.pinDir, bpf, objectPath, settings: { ...NAT_DEFAULTS, flowEntries: 16 } });
     engine.apply(EMPTY_NAT_PLAN);
-    return undefined;
+    return opts.beside?.(engine.device);
   } catch (err) {
     return errorMessage(err);
   } finally {
