@@ -141,7 +141,9 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
       }
     }
     // The eBPF NAT engine in front of the nft table (kernel.engine).
-    const nat = selection.kind === 'kernel' ? natEngineChoice(config.kernel.engine, () => probeNatEngine(parent.name, { mount: true })) : undefined;
+    // Beside the DSR program at the same hook where DSR ports are forwarded (and the program would serve them).
+    const withDsr = config.services.some((sv) => sv.sourceIP === 'preserve') && parseDsrEngine(process.env['LB_AGENT_DSR_ENGINE']) === 'auto';
+    const nat = selection.kind === 'kernel' ? natEngineChoice(config.kernel.engine, () => probeNatEngine(parent.name, { mount: true, withDsr })) : undefined;
     if (nat) log.info({ module: 'forward', op: 'select', natEngine: nat.use ? 'ebpf' : 'nft', reason: nat.reason }, `snat flows: ${nat.use ? 'the eBPF NAT engine' : 'the nft table'} (${nat.reason})`);
     if (nat && !nat.use) {
       const left = detachLeftoverNatEngine(parent.name, { pinnedOnly: config.kernel.engine === 'nft' });

@@ -69,20 +69,35 @@ export function natEngineChoice(engine: KernelConfig['engine'], probe: () => str
 
 // The engine's modules load only where it runs.
 const natAttach = (): typeof import('../net/ebpf/nat-attach') => require('../net/ebpf/nat-attach') as typeof import('../net/ebpf/nat-attach');
+const dsrAttach = (): typeof import('../net/ebpf/ebpf-attach') => require('../net/ebpf/ebpf-attach') as typeof import('../net/ebpf/ebpf-attach');
 const ebpfNat = (): typeof import('./ebpf-nat') => require('./ebpf-nat') as typeof import('./ebpf-nat');
 
 /**
  * The engine's probe, in a pin directory of its own under the device's,
  * removed after. mount: first mount the BPF file system where there is none
- * (the daemon at start; `lb-agent check` only looks).
+ * (the daemon at start; `lb-agent check` only looks). withDsr (the config
+ * forwards DSR ports, which the DSR program serves at the same hook): the
+ * DSR program's probe is attached beside the engine's; where it attaches
+ * alone but not beside it, the engine is what cannot run (the DSR program
+ * keeps the hook, the nft table does the NAT), and the reason says so.
+ * Where the DSR program cannot run at all, the nft table serves DSR and the
+ * engine is not in its way.
  */
-export function probeNatEngine(device: string, opts: { mount?: boolean } = {}): string | undefined {
+export function probeNatEngine(device: string, opts: { mount?: boolean; withDsr?: boolean } = {}): string | undefined {
   const a = natAttach();
   if (opts.mount) {
     const why = a.mountBpffs();
     if (why !== undefined) return why;
   }
-  return a.probeNatHere({ pinDir: `${a.natPinDir(device)}-probe-${process.pid}` });
+  const dsr = opts.withDsr ? dsrAttach() : undefined;
+  // Only where the DSR program attaches alone is a refusal beside the engine the engine's doing.
+  const beside = dsr !== undefined && dsr.probeDsrBpfHere() === undefined
+    ? (at: string): string | undefined => {
+      const why = dsr.probeDsrBpfHere(undefined, at);
+      return why === undefined ? undefined : `the DSR program cannot be attached beside it at tcx ingress (${why}); the DSR program keeps the hook`;
+    }
+    : undefined;
+  return a.probeNatHere({ pinDir: `${a.natPinDir(device)}-probe-${process.pid}`, beside });
 }
 
 /**

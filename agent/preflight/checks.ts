@@ -602,7 +602,9 @@ export function checkNatEngine(f: Facts): CheckResult | undefined {
     const fix = 'see the cause (kernel 6.6+ for tcx, CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN, libbpf 1.x, a bpffs at /sys/fs/bpf, the object built by npm ci with clang and libbpf-dev); or set kernel.engine: nft';
     return k.engine === 'ebpf' ? fail(id, `${detail}: the agent would refuse to start`, fix) : warn(id, `${detail}; the nft table forwards alone`, fix);
   }
-  const ok = `kernel.engine: ${k.engine}: the eBPF NAT engine loads and attaches at tc ingress (tcx); it forwards the IPv4 and IPv6 snat flows (its probe's program, both halves, passed the verifier), the nft table the rest`;
+  // With DSR services the probe attached the DSR program's beside it (forward/index.ts probeNatEngine).
+  const beside = (f.config.dsrServices ?? []).length > 0 ? ', beside the DSR program at the same hook (each passes on what is not its own)' : '';
+  const ok = `kernel.engine: ${k.engine}: the eBPF NAT engine loads and attaches at tc ingress (tcx)${beside}; it forwards the IPv4 and IPv6 snat flows (its probe's program, both halves, passed the verifier), the nft table the rest`;
   return overlap ? warn(id, `${ok}${ports}`, portsFix) : pass(id, ok);
 }
 

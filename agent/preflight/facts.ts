@@ -482,12 +482,12 @@ function bpfProbe(): Attempt {
 
 
 /** The eBPF NAT engine's probe, as the daemon runs it at start (forward/index.ts probeNatEngine), and the ephemeral port range. */
-async function gatherNatEngine(): Promise<NonNullable<Facts['natEngine']>> {
+async function gatherNatEngine(withDsr: boolean): Promise<NonNullable<Facts['natEngine']>> {
   const range = (await readText('/proc/sys/net/ipv4/ip_local_port_range'))?.trim().split(/\s+/).map(Number);
   const localPortRange: [number, number] | undefined = range && range.length === 2 && range.every((n) => Number.isInteger(n)) ? [range[0]!, range[1]!] : undefined;
   const t0 = Date.now();
   try {
-    const why = (require('../forward/index') as typeof import('../forward/index')).probeNatEngine('check');
+    const why = (require('../forward/index') as typeof import('../forward/index')).probeNatEngine('check', { withDsr });
     return { probe: why === undefined ? { status: 'ok', ms: Date.now() - t0 } : { status: 'failed', error: why, ms: Date.now() - t0 }, localPortRange };
   } catch (err) {
     return { probe: { status: 'not-run', error: (err as Error).message }, localPortRange };
@@ -814,7 +814,7 @@ export async function gatherFacts(opts: GatherOptions): Promise<Facts> {
     guestAgent: { binary: qgaBin, running: qgaRunning },
     limits: { nofile: readNofile() },
     dsr: await dsrP,
-    natEngine: config.dataplane !== 'proxy' ? await gatherNatEngine() : undefined,
+    natEngine: config.dataplane !== 'proxy' ? await gatherNatEngine((config.dsrServices ?? []).length > 0) : undefined,
     node: await nodeP,
     addresses: await addrsP,
     ruleset: await rulesetP,

@@ -96,7 +96,7 @@ export const CHECK_HELP: Readonly<Record<CheckId, CheckHelp>> = {
     fix: 'Turn IPv6 on for the parent (`sysctl -w net.ipv6.conf.all.disable_ipv6=0 net.ipv6.conf.<parent>.disable_ipv6=0`) and persist it in `/etc/sysctl.d/90-lb-agent.conf`; a kernel booted with `ipv6.disable=1` needs that parameter removed and a reboot. Or serve IPv4 only.',
   },
   'nat-engine': {
-    what: 'On the kernel path: `kernel.engine`, whether the eBPF NAT engine loads (libbpf, the clang-built object, a bpffs to pin its flow maps on, tcx), and that `kernel.natPorts` stay outside `net.ipv4.ip_local_port_range`.',
+    what: 'On the kernel path: `kernel.engine`, whether the eBPF NAT engine loads (libbpf, the clang-built object, a bpffs to pin its flow maps on, tcx) and, with services in `sourceIP: preserve`, attaches beside the DSR program at the same hook, and that `kernel.natPorts` stay outside `net.ipv4.ip_local_port_range`.',
     cause: 'Fails when `kernel.engine: ebpf` and the engine cannot load (the agent would refuse to start); warns when `auto` falls back to the nft table, or the NAT ports overlap the ephemeral range.',
     fix: 'Kernel 6.6+, CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN, libbpf 1.x, `mount -t bpf bpf /sys/fs/bpf`, and `scripts/setup.sh` then `npm ci` (clang, libbpf-dev); or `kernel.engine: nft`. Move `kernel.natPorts` out of the ephemeral range.',
   },

@@ -755,6 +755,21 @@ t.test('nat-engine: which engine forwards snat flows, whether the eBPF one loads
   t.match(bad.detail, /not on a BPF file system: the agent would refuse to start/);
   t.equal(checkNatEngine(k('auto', { status: 'failed', error: 'EPERM' }))!.status, 'warn', 'auto falls back: a warning');
   t.equal(checkNatEngine(k('auto', { status: 'ok' }))!.status, 'pass');
+  t.notMatch(checkNatEngine(k('auto', { status: 'ok' }))!.detail, /DSR program/, 'no DSR service: nothing said of the DSR program');
+  const withDsr = variant('healthy', (f) => {
+    f.config.kernel = { engine: 'auto', natPorts: [61001, 65535], parent: 'eth0' };
+    f.config.dsrServices = ['default/web-dsr'];
+    f.natEngine = { probe: { status: 'ok' }, localPortRange: [32768, 60999] };
+  });
+  t.match(checkNatEngine(withDsr)!.detail, /attaches at tc ingress \(tcx\), beside the DSR program at the same hook/, 'with DSR services: the probe attached both, and says so');
+  const refused = variant('healthy', (f) => {
+    f.config.kernel = { engine: 'auto', natPorts: [61001, 65535], parent: 'eth0' };
+    f.config.dsrServices = ['default/web-dsr'];
+    f.natEngine = { probe: { status: 'failed', error: 'the DSR program cannot be attached beside it at tcx ingress (EEXIST); the DSR program keeps the hook' }, localPortRange: [32768, 60999] };
+  });
+  const r = checkNatEngine(refused)!;
+  t.equal(r.status, 'warn', 'the two cannot share the hook: auto falls back to the nft table');
+  t.match(r.detail, /cannot run here: the DSR program cannot be attached beside it.*the nft table forwards alone/);
   const overlap = checkNatEngine(k('ebpf', { status: 'ok' }, [50000, 52000]))!;
   t.equal(overlap.status, 'warn');
   t.match(overlap.detail, /50000-52000 overlap the VM's ephemeral ports 32768-60999/);

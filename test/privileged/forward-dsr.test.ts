@@ -29,7 +29,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { requirePrivileged } from '../helpers/privileged';
 import { createLab, waitFor, type Lab } from '../../lab/netns';
-import { startDnsmasq, httpGetFrom } from '../../lab/services';
+import { startDnsmasq, httpGetFrom, distPath } from '../../lab/services';
 import { startAgent, waitStatus, agentCli } from '../../lab/agent';
 import { JsonLinesProc, startPeerEchoes, dropInvalid, dsrProgramsIn, dsrBackendByHand, CLIENT_EPHEMERAL_PORTS } from '../../lab/forward';
 
@@ -65,19 +65,34 @@ async function nftDsrSyns(lab: Lab, ns: string, prefix = ''): Promise<number> {
   return sum;
 }
 
-/** Fire one connection every 20 ms at vip:80 until stopped; the failures by code. */
-function clientLoop(cl: JsonLinesProc, vip: string): { stop(): Promise<{ count: number; failures: Record<string, number> }> } {
+/** Fire one connection every 20 ms at vip:port until stopped; the failures by code. */
+function clientLoop(cl: JsonLinesProc, vip: string, port = 80): { stop(): Promise<{ count: number; failures: Record<string, number> }> } {
   let count = 0;
   const failures: Record<string, number> = {};
   const inflight: Promise<unknown>[] = [];
   const timer = setInterval(() => {
     count++;
-    inflight.push(cl.request({ cmd: 'ask', host: vip, port: 80 }, 10_000).catch((e: unknown) => {
+    inflight.push(cl.request({ cmd: 'ask', host: vip, port }, 10_000).catch((e: unknown) => {
       const code = String((e as { code?: string }).code ?? (e as Error).message);
       failures[code] = (failures[code] ?? 0) + 1;
     }));
   }, 20);
   return { async stop() { clearInterval(timer); await Promise.all(inflight); return { count, failures }; } };
+}
+
+/**
+ * The agent's programs at tcx ingress of `device` in `ns`, by name, in the
+ * order the kernel runs them; with `detach`, the ones of that name are
+ * detached first (as another tool's `bpftool net detach` would).
+ */
+async function hookPrograms(lab: Lab, ns: string, detach?: string, device = 'eth0'): Promise<string[]> {
+  const script = `const n = require(${JSON.stringify(distPath('agent', 'native', 'native.js'))}); const fs = require('node:fs'); const b = n.nativeBpf();
+const ifindex = n.ifNameToIndex(${JSON.stringify(device)}); const detach = ${JSON.stringify(detach ?? null)};
+const names = () => b.bpfProgQuery(ifindex, 46).map((id) => { const fd = b.bpfProgGetFdById(id); const name = b.bpfProgInfo(fd).name;
+  if (name === detach) b.bpfProgDetach(ifindex, fd, 46); fs.closeSync(fd); return name; });
+if (detach !== null) names();
+process.stdout.write(JSON.stringify(names().filter((x) => x.startsWith('lb_agent_'))));`;
+  return JSON.parse((await lab.exec(ns, process.execPath, ['-e', script])).stdout) as string[];
 }
 
 /**
@@ -273,10 +288,13 @@ if (requirePrivileged(t)) {
     });
 
     await t.test('an IPv6 backend\'s death takes it out: no new flow reaches it', async (t) => {
+      const died = Date.now();
       echo6[1]!.kill('SIGKILL');
       await waitStatus(agent, 'b2 down for the IPv6 VIP', (s) => s.services.find((x) => x.name === 'web6-dsr')!.healthyBackends === 1, 10_000);
-      // Out of the data path once the table without it is committed.
-      await waitFor('the netdev table without b2\'s IPv6 address', async () => !(await lab.exec(node, 'nft', ['list', 'table', 'netdev', 'lb_agent'])).stdout.includes(`fwd ip6 to ${BACKENDS6[1]}`), 5000);
+      // Out of the data path once the table without it is committed and the
+      // program holds it (the table alone shows it a moment before the swap).
+      await agent.waitLog('the tables committed without b2', committedApply(died, 'default/web6-dsr@IPv6'), 10_000);
+      t.notOk((await lab.exec(node, 'nft', ['list', 'table', 'netdev', 'lb_agent'])).stdout.includes(`fwd ip6 to ${BACKENDS6[1]}`), 'the netdev table forwards nothing to b2\'s IPv6 address');
       const after = await cl.request<Burst>({ cmd: 'burst', host: DSR6, port: 80, n: 100, fromPort: 38000, concurrency: 8 }, 60_000);
       t.same(after.errors, {}, 'no new connection fails');
       t.same(after.counts, { b1: 100 }, 'every one goes to b1');
@@ -491,7 +509,7 @@ if (requirePrivileged(t)) {
       const died = Date.now();
       echo6[1]!.kill('SIGKILL');
       await waitStatus(agent, 'b2 down for the IPv6 VIP', (s) => s.services.find((x) => x.name === 'web6-dsr')!.healthyBackends === 1, 10_000);
-      await agent.waitLog('the plan without b2 applied', (l) => l.op === 'apply' && Date.parse(String(l.time)) >= died, 10_000);
+      await agent.waitLog('the tables committed without b2', committedApply(died, 'default/web6-dsr@IPv6'), 10_000);
       const again = await cl.request<{ backends: string[] }>({ cmd: 'holdAsk' });
       held.backends.forEach((b, i) => {
         if (b === 'b1') t.equal(again.backends[i], 'b1', `connection ${i} stays on b1`);
@@ -501,6 +519,75 @@ if (requirePrivileged(t)) {
       t.same(later.counts, { b1: 100 }, 'every new one goes to b1');
       t.equal(await nftDsrSyns(lab, node, 'v6'), 0, 'still none through the table');
       await cl.request({ cmd: 'holdClose' });
+    });
+    await t.test('the NAT engine beside the DSR program at the same hook: each forwards its own ports, in either order', async (t) => {
+      // The agent with kernel.engine: ebpf (whatever LB_AGENT_TEST_ENGINE
+      // says): web-snat (on b1 alone, so that b2's death below is no event
+      // of its own) goes through the NAT engine, the DSR VIPs through the
+      // DSR program, both at tcx ingress of eth0. A program detached by hand
+      // while no agent runs is appended after the other at the next start:
+      // first DSR then NAT, then NAT then DSR. In each order new weights
+      // reach the DSR program, and a client loop through web-snat runs from
+      // the first order on, across the restart and a DSR backend's death.
+      const engineCfg = (w1: number, w2: number): Record<string, unknown> => ({
+        ...cfg,
+        kernel: { engine: 'ebpf' },
+        services: cfg.services.map((sv): Record<string, unknown> => {
+          if (sv.name === 'web-dsr') return { ...sv, backends: sv.backends.map((b, i) => ({ ...b, weight: i === 0 ? w1 : i === 1 ? w2 : b.weight })) };
+          if (sv.name === 'web-snat') return { ...sv, backends: sv.backends.slice(0, 1) };
+          return sv;
+        }),
+      });
+      const restartDetaching = async (name: string, w1: number, w2: number): Promise<string[]> => {
+        agent.signal('SIGKILL');
+        await agent.exited;
+        await hookPrograms(lab, node, name);
+        agent = await startAgent(lab, node, engineCfg(w1, w2), { name: 'node', stateDir: agent.stateDir });
+        await waitStatus(agent, 'serving with the engine, b1 and b2 healthy', (s) => s.services.every((x) => x.ready) && s.services.find((x) => x.name === 'web-dsr')!.healthyBackends === 2, 30_000);
+        let order: string[] = [];
+        await waitFor('both programs attached', async () => (order = await hookPrograms(lab, node)).length === 2, 5000).catch(() => undefined);
+        return order;
+      };
+      /** 300 new connections to the DSR VIP from `from` on: b1's share, none to b3 (dead), none failed. */
+      const spread = async (label: string, from: number, wantB1: number): Promise<void> => {
+        const r = await cl.request<Burst>({ cmd: 'burst', host: DSR_POOL, port: 80, n: 300, fromPort: from, concurrency: 8 }, 60_000);
+        t.same(r.errors, {}, `${label}: no new connection fails`);
+        t.equal(r.peerIsClient, 300, `${label}: every backend saw the client's own address (the DSR program, not the NAT engine)`);
+        const [b1, b2] = [r.counts['b1'] ?? 0, r.counts['b2'] ?? 0];
+        t.equal(r.counts['b3'], undefined, `${label}: none to the dead b3`);
+        // The hash's spread over 1021 slots held by weight: within 5% of 300 of the weights' share.
+        t.ok(Math.abs(b1 - wantB1) <= 15 && b1 + b2 === 300, `${label}: b1 ${b1}, b2 ${b2}, expected ${wantB1}:${300 - wantB1} within 15`);
+      };
+
+      const first = await restartDetaching('lb_agent_nat', 1, 3);
+      t.same(first, ['lb_agent_dsr', 'lb_agent_nat'], `the DSR program first, the NAT engine after it (${first.join(', ')})`);
+      const st = await agent.status();
+      t.match(st.dataplane, { kind: 'kernel', dsr: { engine: 'bpf' } }, 'status: the DSR program serves the DSR ports');
+      // What the nft path left in conntrack for web-snat before the engine (earlier subtests, their TIME_WAIT) goes first.
+      await lab.exec(node, 'conntrack', ['-D', '-d', SNAT_POOL], { allowFail: true });
+      const loop = clientLoop(cl, SNAT_POOL, 8000);
+      await spread('DSR then NAT, weights 1:3', 64000, 75);
+
+      const reordered = await restartDetaching('lb_agent_dsr', 3, 1);
+      t.same(reordered, ['lb_agent_nat', 'lb_agent_dsr'], `the NAT engine first, the DSR program after it (${reordered.join(', ')})`);
+      await spread('NAT then DSR, weights 3:1', 64300, 225);
+
+      const died = Date.now();
+      echo[1]!.kill('SIGKILL');
+      await waitStatus(agent, 'b2 down', (s) => s.services.find((x) => x.name === 'web-dsr')!.healthyBackends === 1, 10_000);
+      await agent.waitLog('the tables committed without b2', committedApply(died, 'default/web-dsr'), 10_000);
+      const after = await cl.request<Burst>({ cmd: 'burst', host: DSR_POOL, port: 80, n: 100, fromPort: 64600, concurrency: 8 }, 60_000);
+      t.same(after.errors, {}, 'b2 dead: no new connection fails');
+      t.same(after.counts, { b1: 100 }, 'b2 dead: every new connection goes to b1');
+
+      const r = await loop.stop();
+      t.ok(r.count >= 50, `the loop through web-snat ran (${r.count})`);
+      t.same(r.failures, {}, `web-snat: no failed request across the restart, the new weights and b2's death (${r.count})`);
+      const ct = (await lab.sh(node, `grep -c 'dst=${SNAT_POOL} ' /proc/net/nf_conntrack || true`)).stdout.trim();
+      t.equal(ct, '0', 'web-snat\'s flows went through the NAT engine: none in the node\'s conntrack');
+      const metrics = (await httpGetFrom(lab, node, 'http://127.0.0.1:9477/metrics')).body;
+      const placed = Number(/lbagent_forward_nat_flows_total\{service="web-snat",namespace="default",port="tcp-8000",backend="10\.99\.0\.11"\} (\d+)/.exec(metrics)?.[1] ?? 0);
+      t.ok(placed > 0, `the NAT engine counted web-snat's flows on b1 (${placed})`);
     });
     t.comment(`whole test ${Date.now() - t0} ms`);
   });

@@ -18,7 +18,10 @@
 // (`lb_agent_nat_prog`): a tcx attachment outlives the process that made it,
 // and the next process opens the pin (needing only the file's permissions,
 // not CAP_SYS_ADMIN as opening a program by id does) to replace it in one
-// step. A stop detaches the program and removes the pins.
+// step. Where there is no pin to find (the earlier process's BPF file system
+// was its own), its program is found at the hook by name and its flow maps
+// are pinned here from it before the load, so a restart keeps the flows
+// there too. A stop detaches the program and removes the pins.
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { execFileSync } from 'node:child_process';
@@ -370,8 +373,17 @@ export class NatEngine {
       }
     }
     const ifindex = ifNameToIndex(this.device);
-    const { next, writes, ports } = this.load(plan);
-    const inherited = this.current ? undefined : this.pinnedProg() ?? this.attachedUnpinned(ifindex);
+    const pinned = this.current ? undefined : this.pinnedProg();
+    const inherited = this.current ? undefined : pinned ?? this.attachedUnpinned(ifindex);
+    let loaded: ReturnType<NatEngine['load']>;
+    try {
+      if (pinned === undefined && inherited !== undefined) this.adoptFlowMaps(inherited);
+      loaded = this.load(plan);
+    } catch (err) {
+      closeFd(inherited);
+      throw err;
+    }
+    const { next, writes, ports } = loaded;
     try {
       const old = this.current?.prog ?? inherited;
       let replaced = false;
@@ -398,6 +410,35 @@ export class NatEngine {
     this.current = next;
     this.countersRead = undefined;
     return (this.lastApply = { mode: 'load', reason: why ?? 'first plan', ports, writes });
+  }
+
+  /**
+   * The pinned maps (flows, replies, events) of the program an earlier
+   * process left attached without a pin here (its BPF file system was its
+   * own: a mount namespace of its own, as under `ip netns exec`), pinned
+   * here where they have no pin. The program loaded next then uses
+   * the same flow maps, so the backends' replies of the flows it placed
+   * still find their entries after the swap: a client side's packet without
+   * an entry is picked up mid-way, a backend's is not, and a reply in flight
+   * at the swap (a SYN-ACK, a response) would go to the stack, which resets
+   * it. Opening a map by id needs CAP_SYS_ADMIN; without it nothing is
+   * adopted and the maps start empty. A map of another layout is replaced
+   * at the load (the addon unpins it).
+   */
+  private adoptFlowMaps(prog: number): void {
+    const missing = PINNED_MAPS.filter((name) => !fs.existsSync(path.join(this.pinDir, name)));
+    if (missing.length === 0 || bpffsProblem(this.pinDir) !== undefined) return;
+    let ids: readonly number[];
+    try { ids = this.bpf.bpfProgInfo(prog).mapIds; } catch { return; }
+    fs.mkdirSync(this.pinDir, { recursive: true, mode: 0o700 });
+    for (const id of ids) {
+      let fd: number | undefined;
+      try {
+        fd = this.bpf.bpfMapGetFdById(id);
+        const name = this.bpf.bpfMapInfo(fd).name;
+        if ((missing as readonly string[]).includes(name)) this.bpf.bpfObjPin(fd, path.join(this.pinDir, name));
+      } catch { /* gone meanwhile, or not ours to open: that map starts empty */ } finally { closeFd(fd); }
+    }
   }
 
   /** Pin the attached program in place of the previous pin (a rename: the pin is never missing; bpffs refuses a dot in a name). */
@@ -604,9 +645,12 @@ export function natCounterKey(service: string, port: string, backend: string): s
  * Can this node run the engine? Loads the object with a one-port plan into a
  * pin directory of its own and attaches it at tcx ingress of `device` (a
  * throwaway namespace's lo, as the DSR probe does), then removes all of it.
- * Returns why not, or undefined. The start-up probe and `lb-agent check` use it.
+ * `beside`, run while the probe's program is attached there, attaches
+ * another program of ours at the same hook (the DSR program's probe, where
+ * the config forwards DSR ports) and returns why it could not. Returns why
+ * not, or undefined. The start-up probe and `lb-agent check` use it.
  */
-export function probeNatHere(opts: { device?: string; pinDir: string; bpf?: NativeBpfObject | string; objectPath?: string }): string | undefined {
+export function probeNatHere(opts: { device?: string; pinDir: string; bpf?: NativeBpfObject | string; objectPath?: string; beside?: (device: string) => string | undefined }): string | undefined {
   const bpf = opts.bpf ?? nativeBpfObject();
   if (typeof bpf === 'string') return bpf;
   const objectPath = opts.objectPath ?? bpfObjectPath(NAT_OBJECT);
@@ -615,7 +659,7 @@ export function probeNatHere(opts: { device?: string; pinDir: string; bpf?: Nati
   try {
     engine = new NatEngine({ device: opts.device ?? 'lo', pinDir: opts.pinDir, bpf, objectPath, settings: { ...NAT_DEFAULTS, flowEntries: 16 } });
     engine.apply(EMPTY_NAT_PLAN);
-    return undefined;
+    return opts.beside?.(engine.device);
   } catch (err) {
     return errorMessage(err);
   } finally {
