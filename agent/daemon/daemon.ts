@@ -234,6 +234,8 @@ export class Daemon extends EventEmitter {
     const config = res.config;
     this.config = config;
     this.configLoadedAt = this.clock.wallNow();
+    // The first reload takes the start's unchanged services again (their specs are the config's objects).
+    this.reloader.seed(res.reuse);
 
     const store = new StateStore(config.stateDir);
     store.ensure();
