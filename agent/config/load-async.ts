@@ -13,7 +13,8 @@
 import * as path from 'node:path';
 import { Worker } from 'node:worker_threads';
 import { readConfigTextAsync } from './read';
-import { deepFreeze, parseConfigText, type ConfigReuse, type LoadResult } from './load';
+import { ConfigReuse, deepFreeze, parseConfigText, type ConfigError, type LoadResult } from './load';
+import type { Desired } from './types';
 import { errorMessage } from '../errors';
 
 /** A parse that takes longer than this is refused (the file stays unapplied). */
@@ -47,7 +48,14 @@ export const RELOAD_INLINE_MAX_BYTES = 256 * 1024;
 /** How a file was parsed: on the event loop or in a worker thread. */
 export type ParsedVia = 'inline' | 'worker';
 
-/** Parse config text in a worker thread; never throws. */
+/** A worker's answer (parse-worker.ts): ConfigReuse's fields, its class lost in the clone. */
+type WorkerResult = { readonly ok: true; readonly config: Desired; readonly reuse?: Pick<ConfigReuse, 'globals' | 'byText'> } | { readonly ok: false; readonly errors: readonly ConfigError[] };
+
+function revive(r: Pick<ConfigReuse, 'globals' | 'byText'> | undefined): ConfigReuse | undefined {
+  return r === undefined ? undefined : new ConfigReuse(r.globals, r.byText);
+}
+
+/** Parse config text in a worker thread; never throws. The result's reuse is the worker's, its specs the config's objects. */
 export function parseConfigTextOffThread(text: string, file: string, opts: { hostname?: string; deadlineMs?: number } = {}): Promise<LoadResult> {
   return new Promise<LoadResult>((resolve) => {
     let done = false;
@@ -62,16 +70,16 @@ export function parseConfigTextOffThread(text: string, file: string, opts: { hos
     // says so (RSS sampled 300 ms after a reload on a busy machine
     // still held the worker's isolate, +28 MiB). terminate() resolves after
     // the thread has joined; it is immediate if the thread has exited.
-    const finish = (r: LoadResult): void => {
+    const finish = (r: WorkerResult | LoadResult): void => {
       if (done) return;
       done = true;
       clearTimeout(timer);
-      const answer = r.ok ? { ok: true as const, config: deepFreeze(r.config) } : r;
+      const answer: LoadResult = r.ok ? { ok: true as const, config: deepFreeze(r.config), reuse: revive(r.reuse) } : { ok: false, errors: r.errors };
       worker.terminate().then(() => resolve(answer), () => resolve(answer));
     };
     const deadline = opts.deadlineMs ?? PARSE_DEADLINE_MS;
     const timer = setTimeout(() => finish(refused(file, `parsing took more than ${deadline / 1000} s; is the file that large on purpose?`)), deadline);
-    worker.once('message', (r: LoadResult) => finish(r));
+    worker.once('message', (r: WorkerResult) => finish(r));
     worker.once('error', (e) => finish(refused(file, (e as NodeJS.ErrnoException).code === 'ERR_WORKER_OUT_OF_MEMORY'
       ? `parsing needed more than ${PARSE_HEAP_MB} MB of memory` : errorMessage(e))));
     worker.once('exit', (code) => finish(refused(file, `the parser stopped (exit ${code}) without a result`)));

@@ -5,5 +5,7 @@ import { parseConfigText } from './load';
 
 const { text, hostname } = workerData as { text: string; hostname?: string };
 const r = parseConfigText(text, hostname);
-// What it built stays here: a copy would hand the next parse no object of the config it keeps.
-parentPort!.postMessage(r.ok ? { ok: true, config: r.config } : r);
+// The config and what the next parse takes again (ConfigReuse) in one
+// message: the structured clone keeps the objects they share shared, so
+// each reused entry's specs are the config's own objects on the other side.
+parentPort!.postMessage(r.ok ? { ok: true, config: r.config, reuse: r.reuse === undefined ? undefined : { globals: r.reuse.globals, byText: r.reuse.byText } } : r);

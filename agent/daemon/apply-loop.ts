@@ -104,15 +104,22 @@ export class ApplyLoop {
 
   private async transaction(): Promise<void> {
     const state = this.opts.state();
-    const next = new Set(state.flatMap((f) => (f.vip !== undefined ? [f.vip] : [])));
-    const nextServing = new Set(state.flatMap((f) => (f.vip !== undefined && f.healthy.length > 0 ? [f.key] : [])));
+    const next = new Set<string>();
+    const nextServing = new Set<string>();
+    for (const f of state) {
+      if (f.vip === undefined) continue;
+      next.add(f.vip);
+      if (f.healthy.length > 0) nextServing.add(f.key);
+    }
     const before = this.vips;
     const beforeServing = this.serving;
     // The table is swapped in one transaction: a VIP in both the old and the
     // new table is covered throughout the apply, one leaving it may be gone
     // at any moment, one joining it only once it is done.
-    this.vips = new Set([...before].filter((v) => next.has(v)));
-    this.serving = new Set([...beforeServing].filter((k) => nextServing.has(k)));
+    this.vips = new Set<string>();
+    for (const v of before) if (next.has(v)) this.vips.add(v);
+    this.serving = new Set<string>();
+    for (const k of beforeServing) if (nextServing.has(k)) this.serving.add(k);
     try {
       await this.opts.apply(state);
     } catch (e) {
@@ -122,7 +129,8 @@ export class ApplyLoop {
       throw e;
     }
     this.vips = next;
-    const servingChanged = nextServing.size !== beforeServing.size || [...nextServing].some((k) => !beforeServing.has(k));
+    let servingChanged = nextServing.size !== beforeServing.size;
+    if (!servingChanged) for (const k of nextServing) if (!beforeServing.has(k)) { servingChanged = true; break; }
     this.serving = nextServing;
     // Readiness follows the applied table.
     if (servingChanged) this.opts.onServingChanged();

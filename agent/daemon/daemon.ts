@@ -12,7 +12,7 @@ import type { Registry } from '../metrics/prom';
 import { formatConfigErrors } from '../config/load';
 import { linkKeyOf } from '../config/families';
 import { loadConfigFileAsync, INLINE_PARSE_MAX_BYTES } from '../config/load-async';
-import type { Desired, ServiceSpec } from '../config/types';
+import type { BackendSpec, Desired, ServiceSpec } from '../config/types';
 import { LbError, errorMessage } from '../errors';
 import type { Logger } from '../log';
 import { StateStore } from '../state/store';
@@ -28,14 +28,14 @@ import { EventRing, type StatusEvent, type StatusEventKind } from './events';
 import type { TopologySelection } from '../forward/topology';
 import type { CodeCacheHandle } from '../cli/code-cache';
 import type { DriftGuard } from './drift';
-import { HealthStore, type HealthDocument } from './health-store';
+import { HealthStore } from './health-store';
 import { RuntimeTuning } from './tuning';
 import { NodeZone, placeOf } from './zone';
 import { ApplyLoop } from './apply-loop';
 import { DEFAULT_NETWORK, networksOf } from '../config/networks';
 import type { ReloadResult, ServiceStatus, StatusDocument } from './status';
 import { lateModules } from './late-load';
-import { ServiceRuntimes } from './services';
+import { ServiceRuntimes, type ServiceRuntime } from './services';
 import { StatusCache, StatusView } from './status-view';
 import { MetricsEndpoint } from './metrics-endpoint';
 import { Reloader } from './reload';
@@ -150,6 +150,8 @@ export class Daemon extends EventEmitter {
   private health: HealthStore | undefined;
   /** Each service's forwarding state at the last apply, kept while its inputs are unchanged (forwardState). */
   private readonly forwardKept = new WeakMap<object, ForwardService>();
+  /** What each kept forwarding state was built from, by identity (forwardOf). */
+  private readonly forwardFrom = new WeakMap<object, { readonly spec: ServiceSpec; readonly healthy: readonly BackendSpec[]; readonly zone: string | undefined }>();
   private readonly tuning: RuntimeTuning;
   private predecessor: number | undefined;
   /** the last events, for status. */
@@ -232,6 +234,8 @@ export class Daemon extends EventEmitter {
     const config = res.config;
     this.config = config;
     this.configLoadedAt = this.clock.wallNow();
+    // The first reload takes the start's unchanged services again (their specs are the config's objects).
+    this.reloader.seed(res.reuse);
 
     const store = new StateStore(config.stateDir);
     store.ensure();
@@ -287,8 +291,11 @@ export class Daemon extends EventEmitter {
       await this.zone.read(config);
       this.subs.health.on('change', (key: string, address: string, up: boolean) => {
         this.noteEvent(up ? 'backend-up' : 'backend-down', { service: key, address, reason: this.backendReason(key, address, up) });
+        this.health?.touch(key);
         this.scheduleApply(); this.health?.saveSoon();
       });
+      // Every verdict, a first "down" too (no 'change': unknown was not healthy either), is in the next write.
+      this.subs.health.on('verdict', (key: string) => this.health?.touch(key));
       this.subs.failover?.on('change', (keys: string[]) => this.services.onFailoverChange(keys));
       this.subs.failover?.on('hand-back', () => this.scheduleApply());
       this.subs.failover?.on('reannounce', (keys: string[]) => this.services.reannounce(keys));
@@ -311,7 +318,7 @@ export class Daemon extends EventEmitter {
       // start, confirming (or disproving) each VIP in the background.
       const held = await this.subs.observeHeld(config.services);
       if (held.size > 0) this.log.info({ op: 'adopt', vips: Object.fromEntries(held) }, `serving ${held.size} VIP(s) left by an earlier run while they are confirmed`);
-      this.health = new HealthStore(store, () => this.healthDocument(), this.log);
+      this.health = new HealthStore(store, { services: () => this.configuredSpecs(), verdicts: (key) => this.verdictsOf(key) }, this.log);
       this.subs.health.seed?.(this.health.load());
       for (const s of config.services) this.services.add(s, held.get(s.key));
       this.subs.health.update(config.services);
@@ -403,52 +410,75 @@ export class Daemon extends EventEmitter {
     return [b?.reason ?? (up ? 'health check passed' : 'health check failed'), b?.takenOutBy ? `(${b.takenOutBy} check)` : undefined].filter(Boolean).join(' ');
   }
 
-  /** Every backend's up/down verdict now, for the health store. */
-  private healthDocument(): HealthDocument {
-    const doc: HealthDocument = {};
-    for (const rt of this.services.values()) {
-      const states: Record<string, 'up' | 'down'> = {};
-      for (const b of this.subs?.health.status(rt.spec.key) ?? []) if (b.state === 'up' || b.state === 'down') states[b.address] = b.state;
-      if (Object.keys(states).length > 0) doc[rt.spec.key] = states;
-    }
-    return doc;
+  /** Each configured service's spec, in config order (the health store's parts follow them). */
+  private *configuredSpecs(): Iterable<ServiceSpec> {
+    for (const rt of this.services.values()) yield rt.spec;
+  }
+
+  /** One service's backends that are up or down now, for the health store. */
+  private verdictsOf(key: string): Record<string, 'up' | 'down'> {
+    const states: Record<string, 'up' | 'down'> = {};
+    for (const b of this.subs?.health.status(key) ?? []) if (b.state === 'up' || b.state === 'down') states[b.address] = b.state;
+    return states;
   }
 
   private forwardState(): ForwardService[] {
     const subs = this.subs!;
-    return [...this.services.values()].map((rt) => {
-      const sel = this.topologyOf(rt.spec);
-      // a spill out of the zone (or back) is worth a line in the
-      // journal; under topology any the set only follows health, which the
-      // health checker already logs.
-      const moved = rt.topology === undefined || rt.topology.set !== sel.set || rt.topology.reason !== sel.reason;
-      if (moved && rt.spec.topology !== 'any' && (rt.topology !== undefined || sel.set !== 'none')) {
-        this.log.info({ op: 'topology', service: rt.spec.key, policy: rt.spec.topology, set: sel.set, reason: sel.reason, zone: this.zone.current.zone }, sel.detail);
-      }
-      rt.topology = sel;
+    const zone = this.zone.current.zone;
+    const out: ForwardService[] = [];
+    for (const rt of this.services.values()) out.push(this.forwardOf(rt, subs, zone));
+    return out;
+  }
+
+  /**
+   * One service's forwarding state. A service whose inputs are the objects
+   * of the last apply (its spec, the checker's healthy list, the zone, its
+   * VIP, MAC, device and hand-back) keeps its object without anything being
+   * built: a health transition among a thousand services builds one.
+   */
+  private forwardOf(rt: ServiceRuntime, subs: Subsystems, zone: string | undefined): ForwardService {
+    const healthy = subs.health.healthy(rt.spec.key);
+    const kept = this.forwardKept.get(rt);
+    const from = this.forwardFrom.get(rt);
+    if (kept !== undefined && from !== undefined && from.spec === rt.spec && from.healthy === healthy && from.zone === zone) {
       const primaryKey = rt.spec.primaryService ?? rt.spec.key;
-      const next: ForwardService & { readonly name: string; readonly namespace: string } = {
-        key: rt.spec.key, name: rt.spec.name, namespace: rt.spec.namespace,
-        vip: this.services.vipOf(rt.spec) ?? this.services.armedVip(rt.spec), ports: rt.spec.ports,
-        // Zone-aware balancing happens here, once for both data paths: they
-        // balance (by weight) over the set the policy chose.
-        healthy: sel.backends, backends: rt.spec.backends,
-        sourceIP: rt.spec.sourceIP, proxyProtocol: rt.spec.proxyProtocol,
-        // The MAC frames for the VIP carry: a DHCP VIP's macvlan (derived from
-        // the primary's key, one for both families), else its network's NIC's (pool VIPs live there).
-        vipMac: rt.spec.ipam === 'dhcp' ? lateModules().macForService(linkKeyOf(primaryKey)) : (subs.parentOf?.(rt.spec) ?? subs.parent).mac,
-        // Direct server return takes the VIP's frames in and sends them on by its network's NIC.
-        device: (subs.parentOf?.(rt.spec) ?? subs.parent).name,
-        handBack: subs.failover?.handBack?.(primaryKey),
-      };
-      // A service whose inputs are unchanged keeps its object: the data
-      // path's caches (normalizeState, the nft render's parts) are keyed by
-      // it, so a change costs the services that changed.
-      const kept = this.forwardKept.get(rt);
-      if (kept !== undefined && lateModules().sameForwardService(kept, next)) return kept;
-      this.forwardKept.set(rt, next);
-      return next;
-    });
+      const parent = subs.parentOf?.(rt.spec) ?? subs.parent;
+      if (kept.vip === (this.services.vipOf(rt.spec) ?? this.services.armedVip(rt.spec))
+        && kept.handBack === subs.failover?.handBack?.(primaryKey)
+        && kept.device === parent.name
+        && (rt.spec.ipam === 'dhcp' || kept.vipMac === parent.mac)) return kept;
+    }
+    this.forwardFrom.set(rt, { spec: rt.spec, healthy, zone });
+    const sel = lateModules().selectBackends(rt.spec.topology, zone, healthy);
+    // a spill out of the zone (or back) is worth a line in the
+    // journal; under topology any the set only follows health, which the
+    // health checker already logs.
+    const moved = rt.topology === undefined || rt.topology.set !== sel.set || rt.topology.reason !== sel.reason;
+    if (moved && rt.spec.topology !== 'any' && (rt.topology !== undefined || sel.set !== 'none')) {
+      this.log.info({ op: 'topology', service: rt.spec.key, policy: rt.spec.topology, set: sel.set, reason: sel.reason, zone }, sel.detail);
+    }
+    rt.topology = sel;
+    const primaryKey = rt.spec.primaryService ?? rt.spec.key;
+    const next: ForwardService & { readonly name: string; readonly namespace: string } = {
+      key: rt.spec.key, name: rt.spec.name, namespace: rt.spec.namespace,
+      vip: this.services.vipOf(rt.spec) ?? this.services.armedVip(rt.spec), ports: rt.spec.ports,
+      // Zone-aware balancing happens here, once for both data paths: they
+      // balance (by weight) over the set the policy chose.
+      healthy: sel.backends, backends: rt.spec.backends,
+      sourceIP: rt.spec.sourceIP, proxyProtocol: rt.spec.proxyProtocol,
+      // The MAC frames for the VIP carry: a DHCP VIP's macvlan (derived from
+      // the primary's key, one for both families), else its network's NIC's (pool VIPs live there).
+      vipMac: rt.spec.ipam === 'dhcp' ? lateModules().macForService(linkKeyOf(primaryKey)) : (subs.parentOf?.(rt.spec) ?? subs.parent).mac,
+      // Direct server return takes the VIP's frames in and sends them on by its network's NIC.
+      device: (subs.parentOf?.(rt.spec) ?? subs.parent).name,
+      handBack: subs.failover?.handBack?.(primaryKey),
+    };
+    // A service whose inputs are unchanged keeps its object: the data
+    // path's caches (normalizeState, the nft render's parts) are keyed by
+    // it, so a change costs the services that changed.
+    if (kept !== undefined && lateModules().sameForwardService(kept, next)) return kept;
+    this.forwardKept.set(rt, next);
+    return next;
   }
 
   /** The backends a service may send new connections to now, under its topology policy. */
@@ -561,7 +591,7 @@ export class Daemon extends EventEmitter {
     };
 
     this.zone.stop();
-    this.health?.save();
+    await this.health?.flush();
     await step('control socket', () => this.control?.stop());
     const keep = opts.keep === true && this.subs !== undefined && this.subs.failover === undefined;
     if (opts.keep && !keep && this.subs?.failover) this.log.info({ op: 'stop' }, 'VRRP: a stop hands the VIPs over to another node (not kept)');

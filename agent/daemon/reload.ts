@@ -98,6 +98,14 @@ export class Reloader {
     );
   }
 
+  /**
+   * What the start's parse built (ConfigReuse), for the first reload to take
+   * its unchanged services again; a reload's own parse has precedence.
+   */
+  seed(reuse: ConfigReuse | undefined): void {
+    this.reuse ??= reuse;
+  }
+
   /** The config's generation: 1 for the file the start read, one more for each reload applied. */
   get generation(): number { return this.gen; }
 

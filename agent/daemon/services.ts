@@ -175,6 +175,13 @@ export class ServiceRuntimes {
 
   /** Put the runtimes in the order of these keys (the config's, for status). */
   reorder(keys: readonly string[]): void {
+    // Already in that order (a reload that moved no service): nothing to rebuild.
+    if (keys.length === this.runtimes.size) {
+      let i = 0;
+      let same = true;
+      for (const k of this.runtimes.keys()) if (k !== keys[i++]) { same = false; break; }
+      if (same) return;
+    }
     const order = new Map(keys.map((k, i) => [k, i]));
     const sorted = [...this.runtimes.entries()].sort((a, b) => (order.get(a[0]) ?? 0) - (order.get(b[0]) ?? 0));
     this.runtimes.clear();

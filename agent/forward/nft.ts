@@ -614,13 +614,55 @@ function dsrLinesOf(parts: readonly ServicePart[], opts: RenderOptions): string[
   return [...dsrRemovalLines(), ...renderDsrTable(opts.dsrDevice, parts.flatMap((p) => p.dsrPorts))];
 }
 
+/** What a plan gathers from the few parts that have DSR ports or a hand-back rule (planOf), kept with it for the next plan. */
+interface PlanSide {
+  readonly dsrParts: readonly ServicePart[];
+  readonly handBackParts: readonly ServicePart[];
+  readonly dsrDevice: string | undefined;
+  readonly dsrLines: string[];
+  readonly dsr: readonly DsrBpfPort[];
+  readonly handBack: HandBackCounter[];
+  readonly devices: string[];
+}
+
+const planSides = new WeakMap<NftPlan, PlanSide>();
+
+const sameParts = (a: readonly ServicePart[], b: readonly ServicePart[]): boolean => a.length === b.length && a.every((p, i) => p === b[i]);
+
+function planSide(dsrParts: readonly ServicePart[], handBackParts: readonly ServicePart[], opts: RenderOptions): PlanSide {
+  const dsrPorts = dsrParts.flatMap((p) => p.dsrPorts);
+  const handBack = handBackParts.map((p) => p.handBack!.counter);
+  const devices = dsrDevices(opts.dsrDevice, dsrPorts);
+  if (handBack.length > 0 && opts.dsrDevice !== undefined && !devices.includes(opts.dsrDevice)) devices.push(opts.dsrDevice);
+  return {
+    dsrParts, handBackParts, dsrDevice: opts.dsrDevice, dsrLines: dsrLinesOf(dsrParts, opts), handBack, devices,
+    // The BPF program sits on the data path's own NIC: the IPv4 ports whose frames arrive there.
+    dsr: opts.dsrDevice === undefined ? [] : dsrPorts.flatMap((p) => (p.dispatch !== undefined && p.bpf !== undefined && p.device === opts.dsrDevice ? [p.bpf] : [])),
+  };
+}
+
 /**
  * The plan of a list of parts. Its script, tables and counter list are
- * built when first read: an incremental apply reads none of them.
+ * built when first read: an incremental apply reads none of them. What it
+ * gathers from the parts with DSR ports or a hand-back rule (the netdev
+ * table's lines, the BPF ports, the devices) is `prev`'s when those parts
+ * are `prev`'s objects, so an apply that changed other services walks the
+ * parts once and renders none of it.
  */
-function planOf(parts: readonly ServicePart[], normalizeProblems: readonly string[], opts: RenderOptions): NftPlan {
+function planOf(parts: readonly ServicePart[], normalizeProblems: readonly string[], opts: RenderOptions, prev?: NftPlan): NftPlan {
   const ip6 = hasVip(parts, NFT6_FAMILY);
-  const dsrLines = dsrLinesOf(parts, opts);
+  const dsrParts: ServicePart[] = [];
+  const handBackParts: ServicePart[] = [];
+  const problems = [...normalizeProblems];
+  for (const p of parts) {
+    if (p.dsrPorts.length > 0) dsrParts.push(p);
+    if (p.handBack) handBackParts.push(p);
+    for (const x of p.problems) problems.push(x);
+  }
+  const was = prev === undefined ? undefined : planSides.get(prev);
+  const side = was !== undefined && was.dsrDevice === opts.dsrDevice && sameParts(was.dsrParts, dsrParts) && sameParts(was.handBackParts, handBackParts)
+    ? was : planSide(dsrParts, handBackParts, opts);
+  const dsrLines = side.dsrLines;
   const dsrTable = dsrLines.length > dsrRemovalLines().length;
   let tables: NftTableModel[] | undefined;
   let script: string | undefined;
@@ -638,23 +680,20 @@ function planOf(parts: readonly ServicePart[], normalizeProblems: readonly strin
       '',
     ].join('\n');
   };
-  const dsrPorts = parts.flatMap((p) => p.dsrPorts);
-  const handBack = parts.flatMap((p) => (p.handBack ? [p.handBack.counter] : []));
-  const devices = dsrDevices(opts.dsrDevice, dsrPorts);
-  if (handBack.length > 0 && opts.dsrDevice !== undefined && !devices.includes(opts.dsrDevice)) devices.push(opts.dsrDevice);
-  return {
+  const plan: NftPlan = {
     get script() { return script ??= buildScript(); },
     get tables() { return tables ??= buildTables(); },
     get counters() { return counters ??= parts.flatMap((p) => p.counters); },
-    problems: [...normalizeProblems, ...parts.flatMap((p) => p.problems)],
-    // The BPF program sits on the data path's own NIC: the IPv4 ports whose frames arrive there.
-    dsr: opts.dsrDevice === undefined ? [] : dsrPorts.flatMap((p) => (p.dispatch !== undefined && p.bpf !== undefined && p.device === opts.dsrDevice ? [p.bpf] : [])),
-    handBack,
+    problems,
+    dsr: side.dsr,
+    handBack: side.handBack,
     dsrLines,
-    devices,
+    devices: side.devices,
     ip6,
     dsrTable,
   };
+  planSides.set(plan, side);
+  return plan;
 }
 
 /**
@@ -887,7 +926,7 @@ export function renderIncremental(state: ForwardState, opts: RenderOptions, prev
     const old = prev?.byKey.get(svc.key);
     return old !== undefined && old.input === partInput(prefix, svc) ? old : renderPart(prefix, svc, opts);
   });
-  return { plan: planOf(parts, problems, opts), parts, byKey: new Map(parts.map((p) => [p.key, p])) };
+  return { plan: planOf(parts, problems, opts, prev?.plan), parts, byKey: new Map(parts.map((p) => [p.key, p])) };
 }
 
 /** An incremental update worked out from the services that changed (renderPartsDelta). */

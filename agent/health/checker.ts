@@ -200,6 +200,8 @@ interface ServiceEntry {
   readonly subs: Map<string, Sub>;
   /** When (clock ms) its backends were last probed because one of them went down; see "Siblings". */
   siblingsAt: number | undefined;
+  /** healthy()'s answer while no backend's state changed: the same array, so a caller can tell by identity that nothing did. */
+  healthy?: readonly BackendSpec[] | undefined;
 }
 
 export interface HealthCheckerEvents {
@@ -293,11 +295,14 @@ export class HealthChecker extends EventEmitter<HealthCheckerEvents> {
     }
     for (const spec of wanted.values()) {
       let svc = this.services.get(spec.key);
+      // The same spec (a reload keeps an unchanged service's object): its backends and check are as they were.
+      if (svc !== undefined && svc.spec === spec) continue;
       if (!svc) {
         svc = { spec, subs: new Map(), siblingsAt: undefined };
         this.services.set(spec.key, svc);
       }
       svc.spec = spec;
+      svc.healthy = undefined;
       const backends = new Map<string, BackendSpec>();
       for (const b of spec.backends) if (!backends.has(b.address)) backends.set(b.address, b);
       for (const [addr, sub] of svc.subs) {
@@ -378,12 +383,19 @@ export class HealthChecker extends EventEmitter<HealthCheckerEvents> {
     return this.tcpPath;
   }
 
-  /** The backends of a service that may receive traffic, in config order. */
-  healthy(serviceKey: string): BackendSpec[] {
+  /**
+   * The backends of a service that may receive traffic, in config order:
+   * the same array until one of its backends changes state or the service
+   * changes (the forwarding state keeps a service whose answer is the same
+   * object without looking into it).
+   */
+  healthy(serviceKey: string): readonly BackendSpec[] {
     const svc = this.services.get(serviceKey);
     if (!svc) return [];
+    if (svc.healthy !== undefined) return svc.healthy;
     const out: BackendSpec[] = [];
     for (const sub of svc.subs.values()) if (this.subHealthy(sub)) out.push(sub.backend);
+    svc.healthy = out;
     return out;
   }
 
@@ -673,6 +685,7 @@ export class HealthChecker extends EventEmitter<HealthCheckerEvents> {
     const { health, changed } = step(sub.health, ev, now, sub.thresholds);
     sub.health = health;
     if (!changed) return;
+    sub.service.healthy = undefined;
     const to = health.state === 'up' ? 'up' : 'down';
     this.metrics.transition(to);
     this.metrics.setUp(sub.labels, this.subHealthy(sub));

@@ -94,8 +94,16 @@ export class StateStore {
    * loop per lease.
    */
   writeAsync(name: string, value: unknown): Promise<void> {
+    return this.writeTextAsync(name, `${JSON.stringify(value, null, 2)}\n`);
+  }
+
+  /**
+   * writeAsync of a document already serialized (JSON text the caller
+   * built, e.g. from parts it keeps between writes): the same steps, the
+   * same order per name. Rejects with LB_ERR_STATE_WRITE.
+   */
+  writeTextAsync(name: string, data: string): Promise<void> {
     const p = this.file(name);
-    const data = `${JSON.stringify(value, null, 2)}\n`;
     return this.inOrder(name, async () => {
       const tmp = `${p}.tmp-${process.pid}-${Math.random().toString(36).slice(2, 8)}`;
       let fd: number | undefined;

@@ -6,6 +6,7 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { loadConfigFileAsync, parseConfigTextOffThread, INLINE_PARSE_MAX_BYTES, RELOAD_INLINE_MAX_BYTES } from '../../agent/config/load-async';
+import { formatConfigErrors } from '../../agent/config/load';
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lb-load-async-'));
 t.teardown(() => fs.rmSync(dir, { recursive: true, force: true }));
@@ -127,4 +128,29 @@ t.test('a small file is parsed inline (64 KiB at start, 16 KiB on a reload), a l
   const refused = await loadConfigFileAsync(f('small-bad.yaml'), { inlineUpTo: INLINE_PARSE_MAX_BYTES });
   t.equal(refused.ok, false, 'errors come back inline as they do from the worker');
   if (!refused.ok) t.ok(refused.errors.some((e) => /unknown key "bogus"/.test(e.message) && e.line === 2));
+});
+
+t.test('a file parsed in a worker hands back what the next parse takes again, its specs the config\'s own objects', async (t) => {
+  const svc = (i: number, b = `10.0.2.${i}`): string => `  - { name: s${i}, ipam: pool, ports: [{ port: 80, targetPort: 8080 }], backends: [10.0.1.${i}, ${b}] }`;
+  const text = (second: string): string => `pools: { range-global: 10.0.0.10-10.0.0.40 }\nservices:\n${[svc(0), svc(1, second), svc(2)].join('\n')}\n`;
+  fs.writeFileSync(f('seed.yaml'), text('10.0.2.1'));
+  const start = await loadConfigFileAsync(f('seed.yaml'), { inlineUpTo: 10 });
+  t.equal(start.via, 'worker');
+  if (!start.ok) throw new Error(formatConfigErrors(start.errors));
+  t.ok(start.reuse, 'the worker\'s parse hands its reuse back');
+  t.ok(Object.isFrozen(start.config.services[0]), 'the config frozen');
+  // The first reload: one backend of s1 changed.
+  fs.writeFileSync(f('seed.yaml'), text('10.0.3.1'));
+  const next = await loadConfigFileAsync(f('seed.yaml'), { reuse: start.reuse });
+  t.equal(next.via, 'inline');
+  if (!next.ok) throw new Error(formatConfigErrors(next.errors));
+  t.equal(next.reuse?.taken, 2, 'the two unchanged services taken again');
+  t.equal(next.config.services[0], start.config.services[0], 's0 is the start\'s object');
+  t.equal(next.config.services[2], start.config.services[2], 's2 is the start\'s object');
+  t.same(next.config.services[1]!.backends.map((b) => b.address), ['10.0.1.1', '10.0.3.1'], 's1 built anew with its new backend');
+  // The same entry refused in the reload still names its path and line.
+  fs.writeFileSync(f('seed.yaml'), text('10.0.3.1').replace('name: s2, ipam: pool, ports: [{ port: 80,', 'name: s2, ipam: pool, ports: [{ port: 80000,'));
+  const bad = await loadConfigFileAsync(f('seed.yaml'), { reuse: start.reuse });
+  t.notOk(bad.ok);
+  if (!bad.ok) t.match(formatConfigErrors(bad.errors), /^5: services\[2\]\.ports\[0\]\.port: 80000/m);
 });

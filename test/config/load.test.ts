@@ -450,3 +450,18 @@ t.test('a reparse takes unchanged services again: their objects kept, a changed 
   const wider = parseConfigText(file(base, '10.0.0.10-10.0.0.50'), undefined, same.reuse);
   t.equal(wider.ok && wider.reuse?.taken, 0, 'a pool changed: nothing taken again');
 });
+
+t.test('a reordered list takes every service again, in the file\'s new order, and an edit among them keeps its new index in errors', async (t) => {
+  const file = (svcs: string[]): string => `pools: { range-global: 10.0.0.10-10.0.0.40 }\nservices:\n${svcs.map((s) => `  - ${s}`).join('\n')}\n`;
+  const svc = (i: number, port = 80): string => `{ name: s${i}, ipam: pool, ports: [{ port: ${port}, targetPort: 8080 }], backends: [10.0.1.${i}] }`;
+  const first = parseConfigText(file([0, 1, 2, 3].map((i) => svc(i))));
+  if (!first.ok) throw new Error(formatConfigErrors(first.errors));
+  const moved = parseConfigText(file([3, 0, 2, 1].map((i) => svc(i))), undefined, first.reuse);
+  if (!moved.ok) throw new Error(formatConfigErrors(moved.errors));
+  t.equal(moved.reuse?.taken, 4, 'every entry taken again');
+  t.same(moved.config.services.map((s) => s.name), ['s3', 's0', 's2', 's1'], 'in the new order');
+  t.ok(moved.config.services.every((s) => s === first.config.services.find((x) => x.name === s.name)), 'each its own object');
+  const bad = parseConfigText(file([svc(3), svc(0), svc(2), svc(1, 0)]), undefined, moved.reuse);
+  t.notOk(bad.ok);
+  if (!bad.ok) t.match(formatConfigErrors(bad.errors), /^6: services\[3\]\.ports\[0\]\.port: 0/m, 'the edited entry named by its new index and line');
+});

@@ -203,6 +203,11 @@ t.test('a reload\'s removal: out of the runtimes at once, then the release', asy
   h.rt.add(spec('c'));
   h.rt.reorder(['default/c', 'default/b']);
   t.same([...h.rt.values()].map((r) => r.spec.key), ['default/c', 'default/b'], 'config order');
+  h.rt.reorder(['default/c', 'default/b']);
+  t.same([...h.rt.values()].map((r) => r.spec.key), ['default/c', 'default/b'], 'the same order again: unchanged');
+  h.rt.reorder(['default/b', 'default/c']);
+  t.same([...h.rt.values()].map((r) => r.spec.key), ['default/b', 'default/c'], 'and moved when the config moves them');
+  h.rt.reorder(['default/c', 'default/b']);
   await h.rt.restart('default/b', spec('b', { ipam: 'dhcp' }), false);
   t.same(h.journal.slice(-2), ['stop default/b', 'stopped default/b'], 'a restart stops the old source, keeping its lease');
   t.equal(h.rt.get('default/b')!.spec.ipam, 'dhcp', 'and a new runtime takes its place');

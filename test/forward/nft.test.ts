@@ -378,6 +378,8 @@ t.test('renderPartsDelta: from the changed services alone, the same objects as t
     const prev = renderIncremental(from, opts);
     const next = renderIncremental(to, opts, prev);
     t.equal(next.plan.script, renderNft(to, opts).script, `${what}: the plan is renderNft's`);
+    const fresh = renderNft(to, opts);
+    t.same([next.plan.dsr, next.plan.handBack, next.plan.devices, next.plan.problems, next.plan.dsrTable], [fresh.dsr, fresh.handBack, fresh.devices, fresh.problems, fresh.dsrTable], `${what}: and so are its DSR ports, hand-back counters, devices and problems`);
     const whole = renderNftDelta(renderNft(from, opts), renderNft(to, opts))!;
     const parts = renderPartsDelta(prev, next)!;
     t.equal(objectsOf(parts.script), objectsOf(whole.script), `${what}: the same objects as the whole diff`);
@@ -388,6 +390,23 @@ t.test('renderPartsDelta: from the changed services alone, the same objects as t
   }
   const same = renderIncremental(many(30), {});
   t.equal(renderPartsDelta(same, renderIncremental(many(30), {}, same))!.script, '', 'no change: nothing to write');
+});
+
+t.test('renderIncremental: a change to another service takes the netdev table\'s lines and DSR ports from the previous plan; a DSR service\'s change renders them again', async (t) => {
+  const dsr = (healthy: BackendSpec[]): ForwardState['services'][number] => ({
+    key: 'default/dsr', vip: '10.99.0.50', ports: [{ name: '', port: 80, protocol: 'TCP', targetPort: 80 }], healthy, backends: [b('10.99.0.11'), b('10.99.0.12')], sourceIP: 'preserve', vipMac: '02:00:00:00:00:50',
+  });
+  const opts = { dsrDevice: 'eth0' };
+  const both = dsr([b('10.99.0.11'), b('10.99.0.12')]);
+  const prev = renderIncremental({ services: [...many(30).services, both] }, opts);
+  const other = renderIncremental({ services: [...many(30, (i, all) => ({ healthy: i === 4 ? all.slice(1) : all, backends: all })).services, both] }, opts, prev);
+  t.equal(other.plan.dsrLines, prev.plan.dsrLines, 'another service changed: the same lines, not rendered again');
+  t.equal(other.plan.dsr, prev.plan.dsr, 'and the same BPF ports');
+  const down = { services: [...many(30).services, dsr([b('10.99.0.11')])] };
+  const changed = renderIncremental(down, opts, prev);
+  t.not(changed.plan.dsrLines, prev.plan.dsrLines, 'the DSR service changed: rendered again');
+  t.same(changed.plan.dsrLines, renderNft(down, opts).dsrLines, 'as renderNft renders them');
+  t.notSame(changed.plan.dsrLines, prev.plan.dsrLines, 'with its backend gone');
 });
 
 t.test('canonicalTableJson: equal tables compare equal whatever the handles, counter values and element order', async (t) => {

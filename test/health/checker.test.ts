@@ -642,3 +642,31 @@ t.test('probes that find no descriptor (EMFILE) blame no backend: no verdict, co
   t.notOk(r.states.includes('down'), `states at the end: ${[...new Set(r.states)].join(', ')}`);
   t.ok(r.states.includes('up'), 'the probes that got a descriptor brought backends up');
 });
+
+t.test('healthy() answers the same list until a backend of that service changes state; an update with the same spec changes nothing', async (t) => {
+  const s = setup();
+  const hc = { periodSeconds: 1, failureThreshold: 1 };
+  const web = service({ name: 'web', backends: ['10.0.0.1', '10.0.0.2'], healthCheck: hc });
+  const api = service({ name: 'api', backends: ['10.0.0.3'], healthCheck: hc });
+  s.hc.update([web, api]);
+  s.hc.start();
+  await s.advance(1);
+  const webList = s.hc.healthy('default/web');
+  const apiList = s.hc.healthy('default/api');
+  t.same(webList.map((b) => b.address), ['10.0.0.1', '10.0.0.2']);
+  t.equal(s.hc.healthy('default/web'), webList, 'asked again: the same array');
+  const probes = s.calls.length;
+  s.hc.update([web, api]);
+  t.equal(s.hc.healthy('default/web'), webList, 'the same specs again: the same array');
+  await s.advance(1);
+  t.equal(s.calls.length, probes, 'and no probe brought forward');
+  s.results.set('10.0.0.2', REFUSED);
+  await s.advance(3000, 50);
+  t.same(s.addrs('default/web'), ['10.0.0.1'], 'a backend down leaves the list');
+  t.not(s.hc.healthy('default/web'), webList, 'as a new array');
+  t.equal(s.hc.healthy('default/api'), apiList, 'the other service keeps its array');
+  s.hc.update([service({ name: 'web', backends: ['10.0.0.1', '10.0.0.4'], healthCheck: hc }), api]);
+  await s.advance(1);
+  t.same(s.addrs('default/web'), ['10.0.0.1', '10.0.0.4'], 'a changed spec is taken: its new backend probed and up');
+  s.hc.stop();
+});
