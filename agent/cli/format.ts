@@ -24,6 +24,7 @@ export function formatStatus(doc: StatusDocument, now = Date.now()): string {
   lines.push(`lb-agent ${doc.version} (pid ${doc.pid}) on ${doc.node.name}, parent ${doc.node.interface ?? '-'}${doc.node.address ? ` (${doc.node.address})` : ''}`);
   const placed = doc.dataplane?.placement === 'flow-hash' ? ', new connections placed by flow hash (they outlive a VRRP failover)' : '';
   lines.push(`dataplane: ${doc.dataplane ? `${doc.dataplane.kind} (${doc.dataplane.reason})${placed}${doc.dataplane.dsr ? `, direct server return on ${doc.dataplane.dsr.engine === 'bpf' ? 'the BPF program' : 'the nft table alone'} (${doc.dataplane.dsr.cause}; ${doc.dataplane.dsr.engine === 'bpf' ? 'open connections keep their backend' : 'by hash alone: a change of backends moves some open connections'})` : ''}${doc.dataplane.natEngine ? `, snat flows on ${doc.dataplane.natEngine.engine === 'ebpf' ? 'the eBPF NAT engine' : 'the nft table'} (${doc.dataplane.natEngine.reason})` : ''}` : '-'}; failover: ${doc.failover.mode}; config generation ${doc.config.generation} loaded ${doc.config.loadedAt}`);
+  if (doc.dataplane?.statsProblem) lines.push(`dataplane problem: ${doc.dataplane.statsProblem}`);
   if (doc.networks && doc.networks.length > 1) lines.push(`networks: ${doc.networks.map((x) => `${x.name} on ${x.interface}${x.address ? ` (${x.address})` : ''}`).join(', ')}`);
   if (doc.config.lastReload && !doc.config.lastReload.ok) lines.push(`last reload REJECTED: ${doc.config.lastReload.message.split('\n').slice(1).join('; ')}`);
   const n = doc.node;

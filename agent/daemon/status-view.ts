@@ -15,7 +15,7 @@ import type { BackendHealth, Subsystems } from './subsystems';
 import { VERSION } from '../version';
 import { isoTime } from '../clock';
 import { DEFAULT_NETWORK } from '../config/networks';
-import { dsrEngineOf, natEngineOf, familyStatus, portsText, serviceVerdict, startingStatus, type ServiceStatus, type StatusDocument, type Verdict } from './status';
+import { dsrEngineOf, natEngineOf, statsProblemOf, familyStatus, portsText, serviceVerdict, startingStatus, type ServiceStatus, type StatusDocument, type Verdict } from './status';
 
 /** A started service's verdict, and what it was decided from. */
 export type ServiceState = Verdict & { src: SourceStatus | undefined; failover: Record<string, unknown> | undefined; topology: TopologySelection; healthyCount: number; vip: string | undefined };
@@ -208,6 +208,7 @@ export class StatusView {
         ...(subs.dataplane.placement ? { placement: subs.dataplane.placement } : {}),
         ...dsrEngineOf(subs.dataplane),
         ...natEngineOf(subs.dataplane),
+        ...statsProblemOf(subs.dataplane),
       } : undefined,
       failover: { mode: c.failover.mode },
       ...(subs?.networks ? { networks: subs.networks.map((n) => ({ name: n.name, interface: n.parent.name, address: n.parent.address })) } : {}),

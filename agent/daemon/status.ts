@@ -64,6 +64,8 @@ export interface StatusDocument {
     dsr?: { engine: 'bpf' | 'nft'; cause: string; reason: string };
     /** What forwards the kernel path's snat flows, where the eBPF NAT engine is configured. */
     natEngine?: { engine: 'ebpf' | 'nft'; reason: string };
+    /** While the forwarding stats for /metrics cannot be read: how often, since when, why, and how old the values served are. */
+    statsProblem?: string;
   } | undefined;
   failover: { mode: string };
   /** Every network of the VM and its NIC, the default first. */
@@ -131,6 +133,12 @@ export function serviceVerdict(i: VerdictInput): Verdict {
 /** A service's ports as status shows them: 80/TCP->8080. */
 export function portsText(spec: ServiceSpec): string[] {
   return spec.ports.map((p) => `${p.port}/${p.protocol}->${p.targetPort}`);
+}
+
+/** status' dataplane.statsProblem: while the forwarding stats for /metrics keep failing. */
+export function statsProblemOf(dp: DataplaneLike): { statsProblem?: string } {
+  const p = dp.statsProblem?.();
+  return p === undefined ? {} : { statsProblem: p };
 }
 
 /** status' dataplane.natEngine: what forwards the snat flows, where the eBPF NAT engine is configured. */

@@ -55,6 +55,8 @@ export interface DataplaneLike {
   dsrEngine?(): import('../forward/nft').DsrEngineState | undefined;
   /** What forwards the snat flows now - the eBPF NAT engine or the nft table, and why (undefined: the engine is not configured); for `lb-agent status`. */
   natEngine?(): import('../forward/ebpf-nat').NatEngineState | undefined;
+  /** While the reads of the forwarding stats for /metrics keep failing: what and since when (forward/metrics.ts readProblem); for `lb-agent status`. */
+  statsProblem?(): string | undefined;
   /** The kernel path's placement of new SNAT connections (forward/nft.ts Placement); for `lb-agent status`. */
   readonly placement?: import('../forward/dataplane').Placement;
 }

@@ -164,7 +164,7 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
       reason: selection.reason,
       apply: (services) => dp.apply({ services }),
       ...(dp.kind === 'proxy' ? { reconfigure: (proxy: ProxyConfig) => (dp as ProxyDataplane).reconfigure(proxy) } : {}),
-      ...(dp.kind === 'kernel' ? { dsrEngine: () => (dp as NftDataplane).dsr, natEngine: () => (dp as Partial<EbpfNatDataplane>).engineState ?? (nat ? { engine: 'nft' as const, reason: nat.reason } : undefined), placement, vipArrived: (vip: string, ports: readonly PortSpec[]) => (dp as NftDataplane).vipArrived(vip, ports) } : {}),
+      ...(dp.kind === 'kernel' ? { dsrEngine: () => (dp as NftDataplane).dsr, statsProblem: () => (dp as Partial<NftDataplane>).statsProblem?.(), natEngine: () => (dp as Partial<EbpfNatDataplane>).engineState ?? (nat ? { engine: 'nft' as const, reason: nat.reason } : undefined), placement, vipArrived: (vip: string, ports: readonly PortSpec[]) => (dp as NftDataplane).vipArrived(vip, ports) } : {}),
       stop: (o) => dp.stop(o),
       dsr: () => (selection.kind === 'kernel' ? dsr() : Promise.resolve({ ok: false, reason: 'the userspace proxy is running' })),
     };

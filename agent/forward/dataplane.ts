@@ -102,6 +102,14 @@ export interface ForwardStats {
   readonly handedBack?: readonly { readonly service: string; readonly packets: number }[];
   /** Userspace proxy: clients refused for the agent's own limits, by "op/code" (accept/EMFILE, connect/ENFILE, limit/max-connections). */
   readonly ownLimits?: Readonly<Record<string, number>>;
+  /**
+   * Kernel path: when the counters behind these values were read (the data
+   * path's clock, monotonic ms); values served from an earlier read keep its
+   * time. Absent: read just now (the proxy's tallies are in memory).
+   */
+  readonly readAt?: number;
+  /** Kernel path: the counters could not be read for these values, which hold the last read's (readAt). */
+  readonly countersFailure?: { readonly step: 'counters'; readonly error: string };
 }
 
 export interface Dataplane {

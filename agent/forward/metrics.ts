@@ -2,11 +2,19 @@
 // the `stats` callback the data path passes in, which only reads: the proxy
 // hands its in-memory tallies, the kernel path the nftables counters, read
 // over netlink when a scrape asks and its last read is older than its
-// countersEveryMs (scrapes within it share that read). Nothing on the forwarding hot path ever touches prom-client. Registered on the Registry
+// countersEveryMs (scrapes within it share that read). Nothing on the
+// forwarding hot path ever touches prom-client. Registered on the Registry
 // passed in, removed again by unregister() when the data path stops.
+// A read that fails is never silent: the page keeps the last good values
+// and says how old they are (lbagent_forward_stats_age_seconds), the failure
+// is counted by the step that failed, logged (rate-limited) and, while reads
+// keep failing, reported as a problem (readProblem()).
 // A backend's traffic series exist once it has carried a connection (and a
 // connect-failure series once it has failed one): a thousand idle services
 // cost no traffic series at all (test/privileged/metrics-size.test.ts).
+import { realClock } from '../clock';
+import { errorMessage } from '../errors';
+import { silentLogger, type Logger } from '../log';
 import { Counter, Gauge, Registry } from '../metrics/prom';
 import { SeriesFamily } from '../metrics/series';
 import type { DataplaneKind, FlowStats, ForwardStats } from './dataplane';
@@ -24,7 +32,35 @@ export const FORWARD_METRIC_NAMES = [
   'lbagent_forward_nft_delta_writes_total',
   'lbagent_forward_udp_flows_ended_total',
   'lbagent_forward_handed_back_packets_total',
+  'lbagent_forward_stats_read_failures_total',
+  'lbagent_forward_stats_age_seconds',
 ] as const;
+
+/**
+ * A read of the stats that failed at a named step ('counters': the kernel's
+ * counters could not be read; 'derive': the stats could not be worked out
+ * from them; 'view': an engine's view of them failed). The step is the
+ * label of lbagent_forward_stats_read_failures_total; an error without one
+ * counts as step "read".
+ */
+export class StatsReadFailure extends Error {
+  readonly step: StatsReadStep;
+  constructor(step: StatsReadStep, cause: unknown) {
+    super(`${step}: ${errorMessage(cause)}`, { cause });
+    this.name = 'StatsReadFailure';
+    this.step = step;
+  }
+}
+
+export type StatsReadStep = 'counters' | 'derive' | 'view' | 'read';
+
+function stepOf(err: unknown): StatsReadStep {
+  return err instanceof StatsReadFailure ? err.step : 'read';
+}
+
+function causeMessage(err: unknown): string {
+  return err instanceof StatsReadFailure ? errorMessage(err.cause) : errorMessage(err);
+}
 
 export interface ForwardMetricsOptions {
   readonly registry: Registry;
@@ -33,8 +69,14 @@ export interface ForwardMetricsOptions {
   readonly stats: () => Promise<ForwardStats>;
   /** A scrape collects six metrics; one stats() read serves them all within this window (ms). */
   readonly cacheMs?: number;
-  /** Milliseconds, for the cache window (injected for tests). */
+  /**
+   * Monotonic milliseconds, for the cache window and the age of the values
+   * (injected for tests); the clock of the stats' `readAt`.
+   */
   readonly now?: () => number;
+  /** Where a failed read is logged (rate-limited: the first at once, then at most one line per logEveryMs). */
+  readonly log?: Logger;
+  readonly logEveryMs?: number;
 }
 
 /** Whether a backend has carried anything on a port: its traffic series exist from then on. */
@@ -47,16 +89,32 @@ export class ForwardMetrics {
   private readonly read: () => Promise<ForwardStats>;
   private readonly cacheMs: number;
   private readonly now: () => number;
+  private readonly log: Logger;
+  private readonly logEveryMs: number;
   private cached: { at: number; p: Promise<ForwardStats> } | undefined;
   private lastGood: ForwardStats | undefined;
+  /** When the values served were read (the stats' readAt, else when the read resolved); undefined before any good read. */
+  private goodAt: number | undefined;
+  /** Failed reads since start, by step. */
+  private readonly failures = new Map<StatsReadStep, number>();
+  /** The failures in a row now: since when, how many, the last one's step and error (undefined once a read works). */
+  private failing: { since: number; count: number; step: StatsReadStep; error: string } | undefined;
+  /** When a failure was last logged, and how many have not been since. */
+  private loggedAt = -Infinity;
+  private unlogged = 0;
 
   constructor(opts: ForwardMetricsOptions) {
     this.registry = opts.registry;
     this.read = opts.stats;
     this.cacheMs = opts.cacheMs ?? 250;
-    this.now = opts.now ?? Date.now;
+    // Monotonic: a wall clock stepped back would keep serving one cached read.
+    this.now = opts.now ?? ((): number => realClock.now());
+    this.log = (opts.log ?? silentLogger()).child({ module: 'forward', op: 'stats' });
+    this.logEveryMs = opts.logEveryMs ?? 60_000;
     const registers = [opts.registry];
     const snapshot = (): Promise<ForwardStats> => this.snapshot();
+    const failures = this.failures;
+    const age = (): number | undefined => (this.goodAt === undefined ? undefined : Math.max(0, this.now() - this.goodAt) / 1000);
 
     new Counter({
       name: 'lbagent_forward_connections_total',
@@ -197,25 +255,98 @@ export class ForwardMetrics {
         }
       },
     });
+    new Counter({
+      name: 'lbagent_forward_stats_read_failures_total',
+      help: 'Reads of the data path\'s stats for this page that failed, by the step that failed: step="counters" (the kernel path could not read its nftables counters), "derive" (the stats could not be worked out from them), "view" (the eBPF NAT engine\'s view of them failed) or "read"; the page then shows the last good values (lbagent_forward_stats_age_seconds says how old).',
+      labelNames: ['step'] as const,
+      registers,
+      async collect() {
+        await snapshot();
+        this.reset();
+        for (const [step, n] of failures) this.inc({ step }, n);
+      },
+    });
+    new Gauge({
+      name: 'lbagent_forward_stats_age_seconds',
+      help: 'How old the forwarding values on this page are: seconds since the data path read them (the kernel path reads its counters at most once per countersEveryMs, 5 s, and a failed read leaves the last good values in place); absent before the first good read.',
+      registers,
+      async collect() {
+        await snapshot();
+        this.reset();
+        const a = age();
+        if (a !== undefined) this.set(a);
+      },
+    });
+  }
+
+  /**
+   * While reads keep failing: what `lb-agent status` shows (how many in a
+   * row, since when, the step and error, how old the values served are);
+   * undefined once a read works.
+   */
+  readProblem(): string | undefined {
+    const f = this.failing;
+    if (f === undefined) return undefined;
+    const now = this.now();
+    const a = this.goodAt === undefined ? 'no values yet' : `values from ${fmtSeconds(now - this.goodAt)} ago`;
+    return `the forwarding stats for /metrics could not be read ${f.count} time(s) in a row over ${fmtSeconds(now - f.since)} (${f.step}: ${f.error}); /metrics shows ${a}`;
   }
 
   /**
    * One stats() read per scrape. A failed read (nft briefly unavailable)
    * serves the last good values rather than failing the whole /metrics page;
-   * before any good read it serves nothing.
+   * before any good read it serves nothing. Either way the failure is
+   * counted, logged and aged (failed()).
    */
   private snapshot(): Promise<ForwardStats> {
     const now = this.now();
     if (this.cached && now - this.cached.at < this.cacheMs) return this.cached.p;
     const p = this.read().then(
-      (st) => { this.lastGood = st; return st; },
-      () => this.lastGood ?? { kind: 'proxy' as const, services: [], flows: [], problems: [], details: {} },
+      (st) => { this.succeeded(st); return st; },
+      (err: unknown) => { this.failed(err); return this.lastGood ?? { kind: 'proxy' as const, services: [], flows: [], problems: [], details: {} }; },
     );
     this.cached = { at: now, p };
     return p;
   }
 
+  private succeeded(st: ForwardStats): void {
+    // The data path served the values it served before (its own read is
+    // not due yet): nothing new, neither a read nor a failure.
+    if (st === this.lastGood) return;
+    const now = this.now();
+    this.lastGood = st;
+    this.goodAt = st.readAt ?? now;
+    if (st.countersFailure !== undefined) {
+      // The counters could not be read but the rest is fresh (the services'
+      // health is in memory): served, with the counters as last read.
+      this.failed(new StatsReadFailure(st.countersFailure.step, st.countersFailure.error));
+    } else if (this.failing !== undefined) {
+      this.log.info({ failures: this.failing.count, forSeconds: Math.round((now - this.failing.since) / 100) / 10 }, 'forwarding stats read again after failed reads');
+      this.failing = undefined;
+      this.loggedAt = -Infinity;
+      this.unlogged = 0;
+    }
+  }
+
+  private failed(err: unknown): void {
+    const now = this.now();
+    const step = stepOf(err);
+    const error = causeMessage(err);
+    this.failures.set(step, (this.failures.get(step) ?? 0) + 1);
+    this.failing = { since: this.failing?.since ?? now, count: (this.failing?.count ?? 0) + 1, step, error };
+    if (now - this.loggedAt < this.logEveryMs) { this.unlogged++; return; }
+    const ageSeconds = this.goodAt === undefined ? undefined : Math.round((now - this.goodAt) / 100) / 10;
+    this.log.warn({ step, err: error, inARow: this.failing.count, notLogged: this.unlogged, ageSeconds },
+      `cannot read the forwarding stats (${step}: ${error}); /metrics shows the last good values${ageSeconds === undefined ? ' (none yet)' : `, ${ageSeconds} s old`}`);
+    this.loggedAt = now;
+    this.unlogged = 0;
+  }
+
   unregister(): void {
     for (const name of FORWARD_METRIC_NAMES) this.registry.removeSingleMetric(name);
   }
+}
+
+function fmtSeconds(ms: number): string {
+  return `${(Math.max(0, ms) / 1000).toFixed(1)} s`;
 }

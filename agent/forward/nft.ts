@@ -119,7 +119,7 @@ import {
   flowId, normalizeState, portLabel,
   type Dataplane, type FlowStats, type ForwardState, type ForwardStats, type NormalizedService, type Placement, type ProbeResult, type UdpFlowsEnded,
 } from './dataplane';
-import { ForwardMetrics } from './metrics';
+import { ForwardMetrics, StatsReadFailure } from './metrics';
 import { DSR_FAMILY, DSR_PROBE_RULESET, DSR_TABLE, dsrDevices, dsrRemovalLines, dsrSeedValue, flowHashPick, flowHashSlots, renderDsrPort, renderDsrTable, type DsrPortRender } from './nft-dsr';
 import { SerialQueue } from '../serial';
 import type { DsrBpfPort } from '../net/ebpf/ebpf-dsr';
@@ -1431,6 +1431,8 @@ export class NftDataplane implements Dataplane {
    * drops the counters it restarted, the rest keep counting in the kernel.
    */
   private live = new Map<string, CounterValue>();
+  /** When `live` was last read from the kernel (clock ms): the stats' readAt. */
+  private liveAt = -Infinity;
   /** Packets handed back per service by earlier tables (handedBackTotals). */
   private handedBack = new Map<string, number>();
   private startCheck: StartCheck | undefined;
@@ -1506,10 +1508,14 @@ export class NftDataplane implements Dataplane {
     // counters (over netlink) when the last read is older than
     // countersEveryMs, in the queue, so never against a half-applied table.
     this.metrics = opts.registry
-      ? new ForwardMetrics({ registry: opts.registry, kind: 'kernel', reason: opts.reason ?? 'configured', stats: async () => {
-        const st = await this.latestStats();
-        return this.statsView ? this.statsView(st) : st;
-      } })
+      ? new ForwardMetrics({
+        registry: opts.registry, kind: 'kernel', reason: opts.reason ?? 'configured', log: this.log, now: () => this.clock.now(),
+        stats: async () => {
+          const st = await this.latestStats();
+          if (!this.statsView) return st;
+          try { return this.statsView(st); } catch (err) { throw new StatsReadFailure('view', err); }
+        },
+      })
       : undefined;
   }
 
@@ -1610,18 +1616,34 @@ export class NftDataplane implements Dataplane {
     return this.queue.run(() => this.refreshCounters());
   }
 
-  /** Read the counters for the metrics (in the queue, so never against a half-applied table). */
+  /**
+   * Read the counters for the metrics (in the queue, so never against a
+   * half-applied table). A read that fails here is not lost: `latest` keeps
+   * the last good values and the next scrape reads again (latestStats),
+   * where the metrics count and log the failure.
+   */
   private async refreshCounters(fromLastRead = false): Promise<void> {
     if (this.stopped) return;
     // From the last read, the stats are derived when the metrics next ask
     // (latestStats): a derivation walks every flow, and an apply that
     // changed one service should cost that service's work.
     if (fromLastRead) { this.latestStale = true; return; }
-    try {
-      this.latest = await this.collect(false);
-      this.latestStale = false;
-      this.latestReadAt = this.clock.now();
-    } catch { /* keep the last read; stats() reports nft failures as problems */ }
+    await this.readLatest().catch(() => undefined);
+  }
+
+  /**
+   * A fresh read into `latest`. A counter read that failed still gives the
+   * services as they are now, with the counters as last read
+   * (countersFailure): it is not counted as read, so the next scrape reads
+   * again. Rejects (step "derive") when the stats could not be worked out,
+   * `latest` left as it was.
+   */
+  private async readLatest(): Promise<void> {
+    let st: ForwardStats;
+    try { st = await this.collect(false); } catch (err) { throw new StatsReadFailure('derive', err); }
+    this.latest = st;
+    this.latestStale = false;
+    if (st.countersFailure === undefined) this.latestReadAt = this.clock.now();
   }
 
   /**
@@ -1636,10 +1658,10 @@ export class NftDataplane implements Dataplane {
     if (!this.latestStale && !due()) return Promise.resolve(this.latest);
     return this.queue.run(async () => {
       if (this.stopped) return this.latest;
-      if (due()) await this.refreshCounters();
+      if (due()) await this.readLatest();
       else if (this.latestStale) {
+        try { this.latest = await this.collect(true); } catch (err) { throw new StatsReadFailure('derive', err); }
         this.latestStale = false;
-        try { this.latest = await this.collect(true); } catch { /* keep the last read */ }
       }
       return this.latest;
     });
@@ -2195,14 +2217,27 @@ export class NftDataplane implements Dataplane {
   private async collect(fromLastRead: boolean): Promise<ForwardStats> {
     const plan = this.plan;
     let live = fromLastRead ? this.live : new Map<string, CounterValue>();
+    let readAt = fromLastRead ? this.liveAt : this.clock.now();
+    let countersFailure: ForwardStats['countersFailure'];
     const problems = [...(plan?.problems ?? [])];
     if (plan && !this.stopped && !fromLastRead) {
       try {
-        live = this.live = await this.readCounters();
+        live = await this.readCounters();
+        this.live = live;
+        this.liveAt = readAt;
       } catch (err) {
-        problems.push(`cannot read nftables counters: ${firstLine(execError(err).stderr)}`);
+        // The counters as last read, not none: totals from the carry alone
+        // would go backwards (a counter reset to Prometheus) and jump back
+        // at the next good read.
+        live = this.live;
+        readAt = this.liveAt;
+        const why = firstLine(execError(err).stderr);
+        countersFailure = { step: 'counters', error: why };
+        problems.push(`cannot read nftables counters: ${why}`);
       }
     }
+    const metricsProblem = this.metrics?.readProblem();
+    if (metricsProblem !== undefined) problems.push(metricsProblem);
     if (this.lastError) problems.push(this.lastError);
     if (this.udpFlowsError) problems.push(this.udpFlowsError);
     if (this.forwardedFlowsError) problems.push(this.forwardedFlowsError);
@@ -2234,7 +2269,12 @@ export class NftDataplane implements Dataplane {
     }
     const nfDir = path.join(this.procRoot, 'sys/net/netfilter');
     this.facts = { ...this.facts, conntrackCount: await readNumber(path.join(nfDir, 'nf_conntrack_count')), conntrackMax: await readNumber(path.join(nfDir, 'nf_conntrack_max')) };
-    return { kind: 'kernel', services, flows, problems, udpFlowsEnded, handedBack, details: { table: `${NFT_FAMILY} ${NFT_TABLE}`, startCheck: this.startCheck, ...this.facts, deltaWrites: { ...this.deltaWrites }, untranslatedFlowsEnded: this.forwardedFlowsEnded, ...(this.dsrState ? { dsrEngine: this.dsrState } : {}) } };
+    return { kind: 'kernel', services, flows, problems, udpFlowsEnded, handedBack, ...(Number.isFinite(readAt) ? { readAt } : {}), ...(countersFailure ? { countersFailure } : {}), details: { table: `${NFT_FAMILY} ${NFT_TABLE}`, startCheck: this.startCheck, ...this.facts, deltaWrites: { ...this.deltaWrites }, untranslatedFlowsEnded: this.forwardedFlowsEnded, ...(this.dsrState ? { dsrEngine: this.dsrState } : {}) } };
+  }
+
+  /** While the reads of the stats for /metrics keep failing: what and since when (forward/metrics.ts readProblem). */
+  statsProblem(): string | undefined {
+    return this.metrics?.readProblem();
   }
 
   /** Which mechanism serves direct server return now (undefined: no DSR port is forwarded). */

@@ -82,6 +82,15 @@ t.test('the dataplane line says what forwards the snat flows where the eBPF NAT 
   t.match(formatStatus(d, 0), /^dataplane: kernel \(auto\), snat flows on the nft table \(fallback: \/sys\/fs\/bpf is not on a BPF file system\); failover/m);
 });
 
+t.test('while the forwarding stats for /metrics keep failing, a dataplane problem line says so; none while they work', async (t) => {
+  const d = doc([svc({})]);
+  d.dataplane = { kind: 'kernel', reason: 'auto' };
+  t.notMatch(formatStatus(d, 0), /dataplane problem/);
+  const problem = 'the forwarding stats for /metrics could not be read 3 time(s) in a row over 30.0 s (counters: Error: No such file or directory); /metrics shows values from 35.0 s ago';
+  d.dataplane = { kind: 'kernel', reason: 'auto', statsProblem: problem };
+  t.match(formatStatus(d, 0), new RegExp(`^dataplane problem: ${problem.replace(/[()./]/g, '\\$&')}$`, 'm'));
+});
+
 t.test('the dataplane line says when new connections are placed by flow hash (VRRP), and nothing for round-robin', async (t) => {
   const d = doc([svc({})]);
   d.dataplane = { kind: 'kernel', reason: 'auto', placement: 'round-robin' };

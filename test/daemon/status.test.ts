@@ -2,7 +2,7 @@
 // serviceVerdict) from what was observed: each branch, in the order a user
 // would want them told apart.
 import t from 'tap';
-import { serviceVerdict, startingStatus, portsText, type VerdictInput } from '../../agent/daemon/status';
+import { serviceVerdict, startingStatus, portsText, statsProblemOf, type VerdictInput } from '../../agent/daemon/status';
 import type { ServiceSpec } from '../../agent/config/types';
 
 const spec = {
@@ -34,4 +34,14 @@ t.test('before the first reconcile, and the ports as status shows them', async (
   t.equal(s.ready, false);
   t.equal(s.startedAt, 5);
   t.same(portsText(spec), ['80/TCP->8080']);
+});
+
+t.test('dataplane.statsProblem: the data path\'s problem while its stats reads fail, absent otherwise', async (t) => {
+  const dp = { kind: 'kernel' as const, reason: 'auto', apply: async () => undefined, stop: async () => undefined };
+  t.same(statsProblemOf(dp), {}, 'a data path that reports none');
+  let problem: string | undefined;
+  const failing = { ...dp, statsProblem: () => problem };
+  t.same(statsProblemOf(failing), {}, 'reads work');
+  problem = 'the forwarding stats for /metrics could not be read 2 time(s) in a row';
+  t.same(statsProblemOf(failing), { statsProblem: problem });
 });

@@ -559,7 +559,6 @@ t.test('counters are read when a scrape asks, at most once per countersEveryMs, 
   await dp.apply(one);
   const series = /lbagent_forward_connections_total\{service="web",namespace="default",backend="10\.99\.0\.11",port="http"\} (\d+)/;
   const reads = (): number => calls.filter((c) => c.includes('list counters')).length;
-  const pastCache = (): Promise<void> => new Promise((r) => setTimeout(r, 300)); // past the metrics' 250 ms cache
   // Issue 18: the apply spawned nft to write the table and nothing more.
   t.equal(reads(), 0, 'no counter read right after the table was written');
   // Nobody asks for an hour: nothing reads.
@@ -568,14 +567,12 @@ t.test('counters are read when a scrape asks, at most once per countersEveryMs, 
   t.equal(series.exec(await registry.metrics())?.[1], '3', 'the first scrape reads the counters and shows them');
   t.equal(reads(), 1, 'one read for that scrape');
   conns = 7;
-  clock.advance(4999);
-  await pastCache();
+  clock.advance(4999); // past the metrics' 250 ms cache (on the data path's clock), within countersEveryMs
   for (let i = 0; i < 3; i++) t.equal(series.exec(await registry.metrics())?.[1], '3', `scrape ${i + 1} within countersEveryMs shows the last read`);
   t.equal(reads(), 1, 'three scrapes within countersEveryMs share the one read');
   await dp.apply({ services: [...one.services] });
   t.equal(reads(), 1, 'an apply that leaves the table as it is spawns nothing (a VRRP takeover waits on it)');
-  clock.advance(1);
-  await pastCache();
+  clock.advance(250); // past the cache of the scrapes above, and countersEveryMs since the read
   t.equal(series.exec(await registry.metrics())?.[1], '7', 'a scrape once countersEveryMs passed reads again: the current counters');
   t.equal(reads(), 2);
   clock.advance(60_000);
@@ -705,7 +702,8 @@ t.test('direct server return: the BPF program in front of the table, counted wit
     counters: () => new Map([['s0p0b0_conns', { packets: 40, bytes: 0 }], ['s0p0b0_to_backend', { packets: 90, bytes: 5000 }]]),
   };
   const registry = new Registry();
-  const dp = new NftDataplane({ registry, exec, procRoot: proc, clock: new ManualClock(0), dsrDevice: 'eth0', dsrBpf: () => fake as unknown as DsrBpf });
+  const clock = new ManualClock(0);
+  const dp = new NftDataplane({ registry, exec, procRoot: proc, clock, dsrDevice: 'eth0', dsrBpf: () => fake as unknown as DsrBpf });
   await dp.apply(web([b('10.99.0.11'), b('10.99.0.12')]));
   t.same(events, ['apply 1 port(s), 1021 slots'], 'the program loaded with the table\'s slot table');
   t.same(dp.dsr, { engine: 'bpf', cause: 'tcx', reason: 'BPF program at tc ingress (tcx) of eth0, in front of table netdev lb_agent' });
@@ -720,7 +718,7 @@ t.test('direct server return: the BPF program in front of the table, counted wit
   t.equal(dp.dsr?.engine, 'nft');
   t.equal(dp.dsr?.cause, 'fallback');
   t.match(dp.dsr?.reason, /cannot run here \(cannot load the DSR program: EPERM\); table netdev lb_agent forwards alone/);
-  await new Promise((r) => setTimeout(r, 300)); // past the metrics' 250 ms cache
+  clock.advance(300); // past the metrics' 250 ms cache, on the data path's clock
   t.match(await registry.metrics(), /lbagent_forward_dsr_engine_info\{engine="nft",cause="fallback"\} 1/);
 
   fail = undefined;

@@ -189,6 +189,35 @@ if (requirePrivileged(t)) {
     t.equal(read.length, 3000, 'every counter of the table, none of another table');
     t.same(new Map(read), listed, 'the same names and values as nft lists');
     t.same([six, netdev], [0, 0], 'tables not there: nothing');
+
+    // Read while commits change the table: each one deletes and adds c0 in one
+    // transaction, so it moves to the end of the table's list and a dump
+    // resumed across it would skip or repeat a counter. An interrupted dump
+    // (NLM_F_DUMP_INTR) is done again: every read is whole, and the reads go
+    // on until one was done again (at most 300 reads; the commits end with them).
+    const commit = 'delete counter ip lb_agent c0\nadd counter ip lb_agent c0 { packets 0 bytes 8589934592 }\n';
+    const churn = lab.spawn(ns, 'sh', ['-c', `i=0; while [ $i -lt 3000 ]; do printf '${commit.replace(/\n/g, '\\n')}' | nft -f - || exit 1; sleep 0.02; i=$((i+1)); done`]);
+    const churned = new Promise((r) => churn.once('exit', r));
+    t.teardown(() => { churn.kill(); });
+    const js2 = `const { NftCounterReader } = require(${JSON.stringify(reader)});
+      const r = new NftCounterReader(); const keep = setInterval(() => {}, 1000);
+      (async () => {
+        const bad = []; let reads = 0;
+        for (; reads < 300 && (reads < 20 || r.retries === 0); reads++) {
+          const m = await r.read('ip', 'lb_agent');
+          let ok = m.size === 3000;
+          for (let i = 0; ok && i < 3000; i++) { const c = m.get('c' + i); ok = c !== undefined && c.packets === i * 7 && c.bytes === i * 7 * 1500 + 2 ** 33; }
+          if (!ok) bad.push(m.size);
+        }
+        console.log(JSON.stringify({ reads, retries: r.retries, bad })); r.close(); clearInterval(keep);
+      })().catch((e) => { console.log(JSON.stringify({ error: String(e) })); process.exit(1); });`;
+    const res = JSON.parse((await lab.exec(ns, process.execPath, ['-e', js2])).stdout) as { reads: number; retries: number; bad: number[]; error?: string };
+    t.equal(churn.exitCode, null, 'the commits went on throughout');
+    churn.kill();
+    await churned;
+    t.equal(res.error, undefined, 'no read failed');
+    t.same(res.bad, [], `every one of ${res.reads} reads under commits held the 3,000 counters and their values`);
+    t.ok(res.retries > 0, `dumps the commits interrupted were done again (${res.retries} of ${res.reads} reads)`);
   });
 
   for (const placement of ['round-robin', 'flow-hash'] as const) t.test(`inside the namespace, ${placement}: health transitions and reloads as nfnetlink batches, no nft, the agent's own commits; the kernel holds what a write whole gives; a refused batch applies nothing`, async (t) => {

@@ -8,7 +8,12 @@
 // NFTA_OBJ_TABLE and NFTA_OBJ_TYPE (nf_tables_dump_obj); each counter comes
 // back as an NFT_MSG_NEWOBJ with its name and, nested in NFTA_OBJ_DATA,
 // NFTA_COUNTER_BYTES and NFTA_COUNTER_PACKETS (big-endian u64), until
-// NLMSG_DONE.
+// NLMSG_DONE. A dump that spans several datagrams while a commit changes the
+// table comes back flagged NLM_F_DUMP_INTR (nf_tables_dump_obj checks the
+// ruleset generation, nl_dump_check_consistent): its counters may miss or
+// repeat objects, so it is dumped again, as nft(8) does when libmnl reports
+// EINTR for it (here at most COUNTER_DUMP_TRIES times: a table rewritten
+// without pause fails the read rather than hold it forever).
 import * as os from 'node:os';
 import { RawNetlinkSocket } from './netlink-socket';
 import { NETLINK_NETFILTER, attributes } from './nft-watch';
@@ -20,6 +25,11 @@ const NLMSG_HDRLEN = 16;
 const NFGENMSG_LEN = 4;
 const NLM_F_REQUEST = 0x1;
 const NLM_F_DUMP = 0x300;
+const NLM_F_DUMP_INTR = 0x10;
+/** errnos of a dump refused for the moment: tried again (EINTR, EAGAIN, EBUSY). */
+const RETRY_ERRNOS: ReadonlySet<number> = new Set([4, 11, 16]);
+/** Dumps of one read at most: one interrupted (or refused for the moment) is done again. */
+export const COUNTER_DUMP_TRIES = 10;
 const NLMSG_ERROR = 2;
 const NLMSG_DONE = 3;
 const NFTA_OBJ_TABLE = 1;
@@ -79,39 +89,43 @@ export interface CounterDumpPart {
   /** A negative errno from NLMSG_ERROR (ENOENT: no such table). */
   readonly errno: number | undefined;
   readonly malformed: boolean;
+  /** A message of the dump carried NLM_F_DUMP_INTR: the table changed while it was dumped. */
+  readonly interrupted: boolean;
 }
 
 /** The counters of table `table` in one datagram of replies to the dump numbered `seq`. Pure. */
 export function parseCounterDump(buf: Buffer, table: string, seq: number): CounterDumpPart {
   const counters = new Map<string, NlCounter>();
+  let interrupted = false;
   let o = 0;
   while (o + NLMSG_HDRLEN <= buf.length) {
     const len = u32(buf, o);
-    if (len < NLMSG_HDRLEN || o + len > buf.length) return { counters, done: false, errno: undefined, malformed: true };
+    if (len < NLMSG_HDRLEN || o + len > buf.length) return { counters, done: false, errno: undefined, malformed: true, interrupted };
     const type = u16(buf, o + 4);
     if (u32(buf, o + 8) === seq) {
-      if (type === NLMSG_DONE) return { counters, done: true, errno: undefined, malformed: false };
+      if ((u16(buf, o + 6) & NLM_F_DUMP_INTR) !== 0) interrupted = true;
+      if (type === NLMSG_DONE) return { counters, done: true, errno: undefined, malformed: false, interrupted };
       if (type === NLMSG_ERROR) {
         const errno = len >= NLMSG_HDRLEN + 4 ? i32(buf, o + NLMSG_HDRLEN) : -1;
-        return { counters, done: true, errno: errno === 0 ? undefined : errno, malformed: false };
+        return { counters, done: true, errno: errno === 0 ? undefined : errno, malformed: false, interrupted };
       }
       if (type === ((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWOBJ) && len >= NLMSG_HDRLEN + NFGENMSG_LEN) {
         const a = attributes(buf, o + NLMSG_HDRLEN + NFGENMSG_LEN, o + len);
-        if (!a) return { counters, done: false, errno: undefined, malformed: true };
+        if (!a) return { counters, done: false, errno: undefined, malformed: true, interrupted };
         const t = a.get(NFTA_OBJ_TABLE);
         const n = a.get(NFTA_OBJ_NAME);
         const ty = a.get(NFTA_OBJ_TYPE);
         const data = a.get(NFTA_OBJ_DATA);
         if (t && n && ty && ty.length >= 4 && ty.readUInt32BE(0) === NFT_OBJECT_COUNTER && data && cString(t) === table) {
           const d = attributes(data, 0, data.length);
-          if (!d) return { counters, done: false, errno: undefined, malformed: true };
+          if (!d) return { counters, done: false, errno: undefined, malformed: true, interrupted };
           counters.set(cString(n), { packets: u64be(d.get(NFTA_COUNTER_PACKETS)) ?? 0, bytes: u64be(d.get(NFTA_COUNTER_BYTES)) ?? 0 });
         }
       }
     }
     o += (len + 3) & ~3;
   }
-  return { counters, done: false, errno: undefined, malformed: false };
+  return { counters, done: false, errno: undefined, malformed: false, interrupted };
 }
 
 function cString(b: Buffer): string {
@@ -123,9 +137,11 @@ function cString(b: Buffer): string {
 export class NftCounterReader {
   private readonly sock: RawNetlinkSocket;
   private seq = 1;
-  private pending: { seq: number; table: string; out: Map<string, NlCounter>; settle(err?: Error): void } | undefined;
+  private pending: { seq: number; table: string; out: Map<string, NlCounter>; interrupted: boolean; settle(err?: Error, again?: string): void } | undefined;
   private chain: Promise<unknown> = Promise.resolve();
   private closed = false;
+  /** Dumps done again since the reader was made (interrupted by a commit, or refused for the moment). */
+  retries = 0;
 
   constructor(opts: { timeoutMs?: number } = {}) {
     this.timeoutMs = opts.timeoutMs ?? 5000;
@@ -143,7 +159,24 @@ export class NftCounterReader {
    * complete answer within the timeout.
    */
   read(family: string, table: string): Promise<Map<string, NlCounter>> {
-    const run = (): Promise<Map<string, NlCounter>> => new Promise((resolve, reject) => {
+    const run = async (): Promise<Map<string, NlCounter>> => {
+      for (let tries = 1; ; tries++) {
+        const r = await this.dumpOnce(family, table);
+        if (!r.again) return r.counters;
+        if (tries >= COUNTER_DUMP_TRIES) {
+          throw new Error(`the counter dump of table ${family} ${table} was ${r.again} ${tries} times in a row (the table changes without pause)`);
+        }
+        this.retries++;
+      }
+    };
+    const p = this.chain.then(run, run);
+    this.chain = p.catch(() => undefined);
+    return p;
+  }
+
+  /** One dump; `again` says why it must be done again (interrupted by a commit, or refused for the moment). */
+  private dumpOnce(family: string, table: string): Promise<{ counters: Map<string, NlCounter>; again?: string }> {
+    return new Promise((resolve, reject) => {
       if (this.closed) { reject(new Error('the nftables counter reader is closed')); return; }
       const nfproto = NFPROTO[family];
       if (nfproto === undefined) { reject(new Error(`no NFPROTO for family ${family}`)); return; }
@@ -151,18 +184,19 @@ export class NftCounterReader {
       const out = new Map<string, NlCounter>();
       const timer = setTimeout(() => settle(new Error(`no complete answer to the counter dump of table ${family} ${table} within ${this.timeoutMs} ms`)), this.timeoutMs);
       timer.unref();
-      const settle = (err?: Error): void => {
+      const settle = (err?: Error, again?: string): void => {
         if (this.pending?.seq !== seq) return;
+        const interrupted = this.pending.interrupted;
         this.pending = undefined;
         clearTimeout(timer);
-        if (err) reject(err); else resolve(out);
+        if (err) reject(err);
+        else if (again !== undefined) resolve({ counters: out, again });
+        else if (interrupted) resolve({ counters: out, again: 'interrupted by a change to the table' });
+        else resolve({ counters: out });
       };
-      this.pending = { seq, table, out, settle };
+      this.pending = { seq, table, out, interrupted: false, settle };
       this.sock.send(counterDumpRequest(nfproto, table, seq), undefined, (err) => { if (err) settle(err); });
     });
-    const p = this.chain.then(run, run);
-    this.chain = p.catch(() => undefined);
-    return p;
   }
 
   private onDatagram(d: Buffer): void {
@@ -170,11 +204,14 @@ export class NftCounterReader {
     if (!p) return;
     const part = parseCounterDump(d, p.table, p.seq);
     for (const [k, v] of part.counters) p.out.set(k, v);
+    if (part.interrupted) p.interrupted = true;
     if (part.malformed) { p.settle(new Error('malformed nftables counter dump')); return; }
     if (!part.done) return;
     if (part.errno === undefined || part.errno === -2) {
       if (part.errno === -2) p.out.clear();
       p.settle();
+    } else if (RETRY_ERRNOS.has(-part.errno)) {
+      p.settle(undefined, `refused for the moment (errno ${-part.errno})`);
     } else {
       p.settle(Object.assign(new Error(`nftables counter dump failed: errno ${-part.errno}`), { errno: -part.errno }));
     }

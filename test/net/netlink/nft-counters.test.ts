@@ -21,7 +21,17 @@ t.test('captured replies decode to the counters and the end of the dump', async 
   const part = parseCounterDump(OBJECTS, 'lb_agent', 77);
   t.same([...part.counters], [['s0p0b0_conns', { packets: 7, bytes: 420 }], ['big', { packets: 5_000_000_000, bytes: 123_456_789_012 }]], 'u64 values beyond 32 bits');
   t.same([part.done, part.malformed, part.errno], [false, false, undefined], 'more to come');
-  t.same(parseCounterDump(DONE, 'lb_agent', 77), { counters: new Map(), done: true, errno: undefined, malformed: false });
+  t.same(parseCounterDump(DONE, 'lb_agent', 77), { counters: new Map(), done: true, errno: undefined, malformed: false, interrupted: false });
+});
+
+t.test('a dump the table changed under is flagged interrupted (NLM_F_DUMP_INTR), its counters still decoded', async (t) => {
+  const intr = Buffer.from(OBJECTS);
+  intr.writeUInt16LE(intr.readUInt16LE(6) | 0x10, 6);
+  const part = parseCounterDump(intr, 'lb_agent', 77);
+  t.equal(part.interrupted, true, 'the flag on the first message');
+  t.equal(part.counters.size, 2);
+  t.equal(parseCounterDump(OBJECTS, 'lb_agent', 77).interrupted, false, 'not without it');
+  t.equal(parseCounterDump(intr, 'lb_agent', 78).interrupted, false, 'nor from another dump');
 });
 
 t.test('replies to another dump, or of another table, are not counted', async (t) => {
@@ -33,7 +43,7 @@ t.test('replies to another dump, or of another table, are not counted', async (t
 t.test('an error ends the dump with its errno; malformed input is reported, never thrown', async (t) => {
   const err = Buffer.alloc(36);
   err.writeUInt32LE(36, 0); err.writeUInt16LE(2, 4); err.writeUInt32LE(77, 8); err.writeInt32LE(-1, 16);
-  t.same(parseCounterDump(err, 'lb_agent', 77), { counters: new Map(), done: true, errno: -1, malformed: false });
+  t.same(parseCounterDump(err, 'lb_agent', 77), { counters: new Map(), done: true, errno: -1, malformed: false, interrupted: false });
   const short = Buffer.from(OBJECTS);
   short.writeUInt32LE(0x1000, 0);
   t.equal(parseCounterDump(short, 'lb_agent', 77).malformed, true, 'a length past the datagram');
