@@ -269,7 +269,7 @@ export class Daemon extends EventEmitter {
 
     this.metrics = new (lateModules().DaemonMetrics)(registry, {
       serviceCount: () => this.services.size,
-      readiness: () => this.view.readyStates(),
+      eachReady: (visit) => this.view.eachReady(visit),
       vips: () => [...this.services.values()].flatMap((rt) => {
         const vip = this.services.vipOf(rt.spec);
         return vip ? [{ name: rt.spec.name, namespace: rt.spec.namespace, vip, ipam: rt.spec.ipam, network: rt.spec.network ?? DEFAULT_NETWORK }] : [];

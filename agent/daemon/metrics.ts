@@ -4,8 +4,11 @@
 // (ready, VIP, and the topology one only when it has a policy); the
 // interruptions are counted agent-wide by cause, the service is in the log
 // line and in `lb-agent status`' events. The gauges are set at scrape time
-// from the daemon's view, so no series can go stale; the counters are
-// counted where things happen. Loaded once the control socket is up
+// from the daemon's view, so no series can go stale (level-triggered: a
+// value without an event of its own is never missed); a scrape reads each
+// service's readiness only as far as it needs and makes no object per
+// service, and a series whose value did not change is not rendered again
+// (metrics/series.ts). The counters are counted where things happen. Loaded once the control socket is up
 // (late.ts), with prom-client.
 import { Counter, Gauge, type Registry } from '../metrics/prom';
 import { SeriesFamily } from '../metrics/series';
@@ -16,8 +19,8 @@ import { DEFAULT_NETWORK } from '../config/networks';
 /** What the gauges read at each scrape. */
 export interface DaemonMetricsView {
   serviceCount(): number;
-  /** Every configured service's readiness. */
-  readiness(): Iterable<{ readonly name: string; readonly namespace: string; readonly ready: boolean }>;
+  /** Every configured service's readiness, handed to visit one by one (no list made for a scrape). */
+  eachReady(visit: (name: string, namespace: string, ready: boolean) => void): void;
   /** Every service this node serves, whatever gives its VIP (DHCP, pool, or a primary's, for Share IP). */
   vips(): Iterable<{ readonly name: string; readonly namespace: string; readonly vip: string; readonly ipam: string; readonly network?: string }>;
   /** The backend set each service balances over, and why. */
@@ -38,7 +41,7 @@ export class DaemonMetrics {
     // a scrape renders again only the services whose value changed.
     new SeriesFamily({
       name: 'lbagent_service_ready', help: '1 when the service has a VIP and a healthy backend.', type: 'gauge', labelNames: ['service', 'namespace'], registers: [registry],
-      collect: (f) => { f.begin(); for (const s of view.readiness()) f.set([s.name, s.namespace], s.ready ? 1 : 0); },
+      collect: (f) => { f.begin(); view.eachReady((name, namespace, ready) => f.set([name, namespace], ready ? 1 : 0)); },
     });
     new SeriesFamily({
       // network: the one series a service has per VIP carries it, for joins
