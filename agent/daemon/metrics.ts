@@ -21,8 +21,8 @@ export interface DaemonMetricsView {
   serviceCount(): number;
   /** Every configured service's readiness, handed to visit one by one (no list made for a scrape). */
   eachReady(visit: (name: string, namespace: string, ready: boolean) => void): void;
-  /** Every service this node serves, whatever gives its VIP (DHCP, pool, or a primary's, for Share IP). */
-  vips(): Iterable<{ readonly name: string; readonly namespace: string; readonly vip: string; readonly ipam: string; readonly network?: string }>;
+  /** Every service this node serves, whatever gives its VIP (DHCP, pool, or a primary's, for Share IP), handed to visit one by one. */
+  eachVip(visit: (name: string, namespace: string, vip: string, ipam: string, network: string | undefined) => void): void;
   /** The backend set each service balances over, and why. */
   topology(): Iterable<{ readonly name: string; readonly namespace: string; readonly policy: string; readonly set: string; readonly reason: string }>;
 }
@@ -50,7 +50,7 @@ export class DaemonMetrics {
       name: 'lbagent_service_vip_info', help: 'The VIP a service is served on by this node (1 while served); network: the named network (networks:) it lives on, absent on the default one.', type: 'gauge', labelNames: ['service', 'namespace', 'vip', 'ipam', 'network'], registers: [registry],
       collect: (f) => {
         f.begin();
-        for (const v of view.vips()) f.set([v.name, v.namespace, v.vip, v.ipam, v.network === undefined || v.network === DEFAULT_NETWORK ? undefined : v.network], 1);
+        view.eachVip((name, namespace, vip, ipam, network) => f.set([name, namespace, vip, ipam, network === undefined || network === DEFAULT_NETWORK ? undefined : network], 1));
       },
     });
     new SeriesFamily({
