@@ -20,9 +20,12 @@
 //                        on a port no other service checks) stopped, later
 //                        started again: the agent's CPU from its transition log
 //                        line to 1 s later, less the idle rate over 1 s
-//   /metrics             CPU per scrape (scrapes 1.25 s apart, past the 1 s
-//                        the endpoint reuses a gather), the body's bytes per
-//                        service, and 50 scrapes a second for 10 s: failures
+//   /metrics             CPU per scrape (20 scrapes 1.25 s apart, past the
+//                        1 s the endpoint reuses a gather), the body's bytes
+//                        per service, the RSS after those 20 scrapes (a
+//                        scrape's garbage that outlives the young generation
+//                        shows there, not in the RSS before), and 50 scrapes
+//                        a second for 10 s: failures
 //   status --json        wall time of `lb-agent status --json` (a process),
 //                        beside Node's own start (`node -e 0`, the same
 //                        way, in the same round), and of the control
@@ -157,6 +160,8 @@ export interface ScaleRun {
   /** `lb-agent run` to every service ready with every backend up (ms). */
   readyMs: number;
   rssMiB: number;
+  /** VmRSS after SPACED_SCRAPES scrapes, each its own gather (absent from runs before it was measured). */
+  rssAfterScrapesMiB?: number;
   /** Open file descriptors once settled, and of them packet sockets. */
   descriptors: number;
   packetSockets: number;
@@ -186,7 +191,7 @@ export interface ScaleRun {
 }
 
 export interface ScaleSummaryRow {
-  services: number; backends: number; readyMs: number; rssMiB: number; descriptors: number; packetSockets: number; idleCpuPercent: number; nftLines: number;
+  services: number; backends: number; readyMs: number; rssMiB: number; rssAfterScrapesMiB: number; descriptors: number; packetSockets: number; idleCpuPercent: number; nftLines: number;
   reloadCpuMs: number; transitionCpuMs: number; scrapeCpuMs: number; metricsBytesPerService: number; metricsBytes: number;
   burstFailed: number; burstSent: number; burstP99Ms: number;
   statusCliMs: number; nodeStartMs: number; statusRequestMs: number; statusBytes: number; stopMs: number;
@@ -197,7 +202,7 @@ export interface ScaleSummaryRow {
 export function summarizeScale(runs: readonly ScaleRun[]): ScaleSummaryRow[] {
   const m = (xs: readonly number[]): number => round(median([...xs]), 1);
   return runs.filter((r) => r.error === undefined).map((r) => ({
-    services: r.services, backends: r.backends, readyMs: r.readyMs, rssMiB: round(r.rssMiB, 1), descriptors: r.descriptors, packetSockets: r.packetSockets, idleCpuPercent: round(r.idleCpuPercent, 2), nftLines: r.nftLines,
+    services: r.services, backends: r.backends, readyMs: r.readyMs, rssMiB: round(r.rssMiB, 1), rssAfterScrapesMiB: round(r.rssAfterScrapesMiB ?? NaN, 1), descriptors: r.descriptors, packetSockets: r.packetSockets, idleCpuPercent: round(r.idleCpuPercent, 2), nftLines: r.nftLines,
     reloadCpuMs: m(r.reloadCpuMs), transitionCpuMs: m(r.transitionCpuMs), scrapeCpuMs: round(r.scrapeCpuMs, 1),
     metricsBytesPerService: Math.round(r.metricsBytesPerService), metricsBytes: r.metricsBytes,
     burstFailed: r.burst.failed, burstSent: r.burst.sent, burstP99Ms: r.burst.p99Ms,
@@ -219,7 +224,7 @@ export interface ScaleOptions {
 }
 
 export interface ScaleResult {
-  config: { sizes: number[]; engine: string; rounds: number; idleSeconds: number; healthCheck: string; nodeOptions: string; scrapeSpacingMs: number; burst: string };
+  config: { sizes: number[]; engine: string; rounds: number; idleSeconds: number; healthCheck: string; nodeOptions: string; scrapeSpacingMs: number; spacedScrapes: number; burst: string };
   summary: ScaleSummaryRow[];
   raw: ScaleRun[];
   errors: string[];
@@ -228,6 +233,8 @@ export interface ScaleResult {
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 const msg = (e: unknown): string => String((e as Error).message ?? e).replace(/\s+/g, ' ').slice(0, 300);
 const SCRAPE_SPACING_MS = 1250;
+/** Scrapes spaced past the reuse of a gather, before the RSS after scrapes is read. */
+export const SPACED_SCRAPES = 20;
 const BURST = { rate: 50, seconds: 10, timeoutMs: 2000 };
 
 /**
@@ -387,13 +394,14 @@ async function measureSize(n: number, o: ScaleOptions): Promise<ScaleRun> {
     log(`health transitions: ${transitionCpuMs.join(', ')} ms of CPU over idle (${transitionKinds.join(', ')})`);
 
     // Scrapes, spaced past the endpoint's reuse of a gather.
-    const count = o.rounds * 4;
+    const count = SPACED_SCRAPES;
     const sc0 = cpuFineWithChildrenMs(pid);
     const st0 = Date.now();
     const spaced = await scrapes(lab, mon, count, SCRAPE_SPACING_MS, 5000);
     const scrapeCpuMs = (cpuFineWithChildrenMs(pid) - sc0 - idleRate * (Date.now() - st0)) / Math.max(1, spaced.ok);
     const body = spaced.bytes;
-    log(`/metrics: ${body} bytes (${(body / n).toFixed(0)} a service), ${scrapeCpuMs.toFixed(1)} ms of CPU a scrape (${spaced.ok}/${spaced.sent} ok)`);
+    const rssAfterScrapesMiB = (memoryOf(pid)?.rssKiB ?? NaN) / 1024;
+    log(`/metrics: ${body} bytes (${(body / n).toFixed(0)} a service), ${scrapeCpuMs.toFixed(1)} ms of CPU a scrape (${spaced.ok}/${spaced.sent} ok), RSS ${rssAfterScrapesMiB.toFixed(1)} MiB after them`);
     const b = await scrapes(lab, mon, BURST.rate * BURST.seconds, 1000 / BURST.rate, BURST.timeoutMs);
     const burst = { rate: BURST.rate, seconds: BURST.seconds, sent: b.sent, ok: b.ok, failed: b.failed, p50Ms: round(b.p50Ms, 1), p99Ms: round(b.p99Ms, 1), errors: b.errors };
     log(`${BURST.rate} scrapes/s for ${BURST.seconds} s: ${b.failed} of ${b.sent} failed, p99 ${b.p99Ms.toFixed(1)} ms`);
@@ -428,7 +436,7 @@ async function measureSize(n: number, o: ScaleOptions): Promise<ScaleRun> {
     const ref = await reference(lab, n, o.rounds);
     log(`reference: full table ${ref.fullWallMs.join(', ')} ms, delta of one backend ${ref.deltaWallMs.join(', ')} ms wall, ${ref.deltaCpuMs.join(', ')} ms CPU (${ref.lines} lines)`);
     return {
-      services: n, backends: backendCount, readyMs, rssMiB, descriptors: fds.total, packetSockets: fds.packet, idleWindowSeconds: o.idleSeconds, idleCpuMs, idleCpuPercent, nftLines,
+      services: n, backends: backendCount, readyMs, rssMiB, rssAfterScrapesMiB, descriptors: fds.total, packetSockets: fds.packet, idleWindowSeconds: o.idleSeconds, idleCpuMs, idleCpuPercent, nftLines,
       reloadCpuMs, reloadWallMs, transitionCpuMs, transitionKinds, scrapeCpuMs, scrapes: spaced.ok, metricsBytes: body, metricsBytesPerService: body / n,
       burst, statusCliMs, nodeStartMs, statusRequestMs, statusBytes, stopMs, stopKilled: stopped.killed, reference: ref,
     };
@@ -456,6 +464,7 @@ export async function benchScale(o: ScaleOptions): Promise<ScaleResult> {
       healthCheck: 'defaults (TCP, period 5 s, timeout 3 s, failure threshold 3)',
       nodeOptions: unitEnvironment().NODE_OPTIONS ?? '',
       scrapeSpacingMs: SCRAPE_SPACING_MS,
+      spacedScrapes: SPACED_SCRAPES,
       burst: `${BURST.rate} scrapes/s for ${BURST.seconds} s, a new connection each, ${BURST.timeoutMs} ms deadline`,
     },
     summary: summarizeScale(raw),

@@ -273,11 +273,13 @@ export class Daemon extends EventEmitter {
 
     this.metrics = new (lateModules().DaemonMetrics)(registry, {
       serviceCount: () => this.services.size,
-      readiness: () => this.view.readyStates(),
-      vips: () => [...this.services.values()].flatMap((rt) => {
-        const vip = this.services.vipOf(rt.spec);
-        return vip ? [{ name: rt.spec.name, namespace: rt.spec.namespace, vip, ipam: rt.spec.ipam, network: rt.spec.network ?? DEFAULT_NETWORK }] : [];
-      }),
+      eachReady: (visit) => this.view.eachReady(visit),
+      eachVip: (visit) => {
+        for (const rt of this.services.values()) {
+          const vip = this.services.vipOf(rt.spec);
+          if (vip) visit(rt.spec.name, rt.spec.namespace, vip, rt.spec.ipam, rt.spec.network ?? DEFAULT_NETWORK);
+        }
+      },
       // Policy any has no series: its selection is not made for a scrape.
       topology: () => (this.subs ? [...this.services.values()].filter((rt) => rt.spec.topology !== 'any').map((rt) => {
         const sel = this.topologyOf(rt.spec);

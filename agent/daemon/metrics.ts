@@ -4,8 +4,11 @@
 // (ready, VIP, and the topology one only when it has a policy); the
 // interruptions are counted agent-wide by cause, the service is in the log
 // line and in `lb-agent status`' events. The gauges are set at scrape time
-// from the daemon's view, so no series can go stale; the counters are
-// counted where things happen. Loaded once the control socket is up
+// from the daemon's view, so no series can go stale (level-triggered: a
+// value without an event of its own is never missed); a scrape reads each
+// service's readiness only as far as it needs and makes no object per
+// service, and a series whose value did not change is not rendered again
+// (metrics/series.ts). The counters are counted where things happen. Loaded once the control socket is up
 // (late.ts), with prom-client.
 import { Counter, Gauge, type Registry } from '../metrics/prom';
 import { SeriesFamily } from '../metrics/series';
@@ -16,10 +19,10 @@ import { DEFAULT_NETWORK } from '../config/networks';
 /** What the gauges read at each scrape. */
 export interface DaemonMetricsView {
   serviceCount(): number;
-  /** Every configured service's readiness. */
-  readiness(): Iterable<{ readonly name: string; readonly namespace: string; readonly ready: boolean }>;
-  /** Every service this node serves, whatever gives its VIP (DHCP, pool, or a primary's, for Share IP). */
-  vips(): Iterable<{ readonly name: string; readonly namespace: string; readonly vip: string; readonly ipam: string; readonly network?: string }>;
+  /** Every configured service's readiness, handed to visit one by one (no list made for a scrape). */
+  eachReady(visit: (name: string, namespace: string, ready: boolean) => void): void;
+  /** Every service this node serves, whatever gives its VIP (DHCP, pool, or a primary's, for Share IP), handed to visit one by one. */
+  eachVip(visit: (name: string, namespace: string, vip: string, ipam: string, network: string | undefined) => void): void;
   /** The backend set each service balances over, and why. */
   topology(): Iterable<{ readonly name: string; readonly namespace: string; readonly policy: string; readonly set: string; readonly reason: string }>;
 }
@@ -38,7 +41,7 @@ export class DaemonMetrics {
     // a scrape renders again only the services whose value changed.
     new SeriesFamily({
       name: 'lbagent_service_ready', help: '1 when the service has a VIP and a healthy backend.', type: 'gauge', labelNames: ['service', 'namespace'], registers: [registry],
-      collect: (f) => { f.begin(); for (const s of view.readiness()) f.set([s.name, s.namespace], s.ready ? 1 : 0); },
+      collect: (f) => { f.begin(); view.eachReady((name, namespace, ready) => f.set([name, namespace], ready ? 1 : 0)); },
     });
     new SeriesFamily({
       // network: the one series a service has per VIP carries it, for joins
@@ -47,7 +50,7 @@ export class DaemonMetrics {
       name: 'lbagent_service_vip_info', help: 'The VIP a service is served on by this node (1 while served); network: the named network (networks:) it lives on, absent on the default one.', type: 'gauge', labelNames: ['service', 'namespace', 'vip', 'ipam', 'network'], registers: [registry],
       collect: (f) => {
         f.begin();
-        for (const v of view.vips()) f.set([v.name, v.namespace, v.vip, v.ipam, v.network === undefined || v.network === DEFAULT_NETWORK ? undefined : v.network], 1);
+        view.eachVip((name, namespace, vip, ipam, network) => f.set([name, namespace, vip, ipam, network === undefined || network === DEFAULT_NETWORK ? undefined : network], 1));
       },
     });
     new SeriesFamily({

@@ -15,7 +15,7 @@ import type { BackendHealth, Subsystems } from './subsystems';
 import { VERSION } from '../version';
 import { isoTime } from '../clock';
 import { DEFAULT_NETWORK } from '../config/networks';
-import { dsrEngineOf, natEngineOf, statsProblemOf, familyStatus, portsText, serviceVerdict, startingStatus, type ServiceStatus, type StatusDocument, type Verdict } from './status';
+import { dsrEngineOf, natEngineOf, statsProblemOf, familyStatus, portsText, serviceReady, serviceVerdict, startingStatus, type ReadyReader, type ServiceStatus, type StatusDocument, type Verdict } from './status';
 
 /** A started service's verdict, and what it was decided from. */
 export type ServiceState = Verdict & { src: SourceStatus | undefined; failover: Record<string, unknown> | undefined; topology: TopologySelection; healthyCount: number; vip: string | undefined };
@@ -143,6 +143,43 @@ export class StatusView {
       const v = this.serviceState(rt, subs);
       return { key: rt.spec.key, name: rt.spec.name, namespace: rt.spec.namespace, ready: v.ready, reason: v.reason, state: v.state };
     });
+  }
+
+  /**
+   * Every configured service's readiness, for the ready gauge: each
+   * service's verdict read only as far as its readiness needs
+   * (status.ts serviceReady), with no object made per service - not
+   * readyStates(), whose reasons a scrape never shows.
+   */
+  eachReady(visit: (name: string, namespace: string, ready: boolean) => void): void {
+    const subs = this.opts.subs();
+    if (!this.opts.started() || !subs) {
+      for (const s of this.serviceStatuses()) visit(s.name, s.namespace, s.ready);
+      return;
+    }
+    const reader = this.readyReader(subs);
+    for (const rt of this.opts.services.values()) {
+      reader.rt = rt;
+      visit(rt.spec.name, rt.spec.namespace, serviceReady(reader));
+    }
+  }
+
+  /** One reader for a pass over every service, pointed at each in turn. */
+  private readyReader(subs: StatusSubsystems): ReadyReader & { rt: ServiceRuntime | undefined } {
+    const o = this.opts;
+    const primary = (rt: ServiceRuntime): string => rt.spec.primaryService ?? rt.spec.key;
+    return {
+      rt: undefined,
+      holds() { return o.services.holds(primary(this.rt!)); },
+      hasVip() { return o.services.vipOf(this.rt!.spec) !== undefined; },
+      damaged() { return o.drift()?.damage(primary(this.rt!)) !== undefined; },
+      backends() { return this.rt!.spec.backends.length; },
+      healthyCount() { return subs.health.healthyCount?.(this.rt!.spec.key) ?? subs.health.healthy(this.rt!.spec.key).length; },
+      // Policy any sends to every healthy backend: it leaves none only when
+      // none is healthy, which healthyCount() has said (forward/topology.ts).
+      topologyNone() { return this.rt!.spec.topology !== 'any' && o.topologyOf(this.rt!.spec).set === 'none'; },
+      applied() { return o.serves(this.rt!.spec.key); },
+    };
   }
 
   serviceStatuses(): ServiceStatus[] {

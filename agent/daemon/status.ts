@@ -130,6 +130,35 @@ export function serviceVerdict(i: VerdictInput): Verdict {
   return serving(undefined);
 }
 
+/**
+ * What readiness alone is read from: serviceVerdict's inputs, each read
+ * only when the verdict gets that far (a reader, not a record: a scrape
+ * asks it of every service, and the inputs further down cost the most).
+ */
+export interface ReadyReader {
+  holds(): boolean;
+  hasVip(): boolean;
+  damaged(): boolean;
+  backends(): number;
+  healthyCount(): number;
+  /** The topology policy leaves no backend to send new connections to (asked only with a healthy backend). */
+  topologyNone(): boolean;
+  applied(): boolean;
+}
+
+/**
+ * serviceVerdict(...).ready without the state and reason it builds: the
+ * same checks in the same order (test/daemon/status.test.ts holds the two
+ * together over every combination). Pure.
+ */
+export function serviceReady(r: ReadyReader): boolean {
+  if (!r.holds()) return true;
+  if (!r.hasVip() || r.damaged()) return false;
+  if (r.backends() === 0 || r.healthyCount() === 0) return false;
+  if (r.topologyNone()) return false;
+  return r.applied();
+}
+
 /** A service's ports as status shows them: 80/TCP->8080. */
 export function portsText(spec: ServiceSpec): string[] {
   return spec.ports.map((p) => `${p.port}/${p.protocol}->${p.targetPort}`);

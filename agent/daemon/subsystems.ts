@@ -31,6 +31,8 @@ export interface HealthLike extends EventEmitter {
   start(): void;
   stop(): void | Promise<void>;
   healthy(serviceKey: string): readonly BackendSpec[];
+  /** healthy(serviceKey).length, without the list (a scrape's readiness asks it of every service). */
+  healthyCount?(serviceKey: string): number;
   status(serviceKey: string): readonly BackendHealth[];
   reportConnectFailure?(serviceKey: string, address: string): void;
   reportConnectSuccess?(serviceKey: string, address: string): void;

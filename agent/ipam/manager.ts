@@ -100,6 +100,14 @@ export interface ReserveRequest {
 
 /** Addresses are canonical text (allocator.ts addressKey). */
 interface Hold { address: string; pool: string }
+
+/** The holds, counting their changes: the pool gauges are worked out again only after one. */
+class Holds extends Map<string, Hold> {
+  changes = 0;
+  override set(k: string, v: Hold): this { this.changes++; return super.set(k, v); }
+  override delete(k: string): boolean { const had = super.delete(k); if (had) this.changes++; return had; }
+  override clear(): void { this.changes++; super.clear(); }
+}
 interface Conflict { count: number; retryAt: number; mac: string | undefined; service: string }
 
 /**
@@ -115,7 +123,7 @@ export class PoolManager extends EventEmitter {
   private readonly backoff: ConflictBackoff;
   readonly metrics: PoolMetrics;
   /** Tentative holds: addresses being probed or held in memory, by service. */
-  private readonly holds = new Map<string, Hold>();
+  private readonly holds = new Holds();
   private readonly conflictMap = new Map<string, Conflict>();
   private reserved = new Set<string>();
   /** The reserved addresses of each network's interface; `reserved` is their union. */
@@ -124,6 +132,14 @@ export class PoolManager extends EventEmitter {
   private conflictRun = 0;
   private lastAttempt = -Infinity;
   private readonly sizeLabels = new Set<string>();
+  /**
+   * What the pool gauges were last worked out from: the claims map (the
+   * claim store hands out a new one after any change), the holds' change
+   * count, the pools and the reserved set (both replaced, never changed in
+   * place). A scrape with none of them changed sets nothing.
+   */
+  private gaugesFrom: { claims: ReadonlyMap<string, PoolClaim>; holds: number; pools: readonly Pool[]; reserved: ReadonlySet<string> } | undefined;
+  private sizeFrom: { pools: readonly Pool[]; reserved: ReadonlySet<string> } | undefined;
   private readonly queue = new SerialQueue();
   private readonly parentReads = new ParentReads<unknown>({ run: (fn) => this.serialize(fn) });
 
@@ -384,13 +400,26 @@ export class PoolManager extends EventEmitter {
 
   /** lbagent_pool_size, at scrape time. */
   private computeSize(): void {
+    const f = this.sizeFrom;
+    if (f && f.pools === this.pools && f.reserved === this.reserved) return;
+    this.sizeFrom = { pools: this.pools, reserved: this.reserved };
     for (const pool of this.pools) this.metrics.size.set({ pool: poolLabel(pool) }, poolSize(pool, this.reserved));
   }
 
-  /** lbagent_pool_in_use, at scrape time: every claim and hold read once, each counted in the pool it lies in. */
+  /**
+   * lbagent_pool_in_use, at scrape time when a claim, a hold, the pools or
+   * the reserved set changed since the last: every claim and hold read
+   * once, each counted in the pool it lies in. Unchanged, the gauges keep
+   * the values set last time.
+   */
   private computeInUse(): void {
+    let claims: ReadonlyMap<string, PoolClaim>;
+    try { claims = this.claims.all(); } catch { return; /* corrupt claims: reported by the sources */ }
+    const f = this.gaugesFrom;
+    if (f && f.claims === claims && f.holds === this.holds.changes && f.pools === this.pools && f.reserved === this.reserved) return;
     let inUse: Map<string, string>;
-    try { inUse = this.takenBy(''); } catch { return; /* corrupt claims: reported by the sources */ }
+    try { inUse = this.takenBy(''); } catch { return; }
+    this.gaugesFrom = { claims, holds: this.holds.changes, pools: this.pools, reserved: this.reserved };
     const counts = new Map<string, number>(this.pools.map((p) => [poolLabel(p), 0]));
     for (const a of inUse.keys()) {
       if (this.reserved.has(a)) continue;

@@ -6,6 +6,10 @@
 // the text it built last time. prom-client formats every series of every
 // family on every scrape (an object per series, its labels escaped again);
 // at a thousand services that was most of a scrape's CPU.
+// A series is found without building a key string: by its first label
+// value (a service's name), then its other values compared one by one, so
+// a collect that puts a thousand unchanged series allocates nothing for
+// them; their order on the page is the order they came in, as prom-client's.
 // Every kept string is built by Array#join, which makes one flat string:
 // V8 makes a `+` or template of 13 characters or more a rope (a
 // ConsString of its two halves), so a line kept as `${head} ${value}`, a
@@ -68,11 +72,17 @@ function lineOf(head: string, value: number): string {
   return [head, valueText(value)].join(' ');
 }
 
-/** A series' key: its label values (a value left out is not an empty one); flat, as it is kept in the map. */
-function seriesId(labels: LabelValues): string {
-  const parts: string[] = [];
-  for (const v of labels) parts.push(v === undefined ? '\u0001' : v);
-  return parts.join('\u0000');
+/** The bucket of a series: its first label value (a value left out is not an empty one). */
+function bucketOf(labels: LabelValues): string {
+  const v = labels[0];
+  return v === undefined ? '\u0001' : v;
+}
+
+/** The same label values, a value left out and an empty one told apart. */
+function sameLabels(a: LabelValues, b: LabelValues): boolean {
+  if (a.length !== b.length) return false;
+  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
+  return true;
 }
 
 export class SeriesFamily {
@@ -83,7 +93,10 @@ export class SeriesFamily {
   /** prom-client's cluster aggregation, asked of every registered metric. */
   readonly aggregator = 'sum';
   private readonly collector: SeriesFamilyOptions['collect'];
-  private readonly series = new Map<string, Series>();
+  /** By first label value; a bucket holds the few series of one service. */
+  private readonly buckets = new Map<string, Series[]>();
+  /** Every series, in the order they came: the page's order. */
+  private readonly series = new Set<Series>();
   private readonly header: string;
   /** The family's text as last built; undefined once a series came, went or changed. */
   private text: string | undefined;
@@ -107,12 +120,16 @@ export class SeriesFamily {
 
   /** The series of these label values has this value (one series per distinct set of label values, as prom-client keeps them). */
   set(labels: LabelValues, value: number): void {
-    const id = seriesId(labels);
-    const s = this.series.get(id);
+    const s = this.find(labels);
     if (s === undefined) {
       const head = this.head(labels);
       this.rendered++;
-      this.series.set(id, { labels, head, value, line: lineOf(head, value), mark: this.sync });
+      const n: Series = { labels, head, value, line: lineOf(head, value), mark: this.sync };
+      const key = bucketOf(labels);
+      const bucket = this.buckets.get(key);
+      if (bucket === undefined) this.buckets.set(key, [n]);
+      else bucket.push(n);
+      this.series.add(n);
       this.text = undefined;
       return;
     }
@@ -126,17 +143,19 @@ export class SeriesFamily {
 
   /** The value of the series of these label values, if it is held. */
   value(labels: LabelValues): number | undefined {
-    return this.series.get(seriesId(labels))?.value;
+    return this.find(labels)?.value;
   }
 
   remove(labels: LabelValues): void {
-    if (this.series.delete(seriesId(labels))) this.text = undefined;
+    const s = this.find(labels);
+    if (s !== undefined) this.drop(s);
   }
 
   /** Every series gone. */
   reset(): void {
     if (this.series.size > 0) this.text = undefined;
     this.series.clear();
+    this.buckets.clear();
   }
 
   /** A sync begins: the series put from here to end() are the family's, the others go at end(). */
@@ -148,9 +167,28 @@ export class SeriesFamily {
   end(): void {
     if (!this.syncing) return;
     this.syncing = false;
-    for (const [id, s] of this.series) {
-      if (s.mark !== this.sync) { this.series.delete(id); this.text = undefined; }
+    for (const s of this.series) {
+      if (s.mark !== this.sync) this.drop(s);
     }
+  }
+
+  private find(labels: LabelValues): Series | undefined {
+    const bucket = this.buckets.get(bucketOf(labels));
+    if (bucket === undefined) return undefined;
+    for (const s of bucket) if (sameLabels(s.labels, labels)) return s;
+    return undefined;
+  }
+
+  private drop(s: Series): void {
+    this.series.delete(s);
+    const key = bucketOf(s.labels);
+    const bucket = this.buckets.get(key);
+    if (bucket !== undefined) {
+      const i = bucket.indexOf(s);
+      if (i >= 0) bucket.splice(i, 1);
+      if (bucket.length === 0) this.buckets.delete(key);
+    }
+    this.text = undefined;
   }
 
   /** The family's text in the Prometheus text format (HELP, TYPE, a line a series), its collect run first. */
@@ -158,7 +196,7 @@ export class SeriesFamily {
     await this.collect();
     if (this.text === undefined) {
       const lines = [this.header];
-      for (const s of this.series.values()) lines.push(s.line);
+      for (const s of this.series) lines.push(s.line);
       this.text = lines.join('\n');
     }
     return this.text;
@@ -167,7 +205,7 @@ export class SeriesFamily {
   /** prom-client's shape of a metric's values (registry.metrics(), getMetricsAsJSON()). */
   async get(): Promise<{ name: string; help: string; type: SeriesType; aggregator: string; values: { labels: Record<string, string>; value: number }[] }> {
     await this.collect();
-    const values = [...this.series.values()].map((s) => {
+    const values = [...this.series].map((s) => {
       const labels: Record<string, string> = {};
       s.labels.forEach((v, i) => { if (v !== undefined) labels[this.labelNames[i]!] = v; });
       return { labels, value: s.value };

@@ -73,3 +73,21 @@ t.test('the table gives each size\'s start to ready in seconds', async (t) => {
   t.match(text, /^\| services \(backends\) \| start to ready s \| RSS MiB \|/);
   t.match(text, /\n\| 1,000 \(3,000\) \| 21\.7 \| 70\.0 \|/);
 });
+
+t.test('the RSS target judges the larger of the settled RSS and the RSS after 20 scrapes', async (t) => {
+  const run = (rssAfterScrapesMiB?: number): ScaleRun => ({
+    services: 1000, backends: 3000, readyMs: 1, rssMiB: 70, ...(rssAfterScrapesMiB !== undefined ? { rssAfterScrapesMiB } : {}), descriptors: 60, packetSockets: 3, idleWindowSeconds: 10, idleCpuMs: 50, idleCpuPercent: 0.5, nftLines: 10,
+    reloadCpuMs: [40], reloadWallMs: [1], transitionCpuMs: [2], transitionKinds: ['down'], scrapeCpuMs: 10, scrapes: 20, metricsBytes: 1, metricsBytesPerService: 300,
+    burst: { rate: 50, seconds: 10, sent: 500, ok: 500, failed: 0, p50Ms: 1, p99Ms: 2, errors: [] }, statusCliMs: [40], statusRequestMs: [5], statusBytes: 1, stopMs: 1500, stopKilled: false,
+    reference: { lines: 1, elements: 1, fullWallMs: [1], fullCpuMs: [1], deltaWallMs: [1], deltaCpuMs: [1] },
+  });
+  const rss = (r: ScaleRun) => scaleTargets({ config: {} as never, summary: summarizeScale([r]), raw: [], errors: [] }).find((x) => /RSS/.test(x.target))!;
+  t.equal(rss(run(120)).met, false, 'grown past 80 MiB by the scrapes');
+  t.equal(rss(run(120)).measured, '70.0 MiB settled, 120.0 MiB after 20 scrapes');
+  t.equal(rss(run(75)).met, true);
+  t.equal(rss(run()).met, true, 'a result from before the column judges on the settled RSS');
+  t.equal(rss(run()).measured, '70.0 MiB settled');
+  const text = scaleTable({ scale: { config: {} as never, summary: summarizeScale([run(120)]), raw: [], errors: [] } } as never) ?? '';
+  t.match(text, /\| RSS MiB \| RSS after 20 scrapes MiB \|/);
+  t.match(text, /\n\| 1,000 \(3,000\) \| 0\.0 \| 70\.0 \| 120\.0 \|/);
+});

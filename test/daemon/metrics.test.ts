@@ -10,8 +10,8 @@ t.test('scrape-time gauges and interruption counters', async (t) => {
   let ready = true;
   const m = new DaemonMetrics(registry, {
     serviceCount: () => 1,
-    readiness: () => [{ name: 'web', namespace: 'default', ready }],
-    vips: () => [{ name: 'web', namespace: 'default', vip: '10.99.0.200', ipam: 'pool' }, { name: 'app', namespace: 'default', vip: '10.98.0.200', ipam: 'pool', network: 'vmnet' }],
+    eachReady: (visit) => visit('web', 'default', ready),
+    eachVip: (visit) => { visit('web', 'default', '10.99.0.200', 'pool', undefined); visit('app', 'default', '10.98.0.200', 'pool', 'vmnet'); },
     topology: () => [{ name: 'web', namespace: 'default', policy: 'any', set: 'all', reason: 'any' }],
   });
   let text = await registry.metrics();

@@ -137,6 +137,14 @@ t.test('the view while starting, and before the subsystems exist', async (t) => 
   t.same(view({ started: true, stopping: true }).v.readiness().ready, false, 'not ready while stopping');
 });
 
+t.test('the ready gauge\'s pass gives each service the readiness its status shows', async (t) => {
+  const ready = (v: StatusView): [string, string, boolean][] => { const out: [string, string, boolean][] = []; v.eachReady((n, ns, r) => out.push([n, ns, r])); return out; };
+  const { v } = view({ started: true });
+  t.same(ready(v), v.serviceStatuses().map((s) => [s.name, s.namespace, s.ready]));
+  t.same(ready(v), [['web', 'default', true], ['shared', 'default', false]]);
+  t.same(ready(view({ started: false }).v), [['web', 'default', false], ['shared', 'default', false]], 'starting: not ready');
+});
+
 t.test('StatusCache: built once per change, and again once older than its reuse time', async (t) => {
   let now = 0;
   let n = 0;

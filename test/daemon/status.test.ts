@@ -2,7 +2,7 @@
 // serviceVerdict) from what was observed: each branch, in the order a user
 // would want them told apart.
 import t from 'tap';
-import { serviceVerdict, startingStatus, portsText, statsProblemOf, type VerdictInput } from '../../agent/daemon/status';
+import { serviceReady, serviceVerdict, startingStatus, portsText, statsProblemOf, type VerdictInput } from '../../agent/daemon/status';
 import type { ServiceSpec } from '../../agent/config/types';
 
 const spec = {
@@ -26,6 +26,30 @@ t.test('each verdict', async (t) => {
   t.same(serviceVerdict({ ...base, healthyCount: 0 }), { state: 'serving', ready: false, reason: 'no healthy backend: new connections are refused' });
   t.same(serviceVerdict({ ...base, topology: { ...base.topology, set: 'none', detail: 'no backend in zone a' } }), { state: 'serving', ready: false, reason: 'no backend in zone a' });
   t.same(serviceVerdict({ ...base, applied: false }), { state: 'serving', ready: false, reason: 'forwarding to the healthy backends is being put in place' });
+});
+
+t.test('readiness alone is the verdict\'s readiness, over every combination, reading no more than it needs', async (t) => {
+  let cases = 0;
+  for (let bits = 0; bits < 128; bits++) {
+    const on = (k: number): boolean => (bits & (1 << k)) !== 0;
+    const i: VerdictInput = {
+      ...base, holds: on(0), vip: on(1) ? '10.99.0.200' : undefined, damage: on(2) ? 'address deleted' : undefined,
+      spec: on(3) ? spec : { ...spec, backends: [] }, healthyCount: on(4) ? 2 : 0,
+      topology: { ...base.topology, set: on(5) ? 'none' : 'all' }, applied: on(6),
+    };
+    const read: string[] = [];
+    const r = (name: string, v: unknown): unknown => { read.push(name); return v; };
+    const ready = serviceReady({
+      holds: () => r('holds', i.holds) as boolean, hasVip: () => r('vip', i.vip !== undefined) as boolean, damaged: () => r('damage', i.damage !== undefined) as boolean,
+      backends: () => r('backends', i.spec.backends.length) as number, healthyCount: () => r('healthy', i.healthyCount) as number,
+      topologyNone: () => r('topology', i.topology.set === 'none') as boolean, applied: () => r('applied', i.applied) as boolean,
+    });
+    if (ready !== serviceVerdict(i).ready) t.fail(`bits ${bits.toString(2)}: ready ${ready}, the verdict says ${serviceVerdict(i).ready}`);
+    if (read.includes('topology') && i.healthyCount === 0) t.fail(`bits ${bits.toString(2)}: the topology was read without a healthy backend`);
+    if (!i.holds && read.length !== 1) t.fail(`bits ${bits.toString(2)}: a backup read ${read.join(', ')}`);
+    cases++;
+  }
+  t.equal(cases, 128, 'every combination of the seven inputs agrees');
 });
 
 t.test('before the first reconcile, and the ports as status shows them', async (t) => {

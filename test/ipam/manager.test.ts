@@ -176,6 +176,34 @@ t.test('metrics: size and in-use per pool, follow the pools on reload, one regis
   t.equal(poolMetrics(registry).size, poolMetrics(registry).size);
 });
 
+t.test('metrics: the in-use gauge follows every kind of change, scrape after scrape', async (t) => {
+  const { mgr, registry } = setup(t);
+  const inUse = (): Promise<(number | undefined)[]> => Promise.all([metric(registry, 'lbagent_pool_in_use', { pool: 'range-global' }), metric(registry, 'lbagent_pool_in_use', { pool: 'range-web' })]);
+  t.same(await inUse(), [0, 0]);
+  t.same(await inUse(), [0, 0], 'nothing changed: the same values');
+  const a = mgr.reserve({ service: 'default/a', namespace: 'default' });
+  t.same(await inUse(), [1, 0], 'a hold');
+  if (a.ok) mgr.commit('default/a', a.address);
+  t.same(await inUse(), [1, 0], 'the hold made a claim');
+  const b = mgr.reserve({ service: 'default/b', namespace: 'default' });
+  t.same(await inUse(), [2, 0], 'a second hold');
+  if (b.ok) await mgr.commitSoon('default/b', b.address);
+  t.same(await inUse(), [2, 0], 'a claim written with others of its turn');
+  const c = mgr.reserve({ service: 'default/c', namespace: 'default' });
+  t.same(await inUse(), [3, 0]);
+  if (c.ok) mgr.markConflict('default/c', c.address);
+  t.same(await inUse(), [2, 0], 'a conflict drops the hold');
+  mgr.release('default/a', { deleteClaim: true });
+  t.same(await inUse(), [1, 0], 'a claim deleted');
+  mgr.setReserved([b.ok ? b.address : '']);
+  t.same(await inUse(), [0, 0], 'a reserved address is not counted in use');
+  t.equal(await metric(registry, 'lbagent_pool_size', { pool: 'range-global' }), 3, 'and leaves the pool\'s size');
+  mgr.setReserved([]);
+  t.same(await inUse(), [1, 0]);
+  t.same([...mgr.pruneClaims([]).keys()], ['default/b']);
+  t.same(await inUse(), [0, 0], 'a pruned claim');
+});
+
 t.test('a corrupt claims file fails reservations loudly', async (t) => {
   const { store, make } = setup(t);
   fs.writeFileSync(path.join(store.dir, 'pool-claims.json'), 'not json');

@@ -88,3 +88,25 @@ t.test('a collect that fails keeps the series; label counts are checked', async 
   t.equal(f.size, 1, 'the series stayed');
   t.throws(() => f.set(['x', 'y'], 1), /z: 2 label values for the 1 labels a/);
 });
+
+t.test('the kept text is prom-client\'s after any run of sets and removes: series of one service found among others, order kept', async (t) => {
+  const ours = new Registry();
+  const theirs = new Registry();
+  const names = ['service', 'namespace', 'backend'];
+  const f = new SeriesFamily({ name: 'b_up', help: 'h', type: 'gauge', labelNames: names, registers: [ours] });
+  const g = new Gauge({ name: 'b_up', help: 'h', labelNames: names, registers: [theirs] });
+  // A fixed pseudo-random run (a linear congruential generator): the same steps every time.
+  let seed = 7;
+  const rnd = (n: number): number => { seed = (seed * 1103515245 + 12345) % 2147483648; return Math.floor(seed / 65536) % n; };
+  let differ = 0;
+  for (let step = 0; step < 400; step++) {
+    // Few services, several backends each: series share their first label value.
+    const labels = [`s${rnd(6)}`, rnd(2) === 0 ? 'default' : 'shop', `10.0.0.${rnd(4)}:80`] as const;
+    const obj = { service: labels[0], namespace: labels[1], backend: labels[2] };
+    if (rnd(4) === 0) { f.remove(labels); g.remove(obj); } else { const v = rnd(2); f.set(labels, v); g.set(obj, v); }
+    if (step % 20 === 19 && (await exposition(ours)) !== (await theirs.metrics())) differ++;
+  }
+  t.equal(differ, 0, 'the same page at every 20th step');
+  t.equal(await exposition(ours), await theirs.metrics());
+  t.ok(f.size > 5, `${f.size} series at the end`);
+});
