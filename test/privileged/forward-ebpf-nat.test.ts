@@ -123,7 +123,7 @@ async function flushConntrack(lab: Lab, ns: string): Promise<void> {
 interface Ask { backend: string; peer: string }
 interface NatStats {
   details: { natEngine?: { engine: string; reason: string; ports?: { IPv4: number; IPv6: number }; fill?: { flows: number; replies: number; flows6: number; replies6: number }; events?: Record<string, number>; lastApply?: { mode: string; ports: number; writes: number } } };
-  flows: { backend: string; port: string; connections: number }[];
+  flows: { service: string; backend: string; port: string; connections: number }[];
 }
 
 if (requirePrivileged(t)) {
@@ -238,6 +238,9 @@ if (requirePrivileged(t)) {
       t.same(st.details.natEngine?.ports, { IPv4: 2, IPv6: 2 }, 'two ports of each family in the engine');
       t.ok((st.details.natEngine?.fill?.flows6 ?? 0) >= 30 && (st.details.natEngine?.fill?.replies6 ?? 0) >= 30, `the IPv6 flow maps hold the flows (${JSON.stringify(st.details.natEngine?.fill)})`);
       t.equal(st.details.natEngine?.fill?.flows, v4flows, 'and the IPv4 ones none of them');
+      // Read after the status above that came before the traffic: that read must not answer for it.
+      const http6 = st.flows.filter((f) => f.service === 'default/web6' && f.port === 'http');
+      t.equal(http6.reduce((s, f) => s + f.connections, 0), 20, `per-backend connections count the engine's IPv6 TCP flows (${JSON.stringify(http6.map((f) => [f.backend, f.connections]))})`);
       const metrics = await eng.request<string>({ cmd: 'metrics' });
       t.match(metrics, /lbagent_forward_nat_flows_total\{service="web6",namespace="default",port="http",backend="fd00:99::1[123]"\} \d+/);
 

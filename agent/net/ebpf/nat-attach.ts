@@ -199,7 +199,8 @@ export class NatEngine {
   /** The highest eviction count reported (events()), and what of it was counted against flow maps since replaced. */
   private evicted = 0;
   private evictedBase = 0;
-  private countersRead: { at: number; counters: Map<string, NatCounter> } | undefined;
+  /** The counters read in this turn of the event loop (counters()). */
+  private countersRead: Map<string, NatCounter> | undefined;
   private counterBuf: Buffer | undefined;
   private counterOffsets: number[] | undefined;
   /** What the last apply did. */
@@ -486,15 +487,19 @@ export class NatEngine {
 
   /**
    * Per (service, protocol/port, backend) totals since this process started
-   * the engine (natCounterKey). One read of the maps serves every caller
-   * within COUNTERS_REUSE_MS (a scrape's series, the status beside it), and
-   * none after a write.
+   * the engine (natCounterKey). One read of the maps serves the callers of
+   * one turn of the event loop (a scrape's series, which prom-client
+   * collects in one turn, all from one snapshot) and none after it or after
+   * a write: a read taken before traffic never answers for it. Scrapes
+   * back to back are held off above (the metrics server reuses a gather).
    */
   counters(): Map<string, NatCounter> {
-    const now = Date.now();
-    if (this.countersRead && now - this.countersRead.at < COUNTERS_REUSE_MS && now >= this.countersRead.at) return this.countersRead.counters;
+    if (this.countersRead) return this.countersRead;
     const counters = this.readCounters();
-    this.countersRead = { at: now, counters };
+    this.countersRead = counters;
+    queueMicrotask(() => {
+      if (this.countersRead === counters) this.countersRead = undefined;
+    });
     return counters;
   }
 
@@ -625,9 +630,6 @@ export class NatEngine {
     return this.current?.contents.plan;
   }
 }
-
-/** How long one read of the counters serves (a scrape's every series). */
-const COUNTERS_REUSE_MS = 250;
 
 function addCounters(a: NatCounter | undefined, b: NatCounter): NatCounter {
   return a ? {
