@@ -1710,7 +1710,7 @@ export class NftDataplane implements Dataplane {
     }
     // Read the old table's counters just before it is replaced; fold them in
     // only once the new table is committed, so a failed write counts nothing twice.
-    const live = await this.readCounters().catch(() => new Map<string, CounterValue>());
+    const live = await this.readCounters().catch((err: unknown) => this.countersAsLastRead(err));
     this.detachBeforeTableGoes(plan);
     await this.write(plan.script);
     this.forceWrite = false;
@@ -1752,7 +1752,7 @@ export class NftDataplane implements Dataplane {
       for (const c of p.counters) kept.add(flowId(c.service, c.port, c.backend));
     }
     const needsRead = delta.resetCounters.some((c) => kept.has(flowId(c.service, c.port, c.backend))) || delta.resetHandBack.some((h) => kept.has(h.service));
-    const live = needsRead ? await this.readCounters().catch(() => new Map<string, CounterValue>()) : new Map<string, CounterValue>();
+    const live = needsRead ? await this.readCounters().catch((err: unknown) => this.countersAsLastRead(err)) : new Map<string, CounterValue>();
     if (delta.dsrRewritten) this.detachBeforeTableGoes(next.plan);
     try {
       await this.writeDelta(delta);
@@ -2053,6 +2053,17 @@ export class NftDataplane implements Dataplane {
    * on Linux), and while the DHCP VIPs bind, applies come back to back on
    * tables that have no counters yet.
    */
+  /**
+   * The counters a write folds into its totals when the table's own cannot
+   * be read just before it goes: those last read. What the table counted
+   * since that read is lost, but the totals never go backwards, as they
+   * would from no counters at all (a reset to Prometheus).
+   */
+  private countersAsLastRead(err: unknown): Map<string, CounterValue> {
+    this.log.warn({ op: 'apply', err: errorMessage(err) }, 'counters of the nftables table unreadable before it is rewritten; its totals kept as last read');
+    return this.live;
+  }
+
   private async readCounters(): Promise<Map<string, CounterValue>> {
     if (!this.plan || (this.plan.counters.length === 0 && this.plan.handBack.length === 0)) return new Map();
     const out = await this.tableCounters(NFT_FAMILY, NFT_TABLE);

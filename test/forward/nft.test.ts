@@ -621,6 +621,36 @@ t.test('a table without counters is rewritten without reading any: one nft proce
   t.equal(carried?.connections, 8, 'the old table\'s 4 carried over, plus the live 4');
 });
 
+t.test('a table rewritten whole when its counters cannot be read carries them as last read: totals never go backwards', async (t) => {
+  const proc = fakeProc(t);
+  let conns = 4;
+  let unreadable = false;
+  const exec: Exec = async (file, args) => {
+    if (file === 'nft' && args.includes('counters')) {
+      if (unreadable) throw Object.assign(new Error('nft: busy'), { code: 1, stderr: 'Error: Device or resource busy' });
+      return { stdout: JSON.stringify({ nftables: [{ counter: { family: 'ip', name: 's0p0b10_99_0_11_conns', table: 'lb_agent', packets: conns, bytes: conns * 60 } }] }), stderr: '' };
+    }
+    if (file === 'nft' && args[0] === '-j') throw Object.assign(new Error('absent'), { code: 1, stderr: 'Error: No such file or directory' });
+    return { stdout: '', stderr: '' };
+  };
+  const clock = new ManualClock(0);
+  const dp = new NftDataplane({ registry: new Registry(), exec, procRoot: proc, clock });
+  t.teardown(() => dp.stop({ keep: true }));
+  const state: ForwardState = { services: [{ key: 'default/s0', vip: '10.99.0.100', ports: [http], healthy: [b('10.99.0.11')], backends: [b('10.99.0.11')] }] };
+  await dp.apply(state);
+  const connections = async (): Promise<number | undefined> => (await dp.stats()).flows.find((f) => f.backend === '10.99.0.11')?.connections;
+  t.equal(await connections(), 4, 'the live 4');
+  // The kernel's table counts 2 more, then its counters cannot be read just before a repair rewrites it.
+  conns = 6;
+  unreadable = true;
+  await dp.repair();
+  // The new table counts from zero: 1 so far.
+  unreadable = false;
+  conns = 1;
+  clock.advance(60_000);
+  t.equal(await connections(), 5, 'the 4 last read carried, plus the new table\'s 1: the 2 counted between the read and the rewrite are lost, nothing goes backwards');
+});
+
 t.test('a delta goes over netlink when every step is encoded, with nft otherwise or when the netlink write fails; each counted, the writer\'s commits ours', async (t) => {
   const proc = fakeProc(t);
   const scripts: string[] = [];
