@@ -2046,14 +2046,6 @@ export class NftDataplane implements Dataplane {
   }
 
   /**
-   * The named counters of the table(s) the current plan defines (the netdev
-   * table only when it has DSR ports). A plan without counters (no VIP held
-   * yet, or services with no backends) has nothing to read: no `nft` is
-   * spawned: each spawn forks the whole agent (libuv's uv_spawn uses fork()
-   * on Linux), and while the DHCP VIPs bind, applies come back to back on
-   * tables that have no counters yet.
-   */
-  /**
    * The counters a write folds into its totals when the table's own cannot
    * be read just before it goes: those last read. What the table counted
    * since that read is lost, but the totals never go backwards, as they
@@ -2064,6 +2056,14 @@ export class NftDataplane implements Dataplane {
     return this.live;
   }
 
+  /**
+   * The named counters of the table(s) the current plan defines (the netdev
+   * table only when it has DSR ports). A plan without counters (no VIP held
+   * yet, or services with no backends) has nothing to read: no `nft` is
+   * spawned: each spawn forks the whole agent (libuv's uv_spawn uses fork()
+   * on Linux), and while the DHCP VIPs bind, applies come back to back on
+   * tables that have no counters yet.
+   */
   private async readCounters(): Promise<Map<string, CounterValue>> {
     if (!this.plan || (this.plan.counters.length === 0 && this.plan.handBack.length === 0)) return new Map();
     const out = await this.tableCounters(NFT_FAMILY, NFT_TABLE);
