@@ -174,7 +174,7 @@ export class StatusView {
       hasVip() { return o.services.vipOf(this.rt!.spec) !== undefined; },
       damaged() { return o.drift()?.damage(primary(this.rt!)) !== undefined; },
       backends() { return this.rt!.spec.backends.length; },
-      healthyCount() { return subs.health.healthyCount?.(this.rt!.spec.key) ?? subs.health.healthy(this.rt!.spec.key).length; },
+      healthyCount() { return subs.health.healthy(this.rt!.spec.key).length; },
       // Policy any sends to every healthy backend: it leaves none only when
       // none is healthy, which healthyCount() has said (forward/topology.ts).
       topologyNone() { return this.rt!.spec.topology !== 'any' && o.topologyOf(this.rt!.spec).set === 'none'; },

@@ -30,9 +30,8 @@ export interface HealthLike extends EventEmitter {
   update(services: readonly ServiceSpec[]): void;
   start(): void;
   stop(): void | Promise<void>;
+  /** The service's backends that may receive traffic (the checker keeps the array until one of them changes state: a scrape's readiness reads its length for every service). */
   healthy(serviceKey: string): readonly BackendSpec[];
-  /** healthy(serviceKey).length, without the list (a scrape's readiness asks it of every service). */
-  healthyCount?(serviceKey: string): number;
   status(serviceKey: string): readonly BackendHealth[];
   reportConnectFailure?(serviceKey: string, address: string): void;
   reportConnectSuccess?(serviceKey: string, address: string): void;

@@ -399,15 +399,6 @@ export class HealthChecker extends EventEmitter<HealthCheckerEvents> {
     return out;
   }
 
-  /** How many backends of a service may receive traffic: healthy(serviceKey).length, without the list. */
-  healthyCount(serviceKey: string): number {
-    const svc = this.services.get(serviceKey);
-    if (!svc) return 0;
-    let n = 0;
-    for (const sub of svc.subs.values()) if (this.subHealthy(sub)) n++;
-    return n;
-  }
-
   /** Per-backend health of a service, in config order; [] for an unknown service. */
   status(serviceKey: string): BackendStatus[] {
     const svc = this.services.get(serviceKey);
