@@ -91,7 +91,7 @@ function connect(argv: readonly string[]): void {
         const done = (ok: boolean, why?: string): void => {
           if (settled) return;
           settled = true;
-          clearTimeout(timer);
+          clearInterval(timer);
           pendingU--;
           if (ok) flows.push(s);
           else {
@@ -101,10 +101,14 @@ function connect(argv: readonly string[]): void {
           }
           more();
         };
-        const timer = setTimeout(() => done(false, 'ETIMEDOUT'), 10_000);
+        // A datagram lost on the way (a socket buffer full in the burst) is
+        // sent again each second, as a UDP client would, for 10 s at most.
+        let sends = 0;
+        const send = (): void => { if (sends++ >= 10) done(false, 'ETIMEDOUT'); else s.send('x', port, host); };
+        const timer = setInterval(send, 1000);
         s.on('message', () => { if (settled) answered.add(s); else done(true); });
         s.on('error', (e: NodeJS.ErrnoException) => done(false, e.code));
-        s.bind(lo + Math.floor(i / from.length), from[i % from.length], () => s.send('x', port, host));
+        s.bind(lo + Math.floor(i / from.length), from[i % from.length], send);
       }
     };
     more();
