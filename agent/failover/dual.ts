@@ -67,6 +67,8 @@ export class DualGate extends EventEmitter {
     this.log = opts.log.child({ module: 'failover' });
     for (const g of [opts.ipv4, opts.ipv6]) {
       for (const ev of GATE_EVENTS) g?.on(ev, (arg: unknown) => this.emit(ev, this.withTwins(arg)));
+      // A peer's MAC learnt or changed moves where a tied IPv6 VIP hands back to (tiedHandBack).
+      g?.on('peers-resolved', () => { if (this.tiedTo.size > 0) this.emit('hand-back', [...this.tiedTo.keys()]); });
     }
   }
 
@@ -92,6 +94,8 @@ export class DualGate extends EventEmitter {
     }
     this.twinOf = new Map([...this.tiedTo].map(([v6, v4]) => [v4, v6]));
     for (const key of [...this.lastHeld.keys()]) if (!this.tiedTo.has(key)) this.lastHeld.delete(key);
+    // The IPv6 peers' MACs name a tied VIP's hand-back target, with or without an IPv6 router here.
+    if (this.tiedTo.size > 0) this.gates.IPv6?.resolvePeers();
     for (const family of ['IPv4', 'IPv6'] as const) {
       const mine = services.filter((s) => (s.family ?? 'IPv4') === family && !this.tiedTo.has(s.key));
       const gate = this.gates[family];
@@ -141,13 +145,34 @@ export class DualGate extends EventEmitter {
    * Where the kernel path (forward/nft.ts "Hand-back") hands a backend's
    * answers back after a takeover: the previous Master as the gate of the
    * service's family knows it - its IPv4 address, or for an IPv6 VIP the
-   * link-local address of its IPv6 adverts.
+   * link-local address of its IPv6 adverts. A tied IPv6 VIP: tiedHandBack.
    */
   handBack(serviceKey: string): string | undefined {
-    // A tied IPv6 VIP: the IPv4 router knows the previous Master's IPv4
-    // address only, and the ip6 table's copy needs an IPv6 next hop.
-    if (this.tiedTo.has(serviceKey)) return undefined;
+    const twin = this.tiedTo.get(serviceKey);
+    if (twin !== undefined) return this.tiedHandBack(twin);
     return this.gateOf(serviceKey)?.handBack(serviceKey);
+  }
+
+  /**
+   * A tied IPv6 VIP's hand-back: the ip6 table's copy needs an IPv6 next
+   * hop, and its router (the IPv4 twin's) knows the previous Master by its
+   * IPv4 address only; adverts leave from the virtual router MAC (RFC 5798
+   * §7.3), so no advert ties that address to one of the VM's IPv6 ones.
+   * The machine is what both families share: its MAC. The previous Master
+   * must be an IPv4 entry of failover.peers, and the copy goes to the
+   * IPv6 entry of failover.peers that answers neighbour discovery with the
+   * MAC that entry answers ARP with (the first such, in the config's
+   * order; global or link-local, the copy leaves the parent NIC either
+   * way). So the target is always a configured peer: an advert from any
+   * other address was dropped before it could name a Master, and a forged
+   * ARP or neighbour answer can move the copy only to another peer or
+   * stop it. Without peers of both families, nothing is handed back.
+   */
+  private tiedHandBack(twin: string): string | undefined {
+    const previous = this.gates.IPv4?.handBack(twin);
+    if (previous === undefined) return undefined;
+    const mac = this.gates.IPv4?.peerMacOf(previous);
+    return mac === undefined ? undefined : this.gates.IPv6?.peerWithMac(mac);
   }
 
   /** An address of the VRRP interface changed: the gate of its family sends from it (the other ignores it). */

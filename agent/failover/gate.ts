@@ -17,7 +17,7 @@ import type { FailoverConfig, ServiceSpec } from '../config/types';
 import type { Clock, TimerHandle } from '../clock';
 import { realClock, isoTime } from '../clock';
 import type { Logger } from '../log';
-import { formatIPv4, parseIPv4, type Family } from '../address';
+import { formatIPv4, formatMac, parseIPv4, type Family } from '../address';
 import { PACKET_OUTGOING, openPacketSocket, type FrameInfo, type PacketSocket, type PacketSocketOptions } from '../net/packet/packet';
 import { VirtualRouter, assignVrids, type VirtualRouterStatus, type SplitBrainEvent } from './driver';
 import { acceptsAdvertFrom } from './peers';
@@ -202,6 +202,8 @@ export class VrrpGate extends EventEmitter {
   private readonly lastHeld = new Map<string, string>();
   private vips: (key: string) => string | undefined = () => undefined;
   private resolver: PeerResolver | undefined;
+  /** Whether the resolver was started (a router runs, or resolvePeers): a new one after an address change starts too. */
+  private resolving = false;
   /** The address adverts are sent from; follows the interface (setSourceAddress). */
   private srcIp: string;
   private readonly peerMac: ((ip: string) => Uint8Array | undefined) | undefined;
@@ -235,10 +237,12 @@ export class VrrpGate extends EventEmitter {
 
   private newResolver(): PeerResolver | undefined {
     if (this.peers.length === 0 || !this.opts.ifMac) return undefined;
+    // A peer's MAC learnt or changed: a tied IPv6 VIP's hand-back may follow (dual.ts tiedHandBack).
+    const onResolved = (): void => { this.emit('peers-resolved'); };
     if (this.family === 'IPv6') {
-      return new NdpResolver({ ifindex: this.opts.ifindex, mac: this.opts.ifMac, src: this.srcIp, targets: this.peers, log: this.opts.log, clock: this.opts.clock });
+      return new NdpResolver({ ifindex: this.opts.ifindex, mac: this.opts.ifMac, src: this.srcIp, targets: this.peers, log: this.opts.log, clock: this.opts.clock, onResolved });
     }
-    const arp = new ArpResolver({ ifindex: this.opts.ifindex, mac: this.opts.ifMac, srcIp: parseIPv4(this.srcIp) ?? 0, targets: this.opts.config.peers, log: this.opts.log, clock: this.opts.clock });
+    const arp = new ArpResolver({ ifindex: this.opts.ifindex, mac: this.opts.ifMac, srcIp: parseIPv4(this.srcIp) ?? 0, targets: this.opts.config.peers, log: this.opts.log, clock: this.opts.clock, onResolved });
     return { start: () => arp.start(), close: () => arp.close(), macOf: (ip) => { const n = parseIPv4(ip); return n === undefined ? undefined : arp.macOf(n); } };
   }
 
@@ -252,6 +256,7 @@ export class VrrpGate extends EventEmitter {
     if (this.resolver) {
       this.resolver.close();
       this.resolver = this.newResolver();
+      if (this.resolving) this.resolver?.start();
     }
   }
 
@@ -366,7 +371,7 @@ export class VrrpGate extends EventEmitter {
       this.publishPriority(vrid, info);
       // Before start(): a router whose tracks fail without a weight starts in fault.
       if (info.effective.priority !== base) router.setPriority(info.effective.priority);
-      this.resolver?.start();
+      this.resolvePeers();
       router.start();
     }
   }
@@ -508,6 +513,29 @@ export class VrrpGate extends EventEmitter {
     return router.state === 'master' && hb !== undefined && this.clock.now() < hb.until ? hb.to : undefined;
   }
 
+  /**
+   * The MAC a failover.peers entry answered with (ARP or neighbour
+   * discovery, peer-resolver.ts), or undefined: `ip` is not a configured
+   * peer, or it has not answered.
+   */
+  peerMacOf(ip: string): string | undefined {
+    const text = this.wire.parse(ip);
+    if (text === undefined || !this.peers.includes(text)) return undefined;
+    const mac = this.peerMac?.(text);
+    return mac === undefined ? undefined : formatMac(mac);
+  }
+
+  /** The first failover.peers entry (in the config's order) that answered with `mac`, or undefined. */
+  peerWithMac(mac: string): string | undefined {
+    return this.peers.find((p) => this.peerMacOf(p) === mac);
+  }
+
+  /** Resolve failover.peers' MACs whether or not a router runs here (a tied IPv6 VIP's hand-back, dual.ts). */
+  resolvePeers(): void {
+    this.resolving = true;
+    this.resolver?.start();
+  }
+
   private clearHandBack(info: RouterInfo): void {
     if (info.handBackTimer !== undefined) this.clock.clearTimeout(info.handBackTimer);
     info.handBackTimer = undefined;
@@ -528,6 +556,7 @@ export class VrrpGate extends EventEmitter {
     this.opts.tracker?.stop();
     this.resolver?.close();
     this.resolver = undefined;
+    this.resolving = false;
     for (const info of this.info.values()) { this.clearHandover(info); this.clearHandBack(info); }
     this.routers.clear();
     this.info.clear();

@@ -3,6 +3,8 @@
 // instances elect independently (RFC 5798 §5.1), events of both reach the
 // daemon, status says the family, each family's hand-back aims at that
 // family's previous Master (an IPv6 one by its link-local address), and without a link-local address IPv6 VIPs are not held.
+// A tied IPv6 VIP hands back to the IPv6 peer with the MAC of the IPv4 peer
+// its router follows, and to nobody without peers of both families.
 import t from 'tap';
 import { EventEmitter } from 'node:events';
 import { Registry } from 'prom-client';
@@ -13,6 +15,7 @@ import { masterDownIntervalMs } from '../../agent/failover/machine';
 import { HAND_BACK_MS, VrrpGate } from '../../agent/failover/gate';
 import { DualGate } from '../../agent/failover/dual';
 import { vrrpWire } from '../../agent/failover/wire';
+import { encodeAdvertisement } from '../../agent/failover/codec';
 import type { FailoverConfig, ServiceSpec } from '../../agent/config/types';
 
 class FakeLan {
@@ -45,16 +48,17 @@ function spec(family: 'IPv4' | 'IPv6'): ServiceSpec {
 }
 const SERVICES = [spec('IPv4'), spec('IPv6')];
 
-function node(lan: FakeLan, clock: ManualClock, n: number, priority: number, o: { ipv6?: boolean; config?: Partial<FailoverConfig> } = {}): { dual: DualGate; changes: string[][] } {
+function node(lan: FakeLan, clock: ManualClock, n: number, priority: number, o: { ipv6?: boolean; config?: Partial<FailoverConfig>; peerMac?: (ip: string) => Uint8Array | undefined } = {}): { dual: DualGate; changes: string[][]; gates: VrrpGate[] } {
   const registry = new Registry();
   const gate = (family: 'IPv4' | 'IPv6', srcIp: string): VrrpGate => new VrrpGate({
-    config: { ...FAILOVER, ...o.config }, nodePriority: priority, family, ifindex: n, ifname: 'eth0', srcIp, log: silentLogger(), registry, clock, openSocket: lan.open,
+    config: { ...FAILOVER, ...o.config }, nodePriority: priority, family, ifindex: n, ifname: 'eth0', srcIp, log: silentLogger(), registry, clock, openSocket: lan.open, peerMac: o.peerMac,
   });
-  const dual = new DualGate({ ipv4: gate('IPv4', `10.99.0.${n}`), ipv6: o.ipv6 === false ? undefined : gate('IPv6', `fe80::${n}`), log: silentLogger() });
+  const gates = [gate('IPv4', `10.99.0.${n}`), ...(o.ipv6 === false ? [] : [gate('IPv6', `fe80::${n}`)])];
+  const dual = new DualGate({ ipv4: gates[0]!, ipv6: gates[1], log: silentLogger() });
   const changes: string[][] = [];
   dual.on('change', (keys: string[]) => changes.push(keys));
   dual.update(SERVICES, () => undefined);
-  return { dual, changes };
+  return { dual, changes, gates };
 }
 
 t.test('one instance per family: each family service rides its own gate, and the two elect independently', async (t) => {
@@ -169,7 +173,7 @@ t.test('a dual-stack DHCP service: its IPv6 VIP follows the IPv4 router, both VI
   const events = a.changes.slice(from2).filter((keys) => keys.some((k) => tied.includes(k)));
   t.same(events, [['default/dd', 'default/dd@IPv6', 'default/web']], 'one change event names both (and the IPv4 pool VIP on the same router)');
   t.equal(a.dual.handBack('default/dd'), '10.99.0.2', 'the IPv4 VIP hands back to the previous Master');
-  t.equal(a.dual.handBack('default/dd@IPv6'), undefined, 'the tied IPv6 VIP does not: the ip6 table needs an IPv6 next hop, and the IPv4 router knows none');
+  t.equal(a.dual.handBack('default/dd@IPv6'), undefined, 'the tied IPv6 VIP does not: without peers no IPv6 address of the previous Master is known');
 
   // b comes back (preempt on, higher priority): both VIPs go back together.
   const from3 = a.changes.length;
@@ -200,4 +204,66 @@ t.test("a tied IPv6 VIP's known address: the one held, its loadBalancerIPs entry
   a.dual.update(dhcpPair({ loadBalancerIP6: 'fd00:99::1a0' }), () => undefined);
   t.equal(a.dual.knownVip('default/dd@IPv6'), 'fd00:99::1a0', 'the address asked for first');
   await a.dual.stop();
+});
+
+t.test("a tied IPv6 VIP hands back to the IPv6 peer with the MAC of the IPv4 peer its router follows; a forged advert moves nothing", async (t) => {
+  const clock = new ManualClock();
+  const lan = new FakeLan(clock);
+  const MAC = { a: '02:00:00:00:00:01', b: '02:00:00:00:00:02', x: '02:00:00:00:00:66' };
+  // What ARP and neighbour discovery answered: b's IPv4, global and link-local addresses share its MAC.
+  const resolved = new Map<string, string>([
+    ['10.99.0.1', MAC.a], ['fe80::1', MAC.a], ['10.99.0.2', MAC.b], ['fd00:99::2', MAC.b], ['fe80::2', MAC.b], ['fd00:99::66', MAC.x],
+  ]);
+  const peerMac = (ip: string): Uint8Array | undefined => { const m = resolved.get(ip); return m === undefined ? undefined : Buffer.from(m.replace(/:/g, ''), 'hex'); };
+  // The global address is listed before the link-local one: the first with the MAC is the target.
+  const config: Partial<FailoverConfig> = { peers: [0x0a630001, 0x0a630002], peers6: ['fe80::1', 'fd00:99::2', 'fe80::2'] };
+  const services = [...dhcpPair(), ...SERVICES];
+  const a = node(lan, clock, 1, 100, { config, peerMac });
+  const b = node(lan, clock, 2, 200, { config, peerMac });
+  a.dual.update(services, () => undefined);
+  b.dual.update(services, () => undefined);
+  clock.advance(masterDownIntervalMs(100, 100) + 100);
+  t.match(a.dual.status('default/dd@IPv6'), { state: 'backup', master: '10.99.0.2' });
+  t.equal(a.dual.handBack('default/dd'), '10.99.0.2', 'the IPv4 VIP: to the Master by its IPv4 address');
+  t.equal(a.dual.handBack('default/dd@IPv6'), 'fd00:99::2', "the tied IPv6 VIP: to the first IPv6 peer with that address's MAC");
+  t.equal(a.dual.handBack('default/web@IPv6'), 'fe80::2', "the pool service's IPv6 VIP: to its own router's Master, as before");
+
+  // A host outside the peers sends adverts at 254 claiming the router, with b's MAC or its own: dropped, the target stays.
+  const attacker = lan.open({ ifindex: 66, protocol: 0x0800 });
+  const forged = encodeAdvertisement({ vrid: 51, priority: 254, maxAdverIntCs: 100, addresses: [], srcIp: 0x0a630042 });
+  for (let i = 0; i < 5; i++) { attacker.send(forged); clock.advance(100); }
+  clock.advance(masterDownIntervalMs(100, 100));
+  t.match(a.dual.status('default/dd@IPv6'), { state: 'backup', master: '10.99.0.2' }, 'a still follows b');
+  t.equal(a.dual.handBack('default/dd@IPv6'), 'fd00:99::2', 'and hands back to b');
+
+  // A MAC that no IPv6 peer answers with (b's IPv6 addresses unresolved, or an ARP answer pointing elsewhere): nothing.
+  resolved.set('10.99.0.2', MAC.x);
+  t.equal(a.dual.handBack('default/dd@IPv6'), undefined, "an IPv4 peer whose MAC only a non-peer's address has: no target");
+  resolved.set('10.99.0.2', MAC.b);
+  resolved.delete('fd00:99::2');
+  t.equal(a.dual.handBack('default/dd@IPv6'), 'fe80::2', 'the next IPv6 peer with the MAC');
+  resolved.delete('fe80::2');
+  t.equal(a.dual.handBack('default/dd@IPv6'), undefined, 'none resolved: no target');
+  resolved.set('fd00:99::2', MAC.b);
+  const events: string[][] = [];
+  a.dual.on('hand-back', (keys: string[]) => events.push(keys));
+  a.gates[1]!.emit('peers-resolved');
+  t.same(events, [['default/dd@IPv6']], "a peer resolved: the tied VIP's hand-back is asked again");
+
+  // b dies: a takes both; the tied VIP hands back to b's IPv6 address for HAND_BACK_MS.
+  lan.cut.add('2/2048');
+  clock.advance(masterDownIntervalMs(100, 100) + 100);
+  t.same([a.dual.isMaster('default/dd'), a.dual.isMaster('default/dd@IPv6')], [true, true]);
+  t.equal(a.dual.handBack('default/dd@IPv6'), 'fd00:99::2', 'after the takeover, to the previous Master');
+  clock.advance(HAND_BACK_MS);
+  t.equal(a.dual.handBack('default/dd@IPv6'), undefined, 'until HAND_BACK_MS after it');
+
+  // Peers of one family only: nothing (no IPv6 address of the previous Master is known).
+  const c = node(lan, clock, 3, 100, { config: { peers: [0x0a630002] }, peerMac });
+  c.dual.update(services, () => undefined);
+  lan.cut.clear();
+  clock.advance(masterDownIntervalMs(100, 100) + 2000);
+  t.match(c.dual.status('default/dd@IPv6'), { state: 'backup' });
+  t.equal(c.dual.handBack('default/dd@IPv6'), undefined, 'IPv4 peers only: the tied VIP hands nothing back');
+  for (const n of [a, b, c]) await n.dual.stop();
 });

@@ -4,7 +4,9 @@
 // whatever a target sends; a MAC not confirmed for three refreshes is
 // forgotten. For frames we build ourselves that must go unicast to a
 // neighbour - VRRP adverts to failover.peers - where the kernel's neighbour
-// table is out of reach of a packet socket. What is asked and what is
+// table is out of reach of a packet socket; and for the MAC both families'
+// peers of one VM share (failover/dual.ts, a tied IPv6 VIP's hand-back).
+// What is asked and what is
 // learnt is the family's protocol: ARP (arp-resolver.ts) or neighbour
 // discovery (ndp-resolver.ts).
 import type { Clock, TimerHandle } from '../../clock';
@@ -40,6 +42,8 @@ export interface PeerResolverOptions {
   /** Once known, ask again every refreshMs (default 30 s); a MAC not confirmed for 3 refreshes is forgotten. */
   readonly refreshMs?: number;
   readonly openSocket?: (opts: PacketSocketOptions) => PacketSocket;
+  /** Called when a target's MAC is learnt or changes (not when it is only confirmed). */
+  readonly onResolved?: (() => void) | undefined;
 }
 
 interface Entry { mac: Buffer; seen: number }
@@ -91,8 +95,10 @@ export class PeerResolver<K> {
     const mac = parseMac(heard.mac);
     if (!mac) return;
     const had = this.known.get(heard.ip);
-    if (!had || !had.mac.equals(mac)) this.log.info({ ip: this.protocol.text(heard.ip), mac: heard.mac, was: had ? had.mac.toString('hex') : null }, 'peer resolved');
+    const changed = !had || !had.mac.equals(mac);
+    if (changed) this.log.info({ ip: this.protocol.text(heard.ip), mac: heard.mac, was: had ? had.mac.toString('hex') : null }, 'peer resolved');
     this.known.set(heard.ip, { mac, seen: this.clock.now() });
+    if (changed) this.opts.onResolved?.();
   }
 
   private tick(): void {
@@ -107,6 +113,7 @@ export class PeerResolver<K> {
       if (e && now - e.seen > 3 * refresh) {
         this.known.delete(ip);
         this.log.warn({ ip: this.protocol.text(ip) }, `peer no longer answers ${this.protocol.speaks}; unicast to it paused`);
+        this.opts.onResolved?.();
       }
       const every = this.known.has(ip) ? refresh : retry;
       if (now - (this.lastAsked.get(ip) ?? -Infinity) < every) continue;

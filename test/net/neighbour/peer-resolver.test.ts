@@ -84,3 +84,23 @@ t.test('a send that fails is tried again at the next turn', async (t) => {
   t.same(sock().sent.slice(2), ['who-has a', 'who-has b'], 'both asked again once it works');
   r.close();
 });
+
+t.test('onResolved: when a MAC is learnt, changes or is forgotten, not when it is only confirmed', async (t) => {
+  const clock = new ManualClock();
+  let s: FakeSocket | undefined;
+  let calls = 0;
+  const r = new ToyResolver(toy, ['a'], { ifindex: 7, log: silentLogger(), clock, retryMs: 500, refreshMs: 1000, openSocket: (o) => { s = new FakeSocket(o); return s; }, onResolved: () => { calls++; } });
+  r.start();
+  s!.emit('frame', Buffer.from('a=02:00:00:00:00:0a'));
+  t.equal(calls, 1, 'learnt');
+  s!.emit('frame', Buffer.from('a=02:00:00:00:00:0a'));
+  t.equal(calls, 1, 'the same MAC again: no call');
+  s!.emit('frame', Buffer.from('a=02:00:00:00:00:0b'));
+  t.equal(calls, 2, 'another MAC');
+  s!.emit('frame', Buffer.from('z=02:00:00:00:00:0c'));
+  t.equal(calls, 2, 'not a target: no call');
+  clock.advance(3 * 1000 + 600);
+  t.equal(r.macOf('a'), undefined, 'forgotten after three silent refreshes');
+  t.equal(calls, 3, 'and called for that');
+  r.close();
+});
