@@ -6,6 +6,7 @@
 import * as os from 'node:os';
 import { isIP } from 'node:net';
 import type { ErrorObject } from 'ajv';
+import { splitServiceEntries } from './split';
 import { parseYaml } from './yaml';
 import { ANNOTATIONS, ANNOTATION_PREFIX, DEFAULTS } from './defaults';
 import { parsePools } from './pools';
@@ -49,8 +50,10 @@ interface BuiltService {
 
 /**
  * What a file's services were built into, by the text of each entry, for
- * the next parse (a reload): an entry whose text (JSON of the parsed
- * YAML) is the same, in a file whose other sections are the same, is not
+ * the next parse (a reload): an entry whose text (its source lines when
+ * the file is cut at its entries, split.ts, and then not parsed again;
+ * else JSON of the parsed YAML) is the same, in a file whose other
+ * sections are the same, is not
  * validated or built again, and keeps its ServiceSpec objects, so the
  * reload's diff finds it unchanged by identity. The checks across services
  * (names, IPs, ports of a shared IP, VRIDs, tracks) run over every service
@@ -732,7 +735,7 @@ function buildTracks(raw: RawConfig, networks: readonly NetworkSpec[], built: re
  * `readCa` reads the CA files HTTPS checks name (the configuration
  * reference passes one that reads nothing).
  */
-export function buildConfig(data: unknown, locate: (segs: Seg[]) => number | undefined = () => undefined, hostname = os.hostname(), readCa: CaFileReader = readCaFile, reuse?: ConfigReuse): LoadResult {
+export function buildConfig(data: unknown, locate: (segs: Seg[]) => number | undefined = () => undefined, hostname = os.hostname(), readCa: CaFileReader = readCaFile, reuse?: ConfigReuse, keys?: readonly string[]): LoadResult {
   const errors: ConfigError[] = [];
   const err = (segs: Seg[], message: string): void => {
     const line = locate(segs);
@@ -754,7 +757,7 @@ export function buildConfig(data: unknown, locate: (segs: Seg[]) => number | und
   // Each entry's text, and the file's other sections': the keys of what a reload takes again (ConfigReuse).
   const given: unknown = (data as { services?: unknown }).services;
   const entries: readonly unknown[] = Array.isArray(given) ? given : [];
-  const texts = entries.map((s) => JSON.stringify(s) ?? '');
+  const texts = keys ?? entries.map((s) => JSON.stringify(s) ?? '');
   const globals = JSON.stringify({ ...data, services: undefined });
   const taken = reuse !== undefined && reuse.globals === globals ? texts.map((t) => reuse.byText.get(t)) : [];
   // Only the entries not taken again are copied and validated; an error's index is the file's.
@@ -848,6 +851,11 @@ export function buildConfig(data: unknown, locate: (segs: Seg[]) => number | und
 
 /** Parse YAML text and validate it. `source` names the file in messages. */
 export function parseConfigText(text: string, hostname?: string, reuse?: ConfigReuse): LoadResult {
+  return parseByEntries(text, hostname, reuse) ?? parseWhole(text, hostname, reuse);
+}
+
+/** The whole file parsed as one document: what every parse's result, its errors and their lines included, is. */
+export function parseWhole(text: string, hostname?: string, reuse?: ConfigReuse): LoadResult {
   const y = parseYaml(text);
   if (!y.ok) {
     // An alias bomb is refused before anything expands it: an ordinary error, at the first alias.
@@ -856,6 +864,36 @@ export function parseConfigText(text: string, hostname?: string, reuse?: ConfigR
     return { ok: false, errors: [y.line !== undefined ? { path: '', message, line: y.line } : { path: '', message }] };
   }
   return buildConfig(y.data, (segs) => y.locate(segs), hostname, undefined, reuse);
+}
+
+/**
+ * The file parsed by its service entries (split.ts): the other sections as
+ * one document, and only the entries whose text `reuse` has not built
+ * before, each alone. Undefined, for the whole parse, when the file is not
+ * cut or anything in it fails to parse or validate: an error is always the
+ * whole parse's, with its line. An entry's key is its text behind a NUL,
+ * which no key of the whole parse (JSON text) holds.
+ */
+function parseByEntries(text: string, hostname?: string, reuse?: ConfigReuse): LoadResult | undefined {
+  const cut = splitServiceEntries(text);
+  if (cut === undefined) return undefined;
+  const head = parseYaml(cut.head);
+  if (!head.ok || head.data === null || typeof head.data !== 'object' || Array.isArray(head.data)) return undefined;
+  const top = head.data as Record<string, unknown>;
+  if (!Array.isArray(top.services) || top.services.length !== 0) return undefined;
+  const keys = cut.entries.map((e) => `\0${e}`);
+  const globals = JSON.stringify({ ...top, services: undefined });
+  const known = reuse !== undefined && reuse.globals === globals ? reuse.byText : undefined;
+  const services: unknown[] = new Array<unknown>(keys.length);
+  for (let i = 0; i < keys.length; i++) {
+    // A taken entry's data is not read (buildConfig takes its validated form).
+    if (known?.has(keys[i]!)) { services[i] = null; continue; }
+    const y = parseYaml(cut.entries[i]!);
+    if (!y.ok || !Array.isArray(y.data) || y.data.length !== 1) return undefined;
+    services[i] = y.data[0];
+  }
+  const r = buildConfig({ ...top, services }, () => undefined, hostname, undefined, reuse, keys);
+  return r.ok ? r : undefined;
 }
 
 export { MAX_ALIAS_COUNT } from './yaml';

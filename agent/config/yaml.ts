@@ -4,7 +4,8 @@
 // keys, no timestamps; duplicate keys refused); its parse listener, called
 // as each node opens and closes, gives the node tree this file keeps beside
 // the data: where each node starts, which nodes are aliases, and which key
-// each mapping value belongs to.
+// each mapping value belongs to. That tree is built only when an error or an
+// alias needs it (parseYaml).
 //
 // Why js-yaml, not the yaml package: a start parses the config
 // on a cold JIT, and the yaml package's generator-based lexer ran 35-80 ms
@@ -94,8 +95,46 @@ function expandedAliases(frame: Frame, defined: Map<unknown, Frame>, memo: Map<F
   return n;
 }
 
-/** Parse one YAML document; never throws. */
+/**
+ * Parse one YAML document; never throws. The node tree that `locate` and
+ * the alias check read is built only when they need it: a text without a
+ * `*` has no alias (YAML 1.2 §7.1: an alias node is `*` and an anchor's
+ * name), and `locate` is asked only for an error. Built beside the parse,
+ * the tree is most of the parse's cost (a frame per node, a listener call
+ * at each node's open and close), and a config that validates never reads it.
+ */
 export function parseYaml(text: string): YamlResult {
+  if (text.indexOf('*') !== -1) return parseWithTree(text);
+  let data: unknown;
+  try {
+    data = load(text, { schema: CORE_SCHEMA });
+  } catch (e) {
+    return syntaxError(e);
+  }
+  let tree: ((segs: readonly Seg[]) => number | undefined) | undefined;
+  const locate = (segs: readonly Seg[]): number | undefined => {
+    if (tree === undefined) {
+      // The same text parses the same way again: only the tree is new.
+      const again = parseWithTree(text);
+      tree = again.ok ? (segs2) => again.locate(segs2) : () => undefined;
+    }
+    return tree(segs);
+  };
+  return { ok: true, data, locate };
+}
+
+function syntaxError(e: unknown): YamlResult {
+  if (e instanceof YAMLException) {
+    const mark = e.mark as { line?: number; column?: number } | undefined;
+    const line = typeof mark?.line === 'number' ? mark.line + 1 : undefined;
+    const column = typeof mark?.column === 'number' ? mark.column + 1 : undefined;
+    return { ok: false, kind: 'syntax', message: e.reason || e.message.split('\n')[0]!, ...(line !== undefined ? { line } : {}), ...(column !== undefined ? { column } : {}) };
+  }
+  return { ok: false, kind: 'syntax', message: e instanceof Error ? e.message : String(e) };
+}
+
+/** The parse with the node tree built beside it: the alias check, and each node's line. */
+function parseWithTree(text: string): YamlResult {
   const stack: Frame[] = [];
   const top: Frame[] = [];
   const aliases: Frame[] = [];
@@ -123,13 +162,7 @@ export function parseYaml(text: string): YamlResult {
   try {
     data = load(text, { schema: CORE_SCHEMA, listener });
   } catch (e) {
-    if (e instanceof YAMLException) {
-      const mark = e.mark as { line?: number; column?: number } | undefined;
-      const line = typeof mark?.line === 'number' ? mark.line + 1 : undefined;
-      const column = typeof mark?.column === 'number' ? mark.column + 1 : undefined;
-      return { ok: false, kind: 'syntax', message: e.reason || e.message.split('\n')[0]!, ...(line !== undefined ? { line } : {}), ...(column !== undefined ? { column } : {}) };
-    }
-    return { ok: false, kind: 'syntax', message: e instanceof Error ? e.message : String(e) };
+    return syntaxError(e);
   }
   const starts = [0];
   for (let i = text.indexOf('\n'); i !== -1; i = text.indexOf('\n', i + 1)) starts.push(i + 1);
