@@ -22,12 +22,13 @@
 // of each family (conntrack, a round-robin DNAT to the three backends'
 // 8080, SNAT to the node: the agent's walk without its fib check, counters
 // and maps), what IPv6 costs the kernel's conntrack and NAT; the kernel path
-// beside it is what the agent's table adds. The kernel path is pinned to the nft table (kernel.engine: nft), which serves
-// both families; the eBPF NAT engine serves IPv4 only.
+// beside it is what the agent's table adds. The kernel path is pinned to the nft table (kernel.engine: nft); the ebpf row
+// is the same kernel path on the eBPF NAT engine (kernel.engine: ebpf, its
+// own BPF file system), so the two engines' IPv6 costs stand side by side.
 // Only lab namespaces are addressed.
 import { Lab } from '../lab/netns';
 import { waitStatus } from '../lab/agent';
-import { runAgent, stopAgent, FAST_ARP } from './lib/agent';
+import { runAgent, stopAgent, natEngineServing, FAST_ARP, OWN_BPFFS } from './lib/agent';
 import { startNginxBackend } from './lib/peers';
 import { runWrk, type WrkResult } from './lib/load';
 import { median, round, rotate } from './lib/stats';
@@ -39,7 +40,7 @@ const VIP = { v4: '10.99.0.50', v6: 'fd00:99::50' };
 const ROUTED = { v4: '10.98.0.11', v6: 'fd00:98::11' };
 const BACKENDS = [{ v4: '10.99.0.11', v6: 'fd00:99::11' }, { v4: '10.99.0.12', v6: 'fd00:99::12' }, { v4: '10.99.0.13', v6: 'fd00:99::13' }];
 
-export const FAMILY_PATHS = ['kernel', 'proxy', 'dsr', 'direct', 'routed', 'nat'] as const;
+export const FAMILY_PATHS = ['kernel', 'ebpf', 'proxy', 'dsr', 'direct', 'routed', 'nat'] as const;
 export type FamilyPath = (typeof FAMILY_PATHS)[number];
 
 export interface FamiliesOptions {
@@ -86,8 +87,8 @@ function agentConfig(path: FamilyPath): Record<string, unknown> {
   return {
     node: { interface: 'eth0' },
     metrics: { listen: '' },
-    dataplane: dsr ? 'kernel' : path,
-    kernel: { engine: 'nft' },
+    dataplane: dsr || path === 'ebpf' ? 'kernel' : path,
+    kernel: { engine: path === 'ebpf' ? 'ebpf' : 'nft' },
     pools: { 'range-global': `${VIP.v4}-${VIP.v4},${VIP.v6}-${VIP.v6}` },
     arp: FAST_ARP,
     services: [{
@@ -194,8 +195,10 @@ export async function benchFamilies(o: FamiliesOptions): Promise<FamiliesResult>
         if (path === 'dsr') await backendVips(lab, backendNs, true);
         if (path === 'routed') await routedFloor(lab, node, client, backendNs[0]!, true);
         if (path === 'nat') await natFloor(lab, node, true);
-        const agent = path === 'direct' || path === 'routed' || path === 'nat' ? undefined : await runAgent(lab, node, agentConfig(path), { name: `fam-${path}` });
+        const agent = path === 'direct' || path === 'routed' || path === 'nat' ? undefined
+          : await runAgent(lab, node, agentConfig(path), { name: `fam-${path}`, ...(path === 'ebpf' ? { command: OWN_BPFFS } : {}) });
         try {
+          if (agent && path === 'ebpf') await natEngineServing(agent);
           if (agent) await waitStatus(agent, 'both VIPs serving, every backend healthy', (s) => s.services.length === 2 && s.services.every((x) => x.ready && x.healthyBackends === 3), 30_000);
           for (const close of [false, true]) {
             if (o.warmup > 0) for (const f of ['v4', 'v6'] as const) await runWrk(lab, client, url(f, path), { seconds: o.warmup, connections: o.connections, threads: o.threads, close });

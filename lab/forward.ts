@@ -42,13 +42,14 @@ export async function startPeerEchoes(lab: Lab, namespaces: readonly string[], i
 }
 
 /**
- * An input chain in `ns` (table ip strict) that drops, and counts, what its
- * conntrack calls invalid: a reply to a connection it never saw open, or a
- * flow sent to a backend that never saw it start, fails instead of passing
- * unnoticed.
+ * An input chain in `ns` (table ip strict, and table ip6 strict with `ipv6`)
+ * that drops, and counts, what its conntrack calls invalid: a reply to a
+ * connection it never saw open, or a flow sent to a backend that never saw it
+ * start, fails instead of passing unnoticed.
  */
-export async function dropInvalid(lab: Lab, ns: string): Promise<void> {
-  await lab.exec(ns, 'nft', ['-f', '-'], { input: 'table ip strict {\n\tchain in {\n\t\ttype filter hook input priority 0; policy accept;\n\t\tct state invalid counter drop\n\t}\n}\n' });
+export async function dropInvalid(lab: Lab, ns: string, o: { ipv6?: boolean } = {}): Promise<void> {
+  const table = (family: string): string => `table ${family} strict {\n\tchain in {\n\t\ttype filter hook input priority 0; policy accept;\n\t\tct state invalid counter drop\n\t}\n}\n`;
+  await lab.exec(ns, 'nft', ['-f', '-'], { input: table('ip') + (o.ipv6 === true ? table('ip6') : '') });
 }
 
 /** A child process speaking JSON lines: requests with ids, events kept in order. */

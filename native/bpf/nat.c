@@ -73,6 +73,9 @@
 #ifndef AF_INET
 #define AF_INET 2
 #endif
+#ifndef AF_INET6
+#define AF_INET6 10
+#endif
 /* TC_ACT_UNSPEC: no verdict; later tcx programs, nft and the stack decide. */
 #define TCX_NEXT -1
 #define JHASH_INITVAL 0xdeadbeef
@@ -142,6 +145,13 @@ static __always_inline void event(__u32 ev)
 		*v += 1;
 }
 
+#define COPY6(d, s) do { (d)[0] = (s)[0]; (d)[1] = (s)[1]; (d)[2] = (s)[2]; (d)[3] = (s)[3]; } while (0)
+
+static __always_inline int eq6(const __u32 *a, const __u32 *b)
+{
+	return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3];
+}
+
 static __always_inline __u32 rol32(__u32 x, int k)
 {
 	return (x << k) | (x >> (32 - k));
@@ -165,19 +175,55 @@ static __always_inline __u32 nft_jhash_slot(__u32 saddr, __u16 sport, __u32 seed
 	return (__u32)(((__u64)c * mod) >> 32);
 }
 
+struct ip6h;
+
+/* What a family's parser read of a packet, handed to the helpers both
+ * families share (and to nat6's subprograms, each verified with what it can
+ * prove from this: the TCP header's length is read here, once, not again
+ * through `ports`, whose proven range is the UDP header's). */
 struct parsed {
-	struct iphdr *ip;
+	union {
+		struct iphdr *ip;	/* IPv4 */
+		struct ip6h *ip6;	/* IPv6 */
+	};
 	__u16 *ports; /* source, destination */
-	__u32 l4_off;
 	__u32 csum_off;
 	__u8 proto;
 	__u8 tcp_flags;
+	__u8 tcp_hlen;
 };
 
 #define TCP_FLAG_FIN 0x01
 #define TCP_FLAG_SYN 0x02
 #define TCP_FLAG_RST 0x04
 #define TCP_FLAG_ACK 0x10
+
+/* The TCP or UDP header at `l4`, `l4_off` bytes into the frame, of
+ * either family: -1 for another protocol or a header past the packet. */
+static __always_inline int parse_l4(struct parsed *p, void *l4, void *end, __u8 proto, __u32 l4_off)
+{
+	p->proto = proto;
+	if (proto == IPPROTO_TCP) {
+		struct tcphdr *th = l4;
+		if ((void *)(th + 1) > end)
+			return -1;
+		p->ports = (__u16 *)th;
+		p->csum_off = l4_off + offsetof(struct tcphdr, check);
+		p->tcp_flags = ((__u8 *)th)[13];
+		p->tcp_hlen = (((__u8 *)th)[12] >> 4) * 4;
+		return 0;
+	}
+	if (proto == IPPROTO_UDP) {
+		struct udphdr *uh = l4;
+		if ((void *)(uh + 1) > end)
+			return -1;
+		p->ports = (__u16 *)uh;
+		p->csum_off = l4_off + offsetof(struct udphdr, check);
+		p->tcp_flags = 0;
+		return 0;
+	}
+	return -1;
+}
 
 static __always_inline int parse(struct __sk_buff *skb, struct parsed *p)
 {
@@ -192,27 +238,7 @@ static __always_inline int parse(struct __sk_buff *skb, struct parsed *p)
 	if (ip->ihl != 5 || (ip->frag_off & bpf_htons(0x3fff)) != 0)
 		return -1;
 	p->ip = ip;
-	p->proto = ip->protocol;
-	p->l4_off = sizeof(*eth) + sizeof(*ip);
-	if (ip->protocol == IPPROTO_TCP) {
-		struct tcphdr *th = (void *)(ip + 1);
-		if ((void *)(th + 1) > end)
-			return -1;
-		p->ports = (__u16 *)th;
-		p->csum_off = p->l4_off + offsetof(struct tcphdr, check);
-		p->tcp_flags = ((__u8 *)th)[13];
-		return 0;
-	}
-	if (ip->protocol == IPPROTO_UDP) {
-		struct udphdr *uh = (void *)(ip + 1);
-		if ((void *)(uh + 1) > end)
-			return -1;
-		p->ports = (__u16 *)uh;
-		p->csum_off = p->l4_off + offsetof(struct udphdr, check);
-		p->tcp_flags = 0;
-		return 0;
-	}
-	return -1;
+	return parse_l4(p, ip + 1, end, ip->protocol, sizeof(*eth) + sizeof(*ip));
 }
 
 static __always_inline __u64 idle_ns(const struct lbn_config *cfg, __u8 proto, __u32 closing)
@@ -222,11 +248,39 @@ static __always_inline __u64 idle_ns(const struct lbn_config *cfg, __u8 proto, _
 	return closing ? cfg->tcp_closing_ns : cfg->tcp_idle_ns;
 }
 
-/* Whether a flow last seen at `seen` has been idle too long (signed: another
- * CPU may have stamped it after this one read the clock). */
-static __always_inline int expired(const struct lbn_config *cfg, const struct lbn_flow *f, __u8 proto, __u64 now)
+/* Whether a flow (either family's) last seen at `seen_ns` has been idle too
+ * long (signed: another CPU may have stamped it after this one read the
+ * clock). */
+static __always_inline int expired(const struct lbn_config *cfg, __u8 proto, __u32 closing, __u64 seen_ns, __u64 now)
 {
-	return (__s64)(now - f->seen_ns) > (__s64)idle_ns(cfg, proto, f->closing);
+	return (__s64)(now - seen_ns) > (__s64)idle_ns(cfg, proto, closing);
+}
+
+/* A packet of a held flow (either family's): stamped, and closing from its
+ * first FIN or RST on. */
+static __always_inline void flow_seen(__u32 *closing, __u64 *seen_ns, const struct parsed *p, __u64 now)
+{
+	if (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST))
+		*closing = 1;
+	*seen_ns = now;
+}
+
+/* Whether a held flow still stands for its tuple (either family's; `m` its
+ * backend's member entry): not when it idled out, its backend left the
+ * port (TCP), or its healthy set (UDP, as the nft path ends such flows'
+ * conntrack entries), or the tuple opens a new connection. Counted. */
+static __always_inline int flow_stands(const struct lbn_config *cfg, const struct lbn_svc *svc, const struct lbn_member *m,
+				       __u16 port, __u32 closing, __u64 seen_ns, const struct parsed *p, int syn, __u64 now)
+{
+	if (expired(cfg, p->proto, closing, seen_ns, now)) {
+		event(LBN_EV_EXPIRED);
+		return 0;
+	}
+	if (!m || port != svc->target_port || (p->proto == IPPROTO_UDP && !m->healthy) || (syn && closing)) {
+		event(LBN_EV_REPLACED);
+		return 0;
+	}
+	return 1;
 }
 
 /* The route to `dst` out of this node (no FIB: the packet is not ours to send). */
@@ -248,35 +302,50 @@ static __always_inline __u32 csum_word(__u32 w)
 	return (w >> 16) + (w & 0xffff);
 }
 
+/* The source and destination ports as the one 32-bit word they are in the header. */
+static __always_inline __u32 ports_word(__u16 sport, __u16 dport)
+{
+	__u16 w[2] = { sport, dport };
+	return *(__u32 *)w;
+}
+
+/* The L4 checksum of a translated packet (either family): `diff`, the
+ * pseudo-header's change (bpf_csum_diff of the old addresses against the
+ * new; negative: that failed), then the ports word `oports` -> `nports`.
+ * Through the helpers, two calls at most: they know the skb's checksum
+ * state (a CHECKSUM_PARTIAL packet from a local socket takes the
+ * pseudo-header change only). */
+static __always_inline int l4_csum(struct __sk_buff *skb, const struct parsed *p, __s64 diff, __u32 oports, __u32 nports)
+{
+	__u64 l4flags = p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
+
+	if (diff < 0 || bpf_l4_csum_replace(skb, p->csum_off, 0, (__u32)diff, l4flags | BPF_F_PSEUDO_HDR))
+		return -1;
+	if (oports != nports && bpf_l4_csum_replace(skb, p->csum_off, oports, nports, l4flags | 4))
+		return -1;
+	return 0;
+}
+
 /* Rewrite addresses, ports, TTL and checksums and, with `dmac` and `smac`, the frame's
  * MACs: (src:sport -> dst:dport) becomes (nsrc:nsport -> ndst:ndport). The L4
- * checksum goes through the helpers (they know the skb's checksum state: a
- * CHECKSUM_PARTIAL packet from a local socket takes the pseudo-header change
- * only), two calls at most; the IP header's own checksum, which no offload
+ * checksum through l4_csum; the IP header's own checksum, which no offload
  * computes, and every stored field are written straight into the packet. */
 static __always_inline int rewrite(struct __sk_buff *skb, struct parsed *p, __u32 nsrc, __u32 ndst, __u16 nsport, __u16 ndport,
 				   const __u8 *dmac, const __u8 *smac)
 {
-	__u64 l4flags = p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
 	__u32 oaddr[2] = { p->ip->saddr, p->ip->daddr };
 	__u32 naddr[2] = { nsrc, ndst };
 	__u32 oports = *(__u32 *)p->ports;
-	__u16 nports16[2] = { nsport, ndport };
-	__u32 nports = *(__u32 *)nports16;
+	__u32 nports = ports_word(nsport, ndport);
 	/* The TTL shares a 16-bit checksum word with the protocol. */
 	__u16 ottl = *(__u16 *)&p->ip->ttl;
 	__u16 nttl = ottl - bpf_htons(0x0100);
 	__u16 ocheck = p->ip->check;
-	/* A UDP checksum of zero: none (RFC 768), left so. */
-	int udp_zero = p->proto == IPPROTO_UDP && p->ports[3] == 0;
 
-	if (!udp_zero) {
-		__s64 diff = bpf_csum_diff(oaddr, sizeof(oaddr), naddr, sizeof(naddr), 0);
-		if (diff < 0 || bpf_l4_csum_replace(skb, p->csum_off, 0, (__u32)diff, l4flags | BPF_F_PSEUDO_HDR))
-			return -1;
-		if (oports != nports && bpf_l4_csum_replace(skb, p->csum_off, oports, nports, l4flags | 4))
-			return -1;
-	}
+	/* A UDP checksum of zero: none (RFC 768), left so. */
+	if (!(p->proto == IPPROTO_UDP && p->ports[3] == 0) &&
+	    l4_csum(skb, p, bpf_csum_diff(oaddr, sizeof(oaddr), naddr, sizeof(naddr), 0), oports, nports))
+		return -1;
 	/* RFC 1624 eqn. 3: HC' = ~(~HC + ~m + m'). */
 	__u32 sum = (__u16)~ocheck;
 	sum += csum_word(~oaddr[0]) + csum_word(~oaddr[1]) + csum_word(nsrc) + csum_word(ndst) + (__u16)~ottl + nttl;
@@ -303,11 +372,17 @@ static __always_inline int rewrite(struct __sk_buff *skb, struct parsed *p, __u3
 	return 0;
 }
 
-/* Send the rewritten frame out towards the FIB's next hop. */
+/* Send the rewritten frame out towards the FIB's next hop (either family:
+ * with no neighbour entry yet, bpf_redirect_neigh resolves it by ARP or
+ * NDP). */
 static __always_inline int send(struct __sk_buff *skb, struct bpf_fib_lookup *fib, int rc)
 {
 	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
-		struct bpf_redir_neigh nh = { .nh_family = AF_INET, .ipv4_nh = fib->ipv4_dst };
+		struct bpf_redir_neigh nh = { .nh_family = fib->family };
+		if (fib->family == AF_INET6)
+			COPY6(nh.ipv6_nh, fib->ipv6_dst);
+		else
+			nh.ipv4_nh = fib->ipv4_dst;
 		return bpf_redirect_neigh(fib->ifindex, &nh, sizeof(nh), 0);
 	}
 	if (bpf_skb_store_bytes(skb, 0, fib->dmac, ETH_ALEN, 0) ||
@@ -337,6 +412,29 @@ static __always_inline int fib_usable(int rc)
 	return rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH;
 }
 
+/* Claim a new flow's entry `rk` in `replies` (either family's map; `dport`,
+ * the key's port, is the client's): that port when `free` (no entry, or
+ * this flow's with another counter: a new plan), else one of the reserved
+ * range. 0 when none is free. An added key is counted as `ev`. */
+static __always_inline __u16 claim_in(void *replies, void *rk, __u16 *dport, const void *back, int free, int added, const struct lbn_config *cfg, __u32 hash, __u32 ev)
+{
+	if (free && bpf_map_update_elem(replies, rk, back, BPF_ANY) == 0) {
+		if (added)
+			event(ev);
+		return *dport;
+	}
+	if (cfg->port_count == 0)
+		return 0;
+	for (int i = 0; i < LBN_PORT_TRIES; i++) {
+		*dport = bpf_htons(cfg->port_min + (__u16)((hash + i * 2654435761u) % cfg->port_count));
+		if (bpf_map_update_elem(replies, rk, back, BPF_NOEXIST) == 0) {
+			event(ev);
+			return *dport;
+		}
+	}
+	return 0;
+}
+
 /* Claim the replies entry of a new flow: the client's own port when free
  * towards the backend, else one of the reserved range. 0 when none is free. */
 static __always_inline __u16 claim_port(struct lbn_flow_key *rk, const struct lbn_flow *back, const struct lbn_config *cfg, __u32 hash)
@@ -348,54 +446,44 @@ static __always_inline __u16 claim_port(struct lbn_flow_key *rk, const struct lb
 	 * mid-way by another node). */
 	struct lbn_svc_key as_svc = { .vip = rk->daddr, .port = rk->dport, .proto = rk->proto };
 	int taken = bpf_map_lookup_elem(&lbn_svcs, &as_svc) != 0;
+	int same = held && held->addr == back->addr && held->port == back->port && held->nat_port == back->nat_port;
+
 	/* Already this flow's (a flow placed again, a client's port reused
 	 * towards the same backend): kept as it is, with its cached way out. */
-	if (!taken && held && held->addr == back->addr && held->port == back->port && held->nat_port == back->nat_port && held->counter == back->counter)
+	if (!taken && same && held->counter == back->counter)
 		return rk->dport;
-	/* Free, or this flow's with another counter (a new plan). */
-	if (!taken && (!held || (held->addr == back->addr && held->port == back->port && held->nat_port == back->nat_port))) {
-		if (bpf_map_update_elem(&lbn_replies, rk, back, BPF_ANY) == 0) {
-			if (!held)
-				event(LBN_EV_REPLY_INSERT);
-			return rk->dport;
-		}
-	}
-	if (cfg->port_count == 0)
-		return 0;
-	for (int i = 0; i < LBN_PORT_TRIES; i++) {
-		rk->dport = bpf_htons(cfg->port_min + (__u16)((hash + i * 2654435761u) % cfg->port_count));
-		if (bpf_map_update_elem(&lbn_replies, rk, back, BPF_NOEXIST) == 0) {
-			event(LBN_EV_REPLY_INSERT);
-			return rk->dport;
-		}
-	}
-	return 0;
+	return claim_in(&lbn_replies, rk, &rk->dport, back, !taken && (!held || same), !held, cfg, hash, LBN_EV_REPLY_INSERT);
 }
 
-/* The length the way out's MTU is checked against: a GRO or TSO aggregate
- * (a veth or a NIC with GRO hands these over whole) leaves as segments of
- * gso_size, so the check is for one segment, as the stack's forwarding does
- * (ip_forward's skb_gso_validate_network_len). */
-static __always_inline __u32 segment_len(struct __sk_buff *skb, const struct parsed *p, __u32 len)
+/* The length the way out's MTU is checked against (`ip_hlen`: the
+ * family's IP header): a GRO or TSO aggregate (a veth or a NIC with GRO
+ * hands these over whole) leaves as segments of gso_size, so the check is
+ * for one segment, as the stack's forwarding does (ip_forward's and
+ * ip6_forward's skb_gso_validate_network_len). */
+static __always_inline __u32 segment_len(struct __sk_buff *skb, const struct parsed *p, __u32 ip_hlen, __u32 len)
 {
 	if (!skb->gso_size)
 		return len;
-	if (p->proto == IPPROTO_TCP)
-		return sizeof(struct iphdr) + (((const __u8 *)p->ports)[12] >> 4) * 4 + skb->gso_size;
-	return sizeof(struct iphdr) + sizeof(struct udphdr) + skb->gso_size;
+	return ip_hlen + (p->proto == IPPROTO_TCP ? p->tcp_hlen : sizeof(struct udphdr)) + skb->gso_size;
 }
 
-/* Keep the FIB's way out in the flow's entry (a map value, or the new entry
+/* Keep the FIB's way out in a flow's entry (a map value, or the new entry
  * before it is stored): the set time last, so a reader on another CPU that
  * sees it sees the fields it covers. */
-static __always_inline void cache_way(struct lbn_flow *f, const struct bpf_fib_lookup *fib, __u32 seg, __u64 now)
+static __always_inline void cache_way(struct lbn_way *w, const struct bpf_fib_lookup *fib, __u32 seg, __u64 now)
 {
-	f->ifindex = fib->ifindex;
-	f->fib_len = seg > 0xffff ? 0xffff : seg;
-	__builtin_memcpy(f->dmac, fib->dmac, ETH_ALEN);
-	__builtin_memcpy(f->smac, fib->smac, ETH_ALEN);
+	w->ifindex = fib->ifindex;
+	w->fib_len = seg > 0xffff ? 0xffff : seg;
+	__builtin_memcpy(w->dmac, fib->dmac, ETH_ALEN);
+	__builtin_memcpy(w->smac, fib->smac, ETH_ALEN);
 	asm volatile("" ::: "memory");
-	f->fib_ns = now;
+	w->fib_ns = now;
+}
+
+/* Whether a packet of `seg` bytes may leave by the cached way `w`, with no lookup. */
+static __always_inline int way_fresh(const struct lbn_way *w, __u32 seg, __u64 now)
+{
+	return w->fib_ns != 0 && now - w->fib_ns < LBN_FIB_REFRESH_NS && seg <= w->fib_len;
 }
 
 /* Send a packet of flow `f` on, from the VIP: (C or B) -> VIP becomes
@@ -409,13 +497,13 @@ static __always_inline int forward(struct __sk_buff *skb, struct parsed *p, stru
 	__u32 ndst = f->addr;
 	__u32 counter = f->counter;
 	__u32 len = bpf_ntohs(ip->tot_len);
-	__u32 seg = segment_len(skb, p, len);
+	__u32 seg = segment_len(skb, p, sizeof(struct iphdr), len);
 
 	if (ip->ttl <= 1)
 		return TCX_NEXT;
-	if (f->fib_ns != 0 && now - f->fib_ns < LBN_FIB_REFRESH_NS && seg <= f->fib_len) {
-		__u32 ifindex = f->ifindex;
-		if (rewrite(skb, p, vip, ndst, nsport, ndport, f->dmac, f->smac))
+	if (way_fresh(&f->way, seg, now)) {
+		__u32 ifindex = f->way.ifindex;
+		if (rewrite(skb, p, vip, ndst, nsport, ndport, f->way.dmac, f->way.smac))
 			return TC_ACT_SHOT;
 		count(counter, to_backend, len, placed);
 		return bpf_redirect(ifindex, 0);
@@ -429,9 +517,9 @@ static __always_inline int forward(struct __sk_buff *skb, struct parsed *p, stru
 		return TCX_NEXT;
 	}
 	if (rc == BPF_FIB_LKUP_RET_SUCCESS)
-		cache_way(f, &fib, seg, now);
+		cache_way(&f->way, &fib, seg, now);
 	else
-		f->fib_ns = 0;
+		f->way.fib_ns = 0;
 	if (rewrite(skb, p, vip, ndst, nsport, ndport, 0, 0))
 		return TC_ACT_SHOT;
 	count(counter, to_backend, len, placed);
@@ -452,17 +540,8 @@ static __always_inline int from_client(struct __sk_buff *skb, struct parsed *p, 
 
 	if (f) {
 		struct lbn_member_key mk = { .svc = *sk, .backend = f->addr };
-		struct lbn_member *m = bpf_map_lookup_elem(&lbn_members, &mk);
-		if (expired(cfg, f, p->proto, now)) {
-			event(LBN_EV_EXPIRED);
+		if (!flow_stands(cfg, svc, bpf_map_lookup_elem(&lbn_members, &mk), f->port, f->closing, f->seen_ns, p, syn, now))
 			f = 0;
-		} else if (!m || f->port != svc->target_port || (p->proto == IPPROTO_UDP && !m->healthy) || (syn && f->closing)) {
-			/* Its backend left the port (TCP), or its healthy set (UDP,
-			 * as the nft path ends such flows' conntrack entries), or the
-			 * tuple opens a new connection: placed again. */
-			event(LBN_EV_REPLACED);
-			f = 0;
-		}
 	}
 	if (!f) {
 		if (svc->slots == 0)
@@ -485,9 +564,9 @@ static __always_inline int from_client(struct __sk_buff *skb, struct parsed *p, 
 		 * flow's next ones; the tuple's old entry's, where it names the
 		 * same backend and is fresh. */
 		__u32 len = bpf_ntohs(ip->tot_len);
-		__u32 seg = segment_len(skb, p, len);
+		__u32 seg = segment_len(skb, p, sizeof(struct iphdr), len);
 		int rc = BPF_FIB_LKUP_RET_SUCCESS;
-		int cached = old && old->addr == s->backend && old->fib_ns != 0 && now - old->fib_ns < LBN_FIB_REFRESH_NS && seg <= old->fib_len;
+		int cached = old && old->addr == s->backend && way_fresh(&old->way, seg, now);
 		if (!cached) {
 			rc = route(skb, &fib, ip->daddr, s->backend, p->proto, seg);
 			if (!fib_usable(rc)) {
@@ -508,15 +587,10 @@ static __always_inline int from_client(struct __sk_buff *skb, struct parsed *p, 
 		 * a connection the client is only now opening again). */
 		flow = (struct lbn_flow){ .addr = s->backend, .port = svc->target_port, .nat_port = nport, .counter = s->counter,
 					  .closing = (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)) != 0, .seen_ns = now };
-		if (cached) {
-			flow.fib_ns = old->fib_ns;
-			flow.ifindex = old->ifindex;
-			flow.fib_len = old->fib_len;
-			__builtin_memcpy(flow.dmac, old->dmac, ETH_ALEN);
-			__builtin_memcpy(flow.smac, old->smac, ETH_ALEN);
-		} else if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
-			cache_way(&flow, &fib, seg, now);
-		}
+		if (cached)
+			flow.way = old->way;
+		else if (rc == BPF_FIB_LKUP_RET_SUCCESS)
+			cache_way(&flow.way, &fib, seg, now);
 		if (old)
 			*old = flow;
 		else if (bpf_map_update_elem(&lbn_flows, &fk, &flow, BPF_ANY))
@@ -533,9 +607,7 @@ static __always_inline int from_client(struct __sk_buff *skb, struct parsed *p, 
 		f = &flow;
 		placed = 1;
 	} else {
-		if (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST))
-			f->closing = 1;
-		f->seen_ns = now;
+		flow_seen(&f->closing, &f->seen_ns, p, now);
 	}
 	return forward(skb, p, f, f->nat_port, f->port, 1, placed, now);
 }
@@ -552,15 +624,14 @@ static __always_inline int from_backend(struct __sk_buff *skb, struct parsed *p,
 	struct lbn_flow_key fk = { .saddr = r->addr, .daddr = ip->daddr, .sport = r->port, .dport = r->nat_port, .proto = p->proto };
 	struct lbn_flow *f = bpf_map_lookup_elem(&lbn_flows, &fk);
 	/* A reply is the flow's only while the client's side still sends it there. */
-	if (!f || f->addr != rk.saddr || f->port != rk.sport || f->nat_port != rk.dport || expired(cfg, f, p->proto, now))
+	if (!f || f->addr != rk.saddr || f->port != rk.sport || f->nat_port != rk.dport || expired(cfg, p->proto, f->closing, f->seen_ns, now))
 		return TCX_NEXT;
-	if (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST))
-		f->closing = 1;
-	f->seen_ns = now;
+	flow_seen(&f->closing, &f->seen_ns, p, now);
 	return forward(skb, p, r, r->nat_port, r->port, 0, 0, now);
 }
 
-/* linux/icmp.h pulls in libc's socket headers, which the BPF target lacks. */
+/* linux/icmp.h pulls in libc's socket headers, which the BPF target lacks.
+ * ICMPv6's header is the same four fields (RFC 4443 2.1). */
 #define ICMP_DEST_UNREACH 3
 #define ICMP_TIME_EXCEEDED 11
 struct icmphdr {
@@ -612,12 +683,12 @@ static __always_inline int icmp_error(struct __sk_buff *skb, const struct lbn_co
 		/* The reply entry is the flow's only while the client's side still sends it there (from_backend). */
 		struct lbn_flow_key fk = { .saddr = other->addr, .daddr = vip, .sport = other->port, .dport = other->nat_port, .proto = k.proto };
 		struct lbn_flow *f = bpf_map_lookup_elem(&lbn_flows, &fk);
-		if (!f || f->addr != k.saddr || f->port != k.sport || f->nat_port != k.dport || expired(cfg, f, k.proto, bpf_ktime_get_ns()))
+		if (!f || f->addr != k.saddr || f->port != k.sport || f->nat_port != k.dport || expired(cfg, k.proto, f->closing, f->seen_ns, bpf_ktime_get_ns()))
 			return TCX_NEXT;
 	} else {
 		/* A packet towards the client (V:port -> C:cport): the flows map names the backend. */
 		other = bpf_map_lookup_elem(&lbn_flows, &k);
-		if (!other || expired(cfg, other, k.proto, bpf_ktime_get_ns()))
+		if (!other || expired(cfg, k.proto, other->closing, other->seen_ns, bpf_ktime_get_ns()))
 			return TCX_NEXT;
 		to_backend = 1;
 	}
@@ -698,11 +769,14 @@ static __always_inline int icmp_error(struct __sk_buff *skb, const struct lbn_co
  * outer addresses go into it too (RFC 4443 2.3). So a Packet Too Big from a
  * router towards a backend reaches the client about its own packet, and
  * path MTU discovery (RFC 8201) works through the VIP.
+ *
+ * What does not depend on the family is the first half's, called from both:
+ * parse_l4, l4_csum, segment_len, the flow's stamps and expiry (flow_seen,
+ * expired, flow_stands), the reserved-port claim (claim_in), the cached way
+ * (struct lbn_way: cache_way, way_fresh), send, count and event. What
+ * follows is the IPv6 header's own: its maps, its hash, its addresses.
  */
 
-#ifndef AF_INET6
-#define AF_INET6 10
-#endif
 #define IPV6_HLEN 40
 #define NEXTHDR_ICMPV6 58
 #define ICMPV6_DEST_UNREACH 1
@@ -750,13 +824,6 @@ struct {
 	__uint(max_entries, 1);
 } lbn_members6 SEC(".maps");
 
-#define COPY6(d, s) do { (d)[0] = (s)[0]; (d)[1] = (s)[1]; (d)[2] = (s)[2]; (d)[3] = (s)[3]; } while (0)
-
-static __always_inline int eq6(const __u32 *a, const __u32 *b)
-{
-	return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3];
-}
-
 /* nft_jhash_eval over `ip6 saddr . th sport` (20 bytes): one __jhash_mix
  * round over the first 12, the last 8 added, __jhash_final; then
  * reciprocal_scale into `mod` slots. */
@@ -783,18 +850,6 @@ static __always_inline __u32 nft_jhash_slot6(const __u32 *s, __u16 sport, __u32 
 	return (__u32)(((__u64)c * mod) >> 32);
 }
 
-/* What nat6 parsed, handed to the subprograms below (each verified with
- * what it can prove from this: the TCP header's length is read here, once,
- * not again through `ports`, whose proven range is the UDP header's). */
-struct parsed6 {
-	struct ip6h *ip;
-	__u16 *ports;
-	__u32 csum_off;
-	__u8 proto;
-	__u8 tcp_flags;
-	__u8 tcp_hlen;
-};
-
 #define L4_OFF6 (sizeof(struct ethhdr) + IPV6_HLEN)
 
 static __always_inline int route6(struct __sk_buff *skb, struct bpf_fib_lookup *fib, const __u32 *src, const __u32 *dst, __u8 proto, __u16 tot_len)
@@ -809,39 +864,22 @@ static __always_inline int route6(struct __sk_buff *skb, struct bpf_fib_lookup *
 	return bpf_fib_lookup(skb, fib, sizeof(*fib), 0);
 }
 
-static __always_inline int send6(struct __sk_buff *skb, struct bpf_fib_lookup *fib, int rc)
-{
-	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
-		struct bpf_redir_neigh nh = { .nh_family = AF_INET6 };
-		COPY6(nh.ipv6_nh, fib->ipv6_dst);
-		return bpf_redirect_neigh(fib->ifindex, &nh, sizeof(nh), 0);
-	}
-	if (bpf_skb_store_bytes(skb, 0, fib->dmac, ETH_ALEN, 0) ||
-	    bpf_skb_store_bytes(skb, ETH_ALEN, fib->smac, ETH_ALEN, 0))
-		return TC_ACT_SHOT;
-	return bpf_redirect(fib->ifindex, 0);
-}
-
 /* (src:sport -> dst:dport) becomes (nsrc:nsport -> ndst:ndport), the hop
  * limit one less, and with `macs`, the frame's MACs from the way `f` caches
  * (a flag, not a pointer that may be null: clang turns that choice into a
  * mask of the pointer, which the verifier refuses). */
-static __always_inline int rewrite6(struct __sk_buff *skb, struct parsed6 *p, const __u32 *nsrc, const __u32 *ndst, __u16 nsport, __u16 ndport,
+static __always_inline int rewrite6(struct __sk_buff *skb, struct parsed *p, const __u32 *nsrc, const __u32 *ndst, __u16 nsport, __u16 ndport,
 				    const struct lbn_flow6 *f, int macs)
 {
-	__u64 l4flags = p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
 	__u32 oports = *(__u32 *)p->ports;
-	__u16 nports16[2] = { nsport, ndport };
-	__u32 nports = *(__u32 *)nports16;
-	__u8 hop = p->ip->hop_limit - 1;
+	__u32 nports = ports_word(nsport, ndport);
+	__u8 hop = p->ip6->hop_limit - 1;
 
 	/* The old addresses read where they lie in the packet (no copy on the stack). */
-	__s64 diff = bpf_csum_diff(p->ip->saddr, 16, (__u32 *)nsrc, 16, 0);
+	__s64 diff = bpf_csum_diff(p->ip6->saddr, 16, (__u32 *)nsrc, 16, 0);
 	if (diff >= 0)
-		diff = bpf_csum_diff(p->ip->daddr, 16, (__u32 *)ndst, 16, (__u32)diff);
-	if (diff < 0 || bpf_l4_csum_replace(skb, p->csum_off, 0, (__u32)diff, l4flags | BPF_F_PSEUDO_HDR))
-		return -1;
-	if (oports != nports && bpf_l4_csum_replace(skb, p->csum_off, oports, nports, l4flags | 4))
+		diff = bpf_csum_diff(p->ip6->daddr, 16, (__u32 *)ndst, 16, (__u32)diff);
+	if (l4_csum(skb, p, diff, oports, nports))
 		return -1;
 
 	void *data = (void *)(long)skb->data;
@@ -856,34 +894,10 @@ static __always_inline int rewrite6(struct __sk_buff *skb, struct parsed6 *p, co
 	ip->hop_limit = hop;
 	*ports = nports;
 	if (macs) {
-		__builtin_memcpy(eth->h_dest, f->dmac, ETH_ALEN);
-		__builtin_memcpy(eth->h_source, f->smac, ETH_ALEN);
+		__builtin_memcpy(eth->h_dest, f->way.dmac, ETH_ALEN);
+		__builtin_memcpy(eth->h_source, f->way.smac, ETH_ALEN);
 	}
 	return 0;
-}
-
-static __always_inline __u32 segment_len6(struct __sk_buff *skb, const struct parsed6 *p, __u32 len)
-{
-	if (!skb->gso_size)
-		return len;
-	if (p->proto == IPPROTO_TCP)
-		return IPV6_HLEN + p->tcp_hlen + skb->gso_size;
-	return IPV6_HLEN + sizeof(struct udphdr) + skb->gso_size;
-}
-
-static __always_inline void cache_way6(struct lbn_flow6 *f, const struct bpf_fib_lookup *fib, __u32 seg, __u64 now)
-{
-	f->ifindex = fib->ifindex;
-	f->fib_len = seg > 0xffff ? 0xffff : seg;
-	__builtin_memcpy(f->dmac, fib->dmac, ETH_ALEN);
-	__builtin_memcpy(f->smac, fib->smac, ETH_ALEN);
-	asm volatile("" ::: "memory");
-	f->fib_ns = now;
-}
-
-static __always_inline int expired6(const struct lbn_config *cfg, const struct lbn_flow6 *f, __u8 proto, __u64 now)
-{
-	return (__s64)(now - f->seen_ns) > (__s64)idle_ns(cfg, proto, f->closing);
 }
 
 /* claim_port over the IPv6 replies map. */
@@ -897,65 +911,49 @@ static __always_inline __u16 claim_port6(struct lbn_flow_key6 *rk, const struct 
 
 	if (!taken && same && held->counter == back->counter)
 		return rk->dport;
-	if (!taken && (!held || same)) {
-		if (bpf_map_update_elem(&lbn_replies6, rk, back, BPF_ANY) == 0) {
-			if (!held)
-				event(LBN_EV_REPLY6_INSERT);
-			return rk->dport;
-		}
-	}
-	if (cfg->port_count == 0)
-		return 0;
-	for (int i = 0; i < LBN_PORT_TRIES; i++) {
-		rk->dport = bpf_htons(cfg->port_min + (__u16)((hash + i * 2654435761u) % cfg->port_count));
-		if (bpf_map_update_elem(&lbn_replies6, rk, back, BPF_NOEXIST) == 0) {
-			event(LBN_EV_REPLY6_INSERT);
-			return rk->dport;
-		}
-	}
-	return 0;
+	return claim_in(&lbn_replies6, rk, &rk->dport, back, !taken && (!held || same), !held, cfg, hash, LBN_EV_REPLY6_INSERT);
 }
 
 /* Send a packet of flow `f` on from the VIP (forward()'s twin): one
  * rewrite, with the cached way's MACs while it is fresh, else with a new
  * FIB lookup's (which the flow then caches). */
-static __always_inline int forward6(struct __sk_buff *skb, struct parsed6 *p, struct lbn_flow6 *f, __u16 nsport, __u16 ndport, int to_backend, int placed, __u64 now,
+static __always_inline int forward6(struct __sk_buff *skb, struct parsed *p, struct lbn_flow6 *f, __u16 nsport, __u16 ndport, int to_backend, int placed, __u64 now,
 				    struct bpf_fib_lookup *fib)
 {
 	__u32 vip[4], ndst[4];
-	COPY6(vip, p->ip->daddr);
+	COPY6(vip, p->ip6->daddr);
 	COPY6(ndst, f->addr);
 	__u32 counter = f->counter;
-	__u32 ifindex = f->ifindex;
-	__u32 len = IPV6_HLEN + bpf_ntohs(p->ip->payload_len);
-	__u32 seg = segment_len6(skb, p, len);
+	__u32 ifindex = f->way.ifindex;
+	__u32 len = IPV6_HLEN + bpf_ntohs(p->ip6->payload_len);
+	__u32 seg = segment_len(skb, p, IPV6_HLEN, len);
 	/* -1: the flow's cached way. */
 	int rc = -1;
 
-	if (p->ip->hop_limit <= 1)
+	if (p->ip6->hop_limit <= 1)
 		return TCX_NEXT;
-	if (!(f->fib_ns != 0 && now - f->fib_ns < LBN_FIB_REFRESH_NS && seg <= f->fib_len)) {
+	if (!way_fresh(&f->way, seg, now)) {
 		rc = route6(skb, fib, vip, ndst, p->proto, seg);
 		if (!fib_usable(rc)) {
 			event(LBN_EV_NO_ROUTE);
 			return TCX_NEXT;
 		}
 		if (rc == BPF_FIB_LKUP_RET_SUCCESS)
-			cache_way6(f, fib, seg, now);
+			cache_way(&f->way, fib, seg, now);
 		else
-			f->fib_ns = 0;
+			f->way.fib_ns = 0;
 	}
 	if (rewrite6(skb, p, vip, ndst, nsport, ndport, f, rc < 0))
 		return TC_ACT_SHOT;
 	count(counter, to_backend, len, placed);
 	if (rc < 0)
 		return bpf_redirect(ifindex, 0);
-	return send6(skb, fib, rc);
+	return send(skb, fib, rc);
 }
 
-static __noinline int from_client6(struct __sk_buff *skb, struct parsed6 *p, struct lbn_svc_key6 *sk, struct lbn_svc *svc, const struct lbn_config *cfg)
+static __noinline int from_client6(struct __sk_buff *skb, struct parsed *p, struct lbn_svc_key6 *sk, struct lbn_svc *svc, const struct lbn_config *cfg)
 {
-	struct ip6h *ip = p->ip;
+	struct ip6h *ip = p->ip6;
 	__u64 now = bpf_ktime_get_ns();
 	struct lbn_flow_key6 fk = { .sport = p->ports[0], .dport = p->ports[1], .proto = p->proto };
 	COPY6(fk.saddr, ip->saddr);
@@ -970,14 +968,8 @@ static __noinline int from_client6(struct __sk_buff *skb, struct parsed6 *p, str
 	if (f) {
 		struct lbn_member_key6 mk = { .svc = *sk };
 		COPY6(mk.backend, f->addr);
-		struct lbn_member *m = bpf_map_lookup_elem(&lbn_members6, &mk);
-		if (expired6(cfg, f, p->proto, now)) {
-			event(LBN_EV_EXPIRED);
+		if (!flow_stands(cfg, svc, bpf_map_lookup_elem(&lbn_members6, &mk), f->port, f->closing, f->seen_ns, p, syn, now))
 			f = 0;
-		} else if (!m || f->port != svc->target_port || (p->proto == IPPROTO_UDP && !m->healthy) || (syn && f->closing)) {
-			event(LBN_EV_REPLACED);
-			f = 0;
-		}
 	}
 	if (!f) {
 		if (svc->slots == 0)
@@ -992,9 +984,9 @@ static __noinline int from_client6(struct __sk_buff *skb, struct parsed6 *p, str
 		if (route6(skb, &fib, fk.saddr, fk.daddr, p->proto, 0) != BPF_FIB_LKUP_RET_NOT_FWDED)
 			return TCX_NEXT;
 		__u32 len = IPV6_HLEN + bpf_ntohs(ip->payload_len);
-		__u32 seg = segment_len6(skb, p, len);
+		__u32 seg = segment_len(skb, p, IPV6_HLEN, len);
 		int rc = BPF_FIB_LKUP_RET_SUCCESS;
-		int cached = old && eq6(old->addr, s->backend) && old->fib_ns != 0 && now - old->fib_ns < LBN_FIB_REFRESH_NS && seg <= old->fib_len;
+		int cached = old && eq6(old->addr, s->backend) && way_fresh(&old->way, seg, now);
 		if (!cached) {
 			rc = route6(skb, &fib, fk.daddr, s->backend, p->proto, seg);
 			if (!fib_usable(rc)) {
@@ -1016,15 +1008,10 @@ static __noinline int from_client6(struct __sk_buff *skb, struct parsed6 *p, str
 		flow = (struct lbn_flow6){ .port = svc->target_port, .nat_port = nport, .counter = s->counter,
 					   .closing = (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)) != 0, .seen_ns = now };
 		COPY6(flow.addr, s->backend);
-		if (cached) {
-			flow.fib_ns = old->fib_ns;
-			flow.ifindex = old->ifindex;
-			flow.fib_len = old->fib_len;
-			__builtin_memcpy(flow.dmac, old->dmac, ETH_ALEN);
-			__builtin_memcpy(flow.smac, old->smac, ETH_ALEN);
-		} else if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
-			cache_way6(&flow, &fib, seg, now);
-		}
+		if (cached)
+			flow.way = old->way;
+		else if (rc == BPF_FIB_LKUP_RET_SUCCESS)
+			cache_way(&flow.way, &fib, seg, now);
 		if (old)
 			*old = flow;
 		else if (bpf_map_update_elem(&lbn_flows6, &fk, &flow, BPF_ANY))
@@ -1036,16 +1023,14 @@ static __noinline int from_client6(struct __sk_buff *skb, struct parsed6 *p, str
 		f = &flow;
 		placed = 1;
 	} else {
-		if (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST))
-			f->closing = 1;
-		f->seen_ns = now;
+		flow_seen(&f->closing, &f->seen_ns, p, now);
 	}
 	return forward6(skb, p, f, f->nat_port, f->port, 1, placed, now, &fib);
 }
 
-static __noinline int from_backend6(struct __sk_buff *skb, struct parsed6 *p, const struct lbn_config *cfg)
+static __noinline int from_backend6(struct __sk_buff *skb, struct parsed *p, const struct lbn_config *cfg)
 {
-	struct ip6h *ip = p->ip;
+	struct ip6h *ip = p->ip6;
 	struct lbn_flow_key6 rk = { .sport = p->ports[0], .dport = p->ports[1], .proto = p->proto };
 	COPY6(rk.saddr, ip->saddr);
 	COPY6(rk.daddr, ip->daddr);
@@ -1058,21 +1043,12 @@ static __noinline int from_backend6(struct __sk_buff *skb, struct parsed6 *p, co
 	COPY6(fk.saddr, r->addr);
 	COPY6(fk.daddr, rk.daddr);
 	struct lbn_flow6 *f = bpf_map_lookup_elem(&lbn_flows6, &fk);
-	if (!f || !eq6(f->addr, rk.saddr) || f->port != rk.sport || f->nat_port != rk.dport || expired6(cfg, f, p->proto, now))
+	if (!f || !eq6(f->addr, rk.saddr) || f->port != rk.sport || f->nat_port != rk.dport || expired(cfg, p->proto, f->closing, f->seen_ns, now))
 		return TCX_NEXT;
-	if (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST))
-		f->closing = 1;
-	f->seen_ns = now;
+	flow_seen(&f->closing, &f->seen_ns, p, now);
 	struct bpf_fib_lookup fib;
 	return forward6(skb, p, r, r->nat_port, r->port, 0, 0, now, &fib);
 }
-
-struct icmp6h {
-	__u8 type;
-	__u8 code;
-	__u16 checksum;
-	__u32 rest;
-};
 
 /* The quoted packet of an ICMPv6 error: the fixed header, then the first
  * 8 bytes of its TCP or UDP header (an error quotes as much as fits in
@@ -1085,14 +1061,14 @@ struct icmp6_quote {
 };
 
 #define ICMP6_OFF (sizeof(struct ethhdr) + IPV6_HLEN)
-#define QUOTE6_OFF (ICMP6_OFF + sizeof(struct icmp6h))
+#define QUOTE6_OFF (ICMP6_OFF + sizeof(struct icmphdr))
 
 static __noinline int icmp6_error(struct __sk_buff *skb, const struct lbn_config *cfg)
 {
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
 	struct ip6h *ip = data + sizeof(struct ethhdr);
-	struct icmp6h *ic = data + ICMP6_OFF;
+	struct icmphdr *ic = data + ICMP6_OFF;
 	struct icmp6_quote *q = data + QUOTE6_OFF;
 
 	if ((void *)(q + 1) > end)
@@ -1115,11 +1091,11 @@ static __noinline int icmp6_error(struct __sk_buff *skb, const struct lbn_config
 		COPY6(fk.saddr, other->addr);
 		COPY6(fk.daddr, vip);
 		struct lbn_flow6 *f = bpf_map_lookup_elem(&lbn_flows6, &fk);
-		if (!f || !eq6(f->addr, k.saddr) || f->port != k.sport || f->nat_port != k.dport || expired6(cfg, f, k.proto, now))
+		if (!f || !eq6(f->addr, k.saddr) || f->port != k.sport || f->nat_port != k.dport || expired(cfg, k.proto, f->closing, f->seen_ns, now))
 			return TCX_NEXT;
 	} else {
 		other = bpf_map_lookup_elem(&lbn_flows6, &k);
-		if (!other || expired6(cfg, other, k.proto, now))
+		if (!other || expired(cfg, k.proto, other->closing, other->seen_ns, now))
 			return TCX_NEXT;
 		to_backend = 1;
 	}
@@ -1148,7 +1124,7 @@ static __noinline int icmp6_error(struct __sk_buff *skb, const struct lbn_config
 		event(LBN_EV_NO_ROUTE);
 		return TCX_NEXT;
 	}
-	__u32 csum = ICMP6_OFF + offsetof(struct icmp6h, checksum);
+	__u32 csum = ICMP6_OFF + offsetof(struct icmphdr, checksum);
 	__s64 pseudo = bpf_csum_diff(o, 32, n, 32, 0);
 	__s64 quoted = bpf_csum_diff(o + 8, 32, n + 8, 32, 0);
 	if (pseudo < 0 || quoted < 0 ||
@@ -1163,7 +1139,7 @@ static __noinline int icmp6_error(struct __sk_buff *skb, const struct lbn_config
 		return TC_ACT_SHOT;
 	event(LBN_EV_ICMP_ERROR);
 	count(counter, to_backend, len, 0);
-	return send6(skb, &fib, rc);
+	return send(skb, &fib, rc);
 }
 
 /* An IPv6 frame: translated when it is a VIP flow's, an ICMPv6 error about
@@ -1173,7 +1149,7 @@ static __noinline int nat6(struct __sk_buff *skb)
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
 	struct ip6h *ip = data + sizeof(struct ethhdr);
-	struct parsed6 p = {};
+	struct parsed p = {};
 	__u32 zero = 0;
 
 	if ((void *)(ip + 1) > end)
@@ -1181,33 +1157,20 @@ static __noinline int nat6(struct __sk_buff *skb)
 	struct lbn_config *cfg = bpf_map_lookup_elem(&lbn_config, &zero);
 	if (!cfg)
 		return TCX_NEXT;
-	p.ip = ip;
-	p.proto = ip->nexthdr;
-	if (ip->nexthdr == IPPROTO_TCP) {
-		struct tcphdr *th = (void *)(ip + 1);
-		if ((void *)(th + 1) > end)
-			return TCX_NEXT;
-		p.ports = (__u16 *)th;
-		p.csum_off = L4_OFF6 + offsetof(struct tcphdr, check);
-		p.tcp_flags = ((__u8 *)th)[13];
-		p.tcp_hlen = (((__u8 *)th)[12] >> 4) * 4;
-	} else if (ip->nexthdr == IPPROTO_UDP) {
-		struct udphdr *uh = (void *)(ip + 1);
-		if ((void *)(uh + 1) > end)
-			return TCX_NEXT;
-		/* A zero UDP checksum is invalid over IPv6 (RFC 8200 8.1): the stack's to drop. */
-		if (uh->check == 0)
-			return TCX_NEXT;
-		p.ports = (__u16 *)uh;
-		p.csum_off = L4_OFF6 + offsetof(struct udphdr, check);
-	} else if (ip->nexthdr == NEXTHDR_ICMPV6) {
+	if (ip->nexthdr == NEXTHDR_ICMPV6)
 		return icmp6_error(skb, cfg);
-	} else {
+	if (ip->nexthdr != IPPROTO_TCP && ip->nexthdr != IPPROTO_UDP) {
 		/* Not counted for multicast (MLD reports carry a hop-by-hop header) or no next header (59). */
 		if ((ip->daddr[0] & bpf_htonl(0xff000000)) != bpf_htonl(0xff000000) && ip->nexthdr != 59)
 			event(LBN_EV_IPV6_EXT_HEADER);
 		return TCX_NEXT;
 	}
+	p.ip6 = ip;
+	if (parse_l4(&p, ip + 1, end, ip->nexthdr, L4_OFF6))
+		return TCX_NEXT;
+	/* A zero UDP checksum is invalid over IPv6 (RFC 8200 8.1): the stack's to drop. */
+	if (p.proto == IPPROTO_UDP && p.ports[3] == 0)
+		return TCX_NEXT;
 	struct lbn_svc_key6 sk = { .port = p.ports[1], .proto = p.proto };
 	COPY6(sk.vip, ip->daddr);
 	struct lbn_svc *svc = bpf_map_lookup_elem(&lbn_svcs6, &sk);

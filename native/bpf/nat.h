@@ -57,18 +57,26 @@ struct lbn_flow_key {
 	__u8 pad[3];
 };
 
+/* The way out towards a flow's other end, as bpf_fib_lookup last gave it:
+ * the device, the frame's MACs, and `fib_len`, the segment length that
+ * lookup checked against the route's MTU. A packet of the flow no longer
+ * than `fib_len`, within LBN_FIB_REFRESH_NS of `fib_ns`, is sent with these
+ * and no lookup; `fib_ns` 0: none cached (a flow's first packet, or a
+ * neighbour the FIB had not resolved). The same in both families. */
+struct lbn_way {
+	__u64 fib_ns;
+	__u32 ifindex;
+	__u16 fib_len;
+	__u8 dmac[6];
+	__u8 smac[6];
+	__u8 pad[6];
+};
+
 /* The other end of a flow: the client side for the backend's packets
  * (addr, port = the client, nat_port = the VIP's port), the backend side for
  * the client's (addr, port = the backend, nat_port = the source port towards
  * it). `seen_ns` is bpf_ktime_get_ns() of the flow's last packet; `closing`
- * is set by a TCP FIN or RST.
- *
- * The way out towards `addr`, as bpf_fib_lookup last gave it: the device,
- * the frame's MACs, and `fib_len`, the segment length that lookup checked
- * against the route's MTU. A packet of the flow no longer than `fib_len`,
- * within LBN_FIB_REFRESH_NS of `fib_ns`, is sent with these and no lookup;
- * `fib_ns` 0: none cached (a flow's first packet, or a neighbour the FIB
- * had not resolved). */
+ * is set by a TCP FIN or RST; `way` is the way out towards `addr`. */
 struct lbn_flow {
 	__u32 addr;
 	__u16 port;
@@ -76,12 +84,7 @@ struct lbn_flow {
 	__u32 counter;
 	__u32 closing;
 	__u64 seen_ns;
-	__u64 fib_ns;
-	__u32 ifindex;
-	__u16 fib_len;
-	__u8 dmac[6];
-	__u8 smac[6];
-	__u8 pad[6];
+	struct lbn_way way;
 };
 
 /* The IPv6 twins of the keys and entries above, in maps of their own
@@ -123,12 +126,7 @@ struct lbn_flow6 {
 	__u32 closing;
 	__u32 pad0;
 	__u64 seen_ns;
-	__u64 fib_ns;
-	__u32 ifindex;
-	__u16 fib_len;
-	__u8 dmac[6];
-	__u8 smac[6];
-	__u8 pad[6];
+	struct lbn_way way;
 };
 
 /* Per (port, backend): what went each way, and the flows placed. */
@@ -178,7 +176,7 @@ enum lbn_event {
  * client's own port is taken towards its backend. */
 #define LBN_PORT_TRIES 8
 
-/* How long a flow's cached way out (struct lbn_flow's fib_*) is used before
+/* How long a flow's cached way out (struct lbn_way) is used before
  * the next packet looks it up again: a route, MTU or neighbour MAC that
  * changes reaches an open flow within this (1 s). */
 #define LBN_FIB_REFRESH_NS 1000000000

@@ -16,7 +16,7 @@ t.test('the header parses into the structs the program uses', async (t) => {
   const sizes = Object.fromEntries([...l.header.structs.values()].map((s) => [s.name, s.size]));
   t.same(sizes, {
     lbn_svc_key: 8, lbn_svc: 16, lbn_slot: 8, lbn_member_key: 12, lbn_member: 8,
-    lbn_flow_key: 16, lbn_flow: 56,
+    lbn_way: 32, lbn_flow_key: 16, lbn_flow: 56,
     lbn_svc_key6: 20, lbn_slot6: 20, lbn_member_key6: 36, lbn_flow_key6: 40, lbn_flow6: 72,
     lbn_counter: 40, lbn_config: 32,
   });
@@ -24,6 +24,9 @@ t.test('the header parses into the structs the program uses', async (t) => {
   t.equal(l.struct('lbn_flow6').fields.find((f) => f.name === 'seen_ns')?.offset, 32, 'the IPv6 entry\'s u64 after explicit padding at 32');
   t.equal(l.constant('LBN_PORT_TRIES'), 8);
   t.equal(l.struct('lbn_flow').fields.find((f) => f.name === 'seen_ns')?.offset, 16, 'a u64 after four u32s sits at 16');
+  // The way out is one struct both families' entries end with, where its fields lay before (pinned flow maps keep their layout).
+  t.same(['lbn_flow', 'lbn_flow6'].map((n) => l.struct(n).fields.find((f) => f.name === 'way')), [
+    { name: 'way', offset: 24, size: 32, count: 1, struct: 'lbn_way' }, { name: 'way', offset: 40, size: 32, count: 1, struct: 'lbn_way' }]);
 });
 
 t.test('every offset and size matches clang\'s layout for the BPF target', { skip: clang ? false : 'clang is not installed (scripts/setup.sh installs it)' }, async (t) => {
