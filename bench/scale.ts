@@ -10,8 +10,9 @@
 //                        how many of them are packet sockets
 //   idle CPU             the agent's CPU (its threads at the scheduler's
 //                        resolution, its reaped children: nft) over a window
-//                        that opens 5 s after the start has settled (its
-//                        "settled" log line), % of a core
+//                        that opens 20 s after the start has settled (its
+//                        "settled" log line; V8's memory reducer done), % of
+//                        a core
 //   nft lines            `nft list ruleset | wc -l` in the node's namespace
 //   reload               the agent's CPU from SIGHUP of a config that changes
 //                        one backend of one service to 1 s after the reload
@@ -246,6 +247,8 @@ export interface ScaleResult {
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 const msg = (e: unknown): string => String((e as Error).message ?? e).replace(/\s+/g, ' ').slice(0, 300);
 const SCRAPE_SPACING_MS = 1250;
+/** The idle window opens this long after the start settled (the RSS is read at 5 s). */
+const IDLE_AFTER_SETTLED_MS = 20_000;
 /** Scrapes spaced past the reuse of a gather, before the RSS after scrapes is read. */
 export const SPACED_SCRAPES = 20;
 const BURST = { rate: 50, seconds: 10, timeoutMs: 2000 };
@@ -353,6 +356,11 @@ async function measureSize(n: number, o: ScaleOptions): Promise<ScaleRun> {
     await sleep(5000);
     const rssMiB = (memoryOf(pid)?.rssKiB ?? NaN) / 1024;
     const fds = descriptorsOf(pid);
+    // V8's memory reducer is the start's too: about 8 s after the
+    // allocation rate falls it runs up to three compacting collections
+    // (at 1,000 services some 400 ms of marking in all, in a second or
+    // two), which an idle window opened earlier may or may not hold.
+    await sleep(IDLE_AFTER_SETTLED_MS - 5000);
     const c0 = cpuFineWithChildrenMs(pid);
     const i0 = Date.now();
     await sleep(o.idleSeconds * 1000);
