@@ -274,7 +274,8 @@ async function main(): Promise<void> {
         break;
       case 'scale':
         await runArea(area, async () => {
-          results.scale = await benchScale({ sizes: args.scaleSizes, engine: args.scaleEngine, rounds: R, idleSeconds: q ? 5 : 20, log: log(area) });
+          // 30 s of idle: six health-check periods and one drift resync at their defaults, whole.
+          results.scale = await benchScale({ sizes: args.scaleSizes, engine: args.scaleEngine, rounds: R, idleSeconds: q ? 5 : 30, log: log(area) });
           if (results.scale.summary.length === 0) throw new Error(results.scale.errors.join('; ') || 'no size measured');
         });
         break;

@@ -10,12 +10,15 @@
 //                        how many of them are packet sockets
 //   idle CPU             the agent's CPU (its threads at the scheduler's
 //                        resolution, its reaped children: nft) over a window
-//                        that opens 5 s after the start has settled (its
-//                        "settled" log line), % of a core
+//                        that opens 20 s after the start has settled (its
+//                        "settled" log line; V8's memory reducer done), % of
+//                        a core
 //   nft lines            `nft list ruleset | wc -l` in the node's namespace
 //   reload               the agent's CPU from SIGHUP of a config that changes
 //                        one backend of one service to 1 s after the reload
-//                        is applied, less the idle rate over that time
+//                        is applied, less the idle rate over that time;
+//                        RELOADS of them (the swap and the swap back), their
+//                        median and quartiles
 //   health transition    one backend of one service (a listener of its own,
 //                        on a port no other service checks) stopped, later
 //                        started again: the agent's CPU from its transition log
@@ -49,9 +52,16 @@ import { agentCli, waitStatus, unitEnvironment } from '../lab/agent';
 import { controlStream } from '../agent/control/server';
 import { runAgent, stopAgent, logTime, FAST_ARP, type AgentHandle } from './lib/agent';
 import { cpuFineWithChildrenMs, descriptorsOf, memoryOf } from './lib/procfs';
-import { median, round } from './lib/stats';
+import { median, percentile, round } from './lib/stats';
 
 export const SCALE_SIZES = [10, 100, 500, 1000] as const;
+
+/**
+ * Reloads per size, at least: one reload's CPU less the idle rate varies by
+ * what else of the agent's fell in its window (a drift resync, a
+ * collection), so a median of few moves between runs of the same code.
+ */
+export const RELOADS = 10;
 
 const NODE = '10.96.0.2';
 const MON = '10.96.0.3';
@@ -192,7 +202,9 @@ export interface ScaleRun {
 
 export interface ScaleSummaryRow {
   services: number; backends: number; readyMs: number; rssMiB: number; rssAfterScrapesMiB: number; descriptors: number; packetSockets: number; idleCpuPercent: number; nftLines: number;
-  reloadCpuMs: number; transitionCpuMs: number; scrapeCpuMs: number; metricsBytesPerService: number; metricsBytes: number;
+  reloadCpuMs: number; transitionCpuMs: number; scrapeCpuMs: number;
+  /** Quartiles of the reloads' and the transitions' CPU: how far one run's events spread. */
+  reloadCpuP25Ms: number; reloadCpuP75Ms: number; transitionCpuP25Ms: number; transitionCpuP75Ms: number; metricsBytesPerService: number; metricsBytes: number;
   burstFailed: number; burstSent: number; burstP99Ms: number;
   statusCliMs: number; nodeStartMs: number; statusRequestMs: number; statusBytes: number; stopMs: number;
   refLines: number; refDeltaWallMs: number; refDeltaCpuMs: number; refFullWallMs: number; refFullCpuMs: number;
@@ -204,6 +216,8 @@ export function summarizeScale(runs: readonly ScaleRun[]): ScaleSummaryRow[] {
   return runs.filter((r) => r.error === undefined).map((r) => ({
     services: r.services, backends: r.backends, readyMs: r.readyMs, rssMiB: round(r.rssMiB, 1), rssAfterScrapesMiB: round(r.rssAfterScrapesMiB ?? NaN, 1), descriptors: r.descriptors, packetSockets: r.packetSockets, idleCpuPercent: round(r.idleCpuPercent, 2), nftLines: r.nftLines,
     reloadCpuMs: m(r.reloadCpuMs), transitionCpuMs: m(r.transitionCpuMs), scrapeCpuMs: round(r.scrapeCpuMs, 1),
+    reloadCpuP25Ms: round(percentile(r.reloadCpuMs, 0.25), 1), reloadCpuP75Ms: round(percentile(r.reloadCpuMs, 0.75), 1),
+    transitionCpuP25Ms: round(percentile(r.transitionCpuMs, 0.25), 1), transitionCpuP75Ms: round(percentile(r.transitionCpuMs, 0.75), 1),
     metricsBytesPerService: Math.round(r.metricsBytesPerService), metricsBytes: r.metricsBytes,
     burstFailed: r.burst.failed, burstSent: r.burst.sent, burstP99Ms: r.burst.p99Ms,
     statusCliMs: m(r.statusCliMs), nodeStartMs: m(r.nodeStartMs ?? []), statusRequestMs: m(r.statusRequestMs), statusBytes: r.statusBytes, stopMs: r.stopMs,
@@ -233,6 +247,8 @@ export interface ScaleResult {
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 const msg = (e: unknown): string => String((e as Error).message ?? e).replace(/\s+/g, ' ').slice(0, 300);
 const SCRAPE_SPACING_MS = 1250;
+/** The idle window opens this long after the start settled (the RSS is read at 5 s). */
+const IDLE_AFTER_SETTLED_MS = 20_000;
 /** Scrapes spaced past the reuse of a gather, before the RSS after scrapes is read. */
 export const SPACED_SCRAPES = 20;
 const BURST = { rate: 50, seconds: 10, timeoutMs: 2000 };
@@ -340,6 +356,11 @@ async function measureSize(n: number, o: ScaleOptions): Promise<ScaleRun> {
     await sleep(5000);
     const rssMiB = (memoryOf(pid)?.rssKiB ?? NaN) / 1024;
     const fds = descriptorsOf(pid);
+    // V8's memory reducer is the start's too: about 8 s after the
+    // allocation rate falls it runs up to three compacting collections
+    // (at 1,000 services some 400 ms of marking in all, in a second or
+    // two), which an idle window opened earlier may or may not hold.
+    await sleep(IDLE_AFTER_SETTLED_MS - 5000);
     const c0 = cpuFineWithChildrenMs(pid);
     const i0 = Date.now();
     await sleep(o.idleSeconds * 1000);
@@ -352,7 +373,7 @@ async function measureSize(n: number, o: ScaleOptions): Promise<ScaleRun> {
     // Reloads: s1's last backend swapped, then back.
     const reloadCpuMs: number[] = [];
     const reloadWallMs: number[] = [];
-    for (let r = 0; r < o.rounds * 2; r++) {
+    for (let r = 0; r < Math.max(RELOADS, o.rounds * 2); r++) {
       const before = (await a.status()).config.generation;
       a.writeConfig(scaleConfig(n, r % 2 === 0, o.engine));
       const logsBefore = a.logs.length;

@@ -112,7 +112,12 @@ export interface HealthCheckerOptions {
    * fewer wake-ups; immaterial next to the 5% jitter).
    */
   readonly coalesceMs?: number;
-  /** Uniform [0, 1) source for phase and jitter (default Math.random). */
+  /**
+   * Uniform [0, 1) source for jitter (default Math.random). When given,
+   * each target's phase is drawn from it too, in the order targets are
+   * added (tests pin phases so); by default phases are spread evenly over
+   * the period (scheduler.ts, spreadPhase).
+   */
   readonly random?: () => number;
 }
 
@@ -276,6 +281,7 @@ export class HealthChecker extends EventEmitter<HealthCheckerEvents> {
       jitter: opts.jitter ?? 0.05,
       coalesceMs: opts.coalesceMs ?? 0,
       random: opts.random ?? Math.random,
+      ...(opts.random !== undefined ? { phase: opts.random } : {}),
       run: (run) => this.runProbe(run),
       onAbort: (run) => this.abortProbe(run),
       onSkip: (_key, reason, count) => this.metrics.skip(reason, count),

@@ -12,10 +12,19 @@
 // Promise, AbortController, closure or Map lookup per run.
 //
 // Timing rules:
-// - A key is run at once when added (when started), then on the grid
-//   first + phase + k*period (k >= 1), with phase uniform in [0, period):
-//   10,000 keys added together are probed together once (bounded by
-//   maxInFlight), then spread evenly over the period.
+// - A key is run at once when added (when started): a new service's first
+//   verdict does not wait for its place in the period. Its grid then starts
+//   at the first point at least one period later that falls on its phase:
+//   grid points are phase*period + k*period on the clock, the same points
+//   whenever the key's grid is restarted (runSoon, a new subscriber), so
+//   a reload leaves every key where it was. By default the phase of the
+//   key in slot i is frac((i + 1) * 0.618...), the golden-ratio sequence:
+//   the first n slots split the period into gaps of at most three lengths
+//   (Steinhaus' three-gap theorem), so at any moment about 1/period of the
+//   keys are due, and a slot freed by a removed key is taken, phase and
+//   all, by the next key added. 10,000 keys added together are probed
+//   together once (bounded by maxInFlight), then evenly over the period, as
+//   HAProxy spreads its checks (spread-checks) rather than bunching them.
 // - Each run is moved by a jitter uniform in [-jitter, +jitter] * period
 //   around its grid point (HAProxy spread-checks, Envoy interval_jitter); the
 //   grid itself does not move, so jitter never accumulates.
@@ -76,8 +85,14 @@ export interface SchedulerOptions<T = unknown> {
   readonly maxInFlight?: number;
   /** Jitter as a fraction of the period, 0 .. 0.5 (default 0.05). */
   readonly jitter?: number;
-  /** Uniform [0, 1) source; injectable for deterministic tests. */
+  /** Uniform [0, 1) source for jitter; injectable for deterministic tests. */
   readonly random?: () => number;
+  /**
+   * A key's phase, a fraction of its period in [0, 1), asked once when it
+   * is added; `slot` is its index, reused after a removal. Default
+   * spreadPhase(slot): even spacing. Tests pin phases here.
+   */
+  readonly phase?: (key: string, slot: number) => number;
   /** Called when a grid point is skipped. */
   readonly onSkip?: (key: string, reason: SkipReason, count: number) => void;
   /**
@@ -110,6 +125,8 @@ interface Entry<T> {
   /** False once removed: its heap slots and a waiting run are stale. */
   live: boolean;
   period: number;
+  /** Where in its period the key's grid points fall, [0, 1). */
+  phase: number;
   /** Next grid point not yet in the heap. */
   nextBase: number;
   /** Base of the last run fired; undefined while the first run is pending. */
@@ -223,6 +240,20 @@ class SlotHeap {
   }
 }
 
+/** (sqrt(5) - 1) / 2: the golden-ratio sequence's step. */
+const GOLDEN = (Math.sqrt(5) - 1) / 2;
+
+/**
+ * The default phase of the key in slot i: frac((i + 1) * 0.618...), the
+ * golden-ratio (Weyl) sequence, whose first n points, for every n, split
+ * [0, 1) into gaps of at most three lengths, the largest under 2.62/n.
+ */
+export function spreadPhase(slot: number): number {
+  // From i + 1: no key's phase is exactly 0, the period's boundary.
+  const x = (slot + 1) * GOLDEN;
+  return x - Math.floor(x);
+}
+
 export class ProbeScheduler<T = undefined> {
   private readonly clock: Clock;
   private readonly runFn: SchedulerOptions<T>['run'];
@@ -231,6 +262,7 @@ export class ProbeScheduler<T = undefined> {
   private readonly maxInFlight: number;
   private readonly jitter: number;
   private readonly random: () => number;
+  private readonly phaseOf: (key: string, slot: number) => number;
   private readonly onSkip: SchedulerOptions<T>['onSkip'];
   private coalesceMs: number;
   private readonly entries = new Map<string, Entry<T>>();
@@ -261,6 +293,7 @@ export class ProbeScheduler<T = undefined> {
     this.maxInFlight = Math.max(1, Math.floor(opts.maxInFlight ?? 256));
     this.jitter = Math.min(0.5, Math.max(0, opts.jitter ?? 0.05));
     this.random = opts.random ?? Math.random;
+    this.phaseOf = opts.phase ?? ((_key, slot) => spreadPhase(slot));
     this.onSkip = opts.onSkip;
     this.coalesceMs = Math.max(0, opts.coalesceMs ?? 0);
   }
@@ -281,8 +314,9 @@ export class ProbeScheduler<T = undefined> {
       return;
     }
     const index = this.freeIndex.length > 0 ? this.freeIndex.pop()! : this.byIndex.length;
+    const phase = this.phaseOf(key, index);
     const e: Entry<T> = {
-      key, index, data: data as T, live: true, period: periodMs, nextBase: 0, lastBase: undefined, gen: 0,
+      key, index, data: data as T, live: true, period: periodMs, phase: phase >= 0 && phase < 1 ? phase : 0, nextBase: 0, lastBase: undefined, gen: 0,
       inFlight: false, waiting: false, pendingBase: 0, pendingDue: 0, pendingExtra: false, current: undefined, spare: undefined,
     };
     this.byIndex[index] = e;
@@ -298,9 +332,11 @@ export class ProbeScheduler<T = undefined> {
     if (!this.running) return;
     if (e.lastBase === undefined) {
       // The first run is still pending: only the grid after it changes.
-      e.nextBase = this.clock.now() + periodMs + this.random() * periodMs;
+      e.nextBase = gridFrom(e, this.clock.now() + periodMs);
       return;
     }
+    // The grid is anchored at the last run: the new period neither shortens
+    // the gap to it below one period nor stretches it beyond.
     this.scheduleAt(e, Math.max(e.lastBase + periodMs, this.clock.now()));
   }
 
@@ -378,13 +414,14 @@ export class ProbeScheduler<T = undefined> {
 
   // --- internals -------------------------------------------------------------
 
-  /** Due now; the grid restarts at now + phase + period. */
+  /** Due now; the grid restarts at its first point one period or more later. */
   private scheduleFirst(e: Entry<T>, now: number, arm = true): void {
     e.lastBase = undefined;
     e.gen = ++this.genCounter;
     this.heap.push(now, now, e.index, e.gen);
-    // The grid that follows: phase spreads keys over the period.
-    e.nextBase = now + e.period + this.random() * e.period;
+    // At least a period after this run: a subscriber takes a grid result
+    // only a period after the last one it took.
+    e.nextBase = gridFrom(e, now + e.period);
     if (arm) this.arm();
   }
 
@@ -554,4 +591,10 @@ export class ProbeScheduler<T = undefined> {
       this.waitHead = 0;
     }
   }
+}
+
+/** The key's first grid point at or after t: phase * period + k * period on the clock. */
+function gridFrom(e: { readonly period: number; readonly phase: number }, t: number): number {
+  const offset = e.phase * e.period;
+  return offset + Math.ceil((t - offset) / e.period) * e.period;
 }

@@ -2,7 +2,8 @@
 // the reload's config changes one backend of one service and nothing else,
 // the kube-proxy-style reference replaces that same backend by one map
 // element, nft's timing is read from bash `times`, an event's CPU is read
-// between samples, and the targets are judged at 1,000 services only.
+// between samples, the targets are judged at 1,000 services only, and the
+// reloads and transitions are reported with their quartiles.
 import t from 'tap';
 import { backendsOf, scaleConfig, referenceTables, parseTimed, cpuBetween, summarizeScale, type ScaleRun } from '../../bench/scale';
 import { scaleTable, scaleTargets } from '../../bench/lib/report';
@@ -90,4 +91,17 @@ t.test('the RSS target judges the larger of the settled RSS and the RSS after 20
   const text = scaleTable({ scale: { config: {} as never, summary: summarizeScale([run(120)]), raw: [], errors: [] } } as never) ?? '';
   t.match(text, /\| RSS MiB \| RSS after 20 scrapes MiB \|/);
   t.match(text, /\n\| 1,000 \(3,000\) \| 0\.0 \| 70\.0 \| 120\.0 \|/);
+});
+
+t.test('reloads and transitions: the median with the quartiles, so a run shows its own spread', async (t) => {
+  const run = { services: 1000, backends: 3000, readyMs: 1, rssMiB: 70, descriptors: 60, packetSockets: 3, idleWindowSeconds: 30, idleCpuMs: 50, idleCpuPercent: 0.5, nftLines: 10,
+    reloadCpuMs: [70, 10, 20, 30, 40, 50, 60, 80, 90, 100], reloadWallMs: [1], transitionCpuMs: [8, 2, 4, 6], transitionKinds: ['down', 'up', 'down', 'up'], scrapeCpuMs: 10, scrapes: 4, metricsBytes: 1, metricsBytesPerService: 300,
+    burst: { rate: 50, seconds: 10, sent: 500, ok: 500, failed: 0, p50Ms: 1, p99Ms: 2, errors: [] }, statusCliMs: [40], statusRequestMs: [5], statusBytes: 1, stopMs: 1500, stopKilled: false,
+    reference: { lines: 1, elements: 1, fullWallMs: [1], fullCpuMs: [1], deltaWallMs: [1], deltaCpuMs: [1] } } satisfies ScaleRun;
+  const [s] = summarizeScale([run]);
+  t.same([s!.reloadCpuMs, s!.reloadCpuP25Ms, s!.reloadCpuP75Ms], [55, 30, 80], 'reloads: median 55, quartiles 30 and 80');
+  t.same([s!.transitionCpuMs, s!.transitionCpuP25Ms, s!.transitionCpuP75Ms], [5, 2, 6], 'transitions: median 5, quartiles 2 and 6');
+  const text = scaleTable({ scale: { config: {} as never, summary: [s!], raw: [], errors: [] } } as never) ?? '';
+  t.match(text, /\| 55\.0 \(30\.0-80\.0\) \|/, 'the table gives the quartiles beside the median');
+  t.match(text, /\| 5\.0 \(2\.0-6\.0\) \|/);
 });

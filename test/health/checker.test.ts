@@ -3,6 +3,7 @@
 // disabled, shared targets probed once with per-service thresholds, periods
 // and timeouts, reload keeping state, passive checks, 'change' events, metrics,
 // a backend gone down bringing its up siblings' probes forward.
+// Checks of 1,000 services spread over the period, kept there by a reload.
 // Then the checker as the daemon builds it, on loopback: TCP probes run on the
 // native batch prober (a test that fails if they silently fall back to Node
 // sockets), the fallback says so, and probes that find no descriptor
@@ -669,4 +670,46 @@ t.test('healthy() answers the same list until a backend of that service changes 
   await s.advance(1);
   t.same(s.addrs('default/web'), ['10.0.0.1', '10.0.0.4'], 'a changed spec is taken: its new backend probed and up');
   s.hc.stop();
+});
+
+t.test('1,000 services: checks spread over the period, and a reload keeps every kept target\'s phase', async (t) => {
+  const clock = new ManualClock(0);
+  const probe: Probe = async () => OK;
+  const hc = new HealthChecker({ clock, registry: new Registry(), probe, maxInFlight: 4096 });
+  const bases: { target: string; base: number }[] = [];
+  hc.on('probe', (r) => bases.push({ target: r.target, base: r.slot.base }));
+  const addr = (i: number, j: number): string => `10.1.${(i * 3 + j) >> 8}.${(i * 3 + j) & 255}`;
+  const specs = (changed: number | undefined): ReturnType<typeof service>[] => Array.from({ length: 1000 }, (_, i) => service({
+    name: `s${i}`, backends: [0, 1, 2].map((j) => (i === changed && j === 2 ? '10.9.9.9' : addr(i, j))),
+  }));
+  hc.update(specs(undefined));
+  hc.start();
+  const advance = async (ms: number): Promise<void> => { for (let left = ms; left > 0; left -= 10) { clock.advance(10); await flush(); } };
+  await advance(11_000);
+  const phases = (from: number, to: number): Map<string, number> => {
+    const m = new Map<string, number>();
+    for (const b of bases) if (b.base >= from && b.base < to) m.set(b.target, b.base % 5000);
+    return m;
+  };
+  const before = phases(5000, 10_000);
+  t.equal(before.size, 3000, 'each target once in its second period');
+  const perSecond = [0, 0, 0, 0, 0];
+  for (const p of before.values()) perSecond[Math.floor(p / 1000)]!++;
+  t.ok(perSecond.every((n) => n >= 590 && n <= 610), `per second of the period: ${perSecond.join(', ')}`);
+  // A reload: every spec a new object (as config/load makes them), one backend swapped.
+  hc.update(specs(7));
+  const at = clock.now();
+  await advance(11_000);
+  hc.stop();
+  const after = phases(at + 5000, at + 10_000);
+  let kept = 0;
+  let moved = 0;
+  for (const [target, p] of before) {
+    if (!after.has(target)) continue;
+    kept++;
+    if (Math.abs(after.get(target)! - p) > 1e-6) moved++;
+  }
+  t.equal(kept, 2999, 'every target but the swapped one kept');
+  t.equal(moved, 0, 'none moved in its period');
+  t.ok(bases.some((b) => b.target.includes('10.9.9.9') && b.base === at), 'the new backend was probed at once');
 });

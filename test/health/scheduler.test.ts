@@ -2,7 +2,8 @@
 // at once, then spread over the period; jitter bounds; one timer for 10,000
 // keys at 1 s without falling behind; periods down to 0.1 s; the in-flight
 // bound keeps the schedule; busy and overrun skips; add/remove/setPeriod;
-// runExtra outside the grid.
+// runExtra outside the grid; 3,000 keys spread evenly over their period,
+// and kept there across a reload.
 import t from 'tap';
 import { prng } from '../helpers/random';
 import { ManualClock, type Clock, type TimerHandle } from '../../agent/clock';
@@ -401,4 +402,78 @@ t.test('runExtra waits for a free slot like a grid run, and keeps its flag', asy
   t.same(h.runs.slice(2).map((r) => [r.key, r.extra]), [['a', true], ['b', true]], 'both ran, in order, flagged');
   h.sched.stop();
   t.equal(h.sched.runExtra('a'), false, 'nothing once stopped');
+});
+
+/** Grid runs per 100 ms bucket of [from, from + periodMs), by due time. */
+function buckets(runs: readonly { due: number }[], from: number, periodMs: number): number[] {
+  const out = new Array<number>(periodMs / 100).fill(0);
+  for (const r of runs) if (r.due >= from && r.due < from + periodMs) out[Math.floor((r.due - from) / 100)]!++;
+  return out;
+}
+
+t.test('3,000 keys over a 5 s period: about 1/period of them due at any moment, not bunched', async (t) => {
+  const clock = new ManualClock(0);
+  const runs: { key: string; base: number; due: number }[] = [];
+  const s = new ProbeScheduler({ clock, jitter: 0, maxInFlight: 10_000, run: (run) => { runs.push({ key: run.key, base: run.base, due: run.due }); run.done(); } });
+  for (let i = 0; i < 3000; i++) s.add(`svc${i % 1000}|10.0.${i % 4}.${i % 250}|8080|${i}`, 5000);
+  s.start();
+  for (let ms = 0; ms < 15_000; ms += 10) clock.advance(10);
+  s.stop();
+  t.equal(runs.filter((r) => r.due === 0).length, 3000, 'every key once at start');
+  for (const from of [5000, 10_000]) {
+    const b = buckets(runs, from, 5000);
+    t.equal(b.reduce((x, y) => x + y, 0), 3000, `each key once in [${from}, ${from + 5000})`);
+    // 3,000 over 50 buckets: 60 each. A uniformly random phase spreads them as
+    // Poisson(60) (a bucket of 45 or 75 somewhere in most periods).
+    t.ok(Math.min(...b) >= 58 && Math.max(...b) <= 62, `per 100 ms, ${Math.min(...b)} to ${Math.max(...b)} due`);
+  }
+});
+
+t.test('with the default jitter, every 1 s window holds a fifth of a 5 s period\'s checks', async (t) => {
+  const clock = new ManualClock(0);
+  const due: number[] = [];
+  const s = new ProbeScheduler({ clock, random: prng(11), maxInFlight: 10_000, run: (run) => { due.push(run.due); run.done(); } });
+  for (let i = 0; i < 3000; i++) s.add(`k${i}`, 5000);
+  s.start();
+  for (let ms = 0; ms < 30_000; ms += 10) clock.advance(10);
+  s.stop();
+  const counts: number[] = [];
+  for (let from = 6000; from + 1000 <= 29_000; from += 250) counts.push(due.filter((d) => d >= from && d < from + 1000).length);
+  t.ok(counts.length > 80, `${counts.length} windows`);
+  t.ok(Math.min(...counts) >= 570 && Math.max(...counts) <= 630, `checks a 1 s window: ${Math.min(...counts)} to ${Math.max(...counts)} (600 is a fifth)`);
+});
+
+t.test('phases survive restarts of a grid, removals and additions: a reload does not re-bunch', async (t) => {
+  const clock = new ManualClock(0);
+  const runs: { key: string; base: number; due: number; extra: boolean }[] = [];
+  const s = new ProbeScheduler({ clock, jitter: 0, maxInFlight: 10_000, run: (run) => { runs.push({ key: run.key, base: run.base, due: run.due, extra: run.extra }); run.done(); } });
+  for (let i = 0; i < 3000; i++) s.add(`k${i}`, 5000);
+  s.start();
+  for (let ms = 0; ms < 10_500; ms += 10) clock.advance(10);
+  const phaseOf = (from: number): Map<string, number> => {
+    const m = new Map<string, number>();
+    for (const r of runs) if (!r.extra && r.base >= from && r.base > 0) m.set(r.key, r.base % 5000);
+    return m;
+  };
+  const before = phaseOf(5000);
+  t.equal(before.size, 3000, 'every key on its grid');
+  // A reload: 300 keys go, 300 new ones come, 100 kept keys get a new
+  // subscriber (runSoon), the rest are added again unchanged.
+  for (let i = 0; i < 300; i++) s.remove(`k${i}`);
+  for (let i = 0; i < 300; i++) s.add(`n${i}`, 5000);
+  for (let i = 300; i < 400; i++) s.runSoon(`k${i}`);
+  for (let i = 300; i < 3000; i++) s.add(`k${i}`, 5000);
+  const at = clock.now();
+  clock.advance(0);
+  t.equal(runs.filter((r) => r.due === at).length, 400, 'new keys and those with a new subscriber run at once');
+  for (let ms = 0; ms < 12_000; ms += 10) clock.advance(10);
+  s.stop();
+  const after = phaseOf(at + 5000);
+  let moved = 0;
+  for (let i = 300; i < 3000; i++) if (Math.abs(after.get(`k${i}`)! - before.get(`k${i}`)!) > 1e-6) moved++;
+  t.equal(moved, 0, 'no kept key changed phase');
+  const freed = new Set([...before].filter(([k]) => Number(k.slice(1)) < 300).map(([, p]) => Math.round(p * 1000)));
+  t.ok([...after].filter(([k]) => k.startsWith('n')).every(([, p]) => freed.has(Math.round(p * 1000))), 'new keys took the phases the removed ones left');
+  const b = buckets(runs.filter((r) => !r.extra), 16_000, 5000);
+  t.ok(Math.min(...b) >= 58 && Math.max(...b) <= 62, `after the reload, per 100 ms: ${Math.min(...b)} to ${Math.max(...b)} due`);
 });
