@@ -79,7 +79,7 @@ export const KEY_HELP: Readonly<Record<string, KeyHelp>> = {
   control: { text: 'The control socket.' },
   'control.socket': { text: 'The unix socket `lb-agent status`, `reload` and `withdraw` talk to.', probe: '/run/lb-agent/other.sock' },
   reconcile: { text: 'How the agent keeps the kernel holding its VIPs, macvlans, tables and sysctls while other programs change them (docs/operations.md, Drift).' },
-  'reconcile.resyncInterval': { text: 'Seconds between re-reads of the kernel\'s links, ruleset generation, eBPF programs and sysctls: the safety net for a lost notification. Every address is re-read at most every 5 minutes (at once when notifications were lost). Notifications trigger a repair at once.', probe: 10 },
+  'reconcile.resyncInterval': { text: 'Seconds between full re-reads of the kernel\'s links, addresses, ruleset generation and sysctls: the safety net for a lost notification. Notifications trigger a repair at once.', probe: 10 },
   dataplane: { text: '`kernel`: nftables forwards (NAT, or direct server return). `proxy`: the userspace proxy relays connections. `auto`: the kernel path where nftables works and no service asks for the PROXY protocol, else the proxy.' },
   pools: { text: 'IP pools, with kube-vip\'s keys. A pool service takes its VIP from `cidr-<namespace>`, then `cidr-global`, `range-<namespace>`, `range-global`.', probe: { 'range-global': '10.0.0.200-10.0.0.230' } },
   'pools.<key>': { text: 'A key `cidr-<namespace|global>` (comma-separated CIDRs) or `range-<namespace|global>` (comma-separated `first-last` ranges).', probe: '10.0.0.230-10.0.0.239' },

@@ -1,8 +1,7 @@
 // The drift guard (driver): keeps the kernel holding what the agent put
 // there while others change it. It observes - rtnetlink link and address
 // notifications, nftables commit notifications, the sysctls the agent set,
-// and a periodic re-read as the safety net for a lost notification (the
-// links every resync, every address every ADDRESS_RESYNC_MS) -
+// and a periodic full re-read as the safety net for a lost notification -
 // runs the pure comparison of daemon/drift-plan.ts over the held VIPs and
 // that snapshot, and has each difference repaired by its owner: the address
 // source for its address and macvlan, the data path for its tables, the
@@ -117,16 +116,6 @@ export interface DriftStatus {
  */
 const SYSCTL_POLL_MS = 250;
 
-/**
- * The periodic resync dumps every address of every link (at 1,000 VIPs the
- * largest read the guard makes, and most of its idle cost) at most this
- * often (ms); the resyncs between re-read the links, the ruleset's
- * generation and the programs, and take addresses from the notifications.
- * A lost notification is told by the watch itself (ENOBUFS), which brings a
- * full re-read at once; this dump is the net under that net.
- */
-const ADDRESS_RESYNC_MS = 300_000;
-
 /** A repair that did not take is tried again this much later (ms). */
 const RETRY_MS = 1000;
 
@@ -165,8 +154,6 @@ export class DriftGuard {
   /** The other networks' NICs' own addresses, by ifindex, as last followed. */
   private readonly nicAddresses = new Map<number, string | undefined>();
   private lastResync: number | undefined;
-  /** When (clock ms) every address was last read. */
-  private addressesReadAt = -Infinity;
   private readonly counts = Object.fromEntries(DRIFT_KINDS.map((k) => [k, 0])) as Record<DriftKind, number>;
   /** The drift of the last check not repaired (backing off, failed), by subject. */
   private outstanding = new Map<string, Drift>();
@@ -221,9 +208,7 @@ export class DriftGuard {
       };
       arm();
     };
-    every('resync', () => this.opts.resyncMs(), () => {
-      void this.resync('periodic resync', this.clock.now() - this.addressesReadAt >= ADDRESS_RESYNC_MS - this.opts.resyncMs() / 2);
-    });
+    every('resync', () => this.opts.resyncMs(), () => { void this.resync('periodic resync'); });
     every('poll', () => this.opts.sysctlPollMs ?? SYSCTL_POLL_MS, () => { void this.pollSysctls(); });
   }
 
@@ -259,27 +244,17 @@ export class DriftGuard {
 
   // --- observing ----------------------------------------------------------
 
-  /** The links, and with `addresses` every address, read again whole; without, the addresses of links gone are dropped. */
-  private async readAll(addresses = true): Promise<void> {
-    const [links, addrs4, addrs6] = await Promise.all([
-      this.opts.netlink.listLinks(),
-      addresses ? this.opts.netlink.listAddresses() : [],
-      addresses ? this.opts.netlink.listAddresses(undefined, 'IPv6') : [],
-    ]);
+  private async readAll(): Promise<void> {
+    const [links, addrs4, addrs6] = await Promise.all([this.opts.netlink.listLinks(), this.opts.netlink.listAddresses(), this.opts.netlink.listAddresses(undefined, 'IPv6')]);
+    const addrs = [...addrs4, ...addrs6];
     this.links.clear();
     this.linkNames.clear();
+    this.addresses.clear();
+    this.marked.clear();
     for (const l of links) this.noteLink(l);
-    if (addresses) {
-      this.addresses.clear();
-      this.marked.clear();
-      for (const a of [...addrs4, ...addrs6]) {
-        this.addressSet(a.index).add(`${a.address}/${a.prefix}`);
-        if (this.isMarked(a)) this.markedOn(a.index).add(`${a.address}/${a.prefix}`);
-      }
-      this.addressesReadAt = this.clock.now();
-    } else {
-      for (const index of [...this.addresses.keys()]) if (!this.linkNames.has(index)) this.addresses.delete(index);
-      for (const index of [...this.marked.keys()]) if (!this.linkNames.has(index)) this.marked.delete(index);
+    for (const a of addrs) {
+      this.addressSet(a.index).add(`${a.address}/${a.prefix}`);
+      if (this.isMarked(a)) this.markedOn(a.index).add(`${a.address}/${a.prefix}`);
     }
     this.lastResync = this.clock.wallNow();
   }
@@ -351,11 +326,10 @@ export class DriftGuard {
     this.requestCheck();
   }
 
-  /** Read the kernel again (`addresses`: every address too, see ADDRESS_RESYNC_MS) and check everything. */
-  private async resync(why: string, addresses = true): Promise<void> {
+  private async resync(why: string): Promise<void> {
     if (this.stopped) return;
     try {
-      await this.readAll(addresses);
+      await this.readAll();
       this.followParent();
       const nft = this.nft;
       if (nft && nft.lastGen !== undefined) {
