@@ -63,7 +63,16 @@ export class ControlServer {
             reply = { ok: false, error: (e as Error).message };
           }
           if (sock.destroyed) return;
-          sock.end(reply instanceof JsonText ? `{"ok":true,"data":${reply.text}}\n` : `${JSON.stringify(reply)}\n`);
+          if (reply instanceof JsonText) {
+            // The kept text written as it is, between its envelope's two
+            // ends: a template around it would copy the whole document
+            // (megabytes at a thousand services) for every request.
+            sock.write('{"ok":true,"data":');
+            sock.write(reply.text);
+            sock.end('}\n');
+          } else {
+            sock.end(`${JSON.stringify(reply)}\n`);
+          }
         })();
       });
       sock.on('error', () => { /* client went away */ });

@@ -12,7 +12,7 @@
 import * as http from 'node:http';
 import type { Registry } from 'prom-client';
 import { LbError } from '../errors';
-import { exposition } from './series';
+import { expositionParts, type ExpositionPage } from './series';
 import type { Logger } from '../log';
 
 export interface Readiness {
@@ -52,23 +52,23 @@ export class MetricsServer {
     this.opts = opts;
   }
 
-  private gathering: Promise<string> | undefined;
-  private last: { text: string; at: number } | undefined;
+  private gathering: Promise<ExpositionPage> | undefined;
+  private last: { page: ExpositionPage; at: number } | undefined;
   /** Gathers run since start (tests read it). */
   gathers = 0;
 
-  /** The metrics text: the last gather if recent, the one under way if any, else a new one. */
-  private gather(limits: MetricsLimits): Promise<string> {
+  /** The metrics page: the last gather if recent, the one under way if any, else a new one. */
+  private gather(limits: MetricsLimits): Promise<ExpositionPage> {
     const now = Date.now();
-    if (this.last && now - this.last.at < limits.reuseMs) return Promise.resolve(this.last.text);
+    if (this.last && now - this.last.at < limits.reuseMs) return Promise.resolve(this.last.page);
     if (this.gathering) return this.gathering;
     this.gathers++;
-    const p = exposition(this.opts.registry).then((text) => {
-      const last = { text, at: Date.now() };
+    const p = expositionParts(this.opts.registry).then((page) => {
+      const last = { page, at: Date.now() };
       this.last = last;
-      // The page (half a MiB at a thousand services) is not kept past its reuse.
+      // Not kept past its reuse: a family's text it holds may have been replaced since.
       setTimeout(() => { if (this.last === last) this.last = undefined; }, limits.reuseMs).unref();
-      return text;
+      return page;
     }).finally(() => { this.gathering = undefined; });
     this.gathering = p;
     return p;
@@ -84,11 +84,22 @@ export class MetricsServer {
         return;
       }
       if (url === '/metrics') {
-        this.gather(limits).then((text) => {
+        this.gather(limits).then((page) => {
           // The client went away while the gather ran: nothing to send.
           if (res.destroyed || req.socket.destroyed) return;
-          res.writeHead(200, { 'content-type': registry.contentType });
-          res.end(text);
+          res.writeHead(200, { 'content-type': registry.contentType, 'content-length': page.bytes });
+          if (req.method === 'HEAD') {
+            res.end();
+            return;
+          }
+          // The headers alone first: written with the first part, they
+          // would be prepended to it, a copy of a family's whole text.
+          res.flushHeaders();
+          // Written in one turn, the parts leave in one writev (http corks
+          // the socket until the next tick); the socket copies them outside
+          // the JavaScript heap.
+          for (const part of page.parts) res.write(part);
+          res.end();
         }, (err: Error) => {
           if (res.destroyed) return;
           res.writeHead(500, { 'content-type': 'text/plain' }).end(`metrics collection failed: ${err.message}\n`);

@@ -4,7 +4,7 @@
 // label left out) is ever served from the kept text.
 import t from 'tap';
 import { Registry, Gauge, Counter } from '../../agent/metrics/prom';
-import { SeriesFamily, exposition, valueText } from '../../agent/metrics/series';
+import { SeriesFamily, exposition, expositionParts, valueText } from '../../agent/metrics/series';
 
 const HELP = 'A help text with a \\ backslash\nand a newline.';
 
@@ -26,6 +26,20 @@ t.test('the text is prom-client\'s for the same series, escapes and left-out lab
   t.equal(await exposition(ours), await theirs.metrics(), 'exposition() of a family and a prom-client counter');
   t.equal(await ours.metrics(), await theirs.metrics(), 'registry.metrics() reads the family through get()');
   t.equal(valueText(-0), '0');
+});
+
+t.test('the page as parts: each family\'s kept text itself, joined the registry\'s text, its bytes counted in UTF-8', async (t) => {
+  const r = new Registry();
+  const f = new SeriesFamily({ name: 'up', help: 'h', type: 'gauge', labelNames: ['service'], registers: [r] });
+  for (let i = 0; i < 100; i++) f.set([i === 3 ? 'gr\u00fc\u00dfe' : `s${i}`], 1);
+  new Counter({ name: 'y_total', help: 'prom-client\'s own.', registers: [r] }).inc(5);
+  const page = await expositionParts(r);
+  const text = page.parts.join('');
+  t.equal(text, await r.metrics(), 'joined, the registry\'s text');
+  t.equal(page.bytes, Buffer.byteLength(text), 'bytes: the UTF-8 length');
+  t.ok(page.parts.includes(await f.exposition()), 'the family\'s kept text is a part as it is, not a copy in a page');
+  const again = await expositionParts(r);
+  t.equal(again.parts.join(''), text, 'the same state: the same page');
 });
 
 t.test('a change renders that series again and no other; an unchanged family keeps its text', async (t) => {

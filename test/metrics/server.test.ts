@@ -10,6 +10,7 @@ import { MetricsServer, type MetricsLimits, type Readiness } from '../../agent/m
 import * as net from 'node:net';
 import { silentLogger } from '../../agent/log';
 import { within } from '../../lab/within';
+import { SeriesFamily } from '../../agent/metrics/series';
 
 interface Reply { status: number; headers: http.IncomingHttpHeaders; body: string }
 
@@ -49,6 +50,28 @@ t.test('/metrics is the registry it was given, in the text format', async (t) =>
   const head = await request(port, '/metrics', 'HEAD');
   t.equal(head.status, 200, 'HEAD is answered');
   t.equal(head.body, '', 'without a body');
+});
+
+t.test('a page of kept family texts is served byte for byte as registry.metrics() writes it, with its length', async (t) => {
+  const registry = new Registry();
+  const up = new SeriesFamily({ name: 'lbagent_test_up', help: 'Up.', type: 'gauge', labelNames: ['service', 'namespace'], registers: [registry] });
+  // A name outside ASCII: the length is of the UTF-8 bytes, not of the characters.
+  for (let i = 0; i < 1000; i++) up.set([i === 7 ? 'caf\u00e9-\u6f22' : `s${i}`, 'default'], i % 3 === 0 ? 0 : 1);
+  const c = new Counter({ name: 'lbagent_test_things_total', help: 'Things.', registers: [registry] });
+  c.inc(2);
+  const { port } = await serve(t, registry, () => ({ ready: true, notReady: [] }));
+  const want = await registry.metrics();
+  const r = await request(port, '/metrics');
+  t.equal(r.status, 200);
+  t.equal(r.body, want, 'the body is the registry\'s text');
+  t.equal(r.headers['content-length'], String(Buffer.byteLength(want)), 'content-length is its UTF-8 length');
+  t.equal(r.headers['transfer-encoding'], undefined, 'not chunked');
+  up.set(['s1', 'default'], 0);
+  const again = await request(port, '/metrics');
+  t.equal(again.body, await registry.metrics(), 'a changed value: the page is the registry\'s new text');
+  const head = await request(port, '/metrics', 'HEAD');
+  t.equal(head.headers['content-length'], String(Buffer.byteLength(again.body)), 'HEAD gives the length');
+  t.equal(head.body, '', 'and no body');
 });
 
 t.test('a collect callback that fails is a 500 that says so, and the next scrape works', async (t) => {
