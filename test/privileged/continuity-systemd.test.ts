@@ -8,12 +8,13 @@
 // stop` still leaves no address, link or table.
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import t from 'tap';
+import t, { type Test } from 'tap';
 import { requireSystemdContainer } from '../helpers/privileged';
 import { run, waitFor, type Lab } from '../../lab/netns';
 import { bootSystemdContainer, type SystemdContainer } from '../../lab/systemd-container';
 import type { StatusDocument } from '../../agent/daemon/daemon';
 import { buildContinuityLab, continuityConfig, describeReport, Loops } from '../../lab/continuity';
+import type { GapReport } from '../../lab/client-loop';
 
 const SERVICES = [{ name: 'web', ipam: 'dhcp' as const }, { name: 'api', ipam: 'pool' as const }];
 const REPO = path.resolve(__dirname, '..', '..', '..');
@@ -47,6 +48,23 @@ async function netState(lab: Lab, ns: string): Promise<{ links: string[]; vips: 
   return { links, vips, table };
 }
 
+/**
+ * Where a gap went, for whoever reads a failure: each failed request's
+ * start (host clock, which the container shares) and how far from the
+ * event at `at` (a request that failed before the event was lost to
+ * something else: on a loaded machine, a client or backend process that
+ * did not run in time), then the unit's journal from the event on
+ * (Restart=, the preflight, Node's start, the first apply), timestamped
+ * to the microsecond.
+ */
+async function commentGap(t: Test, vm: SystemdContainer, cursor: string, at: number, reports: Record<string, GapReport>): Promise<void> {
+  for (const [name, rep] of Object.entries(reports)) {
+    for (const f of rep.failures) t.comment(`${name}: ${new Date(f.t).toISOString()} (${f.t - at} ms from the event) +${f.ms} ms ${f.error ?? ''}`);
+  }
+  const lines = (await vm.journal('lb-agent', { after: cursor })).split('\n');
+  t.comment(lines.filter((l) => !/"level":(20|10)/.test(l)).slice(0, 80).map((l) => l.slice(0, 260)).join('\n'));
+}
+
 for (const dataplane of ['kernel', 'proxy'] as const) {
   t.test(`${dataplane} path: systemctl restart and a SIGKILL that Restart= recovers`, async (t) => {
     if (!requireSystemdContainer(t)) return;
@@ -78,6 +96,7 @@ for (const dataplane of ['kernel', 'proxy'] as const) {
     if (dataplane === 'proxy') t.match(journal, /proxy listening on the socket an earlier process left/, 'the new proxy took its listeners from the fd store');
     await new Promise((r) => setTimeout(r, 1000));
     const afterRestart = await loops.stop(at);
+    if (Object.values(afterRestart).some((rep) => rep.failures.length > 0)) await commentGap(t, vm, cursor, at, afterRestart);
     for (const [name, rep] of Object.entries(afterRestart)) {
       t.ok(rep.count >= 50, `${name}: the loop ran across the restart (${rep.count})`);
       t.equal(rep.failures.length, 0, `${name}: no failed request across systemctl restart: ${describeReport(rep)}`);
@@ -90,6 +109,7 @@ for (const dataplane of ['kernel', 'proxy'] as const) {
     const loopsUp = await Loops.start(cl, vips, dataplane === 'proxy' ? 5000 : 500);
     t.teardown(() => loopsUp.stopQuietly());
     await new Promise((r) => setTimeout(r, 500));
+    const upCursor = await vm.cursor();
     const upAt = Date.now();
     const before = fs.readlinkSync(vm.file('/usr/lib/lb-agent'));
     await run(path.join(REPO, 'systemd', 'install.sh'), ['--root', vm.root, '--no-enable'], { timeoutMs: 120_000 });
@@ -101,7 +121,9 @@ for (const dataplane of ['kernel', 'proxy'] as const) {
     const maps = (await vm.sh(`cat /proc/${pid3}/maps`)).stdout;
     t.match(maps, new RegExp(`${path.basename(release)}/native/build/Release/lbagent_native\\.node`), 'the new process runs the new release');
     await new Promise((r) => setTimeout(r, 1000));
-    for (const [name, rep] of Object.entries(await loopsUp.stop(upAt))) {
+    const afterUpgrade = await loopsUp.stop(upAt);
+    if (Object.values(afterUpgrade).some((rep) => rep.failures.length > 0)) await commentGap(t, vm, upCursor, upAt, afterUpgrade);
+    for (const [name, rep] of Object.entries(afterUpgrade)) {
       t.ok(rep.count >= 50, `${name}: the loop ran across the upgrade (${rep.count})`);
       t.equal(rep.failures.length, 0, `${name}: no failed request across install.sh and restart: ${describeReport(rep)}`);
     }
@@ -119,11 +141,7 @@ for (const dataplane of ['kernel', 'proxy'] as const) {
     await restarted(vm, pid3);
     await new Promise((r) => setTimeout(r, 1000));
     const afterKill = await loops2.stop(killAt);
-    if (Object.values(afterKill).some((rep) => rep.failures.length > 0)) {
-      // Where the gap went (Restart=, the preflight, Node's start, the first apply), for whoever reads a failure.
-      const lines = (await vm.journal('lb-agent', { after: killCursor })).split('\n');
-      t.comment(lines.filter((l) => !/"level":(20|10)/.test(l)).slice(0, 40).map((l) => l.slice(0, 220)).join('\n'));
-    }
+    if (Object.values(afterKill).some((rep) => rep.failures.length > 0)) await commentGap(t, vm, killCursor, killAt, afterKill);
     for (const [name, rep] of Object.entries(afterKill)) {
       t.ok(rep.count >= 50, `${name}: the loop ran across the SIGKILL (${rep.count})`);
       if (dataplane === 'kernel') {
