@@ -62,7 +62,7 @@ t.test('perf report --children: the first (inclusive) share of each symbol', asy
 
 t.test('the report: medians per variant and kind, IPv6 less IPv4 paired by round', async (t) => {
   const run = (round: number, family: 'v4' | 'v6', hooksUs: number): CostRun => ({ round, variant: 'agent', kind: 'keepalive', family, rps: family === 'v4' ? 1000 : 900, requests: 3000, hooksUs, filterUs: 0.4, tapUs: family === 'v6' ? 0.1 : 0 });
-  const out = costTable([run(0, 'v4', 1.0), run(0, 'v6', 1.5), run(1, 'v4', 2.0), run(1, 'v6', 2.1), run(2, 'v4', 1.2), run(2, 'v6', 1.4)]).split('\n');
+  const out = costTable([run(0, 'v4', 1.0), run(0, 'v6', 1.5), run(1, 'v4', 2.0), run(1, 'v6', 2.1), run(2, 'v4', 1.2), run(2, 'v6', 1.4), run(3, 'v4', 1.2), run(3, 'v6', NaN)]).split('\n');
   t.equal(out.length, 3, 'a header, its rule, and the one variant and kind measured');
-  t.equal(out[2], '| agent | keep-alive | 1.20 | 1.50 | 0.20 | 0.40 | 0.40 | 0.00 | 0.10 | 1000 | 900 | 3 |');
+  t.equal(out[2], '| agent | keep-alive | 1.20 | 1.50 | 0.20 | 0.40 | 0.40 | 0.00 | 0.10 | 1000 | 900 | 3 |', 'a run perf read nothing in (NaN) is left out, and its pair with it');
 });
