@@ -28,14 +28,14 @@
 // Only lab namespaces are addressed.
 import { Lab } from '../lab/netns';
 import { waitStatus } from '../lab/agent';
-import { runAgent, stopAgent, natEngineServing, FAST_ARP, OWN_BPFFS } from './lib/agent';
+import { runAgent, stopAgent, natEngineServing, FAST_ARP, OWN_BPFFS, type AgentHandle } from './lib/agent';
 import { startNginxBackend } from './lib/peers';
 import { runWrk, type WrkResult } from './lib/load';
 import { median, round, rotate } from './lib/stats';
 
 const CLIENT = { v4: '10.99.0.2', v6: 'fd00:99::2' };
-const NODE = { v4: '10.99.0.10', v6: 'fd00:99::10' };
-const VIP = { v4: '10.99.0.50', v6: 'fd00:99::50' };
+export const NODE = { v4: '10.99.0.10', v6: 'fd00:99::10' };
+export const VIP = { v4: '10.99.0.50', v6: 'fd00:99::50' };
 /** The routed floor's address of the first backend, on its lo, reached through the node. */
 const ROUTED = { v4: '10.98.0.11', v6: 'fd00:98::11' };
 const BACKENDS = [{ v4: '10.99.0.11', v6: 'fd00:99::11' }, { v4: '10.99.0.12', v6: 'fd00:99::12' }, { v4: '10.99.0.13', v6: 'fd00:99::13' }];
@@ -82,7 +82,7 @@ export interface FamiliesResult {
   errors: string[];
 }
 
-function agentConfig(path: FamilyPath): Record<string, unknown> {
+export function agentConfig(path: FamilyPath): Record<string, unknown> {
   const dsr = path === 'dsr';
   return {
     node: { interface: 'eth0' },
@@ -162,6 +162,28 @@ async function natFloor(lab: Lab, node: string, on: boolean): Promise<void> {
   await lab.exec(node, 'nft', ['-f', '-'], { input: natFloorScript(on) });
 }
 
+/** The lab: a client, a node and three nginx backends on one LAN, an address of each family on every host; the namespaces. */
+export async function familiesLab(lab: Lab): Promise<{ client: string; node: string; backendNs: string[] }> {
+  const tune = 'sysctl -qw net.ipv4.ip_local_port_range="1024 65535" net.ipv4.tcp_tw_reuse=1 net.core.somaxconn=4096';
+  const client = await lab.addHost('client', { address: `${CLIENT.v4}/24`, ipv6: [`${CLIENT.v6}/64`] });
+  const node = await lab.addHost('node', { address: `${NODE.v4}/24`, ipv6: [`${NODE.v6}/64`] });
+  await lab.sh(client, tune);
+  await lab.sh(node, tune);
+  const backendNs: string[] = [];
+  for (const [i, b] of BACKENDS.entries()) {
+    const ns = await lab.addHost(`b${i + 1}`, { address: `${b.v4}/24`, ipv6: [`${b.v6}/64`] });
+    backendNs.push(ns);
+    await lab.sh(ns, tune);
+    await startNginxBackend(lab, ns, `b${i + 1}`, 8080, undefined, true);
+  }
+  return { client, node, backendNs };
+}
+
+/** Wait until the agent serves both VIPs with every backend healthy. */
+export function familiesServing(agent: AgentHandle): Promise<unknown> {
+  return waitStatus(agent, 'both VIPs serving, every backend healthy', (s) => s.services.length === 2 && s.services.every((x) => x.ready && x.healthyBackends === 3), 30_000);
+}
+
 export async function benchFamilies(o: FamiliesOptions): Promise<FamiliesResult> {
   const lab = await Lab.create();
   const raw: FamilyPair[] = [];
@@ -170,18 +192,7 @@ export async function benchFamilies(o: FamiliesOptions): Promise<FamiliesResult>
   const runs = new Map<string, number[]>();
   const paths = FAMILY_PATHS.filter((p) => o.paths === undefined || o.paths.includes(p));
   try {
-    const tune = 'sysctl -qw net.ipv4.ip_local_port_range="1024 65535" net.ipv4.tcp_tw_reuse=1 net.core.somaxconn=4096';
-    const client = await lab.addHost('client', { address: `${CLIENT.v4}/24`, ipv6: [`${CLIENT.v6}/64`] });
-    const node = await lab.addHost('node', { address: `${NODE.v4}/24`, ipv6: [`${NODE.v6}/64`] });
-    await lab.sh(client, tune);
-    await lab.sh(node, tune);
-    const backendNs: string[] = [];
-    for (const [i, b] of BACKENDS.entries()) {
-      const ns = await lab.addHost(`b${i + 1}`, { address: `${b.v4}/24`, ipv6: [`${b.v6}/64`] });
-      backendNs.push(ns);
-      await lab.sh(ns, tune);
-      await startNginxBackend(lab, ns, `b${i + 1}`, 8080, undefined, true);
-    }
+    const { client, node, backendNs } = await familiesLab(lab);
     o.log(`lab up; paths ${paths.join(',')}; ${o.rounds} round(s), ${o.pairs} IPv6 run(s) a slot per kind between IPv4 runs, ${o.seconds} s each`);
     const wrk = async (f: 'v4' | 'v6', close: boolean, path: FamilyPath): Promise<WrkResult> => {
       const r = await runWrk(lab, client, url(f, path), { seconds: o.seconds, connections: o.connections, threads: o.threads, close });
@@ -199,7 +210,7 @@ export async function benchFamilies(o: FamiliesOptions): Promise<FamiliesResult>
           : await runAgent(lab, node, agentConfig(path), { name: `fam-${path}`, ...(path === 'ebpf' ? { command: OWN_BPFFS } : {}) });
         try {
           if (agent && path === 'ebpf') await natEngineServing(agent);
-          if (agent) await waitStatus(agent, 'both VIPs serving, every backend healthy', (s) => s.services.length === 2 && s.services.every((x) => x.ready && x.healthyBackends === 3), 30_000);
+          if (agent) await familiesServing(agent);
           for (const close of [false, true]) {
             if (o.warmup > 0) for (const f of ['v4', 'v6'] as const) await runWrk(lab, client, url(f, path), { seconds: o.warmup, connections: o.connections, threads: o.threads, close });
             let before = await wrk('v4', close, path);
