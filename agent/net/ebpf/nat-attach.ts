@@ -31,6 +31,7 @@ import { emptyNatMaps, natCapacity, natDelta, natOpWrites, EMPTY_NAT_PLAN, type 
 import { natLayout, type CLayout } from './nat-layout';
 import { BPF_F_REPLACE, BPF_TCX_INGRESS } from './ebpf-dsr';
 import { otherOwnPrograms } from './ebpf-attach';
+import { MapBatchWriter, probeMapBatch, readArrayBatch } from './map-batch';
 
 /** The program's name (its function in nat.c): how ours is told apart at the hook. */
 export const NAT_PROG_NAME = 'lb_agent_nat';
@@ -95,6 +96,8 @@ export interface NatEngineOptions {
   readonly settings?: NatSettings;
   readonly bpf?: NativeBpfObject;
   readonly objectPath?: string;
+  /** false: one bpf(2) call per map entry, as where the kernel refuses batch calls (the tests compare the two). */
+  readonly batch?: boolean;
 }
 
 /** The default pin directory of a device's engine. */
@@ -117,6 +120,8 @@ export interface NatApplyReport {
   readonly ports: number;
   /** Map entries written or deleted (a slot table: one per slot; a counter retired: its read and its reset as one). */
   readonly writes: number;
+  /** The bpf(2) calls that wrote them (batched: a few thousand entries a call). */
+  readonly calls: number;
 }
 
 function closeFd(fd: number | undefined): void {
@@ -205,6 +210,10 @@ export class NatEngine {
   private counterOffsets: number[] | undefined;
   /** What the last apply did. */
   lastApply: NatApplyReport | undefined;
+  /** Why map entries are written and read one bpf(2) call each (undefined: batch calls), as the first refusal found. */
+  batchProblem: string | undefined;
+  /** The bpf(2) calls of the last counters read. */
+  counterCalls = 0;
 
   constructor(opts: NatEngineOptions) {
     this.device = opts.device;
@@ -216,6 +225,7 @@ export class NatEngine {
     this.objectPath = opts.objectPath ?? bpfObjectPath(NAT_OBJECT);
     this.layout = natLayout();
     this.cpus = possibleCpus();
+    if (opts.batch === false) this.batchProblem = 'batch calls turned off (NatEngineOptions.batch)';
     // The program an earlier process left: the DSR engine at the same hook must not take it for an unknown one of its own.
     const inherited = this.pinnedProg();
     if (inherited !== undefined) {
@@ -223,7 +233,7 @@ export class NatEngine {
     }
   }
 
-  private load(plan: NatPlan): { next: Loaded; writes: number; ports: number } {
+  private load(plan: NatPlan): { next: Loaded; writes: number; calls: number; ports: number } {
     const problem = bpffsProblem(this.pinDir);
     if (problem) throw new LbError('LB_ERR_FORWARD_NAT_BPF', `cannot pin the NAT engine's flow maps: ${problem}`);
     fs.mkdirSync(this.pinDir, { recursive: true, mode: 0o700 });
@@ -249,7 +259,7 @@ export class NatEngine {
     }
     const prog = loaded.prog[NAT_PROG_NAME];
     const next: Loaded = { prog: prog!, maps: loaded.maps, contents: emptyNatMaps(cap) };
-    let writes = 0;
+    let writes = { entries: 0, calls: 0 };
     try {
       if (prog === undefined) throw new Error(`the object has no program ${NAT_PROG_NAME}`);
       for (const name of PLAN_MAPS) {
@@ -273,47 +283,64 @@ export class NatEngine {
       closeLoaded(next);
       throw new LbError('LB_ERR_FORWARD_NAT_BPF', `cannot fill the NAT engine's maps: ${errorMessage(err)}`, undefined, { cause: err });
     }
-    return { next, writes, ports: fill.changed };
+    return { next, writes: writes.entries, calls: writes.calls + 1, ports: fill.changed };
   }
 
   /**
-   * Perform `ops` on `l`'s maps, in order; returns the entries written. A
+   * Perform `ops` on `l`'s maps, in order; returns the entries written and
+   * the bpf(2) calls made. Puts go to the kernel a batch at a time
+   * (MapBatchWriter: a batch holds one map's consecutive puts, in their
+   * order, so the order natDelta gives is the order the kernel writes);
+   * a delete or a counter's retirement sends what is gathered first. A
    * retired counter's totals are kept (carried) before it is zeroed.
    */
-  private write(l: Loaded, ops: readonly NatOp[]): number {
+  private write(l: Loaded, ops: readonly NatOp[]): { entries: number; calls: number } {
     const fd = (name: string): number => l.maps[name]!;
+    const w = new MapBatchWriter(this.bpf, { unsupported: this.batchProblem });
     const slotKey = Buffer.alloc(4);
     const zero = Buffer.alloc(this.layout.size('lbn_counter') * this.cpus);
     let writes = 0;
-    for (const op of ops) {
-      writes += natOpWrites(op);
-      switch (op.map) {
-        case 'lbn_slots':
-        case 'lbn_slots6': {
-          const slotSize = this.layout.size(op.map === 'lbn_slots6' ? 'lbn_slot6' : 'lbn_slot');
-          const slotValue = Buffer.alloc(slotSize);
-          for (let i = 0; i < op.table.length; i++) {
-            slotKey.writeUInt32LE(op.base + i);
-            const at = op.table[i]! * slotSize;
-            op.values.copy(slotValue, 0, at, at + slotSize);
-            this.bpf.bpfMapUpdate(fd(op.map), slotKey, slotValue, 0);
+    let calls = 0;
+    try {
+      for (const op of ops) {
+        writes += natOpWrites(op);
+        switch (op.map) {
+          case 'lbn_slots':
+          case 'lbn_slots6': {
+            const slotSize = this.layout.size(op.map === 'lbn_slots6' ? 'lbn_slot6' : 'lbn_slot');
+            const slotFd = fd(op.map);
+            for (let i = 0; i < op.table.length; i++) {
+              slotKey.writeUInt32LE(op.base + i);
+              const at = op.table[i]! * slotSize;
+              w.put(slotFd, slotKey, op.values.subarray(at, at + slotSize));
+            }
+            break;
           }
-          break;
+          case 'lbn_counters': {
+            w.flush();
+            const k = natCounterKey(op.ref.service, `${op.ref.port.protocol}/${op.ref.port.port}`, op.ref.backend);
+            const now = this.readCounter(fd('lbn_counters'), op.index);
+            if (now) this.carried.set(k, addCounters(this.carried.get(k), now));
+            this.bpf.bpfMapUpdate(fd('lbn_counters'), u32(op.index), zero, 0);
+            calls += 2;
+            break;
+          }
+          default:
+            if (op.op === 'put') {
+              w.put(fd(op.map), op.key, op.value);
+            } else {
+              w.flush();
+              this.bpf.bpfMapDelete!(fd(op.map), op.key);
+              calls++;
+            }
         }
-        case 'lbn_counters': {
-          const k = natCounterKey(op.ref.service, `${op.ref.port.protocol}/${op.ref.port.port}`, op.ref.backend);
-          const now = this.readCounter(fd('lbn_counters'), op.index);
-          if (now) this.carried.set(k, addCounters(this.carried.get(k), now));
-          this.bpf.bpfMapUpdate(fd('lbn_counters'), u32(op.index), zero, 0);
-          break;
-        }
-        default:
-          if (op.op === 'put') this.bpf.bpfMapUpdate(fd(op.map), op.key, op.value, 0);
-          else this.bpf.bpfMapDelete!(fd(op.map), op.key);
       }
+      w.flush();
+    } finally {
+      this.batchProblem = w.unsupported;
+      this.countersRead = undefined;
     }
-    this.countersRead = undefined;
-    return writes;
+    return { entries: writes, calls: calls + w.calls };
   }
 
   /** The program a previous plan or process left attached (by its pin), or undefined. */
@@ -366,7 +393,7 @@ export class NatEngine {
         try {
           const writes = this.write(cur, d.ops);
           cur.contents = d.maps;
-          return (this.lastApply = { mode: 'delta', ports: d.changed, writes });
+          return (this.lastApply = { mode: 'delta', ports: d.changed, writes: writes.entries, calls: writes.calls });
         } catch (err) {
           // Part of the delta is in the maps: a program loaded for the plan replaces them whole.
           why = `a map write failed (${errorMessage(err)})`;
@@ -384,7 +411,7 @@ export class NatEngine {
       closeFd(inherited);
       throw err;
     }
-    const { next, writes, ports } = loaded;
+    const { next, writes, calls, ports } = loaded;
     try {
       const old = this.current?.prog ?? inherited;
       let replaced = false;
@@ -410,7 +437,7 @@ export class NatEngine {
     closeLoaded(this.current);
     this.current = next;
     this.countersRead = undefined;
-    return (this.lastApply = { mode: 'load', reason: why ?? 'first plan', ports, writes });
+    return (this.lastApply = { mode: 'load', reason: why ?? 'first plan', ports, writes, calls });
   }
 
   /**
@@ -460,24 +487,39 @@ export class NatEngine {
     const size = this.layout.size('lbn_counter');
     const buf = this.counterBuf ??= Buffer.alloc(size * this.cpus);
     if (!this.bpf.bpfMapLookup(fd, u32(index), buf)) return undefined;
+    return this.sumCounter(buf, 0);
+  }
+
+  /** The per-CPU value of one counter at `at` in `buf`, summed over the CPUs. */
+  private sumCounter(buf: Buffer, at: number): NatCounter {
+    const size = this.layout.size('lbn_counter');
     const o = this.counterOffsets ??= (['packets_to_backend', 'bytes_to_backend', 'packets_to_client', 'bytes_to_client', 'flows'] as const)
       .map((f) => this.layout.struct('lbn_counter').fields.find((x) => x.name === f)!.offset);
     const sum = [0, 0, 0, 0, 0];
-    for (let c = 0; c < this.cpus; c++) for (let j = 0; j < 5; j++) sum[j]! += Number(buf.readBigUInt64LE(c * size + o[j]!));
+    for (let c = 0; c < this.cpus; c++) for (let j = 0; j < 5; j++) sum[j]! += Number(buf.readBigUInt64LE(at + c * size + o[j]!));
     return { packetsToBackend: sum[0]!, bytesToBackend: sum[1]!, packetsToClient: sum[2]!, bytesToClient: sum[3]!, flows: sum[4]! };
   }
 
+  /**
+   * The carried totals plus the current program's counters: every index in
+   * use (0 .. the next one never used) read in one pass over the per-CPU
+   * array, a few thousand indices a bpf(2) call (readArrayBatch), rather
+   * than a lookup per (port, backend).
+   */
   private readCounters(): Map<string, NatCounter> {
     const out = new Map<string, NatCounter>(this.carried);
     const l = this.current;
     const fd = l?.maps['lbn_counters'];
     if (!l || fd === undefined) return out;
+    const valueSize = this.layout.size('lbn_counter') * this.cpus;
+    const read = readArrayBatch(this.bpf, fd, Math.min(l.contents.nextCounter, l.contents.capacity.counters), valueSize, { unsupported: this.batchProblem });
+    if (read.unsupported !== undefined) this.batchProblem ??= read.unsupported;
+    this.counterCalls = read.calls;
     for (const placed of l.contents.ports.values()) {
       const p = placed.plan;
       const port = `${p.port.protocol}/${p.port.port}`;
       p.backends.forEach((b, i) => {
-        const sum = this.readCounter(fd, placed.counters[i]!);
-        if (!sum) return;
+        const sum = this.sumCounter(read.values, placed.counters[i]! * valueSize);
         const k = natCounterKey(p.service, port, b);
         out.set(k, addCounters(out.get(k), sum));
       });
@@ -641,6 +683,12 @@ function addCounters(a: NatCounter | undefined, b: NatCounter): NatCounter {
 /** The key of one counter: service, "TCP/80", backend. */
 export function natCounterKey(service: string, port: string, backend: string): string {
   return `${service}\u0000${port}\u0000${backend}`;
+}
+
+/** Does the kernel take the engine's batch map calls? Why not, or undefined (net/ebpf/map-batch.ts probeMapBatch). */
+export function probeNatBatch(bpf: NativeBpfObject | string = nativeBpfObject()): string | undefined {
+  if (typeof bpf === 'string') return bpf;
+  return probeMapBatch(bpf, closeFd);
 }
 
 /**
