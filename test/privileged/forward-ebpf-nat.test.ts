@@ -8,11 +8,13 @@
 // Then the engine alone: no conntrack entry in the node for its flows; a
 // backend taken out gets no new flow from the next apply on; a planned
 // restart keeps held connections and a 20 ms client loop served with one
-// program attached; a connection whose flow entries are gone (a new VRRP
+// program attached, and writes no map entry when the maps hold the plan
+// (only the changed service's ports when one backend changed); a connection whose flow entries are gone (a new VRRP
 // Master, or maps lost) is picked up mid-way on the same backend; a removed
 // backend's connections end; a stop leaves no program and no pin; a health
 // transition among 200 services writes no more map entries than among 10
-// (the maps written in place), with a client loop served throughout; path MTU
+// (the maps written in place), with a client loop served throughout; maps
+// written and counters read in batches equal those one call an entry; path MTU
 // discovery works through the VIP both ways (a router's fragmentation-needed
 // about a translated packet reaches the sender translated), on both paths;
 // the same for an IPv6 VIP (its flows on the backends nft's IPv6 flow hash
@@ -320,8 +322,19 @@ if (requirePrivileged(t)) {
       const res = await loop.stop();
       t.same(res.failures, {}, `${res.count} requests at 20 ms across the restart, none failed`);
       t.equal(await natPrograms(lab, node), 1, 'exactly one program attached after the restart');
+      const kept = (await eng.request<NatStats>({ cmd: 'stats' })).details.natEngine?.lastApply;
+      t.same(kept, { mode: 'adopt', ports: 0, writes: 0, calls: 0 }, 'the restart kept the program and maps that hold the plan, and wrote nothing');
       const again = await cl.request<{ backends: string[] }>({ cmd: 'holdAsk' });
       t.same(again.backends, held.backends, 'every held connection answered by its backend after the restart');
+
+      // A restart with one backend changed (b3 taken out): only that service's two ports written.
+      await eng.request({ cmd: 'keep' }).catch(() => undefined);
+      eng = await startEngine();
+      await eng.request({ cmd: 'apply', state: { services: [service({ b1: 1, b2: 1 })] } });
+      const changed = (await eng.request<NatStats>({ cmd: 'stats' })).details.natEngine?.lastApply;
+      const slots = flowHashSlots(normalizeState({ services: [{ ...weighted, vip: VIP, healthy: weighted.healthy.map(spec), backends: weighted.backends.map(spec) }] }).services[0]!).length;
+      t.same(changed && { mode: changed.mode, ports: changed.ports, writes: changed.writes }, { mode: 'adopt', ports: 2, writes: 2 * slots + 2 + 2 },
+        `a restart with b3 out writes its ports alone: two slot tables of ${slots}, two svc entries, two member entries`);
 
       // b3 out: new connections avoid it at once; its open ones drain (TCP, as conntrack keeps them on the nft path).
       await eng.request({ cmd: 'apply', state: { services: [service({ b1: 1, b2: 1 })] } });

@@ -24,10 +24,12 @@
 // there too. A stop detaches the program and removes the pins.
 import * as fs from 'node:fs';
 import * as path from 'node:path';
+import { createHash } from 'node:crypto';
 import { execFileSync } from 'node:child_process';
 import { LbError, errorMessage } from '../../errors';
 import { bpfObjectPath, ifNameToIndex, nativeBpfObject, type NativeBpfObject } from '../../native/native';
 import { emptyNatMaps, natCapacity, natDelta, natOpWrites, EMPTY_NAT_PLAN, type NatMaps, type NatOp, type NatPlan } from '../../forward/nat-plan';
+import { natRecord, natRecordedMaps, type NatRecord } from '../../forward/nat-record';
 import { natLayout, type CLayout } from './nat-layout';
 import { BPF_F_REPLACE, BPF_TCX_INGRESS } from './ebpf-dsr';
 import { otherOwnPrograms } from './ebpf-attach';
@@ -49,6 +51,11 @@ const INSERT_EVENT: Readonly<Record<(typeof FLOW_MAPS)[number], string>> = {
 };
 /** The per-plan maps the driver writes. */
 const PLAN_MAPS = ['lbn_config', 'lbn_svcs', 'lbn_slots', 'lbn_members', 'lbn_svcs6', 'lbn_slots6', 'lbn_members6', 'lbn_counters', 'lbn_events'] as const;
+/** The per-plan maps pinned beside the program (`plan_<name>`), so the next process can open them by path and keep them. */
+const RECORDED_MAPS = ['lbn_config', 'lbn_svcs', 'lbn_slots', 'lbn_members', 'lbn_svcs6', 'lbn_slots6', 'lbn_members6', 'lbn_counters'] as const;
+/** The record of what they hold (forward/nat-record.ts), an array map of JSON chunks pinned beside them. */
+const RECORD_PIN = 'plan_record';
+const RECORD_CHUNK = 65536;
 /** Entries of an IPv6 flow map while the plan has no IPv6 port (an LRU map wants some). */
 const FLOW6_TOKEN_ENTRIES = 16;
 const EVENTS = ['LBN_EV_NEW_FLOW', 'LBN_EV_MIDFLOW', 'LBN_EV_EXPIRED', 'LBN_EV_REPLACED', 'LBN_EV_PORTS_EXHAUSTED', 'LBN_EV_NO_ROUTE', 'LBN_EV_ICMP_ERROR', 'LBN_EV_IPV6_EXT_HEADER'] as const;
@@ -112,8 +119,13 @@ interface Loaded {
 
 /** What the last apply did (status, and the tests' count of map writes). */
 export interface NatApplyReport {
-  /** `delta`: written into the maps in place; `load`: a program loaded with maps of its own and swapped in. */
-  readonly mode: 'delta' | 'load';
+  /**
+   * `delta`: written into the maps in place; `load`: a program loaded with
+   * maps of its own and swapped in; `adopt`: the program and maps an earlier
+   * process left, kept, and written only where their record differs from
+   * the plan.
+   */
+  readonly mode: 'delta' | 'load' | 'adopt';
   /** Why a program was loaded (`load`). */
   readonly reason?: string;
   /** Ports whose entries were written (added, changed or removed). */
@@ -214,6 +226,9 @@ export class NatEngine {
   batchProblem: string | undefined;
   /** The bpf(2) calls of the last counters read. */
   counterCalls = 0;
+  /** Why the maps an earlier process left were not kept (a whole load followed), or undefined. */
+  adoptMiss: string | undefined;
+  private objectSha: string | undefined;
 
   constructor(opts: NatEngineOptions) {
     this.device = opts.device;
@@ -383,6 +398,10 @@ export class NatEngine {
    * be loaded or attached.
    */
   apply(plan: NatPlan, opts: { reload?: boolean } = {}): NatApplyReport {
+    if (this.current === undefined && !opts.reload) {
+      const kept = this.adopt(plan);
+      if (kept !== undefined) return (this.lastApply = kept);
+    }
     let why = opts.reload ? 'repair' : this.current === undefined ? 'first plan' : this.bpf.bpfMapDelete === undefined ? 'the native addon cannot delete map entries (rebuild it: npm ci)' : undefined;
     const cur = this.current;
     if (why === undefined && cur !== undefined) {
@@ -391,8 +410,10 @@ export class NatEngine {
         why = 'the maps have no room for the plan';
       } else {
         try {
+          if (d.ops.length > 0) this.forgetRecord();
           const writes = this.write(cur, d.ops);
           cur.contents = d.maps;
+          if (d.ops.length > 0) this.keepRecord(cur);
           return (this.lastApply = { mode: 'delta', ports: d.changed, writes: writes.entries, calls: writes.calls });
         } catch (err) {
           // Part of the delta is in the maps: a program loaded for the plan replaces them whole.
@@ -437,6 +458,7 @@ export class NatEngine {
     closeLoaded(this.current);
     this.current = next;
     this.countersRead = undefined;
+    this.keepRecord(next);
     return (this.lastApply = { mode: 'load', reason: why ?? 'first plan', ports, writes, calls });
   }
 
@@ -467,6 +489,122 @@ export class NatEngine {
         if ((missing as readonly string[]).includes(name)) this.bpf.bpfObjPin(fd, path.join(this.pinDir, name));
       } catch { /* gone meanwhile, or not ours to open: that map starts empty */ } finally { closeFd(fd); }
     }
+  }
+
+  /**
+   * Keep the program and maps an earlier process left attached, where a
+   * record of what they hold is pinned beside them and names exactly them
+   * (the pinned program's id, each pinned map's id among the program's
+   * maps, the object file's digest, the settings and CPUs): write only the
+   * ports whose recorded digest differs from `plan`'s (natRecordedMaps,
+   * natDelta), nothing when none does. Anything else (no record, another
+   * program, a map not the program's, no room, the program not at the hook,
+   * a write refused) leaves it to a whole load (undefined; adoptMiss says
+   * why). The counters go on from what the earlier process's flows counted.
+   */
+  private adopt(plan: NatPlan): NatApplyReport | undefined {
+    const prog = this.pinnedProg();
+    if (prog === undefined) return undefined;
+    const maps: Record<string, number> = {};
+    let kept = false;
+    try {
+      const record = this.readRecord();
+      if (record === undefined) return this.miss('no record of what the pinned maps hold');
+      for (const name of RECORDED_MAPS) maps[name] = this.bpf.bpfObjGet(path.join(this.pinDir, `plan_${name}`));
+      for (const name of PINNED_MAPS) maps[name] = this.bpf.bpfObjGet(path.join(this.pinDir, name));
+      const l: Loaded = { prog, maps, contents: natRecordedMaps(record, plan) };
+      const identity = this.identity(l);
+      if (JSON.stringify(identity) !== JSON.stringify(record.identity)) return this.miss('the record names other maps, another program or other settings');
+      const progInfo = this.bpf.bpfProgInfo(prog);
+      if (!Object.values(maps).every((fd) => progInfo.mapIds.includes(this.bpf.bpfMapInfo(fd).id))) return this.miss('a pinned map is not the pinned program\'s');
+      if (!this.bpf.bpfProgQuery(ifNameToIndex(this.device), BPF_TCX_INGRESS).includes(progInfo.id)) return this.miss(`the pinned program is not attached at tcx ingress of ${this.device}`);
+      const d = natDelta(l.contents, plan, this.layout);
+      if (d === undefined) return this.miss('the pinned maps have no room for the plan');
+      if (d.ops.length > 0) this.forgetRecord();
+      const writes = this.write(l, d.ops);
+      l.contents = d.maps;
+      if (d.ops.length > 0) this.keepRecord(l);
+      this.current = l;
+      this.countersRead = undefined;
+      this.adoptMiss = undefined;
+      kept = true;
+      return { mode: 'adopt', ports: d.changed, writes: writes.entries, calls: writes.calls };
+    } catch (err) {
+      return this.miss(errorMessage(err));
+    } finally {
+      if (!kept) {
+        closeFd(prog);
+        for (const fd of Object.values(maps)) closeFd(fd);
+      }
+    }
+  }
+
+  private miss(why: string): undefined {
+    this.adoptMiss = why;
+    return undefined;
+  }
+
+  /** What a record must name to hold for `l`: the program's and maps' ids, the object file, the settings, the CPUs. */
+  private identity(l: Loaded): Record<string, unknown> {
+    this.objectSha ??= createHash('sha256').update(fs.readFileSync(this.objectPath)).digest('hex');
+    const ids = Object.fromEntries(RECORDED_MAPS.map((name) => [name, this.bpf.bpfMapInfo(l.maps[name]!).id]));
+    return { prog: this.bpf.bpfProgInfo(l.prog).id, maps: ids, object: this.objectSha, settings: this.settings, cpus: this.cpus };
+  }
+
+  /** The record pinned beside the maps, or undefined (none, or unreadable). */
+  private readRecord(): NatRecord | undefined {
+    let fd: number | undefined;
+    try {
+      fd = this.bpf.bpfObjGet(path.join(this.pinDir, RECORD_PIN));
+      const info = this.bpf.bpfMapInfo(fd);
+      if (info.valueSize !== RECORD_CHUNK) return undefined;
+      const blob = readArrayBatch(this.bpf, fd, info.maxEntries, RECORD_CHUNK, { unsupported: this.batchProblem }).values;
+      const record = JSON.parse(blob.subarray(4, 4 + blob.readUInt32LE(0)).toString('utf8')) as NatRecord;
+      return record.version === 1 ? record : undefined;
+    } catch {
+      return undefined;
+    } finally {
+      closeFd(fd);
+    }
+  }
+
+  /** The record removed before the maps are written: a process that stops mid-way leaves none, and the next loads whole. */
+  private forgetRecord(): void {
+    try { fs.unlinkSync(path.join(this.pinDir, RECORD_PIN)); } catch { /* none */ }
+  }
+
+  /**
+   * The per-plan maps pinned (plan_<name>) and the record of what they hold
+   * pinned beside them, each by a rename (never half there). A failure
+   * leaves no record: the next process loads whole.
+   */
+  private keepRecord(l: Loaded): void {
+    let fd: number | undefined;
+    try {
+      for (const name of RECORDED_MAPS) this.pinAt(l.maps[name]!, `plan_${name}`);
+      const json = Buffer.from(JSON.stringify(natRecord(l.contents, this.identity(l))), 'utf8');
+      const chunks = Math.ceil((json.length + 4) / RECORD_CHUNK);
+      const blob = Buffer.alloc(chunks * RECORD_CHUNK);
+      blob.writeUInt32LE(json.length, 0);
+      json.copy(blob, 4);
+      fd = this.bpf.bpfMapCreate(2 /* BPF_MAP_TYPE_ARRAY */, 4, RECORD_CHUNK, chunks, 'lbn_record');
+      const w = new MapBatchWriter(this.bpf, { unsupported: this.batchProblem });
+      for (let i = 0; i < chunks; i++) w.put(fd, u32(i), blob.subarray(i * RECORD_CHUNK, (i + 1) * RECORD_CHUNK));
+      w.flush();
+      this.pinAt(fd, RECORD_PIN);
+    } catch {
+      this.forgetRecord();
+    } finally {
+      closeFd(fd);
+    }
+  }
+
+  /** Pin `fd` at `name` in place of the previous pin (a rename; bpffs refuses a dot in a name). */
+  private pinAt(fd: number, name: string): void {
+    const tmp = path.join(this.pinDir, `${name}_new`);
+    try { fs.unlinkSync(tmp); } catch { /* none */ }
+    this.bpf.bpfObjPin(fd, tmp);
+    fs.renameSync(tmp, path.join(this.pinDir, name));
   }
 
   /** Pin the attached program in place of the previous pin (a rename: the pin is never missing; bpffs refuses a dot in a name). */
@@ -628,7 +766,7 @@ export class NatEngine {
       if (fd === undefined) break;
       try { off(fd); } finally { closeFd(fd); }
     }
-    for (const name of [PROG_PIN, ...PINNED_MAPS]) {
+    for (const name of [PROG_PIN, ...PINNED_MAPS, RECORD_PIN, ...RECORDED_MAPS.map((m) => `plan_${m}`)]) {
       try { fs.unlinkSync(path.join(this.pinDir, name)); } catch { /* not there */ }
     }
     try { fs.rmdirSync(this.pinDir); } catch { /* not empty (not ours), or gone */ }
