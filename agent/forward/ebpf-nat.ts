@@ -73,7 +73,8 @@ export class EbpfNatDataplane implements Dataplane, TableOwner {
       try {
         const done = this.engine.apply(plan);
         this.plan = plan;
-        if (done.mode === 'load') this.log.info({ reason: done.reason, ports: done.ports, writes: done.writes }, 'the eBPF NAT engine loaded a program for the plan');
+        if (done.mode === 'load') this.log.info({ reason: done.reason, ports: done.ports, writes: done.writes, calls: done.calls, kept: this.engine.adoptMiss }, 'the eBPF NAT engine loaded a program for the plan');
+        else if (done.mode === 'adopt') this.log.info({ ports: done.ports, writes: done.writes, calls: done.calls }, 'the eBPF NAT engine kept the program and maps an earlier process left, written where they differ from the plan');
         else this.log.debug({ ports: done.ports, writes: done.writes }, 'the eBPF NAT engine\'s maps written in place');
         if (this.state.engine !== 'ebpf') this.log.info({ device: this.engine.device }, 'the eBPF NAT engine forwards the snat ports');
         this.state = { engine: 'ebpf', reason: `tcx ingress of ${this.engine.device}: the snat flows of IPv4 and IPv6 VIPs` };

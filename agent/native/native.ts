@@ -173,6 +173,14 @@ export interface NativeAddon {
   bpfMapLookup?(fd: number, key: Buffer, out: Buffer): boolean;
   /** False when the key was not there; absent from an addon built before it (the NAT engine then loads its maps whole at every plan). */
   bpfMapDelete?(fd: number, key: Buffer): boolean;
+  /**
+   * BPF_MAP_UPDATE_BATCH of `count` entries packed back to back, written in
+   * that order; returns the count. A refusal throws with `count`, the
+   * entries written before it. Absent from an addon built before it.
+   */
+  bpfMapUpdateBatch?(fd: number, keys: Buffer, values: Buffer, count: number, flags: number): number;
+  /** BPF_MAP_LOOKUP_BATCH of up to `count` entries from `inBatch` (null: the start); `more` false at the map's end. */
+  bpfMapLookupBatch?(fd: number, inBatch: Buffer | null, outBatch: Buffer, keys: Buffer, values: Buffer, count: number): { count: number; more: boolean };
   bpfProgLoad?(type: number, insns: Buffer, license: string, name: string, logSize: number): number;
   bpfProgAttach?(ifindex: number, progFd: number, attachType: number, flags: number, replaceFd: number): void;
   bpfProgDetach?(ifindex: number, progFd: number, attachType: number): void;
@@ -241,7 +249,7 @@ export interface BpfObjectLoaded {
 }
 
 /** The bpf(2) calls and libbpf's object loading, all present. */
-export type NativeBpfObject = NativeBpf & Required<Pick<NativeAddon, 'bpfObjectLoad' | 'bpfMapCount' | 'bpfObjPin' | 'bpfObjGet'>> & Pick<NativeAddon, 'bpfMapDelete'>;
+export type NativeBpfObject = NativeBpf & Required<Pick<NativeAddon, 'bpfObjectLoad' | 'bpfMapCount' | 'bpfObjPin' | 'bpfObjGet'>> & Pick<NativeAddon, 'bpfMapDelete' | 'bpfMapUpdateBatch' | 'bpfMapLookupBatch'>;
 
 /** The addon's libbpf object loading with its bpf(2) calls, or why there is none. */
 export function nativeBpfObject(): NativeBpfObject | string {

@@ -604,7 +604,11 @@ export function checkNatEngine(f: Facts): CheckResult | undefined {
   }
   // With DSR services the probe attached the DSR program's beside it (forward/index.ts probeNatEngine).
   const beside = (f.config.dsrServices ?? []).length > 0 ? ', beside the DSR program at the same hook (each passes on what is not its own)' : '';
-  const ok = `kernel.engine: ${k.engine}: the eBPF NAT engine loads and attaches at tc ingress (tcx)${beside}; it forwards the IPv4 and IPv6 snat flows (its probe's program, both halves, passed the verifier), the nft table the rest`;
+  const b = f.natEngine.batch;
+  const batch = b === undefined ? '' : b.status === 'ok'
+    ? '; its maps are written and its counters read a few thousand entries a bpf(2) call (BPF_MAP_UPDATE_BATCH, BPF_MAP_LOOKUP_BATCH)'
+    : `; its maps are written and read one entry a bpf(2) call (${b.error ?? b.status}), so a large plan loads slower`;
+  const ok = `kernel.engine: ${k.engine}: the eBPF NAT engine loads and attaches at tc ingress (tcx)${beside}; it forwards the IPv4 and IPv6 snat flows (its probe's program, both halves, passed the verifier), the nft table the rest${batch}`;
   return overlap ? warn(id, `${ok}${ports}`, portsFix) : pass(id, ok);
 }
 

@@ -174,9 +174,12 @@ export interface Facts {
   /**
    * The eBPF NAT engine (net/ebpf/nat-attach.ts probeNatHere, on lo of this
    * namespace in a pin directory of its own, removed after), and the VM's
-   * ephemeral port range its NAT ports must stay out of. Absent in facts from before it.
+   * ephemeral port range its NAT ports must stay out of; `batch`: whether
+   * the kernel takes its map writes and counter reads a few thousand
+   * entries a bpf(2) call (net/ebpf/map-batch.ts probeMapBatch), else one
+   * call each. Absent in facts from before it.
    */
-  natEngine?: { probe: Attempt; localPortRange: [number, number] | undefined };
+  natEngine?: { probe: Attempt; localPortRange: [number, number] | undefined; batch?: Attempt };
   /** This node's zone (node.zone, else the labels file). */
   node?: NodeTopology;
   /** Every IPv4 address of the VM, with whether its interface answers ARP (for the DSR backend check). */
@@ -486,11 +489,18 @@ async function gatherNatEngine(withDsr: boolean): Promise<NonNullable<Facts['nat
   const range = (await readText('/proc/sys/net/ipv4/ip_local_port_range'))?.trim().split(/\s+/).map(Number);
   const localPortRange: [number, number] | undefined = range && range.length === 2 && range.every((n) => Number.isInteger(n)) ? [range[0]!, range[1]!] : undefined;
   const t0 = Date.now();
+  let batch: Attempt;
+  try {
+    const why = (require('../net/ebpf/nat-attach') as typeof import('../net/ebpf/nat-attach')).probeNatBatch();
+    batch = why === undefined ? { status: 'ok' } : { status: 'failed', error: why };
+  } catch (err) {
+    batch = { status: 'not-run', error: (err as Error).message };
+  }
   try {
     const why = (require('../forward/index') as typeof import('../forward/index')).probeNatEngine('check', { withDsr });
-    return { probe: why === undefined ? { status: 'ok', ms: Date.now() - t0 } : { status: 'failed', error: why, ms: Date.now() - t0 }, localPortRange };
+    return { probe: why === undefined ? { status: 'ok', ms: Date.now() - t0 } : { status: 'failed', error: why, ms: Date.now() - t0 }, localPortRange, batch };
   } catch (err) {
-    return { probe: { status: 'not-run', error: (err as Error).message }, localPortRange };
+    return { probe: { status: 'not-run', error: (err as Error).message }, localPortRange, batch };
   }
 }
 

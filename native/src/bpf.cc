@@ -1,5 +1,6 @@
 // bpf(2) wrappers (direct server return at tc ingress): map create,
-// update, lookup and delete, program load, tcx attach/detach/query, program ids to
+// update, lookup and delete (one entry, or many in one call: the batch
+// commands), program load, tcx attach/detach/query, program ids to
 // descriptors and names, test runs. Syscalls and descriptors only: the program's
 // instructions are built in TypeScript (agent/net/ebpf.ts), keys and values
 // are opaque bytes here, and the caller closes every descriptor it gets
@@ -105,6 +106,63 @@ Napi::Value MapDelete(const Napi::CallbackInfo& info) {
     throw ErrnoError(info.Env(), errno, "bpf", "BPF_MAP_DELETE_ELEM");
   }
   return Napi::Boolean::New(info.Env(), true);
+}
+
+// bpfMapUpdateBatch(fd, keys, values, count, flags) -> count: BPF_MAP_UPDATE_BATCH
+// (Linux 5.6) of `count` entries, keys and values packed back to back (a
+// per-CPU map's value: one slot of round_up(value_size, 8) per possible CPU).
+// The kernel writes them one after another in the order given and stops at
+// the first it refuses; the error then carries `count`, the entries written.
+Napi::Value MapUpdateBatch(const Napi::CallbackInfo& info) {
+  const char* usage = "bpfMapUpdateBatch(fd, keys: Buffer, values: Buffer, count, flags)";
+  union bpf_attr a;
+  std::memset(&a, 0, sizeof a);
+  Napi::Buffer<uint8_t> keys = Bytes(info, 1, usage);
+  Napi::Buffer<uint8_t> values = Bytes(info, 2, usage);
+  a.batch.map_fd = U32(info, 0, usage);
+  a.batch.keys = Ptr(keys.Data());
+  a.batch.values = Ptr(values.Data());
+  a.batch.count = U32(info, 3, usage);
+  a.batch.elem_flags = U32(info, 4, usage);
+  if (a.batch.count == 0) return Napi::Number::New(info.Env(), 0);
+  if (SysBpf(BPF_MAP_UPDATE_BATCH, &a) < 0) {
+    Napi::Error e = ErrnoError(info.Env(), errno, "bpf", "BPF_MAP_UPDATE_BATCH");
+    e.Set("count", Napi::Number::New(info.Env(), a.batch.count));
+    throw e;
+  }
+  return Napi::Number::New(info.Env(), a.batch.count);
+}
+
+// bpfMapLookupBatch(fd, inBatch: Buffer | null, outBatch, keys, values, count)
+// -> { count, more }: BPF_MAP_LOOKUP_BATCH of up to `count` entries from the
+// position `inBatch` names (null: the map's start), packed into keys and
+// values as bpfMapUpdateBatch takes them; `outBatch` receives the position
+// to go on from (an array map's: a u32 index). `more` is false once the
+// map's end is reached (ENOENT, with the last entries read).
+Napi::Value MapLookupBatch(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  const char* usage = "bpfMapLookupBatch(fd, inBatch: Buffer | null, outBatch: Buffer, keys: Buffer, values: Buffer, count)";
+  union bpf_attr a;
+  std::memset(&a, 0, sizeof a);
+  a.batch.map_fd = U32(info, 0, usage);
+  if (info.Length() > 1 && info[1].IsBuffer()) a.batch.in_batch = Ptr(info[1].As<Napi::Buffer<uint8_t>>().Data());
+  else if (info.Length() <= 1 || !info[1].IsNull()) throw Napi::TypeError::New(env, usage);
+  Napi::Buffer<uint8_t> out_batch = Bytes(info, 2, usage);
+  Napi::Buffer<uint8_t> keys = Bytes(info, 3, usage);
+  Napi::Buffer<uint8_t> values = Bytes(info, 4, usage);
+  a.batch.out_batch = Ptr(out_batch.Data());
+  a.batch.keys = Ptr(keys.Data());
+  a.batch.values = Ptr(values.Data());
+  a.batch.count = U32(info, 5, usage);
+  bool more = true;
+  if (SysBpf(BPF_MAP_LOOKUP_BATCH, &a) < 0) {
+    if (errno != ENOENT) throw ErrnoError(env, errno, "bpf", "BPF_MAP_LOOKUP_BATCH");
+    more = false;
+  }
+  Napi::Object r = Napi::Object::New(env);
+  r.Set("count", Napi::Number::New(env, a.batch.count));
+  r.Set("more", Napi::Boolean::New(env, more));
+  return r;
 }
 
 // bpfProgLoad(type, insns, license, name, logSize) -> fd. On failure the
@@ -295,6 +353,8 @@ Napi::Object InitBpf(Napi::Env env, Napi::Object exports) {
   exports.Set("bpfMapUpdate", Napi::Function::New(env, MapUpdate, "bpfMapUpdate"));
   exports.Set("bpfMapLookup", Napi::Function::New(env, MapLookup, "bpfMapLookup"));
   exports.Set("bpfMapDelete", Napi::Function::New(env, MapDelete, "bpfMapDelete"));
+  exports.Set("bpfMapUpdateBatch", Napi::Function::New(env, MapUpdateBatch, "bpfMapUpdateBatch"));
+  exports.Set("bpfMapLookupBatch", Napi::Function::New(env, MapLookupBatch, "bpfMapLookupBatch"));
   exports.Set("bpfProgLoad", Napi::Function::New(env, ProgLoad, "bpfProgLoad"));
   exports.Set("bpfProgAttach", Napi::Function::New(env, ProgAttach, "bpfProgAttach"));
   exports.Set("bpfProgDetach", Napi::Function::New(env, ProgDetach, "bpfProgDetach"));

@@ -770,6 +770,18 @@ t.test('nat-engine: which engine forwards snat flows, whether the eBPF one loads
   const r = checkNatEngine(refused)!;
   t.equal(r.status, 'warn', 'the two cannot share the hook: auto falls back to the nft table');
   t.match(r.detail, /cannot run here: the DSR program cannot be attached beside it.*the nft table forwards alone/);
+  const batched = variant('healthy', (f) => {
+    f.config.kernel = { engine: 'auto', natPorts: [61001, 65535], parent: 'eth0' };
+    f.natEngine = { probe: { status: 'ok' }, localPortRange: [32768, 60999], batch: { status: 'ok' } };
+  });
+  t.match(checkNatEngine(batched)!.detail, /a few thousand entries a bpf\(2\) call/, 'batch calls: said');
+  const single = variant('healthy', (f) => {
+    f.config.kernel = { engine: 'auto', natPorts: [61001, 65535], parent: 'eth0' };
+    f.natEngine = { probe: { status: 'ok' }, localPortRange: [32768, 60999], batch: { status: 'failed', error: 'the kernel refuses BPF_MAP_UPDATE_BATCH (EINVAL)' } };
+  });
+  const sr = checkNatEngine(single)!;
+  t.equal(sr.status, 'pass', 'no batch calls: slower loads, still a pass');
+  t.match(sr.detail, /one entry a bpf\(2\) call \(the kernel refuses BPF_MAP_UPDATE_BATCH \(EINVAL\)\)/, 'and why');
   const overlap = checkNatEngine(k('ebpf', { status: 'ok' }, [50000, 52000]))!;
   t.equal(overlap.status, 'warn');
   t.match(overlap.detail, /50000-52000 overlap the VM's ephemeral ports 32768-60999/);

@@ -8,11 +8,13 @@
 // Then the engine alone: no conntrack entry in the node for its flows; a
 // backend taken out gets no new flow from the next apply on; a planned
 // restart keeps held connections and a 20 ms client loop served with one
-// program attached; a connection whose flow entries are gone (a new VRRP
+// program attached, and writes no map entry when the maps hold the plan
+// (only the changed service's ports when one backend changed); a connection whose flow entries are gone (a new VRRP
 // Master, or maps lost) is picked up mid-way on the same backend; a removed
 // backend's connections end; a stop leaves no program and no pin; a health
 // transition among 200 services writes no more map entries than among 10
-// (the maps written in place), with a client loop served throughout; path MTU
+// (the maps written in place), with a client loop served throughout; maps
+// written and counters read in batches equal those one call an entry; path MTU
 // discovery works through the VIP both ways (a router's fragmentation-needed
 // about a translated packet reaches the sender translated), on both paths;
 // the same for an IPv6 VIP (its flows on the backends nft's IPv6 flow hash
@@ -120,9 +122,47 @@ async function flushConntrack(lab: Lab, ns: string): Promise<void> {
   for (const f of ['ipv4', 'ipv6']) await lab.exec(ns, 'conntrack', ['-F', '-f', f], { allowFail: true });
 }
 
+/**
+ * The per-plan maps of the NAT program at tcx ingress of eth0 in `ns`, read
+ * apart from the engine: an array's every index one lookup each, a hash's
+ * keys by BPF_MAP_LOOKUP_BATCH and each value by a lookup of its own; per
+ * map a digest of the sorted "key=value" lines and their count, and each
+ * counter index's flows summed over the CPUs.
+ */
+async function planMaps(lab: Lab, ns: string): Promise<{ maps: Record<string, { entries: number; digest: string }>; flows: number[] }> {
+  const script = `const n = require(${JSON.stringify(distPath('agent', 'native', 'native.js'))}); const fs = require('node:fs'); const crypto = require('node:crypto');
+const { natLayout } = require(${JSON.stringify(distPath('agent', 'net', 'ebpf', 'nat-layout.js'))});
+const { possibleCpus } = require(${JSON.stringify(distPath('agent', 'net', 'ebpf', 'nat-attach.js'))});
+const b = n.nativeBpfObject(); const cpus = possibleCpus(); const layout = natLayout();
+let prog; for (const id of b.bpfProgQuery(n.ifNameToIndex('eth0'), 46)) { const fd = b.bpfProgGetFdById(id); if (b.bpfProgInfo(fd).name === 'lb_agent_nat') prog = fd; else fs.closeSync(fd); }
+const out = { maps: {}, flows: [] };
+for (const id of b.bpfProgInfo(prog).mapIds) {
+  const fd = b.bpfMapGetFdById(id); const info = b.bpfMapInfo(fd);
+  const lines = [];
+  if (info.name === 'lbn_counters') {
+    const size = layout.size('lbn_counter'); const at = layout.struct('lbn_counter').fields.find((f) => f.name === 'flows').offset;
+    const v = Buffer.alloc(size * cpus); const k = Buffer.alloc(4);
+    for (let i = 0; i < info.maxEntries; i++) { k.writeUInt32LE(i); b.bpfMapLookup(fd, k, v); let f = 0; for (let c = 0; c < cpus; c++) f += Number(v.readBigUInt64LE(c * size + at)); out.flows.push(f); }
+  } else if (['lbn_slots', 'lbn_slots6', 'lbn_config'].includes(info.name)) {
+    const v = Buffer.alloc(info.valueSize); const k = Buffer.alloc(4);
+    for (let i = 0; i < info.maxEntries; i++) { k.writeUInt32LE(i); if (b.bpfMapLookup(fd, k, v) && v.some((x) => x !== 0)) lines.push(k.toString('hex') + '=' + v.toString('hex')); }
+  } else if (['lbn_svcs', 'lbn_svcs6', 'lbn_members', 'lbn_members6'].includes(info.name)) {
+    const keys = Buffer.alloc(info.keySize * info.maxEntries); const vals = Buffer.alloc(info.valueSize * info.maxEntries);
+    const r = b.bpfMapLookupBatch(fd, null, Buffer.alloc(Math.max(8, info.keySize)), keys, vals, info.maxEntries);
+    const v = Buffer.alloc(info.valueSize);
+    for (let i = 0; i < r.count; i++) { const k = keys.subarray(i * info.keySize, (i + 1) * info.keySize); if (!b.bpfMapLookup(fd, k, v)) throw new Error('batch key not found'); lines.push(k.toString('hex') + '=' + v.toString('hex')); }
+  }
+  if (!['lbn_counters', 'lbn_events', 'lbn_flows', 'lbn_replies', 'lbn_flows6', 'lbn_replies6'].includes(info.name)) { lines.sort(); out.maps[info.name] = { entries: lines.length, digest: crypto.createHash('sha256').update(lines.join('\\n')).digest('hex').slice(0, 16) }; }
+  fs.closeSync(fd);
+}
+fs.closeSync(prog);
+process.stdout.write(JSON.stringify(out));`;
+  return JSON.parse((await lab.exec(ns, process.execPath, ['-e', script])).stdout) as { maps: Record<string, { entries: number; digest: string }>; flows: number[] };
+}
+
 interface Ask { backend: string; peer: string }
 interface NatStats {
-  details: { natEngine?: { engine: string; reason: string; ports?: { IPv4: number; IPv6: number }; fill?: { flows: number; replies: number; flows6: number; replies6: number }; events?: Record<string, number>; lastApply?: { mode: string; ports: number; writes: number } } };
+  details: { natEngine?: { engine: string; reason: string; ports?: { IPv4: number; IPv6: number }; fill?: { flows: number; replies: number; flows6: number; replies6: number }; events?: Record<string, number>; lastApply?: { mode: string; ports: number; writes: number; calls: number } } };
   flows: { service: string; backend: string; port: string; connections: number }[];
 }
 
@@ -282,8 +322,19 @@ if (requirePrivileged(t)) {
       const res = await loop.stop();
       t.same(res.failures, {}, `${res.count} requests at 20 ms across the restart, none failed`);
       t.equal(await natPrograms(lab, node), 1, 'exactly one program attached after the restart');
+      const kept = (await eng.request<NatStats>({ cmd: 'stats' })).details.natEngine?.lastApply;
+      t.same(kept, { mode: 'adopt', ports: 0, writes: 0, calls: 0 }, 'the restart kept the program and maps that hold the plan, and wrote nothing');
       const again = await cl.request<{ backends: string[] }>({ cmd: 'holdAsk' });
       t.same(again.backends, held.backends, 'every held connection answered by its backend after the restart');
+
+      // A restart with one backend changed (b3 taken out): only that service's two ports written.
+      await eng.request({ cmd: 'keep' }).catch(() => undefined);
+      eng = await startEngine();
+      await eng.request({ cmd: 'apply', state: { services: [service({ b1: 1, b2: 1 })] } });
+      const changed = (await eng.request<NatStats>({ cmd: 'stats' })).details.natEngine?.lastApply;
+      const slots = flowHashSlots(normalizeState({ services: [{ ...weighted, vip: VIP, healthy: weighted.healthy.map(spec), backends: weighted.backends.map(spec) }] }).services[0]!).length;
+      t.same(changed && { mode: changed.mode, ports: changed.ports, writes: changed.writes }, { mode: 'adopt', ports: 2, writes: 2 * slots + 2 + 2 },
+        `a restart with b3 out writes its ports alone: two slot tables of ${slots}, two svc entries, two member entries`);
 
       // b3 out: new connections avoid it at once; its open ones drain (TCP, as conntrack keeps them on the nft path).
       await eng.request({ cmd: 'apply', state: { services: [service({ b1: 1, b2: 1 })] } });
@@ -354,6 +405,43 @@ if (requirePrivileged(t)) {
       t.same(writes[200], writes[10], `the same map entries written among 200 services as among 10 (${JSON.stringify(writes)})`);
       t.same(writes[10], [2 * slots + 2 + 2, 2 * slots + 2 + 2], `each transition: two slot tables of ${slots}, two svc entries, two member entries`);
       await eng.request({ cmd: 'stop' });
+    });
+    await t.test('maps written and counters read in batches hold and read what one call an entry does', async (t) => {
+      // The same plan (two services of each family's ports and 20 more) and
+      // the same flows, once through batch calls and once one call an
+      // entry: the per-plan maps, read back apart from the engine, are the
+      // same byte for byte, and so are the per-backend flows the engine
+      // reads (in batches the one time, a lookup each the other) and what
+      // a reader apart from it finds.
+      const filler = Array.from({ length: 20 }, (_, i): DriverService => ({
+        key: `fill/b${i}`, vip: `10.97.0.${i + 1}`, ports: [{ name: 'http', port: 80, protocol: 'TCP', targetPort: ECHO_PORT }],
+        healthy: BACKENDS.map((address) => ({ address, weight: 1 })), backends: BACKENDS.map((address) => ({ address })),
+      }));
+      const state = { services: [weighted, weighted6, ...filler] };
+      const runs: Array<{ maps: Record<string, { entries: number; digest: string }>; flows: Record<string, number>; read: number[]; calls: number; writes: number }> = [];
+      for (const batch of ['on', 'off']) {
+        const eng = await startEngine(['--nat-batch', batch]);
+        t.teardown(() => eng.close());
+        await eng.request({ cmd: 'apply', state });
+        const last = (await eng.request<NatStats>({ cmd: 'stats' })).details.natEngine?.lastApply;
+        const burst = await cl.request<{ counts: Record<string, number>; errors: Record<string, number> }>({ cmd: 'burst', host: VIP, port: 80, n: 30, fromPort: 48001, concurrency: 3 });
+        t.same(burst.errors, {}, `batch ${batch}: 30 connections served (${JSON.stringify(burst.counts)})`);
+        const st = await eng.request<NatStats>({ cmd: 'stats' });
+        const flows = Object.fromEntries(st.flows.filter((f) => f.service === 'default/web' && f.port === 'http').map((f) => [f.backend, f.connections]));
+        const dump = await planMaps(lab, node);
+        runs.push({ maps: dump.maps, flows, read: dump.flows, calls: last?.calls ?? NaN, writes: last?.writes ?? NaN });
+        await eng.request({ cmd: 'stop' });
+      }
+      const [on, off] = runs as [typeof runs[0], typeof runs[0]];
+      t.ok((on.maps['lbn_slots']?.entries ?? 0) > 1000 && (on.maps['lbn_slots6']?.entries ?? 0) > 100 && (on.maps['lbn_members']?.entries ?? 0) === 3 * 22,
+        `the maps hold the plan (${JSON.stringify(Object.fromEntries(Object.entries(on.maps).map(([k, v]) => [k, v.entries])))})`);
+      t.same(on.maps, off.maps, 'batch writes leave every per-plan map as single writes do, byte for byte');
+      t.equal(on.writes, off.writes, `the same entries written (${on.writes})`);
+      t.ok(on.calls * 20 < off.calls, `in far fewer bpf(2) calls: ${on.calls} batched, ${off.calls} one an entry`);
+      t.same(on.flows, off.flows, `the per-backend flows read in batches equal those read a lookup each (${JSON.stringify(on.flows)})`);
+      t.equal(Object.values(on.flows).reduce((a, b) => a + b, 0), 30, 'and count the 30 connections');
+      t.same(on.read, off.read, 'a reader apart from the engine finds the same counters after both');
+      t.equal(on.read.reduce((a, b) => a + b, 0), 30, 'and the same 30 flows');
     });
     await t.test('path MTU discovery works through the VIP: ICMP errors reach the flow\'s other end translated', async (t) => {
       // A router on the LAN with a far network behind it, whose route there

@@ -209,6 +209,8 @@ t.test('lb-agent.service under systemd 252 in a lab VM', async (t) => {
     // Issue 18: the unit's CacheDirectory= holds V8's code cache, which an earlier start wrote and this one took.
     t.match(await vm.journal('lb-agent', { after: atRestart }), /"msg":"lb-agent started"/);
     t.match(await vm.journal('lb-agent', { after: atRestart }), /"codeCache":"accepted"/, 'the restarted agent took the code cache');
+    t.match(await vm.journal('lb-agent', { after: atRestart }), /"ports":0,"writes":0,.*"msg":"the eBPF NAT engine kept the program and maps an earlier process left/,
+      'under the unit (no CAP_SYS_ADMIN) the restarted agent kept the pinned engine and wrote no map entry');
     const cacheDir = (await vm.sh('stat -c "%U %a" /var/cache/lb-agent && ls /var/cache/lb-agent')).stdout;
     t.match(cacheDir, /^lb-agent 700\n/, 'in /var/cache/lb-agent, the agent\'s own and private');
     t.match(cacheDir, /^run-[0-9a-f]{12}-[0-9a-f]{8}\.v8cache$/m, `the daemon's cache file is there (${cacheDir.trim().replace(/\n/g, ', ')})`);

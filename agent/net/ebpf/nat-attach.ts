@@ -24,13 +24,16 @@
 // there too. A stop detaches the program and removes the pins.
 import * as fs from 'node:fs';
 import * as path from 'node:path';
+import { createHash } from 'node:crypto';
 import { execFileSync } from 'node:child_process';
 import { LbError, errorMessage } from '../../errors';
 import { bpfObjectPath, ifNameToIndex, nativeBpfObject, type NativeBpfObject } from '../../native/native';
 import { emptyNatMaps, natCapacity, natDelta, natOpWrites, EMPTY_NAT_PLAN, type NatMaps, type NatOp, type NatPlan } from '../../forward/nat-plan';
+import { natRecord, natRecordedMaps, type NatRecord } from '../../forward/nat-record';
 import { natLayout, type CLayout } from './nat-layout';
 import { BPF_F_REPLACE, BPF_TCX_INGRESS } from './ebpf-dsr';
 import { otherOwnPrograms } from './ebpf-attach';
+import { MapBatchWriter, probeMapBatch, readArrayBatch } from './map-batch';
 
 /** The program's name (its function in nat.c): how ours is told apart at the hook. */
 export const NAT_PROG_NAME = 'lb_agent_nat';
@@ -48,6 +51,11 @@ const INSERT_EVENT: Readonly<Record<(typeof FLOW_MAPS)[number], string>> = {
 };
 /** The per-plan maps the driver writes. */
 const PLAN_MAPS = ['lbn_config', 'lbn_svcs', 'lbn_slots', 'lbn_members', 'lbn_svcs6', 'lbn_slots6', 'lbn_members6', 'lbn_counters', 'lbn_events'] as const;
+/** The per-plan maps pinned beside the program (`plan_<name>`), so the next process can open them by path and keep them. */
+const RECORDED_MAPS = ['lbn_config', 'lbn_svcs', 'lbn_slots', 'lbn_members', 'lbn_svcs6', 'lbn_slots6', 'lbn_members6', 'lbn_counters'] as const;
+/** The record of what they hold (forward/nat-record.ts), an array map of JSON chunks pinned beside them. */
+const RECORD_PIN = 'plan_record';
+const RECORD_CHUNK = 65536;
 /** Entries of an IPv6 flow map while the plan has no IPv6 port (an LRU map wants some). */
 const FLOW6_TOKEN_ENTRIES = 16;
 const EVENTS = ['LBN_EV_NEW_FLOW', 'LBN_EV_MIDFLOW', 'LBN_EV_EXPIRED', 'LBN_EV_REPLACED', 'LBN_EV_PORTS_EXHAUSTED', 'LBN_EV_NO_ROUTE', 'LBN_EV_ICMP_ERROR', 'LBN_EV_IPV6_EXT_HEADER'] as const;
@@ -95,6 +103,8 @@ export interface NatEngineOptions {
   readonly settings?: NatSettings;
   readonly bpf?: NativeBpfObject;
   readonly objectPath?: string;
+  /** false: one bpf(2) call per map entry, as where the kernel refuses batch calls (the tests compare the two). */
+  readonly batch?: boolean;
 }
 
 /** The default pin directory of a device's engine. */
@@ -109,14 +119,21 @@ interface Loaded {
 
 /** What the last apply did (status, and the tests' count of map writes). */
 export interface NatApplyReport {
-  /** `delta`: written into the maps in place; `load`: a program loaded with maps of its own and swapped in. */
-  readonly mode: 'delta' | 'load';
+  /**
+   * `delta`: written into the maps in place; `load`: a program loaded with
+   * maps of its own and swapped in; `adopt`: the program and maps an earlier
+   * process left, kept, and written only where their record differs from
+   * the plan.
+   */
+  readonly mode: 'delta' | 'load' | 'adopt';
   /** Why a program was loaded (`load`). */
   readonly reason?: string;
   /** Ports whose entries were written (added, changed or removed). */
   readonly ports: number;
   /** Map entries written or deleted (a slot table: one per slot; a counter retired: its read and its reset as one). */
   readonly writes: number;
+  /** The bpf(2) calls that wrote them (batched: a few thousand entries a call). */
+  readonly calls: number;
 }
 
 function closeFd(fd: number | undefined): void {
@@ -205,6 +222,13 @@ export class NatEngine {
   private counterOffsets: number[] | undefined;
   /** What the last apply did. */
   lastApply: NatApplyReport | undefined;
+  /** Why map entries are written and read one bpf(2) call each (undefined: batch calls), as the first refusal found. */
+  batchProblem: string | undefined;
+  /** The bpf(2) calls of the last counters read. */
+  counterCalls = 0;
+  /** Why the maps an earlier process left were not kept (a whole load followed), or undefined. */
+  adoptMiss: string | undefined;
+  private objectSha: string | undefined;
 
   constructor(opts: NatEngineOptions) {
     this.device = opts.device;
@@ -216,6 +240,7 @@ export class NatEngine {
     this.objectPath = opts.objectPath ?? bpfObjectPath(NAT_OBJECT);
     this.layout = natLayout();
     this.cpus = possibleCpus();
+    if (opts.batch === false) this.batchProblem = 'batch calls turned off (NatEngineOptions.batch)';
     // The program an earlier process left: the DSR engine at the same hook must not take it for an unknown one of its own.
     const inherited = this.pinnedProg();
     if (inherited !== undefined) {
@@ -223,7 +248,7 @@ export class NatEngine {
     }
   }
 
-  private load(plan: NatPlan): { next: Loaded; writes: number; ports: number } {
+  private load(plan: NatPlan): { next: Loaded; writes: number; calls: number; ports: number } {
     const problem = bpffsProblem(this.pinDir);
     if (problem) throw new LbError('LB_ERR_FORWARD_NAT_BPF', `cannot pin the NAT engine's flow maps: ${problem}`);
     fs.mkdirSync(this.pinDir, { recursive: true, mode: 0o700 });
@@ -249,7 +274,7 @@ export class NatEngine {
     }
     const prog = loaded.prog[NAT_PROG_NAME];
     const next: Loaded = { prog: prog!, maps: loaded.maps, contents: emptyNatMaps(cap) };
-    let writes = 0;
+    let writes = { entries: 0, calls: 0 };
     try {
       if (prog === undefined) throw new Error(`the object has no program ${NAT_PROG_NAME}`);
       for (const name of PLAN_MAPS) {
@@ -273,47 +298,64 @@ export class NatEngine {
       closeLoaded(next);
       throw new LbError('LB_ERR_FORWARD_NAT_BPF', `cannot fill the NAT engine's maps: ${errorMessage(err)}`, undefined, { cause: err });
     }
-    return { next, writes, ports: fill.changed };
+    return { next, writes: writes.entries, calls: writes.calls + 1, ports: fill.changed };
   }
 
   /**
-   * Perform `ops` on `l`'s maps, in order; returns the entries written. A
+   * Perform `ops` on `l`'s maps, in order; returns the entries written and
+   * the bpf(2) calls made. Puts go to the kernel a batch at a time
+   * (MapBatchWriter: a batch holds one map's consecutive puts, in their
+   * order, so the order natDelta gives is the order the kernel writes);
+   * a delete or a counter's retirement sends what is gathered first. A
    * retired counter's totals are kept (carried) before it is zeroed.
    */
-  private write(l: Loaded, ops: readonly NatOp[]): number {
+  private write(l: Loaded, ops: readonly NatOp[]): { entries: number; calls: number } {
     const fd = (name: string): number => l.maps[name]!;
+    const w = new MapBatchWriter(this.bpf, { unsupported: this.batchProblem });
     const slotKey = Buffer.alloc(4);
     const zero = Buffer.alloc(this.layout.size('lbn_counter') * this.cpus);
     let writes = 0;
-    for (const op of ops) {
-      writes += natOpWrites(op);
-      switch (op.map) {
-        case 'lbn_slots':
-        case 'lbn_slots6': {
-          const slotSize = this.layout.size(op.map === 'lbn_slots6' ? 'lbn_slot6' : 'lbn_slot');
-          const slotValue = Buffer.alloc(slotSize);
-          for (let i = 0; i < op.table.length; i++) {
-            slotKey.writeUInt32LE(op.base + i);
-            const at = op.table[i]! * slotSize;
-            op.values.copy(slotValue, 0, at, at + slotSize);
-            this.bpf.bpfMapUpdate(fd(op.map), slotKey, slotValue, 0);
+    let calls = 0;
+    try {
+      for (const op of ops) {
+        writes += natOpWrites(op);
+        switch (op.map) {
+          case 'lbn_slots':
+          case 'lbn_slots6': {
+            const slotSize = this.layout.size(op.map === 'lbn_slots6' ? 'lbn_slot6' : 'lbn_slot');
+            const slotFd = fd(op.map);
+            for (let i = 0; i < op.table.length; i++) {
+              slotKey.writeUInt32LE(op.base + i);
+              const at = op.table[i]! * slotSize;
+              w.put(slotFd, slotKey, op.values.subarray(at, at + slotSize));
+            }
+            break;
           }
-          break;
+          case 'lbn_counters': {
+            w.flush();
+            const k = natCounterKey(op.ref.service, `${op.ref.port.protocol}/${op.ref.port.port}`, op.ref.backend);
+            const now = this.readCounter(fd('lbn_counters'), op.index);
+            if (now) this.carried.set(k, addCounters(this.carried.get(k), now));
+            this.bpf.bpfMapUpdate(fd('lbn_counters'), u32(op.index), zero, 0);
+            calls += 2;
+            break;
+          }
+          default:
+            if (op.op === 'put') {
+              w.put(fd(op.map), op.key, op.value);
+            } else {
+              w.flush();
+              this.bpf.bpfMapDelete!(fd(op.map), op.key);
+              calls++;
+            }
         }
-        case 'lbn_counters': {
-          const k = natCounterKey(op.ref.service, `${op.ref.port.protocol}/${op.ref.port.port}`, op.ref.backend);
-          const now = this.readCounter(fd('lbn_counters'), op.index);
-          if (now) this.carried.set(k, addCounters(this.carried.get(k), now));
-          this.bpf.bpfMapUpdate(fd('lbn_counters'), u32(op.index), zero, 0);
-          break;
-        }
-        default:
-          if (op.op === 'put') this.bpf.bpfMapUpdate(fd(op.map), op.key, op.value, 0);
-          else this.bpf.bpfMapDelete!(fd(op.map), op.key);
       }
+      w.flush();
+    } finally {
+      this.batchProblem = w.unsupported;
+      this.countersRead = undefined;
     }
-    this.countersRead = undefined;
-    return writes;
+    return { entries: writes, calls: calls + w.calls };
   }
 
   /** The program a previous plan or process left attached (by its pin), or undefined. */
@@ -356,6 +398,10 @@ export class NatEngine {
    * be loaded or attached.
    */
   apply(plan: NatPlan, opts: { reload?: boolean } = {}): NatApplyReport {
+    if (this.current === undefined && !opts.reload) {
+      const kept = this.adopt(plan);
+      if (kept !== undefined) return (this.lastApply = kept);
+    }
     let why = opts.reload ? 'repair' : this.current === undefined ? 'first plan' : this.bpf.bpfMapDelete === undefined ? 'the native addon cannot delete map entries (rebuild it: npm ci)' : undefined;
     const cur = this.current;
     if (why === undefined && cur !== undefined) {
@@ -364,9 +410,11 @@ export class NatEngine {
         why = 'the maps have no room for the plan';
       } else {
         try {
+          if (d.ops.length > 0) this.forgetRecord();
           const writes = this.write(cur, d.ops);
           cur.contents = d.maps;
-          return (this.lastApply = { mode: 'delta', ports: d.changed, writes });
+          if (d.ops.length > 0) this.keepRecord(cur);
+          return (this.lastApply = { mode: 'delta', ports: d.changed, writes: writes.entries, calls: writes.calls });
         } catch (err) {
           // Part of the delta is in the maps: a program loaded for the plan replaces them whole.
           why = `a map write failed (${errorMessage(err)})`;
@@ -384,7 +432,7 @@ export class NatEngine {
       closeFd(inherited);
       throw err;
     }
-    const { next, writes, ports } = loaded;
+    const { next, writes, calls, ports } = loaded;
     try {
       const old = this.current?.prog ?? inherited;
       let replaced = false;
@@ -410,7 +458,8 @@ export class NatEngine {
     closeLoaded(this.current);
     this.current = next;
     this.countersRead = undefined;
-    return (this.lastApply = { mode: 'load', reason: why ?? 'first plan', ports, writes });
+    this.keepRecord(next);
+    return (this.lastApply = { mode: 'load', reason: why ?? 'first plan', ports, writes, calls });
   }
 
   /**
@@ -442,6 +491,122 @@ export class NatEngine {
     }
   }
 
+  /**
+   * Keep the program and maps an earlier process left attached, where a
+   * record of what they hold is pinned beside them and names exactly them
+   * (the pinned program's id, each pinned map's id among the program's
+   * maps, the object file's digest, the settings and CPUs): write only the
+   * ports whose recorded digest differs from `plan`'s (natRecordedMaps,
+   * natDelta), nothing when none does. Anything else (no record, another
+   * program, a map not the program's, no room, the program not at the hook,
+   * a write refused) leaves it to a whole load (undefined; adoptMiss says
+   * why). The counters go on from what the earlier process's flows counted.
+   */
+  private adopt(plan: NatPlan): NatApplyReport | undefined {
+    const prog = this.pinnedProg();
+    if (prog === undefined) return undefined;
+    const maps: Record<string, number> = {};
+    let kept = false;
+    try {
+      const record = this.readRecord();
+      if (record === undefined) return this.miss('no record of what the pinned maps hold');
+      for (const name of RECORDED_MAPS) maps[name] = this.bpf.bpfObjGet(path.join(this.pinDir, `plan_${name}`));
+      for (const name of PINNED_MAPS) maps[name] = this.bpf.bpfObjGet(path.join(this.pinDir, name));
+      const l: Loaded = { prog, maps, contents: natRecordedMaps(record, plan) };
+      const identity = this.identity(l);
+      if (JSON.stringify(identity) !== JSON.stringify(record.identity)) return this.miss('the record names other maps, another program or other settings');
+      const progInfo = this.bpf.bpfProgInfo(prog);
+      if (!Object.values(maps).every((fd) => progInfo.mapIds.includes(this.bpf.bpfMapInfo(fd).id))) return this.miss('a pinned map is not the pinned program\'s');
+      if (!this.bpf.bpfProgQuery(ifNameToIndex(this.device), BPF_TCX_INGRESS).includes(progInfo.id)) return this.miss(`the pinned program is not attached at tcx ingress of ${this.device}`);
+      const d = natDelta(l.contents, plan, this.layout);
+      if (d === undefined) return this.miss('the pinned maps have no room for the plan');
+      if (d.ops.length > 0) this.forgetRecord();
+      const writes = this.write(l, d.ops);
+      l.contents = d.maps;
+      if (d.ops.length > 0) this.keepRecord(l);
+      this.current = l;
+      this.countersRead = undefined;
+      this.adoptMiss = undefined;
+      kept = true;
+      return { mode: 'adopt', ports: d.changed, writes: writes.entries, calls: writes.calls };
+    } catch (err) {
+      return this.miss(errorMessage(err));
+    } finally {
+      if (!kept) {
+        closeFd(prog);
+        for (const fd of Object.values(maps)) closeFd(fd);
+      }
+    }
+  }
+
+  private miss(why: string): undefined {
+    this.adoptMiss = why;
+    return undefined;
+  }
+
+  /** What a record must name to hold for `l`: the program's and maps' ids, the object file, the settings, the CPUs. */
+  private identity(l: Loaded): Record<string, unknown> {
+    this.objectSha ??= createHash('sha256').update(fs.readFileSync(this.objectPath)).digest('hex');
+    const ids = Object.fromEntries(RECORDED_MAPS.map((name) => [name, this.bpf.bpfMapInfo(l.maps[name]!).id]));
+    return { prog: this.bpf.bpfProgInfo(l.prog).id, maps: ids, object: this.objectSha, settings: this.settings, cpus: this.cpus };
+  }
+
+  /** The record pinned beside the maps, or undefined (none, or unreadable). */
+  private readRecord(): NatRecord | undefined {
+    let fd: number | undefined;
+    try {
+      fd = this.bpf.bpfObjGet(path.join(this.pinDir, RECORD_PIN));
+      const info = this.bpf.bpfMapInfo(fd);
+      if (info.valueSize !== RECORD_CHUNK) return undefined;
+      const blob = readArrayBatch(this.bpf, fd, info.maxEntries, RECORD_CHUNK, { unsupported: this.batchProblem }).values;
+      const record = JSON.parse(blob.subarray(4, 4 + blob.readUInt32LE(0)).toString('utf8')) as NatRecord;
+      return record.version === 1 ? record : undefined;
+    } catch {
+      return undefined;
+    } finally {
+      closeFd(fd);
+    }
+  }
+
+  /** The record removed before the maps are written: a process that stops mid-way leaves none, and the next loads whole. */
+  private forgetRecord(): void {
+    try { fs.unlinkSync(path.join(this.pinDir, RECORD_PIN)); } catch { /* none */ }
+  }
+
+  /**
+   * The per-plan maps pinned (plan_<name>) and the record of what they hold
+   * pinned beside them, each by a rename (never half there). A failure
+   * leaves no record: the next process loads whole.
+   */
+  private keepRecord(l: Loaded): void {
+    let fd: number | undefined;
+    try {
+      for (const name of RECORDED_MAPS) this.pinAt(l.maps[name]!, `plan_${name}`);
+      const json = Buffer.from(JSON.stringify(natRecord(l.contents, this.identity(l))), 'utf8');
+      const chunks = Math.ceil((json.length + 4) / RECORD_CHUNK);
+      const blob = Buffer.alloc(chunks * RECORD_CHUNK);
+      blob.writeUInt32LE(json.length, 0);
+      json.copy(blob, 4);
+      fd = this.bpf.bpfMapCreate(2 /* BPF_MAP_TYPE_ARRAY */, 4, RECORD_CHUNK, chunks, 'lbn_record');
+      const w = new MapBatchWriter(this.bpf, { unsupported: this.batchProblem });
+      for (let i = 0; i < chunks; i++) w.put(fd, u32(i), blob.subarray(i * RECORD_CHUNK, (i + 1) * RECORD_CHUNK));
+      w.flush();
+      this.pinAt(fd, RECORD_PIN);
+    } catch {
+      this.forgetRecord();
+    } finally {
+      closeFd(fd);
+    }
+  }
+
+  /** Pin `fd` at `name` in place of the previous pin (a rename; bpffs refuses a dot in a name). */
+  private pinAt(fd: number, name: string): void {
+    const tmp = path.join(this.pinDir, `${name}_new`);
+    try { fs.unlinkSync(tmp); } catch { /* none */ }
+    this.bpf.bpfObjPin(fd, tmp);
+    fs.renameSync(tmp, path.join(this.pinDir, name));
+  }
+
   /** Pin the attached program in place of the previous pin (a rename: the pin is never missing; bpffs refuses a dot in a name). */
   private pinProg(fd: number): void {
     const tmp = path.join(this.pinDir, `${PROG_PIN}_new`);
@@ -460,24 +625,39 @@ export class NatEngine {
     const size = this.layout.size('lbn_counter');
     const buf = this.counterBuf ??= Buffer.alloc(size * this.cpus);
     if (!this.bpf.bpfMapLookup(fd, u32(index), buf)) return undefined;
+    return this.sumCounter(buf, 0);
+  }
+
+  /** The per-CPU value of one counter at `at` in `buf`, summed over the CPUs. */
+  private sumCounter(buf: Buffer, at: number): NatCounter {
+    const size = this.layout.size('lbn_counter');
     const o = this.counterOffsets ??= (['packets_to_backend', 'bytes_to_backend', 'packets_to_client', 'bytes_to_client', 'flows'] as const)
       .map((f) => this.layout.struct('lbn_counter').fields.find((x) => x.name === f)!.offset);
     const sum = [0, 0, 0, 0, 0];
-    for (let c = 0; c < this.cpus; c++) for (let j = 0; j < 5; j++) sum[j]! += Number(buf.readBigUInt64LE(c * size + o[j]!));
+    for (let c = 0; c < this.cpus; c++) for (let j = 0; j < 5; j++) sum[j]! += Number(buf.readBigUInt64LE(at + c * size + o[j]!));
     return { packetsToBackend: sum[0]!, bytesToBackend: sum[1]!, packetsToClient: sum[2]!, bytesToClient: sum[3]!, flows: sum[4]! };
   }
 
+  /**
+   * The carried totals plus the current program's counters: every index in
+   * use (0 .. the next one never used) read in one pass over the per-CPU
+   * array, a few thousand indices a bpf(2) call (readArrayBatch), rather
+   * than a lookup per (port, backend).
+   */
   private readCounters(): Map<string, NatCounter> {
     const out = new Map<string, NatCounter>(this.carried);
     const l = this.current;
     const fd = l?.maps['lbn_counters'];
     if (!l || fd === undefined) return out;
+    const valueSize = this.layout.size('lbn_counter') * this.cpus;
+    const read = readArrayBatch(this.bpf, fd, Math.min(l.contents.nextCounter, l.contents.capacity.counters), valueSize, { unsupported: this.batchProblem });
+    if (read.unsupported !== undefined) this.batchProblem ??= read.unsupported;
+    this.counterCalls = read.calls;
     for (const placed of l.contents.ports.values()) {
       const p = placed.plan;
       const port = `${p.port.protocol}/${p.port.port}`;
       p.backends.forEach((b, i) => {
-        const sum = this.readCounter(fd, placed.counters[i]!);
-        if (!sum) return;
+        const sum = this.sumCounter(read.values, placed.counters[i]! * valueSize);
         const k = natCounterKey(p.service, port, b);
         out.set(k, addCounters(out.get(k), sum));
       });
@@ -586,7 +766,7 @@ export class NatEngine {
       if (fd === undefined) break;
       try { off(fd); } finally { closeFd(fd); }
     }
-    for (const name of [PROG_PIN, ...PINNED_MAPS]) {
+    for (const name of [PROG_PIN, ...PINNED_MAPS, RECORD_PIN, ...RECORDED_MAPS.map((m) => `plan_${m}`)]) {
       try { fs.unlinkSync(path.join(this.pinDir, name)); } catch { /* not there */ }
     }
     try { fs.rmdirSync(this.pinDir); } catch { /* not empty (not ours), or gone */ }
@@ -641,6 +821,12 @@ function addCounters(a: NatCounter | undefined, b: NatCounter): NatCounter {
 /** The key of one counter: service, "TCP/80", backend. */
 export function natCounterKey(service: string, port: string, backend: string): string {
   return `${service}\u0000${port}\u0000${backend}`;
+}
+
+/** Does the kernel take the engine's batch map calls? Why not, or undefined (net/ebpf/map-batch.ts probeMapBatch). */
+export function probeNatBatch(bpf: NativeBpfObject | string = nativeBpfObject()): string | undefined {
+  if (typeof bpf === 'string') return bpf;
+  return probeMapBatch(bpf, closeFd);
 }
 
 /**
