@@ -344,6 +344,14 @@ if (requirePrivileged(t)) {
       const drained = await cl.request<{ backends: string[] }>({ cmd: 'holdAsk' });
       t.same(drained.backends, held.backends, 'open connections keep their backend, b3\'s too');
 
+      // Maps written in place (b3 back) and a planned stop at once: the stop keeps their record, so the next process writes nothing.
+      await eng.request({ cmd: 'apply', state: { services: [weighted] } });
+      await eng.request({ cmd: 'keep' }).catch(() => undefined);
+      eng = await startEngine();
+      await eng.request({ cmd: 'apply', state: { services: [weighted] } });
+      const recorded = (await eng.request<NatStats>({ cmd: 'stats' })).details.natEngine?.lastApply;
+      t.same(recorded, { mode: 'adopt', ports: 0, writes: 0, calls: 0 }, 'maps written in place just before a planned stop are recorded by the stop: the restart writes nothing');
+
       // The flow entries lost (a new VRRP Master, or maps gone): the next segment of each connection is placed mid-way, on the same backend.
       await eng.request({ cmd: 'apply', state: { services: [weighted] } });
       await eng.request({ cmd: 'keep' }).catch(() => undefined);

@@ -56,6 +56,8 @@ const RECORDED_MAPS = ['lbn_config', 'lbn_svcs', 'lbn_slots', 'lbn_members', 'lb
 /** The record of what they hold (forward/nat-record.ts), an array map of JSON chunks pinned beside them. */
 const RECORD_PIN = 'plan_record';
 const RECORD_CHUNK = 65536;
+/** How long after maps written in place their record is kept (keepRecordSoon). */
+const RECORD_DELAY_MS = 1000;
 /** Entries of an IPv6 flow map while the plan has no IPv6 port (an LRU map wants some). */
 const FLOW6_TOKEN_ENTRIES = 16;
 const EVENTS = ['LBN_EV_NEW_FLOW', 'LBN_EV_MIDFLOW', 'LBN_EV_EXPIRED', 'LBN_EV_REPLACED', 'LBN_EV_PORTS_EXHAUSTED', 'LBN_EV_NO_ROUTE', 'LBN_EV_ICMP_ERROR', 'LBN_EV_IPV6_EXT_HEADER'] as const;
@@ -218,6 +220,9 @@ export class NatEngine {
   private evictedBase = 0;
   /** The counters read in this turn of the event loop (counters()). */
   private countersRead: Map<string, NatCounter> | undefined;
+  /** Maps written in place whose record is not kept yet, and the timer that keeps it. */
+  private recordDue: Loaded | undefined;
+  private recordTimer: NodeJS.Timeout | undefined;
   private counterBuf: Buffer | undefined;
   private counterOffsets: number[] | undefined;
   /** What the last apply did. */
@@ -413,7 +418,7 @@ export class NatEngine {
           if (d.ops.length > 0) this.forgetRecord();
           const writes = this.write(cur, d.ops);
           cur.contents = d.maps;
-          if (d.ops.length > 0) this.keepRecord(cur);
+          if (d.ops.length > 0) this.keepRecordSoon(cur);
           return (this.lastApply = { mode: 'delta', ports: d.changed, writes: writes.entries, calls: writes.calls });
         } catch (err) {
           // Part of the delta is in the maps: a program loaded for the plan replaces them whole.
@@ -458,6 +463,7 @@ export class NatEngine {
     closeLoaded(this.current);
     this.current = next;
     this.countersRead = undefined;
+    this.recordDue = undefined;
     this.keepRecord(next);
     return (this.lastApply = { mode: 'load', reason: why ?? 'first plan', ports, writes, calls });
   }
@@ -568,6 +574,32 @@ export class NatEngine {
     }
   }
 
+  /**
+   * The record of maps written in place, kept RECORD_DELAY_MS after the
+   * first write of a burst: rebuilding it is a walk of every port, which a
+   * health transition of one backend should not pay. Until then there is
+   * no record, and a process that dies meanwhile is followed by a whole
+   * load; a planned stop (release) keeps it at once.
+   */
+  private keepRecordSoon(l: Loaded): void {
+    this.recordDue = l;
+    if (this.recordTimer !== undefined) return;
+    this.recordTimer = setTimeout(() => {
+      this.recordTimer = undefined;
+      this.flushRecord();
+    }, RECORD_DELAY_MS);
+    this.recordTimer.unref();
+  }
+
+  /** Keep the record now if one is due for the current maps. */
+  private flushRecord(): void {
+    if (this.recordTimer !== undefined) clearTimeout(this.recordTimer);
+    this.recordTimer = undefined;
+    const due = this.recordDue;
+    this.recordDue = undefined;
+    if (due !== undefined && due === this.current) this.keepRecord(due, false);
+  }
+
   /** The record removed before the maps are written: a process that stops mid-way leaves none, and the next loads whole. */
   private forgetRecord(): void {
     try { fs.unlinkSync(path.join(this.pinDir, RECORD_PIN)); } catch { /* none */ }
@@ -578,10 +610,11 @@ export class NatEngine {
    * pinned beside them, each by a rename (never half there). A failure
    * leaves no record: the next process loads whole.
    */
-  private keepRecord(l: Loaded): void {
+  private keepRecord(l: Loaded, pinMaps = true): void {
     let fd: number | undefined;
     try {
-      for (const name of RECORDED_MAPS) this.pinAt(l.maps[name]!, `plan_${name}`);
+      // Maps written in place are the ones already pinned.
+      if (pinMaps) for (const name of RECORDED_MAPS) this.pinAt(l.maps[name]!, `plan_${name}`);
       const json = Buffer.from(JSON.stringify(natRecord(l.contents, this.identity(l))), 'utf8');
       const chunks = Math.ceil((json.length + 4) / RECORD_CHUNK);
       const blob = Buffer.alloc(chunks * RECORD_CHUNK);
@@ -750,6 +783,8 @@ export class NatEngine {
    * engine is left. Returns how many programs were detached.
    */
   detach(): number {
+    // Nothing is left to record: the pins go.
+    this.recordDue = undefined;
     let ifindex: number | undefined;
     try { ifindex = ifNameToIndex(this.device); } catch { /* the device is gone, and with it the attachment */ }
     const pinned = this.pinnedProg();
@@ -776,6 +811,7 @@ export class NatEngine {
 
   /** Let go of the descriptors and leave the program attached (a planned restart: the next process replaces it by its pin). */
   release(): void {
+    this.flushRecord();
     closeLoaded(this.current);
     this.current = undefined;
     this.countersRead = undefined;
