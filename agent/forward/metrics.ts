@@ -99,6 +99,8 @@ export class ForwardMetrics {
   private readonly failures = new Map<StatsReadStep, number>();
   /** The failures in a row now: since when, how many, the last one's step and error (undefined once a read works). */
   private failing: { since: number; count: number; step: StatsReadStep; error: string } | undefined;
+  /** A service key's label values (service, namespace), split once and kept while the service is in the stats. */
+  private readonly labelPairs = new Map<string, readonly [string, string]>();
   /** When a failure was last logged, and how many have not been since. */
   private loggedAt = -Infinity;
   private unlogged = 0;
@@ -116,77 +118,89 @@ export class ForwardMetrics {
     const failures = this.failures;
     const age = (): number | undefined => (this.goodAt === undefined ? undefined : Math.max(0, this.now() - this.goodAt) / 1000);
 
-    new Counter({
-      name: 'lbagent_forward_connections_total',
-      help: 'Connections (TCP) or flows (UDP) forwarded to a backend since the data path started; a backend that has carried none has no series.',
-      labelNames: ['service', 'namespace', 'backend', 'port'] as const,
-      registers,
-      async collect() {
-        const st = await snapshot();
-        this.reset();
-        for (const f of st.flows) if (carried(f)) this.inc({ ...serviceLabels(f.service), backend: f.backend, port: f.port }, f.connections);
-      },
-    });
-    new Counter({
+    // The families with a series per service or per backend keep their
+    // text (metrics/series.ts): a scrape puts each series' numbers, and only
+    // a line whose number changed is rendered again. The label values come
+    // from the service's kept pair (labelsOf) through one scratch array per
+    // family, so an unchanged scrape builds no object per backend.
+    const labelsOf = (key: string): readonly [string, string] => this.labelsOf(key);
+    const perBackend = (name: string, help: string, type: 'counter' | 'gauge', last: 'port' | 'direction', put: (f: SeriesFamily, st: ForwardStats, l: (string | undefined)[]) => void): SeriesFamily =>
+      new SeriesFamily({
+        name, help, type, labelNames: ['service', 'namespace', 'backend', last], registers,
+        async collect(fam) {
+          const st = await snapshot();
+          fam.begin();
+          put(fam, st, [undefined, undefined, undefined, undefined]);
+        },
+      });
+    const scratch = (l: (string | undefined)[], f: FlowStats, last: string): (string | undefined)[] => {
+      const [service, namespace] = labelsOf(f.service);
+      l[0] = service; l[1] = namespace; l[2] = f.backend; l[3] = last;
+      return l;
+    };
+    perBackend('lbagent_forward_connections_total',
+      'Connections (TCP) or flows (UDP) forwarded to a backend since the data path started; a backend that has carried none has no series.',
+      'counter', 'port', (fam, st, l) => {
+        for (const f of st.flows) if (carried(f)) fam.add(scratch(l, f, f.port), f.connections);
+      });
+    new SeriesFamily({
       name: 'lbagent_forward_udp_flows_ended_total',
       help: 'UDP flows (kernel path: conntrack entries; proxy: sessions) ended because their backend left the port\'s healthy set or the config, so that their next datagram is placed again. A port\'s series goes with the port.',
-      labelNames: ['service', 'namespace', 'port'] as const,
+      type: 'counter',
+      labelNames: ['service', 'namespace', 'port'],
       registers,
-      async collect() {
+      async collect(fam) {
         const st = await snapshot();
-        this.reset();
-        for (const u of st.udpFlowsEnded ?? []) this.inc({ ...serviceLabels(u.service), port: u.port }, u.ended);
-      },
-    });
-    new Counter({
-      name: 'lbagent_forward_handed_back_packets_total',
-      help: 'Kernel path under VRRP: packets of connections this node never saw (a backend\'s answer in flight when the VIP moved here) handed back to the previous Master, which holds their conntrack entry.',
-      labelNames: ['service', 'namespace'] as const,
-      registers,
-      async collect() {
-        const st = await snapshot();
-        this.reset();
-        for (const h of st.handedBack ?? []) this.inc(serviceLabels(h.service), h.packets);
-      },
-    });
-    new Gauge({
-      name: 'lbagent_forward_active_connections',
-      help: 'Open proxied connections per backend (userspace proxy only; the kernel path leaves them to conntrack); a backend that has carried no connection has no series.',
-      labelNames: ['service', 'namespace', 'backend', 'port'] as const,
-      registers,
-      async collect() {
-        const st = await snapshot();
-        this.reset();
-        for (const f of st.flows) if (f.active !== undefined && carried(f)) this.set({ ...serviceLabels(f.service), backend: f.backend, port: f.port }, f.active);
-      },
-    });
-    new Counter({
-      name: 'lbagent_forward_bytes_total',
-      help: 'Bytes forwarded per backend; direction="to_backend" is client to backend, "to_client" is backend to client; a backend that has carried no connection has no series.',
-      labelNames: ['service', 'namespace', 'backend', 'direction'] as const,
-      registers,
-      async collect() {
-        const st = await snapshot();
-        this.reset();
-        for (const f of st.flows) {
-          if (!carried(f)) continue;
-          const l = { ...serviceLabels(f.service), backend: f.backend };
-          this.inc({ ...l, direction: 'to_backend' }, f.bytesToBackend);
-          this.inc({ ...l, direction: 'to_client' }, f.bytesToClient);
+        fam.begin();
+        const l: (string | undefined)[] = [undefined, undefined, undefined];
+        for (const u of st.udpFlowsEnded ?? []) {
+          const [service, namespace] = labelsOf(u.service);
+          l[0] = service; l[1] = namespace; l[2] = u.port;
+          fam.add(l, u.ended);
         }
       },
     });
-    new Counter({
+    new SeriesFamily({
+      name: 'lbagent_forward_handed_back_packets_total',
+      help: 'Kernel path under VRRP: packets of connections this node never saw (a backend\'s answer in flight when the VIP moved here) handed back to the previous Master, which holds their conntrack entry.',
+      type: 'counter',
+      labelNames: ['service', 'namespace'],
+      registers,
+      async collect(fam) {
+        const st = await snapshot();
+        fam.begin();
+        for (const h of st.handedBack ?? []) fam.add(labelsOf(h.service), h.packets);
+      },
+    });
+    perBackend('lbagent_forward_active_connections',
+      'Open proxied connections per backend (userspace proxy only; the kernel path leaves them to conntrack); a backend that has carried no connection has no series.',
+      'gauge', 'port', (fam, st, l) => {
+        for (const f of st.flows) if (f.active !== undefined && carried(f)) fam.set(scratch(l, f, f.port), f.active);
+      });
+    perBackend('lbagent_forward_bytes_total',
+      'Bytes forwarded per backend; direction="to_backend" is client to backend, "to_client" is backend to client; a backend that has carried no connection has no series.',
+      'counter', 'direction', (fam, st, l) => {
+        for (const f of st.flows) {
+          if (!carried(f)) continue;
+          fam.add(scratch(l, f, 'to_backend'), f.bytesToBackend);
+          fam.add(scratch(l, f, 'to_client'), f.bytesToClient);
+        }
+      });
+    new SeriesFamily({
       name: 'lbagent_forward_connect_failures_total',
       help: 'Failed connects to a backend (userspace proxy only); a backend that has failed none has no series.',
-      labelNames: ['service', 'namespace', 'backend'] as const,
+      type: 'counter',
+      labelNames: ['service', 'namespace', 'backend'],
       registers,
-      async collect() {
+      async collect(fam) {
         const st = await snapshot();
-        this.reset();
+        fam.begin();
+        const l: (string | undefined)[] = [undefined, undefined, undefined];
         for (const f of st.flows) {
           if (f.connectFailures === undefined || f.connectFailures === 0) continue;
-          this.inc({ ...serviceLabels(f.service), backend: f.backend }, f.connectFailures);
+          const [service, namespace] = labelsOf(f.service);
+          l[0] = service; l[1] = namespace; l[2] = f.backend;
+          fam.add(l, f.connectFailures);
         }
       },
     });
@@ -207,10 +221,7 @@ export class ForwardMetrics {
       async collect(f) {
         const st = await snapshot();
         f.begin();
-        for (const s of st.services) {
-          const l = serviceLabels(s.key);
-          f.set([l.service, l.namespace], s.noHealthyBackend ? 1 : 0);
-        }
+        for (const s of st.services) f.set(labelsOf(s.key), s.noHealthyBackend ? 1 : 0);
       },
     });
     new Gauge({
@@ -316,6 +327,7 @@ export class ForwardMetrics {
     const now = this.now();
     this.lastGood = st;
     this.goodAt = st.readAt ?? now;
+    this.pruneLabels(st);
     if (st.countersFailure !== undefined) {
       // The counters could not be read but the rest is fresh (the services'
       // health is in memory): served, with the counters as last read.
@@ -340,6 +352,23 @@ export class ForwardMetrics {
       `cannot read the forwarding stats (${step}: ${error}); /metrics shows the last good values${ageSeconds === undefined ? ' (none yet)' : `, ${ageSeconds} s old`}`);
     this.loggedAt = now;
     this.unlogged = 0;
+  }
+
+  private labelsOf(key: string): readonly [string, string] {
+    let p = this.labelPairs.get(key);
+    if (p === undefined) {
+      const l = serviceLabels(key);
+      p = [l.service, l.namespace];
+      this.labelPairs.set(key, p);
+    }
+    return p;
+  }
+
+  /** The kept label pairs of services the stats no longer hold go. */
+  private pruneLabels(st: ForwardStats): void {
+    if (this.labelPairs.size <= st.services.length) return;
+    const keep = new Set(st.services.map((s) => s.key));
+    for (const k of this.labelPairs.keys()) if (!keep.has(k)) this.labelPairs.delete(k);
   }
 
   unregister(): void {

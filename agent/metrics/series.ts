@@ -48,6 +48,8 @@ interface Series {
   line: string;
   /** The sync that last put it. */
   mark: number;
+  /** What add() summed this sync, settled at end(). */
+  pending?: number | undefined;
 }
 
 /** Prometheus text format: a label value escapes backslash, double quote and newline. */
@@ -118,13 +120,18 @@ export class SeriesFamily {
   /** Series now held. */
   get size(): number { return this.series.size; }
 
-  /** The series of these label values has this value (one series per distinct set of label values, as prom-client keeps them). */
+  /**
+   * The series of these label values has this value (one series per
+   * distinct set of label values, as prom-client keeps them). The values
+   * are copied when a series comes, so a caller may pass one array it
+   * fills again for every series.
+   */
   set(labels: LabelValues, value: number): void {
     const s = this.find(labels);
     if (s === undefined) {
       const head = this.head(labels);
       this.rendered++;
-      const n: Series = { labels, head, value, line: lineOf(head, value), mark: this.sync };
+      const n: Series = { labels: labels.slice(), head, value, line: lineOf(head, value), mark: this.sync };
       const key = bucketOf(labels);
       const bucket = this.buckets.get(key);
       if (bucket === undefined) this.buckets.set(key, [n]);
@@ -134,11 +141,25 @@ export class SeriesFamily {
       return;
     }
     s.mark = this.sync;
-    if (Object.is(s.value, value)) return;
-    s.value = value;
-    s.line = lineOf(s.head, value);
-    this.rendered++;
-    this.text = undefined;
+    s.pending = undefined;
+    this.change(s, value);
+  }
+
+  /**
+   * Within a sync, the series of these label values adds this value to what
+   * this sync put (prom-client's inc() after a reset(): two sources of one
+   * series sum). The sum is settled at end(), and the line rendered again
+   * only when it differs from the value last rendered.
+   */
+  add(labels: LabelValues, value: number): void {
+    const s = this.find(labels);
+    if (s === undefined || !this.syncing) { this.set(labels, value); return; }
+    if (s.mark !== this.sync) {
+      s.mark = this.sync;
+      s.pending = value;
+    } else {
+      s.pending = (s.pending ?? s.value) + value;
+    }
   }
 
   /** The value of the series of these label values, if it is held. */
@@ -169,7 +190,22 @@ export class SeriesFamily {
     this.syncing = false;
     for (const s of this.series) {
       if (s.mark !== this.sync) this.drop(s);
+      else if (s.pending !== undefined) {
+        // What add() summed this sync.
+        const v = s.pending;
+        s.pending = undefined;
+        this.change(s, v);
+      }
     }
+  }
+
+  /** A series' value is this number: its line rendered again only when the number differs. */
+  private change(s: Series, v: number): void {
+    if (Object.is(s.value, v)) return;
+    s.value = v;
+    s.line = lineOf(s.head, v);
+    this.rendered++;
+    this.text = undefined;
   }
 
   private find(labels: LabelValues): Series | undefined {

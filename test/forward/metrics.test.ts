@@ -3,7 +3,7 @@
 // the failure counted, logged and aged), and nothing left on the registry
 // after unregister().
 import t from 'tap';
-import { Registry } from 'prom-client';
+import { Counter, Gauge, Registry } from 'prom-client';
 import { ForwardMetrics, StatsReadFailure } from '../../agent/forward/metrics';
 import { createLogger } from '../../agent/log';
 import type { ForwardStats } from '../../agent/forward/dataplane';
@@ -146,4 +146,112 @@ t.test('a backend that has carried nothing has no traffic series; one that faile
   t.match(text, /lbagent_forward_bytes_total\{service="web",namespace="shop",backend="10\.0\.0\.12",direction="to_client"\} 20/);
   t.match(text, /lbagent_forward_connect_failures_total\{service="web",namespace="shop",backend="10\.0\.0\.12"\} 1/);
   t.match(text, /lbagent_forward_no_healthy_backend\{service="web",namespace="shop"\} 1/, 'the service gauge stays');
+});
+
+// The families per service and per backend were prom-client Counters and
+// Gauges, reset and filled again by every scrape; they are kept texts
+// (metrics/series.ts). The page for one state is the same text either way:
+// the dashboards and docs/operations.md read these names and labels.
+const PER_BACKEND = [
+  'lbagent_forward_connections_total',
+  'lbagent_forward_active_connections',
+  'lbagent_forward_bytes_total',
+  'lbagent_forward_connect_failures_total',
+  'lbagent_forward_udp_flows_ended_total',
+  'lbagent_forward_handed_back_packets_total',
+  'lbagent_forward_no_healthy_backend',
+];
+
+/** The page as prom-client renders those families from these stats (each family's collect as a reset and a refill). */
+async function promClientText(st: ForwardStats): Promise<Map<string, string>> {
+  const registry = new Registry();
+  const registers = [registry];
+  const sl = (key: string): { service: string; namespace: string } => {
+    const i = key.indexOf('/');
+    return i < 0 ? { service: key, namespace: 'default' } : { service: key.slice(i + 1), namespace: key.slice(0, i) };
+  };
+  const carried = (f: ForwardStats['flows'][number]): boolean => f.connections > 0 || f.bytesToBackend > 0 || f.bytesToClient > 0;
+  const help = new Map<string, string>();
+  // HELP texts are the agent's own, taken from its page: this reference checks the series, not the wording.
+  const agent = new Registry();
+  new ForwardMetrics({ registry: agent, kind: st.kind, reason: 'x', stats: async () => st });
+  for (const m of await agent.getMetricsAsJSON()) help.set(m.name, m.help);
+  const h = (name: string): string => help.get(name)!;
+  const c1 = new Counter({ name: 'lbagent_forward_connections_total', help: h('lbagent_forward_connections_total'), labelNames: ['service', 'namespace', 'backend', 'port'], registers });
+  const c2 = new Counter({ name: 'lbagent_forward_udp_flows_ended_total', help: h('lbagent_forward_udp_flows_ended_total'), labelNames: ['service', 'namespace', 'port'], registers });
+  const c3 = new Counter({ name: 'lbagent_forward_handed_back_packets_total', help: h('lbagent_forward_handed_back_packets_total'), labelNames: ['service', 'namespace'], registers });
+  const g1 = new Gauge({ name: 'lbagent_forward_active_connections', help: h('lbagent_forward_active_connections'), labelNames: ['service', 'namespace', 'backend', 'port'], registers });
+  const c4 = new Counter({ name: 'lbagent_forward_bytes_total', help: h('lbagent_forward_bytes_total'), labelNames: ['service', 'namespace', 'backend', 'direction'], registers });
+  const c5 = new Counter({ name: 'lbagent_forward_connect_failures_total', help: h('lbagent_forward_connect_failures_total'), labelNames: ['service', 'namespace', 'backend'], registers });
+  const g2 = new Gauge({ name: 'lbagent_forward_no_healthy_backend', help: h('lbagent_forward_no_healthy_backend'), labelNames: ['service', 'namespace'], registers });
+  for (const f of st.flows) if (carried(f)) c1.inc({ ...sl(f.service), backend: f.backend, port: f.port }, f.connections);
+  for (const u of st.udpFlowsEnded ?? []) c2.inc({ ...sl(u.service), port: u.port }, u.ended);
+  for (const x of st.handedBack ?? []) c3.inc(sl(x.service), x.packets);
+  for (const f of st.flows) if (f.active !== undefined && carried(f)) g1.set({ ...sl(f.service), backend: f.backend, port: f.port }, f.active);
+  for (const f of st.flows) {
+    if (!carried(f)) continue;
+    c4.inc({ ...sl(f.service), backend: f.backend, direction: 'to_backend' }, f.bytesToBackend);
+    c4.inc({ ...sl(f.service), backend: f.backend, direction: 'to_client' }, f.bytesToClient);
+  }
+  for (const f of st.flows) if (f.connectFailures) c5.inc({ ...sl(f.service), backend: f.backend }, f.connectFailures);
+  for (const s of st.services) g2.set(sl(s.key), s.noHealthyBackend ? 1 : 0);
+  return families(await registry.metrics());
+}
+
+/** A page's text by family name (HELP, TYPE and the family's lines). */
+function families(text: string): Map<string, string> {
+  const out = new Map<string, string>();
+  for (const block of text.trim().split('\n\n')) {
+    const name = /^# HELP (\S+)/.exec(block)?.[1];
+    if (name !== undefined) out.set(name, block);
+  }
+  return out;
+}
+
+const manyStats = (n: number, traffic: (i: number) => number): ForwardStats => {
+  const services: ForwardStats['services'][number][] = [];
+  const flows: ForwardStats['flows'][number][] = [];
+  for (let i = 0; i < n; i++) {
+    const key = i % 3 === 0 ? `svc-${i}` : `ns-${i % 7}/svc-${i}`;
+    services.push({ key, vip: `10.1.${i >> 8}.${i & 255}`, healthy: 2, backends: 3, noHealthyBackend: i % 5 === 0 });
+    for (let b = 0; b < 3; b++) {
+      for (const port of ['http', '8443']) {
+        const k = traffic(i) * (b + 1);
+        flows.push({ service: key, port, protocol: 'TCP', backend: `10.2.${i & 255}.${b}`, connections: k, active: b === 2 ? undefined : k % 4, bytesToBackend: k * 100, bytesToClient: k * 1.5e9, connectFailures: b === 1 ? k % 3 : undefined });
+      }
+    }
+  }
+  return { kind: 'proxy', services, flows, problems: [], udpFlowsEnded: [{ service: 'ns-1/svc-1', port: 'dns', ended: 3 }, { service: 'ns-1/svc-1', port: 'dns', ended: 4 }], handedBack: [{ service: 'svc-0', packets: 9 }, { service: 'ns-2/svc-2', packets: 0 }], details: {} };
+};
+
+t.test('the per-service and per-backend families: the same text as prom-client renders for the same state, before and after the numbers change; an unchanged line is not rendered again', async (t) => {
+  const registry = new Registry();
+  let st = manyStats(40, (i) => (i % 4 === 0 ? 0 : i));
+  let now = 0;
+  new ForwardMetrics({ registry, kind: 'proxy', reason: 'x', now: () => now, cacheMs: 0, stats: async () => st });
+  const ours = families(await registry.metrics());
+  const ref = await promClientText(st);
+  for (const name of PER_BACKEND) {
+    t.ok((ref.get(name) ?? '').split('\n').length > 2 || name === 'lbagent_forward_handed_back_packets_total', `${name}: the state has series`);
+    t.equal(ours.get(name), ref.get(name), `${name}: the same text`);
+  }
+  t.match(ours.get('lbagent_forward_bytes_total'), /backend="10\.2\.1\.0",direction="to_client"\} 3000000000\n/, 'two ports of one backend sum, as prom-client\'s inc()');
+  t.match(ours.get('lbagent_forward_udp_flows_ended_total'), /port="dns"\} 7$/, 'two entries of one series sum');
+
+  const fams = (registry.getMetricsAsArray() as unknown as { name: string; rendered?: number }[]).filter((m) => m.rendered !== undefined);
+  const rendered = (): number => fams.reduce((a, m) => a + m.rendered!, 0);
+  const before = rendered();
+  now += 10;
+  await registry.metrics();
+  t.equal(rendered(), before, 'the same numbers again: no line rendered');
+
+  // Service 5's numbers change, service 8 goes idle (its series go), service 4 carries its first traffic (its series come).
+  st = manyStats(40, (i) => (i === 5 ? 50 : i === 8 ? 0 : i === 4 ? 3 : i % 4 === 0 ? 0 : i));
+  now += 10;
+  const after = families(await registry.metrics());
+  const ref2 = await promClientText(st);
+  const sorted = (s: string | undefined): string[] => (s ?? '').split('\n').sort();
+  for (const name of PER_BACKEND) t.same(sorted(after.get(name)), sorted(ref2.get(name)), `${name}: after a change, the same lines`);
+  const changed = rendered() - before;
+  t.ok(changed > 0 && changed <= 2 * 6 * 4, `only service 4's and 5's lines rendered again (${changed})`);
 });

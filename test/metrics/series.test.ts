@@ -124,3 +124,33 @@ t.test('the kept text is prom-client\'s after any run of sets and removes: serie
   t.equal(await exposition(ours), await theirs.metrics());
   t.ok(f.size > 5, `${f.size} series at the end`);
 });
+
+t.test('add() sums within a sync as prom-client\'s inc() after a reset(), renders a line only when the sum changed, and a label array may be filled again for every series', async (t) => {
+  const ours = new Registry();
+  const theirs = new Registry();
+  const rows: [string, number][] = [['a', 1], ['b', 2], ['a', 3], ['c', 0], ['b', 5]];
+  let sum = 0;
+  const f = new SeriesFamily({
+    name: 'x_total', help: 'h', type: 'counter', labelNames: ['service', 'dir'], registers: [ours],
+    collect(fam) {
+      fam.begin();
+      const l: (string | undefined)[] = [undefined, 'in'];
+      for (const [s, v] of rows) { l[0] = s; fam.add(l, v + sum); }
+    },
+  });
+  const c = new Counter({ name: 'x_total', help: 'h', labelNames: ['service', 'dir'], registers: [theirs] });
+  const fill = (): void => { c.reset(); for (const [s, v] of rows) c.inc({ service: s, dir: 'in' }, v + sum); };
+  fill();
+  t.equal(await ours.metrics(), await theirs.metrics(), 'the same text as prom-client');
+  t.same(f.value(['a', 'in']), 4, 'a: 1 + 3');
+  const n = f.rendered;
+  await ours.metrics();
+  t.equal(f.rendered, n, 'the same sums again: nothing rendered');
+  sum = 1;
+  fill();
+  t.equal(await ours.metrics(), await theirs.metrics(), 'new sums: the same text as prom-client');
+  t.equal(f.rendered, n + 3, 'each changed sum rendered once, not once per add');
+  rows.splice(3, 1);
+  fill();
+  t.equal(await ours.metrics(), await theirs.metrics(), 'a series not put this sync is gone');
+});
