@@ -15,6 +15,7 @@ import { defaultRouteInterface } from '../net/host/route';
 import { OWNED_ADDRESS_PROTO, linkNameForService, macForService } from '../net/ownership/ownership';
 import { reconcileOwnedLinks } from '../net/ownership/reconcile';
 import type { StartLimiter } from '../dhcp/limiter';
+import { SharedLinks } from '../dhcp/shared-link';
 import type { DualGate } from '../failover/dual';
 import type { NetworkGates } from '../failover/networks';
 import type { PriorityTracker } from '../failover/tracker';
@@ -117,6 +118,8 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
     let limiterSettings = { max: config.dhcp.maxConcurrentStarts, jitterMs: vrrp ? 0 : config.dhcp.retransmitJitter * 1000 };
     let limiter: StartLimiter | undefined;
     const startLimiter = (): StartLimiter => (limiter ??= new (dhcpLimiter().StartLimiter)({ ...limiterSettings, clock }));
+    // A dual-stack DHCP service's two sources and their one macvlan: the DHCPv4 source tells the DHCPv6 one when it comes up.
+    const sharedLinks = new SharedLinks();
     // How new connections are placed (forward/dataplane.ts placementFor); the probe loads that too.
     const placement = placementFor(config.failover.mode);
     const selection = await selectDataplane(config.dataplane, () => probeNftables(placement), servicesNeedingProxy(config.services));
@@ -227,12 +230,14 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
         ? dhcp6Driver().createDhcp6Source({
           // A dual-stack DHCP service: its DHCPv4 source owns the one macvlan both leases ride.
           service: spec, parent: parentOf(spec).name, arp: now.arp, sharedLink: spec.ipFamilies?.includes('IPv4') ?? false,
+          linkEvents: sharedLinks.of(linkKeyOf(spec.key)),
           store, netlink, log, registry, clock, guard: dhcp6Driver().guard6Of(now.dhcp), resumeSaved: vrrp,
         })
         : spec.ipam === 'dhcp'
         ? dhcpDriver().createDhcpSource({
           service: spec, parent: parentOf(spec).name, timings: vrrp ? { ...now.dhcp, probeOffer: false } : now.dhcp, arp: now.arp,
           store, netlink, log, registry, clock, limiter: startLimiter(), parentSysctls, resumeSaved: vrrp,
+          ...(spec.ipFamilies?.includes('IPv6') ? { sharedLink: sharedLinks.of(linkKeyOf(spec.key)) } : {}),
           guard: { allowOtherSubnets: now.dhcp.allowOtherSubnets, servers: now.dhcp.servers },
         })
         : new PoolSource({ service: spec, parentIfname: parentOf(spec).name, manager: pools, arp: now.arp, netlink, log, registry, clock, probe: !vrrp, sockets: neighbourSockets, removals: poolRemovals })),

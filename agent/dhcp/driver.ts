@@ -27,6 +27,7 @@ import { OWNED_ADDRESS_PROTO, clientIdForService, linkNameForService, macForServ
 import { ETH_P_IP, PACKET_OUTGOING, type FrameInfo, type PacketSocket } from '../net/packet/packet';
 import { PacketSocketGroup, type SharedPortOptions } from '../net/packet/packet-shared';
 import { planOwnedLinks } from '../net/ownership/reconcile';
+import type { SharedLink } from './shared-link';
 import { ParentSysctls, applyVipSysctls, disableIpv6, prepareIpv6Link, vipSysctls, type VipRole } from '../net/sysctl/sysctl';
 import { VipOwner, type VipConflict, type VipOwnerOptions } from '../net/neighbour/vip-owner';
 import type { AddressSource, LostCause, SourceDamage, SourceState, SourceStatus, Vip } from '../source';
@@ -92,6 +93,8 @@ export interface DhcpSourceOptions {
   random?: () => number;
   /** Shared by every DHCP service of the agent; default: one per registry. */
   limiter?: StartLimiter;
+  /** A dual-stack service: the macvlan's events for its DHCPv6 source (dhcp/shared-link.ts). */
+  sharedLink?: SharedLink;
   /** The parent's ARP sysctls, shared by the daemon's start and every DHCP service; default: this source's own. */
   parentSysctls?: ParentSysctls;
   /**
@@ -158,6 +161,7 @@ export class DhcpSource extends EventEmitter implements AddressSource {
   private readonly probeOffer: boolean;
   /** The service also has a DHCPv6 VIP on this macvlan (dual stack): IPv6 stays on. */
   private readonly withIpv6: boolean;
+  private readonly sharedLink: SharedLink | undefined;
 
   private state: ClientState = initialState();
   private running = false;
@@ -202,6 +206,7 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     this.requestedIp = opts.service.loadBalancerIP ? parseIPv4(opts.service.loadBalancerIP) : undefined;
     this.probeOffer = t.probeOffer;
     this.withIpv6 = opts.service.ipFamilies?.includes('IPv6') ?? false;
+    this.sharedLink = opts.sharedLink;
     const random = opts.random ?? Math.random;
     this.ctx = { config: this.clientConfig(t), random };
     this.limiter = opts.limiter ?? sharedStartLimiter(opts.registry, { max: t.maxConcurrentStarts, jitterMs: t.retransmitJitter * 1000, clock: this.clock, random });
@@ -267,6 +272,7 @@ export class DhcpSource extends EventEmitter implements AddressSource {
       this.socket?.close();
       this.socket = undefined;
       await this.deleteLink(this.log.child({ op: 'start' }));
+      this.sharedLink?.failed(this.ifindex);
       this.fail(err);
     });
   }
@@ -389,6 +395,7 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     // first ones exchange rather than a slot's worth at a time.
     const { index, kept, parentIndex } = await this.ensureLink(log, unexpired ? formatIPv4(unexpired.address) : undefined);
     this.ifindex = index;
+    this.sharedLink?.up(index);
     if (signal.aborted) return;
     const resume = (unexpired !== undefined && (kept || this.resumeSaved || this.resumeNext)) || known !== undefined;
     this.resumeNext = false;
@@ -468,6 +475,9 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     // service's DHCPv6 lease rides the same macvlan (dhcp/driver6.ts): IPv6
     // stays on, without router advertisements or SLAAC.
     if (!link.up) await (this.withIpv6 ? this.deps.prepareIpv6(this.ifname) : this.deps.disableIpv6(this.ifname));
+    // The DHCPv6 source's VIP on the link before its first frame moves the
+    // service MAC here (a VRRP takeover): IPv6 clients follow the MAC.
+    if (up && !link.up) await this.sharedLink?.beforeUp(link.index, { setTimeout: (fn, ms) => this.clock.setTimeout(fn, ms) });
     if (created || link.up !== up) {
       await this.netlink.setLink(link.index, { ...(link.up !== up ? { up } : {}), ...(created ? { inetConf: vipSysctls('macvlan') } : {}) });
     }

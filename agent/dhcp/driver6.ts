@@ -41,6 +41,7 @@ import { planOwnedLinks } from '../net/ownership/reconcile';
 import { prepareIpv6Link } from '../net/sysctl/sysctl';
 import { addressesChanged } from '../net/host/local-addresses';
 import { dadProbe, NdpVipOwner, openNdpSocket } from '../net/neighbour/ndp-driver';
+import type { SharedLink } from './shared-link';
 import { DUP_ADDR_DETECT_TRANSMITS } from '../net/neighbour/ndp-owner';
 import type { PacketSocket } from '../net/packet/packet';
 import { linkLocalOf, ndpTimings } from '../ipam/pool-source';
@@ -61,6 +62,8 @@ export const VIP6_PREFIX = 128;
 
 /** How long a shared macvlan (the DHCPv4 source's) may take to appear. */
 const SHARED_LINK_WAIT_MS = 15_000;
+/** Without the DHCPv4 source's 'up' event (a missed one), how often the shared macvlan is read again. */
+const SHARED_LINK_POLL_MS = 1_000;
 /** How long a RELEASE on removal waits for the server's REPLY before the macvlan goes (RFC 8415 §18.2.7 retransmits; a removal does not wait for all of them). */
 const RELEASE_WAIT_MS = 1_500;
 /** SOLICITs without an answer before status says pending. */
@@ -94,6 +97,12 @@ export interface Dhcp6SourceOptions {
   random?: () => number;
   /** The service's DHCPv4 source owns the macvlan (a dual-stack DHCP service): wait for it, never create or delete it. */
   sharedLink: boolean;
+  /**
+   * That macvlan's events from the DHCPv4 source (dhcp/shared-link.ts): it
+   * says when the link is up, and before it brings it up on a VRRP takeover
+   * this source puts the VIP it resumes there. Without it the link is polled.
+   */
+  linkEvents?: SharedLink;
   /** Which servers and addresses are accepted (dhcp.allowOtherSubnets, dhcp.servers6; guard6Of); default: any server, the parent's prefixes only. */
   guard?: Guard6Policy;
   /** The VM's IPv6 addresses and the parent's prefixes; default: read live (os.networkInterfaces). */
@@ -125,6 +134,11 @@ export class Dhcp6Source extends EventEmitter implements AddressSource {
   private readonly random: () => number;
   private readonly sharedLink: boolean;
   private readonly resumeSaved: boolean;
+  private readonly linkEvents: SharedLink | undefined;
+  /** The address this run resumes (a saved lease or the previous Master's), once run() has read it. */
+  private resuming: Promise<string | undefined> | undefined;
+  /** The VIP put on the shared link before the DHCPv4 source brought it up: removed if this start fails. */
+  private preAdded: { index: number; address: string } | undefined;
   private readonly duid: Buffer;
   private readonly iaid: number;
   private readonly leaseFile: string;
@@ -172,6 +186,7 @@ export class Dhcp6Source extends EventEmitter implements AddressSource {
     this.random = opts.random ?? Math.random;
     this.sharedLink = opts.sharedLink;
     this.resumeSaved = opts.resumeSaved ?? false;
+    this.linkEvents = opts.linkEvents;
     this.ifname = linkNameForService(linkKey);
     this.mac = macForService(linkKey);
     this.duid = duidForService(linkKey);
@@ -211,8 +226,12 @@ export class Dhcp6Source extends EventEmitter implements AddressSource {
     this.lastReason = undefined;
     const abort = new AbortController();
     this.abort = abort;
+    this.preAdded = undefined;
+    let resumed: (address: string | undefined) => void = () => {};
+    this.resuming = new Promise((r) => { resumed = r; });
+    if (this.sharedLink && this.resumeSaved) this.linkEvents?.setBeforeUp((index) => this.addBeforeUp(index, abort.signal));
     this.emit('status');
-    this.startTask = this.run(abort.signal).catch(async (err) => {
+    this.startTask = this.run(abort.signal, resumed).catch(async (err) => {
       // Nothing half-applied: a start that failed leaves no socket, no
       // timer, no macvlan of its own, and no VIP said to be held (a resumed
       // one is served before the socket opens).
@@ -221,7 +240,9 @@ export class Dhcp6Source extends EventEmitter implements AddressSource {
       await this.chain;
       this.outbox = undefined;
       this.closeSockets();
+      this.linkEvents?.setBeforeUp(undefined);
       if (!this.sharedLink) await this.deleteLink();
+      else await this.removePreAdded();
       const vip = this.vip;
       this.vip = undefined;
       this.state = initialState6(this.iaid);
@@ -234,6 +255,7 @@ export class Dhcp6Source extends EventEmitter implements AddressSource {
   private async halt(): Promise<boolean> {
     const wasRunning = this.running;
     this.running = false;
+    this.linkEvents?.setBeforeUp(undefined);
     this.abort?.abort();
     await this.startTask;
     return wasRunning;
@@ -346,13 +368,24 @@ export class Dhcp6Source extends EventEmitter implements AddressSource {
 
   // --- start-up ----------------------------------------------------------------
 
-  private async run(signal: AbortSignal): Promise<void> {
-    await this.store.settled(this.leaseFile);
-    const wallOffset = this.clock.wallNow() - this.clock.now();
-    const saved = fromStored6(this.store.read(this.leaseFile), this.linkKey, this.duid, wallOffset);
-    const unexpired = saved && saved.expiresAt > this.clock.now() ? saved : undefined;
-    const known = unexpired || !this.resumeSaved ? undefined : this.knownAddress();
-    const { index, kept } = await this.ensureLink(unexpired ? formatIPv6(unexpired.address) : undefined, signal);
+  private async run(signal: AbortSignal, resumed: (address: string | undefined) => void): Promise<void> {
+    let saved: Lease6 | undefined;
+    let unexpired: Lease6 | undefined;
+    let known: bigint | undefined;
+    // The address a VRRP takeover serves at once: the saved lease's, else the previous Master's.
+    let keep: string | undefined;
+    try {
+      await this.store.settled(this.leaseFile);
+      const wallOffset = this.clock.wallNow() - this.clock.now();
+      saved = fromStored6(this.store.read(this.leaseFile), this.linkKey, this.duid, wallOffset);
+      unexpired = saved && saved.expiresAt > this.clock.now() ? saved : undefined;
+      known = unexpired || !this.resumeSaved ? undefined : this.knownAddress();
+      keep = unexpired ? formatIPv6(unexpired.address) : known !== undefined ? formatIPv6(known) : undefined;
+    } finally {
+      // Whatever happens, addBeforeUp's wait for it ends.
+      resumed(this.resumeSaved ? keep : undefined);
+    }
+    const { index, kept } = await this.ensureLink(keep, signal);
     if (signal.aborted) return;
     this.ifindex = index;
     const resume = (unexpired !== undefined && (kept || this.resumeSaved)) || known !== undefined;
@@ -440,42 +473,109 @@ export class Dhcp6Source extends EventEmitter implements AddressSource {
    * other global IPv6 address there has no lease behind it and goes.
    */
   private async ensureLink(keep: string | undefined, signal: AbortSignal): Promise<{ index: number; kept: boolean }> {
+    if (this.sharedLink) return await this.awaitSharedLink(keep, signal);
     let link = await this.netlink.findLink(this.ifname);
-    if (this.sharedLink) {
-      const until = this.clock.now() + SHARED_LINK_WAIT_MS;
-      while (!(link && link.mac === this.mac && link.up)) {
-        if (signal.aborted) return { index: -1, kept: false };
-        if (this.clock.now() > until) throw new LbError('LB_ERR_NET_NO_INTERFACE', `the service macvlan ${this.ifname} (MAC ${this.mac}) that the service's DHCPv4 source sets up did not come up within ${SHARED_LINK_WAIT_MS / 1000} s; see that source's status`, { interface: this.ifname });
-        await new Promise<void>((r) => this.clock.setTimeout(r, 50));
-        link = await this.netlink.findLink(this.ifname);
+    const parent = await this.netlink.getLink(this.parent);
+    if (link) {
+      const plan = planOwnedLinks([link, parent], new Map([[this.ifname, { mac: this.mac, parent: parent.index, mode: 'bridge' as const }]]));
+      if (plan.foreign.length > 0) {
+        throw new LbError('LB_ERR_NET_NETLINK', `interface ${this.ifname} exists but is not the agent's (MAC ${link.mac}); remove it so service ${this.key} can use the name`, { interface: this.ifname });
       }
-      await prepareIpv6Link(this.ifname);
-    } else {
-      const parent = await this.netlink.getLink(this.parent);
-      if (link) {
-        const plan = planOwnedLinks([link, parent], new Map([[this.ifname, { mac: this.mac, parent: parent.index, mode: 'bridge' as const }]]));
-        if (plan.foreign.length > 0) {
-          throw new LbError('LB_ERR_NET_NETLINK', `interface ${this.ifname} exists but is not the agent's (MAC ${link.mac}); remove it so service ${this.key} can use the name`, { interface: this.ifname });
-        }
-        if (plan.recreate[0]) {
-          await this.netlink.deleteLink(link.index);
-          link = undefined;
-        }
+      if (plan.recreate[0]) {
+        await this.netlink.deleteLink(link.index);
+        link = undefined;
       }
-      if (!link) link = await this.netlink.createMacvlan({ name: this.ifname, parent, mac: this.mac, mode: 'bridge' });
-      // Before the link goes up: no router solicitation or SLAAC address from the service MAC.
-      await prepareIpv6Link(this.ifname);
-      if (!link.up) await this.netlink.setLink(link.index, { up: true });
     }
+    if (!link) link = await this.netlink.createMacvlan({ name: this.ifname, parent, mac: this.mac, mode: 'bridge' });
+    // Before the link goes up: no router solicitation or SLAAC address from the service MAC.
+    await prepareIpv6Link(this.ifname);
+    if (!link.up) await this.netlink.setLink(link.index, { up: true });
+    return { index: link.index, kept: await this.sweepLink(link.index, keep) };
+  }
+
+  /** Every global IPv6 address on the macvlan but `keep` goes (no lease behind it); whether `keep` is there. */
+  private async sweepLink(index: number, keep: string | undefined): Promise<boolean> {
     let kept = false;
-    for (const a of await this.netlink.listAddresses(link.index, 'IPv6')) {
+    for (const a of await this.netlink.listAddresses(index, 'IPv6')) {
       if (linkLocalOf([a]) !== undefined) continue;
       if (a.address === keep && a.prefix === VIP6_PREFIX) { kept = true; continue; }
-      await this.netlink.removeAddress(link.index, a.address, a.prefix);
+      await this.netlink.removeAddress(index, a.address, a.prefix);
       addressesChanged();
       this.log.info({ op: 'start', address: `${a.address}/${a.prefix}` }, 'removed an IPv6 address left on the service macvlan (no saved lease for it)');
     }
-    return { index: link.index, kept };
+    return kept;
+  }
+
+  /**
+   * The DHCPv4 source's macvlan, once it is up with the service MAC: told by
+   * its 'up' event (dhcp/shared-link.ts), read again at most once a second
+   * without one. The DHCPv4 source prepared IPv6 on it before it went up;
+   * an adopted link found up is prepared here (idempotent).
+   */
+  private async awaitSharedLink(keep: string | undefined, signal: AbortSignal): Promise<{ index: number; kept: boolean }> {
+    const events = this.linkEvents;
+    let wake: (() => void) | undefined;
+    let ownerFailed = false;
+    const onUp = (): void => wake?.();
+    const onFailed = (): void => { ownerFailed = true; wake?.(); };
+    const onAbort = (): void => wake?.();
+    events?.on('up', onUp);
+    events?.on('failed', onFailed);
+    signal.addEventListener('abort', onAbort);
+    try {
+      const until = this.clock.now() + SHARED_LINK_WAIT_MS;
+      let link = await this.netlink.findLink(this.ifname);
+      const upAtFirst = link?.up === true;
+      while (!(link && link.mac === this.mac && link.up)) {
+        if (signal.aborted) return { index: -1, kept: false };
+        if (ownerFailed) throw new LbError('LB_ERR_NET_NO_INTERFACE', `the service's DHCPv4 source failed to set up the service macvlan ${this.ifname} (MAC ${this.mac}) this DHCPv6 lease rides; see that source's status`, { interface: this.ifname });
+        if (this.clock.now() > until) throw new LbError('LB_ERR_NET_NO_INTERFACE', `the service macvlan ${this.ifname} (MAC ${this.mac}) that the service's DHCPv4 source sets up did not come up within ${SHARED_LINK_WAIT_MS / 1000} s; see that source's status`, { interface: this.ifname });
+        let t: TimerHandle | undefined;
+        await new Promise<void>((r) => { wake = r; t = this.clock.setTimeout(r, events ? SHARED_LINK_POLL_MS : 50); });
+        if (t !== undefined) this.clock.clearTimeout(t);
+        wake = undefined;
+        link = await this.netlink.findLink(this.ifname);
+      }
+      this.linkEvents?.setBeforeUp(undefined);
+      if (upAtFirst || !events) await prepareIpv6Link(this.ifname);
+      return { index: link.index, kept: await this.sweepLink(link.index, keep) };
+    } finally {
+      events?.off('up', onUp);
+      events?.off('failed', onFailed);
+      signal.removeEventListener('abort', onAbort);
+    }
+  }
+
+  /**
+   * dhcp/shared-link.ts, on a VRRP takeover: the address this start resumes,
+   * on the macvlan before the DHCPv4 source brings it up, without the
+   * kernel's DAD (as every VIP; the election decided, and the previous
+   * holder is this DUID). Its advertisements and the confirmation with a
+   * server follow once the link is up (bind()).
+   */
+  private async addBeforeUp(index: number, signal: AbortSignal): Promise<void> {
+    const address = await this.resuming;
+    if (address === undefined || signal.aborted) return;
+    const held = (await this.netlink.listAddresses(index, 'IPv6')).some((a) => a.address === address && a.prefix === VIP6_PREFIX);
+    if (!held) {
+      await this.netlink.addAddress(index, address, VIP6_PREFIX, { proto: OWNED_ADDRESS_PROTO });
+      addressesChanged();
+      this.preAdded = { index, address };
+    }
+    this.log.info({ op: 'start', address }, `VIP ${address} on ${this.ifname} before it comes up`);
+  }
+
+  /** A failed start: the address addBeforeUp put on the shared macvlan goes with it (the link may already be gone). */
+  private async removePreAdded(): Promise<void> {
+    const pre = this.preAdded;
+    this.preAdded = undefined;
+    if (!pre) return;
+    try {
+      await this.netlink.removeAddress(pre.index, pre.address, VIP6_PREFIX);
+      addressesChanged();
+    } catch (err) {
+      this.log.debug({ op: 'start', err: errorMessage(err) }, `${pre.address} was no longer on ${this.ifname}`);
+    }
   }
 
   /**

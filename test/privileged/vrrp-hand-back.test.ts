@@ -14,7 +14,10 @@
 // `table ip6 lb_agent` by hop limit, aimed at the Master's link-local
 // address (the source of its IPv6 adverts) on the parent. In both families
 // a client loop (a request every 20 ms on a new connection, 300 ms each)
-// runs across the takeover and loses none. And for the IPv6 VIP of a
+// runs across the takeover and loses none; in a lab of its own, one
+// through the tied IPv6 VIP loses none either (dhcp/shared-link.ts: the
+// /128 is on the macvlan before the link comes up), but for at most one
+// connection that straddles the move of the service MAC. And for the IPv6 VIP of a
 // dual-stack DHCP service, tied to the IPv4 router (failover/dual.ts): the
 // copy goes to the IPv6 entry of failover.peers that answers neighbour
 // discovery with the MAC the previous Master's IPv4 address answers ARP
@@ -33,8 +36,26 @@ import { startAgent, waitStatus } from '../../lab/agent';
 import { ClientLoop, gapReport } from '../../lab/client-loop';
 import type { Lab } from '../../lab/netns';
 
-/** A client loop across the takeover: none of its requests may fail. */
-async function loopAcross(t: tap.Test, lab: Lab, client: string, url: string): Promise<{ done(at: number, bodies: readonly string[]): Promise<void> }> {
+/** The IPv6 lab: VMs n1 and n3, an IPv6 backend, a client, dnsmasq for both families, and "dd": a dual-stack DHCP service whose IPv6 VIP rides the IPv4 router VRID_DUAL. */
+async function dualLab(t: tap.Test) {
+  const lab = await createLab(t);
+  const n1 = await addVm6(lab, 'n1', 2);
+  const n3 = await addVm6(lab, 'n3', 4);
+  const b6 = await lab.addHost('b6', { address: '10.99.0.12/24', ipv6: [`${BACKEND6}/64`] });
+  const client = await lab.addHost('client', { address: '10.99.0.80/24', ipv6: ['fd00:99::50/64'] });
+  await startBackend(lab, b6, 'b6', [8080], '::');
+  const server = await lab.addHost('dhcp', { address: '10.99.0.1/24', ipv6: ['fd00:99::1/64'] });
+  const dnsmasq = await startDnsmasq(lab, server, { range: '10.99.0.100,10.99.0.150', noPing: true, extra: ['--dhcp-range=fd00:99::100,fd00:99::1ff,64,1h'] });
+  t.teardown(() => dnsmasq.stop());
+  const dd = {
+    name: 'dd', ipFamilyPolicy: 'RequireDualStack', ipam: 'dhcp', vrid: VRID_DUAL, loadBalancerIPs: [DD4, DD6], ports: [{ port: 80, targetPort: 8080 }],
+    backends: ['10.99.0.12', BACKEND6], healthCheck: { periodSeconds: 0.2, timeoutSeconds: 0.2, failureThreshold: 2 },
+  };
+  return { lab, n1, n3, client, dd };
+}
+
+/** A client loop across the takeover: none of its requests may fail (at most `allowed`, where a caller says why). */
+async function loopAcross(t: tap.Test, lab: Lab, client: string, url: string, allowed = 0): Promise<{ done(at: number, bodies: readonly string[]): Promise<void> }> {
   const loop = await ClientLoop.start(lab, client, url, { intervalMs: 20, timeoutMs: 300, maxMs: 20_000 });
   t.teardown(() => loop.stop().then(() => undefined));
   return {
@@ -43,7 +64,8 @@ async function loopAcross(t: tap.Test, lab: Lab, client: string, url: string): P
       await new Promise((r) => setTimeout(r, 300));
       const g = gapReport(await loop.stop(), at, bodies);
       t.comment(`client loop across the takeover: ${g.count} requests, ${g.failures.length} failed, slowest ${g.slowest} ms, errors ${JSON.stringify(g.errors)}`);
-      t.equal(g.failures.length, 0, `no request failed (${g.count} every 20 ms across the takeover)`);
+      if (allowed === 0) t.equal(g.failures.length, 0, `no request failed (${g.count} every 20 ms across the takeover)`);
+      else t.ok(g.failures.length <= allowed, `at most ${allowed} of ${g.count} requests every 20 ms across the takeover failed (${g.failures.length})`);
       t.same(g.wrongBodies, [], 'every answer from a backend');
     },
   };
@@ -100,20 +122,7 @@ if (requirePrivileged(t)) {
   });
 
   t.test('an IPv6 VIP: the answer in flight at a takeover is handed back to the previous Master by its link-local address; a tied IPv6 VIP to its IPv6 peer address', async (t) => {
-    const lab = await createLab(t);
-    const n1 = await addVm6(lab, 'n1', 2);
-    const n3 = await addVm6(lab, 'n3', 4);
-    const b6 = await lab.addHost('b6', { address: '10.99.0.12/24', ipv6: [`${BACKEND6}/64`] });
-    const client = await lab.addHost('client', { address: '10.99.0.80/24', ipv6: ['fd00:99::50/64'] });
-    await startBackend(lab, b6, 'b6', [8080], '::');
-    const server = await lab.addHost('dhcp', { address: '10.99.0.1/24', ipv6: ['fd00:99::1/64'] });
-    const dnsmasq = await startDnsmasq(lab, server, { range: '10.99.0.100,10.99.0.150', noPing: true, extra: ['--dhcp-range=fd00:99::100,fd00:99::1ff,64,1h'] });
-    t.teardown(() => dnsmasq.stop());
-    // "dd": a dual-stack DHCP service; its IPv6 VIP rides the IPv4 router VRID_DUAL.
-    const dd = {
-      name: 'dd', ipFamilyPolicy: 'RequireDualStack', ipam: 'dhcp', vrid: VRID_DUAL, loadBalancerIPs: [DD4, DD6], ports: [{ port: 80, targetPort: 8080 }],
-      backends: ['10.99.0.12', BACKEND6], healthCheck: { periodSeconds: 0.2, timeoutSeconds: 0.2, failureThreshold: 2 },
-    };
+    const { lab, n1, n3, client, dd } = await dualLab(t);
     // Peers of both families: n1 lists n3's global IPv6 address before its link-local one (which its IPv6 router needs: adverts come from it).
     const cfg = (v: typeof n1, priority: number, peers: string[]): Record<string, unknown> => {
       const c = agentConfig6(v, priority, { advertInterval: 0.1, vrid: 51 });
@@ -171,6 +180,30 @@ if (requirePrivileged(t)) {
     const handedTied = new RegExp(`counter ${tiedChain}_handed_back \\{\\s*packets (\\d+)`).exec(text);
     t.ok(Number(handedTied?.[1]) >= 1, `and ${handedTied?.[1]} of the tied VIP's to n3's global address`);
     t.equal(aimedAt(text), n3.ip6, 'after the takeover, to the previous Master');
+    await loop.done(killedAt, ['b6']);
+  });
+
+  // Apart from the hand-back above: n3's kernel, alive after the kill, answers what the loop sent it from the
+  // service MAC, which moves the MAC back to it for a moment, so the backend's answer there may need no hand-back.
+  t.test('the tied IPv6 VIP of a dual-stack DHCP service across a SIGKILL takeover: a client loop loses at most the one connection that straddles the MAC move', async (t) => {
+    const { lab, n1, n3, client, dd } = await dualLab(t);
+    const cfg = (v: typeof n1, priority: number, peers: string[]): Record<string, unknown> => {
+      const c = agentConfig6(v, priority, { advertInterval: 0.1, vrid: 51 });
+      return { ...c, failover: { ...(c.failover as Record<string, unknown>), peers }, services: [dd] };
+    };
+    const a3 = await startAgent(lab, n3.ns, cfg(n3, 200, [n1.ip, n1.linkLocal]), { name: 'n3' });
+    const a1 = await startAgent(lab, n1.ns, cfg(n1, 100, [n3.ip, n3.ip6, n3.linkLocal]), { name: 'n1' });
+    type Status = Awaited<ReturnType<typeof a1.status>>;
+    const dd6 = (d: Status): Status['services'][number] | undefined => d.services.find((s) => s.name === 'dd' && s.family === 'IPv6');
+    await waitStatus(a3, 'n3 serves both VIPs of dd', (d) => d.services.filter((s) => s.name === 'dd' && s.state === 'serving').length === 2 && dd6(d)?.vip === DD6, 15_000);
+    await waitStatus(a1, 'n1 follows n3', (d) => dd6(d)?.failover?.state === 'backup', 5000);
+    // One request whose connection starts as the MAC moves may still fail: n3's kernel answers what reached it, and the rest of that connection reaches n1.
+    const loop = await loopAcross(t, lab, client, `http://[${DD6}]/`, 1);
+    await new Promise((r) => setTimeout(r, 200));
+    const killedAt = Date.now();
+    a3.signal('SIGKILL');
+    await a3.exited;
+    await waitStatus(a1, 'n1 serves the tied IPv6 VIP', (d) => dd6(d)?.failover?.state === 'master' && dd6(d)?.state === 'serving' && dd6(d)?.vip === DD6, 5000);
     await loop.done(killedAt, ['b6']);
   });
 }
