@@ -53,10 +53,9 @@ export const DEFAULT_DHCP_GUARD = { allowOtherSubnets: false, servers: [] as str
 
 export const DEFAULT_PROXY: ProxyConfig = { algorithm: 'round-robin', idleTimeout: 300, connectTimeout: 3 };
 
-// The nft table (docs/design.md says what the eBPF engine's default waits for);
-// `auto` takes the engine where it loads;
+// The eBPF engine where it loads, else the nft table (docs/design.md says why);
 // 65,536 flows a direction; NAT ports above Linux's default ephemeral range (32768-60999).
-export const DEFAULT_KERNEL: KernelConfig = { engine: 'nft', flowEntries: 65536, natPorts: [61001, 65535] };
+export const DEFAULT_KERNEL: KernelConfig = { engine: 'auto', flowEntries: 65536, natPorts: [61001, 65535] };
 
 /** Harvester cloud provider annotation keys, mapped onto typed service fields. */
 export const ANNOTATION_PREFIX = 'cloudprovider.harvesterhci.io/';

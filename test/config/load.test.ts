@@ -389,7 +389,7 @@ t.test('failover.track: typed with defaults, and every mistake named by its fiel
 t.test('kernel: the engine\'s settings, defaults, and a reversed NAT port range', async (t) => {
   const ok = parseConfigText('services: []\n');
   t.ok(ok.ok);
-  if (ok.ok) t.same(ok.config.kernel, { engine: 'nft', flowEntries: 65536, natPorts: [61001, 65535] }, 'the nft table by default');
+  if (ok.ok) t.same(ok.config.kernel, { engine: 'auto', flowEntries: 65536, natPorts: [61001, 65535] }, 'the eBPF engine where it loads, by default');
   const set = parseConfigText('kernel: { engine: auto, flowEntries: 200000, natPorts: [62000, 63000] }\nservices: []\n');
   t.ok(set.ok && set.config.kernel.engine === 'auto' && set.config.kernel.flowEntries === 200000 && set.config.kernel.natPorts[1] === 63000);
   const rev = parseConfigText('kernel: { natPorts: [63000, 62000] }\nservices: []\n');
