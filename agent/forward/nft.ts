@@ -465,34 +465,28 @@ function partInputOf(prefix: string, svc: NormalizedService): string {
 }
 
 /**
- * A string as one flat sequence. A template literal gives a tree of
+ * Flatten a string in place. A template literal gives a tree of
  * concatenations (V8's ConsString, an object per `+`), which a part kept
  * for the next render would hold for as long as the service is unchanged;
- * converting to a number flattens the string in place, and the collector
- * then drops the tree's nodes.
+ * converting the string to a number flattens it where it is, and the
+ * collector then drops the tree's nodes.
  */
-function flat(s: string): string {
+function flatten(s: string): void {
   // eslint-disable-next-line @typescript-eslint/no-unused-expressions
   +s;
-  return s;
 }
 
-/** Flatten in place every string a freshly rendered part holds (its arrays and plain objects, walked down). */
+/**
+ * Flatten every string a freshly rendered part holds, walking its arrays and
+ * plain objects; frozen objects (the config's port specs) are not the
+ * render's and are left alone.
+ */
 function flattenStrings(o: unknown): void {
-  if (Array.isArray(o)) {
-    for (let i = 0; i < o.length; i++) {
-      const v: unknown = o[i];
-      if (typeof v === 'string') o[i] = flat(v);
-      else if (typeof v === 'object' && v !== null) flattenStrings(v);
-    }
-    return;
-  }
-  if (typeof o !== 'object' || o === null || Object.getPrototypeOf(o) !== Object.prototype) return;
-  const r = o as Record<string, unknown>;
-  for (const k of Object.keys(r)) {
-    const v = r[k];
-    if (typeof v === 'string') r[k] = flat(v);
-    else if (typeof v === 'object' && v !== null) flattenStrings(v);
+  if (typeof o !== 'object' || o === null || Object.isFrozen(o)) return;
+  if (!Array.isArray(o) && Object.getPrototypeOf(o) !== Object.prototype) return;
+  for (const v of Array.isArray(o) ? o as unknown[] : Object.values(o)) {
+    if (typeof v === 'string') flatten(v);
+    else flattenStrings(v);
   }
 }
 

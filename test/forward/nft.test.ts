@@ -410,6 +410,14 @@ t.test('renderIncremental at 1,000 services: one backend down renders that servi
   t.equal(next.plan.script, fresh.plan.script, 'and the whole table, read again, is the scratch render\'s');
 });
 
+t.test('render: a state frozen as the config is (services, ports, backends) renders as an unfrozen one', async (t) => {
+  const freeze = (s: ForwardState): ForwardState => Object.freeze({
+    services: Object.freeze(s.services.map((x) => Object.freeze({ ...x, ports: Object.freeze(x.ports.map((p) => Object.freeze({ ...p }))), healthy: Object.freeze(x.healthy.map((h) => Object.freeze({ ...h }))), backends: Object.freeze(x.backends.map((h) => Object.freeze({ ...h }))) }))),
+  });
+  const plain = many(5, (i, all) => ({ healthy: i === 2 ? all.slice(1) : all, backends: all }));
+  t.equal(renderIncremental(freeze(plain), {}).plan.script, renderNft(plain).script);
+});
+
 t.test('renderIncremental: a change to another service takes the netdev table\'s lines and DSR ports from the previous plan; a DSR service\'s change renders them again', async (t) => {
   const dsr = (healthy: BackendSpec[]): ForwardState['services'][number] => ({
     key: 'default/dsr', vip: '10.99.0.50', ports: [{ name: '', port: 80, protocol: 'TCP', targetPort: 80 }], healthy, backends: [b('10.99.0.11'), b('10.99.0.12')], sourceIP: 'preserve', vipMac: '02:00:00:00:00:50',
