@@ -465,12 +465,45 @@ function partInputOf(prefix: string, svc: NormalizedService): string {
 }
 
 /**
+ * Flatten a string in place. A template literal gives a tree of
+ * concatenations (V8's ConsString, an object per `+`), which a part kept
+ * for the next render would hold for as long as the service is unchanged;
+ * converting the string to a number flattens it where it is, and the
+ * collector then drops the tree's nodes.
+ */
+function flatten(s: string): void {
+  // eslint-disable-next-line @typescript-eslint/no-unused-expressions
+  +s;
+}
+
+/**
+ * Flatten every string a freshly rendered part holds, walking its arrays and
+ * plain objects; frozen objects (the config's port specs) are not the
+ * render's and are left alone.
+ */
+function flattenStrings(o: unknown): void {
+  if (typeof o !== 'object' || o === null || Object.isFrozen(o)) return;
+  if (!Array.isArray(o) && Object.getPrototypeOf(o) !== Object.prototype) return;
+  for (const v of Array.isArray(o) ? o as unknown[] : Object.values(o)) {
+    if (typeof v === 'string') flatten(v);
+    else flattenStrings(v);
+  }
+}
+
+/** renderPartOf, its strings flattened: the part is kept across renders while its service is unchanged. */
+function renderPart(prefix: string, svc: NormalizedService, opts: RenderOptions): ServicePart {
+  const part = renderPartOf(prefix, svc, opts);
+  flattenStrings(part);
+  return part;
+}
+
+/**
  * Render one service's part of the tables. Pure. `prefix` names its
  * objects (s<position>, v6s<position> for an IPv6 VIP); backends are
  * named by address (s0p0b10_99_0_11), so a backend coming or going renames
  * no other.
  */
-function renderPart(prefix: string, svc: NormalizedService, opts: RenderOptions): ServicePart {
+function renderPartOf(prefix: string, svc: NormalizedService, opts: RenderOptions): ServicePart {
   const six = svc.vip?.includes(':') === true;
   const w = six ? IPV6_WORDS : IPV4_WORDS;
   const header: string[] = [];
@@ -516,8 +549,9 @@ function renderPart(prefix: string, svc: NormalizedService, opts: RenderOptions)
     for (const b of svc.all) {
       const base = backendChain(b.address);
       for (const kind of ['conns', 'to_backend', 'to_client'] as const) {
-        tableCounters.push(`${base}_${kind}`);
-        counters.push({ name: `${base}_${kind}`, kind, service: svc.key, port: spec, backend: b.address });
+        const name = `${base}_${kind}`;
+        tableCounters.push(name);
+        counters.push({ name, kind, service: svc.key, port: spec, backend: b.address });
       }
       // Byte counters are keyed on what the forward hook sees: the VIP the
       // client used (conntrack original), the backend and its port. Two
@@ -643,7 +677,9 @@ function planSide(dsrParts: readonly ServicePart[], handBackParts: readonly Serv
 
 /**
  * The plan of a list of parts. Its script, tables and counter list are
- * built when first read: an incremental apply reads none of them. What it
+ * built when read: an incremental apply reads none of them. The script is
+ * built again at each read and never kept (the tables and the counter
+ * list are kept once read). What it
  * gathers from the parts with DSR ports or a hand-back rule (the netdev
  * table's lines, the BPF ports, the devices) is `prev`'s when those parts
  * are `prev`'s objects, so an apply that changed other services walks the
@@ -665,11 +701,12 @@ function planOf(parts: readonly ServicePart[], normalizeProblems: readonly strin
   const dsrLines = side.dsrLines;
   const dsrTable = dsrLines.length > dsrRemovalLines().length;
   let tables: NftTableModel[] | undefined;
-  let script: string | undefined;
   let counters: NftCounterRef[] | undefined;
   const buildTables = (): NftTableModel[] => [tableModel(IPV4_WORDS, familyParts(parts, NFT_FAMILY)), ...(ip6 ? [tableModel(IPV6_WORDS, familyParts(parts, NFT6_FAMILY))] : [])];
   const buildScript = (): string => {
-    const t = tables ??= buildTables();
+    // Neither the text nor the tables it was built from are kept: the plan
+    // stays for the next render, which reads only its parts.
+    const t = tables ?? buildTables();
     return [
       '# lb-agent forwarding tables: generated. Written whole at start and on repair; other changes write only the objects that changed.',
       '# One transaction (create if missing, delete, define): the kernel swaps the rule set atomically.',
@@ -681,7 +718,7 @@ function planOf(parts: readonly ServicePart[], normalizeProblems: readonly strin
     ].join('\n');
   };
   const plan: NftPlan = {
-    get script() { return script ??= buildScript(); },
+    get script() { return buildScript(); },
     get tables() { return tables ??= buildTables(); },
     get counters() { return counters ??= parts.flatMap((p) => p.counters); },
     problems,

@@ -392,6 +392,32 @@ t.test('renderPartsDelta: from the changed services alone, the same objects as t
   t.equal(renderPartsDelta(same, renderIncremental(many(30), {}, same))!.script, '', 'no change: nothing to write');
 });
 
+t.test('renderIncremental at 1,000 services: one backend down renders that service alone, as a render from scratch does; the 999 others are the previous objects', async (t) => {
+  const to = many(1000, (i, all) => ({ healthy: i === 500 ? all.slice(1) : all, backends: all }));
+  const prev = renderIncremental(many(1000), {});
+  t.ok(prev.plan.script.length > 1_000_000, 'the whole table written first (its text built)');
+  const next = renderIncremental(to, {}, prev);
+  const fresh = renderIncremental(to, {});
+  const reused = next.parts.filter((p) => prev.byKey.get(p.key) === p);
+  t.equal(reused.length, 999, 'every other service\'s part is the previous object');
+  const part = next.byKey.get('default/svc-500')!;
+  t.not(part, prev.byKey.get('default/svc-500'), 'the changed service is rendered again');
+  t.same(part, fresh.byKey.get('default/svc-500'), 'its part is the one a render from scratch gives');
+  t.same(next.parts.map((p) => p.key), fresh.parts.map((p) => p.key), 'in the same order');
+  const delta = renderPartsDelta(prev, next)!;
+  t.same([...delta.changed], ['default/svc-500'], 'one service changed');
+  t.equal(delta.script, renderNftDelta(renderNft(many(1000)), renderNft(to))!.script, 'the transaction of the whole tables\' diff');
+  t.equal(next.plan.script, fresh.plan.script, 'and the whole table, read again, is the scratch render\'s');
+});
+
+t.test('render: a state frozen as the config is (services, ports, backends) renders as an unfrozen one', async (t) => {
+  const freeze = (s: ForwardState): ForwardState => Object.freeze({
+    services: Object.freeze(s.services.map((x) => Object.freeze({ ...x, ports: Object.freeze(x.ports.map((p) => Object.freeze({ ...p }))), healthy: Object.freeze(x.healthy.map((h) => Object.freeze({ ...h }))), backends: Object.freeze(x.backends.map((h) => Object.freeze({ ...h }))) }))),
+  });
+  const plain = many(5, (i, all) => ({ healthy: i === 2 ? all.slice(1) : all, backends: all }));
+  t.equal(renderIncremental(freeze(plain), {}).plan.script, renderNft(plain).script);
+});
+
 t.test('renderIncremental: a change to another service takes the netdev table\'s lines and DSR ports from the previous plan; a DSR service\'s change renders them again', async (t) => {
   const dsr = (healthy: BackendSpec[]): ForwardState['services'][number] => ({
     key: 'default/dsr', vip: '10.99.0.50', ports: [{ name: '', port: 80, protocol: 'TCP', targetPort: 80 }], healthy, backends: [b('10.99.0.11'), b('10.99.0.12')], sourceIP: 'preserve', vipMac: '02:00:00:00:00:50',
