@@ -15,7 +15,7 @@ import { defaultRouteInterface } from '../net/host/route';
 import { OWNED_ADDRESS_PROTO, linkNameForService, macForService } from '../net/ownership/ownership';
 import { reconcileOwnedLinks } from '../net/ownership/reconcile';
 import type { StartLimiter } from '../dhcp/limiter';
-import { SharedLinks } from '../dhcp/shared-link';
+import type { SharedLinks } from '../dhcp/shared-link';
 import type { DualGate } from '../failover/dual';
 import type { NetworkGates } from '../failover/networks';
 import type { PriorityTracker } from '../failover/tracker';
@@ -41,6 +41,7 @@ const dhcpDriver = (): typeof import('../dhcp/driver') => require('../dhcp/drive
 const dhcpLimiter = (): typeof import('../dhcp/limiter') => require('../dhcp/limiter') as typeof import('../dhcp/limiter');
 const dhcpLease = (): typeof import('../dhcp/lease') => require('../dhcp/lease') as typeof import('../dhcp/lease');
 const dhcp6Driver = (): typeof import('../dhcp/driver6') => require('../dhcp/driver6') as typeof import('../dhcp/driver6');
+const dhcpSharedLink = (): typeof import('../dhcp/shared-link') => require('../dhcp/shared-link') as typeof import('../dhcp/shared-link');
 const dhcp6Lease = (): typeof import('../dhcp/lease6') => require('../dhcp/lease6') as typeof import('../dhcp/lease6');
 const vrrpGate = (): typeof import('../failover/gate') => require('../failover/gate') as typeof import('../failover/gate');
 const networkGates = (): typeof import('../failover/networks') => require('../failover/networks') as typeof import('../failover/networks');
@@ -119,7 +120,8 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
     let limiter: StartLimiter | undefined;
     const startLimiter = (): StartLimiter => (limiter ??= new (dhcpLimiter().StartLimiter)({ ...limiterSettings, clock }));
     // A dual-stack DHCP service's two sources and their one macvlan: the DHCPv4 source tells the DHCPv6 one when it comes up.
-    const sharedLinks = new SharedLinks();
+    let links: SharedLinks | undefined;
+    const sharedLinks = (): SharedLinks => (links ??= new (dhcpSharedLink().SharedLinks)());
     // How new connections are placed (forward/dataplane.ts placementFor); the probe loads that too.
     const placement = placementFor(config.failover.mode);
     const selection = await selectDataplane(config.dataplane, () => probeNftables(placement), servicesNeedingProxy(config.services));
@@ -230,14 +232,14 @@ export async function buildSubsystems(config: Desired, ctx: SubsystemContext): P
         ? dhcp6Driver().createDhcp6Source({
           // A dual-stack DHCP service: its DHCPv4 source owns the one macvlan both leases ride.
           service: spec, parent: parentOf(spec).name, arp: now.arp, sharedLink: spec.ipFamilies?.includes('IPv4') ?? false,
-          linkEvents: sharedLinks.of(linkKeyOf(spec.key)),
+          linkEvents: sharedLinks().of(linkKeyOf(spec.key)),
           store, netlink, log, registry, clock, guard: dhcp6Driver().guard6Of(now.dhcp), resumeSaved: vrrp,
         })
         : spec.ipam === 'dhcp'
         ? dhcpDriver().createDhcpSource({
           service: spec, parent: parentOf(spec).name, timings: vrrp ? { ...now.dhcp, probeOffer: false } : now.dhcp, arp: now.arp,
           store, netlink, log, registry, clock, limiter: startLimiter(), parentSysctls, resumeSaved: vrrp,
-          ...(spec.ipFamilies?.includes('IPv6') ? { sharedLink: sharedLinks.of(linkKeyOf(spec.key)) } : {}),
+          ...(spec.ipFamilies?.includes('IPv6') ? { sharedLink: sharedLinks().of(linkKeyOf(spec.key)) } : {}),
           guard: { allowOtherSubnets: now.dhcp.allowOtherSubnets, servers: now.dhcp.servers },
         })
         : new PoolSource({ service: spec, parentIfname: parentOf(spec).name, manager: pools, arp: now.arp, netlink, log, registry, clock, probe: !vrrp, sockets: neighbourSockets, removals: poolRemovals })),
