@@ -458,7 +458,8 @@ export class NatEngine {
     }
     closeFd(inherited);
     otherOwnPrograms.add(this.bpf.bpfProgInfo(next.prog).id);
-    this.pinProg(next.prog);
+    // In place of the previous pin: the program's pin is never missing.
+    this.pinAt(next.prog, PROG_PIN);
     this.carryCounters();
     closeLoaded(this.current);
     this.current = next;
@@ -632,20 +633,12 @@ export class NatEngine {
     }
   }
 
-  /** Pin `fd` at `name` in place of the previous pin (a rename; bpffs refuses a dot in a name). */
+  /** Pin `fd` at `name` in place of the previous pin, by a rename (the pin is never missing; bpffs refuses a dot in a name). */
   private pinAt(fd: number, name: string): void {
     const tmp = path.join(this.pinDir, `${name}_new`);
     try { fs.unlinkSync(tmp); } catch { /* none */ }
     this.bpf.bpfObjPin(fd, tmp);
     fs.renameSync(tmp, path.join(this.pinDir, name));
-  }
-
-  /** Pin the attached program in place of the previous pin (a rename: the pin is never missing; bpffs refuses a dot in a name). */
-  private pinProg(fd: number): void {
-    const tmp = path.join(this.pinDir, `${PROG_PIN}_new`);
-    try { fs.unlinkSync(tmp); } catch { /* none */ }
-    this.bpf.bpfObjPin(fd, tmp);
-    fs.renameSync(tmp, path.join(this.pinDir, PROG_PIN));
   }
 
   /** Add the current program's counters to the carried totals (its maps go with it). */
