@@ -52,6 +52,18 @@ function progStats(pid: number): Map<number, { runCnt: number; runTimeNs: number
   return out;
 }
 
+/** The runs and run time the programs took between two reads of progStats. */
+function progDelta(s0: Map<number, { runCnt: number; runTimeNs: number }>, s1: Map<number, { runCnt: number; runTimeNs: number }>): { cnt: number; ns: number } {
+  let cnt = 0;
+  let ns = 0;
+  for (const [id, a] of s1) {
+    const b = s0.get(id) ?? { runCnt: 0, runTimeNs: 0 };
+    cnt += a.runCnt - b.runCnt;
+    ns += a.runTimeNs - b.runTimeNs;
+  }
+  return { cnt, ns };
+}
+
 function arg(name: string, def: number): number {
   const i = process.argv.indexOf(name);
   return i >= 0 ? Number(process.argv[i + 1]) : def;
@@ -100,13 +112,7 @@ async function main(): Promise<void> {
           const w = await runWrk(lab, client, `http://${VIP}/`, { seconds, connections: 50, threads: 1, close });
           const f1 = await forwarded();
           const s1 = progStats(pid);
-          let cnt = 0;
-          let ns = 0;
-          for (const [id, a] of s1) {
-            const b = s0.get(id) ?? { runCnt: 0, runTimeNs: 0 };
-            cnt += a.runCnt - b.runCnt;
-            ns += a.runTimeNs - b.runTimeNs;
-          }
+          const { cnt, ns } = progDelta(s0, s1);
           row.runsPerReq.push(cnt / w.requests);
           row.nsPerRun.push(ns / cnt);
           row.usPerReq.push(ns / w.requests / 1000);
@@ -127,13 +133,7 @@ async function main(): Promise<void> {
           const p1 = await nic('rx_packets');
           const b1 = await nic('rx_bytes');
           const s1 = progStats(pid);
-          let cnt = 0;
-          let ns = 0;
-          for (const [id, a] of s1) {
-            const b = s0.get(id) ?? { runCnt: 0, runTimeNs: 0 };
-            cnt += a.runCnt - b.runCnt;
-            ns += a.runTimeNs - b.runTimeNs;
-          }
+          const { cnt, ns } = progDelta(s0, s1);
           row.runsPerFrame.push(cnt / (p1 - p0));
           row.bytesPerRun.push((b1 - b0) / cnt);
           row.nsPerRun.push(ns / cnt);
