@@ -54,7 +54,8 @@
  * longer than it was checked for; a next hop the FIB has no neighbour for
  * is sent with bpf_redirect_neigh and not cached. So an established
  * packet takes no FIB lookup and, besides the lookups of its flow (a
- * reply: its entry and the flow's), one bpf_csum_diff and one or two
+ * reply: its entry and the flow's) and no helper for the addresses'
+ * checksum change (summed in the program), one or two
  * bpf_l4_csum_replace (two when a port changes).
  */
 #include <linux/bpf.h>
@@ -143,6 +144,16 @@ static __always_inline void event(__u32 ev)
 	__u64 *v = bpf_map_lookup_elem(&lbn_events, &ev);
 	if (v)
 		*v += 1;
+}
+
+/* The time flows are stamped and their ways out cached with: the coarse
+ * monotonic clock (the timekeeper's last tick, no clocksource read: a
+ * paravirtual or TSC read is a tenth of an established packet's cost),
+ * which is fine enough for idle timeouts of seconds and a FIB refresh of
+ * one. */
+static __always_inline __u64 clock_ns(void)
+{
+	return bpf_ktime_get_coarse_ns();
 }
 
 #define COPY6(d, s) do { (d)[0] = (s)[0]; (d)[1] = (s)[1]; (d)[2] = (s)[2]; (d)[3] = (s)[3]; } while (0)
@@ -257,12 +268,19 @@ static __always_inline int expired(const struct lbn_config *cfg, __u8 proto, __u
 }
 
 /* A packet of a held flow (either family's): stamped, and closing from its
- * first FIN or RST on. */
+ * first FIN or RST on. Both only when they change: a flow's client side
+ * and its backend side are handled on different CPUs, and an entry that
+ * both write on every packet bounces its cache line between them (every
+ * lookup of it then misses). The stamp moves on once the clock has gone
+ * LBN_SEEN_GRAIN_NS past it, so an idle timeout runs out at most that
+ * much early. */
+#define LBN_SEEN_GRAIN_NS (1ULL << 24)
 static __always_inline void flow_seen(__u32 *closing, __u64 *seen_ns, const struct parsed *p, __u64 now)
 {
-	if (p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST))
+	if ((p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)) && !*closing)
 		*closing = 1;
-	*seen_ns = now;
+	if ((__s64)(now - *seen_ns) >= (__s64)LBN_SEEN_GRAIN_NS)
+		*seen_ns = now;
 }
 
 /* Whether a held flow still stands for its tuple (either family's; `m` its
@@ -310,16 +328,16 @@ static __always_inline __u32 ports_word(__u16 sport, __u16 dport)
 }
 
 /* The L4 checksum of a translated packet (either family): `diff`, the
- * pseudo-header's change (bpf_csum_diff of the old addresses against the
- * new; negative: that failed), then the ports word `oports` -> `nports`.
+ * pseudo-header's change (the one's complement sum of the old addresses,
+ * complemented, and the new), then the ports word `oports` -> `nports`.
  * Through the helpers, two calls at most: they know the skb's checksum
  * state (a CHECKSUM_PARTIAL packet from a local socket takes the
  * pseudo-header change only). */
-static __always_inline int l4_csum(struct __sk_buff *skb, const struct parsed *p, __s64 diff, __u32 oports, __u32 nports)
+static __always_inline int l4_csum(struct __sk_buff *skb, const struct parsed *p, __u32 diff, __u32 oports, __u32 nports)
 {
 	__u64 l4flags = p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
 
-	if (diff < 0 || bpf_l4_csum_replace(skb, p->csum_off, 0, (__u32)diff, l4flags | BPF_F_PSEUDO_HDR))
+	if (bpf_l4_csum_replace(skb, p->csum_off, 0, diff, l4flags | BPF_F_PSEUDO_HDR))
 		return -1;
 	if (oports != nports && bpf_l4_csum_replace(skb, p->csum_off, oports, nports, l4flags | 4))
 		return -1;
@@ -341,14 +359,17 @@ static __always_inline int rewrite(struct __sk_buff *skb, struct parsed *p, __u3
 	__u16 ottl = *(__u16 *)&p->ip->ttl;
 	__u16 nttl = ottl - bpf_htons(0x0100);
 	__u16 ocheck = p->ip->check;
+	/* The addresses' change, as bpf_csum_diff would sum it (~old + new),
+	 * without the helper call: the pseudo-header's for the L4 checksum and
+	 * a part of the IP header's. */
+	__u32 addr_diff = csum_word(~oaddr[0]) + csum_word(~oaddr[1]) + csum_word(naddr[0]) + csum_word(naddr[1]);
 
 	/* A UDP checksum of zero: none (RFC 768), left so. */
-	if (!(p->proto == IPPROTO_UDP && p->ports[3] == 0) &&
-	    l4_csum(skb, p, bpf_csum_diff(oaddr, sizeof(oaddr), naddr, sizeof(naddr), 0), oports, nports))
+	if (!(p->proto == IPPROTO_UDP && p->ports[3] == 0) && l4_csum(skb, p, addr_diff, oports, nports))
 		return -1;
 	/* RFC 1624 eqn. 3: HC' = ~(~HC + ~m + m'). */
 	__u32 sum = (__u16)~ocheck;
-	sum += csum_word(~oaddr[0]) + csum_word(~oaddr[1]) + csum_word(nsrc) + csum_word(ndst) + (__u16)~ottl + nttl;
+	sum += addr_diff + (__u16)~ottl + nttl;
 	sum = (sum & 0xffff) + (sum >> 16);
 	sum = (sum & 0xffff) + (sum >> 16);
 
@@ -529,7 +550,7 @@ static __always_inline int forward(struct __sk_buff *skb, struct parsed *p, stru
 static __always_inline int from_client(struct __sk_buff *skb, struct parsed *p, struct lbn_svc_key *sk, struct lbn_svc *svc, const struct lbn_config *cfg)
 {
 	struct iphdr *ip = p->ip;
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now = clock_ns();
 	struct lbn_flow_key fk = { .saddr = ip->saddr, .daddr = ip->daddr, .sport = p->ports[0], .dport = p->ports[1], .proto = p->proto };
 	struct lbn_flow *f = bpf_map_lookup_elem(&lbn_flows, &fk);
 	/* The tuple's entry, expired or to be placed again: rewritten in place. */
@@ -617,7 +638,7 @@ static __always_inline int from_backend(struct __sk_buff *skb, struct parsed *p,
 	struct iphdr *ip = p->ip;
 	struct lbn_flow_key rk = { .saddr = ip->saddr, .daddr = ip->daddr, .sport = p->ports[0], .dport = p->ports[1], .proto = p->proto };
 	struct lbn_flow *r = bpf_map_lookup_elem(&lbn_replies, &rk);
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now = clock_ns();
 
 	if (!r)
 		return TCX_NEXT;
@@ -683,12 +704,12 @@ static __always_inline int icmp_error(struct __sk_buff *skb, const struct lbn_co
 		/* The reply entry is the flow's only while the client's side still sends it there (from_backend). */
 		struct lbn_flow_key fk = { .saddr = other->addr, .daddr = vip, .sport = other->port, .dport = other->nat_port, .proto = k.proto };
 		struct lbn_flow *f = bpf_map_lookup_elem(&lbn_flows, &fk);
-		if (!f || f->addr != k.saddr || f->port != k.sport || f->nat_port != k.dport || expired(cfg, k.proto, f->closing, f->seen_ns, bpf_ktime_get_ns()))
+		if (!f || f->addr != k.saddr || f->port != k.sport || f->nat_port != k.dport || expired(cfg, k.proto, f->closing, f->seen_ns, clock_ns()))
 			return TCX_NEXT;
 	} else {
 		/* A packet towards the client (V:port -> C:cport): the flows map names the backend. */
 		other = bpf_map_lookup_elem(&lbn_flows, &k);
-		if (!other || expired(cfg, k.proto, other->closing, other->seen_ns, bpf_ktime_get_ns()))
+		if (!other || expired(cfg, k.proto, other->closing, other->seen_ns, clock_ns()))
 			return TCX_NEXT;
 		to_backend = 1;
 	}
@@ -756,7 +777,7 @@ static __always_inline int icmp_error(struct __sk_buff *skb, const struct lbn_co
  *                       [V]:nport -> B:targetPort.
  *   B:targetPort -> [V]:nport   leaves as [V]:port -> C:cport.
  * No IP header checksum (RFC 8200); the L4 checksum covers the
- * pseudo-header's 128-bit addresses, fixed by one bpf_csum_diff over both
+ * pseudo-header's 128-bit addresses, fixed by their sum's change (addr_diff6)
  * and bpf_l4_csum_replace; the hop limit drops by one. The way out is
  * bpf_fib_lookup's (AF_INET6), sent with bpf_redirect, or
  * bpf_redirect_neigh (the IPv6 nexthop: NDP fills in the MAC) where the FIB
@@ -852,6 +873,14 @@ static __always_inline __u32 nft_jhash_slot6(const __u32 *s, __u16 sport, __u32 
 
 #define L4_OFF6 (sizeof(struct ethhdr) + IPV6_HLEN)
 
+/* An address's change in the L4 checksum (~old + new over its eight
+ * 16-bit words), as bpf_csum_diff would sum it, without the call. */
+static __always_inline __u32 addr_diff6(const __u32 *o, const __u32 *n)
+{
+	return csum_word(~o[0]) + csum_word(~o[1]) + csum_word(~o[2]) + csum_word(~o[3]) +
+	       csum_word(n[0]) + csum_word(n[1]) + csum_word(n[2]) + csum_word(n[3]);
+}
+
 static __always_inline int route6(struct __sk_buff *skb, struct bpf_fib_lookup *fib, const __u32 *src, const __u32 *dst, __u8 proto, __u16 tot_len)
 {
 	__builtin_memset(fib, 0, sizeof(*fib));
@@ -876,9 +905,7 @@ static __always_inline int rewrite6(struct __sk_buff *skb, struct parsed *p, con
 	__u8 hop = p->ip6->hop_limit - 1;
 
 	/* The old addresses read where they lie in the packet (no copy on the stack). */
-	__s64 diff = bpf_csum_diff(p->ip6->saddr, 16, (__u32 *)nsrc, 16, 0);
-	if (diff >= 0)
-		diff = bpf_csum_diff(p->ip6->daddr, 16, (__u32 *)ndst, 16, (__u32)diff);
+	__u32 diff = addr_diff6(p->ip6->saddr, nsrc) + addr_diff6(p->ip6->daddr, ndst);
 	if (l4_csum(skb, p, diff, oports, nports))
 		return -1;
 
@@ -954,7 +981,7 @@ static __always_inline int forward6(struct __sk_buff *skb, struct parsed *p, str
 static __noinline int from_client6(struct __sk_buff *skb, struct parsed *p, struct lbn_svc_key6 *sk, struct lbn_svc *svc, const struct lbn_config *cfg)
 {
 	struct ip6h *ip = p->ip6;
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now = clock_ns();
 	struct lbn_flow_key6 fk = { .sport = p->ports[0], .dport = p->ports[1], .proto = p->proto };
 	COPY6(fk.saddr, ip->saddr);
 	COPY6(fk.daddr, ip->daddr);
@@ -1035,7 +1062,7 @@ static __noinline int from_backend6(struct __sk_buff *skb, struct parsed *p, con
 	COPY6(rk.saddr, ip->saddr);
 	COPY6(rk.daddr, ip->daddr);
 	struct lbn_flow6 *r = bpf_map_lookup_elem(&lbn_replies6, &rk);
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now = clock_ns();
 
 	if (!r)
 		return TCX_NEXT;
@@ -1085,7 +1112,7 @@ static __noinline int icmp6_error(struct __sk_buff *skb, const struct lbn_config
 	COPY6(k.saddr, q->ip.daddr);
 	COPY6(k.daddr, vip);
 	struct lbn_flow6 *other = bpf_map_lookup_elem(&lbn_replies6, &k);
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now = clock_ns();
 	if (other) {
 		struct lbn_flow_key6 fk = { .sport = other->port, .dport = other->nat_port, .proto = k.proto };
 		COPY6(fk.saddr, other->addr);
