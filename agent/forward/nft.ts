@@ -995,9 +995,10 @@ function vipPositions(r: Rendering): Map<string, number[]> {
   if (r.onVip.map !== undefined) return r.onVip.map;
   const map = new Map<string, number[]>();
   r.parts.forEach((p, i) => {
-    if (p.vip === undefined) return;
-    const at = map.get(p.vip);
-    if (at === undefined) map.set(p.vip, [i]);
+    const vip = p.vip;
+    if (vip === undefined) return;
+    const at = map.get(vip);
+    if (at === undefined) map.set(vip, [i]);
     else at.push(i);
   });
   return (r.onVip.map = map);

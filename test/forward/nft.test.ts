@@ -1008,3 +1008,46 @@ t.test('VIPs that came onto this node: their untranslated flows end in one sweep
   await arrive(['10.99.0.50', [http]]);
   t.equal(asked.length, 4, 'nothing after stop');
 });
+
+t.test('a health transition among 10 or 1,000 services reads the same services and parts: the work does not grow with the count', async (t) => {
+  // Every service and every part of the previous rendering behind a proxy
+  // that counts property reads: a service or part that is only carried
+  // over (compared by identity, copied as a reference) is never read.
+  const reads = { n: 0 };
+  const counted = <T extends object>(o: T): T => new Proxy(o, { get: (target, p, receiver) => { reads.n++; return Reflect.get(target, p, receiver) as unknown; } });
+  const down = (i: number, all: BackendSpec[]) => ({ healthy: i === 7 ? all.slice(1) : all, backends: all });
+  const measure = (n: number): { reads: number[]; changed: string[]; script: string; rendered: number } => {
+    const up = many(n).services.map(counted);
+    const one = counted(many(n, down).services[7]!);
+    const states = [up, up.map((s, i) => (i === 7 ? one : s)), up];
+    const wrapped = new WeakSet<object>();
+    const once = (p: ServicePart): ServicePart => {
+      if (wrapped.has(p)) return p;
+      const c = counted(p);
+      wrapped.add(c);
+      return c;
+    };
+    const wrap = (x: Rendering): Rendering => ({ ...x, parts: x.parts.map(once) });
+    let r = wrap(renderIncremental({ services: states[0]! }, {}));
+    const out = { reads: [] as number[], changed: [] as string[], script: '', rendered: 0 };
+    // Down, up, down again: the first transition after a whole render also builds the VIP index once.
+    for (const services of [states[1]!, states[2]!, states[1]!]) {
+      reads.n = 0;
+      const next = renderIncremental({ services }, {}, r);
+      const d = renderPartsDelta(r, next)!;
+      out.reads.push(reads.n);
+      out.changed = [...d.changed];
+      out.script = d.script;
+      out.rendered = next.parts.filter((p, i) => p !== r.parts[i]).length;
+      r = wrap(next);
+    }
+    return out;
+  };
+  const [small, large] = [measure(10), measure(1000)];
+  t.ok(small.reads[1]! > 0, `a transition reads the changed service and its parts (${small.reads.join(', ')} reads at 10 services)`);
+  t.same(large.reads.slice(1), small.reads.slice(1), `the same reads at 1,000 services as at 10 (${large.reads.join(', ')})`);
+  t.equal(large.reads[0]! - small.reads[0]!, 990, 'the first transition after a whole render reads each part\'s VIP once more: the VIP index, built once for the renderings that follow');
+  t.same([large.changed, large.rendered], [['default/svc-007'], 1], 'one service changed, one part rendered');
+  t.equal(large.script, small.script, 'the same transaction');
+  t.ok(large.script.includes('s7p0b10_97_0_29'), 'which takes the backend that went down out of the service');
+});
