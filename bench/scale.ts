@@ -15,14 +15,17 @@
 //                        a core
 //   nft lines            `nft list ruleset | wc -l` in the node's namespace
 //   reload               the agent's CPU from SIGHUP of a config that changes
-//                        one backend of one service to 1 s after the reload
-//                        is applied, less the idle rate over that time;
-//                        RELOADS of them (the swap and the swap back), their
-//                        median and quartiles
+//                        one backend of one service to EVENT_TAIL_MS after
+//                        the reload is applied, less the idle rate over that
+//                        time; RELOADS of them (the swap and the swap back),
+//                        their median and quartiles
 //   health transition    one backend of one service (a listener of its own,
 //                        on a port no other service checks) stopped, later
 //                        started again: the agent's CPU from its transition log
-//                        line to 1 s later, less the idle rate over 1 s
+//                        line to EVENT_TAIL_MS later, less the idle rate over
+//                        that time; beside it the same window 1 s before the
+//                        line (no event in it: how far the idle work alone
+//                        spreads) and the 1 s window of earlier reports
 //   /metrics             CPU per scrape (20 scrapes 1.25 s apart, past the
 //                        1 s the endpoint reuses a gather), the body's bytes
 //                        per service, the RSS after those 20 scrapes (a
@@ -62,6 +65,17 @@ export const SCALE_SIZES = [10, 100, 500, 1000] as const;
  * collection), so a median of few moves between runs of the same code.
  */
 export const RELOADS = 10;
+
+/**
+ * How long after a reload's or a transition's log line its CPU is counted
+ * (ms). The apply, the health file's write (50 ms later) and the status
+ * line fall within it; the idle work the agent does meanwhile (600 health
+ * probes a second at 1,000 services, the ARP refresh wheel, a drift resync
+ * every 30 s, collections) is subtracted at its mean rate, and its spread
+ * grows with the window: a 1 s window put tens of ms of that spread on a
+ * transition of a few.
+ */
+export const EVENT_TAIL_MS = 300;
 
 const NODE = '10.96.0.2';
 const MON = '10.96.0.3';
@@ -184,6 +198,10 @@ export interface ScaleRun {
   reloadWallMs: number[];
   transitionCpuMs: number[];
   transitionKinds: string[];
+  /** The same window 1 s before each transition's line, less the idle rate: no event (absent from runs before it was measured). */
+  transitionControlCpuMs?: number[];
+  /** Each transition over 1 s from its line, as runs before EVENT_TAIL_MS counted it. */
+  transition1sCpuMs?: number[];
   scrapeCpuMs: number;
   scrapes: number;
   metricsBytes: number;
@@ -384,11 +402,11 @@ async function measureSize(n: number, o: ScaleOptions): Promise<ScaleRun> {
       // request at 1,000 services costs the agent more than the reload.
       const line = await a.waitLog('reload logged', (l) => a.logs.indexOf(l) >= logsBefore && l.op === 'reload' && l.added !== undefined, 60_000);
       const applied = logTime(line);
-      await sleep(Math.max(0, applied + 1000 - Date.now()) + 100);
+      await sleep(Math.max(0, applied + EVENT_TAIL_MS - Date.now()) + 100);
       s.stop();
       if ((await a.status()).config.generation <= before) throw new Error('the reload was logged but not applied');
-      const raw = cpuBetween(s.samples, t, applied + 1000);
-      reloadCpuMs.push(round(raw - idleRate * (applied + 1000 - t), 1));
+      const raw = cpuBetween(s.samples, t, applied + EVENT_TAIL_MS);
+      reloadCpuMs.push(round(raw - idleRate * (applied + EVENT_TAIL_MS - t), 1));
       reloadWallMs.push(applied - t);
       await sleep(1000);
     }
@@ -397,6 +415,8 @@ async function measureSize(n: number, o: ScaleOptions): Promise<ScaleRun> {
     // Health transitions: s0's backend b1 down (its listener stopped), then up again.
     const transitionCpuMs: number[] = [];
     const transitionKinds: string[] = [];
+    const transitionControlCpuMs: number[] = [];
+    const transition1sCpuMs: number[] = [];
     for (let r = 0; r < o.rounds; r++) {
       for (const to of ['down', 'up'] as const) {
         const logsBefore = a.logs.length;
@@ -407,12 +427,16 @@ async function measureSize(n: number, o: ScaleOptions): Promise<ScaleRun> {
         const at = logTime(line);
         await sleep(Math.max(0, at + 1000 - Date.now()) + 100);
         s.stop();
-        transitionCpuMs.push(round(cpuBetween(s.samples, at, at + 1000) - idleRate * 1000, 1));
+        const over = (from: number, ms: number): number => round(cpuBetween(s.samples, from, from + ms) - idleRate * ms, 1);
+        transitionCpuMs.push(over(at, EVENT_TAIL_MS));
+        transition1sCpuMs.push(over(at, 1000));
+        // The sampler began when the listener was stopped or started, at least 1 s before the line for a down (three failed probes) but not always for an up.
+        transitionControlCpuMs.push(at - 1000 - EVENT_TAIL_MS >= s.samples[0]!.t ? over(at - 1000 - EVENT_TAIL_MS, EVENT_TAIL_MS) : NaN);
         transitionKinds.push(to);
         await sleep(500);
       }
     }
-    log(`health transitions: ${transitionCpuMs.join(', ')} ms of CPU over idle (${transitionKinds.join(', ')})`);
+    log(`health transitions: ${transitionCpuMs.join(', ')} ms of CPU over idle in ${EVENT_TAIL_MS} ms (${transitionKinds.join(', ')}); the same window 1 s before: ${transitionControlCpuMs.join(', ')}; over 1 s: ${transition1sCpuMs.join(', ')}`);
 
     // Scrapes, spaced past the endpoint's reuse of a gather.
     const count = SPACED_SCRAPES;
@@ -458,7 +482,7 @@ async function measureSize(n: number, o: ScaleOptions): Promise<ScaleRun> {
     log(`reference: full table ${ref.fullWallMs.join(', ')} ms, delta of one backend ${ref.deltaWallMs.join(', ')} ms wall, ${ref.deltaCpuMs.join(', ')} ms CPU (${ref.lines} lines)`);
     return {
       services: n, backends: backendCount, readyMs, rssMiB, rssAfterScrapesMiB, descriptors: fds.total, packetSockets: fds.packet, idleWindowSeconds: o.idleSeconds, idleCpuMs, idleCpuPercent, nftLines,
-      reloadCpuMs, reloadWallMs, transitionCpuMs, transitionKinds, scrapeCpuMs, scrapes: spaced.ok, metricsBytes: body, metricsBytesPerService: body / n,
+      reloadCpuMs, reloadWallMs, transitionCpuMs, transitionKinds, transitionControlCpuMs, transition1sCpuMs, scrapeCpuMs, scrapes: spaced.ok, metricsBytes: body, metricsBytesPerService: body / n,
       burst, statusCliMs, nodeStartMs, statusRequestMs, statusBytes, stopMs, stopKilled: stopped.killed, reference: ref,
     };
   } finally {

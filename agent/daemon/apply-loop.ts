@@ -33,18 +33,22 @@ export class ApplyLoop {
   private stopped = false;
   private batchSince: number | undefined;
   private batchTimer: NodeJS.Timeout | undefined;
-  /** The VIPs whose rules are in the kernel now (served or armed). */
-  private vips = new Set<string>();
-  /** The services the last committed state forwards to at least one backend. */
-  private serving = new Set<string>();
+  /** The state of the last committed transaction (a copy of the array: its services by identity). */
+  private last: readonly ForwardService[] = [];
+  /** How many services of the last committed state carry each VIP: its rules are in the kernel (served or armed). */
+  private readonly vipUsers = new Map<string, number>();
+  /** How many services of the last committed state under each key forward to at least one backend. */
+  private readonly servingUsers = new Map<string, number>();
+  /** While a transaction is under way: the VIPs and serving keys it takes away (they may be gone at any moment). */
+  private leaving: { readonly vips: ReadonlySet<string>; readonly keys: ReadonlySet<string> } | undefined;
 
   constructor(private readonly opts: ApplyLoopOptions) {}
 
   /** Are this VIP's rules in place now? (A takeover of it need not wait for an apply.) */
-  hasVip(vip: string): boolean { return this.vips.has(vip); }
+  hasVip(vip: string): boolean { return (this.vipUsers.get(vip) ?? 0) > 0 && this.leaving?.vips.has(vip) !== true; }
 
   /** Does the state in place forward this service to a healthy backend? */
-  serves(key: string): boolean { return this.serving.has(key); }
+  serves(key: string): boolean { return (this.servingUsers.get(key) ?? 0) > 0 && this.leaving?.keys.has(key) !== true; }
 
   /** A transaction soon (coalesced with the changes of this turn, batched during a start). */
   schedule(): void {
@@ -104,35 +108,55 @@ export class ApplyLoop {
 
   private async transaction(): Promise<void> {
     const state = this.opts.state();
-    const next = new Set<string>();
-    const nextServing = new Set<string>();
-    for (const f of state) {
-      if (f.vip === undefined) continue;
-      next.add(f.vip);
-      if (f.healthy.length > 0) nextServing.add(f.key);
+    // What changed since the last commit, by identity: the daemon hands over
+    // the same object for a service whose forwarding state did not change,
+    // so a health transition among a thousand services counts one.
+    const vipDelta = new Map<string, number>();
+    const keyDelta = new Map<string, number>();
+    const count = (f: ForwardService | undefined, by: number): void => {
+      if (f?.vip === undefined) return;
+      vipDelta.set(f.vip, (vipDelta.get(f.vip) ?? 0) + by);
+      if (f.healthy.length > 0) keyDelta.set(f.key, (keyDelta.get(f.key) ?? 0) + by);
+    };
+    const n = Math.max(state.length, this.last.length);
+    for (let i = 0; i < n; i++) {
+      if (state[i] === this.last[i]) continue;
+      count(this.last[i], -1);
+      count(state[i], 1);
     }
-    const before = this.vips;
-    const beforeServing = this.serving;
+    const after = (users: ReadonlyMap<string, number>, k: string, d: number): number => (users.get(k) ?? 0) + d;
+    const gone = (users: ReadonlyMap<string, number>, delta: ReadonlyMap<string, number>): Set<string> => {
+      const out = new Set<string>();
+      for (const [k, d] of delta) if (d < 0 && (users.get(k) ?? 0) > 0 && after(users, k, d) <= 0) out.add(k);
+      return out;
+    };
     // The table is swapped in one transaction: a VIP in both the old and the
     // new table is covered throughout the apply, one leaving it may be gone
     // at any moment, one joining it only once it is done.
-    this.vips = new Set<string>();
-    for (const v of before) if (next.has(v)) this.vips.add(v);
-    this.serving = new Set<string>();
-    for (const k of beforeServing) if (nextServing.has(k)) this.serving.add(k);
+    this.leaving = { vips: gone(this.vipUsers, vipDelta), keys: gone(this.servingUsers, keyDelta) };
     try {
       await this.opts.apply(state);
     } catch (e) {
       // A failed transaction is not committed: the old table stands.
-      this.vips = before;
-      this.serving = beforeServing;
+      this.leaving = undefined;
       throw e;
     }
-    this.vips = next;
-    let servingChanged = nextServing.size !== beforeServing.size;
-    if (!servingChanged) for (const k of nextServing) if (!beforeServing.has(k)) { servingChanged = true; break; }
-    this.serving = nextServing;
+    this.leaving = undefined;
+    this.last = state.slice();
+    const commit = (users: Map<string, number>, delta: ReadonlyMap<string, number>): boolean => {
+      let crossed = false;
+      for (const [k, d] of delta) {
+        if (d === 0) continue;
+        const was = users.get(k) ?? 0;
+        const now = was + d;
+        if (now > 0) users.set(k, now);
+        else users.delete(k);
+        if ((was > 0) !== (now > 0)) crossed = true;
+      }
+      return crossed;
+    };
+    commit(this.vipUsers, vipDelta);
     // Readiness follows the applied table.
-    if (servingChanged) this.opts.onServingChanged();
+    if (commit(this.servingUsers, keyDelta)) this.opts.onServingChanged();
   }
 }

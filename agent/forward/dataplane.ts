@@ -339,6 +339,63 @@ export function normalizeState(state: ForwardState): { services: NormalizedServi
   return { services, problems };
 }
 
+/**
+ * normalizeState's result kept for the next one (normalizeStateFrom): the
+ * state it was made from, and each service's position by key.
+ */
+export interface NormalizedState {
+  readonly services: readonly NormalizedService[];
+  readonly problems: readonly string[];
+  /** The state's services as handed over (a copy of the array: the caller may reuse its own). */
+  readonly from: readonly ForwardService[];
+  /** Each service's position in `services` by key; the same object while the services, their order and their claims stay. */
+  readonly index: ReadonlyMap<string, number>;
+  /** Positions in `services` whose service object differs from `prev`'s; undefined when worked out whole. */
+  readonly changed: readonly number[] | undefined;
+}
+
+/** Whether two normalized port lists claim the same protocol and port numbers, in order. */
+function sameClaims(a: readonly NormalizedPort[], b: readonly NormalizedPort[]): boolean {
+  if (a.length !== b.length) return false;
+  for (let i = 0; i < a.length; i++) if (a[i]!.spec.protocol !== b[i]!.spec.protocol || a[i]!.spec.port !== b[i]!.spec.port) return false;
+  return true;
+}
+
+/**
+ * normalizeState, worked out from `prev` when the state differs from the
+ * one `prev` was made from only in services that keep their key, position,
+ * VIP and claimed ports (a health verdict, a backend changed by a reload):
+ * those services are normalized, the others are `prev`'s objects, and no
+ * sort or claim map is built. The result is normalizeState's, object for
+ * object. Anything else (a service added, removed, moved or claiming other
+ * ports, a conflict in `prev`) is worked out whole.
+ */
+export function normalizeStateFrom(state: ForwardState, prev?: NormalizedState): NormalizedState {
+  const input = state.services;
+  if (prev !== undefined && prev.problems.length === 0 && prev.index.size === prev.services.length && prev.from.length === input.length) {
+    let services: NormalizedService[] | undefined;
+    const changed: number[] = [];
+    let same = true;
+    for (let i = 0; i < input.length; i++) {
+      const s = input[i]!;
+      const o = prev.from[i]!;
+      if (s === o) continue;
+      const at = s.key === o.key && s.vip === o.vip ? prev.index.get(s.key) : undefined;
+      const own = at === undefined ? undefined : ownNormal(s).service;
+      if (at === undefined || own === undefined || !sameClaims(prev.services[at]!.ports, own.ports)) { same = false; break; }
+      services ??= prev.services.slice();
+      services[at] = own;
+      changed.push(at);
+    }
+    if (same) return { services: services ?? prev.services, problems: prev.problems, from: input.slice(), index: prev.index, changed };
+  }
+  const whole = normalizeState(state);
+  const index = new Map<string, number>();
+  whole.services.forEach((s, i) => index.set(s.key, i));
+  // Keys that are not unique (no config gives that) leave index short: the next is worked out whole too.
+  return { ...whole, from: input.slice(), index, changed: undefined };
+}
+
 /** A service normalized alone (every port kept), by its object: the state handed over again holds the same object for a service that did not change. */
 const ownNormals = new WeakMap<ForwardService, { readonly service: NormalizedService }>();
 

@@ -116,8 +116,8 @@ import { LbError, errorMessage } from '../errors';
 import { silentLogger, type Logger } from '../log';
 import { weightedSlots } from './balancer';
 import {
-  flowId, normalizeState, portLabel,
-  type Dataplane, type FlowStats, type ForwardState, type ForwardStats, type NormalizedService, type Placement, type ProbeResult, type UdpFlowsEnded,
+  flowId, normalizeState, normalizeStateFrom, portLabel,
+  type Dataplane, type NormalizedState, type FlowStats, type ForwardState, type ForwardStats, type NormalizedService, type Placement, type ProbeResult, type UdpFlowsEnded,
 } from './dataplane';
 import { ForwardMetrics, StatsReadFailure } from './metrics';
 import { DSR_FAMILY, DSR_PROBE_RULESET, DSR_TABLE, dsrDevices, dsrRemovalLines, dsrSeedValue, flowHashPick, flowHashSlots, renderDsrPort, renderDsrTable, type DsrPortRender } from './nft-dsr';
@@ -423,6 +423,8 @@ interface ByteElem {
  */
 export interface ServicePart {
   readonly key: string;
+  /** What names its objects (s<position>, v6s<position>). */
+  readonly prefix: string;
   /** Everything the part is rendered from (name prefix included), as one string. */
   readonly input: string;
   readonly family: string;
@@ -520,7 +522,7 @@ function renderPartOf(prefix: string, svc: NormalizedService, opts: RenderOption
   const problems: string[] = [];
   const input = partInput(prefix, svc);
   const part = (handBack: ServicePart['handBack']): ServicePart => ({
-    key: svc.key, input, family: w.family, vip: svc.vip !== undefined && svc.ports.length > 0 ? svc.vip : undefined,
+    key: svc.key, prefix, input, family: w.family, vip: svc.vip !== undefined && svc.ports.length > 0 ? svc.vip : undefined,
     header, counters, tableCounters, serviceElems, refusedElems, serviceSpecs, refusedSpecs, byteElems, chains, handBack, dsrPorts, problems,
   });
   if (svc.vip === undefined || svc.ports.length === 0) return part(undefined);
@@ -698,6 +700,27 @@ function planOf(parts: readonly ServicePart[], normalizeProblems: readonly strin
   const was = prev === undefined ? undefined : planSides.get(prev);
   const side = was !== undefined && was.dsrDevice === opts.dsrDevice && sameParts(was.dsrParts, dsrParts) && sameParts(was.handBackParts, handBackParts)
     ? was : planSide(dsrParts, handBackParts, opts);
+  return planWith(parts, problems, opts, side, ip6);
+}
+
+/** A part with nothing the plan gathers from a few parts: no DSR port, no hand-back rule, no problem. */
+const plain = (p: ServicePart): boolean => p.dsrPorts.length === 0 && p.handBack === undefined && p.problems.length === 0;
+
+/**
+ * planOf for `parts` that are `prev`'s parts with some replaced, each
+ * replaced part and its replacement plain and on the same VIP: what the
+ * plan gathers from the parts (problems, DSR and hand-back parts, the IPv6
+ * table's presence) is `prev`'s, so no part is walked. Undefined when
+ * that does not hold.
+ */
+function planReplacing(parts: readonly ServicePart[], replaced: readonly (readonly [before: ServicePart, after: ServicePart])[], opts: RenderOptions, prev: NftPlan): NftPlan | undefined {
+  const side = planSides.get(prev);
+  if (side === undefined || side.dsrDevice !== opts.dsrDevice) return undefined;
+  for (const [a, b] of replaced) if (!plain(a) || !plain(b) || a.vip !== b.vip || a.family !== b.family) return undefined;
+  return planWith(parts, prev.problems, opts, side, prev.ip6);
+}
+
+function planWith(parts: readonly ServicePart[], problems: readonly string[], opts: RenderOptions, side: PlanSide, ip6: boolean): NftPlan {
   const dsrLines = side.dsrLines;
   const dsrTable = dsrLines.length > dsrRemovalLines().length;
   let tables: NftTableModel[] | undefined;
@@ -949,21 +972,81 @@ export function renderNftDelta(prev: DeltaInput, next: DeltaInput): NftDelta | u
 export interface Rendering {
   readonly plan: NftPlan;
   readonly parts: readonly ServicePart[];
-  readonly byKey: ReadonlyMap<string, ServicePart>;
+  /** The normalized services the parts were rendered from; its index gives each part's position by key. */
+  readonly normal: NormalizedState;
+  readonly opts: RenderOptions;
+  /** This rendering's identity, for `changed`. */
+  readonly token: object;
+  /**
+   * Set when this rendering was worked out from the one whose token is
+   * `from` by replacing the parts at `positions` (the others are its
+   * objects, at the same positions): renderPartsDelta then looks at those
+   * parts only.
+   */
+  readonly changed: { readonly from: object; readonly positions: readonly number[] } | undefined;
+  /** The positions of the parts on each VIP, in order; shared by the renderings of one order of services and VIPs. */
+  readonly onVip: LazyVips;
+}
+
+/** The positions of the parts on each VIP (built on first use; shared while positions and VIPs stay). */
+interface LazyVips { map?: Map<string, number[]> }
+
+function vipPositions(r: Rendering): Map<string, number[]> {
+  if (r.onVip.map !== undefined) return r.onVip.map;
+  const map = new Map<string, number[]>();
+  r.parts.forEach((p, i) => {
+    const vip = p.vip;
+    if (vip === undefined) return;
+    const at = map.get(vip);
+    if (at === undefined) map.set(vip, [i]);
+    else at.push(i);
+  });
+  return (r.onVip.map = map);
+}
+
+/** Whether two sets of render options render the same parts and plan. */
+function sameOpts(a: RenderOptions, b: RenderOptions): boolean {
+  const ka = Object.keys(a) as (keyof RenderOptions)[];
+  return ka.length === Object.keys(b).length && ka.every((k) => a[k] === b[k]);
 }
 
 /**
  * renderNft, rendering again only the services whose inputs differ from
  * `prev`'s (the others' parts are taken as they are). The plan is the one
- * renderNft gives for the same state, object for object.
+ * renderNft gives for the same state, object for object. When the state
+ * differs from `prev`'s only in a few services that keep their position,
+ * VIP and ports (normalizeStateFrom), only those are looked at: a health
+ * transition among a thousand services renders, compares and walks one.
  */
 export function renderIncremental(state: ForwardState, opts: RenderOptions, prev?: Rendering): Rendering {
-  const { services, problems } = normalizeState(state);
-  const parts = partsOf(services, (prefix, svc) => {
-    const old = prev?.byKey.get(svc.key);
-    return old !== undefined && old.input === partInput(prefix, svc) ? old : renderPart(prefix, svc, opts);
+  const normal = normalizeStateFrom(state, prev?.normal);
+  const token = {};
+  if (prev !== undefined && normal.changed !== undefined && normal.index === prev.normal.index && sameOpts(opts, prev.opts)) {
+    let parts: ServicePart[] | undefined;
+    const replaced: (readonly [ServicePart, ServicePart])[] = [];
+    for (const at of normal.changed) {
+      const old = prev.parts[at]!;
+      const svc = normal.services[at]!;
+      if (old.input === partInput(old.prefix, svc)) continue;
+      const part = renderPart(old.prefix, svc, opts);
+      parts ??= prev.parts.slice();
+      parts[at] = part;
+      replaced.push([old, part]);
+    }
+    if (parts === undefined) return { ...prev, normal, token, changed: { from: prev.token, positions: [] } };
+    const plan = planReplacing(parts, replaced, opts, prev.plan);
+    if (plan !== undefined) {
+      const positions = normal.changed.filter((at) => parts[at] !== prev.parts[at]).sort((a, b) => a - b);
+      return { plan, parts, normal, opts, token, changed: { from: prev.token, positions }, onVip: prev.onVip };
+    }
+  }
+  const byKey = prev === undefined ? undefined : prev.normal.index;
+  const parts = partsOf(normal.services, (prefix, svc) => {
+    const at = byKey?.get(svc.key);
+    const old = at === undefined ? undefined : prev!.parts[at];
+    return old !== undefined && old.key === svc.key && old.input === partInput(prefix, svc) ? old : renderPart(prefix, svc, opts);
   });
-  return { plan: planOf(parts, problems, opts, prev?.plan), parts, byKey: new Map(parts.map((p) => [p.key, p])) };
+  return { plan: planOf(parts, normal.problems, opts, prev?.plan), parts, normal, opts, token, changed: undefined, onVip: {} };
 }
 
 /** An incremental update worked out from the services that changed (renderPartsDelta). */
@@ -980,14 +1063,42 @@ export interface PartsDelta extends NftDelta {
  * element the map holds. A key begins with its VIP, so only the parts on
  * `vips` are looked into.
  */
-function byteWinners(parts: readonly ServicePart[], family: string, keys: ReadonlySet<string>, vips: ReadonlySet<string>): Map<string, ByteElem> {
+function byteWinners(r: Rendering, family: string, keys: ReadonlySet<string>, vips: ReadonlySet<string>): Map<string, ByteElem> {
   const out = new Map<string, ByteElem>();
   if (keys.size === 0) return out;
-  for (const p of parts) {
-    if (p.family !== family || p.vip === undefined || !vips.has(p.vip)) continue;
+  for (const p of partsOnVips(r, family, vips)) {
     for (const e of p.byteElems) if (keys.has(e.key) && !out.has(e.key)) out.set(e.key, e);
   }
   return out;
+}
+
+/** The parts of `family` on these VIPs, in order (by the rendering's VIP positions: no other part is looked at). */
+function partsOnVips(r: Rendering, family: string, vips: ReadonlySet<string>): ServicePart[] {
+  const byVip = vipPositions(r);
+  const at: number[] = [];
+  for (const v of vips) for (const i of byVip.get(v) ?? []) at.push(i);
+  if (vips.size > 1) at.sort((a, b) => a - b);
+  return at.map((i) => r.parts[i]!).filter((p) => p.family === family);
+}
+
+/**
+ * The keys of the services whose parts differ between two renderings, and
+ * those parts in order: from `next.changed` when it was worked out from
+ * `prev`, else by comparing every part.
+ */
+function changedParts(prev: Rendering, next: Rendering): { changed: Set<string>; chP: ServicePart[]; chN: ServicePart[] } {
+  if (next.changed !== undefined && next.changed.from === prev.token) {
+    const at = next.changed.positions;
+    return { changed: new Set(at.map((i) => next.parts[i]!.key)), chP: at.map((i) => prev.parts[i]!), chN: at.map((i) => next.parts[i]!) };
+  }
+  const changed = new Set<string>();
+  const partOf = (r: Rendering, key: string): ServicePart | undefined => {
+    const i = r.normal.index.get(key);
+    return i === undefined ? undefined : r.parts[i];
+  };
+  for (const p of next.parts) if (partOf(prev, p.key) !== p) changed.add(p.key);
+  for (const p of prev.parts) if (partOf(next, p.key) === undefined) changed.add(p.key);
+  return { changed, chP: prev.parts.filter((p) => changed.has(p.key)), chN: next.parts.filter((p) => changed.has(p.key)) };
 }
 
 /**
@@ -1003,11 +1114,7 @@ function byteWinners(parts: readonly ServicePart[], family: string, keys: Readon
  * work. Undefined when the change has no incremental form.
  */
 export function renderPartsDelta(prev: Rendering, next: Rendering): PartsDelta | undefined {
-  const changed = new Set<string>();
-  for (const p of next.parts) if (prev.byKey.get(p.key) !== p) changed.add(p.key);
-  for (const p of prev.parts) if (!next.byKey.has(p.key)) changed.add(p.key);
-  const chP = prev.parts.filter((p) => changed.has(p.key));
-  const chN = next.parts.filter((p) => changed.has(p.key));
+  const { changed, chP, chN } = changedParts(prev, next);
   const sub = (r: Rendering, ch: readonly ServicePart[], other: Rendering, otherCh: readonly ServicePart[]): Pick<NftPlan, 'tables' | 'counters' | 'handBack' | 'dsrLines'> => {
     const tables: NftTableModel[] = [];
     for (const w of [IPV4_WORDS, IPV6_WORDS]) {
@@ -1021,20 +1128,21 @@ export function renderPartsDelta(prev: Rendering, next: Rendering): PartsDelta |
       const touched = [...ch, ...otherCh].filter((p) => p.family === w.family && p.vip !== undefined);
       const vips = new Set(touched.map((p) => p.vip!));
       t.vips.clear();
-      for (const p of r.parts) if (p.family === w.family && p.vip !== undefined && vips.has(p.vip)) t.vips.add(p.vip);
+      for (const p of partsOnVips(r, w.family, vips)) t.vips.add(p.vip!);
       const keys = new Set(touched.flatMap((p) => p.byteElems.map((e) => e.key)));
       t.toBackendElems.length = 0;
       t.toClientElems.length = 0;
       t.toBackendSpecs.length = 0;
       t.toClientSpecs.length = 0;
-      for (const e of byteWinners(r.parts, w.family, keys, vips).values()) {
+      for (const e of byteWinners(r, w.family, keys, vips).values()) {
         t.toBackendElems.push(e.toBackend);
         t.toClientElems.push(e.toClient);
         t.toBackendSpecs.push(e.toBackendSpec);
         t.toClientSpecs.push(e.toClientSpec);
       }
       t.handBack.length = 0;
-      for (const p of r.parts) if (p.family === w.family && p.vip !== undefined && p.handBack) t.handBack.push(p.handBack.rule);
+      // The plan gathered the parts with a hand-back rule, in order.
+      for (const p of planSides.get(r.plan)?.handBackParts ?? r.parts) if (p.family === w.family && p.vip !== undefined && p.handBack) t.handBack.push(p.handBack.rule);
       tables.push(tableModel(w, t));
     }
     const whole = (family: string): readonly ServicePart[] => (family === NFT6_FAMILY && r.plan.ip6 !== other.plan.ip6 ? r.parts.filter((p) => p.family === family) : []);
@@ -1407,9 +1515,14 @@ export interface UdpFlowSweepRule extends UdpFlowRule {
  * conntrack (the netdev family forwards before it).
  */
 export function udpFlowSweep(prev: ForwardState | undefined, next: ForwardState): UdpFlowSweepRule[] {
-  const sets = (state: ForwardState): Map<string, UdpFlowSweepRule> => {
+  return udpSweepOf(prev === undefined ? undefined : normalizeState(prev).services, normalizeState(next).services);
+}
+
+/** udpFlowSweep over normalized services (a few of them: the services an apply changed). */
+function udpSweepOf(prev: readonly NormalizedService[] | undefined, next: readonly NormalizedService[]): UdpFlowSweepRule[] {
+  const sets = (services: readonly NormalizedService[]): Map<string, UdpFlowSweepRule> => {
     const out = new Map<string, UdpFlowSweepRule>();
-    for (const s of normalizeState(state).services) {
+    for (const s of services) {
       if (s.vip === undefined || s.sourceIP !== 'snat') continue;
       for (const p of s.ports) {
         if (p.spec.protocol !== 'UDP') continue;
@@ -1782,9 +1895,18 @@ export class NftDataplane implements Dataplane {
     const delta = renderPartsDelta(prev, next);
     if (delta === undefined) return undefined;
     if (delta.script === '') { this.plan = next.plan; this.rendering = next; this.state = state; return false; }
+    // The changed services' parts and normalized services, looked up by key (no other part is walked).
+    const at = (r: Rendering, key: string): number | undefined => r.normal.index.get(key);
+    const ofChanged = <T>(r: Rendering, pick: (i: number) => T): T[] => {
+      const out: T[] = [];
+      for (const k of delta.changed) {
+        const i = at(r, k);
+        if (i !== undefined) out.push(pick(i));
+      }
+      return out;
+    };
     const kept = new Set<string>();
-    for (const p of next.parts) {
-      if (!delta.changed.has(p.key)) continue;
+    for (const p of ofChanged(next, (i) => next.parts[i]!)) {
       kept.add(p.key);
       for (const c of p.counters) kept.add(flowId(c.service, c.port, c.backend));
     }
@@ -1798,16 +1920,17 @@ export class NftDataplane implements Dataplane {
       return undefined;
     }
     const resetPlan = { counters: delta.resetCounters, handBack: delta.resetHandBack } as const;
-    this.live = new Map([...(needsRead ? live : this.live)].filter(([name]) => !delta.reset.has(name)));
+    if (needsRead) this.live = new Map([...live].filter(([name]) => !delta.reset.has(name)));
+    // this.live is this data path's own map (no reader keeps it across an apply): its restarted counters go.
+    else for (const name of delta.reset) this.live.delete(name);
     // Totals of flows that went (with a changed service) go with them; the others' are untouched.
     const gone = new Set<string>();
-    for (const p of prev.parts) if (delta.changed.has(p.key)) for (const c of p.counters) gone.add(flowId(c.service, c.port, c.backend));
+    for (const p of ofChanged(prev, (i) => prev.parts[i]!)) for (const c of p.counters) gone.add(flowId(c.service, c.port, c.backend));
     for (const id of kept) gone.delete(id);
     this.carry = flowTotals(resetPlan, live, this.carry);
     for (const id of gone) this.carry.delete(id);
     this.handedBack = handedBackTotals(resetPlan, live, this.handedBack, state);
-    const changedOf = (s: ForwardState): ForwardState => ({ services: s.services.filter((x) => delta.changed.has(x.key)) });
-    const sweep = udpFlowSweep(changedOf(this.state), changedOf(state));
+    const sweep = udpSweepOf(ofChanged(prev, (i) => prev.normal.services[i]!), ofChanged(next, (i) => next.normal.services[i]!));
     this.plan = next.plan;
     this.rendering = next;
     this.state = state;

@@ -79,3 +79,43 @@ t.test('a start waits for sources still acquiring, up to the batch bound; now() 
   t.equal(h.applied.length, 3, 'now() applies at once');
   await h.l.stop();
 });
+
+t.test('a transaction reads the services that differ from the last commit, whatever their number', async (t) => {
+  const reads = { n: 0 };
+  const counted = (f: ForwardService): ForwardService => new Proxy(f, { get: (target, p, receiver) => { reads.n++; return Reflect.get(target, p, receiver) as unknown; } });
+  const run = async (n: number): Promise<{ reads: number; serving: boolean[]; served: number }> => {
+    const h = loop();
+    const all = Array.from({ length: n }, (_, i) => counted(svc(`s${i}`, `10.99.${i >> 8}.${i & 255}`)));
+    h.setState(all);
+    await h.l.now();
+    const served = h.served;
+    // s3's last healthy backend goes, then comes back.
+    h.setState(all.map((s, i) => (i === 3 ? counted(svc('s3', '10.99.0.3', 0)) : s)));
+    reads.n = 0;
+    await h.l.now();
+    const r = reads.n;
+    const serving = [h.l.serves('s3'), h.l.serves('s4'), h.l.hasVip('10.99.0.3')];
+    h.setState(all);
+    await h.l.now();
+    serving.push(h.l.serves('s3'));
+    return { reads: r, serving, served: h.served - served };
+  };
+  const [small, large] = [await run(10), await run(1000)];
+  t.ok(small.reads > 0, `the changed service is read (${small.reads} reads)`);
+  t.equal(large.reads, small.reads, 'as many reads at 1,000 services as at 10');
+  t.same(large.serving, [false, true, true, true], 'the service without a healthy backend is not served, its VIP stays, and it is served again');
+  t.equal(large.served, 2, 'serving changed twice');
+});
+
+t.test('a failed transaction leaves the counts of the last commit', async (t) => {
+  const h = loop();
+  h.setState([svc('a', '10.99.0.200'), svc('b', '10.99.0.201')]);
+  await h.l.now();
+  h.setState([svc('a', '10.99.0.200')]);
+  h.fail.next = true;
+  await h.l.now();
+  t.ok(h.l.hasVip('10.99.0.201') && h.l.serves('b'), 'b and its VIP stay after the failed removal');
+  h.setState([svc('a', '10.99.0.200')]);
+  await h.l.now();
+  t.ok(!h.l.hasVip('10.99.0.201') && !h.l.serves('b'), 'and go with the next committed one');
+});

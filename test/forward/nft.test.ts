@@ -22,7 +22,7 @@ import { flowId } from '../../agent/forward/dataplane';
 import { dsrSeed, dsrSeedValue } from '../../agent/forward/nft-dsr';
 import { dsrSlotTable } from '../../agent/forward/maglev';
 import type { DsrBpf } from '../../agent/net/ebpf/ebpf-attach';
-import type { BatchWriter } from '../../agent/forward/nft';
+import type { BatchWriter, Rendering, ServicePart } from '../../agent/forward/nft';
 import { encodeBatch, type NftOp } from '../../agent/net/netlink/nft-batch';
 
 // Golden files live in the source tree (tests run from dist/). UPDATE_GOLDEN=1 rewrites them.
@@ -41,6 +41,12 @@ const state: ForwardState = {
     { key: 'apps/empty', vip: '10.99.0.60', ports: [tls], healthy: [], backends: [b('10.99.0.21')] },
     { key: 'apps/notheld', vip: undefined, ports: [tls], healthy: [b('10.99.0.21')], backends: [b('10.99.0.21')] },
   ],
+};
+
+/** A rendering's part of one service, by key. */
+const partOf = (r: Rendering, key: string): ServicePart | undefined => {
+  const i = r.normal.index.get(key);
+  return i === undefined ? undefined : r.parts[i];
 };
 
 t.test('render: golden text for weighted TCP+UDP, a service with no healthy backend, one not held', async (t) => {
@@ -385,7 +391,7 @@ t.test('renderPartsDelta: from the changed services alone, the same objects as t
     t.equal(objectsOf(parts.script), objectsOf(whole.script), `${what}: the same objects as the whole diff`);
     t.same([...parts.reset].sort(), [...whole.reset].sort(), `${what}: the same counters restart`);
     t.same(parts.resetCounters.map((c) => c.name).sort(), [...parts.reset].filter((n) => !n.endsWith('_handed_back')).sort(), `${what}: what each restarting counter counted is known`);
-    const kept = next.parts.filter((p) => prev.byKey.get(p.key) === p).length;
+    const kept = next.parts.filter((p) => partOf(prev, p.key) === p).length;
     t.ok(kept >= next.parts.length - (what.includes('removed') || what.includes('added') ? 15 : 1), `${what}: ${kept} of ${next.parts.length} services not rendered again (${parts.changed.size} changed)`);
   }
   const same = renderIncremental(many(30), {});
@@ -398,11 +404,11 @@ t.test('renderIncremental at 1,000 services: one backend down renders that servi
   t.ok(prev.plan.script.length > 1_000_000, 'the whole table written first (its text built)');
   const next = renderIncremental(to, {}, prev);
   const fresh = renderIncremental(to, {});
-  const reused = next.parts.filter((p) => prev.byKey.get(p.key) === p);
+  const reused = next.parts.filter((p) => partOf(prev, p.key) === p);
   t.equal(reused.length, 999, 'every other service\'s part is the previous object');
-  const part = next.byKey.get('default/svc-500')!;
-  t.not(part, prev.byKey.get('default/svc-500'), 'the changed service is rendered again');
-  t.same(part, fresh.byKey.get('default/svc-500'), 'its part is the one a render from scratch gives');
+  const part = partOf(next, 'default/svc-500')!;
+  t.not(part, partOf(prev, 'default/svc-500'), 'the changed service is rendered again');
+  t.same(part, partOf(fresh, 'default/svc-500'), 'its part is the one a render from scratch gives');
   t.same(next.parts.map((p) => p.key), fresh.parts.map((p) => p.key), 'in the same order');
   const delta = renderPartsDelta(prev, next)!;
   t.same([...delta.changed], ['default/svc-500'], 'one service changed');
@@ -1001,4 +1007,47 @@ t.test('VIPs that came onto this node: their untranslated flows end in one sweep
   await dp.stop();
   await arrive(['10.99.0.50', [http]]);
   t.equal(asked.length, 4, 'nothing after stop');
+});
+
+t.test('a health transition among 10 or 1,000 services reads the same services and parts: the work does not grow with the count', async (t) => {
+  // Every service and every part of the previous rendering behind a proxy
+  // that counts property reads: a service or part that is only carried
+  // over (compared by identity, copied as a reference) is never read.
+  const reads = { n: 0 };
+  const counted = <T extends object>(o: T): T => new Proxy(o, { get: (target, p, receiver) => { reads.n++; return Reflect.get(target, p, receiver) as unknown; } });
+  const down = (i: number, all: BackendSpec[]) => ({ healthy: i === 7 ? all.slice(1) : all, backends: all });
+  const measure = (n: number): { reads: number[]; changed: string[]; script: string; rendered: number } => {
+    const up = many(n).services.map(counted);
+    const one = counted(many(n, down).services[7]!);
+    const states = [up, up.map((s, i) => (i === 7 ? one : s)), up];
+    const wrapped = new WeakSet<object>();
+    const once = (p: ServicePart): ServicePart => {
+      if (wrapped.has(p)) return p;
+      const c = counted(p);
+      wrapped.add(c);
+      return c;
+    };
+    const wrap = (x: Rendering): Rendering => ({ ...x, parts: x.parts.map(once) });
+    let r = wrap(renderIncremental({ services: states[0]! }, {}));
+    const out = { reads: [] as number[], changed: [] as string[], script: '', rendered: 0 };
+    // Down, up, down again: the first transition after a whole render also builds the VIP index once.
+    for (const services of [states[1]!, states[2]!, states[1]!]) {
+      reads.n = 0;
+      const next = renderIncremental({ services }, {}, r);
+      const d = renderPartsDelta(r, next)!;
+      out.reads.push(reads.n);
+      out.changed = [...d.changed];
+      out.script = d.script;
+      out.rendered = next.parts.filter((p, i) => p !== r.parts[i]).length;
+      r = wrap(next);
+    }
+    return out;
+  };
+  const [small, large] = [measure(10), measure(1000)];
+  t.ok(small.reads[1]! > 0, `a transition reads the changed service and its parts (${small.reads.join(', ')} reads at 10 services)`);
+  t.same(large.reads.slice(1), small.reads.slice(1), `the same reads at 1,000 services as at 10 (${large.reads.join(', ')})`);
+  t.equal(large.reads[0]! - small.reads[0]!, 990, 'the first transition after a whole render reads each part\'s VIP once more: the VIP index, built once for the renderings that follow');
+  t.same([large.changed, large.rendered], [['default/svc-007'], 1], 'one service changed, one part rendered');
+  t.equal(large.script, small.script, 'the same transaction');
+  t.ok(large.script.includes('s7p0b10_97_0_29'), 'which takes the backend that went down out of the service');
 });
