@@ -108,6 +108,8 @@ export class SeriesFamily {
   private readonly header: string;
   /** The family's text as last built; undefined once a series came, went or changed. */
   private text: string | undefined;
+  /** The UTF-8 length of `text`, counted when it was built (a page's length is asked at every scrape). */
+  private textBytes = 0;
   private sync = 0;
   private syncing = false;
   /** Lines rendered since the family was made (tests read it: a series unchanged is not rendered again). */
@@ -254,8 +256,14 @@ export class SeriesFamily {
       const lines = [this.header];
       for (const s of this.series) lines.push(s.line);
       this.text = lines.join('\n');
+      this.textBytes = Buffer.byteLength(this.text, 'utf8');
     }
     return this.text;
+  }
+
+  /** The UTF-8 length of the text exposition() last returned. */
+  get expositionBytes(): number {
+    return this.textBytes;
   }
 
   /** prom-client's shape of a metric's values (registry.metrics(), getMetricsAsJSON()). */
@@ -313,13 +321,17 @@ export interface ExpositionPage {
 
 export async function expositionParts(registry: Registry): Promise<ExpositionPage> {
   const r = registry as Registry & { getMetricsAsString(m: unknown): Promise<string> };
-  const texts = await Promise.all((r.getMetricsAsArray() as unknown[]).map((m) => (m instanceof SeriesFamily ? m.exposition() : r.getMetricsAsString(m))));
+  const metrics = r.getMetricsAsArray() as unknown[];
+  const texts = await Promise.all(metrics.map((m) => (m instanceof SeriesFamily ? m.exposition() : r.getMetricsAsString(m))));
   const parts: string[] = [];
   let bytes = 0;
-  for (const p of texts) {
+  for (let i = 0; i < texts.length; i++) {
+    const p = texts[i]!;
+    const m = metrics[i];
     if (parts.length > 0) { parts.push('\n\n'); bytes += 2; }
     parts.push(p);
-    bytes += Buffer.byteLength(p, 'utf8');
+    // A kept family's length was counted when its text was built.
+    bytes += m instanceof SeriesFamily ? m.expositionBytes : Buffer.byteLength(p, 'utf8');
   }
   parts.push('\n');
   return { parts, bytes: bytes + 1 };
