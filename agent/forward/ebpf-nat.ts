@@ -17,15 +17,13 @@
 // status says why. A half-applied state (a new table behind an old program
 // that would still send new flows to a backend just taken out) is never left.
 import type { Registry } from 'prom-client';
-import { Counter, Gauge } from 'prom-client';
 import { errorMessage } from '../errors';
 import { silentLogger, type Logger } from '../log';
 import { SerialQueue } from '../serial';
-import type { PortSpec } from '../config/types';
-import type { NatEngine, NatCounter, NatEvent } from '../net/ebpf/nat-attach';
-import { natCounterKey } from '../net/ebpf/nat-attach';
+import type { NatEngine, NatCounter, NatCounterTotals } from '../net/ebpf/nat-attach';
 import { natLayout } from '../net/ebpf/nat-layout';
-import { portLabel, serviceLabels, type Dataplane, type FlowStats, type ForwardState, type ForwardStats } from './dataplane';
+import type { Dataplane, ForwardState, ForwardStats } from './dataplane';
+import { registerNatMetrics, withEngineFlows } from './nat-metrics';
 import { natPlan, type NatPlan } from './nat-plan';
 import type { NftDataplane } from './nft';
 import type { TableOwner } from '../daemon/drift';
@@ -164,20 +162,10 @@ export class EbpfNatDataplane implements Dataplane, TableOwner {
 
   /**
    * The engine's flows never reach the nft counters: its own are added to the
-   * same (service, port, backend) rows, for status and for the metrics
-   * (lbagent_forward_connections_total, lbagent_forward_bytes_total).
+   * same (service, port, backend) rows (nat-metrics.ts), read by counter index.
    */
   private withEngineFlows(st: ForwardStats): ForwardStats {
-    const counters = this.engineCounters();
-    if (counters.size === 0) return st;
-    const ports = new Map<string, PortSpec>();
-    for (const s of this.plan?.services ?? []) for (const p of s.ports) ports.set(`${s.key}\n${portLabel(p.port)}`, p.port);
-    const flows: FlowStats[] = st.flows.map((f) => {
-      const port = ports.get(`${f.service}\n${f.port}`);
-      const c = port ? counters.get(natCounterKey(f.service, `${port.protocol}/${port.port}`, f.backend)) : undefined;
-      return c ? { ...f, connections: f.connections + c.flows, bytesToBackend: f.bytesToBackend + c.bytesToBackend, bytesToClient: f.bytesToClient + c.bytesToClient } : f;
-    });
-    return { ...st, flows };
+    return withEngineFlows(st, this.plan, (): NatCounterTotals => this.engine.totals());
   }
 
   async stats(): Promise<ForwardStats> {
@@ -206,59 +194,12 @@ export class EbpfNatDataplane implements Dataplane, TableOwner {
   }
 
   private registerMetrics(registry: Registry): void {
-    // prom-client calls collect() with the metric as `this`.
-    const plan = (): NatPlan | undefined => this.plan;
     const engine = this.engine;
-    const counters = (): Map<string, NatCounter> => this.engineCounters();
-    const perBackend = (name: string, help: string, pick: (c: NatCounter) => number): void => {
-      new Counter({
-        name, help, registers: [registry], labelNames: ['service', 'namespace', 'port', 'backend'],
-        collect() {
-          this.reset();
-          const now = counters();
-          for (const s of plan()?.services ?? []) {
-            for (const p of s.ports) {
-              for (const backend of p.backends) {
-                const c = now.get(natCounterKey(s.key, `${p.port.protocol}/${p.port.port}`, backend));
-                if (c && pick(c) > 0) this.inc({ ...serviceLabels(s.key), port: portLabel(p.port), backend }, pick(c));
-              }
-            }
-          }
-        },
-      });
-    };
-    perBackend('lbagent_forward_nat_flows_total', 'Flows the eBPF NAT engine placed on a backend since the agent started it.', (c) => c.flows);
-    perBackend('lbagent_forward_nat_packets_to_backend_total', 'Packets the eBPF NAT engine sent to a backend.', (c) => c.packetsToBackend);
-    perBackend('lbagent_forward_nat_bytes_to_backend_total', 'Bytes (IP packets) the eBPF NAT engine sent to a backend.', (c) => c.bytesToBackend);
-    perBackend('lbagent_forward_nat_packets_to_client_total', 'Packets the eBPF NAT engine sent back to clients from a backend.', (c) => c.packetsToClient);
-    perBackend('lbagent_forward_nat_bytes_to_client_total', 'Bytes (IP packets) the eBPF NAT engine sent back to clients from a backend.', (c) => c.bytesToClient);
-    new Gauge({
-      name: 'lbagent_forward_nat_flow_entries', help: 'Entries in the eBPF NAT engine\'s flow maps (one per direction of a flow; flows6 and replies6: IPv6) and the capacity of each.', registers: [registry],
-      labelNames: ['map'],
-      collect() {
-        this.reset();
-        if (!plan()) return;
-        try {
-          const f = engine.fill();
-          this.set({ map: 'flows' }, f.flows);
-          this.set({ map: 'replies' }, f.replies);
-          this.set({ map: 'flows6' }, f.flows6);
-          this.set({ map: 'replies6' }, f.replies6);
-          this.set({ map: 'capacity' }, f.capacity);
-        } catch { /* no maps: no series */ }
-      },
-    });
-    new Counter({
-      name: 'lbagent_forward_nat_events_total',
-      help: 'eBPF NAT engine events since its maps were created: new flows, mid-flow pickups, idle expiries, flows placed again, no free source port, no route, ICMP errors translated, IPv6 packets with an extension header passed to nft, flow map entries evicted.',
-      registers: [registry], labelNames: ['event'],
-      collect() {
-        this.reset();
-        if (!plan()) return;
-        try {
-          for (const [k, v] of Object.entries(engine.events(true)) as [NatEvent, number][]) if (v > 0) this.inc({ event: k }, v);
-        } catch { /* no maps: no series */ }
-      },
+    registerNatMetrics(registry, {
+      plan: () => this.plan,
+      totals: () => engine.totals(),
+      fill: () => engine.fill(),
+      events: (withEvictions) => engine.events(withEvictions),
     });
   }
 }

@@ -9,7 +9,9 @@
 // A series is found without building a key string: by its first label
 // value (a service's name), then its other values compared one by one, so
 // a collect that puts a thousand unchanged series allocates nothing for
-// them; their order on the page is the order they came in, as prom-client's.
+// them; their order on the page is the order the last collect put them in,
+// as prom-client's after a reset() (a series that comes back takes its place
+// among the others again, not the end).
 // Every kept string is built by Array#join, which makes one flat string:
 // V8 makes a `+` or template of 13 characters or more a rope (a
 // ConsString of its two halves), so a line kept as `${head} ${value}`, a
@@ -97,11 +99,17 @@ export class SeriesFamily {
   private readonly collector: SeriesFamilyOptions['collect'];
   /** By first label value; a bucket holds the few series of one service. */
   private readonly buckets = new Map<string, Series[]>();
-  /** Every series, in the order they came: the page's order. */
-  private readonly series = new Set<Series>();
+  /** Every series, in the order the last sync put them: the page's order. */
+  private series = new Set<Series>();
+  /** The series put this sync, in the order put (kept from sync to sync: no allocation while nothing comes). */
+  private readonly order: Series[] = [];
+  /** A series came this sync: the page's order is made again from `order` at end(). */
+  private came = false;
   private readonly header: string;
   /** The family's text as last built; undefined once a series came, went or changed. */
   private text: string | undefined;
+  /** The UTF-8 length of `text`, counted when it was built (a page's length is asked at every scrape). */
+  private textBytes = 0;
   private sync = 0;
   private syncing = false;
   /** Lines rendered since the family was made (tests read it: a series unchanged is not rendered again). */
@@ -138,8 +146,10 @@ export class SeriesFamily {
       else bucket.push(n);
       this.series.add(n);
       this.text = undefined;
+      if (this.syncing) { this.order.push(n); this.came = true; }
       return;
     }
+    if (this.syncing && s.mark !== this.sync) this.order.push(s);
     s.mark = this.sync;
     s.pending = undefined;
     this.change(s, value);
@@ -155,6 +165,7 @@ export class SeriesFamily {
     const s = this.find(labels);
     if (s === undefined || !this.syncing) { this.set(labels, value); return; }
     if (s.mark !== this.sync) {
+      this.order.push(s);
       s.mark = this.sync;
       s.pending = value;
     } else {
@@ -183,6 +194,8 @@ export class SeriesFamily {
   begin(): void {
     this.sync++;
     this.syncing = true;
+    this.order.length = 0;
+    this.came = false;
   }
 
   end(): void {
@@ -197,6 +210,15 @@ export class SeriesFamily {
         this.change(s, v);
       }
     }
+    if (this.came) {
+      // A series came: the page takes the order of this sync's puts.
+      this.came = false;
+      const next = new Set<Series>();
+      for (const s of this.order) if (this.series.has(s)) next.add(s);
+      this.series = next;
+      this.text = undefined;
+    }
+    this.order.length = 0;
   }
 
   /** A series' value is this number: its line rendered again only when the number differs. */
@@ -234,8 +256,14 @@ export class SeriesFamily {
       const lines = [this.header];
       for (const s of this.series) lines.push(s.line);
       this.text = lines.join('\n');
+      this.textBytes = Buffer.byteLength(this.text, 'utf8');
     }
     return this.text;
+  }
+
+  /** The UTF-8 length of the text exposition() last returned. */
+  get expositionBytes(): number {
+    return this.textBytes;
   }
 
   /** prom-client's shape of a metric's values (registry.metrics(), getMetricsAsJSON()). */
@@ -293,13 +321,17 @@ export interface ExpositionPage {
 
 export async function expositionParts(registry: Registry): Promise<ExpositionPage> {
   const r = registry as Registry & { getMetricsAsString(m: unknown): Promise<string> };
-  const texts = await Promise.all((r.getMetricsAsArray() as unknown[]).map((m) => (m instanceof SeriesFamily ? m.exposition() : r.getMetricsAsString(m))));
+  const metrics = r.getMetricsAsArray() as unknown[];
+  const texts = await Promise.all(metrics.map((m) => (m instanceof SeriesFamily ? m.exposition() : r.getMetricsAsString(m))));
   const parts: string[] = [];
   let bytes = 0;
-  for (const p of texts) {
+  for (let i = 0; i < texts.length; i++) {
+    const p = texts[i]!;
+    const m = metrics[i];
     if (parts.length > 0) { parts.push('\n\n'); bytes += 2; }
     parts.push(p);
-    bytes += Buffer.byteLength(p, 'utf8');
+    // A kept family's length was counted when its text was built.
+    bytes += m instanceof SeriesFamily ? m.expositionBytes : Buffer.byteLength(p, 'utf8');
   }
   parts.push('\n');
   return { parts, bytes: bytes + 1 };

@@ -181,6 +181,13 @@ export interface NativeAddon {
   bpfMapUpdateBatch?(fd: number, keys: Buffer, values: Buffer, count: number, flags: number): number;
   /** BPF_MAP_LOOKUP_BATCH of up to `count` entries from `inBatch` (null: the start); `more` false at the map's end. */
   bpfMapLookupBatch?(fd: number, inBatch: Buffer | null, outBatch: Buffer, keys: Buffer, values: Buffer, count: number): { count: number; more: boolean };
+  /**
+   * The per-CPU values of `count` entries (each `cpus` slots of `cpuSize`
+   * bytes, as bpfMapLookupBatch packs them) summed over the CPUs: field j
+   * (a u64 at offsets[j] of a slot) of entry i into out[i * offsets.length + j],
+   * exact up to 2^53. No syscall.
+   */
+  bpfSumPerCpu?(values: Buffer, count: number, cpuSize: number, cpus: number, offsets: Uint32Array, out: Float64Array): void;
   bpfProgLoad?(type: number, insns: Buffer, license: string, name: string, logSize: number): number;
   bpfProgAttach?(ifindex: number, progFd: number, attachType: number, flags: number, replaceFd: number): void;
   bpfProgDetach?(ifindex: number, progFd: number, attachType: number): void;
@@ -249,7 +256,7 @@ export interface BpfObjectLoaded {
 }
 
 /** The bpf(2) calls and libbpf's object loading, all present. */
-export type NativeBpfObject = NativeBpf & Required<Pick<NativeAddon, 'bpfObjectLoad' | 'bpfMapCount' | 'bpfObjPin' | 'bpfObjGet'>> & Pick<NativeAddon, 'bpfMapDelete' | 'bpfMapUpdateBatch' | 'bpfMapLookupBatch'>;
+export type NativeBpfObject = NativeBpf & Required<Pick<NativeAddon, 'bpfObjectLoad' | 'bpfMapCount' | 'bpfObjPin' | 'bpfObjGet'>> & Pick<NativeAddon, 'bpfMapDelete' | 'bpfMapUpdateBatch' | 'bpfMapLookupBatch' | 'bpfSumPerCpu'>;
 
 /** The addon's libbpf object loading with its bpf(2) calls, or why there is none. */
 export function nativeBpfObject(): NativeBpfObject | string {

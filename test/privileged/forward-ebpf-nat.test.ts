@@ -438,6 +438,20 @@ if (requirePrivileged(t)) {
         const flows = Object.fromEntries(st.flows.filter((f) => f.service === 'default/web' && f.port === 'http').map((f) => [f.backend, f.connections]));
         const dump = await planMaps(lab, node);
         runs.push({ maps: dump.maps, flows, read: dump.flows, calls: last?.calls ?? NaN, writes: last?.writes ?? NaN });
+        if (batch === 'on') {
+          // The carried totals: a program loaded for a plan that outgrew the
+          // maps carries every backend's flows over, and a backend's counter
+          // retired (b3 out of the config) and placed again (b3 back) goes on
+          // from its total.
+          const webFlows = async (): Promise<Record<string, number>> => Object.fromEntries((await eng.request<NatStats>({ cmd: 'stats' })).flows.filter((f) => f.service === 'default/web' && f.port === 'http').map((f) => [f.backend, f.connections]));
+          const more = Array.from({ length: 200 }, (_, i): DriverService => ({ ...filler[0]!, key: `more/m${i}`, vip: `10.96.${i >> 8}.${(i & 255) + 1}` }));
+          await eng.request({ cmd: 'apply', state: { services: [weighted, weighted6, ...filler, ...more] } });
+          t.equal((await eng.request<NatStats>({ cmd: 'stats' })).details.natEngine?.lastApply?.mode, 'load', 'a plan that outgrew the maps loaded a program of its own');
+          t.same(await webFlows(), flows, 'its per-backend flows carried over from the program it replaced');
+          await eng.request({ cmd: 'apply', state: { services: [service({ b1: 1, b2: 1 }, ['b1', 'b2']), weighted6, ...filler] } });
+          await eng.request({ cmd: 'apply', state: { services: [weighted, weighted6, ...filler] } });
+          t.same(await webFlows(), flows, 'a backend taken out of the config and back goes on from its total');
+        }
         await eng.request({ cmd: 'stop' });
       }
       const [on, off] = runs as [typeof runs[0], typeof runs[0]];

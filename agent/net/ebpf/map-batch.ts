@@ -98,9 +98,11 @@ export class MapBatchWriter {
  * the whole per-CPU value), read a chunk per call where the kernel has
  * BPF_MAP_LOOKUP_BATCH, else one lookup each. Returns the values packed
  * (`count` × valueSize) and the calls made; `unsupported` as MapBatchWriter's.
+ * `into`: a buffer to read into where it is large enough (a reader that
+ * reads the same map again and again keeps one), else a new one is made.
  */
-export function readArrayBatch(bpf: BatchBpf, fd: number, count: number, valueSize: number, opts: { unsupported?: string | undefined; chunk?: number } = {}): { values: Buffer; calls: number; unsupported: string | undefined } {
-  const values = Buffer.alloc(count * valueSize);
+export function readArrayBatch(bpf: BatchBpf, fd: number, count: number, valueSize: number, opts: { unsupported?: string | undefined; chunk?: number; into?: Buffer | undefined } = {}): { values: Buffer; calls: number; unsupported: string | undefined } {
+  const values = opts.into !== undefined && opts.into.length >= count * valueSize ? opts.into.subarray(0, count * valueSize) : Buffer.alloc(count * valueSize);
   let unsupported = opts.unsupported ?? (bpf.bpfMapLookupBatch === undefined ? 'the native addon has no BPF_MAP_LOOKUP_BATCH (rebuild it: npm ci)' : undefined);
   const chunk = opts.chunk ?? MAP_BATCH_ENTRIES;
   let calls = 0;
@@ -131,6 +133,7 @@ export function readArrayBatch(bpf: BatchBpf, fd: number, count: number, valueSi
       key.writeUInt32LE(i);
       calls++;
       if (bpf.bpfMapLookup(fd, key, out)) out.copy(values, i * valueSize);
+      else values.fill(0, i * valueSize, (i + 1) * valueSize);
     }
   }
   return { values, calls, unsupported };
@@ -164,5 +167,33 @@ export function probeMapBatch(bpf: BatchBpf, close: (fd: number) => void): strin
     return (err as Error).message;
   } finally {
     if (fd !== undefined) close(fd);
+  }
+}
+
+/**
+ * The per-CPU values of `count` entries of a per-CPU map, packed as
+ * readArrayBatch returns them (each entry `cpus` slots of `cpuSize` bytes),
+ * summed over the CPUs: field j (a u64 at offsets[j] of a slot) of entry i
+ * into out[i * offsets.length + j]. The addon's bpfSumPerCpu does it in one
+ * call (a u64 sum made a double: exact up to 2^53, as Number() of the sum);
+ * an addon without it gets sumPerCpuJs, the same numbers.
+ */
+export function sumPerCpu(bpf: Pick<NativeBpfObject, 'bpfSumPerCpu'>, values: Buffer, count: number, cpuSize: number, cpus: number, offsets: Uint32Array, out: Float64Array): void {
+  if (bpf.bpfSumPerCpu !== undefined) bpf.bpfSumPerCpu(values, count, cpuSize, cpus, offsets, out);
+  else sumPerCpuJs(values, count, cpuSize, cpus, offsets, out);
+}
+
+/** sumPerCpu in JavaScript: a BigInt per CPU, field and entry (the reference the addon's sum is tested against). */
+export function sumPerCpuJs(values: Buffer, count: number, cpuSize: number, cpus: number, offsets: Uint32Array, out: Float64Array): void {
+  const fields = offsets.length;
+  const entry = cpuSize * cpus;
+  if (count * entry > values.length) throw new RangeError('sumPerCpu: values holds fewer than count entries of cpus x cpuSize bytes');
+  if (count * fields > out.length) throw new RangeError('sumPerCpu: out holds fewer than count x offsets.length numbers');
+  for (let i = 0; i < count; i++) {
+    for (let j = 0; j < fields; j++) {
+      let sum = 0n;
+      for (let c = 0; c < cpus; c++) sum += values.readBigUInt64LE(i * entry + c * cpuSize + offsets[j]!);
+      out[i * fields + j] = Number(BigInt.asUintN(64, sum));
+    }
   }
 }

@@ -33,7 +33,7 @@ import { natRecord, natRecordedMaps, type NatRecord } from '../../forward/nat-re
 import { natLayout, type CLayout } from './nat-layout';
 import { BPF_F_REPLACE, BPF_TCX_INGRESS } from './ebpf-dsr';
 import { otherOwnPrograms } from './ebpf-attach';
-import { MapBatchWriter, probeMapBatch, readArrayBatch } from './map-batch';
+import { MapBatchWriter, probeMapBatch, readArrayBatch, sumPerCpu } from './map-batch';
 
 /** The program's name (its function in nat.c): how ours is told apart at the hook. */
 export const NAT_PROG_NAME = 'lb_agent_nat';
@@ -96,6 +96,49 @@ export interface NatCounter {
   readonly packetsToClient: number;
   readonly bytesToClient: number;
   readonly flows: number;
+}
+
+/** The fields of lbn_counter, in the order a counters read sums them (NAT_COUNTER_WIDTH numbers per counter index). */
+export const NAT_COUNTER_FIELDS = ['packets_to_backend', 'bytes_to_backend', 'packets_to_client', 'bytes_to_client', 'flows'] as const;
+export const NAT_COUNTER_WIDTH = NAT_COUNTER_FIELDS.length;
+export const NAT_PACKETS_TO_BACKEND = 0;
+export const NAT_BYTES_TO_BACKEND = 1;
+export const NAT_PACKETS_TO_CLIENT = 2;
+export const NAT_BYTES_TO_CLIENT = 3;
+export const NAT_FLOWS = 4;
+
+/**
+ * One read of the engine's counters, as numbers by counter index: no
+ * object or key string per (port, backend). At `index * NAT_COUNTER_WIDTH +
+ * field` of `totals`: the current program's counter summed over the CPUs,
+ * plus the totals carried for the (service, port, backend) that index
+ * counts in the plan in force (a retired counter's, the earlier programs').
+ * Exact up to 2^53. Valid until the engine's next read (the arrays are
+ * reused): read it in the turn it was taken.
+ */
+export interface NatCounterTotals {
+  readonly totals: Float64Array;
+  /** The counter index of each of a port's backends (NatPortPlan.backends), by the port's id in the plan in force; undefined for a port it does not hold. */
+  readonly indices: (portId: string) => readonly number[] | undefined;
+}
+
+const NO_TOTALS: NatCounterTotals = { totals: new Float64Array(0), indices: () => undefined };
+
+/** The carried totals, with a version bumped by every change (the per-index view of them is made again only then). */
+class CarriedTotals extends Map<string, NatCounter> {
+  version = 0;
+  override set(k: string, v: NatCounter): this {
+    this.version++;
+    return super.set(k, v);
+  }
+  override delete(k: string): boolean {
+    this.version++;
+    return super.delete(k);
+  }
+  override clear(): void {
+    this.version++;
+    super.clear();
+  }
 }
 
 export interface NatEngineOptions {
@@ -213,18 +256,23 @@ export class NatEngine {
   private readonly layout: CLayout;
   private current: Loaded | undefined;
   /** Counter totals of the programs this one replaced, by "service\0proto/port\0backend". */
-  private readonly carried = new Map<string, NatCounter>();
+  private readonly carried = new CarriedTotals();
   private readonly cpus: number;
   /** The highest eviction count reported (events()), and what of it was counted against flow maps since replaced. */
   private evicted = 0;
   private evictedBase = 0;
-  /** The counters read in this turn of the event loop (counters()). */
-  private countersRead: Map<string, NatCounter> | undefined;
+  /** The counters read in this turn of the event loop (totals(), counters()). */
+  private countersRead: NatCounterTotals | undefined;
+  /** What the counters of the current program are read into and summed into (reused read after read). */
+  private readBuf: Buffer | undefined;
+  private totalsBuf: Float64Array | undefined;
+  /** The carried totals by counter index, for the contents and the carried version they were made for. */
+  private carriedAt: { contents: NatMaps; version: number; at: Float64Array } | undefined;
   /** Maps written in place whose record is not kept yet, and the timer that keeps it. */
   private recordDue: Loaded | undefined;
   private recordTimer: NodeJS.Timeout | undefined;
   private counterBuf: Buffer | undefined;
-  private counterOffsets: number[] | undefined;
+  private counterOffsets: Uint32Array | undefined;
   /** What the last apply did. */
   lastApply: NatApplyReport | undefined;
   /** Why map entries are written and read one bpf(2) call each (undefined: batch calls), as the first refusal found. */
@@ -654,59 +702,122 @@ export class NatEngine {
     return this.sumCounter(buf, 0);
   }
 
+  /** The offsets of NAT_COUNTER_FIELDS in lbn_counter (nat.h). */
+  private offsets(): Uint32Array {
+    return this.counterOffsets ??= Uint32Array.from(NAT_COUNTER_FIELDS, (f) => this.layout.struct('lbn_counter').fields.find((x) => x.name === f)!.offset);
+  }
+
   /** The per-CPU value of one counter at `at` in `buf`, summed over the CPUs. */
   private sumCounter(buf: Buffer, at: number): NatCounter {
-    const size = this.layout.size('lbn_counter');
-    const o = this.counterOffsets ??= (['packets_to_backend', 'bytes_to_backend', 'packets_to_client', 'bytes_to_client', 'flows'] as const)
-      .map((f) => this.layout.struct('lbn_counter').fields.find((x) => x.name === f)!.offset);
-    const sum = [0, 0, 0, 0, 0];
-    for (let c = 0; c < this.cpus; c++) for (let j = 0; j < 5; j++) sum[j]! += Number(buf.readBigUInt64LE(at + c * size + o[j]!));
-    return { packetsToBackend: sum[0]!, bytesToBackend: sum[1]!, packetsToClient: sum[2]!, bytesToClient: sum[3]!, flows: sum[4]! };
+    const out = new Float64Array(NAT_COUNTER_WIDTH);
+    sumPerCpu(this.bpf, buf.subarray(at), 1, this.layout.size('lbn_counter'), this.cpus, this.offsets(), out);
+    return counterAt(out, 0);
   }
 
   /**
-   * The carried totals plus the current program's counters: every index in
-   * use (0 .. the next one never used) read in one pass over the per-CPU
-   * array, a few thousand indices a bpf(2) call (readArrayBatch), rather
-   * than a lookup per (port, backend).
+   * The carried totals by counter index of the plan in force: made again
+   * only when the plan's contents or the carried totals changed (a
+   * retirement, a program replaced), never per read.
    */
-  private readCounters(): Map<string, NatCounter> {
-    const out = new Map<string, NatCounter>(this.carried);
+  private carriedByIndex(contents: NatMaps, count: number): Float64Array | undefined {
+    if (this.carried.size === 0) return undefined;
+    const c = this.carriedAt;
+    if (c !== undefined && c.contents === contents && c.version === this.carried.version && c.at.length >= count * NAT_COUNTER_WIDTH) return c.at;
+    const at = new Float64Array(count * NAT_COUNTER_WIDTH);
+    for (const placed of contents.ports.values()) {
+      const p = placed.plan;
+      const port = `${p.port.protocol}/${p.port.port}`;
+      p.backends.forEach((b, i) => {
+        const v = this.carried.get(natCounterKey(p.service, port, b));
+        const idx = placed.counters[i]!;
+        if (v === undefined || idx >= count) return;
+        const o = idx * NAT_COUNTER_WIDTH;
+        at[o + NAT_PACKETS_TO_BACKEND]! += v.packetsToBackend;
+        at[o + NAT_BYTES_TO_BACKEND]! += v.bytesToBackend;
+        at[o + NAT_PACKETS_TO_CLIENT]! += v.packetsToClient;
+        at[o + NAT_BYTES_TO_CLIENT]! += v.bytesToClient;
+        at[o + NAT_FLOWS]! += v.flows;
+      });
+    }
+    this.carriedAt = { contents, version: this.carried.version, at };
+    return at;
+  }
+
+  /**
+   * The current program's counters, every index in use (0 .. the next one
+   * never used), read in one pass over the per-CPU array, a few thousand
+   * indices a bpf(2) call (readArrayBatch), summed over the CPUs by the
+   * addon in one call, with the carried totals added by index.
+   */
+  private readTotals(): NatCounterTotals {
     const l = this.current;
     const fd = l?.maps['lbn_counters'];
-    if (!l || fd === undefined) return out;
-    const valueSize = this.layout.size('lbn_counter') * this.cpus;
-    const read = readArrayBatch(this.bpf, fd, Math.min(l.contents.nextCounter, l.contents.capacity.counters), valueSize, { unsupported: this.batchProblem });
+    if (!l || fd === undefined) return NO_TOTALS;
+    const contents = l.contents;
+    const size = this.layout.size('lbn_counter');
+    const count = Math.min(contents.nextCounter, contents.capacity.counters);
+    const read = readArrayBatch(this.bpf, fd, count, size * this.cpus, { unsupported: this.batchProblem, into: this.readBuf });
     if (read.unsupported !== undefined) this.batchProblem ??= read.unsupported;
     this.counterCalls = read.calls;
+    if (read.values.buffer !== this.readBuf?.buffer) this.readBuf = read.values;
+    const n = count * NAT_COUNTER_WIDTH;
+    if ((this.totalsBuf?.length ?? 0) < n) this.totalsBuf = new Float64Array(n);
+    const totals = this.totalsBuf!.subarray(0, n);
+    sumPerCpu(this.bpf, read.values, count, size, this.cpus, this.offsets(), totals);
+    const carried = this.carriedByIndex(contents, count);
+    if (carried !== undefined) for (let k = 0; k < n; k++) totals[k]! += carried[k]!;
+    return { totals, indices: (id) => contents.ports.get(id)?.counters };
+  }
+
+  /**
+   * The carried totals plus the current program's counters, by
+   * natCounterKey (a retired counter's totals kept under its key).
+   */
+  private readCounters(): Map<string, NatCounter> {
+    return this.countersOf(this.readTotals());
+  }
+
+  private countersOf(t: NatCounterTotals): Map<string, NatCounter> {
+    const out = new Map<string, NatCounter>(this.carried);
+    const l = this.current;
+    if (!l || t === NO_TOTALS) return out;
     for (const placed of l.contents.ports.values()) {
       const p = placed.plan;
       const port = `${p.port.protocol}/${p.port.port}`;
       p.backends.forEach((b, i) => {
-        const sum = this.sumCounter(read.values, placed.counters[i]! * valueSize);
-        const k = natCounterKey(p.service, port, b);
-        out.set(k, addCounters(out.get(k), sum));
+        const idx = placed.counters[i]!;
+        if ((idx + 1) * NAT_COUNTER_WIDTH <= t.totals.length) out.set(natCounterKey(p.service, port, b), counterAt(t.totals, idx));
       });
     }
     return out;
   }
 
   /**
+   * The counters by counter index (NatCounterTotals), since this process
+   * started the engine. One read of the maps serves the callers of one
+   * turn of the event loop (a scrape's series, which prom-client collects
+   * in one turn, all from one snapshot) and none after it or after a
+   * write: a read taken before traffic never answers for it. Scrapes back
+   * to back are held off above (the metrics server reuses a gather).
+   */
+  totals(): NatCounterTotals {
+    if (this.countersRead) return this.countersRead;
+    const t = this.readTotals();
+    this.countersRead = t;
+    queueMicrotask(() => {
+      if (this.countersRead === t) this.countersRead = undefined;
+    });
+    return t;
+  }
+
+  /**
    * Per (service, protocol/port, backend) totals since this process started
-   * the engine (natCounterKey). One read of the maps serves the callers of
-   * one turn of the event loop (a scrape's series, which prom-client
-   * collects in one turn, all from one snapshot) and none after it or after
-   * a write: a read taken before traffic never answers for it. Scrapes
-   * back to back are held off above (the metrics server reuses a gather).
+   * the engine (natCounterKey), a retired counter's included: totals() as a
+   * map (an object and a key per counter: for status and tools, not for a
+   * scrape).
    */
   counters(): Map<string, NatCounter> {
-    if (this.countersRead) return this.countersRead;
-    const counters = this.readCounters();
-    this.countersRead = counters;
-    queueMicrotask(() => {
-      if (this.countersRead === counters) this.countersRead = undefined;
-    });
-    return counters;
+    return this.countersOf(this.totals());
   }
 
   /**
@@ -838,6 +949,15 @@ export class NatEngine {
   get plan(): NatPlan | undefined {
     return this.current?.contents.plan;
   }
+}
+
+/** The NAT_COUNTER_WIDTH numbers of counter index `idx` as a NatCounter. */
+function counterAt(t: Float64Array, idx: number): NatCounter {
+  const o = idx * NAT_COUNTER_WIDTH;
+  return {
+    packetsToBackend: t[o + NAT_PACKETS_TO_BACKEND]!, bytesToBackend: t[o + NAT_BYTES_TO_BACKEND]!,
+    packetsToClient: t[o + NAT_PACKETS_TO_CLIENT]!, bytesToClient: t[o + NAT_BYTES_TO_CLIENT]!, flows: t[o + NAT_FLOWS]!,
+  };
 }
 
 function addCounters(a: NatCounter | undefined, b: NatCounter): NatCounter {

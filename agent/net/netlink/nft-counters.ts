@@ -16,7 +16,7 @@
 // without pause fails the read rather than hold it forever).
 import * as os from 'node:os';
 import { RawNetlinkSocket } from './netlink-socket';
-import { NETLINK_NETFILTER, attributes } from './nft-watch';
+import { NETLINK_NETFILTER } from './nft-watch';
 
 const NFNL_SUBSYS_NFTABLES = 10;
 const NFT_MSG_NEWOBJ = 18;
@@ -79,7 +79,6 @@ export function counterDumpRequest(family: number, table: string, seq: number): 
   return b;
 }
 
-const u64be = (b: Buffer | undefined): number | undefined => (b && b.length >= 8 ? Number(b.readBigUInt64BE(0)) : undefined);
 
 /** What one datagram of a dump's replies holds. */
 export interface CounterDumpPart {
@@ -93,9 +92,40 @@ export interface CounterDumpPart {
   readonly interrupted: boolean;
 }
 
-/** The counters of table `table` in one datagram of replies to the dump numbered `seq`. Pure. */
-export function parseCounterDump(buf: Buffer, table: string, seq: number): CounterDumpPart {
-  const counters = new Map<string, NlCounter>();
+/** A table's name as the kernel sends it (UTF-8, before its NUL), kept per name. */
+const tableNames = new Map<string, Buffer>();
+function tableName(table: string): Buffer {
+  let b = tableNames.get(table);
+  if (b === undefined) {
+    b = Buffer.from(table, 'utf8');
+    if (tableNames.size < 16) tableNames.set(table, b);
+  }
+  return b;
+}
+
+/** Where a NUL-terminated string in buf[o, o + len) ends (its NUL, or the attribute's end). */
+function cEnd(buf: Buffer, o: number, len: number): number {
+  let e = o;
+  const end = o + len;
+  while (e < end && buf[e] !== 0) e++;
+  return e;
+}
+
+/** A big-endian u64 at `o` as a number (two u32 reads: exact up to 2^53, rounded as Number() of the BigInt above it). */
+function u64beAt(buf: Buffer, o: number): number {
+  return buf.readUInt32BE(o) * 0x100000000 + buf.readUInt32BE(o + 4);
+}
+
+/**
+ * The counters of table `table` in one datagram of replies to the dump
+ * numbered `seq`, put into `into` (a new map if none). Pure. The attributes
+ * are walked in place, the first of each type taken (as attributes() does):
+ * no map or buffer view per counter, only its name; a dump of thousands of
+ * counters is decoded at every read the metrics ask for.
+ */
+export function parseCounterDump(buf: Buffer, table: string, seq: number, into?: Map<string, NlCounter>): CounterDumpPart {
+  const counters = into ?? new Map<string, NlCounter>();
+  const want = tableName(table);
   let interrupted = false;
   let o = 0;
   while (o + NLMSG_HDRLEN <= buf.length) {
@@ -110,27 +140,38 @@ export function parseCounterDump(buf: Buffer, table: string, seq: number): Count
         return { counters, done: true, errno: errno === 0 ? undefined : errno, malformed: false, interrupted };
       }
       if (type === ((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWOBJ) && len >= NLMSG_HDRLEN + NFGENMSG_LEN) {
-        const a = attributes(buf, o + NLMSG_HDRLEN + NFGENMSG_LEN, o + len);
-        if (!a) return { counters, done: false, errno: undefined, malformed: true, interrupted };
-        const t = a.get(NFTA_OBJ_TABLE);
-        const n = a.get(NFTA_OBJ_NAME);
-        const ty = a.get(NFTA_OBJ_TYPE);
-        const data = a.get(NFTA_OBJ_DATA);
-        if (t && n && ty && ty.length >= 4 && ty.readUInt32BE(0) === NFT_OBJECT_COUNTER && data && cString(t) === table) {
-          const d = attributes(data, 0, data.length);
-          if (!d) return { counters, done: false, errno: undefined, malformed: true, interrupted };
-          counters.set(cString(n), { packets: u64be(d.get(NFTA_COUNTER_PACKETS)) ?? 0, bytes: u64be(d.get(NFTA_COUNTER_BYTES)) ?? 0 });
+        // The payloads' offsets and lengths (-1: absent) of the table, name, type and data attributes.
+        let tO = -1; let tL = 0; let nO = -1; let nL = 0; let yO = -1; let yL = 0; let dO = -1; let dL = 0;
+        const end = o + len;
+        let a = o + NLMSG_HDRLEN + NFGENMSG_LEN;
+        while (a + 4 <= end) {
+          const al = u16(buf, a);
+          if (al < 4 || a + al > end) return { counters, done: false, errno: undefined, malformed: true, interrupted };
+          const at = u16(buf, a + 2) & 0x3fff;
+          if (at === NFTA_OBJ_TABLE) { if (tO < 0) { tO = a + 4; tL = al - 4; } } else if (at === NFTA_OBJ_NAME) { if (nO < 0) { nO = a + 4; nL = al - 4; } } else if (at === NFTA_OBJ_TYPE) { if (yO < 0) { yO = a + 4; yL = al - 4; } } else if (at === NFTA_OBJ_DATA && dO < 0) { dO = a + 4; dL = al - 4; }
+          a += (al + 3) & ~3;
+        }
+        if (tO >= 0 && nO >= 0 && yO >= 0 && yL >= 4 && buf.readUInt32BE(yO) === NFT_OBJECT_COUNTER && dO >= 0) {
+          const tEnd = cEnd(buf, tO, tL);
+          if (tEnd - tO === want.length && buf.compare(want, 0, want.length, tO, tEnd) === 0) {
+            let pO = -1; let pL = 0; let bO = -1; let bL = 0;
+            const dEnd = dO + dL;
+            let c = dO;
+            while (c + 4 <= dEnd) {
+              const cl = u16(buf, c);
+              if (cl < 4 || c + cl > dEnd) return { counters, done: false, errno: undefined, malformed: true, interrupted };
+              const ct = u16(buf, c + 2) & 0x3fff;
+              if (ct === NFTA_COUNTER_PACKETS) { if (pO < 0) { pO = c + 4; pL = cl - 4; } } else if (ct === NFTA_COUNTER_BYTES && bO < 0) { bO = c + 4; bL = cl - 4; }
+              c += (cl + 3) & ~3;
+            }
+            counters.set(buf.toString('utf8', nO, cEnd(buf, nO, nL)), { packets: pO >= 0 && pL >= 8 ? u64beAt(buf, pO) : 0, bytes: bO >= 0 && bL >= 8 ? u64beAt(buf, bO) : 0 });
+          }
         }
       }
     }
     o += (len + 3) & ~3;
   }
   return { counters, done: false, errno: undefined, malformed: false, interrupted };
-}
-
-function cString(b: Buffer): string {
-  const nul = b.indexOf(0);
-  return b.toString('utf8', 0, nul < 0 ? b.length : nul);
 }
 
 /** Reads named counters of one table at a time; one socket for the reader's life, dumps one after another. */
@@ -202,8 +243,7 @@ export class NftCounterReader {
   private onDatagram(d: Buffer): void {
     const p = this.pending;
     if (!p) return;
-    const part = parseCounterDump(d, p.table, p.seq);
-    for (const [k, v] of part.counters) p.out.set(k, v);
+    const part = parseCounterDump(d, p.table, p.seq, p.out);
     if (part.interrupted) p.interrupted = true;
     if (part.malformed) { p.settle(new Error('malformed nftables counter dump')); return; }
     if (!part.done) return;

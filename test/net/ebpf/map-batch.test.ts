@@ -151,3 +151,55 @@ t.test('the probe: a batch write read back', async (t) => {
   t.equal(closed, 1, 'its map closed');
   t.match(probeMapBatch(fakeBpf({ refuse: 'EINVAL' }).bpf, () => {}), /refuses BPF_MAP_UPDATE_BATCH \(EINVAL\)/);
 });
+
+t.test('the addon sums per-CPU values as the JavaScript sum does, to the last bit', async (t) => {
+  const native = await import('../../../agent/native/native');
+  const { sumPerCpu, sumPerCpuJs } = await import('../../../agent/net/ebpf/map-batch');
+  const addon = native.loadNative();
+  t.equal(typeof addon.bpfSumPerCpu, 'function', 'the addon has bpfSumPerCpu');
+  // A seeded generator: the same buffers every run, so a failure can be replayed.
+  let seed = 0x2545f491;
+  const rnd = (): number => { seed ^= seed << 13; seed ^= seed >>> 17; seed ^= seed << 5; return seed >>> 0; };
+  const offsets = Uint32Array.from([0, 8, 16, 24, 32]);
+  let compared = 0;
+  for (const [count, cpus, cpuSize] of [[1, 1, 40], [3, 2, 40], [257, 4, 40], [1000, 2, 48], [64, 64, 40]] as const) {
+    const values = Buffer.alloc(count * cpus * cpuSize);
+    for (let i = 0; i + 8 <= values.length; i += 8) {
+      // Small numbers, numbers near 2^53, and whole 64-bit values (whose sum wraps as the kernel's u64 would).
+      const kind = rnd() % 3;
+      const v = kind === 0 ? BigInt(rnd() % 100_000) : kind === 1 ? (1n << 52n) + BigInt(rnd()) : (BigInt(rnd()) << 32n) | BigInt(rnd());
+      values.writeBigUInt64LE(v, i);
+    }
+    const native = new Float64Array(count * offsets.length).fill(-1);
+    const js = new Float64Array(count * offsets.length).fill(-2);
+    sumPerCpu(addon, values, count, cpuSize, cpus, offsets, native);
+    sumPerCpuJs(values, count, cpuSize, cpus, offsets, js);
+    t.same(Array.from(native), Array.from(js), `${count} entries x ${cpus} CPUs of ${cpuSize} bytes: the same numbers`);
+    compared += native.length;
+  }
+  t.ok(compared > 6_000, `${compared} sums compared`);
+  // Below 2^53 the sum is exact: what Number() of the BigInt sum gives.
+  const exact = Buffer.alloc(2 * 40);
+  exact.writeBigUInt64LE((1n << 52n) + 1n, 0);
+  exact.writeBigUInt64LE((1n << 52n) - 2n, 40);
+  const out = new Float64Array(5);
+  addon.bpfSumPerCpu!(exact, 1, 40, 2, offsets, out);
+  t.equal(out[0], 2 ** 53 - 1, '2^52 + 1 and 2^52 - 2 over two CPUs sum to 2^53 - 1 exactly');
+  t.throws(() => addon.bpfSumPerCpu!(exact, 2, 40, 2, offsets, out), /fewer than count entries/, 'values shorter than count entries are refused');
+  t.throws(() => addon.bpfSumPerCpu!(exact, 1, 40, 2, offsets, new Float64Array(4)), /out holds fewer/, 'an out array too short is refused');
+  t.throws(() => addon.bpfSumPerCpu!(exact, 1, 40, 2, Uint32Array.from([33]), out), /past cpuSize/, 'a field past the slot is refused');
+});
+
+t.test('readArrayBatch reads into a buffer it is handed, and clears an entry the map does not hold', async (t) => {
+  const seen: number[] = [];
+  const bpf = {
+    bpfMapCreate: () => 1, bpfMapUpdate: () => undefined,
+    bpfMapLookup: (_fd: number, k: Buffer, out: Buffer) => { const i = k.readUInt32LE(); seen.push(i); if (i === 1) return false; out.fill(i + 1); return true; },
+  };
+  const into = Buffer.alloc(64, 0xee);
+  const r = readArrayBatch(bpf, 1, 3, 8, { into });
+  t.equal(r.values.buffer, into.buffer, 'read into the buffer handed in');
+  t.same([...r.values], [...Buffer.alloc(8, 1), ...Buffer.alloc(8, 0), ...Buffer.alloc(8, 3)], 'index 1, not found, reads as zeros (not what the buffer held)');
+  const small = readArrayBatch(bpf, 1, 3, 8, { into: Buffer.alloc(8) });
+  t.equal(small.values.length, 24, 'a buffer too small is not used');
+});
