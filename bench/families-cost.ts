@@ -7,9 +7,8 @@
 // the node's own addresses, whole and in variants, each a small diff of
 // it, beside the families bench's nat floor and the running agent:
 //   live        the agent itself serving its VIPs (its table, and its
-//               packet sockets on the node's NIC: ARP, and NDP's
-//               ETH_P_IPV6 socket, whose filter sees every IPv6 frame the
-//               NIC receives);
+//               sockets on the node's NIC: ARP's packet socket, NDP's raw
+//               ICMPv6 socket and the packet socket it sends by);
 //   agent       the table as the agent writes it, with no agent running;
 //   no-forward  without the forward chain's two byte-counter rules (the
 //               only rules every packet of a flow walks; the nat chains see
@@ -27,6 +26,8 @@
 // by more than a family costs. Only lab namespaces are addressed.
 //
 //   node dist/bench/families-cost.js [--rounds 4] [--seconds 3] [--out FILE.md]
+//     [--variants live,floor] [--keep-perf DIR]   (some variants only; keep
+//     each run's perf.data in DIR for `perf report` beside another's)
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { spawn } from 'node:child_process';
@@ -89,7 +90,7 @@ async function perfShares(file: string, pids: readonly number[]): Promise<{ tota
   return { total, shares: childrenShares(r.stdout) };
 }
 
-export async function benchFamiliesCost(o: { rounds: number; seconds: number; log: (m: string) => void }): Promise<{ runs: CostRun[]; load: number[] }> {
+export async function benchFamiliesCost(o: { rounds: number; seconds: number; variants?: readonly CostVariant[]; keepPerf?: string; log: (m: string) => void }): Promise<{ runs: CostRun[]; load: number[] }> {
   const lab = await Lab.create();
   const runs: CostRun[] = [];
   const load: number[] = [];
@@ -107,7 +108,7 @@ export async function benchFamiliesCost(o: { rounds: number; seconds: number; lo
     const nsPids = async (ns: string): Promise<number[]> => (await lab.exec(ns, 'ip', ['netns', 'pids', ns])).stdout.split('\n').filter((l) => /^\d+$/.test(l.trim())).map(Number);
     const backendPids = (await Promise.all(backendNs.map(nsPids))).flat();
     for (let r = 0; r < o.rounds; r++) {
-      for (const variant of rotate(COST_VARIANTS, r)) {
+      for (const variant of rotate(o.variants ?? COST_VARIANTS, r)) {
         await lab.exec(node, 'nft', ['flush', 'ruleset']);
         const live = variant === 'live' ? await runAgent(lab, node, agentConfig('kernel'), { name: `fam-cost-${r}` }) : undefined;
         try {
@@ -134,7 +135,8 @@ export async function benchFamiliesCost(o: { rounds: number; seconds: number; lo
               const w = await wrk;
               await perfDone;
               const { total, shares } = await perfShares(file, [...clientPids, ...backendPids]);
-              fs.rmSync(file, { force: true });
+              if (o.keepPerf) fs.renameSync(file, path.join(o.keepPerf, path.basename(file)));
+              else fs.rmSync(file, { force: true });
               // A run perf read no sample of the lab in (it lost the race with wrk's start): NaN, left out of the medians.
             const read = total > 0 && shares.has('nf_hook_slow') && w.requests > 0;
             const us = (sym: string): number => (read ? round(((shares.get(sym) ?? 0) / 100) * total / PERF_HZ * 1e6 / w.requests, 3) : NaN);
@@ -175,17 +177,21 @@ async function main(): Promise<void> {
   const rounds = Number(opt('--rounds', '4'));
   const seconds = Number(opt('--seconds', '3'));
   const out = opt('--out', '');
+  const variants = opt('--variants', COST_VARIANTS.join(',')).split(',') as CostVariant[];
+  const keepPerf = opt('--keep-perf', '');
+  if (variants.some((v) => !COST_VARIANTS.includes(v))) throw new Error(`families-cost: --variants takes some of ${COST_VARIANTS.join(',')}`);
   if (!Number.isInteger(rounds) || rounds < 1 || !(seconds > 0)) throw new Error('families-cost: --rounds takes a whole number >= 1, --seconds a number > 0');
   const started = new Date();
   const loadBefore = loadAverage();
-  const r = await benchFamiliesCost({ rounds, seconds, log: (m) => process.stderr.write(`${m}\n`) });
+  if (keepPerf) fs.mkdirSync(keepPerf, { recursive: true });
+  const r = await benchFamiliesCost({ rounds, seconds, variants, keepPerf: keepPerf ? path.resolve(keepPerf) : undefined, log: (m) => process.stderr.write(`${m}\n`) });
   const m = machineFacts();
   const text = [
     `# families-cost, ${started.toISOString().slice(0, 10)}`, '',
     `Machine: ${m.cpus} vCPU (${m.cpuModel}), Linux ${m.kernel}, ${m.os}, Node ${m.node}.  `,
     `Load average (1 min): ${loadBefore[0]} at the start, mean ${round(r.load.reduce((a, b) => a + b, 0) / Math.max(1, r.load.length), 2)} and max ${round(Math.max(...r.load), 2)} over the variants' slots.  `,
-    `Run: \`node dist/bench/families-cost.js --rounds ${rounds} --seconds ${seconds}\`, ${started.toISOString()} to ${new Date().toISOString()}.`, '',
-    'CPU per request from `perf record -a -g -F 2000` around each wrk run (wrk -t1 -c50; new connections: `Connection: close`), samples of the lab\'s own processes (wrk and the nginx, by pid); netfilter: nf_hook_slow with its callees (conntrack, NAT, the chains); filter chains: nft_do_chain_ipv4/6 (the forward and input chains; the nat chains run from the NAT hooks and count under netfilter only); packet sockets: packet_rcv (the running agent\'s ARP and NDP sockets). IPv6 − IPv4: median over rounds of the two families\' runs in the same slot. Medians over rounds.', '',
+    `Run: \`node dist/bench/families-cost.js --rounds ${rounds} --seconds ${seconds}${variants.length < COST_VARIANTS.length ? ` --variants ${variants.join(',')}` : ''}\`, ${started.toISOString()} to ${new Date().toISOString()}.`, '',
+    'CPU per request from `perf record -a -g -F 2000` around each wrk run (wrk -t1 -c50; new connections: `Connection: close`), samples of the lab\'s own processes (wrk and the nginx, by pid); netfilter: nf_hook_slow with its callees (conntrack, NAT, the chains); filter chains: nft_do_chain_ipv4/6 (the forward and input chains; the nat chains run from the NAT hooks and count under netfilter only); packet sockets: packet_rcv (the running agent\'s ARP socket; NDP is heard on a raw ICMPv6 socket, which IPv6 frames of other protocols never reach). IPv6 − IPv4: median over rounds of the two families\' runs in the same slot. Medians over rounds.', '',
     costTable(r.runs), '',
   ].join('\n');
   if (out) fs.writeFileSync(out, text);

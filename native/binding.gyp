@@ -11,6 +11,7 @@
         "src/addon.cc",
         "src/errors.cc",
         "src/packet_socket.cc",
+        "src/icmp6_socket.cc",
         "src/netlink_socket.cc",
         "src/unix_dgram.cc",
         "src/system.cc",

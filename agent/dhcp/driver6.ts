@@ -43,7 +43,7 @@ import { addressesChanged } from '../net/host/local-addresses';
 import { dadProbe, NdpVipOwner, openNdpSocket } from '../net/neighbour/ndp-driver';
 import type { SharedLink } from './shared-link';
 import { DUP_ADDR_DETECT_TRANSMITS } from '../net/neighbour/ndp-owner';
-import type { PacketSocket } from '../net/packet/packet';
+import type { NdpSocket } from '../net/neighbour/ndp-socket';
 import { linkLocalOf, ndpTimings } from '../ipam/pool-source';
 import type { AddressSource, LostCause, SourceDamage, SourceState, SourceStatus, Vip } from '../source';
 import type { StateStore } from '../state/store';
@@ -158,7 +158,7 @@ export class Dhcp6Source extends EventEmitter implements AddressSource {
   private ifindex: number | undefined;
   private linkLocal: bigint | undefined;
   private socket: dgram.Socket | undefined;
-  private ndpSocket: PacketSocket | undefined;
+  private ndpSocket: NdpSocket | undefined;
   private owner: NdpVipOwner | undefined;
   private timer: TimerHandle | undefined;
   private vip: Vip | undefined;
@@ -772,7 +772,7 @@ export class Dhcp6Source extends EventEmitter implements AddressSource {
     }
   }
 
-  private ndp(ifindex: number): PacketSocket {
+  private ndp(ifindex: number): NdpSocket {
     if (this.ndpSocket && this.ndpSocket.ifindex === ifindex) return this.ndpSocket;
     this.ndpSocket?.close();
     const sock = openNdpSocket(ifindex, this.netM, this.log);

@@ -37,6 +37,7 @@ import { probeAddress } from '../net/neighbour/arp-probe';
 import { netMetrics, type NetMetrics } from '../net/metrics';
 import { OWNED_ADDRESS_PROTO } from '../net/ownership/ownership';
 import type { PacketSocket } from '../net/packet/packet';
+import type { NdpSocket } from '../net/neighbour/ndp-socket';
 import { NeighbourSockets } from '../net/neighbour/neighbour-sockets';
 import { AddressRemovals } from '../net/netlink/address-removals';
 import type { NetlinkClient, LinkInfo } from '../net/netlink/netlink';
@@ -148,7 +149,7 @@ export class PoolSource extends EventEmitter implements AddressSource {
   private gen = 0;
   private vip: Vip | undefined;
   private parent: LinkInfo | undefined;
-  private socket: PacketSocket | undefined;
+  private socket: PacketSocket | NdpSocket | undefined;
   /** The address the port is for (another takes another port). */
   private socketAddress: string | undefined;
   private owner: VipOwner | NdpVipOwner | undefined;
@@ -474,7 +475,7 @@ export class PoolSource extends EventEmitter implements AddressSource {
     try {
       const link = this.parent!;
       const res = await dadProbe({
-        socket: this.ensureSocket(link.index, address), mac: link.mac, ip: address, source: this.linkLocal,
+        socket: this.ensureNdpSocket(link.index, address), mac: link.mac, ip: address, source: this.linkLocal,
         config: { ...ndpTimings(this.opts.arp, true), dadTransmits: DUP_ADDR_DETECT_TRANSMITS, giveUp: true, answerSolicitations: false },
         clock: this.clock, log: this.opts.log, metrics: this.netMetrics,
       });
@@ -483,6 +484,13 @@ export class PoolSource extends EventEmitter implements AddressSource {
     } catch (err) {
       this.feedLater(gen, { type: 'fault', what: `probing ${address}`, error: errorMessage(err) });
     }
+  }
+
+  /** The NDP port of an IPv6 address (ensureSocket). */
+  private ensureNdpSocket(ifindex: number, address: string): NdpSocket {
+    const sock = this.ensureSocket(ifindex, address);
+    if (!('joinGroup' in sock)) throw new RangeError(`${address}: an IPv6 owner needs an NDP socket`);
+    return sock;
   }
 
   private async addAddress(gen: number, address: string): Promise<void> {
@@ -514,7 +522,7 @@ export class PoolSource extends EventEmitter implements AddressSource {
       owner = this.family === 'IPv6'
         ? new NdpVipOwner({
           // DAD ran already (probe6), or an election decided: straight to the burst.
-          socket: this.ensureSocket(link.index, address), mac: link.mac, ip: address, source: this.linkLocal,
+          socket: this.ensureNdpSocket(link.index, address), mac: link.mac, ip: address, source: this.linkLocal,
           config: { ...ndpTimings(this.opts.arp, false), giveUp, answerSolicitations: false },
           clock: this.clock, log: this.opts.log, metrics: this.netMetrics,
         })
@@ -598,11 +606,11 @@ export class PoolSource extends EventEmitter implements AddressSource {
    * NDP owner joins the address's solicited-node group through its port,
    * and the group goes with it.
    */
-  private ensureSocket(ifindex: number, address: string): PacketSocket {
+  private ensureSocket(ifindex: number, address: string): PacketSocket | NdpSocket {
     if (this.socket && this.socket.ifindex === ifindex && this.socketAddress === address) return this.socket;
     this.closeSocket();
     const o = { ifindex, metrics: this.netMetrics, log: this.opts.log };
-    let sock: PacketSocket;
+    let sock: PacketSocket | NdpSocket;
     if (this.family === 'IPv6') {
       sock = this.sockets.ndp({ ...o, address: ipv6Value(address) });
     } else {

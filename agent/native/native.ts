@@ -51,6 +51,29 @@ export interface NativePacketHandle {
   close(): void;
 }
 
+/** One ICMPv6 message as read by recvmsg(2) on a raw ICMPv6 socket (native/src/icmp6_socket.cc). */
+export interface NativeIcmp6Message {
+  /** From the ICMPv6 header on (at most 64 KiB; see `length`). */
+  message: Buffer;
+  /** The IPv6 source and destination, 16 bytes each (IPV6_PKTINFO gives the destination). */
+  src: Buffer;
+  dst: Buffer;
+  /** The IPv6 header's hop limit (IPV6_HOPLIMIT). */
+  hopLimit: number;
+  /** The message's real length; larger than message.length when truncated. */
+  length: number;
+}
+
+/** A raw ICMPv6 socket bound to one interface: receives only, the types it was opened with. */
+export interface NativeIcmp6Handle {
+  /** IPV6_ADD_MEMBERSHIP of a 16-byte group on the bound interface; once per group (EADDRINUSE again). */
+  joinGroup(group: Buffer): void;
+  leaveGroup(group: Buffer): void;
+  start(callback: (err: NativeSystemError | null, messages: NativeIcmp6Message[]) => void): void;
+  setRef(ref: boolean): void;
+  close(): void;
+}
+
 /**
  * TCP connect probes on raw descriptors, readiness through one epoll
  * descriptor (native/src/tcp_probe.cc). Results are errno numbers, handed
@@ -146,6 +169,8 @@ export interface NativeAddon {
   TcpProbeHandle?: new (onResults: (count: number) => void, resultIds: Uint32Array, resultErrnos: Int32Array, closeMode?: number) => NativeTcpProbeHandle;
   /** Absent from an addon built before it: agent/net/netlink-socket.ts says to rebuild. */
   NetlinkHandle?: new (protocol: number) => NativeNetlinkHandle;
+  /** Absent from an addon built before it: agent/net/neighbour/ndp-socket.ts says to rebuild. */
+  Icmp6Handle?: new (ifindex: number, types: readonly number[]) => NativeIcmp6Handle;
   PacketHandle: new (
     ifindex: number,
     protocol: number,

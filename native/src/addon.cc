@@ -1,4 +1,4 @@
-// lbagent_native module entry: registers the packet and netlink socket classes, the unix
+// lbagent_native module entry: registers the packet, ICMPv6 and netlink socket classes, the unix
 // datagram sender (sd_notify), small system queries (capabilities, ifindex),
 // the proxy's listening sockets (SO_REUSEPORT groups), and the batch TCP
 // connect prober of the health checker, the proxy's byte relay, and bpf(2)
@@ -8,6 +8,7 @@
 
 static Napi::Object InitAddon(Napi::Env env, Napi::Object exports) {
   lbagent::InitPacketSocket(env, exports);
+  lbagent::InitIcmp6Socket(env, exports);
   lbagent::InitNetlinkSocket(env, exports);
   lbagent::InitUnixDgram(env, exports);
   lbagent::InitSystem(env, exports);

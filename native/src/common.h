@@ -42,6 +42,7 @@ void DeliverReads(Napi::Env env, Napi::FunctionReference& callback, Napi::AsyncC
 
 Napi::Object InitNetlinkSocket(Napi::Env env, Napi::Object exports);
 Napi::Object InitPacketSocket(Napi::Env env, Napi::Object exports);
+Napi::Object InitIcmp6Socket(Napi::Env env, Napi::Object exports);
 Napi::Object InitUnixDgram(Napi::Env env, Napi::Object exports);
 Napi::Object InitSystem(Napi::Env env, Napi::Object exports);
 Napi::Object InitListenSocket(Napi::Env env, Napi::Object exports);

@@ -4,7 +4,9 @@
 // detection skips it and status says so. An IPv6-only service serves a
 // client's 20 ms loop with no failure once serving; the client's neighbour
 // entry for the VIP is the agent's MAC, and after another host forges an
-// advertisement for the VIP, the agent's defence puts it back. A
+// advertisement for the VIP, the agent's defence puts it back. The agent
+// hears neighbour discovery on a raw ICMPv6 socket and holds no packet
+// socket that sees every IPv6 frame of the parent. A
 // RequireDualStack service serves both VIPs, each to the backend of its own
 // family. PreferDualStack in a namespace without an IPv6 pool serves IPv4
 // and status says why. A SIGKILL and a new start adopt the IPv6 VIP and its
@@ -94,6 +96,17 @@ if (requirePrivileged(t)) {
     t.match(by.get('default/dual')!.vip, /^10\.99\.0\.20\d$/);
     const addrs = (await lab.exec(node, 'ip', ['-6', 'addr', 'show', 'dev', 'eth0'])).stdout;
     t.match(addrs, new RegExp(`inet6 ${vip6}/128 scope global nodad`), 'the VIP is on the parent as a /128, without the kernel\'s DAD');
+
+    // Neighbour discovery without a tap on the parent's IPv6 traffic: no
+    // packet socket of ETH_P_IPV6 or ETH_P_ALL on the parent (or on every
+    // interface), and the raw ICMPv6 socket that hears NDP instead.
+    const parentIndex = Number((await lab.exec(node, 'cat', ['/sys/class/net/eth0/ifindex'])).stdout.trim());
+    const packets = (await lab.exec(node, 'cat', ['/proc/net/packet'])).stdout.trim().split('\n').slice(1).map((l) => l.trim().split(/\s+/));
+    t.ok(packets.length > 0, `the agent holds packet sockets (${packets.length})`);
+    const taps = packets.filter((f) => ['86dd', '3'].includes(f[3]!.replace(/^0+(?=.)/, '')) && [0, parentIndex].includes(Number(f[4])));
+    t.same(taps.map((f) => `proto ${f[3]} iface ${f[4]}`), [], 'no packet socket sees every IPv6 frame of the parent');
+    const raw6 = (await lab.exec(node, 'cat', ['/proc/net/raw6'])).stdout.trim().split('\n').slice(1);
+    t.ok(raw6.some((l) => /^\s*\d+: 0{32}:003A /.test(l)), 'a raw ICMPv6 socket hears neighbour discovery');
 
     // PreferDualStack without an IPv6 pool: IPv4, and why not IPv6.
     t.match(by.get('legacy/legacy'), { family: 'IPv4', familyNotes: [/IPv6 not served \(PreferDualStack\): no pool lists IPv6 addresses for namespace legacy/] });

@@ -1,15 +1,14 @@
 // IPv6 VIP ownership on the wire, the driver: performs ndp-owner.ts's
-// actions (ndpStep) on an AF_PACKET socket of the parent with an injected
-// clock. The socket is ETH_P_IPV6 with a kernel filter for neighbour
-// solicitations and advertisements only (packet/bpf.ts bpfNdp), and joins
-// the VIP's solicited-node group (PACKET_ADD_MEMBERSHIP of
-// 33:33:ff:XX:XX:XX), so a DAD probe or a solicitation for the VIP is heard
-// before and while the address is held, whatever other addresses the parent
-// has and in whatever order. Every received frame is decoded and judged by
-// ndp.ts (RFC 4861 §7.1) before the core sees it; a malformed one is
-// dropped and counted. Two uses: dadProbe (RFC 4862 §5.4, then nothing
-// more) and NdpVipOwner (burst, refresh, defence while held). It knows
-// addresses and MACs, never services.
+// actions (ndpStep) on the interface's NDP socket (ndp-socket.ts: a raw
+// ICMPv6 socket receiving solicitations and advertisements, a packet socket
+// sending whole frames) with an injected clock. It joins the VIP's
+// solicited-node group on the socket (IPV6_ADD_MEMBERSHIP), so a DAD probe
+// or a solicitation for the VIP is heard before and while the address is
+// held, whatever other addresses the interface has and in whatever order.
+// Every received frame is decoded and judged by ndp.ts (RFC 4861 §7.1)
+// before the core sees it; a malformed one is dropped and counted. Two uses:
+// dadProbe (RFC 4862 §5.4, then nothing more) and NdpVipOwner (burst,
+// refresh, defence while held). It knows addresses and MACs, never services.
 import { EventEmitter } from 'node:events';
 import type { Clock, TimerHandle } from '../../clock';
 import { realClock } from '../../clock';
@@ -17,9 +16,7 @@ import { formatAddress, parseAddress } from '../../address';
 import type { Logger } from '../../log';
 import { silentLogger } from '../../log';
 import type { NetMetrics } from '../metrics';
-import { openPacketSocket, type PacketSocket } from '../packet/packet';
-import { bpfNdp } from '../packet/bpf';
-import { ETHERTYPE_IPV6 } from '../packet/inet';
+import { openNdpSocket as openSocket, type NdpSocket } from './ndp-socket';
 import { decodeNdp, encodeNdp, NDP_NOT_MINE, type NdpPacket } from './ndp';
 import { initialNdpState, ndpStep, type NdpAction, type NdpDuplicateReason, type NdpEvent, type NdpOwnerConfig, type NdpState } from './ndp-owner';
 
@@ -30,14 +27,14 @@ export function ipv6Value(text: string): bigint {
   return a.value;
 }
 
-/** An NDP socket on `ifindex`: ETH_P_IPV6, neighbour discovery only. */
-export function openNdpSocket(ifindex: number, metrics: NetMetrics | undefined, log: Logger): PacketSocket {
-  return openPacketSocket({ ifindex, protocol: ETHERTYPE_IPV6, filter: bpfNdp(), metrics, log });
+/** The NDP socket of `ifindex` (ndp-socket.ts). */
+export function openNdpSocket(ifindex: number, metrics: NetMetrics | undefined, log: Logger): NdpSocket {
+  return openSocket({ ifindex, metrics, log });
 }
 
 export interface NdpDriverOptions {
-  /** The parent's NDP socket (openNdpSocket). The driver adds and drops the group membership on it, and never closes it. */
-  readonly socket: PacketSocket;
+  /** The parent's NDP socket (openNdpSocket). The driver joins and leaves the group on it, and never closes it. */
+  readonly socket: NdpSocket;
   /** The parent's MAC: source of every frame, and never a conflict. */
   readonly mac: string;
   /** The IPv6 VIP. */
@@ -67,14 +64,14 @@ export interface NdpDuplicate { readonly ip: string; readonly mac: string; reado
 export class NdpVipOwner extends EventEmitter {
   readonly ip: string;
   private cfg: NdpOwnerConfig;
-  private readonly socket: PacketSocket;
+  private readonly socket: NdpSocket;
   private readonly source: bigint | undefined;
   private readonly clock: Clock;
   private readonly log: Logger;
   private readonly metrics: NetMetrics | undefined;
   private state: NdpState;
   private timer: TimerHandle | undefined;
-  private joined: Buffer | undefined;
+  private joined: bigint | undefined;
   private closed = false;
   /** Set by a 'unique' action when the owner is only probing: the rest of that step (the burst) is not performed. */
   private stopAtUnique = false;
@@ -141,11 +138,11 @@ export class NdpVipOwner extends EventEmitter {
   }
 
   private leave(): void {
-    const mac = this.joined;
-    if (!mac) return;
+    const group = this.joined;
+    if (group === undefined) return;
     this.joined = undefined;
     // The kernel drops the membership with the socket; a shared socket keeps it otherwise.
-    try { this.socket.dropMembership?.(mac); } catch (err) {
+    try { this.socket.leaveGroup(group); } catch (err) {
       this.log.debug({ op: 'leave', err: (err as Error).message }, 'could not leave the solicited-node group');
     }
   }
@@ -182,12 +179,18 @@ export class NdpVipOwner extends EventEmitter {
   /** Perform one action; false ends the step (a probe-only owner after 'unique'). */
   private perform(a: NdpAction, throwOnSendError: boolean): boolean {
     switch (a.type) {
-      case 'join': {
-        const mac = Buffer.from(a.mac.split(':').map((x) => parseInt(x, 16)));
-        this.socket.addMembership?.(mac);
-        this.joined = mac;
+      case 'join':
+        try {
+          this.socket.joinGroup(a.group);
+          this.joined = a.group;
+        } catch (err) {
+          // Past the socket's group limit (net.core.optmem_max): the answer to
+          // our probe (to all-nodes) is still heard, and once the address is
+          // on the interface the kernel's own join of the group lets
+          // solicitations in; only another node's simultaneous probe is missed.
+          this.log.warn({ op: 'join', err: (err as Error).message }, 'could not join the solicited-node group; another node probing the same address at the same time goes unheard');
+        }
         return true;
-      }
       case 'leave':
         this.leave();
         return true;

@@ -309,3 +309,60 @@ export function ndpSolicitedAdvertisement(mac: string, target: bigint, ns: Neigh
 export function isDadProbe(p: NdpPacket): p is NeighbourSolicitation {
   return p.kind === 'solicitation' && p.src === UNSPECIFIED_ADDRESS;
 }
+
+/** What a raw ICMPv6 socket gives of one received message (ndp-socket.ts). */
+export interface ReceivedIcmp6 {
+  /** From the ICMPv6 header on. */
+  readonly message: Uint8Array;
+  /** IPv6 source and destination, 16 bytes each. */
+  readonly src: Uint8Array;
+  readonly dst: Uint8Array;
+  /** The IPv6 header's hop limit, as the kernel received it. */
+  readonly hopLimit: number;
+}
+
+const ZERO_MAC = Buffer.alloc(6);
+
+/** The link-layer address a solicitation (source option) or an advertisement (target option) gives, if it gives one well formed. */
+function ownLinkLayerOption(m: Uint8Array): Uint8Array | undefined {
+  const want = m[0] === ICMPV6_NEIGHBOUR_SOLICITATION ? NDP_OPT_SOURCE_LINK_LAYER : m[0] === ICMPV6_NEIGHBOUR_ADVERTISEMENT ? NDP_OPT_TARGET_LINK_LAYER : undefined;
+  if (want === undefined) return undefined;
+  for (let o = NDP_MIN_LENGTH; o + 2 <= m.length;) {
+    const len = m[o + 1]! * 8;
+    if (len === 0 || o + len > m.length) return undefined;
+    if (m[o] === want) return len === 8 ? m.subarray(o + 2, o + 8) : undefined;
+    o += len;
+  }
+  return undefined;
+}
+
+/**
+ * The Ethernet frame decodeNdp judges, rebuilt from a message a raw ICMPv6
+ * socket received: the IPv6 header from the kernel's facts (source,
+ * destination, hop limit), the message as it came, so every rule of
+ * RFC 4861 §7.1 (hop limit 255, checksum, lengths, options) is applied as to
+ * a frame from a packet socket. A raw socket does not see the Ethernet
+ * header: the destination MAC is the group's (RFC 2464 §7) for a multicast
+ * destination, else 00:00:00:00:00:00, and the source MAC is the
+ * link-layer address the message gives for its sender (a solicitation's
+ * source option, an advertisement's target option), else
+ * 00:00:00:00:00:00. Throws RangeError for addresses that are not 16 bytes
+ * (a programming error, not input from the wire).
+ */
+export function ndpFrameFromIcmp6(r: ReceivedIcmp6): Buffer {
+  if (r.src.length !== 16 || r.dst.length !== 16) throw new RangeError('IPv6 source and destination must be 16 bytes each');
+  const frame = Buffer.alloc(ETH_HEADER_LEN + IPV6_HEADER_LEN + r.message.length);
+  const dst = Buffer.from(r.dst.buffer, r.dst.byteOffset, 16);
+  if (dst[0] === 0xff) frame.set([0x33, 0x33, dst[12]!, dst[13]!, dst[14]!, dst[15]!], 0);
+  frame.set(ownLinkLayerOption(r.message) ?? ZERO_MAC, 6);
+  frame.writeUInt16BE(0x86dd, 12);
+  const ip = ETH_HEADER_LEN;
+  frame.writeUInt32BE(0x60000000, ip);
+  frame.writeUInt16BE(Math.min(r.message.length, 0xffff), ip + 4);
+  frame[ip + 6] = IPPROTO_ICMPV6;
+  frame[ip + 7] = r.hopLimit & 0xff;
+  frame.set(r.src, ip + 8);
+  frame.set(r.dst, ip + 24);
+  frame.set(r.message, ip + IPV6_HEADER_LEN);
+  return frame;
+}

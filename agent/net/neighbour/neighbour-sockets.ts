@@ -14,10 +14,11 @@
 // an address joining first widens the filter to every ARP frame at once (no
 // frame about it can be missed), and the exact set is compiled once the
 // attachments of this turn of the event loop are done; a set past
-// BPF_ARP_SET_MAX stays on every ARP frame. NDP's filter is bpfNdp; the
-// solicited-node groups an owner joins through its port are counted per
-// socket by the kernel (PACKET_ADD_MEMBERSHIP), and a port that closes
-// leaves the ones it still holds.
+// BPF_ARP_SET_MAX stays on every ARP frame. NDP's socket is ndp-socket.ts's
+// (a raw ICMPv6 socket, which the kernel consults for locally delivered
+// ICMPv6 only, and a packet socket that only sends); the solicited-node
+// groups an owner joins through its port are counted per group by that
+// socket, and a port that closes leaves the ones it still holds.
 //
 // The owners of these addresses share one refresh wheel too (`refresh`,
 // refresh-wheel.ts): their periodic announcements go out in one batch per
@@ -29,11 +30,11 @@ import { EventEmitter } from 'node:events';
 import { LbError } from '../../errors';
 import type { Logger } from '../../log';
 import type { NetMetrics } from '../metrics';
-import { BPF_ARP_SET_MAX, bpfArp, bpfArpAboutAny, bpfNdp, type BpfProgram } from '../packet/bpf';
-import { ETHERTYPE_IPV6 } from '../packet/inet';
+import { BPF_ARP_SET_MAX, bpfArp, bpfArpAboutAny, type BpfProgram } from '../packet/bpf';
 import { ETH_P_ARP, openPacketSocket, type FrameInfo, type PacketSocket, type PacketSocketOptions } from '../packet/packet';
 import { decodeArp } from './arp';
 import { decodeNdp, NDP_NOT_MINE } from './ndp';
+import { openNdpSocket, type NdpSocket, type NdpSocketOptions } from './ndp-socket';
 import { RefreshWheel } from './refresh-wheel';
 import type { Clock } from '../../clock';
 
@@ -50,8 +51,10 @@ export interface NeighbourPortOptions {
 }
 
 export interface NeighbourSocketsOptions {
-  /** Opens the shared sockets; default packet.ts's. */
+  /** Opens the shared ARP sockets; default packet.ts's. */
   open?: (opts: PacketSocketOptions) => PacketSocket;
+  /** Opens the shared NDP sockets; default ndp-socket.ts's. */
+  openNdp?: (opts: NdpSocketOptions) => NdpSocket;
   /** Runs the filter's recompilation after this turn's attachments; default setImmediate. */
   defer?: (fn: () => void) => void;
   /** The refresh wheel's clock. */
@@ -77,7 +80,7 @@ type Key = number | bigint;
 interface Shared {
   readonly protocol: NeighbourProtocol;
   readonly ifindex: number;
-  readonly socket: PacketSocket;
+  readonly socket: PacketSocket | NdpSocket;
   readonly byAddress: Map<Key, Set<NeighbourPort>>;
   readonly metrics: NetMetrics | undefined;
   readonly log: Logger | undefined;
@@ -87,10 +90,10 @@ interface Shared {
 }
 
 /** One address's view of a shared socket. */
-class NeighbourPort extends EventEmitter implements PacketSocket {
+class NeighbourPort extends EventEmitter implements NdpSocket {
   private closed = false;
-  /** Group MACs (hex) this port joined and has not left, with how many times. */
-  private readonly joined = new Map<string, number>();
+  /** Groups this port joined and has not left, with how many times. */
+  private readonly joined = new Map<bigint, number>();
 
   constructor(readonly ifindex: number, readonly address: Key, private readonly shared: Shared, private readonly release: (p: NeighbourPort) => void) {
     super();
@@ -101,28 +104,30 @@ class NeighbourPort extends EventEmitter implements PacketSocket {
     this.shared.socket.send(frame);
   }
 
-  addMembership(mac: Buffer): void {
+  joinGroup(group: bigint): void {
     if (this.closed) throw new LbError('LB_ERR_NET_SOCKET', `neighbour socket port on ifindex ${this.ifindex} is closed`, { ifindex: this.ifindex });
-    this.shared.socket.addMembership?.(mac);
-    const k = mac.toString('hex');
-    this.joined.set(k, (this.joined.get(k) ?? 0) + 1);
+    const s = this.shared.socket;
+    if (!('joinGroup' in s)) throw new LbError('LB_ERR_NET_SOCKET', `the ${this.shared.protocol} socket on ifindex ${this.ifindex} joins no IPv6 group`, { ifindex: this.ifindex });
+    s.joinGroup(group);
+    this.joined.set(group, (this.joined.get(group) ?? 0) + 1);
   }
 
-  dropMembership(mac: Buffer): void {
-    const k = mac.toString('hex');
-    const n = this.joined.get(k);
+  leaveGroup(group: bigint): void {
+    const n = this.joined.get(group);
     if (n === undefined) return;
-    if (n <= 1) this.joined.delete(k);
-    else this.joined.set(k, n - 1);
-    this.shared.socket.dropMembership?.(mac);
+    if (n <= 1) this.joined.delete(group);
+    else this.joined.set(group, n - 1);
+    const s = this.shared.socket;
+    if ('leaveGroup' in s) s.leaveGroup(group);
   }
 
   close(): void {
     if (this.closed) return;
     // The kernel counts a group per socket: what this port still holds goes with it.
-    for (const [k, n] of this.joined) {
+    const s = this.shared.socket;
+    for (const [group, n] of this.joined) {
       for (let i = 0; i < n; i++) {
-        try { this.shared.socket.dropMembership?.(Buffer.from(k, 'hex')); } catch { /* the socket is closing or the link is gone */ }
+        try { if ('leaveGroup' in s) s.leaveGroup(group); } catch { /* the socket is closing or the link is gone */ }
       }
     }
     this.joined.clear();
@@ -172,7 +177,7 @@ export class NeighbourSockets {
   }
 
   /** A port for neighbour discovery about one IPv6 address (its value). Throws what opening the socket throws (LbError). */
-  ndp(o: NeighbourPortOptions): PacketSocket {
+  ndp(o: NeighbourPortOptions): NdpSocket {
     if (typeof o.address !== 'bigint') throw new TypeError('an NDP port is for an IPv6 address (a bigint)');
     return this.attach('ndp', o);
   }
@@ -183,7 +188,7 @@ export class NeighbourSockets {
     return { open: this.shared.size, ports, ...this.count };
   }
 
-  private attach(protocol: NeighbourProtocol, o: NeighbourPortOptions): PacketSocket {
+  private attach(protocol: NeighbourProtocol, o: NeighbourPortOptions): NeighbourPort {
     const id = `${protocol}:${o.ifindex}`;
     let s = this.shared.get(id);
     if (s === undefined) {
@@ -210,10 +215,10 @@ export class NeighbourSockets {
   }
 
   private openShared(protocol: NeighbourProtocol, o: NeighbourPortOptions): Shared {
-    const open = this.opts.open ?? openPacketSocket;
     const first = new Set<Key>([o.address]);
-    const filter: BpfProgram = protocol === 'arp' ? bpfArpAboutAny([o.address as number]) : bpfNdp();
-    const socket = open({ ifindex: o.ifindex, protocol: protocol === 'arp' ? ETH_P_ARP : ETHERTYPE_IPV6, filter, log: o.log, metrics: o.metrics });
+    const socket = protocol === 'arp'
+      ? (this.opts.open ?? openPacketSocket)({ ifindex: o.ifindex, protocol: ETH_P_ARP, filter: bpfArpAboutAny([o.address as number]), log: o.log, metrics: o.metrics })
+      : (this.opts.openNdp ?? openNdpSocket)({ ifindex: o.ifindex, log: o.log, metrics: o.metrics });
     const s: Shared = { protocol, ifindex: o.ifindex, socket, byAddress: new Map(), metrics: o.metrics, log: o.log, filtered: protocol === 'arp' ? first : undefined, recompile: false };
     socket.on('frame', (frame: Buffer, info: FrameInfo) => this.deliver(s, frame, info));
     // ENETDOWN and the like concern every port on the interface.

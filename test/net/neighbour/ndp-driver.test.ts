@@ -11,8 +11,9 @@ import { parseAddress } from '../../../agent/address';
 import { netMetrics } from '../../../agent/net/metrics';
 import { decodeNdp, encodeNdp, ndpUnsolicitedAdvertisement, ALL_NODES_ADDRESS, type NdpPacket } from '../../../agent/net/neighbour/ndp';
 import { dadProbe, NdpVipOwner, type NdpConflict } from '../../../agent/net/neighbour/ndp-driver';
-import { bpfNdp } from '../../../agent/net/packet/bpf';
 import type { NdpOwnerConfig } from '../../../agent/net/neighbour/ndp-owner';
+import type { NdpSocket } from '../../../agent/net/neighbour/ndp-socket';
+import { createLogger } from '../../../agent/log';
 
 const v6 = (s: string): bigint => parseAddress(s)!.value;
 const OUR_MAC = '02:aa:bb:cc:dd:01';
@@ -22,10 +23,11 @@ const LL = v6('fe80::aa:bbff:fecc:dd01');
 const CFG: NdpOwnerConfig = { dadTransmits: 1, retransTimerMs: 1000, announceNum: 3, announceIntervalMs: 1000, refreshMs: 10_000, defendIntervalMs: 10_000, giveUp: true, answerSolicitations: false };
 
 class GroupSocket extends MemorySocket {
-  readonly groups: string[] = [];
-  addMembership(mac: Buffer): void { this.groups.push(mac.toString('hex')); }
-  dropMembership(mac: Buffer): void { this.groups.splice(this.groups.indexOf(mac.toString('hex')), 1); }
+  readonly groups: bigint[] = [];
+  joinGroup(group: bigint): void { this.groups.push(group); }
+  leaveGroup(group: bigint): void { this.groups.splice(this.groups.indexOf(group), 1); }
   injectNdp(p: NdpPacket): void { this.emit('frame', encodeNdp(p), { csumNotReady: false, pktType: 0 }); }
+  get asNdp(): NdpSocket { return this; }
 }
 
 const decoded = (s: MemorySocket): NdpPacket[] => s.sent.map((f) => { const r = decodeNdp(f); if (!r.ok) throw new Error(r.reason); return r.packet; });
@@ -33,8 +35,8 @@ const decoded = (s: MemorySocket): NdpPacket[] => s.sent.map((f) => { const r = 
 t.test('DAD: one probe from :: to the solicited-node group, then unique, nothing advertised', async (t) => {
   const sock = new GroupSocket();
   const clock = new ManualClock();
-  const p = dadProbe({ socket: sock.asSocket, mac: OUR_MAC, ip: VIP, source: LL, config: CFG, clock });
-  t.same(sock.groups, ['3333ff02abcd'], 'joined 33:33:ff:02:ab:cd before the probe');
+  const p = dadProbe({ socket: sock.asNdp, mac: OUR_MAC, ip: VIP, source: LL, config: CFG, clock });
+  t.same(sock.groups, [v6('ff02::1:ff02:abcd')], 'joined ff02::1:ff02:abcd before the probe');
   const [probe] = decoded(sock);
   t.match(probe, { kind: 'solicitation', src: 0n, dst: v6('ff02::1:ff02:abcd'), target: v6(VIP), sourceMac: undefined });
   clock.advance(1000);
@@ -46,11 +48,24 @@ t.test('DAD: one probe from :: to the solicited-node group, then unique, nothing
 t.test('DAD: an advertisement for the address from another host makes it a duplicate, with the MAC and why', async (t) => {
   const sock = new GroupSocket();
   const clock = new ManualClock();
-  const p = dadProbe({ socket: sock.asSocket, mac: OUR_MAC, ip: VIP, config: CFG, clock });
+  const p = dadProbe({ socket: sock.asNdp, mac: OUR_MAC, ip: VIP, config: CFG, clock });
   sock.injectNdp(ndpUnsolicitedAdvertisement(OTHER_MAC, v6(VIP)));
   t.same(await p, { duplicate: true, mac: OTHER_MAC, reason: 'advertised' });
   clock.advance(5000);
   t.equal(sock.sent.length, 1, 'only the probe went out');
+});
+
+t.test('DAD past the socket\'s group limit: logged, the probe still goes out and an answer to all-nodes is still heard', async (t) => {
+  const sock = new GroupSocket();
+  sock.joinGroup = (): void => { throw Object.assign(new Error('joining a solicited-node group failed: ENOMEM'), { code: 'LB_ERR_NET_SOCKET' }); };
+  const clock = new ManualClock();
+  const warned: string[] = [];
+  const log = createLogger('info', { write: (line: string) => { warned.push((JSON.parse(line) as { msg: string }).msg); } });
+  const p = dadProbe({ socket: sock.asNdp, mac: OUR_MAC, ip: VIP, config: CFG, clock, log });
+  t.equal(sock.sent.length, 1, 'the probe went out');
+  t.match(warned, [/could not join the solicited-node group/]);
+  sock.injectNdp(ndpUnsolicitedAdvertisement(OTHER_MAC, v6(VIP)));
+  t.same(await p, { duplicate: true, mac: OTHER_MAC, reason: 'advertised' });
 });
 
 t.test('held: burst from the link-local address with override, refresh, defence of a forged advertisement, silent withdrawal', async (t) => {
@@ -58,7 +73,7 @@ t.test('held: burst from the link-local address with override, refresh, defence 
   const clock = new ManualClock();
   const registry = new Registry();
   const metrics = netMetrics(registry);
-  const owner = new NdpVipOwner({ socket: sock.asSocket, mac: OUR_MAC, ip: VIP, source: LL, config: { ...CFG, dadTransmits: 0 }, clock, metrics });
+  const owner = new NdpVipOwner({ socket: sock.asNdp, mac: OUR_MAC, ip: VIP, source: LL, config: { ...CFG, dadTransmits: 0 }, clock, metrics });
   owner.start();
   clock.advance(1000);
   clock.advance(1000);
@@ -90,10 +105,3 @@ t.test('held: burst from the link-local address with override, refresh, defence 
   t.same(sock.groups, [], 'left the group');
 });
 
-t.test('the kernel filter passes neighbour solicitations and advertisements only', async (t) => {
-  const prog = bpfNdp();
-  t.equal(prog.length, 9);
-  t.same(prog[1], [0x15, 0, 6, 0x86dd], 'IPv6');
-  t.same(prog[3], [0x15, 0, 4, 58], 'ICMPv6, no extension header');
-  t.same([prog[5]![3], prog[6]![3]], [135, 136]);
-});

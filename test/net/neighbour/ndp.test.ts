@@ -26,6 +26,7 @@ import {
   isDadProbe,
   isSolicitedNodeAddress,
   ndpDadProbe,
+  ndpFrameFromIcmp6,
   ndpSolicitation,
   ndpSolicitedAdvertisement,
   ndpUnsolicitedAdvertisement,
@@ -344,4 +345,32 @@ t.test('fuzz: decode never throws, and what it accepts round-trips', async (t) =
   }
   t.same(mismatches, [], 'every accepted frame re-encodes to the same packet');
   t.ok(accepted > 500, `accepted ${accepted} of ${total}`);
+});
+
+/** What a raw ICMPv6 socket gives of a frame: the message, the addresses, the hop limit. */
+const received = (frame: Buffer, hopLimit = frame[21]!): { message: Buffer; src: Buffer; dst: Buffer; hopLimit: number } =>
+  ({ message: frame.subarray(54), src: frame.subarray(22, 38), dst: frame.subarray(38, 54), hopLimit });
+
+t.test('a message from a raw ICMPv6 socket becomes the frame it came in (ndpFrameFromIcmp6)', async (t) => {
+  // Multicast, with the sender's own link-layer option: every byte as on the wire.
+  for (const [name, f] of Object.entries({ KERNEL_NS, KERNEL_UNSOLICITED, KERNEL_UNSOLICITED_LL })) {
+    t.same(ndpFrameFromIcmp6(received(f)), f, `${name} byte for byte`);
+  }
+  for (const [name, f] of Object.entries(GOLDEN)) {
+    const r = decodeNdp(ndpFrameFromIcmp6(received(f)));
+    t.ok(r.ok, `${name} decodes`);
+    if (!r.ok) continue;
+    const p = decoded(f);
+    const own = p.kind === 'solicitation' ? p.sourceMac : p.targetMac;
+    t.same(r.packet, { ...p, ethSrc: own ?? '00:00:00:00:00:00', ethDst: p.dst >> 120n === 0xffn ? p.ethDst : '00:00:00:00:00:00' },
+      `${name}: the same message; the source MAC is the one it gives for its sender (${own ?? 'none'})`);
+  }
+  const forwarded = decodeNdp(ndpFrameFromIcmp6(received(KERNEL_NA, 254)));
+  t.same(forwarded, { ok: false, reason: 'bad-hop-limit' }, 'the hop limit the kernel saw is judged (RFC 4861 §7.1.2)');
+  const bad = Buffer.from(KERNEL_NA);
+  bad[bad.length - 1]! ^= 1;
+  t.same(decodeNdp(ndpFrameFromIcmp6(received(bad))), { ok: false, reason: 'bad-icmp-checksum' });
+  const cut = received(KERNEL_NS);
+  t.same(decodeNdp(ndpFrameFromIcmp6({ ...cut, message: cut.message.subarray(0, 30) })), { ok: false, reason: 'bad-icmp-checksum' }, 'a cut message is refused');
+  t.throws(() => ndpFrameFromIcmp6({ ...cut, src: Buffer.alloc(4) }), RangeError);
 });

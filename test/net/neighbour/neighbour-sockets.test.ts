@@ -9,37 +9,45 @@
 import { EventEmitter } from 'node:events';
 import t from 'tap';
 import type { BpfProgram, FrameInfo, PacketSocket, PacketSocketOptions } from '../../../agent/net/packet/packet';
-import { bpfArp, bpfArpAboutAny, bpfNdp, BPF_ARP_SET_MAX, formatBpf } from '../../../agent/net/packet/bpf';
+import { bpfArp, bpfArpAboutAny, BPF_ARP_SET_MAX, formatBpf } from '../../../agent/net/packet/bpf';
 import { NeighbourSockets } from '../../../agent/net/neighbour/neighbour-sockets';
 import { arpAnnouncement, arpProbe, encodeArp } from '../../../agent/net/neighbour/arp';
 import { encodeNdp, ndpDadProbe, ndpUnsolicitedAdvertisement } from '../../../agent/net/neighbour/ndp';
 import { netMetrics } from '../../../agent/net/metrics';
+import type { NdpSocket, NdpSocketOptions } from '../../../agent/net/neighbour/ndp-socket';
 import { Registry } from 'prom-client';
 
 class FakeSocket extends EventEmitter implements PacketSocket {
   readonly sent: Buffer[] = [];
   readonly filters: BpfProgram[] = [];
-  readonly members: string[] = [];
   closed = false;
   refuseFilter = false;
   constructor(readonly ifindex: number, filter: BpfProgram | undefined) { super(); if (filter) this.filters.push(filter); }
   send(frame: Buffer): void { this.sent.push(frame); }
   setFilter(p: BpfProgram): void { if (this.refuseFilter) throw new Error('EINVAL'); this.filters.push(p); }
-  addMembership(mac: Buffer): void { this.members.push(mac.toString('hex')); }
-  dropMembership(mac: Buffer): void { const i = this.members.indexOf(mac.toString('hex')); if (i >= 0) this.members.splice(i, 1); }
   close(): void { this.closed = true; }
   inject(frame: Buffer): void { this.emit('frame', frame, { csumNotReady: false, pktType: 1, ifindex: this.ifindex } satisfies FrameInfo); }
 }
 
-function setup(): { s: NeighbourSockets; opened: FakeSocket[]; opts: PacketSocketOptions[]; flush: () => void } {
+class FakeNdpSocket extends FakeSocket implements NdpSocket {
+  readonly members: bigint[] = [];
+  constructor(ifindex: number) { super(ifindex, undefined); }
+  joinGroup(group: bigint): void { this.members.push(group); }
+  leaveGroup(group: bigint): void { const i = this.members.indexOf(group); if (i >= 0) this.members.splice(i, 1); }
+}
+
+function setup(): { s: NeighbourSockets; opened: FakeSocket[]; opts: PacketSocketOptions[]; ndpOpened: FakeNdpSocket[]; ndpOpts: NdpSocketOptions[]; flush: () => void } {
   const opened: FakeSocket[] = [];
   const opts: PacketSocketOptions[] = [];
+  const ndpOpened: FakeNdpSocket[] = [];
+  const ndpOpts: NdpSocketOptions[] = [];
   const deferred: Array<() => void> = [];
   const s = new NeighbourSockets({
     open: (o) => { opts.push(o); const f = new FakeSocket(o.ifindex, o.filter); opened.push(f); return f; },
+    openNdp: (o) => { ndpOpts.push(o); const f = new FakeNdpSocket(o.ifindex); ndpOpened.push(f); return f; },
     defer: (fn) => deferred.push(fn),
   });
-  return { s, opened, opts, flush: () => { while (deferred.length > 0) deferred.shift()!(); } };
+  return { s, opened, opts, ndpOpened, ndpOpts, flush: () => { while (deferred.length > 0) deferred.shift()!(); } };
 }
 
 const OTHER = '02:00:00:00:00:99';
@@ -149,36 +157,38 @@ t.test('malformed frames are dropped and counted once, not once per port', async
 const v6 = (tail: number): bigint => (0xfd00n << 112n) | BigInt(tail);
 
 t.test('one NDP socket per interface: demultiplexed by target and source; groups left with the port', async (t) => {
-  const { s, opened, opts } = setup();
+  const { s, opened, ndpOpened: ndp, ndpOpts } = setup();
   const p1 = s.ndp({ ifindex: 2, address: v6(1) });
   const p2 = s.ndp({ ifindex: 2, address: v6(2) });
-  t.equal(opened.length, 1);
-  t.equal(opts[0]!.protocol, 0x86dd);
-  t.equal(formatBpf(opts[0]!.filter!), formatBpf(bpfNdp()), 'neighbour discovery only');
+  t.equal(ndp.length, 1, 'one NDP socket');
+  t.equal(opened.length, 0, 'no packet socket of its own');
+  t.equal(ndpOpts[0]!.ifindex, 2);
   const got1 = frames(p1);
   const got2 = frames(p2);
   const dad2 = encodeNdp(ndpDadProbe(OTHER, v6(2)));
   const adv1 = encodeNdp(ndpUnsolicitedAdvertisement(OTHER, v6(1)));
   const adv3 = encodeNdp(ndpUnsolicitedAdvertisement(OTHER, v6(3)));
-  for (const f of [dad2, adv1, adv3]) opened[0]!.inject(f);
+  for (const f of [dad2, adv1, adv3]) ndp[0]!.inject(f);
   t.same(got1, [adv1]);
   t.same(got2, [dad2]);
   t.throws(() => s.ndp({ ifindex: 2, address: 1 }), TypeError, 'an NDP port takes an IPv6 value');
   t.throws(() => s.arp({ ifindex: 2, address: v6(1) }), TypeError);
 
-  const group = Buffer.from('3333ff000001', 'hex');
-  p1.addMembership!(group);
-  p2.addMembership!(group); // two addresses in one solicited-node group
-  p1.addMembership!(group);
-  p1.dropMembership!(group);
-  t.same(opened[0]!.members, ['3333ff000001', '3333ff000001'], 'the kernel counts each join on the socket');
+  const group = (0xff02n << 112n) | 0x1ff000001n;
+  p1.joinGroup(group);
+  p2.joinGroup(group); // two addresses in one solicited-node group
+  p1.joinGroup(group);
+  p1.leaveGroup(group);
+  t.same(ndp[0]!.members, [group, group], 'the socket counts each join');
   p1.close();
-  t.same(opened[0]!.members, ['3333ff000001'], 'a closing port leaves what it still held, not another port\'s');
-  p2.dropMembership!(group);
-  p2.dropMembership!(group); // one more than it joined: not passed on
-  t.same(opened[0]!.members, []);
+  t.same(ndp[0]!.members, [group], 'a closing port leaves what it still held, not another port\'s');
+  p2.leaveGroup(group);
+  p2.leaveGroup(group); // one more than it joined: not passed on
+  t.same(ndp[0]!.members, []);
   p2.close();
-  t.ok(opened[0]!.closed);
+  t.ok(ndp[0]!.closed);
+  const arp = s.arp({ ifindex: 2, address: A });
+  t.throws(() => (arp as unknown as NdpSocket).joinGroup(group), /joins no IPv6 group/, 'an ARP port joins no IPv6 group');
 });
 
 t.test('an error on the shared socket reaches every port that listens', async (t) => {
