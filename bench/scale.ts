@@ -49,6 +49,7 @@
 // CPU of the agent is counted at the scheduler's resolution for its live
 // threads (schedstat) plus its reaped children in 10 ms ticks.
 import * as fs from 'node:fs';
+import * as path from 'node:path';
 import { Lab } from '../lab/netns';
 import { startBackend, type Backend } from '../lab/services';
 import { agentCli, waitStatus, unitEnvironment } from '../lab/agent';
@@ -339,6 +340,24 @@ async function reference(lab: Lab, n: number, rounds: number): Promise<ScaleRun[
   return out;
 }
 
+/** SIGUSR2 to an agent run with --heapsnapshot-signal: the new snapshot's path once written (the agent answers status again). */
+async function heapSnapshot(a: AgentHandle, dir: string): Promise<string> {
+  const before = new Set(fs.readdirSync(dir));
+  a.signal('SIGUSR2');
+  const deadline = Date.now() + 120_000;
+  for (;;) {
+    const made = fs.readdirSync(dir).find((f) => f.endsWith('.heapsnapshot') && !before.has(f));
+    if (made !== undefined) {
+      // Written on the agent's main thread: it answers again once done.
+      for (;;) {
+        try { await a.status(); return path.join(dir, made); } catch (err) { if (Date.now() > deadline) throw err; }
+      }
+    }
+    if (Date.now() > deadline) throw new Error(`no heap snapshot in ${dir} 120 s after SIGUSR2`);
+    await sleep(200);
+  }
+}
+
 async function measureSize(n: number, o: ScaleOptions): Promise<ScaleRun> {
   const lab = await Lab.create();
   const log = (s: string): void => o.log(`${n} services: ${s}`);
@@ -359,7 +378,14 @@ async function measureSize(n: number, o: ScaleOptions): Promise<ScaleRun> {
     // LB_BENCH_CPU_PROF=DIR: the agent writes a V8 CPU profile there when it
     // exits (node --cpu-prof, which NODE_OPTIONS may not carry).
     const prof = process.env['LB_BENCH_CPU_PROF'];
-    const profiled = prof ? { command: ['sh', '-c', `exec "$0" --cpu-prof --cpu-prof-dir=${prof} "$@"`] } : {};
+    // LB_BENCH_HEAP_SNAPSHOT=DIR: the agent writes a V8 heap snapshot there
+    // on SIGUSR2 (node --heapsnapshot-signal), sent once the settled RSS is
+    // read and once the RSS after the scrapes is read. Writing one costs
+    // seconds of CPU and a copy of the heap: the numbers read after the
+    // first one (idle, reload, transition, scrapes) are not the agent's.
+    const heapDir = process.env['LB_BENCH_HEAP_SNAPSHOT'];
+    const flags = [...(prof ? [`--cpu-prof --cpu-prof-dir=${prof}`] : []), ...(heapDir ? [`--heapsnapshot-signal=SIGUSR2 --diagnostic-dir=${heapDir}`] : [])];
+    const profiled = flags.length > 0 ? { command: ['sh', '-c', `exec "$0" ${flags.join(' ')} "$@"`] } : {};
     agent = await runAgent(lab, node, scaleConfig(n, false, o.engine), { name: `scale-${n}`, ...profiled });
     const a = agent;
     const pid = a.proc.pid;
@@ -374,6 +400,7 @@ async function measureSize(n: number, o: ScaleOptions): Promise<ScaleRun> {
     await sleep(5000);
     const rssMiB = (memoryOf(pid)?.rssKiB ?? NaN) / 1024;
     const fds = descriptorsOf(pid);
+    if (heapDir) log(`heap snapshot ${await heapSnapshot(a, heapDir)}`);
     // V8's memory reducer is the start's too: about 8 s after the
     // allocation rate falls it runs up to three compacting collections
     // (at 1,000 services some 400 ms of marking in all, in a second or
@@ -446,6 +473,7 @@ async function measureSize(n: number, o: ScaleOptions): Promise<ScaleRun> {
     const scrapeCpuMs = (cpuFineWithChildrenMs(pid) - sc0 - idleRate * (Date.now() - st0)) / Math.max(1, spaced.ok);
     const body = spaced.bytes;
     const rssAfterScrapesMiB = (memoryOf(pid)?.rssKiB ?? NaN) / 1024;
+    if (heapDir) log(`heap snapshot after the scrapes ${await heapSnapshot(a, heapDir)}`);
     log(`/metrics: ${body} bytes (${(body / n).toFixed(0)} a service), ${scrapeCpuMs.toFixed(1)} ms of CPU a scrape (${spaced.ok}/${spaced.sent} ok), RSS ${rssAfterScrapesMiB.toFixed(1)} MiB after them`);
     const b = await scrapes(lab, mon, BURST.rate * BURST.seconds, 1000 / BURST.rate, BURST.timeoutMs);
     const burst = { rate: BURST.rate, seconds: BURST.seconds, sent: b.sent, ok: b.ok, failed: b.failed, p50Ms: round(b.p50Ms, 1), p99Ms: round(b.p99Ms, 1), errors: b.errors };

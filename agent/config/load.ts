@@ -41,8 +41,6 @@ interface BuiltService {
   readonly hc: HealthCheckSpec;
   readonly ports: PortSpec[];
   readonly backends: BackendSpec[];
-  /** Its backends' paths, less the `services, <index>` head (the index is the new file's). */
-  readonly backendTails: Seg[][];
   readonly plan: FamilyPlan;
   /** Its family services, the objects of the accepted config. */
   readonly specs: readonly ServiceSpec[];
@@ -235,6 +233,15 @@ export function parseListen(s: string): { host: string; port: number } | undefin
   return { host, port };
 }
 
+/**
+ * A backend's path in the file. A kept entry's are made again from its
+ * validated form when it is taken (every backend of an accepted entry has
+ * one), not kept: three arrays a backend, a third of what an entry kept.
+ */
+function backendPath(at: (...segs: Seg[]) => Seg[], b: RawService['backends'][number], bi: number): Seg[] {
+  return typeof b === 'string' ? at('backends', bi) : at('backends', bi, 'address');
+}
+
 /** Build typed services and check the cross-field rules. */
 function buildServices(raw: RawConfig, pools: readonly Pool[], err: (segs: Seg[], msg: string) => void, readCa: CaFileReader, taken: readonly (BuiltService | undefined)[] = [], texts: readonly string[] = []): { specs: ServiceSpec[]; built: Map<string, BuiltService> } {
   const keys = new Map<string, number>();
@@ -250,7 +257,7 @@ function buildServices(raw: RawConfig, pools: readonly Pool[], err: (segs: Seg[]
     else keys.set(key, idx);
     const was = taken[idx];
     if (was !== undefined) {
-      prelim.push({ idx, key, raw: s, ipam: was.ipam, ipamGiven: was.ipamGiven, primary: undefined, hc: was.hc, ports: was.ports, backends: was.backends, backendSegs: was.backendTails.map((tail) => at(...tail)), taken: was });
+      prelim.push({ idx, key, raw: s, ipam: was.ipam, ipamGiven: was.ipamGiven, primary: undefined, hc: was.hc, ports: was.ports, backends: was.backends, backendSegs: s.backends.map((b, bi) => backendPath(at, b, bi)), taken: was });
       return;
     }
 
@@ -319,7 +326,7 @@ function buildServices(raw: RawConfig, pools: readonly Pool[], err: (segs: Seg[]
       const weight = typeof b === 'string' ? DEFAULTS.weight : (b.weight ?? DEFAULTS.weight);
       const zone = typeof b === 'string' ? undefined : b.zone;
       const a = parseAddress(address);
-      const segs = typeof b === 'string' ? at('backends', bi) : at('backends', bi, 'address');
+      const segs = backendPath(at, b, bi);
       if (a === undefined) { err(segs, `${JSON.stringify(address)} is not an IPv4 or IPv6 address`); return; }
       if (seenB.has(address)) { err(segs, `${JSON.stringify(address)} is listed twice (also backends[${seenB.get(address)}])`); return; }
       seenB.set(address, bi);
@@ -532,7 +539,7 @@ function buildServices(raw: RawConfig, pools: readonly Pool[], err: (segs: Seg[]
     if (p.primary === undefined && p.hc.type !== 'https' && texts[p.idx] !== undefined) {
       built.set(texts[p.idx]!, {
         raw: p.raw, ipam: p.ipam, ipamGiven: p.ipamGiven, hc: p.hc, ports: p.ports, backends: p.backends,
-        backendTails: p.backendSegs.map((segs) => segs.slice(2)), plan, specs: out.slice(first),
+        plan, specs: out.slice(first),
       });
     }
   }

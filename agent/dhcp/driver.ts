@@ -19,7 +19,7 @@ import { ownerTimings } from '../config/defaults';
 import type { ArpConfig, ArpTimings, DhcpConfig, DhcpTimings, ServiceSpec } from '../config/types';
 import { LbError, errorMessage } from '../errors';
 import { formatIPv4, parseIPv4 } from '../address';
-import type { Logger } from '../log';
+import { lazyChild, type Logger } from '../log';
 import { probeAddress as arpProbe } from '../net/neighbour/arp-probe';
 import { netMetrics, type NetMetrics } from '../net/metrics';
 import type { NetlinkClient } from '../net/netlink/netlink';
@@ -199,7 +199,7 @@ export class DhcpSource extends EventEmitter implements AddressSource {
     this.ifname = linkNameForService(this.key);
     this.mac = macForService(this.key);
     this.labels = { service: opts.service.name, namespace: opts.service.namespace };
-    this.log = opts.log.child({ module: 'dhcp', service: this.key, ifname: this.ifname });
+    this.log = lazyChild(opts.log, { module: 'dhcp', service: this.key, ifname: this.ifname });
     this.leaseFile = leaseFileName(this.key);
     this.resumeSaved = opts.resumeSaved ?? false;
     const t = opts.timings;

@@ -33,7 +33,7 @@ import { parseAddress, parseNetwork, type Network } from '../address';
 import type { ArpConfig, ArpTimings, DhcpConfig, ServiceSpec } from '../config/types';
 import { linkKeyOf } from '../config/families';
 import { LbError, errorMessage } from '../errors';
-import type { Logger } from '../log';
+import { lazyChild, type Logger } from '../log';
 import { netMetrics, type NetMetrics } from '../net/metrics';
 import type { NetlinkClient } from '../net/netlink/netlink';
 import { OWNED_ADDRESS_PROTO, linkNameForService, macForService } from '../net/ownership/ownership';
@@ -194,7 +194,7 @@ export class Dhcp6Source extends EventEmitter implements AddressSource {
     this.linkKey = linkKey;
     this.leaseFile = lease6FileName(linkKey);
     this.labels = { service: opts.service.name, namespace: opts.service.namespace };
-    this.log = opts.log.child({ module: 'dhcp6', service: this.key, ifname: this.ifname });
+    this.log = lazyChild(opts.log, { module: 'dhcp6', service: this.key, ifname: this.ifname });
     this.metrics = dhcp6Metrics(opts.registry);
     this.netM = netMetrics(opts.registry);
     const wanted = opts.service.loadBalancerIP ? parseAddress(opts.service.loadBalancerIP) : undefined;

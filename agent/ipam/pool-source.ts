@@ -28,7 +28,7 @@ import { EventEmitter } from 'node:events';
 import type { Registry } from 'prom-client';
 import { ownerTimings } from '../config/defaults';
 import type { ArpConfig, ArpTimings, ServiceSpec } from '../config/types';
-import type { Logger } from '../log';
+import { lazyChild, type Logger } from '../log';
 import { realClock, isoTime, type Clock, type TimerHandle } from '../clock';
 import { LbError, errorMessage, isLbError } from '../errors';
 import { familyBits, parseAddress, parseIPv4, type Family } from '../address';
@@ -173,7 +173,7 @@ export class PoolSource extends EventEmitter implements AddressSource {
     this.manager = opts.manager;
     this.clock = opts.clock ?? realClock;
     this.random = opts.random ?? Math.random;
-    this.log = opts.log.child({ module: 'ipam.pool-source', service: this.key });
+    this.log = lazyChild(opts.log, { module: 'ipam.pool-source', service: this.key });
     this.netMetrics = netMetrics(opts.registry);
     this.sockets = opts.sockets ?? new NeighbourSockets({ clock: this.clock });
     this.removalBatch = opts.removals ?? new AddressRemovals({ netlink: opts.netlink, run: (fn) => opts.manager.serialize(fn) });

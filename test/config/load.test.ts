@@ -449,6 +449,9 @@ t.test('a reparse takes unchanged services again: their objects kept, a changed 
   if (!narrowed.ok) t.match(formatConfigErrors(narrowed.errors), /^3: services\[0\]\.loadBalancerIP: service default\/s0: 10\.0\.0\.20 is not in pool/m);
   const wider = parseConfigText(file(base, '10.0.0.10-10.0.0.50'), undefined, same.reuse);
   t.equal(wider.ok && wider.reuse?.taken, 0, 'a pool changed: nothing taken again');
+  // What an entry keeps for the next parse: its validated form and what it built, no paths of its own.
+  const entry = [...same.reuse!.byText.values()][0]!;
+  t.same(Object.keys(entry), ['raw', 'ipam', 'ipamGiven', 'hc', 'ports', 'backends', 'plan', 'specs'], 'a thousand services keep no path of each backend');
 });
 
 t.test('a reordered list takes every service again, in the file\'s new order, and an edit among them keeps its new index in errors', async (t) => {

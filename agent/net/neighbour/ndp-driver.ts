@@ -14,7 +14,7 @@ import type { Clock, TimerHandle } from '../../clock';
 import { realClock } from '../../clock';
 import { formatAddress, parseAddress } from '../../address';
 import type { Logger } from '../../log';
-import { silentLogger } from '../../log';
+import { lazyChild, silentLogger } from '../../log';
 import type { NetMetrics } from '../metrics';
 import { openNdpSocket as openSocket, type NdpSocket } from './ndp-socket';
 import { decodeNdp, encodeNdp, NDP_NOT_MINE, type NdpPacket } from './ndp';
@@ -94,7 +94,7 @@ export class NdpVipOwner extends EventEmitter {
     this.clock = opts.clock ?? realClock;
     this.metrics = opts.metrics;
     this.state = initialNdpState(ip, opts.mac);
-    this.log = (opts.log ?? silentLogger()).child({ module: 'net/ndp', ip: this.ip, mac: this.state.mac });
+    this.log = lazyChild(opts.log ?? silentLogger(), { module: 'net/ndp', ip: this.ip, mac: this.state.mac });
     this.socket.on('frame', this.onFrame);
   }
 

@@ -13,7 +13,7 @@ import type { Clock, TimerHandle } from '../../clock';
 import { realClock } from '../../clock';
 import { formatIPv4 } from '../../address';
 import type { Logger } from '../../log';
-import { silentLogger } from '../../log';
+import { lazyChild, silentLogger } from '../../log';
 import { arpAnnouncement, encodeArp, type ArpPacket } from './arp';
 import { acquireSocket, arpFromFrame, defenseVerdict, DEFEND_INTERVAL_MS, ipNumber, macString, type SocketSource } from './arp-probe';
 import type { NetMetrics } from '../metrics';
@@ -256,7 +256,7 @@ export class VipOwner extends EventEmitter implements RefreshMember {
     this.metrics = opts.metrics;
     this.state = initialVipState(ip, macString(opts.mac));
     this.announcement = encodeArp(arpAnnouncement(this.state.mac, this.state.ip));
-    this.log = (opts.log ?? silentLogger()).child({ module: 'net/vip-owner', ip: this.ip, mac: this.state.mac });
+    this.log = lazyChild(opts.log ?? silentLogger(), { module: 'net/vip-owner', ip: this.ip, mac: this.state.mac });
     this.sock = acquireSocket(opts, this.metrics, this.log, ip);
     this.sock.socket.on('frame', this.onFrame);
   }

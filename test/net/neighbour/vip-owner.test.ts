@@ -3,6 +3,7 @@
 import t from 'tap';
 import { Registry } from 'prom-client';
 import { ManualClock } from '../../../agent/clock';
+import { createLogger } from '../../../agent/log';
 import { parseIPv4 } from '../../../agent/address';
 import { arpAnnouncement, arpProbe, ARP_OP_REPLY, decodeArp, encodeArp, type ArpPacket } from '../../../agent/net/neighbour/arp';
 import { netMetrics } from '../../../agent/net/metrics';
@@ -230,5 +231,19 @@ t.test('retime: a reload\'s refresh interval holds from now on; 0 takes the VIP 
   t.same(wheel.counts(), { members: 0, timers: 0 }, 'refresh turned off: out of the wheel');
   clock.advance(60_000);
   t.equal(socket.sent.length, 7, 'nothing more');
+  o.close();
+});
+
+t.test('driver: its log lines carry module, ip and mac', async (t) => {
+  const clock = new ManualClock();
+  const socket = new MemorySocket();
+  const lines: Record<string, unknown>[] = [];
+  const log = createLogger('info', { write: (s: string) => { lines.push(JSON.parse(s) as Record<string, unknown>); } });
+  const o = new VipOwner({ socket, mac: OUR_MAC, ip: VIP, announceNum: 1, announceIntervalMs: 2000, refreshMs: 0, clock, log });
+  o.start();
+  t.equal(lines.length, 0, 'the announcement is a debug line: nothing at info');
+  socket.inject(claim(OTHER_MAC));
+  t.equal(lines.length, 1);
+  t.match(lines[0], { level: 'warn', module: 'net/vip-owner', ip: '10.99.0.50', mac: OUR_MAC, op: 'defend', conflictingMac: OTHER_MAC });
   o.close();
 });
