@@ -6,7 +6,7 @@
 // The driver (net/ebpf/nat-attach.ts) keeps the record beside the maps and
 // trusts it only for the very maps it names (their ids).
 import { createHash } from 'node:crypto';
-import type { NatMaps, NatPlaced, NatPlan, NatPortPlan, NatServicePlan } from './nat-plan';
+import { NAT_UNKNOWN_SLOT, type NatMaps, type NatPlaced, type NatPlan, type NatPortPlan, type NatServicePlan } from './nat-plan';
 
 /** One port's entries as recorded: its plan but for the slot table (its digest and size stand for it), and where they are. */
 export interface NatRecordPort extends Omit<NatPortPlan, 'key' | 'table'> {
@@ -60,9 +60,9 @@ export function natRecord(maps: NatMaps, identity: Readonly<Record<string, unkno
  * What maps holding `record` hold, in the terms of the new `plan`: a port
  * whose digest is the new plan's is that port of the plan (natDelta passes
  * it by), a service all of whose ports are so is that service of the plan;
- * any other port is described as recorded, with a slot table that matches
- * no plan's (natDelta writes its table anew in a free range, as for any
- * changed port, and the members and svc entry from what was recorded).
+ * any other port is described as recorded, with a slot table of unknown
+ * slots (NAT_UNKNOWN_SLOT: natDelta writes its table anew in a free range,
+ * never in place, and the members and svc entry from what was recorded).
  */
 export function natRecordedMaps(record: NatRecord, plan: NatPlan): NatMaps {
   const planPorts = new Map<string, NatPortPlan>();
@@ -73,7 +73,7 @@ export function natRecordedMaps(record: NatRecord, plan: NatPlan): NatMaps {
     const now = planPorts.get(r.id);
     const p: NatPortPlan = now !== undefined && natPortDigest(now) === r.digest ? now : {
       id: r.id, family: r.family, service: r.service, port: r.port, key: Buffer.from(r.key, 'hex'), seed: r.seed,
-      backends: r.backends, healthy: r.healthy, table: new Uint32Array(r.slots).fill(0xffffffff),
+      backends: r.backends, healthy: r.healthy, table: new Uint32Array(r.slots).fill(NAT_UNKNOWN_SLOT),
     };
     ports.set(r.id, { plan: p, base: r.base, counters: r.counters });
     byService.set(r.service, [...(byService.get(r.service) ?? []), p]);

@@ -28,6 +28,9 @@ const plan = (s: ForwardService[], prev?: NatPlan): NatPlan => natPlan({ service
 const kept = (r: NatRecord): NatRecord => JSON.parse(JSON.stringify(r)) as NatRecord;
 const keys = (ops: readonly NatOp[]): string[] => ops.map((o) => ('key' in o ? `${o.map} ${o.op} ${o.key.toString('hex')}` : 'base' in o ? `${o.map} ${o.op} ${o.table.length}` : `${o.map} ${o.op} ${o.index}`));
 
+/** Not a slot table's write, nor the svc entry that points at a new one. */
+const notTable = (o: NatOp): boolean => !('base' in o) && !(o.map.startsWith('lbn_svcs') && o.op === 'put');
+
 const a = plan(services(10));
 const first = natDelta(emptyNatMaps(natCapacity(a)), a, l)!;
 const record = kept(natRecord(first.maps, { prog: 7 }));
@@ -48,13 +51,15 @@ t.test('one backend out of one service: the writes an in-process delta of that c
   const fresh = plan(services(10, out));
   const d = natDelta(natRecordedMaps(record, fresh), fresh, l)!;
   t.equal(d.changed, 2, 'the service\'s two ports');
-  t.same(keys(d.ops), keys(inProcess.ops), 'the same writes, in the same order');
+  t.same(keys(d.ops.filter(notTable)), keys(inProcess.ops.filter(notTable)), 'the same member writes, in the same order');
+  // A record holds no slot table: the changed ports' tables are written whole in new ranges (in process: the moved slots, in place).
+  t.same(keys(d.ops.filter((o) => !notTable(o))), ['lbn_slots put 1021', 'lbn_slots put 1021', 'lbn_svcs put 0a01000400500600', 'lbn_svcs put 0a01000400351100']);
+  t.same(keys(inProcess.ops.filter((o) => !notTable(o))), ['lbn_slots patch 1021', 'lbn_slots patch 1021']);
   t.same([...d.maps.ports.keys()].sort(), [...inProcess.maps.ports.keys()].sort());
   for (const [id, p] of inProcess.maps.ports) {
-    t.equal(d.maps.ports.get(id)!.base, p.base, `${id.replace('\n', ' ')}: its slots at the same base`);
+    if (!id.startsWith('ns/s3\n')) t.equal(d.maps.ports.get(id)!.base, p.base, `${id.replace('\n', ' ')}: its slots at the same base`);
     t.same(d.maps.ports.get(id)!.counters, p.counters, `${id.replace('\n', ' ')}: the same counters`);
   }
-  t.same(d.maps.freeSlots, inProcess.maps.freeSlots, 'the same free slot ranges after');
 });
 
 t.test('a backend replaced and a service removed: its entries deleted, its counters retired', async (t) => {
@@ -63,7 +68,7 @@ t.test('a backend replaced and a service removed: its entries deleted, its count
   const fresh = plan(next(services(10)));
   const d = natDelta(natRecordedMaps(record, fresh), fresh, l)!;
   t.equal(d.changed, 4, 'two ports changed, two removed');
-  t.same(keys(d.ops), keys(inProcess.ops), 'the same writes, deletes and retirements, in order');
+  t.same(keys(d.ops.filter(notTable)), keys(inProcess.ops.filter(notTable)), 'the same member writes, deletes and retirements, in order');
   t.ok(d.ops.some((o) => o.op === 'delete' && o.map === 'lbn_svcs'), 'the removed service\'s svc entries deleted');
   t.ok(d.ops.some((o) => o.op === 'retire'), 'counters retired');
   t.equal(d.maps.nextCounter, inProcess.maps.nextCounter);

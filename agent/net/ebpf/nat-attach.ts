@@ -329,7 +329,9 @@ export class NatEngine {
           case 'lbn_slots6': {
             const slotSize = this.layout.size(op.map === 'lbn_slots6' ? 'lbn_slot6' : 'lbn_slot');
             const slotFd = fd(op.map);
-            for (let i = 0; i < op.table.length; i++) {
+            const n = op.op === 'patch' ? op.slots.length : op.table.length;
+            for (let k = 0; k < n; k++) {
+              const i = op.op === 'patch' ? op.slots[k]! : k;
               slotKey.writeUInt32LE(op.base + i);
               const at = op.table[i]! * slotSize;
               w.put(slotFd, slotKey, op.values.subarray(at, at + slotSize));
