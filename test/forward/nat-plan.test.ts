@@ -429,3 +429,112 @@ t.test('the model catches a write order the program could see half-done', async 
   const deletesFirst = [...rm.filter((o) => o.op === 'delete'), ...rm.filter((o) => o.op !== 'delete')];
   t.throws(() => fresh.model.play(deletesFirst), /has no member entry/, 'a member deleted while the old table still names it');
 });
+
+/** A seeded PRNG (mulberry32): the same transitions on every run. */
+function rng(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let x = Math.imul(a ^ (a >>> 15), 1 | a);
+    x = (x + Math.imul(x ^ (x >>> 7), 61 | x)) ^ x;
+    return ((x ^ (x >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+/** What the program reads for each port of the model: target port, seed, slot table by address, members and their health. */
+function view(model: Model): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  for (const six of [false, true]) {
+    const members = six ? model.members6 : model.members;
+    for (const [k, v] of six ? model.svcs6 : model.svcs) {
+      const svc = l.decode('lbn_svc', v);
+      const own = [...members].filter(([mk]) => mk.startsWith(k)).map(([mk, mv]) => `${backendText(l.decode(of('lbn_member_key', six), Buffer.from(mk, 'hex'))['backend'])}:${String(l.decode('lbn_member', mv)['healthy'])}`).sort();
+      out[k] = { target: svc['target_port'], seed: svc['seed'], table: model.table(Buffer.from(k, 'hex')), members: own };
+    }
+    const ports = new Set((six ? model.svcs6 : model.svcs).keys());
+    for (const mk of members.keys()) if (![...ports].some((k) => mk.startsWith(k))) out[`stray ${mk}`] = true;
+  }
+  return Object.fromEntries(Object.entries(out).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)));
+}
+
+t.test('random transitions: every write leaves the maps consistent, and each state is what a full load of its plan holds', async (t) => {
+  const pool = ['10.0.0.11', '10.0.0.12', '10.0.0.13', '10.0.0.14', '10.0.0.15'];
+  const pool6 = ['fd00::11', 'fd00::12', 'fd00::13', 'fd00::14'];
+  const portsOf = [
+    { name: 'http', port: 80, protocol: 'TCP' as const, targetPort: 8080 },
+    { name: 'dns', port: 53, protocol: 'UDP' as const, targetPort: 5353 },
+    { name: 'alt', port: 8443, protocol: 'TCP' as const, targetPort: 443 },
+  ];
+  for (const seed of [1, 2, 3]) {
+    const r = rng(seed);
+    const pick = <T>(xs: readonly T[]): T => xs[Math.floor(r() * xs.length)]!;
+    // Each service's VIPs are its own (10.2.i.x, fd00:2:i::x): no two services ever claim one port.
+    type Svc = { key: string; six: boolean; vip: number; configured: Map<string, number>; down: Set<string>; ports: typeof portsOf; target: number };
+    const svcs: Svc[] = Array.from({ length: 5 }, (_, i) => ({
+      key: `r/s${i}`, six: i === 4, vip: 1, configured: new Map((i === 4 ? pool6 : pool).slice(0, 2 + (i % 3)).map((a) => [a, 1])), down: new Set<string>(), ports: portsOf.slice(0, 1 + (i % 2)), target: 0,
+    }));
+    const state = (): ForwardService[] => svcs.filter((s) => s.configured.size > 0).map((s, i) => {
+      const backends = [...s.configured].map(([a, w]) => b(a, w));
+      return {
+        key: s.key, vip: s.six ? `fd00:2:${i}::${s.vip}` : `10.2.${i}.${s.vip}`, backends, healthy: backends.filter((x) => !s.down.has(x.address)),
+        ports: s.ports.map((p) => ({ ...p, targetPort: p.targetPort + s.target })),
+      };
+    });
+    const moves: Array<[string, (s: Svc) => void]> = [
+      ['health', (s) => { const a = pick([...s.configured.keys()]); if (s.down.has(a)) s.down.delete(a); else s.down.add(a); }],
+      ['health', (s) => { const a = pick([...s.configured.keys()]); if (s.down.has(a)) s.down.delete(a); else s.down.add(a); }],
+      ['health', (s) => { const a = pick([...s.configured.keys()]); if (s.down.has(a)) s.down.delete(a); else s.down.add(a); }],
+      ['backend added', (s) => { const a = pick(s.six ? pool6 : pool); if (!s.configured.has(a)) s.configured.set(a, 1); }],
+      ['backend removed', (s) => { if (s.configured.size > 1) { const a = pick([...s.configured.keys()]); s.configured.delete(a); s.down.delete(a); } }],
+      ['weight', (s) => { const a = pick([...s.configured.keys()]); s.configured.set(a, 1 + Math.floor(r() * 3)); }],
+      ['ports', (s) => { s.ports = portsOf.slice(0, 1 + Math.floor(r() * 3)); }],
+      ['target port', (s) => { s.target = s.target === 0 ? 1 : 0; }],
+      ['VIP', (s) => { s.vip = s.vip === 1 ? 2 : 1; }],
+    ];
+    let plan = natPlan({ services: state() }, l);
+    let { maps, model } = loaded(plan);
+    const seen = new Set<string>();
+    let patched = 0;
+    let reloads = 0;
+    let steps = 0;
+    for (let step = 0; step < 60; step++, steps++) {
+      const [what, move] = pick(moves);
+      seen.add(what);
+      move(pick(svcs));
+      const next = natPlan({ services: state() }, l, plan);
+      const d = natDelta(maps, next, l);
+      if (d !== undefined && d.ops.length > 0 && natDelta(d.maps, next, l)?.ops.length !== 0) {
+        t.fail(`seed ${seed}, step ${step} (${what}): the same plan again writes something`);
+        break;
+      }
+      if (d === undefined) {
+        // No room: the driver loads maps sized for the plan.
+        ({ maps, model } = loaded(next));
+        reloads++;
+      } else {
+        const before = model.patches;
+        try {
+          model.play(d.ops);
+        } catch (err) {
+          t.fail(`seed ${seed}, step ${step} (${what}): ${(err as Error).message}`);
+          break;
+        }
+        patched += model.patches - before;
+        maps = d.maps;
+      }
+      plan = next;
+      // Against a full load of the same plan every tenth step and at the end (a load is most of the test's time).
+      if (step % 10 !== 9) continue;
+      const full = loaded(natPlan({ services: state() }, l)).model;
+      const [got, want] = [view(model), view(full)];
+      if (JSON.stringify(got) !== JSON.stringify(want)) {
+        t.same(got, want, `seed ${seed}, step ${step} (${what}): the maps read as a full load of the plan`);
+        break;
+      }
+    }
+    const used = [...maps.ports.values()].reduce((n, p) => n + p.plan.table.length, 0);
+    t.equal(maps.freeSlots.reduce((n, [, k]) => n + k, 0) + maps.freeSlots6.reduce((n, [, k]) => n + k, 0) + used, maps.capacity.slots + maps.capacity.slots6, `seed ${seed}: every slot either a port's or free`);
+    t.equal(steps, 60, `seed ${seed}: every step taken`);
+    t.ok(patched > 0, `seed ${seed}: slots rewritten in place (${patched}), each checked; ${reloads} reload(s) for room; moves: ${[...seen].join(', ')}`);
+  }
+});
