@@ -41,19 +41,46 @@ export function natPortDigest(p: NatPortPlan): string {
   return d;
 }
 
+function recordPort({ plan: p, base, counters }: NatPlaced): NatRecordPort {
+  return {
+    id: p.id, digest: natPortDigest(p), family: p.family, service: p.service, port: p.port, key: p.key.toString('hex'), seed: p.seed,
+    backends: p.backends, healthy: p.healthy, slots: p.table.length, base, counters,
+  };
+}
+
 /** The record of `maps` (what natDelta said they hold after its writes). */
 export function natRecord(maps: NatMaps, identity: Readonly<Record<string, unknown>>): NatRecord {
-  const ports: NatRecordPort[] = [];
-  for (const { plan: p, base, counters } of maps.ports.values()) {
-    ports.push({
-      id: p.id, digest: natPortDigest(p), family: p.family, service: p.service, port: p.port, key: p.key.toString('hex'), seed: p.seed,
-      backends: p.backends, healthy: p.healthy, slots: p.table.length, base, counters,
-    });
-  }
+  return { ...recordHead(maps, identity), ports: [...maps.ports.values()].map(recordPort) };
+}
+
+function recordHead(maps: NatMaps, identity: Readonly<Record<string, unknown>>): Omit<NatRecord, 'ports'> {
   return {
-    version: 1, identity, capacity: maps.capacity, ports, freeSlots: maps.freeSlots, freeSlots6: maps.freeSlots6,
+    version: 1, identity, capacity: maps.capacity, freeSlots: maps.freeSlots, freeSlots6: maps.freeSlots6,
     freeCounters: maps.freeCounters, nextCounter: maps.nextCounter, members: maps.members, svcs: maps.svcs, members6: maps.members6, svcs6: maps.svcs6,
   };
+}
+
+/** A placed port's JSON, kept with it: natDelta keeps an unchanged port's NatPlaced object from delta to delta. */
+const portTexts = new WeakMap<NatPlaced, string>();
+
+/**
+ * natRecord(maps, identity) as JSON text, which JSON.parse reads back as
+ * that record: each port's text is made once for its NatPlaced object and
+ * kept, so a record after a change of a few ports encodes those ports
+ * alone and joins the others' texts.
+ */
+export function natRecordText(maps: NatMaps, identity: Readonly<Record<string, unknown>>): string {
+  const ports: string[] = [];
+  for (const placed of maps.ports.values()) {
+    let text = portTexts.get(placed);
+    if (text === undefined) {
+      text = JSON.stringify(recordPort(placed));
+      portTexts.set(placed, text);
+    }
+    ports.push(text);
+  }
+  const head = JSON.stringify(recordHead(maps, identity));
+  return `${head.slice(0, -1)},"ports":[${ports.join(',')}]}`;
 }
 
 /**

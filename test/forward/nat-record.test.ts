@@ -7,7 +7,7 @@ import { parseIPv4 } from '../../agent/address';
 import type { BackendSpec } from '../../agent/config/types';
 import type { ForwardService } from '../../agent/forward/dataplane';
 import { emptyNatMaps, natCapacity, natDelta, natPlan, type NatOp, type NatPlan } from '../../agent/forward/nat-plan';
-import { natPortDigest, natRecord, natRecordedMaps, type NatRecord } from '../../agent/forward/nat-record';
+import { natPortDigest, natRecord, natRecordText, natRecordedMaps, type NatRecord } from '../../agent/forward/nat-record';
 import { natLayout } from '../../agent/net/ebpf/nat-layout';
 
 const l = natLayout();
@@ -84,4 +84,14 @@ t.test('a port\'s digest changes with what its entries are made of, and only wit
   ] as const) {
     t.not(natPortDigest(plan(services(1, () => change)).services[0]!.ports[0]!), natPortDigest(p!), `${what} changes it`);
   }
+});
+
+t.test('the record as text reads back as the record, after a load and after a change of one port\'s service', async (t) => {
+  const id = { prog: 7, maps: { lbn_svcs: 3 } };
+  t.same(JSON.parse(natRecordText(first.maps, id)), kept(natRecord(first.maps, id)), 'after a load');
+  const out = natDelta(first.maps, plan(services(10, (i) => (i === 3 ? { healthy: all.slice(0, 2) } : {})), a), l)!;
+  const text = natRecordText(out.maps, id);
+  t.same(JSON.parse(text), kept(natRecord(out.maps, id)), 'after a delta: the changed ports\' text made again, the others\' kept');
+  const port = JSON.parse(text) as NatRecord;
+  t.same(port.ports.find((p) => p.id === 'ns/s3\nTCP/80')!.healthy, [true, true, false], 'the changed port as it is now');
 });
