@@ -639,7 +639,8 @@ export class NatEngine {
       rec.blob.writeUInt32LE(length, 0);
       rec.blob.write(text, 4, 'utf8');
       // The chunks past the text's are not read (the length says where it ends).
-      const w = new MapBatchWriter(this.bpf, { unsupported: this.batchProblem });
+      // A writer sized for these chunks: its default batch (MAP_BATCH_ENTRIES values) would be 256 MiB of 64 KiB values.
+      const w = new MapBatchWriter(this.bpf, { unsupported: this.batchProblem, chunk: chunks });
       for (let i = 0; i < chunks; i++) w.put(rec.fd, u32(i), rec.blob.subarray(i * RECORD_CHUNK, (i + 1) * RECORD_CHUNK));
       w.flush();
       this.pinAt(rec.fd, RECORD_PIN);
