@@ -11,13 +11,14 @@
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { execFileSync, spawnSync } from 'node:child_process';
+import { execFileSync } from 'node:child_process';
 import { NAT_DEFAULTS, NatEngine } from '../agent/net/ebpf/nat-attach';
 import { natPlan } from '../agent/forward/nat-plan';
 import { natLayout } from '../agent/net/ebpf/nat-layout';
 import { parseIPv4 } from '../agent/address';
 import type { ForwardState } from '../agent/forward/dataplane';
 import { median, round } from './lib/stats';
+import { inOwnNetns } from './lib/netns-self';
 
 const arg = (name: string, dflt: string): string => {
   const i = process.argv.indexOf(name);
@@ -98,18 +99,4 @@ function inner(): void {
   process.stdout.write(`${JSON.stringify(out, null, 2)}\n`);
 }
 
-if (process.env['LB_NAT_MAPS_INNER'] === '1') {
-  inner();
-} else {
-  const ns = `lbnm-${process.pid}`;
-  execFileSync('ip', ['netns', 'add', ns]);
-  try {
-    const r = spawnSync('ip', ['netns', 'exec', ns, process.execPath, __filename, ...process.argv.slice(2)], { env: { ...process.env, LB_NAT_MAPS_INNER: '1' }, encoding: 'utf8', timeout: 600_000 });
-    if (r.status !== 0) throw new Error(`the measurement failed: ${r.stderr}`);
-    const outFile = arg('--out', '');
-    if (outFile) fs.writeFileSync(outFile, r.stdout);
-    process.stdout.write(r.stdout);
-  } finally {
-    execFileSync('ip', ['netns', 'del', ns]);
-  }
-}
+if (inOwnNetns(__filename, 'lbnm', 'LB_NAT_MAPS_INNER')) inner();

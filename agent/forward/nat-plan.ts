@@ -18,14 +18,21 @@
 // where the nft table with VRRP puts it, and a VRRP peer running either
 // engine picks it up mid-way on the same backend.
 //
-// Writes in place, as Cilium updates its service maps under a running
-// program: every write leaves the program a consistent view. A port's new
-// slot table goes into a range of lbn_slots no port uses, and its lbn_svcs
-// entry (one atomic hash update) then points at it; the old range is free
-// only after that. A backend's member entry is written before any slot
-// names it, and deleted only after no slot and no port does. A counter
-// index keeps its (port, backend) for as long as the pair exists, so an
-// unchanged port's counters are never moved or read again at an apply.
+// Writes in place, as Cilium updates its service maps and Katran its
+// consistent-hash rings under a running program: every write leaves the
+// program a consistent view. A port whose table keeps its size, seed,
+// target port and key (a health change, a backend added or removed within
+// the same table size) has only the slots whose backend changed rewritten
+// where they are: Maglev moves a failed backend's slots and few others, so
+// that is about a third of a three-backend table rather than all of it.
+// Any other changed port's slot table goes into a range of lbn_slots no port
+// uses, and its lbn_svcs entry (one atomic hash update) then points at it;
+// the old range is free only after that. A backend's member entry is
+// written before any slot names it, and deleted only after no slot and no
+// port does, so each slot, whenever it is read, names a member of its
+// port. A counter index keeps its (port, backend) for as long as the pair
+// exists, so an unchanged port's counters are never moved or read again at
+// an apply.
 import { addressToBytes, parseAddress } from '../address';
 import type { PortSpec } from '../config/types';
 import type { CLayout } from '../net/ebpf/nat-layout';
@@ -116,8 +123,11 @@ function servicePlan(svc: NormalizedService, layout: CLayout): NatServicePlan {
   const index = new Map(backends.map((a, i) => [a, i]));
   const healthySet = new Set(svc.healthy.map((b) => b.address));
   const healthy = backends.map((a) => healthySet.has(a));
-  // One healthy backend: one slot (the hash has one answer).
-  const owners = healthySet.size === 0 ? [] : healthySet.size === 1 ? [svc.healthy[0]!] : flowHashSlots(svc);
+  // One configured backend: one slot (the hash has one answer). A service
+  // of several keeps its table's size while one of them is healthy (every
+  // slot names it), so a health change rewrites slots in place rather than
+  // a whole table in a new range; only none healthy empties it.
+  const owners = healthySet.size === 0 ? [] : backends.length === 1 ? [svc.healthy[0]!] : flowHashSlots(svc);
   const table = Uint32Array.from(owners, (b) => index.get(b.address)!);
   const seed = dsrSeedValue(svc.key);
   const vip = addr(svc.vip!);
@@ -245,6 +255,8 @@ export type NatOp =
    * table is held once, as the plan has it, never as a buffer of slots).
    */
   | { readonly map: 'lbn_slots' | 'lbn_slots6'; readonly op: 'put'; readonly base: number; readonly table: Uint32Array; readonly values: Buffer }
+  /** Slot base + s, for each s of `slots` only (ascending), as `put` would write it: a table rewritten where it is. */
+  | { readonly map: 'lbn_slots' | 'lbn_slots6'; readonly op: 'patch'; readonly base: number; readonly table: Uint32Array; readonly values: Buffer; readonly slots: Uint32Array }
   | { readonly map: 'lbn_svcs' | 'lbn_svcs6'; readonly op: 'put'; readonly key: Buffer; readonly value: Buffer }
   | { readonly map: 'lbn_svcs' | 'lbn_svcs6'; readonly op: 'delete'; readonly key: Buffer }
   /** A counter whose (port, backend) is gone: its totals are kept (as `ref`'s), then it is zeroed for its next user. */
@@ -252,8 +264,12 @@ export type NatOp =
 
 /** The map entries an op writes (a slot range: one per slot). */
 export function natOpWrites(op: NatOp): number {
-  return op.map === 'lbn_slots' || op.map === 'lbn_slots6' ? op.table.length : 1;
+  if (op.map === 'lbn_slots' || op.map === 'lbn_slots6') return op.op === 'patch' ? op.slots.length : op.table.length;
+  return 1;
 }
+
+/** A slot whose backend is not known (a table natRecordedMaps describes from a record): never patched, always written whole. */
+export const NAT_UNKNOWN_SLOT = 0xffffffff;
 
 export interface NatDelta {
   readonly ops: readonly NatOp[];
@@ -286,14 +302,28 @@ function giveBack(free: (readonly [number, number])[], base: number, size: numbe
   return out;
 }
 
-/** Do two ports' slot tables name the same backends slot for slot (with the same counters)? */
-function sameTable(a: NatPlaced, p: NatPortPlan, counters: readonly number[]): boolean {
+/**
+ * The slots of `a`'s table (of `p`'s size) that name another backend or
+ * counter in `p`'s, ascending; undefined when `a`'s table is not known
+ * slot for slot (recorded: NAT_UNKNOWN_SLOT).
+ */
+function changedSlots(a: NatPlaced, p: NatPortPlan, counters: readonly number[]): Uint32Array | undefined {
   const ta = a.plan.table;
-  if (ta.length !== p.table.length) return false;
+  const tp = p.table;
+  // Each old backend's index in p (-1: gone), and whether its counter is p's: one compare of indices per slot.
+  const map = new Int32Array(a.plan.backends.length).fill(-1);
+  const at = new Map(p.backends.map((b, i) => [b, i]));
+  a.plan.backends.forEach((b, i) => {
+    const j = at.get(b);
+    if (j !== undefined && counters[j] === a.counters[i]) map[i] = j;
+  });
+  const out: number[] = [];
   for (let i = 0; i < ta.length; i++) {
-    if (a.plan.backends[ta[i]!] !== p.backends[p.table[i]!] || a.counters[ta[i]!] !== counters[p.table[i]!]) return false;
+    const o = ta[i]!;
+    if (o === NAT_UNKNOWN_SLOT) return undefined;
+    if (map[o] !== tp[i]) out.push(i);
   }
-  return true;
+  return Uint32Array.from(out);
 }
 
 /**
@@ -303,8 +333,9 @@ function sameTable(a: NatPlaced, p: NatPortPlan, counters: readonly number[]): b
  * from empty maps). Only ports whose plan object differs from the one the
  * maps hold are looked at.
  *
- * Order: (1) member entries added, or turned healthy; (2) new slot tables,
- * each in a range no port uses; (3) each changed port's lbn_svcs entry,
+ * Order: (1) member entries added, or turned healthy; (2) the changed
+ * slots of tables rewritten where they are, and new slot tables, each in a
+ * range no port uses; (3) each changed port's lbn_svcs entry,
  * pointing at its new range, and new ports'; (4) removed ports' lbn_svcs
  * entries deleted; (5) member entries turned unhealthy, then those of
  * removed backends and ports deleted; (6) counters of removed (port,
@@ -340,6 +371,14 @@ export function natDelta(maps: NatMaps, plan: NatPlan, layout: CLayout): NatDelt
     return layout.encode(structName('lbn_member_key', p.family), { svc, backend: addr(backend) });
   };
   const memberValue = (counter: number, healthy: boolean): Buffer => layout.encode('lbn_member', { counter, healthy: healthy ? 1 : 0 });
+  /** One encoded lbn_slot per backend of the port (a slot op's values). */
+  const slotValues = (p: NatPortPlan, counters: readonly number[]): Buffer => {
+    const slot = structName('lbn_slot', p.family);
+    const size = layout.size(slot);
+    const values = Buffer.alloc(size * p.backends.length);
+    p.backends.forEach((b, i) => layout.encode(slot, { backend: addr(b), counter: counters[i]! }, values, i * size));
+    return values;
+  };
 
   const place = (p: NatPortPlan, old: NatPlaced | undefined): boolean => {
     const f = fam[p.family];
@@ -377,20 +416,20 @@ export function natDelta(maps: NatMaps, plan: NatPlan, layout: CLayout): NatDelt
       retires.push({ map: 'lbn_counters', op: 'retire', index: old.counters[i]!, ref: { service: old.plan.service, port: old.plan.port, backend: b } });
       releasedCounters.push(old.counters[i]!);
     });
-    // The slot table, in a range of its own where it differs.
+    // The slot table: rewritten where it is, only the slots that changed,
+    // where its size, seed and target port stay (the svc entry stays too);
+    // else in a range of its own, which the svc entry then points at.
     let base = old?.base ?? 0;
-    if (old === undefined || !sameTable(old, p, counters)) {
+    const diff = old !== undefined && old.plan.table.length === p.table.length ? changedSlots(old, p, counters) : undefined;
+    const sameShape = old !== undefined && p.port.targetPort === old.plan.port.targetPort && p.seed === old.plan.seed;
+    if (diff !== undefined && (diff.length === 0 || sameShape)) {
+      if (diff.length > 0) slotOps.push({ map: natMapName('lbn_slots', p.family), op: 'patch', base, table: p.table, values: slotValues(p, counters), slots: diff });
+    } else {
       const got = take(f.free, p.table.length);
       if (got === undefined) return false;
       f.free = got.free;
       base = got.base;
-      if (p.table.length > 0) {
-        const slot = structName('lbn_slot', p.family);
-        const size = layout.size(slot);
-        const values = Buffer.alloc(size * p.backends.length);
-        p.backends.forEach((b, i) => layout.encode(slot, { backend: addr(b), counter: counters[i]! }, values, i * size));
-        slotOps.push({ map: natMapName('lbn_slots', p.family), op: 'put', base, table: p.table, values });
-      }
+      if (p.table.length > 0) slotOps.push({ map: natMapName('lbn_slots', p.family), op: 'put', base, table: p.table, values: slotValues(p, counters) });
       if (old !== undefined) f.released.push([old.base, old.plan.table.length]);
     }
     if (old === undefined || base !== old.base || p.table.length !== old.plan.table.length || p.port.targetPort !== old.plan.port.targetPort || p.seed !== old.plan.seed) {

@@ -6,7 +6,7 @@
 // The driver (net/ebpf/nat-attach.ts) keeps the record beside the maps and
 // trusts it only for the very maps it names (their ids).
 import { createHash } from 'node:crypto';
-import type { NatMaps, NatPlaced, NatPlan, NatPortPlan, NatServicePlan } from './nat-plan';
+import { NAT_UNKNOWN_SLOT, type NatMaps, type NatPlaced, type NatPlan, type NatPortPlan, type NatServicePlan } from './nat-plan';
 
 /** One port's entries as recorded: its plan but for the slot table (its digest and size stand for it), and where they are. */
 export interface NatRecordPort extends Omit<NatPortPlan, 'key' | 'table'> {
@@ -41,28 +41,55 @@ export function natPortDigest(p: NatPortPlan): string {
   return d;
 }
 
+function recordPort({ plan: p, base, counters }: NatPlaced): NatRecordPort {
+  return {
+    id: p.id, digest: natPortDigest(p), family: p.family, service: p.service, port: p.port, key: p.key.toString('hex'), seed: p.seed,
+    backends: p.backends, healthy: p.healthy, slots: p.table.length, base, counters,
+  };
+}
+
 /** The record of `maps` (what natDelta said they hold after its writes). */
 export function natRecord(maps: NatMaps, identity: Readonly<Record<string, unknown>>): NatRecord {
-  const ports: NatRecordPort[] = [];
-  for (const { plan: p, base, counters } of maps.ports.values()) {
-    ports.push({
-      id: p.id, digest: natPortDigest(p), family: p.family, service: p.service, port: p.port, key: p.key.toString('hex'), seed: p.seed,
-      backends: p.backends, healthy: p.healthy, slots: p.table.length, base, counters,
-    });
-  }
+  return { ...recordHead(maps, identity), ports: [...maps.ports.values()].map(recordPort) };
+}
+
+function recordHead(maps: NatMaps, identity: Readonly<Record<string, unknown>>): Omit<NatRecord, 'ports'> {
   return {
-    version: 1, identity, capacity: maps.capacity, ports, freeSlots: maps.freeSlots, freeSlots6: maps.freeSlots6,
+    version: 1, identity, capacity: maps.capacity, freeSlots: maps.freeSlots, freeSlots6: maps.freeSlots6,
     freeCounters: maps.freeCounters, nextCounter: maps.nextCounter, members: maps.members, svcs: maps.svcs, members6: maps.members6, svcs6: maps.svcs6,
   };
+}
+
+/** A placed port's JSON, kept with it: natDelta keeps an unchanged port's NatPlaced object from delta to delta. */
+const portTexts = new WeakMap<NatPlaced, string>();
+
+/**
+ * natRecord(maps, identity) as JSON text, which JSON.parse reads back as
+ * that record: each port's text is made once for its NatPlaced object and
+ * kept, so a record after a change of a few ports encodes those ports
+ * alone and joins the others' texts.
+ */
+export function natRecordText(maps: NatMaps, identity: Readonly<Record<string, unknown>>): string {
+  const ports: string[] = [];
+  for (const placed of maps.ports.values()) {
+    let text = portTexts.get(placed);
+    if (text === undefined) {
+      text = JSON.stringify(recordPort(placed));
+      portTexts.set(placed, text);
+    }
+    ports.push(text);
+  }
+  const head = JSON.stringify(recordHead(maps, identity));
+  return `${head.slice(0, -1)},"ports":[${ports.join(',')}]}`;
 }
 
 /**
  * What maps holding `record` hold, in the terms of the new `plan`: a port
  * whose digest is the new plan's is that port of the plan (natDelta passes
  * it by), a service all of whose ports are so is that service of the plan;
- * any other port is described as recorded, with a slot table that matches
- * no plan's (natDelta writes its table anew in a free range, as for any
- * changed port, and the members and svc entry from what was recorded).
+ * any other port is described as recorded, with a slot table of unknown
+ * slots (NAT_UNKNOWN_SLOT: natDelta writes its table anew in a free range,
+ * never in place, and the members and svc entry from what was recorded).
  */
 export function natRecordedMaps(record: NatRecord, plan: NatPlan): NatMaps {
   const planPorts = new Map<string, NatPortPlan>();
@@ -73,7 +100,7 @@ export function natRecordedMaps(record: NatRecord, plan: NatPlan): NatMaps {
     const now = planPorts.get(r.id);
     const p: NatPortPlan = now !== undefined && natPortDigest(now) === r.digest ? now : {
       id: r.id, family: r.family, service: r.service, port: r.port, key: Buffer.from(r.key, 'hex'), seed: r.seed,
-      backends: r.backends, healthy: r.healthy, table: new Uint32Array(r.slots).fill(0xffffffff),
+      backends: r.backends, healthy: r.healthy, table: new Uint32Array(r.slots).fill(NAT_UNKNOWN_SLOT),
     };
     ports.set(r.id, { plan: p, base: r.base, counters: r.counters });
     byService.set(r.service, [...(byService.get(r.service) ?? []), p]);

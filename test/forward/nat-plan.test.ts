@@ -40,8 +40,13 @@ class Model {
   readonly members6 = new Map<string, Buffer>();
   readonly slots6 = new Map<number, Buffer>();
   readonly counters = new Map<number, string>();
+  /** Each port's slot range, [base, size], as its lbn_svcs entry says. */
+  readonly ranges = new Map<string, [number, number]>();
+  readonly ranges6 = new Map<string, [number, number]>();
   retired: string[] = [];
   writes = 0;
+  /** Slots rewritten in place (patches), each checked as the program could read it right after. */
+  patches = 0;
   /** A slot's counter must be its member's (off where a port's key passes to another service: a packet then may count to the old one's). */
   checkCounters = true;
 
@@ -55,11 +60,25 @@ class Model {
         const n = op.table.length;
         const size = l.size(of('lbn_slot', six));
         const slots = six ? this.slots6 : this.slots;
-        for (let i = 0; i < n; i++) slots.set(op.base + i, op.values.subarray(op.table[i]! * size, (op.table[i]! + 1) * size));
-        touched = [...(six ? this.svcs6 : this.svcs)].filter(([, v]) => {
-          const svc = l.decode('lbn_svc', v);
-          return (svc['base'] as number) < op.base + n && op.base < (svc['base'] as number) + (svc['slots'] as number);
-        }).map(([k]) => k);
+        touched = [...(six ? this.ranges6 : this.ranges)].filter(([, [base, size]]) => base < op.base + n && op.base < base + size).map(([k]) => k);
+        if (op.op === 'put') {
+          // A whole table goes into a range no port reads.
+          if (touched.length > 0) throw new Error(`a new table written over slots ${op.base}..${op.base + n - 1}, which port ${touched[0]} reads`);
+          for (let i = 0; i < n; i++) slots.set(op.base + i, op.values.subarray(op.table[i]! * size, (op.table[i]! + 1) * size));
+        } else {
+          // Rewritten where it is: the range is exactly one port's, and the program may read it between any two slots.
+          const own = touched.filter((k) => {
+            const [base, size] = (six ? this.ranges6 : this.ranges).get(k)!;
+            return base === op.base && size === n;
+          });
+          if (own.length !== 1 || touched.length !== 1) throw new Error(`slots ${op.base}..${op.base + n - 1} patched, which are not one port's table (${touched.length} ports read them)`);
+          for (const i of op.slots) {
+            if (i >= n) throw new Error(`slot ${i} patched, beyond the table's ${n}`);
+            slots.set(op.base + i, op.values.subarray(op.table[i]! * size, (op.table[i]! + 1) * size));
+            this.patches++;
+            this.slotConsistent(own[0]!, i);
+          }
+        }
       } else if (op.map === 'lbn_counters') {
         this.retired.push(`${op.index}:${op.ref.service}:${op.ref.port.protocol}/${op.ref.port.port}:${op.ref.backend}`);
       } else if ('key' in op) {
@@ -67,6 +86,15 @@ class Model {
         const m = op.map.startsWith('lbn_svcs') ? (six ? this.svcs6 : this.svcs) : (six ? this.members6 : this.members);
         if (op.op === 'put') m.set(hex(op.key), op.value);
         else if (!m.delete(hex(op.key))) throw new Error(`deleted ${op.map} ${hex(op.key)}, which is not there`);
+        if (op.map.startsWith('lbn_svcs')) {
+          const ranges = six ? this.ranges6 : this.ranges;
+          if (op.op === 'put') {
+            const svc = l.decode('lbn_svc', op.value);
+            ranges.set(hex(op.key), [svc['base'] as number, svc['slots'] as number]);
+          } else {
+            ranges.delete(hex(op.key));
+          }
+        }
         // A member key begins with its port's key.
         touched = [hex(op.key.subarray(0, l.size(of('lbn_svc_key', six))))];
       }
@@ -80,16 +108,21 @@ class Model {
     const v = (six ? this.svcs6 : this.svcs).get(k);
     if (!v) return;
     const svc = l.decode('lbn_svc', v);
+    for (let s = 0; s < (svc['slots'] as number); s++) this.slotConsistent(k, s);
+  }
+
+  /** Slot `s` of the port `k`'s table names a member of that port with the slot's counter. */
+  slotConsistent(k: string, s: number): void {
+    const six = isSix(Buffer.from(k, 'hex'));
+    const svc = l.decode('lbn_svc', (six ? this.svcs6 : this.svcs).get(k)!);
     const key = l.decode(of('lbn_svc_key', six), Buffer.from(k, 'hex'));
-    for (let s = 0; s < (svc['slots'] as number); s++) {
-      const raw = (six ? this.slots6 : this.slots).get((svc['base'] as number) + s);
-      if (!raw) throw new Error(`port ${k}: slot ${s} not written`);
-      const slot = l.decode(of('lbn_slot', six), raw);
-      const mk = l.encode(of('lbn_member_key', six), { svc: key, backend: backendBytes(slot['backend']) });
-      const m = (six ? this.members6 : this.members).get(hex(mk));
-      if (!m) throw new Error(`port ${k}: slot ${s} names ${backendText(slot['backend'])}, which has no member entry`);
-      if (this.checkCounters && l.decode('lbn_member', m)['counter'] !== slot['counter']) throw new Error(`port ${k}: slot ${s}'s counter differs from its member's`);
-    }
+    const raw = (six ? this.slots6 : this.slots).get((svc['base'] as number) + s);
+    if (!raw) throw new Error(`port ${k}: slot ${s} not written`);
+    const slot = l.decode(of('lbn_slot', six), raw);
+    const mk = l.encode(of('lbn_member_key', six), { svc: key, backend: backendBytes(slot['backend']) });
+    const m = (six ? this.members6 : this.members).get(hex(mk));
+    if (!m) throw new Error(`port ${k}: slot ${s} names ${backendText(slot['backend'])}, which has no member entry`);
+    if (this.checkCounters && l.decode('lbn_member', m)['counter'] !== slot['counter']) throw new Error(`port ${k}: slot ${s}'s counter differs from its member's`);
   }
 
   /** A port's slot table as backend addresses. */
@@ -132,11 +165,16 @@ t.test('a service with three healthy backends: both ports, the whole slot table,
   t.equal(counters.size, 6, 'a counter of its own for each (port, backend)');
 });
 
-t.test('health: one healthy backend is one slot, none is zero slots; members say who is healthy', async (t) => {
+t.test('health: one healthy backend of three fills the whole table, one configured backend is one slot, none is zero slots; members say who is healthy', async (t) => {
   const one = natPlan({ services: [web([all[1]!])] }, l);
-  const { model } = loaded(one);
+  const { model, maps } = loaded(one);
   const tcp = one.services[0]!.ports[0]!;
-  t.same(model.table(tcp.key), ['10.0.0.12']);
+  const size = flowHashSlots(normalizeState({ services: [web(all)] }).services[0]!).length;
+  t.same(model.table(tcp.key), Array(size).fill('10.0.0.12'), `every one of the ${size} slots names the one healthy backend: the table keeps its size`);
+  const back = natDelta(maps, natPlan({ services: [web(all)] }, l, one), l)!;
+  t.notOk(back.ops.some((o) => o.map === 'lbn_svcs' || o.op === 'put' && o.map === 'lbn_slots'), 'the others back: slots rewritten in place, no new range');
+  const single = natPlan({ services: [web([all[1]!], { backends: [all[1]!] })] }, l);
+  t.same(loaded(single).model.table(single.services[0]!.ports[0]!.key), ['10.0.0.12'], 'one configured backend: one slot');
   const healthy = tcp.backends.map((a) => [a, l.decode('lbn_member', model.members.get(hex(l.encode('lbn_member_key', { svc: l.decode('lbn_svc_key', tcp.key), backend: Buffer.from(a.split('.').map(Number)) })))!)['healthy']]);
   t.same(healthy, [['10.0.0.11', 0], ['10.0.0.12', 1], ['10.0.0.13', 0]]);
   const none = natPlan({ services: [web([])] }, l);
@@ -188,13 +226,13 @@ t.test('IPv6 health and removal: the same write order, checked after every write
   const { maps, model } = loaded(up);
   const down = natPlan({ services: [web(all), web6(all6.slice(0, 2))] }, l, up);
   const d1 = natDelta(maps, down, l)!;
-  t.same(d1.ops.map((o) => `${o.map}:${o.op}`), ['lbn_slots6:put', 'lbn_slots6:put', 'lbn_svcs6:put', 'lbn_svcs6:put', 'lbn_members6:put', 'lbn_members6:put'], 'taken out: the IPv6 maps only, tables first');
+  t.same(d1.ops.map((o) => `${o.map}:${o.op}`), ['lbn_slots6:patch', 'lbn_slots6:patch', 'lbn_members6:put', 'lbn_members6:put'], 'taken out: the IPv6 maps only, the tables rewritten where they are, then the members');
   model.play(d1.ops);
   const port = down.services.find((s) => s.key === 'default/web6')!.ports[0]!;
   t.notOk(model.table(port.key).includes('fd00::13'), 'no slot names the backend taken out');
   const back = natPlan({ services: [web(all), web6(all6)] }, l, down);
   const d2 = natDelta(d1.maps, back, l)!;
-  t.same(d2.ops.map((o) => `${o.map}:${o.op}`), ['lbn_members6:put', 'lbn_members6:put', 'lbn_slots6:put', 'lbn_slots6:put', 'lbn_svcs6:put', 'lbn_svcs6:put'], 'back: members first');
+  t.same(d2.ops.map((o) => `${o.map}:${o.op}`), ['lbn_members6:put', 'lbn_members6:put', 'lbn_slots6:patch', 'lbn_slots6:patch'], 'back: members first');
   model.play(d2.ops);
   // Removed from the config, then the service gone: deletes after the tables stop naming them, counters retired last.
   const removed = natPlan({ services: [web(all), web6(all6.slice(0, 2), { backends: all6.slice(0, 2) })] }, l, back);
@@ -209,7 +247,11 @@ t.test('IPv6 health and removal: the same write order, checked after every write
   t.equal(d4.maps.freeSlots6.reduce((n, [, k]) => n + k, 0), d4.maps.capacity.slots6, 'every IPv6 slot range given back');
   // Bad orders of IPv6 writes are caught as IPv4's are.
   const fresh = loaded(up);
-  const svcFirst = [...d1.ops.filter((o) => o.map === 'lbn_svcs6'), ...d1.ops.filter((o) => o.map !== 'lbn_svcs6')];
+  // Eleven backends: a table of another size (4093 slots), in a new range.
+  const eleven = Array.from({ length: 11 }, (_, i) => b(`fd00::${(0x11 + i).toString(16)}`));
+  const shrunk = natDelta(fresh.maps, natPlan({ services: [web(all), web6(eleven, { backends: eleven })] }, l, up), l)!.ops;
+  t.ok(shrunk.some((o) => o.map === 'lbn_svcs6'), 'a table that changes size: a new range and the port pointed at it');
+  const svcFirst = [...shrunk.filter((o) => o.map === 'lbn_svcs6'), ...shrunk.filter((o) => o.map !== 'lbn_svcs6')];
   t.throws(() => fresh.model.play(svcFirst), /slot \d+ names|not written/, 'an IPv6 port pointed at its new range before its slots are there');
   const rm = natDelta(loaded(up).maps, removed, l)!.ops;
   const other = loaded(up);
@@ -230,6 +272,14 @@ t.test('a VIP that changes family moves its ports between the maps; IPv6 maps a 
   t.same([big.model.svcs.size, big.model.svcs6.size, big.model.members6.size], [4, 0, 0], 'its ports now in lbn_svcs, nothing left in the IPv6 maps');
   t.ok(d.ops.findIndex((o) => o.map === 'lbn_svcs' && o.op === 'put') < d.ops.findIndex((o) => o.map === 'lbn_svcs6' && o.op === 'delete'), 'the new keys written before the old ones go');
 });
+
+/** The slots whose backend differs between two states' nft flow-hash tables of a service (the flows a change moves). */
+function movedSlots(a: ForwardService, b: ForwardService): number {
+  const ta = flowHashSlots(normalizeState({ services: [a] }).services[0]!);
+  const tb = flowHashSlots(normalizeState({ services: [b] }).services[0]!);
+  if (ta.length !== tb.length) throw new Error('tables of two sizes');
+  return ta.filter((x, i) => x.address !== tb[i]!.address).length;
+}
 
 /** n services on VIPs 10.1.x.y, each with the three backends; `down`: the services whose 10.0.0.13 is unhealthy. */
 function many(n: number, down: ReadonlySet<number> = new Set()): ForwardService[] {
@@ -259,9 +309,12 @@ t.test('a health transition among many services writes the same few entries what
     t.same(natDelta(d.maps, after, l)!.ops, [], `${n} services: the same plan again writes nothing`);
   }
   t.equal(writes[0], writes[1], `the same entries written at 3 and at 300 services (${writes.join(', ')})`);
-  // Two tables of slots, two svc entries, two member entries (10.0.0.13 unhealthy on each port).
+  // On each port: the slots 10.0.0.13 held, rewritten where they are, and its member entry (unhealthy); no svc entry.
   const slots = flowHashSlots(normalizeState({ services: [many(1, new Set([0]))[0]!] }).services[0]!).length;
-  t.equal(writes[0], 2 * slots + 2 + 2);
+  const moved = movedSlots(many(1)[0]!, many(1, new Set([0]))[0]!);
+  t.equal(writes[0], 2 * moved + 2, `two ports: ${moved} moved slots of ${slots} and a member entry each`);
+  const held = flowHashSlots(normalizeState({ services: [many(1)[0]!] }).services[0]!).filter((x) => x.address === '10.0.0.13').length;
+  t.equal(moved, held, `only the slots 10.0.0.13 held move (${held} of ${slots}: weight 2 of 4)`);
 });
 
 t.test('a backend comes back healthy: member first, then slots; goes: slots first, then member', async (t) => {
@@ -269,10 +322,12 @@ t.test('a backend comes back healthy: member first, then slots; goes: slots firs
   const down = natPlan({ services: [web(all.slice(0, 2))] }, l, up);
   const { maps } = loaded(up);
   const d1 = natDelta(maps, down, l)!;
-  t.same(d1.ops.map((o) => `${o.map}:${o.op}`), ['lbn_slots:put', 'lbn_slots:put', 'lbn_svcs:put', 'lbn_svcs:put', 'lbn_members:put', 'lbn_members:put'], 'taken out: new tables, the ports pointed at them, then the members marked');
+  t.same(d1.ops.map((o) => `${o.map}:${o.op}`), ['lbn_slots:patch', 'lbn_slots:patch', 'lbn_members:put', 'lbn_members:put'], 'taken out: the slots that named it rewritten where they are, then the members marked');
   const back = natPlan({ services: [web(all)] }, l, down);
   const d2 = natDelta(d1.maps, back, l)!;
-  t.same(d2.ops.map((o) => `${o.map}:${o.op}`), ['lbn_members:put', 'lbn_members:put', 'lbn_slots:put', 'lbn_slots:put', 'lbn_svcs:put', 'lbn_svcs:put'], 'back: the members marked, then the tables');
+  t.same(d2.ops.map((o) => `${o.map}:${o.op}`), ['lbn_members:put', 'lbn_members:put', 'lbn_slots:patch', 'lbn_slots:patch'], 'back: the members marked, then the tables');
+  const moved = movedSlots(web(all), web(all.slice(0, 2)));
+  t.same([d1.ops[0]!, d2.ops[2]!].map((o) => natOpWrites(o)), [moved, moved], `out and back: the ${moved} slots 10.0.0.13 held, each way`);
   const counters = (m: NatMaps): number[][] => [...m.ports.values()].map((p) => [...p.counters]);
   t.same(counters(d2.maps), counters(maps), 'every (port, backend) keeps its counter index through both');
   t.notOk(d2.ops.some((o) => o.map === 'lbn_counters'), 'no counter retired by a health change');
@@ -347,9 +402,19 @@ t.test('the model catches a write order the program could see half-done', async 
   const up = natPlan({ services: [web(all)] }, l);
   const down = natPlan({ services: [web(all.slice(0, 2))] }, l, up);
   const { maps } = loaded(up);
-  const ops = natDelta(maps, down, l)!.ops;
+  // Eleven backends: a table of another size (4093 slots), which goes into a new range.
+  const eleven = Array.from({ length: 11 }, (_, i) => b(`10.0.0.${11 + i}`));
+  const ops = natDelta(maps, natPlan({ services: [web(eleven, { backends: eleven })] }, l, up), l)!.ops;
   const svcFirst = [...ops.filter((o) => o.map === 'lbn_svcs'), ...ops.filter((o) => o.map !== 'lbn_svcs')];
   t.throws(() => loaded(up).model.play(svcFirst), /slot \d+ names|not written/, 'a port pointed at its new range before the slots are there');
+  // A backend added within the same table size: its slots rewritten in place, after its member entries.
+  const more = [...all, b('10.0.0.14')];
+  const added = natDelta(maps, natPlan({ services: [web(more, { backends: more })] }, l, up), l)!.ops;
+  t.same([...new Set(added.map((o) => `${o.map}:${o.op}`))], ['lbn_members:put', 'lbn_slots:patch'], 'a backend added: its member entries, then the slots it takes, in place');
+  const patchFirst = [...added.filter((o) => o.op === 'patch'), ...added.filter((o) => o.op !== 'patch')];
+  t.throws(() => loaded(up).model.play(patchFirst), /has no member entry/, 'a slot rewritten in place to a backend whose member entry is not there yet');
+  const whole = added.map((o) => (o.op === 'patch' ? { map: o.map, op: 'put' as const, base: o.base, table: o.table, values: o.values } : o));
+  t.throws(() => loaded(up).model.play(whole), /a new table written over slots/, 'a table written whole over the range its port reads');
   const back = natPlan({ services: [web(all)] }, l, down);
   const d1 = natDelta(maps, down, l)!;
   const m = loaded(up).model;
@@ -363,4 +428,113 @@ t.test('the model catches a write order the program could see half-done', async 
   const rm = natDelta(fresh.maps, removed, l)!.ops;
   const deletesFirst = [...rm.filter((o) => o.op === 'delete'), ...rm.filter((o) => o.op !== 'delete')];
   t.throws(() => fresh.model.play(deletesFirst), /has no member entry/, 'a member deleted while the old table still names it');
+});
+
+/** A seeded PRNG (mulberry32): the same transitions on every run. */
+function rng(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let x = Math.imul(a ^ (a >>> 15), 1 | a);
+    x = (x + Math.imul(x ^ (x >>> 7), 61 | x)) ^ x;
+    return ((x ^ (x >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+/** What the program reads for each port of the model: target port, seed, slot table by address, members and their health. */
+function view(model: Model): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  for (const six of [false, true]) {
+    const members = six ? model.members6 : model.members;
+    for (const [k, v] of six ? model.svcs6 : model.svcs) {
+      const svc = l.decode('lbn_svc', v);
+      const own = [...members].filter(([mk]) => mk.startsWith(k)).map(([mk, mv]) => `${backendText(l.decode(of('lbn_member_key', six), Buffer.from(mk, 'hex'))['backend'])}:${String(l.decode('lbn_member', mv)['healthy'])}`).sort();
+      out[k] = { target: svc['target_port'], seed: svc['seed'], table: model.table(Buffer.from(k, 'hex')), members: own };
+    }
+    const ports = new Set((six ? model.svcs6 : model.svcs).keys());
+    for (const mk of members.keys()) if (![...ports].some((k) => mk.startsWith(k))) out[`stray ${mk}`] = true;
+  }
+  return Object.fromEntries(Object.entries(out).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)));
+}
+
+t.test('random transitions: every write leaves the maps consistent, and each state is what a full load of its plan holds', async (t) => {
+  const pool = ['10.0.0.11', '10.0.0.12', '10.0.0.13', '10.0.0.14', '10.0.0.15'];
+  const pool6 = ['fd00::11', 'fd00::12', 'fd00::13', 'fd00::14'];
+  const portsOf = [
+    { name: 'http', port: 80, protocol: 'TCP' as const, targetPort: 8080 },
+    { name: 'dns', port: 53, protocol: 'UDP' as const, targetPort: 5353 },
+    { name: 'alt', port: 8443, protocol: 'TCP' as const, targetPort: 443 },
+  ];
+  for (const seed of [1, 2, 3]) {
+    const r = rng(seed);
+    const pick = <T>(xs: readonly T[]): T => xs[Math.floor(r() * xs.length)]!;
+    // Each service's VIPs are its own (10.2.i.x, fd00:2:i::x): no two services ever claim one port.
+    type Svc = { key: string; six: boolean; vip: number; configured: Map<string, number>; down: Set<string>; ports: typeof portsOf; target: number };
+    const svcs: Svc[] = Array.from({ length: 5 }, (_, i) => ({
+      key: `r/s${i}`, six: i === 4, vip: 1, configured: new Map((i === 4 ? pool6 : pool).slice(0, 2 + (i % 3)).map((a) => [a, 1])), down: new Set<string>(), ports: portsOf.slice(0, 1 + (i % 2)), target: 0,
+    }));
+    const state = (): ForwardService[] => svcs.filter((s) => s.configured.size > 0).map((s, i) => {
+      const backends = [...s.configured].map(([a, w]) => b(a, w));
+      return {
+        key: s.key, vip: s.six ? `fd00:2:${i}::${s.vip}` : `10.2.${i}.${s.vip}`, backends, healthy: backends.filter((x) => !s.down.has(x.address)),
+        ports: s.ports.map((p) => ({ ...p, targetPort: p.targetPort + s.target })),
+      };
+    });
+    const moves: Array<[string, (s: Svc) => void]> = [
+      ['health', (s) => { const a = pick([...s.configured.keys()]); if (s.down.has(a)) s.down.delete(a); else s.down.add(a); }],
+      ['health', (s) => { const a = pick([...s.configured.keys()]); if (s.down.has(a)) s.down.delete(a); else s.down.add(a); }],
+      ['health', (s) => { const a = pick([...s.configured.keys()]); if (s.down.has(a)) s.down.delete(a); else s.down.add(a); }],
+      ['backend added', (s) => { const a = pick(s.six ? pool6 : pool); if (!s.configured.has(a)) s.configured.set(a, 1); }],
+      ['backend removed', (s) => { if (s.configured.size > 1) { const a = pick([...s.configured.keys()]); s.configured.delete(a); s.down.delete(a); } }],
+      ['weight', (s) => { const a = pick([...s.configured.keys()]); s.configured.set(a, 1 + Math.floor(r() * 3)); }],
+      ['ports', (s) => { s.ports = portsOf.slice(0, 1 + Math.floor(r() * 3)); }],
+      ['target port', (s) => { s.target = s.target === 0 ? 1 : 0; }],
+      ['VIP', (s) => { s.vip = s.vip === 1 ? 2 : 1; }],
+    ];
+    let plan = natPlan({ services: state() }, l);
+    let { maps, model } = loaded(plan);
+    const seen = new Set<string>();
+    let patched = 0;
+    let reloads = 0;
+    let steps = 0;
+    for (let step = 0; step < 60; step++, steps++) {
+      const [what, move] = pick(moves);
+      seen.add(what);
+      move(pick(svcs));
+      const next = natPlan({ services: state() }, l, plan);
+      const d = natDelta(maps, next, l);
+      if (d !== undefined && d.ops.length > 0 && natDelta(d.maps, next, l)?.ops.length !== 0) {
+        t.fail(`seed ${seed}, step ${step} (${what}): the same plan again writes something`);
+        break;
+      }
+      if (d === undefined) {
+        // No room: the driver loads maps sized for the plan.
+        ({ maps, model } = loaded(next));
+        reloads++;
+      } else {
+        const before = model.patches;
+        try {
+          model.play(d.ops);
+        } catch (err) {
+          t.fail(`seed ${seed}, step ${step} (${what}): ${(err as Error).message}`);
+          break;
+        }
+        patched += model.patches - before;
+        maps = d.maps;
+      }
+      plan = next;
+      // Against a full load of the same plan every tenth step and at the end (a load is most of the test's time).
+      if (step % 10 !== 9) continue;
+      const full = loaded(natPlan({ services: state() }, l)).model;
+      const [got, want] = [view(model), view(full)];
+      if (JSON.stringify(got) !== JSON.stringify(want)) {
+        t.same(got, want, `seed ${seed}, step ${step} (${what}): the maps read as a full load of the plan`);
+        break;
+      }
+    }
+    const used = [...maps.ports.values()].reduce((n, p) => n + p.plan.table.length, 0);
+    t.equal(maps.freeSlots.reduce((n, [, k]) => n + k, 0) + maps.freeSlots6.reduce((n, [, k]) => n + k, 0) + used, maps.capacity.slots + maps.capacity.slots6, `seed ${seed}: every slot either a port's or free`);
+    t.equal(steps, 60, `seed ${seed}: every step taken`);
+    t.ok(patched > 0, `seed ${seed}: slots rewritten in place (${patched}), each checked; ${reloads} reload(s) for room; moves: ${[...seen].join(', ')}`);
+  }
 });

@@ -29,7 +29,7 @@ import { execFileSync } from 'node:child_process';
 import { LbError, errorMessage } from '../../errors';
 import { bpfObjectPath, ifNameToIndex, nativeBpfObject, type NativeBpfObject } from '../../native/native';
 import { emptyNatMaps, natCapacity, natDelta, natOpWrites, EMPTY_NAT_PLAN, type NatMaps, type NatOp, type NatPlan } from '../../forward/nat-plan';
-import { natRecord, natRecordedMaps, type NatRecord } from '../../forward/nat-record';
+import { natRecordText, natRecordedMaps, type NatRecord } from '../../forward/nat-record';
 import { natLayout, type CLayout } from './nat-layout';
 import { BPF_F_REPLACE, BPF_TCX_INGRESS } from './ebpf-dsr';
 import { otherOwnPrograms } from './ebpf-attach';
@@ -271,6 +271,8 @@ export class NatEngine {
   /** Maps written in place whose record is not kept yet, and the timer that keeps it. */
   private recordDue: Loaded | undefined;
   private recordTimer: NodeJS.Timeout | undefined;
+  /** The record's map (keepRecord), its chunks, and the buffer its text is put together in. */
+  private recordMap: { fd: number; chunks: number; blob: Buffer } | undefined;
   private counterBuf: Buffer | undefined;
   private counterOffsets: Uint32Array | undefined;
   /** What the last apply did. */
@@ -377,7 +379,9 @@ export class NatEngine {
           case 'lbn_slots6': {
             const slotSize = this.layout.size(op.map === 'lbn_slots6' ? 'lbn_slot6' : 'lbn_slot');
             const slotFd = fd(op.map);
-            for (let i = 0; i < op.table.length; i++) {
+            const n = op.op === 'patch' ? op.slots.length : op.table.length;
+            for (let k = 0; k < n; k++) {
+              const i = op.op === 'patch' ? op.slots[k]! : k;
               slotKey.writeUInt32LE(op.base + i);
               const at = op.table[i]! * slotSize;
               w.put(slotFd, slotKey, op.values.subarray(at, at + slotSize));
@@ -625,8 +629,9 @@ export class NatEngine {
 
   /**
    * The record of maps written in place, kept RECORD_DELAY_MS after the
-   * first write of a burst: rebuilding it is a walk of every port, which a
-   * health transition of one backend should not pay. Until then there is
+   * first write of a burst: its text joins every port's (natRecordText),
+   * about a millisecond at 1,000 services, which a burst of transitions
+   * pays once rather than at each. Until then there is
    * no record, and a process that dies meanwhile is followed by a whole
    * load; a planned stop (release) keeps it at once.
    */
@@ -656,29 +661,46 @@ export class NatEngine {
 
   /**
    * The per-plan maps pinned (plan_<name>) and the record of what they hold
-   * pinned beside them, each by a rename (never half there). A failure
-   * leaves no record: the next process loads whole.
+   * pinned beside them, each by a rename (never half there). The record's
+   * map is this engine's own, kept open and written again for the next
+   * record while it has room (a map created per record cost more than the
+   * record's write); its pin goes first, so while it is written no record
+   * is there to be read, and a failure leaves none: the next process loads
+   * whole. The text is natRecordText's: only the ports changed since the
+   * last record are encoded.
    */
   private keepRecord(l: Loaded, pinMaps = true): void {
-    let fd: number | undefined;
     try {
+      this.forgetRecord();
       // Maps written in place are the ones already pinned.
       if (pinMaps) for (const name of RECORDED_MAPS) this.pinAt(l.maps[name]!, `plan_${name}`);
-      const json = Buffer.from(JSON.stringify(natRecord(l.contents, this.identity(l))), 'utf8');
-      const chunks = Math.ceil((json.length + 4) / RECORD_CHUNK);
-      const blob = Buffer.alloc(chunks * RECORD_CHUNK);
-      blob.writeUInt32LE(json.length, 0);
-      json.copy(blob, 4);
-      fd = this.bpf.bpfMapCreate(2 /* BPF_MAP_TYPE_ARRAY */, 4, RECORD_CHUNK, chunks, 'lbn_record');
-      const w = new MapBatchWriter(this.bpf, { unsupported: this.batchProblem });
-      for (let i = 0; i < chunks; i++) w.put(fd, u32(i), blob.subarray(i * RECORD_CHUNK, (i + 1) * RECORD_CHUNK));
+      const text = natRecordText(l.contents, this.identity(l));
+      const length = Buffer.byteLength(text, 'utf8');
+      const chunks = Math.ceil((length + 4) / RECORD_CHUNK);
+      let rec = this.recordMap;
+      if (rec === undefined || rec.chunks < chunks) {
+        this.closeRecordMap();
+        // Room to grow by a quarter before another map is needed.
+        const room = chunks + Math.ceil(chunks / 4);
+        rec = this.recordMap = { fd: this.bpf.bpfMapCreate(2 /* BPF_MAP_TYPE_ARRAY */, 4, RECORD_CHUNK, room, 'lbn_record'), chunks: room, blob: Buffer.alloc(room * RECORD_CHUNK) };
+      }
+      rec.blob.writeUInt32LE(length, 0);
+      rec.blob.write(text, 4, 'utf8');
+      // The chunks past the text's are not read (the length says where it ends).
+      // A writer sized for these chunks: its default batch (MAP_BATCH_ENTRIES values) would be 256 MiB of 64 KiB values.
+      const w = new MapBatchWriter(this.bpf, { unsupported: this.batchProblem, chunk: chunks });
+      for (let i = 0; i < chunks; i++) w.put(rec.fd, u32(i), rec.blob.subarray(i * RECORD_CHUNK, (i + 1) * RECORD_CHUNK));
       w.flush();
-      this.pinAt(fd, RECORD_PIN);
+      this.pinAt(rec.fd, RECORD_PIN);
     } catch {
       this.forgetRecord();
-    } finally {
-      closeFd(fd);
+      this.closeRecordMap();
     }
+  }
+
+  private closeRecordMap(): void {
+    closeFd(this.recordMap?.fd);
+    this.recordMap = undefined;
   }
 
   /** Pin `fd` at `name` in place of the previous pin, by a rename (the pin is never missing; bpffs refuses a dot in a name). */
@@ -916,6 +938,7 @@ export class NatEngine {
   /** Let go of the descriptors and leave the program attached (a planned restart: the next process replaces it by its pin). */
   release(): void {
     this.flushRecord();
+    this.closeRecordMap();
     closeLoaded(this.current);
     this.current = undefined;
     this.countersRead = undefined;
