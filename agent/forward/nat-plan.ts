@@ -20,7 +20,7 @@
 //
 // Writes in place, as Cilium updates its service maps and Katran its
 // consistent-hash rings under a running program: every write leaves the
-// program a consistent view. A port whose table keeps its size, seed,
+// program a consistent view. An IPv4 port whose table keeps its size, seed,
 // target port and key (a health change, a backend added or removed within
 // the same table size) has only the slots whose backend changed rewritten
 // where they are: Maglev moves a failed backend's slots and few others, so
@@ -418,11 +418,14 @@ export function natDelta(maps: NatMaps, plan: NatPlan, layout: CLayout): NatDelt
     });
     // The slot table: rewritten where it is, only the slots that changed,
     // where its size, seed and target port stay (the svc entry stays too);
-    // else in a range of its own, which the svc entry then points at.
+    // else in a range of its own, which the svc entry then points at. Only
+    // an IPv4 slot is rewritten where the program may read it: its 8 bytes
+    // are written and read whole (one aligned 64-bit move each side), where
+    // an IPv6 slot's 20 could be read half old, half new.
     let base = old?.base ?? 0;
     const diff = old !== undefined && old.plan.table.length === p.table.length ? changedSlots(old, p, counters) : undefined;
     const sameShape = old !== undefined && p.port.targetPort === old.plan.port.targetPort && p.seed === old.plan.seed;
-    if (diff !== undefined && (diff.length === 0 || sameShape)) {
+    if (diff !== undefined && (diff.length === 0 || (sameShape && p.family === 4))) {
       if (diff.length > 0) slotOps.push({ map: natMapName('lbn_slots', p.family), op: 'patch', base, table: p.table, values: slotValues(p, counters), slots: diff });
     } else {
       const got = take(f.free, p.table.length);

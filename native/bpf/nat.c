@@ -569,8 +569,26 @@ static __always_inline int from_client(struct __sk_buff *skb, struct parsed *p, 
 			return TCX_NEXT;
 		__u32 slot = nft_jhash_slot(fk.saddr, fk.sport, svc->seed, svc->slots);
 		__u32 key = svc->base + slot;
-		struct lbn_slot *s = bpf_map_lookup_elem(&lbn_slots, &key);
-		if (!s || s->backend == 0)
+		struct lbn_slot *sp = bpf_map_lookup_elem(&lbn_slots, &key);
+		if (!sp)
+			return TCX_NEXT;
+		/* The agent rewrites a slot in place when a backend's health
+		 * changes (nat-plan.ts). The slot is read once, as one aligned
+		 * 64-bit load, so the backend and counter used below are one
+		 * write's; and its backend must be a member of the port, so a
+		 * slot read while the kernel copied it (the copy is not
+		 * guaranteed whole) is passed on to the nft path, never sent to
+		 * an address no one configured. */
+		_Static_assert(sizeof(struct lbn_slot) == sizeof(__u64), "an IPv4 slot is one 64-bit word");
+		union {
+			__u64 word;
+			struct lbn_slot slot;
+		} u = { .word = *(const volatile __u64 *)sp };
+		const struct lbn_slot *s = &u.slot;
+		if (s->backend == 0)
+			return TCX_NEXT;
+		struct lbn_member_key smk = { .svc = *sk, .backend = s->backend };
+		if (!bpf_map_lookup_elem(&lbn_members, &smk))
 			return TCX_NEXT;
 		if (ip->ttl <= 1)
 			return TCX_NEXT;
