@@ -679,17 +679,6 @@ export class HealthChecker extends EventEmitter<HealthCheckerEvents> {
     } else {
       sub.lastProbe = { at: wall, ok: good, durationMs, reason: why };
     }
-    const h = sub.health;
-    if (good && h.state === 'up' && h.consecutiveFailures === 0) {
-      // A healthy backend's steady state, nearly every result at idle (some
-      // six hundred a second at a thousand services with the default
-      // period): step() would make a record with the success streak one
-      // longer and nothing else changed, and no verdict. Each sub owns its
-      // record (status() copies it out), so the streak is counted in place:
-      // no two objects per result for the young generation to collect.
-      (h as { consecutiveSuccesses: number }).consecutiveSuccesses = h.consecutiveSuccesses + 1;
-      return;
-    }
     const ev: HealthEvent = good
       ? PROBE_OK
       : { kind: 'probe-fail', reason: why ?? 'error', detail: ok ? `answered in ${Math.round(durationMs)} ms, over the ${sub.timeoutMs} ms timeout` : (detail ?? '') };
