@@ -187,6 +187,7 @@ export class Daemon extends EventEmitter {
       hasRules: (vip) => this.applies.hasVip(vip),
       scheduleApply: () => this.scheduleApply(), applyNow: () => this.applyNow(),
       noteEvent: (kind, ev) => this.noteEvent(kind, ev), notifyStatusSoon: () => this.notifyStatusSoon(),
+      statusChanged: () => this.statusText.changed(),
     });
     this.metricsEndpoint = new MetricsEndpoint({
       log: this.log, stopping: () => this.stopping,
@@ -297,7 +298,8 @@ export class Daemon extends EventEmitter {
         this.scheduleApply(); this.health?.saveSoon();
       });
       // Every verdict, a first "down" too (no 'change': unknown was not healthy either), is in the next write.
-      this.subs.health.on('verdict', (key: string) => this.health?.touch(key));
+      // A first "down" changes what status shows of the backend without a 'change'.
+      this.subs.health.on('verdict', (key: string) => { this.health?.touch(key); this.statusText.changed(); });
       this.subs.failover?.on('change', (keys: string[]) => this.services.onFailoverChange(keys));
       this.subs.failover?.on('hand-back', () => this.scheduleApply());
       this.subs.failover?.on('reannounce', (keys: string[]) => this.services.reannounce(keys));

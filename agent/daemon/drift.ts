@@ -10,7 +10,7 @@
 //
 // It touches only what the agent owns: the VIPs its sources hold, its
 // 02: macvlans, its tables, the sysctls it sets.
-import * as fs from 'node:fs/promises';
+import { closeSync, openSync, readSync } from 'node:fs';
 import type { Registry } from 'prom-client';
 import { Counter, Gauge } from '../metrics/prom';
 import { realClock, type Clock, type TimerHandle } from '../clock';
@@ -19,7 +19,7 @@ import type { Logger } from '../log';
 import type { AddressInfo, LinkInfo, NetlinkClient, NetlinkWatcher } from '../net/netlink/netlink';
 import type { NftCommit, NftWatcher } from '../net/netlink/nft-watch';
 import { OWNED_ADDRESS_PROTO } from '../net/ownership/ownership';
-import { applyVipSysctls, readIfSysctl, vipSysctls, type VipRole } from '../net/sysctl/sysctl';
+import { applyVipSysctls, ifSysctlPath, readIfSysctl, vipSysctls, type VipRole } from '../net/sysctl/sysctl';
 import type { SourceDamage } from '../source';
 import {
   DEFAULT_FIGHT, DRIFT_KINDS, FightTracker, TableChanges, driftSubject, planDrift,
@@ -116,6 +116,63 @@ export interface DriftStatus {
  */
 const SYSCTL_POLL_MS = 250;
 
+const IPV6_FORWARDING = '/proc/sys/net/ipv6/conf/all/forwarding';
+
+/**
+ * Small integer files read again and again (the polled sysctls), each kept
+ * open and read from offset 0: one pread(2) a read, where opening it each
+ * time walks /proc/sys and costs open, fstat, two reads and a close - at
+ * four polls a second, the largest part of the guard's idle cost. A file
+ * that fails or holds no integer (its interface renamed or gone) is closed
+ * and opened again at the next read; a value is parsed from the bytes, without a string.
+ * Exported for its unit test.
+ */
+export class KeptReads {
+  private readonly fds = new Map<string, number>();
+  private readonly buf = Buffer.alloc(32);
+
+  /** The file's value as an integer; undefined when it cannot be opened or read, or holds no integer. */
+  read(file: string): number | undefined {
+    let fd = this.fds.get(file);
+    try {
+      if (fd === undefined) this.fds.set(file, fd = openSync(file, 'r'));
+      const v = parseInteger(this.buf, readSync(fd, this.buf, 0, this.buf.length, 0));
+      // Not a value: opened again at the next read, in case the file was replaced.
+      if (v === undefined) this.forget(file);
+      return v;
+    } catch {
+      this.forget(file);
+      return undefined;
+    }
+  }
+
+  close(): void {
+    for (const file of [...this.fds.keys()]) this.forget(file);
+  }
+
+  private forget(file: string): void {
+    const fd = this.fds.get(file);
+    this.fds.delete(file);
+    if (fd !== undefined) try { closeSync(fd); } catch { /* already gone */ }
+  }
+}
+
+/** A non-negative decimal integer and its line end, from the first n bytes; undefined for anything else. Pure. */
+export function parseInteger(buf: Buffer, n: number): number | undefined {
+  let v = 0;
+  let digits = 0;
+  let i = 0;
+  for (; i < n; i++) {
+    const c = buf[i]!;
+    if (c < 48 || c > 57) break;
+    v = v * 10 + (c - 48);
+    digits++;
+  }
+  if (digits === 0 || digits > 15) return undefined;
+  for (; i < n; i++) if (buf[i] !== 10 && buf[i] !== 32 && buf[i] !== 9) return undefined;
+  return v;
+}
+
 /** A repair that did not take is tried again this much later (ms). */
 const RETRY_MS = 1000;
 
@@ -145,6 +202,10 @@ export class DriftGuard {
   private watch: NetlinkWatcher | undefined;
   private nft: NftWatcher | undefined;
   private timers: { resync?: TimerHandle; poll?: TimerHandle } = {};
+  /** The polled sysctl files, kept open. */
+  private readonly polled = new KeptReads();
+  /** Each network NIC's polled sysctl files and their wanted values (made at the first poll). */
+  private pollFiles: { readonly file: string; readonly want: number }[] | undefined;
   private checkTimer: TimerHandle | undefined;
   private checkAt = Infinity;
   private checking: Promise<void> | undefined;
@@ -209,7 +270,7 @@ export class DriftGuard {
       arm();
     };
     every('resync', () => this.opts.resyncMs(), () => { void this.resync('periodic resync'); });
-    every('poll', () => this.opts.sysctlPollMs ?? SYSCTL_POLL_MS, () => { void this.pollSysctls(); });
+    every('poll', () => this.opts.sysctlPollMs ?? SYSCTL_POLL_MS, () => this.pollSysctls());
   }
 
   stop(): void {
@@ -220,6 +281,7 @@ export class DriftGuard {
     this.checkTimer = undefined;
     this.watch?.close();
     this.nft?.close();
+    this.polled.close();
   }
 
   /** For status: repairs so far, fights, what is still wrong. */
@@ -559,16 +621,15 @@ export class DriftGuard {
    * read here rather than heard: its netconf group would wake the guard for
    * every link any program adds).
    */
-  private async pollSysctls(): Promise<void> {
-    for (const p of this.parents()) {
-      for (const [key, want] of vipSysctls('parent')) {
-        const got = await readIfSysctl(p.name, key).catch(() => undefined);
-        if (got !== undefined && got !== want) { this.requestCheck(0); return; }
-      }
+  private pollSysctls(): void {
+    this.pollFiles ??= this.parents().flatMap((p) => vipSysctls('parent').map(([key, want]) => ({ file: ifSysctlPath(p.name, key), want })));
+    for (const { file, want } of this.pollFiles) {
+      const got = this.polled.read(file);
+      if (got !== undefined && got !== want) { this.requestCheck(0); return; }
     }
     if (this.opts.tables?.ownedTables().includes('ip6 lb_agent')) {
-      const six = await fs.readFile('/proc/sys/net/ipv6/conf/all/forwarding', 'utf8').catch(() => undefined);
-      if (six !== undefined && six.trim() !== '1') this.requestCheck(0);
+      const six = this.polled.read(IPV6_FORWARDING);
+      if (six !== undefined && six !== 1) this.requestCheck(0);
     }
   }
 

@@ -61,6 +61,8 @@ export interface ServiceRuntimesOptions {
   noteEvent(kind: StatusEventKind, ev: Omit<StatusEvent, 'at' | 'kind'>): void;
   /** A status line once this turn's events are handled. */
   notifyStatusSoon(): void;
+  /** What status shows changed, with no line for systemd (a source's step: its state, a renewal's times). */
+  statusChanged?(): void;
 }
 
 /**
@@ -133,6 +135,7 @@ export class ServiceRuntimes {
           }
         }
         this.opts.scheduleApply();
+        this.opts.statusChanged?.();
       });
       rt.source = source;
     }

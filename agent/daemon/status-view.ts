@@ -266,13 +266,19 @@ const realLater: Later = (ms, fn) => { setTimeout(fn, ms).unref(); };
 
 /**
  * The status document serialised once and served to every request until it
- * changes: `version` moves with every event and status notice, and a copy
- * older than `reuseMs` is built again (what has no event of its own, a
- * probe's latest latency, is at most that old). A thousand `lb-agent status`
- * calls back to back build it a few times, not a thousand. A copy is let go
- * once older than `reuseMs`, as no request could be served it any more: at
- * a thousand services it is 1.4 MiB of JSON text, which an agent asked for
- * its status once an hour would otherwise hold all the time.
+ * changes. A change is what has an event of its own: a health transition, a
+ * VIP gained or lost, a VRRP or ownership change, a drift repair, a reload,
+ * the start's end and the stop (the daemon calls changed() for each, with
+ * the event history or the STATUS= line); requests with no change between
+ * them are served the same text, however many and however close together.
+ * What moves without an event - the readings: each backend's last probe and
+ * its streak, the drift guard's last resync, the age of a stats problem -
+ * is read when the document is built, and a copy whose readings are older
+ * than `readingsMs` is built again for the next request: the one bound on
+ * how stale a reading in it is, far apart from how often requests come. A
+ * copy past that age is also let go (at a thousand services it is 1.4 MiB
+ * of JSON text, which an agent asked for its status once an hour would
+ * otherwise hold all the time).
  */
 export class StatusCache<T> {
   private cached: { value: T; at: number; version: number } | undefined;
@@ -280,7 +286,7 @@ export class StatusCache<T> {
   /** Builds since start (tests read it). */
   builds = 0;
 
-  constructor(private readonly build: () => T, private readonly now: () => number, private readonly reuseMs = STATUS_REUSE_MS, private readonly later: Later = realLater) {}
+  constructor(private readonly build: () => T, private readonly now: () => number, private readonly readingsMs = STATUS_READINGS_MS, private readonly later: Later = realLater) {}
 
   /** Something the document shows changed: the next request builds it again. */
   changed(): void { this.version++; }
@@ -288,15 +294,18 @@ export class StatusCache<T> {
   get(): T {
     const c = this.cached;
     const now = this.now();
-    if (c && c.version === this.version && now - c.at < this.reuseMs) return c.value;
+    if (c && c.version === this.version && now - c.at < this.readingsMs) return c.value;
     this.builds++;
     const value = this.build();
     const cached = { value, at: now, version: this.version };
     this.cached = cached;
-    this.later(this.reuseMs, () => { if (this.cached === cached) this.cached = undefined; });
+    this.later(this.readingsMs, () => { if (this.cached === cached) this.cached = undefined; });
     return value;
   }
 }
 
-/** How long a built status document answers requests when nothing announced a change (ms). */
-export const STATUS_REUSE_MS = 250;
+/**
+ * How old the readings of a served status document may be (ms): a backend's
+ * last probe, at the default 5 s check period, is itself up to a period old.
+ */
+export const STATUS_READINGS_MS = 5000;

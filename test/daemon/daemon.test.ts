@@ -15,6 +15,7 @@ import { EventEmitter } from 'node:events';
 import { stringify } from '../../lab/yaml';
 import { Daemon, type StatusDocument } from '../../agent/daemon/daemon';
 import { START_HOLD_MAX_MS } from '../../agent/daemon/tiering';
+import { STATUS_READINGS_MS } from '../../agent/daemon/status-view';
 import type { BackendHealth, DataplaneLike, FailoverLike, ForwardService, HealthLike, ParentLink, Subsystems } from '../../agent/daemon/subsystems';
 import type { AddressSource, SourceState, SourceStatus, Vip } from '../../agent/source';
 import type { BackendSpec, Desired, PortSpec, ServiceSpec } from '../../agent/config/types';
@@ -63,8 +64,16 @@ class FakeSource extends EventEmitter implements AddressSource {
     this.emit('status');
   }
 
+  /** A step that changes only what the source reports (a renewal's times), with no VIP event. */
+  step(details: Record<string, unknown>): void {
+    this.details = details;
+    this.emit('status');
+  }
+
+  private details: Record<string, unknown> = {};
+
   status(): SourceStatus {
-    return { state: this.state, reason: undefined, vip: this.vip, ifname: 'eth0', mac: '02:00:00:00:00:01', details: {} };
+    return { state: this.state, reason: undefined, vip: this.vip, ifname: 'eth0', mac: '02:00:00:00:00:01', details: this.details };
   }
 }
 
@@ -709,4 +718,77 @@ t.test('the interruption label comes from the source\'s cause, not from its word
   for (const k of INTERRUPTION_KINDS) t.equal(interruptionKind(k === 'other' ? 'other' : k), k);
   t.equal(interruptionKind('stopped'), 'other', 'the agent\'s own withdrawals are not interruptions (never counted), and have no label of their own');
   t.equal(interruptionKind('released'), 'other');
+});
+
+t.test('status is built once per change: a thousand requests without one share a build, each kind of change is at the next request', async (t) => {
+  const h = harness(t, [{ name: 'web', ipam: 'pool', backends: ['10.99.0.11', '10.99.0.12'] }, { name: 'api', ipam: 'dhcp' }]);
+  await h.daemon.start();
+  h.fk.sources.get('default/web')!.bind('10.99.0.200');
+  await waitJournal(h, 'dataplane apply web=10.99.0.200,api=-');
+  await settle(h);
+  let builds = 0;
+  const build = h.daemon.statusDocument.bind(h.daemon);
+  h.daemon.statusDocument = () => { builds++; return build(); };
+  const status = (): Promise<StatusDocument> => controlRequest(h.socket, 'status') as Promise<StatusDocument>;
+  const rawStatus = (): Promise<string> => new Promise((resolve, reject) => {
+    const c = net.createConnection(h.socket, () => c.write('{"op":"status"}\n'));
+    let text = '';
+    c.setEncoding('utf8');
+    c.on('data', (d: string) => { text += d; });
+    c.on('end', () => resolve(text));
+    c.on('error', reject);
+  });
+
+  const began = Date.now();
+  const texts = new Set<string>();
+  for (let i = 0; i < 1000; i++) texts.add(await rawStatus());
+  const took = Date.now() - began;
+  // The readings (last probes) are re-read once they are STATUS_READINGS_MS
+  // old: a machine so loaded that the thousand took longer may build once
+  // more for each such interval, and for nothing else.
+  const allowed = 1 + Math.floor(took / STATUS_READINGS_MS);
+  t.ok(builds >= 1 && builds <= allowed, `a thousand requests back to back, no change: ${builds} build(s) in ${took} ms (one, or one per ${STATUS_READINGS_MS} ms)`);
+  if (took < STATUS_READINGS_MS) t.equal(builds, 1, 'one build');
+  t.equal(texts.size, builds, 'the same text for every request served one build');
+
+  const web = (d: StatusDocument): StatusDocument['services'][number] => d.services.find((s) => s.key === 'default/web')!;
+  const api = (d: StatusDocument): StatusDocument['services'][number] => d.services.find((s) => s.key === 'default/api')!;
+  const changes: { what: string; make: () => Promise<void> | void; shows: (d: StatusDocument) => boolean }[] = [
+    {
+      what: 'a health transition',
+      make: () => { h.fk.health.down.add('default/web 10.99.0.12'); h.fk.health.emit('change', 'default/web', '10.99.0.12', false); },
+      shows: (d) => web(d).healthyBackends === 1 && d.events.at(-1)?.kind === 'backend-down',
+    },
+    {
+      what: 'a first verdict (no transition)',
+      make: () => { h.fk.health.down.add('default/web 10.99.0.11'); h.fk.health.emit('verdict', 'default/web', '10.99.0.11', 'down'); },
+      shows: (d) => web(d).healthyBackends === 0,
+    },
+    {
+      what: 'a VIP gained (ownership)',
+      make: () => { h.fk.sources.get('default/api')!.bind('10.99.0.201'); },
+      shows: (d) => api(d).vip === '10.99.0.201',
+    },
+    {
+      what: 'a source\'s step with no VIP event (a renewal)',
+      make: () => { h.fk.sources.get('default/api')!.step({ renewAt: 'soon' }); },
+      shows: (d) => api(d).source?.renewAt === 'soon',
+    },
+    {
+      what: 'a reload',
+      make: async () => { h.write([{ name: 'web', ipam: 'pool', backends: ['10.99.0.11', '10.99.0.12'] }, { name: 'api', ipam: 'dhcp', backends: ['10.99.0.13'] }]); await h.daemon.reload(); },
+      shows: (d) => d.config.generation === 2 && api(d).backends.length === 1 && api(d).backends[0]!.address === '10.99.0.13',
+    },
+  ];
+  for (const c of changes) {
+    await settle(h);
+    const before = builds;
+    await c.make();
+    await settle(h);
+    const d = await status();
+    t.ok(c.shows(d), `${c.what}: shown at the next request`);
+    t.equal(builds, before + 1, `${c.what}: built again, once`);
+    for (let i = 0; i < 20; i++) await status();
+    t.equal(builds, before + 1, `${c.what}: then kept`);
+  }
 });

@@ -145,30 +145,33 @@ t.test('the ready gauge\'s pass gives each service the readiness its status show
   t.same(ready(view({ started: false }).v), [['web', 'default', false], ['shared', 'default', false]], 'starting: not ready');
 });
 
-t.test('StatusCache: built once per change, and again once older than its reuse time', async (t) => {
+t.test('StatusCache: built once per change, not per request; readings re-read once older than their bound', async (t) => {
   let now = 0;
   let n = 0;
-  const c = new StatusCache(() => ++n, () => now, 250);
+  const c = new StatusCache(() => ++n, () => now, 5000);
   t.equal(c.get(), 1);
-  now = 100;
-  t.equal(c.get(), 1, 'within the reuse time: the same document');
+  for (let i = 0; i < 1000; i++) { now += 1; c.get(); }
+  t.equal(c.builds, 1, 'a thousand requests over a second, no change: one build');
   c.changed();
-  t.equal(c.get(), 2, 'a change: built again at once');
-  now = 349;
-  t.equal(c.get(), 2);
-  now = 351;
-  t.equal(c.get(), 3, 'older than the reuse time: built again');
-  for (let i = 0; i < 1000; i++) c.get();
-  t.equal(c.builds, 3, 'a thousand requests in a row: no build');
+  t.equal(c.get(), 2, 'a change: built again at the next request');
+  c.changed();
+  c.changed();
+  t.equal(c.get(), 3, 'changes between two requests: one build');
+  t.equal(c.get(), 3, 'then kept');
+  now += 4999;
+  t.equal(c.get(), 3, 'readings within their bound: kept');
+  now += 1;
+  t.equal(c.get(), 4, 'readings as old as their bound: built again');
+  t.equal(c.builds, 4);
 });
 
-t.test('StatusCache: a copy past its reuse time is let go, and only that copy', async (t) => {
+t.test('StatusCache: a copy past its readings bound is let go, and only that copy', async (t) => {
   let now = 0;
   let n = 0;
   const due: { ms: number; fn: () => void }[] = [];
   const c = new StatusCache(() => ({ n: ++n }), () => now, 250, (ms, fn) => { due.push({ ms, fn }); });
   const first = c.get();
-  t.same(due.map((d) => d.ms), [250], 'let go after the reuse time');
+  t.same(due.map((d) => d.ms), [250], 'let go after the readings bound');
   c.changed();
   const second = c.get();
   t.not(second, first);
