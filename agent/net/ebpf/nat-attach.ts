@@ -783,8 +783,9 @@ export class NatEngine {
     this.counterCalls = read.calls;
     if (read.values.buffer !== this.readBuf?.buffer) this.readBuf = read.values;
     const n = count * NAT_COUNTER_WIDTH;
-    if ((this.totalsBuf?.length ?? 0) < n) this.totalsBuf = new Float64Array(n);
-    const totals = this.totalsBuf!.subarray(0, n);
+    // A plan of no counters yet (an engine with no port) reads as empty totals.
+    if (this.totalsBuf === undefined || this.totalsBuf.length < n) this.totalsBuf = new Float64Array(n);
+    const totals = this.totalsBuf.subarray(0, n);
     sumPerCpu(this.bpf, read.values, count, size, this.cpus, this.offsets(), totals);
     const carried = this.carriedByIndex(contents, count);
     if (carried !== undefined) for (let k = 0; k < n; k++) totals[k]! += carried[k]!;
