@@ -80,10 +80,15 @@ export class ServiceRuntimes {
   withdrawnAtStop = 0;
   /** The runtime acquiring() last found acquiring: asked first next time. */
   private lastAcquiring: ServiceRuntime | undefined;
+  /** Moves whenever a runtime is added, removed, reordered or given a new spec: a view kept by it is read again. */
+  private generation_ = 0;
 
   constructor(private readonly opts: ServiceRuntimesOptions) {}
 
   get size(): number { return this.runtimes.size; }
+
+  /** Unchanged while the runtimes, their order and their specs stay (a view built from them may be kept). */
+  get generation(): number { return this.generation_; }
 
   get(key: string): ServiceRuntime | undefined { return this.runtimes.get(key); }
 
@@ -137,6 +142,7 @@ export class ServiceRuntimes {
       rt.source = source;
     }
     this.runtimes.set(spec.key, rt);
+    this.generation_++;
   }
 
   /**
@@ -147,6 +153,7 @@ export class ServiceRuntimes {
   async remove(key: string): Promise<void> {
     const rt = this.runtimes.get(key);
     this.runtimes.delete(key);
+    this.generation_++;
     if (rt) await rt.gate; // a VRRP start/stop in flight finishes first
     if (rt?.source) await rt.source.stop({ release: true }).catch((e) => this.opts.log.error({ op: 'reload', service: key, err: errorMessage(e) }, 'release failed'));
   }
@@ -159,13 +166,14 @@ export class ServiceRuntimes {
       if (rt.source) await rt.source.stop({ release }).catch((e) => this.opts.log.error({ op: 'reload', service: key, err: errorMessage(e) }, 'stopping the old address source failed'));
     }
     this.runtimes.delete(key);
+    this.generation_++;
     this.add(spec);
   }
 
   /** A reload's update in place: the source stays. */
   update(key: string, spec: ServiceSpec): void {
     const rt = this.runtimes.get(key);
-    if (rt) { rt.spec = spec; rt.startedAt = this.opts.clock.wallNow(); }
+    if (rt) { rt.spec = spec; rt.startedAt = this.opts.clock.wallNow(); this.generation_++; }
   }
 
   /** New timings for every running source. */
@@ -186,6 +194,7 @@ export class ServiceRuntimes {
     const sorted = [...this.runtimes.entries()].sort((a, b) => (order.get(a[0]) ?? 0) - (order.get(b[0]) ?? 0));
     this.runtimes.clear();
     for (const [k, v] of sorted) this.runtimes.set(k, v);
+    this.generation_++;
   }
 
   /** Stop every source (each after its VRRP step in flight), all together; `step` logs each failure. */
