@@ -80,6 +80,13 @@ export class ServiceRuntimes {
   withdrawnAtStop = 0;
   /** The runtime acquiring() last found acquiring: asked first next time. */
   private lastAcquiring: ServiceRuntime | undefined;
+  /**
+   * Each primary runtime's VIP as vipOf last worked it out: forgotten at
+   * every event of its source (the source emits 'status' on any change of
+   * its status) and whenever held changes, so a scrape or a forwarding
+   * state asks a source for its status once per change, not once per read.
+   */
+  private readonly vips = new WeakMap<ServiceRuntime, { readonly vip: string | undefined }>();
   /** Moves whenever a runtime is added, removed, reordered or given a new spec: a view kept by it is read again. */
   private generation_ = 0;
 
@@ -104,6 +111,7 @@ export class ServiceRuntimes {
       const source = this.opts.subs()!.createSource(spec, this.opts.config()!);
       let lastVip: string | undefined; // for the event when it is lost
       source.on('vip', () => {
+        this.vips.delete(rt);
         const adopted = rt.held;
         rt.held = undefined;
         const st = source.status();
@@ -118,6 +126,7 @@ export class ServiceRuntimes {
         this.opts.scheduleApply(); this.opts.notifyStatusSoon();
       });
       source.on('lost', (reason: string, cause: LostCause = 'other') => {
+        this.vips.delete(rt);
         // A stop withdraws every VIP: counted for the stop's last line, not a
         // warning each (a thousand lines to journald in a stop of a thousand services).
         if (cause === 'stopped' && this.opts.stopping()) this.withdrawnAtStop++;
@@ -129,6 +138,7 @@ export class ServiceRuntimes {
         this.opts.notifyStatusSoon();
       });
       source.on('status', () => {
+        this.vips.delete(rt);
         // Every step of every source emits 'status': read it only when a held VIP could be lost by it.
         if (rt.held !== undefined) {
           const st = source.status();
@@ -310,9 +320,13 @@ export class ServiceRuntimes {
   vipOf(spec: ServiceSpec): string | undefined {
     const primaryKey = spec.primaryService ?? spec.key;
     const prt = this.runtimes.get(primaryKey);
-    const st = prt?.source?.status();
-    if (st && (st.state === 'bound' || st.state === 'renewing') && st.vip) return st.vip.address;
-    return prt?.held;
+    if (prt === undefined) return undefined;
+    const kept = this.vips.get(prt);
+    if (kept !== undefined) return kept.vip;
+    const st = prt.source?.status();
+    const vip = st && (st.state === 'bound' || st.state === 'renewing') && st.vip ? st.vip.address : prt.held;
+    this.vips.set(prt, { vip });
+    return vip;
   }
 
   /** The VIPs this node holds now, as their sources report them (the drift guard's view of what must be in the kernel). */

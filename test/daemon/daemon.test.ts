@@ -22,6 +22,7 @@ import { controlRequest } from '../../agent/control/server';
 import { InstanceLock } from '../../agent/daemon/lock';
 import { RELOAD_INLINE_MAX_BYTES } from '../../agent/config/load-async';
 import { silentLogger } from '../../agent/log';
+import { METRICS_LIMITS } from '../../agent/metrics/server';
 
 type Journal = string[];
 
@@ -442,6 +443,41 @@ t.test('a health transition among 1,000 services asks the sources and the checke
   t.equal(thousand.changed, 1, 'among 1,000, one service object is new');
   t.ok(ten.healthy >= 1, `the changed service's healthy backends are read (${ten.healthy})`);
   t.same(thousand, ten, `the same calls at 1,000 as at 10 (${JSON.stringify(thousand)})`);
+});
+
+t.test('the VIP series come from a view kept per change: a scrape asks no source, a VIP that moves or goes shows at the next', async (t) => {
+  const port = await freePort();
+  const n = 50;
+  const svcs: Svc[] = Array.from({ length: n }, (_, i) => ({ name: `s${i}`, ipam: 'dhcp' as const }));
+  const h = harness(t, svcs, { extra: { metrics: { listen: `127.0.0.1:${port}` } } });
+  await h.daemon.start();
+  const sources = [...h.fk.sources.values()];
+  sources.forEach((s, i) => s.bind(`10.98.0.${i + 1}`));
+  await settle(h);
+  // Past the endpoint's reuse of its last gather, so each scrape gathers (METRICS_LIMITS.reuseMs).
+  const vipLines = async (): Promise<string[]> => {
+    await new Promise((r) => setTimeout(r, METRICS_LIMITS.reuseMs + 50));
+    const res = await fetch(`http://127.0.0.1:${port}/metrics`);
+    t.equal(res.status, 200, 'the scrape is answered');
+    return (await res.text()).split('\n').filter((l) => l.startsWith('lbagent_service_vip_info{'));
+  };
+  const first = await vipLines();
+  t.equal(first.length, n, 'one VIP series per served service');
+  let calls = 0;
+  for (const s of sources) {
+    const status = s.status.bind(s);
+    s.status = () => { calls++; return status(); };
+  }
+  const second = await vipLines();
+  t.same(second, first, 'the same lines, in the same order, for the same state');
+  t.ok(calls < n, `a scrape does not ask every source for its status (${calls} calls for ${n} services)`);
+  sources[3]!.bind('10.98.1.4');
+  await sources[5]!.stop({ release: true });
+  const gone = await vipLines();
+  t.ok(gone.includes('lbagent_service_vip_info{service="s3",namespace="default",vip="10.98.1.4",ipam="dhcp"} 1'), 'a VIP that moved shows its new address at the next scrape');
+  t.notOk(gone.some((l) => l.includes('vip="10.98.0.4"')), 'and not the old one');
+  t.notOk(gone.some((l) => l.includes('service="s5"')), 'a VIP withdrawn has no series at the next scrape');
+  t.equal(gone.length, n - 1, 'the others keep theirs');
 });
 
 t.test('freed memory is given back once every VIP is in place, not while the sources start, and after a reload parsed in a worker (issue 18)', async (t) => {
