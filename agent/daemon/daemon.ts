@@ -152,6 +152,14 @@ export class Daemon extends EventEmitter {
   private readonly forwardKept = new WeakMap<object, ForwardService>();
   /** What each kept forwarding state was built from, by identity (forwardOf). */
   private readonly forwardFrom = new WeakMap<object, { readonly spec: ServiceSpec; readonly healthy: readonly BackendSpec[]; readonly zone: string | undefined }>();
+  /** The last forwardState: its list, each service's position in it, and the runtimes' generation it was built at. */
+  private forwardLast: { readonly list: readonly ForwardService[]; readonly at: ReadonlyMap<string, number>; readonly generation: number } | undefined;
+  /**
+   * What may have changed since the last forwardState: the keys of services
+   * whose health verdicts moved, or 'all' (any other change: a VIP, a zone,
+   * a reload, a failover step; each comes through scheduleApply or applyNow).
+   */
+  private forwardDirty: Set<string> | 'all' = 'all';
   private readonly tuning: RuntimeTuning;
   private predecessor: number | undefined;
   /** the last events, for status. */
@@ -295,7 +303,7 @@ export class Daemon extends EventEmitter {
       this.subs.health.on('change', (key: string, address: string, up: boolean) => {
         this.noteEvent(up ? 'backend-up' : 'backend-down', { service: key, address, reason: this.backendReason(key, address, up) });
         this.health?.touch(key);
-        this.scheduleApply(); this.health?.saveSoon();
+        this.scheduleHealthApply(key); this.health?.saveSoon();
       });
       // Every verdict, a first "down" too (no 'change': unknown was not healthy either), is in the next write.
       // A first "down" changes what status shows of the backend without a 'change'.
@@ -426,11 +434,34 @@ export class Daemon extends EventEmitter {
     return states;
   }
 
+  /**
+   * Every service's forwarding state, in config order. After a health
+   * transition only (forwardDirty holds keys) only those services are
+   * asked for theirs; every other position is the last list's object, which
+   * is what the whole walk would hand over for it, as nothing it is built
+   * from moved (normalizeStateFrom and the nft render find the changed ones
+   * by identity).
+   */
   private forwardState(): ForwardService[] {
     const subs = this.subs!;
     const zone = this.zone.current.zone;
+    const dirty = this.forwardDirty;
+    this.forwardDirty = new Set();
+    const last = this.forwardLast;
+    if (dirty !== 'all' && last !== undefined && last.generation === this.services.generation) {
+      const out = last.list.slice();
+      for (const key of dirty) {
+        const i = last.at.get(key);
+        const rt = this.services.get(key);
+        if (i !== undefined && rt !== undefined) out[i] = this.forwardOf(rt, subs, zone);
+      }
+      this.forwardLast = { list: out, at: last.at, generation: last.generation };
+      return out;
+    }
     const out: ForwardService[] = [];
-    for (const rt of this.services.values()) out.push(this.forwardOf(rt, subs, zone));
+    const at = new Map<string, number>();
+    for (const rt of this.services.values()) { at.set(rt.spec.key, out.length); out.push(this.forwardOf(rt, subs, zone)); }
+    this.forwardLast = { list: out, at, generation: this.services.generation };
     return out;
   }
 
@@ -513,6 +544,14 @@ export class Daemon extends EventEmitter {
 
   /** Coalesce bursts of changes into one dataplane transaction at a time (apply-loop.ts). */
   scheduleApply(): void {
+    this.forwardDirty = 'all';
+    if (this.stopping || !this.subs) return;
+    this.applies.schedule();
+  }
+
+  /** An apply for a health transition of one service: the next forwarding state asks that service only (forwardState). */
+  private scheduleHealthApply(key: string): void {
+    if (this.forwardDirty !== 'all') this.forwardDirty.add(key);
     if (this.stopping || !this.subs) return;
     this.applies.schedule();
   }
@@ -550,6 +589,7 @@ export class Daemon extends EventEmitter {
   }
 
   private async applyNow(): Promise<void> {
+    this.forwardDirty = 'all';
     if (this.stopping || !this.subs) return;
     await this.applies.now();
   }

@@ -82,10 +82,22 @@ export class ServiceRuntimes {
   withdrawnAtStop = 0;
   /** The runtime acquiring() last found acquiring: asked first next time. */
   private lastAcquiring: ServiceRuntime | undefined;
+  /**
+   * Each primary runtime's VIP as vipOf last worked it out: forgotten at
+   * every event of its source (the source emits 'status' on any change of
+   * its status) and whenever held changes, so a scrape or a forwarding
+   * state asks a source for its status once per change, not once per read.
+   */
+  private readonly vips = new WeakMap<ServiceRuntime, { readonly vip: string | undefined }>();
+  /** Moves whenever a runtime is added, removed, reordered or given a new spec: a view kept by it is read again. */
+  private generation_ = 0;
 
   constructor(private readonly opts: ServiceRuntimesOptions) {}
 
   get size(): number { return this.runtimes.size; }
+
+  /** Unchanged while the runtimes, their order and their specs stay (a view built from them may be kept). */
+  get generation(): number { return this.generation_; }
 
   get(key: string): ServiceRuntime | undefined { return this.runtimes.get(key); }
 
@@ -101,6 +113,7 @@ export class ServiceRuntimes {
       const source = this.opts.subs()!.createSource(spec, this.opts.config()!);
       let lastVip: string | undefined; // for the event when it is lost
       source.on('vip', () => {
+        this.vips.delete(rt);
         const adopted = rt.held;
         rt.held = undefined;
         const st = source.status();
@@ -115,6 +128,7 @@ export class ServiceRuntimes {
         this.opts.scheduleApply(); this.opts.notifyStatusSoon();
       });
       source.on('lost', (reason: string, cause: LostCause = 'other') => {
+        this.vips.delete(rt);
         // A stop withdraws every VIP: counted for the stop's last line, not a
         // warning each (a thousand lines to journald in a stop of a thousand services).
         if (cause === 'stopped' && this.opts.stopping()) this.withdrawnAtStop++;
@@ -126,6 +140,7 @@ export class ServiceRuntimes {
         this.opts.notifyStatusSoon();
       });
       source.on('status', () => {
+        this.vips.delete(rt);
         // Every step of every source emits 'status': read it only when a held VIP could be lost by it.
         if (rt.held !== undefined) {
           const st = source.status();
@@ -140,6 +155,7 @@ export class ServiceRuntimes {
       rt.source = source;
     }
     this.runtimes.set(spec.key, rt);
+    this.generation_++;
   }
 
   /**
@@ -150,6 +166,7 @@ export class ServiceRuntimes {
   async remove(key: string): Promise<void> {
     const rt = this.runtimes.get(key);
     this.runtimes.delete(key);
+    this.generation_++;
     if (rt) await rt.gate; // a VRRP start/stop in flight finishes first
     if (rt?.source) await rt.source.stop({ release: true }).catch((e) => this.opts.log.error({ op: 'reload', service: key, err: errorMessage(e) }, 'release failed'));
   }
@@ -162,13 +179,14 @@ export class ServiceRuntimes {
       if (rt.source) await rt.source.stop({ release }).catch((e) => this.opts.log.error({ op: 'reload', service: key, err: errorMessage(e) }, 'stopping the old address source failed'));
     }
     this.runtimes.delete(key);
+    this.generation_++;
     this.add(spec);
   }
 
   /** A reload's update in place: the source stays. */
   update(key: string, spec: ServiceSpec): void {
     const rt = this.runtimes.get(key);
-    if (rt) { rt.spec = spec; rt.startedAt = this.opts.clock.wallNow(); }
+    if (rt) { rt.spec = spec; rt.startedAt = this.opts.clock.wallNow(); this.generation_++; }
   }
 
   /** New timings for every running source. */
@@ -189,6 +207,7 @@ export class ServiceRuntimes {
     const sorted = [...this.runtimes.entries()].sort((a, b) => (order.get(a[0]) ?? 0) - (order.get(b[0]) ?? 0));
     this.runtimes.clear();
     for (const [k, v] of sorted) this.runtimes.set(k, v);
+    this.generation_++;
   }
 
   /** Stop every source (each after its VRRP step in flight), all together; `step` logs each failure. */
@@ -304,9 +323,13 @@ export class ServiceRuntimes {
   vipOf(spec: ServiceSpec): string | undefined {
     const primaryKey = spec.primaryService ?? spec.key;
     const prt = this.runtimes.get(primaryKey);
-    const st = prt?.source?.status();
-    if (st && (st.state === 'bound' || st.state === 'renewing') && st.vip) return st.vip.address;
-    return prt?.held;
+    if (prt === undefined) return undefined;
+    const kept = this.vips.get(prt);
+    if (kept !== undefined) return kept.vip;
+    const st = prt.source?.status();
+    const vip = st && (st.state === 'bound' || st.state === 'renewing') && st.vip ? st.vip.address : prt.held;
+    this.vips.set(prt, { vip });
+    return vip;
   }
 
   /** The VIPs this node holds now, as their sources report them (the drift guard's view of what must be in the kernel). */

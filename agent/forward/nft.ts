@@ -1248,6 +1248,8 @@ export function canonicalTableJson(json: string): string {
  * longer in `state` are dropped (a removed service's count goes with it).
  */
 export function handedBackTotals(plan: Pick<NftPlan, 'handBack'> | undefined, live: ReadonlyMap<string, CounterValue>, carry: ReadonlyMap<string, number>, state: ForwardState | undefined): Map<string, number> {
+  // Nothing carried and no hand-back counter (no service hands back): no set of every key for a collect.
+  if (carry.size === 0 && (plan?.handBack ?? []).length === 0) return new Map();
   const keep = new Set((state?.services ?? []).map((s) => s.key));
   const out = new Map([...carry].filter(([k]) => keep.has(k)));
   for (const c of plan?.handBack ?? []) {
@@ -2418,7 +2420,7 @@ export class NftDataplane implements Dataplane {
     const totals = flowTotals(plan, live, this.carry);
     const handedBack = [...handedBackTotals(plan, live, this.handedBack, this.state)].map(([service, packets]) => ({ service, packets }));
     const flows: FlowStats[] = [];
-    const normal = normalizeState(this.state).services;
+    const normal = this.normalServices();
     const udpPorts = new Set<string>();
     for (const s of normal) {
       for (const { spec } of s.ports) {
@@ -2444,6 +2446,19 @@ export class NftDataplane implements Dataplane {
     const nfDir = path.join(this.procRoot, 'sys/net/netfilter');
     this.facts = { ...this.facts, conntrackCount: await readNumber(path.join(nfDir, 'nf_conntrack_count')), conntrackMax: await readNumber(path.join(nfDir, 'nf_conntrack_max')) };
     return { kind: 'kernel', services, flows, problems, udpFlowsEnded, handedBack, ...(Number.isFinite(readAt) ? { readAt } : {}), ...(countersFailure ? { countersFailure } : {}), details: { table: `${NFT_FAMILY} ${NFT_TABLE}`, startCheck: this.startCheck, ...this.facts, deltaWrites: { ...this.deltaWrites }, untranslatedFlowsEnded: this.forwardedFlowsEnded, ...(this.dsrState ? { dsrEngine: this.dsrState } : {}) } };
+  }
+
+  /**
+   * normalizeState of the state in place: the rendering's, kept from the
+   * apply (normalizeStateFrom gives normalizeState's services object for
+   * object) while it was made from this state's services; worked out whole
+   * otherwise.
+   */
+  private normalServices(): readonly NormalizedService[] {
+    const r = this.rendering;
+    const input = this.state.services;
+    if (r !== undefined && r.normal.from.length === input.length && r.normal.from.every((x, i) => x === input[i])) return r.normal.services;
+    return normalizeState(this.state).services;
   }
 
   /** While the reads of the stats for /metrics keep failing: what and since when (forward/metrics.ts readProblem). */

@@ -23,6 +23,7 @@ import { controlRequest } from '../../agent/control/server';
 import { InstanceLock } from '../../agent/daemon/lock';
 import { RELOAD_INLINE_MAX_BYTES } from '../../agent/config/load-async';
 import { silentLogger } from '../../agent/log';
+import { METRICS_LIMITS } from '../../agent/metrics/server';
 
 type Journal = string[];
 
@@ -398,6 +399,94 @@ t.test('a health transition hands the data path a new object for its service onl
   t.not(of(after, 'default/web'), of(before, 'default/web'), 'the service that changed gets a new object');
   t.same(of(after, 'default/web').healthy.map((b) => b.address), ['10.99.0.11'], 'with the backend taken out');
   t.same(of(after, 'default/web').backends.map((b) => b.address), ['10.99.0.11', '10.99.0.12'], 'and every configured backend still tracked');
+});
+
+/**
+ * What the daemon asks of the subsystems for one health transition among
+ * `n` services, once every VIP is bound and applied and one transition
+ * went before: calls to the sources'
+ * status() and the checker's healthy() and status(), counted by wrapping the fakes.
+ */
+async function transitionWork(t: { teardown(fn: () => unknown): void }, n: number): Promise<{ sourceStatus: number; healthy: number; healthStatus: number; changed: number }> {
+  const svcs: Svc[] = Array.from({ length: n }, (_, i) => ({ name: `s${i}`, ipam: 'dhcp' as const, backends: ['10.99.0.11', '10.99.0.12'] }));
+  const h = harness(t, svcs);
+  await h.daemon.start();
+  [...h.fk.sources.values()].forEach((s, i) => s.bind(`10.98.${i >> 8}.${i & 255}`));
+  await settle(h);
+  // A first transition: the health file's first write reads every service once (its parts are kept after).
+  h.fk.health.down.add('default/s0 10.99.0.12');
+  h.fk.health.emit('change', 'default/s0', '10.99.0.12', false);
+  await settle(h);
+  await new Promise((r) => setTimeout(r, 150));
+  const calls = { sourceStatus: 0, healthy: 0, healthStatus: 0 };
+  for (const s of h.fk.sources.values()) {
+    const status = s.status.bind(s);
+    s.status = () => { calls.sourceStatus++; return status(); };
+  }
+  const health = h.fk.health;
+  const healthy = health.healthy.bind(health);
+  const status = health.status.bind(health);
+  health.healthy = (key) => { calls.healthy++; return healthy(key); };
+  health.status = (key) => { calls.healthStatus++; return status(key); };
+  const before = h.fk.dataplane.applied.at(-1)!;
+  const from = h.fk.dataplane.applied.length;
+  const key = `default/s${n >> 1}`;
+  health.down.add(`${key} 10.99.0.12`);
+  health.emit('change', key, '10.99.0.12', false);
+  for (let i = 0; i < 200 && h.fk.dataplane.applied.length === from; i++) await new Promise((r) => setTimeout(r, 10));
+  // The health file's write (50 ms after) is part of the transition's work.
+  await new Promise((r) => setTimeout(r, 150));
+  const counted = { ...calls };
+  const after = h.fk.dataplane.applied.at(-1)!;
+  const changed = after.filter((s, i) => s !== before[i]).length;
+  const moved = after.find((s) => s.key === key)!;
+  if (moved.healthy.length !== 1 || after.length !== n) throw new Error(`the transition was not applied as asked: ${after.length} services, ${moved.healthy.length} healthy`);
+  await h.daemon.stop();
+  return { ...counted, changed };
+}
+
+t.test('a health transition among 1,000 services asks the sources and the checker what one among 10 does', async (t) => {
+  const ten = await transitionWork(t, 10);
+  const thousand = await transitionWork(t, 1000);
+  t.equal(ten.changed, 1, 'among 10, one service object is new');
+  t.equal(thousand.changed, 1, 'among 1,000, one service object is new');
+  t.ok(ten.healthy >= 1, `the changed service's healthy backends are read (${ten.healthy})`);
+  t.same(thousand, ten, `the same calls at 1,000 as at 10 (${JSON.stringify(thousand)})`);
+});
+
+t.test('the VIP series come from a view kept per change: a scrape asks no source, a VIP that moves or goes shows at the next', async (t) => {
+  const port = await freePort();
+  const n = 50;
+  const svcs: Svc[] = Array.from({ length: n }, (_, i) => ({ name: `s${i}`, ipam: 'dhcp' as const }));
+  const h = harness(t, svcs, { extra: { metrics: { listen: `127.0.0.1:${port}` } } });
+  await h.daemon.start();
+  const sources = [...h.fk.sources.values()];
+  sources.forEach((s, i) => s.bind(`10.98.0.${i + 1}`));
+  await settle(h);
+  // Past the endpoint's reuse of its last gather, so each scrape gathers (METRICS_LIMITS.reuseMs).
+  const vipLines = async (): Promise<string[]> => {
+    await new Promise((r) => setTimeout(r, METRICS_LIMITS.reuseMs + 50));
+    const res = await fetch(`http://127.0.0.1:${port}/metrics`);
+    t.equal(res.status, 200, 'the scrape is answered');
+    return (await res.text()).split('\n').filter((l) => l.startsWith('lbagent_service_vip_info{'));
+  };
+  const first = await vipLines();
+  t.equal(first.length, n, 'one VIP series per served service');
+  let calls = 0;
+  for (const s of sources) {
+    const status = s.status.bind(s);
+    s.status = () => { calls++; return status(); };
+  }
+  const second = await vipLines();
+  t.same(second, first, 'the same lines, in the same order, for the same state');
+  t.ok(calls < n, `a scrape does not ask every source for its status (${calls} calls for ${n} services)`);
+  sources[3]!.bind('10.98.1.4');
+  await sources[5]!.stop({ release: true });
+  const gone = await vipLines();
+  t.ok(gone.includes('lbagent_service_vip_info{service="s3",namespace="default",vip="10.98.1.4",ipam="dhcp"} 1'), 'a VIP that moved shows its new address at the next scrape');
+  t.notOk(gone.some((l) => l.includes('vip="10.98.0.4"')), 'and not the old one');
+  t.notOk(gone.some((l) => l.includes('service="s5"')), 'a VIP withdrawn has no series at the next scrape');
+  t.equal(gone.length, n - 1, 'the others keep theirs');
 });
 
 t.test('freed memory is given back once every VIP is in place, not while the sources start, and after a reload parsed in a worker (issue 18)', async (t) => {

@@ -1051,3 +1051,25 @@ t.test('a health transition among 10 or 1,000 services reads the same services a
   t.equal(large.script, small.script, 'the same transaction');
   t.ok(large.script.includes('s7p0b10_97_0_29'), 'which takes the backend that went down out of the service');
 });
+
+t.test('the stats of 10 or 1,000 services read no service of the state: they take the normalization the apply kept', async (t) => {
+  const reads = { n: 0 };
+  const counted = <T extends object>(o: T): T => new Proxy(o, { get: (target, p, receiver) => { reads.n++; return Reflect.get(target, p, receiver) as unknown; } });
+  const exec: Exec = async (file, args) => {
+    if (file === 'nft' && args.includes('counters')) return { stdout: JSON.stringify({ nftables: [] }), stderr: '' };
+    if (file === 'nft' && args[0] === '-j') throw Object.assign(new Error('absent'), { code: 1, stderr: 'Error: No such file or directory' });
+    return { stdout: '', stderr: '' };
+  };
+  const measure = async (n: number): Promise<{ reads: number; flows: number; services: number }> => {
+    const dp = new NftDataplane({ exec, procRoot: fakeProc(t), clock: new ManualClock(0) });
+    t.teardown(() => dp.stop({ keep: true }));
+    await dp.apply({ services: many(n).services.map(counted) });
+    reads.n = 0;
+    const st = await dp.stats();
+    return { reads: reads.n, flows: st.flows.length, services: st.services.length };
+  };
+  const [small, large] = [await measure(10), await measure(1000)];
+  t.same([small.services, large.services], [10, 1000], 'every service is in the stats');
+  t.ok(large.flows > small.flows && small.flows > 0, `with its flows (${small.flows}, ${large.flows})`);
+  t.equal(large.reads, small.reads, `the same reads of the state at 1,000 services as at 10 (${large.reads})`);
+});
