@@ -64,8 +64,37 @@ export interface NatPortPlan {
   /** Every configured backend (lbn_members), and whether it is healthy. */
   readonly backends: readonly string[];
   readonly healthy: readonly boolean[];
-  /** The slot table: an index into `backends` per slot (empty: no healthy backend). Shared by a service's ports. */
-  readonly table: Uint32Array;
+  /** The slot table: an index into `backends` per slot (empty: no healthy backend). Shared by a service's ports, and by services of the same backends and health. */
+  readonly table: NatSlotTable;
+}
+
+/**
+ * A slot table, in the narrowest array that holds its indices: a byte a
+ * slot up to 256 backends, so a table of 1,021 slots (2 to 10 backends)
+ * keeps 1 KiB. The kernel's lbn_slots entries are apart: 8 bytes a slot.
+ */
+export type NatSlotTable = Uint8Array | Uint16Array | Uint32Array;
+
+/** `indices` (each below `backends`) as a slot table. */
+export function natSlotTable(indices: ArrayLike<number>, backends: number): NatSlotTable {
+  if (backends <= 0x100) return Uint8Array.from(indices);
+  if (backends <= 0x10000) return Uint16Array.from(indices);
+  return Uint32Array.from(indices);
+}
+
+/**
+ * What a port's slot table is made of: the configured backends with their
+ * weights, in order, and the healthy ones. Services of the same shape share
+ * one table object (the placement does not depend on the service: its seed
+ * is apart), so a thousand services over a few backend sets keep a few
+ * tables, and their Maglev population is computed once.
+ */
+function tableShape(svc: NormalizedService): string {
+  let s = '';
+  for (const b of svc.all) s += `${b.address}*${b.weight},`;
+  s += '|';
+  for (const b of svc.healthy) s += `${b.address}*${b.weight},`;
+  return s;
 }
 
 /** A service's ports, kept as they are by the next plan while the service's inputs do not change. */
@@ -73,6 +102,8 @@ export interface NatServicePlan {
   readonly key: string;
   readonly input: NormalizedService;
   readonly ports: readonly NatPortPlan[];
+  /** tableShape of the input, one string for every service of that shape (absent: described from a record). */
+  readonly shape?: string;
 }
 
 export interface NatPlan {
@@ -118,17 +149,53 @@ function sameInput(a: NormalizedService, b: NormalizedService): boolean {
       && p.spec.targetPort === b.ports[i]!.spec.targetPort && p.spec.name === b.ports[i]!.spec.name);
 }
 
-function servicePlan(svc: NormalizedService, layout: CLayout): NatServicePlan {
+interface Shaped {
+  readonly shape: string;
+  readonly table: NatSlotTable;
+}
+
+/**
+ * Slot tables by tableShape, gathered from the previous plan the first
+ * time a service's plan is made anew. A plan keeps each service's shape as
+ * the one string this map holds, so gathering is a map entry a service, not
+ * a string built again.
+ */
+class SharedTables {
+  private byShape: Map<string, Shaped> | undefined;
+
+  constructor(private readonly prev: NatPlan | undefined) {}
+
+  get(svc: NormalizedService, make: () => NatSlotTable): Shaped {
+    if (this.byShape === undefined) {
+      this.byShape = new Map();
+      for (const s of this.prev?.services ?? []) {
+        // A service described from a record has no shape, and its table's slots are not known.
+        if (s.shape !== undefined && s.ports.length > 0) this.byShape.set(s.shape, { shape: s.shape, table: s.ports[0]!.table });
+      }
+    }
+    const shape = tableShape(svc);
+    let shaped = this.byShape.get(shape);
+    if (shaped === undefined) {
+      shaped = { shape, table: make() };
+      this.byShape.set(shape, shaped);
+    }
+    return shaped;
+  }
+}
+
+function servicePlan(svc: NormalizedService, layout: CLayout, tables: SharedTables): NatServicePlan {
   const backends = svc.all.map((b) => b.address);
-  const index = new Map(backends.map((a, i) => [a, i]));
   const healthySet = new Set(svc.healthy.map((b) => b.address));
   const healthy = backends.map((a) => healthySet.has(a));
   // One configured backend: one slot (the hash has one answer). A service
   // of several keeps its table's size while one of them is healthy (every
   // slot names it), so a health change rewrites slots in place rather than
   // a whole table in a new range; only none healthy empties it.
-  const owners = healthySet.size === 0 ? [] : backends.length === 1 ? [svc.healthy[0]!] : flowHashSlots(svc);
-  const table = Uint32Array.from(owners, (b) => index.get(b.address)!);
+  const { shape, table } = tables.get(svc, () => {
+    const index = new Map(backends.map((a, i) => [a, i]));
+    const owners = healthySet.size === 0 ? [] : backends.length === 1 ? [svc.healthy[0]!] : flowHashSlots(svc);
+    return natSlotTable(owners.map((b) => index.get(b.address)!), backends.length);
+  });
   const seed = dsrSeedValue(svc.key);
   const vip = addr(svc.vip!);
   const family = vip.length === 16 ? 6 : 4;
@@ -140,7 +207,7 @@ function servicePlan(svc: NormalizedService, layout: CLayout): NatServicePlan {
     key: layout.encode(structName('lbn_svc_key', family), { vip, port: be16(spec.port), proto: IPPROTO[spec.protocol] }),
     seed, backends, healthy, table,
   }));
-  return { key: svc.key, input: svc, ports };
+  return { key: svc.key, input: svc, ports, shape };
 }
 
 /**
@@ -150,10 +217,11 @@ function servicePlan(svc: NormalizedService, layout: CLayout): NatServicePlan {
  */
 export function natPlan(state: ForwardState, layout: CLayout, prev?: NatPlan): NatPlan {
   const services: NatServicePlan[] = [];
+  const tables = new SharedTables(prev);
   for (const svc of normalizeState(state).services) {
     if (!natServes(svc)) continue;
     const old = prev?.byKey.get(svc.key);
-    services.push(old !== undefined && (old.input === svc || sameInput(old.input, svc)) ? old : servicePlan(svc, layout));
+    services.push(old !== undefined && (old.input === svc || sameInput(old.input, svc)) ? old : servicePlan(svc, layout, tables));
   }
   return { services, byKey: new Map(services.map((s) => [s.key, s])) };
 }
@@ -254,9 +322,9 @@ export type NatOp =
    * table[s] of `values` (one encoded lbn_slot per backend of the port: a
    * table is held once, as the plan has it, never as a buffer of slots).
    */
-  | { readonly map: 'lbn_slots' | 'lbn_slots6'; readonly op: 'put'; readonly base: number; readonly table: Uint32Array; readonly values: Buffer }
+  | { readonly map: 'lbn_slots' | 'lbn_slots6'; readonly op: 'put'; readonly base: number; readonly table: NatSlotTable; readonly values: Buffer }
   /** Slot base + s, for each s of `slots` only (ascending), as `put` would write it: a table rewritten where it is. */
-  | { readonly map: 'lbn_slots' | 'lbn_slots6'; readonly op: 'patch'; readonly base: number; readonly table: Uint32Array; readonly values: Buffer; readonly slots: Uint32Array }
+  | { readonly map: 'lbn_slots' | 'lbn_slots6'; readonly op: 'patch'; readonly base: number; readonly table: NatSlotTable; readonly values: Buffer; readonly slots: Uint32Array }
   | { readonly map: 'lbn_svcs' | 'lbn_svcs6'; readonly op: 'put'; readonly key: Buffer; readonly value: Buffer }
   | { readonly map: 'lbn_svcs' | 'lbn_svcs6'; readonly op: 'delete'; readonly key: Buffer }
   /** A counter whose (port, backend) is gone: its totals are kept (as `ref`'s), then it is zeroed for its next user. */

@@ -34,7 +34,10 @@ export function natPortDigest(p: NatPortPlan): string {
   if (d === undefined) {
     const h = createHash('sha256');
     h.update(JSON.stringify([p.family, p.key.toString('hex'), p.seed, p.port.targetPort, p.backends, p.healthy]));
-    h.update(new Uint8Array(p.table.buffer, p.table.byteOffset, p.table.byteLength));
+    // The table's indices as 32-bit words, whatever its width: a record
+    // holds the same digest for the same table whichever array keeps it.
+    const words = p.table instanceof Uint32Array ? p.table : Uint32Array.from(p.table);
+    h.update(new Uint8Array(words.buffer, words.byteOffset, words.byteLength));
     d = h.digest('hex').slice(0, 32);
     digests.set(p, d);
   }

@@ -8,7 +8,7 @@ import t from 'tap';
 import { addressFromBytes, formatAddress, parseIPv4 } from '../../agent/address';
 import type { BackendSpec } from '../../agent/config/types';
 import { normalizeState, type ForwardService } from '../../agent/forward/dataplane';
-import { emptyNatMaps, natCapacity, natDelta, natOpWrites, natPlan, type NatMaps, type NatOp, type NatPlan } from '../../agent/forward/nat-plan';
+import { emptyNatMaps, natCapacity, natDelta, natOpWrites, natPlan, natSlotTable, type NatMaps, type NatOp, type NatPlan } from '../../agent/forward/nat-plan';
 import { flowHashSlots } from '../../agent/forward/nft-dsr';
 import { natLayout } from '../../agent/net/ebpf/nat-layout';
 
@@ -315,6 +315,53 @@ t.test('a health transition among many services writes the same few entries what
   t.equal(writes[0], 2 * moved + 2, `two ports: ${moved} moved slots of ${slots} and a member entry each`);
   const held = flowHashSlots(normalizeState({ services: [many(1)[0]!] }).services[0]!).filter((x) => x.address === '10.0.0.13').length;
   t.equal(moved, held, `only the slots 10.0.0.13 held move (${held} of ${slots}: weight 2 of 4)`);
+});
+
+t.test('slot tables: a byte a slot up to 256 backends, wider past that', async (t) => {
+  const indices = [0, 255, 7, 1];
+  for (const [backends, kind] of [[2, Uint8Array], [256, Uint8Array], [257, Uint16Array], [0x10000, Uint16Array], [0x10001, Uint32Array]] as const) {
+    const table = natSlotTable(indices, backends);
+    t.ok(table instanceof kind, `${backends} backends: a ${kind.name}`);
+    t.same([...table], indices, `${backends} backends: every index kept`);
+  }
+  t.same([...natSlotTable([0, 300, 65535], 0x10000)], [0, 300, 65535], 'the largest index of a Uint16Array kept');
+  const plan = natPlan({ services: [web(all)] }, l);
+  const table = plan.services[0]!.ports[0]!.table;
+  t.ok(table instanceof Uint8Array, 'a service of three backends keeps a byte a slot');
+  t.equal(table.byteLength, flowHashSlots(normalizeState({ services: [web(all)] }).services[0]!).length);
+  // 257 backends: 65,521 slots of two bytes, each naming the backend nft's table names.
+  const wide = Array.from({ length: 257 }, (_, i) => b(`10.2.${i >> 8}.${i & 255}`));
+  const big = natPlan({ services: [web(wide, { backends: wide, ports: [web(all).ports[0]!] })] }, l);
+  const port = big.services[0]!.ports[0]!;
+  t.ok(port.table instanceof Uint16Array, '257 backends: two bytes a slot');
+  const { model } = loaded(big);
+  t.same(model.table(port.key), flowHashSlots(normalizeState({ services: [web(wide, { backends: wide })] }).services[0]!).map((x) => x.address), 'every slot names the backend nft\'s flow-hash table names');
+});
+
+t.test('services of the same backends and health share one slot table, within a plan and from the plan before', async (t) => {
+  const before = natPlan({ services: many(30, new Set([1])) }, l);
+  const table = (p: NatPlan, i: number): unknown => p.services[i]!.ports[0]!.table;
+  t.equal(table(before, 0), table(before, 2), 'two services of the same backends and health: one table');
+  t.equal(before.services[0]!.ports[1]!.table, table(before, 0), 'a service\'s ports: one table');
+  t.not(table(before, 1), table(before, 0), 'a backend down: a table of its own');
+  t.equal(new Set(before.services.map((s) => s.ports[0]!.table)).size, 2, '30 services of two shapes: two tables');
+  const { maps, model } = loaded(before);
+  // Service 2 goes to service 1's shape: it takes that table, from the plan before.
+  const after = natPlan({ services: many(30, new Set([1, 2])) }, l, before);
+  t.equal(table(after, 2), table(before, 1), 'a service turned to the shape of another takes the table the plan before holds');
+  t.equal(table(after, 0), table(before, 0), 'the others keep theirs');
+  const d = natDelta(maps, after, l)!;
+  model.play(d.ops);
+  for (const i of [0, 1, 2]) {
+    t.same(model.table(after.services[i]!.ports[0]!.key), flowHashSlots(normalizeState({ services: [many(30, new Set([1, 2]))[i]!] }).services[0]!).map((x) => x.address), `service ${i}: every slot is nft's`);
+  }
+  t.ok(d.ops.every((o) => !('base' in o) || o.op === 'patch'), 'the service whose table is shared still has its slots rewritten where they are');
+  const weighted = natPlan({ services: [web(all), web(all.map((x) => b(x.address, 3)), { key: 'ns/heavy', vip: '10.0.0.51' })] }, l);
+  t.not(weighted.services[0]!.ports[0]!.table, weighted.services[1]!.ports[0]!.table, 'the same addresses of other weights: another table');
+  const reordered = natPlan({ services: [web(all), web([...all].reverse(), { key: 'ns/rev', vip: '10.0.0.52', backends: [...all].reverse() })] }, l);
+  t.equal(reordered.services[0]!.ports[0]!.table, reordered.services[1]!.ports[0]!.table, 'the same backends given in another order: one table (the plan takes them sorted)');
+  const fewer = natPlan({ services: [web(all), web(all.slice(0, 2), { key: 'ns/two', vip: '10.0.0.53', backends: all.slice(0, 2) })] }, l);
+  t.not(fewer.services[0]!.ports[0]!.table, fewer.services[1]!.ports[0]!.table, 'other backends: another table');
 });
 
 t.test('a backend comes back healthy: member first, then slots; goes: slots first, then member', async (t) => {

@@ -86,6 +86,13 @@ t.test('a port\'s digest changes with what its entries are made of, and only wit
   }
 });
 
+t.test('a port\'s digest is the same whichever array width holds its slot table', async (t) => {
+  const [p] = plan(services(1)).services[0]!.ports;
+  t.ok(p!.table instanceof Uint8Array);
+  t.equal(natPortDigest({ ...p!, table: Uint32Array.from(p!.table) }), natPortDigest(p!), 'the same indices in a Uint32Array: the same digest');
+  t.equal(natPortDigest({ ...p!, table: Uint16Array.from(p!.table) }), natPortDigest(p!), 'in a Uint16Array: the same digest');
+});
+
 t.test('the record as text reads back as the record, after a load and after a change of one port\'s service', async (t) => {
   const id = { prog: 7, maps: { lbn_svcs: 3 } };
   t.same(JSON.parse(natRecordText(first.maps, id)), kept(natRecord(first.maps, id)), 'after a load');

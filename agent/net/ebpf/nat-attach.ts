@@ -272,7 +272,7 @@ export class NatEngine {
   private recordDue: Loaded | undefined;
   private recordTimer: NodeJS.Timeout | undefined;
   /** The record's map (keepRecord), its chunks, and the buffer its text is put together in. */
-  private recordMap: { fd: number; chunks: number; blob: Buffer } | undefined;
+  private recordMap: { fd: number; chunks: number } | undefined;
   private counterBuf: Buffer | undefined;
   private counterOffsets: Uint32Array | undefined;
   /** What the last apply did. */
@@ -682,14 +682,18 @@ export class NatEngine {
         this.closeRecordMap();
         // Room to grow by a quarter before another map is needed.
         const room = chunks + Math.ceil(chunks / 4);
-        rec = this.recordMap = { fd: this.bpf.bpfMapCreate(2 /* BPF_MAP_TYPE_ARRAY */, 4, RECORD_CHUNK, room, 'lbn_record'), chunks: room, blob: Buffer.alloc(room * RECORD_CHUNK) };
+        rec = this.recordMap = { fd: this.bpf.bpfMapCreate(2 /* BPF_MAP_TYPE_ARRAY */, 4, RECORD_CHUNK, room, 'lbn_record'), chunks: room };
       }
-      rec.blob.writeUInt32LE(length, 0);
-      rec.blob.write(text, 4, 'utf8');
+      // The chunks' bytes are made for this write and dropped after it: kept,
+      // they would be a second copy of what the map holds (half a MiB at a
+      // thousand ports). Zeroed, so the last chunk's tail carries no old text.
+      const blob = Buffer.alloc(chunks * RECORD_CHUNK);
+      blob.writeUInt32LE(length, 0);
+      blob.write(text, 4, 'utf8');
       // The chunks past the text's are not read (the length says where it ends).
       // A writer sized for these chunks: its default batch (MAP_BATCH_ENTRIES values) would be 256 MiB of 64 KiB values.
       const w = new MapBatchWriter(this.bpf, { unsupported: this.batchProblem, chunk: chunks });
-      for (let i = 0; i < chunks; i++) w.put(rec.fd, u32(i), rec.blob.subarray(i * RECORD_CHUNK, (i + 1) * RECORD_CHUNK));
+      for (let i = 0; i < chunks; i++) w.put(rec.fd, u32(i), blob.subarray(i * RECORD_CHUNK, (i + 1) * RECORD_CHUNK));
       w.flush();
       this.pinAt(rec.fd, RECORD_PIN);
     } catch {
