@@ -34,7 +34,9 @@
 //                        a second for 10 s: failures
 //   status --json        wall time of `lb-agent status --json` (a process),
 //                        beside Node's own start (`node -e 0`, the same
-//                        way, in the same round), and of the control
+//                        way, in the same round), of `curl --unix-socket`
+//                        asking the socket's HTTP view (the same bytes: a
+//                        client that is not Node), and of the control
 //                        request alone (the answer streamed, not parsed)
 //   stop                 SIGTERM to exit, wall time
 // The reference is a kube-proxy-style (nftables mode) table of the same
@@ -212,6 +214,8 @@ export interface ScaleRun {
   /** `node -e 0` run the way the status CLI is, in the same rounds: what any Node process costs before its first line runs (absent from runs before it was measured). */
   nodeStartMs?: number[];
   statusRequestMs: number[];
+  /** `curl --unix-socket SOCKET http://lb-agent/status`, run the way the status CLI is, in the same rounds: the floor of a client that is not Node (absent from runs before it was measured). */
+  statusCurlMs?: number[];
   statusBytes: number;
   stopMs: number;
   stopKilled: boolean;
@@ -225,7 +229,7 @@ export interface ScaleSummaryRow {
   /** Quartiles of the reloads' and the transitions' CPU: how far one run's events spread. */
   reloadCpuP25Ms: number; reloadCpuP75Ms: number; transitionCpuP25Ms: number; transitionCpuP75Ms: number; metricsBytesPerService: number; metricsBytes: number;
   burstFailed: number; burstSent: number; burstP99Ms: number;
-  statusCliMs: number; nodeStartMs: number; statusRequestMs: number; statusBytes: number; stopMs: number;
+  statusCliMs: number; nodeStartMs: number; statusRequestMs: number; statusCurlMs: number; statusBytes: number; stopMs: number;
   refLines: number; refDeltaWallMs: number; refDeltaCpuMs: number; refFullWallMs: number; refFullCpuMs: number;
 }
 
@@ -239,7 +243,7 @@ export function summarizeScale(runs: readonly ScaleRun[]): ScaleSummaryRow[] {
     transitionCpuP25Ms: round(percentile(r.transitionCpuMs, 0.25), 1), transitionCpuP75Ms: round(percentile(r.transitionCpuMs, 0.75), 1),
     metricsBytesPerService: Math.round(r.metricsBytesPerService), metricsBytes: r.metricsBytes,
     burstFailed: r.burst.failed, burstSent: r.burst.sent, burstP99Ms: r.burst.p99Ms,
-    statusCliMs: m(r.statusCliMs), nodeStartMs: m(r.nodeStartMs ?? []), statusRequestMs: m(r.statusRequestMs), statusBytes: r.statusBytes, stopMs: r.stopMs,
+    statusCliMs: m(r.statusCliMs), nodeStartMs: m(r.nodeStartMs ?? []), statusRequestMs: m(r.statusRequestMs), statusCurlMs: m(r.statusCurlMs ?? []), statusBytes: r.statusBytes, stopMs: r.stopMs,
     refLines: r.reference.lines, refDeltaWallMs: m(r.reference.deltaWallMs), refDeltaCpuMs: m(r.reference.deltaCpuMs),
     refFullWallMs: m(r.reference.fullWallMs), refFullCpuMs: m(r.reference.fullCpuMs),
   }));
@@ -479,26 +483,31 @@ async function measureSize(n: number, o: ScaleOptions): Promise<ScaleRun> {
     const burst = { rate: BURST.rate, seconds: BURST.seconds, sent: b.sent, ok: b.ok, failed: b.failed, p50Ms: round(b.p50Ms, 1), p99Ms: round(b.p99Ms, 1), errors: b.errors };
     log(`${BURST.rate} scrapes/s for ${BURST.seconds} s: ${b.failed} of ${b.sent} failed, p99 ${b.p99Ms.toFixed(1)} ms`);
 
-    // status --json: a process, and the request alone.
+    // status --json: a process, and the request alone; curl over the socket's HTTP view, the same bytes.
     const statusCliMs: number[] = [];
     const nodeStartMs: number[] = [];
     const statusRequestMs: number[] = [];
+    const statusCurlMs: number[] = [];
     let statusBytes = 0;
     for (let r = 0; r < o.rounds; r++) {
       const n0 = Date.now();
       await lab.exec(node, process.execPath, ['-e', '0']);
       nodeStartMs.push(Date.now() - n0);
+      const c0 = Date.now();
+      const viaCurl = await lab.exec(node, 'curl', ['-fsS', '--max-time', '10', '--unix-socket', a.socket, 'http://lb-agent/status']);
+      statusCurlMs.push(Date.now() - c0);
       const t = Date.now();
       const c = await agentCli(lab, node, ['status', '--json', '--socket', a.socket]);
       statusCliMs.push(Date.now() - t);
       if (c.code !== 0) throw new Error(`lb-agent status --json exited ${c.code}: ${c.stderr.trim().slice(0, 200)}`);
       statusBytes = Buffer.byteLength(c.stdout);
+      if (Buffer.byteLength(viaCurl.stdout) !== statusBytes) throw new Error(`curl got ${Buffer.byteLength(viaCurl.stdout)} bytes of status, lb-agent status --json ${statusBytes}`);
       // The agent's answer as the CLI takes it: streamed, never parsed here.
       const q = performance.now();
       await controlStream(a.socket, 'status', () => undefined, 10_000);
       statusRequestMs.push(round(performance.now() - q, 1));
     }
-    log(`status --json ${statusCliMs.join(', ')} ms (node -e 0 ${nodeStartMs.join(', ')} ms; request alone ${statusRequestMs.join(', ')} ms), ${statusBytes} bytes`);
+    log(`status --json ${statusCliMs.join(', ')} ms (node -e 0 ${nodeStartMs.join(', ')} ms; curl ${statusCurlMs.join(', ')} ms; request alone ${statusRequestMs.join(', ')} ms), ${statusBytes} bytes`);
 
     const ts = Date.now();
     const stopped = await stopAgent(a, 60_000);
@@ -511,7 +520,7 @@ async function measureSize(n: number, o: ScaleOptions): Promise<ScaleRun> {
     return {
       services: n, backends: backendCount, readyMs, rssMiB, rssAfterScrapesMiB, descriptors: fds.total, packetSockets: fds.packet, idleWindowSeconds: o.idleSeconds, idleCpuMs, idleCpuPercent, nftLines,
       reloadCpuMs, reloadWallMs, transitionCpuMs, transitionKinds, transitionControlCpuMs, transition1sCpuMs, scrapeCpuMs, scrapes: spaced.ok, metricsBytes: body, metricsBytesPerService: body / n,
-      burst, statusCliMs, nodeStartMs, statusRequestMs, statusBytes, stopMs, stopKilled: stopped.killed, reference: ref,
+      burst, statusCliMs, nodeStartMs, statusRequestMs, statusCurlMs, statusBytes, stopMs, stopKilled: stopped.killed, reference: ref,
     };
   } finally {
     if (agent) await stopAgent(agent);

@@ -139,7 +139,7 @@ export function buildProgram(closedPipeHandler?: () => void): Command {
       }
       if (opts.json) {
         // The daemon's document as it sends it (built once per change), never parsed here.
-        await controlStream(socket, 'status', out);
+        await controlStream(socket, 'status', (chunk) => { process.stdout.write(chunk); });
         out('\n');
         process.exitCode = EXIT.OK;
         return;

@@ -10,18 +10,21 @@
 // (status-json.ts).
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import * as vm from 'node:vm';
-import {
-  CODE_CACHE_KEY, cacheDirFrom, readCodeCache, writeCodeCache,
-  type CacheTerms, type CodeCacheHandle, type CodeCacheState,
-} from './code-cache';
+import type * as vmTypes from 'node:vm';
+import type { CacheTerms, CodeCacheHandle, CodeCacheState } from './code-cache';
 import { statusJsonFast } from './status-json';
 
 /** Set by agent/bundle-build.ts: the SHA-256 of cli.js as built. Absent outside the bundle. */
 declare const LB_CLI_SHA256: string | undefined;
 
-/** Compile and run the CLI bundle, with its code cache. */
-function runCli(): void {
+/**
+ * Compile and run the CLI bundle, with its code cache. The code cache's
+ * module and `vm` are loaded here, not at the file's top: `status --json`
+ * (status-json.ts) answers without either.
+ */
+async function runCli(): Promise<void> {
+  const vm = await import('node:vm');
+  const { CODE_CACHE_KEY, cacheDirFrom, readCodeCache, writeCodeCache } = await import('./code-cache');
   const cli = path.join(__dirname, 'cli.js');
   const euid = process.geteuid?.() ?? -1;
   const terms: CacheTerms = {
@@ -38,7 +41,7 @@ function runCli(): void {
    * cache's bytes (V8 has made its objects from them) outlive the compile,
    * ~1.1 and ~0.9 MB that would otherwise stay in every agent's heap.
    */
-  function compile(): { script: vm.Script; state: CodeCacheState; reason: string | undefined; usable: boolean } {
+  function compile(): { script: vmTypes.Script; state: CodeCacheState; reason: string | undefined; usable: boolean } {
     const read = 'dir' in where ? readCodeCache(where.dir, terms, euid) : { state: 'off' as const, reason: where.off, data: undefined };
     // The shebang line is kept as an empty line: line numbers in stack traces stay the file's.
     const source = fs.readFileSync(cli, 'utf8').replace(/^#!.*/, '');
@@ -72,4 +75,9 @@ function runCli(): void {
   (script.runInThisContext() as (...a: unknown[]) => void).call(module.exports, module.exports, require, module, cli, __dirname);
 }
 
-if (!statusJsonFast(process.argv.slice(2))) runCli();
+if (!statusJsonFast(process.argv.slice(2))) {
+  runCli().catch((e: unknown) => {
+    process.stderr.write(`lb-agent: ${e instanceof Error ? e.message : String(e)}\n`);
+    process.exitCode = 1;
+  });
+}

@@ -262,7 +262,7 @@ export function scaleTargets(d: ScaleResult | undefined): TargetRow[] {
     row('one /metrics scrape under 20 ms of CPU', `${fmt(s?.scrapeCpuMs ?? NaN, 1)} ms (${fmt(s?.metricsBytesPerService ?? NaN)} bytes a service)`, s?.scrapeCpuMs ?? NaN, (x) => x < 20),
     row('50 /metrics scrapes a second sustained for 10 s', `${fmt(s?.burstFailed ?? NaN)} of ${fmt(s?.burstSent ?? NaN)} failed`, s ? s.burstFailed : NaN, (x) => x === 0),
     // A process: Node's own start comes first, whatever the CLI does (`node -e 0`, measured beside it).
-    row('`lb-agent status --json` under 50 ms', `${fmt(s?.statusCliMs ?? NaN)} ms as a process, of which Node's own start (\`node -e 0\`, the floor of any Node command) ${fmt(s?.nodeStartMs ?? NaN)} ms, the CLI over it ${fmt((s?.statusCliMs ?? NaN) - (s?.nodeStartMs ?? NaN))} ms; ${fmt(s?.statusRequestMs ?? NaN, 1)} ms the request alone`, s?.statusCliMs ?? NaN, (x) => x < 50),
+    row('`lb-agent status --json` under 50 ms', `${fmt(s?.statusCliMs ?? NaN)} ms as a process, of which Node's own start (\`node -e 0\`, the floor of any Node command) ${fmt(s?.nodeStartMs ?? NaN)} ms, the CLI over it ${fmt((s?.statusCliMs ?? NaN) - (s?.nodeStartMs ?? NaN))} ms; ${fmt(s?.statusRequestMs ?? NaN, 1)} ms the request alone${Number.isFinite(s?.statusCurlMs ?? NaN) ? `; \`curl --unix-socket\` (no Node) ${fmt(s!.statusCurlMs)} ms` : ''}`, s?.statusCliMs ?? NaN, (x) => x < 50),
     row('stop (SIGTERM to exit) under 2 s', `${fmt(s?.stopMs ?? NaN)} ms`, s?.stopMs ?? NaN, (x) => x < 2000),
   ];
 }
@@ -271,12 +271,12 @@ export function scaleTargets(d: ScaleResult | undefined): TargetRow[] {
 export function scaleTable(r: BenchResults): string | undefined {
   const d = r.scale;
   if (!d || d.summary.length === 0) return undefined;
-  return table(['services (backends)', 'start to ready s', 'RSS MiB', 'RSS after 20 scrapes MiB', 'descriptors (packet sockets)', 'idle CPU % of a core', 'nft ruleset lines', 'reload of one backend: agent CPU ms (quartiles)', 'kube-proxy-style delta: nft CPU ms / wall ms (full table: CPU / wall)', 'health transition: agent CPU ms (quartiles)', '/metrics bytes a service (body)', 'CPU ms a scrape', '50 scrapes/s for 10 s: failed (p99 ms)', '`status --json` ms (`node -e 0` ms; request alone)', 'stop ms'],
+  return table(['services (backends)', 'start to ready s', 'RSS MiB', 'RSS after 20 scrapes MiB', 'descriptors (packet sockets)', 'idle CPU % of a core', 'nft ruleset lines', 'reload of one backend: agent CPU ms (quartiles)', 'kube-proxy-style delta: nft CPU ms / wall ms (full table: CPU / wall)', 'health transition: agent CPU ms (quartiles)', '/metrics bytes a service (body)', 'CPU ms a scrape', '50 scrapes/s for 10 s: failed (p99 ms)', '`status --json` ms (`node -e 0` ms; request alone; curl)', 'stop ms'],
     d.summary.map((s) => [
       `${fmt(s.services)} (${fmt(s.backends)})`, fmt(s.readyMs / 1000, 1), fmt(s.rssMiB, 1), fmt(s.rssAfterScrapesMiB, 1), `${fmt(s.descriptors)} (${fmt(s.packetSockets)})`, fmt(s.idleCpuPercent, 2), fmt(s.nftLines), `${fmt(s.reloadCpuMs, 1)} (${fmt(s.reloadCpuP25Ms, 1)}-${fmt(s.reloadCpuP75Ms, 1)})`,
       `${fmt(s.refDeltaCpuMs, 1)} / ${fmt(s.refDeltaWallMs, 1)} (${fmt(s.refFullCpuMs, 1)} / ${fmt(s.refFullWallMs, 1)}, ${fmt(s.refLines)} lines)`,
       `${fmt(s.transitionCpuMs, 1)} (${fmt(s.transitionCpuP25Ms, 1)}-${fmt(s.transitionCpuP75Ms, 1)})`, `${fmt(s.metricsBytesPerService)} (${fmt(s.metricsBytes / 1024, 1)} KiB)`, fmt(s.scrapeCpuMs, 1),
-      `${fmt(s.burstFailed)} of ${fmt(s.burstSent)} (${fmt(s.burstP99Ms, 1)})`, `${fmt(s.statusCliMs)} (${fmt(s.nodeStartMs)}; ${fmt(s.statusRequestMs, 1)}; ${fmt(s.statusBytes / 1024, 0)} KiB)`, fmt(s.stopMs),
+      `${fmt(s.burstFailed)} of ${fmt(s.burstSent)} (${fmt(s.burstP99Ms, 1)})`, `${fmt(s.statusCliMs)} (${fmt(s.nodeStartMs)}; ${fmt(s.statusRequestMs, 1)}; ${Number.isFinite(s.statusCurlMs) ? `curl ${fmt(s.statusCurlMs)}; ` : ''}${fmt(s.statusBytes / 1024, 0)} KiB)`, fmt(s.stopMs),
     ]));
 }
 

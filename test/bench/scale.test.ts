@@ -63,6 +63,8 @@ t.test('targets at 1,000 services only', async (t) => {
   t.equal(rows.find((x) => /reload/.test(x.target))!.met, false, 'median 50 ms is not under 50');
   t.ok(rows.filter((x) => !/reload/.test(x.target)).every((x) => x.met === true));
   t.equal(rows.find((x) => /status/.test(x.target))!.measured, '40 ms as a process, of which Node\'s own start (`node -e 0`, the floor of any Node command) 30 ms, the CLI over it 10 ms; 5.0 ms the request alone', 'Node\'s own start beside the process');
+  const withCurl = scaleTargets({ config: {} as never, summary: summarizeScale([{ ...run(1000), statusCurlMs: [9] }]), raw: [], errors: [] });
+  t.equal(withCurl.find((x) => /status/.test(x.target))!.measured, '40 ms as a process, of which Node\'s own start (`node -e 0`, the floor of any Node command) 30 ms, the CLI over it 10 ms; 5.0 ms the request alone; `curl --unix-socket` (no Node) 9 ms', 'and curl, where the run measured it');
 });
 
 t.test('the table gives each size\'s start to ready in seconds', async (t) => {

@@ -8,10 +8,10 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { execFile } from 'node:child_process';
 import { AGENT_BIN, agentCli } from '../../lab/agent';
-import { ControlServer } from '../../agent/control/server';
 import { silentLogger } from '../../agent/log';
 import { statusJsonArgs } from '../../agent/cli/status-json';
 import { DEFAULT_CONFIG_PATH } from '../../agent/config/defaults';
+import { ControlServer, JsonText } from '../../agent/control/server';
 
 t.test('the forms taken here, and those left to the full CLI', async (t) => {
   t.same(statusJsonArgs(['status', '--json']), { socket: undefined, config: DEFAULT_CONFIG_PATH });
@@ -27,13 +27,23 @@ t.test('the forms taken here, and those left to the full CLI', async (t) => {
   ]) t.equal(statusJsonArgs(args), undefined, `${args.join(' ')}: the full CLI's`);
 });
 
-/** Run a bin with node, asynchronously (the fake daemon answers from this process's loop). */
-function runBin(bin: string, args: string[], env: NodeJS.ProcessEnv): Promise<{ code: number; stdout: string; stderr: string }> {
+/**
+ * Run a bin with node (Node's own flags first), asynchronously (the fake
+ * daemon answers from this process's loop). Through env(1), which takes
+ * NODE_OPTIONS off: the test runner puts its own preloads there in every
+ * child it spawns, whatever env it is given.
+ */
+function runBinBytes(bin: string, args: string[], env: NodeJS.ProcessEnv, nodeFlags: string[] = []): Promise<{ code: number; stdout: Buffer; stderr: string }> {
   return new Promise((resolve) => {
-    execFile(process.execPath, [bin, ...args], { encoding: 'utf8', env, timeout: 20_000 }, (e, stdout, stderr) => {
-      resolve({ code: e ? (typeof e.code === 'number' ? e.code : -1) : 0, stdout, stderr });
+    execFile('env', ['-u', 'NODE_OPTIONS', process.execPath, ...nodeFlags, bin, ...args], { encoding: 'buffer', env, timeout: 20_000, maxBuffer: 64 << 20 }, (e, stdout, stderr) => {
+      resolve({ code: e ? (typeof e.code === 'number' ? e.code : -1) : 0, stdout, stderr: stderr.toString('utf8') });
     });
   });
+}
+
+async function runBin(bin: string, args: string[], env: NodeJS.ProcessEnv): Promise<{ code: number; stdout: string; stderr: string }> {
+  const r = await runBinBytes(bin, args, env);
+  return { ...r, stdout: r.stdout.toString('utf8') };
 }
 
 async function fakeDaemon(t: Test, doc: unknown): Promise<{ dir: string; socket: string; ops: string[] }> {
@@ -96,4 +106,41 @@ t.test('status --json answers without the CLI bundle; every other form needs it'
   const text = await runBin(alone, ['status', '--socket', d.socket], env);
   t.not(text.code, 0, 'the text form is the CLI bundle\'s');
   t.match(text.stderr, /cli\.js/, 'and it looked for it');
+});
+
+t.test('status --json prints the daemon\'s document byte for byte, over many chunks and characters of several bytes', async (t) => {
+  // Built as the daemon keeps it (JsonText): ~0.4 MB (seven socket reads and more), characters of 2 to 4 UTF-8 bytes throughout, so that chunk edges fall inside them.
+  const text = JSON.stringify({ services: Array.from({ length: 6000 }, (_, i) => ({ key: `default/s${i}`, note: `${'é→\u{1F600}'.repeat(i % 7)} "q" \\ }\n` })) });
+  const d = await fakeDaemon(t, new JsonText(text));
+  const r = await runBinBytes(AGENT_BIN, ['status', '--json', '--socket', d.socket], process.env);
+  t.same([r.code, r.stderr], [0, '']);
+  t.ok(r.stdout.equals(Buffer.from(`${text}\n`, 'utf8')), `the document and a newline, ${r.stdout.length} bytes`);
+});
+
+/**
+ * A preload that reports, as the process exits, the built-in modules Node
+ * loaded (process.moduleLoadList) and the files required (require.cache).
+ */
+const REPORT_MODULES = `process.on('exit', () => { require('fs').writeFileSync(process.env.LBT_MODULES_OUT, JSON.stringify({ builtins: process.moduleLoadList, files: Object.keys(require.cache) })); });`;
+
+t.test('the status --json path loads the control client and nothing of the CLI, the daemon or the config', async (t) => {
+  const d = await fakeDaemon(t, DOC);
+  const preload = path.join(d.dir, 'report-modules.js');
+  fs.writeFileSync(preload, REPORT_MODULES);
+  const loaded = async (args: string[]): Promise<{ builtins: string[]; files: string[] }> => {
+    const out = path.join(d.dir, `modules-${args.length}.json`);
+    const r = await runBinBytes(AGENT_BIN, args, { ...process.env, LBT_MODULES_OUT: out, LB_AGENT_CODE_CACHE: 'off' }, ['--require', preload]);
+    t.equal(r.code, 0, `${args.join(' ')}: ${r.stderr}`);
+    return JSON.parse(fs.readFileSync(out, 'utf8')) as { builtins: string[]; files: string[] };
+  };
+  const fast = await loaded(['status', '--json', '--socket', d.socket]);
+  t.same(fast.files.sort(), [AGENT_BIN, preload].sort(), 'no file but the bin is required (cli.js is not read)');
+  t.ok(fast.builtins.includes('NativeModule net'), 'the control client (net) is loaded');
+  // What the CLI, the daemon, the config loader, pino or the code cache bring in.
+  const never = ['vm', 'crypto', 'zlib', 'http', 'worker_threads', 'dgram', 'dns', 'child_process', 'readline', 'os'].map((m) => `NativeModule ${m}`);
+  t.same(fast.builtins.filter((m) => never.includes(m)), [], `none of ${never.length} built-ins the rest of the agent uses`);
+  // The same check on a command the full CLI answers: there it fails.
+  const full = await loaded(['version']);
+  t.ok(full.builtins.includes('NativeModule vm'), 'another command compiles the CLI bundle (vm)');
+  t.ok(full.builtins.length > fast.builtins.length, `and loads more built-ins (${full.builtins.length}, status --json ${fast.builtins.length})`);
 });

@@ -5,7 +5,7 @@ import t from 'tap';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { ControlServer, ControlHandler, JsonText, controlRequest, controlStream } from '../../agent/control/server';
+import { ControlServer, ControlHandler, JsonText, controlRequest, controlStream, httpRequestOf } from '../../agent/control/server';
 import { silentLogger } from '../../agent/log';
 
 // Two subtests wait out 5 s idle limits on their own sockets; nothing is
@@ -123,15 +123,15 @@ t.test('controlStream: the answer\'s data as the daemon sent it, chunk by chunk,
   // Larger than a socket's buffer: it arrives in many chunks.
   const text = JSON.stringify({ services: Array.from({ length: 5000 }, (_, i) => ({ key: `default/s${i}`, vip: `10.0.${i >> 8}.${i & 255}`, reason: 'a "quoted" }\n reason' })) });
   const socket = await serve(t, (op) => (op === 'status' ? new JsonText(text) : op === 'ping' ? 'pong' : Promise.reject(new Error('not now'))));
-  const chunks: string[] = [];
+  const chunks: Buffer[] = [];
   await controlStream(socket, 'status', (c) => chunks.push(c));
   t.ok(chunks.length > 1, `in ${chunks.length} chunks`);
-  t.equal(chunks.join(''), text, 'byte for byte the document, without the answer\'s envelope');
+  t.equal(Buffer.concat(chunks).toString('utf8'), text, 'byte for byte the document, without the answer\'s envelope');
   let plain = '';
-  await controlStream(socket, 'ping', (c) => { plain += c; });
+  await controlStream(socket, 'ping', (c) => { plain += c.toString('utf8'); });
   t.equal(plain, '"pong"', 'an answer not serialised beforehand streams as its JSON');
   let refused = '';
-  await t.rejects(controlStream(socket, 'reload', (c) => { refused += c; }), { code: 'LB_ERR_CONTROL_PROTOCOL', message: 'the daemon refused "reload": not now' });
+  await t.rejects(controlStream(socket, 'reload', (c) => { refused += c.toString('utf8'); }), { code: 'LB_ERR_CONTROL_PROTOCOL', message: 'the daemon refused "reload": not now' });
   t.equal(refused, '', 'nothing written for a refusal');
   const net = await import('node:net');
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lbt-control-'));
@@ -141,9 +141,61 @@ t.test('controlStream: the answer\'s data as the daemon sent it, chunk by chunk,
   await new Promise<void>((r) => cut.listen(cutSock, r));
   t.teardown(async () => { await new Promise((r) => cut.close(r)); fs.rmSync(dir, { recursive: true, force: true }); });
   let partial = '';
-  await t.rejects(controlStream(cutSock, 'status', (c) => { partial += c; }), { code: 'LB_ERR_CONTROL_PROTOCOL', message: `the answer from ${cutSock} was cut short` });
+  await t.rejects(controlStream(cutSock, 'status', (c) => { partial += c.toString('utf8'); }), { code: 'LB_ERR_CONTROL_PROTOCOL', message: `the answer from ${cutSock} was cut short` });
   t.equal(partial, '{"services":[1', 'all but the last two bytes, held back as the tail they might be');
   await t.rejects(controlStream(path.join(dir, 'none.sock'), 'status', () => undefined), { code: 'LB_ERR_CONTROL_UNREACHABLE' });
+});
+
+t.test('httpRequestOf: GET of a view is its op; another method or path is refused; anything else is the line protocol', async (t) => {
+  t.same(httpRequestOf('GET /status HTTP/1.1\r'), { op: 'status' });
+  t.same(httpRequestOf('GET /status?pretty HTTP/1.0'), { op: 'status' }, 'a query is not part of the path');
+  t.same(httpRequestOf('GET /ping HTTP/1.1'), { op: 'ping' });
+  t.match(httpRequestOf('GET /reload HTTP/1.1'), { status: 404, error: 'no view at /reload: GET /status or GET /ping' });
+  t.match(httpRequestOf('POST /status HTTP/1.1'), { status: 405, error: /^POST is not answered here: the control socket's HTTP views are read-only/ });
+  for (const line of ['{"op":"status"}', 'GET /status', 'GET /status HTTP/2', 'get /status HTTP/1.1', 'GET  /status HTTP/1.1']) t.equal(httpRequestOf(line), undefined, line);
+});
+
+/** One raw exchange on a unix socket: what is sent, and everything answered until the daemon closes. */
+async function exchange(socket: string, request: string): Promise<string> {
+  const net = await import('node:net');
+  return new Promise((resolve, reject) => {
+    const s = net.createConnection(socket);
+    const got: Buffer[] = [];
+    s.on('connect', () => s.write(request));
+    s.on('data', (d: Buffer) => got.push(d));
+    s.on('end', () => resolve(Buffer.concat(got).toString('utf8')));
+    s.on('error', reject);
+  });
+}
+
+t.test('an HTTP GET of /status: the document as the body, a newline after it, the connection closed', async (t) => {
+  const text = JSON.stringify({ services: Array.from({ length: 3000 }, (_, i) => ({ key: `default/s${i}`, note: 'é → \u{1F600}' })) });
+  const ops: string[] = [];
+  const socket = await serve(t, (op) => { ops.push(op); if (op === 'status') return new JsonText(text); if (op === 'ping') return 'pong'; throw new Error(`op ${op} must not be reached over HTTP`); });
+  // Sent in two writes: the answer waits for the end of the header section.
+  const net = await import('node:net');
+  const split = await new Promise<string>((resolve, reject) => {
+    const s = net.createConnection(socket);
+    const got: Buffer[] = [];
+    s.on('connect', () => { s.write('GET /status HTTP/1.1\r\nHost: lb-agent\r\n'); setTimeout(() => s.write('Accept: */*\r\n\r\n'), 50); });
+    s.on('data', (d: Buffer) => got.push(d));
+    s.on('end', () => resolve(Buffer.concat(got).toString('utf8')));
+    s.on('error', reject);
+  });
+  const [head, ...rest] = split.split('\r\n\r\n');
+  t.match(head, /^HTTP\/1\.1 200 OK\r\nContent-Type: application\/json\r\n/);
+  t.notMatch(head, /Content-Length/i, 'the body ends with the connection');
+  t.equal(rest.join('\r\n\r\n'), `${text}\n`, 'the document byte for byte, then a newline');
+  t.equal((await exchange(socket, 'GET /ping HTTP/1.0\r\n\r\n')).split('\r\n\r\n')[1], '"pong"\n', 'a view not serialised beforehand: its JSON');
+  const post = await exchange(socket, 'POST /status HTTP/1.1\r\nContent-Length: 0\r\n\r\n');
+  t.match(post, /^HTTP\/1\.1 405 Method Not Allowed\r\n/);
+  t.match(JSON.parse(post.split('\r\n\r\n')[1]!), { error: /^POST is not answered here/ });
+  const reload = await exchange(socket, 'GET /reload HTTP/1.1\r\n\r\n');
+  t.match(reload, /^HTTP\/1\.1 404 Not Found\r\n/);
+  t.same(JSON.parse(reload.split('\r\n\r\n')[1]!), { error: 'no view at /reload: GET /status or GET /ping' });
+  t.same(ops, ['status', 'ping'], 'a refused request reaches no op');
+  // The line protocol on the same socket is unchanged.
+  t.same(await controlRequest(socket, 'ping'), 'pong');
 });
 
 t.test('a socket path that cannot be bound is LB_ERR_DAEMON_START naming it', async (t) => {

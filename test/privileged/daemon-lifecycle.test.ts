@@ -67,6 +67,22 @@ t.test('daemon life cycle', async (t) => {
     t.same(doc.services.map((s) => s.key), ['default/web', 'default/api']);
     t.match(doc.services[0]!.mac, /^02:/, 'the DHCP service has a locally administered MAC');
     t.match(doc.services[0]!.interface, /^lbv/, 'on its own macvlan');
+    // The daemon's document as it sends it: the CLI's bytes are curl's over
+    // HTTP on the same socket (docs/operations.md), asked before and after
+    // (a health transition between them changes the document: asked again).
+    let viaCurl: [string, string] = ['', ''];
+    let viaCli = '';
+    for (let attempt = 0; attempt < 3 && (attempt === 0 || viaCurl[0] !== viaCurl[1]); attempt++) {
+      const a = await lab.exec(node, 'curl', ['-fsS', '--max-time', '5', '--unix-socket', agent.socket, 'http://lb-agent/status']);
+      viaCli = (await agentCli(lab, node, ['status', '--json', '--socket', agent.socket])).stdout;
+      const c = await lab.exec(node, 'curl', ['-fsS', '--max-time', '5', '--unix-socket', agent.socket, 'http://lb-agent/status']);
+      viaCurl = [a.stdout, c.stdout];
+    }
+    t.equal(viaCurl[0], viaCurl[1], 'one document across the requests');
+    t.equal(viaCli, viaCurl[0], 'status --json prints the daemon\'s document byte for byte, as curl gets it');
+    t.same(JSON.parse(viaCli), JSON.parse(json.stdout), 'the document');
+    const refused = await lab.exec(node, 'curl', ['-sS', '--max-time', '5', '-o', '/dev/null', '-w', '%{http_code}', '-X', 'POST', '--unix-socket', agent.socket, 'http://lb-agent/status'], { allowFail: true });
+    t.equal(refused.stdout, '405', 'a POST changes nothing and is refused');
     const noDaemon = await agentCli(lab, node, ['status', '--socket', lab.file('nothing.sock')]);
     t.equal(noDaemon.code, 1, 'status without a daemon fails');
     t.match(noDaemon.stderr, /cannot reach the agent at .*nothing\.sock/);
