@@ -561,6 +561,75 @@ s.on('error', (e) => out({ ok: false, got: n, error: e.code }));`;
       t.match(metrics, new RegExp(`lbagent_forward_nat_events_total\\{event="evicted"\\} ${2 * ports.length - fill.flows - fill.replies}\\b`));
       await eng.request({ cmd: 'stop' });
     });
+    await t.test('a flow\'s stamp moves on once the clock is 2^24 ns past it, not before; a flow expires once its idle timeout has passed since the stamp, not before', async (t) => {
+      // The program stamps a held flow only once the coarse clock is 2^24 ns
+      // (16.8 ms) past its stamp (a write on every packet bounces the entry's
+      // cache line between the CPUs of the two directions), so an idle
+      // timeout runs out up to that much early, never late. Crafted here, at
+      // the nanosecond: a flow entry whose stamp is a chosen age behind the
+      // program's own clock, one ACK of it run through the attached program
+      // (BPF_PROG_TEST_RUN), the entry and the expired count read back. The
+      // program's clock (bpf_ktime_get_coarse_ns, the last tick's) is read
+      // through the program: a second flow stamped a second ago is stamped
+      // anew by one packet, before and after the trial; a trial between two
+      // readings that differ (a tick between them) is run again. No ingress
+      // device in a test run, so a packet goes no further than the FIB lookup.
+      const eng = await JsonLinesProc.start(lab, node, 'forward-driver.js',
+        ['--kind', 'kernel', '--nat-engine', 'ebpf', '--nat-device', 'eth0', '--nat-pin-dir', `${pinDir}-grain`, '--nat-flows', '64'], 'driver(ebpf, stamp)');
+      t.teardown(() => eng.close());
+      await eng.request({ cmd: 'apply', state: { services: [weighted] } });
+      const script = `const n = require(${JSON.stringify(distPath('agent', 'native', 'native.js'))}); const fs = require('node:fs');
+const { natLayout } = require(${JSON.stringify(distPath('agent', 'net', 'ebpf', 'nat-layout.js'))});
+const { possibleCpus } = require(${JSON.stringify(distPath('agent', 'net', 'ebpf', 'nat-attach.js'))});
+const b = n.nativeBpfObject(); const cpus = possibleCpus(); const L = natLayout();
+let prog; for (const id of b.bpfProgQuery(n.ifNameToIndex('eth0'), 46)) { const fd = b.bpfProgGetFdById(id); if (b.bpfProgInfo(fd).name === 'lb_agent_nat') prog = fd; else fs.closeSync(fd); }
+const maps = {}; for (const id of b.bpfProgInfo(prog).mapIds) { const fd = b.bpfMapGetFdById(id); maps[b.bpfMapInfo(fd).name] = fd; }
+const u32 = (x) => { const k = Buffer.alloc(4); k.writeUInt32LE(x); return k; };
+const ip = (a) => Buffer.from(a.split('.').map(Number));
+const be16 = (x) => { const k = Buffer.alloc(2); k.writeUInt16BE(x); return k; };
+const cfgBuf = Buffer.alloc(L.size('lbn_config')); b.bpfMapLookup(maps.lbn_config, u32(0), cfgBuf);
+const idle = L.decode('lbn_config', cfgBuf).tcp_idle_ns;
+const expiredCount = () => { const v = Buffer.alloc(8 * cpus); b.bpfMapLookup(maps.lbn_events, u32(L.constant('LBN_EV_EXPIRED')), v); let s = 0n; for (let c = 0; c < cpus; c++) s += v.readBigUInt64LE(8 * c); return s; };
+const key = (sport) => L.encode('lbn_flow_key', { saddr: ip('10.99.0.77'), daddr: ip(${JSON.stringify(VIP)}), sport: be16(sport), dport: be16(80), proto: 6 });
+const frame = (sport) => { const f = Buffer.alloc(14 + 20 + 20);
+  f.writeUInt16BE(0x0800, 12); f[14] = 0x45; f.writeUInt16BE(40, 16); f[22] = 64; f[23] = 6;
+  ip('10.99.0.77').copy(f, 26); ip(${JSON.stringify(VIP)}).copy(f, 30); f.writeUInt16BE(sport, 34); f.writeUInt16BE(80, 36); f[46] = 0x50; f[47] = 0x10; return f; };
+const entry = (seen) => L.encode('lbn_flow', { addr: ip(${JSON.stringify(BACKENDS[0])}), port: be16(${ECHO_PORT}), nat_port: be16(40000), counter: 0xffffffff, seen_ns: seen });
+const out = Buffer.alloc(256); const got = Buffer.alloc(L.size('lbn_flow'));
+const PROBE = 40998; const TRIAL = 40999;
+const clock = () => {
+  b.bpfMapUpdate(maps.lbn_flows, key(PROBE), entry(process.hrtime.bigint() - 1000000000n), 0);
+  b.bpfProgTestRun(prog, frame(PROBE), out, 1);
+  b.bpfMapLookup(maps.lbn_flows, key(PROBE), got);
+  return L.decode('lbn_flow', got).seen_ns;
+};
+// One ACK of a flow whose stamp is age ns behind the program's clock: whether the stamp moved and the flow was found expired.
+const trial = (age) => {
+  for (let i = 0; i < 50; i++) {
+    const e0 = expiredCount();
+    const c0 = clock(); const seen = c0 - age;
+    b.bpfMapUpdate(maps.lbn_flows, key(TRIAL), entry(seen), 0);
+    b.bpfProgTestRun(prog, frame(TRIAL), out, 1);
+    if (clock() !== c0) continue;
+    if (!b.bpfMapLookup(maps.lbn_flows, key(TRIAL), got)) return { gone: true };
+    return { moved: L.decode('lbn_flow', got).seen_ns !== seen, expired: Number(expiredCount() - e0), tries: i + 1 };
+  }
+  return { busy: true };
+};
+const G = 1n << 24n;
+const r = { idleNs: String(idle), fresh: trial(0n), under: trial(G - 1n), at: trial(G), idle: trial(idle), over: trial(idle + 1n) };
+for (const p of [PROBE, TRIAL]) b.bpfMapDelete(maps.lbn_flows, key(p));
+process.stdout.write(JSON.stringify(r));`;
+      const r = JSON.parse((await lab.exec(node, process.execPath, ['-e', script])).stdout) as Record<string, { moved?: boolean; expired?: number; tries?: number; busy?: boolean; gone?: boolean }> & { idleNs: string };
+      t.comment(JSON.stringify(r));
+      const idleS = Number(r.idleNs) / 1e9;
+      t.same(r['fresh'], { ...r['fresh'], moved: false, expired: 0 }, 'a flow stamped at this tick: its stamp left as it is (no write)');
+      t.same(r['under'], { ...r['under'], moved: false, expired: 0 }, 'stamped 2^24 - 1 ns ago: left as it is');
+      t.same(r['at'], { ...r['at'], moved: true, expired: 0 }, 'stamped 2^24 ns ago: stamped anew');
+      t.same(r['idle'], { ...r['idle'], moved: true, expired: 0 }, `stamped its idle timeout (${idleS} s) ago: held, and stamped anew`);
+      t.same(r['over'], { ...r['over'], moved: false, expired: 1 }, `stamped its idle timeout and 1 ns ago: expired`);
+      await eng.request({ cmd: 'stop' });
+    });
     await t.test('an engine that cannot load leaves the nft table serving alone, and says why', async (t) => {
       const plain = fs.mkdtempSync(path.join(os.tmpdir(), `lbnat-plain-${process.pid}-`));
       t.teardown(() => fs.rmSync(plain, { recursive: true, force: true }));
