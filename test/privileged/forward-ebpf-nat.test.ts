@@ -21,8 +21,10 @@
 // the same for an IPv6 VIP (its flows on the backends nft's IPv6 flow hash
 // names, the VIP as their source, no conntrack entry, a backend taken out
 // getting no new flow, a router's Packet Too Big translated both ways);
-// an engine that cannot load (no bpffs) leaves the nft table serving, and
-// says why.
+// a flow's stamp moves on once the clock is 2^24 ns past it and the flow
+// expires once its idle timeout has passed, each to the nanosecond (a
+// crafted entry and BPF_PROG_TEST_RUN); an engine that cannot load (no
+// bpffs) leaves the nft table serving, and says why.
 import t from 'tap';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
