@@ -197,6 +197,17 @@ if (requirePrivileged(t)) {
     const dd6 = (d: Status): Status['services'][number] | undefined => d.services.find((s) => s.name === 'dd' && s.family === 'IPv6');
     await waitStatus(a3, 'n3 serves both VIPs of dd', (d) => d.services.filter((s) => s.name === 'dd' && s.state === 'serving').length === 2 && dd6(d)?.vip === DD6, 15_000);
     await waitStatus(a1, 'n1 follows n3', (d) => dd6(d)?.failover?.state === 'backup', 5000);
+    // n1 resolves its IPv6 peers (the tied VIP's hand-back aims at one) on the raw ICMPv6 socket, advertisements
+    // only: no packet socket of ETH_P_IPV6 or ETH_P_ALL on the parent (or on every interface) taps its IPv6 traffic.
+    const resolved = await waitFor("n1 resolved n3's global IPv6 address", async () => a1.logs.find((l) => l.op === 'ndp-resolve' && l.msg === 'peer resolved' && l.ip === n3.ip6), 5000);
+    t.equal(resolved.mac, n3.mac, "to n3's MAC, from its advertisement");
+    const parentIndex = Number((await lab.exec(n1.ns, 'cat', ['/sys/class/net/eth0/ifindex'])).stdout.trim());
+    const packets = (await lab.exec(n1.ns, 'cat', ['/proc/net/packet'])).stdout.trim().split('\n').slice(1).map((l) => l.trim().split(/\s+/));
+    t.ok(packets.length > 0, `n1's agent holds packet sockets (${packets.length}: ARP, VRRP, DHCP)`);
+    const taps = packets.filter((f) => ['86dd', '3'].includes(f[3]!.replace(/^0+(?=.)/, '')) && [0, parentIndex].includes(Number(f[4])));
+    t.same(taps.map((f) => `proto ${f[3]} iface ${f[4]}`), [], 'no packet socket sees every IPv6 frame of the parent');
+    const raw6 = (await lab.exec(n1.ns, 'cat', ['/proc/net/raw6'])).stdout.trim().split('\n').slice(1);
+    t.ok(raw6.some((l) => /^\s*\d+: 0{32}:003A /.test(l)), 'a raw ICMPv6 socket hears the advertisements');
     // One request whose connection starts as the MAC moves may still fail: n3's kernel answers what reached it, and the rest of that connection reaches n1.
     const loop = await loopAcross(t, lab, client, `http://[${DD6}]/`, 1);
     await new Promise((r) => setTimeout(r, 200));
