@@ -315,6 +315,9 @@ export class PoolSource extends EventEmitter implements AddressSource {
     const vip = this.vip;
     if (damage !== 'address' || this.m.phase !== 'bound' || !vip) return undefined;
     const gen = this.gen;
+    // Off the parent, the kernel left the VIP's solicited-node group: the owner joins it until the address is back.
+    const ndpOwner = this.owner instanceof NdpVipOwner ? this.owner : undefined;
+    ndpOwner?.setOnInterface(false);
     try {
       await this.manager.serialize(() => this.opts.netlink.addAddress(vip.ifindex, vip.address, this.prefix, { proto: OWNED_ADDRESS_PROTO }));
       addressesChanged();
@@ -326,6 +329,7 @@ export class PoolSource extends EventEmitter implements AddressSource {
     }
     // stop() ran meanwhile: the address goes again with it.
     if (gen !== this.gen || this.vip !== vip) { await this.removeQuietly(vip.ifindex, vip.address); return undefined; }
+    ndpOwner?.setOnInterface(true);
     this.owner?.reannounce();
     return `added ${vip.address}/${this.prefix} to ${vip.ifname} again and announced it`;
   }
@@ -524,6 +528,8 @@ export class PoolSource extends EventEmitter implements AddressSource {
           // DAD ran already (probe6), or an election decided: straight to the burst.
           socket: this.ensureNdpSocket(link.index, address), mac: link.mac, ip: address, source: this.linkLocal,
           config: { ...ndpTimings(this.opts.arp, false), giveUp, answerSolicitations: false },
+          // On the parent already ('added'): the kernel's join of its solicited-node group stands for the owner's.
+          onInterface: true,
           clock: this.clock, log: this.opts.log, metrics: this.netMetrics,
         })
         : new VipOwner({

@@ -11,13 +11,16 @@
 // family. PreferDualStack in a namespace without an IPv6 pool serves IPv4
 // and status says why. A SIGKILL and a new start adopt the IPv6 VIP and its
 // table with no failed request; `lb-agent check` names IPv6 disabled on the
-// parent with the fix.
+// parent with the fix. The VIP's solicited-node group on the parent is the
+// kernel's join only, before and after the drift guard puts back a removed VIP.
 import t from 'tap';
 import { requirePrivileged } from '../helpers/privileged';
 import { createLab, waitFor, type Lab } from '../../lab/netns';
 import { distPath, httpGetFrom, startBackend } from '../../lab/services';
 import { startAgent, waitStatus } from '../../lab/agent';
 import { ClientLoop, gapReport } from '../../lab/client-loop';
+import { parseAddress } from '../../agent/address';
+import { solicitedNodeAddress } from '../../agent/net/neighbour/ndp';
 
 const TAKEN = 'fd00:99::200';
 const POOL6 = 'fd00:99::200-fd00:99::20f';
@@ -166,6 +169,27 @@ if (requirePrivileged(t)) {
     t.equal(serving.wrongBodies.length + across.wrongBodies.length, 0, 'every answer from the IPv6 backend');
     const now = await agent.status();
     t.match(now.services.find((s) => s.key === 'default/web6@IPv6'), { vip: vip6, state: 'serving', source: { defences: 1 } }, 'the VIP kept, one defence counted');
+
+    // The VIP's solicited-node group on the parent: the kernel's join for the address, and none of the agent's
+    // socket on top (the group limit counts only VIPs not on the parent). Someone removes the address: the
+    // drift guard puts it back, and the group is back at the kernel's one join.
+    const groupUsers = async (): Promise<number | undefined> => {
+      const hex = solicitedNodeAddress(parseAddress(vip6)!.value).toString(16).padStart(32, '0');
+      const line = (await lab.exec(node, 'cat', ['/proc/net/igmp6'])).stdout.split('\n').map((l) => l.trim().split(/\s+/)).find((f) => f[1] === 'eth0' && f[2] === hex);
+      return line === undefined ? undefined : Number(line[3]);
+    };
+    t.equal(await groupUsers(), 1, "the VIP's solicited-node group: one join on eth0 (the kernel's), none of the agent's socket");
+    const delAt = Date.now();
+    await lab.exec(node, 'ip', ['-6', 'addr', 'del', `${vip6}/128`, 'dev', 'eth0']);
+    const readded = await waitFor('a drift-repaired event for the IPv6 VIP', async () => (await agent.status()).events
+      .find((e) => e.kind === 'drift-repaired' && Date.parse(e.at) >= delAt - 5 && e.reason.includes(`added ${vip6}/128 to eth0 again`)), 10_000);
+    t.ok(readded, readded.reason);
+    // Read at once after the repair event, one run found another count: the owner's join and the kernel's
+    // may overlap for a moment (a repair run again on the same removal joins while it adds, for one). The
+    // count must come back to the kernel's one join.
+    const settled = await waitFor('one join of the group again', async () => ((await groupUsers()) === 1 ? 1 : undefined), 3000, 20).catch(async () => groupUsers());
+    t.equal(settled, 1, 'repaired: one join again, the agent\'s own left with the address back');
+    await waitFor('the IPv6 VIP answers after the repair', async () => (await httpGetFrom(lab, client, `http://[${vip6}]:80/`)).ok, 10_000);
 
     // IPv6 forwarding turned off by someone else: put back by the drift guard, and the IPv6 VIP serves again.
     const offAt = Date.now();

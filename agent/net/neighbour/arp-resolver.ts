@@ -4,7 +4,7 @@
 import { formatIPv4 } from '../../address';
 import { ARP_OP_REQUEST, BROADCAST_MAC, ZERO_MAC, decodeArp, encodeArp } from './arp';
 import { bpfArp } from '../packet/bpf';
-import { ETH_P_ARP } from '../packet/packet';
+import { ETH_P_ARP, openPacketSocket } from '../packet/packet';
 import { PeerResolver, type PeerProtocol, type PeerResolverOptions } from './peer-resolver';
 
 export interface ArpResolverOptions extends PeerResolverOptions {
@@ -18,7 +18,8 @@ export interface ArpResolverOptions extends PeerResolverOptions {
 
 function arpProtocol(mac: string, srcIp: number): PeerProtocol<number> {
   return {
-    op: 'arp-resolve', speaks: 'ARP', ethertype: ETH_P_ARP, filter: bpfArp(),
+    op: 'arp-resolve', speaks: 'ARP',
+    open: (ifindex, log) => openPacketSocket({ ifindex, protocol: ETH_P_ARP, filter: bpfArp(), log }),
     request: (ip) => encodeArp({ ethDst: BROADCAST_MAC, ethSrc: mac, op: ARP_OP_REQUEST, senderMac: mac, senderIp: srcIp, targetMac: ZERO_MAC, targetIp: ip }),
     learn: (frame) => {
       const r = decodeArp(frame);

@@ -3,8 +3,13 @@
 // ICMPv6 socket receiving solicitations and advertisements, a packet socket
 // sending whole frames) with an injected clock. It joins the VIP's
 // solicited-node group on the socket (IPV6_ADD_MEMBERSHIP), so a DAD probe
-// or a solicitation for the VIP is heard before and while the address is
-// held, whatever other addresses the interface has and in whatever order.
+// or a solicitation for the VIP is heard before the address is on the
+// interface, whatever other addresses the interface has and in whatever
+// order. While the address is on the interface the kernel has joined the
+// group itself (addrconf), which lets the group's messages up to every raw
+// socket of the interface: the owner leaves its own join then, so a held VIP
+// costs nothing of the socket's group limit (net.core.optmem_max), and
+// joins again when the address leaves (setOnInterface).
 // Every received frame is decoded and judged by ndp.ts (RFC 4861 §7.1)
 // before the core sees it; a malformed one is dropped and counted. Two uses:
 // dadProbe (RFC 4862 §5.4, then nothing more) and NdpVipOwner (burst,
@@ -47,6 +52,11 @@ export interface NdpDriverOptions {
    */
   readonly source?: bigint | undefined;
   readonly config: NdpOwnerConfig;
+  /**
+   * The address is on the socket's interface (the kernel joined its
+   * solicited-node group): the owner does not join it too. Default false.
+   */
+  readonly onInterface?: boolean | undefined;
   readonly clock?: Clock;
   readonly log?: Logger;
   readonly metrics?: NetMetrics;
@@ -71,7 +81,11 @@ export class NdpVipOwner extends EventEmitter {
   private readonly metrics: NetMetrics | undefined;
   private state: NdpState;
   private timer: TimerHandle | undefined;
+  /** The group the core asked to listen to (its 'join' until its 'leave'). */
+  private wanted: bigint | undefined;
+  /** The group joined on the socket: `wanted`, unless the address is on the interface. */
   private joined: bigint | undefined;
+  private onInterface: boolean;
   private closed = false;
   /** Set by a 'unique' action when the owner is only probing: the rest of that step (the burst) is not performed. */
   private stopAtUnique = false;
@@ -91,6 +105,7 @@ export class NdpVipOwner extends EventEmitter {
     this.cfg = opts.config;
     this.socket = opts.socket;
     this.source = opts.source;
+    this.onInterface = opts.onInterface ?? false;
     this.clock = opts.clock ?? realClock;
     this.metrics = opts.metrics;
     this.state = initialNdpState(ip, opts.mac);
@@ -122,13 +137,27 @@ export class NdpVipOwner extends EventEmitter {
     this.feed({ type: 'reannounce' });
   }
 
+  /**
+   * Whether the address is on the socket's interface: on, the kernel's own
+   * join of the solicited-node group lets its messages in and the owner
+   * leaves its join; off (the address was removed), the owner joins again.
+   */
+  setOnInterface(on: boolean): void {
+    this.onInterface = on;
+    this.syncGroup();
+  }
+
+  /** Whether the owner holds a join of the solicited-node group on the socket (for status and tests). */
+  get groupJoined(): boolean { return this.joined !== undefined; }
+
   /** Stop advertising and defending, leave the group; sends nothing (withdrawal never poisons a cache). */
   close(): void {
     if (this.closed) return;
     this.feed({ type: 'stop' });
     this.closed = true;
     this.clearTimer();
-    this.leave();
+    this.wanted = undefined;
+    this.syncGroup();
     this.socket.off('frame', this.onFrame);
   }
 
@@ -137,13 +166,28 @@ export class NdpVipOwner extends EventEmitter {
     this.timer = undefined;
   }
 
-  private leave(): void {
-    const group = this.joined;
-    if (group === undefined) return;
-    this.joined = undefined;
-    // The kernel drops the membership with the socket; a shared socket keeps it otherwise.
-    try { this.socket.leaveGroup(group); } catch (err) {
-      this.log.debug({ op: 'leave', err: (err as Error).message }, 'could not leave the solicited-node group');
+  /** Join or leave so that the socket holds `wanted` exactly when the address is not on the interface. */
+  private syncGroup(): void {
+    const desired = this.closed || this.onInterface ? undefined : this.wanted;
+    if (desired === this.joined) return;
+    const had = this.joined;
+    if (had !== undefined) {
+      this.joined = undefined;
+      // The kernel drops the membership with the socket; a shared socket keeps it otherwise.
+      try { this.socket.leaveGroup(had); } catch (err) {
+        this.log.debug({ op: 'leave', err: (err as Error).message }, 'could not leave the solicited-node group');
+      }
+    }
+    if (desired === undefined) return;
+    try {
+      this.socket.joinGroup(desired);
+      this.joined = desired;
+    } catch (err) {
+      // Past the socket's group limit (net.core.optmem_max): the answer to
+      // our probe (to all-nodes) is still heard, and once the address is
+      // on the interface the kernel's own join of the group lets
+      // solicitations in; only another node's simultaneous probe is missed.
+      this.log.warn({ op: 'join', err: (err as Error).message }, 'could not join the solicited-node group; another node probing the same address at the same time goes unheard');
     }
   }
 
@@ -180,19 +224,12 @@ export class NdpVipOwner extends EventEmitter {
   private perform(a: NdpAction, throwOnSendError: boolean): boolean {
     switch (a.type) {
       case 'join':
-        try {
-          this.socket.joinGroup(a.group);
-          this.joined = a.group;
-        } catch (err) {
-          // Past the socket's group limit (net.core.optmem_max): the answer to
-          // our probe (to all-nodes) is still heard, and once the address is
-          // on the interface the kernel's own join of the group lets
-          // solicitations in; only another node's simultaneous probe is missed.
-          this.log.warn({ op: 'join', err: (err as Error).message }, 'could not join the solicited-node group; another node probing the same address at the same time goes unheard');
-        }
+        this.wanted = a.group;
+        this.syncGroup();
         return true;
       case 'leave':
-        this.leave();
+        this.wanted = undefined;
+        this.syncGroup();
         return true;
       case 'send':
         this.send(a.packet, a.reason, throwOnSendError);

@@ -1,7 +1,8 @@
 // NDP sockets (driver layer over native.ts and packet.ts): neighbour
 // solicitations and advertisements of one interface in, whole Ethernet
 // frames out. Receiving is a raw ICMPv6 socket (native Icmp6Handle) bound to
-// the interface with ICMP6_FILTER passing types 135 and 136 only; it hears
+// the interface with ICMP6_FILTER passing types 135 and 136 only (or 136
+// alone, for the peer resolver: ndp-resolver.ts); it hears
 // what the IPv6 stack delivers there: the interface's own addresses,
 // all-nodes, and the solicited-node groups joined on it (joinGroup,
 // IPV6_ADD_MEMBERSHIP, RFC 4862 §5.4.2: before a DAD probe, so another
@@ -38,6 +39,8 @@ export interface NdpSocketOptions {
   readonly ifindex: number;
   readonly metrics?: NetMetrics | undefined;
   readonly log?: Logger | undefined;
+  /** The ICMPv6 types heard; default solicitations and advertisements (135, 136). A peer resolver hears advertisements only. */
+  readonly types?: readonly number[];
   /** The sending socket; default packet.ts's (protocol 0: it receives nothing). */
   readonly openPacket?: (opts: PacketSocketOptions) => PacketSocket;
 }
@@ -139,7 +142,7 @@ export function openNdpSocket(opts: NdpSocketOptions): NdpSocket {
   }
   let handle: NativeIcmp6Handle;
   try {
-    handle = new native.Icmp6Handle(opts.ifindex, [ICMPV6_NEIGHBOUR_SOLICITATION, ICMPV6_NEIGHBOUR_ADVERTISEMENT]);
+    handle = new native.Icmp6Handle(opts.ifindex, opts.types ?? [ICMPV6_NEIGHBOUR_SOLICITATION, ICMPV6_NEIGHBOUR_ADVERTISEMENT]);
   } catch (err) {
     throw packetSocketError(err, 'opening an ICMPv6 socket for neighbour discovery', opts.ifindex);
   }

@@ -1,5 +1,5 @@
-// Resolution of a few fixed neighbours on one interface (driver over a
-// packet socket), one loop for both families: a request for each target
+// Resolution of a few fixed neighbours on one interface (driver over the
+// family's socket), one loop for both families: a request for each target
 // until it answers, again every refresh interval, and passive learning from
 // whatever a target sends; a MAC not confirmed for three refreshes is
 // forgotten. For frames we build ourselves that must go unicast to a
@@ -13,8 +13,7 @@ import type { Clock, TimerHandle } from '../../clock';
 import { realClock } from '../../clock';
 import { parseMac } from '../../address';
 import type { Logger } from '../../log';
-import type { BpfProgram } from '../packet/bpf';
-import { openPacketSocket, type PacketSocket, type PacketSocketOptions } from '../packet/packet';
+import type { PacketSocket } from '../packet/packet';
 
 /** One family's words: its socket, its request, what a frame teaches. `K` is a target as a map key. */
 export interface PeerProtocol<K> {
@@ -22,8 +21,8 @@ export interface PeerProtocol<K> {
   readonly op: string;
   /** What the resolver speaks, in log lines: `ARP`, `neighbour solicitations`. */
   readonly speaks: string;
-  readonly ethertype: number;
-  readonly filter: BpfProgram;
+  /** The family's socket on the interface: frames in (what `learn` reads), frames out (what `request` builds). Throws LbError. */
+  open(ifindex: number, log: Logger): PacketSocket;
   /** The request for a target, as a frame. */
   request(ip: K): Buffer;
   /** The neighbour a frame names and the MAC it gives for it, or undefined (not ours to learn, or malformed). */
@@ -41,7 +40,8 @@ export interface PeerResolverOptions {
   readonly retryMs?: number;
   /** Once known, ask again every refreshMs (default 30 s); a MAC not confirmed for 3 refreshes is forgotten. */
   readonly refreshMs?: number;
-  readonly openSocket?: (opts: PacketSocketOptions) => PacketSocket;
+  /** Opens the socket instead of the protocol's own `open` (tests pass a fake). */
+  readonly openSocket?: (ifindex: number, log: Logger) => PacketSocket;
   /** Called when a target's MAC is learnt or changes (not when it is only confirmed). */
   readonly onResolved?: (() => void) | undefined;
 }
@@ -69,8 +69,7 @@ export class PeerResolver<K> {
 
   start(): void {
     if (this.socket) return;
-    const open = this.opts.openSocket ?? openPacketSocket;
-    const sock = open({ ifindex: this.opts.ifindex, protocol: this.protocol.ethertype, filter: this.protocol.filter, log: this.log });
+    const sock = this.opts.openSocket ? this.opts.openSocket(this.opts.ifindex, this.log) : this.protocol.open(this.opts.ifindex, this.log);
     sock.on('frame', (frame: Buffer) => this.onFrame(frame));
     sock.on('error', (err: Error) => this.log.warn({ err: err.message }, `${this.protocol.speaks} resolver socket error`));
     this.socket = sock;

@@ -8,13 +8,12 @@ import { silentLogger } from '../../../agent/log';
 import { parseIPv4 } from '../../../agent/address';
 import { ARP_OP_REPLY, ARP_OP_REQUEST, decodeArp, encodeArp, arpAnnouncement } from '../../../agent/net/neighbour/arp';
 import { ArpResolver } from '../../../agent/net/neighbour/arp-resolver';
-import type { PacketSocket, PacketSocketOptions } from '../../../agent/net/packet/packet';
+import type { PacketSocket } from '../../../agent/net/packet/packet';
 
 class FakeSocket extends EventEmitter implements PacketSocket {
   readonly sent: Buffer[] = [];
   closed = false;
-  constructor(readonly opts: PacketSocketOptions) { super(); }
-  get ifindex(): number { return this.opts.ifindex; }
+  constructor(readonly ifindex: number) { super(); }
   send(frame: Buffer): void { this.sent.push(frame); }
   close(): void { this.closed = true; }
 }
@@ -29,7 +28,7 @@ function setup(): { clock: ManualClock; sock: () => FakeSocket; r: ArpResolver }
   let s: FakeSocket | undefined;
   const r = new ArpResolver({
     ifindex: 3, mac: ME, srcIp: parseIPv4('10.99.0.11')!, targets: [PEER, OTHER], log: silentLogger(), clock,
-    openSocket: (o) => { s = new FakeSocket(o); return s; },
+    openSocket: (ifindex) => { s = new FakeSocket(ifindex); return s; },
   });
   r.start();
   return { clock, sock: () => s!, r };

@@ -105,3 +105,40 @@ t.test('held: burst from the link-local address with override, refresh, defence 
   t.same(sock.groups, [], 'left the group');
 });
 
+
+t.test('on the interface: no join of its own (the kernel\'s stands for it); joins when the address leaves, leaves when it is back; defends all along', async (t) => {
+  const sock = new GroupSocket();
+  const clock = new ManualClock();
+  const group = v6('ff02::1:ff02:abcd');
+  const owner = new NdpVipOwner({ socket: sock.asNdp, mac: OUR_MAC, ip: VIP, source: LL, config: { ...CFG, dadTransmits: 0 }, onInterface: true, clock });
+  owner.start();
+  t.same(sock.groups, [], 'held on the interface: the socket holds no join of the group');
+  t.equal(owner.groupJoined, false);
+  t.equal(sock.sent.length, 1, 'the burst starts all the same');
+  owner.setOnInterface(false);
+  t.same(sock.groups, [group], 'the address left the interface: the owner joins the group');
+  t.equal(owner.groupJoined, true);
+  owner.setOnInterface(false);
+  t.same(sock.groups, [group], 'once');
+  const conflicts: NdpConflict[] = [];
+  owner.on('conflict', (c: NdpConflict) => conflicts.push(c));
+  sock.injectNdp(ndpUnsolicitedAdvertisement(OTHER_MAC, v6(VIP)));
+  t.same(conflicts, [{ ip: VIP, mac: OTHER_MAC, defended: true }], 'a forgery meanwhile is defended');
+  owner.setOnInterface(true);
+  t.same(sock.groups, [], 'back on the interface: left again');
+  owner.setOnInterface(false);
+  owner.close();
+  t.same(sock.groups, [], 'a closed owner leaves what it held');
+  owner.setOnInterface(false);
+  t.same(sock.groups, [], 'and joins nothing after');
+});
+
+t.test('DAD with the address on the interface already: no join, the probe still goes out', async (t) => {
+  const sock = new GroupSocket();
+  const clock = new ManualClock();
+  const p = dadProbe({ socket: sock.asNdp, mac: OUR_MAC, ip: VIP, config: CFG, onInterface: true, clock });
+  t.same(sock.groups, [], 'no join');
+  t.equal(sock.sent.length, 1, 'the probe');
+  clock.advance(1000);
+  t.same(await p, { duplicate: false });
+});

@@ -8,14 +8,13 @@ import { EventEmitter } from 'node:events';
 import { ManualClock } from '../../../agent/clock';
 import { silentLogger } from '../../../agent/log';
 import { PeerResolver, type PeerProtocol } from '../../../agent/net/neighbour/peer-resolver';
-import type { PacketSocket, PacketSocketOptions } from '../../../agent/net/packet/packet';
+import type { PacketSocket } from '../../../agent/net/packet/packet';
 
 class FakeSocket extends EventEmitter implements PacketSocket {
   readonly sent: string[] = [];
   failing = false;
   closed = false;
-  constructor(readonly opts: PacketSocketOptions) { super(); }
-  get ifindex(): number { return this.opts.ifindex; }
+  constructor(readonly ifindex: number) { super(); }
   send(frame: Buffer): void {
     if (this.failing) throw Object.assign(new Error('send: ENOBUFS'), { code: 'ENOBUFS' });
     this.sent.push(frame.toString());
@@ -23,8 +22,11 @@ class FakeSocket extends EventEmitter implements PacketSocket {
   close(): void { this.closed = true; }
 }
 
+/** The sockets the toy protocol opened itself (those of resolvers given no openSocket). */
+const opened: FakeSocket[] = [];
 const toy: PeerProtocol<string> = {
-  op: 'toy-resolve', speaks: 'toy', ethertype: 0x88b5, filter: [],
+  op: 'toy-resolve', speaks: 'toy',
+  open: (ifindex) => { const s = new FakeSocket(ifindex); opened.push(s); return s; },
   request: (ip) => Buffer.from(`who-has ${ip}`),
   learn: (frame) => { const m = /^(\S+)=(\S+)$/.exec(frame.toString()); return m ? { ip: m[1]!, mac: m[2]! } : undefined; },
   text: (ip) => ip,
@@ -36,15 +38,15 @@ class ToyResolver extends PeerResolver<string> {
 
 function setup(): { clock: ManualClock; sock: () => FakeSocket; r: ToyResolver } {
   const clock = new ManualClock();
-  let s: FakeSocket | undefined;
-  const r = new ToyResolver(toy, ['a', 'b'], { ifindex: 7, log: silentLogger(), clock, retryMs: 500, refreshMs: 10_000, openSocket: (o) => { s = new FakeSocket(o); return s; } });
+  const r = new ToyResolver(toy, ['a', 'b'], { ifindex: 7, log: silentLogger(), clock, retryMs: 500, refreshMs: 10_000 });
   r.start();
-  return { clock, sock: () => s!, r };
+  const s = opened.at(-1)!;
+  return { clock, sock: () => s, r };
 }
 
 t.test("the protocol's socket; asks each target until it answers, then every refresh", async (t) => {
   const { clock, sock, r } = setup();
-  t.match(sock().opts, { ifindex: 7, protocol: 0x88b5 }, 'one socket of the protocol on the interface');
+  t.equal(sock().ifindex, 7, "the protocol's own socket, on the interface");
   t.same(sock().sent, ['who-has a', 'who-has b'], 'both asked at start');
   sock().emit('frame', Buffer.from('a=02:00:00:00:00:0a'));
   clock.advance(500);
@@ -89,7 +91,7 @@ t.test('onResolved: when a MAC is learnt, changes or is forgotten, not when it i
   const clock = new ManualClock();
   let s: FakeSocket | undefined;
   let calls = 0;
-  const r = new ToyResolver(toy, ['a'], { ifindex: 7, log: silentLogger(), clock, retryMs: 500, refreshMs: 1000, openSocket: (o) => { s = new FakeSocket(o); return s; }, onResolved: () => { calls++; } });
+  const r = new ToyResolver(toy, ['a'], { ifindex: 7, log: silentLogger(), clock, retryMs: 500, refreshMs: 1000, openSocket: (ifindex) => { s = new FakeSocket(ifindex); return s; }, onResolved: () => { calls++; } });
   r.start();
   s!.emit('frame', Buffer.from('a=02:00:00:00:00:0a'));
   t.equal(calls, 1, 'learnt');
