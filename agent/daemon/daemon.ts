@@ -152,12 +152,14 @@ export class Daemon extends EventEmitter {
   private readonly forwardKept = new WeakMap<object, ForwardService>();
   /** What each kept forwarding state was built from, by identity (forwardOf). */
   private readonly forwardFrom = new WeakMap<object, { readonly spec: ServiceSpec; readonly healthy: readonly BackendSpec[]; readonly zone: string | undefined }>();
-  /** The last forwardState: its list, each service's position in it, and the runtimes' generation it was built at. */
-  private forwardLast: { readonly list: readonly ForwardService[]; readonly at: ReadonlyMap<string, number>; readonly generation: number } | undefined;
+  /** The last forwardState: its list, each service's position in it, and the runtimes' layout it was built at. */
+  private forwardLast: { readonly list: readonly ForwardService[]; readonly at: ReadonlyMap<string, number>; readonly layout: number } | undefined;
   /**
    * What may have changed since the last forwardState: the keys of services
-   * whose health verdicts moved, or 'all' (any other change: a VIP, a zone,
-   * a reload, a failover step; each comes through scheduleApply or applyNow).
+   * whose health verdicts moved or whose spec a reload replaced in place, or
+   * 'all' (any other change: a VIP, a zone, a reload that adds, removes or
+   * restarts a service or changes a section, a failover step; each comes
+   * through scheduleApply or applyNow).
    */
   private forwardDirty: Set<string> | 'all' = 'all';
   private readonly tuning: RuntimeTuning;
@@ -206,7 +208,7 @@ export class Daemon extends EventEmitter {
       starting: () => this.starting, started: () => this.started, stopping: () => this.stopping,
       config: () => this.config, adopt: (next, at) => { this.config = next; this.configLoadedAt = at; },
       subs: () => this.subs, services: this.services, metricsEndpoint: this.metricsEndpoint, zone: this.zone, metrics: () => this.metrics,
-      applyBackendVips: (vips) => this.applyBackendVips(vips), applyNow: () => this.applyNow(),
+      applyBackendVips: (vips) => this.applyBackendVips(vips), applyNow: (only) => this.applyNow(only),
       noteEvent: (kind, ev) => this.noteEvent(kind, ev), notifyStatus: () => this.notifyStatus(),
       afterReload: () => this.tuning.afterReload(),
     });
@@ -436,7 +438,8 @@ export class Daemon extends EventEmitter {
 
   /**
    * Every service's forwarding state, in config order. After a health
-   * transition only (forwardDirty holds keys) only those services are
+   * transition or a reload that replaced specs in place only (forwardDirty
+   * holds keys; the runtimes' layout unchanged) only those services are
    * asked for theirs; every other position is the last list's object, which
    * is what the whole walk would hand over for it, as nothing it is built
    * from moved (normalizeStateFrom and the nft render find the changed ones
@@ -448,20 +451,20 @@ export class Daemon extends EventEmitter {
     const dirty = this.forwardDirty;
     this.forwardDirty = new Set();
     const last = this.forwardLast;
-    if (dirty !== 'all' && last !== undefined && last.generation === this.services.generation) {
+    if (dirty !== 'all' && last !== undefined && last.layout === this.services.layout) {
       const out = last.list.slice();
       for (const key of dirty) {
         const i = last.at.get(key);
         const rt = this.services.get(key);
         if (i !== undefined && rt !== undefined) out[i] = this.forwardOf(rt, subs, zone);
       }
-      this.forwardLast = { list: out, at: last.at, generation: last.generation };
+      this.forwardLast = { list: out, at: last.at, layout: last.layout };
       return out;
     }
     const out: ForwardService[] = [];
     const at = new Map<string, number>();
     for (const rt of this.services.values()) { at.set(rt.spec.key, out.length); out.push(this.forwardOf(rt, subs, zone)); }
-    this.forwardLast = { list: out, at, generation: this.services.generation };
+    this.forwardLast = { list: out, at, layout: this.services.layout };
     return out;
   }
 
@@ -588,8 +591,10 @@ export class Daemon extends EventEmitter {
     this.tuning.settled();
   }
 
-  private async applyNow(): Promise<void> {
-    this.forwardDirty = 'all';
+  /** A data path transaction now, not batched: for every service, or for `only` these (a reload that replaced their specs in place). */
+  private async applyNow(only?: Iterable<string>): Promise<void> {
+    if (only === undefined) this.forwardDirty = 'all';
+    else if (this.forwardDirty !== 'all') for (const key of only) this.forwardDirty.add(key);
     if (this.stopping || !this.subs) return;
     await this.applies.now();
   }

@@ -91,6 +91,8 @@ export class ServiceRuntimes {
   private readonly vips = new WeakMap<ServiceRuntime, { readonly vip: string | undefined }>();
   /** Moves whenever a runtime is added, removed, reordered or given a new spec: a view kept by it is read again. */
   private generation_ = 0;
+  /** Moves whenever a runtime is added, removed or reordered, not when one is given a new spec: a service's position in a list kept by it holds. */
+  private layout_ = 0;
 
   constructor(private readonly opts: ServiceRuntimesOptions) {}
 
@@ -98,6 +100,9 @@ export class ServiceRuntimes {
 
   /** Unchanged while the runtimes, their order and their specs stay (a view built from them may be kept). */
   get generation(): number { return this.generation_; }
+
+  /** Unchanged while the runtimes and their order stay (their specs may change): positions in a list built from them hold. */
+  get layout(): number { return this.layout_; }
 
   get(key: string): ServiceRuntime | undefined { return this.runtimes.get(key); }
 
@@ -156,6 +161,7 @@ export class ServiceRuntimes {
     }
     this.runtimes.set(spec.key, rt);
     this.generation_++;
+    this.layout_++;
   }
 
   /**
@@ -167,6 +173,7 @@ export class ServiceRuntimes {
     const rt = this.runtimes.get(key);
     this.runtimes.delete(key);
     this.generation_++;
+    this.layout_++;
     if (rt) await rt.gate; // a VRRP start/stop in flight finishes first
     if (rt?.source) await rt.source.stop({ release: true }).catch((e) => this.opts.log.error({ op: 'reload', service: key, err: errorMessage(e) }, 'release failed'));
   }
@@ -180,6 +187,7 @@ export class ServiceRuntimes {
     }
     this.runtimes.delete(key);
     this.generation_++;
+    this.layout_++;
     this.add(spec);
   }
 
@@ -208,6 +216,7 @@ export class ServiceRuntimes {
     this.runtimes.clear();
     for (const [k, v] of sorted) this.runtimes.set(k, v);
     this.generation_++;
+    this.layout_++;
   }
 
   /** Stop every source (each after its VRRP step in flight), all together; `step` logs each failure. */

@@ -148,3 +148,32 @@ t.test('an entry taken again is not parsed again: its config objects are the las
   const changed = second.config.services.filter((s, i) => s !== first.config.services[i]).map((s) => s.name);
   t.same(changed, ['s1'], 'only the edited service is a new object');
 });
+
+/** A file of n DHCP services of two backends each; `edited`: service s(n/2)'s second backend another. */
+function many(n: number, edited = false): string {
+  const out = ['node:', '  name: vm-1', 'services:'];
+  for (let i = 0; i < n; i++) {
+    const second = edited && i === n >> 1 ? '10.2.0.1' : `10.1.${i >> 8}.${i & 255}`;
+    out.push(`  - name: s${i}`, '    ipam: dhcp', '    ports: [{ port: 80, targetPort: 8080 }]', `    backends: [10.0.${i >> 8}.${i & 255}, ${second}]`);
+  }
+  out.push('metrics:', '  listen: ""', '');
+  return out.join('\n');
+}
+
+/** What a reload's parse of a one-backend edit among n services does: entries parsed as YAML, handed to the validator, taken again. */
+function oneEdit(n: number): { parsed: number | undefined; validated: number; taken: number } {
+  const first = parseConfigText(many(n), HOST);
+  if (!first.ok) throw new Error('the file does not load');
+  const swap = parseConfigText(many(n, true), HOST, first.reuse);
+  const back = swap.ok ? parseConfigText(many(n), HOST, swap.reuse) : swap;
+  if (!back.ok || back.reuse === undefined) throw new Error('the edit does not load');
+  return { parsed: back.reuse.parsed, validated: back.reuse.validated, taken: back.reuse.taken };
+}
+
+t.test('a one-backend edit among 1,000 entries parses and validates what one among 10 does', async (t) => {
+  const ten = oneEdit(10);
+  const thousand = oneEdit(1000);
+  t.same(ten, { parsed: 1, validated: 1, taken: 9 }, 'among 10: the edited entry parsed and validated, 9 taken again');
+  t.same({ parsed: thousand.parsed, validated: thousand.validated }, { parsed: ten.parsed, validated: ten.validated }, `the same at 1,000 (${JSON.stringify(thousand)})`);
+  t.equal(thousand.taken, 999, 'the other 999 taken again');
+});

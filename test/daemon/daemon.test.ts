@@ -220,7 +220,7 @@ interface Harness {
   since(from: number): string[];
 }
 
-function harness(t: { teardown(fn: () => unknown): void }, services: Svc[], o: { fail?: { build?: Error }; extra?: Record<string, unknown>; vrrp?: boolean; startApplyBatchMs?: number } = {}): Harness {
+function harness(t: { teardown(fn: () => unknown): void }, services: Svc[], o: { fail?: { build?: Error }; extra?: Record<string, unknown>; vrrp?: boolean; startApplyBatchMs?: number; systemd?: boolean } = {}): Harness {
   const optimizer: string[] = [];
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lbt-daemon-'));
   const file = path.join(dir, 'config.yaml');
@@ -229,7 +229,9 @@ function harness(t: { teardown(fn: () => unknown): void }, services: Svc[], o: {
   const statuses: string[] = [];
   const trims = { count: 0 };
   const daemon = new Daemon({
-    configPath: file, log: silentLogger(), buildSubsystems: (c) => fk.build(c), notify: (m) => { (m.startsWith('STATUS=') ? statuses : notified).push(m); },
+    configPath: file, log: silentLogger(), buildSubsystems: (c) => fk.build(c),
+    // systemd: false, as a run outside a unit (the bench's): no sd_notify lines.
+    ...(o.systemd !== false ? { notify: (m: string) => { (m.startsWith('STATUS=') ? statuses : notified).push(m); } } : {}),
     trimMemory: () => { trims.count++; },
     holdOptimizer: () => { optimizer.push('hold'); return () => { optimizer.push('release'); }; },
     ...(o.startApplyBatchMs !== undefined ? { startApplyBatchMs: o.startApplyBatchMs } : {}),
@@ -401,6 +403,21 @@ t.test('a health transition hands the data path a new object for its service onl
   t.same(of(after, 'default/web').backends.map((b) => b.address), ['10.99.0.11', '10.99.0.12'], 'and every configured backend still tracked');
 });
 
+/** From here on, count calls to the sources' status() and the checker's healthy() and status() (the fakes wrapped). */
+function countCalls(h: Harness): { sourceStatus: number; healthy: number; healthStatus: number } {
+  const calls = { sourceStatus: 0, healthy: 0, healthStatus: 0 };
+  for (const s of h.fk.sources.values()) {
+    const status = s.status.bind(s);
+    s.status = () => { calls.sourceStatus++; return status(); };
+  }
+  const health = h.fk.health;
+  const healthy = health.healthy.bind(health);
+  const status = health.status.bind(health);
+  health.healthy = (key) => { calls.healthy++; return healthy(key); };
+  health.status = (key) => { calls.healthStatus++; return status(key); };
+  return calls;
+}
+
 /**
  * What the daemon asks of the subsystems for one health transition among
  * `n` services, once every VIP is bound and applied and one transition
@@ -418,16 +435,8 @@ async function transitionWork(t: { teardown(fn: () => unknown): void }, n: numbe
   h.fk.health.emit('change', 'default/s0', '10.99.0.12', false);
   await settle(h);
   await new Promise((r) => setTimeout(r, 150));
-  const calls = { sourceStatus: 0, healthy: 0, healthStatus: 0 };
-  for (const s of h.fk.sources.values()) {
-    const status = s.status.bind(s);
-    s.status = () => { calls.sourceStatus++; return status(); };
-  }
+  const calls = countCalls(h);
   const health = h.fk.health;
-  const healthy = health.healthy.bind(health);
-  const status = health.status.bind(health);
-  health.healthy = (key) => { calls.healthy++; return healthy(key); };
-  health.status = (key) => { calls.healthStatus++; return status(key); };
   const before = h.fk.dataplane.applied.at(-1)!;
   const from = h.fk.dataplane.applied.length;
   const key = `default/s${n >> 1}`;
@@ -450,6 +459,58 @@ t.test('a health transition among 1,000 services asks the sources and the checke
   const thousand = await transitionWork(t, 1000);
   t.equal(ten.changed, 1, 'among 10, one service object is new');
   t.equal(thousand.changed, 1, 'among 1,000, one service object is new');
+  t.ok(ten.healthy >= 1, `the changed service's healthy backends are read (${ten.healthy})`);
+  t.same(thousand, ten, `the same calls at 1,000 as at 10 (${JSON.stringify(thousand)})`);
+});
+
+/**
+ * What the daemon asks of the subsystems for a reload that changes one
+ * backend of one service among `n`, once every VIP is bound and applied and
+ * a first such reload went before (the swap, then the measured swap back):
+ * source starts, calls to the sources' status() and the checker's
+ * healthy() and status(), counted by wrapping the fakes, and how many
+ * service objects the data path is handed new.
+ */
+async function reloadWork(t: { teardown(fn: () => unknown): void }, n: number): Promise<{ starts: number; sourceStatus: number; healthy: number; healthStatus: number; changed: number; applies: number }> {
+  const svcs = (swapped: boolean): Svc[] => Array.from({ length: n }, (_, i) => ({
+    name: `s${i}`, ipam: 'dhcp' as const, backends: ['10.99.0.11', swapped && i === n >> 1 ? '10.99.0.13' : '10.99.0.12'],
+  }));
+  // Outside a unit: systemd's STATUS= line (status-view.ts statusLine) reads
+  // every service's state at each change, a reload's included.
+  const h = harness(t, svcs(false), { systemd: false });
+  await h.daemon.start();
+  [...h.fk.sources.values()].forEach((s, i) => s.bind(`10.98.${i >> 8}.${i & 255}`));
+  await settle(h);
+  h.write(svcs(true));
+  if (!(await h.daemon.reload()).ok) throw new Error('the first reload was refused');
+  await settle(h);
+  const calls = countCalls(h);
+  const before = h.fk.dataplane.applied.at(-1)!;
+  const from = h.fk.dataplane.applied.length;
+  const journalFrom = h.fk.journal.length;
+  h.write(svcs(false));
+  const r = await h.daemon.reload();
+  // The health file's write (50 ms after) and the status line are part of the reload's work.
+  await new Promise((res) => setTimeout(res, 150));
+  const counted = { ...calls };
+  if (!r.ok || r.summary?.changed.length !== 1) throw new Error(`the reload did not change one service: ${r.message}`);
+  const after = h.fk.dataplane.applied.at(-1)!;
+  const changed = after.filter((s, i) => s !== before[i]).length;
+  const moved = after.find((s) => s.key === `default/s${n >> 1}`)!;
+  if (after.length !== n || moved.backends.map((b) => b.address).join() !== '10.99.0.11,10.99.0.12') throw new Error(`the reload was not applied as asked: ${after.length} services`);
+  const starts = h.since(journalFrom).filter((l) => / start$/.test(l) && l.startsWith('source ')).length;
+  const applies = h.fk.dataplane.applied.length - from;
+  await h.daemon.stop();
+  return { ...counted, starts, changed, applies };
+}
+
+t.test('a reload that changes one backend among 1,000 services asks the sources, the checker and the data path what one among 10 does', async (t) => {
+  const ten = await reloadWork(t, 10);
+  const thousand = await reloadWork(t, 1000);
+  t.equal(ten.changed, 1, 'among 10, one service object is new');
+  t.equal(thousand.changed, 1, 'among 1,000, one service object is new');
+  t.equal(ten.applies, 1, 'one data path transaction');
+  t.equal(ten.starts, 0, 'no source is started again');
   t.ok(ten.healthy >= 1, `the changed service's healthy backends are read (${ten.healthy})`);
   t.same(thousand, ten, `the same calls at 1,000 as at 10 (${JSON.stringify(thousand)})`);
 });

@@ -49,9 +49,12 @@ t.test('Coalesced: one run at a time; calls during a run share one more run', as
   t.equal(c.inFlight, undefined, 'idle again');
 });
 
-/** A config of pool services by name (the reloader reads nothing else of it). */
-function writeConfig(file: string, names: string[]): void {
-  const services = names.map((name) => ({ name, ipam: 'pool', ports: [{ port: 80, targetPort: 8080 }], backends: ['10.99.0.11'] }));
+/** The node's place when no labels say it. */
+const NO_ZONE = { zone: undefined, region: undefined, zoneFrom: 'unknown', regionFrom: 'unknown', labelsFile: undefined, problem: undefined } as const;
+
+/** A config of pool services by name (the reloader reads nothing else of it); `backends` by name, for those that have others. */
+function writeConfig(file: string, names: string[], backends: Record<string, string[]> = {}): void {
+  const services = names.map((name) => ({ name, ipam: 'pool', ports: [{ port: 80, targetPort: 8080 }], backends: backends[name] ?? ['10.99.0.11'] }));
   fs.writeFileSync(file, stringify({ node: { name: 'vm1', interface: 'eth0' }, pools: { 'range-global': '10.99.0.200-10.99.0.210' }, services }));
 }
 
@@ -91,10 +94,10 @@ async function harness(t: { teardown(fn: () => unknown): void }, names: string[]
       startSources: () => { journal.push('start sources'); },
     },
     metricsEndpoint: { restart: async (listen) => { journal.push(`metrics ${listen}`); } },
-    zone: { read: async () => { journal.push('zone read'); return { zone: undefined, region: undefined, zoneFrom: 'unknown', regionFrom: 'unknown', labelsFile: undefined, problem: undefined }; } },
+    zone: { current: NO_ZONE, read: async () => { journal.push('zone read'); return NO_ZONE; } },
     metrics: () => undefined,
     applyBackendVips: async () => { journal.push('backend vips'); },
-    applyNow: async () => { journal.push('apply'); },
+    applyNow: async (only) => { journal.push(only === undefined ? 'apply' : `apply ${[...only].join(',') || 'nothing'}`); },
     noteEvent: (kind) => { journal.push(`event ${kind}`); },
     notifyStatus: () => { journal.push('status line'); },
     afterReload: () => { journal.push('after reload'); },
@@ -122,6 +125,25 @@ t.test('a reload: removals together, then the rest in order, the verdict last', 
   ], 'the steps after the removals wait for all of them; the verdict is published after the apply; a file parsed inline leaves no collection');
   t.equal(h.reloader.generation, 2);
   t.match(h.reloader.lastReload, { ok: true, message: res.message });
+});
+
+t.test('a reload that replaces specs in place starts no source and asks the data path for those services only', async (t) => {
+  const h = await harness(t, ['a', 'b', 'c']);
+  writeConfig(h.file, ['a', 'b', 'c'], { b: ['10.99.0.12'] });
+  const r = await h.reloader.reload();
+  t.match(r, { ok: true, summary: { changed: ['default/b'], unchanged: 2 } });
+  t.same(h.journal, [
+    'adopt a,b,c', 'update default/b', 'reorder default/a,default/b,default/c',
+    'health update', 'update failover', 'zone read', 'apply default/b',
+    'event reload-applied', 'status line',
+  ], 'no source is new, so none is started; the one changed service is what the apply asks for');
+  h.journal.length = 0;
+  t.match(await h.reloader.reload(), { ok: true, summary: { changed: [], unchanged: 3 } });
+  t.same(h.journal.filter((l) => l.startsWith('apply') || l === 'start sources'), ['apply nothing'], 'the same file again: nothing to ask for');
+  h.journal.length = 0;
+  writeConfig(h.file, ['a', 'b', 'c', 'd'], { b: ['10.99.0.12'] });
+  t.ok((await h.reloader.reload()).ok);
+  t.same(h.journal.filter((l) => l.startsWith('apply') || l === 'start sources'), ['start sources', 'apply'], 'a service added: its source started, every service asked for');
 });
 
 t.test('a bad file changes nothing', async (t) => {
