@@ -33,11 +33,11 @@
 //                        spreads) and the 1 s window of earlier reports
 //   /metrics             20 scrapes 1.25 s apart (past the 1 s the endpoint
 //                        reuses a gather). Each scrape's CPU: the agent's CPU
-//                        in a window of EVENT_TAIL_MS from SCRAPE_LEAD_MS
-//                        before its request was sent, less a control window
-//                        of the same length half a spacing earlier (no
-//                        scrape in it): median and quartiles, the controls
-//                        (less the idle rate) beside them. The span reading
+//                        from SCRAPE_LEAD_MS before its request was sent to
+//                        SCRAPE_TAIL_MS after its answer ended, less a
+//                        control window of the same length just before it
+//                        (no scrape in it): median and quartiles, the
+//                        controls (less the idle rate) beside them. The span reading
 //                        of earlier reports beside it: CPU over the 20
 //                        scrapes' span less the idle rate, divided by 20.
 //                        The body's bytes per service, the RSS after those
@@ -91,8 +91,15 @@ export const RELOADS = 10;
  */
 export const EVENT_TAIL_MS = 300;
 
-/** A scrape's window opens this long before its request is sent (ms): the CPU samples are 25 ms apart and read linearly between. */
+/**
+ * A scrape's window opens this long before its request is sent and closes
+ * this long after its answer ended (ms): the CPU samples are 25 ms apart
+ * and read linearly between.
+ */
 export const SCRAPE_LEAD_MS = 50;
+export const SCRAPE_TAIL_MS = 100;
+/** A scrape's control window ends this long before the scrape's own window opens (ms). */
+export const SCRAPE_CONTROL_GAP_MS = 100;
 
 /** RSS readings 1 s apart, settled and after the scrapes: VmRSS moves with each collection, so one reading is one draw. */
 export const RSS_READINGS = 5;
@@ -183,25 +190,34 @@ export function parseTimed(out: string): { wallMs: number; cpuMs: number } {
 }
 
 /**
- * Each scrape's CPU and its control (pure): the rise of the counter over
- * `windowMs` from `leadMs` before each send, less the rise over a window
- * of the same length `controlBeforeMs` earlier, where no scrape falls; and
+ * Each scrape's CPU and its control (pure): the rise of the counter from
+ * `leadMs` before its request was sent to `tailMs` after its answer ended
+ * (a loaded machine stretches a scrape over hundreds of ms: a window of
+ * fixed length would cut it), less the rise over a window of the same
+ * length ending `gapMs` before that one opens, where no scrape falls; and
  * that control less the idle rate (how far the idle work alone spreads
- * over such a window). A window outside the samples is NaN.
+ * over such a window). A control that would reach back into the previous
+ * scrape's window, or before the first sample, is NaN, and so is that
+ * scrape's reading.
  */
-export function scrapeWindows(samples: readonly { t: number; cpuMs: number }[], sentAt: readonly number[], o: { windowMs: number; leadMs: number; controlBeforeMs: number; idleRate: number }): { cpuMs: number[]; controlCpuMs: number[] } {
+export function scrapeWindows(samples: readonly { t: number; cpuMs: number }[], scrapes: readonly { sent: number; done: number }[], o: { leadMs: number; tailMs: number; gapMs: number; idleRate: number }): { cpuMs: number[]; controlCpuMs: number[]; windowMs: number[] } {
   const cpuMs: number[] = [];
   const controlCpuMs: number[] = [];
-  const first = samples[0]?.t ?? Infinity;
-  for (const sent of sentAt) {
+  const windowMs: number[] = [];
+  let prevEnd = samples[0]?.t ?? Infinity;
+  for (const { sent, done } of scrapes) {
     const from = sent - o.leadMs;
-    const c = from - o.controlBeforeMs;
-    const own = cpuBetween(samples, from, from + o.windowMs);
-    const control = c >= first ? cpuBetween(samples, c, c + o.windowMs) : NaN;
+    const to = done + o.tailMs;
+    const len = to - from;
+    const c = from - o.gapMs - len;
+    const own = cpuBetween(samples, from, to);
+    const control = c >= prevEnd ? cpuBetween(samples, c, c + len) : NaN;
     cpuMs.push(round(own - control, 2));
-    controlCpuMs.push(round(control - o.idleRate * o.windowMs, 2));
+    controlCpuMs.push(round(control - o.idleRate * len, 2));
+    windowMs.push(len);
+    prevEnd = to;
   }
-  return { cpuMs, controlCpuMs };
+  return { cpuMs, controlCpuMs, windowMs };
 }
 
 /** Median and spread (lowest, highest) of readings (pure). */
@@ -261,6 +277,8 @@ export interface ScaleRun {
   scrapeWindowCpuMs?: number[];
   /** Per spaced scrape: its control window less the idle rate. */
   scrapeControlCpuMs?: number[];
+  /** Per spaced scrape: its window's length (ms), from before the send to after the answer. */
+  scrapeWindowMs?: number[];
   scrapes: number;
   metricsBytes: number;
   metricsBytesPerService: number;
@@ -355,17 +373,17 @@ const BURST = { rate: 50, seconds: 10, timeoutMs: 2000 };
  */
 function scraperScript(url: string, count: number, intervalMs: number, timeoutMs: number): string {
   return `const h=require('http');const lat=[];let ok=0,failed=0,bytes=0;const errs=new Set();let done=0;
-const sentAt=[];const one=()=>{sentAt.push(Date.now());const t=process.hrtime.bigint();const r=h.get(${JSON.stringify(url)},{agent:false,timeout:${timeoutMs}},(s)=>{let n=0;s.on('data',d=>n+=d.length);s.on('end',()=>{if(s.statusCode===200){ok++;bytes=n;lat.push(Number(process.hrtime.bigint()-t)/1e6)}else{failed++;errs.add('HTTP '+s.statusCode)}fin()});s.on('error',e=>{failed++;errs.add(e.code||e.message);fin()})});
-r.on('timeout',()=>r.destroy(new Error('timeout')));r.on('error',e=>{failed++;errs.add(e.code||e.message);fin()})};
-const fin=()=>{if(++done===${count}){lat.sort((a,b)=>a-b);const q=(p)=>lat.length?lat[Math.min(lat.length-1,Math.floor(p*lat.length))]:NaN;process.stdout.write(JSON.stringify({sent:${count},ok,failed,p50Ms:q(0.5),p99Ms:q(0.99),bytes,sentAt,errors:[...errs].slice(0,5)}))}};
+const sentAt=[],doneAt=[];const one=()=>{const k=sentAt.length;sentAt.push(Date.now());doneAt.push(NaN);const t=process.hrtime.bigint();const end=()=>{doneAt[k]=Date.now()};const r=h.get(${JSON.stringify(url)},{agent:false,timeout:${timeoutMs}},(s)=>{let n=0;s.on('data',d=>n+=d.length);s.on('end',()=>{end();if(s.statusCode===200){ok++;bytes=n;lat.push(Number(process.hrtime.bigint()-t)/1e6)}else{failed++;errs.add('HTTP '+s.statusCode)}fin()});s.on('error',e=>{end();failed++;errs.add(e.code||e.message);fin()})});
+r.on('timeout',()=>r.destroy(new Error('timeout')));r.on('error',e=>{end();failed++;errs.add(e.code||e.message);fin()})};
+const fin=()=>{if(++done===${count}){lat.sort((a,b)=>a-b);const q=(p)=>lat.length?lat[Math.min(lat.length-1,Math.floor(p*lat.length))]:NaN;process.stdout.write(JSON.stringify({sent:${count},ok,failed,p50Ms:q(0.5),p99Ms:q(0.99),bytes,sentAt,doneAt,errors:[...errs].slice(0,5)}))}};
 let i=0;const tick=()=>{one();if(++i<${count})setTimeout(tick,${intervalMs}-((Date.now()-t0)%${intervalMs}))};const t0=Date.now();tick();`;
 }
 
-interface ScrapeResult { sent: number; ok: number; failed: number; p50Ms: number; p99Ms: number; bytes: number; sentAt: number[]; errors: string[] }
+interface ScrapeResult { sent: number; ok: number; failed: number; p50Ms: number; p99Ms: number; bytes: number; sentAt: number[]; doneAt: number[]; errors: string[] }
 
 async function scrapes(lab: Lab, mon: string, count: number, intervalMs: number, timeoutMs: number): Promise<ScrapeResult> {
   const r = await lab.exec(mon, process.execPath, ['-e', scraperScript(`http://${METRICS_LISTEN}/metrics`, count, intervalMs, timeoutMs)], { allowFail: true, timeoutMs: count * intervalMs + timeoutMs + 15_000 });
-  try { return JSON.parse(r.stdout) as ScrapeResult; } catch { return { sent: count, ok: 0, failed: count, p50Ms: NaN, p99Ms: NaN, bytes: 0, sentAt: [], errors: [r.stderr.trim().slice(0, 200) || 'no output'] }; }
+  try { return JSON.parse(r.stdout) as ScrapeResult; } catch { return { sent: count, ok: 0, failed: count, p50Ms: NaN, p99Ms: NaN, bytes: 0, sentAt: [], doneAt: [], errors: [r.stderr.trim().slice(0, 200) || 'no output'] }; }
 }
 
 /**
@@ -565,12 +583,12 @@ async function measureSize(n: number, o: ScaleOptions): Promise<ScaleRun> {
     const spaced = await scrapes(lab, mon, count, SCRAPE_SPACING_MS, 5000);
     const scrapeCpuMs = (cpuFineWithChildrenMs(pid) - sc0 - idleRate * (Date.now() - st0)) / Math.max(1, spaced.ok);
     ss.stop();
-    const own = scrapeWindows(ss.samples, spaced.sentAt, { windowMs: EVENT_TAIL_MS, leadMs: SCRAPE_LEAD_MS, controlBeforeMs: SCRAPE_SPACING_MS / 2, idleRate });
+    const own = scrapeWindows(ss.samples, spaced.sentAt.map((sent, k) => ({ sent, done: spaced.doneAt[k] ?? NaN })), { leadMs: SCRAPE_LEAD_MS, tailMs: SCRAPE_TAIL_MS, gapMs: SCRAPE_CONTROL_GAP_MS, idleRate });
     const body = spaced.bytes;
     const rssAfterScrapesReadingsMiB = await rssReadings(pid);
     const rssAfterScrapesMiB = median(rssAfterScrapesReadingsMiB);
     if (heapDir) log(`heap snapshot after the scrapes ${await heapSnapshot(a, heapDir)}`);
-    log(`/metrics: ${body} bytes (${(body / n).toFixed(0)} a service), ${scrapeCpuMs.toFixed(1)} ms of CPU a scrape over the span (${spaced.ok}/${spaced.sent} ok); each in its window less its control: ${own.cpuMs.join(', ')}; the controls less idle: ${own.controlCpuMs.join(', ')}; RSS ${rssAfterScrapesMiB.toFixed(1)} MiB after them (${rssAfterScrapesReadingsMiB.map((x) => x.toFixed(1)).join(', ')})`);
+    log(`/metrics: ${body} bytes (${(body / n).toFixed(0)} a service), ${scrapeCpuMs.toFixed(1)} ms of CPU a scrape over the span (${spaced.ok}/${spaced.sent} ok); each in its window less its control: ${own.cpuMs.join(', ')}; the controls less idle: ${own.controlCpuMs.join(', ')}; windows ${own.windowMs.join(', ')} ms; RSS ${rssAfterScrapesMiB.toFixed(1)} MiB after them (${rssAfterScrapesReadingsMiB.map((x) => x.toFixed(1)).join(', ')})`);
     const b = await scrapes(lab, mon, BURST.rate * BURST.seconds, 1000 / BURST.rate, BURST.timeoutMs);
     const burst = { rate: BURST.rate, seconds: BURST.seconds, sent: b.sent, ok: b.ok, failed: b.failed, p50Ms: round(b.p50Ms, 1), p99Ms: round(b.p99Ms, 1), errors: b.errors };
     log(`${BURST.rate} scrapes/s for ${BURST.seconds} s: ${b.failed} of ${b.sent} failed, p99 ${b.p99Ms.toFixed(1)} ms`);
@@ -606,7 +624,7 @@ async function measureSize(n: number, o: ScaleOptions): Promise<ScaleRun> {
     log(`reference: full table ${ref.fullWallMs.join(', ')} ms, delta of one backend ${ref.deltaWallMs.join(', ')} ms wall, ${ref.deltaCpuMs.join(', ')} ms CPU (${ref.lines} lines)`);
     return {
       services: n, backends: backendCount, readyMs, rssMiB, rssAfterScrapesMiB, rssReadingsMiB, rssAfterScrapesReadingsMiB, descriptors: fds.total, packetSockets: fds.packet, idleWindowSeconds: o.idleSeconds, idleCpuMs, idleCpuPercent, nftLines,
-      reloadCpuMs, reloadWallMs, reloadControlCpuMs, transitionCpuMs, transitionKinds, transitionControlCpuMs, transition1sCpuMs, scrapeCpuMs, scrapeWindowCpuMs: own.cpuMs, scrapeControlCpuMs: own.controlCpuMs, scrapes: spaced.ok, metricsBytes: body, metricsBytesPerService: body / n,
+      reloadCpuMs, reloadWallMs, reloadControlCpuMs, transitionCpuMs, transitionKinds, transitionControlCpuMs, transition1sCpuMs, scrapeCpuMs, scrapeWindowCpuMs: own.cpuMs, scrapeControlCpuMs: own.controlCpuMs, scrapeWindowMs: own.windowMs, scrapes: spaced.ok, metricsBytes: body, metricsBytesPerService: body / n,
       burst, statusCliMs, nodeStartMs, statusRequestMs, statusBytes, stopMs, stopKilled: stopped.killed, reference: ref,
     };
   } finally {

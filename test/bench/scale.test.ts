@@ -49,21 +49,27 @@ t.test('an event\'s CPU between two instants, linear between samples', async (t)
   t.ok(Number.isNaN(cpuBetween(s, 50, 250)), 'past the last sample: unknown');
 });
 
-t.test('each scrape in its own window less a control window of the same length', async (t) => {
-  // Idle at 0.1 ms/ms throughout; a scrape sent at 1000 adds 20 ms between 1000 and 1050, another at 2250 adds 30 ms.
+t.test('each scrape from before its send to after its answer, less a control window of the same length before it', async (t) => {
+  // Idle at 0.1 ms/ms throughout; a scrape sent at 1000 adds 20 ms between 1000 and 1050, another at 2250 adds 30 ms between 2250 and 2300.
   const samples: { t: number; cpuMs: number }[] = [];
   for (let x = 0; x <= 3000; x += 25) {
     const extra = (x >= 1050 ? 20 : x > 1000 ? (20 * (x - 1000)) / 50 : 0) + (x >= 2300 ? 30 : x > 2250 ? (30 * (x - 2250)) / 50 : 0);
     samples.push({ t: x, cpuMs: 0.1 * x + extra });
   }
-  const w = scrapeWindows(samples, [1000, 2250], { windowMs: 300, leadMs: 50, controlBeforeMs: 625, idleRate: 0.1 });
+  const o = { leadMs: 50, tailMs: 100, gapMs: 100, idleRate: 0.1 };
+  const w = scrapeWindows(samples, [{ sent: 1000, done: 1040 }, { sent: 2250, done: 2400 }], o);
   t.same(w.cpuMs, [20, 30], 'the idle work in the window is taken away by the control, not by the mean rate');
   t.same(w.controlCpuMs, [0, 0], 'the controls hold the idle work alone');
-  const busy = scrapeWindows(samples, [1000], { windowMs: 300, leadMs: 50, controlBeforeMs: 625, idleRate: 0.05 });
+  t.same(w.windowMs, [190, 300], 'a slower answer, a longer window (and control)');
+  const busy = scrapeWindows(samples, [{ sent: 1000, done: 1040 }], { ...o, idleRate: 0.05 });
   t.same(busy.cpuMs, [20], 'a wrong mean idle rate moves the control, not the scrape');
-  t.same(busy.controlCpuMs, [15]);
-  const early = scrapeWindows(samples, [500], { windowMs: 300, leadMs: 50, controlBeforeMs: 625, idleRate: 0.1 });
+  t.same(busy.controlCpuMs, [9.5]);
+  const early = scrapeWindows(samples, [{ sent: 200, done: 300 }], o);
   t.ok(Number.isNaN(early.cpuMs[0]!) && Number.isNaN(early.controlCpuMs[0]!), 'a control before the first sample is unknown, not zero');
+  const close = scrapeWindows(samples, [{ sent: 1000, done: 1040 }, { sent: 1300, done: 1400 }], o);
+  t.ok(Number.isNaN(close.cpuMs[1]!), 'a control that would reach into the previous scrape\'s window is unknown');
+  const lost = scrapeWindows(samples, [{ sent: 1000, done: NaN }], o);
+  t.ok(Number.isNaN(lost.cpuMs[0]!), 'a scrape with no end is unknown');
 });
 
 t.test('readings: median and lowest-highest, missing readings left out', async (t) => {
