@@ -92,14 +92,15 @@ t.test('the windowed readings summarized and shown beside the span reading', asy
   t.equal(s!.scrapeWindowCpuMs, 19.5);
   t.equal(s!.scrapeWindowP75Ms, 20);
   t.equal(s!.scrapeControlCpuMs, 0.5);
+  t.equal(s!.scrapeWindowMeanMs, 20.5, 'the mean beside the median');
   const rows = scaleTargets({ config: {} as never, summary: [s!], raw: [], errors: [] });
   const scrape = rows.find((x) => /scrape under/.test(x.target))!;
   t.equal(scrape.met, true, 'judged on the windowed reading, not the span');
-  t.match(scrape.measured, /^19\.5 ms, median of each scrape's window less its control \(quartiles 18\.0-20\.0; 38\.8 over the span/);
+  t.match(scrape.measured, /^19\.5 ms, median of each scrape's window less its control \(quartiles 18\.0-20\.0, mean 20\.5; 38\.8 over the span/);
   const text = scaleTable({ scale: { config: {} as never, summary: [s!], raw: [], errors: [] } } as never) ?? '';
   t.match(text, /\| RSS MiB \(lowest-highest\) \|/);
   t.match(text, /\| 98\.0 \(97\.0-100\.0\) \|/);
-  t.match(text, /\| 38\.8 \| 19\.5 \(18\.0-20\.0\) \| 0\.5 \(-1\.0-1\.0\) \|/);
+  t.match(text, /\| 38\.8 \| 19\.5 \(18\.0-20\.0; 20\.5\) \| 0\.5 \(-1\.0-1\.0\) \|/);
 });
 
 t.test('targets at 1,000 services only', async (t) => {
