@@ -198,7 +198,7 @@ t.test('syncs in any order, with series coming, going, skipped and summed, give 
     if (kind === 0) rows = rows.filter(() => rnd(5) !== 0); // some go
     else if (kind === 1) rows.splice(rnd(rows.length + 1), 0, [`c${step}`, 'shop', '10.0.0.2:80', rnd(3)]); // one comes, anywhere
     // Two swap places, and one comes: the page takes this sync's order (with none coming it keeps the kept order, as the test above holds).
-    else if (kind === 2) { const i = rnd(rows.length); const j = rnd(rows.length); if (rows[i] && rows[j]) [rows[i], rows[j]] = [rows[j]!, rows[i]!]; rows.push([`n${step}`, 'default', '10.0.0.1:80', 1]); }
+    else if (kind === 2) { const i = rnd(rows.length); const j = rnd(rows.length); if (rows[i] && rows[j]) [rows[i], rows[j]] = [rows[j], rows[i]]; rows.push([`n${step}`, 'default', '10.0.0.1:80', 1]); }
     // One put twice in this sync alone (summed): a series put twice in
     // syncs to come would have its place where it is first put, in both.
     else if (kind === 3 && rows.length > 0) { const i = rnd(rows.length); const r = rows[i]!; rows.splice(i + 1 + rnd(rows.length - i), 0, [r[0], r[1], r[2], 1]); fill(); if ((await exposition(ours)) !== (await theirs.metrics())) differ++; rows.splice(rows.lastIndexOf(rows.find((x, k) => k > i && x[0] === r[0] && x[1] === r[1] && x[2] === r[2])!), 1); }
