@@ -5,7 +5,9 @@
 // defaults, kernel path, the unit's environment), and a monitoring namespace
 // that scrapes /metrics from across the bridge. Per size:
 //   RSS                  VmRSS of the agent once every service is ready and
-//                        the start has settled
+//                        the start has settled: RSS_READINGS readings 1 s
+//                        apart from 5 s after its "settled" line, their
+//                        median and spread (lowest-highest)
 //   descriptors          its open file descriptors then (/proc/PID/fd), and
 //                        how many of them are packet sockets
 //   idle CPU             the agent's CPU (its threads at the scheduler's
@@ -18,7 +20,10 @@
 //                        one backend of one service to EVENT_TAIL_MS after
 //                        the reload is applied, less the idle rate over that
 //                        time; RELOADS of them (the swap and the swap back),
-//                        their median and quartiles
+//                        their median and quartiles; beside each a control
+//                        window of the same length ending 100 ms before the
+//                        signal (no event in it), less the idle rate, and
+//                        the reload less its own control
 //   health transition    one backend of one service (a listener of its own,
 //                        on a port no other service checks) stopped, later
 //                        started again: the agent's CPU from its transition log
@@ -26,9 +31,17 @@
 //                        that time; beside it the same window 1 s before the
 //                        line (no event in it: how far the idle work alone
 //                        spreads) and the 1 s window of earlier reports
-//   /metrics             CPU per scrape (20 scrapes 1.25 s apart, past the
-//                        1 s the endpoint reuses a gather), the body's bytes
-//                        per service, the RSS after those 20 scrapes (a
+//   /metrics             20 scrapes 1.25 s apart (past the 1 s the endpoint
+//                        reuses a gather). Each scrape's CPU: the agent's CPU
+//                        from SCRAPE_LEAD_MS before its request was sent to
+//                        SCRAPE_TAIL_MS after its answer ended, less a
+//                        control window of the same length just before it
+//                        (no scrape in it): median and quartiles, the
+//                        controls (less the idle rate) beside them. The span reading
+//                        of earlier reports beside it: CPU over the 20
+//                        scrapes' span less the idle rate, divided by 20.
+//                        The body's bytes per service, the RSS after those
+//                        scrapes (RSS_READINGS readings 1 s apart: a
 //                        scrape's garbage that outlives the young generation
 //                        shows there, not in the RSS before), and 50 scrapes
 //                        a second for 10 s: failures
@@ -79,6 +92,19 @@ export const RELOADS = 10;
  * transition of a few.
  */
 export const EVENT_TAIL_MS = 300;
+
+/**
+ * A scrape's window opens this long before its request is sent and closes
+ * this long after its answer ended (ms): the CPU samples are 25 ms apart
+ * and read linearly between.
+ */
+export const SCRAPE_LEAD_MS = 50;
+export const SCRAPE_TAIL_MS = 100;
+/** A scrape's control window ends this long before the scrape's own window opens (ms). */
+export const SCRAPE_CONTROL_GAP_MS = 100;
+
+/** RSS readings 1 s apart, settled and after the scrapes: VmRSS moves with each collection, so one reading is one draw. */
+export const RSS_READINGS = 5;
 
 const NODE = '10.96.0.2';
 const MON = '10.96.0.3';
@@ -165,6 +191,49 @@ export function parseTimed(out: string): { wallMs: number; cpuMs: number } {
   return { wallMs: us / 1000, cpuMs: Math.round((secs(u ?? '') + secs(s ?? '')) * 1e6) / 1000 };
 }
 
+/**
+ * Each scrape's CPU and its control (pure): the rise of the counter from
+ * `leadMs` before its request was sent to `tailMs` after its answer ended
+ * (a loaded machine stretches a scrape over hundreds of ms: a window of
+ * fixed length would cut it), less the rise over a window of the same
+ * length ending `gapMs` before that one opens, where no scrape falls; and
+ * that control less the idle rate (how far the idle work alone spreads
+ * over such a window). A control that would reach back into the previous
+ * scrape's window, or before the first sample, is NaN, and so is that
+ * scrape's reading.
+ */
+export function scrapeWindows(samples: readonly { t: number; cpuMs: number }[], scrapes: readonly { sent: number; done: number }[], o: { leadMs: number; tailMs: number; gapMs: number; idleRate: number }): { cpuMs: number[]; controlCpuMs: number[]; windowMs: number[] } {
+  const cpuMs: number[] = [];
+  const controlCpuMs: number[] = [];
+  const windowMs: number[] = [];
+  let prevEnd = samples[0]?.t ?? Infinity;
+  for (const { sent, done } of scrapes) {
+    const from = sent - o.leadMs;
+    const to = done + o.tailMs;
+    const len = to - from;
+    const c = from - o.gapMs - len;
+    const own = cpuBetween(samples, from, to);
+    const control = c >= prevEnd ? cpuBetween(samples, c, c + len) : NaN;
+    cpuMs.push(round(own - control, 2));
+    controlCpuMs.push(round(control - o.idleRate * len, 2));
+    windowMs.push(len);
+    prevEnd = to;
+  }
+  return { cpuMs, controlCpuMs, windowMs };
+}
+
+/** The mean of the finite values; NaN when there are none (pure). */
+export function meanOf(xs: readonly number[]): number {
+  const f = xs.filter((x) => Number.isFinite(x));
+  return f.length ? f.reduce((a, b) => a + b, 0) / f.length : NaN;
+}
+
+/** Median and spread (lowest, highest) of readings (pure). */
+export function spreadOf(xs: readonly number[]): { median: number; low: number; high: number } {
+  const f = xs.filter((x) => Number.isFinite(x));
+  return { median: median(f), low: f.length ? Math.min(...f) : NaN, high: f.length ? Math.max(...f) : NaN };
+}
+
 /** CPU of an event: the counter's rise between two instants (linear between samples), less the idle rate over them (pure). */
 export function cpuBetween(samples: readonly { t: number; cpuMs: number }[], from: number, to: number): number {
   const at = (t: number): number => {
@@ -189,6 +258,9 @@ export interface ScaleRun {
   rssMiB: number;
   /** VmRSS after SPACED_SCRAPES scrapes, each its own gather (absent from runs before it was measured). */
   rssAfterScrapesMiB?: number;
+  /** The RSS_READINGS readings 1 s apart whose median rssMiB and rssAfterScrapesMiB are (absent from runs with one reading). */
+  rssReadingsMiB?: number[];
+  rssAfterScrapesReadingsMiB?: number[];
   /** Open file descriptors once settled, and of them packet sockets. */
   descriptors: number;
   packetSockets: number;
@@ -199,13 +271,22 @@ export interface ScaleRun {
   /** Per reload and per transition: the agent's CPU less the idle rate (ms). */
   reloadCpuMs: number[];
   reloadWallMs: number[];
+  /** Per reload, a window of its length ending 100 ms before its signal, less the idle rate: no event (absent from runs before it was measured). */
+  reloadControlCpuMs?: number[];
   transitionCpuMs: number[];
   transitionKinds: string[];
   /** The same window 1 s before each transition's line, less the idle rate: no event (absent from runs before it was measured). */
   transitionControlCpuMs?: number[];
   /** Each transition over 1 s from its line, as runs before EVENT_TAIL_MS counted it. */
   transition1sCpuMs?: number[];
+  /** CPU over the spaced scrapes' span less the idle rate, divided by the scrapes answered. */
   scrapeCpuMs: number;
+  /** Per spaced scrape: its own window less its control window (absent from runs before it was measured). */
+  scrapeWindowCpuMs?: number[];
+  /** Per spaced scrape: its control window less the idle rate. */
+  scrapeControlCpuMs?: number[];
+  /** Per spaced scrape: its window's length (ms), from before the send to after the answer. */
+  scrapeWindowMs?: number[];
   scrapes: number;
   metricsBytes: number;
   metricsBytesPerService: number;
@@ -228,6 +309,14 @@ export interface ScaleSummaryRow {
   reloadCpuMs: number; transitionCpuMs: number; scrapeCpuMs: number;
   /** Quartiles of the reloads' and the transitions' CPU: how far one run's events spread. */
   reloadCpuP25Ms: number; reloadCpuP75Ms: number; transitionCpuP25Ms: number; transitionCpuP75Ms: number; metricsBytesPerService: number; metricsBytes: number;
+  /** Spread of the RSS readings (lowest, highest); NaN for runs with one reading. */
+  rssLowMiB: number; rssHighMiB: number; rssAfterScrapesLowMiB: number; rssAfterScrapesHighMiB: number;
+  /** The reloads' controls (median, quartiles) and each reload less its own control (median, quartiles). */
+  reloadControlCpuMs: number; reloadControlP25Ms: number; reloadControlP75Ms: number; reloadNetCpuMs: number; reloadNetP25Ms: number; reloadNetP75Ms: number;
+  /** Each scrape's own window less its control: median and quartiles; the controls less the idle rate: median and quartiles. */
+  scrapeWindowCpuMs: number; scrapeWindowP25Ms: number; scrapeWindowP75Ms: number; scrapeControlCpuMs: number; scrapeControlP25Ms: number; scrapeControlP75Ms: number;
+  /** The mean of the scrapes' windows less their controls: a scrape that finds the data path's counters due pays their read, one in four at 1.25 s apart. */
+  scrapeWindowMeanMs: number;
   burstFailed: number; burstSent: number; burstP99Ms: number;
   statusCliMs: number; nodeStartMs: number; statusRequestMs: number; statusCurlMs: number; statusBytes: number; stopMs: number;
   refLines: number; refDeltaWallMs: number; refDeltaCpuMs: number; refFullWallMs: number; refFullCpuMs: number;
@@ -236,7 +325,12 @@ export interface ScaleSummaryRow {
 /** Medians of each size's run (pure). */
 export function summarizeScale(runs: readonly ScaleRun[]): ScaleSummaryRow[] {
   const m = (xs: readonly number[]): number => round(median([...xs]), 1);
-  return runs.filter((r) => r.error === undefined).map((r) => ({
+  const q = (xs: readonly number[] | undefined, p: number): number => round(percentile(xs ?? [], p), 1);
+  return runs.filter((r) => r.error === undefined).map((r) => {
+    const rss = spreadOf(r.rssReadingsMiB ?? []);
+    const after = spreadOf(r.rssAfterScrapesReadingsMiB ?? []);
+    const net = (r.reloadControlCpuMs ?? []).map((c, i) => (r.reloadCpuMs[i] ?? NaN) - c);
+    return {
     services: r.services, backends: r.backends, readyMs: r.readyMs, rssMiB: round(r.rssMiB, 1), rssAfterScrapesMiB: round(r.rssAfterScrapesMiB ?? NaN, 1), descriptors: r.descriptors, packetSockets: r.packetSockets, idleCpuPercent: round(r.idleCpuPercent, 2), nftLines: r.nftLines,
     reloadCpuMs: m(r.reloadCpuMs), transitionCpuMs: m(r.transitionCpuMs), scrapeCpuMs: round(r.scrapeCpuMs, 1),
     reloadCpuP25Ms: round(percentile(r.reloadCpuMs, 0.25), 1), reloadCpuP75Ms: round(percentile(r.reloadCpuMs, 0.75), 1),
@@ -246,7 +340,13 @@ export function summarizeScale(runs: readonly ScaleRun[]): ScaleSummaryRow[] {
     statusCliMs: m(r.statusCliMs), nodeStartMs: m(r.nodeStartMs ?? []), statusRequestMs: m(r.statusRequestMs), statusCurlMs: m(r.statusCurlMs ?? []), statusBytes: r.statusBytes, stopMs: r.stopMs,
     refLines: r.reference.lines, refDeltaWallMs: m(r.reference.deltaWallMs), refDeltaCpuMs: m(r.reference.deltaCpuMs),
     refFullWallMs: m(r.reference.fullWallMs), refFullCpuMs: m(r.reference.fullCpuMs),
-  }));
+    rssLowMiB: round(rss.low, 1), rssHighMiB: round(rss.high, 1), rssAfterScrapesLowMiB: round(after.low, 1), rssAfterScrapesHighMiB: round(after.high, 1),
+    reloadControlCpuMs: m(r.reloadControlCpuMs ?? []), reloadControlP25Ms: q(r.reloadControlCpuMs, 0.25), reloadControlP75Ms: q(r.reloadControlCpuMs, 0.75),
+    reloadNetCpuMs: m(net), reloadNetP25Ms: q(net, 0.25), reloadNetP75Ms: q(net, 0.75),
+    scrapeWindowMeanMs: round(meanOf(r.scrapeWindowCpuMs ?? []), 1), scrapeWindowCpuMs: m(r.scrapeWindowCpuMs ?? []), scrapeWindowP25Ms: q(r.scrapeWindowCpuMs, 0.25), scrapeWindowP75Ms: q(r.scrapeWindowCpuMs, 0.75),
+    scrapeControlCpuMs: m(r.scrapeControlCpuMs ?? []), scrapeControlP25Ms: q(r.scrapeControlCpuMs, 0.25), scrapeControlP75Ms: q(r.scrapeControlCpuMs, 0.75),
+    };
+  });
 }
 
 /** The kernel path's engine the agent runs with (config `kernel.engine`); unset: the config's default. */
@@ -280,21 +380,22 @@ const BURST = { rate: 50, seconds: 10, timeoutMs: 2000 };
  * A scraper run in the monitoring namespace: `count` GETs of url, one every
  * `intervalMs` whether or not the previous one answered (as Prometheus'
  * targets would be scraped), each on a new connection: sent, ok, failed,
- * latencies, the last body's length.
+ * latencies, the last body's length, when each was sent (Date.now(): the
+ * bench's clock too).
  */
 function scraperScript(url: string, count: number, intervalMs: number, timeoutMs: number): string {
   return `const h=require('http');const lat=[];let ok=0,failed=0,bytes=0;const errs=new Set();let done=0;
-const one=()=>{const t=process.hrtime.bigint();const r=h.get(${JSON.stringify(url)},{agent:false,timeout:${timeoutMs}},(s)=>{let n=0;s.on('data',d=>n+=d.length);s.on('end',()=>{if(s.statusCode===200){ok++;bytes=n;lat.push(Number(process.hrtime.bigint()-t)/1e6)}else{failed++;errs.add('HTTP '+s.statusCode)}fin()});s.on('error',e=>{failed++;errs.add(e.code||e.message);fin()})});
-r.on('timeout',()=>r.destroy(new Error('timeout')));r.on('error',e=>{failed++;errs.add(e.code||e.message);fin()})};
-const fin=()=>{if(++done===${count}){lat.sort((a,b)=>a-b);const q=(p)=>lat.length?lat[Math.min(lat.length-1,Math.floor(p*lat.length))]:NaN;process.stdout.write(JSON.stringify({sent:${count},ok,failed,p50Ms:q(0.5),p99Ms:q(0.99),bytes,errors:[...errs].slice(0,5)}))}};
+const sentAt=[],doneAt=[];const one=()=>{const k=sentAt.length;sentAt.push(Date.now());doneAt.push(NaN);const t=process.hrtime.bigint();const end=()=>{doneAt[k]=Date.now()};const r=h.get(${JSON.stringify(url)},{agent:false,timeout:${timeoutMs}},(s)=>{let n=0;s.on('data',d=>n+=d.length);s.on('end',()=>{end();if(s.statusCode===200){ok++;bytes=n;lat.push(Number(process.hrtime.bigint()-t)/1e6)}else{failed++;errs.add('HTTP '+s.statusCode)}fin()});s.on('error',e=>{end();failed++;errs.add(e.code||e.message);fin()})});
+r.on('timeout',()=>r.destroy(new Error('timeout')));r.on('error',e=>{end();failed++;errs.add(e.code||e.message);fin()})};
+const fin=()=>{if(++done===${count}){lat.sort((a,b)=>a-b);const q=(p)=>lat.length?lat[Math.min(lat.length-1,Math.floor(p*lat.length))]:NaN;process.stdout.write(JSON.stringify({sent:${count},ok,failed,p50Ms:q(0.5),p99Ms:q(0.99),bytes,sentAt,doneAt,errors:[...errs].slice(0,5)}))}};
 let i=0;const tick=()=>{one();if(++i<${count})setTimeout(tick,${intervalMs}-((Date.now()-t0)%${intervalMs}))};const t0=Date.now();tick();`;
 }
 
-interface ScrapeResult { sent: number; ok: number; failed: number; p50Ms: number; p99Ms: number; bytes: number; errors: string[] }
+interface ScrapeResult { sent: number; ok: number; failed: number; p50Ms: number; p99Ms: number; bytes: number; sentAt: number[]; doneAt: number[]; errors: string[] }
 
 async function scrapes(lab: Lab, mon: string, count: number, intervalMs: number, timeoutMs: number): Promise<ScrapeResult> {
   const r = await lab.exec(mon, process.execPath, ['-e', scraperScript(`http://${METRICS_LISTEN}/metrics`, count, intervalMs, timeoutMs)], { allowFail: true, timeoutMs: count * intervalMs + timeoutMs + 15_000 });
-  try { return JSON.parse(r.stdout) as ScrapeResult; } catch { return { sent: count, ok: 0, failed: count, p50Ms: NaN, p99Ms: NaN, bytes: 0, errors: [r.stderr.trim().slice(0, 200) || 'no output'] }; }
+  try { return JSON.parse(r.stdout) as ScrapeResult; } catch { return { sent: count, ok: 0, failed: count, p50Ms: NaN, p99Ms: NaN, bytes: 0, sentAt: [], doneAt: [], errors: [r.stderr.trim().slice(0, 200) || 'no output'] }; }
 }
 
 /**
@@ -310,13 +411,23 @@ async function timedNft(lab: Lab, ns: string, files: readonly string[], times: n
   return { wallMs: t.wallMs / runs, cpuMs: t.cpuMs / runs };
 }
 
-/** CPU samples of the agent every 50 ms until stop() (for events located afterwards by their log line). */
-function cpuSampler(pid: number | undefined): { samples: { t: number; cpuMs: number }[]; stop(): void } {
+/** CPU samples of the agent every everyMs until stop() (for events located afterwards by their log line or send time). */
+function cpuSampler(pid: number | undefined, everyMs = 50): { samples: { t: number; cpuMs: number }[]; stop(): void } {
   const samples: { t: number; cpuMs: number }[] = [];
   const take = (): void => { samples.push({ t: Date.now(), cpuMs: cpuFineWithChildrenMs(pid) }); };
   take();
-  const timer = setInterval(take, 50);
+  const timer = setInterval(take, everyMs);
   return { samples, stop: () => { clearInterval(timer); take(); } };
+}
+
+/** RSS_READINGS readings of VmRSS 1 s apart (MiB). */
+async function rssReadings(pid: number | undefined): Promise<number[]> {
+  const out: number[] = [];
+  for (let i = 0; i < RSS_READINGS; i++) {
+    if (i > 0) await sleep(1000);
+    out.push(round((memoryOf(pid)?.rssKiB ?? NaN) / 1024, 1));
+  }
+  return out;
 }
 
 async function reference(lab: Lab, n: number, rounds: number): Promise<ScaleRun['reference']> {
@@ -401,15 +512,17 @@ async function measureSize(n: number, o: ScaleOptions): Promise<ScaleRun> {
     // compacting collection, the code cache written, the optimizing
     // compiler back on) is the start's work, not the steady state's.
     await a.waitLog('the start settled', (l) => l.op === 'settled', 120_000);
+    const settledAt = Date.now();
     await sleep(5000);
-    const rssMiB = (memoryOf(pid)?.rssKiB ?? NaN) / 1024;
+    const rssReadingsMiB = await rssReadings(pid);
+    const rssMiB = median(rssReadingsMiB);
     const fds = descriptorsOf(pid);
     if (heapDir) log(`heap snapshot ${await heapSnapshot(a, heapDir)}`);
     // V8's memory reducer is the start's too: about 8 s after the
     // allocation rate falls it runs up to three compacting collections
     // (at 1,000 services some 400 ms of marking in all, in a second or
     // two), which an idle window opened earlier may or may not hold.
-    await sleep(IDLE_AFTER_SETTLED_MS - 5000);
+    await sleep(Math.max(0, settledAt + IDLE_AFTER_SETTLED_MS - Date.now()));
     const c0 = cpuFineWithChildrenMs(pid);
     const i0 = Date.now();
     await sleep(o.idleSeconds * 1000);
@@ -417,16 +530,19 @@ async function measureSize(n: number, o: ScaleOptions): Promise<ScaleRun> {
     const idleRate = idleCpuMs / (Date.now() - i0);
     const idleCpuPercent = idleRate * 100;
     const nftLines = Number((await lab.sh(node, 'nft list ruleset | wc -l')).stdout.trim());
-    log(`RSS ${rssMiB.toFixed(1)} MiB, ${fds.total} descriptors (${fds.packet} packet sockets), idle ${idleCpuPercent.toFixed(2)}% of a core, ${nftLines} nft lines`);
+    log(`RSS ${rssMiB.toFixed(1)} MiB (${rssReadingsMiB.map((x) => x.toFixed(1)).join(', ')}), ${fds.total} descriptors (${fds.packet} packet sockets), idle ${idleCpuPercent.toFixed(2)}% of a core, ${nftLines} nft lines`);
 
     // Reloads: s1's last backend swapped, then back.
     const reloadCpuMs: number[] = [];
     const reloadWallMs: number[] = [];
+    const reloadControlCpuMs: number[] = [];
     for (let r = 0; r < Math.max(RELOADS, o.rounds * 2); r++) {
       const before = (await a.status()).config.generation;
       a.writeConfig(scaleConfig(n, r % 2 === 0, o.engine));
       const logsBefore = a.logs.length;
       const s = cpuSampler(pid);
+      // The control window lies in this second, before the signal.
+      await sleep(1000);
       const t = Date.now();
       a.signal('SIGHUP');
       // Told by the reload's log line, not by polling status: a status
@@ -436,12 +552,14 @@ async function measureSize(n: number, o: ScaleOptions): Promise<ScaleRun> {
       await sleep(Math.max(0, applied + EVENT_TAIL_MS - Date.now()) + 100);
       s.stop();
       if ((await a.status()).config.generation <= before) throw new Error('the reload was logged but not applied');
+      const len = applied + EVENT_TAIL_MS - t;
       const raw = cpuBetween(s.samples, t, applied + EVENT_TAIL_MS);
-      reloadCpuMs.push(round(raw - idleRate * (applied + EVENT_TAIL_MS - t), 1));
+      reloadCpuMs.push(round(raw - idleRate * len, 1));
+      const c = t - 100 - len;
+      reloadControlCpuMs.push(c >= s.samples[0]!.t ? round(cpuBetween(s.samples, c, c + len) - idleRate * len, 1) : NaN);
       reloadWallMs.push(applied - t);
-      await sleep(1000);
     }
-    log(`reload of one backend: ${reloadCpuMs.join(', ')} ms of CPU over idle`);
+    log(`reload of one backend: ${reloadCpuMs.join(', ')} ms of CPU over idle; the same length before each: ${reloadControlCpuMs.join(', ')}`);
 
     // Health transitions: s0's backend b1 down (its listener stopped), then up again.
     const transitionCpuMs: number[] = [];
@@ -473,12 +591,16 @@ async function measureSize(n: number, o: ScaleOptions): Promise<ScaleRun> {
     const count = SPACED_SCRAPES;
     const sc0 = cpuFineWithChildrenMs(pid);
     const st0 = Date.now();
+    const ss = cpuSampler(pid, 25);
     const spaced = await scrapes(lab, mon, count, SCRAPE_SPACING_MS, 5000);
     const scrapeCpuMs = (cpuFineWithChildrenMs(pid) - sc0 - idleRate * (Date.now() - st0)) / Math.max(1, spaced.ok);
+    ss.stop();
+    const own = scrapeWindows(ss.samples, spaced.sentAt.map((sent, k) => ({ sent, done: spaced.doneAt[k] ?? NaN })), { leadMs: SCRAPE_LEAD_MS, tailMs: SCRAPE_TAIL_MS, gapMs: SCRAPE_CONTROL_GAP_MS, idleRate });
     const body = spaced.bytes;
-    const rssAfterScrapesMiB = (memoryOf(pid)?.rssKiB ?? NaN) / 1024;
+    const rssAfterScrapesReadingsMiB = await rssReadings(pid);
+    const rssAfterScrapesMiB = median(rssAfterScrapesReadingsMiB);
     if (heapDir) log(`heap snapshot after the scrapes ${await heapSnapshot(a, heapDir)}`);
-    log(`/metrics: ${body} bytes (${(body / n).toFixed(0)} a service), ${scrapeCpuMs.toFixed(1)} ms of CPU a scrape (${spaced.ok}/${spaced.sent} ok), RSS ${rssAfterScrapesMiB.toFixed(1)} MiB after them`);
+    log(`/metrics: ${body} bytes (${(body / n).toFixed(0)} a service), ${scrapeCpuMs.toFixed(1)} ms of CPU a scrape over the span (${spaced.ok}/${spaced.sent} ok); each in its window less its control: ${own.cpuMs.join(', ')}; the controls less idle: ${own.controlCpuMs.join(', ')}; windows ${own.windowMs.join(', ')} ms; RSS ${rssAfterScrapesMiB.toFixed(1)} MiB after them (${rssAfterScrapesReadingsMiB.map((x) => x.toFixed(1)).join(', ')})`);
     const b = await scrapes(lab, mon, BURST.rate * BURST.seconds, 1000 / BURST.rate, BURST.timeoutMs);
     const burst = { rate: BURST.rate, seconds: BURST.seconds, sent: b.sent, ok: b.ok, failed: b.failed, p50Ms: round(b.p50Ms, 1), p99Ms: round(b.p99Ms, 1), errors: b.errors };
     log(`${BURST.rate} scrapes/s for ${BURST.seconds} s: ${b.failed} of ${b.sent} failed, p99 ${b.p99Ms.toFixed(1)} ms`);
@@ -518,8 +640,8 @@ async function measureSize(n: number, o: ScaleOptions): Promise<ScaleRun> {
     const ref = await reference(lab, n, o.rounds);
     log(`reference: full table ${ref.fullWallMs.join(', ')} ms, delta of one backend ${ref.deltaWallMs.join(', ')} ms wall, ${ref.deltaCpuMs.join(', ')} ms CPU (${ref.lines} lines)`);
     return {
-      services: n, backends: backendCount, readyMs, rssMiB, rssAfterScrapesMiB, descriptors: fds.total, packetSockets: fds.packet, idleWindowSeconds: o.idleSeconds, idleCpuMs, idleCpuPercent, nftLines,
-      reloadCpuMs, reloadWallMs, transitionCpuMs, transitionKinds, transitionControlCpuMs, transition1sCpuMs, scrapeCpuMs, scrapes: spaced.ok, metricsBytes: body, metricsBytesPerService: body / n,
+      services: n, backends: backendCount, readyMs, rssMiB, rssAfterScrapesMiB, rssReadingsMiB, rssAfterScrapesReadingsMiB, descriptors: fds.total, packetSockets: fds.packet, idleWindowSeconds: o.idleSeconds, idleCpuMs, idleCpuPercent, nftLines,
+      reloadCpuMs, reloadWallMs, reloadControlCpuMs, transitionCpuMs, transitionKinds, transitionControlCpuMs, transition1sCpuMs, scrapeCpuMs, scrapeWindowCpuMs: own.cpuMs, scrapeControlCpuMs: own.controlCpuMs, scrapeWindowMs: own.windowMs, scrapes: spaced.ok, metricsBytes: body, metricsBytesPerService: body / n,
       burst, statusCliMs, nodeStartMs, statusRequestMs, statusCurlMs, statusBytes, stopMs, stopKilled: stopped.killed, reference: ref,
     };
   } finally {

@@ -105,6 +105,15 @@ export class SeriesFamily {
   private readonly order: Series[] = [];
   /** A series came this sync: the page's order is made again from `order` at end(). */
   private came = false;
+  /**
+   * `series` as an array, in the page's order, made again at the next
+   * sync after a series came or went (undefined from then, so it never
+   * holds a series that went): a sync that puts the series in
+   * the order of the last one finds each at `cursor`, the next place, with
+   * no lookup by its labels.
+   */
+  private pageOrder: Series[] | undefined;
+  private cursor = 0;
   private readonly header: string;
   /** The family's text as last built; undefined once a series came, went or changed. */
   private text: string | undefined;
@@ -114,6 +123,8 @@ export class SeriesFamily {
   private syncing = false;
   /** Lines rendered since the family was made (tests read it: a series unchanged is not rendered again). */
   rendered = 0;
+  /** Series looked up by their labels since the family was made (tests read it: a sync in the last one's order looks none up). */
+  lookups = 0;
 
   constructor(o: SeriesFamilyOptions) {
     this.name = o.name;
@@ -135,7 +146,7 @@ export class SeriesFamily {
    * fills again for every series.
    */
   set(labels: LabelValues, value: number): void {
-    const s = this.find(labels);
+    const s = this.next(labels) ?? this.find(labels);
     if (s === undefined) {
       const head = this.head(labels);
       this.rendered++;
@@ -145,6 +156,7 @@ export class SeriesFamily {
       if (bucket === undefined) this.buckets.set(key, [n]);
       else bucket.push(n);
       this.series.add(n);
+      this.pageOrder = undefined;
       this.text = undefined;
       if (this.syncing) { this.order.push(n); this.came = true; }
       return;
@@ -162,7 +174,7 @@ export class SeriesFamily {
    * only when it differs from the value last rendered.
    */
   add(labels: LabelValues, value: number): void {
-    const s = this.find(labels);
+    const s = this.next(labels) ?? this.find(labels);
     if (s === undefined || !this.syncing) { this.set(labels, value); return; }
     if (s.mark !== this.sync) {
       this.order.push(s);
@@ -188,6 +200,7 @@ export class SeriesFamily {
     if (this.series.size > 0) this.text = undefined;
     this.series.clear();
     this.buckets.clear();
+    this.pageOrder = undefined;
   }
 
   /** A sync begins: the series put from here to end() are the family's, the others go at end(). */
@@ -196,6 +209,8 @@ export class SeriesFamily {
     this.syncing = true;
     this.order.length = 0;
     this.came = false;
+    this.cursor = 0;
+    if (this.pageOrder === undefined) this.pageOrder = [...this.series];
   }
 
   end(): void {
@@ -216,6 +231,7 @@ export class SeriesFamily {
       const next = new Set<Series>();
       for (const s of this.order) if (this.series.has(s)) next.add(s);
       this.series = next;
+      this.pageOrder = undefined;
       this.text = undefined;
     }
     this.order.length = 0;
@@ -230,7 +246,21 @@ export class SeriesFamily {
     this.text = undefined;
   }
 
+  /**
+   * Within a sync, the series at the cursor when it has these labels and
+   * this sync has not put it yet (the cursor moves past it); else undefined
+   * and the cursor stays, for find() to look it up.
+   */
+  private next(labels: LabelValues): Series | undefined {
+    if (!this.syncing) return undefined;
+    const s = this.pageOrder?.[this.cursor];
+    if (s === undefined || s.mark === this.sync || !sameLabels(s.labels, labels)) return undefined;
+    this.cursor++;
+    return s;
+  }
+
   private find(labels: LabelValues): Series | undefined {
+    this.lookups++;
     const bucket = this.buckets.get(bucketOf(labels));
     if (bucket === undefined) return undefined;
     for (const s of bucket) if (sameLabels(s.labels, labels)) return s;
@@ -239,6 +269,7 @@ export class SeriesFamily {
 
   private drop(s: Series): void {
     this.series.delete(s);
+    this.pageOrder = undefined;
     const key = bucketOf(s.labels);
     const bucket = this.buckets.get(key);
     if (bucket !== undefined) {
@@ -307,12 +338,13 @@ export class SeriesFamily {
  * The registry's page as its parts: each SeriesFamily's kept text as it is,
  * prom-client's own metrics formatted by prom-client, the separators
  * between them, and the page's length in UTF-8 bytes. Their concatenation
- * is registry.metrics()' text; the server writes the parts one after the
- * other. The page is never made one string: at a thousand services that
- * string is half a MiB, kept for the endpoint's reuse interval, so each
- * scrape's copy outlived the young generation and stayed resident until a
- * full collection (~0.5 MiB of RSS a scrape); the parts are the families'
- * own kept texts and a few small strings that die young.
+ * is registry.metrics()' text; the server encodes them into one Buffer
+ * (pageBuffer). The page is never made one string: at a thousand services
+ * that string is half a MiB on the JavaScript heap, kept for the
+ * endpoint's reuse interval, so each scrape's copy outlived the young
+ * generation and stayed resident until a full collection (~0.5 MiB of RSS
+ * a scrape); the parts are the families' own kept texts and a few small
+ * strings that die young, and the Buffer's bytes lie outside the heap.
  */
 export interface ExpositionPage {
   readonly parts: readonly string[];
@@ -335,6 +367,25 @@ export async function expositionParts(registry: Registry): Promise<ExpositionPag
   }
   parts.push('\n');
   return { parts, bytes: bytes + 1 };
+}
+
+/**
+ * The page's bytes in one Buffer (UTF-8, the parts in order): what the
+ * server writes, one write per scrape, and every scrape served from the
+ * same gather writes the same Buffer. Written part by part into a Buffer
+ * of the page's counted length (no page-long string is made); a count
+ * that does not match what was written is an error, never a short or
+ * padded body.
+ */
+export function pageBuffer(page: ExpositionPage): Buffer {
+  // Room for one more character (UTF-8: 4 bytes at most) past the count:
+  // a page longer than counted writes past it and is caught below, where
+  // write() would otherwise stop at the end of the Buffer unseen.
+  const buf = Buffer.allocUnsafeSlow(page.bytes + 4);
+  let at = 0;
+  for (const p of page.parts) at += buf.write(p, at, 'utf8');
+  if (at !== page.bytes) throw new Error(`metrics page: ${at > page.bytes ? 'more than' : at} bytes written of the ${page.bytes} counted`);
+  return buf.subarray(0, at);
 }
 
 /**

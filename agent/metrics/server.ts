@@ -12,7 +12,7 @@
 import * as http from 'node:http';
 import type { Registry } from 'prom-client';
 import { LbError } from '../errors';
-import { expositionParts, type ExpositionPage } from './series';
+import { expositionParts, pageBuffer } from './series';
 import type { Logger } from '../log';
 
 export interface Readiness {
@@ -52,18 +52,19 @@ export class MetricsServer {
     this.opts = opts;
   }
 
-  private gathering: Promise<ExpositionPage> | undefined;
-  private last: { page: ExpositionPage; at: number } | undefined;
+  private gathering: Promise<Buffer> | undefined;
+  private last: { page: Buffer; at: number } | undefined;
   /** Gathers run since start (tests read it). */
   gathers = 0;
 
-  /** The metrics page: the last gather if recent, the one under way if any, else a new one. */
-  private gather(limits: MetricsLimits): Promise<ExpositionPage> {
+  /** The metrics page's bytes: the last gather's if recent, the one under way if any, else a new one. */
+  private gather(limits: MetricsLimits): Promise<Buffer> {
     const now = Date.now();
     if (this.last && now - this.last.at < limits.reuseMs) return Promise.resolve(this.last.page);
     if (this.gathering) return this.gathering;
     this.gathers++;
-    const p = expositionParts(this.opts.registry).then((page) => {
+    const p = expositionParts(this.opts.registry).then((parts) => {
+      const page = pageBuffer(parts);
       const last = { page, at: Date.now() };
       this.last = last;
       // Not kept past its reuse: a family's text it holds may have been replaced since.
@@ -87,19 +88,11 @@ export class MetricsServer {
         this.gather(limits).then((page) => {
           // The client went away while the gather ran: nothing to send.
           if (res.destroyed || req.socket.destroyed) return;
-          res.writeHead(200, { 'content-type': registry.contentType, 'content-length': page.bytes });
-          if (req.method === 'HEAD') {
-            res.end();
-            return;
-          }
-          // The headers alone first: written with the first part, they
-          // would be prepended to it, a copy of a family's whole text.
-          res.flushHeaders();
-          // Written in one turn, the parts leave in one writev (http corks
-          // the socket until the next tick); the socket copies them outside
-          // the JavaScript heap.
-          for (const part of page.parts) res.write(part);
-          res.end();
+          res.writeHead(200, { 'content-type': registry.contentType, 'content-length': page.length });
+          // One Buffer, one write: http sends the headers beside it (a
+          // Buffer is not copied to be joined to them), and every scrape of
+          // one gather writes the same bytes, encoded once.
+          res.end(req.method === 'HEAD' ? undefined : page);
         }, (err: Error) => {
           if (res.destroyed) return;
           res.writeHead(500, { 'content-type': 'text/plain' }).end(`metrics collection failed: ${err.message}\n`);

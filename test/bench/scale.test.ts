@@ -5,7 +5,7 @@
 // between samples, the targets are judged at 1,000 services only, and the
 // reloads and transitions are reported with their quartiles.
 import t from 'tap';
-import { backendsOf, scaleConfig, referenceTables, parseTimed, cpuBetween, summarizeScale, type ScaleRun } from '../../bench/scale';
+import { backendsOf, scaleConfig, referenceTables, parseTimed, cpuBetween, scrapeWindows, spreadOf, summarizeScale, type ScaleRun } from '../../bench/scale';
 import { scaleTable, scaleTargets } from '../../bench/lib/report';
 
 interface Svc { name: string; backends: string[]; ports: { targetPort: number }[] }
@@ -47,6 +47,60 @@ t.test('an event\'s CPU between two instants, linear between samples', async (t)
   const s = [{ t: 0, cpuMs: 0 }, { t: 100, cpuMs: 10 }, { t: 200, cpuMs: 30 }];
   t.equal(cpuBetween(s, 50, 150), 15);
   t.ok(Number.isNaN(cpuBetween(s, 50, 250)), 'past the last sample: unknown');
+});
+
+t.test('each scrape from before its send to after its answer, less a control window of the same length before it', async (t) => {
+  // Idle at 0.1 ms/ms throughout; a scrape sent at 1000 adds 20 ms between 1000 and 1050, another at 2250 adds 30 ms between 2250 and 2300.
+  const samples: { t: number; cpuMs: number }[] = [];
+  for (let x = 0; x <= 3000; x += 25) {
+    const extra = (x >= 1050 ? 20 : x > 1000 ? (20 * (x - 1000)) / 50 : 0) + (x >= 2300 ? 30 : x > 2250 ? (30 * (x - 2250)) / 50 : 0);
+    samples.push({ t: x, cpuMs: 0.1 * x + extra });
+  }
+  const o = { leadMs: 50, tailMs: 100, gapMs: 100, idleRate: 0.1 };
+  const w = scrapeWindows(samples, [{ sent: 1000, done: 1040 }, { sent: 2250, done: 2400 }], o);
+  t.same(w.cpuMs, [20, 30], 'the idle work in the window is taken away by the control, not by the mean rate');
+  t.same(w.controlCpuMs, [0, 0], 'the controls hold the idle work alone');
+  t.same(w.windowMs, [190, 300], 'a slower answer, a longer window (and control)');
+  const busy = scrapeWindows(samples, [{ sent: 1000, done: 1040 }], { ...o, idleRate: 0.05 });
+  t.same(busy.cpuMs, [20], 'a wrong mean idle rate moves the control, not the scrape');
+  t.same(busy.controlCpuMs, [9.5]);
+  const early = scrapeWindows(samples, [{ sent: 200, done: 300 }], o);
+  t.ok(Number.isNaN(early.cpuMs[0]!) && Number.isNaN(early.controlCpuMs[0]!), 'a control before the first sample is unknown, not zero');
+  const close = scrapeWindows(samples, [{ sent: 1000, done: 1040 }, { sent: 1300, done: 1400 }], o);
+  t.ok(Number.isNaN(close.cpuMs[1]!), 'a control that would reach into the previous scrape\'s window is unknown');
+  const lost = scrapeWindows(samples, [{ sent: 1000, done: NaN }], o);
+  t.ok(Number.isNaN(lost.cpuMs[0]!), 'a scrape with no end is unknown');
+});
+
+t.test('readings: median and lowest-highest, missing readings left out', async (t) => {
+  t.same(spreadOf([99.1, 97.2, NaN, 98.0, 101.5]), { median: 98.55, low: 97.2, high: 101.5 });
+  const none = spreadOf([]);
+  t.ok(Number.isNaN(none.median) && Number.isNaN(none.low) && Number.isNaN(none.high));
+});
+
+t.test('the windowed readings summarized and shown beside the span reading', async (t) => {
+  const run = { services: 1000, backends: 3000, readyMs: 1, rssMiB: 98, rssAfterScrapesMiB: 99, rssReadingsMiB: [97, 98, 100], rssAfterScrapesReadingsMiB: [99, 99, 101], descriptors: 60, packetSockets: 3, idleWindowSeconds: 10, idleCpuMs: 50, idleCpuPercent: 0.5, nftLines: 10,
+    reloadCpuMs: [40, 50, 60, 70], reloadControlCpuMs: [1, -2, 3, 0], reloadWallMs: [1], transitionCpuMs: [2], transitionKinds: ['down'], scrapeCpuMs: 38.8,
+    scrapeWindowCpuMs: [18, 19, 20, 25], scrapeControlCpuMs: [-1, 0, 1, 2], scrapes: 4, metricsBytes: 1, metricsBytesPerService: 300,
+    burst: { rate: 50, seconds: 10, sent: 500, ok: 500, failed: 0, p50Ms: 1, p99Ms: 2, errors: [] }, statusCliMs: [40], statusRequestMs: [5], statusBytes: 1, stopMs: 1500, stopKilled: false,
+    reference: { lines: 1, elements: 1, fullWallMs: [1], fullCpuMs: [1], deltaWallMs: [1], deltaCpuMs: [1] } } satisfies ScaleRun;
+  const [s] = summarizeScale([run]);
+  t.equal(s!.rssLowMiB, 97);
+  t.equal(s!.rssAfterScrapesHighMiB, 101);
+  t.equal(s!.reloadNetCpuMs, 54.5, 'each reload less its own control: 39, 52, 57, 70');
+  t.equal(s!.reloadNetP25Ms, 39);
+  t.equal(s!.scrapeWindowCpuMs, 19.5);
+  t.equal(s!.scrapeWindowP75Ms, 20);
+  t.equal(s!.scrapeControlCpuMs, 0.5);
+  t.equal(s!.scrapeWindowMeanMs, 20.5, 'the mean beside the median');
+  const rows = scaleTargets({ config: {} as never, summary: [s!], raw: [], errors: [] });
+  const scrape = rows.find((x) => /scrape under/.test(x.target))!;
+  t.equal(scrape.met, true, 'judged on the windowed reading, not the span');
+  t.match(scrape.measured, /^19\.5 ms, median of each scrape's window less its control \(quartiles 18\.0-20\.0, mean 20\.5; 38\.8 over the span/);
+  const text = scaleTable({ scale: { config: {} as never, summary: [s!], raw: [], errors: [] } } as never) ?? '';
+  t.match(text, /\| RSS MiB \(lowest-highest\) \|/);
+  t.match(text, /\| 98\.0 \(97\.0-100\.0\) \|/);
+  t.match(text, /\| 38\.8 \| 19\.5 \(18\.0-20\.0; 20\.5\) \| 0\.5 \(-1\.0-1\.0\) \|/);
 });
 
 t.test('targets at 1,000 services only', async (t) => {

@@ -4,7 +4,7 @@
 // label left out) is ever served from the kept text.
 import t from 'tap';
 import { Registry, Gauge, Counter } from '../../agent/metrics/prom';
-import { SeriesFamily, exposition, expositionParts, valueText } from '../../agent/metrics/series';
+import { SeriesFamily, exposition, expositionParts, pageBuffer, valueText } from '../../agent/metrics/series';
 
 const HELP = 'A help text with a \\ backslash\nand a newline.';
 
@@ -40,6 +40,23 @@ t.test('the page as parts: each family\'s kept text itself, joined the registry\
   t.ok(page.parts.includes(await f.exposition()), 'the family\'s kept text is a part as it is, not a copy in a page');
   const again = await expositionParts(r);
   t.equal(again.parts.join(''), text, 'the same state: the same page');
+});
+
+t.test('the page\'s Buffer is the registry\'s text in UTF-8, byte for byte, and a wrong count is an error', async (t) => {
+  const r = new Registry();
+  const f = new SeriesFamily({ name: 'up', help: 'h', type: 'gauge', labelNames: ['service'], registers: [r] });
+  for (let i = 0; i < 100; i++) f.set([i === 3 ? 'gr\u00fc\u00dfe-\u6f22\u{1f600}' : `s${i}`], 1);
+  new Counter({ name: 'y_total', help: 'prom-client\'s own.', registers: [r] }).inc(5);
+  const page = await expositionParts(r);
+  const buf = pageBuffer(page);
+  t.ok(buf.equals(Buffer.from(await r.metrics(), 'utf8')), 'the registry\'s text, byte for byte');
+  t.equal(buf.length, page.bytes, 'as long as counted');
+  f.set(['s1'], 0);
+  t.ok(pageBuffer(await expositionParts(r)).equals(Buffer.from(await r.metrics(), 'utf8')), 'a changed value: the registry\'s new text');
+  t.throws(() => pageBuffer({ parts: page.parts, bytes: page.bytes - 1 }), /more than bytes written of the \d+ counted/, 'counted short: not a body cut short');
+  t.throws(() => pageBuffer({ parts: page.parts, bytes: page.bytes + 1 }), /\d+ bytes written of the \d+ counted/, 'counted long: not a padded body');
+  t.throws(() => pageBuffer({ parts: ['\u00e9'], bytes: 1 }), /more than/, 'a character past the count, cut at the Buffer\'s end, is caught');
+  t.equal(pageBuffer({ parts: [], bytes: 0 }).length, 0);
 });
 
 t.test('a change renders that series again and no other; an unchanged family keeps its text', async (t) => {
@@ -155,4 +172,55 @@ t.test('add() sums within a sync as prom-client\'s inc() after a reset(), render
   rows.splice(3, 1);
   fill();
   t.equal(await ours.metrics(), await theirs.metrics(), 'a series not put this sync is gone');
+});
+
+t.test('syncs in any order, with series coming, going, skipped and summed, give prom-client\'s page after a reset(); a sync in the last one\'s order looks nothing up', async (t) => {
+  const ours = new Registry();
+  const theirs = new Registry();
+  const names = ['service', 'namespace', 'backend'];
+  let rows: [string, string, string, number][] = [];
+  const f = new SeriesFamily({
+    name: 'b_up', help: 'h', type: 'gauge', labelNames: names, registers: [ours],
+    collect(fam) { fam.begin(); const l: string[] = ['', '', '']; for (const [a, b, c, v] of rows) { l[0] = a; l[1] = b; l[2] = c; fam.add(l, v); } },
+  });
+  const g = new Gauge({ name: 'b_up', help: 'h', labelNames: names, registers: [theirs] });
+  const fill = (): void => { g.reset(); for (const [a, b, c, v] of rows) g.inc({ service: a, namespace: b, backend: c }, v); };
+  let seed = 11;
+  const rnd = (n: number): number => { seed = (seed * 1103515245 + 12345) % 2147483648; return Math.floor(seed / 65536) % n; };
+  const fresh = (): [string, string, string, number] => [`s${rnd(8)}`, rnd(2) === 0 ? 'default' : 'shop', `10.0.0.${rnd(4)}:80`, rnd(3)];
+  // Distinct to begin with: a series put twice apart would have two places.
+  for (let i = 0; i < 30; i++) { const r = fresh(); if (!rows.some((x) => x.slice(0, 3).join() === r.slice(0, 3).join())) rows.push(r); }
+  let differ = 0;
+  const kinds = new Set<number>();
+  for (let step = 0; step < 300; step++) {
+    const kind = rnd(6);
+    kinds.add(kind);
+    if (kind === 0) rows = rows.filter(() => rnd(5) !== 0); // some go
+    else if (kind === 1) rows.splice(rnd(rows.length + 1), 0, [`c${step}`, 'shop', '10.0.0.2:80', rnd(3)]); // one comes, anywhere
+    // Two swap places, and one comes: the page takes this sync's order (with none coming it keeps the kept order, as the test above holds).
+    else if (kind === 2) { const i = rnd(rows.length); const j = rnd(rows.length); if (rows[i] && rows[j]) [rows[i], rows[j]] = [rows[j], rows[i]]; rows.push([`n${step}`, 'default', '10.0.0.1:80', 1]); }
+    // One put twice in this sync alone (summed): a series put twice in
+    // syncs to come would have its place where it is first put, in both.
+    else if (kind === 3 && rows.length > 0) { const i = rnd(rows.length); const r = rows[i]!; rows.splice(i + 1 + rnd(rows.length - i), 0, [r[0], r[1], r[2], 1]); fill(); if ((await exposition(ours)) !== (await theirs.metrics())) differ++; rows.splice(rows.lastIndexOf(rows.find((x, k) => k > i && x[0] === r[0] && x[1] === r[1] && x[2] === r[2])!), 1); }
+    else if (kind === 4) rows = rows.map((r) => (rnd(4) === 0 ? [r[0], r[1], r[2], rnd(3)] : r)); // values change
+    // kind 5: the same rows again
+    fill();
+    if ((await exposition(ours)) !== (await theirs.metrics())) differ++;
+  }
+  t.equal(differ, 0, 'the same page after each of 300 syncs');
+  t.equal(kinds.size, 6, 'every kind of change was made');
+  // The same rows twice in a row, no series put twice: the second sync finds each at the cursor.
+  const seen = new Set<string>();
+  rows = rows.filter((r) => { const k = r.slice(0, 3).join(); if (seen.has(k)) return false; seen.add(k); return true; });
+  fill();
+  t.equal(await exposition(ours), await theirs.metrics());
+  const before = f.lookups;
+  await exposition(ours);
+  t.equal(f.lookups, before, 'the last sync\'s order: no series looked up by its labels');
+  rows.splice(1, 0, ['new', 'default', '10.0.0.9:80', 1]);
+  fill();
+  t.equal(await exposition(ours), await theirs.metrics(), 'one came second: the page as prom-client\'s');
+  const after = f.lookups;
+  await exposition(ours);
+  t.equal(f.lookups, after, 'and the sync after it looks nothing up either');
 });
