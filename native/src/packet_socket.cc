@@ -10,6 +10,7 @@
 #include <linux/if_packet.h>
 #include <net/ethernet.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -70,6 +71,7 @@ class PacketHandle : public PolledSocket<PacketHandle> {
     return DefineClass(env, "PacketHandle",
                        {
                            InstanceMethod("send", &PacketHandle::Send),
+                           InstanceMethod("sendMany", &PacketHandle::SendMany),
                            InstanceMethod("attachFilter", &PacketHandle::AttachFilter),
                            InstanceMethod("addMembership", &PacketHandle::AddMembership),
                            InstanceMethod("dropMembership", &PacketHandle::DropMembership),
@@ -174,19 +176,78 @@ class PacketHandle : public PolledSocket<PacketHandle> {
     }
     Napi::Buffer<uint8_t> frame = info[0].As<Napi::Buffer<uint8_t>>();
     if (frame.Length() < ETH_HLEN) throw Napi::RangeError::New(env, "frame shorter than an Ethernet header");
-    sockaddr_ll addr{};
-    addr.sll_family = AF_PACKET;
-    addr.sll_ifindex = out_ifindex;
-    // The frame's own ethertype becomes skb->protocol.
-    std::memcpy(&addr.sll_protocol, frame.Data() + 12, 2);
-    addr.sll_halen = ETH_ALEN;
-    std::memcpy(addr.sll_addr, frame.Data(), ETH_ALEN);
+    sockaddr_ll addr = Destination(frame.Data(), out_ifindex);
     ssize_t n;
     do {
       n = sendto(fd_, frame.Data(), frame.Length(), 0, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
     } while (n < 0 && errno == EINTR);
     if (n < 0) throw ErrnoError(env, errno, "sendto");
     return Napi::Number::New(env, static_cast<double>(n));
+  }
+
+  // sendMany(frames: Buffer, lengths: Uint32Array, first: number): the
+  // frames laid end to end in `frames` (lengths[i] bytes each), from frame
+  // `first` on (at most UIO_MAXIOV of them), by one sendmmsg(2) from the
+  // bound interface. Returns how many were sent, at least 1; throws the errno
+  // when frame `first` itself fails. sendmmsg stops at the first failure and
+  // returns the count before it (its errno is lost), so the caller calls
+  // again from there to learn it.
+  Napi::Value SendMany(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    CheckOpen(env);
+    if (info.Length() < 3 || !info[0].IsBuffer() || !info[1].IsTypedArray() || !info[2].IsNumber()) {
+      throw Napi::TypeError::New(env, "sendMany(frames: Buffer, lengths: Uint32Array, first: number)");
+    }
+    Napi::TypedArray typed = info[1].As<Napi::TypedArray>();
+    if (typed.TypedArrayType() != napi_uint32_array) throw Napi::TypeError::New(env, "sendMany: lengths must be a Uint32Array");
+    Napi::Buffer<uint8_t> data = info[0].As<Napi::Buffer<uint8_t>>();
+    Napi::Uint32Array lengths = typed.As<Napi::Uint32Array>();
+    size_t count = lengths.ElementLength();
+    int64_t first = info[2].As<Napi::Number>().Int64Value();
+    if (first < 0 || static_cast<size_t>(first) >= count) throw Napi::RangeError::New(env, "sendMany: first must index a frame");
+    size_t offset = 0;
+    for (size_t i = 0; i < count; i++) {
+      if (lengths[i] < ETH_HLEN) throw Napi::RangeError::New(env, "sendMany: a frame is shorter than an Ethernet header");
+      if (i < static_cast<size_t>(first)) offset += lengths[i];
+    }
+    size_t total = offset;
+    for (size_t i = static_cast<size_t>(first); i < count; i++) total += lengths[i];
+    if (total > data.Length()) throw Napi::RangeError::New(env, "sendMany: the lengths add up to more than the buffer");
+    size_t batch = count - static_cast<size_t>(first);
+    if (batch > UIO_MAXIOV) batch = UIO_MAXIOV;
+    std::vector<sockaddr_ll> addrs(batch);
+    std::vector<iovec> iovs(batch);
+    std::vector<mmsghdr> msgs(batch);
+    for (size_t j = 0; j < batch; j++) {
+      uint8_t* frame = data.Data() + offset;
+      size_t len = lengths[static_cast<size_t>(first) + j];
+      addrs[j] = Destination(frame, ifindex_);
+      iovs[j] = {frame, len};
+      msgs[j] = {};
+      msgs[j].msg_hdr.msg_name = &addrs[j];
+      msgs[j].msg_hdr.msg_namelen = sizeof(sockaddr_ll);
+      msgs[j].msg_hdr.msg_iov = &iovs[j];
+      msgs[j].msg_hdr.msg_iovlen = 1;
+      offset += len;
+    }
+    int n;
+    do {
+      n = sendmmsg(fd_, msgs.data(), static_cast<unsigned>(batch), 0);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0) throw ErrnoError(env, errno, "sendmmsg");
+    return Napi::Number::New(env, n);
+  }
+
+  // The link-layer destination of a whole frame leaving by `ifindex`: its
+  // destination MAC, and its own ethertype as skb->protocol (packet(7)).
+  static sockaddr_ll Destination(const uint8_t* frame, int ifindex) {
+    sockaddr_ll addr{};
+    addr.sll_family = AF_PACKET;
+    addr.sll_ifindex = ifindex;
+    std::memcpy(&addr.sll_protocol, frame + 12, 2);
+    addr.sll_halen = ETH_ALEN;
+    std::memcpy(addr.sll_addr, frame, ETH_ALEN);
+    return addr;
   }
 
   // attachFilter(program): replace the socket's classic BPF filter.
