@@ -38,6 +38,13 @@ export interface NativePacketHandle {
   readonly fd: number;
   /** ifindex: leave by this interface instead of the bound one (an addon built before it ignores it). */
   send(frame: Buffer, ifindex?: number): number;
+  /**
+   * The frames laid end to end in `frames` (lengths[i] bytes each), from
+   * frame `first` on, by one sendmmsg(2): how many were sent (at least 1);
+   * throws the errno of frame `first` when it fails. Absent from an addon
+   * built before it.
+   */
+  sendMany?(frames: Buffer, lengths: Uint32Array, first: number): number;
   attachFilter(program: ReadonlyArray<readonly [number, number, number, number]>): void;
   addMembership(kind: 'multicast', mac: Buffer): void;
   addMembership(kind: 'promisc' | 'allmulti'): void;

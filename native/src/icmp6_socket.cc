@@ -27,23 +27,18 @@ namespace lbagent {
 
 namespace {
 
-// As packet_socket.cc: a cap per wake-up so one busy socket cannot starve the loop.
-constexpr int kMaxMessagesPerWake = 512;
-
 class Icmp6Handle : public PolledSocket<Icmp6Handle> {
  public:
   static constexpr const char* kName = "ICMPv6 socket";
   static constexpr bool kCloseInBackground = false;
+  static constexpr int kMaxReadsPerWake = 512;
 
   static Napi::Function Define(Napi::Env env) {
-    return DefineClass(env, "Icmp6Handle",
-                       {
-                           InstanceMethod("joinGroup", &Icmp6Handle::JoinGroup),
-                           InstanceMethod("leaveGroup", &Icmp6Handle::LeaveGroup),
-                           InstanceMethod("start", &Icmp6Handle::JsStart),
-                           InstanceMethod("setRef", &Icmp6Handle::JsSetRef),
-                           InstanceMethod("close", &Icmp6Handle::JsClose),
-                       });
+    return DefineSocket(env, "Icmp6Handle",
+                        {
+                            InstanceMethod("joinGroup", &Icmp6Handle::JoinGroup),
+                            InstanceMethod("leaveGroup", &Icmp6Handle::LeaveGroup),
+                        });
   }
 
   // new Icmp6Handle(ifindex, types: number[])
@@ -65,9 +60,7 @@ class Icmp6Handle : public PolledSocket<Icmp6Handle> {
       ICMP6_FILTER_SETPASS(static_cast<int>(t), &filter);
     }
 
-    int fd = socket(AF_INET6, SOCK_RAW | SOCK_NONBLOCK | SOCK_CLOEXEC, IPPROTO_ICMPV6);
-    if (fd < 0) throw ErrnoError(env, errno, "socket");
-    fd_ = fd;
+    OpenSocket(env, AF_INET6, SOCK_RAW, IPPROTO_ICMPV6);
     int one = 1;
     // What was queued before the filter and the binding is skipped in Drain
     // (IPV6_PKTINFO names the interface of every message).
@@ -81,13 +74,6 @@ class Icmp6Handle : public PolledSocket<Icmp6Handle> {
   }
 
  private:
-  [[noreturn]] void FailAndClose(Napi::Env env, const char* syscall) {
-    int err = errno;
-    ::close(fd_);
-    fd_ = -1;
-    throw ErrnoError(env, err, syscall);
-  }
-
   // joinGroup(group: Buffer of 16) / leaveGroup: IPV6_ADD_MEMBERSHIP on the
   // bound interface. The kernel holds one membership per socket and group
   // (a second join is EADDRINUSE) and drops them with the socket.
@@ -106,68 +92,39 @@ class Icmp6Handle : public PolledSocket<Icmp6Handle> {
   Napi::Value JoinGroup(const Napi::CallbackInfo& info) { return Membership(info, IPV6_ADD_MEMBERSHIP); }
   Napi::Value LeaveGroup(const Napi::CallbackInfo& info) { return Membership(info, IPV6_DROP_MEMBERSHIP); }
 
-  friend class PolledSocket<Icmp6Handle>;  // calls Drain
+  friend class PolledSocket<Icmp6Handle>;  // reads through Message and Item
+
+  using Message = ReceivedFrom<sockaddr_in6, CMSG_SPACE(sizeof(int)) + CMSG_SPACE(sizeof(in6_pktinfo))>;
+
+  static bool ReadOnAfter(int) { return false; }
 
   // start(callback(err, messages)) (PolledSocket): messages is an array of
   // { message: Buffer (from the ICMPv6 header on), src: Buffer(16),
   //   dst: Buffer(16), hopLimit: number, length: number }.
-  void Drain(int status) {
-    Napi::Env env = Env();
-    Napi::HandleScope scope(env);
-    Napi::Array messages = Napi::Array::New(env);
-    uint32_t count = 0;
-    int read_errno = 0;
-    const char* failed_call = nullptr;
-    bool can_read = fd_ >= 0;
-    if (status < 0) can_read = PollError(status, &read_errno, &failed_call);
-    for (int reads = 0; can_read && reads < kMaxMessagesPerWake && fd_ >= 0; reads++) {
-      sockaddr_in6 from{};
-      uint8_t* buffer = SharedRecvBuffer();
-      iovec iov{buffer, kSharedRecvBufferSize};
-      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int)) + CMSG_SPACE(sizeof(in6_pktinfo))];
-      msghdr msg{};
-      msg.msg_name = &from;
-      msg.msg_namelen = sizeof(from);
-      msg.msg_iov = &iov;
-      msg.msg_iovlen = 1;
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof(control);
-      ssize_t n = recvmsg(fd_, &msg, MSG_TRUNC | MSG_DONTWAIT);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-        if (read_errno == 0) {
-          read_errno = errno;
-          failed_call = "recvmsg";
-        }
-        break;
+  Napi::Value Item(Napi::Env env, const Message& m, msghdr& msg, const uint8_t* data, ssize_t n, ReadError*) {
+    int hop_limit = -1;
+    bool have_info = false;
+    in6_pktinfo pktinfo{};
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != IPPROTO_IPV6) continue;
+      if (c->cmsg_type == IPV6_HOPLIMIT && c->cmsg_len >= CMSG_LEN(sizeof(int))) {
+        std::memcpy(&hop_limit, CMSG_DATA(c), sizeof(int));
+      } else if (c->cmsg_type == IPV6_PKTINFO && c->cmsg_len >= CMSG_LEN(sizeof(in6_pktinfo))) {
+        std::memcpy(&pktinfo, CMSG_DATA(c), sizeof(pktinfo));
+        have_info = true;
       }
-      int hop_limit = -1;
-      bool have_info = false;
-      in6_pktinfo pktinfo{};
-      for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-        if (c->cmsg_level != IPPROTO_IPV6) continue;
-        if (c->cmsg_type == IPV6_HOPLIMIT && c->cmsg_len >= CMSG_LEN(sizeof(int))) {
-          std::memcpy(&hop_limit, CMSG_DATA(c), sizeof(int));
-        } else if (c->cmsg_type == IPV6_PKTINFO && c->cmsg_len >= CMSG_LEN(sizeof(in6_pktinfo))) {
-          std::memcpy(&pktinfo, CMSG_DATA(c), sizeof(pktinfo));
-          have_info = true;
-        }
-      }
-      // Queued before SO_BINDTOIFINDEX took effect, or without the facts
-      // RFC 4861 §7.1 needs: not this interface's to judge.
-      if (!have_info || static_cast<int>(pktinfo.ipi6_ifindex) != ifindex_ || hop_limit < 0) continue;
-      size_t copied = static_cast<size_t>(n) < kSharedRecvBufferSize ? static_cast<size_t>(n) : kSharedRecvBufferSize;
-      Napi::Object entry = Napi::Object::New(env);
-      entry.Set("message", Napi::Buffer<uint8_t>::Copy(env, buffer, copied));
-      entry.Set("src", Napi::Buffer<uint8_t>::Copy(env, reinterpret_cast<const uint8_t*>(&from.sin6_addr), 16));
-      entry.Set("dst", Napi::Buffer<uint8_t>::Copy(env, reinterpret_cast<const uint8_t*>(&pktinfo.ipi6_addr), 16));
-      entry.Set("hopLimit", Napi::Number::New(env, hop_limit));
-      entry.Set("length", Napi::Number::New(env, static_cast<double>(n)));
-      messages.Set(count++, entry);
     }
-    if (count == 0 && read_errno == 0) return;
-    Deliver(env, read_errno, failed_call, messages);
+    // Queued before SO_BINDTOIFINDEX took effect, or without the facts
+    // RFC 4861 §7.1 needs: not this interface's to judge.
+    if (!have_info || static_cast<int>(pktinfo.ipi6_ifindex) != ifindex_ || hop_limit < 0) return Napi::Value();
+    size_t copied = static_cast<size_t>(n) < kSharedRecvBufferSize ? static_cast<size_t>(n) : kSharedRecvBufferSize;
+    Napi::Object entry = Napi::Object::New(env);
+    entry.Set("message", Napi::Buffer<uint8_t>::Copy(env, data, copied));
+    entry.Set("src", Napi::Buffer<uint8_t>::Copy(env, reinterpret_cast<const uint8_t*>(&m.from.sin6_addr), 16));
+    entry.Set("dst", Napi::Buffer<uint8_t>::Copy(env, reinterpret_cast<const uint8_t*>(&pktinfo.ipi6_addr), 16));
+    entry.Set("hopLimit", Napi::Number::New(env, hop_limit));
+    entry.Set("length", Napi::Number::New(env, static_cast<double>(n)));
+    return entry;
   }
 
   int ifindex_ = 0;

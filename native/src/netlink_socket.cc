@@ -26,28 +26,23 @@ namespace lbagent {
 
 namespace {
 
-// Datagrams handed to JavaScript per readiness callback; the poll is
-// level-triggered, the rest is read on the next loop iteration.
-constexpr int kMaxDatagramsPerWake = 64;
-
 class NetlinkHandle : public PolledSocket<NetlinkHandle> {
  public:
   static constexpr const char* kName = "netlink socket";
   // netlink_release() defers its frees to RCU callbacks: close(2) returns at once.
   static constexpr bool kCloseInBackground = false;
+  // Reads per readiness callback at most: a datagram, an error or a dropped datagram each.
+  static constexpr int kMaxReadsPerWake = 64;
 
   static Napi::Function Define(Napi::Env env) {
-    return DefineClass(env, "NetlinkHandle",
-                       {
-                           InstanceMethod("send", &NetlinkHandle::Send),
-                           InstanceMethod("address", &NetlinkHandle::Address),
-                           InstanceMethod("addMembership", &NetlinkHandle::AddMembership),
-                           InstanceMethod("dropMembership", &NetlinkHandle::DropMembership),
-                           InstanceMethod("setRecvBufferSize", &NetlinkHandle::SetRecvBufferSize),
-                           InstanceMethod("start", &NetlinkHandle::JsStart),
-                           InstanceMethod("setRef", &NetlinkHandle::JsSetRef),
-                           InstanceMethod("close", &NetlinkHandle::JsClose),
-                       });
+    return DefineSocket(env, "NetlinkHandle",
+                        {
+                            InstanceMethod("send", &NetlinkHandle::Send),
+                            InstanceMethod("address", &NetlinkHandle::Address),
+                            InstanceMethod("addMembership", &NetlinkHandle::AddMembership),
+                            InstanceMethod("dropMembership", &NetlinkHandle::DropMembership),
+                            InstanceMethod("setRecvBufferSize", &NetlinkHandle::SetRecvBufferSize),
+                        });
   }
 
   // new NetlinkHandle(protocol): opened and bound, the port chosen by the
@@ -57,17 +52,10 @@ class NetlinkHandle : public PolledSocket<NetlinkHandle> {
     if (info.Length() < 1 || !info[0].IsNumber()) throw Napi::TypeError::New(env, "NetlinkHandle(protocol)");
     int64_t protocol = info[0].As<Napi::Number>().Int64Value();
     if (protocol < 0 || protocol > 31) throw Napi::RangeError::New(env, "protocol must be a netlink protocol (0..31)");
-    int fd = socket(AF_NETLINK, SOCK_RAW | SOCK_NONBLOCK | SOCK_CLOEXEC, static_cast<int>(protocol));
-    if (fd < 0) throw ErrnoError(env, errno, "socket");
-    fd_ = fd;
+    OpenSocket(env, AF_NETLINK, SOCK_RAW, static_cast<int>(protocol));
     sockaddr_nl addr{};
     addr.nl_family = AF_NETLINK;
-    if (bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) < 0) {
-      int err = errno;
-      ::close(fd_);
-      fd_ = -1;
-      throw ErrnoError(env, err, "bind");
-    }
+    if (bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) < 0) FailAndClose(env, "bind");
     WatchTeardown(env);
   }
 
@@ -156,50 +144,20 @@ class NetlinkHandle : public PolledSocket<NetlinkHandle> {
   }
 
 
-  friend class PolledSocket<NetlinkHandle>;  // calls Drain
+  friend class PolledSocket<NetlinkHandle>;  // reads through Message and Item
 
-  void Drain(int status) {
-    Napi::Env env = Env();
-    Napi::HandleScope scope(env);
-    Napi::Array datagrams = Napi::Array::New(env);
-    uint32_t count = 0;
-    int read_errno = 0;
-    const char* failed_call = nullptr;
-    bool can_read = fd_ >= 0;
-    if (status < 0) can_read = PollError(status, &read_errno, &failed_call);
-    // Bounded in reads, not datagrams: an error or a dropped datagram counts too.
-    for (int reads = 0; can_read && reads < kMaxDatagramsPerWake && fd_ >= 0; reads++) {
-      uint8_t* buffer = SharedRecvBuffer();
-      sockaddr_nl from{};
-      iovec iov{buffer, kSharedRecvBufferSize};
-      msghdr msg{};
-      msg.msg_name = &from;
-      msg.msg_namelen = sizeof(from);
-      msg.msg_iov = &iov;
-      msg.msg_iovlen = 1;
-      ssize_t n = recvmsg(fd_, &msg, MSG_TRUNC | MSG_DONTWAIT);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-        if (read_errno == 0) {
-          read_errno = errno;
-          failed_call = "recvmsg";
-        }
-        // ENOBUFS: the overrun is reported once; later datagrams are readable.
-        if (errno == ENOBUFS) continue;
-        break;
-      }
-      if (static_cast<size_t>(n) > kSharedRecvBufferSize) {
-        if (read_errno == 0) {
-          read_errno = EMSGSIZE;
-          failed_call = "recvmsg";
-        }
-        continue;
-      }
-      datagrams.Set(count++, Napi::Buffer<uint8_t>::Copy(env, buffer, static_cast<size_t>(n)));
+  using Message = ReceivedFrom<sockaddr_nl, 0>;
+
+  // ENOBUFS: the overrun is reported once; later datagrams are readable.
+  static bool ReadOnAfter(int err) { return err == ENOBUFS; }
+
+  // The datagram as a Buffer; a truncated one is dropped and reported (EMSGSIZE).
+  Napi::Value Item(Napi::Env env, const Message&, msghdr&, const uint8_t* data, ssize_t n, ReadError* error) {
+    if (static_cast<size_t>(n) > kSharedRecvBufferSize) {
+      error->Set(EMSGSIZE, "recvmsg");
+      return Napi::Value();
     }
-    if (count == 0 && read_errno == 0) return;
-    Deliver(env, read_errno, failed_call, datagrams);
+    return Napi::Buffer<uint8_t>::Copy(env, data, static_cast<size_t>(n));
   }
 };
 

@@ -10,6 +10,7 @@
 #include <linux/if_packet.h>
 #include <net/ethernet.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -54,31 +55,26 @@ void DeliverReads(Napi::Env env, Napi::FunctionReference& callback, Napi::AsyncC
 
 namespace {
 
-// Frames handed to JavaScript per readiness callback. The poll is
-// level-triggered, so anything left is read on the next loop iteration; the
-// cap only keeps one busy socket from starving timers and other sockets.
-constexpr int kMaxFramesPerWake = 512;
-
 class PacketHandle : public PolledSocket<PacketHandle> {
  public:
   static constexpr const char* kName = "packet socket";
   // packet_release() waits for an RCU grace period (synchronize_net()):
   // 7-15 ms a socket here, two sockets per DHCP service.
   static constexpr bool kCloseInBackground = true;
+  // Frames handed to JavaScript per readiness callback at most.
+  static constexpr int kMaxReadsPerWake = 512;
 
   static Napi::Function Define(Napi::Env env) {
-    return DefineClass(env, "PacketHandle",
-                       {
-                           InstanceMethod("send", &PacketHandle::Send),
-                           InstanceMethod("attachFilter", &PacketHandle::AttachFilter),
-                           InstanceMethod("addMembership", &PacketHandle::AddMembership),
-                           InstanceMethod("dropMembership", &PacketHandle::DropMembership),
-                           InstanceMethod("start", &PacketHandle::JsStart),
-                           InstanceMethod("stop", &PacketHandle::Stop),
-                           InstanceMethod("setRef", &PacketHandle::JsSetRef),
-                           InstanceMethod("close", &PacketHandle::JsClose),
-                           InstanceAccessor("fd", &PacketHandle::Fd, nullptr),
-                       });
+    return DefineSocket(env, "PacketHandle",
+                        {
+                            InstanceMethod("send", &PacketHandle::Send),
+                            InstanceMethod("sendMany", &PacketHandle::SendMany),
+                            InstanceMethod("attachFilter", &PacketHandle::AttachFilter),
+                            InstanceMethod("addMembership", &PacketHandle::AddMembership),
+                            InstanceMethod("dropMembership", &PacketHandle::DropMembership),
+                            InstanceMethod("stop", &PacketHandle::Stop),
+                            InstanceAccessor("fd", &PacketHandle::Fd, nullptr),
+                        });
   }
 
   // new PacketHandle(ifindex, protocolHostOrder, filter?)
@@ -101,9 +97,7 @@ class PacketHandle : public PolledSocket<PacketHandle> {
     // packet(7): a socket opened with protocol 0 receives nothing until it is
     // bound, so the filter is in place before the first frame can be queued
     // and no frame from another interface or ethertype slips in.
-    int fd = socket(AF_PACKET, SOCK_RAW | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) throw ErrnoError(env, errno, "socket");
-    fd_ = fd;
+    OpenSocket(env, AF_PACKET, SOCK_RAW, 0);
     if (has_filter) {
       sock_fprog fprog{static_cast<unsigned short>(program.size()), program.data()};
       if (setsockopt(fd_, SOL_SOCKET, SO_ATTACH_FILTER, &fprog, sizeof(fprog)) < 0) FailAndClose(env, "setsockopt");
@@ -122,13 +116,6 @@ class PacketHandle : public PolledSocket<PacketHandle> {
   }
 
  private:
-  [[noreturn]] void FailAndClose(Napi::Env env, const char* syscall) {
-    int err = errno;
-    CloseInBackground(fd_);
-    fd_ = -1;
-    throw ErrnoError(env, err, syscall);
-  }
-
   static std::vector<sock_filter> ParseFilter(Napi::Env env, Napi::Value value) {
     if (!value.IsArray()) throw Napi::TypeError::New(env, "filter must be an array of [code, jt, jf, k]");
     Napi::Array arr = value.As<Napi::Array>();
@@ -174,19 +161,78 @@ class PacketHandle : public PolledSocket<PacketHandle> {
     }
     Napi::Buffer<uint8_t> frame = info[0].As<Napi::Buffer<uint8_t>>();
     if (frame.Length() < ETH_HLEN) throw Napi::RangeError::New(env, "frame shorter than an Ethernet header");
-    sockaddr_ll addr{};
-    addr.sll_family = AF_PACKET;
-    addr.sll_ifindex = out_ifindex;
-    // The frame's own ethertype becomes skb->protocol.
-    std::memcpy(&addr.sll_protocol, frame.Data() + 12, 2);
-    addr.sll_halen = ETH_ALEN;
-    std::memcpy(addr.sll_addr, frame.Data(), ETH_ALEN);
+    sockaddr_ll addr = Destination(frame.Data(), out_ifindex);
     ssize_t n;
     do {
       n = sendto(fd_, frame.Data(), frame.Length(), 0, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
     } while (n < 0 && errno == EINTR);
     if (n < 0) throw ErrnoError(env, errno, "sendto");
     return Napi::Number::New(env, static_cast<double>(n));
+  }
+
+  // sendMany(frames: Buffer, lengths: Uint32Array, first: number): the
+  // frames laid end to end in `frames` (lengths[i] bytes each), from frame
+  // `first` on (at most UIO_MAXIOV of them), by one sendmmsg(2) from the
+  // bound interface. Returns how many were sent, at least 1; throws the errno
+  // when frame `first` itself fails. sendmmsg stops at the first failure and
+  // returns the count before it (its errno is lost), so the caller calls
+  // again from there to learn it.
+  Napi::Value SendMany(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    CheckOpen(env);
+    if (info.Length() < 3 || !info[0].IsBuffer() || !info[1].IsTypedArray() || !info[2].IsNumber()) {
+      throw Napi::TypeError::New(env, "sendMany(frames: Buffer, lengths: Uint32Array, first: number)");
+    }
+    Napi::TypedArray typed = info[1].As<Napi::TypedArray>();
+    if (typed.TypedArrayType() != napi_uint32_array) throw Napi::TypeError::New(env, "sendMany: lengths must be a Uint32Array");
+    Napi::Buffer<uint8_t> data = info[0].As<Napi::Buffer<uint8_t>>();
+    Napi::Uint32Array lengths = typed.As<Napi::Uint32Array>();
+    size_t count = lengths.ElementLength();
+    int64_t first = info[2].As<Napi::Number>().Int64Value();
+    if (first < 0 || static_cast<size_t>(first) >= count) throw Napi::RangeError::New(env, "sendMany: first must index a frame");
+    size_t offset = 0;
+    for (size_t i = 0; i < count; i++) {
+      if (lengths[i] < ETH_HLEN) throw Napi::RangeError::New(env, "sendMany: a frame is shorter than an Ethernet header");
+      if (i < static_cast<size_t>(first)) offset += lengths[i];
+    }
+    size_t total = offset;
+    for (size_t i = static_cast<size_t>(first); i < count; i++) total += lengths[i];
+    if (total > data.Length()) throw Napi::RangeError::New(env, "sendMany: the lengths add up to more than the buffer");
+    size_t batch = count - static_cast<size_t>(first);
+    if (batch > UIO_MAXIOV) batch = UIO_MAXIOV;
+    std::vector<sockaddr_ll> addrs(batch);
+    std::vector<iovec> iovs(batch);
+    std::vector<mmsghdr> msgs(batch);
+    for (size_t j = 0; j < batch; j++) {
+      uint8_t* frame = data.Data() + offset;
+      size_t len = lengths[static_cast<size_t>(first) + j];
+      addrs[j] = Destination(frame, ifindex_);
+      iovs[j] = {frame, len};
+      msgs[j] = {};
+      msgs[j].msg_hdr.msg_name = &addrs[j];
+      msgs[j].msg_hdr.msg_namelen = sizeof(sockaddr_ll);
+      msgs[j].msg_hdr.msg_iov = &iovs[j];
+      msgs[j].msg_hdr.msg_iovlen = 1;
+      offset += len;
+    }
+    int n;
+    do {
+      n = sendmmsg(fd_, msgs.data(), static_cast<unsigned>(batch), 0);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0) throw ErrnoError(env, errno, "sendmmsg");
+    return Napi::Number::New(env, n);
+  }
+
+  // The link-layer destination of a whole frame leaving by `ifindex`: its
+  // destination MAC, and its own ethertype as skb->protocol (packet(7)).
+  static sockaddr_ll Destination(const uint8_t* frame, int ifindex) {
+    sockaddr_ll addr{};
+    addr.sll_family = AF_PACKET;
+    addr.sll_ifindex = ifindex;
+    std::memcpy(&addr.sll_protocol, frame + 12, 2);
+    addr.sll_halen = ETH_ALEN;
+    std::memcpy(addr.sll_addr, frame, ETH_ALEN);
+    return addr;
   }
 
   // attachFilter(program): replace the socket's classic BPF filter.
@@ -243,66 +289,34 @@ class PacketHandle : public PolledSocket<PacketHandle> {
 
   Napi::Value Fd(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), fd_); }
 
-  friend class PolledSocket<PacketHandle>;  // calls Drain
+  friend class PolledSocket<PacketHandle>;  // reads through Message and Item
 
-  // Read every queued frame (up to kMaxFramesPerWake) and hand them to
-  // JavaScript in one call, with the socket error if there was one.
-  void Drain(int status) {
-    Napi::Env env = Env();
-    Napi::HandleScope scope(env);
-    Napi::Array frames = Napi::Array::New(env);
-    uint32_t count = 0;
-    int read_errno = 0;
-    const char* failed_call = nullptr;
-    bool can_read = fd_ >= 0;
-    if (status < 0) can_read = PollError(status, &read_errno, &failed_call);
-    while (can_read && count < static_cast<uint32_t>(kMaxFramesPerWake) && fd_ >= 0) {
-      sockaddr_ll from{};
-      uint8_t* buffer = SharedRecvBuffer();
-      iovec iov{buffer, kSharedRecvBufferSize};
-      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(tpacket_auxdata))];
-      msghdr msg{};
-      msg.msg_name = &from;
-      msg.msg_namelen = sizeof(from);
-      msg.msg_iov = &iov;
-      msg.msg_iovlen = 1;
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof(control);
-      // MSG_TRUNC: packet(7) returns the frame's real length even when the
-      // buffer was shorter.
-      ssize_t n = recvmsg(fd_, &msg, MSG_TRUNC | MSG_DONTWAIT);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-        // e.g. ENETDOWN when the interface goes down: report, keep the socket.
-        if (read_errno == 0) {
-          read_errno = errno;
-          failed_call = "recvmsg";
-        }
-        break;
+  using Message = ReceivedFrom<sockaddr_ll, CMSG_SPACE(sizeof(tpacket_auxdata))>;
+
+  static bool ReadOnAfter(int) { return false; }
+
+  // { frame: Buffer, status, pktType, ifindex, length }; MSG_TRUNC: packet(7)
+  // gives the frame's real length even when the buffer was shorter.
+  Napi::Value Item(Napi::Env env, const Message& m, msghdr& msg, const uint8_t* data, ssize_t n, ReadError*) {
+    uint32_t tp_status = 0;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level == SOL_PACKET && c->cmsg_type == PACKET_AUXDATA &&
+          c->cmsg_len >= CMSG_LEN(sizeof(tpacket_auxdata))) {
+        tpacket_auxdata aux;
+        std::memcpy(&aux, CMSG_DATA(c), sizeof(aux));
+        tp_status = aux.tp_status;
       }
-      uint32_t tp_status = 0;
-      for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-        if (c->cmsg_level == SOL_PACKET && c->cmsg_type == PACKET_AUXDATA &&
-            c->cmsg_len >= CMSG_LEN(sizeof(tpacket_auxdata))) {
-          tpacket_auxdata aux;
-          std::memcpy(&aux, CMSG_DATA(c), sizeof(aux));
-          tp_status = aux.tp_status;
-        }
-      }
-      size_t copied = static_cast<size_t>(n) < kSharedRecvBufferSize ? static_cast<size_t>(n) : kSharedRecvBufferSize;
-      Napi::Object entry = Napi::Object::New(env);
-      entry.Set("frame", Napi::Buffer<uint8_t>::Copy(env, buffer, copied));
-      entry.Set("status", Napi::Number::New(env, tp_status));
-      entry.Set("pktType", Napi::Number::New(env, from.sll_pkttype));
-      // The interface the frame was received on: on a socket bound to a
-      // macvlan's parent, the macvlan the kernel handed a unicast frame to.
-      entry.Set("ifindex", Napi::Number::New(env, from.sll_ifindex));
-      entry.Set("length", Napi::Number::New(env, static_cast<double>(n)));
-      frames.Set(count++, entry);
     }
-    if (count == 0 && read_errno == 0) return;
-    Deliver(env, read_errno, failed_call, frames);
+    size_t copied = static_cast<size_t>(n) < kSharedRecvBufferSize ? static_cast<size_t>(n) : kSharedRecvBufferSize;
+    Napi::Object entry = Napi::Object::New(env);
+    entry.Set("frame", Napi::Buffer<uint8_t>::Copy(env, data, copied));
+    entry.Set("status", Napi::Number::New(env, tp_status));
+    entry.Set("pktType", Napi::Number::New(env, m.from.sll_pkttype));
+    // The interface the frame was received on: on a socket bound to a
+    // macvlan's parent, the macvlan the kernel handed a unicast frame to.
+    entry.Set("ifindex", Napi::Number::New(env, m.from.sll_ifindex));
+    entry.Set("length", Napi::Number::New(env, static_cast<double>(n)));
+    return entry;
   }
 
   int ifindex_ = 0;

@@ -11,6 +11,8 @@ import { linkNameForService, macForService } from '../../agent/net/ownership/own
 import { driver, driverStream } from './fixtures/net-driver-run';
 import { distPath } from '../../lab/services';
 import { endWorkersHolding } from '../helpers/worker-end';
+import { arpAnnouncement, encodeArp } from '../../agent/net/neighbour/arp';
+import { parseIPv4 } from '../../agent/address';
 
 function sendUdp(lab: Lab, ns: string, host: string, port: number, payload: string): Promise<unknown> {
   const script = `const s=require('dgram').createSocket('udp4');s.send(${JSON.stringify(payload)},${port},${JSON.stringify(host)},(e)=>{s.close();if(e)throw e;});`;
@@ -108,6 +110,39 @@ if (requirePrivileged(t)) {
     const out = JSON.parse((await lab.exec(node, process.execPath, ['-e', script])).stdout) as { seen: string[]; counts: { opened: number; attached: number } };
     t.same(out.seen, [`left ${mac.replace(/:/g, '')}`], 'the frame left from the macvlan, with its MAC as source');
     t.match(out.counts, { opened: 1, attached: 1 }, 'through the shared socket');
+  });
+
+  t.test('a refresh slot\'s gratuitous ARPs leave in one sendmmsg, the same frames one send each would; a failed frame is its own', async (t) => {
+    const lab = await createLab(t);
+    const node = await lab.addHost('node', { address: '10.99.0.2/24' });
+    const peer = await lab.addHost('peer', { address: '10.99.0.3/24' });
+    const cap = await driverStream(lab, peer, 'capture-arp', { ifname: 'eth0', durationMs: 20_000 });
+    t.teardown(() => cap.stop());
+    const mac = '02:00:5e:10:00:01';
+    const ips = Array.from({ length: 30 }, (_, i) => `10.99.0.${100 + i}`);
+    // One slot a second (refreshMs 1000): every owner's refresh in each slot.
+    const r = await driver<{ counts: { batches: number; batchedFrames: number }; metrics: string }>(lab, node, 'refresh-batch', { ifname: 'eth0', mac, ips, slots: 1 });
+    t.ok(r.ok, JSON.stringify(r.error));
+    t.match(r.result!.counts, { batches: 1, batchedFrames: 30 }, 'the slot\'s 30 refreshes in one batch on the one socket');
+    t.match(r.result!.metrics, /lbagent_net_vip_announcements_total\{reason="refresh"\} 30/, 'every batched frame counted as sent');
+    const expected = new Map(ips.map((ip) => [encodeArp(arpAnnouncement(mac, parseIPv4(ip)!)).toString('hex'), ip]));
+    // The start's announcement (a send of its own) and the slot's refresh.
+    await waitFor('60 announcements on the peer', () => cap.events.filter((e) => e.ev === 'frame' && expected.has(e.hex as string)).length >= 60, 5_000);
+    const perIp = new Map<string, number>();
+    for (const e of cap.events) if (e.ev === 'frame') { const ip = expected.get(e.hex as string); if (ip !== undefined) perIp.set(ip, (perIp.get(ip) ?? 0) + 1); }
+    t.same([...perIp.values()].sort(), ips.map(() => 2), 'each VIP\'s gratuitous ARP twice, byte for byte what it encodes');
+    const stray = cap.events.filter((e) => e.ev === 'frame' && !expected.has(e.hex as string) && (e.hex as string).slice(12, 24) === mac.replace(/:/g, ''));
+    t.same(stray, [], 'nothing else from its MAC');
+
+    // sendmmsg stops at a frame the kernel refuses (longer than the MTU:
+    // EMSGSIZE); the frames after it still go, and only that one fails.
+    const ok = (i: number): string => encodeArp(arpAnnouncement(mac, parseIPv4(`10.99.0.${200 + i}`)!)).toString('hex');
+    const big = ok(1) + '00'.repeat(2000);
+    const m = await driver<(null | { errno?: string })[]>(lab, node, 'send-many', { ifname: 'eth0', frames: [ok(0), big, ok(2)] });
+    t.ok(m.ok, JSON.stringify(m.error));
+    t.match(m.result, [null, { errno: 'EMSGSIZE' }, null], 'the oversized frame failed alone');
+    await waitFor('the two good frames on the peer', () => [ok(0), ok(2)].every((h) => cap.events.some((e) => e.hex === h)), 5_000);
+    t.notOk(cap.events.some((e) => typeof e.hex === 'string' && e.hex.startsWith(ok(1))), 'the oversized one never left');
   });
 
   t.test('a worker thread that ends while its packet socket reads takes it down without a crash (loop_handles.h)', async (t) => {

@@ -22,7 +22,9 @@
 //
 // The owners of these addresses share one refresh wheel too (`refresh`,
 // refresh-wheel.ts): their periodic announcements go out in one batch per
-// slot from one timer.
+// slot from one timer. A port's sendSoon inside a slot queues its frame on
+// the shared socket, and the slot's frames leave by one sendmmsg per socket
+// when the slot's refreshes are done (100 VIPs a slot: one syscall, not 100).
 //
 // Why: a socket per VIP held 1,000 descriptors at 1,000 pool services, and
 // the kernel ran 1,000 filters on each ARP frame.
@@ -73,6 +75,9 @@ export interface NeighbourSocketCounts {
   /** Frames delivered to at least one port; frames about no attached address. */
   delivered: number;
   unclaimed: number;
+  /** Batches of a refresh slot's frames sent together (one sendmmsg per socket), and the frames in them. */
+  batches: number;
+  batchedFrames: number;
 }
 
 type Key = number | bigint;
@@ -87,6 +92,8 @@ interface Shared {
   /** The addresses the ARP filter passes now; undefined: every ARP frame. */
   filtered: ReadonlySet<Key> | undefined;
   recompile: boolean;
+  /** Frames of the refresh slot being run, sent at its end. */
+  queued: { frame: Buffer; done: (err?: LbError) => void }[];
 }
 
 /** One address's view of a shared socket. */
@@ -95,13 +102,34 @@ class NeighbourPort extends EventEmitter implements NdpSocket {
   /** Groups this port joined and has not left, with how many times. */
   private readonly joined = new Map<bigint, number>();
 
-  constructor(readonly ifindex: number, readonly address: Key, private readonly shared: Shared, private readonly release: (p: NeighbourPort) => void) {
+  constructor(
+    readonly ifindex: number,
+    readonly address: Key,
+    private readonly shared: Shared,
+    private readonly release: (p: NeighbourPort) => void,
+    private readonly batching: () => boolean,
+  ) {
     super();
   }
 
   send(frame: Buffer): void {
     if (this.closed) throw new LbError('LB_ERR_NET_SOCKET', `neighbour socket port on ifindex ${this.ifindex} is closed`, { ifindex: this.ifindex });
     this.shared.socket.send(frame);
+  }
+
+  /** In a refresh slot: queued, sent with the slot's other frames at its end; otherwise sent now. `done` gets the outcome. */
+  sendSoon(frame: Buffer, done: (err?: LbError) => void): void {
+    if (!this.closed && this.batching() && 'sendMany' in this.shared.socket && this.shared.socket.sendMany) {
+      this.shared.queued.push({ frame, done });
+      return;
+    }
+    try {
+      this.send(frame);
+    } catch (err) {
+      done(err as LbError);
+      return;
+    }
+    done();
   }
 
   joinGroup(group: bigint): void {
@@ -162,12 +190,35 @@ function addressesOf(protocol: NeighbourProtocol, frame: Buffer, metrics: NetMet
  */
 export class NeighbourSockets {
   private readonly shared = new Map<string, Shared>();
-  private readonly count = { opened: 0, filters: 0, delivered: 0, unclaimed: 0 };
+  private readonly count = { opened: 0, filters: 0, delivered: 0, unclaimed: 0, batches: 0, batchedFrames: 0 };
+  /** Inside a refresh slot: ports' sendSoon queue their frames. */
+  private batching = false;
   /** Times the periodic announcement of every VIP owner on these sockets. */
   readonly refresh: RefreshWheel;
 
   constructor(private readonly opts: NeighbourSocketsOptions = {}) {
-    this.refresh = new RefreshWheel({ clock: opts.clock });
+    this.refresh = new RefreshWheel({ clock: opts.clock, batch: (run) => this.batch(run) });
+  }
+
+  /** Runs a refresh slot: the frames its owners send by sendSoon leave at its end, one sendmmsg per socket. */
+  private batch(run: () => void): void {
+    this.batching = true;
+    try {
+      run();
+    } finally {
+      this.batching = false;
+      for (const s of this.shared.values()) this.flush(s);
+    }
+  }
+
+  private flush(s: Shared): void {
+    if (s.queued.length === 0) return;
+    const queued = s.queued;
+    s.queued = [];
+    const results = s.socket.sendMany!(queued.map((q) => q.frame));
+    this.count.batches++;
+    this.count.batchedFrames += queued.length;
+    queued.forEach((q, i) => q.done(results[i]));
   }
 
   /** A port for ARP frames about one IPv4 address (u32). Throws what opening the socket throws (LbError). */
@@ -196,7 +247,7 @@ export class NeighbourSockets {
       this.shared.set(id, s);
     }
     const shared = s;
-    const port = new NeighbourPort(o.ifindex, o.address, shared, (p) => this.detach(id, shared, p));
+    const port = new NeighbourPort(o.ifindex, o.address, shared, (p) => this.detach(id, shared, p), () => this.batching);
     let set = shared.byAddress.get(o.address);
     if (set === undefined) {
       if (protocol === 'arp') {
@@ -219,7 +270,7 @@ export class NeighbourSockets {
     const socket = protocol === 'arp'
       ? (this.opts.open ?? openPacketSocket)({ ifindex: o.ifindex, protocol: ETH_P_ARP, filter: bpfArpAboutAny([o.address as number]), log: o.log, metrics: o.metrics })
       : (this.opts.openNdp ?? openNdpSocket)({ ifindex: o.ifindex, log: o.log, metrics: o.metrics });
-    const s: Shared = { protocol, ifindex: o.ifindex, socket, byAddress: new Map(), metrics: o.metrics, log: o.log, filtered: protocol === 'arp' ? first : undefined, recompile: false };
+    const s: Shared = { protocol, ifindex: o.ifindex, socket, byAddress: new Map(), metrics: o.metrics, log: o.log, filtered: protocol === 'arp' ? first : undefined, recompile: false, queued: [] };
     socket.on('frame', (frame: Buffer, info: FrameInfo) => this.deliver(s, frame, info));
     // ENETDOWN and the like concern every port on the interface.
     socket.on('error', (err: Error) => {
@@ -294,6 +345,8 @@ export class NeighbourSockets {
     }
     if (s.byAddress.size === 0 && this.shared.get(id) === s) {
       this.shared.delete(id);
+      // Queued in a slot by owners that have all left since: not sent.
+      s.queued = [];
       s.socket.close();
     }
   }

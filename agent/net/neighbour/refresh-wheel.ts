@@ -11,7 +11,9 @@
 //
 // It knows members and periods, never addresses: what a refresh sends, and
 // whether a member still holds its address, is the member's business
-// (vip-owner.ts).
+// (vip-owner.ts). A slot's refreshes run inside the `batch` hook, so whoever
+// carries the sends can gather them (neighbour-sockets.ts sends a slot's
+// frames on one socket with one sendmmsg).
 import { realClock, type Clock, type TimerHandle } from '../../clock';
 
 /** One holder of an address that announces it once per period. */
@@ -22,6 +24,8 @@ export interface RefreshMember {
 
 export interface RefreshWheelOptions {
   clock?: Clock;
+  /** Runs one slot's refreshes (`run`) at once; default: run(). */
+  batch?: (run: () => void) => void;
 }
 
 /** The slot spacing aimed at (ms): about one batch of sends a second. */
@@ -49,11 +53,13 @@ export interface RefreshWheelCounts {
 
 export class RefreshWheel {
   private readonly clock: Clock;
+  private readonly batch: (run: () => void) => void;
   private readonly rings = new Map<number, Ring>();
   private readonly where = new Map<RefreshMember, { ring: Ring; slot: number }>();
 
   constructor(opts: RefreshWheelOptions = {}) {
     this.clock = opts.clock ?? realClock;
+    this.batch = opts.batch ?? ((run) => run());
   }
 
   /** Refresh `member` once every periodMs (> 0) from now on; a member already in the wheel moves to the new period. */
@@ -127,6 +133,8 @@ export class RefreshWheel {
     for (let j = k + 1; j <= k + n; j++) if (ring.slots[j % n]!.size > 0) { next = j; break; }
     ring.armed = Infinity;
     if (next !== Infinity) this.arm(ring, next);
-    for (const m of due) if (this.where.get(m)?.ring === ring) m.refreshDue();
+    this.batch(() => {
+      for (const m of due) if (this.where.get(m)?.ring === ring) m.refreshDue();
+    });
   }
 }

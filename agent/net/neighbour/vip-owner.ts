@@ -310,27 +310,44 @@ export class VipOwner extends EventEmitter implements RefreshMember {
     else if (!want) this.wheel.remove(this);
   }
 
+  /** An announcement sent, or not (err). */
+  private announced(reason: AnnounceReason, err?: Error): void {
+    if (err !== undefined) {
+      this.log.warn({ op: 'announce', reason, err: err.message }, 'could not send a gratuitous ARP');
+      return;
+    }
+    this.metrics?.gratuitousArpsSent.inc();
+    this.metrics?.vipAnnouncements.inc({ reason });
+    this.log.debug({ op: 'announce', reason }, 'gratuitous ARP sent');
+  }
+
   private feed(event: VipEvent, throwOnSendError = false): void {
     if (!this.sock) return;
     const step = vipStep(this.state, event, this.clock.now(), this.cfg);
     this.state = step.state;
     for (const a of step.actions) {
       switch (a.type) {
-        case 'announce':
+        case 'announce': {
+          const socket = this.sock?.socket;
+          if (socket === undefined) break;
+          if (!throwOnSendError && socket.sendSoon) {
+            // In a refresh slot of the shared sockets: sent with the slot's other frames.
+            socket.sendSoon(this.announcement, (err) => this.announced(a.reason, err));
+            break;
+          }
           try {
-            this.sock?.socket.send(this.announcement);
+            socket.send(this.announcement);
           } catch (err) {
             if (throwOnSendError) {
               this.feed({ type: 'stop' });
               throw err;
             }
-            this.log.warn({ op: 'announce', reason: a.reason, err: (err as Error).message }, 'could not send a gratuitous ARP');
+            this.announced(a.reason, err as Error);
             break;
           }
-          this.metrics?.gratuitousArpsSent.inc();
-          this.metrics?.vipAnnouncements.inc({ reason: a.reason });
-          this.log.debug({ op: 'announce', reason: a.reason }, 'gratuitous ARP sent');
+          this.announced(a.reason);
           break;
+        }
         case 'arm-timer':
           this.clearTimer();
           this.timer = this.clock.setTimeout(() => { this.timer = undefined; this.feed({ type: 'timer' }); }, Math.max(0, Math.ceil(a.at - this.clock.now())));

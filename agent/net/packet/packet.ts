@@ -63,6 +63,19 @@ export interface PacketSocket extends EventEmitter {
    */
   send(frame: Buffer, ifindex?: number): void;
   /**
+   * Send whole frames from the socket's own interface with as few syscalls
+   * as the kernel allows (sendmmsg(2): one for up to 1,024 frames). Never
+   * throws for a frame: the outcome of each, in order, undefined where it
+   * was sent. Sockets of a shared port do not offer it.
+   */
+  sendMany?(frames: readonly Buffer[]): (LbError | undefined)[];
+  /**
+   * Send a frame now, or (a port of the shared neighbour sockets inside a
+   * refresh slot: neighbour-sockets.ts) with the slot's other frames at its
+   * end. `done` gets the outcome either way. Only such ports offer it.
+   */
+  sendSoon?(frame: Buffer, done: (err?: LbError) => void): void;
+  /**
    * Receive frames to this multicast MAC too (PACKET_ADD_MEMBERSHIP,
    * PACKET_MR_MULTICAST: the NIC's filter is opened for it); counted by the
    * kernel per socket and dropped with it. Sockets of the parent's shared
@@ -198,6 +211,32 @@ class PacketSocketImpl extends EventEmitter implements PacketSocket {
     } catch (err) {
       throw packetSocketError(err, 'sending a frame', ifindex ?? this.ifindex);
     }
+  }
+
+  sendMany(frames: readonly Buffer[]): (LbError | undefined)[] {
+    const out: (LbError | undefined)[] = new Array<LbError | undefined>(frames.length).fill(undefined);
+    if (frames.length === 0) return out;
+    const h = this.handle;
+    if (!h) return out.fill(new LbError('LB_ERR_NET_SOCKET', `packet socket on ifindex ${this.ifindex} is closed`, { ifindex: this.ifindex }));
+    if (h.sendMany === undefined) {
+      // An addon built before sendMany: one send each.
+      frames.forEach((f, i) => { try { this.send(f); } catch (err) { out[i] = err as LbError; } });
+      return out;
+    }
+    const lengths = Uint32Array.from(frames, (f) => f.length);
+    const data = Buffer.concat(frames);
+    // sendmmsg stops at a frame that fails and reports only the count before
+    // it: the next call starts there and throws that frame's errno.
+    for (let at = 0; at < frames.length;) {
+      try {
+        at += h.sendMany(data, lengths, at);
+      } catch (err) {
+        if (err instanceof RangeError || err instanceof TypeError) throw err;
+        out[at] = packetSocketError(err, 'sending a frame', this.ifindex);
+        at++;
+      }
+    }
+    return out;
   }
 
   addMembership(mac: Buffer): void {

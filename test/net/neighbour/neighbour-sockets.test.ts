@@ -3,7 +3,8 @@
 // first port and closed with the last; a frame reaches the ports of its
 // sender and target addresses only; a malformed one is counted once; the ARP
 // kernel filter widens at once for a new address and narrows to the exact set
-// after the turn's attachments; solicited-node groups are left with the port.
+// after the turn's attachments; solicited-node groups are left with the port;
+// a refresh slot's announcements leave in one batch per socket.
 // The kernel side (the filter accepted, probes and defence on one socket) is
 // exercised by test/privileged/ipam-scale.test.ts and the ipam-* tests.
 import { EventEmitter } from 'node:events';
@@ -16,6 +17,9 @@ import { encodeNdp, ndpDadProbe, ndpUnsolicitedAdvertisement } from '../../../ag
 import { netMetrics } from '../../../agent/net/metrics';
 import type { NdpSocket, NdpSocketOptions } from '../../../agent/net/neighbour/ndp-socket';
 import { Registry } from 'prom-client';
+import { ManualClock } from '../../../agent/clock';
+import { LbError } from '../../../agent/errors';
+import { VipOwner } from '../../../agent/net/neighbour/vip-owner';
 
 class FakeSocket extends EventEmitter implements PacketSocket {
   readonly sent: Buffer[] = [];
@@ -200,4 +204,35 @@ t.test('an error on the shared socket reaches every port that listens', async (t
   b.on('error', (e: Error) => seen.push(`b ${e.message}`));
   opened[0]!.emit('error', new Error('ENETDOWN'));
   t.same(seen, ['a ENETDOWN', 'b ENETDOWN']);
+});
+
+t.test('a refresh slot\'s announcements leave in one sendMany per socket; a frame that fails is not counted as sent', async (t) => {
+  const clock = new ManualClock();
+  const batches: Buffer[][] = [];
+  let fail: Buffer | undefined;
+  const s = new NeighbourSockets({
+    clock,
+    defer: () => undefined,
+    open: (o) => Object.assign(new FakeSocket(o.ifindex, o.filter), {
+      sendMany: (fs: readonly Buffer[]) => { batches.push([...fs]); return fs.map((f) => (f === fail ? new LbError('LB_ERR_NET_SOCKET', 'sending a frame failed: ENOBUFS') : undefined)); },
+    }),
+  });
+  const registry = new Registry();
+  const metrics = netMetrics(registry);
+  const mac = '02:00:00:00:00:01';
+  const owners = [A, B, C].map((ip) => new VipOwner({ socket: s.arp({ ifindex: 3, address: ip, metrics }), mac, ip, announceNum: 1, announceIntervalMs: 0, refreshMs: 1000, wheel: s.refresh, metrics }));
+  for (const o of owners) o.start();
+  t.same(batches, [], 'the start\'s announcements are sent one by one (a start throws when it cannot send)');
+  clock.advance(1000);
+  const expected = [A, B, C].map((ip) => encodeArp(arpAnnouncement(mac, ip)));
+  t.same(batches, [expected], 'the slot\'s three refreshes in one batch, each owner\'s own frame');
+  t.match(s.counts(), { batches: 1, batchedFrames: 3 });
+  fail = batches[0]![1];
+  clock.advance(1000);
+  t.equal(batches.length, 2, 'one batch a slot');
+  const text = await registry.metrics();
+  t.match(text, /lbagent_net_vip_announcements_total\{reason="refresh"\} 5\n/, 'the failed refresh is not counted');
+  for (const o of owners) o.close();
+  clock.advance(1000);
+  t.equal(batches.length, 2, 'closed owners send nothing');
 });

@@ -1,7 +1,7 @@
 // The refresh wheel on a ManualClock: every member once per period on one
 // timer, spread over the period's slots; a member removed leaves it; and,
 // with real VIP owners on an in-memory socket, a withdrawn or lost VIP
-// sends nothing.
+// sends nothing; a slot's refreshes run inside one call of the batch hook.
 import t from 'tap';
 import { ManualClock } from '../../../agent/clock';
 import { parseIPv4 } from '../../../agent/address';
@@ -137,4 +137,18 @@ t.test('VIP owners on one wheel: a refresh a period; a withdrawn VIP and a lost 
   t.ok(owners.slice(2).every((o) => sentFor(o.ip) >= 12), 'the others go on');
   for (const o of owners) o.close();
   t.same(wheel.counts(), { members: 0, timers: 0 });
+});
+
+t.test('a slot\'s refreshes run inside one call of the batch hook, and only they', async (t) => {
+  const clock = new ManualClock();
+  let batches = 0;
+  let inBatch = false;
+  const wheel = new RefreshWheel({ clock, batch: (run) => { inBatch = true; run(); inBatch = false; batches++; } });
+  const seen: boolean[] = [];
+  const ms = Array.from({ length: 20 }, () => ({ refreshDue: () => { seen.push(inBatch); } }));
+  for (const m of ms) wheel.add(m, 2000);
+  run(clock, 2000);
+  t.equal(seen.length, 20, 'every member once in one period');
+  t.ok(seen.every(Boolean), 'each inside the batch hook');
+  t.equal(batches, 2, 'one batch per slot: 2 slots at a 2 s period');
 });
