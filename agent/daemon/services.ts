@@ -224,9 +224,10 @@ export class ServiceRuntimes {
   }
 
   /** Start sources this node should hold (all, or the VRRP Master's). */
-  startSources(): void {
+  /** Start the address sources of the services `which` names (every service without it). */
+  startSources(which?: (key: string) => boolean): void {
     for (const rt of this.runtimes.values()) {
-      if (!rt.source) continue;
+      if (!rt.source || (which !== undefined && !which(rt.spec.key))) continue;
       if (this.opts.subs()?.failover) this.gateSource(rt.spec.key);
       else rt.source.start();
     }
