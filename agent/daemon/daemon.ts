@@ -336,17 +336,10 @@ export class Daemon extends EventEmitter {
       this.subs.health.update(config.services);
       this.subs.health.start();
       this.services.updateFailover();
-      // A service with no VIP held has nothing in the first forwarding
-      // state, so its source (the macvlan, the DHCP exchange, the probes)
-      // starts beside the first transaction (the nftables table, the eBPF
-      // engine's load) rather than after it: its bind's apply folds into
-      // the loop behind it. The held VIPs' sources start after it, as
-      // above.
-      this.services.startSources((key) => !held.has(key));
       await this.applyNow();
       // Listening sockets an earlier process kept that no service wants now.
       this.opts.listenerStore?.release();
-      this.services.startSources((key) => held.has(key));
+      this.services.startSources();
       await this.watchKernel();
     } catch (e) {
       await this.stop().catch(() => undefined);

@@ -224,10 +224,9 @@ export class ServiceRuntimes {
   }
 
   /** Start sources this node should hold (all, or the VRRP Master's). */
-  /** Start the address sources of the services `which` names (every service without it). */
-  startSources(which?: (key: string) => boolean): void {
+  startSources(): void {
     for (const rt of this.runtimes.values()) {
-      if (!rt.source || (which !== undefined && !which(rt.spec.key))) continue;
+      if (!rt.source) continue;
       if (this.opts.subs()?.failover) this.gateSource(rt.spec.key);
       else rt.source.start();
     }

@@ -270,7 +270,7 @@ function portOpen(port: number): Promise<boolean> {
 
 const TWO: Svc[] = [{ name: 'web', ipam: 'dhcp' }, { name: 'api', ipam: 'pool' }];
 
-t.test('start: the control socket, then subsystems, the sources beside the first forwarding state; READY=1 last', async (t) => {
+t.test('start: the control socket, then subsystems, the first forwarding state, the sources; READY=1 last', async (t) => {
   const h = harness(t, TWO);
   const socketAt: Record<string, boolean> = {};
   const start = h.daemon.start();
@@ -285,9 +285,9 @@ t.test('start: the control socket, then subsystems, the sources beside the first
     'build', 'adopt owned', 'observe held',
     'create source default/web', 'create source default/api',
     'health update default/web,default/api', 'health start',
-    'source default/web start', 'source default/api start',
     'dataplane apply web=-,api=-',
-  ], 'in order: with no VIP held, the sources start before the first transaction, not after it');
+    'source default/web start', 'source default/api start',
+  ], 'in order');
   t.same(socketAt, { build: true, 'source default/web start': true }, 'the control socket was up before the subsystems were built');
   t.same(h.notified, ['READY=1'], 'READY=1 once everything is up');
   t.equal(h.fk.config?.stateDir, path.join(h.dir, 'state'), 'the subsystems got the loaded config');
@@ -303,30 +303,6 @@ t.test('start: the control socket, then subsystems, the sources beside the first
   const after = await controlRequest(h.socket, 'status') as StatusDocument;
   t.match(after.services[1], { key: 'default/api', vip: '10.99.0.200', state: 'serving', ready: true });
   t.match(after.events.at(-1), { kind: 'vip-gained', service: 'default/api', address: '10.99.0.200' });
-});
-
-t.test('start: a source with a VIP held starts after the first forwarding state; one without it runs beside it, its bind folded in behind', async (t) => {
-  const h = harness(t, [{ name: 'web', ipam: 'dhcp' }, { name: 'kept', loadBalancerIP: '10.99.0.206' }]);
-  h.fk.held.set('default/kept', '10.99.0.206');
-  const gate = new Gate();
-  h.fk.dataplane.applyGate = gate;
-  const start = h.daemon.start();
-  await waitJournal(h, 'dataplane apply web=-,kept=10.99.0.206');
-  const first = h.fk.journal.indexOf('dataplane apply web=-,kept=10.99.0.206');
-  t.ok(h.fk.journal.indexOf('source default/web start') >= 0 && h.fk.journal.indexOf('source default/web start') < first, 'web (nothing held) started before the first transaction');
-  t.equal(h.fk.journal.indexOf('source default/kept start'), -1, 'kept (held) has not started while the first transaction is under way');
-  // web binds while the first transaction is still under way: the VIP waits for it, then goes in the next.
-  h.fk.sources.get('default/web')!.bind('10.99.0.100');
-  await new Promise((r) => setTimeout(r, 50));
-  t.equal(h.fk.dataplane.applied.length, 1, 'no second transaction while the first is under way');
-  h.fk.dataplane.applyGate = undefined;
-  gate.open();
-  await start;
-  await waitJournal(h, 'dataplane apply web=10.99.0.100,kept=10.99.0.206');
-  const j = h.fk.journal;
-  t.ok(j.indexOf('source default/kept start') > first, 'kept started after the first transaction');
-  t.ok(j.indexOf('dataplane apply web=10.99.0.100,kept=10.99.0.206') > first, 'web\'s VIP is in the transaction after the first');
-  t.same(h.notified, ['READY=1']);
 });
 
 t.test('a failed start undoes what it did: nothing keeps running, the lock and ports are free', async (t) => {
