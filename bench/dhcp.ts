@@ -17,8 +17,21 @@
 // DHCPv6 (a lab of its own, IPv6 on, dnsmasq with a DHCPv6 range and
 // enable-ra): one IPv6-only DHCP service of lb-agent against ISC
 // `dhclient -6` on its own macvlan, spawn to bound, side by side in each
-// round, reported as the ratio of the medians. Both wait the random
-// SOL_MAX_DELAY (0..1 s, RFC 8415 §18.2.1) before the first SOLICIT;
+// round, reported as the ratio of the medians. Each clock starts before
+// the client's link exists: dhclient -6's includes `ip link add` of its
+// macvlan, as lb-agent's includes the agent creating its own. The lab's
+// namespaces run no DAD of link-local addresses (lab/netns.ts: accept_dad
+// 0), so neither waits for its link-local here. dhclient -6 waits the
+// random SOL_MAX_DELAY (0..1 s, RFC 8415 §18.2.1) before its first
+// SOLICIT; lb-agent sends it at once (client6.ts SOLICIT_DELAY_MS). Each
+// run also gives start -> first SOLICIT (dhclient -6: its "XMT: Solicit"
+// line; lb-agent: start -> bound less its own SOLICIT -> bound,
+// lbagent_dhcp6_acquire_duration_seconds), which splits the start from
+// the exchange. dnsmasq answers a SOLICIT whose sender is not in its
+// neighbour table 100 ms late (get_client_mac: a neighbour solicitation,
+// then a 100 ms sleep): dhclient -6's macvlan sends a router solicitation
+// as it comes up (accept_ra 1), dnsmasq's RA to it resolves its
+// link-local first; lb-agent's macvlan takes no RAs and sends none.
 // lb-agent also runs duplicate address detection of the leased address
 // (RFC 4862, one probe and RetransTimer 1 s) before binding, which
 // dhclient -6 leaves to the kernel after its script, so it runs twice:
@@ -264,28 +277,31 @@ export const DHCP6_LABELS: Record<Dhcp6Client, string> = {
   'lbagent6-nodad': 'lb-agent DHCPv6, no DAD (arp.probeNum: 0)',
 };
 
-export interface Dhcp6Run { round: number; client: Dhcp6Client; boundMs: number; acquireMs?: number; error?: string }
-export interface Dhcp6SummaryRow { label: string; client: Dhcp6Client; medianMs: number; acquireMs?: number; ratioToDhclient: number; runs: number; failures: number }
+/** boundMs: start -> bound; solicitMs: start -> the first SOLICIT; acquireMs: lb-agent's SOLICIT -> bound. */
+export interface Dhcp6Run { round: number; client: Dhcp6Client; boundMs: number; solicitMs?: number; acquireMs?: number; error?: string }
+export interface Dhcp6SummaryRow { label: string; client: Dhcp6Client; medianMs: number; solicitMs?: number; acquireMs?: number; ratioToDhclient: number; runs: number; failures: number }
 export interface Dhcp6Result { config: { rounds: number; dnsmasq: string }; summary: Dhcp6SummaryRow[]; raw: Dhcp6Run[] }
 
 const RANGE6 = 'fd00:99::100,fd00:99::1ff,64,1h';
 
-async function runDhclient6(lab: Lab, node: string, tag: string): Promise<Dhcp6Run['boundMs'] | string> {
-  const [ifname] = await addMacvlans(lab, node, 1, `b6${tag}x`);
+async function runDhclient6(lab: Lab, node: string, tag: string): Promise<{ boundMs: number; solicitMs?: number } | string> {
   const t0 = Date.now();
+  const [ifname] = await addMacvlans(lab, node, 1, `b6${tag}x`);
   // -6 -1 one try, -d foreground, /bin/true as its script: the lease is not applied, as for the IPv4 peers.
   const p = lab.spawn(node, 'dhclient', ['-6', '-1', '-d', '-sf', '/bin/true', '-lf', lab.file(`dhclient6-${tag}.leases`), '-pf', lab.file(`dhclient6-${tag}.pid`), ifname!]);
   let out = '';
   let boundAt = NaN;
+  let solicitAt = NaN;
   const feed = (d: Buffer): void => {
     out += d.toString();
+    if (Number.isNaN(solicitAt) && /XMT: Solicit on/.test(out)) solicitAt = Date.now();
     if (Number.isNaN(boundAt) && /Bound to lease/i.test(out)) boundAt = Date.now();
   };
   p.stdout?.on('data', feed);
   p.stderr?.on('data', feed);
   try {
     await waitFor('dhclient -6 to bind', () => Number.isFinite(boundAt) || p.exitCode !== null || undefined, 30_000, 10).catch(() => undefined);
-    return Number.isFinite(boundAt) ? boundAt - t0 : out.slice(-300);
+    return Number.isFinite(boundAt) ? { boundMs: boundAt - t0, ...(Number.isFinite(solicitAt) ? { solicitMs: solicitAt - t0 } : {}) } : out.slice(-300);
   } finally {
     try { p.kill('SIGKILL'); } catch { /* gone */ }
     await waitExit(p, 3000);
@@ -293,7 +309,7 @@ async function runDhclient6(lab: Lab, node: string, tag: string): Promise<Dhcp6R
   }
 }
 
-async function runLbAgent6(lab: Lab, node: string, tag: string, dad: boolean): Promise<{ boundMs: number; acquireMs?: number; error?: string }> {
+async function runLbAgent6(lab: Lab, node: string, tag: string, dad: boolean): Promise<{ boundMs: number; solicitMs?: number; acquireMs?: number; error?: string }> {
   const stateDir = lab.file(`dhcp6-state-${tag}`);
   const listen = '127.0.0.1:9477';
   const cfg = {
@@ -313,7 +329,8 @@ async function runLbAgent6(lab: Lab, node: string, tag: string, dad: boolean): P
       const h = histogramTotals(await scrapeMetrics(lab, node, listen), 'lbagent_dhcp6_acquire_duration_seconds');
       acquireMs = h.count > 0 ? (h.sum / h.count) * 1000 : undefined;
     } catch { /* reported as missing */ }
-    return { boundMs: logTime(bind) - t0, acquireMs };
+    const boundMs = logTime(bind) - t0;
+    return { boundMs, ...(acquireMs !== undefined ? { solicitMs: boundMs - acquireMs, acquireMs } : {}) };
   } finally {
     await stopAgent(agent);
     fs.rmSync(stateDir, { recursive: true, force: true });
@@ -336,7 +353,7 @@ export async function benchDhcp6(o: { rounds: number; log: (msg: string) => void
         try {
           if (client === 'dhclient6') {
             const r = await runDhclient6(lab, node, tag);
-            run = typeof r === 'number' ? { round, client, boundMs: r } : { round, client, boundMs: NaN, error: r };
+            run = typeof r === 'string' ? { round, client, boundMs: NaN, error: r } : { round, client, ...r };
           } else {
             run = { round, client, ...(await runLbAgent6(lab, node, tag, client === 'lbagent6')) };
           }
@@ -346,7 +363,7 @@ export async function benchDhcp6(o: { rounds: number; log: (msg: string) => void
           await dns.stop();
         }
         raw.push(run);
-        o.log(`dhcpv6 round ${round + 1}/${o.rounds} ${client.padEnd(15)} ${run.boundMs.toFixed(0).padStart(5)} ms${run.acquireMs !== undefined ? `  SOLICIT->bound ${run.acquireMs.toFixed(0)} ms` : ''}${run.error ? `  error: ${run.error.slice(0, 160)}` : ''}`);
+        o.log(`dhcpv6 round ${round + 1}/${o.rounds} ${client.padEnd(15)} ${run.boundMs.toFixed(0).padStart(5)} ms${run.solicitMs !== undefined ? `  start->SOLICIT ${run.solicitMs.toFixed(0)} ms` : ''}${run.acquireMs !== undefined ? `  SOLICIT->bound ${run.acquireMs.toFixed(0)} ms` : ''}${run.error ? `  error: ${run.error.slice(0, 160)}` : ''}`);
       }
     }
     const med = (c: Dhcp6Client): number => median(raw.filter((r) => r.client === c && Number.isFinite(r.boundMs)).map((r) => r.boundMs));
@@ -354,8 +371,10 @@ export async function benchDhcp6(o: { rounds: number; log: (msg: string) => void
     const summary = DHCP6_CLIENTS.map((client): Dhcp6SummaryRow => {
       const rs = raw.filter((r) => r.client === client);
       const acq = rs.map((r) => r.acquireMs).filter((x): x is number => x !== undefined);
+      const sol = rs.map((r) => r.solicitMs).filter((x): x is number => x !== undefined);
       return {
         label: DHCP6_LABELS[client], client, medianMs: round(med(client), 0),
+        ...(sol.length ? { solicitMs: round(median(sol), 0) } : {}),
         ...(acq.length ? { acquireMs: round(median(acq), 0) } : {}),
         ratioToDhclient: round(med(client) / base, 2), runs: rs.length, failures: rs.filter((r) => !Number.isFinite(r.boundMs)).length,
       };
