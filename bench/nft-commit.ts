@@ -35,7 +35,12 @@
 // - slotvmap: the agent's chains, the slot pick a named verdict map
 //   (slot : goto B) whose elements a transition replaces.
 //
-//   node dist/bench/nft-commit.js [--services 1000] [--runs 30] [--out FILE]
+// With perf (unless --no-perf), the nft runs of each shape are sampled
+// again, and the share of the samples in the kernel's validation functions
+// (nft_chain_validate, nft_table_validate, the expressions' validate
+// hooks) is reported: what of the commit is the validation.
+//
+//   node dist/bench/nft-commit.js [--services 1000] [--runs 30] [--no-perf] [--out FILE]
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
@@ -56,6 +61,8 @@ const arg = (name: string, dflt: string): string => {
 
 const POOL = ['10.96.0.11', '10.96.0.12', '10.96.0.13', '10.96.0.14'];
 const TABLE = 'lb_agent';
+/** Sample the nft runs with perf for the validation's share (--no-perf: not). */
+const perf = !process.argv.includes('--no-perf');
 /** The service whose backend goes and comes: index 1 has three backends. */
 const CHANGED = 1;
 
@@ -177,7 +184,8 @@ function slotvmapDelta(down: boolean): string {
   ].join('\n');
 }
 
-interface Shape {
+/** A table shape: its text at n services, and the delta of one transition. */
+export interface Shape {
   readonly name: string;
   table(n: number): string;
   /** The delta taking the changed service down (true) or up (false). */
@@ -200,7 +208,7 @@ const agentShape = (name: string, placement: Placement): Shape => {
   };
 };
 
-const SHAPES: readonly Shape[] = [
+export const SHAPES: readonly Shape[] = [
   agentShape('agent', 'round-robin'),
   agentShape('agent-hash', 'flow-hash'),
   { name: 'slotvmap', table: slotvmapTable, delta: (_n, down) => slotvmapDelta(down) },
@@ -250,6 +258,34 @@ interface ShapeResult {
   batch_sys_us?: number;
   batch_user_us?: number;
   delta_lines: number;
+  /** perf's samples of the nft runs: the share in nf_tables' validation (nft_*validate*), %, and its three largest symbols. */
+  validate_pct?: number;
+  validate_top?: string[];
+}
+
+/**
+ * The share of perf's samples of `runs` nft -f runs (down and up in turn)
+ * that fall in the kernel's validation functions (nft_chain_validate,
+ * nft_table_validate, the expressions' own validate hooks): what of nft's
+ * time is the validation of the chain graph.
+ */
+function validateShare(down: string, up: string, runs: number, dir: string): { pct: number; top: string[] } {
+  const data = path.join(dir, 'perf.data');
+  const loop = `i=0; while [ $i -lt ${runs} ]; do nft -f ${down} && nft -f ${up} || exit 1; i=$((i+2)); done`;
+  const rec = spawnSync('perf', ['record', '-q', '-F', '2000', '-o', data, '--', 'sh', '-c', loop], { encoding: 'utf8' });
+  if (rec.status !== 0) throw new Error(`perf record: ${rec.stderr}`);
+  const rep = spawnSync('perf', ['report', '-i', data, '--stdio', '--no-children', '--sort', 'sym', '-q'], { encoding: 'utf8', maxBuffer: 1 << 26 });
+  if (rep.status !== 0) throw new Error(`perf report: ${rep.stderr}`);
+  let pct = 0;
+  const top: string[] = [];
+  for (const line of rep.stdout.split('\n')) {
+    const m = /^\s*([\d.]+)%\s+\[k\]\s+(\S+)/.exec(line);
+    // nf_tables' own (nft_chain_validate, nft_<expr>_validate), not netlink's attribute parsing (__nla_validate_parse).
+    if (!m || !/^nft_\w*validate/.test(m[2]!)) continue;
+    pct += Number(m[1]);
+    if (top.length < 3) top.push(`${m[2]} ${m[1]}%`);
+  }
+  return { pct: round(pct, 1), top };
 }
 
 const quartile = (xs: number[], q: number): number => { const s = [...xs].sort((a, b) => a - b); return s[Math.min(s.length - 1, Math.floor(q * s.length))]!; };
@@ -274,6 +310,11 @@ async function measure(shape: Shape, n: number, runs: number, dir: string): Prom
     nft_user_ms: round((c1.user - c0.user) / runs, 2), nft_sys_ms: round((c1.sys - c0.sys) / runs, 2),
     delta_lines: fs.readFileSync(down, 'utf8').split('\n').filter((l) => l.trim() !== '').length,
   };
+  if (perf) {
+    const v = validateShare(down, up, runs, dir);
+    out.validate_pct = v.pct;
+    out.validate_top = v.top;
+  }
   if (shape.plans) {
     const p = shape.plans(n);
     const dDown = renderNftDelta(p.up, p.down)!;
@@ -315,7 +356,7 @@ async function inner(): Promise<void> {
   process.stdout.write(`${JSON.stringify(out, null, 2)}\n`);
 }
 
-if (inOwnNetns(__filename, 'lbnc', 'LB_NFT_COMMIT_INNER')) {
+if (require.main === module && inOwnNetns(__filename, 'lbnc', 'LB_NFT_COMMIT_INNER')) {
   // The batch writer's socket and timer do not hold the process up: this does, until the run ends.
   const alive = setInterval(() => undefined, 1000);
   void inner().then(() => clearInterval(alive), (err: unknown) => { process.stderr.write(`${err instanceof Error ? err.stack ?? err.message : String(err)}\n`); process.exit(1); });
