@@ -18,10 +18,9 @@
 // Shapes (one TCP port a service, 2-4 of four backends, three named
 // counters a backend, the byte-counter maps, as the scale bench has them):
 // - agent, agent-hash: the agent's own render (renderNft), round-robin and
-//   flow hash: a chain a service with `numgen inc mod N vmap { i : goto B }`
-//   (or the seeded jhash), a chain a healthy backend with `counter name ...
-//   dnat to`. A transition rewrites the service chain (a new anonymous
-//   verdict map) and deletes or adds a backend chain.
+//   flow hash: the slot pick as a data map a port (slot -> address . port)
+//   and one DNAT rule by it; round-robin over a fixed modulus, so a
+//   transition among healthy sets whose tables divide it is elements only.
 // - slotmap-rr, slotmap-hash: the slot pick as a data map, no backend
 //   chains: `meta l4proto tcp dnat ip to numgen inc mod N map @<sp>` (or
 //   jhash mod M, M the maglev table's fixed size) over a named map slot ->
@@ -32,8 +31,6 @@
 //   changes only the slots that moved.
 // - slotmap-rr-fixed: round-robin over a fixed modulus (12, which every
 //   healthy count of 1-4 equal weights divides): elements only, as hashed.
-// - slotvmap: the agent's chains, the slot pick a named verdict map
-//   (slot : goto B) whose elements a transition replaces.
 //
 // With perf (unless --no-perf), the nft runs of each shape are sampled
 // again, and the share of the samples in the kernel's validation functions
@@ -159,31 +156,6 @@ function slotmapDelta(hashed: boolean, down: boolean, fixed = false): string {
   ].join('\n');
 }
 
-/** The agent's table with the slot pick as a named verdict map (`slotvmap`): its text, and the transition. */
-function slotvmapTable(n: number): string {
-  const plan = renderNft(state(n, false));
-  // Each `numgen inc mod N vmap { ... }` becomes a lookup of a named verdict map of the same elements.
-  const maps: string[] = [];
-  const script = plan.script.replace(/^(\s*)chain (s\d+p\d+) \{\n\s*numgen inc mod (\d+) vmap \{ ([^}]*) \}/gm, (_m, ind: string, sp: string, mod: string, elems: string) => {
-    maps.push(`${ind}map slots_${sp} {`, `${ind}\ttypeof numgen inc mod 2 : verdict`, `${ind}\telements = { ${elems} }`, `${ind}}`);
-    return `${ind}chain ${sp} {\n${ind}\tnumgen inc mod ${mod} vmap @slots_${sp}`;
-  });
-  return script.replace(`\ntable ip ${TABLE} {\n`, `\ntable ip ${TABLE} {\n${maps.join('\n')}\n`);
-}
-
-function slotvmapDelta(down: boolean): string {
-  // Slots of the changed service stay 3 (it keeps its chain's modulus): the out backend's slot goes to the next one.
-  const svc = service(CHANGED, false);
-  const sp = `s${CHANGED}p0`;
-  const chainOf = (a: string): string => `${sp}b${bid(a)}`;
-  const addrs = svc.backends.map((b) => b.address);
-  const target = down ? [addrs[1]!, addrs[1]!, addrs[2]!] : addrs;
-  return [
-    `delete element ip ${TABLE} slots_${sp} { 0, 1, 2 }`,
-    `add element ip ${TABLE} slots_${sp} { ${target.map((a, s) => `${s} : goto ${chainOf(a)}`).join(', ')} }`, '',
-  ].join('\n');
-}
-
 /** A table shape: its text at n services, and the delta of one transition. */
 export interface Shape {
   readonly name: string;
@@ -211,7 +183,6 @@ const agentShape = (name: string, placement: Placement): Shape => {
 export const SHAPES: readonly Shape[] = [
   agentShape('agent', 'round-robin'),
   agentShape('agent-hash', 'flow-hash'),
-  { name: 'slotvmap', table: slotvmapTable, delta: (_n, down) => slotvmapDelta(down) },
   { name: 'slotmap-rr', table: (n) => slotmapTable(n, false, rrSlots), delta: (_n, down) => slotmapDelta(false, down) },
   { name: 'slotmap-rr-fixed', table: (n) => slotmapTable(n, false, rrFixedSlots), delta: (_n, down) => slotmapDelta(false, down, true) },
   { name: 'slotmap-hash', table: (n) => slotmapTable(n, true, hashSlots), delta: (_n, down) => slotmapDelta(true, down) },
