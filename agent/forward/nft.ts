@@ -342,8 +342,33 @@ export interface NftSetModel {
   readonly counterSpecs?: readonly NftCounterElement[];
   /** Its elements are addresses, typed as they are written (the `vips` set). */
   readonly addresses?: boolean;
-  /** A port's slot map: its protocol (its declaration names it) and its elements as typed objects. */
-  readonly slots?: { readonly proto: NftProto; readonly specs: readonly NftSlotElement[] };
+  /** A port's slot map: its protocol (its declaration names it), the target port and each slot's backend address (its elements). */
+  readonly slots?: SlotMapData;
+}
+
+/** What a port's slot map holds: slot i -> addresses[i] . port. */
+interface SlotMapData { readonly proto: NftProto; readonly port: number; readonly addresses: readonly string[] }
+
+/**
+ * A port's slot map. Its element strings are made when read (a whole
+ * write, a delta of its service), not kept: a flow-hash port has 1,021
+ * slots, and a thousand such ports' strings and typed elements, kept
+ * with the parts, would be a hundred MiB of heap; the addresses are the
+ * backends' own strings.
+ */
+class SlotMapModel implements NftSetModel {
+  readonly kind = 'map';
+  constructor(readonly name: string, readonly type: string, readonly slots: SlotMapData) {}
+
+  get elements(): string[] {
+    const { port, addresses } = this.slots;
+    return addresses.map((a, i) => `${i} : ${a} . ${port}`);
+  }
+}
+
+/** The typed element of slot i of a slot map. */
+function slotElement(d: SlotMapData, i: number): NftSlotElement {
+  return { slot: i, address: d.addresses[i]!, port: d.port };
 }
 
 /** One family's table as objects (renderNft's text is written from it; renderNftDelta compares two). */
@@ -625,11 +650,7 @@ function renderPartOf(prefix: string, svc: NormalizedService, opts: RenderOption
       // kernel's commit validates no chain (a verdict map of gotos makes it
       // walk every chain the table jumps to).
       const map = `${sp}_slots`;
-      maps.push({
-        name: map, kind: 'map', type: `typeof numgen inc mod 2 : ${w.ip} daddr . ${p} dport`,
-        elements: slots.map((b, i) => `${i} : ${b.address} . ${spec.targetPort}`),
-        slots: { proto: p, specs: slots.map((b, i) => ({ slot: i, address: b.address, port: spec.targetPort })) },
-      });
+      maps.push(new SlotMapModel(map, `typeof numgen inc mod 2 : ${w.ip} daddr . ${p} dport`, { proto: p, port: spec.targetPort, addresses: slots.map((b) => b.address) }));
       const pick = hashed ? flowHashPick(svc.key, slots.length, six ? 'ip6' : 'ip') : `numgen inc mod ${slots.length}`;
       chains.push({
         name: sp, rules: [`meta l4proto ${p} dnat ${w.ip} to ${pick} map @${map}`],
@@ -951,17 +972,19 @@ export function renderNftDelta(prev: DeltaInput, next: DeltaInput): NftDelta | u
         if (ns.slots !== undefined) headOps.push({ op: 'add-slot-map', family: fam, set: ns.name, proto: ns.slots.proto });
         else typed = false;
         objects++;
-        ps = { ...ns, elements: [], specs: [], counterSpecs: [], ...(ns.slots ? { slots: { proto: ns.slots.proto, specs: [] } } : {}) };
+        ps = { name: ns.name, kind: ns.kind, type: ns.type, elements: [], specs: [], counterSpecs: [], ...(ns.addresses === true ? { addresses: true } : {}), ...(ns.slots ? { slots: { ...ns.slots, addresses: [] } } : {}) };
       }
       if (ps.kind !== ns.kind || ps.type !== ns.type) return undefined;
       type Spec = NftDispatchElement | NftCounterElement | NftSlotElement | string;
-      const specOf = (m: NftSetModel, i: number): Spec | undefined => (m.addresses === true ? m.elements[i] : m.specs?.[i] ?? m.counterSpecs?.[i] ?? m.slots?.specs[i]);
+      const specOf = (m: NftSetModel, i: number, elements: readonly string[]): Spec | undefined => (m.addresses === true ? elements[i] : m.slots !== undefined ? slotElement(m.slots, i) : m.specs?.[i] ?? m.counterSpecs?.[i]);
       const pByKey = new Map<string, string>();
       const pSpec = new Map<string, Spec | undefined>();
-      ps.elements.forEach((e, i) => { const k = elementKey(ps.kind, e); pByKey.set(k, e); pSpec.set(k, specOf(ps, i)); });
+      const pElements = ps.elements;
+      pElements.forEach((e, i) => { const k = elementKey(ps.kind, e); pByKey.set(k, e); pSpec.set(k, specOf(ps, i, pElements)); });
       const nByKey = new Map<string, string>();
       const nSpec = new Map<string, Spec | undefined>();
-      ns.elements.forEach((e, i) => { const k = elementKey(ns.kind, e); nByKey.set(k, e); nSpec.set(k, specOf(ns, i)); });
+      const nElements = ns.elements;
+      nElements.forEach((e, i) => { const k = elementKey(ns.kind, e); nByKey.set(k, e); nSpec.set(k, specOf(ns, i, nElements)); });
       const del: string[] = [];
       const delSpecs: Array<Spec | undefined> = [];
       for (const [k, e] of pByKey) if (nByKey.get(k) !== e || refersToRedefined(e)) { del.push(k); delSpecs.push(pSpec.get(k)); }
