@@ -160,6 +160,60 @@ function gcd(a: number, b: number): number {
   return a;
 }
 
+/** Each candidate's count of slots in weightedSlots' table (rounded, scaled down past maxSlots, divided by their greatest common divisor). */
+function slotWeights(candidates: readonly Weighted[], maxSlots: number): number[] {
+  let ints = candidates.map((c) => (c.weight > 0 ? Math.max(1, Math.round(c.weight)) : 0));
+  const total = ints.reduce((s, w) => s + w, 0);
+  if (total === 0) return ints;
+  if (total > maxSlots) {
+    const scale = maxSlots / total;
+    ints = ints.map((w) => (w > 0 ? Math.max(1, Math.floor(w * scale)) : 0));
+  }
+  const g = ints.reduce((acc, w) => (w > 0 ? gcd(acc, w) : acc), 0);
+  return ints.map((w) => w / g);
+}
+
+/** The length of weightedSlots' table for these candidates, without building it. */
+export function weightedSlotCount(candidates: readonly Weighted[], maxSlots = 1024): number {
+  return slotWeights(candidates, maxSlots).reduce((s, w) => s + w, 0);
+}
+
+const lcm = (a: number, b: number): number => (a / gcd(a, b)) * b;
+
+/**
+ * The fixed modulus of a port's round-robin pick (`numgen inc mod M`) over
+ * the slot tables of its healthy sets: the least common multiple of the
+ * table lengths of the whole set and of the set less any one backend (and,
+ * with equal weights, of every smaller count), taken in that order while it
+ * stays within maxSlots. A healthy set whose table length divides M is laid
+ * out as its table repeated M/length times, so every window of `length`
+ * connections still splits exactly by weight, and a health transition
+ * between such sets changes the slot map's elements, never the rule.
+ */
+export function roundRobinModulus(all: readonly Weighted[], maxSlots = 1024): number {
+  const counts = [weightedSlotCount(all, maxSlots)];
+  for (let i = 0; i < all.length; i++) counts.push(weightedSlotCount(all.filter((_, j) => j !== i), maxSlots));
+  const ints = all.map((c) => Math.round(c.weight));
+  if (ints.every((w) => w === ints[0])) for (let h = all.length - 2; h >= 1; h--) counts.push(h);
+  let m = 1;
+  for (const c of counts) {
+    if (c <= 0) continue;
+    const next = lcm(m, c);
+    if (next <= maxSlots) m = next;
+  }
+  return m;
+}
+
+/**
+ * weightedSlots' table for `healthy`, repeated to `modulus` entries when its
+ * length divides it (roundRobinModulus); the table itself when not.
+ */
+export function roundRobinSlots<T extends Weighted>(healthy: readonly T[], modulus: number, maxSlots = 1024): T[] {
+  const table = weightedSlots(healthy, maxSlots);
+  if (table.length === 0 || modulus % table.length !== 0 || modulus === table.length) return table;
+  return Array.from({ length: modulus }, (_, i) => table[i % table.length]!);
+}
+
 /**
  * The slot table for a stateless kernel pick (`numgen inc mod N`): the first
  * N picks of smooth weighted round-robin over the candidates, N = sum of the
@@ -169,16 +223,9 @@ function gcd(a: number, b: number): number {
  * maxSlots they are scaled down proportionally so the kernel map stays small.
  */
 export function weightedSlots<T extends Weighted>(candidates: readonly T[], maxSlots = 1024): T[] {
-  let ints = candidates.map((c) => (c.weight > 0 ? Math.max(1, Math.round(c.weight)) : 0));
-  let total = ints.reduce((s, w) => s + w, 0);
+  const ints = slotWeights(candidates, maxSlots);
+  const total = ints.reduce((s, w) => s + w, 0);
   if (total === 0) return [];
-  if (total > maxSlots) {
-    const scale = maxSlots / total;
-    ints = ints.map((w) => (w > 0 ? Math.max(1, Math.floor(w * scale)) : 0));
-  }
-  const g = ints.reduce((acc, w) => (w > 0 ? gcd(acc, w) : acc), 0);
-  ints = ints.map((w) => w / g);
-  total = ints.reduce((s, w) => s + w, 0);
   const rr = new SmoothWeightedRoundRobin();
   const scaled = candidates.map((c, i) => ({ address: c.address, weight: ints[i]!, c }));
   const slots: T[] = [];

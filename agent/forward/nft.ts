@@ -19,7 +19,7 @@
 //
 // Packet path for a VIP this node holds (client C, VIP V, backend B):
 //   prerouting (nat, dstnat)  V:port -> slot (numgen, or jhash with VRRP)
-//                             -> B:targetPort (DNAT);
+//                             -> B:targetPort (DNAT by the port's slot map);
 //                             a connection's first packet only: conntrack
 //                             pins the choice for the rest of the connection,
 //                             so established connections keep their backend
@@ -36,7 +36,9 @@
 //                             untranslated, and the agent deletes those
 //                             entries when V comes back (vipArrived).
 //   forward (filter)          bytes per backend and direction (named counters);
-//   postrouting (nat, srcnat) source C -> V (SNAT to the VIP), see below;
+//   postrouting (nat, srcnat) a connection per backend (named counters, by
+//                             the DNAT's result); source C -> V (SNAT to
+//                             the VIP), see below;
 //   input (filter)            V:port with no healthy backend: TCP reset /
 //                             ICMP port unreachable at once, never a hang.
 // Locally originated connections to a VIP take the output nat hook instead of
@@ -72,8 +74,10 @@
 // `random` only converges: with weights 1:2:3 over 300 connections the
 // lightest backend's share has a standard deviation of ~13% of its expected
 // value, too loose for small services. The counter is one atomic per rule;
-// it restarts at slot 0 when its chain is rewritten, which only shifts the
-// phase.
+// it restarts at slot 0 when its rule is rewritten, which only shifts the
+// phase. Its modulus is fixed per port (roundRobinModulus) and the healthy
+// set's table repeated to fill it, so a health transition rewrites slots
+// of the map, not the rule.
 //
 // Why a hash with VRRP (placement 'flow-hash'): peers do not share
 // conntrack, so when a Master dies the new one meets the packets of
@@ -114,7 +118,7 @@ import type { Registry } from 'prom-client';
 import type { PortSpec, Protocol } from '../config/types';
 import { LbError, errorMessage } from '../errors';
 import { silentLogger, type Logger } from '../log';
-import { weightedSlots } from './balancer';
+import { roundRobinModulus, roundRobinSlots } from './balancer';
 import {
   flowId, normalizeState, normalizeStateFrom, portLabel,
   type Dataplane, type NormalizedState, type FlowStats, type ForwardState, type ForwardStats, type NormalizedService, type Placement, type ProbeResult, type UdpFlowsEnded,
@@ -125,7 +129,7 @@ import { SerialQueue } from '../serial';
 import type { DsrBpfPort } from '../net/ebpf/ebpf-dsr';
 import type { DsrBpf, DsrFdStore } from '../net/ebpf/ebpf-attach';
 import type { ConntrackClient, ForwardedPort, UdpFlowRule } from '../net/conntrack/conntrack';
-import type { NftCounterElement, NftDispatchElement, NftFamily, NftOp, NftProto, NftRuleSpec, NftVerdict } from '../net/netlink/nft-batch';
+import type { NftCounterElement, NftDispatchElement, NftFamily, NftOp, NftProto, NftRuleSpec, NftSlotElement, NftVerdict } from '../net/netlink/nft-batch';
 import { hasOwnedName } from '../net/ownership/ownership';
 
 // The BPF driver loads on demand: when a DSR port is forwarded, and at the
@@ -290,12 +294,16 @@ interface TableParts {
   readonly serviceSpecs: NftDispatchElement[];
   readonly refusedElems: string[];
   readonly refusedSpecs: NftDispatchElement[];
+  readonly connsElems: string[];
   readonly toBackendElems: string[];
   readonly toClientElems: string[];
-  /** toBackendElems and toClientElems as typed objects, one for each. */
+  /** connsElems, toBackendElems and toClientElems as typed objects, one for each. */
+  readonly connsSpecs: NftCounterElement[];
   readonly toBackendSpecs: NftCounterElement[];
   readonly toClientSpecs: NftCounterElement[];
   readonly byteKeys: Set<string>;
+  /** The ports' slot maps. */
+  readonly maps: NftSetModel[];
   readonly chains: NftChainModel[];
   readonly handBack: string[];
   readonly handBackChains: NftChainModel[];
@@ -303,8 +311,8 @@ interface TableParts {
 
 function emptyParts(): TableParts {
   return {
-    counters: [], vips: new Set(), serviceElems: [], serviceSpecs: [], refusedElems: [], refusedSpecs: [], toBackendElems: [], toClientElems: [],
-    toBackendSpecs: [], toClientSpecs: [], byteKeys: new Set(), chains: [], handBack: [], handBackChains: [],
+    counters: [], vips: new Set(), serviceElems: [], serviceSpecs: [], refusedElems: [], refusedSpecs: [], connsElems: [], toBackendElems: [], toClientElems: [],
+    connsSpecs: [], toBackendSpecs: [], toClientSpecs: [], byteKeys: new Set(), maps: [], chains: [], handBack: [], handBackChains: [],
   };
 }
 
@@ -325,6 +333,7 @@ export interface NftChainModel {
 export interface NftSetModel {
   readonly name: string;
   readonly kind: 'set' | 'map';
+  /** Its type (`ipv4_addr`, `ipv4_addr . inet_proto . inet_service : verdict`), or `typeof ...` for a map declared by the expressions that read it. */
   readonly type: string;
   readonly elements: readonly string[];
   /** The elements as typed objects, one for each of `elements` (the dispatch maps'), for the netlink writer. */
@@ -333,6 +342,33 @@ export interface NftSetModel {
   readonly counterSpecs?: readonly NftCounterElement[];
   /** Its elements are addresses, typed as they are written (the `vips` set). */
   readonly addresses?: boolean;
+  /** A port's slot map: its protocol (its declaration names it), the target port and each slot's backend address (its elements). */
+  readonly slots?: SlotMapData;
+}
+
+/** What a port's slot map holds: slot i -> addresses[i] . port. */
+interface SlotMapData { readonly proto: NftProto; readonly port: number; readonly addresses: readonly string[] }
+
+/**
+ * A port's slot map. Its element strings are made when read (a whole
+ * write, a delta of its service), not kept: a flow-hash port has 1,021
+ * slots, and a thousand such ports' strings and typed elements, kept
+ * with the parts, would be a hundred MiB of heap; the addresses are the
+ * backends' own strings.
+ */
+class SlotMapModel implements NftSetModel {
+  readonly kind = 'map';
+  constructor(readonly name: string, readonly type: string, readonly slots: SlotMapData) {}
+
+  get elements(): string[] {
+    const { port, addresses } = this.slots;
+    return addresses.map((a, i) => `${i} : ${a} . ${port}`);
+  }
+}
+
+/** The typed element of slot i of a slot map. */
+function slotElement(d: SlotMapData, i: number): NftSlotElement {
+  return { slot: i, address: d.addresses[i]!, port: d.port };
 }
 
 /** One family's table as objects (renderNft's text is written from it; renderNftDelta compares two). */
@@ -355,13 +391,21 @@ function tableModel(w: NftFamilyWords, t: TableParts): NftTableModel {
       { name: 'vips', kind: 'set', type: w.addrType, elements: [...t.vips], addresses: true },
       { name: 'services', kind: 'map', type: dispatchType, elements: t.serviceElems, specs: t.serviceSpecs },
       { name: 'refused', kind: 'map', type: dispatchType, elements: t.refusedElems, specs: t.refusedSpecs },
+      { name: 'conns', kind: 'map', type: counterType, elements: t.connsElems, counterSpecs: t.connsSpecs },
       { name: 'to_backend', kind: 'map', type: counterType, elements: t.toBackendElems, counterSpecs: t.toBackendSpecs },
       { name: 'to_client', kind: 'map', type: counterType, elements: t.toClientElems, counterSpecs: t.toClientSpecs },
+      ...t.maps,
     ],
     chains: [
       { name: 'prerouting', hook: 'type nat hook prerouting priority dstnat; policy accept;', rules: [`fib daddr type local ${w.ip} daddr . meta l4proto . th dport vmap @services`] },
       { name: 'output', hook: 'type nat hook output priority -100; policy accept;', rules: [`fib daddr type local ${w.ip} daddr . meta l4proto . th dport vmap @services`] },
-      { name: 'postrouting', hook: 'type nat hook postrouting priority srcnat; policy accept;', rules: [`ct status dnat ct original ${w.ip} daddr @vips snat to ct original ${w.ip} daddr`] },
+      {
+        // A nat chain sees a connection's first packet only: the conns counters count connections, after the DNAT picked the backend.
+        name: 'postrouting', hook: 'type nat hook postrouting priority srcnat; policy accept;', rules: [
+          `ct status dnat counter name ct original ${w.ip} daddr . ${w.ip} daddr . meta l4proto . th dport map @conns`,
+          `ct status dnat ct original ${w.ip} daddr @vips snat to ct original ${w.ip} daddr`,
+        ],
+      },
       {
         name: 'forward', hook: 'type filter hook forward priority filter; policy accept;', rules: [
           `ct direction original counter name ct original ${w.ip} daddr . ${w.ip} daddr . meta l4proto . th dport map @to_backend`,
@@ -391,10 +435,15 @@ function tableLines(m: NftTableModel): string[] {
     `delete table ${m.family} ${NFT_TABLE}`,
     `table ${m.family} ${NFT_TABLE} {`,
     ...m.counters.map((c) => `\tcounter ${c} {}`),
-    ...m.sets.flatMap((x) => [`\t${x.kind} ${x.name} {`, `\t\ttype ${x.type}`, ...elements(x.elements), '\t}']),
+    ...m.sets.flatMap((x) => [`\t${x.kind} ${x.name} {`, `\t\t${typeLine(x)}`, ...elements(x.elements), '\t}']),
     ...m.chains.flatMap(chainLines),
     '}',
   ];
+}
+
+/** A set's or map's type as its declaration writes it. */
+function typeLine(x: NftSetModel): string {
+  return x.type.startsWith('typeof ') ? x.type : `type ${x.type}`;
 }
 
 /** The lines that remove the IPv6 table whether or not it exists. */
@@ -410,8 +459,10 @@ function backendId(address: string): string {
 /** A map element of the byte counters (to_backend, to_client), keyed by what the forward hook sees. */
 interface ByteElem {
   readonly key: string;
+  readonly conns: string;
   readonly toBackend: string;
   readonly toClient: string;
+  readonly connsSpec: NftCounterElement;
   readonly toBackendSpec: NftCounterElement;
   readonly toClientSpec: NftCounterElement;
 }
@@ -442,6 +493,8 @@ export interface ServicePart {
   readonly refusedSpecs: readonly NftDispatchElement[];
   /** Its byte-counter elements; a key another service uses too goes to the first service in key order. */
   readonly byteElems: readonly ByteElem[];
+  /** Its ports' slot maps. */
+  readonly maps: readonly NftSetModel[];
   readonly chains: readonly NftChainModel[];
   readonly handBack: { readonly rule: string; readonly chain: NftChainModel; readonly counter: HandBackCounter } | undefined;
   readonly dsrPorts: readonly DsrPortRender[];
@@ -518,12 +571,13 @@ function renderPartOf(prefix: string, svc: NormalizedService, opts: RenderOption
   const byteElems: ByteElem[] = [];
   const byteKeys = new Set<string>();
   const chains: NftChainModel[] = [];
+  const maps: NftSetModel[] = [];
   const dsrPorts: DsrPortRender[] = [];
   const problems: string[] = [];
   const input = partInput(prefix, svc);
   const part = (handBack: ServicePart['handBack']): ServicePart => ({
     key: svc.key, prefix, input, family: w.family, vip: svc.vip !== undefined && svc.ports.length > 0 ? svc.vip : undefined,
-    header, counters, tableCounters, serviceElems, refusedElems, serviceSpecs, refusedSpecs, byteElems, chains, handBack, dsrPorts, problems,
+    header, counters, tableCounters, serviceElems, refusedElems, serviceSpecs, refusedSpecs, byteElems, maps, chains, handBack, dsrPorts, problems,
   });
   if (svc.vip === undefined || svc.ports.length === 0) return part(undefined);
   for (const { spec, index: pi } of svc.ports) {
@@ -555,10 +609,12 @@ function renderPartOf(prefix: string, svc: NormalizedService, opts: RenderOption
         tableCounters.push(name);
         counters.push({ name, kind, service: svc.key, port: spec, backend: b.address });
       }
-      // Byte counters are keyed on what the forward hook sees: the VIP the
-      // client used (conntrack original), the backend and its port. Two
-      // ports of one VIP on the same backend:targetPort cannot be told
-      // apart there; the first keeps the bytes (the metric has no port label).
+      // Connection and byte counters are keyed on what the postrouting and
+      // forward hooks see: the VIP the client used (conntrack original), the
+      // backend and its port. Two ports of one VIP on the same
+      // backend:targetPort cannot be told apart there; the first keeps the
+      // count (nft 1.0.6 cannot put `ct original proto-dst` in a
+      // concatenation: "variable sized data types").
       const bk = `${svc.vip} . ${b.address} . ${p} . ${spec.targetPort}`;
       if (!byteKeys.has(bk)) {
         byteKeys.add(bk);
@@ -567,8 +623,8 @@ function renderPartOf(prefix: string, svc: NormalizedService, opts: RenderOption
         // with the part (6,000 at 1,000 services, about 2 MiB).
         const counterSpec = (counter: string): NftCounterElement => ({ vip: svc.vip!, backend: b.address, proto: p, port: spec.targetPort, counter });
         byteElems.push({
-          key: bk, toBackend: `${bk} : "${base}_to_backend"`, toClient: `${bk} : "${base}_to_client"`,
-          toBackendSpec: counterSpec(`${base}_to_backend`), toClientSpec: counterSpec(`${base}_to_client`),
+          key: bk, conns: `${bk} : "${base}_conns"`, toBackend: `${bk} : "${base}_to_backend"`, toClient: `${bk} : "${base}_to_client"`,
+          connsSpec: counterSpec(`${base}_conns`), toBackendSpec: counterSpec(`${base}_to_backend`), toClientSpec: counterSpec(`${base}_to_client`),
         });
       }
     }
@@ -580,22 +636,25 @@ function renderPartOf(prefix: string, svc: NormalizedService, opts: RenderOption
     serviceElems.push(`${key} : jump ${sp}`);
     serviceSpecs.push(elem({ kind: 'jump', chain: sp }));
     const hashed = opts.placement === 'flow-hash';
-    const slots = hashed ? flowHashSlots(svc) : weightedSlots(svc.healthy, opts.maxSlots);
+    const slots = hashed ? flowHashSlots(svc) : roundRobinSlots(svc.healthy, roundRobinModulus(svc.all, opts.maxSlots), opts.maxSlots);
     const distinct = new Set(slots.map((b) => b.address));
     if (distinct.size === 1) {
-      const chain = backendChain(slots[0]!.address);
-      chains.push({ name: sp, rules: [`goto ${chain}`], specs: [{ kind: 'verdict', verdict: { kind: 'goto', chain } }] });
-    } else {
-      const vm = slots.map((b, i) => `${i} : goto ${backendChain(b.address)}`).join(', ');
-      const pick = hashed ? flowHashPick(svc.key, slots.length, six ? 'ip6' : 'ip') : `numgen inc mod ${slots.length}`;
-      const targets = slots.map((b) => backendChain(b.address));
-      chains.push({ name: sp, rules: [`${pick} vmap { ${vm} }`], specs: [hashed ? { kind: 'jhash', seed: dsrSeedValue(svc.key), targets } : { kind: 'numgen', targets }] });
-    }
-    for (const b of svc.healthy) {
-      const name = backendChain(b.address);
+      const address = slots[0]!.address;
       chains.push({
-        name, rules: [`counter name "${name}_conns" meta l4proto ${p} dnat to ${w.dnatTo(b.address, spec.targetPort)}`],
-        specs: [{ kind: 'dnat', counter: `${name}_conns`, proto: p, address: b.address, port: spec.targetPort }],
+        name: sp, rules: [`meta l4proto ${p} dnat to ${w.dnatTo(address, spec.targetPort)}`],
+        specs: [{ kind: 'dnat', proto: p, address, port: spec.targetPort }],
+      });
+    } else {
+      // The slot pick as a data map (slot -> address . port): a health
+      // transition rewrites the slots that change and no rule, so the
+      // kernel's commit validates no chain (a verdict map of gotos makes it
+      // walk every chain the table jumps to).
+      const map = `${sp}_slots`;
+      maps.push(new SlotMapModel(map, `typeof numgen inc mod 2 : ${w.ip} daddr . ${p} dport`, { proto: p, port: spec.targetPort, addresses: slots.map((b) => b.address) }));
+      const pick = hashed ? flowHashPick(svc.key, slots.length, six ? 'ip6' : 'ip') : `numgen inc mod ${slots.length}`;
+      chains.push({
+        name: sp, rules: [`meta l4proto ${p} dnat ${w.ip} to ${pick} map @${map}`],
+        specs: [{ kind: 'dnat-map', proto: p, map, pick: hashed ? { kind: 'jhash', seed: dsrSeedValue(svc.key), modulus: slots.length } : { kind: 'numgen', modulus: slots.length } }],
       });
     }
   }
@@ -630,9 +689,12 @@ function familyParts(parts: readonly ServicePart[], family: string): TableParts 
     t.refusedElems.push(...p.refusedElems);
     t.serviceSpecs.push(...p.serviceSpecs);
     t.refusedSpecs.push(...p.refusedSpecs);
+    t.maps.push(...p.maps);
     for (const e of p.byteElems) {
       if (t.byteKeys.has(e.key)) continue;
       t.byteKeys.add(e.key);
+      t.connsElems.push(e.conns);
+      t.connsSpecs.push(e.connsSpec);
       t.toBackendElems.push(e.toBackend);
       t.toClientElems.push(e.toClient);
       t.toBackendSpecs.push(e.toBackendSpec);
@@ -899,17 +961,30 @@ export function renderNftDelta(prev: DeltaInput, next: DeltaInput): NftDelta | u
     // Elements: a changed value is its key deleted and added again.
     const adds: string[] = [];
     const addOps: NftOp[] = [];
+    // Sets and maps that come (a port's slot map): declared first, filled with the other elements; those that go: deleted last.
+    const pSets = new Map(P.sets.map((x) => [x.name, x]));
+    const nSets = new Set(N.sets.map((x) => x.name));
+    const deletedSets = P.sets.filter((x) => !nSets.has(x.name));
     for (const ns of N.sets) {
-      const ps = P.sets.find((x) => x.name === ns.name);
-      if (!ps || ps.kind !== ns.kind || ps.type !== ns.type) return undefined;
-      type Spec = NftDispatchElement | NftCounterElement | string;
-      const specOf = (m: NftSetModel, i: number): Spec | undefined => (m.addresses === true ? m.elements[i] : m.specs?.[i] ?? m.counterSpecs?.[i]);
+      let ps = pSets.get(ns.name);
+      if (!ps) {
+        head.push(`add ${ns.kind} ${tbl} ${ns.name} { ${typeLine(ns)}; }`);
+        if (ns.slots !== undefined) headOps.push({ op: 'add-slot-map', family: fam, set: ns.name, proto: ns.slots.proto });
+        else typed = false;
+        objects++;
+        ps = { name: ns.name, kind: ns.kind, type: ns.type, elements: [], specs: [], counterSpecs: [], ...(ns.addresses === true ? { addresses: true } : {}), ...(ns.slots ? { slots: { ...ns.slots, addresses: [] } } : {}) };
+      }
+      if (ps.kind !== ns.kind || ps.type !== ns.type) return undefined;
+      type Spec = NftDispatchElement | NftCounterElement | NftSlotElement | string;
+      const specOf = (m: NftSetModel, i: number, elements: readonly string[]): Spec | undefined => (m.addresses === true ? elements[i] : m.slots !== undefined ? slotElement(m.slots, i) : m.specs?.[i] ?? m.counterSpecs?.[i]);
       const pByKey = new Map<string, string>();
       const pSpec = new Map<string, Spec | undefined>();
-      ps.elements.forEach((e, i) => { const k = elementKey(ps.kind, e); pByKey.set(k, e); pSpec.set(k, specOf(ps, i)); });
+      const pElements = ps.elements;
+      pElements.forEach((e, i) => { const k = elementKey(ps.kind, e); pByKey.set(k, e); pSpec.set(k, specOf(ps, i, pElements)); });
       const nByKey = new Map<string, string>();
       const nSpec = new Map<string, Spec | undefined>();
-      ns.elements.forEach((e, i) => { const k = elementKey(ns.kind, e); nByKey.set(k, e); nSpec.set(k, specOf(ns, i)); });
+      const nElements = ns.elements;
+      nElements.forEach((e, i) => { const k = elementKey(ns.kind, e); nByKey.set(k, e); nSpec.set(k, specOf(ns, i, nElements)); });
       const del: string[] = [];
       const delSpecs: Array<Spec | undefined> = [];
       for (const [k, e] of pByKey) if (nByKey.get(k) !== e || refersToRedefined(e)) { del.push(k); delSpecs.push(pSpec.get(k)); }
@@ -920,6 +995,10 @@ export function renderNftDelta(prev: DeltaInput, next: DeltaInput): NftDelta | u
       const elementOp = (op: 'add' | 'delete', specs: ReadonlyArray<Spec | undefined>): NftOp | undefined => {
         if (specs.some((x) => x === undefined)) { typed = false; return undefined; }
         if (ns.addresses === true) return { op: op === 'add' ? 'add-addresses' : 'delete-addresses', family: fam, set: ns.name, addresses: specs as string[] };
+        if (ns.slots !== undefined) {
+          const elements = (specs as NftSlotElement[]).map((x) => (op === 'delete' ? { slot: x.slot } : x));
+          return { op: op === 'add' ? 'add-slot-elements' : 'delete-slot-elements', family: fam, set: ns.name, elements };
+        }
         if (ns.counterSpecs !== undefined) {
           const elements = (specs as NftCounterElement[]).map((x) => (op === 'delete' ? { vip: x.vip, backend: x.backend, proto: x.proto, port: x.port } : x));
           return { op: op === 'add' ? 'add-counter-elements' : 'delete-counter-elements', family: fam, set: ns.name, elements };
@@ -939,7 +1018,6 @@ export function renderNftDelta(prev: DeltaInput, next: DeltaInput): NftDelta | u
       }
       objects += del.length + add.length;
     }
-    if (P.sets.length !== N.sets.length) return undefined;
     for (const c of redefined) {
       middle.push(`delete counter ${tbl} ${c}`, `add counter ${tbl} ${c}`);
       middleOps.push({ op: 'delete-counter', family: fam, name: c }, { op: 'add-counter', family: fam, name: c });
@@ -953,6 +1031,13 @@ export function renderNftDelta(prev: DeltaInput, next: DeltaInput): NftDelta | u
     middle.push(...adds);
     middleOps.push(...addOps);
     for (const c of deletedChains) { tail.push(`delete chain ${tbl} ${c.name}`); tailOps.push({ op: 'delete-chain', family: fam, chain: c.name }); }
+    // After the rules that looked them up are gone.
+    for (const x of deletedSets) {
+      tail.push(`delete ${x.kind} ${tbl} ${x.name}`);
+      if (x.slots !== undefined) tailOps.push({ op: 'delete-slot-map', family: fam, set: x.name });
+      else typed = false;
+      objects++;
+    }
     for (const c of deletedCounters) { tail.push(`delete counter ${tbl} ${c}`); tailOps.push({ op: 'delete-counter', family: fam, name: c }); reset.add(c); }
     objects += deletedChains.length + addedCounters.length + deletedCounters.length + redefined.length;
   }
@@ -1133,11 +1218,15 @@ export function renderPartsDelta(prev: Rendering, next: Rendering): PartsDelta |
       t.vips.clear();
       for (const p of partsOnVips(r, w.family, vips)) t.vips.add(p.vip!);
       const keys = new Set(touched.flatMap((p) => p.byteElems.map((e) => e.key)));
+      t.connsElems.length = 0;
       t.toBackendElems.length = 0;
       t.toClientElems.length = 0;
+      t.connsSpecs.length = 0;
       t.toBackendSpecs.length = 0;
       t.toClientSpecs.length = 0;
       for (const e of byteWinners(r, w.family, keys, vips).values()) {
+        t.connsElems.push(e.conns);
+        t.connsSpecs.push(e.connsSpec);
         t.toBackendElems.push(e.toBackend);
         t.toClientElems.push(e.toClient);
         t.toBackendSpecs.push(e.toBackendSpec);

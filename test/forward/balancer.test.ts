@@ -1,7 +1,7 @@
 // Unit tests of the pure balancer: weights honoured, smooth interleaving,
 // stability when the set changes, least-connections, the nft slot table.
 import t from 'tap';
-import { SharedPositionRoundRobin, SmoothWeightedRoundRobin, WeightedLeastConnections, createBalancer, weightedSlots, type Weighted } from '../../agent/forward/balancer';
+import { SharedPositionRoundRobin, SmoothWeightedRoundRobin, WeightedLeastConnections, createBalancer, roundRobinModulus, roundRobinSlots, weightedSlots, type Weighted } from '../../agent/forward/balancer';
 
 const set = (...ws: [string, number][]): Weighted[] => ws.map(([address, weight]) => ({ address, weight }));
 
@@ -136,4 +136,26 @@ t.test('SharedPositionRoundRobin: several pickers on one position split exactly 
   t.not(retry?.address, order[60 % 6], 'the retry avoids the failed backend');
   t.equal(pos, before, 'and leaves the position for the next new connection');
   t.equal(pickers[1]!.pick([] as Weighted[]), undefined, 'nothing to pick from');
+});
+
+t.test('roundRobinModulus: a fixed modulus that the slot tables of the healthy sets divide, within maxSlots', async (t) => {
+  const eq = (n: number) => Array.from({ length: n }, (_, i) => ({ address: `10.0.0.${i + 1}`, weight: 1 }));
+  t.equal(roundRobinModulus(eq(1)), 1);
+  t.equal(roundRobinModulus(eq(3)), 6, 'three equal backends: 3, 2 and 1 divide it');
+  t.equal(roundRobinModulus(eq(4)), 12);
+  t.equal(roundRobinModulus(eq(8)), 840, 'lcm(1..8)');
+  const m9 = roundRobinModulus(eq(9));
+  t.ok(m9 <= 1024 && m9 % 9 === 0 && m9 % 8 === 0, `nine: what fits of lcm(1..9) = 2520, the whole set and one less first (${m9})`);
+  t.equal(roundRobinModulus(eq(4), 6), 4, 'maxSlots 6: 4, then 3 would make 12: only 4');
+  t.equal(roundRobinModulus([{ address: 'a', weight: 1 }, { address: 'b', weight: 3 }, { address: 'c', weight: 2 }]), 60, 'weights 1:3:2: tables of 6, 5, 3 and 4');
+});
+
+t.test('roundRobinSlots: the healthy table repeated to the modulus when it divides it, each window exact', async (t) => {
+  const [a, b2, c] = [{ address: 'a', weight: 1 }, { address: 'b', weight: 2 }, { address: 'c', weight: 1 }];
+  const slots = roundRobinSlots([a, b2, c], 12).map((x) => x.address);
+  t.equal(slots.length, 12);
+  t.same(slots.slice(0, 4), weightedSlots([a, b2, c]).map((x) => x.address), 'the smooth sequence first');
+  for (let w = 0; w < 12; w += 4) t.same(['a', 'b', 'c'].map((x) => slots.slice(w, w + 4).filter((y) => y === x).length), [1, 2, 1], `window ${w}: 1:2:1`);
+  t.equal(roundRobinSlots([a, b2, c], 10).length, 4, 'a table that does not divide the modulus: the table itself');
+  t.same(roundRobinSlots([], 12), [], 'no healthy backend: no slot');
 });

@@ -119,7 +119,10 @@ t.test('render: IPv6 VIPs in `table ip6 lb_agent` beside the IPv4 table, golden;
   const plan = renderNft(dual);
   golden(t, 'dual-stack.nft', plan.script);
   t.match(plan.script, /table ip6 lb_agent \{\n/, 'the IPv6 table');
-  t.match(plan.script, /dnat to \[fd00:99::12\]:8080/, 'an IPv6 backend in brackets');
+  t.match(plan.script, /\t\t\t0 : fd00:99::12 \. 8080,\n/, 'an IPv6 backend in the slot map: address . port');
+  t.match(plan.script, /meta l4proto tcp dnat ip6 to numgen inc mod \d+ map @v6s1p0_slots/, 'the DNAT by the map names its family');
+  t.match(renderNft({ services: [{ key: 'x/six', vip: 'fd00:99::202', ports: [http], healthy: [b6('fd00:99::12')], backends: [b6('fd00:99::12')] }] }).script,
+    /chain v6s0p0 \{\n\t\tmeta l4proto tcp dnat to \[fd00:99::12\]:8080\n/, 'one IPv6 backend: a plain DNAT, the address in brackets');
   t.match(plan.script, /reject with icmpv6 type port-unreachable/);
   t.match(plan.script, /ct status dnat ct original ip6 daddr @vips snat to ct original ip6 daddr/);
   const four = renderNft({ services: [state.services[0]!] }).script;
@@ -138,41 +141,65 @@ t.test('render is deterministic whatever the input order', async (t) => {
   t.equal(renderNft(shuffled).script, renderNft(state).script);
 });
 
-t.test('render: slot table honours weights; names stay put when health changes', async (t) => {
-  const s = (healthy: BackendSpec[]): ForwardState => ({
-    services: [{ key: 'x/y', vip: '10.99.0.80', ports: [http], healthy, backends: [b('10.99.0.11'), b('10.99.0.12', 3), b('10.99.0.13', 2)] }],
+/** The slots of map `name` in a rendered script, in slot order. */
+function slotsOf(script: string, name: string): string[] {
+  const m = new RegExp(`map ${name} \\{\\n\\t\\ttypeof [^\\n]*\\n\\t\\telements = \\{\\n([^}]*)\\t\\t\\}`).exec(script);
+  if (!m) return [];
+  return m[1]!.split('\n').filter(Boolean).map((l, i) => {
+    const [slot, target] = l.trim().replace(/,$/, '').split(' : ') as [string, string];
+    if (Number(slot) !== i) throw new Error(`slot ${slot} at ${i}`);
+    return target.split(' . ')[0]!;
   });
-  const full = renderNft(s([b('10.99.0.11'), b('10.99.0.12', 3), b('10.99.0.13', 2)])).script;
-  const m = /numgen inc mod (\d+) vmap \{ ([^}]*) \}/.exec(full)!;
-  t.equal(m[1], '6');
-  const slots = m[2]!.split(', ').map((e) => e.split(' goto ')[1]);
-  t.same(['s0p0b10_99_0_11', 's0p0b10_99_0_12', 's0p0b10_99_0_13'].map((c) => slots.filter((x) => x === c).length), [1, 3, 2], 'slots per backend = weight');
+}
+
+t.test('render: slot map honours weights over a fixed modulus; names stay put when health changes', async (t) => {
+  const all = [b('10.99.0.11'), b('10.99.0.12', 3), b('10.99.0.13', 2)];
+  const s = (healthy: BackendSpec[]): ForwardState => ({ services: [{ key: 'x/y', vip: '10.99.0.80', ports: [http], healthy, backends: all }] });
+  const full = renderNft(s(all)).script;
+  // Tables of 6 (all), 5, 3 and 4 (each one less): lcm 60, within maxSlots.
+  t.match(full, /chain s0p0 \{\n\t\tmeta l4proto tcp dnat ip to numgen inc mod 60 map @s0p0_slots\n\t\}/, 'one rule: the DNAT by the slot map');
+  const slots = slotsOf(full, 's0p0_slots');
+  t.equal(slots.length, 60);
+  t.same(['10.99.0.11', '10.99.0.12', '10.99.0.13'].map((a) => slots.filter((x) => x === a).length), [10, 30, 20], 'slots per backend = weight');
+  for (let w = 0; w + 6 <= 60; w += 6) {
+    t.same(['10.99.0.11', '10.99.0.12', '10.99.0.13'].map((a) => slots.slice(w, w + 6).filter((x) => x === a).length), [1, 3, 2], `every window of 6 from slot ${w} splits exactly by weight`);
+  }
+  t.notMatch(full, /chain s0p0b|goto s0p0b|vmap \{/, 'no chain per backend, no verdict map');
   const less = renderNft(s([b('10.99.0.11'), b('10.99.0.13', 2)])).script;
-  t.match(less, /chain s0p0b10_99_0_13 \{\n\t\tcounter name "s0p0b10_99_0_13_conns" meta l4proto tcp dnat to 10\.99\.0\.13:8080/, 'b2 keeps its name when b1 leaves');
-  t.notMatch(less, /dnat to 10\.99\.0\.12/, 'an unhealthy backend gets no new connections');
-  t.match(less, /10\.99\.0\.80 \. 10\.99\.0\.12 \. tcp \. 8080 : "s0p0b10_99_0_12_to_backend"/, 'but its draining connections are still counted');
+  t.match(less, /numgen inc mod 60 map @s0p0_slots/, 'a backend down: the same modulus, so the same rule');
+  t.same(['10.99.0.11', '10.99.0.12', '10.99.0.13'].map((a) => slotsOf(less, 's0p0_slots').filter((x) => x === a).length), [20, 0, 40], 'an unhealthy backend gets no new connections');
+  t.match(less, /counter s0p0b10_99_0_12_conns \{\}/, 'its counters keep their names');
+  t.match(less, /10\.99\.0\.80 \. 10\.99\.0\.12 \. tcp \. 8080 : "s0p0b10_99_0_12_to_backend"/, 'and its draining connections are still counted');
+  t.match(less, /10\.99\.0\.80 \. 10\.99\.0\.12 \. tcp \. 8080 : "s0p0b10_99_0_12_conns"/, 'connections are counted after the DNAT, by the conns map');
+  t.match(less, /ct status dnat counter name ct original ip daddr \. ip daddr \. meta l4proto \. th dport map @conns\n/, 'in postrouting');
+  // Past maxSlots the modulus keeps what fits: a healthy set whose table does not divide it gets its own (the rule is rewritten).
+  const ten = Array.from({ length: 10 }, (_, i) => b(`10.99.1.${i + 1}`));
+  const tenText = renderNft({ services: [{ key: 'x/ten', vip: '10.99.0.81', ports: [http], healthy: ten, backends: ten }] }).script;
+  const mod = Number(/numgen inc mod (\d+) map/.exec(tenText)![1]);
+  t.ok(mod <= 1024 && mod % 10 === 0 && mod % 9 === 0, `ten equal backends: a modulus within maxSlots that 10 and 9 divide (${mod})`);
 });
 
 t.test('render: with VRRP (flow-hash) the SNAT pick is the seeded jhash onto the maglev table DSR uses', async (t) => {
   const all = [b('10.99.0.11'), b('10.99.0.12', 3), b('10.99.0.13', 2)];
   const s = (healthy: BackendSpec[]): ForwardState => ({ services: [{ key: 'x/y', vip: '10.99.0.80', ports: [http, dns], healthy, backends: all }] });
   const text = renderNft(s(all), { placement: 'flow-hash' }).script;
-  t.notMatch(text, /numgen/, 'no round-robin counter');
-  const m = /chain s0p0 \{\n\t\tjhash ip saddr \. th sport mod (\d+) seed (0x[0-9a-f]{8}) vmap \{ ([^}]*) \}/.exec(text)!;
-  t.ok(m, 'TCP port: jhash of the client address and port');
-  t.match(text, /chain s0p1 \{\n\t\tjhash ip saddr \. th sport mod \d+ seed /, 'UDP port too');
+  t.notMatch(text, /numgen inc mod \d+ map/, 'no round-robin counter');
+  const m = /chain s0p0 \{\n\t\tmeta l4proto tcp dnat ip to jhash ip saddr \. th sport mod (\d+) seed (0x[0-9a-f]{8}) map @s0p0_slots\n/.exec(text)!;
+  t.ok(m, 'TCP port: jhash of the client address and port, onto the slot map');
+  t.match(text, /chain s0p1 \{\n\t\tmeta l4proto udp dnat ip to jhash ip saddr \. th sport mod \d+ seed [^\n]* map @s0p1_slots\n/, 'UDP port too');
   t.equal(m[2], dsrSeed('x/y'), 'the seed is the service key\'s, so every peer has the same');
-  const slots = m[3]!.split(', ').map((e) => e.split(' goto ')[1]);
+  const slots = slotsOf(text, 's0p0_slots');
   t.equal(Number(m[1]), slots.length);
-  t.same(slots, dsrSlotTable(all, all).map((x) => `s0p0b${x.address.replace(/\./g, '_')}`), 'slot i goes where the DSR table sends it');
-  const share = ['s0p0b10_99_0_11', 's0p0b10_99_0_12', 's0p0b10_99_0_13'].map((c) => slots.filter((x) => x === c).length / slots.length);
+  t.same(slots, dsrSlotTable(all, all).map((x) => x.address), 'slot i goes where the DSR table sends it');
+  const share = ['10.99.0.11', '10.99.0.12', '10.99.0.13'].map((c) => slots.filter((x) => x === c).length / slots.length);
   t.ok(Math.abs(share[0]! - 1 / 6) < 0.01 && Math.abs(share[1]! - 3 / 6) < 0.01 && Math.abs(share[2]! - 2 / 6) < 0.01, `slots follow the weights 1:3:2 (${share.map((x) => x.toFixed(3)).join(' ')})`);
   // A backend leaving moves only its own slots: the flows of the others keep their place.
-  const less = /chain s0p0 \{\n\t\tjhash [^{]*vmap \{ ([^}]*) \}/.exec(renderNft(s([all[1]!, all[2]!]), { placement: 'flow-hash' }).script)!;
-  const after = less[1]!.split(', ').map((e) => e.split(' goto ')[1]);
-  t.equal(slots.filter((x, i) => x !== 's0p0b10_99_0_11' && after[i] !== x).length, 0, 'no slot of b1 or b2 moves when b0 leaves');
+  const after = slotsOf(renderNft(s([all[1]!, all[2]!]), { placement: 'flow-hash' }).script, 's0p0_slots');
+  t.equal(after.length, slots.length, 'the same table size: the same rule');
+  t.equal(slots.filter((x, i) => x !== '10.99.0.11' && after[i] !== x).length, 0, 'no slot of b1 or b2 moves when b0 leaves');
   t.equal(renderNft(s(all), { placement: 'round-robin' }).script, renderNft(s(all)).script, 'round-robin is the default');
-  t.match(renderNft({ services: [{ key: 'a/one', vip: '10.99.0.70', ports: [http], healthy: [b('10.99.0.11')], backends: [b('10.99.0.11')] }] }, { placement: 'flow-hash' }).script, /chain s0p0 \{\n\t\tgoto s0p0b10_99_0_11\n/, 'one healthy backend: straight to it');
+  t.match(renderNft({ services: [{ key: 'a/one', vip: '10.99.0.70', ports: [http], healthy: [b('10.99.0.11')], backends: [b('10.99.0.11')] }] }, { placement: 'flow-hash' }).script,
+    /chain s0p0 \{\n\t\tmeta l4proto tcp dnat to 10\.99\.0\.11:8080\n/, 'one healthy backend: straight to it');
 });
 
 t.test('render: a VIP:port claimed twice keeps the first service and reports the other', async (t) => {
@@ -232,27 +259,53 @@ t.test('renderNftDelta: one backend of one service among 10 or 1,000 changes the
   t.ok(deltas[0]!.script.length > 0, 'something to write');
   t.equal(deltas[1]!.script, deltas[0]!.script, 'the same transaction at 1,000 services as at 10');
   t.notMatch(deltas[1]!.script, /table ip lb_agent \{|delete table/, 'the table is neither defined nor deleted');
-  t.ok(deltas[1]!.objects <= 14, `a few objects (${deltas[1]!.objects})`);
+  t.ok(deltas[1]!.objects <= 16, `a few objects (${deltas[1]!.objects})`);
   t.ok(deltas[1]!.script.length < renderNft(many(10)).script.length / 4, `a fraction of even the 10-service table (${deltas[1]!.script.length} bytes)`);
   t.same([...deltas[1]!.reset].sort(), ['s0p0b10_97_0_3_conns', 's0p0b10_97_0_3_to_backend', 's0p0b10_97_0_3_to_client'], "the replaced backend's counters go; the others keep counting");
   t.match(deltas[1]!.script, /^add counter ip lb_agent s0p0b10_97_0_250_conns\n/);
   t.match(deltas[1]!.script, /\ndelete counter ip lb_agent s0p0b10_97_0_3_conns\n/);
-  t.match(deltas[1]!.script, /add chain ip lb_agent s0p0b10_97_0_250\n[^]*add rule ip lb_agent s0p0b10_97_0_250 counter name "s0p0b10_97_0_250_conns" meta l4proto tcp dnat to 10\.97\.0\.250:8080/);
-  // A health transition: the port's slot chain and the backend's chain; no counter restarts.
+  t.match(deltas[1]!.script, /\nadd element ip lb_agent conns \{ 10\.98\.0\.0 \. 10\.97\.0\.250 \. tcp \. 8080 : "s0p0b10_97_0_250_conns" \}\n/, 'its connections counted by the conns map');
+  t.match(deltas[1]!.script, /\nadd element ip lb_agent s0p0_slots \{ 2 : 10\.97\.0\.250 \. 8080, 5 : 10\.97\.0\.250 \. 8080 \}\n/, 'the slots of the backend it replaces');
+  t.notMatch(deltas[1]!.script, /chain|rule/, 'no chain, no rule');
+  // A health transition: the slots that change, and nothing else; no counter restarts.
   const down = renderNftDelta(renderNft(many(1000)), renderNft(many(1000, (i, all) => ({ healthy: i === 500 ? all.slice(1) : all, backends: all }))))!;
   t.same(down.reset, new Set(), 'a health transition restarts no counter');
   t.same(down.script.split('\n').filter(Boolean), [
-    'flush chain ip lb_agent s500p0',
-    'flush chain ip lb_agent s500p0b10_97_7_209',
-    'add rule ip lb_agent s500p0 numgen inc mod 2 vmap { 0 : goto s500p0b10_97_7_210, 1 : goto s500p0b10_97_7_211 }',
-    'delete chain ip lb_agent s500p0b10_97_7_209',
-  ], 'the slot chain rewritten and the unhealthy backend\'s chain gone');
+    'delete element ip lb_agent s500p0_slots { 0, 1, 2, 3 }',
+    'add element ip lb_agent s500p0_slots { 0 : 10.97.7.210 . 8080, 1 : 10.97.7.211 . 8080, 2 : 10.97.7.210 . 8080, 3 : 10.97.7.211 . 8080 }',
+  ], 'the slots that change (mod 6: three and two backends both divide it), no rule');
   // The last healthy backend gone: the port moves from the dispatch map to the refused one.
   const none = renderNftDelta(renderNft(many(3)), renderNft(many(3, (i, all) => ({ healthy: i === 1 ? [] : all, backends: all }))))!;
   t.match(none.script, /delete element ip lb_agent services \{ 10\.98\.0\.1 \. tcp \. 80 \}/);
   t.match(none.script, /add element ip lb_agent refused \{ 10\.98\.0\.1 \. tcp \. 80 : goto refuse_tcp \}/);
-  t.match(none.script, /delete chain ip lb_agent s1p0\n/);
+  t.match(none.script, /delete chain ip lb_agent s1p0\ndelete map ip lb_agent s1p0_slots\n/, 'the chain, then the map it looked up');
   t.equal(renderNftDelta(renderNft(many(3)), renderNft(many(3)))!.script, '', 'no change, nothing to write');
+});
+
+t.test('a health transition is data elements of the port\'s slot map: no jump, goto, rule or chain, the same batch at 1,000 services as at 10', async (t) => {
+  // Three backends down to two and back, one to three, all to none and back: round-robin and flow hash.
+  const health = (n: number, healthy: (all: BackendSpec[]) => BackendSpec[]) => many(n, (i, all) => ({ healthy: i === 7 ? healthy(all) : all, backends: all }));
+  for (const placement of ['round-robin', 'flow-hash'] as const) {
+    const batch = (n: number, from: (all: BackendSpec[]) => BackendSpec[], to: (all: BackendSpec[]) => BackendSpec[]): { script: string; ops: readonly NftOp[]; bytes: Buffer } => {
+      const a = renderIncremental(health(n, from), { placement });
+      const d = renderPartsDelta(a, renderIncremental(health(n, to), { placement }, a))!;
+      return { script: d.script, ops: d.ops!, bytes: encodeBatch('lb_agent', d.ops!, { seq: 1, ack: true }).datagram };
+    };
+    for (const [what, from, to] of [
+      ['one of three down', (all: BackendSpec[]) => all, (all: BackendSpec[]) => all.slice(1)],
+      ['one of three back', (all: BackendSpec[]) => all.slice(1), (all: BackendSpec[]) => all],
+      ['one back as another goes', (all: BackendSpec[]) => all.slice(1), (all: BackendSpec[]) => [all[0]!, all[2]!]],
+    ] as const) {
+      const [small, large] = [batch(10, from, to), batch(1000, from, to)];
+      t.ok(large.ops.length > 0, `${placement}, ${what}: something to write`);
+      t.ok(large.ops.every((o) => o.op === 'add-slot-elements' || o.op === 'delete-slot-elements'), `${placement}, ${what}: slot elements only (${large.ops.map((o) => o.op).join(', ')})`);
+      t.notMatch(large.script, /\b(jump|goto|rule|chain)\b/, `${placement}, ${what}: no jump, goto, rule or chain in the script`);
+      t.ok(large.bytes.equals(small.bytes), `${placement}, ${what}: byte for byte the same batch at 1,000 services as at 10 (${large.bytes.length} bytes)`);
+    }
+    // Down to a single backend the pick has nothing to choose: a plain DNAT replaces the rule and the map goes.
+    const one = batch(1000, (all) => all.slice(1), (all) => all.slice(2));
+    t.same(one.ops.map((o) => o.op), ['flush-chain', 'add-rule', 'delete-slot-map'], `${placement}, down to one: a plain DNAT, the map deleted`);
+  }
 });
 
 t.test('a delta as typed steps for the netlink writer (a health transition, a backend replaced), in the script\'s order; what the writer does not encode has none', async (t) => {
@@ -260,22 +313,19 @@ t.test('a delta as typed steps for the netlink writer (a health transition, a ba
   const prev = renderIncremental(many(1000), {});
   const down = renderPartsDelta(prev, renderIncremental(health(1000, 500, (all) => all.slice(1)), {}, prev))!;
   t.same(down.ops, [
-    { op: 'flush-chain', family: 'ip', chain: 's500p0' },
-    { op: 'flush-chain', family: 'ip', chain: 's500p0b10_97_7_209' },
-    { op: 'add-rule', family: 'ip', chain: 's500p0', rule: { kind: 'numgen', targets: ['s500p0b10_97_7_210', 's500p0b10_97_7_211'] } },
-    { op: 'delete-chain', family: 'ip', chain: 's500p0b10_97_7_209' },
+    { op: 'delete-slot-elements', family: 'ip', set: 's500p0_slots', elements: [0, 1, 2, 3].map((slot) => ({ slot })) },
+    { op: 'add-slot-elements', family: 'ip', set: 's500p0_slots', elements: [0, 1, 2, 3].map((slot) => ({ slot, address: `10.97.7.${slot % 2 === 0 ? 210 : 211}`, port: 8080 })) },
   ], 'a backend down: one step for each line of the script');
   t.equal(down.ops!.length, down.script.split('\n').filter(Boolean).length);
   const mid = renderIncremental(health(3, 1, (all) => all.slice(0, 1)), {});
   const up = renderPartsDelta(mid, renderIncremental(health(3, 1, (all) => all), {}, mid))!;
   t.same(up.ops, [
-    { op: 'add-chain', family: 'ip', chain: 's1p0b10_97_0_6' },
-    { op: 'add-chain', family: 'ip', chain: 's1p0b10_97_0_7' },
+    { op: 'add-slot-map', family: 'ip', set: 's1p0_slots', proto: 'tcp' },
     { op: 'flush-chain', family: 'ip', chain: 's1p0' },
-    { op: 'add-rule', family: 'ip', chain: 's1p0', rule: { kind: 'numgen', targets: ['s1p0b10_97_0_5', 's1p0b10_97_0_6', 's1p0b10_97_0_7'] } },
-    { op: 'add-rule', family: 'ip', chain: 's1p0b10_97_0_6', rule: { kind: 'dnat', counter: 's1p0b10_97_0_6_conns', proto: 'tcp', address: '10.97.0.6', port: 8080 } },
-    { op: 'add-rule', family: 'ip', chain: 's1p0b10_97_0_7', rule: { kind: 'dnat', counter: 's1p0b10_97_0_7_conns', proto: 'tcp', address: '10.97.0.7', port: 8080 } },
-  ], 'backends up: their chains and DNAT rules, the slot rule');
+    { op: 'add-rule', family: 'ip', chain: 's1p0', rule: { kind: 'dnat-map', proto: 'tcp', map: 's1p0_slots', pick: { kind: 'numgen', modulus: 6 } } },
+    { op: 'add-slot-elements', family: 'ip', set: 's1p0_slots', elements: [0, 1, 2, 3, 4, 5].map((slot) => ({ slot, address: `10.97.0.${5 + (slot % 3)}`, port: 8080 })) },
+  ], 'from one backend to three: the slot map comes, the plain DNAT becomes the DNAT by it');
+  t.equal(up.ops!.length, up.script.split('\n').filter(Boolean).length, 'one step for each line of the script');
   const none = renderPartsDelta(mid, renderIncremental(health(3, 1, () => []), {}, mid))!;
   t.same(none.ops?.filter((o) => o.op === 'add-elements' || o.op === 'delete-elements'), [
     { op: 'delete-elements', family: 'ip', set: 'services', elements: [{ vip: '10.98.0.1', proto: 'tcp', port: 80 }] },
@@ -283,10 +333,9 @@ t.test('a delta as typed steps for the netlink writer (a health transition, a ba
   ], 'the last one down: the port moves from the dispatch map to the refused one');
   const back = renderPartsDelta(renderIncremental(health(3, 1, () => []), {}), renderIncremental(health(3, 1, (all) => all.slice(0, 1)), {}))!;
   t.same(back.ops?.filter((o) => o.op === 'add-elements' || o.op === 'add-rule'), [
-    { op: 'add-rule', family: 'ip', chain: 's1p0', rule: { kind: 'verdict', verdict: { kind: 'goto', chain: 's1p0b10_97_0_5' } } },
-    { op: 'add-rule', family: 'ip', chain: 's1p0b10_97_0_5', rule: { kind: 'dnat', counter: 's1p0b10_97_0_5_conns', proto: 'tcp', address: '10.97.0.5', port: 8080 } },
+    { op: 'add-rule', family: 'ip', chain: 's1p0', rule: { kind: 'dnat', proto: 'tcp', address: '10.97.0.5', port: 8080 } },
     { op: 'add-elements', family: 'ip', set: 'services', elements: [{ vip: '10.98.0.1', proto: 'tcp', port: 80, verdict: { kind: 'jump', chain: 's1p0' } }] },
-  ], 'one back: a goto rule and the dispatch element');
+  ], 'one back: a plain DNAT rule and the dispatch element');
   // A backend replaced (a reload): its counters and byte-map elements are typed steps too.
   const swapped = renderPartsDelta(prev, renderIncremental(many(1000, (i, all) => (i === 0 ? { healthy: [all[0]!, b('10.97.0.250')], backends: [all[0]!, b('10.97.0.250')] } : { healthy: all, backends: all })), {}, prev))!;
   t.equal(swapped.ops?.length, swapped.script.split('\n').filter(Boolean).length, 'a backend replaced: one step for each line of the script');
@@ -294,8 +343,8 @@ t.test('a delta as typed steps for the netlink writer (a health transition, a ba
     { op: 'add-counter', family: 'ip', name: 's0p0b10_97_0_250_conns' },
     { op: 'add-counter', family: 'ip', name: 's0p0b10_97_0_250_to_backend' },
     { op: 'add-counter', family: 'ip', name: 's0p0b10_97_0_250_to_client' },
-    { op: 'delete-counter-elements', family: 'ip', set: 'to_backend', elements: [{ vip: '10.98.0.0', backend: '10.97.0.2', proto: 'tcp', port: 8080 }, { vip: '10.98.0.0', backend: '10.97.0.3', proto: 'tcp', port: 8080 }] },
-    { op: 'delete-counter-elements', family: 'ip', set: 'to_client', elements: [{ vip: '10.98.0.0', backend: '10.97.0.2', proto: 'tcp', port: 8080 }, { vip: '10.98.0.0', backend: '10.97.0.3', proto: 'tcp', port: 8080 }] },
+    ...['conns', 'to_backend', 'to_client'].map((set) => ({ op: 'delete-counter-elements', family: 'ip', set, elements: [{ vip: '10.98.0.0', backend: '10.97.0.2', proto: 'tcp', port: 8080 }, { vip: '10.98.0.0', backend: '10.97.0.3', proto: 'tcp', port: 8080 }] })),
+    { op: 'add-counter-elements', family: 'ip', set: 'conns', elements: [{ vip: '10.98.0.0', backend: '10.97.0.250', proto: 'tcp', port: 8080, counter: 's0p0b10_97_0_250_conns' }] },
     { op: 'add-counter-elements', family: 'ip', set: 'to_backend', elements: [{ vip: '10.98.0.0', backend: '10.97.0.250', proto: 'tcp', port: 8080, counter: 's0p0b10_97_0_250_to_backend' }] },
     { op: 'add-counter-elements', family: 'ip', set: 'to_client', elements: [{ vip: '10.98.0.0', backend: '10.97.0.250', proto: 'tcp', port: 8080, counter: 's0p0b10_97_0_250_to_client' }] },
     ...['2', '3'].flatMap((a) => ['conns', 'to_backend', 'to_client'].map((k) => ({ op: 'delete-counter', family: 'ip', name: `s0p0b10_97_0_${a}_${k}` }))),
@@ -311,11 +360,12 @@ t.test('a delta as typed steps for the netlink writer (a health transition, a ba
   t.ok(large.length < 4096, 'one datagram of a few KiB');
   const hashed = renderIncremental(many(3), { placement: 'flow-hash' });
   const hashedDown = renderPartsDelta(hashed, renderIncremental(health(3, 1, (all) => all.slice(1)), { placement: 'flow-hash' }, hashed))!;
-  const rule = hashedDown.ops?.find((o) => o.op === 'add-rule');
-  t.match(rule, { chain: 's1p0', rule: { kind: 'jhash', seed: dsrSeedValue('default/svc-001') } }, 'with VRRP: the seeded flow hash\'s rule');
-  t.match(hashedDown.script, `seed 0x${dsrSeedValue('default/svc-001').toString(16).padStart(8, '0')} vmap`, 'the seed the script names');
-  const targets = rule?.op === 'add-rule' && rule.rule.kind === 'jhash' ? rule.rule.targets : [];
-  t.equal(targets.length, /mod (\d+) seed/.exec(hashedDown.script)?.[1] !== undefined ? Number(/mod (\d+) seed/.exec(hashedDown.script)![1]) : -1, 'one target a slot');
+  t.same(hashedDown.ops?.map((o) => o.op), ['delete-slot-elements', 'add-slot-elements'], 'with VRRP: the moved slots of the maglev table, no rule');
+  const moved = hashedDown.ops?.[1]?.op === 'add-slot-elements' ? hashedDown.ops[1].elements : [];
+  t.ok(moved.length > 0 && moved.every((e) => e.address !== '10.97.0.5'), `the slots of the backend that went, to the others (${moved.length})`);
+  const hashedUp = renderPartsDelta(renderIncremental(health(3, 1, (all) => all.slice(0, 1)), { placement: 'flow-hash' }), renderIncremental(many(3), { placement: 'flow-hash' }))!;
+  t.match(hashedUp.ops?.find((o) => o.op === 'add-rule'), { chain: 's1p0', rule: { kind: 'dnat-map', pick: { kind: 'jhash', seed: dsrSeedValue('default/svc-001') } } }, 'from one backend: the seeded flow hash\'s rule');
+  t.match(hashedUp.script, `seed 0x${dsrSeedValue('default/svc-001').toString(16).padStart(8, '0')} map @s1p0_slots`, 'the seed the script names');
   const six = renderIncremental({ services: [...many(2).services, { key: 'x/six', vip: 'fd00::5', ports: [http], healthy: [], backends: [] }] }, {}, prev);
   t.equal(renderPartsDelta(renderIncremental(many(2), {}), six)!.ops, undefined, 'a table appearing: nft');
 });
@@ -1049,7 +1099,7 @@ t.test('a health transition among 10 or 1,000 services reads the same services a
   t.equal(large.reads[0]! - small.reads[0]!, 990, 'the first transition after a whole render reads each part\'s VIP once more: the VIP index, built once for the renderings that follow');
   t.same([large.changed, large.rendered], [['default/svc-007'], 1], 'one service changed, one part rendered');
   t.equal(large.script, small.script, 'the same transaction');
-  t.ok(large.script.includes('s7p0b10_97_0_29'), 'which takes the backend that went down out of the service');
+  t.ok(large.script.includes('s7p0_slots') && !/10\.97\.0\.29 \. 8080/.test(large.script.split('\n').find((l) => l.startsWith('add element')) ?? '10.97.0.29 . 8080'), 'which takes the backend that went down out of the service\'s slots');
 });
 
 t.test('the stats of 10 or 1,000 services read no service of the state: they take the normalization the apply kept', async (t) => {

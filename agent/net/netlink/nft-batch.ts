@@ -25,7 +25,13 @@
 //   NFT_OBJECT_COUNTER), and elements of the byte-counter maps
 //   (`ipvX_addr . ipvX_addr . inet_proto . inet_service : counter`), whose
 //   value is the counter's name (NFTA_SET_ELEM_OBJREF);
-// - addresses added to and deleted from a set of addresses (`vips`).
+// - addresses added to and deleted from a set of addresses (`vips`);
+// - a port's slot map (`typeof numgen inc mod 2 : ipX daddr . P dport`,
+//   slot -> address . port) added and deleted, its elements (the slot an
+//   integer in host byte order, the data address and port each padded to
+//   4 bytes), the rule that DNATs by it (`meta l4proto P dnat ipX to
+//   numgen inc mod M map @m`, or the seeded jhash), and a DNAT rule with
+//   no counter.
 import * as net from 'node:net';
 import * as os from 'node:os';
 import { RawNetlinkSocket } from './netlink-socket';
@@ -40,6 +46,7 @@ const NFT_MSG_DELCHAIN = 5;
 const NFT_MSG_NEWRULE = 6;
 const NFT_MSG_DELRULE = 8;
 const NFT_MSG_NEWSET = 9;
+const NFT_MSG_DELSET = 11;
 const NFT_MSG_NEWSETELEM = 12;
 const NFT_MSG_DELSETELEM = 14;
 const NFT_MSG_NEWOBJ = 18;
@@ -110,6 +117,24 @@ const IPPROTO = { tcp: 6, udp: 17 } as const;
  */
 const NUMGEN_MAP_USERDATA = Buffer.from('00040100000001040000000004080004010000000100060400000000', 'hex');
 
+/**
+ * The set userdata nft writes for a port's slot map (`typeof numgen inc mod
+ * 2 : ip[6] daddr . tcp|udp dport`): key byte order host, data byte order
+ * network, the key's typeof (numgen) and the data's (a concatenation of
+ * two payload expressions: the network header's destination address, the
+ * transport header's destination port). Two bytes depend on the family
+ * (the network header's protocol and the address's field) and one on the
+ * transport protocol.
+ */
+function slotMapUserdata(family: NftFamily, proto: NftProto): Buffer {
+  const ip = family === 'ip' ? '0c00040c00000001040c' : '0c00040d000000010409';
+  const tp = proto === 'tcp' ? '08' : '06';
+  return Buffer.from(`000401000000010400000000031a0004170000000112000400000000010402000000020400000000043400040d000000012c001400040700000001${ip}000000011400040700000001`
+    + `0c0004${tp}000000010402000000060400000000`, 'hex');
+}
+/** nft's concatenated data type `ipvX_addr . inet_service` (TYPE_IPADDR 7 or TYPE_IP6ADDR 8, then TYPE_INET_SERVICE 13, 6 bits each). */
+const SLOT_DATA_TYPE = { ip: (7 << 6) | 13, ip6: (8 << 6) | 13 } as const;
+
 export type NftFamily = 'ip' | 'ip6';
 export type NftProto = 'tcp' | 'udp';
 
@@ -134,6 +159,16 @@ export interface NftCounterElement {
   readonly counter?: string;
 }
 
+/** An element of a port's slot map (`slot : address . port`); no address when deleted. */
+export interface NftSlotElement {
+  readonly slot: number;
+  readonly address?: string;
+  readonly port?: number;
+}
+
+/** The pick of a slot: `numgen inc mod M`, or `jhash ip[6] saddr . th sport mod M seed S`. */
+export type NftSlotPick = { readonly kind: 'numgen'; readonly modulus: number } | { readonly kind: 'jhash'; readonly seed: number; readonly modulus: number };
+
 /** A rule of the forms the incremental path writes. */
 export type NftRuleSpec =
   /** `goto C` */
@@ -142,8 +177,10 @@ export type NftRuleSpec =
   | { readonly kind: 'numgen'; readonly targets: readonly string[] }
   /** `jhash ip[6] saddr . th sport mod N seed S vmap { 0 : goto targets[0], ... }` (N = targets.length) */
   | { readonly kind: 'jhash'; readonly seed: number; readonly targets: readonly string[] }
-  /** `counter name "counter" meta l4proto proto dnat to address:port` */
-  | { readonly kind: 'dnat'; readonly counter: string; readonly proto: NftProto; readonly address: string; readonly port: number };
+  /** `[counter name "counter"] meta l4proto proto dnat to address:port` */
+  | { readonly kind: 'dnat'; readonly counter?: string; readonly proto: NftProto; readonly address: string; readonly port: number }
+  /** `meta l4proto proto dnat ip[6] to <pick> map @map` (the map's id when it is created in the same batch, as nft gives it) */
+  | { readonly kind: 'dnat-map'; readonly proto: NftProto; readonly pick: NftSlotPick; readonly map: string; readonly setId?: number };
 
 /** One step of an incremental update, in a table of `family`. */
 export type NftOp =
@@ -153,6 +190,10 @@ export type NftOp =
   /** A named counter added (at zero) or deleted. */
   | { readonly op: 'add-counter' | 'delete-counter'; readonly family: NftFamily; readonly name: string }
   | { readonly op: 'add-counter-elements' | 'delete-counter-elements'; readonly family: NftFamily; readonly set: string; readonly elements: readonly NftCounterElement[]; readonly setId?: number }
+  /** A port's slot map (`typeof numgen inc mod 2 : ip[6] daddr . proto dport`) added, or deleted. */
+  | { readonly op: 'add-slot-map'; readonly family: NftFamily; readonly set: string; readonly proto: NftProto; readonly setId?: number }
+  | { readonly op: 'delete-slot-map'; readonly family: NftFamily; readonly set: string }
+  | { readonly op: 'add-slot-elements' | 'delete-slot-elements'; readonly family: NftFamily; readonly set: string; readonly elements: readonly NftSlotElement[]; readonly setId?: number }
   /** Addresses (of the table's family) added to or deleted from a set of addresses. */
   | { readonly op: 'add-addresses' | 'delete-addresses'; readonly family: NftFamily; readonly set: string; readonly addresses: readonly string[]; readonly setId?: number };
 
@@ -230,6 +271,22 @@ function counterKey(family: NftFamily, e: NftCounterElement): Buffer {
   const port = Buffer.alloc(4);
   port16(e.port).copy(port, 0);
   return Buffer.concat([addressBytes(family, e.vip), addressBytes(family, e.backend), proto, port]);
+}
+
+/** A slot's key: a 32-bit integer in host byte order (numgen and jhash write their register so). */
+function slotKey(slot: number): Buffer {
+  if (!Number.isInteger(slot) || slot < 0 || slot > 0xffffffff) throw new Error(`not a slot: ${slot}`);
+  const b = Buffer.alloc(4);
+  if (HOST_LE) b.writeUInt32LE(slot, 0); else b.writeUInt32BE(slot, 0);
+  return b;
+}
+
+/** A slot's data: the backend's address and port, the port padded to 4 bytes (nft's concatenation layout). */
+function slotData(family: NftFamily, set: string, e: NftSlotElement): Buffer {
+  if (e.address === undefined || e.port === undefined) throw new Error(`slot ${e.slot} of map ${set} names no backend`);
+  const port = Buffer.alloc(4);
+  port16(e.port).copy(port, 0);
+  return Buffer.concat([addressBytes(family, e.address), port]);
 }
 
 /** A u64 attribute of zero: a counter's start (nft writes both, libnftnl's NFTNL_OBJ_CTR_*). */
@@ -345,6 +402,23 @@ export function encodeBatch(table: string, ops: readonly NftOp[], opts: BatchOpt
           str(NFTA_SET_ELEM_LIST_SET, op.set), ...(op.setId === undefined ? [] : [u32(NFTA_SET_ELEM_LIST_SET_ID, op.setId)]), nest(NFTA_SET_ELEM_LIST_ELEMENTS, ...elems));
         break;
       }
+      case 'add-slot-map': {
+        const id = op.setId ?? setId++;
+        add(NFT_MSG_NEWSET, NLM_F_CREATE, op.family, str(NFTA_SET_NAME, op.set), u32(NFTA_SET_FLAGS, NFT_SET_MAP),
+          u32(NFTA_SET_KEY_TYPE, TYPE_INTEGER), u32(NFTA_SET_KEY_LEN, 4), u32(NFTA_SET_DATA_TYPE, SLOT_DATA_TYPE[op.family]), u32(NFTA_SET_DATA_LEN, op.family === 'ip' ? 8 : 20),
+          u32(NFTA_SET_ID, id), attr(NFTA_SET_USERDATA, slotMapUserdata(op.family, op.proto)));
+        break;
+      }
+      case 'delete-slot-map': add(NFT_MSG_DELSET, 0, op.family, str(NFTA_SET_NAME, op.set)); break;
+      case 'add-slot-elements':
+      case 'delete-slot-elements': {
+        const adding = op.op === 'add-slot-elements';
+        const elems = op.elements.map((e, i) => nest(i + 1, nest(NFTA_SET_ELEM_KEY, attr(NFTA_DATA_VALUE, slotKey(e.slot))),
+          ...(adding ? [nest(NFTA_SET_ELEM_DATA, attr(NFTA_DATA_VALUE, slotData(op.family, op.set, e)))] : [])));
+        add(adding ? NFT_MSG_NEWSETELEM : NFT_MSG_DELSETELEM, adding ? NLM_F_CREATE : 0, op.family,
+          str(NFTA_SET_ELEM_LIST_SET, op.set), ...(op.setId === undefined ? [] : [u32(NFTA_SET_ELEM_LIST_SET_ID, op.setId)]), nest(NFTA_SET_ELEM_LIST_ELEMENTS, ...elems));
+        break;
+      }
       case 'add-addresses':
       case 'delete-addresses': {
         const elems = op.addresses.map((a, i) => nest(i + 1, nest(NFTA_SET_ELEM_KEY, attr(NFTA_DATA_VALUE, addressBytes(op.family, a)))));
@@ -375,11 +449,24 @@ export function encodeBatch(table: string, ops: readonly NftOp[], opts: BatchOpt
               : flowHash(op.family, r.seed, r.targets.length)),
             expr('lookup', u32(2 /* NFTA_LOOKUP_SREG */, NFT_REG_1), u32(3 /* NFTA_LOOKUP_DREG */, NFT_REG_VERDICT), str(1 /* NFTA_LOOKUP_SET */, ANON_MAP), u32(4 /* NFTA_LOOKUP_SET_ID */, id)),
           ];
+        } else if (r.kind === 'dnat-map') {
+          if (!Number.isInteger(r.pick.modulus) || r.pick.modulus < 1) throw new Error(`the slot pick of chain ${op.chain} has no modulus: ${r.pick.modulus}`);
+          exprs = [
+            expr('meta', u32(2 /* NFTA_META_KEY */, NFT_META_L4PROTO), u32(1 /* NFTA_META_DREG */, NFT_REG_1)),
+            expr('cmp', u32(1 /* NFTA_CMP_SREG */, NFT_REG_1), u32(2 /* NFTA_CMP_OP */, NFT_CMP_EQ), nest(3 /* NFTA_CMP_DATA */, attr(NFTA_DATA_VALUE, Buffer.from([IPPROTO[r.proto]])))),
+            ...(r.pick.kind === 'numgen'
+              ? [expr('numgen', u32(1 /* NFTA_NG_DREG */, NFT_REG_1), u32(2 /* NFTA_NG_MODULUS */, r.pick.modulus), u32(3 /* NFTA_NG_TYPE */, NFT_NG_INCREMENTAL), u32(4 /* NFTA_NG_OFFSET */, 0))]
+              : flowHash(op.family, r.pick.seed, r.pick.modulus)),
+            expr('lookup', u32(2 /* NFTA_LOOKUP_SREG */, NFT_REG_1), u32(3 /* NFTA_LOOKUP_DREG */, NFT_REG_1), str(1 /* NFTA_LOOKUP_SET */, r.map), ...(r.setId === undefined ? [] : [u32(4 /* NFTA_LOOKUP_SET_ID */, r.setId)])),
+            // The address in register 1; the port in the 32-bit register after it (NFT_REG32_01 = 9 after 4 bytes; NFT_REG_2 after 16).
+            expr('nat', u32(1 /* NFTA_NAT_TYPE */, NFT_NAT_DNAT), u32(2 /* NFTA_NAT_FAMILY */, NFPROTO[op.family]!), u32(3 /* NFTA_NAT_REG_ADDR_MIN */, NFT_REG_1),
+              u32(5 /* NFTA_NAT_REG_PROTO_MIN */, op.family === 'ip' ? 9 : NFT_REG_2)),
+          ];
         } else {
           const proto = Buffer.from([IPPROTO[r.proto]]);
           exprs = [
-            expr('objref', u32(1 /* NFTA_OBJREF_IMM_TYPE */, NFT_OBJECT_COUNTER), // libnftnl puts the name without its NUL (mnl_attr_put_str).
-            attr(2 /* NFTA_OBJREF_IMM_NAME */, Buffer.from(r.counter))),
+            ...(r.counter === undefined ? [] : [expr('objref', u32(1 /* NFTA_OBJREF_IMM_TYPE */, NFT_OBJECT_COUNTER), // libnftnl puts the name without its NUL (mnl_attr_put_str).
+              attr(2 /* NFTA_OBJREF_IMM_NAME */, Buffer.from(r.counter)))]),
             expr('meta', u32(2 /* NFTA_META_KEY */, NFT_META_L4PROTO), u32(1 /* NFTA_META_DREG */, NFT_REG_1)),
             expr('cmp', u32(1 /* NFTA_CMP_SREG */, NFT_REG_1), u32(2 /* NFTA_CMP_OP */, NFT_CMP_EQ), nest(3 /* NFTA_CMP_DATA */, attr(NFTA_DATA_VALUE, proto))),
             expr('immediate', u32(1, NFT_REG_1), nest(2, attr(NFTA_DATA_VALUE, addressBytes(op.family, r.address)))),
@@ -524,6 +611,11 @@ export function describeOp(op: NftOp): string {
     case 'flush-chain': return `flush chain ${op.family} ${op.chain}`;
     case 'delete-chain': return `delete chain ${op.family} ${op.chain}`;
     case 'add-rule': return `add rule ${op.family} ${op.chain} (${op.rule.kind})`;
+    case 'add-slot-map': return `add map ${op.family} ${op.set}`;
+    case 'delete-slot-map': return `delete map ${op.family} ${op.set}`;
+    case 'add-slot-elements':
+    case 'delete-slot-elements':
+      return `${op.op === 'add-slot-elements' ? 'add' : 'delete'} element ${op.family} ${op.set} { ${op.elements.map((e) => `${e.slot}`).join(', ')} }`;
     case 'add-counter': return `add counter ${op.family} ${op.name}`;
     case 'delete-counter': return `delete counter ${op.family} ${op.name}`;
     case 'add-addresses':

@@ -5,7 +5,9 @@
 // `numgen ... vmap` and `jhash ... vmap` rules with their anonymous maps, a counted DNAT rule
 // (IPv4 and IPv6), a `goto` rule, dispatch elements added (jump, goto,
 // drop) and deleted, named counters added, redefined and deleted, and
-// byte-counter map elements and addresses of a set added and deleted. nft
+// byte-counter map elements and addresses of a set added and deleted,
+// slot maps added and deleted, their elements, the rules that DNAT by
+// them and a DNAT rule with no counter. nft
 // numbers from 0 without acknowledgements and gives
 // named sets its cache's ids; the codec is told the same.
 import * as fs from 'node:fs';
@@ -93,6 +95,37 @@ t.test('addresses added to and deleted from a set of addresses (IPv4 and IPv6) a
   const b = encodeBatch('lb_agent', ops, { seq: 0, ack: false });
   t.ok(b.datagram.equals(golden('nft-batch-vips.hex')), 'bytes');
   t.throws(() => encodeBatch('lb_agent', [{ op: 'add-addresses', family: 'ip', set: 'vips', addresses: ['fd00::1'] }], { seq: 0, ack: false }), /not an IPv4 address for table ip: "fd00::1"/);
+});
+
+t.test('slot maps added and deleted, their elements and the rules that DNAT by them (IPv4 and IPv6) are the datagram nft sent, byte for byte', async (t) => {
+  // golden/nft-batch-slotmap.nft applied over golden/nft-batch-slotmap-base.nft (s0p0_slots is nft's cached set 3).
+  const ops: NftOp[] = [
+    { op: 'add-slot-map', family: 'ip', set: 's1p0_slots', proto: 'udp', setId: 1 },
+    { op: 'delete-slot-elements', family: 'ip', set: 's0p0_slots', elements: [{ slot: 1 }] },
+    { op: 'add-rule', family: 'ip', chain: 's0p0', rule: { kind: 'dnat-map', proto: 'tcp', pick: { kind: 'numgen', modulus: 12 }, map: 's0p0_slots', setId: 3 } },
+    { op: 'add-rule', family: 'ip', chain: 's1p0', rule: { kind: 'dnat-map', proto: 'udp', pick: { kind: 'jhash', seed: 0x725e57e8, modulus: 1021 }, map: 's1p0_slots', setId: 1 } },
+    { op: 'add-rule', family: 'ip', chain: 's1p0', rule: { kind: 'dnat', proto: 'tcp', address: '10.0.0.13', port: 8080 } },
+    { op: 'add-slot-elements', family: 'ip', set: 's0p0_slots', setId: 3, elements: [{ slot: 1, address: '10.0.0.13', port: 8080 }, { slot: 2, address: '10.0.0.11', port: 8080 }] },
+    { op: 'add-slot-elements', family: 'ip', set: 's1p0_slots', setId: 1, elements: [{ slot: 0, address: '10.0.0.13', port: 53 }] },
+    { op: 'add-slot-map', family: 'ip6', set: 'v6s0p0_slots', proto: 'tcp', setId: 2 },
+    { op: 'add-rule', family: 'ip6', chain: 'v6s0p0', rule: { kind: 'dnat-map', proto: 'tcp', pick: { kind: 'numgen', modulus: 12 }, map: 'v6s0p0_slots', setId: 2 } },
+    { op: 'add-rule', family: 'ip6', chain: 'v6s0p0', rule: { kind: 'dnat-map', proto: 'tcp', pick: { kind: 'jhash', seed: 1, modulus: 1021 }, map: 'v6s0p0_slots', setId: 2 } },
+    { op: 'add-rule', family: 'ip6', chain: 'v6s0p0', rule: { kind: 'dnat', proto: 'udp', address: '2001:db8::11', port: 5353 } },
+    { op: 'add-slot-elements', family: 'ip6', set: 'v6s0p0_slots', setId: 2, elements: [{ slot: 0, address: '2001:db8::11', port: 8080 }] },
+    { op: 'flush-chain', family: 'ip', chain: 's0p0' },
+    { op: 'delete-slot-map', family: 'ip', set: 's0p0_slots' },
+  ];
+  const b = encodeBatch('lb_agent', ops, { seq: 0, ack: false });
+  const want = golden('nft-batch-slotmap.hex');
+  t.equal(b.datagram.length, want.length, 'length');
+  t.ok(b.datagram.equals(want), 'bytes');
+  t.equal(b.seqs.length, ops.length, 'one message per step');
+  // The other two declarations: IPv4 over TCP, IPv6 over UDP (golden/nft-batch-slotmap-types.nft); ids from the batch's own count.
+  const types = encodeBatch('lb_agent', [{ op: 'add-slot-map', family: 'ip', set: 'a', proto: 'tcp' }, { op: 'add-slot-map', family: 'ip6', set: 'b', proto: 'udp' }], { seq: 0, ack: false });
+  t.ok(types.datagram.equals(golden('nft-batch-slotmap-types.hex')), 'bytes of the other declarations');
+  t.throws(() => encodeBatch('lb_agent', [{ op: 'add-slot-elements', family: 'ip', set: 'm', elements: [{ slot: 0 }] }], { seq: 0, ack: false }), /slot 0 of map m names no backend/);
+  t.throws(() => encodeBatch('lb_agent', [{ op: 'add-slot-elements', family: 'ip6', set: 'm', elements: [{ slot: 0, address: '10.0.0.1', port: 80 }] }], { seq: 0, ack: false }), /not an IPv6 address for table ip6: "10\.0\.0\.1"/);
+  t.throws(() => encodeBatch('lb_agent', [{ op: 'add-rule', family: 'ip', chain: 'c', rule: { kind: 'dnat-map', proto: 'tcp', pick: { kind: 'numgen', modulus: 0 }, map: 'm' } }], { seq: 0, ack: false }), /slot pick of chain c has no modulus: 0/);
 });
 
 t.test('with acknowledgements every message between begin and end asks one, and none else', async (t) => {
