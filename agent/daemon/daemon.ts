@@ -313,6 +313,9 @@ export class Daemon extends EventEmitter {
       this.subs.failover?.on('change', (keys: string[]) => this.services.onFailoverChange(keys));
       this.subs.failover?.on('hand-back', () => this.scheduleApply());
       this.subs.failover?.on('reannounce', (keys: string[]) => this.services.reannounce(keys));
+      // What other routers advertise is in status with no transition of this node's: the Master a Backup
+      // follows, its priority, heardVips (the address a DHCP Backup would take over).
+      this.subs.failover?.on('heard', () => this.statusText.changed());
       this.subs.failover?.on('priority', (e: import('../failover/gate').PriorityEvent) => {
         const why = e.to === 0 ? 'fault' : `priority ${e.to}${e.to === e.base ? ' (configured)' : ` (configured ${e.base})`}`;
         const router = e.network === DEFAULT_NETWORK ? `VRID ${e.vrid}` : `network ${e.network} VRID ${e.vrid}`;

@@ -83,7 +83,8 @@ export interface FailoverLike extends EventEmitter {
   stop(): Promise<void>;
   /** A VRRP interface's own address changed: that network's adverts (default: the default network's) are sent from it from now on. */
   setSourceAddress?(address: string, network?: string): void;
-  // 'change' (serviceKey[]) when mastership changes; 'hand-back' (serviceKey[]) when a hand-back ends
+  // 'change' (serviceKey[]) when mastership changes; 'hand-back' (serviceKey[]) when a hand-back ends;
+  // 'heard' (serviceKey[]) when another router's advert changes its sender, priority or addresses (status shows them)
 }
 
 /** What the drift guard needs from the daemon: the held VIPs, the sources' repairs, and where to report. */

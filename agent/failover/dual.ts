@@ -25,10 +25,11 @@ import { tiedToIpv4 } from '../config/families';
 
 /**
  * The events a gate emits that the daemon listens for: 'change', 'hand-back',
- * 'reannounce' (service keys), 'priority' (gate.ts PriorityEvent). Every
+ * 'reannounce', 'heard' (service keys: another router's advert changed its
+ * sender, priority or addresses), 'priority' (gate.ts PriorityEvent). Every
  * wrapper of gates (this one, networks.ts) forwards exactly these.
  */
-export const GATE_EVENTS = ['change', 'hand-back', 'reannounce', 'priority'] as const;
+export const GATE_EVENTS = ['change', 'hand-back', 'reannounce', 'heard', 'priority'] as const;
 
 export interface DualGateOptions {
   readonly ipv4: VrrpGate;

@@ -156,6 +156,10 @@ function newInfo(basePriority: number, effective: EffectivePriority): RouterInfo
   };
 }
 
+function sameList(a: readonly string[], b: readonly string[]): boolean {
+  return a.length === b.length && a.every((x, i) => x === b[i]);
+}
+
 /**
  * A packet socket that counts what the router sends and the valid adverts of
  * other routers it receives, and remembers the addresses they list. The
@@ -163,7 +167,9 @@ function newInfo(basePriority: number, effective: EffectivePriority): RouterInfo
  */
 class CountingSocket extends EventEmitter implements PacketSocket {
   readonly ifindex: number;
-  constructor(private readonly inner: PacketSocket, private readonly info: RouterInfo, wire: VrrpWire, vrid: number, srcIp: () => string, peers: readonly string[]) {
+  private lastSrc: string | undefined;
+  private lastPriority: number | undefined;
+  constructor(private readonly inner: PacketSocket, private readonly info: RouterInfo, wire: VrrpWire, vrid: number, srcIp: () => string, peers: readonly string[], onHeard: () => void) {
     super();
     this.ifindex = inner.ifindex;
     inner.on('frame', (frame: Buffer, fi: FrameInfo) => {
@@ -172,7 +178,17 @@ class CountingSocket extends EventEmitter implements PacketSocket {
         const r = wire.decode(frame);
         if (r.ok && r.advert.vrid === vrid && r.advert.src !== srcIp() && acceptsAdvertFrom(r.advert.src, peers)) {
           info.advertsReceived++;
-          if (r.advert.priority > 0) info.heard = r.advert.addresses;
+          // Status shows who advertises, at what priority and which
+          // addresses (the Backup's Master, heardVips): a change to any of
+          // them is said at once; the same advert again is not.
+          let changed = r.advert.src !== this.lastSrc || r.advert.priority !== this.lastPriority;
+          this.lastSrc = r.advert.src;
+          this.lastPriority = r.advert.priority;
+          if (r.advert.priority > 0 && !sameList(info.heard, r.advert.addresses)) {
+            info.heard = r.advert.addresses;
+            changed = true;
+          }
+          if (changed) onHeard();
         }
       }
       this.emit('frame', frame, fi);
@@ -301,7 +317,7 @@ export class VrrpGate extends EventEmitter {
         preempt: this.opts.config.preempt, preemptDelay: this.opts.config.preemptDelay,
         ifindex: this.opts.ifindex, ifname: this.opts.ifname, srcIp: this.srcIp,
         vips: () => this.advertisedVips(vrid),
-        openSocket: (o) => new CountingSocket(open(o), info, this.wire, vrid, () => this.srcIp, this.peers),
+        openSocket: (o) => new CountingSocket(open(o), info, this.wire, vrid, () => this.srcIp, this.peers, () => this.emit('heard', [...(this.servicesOn.get(vrid) ?? [])])),
         peers: this.peers, peerMac: this.peerMac,
         stepDownMs: this.opts.preemptHandoverMs ?? PREEMPT_HANDOVER_MS,
         clock: this.opts.clock, log: this.opts.log, registry: this.opts.registry,

@@ -141,6 +141,27 @@ t.test('what a Master advertises: held VIP, else loadBalancerIP, else the last h
   t.equal(first.priority, 100, 'but the Master still advertises');
 });
 
+t.test("a Backup says when another router's advert changes (sender, priority, addresses), not at each advert: status shows them", async (t) => {
+  const w = world();
+  const lo = w.node(1, 100, [svc('web', { ipam: 'dhcp' })]);
+  const hi = w.node(2, 200, [svc('web', { ipam: 'dhcp' })]);
+  const heard: string[][] = [];
+  lo.gate.on('heard', (keys: string[]) => heard.push(keys));
+  w.clock.advance(5000);
+  t.same(heard, [['default/web']], 'the Master heard first: one event, however many adverts followed');
+  t.equal(lo.gate.status('default/web')?.master, '10.99.0.2');
+  hi.held.set('default/web', '10.99.0.107');
+  w.clock.advance(5000);
+  t.same(heard, [['default/web'], ['default/web']], 'one more for the address it now lists');
+  t.ok(lo.gate.status('default/web')!.advertsReceived >= 4, 'while adverts kept coming');
+  hi.held.set('default/web', '10.99.0.108');
+  w.clock.advance(5000);
+  t.equal(heard.length, 3, 'and one more when the list changes');
+  t.same(lo.gate.status('default/web')?.heardVips, ['10.99.0.108']);
+  w.clock.advance(5000);
+  t.equal(heard.length, 3, 'the same advert again says nothing');
+});
+
 t.test('two nodes: the higher priority is Master; the Backup knows it, counts its adverts and learns its VIPs', async (t) => {
   const w = world();
   const lo = w.node(1, 100, [svc('web', { ipam: 'dhcp' })]);
