@@ -107,9 +107,9 @@ export class ControlServer {
             // The kept text written as it is, between its envelope's two
             // ends: a template around it would copy the whole document
             // (megabytes at a thousand services) for every request.
-            sock.write('{"ok":true,"data":');
+            sock.write(ANSWER_HEAD);
             sock.write(reply.text);
-            sock.end('}\n');
+            sock.end(ANSWER_TAIL);
           } else {
             sock.end(`${JSON.stringify(reply)}\n`);
           }
